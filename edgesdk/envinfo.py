@@ -1,0 +1,123 @@
+"""What ``edgesdk env`` prints: package versions, ONNX Runtime providers, CUDA / TensorRT presence
+and the detected board.
+
+Package versions come from the installed distributions' metadata (``importlib.metadata``), so
+torch and transformers are never imported here; ONNX Runtime is imported inside
+:func:`collect_env` only, to list its execution providers. GPU presence is a cheap probe:
+``nvidia-smi`` on PATH, the device nodes ``/dev/nvidia0`` (desktop driver) or
+``/dev/nvhost-ctrl-gpu`` (Jetson nvgpu driver) under the root, and the CUDA runtime / TensorRT
+libraries the dynamic loader can find (``ctypes.util.find_library``).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import platform
+import shutil
+import sys
+import textwrap
+from importlib import metadata
+
+import edgesdk
+from edgesdk.board import detect_board
+
+# shown name -> distribution names to try, in order (the first one installed wins)
+PACKAGES: dict[str, tuple[str, ...]] = {
+    "numpy": ("numpy",),
+    "onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
+    "tokenizers": ("tokenizers",),
+    "torch": ("torch",),
+    "transformers": ("transformers",),
+    "onnx": ("onnx",),
+    "triton": ("triton",),
+    "tensorrt": ("tensorrt", "tensorrt-cu12"),
+}
+
+NOT_INSTALLED = "not installed"
+GPU_DEVICE_NODES = ("dev/nvidia0", "dev/nvhost-ctrl-gpu")
+
+
+def package_version(*distributions: str) -> str:
+    """Version of the first installed distribution among ``distributions``, else "not installed"."""
+    for name in distributions:
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        return version if name == distributions[0] else f"{version} ({name})"
+    return NOT_INSTALLED
+
+
+def _ort_providers() -> tuple[list[str], str | None]:
+    try:
+        import onnxruntime
+    except Exception as exc:  # ImportError, or OSError from a missing shared library
+        return [], f"{type(exc).__name__}: {exc}"
+    return list(onnxruntime.get_available_providers()), None
+
+
+def collect_env(root: str | os.PathLike = "/") -> dict:
+    """Gather the environment report as a JSON-friendly dict.
+
+    Keys: ``edgesdk``, ``python``, ``platform``, ``packages`` (name -> version),
+    ``onnxruntime_providers``, ``onnxruntime_error``, ``gpu`` and ``board``.
+    """
+    packages = {shown: package_version(*names) for shown, names in PACKAGES.items()}
+    providers, ort_error = _ort_providers()
+    nvidia_smi = shutil.which("nvidia-smi")
+    device_nodes = [f"/{rel}" for rel in GPU_DEVICE_NODES if os.path.exists(os.path.join(root, rel))]
+    libcudart = ctypes.util.find_library("cudart")
+    libnvinfer = ctypes.util.find_library("nvinfer")
+    return {
+        "edgesdk": edgesdk.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": packages,
+        "onnxruntime_providers": providers,
+        "onnxruntime_error": ort_error,
+        "gpu": {
+            "cuda": bool(nvidia_smi or device_nodes or libcudart),
+            "nvidia_smi": nvidia_smi,
+            "device_nodes": device_nodes,
+            "libcudart": libcudart,
+            "tensorrt": packages["tensorrt"] != NOT_INSTALLED or libnvinfer is not None,
+            "libnvinfer": libnvinfer,
+        },
+        "board": detect_board(root).to_dict(),
+    }
+
+
+def _show(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return " ".join(str(v) for v in value) if value else "-"
+    return str(value)
+
+
+def format_env(info: dict) -> str:
+    """Render :func:`collect_env`'s dict as aligned ``key: value`` lines under group headings."""
+    providers = info.get("onnxruntime_providers") or []
+    ort_rows = [(str(i + 1), name) for i, name in enumerate(providers)]
+    if info.get("onnxruntime_error"):
+        ort_rows.append(("error", info["onnxruntime_error"]))
+    groups = [
+        ("edgesdk", [("version", info.get("edgesdk"))]),
+        ("python", [("version", info.get("python")), ("platform", info.get("platform"))]),
+        ("packages", list((info.get("packages") or {}).items())),
+        ("onnxruntime providers", ort_rows or [("providers", None)]),
+        ("gpu", list((info.get("gpu") or {}).items())),
+        ("board", list((info.get("board") or {}).items())),
+    ]
+    width = max(len(key) for _, rows in groups for key, _ in rows)
+    indent = " " * (width + 5)
+    lines = []
+    for title, rows in groups:
+        lines.append(f"{title}:")
+        for key, value in rows:
+            first = f"  {key:<{width}} : "
+            lines.append(textwrap.fill(_show(value), 110, initial_indent=first, subsequent_indent=indent))
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""Typed errors. Every user-facing error names the thing, the value, what was expected and the fix.
+
+The CLI prints ``str(error)`` and exits non-zero; nothing in the package uses ``assert`` to check
+user input.
+"""
+
+from __future__ import annotations
+
+
+class EdgeSDKError(Exception):
+    """Base class of every error edgesdk raises on purpose.
+
+    Args:
+        problem: what is wrong, naming the thing and the value received.
+        fix: what the user can do about it.
+    """
+
+    exit_code = 1
+
+    def __init__(self, problem: str, fix: str | None = None):
+        self.problem = problem
+        self.fix = fix
+        super().__init__(problem if fix is None else f"{problem}\n  fix: {fix}")
+
+
+class ProfileError(EdgeSDKError):
+    """A target profile is unknown or its YAML does not match the schema."""
+
+    exit_code = 2
+
+
+class ModelSourceError(EdgeSDKError):
+    """A model source (path, GGUF file, alias) cannot be resolved or loaded."""
+
+    exit_code = 3
+
+
+class ExportError(EdgeSDKError):
+    """The ONNX export failed or does not match the PyTorch model."""
+
+    exit_code = 4
+
+
+class BundleError(EdgeSDKError):
+    """A bundle is missing, corrupt, incomplete or built for another target."""
+
+    exit_code = 5
+
+
+class BuildError(EdgeSDKError):
+    """The build pipeline was misconfigured (stage order, recipe) or a stage failed."""
+
+    exit_code = 6
+
+
+class RuntimeBackendError(EdgeSDKError):
+    """No runtime backend could run the bundle on this machine."""
+
+    exit_code = 7

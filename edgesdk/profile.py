@@ -1,0 +1,225 @@
+"""Target board profiles: one strict YAML file per board in ``targets/`` (installed as
+``edgesdk.targets``), loaded into frozen pydantic models.
+
+Unknown keys and unknown values are rejected with the allowed set in the message. The hardware
+numbers and their sources live as comments in the YAML files (see ``targets/README.md``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Literal, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from edgesdk.errors import ProfileError
+
+Family = Literal["jetson", "rpi", "host"]
+Precision = Literal["fp32", "fp16", "bf16", "int8", "int4"]
+SparsityKind = Literal["block", "2:4"]
+Backend = Literal["ort-cpu", "ort-cuda", "ort-trt", "tensorrt", "triton"]
+
+BACKENDS: tuple[str, ...] = get_args(Backend)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CpuSpec(_Strict):
+    model: str = Field(description="CPU cores as the vendor names them, e.g. '4x Cortex-A76'")
+    cores: int = Field(gt=0, description="number of CPU cores the runtime may use")
+    max_ghz: float | None = Field(default=None, gt=0, description="peak clock; None where unknown")
+    isa_features: tuple[str, ...] = Field(
+        default=(), description="/proc/cpuinfo features that matter for kernels (asimddp, i8mm, avx512f …)"
+    )
+
+
+class GpuSpec(_Strict):
+    arch: str = Field(description="GPU architecture, e.g. 'Ampere GA10B'")
+    sm: int = Field(gt=0, description="CUDA compute capability as an integer: 87 for Orin, 72 for Xavier")
+    cuda_cores: int | None = Field(default=None, gt=0, description="CUDA cores; None where unknown")
+    tensor_cores: int | None = Field(default=None, ge=0, description="tensor cores; None where unknown")
+
+
+class MemorySpec(_Strict):
+    total_gb: float = Field(gt=0, description="RAM shared by CPU and GPU")
+    bandwidth_gbps: float = Field(gt=0, description="peak DRAM bandwidth in GB/s; decode is bound by it")
+
+
+class SoftwareSpec(_Strict):
+    python: str = Field(description="Python line of the board's OS image, e.g. '3.10' on JetPack 6")
+    jetpack: str | None = Field(default=None, description="JetPack line the profile is made for")
+    cuda: str | None = Field(default=None, description="CUDA version shipped with that JetPack")
+    tensorrt: str | None = Field(default=None, description="TensorRT version shipped with that JetPack")
+
+
+class RuntimeSpec(_Strict):
+    backend: Backend = Field(description="backend tried first on the board")
+    fallbacks: tuple[Backend, ...] = Field(default=(), description="backends tried in order when it fails")
+    threads: int = Field(gt=0, description="intra-op threads for CPU backends (cores minus headroom)")
+
+
+class PowerSpec(_Strict):
+    entropy_target: float = Field(
+        gt=0, description="target power entropy in nats (1.5 on boards, 1.2 on the host; DESIGN.md)"
+    )
+
+
+class ThermalLimits(_Strict):
+    zones: tuple[str, ...] = Field(min_length=1, description="sysfs thermal zone types to watch")
+    resume_c: float = Field(description="generation resumes below this after a critical pause")
+    soft_limit_c: float = Field(description="guard starts shedding load (warm level)")
+    hard_limit_c: float = Field(description="guard paces tokens (hot level); critical above it")
+    firmware_throttle_c: float = Field(description="firmware or kernel throttles clocks here")
+    shutdown_c: float = Field(description="firmware or kernel shuts down here")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ThermalLimits:
+        order = [self.resume_c, self.soft_limit_c, self.hard_limit_c, self.firmware_throttle_c, self.shutdown_c]
+        if order != sorted(order) or len(set(order)) != len(order):
+            raise ValueError(
+                "thermal limits must rise strictly: resume_c < soft_limit_c < hard_limit_c < "
+                f"firmware_throttle_c < shutdown_c; got {order}"
+            )
+        return self
+
+
+class ThermalModel(_Strict):
+    """First-order (lumped RC) thermal model: C dT/dt = P - (T - T_ambient) / R."""
+
+    ambient_c: float = Field(description="default ambient temperature for simulation")
+    resistance_c_per_w: float = Field(gt=0, description="junction-to-ambient thermal resistance R")
+    capacity_j_per_c: float = Field(gt=0, description="lumped heat capacity C")
+    idle_w: float = Field(ge=0, description="board power when idle")
+    active_w: float = Field(gt=0, description="board power while decoding")
+
+
+class TargetProfile(_Strict):
+    """One board. See targets/*.yaml for the values and their sources."""
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    family: Family
+    description: str
+    cpu: CpuSpec
+    gpu: GpuSpec | None = None
+    memory: MemorySpec
+    software: SoftwareSpec
+    precisions: tuple[Precision, ...] = Field(min_length=1)
+    sparsity: tuple[SparsityKind, ...] = ()
+    sparsity_block: int = Field(default=32, gt=0, description="block edge for block-sparse weights")
+    runtime: RuntimeSpec
+    memory_budget_mb: int = Field(gt=0, description="largest bundle the runtime may load on this board")
+    power: PowerSpec
+    thermal: ThermalLimits
+    thermal_model: ThermalModel
+    default_recipe: str = "default"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TargetProfile:
+        gpu_backends = {"ort-cuda", "ort-trt", "tensorrt", "triton"}
+        used = {self.runtime.backend, *self.runtime.fallbacks}
+        if self.gpu is None and used & gpu_backends:
+            raise ValueError(
+                f"profile has no gpu but lists GPU backends {sorted(used & gpu_backends)}; "
+                "use 'ort-cpu' or add a gpu section"
+            )
+        if "ort-cpu" not in used:
+            raise ValueError("runtime must list 'ort-cpu' as backend or fallback: it is the backend of last resort")
+        return self
+
+    def summary(self) -> dict:
+        """A JSON-friendly copy for bundle manifests."""
+        return self.model_dump(mode="json")
+
+
+def _format_validation_error(source: str, error: ValidationError) -> str:
+    lines = [f"target profile {source} does not match the schema:"]
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            parent = _model_at(item["loc"][:-1])
+            allowed = ", ".join(sorted(parent.model_fields)) if parent else "see the schema"
+            lines.append(f"  - unknown key '{where}'; allowed keys here: {allowed}")
+        else:
+            lines.append(f"  - {where}: {item['msg']} (got {item.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = TargetProfile
+    for part in loc:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+        candidates = [annotation, *get_args(annotation)]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return model
+
+
+def parse_profile(text: str, source: str = "<string>") -> TargetProfile:
+    """Parse and validate one profile's YAML text."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"target profile {source} is not valid YAML: {exc}", "fix the YAML syntax") from exc
+    if not isinstance(data, dict):
+        raise ProfileError(
+            f"target profile {source} must be a YAML mapping, got {type(data).__name__}",
+            "start the file with 'name: <board>' and the other keys of targets/README.md",
+        )
+    try:
+        return TargetProfile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(
+            _format_validation_error(source, exc), "compare the file with a shipped profile (edgesdk targets show rpi5)"
+        ) from exc
+
+
+def load_profile_file(path: str | Path) -> TargetProfile:
+    """Load a profile from a YAML file outside the package (a user's own board)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"target profile file {path} does not exist", "pass a shipped target name or a YAML path")
+    return parse_profile(path.read_text(encoding="utf-8"), str(path))
+
+
+@lru_cache(maxsize=1)
+def shipped_profiles() -> dict[str, TargetProfile]:
+    """All profiles shipped in edgesdk.targets, by canonical name."""
+    profiles: dict[str, TargetProfile] = {}
+    for entry in sorted(resources.files("edgesdk.targets").iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            profile = parse_profile(entry.read_text(encoding="utf-8"), f"targets/{entry.name}")
+            if entry.name != f"{profile.name}.yaml":
+                raise ProfileError(
+                    f"targets/{entry.name} declares name '{profile.name}'", f"rename it to {profile.name}.yaml"
+                )
+            profiles[profile.name] = profile
+    return profiles
+
+
+def alias_table() -> dict[str, str]:
+    """Alias -> canonical name, including each canonical name itself."""
+    table: dict[str, str] = {}
+    for name, profile in shipped_profiles().items():
+        for key in (name, *profile.aliases):
+            table[key] = name
+    return table
+
+
+def get_profile(name_or_path: str) -> TargetProfile:
+    """Resolve a target by canonical name, alias, or path to a YAML file."""
+    if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
+        return load_profile_file(name_or_path)
+    table = alias_table()
+    if name_or_path not in table:
+        raise ProfileError(
+            f"unknown target '{name_or_path}'; known targets: {', '.join(sorted(table))}",
+            "run 'edgesdk targets list', or pass the path of your own profile YAML",
+        )
+    return shipped_profiles()[table[name_or_path]]

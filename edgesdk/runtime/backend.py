@@ -1,0 +1,26 @@
+"""The backend protocol every runtime backend implements (DESIGN.md, "Backend")."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class DecoderBackend(Protocol):
+    """Prefill a prompt, then decode one token at a time against an internal KV cache."""
+
+    name: str
+
+    def reset(self) -> None:
+        """Drop the KV cache; the next call starts a new sequence."""
+
+    def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
+        """Run ``token_ids`` (T,) after the current cache; returns logits (keep_logits, vocab)."""
+
+    def decode(self, token_id: int) -> np.ndarray:
+        """Append one token; returns its next-token logits (vocab,)."""
+
+    @property
+    def position(self) -> int:
+        """Tokens currently in the KV cache."""

@@ -1,0 +1,99 @@
+"""ONNX Runtime backend (CPU execution provider; GPU providers plug in through ``providers``).
+
+The KV cache never leaves ONNX Runtime: each step binds the previous step's ``present.*``
+OrtValues as this step's ``past_key_values.*`` inputs through IO binding, so the decode loop
+does no host-side copy of the cache; only the logits of the last position come back to numpy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edgesdk.errors import RuntimeBackendError
+
+
+def make_session_options(threads: int, spinning: bool = True):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    # Spinning threads win on an idle board; off when something else computes (thermal guard, a
+    # second engine) since two spinning pools on few cores slow each other down several-fold.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return options
+
+
+class OrtBackend:
+    """Drives the exported decoder graph (export/llama_graph.py interface) with IO binding."""
+
+    def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
+                 spinning: bool = True):
+        import onnxruntime as ort
+
+        self.providers = providers or ["CPUExecutionProvider"]
+        self.name = "ort-cpu" if self.providers == ["CPUExecutionProvider"] else "ort-" + self.providers[0]
+        try:
+            self.session = ort.InferenceSession(str(model_path), make_session_options(threads, spinning),
+                                                providers=self.providers)
+        except Exception as exc:  # onnxruntime raises its own exception types per failure
+            raise RuntimeBackendError(
+                f"ONNX Runtime could not load {model_path} with {self.providers}: {exc}",
+                "run 'edgesdk verify' on the bundle; check 'edgesdk env' for the installed onnxruntime",
+            ) from exc
+        self._ort = ort
+        self.kv_heads = list(graph["kv_heads"])
+        self.head_dim = int(graph["head_dim"])
+        self.max_context = int(graph["max_context"])
+        self.vocab_size = int(graph["vocab_size"])
+        self._past_names = [f"past_key_values.{i}.{kind}" for i in range(len(self.kv_heads))
+                            for kind in ("key", "value")]
+        self._present_names = [name.replace("past_key_values", "present") for name in self._past_names]
+        self._binding = self.session.io_binding()
+        self.reset()
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    def reset(self) -> None:
+        self._position = 0
+        self._past = [
+            self._ort.OrtValue.ortvalue_from_numpy(np.zeros((1, kv, 0, self.head_dim), np.float32))
+            for kv in self.kv_heads for _ in range(2)
+        ]
+
+    def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
+        if self._position + ids.shape[1] > self.max_context:
+            raise RuntimeBackendError(
+                f"sequence of {self._position + ids.shape[1]} tokens exceeds the bundle's max_context "
+                f"{self.max_context}",
+                "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context",
+            )
+        binding = self._binding
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("num_logits_to_keep", np.array([keep], np.int64))
+        for name, value in zip(self._past_names, self._past):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output("logits", "cpu")
+        for name in self._present_names:
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        self._past = list(outputs[1:])  # present -> next past, no copy
+        self._position += ids.shape[1]
+        return outputs[0].numpy()[0]  # (keep, vocab)
+
+    def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
+        ids = np.asarray(token_ids, dtype=np.int64).reshape(1, -1)
+        return self._run(ids, min(keep_logits, ids.shape[1]))
+
+    def decode(self, token_id: int) -> np.ndarray:
+        return self._run(np.array([[token_id]], np.int64), 1)[0]

@@ -1,0 +1,197 @@
+"""Emit an ONNX graph of a Llama-family decoder with a KV cache, from DecoderWeights.
+
+One graph serves prefill and decode (dynamic sequence and past lengths). It uses standard ONNX
+ops only (opset 17), so ONNX Runtime on any CPU and TensorRT can both run it; ONNX Runtime's
+graph optimizer fuses the RMSNorm pattern into SimplifiedLayerNormalization at load time.
+
+Interface (the runtime relies on these names):
+
+    inputs   input_ids                      int64  (batch, seq)
+             past_key_values.{i}.key        float  (batch, kv_heads_i, past_seq, head_dim)
+             past_key_values.{i}.value      float  (batch, kv_heads_i, past_seq, head_dim)
+             num_logits_to_keep             int64  (1,)   last positions whose logits are computed
+    outputs  logits                         float  (batch, kept, vocab)
+             present.{i}.key / .value       float  (batch, kv_heads_i, past_seq + seq, head_dim)
+
+Design choices that keep the op count low (per-node overhead dominates small-model decode,
+see DESIGN.md):
+  * Q, K, V are one MatMul (weights concatenated); gate and up are one MatMul.
+  * 1/sqrt(head_dim) is folded into the Q weights (rotary is linear, so it commutes).
+  * Rotary is applied once to the concatenated Q|K heads.
+  * Grouped-query attention reshapes Q to (B, Hkv, rep, T, hd) and broadcasts K/V instead of
+    repeating them, so the cache is never expanded.
+  * The LM head of a tied model is a Gemm with transB on the embedding matrix: no second copy.
+References: Touvron et al. 2023 (Llama); Su et al. 2021 (RoFormer, rotary); Ainslie et al. 2023 (GQA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from edgesdk.export.decoder_weights import DecoderWeights, LayerWeights
+from edgesdk.export.graph_builder import FLOAT, INT64, GraphBuilder, tensor_input
+
+OPSET = 17
+NEG_INF = np.float32(np.finfo(np.float32).min)
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """Facts about an emitted graph, recorded in the bundle manifest for the runtime."""
+
+    num_layers: int
+    kv_heads: tuple[int, ...]
+    head_dim: int
+    vocab_size: int
+    max_context: int
+    form: str = "standard"
+    dtype: str = "float32"
+
+    def to_json(self) -> dict:
+        return {
+            "form": self.form, "dtype": self.dtype, "num_layers": self.num_layers,
+            "kv_heads": list(self.kv_heads), "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size, "max_context": self.max_context,
+            "inputs": {"ids": "input_ids", "past": "past_key_values.{i}.{kind}",
+                       "keep": "num_logits_to_keep"},
+            "outputs": {"logits": "logits", "present": "present.{i}.{kind}"},
+        }
+
+
+def rotary_tables(weights: DecoderWeights, max_context: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin tables (max_context, head_dim), the transformers Llama layout (halves repeated)."""
+    positions = np.arange(max_context, dtype=np.float64)[:, None]
+    freqs = positions * weights.inv_freq.astype(np.float64)[None, :]  # (P, hd/2)
+    emb = np.concatenate([freqs, freqs], axis=-1)  # (P, hd)
+    return ((np.cos(emb) * weights.rope_scaling).astype(np.float32),
+            (np.sin(emb) * weights.rope_scaling).astype(np.float32))
+
+
+class _Emitter:
+    def __init__(self, weights: DecoderWeights, max_context: int):
+        self.w = weights
+        self.g = GraphBuilder()
+        self.max_context = max_context
+        self.hd = weights.head_dim
+
+    def rms_norm(self, x: str, weight: np.ndarray, name: str) -> str:
+        """x * 1/sqrt(mean(x^2) + eps) * w, in the pattern ORT fuses to SimplifiedLayerNormalization."""
+        g = self.g
+        sq = g.op("Pow", [x, g.const(np.array(2.0, np.float32))])
+        mean = g.op("ReduceMean", [sq], axes=[-1], keepdims=1)
+        var = g.op("Add", [mean, g.const(np.array(self.w.rms_eps, np.float32))])
+        std = g.op("Sqrt", [var])
+        normed = g.op("Div", [x, std])
+        return g.op("Mul", [normed, g.const(weight.astype(np.float32), f"{name}.weight")])
+
+    def rotary(self, x: str, cos: str, sin: str) -> str:
+        """x * cos + rotate_half(x) * sin over the last axis; x is (B, T, H, hd), cos/sin (T, 1, hd)."""
+        g = self.g
+        half = self.hd // 2
+        x1, x2 = g.op("Split", [x, g.i64([half, half])], outputs=2, axis=-1)
+        rotated = g.op("Concat", [g.op("Neg", [x2]), x1], axis=-1)
+        return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rotated, sin])])
+
+    def layer(self, i: int, x: str, cos: str, sin: str, mask: str) -> tuple[str, str, str]:
+        g, hd, lw = self.g, self.hd, self.w.layers[i]
+        n_q, n_kv = lw.heads(hd)
+        rep = n_q // n_kv
+        prefix = f"layers.{i}"
+
+        h = self.rms_norm(x, lw.input_norm, f"{prefix}.input_norm")
+        scale = np.float32(1.0 / np.sqrt(hd))
+        qkv_w = np.concatenate([lw.q * scale, lw.k, lw.v], axis=1).astype(np.float32)
+        qkv = g.op("MatMul", [h, g.const(qkv_w, f"{prefix}.attn.qkv.weight")])  # (B, T, (Hq+2Hkv)*hd)
+        if lw.q_bias is not None:
+            qkv_b = np.concatenate([lw.q_bias * scale, lw.k_bias, lw.v_bias]).astype(np.float32)
+            qkv = g.op("Add", [qkv, g.const(qkv_b, f"{prefix}.attn.qkv.bias")])
+        qk, v = g.op("Split", [qkv, g.i64([(n_q + n_kv) * hd, n_kv * hd])], outputs=2, axis=-1)
+        qk = g.op("Reshape", [qk, g.i64([0, 0, n_q + n_kv, hd])])  # (B, T, Hq+Hkv, hd)
+        qk = self.rotary(qk, cos, sin)
+        q, k = g.op("Split", [qk, g.i64([n_q, n_kv])], outputs=2, axis=2)
+        k = g.op("Transpose", [k], perm=[0, 2, 1, 3])  # (B, Hkv, T, hd)
+        v = g.op("Transpose", [g.op("Reshape", [v, g.i64([0, 0, n_kv, hd])])], perm=[0, 2, 1, 3])
+        present_k = g.op("Concat", [f"past_key_values.{i}.key", k], outputs=[f"present.{i}.key"], axis=2)
+        present_v = g.op("Concat", [f"past_key_values.{i}.value", v], outputs=[f"present.{i}.value"], axis=2)
+        present_k, present_v = present_k[0], present_v[0]
+
+        q = g.op("Reshape", [q, g.i64([0, 0, n_kv, rep, hd])])  # (B, T, Hkv, rep, hd)
+        q = g.op("Transpose", [q], perm=[0, 2, 3, 1, 4])  # (B, Hkv, rep, T, hd)
+        k_t = g.op("Unsqueeze", [g.op("Transpose", [present_k], perm=[0, 1, 3, 2]), g.i64([2])])  # (B,Hkv,1,hd,S)
+        scores = g.op("Add", [g.op("MatMul", [q, k_t]), mask])  # (B, Hkv, rep, T, S)
+        probs = g.op("Softmax", [scores], axis=-1)
+        ctx = g.op("MatMul", [probs, g.op("Unsqueeze", [present_v, g.i64([2])])])  # (B, Hkv, rep, T, hd)
+        ctx = g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4])  # (B, T, Hkv, rep, hd)
+        ctx = g.op("Reshape", [ctx, g.i64([0, 0, n_q * hd])])  # (B, T, Hq*hd)
+        attn_out = g.op("MatMul", [ctx, g.const(lw.o.astype(np.float32), f"{prefix}.attn.o.weight")])
+        x = g.op("Add", [x, attn_out])
+
+        h = self.rms_norm(x, lw.post_attention_norm, f"{prefix}.post_attention_norm")
+        x = g.op("Add", [x, self.ffn(h, lw, prefix)])
+        return x, present_k, present_v
+
+    def ffn(self, h: str, lw: LayerWeights, prefix: str) -> str:
+        """SwiGLU: down(silu(gate(h)) * up(h)), gate and up as one MatMul."""
+        g = self.g
+        gate_up_w = np.concatenate([lw.gate, lw.up], axis=1).astype(np.float32)
+        gate_up = g.op("MatMul", [h, g.const(gate_up_w, f"{prefix}.mlp.gate_up.weight")])  # (B, T, 2F)
+        gate, up = g.op("Split", [gate_up, g.i64([lw.ffn_width, lw.ffn_width])], outputs=2, axis=-1)
+        act = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
+        return g.op("MatMul", [g.op("Mul", [act, up]), g.const(lw.down.astype(np.float32), f"{prefix}.mlp.down.weight")])
+
+    def build(self) -> onnx.ModelProto:
+        g, w = self.g, self.w
+        past_len = g.op("Shape", ["past_key_values.0.key"], start=2, end=3)  # (1,)
+        seq_len = g.op("Shape", ["input_ids"], start=1, end=2)  # (1,)
+        total = g.op("Add", [past_len, seq_len])
+        zero = g.const(np.array(0, np.int64))
+        one = g.const(np.array(1, np.int64))
+        past_scalar = g.op("Squeeze", [past_len, g.i64([0])])
+        total_scalar = g.op("Squeeze", [total, g.i64([0])])
+        positions = g.op("Range", [past_scalar, total_scalar, one])  # (T,)
+
+        cos_table, sin_table = rotary_tables(w, self.max_context)
+        cos = g.op("Unsqueeze", [g.op("Gather", [g.const(cos_table, "rotary.cos"), positions]), g.i64([1])])
+        sin = g.op("Unsqueeze", [g.op("Gather", [g.const(sin_table, "rotary.sin"), positions]), g.i64([1])])
+
+        # Causal mask (T, S): query at absolute position p sees keys 0..p.
+        keys = g.op("Range", [zero, total_scalar, one])  # (S,)
+        future = g.op("Less", [g.op("Unsqueeze", [positions, g.i64([1])]), g.op("Unsqueeze", [keys, g.i64([0])])])
+        mask = g.op("Where", [future, g.const(np.array(NEG_INF, np.float32)), g.const(np.array(0, np.float32))])
+
+        embed_name = g.const(w.embed.astype(np.float32), "embed_tokens.weight")
+        x = g.op("Gather", [embed_name, "input_ids"])  # (B, T, D)
+        for i in range(len(w.layers)):
+            x, _, _ = self.layer(i, x, cos, sin, mask)
+        x = self.rms_norm(x, w.final_norm, "final_norm")
+
+        # Only the last num_logits_to_keep positions go through the LM head.
+        neg_keep = g.op("Neg", ["num_logits_to_keep"])
+        x = g.op("Slice", [x, neg_keep, g.i64([np.iinfo(np.int64).max]), g.i64([1])])  # (B, K, D)
+        out_shape = g.op("Concat", [g.op("Shape", [x], start=0, end=2), g.i64([w.vocab_size])], axis=0)
+        flat = g.op("Reshape", [x, g.i64([-1, w.hidden_size])])  # (B*K, D)
+        head = embed_name if w.lm_head is None else g.const(w.lm_head.astype(np.float32), "lm_head.weight")
+        logits = g.op("Gemm", [flat, head], transB=1)  # (B*K, V)
+        g.op("Reshape", [logits, out_shape], outputs=["logits"])  # (B, K, V)
+
+        inputs = [tensor_input("input_ids", INT64, ["batch", "seq"])]
+        outputs = [tensor_input("logits", FLOAT, ["batch", "kept", w.vocab_size])]
+        for i, kv in enumerate(w.kv_heads()):
+            for kind in ("key", "value"):
+                inputs.append(tensor_input(f"past_key_values.{i}.{kind}", FLOAT, ["batch", kv, "past_seq", self.hd]))
+                outputs.append(tensor_input(f"present.{i}.{kind}", FLOAT, ["batch", kv, "total_seq", self.hd]))
+        inputs.append(tensor_input("num_logits_to_keep", INT64, [1]))
+        return g.model("edgesdk_decoder", inputs, outputs, OPSET, doc="edgesdk decoder with KV cache")
+
+
+def emit_decoder(weights: DecoderWeights, max_context: int) -> tuple[onnx.ModelProto, GraphSpec]:
+    """Build the ONNX decoder graph and the spec the runtime needs to drive it."""
+    model = _Emitter(weights, max_context).build()
+    spec = GraphSpec(
+        num_layers=len(weights.layers), kv_heads=tuple(weights.kv_heads()), head_dim=weights.head_dim,
+        vocab_size=weights.vocab_size, max_context=max_context,
+    )
+    return model, spec
