@@ -1,0 +1,1 @@
+"""The host build pipeline: model source -> registered stages -> ONNX export -> bundle."""

@@ -1,0 +1,72 @@
+"""Build work directory: a state file of completed steps and a checkpoint after each stage.
+
+A killed build resumes (``--resume``) at the first step not recorded as done, provided the
+build key (model source, target, recipe, export settings) is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from edgesdk.errors import BuildError
+
+STATE = "state.json"
+
+
+class WorkDir:
+    def __init__(self, path: Path, build_key: dict, resume: bool):
+        self.path = Path(path)
+        self.key = hashlib.sha256(json.dumps(build_key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        state_file = self.path / STATE
+        if resume and state_file.is_file():
+            self.state = json.loads(state_file.read_text())
+            if self.state.get("build_key") != self.key:
+                raise BuildError(
+                    f"--resume: the work directory {self.path} belongs to a different build "
+                    "(model, target, recipe or export settings changed)",
+                    "drop --resume to start over, or pass the same arguments as the killed build",
+                )
+        else:
+            if self.path.exists():
+                shutil.rmtree(self.path)
+            self.path.mkdir(parents=True)
+            self.state = {"build_key": self.key, "done": {}}
+            self._save()
+
+    def done(self, step: str) -> dict | None:
+        return self.state["done"].get(step)
+
+    def mark_done(self, step: str, record: dict) -> None:
+        self.state["done"][step] = record
+        self._save()
+
+    def stage_checkpoint(self, index: int, name: str) -> Path:
+        return self.path / "stages" / f"{index:02d}-{name}"
+
+    def _save(self) -> None:
+        tmp = self.path / (STATE + ".tmp")
+        tmp.write_text(json.dumps(self.state, indent=2, sort_keys=True, default=str))
+        os.replace(tmp, self.path / STATE)  # atomic: a kill never leaves a half-written state
+
+
+def save_checkpoint(model, tokenizer, path: Path) -> None:
+    """safetensors weights + config, written beside the final name and renamed (never half-written)."""
+    partial = path.with_name(path.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    model.save_pretrained(partial, safe_serialization=True)
+    tokenizer.save_pretrained(partial)
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(partial, path)
+
+
+def load_checkpoint(path: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -1,0 +1,91 @@
+"""Assemble a bundle from the export directory, the tokenizer and the build records."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from edgesdk.bundle import Bundle, BundleWriter, verify_bundle
+from edgesdk.export.onnx_export import DATA_FILE, MODEL_FILE
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends generation: config, generation config and tokenizer EOS."""
+    ids: set[int] = set()
+    for value in (getattr(model.config, "eos_token_id", None),
+                  getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+                  tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return sorted(ids)
+
+
+def _report(manifest: dict, sizes: dict[str, int]) -> str:
+    before, after = manifest["model"]["before"], manifest["model"]["after"]
+    fp16_bytes = before["parameters"] * 2
+    total = sum(sizes.values())
+    lines = [
+        f"# edgesdk bundle: {before['source']} for {manifest['target']['name']}",
+        "",
+        f"- architecture: {before['architecture']}, {before['layers']} layers, hidden {before['hidden_size']}, "
+        f"heads {before['attention_heads']} (kv {before['kv_heads']}), vocab {before['vocab_size']}",
+        f"- parameters: {before['parameters']:,} before, {after['parameters']:,} after",
+        f"- recipe: {manifest['recipe']['name']}; stages: "
+        + (", ".join(s["stage"] for s in manifest["stages"]) or "none (fp32 export)"),
+        f"- graph: {manifest['graph']['form']} form, {manifest['graph']['dtype']}, "
+        f"max context {manifest['graph']['max_context']}",
+        f"- size: {total / 1e6:.1f} MB on disk vs {fp16_bytes / 1e6:.1f} MB for the FP16 model "
+        f"({total / fp16_bytes:.2f}x)",
+        f"- default backend: {manifest['runtime']['backend']} (fallbacks: "
+        f"{', '.join(manifest['runtime']['fallbacks']) or 'none'}), {manifest['runtime']['threads']} threads",
+        "",
+        "## Export check (ONNX Runtime vs PyTorch, max |diff|)",
+        "",
+        "| output | max abs diff |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {diff:.3e} |" for name, diff in manifest["export_validation"]["max_abs_diff"].items()]
+    lines += ["", f"Greedy top-1 agreement over the decode steps: {manifest['export_validation']['top1_agree']:.0%}",
+              "", "## Files", "", "| file | bytes |", "|---|---|"]
+    lines += [f"| {name} | {size:,} |" for name, size in sorted(sizes.items())]
+    return "\n".join(lines) + "\n"
+
+
+def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, profile, recipe, stages: list,
+                 model, tokenizer, facts_before: dict, facts_after: dict) -> Bundle:
+    writer = BundleWriter(out)
+    writer.add_file(export_dir / MODEL_FILE)
+    writer.add_file(export_dir / DATA_FILE)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        writer.add_file(Path(tmp) / "tokenizer.json")
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str) and template:
+        writer.write_text("chat_template.jinja", template)
+    manifest = {
+        "target": profile.summary(),
+        "recipe": {"name": recipe.name, "description": recipe.description},
+        "model": {"before": facts_before, "after": facts_after},
+        "stages": stages,
+        "graph": {**graph, "file": MODEL_FILE},
+        "export_validation": validation,
+        "tokenizer": {
+            "file": "tokenizer.json",
+            "chat_template": "chat_template.jinja" if template else None,
+            "bos_token": tokenizer.bos_token,
+            "eos_token": tokenizer.eos_token,
+            "eos_token_ids": eos_token_ids(model, tokenizer),
+        },
+        "runtime": {
+            "backend": profile.runtime.backend,
+            "fallbacks": list(profile.runtime.fallbacks),
+            "threads": profile.runtime.threads,
+        },
+        "eval": {},
+    }
+    sizes = {name: (writer.staging / name).stat().st_size for name in (MODEL_FILE, DATA_FILE, "tokenizer.json")}
+    writer.write_text("report.md", _report(manifest, sizes))
+    writer.commit(manifest)
+    return verify_bundle(out)

@@ -1,0 +1,114 @@
+"""``edgesdk build``: load -> stages (checkpointed) -> export + validate -> bundle.
+
+Each step is recorded in the work directory when it finishes; ``resume=True`` skips the steps
+already done.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from edgesdk.build.checkpoint import WorkDir, load_checkpoint, save_checkpoint
+from edgesdk.build.package import write_bundle
+from edgesdk.build.recipes import load_recipe
+from edgesdk.build.registry import BuildContext, stage_spec
+from edgesdk.bundle import Bundle
+from edgesdk.export.onnx_export import ExportConfig, export_model
+from edgesdk.export.validate import ValidationConfig, validate_export
+from edgesdk.models.sources import DEFAULT_MODEL, resolve_model
+from edgesdk.profile import get_profile
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """One build: what model, for which board, with which recipe, written where."""
+
+    target: str  # profile name, alias or YAML path
+    model: str = DEFAULT_MODEL  # alias, Hugging Face directory or .gguf file
+    out: Path | None = None  # bundle directory; default bundles/<model>-<target>
+    recipe: str = "default"  # shipped recipe name or YAML path
+    export: ExportConfig = field(default_factory=ExportConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    resume: bool = False  # continue a killed build from its work directory
+    keep_work: bool = False  # keep checkpoints after a successful build
+    progress: bool = True
+
+
+def default_out(model: str, target: str) -> Path:
+    stem = Path(model).stem if ("/" in model or model.endswith(".gguf")) else model
+    return Path("bundles") / f"{stem}-{target}"
+
+
+def _log(message: str) -> None:
+    print(f"edgesdk build: {message}", file=sys.stderr, flush=True)
+
+
+def build(config: BuildConfig) -> Bundle:
+    """Run the whole pipeline and return the verified bundle."""
+    profile = get_profile(config.target)
+    recipe = load_recipe(config.recipe if config.recipe != "default" else profile.default_recipe)
+    stages = recipe.validated()  # order and configs checked before any compute
+    source = resolve_model(config.model)
+    out = Path(config.out) if config.out else default_out(config.model, profile.name)
+    work = WorkDir(out.with_name(out.name + ".build"), {
+        "model": str(source.path), "target": profile.model_dump(mode="json"), "recipe": recipe.model_dump(),
+        "export": asdict(config.export),
+    }, config.resume)
+    steps = len(stages) + 3
+    started = time.perf_counter()
+
+    from edgesdk.models.loader import load_model
+
+    _log(f"[1/{steps}] loading {config.model} ({source.kind}: {source.path})")
+    loaded = load_model(source)
+    facts_before = loaded.facts()
+    model = loaded.model
+    ctx = BuildContext(profile=profile, work_dir=work.path, tokenizer=loaded.tokenizer, teacher=loaded.model,
+                       progress=config.progress)
+    # Stages finished by a killed run: skip them and continue from the last one's checkpoint.
+    finished = 0
+    while finished < len(stages) and work.done(f"stage:{stages[finished][0]}"):
+        finished += 1
+    stage_records = [work.done(f"stage:{name}") for name, _ in stages[:finished]]
+    if finished:
+        last = stages[finished - 1][0]
+        _log(f"resuming after stage '{last}' from its checkpoint ({finished} of {len(stages)} stages done)")
+        model = load_checkpoint(work.stage_checkpoint(finished - 1, last))
+    for index in range(finished, len(stages)):
+        name, stage_config = stages[index]
+        _log(f"[{index + 2}/{steps}] {name}: {stage_spec(name).description}")
+        ctx.metrics = {}
+        stage_start = time.perf_counter()
+        model = stage_spec(name).run(model, stage_config, ctx)
+        save_checkpoint(model, loaded.tokenizer, work.stage_checkpoint(index, name))
+        record = {"stage": name, "config": asdict(stage_config), "metrics": ctx.metrics,
+                  "seconds": round(time.perf_counter() - stage_start, 1)}
+        work.mark_done(f"stage:{name}", record)
+        stage_records.append(record)
+
+    export_dir = work.path / "export"
+    record = work.done("export")
+    if record is None:
+        _log(f"[{steps - 1}/{steps}] exporting ONNX with KV cache and validating against PyTorch")
+        spec = export_model(model, export_dir, config.export)
+        report = validate_export(model, export_dir / "model.onnx", spec, config.validation, config.progress)
+        record = {"graph": spec.to_json(), "validation": report.to_json()}
+        work.mark_done("export", record)
+    else:
+        _log(f"[{steps - 1}/{steps}] export: done in an earlier run")
+
+    _log(f"[{steps}/{steps}] writing bundle {out}")
+    facts_after = {**facts_before, "parameters": sum(p.numel() for p in model.parameters())}
+    bundle = write_bundle(
+        out, export_dir=export_dir, graph=record["graph"], validation=record["validation"], profile=profile,
+        recipe=recipe, stages=stage_records, model=model, tokenizer=loaded.tokenizer,
+        facts_before=facts_before, facts_after=facts_after,
+    )
+    if not config.keep_work:
+        shutil.rmtree(work.path, ignore_errors=True)
+    _log(f"done in {time.perf_counter() - started:.0f}s: {out} (bundle id {bundle.bundle_id})")
+    return bundle

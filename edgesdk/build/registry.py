@@ -1,0 +1,95 @@
+"""Stage registry: each compression stage is ``stage(model, config, ctx) -> model`` registered
+with its config class and ordering rules, which are checked before any compute runs.
+
+Modelled on ModelOpt's mode descriptors (``opt/mode.py``): a stage names the stages that must
+come before it when both are present, so "prune before qat" is refused up front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from edgesdk.errors import BuildError
+
+
+@dataclass
+class BuildContext:
+    """What a stage may use besides the model and its config."""
+
+    profile: Any  # edgesdk.profile.TargetProfile
+    work_dir: Path
+    tokenizer: Any = None  # transformers tokenizer of the source model
+    teacher: Any = None  # the model as loaded, before any stage (for distillation)
+    progress: bool = True
+    metrics: dict = field(default_factory=dict)  # the running stage writes its measurements here
+
+
+StageFn = Callable[[Any, Any, BuildContext], Any]
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    config_class: type
+    run: StageFn
+    after: tuple[str, ...] = ()  # stages that must come earlier whenever both are in a recipe
+    description: str = ""
+
+
+STAGES: dict[str, StageSpec] = {}
+
+
+def register_stage(name: str, config_class: type, after: tuple[str, ...] = (), description: str = ""):
+    """Decorator registering ``fn(model, config, ctx) -> model`` as a build stage."""
+    if not is_dataclass(config_class):
+        raise TypeError(f"stage {name}: config_class must be a dataclass, got {config_class!r}")
+
+    def decorate(fn: StageFn) -> StageFn:
+        if name in STAGES:
+            raise ValueError(f"stage '{name}' is registered twice")
+        STAGES[name] = StageSpec(name, config_class, fn, tuple(after), description or (fn.__doc__ or "").strip())
+        return fn
+
+    return decorate
+
+
+def make_config(name: str, values: dict | None) -> Any:
+    """Build a stage's config from a dict, rejecting unknown fields with the allowed set."""
+    spec = stage_spec(name)
+    values = dict(values or {})
+    allowed = {f.name for f in fields(spec.config_class)}
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        raise BuildError(f"stage '{name}' has no option(s) {unknown}; allowed: {sorted(allowed)}",
+                         "fix the recipe or the --set override")
+    try:
+        return spec.config_class(**values)
+    except (TypeError, ValueError) as exc:
+        raise BuildError(f"stage '{name}' config {values} is invalid: {exc}", "fix the recipe") from exc
+
+
+def stage_spec(name: str) -> StageSpec:
+    if name not in STAGES:
+        known = ", ".join(sorted(STAGES)) or "none registered yet"
+        raise BuildError(f"unknown build stage '{name}'; known stages: {known}", "fix the recipe's stage list")
+    return STAGES[name]
+
+
+def check_order(names: list[str]) -> None:
+    """Refuse duplicates, unknown stages and order violations before any compute."""
+    seen: set[str] = set()
+    for position, name in enumerate(names):
+        spec = stage_spec(name)
+        if name in seen:
+            raise BuildError(f"stage '{name}' appears twice in the recipe {names}", "list each stage once")
+        later = set(names[position + 1:])
+        for required in spec.after:
+            if required in later:
+                raise BuildError(
+                    f"stage '{name}' must come after '{required}', but the recipe orders {names}",
+                    f"move '{required}' before '{name}'",
+                )
+        seen.add(name)

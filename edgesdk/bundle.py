@@ -1,0 +1,261 @@
+"""The bundle: a directory holding everything a board needs to run a model (DESIGN.md, "Bundle").
+
+Layout::
+
+    manifest.json          schema version, edgesdk version, target profile, model facts, stages,
+                           graph spec, tokenizer facts, runtime defaults, eval, and every file
+                           with its size and sha256
+    manifest.sha256        sha256 of manifest.json, so any byte flipped anywhere is detected
+    model.onnx (+ .data)   the decoder graph and its weights
+    tokenizer.json         the tokenizers (Rust) tokenizer; chat_template.jinja when the model has one
+    report.md              what was built and measured
+
+A bundle is written to a temporary sibling directory and renamed into place only when complete.
+Loading verifies every hash and the target before anything runs; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from edgesdk import __version__
+from edgesdk.errors import BundleError
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+MANIFEST_DIGEST = "manifest.sha256"
+REQUIRED_KEYS = ("schema_version", "edgesdk_version", "bundle_id", "target", "model", "graph", "tokenizer",
+                 "runtime", "stages", "files")
+
+
+def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _relative_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root).as_posix()) for p in root.rglob("*") if p.is_file())
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A verified bundle on disk."""
+
+    path: Path
+    manifest: dict
+
+    @property
+    def target(self) -> str:
+        return self.manifest["target"]["name"]
+
+    @property
+    def bundle_id(self) -> str:
+        return self.manifest["bundle_id"]
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+
+class BundleWriter:
+    """Collects files in a temporary directory next to the destination, then commits atomically."""
+
+    def __init__(self, destination: Path):
+        self.destination = Path(destination)
+        self.staging = self.destination.with_name(f".{self.destination.name}.partial")
+        if self.staging.exists():
+            shutil.rmtree(self.staging)
+        self.staging.mkdir(parents=True)
+
+    def add_file(self, source: Path, name: str | None = None) -> Path:
+        target = self.staging / (name or Path(source).name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        return target
+
+    def write_text(self, name: str, text: str) -> Path:
+        target = self.staging / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        return target
+
+    def commit(self, manifest: dict) -> Bundle:
+        """Hash every file, write the manifest, and rename the staging directory into place."""
+        files = {}
+        for name in _relative_files(self.staging):
+            if name in (MANIFEST, MANIFEST_DIGEST):
+                continue
+            path = self.staging / name
+            files[name] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+        body = {
+            "schema_version": SCHEMA_VERSION,
+            "edgesdk_version": __version__,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            **manifest,
+            "files": files,
+        }
+        # The id names the content: the same model, target and stages give the same id.
+        content = {k: v for k, v in body.items() if k not in ("created", "bundle_id")}
+        body["bundle_id"] = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+        missing = [key for key in REQUIRED_KEYS if key not in body]
+        if missing:
+            raise BundleError(f"bundle manifest lacks {missing}", "this is a bug in the build pipeline")
+        text = json.dumps(body, indent=2, sort_keys=True) + "\n"
+        (self.staging / MANIFEST).write_text(text, encoding="utf-8")
+        (self.staging / MANIFEST_DIGEST).write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
+        if self.destination.exists():
+            old = self.destination.with_name(f".{self.destination.name}.old")
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(self.destination, old)
+            os.replace(self.staging, self.destination)
+            shutil.rmtree(old)
+        else:
+            os.replace(self.staging, self.destination)
+        return Bundle(self.destination, body)
+
+
+def read_manifest(path: Path) -> dict:
+    """Read and integrity-check manifest.json without checking the other files."""
+    path = Path(path)
+    if not path.is_dir():
+        raise BundleError(f"bundle {path} does not exist or is not a directory",
+                          "pass the directory written by 'edgesdk build' (or a .tar made by 'edgesdk pack')")
+    manifest_path, digest_path = path / MANIFEST, path / MANIFEST_DIGEST
+    for required in (manifest_path, digest_path):
+        if not required.is_file():
+            raise BundleError(f"bundle {path} has no {required.name}: it is incomplete or not a bundle",
+                              "rebuild it with 'edgesdk build'")
+    raw = manifest_path.read_bytes()
+    expected = digest_path.read_text(encoding="utf-8", errors="replace").strip()
+    actual = hashlib.sha256(raw).hexdigest()
+    if actual != expected:
+        raise BundleError(f"bundle {path}: {MANIFEST} has sha256 {actual}, {MANIFEST_DIGEST} says {expected}",
+                          "the manifest was modified or corrupted; rebuild or re-copy the bundle")
+    try:
+        manifest = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"bundle {path}: {MANIFEST} is not valid JSON ({exc})", "rebuild the bundle") from exc
+    if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
+        found = manifest.get("schema_version") if isinstance(manifest, dict) else None
+        raise BundleError(
+            f"bundle {path} has manifest schema version {found!r}; this edgesdk ({__version__}) reads "
+            f"version {SCHEMA_VERSION}",
+            "rebuild the bundle with this edgesdk version, or install the edgesdk that built it",
+        )
+    missing = [key for key in REQUIRED_KEYS if key not in manifest]
+    if missing:
+        raise BundleError(f"bundle {path}: manifest lacks {missing}", "rebuild the bundle")
+    return manifest
+
+
+def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:
+    """Check every file's size and sha256, refuse unlisted files and a wrong target.
+
+    Args:
+        path: the bundle directory.
+        expected_target: canonical profile name the bundle must be built for (None: any).
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    listed = manifest["files"]
+    problems = []
+    for name, facts in sorted(listed.items()):
+        if not _safe_relative(name):
+            problems.append(f"{name}: path escapes the bundle")
+            continue
+        file = path / name
+        if not file.is_file():
+            problems.append(f"{name}: missing")
+        elif file.stat().st_size != facts["size"]:
+            problems.append(f"{name}: {file.stat().st_size} bytes, manifest says {facts['size']}")
+        elif sha256_of(file) != facts["sha256"]:
+            problems.append(f"{name}: sha256 differs from the manifest (corrupted or modified)")
+    extra = [name for name in _relative_files(path) if name not in listed and name not in (MANIFEST, MANIFEST_DIGEST)]
+    problems += [f"{name}: not listed in the manifest" for name in extra]
+    if problems:
+        raise BundleError(f"bundle {path} failed verification:\n  - " + "\n  - ".join(problems),
+                          "rebuild the bundle with 'edgesdk build', or re-copy it (deploy checks hashes on the board)")
+    bundle = Bundle(path, manifest)
+    if expected_target is not None and bundle.target != expected_target:
+        raise BundleError(
+            f"bundle {path} was built for target '{bundle.target}', not '{expected_target}'",
+            f"build it for this board with 'edgesdk build --target {expected_target}', "
+            "or pass --ignore-target to run it anyway",
+        )
+    return bundle
+
+
+def _safe_relative(name: str) -> bool:
+    pure = PurePosixPath(name)
+    return not pure.is_absolute() and ".." not in pure.parts and name not in ("", ".")
+
+
+def pack_bundle(path: Path, archive: Path) -> Path:
+    """Verify a bundle and write it to an uncompressed .tar (weights do not compress well)."""
+    bundle = verify_bundle(path)
+    archive = Path(archive)
+    partial = archive.with_name(archive.name + ".partial")
+    with tarfile.open(partial, "w") as tar:
+        for name in [MANIFEST, MANIFEST_DIGEST, *sorted(bundle.manifest["files"])]:
+            tar.add(path / name, arcname=f"{path.name}/{name}", recursive=False)
+    os.replace(partial, archive)
+    return archive
+
+
+def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
+    """Unpack a bundle .tar, refusing members that escape it, then verify.
+
+    Links, devices, absolute paths and ``..`` components are refused before anything is written.
+    """
+    archive, destination_dir = Path(archive), Path(destination_dir)
+    try:
+        tar = tarfile.open(archive, "r:*")
+    except (tarfile.TarError, OSError) as exc:
+        raise BundleError(f"{archive} is not a readable tar archive ({exc})", "re-create it with 'edgesdk pack'") \
+            from exc
+    with tar:
+        members = tar.getmembers()
+        tops = {PurePosixPath(m.name).parts[0] for m in members if PurePosixPath(m.name).parts}
+        for member in members:
+            pure = PurePosixPath(member.name)
+            if pure.is_absolute() or ".." in pure.parts or not (member.isfile() or member.isdir()):
+                kind = "link" if (member.issym() or member.islnk()) else "member"
+                raise BundleError(f"{archive}: {kind} '{member.name}' would escape the bundle or is not a plain file",
+                                  "only unpack archives made by 'edgesdk pack'")
+        if len(tops) != 1:
+            raise BundleError(f"{archive} holds {len(tops)} top-level entries ({sorted(tops)[:5]}), expected one "
+                              "bundle directory", "only unpack archives made by 'edgesdk pack'")
+        top = tops.pop()
+        final = destination_dir / top
+        staging = destination_dir / f".{top}.unpacking"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        for member in members:
+            relative = PurePosixPath(member.name).relative_to(top)
+            target = staging / relative
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(member) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+    try:
+        verify_bundle(staging)
+    except BundleError:
+        shutil.rmtree(staging)
+        raise
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    return verify_bundle(final)

@@ -1,0 +1,319 @@
+"""The ``edgesdk`` command line: a thin shell over the Python API.
+
+Heavy imports (onnxruntime, torch, transformers) happen inside the commands that need them, so
+``edgesdk --help`` and the board-side commands start fast and never touch torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from edgesdk import __version__
+from edgesdk.errors import EdgeSDKError
+
+
+class _Group(click.Group):
+    """Turns EdgeSDKError into a two-line message and a non-zero exit code, no traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except EdgeSDKError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="edgesdk")
+def main():
+    """Compress a small language model on a host and run it on a Jetson or Raspberry Pi.
+
+    \b
+    Typical use:
+      edgesdk build --target rpi5                  # host: SmolLM2-135M -> bundles/smollm2-135m-rpi5
+      edgesdk run bundles/smollm2-135m-rpi5 --prompt "Hello"
+      edgesdk eval bundles/smollm2-135m-rpi5 --text wiki.valid.raw --reference
+
+    Run 'edgesdk COMMAND --help' for the options of each command.
+    """
+
+
+# --- environment, targets, models ------------------------------------------------------------
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def env(as_json):
+    """Versions, ONNX Runtime providers, CUDA/TensorRT presence and the detected board (for bug reports)."""
+    from edgesdk.envinfo import collect_env, format_env
+
+    info = collect_env()
+    click.echo(json.dumps(info, indent=2, default=str) if as_json else format_env(info))
+
+
+@main.group()
+def targets():
+    """Board profiles: list them or show one."""
+
+
+@targets.command("list")
+def targets_list():
+    """One line per shipped board profile, with aliases."""
+    from edgesdk.profile import shipped_profiles
+
+    for name, profile in shipped_profiles().items():
+        aliases = f" (alias {', '.join(profile.aliases)})" if profile.aliases else ""
+        gpu = f"sm_{profile.gpu.sm}" if profile.gpu else "cpu only"
+        click.echo(f"{name:<15} {profile.family:<6} {gpu:<8} {profile.runtime.backend:<9} "
+                   f"{profile.description}{aliases}")
+
+
+@targets.command("show")
+@click.argument("name")
+def targets_show(name):
+    """Print one profile (NAME, alias or YAML path) as YAML."""
+    import yaml
+
+    from edgesdk.profile import get_profile
+
+    click.echo(yaml.safe_dump(get_profile(name).summary(), sort_keys=False))
+
+
+@main.group()
+def models():
+    """Model aliases: list them or fetch one into the cache."""
+
+
+@models.command("list")
+def models_list():
+    """Aliases usable with --model, and whether each is cached."""
+    from edgesdk.models.sources import ALIASES, DEFAULT_MODEL, cached_alias_path
+
+    for name, alias in ALIASES.items():
+        cached = "cached" if cached_alias_path(name).is_file() else "not fetched"
+        default = " [default]" if name == DEFAULT_MODEL else ""
+        click.echo(f"{name:<15} {alias.description} ({alias.size / 1e6:.0f} MB, {cached}){default}")
+
+
+@models.command("fetch")
+@click.argument("name")
+def models_fetch(name):
+    """Download alias NAME into the cache ($EDGESDK_CACHE, default ~/.cache/edgesdk)."""
+    from edgesdk.models.sources import fetch_alias
+
+    click.echo(str(fetch_alias(name)))
+
+
+# --- build ----------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--target", "-t", required=True, help="Board profile: name, alias (orin-nx, rpi5 …) or YAML path.")
+@click.option("--model", "-m", default="smollm2-135m", show_default=True,
+              help="Model alias, Hugging Face directory or .gguf file.")
+@click.option("--out", "-o", type=click.Path(path_type=Path), help="Bundle directory [bundles/<model>-<target>].")
+@click.option("--recipe", default="default", show_default=True, help="Recipe name or YAML path.")
+@click.option("--max-context", default=4096, show_default=True, help="Longest sequence the bundle accepts.")
+@click.option("--resume", is_flag=True, help="Continue a killed build from its work directory (<out>.build).")
+@click.option("--keep-work", is_flag=True, help="Keep the work directory (checkpoints) after success.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+def build(target, model, out, recipe, max_context, resume, keep_work, no_progress):
+    """Build a bundle for a board: load, compress (recipe stages), export ONNX, verify, package.
+
+    A checkpoint is written after every stage; after a kill, run the same command with --resume.
+    """
+    from edgesdk.build.pipeline import BuildConfig, build as run_build
+    from edgesdk.export.onnx_export import ExportConfig
+
+    bundle = run_build(BuildConfig(target=target, model=model, out=out, recipe=recipe,
+                                   export=ExportConfig(max_context=max_context), resume=resume,
+                                   keep_work=keep_work, progress=not no_progress))
+    click.echo(str(bundle.path))
+
+
+# --- bundles --------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--target", help="Refuse the bundle unless it was built for this board.")
+def verify(bundle, target):
+    """Check every file's sha256 and size, and the target; exit non-zero on any problem."""
+    from edgesdk.bundle import verify_bundle
+    from edgesdk.profile import get_profile
+
+    checked = verify_bundle(bundle, get_profile(target).name if target else None)
+    click.echo(f"ok: {checked.path} (bundle {checked.bundle_id}, target {checked.target}, "
+               f"{len(checked.manifest['files'])} files verified)")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the whole manifest.")
+def inspect(bundle, as_json):
+    """Show what a bundle holds: model, target, stages, graph, files (manifest checked, files not)."""
+    from edgesdk.bundle import read_manifest
+
+    manifest = read_manifest(bundle)
+    if as_json:
+        click.echo(json.dumps(manifest, indent=2))
+        return
+    before, graph = manifest["model"]["before"], manifest["graph"]
+    click.echo(f"bundle     {manifest['bundle_id']} (schema {manifest['schema_version']}, "
+               f"edgesdk {manifest['edgesdk_version']}, {manifest.get('created', '?')})")
+    click.echo(f"target     {manifest['target']['name']} ({manifest['target']['description']})")
+    click.echo(f"model      {before['source']}: {before['architecture']}, {before['parameters']:,} parameters")
+    stages = ", ".join(s["stage"] for s in manifest["stages"]) or "none"
+    click.echo(f"recipe     {manifest['recipe']['name']} (stages: {stages})")
+    click.echo(f"graph      {graph['form']} {graph['dtype']}, {graph['num_layers']} layers, "
+               f"kv heads {graph['kv_heads'][0]}…, max context {graph['max_context']}")
+    click.echo(f"runtime    {manifest['runtime']['backend']} -> {', '.join(manifest['runtime']['fallbacks'])}, "
+               f"{manifest['runtime']['threads']} threads")
+    total = sum(f["size"] for f in manifest["files"].values())
+    click.echo(f"files      {len(manifest['files'])}, {total / 1e6:.1f} MB")
+    for name, facts in sorted(manifest["files"].items()):
+        click.echo(f"  {name:<24} {facts['size']:>14,}  {facts['sha256'][:16]}")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("archive", type=click.Path(path_type=Path))
+def pack(bundle, archive):
+    """Verify BUNDLE and write it to a .tar ARCHIVE for transport."""
+    from edgesdk.bundle import pack_bundle
+
+    click.echo(str(pack_bundle(bundle, archive)))
+
+
+@main.command()
+@click.argument("archive", type=click.Path(path_type=Path))
+@click.argument("directory", type=click.Path(path_type=Path))
+def unpack(archive, directory):
+    """Unpack a bundle .tar into DIRECTORY (members escaping it are refused) and verify it."""
+    from edgesdk.bundle import unpack_bundle
+
+    click.echo(str(unpack_bundle(archive, directory).path))
+
+
+# --- run and eval ---------------------------------------------------------------------------------
+
+
+def _runtime_options(fn):
+    options = [
+        click.option("--threads", type=int, help="Intra-op threads [from the target profile]."),
+        click.option("--backend", help="Force a backend (ort-cpu, ort-cuda, ort-trt) instead of the profile's chain."),
+        click.option("--target", help="Refuse the bundle unless it was built for this board."),
+        click.option("--ignore-target", is_flag=True, help="Run a bundle built for another board anyway."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--prompt", "-p", help="Prompt text; without it, read prompts interactively from stdin.")
+@click.option("--max-new-tokens", "-n", default=128, show_default=True)
+@click.option("--temperature", default=0.0, show_default=True, help="0 means greedy decoding.")
+@click.option("--top-p", default=1.0, show_default=True, help="Nucleus sampling mass (with --temperature > 0).")
+@click.option("--seed", type=int, help="Seed for sampling.")
+@click.option("--raw", is_flag=True, help="Feed the prompt as is, without the model's chat template.")
+@click.option("--system", help="System message for the chat template.")
+@click.option("--stats", is_flag=True, help="Print prefill/decode tok/s and time to first token on stderr.")
+@_runtime_options
+def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, stats, threads, backend, target,
+        ignore_target):
+    """Generate text with a bundle, streaming tokens to stdout.
+
+    The bundle is verified (hashes, target) before anything runs. Greedy by default.
+    """
+    from edgesdk.runtime.generate import SamplingConfig, generate
+    from edgesdk.runtime.session import open_runtime
+    from edgesdk.runtime.text import StreamDecoder
+
+    try:
+        sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
+                           ignore_target=ignore_target, verbose=stats)
+    tokenizer = runtime.tokenizer
+
+    def one_turn(text: str) -> None:
+        ids = tokenizer.prompt_ids(text, raw=raw, system=system)
+        stream = StreamDecoder(tokenizer)
+
+        def emit(token: int) -> None:
+            sys.stdout.write(stream.push(token))
+            sys.stdout.flush()
+
+        _, result = generate(runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=emit)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if stats:
+            s = result.to_json()
+            click.echo(f"[{runtime.backend.name}] prompt {s['prompt_tokens']} tok, prefill {s['prefill_tok_s']} tok/s, "
+                       f"TTFT {s['time_to_first_token_ms']} ms, decode {s['new_tokens']} tok at "
+                       f"{s['decode_tok_s']} tok/s, p95 {s['p95_inter_token_ms']} ms, stop: {s['stop_reason']}",
+                       err=True)
+
+    if prompt is not None:
+        one_turn(prompt)
+        return
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            click.echo("> ", nl=False, err=True)
+        line = sys.stdin.readline()
+        if not line:
+            break
+        if line.strip():
+            one_turn(line.rstrip("\n"))
+
+
+@main.command("eval")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--text", "text_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Plain-text file to score (e.g. wikitext-2-raw/wiki.valid.raw).")
+@click.option("--context", default=512, show_default=True, help="Tokens per window.")
+@click.option("--stride", default=512, show_default=True, help="Window step (== context: no overlap).")
+@click.option("--max-chars", default=200_000, show_default=True, help="Score the first N characters (0 = all).")
+@click.option("--reference", is_flag=True, help="Also score the PyTorch source model (host; needs edgesdk[host]).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_runtime_options
+def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, threads, backend, target, ignore_target):
+    """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference)."""
+    from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, reference_perplexity
+    from edgesdk.runtime.session import open_runtime
+
+    config = PerplexityConfig(context=context, stride=stride, max_chars=max_chars or None)
+    text = text_file.read_text(encoding="utf-8")
+    runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
+                           ignore_target=ignore_target)
+    result = {"bundle": bundle_perplexity(runtime, text, config, progress=True).to_json()}
+    if reference:
+        from edgesdk.models.loader import load_model
+        from edgesdk.models.sources import resolve_model
+
+        source = resolve_model(runtime.bundle.manifest["model"]["before"]["source"])
+        model = load_model(source).model
+        encode = lambda t: runtime.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+        result["reference"] = reference_perplexity(model, encode, text, config, progress=True).to_json()
+        ours, ref = result["bundle"]["perplexity"], result["reference"]["perplexity"]
+        result["relative_difference"] = round(ours / ref - 1, 6)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"bundle perplexity    {result['bundle']['perplexity']:.4f} "
+               f"({result['bundle']['tokens_scored']} tokens, {result['bundle']['windows']} windows)")
+    if reference:
+        click.echo(f"reference (PyTorch)  {result['reference']['perplexity']:.4f}")
+        click.echo(f"relative difference  {result['relative_difference'] * 100:+.3f} %")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Recipe presets (YAML), validated by edgesdk.build.recipes."""

@@ -1,0 +1,119 @@
+"""The generation loop: sampling, stopping, streaming and timing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgesdk.runtime.backend import DecoderBackend
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is picked."""
+
+    max_new_tokens: int = 128  # generation stops after this many tokens
+    temperature: float = 0.0  # 0 = greedy (the default: reproducible output)
+    top_p: float = 1.0  # nucleus sampling mass; 1.0 keeps every token
+    seed: int | None = None  # seeds the sampler for reproducible sampling
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+class Sampler:
+    def __init__(self, config: SamplingConfig):
+        self.config = config
+        self.rng = np.random.default_rng(config.seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        if self.config.temperature == 0:
+            return int(np.argmax(logits))
+        scaled = logits.astype(np.float64) / self.config.temperature
+        probs = np.exp(scaled - scaled.max())
+        probs /= probs.sum()
+        if self.config.top_p < 1.0:
+            order = np.argsort(-probs)
+            cumulative = np.cumsum(probs[order])
+            keep = order[: int(np.searchsorted(cumulative, self.config.top_p)) + 1]
+            mask = np.zeros_like(probs)
+            mask[keep] = probs[keep]
+            probs = mask / mask.sum()
+        return int(self.rng.choice(probs.shape[0], p=probs))
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    token_latencies_s: list[float] = field(default_factory=list)
+    stop_reason: str = ""
+
+    @property
+    def time_to_first_token_s(self) -> float:
+        return self.prefill_s
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        decoded = len(self.token_latencies_s)
+        return decoded / self.decode_s if self.decode_s else 0.0
+
+    @property
+    def p95_latency_ms(self) -> float:
+        return float(np.percentile(self.token_latencies_s, 95) * 1e3) if self.token_latencies_s else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
+            "time_to_first_token_ms": round(self.time_to_first_token_s * 1e3, 2),
+            "prefill_tok_s": round(self.prefill_tok_s, 2), "decode_tok_s": round(self.decode_tok_s, 2),
+            "p95_inter_token_ms": round(self.p95_latency_ms, 2), "stop_reason": self.stop_reason,
+        }
+
+
+def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingConfig,
+             stop_ids: set[int], on_token: Callable[[int], None] | None = None) -> tuple[list[int], GenerationStats]:
+    """Prefill ``prompt_ids`` then decode until a stop id or ``max_new_tokens``.
+
+    The first new token comes from the prefill logits (time to first token = prefill time);
+    each later token costs one decode step.
+    """
+    stats = GenerationStats(prompt_tokens=len(prompt_ids))
+    sampler = Sampler(sampling)
+    backend.reset()
+    start = time.perf_counter()
+    logits = backend.prefill(np.asarray(prompt_ids, np.int64))[-1]
+    stats.prefill_s = time.perf_counter() - start
+    generated: list[int] = []
+    token = sampler(logits)
+    decode_start = time.perf_counter()
+    while True:
+        if token in stop_ids:
+            stats.stop_reason = "eos"
+            break
+        generated.append(token)
+        if on_token is not None:
+            on_token(token)
+        if len(generated) >= sampling.max_new_tokens:
+            stats.stop_reason = "max_new_tokens"
+            break
+        step = time.perf_counter()
+        token = sampler(backend.decode(token))
+        stats.token_latencies_s.append(time.perf_counter() - step)
+    stats.decode_s = time.perf_counter() - decode_start
+    stats.new_tokens = len(generated)
+    return generated, stats
