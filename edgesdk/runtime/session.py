@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,13 @@ def check_target(bundle: Bundle, expected_target: str | None, ignore_target: boo
     return None
 
 
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def _available_providers() -> list[str]:
     import onnxruntime as ort
 
@@ -102,7 +110,11 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
         notes.append(target_note)
     defaults = bundle.manifest["runtime"]
     chain = [backend] if backend else [defaults["backend"], *defaults.get("fallbacks", [])]
-    engine, backend_notes = open_backend(bundle, chain, threads or int(defaults["threads"]), spinning)
+    if threads is None:
+        # The profile's thread count is for its board; never oversubscribe the cores we have.
+        threads = min(int(defaults["threads"]), usable_cores())
+        notes.append(f"{threads} threads (profile {defaults['threads']}, {usable_cores()} usable cores)")
+    engine, backend_notes = open_backend(bundle, chain, threads, spinning)
     notes += backend_notes
     facts = bundle.manifest["tokenizer"]
     template = facts.get("chat_template")

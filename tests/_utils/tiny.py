@@ -1,0 +1,62 @@
+"""Tiny randomly initialised Llama-style models (grouped-query attention) and a tokenizer, built offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Edge boards run small language models; the runtime keeps them cool.",
+    "Grouped-query attention shares key and value heads between query heads.",
+    "Überall sind Zeichen: café, naïve, 東京, emoji 🙂.",
+] * 20
+
+
+def tiny_tokenizer(vocab_size: int = 320):
+    """A byte-level BPE tokenizer trained on a few sentences, wrapped for transformers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   unk_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2, hidden: int = 64,
+               vocab_size: int = 320, model_type: str = "llama", tie: bool = True):
+    """A random causal LM small enough for unit tests (a few hundred kB)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    extra = {"attention_bias": False} if model_type == "llama" else {}
+    config = AutoConfig.for_model(
+        model_type, vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2 - 16,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=512, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0, **extra,
+    )
+    model = AutoModelForCausalLM.from_config(config).eval()
+    # Random init gives near-uniform logits; scale up so greedy choices are well separated.
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(8.0)
+    return model
+
+
+def save_tiny_model_dir(path: Path, **kwargs) -> Path:
+    """A Hugging Face model directory (config, safetensors, tokenizer) for build tests."""
+    model = tiny_llama(**kwargs)
+    model.save_pretrained(path, safe_serialization=True)
+    tiny_tokenizer(model.config.vocab_size).save_pretrained(path)
+    return path

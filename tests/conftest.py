@@ -1,0 +1,24 @@
+"""Shared fixtures: a tiny model directory and a bundle built from it (session-scoped, built once)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    pytest.importorskip("torch")
+    from tests._utils.tiny import save_tiny_model_dir
+
+    return save_tiny_model_dir(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_model_dir, tmp_path_factory):
+    """A verified bundle for the host target, built through the real pipeline."""
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
+
+    out = tmp_path_factory.mktemp("bundles") / "tiny-host"
+    return build(BuildConfig(target="host", model=str(tiny_model_dir), out=out,
+                             export=ExportConfig(max_context=256), progress=False))
