@@ -290,6 +290,16 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, thr
     from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, reference_perplexity
     from edgesdk.runtime.session import open_runtime
 
+    if reference:
+        # Host-only dependencies: check them before scoring the bundle, and say how to get them.
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError as exc:
+            raise EdgeSDKError(
+                f"--reference scores the PyTorch source model and needs torch and transformers ({exc})",
+                "pip install 'edgesdk[host]' on the host, or drop --reference to score the bundle alone",
+            ) from exc
     config = PerplexityConfig(context=context, stride=stride, max_chars=max_chars or None)
     text = text_file.read_text(encoding="utf-8")
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,

@@ -1,0 +1,139 @@
+"""Build pipeline: stage registry ordering rules, recipes, checkpoints and resume after a kill."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from edgesdk.build import registry
+from edgesdk.build.recipes import Recipe, load_recipe, shipped_recipes
+from edgesdk.build.registry import check_order, make_config, register_stage
+from edgesdk.errors import BuildError
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    factor: float = 1.0  # multiplies the final norm weight (a visible, checkable change)
+
+
+@pytest.fixture
+def test_stages():
+    """Two throwaway stages, 'first' and 'second' (which must come after 'first')."""
+    calls = []
+
+    @register_stage("first", ScaleConfig, description="scale the final norm")
+    def first(model, config, ctx):
+        calls.append("first")
+        ctx.metrics["factor"] = config.factor
+        model.model.norm.weight.data.mul_(config.factor)
+        return model
+
+    @register_stage("second", ScaleConfig, after=("first",), description="scale again")
+    def second(model, config, ctx):
+        calls.append("second")
+        model.model.norm.weight.data.mul_(config.factor)
+        return model
+
+    yield calls
+    registry.STAGES.pop("first")
+    registry.STAGES.pop("second")
+
+
+def test_order_rules_checked_before_compute(test_stages):
+    check_order(["first", "second"])
+    with pytest.raises(BuildError, match="'second' must come after 'first'"):
+        check_order(["second", "first"])
+    with pytest.raises(BuildError, match="appears twice"):
+        check_order(["first", "first"])
+    with pytest.raises(BuildError, match="unknown build stage 'nope'; known stages: first, second"):
+        check_order(["nope"])
+
+
+def test_stage_config_rejects_unknown_keys(test_stages):
+    assert make_config("first", {"factor": 2.0}).factor == 2.0
+    with pytest.raises(BuildError, match=r"no option\(s\) \['facter'\]; allowed: \['factor'\]"):
+        make_config("first", {"facter": 2.0})
+
+
+def test_register_twice_is_refused(test_stages):
+    with pytest.raises(ValueError, match="registered twice"):
+        register_stage("first", ScaleConfig)(lambda m, c, x: m)
+
+
+def test_recipes_load_and_validate(tmp_path):
+    assert "default" in shipped_recipes()
+    assert load_recipe("default").stages == ()
+    with pytest.raises(BuildError, match="unknown recipe 'nope'"):
+        load_recipe("nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nstages: []\nextra: 1\n")
+    with pytest.raises(BuildError, match="Extra inputs are not permitted"):
+        load_recipe(str(bad))
+
+
+def _build(tiny_model_dir, out, recipe, resume=False):
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
+
+    return build(BuildConfig(target="host", model=str(tiny_model_dir), out=out, recipe=str(recipe),
+                             export=ExportConfig(max_context=64), resume=resume, progress=False))
+
+
+def test_killed_build_resumes_after_last_finished_step(test_stages, tiny_model_dir, tmp_path, monkeypatch):
+    import edgesdk.build.pipeline as pipeline
+
+    recipe = tmp_path / "two.yaml"
+    recipe.write_text("name: two\nstages:\n  - stage: first\n    config: {factor: 2.0}\n"
+                      "  - stage: second\n    config: {factor: 3.0}\n")
+    out = tmp_path / "bundle"
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed while exporting")
+
+    monkeypatch.setattr(pipeline, "export_model", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _build(tiny_model_dir, out, recipe)
+    assert test_stages == ["first", "second"]
+    assert not out.exists() and (tmp_path / "bundle.build" / "stages" / "01-second").is_dir()
+
+    monkeypatch.undo()
+    bundle = _build(tiny_model_dir, out, recipe, resume=True)
+    assert test_stages == ["first", "second"]  # no stage ran again
+    assert [s["stage"] for s in bundle.manifest["stages"]] == ["first", "second"]
+    assert bundle.manifest["stages"][0]["metrics"] == {"factor": 2.0}
+    assert not (tmp_path / "bundle.build").exists()  # work dir removed after success
+
+    # The resumed model carries both scalings: compare with a straight build's final norm.
+    import onnx
+
+    graph = onnx.load(str(out / "model.onnx"))
+    norm = next(t for t in graph.graph.initializer if t.name == "final_norm.weight")
+    assert onnx.numpy_helper.to_array(norm).mean() == pytest.approx(6.0, rel=1e-5)
+
+
+def test_resume_refuses_a_different_build(test_stages, tiny_model_dir, tmp_path, monkeypatch):
+    import edgesdk.build.pipeline as pipeline
+
+    recipe = tmp_path / "one.yaml"
+    recipe.write_text("name: one\nstages:\n  - stage: first\n")
+    monkeypatch.setattr(pipeline, "export_model", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        _build(tiny_model_dir, tmp_path / "b", recipe)
+    monkeypatch.undo()
+    recipe.write_text("name: one\nstages:\n  - stage: first\n    config: {factor: 5.0}\n")
+    with pytest.raises(BuildError, match="belongs to a different build"):
+        _build(tiny_model_dir, tmp_path / "b", recipe, resume=True)
+
+
+def test_bad_order_fails_before_loading_anything(test_stages, tmp_path):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("name: bad\nstages:\n  - stage: second\n  - stage: first\n")
+    with pytest.raises(BuildError, match="must come after"):
+        # the model path does not exist: the order check must fire first
+        _build(tmp_path / "no-model", tmp_path / "b", recipe)
+
+
+def test_recipe_model_roundtrip():
+    recipe = Recipe(name="x", stages=())
+    assert Recipe.model_validate(recipe.model_dump()) == recipe

@@ -1,0 +1,93 @@
+"""The ONNX decoder export: numerics against PyTorch across architectures, and the mismatch error."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgesdk.errors import ExportError  # noqa: E402
+from edgesdk.export.llama_graph import OPSET  # noqa: E402
+from edgesdk.export.onnx_export import DATA_FILE, MODEL_FILE, ExportConfig, export_model  # noqa: E402
+from edgesdk.export.validate import ExportMismatchError, ValidationConfig, validate_export  # noqa: E402
+from tests._utils.tiny import tiny_llama  # noqa: E402
+
+CASES = {
+    "llama-gqa-tied": {"heads": 4, "kv_heads": 2},
+    "llama-mha-untied": {"heads": 4, "kv_heads": 4, "tie": False},
+    "llama-mqa": {"heads": 4, "kv_heads": 1, "layers": 3},
+    "qwen2-bias": {"heads": 4, "kv_heads": 2, "model_type": "qwen2"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_export_matches_pytorch_over_prefill_and_decode(case, tmp_path):
+    model = tiny_llama(**CASES[case])
+    spec = export_model(model, tmp_path, ExportConfig(max_context=128))
+    report = validate_export(model, tmp_path / MODEL_FILE, spec, ValidationConfig(prompts=3, decode_steps=5))
+    worst = max(report.max_abs_diff.values())
+    print(f"{case}: max abs diff {report.max_abs_diff}")
+    assert worst < 1e-4, report.max_abs_diff
+    assert report.top1_agree == 1.0
+
+
+def test_export_writes_external_data_and_opset(tmp_path):
+    model = tiny_llama()
+    export_model(model, tmp_path, ExportConfig(max_context=64))
+    proto = onnx.load(str(tmp_path / MODEL_FILE), load_external_data=False)
+    assert proto.opset_import[0].version == OPSET >= 17
+    assert (tmp_path / DATA_FILE).stat().st_size > (tmp_path / MODEL_FILE).stat().st_size
+    external = [t.name for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert "embed_tokens.weight" in external
+    names = [i.name for i in proto.graph.input]
+    assert names[0] == "input_ids" and "past_key_values.1.value" in names and names[-1] == "num_logits_to_keep"
+
+
+def test_export_twice_into_same_directory_does_not_grow_data(tmp_path):
+    model = tiny_llama()
+    export_model(model, tmp_path, ExportConfig(max_context=64))
+    size = (tmp_path / DATA_FILE).stat().st_size
+    export_model(model, tmp_path, ExportConfig(max_context=64))
+    assert (tmp_path / DATA_FILE).stat().st_size == size
+
+
+def test_mismatch_raises_typed_error_listing_each_output(tmp_path):
+    model = tiny_llama()
+    spec = export_model(model, tmp_path, ExportConfig(max_context=64))
+    with torch.no_grad():  # the graph now disagrees with the model it is checked against
+        model.model.layers[0].mlp.down_proj.weight.add_(0.5)
+    with pytest.raises(ExportMismatchError, match=r"logits/prefill: max \|diff\|") as caught:
+        validate_export(model, tmp_path / MODEL_FILE, spec, ValidationConfig(prompts=1, decode_steps=2))
+    assert set(caught.value.diffs) >= {"logits/prefill", "logits/decode"}
+    assert caught.value.diffs["logits/prefill"] > 1e-3
+    assert isinstance(caught.value, ExportError) and caught.value.fix
+
+
+def test_rotary_table_limits_context(tmp_path):
+    model = tiny_llama()
+    spec = export_model(model, tmp_path, ExportConfig(max_context=10_000))
+    assert spec.max_context == model.config.max_position_embeddings
+    with pytest.raises(ExportError, match="max_context 8 is too short"):
+        export_model(model, tmp_path, ExportConfig(max_context=8))
+
+
+def test_decode_cache_extends_prefill_exactly(tmp_path):
+    """Prefill of n tokens then one decode step equals prefill of n+1 tokens (cache positions right)."""
+    import onnxruntime as ort
+
+    from edgesdk.export.validate import empty_past
+
+    model = tiny_llama()
+    spec = export_model(model, tmp_path, ExportConfig(max_context=64))
+    session = ort.InferenceSession(str(tmp_path / MODEL_FILE), providers=["CPUExecutionProvider"])
+    ids = np.random.default_rng(1).integers(0, spec.vocab_size, (1, 9), dtype=np.int64)
+    full = session.run(["logits"], {"input_ids": ids, "num_logits_to_keep": np.array([9]), **empty_past(spec)})[0]
+    names = [o.name for o in session.get_outputs()]
+    first = dict(zip(names, session.run(None, {"input_ids": ids[:, :8], "num_logits_to_keep": np.array([1]),
+                                                **empty_past(spec)})))
+    feeds = {n.replace("present", "past_key_values"): v for n, v in first.items() if n.startswith("present")}
+    step = session.run(["logits"], {"input_ids": ids[:, 8:], "num_logits_to_keep": np.array([1]), **feeds})[0]
+    np.testing.assert_allclose(step[0, 0], full[0, 8], atol=1e-5)
+    np.testing.assert_allclose(first["logits"][0, 0], full[0, 7], atol=1e-5)

@@ -1,0 +1,107 @@
+"""Runtime: the IO-bound KV-cache loop, generation against PyTorch, sampling, streaming text."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgesdk.errors import RuntimeBackendError
+from edgesdk.runtime.generate import GenerationStats, Sampler, SamplingConfig, generate
+from edgesdk.runtime.session import open_runtime
+from edgesdk.runtime.text import StreamDecoder
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_bundle):
+    return open_runtime(tiny_bundle.path)
+
+
+def test_open_runtime_reports_backend_choice(runtime):
+    assert runtime.backend.name == "ort-cpu"
+    assert any(note == "ort-cpu: used" for note in runtime.notes)
+
+
+def test_greedy_generation_matches_pytorch_generate(runtime, tiny_model_dir):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompt = runtime.tokenizer.encode("The quick brown fox")
+    ours, stats = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=24), stop_ids=set())
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, len(prompt):].tolist()
+    assert ours == ref
+    assert stats.new_tokens == 24 and stats.stop_reason == "max_new_tokens"
+    assert len(stats.token_latencies_s) == 23  # the first token comes from prefill
+
+
+def test_decode_logits_equal_prefill_logits(runtime):
+    ids = runtime.tokenizer.encode("Edge boards run small language models")
+    backend = runtime.backend
+    backend.reset()
+    full = backend.prefill(np.asarray(ids), keep_logits=len(ids))
+    backend.reset()
+    backend.prefill(np.asarray(ids[:3]))
+    stepped = [backend.decode(token) for token in ids[3:]]
+    np.testing.assert_allclose(np.stack(stepped), full[3:], atol=1e-4)
+    assert backend.position == len(ids)
+
+
+def test_stops_at_eos(runtime):
+    backend = runtime.backend
+    backend.reset()
+    first = int(np.argmax(backend.prefill(np.asarray(runtime.tokenizer.encode("hello")))[-1]))
+    tokens, stats = generate(backend, runtime.tokenizer.encode("hello"), SamplingConfig(max_new_tokens=10),
+                             stop_ids={first})
+    assert tokens == [] and stats.stop_reason == "eos"
+
+
+def test_context_limit_is_a_clear_error(runtime):
+    backend = runtime.backend
+    backend.reset()
+    limit = backend.max_context
+    with pytest.raises(RuntimeBackendError, match=f"exceeds the bundle's max_context {limit}"):
+        backend.prefill(np.zeros(limit + 1, np.int64))
+
+
+def test_sampler_is_reproducible_and_respects_top_p():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    a = [Sampler(SamplingConfig(temperature=1.0, seed=7))(logits) for _ in range(1)]
+    sampler_a, sampler_b = Sampler(SamplingConfig(temperature=1.0, seed=7)), Sampler(SamplingConfig(temperature=1.0, seed=7))
+    draws_a = [sampler_a(logits) for _ in range(50)]
+    assert draws_a == [sampler_b(logits) for _ in range(50)] and a[0] in range(4)
+    nucleus = Sampler(SamplingConfig(temperature=1.0, top_p=0.6, seed=0))
+    assert set(nucleus(logits) for _ in range(200)) == {0, 1}  # 0.5 + 0.3 >= 0.6
+    assert Sampler(SamplingConfig())(logits) == 0
+
+
+@pytest.mark.parametrize(("field", "value"), [("max_new_tokens", 0), ("temperature", -0.1), ("top_p", 0.0)])
+def test_sampling_config_rejects_bad_values(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingConfig(**{field: value})
+
+
+def test_stream_decoder_never_splits_characters(runtime):
+    text = "naïve café 東京 🙂 done"
+    ids = runtime.tokenizer.encode(text, add_special_tokens=False)
+    stream = StreamDecoder(runtime.tokenizer)
+    pieces = [stream.push(i) for i in ids]
+    assert "".join(pieces) == runtime.tokenizer.decode(ids) == text
+    assert all("\ufffd" not in piece for piece in pieces)
+
+
+def test_chat_template_renders_generation_prompt(runtime):
+    rendered = runtime.tokenizer.render_chat([{"role": "user", "content": "hi"}])
+    assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    raw = runtime.tokenizer.prompt_ids("hi", raw=True)
+    chat = runtime.tokenizer.prompt_ids("hi", raw=False, system="be brief")
+    assert len(chat) > len(raw)
+
+
+def test_stats_summary():
+    stats = GenerationStats(prompt_tokens=10, new_tokens=3, prefill_s=0.5, decode_s=0.2,
+                            token_latencies_s=[0.1, 0.1])
+    summary = stats.to_json()
+    assert summary["prefill_tok_s"] == 20.0 and summary["decode_tok_s"] == 10.0
+    assert summary["time_to_first_token_ms"] == 500.0
