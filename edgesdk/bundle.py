@@ -136,7 +136,8 @@ def read_manifest(path: Path) -> dict:
             raise BundleError(f"bundle {path} has no {required.name}: it is incomplete or not a bundle",
                               "rebuild it with 'edgesdk build'")
     raw = manifest_path.read_bytes()
-    expected = digest_path.read_text(encoding="utf-8", errors="replace").strip()
+    # Only the one newline the writer adds is dropped: strip() would also drop a "\n" flipped to "\v".
+    expected = digest_path.read_text(encoding="utf-8", errors="replace").removesuffix("\n")
     actual = hashlib.sha256(raw).hexdigest()
     if actual != expected:
         raise BundleError(f"bundle {path}: {MANIFEST} has sha256 {actual}, {MANIFEST_DIGEST} says {expected}",
@@ -224,11 +225,16 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
         raise BundleError(f"{archive} is not a readable tar archive ({exc})", "re-create it with 'edgesdk pack'") \
             from exc
     with tar:
-        members = tar.getmembers()
+        try:
+            members = tar.getmembers()
+        except (tarfile.TarError, OSError) as exc:  # a truncated archive fails here, not in open()
+            raise BundleError(f"{archive} is truncated or corrupt ({exc})",
+                              "re-copy the archive, or re-create it with 'edgesdk pack'") from exc
         tops = {PurePosixPath(m.name).parts[0] for m in members if PurePosixPath(m.name).parts}
         for member in members:
             pure = PurePosixPath(member.name)
-            if pure.is_absolute() or ".." in pure.parts or not (member.isfile() or member.isdir()):
+            if (pure.is_absolute() or ".." in pure.parts or not (member.isfile() or member.isdir())
+                    or (member.isfile() and len(pure.parts) < 2)):  # a file must sit inside the bundle directory
                 kind = "link" if (member.issym() or member.islnk()) else "member"
                 raise BundleError(f"{archive}: {kind} '{member.name}' would escape the bundle or is not a plain file",
                                   "only unpack archives made by 'edgesdk pack'")
@@ -241,15 +247,20 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
         if staging.exists():
             shutil.rmtree(staging)
         staging.mkdir(parents=True)
-        for member in members:
-            relative = PurePosixPath(member.name).relative_to(top)
-            target = staging / relative
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tar.extractfile(member) as src, open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+        try:
+            for member in members:
+                relative = PurePosixPath(member.name).relative_to(top)
+                target = staging / relative
+                if member.isdir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with tar.extractfile(member) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+        except (tarfile.TarError, OSError) as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise BundleError(f"cannot unpack {archive} into {destination_dir}: {exc}",
+                              "check the free space and permissions there, or re-copy the archive") from exc
     try:
         verify_bundle(staging)
     except BundleError:

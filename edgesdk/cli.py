@@ -126,7 +126,8 @@ def build(target, model, out, recipe, max_context, resume, keep_work, no_progres
 
     A checkpoint is written after every stage; after a kill, run the same command with --resume.
     """
-    from edgesdk.build.pipeline import BuildConfig, build as run_build
+    from edgesdk.build.pipeline import BuildConfig
+    from edgesdk.build.pipeline import build as run_build
     from edgesdk.export.onnx_export import ExportConfig
 
     bundle = run_build(BuildConfig(target=target, model=model, out=out, recipe=recipe,

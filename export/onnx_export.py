@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
-
-from edgesdk.errors import ExportError
 from edgesdk.export.decoder_weights import decoder_weights_from_hf
 from edgesdk.export.llama_graph import GraphSpec, emit_decoder
+
+from edgesdk.errors import ExportError
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from edgesdk.export.llama_graph import GraphSpec
 
 from edgesdk.errors import ExportError
-from edgesdk.export.llama_graph import GraphSpec
 
 
 class ExportMismatchError(ExportError):
@@ -79,7 +79,7 @@ def validate_export(model, onnx_path: Path, spec: GraphSpec, config: ValidationC
             ref = model(torch.from_numpy(ids), use_cache=True)
         _update(diffs, "logits/prefill", ort_out[0], ref.logits.numpy())
         cache = ref.past_key_values
-        present = dict(zip(names[1:], ort_out[1:]))
+        present = dict(zip(names[1:], ort_out[1:], strict=False))
         for _step in range(config.decode_steps):
             token = ref.logits[:, -1:].argmax(-1)
             agree += int(np.argmax(ort_out[0][0, -1]) == int(token))
@@ -88,7 +88,7 @@ def validate_export(model, onnx_path: Path, spec: GraphSpec, config: ValidationC
             for name, value in present.items():
                 feeds[name.replace("present", "past_key_values")] = value
             ort_out = session.run(None, feeds)
-            present = dict(zip(names[1:], ort_out[1:]))
+            present = dict(zip(names[1:], ort_out[1:], strict=False))
             with torch.no_grad():
                 ref = model(token, use_cache=True, **{_cache_kwarg(model): cache})
             cache = ref.past_key_values

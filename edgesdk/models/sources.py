@@ -92,7 +92,13 @@ def resolve_model(spec: str, fetch: bool = True) -> ModelSource:
         fetch: fetch an alias that is not cached yet (else raise).
     """
     if spec in ALIASES:
-        return ModelSource("gguf", fetch_alias(spec) if fetch else cached_alias_path(spec), spec)
+        if fetch:
+            return ModelSource("gguf", fetch_alias(spec), spec)
+        cached = cached_alias_path(spec)
+        if not cached.is_file():
+            raise ModelSourceError(f"model alias '{spec}' is not fetched yet (no {cached})",
+                                   f"run 'edgesdk models fetch {spec}', or pass a .gguf file with --model")
+        return ModelSource("gguf", cached, spec)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -80,7 +80,7 @@ class OrtBackend:
         binding.clear_binding_outputs()
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("num_logits_to_keep", np.array([keep], np.int64))
-        for name, value in zip(self._past_names, self._past):
+        for name, value in zip(self._past_names, self._past, strict=False):
             binding.bind_ortvalue_input(name, value)
         binding.bind_output("logits", "cpu")
         for name in self._present_names:

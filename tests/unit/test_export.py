@@ -8,10 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from edgesdk.errors import ExportError  # noqa: E402
 from edgesdk.export.llama_graph import OPSET  # noqa: E402
 from edgesdk.export.onnx_export import DATA_FILE, MODEL_FILE, ExportConfig, export_model  # noqa: E402
 from edgesdk.export.validate import ExportMismatchError, ValidationConfig, validate_export  # noqa: E402
+
+from edgesdk.errors import ExportError  # noqa: E402
 from tests._utils.tiny import tiny_llama  # noqa: E402
 
 CASES = {
@@ -42,7 +43,9 @@ def test_export_writes_external_data_and_opset(tmp_path):
     external = [t.name for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     assert "embed_tokens.weight" in external
     names = [i.name for i in proto.graph.input]
-    assert names[0] == "input_ids" and "past_key_values.1.value" in names and names[-1] == "num_logits_to_keep"
+    assert names[0] == "input_ids"
+    assert "past_key_values.1.value" in names
+    assert names[-1] == "num_logits_to_keep"
 
 
 def test_export_twice_into_same_directory_does_not_grow_data(tmp_path):
@@ -62,7 +65,8 @@ def test_mismatch_raises_typed_error_listing_each_output(tmp_path):
         validate_export(model, tmp_path / MODEL_FILE, spec, ValidationConfig(prompts=1, decode_steps=2))
     assert set(caught.value.diffs) >= {"logits/prefill", "logits/decode"}
     assert caught.value.diffs["logits/prefill"] > 1e-3
-    assert isinstance(caught.value, ExportError) and caught.value.fix
+    assert isinstance(caught.value, ExportError)
+    assert caught.value.fix
 
 
 def test_rotary_table_limits_context(tmp_path):
@@ -76,7 +80,6 @@ def test_rotary_table_limits_context(tmp_path):
 def test_decode_cache_extends_prefill_exactly(tmp_path):
     """Prefill of n tokens then one decode step equals prefill of n+1 tokens (cache positions right)."""
     import onnxruntime as ort
-
     from edgesdk.export.validate import empty_past
 
     model = tiny_llama()
@@ -86,7 +89,7 @@ def test_decode_cache_extends_prefill_exactly(tmp_path):
     full = session.run(["logits"], {"input_ids": ids, "num_logits_to_keep": np.array([9]), **empty_past(spec)})[0]
     names = [o.name for o in session.get_outputs()]
     first = dict(zip(names, session.run(None, {"input_ids": ids[:, :8], "num_logits_to_keep": np.array([1]),
-                                                **empty_past(spec)})))
+                                                **empty_past(spec)}), strict=False))
     feeds = {n.replace("present", "past_key_values"): v for n, v in first.items() if n.startswith("present")}
     step = session.run(["logits"], {"input_ids": ids[:, 8:], "num_logits_to_keep": np.array([1]), **feeds})[0]
     np.testing.assert_allclose(step[0, 0], full[0, 8], atol=1e-5)

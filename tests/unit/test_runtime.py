@@ -32,7 +32,8 @@ def test_greedy_generation_matches_pytorch_generate(runtime, tiny_model_dir):
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None,
                              pad_token_id=0)[0, len(prompt):].tolist()
     assert ours == ref
-    assert stats.new_tokens == 24 and stats.stop_reason == "max_new_tokens"
+    assert stats.new_tokens == 24
+    assert stats.stop_reason == "max_new_tokens"
     assert len(stats.token_latencies_s) == 23  # the first token comes from prefill
 
 
@@ -54,7 +55,8 @@ def test_stops_at_eos(runtime):
     first = int(np.argmax(backend.prefill(np.asarray(runtime.tokenizer.encode("hello")))[-1]))
     tokens, stats = generate(backend, runtime.tokenizer.encode("hello"), SamplingConfig(max_new_tokens=10),
                              stop_ids={first})
-    assert tokens == [] and stats.stop_reason == "eos"
+    assert tokens == []
+    assert stats.stop_reason == "eos"
 
 
 def test_context_limit_is_a_clear_error(runtime):
@@ -70,7 +72,8 @@ def test_sampler_is_reproducible_and_respects_top_p():
     a = [Sampler(SamplingConfig(temperature=1.0, seed=7))(logits) for _ in range(1)]
     sampler_a, sampler_b = Sampler(SamplingConfig(temperature=1.0, seed=7)), Sampler(SamplingConfig(temperature=1.0, seed=7))
     draws_a = [sampler_a(logits) for _ in range(50)]
-    assert draws_a == [sampler_b(logits) for _ in range(50)] and a[0] in range(4)
+    assert draws_a == [sampler_b(logits) for _ in range(50)]
+    assert a[0] in range(4)
     nucleus = Sampler(SamplingConfig(temperature=1.0, top_p=0.6, seed=0))
     assert set(nucleus(logits) for _ in range(200)) == {0, 1}  # 0.5 + 0.3 >= 0.6
     assert Sampler(SamplingConfig())(logits) == 0
@@ -103,5 +106,6 @@ def test_stats_summary():
     stats = GenerationStats(prompt_tokens=10, new_tokens=3, prefill_s=0.5, decode_s=0.2,
                             token_latencies_s=[0.1, 0.1])
     summary = stats.to_json()
-    assert summary["prefill_tok_s"] == 20.0 and summary["decode_tok_s"] == 10.0
+    assert summary["prefill_tok_s"] == 20.0
+    assert summary["decode_tok_s"] == 10.0
     assert summary["time_to_first_token_ms"] == 500.0

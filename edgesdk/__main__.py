@@ -1,0 +1,5 @@
+"""``python -m edgesdk`` runs the CLI."""
+
+from edgesdk.cli import main
+
+main()

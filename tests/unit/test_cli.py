@@ -1,0 +1,503 @@
+"""The ``edgesdk`` command line, in-process through click's CliRunner, on real bundles.
+
+click >= 8.2 keeps stderr apart: ``result.stdout`` and ``result.stderr`` are separate, and
+``result.output`` is both interleaved as a terminal would show them.
+"""
+
+from __future__ import annotations
+
+import inspect as pyinspect
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from edgesdk.bundle import read_manifest, verify_bundle
+from edgesdk.cli import main
+from edgesdk.profile import shipped_profiles
+from tests._utils.tiny import CORPUS
+
+TARGETS_DIR = Path(__file__).resolve().parents[2] / "targets"
+
+COMMANDS = [
+    (),
+    ("env",),
+    ("targets",),
+    ("targets", "list"),
+    ("targets", "show"),
+    ("models",),
+    ("models", "list"),
+    ("models", "fetch"),
+    ("build",),
+    ("inspect",),
+    ("verify",),
+    ("run",),
+    ("eval",),
+    ("pack",),
+    ("unpack",),
+]
+
+
+def invoke(*args, **kwargs):
+    return CliRunner().invoke(main, [str(a) for a in args], prog_name="edgesdk", **kwargs)
+
+
+def assert_ok(result):
+    assert result.exit_code == 0, f"exit {result.exit_code}\n{result.output}\n{result.exception!r}"
+
+
+def assert_error(result, *fragments):
+    """A deliberate error: non-zero exit, no traceback, the problem named, and a fix."""
+    assert result.exit_code != 0, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)  # not a crash
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in result.stderr, f"{fragment!r} not in:\n{result.stderr}"
+    assert "fix:" in result.stderr, result.stderr
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture
+def bundle(tiny_bundle, tmp_path) -> Path:
+    """A private copy of the session bundle (tests may corrupt it)."""
+    return Path(shutil.copytree(tiny_bundle.path, tmp_path / "bundle"))
+
+
+def flip_byte(path: Path, offset: int | None = None) -> None:
+    data = bytearray(path.read_bytes())
+    offset = len(data) // 2 if offset is None else offset
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def api_generate(bundle: Path, prompt: str, n: int, raw: bool) -> str:
+    """What the Python API generates greedily for ``prompt``: the CLI must stream exactly this."""
+    from edgesdk.runtime.generate import SamplingConfig, generate
+    from edgesdk.runtime.session import open_runtime
+
+    runtime = open_runtime(bundle)
+    ids = runtime.tokenizer.prompt_ids(prompt, raw=raw)
+    tokens, _ = generate(runtime.backend, ids, SamplingConfig(max_new_tokens=n), runtime.tokenizer.eos_token_ids)
+    return runtime.tokenizer.decode(tokens)
+
+
+# --- help -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "main")
+def test_help_of_every_command(path):
+    command = main
+    for name in path:
+        command = command.commands[name]
+    result = invoke(*path, "--help")
+    assert_ok(result)
+    assert result.stdout.startswith(f"Usage: edgesdk {' '.join(path)}".rstrip())
+    description = pyinspect.cleandoc(command.help).split("\n\n")[0].replace("\b", "")
+    assert description.strip()
+    assert flat(description) in flat(result.stdout)
+    assert "-h, --help" in result.stdout
+
+
+def test_short_help_flag_and_version():
+    assert_ok(invoke("-h"))
+    result = invoke("--version")
+    assert_ok(result)
+    assert "edgesdk" in result.stdout
+    assert "0." in result.stdout
+
+
+def test_unknown_command_is_a_usage_error():
+    result = invoke("nonsense")
+    assert result.exit_code == 2
+    assert "No such command" in result.stderr
+
+
+# --- targets, env, models -------------------------------------------------------------------------
+
+
+def test_targets_list_shows_every_profile():
+    result = invoke("targets", "list")
+    assert_ok(result)
+    lines = result.stdout.strip().splitlines()
+    names = sorted(p.stem for p in TARGETS_DIR.glob("*.yaml"))
+    assert len(names) == 10
+    assert len(lines) == 10
+    assert sorted(line.split()[0] for line in lines) == names == sorted(shipped_profiles())
+    assert "(alias orin-nx)" in result.stdout
+    assert "cpu only" in result.stdout
+    assert "sm_87" in result.stdout
+
+
+def test_targets_show_alias_prints_yaml():
+    result = invoke("targets", "show", "orin-nx")
+    assert_ok(result)
+    assert "name: orin-nx-16gb" in result.stdout
+    data = yaml.safe_load(result.stdout)
+    assert data["name"] == "orin-nx-16gb"
+    assert data["gpu"]["sm"] == 87
+    assert data == shipped_profiles()["orin-nx-16gb"].summary()
+
+
+def test_targets_show_unknown_lists_known_targets():
+    result = invoke("targets", "show", "nope")
+    assert_error(result, "unknown target 'nope'", "known targets:", "rpi5", "orin-nx-16gb", "host")
+    assert result.stdout == ""
+
+
+def test_env_text():
+    result = invoke("env")
+    assert_ok(result)
+    for heading in ("edgesdk:", "packages:", "onnxruntime providers:", "gpu:", "board:"):
+        assert heading in result.stdout
+    assert "CPUExecutionProvider" in result.stdout
+
+
+def test_env_json():
+    result = invoke("env", "--json")
+    assert_ok(result)
+    info = json.loads(result.stdout)
+    from edgesdk import __version__
+
+    assert info["edgesdk"] == __version__
+    assert "CPUExecutionProvider" in info["onnxruntime_providers"]
+    assert {"numpy", "onnxruntime", "torch", "transformers"} <= set(info["packages"])
+    assert "family" in info["board"]
+
+
+def test_models_list_mentions_default_alias():
+    result = invoke("models", "list")
+    assert_ok(result)
+    assert "smollm2-135m" in result.stdout
+    assert "[default]" in result.stdout
+
+
+# --- verify and inspect ---------------------------------------------------------------------------
+
+
+def test_verify_good_bundle(bundle):
+    result = invoke("verify", bundle)
+    assert_ok(result)
+    manifest = read_manifest(bundle)
+    assert result.stdout.startswith("ok:")
+    assert manifest["bundle_id"] in result.stdout
+    assert f"{len(manifest['files'])} files verified" in result.stdout
+
+
+def test_verify_good_bundle_with_matching_target_alias(bundle):
+    assert_ok(invoke("verify", bundle, "--target", "host"))
+
+
+def test_verify_corrupt_byte_names_the_file(bundle):
+    flip_byte(bundle / "model.onnx.data")
+    result = invoke("verify", bundle)
+    assert_error(result, "failed verification", "model.onnx.data", "sha256")
+    assert "ok:" not in result.stdout
+
+
+def test_verify_wrong_target_names_both(bundle):
+    result = invoke("verify", bundle, "--target", "rpi5")
+    assert_error(result, "'host'", "'rpi5'", "--target rpi5")
+
+
+def test_verify_missing_file_in_bundle(bundle):
+    (bundle / "tokenizer.json").unlink()
+    result = invoke("verify", bundle)
+    assert_error(result, "tokenizer.json: missing")
+
+
+def test_verify_missing_bundle(tmp_path):
+    result = invoke("verify", tmp_path / "no-such-bundle")
+    assert_error(result, "no-such-bundle", "does not exist")
+
+
+def test_verify_unlisted_file(bundle):
+    (bundle / "extra.bin").write_bytes(b"x")
+    assert_error(invoke("verify", bundle), "extra.bin: not listed in the manifest")
+
+
+def test_inspect_shows_target_and_files(bundle):
+    result = invoke("inspect", bundle)
+    assert_ok(result)
+    manifest = read_manifest(bundle)
+    assert "target     host" in result.stdout
+    assert manifest["bundle_id"] in result.stdout
+    for name in manifest["files"]:
+        assert name in result.stdout
+    assert "model.onnx.data" in result.stdout
+    assert "tokenizer.json" in result.stdout
+
+
+def test_inspect_json_is_the_manifest(bundle):
+    result = invoke("inspect", bundle, "--json")
+    assert_ok(result)
+    assert json.loads(result.stdout) == read_manifest(bundle)
+
+
+# --- run ------------------------------------------------------------------------------------------
+
+
+def test_run_prompt_with_stats(bundle):
+    result = invoke("run", bundle, "--prompt", "hi", "-n", 5, "--stats")
+    assert_ok(result)
+    expected = api_generate(bundle, "hi", 5, raw=False)
+    assert expected  # five tokens of text
+    assert result.stdout == expected + "\n"
+    stats = [line for line in result.stderr.splitlines() if "tok/s" in line]
+    assert len(stats) == 1
+    assert "decode" in stats[0]
+    assert "prefill" in stats[0]
+    assert "stop: max_new_tokens" in stats[0]
+    assert "tok/s" not in result.stdout
+    assert "decode" not in result.stdout
+    assert "edgesdk: ort-cpu: used" in result.stderr
+
+
+def test_run_without_stats_is_quiet_on_stderr(bundle):
+    result = invoke("run", bundle, "--prompt", "hi", "-n", 3)
+    assert_ok(result)
+    assert result.stderr == ""
+
+
+def test_run_raw(bundle):
+    result = invoke("run", bundle, "--prompt", "hi", "-n", 5, "--raw")
+    assert_ok(result)
+    expected = api_generate(bundle, "hi", 5, raw=True)
+    assert expected.strip()  # visible text
+    assert result.stdout == expected + "\n"
+    assert expected != api_generate(bundle, "hi", 5, raw=False)  # the chat template was skipped
+
+
+@pytest.mark.parametrize("temperature", ["0.7", "50"])
+def test_run_sampling_is_reproducible_with_a_seed(bundle, temperature):
+    args = ("run", bundle, "--prompt", "hi", "-n", 8, "--raw", "--temperature", temperature)
+    first, second = invoke(*args, "--seed", 3), invoke(*args, "--seed", 3)
+    assert_ok(first)
+    assert_ok(second)
+    assert first.stdout == second.stdout
+    assert first.stdout.strip()
+    if temperature == "50":  # near-uniform sampling: another seed gives other tokens
+        other = invoke(*args, "--seed", 4)
+        assert_ok(other)
+        assert other.stdout != first.stdout
+
+
+@pytest.mark.parametrize(("option", "value"), [("--temperature", "-1"), ("--top-p", "0"), ("-n", "0")])
+def test_run_bad_sampling_option_is_a_usage_error(bundle, option, value):
+    result = invoke("run", bundle, "--prompt", "hi", option, value)
+    assert result.exit_code == 2, result.output
+    assert "Invalid value" in result.stderr
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+
+
+def test_run_interactive_reads_prompts_from_stdin(bundle):
+    result = invoke("run", bundle, "-n", 4, "--raw", input="hello\nworld\n")
+    assert_ok(result)
+    hello, world = api_generate(bundle, "hello", 4, raw=True), api_generate(bundle, "world", 4, raw=True)
+    assert hello != world
+    assert result.stdout == f"{hello}\n{world}\n"
+    assert "> " not in result.stderr  # no prompt marker when stdin is not a terminal
+
+
+def test_run_interactive_skips_blank_lines(bundle):
+    result = invoke("run", bundle, "-n", 4, "--raw", input="hello\n\n   \nworld\n")
+    assert_ok(result)
+    assert len(result.stdout.splitlines()) == 2
+
+
+@pytest.mark.parametrize(("damage", "name"), [("flip", "model.onnx.data"), ("truncate", "model.onnx")])
+def test_run_corrupt_bundle_fails_verification_before_loading(bundle, damage, name):
+    path = bundle / name
+    if damage == "flip":
+        flip_byte(path)
+    else:  # a truncated graph would also make ONNX Runtime fail, with another message
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    result = invoke("run", bundle, "--prompt", "hi", "-n", 3, "--stats")
+    assert_error(result, "failed verification", name)
+    assert "no backend" not in result.stderr
+    assert "edgesdk: " not in result.stderr  # no session notes: nothing was loaded
+    assert "tok/s" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_run_wrong_target(bundle):
+    result = invoke("run", bundle, "--prompt", "hi", "-n", 3, "--target", "rpi5")
+    assert_error(result, "'host'", "'rpi5'", "--ignore-target")
+    assert result.stdout == ""
+
+
+def test_run_wrong_target_ignored(bundle):
+    result = invoke("run", bundle, "--prompt", "hi", "-n", 3, "--target", "rpi5", "--ignore-target", "--stats")
+    assert_ok(result)
+    assert result.stdout == api_generate(bundle, "hi", 3, raw=False) + "\n"
+    assert "target check skipped" in result.stderr
+
+
+def test_run_unknown_backend(bundle):
+    result = invoke("run", bundle, "--prompt", "hi", "-n", 3, "--backend", "warp-drive")
+    assert_error(result, "no backend could run", "warp-drive")
+
+
+# --- build ----------------------------------------------------------------------------------------
+
+
+def test_build_prints_bundle_path(tiny_model_dir, tmp_path):
+    out = tmp_path / "built"
+    result = invoke("build", "--target", "host", "--model", tiny_model_dir, "--out", out, "--max-context", 64,
+                    "--no-progress")
+    assert_ok(result)
+    assert result.stdout.strip() == str(out)
+    assert "edgesdk build:" in result.stderr
+    assert "edgesdk build:" not in result.stdout
+    built = verify_bundle(out, "host")
+    assert built.manifest["graph"]["max_context"] == 64
+    assert not out.with_name(out.name + ".build").exists()  # work directory removed after success
+    assert_ok(invoke("run", out, "--prompt", "hi", "-n", 2))
+
+
+def _host_profile_text() -> str:
+    return (TARGETS_DIR / "host.yaml").read_text(encoding="utf-8")
+
+
+def test_build_bad_profile_unknown_key(tiny_model_dir, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(_host_profile_text() + "\nturbo_mode: true\n", encoding="utf-8")
+    result = invoke("build", "--target", bad, "--model", tiny_model_dir, "--out", tmp_path / "out",
+                    "--no-progress")
+    assert_error(result, str(bad), "unknown key 'turbo_mode'", "allowed keys here:", "memory_budget_mb",
+                 "thermal_model")
+    assert not (tmp_path / "out").exists()
+
+
+def test_build_bad_profile_nested_unknown_key(tiny_model_dir, tmp_path):
+    text = _host_profile_text()
+    data = yaml.safe_load(text)
+    data["cpu"]["hyperthreads"] = 2
+    bad = tmp_path / "bad-nested.yaml"
+    bad.write_text(yaml.safe_dump(data), encoding="utf-8")
+    result = invoke("build", "--target", bad, "--model", tiny_model_dir, "--out", tmp_path / "out")
+    assert_error(result, "unknown key 'cpu.hyperthreads'", "allowed keys here:", "cores", "isa_features")
+
+
+def test_build_bad_profile_yaml_syntax(tiny_model_dir, tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: [unclosed\nfamily: host\n", encoding="utf-8")
+    result = invoke("build", "--target", bad, "--model", tiny_model_dir, "--out", tmp_path / "out")
+    assert_error(result, str(bad), "not valid YAML")
+
+
+def test_build_missing_profile_file(tiny_model_dir, tmp_path):
+    result = invoke("build", "--target", tmp_path / "absent.yaml", "--model", tiny_model_dir,
+                    "--out", tmp_path / "out")
+    assert_error(result, "absent.yaml", "does not exist")
+
+
+def test_build_unknown_model_lists_aliases(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # 'does-not-exist' is looked up relative to the working directory
+    result = invoke("build", "--target", "host", "--model", "does-not-exist", "--out", tmp_path / "out",
+                    "--no-progress")
+    assert_error(result, "unknown model 'does-not-exist'", "smollm2-135m")
+    assert not (tmp_path / "out").exists()
+
+
+def test_build_requires_target():
+    result = invoke("build")
+    assert result.exit_code == 2
+    assert "--target" in result.stderr
+
+
+# --- eval -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def text_file(tmp_path) -> Path:
+    path = tmp_path / "text.txt"
+    path.write_text("\n".join(CORPUS), encoding="utf-8")
+    return path
+
+
+EVAL_ARGS = ("--max-chars", 2000, "--context", 32, "--stride", 32, "--json")
+
+
+def test_eval_json(bundle, text_file):
+    result = invoke("eval", bundle, "--text", text_file, *EVAL_ARGS)
+    assert_ok(result)
+    data = json.loads(result.stdout)  # progress goes to stderr, so stdout is pure JSON
+    assert data["bundle"]["perplexity"] > 1
+    assert data["bundle"]["tokens_scored"] > 32
+    assert data["bundle"]["windows"] > 1
+    assert "reference" not in data
+
+
+def test_eval_text_output(bundle, text_file):
+    result = invoke("eval", bundle, "--text", text_file, "--max-chars", 500, "--context", 32, "--stride", 16)
+    assert_ok(result)
+    assert result.stdout.startswith("bundle perplexity")
+    assert "windows" in result.stdout
+
+
+def test_eval_reference_matches_bundle(bundle, text_file):
+    result = invoke("eval", bundle, "--text", text_file, *EVAL_ARGS, "--reference")
+    assert_ok(result)
+    data = json.loads(result.stdout)
+    assert data["reference"]["tokens_scored"] == data["bundle"]["tokens_scored"]
+    assert data["reference"]["perplexity"] > 1
+    assert abs(data["relative_difference"]) < 1e-4
+    assert abs(data["bundle"]["perplexity"] / data["reference"]["perplexity"] - 1) < 1e-4
+
+
+def test_eval_missing_text_file(bundle, tmp_path):
+    result = invoke("eval", bundle, "--text", tmp_path / "absent.txt")
+    assert result.exit_code == 2
+    assert "absent.txt" in result.stderr
+
+
+def test_eval_corrupt_bundle(bundle, text_file):
+    flip_byte(bundle / "model.onnx.data")
+    assert_error(invoke("eval", bundle, "--text", text_file, *EVAL_ARGS), "failed verification", "model.onnx.data")
+
+
+# --- pack and unpack ------------------------------------------------------------------------------
+
+
+def test_pack_unpack_round_trip(bundle, tmp_path):
+    archive = tmp_path / "bundle.tar"
+    packed = invoke("pack", bundle, archive)
+    assert_ok(packed)
+    assert packed.stdout.strip() == str(archive)
+    assert archive.is_file()
+
+    dest = tmp_path / "unpacked"
+    unpacked = invoke("unpack", archive, dest)
+    assert_ok(unpacked)
+    path = Path(unpacked.stdout.strip())
+    assert path == dest / bundle.name
+    assert verify_bundle(path).bundle_id == read_manifest(bundle)["bundle_id"]
+    assert_ok(invoke("verify", path))
+
+
+def test_pack_refuses_corrupt_bundle(bundle, tmp_path):
+    flip_byte(bundle / "tokenizer.json")
+    archive = tmp_path / "bundle.tar"
+    assert_error(invoke("pack", bundle, archive), "failed verification", "tokenizer.json")
+    assert not archive.exists()
+
+
+def test_unpack_refuses_non_archive(tmp_path):
+    fake = tmp_path / "fake.tar"
+    fake.write_bytes(b"not a tar archive at all")
+    assert_error(invoke("unpack", fake, tmp_path / "dest"), "fake.tar", "not a readable tar archive")
+
+
+def test_click_version_separates_stderr():
+    """These tests read result.stderr apart from result.stdout, which needs click >= 8.2."""
+    from importlib.metadata import version
+
+    major, minor = (int(part) for part in version("click").split(".")[:2])
+    assert (major, minor) >= (8, 2)

@@ -1,0 +1,253 @@
+"""Model sources (edgesdk.models.sources) and loading (edgesdk.models.loader): resolution, refusals,
+the alias cache and its behaviour without a network."""
+
+from __future__ import annotations
+
+import random
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from edgesdk.errors import ModelSourceError
+from edgesdk.models.loader import SUPPORTED_ARCHITECTURES, load_model
+from edgesdk.models.sources import (
+    ALIASES,
+    DEFAULT_MODEL,
+    ModelSource,
+    cache_dir,
+    cached_alias_path,
+    fetch_alias,
+    resolve_model,
+)
+
+ALIAS = "smollm2-135m"
+SUPPORTED = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+
+
+@pytest.fixture(autouse=True)
+def _offline_hub(monkeypatch):
+    # Everything here is local; make sure transformers never tries the Hub instead of failing.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch) -> Path:
+    """A private EDGESDK_CACHE, and pip pointed at an index nothing listens on."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EDGESDK_CACHE", str(cache))
+    for name, value in {
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_RETRIES": "0",
+        "PIP_TIMEOUT": "2",
+        "PIP_DEFAULT_TIMEOUT": "2",
+        "PIP_NO_CACHE_DIR": "1",
+        "PIP_FIND_LINKS": "",
+        "PIP_CONFIG_FILE": "/dev/null",
+    }.items():
+        monkeypatch.setenv(name, value)
+    for name in ("PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+                 "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    return cache
+
+
+def assert_network_error(info) -> None:
+    error = info.value
+    assert "pip" in str(error)
+    assert error.fix
+    assert "network" in error.fix
+    assert "--model" in error.fix
+
+
+def assert_no_partial_download(cache: Path) -> None:
+    leftovers = [p for p in cache.rglob("*") if p.name.startswith(".fetch-") or p.suffix == ".gguf"]
+    assert leftovers == []
+
+
+NETWORK_ERROR = rf"could not download {re.escape(ALIASES[ALIAS].pip_requirement)} for model alias '{ALIAS}'"
+
+
+# --- resolve_model ---------------------------------------------------------------------------------
+
+def test_default_model_is_a_known_alias():
+    assert DEFAULT_MODEL == ALIAS
+    assert ALIAS in ALIASES
+
+
+def test_unknown_name_lists_the_aliases(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelSourceError, match=rf"unknown model 'no-such-model': not an alias \({ALIAS}\)") as info:
+        resolve_model("no-such-model")
+    assert "edgesdk models list" in info.value.fix
+
+
+def test_directory_without_config_is_refused(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 16)
+    with pytest.raises(ModelSourceError, match=r"model directory .* has no config\.json") as info:
+        resolve_model(str(tmp_path))
+    assert info.value.fix
+
+
+@pytest.mark.parametrize("name", ["model.bin", "model.safetensors", "model"])
+def test_file_without_gguf_suffix_is_refused(tmp_path, name):
+    file = tmp_path / name
+    file.write_bytes(b"GGUF" + b"\0" * 60)  # even with the right magic: the suffix is checked
+    suffix = Path(name).suffix
+    with pytest.raises(ModelSourceError, match=rf"has suffix '{suffix}', expected '\.gguf'") as info:
+        resolve_model(str(file))
+    assert info.value.fix
+
+
+@pytest.mark.parametrize("content", [b"PK\x03\x04 not a gguf", b"", b"GGU"], ids=["garbage", "empty", "short"])
+def test_gguf_file_with_bad_magic_is_refused(tmp_path, content):
+    file = tmp_path / "model.gguf"
+    file.write_bytes(content)
+    with pytest.raises(ModelSourceError, match=r"model\.gguf is not a GGUF file \(first bytes .*expected b'GGUF'\)") \
+            as info:
+        resolve_model(str(file))
+    assert info.value.fix
+
+
+def test_gguf_suffix_is_case_insensitive(tmp_path):
+    file = tmp_path / "MODEL.GGUF"
+    file.write_bytes(b"GGUF" + b"\0" * 60)
+    source = resolve_model(str(file))
+    assert source == ModelSource("gguf", file, str(file))
+
+
+def test_hf_directory_resolves(tiny_model_dir):
+    source = resolve_model(str(tiny_model_dir))
+    assert source == ModelSource("hf-dir", tiny_model_dir, str(tiny_model_dir))
+
+
+# --- load_model ------------------------------------------------------------------------------------
+
+_rng = random.Random(0)
+BAD_GGUF = {
+    "magic-only": b"GGUF",
+    "header-cut": b"GGUF" + struct.pack("<IQQ", 3, 1, 1),
+    "huge-counts": b"GGUF" + struct.pack("<IQQ", 3, 2**40, 2**40) + bytes(64),
+    "no-metadata": b"GGUF" + struct.pack("<IQQ", 3, 0, 0),
+    "garbage": b"GGUF" + bytes(_rng.getrandbits(8) for _ in range(4096)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_GGUF))
+def test_load_truncated_or_garbage_gguf_raises_model_source_error(tmp_path, case):
+    pytest.importorskip("gguf")
+    file = tmp_path / "broken.gguf"
+    file.write_bytes(BAD_GGUF[case])
+    source = resolve_model(str(file))  # the magic is right, so resolution accepts it
+    with pytest.raises(ModelSourceError, match=r"cannot read the model config of .*broken\.gguf: \w+") as info:
+        load_model(source)
+    assert "complete, uncorrupted GGUF" in info.value.fix
+
+
+def test_load_unsupported_architecture_names_it(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model_dir = tmp_path / "gpt2"
+    transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100).save_pretrained(model_dir)
+    with pytest.raises(ModelSourceError, match=rf"architecture 'gpt2', which edgesdk cannot export; "
+                                               rf"supported: {SUPPORTED}") as info:
+        load_model(resolve_model(str(model_dir)))
+    assert "Llama" in info.value.fix
+
+
+def test_load_unreadable_config_raises_model_source_error(tmp_path):
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelSourceError, match=r"cannot read the model config of .*: \w+") as info:
+        load_model(resolve_model(str(tmp_path)))
+    assert info.value.fix
+
+
+def test_load_tiny_model_dir(tiny_model_dir):
+    loaded = load_model(resolve_model(str(tiny_model_dir)))
+    facts = loaded.facts()
+    assert facts["source"] == str(tiny_model_dir)
+    assert facts["format"] == "hf-dir"
+    assert facts["architecture"] == "llama"
+    assert facts["layers"] == 2
+    assert facts["attention_heads"] == 4
+    assert facts["kv_heads"] == 2
+    assert facts["hidden_size"] == 64
+    assert facts["vocab_size"] == 320
+    assert facts["tie_word_embeddings"] is True
+    assert facts["parameters"] == sum(p.numel() for p in loaded.model.parameters())
+    assert loaded.tokenizer.is_fast
+    assert not loaded.model.training
+
+
+# --- the alias cache, without a network ------------------------------------------------------------
+
+def test_fetch_unknown_alias_is_refused(offline_cache):
+    with pytest.raises(ModelSourceError, match=rf"unknown model alias 'nope'; known: {ALIAS}") as info:
+        fetch_alias("nope")
+    assert info.value.fix
+
+
+def test_fetch_without_network_raises_and_leaves_no_partial_file(offline_cache):
+    with pytest.raises(ModelSourceError, match=NETWORK_ERROR) as info:
+        fetch_alias(ALIAS, quiet=True)
+    assert_network_error(info)
+    assert_no_partial_download(offline_cache)
+
+
+def test_resolving_the_alias_without_network_raises(offline_cache):
+    with pytest.raises(ModelSourceError, match=NETWORK_ERROR) as info:
+        resolve_model(ALIAS)
+    assert_network_error(info)
+    assert_no_partial_download(offline_cache)
+
+
+@pytest.mark.parametrize("size", ["wrong-size", "right-size"])
+def test_cached_file_with_wrong_hash_is_not_trusted(offline_cache, size):
+    alias = ALIASES[ALIAS]
+    cached = cached_alias_path(ALIAS)
+    assert offline_cache in cached.parents
+    cached.parent.mkdir(parents=True)
+    with open(cached, "wb") as handle:
+        handle.write(b"GGUF" + b"\x03\0\0\0")
+        if size == "right-size":  # same size as the real file (sparse), so only the sha256 can tell
+            handle.truncate(alias.size)
+    before = cached.stat().st_size
+
+    with pytest.raises(ModelSourceError, match=NETWORK_ERROR) as info:
+        fetch_alias(ALIAS, quiet=True)  # it tries to download instead of returning the bad file
+    assert_network_error(info)
+    assert cached.stat().st_size == before  # the failed download did not touch the cached file
+    assert not [p for p in cached.parent.iterdir() if p.name.startswith(".fetch-")]
+
+
+def test_resolve_without_fetch_refuses_an_alias_not_cached(offline_cache):
+    with pytest.raises(ModelSourceError, match=rf"model alias '{ALIAS}' is not fetched yet") as info:
+        resolve_model(ALIAS, fetch=False)
+    assert f"edgesdk models fetch {ALIAS}" in info.value.fix
+    assert not offline_cache.exists() or not any(offline_cache.rglob("*.gguf"))
+
+
+def test_resolve_without_fetch_uses_the_cached_file(offline_cache):
+    cached = cached_alias_path(ALIAS)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"GGUF" + b"\0" * 60)
+    assert resolve_model(ALIAS, fetch=False) == ModelSource("gguf", cached, ALIAS)
+
+
+def test_cache_dir_honours_edgesdk_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path / "elsewhere"))
+    assert cache_dir() == tmp_path / "elsewhere"
+    assert cached_alias_path(ALIAS) == tmp_path / "elsewhere" / "models" / ALIAS / Path(ALIASES[ALIAS].member).name
+
+
+@pytest.mark.parametrize("setting", ["unset", "empty"])
+def test_cache_dir_defaults_under_home(tmp_path, monkeypatch, setting):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    if setting == "unset":
+        monkeypatch.delenv("EDGESDK_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("EDGESDK_CACHE", "")
+    assert cache_dir() == tmp_path / ".cache" / "edgesdk"
+    assert cache_dir() == Path.home() / ".cache" / "edgesdk"
