@@ -315,7 +315,7 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, thr
         encode = lambda t: runtime.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
         result["reference"] = reference_perplexity(model, encode, text, config, progress=True).to_json()
         ours, ref = result["bundle"]["perplexity"], result["reference"]["perplexity"]
-        result["relative_difference"] = round(ours / ref - 1, 6)
+        result["relative_difference"] = round(ours / ref - 1, 8)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return

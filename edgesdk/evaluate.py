@@ -31,7 +31,7 @@ class PerplexityResult:
     windows: int
 
     def to_json(self) -> dict:
-        return {"perplexity": round(self.perplexity, 4), "tokens_scored": self.tokens_scored, "windows": self.windows}
+        return {"perplexity": round(self.perplexity, 6), "tokens_scored": self.tokens_scored, "windows": self.windows}
 
 
 def windows(ids: list[int], config: PerplexityConfig) -> list[tuple[int, int, int]]:

@@ -36,7 +36,7 @@ def test_tiny_model_build_verify_pack_run(tiny_model_dir, tmp_path):
     archive = tmp_path / "bundle.tar"
     edgesdk("pack", out, archive)
     unpacked = Path(edgesdk("unpack", archive, tmp_path / "board").stdout.strip())
-    run = edgesdk("run", unpacked, "--prompt", "The quick brown fox", "-n", "12", "--stats")
+    run = edgesdk("run", unpacked, "--prompt", "The quick brown fox", "-n", "12", "--raw", "--stats")
     assert run.stdout.strip(), "no text generated"
     assert "decode" in run.stderr
     assert "tok/s" in run.stderr
