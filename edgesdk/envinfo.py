@@ -77,7 +77,10 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
         "onnxruntime_providers": providers,
         "onnxruntime_error": ort_error,
         "gpu": {
-            "cuda": bool(nvidia_smi or device_nodes or libcudart),
+            # A GPU is present when a driver tool or a device node is; a CUDA runtime library alone
+            # (a toolkit on a CPU-only host) runs nothing.
+            "cuda_device": bool(nvidia_smi or device_nodes),
+            "cuda_runtime": libcudart is not None,
             "nvidia_smi": nvidia_smi,
             "device_nodes": device_nodes,
             "libcudart": libcudart,

