@@ -54,7 +54,7 @@ class OrtBackend:
         self._past_names = [f"past_key_values.{i}.{kind}" for i in range(len(self.kv_heads))
                             for kind in ("key", "value")]
         self._present_names = [name.replace("past_key_values", "present") for name in self._past_names]
-        self._binding = self.session.io_binding()
+        self._previous_binding = None
         self.reset()
 
     @property
@@ -75,9 +75,9 @@ class OrtBackend:
                 f"{self.max_context}",
                 "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context",
             )
-        binding = self._binding
-        binding.clear_binding_inputs()
-        binding.clear_binding_outputs()
+        # A fresh binding per step; the previous one stays alive until this step has run, because
+        # with onnxruntime <= 1.23 the OrtValues from get_outputs() live in their binding.
+        binding = self.session.io_binding()
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("num_logits_to_keep", np.array([keep], np.int64))
         for name, value in zip(self._past_names, self._past, strict=False):
@@ -87,6 +87,7 @@ class OrtBackend:
             binding.bind_output(name, "cpu")
         self.session.run_with_iobinding(binding)
         outputs = binding.get_outputs()
+        self._previous_binding = binding
         self._past = list(outputs[1:])  # present -> next past, no copy
         self._position += ids.shape[1]
         return outputs[0].numpy()[0]  # (keep, vocab)

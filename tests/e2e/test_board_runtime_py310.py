@@ -1,0 +1,61 @@
+"""The board runtime on Python 3.10 (JetPack 6's Python), installed without torch or transformers.
+
+Creates a fresh virtual environment with the base install only (``pip install .``) and runs a
+bundle through it. Skipped where no python3.10 interpreter exists.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.network]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def find_python310() -> str | None:
+    """A working python3.10: on PATH, or a pyenv install (whose shim may not be active)."""
+    candidates = [shutil.which("python3.10"), *map(str, sorted(Path.home().glob(".pyenv/versions/3.10*/bin/python3.10")))]
+    for candidate in filter(None, candidates):
+        probe = subprocess.run([candidate, "--version"], capture_output=True, text=True)
+        if probe.returncode == 0 and probe.stdout.startswith("Python 3.10"):
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="module")
+def board_venv(tmp_path_factory):
+    python310 = find_python310()
+    if python310 is None:
+        pytest.skip("no python3.10 interpreter on this machine")
+    venv = tmp_path_factory.mktemp("py310") / "venv"
+    subprocess.run([python310, "-m", "venv", str(venv)], check=True)
+    install = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(REPO)],
+                             capture_output=True, text=True, timeout=900)
+    assert install.returncode == 0, install.stderr[-2000:]
+    return venv
+
+
+def test_base_install_has_no_torch(board_venv):
+    listing = subprocess.run([str(board_venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
+                             capture_output=True, text=True, check=True).stdout.lower()
+    assert "onnxruntime==" in listing
+    assert "tokenizers==" in listing
+    assert "torch==" not in listing
+    assert "transformers==" not in listing
+
+
+def test_run_and_verify_on_python310(board_venv, tiny_bundle):
+    edgesdk = str(board_venv / "bin" / "edgesdk")
+    verify = subprocess.run([edgesdk, "verify", str(tiny_bundle.path)], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stderr
+    run = subprocess.run([edgesdk, "run", str(tiny_bundle.path), "--prompt", "The quick brown fox", "--raw",
+                          "-n", "8", "--stats"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip()
+    assert "decode" in run.stderr
+    version = subprocess.run([str(board_venv / "bin" / "python"), "--version"], capture_output=True, text=True)
+    assert version.stdout.startswith("Python 3.10")
