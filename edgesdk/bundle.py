@@ -27,20 +27,13 @@ from pathlib import Path, PurePosixPath
 
 from edgesdk import __version__
 from edgesdk.errors import BundleError
+from edgesdk.hashing import sha256_file
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 MANIFEST_DIGEST = "manifest.sha256"
 REQUIRED_KEYS = ("schema_version", "edgesdk_version", "bundle_id", "target", "model", "graph", "tokenizer",
                  "runtime", "stages", "files")
-
-
-def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _relative_files(root: Path) -> list[str]:
@@ -95,7 +88,7 @@ class BundleWriter:
             if name in (MANIFEST, MANIFEST_DIGEST):
                 continue
             path = self.staging / name
-            files[name] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+            files[name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
         body = {
             "schema_version": SCHEMA_VERSION,
             "edgesdk_version": __version__,
@@ -179,7 +172,7 @@ def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:
             problems.append(f"{name}: missing")
         elif file.stat().st_size != facts["size"]:
             problems.append(f"{name}: {file.stat().st_size} bytes, manifest says {facts['size']}")
-        elif sha256_of(file) != facts["sha256"]:
+        elif sha256_file(file) != facts["sha256"]:
             problems.append(f"{name}: sha256 differs from the manifest (corrupted or modified)")
     extra = [name for name in _relative_files(path) if name not in listed and name not in (MANIFEST, MANIFEST_DIGEST)]
     problems += [f"{name}: not listed in the manifest" for name in extra]

@@ -9,7 +9,6 @@ checked against the value pinned here. Nothing here imports torch.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from edgesdk.errors import ModelSourceError
+from edgesdk.hashing import sha256_file
 
 GGUF_MAGIC = b"GGUF"
 
@@ -63,14 +63,6 @@ class ModelSource:
 def cache_dir() -> Path:
     """The user cache: $EDGESDK_CACHE, else ~/.cache/edgesdk."""
     return Path(os.environ.get("EDGESDK_CACHE") or Path.home() / ".cache" / "edgesdk")
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def check_gguf_header(path: Path) -> None:
