@@ -326,5 +326,7 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, thr
         click.echo(f"relative difference  {result['relative_difference'] * 100:+.3f} %")
 
 
+main.add_command(__import__("edgesdk.cli_deploy", fromlist=["deploy"]).deploy)  # edgesdk deploy (issue 6)
+
 if __name__ == "__main__":
     main()

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+
 from edgesdk.export.decoder_weights import DecoderWeights, LayerWeights
 from edgesdk.export.graph_builder import FLOAT, INT64, GraphBuilder, tensor_input
 

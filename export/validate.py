@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from edgesdk.export.llama_graph import GraphSpec
 
 from edgesdk.errors import ExportError
+from edgesdk.export.llama_graph import GraphSpec
 
 
 class ExportMismatchError(ExportError):
@@ -36,7 +36,7 @@ class ValidationConfig:
     prompts: int = 5  # random prompts, each prefilled then decoded
     prompt_length: int = 12  # tokens per random prompt
     decode_steps: int = 4  # greedy decode steps after each prefill
-    atol: float = 1e-3  # max abs logit difference allowed (fp32)
+    atol: float = 1e-3  # max abs logit difference allowed (fp32 weights)
     seed: int = 0
 
 
@@ -102,6 +102,106 @@ def validate_export(model, onnx_path: Path, spec: GraphSpec, config: ValidationC
     if bad or not np.isfinite(list(diffs.values())).all():
         raise ExportMismatchError(diffs, config.atol)
     return report
+
+
+def fake_quantized_copy(model, bits: int, block_size: int, quantize_embedding: bool = True):
+    """A copy of ``model`` whose decoder linears (and tied embedding) carry the exported
+    block-quantized weights, dequantized: what the fused graph multiplies by."""
+    import copy
+
+    import torch
+
+    from edgesdk.export.blockwise import quantize_blockwise
+
+    def requantize(weight: torch.Tensor) -> torch.Tensor:  # (out, in) as torch stores it
+        q = quantize_blockwise(weight.detach().float().numpy().T.copy(), bits, block_size)
+        return torch.from_numpy(q.dequantize().T.copy())
+
+    clone = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in clone.model.layers:
+            for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                           layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+                linear.weight.copy_(requantize(linear.weight))
+        tied = clone.lm_head.weight.data_ptr() == clone.model.embed_tokens.weight.data_ptr()
+        if quantize_embedding or not tied:
+            clone.lm_head.weight.copy_(requantize(clone.lm_head.weight))  # also the embedding when tied
+    return clone
+
+
+def _compare_fused(backend, reference, spec: GraphSpec, config: ValidationConfig, progress: bool
+                   ) -> tuple[dict[str, float], float, float]:
+    """(max abs diffs, top-1 agreement, max |reference logit|) over random prompts + decode steps."""
+    import torch
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(config.seed)
+    diffs = {"logits/prefill": 0.0, "logits/decode": 0.0}
+    agree, total, scale = 0, 0, 0.0
+    for _ in tqdm(range(config.prompts), desc="validate export", disable=not progress, unit="prompt"):
+        ids = rng.integers(0, spec.vocab_size, size=config.prompt_length + config.decode_steps, dtype=np.int64)
+        with torch.no_grad():
+            ref = reference(torch.from_numpy(ids)[None], use_cache=False).logits[0].numpy()  # (T, V)
+        scale = max(scale, float(np.abs(ref).max()))
+        backend.reset()
+        prefill = backend.prefill(ids[: config.prompt_length], keep_logits=config.prompt_length)
+        _update(diffs, "logits/prefill", prefill, ref[: config.prompt_length])
+        steps = np.stack([backend.decode(int(t)) for t in ids[config.prompt_length:]])
+        _update(diffs, "logits/decode", steps, ref[config.prompt_length:])
+        agree += int((steps.argmax(-1) == ref[config.prompt_length:].argmax(-1)).sum())
+        total += len(steps)
+    return diffs, agree / max(total, 1), scale
+
+
+def _exact_compute_copy(onnx_path: Path) -> Path:
+    """The same graph with MatMulNBits computing in float32 (accuracy_level 1), next to the original
+    so it reads the same external weights: isolates layout from activation rounding."""
+    import onnx
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    for node in proto.graph.node:
+        for attribute in node.attribute:
+            if node.op_type == "MatMulNBits" and attribute.name == "accuracy_level":
+                attribute.i = 1
+    exact = onnx_path.with_name("validate-exact.onnx")
+    onnx.save_model(proto, str(exact))
+    return exact
+
+
+def validate_fused(model, onnx_path: Path, spec: GraphSpec, fused_config, config: ValidationConfig = ValidationConfig(),
+                   progress: bool = False) -> ValidationReport:
+    """Run the fused graph through its runtime backend (shared KV buffers, prefill then decode).
+
+    Float32 weights: held to the PyTorch model within ``atol``. Quantized weights: the graph with
+    float32 compute must equal the model carrying the same block-quantized weights (layout and
+    packing exact); then the shipped graph (int8 activations per block) is measured against the
+    float model and reported (random-token prompts are harsh on 4-bit weights; perplexity on
+    real text, ``edgesdk eval``, is the quality measure).
+    """
+    from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
+
+    if fused_config.bits is None:
+        backend = OrtFusedBackend(onnx_path, spec.to_json(), threads=1)
+        diffs, agree, _ = _compare_fused(backend, model, spec, config, progress)
+        if any(diff > config.atol for diff in diffs.values()) or not np.isfinite(list(diffs.values())).all():
+            raise ExportMismatchError(diffs, config.atol)
+        return ValidationReport(max_abs_diff=diffs, top1_agree=agree)
+
+    exact_path = _exact_compute_copy(onnx_path)
+    try:
+        exact = OrtFusedBackend(exact_path, spec.to_json(), threads=1)
+        reference = fake_quantized_copy(model, fused_config.bits, fused_config.block_size,
+                                        fused_config.quantize_embedding)
+        layout, _, scale = _compare_fused(exact, reference, spec, config, progress)
+    finally:
+        exact_path.unlink(missing_ok=True)
+    atol = config.atol * max(scale, 1.0) / 10  # float32 sums in another order: ~1e-4 of the logit range
+    if any(diff > atol for diff in layout.values()) or not np.isfinite(list(layout.values())).all():
+        raise ExportMismatchError({f"{k} (float32 compute vs quantized weights)": v for k, v in layout.items()}, atol)
+    shipped = OrtFusedBackend(onnx_path, spec.to_json(), threads=1)
+    diffs, agree, _ = _compare_fused(shipped, model, spec, config, progress)
+    diffs.update({f"layout/{k.split('/')[1]}": v for k, v in layout.items()})
+    return ValidationReport(max_abs_diff=diffs, top1_agree=agree)
 
 
 def _cache_kwarg(model) -> str:

@@ -16,9 +16,8 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_bundle(tiny_model_dir, tmp_path_factory):
     """A verified bundle for the host target, built through the real pipeline."""
-    from edgesdk.export.onnx_export import ExportConfig
-
     from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
 
     out = tmp_path_factory.mktemp("bundles") / "tiny-host"
     return build(BuildConfig(target="host", model=str(tiny_model_dir), out=out,

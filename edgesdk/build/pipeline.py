@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from edgesdk.build.checkpoint import WorkDir, load_checkpoint, save_checkpoint
@@ -18,7 +18,7 @@ from edgesdk.build.recipes import load_recipe
 from edgesdk.build.registry import BuildContext, stage_spec
 from edgesdk.bundle import Bundle
 from edgesdk.export.onnx_export import ExportConfig, export_model
-from edgesdk.export.validate import ValidationConfig, validate_export
+from edgesdk.export.validate import ValidationConfig, validate_export, validate_fused
 from edgesdk.models.sources import DEFAULT_MODEL, resolve_model
 from edgesdk.profile import get_profile
 
@@ -52,11 +52,12 @@ def build(config: BuildConfig) -> Bundle:
     profile = get_profile(config.target)
     recipe = load_recipe(config.recipe if config.recipe != "default" else profile.default_recipe)
     stages = recipe.validated()  # order and configs checked before any compute
+    export_config = replace(config.export, **recipe.export.model_dump())
     source = resolve_model(config.model)
     out = Path(config.out) if config.out else default_out(config.model, profile.name)
     work = WorkDir(out.with_name(out.name + ".build"), {
         "model": str(source.path), "target": profile.model_dump(mode="json"), "recipe": recipe.model_dump(),
-        "export": asdict(config.export),
+        "export": asdict(export_config),
     }, config.resume)
     steps = len(stages) + 3
     started = time.perf_counter()
@@ -94,8 +95,12 @@ def build(config: BuildConfig) -> Bundle:
     record = work.done("export")
     if record is None:
         _log(f"[{steps - 1}/{steps}] exporting ONNX with KV cache and validating against PyTorch")
-        spec = export_model(model, export_dir, config.export)
-        report = validate_export(model, export_dir / "model.onnx", spec, config.validation, config.progress)
+        spec = export_model(model, export_dir, export_config)
+        if export_config.form == "standard":
+            report = validate_export(model, export_dir / "model.onnx", spec, config.validation, config.progress)
+        else:
+            report = validate_fused(model, export_dir / "model.onnx", spec, export_config.fused(), config.validation,
+                                    config.progress)
         record = {"graph": spec.to_json(), "validation": report.to_json()}
         work.mark_done("export", record)
     else:

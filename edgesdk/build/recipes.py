@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -18,11 +19,21 @@ class StageEntry(BaseModel):
     config: dict = Field(default_factory=dict)
 
 
+class ExportSection(BaseModel):
+    """The graph the recipe exports (see export/onnx_export.py ExportConfig)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    form: Literal["standard", "ort-fused"] = "standard"
+    weights: Literal["fp32", "int8", "int4"] = "fp32"
+    block_size: int = 32
+
+
 class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str
     description: str = ""
     stages: tuple[StageEntry, ...] = ()
+    export: ExportSection = Field(default_factory=ExportSection)
 
     def validated(self) -> list[tuple[str, object]]:
         """(stage name, config object) pairs, order and configs checked."""

@@ -1,10 +1,16 @@
-"""The generation loop: sampling, stopping, streaming and timing."""
+"""The generation loop: sampling, stopping, streaming and timing.
+
+A :class:`StepHook` (the thermal guard, a simulated board, telemetry) is called around every
+step. It may block before a step to pace or pause generation; the KV cache and the tokens
+produced so far stay where they are, so a paused request resumes exactly where it stopped.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -50,6 +56,26 @@ class Sampler:
         return int(self.rng.choice(probs.shape[0], p=probs))
 
 
+class StepHook(Protocol):
+    """Called around each step of :func:`generate`; every method may be a no-op.
+
+    ``kind`` is ``"prefill"`` (the whole prompt, which also yields the first token) or ``"decode"``
+    (one token). Blocking in :meth:`before_step` delays the step without losing anything.
+    """
+
+    def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """A request starts (before its prefill)."""
+
+    def before_step(self, kind: str) -> float:
+        """May wait (pace, pause); returns the seconds waited."""
+
+    def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
+        """A step produced ``tokens`` tokens in ``compute_s`` seconds of backend time."""
+
+    def end(self, stats: GenerationStats) -> None:
+        """The request finished."""
+
+
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
@@ -58,6 +84,7 @@ class GenerationStats:
     decode_s: float = 0.0
     token_latencies_s: list[float] = field(default_factory=list)
     stop_reason: str = ""
+    waited_s: float = 0.0  # time a StepHook held generation back (pacing, thermal pauses)
 
     @property
     def time_to_first_token_s(self) -> float:
@@ -82,25 +109,34 @@ class GenerationStats:
             "time_to_first_token_ms": round(self.time_to_first_token_s * 1e3, 2),
             "prefill_tok_s": round(self.prefill_tok_s, 2), "decode_tok_s": round(self.decode_tok_s, 2),
             "p95_inter_token_ms": round(self.p95_latency_ms, 2), "stop_reason": self.stop_reason,
+            "waited_ms": round(self.waited_s * 1e3, 2),
         }
 
 
 def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingConfig,
-             stop_ids: set[int], on_token: Callable[[int], None] | None = None) -> tuple[list[int], GenerationStats]:
+             stop_ids: set[int], on_token: Callable[[int], None] | None = None,
+             hook: StepHook | None = None) -> tuple[list[int], GenerationStats]:
     """Prefill ``prompt_ids`` then decode until a stop id or ``max_new_tokens``.
 
     The first new token comes from the prefill logits (time to first token = prefill time);
-    each later token costs one decode step.
+    each later token costs one decode step. ``hook`` (optional) is called around every step;
+    the time it waits is in ``stats.waited_s``, not in the compute timings.
     """
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
     sampler = Sampler(sampling)
     backend.reset()
+    if hook is not None:
+        hook.begin(len(prompt_ids), sampling.max_new_tokens)
+        stats.waited_s += hook.before_step("prefill")
     start = time.perf_counter()
     logits = backend.prefill(np.asarray(prompt_ids, np.int64))[-1]
     stats.prefill_s = time.perf_counter() - start
+    if hook is not None:
+        hook.after_step("prefill", 1, stats.prefill_s)
     generated: list[int] = []
     token = sampler(logits)
     decode_start = time.perf_counter()
+    waited_before_decode = stats.waited_s
     while True:
         if token in stop_ids:
             stats.stop_reason = "eos"
@@ -111,9 +147,16 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         if len(generated) >= sampling.max_new_tokens:
             stats.stop_reason = "max_new_tokens"
             break
+        if hook is not None:
+            stats.waited_s += hook.before_step("decode")
         step = time.perf_counter()
         token = sampler(backend.decode(token))
-        stats.token_latencies_s.append(time.perf_counter() - step)
-    stats.decode_s = time.perf_counter() - decode_start
+        compute = time.perf_counter() - step
+        stats.token_latencies_s.append(compute)
+        if hook is not None:
+            hook.after_step("decode", 1, compute)
+    stats.decode_s = time.perf_counter() - decode_start - (stats.waited_s - waited_before_decode)
     stats.new_tokens = len(generated)
+    if hook is not None:
+        hook.end(stats)
     return generated, stats

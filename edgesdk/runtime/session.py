@@ -74,7 +74,10 @@ def open_backend(bundle: Bundle, names: list[str], threads: int, spinning: bool 
                  ) -> tuple[DecoderBackend, list[str]]:
     """Try backends in order; return the first that loads and a note per backend tried."""
     from edgesdk.runtime.ort_backend import OrtBackend
+    from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
 
+    graph = bundle.manifest["graph"]
+    backend_class = OrtFusedBackend if graph.get("form") == "ort-fused" else OrtBackend
     notes: list[str] = []
     available = _available_providers()
     for name in names:
@@ -86,8 +89,8 @@ def open_backend(bundle: Bundle, names: list[str], threads: int, spinning: bool 
             notes.append(f"{name}: onnxruntime here lacks {', '.join(missing)}")
             continue
         try:
-            backend = OrtBackend(bundle.file(bundle.manifest["graph"]["file"]), bundle.manifest["graph"], threads,
-                                 ORT_PROVIDERS[name], spinning=spinning)
+            backend = backend_class(bundle.file(graph["file"]), graph, threads, ORT_PROVIDERS[name],
+                                    spinning=spinning)
         except RuntimeBackendError as exc:
             notes.append(f"{name}: failed to load ({exc.problem})")
             continue

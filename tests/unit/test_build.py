@@ -73,9 +73,8 @@ def test_recipes_load_and_validate(tmp_path):
 
 
 def _build(tiny_model_dir, out, recipe, resume=False):
-    from edgesdk.export.onnx_export import ExportConfig
-
     from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
 
     return build(BuildConfig(target="host", model=str(tiny_model_dir), out=out, recipe=str(recipe),
                              export=ExportConfig(max_context=64), resume=resume, progress=False))

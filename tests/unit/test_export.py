@@ -8,11 +8,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from edgesdk.errors import ExportError  # noqa: E402
 from edgesdk.export.llama_graph import OPSET  # noqa: E402
 from edgesdk.export.onnx_export import DATA_FILE, MODEL_FILE, ExportConfig, export_model  # noqa: E402
 from edgesdk.export.validate import ExportMismatchError, ValidationConfig, validate_export  # noqa: E402
-
-from edgesdk.errors import ExportError  # noqa: E402
 from tests._utils.tiny import tiny_llama  # noqa: E402
 
 CASES = {
@@ -80,6 +79,7 @@ def test_rotary_table_limits_context(tmp_path):
 def test_decode_cache_extends_prefill_exactly(tmp_path):
     """Prefill of n tokens then one decode step equals prefill of n+1 tokens (cache positions right)."""
     import onnxruntime as ort
+
     from edgesdk.export.validate import empty_past
 
     model = tiny_llama()

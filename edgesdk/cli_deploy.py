@@ -1,0 +1,86 @@
+"""The ``edgesdk deploy`` command (registered in :mod:`edgesdk.cli`).
+
+Importing this module imports click only; the deploy machinery loads when the command runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.command("deploy")
+@click.argument("bundle", required=False, type=click.Path(path_type=Path))
+@click.option("--host", "-H", metavar="USER@BOARD[:PORT]", help="Deploy over ssh to this board (or ~/.ssh/config alias).")
+@click.option("--to", "to", type=click.Path(path_type=Path), help="Deploy into this local directory instead.")
+@click.option("--remote-root", default="~/edgesdk", show_default=True, help="Deploy root on the board.")
+@click.option("-i", "identity", type=click.Path(dir_okay=False), help="ssh private key (ssh -i).")
+@click.option("--ssh-option", "-o", "ssh_options", multiple=True, metavar="OPT=VALUE",
+              help="Extra ssh -o option (repeatable); yours take precedence over deploy's defaults.")
+@click.option("--ssh-config", type=click.Path(dir_okay=False), help="ssh config file (ssh -F) [~/.ssh/config].")
+@click.option("--ssh-command", envvar="EDGESDK_SSH", help="ssh client command [$EDGESDK_SSH or 'ssh'].")
+@click.option("--accept-new-host-key", is_flag=True,
+              help="Store the board's host key on first contact (a changed key is still refused).")
+@click.option("--status", "show_status", is_flag=True, help="Show the board's releases, current and runtime.")
+@click.option("--rollback", is_flag=True, help="Switch current back to the previous release.")
+@click.option("--release", "release_id", help="With --rollback: the release to switch to [previous].")
+@click.option("--ignore-target", is_flag=True, help="Deploy a bundle built for another target anyway.")
+@click.option("--no-install", is_flag=True, help="Do not install or update the edgesdk runtime on the board.")
+@click.option("--runtime-venv-system-site-packages", "system_site_packages", is_flag=True,
+              help="Let the runtime venv use Python packages already installed on the board "
+                   "(TensorRT bindings, onnxruntime-gpu); pip then installs only what is missing.")
+@click.option("--remote-python", help="Python on the board [python3; this interpreter with --to].")
+@click.option("--keep", default=3, show_default=True, help="Releases kept on the board (current and previous always).")
+@click.option("--service", is_flag=True, help="Install a systemd unit serving the bundle (needs 'edgesdk serve').")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_context
+def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config, ssh_command, accept_new_host_key,
+           show_status, rollback, release_id, ignore_target, no_install, system_site_packages, remote_python, keep,
+           service, as_json):
+    """Ship BUNDLE to a board over ssh and switch to it: verified, smoke-tested, atomic, with rollback.
+
+    \b
+      edgesdk deploy bundles/smollm2-135m-orin-nx-16gb --host nvidia@orin.local
+      edgesdk deploy BUNDLE --to /mnt/sdcard/edgesdk        # same release logic, no ssh
+      edgesdk deploy --status --host nvidia@orin.local
+      edgesdk deploy --rollback --host nvidia@orin.local
+
+    A cut connection leaves the board on its previous release; run the same command again to resume.
+    """
+    from edgesdk.deploy.session import DeployOptions
+    from edgesdk.deploy.transport import DeployError, SshOptions
+
+    if keep < 1:
+        raise click.BadParameter("--keep must be at least 1", param_hint="--keep")
+    if service:
+        from edgesdk.deploy.service import require_server_command
+
+        require_server_command(ctx.parent.command.commands if ctx.parent else {})
+    options = DeployOptions(
+        host=host, to=to, remote_root=remote_root, remote_python=remote_python, ignore_target=ignore_target,
+        install=not no_install, system_site_packages=system_site_packages, keep=keep,
+        ssh=SshOptions(identity=identity, ssh_config=ssh_config, options=tuple(ssh_options),
+                       accept_new_host_key=accept_new_host_key, ssh_command=ssh_command))
+    if show_status or rollback:
+        if bundle is not None:
+            raise DeployError(f"--status and --rollback take no BUNDLE (got {bundle})", "drop the bundle argument")
+        from edgesdk.deploy.releases import format_status, status
+        from edgesdk.deploy.releases import rollback as do_rollback
+
+        if rollback:
+            result = do_rollback(options, release_id)
+            click.echo(json.dumps(result) if as_json else
+                       f"rolled back {result['where']}:{result['root']} from {result['from']} to {result['to']} "
+                       f"in {result['seconds']:.1f} s")
+        else:
+            info = status(options)
+            click.echo(json.dumps(info, indent=2) if as_json else format_status(info))
+        return
+    if bundle is None:
+        raise DeployError("no BUNDLE given", "pass the bundle directory (or .tar) to deploy, or --status / --rollback")
+    from edgesdk.deploy.orchestrate import deploy as do_deploy
+
+    result = do_deploy(bundle, options)
+    click.echo(json.dumps(result.__dict__) if as_json else result.summary())

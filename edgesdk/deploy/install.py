@@ -1,0 +1,143 @@
+"""The edgesdk runtime on the board: a virtual environment under ``<root>/runtime/<key>``.
+
+The key names exactly what is installed: ``<version>-<digest of the source files>`` when this
+edgesdk runs from a checkout (a wheel is built from it with ``pip wheel --no-deps``, cached per
+source digest under ``$EDGESDK_CACHE/wheels``), or ``<version>-pypi`` for an installed release,
+which the board fetches from its package index. A board whose ``runtime/current`` carries the same
+key is left alone; otherwise a new venv is built next to the old one and ``runtime/current`` is
+switched only once ``edgesdk --version`` works in it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgesdk import __version__
+from edgesdk.deploy.remote import Board
+from edgesdk.deploy.transport import DeployError
+from edgesdk.hashing import sha256_file
+
+# Top-level entries of a checkout that are not part of the wheel.
+_NOT_SOURCE = {".git", ".venv", "venv", "build", "dist", "tests", "docker", "bundles", ".ci", "__pycache__",
+               ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+
+
+def checkout_root() -> Path | None:
+    """The source checkout this edgesdk runs from (editable install), or None for an installed wheel."""
+    import edgesdk
+
+    candidate = Path(edgesdk.__file__).resolve().parent.parent
+    pyproject = candidate / "pyproject.toml"
+    if pyproject.is_file() and 'name = "edgesdk"' in pyproject.read_text(encoding="utf-8", errors="replace"):
+        return candidate
+    return None
+
+
+def source_files(root: Path) -> list[Path]:
+    """The files a wheel is built from, in a stable order."""
+    files = []
+    for entry in sorted(root.iterdir()):
+        if entry.name in _NOT_SOURCE or entry.name.startswith(".") or entry.name.endswith(".egg-info"):
+            continue
+        if entry.is_file():
+            files.append(entry)
+        elif entry.is_dir():
+            files += sorted(p for p in entry.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                            and p.suffix not in (".pyc", ".pyo"))
+    return files
+
+
+def source_digest(root: Path) -> str:
+    """sha256 over the relative names and contents of the source files: the checkout's state."""
+    digest = hashlib.sha256()
+    for path in source_files(root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + sha256_file(path).encode() + b"\n")
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class RuntimeSource:
+    """What the board's runtime is installed from."""
+
+    key: str
+    wheel: Path | None = None
+    pip_spec: str | None = None
+
+    def describe(self) -> str:
+        return f"wheel {self.wheel.name} built from this checkout" if self.wheel else f"'{self.pip_spec}' from PyPI"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("EDGESDK_CACHE") or Path.home() / ".cache" / "edgesdk") / "wheels"
+
+
+def build_wheel(root: Path, digest: str) -> Path:
+    """A wheel of the checkout, built once per source digest (copied to a temporary tree first)."""
+    target = cache_dir() / digest[:24]
+    found = sorted(target.glob("edgesdk-*.whl")) if target.is_dir() else []
+    if found:
+        return found[0]
+    with tempfile.TemporaryDirectory(prefix="edgesdk-wheel-") as tmp:
+        tree = Path(tmp) / "src"
+        for path in source_files(root):
+            destination = tree / path.relative_to(root)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, destination)
+        out = Path(tmp) / "out"
+        argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                "--disable-pip-version-check", "-q", "-w", str(out), str(tree)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise DeployError(f"building the edgesdk wheel from {root} failed:\n{proc.stderr[-2000:]}",
+                              "pip install setuptools wheel into this environment, or deploy with --no-install "
+                              "onto a board that already has edgesdk")
+        built = sorted(out.glob("edgesdk-*.whl"))
+        if not built:
+            raise DeployError(f"pip wheel of {root} produced no edgesdk wheel", "report this")
+        target.mkdir(parents=True, exist_ok=True)
+        partial = target / (built[0].name + ".partial")
+        shutil.copyfile(built[0], partial)
+        os.replace(partial, target / built[0].name)
+        return target / built[0].name
+
+
+def runtime_source() -> RuntimeSource:
+    """A wheel of this checkout, or this version from PyPI when edgesdk was installed from a wheel."""
+    root = checkout_root()
+    if root is None:
+        return RuntimeSource(key=f"{__version__}-pypi", pip_spec=f"edgesdk=={__version__}")
+    digest = source_digest(root)
+    return RuntimeSource(key=f"{__version__}-{digest[:12]}", wheel=build_wheel(root, digest))
+
+
+def installed_key(probe_raw: dict) -> str | None:
+    stamp = (probe_raw.get("runtime") or {}).get("stamp")
+    return stamp.get("key") if stamp else None
+
+
+def install_runtime(board: Board, source: RuntimeSource, system_site_packages: bool) -> dict:
+    """Install the runtime on the board (see module docstring); returns the helper's reply and bytes sent."""
+    params: dict = {"key": source.key, "system_site_packages": system_site_packages}
+    data = b""
+    if source.wheel is not None:
+        data = source.wheel.read_bytes()
+        params.update(wheel_name=source.wheel.name, wheel_sha256=hashlib.sha256(data).hexdigest())
+    else:
+        params["pip_spec"] = source.pip_spec
+    reply = board.call("install", params, stdin=data, timeout=3600)
+    reply["bytes_sent"] = len(data)
+    return reply
+
+
+def runtime_argv(board: Board, local: bool) -> list[str]:
+    """How to start the board's edgesdk: the deployed runtime, or this very edgesdk for ``--to DIR``."""
+    if local:
+        return [sys.executable, "-m", "edgesdk.cli"]
+    return [board.path("runtime", "current", "bin", "edgesdk")]

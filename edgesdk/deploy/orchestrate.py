@@ -1,0 +1,182 @@
+"""``edgesdk deploy BUNDLE``: from a built bundle to a verified, running board.
+
+Steps (each printed with its time):
+
+1. verify the bundle here (every sha256) - a bundle that fails is never sent;
+2. probe the board (architecture, device-tree model, L4T/JetPack, TensorRT, Python, RAM, disk,
+   runtime, releases) and what it already holds of this bundle;
+3. refuse a bundle for another target (``ignore_target`` overrides), one larger than the board's
+   memory budget or RAM, or one that does not fit on its disk - before anything is written;
+4. make sure the board's edgesdk runtime is the one of this checkout (installed when missing or
+   different, skipped with ``install=False``);
+5. send what the board lacks into ``staging/<id>`` (resumable), then verify every sha256 there
+   and rename it to ``releases/<id>``;
+6. the TensorRT engine on a Jetson (or say why it is skipped);
+7. smoke-test ``edgesdk run releases/<id>`` with a few tokens;
+8. switch ``current`` atomically, check it, keep the newest releases; any failure after the
+   switch switches back to the previous release.
+
+Nothing before step 8 touches ``current``, so a failure anywhere leaves the board running what
+it ran before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgesdk.bundle import MANIFEST, verify_bundle
+from edgesdk.deploy import engine, install
+from edgesdk.deploy.probe import (
+    RUNTIME_BYTES_FULL,
+    RUNTIME_BYTES_INHERITED,
+    check_disk,
+    check_memory,
+    check_target,
+)
+from edgesdk.deploy.report import Reporter, fmt_bytes
+from edgesdk.deploy.session import (
+    DeployOptions,
+    board_edgesdk,
+    open_board,
+    probe,
+    smoke_test,
+    unpack_if_archive,
+)
+from edgesdk.deploy.transfer import Plan, bundle_files, make_plan, send
+from edgesdk.deploy.transport import DeployError
+
+
+@dataclass
+class DeployResult:
+    """What one deploy did, for the summary line and the tests."""
+
+    bundle_id: str
+    where: str
+    root: str
+    bytes_sent: int
+    files_sent: int
+    bytes_reused: int
+    runtime_bytes_sent: int
+    seconds: float
+    previous: str | None
+    engine: str
+    generated: str
+
+    def summary(self) -> str:
+        reused = f", {fmt_bytes(self.bytes_reused)} already on the board" if self.bytes_reused else ""
+        runtime = f" (+ {fmt_bytes(self.runtime_bytes_sent)} edgesdk wheel)" if self.runtime_bytes_sent else ""
+        return (f"deployed bundle {self.bundle_id} to {self.where}:{self.root} in {self.seconds:.1f} s: "
+                f"{fmt_bytes(self.bytes_sent)} sent in {self.files_sent} files{runtime}{reused}; "
+                f"current -> releases/{self.bundle_id} (previous: {self.previous or 'none'})")
+
+
+def _budget_mb(bundle_manifest: dict, board_target: str | None) -> int:
+    from edgesdk.errors import ProfileError
+    from edgesdk.profile import get_profile
+
+    if board_target:
+        with contextlib.suppress(ProfileError):
+            return get_profile(board_target).memory_budget_mb
+    return int(bundle_manifest["target"]["memory_budget_mb"])
+
+
+def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = None) -> DeployResult:
+    """Deploy a bundle (directory or .tar) onto the board or directory named in ``options``."""
+    report = report or Reporter(total=8)
+    with contextlib.ExitStack() as stack:
+        with report.step(f"verify bundle {bundle_path} on this machine"):
+            bundle = verify_bundle(unpack_if_archive(Path(bundle_path), stack))
+            files = bundle_files(bundle)
+            total = sum(f["size"] for f in files.values())
+            report.info(f"bundle {bundle.bundle_id}, target {bundle.target}, {len(files)} files, {fmt_bytes(total)}")
+        board = open_board(options)
+        stack.callback(board.transport.close)
+        where = board.label
+        with report.step(f"probe {where}"):
+            facts = probe(board, {"bundle_id": bundle.bundle_id, "files": files,
+                                  "manifest_sha256": files[MANIFEST]["sha256"]})
+            report.info(facts.describe())
+        release = facts.raw.get("release")
+        release_ok = release is not None and not release["problems"]
+        plan = Plan() if release_ok else make_plan(files, facts.raw["plan"])
+        with report.step("check target, memory and disk"):
+            report.info(check_target(bundle.target, facts, where, options.ignore_target))
+            for note in check_memory(total, _budget_mb(bundle.manifest, facts.board.suggested_target), facts, where):
+                report.info(note)
+            source, runtime_bytes = None, 0
+            if not options.local and options.install:
+                source = install.runtime_source()
+                if install.installed_key(facts.raw) != source.key:
+                    runtime_bytes = RUNTIME_BYTES_INHERITED if options.system_site_packages else RUNTIME_BYTES_FULL
+                else:
+                    source = None
+            report.info(check_disk(plan.send_bytes, runtime_bytes, facts, where))
+        runtime_sent = 0
+        with report.step("edgesdk runtime on the board"):
+            if options.local:
+                report.info("local directory: this edgesdk runs the bundle")
+            elif not options.install:
+                report.info("skipped (--no-install)")
+            elif source is None:
+                report.info(f"up to date ({install.installed_key(facts.raw)})")
+            else:
+                report.info(f"installing {source.key}: {source.describe()}")
+                reply = install.install_runtime(board, source, options.system_site_packages)
+                runtime_sent = reply["bytes_sent"]
+                facts.raw.setdefault("runtime", {})["stamp"] = {"key": reply["key"], "version": reply["version"]}
+                report.info(f"installed edgesdk {reply['version']} into {board.path('runtime', reply['key'])}")
+        edgesdk = board_edgesdk(board, facts, options.local)
+        with report.step("transfer and verify on the board"):
+            if release_ok:
+                report.info(f"the board already holds releases/{bundle.bundle_id}, and every sha256 checks: "
+                            "nothing to send")
+                sent_bytes = 0
+            else:
+                if release is not None:
+                    report.info(f"releases/{bundle.bundle_id} on the board is damaged ({release['problems'][0]}); "
+                                "replacing it")
+                report.info(plan.describe(files))
+                sent = send(board, bundle, files, plan, report)
+                sent_bytes = sent.bytes
+                rate = sent.bytes / sent.seconds / 1e6 if sent.seconds > 0 else 0.0
+                report.info(f"sent {fmt_bytes(sent.bytes)} in {sent.seconds:.2f} s ({rate:.1f} MB/s)")
+                problems = board.call("commit", {"bundle_id": bundle.bundle_id,
+                                                 "manifest_sha256": files[MANIFEST]["sha256"]})["problems"]
+                if problems:
+                    raise DeployError(f"the bundle failed verification on {where} after the transfer:\n  - "
+                                      + "\n  - ".join(problems),
+                                      "run the deploy again: the bad files were removed from staging and are sent "
+                                      "again; the board keeps its current release")
+                report.info(f"{len(files)} files verified on the board; installed as releases/{bundle.bundle_id}")
+        release_path = board.path("releases", bundle.bundle_id)
+        with report.step("TensorRT engine"):
+            gpu = bundle.manifest["target"].get("gpu") or {}
+            has_builder = facts.board.family == "jetson" and bool(facts.tensorrt) and \
+                engine.has_engine_builder(board, edgesdk)
+            decision = engine.decide(facts, gpu.get("sm"), bundle.bundle_id, board, has_builder)
+            report.info(decision.message)
+            if decision.build:
+                engine.build_engine(board, edgesdk, release_path, decision)
+        with report.step(f"smoke test: edgesdk run releases/{bundle.bundle_id}"):
+            generated = smoke_test(board, edgesdk, release_path, options, report)
+        with report.step("switch current"):
+            previous = facts.state.get("current")
+            try:
+                switched = board.call("switch", {"bundle_id": bundle.bundle_id, "action": "deploy"})
+                pruned = board.call("prune", {"keep": options.keep})
+            except DeployError:
+                if previous and previous != bundle.bundle_id:
+                    with contextlib.suppress(DeployError):
+                        board.call("switch", {"bundle_id": previous, "action": "rollback after a failed deploy"})
+                        report.info(f"switched current back to releases/{previous}")
+                raise
+            report.info(f"current -> releases/{bundle.bundle_id} (was {switched['from'] or 'none'})")
+            if pruned["removed"]:
+                report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {options.keep})")
+        return DeployResult(bundle_id=bundle.bundle_id, where=where, root=board.root, bytes_sent=sent_bytes,
+                            files_sent=len(plan.send), bytes_reused=plan.reused_bytes if not release_ok else total,
+                            runtime_bytes_sent=runtime_sent, seconds=report.elapsed(),
+                            previous=switched["from"] if switched["from"] != bundle.bundle_id else None,
+                            engine=decision.message, generated=generated)

@@ -1,0 +1,134 @@
+"""What the board is, and whether a bundle may go onto it (target, memory, disk).
+
+The board-side helper returns raw facts (device-tree model, ``/etc/nv_tegra_release``,
+``/proc/cpuinfo``, ``/proc/meminfo``, free space under the deploy root, Python, TensorRT, the
+installed runtime and releases); this module reads them with the same code that ``edgesdk env``
+uses on a board (:mod:`edgesdk.board`), by laying them out as a small file tree.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from edgesdk.board import BoardInfo, detect_board, suggest_target
+from edgesdk.deploy.transport import DeployError
+
+MB = 1_000_000
+# Space a runtime install takes: the venv and edgesdk alone when the board's own packages are
+# inherited; with numpy, onnxruntime, tokenizers, pydantic ... otherwise (measured on x86-64: ~250 MB).
+RUNTIME_BYTES_INHERITED = 40 * MB
+RUNTIME_BYTES_FULL = 400 * MB
+DISK_MARGIN_BYTES = 64 * MB
+
+
+@dataclass
+class BoardFacts:
+    """The probe's answer, with the board detected the way ``edgesdk env`` detects it."""
+
+    raw: dict
+    board: BoardInfo
+    root: str
+    free_bytes: int
+    mem_total: int | None
+    mem_available: int | None
+    tensorrt: str | None
+    python_version: tuple[int, ...]
+    state: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_probe(cls, raw: dict) -> BoardFacts:
+        with tempfile.TemporaryDirectory(prefix="edgesdk-probe-") as tmp:
+            root = Path(tmp)
+            files = {"proc/device-tree/model": raw.get("device_tree_model"),
+                     "etc/nv_tegra_release": raw.get("nv_tegra_release"),
+                     "proc/cpuinfo": raw.get("cpuinfo"),
+                     "proc/meminfo": _meminfo_text(raw.get("memory") or {})}
+            for rel, text in files.items():
+                if text is not None:
+                    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (root / rel).write_text(text, encoding="utf-8")
+            detected = detect_board(root)
+        arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(raw.get("arch", ""), raw.get("arch") or None)
+        board = replace(detected, architecture=arch,
+                        suggested_target=suggest_target(detected.model, detected.family, arch, detected.memory_gib))
+        memory = raw.get("memory") or {}
+        trt = raw.get("tensorrt") or {}
+        return cls(raw=raw, board=board, root=raw["root"], free_bytes=int(raw["disk"]["free"]),
+                   mem_total=memory.get("MemTotal"), mem_available=memory.get("MemAvailable"),
+                   tensorrt=trt.get("version"), python_version=tuple(raw["python"]["version"]),
+                   state=raw.get("state") or {})
+
+    def describe(self) -> str:
+        """One line for the deploy log."""
+        b = self.board
+        what = b.model or f"{b.family} machine"
+        parts = [what, b.architecture or "?"]
+        if b.l4t:
+            parts.append(f"L4T {b.l4t} (JetPack {b.jetpack or 'unknown'})")
+        parts.append(f"TensorRT {self.tensorrt}" if self.tensorrt else "no TensorRT")
+        parts.append("Python " + ".".join(map(str, self.python_version)))
+        if self.mem_total:
+            parts.append(f"{self.mem_total / 2**30:.1f} GiB RAM ({(self.mem_available or 0) / 2**30:.1f} free)")
+        parts.append(f"{self.free_bytes / 2**30:.1f} GiB free in {self.root}")
+        runtime = (self.raw.get("runtime") or {}).get("stamp")
+        parts.append(f"edgesdk runtime {runtime['version']}" if runtime else "no edgesdk runtime yet")
+        return ", ".join(parts)
+
+
+def _meminfo_text(memory: dict) -> str | None:
+    if "MemTotal" not in memory:
+        return None
+    return "".join(f"{key}: {value // 1024} kB\n" for key, value in memory.items())
+
+
+def check_target(bundle_target: str, facts: BoardFacts, where: str, ignore: bool) -> str:
+    """Refuse a bundle built for another board; returns the line to print."""
+    board_target = facts.board.suggested_target
+    if ignore:
+        return f"target check skipped (--ignore-target): bundle for '{bundle_target}', board is '{board_target}'"
+    if board_target is None:
+        raise DeployError(
+            f"cannot tell which target profile matches {where} (model {facts.board.model!r}, "
+            f"{facts.board.architecture}, {facts.board.memory_gib} GiB), so the '{bundle_target}' bundle is refused",
+            f"pass --ignore-target to deploy the '{bundle_target}' bundle anyway, or add a profile for this board")
+    if board_target != bundle_target:
+        seen = facts.board.model or facts.board.architecture
+        raise DeployError(
+            f"the bundle was built for target '{bundle_target}', but {where} is '{board_target}' ({seen})",
+            f"build it for this board with 'edgesdk build --target {board_target}', "
+            "or pass --ignore-target to deploy it anyway")
+    return f"target '{bundle_target}' matches the board"
+
+
+def check_memory(bundle_bytes: int, budget_mb: int, facts: BoardFacts, where: str) -> list[str]:
+    """Refuse a bundle larger than the profile's budget or the board's RAM; warn when RAM is short now."""
+    notes = []
+    if bundle_bytes > budget_mb * MB:
+        raise DeployError(
+            f"the bundle holds {bundle_bytes / MB:.0f} MB, more than the {budget_mb} MB memory budget of the "
+            f"board's profile ({where})",
+            "build a smaller bundle (a smaller model, or a recipe that prunes or quantises more)")
+    if facts.mem_total is not None and bundle_bytes > facts.mem_total:
+        raise DeployError(
+            f"the bundle holds {bundle_bytes / MB:.0f} MB but {where} has {facts.mem_total / MB:.0f} MB of RAM",
+            "build a smaller bundle for this board")
+    if facts.mem_available is not None and bundle_bytes > facts.mem_available:
+        notes.append(f"warning: {where} has {facts.mem_available / MB:.0f} MB of memory available now, the bundle "
+                     f"needs about {bundle_bytes / MB:.0f} MB; stop other programs before running it")
+    return notes
+
+
+def check_disk(send_bytes: int, runtime_bytes: int, facts: BoardFacts, where: str) -> str:
+    """Refuse when what deploy would write does not fit in the free space under the deploy root."""
+    need = send_bytes + runtime_bytes + DISK_MARGIN_BYTES
+    if need > facts.free_bytes:
+        parts = f"{send_bytes / MB:.1f} MB of bundle files"
+        if runtime_bytes:
+            parts += f" + about {runtime_bytes / MB:.0f} MB for the edgesdk runtime"
+        raise DeployError(
+            f"not enough disk space on {where}: {facts.free_bytes / MB:.1f} MB free under {facts.root}, deploy "
+            f"needs {need / MB:.1f} MB ({parts} + {DISK_MARGIN_BYTES / MB:.0f} MB margin)",
+            "free space on the board (old releases go with a lower --keep), or pass --remote-root on a larger disk")
+    return f"{facts.free_bytes / MB:.0f} MB free, {need / MB:.1f} MB needed"

@@ -1,0 +1,74 @@
+"""``edgesdk deploy --status`` and ``--rollback``: what the board holds, and going back one release."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+
+from edgesdk.deploy.report import Reporter, fmt_bytes
+from edgesdk.deploy.session import DeployOptions, board_edgesdk, open_board, probe, smoke_test
+from edgesdk.deploy.transport import DeployError
+
+
+def status(options: DeployOptions) -> dict:
+    """The board, its runtime, ``current``, ``previous`` and every release (JSON-friendly)."""
+    board = open_board(options)
+    try:
+        facts = probe(board)
+    finally:
+        board.transport.close()
+    runtime = facts.raw.get("runtime") or {}
+    return {"where": board.label, "root": facts.root, "board": facts.describe(),
+            "suggested_target": facts.board.suggested_target, "runtime": runtime.get("stamp"),
+            "edgesdk_on_path": runtime.get("edgesdk_on_path"), **facts.state}
+
+
+def format_status(info: dict) -> str:
+    """Human-readable ``--status``."""
+    lines = [f"board      {info['where']} ({info['board']})",
+             f"root       {info['root']}",
+             f"runtime    {info['runtime']['key'] if info['runtime'] else 'none installed by deploy'}",
+             f"current    {info['current'] or 'none'}",
+             f"previous   {info['previous'] or 'none'}",
+             f"releases   {len(info['releases'])}"]
+    for release in reversed(info["releases"]):
+        mark = "*" if release["id"] == info["current"] else " "
+        when = _dt.datetime.fromtimestamp(release["mtime"]).strftime("%Y-%m-%d %H:%M:%S")
+        size = fmt_bytes(release["bytes"]) if release.get("bytes") is not None else "?"
+        lines.append(f"  {mark} {release['id']}  target {release.get('target') or '?':<14} {size:>10}  {when}")
+    if info["staging"]:
+        lines.append(f"staging    {', '.join(info['staging'])} (unfinished transfers; the next deploy resumes them)")
+    return "\n".join(lines)
+
+
+def rollback(options: DeployOptions, release: str | None = None, report: Reporter | None = None) -> dict:
+    """Switch ``current`` back to ``previous`` (or to ``release``) after verifying and smoke-testing it."""
+    report = report or Reporter(total=4, prefix="rollback")
+    board = open_board(options)
+    with contextlib.ExitStack() as stack:
+        stack.callback(board.transport.close)
+        with report.step(f"probe {board.label}"):
+            facts = probe(board)
+            current, target = facts.state.get("current"), release or facts.state.get("previous")
+            report.info(f"current {current or 'none'}, previous {facts.state.get('previous') or 'none'}")
+        if not target:
+            raise DeployError(f"{board.label} has no previous release to roll back to (current: {current or 'none'})",
+                              "deploy another bundle first, or name a release from 'edgesdk deploy --status' "
+                              "with --release ID")
+        if target == current:
+            raise DeployError(f"release {target} is already current on {board.label}",
+                              "name another release from 'edgesdk deploy --status' with --release ID")
+        with report.step(f"verify releases/{target} on the board"):
+            problems = board.call("verify", {"bundle_id": target})["problems"]
+            if problems:
+                raise DeployError(f"releases/{target} on {board.label} fails verification:\n  - "
+                                  + "\n  - ".join(problems),
+                                  "deploy that bundle again (it repairs the release), or roll back to another one")
+        with report.step(f"smoke test: edgesdk run releases/{target}"):
+            smoke_test(board, board_edgesdk(board, facts, options.local), board.path("releases", target), options,
+                       report)
+        with report.step("switch current"):
+            switched = board.call("switch", {"bundle_id": target, "action": "rollback"})
+            report.info(f"current -> releases/{target} (was {switched['from'] or 'none'})")
+    return {"where": board.label, "root": board.root, "from": switched["from"], "to": target,
+            "seconds": report.elapsed()}

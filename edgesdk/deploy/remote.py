@@ -1,0 +1,83 @@
+"""Calls into the board-side helper (``remote_helper.py``) over a transport.
+
+The helper travels inside the ``-c`` argument of the board's Python, zlib-compressed and base64
+encoded (no quote or backslash in it, so any POSIX login shell passes it through unchanged);
+its parameters travel as one JSON argument. Both are quoted by the transport like any argument.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from edgesdk.deploy.transport import DeployError, Transport
+
+
+@lru_cache(maxsize=1)
+def boot_code() -> str:
+    """``python -c`` text that runs the helper with the arguments that follow it."""
+    source = resources.files("edgesdk.deploy").joinpath("remote_helper.py").read_bytes()
+    packed = base64.b64encode(zlib.compress(source, 9)).decode("ascii")
+    return (f"import base64,zlib;exec(compile(zlib.decompress(base64.b64decode('{packed}')),"
+            f"'edgesdk-deploy-helper','exec'))")
+
+
+def parse_reply(proc: subprocess.CompletedProcess | tuple[int, bytes, bytes], label: str, python: str,
+                op: str) -> dict:
+    """The helper's JSON answer, or a DeployError naming what went wrong on the board."""
+    if isinstance(proc, tuple):
+        returncode, stdout, stderr = proc
+    else:
+        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    out = stdout.decode("utf-8", "replace")
+    err = stderr.decode("utf-8", "replace").strip()
+    for line in reversed(out.splitlines()):
+        if line.startswith("{"):
+            try:
+                reply = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if reply.get("ok"):
+                return reply
+            raise DeployError(reply.get("error", "the board refused"), reply.get("fix"))
+    if returncode == 127 or "not found" in err or "No such file" in err:
+        raise DeployError(f"{python!r} cannot be started on {label}: {err[-300:] or f'exit {returncode}'}",
+                          "install Python 3 on the board (edgesdk needs >= 3.10), or pass --remote-python PATH")
+    tail = "\n    ".join(err.splitlines()[-8:]) or "(no output)"
+    raise DeployError(f"the deploy helper ({op}) failed on {label} with exit {returncode}:\n    {tail}",
+                      "check the board's free space and permissions under the deploy root, then run it again")
+
+
+@dataclass
+class Board:
+    """The deploy root on one board, reached through a transport with the board's Python."""
+
+    transport: Transport
+    python: str
+    root: str
+
+    @property
+    def label(self) -> str:
+        return self.transport.label
+
+    def helper_argv(self, op: str, params: dict) -> list[str]:
+        return [self.python, "-c", boot_code(), op, json.dumps({"root": self.root, **params})]
+
+    def call(self, op: str, params: dict | None = None, stdin: bytes | None = None,
+             timeout: float | None = 600) -> dict:
+        """Run one helper operation to completion and return its reply."""
+        proc = self.transport.run(self.helper_argv(op, params or {}), input=stdin, timeout=timeout)
+        return parse_reply(proc, self.label, self.python, op)
+
+    def start(self, op: str, params: dict) -> subprocess.Popen:
+        """Start a helper operation that reads a stream on stdin (see transfer.py)."""
+        return self.transport.popen(self.helper_argv(op, params))
+
+    def path(self, *parts: str) -> str:
+        """A path under the deploy root (absolute once probe has resolved the root)."""
+        return "/".join([self.root.rstrip("/"), *parts])

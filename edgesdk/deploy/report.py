@@ -1,0 +1,52 @@
+"""What deploy prints: each step with its time, bytes sent, and a one-line summary at the end."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+
+def fmt_bytes(n: float) -> str:
+    """Decimal units, as network and disk tools count them: 0 B, 412.3 kB, 12.4 MB, 1.20 GB."""
+    if n < 1000:
+        return f"{int(n)} B"
+    for unit, scale in (("kB", 1e3), ("MB", 1e6), ("GB", 1e9)):
+        if n < scale * 1000 or unit == "GB":
+            return f"{n / scale:.{2 if unit == 'GB' else 1}f} {unit}"
+    return f"{n} B"  # pragma: no cover
+
+
+class Reporter:
+    """Writes ``deploy [3/9] step ... (0.42 s)`` lines to stderr (or any writer)."""
+
+    def __init__(self, total: int, write: Callable[[str], None] | None = None, prefix: str = "deploy"):
+        self.total = total
+        self.number = 0
+        self.prefix = prefix
+        self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.started = time.monotonic()
+        self.timings: dict[str, float] = {}
+
+    @contextmanager
+    def step(self, title: str):
+        """Announce a step, run it, and print how long it took (or that it failed)."""
+        self.number += 1
+        self.write(f"{self.prefix} [{self.number}/{self.total}] {title}")
+        began = time.monotonic()
+        try:
+            yield self
+        except BaseException:
+            self.write(f"{self.prefix}       {title}: failed after {time.monotonic() - began:.2f} s")
+            raise
+        self.timings[title] = time.monotonic() - began
+        self.write(f"{self.prefix}       done in {self.timings[title]:.2f} s")
+
+    def info(self, text: str) -> None:
+        """A detail line under the current step."""
+        for line in text.splitlines():
+            self.write(f"{self.prefix}       {line}")
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started

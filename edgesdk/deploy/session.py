@@ -1,0 +1,104 @@
+"""Deploy options, opening the board (ssh or local), and the steps shared by deploy and rollback."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgesdk.deploy.install import runtime_argv
+from edgesdk.deploy.probe import BoardFacts
+from edgesdk.deploy.remote import Board
+from edgesdk.deploy.report import Reporter
+from edgesdk.deploy.transport import DeployError, HostSpec, LocalTransport, SshOptions, SshTransport
+
+DEFAULT_REMOTE_ROOT = "~/edgesdk"
+
+
+@dataclass
+class DeployOptions:
+    """Everything ``edgesdk deploy`` takes besides the bundle."""
+
+    host: str | None = None
+    to: Path | None = None
+    remote_root: str = DEFAULT_REMOTE_ROOT
+    ssh: SshOptions = field(default_factory=SshOptions)
+    remote_python: str | None = None  # python3 on a board, this interpreter for --to
+    ignore_target: bool = False
+    install: bool = True
+    system_site_packages: bool = False
+    keep: int = 3
+    smoke_prompt: str = "hi"
+    smoke_tokens: int = 4
+    smoke_timeout: float = 900.0
+
+    @property
+    def local(self) -> bool:
+        return self.to is not None
+
+
+def open_board(options: DeployOptions) -> Board:
+    """The deploy root on the board (``--host``) or in a local directory (``--to``)."""
+    if (options.host is None) == (options.to is None):
+        raise DeployError("deploy needs exactly one of --host user@board and --to DIR",
+                          "pass --host to deploy over ssh, or --to DIR to install into a local directory")
+    if options.local:
+        root = str(Path(options.to).expanduser().resolve())
+        return Board(LocalTransport(root), options.remote_python or sys.executable, root)
+    root = options.remote_root
+    if root.startswith("~/"):
+        root = root[2:] or "."  # ssh starts remote commands in the home directory
+    elif root == "~":
+        root = "."
+    if not root:
+        raise DeployError("--remote-root is empty", "pass a directory on the board, e.g. --remote-root ~/edgesdk")
+    return Board(SshTransport(HostSpec.parse(options.host), options.ssh), options.remote_python or "python3", root)
+
+
+def probe(board: Board, params: dict | None = None) -> BoardFacts:
+    """Ask the board what it is and holds; afterwards ``board.root`` is absolute."""
+    facts = BoardFacts.from_probe(board.call("probe", params or {}, timeout=900))
+    board.root = facts.root
+    return facts
+
+
+def board_edgesdk(board: Board, facts: BoardFacts, local: bool) -> list[str]:
+    """How to start edgesdk on the board: the deployed runtime, else an edgesdk on its PATH."""
+    runtime = facts.raw.get("runtime") or {}
+    if local or runtime.get("stamp"):
+        return runtime_argv(board, local)
+    if runtime.get("edgesdk_on_path"):
+        return [runtime["edgesdk_on_path"]]
+    raise DeployError(f"{board.label} has no edgesdk: no runtime under {board.path('runtime')} and no "
+                      "'edgesdk' on the PATH of ssh sessions",
+                      "deploy without --no-install: it installs the runtime into the deploy root")
+
+
+def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOptions, report: Reporter) -> str:
+    """``edgesdk run RELEASE --prompt hi -n 4 --raw`` on the board; returns the generated text."""
+    argv = [*edgesdk, "run", release, "--prompt", options.smoke_prompt, "-n", str(options.smoke_tokens), "--raw"]
+    if options.ignore_target:
+        argv.append("--ignore-target")
+    proc = board.transport.run(argv, timeout=options.smoke_timeout)
+    text = proc.stdout.decode("utf-8", "replace")
+    if proc.returncode != 0 or not text.strip():
+        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-10:]
+        raise DeployError(f"the smoke test 'edgesdk run {release} --prompt {options.smoke_prompt!r} -n "
+                          f"{options.smoke_tokens}' failed on {board.label} (exit {proc.returncode}):\n    "
+                          + "\n    ".join(tail or ["(no output)"]),
+                          "the board keeps its current release; fix the problem shown above and deploy again")
+    report.info(f"generated {text.strip()!r}")
+    return text
+
+
+def unpack_if_archive(path: Path, stack) -> Path:
+    """A bundle .tar (from 'edgesdk pack') is unpacked into a temporary directory first."""
+    if path.is_file() and path.suffix == ".tar":
+        from edgesdk.bundle import unpack_bundle
+
+        tmp = Path(tempfile.mkdtemp(prefix="edgesdk-deploy-"))
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+        return unpack_bundle(path, tmp).path
+    return path

@@ -1,0 +1,140 @@
+"""Sending a bundle into ``staging/<bundle-id>`` on the board: only what it lacks, resumably.
+
+The board's probe says, per file, whether it already has it (complete in staging, or the same
+sha256 in another release, which is hard-linked), has a ``.partial`` prefix of it (the transfer
+resumes at that byte), or needs it whole. Everything still needed goes in one stream through one
+ssh command: a JSON header line per file, then its bytes. The board hashes as it writes, renames
+``name.partial`` to ``name`` only when the sha256 matches, and discards a damaged file. A cut
+connection leaves ``.partial`` files that the next deploy continues; ``current`` is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgesdk.bundle import MANIFEST, MANIFEST_DIGEST, Bundle
+from edgesdk.deploy.remote import Board, parse_reply
+from edgesdk.deploy.report import Reporter, fmt_bytes
+from edgesdk.deploy.transport import DeployError
+from edgesdk.hashing import sha256_file
+
+CHUNK = 1 << 20
+
+
+def bundle_files(bundle: Bundle) -> dict[str, dict]:
+    """Every file deploy ships (the manifest's list plus the manifest and its digest)."""
+    files = {name: {"size": facts["size"], "sha256": facts["sha256"]} for name, facts in bundle.manifest["files"].items()}
+    for name in (MANIFEST, MANIFEST_DIGEST):
+        path = bundle.path / name
+        files[name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    return files
+
+
+@dataclass
+class Plan:
+    """What goes over the wire and what the board reuses."""
+
+    send: list[tuple[str, int]] = field(default_factory=list)  # (name, resume offset)
+    links: dict[str, str] = field(default_factory=dict)  # name -> release id it is hard-linked from
+    in_staging: list[str] = field(default_factory=list)
+    send_bytes: int = 0
+    resumed_bytes: int = 0
+    reused_bytes: int = 0
+
+    def describe(self, files: dict[str, dict]) -> str:
+        total = sum(f["size"] for f in files.values())
+        parts = [f"{len(files)} files, {fmt_bytes(total)}: {fmt_bytes(self.send_bytes)} to send "
+                 f"({len(self.send)} files)"]
+        if self.links or self.in_staging:
+            parts.append(f"{len(self.links) + len(self.in_staging)} already on the board "
+                         f"({fmt_bytes(self.reused_bytes)})")
+        if self.resumed_bytes:
+            parts.append(f"resuming after {fmt_bytes(self.resumed_bytes)} received earlier")
+        return ", ".join(parts)
+
+
+def make_plan(files: dict[str, dict], board_plan: dict) -> Plan:
+    """Turn the board's per-file answer into what to send from which offset."""
+    plan = Plan()
+    for name in sorted(files):
+        size = files[name]["size"]
+        entry = board_plan.get(name, {"state": "send", "offset": 0})
+        state = entry["state"]
+        if state == "staging":
+            plan.in_staging.append(name)
+            plan.reused_bytes += size
+        elif state == "link":
+            plan.links[name] = entry["from"]
+            plan.reused_bytes += size
+        else:
+            offset = int(entry.get("offset", 0)) if state == "partial" else 0
+            plan.send.append((name, offset))
+            plan.send_bytes += size - offset
+            plan.resumed_bytes += offset
+    return plan
+
+
+@dataclass
+class Sent:
+    bytes: int
+    seconds: float
+
+
+def _drain(stream, sink: list[bytes]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: sink.append(stream.read()), daemon=True)
+    thread.start()
+    return thread
+
+
+def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, report: Reporter) -> Sent:
+    """Stream the planned files to the board; raise DeployError if anything did not arrive intact."""
+    began = time.monotonic()
+    proc = board.start("receive", {"bundle_id": bundle.bundle_id, "links": plan.links})
+    out: list[bytes] = []
+    err: list[bytes] = []
+    readers = [_drain(proc.stdout, out), _drain(proc.stderr, err)]
+    sent = 0
+    current = None
+    last_note = began
+    try:
+        for name, offset in plan.send:
+            current = name
+            facts = files[name]
+            header = {"name": name, "offset": offset, "size": facts["size"], "sha256": facts["sha256"]}
+            proc.stdin.write(json.dumps(header).encode() + b"\n")
+            with open(Path(bundle.path) / name, "rb") as handle:
+                handle.seek(offset)
+                while block := handle.read(CHUNK):
+                    proc.stdin.write(block)
+                    sent += len(block)
+                    if time.monotonic() - last_note > 2.0:
+                        last_note = time.monotonic()
+                        report.info(f"{fmt_bytes(sent)} of {fmt_bytes(plan.send_bytes)} sent")
+        current = None
+        proc.stdin.write(b'{"end": true}\n')
+        proc.stdin.close()
+    except (BrokenPipeError, ConnectionResetError, ValueError):
+        pass  # the connection or the board's side went away; the exit status below says why
+    returncode = proc.wait()
+    for thread in readers:
+        thread.join(timeout=10)
+    stderr = b"".join(err)
+    during = f"sending {current} ({fmt_bytes(sent)} sent)" if current else "sending the bundle"
+    board.transport.check_connection(returncode, stderr.decode("utf-8", "replace"), during)
+    reply = parse_reply((returncode, b"".join(out), stderr), board.label, board.python, "receive")
+    damaged = [r for r in reply["results"] if r.get("complete") and not r.get("ok")]
+    if damaged:
+        names = ", ".join(f"{r['name']} (sha256 {r['sha256'][:16]}…, expected {files[r['name']]['sha256'][:16]}…)"
+                          for r in damaged)
+        raise DeployError(f"{len(damaged)} file(s) arrived damaged on {board.label}: {names}",
+                          "run the deploy again: the damaged copies were discarded and the board keeps its "
+                          "current release; if it repeats, check the board's storage and memory")
+    if reply.get("eof") or len(reply["results"]) != len(plan.send):
+        raise DeployError(f"the transfer to {board.label} stopped early ({during})",
+                          "run the same deploy again: it resumes where it stopped, and the board keeps its "
+                          "current release")
+    return Sent(bytes=sent, seconds=time.monotonic() - began)

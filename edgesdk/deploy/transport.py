@@ -1,0 +1,223 @@
+"""How deploy reaches a board: the system OpenSSH client, or this machine for ``--to DIR``.
+
+The ssh client is the user's own ``ssh`` (``$EDGESDK_SSH`` or ``--ssh-command`` replace it, like
+``GIT_SSH_COMMAND``), so ``~/.ssh/config``, the agent, ``known_hosts`` and ``ProxyJump`` work as
+they do for ``ssh`` itself. Deploy adds only what it needs: strict host key checking (a new key is
+accepted only with ``accept_new_host_key``; a changed key never), batch mode (no prompt can hang a
+deploy), keep-alives, and one multiplexed connection per deploy (``ControlMaster``) so its dozen
+remote commands pay for one handshake. Options the user passes come first and therefore win (ssh
+keeps the first value it reads for an option).
+
+Remote commands are argument lists. ssh hands the remote login shell one string, so every
+argument is quoted with :func:`shlex.quote`; no path, name or text reaches a shell unquoted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from edgesdk.errors import EdgeSDKError
+
+
+class DeployError(EdgeSDKError):
+    """A deploy, rollback or status request failed; the board keeps (or got back) its previous release."""
+
+    exit_code = 8
+
+
+_HOST_RE = re.compile(r"^(?:(?P<user>[^@\s/]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.%\w]+)\]|(?P<name>[^@\s:/\[\]]+))"
+                      r"(?::(?P<port>\d{1,5}))?$")
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """``[user@]host[:port]`` as given to ``--host`` (host may be an alias from ~/.ssh/config)."""
+
+    host: str
+    user: str | None = None
+    port: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> HostSpec:
+        match = _HOST_RE.match(text or "")
+        if match is None or text.startswith("-"):
+            raise DeployError(f"--host {text!r} is not of the form user@board[:port]",
+                              "pass e.g. --host nvidia@orin.local, --host pi@192.168.1.20:2222, or an alias "
+                              "from ~/.ssh/config")
+        port = int(match["port"]) if match["port"] else None
+        if port is not None and not 0 < port < 65536:
+            raise DeployError(f"--host {text!r}: port {port} is outside 1-65535", "pass a valid ssh port")
+        return cls(host=match["v6"] or match["name"], user=match["user"], port=port)
+
+    @property
+    def destination(self) -> str:
+        return f"{self.user}@{self.host}" if self.user else self.host
+
+    def __str__(self) -> str:
+        return self.destination + (f":{self.port}" if self.port else "")
+
+
+def remote_command(argv: list[str]) -> str:
+    """The one string ssh sends to the remote shell: every argument quoted."""
+    return " ".join(shlex.quote(str(arg)) for arg in argv)
+
+
+class Transport:
+    """Runs argument lists on the board. Subclasses: :class:`SshTransport`, :class:`LocalTransport`."""
+
+    label: str = "board"
+
+    def command(self, argv: list[str]) -> list[str]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def popen(self, argv: list[str]) -> subprocess.Popen:
+        """Start ``argv`` on the board with pipes for stdin, stdout and stderr."""
+        return subprocess.Popen(self.command(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+
+    def run(self, argv: list[str], input: bytes | None = None, timeout: float | None = None
+            ) -> subprocess.CompletedProcess:
+        """Run ``argv`` on the board to completion, raising :class:`DeployError` for connection problems."""
+        try:
+            proc = subprocess.run(self.command(argv), input=input if input is not None else b"",
+                                  capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise DeployError(f"{argv[0]} on {self.label} did not finish within {timeout:.0f} s",
+                              "check the board (load, memory), or raise the timeout") from exc
+        self.check_connection(proc.returncode, proc.stderr.decode("utf-8", "replace"))
+        return proc
+
+    def check_connection(self, returncode: int, stderr: str, during: str = "") -> None:
+        """Raise DeployError when a command failed because the board could not be reached."""
+
+    def close(self) -> None:
+        """Release what the transport holds (the ssh master connection)."""
+
+
+class LocalTransport(Transport):
+    """``--to DIR``: the "board" is this machine; argument lists run without any shell."""
+
+    def __init__(self, root: str):
+        self.label = f"local directory {root}"
+
+    def command(self, argv: list[str]) -> list[str]:
+        return [str(a) for a in argv]
+
+
+@dataclass
+class SshOptions:
+    """What the user said about ssh on the command line."""
+
+    identity: str | None = None
+    ssh_config: str | None = None
+    options: tuple[str, ...] = ()
+    accept_new_host_key: bool = False
+    ssh_command: str | None = None
+    connect_timeout: int = 15
+    multiplex: bool = True
+
+
+@dataclass
+class SshTransport(Transport):
+    """The system OpenSSH client."""
+
+    spec: HostSpec
+    opts: SshOptions = field(default_factory=SshOptions)
+    _control_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        self.label = str(self.spec)
+        command = self.opts.ssh_command or os.environ.get("EDGESDK_SSH") or "ssh"
+        self.base = shlex.split(command)
+        if not self.base or shutil.which(self.base[0]) is None:
+            raise DeployError(f"ssh client {self.base[0] if self.base else command!r} not found on this machine",
+                              "install the OpenSSH client (Debian/Ubuntu: sudo apt install openssh-client), "
+                              "or point --ssh-command / $EDGESDK_SSH at it")
+        if self.opts.multiplex:
+            self._control_dir = tempfile.mkdtemp(prefix="edgesdk-ssh-")
+
+    def ssh_args(self) -> list[str]:
+        args: list[str] = []
+        if self.opts.ssh_config:
+            args += ["-F", self.opts.ssh_config]
+        for option in self.opts.options:  # the user's options first: ssh keeps the first value it sees
+            args += ["-o", option]
+        if self.opts.identity:
+            args += ["-i", self.opts.identity, "-o", "IdentitiesOnly=yes"]
+        args += ["-o", "BatchMode=yes",
+                 "-o", f"StrictHostKeyChecking={'accept-new' if self.opts.accept_new_host_key else 'yes'}",
+                 "-o", f"ConnectTimeout={self.opts.connect_timeout}",
+                 "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
+        if self._control_dir:
+            args += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self._control_dir}/%C",
+                     "-o", "ControlPersist=120"]
+        if self.spec.port:
+            args += ["-p", str(self.spec.port)]
+        return args
+
+    def command(self, argv: list[str]) -> list[str]:
+        return [*self.base, *self.ssh_args(), "--", self.spec.destination, remote_command(argv)]
+
+    def check_connection(self, returncode: int, stderr: str, during: str = "") -> None:
+        if returncode == 255:
+            raise ssh_failure(self.spec, stderr, during)
+
+    def close(self) -> None:
+        if self._control_dir is None:
+            return
+        if any(os.scandir(self._control_dir)):
+            subprocess.run([*self.base, *self.ssh_args(), "-O", "exit", "--", self.spec.destination],
+                           capture_output=True, timeout=15)
+        shutil.rmtree(self._control_dir, ignore_errors=True)
+        self._control_dir = None
+
+
+def ssh_failure(spec: HostSpec, stderr: str, during: str = "") -> DeployError:
+    """Turn ssh's exit 255 and its stderr into a message naming the problem and the fix."""
+    text = stderr.strip()
+    last = "\n    ".join(line for line in text.splitlines()[-6:] if line.strip()) or "(ssh printed nothing)"
+    host = spec.host
+    known = f"[{host}]:{spec.port}" if spec.port else host
+    when = f" while {during}" if during else ""
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or ("Host key for" in text and "has changed" in text):
+        return DeployError(
+            f"refused: the host key of {spec} has changed since it was stored in known_hosts (a re-flashed board, "
+            "or someone in the middle)",
+            f"if you re-flashed the board, check its new key fingerprint on its console, remove the old one with "
+            f"'ssh-keygen -R \"{known}\"', then deploy again with --accept-new-host-key")
+    if "Host key verification failed" in text or "host key is known" in text:
+        return DeployError(
+            f"refused: {spec} has no host key in known_hosts, and deploy checks host keys strictly",
+            f"connect once with 'ssh {'-p ' + str(spec.port) + ' ' if spec.port else ''}{spec.destination}' and "
+            "check the fingerprint, or pass --accept-new-host-key to store the key on first use")
+    if "Permission denied" in text or "Too many authentication failures" in text:
+        return DeployError(
+            f"{spec} refused the login of user {spec.user or '(from ~/.ssh/config)'}: {last}",
+            "check the user name in --host user@board and the key: pass -i ~/.ssh/KEY, load it with 'ssh-add', "
+            f"or install it on the board with 'ssh-copy-id {spec.destination}'")
+    if "Could not resolve hostname" in text or "Name or service not known" in text:
+        return DeployError(f"cannot resolve the board's name {host!r}: {last}",
+                           "check the spelling, use the board's IP address, or define the name in ~/.ssh/config")
+    for pattern, why in (("Connection refused", "nothing accepts ssh connections on that port"),
+                         ("timed out", "the board did not answer"), ("No route to host", "no route to the board"),
+                         ("Network is unreachable", "the network is unreachable")):
+        if pattern in text:
+            return DeployError(
+                f"cannot reach {spec}{when}: {why} ({last})",
+                "check that the board is powered and on the network, that sshd runs on it "
+                f"('sudo systemctl status ssh' on the board) and the port{f' {spec.port}' if spec.port else ''}")
+    return DeployError(
+        f"the ssh connection to {spec} failed{when}: {last}",
+        "check the network, then run the same deploy again: it resumes, and the board keeps its current release")
+
+
+def local_python() -> str:
+    """The interpreter that runs this edgesdk (used by ``--to DIR``)."""
+    return sys.executable

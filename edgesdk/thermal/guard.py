@@ -1,0 +1,253 @@
+"""The thermal guard: levels with hysteresis, a compute budget, a token-rate controller, pauses.
+
+Levels, from the effective limits (the profile's, lowered to the board's real trip points):
+
+=========  =========================================  ============================================
+level      entered at                                 action
+=========  =========================================  ============================================
+normal     below ``resume_c``                         none
+warm       ``resume_c``                               compute budget lowered (power gate, if any)
+hot        ``setpoint - hot_lead_c``                  token rate paced so the board holds
+                                                      ``setpoint = soft_limit_c - setpoint_margin_c``
+critical   ``hard_limit_c``                           generation paused, request kept; resumes
+                                                      below ``resume_c``
+=========  =========================================  ============================================
+
+A level rises at once; it falls only ``hysteresis_c`` below its threshold and after
+``min_dwell_s`` in it. The rate controller is a PI controller on the temperature whose gains come
+from the profile's thermal model (plant gain ``K = R (active_w - idle_w)``, time constant ``RC``):
+``Kp = RC / (K * response_s)``, ``Ti = response_s``; on entering ``hot`` it starts from the rate that
+holds the setpoint in steady state, with the ambient estimated from the first reading as if the
+board had been idle (``T0 - R idle_w``). Its output feeds a token bucket whose depth is one
+request: a request starts when the bucket can pay for all of it, so waiting happens before the
+first token (time to first token) and the text streams at full speed; a request longer than the
+bucket is paced token by token. With no sensor data for ``stale_s`` the guard warns once and
+paces at ``fallback_fraction`` of the unpaced rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from edgesdk.profile import ThermalLimits, ThermalModel
+from edgesdk.thermal.sensors import Reading, Trip
+
+
+class Level(str, Enum):
+    NORMAL = "normal"
+    WARM = "warm"
+    HOT = "hot"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return list(Level).index(self)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Effective limits in °C (see :meth:`resolve`)."""
+
+    resume_c: float
+    soft_c: float
+    hard_c: float
+    throttle_c: float
+    shutdown_c: float
+
+    @classmethod
+    def resolve(cls, limits: ThermalLimits, trips: Sequence[Trip] = ()) -> tuple[Limits, list[str]]:
+        """The profile's limits, lowered when the board's passive/hot trip is below its throttle point.
+
+        Active (fan) trips are ignored; the lowest critical trip caps the shutdown point.
+        """
+        notes = []
+        throttle, shutdown, shift = limits.firmware_throttle_c, limits.shutdown_c, 0.0
+        passive = [t.temp_c for t in trips if t.kind in ("passive", "hot")]
+        critical = [t.temp_c for t in trips if t.kind == "critical"]
+        if passive and min(passive) < throttle:
+            shift = throttle - min(passive)
+            throttle = min(passive)
+            notes.append(f"board throttle trip {throttle:g} °C is below the profile's "
+                         f"{limits.firmware_throttle_c:g} °C: guard limits lowered by {shift:g} °C")
+        if critical and min(critical) < shutdown:
+            shutdown = min(critical)
+            notes.append(f"board critical trip {shutdown:g} °C is below the profile's {limits.shutdown_c:g} °C")
+        return cls(limits.resume_c - shift, limits.soft_limit_c - shift, limits.hard_limit_c - shift,
+                   throttle, max(shutdown, throttle + 0.1)), notes
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    setpoint_margin_c: float = 2.0  # the controller holds soft_limit - this (room for one request's heat)
+    hot_lead_c: float = 1.5  # pacing starts this far below the setpoint
+    hysteresis_c: float = 1.0
+    min_dwell_s: float = 10.0
+    warm_budget: float = 0.75  # compute budget handed to the power gate in warm
+    hot_budget: float = 0.5  # ... in hot, critical and when the sensor failed
+    fallback_fraction: float = 0.5  # token rate, as a fraction of the unpaced rate, without sensor data
+    min_fraction: float = 0.02
+    stale_s: float = 5.0
+    response_s: float = 30.0  # closed-loop time constant of the rate controller
+    max_burst_tokens: int = 512
+    poll_s: float = 0.5  # longest single wait; the guard re-reads the sensor after each
+
+
+class Guard:
+    """Decides, before every step, how long generation must wait. Pure logic: no I/O, no clock."""
+
+    def __init__(self, limits: Limits, plant: ThermalModel, config: GuardConfig | None = None,
+                 budget_target: object | None = None, warn: Callable[[str], None] | None = None):
+        self.limits = limits
+        self.plant = plant
+        self.config = c = config or GuardConfig()
+        self.setpoint_c = limits.soft_c - c.setpoint_margin_c
+        self.thresholds = {
+            Level.WARM: limits.resume_c,
+            Level.HOT: max(self.setpoint_c - c.hot_lead_c, limits.resume_c + 0.5),
+            Level.CRITICAL: limits.hard_c,
+        }
+        self.level = Level.NORMAL
+        self.since = 0.0
+        self.now = None
+        self.temp_c: float | None = None
+        self.sensor_ok = True
+        self.ambient_c: float | None = None
+        self.fraction = 1.0  # rate-controller output: allowed share of the unpaced token rate
+        self._integral = 1.0
+        self.unpaced_tok_s: float | None = None
+        self.capacity = float(c.max_burst_tokens)
+        self.credit = self.capacity
+        self.budget = 1.0
+        self.budget_target = budget_target if hasattr(budget_target, "set_compute_budget") else None
+        self._warn = warn or (lambda message: None)
+        self._warned = False
+        dynamic_w = max(plant.active_w - plant.idle_w, 1e-6)
+        self._gain_c = plant.resistance_c_per_w * dynamic_w  # °C of steady-state rise per unit of rate
+        self._kp = plant.resistance_c_per_w * plant.capacity_j_per_c / (self._gain_c * c.response_s)
+        self._ki = self._kp / c.response_s
+
+    # -- observing ---------------------------------------------------------------------------
+    def observe(self, now: float, reading: Reading | None) -> Level:
+        """Take a reading at ``now`` (same time base as the reading): level, controller, bucket."""
+        dt = 0.0 if self.now is None else max(now - self.now, 0.0)
+        self.now = now
+        temp = reading.max_c if reading is not None and now - reading.time <= self.config.stale_s else None
+        if temp is None:
+            self._sensor_failed(reading)
+        else:
+            self.sensor_ok, self.temp_c = True, temp
+            if self.ambient_c is None:  # as if the board had been idle until now
+                self.ambient_c = temp - self.plant.resistance_c_per_w * self.plant.idle_w
+            self._update_level(now, temp)
+            self._update_rate(dt, temp)
+        if self.pacing and self.unpaced_tok_s:
+            self.credit = min(self.capacity, self.credit + self.fraction * self.unpaced_tok_s * dt)
+        self._apply_budget()
+        return self.level
+
+    def _sensor_failed(self, reading: Reading | None) -> None:
+        if self.sensor_ok and not self._warned:
+            what = "no reading" if reading is None else f"no data from {reading.source or 'the sensor'}"
+            self._warn(f"thermal sensor failed ({what}): pacing at a fixed "
+                       f"{self.config.fallback_fraction:.0%} of the unpaced token rate until it recovers")
+            self._warned = True
+        if self.sensor_ok:
+            self.credit = min(self.credit, 1.0)  # start pacing now, no stored burst
+        self.sensor_ok = False
+        self.fraction = self.config.fallback_fraction
+
+    def _target(self, temp: float) -> Level:
+        for level in (Level.CRITICAL, Level.HOT, Level.WARM):
+            if temp >= self.thresholds[level]:
+                return level
+        return Level.NORMAL
+
+    def _update_level(self, now: float, temp: float) -> None:
+        c = self.config
+        target = self._target(temp)
+        if target.rank > self.level.rank:
+            if target is Level.HOT and self.level.rank < Level.HOT.rank:
+                self._enter_hot()
+            self.level, self.since = target, now
+            return
+        if now - self.since < c.min_dwell_s:
+            return
+        if self.level is Level.CRITICAL and temp >= self.limits.resume_c:
+            return
+        lower = self._target(temp + c.hysteresis_c)
+        if lower.rank < self.level.rank:
+            self.level, self.since = lower, now
+
+    def _enter_hot(self) -> None:
+        """Start pacing from the rate that holds the setpoint in steady state (model feed-forward)."""
+        p = self.plant
+        ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
+        steady = ((self.setpoint_c - ambient) / p.resistance_c_per_w - p.idle_w) / (p.active_w - p.idle_w)
+        self._integral = min(1.0, max(self.config.min_fraction, steady))
+        self.credit = self.capacity
+
+    def _update_rate(self, dt: float, temp: float) -> None:
+        c = self.config
+        if self.level.rank < Level.HOT.rank:
+            self.fraction = 1.0
+            return
+        error = self.setpoint_c - temp
+        self._integral = min(1.0, max(c.min_fraction, self._integral + self._ki * error * dt))
+        self.fraction = min(1.0, max(c.min_fraction, self._integral + self._kp * error))
+
+    def _apply_budget(self) -> None:
+        c = self.config
+        budget = {Level.NORMAL: 1.0, Level.WARM: c.warm_budget}.get(self.level, c.hot_budget)
+        budget = budget if self.sensor_ok else c.hot_budget
+        if budget != self.budget:
+            self.budget = budget
+            if self.budget_target is not None:
+                self.budget_target.set_compute_budget(budget)
+
+    # -- pacing --------------------------------------------------------------------------------
+    @property
+    def pacing(self) -> bool:
+        return not self.sensor_ok or self.level.rank >= Level.HOT.rank
+
+    @property
+    def paused(self) -> bool:
+        return self.sensor_ok and self.level is Level.CRITICAL
+
+    @property
+    def rate_limit_tok_s(self) -> float | None:
+        """The token rate the guard allows now (None: unlimited or not yet known)."""
+        if not self.pacing or not self.unpaced_tok_s:
+            return None
+        return self.fraction * self.unpaced_tok_s
+
+    def begin(self, max_new_tokens: int) -> None:
+        """A request starts: the bucket holds at most one request (or ``max_burst_tokens``)."""
+        self.capacity = float(max(1, min(max_new_tokens, self.config.max_burst_tokens)))
+        self.credit = min(self.credit, self.capacity) if self.pacing else self.capacity
+
+    def wait_s(self, kind: str) -> float:
+        """Seconds to wait before the next step; the caller waits (at most ``poll_s``) and asks again."""
+        if self.paused:
+            return self.config.poll_s
+        rate = self.rate_limit_tok_s
+        if rate is None:
+            return 0.0
+        need = self.capacity if kind == "prefill" else 1.0
+        return 0.0 if self.credit >= need - 1e-9 else (need - self.credit) / rate
+
+    def spend(self, kind: str, tokens: int, seconds: float) -> None:
+        """A step produced ``tokens`` in ``seconds`` of compute: learn the unpaced rate, pay the bucket."""
+        if kind == "decode" and seconds > 0:
+            rate = tokens / seconds
+            self.unpaced_tok_s = rate if self.unpaced_tok_s is None else 0.9 * self.unpaced_tok_s + 0.1 * rate
+        if self.pacing:
+            self.credit = max(self.credit - tokens, -self.capacity)
+
+    def state(self) -> dict:
+        """A JSON-friendly summary for telemetry and the status line."""
+        limit = self.rate_limit_tok_s
+        return {"level": self.level.value, "budget": self.budget, "sensor_ok": self.sensor_ok,
+                "rate_limit_tok_s": None if limit is None else round(limit, 3),
+                "fraction": round(self.fraction, 4)}

@@ -1,0 +1,114 @@
+"""Thermal planning: run a request stream through the real generation loop on a simulated board.
+
+The decoder is a stub (constant logits, no model), so the only clock is the simulated one: each
+step costs the board's modelled token time at its current (possibly throttled) clock. Thirty
+simulated minutes take seconds and are deterministic. :func:`compare` runs the same workload with
+and without the guard; :func:`decode_rate_estimate` derives a board's decode rate from its
+bandwidth when none is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgesdk.profile import TargetProfile
+from edgesdk.runtime.generate import SamplingConfig, generate
+from edgesdk.thermal.guard import Guard, GuardConfig, Limits
+from edgesdk.thermal.simulator import SimulatedBoard, SimulatedSensor, WorkModel
+from edgesdk.thermal.telemetry import RunSummary, Telemetry, summarize
+from edgesdk.thermal.watch import ThermalHook
+
+# Memory-bound decode reaches ~60 % of the Pi 5's theoretical bandwidth (anchors: llama.cpp
+# TinyLlama Q8_0 at 9 tok/s ~ 62 % of 17 GB/s) and small models reach about half of that
+# roofline (DESIGN.md: per-token overhead dominates), hence 0.3 of bandwidth / weight bytes.
+BANDWIDTH_EFFICIENCY = 0.6 * 0.5
+PREFILL_TO_DECODE = 4.0  # llama.cpp on a Pi 5: TinyLlama prompt 35 vs generation 9 tok/s
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests back to back: ``prompt_tokens`` in, ``new_tokens`` out, ``think_s`` idle between."""
+
+    prompt_tokens: int = 128
+    new_tokens: int = 256
+    think_s: float = 0.0
+
+
+class _StubDecoder:
+    """Stands in for a model: constant logits, so greedy decoding never stops early."""
+
+    name = "stub"
+
+    def __init__(self, vocab: int = 8):
+        self._logits = np.zeros(vocab, np.float32)
+        self._logits[1] = 1.0
+        self._position = 0
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    def reset(self) -> None:
+        self._position = 0
+
+    def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
+        self._position += len(token_ids)
+        return np.tile(self._logits, (keep_logits, 1))
+
+    def decode(self, token_id: int) -> np.ndarray:
+        self._position += 1
+        return self._logits
+
+
+def decode_rate_estimate(profile: TargetProfile, weight_bytes: int) -> float:
+    """Board decode tok/s from its bandwidth: 0.3 x bandwidth / bytes read per token."""
+    return BANDWIDTH_EFFICIENCY * profile.memory.bandwidth_gbps * 1e9 / max(weight_bytes, 1)
+
+
+@dataclass
+class SimulatedRun:
+    summary: RunSummary
+    telemetry: Telemetry
+    board: SimulatedBoard
+
+
+def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: bool, decode_tok_s: float,
+             prefill_tok_s: float | None = None, workload: Workload | None = None,
+             config: GuardConfig | None = None, telemetry_path: str | None = None,
+             label: str | None = None) -> SimulatedRun:
+    """One run of ``workload`` for ``minutes`` of simulated time on ``profile`` at ``ambient_c``."""
+    workload = workload or Workload()
+    work = WorkModel(decode_tok_s=decode_tok_s, prefill_tok_s=prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s)
+    board = SimulatedBoard.from_profile(profile, ambient_c, work=work)
+    sensor = SimulatedSensor(board, profile.thermal.zones[0])
+    limits, _ = Limits.resolve(profile.thermal, sensor.trips(profile, sensor.zone))
+    guard = Guard(limits, profile.thermal_model, config) if guarded else None
+    meta = {"profile": profile.name, "mode": "simulated", "guarded": guarded, "ambient_c": ambient_c,
+            "limits": limits.__dict__, "setpoint_c": guard.setpoint_c if guard else None,
+            "label": label or ("guarded" if guarded else "unguarded"), "decode_tok_s": decode_tok_s,
+            "workload": workload.__dict__}
+    telemetry = Telemetry(telemetry_path, meta)
+    hook = ThermalHook(board, sensor.read, guard, board, telemetry)
+    horizon = minutes * 60.0
+    decoder, sampling = _StubDecoder(), SamplingConfig(max_new_tokens=workload.new_tokens)
+    prompt = [2] * workload.prompt_tokens
+    while board.t < horizon:
+        generate(decoder, prompt, sampling, stop_ids=set(), hook=hook)
+        if workload.think_s:
+            board.sleep(workload.think_s)
+    telemetry.close()
+    return SimulatedRun(summarize(telemetry.records, horizon), telemetry, board)
+
+
+def compare(profile: TargetProfile, minutes: float, ambient_c: float, decode_tok_s: float,
+            prefill_tok_s: float | None = None, workload: Workload | None = None,
+            config: GuardConfig | None = None, telemetry_dir: str | None = None) -> dict[str, SimulatedRun]:
+    """The same workload guarded and unguarded."""
+    runs = {}
+    for name, guarded in (("guarded", True), ("unguarded", False)):
+        path = f"{telemetry_dir}/{profile.name}-{ambient_c:g}C-{name}.jsonl" if telemetry_dir else None
+        runs[name] = simulate(profile, minutes, ambient_c, guarded, decode_tok_s, prefill_tok_s, workload,
+                              config, path, name)
+    return runs

@@ -1,0 +1,322 @@
+"""Board temperature sensors: Linux sysfs thermal zones, Raspberry Pi ``vcgencmd``, jetson-stats.
+
+Every reader turns an unreadable value into "no data" (``None``), never into an exception or a
+cold reading:
+
+* sysfs (kernel ``Documentation/thermal/sysfs-api.rst``): ``thermal_zoneN/type`` names the zone,
+  ``temp`` is in millidegree Celsius, ``trip_point_N_{temp,type,hyst}`` are the trips
+  (``critical`` | ``hot`` | ``passive`` | ``active``). ``temp`` fails with ENODATA while a sensor has
+  no data yet (``drivers/thermal/thermal_sysfs.c``).
+* An offline Jetson sensor reads -256 °C (jetson-stats ``TEMPERATURE_OFFLINE = -256``; tegrastats
+  prints ``GPU@-256C`` when rail-gated).
+* Raspberry Pi: ``vcgencmd measure_temp`` prints ``temp=48.3'C`` and is the authoritative reading;
+  ``vcgencmd get_throttled`` prints ``throttled=0x50005`` (bits below; Raspberry Pi documentation,
+  ``computers/os.adoc#get_throttled`` and ``frequency-management.adoc``).
+* jetson-stats (``jtop``, AGPL-3.0) is imported only when installed (``pip install edgesdk[jetson]``).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OFFLINE_C = -256.0  # jetson-stats TEMPERATURE_OFFLINE: a rail-gated sensor, "no data", never cold
+VALID_C = (-60.0, 200.0)  # anything outside is garbage, not a temperature
+THROTTLED_BITS = {  # vcgencmd get_throttled
+    0: "under_voltage", 1: "arm_freq_capped", 2: "throttled", 3: "soft_temp_limit",
+    16: "under_voltage_occurred", 17: "arm_freq_capping_occurred", 18: "throttling_occurred",
+    19: "soft_temp_limit_occurred",
+}
+
+
+@dataclass(frozen=True)
+class Trip:
+    """One sysfs trip point of a watched zone."""
+
+    zone: str
+    index: int
+    kind: str  # critical | hot | passive | active
+    temp_c: float
+    hyst_c: float = 0.0
+
+
+@dataclass
+class Reading:
+    """One poll of every watched sensor. ``None`` means no data."""
+
+    time: float
+    zones: dict[str, float | None] = field(default_factory=dict)
+    throttled: dict[str, bool] | None = None  # decoded get_throttled bits (Pi) or the simulator's flag
+    power_w: dict[str, float] = field(default_factory=dict)  # rails / board power when known
+    nvpmodel: str | None = None
+    source: str = ""
+
+    @property
+    def max_c(self) -> float | None:
+        """The hottest zone with data; the guard acts on it."""
+        values = [v for v in self.zones.values() if v is not None]
+        return max(values) if values else None
+
+
+def parse_celsius(value: float | None) -> float | None:
+    """A temperature in °C, or None when offline (-256 °C) or outside a physical range."""
+    if value is None or value <= OFFLINE_C + 1 or not VALID_C[0] <= value <= VALID_C[1]:
+        return None
+    return float(value)
+
+
+def parse_millidegree(text: str) -> float | None:
+    """sysfs ``temp`` text (m°C, e.g. ``"45123\\n"``) -> °C, None for garbage or offline."""
+    try:
+        return parse_celsius(int(text.strip()) / 1000.0)
+    except ValueError:
+        return None
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii", errors="replace")
+    except OSError:  # missing file, ENODATA, EIO, permission
+        return None
+
+
+class SysfsThermal:
+    """Thermal zones under ``root`` (``/sys/class/thermal``), picked by their ``type``.
+
+    ``wanted`` are the profile's zone types; when none of them exists every zone is watched and
+    :attr:`notes` says so. Tests pass a temporary directory as ``root``.
+    """
+
+    def __init__(self, root: str | Path = "/sys/class/thermal", wanted: Sequence[str] = ()):
+        self.root = Path(root)
+        self.notes: list[str] = []
+        found = self.discover(self.root)
+        picked = {name: path for name, path in found.items() if name in wanted}
+        if wanted and not picked and found:
+            self.notes.append(f"none of the zones {list(wanted)} exist under {self.root}; "
+                              f"watching all of {sorted(found)}")
+            picked = found
+        self.zones: dict[str, Path] = picked
+
+    @staticmethod
+    def discover(root: Path) -> dict[str, Path]:
+        """``type`` -> zone directory for every readable ``thermal_zone*`` (duplicates get ``#N``)."""
+        zones: dict[str, Path] = {}
+        for directory in sorted(root.glob("thermal_zone*"), key=lambda p: (len(p.name), p.name)):
+            kind = _read_text(directory / "type")
+            if not kind or not kind.strip():
+                continue
+            name = kind.strip()
+            if name in zones:
+                name = f"{name}#{directory.name.removeprefix('thermal_zone')}"
+            zones[name] = directory
+        return zones
+
+    def __bool__(self) -> bool:
+        return bool(self.zones)
+
+    def read(self) -> Reading:
+        zones = {}
+        for name, directory in self.zones.items():
+            text = _read_text(directory / "temp")
+            zones[name] = parse_millidegree(text) if text is not None else None
+        return Reading(time=time.monotonic(), zones=zones, source="sysfs")
+
+    def trips(self) -> list[Trip]:
+        """Every trip point of the watched zones; unreadable ones are skipped."""
+        trips = []
+        for name, directory in self.zones.items():
+            for temp_file in sorted(directory.glob("trip_point_*_temp")):
+                index_text = temp_file.name.removeprefix("trip_point_").removesuffix("_temp")
+                kind = _read_text(directory / f"trip_point_{index_text}_type")
+                temp_text = _read_text(temp_file)
+                temp = parse_millidegree(temp_text) if temp_text is not None else None
+                if kind is None or temp is None or not index_text.isdigit():
+                    continue
+                hyst_text = _read_text(directory / f"trip_point_{index_text}_hyst")
+                hyst = parse_millidegree(hyst_text) if hyst_text is not None else None
+                trips.append(Trip(name, int(index_text), kind.strip(), temp, hyst or 0.0))
+        return trips
+
+
+Runner = Callable[[list[str]], "str | None"]
+
+
+def run_command(args: list[str], timeout: float = 2.0) -> str | None:
+    """stdout of a short command, or None when it is missing, fails or hangs."""
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+_TEMP_RE = re.compile(r"temp=([-+]?\d+(?:\.\d+)?)'C")
+_THROTTLED_RE = re.compile(r"throttled=(0x[0-9a-fA-F]+|\d+)")
+
+
+def parse_measure_temp(text: str | None) -> float | None:
+    """``temp=48.3'C`` -> 48.3; None for anything else."""
+    match = _TEMP_RE.search(text or "")
+    return parse_celsius(float(match.group(1))) if match else None
+
+
+def parse_throttled(text: str | None) -> dict[str, bool] | None:
+    """``throttled=0x50005`` -> the named bits (now: bits 0-3, since boot: bits 16-19)."""
+    match = _THROTTLED_RE.search(text or "")
+    if not match:
+        return None
+    value = int(match.group(1), 0)
+    return {name: bool(value >> bit & 1) for bit, name in THROTTLED_BITS.items()}
+
+
+class Vcgencmd:
+    """Raspberry Pi firmware readings through ``vcgencmd`` (``runner`` is injectable for tests)."""
+
+    zone = "vcgencmd"
+
+    def __init__(self, runner: Runner = run_command, binary: str = "vcgencmd"):
+        self.runner = runner
+        self.binary = binary
+
+    @classmethod
+    def available(cls, which: Callable[[str], str | None] = shutil.which) -> bool:
+        return which("vcgencmd") is not None
+
+    def read(self) -> Reading:
+        temp = parse_measure_temp(self.runner([self.binary, "measure_temp"]))
+        throttled = parse_throttled(self.runner([self.binary, "get_throttled"]))
+        return Reading(time=time.monotonic(), zones={self.zone: temp}, throttled=throttled, source="vcgencmd")
+
+
+class Jtop:
+    """jetson-stats: temperatures, power rails and the nvpmodel name (exact names: reference §2b).
+
+    Raises ImportError when jetson-stats is not installed; it is never a hard dependency.
+    """
+
+    def __init__(self, interval_s: float = 1.0):
+        from jtop import jtop  # AGPL-3.0, optional extra [jetson]
+
+        self.jetson = jtop(interval=interval_s)
+        self.jetson.start()
+
+    def read(self) -> Reading:
+        reading = Reading(time=time.monotonic(), source="jtop")
+        try:
+            for name, values in dict(self.jetson.temperature).items():
+                online = values.get("online", True)
+                reading.zones[f"jtop:{name}"] = parse_celsius(values.get("temp")) if online else None
+            power = dict(self.jetson.power)
+            for name, rail in dict(power.get("rail", {})).items():
+                if rail.get("online", True) and rail.get("power") is not None:
+                    reading.power_w[name] = float(rail["power"]) / 1000.0  # mW -> W
+            total = power.get("tot") or {}
+            if total.get("power") is not None:
+                reading.power_w["total"] = float(total["power"]) / 1000.0
+            model = self.jetson.nvpmodel
+            reading.nvpmodel = str(model.name) if model is not None else None
+        except Exception:  # a broken jtop socket is "no data", never a crash
+            reading.zones = {name: None for name in reading.zones} or {"jtop": None}
+        return reading
+
+    def close(self) -> None:
+        try:
+            self.jetson.close()
+        except Exception:
+            pass
+
+
+class Combined:
+    """Several sensors read as one: zones and power merged, vcgencmd's throttle bits kept."""
+
+    def __init__(self, sensors: Sequence[object], names: Sequence[str]):
+        self.sensors = list(sensors)
+        self.source = "+".join(names)
+
+    def read(self) -> Reading:
+        merged = Reading(time=time.monotonic(), source=self.source)
+        for sensor in self.sensors:
+            try:
+                part = sensor.read()
+            except Exception:  # one broken sensor must not stop the others
+                continue
+            merged.zones.update(part.zones)
+            merged.power_w.update(part.power_w)
+            merged.throttled = part.throttled if part.throttled is not None else merged.throttled
+            merged.nvpmodel = part.nvpmodel or merged.nvpmodel
+        return merged
+
+    def close(self) -> None:
+        for sensor in self.sensors:
+            if hasattr(sensor, "close"):
+                sensor.close()
+
+
+def detect_sensors(zones: Sequence[str], root: str | Path = "/sys/class/thermal",
+                   which: Callable[[str], str | None] = shutil.which, use_jtop: bool = True,
+                   ) -> tuple[Combined | None, list[Trip], list[str]]:
+    """Every sensor this machine has, its trip points, and a note for each choice made."""
+    notes: list[str] = []
+    sensors, names = [], []
+    sysfs = SysfsThermal(root, zones)
+    notes += sysfs.notes
+    if sysfs:
+        sensors.append(sysfs)
+        names.append(f"sysfs {', '.join(sysfs.zones)}")
+    else:
+        notes.append(f"no thermal zones under {root}")
+    if Vcgencmd.available(which):
+        sensors.append(Vcgencmd())
+        names.append("vcgencmd")
+    if use_jtop:
+        try:
+            sensors.append(Jtop())
+            names.append("jetson-stats")
+        except ImportError:
+            pass  # not a Jetson, or the [jetson] extra is not installed: nothing to say
+        except Exception as exc:  # jtop.service down, not in group 'jtop'
+            notes.append(f"jetson-stats is installed but unusable ({exc}); power rails unknown")
+    trips = sysfs.trips() if sysfs else []
+    return (Combined(sensors, names) if sensors else None), trips, notes
+
+
+class Poller:
+    """Reads a sensor every ``interval_s`` on a daemon thread; :attr:`latest` is the last reading."""
+
+    def __init__(self, sensor: object, interval_s: float = 0.5):
+        self.sensor = sensor
+        self.interval_s = interval_s
+        self.latest: Reading | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="edgesdk-thermal-poll", daemon=True)
+
+    def start(self) -> Poller:
+        self.latest = self._safe_read()
+        self._thread.start()
+        return self
+
+    def _safe_read(self) -> Reading | None:
+        try:
+            return self.sensor.read()
+        except Exception:  # a sensor failure is "no data"; the guard warns
+            return None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            reading = self._safe_read()
+            if reading is not None:
+                self.latest = reading
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * self.interval_s + 1)
+        if hasattr(self.sensor, "close"):
+            self.sensor.close()

@@ -1,0 +1,174 @@
+"""A simulated board: first-order thermal model, emulated firmware throttle, simulated clock.
+
+Thermal model (profile ``thermal_model``): ``C dT/dt = P - (T - T_ambient) / R``. Over an interval
+of constant power it is solved exactly, ``T(t) = T_ss + (T0 - T_ss) exp(-t / RC)`` with
+``T_ss = T_ambient + R P``, so a 30-minute run is a few thousand cheap updates.
+
+Power: ``P = idle_w`` while waiting and ``idle_w + (active_w - idle_w) * f/f0 * (V/V0)^2`` while
+computing at clock f (dynamic CMOS power ~ f V^2). Clocks and voltages are the Raspberry Pi 5
+operating points read by T. Kaiser with ``vcgencmd`` (geerlingguy/sbc-reviews#21, ◐): 2.4 GHz at
+0.915 V down to 1.5 GHz at 0.82 V in 100 MHz steps; requests below 1.5 GHz still run at 1.5 GHz.
+
+Firmware throttle (Raspberry Pi documentation, ``frequency-management.adoc`` ✅): between 80 and
+85 °C the Arm cores are throttled progressively, at 85 °C Arm and GPU are throttled. Emulated as a
+clock that falls linearly from 2.4 GHz at the throttle point to the 1.5 GHz floor of the operating
+points 5 °C above it; beyond that the firmware goes below the floor (seen on the Pi 3, which ran at
+470-560 MHz of 1.2 GHz at 86-88 °C, raspberrypi/linux#1337 ◐): 1.0 GHz at +7 °C, 0.6 GHz at +10 °C
+(UNVERIFIED for the Pi 5). The same relative curve is applied to other boards' throttle points
+(UNVERIFIED there: Jetson's passive trip steps cpufreq down in the kernel's step_wise governor).
+
+Token time: ``t = t0 * (share * f0/f + 1 - share)``: the clock-bound share of a decode step is
+0.5 (DESIGN.md: small-model decode reaches about half of its memory roofline, the rest is per-token
+overhead that scales with the clock); prefill is compute-bound (share 1).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from edgesdk.profile import TargetProfile, ThermalModel
+from edgesdk.thermal.sensors import Reading, Trip
+
+# Raspberry Pi 5 operating points (GHz, V), geerlingguy/sbc-reviews#21 (T. Kaiser, vcgencmd) ◐
+PI5_OPP = ((1.5, 0.820), (1.6, 0.830), (1.7, 0.840), (1.8, 0.850), (1.9, 0.860), (2.0, 0.875),
+           (2.1, 0.885), (2.2, 0.895), (2.3, 0.905), (2.4, 0.915))
+# Emulated firmware: (°C above the throttle point, clock as a fraction of the maximum)
+THROTTLE_CURVE = ((0.0, 1.0), (5.0, 1.5 / 2.4), (7.0, 1.0 / 2.4), (10.0, 0.6 / 2.4))
+
+
+def _interp(x: float, points: tuple[tuple[float, float], ...]) -> float:
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+def clock_ratio(temp_c: float, throttle_c: float) -> float:
+    """Emulated firmware clock as a fraction of the maximum at ``temp_c``."""
+    return _interp(temp_c - throttle_c, THROTTLE_CURVE)
+
+
+def power_ratio(ratio: float) -> float:
+    """Dynamic power at clock ``ratio`` relative to full clock: f/f0 * (V/V0)^2 (Pi 5 points)."""
+    f_max, v_max = PI5_OPP[-1]
+    volts = _interp(ratio * f_max, PI5_OPP)  # held at 0.82 V below 1.5 GHz
+    return ratio * (volts / v_max) ** 2
+
+
+@dataclass(frozen=True)
+class WorkModel:
+    """How long a step takes on the board at full clock; ``None`` rates use the measured time."""
+
+    decode_tok_s: float | None = None
+    prefill_tok_s: float | None = None
+    speed: float = 1.0  # measured host seconds -> board seconds (board is ``speed`` times slower)
+    decode_clock_share: float = 0.5
+    prefill_clock_share: float = 1.0
+
+    def seconds(self, kind: str, tokens: int, ratio: float, measured_s: float = 0.0) -> float:
+        rate = self.prefill_tok_s if kind == "prefill" else self.decode_tok_s
+        base = tokens / rate if rate else measured_s * self.speed
+        share = self.prefill_clock_share if kind == "prefill" else self.decode_clock_share
+        return base * (share / max(ratio, 1e-3) + 1.0 - share)
+
+
+class SimulatedBoard:
+    """One board on a simulated clock: :meth:`compute` and :meth:`sleep` advance time and heat."""
+
+    def __init__(self, model: ThermalModel, throttle_c: float, ambient_c: float | None = None,
+                 work: WorkModel | None = None, start_c: float | None = None, firmware: bool = True,
+                 max_step_s: float = 0.5):
+        self.model = model
+        self.throttle_c = throttle_c
+        self.ambient_c = model.ambient_c if ambient_c is None else ambient_c
+        self.work = work or WorkModel()
+        self.firmware = firmware
+        self.max_step_s = max_step_s
+        self.t = 0.0
+        # Default start: the board has been idle long enough to sit at its idle steady state.
+        self.temp_c = self.ambient_c + model.resistance_c_per_w * model.idle_w if start_c is None else start_c
+        self.power_w = model.idle_w
+        self.throttled_s = 0.0
+        self.busy_s = 0.0
+        self.energy_j = 0.0
+
+    @classmethod
+    def from_profile(cls, profile: TargetProfile, ambient_c: float | None = None, **kwargs) -> SimulatedBoard:
+        return cls(profile.thermal_model, profile.thermal.firmware_throttle_c, ambient_c, **kwargs)
+
+    @property
+    def clock(self) -> float:
+        """Current clock as a fraction of the maximum (1.0 when the firmware is not emulated)."""
+        return clock_ratio(self.temp_c, self.throttle_c) if self.firmware else 1.0
+
+    @property
+    def throttling(self) -> bool:
+        return self.clock < 1.0
+
+    def _advance(self, seconds: float, busy: bool) -> None:
+        m = self.model
+        tau = m.resistance_c_per_w * m.capacity_j_per_c
+        while seconds > 1e-12:
+            step = min(seconds, self.max_step_s)
+            ratio = self.clock
+            dynamic = (m.active_w - m.idle_w) * power_ratio(ratio) if busy else 0.0
+            self.power_w = m.idle_w + dynamic
+            steady = self.ambient_c + m.resistance_c_per_w * self.power_w
+            self.temp_c = steady + (self.temp_c - steady) * math.exp(-step / tau)
+            if ratio < 1.0:
+                self.throttled_s += step
+            self.busy_s += step if busy else 0.0
+            self.energy_j += self.power_w * step
+            self.t += step
+            seconds -= step
+
+    def compute(self, kind: str, tokens: int, measured_s: float = 0.0) -> float:
+        """Run a step on the board at its current clock; returns its simulated duration."""
+        seconds = self.work.seconds(kind, tokens, self.clock, measured_s)
+        self._advance(seconds, busy=True)
+        return seconds
+
+    # Clock protocol (shared with RealClock): the guard waits through it.
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self._advance(max(seconds, 0.0), busy=False)
+
+
+class SimulatedSensor:
+    """Reads a :class:`SimulatedBoard` like a thermal zone (plus its throttle flag and power)."""
+
+    def __init__(self, board: SimulatedBoard, zone: str = "sim"):
+        self.board = board
+        self.zone = zone
+        self.source = f"simulated {zone}"
+
+    def read(self) -> Reading:
+        b = self.board
+        return Reading(time=b.t, zones={self.zone: round(b.temp_c, 3)},
+                       throttled={"throttled": b.throttling, "arm_freq_capped": b.throttling},
+                       power_w={"board": round(b.power_w, 3)}, source=self.source)
+
+    @staticmethod
+    def trips(profile: TargetProfile, zone: str = "sim") -> list[Trip]:
+        """What the simulated board reports as sysfs trips: the profile's throttle and shutdown points."""
+        limits = profile.thermal
+        return [Trip(zone, 0, "passive", limits.firmware_throttle_c), Trip(zone, 1, "critical", limits.shutdown_c)]
+
+
+class RealClock:
+    """Wall-clock time for the guard on a real board."""
+
+    @staticmethod
+    def now() -> float:
+        return time.monotonic()
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)

@@ -1,0 +1,204 @@
+"""Thermal telemetry: one JSONL record per step, a live status line, and run summaries.
+
+File format (one JSON object per line): first a ``{"type": "meta", ...}`` record (profile, limits,
+ambient, mode), then ``{"type": "step", ...}`` records with ``t`` (s since start), ``kind``
+(``prefill`` | ``decode`` | ``wait``), ``tokens``, ``duration_s`` (compute), ``wait_s`` (guard wait
+before it), ``tok_s``, ``temp_c``, ``zones``, ``level``, ``budget``, ``rate_limit_tok_s``,
+``sensor_ok``, ``throttled``, ``clock`` (simulated clock fraction) and ``power_w`` when known.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+
+class Telemetry:
+    """Collects step records in memory and, with a path, appends them to a JSONL file."""
+
+    def __init__(self, path: str | Path | None = None, meta: dict | None = None, keep: bool = True):
+        self.path = Path(path) if path else None
+        self.keep = keep
+        self.records: list[dict] = []
+        self._file: IO[str] | None = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "w", encoding="utf-8")  # closed in close()
+        self.meta = {"type": "meta", "version": 1, **(meta or {})}
+        self._write(self.meta)
+
+    def _write(self, record: dict) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def step(self, **record) -> dict:
+        record = {"type": "step", **record}
+        if self.keep:
+            self.records.append(record)
+        self._write(record)
+        return record
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def load(path: str | Path) -> tuple[dict, list[dict]]:
+    """(meta, step records) of a telemetry file; unparsable lines are skipped."""
+    meta, steps = {}, []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("type") == "meta":
+            meta = record
+        elif record.get("type") == "step":
+            steps.append(record)
+    return meta, steps
+
+
+@dataclass
+class RunSummary:
+    """What a run did, from its step records (times in the run's clock, simulated or real)."""
+
+    seconds: float
+    tokens: int
+    requests: int
+    max_temp_c: float | None
+    throttle_s: float
+    p95_inter_token_ms: float
+    mean_inter_token_ms: float
+    mean_ttft_s: float
+    mean_tok_s: float
+    sustained_tok_s: float  # over the last third of the run
+    paused_s: float
+    levels_s: dict[str, float]
+
+    def to_json(self) -> dict:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+def summarize(records: list[dict], horizon_s: float | None = None, throttle_s: float | None = None) -> RunSummary:
+    """Summary of step records up to ``horizon_s`` (default: the last record)."""
+    steps = [r for r in records if r.get("type", "step") == "step"]
+    end = horizon_s if horizon_s is not None else (steps[-1]["t"] if steps else 0.0)
+    inside = [r for r in steps if r["t"] <= end + 1e-9]
+    work = [r for r in inside if r["kind"] in ("prefill", "decode")]
+    gaps = [r["duration_s"] + r["wait_s"] for r in work if r["kind"] == "decode"]
+    ttft = [r["duration_s"] + r["wait_s"] for r in work if r["kind"] == "prefill"]
+    temps = [r["temp_c"] for r in inside if r.get("temp_c") is not None]
+    tokens = sum(r["tokens"] for r in work)
+    late = sum(r["tokens"] for r in work if r["t"] >= end * 2 / 3)
+    levels: dict[str, float] = {}
+    previous_t = 0.0
+    for r in inside:
+        levels[r["level"]] = levels.get(r["level"], 0.0) + r["t"] - previous_t
+        previous_t = r["t"]
+    if throttle_s is None:
+        throttle_s, previous_t = 0.0, 0.0
+        for r in inside:
+            throttle_s += (r["t"] - previous_t) if r.get("throttled") else 0.0
+            previous_t = r["t"]
+    paused = sum(r["wait_s"] for r in inside if r["level"] == "critical")
+    return RunSummary(
+        seconds=end, tokens=tokens, requests=len(ttft), max_temp_c=max(temps) if temps else None,
+        throttle_s=throttle_s,
+        p95_inter_token_ms=float(np.percentile(gaps, 95) * 1e3) if gaps else 0.0,
+        mean_inter_token_ms=float(np.mean(gaps) * 1e3) if gaps else 0.0,
+        mean_ttft_s=float(np.mean(ttft)) if ttft else 0.0,
+        mean_tok_s=tokens / end if end else 0.0, sustained_tok_s=late / (end / 3) if end else 0.0,
+        paused_s=paused, levels_s={k: round(v, 2) for k, v in levels.items()},
+    )
+
+
+class StatusLine:
+    """A live thermal status on stderr that never mixes into the text streamed on stdout.
+
+    * stderr not a terminal (a log file): a plain line when the level changes and every 10 s.
+    * stderr a terminal, stdout elsewhere: one line redrawn in place with ``\\r``.
+    * both on the same terminal: the bottom row is reserved with a scroll region (DECSTBM) and the
+      status is drawn there with the cursor saved and restored, so streamed text scrolls above it.
+      With no usable terminal size, the status is only printed between answers.
+    """
+
+    def __init__(self, stream: IO[str] | None = None, stdout: IO[str] | None = None, min_interval_s: float = 0.25):
+        self.stream = stream or sys.stderr
+        self.stdout = stdout or sys.stdout
+        self.min_interval_s = min_interval_s
+        self._last_draw = 0.0
+        self._last_level = None
+        self._last_log = 0.0
+        self._text = ""
+        self.mode = self._pick_mode()
+        self._rows = 0
+        if self.mode == "bar":
+            self._rows = shutil.get_terminal_size((0, 0)).lines
+            if self._rows < 3:
+                self.mode = "between"
+            else:
+                self._emit(f"\n\x1b7\x1b[1;{self._rows - 1}r\x1b8\x1b[1A")
+
+    def _pick_mode(self) -> str:
+        try:
+            err_tty = self.stream.isatty()
+            out_tty = self.stdout.isatty()
+        except (AttributeError, ValueError):
+            return "log"
+        if not err_tty:
+            return "log"
+        if not out_tty:
+            return "inplace"
+        try:
+            same = os.fstat(self.stream.fileno()).st_rdev == os.fstat(self.stdout.fileno()).st_rdev
+        except (OSError, ValueError, AttributeError):
+            same = True
+        if not same:
+            return "inplace"
+        term = os.environ.get("TERM", "")
+        return "bar" if term and term != "dumb" else "between"
+
+    def _emit(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+    def update(self, text: str, level: str | None = None, force: bool = False) -> None:
+        now = time.monotonic()
+        self._text = text
+        changed = level is not None and level != self._last_level
+        self._last_level = level if level is not None else self._last_level
+        if self.mode == "log":
+            if changed or force or now - self._last_log >= 10.0:
+                self._last_log = now
+                self._emit(f"edgesdk thermal: {text}\n")
+            return
+        if self.mode == "between" or (not force and not changed and now - self._last_draw < self.min_interval_s):
+            return
+        self._last_draw = now
+        self.stdout.flush()
+        if self.mode == "inplace":
+            self._emit(f"\r\x1b[2K{text}")
+        else:
+            self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K{text}\x1b8")
+
+    def between_answers(self) -> None:
+        """Called after an answer's closing newline: the 'between' mode prints here."""
+        if self.mode == "between" and self._text:
+            self._emit(f"edgesdk thermal: {self._text}\n")
+
+    def close(self) -> None:
+        if self.mode == "inplace":
+            self._emit("\r\x1b[2K")
+        elif self.mode == "bar":
+            self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K\x1b[r\x1b8")
+        if self._text and self.mode != "log":
+            self._emit(f"edgesdk thermal: {self._text}\n")

@@ -1,0 +1,183 @@
+"""Wires sensors (or a simulated board), the guard, telemetry and the status line into the
+generation loop's :class:`~edgesdk.runtime.generate.StepHook`, and builds that for ``edgesdk run``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from edgesdk.profile import TargetProfile
+from edgesdk.thermal.guard import Guard, GuardConfig, Level, Limits
+from edgesdk.thermal.sensors import Poller, Reading, detect_sensors
+from edgesdk.thermal.simulator import RealClock, SimulatedBoard, SimulatedSensor, WorkModel
+from edgesdk.thermal.telemetry import StatusLine, Telemetry
+
+
+class ThermalHook:
+    """A StepHook: reads the sensor around every step, lets the guard wait, records telemetry.
+
+    ``clock`` is :class:`RealClock` on a board or the :class:`SimulatedBoard` itself, whose
+    ``sleep`` advances simulated time (and cools the board) instead of sleeping.
+    """
+
+    def __init__(self, clock: object, read: Callable[[], Reading | None], guard: Guard | None = None,
+                 board: SimulatedBoard | None = None, telemetry: Telemetry | None = None,
+                 status: StatusLine | None = None, wait_record_s: float = 1.0):
+        self.clock = clock
+        self.read = read
+        self.guard = guard
+        self.board = board
+        self.telemetry = telemetry
+        self.status = status
+        self.wait_record_s = wait_record_s
+        self.start = clock.now()
+        self.prompt_tokens = 0
+        self.reading: Reading | None = None
+        self._waited = 0.0
+        self._last_wait_record = -1e9
+
+    def _observe(self) -> Reading | None:
+        self.reading = self.read()
+        if self.guard is not None:
+            self.guard.observe(self.clock.now(), self.reading)
+        return self.reading
+
+    def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        if self.guard is not None:
+            self._observe()
+            self.guard.begin(max_new_tokens)
+
+    def before_step(self, kind: str) -> float:
+        self._waited = 0.0
+        if self.guard is None:
+            return 0.0
+        while True:
+            self._observe()
+            wait = self.guard.wait_s(kind)
+            if wait <= 0.0:
+                return self._waited
+            chunk = min(wait, self.guard.config.poll_s)
+            self.clock.sleep(chunk)
+            self._waited += chunk
+            if self.clock.now() - self._last_wait_record >= self.wait_record_s:
+                self._last_wait_record = self.clock.now()
+                self._record("wait", 0, 0.0, chunk)
+
+    def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
+        count = self.prompt_tokens if kind == "prefill" else tokens
+        seconds = self.board.compute(kind, count, compute_s) if self.board is not None else compute_s
+        if self.guard is not None:
+            self.guard.spend(kind, tokens, seconds)
+        self._observe()
+        self._record(kind, tokens, seconds, self._waited)
+        self._waited = 0.0
+
+    def end(self, stats: object) -> None:
+        if self.status is not None:
+            self.status.update(self.status_text(), force=True)
+
+    def _record(self, kind: str, tokens: int, seconds: float, waited: float) -> None:
+        reading = self.reading
+        elapsed = seconds + waited
+        record = {
+            "t": round(self.clock.now() - self.start, 6), "kind": kind, "tokens": tokens,
+            "duration_s": round(seconds, 6), "wait_s": round(waited, 6),
+            "tok_s": round(tokens / elapsed, 3) if elapsed > 0 and tokens else 0.0,
+            "temp_c": None if reading is None or reading.max_c is None else round(reading.max_c, 3),
+            "zones": {} if reading is None else reading.zones,
+        }
+        if self.guard is not None:
+            record.update(self.guard.state())
+        else:
+            record.update(level="unguarded", budget=1.0, sensor_ok=bool(reading and reading.max_c is not None))
+        if reading is not None and reading.throttled is not None:
+            record["throttled"] = bool(reading.throttled.get("throttled") or reading.throttled.get("arm_freq_capped"))
+        if self.board is not None:
+            record["clock"] = round(self.board.clock, 4)
+        if reading is not None and reading.power_w:
+            record["power_w"] = reading.power_w
+        if self.telemetry is not None:
+            self.telemetry.step(**record)
+        if self.status is not None:
+            self.status.update(self.status_text(record), level=record["level"])
+
+    def status_text(self, record: dict | None = None) -> str:
+        guard, reading = self.guard, self.reading
+        temp = "--.-" if reading is None or reading.max_c is None else f"{reading.max_c:.1f}"
+        parts = [f"{temp} °C", guard.level.value if guard else "unguarded"]
+        if record is not None and record.get("tok_s"):
+            parts.append(f"{record['tok_s']:.1f} tok/s")
+        if guard is not None:
+            limit = guard.rate_limit_tok_s
+            parts.append("paused" if guard.paused else (f"limit {limit:.1f} tok/s" if limit else "no pacing"))
+            parts.append(f"budget {guard.budget:.2f}")
+            if not guard.sensor_ok:
+                parts.append("SENSOR FAILED")
+        if reading is not None and reading.source:
+            parts.append(f"[{reading.source}]")
+        return "  ".join(parts)
+
+
+@dataclass
+class ThermalSession:
+    """What ``edgesdk run`` needs: the hook, notes to print, and cleanup."""
+
+    hook: ThermalHook
+    notes: list[str] = field(default_factory=list)
+    poller: Poller | None = None
+
+    def close(self) -> None:
+        if self.poller is not None:
+            self.poller.stop()
+        if self.hook.status is not None:
+            self.hook.status.close()
+        if self.hook.telemetry is not None:
+            self.hook.telemetry.close()
+
+
+def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = False,
+                 telemetry_path: str | None = None, ambient_c: float | None = None, sim_speed: float = 1.0,
+                 budget_target: object | None = None, status: bool = True,
+                 sysfs_root: str = "/sys/class/thermal", warn: Callable[[str], None] | None = None,
+                 config: GuardConfig | None = None) -> ThermalSession:
+    """Sensors or simulator + guard + telemetry for one ``edgesdk run``; every fallback is noted."""
+    notes: list[str] = []
+    say = warn or notes.append
+    board, poller = None, None
+    if simulate:
+        board = SimulatedBoard.from_profile(profile, ambient_c, work=WorkModel(speed=sim_speed))
+        sensor = SimulatedSensor(board, profile.thermal.zones[0])
+        trips = sensor.trips(profile, sensor.zone)
+        read, clock = sensor.read, board
+        notes.append(f"simulated {profile.name} board: ambient {board.ambient_c:g} °C, thermal model "
+                     f"R={profile.thermal_model.resistance_c_per_w:g} °C/W, C={profile.thermal_model.capacity_j_per_c:g} "
+                     f"J/°C; measured step times x{sim_speed:g}")
+    else:
+        sensor, trips, found = detect_sensors(profile.thermal.zones, sysfs_root)
+        notes += found
+        clock = RealClock()
+        if sensor is None:
+            notes.append("no thermal sensor found (no sysfs zone, no vcgencmd, no jetson-stats): "
+                         + ("the guard paces at a conservative fixed rate" if guard else "telemetry has no temperature"))
+            read = lambda: None  # noqa: E731
+        else:
+            poller = Poller(sensor, (config or GuardConfig()).poll_s).start()
+            read = lambda: poller.latest  # noqa: E731
+            notes.append(f"thermal sensors: {sensor.source}")
+    limits, limit_notes = Limits.resolve(profile.thermal, trips)
+    notes += limit_notes
+    the_guard = None
+    if guard:
+        the_guard = Guard(limits, profile.thermal_model, config, budget_target, warn=say)
+        notes.append(f"guard ({profile.name}): warm {the_guard.thresholds[Level.WARM]:g} °C, "
+                     f"pacing to {the_guard.setpoint_c:g} °C from {the_guard.thresholds[Level.HOT]:g} °C, "
+                     f"pause at {limits.hard_c:g} °C until below {limits.resume_c:g} °C; "
+                     f"compute budget {'via the power gate' if the_guard.budget_target else 'not adjustable (no power gate)'}")
+    meta = {"profile": profile.name, "mode": "simulated" if simulate else "board", "guarded": guard,
+            "ambient_c": board.ambient_c if board else None, "limits": limits.__dict__,
+            "setpoint_c": the_guard.setpoint_c if the_guard else None}
+    telemetry = Telemetry(telemetry_path, meta, keep=False) if telemetry_path else None
+    hook = ThermalHook(clock, read, the_guard, board, telemetry, StatusLine() if status else None)
+    return ThermalSession(hook, notes, poller)

@@ -1,0 +1,64 @@
+"""Block-wise symmetric weight quantization in ONNX Runtime's MatMulNBits layout.
+
+A weight W (K, N) used as ``x @ W`` is split along K into blocks of ``block_size``; each block of
+each output column gets one float scale (absmax / qmax) and signed codes, stored unsigned with
+the implicit zero point 2^(bits-1) that MatMulNBits assumes when no zero point is given.
+Layout (``com.microsoft.MatMulNBits``): B is uint8 (N, K/block, block*bits/8), codes packed
+low nibble first for 4 bits; scales are (N * K/block,).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class BlockQuantized:
+    packed: np.ndarray  # uint8 (N, blocks, block*bits/8)
+    scales: np.ndarray  # float32 (N * blocks,)
+    bits: int
+    block_size: int
+    k: int  # original K (before padding to a whole number of blocks)
+    n: int
+
+    def dequantize(self) -> np.ndarray:
+        """Back to a float32 (K, N) matrix: exactly what the kernel multiplies by."""
+        codes = unpack_codes(self.packed, self.bits)  # (N, blocks, block) unsigned
+        signed = codes.astype(np.float32) - 2 ** (self.bits - 1)
+        blocks = self.packed.shape[1]
+        weights = signed * self.scales.reshape(self.n, blocks, 1)  # (N, blocks, block)
+        return weights.reshape(self.n, -1)[:, : self.k].T.copy()
+
+
+def quantize_blockwise(weight: np.ndarray, bits: int, block_size: int) -> BlockQuantized:
+    """Quantize a (K, N) float matrix; K is zero-padded to a multiple of ``block_size``."""
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8, got {bits}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
+    k, n = weight.shape
+    blocks = -(-k // block_size)
+    padded = np.zeros((blocks * block_size, n), np.float32)
+    padded[:k] = weight
+    grouped = padded.T.reshape(n, blocks, block_size)  # (N, blocks, block)
+    qmax = 2 ** (bits - 1) - 1
+    absmax = np.abs(grouped).max(axis=-1, keepdims=True)
+    scales = np.where(absmax > 0, absmax / qmax, 1.0).astype(np.float32)
+    codes = np.clip(np.rint(grouped / scales), -qmax - 1, qmax).astype(np.int16) + 2 ** (bits - 1)
+    return BlockQuantized(pack_codes(codes.astype(np.uint8), bits), scales.reshape(-1), bits, block_size, k, n)
+
+
+def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """(…, block) unsigned codes -> (…, block*bits/8) bytes."""
+    if bits == 8:
+        return codes
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
+    if bits == 8:
+        return packed
+    low, high = packed & 0x0F, packed >> 4
+    return np.stack([low, high], axis=-1).reshape(*packed.shape[:-1], -1)

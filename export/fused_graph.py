@@ -1,0 +1,177 @@
+"""Emit the ONNX Runtime "fused" decoder graph: few, large contrib ops per layer.
+
+Per decode step the plain graph (export/llama_graph.py) runs ~40 small ops per layer, and on a
+2-core CPU each op costs ~5 µs of framework overhead whatever its size
+(reference/feasibility-ort.md). This form runs 7 per layer:
+
+    SkipSimplifiedLayerNormalization -> MatMul(QKV) -> GroupQueryAttention (rotary inside,
+    KV cache updated in place) -> MatMul(O) -> SkipSimplifiedLayerNormalization ->
+    MatMul(gate|up) -> Split -> QuickGelu(alpha=1) = SiLU -> Mul -> MatMul(down)
+
+MatMul is ``com.microsoft.MatMulNBits`` (block-wise 8- or 4-bit weights, int8 compute with
+accuracy_level 4) for quantized bundles, or a plain MatMul for float32. A tied embedding is
+stored once, block-quantized, and read by both ``GatherBlockQuantized`` and the LM head.
+
+Interface (runtime: edgesdk/runtime/ort_fused_backend.py):
+
+    inputs   input_ids                  int64  (batch, seq)
+             past_key_values.{i}.key    float  (batch, kv_heads_i, cache_len, head_dim)  shared
+             past_key_values.{i}.value  float  (batch, kv_heads_i, cache_len, head_dim)  buffers
+             seqlens_k                  int32  (batch,)  tokens in the cache after this step - 1
+             total_sequence_length      int32  ()        tokens in the cache after this step
+             num_logits_to_keep         int64  (1,)
+    outputs  logits                     float  (batch, kept, vocab)
+             present.{i}.key / .value   bound to the same buffers as the past inputs
+
+References: ONNX Runtime contrib op schemas (GroupQueryAttention, MatMulNBits,
+SkipSimplifiedLayerNormalization, GatherBlockQuantized); Ainslie et al. 2023 (GQA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from edgesdk.export.blockwise import quantize_blockwise
+from edgesdk.export.decoder_weights import DecoderWeights
+from edgesdk.export.graph_builder import FLOAT, INT64, GraphBuilder, tensor_input
+from edgesdk.export.llama_graph import GraphSpec
+
+OPSET = 17
+MS = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class FusedConfig:
+    """How the fused graph stores its weights."""
+
+    weights: str = "int8"  # fp32 | int8 | int4: MatMul vs MatMulNBits with 8 or 4 bits
+    block_size: int = 32  # quantization block along K; 32 is the smallest MatMulNBits block
+    accuracy_level: int = 4  # MatMulNBits compute: 4 = int8 activations per block (fast, near fp32)
+    quantize_embedding: bool = True  # tied embedding / LM head quantized too (4x fewer bytes at int8)
+
+    def __post_init__(self):
+        if self.weights not in ("fp32", "int8", "int4"):
+            raise ValueError(f"weights must be fp32, int8 or int4, got {self.weights!r}")
+
+    @property
+    def bits(self) -> int | None:
+        return {"fp32": None, "int8": 8, "int4": 4}[self.weights]
+
+
+class _FusedEmitter:
+    def __init__(self, weights: DecoderWeights, max_context: int, config: FusedConfig):
+        self.w, self.config, self.max_context = weights, config, max_context
+        self.g = GraphBuilder()
+        self.hd = weights.head_dim
+
+    def linear(self, x: str, weight: np.ndarray, name: str) -> str:
+        """x @ weight, weight (K, N): MatMulNBits when quantized, else MatMul."""
+        g, config = self.g, self.config
+        if config.bits is None:
+            return g.op("MatMul", [x, g.const(weight.astype(np.float32), f"{name}.weight")])
+        q = quantize_blockwise(weight.astype(np.float32), config.bits, config.block_size)
+        return self._matmul_nbits(x, q, name)
+
+    def _matmul_nbits(self, x: str, q, name: str, stored: tuple[str, str] | None = None) -> str:
+        """MatMulNBits over ``q``; ``stored`` names initializers already in the graph (tied weights)."""
+        g = self.g
+        packed, scales = stored or (g.const(q.packed, f"{name}.qweight"), g.const(q.scales, f"{name}.scales"))
+        return g.op("MatMulNBits", [x, packed, scales], domain=MS, K=q.k, N=q.n, bits=q.bits,
+                    block_size=q.block_size, accuracy_level=self.config.accuracy_level)
+
+    def norm(self, x: str, weight: np.ndarray, name: str) -> str:
+        return self.g.op("SimplifiedLayerNormalization", [x, self.g.const(weight.astype(np.float32), name)],
+                         axis=-1, epsilon=self.w.rms_eps, stash_type=1)
+
+    def skip_norm(self, x: str, residual: str, weight: np.ndarray, name: str) -> tuple[str, str]:
+        """(normalized x + residual, x + residual)."""
+        outs = self.g.op("SkipSimplifiedLayerNormalization", [x, residual, self.g.const(weight.astype(np.float32), name)],
+                         outputs=4, domain=MS, epsilon=self.w.rms_eps)
+        return outs[0], outs[3]
+
+    def embedding(self) -> tuple[str, tuple | None]:
+        """(embedded input ids, the tied head as (quantized, stored names) or (None, table name))."""
+        g, w, config = self.g, self.w, self.config
+        if config.bits is None or not config.quantize_embedding:
+            table = g.const(w.embed.astype(np.float32), "embed_tokens.weight")
+            return g.op("Gather", [table, "input_ids"]), (None, table)
+        q = quantize_blockwise(w.embed.T.copy(), config.bits, config.block_size)  # K=D, N=V
+        packed = g.const(q.packed, "embed_tokens.qweight")  # (V, D/block, block*bits/8)
+        scales = g.const(q.scales, "embed_tokens.scales")  # (V * D/block,)
+        rows = g.op("Reshape", [packed, g.i64([w.vocab_size, -1])])  # (V, D*bits/8)
+        row_scales = g.op("Reshape", [scales, g.i64([w.vocab_size, -1])])  # (V, D/block)
+        x = g.op("GatherBlockQuantized", [rows, "input_ids", row_scales], domain=MS, gather_axis=0,
+                 quantize_axis=1, block_size=config.block_size, bits=config.bits)
+        return x, (q, (packed, scales))
+
+    def build(self) -> onnx.ModelProto:
+        g, w, hd = self.g, self.w, self.hd
+        positions = np.arange(self.max_context, dtype=np.float64)[:, None]
+        freqs = positions * w.inv_freq.astype(np.float64)[None, :]  # (P, hd/2)
+        cos = g.const((np.cos(freqs) * w.rope_scaling).astype(np.float32), "rotary.cos")
+        sin = g.const((np.sin(freqs) * w.rope_scaling).astype(np.float32), "rotary.sin")
+
+        x, tied_head = self.embedding()
+        residual = None
+        for i, layer in enumerate(w.layers):
+            n_q, n_kv = layer.heads(hd)
+            if residual is None:
+                h, residual = self.norm(x, layer.input_norm, f"layers.{i}.input_norm"), x
+            else:
+                h, residual = self.skip_norm(x, residual, layer.input_norm, f"layers.{i}.input_norm")
+            qkv_w = np.concatenate([layer.q, layer.k, layer.v], axis=1)
+            qkv = self.linear(h, qkv_w, f"layers.{i}.attn.qkv")  # (B, S, (Hq+2Hkv)*hd)
+            if layer.q_bias is not None:
+                bias = np.concatenate([layer.q_bias, layer.k_bias, layer.v_bias]).astype(np.float32)
+                qkv = g.op("Add", [qkv, g.const(bias, f"layers.{i}.attn.qkv.bias")])
+            attn = g.op("GroupQueryAttention", [
+                qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
+                "total_sequence_length", cos, sin,
+            ], outputs=[f"layers.{i}.attn.out", f"present.{i}.key", f"present.{i}.value"], domain=MS,
+                num_heads=n_q, kv_num_heads=n_kv, do_rotary=1, rotary_interleaved=0,
+                scale=float(1.0 / np.sqrt(hd)))[0]  # (B, S, Hq*hd)
+            attn = self.linear(attn, layer.o, f"layers.{i}.attn.o")
+            h, residual = self.skip_norm(attn, residual, layer.post_attention_norm, f"layers.{i}.post_attention_norm")
+            gate_up = self.linear(h, np.concatenate([layer.gate, layer.up], axis=1), f"layers.{i}.mlp.gate_up")
+            gate, up = g.op("Split", [gate_up, g.i64([layer.ffn_width, layer.ffn_width])], outputs=2, axis=-1)
+            act = g.op("QuickGelu", [gate], domain=MS, alpha=1.0)  # x * sigmoid(x) = SiLU
+            x = self.linear(g.op("Mul", [act, up]), layer.down, f"layers.{i}.mlp.down")
+        h, _ = self.skip_norm(x, residual, w.final_norm, "final_norm")
+
+        neg_keep = g.op("Neg", ["num_logits_to_keep"])
+        h = g.op("Slice", [h, neg_keep, g.i64([np.iinfo(np.int64).max]), g.i64([1])])  # (B, K, D)
+        quantized, stored = tied_head
+        if w.lm_head is not None:  # untied: its own weights
+            logits = self.linear(h, w.lm_head.T.copy(), "lm_head")  # (B, K, V)
+        elif quantized is not None:  # tied and quantized: the embedding's bytes, read once more
+            logits = self._matmul_nbits(h, quantized, "lm_head", stored)
+        else:  # tied float32: Gemm with transB on the embedding table, no transposed copy
+            out_shape = g.op("Concat", [g.op("Shape", [h], start=0, end=2), g.i64([w.vocab_size])], axis=0)
+            flat = g.op("Reshape", [h, g.i64([-1, w.hidden_size])])  # (B*K, D)
+            logits = g.op("Reshape", [g.op("Gemm", [flat, stored], transB=1), out_shape])  # (B, K, V)
+        g.op("Identity", [logits], outputs=["logits"])
+
+        inputs = [tensor_input("input_ids", INT64, ["batch", "seq"])]
+        outputs = [tensor_input("logits", FLOAT, ["batch", "kept", w.vocab_size])]
+        for i, kv in enumerate(w.kv_heads()):
+            for kind in ("key", "value"):
+                inputs.append(tensor_input(f"past_key_values.{i}.{kind}", FLOAT, ["batch", kv, "cache_len", hd]))
+                outputs.append(tensor_input(f"present.{i}.{kind}", FLOAT, ["batch", kv, "cache_len", hd]))
+        inputs += [tensor_input("seqlens_k", TensorProto.INT32, ["batch"]),
+                   tensor_input("total_sequence_length", TensorProto.INT32, []),
+                   tensor_input("num_logits_to_keep", INT64, [1])]
+        return g.model("edgesdk_fused_decoder", inputs, outputs, OPSET, extra_opsets={MS: 1},
+                       doc="edgesdk fused decoder (ONNX Runtime contrib ops), shared KV buffers")
+
+
+def emit_fused_decoder(weights: DecoderWeights, max_context: int, config: FusedConfig = FusedConfig()
+                       ) -> tuple[onnx.ModelProto, GraphSpec]:
+    model = _FusedEmitter(weights, max_context, config).build()
+    spec = GraphSpec(num_layers=len(weights.layers), kv_heads=tuple(weights.kv_heads()), head_dim=weights.head_dim,
+                     vocab_size=weights.vocab_size, max_context=max_context, form="ort-fused",
+                     dtype=config.weights)
+    return model, spec
