@@ -124,8 +124,11 @@ def fake_quantized_copy(model, bits: int, block_size: int, quantize_embedding: b
                            layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
                 linear.weight.copy_(requantize(linear.weight))
         tied = clone.lm_head.weight.data_ptr() == clone.model.embed_tokens.weight.data_ptr()
-        if quantize_embedding or not tied:
-            clone.lm_head.weight.copy_(requantize(clone.lm_head.weight))  # also the embedding when tied
+        if not tied:  # an untied LM head is a linear like the others
+            clone.lm_head.weight.copy_(requantize(clone.lm_head.weight))
+        if quantize_embedding:  # rows of the (V, D) table, blocks along D: the same as the head's layout
+            embed = clone.model.embed_tokens.weight
+            embed.copy_(requantize(embed))
     return clone
 
 

@@ -1,0 +1,91 @@
+"""The fused ONNX Runtime graph: block quantization, exact layout, in-place KV buffers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgesdk.export.blockwise import pack_codes, quantize_blockwise, unpack_codes  # noqa: E402
+from edgesdk.export.onnx_export import MODEL_FILE, ExportConfig, export_model  # noqa: E402
+from edgesdk.export.validate import ExportMismatchError, ValidationConfig, validate_fused  # noqa: E402
+from edgesdk.runtime.ort_fused_backend import INITIAL_CAPACITY, OrtFusedBackend  # noqa: E402
+from tests._utils.tiny import tiny_llama  # noqa: E402
+
+ARCHS = {
+    "llama-gqa": {"heads": 4, "kv_heads": 2},
+    "llama-mqa-untied": {"heads": 4, "kv_heads": 1, "tie": False},
+    "qwen2-bias": {"heads": 4, "kv_heads": 2, "model_type": "qwen2"},
+}
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k", [32, 64, 40])  # 40: K padded to whole blocks
+def test_blockwise_roundtrip_error_is_half_a_step(bits, k):
+    weight = np.random.default_rng(k + bits).standard_normal((k, 24)).astype(np.float32)
+    q = quantize_blockwise(weight, bits, 32)
+    restored = q.dequantize()
+    assert restored.shape == weight.shape
+    steps = np.repeat(q.scales.reshape(24, -1), 32, axis=1)[:, :k].T  # (K, N) step of each weight
+    assert np.all(np.abs(restored - weight) <= steps / 2 + 1e-6)
+    assert q.packed.shape == (24, -(-k // 32), 32 * bits // 8)
+
+
+def test_pack_unpack_identity():
+    codes = np.random.default_rng(0).integers(0, 16, (3, 2, 32)).astype(np.uint8)
+    assert np.array_equal(unpack_codes(pack_codes(codes, 4), 4), codes)
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        quantize_blockwise(np.ones((32, 2), np.float32), 3, 32)
+
+
+@pytest.mark.parametrize("weights", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_fused_export_validates(arch, weights, tmp_path):
+    model = tiny_llama(**ARCHS[arch])
+    config = ExportConfig(form="ort-fused", weights=weights, max_context=128)
+    spec = export_model(model, tmp_path, config)
+    report = validate_fused(model, tmp_path / MODEL_FILE, spec, config.fused(), ValidationConfig(prompts=2))
+    print(f"{arch} {weights}: {report.max_abs_diff}")
+    if weights == "fp32":
+        assert max(report.max_abs_diff.values()) < 1e-4
+    else:  # float32 compute over the quantized weights equals the fake-quantized PyTorch model
+        assert report.max_abs_diff["layout/prefill"] < 1e-4
+        assert report.max_abs_diff["layout/decode"] < 1e-4
+
+
+def test_fused_layout_bug_is_caught(tmp_path):
+    """A graph whose weights disagree with the model fails the exact layout check."""
+    model = tiny_llama()
+    config = ExportConfig(form="ort-fused", weights="int8", max_context=64)
+    spec = export_model(model, tmp_path, config)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.o_proj.weight.mul_(-1.0)
+    with pytest.raises(ExportMismatchError, match="float32 compute vs quantized weights"):
+        validate_fused(model, tmp_path / MODEL_FILE, spec, config.fused(), ValidationConfig(prompts=1))
+
+
+def test_shared_kv_buffer_grows_and_chunks_exactly(tmp_path):
+    """Prefill, a second prefill chunk, then decode past the initial buffer: equal to one prefill."""
+    model = tiny_llama()
+    spec = export_model(model, tmp_path, ExportConfig(form="ort-fused", max_context=512))
+    backend = OrtFusedBackend(tmp_path / MODEL_FILE, spec.to_json(), threads=1)
+    total = INITIAL_CAPACITY + 40
+    ids = np.random.default_rng(3).integers(0, spec.vocab_size, total)
+    full = backend.prefill(ids, keep_logits=total)
+    backend.reset()
+    backend.prefill(ids[:200])
+    chunk = backend.prefill(ids[200:230], keep_logits=30)
+    steps = np.stack([backend.decode(int(t)) for t in ids[230:]])
+    np.testing.assert_allclose(chunk, full[200:230], atol=1e-4)
+    np.testing.assert_allclose(steps, full[230:], atol=1e-4)
+    assert backend.position == total
+
+
+def test_standard_form_refuses_quantized_weights():
+    from edgesdk.errors import ExportError
+
+    with pytest.raises(ExportError, match="standard form exports float32 weights only"):
+        ExportConfig(form="standard", weights="int8")
+    with pytest.raises(ExportError, match="export form 'fast' is unknown"):
+        ExportConfig(form="fast")
