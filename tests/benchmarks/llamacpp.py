@@ -1,0 +1,69 @@
+"""llama.cpp (llama-cpp-python) as the speed and quality baseline, for benchmarks only.
+
+GGUF variants of the same model are made with llama.cpp's own quantizer from the source GGUF
+(``allow_requantize``: the source is SmolLM2's Q4_1 file, so every variant starts from those
+weights, as the bundles do) and cached beside it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from pathlib import Path
+
+import numpy as np
+
+QUANT_TYPES = {"Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+               "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
+
+
+def quantized_gguf(source: Path, kind: str, cache: Path) -> Path:
+    """The ``kind`` variant of ``source``, made once with llama_model_quantize."""
+    import llama_cpp
+
+    out = cache / f"{source.stem}.{kind}.gguf"
+    if out.is_file():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, QUANT_TYPES[kind])
+    params.allow_requantize = True
+    params.nthread = 2
+    partial = out.with_name(out.name + ".partial")
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params))
+    if status != 0:
+        raise RuntimeError(f"llama_model_quantize {kind} failed with status {status}")
+    partial.rename(out)
+    return out
+
+
+class LlamaCppEngine:
+    """Greedy prefill + decode timing and per-window logits through llama.cpp."""
+
+    def __init__(self, gguf: Path, threads: int = 2, context: int = 512, logits_all: bool = False):
+        import llama_cpp
+
+        self.path = gguf
+        self.llm = llama_cpp.Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=context,
+                                   n_batch=context, logits_all=logits_all, verbose=False)
+
+    def time_generation(self, prompt: list[int], new_tokens: int) -> tuple[float, float]:
+        """(prefill tok/s, decode tok/s), greedy, as edgesdk.runtime.generate times itself."""
+        llm = self.llm
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(prompt)
+        prefill_s = time.perf_counter() - start
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        start = time.perf_counter()
+        for _ in range(new_tokens - 1):
+            llm.eval([token])
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        decode_s = time.perf_counter() - start
+        return len(prompt) / prefill_s, (new_tokens - 1) / decode_s
+
+    def score_window(self, window: np.ndarray) -> np.ndarray:
+        """Logits (T, V) of one window from an empty cache (needs ``logits_all=True``)."""
+        self.llm.reset()
+        self.llm.eval(window.tolist())
+        return np.array(self.llm.scores[: len(window)], dtype=np.float32)

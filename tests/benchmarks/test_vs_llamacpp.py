@@ -1,0 +1,97 @@
+"""Bundles against llama.cpp on the same model: decode/prefill speed and a size/quality table.
+
+Speed (DESIGN.md measure): batch 1, 2 threads, 128-token prompt, 128 greedy new tokens, median of
+3; each bundle and llama.cpp Q8_0 alternate, never running at once, with a pause between.
+Quality: perplexity on WikiText-2 valid (first 200k characters, context 512, stride 512), the
+same token ids scored by every engine.
+
+    pip install llama-cpp-python   # benchmarks only, never a runtime dependency
+    python -m pytest tests/benchmarks/test_vs_llamacpp.py -m benchmark -s
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.benchmarks.llamacpp import LlamaCppEngine, quantized_gguf
+
+pytestmark = pytest.mark.benchmark
+llama_cpp = pytest.importorskip("llama_cpp")
+
+RECIPES = ("default", "int8-only", "int4")
+THREADS, PROMPT, NEW, REPEATS = 2, 128, 128, 3
+WIKITEXT = Path(__file__).resolve().parents[3] / "shared" / "data" / "wikitext-2-raw" / "wiki.valid.raw"
+
+
+@pytest.fixture(scope="module")
+def source_gguf() -> Path:
+    from edgesdk.models.sources import fetch_alias
+
+    return fetch_alias("smollm2-135m", quiet=True)
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory, source_gguf):
+    from edgesdk.build.pipeline import BuildConfig, build
+
+    root = tmp_path_factory.mktemp("recipes")
+    return {recipe: build(BuildConfig(target="rpi5", recipe=recipe, out=root / recipe, progress=False))
+            for recipe in RECIPES}
+
+
+def _bundle_speed(runtime, prompt):
+    from edgesdk.runtime.generate import SamplingConfig, generate
+
+    tokens, stats = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=NEW), stop_ids=set())
+    assert len(tokens) == NEW
+    return stats.prefill_tok_s, stats.decode_tok_s
+
+
+def test_decode_and_prefill_against_llamacpp_q8(bundles, source_gguf):
+    from edgesdk.runtime.session import open_runtime
+
+    q8 = LlamaCppEngine(quantized_gguf(source_gguf, "Q8_0", source_gguf.parent), THREADS)
+    runtimes = {name: open_runtime(bundle.path, threads=THREADS) for name, bundle in bundles.items()}
+    prompt = np.random.default_rng(0).integers(100, 49152, PROMPT).tolist()
+    runs = {"llama.cpp Q8_0": [], **{name: [] for name in runtimes}}
+    for _ in range(REPEATS):
+        for name, runtime in runtimes.items():
+            runs["llama.cpp Q8_0"].append(q8.time_generation(prompt, NEW))
+            time.sleep(1)
+            runs[name].append(_bundle_speed(runtime, prompt))
+            time.sleep(1)
+    base_prefill = statistics.median(r[0] for r in runs["llama.cpp Q8_0"])
+    base_decode = statistics.median(r[1] for r in runs["llama.cpp Q8_0"])
+    print(f"\n{'engine':<16}{'prefill tok/s':>14}{'decode tok/s':>14}{'prefill x':>11}{'decode x':>10}")
+    for name, values in runs.items():
+        prefill, decode = statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
+        print(f"{name:<16}{prefill:>14.1f}{decode:>14.1f}{prefill / base_prefill:>11.2f}{decode / base_decode:>10.2f}")
+
+
+def test_size_quality_table(bundles, source_gguf):
+    if not WIKITEXT.is_file():
+        pytest.skip("WikiText-2 validation text not found beside the checkout")
+    from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, perplexity
+    from edgesdk.runtime.session import open_runtime
+
+    text = WIKITEXT.read_text(encoding="utf-8")
+    config = PerplexityConfig()
+    rows = []
+    for name, bundle in bundles.items():
+        runtime = open_runtime(bundle.path, threads=THREADS)
+        size = sum(f["size"] for f in bundle.manifest["files"].values())
+        rows.append((f"edgesdk {name}", size, bundle_perplexity(runtime, text, config).perplexity))
+    ids = runtime.tokenizer.encode(text[: config.max_chars], add_special_tokens=False)
+    for kind in ("Q8_0", "Q4_K_M", "Q4_0"):
+        gguf = quantized_gguf(source_gguf, kind, source_gguf.parent)
+        engine = LlamaCppEngine(gguf, THREADS, config.context, logits_all=True)
+        rows.append((f"llama.cpp {kind}", gguf.stat().st_size, perplexity(engine.score_window, ids, config).perplexity))
+    fp16 = bundles["default"].manifest["model"]["before"]["parameters"] * 2
+    print(f"\n{'model':<22}{'MB':>8}{'vs FP16':>9}{'perplexity':>12}")
+    for name, size, ppl in rows:
+        print(f"{name:<22}{size / 1e6:>8.1f}{fp16 / size:>8.2f}x{ppl:>12.3f}")
