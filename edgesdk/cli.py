@@ -225,12 +225,27 @@ def _runtime_options(fn):
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the model's chat template.")
 @click.option("--system", help="System message for the chat template.")
 @click.option("--stats", is_flag=True, help="Print prefill/decode tok/s and time to first token on stderr.")
+@click.option("--watch-thermal", is_flag=True,
+              help="Thermal guard: pace or pause generation before the firmware throttles; live status on stderr.")
+@click.option("--simulate-thermal", is_flag=True,
+              help="Read a simulated board (the target's thermal model driven by the real step times) instead of "
+                   "sensors; guards like --watch-thermal unless --no-guard.")
+@click.option("--no-guard", is_flag=True, help="Record (and simulate) only, never pace or pause.")
+@click.option("--telemetry", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write one JSONL record per step: temperatures, level, tok/s, budget, pacing, power.")
+@click.option("--ambient", type=float, help="Ambient °C of the simulated board [the profile's].")
+@click.option("--thermal-target", help="Profile for the thermal limits and model [the bundle's target].")
+@click.option("--sim-speed", default=1.0, show_default=True,
+              help="Simulated board is this many times slower than this machine.")
 @_runtime_options
-def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, stats, threads, backend, target,
+def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, stats, watch_thermal,
+        simulate_thermal, no_guard, telemetry, ambient, thermal_target, sim_speed, threads, backend, target,
         ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
 
-    The bundle is verified (hashes, target) before anything runs. Greedy by default.
+    The bundle is verified (hashes, target) before anything runs. Greedy by default. With
+    --watch-thermal the thermal guard keeps the board under its throttle point (it says which
+    sensors it found, or what it fell back to); --telemetry records every step.
     """
     from edgesdk.runtime.generate import SamplingConfig, generate
     from edgesdk.runtime.session import open_runtime
@@ -243,6 +258,21 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
+    thermal = None
+    if watch_thermal or simulate_thermal or telemetry:
+        from edgesdk.cli_thermal import thermal_profile
+        from edgesdk.profile import TargetProfile
+        from edgesdk.thermal.watch import open_session
+
+        profile = (thermal_profile(None, thermal_target) if thermal_target
+                   else TargetProfile.model_validate(runtime.bundle.manifest["target"]))
+        thermal = open_session(profile, guard=(watch_thermal or simulate_thermal) and not no_guard,
+                               simulate=simulate_thermal, telemetry_path=telemetry, ambient_c=ambient,
+                               sim_speed=sim_speed, budget_target=runtime.backend,
+                               status=watch_thermal or simulate_thermal,
+                               warn=lambda message: click.echo(f"edgesdk thermal: warning: {message}", err=True))
+        for note in thermal.notes:
+            click.echo(f"edgesdk thermal: {note}", err=True)
 
     def one_turn(text: str) -> None:
         ids = tokenizer.prompt_ids(text, raw=raw, system=system)
@@ -252,9 +282,12 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
             sys.stdout.write(stream.push(token))
             sys.stdout.flush()
 
-        _, result = generate(runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=emit)
+        _, result = generate(runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=emit,
+                             hook=thermal.hook if thermal else None)
         sys.stdout.write("\n")
         sys.stdout.flush()
+        if thermal is not None and thermal.hook.status is not None:
+            thermal.hook.status.between_answers()
         if stats:
             s = result.to_json()
             click.echo(f"[{runtime.backend.name}] prompt {s['prompt_tokens']} tok, prefill {s['prefill_tok_s']} tok/s, "
@@ -262,18 +295,22 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
                        f"{s['decode_tok_s']} tok/s, p95 {s['p95_inter_token_ms']} ms, stop: {s['stop_reason']}",
                        err=True)
 
-    if prompt is not None:
-        one_turn(prompt)
-        return
-    interactive = sys.stdin.isatty()
-    while True:
-        if interactive:
-            click.echo("> ", nl=False, err=True)
-        line = sys.stdin.readline()
-        if not line:
-            break
-        if line.strip():
-            one_turn(line.rstrip("\n"))
+    try:
+        if prompt is not None:
+            one_turn(prompt)
+            return
+        interactive = sys.stdin.isatty()
+        while True:
+            if interactive:
+                click.echo("> ", nl=False, err=True)
+            line = sys.stdin.readline()
+            if not line:
+                break
+            if line.strip():
+                one_turn(line.rstrip("\n"))
+    finally:
+        if thermal is not None:
+            thermal.close()
 
 
 @main.command("eval")
@@ -326,7 +363,12 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, thr
         click.echo(f"relative difference  {result['relative_difference'] * 100:+.3f} %")
 
 
-main.add_command(__import__("edgesdk.cli_deploy", fromlist=["deploy"]).deploy)  # edgesdk deploy (issue 6)
+# Command groups in their own modules (each imports its heavy parts inside its commands).
+from edgesdk.cli_deploy import deploy  # noqa: E402
+from edgesdk.cli_thermal import thermal  # noqa: E402
+
+main.add_command(deploy)
+main.add_command(thermal)
 
 if __name__ == "__main__":
     main()

@@ -72,7 +72,7 @@ def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config
         if rollback:
             result = do_rollback(options, release_id)
             click.echo(json.dumps(result) if as_json else
-                       f"rolled back {result['where']}:{result['root']} from {result['from']} to {result['to']} "
+                       f"rolled back {result['where']} ({result['root']}) from {result['from']} to {result['to']} "
                        f"in {result['seconds']:.1f} s")
         else:
             info = status(options)

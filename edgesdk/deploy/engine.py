@@ -43,6 +43,9 @@ def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, 
                                      "not importable (JetPack's python3-libnvinfer)")
     key = cache_key(facts.board.jetpack, facts.tensorrt, gpu_sm)
     cache = board.path("engines", bundle_id, key)
+    if key in (facts.raw.get("engines") or []):
+        return EngineDecision(False, f"cached: engines/{bundle_id}/{key} was built on this board for the same "
+                                     "JetPack, TensorRT and SM", cache)
     if not has_builder:
         return EngineDecision(False, f"skipped: TensorRT {facts.tensorrt} is present, but this edgesdk has no "
                                      f"TensorRT engine builder yet ('edgesdk engine build'); the engine would be "
@@ -57,7 +60,7 @@ def has_engine_builder(board: Board, edgesdk: list[str]) -> bool:
 
 
 def build_engine(board: Board, edgesdk: list[str], release: str, decision: EngineDecision) -> None:
-    """Run the board's engine builder (cached: it is expected to return at once when the engine exists)."""
+    """Run the board's engine builder, writing into the cache directory for this JetPack/TensorRT/SM."""
     proc = board.transport.run([*edgesdk, "engine", "build", release, "--out", decision.cache_dir], timeout=7200)
     if proc.returncode != 0:
         tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-8:]

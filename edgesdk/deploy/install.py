@@ -4,8 +4,8 @@ The key names exactly what is installed: ``<version>-<digest of the source files
 edgesdk runs from a checkout (a wheel is built from it with ``pip wheel --no-deps``, cached per
 source digest under ``$EDGESDK_CACHE/wheels``), or ``<version>-pypi`` for an installed release,
 which the board fetches from its package index. A board whose ``runtime/current`` carries the same
-key is left alone; otherwise a new venv is built next to the old one and ``runtime/current`` is
-switched only once ``edgesdk --version`` works in it.
+key is left alone; otherwise a new venv is built next to the old one, and ``runtime/current``
+moves to it together with the bundle's ``current``, after the new runtime ran the new bundle.
 """
 
 from __future__ import annotations
@@ -91,13 +91,17 @@ def build_wheel(root: Path, digest: str) -> Path:
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, destination)
         out = Path(tmp) / "out"
-        argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                "--disable-pip-version-check", "-q", "-w", str(out), str(tree)]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q", "-w",
+                str(out), str(tree)]
+        # Offline with this environment's setuptools first; pip's isolated build (which fetches
+        # setuptools from the package index) when that one is missing or too old.
+        proc = subprocess.run([*argv, "--no-build-isolation"], capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             raise DeployError(f"building the edgesdk wheel from {root} failed:\n{proc.stderr[-2000:]}",
-                              "pip install setuptools wheel into this environment, or deploy with --no-install "
-                              "onto a board that already has edgesdk")
+                              "pip install 'setuptools>=68' wheel into this environment, or deploy with "
+                              "--no-install onto a board that already has edgesdk")
         built = sorted(out.glob("edgesdk-*.whl"))
         if not built:
             raise DeployError(f"pip wheel of {root} produced no edgesdk wheel", "report this")
@@ -118,8 +122,14 @@ def runtime_source() -> RuntimeSource:
 
 
 def installed_key(probe_raw: dict) -> str | None:
+    """The key of the board's active runtime (``runtime/current``), or None."""
     stamp = (probe_raw.get("runtime") or {}).get("stamp")
     return stamp.get("key") if stamp else None
+
+
+def installed_keys(probe_raw: dict) -> list[str]:
+    """Every complete runtime on the board (active or not)."""
+    return list((probe_raw.get("runtime") or {}).get("installed") or [])
 
 
 def install_runtime(board: Board, source: RuntimeSource, system_site_packages: bool) -> dict:
@@ -136,8 +146,8 @@ def install_runtime(board: Board, source: RuntimeSource, system_site_packages: b
     return reply
 
 
-def runtime_argv(board: Board, local: bool) -> list[str]:
-    """How to start the board's edgesdk: the deployed runtime, or this very edgesdk for ``--to DIR``."""
+def runtime_argv(board: Board, local: bool, key: str = "current") -> list[str]:
+    """How to start edgesdk on the board: a deployed runtime, or this very edgesdk for ``--to DIR``."""
     if local:
         return [sys.executable, "-m", "edgesdk.cli"]
-    return [board.path("runtime", "current", "bin", "edgesdk")]
+    return [board.path("runtime", key, "bin", "edgesdk")]

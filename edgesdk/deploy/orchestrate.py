@@ -39,6 +39,7 @@ from edgesdk.deploy.report import Reporter, fmt_bytes
 from edgesdk.deploy.session import (
     DeployOptions,
     board_edgesdk,
+    check_destination,
     open_board,
     probe,
     smoke_test,
@@ -67,7 +68,7 @@ class DeployResult:
     def summary(self) -> str:
         reused = f", {fmt_bytes(self.bytes_reused)} already on the board" if self.bytes_reused else ""
         runtime = f" (+ {fmt_bytes(self.runtime_bytes_sent)} edgesdk wheel)" if self.runtime_bytes_sent else ""
-        return (f"deployed bundle {self.bundle_id} to {self.where}:{self.root} in {self.seconds:.1f} s: "
+        return (f"deployed bundle {self.bundle_id} to {self.where} ({self.root}) in {self.seconds:.1f} s: "
                 f"{fmt_bytes(self.bytes_sent)} sent in {self.files_sent} files{runtime}{reused}; "
                 f"current -> releases/{self.bundle_id} (previous: {self.previous or 'none'})")
 
@@ -85,6 +86,7 @@ def _budget_mb(bundle_manifest: dict, board_target: str | None) -> int:
 def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = None) -> DeployResult:
     """Deploy a bundle (directory or .tar) onto the board or directory named in ``options``."""
     report = report or Reporter(total=8)
+    check_destination(options)
     with contextlib.ExitStack() as stack:
         with report.step(f"verify bundle {bundle_path} on this machine"):
             bundle = verify_bundle(unpack_if_archive(Path(bundle_path), stack))
@@ -105,29 +107,31 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
             report.info(check_target(bundle.target, facts, where, options.ignore_target))
             for note in check_memory(total, _budget_mb(bundle.manifest, facts.board.suggested_target), facts, where):
                 report.info(note)
-            source, runtime_bytes = None, 0
+            source, runtime_key, runtime_bytes = None, None, 0
             if not options.local and options.install:
                 source = install.runtime_source()
-                if install.installed_key(facts.raw) != source.key:
+                runtime_key = source.key
+                if runtime_key not in install.installed_keys(facts.raw):
                     runtime_bytes = RUNTIME_BYTES_INHERITED if options.system_site_packages else RUNTIME_BYTES_FULL
-                else:
-                    source = None
             report.info(check_disk(plan.send_bytes, runtime_bytes, facts, where))
-        runtime_sent = 0
+        runtime_sent, active_runtime = 0, install.installed_key(facts.raw)
         with report.step("edgesdk runtime on the board"):
             if options.local:
                 report.info("local directory: this edgesdk runs the bundle")
-            elif not options.install:
+            elif runtime_key is None:
                 report.info("skipped (--no-install)")
-            elif source is None:
-                report.info(f"up to date ({install.installed_key(facts.raw)})")
+            elif runtime_key == active_runtime:
+                report.info(f"up to date ({runtime_key})")
+            elif not runtime_bytes:
+                report.info(f"runtime/{runtime_key} is installed already; it becomes current with the bundle")
             else:
-                report.info(f"installing {source.key}: {source.describe()}")
+                report.info(f"installing {runtime_key}: {source.describe()}")
                 reply = install.install_runtime(board, source, options.system_site_packages)
                 runtime_sent = reply["bytes_sent"]
-                facts.raw.setdefault("runtime", {})["stamp"] = {"key": reply["key"], "version": reply["version"]}
-                report.info(f"installed edgesdk {reply['version']} into {board.path('runtime', reply['key'])}")
-        edgesdk = board_edgesdk(board, facts, options.local)
+                report.info(f"installed edgesdk {reply['version']} into {board.path('runtime', runtime_key)}; "
+                            "it becomes runtime/current with the bundle")
+        edgesdk = install.runtime_argv(board, False, runtime_key) if runtime_key else \
+            board_edgesdk(board, facts, options.local)
         with report.step("transfer and verify on the board"):
             if release_ok:
                 report.info(f"the board already holds releases/{bundle.bundle_id}, and every sha256 checks: "
@@ -164,15 +168,22 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
         with report.step("switch current"):
             previous = facts.state.get("current")
             try:
-                switched = board.call("switch", {"bundle_id": bundle.bundle_id, "action": "deploy"})
+                switched = board.call("switch", {"bundle_id": bundle.bundle_id, "action": "deploy",
+                                                 "runtime_key": runtime_key})
                 pruned = board.call("prune", {"keep": options.keep})
             except DeployError:
                 if previous and previous != bundle.bundle_id:
                     with contextlib.suppress(DeployError):
-                        board.call("switch", {"bundle_id": previous, "action": "rollback after a failed deploy"})
+                        board.call("switch", {"bundle_id": previous, "action": "rollback after a failed deploy",
+                                              "runtime_key": active_runtime if runtime_key else None})
                         report.info(f"switched current back to releases/{previous}")
                 raise
-            report.info(f"current -> releases/{bundle.bundle_id} (was {switched['from'] or 'none'})")
+            if switched["from"] == bundle.bundle_id:
+                report.info(f"current already is releases/{bundle.bundle_id}")
+            else:
+                report.info(f"current -> releases/{bundle.bundle_id} (was {switched['from'] or 'none'})")
+            if runtime_key and switched.get("runtime_from") != runtime_key:
+                report.info(f"runtime/current -> {runtime_key} (was {switched.get('runtime_from') or 'none'})")
             if pruned["removed"]:
                 report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {options.keep})")
         return DeployResult(bundle_id=bundle.bundle_id, where=where, root=board.root, bytes_sent=sent_bytes,

@@ -1,4 +1,4 @@
-"""Calls into the board-side helper (``remote_helper.py``) over a transport.
+"""Calls into the board-side helper (``board_*.py``) over a transport.
 
 The helper travels inside the ``-c`` argument of the board's Python, zlib-compressed and base64
 encoded (no quote or backslash in it, so any POSIX login shell passes it through unchanged);
@@ -17,13 +17,16 @@ from importlib import resources
 
 from edgesdk.deploy.transport import DeployError, Transport
 
+BOARD_PARTS = ("board_common.py", "board_transfer.py", "board_install.py", "board_ops.py")
+
 
 @lru_cache(maxsize=1)
 def boot_code() -> str:
-    """``python -c`` text that runs the helper with the arguments that follow it."""
-    source = resources.files("edgesdk.deploy").joinpath("remote_helper.py").read_bytes()
+    """``python -c`` text that runs the board helper (its parts concatenated) with the arguments after it."""
+    package = resources.files("edgesdk.deploy")
+    source = b"\n".join(package.joinpath(part).read_bytes() for part in BOARD_PARTS)
     packed = base64.b64encode(zlib.compress(source, 9)).decode("ascii")
-    return (f"import base64,zlib;exec(compile(zlib.decompress(base64.b64decode('{packed}')),"
+    return (f"BOARD_BUNDLED=1;import base64,zlib;exec(compile(zlib.decompress(base64.b64decode('{packed}')),"
             f"'edgesdk-deploy-helper','exec'))")
 
 

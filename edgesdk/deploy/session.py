@@ -39,11 +39,18 @@ class DeployOptions:
         return self.to is not None
 
 
-def open_board(options: DeployOptions) -> Board:
-    """The deploy root on the board (``--host``) or in a local directory (``--to``)."""
+def check_destination(options: DeployOptions) -> None:
+    """Exactly one of --host and --to, and a well-formed host."""
     if (options.host is None) == (options.to is None):
         raise DeployError("deploy needs exactly one of --host user@board and --to DIR",
                           "pass --host to deploy over ssh, or --to DIR to install into a local directory")
+    if options.host is not None:
+        HostSpec.parse(options.host)
+
+
+def open_board(options: DeployOptions) -> Board:
+    """The deploy root on the board (``--host``) or in a local directory (``--to``)."""
+    check_destination(options)
     if options.local:
         root = str(Path(options.to).expanduser().resolve())
         return Board(LocalTransport(root), options.remote_python or sys.executable, root)

@@ -22,7 +22,7 @@ from edgesdk.deploy.report import Reporter, fmt_bytes
 from edgesdk.deploy.transport import DeployError
 from edgesdk.hashing import sha256_file
 
-CHUNK = 1 << 20
+CHUNK = 1 << 18
 
 
 def bundle_files(bundle: Bundle) -> dict[str, dict]:
@@ -123,7 +123,7 @@ def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, repor
     for thread in readers:
         thread.join(timeout=10)
     stderr = b"".join(err)
-    during = f"sending {current} ({fmt_bytes(sent)} sent)" if current else "sending the bundle"
+    during = f"sending {current} (after {fmt_bytes(sent)})" if current else f"sending the bundle ({fmt_bytes(sent)} written)"
     board.transport.check_connection(returncode, stderr.decode("utf-8", "replace"), during)
     reply = parse_reply((returncode, b"".join(out), stderr), board.label, board.python, "receive")
     damaged = [r for r in reply["results"] if r.get("complete") and not r.get("ok")]

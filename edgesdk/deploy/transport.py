@@ -47,7 +47,7 @@ class HostSpec:
     @classmethod
     def parse(cls, text: str) -> HostSpec:
         match = _HOST_RE.match(text or "")
-        if match is None or text.startswith("-"):
+        if match is None or text.startswith("-") or (match["name"] or "").startswith("-"):
             raise DeployError(f"--host {text!r} is not of the form user@board[:port]",
                               "pass e.g. --host nvidia@orin.local, --host pi@192.168.1.20:2222, or an alias "
                               "from ~/.ssh/config")
@@ -141,7 +141,9 @@ class SshTransport(Transport):
                               "install the OpenSSH client (Debian/Ubuntu: sudo apt install openssh-client), "
                               "or point --ssh-command / $EDGESDK_SSH at it")
         if self.opts.multiplex:
-            self._control_dir = tempfile.mkdtemp(prefix="edgesdk-ssh-")
+            # A unix socket path holds at most ~104 bytes; %C adds 40, so keep the directory short.
+            parent = tempfile.gettempdir() if len(tempfile.gettempdir()) <= 48 else "/tmp"
+            self._control_dir = tempfile.mkdtemp(prefix="edgesdk-ssh-", dir=parent)
 
     def ssh_args(self) -> list[str]:
         args: list[str] = []

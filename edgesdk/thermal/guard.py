@@ -19,10 +19,14 @@ from the profile's thermal model (plant gain ``K = R (active_w - idle_w)``, time
 ``Kp = RC / (K * response_s)``, ``Ti = response_s``; on entering ``hot`` it starts from the rate that
 holds the setpoint in steady state, with the ambient estimated from the first reading as if the
 board had been idle (``T0 - R idle_w``). Its output feeds a token bucket whose depth is one
-request: a request starts when the bucket can pay for all of it, so waiting happens before the
-first token (time to first token) and the text streams at full speed; a request longer than the
-bucket is paced token by token. With no sensor data for ``stale_s`` the guard warns once and
-paces at ``fallback_fraction`` of the unpaced rate.
+request, but never more tokens than the model says fit at full speed before the board is half a
+degree under the soft limit. A request starts when the bucket can pay for that depth, so waiting
+happens before the first token (time to first token) and the text streams at full speed; a request
+longer than the depth is paced token by token. With no sensor data for ``stale_s`` the guard warns
+once and paces steadily at ``fallback_fraction`` of the unpaced rate.
+
+Sources for the limits are in the target profiles (``targets/*.yaml``); the Raspberry Pi's 80/85 °C
+firmware scheme is in the Raspberry Pi documentation (``frequency-management.adoc``).
 """
 
 from __future__ import annotations
@@ -43,7 +47,10 @@ class Level(str, Enum):
 
     @property
     def rank(self) -> int:
-        return list(Level).index(self)
+        return _RANK[self]
+
+
+_RANK = {level: index for index, level in enumerate(Level)}
 
 
 @dataclass(frozen=True)
@@ -143,7 +150,7 @@ class Guard:
             self._update_level(now, temp)
             self._update_rate(dt, temp)
         if self.pacing and self.unpaced_tok_s:
-            self.credit = min(self.capacity, self.credit + self.fraction * self.unpaced_tok_s * dt)
+            self.credit = min(self._depth, self.credit + self.fraction * self.unpaced_tok_s * dt)
         self._apply_budget()
         return self.level
 
@@ -153,9 +160,8 @@ class Guard:
             self._warn(f"thermal sensor failed ({what}): pacing at a fixed "
                        f"{self.config.fallback_fraction:.0%} of the unpaced token rate until it recovers")
             self._warned = True
-        if self.sensor_ok:
-            self.credit = min(self.credit, 1.0)  # start pacing now, no stored burst
         self.sensor_ok = False
+        self.credit = min(self.credit, self._depth)
         self.fraction = self.config.fallback_fraction
 
     def _target(self, temp: float) -> Level:
@@ -186,7 +192,7 @@ class Guard:
         ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
         steady = ((self.setpoint_c - ambient) / p.resistance_c_per_w - p.idle_w) / (p.active_w - p.idle_w)
         self._integral = min(1.0, max(self.config.min_fraction, steady))
-        self.credit = self.capacity
+        self.credit = self._depth
 
     def _update_rate(self, dt: float, temp: float) -> None:
         c = self.config
@@ -216,6 +222,23 @@ class Guard:
         return self.sensor_ok and self.level is Level.CRITICAL
 
     @property
+    def _depth(self) -> float:
+        """Bucket depth: one request, but no more tokens than the thermal headroom allows at full
+        speed (profile model: net heating ``active_w - (T - T_amb) / R`` into ``C``, up to half a
+        degree below the soft limit); one token, a steady pace, without a sensor."""
+        if not self.sensor_ok:
+            return 1.0
+        p = self.plant
+        if self.temp_c is None or not self.unpaced_tok_s:
+            return self.capacity
+        ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
+        heating_w = p.active_w - (self.temp_c - ambient) / p.resistance_c_per_w
+        if heating_w <= 0:
+            return self.capacity
+        seconds = (self.limits.soft_c - 0.5 - self.temp_c) * p.capacity_j_per_c / heating_w
+        return max(1.0, min(self.capacity, seconds * self.unpaced_tok_s))
+
+    @property
     def rate_limit_tok_s(self) -> float | None:
         """The token rate the guard allows now (None: unlimited or not yet known)."""
         if not self.pacing or not self.unpaced_tok_s:
@@ -234,7 +257,7 @@ class Guard:
         rate = self.rate_limit_tok_s
         if rate is None:
             return 0.0
-        need = self.capacity if kind == "prefill" else 1.0
+        need = self._depth if kind == "prefill" else 1.0
         return 0.0 if self.credit >= need - 1e-9 else (need - self.credit) / rate
 
     def spend(self, kind: str, tokens: int, seconds: float) -> None:

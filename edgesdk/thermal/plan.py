@@ -77,11 +77,15 @@ class SimulatedRun:
 def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: bool, decode_tok_s: float,
              prefill_tok_s: float | None = None, workload: Workload | None = None,
              config: GuardConfig | None = None, telemetry_path: str | None = None,
-             label: str | None = None) -> SimulatedRun:
-    """One run of ``workload`` for ``minutes`` of simulated time on ``profile`` at ``ambient_c``."""
+             label: str | None = None, board_profile: TargetProfile | None = None) -> SimulatedRun:
+    """One run of ``workload`` for ``minutes`` of simulated time on ``profile`` at ``ambient_c``.
+
+    ``board_profile`` (default ``profile``) is the board actually simulated; the guard only knows
+    ``profile``, so a different one tests the guard against a wrong thermal model.
+    """
     workload = workload or Workload()
     work = WorkModel(decode_tok_s=decode_tok_s, prefill_tok_s=prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s)
-    board = SimulatedBoard.from_profile(profile, ambient_c, work=work)
+    board = SimulatedBoard.from_profile(board_profile or profile, ambient_c, work=work)
     sensor = SimulatedSensor(board, profile.thermal.zones[0])
     limits, _ = Limits.resolve(profile.thermal, sensor.trips(profile, sensor.zone))
     guard = Guard(limits, profile.thermal_model, config) if guarded else None

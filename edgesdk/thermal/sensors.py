@@ -93,8 +93,10 @@ class SysfsThermal:
     :attr:`notes` says so. Tests pass a temporary directory as ``root``.
     """
 
-    def __init__(self, root: str | Path = "/sys/class/thermal", wanted: Sequence[str] = ()):
+    def __init__(self, root: str | Path = "/sys/class/thermal", wanted: Sequence[str] = (),
+                 clock: Callable[[], float] = time.monotonic):
         self.root = Path(root)
+        self.clock = clock
         self.notes: list[str] = []
         found = self.discover(self.root)
         picked = {name: path for name, path in found.items() if name in wanted}
@@ -126,7 +128,7 @@ class SysfsThermal:
         for name, directory in self.zones.items():
             text = _read_text(directory / "temp")
             zones[name] = parse_millidegree(text) if text is not None else None
-        return Reading(time=time.monotonic(), zones=zones, source="sysfs")
+        return Reading(time=self.clock(), zones=zones, source="sysfs")
 
     def trips(self) -> list[Trip]:
         """Every trip point of the watched zones; unreadable ones are skipped."""
@@ -181,9 +183,11 @@ class Vcgencmd:
 
     zone = "vcgencmd"
 
-    def __init__(self, runner: Runner = run_command, binary: str = "vcgencmd"):
+    def __init__(self, runner: Runner = run_command, binary: str = "vcgencmd",
+                 clock: Callable[[], float] = time.monotonic):
         self.runner = runner
         self.binary = binary
+        self.clock = clock
 
     @classmethod
     def available(cls, which: Callable[[str], str | None] = shutil.which) -> bool:
@@ -192,7 +196,7 @@ class Vcgencmd:
     def read(self) -> Reading:
         temp = parse_measure_temp(self.runner([self.binary, "measure_temp"]))
         throttled = parse_throttled(self.runner([self.binary, "get_throttled"]))
-        return Reading(time=time.monotonic(), zones={self.zone: temp}, throttled=throttled, source="vcgencmd")
+        return Reading(time=self.clock(), zones={self.zone: temp}, throttled=throttled, source="vcgencmd")
 
 
 class Jtop:

@@ -20,6 +20,15 @@ points 5 °C above it; beyond that the firmware goes below the floor (seen on th
 Token time: ``t = t0 * (share * f0/f + 1 - share)``: the clock-bound share of a decode step is
 0.5 (DESIGN.md: small-model decode reaches about half of its memory roofline, the rest is per-token
 overhead that scales with the clock); prefill is compute-bound (share 1).
+
+Raspberry Pi 5 parameters (``targets/rpi5.yaml``, bare board, all ◐ third-party measurements):
+idle 2.8 W and all-core stress 9.7 W at the supply (geerlingguy/sbc-reviews), so decode on four
+threads is taken as 9.0 W; the board idles at ~50 °C in a ~23 °C room, hence
+``R = 27 °C / 2.8 W = 9.5 °C/W`` and an unthrottled full-load steady state of ~109 °C (bare boards
+do sit at the 85 °C firmware limit under load: Phoronix measured an 81 °C average, 89 °C peak);
+stress-ng takes it from idle to 80 °C "within a few minutes", which ``RC = 238 s`` (``C = 25 J/°C``)
+reproduces in 2.8 minutes. With these, a bare Pi 5 under sustained decode settles near 84-86 °C at
+1.2-1.6 GHz, between 20 and 40 °C ambient.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ THROTTLE_CURVE = ((0.0, 1.0), (5.0, 1.5 / 2.4), (7.0, 1.0 / 2.4), (10.0, 0.6 / 2
 def _interp(x: float, points: tuple[tuple[float, float], ...]) -> float:
     if x <= points[0][0]:
         return points[0][1]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
         if x <= x1:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     return points[-1][1]

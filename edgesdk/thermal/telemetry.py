@@ -9,6 +9,7 @@ before it), ``tok_s``, ``temp_c``, ``zones``, ``level``, ``budget``, ``rate_limi
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -124,7 +125,8 @@ def summarize(records: list[dict], horizon_s: float | None = None, throttle_s: f
 class StatusLine:
     """A live thermal status on stderr that never mixes into the text streamed on stdout.
 
-    * stderr not a terminal (a log file): a plain line when the level changes and every 10 s.
+    * stderr not a terminal (a log file): a plain line when the level changes and every 10 s; when
+      stdout goes to the very same file or pipe, only between answers.
     * stderr a terminal, stdout elsewhere: one line redrawn in place with ``\\r``.
     * both on the same terminal: the bottom row is reserved with a scroll region (DECSTBM) and the
       status is drawn there with the cursor saved and restored, so streamed text scrolls above it.
@@ -139,6 +141,7 @@ class StatusLine:
         self._last_level = None
         self._last_log = 0.0
         self._text = ""
+        self._warnings: list[str] = []
         self.mode = self._pick_mode()
         self._rows = 0
         if self.mode == "bar":
@@ -148,21 +151,26 @@ class StatusLine:
             else:
                 self._emit(f"\n\x1b7\x1b[1;{self._rows - 1}r\x1b8\x1b[1A")
 
+    def _same_target(self) -> bool | None:
+        """Do stderr and stdout lead to the same terminal, file or pipe? None when unknown."""
+        try:
+            err, out = os.fstat(self.stream.fileno()), os.fstat(self.stdout.fileno())
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            return None
+        return (err.st_dev, err.st_ino) == (out.st_dev, out.st_ino)
+
     def _pick_mode(self) -> str:
         try:
             err_tty = self.stream.isatty()
             out_tty = self.stdout.isatty()
         except (AttributeError, ValueError):
             return "log"
+        same = self._same_target()
         if not err_tty:
-            return "log"
+            return "between" if same else "log"  # one log file for both: never split a line of text
         if not out_tty:
             return "inplace"
-        try:
-            same = os.fstat(self.stream.fileno()).st_rdev == os.fstat(self.stdout.fileno()).st_rdev
-        except (OSError, ValueError, AttributeError):
-            same = True
-        if not same:
+        if same is False:
             return "inplace"
         term = os.environ.get("TERM", "")
         return "bar" if term and term != "dumb" else "between"
@@ -190,15 +198,25 @@ class StatusLine:
         else:
             self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K{text}\x1b8")
 
+    def warn(self, message: str) -> None:
+        """A warning: printed at once in a log, else shown in the live line and printed between answers."""
+        if self.mode == "log":
+            self._emit(f"edgesdk thermal: warning: {message}\n")
+            return
+        self._warnings.append(message)
+        self.update(f"warning: {message}", force=True)
+
     def between_answers(self) -> None:
-        """Called after an answer's closing newline: the 'between' mode prints here."""
+        """Called after an answer's closing newline: pending warnings (and the 'between' status) print here."""
+        for message in self._warnings:
+            self._emit(f"edgesdk thermal: warning: {message}\n")
+        self._warnings.clear()
         if self.mode == "between" and self._text:
             self._emit(f"edgesdk thermal: {self._text}\n")
 
     def close(self) -> None:
+        """Clear the live line (the cursor may be mid-way through streamed text: print nothing more)."""
         if self.mode == "inplace":
             self._emit("\r\x1b[2K")
         elif self.mode == "bar":
             self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K\x1b[r\x1b8")
-        if self._text and self.mode != "log":
-            self._emit(f"edgesdk thermal: {self._text}\n")

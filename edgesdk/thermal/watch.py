@@ -4,6 +4,7 @@ generation loop's :class:`~edgesdk.runtime.generate.StepHook`, and builds that f
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -79,6 +80,8 @@ class ThermalHook:
             self.status.update(self.status_text(), force=True)
 
     def _record(self, kind: str, tokens: int, seconds: float, waited: float) -> None:
+        if self.telemetry is None and self.status is None:
+            return
         reading = self.reading
         elapsed = seconds + waited
         record = {
@@ -140,11 +143,12 @@ class ThermalSession:
 def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = False,
                  telemetry_path: str | None = None, ambient_c: float | None = None, sim_speed: float = 1.0,
                  budget_target: object | None = None, status: bool = True,
-                 sysfs_root: str = "/sys/class/thermal", warn: Callable[[str], None] | None = None,
+                 sysfs_root: str | None = None, warn: Callable[[str], None] | None = None,  # without status
                  config: GuardConfig | None = None) -> ThermalSession:
     """Sensors or simulator + guard + telemetry for one ``edgesdk run``; every fallback is noted."""
     notes: list[str] = []
-    say = warn or notes.append
+    status_line = StatusLine() if status else None
+    say = status_line.warn if status_line is not None else (warn or notes.append)
     board, poller = None, None
     if simulate:
         board = SimulatedBoard.from_profile(profile, ambient_c, work=WorkModel(speed=sim_speed))
@@ -155,7 +159,9 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
                      f"R={profile.thermal_model.resistance_c_per_w:g} °C/W, C={profile.thermal_model.capacity_j_per_c:g} "
                      f"J/°C; measured step times x{sim_speed:g}")
     else:
-        sensor, trips, found = detect_sensors(profile.thermal.zones, sysfs_root)
+        # EDGESDK_THERMAL_ROOT points the sysfs reader at another tree (tests, containers with /sys mounted elsewhere)
+        root = sysfs_root or os.environ.get("EDGESDK_THERMAL_ROOT", "/sys/class/thermal")
+        sensor, trips, found = detect_sensors(profile.thermal.zones, root)
         notes += found
         clock = RealClock()
         if sensor is None:
@@ -179,5 +185,5 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
             "ambient_c": board.ambient_c if board else None, "limits": limits.__dict__,
             "setpoint_c": the_guard.setpoint_c if the_guard else None}
     telemetry = Telemetry(telemetry_path, meta, keep=False) if telemetry_path else None
-    hook = ThermalHook(clock, read, the_guard, board, telemetry, StatusLine() if status else None)
+    hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line)
     return ThermalSession(hook, notes, poller)

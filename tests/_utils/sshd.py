@@ -210,10 +210,20 @@ def kill_sshd_sessions(listener: int) -> int:
 
 
 def start_server(root: Path) -> SshServer:
-    """Prepare and start a server whose files live under ``root``."""
+    """Prepare and start a server whose files live under ``root``, and check that a login works."""
     server = SshServer(root=root)
     server.prepare()
-    return server.start()
+    server.start()
+    login = subprocess.run(["ssh", "-F", "/dev/null", "-i", str(server.user_key), "-o", "IdentitiesOnly=yes",
+                            "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={server.known_hosts}",
+                            "-o", "StrictHostKeyChecking=yes", "-p", str(server.port), "--",
+                            f"{server.user}@127.0.0.1", "true"], capture_output=True, text=True, timeout=30)
+    if login.returncode != 0:
+        server.stop()
+        raise RuntimeError(f"cannot log in to the test sshd as {server.user} ({login.stderr.strip()}); sshd says:\n"
+                           f"{server.log.read_text()[-1500:]}\n(a locked account, '!' in /etc/shadow, "
+                           "cannot log in with UsePAM no)")
+    return server
 
 
 def _require_openssh() -> None:
@@ -223,19 +233,13 @@ def _require_openssh() -> None:
         pytest.skip(f"OpenSSH {', '.join(missing)} not installed (.ci/run installs openssh-server and openssh-client)")
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    """One sshd on 127.0.0.1 for a test module (import this fixture into the module)."""
-    _require_openssh()
-    server = start_server(tmp_path_factory.mktemp("sshd"))
-    yield server
-    server.stop()
+def serve(tmp_path_factory, name: str = "sshd"):
+    """Generator for a pytest fixture: a started server, stopped afterwards; skips without OpenSSH.
 
-
-@pytest.fixture
-def own_ssh_server(tmp_path_factory):
-    """An sshd for one test, which may change its host key or stop it."""
+    Test modules wrap it in their own fixture (``yield from serve(tmp_path_factory)``)."""
     _require_openssh()
-    server = start_server(tmp_path_factory.mktemp("sshd-own"))
-    yield server
-    server.stop()
+    server = start_server(tmp_path_factory.mktemp(name))
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,131 @@
+"""``edgesdk thermal``: sensors on this machine, a thermal plan for a bundle, telemetry plots.
+
+Registered on the main CLI by one line at the bottom of ``edgesdk/cli.py``. Imports stay inside
+the commands so ``edgesdk --help`` stays fast; matplotlib is imported by ``report`` only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+def thermal_profile(bundle: Path | None, target: str | None):
+    """The profile whose thermal limits and model apply: ``--target``, else the bundle's own copy."""
+    from edgesdk.errors import EdgeSDKError
+    from edgesdk.profile import TargetProfile, get_profile
+
+    if target:
+        return get_profile(target)
+    if bundle is None:
+        raise EdgeSDKError("no target given", "pass --target rpi5 (or another board profile)")
+    from edgesdk.bundle import read_manifest
+
+    return TargetProfile.model_validate(read_manifest(bundle)["target"])
+
+
+@click.group()
+def thermal():
+    """Thermal guard tools: list sensors, plan sustained speed, plot telemetry.
+
+    \b
+      edgesdk thermal sensors --target rpi5
+      edgesdk thermal plan BUNDLE --target rpi5 --minutes 30 --ambient 35
+      edgesdk thermal report run.jsonl -o run.png
+    """
+
+
+@thermal.command("sensors")
+@click.option("--target", default="host", show_default=True, help="Profile whose zone types to look for.")
+@click.option("--root", default="/sys/class/thermal", show_default=True, help="sysfs thermal directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def sensors_cmd(target, root, as_json):
+    """What the guard would read on this machine: zones, trip points, one reading, fallbacks."""
+    from edgesdk.profile import get_profile
+    from edgesdk.thermal.guard import Limits
+    from edgesdk.thermal.sensors import detect_sensors
+
+    profile = get_profile(target)
+    sensor, trips, notes = detect_sensors(profile.thermal.zones, root)
+    reading = sensor.read() if sensor is not None else None
+    limits, limit_notes = Limits.resolve(profile.thermal, trips)
+    if sensor is not None and hasattr(sensor, "close"):
+        sensor.close()
+    result = {"profile": profile.name, "sensor": sensor.source if sensor else None,
+              "reading": None if reading is None else {"zones": reading.zones, "throttled": reading.throttled,
+                                                        "power_w": reading.power_w, "nvpmodel": reading.nvpmodel},
+              "trips": [t.__dict__ for t in trips], "limits": limits.__dict__, "notes": notes + limit_notes}
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"sensor   {result['sensor'] or 'none'}")
+    for zone, value in (result["reading"] or {}).get("zones", {}).items():
+        click.echo(f"  {zone:<20} {'no data' if value is None else f'{value:.1f} °C'}")
+    for trip in trips:
+        click.echo(f"  trip {trip.zone}[{trip.index}] {trip.kind:<8} {trip.temp_c:g} °C")
+    click.echo("limits   " + ", ".join(f"{k} {v:g}" for k, v in limits.__dict__.items()))
+    for note in result["notes"]:
+        click.echo(f"note     {note}")
+
+
+@thermal.command("plan")
+@click.argument("bundle", type=click.Path(path_type=Path), required=False)
+@click.option("--target", help="Board profile to plan for [the bundle's target].")
+@click.option("--minutes", default=30.0, show_default=True, help="Simulated minutes.")
+@click.option("--ambient", type=float, help="Ambient temperature in °C [the profile's].")
+@click.option("--decode-tok-s", type=float, help="Board decode rate at full clock [0.3 x bandwidth / model bytes].")
+@click.option("--prefill-tok-s", type=float, help="Board prefill rate [4 x decode].")
+@click.option("--prompt-tokens", default=128, show_default=True)
+@click.option("--new-tokens", default=256, show_default=True)
+@click.option("--think-s", default=0.0, show_default=True, help="Idle seconds between requests.")
+@click.option("--telemetry-dir", type=click.Path(path_type=Path), help="Write both runs' JSONL here.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prompt_tokens, new_tokens, think_s,
+             telemetry_dir, as_json):
+    """Predict sustained tok/s on a board: the same request stream simulated with and without the guard."""
+    from edgesdk.thermal.plan import Workload, compare, decode_rate_estimate
+
+    profile = thermal_profile(bundle, target)
+    how = "given"
+    if decode_tok_s is None:
+        if bundle is None:
+            raise click.UsageError("give BUNDLE (its size sets the decode rate) or --decode-tok-s")
+        from edgesdk.bundle import read_manifest
+
+        files = read_manifest(bundle)["files"]
+        weights = sum(f["size"] for name, f in files.items() if name.startswith("model.onnx") or name.endswith(".data"))
+        decode_tok_s = decode_rate_estimate(profile, weights)
+        how = f"0.3 x {profile.memory.bandwidth_gbps:g} GB/s / {weights / 1e6:.1f} MB of weights"
+    ambient = profile.thermal_model.ambient_c if ambient is None else ambient
+    workload = Workload(prompt_tokens, new_tokens, think_s)
+    runs = compare(profile, minutes, ambient, decode_tok_s, prefill_tok_s, workload,
+                   telemetry_dir=str(telemetry_dir) if telemetry_dir else None)
+    result = {"profile": profile.name, "minutes": minutes, "ambient_c": ambient, "decode_tok_s": decode_tok_s,
+              "decode_rate_source": how, "workload": workload.__dict__,
+              **{name: run.summary.to_json() for name, run in runs.items()}}
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"{profile.name}, {minutes:g} simulated min at {ambient:g} °C ambient; decode {decode_tok_s:.1f} tok/s "
+               f"at full clock ({how}); requests of {prompt_tokens} + {new_tokens} tokens, {think_s:g} s apart")
+    rows = [("sustained tok/s (last third)", "sustained_tok_s", ".2f"), ("mean tok/s", "mean_tok_s", ".2f"),
+            ("total tokens", "tokens", "d"), ("max temperature °C", "max_temp_c", ".1f"),
+            ("firmware throttle s", "throttle_s", ".0f"), ("p95 inter-token ms", "p95_inter_token_ms", ".1f"),
+            ("mean time to first token s", "mean_ttft_s", ".2f")]
+    click.echo(f"  {'':<28} {'guarded':>10} {'unguarded':>10}")
+    for title, key, fmt in rows:
+        g, u = result["guarded"][key], result["unguarded"][key]
+        click.echo(f"  {title:<28} {format(g, fmt):>10} {format(u, fmt):>10}")
+
+
+@thermal.command("report")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", "-o", type=click.Path(path_type=Path), help="PNG path [FILE with .png].")
+@click.option("--title", help="Figure title.")
+def report_cmd(files, out, title):
+    """Render telemetry JSONL FILES (overlaid) as a PNG of temperature, guard level and tok/s."""
+    from edgesdk.thermal.report import render
+
+    click.echo(str(render(list(files), out or files[0].with_suffix(".png"), title=title)))

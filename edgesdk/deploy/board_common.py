@@ -1,0 +1,237 @@
+"""The board side of ``edgesdk deploy``, part 1 of 4: shared helpers (stdlib only, Python >= 3.8).
+
+The four ``board_*.py`` files travel to the board concatenated into one script (common, transfer,
+install, ops) and run as ``python3 -c BOOT OP JSON``; on the host each is also a normal module.
+
+The host never builds shell text from paths or names: it sends the script (compressed, inside the
+``-c`` argument) and the operation's parameters as one JSON argument, both shell-quoted. Each
+operation prints one JSON object on stdout (``{"ok": true, ...}`` or ``{"error": ..., "fix": ...}``).
+It runs on the board's Python before edgesdk is installed there, so it needs Python >= 3.8 and
+nothing outside the standard library.
+
+Layout under the deploy root::
+
+    releases/<bundle-id>/   verified bundles, never modified after they are committed
+    current -> releases/<id>    switched with rename(2) of a fresh symlink (atomic)
+    previous -> releases/<id>   what ``current`` pointed to before the last switch
+    staging/<bundle-id>/    files being received; ``<name>.partial`` while incomplete (resumable)
+    runtime/<key>/          edgesdk runtime virtual environments; runtime/current -> <key>
+    engines/<bundle-id>/    TensorRT engines, one directory per JetPack / TensorRT / SM
+    history.jsonl           one line per switch
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+CHUNK = 1 << 20
+MANIFEST, DIGEST = "manifest.json", "manifest.sha256"
+
+
+class Refused(Exception):
+    """A failure the host shows as a problem and a fix."""
+
+    def __init__(self, problem, fix):
+        super().__init__(problem)
+        self.problem, self.fix = problem, fix
+
+
+def emit(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while True:
+            block = handle.read(CHUNK)
+            if not block:
+                return digest.hexdigest()
+            digest.update(block)
+
+
+def safe_name(name):
+    """A bundle file name must stay inside its directory."""
+    parts = name.split("/")
+    if (not name or name.startswith("/") or "\\" in name or "\x00" in name or name.endswith(".partial")
+            or any(p in ("", ".", "..") for p in parts)):
+        raise Refused(f"bundle file name {name!r} would escape the bundle directory",
+                      "rebuild the bundle with 'edgesdk build'; deploy only bundles it wrote")
+    return name
+
+
+def safe_id(bundle_id):
+    if not bundle_id or not all(c.isalnum() or c in "-_." for c in bundle_id) or bundle_id.startswith("."):
+        raise Refused(f"bundle id {bundle_id!r} is not a plain name", "rebuild the bundle with 'edgesdk build'")
+    return bundle_id
+
+
+def paths(root):
+    root = os.path.abspath(os.path.expanduser(root))
+    return {name: os.path.join(root, name) for name in
+            ("releases", "staging", "runtime", "engines", "current", "previous", "history.jsonl", ".trash")}, root
+
+
+class Lock:
+    """An exclusive flock on ROOT/.deploy.lock, so two deploys never interleave their writes."""
+
+    def __init__(self, root, timeout=120.0):
+        os.makedirs(root, exist_ok=True)
+        self.handle = open(os.path.join(root, ".deploy.lock"), "a")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise Refused(f"another deploy holds {root}/.deploy.lock for more than {timeout:.0f}s",
+                                  "wait for it to finish, or remove the lock if no edgesdk deploy runs on the board"
+                                  ) from None
+                time.sleep(0.05)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.close()
+
+
+def fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_text(path, limit=65536):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def link_target(path):
+    """The release id a ``current``/``previous`` link points to, or None."""
+    try:
+        return os.path.basename(os.readlink(path).rstrip("/"))
+    except OSError:
+        return None
+
+
+def free_bytes(path):
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    stat = os.statvfs(probe)
+    return {"path": probe, "free": stat.f_bavail * stat.f_frsize, "total": stat.f_blocks * stat.f_frsize}
+
+
+def meminfo():
+    facts = {}
+    for line in (read_text("/proc/meminfo") or "").splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("MemTotal:", "MemAvailable:"):
+            facts[parts[0][:-1]] = int(parts[1]) * 1024
+    return facts
+
+
+def run_quiet(argv, timeout=60):
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        return proc.returncode, proc.stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.SubprocessError) as exc:
+        return 127, str(exc)
+
+
+def switch_times(p):
+    """Release id -> the last time current was switched to it (from history.jsonl)."""
+    times = {}
+    for line in (read_text(p["history.jsonl"], 1 << 22) or "").splitlines():
+        try:
+            entry = json.loads(line)
+            times[entry["to"]] = float(entry["time"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return times
+
+
+def release_list(p):
+    """current, previous, the releases (oldest first by last use) and leftover staging directories."""
+    releases = []
+    used = switch_times(p)
+    if os.path.isdir(p["releases"]):
+        for name in sorted(os.listdir(p["releases"])):
+            path = os.path.join(p["releases"], name)
+            if name.startswith(".") or not os.path.isdir(path):
+                continue
+            entry = {"id": name, "mtime": max(used.get(name, 0.0), os.path.getmtime(path))}
+            try:
+                with open(os.path.join(path, MANIFEST), "rb") as handle:
+                    manifest = json.loads(handle.read())
+                entry["target"] = manifest["target"]["name"]
+                entry["bytes"] = sum(f["size"] for f in manifest["files"].values())
+                entry["created"] = manifest.get("created")
+            except (OSError, ValueError, KeyError, TypeError):
+                entry["target"] = None
+            releases.append(entry)
+    releases.sort(key=lambda r: r["mtime"])
+    staging = sorted(os.listdir(p["staging"])) if os.path.isdir(p["staging"]) else []
+    return {"current": link_target(p["current"]), "previous": link_target(p["previous"]),
+            "releases": releases, "staging": staging}
+
+
+def verify_dir(path, expected_manifest_sha=None):
+    """Mirror of edgesdk.bundle.verify_bundle: (problems, names of bad files)."""
+    problems, bad = [], []
+    try:
+        with open(os.path.join(path, MANIFEST), "rb") as handle:
+            raw = handle.read()
+        with open(os.path.join(path, DIGEST), "rb") as handle:
+            digest = handle.read().decode("utf-8", "replace")
+    except OSError as exc:
+        return [f"{MANIFEST} or {DIGEST} unreadable ({exc.strerror})"], [MANIFEST, DIGEST]
+    actual = hashlib.sha256(raw).hexdigest()
+    if (digest[:-1] if digest.endswith("\n") else digest) != actual:
+        return [f"{MANIFEST} has sha256 {actual}, {DIGEST} says otherwise"], [MANIFEST, DIGEST]
+    if expected_manifest_sha and actual != expected_manifest_sha:
+        return [f"{MANIFEST} has sha256 {actual}, the host's bundle has {expected_manifest_sha}"], \
+            [MANIFEST, DIGEST]
+    try:
+        listed = json.loads(raw)["files"]
+    except (ValueError, KeyError, TypeError):
+        return [f"{MANIFEST} is not a bundle manifest"], [MANIFEST, DIGEST]
+    for name in sorted(listed):
+        facts = listed[name]
+        safe_name(name)
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            problems.append(f"{name}: missing")
+        elif os.path.getsize(file) != facts["size"]:
+            problems.append(f"{name}: {os.path.getsize(file)} bytes, manifest says {facts['size']}")
+            bad.append(name)
+        elif sha256_file(file) != facts["sha256"]:
+            problems.append(f"{name}: sha256 differs from the manifest")
+            bad.append(name)
+    for folder, _dirs, files in os.walk(path):
+        for file in files:
+            rel = os.path.relpath(os.path.join(folder, file), path).replace(os.sep, "/")
+            if rel not in listed and rel not in (MANIFEST, DIGEST):
+                problems.append(f"{rel}: not listed in the manifest")
+                bad.append(rel)
+    return problems, bad

@@ -1,0 +1,104 @@
+"""The board side of deploy, part 3 of 4: installing the edgesdk runtime into a virtual environment."""
+
+import json
+import os
+import platform
+import shutil
+import site
+import sys
+import time
+
+if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are concatenated
+    from edgesdk.deploy.board_common import (
+        CHUNK,
+        Lock,
+        Refused,
+        paths,
+        run_quiet,
+        safe_id,
+        sha256_file,
+    )
+
+
+def inherit_site_packages(venv):
+    """Let the new venv see this interpreter's own site-packages when it is itself a venv."""
+    if sys.prefix == getattr(sys, "base_prefix", sys.prefix):
+        return []
+    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    code, out = run_quiet([os.path.join(venv, "bin", "python"), "-c",
+                           "import site, json; print(json.dumps(site.getsitepackages()))"])
+    if code != 0 or not dirs:
+        return []
+    target = json.loads(out.strip().splitlines()[-1])[0]
+    with open(os.path.join(target, "zz-edgesdk-inherited.pth"), "w") as handle:
+        handle.write("\n".join(dirs) + "\n")
+    return dirs
+
+
+def op_install(params):
+    """Create runtime/<key> (a venv), pip install the wheel sent on stdin (or a pip spec) into it.
+
+    ``runtime/current`` is not touched: it moves with the bundle's ``current`` (op_switch), once
+    the new runtime has run the new bundle, so a failed deploy leaves the old runtime active."""
+    p, root = paths(params["root"])
+    key = safe_id(params["key"])
+    venv = os.path.join(p["runtime"], key)
+
+    def step(argv, what, fix, timeout=1800):
+        code, out = run_quiet(argv, timeout)
+        if code != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise Refused(f"{what} failed on the board (exit {code}):\n{out[-2500:].rstrip()}", fix)
+        return out
+
+    with Lock(root):
+        if sys.version_info < (3, 10):  # noqa: UP036 - runs on the board's Python, which may be 3.8
+            raise Refused(f"the board's Python {platform.python_version()} ({sys.executable}) is older than 3.10, "
+                          "which edgesdk needs",
+                          "install Python >= 3.10 on the board and pass --remote-python /path/to/python3.10")
+        wheels = os.path.join(p["runtime"], "wheels")
+        os.makedirs(wheels, exist_ok=True)
+        spec = params.get("pip_spec")
+        if params.get("wheel_name"):
+            wheel = os.path.join(wheels, os.path.basename(params["wheel_name"]))
+            with open(wheel + ".partial", "wb") as handle:
+                shutil.copyfileobj(sys.stdin.buffer, handle, CHUNK)
+            if sha256_file(wheel + ".partial") != params["wheel_sha256"]:
+                os.unlink(wheel + ".partial")
+                raise Refused("the edgesdk wheel arrived damaged on the board", "run the deploy again")
+            os.replace(wheel + ".partial", wheel)
+            spec = wheel
+        stamp = os.path.join(venv, "edgesdk-runtime.json")
+        if os.path.isfile(stamp):  # installed earlier (a deploy that failed after this step)
+            with open(stamp) as handle:
+                return {"key": key, "version": json.load(handle)["version"], "reused": True}
+        shutil.rmtree(venv, ignore_errors=True)  # an install cut short
+        venv_argv = [sys.executable, "-m", "venv", "--without-pip"]
+        if params.get("system_site_packages"):
+            venv_argv.append("--system-site-packages")
+        step(venv_argv + [venv], f"creating the virtual environment {venv}",
+             "install the venv module on the board (Debian/Ubuntu: sudo apt install python3-venv)")
+        inherited = inherit_site_packages(venv) if params.get("system_site_packages") else []
+        python = os.path.join(venv, "bin", "python")
+        if run_quiet([python, "-m", "pip", "--version"])[0] != 0:
+            step([python, "-m", "ensurepip", "--default-pip"], f"installing pip into {venv}",
+                 "install pip's bootstrap on the board (Debian/Ubuntu: sudo apt install python3-venv python3-pip)")
+        pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+        index_fix = ("give the board access to a package index (pip needs numpy, onnxruntime, tokenizers ...), or "
+                     "install them for the board's Python and deploy with --runtime-venv-system-site-packages")
+        # edgesdk itself into this venv even when an inherited site-packages already has the same version,
+        # then whatever dependencies the board does not have yet.
+        step(pip + ["--no-deps", "--force-reinstall", spec], f"pip install {os.path.basename(spec)}", index_fix)
+        step(pip + [spec], f"pip install of the dependencies of {os.path.basename(spec)}", index_fix)
+        step([os.path.join(venv, "bin", "edgesdk"), "--version"], "edgesdk --version in the new runtime",
+             "report this: the wheel installed but its command does not start")
+        version, where = step([python, "-c", "import edgesdk; print(edgesdk.__version__); print(edgesdk.__file__)"],
+                              "import edgesdk in the new runtime", "report this").strip().splitlines()[-2:]
+        if not os.path.realpath(where).startswith(os.path.realpath(venv) + os.sep):
+            shutil.rmtree(venv, ignore_errors=True)
+            raise Refused(f"the new runtime imports edgesdk from {where} instead of its own {venv}",
+                          "unset PYTHONPATH for ssh sessions on the board, or deploy without "
+                          "--runtime-venv-system-site-packages")
+        with open(os.path.join(venv, "edgesdk-runtime.json"), "w") as handle:
+            json.dump({"key": key, "version": version, "installed": time.time(), "inherited": inherited}, handle)
+        return {"key": key, "version": version}

@@ -1,0 +1,174 @@
+"""The board side of deploy, part 4 of 4: commit, verify, switch, prune, and the entry point."""
+
+import json
+import os
+import shutil
+import sys
+import time
+
+if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are concatenated
+    from edgesdk.deploy.board_common import (
+        MANIFEST,
+        Lock,
+        Refused,
+        emit,
+        fsync_dir,
+        link_target,
+        paths,
+        release_list,
+        safe_id,
+        verify_dir,
+    )
+    from edgesdk.deploy.board_install import op_install
+    from edgesdk.deploy.board_transfer import op_probe, op_receive
+
+
+STAGING_MAX_AGE_S = 24 * 3600
+
+
+def op_commit(params):
+    """Verify staging/<id> completely, then rename it to releases/<id>."""
+    p, root = paths(params["root"])
+    bundle_id = safe_id(params["bundle_id"])
+    staging = os.path.join(p["staging"], bundle_id)
+    release = os.path.join(p["releases"], bundle_id)
+    with Lock(root):
+        for folder, _dirs, files in os.walk(staging):
+            for file in files:
+                if file.endswith(".partial"):
+                    os.unlink(os.path.join(folder, file))
+        problems, bad = verify_dir(staging, params["manifest_sha256"])
+        if problems:
+            for name in bad:
+                try:
+                    os.unlink(os.path.join(staging, name))
+                except OSError:
+                    pass
+            return {"problems": problems}
+        os.makedirs(p["releases"], exist_ok=True)
+        if os.path.isdir(release):  # a damaged copy of the same bundle: replace it
+            os.makedirs(p[".trash"], exist_ok=True)
+            os.replace(release, os.path.join(p[".trash"], f"{bundle_id}-{time.time_ns()}"))
+        os.replace(staging, release)
+        fsync_dir(p["releases"])
+        shutil.rmtree(p[".trash"], ignore_errors=True)
+        return {"problems": []}
+
+
+def op_verify(params):
+    p, _root = paths(params["root"])
+    release = os.path.join(p["releases"], safe_id(params["bundle_id"]))
+    if not os.path.isdir(release):
+        raise Refused(f"release {release} does not exist on the board",
+                      "run 'edgesdk deploy --status' to list the releases the board holds")
+    return {"problems": verify_dir(release)[0]}
+
+
+def replace_link(link, target):
+    """Point the symlink ``link`` at ``target`` with one rename(2): readers see the old or the new one."""
+    tmp = os.path.join(os.path.dirname(link), f".{os.path.basename(link)}.tmp-{os.getpid()}")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def switch_runtime(p, key):
+    """runtime/current -> key; keep it and the one it replaces, drop older and unfinished runtimes."""
+    safe_id(key)
+    if not os.path.isfile(os.path.join(p["runtime"], key, "edgesdk-runtime.json")):
+        raise Refused(f"runtime {key} is not installed on the board", "deploy again without --no-install")
+    old = link_target(os.path.join(p["runtime"], "current"))
+    if old != key:
+        replace_link(os.path.join(p["runtime"], "current"), key)
+        fsync_dir(p["runtime"])
+    for stale in os.listdir(p["runtime"]):
+        if stale not in (key, old, "current", "wheels") and not stale.startswith("."):
+            shutil.rmtree(os.path.join(p["runtime"], stale), ignore_errors=True)
+    return old
+
+
+def op_switch(params):
+    """Point current at releases/<id> atomically (and runtime/current at ``runtime_key`` first, when
+    given); previous keeps what current was."""
+    p, root = paths(params["root"])
+    bundle_id = safe_id(params["bundle_id"])
+    with Lock(root):
+        if not os.path.isfile(os.path.join(p["releases"], bundle_id, MANIFEST)):
+            raise Refused(f"release {bundle_id} is not on the board", "deploy it first")
+        old_runtime = switch_runtime(p, params["runtime_key"]) if params.get("runtime_key") else None
+        old = link_target(p["current"])
+        if old != bundle_id:
+            replace_link(p["current"], os.path.join("releases", bundle_id))
+            if old and os.path.isdir(os.path.join(p["releases"], old)):
+                replace_link(p["previous"], os.path.join("releases", old))
+            fsync_dir(root)
+            with open(p["history.jsonl"], "a") as handle:
+                handle.write(json.dumps({"time": time.time(), "action": params.get("action", "deploy"),
+                                         "from": old, "to": bundle_id}) + "\n")
+        now = link_target(p["current"])
+        with open(os.path.join(p["current"], MANIFEST), "rb") as handle:
+            listed = json.loads(handle.read())["bundle_id"]
+        if now != bundle_id or listed != bundle_id:
+            raise Refused(f"after the switch, current points to {now} holding bundle {listed}, not {bundle_id}",
+                          "run 'edgesdk deploy --rollback' and report this")
+        return {"from": old, "to": bundle_id, "runtime_from": old_runtime}
+
+
+def op_prune(params):
+    """Keep the newest ``keep`` releases (never current or previous); drop staging dirs unused for a day."""
+    p, root = paths(params["root"])
+    keep = max(int(params["keep"]), 1)
+    removed = []
+    with Lock(root):
+        state = release_list(p)
+        protected = {state["current"], state["previous"]}
+        newest = [r["id"] for r in reversed(state["releases"])]
+        kept = [r for r in newest if r in protected]
+        for release in newest:
+            if release in protected:
+                continue
+            if len(kept) < keep:
+                kept.append(release)
+                continue
+            shutil.rmtree(os.path.join(p["releases"], release), ignore_errors=True)
+            shutil.rmtree(os.path.join(p["engines"], release), ignore_errors=True)
+            removed.append(release)
+        # Unfinished transfers of other bundles stay resumable for a day (and a deploy running
+        # next to this one keeps its staging directory); older ones go.
+        for stale in state["staging"]:
+            path = os.path.join(p["staging"], stale)
+            if time.time() - os.path.getmtime(path) > STAGING_MAX_AGE_S:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append("staging/" + stale)
+    return {"removed": removed, "kept": kept}
+
+
+OPS = {"probe": op_probe, "receive": op_receive, "commit": op_commit, "verify": op_verify,
+       "switch": op_switch, "prune": op_prune, "install": op_install}
+
+
+def main(argv):
+    try:
+        op, params = argv[0], json.loads(argv[1])
+        if op not in OPS:
+            raise Refused(f"unknown helper operation {op!r}", "use the same edgesdk version on both sides")
+        result = OPS[op](params)
+        result["ok"] = True
+        emit(result)
+        return 0
+    except Refused as exc:
+        emit({"ok": False, "error": exc.problem, "fix": exc.fix})
+        return 3
+    except OSError as exc:
+        emit({"ok": False, "error": f"{getattr(exc, 'filename', None) or 'board'}: {exc.strerror or exc}",
+              "fix": "check the permissions and free space under the deploy root on the board"})
+        return 3
+    except Exception as exc:  # noqa: BLE001 - reported to the host instead of a traceback it cannot parse
+        emit({"ok": False, "error": f"the deploy helper failed on the board: {exc!r}",
+              "fix": "report this with the output of 'edgesdk deploy --status'"})
+        return 4
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,203 @@
+"""The board side of deploy, part 2 of 4: probe (what the board is and holds) and receiving files."""
+
+import errno
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+
+if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are concatenated
+    from edgesdk.deploy.board_common import (
+        CHUNK,
+        Lock,
+        Refused,
+        free_bytes,
+        meminfo,
+        paths,
+        read_text,
+        release_list,
+        run_quiet,
+        safe_id,
+        safe_name,
+        sha256_file,
+        verify_dir,
+    )
+
+
+def tensorrt_version():
+    code, text = run_quiet([sys.executable, "-c", "import tensorrt; print(tensorrt.__version__)"])
+    if code == 0 and text.strip():
+        return {"version": text.strip().splitlines()[-1], "python": True}
+    code, text = run_quiet(["dpkg-query", "-W", "-f=${Version}", "tensorrt"])
+    if code == 0 and text.strip():
+        return {"version": text.strip(), "python": False}
+    return None
+
+
+def read_stamp(path):
+    """The ``edgesdk-runtime.json`` a finished runtime install writes last, or None."""
+    text = read_text(os.path.join(path, "edgesdk-runtime.json"))
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def runtime_facts(p):
+    """The active runtime, every complete one, and an edgesdk on the PATH (for --no-install)."""
+    stamp = read_stamp(os.path.join(p["runtime"], "current"))
+    installed = []
+    if os.path.isdir(p["runtime"]):
+        installed = sorted(name for name in os.listdir(p["runtime"]) if name not in ("current", "wheels")
+                           and not name.startswith(".") and read_stamp(os.path.join(p["runtime"], name)))
+    on_path = shutil.which("edgesdk")
+    version = None
+    if on_path and stamp is None:  # only needed when deploy may have to use it (--no-install)
+        code, text = run_quiet([on_path, "--version"])
+        version = text.strip().split()[-1] if code == 0 and text.strip() else None
+    return {"stamp": stamp, "installed": installed, "edgesdk_on_path": on_path, "edgesdk_on_path_version": version}
+
+
+def plan_files(p, bundle_id, files):
+    """What the board already has of each file: complete in staging, partial, or in another release."""
+    staging = os.path.join(p["staging"], bundle_id)
+    by_release = release_list(p)
+    order = [r["id"] for r in reversed(by_release["releases"]) if r["id"] != bundle_id]
+    if by_release["current"] in order:
+        order.remove(by_release["current"])
+        order.insert(0, by_release["current"])
+    plan = {}
+    for name in sorted(files):
+        facts = files[name]
+        safe_name(name)
+        target = os.path.join(staging, name)
+        if os.path.isfile(target) and os.path.getsize(target) == facts["size"]:
+            plan[name] = {"state": "staging"}
+            continue
+        partial = target + ".partial"
+        if os.path.isfile(partial) and 0 < os.path.getsize(partial) <= facts["size"]:
+            plan[name] = {"state": "partial", "offset": os.path.getsize(partial)}
+            continue
+        plan[name] = {"state": "send", "offset": 0}
+        for release in order:
+            candidate = os.path.join(p["releases"], release, name)
+            if (os.path.isfile(candidate) and os.path.getsize(candidate) == facts["size"]
+                    and sha256_file(candidate) == facts["sha256"]):
+                plan[name] = {"state": "link", "from": release}
+                break
+    return plan
+
+
+def op_probe(params):
+    p, root = paths(params["root"])
+    facts = {
+        "root": root,
+        "root_exists": os.path.isdir(root),
+        "arch": platform.machine(),
+        "kernel": platform.release(),
+        "device_tree_model": read_text("/proc/device-tree/model") or read_text("/sys/firmware/devicetree/base/model"),
+        "nv_tegra_release": read_text("/etc/nv_tegra_release", 4096),
+        "cpuinfo": read_text("/proc/cpuinfo"),
+        "memory": meminfo(),
+        "disk": free_bytes(root),
+        "python": {"version": list(sys.version_info[:3]), "executable": sys.executable,
+                   "in_venv": sys.prefix != getattr(sys, "base_prefix", sys.prefix)},
+        "tensorrt": tensorrt_version() if os.path.exists("/etc/nv_tegra_release") else None,
+        "runtime": runtime_facts(p),
+        "state": release_list(p),
+    }
+    bundle_id = params.get("bundle_id")
+    if bundle_id:
+        safe_id(bundle_id)
+        release = os.path.join(p["releases"], bundle_id)
+        engines = os.path.join(p["engines"], bundle_id)
+        facts["engines"] = sorted(e for e in os.listdir(engines) if os.listdir(os.path.join(engines, e))) \
+            if os.path.isdir(engines) else []
+        facts["release"] = None
+        if os.path.isdir(release):
+            problems, _bad = verify_dir(release, params.get("manifest_sha256"))
+            facts["release"] = {"problems": problems}
+        if facts["release"] is None or facts["release"]["problems"]:
+            facts["plan"] = plan_files(p, bundle_id, params["files"])
+    return facts
+
+
+def receive_file(header, stream, staging):
+    """Write one file from the stream into staging, appending to its .partial; True when complete."""
+    name = safe_name(header["name"])
+    target = os.path.join(staging, name)
+    partial = target + ".partial"
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    offset, size = int(header["offset"]), int(header["size"])
+    digest = hashlib.sha256()
+    mode = "r+b" if offset and os.path.isfile(partial) and os.path.getsize(partial) >= offset else "wb"
+    if offset and mode == "wb":
+        raise Refused(f"{name}: resume offset {offset} is past the end of {partial} on the board",
+                      "run the deploy again; it re-plans from what the board holds")
+    with open(partial, mode) as handle:
+        if offset:
+            while handle.tell() < offset:
+                block = handle.read(min(CHUNK, offset - handle.tell()))
+                if not block:
+                    break
+                digest.update(block)
+            handle.truncate(offset)
+            handle.seek(offset)
+        remaining = size - offset
+        while remaining:
+            block = stream.read(min(CHUNK, remaining))
+            if not block:
+                return {"name": name, "complete": False, "received": size - remaining - offset}
+            handle.write(block)
+            digest.update(block)
+            remaining -= len(block)
+        handle.flush()
+        os.fsync(handle.fileno())
+    actual = digest.hexdigest()
+    if actual != header["sha256"]:
+        os.unlink(partial)
+        return {"name": name, "complete": True, "ok": False, "sha256": actual}
+    os.replace(partial, target)
+    return {"name": name, "complete": True, "ok": True}
+
+
+def op_receive(params):
+    p, root = paths(params["root"])
+    bundle_id = safe_id(params["bundle_id"])
+    staging = os.path.join(p["staging"], bundle_id)
+    results = []
+    with Lock(root):
+        try:
+            os.makedirs(staging, exist_ok=True)
+            for name, release in sorted(params.get("links", {}).items()):
+                source = os.path.join(p["releases"], safe_id(release), safe_name(name))
+                target = os.path.join(staging, name)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                if os.path.exists(target):
+                    os.unlink(target)
+                try:
+                    os.link(source, target)
+                except OSError:
+                    shutil.copy2(source, target)
+            stream = sys.stdin.buffer
+            while True:
+                line = stream.readline(65536)
+                if not line:
+                    return {"results": results, "eof": True}
+                header = json.loads(line.decode("utf-8"))
+                if header.get("end"):
+                    return {"results": results, "eof": False}
+                result = receive_file(header, stream, staging)
+                results.append(result)
+                if not result["complete"]:
+                    return {"results": results, "eof": True}
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                shutil.rmtree(staging, ignore_errors=True)
+                free = free_bytes(root)["free"]
+                raise Refused(f"the board ran out of disk space writing into {staging} ({free} bytes free now)",
+                              "free space on the board (or choose --remote-root on a larger disk) and deploy "
+                              "again; the staging copy was removed, the current release is untouched") from exc
+            raise

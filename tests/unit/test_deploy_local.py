@@ -1,0 +1,77 @@
+"""``edgesdk deploy --to DIR``: the same release, switch and rollback logic without ssh; CLI argument checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from click.testing import CliRunner
+
+from edgesdk.cli import main
+from tests._utils.deploy import bundle_variant, current_id, edgesdk
+
+
+def test_cli_deploy_module_is_lean(tmp_path):
+    code = textwrap.dedent("""
+        import json, sys
+        import edgesdk.cli
+        print(json.dumps(sorted(m for m in sys.modules if m.startswith(("edgesdk.deploy", "onnxruntime", "torch")))))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert json.loads(proc.stdout) == []
+
+
+def test_argument_errors_name_the_fix(tmp_path):
+    runner = CliRunner()
+    cases = [
+        (["deploy", str(tmp_path)], "exactly one of --host"),
+        (["deploy", str(tmp_path), "--host", "b", "--to", str(tmp_path)], "exactly one of --host"),
+        (["deploy", "--to", str(tmp_path)], "no BUNDLE given"),
+        (["deploy", str(tmp_path), "--status", "--to", str(tmp_path)], "take no BUNDLE"),
+        (["deploy", str(tmp_path), "--host", "b", "--service"], "no 'serve' command"),
+    ]
+    for args, expected in cases:
+        result = runner.invoke(main, args)
+        assert result.exit_code == 8, (args, result.output)
+        assert expected in result.output
+        assert "fix:" in result.output
+
+
+def test_a_host_that_looks_like_an_option_is_refused(tmp_path):
+    result = CliRunner().invoke(main, ["deploy", str(tmp_path), "--host", f"-oProxyCommand=touch {tmp_path}/pwned"])
+    assert result.exit_code != 0
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_local_deploy_redeploy_and_rollback(tiny_bundle, tmp_path):
+    root = tmp_path / "dir"
+    first = edgesdk("deploy", tiny_bundle.path, "--to", root, "--json")
+    assert first.returncode == 0, first.stderr
+    assert "[7/8] smoke test" in first.stderr
+    assert json.loads(first.stdout)["bytes_sent"] > 0
+    again = edgesdk("deploy", tiny_bundle.path, "--to", root, "--json")
+    assert json.loads(again.stdout)["bytes_sent"] == 0
+
+    second = bundle_variant(tiny_bundle.path, tmp_path / "second", "second")
+    assert edgesdk("deploy", second.path, "--to", root).returncode == 0
+    assert current_id(root) == second.bundle_id
+    back = edgesdk("deploy", "--rollback", "--to", root)
+    assert back.returncode == 0, back.stderr
+    assert current_id(root) == tiny_bundle.bundle_id
+    assert os.readlink(root / "previous") == f"releases/{second.bundle_id}"
+    status = edgesdk("deploy", "--status", "--to", root)
+    assert f"* {tiny_bundle.bundle_id}" in status.stdout
+    ran = edgesdk("run", root / "current", "--prompt", "hi", "-n", 4, "--raw")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip()
+
+
+def test_deploy_accepts_a_packed_bundle(tiny_bundle, tmp_path):
+    archive = tmp_path / "b.tar"
+    assert edgesdk("pack", tiny_bundle.path, archive).returncode == 0
+    proc = edgesdk("deploy", archive, "--to", tmp_path / "dir")
+    assert proc.returncode == 0, proc.stderr
+    assert current_id(tmp_path / "dir") == tiny_bundle.bundle_id

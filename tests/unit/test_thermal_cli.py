@@ -1,0 +1,236 @@
+"""``edgesdk run --watch-thermal / --simulate-thermal / --telemetry`` and ``edgesdk thermal ...``."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edgesdk.cli import main
+from edgesdk.thermal.telemetry import StatusLine, load
+from tests.unit.test_lean_import import RUN_CLI
+
+# The board runtime must not import the host stack, nor matplotlib (only 'thermal report' may).
+RUN_LEAN = RUN_CLI.replace("BLOCKED = ", "BLOCKED = ('matplotlib',) + ")
+
+
+def invoke(*args, env=None):
+    return CliRunner(env=env).invoke(main, [str(a) for a in args], prog_name="edgesdk")
+
+
+def assert_ok(result):
+    assert result.exit_code == 0, f"exit {result.exit_code}\n{result.output}\n{result.exception!r}"
+
+
+@pytest.fixture
+def bundle(tiny_bundle, tmp_path) -> Path:
+    return Path(shutil.copytree(tiny_bundle.path, tmp_path / "bundle"))
+
+
+@pytest.fixture
+def plain_text(bundle):
+    result = invoke("run", bundle, "--prompt", "hello", "-n", 12, "--raw")
+    assert_ok(result)
+    return result.stdout
+
+
+def sysfs_tree(root: Path, kind: str, millidegree: int) -> Path:
+    zone = root / "thermal_zone0"
+    zone.mkdir(parents=True)
+    (zone / "type").write_text(kind + "\n")
+    (zone / "temp").write_text(f"{millidegree}\n")
+    (zone / "trip_point_0_type").write_text("critical\n")
+    (zone / "trip_point_0_temp").write_text("105000\n")
+    return root
+
+
+def test_watch_thermal_on_a_machine_without_thermal_zones(bundle, plain_text, tmp_path):
+    """No zone, no vcgencmd, no jetson-stats: it says so, paces at a fixed rate, and the text is intact.
+
+    Runs in a fresh interpreter that cannot import torch, transformers or matplotlib."""
+    env = {**os.environ, "EDGESDK_THERMAL_ROOT": str(tmp_path / "no-thermal")}
+    proc = subprocess.run([sys.executable, "-c", RUN_LEAN, "run", str(bundle), "--prompt", "hello", "-n", "12",
+                           "--raw", "--watch-thermal"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == plain_text  # the status goes to stderr only; not one byte more on stdout
+    assert "no thermal zones under" in proc.stderr
+    assert "no thermal sensor found" in proc.stderr
+    assert "conservative fixed rate" in proc.stderr
+    assert "warning: thermal sensor failed" in proc.stderr
+    assert "SENSOR FAILED" in proc.stderr  # the status line (log mode: stderr is not a terminal)
+
+
+def test_watch_thermal_reads_sysfs_zones(bundle, plain_text, tmp_path):
+    root = sysfs_tree(tmp_path / "thermal", "x86_pkg_temp", 45500)  # a host profile zone type
+    result = invoke("run", bundle, "--prompt", "hello", "-n", 12, "--raw", "--watch-thermal",
+                    "--telemetry", tmp_path / "t.jsonl", env={"EDGESDK_THERMAL_ROOT": str(root)})
+    assert_ok(result)
+    assert result.stdout == plain_text
+    assert "thermal sensors: sysfs x86_pkg_temp" in result.stderr
+    assert "45.5 °C  normal" in result.stderr
+    meta, steps = load(tmp_path / "t.jsonl")
+    assert meta["profile"] == "host"
+    assert meta["guarded"]
+    assert meta["mode"] == "board"
+    assert meta["limits"]["shutdown_c"] == 105  # the board's critical trip is below the profile's 115 °C
+    assert sum(s["tokens"] for s in steps) == 12
+    assert {s["temp_c"] for s in steps} == {45.5}
+    assert {s["level"] for s in steps} == {"normal"}
+
+
+def test_simulate_thermal_with_telemetry(bundle, plain_text, tmp_path):
+    path = tmp_path / "sim.jsonl"
+    result = invoke("run", bundle, "--prompt", "hello", "-n", 12, "--raw", "--simulate-thermal",
+                    "--thermal-target", "rpi5", "--ambient", 35, "--sim-speed", 50, "--telemetry", path)
+    assert_ok(result)
+    assert result.stdout == plain_text
+    assert "simulated rpi5 board: ambient 35 °C" in result.stderr
+    meta, steps = load(path)
+    assert meta["mode"] == "simulated"
+    assert meta["ambient_c"] == 35
+    assert meta["limits"]["soft_c"] == 75
+    assert steps[0]["kind"] == "prefill"
+    assert steps[0]["temp_c"] == pytest.approx(35 + 9.5 * 2.8, abs=0.5)
+    assert all(s["clock"] == 1.0 for s in steps)
+    assert sum(s["tokens"] for s in steps) == 12
+    assert {"t", "zones", "level", "tok_s", "budget", "wait_s", "power_w", "sensor_ok"} <= set(steps[-1])
+
+
+def test_telemetry_without_guard_never_waits(bundle, tmp_path):
+    path = tmp_path / "u.jsonl"
+    result = invoke("run", bundle, "--prompt", "hello", "-n", 8, "--raw", "--simulate-thermal", "--no-guard",
+                    "--thermal-target", "rpi5", "--ambient", 60, "--telemetry", path)
+    assert_ok(result)
+    meta, steps = load(path)
+    assert not meta["guarded"]
+    assert {s["level"] for s in steps} == {"unguarded"}
+    assert all(s["wait_s"] == 0 for s in steps)
+
+
+def test_thermal_sensors_command(tmp_path):
+    root = sysfs_tree(tmp_path / "thermal", "cpu-thermal", 51000)
+    result = invoke("thermal", "sensors", "--target", "rpi5", "--root", root, "--json")
+    assert_ok(result)
+    info = json.loads(result.stdout)
+    assert info["reading"]["zones"]["cpu-thermal"] == 51.0
+    assert info["trips"][0]["kind"] == "critical"
+    assert info["limits"]["shutdown_c"] == 105
+    text = invoke("thermal", "sensors", "--target", "rpi5", "--root", tmp_path / "none")
+    assert_ok(text)
+    assert "sensor   none" in text.stdout
+    assert "no thermal zones" in text.stdout
+
+
+def test_thermal_plan_predicts_sustained_speed(bundle, tmp_path):
+    result = invoke("thermal", "plan", bundle, "--target", "rpi5", "--minutes", 10, "--ambient", 35,
+                    "--decode-tok-s", 35, "--json")
+    assert_ok(result)
+    plan = json.loads(result.stdout)
+    guarded, unguarded = plan["guarded"], plan["unguarded"]
+    assert guarded["max_temp_c"] <= 75
+    assert guarded["throttle_s"] == 0
+    assert unguarded["max_temp_c"] > 80
+    assert unguarded["throttle_s"] > 0
+    assert 0 < guarded["sustained_tok_s"] < unguarded["sustained_tok_s"] < 35
+    table = invoke("thermal", "plan", bundle, "--target", "rpi5", "--minutes", 0.05)  # tiny model: fast
+    assert_ok(table)
+    assert "0.3 x 17 GB/s" in table.stdout
+    assert "sustained tok/s" in table.stdout
+
+
+def test_thermal_plan_needs_a_rate_or_a_bundle():
+    result = invoke("thermal", "plan", "--target", "rpi5")
+    assert result.exit_code != 0
+    assert "--decode-tok-s" in result.output
+
+
+def test_thermal_report_renders_a_png(tmp_path):
+    out_dir = tmp_path / "tel"
+    assert_ok(invoke("thermal", "plan", "--target", "rpi5", "--minutes", 4, "--ambient", 35, "--decode-tok-s", 35,
+                     "--telemetry-dir", out_dir))
+    files = sorted(out_dir.glob("*.jsonl"))
+    assert [f.name for f in files] == ["rpi5-35C-guarded.jsonl", "rpi5-35C-unguarded.jsonl"]
+    result = invoke("thermal", "report", *files, "-o", tmp_path / "plot.png")
+    assert_ok(result)
+    png = (tmp_path / "plot.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(png) > 20_000
+
+
+def test_report_of_an_empty_file_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"type": "meta"}\nnot json\n')
+    result = invoke("thermal", "report", empty)
+    assert result.exit_code != 0
+    assert "no step records" in result.stderr
+    assert "fix:" in result.stderr
+
+
+class FakeTTY(io.StringIO):
+    def __init__(self, tty: bool):
+        super().__init__()
+        self._tty = tty
+
+    def isatty(self):
+        return self._tty
+
+
+def test_status_line_in_a_log_prints_level_changes_only():
+    err, out = FakeTTY(False), FakeTTY(False)
+    status = StatusLine(err, out)
+    assert status.mode == "log"
+    status.update("70.0 °C warm", level="warm")
+    status.update("70.1 °C warm", level="warm")
+    status.update("72.0 °C hot", level="hot")
+    assert err.getvalue().splitlines() == ["edgesdk thermal: 70.0 °C warm", "edgesdk thermal: 72.0 °C hot"]
+    assert out.getvalue() == ""
+
+
+def test_status_line_redraws_in_place_when_stdout_is_elsewhere():
+    err, out = FakeTTY(True), FakeTTY(False)
+    status = StatusLine(err, out, min_interval_s=0.0)
+    assert status.mode == "inplace"
+    status.update("61.0 °C normal", level="normal")
+    status.close()
+    assert err.getvalue().startswith("\r\x1b[2K61.0 °C normal")
+    assert out.getvalue() == ""
+
+
+def test_status_line_keeps_the_bottom_row_when_sharing_a_terminal(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback=None: os.terminal_size((80, 24)))
+    err, out = FakeTTY(True), FakeTTY(True)  # no fileno: treated as the same terminal
+    status = StatusLine(err, out, min_interval_s=0.0)
+    assert status.mode == "bar"
+    status.update("73.0 °C hot", level="hot")
+    status.close()
+    text = err.getvalue()
+    assert "\x1b[1;23r" in text  # scroll region: every row but the last
+    assert "\x1b7\x1b[24;1H\x1b[2K73.0 °C hot\x1b8" in text  # drawn on row 24, cursor restored
+    assert "\x1b[r" in text  # region reset on close
+    assert out.getvalue() == ""
+    monkeypatch.setenv("TERM", "dumb")
+    plain = StatusLine(FakeTTY(True), FakeTTY(True))
+    assert plain.mode == "between"
+
+
+def test_warnings_never_land_inside_the_streamed_text():
+    err, out = FakeTTY(True), FakeTTY(False)
+    status = StatusLine(err, out, min_interval_s=0.0)
+    status.warn("thermal sensor failed")
+    assert "\nedgesdk thermal: warning" not in err.getvalue()  # only in the live line for now
+    assert "warning: thermal sensor failed" in err.getvalue()
+    status.between_answers()  # after the answer's newline
+    assert err.getvalue().endswith("edgesdk thermal: warning: thermal sensor failed\n")
+    log = FakeTTY(False)
+    StatusLine(log, FakeTTY(False)).warn("x")
+    assert log.getvalue() == "edgesdk thermal: warning: x\n"
