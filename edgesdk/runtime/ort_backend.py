@@ -29,8 +29,10 @@ def make_session_options(threads: int, spinning: bool = True):
     return options
 
 
-class OrtBackend:
-    """Drives the exported decoder graph (export/llama_graph.py interface) with IO binding."""
+class OrtDecoderBase:
+    """What both graph forms share: the session, the graph facts, prefill/decode on ``_run``."""
+
+    load_hint = "run 'edgesdk verify' on the bundle; check 'edgesdk env' for the installed onnxruntime"
 
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
                  spinning: bool = True):
@@ -43,23 +45,49 @@ class OrtBackend:
                                                 providers=self.providers)
         except Exception as exc:  # onnxruntime raises its own exception types per failure
             raise RuntimeBackendError(
-                f"ONNX Runtime could not load {model_path} with {self.providers}: {exc}",
-                "run 'edgesdk verify' on the bundle; check 'edgesdk env' for the installed onnxruntime",
+                f"ONNX Runtime could not load {model_path} with {self.providers}: {exc}", self.load_hint,
             ) from exc
         self._ort = ort
         self.kv_heads = list(graph["kv_heads"])
         self.head_dim = int(graph["head_dim"])
         self.max_context = int(graph["max_context"])
         self.vocab_size = int(graph["vocab_size"])
+        self._position = 0
+
+    @property
+    def position(self) -> int:
+        """Tokens currently in the KV cache."""
+        return self._position
+
+    def _check_length(self, total: int) -> None:
+        if total > self.max_context:
+            raise RuntimeBackendError(
+                f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}",
+                "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context",
+            )
+
+    def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
+        ids = np.asarray(token_ids, dtype=np.int64).reshape(1, -1)  # (1, T)
+        return self._run(ids, min(keep_logits, ids.shape[1]))
+
+    def decode(self, token_id: int) -> np.ndarray:
+        return self._run(np.array([[token_id]], np.int64), 1)[0]
+
+
+class OrtBackend(OrtDecoderBase):
+    """Drives the standard decoder graph (export/llama_graph.py interface) with IO binding."""
+
+    def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
+                 spinning: bool = True):
+        super().__init__(model_path, graph, threads, providers, spinning)
         self._past_names = [f"past_key_values.{i}.{kind}" for i in range(len(self.kv_heads))
                             for kind in ("key", "value")]
         self._present_names = [name.replace("past_key_values", "present") for name in self._past_names]
         self._previous_binding = None
         self.reset()
-
-    @property
-    def position(self) -> int:
-        return self._position
 
     def reset(self) -> None:
         self._position = 0
@@ -69,12 +97,7 @@ class OrtBackend:
         ]
 
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
-        if self._position + ids.shape[1] > self.max_context:
-            raise RuntimeBackendError(
-                f"sequence of {self._position + ids.shape[1]} tokens exceeds the bundle's max_context "
-                f"{self.max_context}",
-                "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context",
-            )
+        self._check_length(self._position + ids.shape[1])
         # A fresh binding per step; the previous one stays alive until this step has run, because
         # with onnxruntime <= 1.23 the OrtValues from get_outputs() live in their binding.
         binding = self.session.io_binding()
@@ -91,10 +114,3 @@ class OrtBackend:
         self._past = list(outputs[1:])  # present -> next past, no copy
         self._position += ids.shape[1]
         return outputs[0].numpy()[0]  # (keep, vocab)
-
-    def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
-        ids = np.asarray(token_ids, dtype=np.int64).reshape(1, -1)
-        return self._run(ids, min(keep_logits, ids.shape[1]))
-
-    def decode(self, token_id: int) -> np.ndarray:
-        return self._run(np.array([[token_id]], np.int64), 1)[0]

@@ -12,32 +12,17 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesdk.errors import RuntimeBackendError
-from edgesdk.runtime.ort_backend import make_session_options
+from edgesdk.runtime.ort_backend import OrtDecoderBase
 
 INITIAL_CAPACITY = 256
 
 
-class OrtFusedBackend:
+class OrtFusedBackend(OrtDecoderBase):
+    load_hint = "run 'edgesdk verify' on the bundle; the fused form needs onnxruntime >= 1.20 (see 'edgesdk env')"
+
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
                  spinning: bool = True):
-        import onnxruntime as ort
-
-        self.providers = providers or ["CPUExecutionProvider"]
-        self.name = "ort-cpu" if self.providers == ["CPUExecutionProvider"] else "ort-" + self.providers[0]
-        try:
-            self.session = ort.InferenceSession(str(model_path), make_session_options(threads, spinning),
-                                                providers=self.providers)
-        except Exception as exc:  # onnxruntime raises its own exception types per failure
-            raise RuntimeBackendError(
-                f"ONNX Runtime could not load {model_path} with {self.providers}: {exc}",
-                "run 'edgesdk verify' on the bundle; the fused form needs onnxruntime >= 1.20 (see 'edgesdk env')",
-            ) from exc
-        self._ort = ort
-        self.kv_heads = list(graph["kv_heads"])
-        self.head_dim = int(graph["head_dim"])
-        self.max_context = int(graph["max_context"])
-        self.vocab_size = int(graph["vocab_size"])
+        super().__init__(model_path, graph, threads, providers, spinning)
         self._names = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}")
                        for i in range(len(self.kv_heads)) for kind in ("key", "value")]
         self._capacity = 0
@@ -46,16 +31,12 @@ class OrtFusedBackend:
         self._allocate(min(INITIAL_CAPACITY, self.max_context))
         self.reset()
 
-    @property
-    def position(self) -> int:
-        return self._position
-
     def reset(self) -> None:
         self._position = 0  # stale cache entries beyond the position are never read
 
     def _allocate(self, capacity: int) -> None:
         """(Re)allocate the shared KV buffers, keeping the first ``position`` entries."""
-        kept = getattr(self, "_position", 0)
+        kept = self._position
         buffers = []
         for index, kv in enumerate(kv for kv in self.kv_heads for _ in range(2)):
             buffer = np.zeros((1, kv, capacity, self.head_dim), np.float32)  # (B, Hkv, cap, hd)
@@ -68,11 +49,7 @@ class OrtFusedBackend:
 
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
         total = self._position + ids.shape[1]
-        if total > self.max_context:
-            raise RuntimeBackendError(
-                f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}",
-                "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context",
-            )
+        self._check_length(total)
         if total > self._capacity:
             self._allocate(min(self.max_context, max(2 * self._capacity, total)))
         binding = self.session.io_binding()
@@ -88,10 +65,3 @@ class OrtFusedBackend:
         logits = binding.get_outputs()[0].numpy()[0]  # (keep, vocab)
         self._position = total
         return logits
-
-    def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
-        ids = np.asarray(token_ids, dtype=np.int64).reshape(1, -1)
-        return self._run(ids, min(keep_logits, ids.shape[1]))
-
-    def decode(self, token_id: int) -> np.ndarray:
-        return self._run(np.array([[token_id]], np.int64), 1)[0]
