@@ -121,16 +121,34 @@ def models_fetch(name):
 @click.option("--resume", is_flag=True, help="Continue a killed build from its work directory (<out>.build).")
 @click.option("--keep-work", is_flag=True, help="Keep the work directory (checkpoints) after success.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
-def build(target, model, out, recipe, max_context, resume, keep_work, no_progress):
+@click.option("--data", "data_files", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Plain-text file to train the compression stages on (repeatable).")
+@click.option("--data-skip-chars", default=0, show_default=True,
+              help="Leave out the first N characters of each --data file (keep evaluation text unseen).")
+@click.option("--generated-sequences", default=16, show_default=True,
+              help="Teacher-generated sequences added to the training text (data-free distillation).")
+@click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
+              help="Change a recipe setting, e.g. --set prune.ffn_ratio=0.4 or --set export.weights=int4.")
+@click.option("--weight-bits", type=click.Choice(["4", "8"]), help="Shortcut for --set qat.weight_bits=N.")
+@click.option("--ffn-ratio", type=float, help="Shortcut for --set prune.ffn_ratio=R.")
+@click.option("--distill-steps", type=int, help="Shortcut for --set distill.steps=N.")
+def build(target, model, out, recipe, max_context, resume, keep_work, no_progress, data_files, data_skip_chars,
+          generated_sequences, overrides, weight_bits, ffn_ratio, distill_steps):
     """Build a bundle for a board: load, compress (recipe stages), export ONNX, verify, package.
 
     A checkpoint is written after every stage; after a kill, run the same command with --resume.
     """
     from edgesdk.build.pipeline import BuildConfig
     from edgesdk.build.pipeline import build as run_build
+    from edgesdk.compress.data import DataConfig
     from edgesdk.export.onnx_export import ExportConfig
 
+    shortcuts = [f"{key}={value}" for key, value in (("qat.weight_bits", weight_bits), ("prune.ffn_ratio", ffn_ratio),
+                                                     ("distill.steps", distill_steps)) if value is not None]
+    data = DataConfig(files=tuple(str(f) for f in data_files), skip_chars=data_skip_chars,
+                      generated_sequences=generated_sequences)
     bundle = run_build(BuildConfig(target=target, model=model, out=out, recipe=recipe,
+                                   overrides=tuple(shortcuts) + tuple(overrides), data=data,
                                    export=ExportConfig(max_context=max_context), resume=resume,
                                    keep_work=keep_work, progress=not no_progress))
     click.echo(str(bundle.path))

@@ -52,14 +52,25 @@ class FusedConfig:
     block_size: int = 32  # quantization block along K; 32 is the smallest MatMulNBits block
     accuracy_level: int = 4  # MatMulNBits compute: 4 = int8 activations per block (fast, near fp32)
     quantize_embedding: bool = True  # tied embedding / LM head quantized too (4x fewer bytes at int8)
+    embedding_bits: int | None = None  # bits of the tied embedding / LM head; None = as the layers.
+    # 8 with int4 layers keeps the most error-sensitive matrix (it scores every token) at 8 bits.
 
     def __post_init__(self):
         if self.weights not in ("fp32", "int8", "int4"):
             raise ValueError(f"weights must be fp32, int8 or int4, got {self.weights!r}")
+        if self.embedding_bits not in (None, 4, 8):
+            raise ValueError(f"embedding_bits must be 4, 8 or None, got {self.embedding_bits!r}")
 
     @property
     def bits(self) -> int | None:
         return {"fp32": None, "int8": 8, "int4": 4}[self.weights]
+
+    @property
+    def head_bits(self) -> int | None:
+        """Bits of the tied embedding / LM head (None: float32)."""
+        if self.bits is None or not self.quantize_embedding:
+            return None
+        return self.embedding_bits or self.bits
 
 
 class _FusedEmitter:
@@ -96,17 +107,59 @@ class _FusedEmitter:
     def embedding(self) -> tuple[str, tuple | None]:
         """(embedded input ids, the tied head as (quantized, stored names) or (None, table name))."""
         g, w, config = self.g, self.w, self.config
-        if config.bits is None or not config.quantize_embedding:
+        bits = config.head_bits
+        if bits is None:
             table = g.const(w.embed.astype(np.float32), "embed_tokens.weight")
             return g.op("Gather", [table, "input_ids"]), (None, table)
-        q = quantize_blockwise(w.embed.T.copy(), config.bits, config.block_size)  # K=D, N=V
+        q = quantize_blockwise(w.embed.T.copy(), bits, config.block_size)  # K=D, N=V
         packed = g.const(q.packed, "embed_tokens.qweight")  # (V, D/block, block*bits/8)
         scales = g.const(q.scales, "embed_tokens.scales")  # (V * D/block,)
         rows = g.op("Reshape", [packed, g.i64([w.vocab_size, -1])])  # (V, D*bits/8)
         row_scales = g.op("Reshape", [scales, g.i64([w.vocab_size, -1])])  # (V, D/block)
         x = g.op("GatherBlockQuantized", [rows, "input_ids", row_scales], domain=MS, gather_axis=0,
-                 quantize_axis=1, block_size=config.block_size, bits=config.bits)
+                 quantize_axis=1, block_size=config.block_size, bits=bits)
         return x, (q, (packed, scales))
+
+    def attention(self, i: int, layer, h: str, cos: str, sin: str) -> str:
+        """Layer ``i``'s attention on the normalized input ``h``, through the output projection."""
+        g, hd = self.g, self.hd
+        n_q, n_kv = layer.heads(hd)
+        qkv_w = np.concatenate([layer.q, layer.k, layer.v], axis=1)
+        qkv = self.linear(h, qkv_w, f"layers.{i}.attn.qkv")  # (B, S, (Hq+2Hkv)*hd)
+        if layer.q_bias is not None:
+            bias = np.concatenate([layer.q_bias, layer.k_bias, layer.v_bias]).astype(np.float32)
+            qkv = g.op("Add", [qkv, g.const(bias, f"layers.{i}.attn.qkv.bias")])
+        query, key, value = self.attention_inputs(i, layer, qkv)
+        outputs = [f"layers.{i}.attn.out", f"present.{i}.key", f"present.{i}.value"]
+        extra = self.attention_attributes(i)
+        if extra.get("qk_output"):
+            outputs.append(f"layers.{i}.attn.qk")
+        attn = g.op("GroupQueryAttention", [
+            query, key, value, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
+            "total_sequence_length", cos, sin,
+        ], outputs=outputs, domain=MS, num_heads=n_q, kv_num_heads=n_kv, do_rotary=1, rotary_interleaved=0,
+            scale=float(1.0 / np.sqrt(hd)), **extra)[0]  # (B, S, Hq*hd)
+        return self.linear(attn, layer.o, f"layers.{i}.attn.o")
+
+    def attention_inputs(self, i: int, layer, qkv: str) -> tuple[str, str, str]:
+        """GroupQueryAttention's query, key, value inputs: the packed QKV (subclasses may split it)."""
+        return qkv, "", ""
+
+    def attention_attributes(self, i: int) -> dict:
+        """Extra GroupQueryAttention attributes for layer ``i`` (none here)."""
+        return {}
+
+    def ffn(self, i: int, layer, h: str) -> str:
+        """Layer ``i``'s SwiGLU FFN on the normalized post-attention state ``h`` (B, S, D)."""
+        g = self.g
+        gate_up = self.linear(h, np.concatenate([layer.gate, layer.up], axis=1), f"layers.{i}.mlp.gate_up")
+        gate, up = g.op("Split", [gate_up, g.i64([layer.ffn_width, layer.ffn_width])], outputs=2, axis=-1)
+        act = g.op("QuickGelu", [gate], domain=MS, alpha=1.0)  # x * sigmoid(x) = SiLU
+        return self.linear(g.op("Mul", [act, up]), layer.down, f"layers.{i}.mlp.down")
+
+    def extra_interface(self) -> tuple[list, list]:
+        """Graph inputs and outputs beyond the decoder's own (none here)."""
+        return [], []
 
     def build(self) -> onnx.ModelProto:
         g, w, hd = self.g, self.w, self.hd
@@ -118,28 +171,13 @@ class _FusedEmitter:
         x, tied_head = self.embedding()
         residual = None
         for i, layer in enumerate(w.layers):
-            n_q, n_kv = layer.heads(hd)
             if residual is None:
                 h, residual = self.norm(x, layer.input_norm, f"layers.{i}.input_norm"), x
             else:
                 h, residual = self.skip_norm(x, residual, layer.input_norm, f"layers.{i}.input_norm")
-            qkv_w = np.concatenate([layer.q, layer.k, layer.v], axis=1)
-            qkv = self.linear(h, qkv_w, f"layers.{i}.attn.qkv")  # (B, S, (Hq+2Hkv)*hd)
-            if layer.q_bias is not None:
-                bias = np.concatenate([layer.q_bias, layer.k_bias, layer.v_bias]).astype(np.float32)
-                qkv = g.op("Add", [qkv, g.const(bias, f"layers.{i}.attn.qkv.bias")])
-            attn = g.op("GroupQueryAttention", [
-                qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
-                "total_sequence_length", cos, sin,
-            ], outputs=[f"layers.{i}.attn.out", f"present.{i}.key", f"present.{i}.value"], domain=MS,
-                num_heads=n_q, kv_num_heads=n_kv, do_rotary=1, rotary_interleaved=0,
-                scale=float(1.0 / np.sqrt(hd)))[0]  # (B, S, Hq*hd)
-            attn = self.linear(attn, layer.o, f"layers.{i}.attn.o")
+            attn = self.attention(i, layer, h, cos, sin)
             h, residual = self.skip_norm(attn, residual, layer.post_attention_norm, f"layers.{i}.post_attention_norm")
-            gate_up = self.linear(h, np.concatenate([layer.gate, layer.up], axis=1), f"layers.{i}.mlp.gate_up")
-            gate, up = g.op("Split", [gate_up, g.i64([layer.ffn_width, layer.ffn_width])], outputs=2, axis=-1)
-            act = g.op("QuickGelu", [gate], domain=MS, alpha=1.0)  # x * sigmoid(x) = SiLU
-            x = self.linear(g.op("Mul", [act, up]), layer.down, f"layers.{i}.mlp.down")
+            x = self.ffn(i, layer, h)
         h, _ = self.skip_norm(x, residual, w.final_norm, "final_norm")
 
         neg_keep = g.op("Neg", ["num_logits_to_keep"])
@@ -164,6 +202,9 @@ class _FusedEmitter:
         inputs += [tensor_input("seqlens_k", TensorProto.INT32, ["batch"]),
                    tensor_input("total_sequence_length", TensorProto.INT32, []),
                    tensor_input("num_logits_to_keep", INT64, [1])]
+        extra_inputs, extra_outputs = self.extra_interface()
+        inputs += extra_inputs
+        outputs += extra_outputs
         return g.model("edgesdk_fused_decoder", inputs, outputs, OPSET, extra_opsets={MS: 1},
                        doc="edgesdk fused decoder (ONNX Runtime contrib ops), shared KV buffers")
 

@@ -34,6 +34,7 @@ class ExportConfig:
     form: str = "standard"  # standard (portable, TensorRT) | ort-fused (fast on ONNX Runtime CPU)
     weights: str = "fp32"  # fp32 | int8 | int4 (block-wise weight quantization; ort-fused only)
     block_size: int = 32  # quantization block along K (MatMulNBits minimum, best quality)
+    embedding_bits: int | None = None  # tied embedding / LM head bits (ort-fused); None = as the layers
 
     def __post_init__(self):
         if self.form not in FORMS:
@@ -49,7 +50,7 @@ class ExportConfig:
             )
 
     def fused(self) -> FusedConfig:
-        return FusedConfig(weights=self.weights, block_size=self.block_size)
+        return FusedConfig(weights=self.weights, block_size=self.block_size, embedding_bits=self.embedding_bits)
 
 
 def export_model(model, out_dir: Path, config: ExportConfig = ExportConfig()) -> GraphSpec:

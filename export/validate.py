@@ -104,16 +104,17 @@ def validate_export(model, onnx_path: Path, spec: GraphSpec, config: ValidationC
     return report
 
 
-def fake_quantized_copy(model, bits: int, block_size: int, quantize_embedding: bool = True):
-    """A copy of ``model`` whose decoder linears (and tied embedding) carry the exported
-    block-quantized weights, dequantized: what the fused graph multiplies by."""
+def fake_quantized_copy(model, bits: int, block_size: int, head_bits: int | None = None):
+    """A copy of ``model`` whose decoder linears (and tied embedding, at ``head_bits``; None keeps
+    it in float) carry the exported block-quantized weights, dequantized: what the fused graph
+    multiplies by."""
     import copy
 
     import torch
 
     from edgesdk.export.blockwise import quantize_blockwise
 
-    def requantize(weight: torch.Tensor) -> torch.Tensor:  # (out, in) as torch stores it
+    def requantize(weight: torch.Tensor, bits: int = bits) -> torch.Tensor:  # (out, in) as torch stores it
         q = quantize_blockwise(weight.detach().float().numpy().T.copy(), bits, block_size)
         return torch.from_numpy(q.dequantize().T.copy())
 
@@ -126,9 +127,9 @@ def fake_quantized_copy(model, bits: int, block_size: int, quantize_embedding: b
         tied = clone.lm_head.weight.data_ptr() == clone.model.embed_tokens.weight.data_ptr()
         if not tied:  # an untied LM head is a linear like the others
             clone.lm_head.weight.copy_(requantize(clone.lm_head.weight))
-        if quantize_embedding:  # rows of the (V, D) table, blocks along D: the same as the head's layout
+        if head_bits is not None:  # rows of the (V, D) table, blocks along D: the same as the head's layout
             embed = clone.model.embed_tokens.weight
-            embed.copy_(requantize(embed))
+            embed.copy_(requantize(embed, head_bits))
     return clone
 
 
@@ -193,8 +194,7 @@ def validate_fused(model, onnx_path: Path, spec: GraphSpec, fused_config, config
     exact_path = _exact_compute_copy(onnx_path)
     try:
         exact = OrtFusedBackend(exact_path, spec.to_json(), threads=1)
-        reference = fake_quantized_copy(model, fused_config.bits, fused_config.block_size,
-                                        fused_config.quantize_embedding)
+        reference = fake_quantized_copy(model, fused_config.bits, fused_config.block_size, fused_config.head_bits)
         layout, _, scale = _compare_fused(exact, reference, spec, config, progress)
     finally:
         exact_path.unlink(missing_ok=True)

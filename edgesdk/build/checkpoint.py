@@ -15,6 +15,9 @@ from pathlib import Path
 from edgesdk.errors import BuildError
 
 STATE = "state.json"
+# fn(model, checkpoint_dir) -> model, run after every load: stages that add modules of their own
+# (the power stage's adapters) register one to put them back after ``from_pretrained``.
+LOAD_HOOKS: list = []
 
 
 class WorkDir:
@@ -66,7 +69,10 @@ def save_checkpoint(model, tokenizer, path: Path) -> None:
 
 
 def load_checkpoint(path: Path):
-    import torch
-    from transformers import AutoModelForCausalLM
+    """The model a stage saved, pruned layer shapes included (edgesdk/compress/structure.py)."""
+    from edgesdk.compress.structure import load_pruned
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = load_pruned(path)
+    for hook in LOAD_HOOKS:
+        model = hook(model, path)
+    return model

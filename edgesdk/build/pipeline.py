@@ -17,6 +17,7 @@ from edgesdk.build.package import write_bundle
 from edgesdk.build.recipes import load_recipe
 from edgesdk.build.registry import BuildContext, stage_spec
 from edgesdk.bundle import Bundle
+from edgesdk.compress.data import DataConfig
 from edgesdk.export.onnx_export import ExportConfig, export_model
 from edgesdk.export.validate import ValidationConfig, validate_export, validate_fused
 from edgesdk.models.sources import DEFAULT_MODEL, resolve_model
@@ -31,6 +32,8 @@ class BuildConfig:
     model: str = DEFAULT_MODEL  # alias, Hugging Face directory or .gguf file
     out: Path | None = None  # bundle directory; default bundles/<model>-<target>
     recipe: str = "default"  # shipped recipe name or YAML path
+    overrides: tuple[str, ...] = ()  # "stage.field=value" changes to the recipe (--set)
+    data: DataConfig = field(default_factory=DataConfig)  # training text for the compression stages
     export: ExportConfig = field(default_factory=ExportConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     resume: bool = False  # continue a killed build from its work directory
@@ -51,13 +54,14 @@ def build(config: BuildConfig) -> Bundle:
     """Run the whole pipeline and return the verified bundle."""
     profile = get_profile(config.target)
     recipe = load_recipe(config.recipe if config.recipe != "default" else profile.default_recipe)
+    recipe = recipe.with_overrides(config.overrides)
     stages = recipe.validated()  # order and configs checked before any compute
     export_config = replace(config.export, **recipe.export.model_dump())
     source = resolve_model(config.model)
     out = Path(config.out) if config.out else default_out(config.model, profile.name)
     work = WorkDir(out.with_name(out.name + ".build"), {
         "model": str(source.path), "target": profile.model_dump(mode="json"), "recipe": recipe.model_dump(),
-        "export": asdict(export_config),
+        "export": asdict(export_config), "data": asdict(config.data) if stages else None,
     }, config.resume)
     steps = len(stages) + 3
     started = time.perf_counter()
@@ -68,8 +72,13 @@ def build(config: BuildConfig) -> Bundle:
     loaded = load_model(source)
     facts_before = loaded.facts()
     model = loaded.model
-    ctx = BuildContext(profile=profile, work_dir=work.path, tokenizer=loaded.tokenizer, teacher=loaded.model,
-                       progress=config.progress)
+    teacher = loaded.model
+    if stages:  # stages change the model in place; the teacher stays the model as loaded
+        import copy
+
+        model = copy.deepcopy(loaded.model)
+    ctx = BuildContext(profile=profile, work_dir=work.path, tokenizer=loaded.tokenizer, teacher=teacher,
+                       progress=config.progress, data_config=config.data)
     # Stages finished by a killed run: skip them and continue from the last one's checkpoint.
     finished = 0
     while finished < len(stages) and work.done(f"stage:{stages[finished][0]}"):

@@ -26,6 +26,7 @@ class ExportSection(BaseModel):
     form: Literal["standard", "ort-fused"] = "standard"
     weights: Literal["fp32", "int8", "int4"] = "fp32"
     block_size: int = 32
+    embedding_bits: Literal[4, 8] | None = None  # tied embedding / LM head; None = as the layers
 
 
 class Recipe(BaseModel):
@@ -34,6 +35,30 @@ class Recipe(BaseModel):
     description: str = ""
     stages: tuple[StageEntry, ...] = ()
     export: ExportSection = Field(default_factory=ExportSection)
+
+    def with_overrides(self, overrides: tuple[str, ...] | list[str]) -> Recipe:
+        """Apply ``stage.field=value`` (or ``export.field=value``) overrides; values are YAML."""
+        data = self.model_dump()
+        for item in overrides:
+            key, sep, raw = item.partition("=")
+            section, dot, field_name = key.partition(".")
+            if not sep or not dot or not field_name:
+                raise BuildError(f"override '{item}' is not of the form stage.field=value",
+                                 "write e.g. --set prune.ffn_ratio=0.4 or --set export.weights=int4")
+            value = yaml.safe_load(raw)
+            if section == "export":
+                data["export"][field_name] = value
+                continue
+            entries = [entry for entry in data["stages"] if entry["stage"] == section]
+            if not entries:
+                raise BuildError(f"override '{item}': the recipe '{self.name}' has no stage '{section}' "
+                                 f"(stages: {', '.join(e['stage'] for e in data['stages']) or 'none'})",
+                                 "pick a recipe with that stage or override one it has")
+            entries[0]["config"][field_name] = value
+        try:
+            return Recipe.model_validate(data)
+        except ValidationError as exc:
+            raise BuildError(f"overrides {list(overrides)} make the recipe invalid: {exc}", "fix the --set values") from exc
 
     def validated(self) -> list[tuple[str, object]]:
         """(stage name, config object) pairs, order and configs checked."""

@@ -25,6 +25,30 @@ class BuildContext:
     teacher: Any = None  # the model as loaded, before any stage (for distillation)
     progress: bool = True
     metrics: dict = field(default_factory=dict)  # the running stage writes its measurements here
+    data_config: Any = None  # edgesdk.compress.data.DataConfig: training text for the stages
+    _data: Any = None
+    _eval_ids: Any = None
+
+    def training_data(self):
+        """The token pool the training stages draw from (loaded, and teacher text generated, once)."""
+        if self._data is None:
+            from edgesdk.compress.data import DataConfig, TokenData
+
+            self._data = TokenData.load(self.data_config or DataConfig(), self.tokenizer, self.teacher, self.progress)
+        return self._data
+
+    def eval_ids(self):
+        """Held-out tokens for the per-stage perplexity: the skipped head of the first data file
+        (never trained on), at most 8,192 tokens; None without data files."""
+        if self._eval_ids is None and self.data_config is not None and self.data_config.files:
+            import torch
+
+            from edgesdk.compress.data import heldout_text
+
+            text = heldout_text(self.data_config)
+            if text:
+                self._eval_ids = torch.tensor(self.tokenizer(text)["input_ids"][:8192], dtype=torch.long)
+        return self._eval_ids
 
 
 StageFn = Callable[[Any, Any, BuildContext], Any]
@@ -71,7 +95,14 @@ def make_config(name: str, values: dict | None) -> Any:
         raise BuildError(f"stage '{name}' config {values} is invalid: {exc}", "fix the recipe") from exc
 
 
+def _load_shipped_stages() -> None:
+    """Import the modules registering the shipped stages (lazily: they import torch)."""
+    import edgesdk.build.stages  # noqa: F401
+
+
 def stage_spec(name: str) -> StageSpec:
+    if name not in STAGES:
+        _load_shipped_stages()
     if name not in STAGES:
         known = ", ".join(sorted(STAGES)) or "none registered yet"
         raise BuildError(f"unknown build stage '{name}'; known stages: {known}", "fix the recipe's stage list")

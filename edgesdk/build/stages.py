@@ -1,0 +1,3 @@
+"""Imports every module that registers a build stage, so that recipes can name them."""
+
+from edgesdk.compress import distill, prune, qat  # noqa: F401

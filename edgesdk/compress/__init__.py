@@ -1,0 +1,1 @@
+"""The compression stages (seed 004 §2-§4): QAT, structured pruning, attention-aligned distillation."""

@@ -1,0 +1,97 @@
+"""Training text for the compression stages: token blocks cut from text files, optionally joined
+by text the teacher generates itself (data-free distillation, Liu et al. 2023 "LLM-QAT").
+
+The evaluation slice must never be trained on: ``skip_chars`` leaves out the head of every file
+(the perplexity measure reads the first 200,000 characters of wiki.valid.raw).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from edgesdk.errors import BuildError
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where training tokens come from (one config shared by the stages of a build)."""
+
+    files: tuple[str, ...] = ()  # plain-text files; empty = teacher-generated text only
+    skip_chars: int = 0  # leading characters of each file left out (keep evaluation text unseen)
+    generated_sequences: int = 16  # teacher continuations added (data-free distillation; 0 = none)
+    generated_tokens: int = 128  # length of each teacher continuation
+    seed: int = 0  # shuffling and prompt choice
+
+
+class TokenData:
+    """A pool of token ids to cut (batch, length) training blocks from."""
+
+    def __init__(self, ids: torch.Tensor, generated: int):
+        self.ids = ids  # (N,) int64
+        self.generated_tokens = generated
+
+    @classmethod
+    def load(cls, config: DataConfig, tokenizer, teacher=None, progress: bool = False) -> TokenData:
+        pieces: list[torch.Tensor] = []
+        for name in config.files:
+            path = Path(name)
+            if not path.is_file():
+                raise BuildError(f"training text {path} does not exist", "pass an existing plain-text file to --data")
+            text = path.read_text(encoding="utf-8", errors="replace")[config.skip_chars:]
+            if not text.strip():
+                raise BuildError(f"training text {path} is empty after skipping {config.skip_chars} characters",
+                                 "pass a longer file or a smaller --data-skip-chars")
+            pieces.append(torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long))
+        generated = 0
+        if config.generated_sequences and teacher is not None:
+            sample = generate_text(teacher, tokenizer, config, progress)
+            generated = int(sample.numel())
+            pieces.append(sample)
+        if not pieces:
+            raise BuildError("the compression stages have no training text",
+                             "pass --data FILE (plain text) or keep generated_sequences > 0")
+        ids = torch.cat(pieces)
+        return cls(ids, generated)
+
+    def batches(self, count: int, batch_size: int, length: int, seed: int) -> list[torch.Tensor]:
+        """``count`` random (batch_size, length) blocks, reproducible for a seed."""
+        if self.ids.numel() < length + 1:
+            raise BuildError(f"training text has {self.ids.numel()} tokens, fewer than one block of {length}",
+                             "pass more text with --data or a shorter sequence_length")
+        generator = torch.Generator().manual_seed(seed)
+        starts = torch.randint(0, self.ids.numel() - length, (count, batch_size), generator=generator)
+        return [torch.stack([self.ids[s: s + length] for s in row.tolist()]) for row in starts]
+
+
+def heldout_text(config: DataConfig, limit: int = 40_000) -> str:
+    """The first ``min(skip_chars, limit)`` characters of the first file: text never trained on."""
+    if not config.files or config.skip_chars <= 0:
+        return ""
+    return Path(config.files[0]).read_text(encoding="utf-8", errors="replace")[: min(config.skip_chars, limit)]
+
+
+PROMPTS = (
+    "The history of", "In mathematics,", "Once upon a time", "The city is known for",
+    "Scientists have discovered", "The following is a list of", "He was born in", "The album was released",
+    "Write a short story about", "Explain how", "The river flows", "During the war,",
+)
+
+
+def generate_text(teacher, tokenizer, config: DataConfig, progress: bool) -> torch.Tensor:
+    """Sampled teacher continuations of short prompts (temperature 1, top-p 0.95), concatenated."""
+    from tqdm import tqdm
+
+    generator = torch.Generator().manual_seed(config.seed)
+    chunks = []
+    for index in tqdm(range(config.generated_sequences), desc="teacher text", disable=not progress, unit="seq"):
+        prompt = PROMPTS[int(torch.randint(len(PROMPTS), (1,), generator=generator))]
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        torch.manual_seed(config.seed * 100_003 + index)
+        with torch.no_grad():
+            out = teacher.generate(ids, max_new_tokens=config.generated_tokens, do_sample=True, top_p=0.95,
+                                   temperature=1.0, pad_token_id=tokenizer.eos_token_id)
+        chunks.append(out[0])
+    return torch.cat(chunks)

@@ -1,0 +1,137 @@
+"""Build stage ``distill``: attention-aligned knowledge distillation (seed 004 §4).
+
+The teacher is the model as loaded, before any stage. The student (quantized and pruned; its
+fake quantization stays on, so it learns the weights it will ship) is trained on
+
+    L = w_logits * KL_T(teacher || student) + w_attention * (a_tok L_token + a_layer L_layer + a_glob L_global)
+
+with the seed's attention terms (losses.py) and their weight schedule (token-level first, then
+layer-level, then global), dropout off (the seed's warning; modules are kept in eval mode), and
+training text from the build's data plus teacher-generated text (data-free distillation).
+
+Departures from the seed: the per-layer temperature T_layer = 2 + 2·sigmoid(0.1·(l-12)) (§4.3)
+has nothing to act on, since only the last layer produces logits, so there is one temperature;
+the teacher soft prompt (§4.2) is "learnable" yet "frozen throughout", i.e. a fixed random
+prefix: it is an option (``soft_prompt_tokens``) whose effect is measured, off by default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edgesdk.build.registry import BuildContext, register_stage
+from edgesdk.compress import fake_quant
+from edgesdk.compress.losses import (
+    attention_weights,
+    global_attention_cosine,
+    layer_attention_kl,
+    logits_kl,
+    token_attention_kl,
+)
+from edgesdk.compress.measure import stage_metrics
+from edgesdk.compress.structure import layer_records
+from edgesdk.compress.train import LoopSettings, run_training
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Distillation settings; the token budget is steps x batch_size x sequence_length."""
+
+    steps: int = 96  # batches; 96 x 4 x 256 = 98k tokens, ~20 min on 2 cores
+    batch_size: int = 4  # sequences per batch
+    sequence_length: int = 256  # tokens per sequence
+    grad_accumulation: int = 2  # batches per optimizer step
+    lr: float = 2e-5  # pruned weights need to move further than QAT's rounding nudges
+    temperature: float = 1.0  # logits KL temperature (one: only the last layer has logits)
+    logits_weight: float = 1.0  # the next-token distributions are what the user sees
+    attention_weight: float = 0.5  # seed §4.1 attention alignment, relative to the logits term
+    schedule: bool = True  # seed §4.1 weight schedule (token -> layer -> global emphasis)
+    soft_prompt_tokens: int = 0  # seed §4.2 frozen random teacher prefix; 0 = off (measured, see docs)
+    train_embedding: bool = False  # keep the tied embedding / LM head as QAT left it
+    seed: int = 2  # batch sampling (differs from QAT and pruning)
+
+    def __post_init__(self):
+        if self.steps < 0 or self.batch_size < 1 or self.sequence_length < 2:
+            raise ValueError("steps >= 0, batch_size >= 1 and sequence_length >= 2 are required")
+        if self.logits_weight < 0 or self.attention_weight < 0:
+            raise ValueError("loss weights must be >= 0")
+
+
+def _use_eager_attention(model) -> None:
+    """Attention probabilities are only returned by the eager implementation."""
+    model.set_attn_implementation("eager")
+
+
+class TeacherWithPrefix:
+    """The teacher, optionally reading a fixed random prefix of ``tokens`` embeddings first; its
+    logits and attention maps are cut back to the real positions (rows renormalised)."""
+
+    def __init__(self, teacher, tokens: int, seed: int):
+        self.teacher, self.tokens = teacher, tokens
+        if tokens:
+            generator = torch.Generator().manual_seed(seed)
+            ids = torch.randint(0, teacher.config.vocab_size, (tokens,), generator=generator)
+            self.prefix = teacher.model.embed_tokens(ids).detach()  # (P, D)
+
+    @torch.no_grad()
+    def __call__(self, batch: torch.Tensor):
+        if not self.tokens:
+            out = self.teacher(batch, output_attentions=True)
+            return out.logits, out.attentions
+        embeds = self.teacher.model.embed_tokens(batch)  # (B, S, D)
+        prefix = self.prefix.unsqueeze(0).expand(batch.shape[0], -1, -1)  # (B, P, D)
+        out = self.teacher(inputs_embeds=torch.cat([prefix, embeds], dim=1), output_attentions=True)
+        p = self.tokens
+        maps = []
+        for attention in out.attentions:  # (B, H, P+S, P+S)
+            real = attention[:, :, p:, p:]
+            maps.append(real / real.sum(-1, keepdim=True).clamp_min(1e-12))
+        return out.logits[:, p:], maps
+
+
+def distillation_loss(student, teacher: TeacherWithPrefix, kept_heads, config: DistillConfig):
+    def loss_fn(batch: torch.Tensor, fraction: float) -> tuple[torch.Tensor, dict]:
+        teacher_logits, teacher_maps = teacher(batch)
+        out = student(batch, output_attentions=config.attention_weight > 0)
+        parts = {"logits": logits_kl(out.logits, teacher_logits, config.temperature)}
+        loss = config.logits_weight * parts["logits"]
+        if config.attention_weight > 0:
+            weights = attention_weights(fraction, config.schedule)
+            parts["token"] = token_attention_kl(out.attentions, teacher_maps, kept_heads)
+            parts["layer"] = layer_attention_kl(out.attentions, teacher_maps)
+            parts["global"] = global_attention_cosine(out.attentions, teacher_maps)
+            loss = loss + config.attention_weight * sum(weights[k] * parts[k] for k in weights)
+        return loss, {k: float(v) for k, v in parts.items()}
+    return loss_fn
+
+
+@register_stage("distill", DistillConfig, after=("qat", "prune"),
+                description="attention-aligned distillation from the uncompressed teacher")
+def distill_stage(model, config: DistillConfig, ctx: BuildContext):
+    teacher = ctx.teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    for m in (teacher, model):
+        _use_eager_attention(m)
+        m.eval()  # dropout off (seed §4 warning)
+    scheme = fake_quant.reattach(model)
+    for name, p in model.named_parameters():
+        p.requires_grad_(config.train_embedding or "embed_tokens" not in name)
+    kept_heads = [record["heads"] for record in layer_records(model)]
+    metrics = {}
+    if config.steps:
+        batches = ctx.training_data().batches(config.steps, config.batch_size, config.sequence_length, config.seed)
+        loss_fn = distillation_loss(model, TeacherWithPrefix(teacher, config.soft_prompt_tokens, config.seed),
+                                    kept_heads, config)
+        settings = LoopSettings(lr=config.lr, grad_accumulation=config.grad_accumulation)
+        metrics["training"] = run_training(model, loss_fn, batches, settings, desc="distill", progress=ctx.progress)
+    if scheme is not None:
+        fake_quant.detach(model, bake=True)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.set_attn_implementation("sdpa")
+    teacher.set_attn_implementation("sdpa")
+    ctx.metrics.update(metrics, **stage_metrics(model, ctx.eval_ids()))
+    return model

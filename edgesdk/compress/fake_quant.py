@@ -1,0 +1,257 @@
+"""Fake quantization with a straight-through estimator (seed 004 §2; Jacob et al. 2018, Bengio et
+al. 2013), numerically identical to what the exported INT8/INT4 graphs compute.
+
+Weights are symmetric integers times a float scale, either per output channel (the QDQ form
+TensorRT builds from: Q, K and V are separate matrices, so each carries its own scales) or per
+block of ``block_size`` input features per output channel (ONNX Runtime ``MatMulNBits``, the
+layout of ``export/blockwise.py``). Activations are either left in float, quantized per block of
+32 at run time (what MatMulNBits ``accuracy_level=4`` does), or quantized per tensor with a static
+scale from an observer (the QDQ form). Norm weights are never quantized (seed §2.2).
+
+A linear is switched to fake quantization by swapping its class (``QuantLinear`` is an
+``nn.Linear``), so parameter names and checkpoints stay those of the original model. The scheme
+travels between stages in ``model.config.edgesdk_quant``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CONFIG_KEY = "edgesdk_quant"
+LINEAR_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+INT4_SCALE_DIVISORS = tuple(6.0 + 0.25 * i for i in range(13))  # export/blockwise.py's search grid
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How weights and activations are quantized; stored in the model config between stages."""
+
+    weight_bits: int = 8  # 8 (INT8) or 4 (INT4 weight-only)
+    granularity: str = "block"  # block: MatMulNBits layout (ORT CPU form); channel: QDQ per-channel
+    block_size: int = 32  # input features per scale for granularity=block; 32 is MatMulNBits' smallest
+    activations: str = "block"  # none | block (dynamic per 32, MatMulNBits acc-4) | tensor (static, QDQ)
+    embedding_bits: int | None = 8  # tied embedding / LM head bits; None leaves it in float32
+    activation_scales: dict[str, float] = field(default_factory=dict)  # per linear, activations=tensor
+
+    def __post_init__(self):
+        if self.weight_bits not in (4, 8):
+            raise ValueError(f"weight_bits must be 4 or 8, got {self.weight_bits}")
+        if self.granularity not in ("block", "channel"):
+            raise ValueError(f"granularity must be block or channel, got {self.granularity!r}")
+        if self.activations not in ("none", "block", "tensor"):
+            raise ValueError(f"activations must be none, block or tensor, got {self.activations!r}")
+        if self.embedding_bits not in (None, 4, 8):
+            raise ValueError(f"embedding_bits must be 4, 8 or None, got {self.embedding_bits!r}")
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 16, got {self.block_size}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def of(cls, model) -> QuantScheme | None:
+        """The scheme recorded in ``model.config`` by an earlier stage, if any."""
+        stored = getattr(model.config, CONFIG_KEY, None)
+        return cls(**stored) if stored else None
+
+
+def _blocks(weight: torch.Tensor, block_size: int) -> tuple[torch.Tensor, int]:
+    """(out, in) -> (out, blocks, block), zero-padding ``in``; also returns the original ``in``."""
+    out_features, in_features = weight.shape
+    blocks = -(-in_features // block_size)
+    padded = F.pad(weight, (0, blocks * block_size - in_features))
+    return padded.reshape(out_features, blocks, block_size), in_features
+
+
+def weight_scales(grouped: torch.Tensor, bits: int) -> torch.Tensor:
+    """Per-group scales for (…, group) weights: absmax / qmax, and for 4 bits the signed scale
+    with the least squared rounding error (the same candidates and order as export/blockwise.py)."""
+    qmax = 2 ** (bits - 1) - 1
+    absmax = grouped.abs().amax(dim=-1, keepdim=True)
+    scales = torch.where(absmax > 0, absmax / qmax, torch.ones_like(absmax))
+    if bits == 4:
+        best_error = _rounding_error(grouped, scales, qmax)
+        for divisor in INT4_SCALE_DIVISORS:
+            for sign in (1.0, -1.0):
+                candidate = torch.where(absmax > 0, sign * absmax / divisor, torch.ones_like(absmax))
+                error = _rounding_error(grouped, candidate, qmax)
+                better = error < best_error
+                scales = torch.where(better, candidate, scales)
+                best_error = torch.minimum(error, best_error)
+    return scales
+
+
+def _rounding_error(grouped: torch.Tensor, scales: torch.Tensor, qmax: int) -> torch.Tensor:
+    codes = torch.clamp(torch.round(grouped / scales), -qmax - 1, qmax)
+    return ((codes * scales - grouped) ** 2).sum(dim=-1, keepdim=True)
+
+
+def quantize_weight(weight: torch.Tensor, bits: int, granularity: str, block_size: int) -> torch.Tensor:
+    """The dequantized weight (same shape): what the exported graph multiplies by. No gradient."""
+    with torch.no_grad():
+        if granularity == "channel":
+            grouped, in_features = weight.unsqueeze(1), weight.shape[1]  # (out, 1, in)
+        else:
+            grouped, in_features = _blocks(weight, block_size)  # (out, blocks, block)
+        qmax = 2 ** (bits - 1) - 1
+        scales = weight_scales(grouped, bits)
+        low = -qmax if granularity == "channel" else -qmax - 1  # QDQ weights are symmetric [-127, 127]
+        codes = torch.clamp(torch.round(grouped / scales), low, qmax)
+        return (codes * scales).reshape(weight.shape[0], -1)[:, :in_features]
+
+
+def straight_through(value: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:
+    """Forward: ``quantized``; backward: the identity to ``value`` (straight-through estimator)."""
+    return value + (quantized - value).detach()
+
+
+def quantize_activation_blocks(x: torch.Tensor, block_size: int = 32) -> torch.Tensor:
+    """Dynamic symmetric int8 per block of ``block_size`` along the last dim (MatMulNBits acc-4)."""
+    with torch.no_grad():
+        *lead, k = x.shape
+        blocks = -(-k // block_size)
+        grouped = F.pad(x, (0, blocks * block_size - k)).reshape(*lead, blocks, block_size)
+        absmax = grouped.abs().amax(dim=-1, keepdim=True)
+        inverse = torch.where(absmax > 0, 127.0 / absmax, torch.zeros_like(absmax))
+        codes = torch.round(grouped * inverse)
+        return (codes * (absmax / 127.0)).reshape(*lead, -1)[..., :k]
+
+
+def quantize_activation_tensor(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Static per-tensor int8 (ONNX QuantizeLinear/DequantizeLinear, zero point 0)."""
+    with torch.no_grad():
+        return torch.clamp(torch.round(x / scale), -128, 127) * scale
+
+
+class QuantLinear(nn.Linear):
+    """``nn.Linear`` whose weight (and input) pass through fake quantization in forward.
+
+    Created by class swap from an existing ``nn.Linear`` (see :func:`attach`), so the parameters
+    are the original ones. ``observing`` makes it record the running input absmax (EMA) for the
+    per-tensor activation scale.
+    """
+
+    scheme: QuantScheme
+    bits: int
+    qualified_name: str
+    observing: bool
+    input_absmax: float | None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scheme = self.scheme
+        if scheme.activations == "block":
+            x = straight_through(x, quantize_activation_blocks(x))
+        elif scheme.activations == "tensor":
+            if self.observing:
+                peak = float(x.detach().abs().amax())
+                self.input_absmax = peak if self.input_absmax is None else 0.9 * self.input_absmax + 0.1 * peak
+            scale = self.activation_scale()
+            if scale is not None:
+                x = straight_through(x, quantize_activation_tensor(x, scale))
+        return F.linear(x, straight_through(self.weight, self.quantized_weight()), self.bias)
+
+    def quantized_weight(self) -> torch.Tensor:
+        """Cached until the optimizer changes the weight (micro-batches of one step share it)."""
+        version = (self.weight._version, self.weight.data_ptr())
+        if getattr(self, "_cached_version", None) != version:
+            self._cached = quantize_weight(self.weight, self.bits, self.scheme.granularity, self.scheme.block_size)
+            self._cached_version = version
+        return self._cached
+
+    def activation_scale(self) -> float | None:
+        if self.input_absmax is not None:
+            return max(self.input_absmax, 1e-8) / 127.0
+        return self.scheme.activation_scales.get(self.qualified_name)
+
+
+class QuantEmbedding(nn.Embedding):
+    """``nn.Embedding`` whose gathered rows are fake-quantized per block along the hidden size:
+    the same codes as the tied LM head (``GatherBlockQuantized`` in the exported graph)."""
+
+    scheme: QuantScheme
+    bits: int
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = super().forward(ids)  # (B, S, D)
+        flat = rows.reshape(-1, rows.shape[-1])  # (B*S, D)
+        quantized = quantize_weight(flat, self.bits, "block", self.scheme.block_size).reshape(rows.shape)
+        return straight_through(rows, quantized)
+
+
+def decoder_linears(model) -> dict[str, nn.Linear]:
+    """Qualified name -> linear for every decoder projection (``model.layers.{i}.self_attn.q_proj`` …)."""
+    found = {}
+    for index, layer in enumerate(model.model.layers):
+        for name in LINEAR_NAMES:
+            module = layer.get_submodule(name)
+            found[f"model.layers.{index}.{name}"] = module
+    return found
+
+
+def is_tied(model) -> bool:
+    return model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def attach(model, scheme: QuantScheme) -> None:
+    """Switch the decoder linears (and the embedding / LM head) to fake quantization, in place."""
+    for name, linear in decoder_linears(model).items():
+        _make_quant_linear(linear, scheme, scheme.weight_bits, name)
+    if scheme.embedding_bits is not None:
+        head_scheme = QuantScheme(**{**scheme.to_json(), "granularity": "block", "activations": "none"})
+        _make_quant_linear(model.lm_head, head_scheme, scheme.embedding_bits, "lm_head")
+        if is_tied(model):
+            embedding = model.model.embed_tokens
+            embedding.__class__ = QuantEmbedding
+            embedding.scheme, embedding.bits = head_scheme, scheme.embedding_bits
+    setattr(model.config, CONFIG_KEY, scheme.to_json())
+
+
+def _make_quant_linear(linear: nn.Linear, scheme: QuantScheme, bits: int, name: str) -> None:
+    linear.__class__ = QuantLinear
+    linear.scheme, linear.bits, linear.qualified_name = scheme, bits, name
+    linear.observing, linear.input_absmax = False, None
+
+
+def set_observing(model, observing: bool) -> None:
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.observing = observing
+
+
+def detach(model, bake: bool = True) -> QuantScheme:
+    """Back to plain modules. ``bake`` writes the dequantized weights into the parameters, so the
+    float model computes exactly what the exported integer graph does (and a later export
+    re-derives the same codes); observed activation scales go into the recorded scheme."""
+    scheme = QuantScheme.of(model)
+    if scheme is None:
+        raise ValueError("the model carries no quantization scheme; call attach() first")
+    scales = dict(scheme.activation_scales)
+    with torch.no_grad():
+        for module in list(model.modules()):
+            if isinstance(module, QuantLinear):
+                if module.activation_scale() is not None and module.scheme.activations == "tensor":
+                    scales[module.qualified_name] = module.activation_scale()
+                if bake:
+                    module.weight.copy_(quantize_weight(module.weight, module.bits, module.scheme.granularity,
+                                                        module.scheme.block_size))
+                module.__class__ = nn.Linear
+                module.__dict__.pop("_cached", None)
+                module.__dict__.pop("_cached_version", None)
+            elif isinstance(module, QuantEmbedding):
+                module.__class__ = nn.Embedding
+    scheme = QuantScheme(**{**scheme.to_json(), "activation_scales": scales})
+    setattr(model.config, CONFIG_KEY, scheme.to_json())
+    return scheme
+
+
+def reattach(model) -> QuantScheme | None:
+    """Re-enable the fake quantization recorded in the config (stages after QAT train with it on)."""
+    scheme = QuantScheme.of(model)
+    if scheme is not None:
+        attach(model, scheme)
+    return scheme

@@ -1,0 +1,70 @@
+"""What the build report records after each stage: parameters, the bytes the exported weights
+will take, quick held-out perplexity, and the per-layer structure."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from edgesdk.compress.fake_quant import QuantScheme, decoder_linears, is_tied
+from edgesdk.compress.structure import layer_records
+
+
+def weight_bytes(model, scheme: QuantScheme | None) -> int:
+    """Bytes of the exported weights: codes plus one float32 scale per block (or channel); norms
+    and float weights at 4 bytes. The tied embedding / LM head is stored once."""
+    def quantized(numel: int, rows: int, bits: int, granularity: str, block: int) -> int:
+        groups = rows if granularity == "channel" else numel // block
+        return numel * bits // 8 + 4 * groups
+
+    total = 0
+    linears = decoder_linears(model)
+    counted = {id(m.weight) for m in linears.values()}
+    for linear in linears.values():
+        w = linear.weight
+        if scheme is None:
+            total += 4 * w.numel()
+        else:
+            total += quantized(w.numel(), w.shape[0], scheme.weight_bits, scheme.granularity, scheme.block_size)
+    embed = model.model.embed_tokens.weight
+    counted.add(id(embed))
+    bits = scheme.embedding_bits if scheme is not None else None
+    total += quantized(embed.numel(), embed.shape[0], bits, "block", 32) if bits else 4 * embed.numel()
+    if not is_tied(model):
+        counted.add(id(model.lm_head.weight))
+        total += 4 * model.lm_head.weight.numel()
+    total += sum(4 * p.numel() for p in model.parameters() if id(p) not in counted)
+    return total
+
+
+def parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def heldout_perplexity(model, ids: torch.Tensor, length: int = 256) -> float:
+    """Perplexity over non-overlapping windows of ``ids`` (a quick per-stage figure; the bundle's
+    perplexity through the runtime is ``edgesdk eval``)."""
+    windows = ids[: (ids.numel() // length) * length].reshape(-1, length)  # (W, length)
+    total, count = 0.0, 0
+    for row in windows:
+        logits = model(row[None]).logits[0, :-1]  # (length-1, V)
+        total += float(torch.nn.functional.cross_entropy(logits.float(), row[1:], reduction="sum"))
+        count += length - 1
+    return math.exp(total / max(count, 1))
+
+
+def structure_summary(model) -> list[dict]:
+    """Per layer: query heads, KV heads and FFN channels kept."""
+    return [{"heads": len(r["heads"]), "kv_heads": len(r["kv_heads"]), "ffn": len(r["ffn"])}
+            for r in layer_records(model)]
+
+
+def stage_metrics(model, eval_ids: torch.Tensor | None) -> dict:
+    scheme = QuantScheme.of(model)
+    metrics = {"parameters": parameters(model), "weight_bytes": weight_bytes(model, scheme),
+               "layers": structure_summary(model)}
+    if eval_ids is not None and eval_ids.numel() > 256:
+        metrics["heldout_perplexity"] = round(heldout_perplexity(model, eval_ids), 4)
+    return metrics

@@ -1,0 +1,176 @@
+"""Build stage ``prune``: structured pruning by Fisher saliency (seed 004 §3).
+
+Importance comes from squared gradients accumulated on training text with the QAT fake
+quantization on (seed §3.1 calls the Fisher diagonal E[g^2] the "Hessian trace"). A structure's
+saliency is the second-order cost of removing it, sum over its weights of ½·E[g^2]·w^2 (LeCun et
+al. 1990, optimal brain damage with the Fisher standing in for the Hessian): the squared
+gradient alone would rank a large, rarely-moving weight below a small, noisy one.
+
+* FFN channels (a row of gate and up, a column of down) are ranked globally across layers, so each
+  layer's ratio follows the importance distribution (seed §3.2, not a hard-coded table); a layer
+  keeps at least ``min_ffn_keep`` and a multiple of ``ffn_multiple`` channels (the MatMulNBits
+  block, so no block is padded).
+* Attention is pruned by whole grouped-query groups (one KV head and the query heads that read
+  it): removing single query heads would leave groups of unequal size, which GQA cannot express.
+  The seed's cooperative rule (§3.3) picks among neighbours: the least salient remaining group
+  (layer i, group g) puts (i-1, g), (i, g) and (i+1, g) into a pool, the least salient of the pool
+  is removed and the pool is closed for this pass.
+
+Weights are physically removed and the per-layer structure recorded (structure.py), so the
+exported graph is smaller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from edgesdk.build.registry import BuildContext, register_stage
+from edgesdk.compress import fake_quant
+from edgesdk.compress.measure import stage_metrics
+from edgesdk.compress.structure import LAYERS_KEY, head_dim, keep_ffn_channels, keep_kv_groups, layer_records
+
+
+@dataclass(frozen=True)
+class PruneConfig:
+    """Structured pruning settings."""
+
+    ffn_ratio: float = 0.25  # fraction of all FFN channels removed (FFN is ~75 % of decoder weights)
+    kv_group_ratio: float = 0.0  # fraction of all GQA groups removed (attention is cheaper, riskier)
+    min_ffn_keep: float = 0.25  # no layer keeps fewer FFN channels than this fraction
+    ffn_multiple: int = 32  # kept channels per layer round to this (the quantization block)
+    cooperative: bool = True  # seed §3.3: neighbouring layers' same group compete, one is removed
+    calibration_batches: int = 16  # batches of squared gradients (16 x 4 x 256 = 16k tokens)
+    batch_size: int = 4  # sequences per calibration batch
+    sequence_length: int = 256  # tokens per sequence
+    seed: int = 1  # batch sampling (differs from QAT's so calibration text is not the QAT text)
+
+    def __post_init__(self):
+        for name in ("ffn_ratio", "kv_group_ratio"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 < self.min_ffn_keep <= 1.0:
+            raise ValueError(f"min_ffn_keep must be in (0, 1], got {self.min_ffn_keep}")
+
+
+def fisher_diagonal(model, batches: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """E[g^2] of every decoder linear weight over ``batches`` (next-token cross-entropy)."""
+    linears = fake_quant.decoder_linears(model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for linear in linears.values():
+        linear.weight.requires_grad_(True)
+    sums = {name: torch.zeros_like(linear.weight) for name, linear in linears.items()}
+    for batch in batches:
+        logits = model(batch).logits[:, :-1]  # (B, S-1, V)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1))
+        loss.backward()
+        for name, linear in linears.items():
+            sums[name] += linear.weight.grad.pow(2)
+            linear.weight.grad = None
+    for linear in linears.values():
+        linear.weight.requires_grad_(False)
+    return {name: total / max(1, len(batches)) for name, total in sums.items()}
+
+
+def saliencies(model, fisher: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer: FFN channel saliency (F,) and GQA group saliency (G,), sum of ½·E[g^2]·w^2."""
+    dim = head_dim(model)
+    q_per_kv = model.config.num_attention_heads // model.config.num_key_value_heads
+    ffn, groups = [], []
+    for index, layer in enumerate(model.model.layers):
+        def cost(name: str, weight: torch.Tensor, index: int = index) -> torch.Tensor:
+            return 0.5 * fisher[f"model.layers.{index}.{name}"] * weight.pow(2)
+
+        mlp, attention = layer.mlp, layer.self_attn
+        ffn.append(cost("mlp.gate_proj", mlp.gate_proj.weight).sum(1) + cost("mlp.up_proj", mlp.up_proj.weight).sum(1)
+                   + cost("mlp.down_proj", mlp.down_proj.weight).sum(0))
+        n_kv = attention.k_proj.out_features // dim
+        q = cost("self_attn.q_proj", attention.q_proj.weight).sum(1).reshape(n_kv, q_per_kv * dim).sum(1)
+        o = cost("self_attn.o_proj", attention.o_proj.weight).sum(0).reshape(n_kv, q_per_kv * dim).sum(1)
+        k = cost("self_attn.k_proj", attention.k_proj.weight).sum(1).reshape(n_kv, dim).sum(1)
+        v = cost("self_attn.v_proj", attention.v_proj.weight).sum(1).reshape(n_kv, dim).sum(1)
+        groups.append(q + o + k + v)
+    return ffn, groups
+
+
+def plan_ffn(scores: list[torch.Tensor], config: PruneConfig) -> list[list[int]]:
+    """Channels each layer keeps: a global saliency threshold, then per-layer floor and rounding."""
+    total = sum(s.numel() for s in scores)
+    remove = int(round(config.ffn_ratio * total))
+    if remove == 0:
+        return [list(range(s.numel())) for s in scores]
+    threshold = torch.cat(scores).sort().values[remove - 1]
+    plans = []
+    for s in scores:
+        width = s.numel()
+        keep = int((s > threshold).sum())
+        keep = max(keep, int(round(config.min_ffn_keep * width)))
+        multiple = config.ffn_multiple if width >= config.ffn_multiple else 1
+        keep = min(width, max(multiple, int(round(keep / multiple)) * multiple))
+        plans.append(sorted(s.topk(keep).indices.tolist()))
+    return plans
+
+
+def plan_groups(scores: list[torch.Tensor], config: PruneConfig) -> list[list[int]]:
+    """GQA groups each layer keeps, under the cooperative neighbour rule (seed §3.3)."""
+    total = sum(s.numel() for s in scores)
+    remove = int(round(config.kv_group_ratio * total))
+    kept = [set(range(s.numel())) for s in scores]
+    removed = 0
+    while removed < remove:
+        closed: set[tuple[int, int]] = set()
+        progress = False
+        order = sorted(((float(s[g]), i, g) for i, s in enumerate(scores) for g in kept[i]))
+        for _, layer, group in order:
+            if removed >= remove:
+                break
+            if (layer, group) in closed:
+                continue
+            neighbours = (layer - 1, layer, layer + 1) if config.cooperative else (layer,)
+            pool = [(i, group) for i in neighbours if 0 <= i < len(scores) and group in kept[i]
+                    and len(kept[i]) > 1 and (i, group) not in closed]
+            if not pool:
+                continue
+            victim = min(pool, key=lambda unit: float(scores[unit[0]][unit[1]]))
+            kept[victim[0]].discard(victim[1])
+            closed.update((i, group) for i in neighbours)
+            removed += 1
+            progress = True
+        if not progress:
+            break
+    return [sorted(k) for k in kept]
+
+
+@register_stage("prune", PruneConfig, after=("qat",), description="structured pruning (Fisher saliency, GQA groups)")
+def prune_stage(model, config: PruneConfig, ctx: BuildContext):
+    model.eval()
+    scheme = fake_quant.reattach(model)  # importance measured on the quantized model (seed §5 lesson)
+    batches = ctx.training_data().batches(config.calibration_batches, config.batch_size, config.sequence_length,
+                                          config.seed)
+    fisher = fisher_diagonal(model, batches)
+    if scheme is not None:
+        fake_quant.detach(model, bake=False)  # weights are already on the grid from QAT
+    ffn_scores, group_scores = saliencies(model, fisher)
+    ffn_plan, group_plan = plan_ffn(ffn_scores, config), plan_groups(group_scores, config)
+    dim = head_dim(model)
+    q_per_kv = model.config.num_attention_heads // model.config.num_key_value_heads
+    records = layer_records(model)
+    for layer, record, channels, groups in zip(model.model.layers, records, ffn_plan, group_plan, strict=True):
+        keep_ffn_channels(layer, channels)
+        keep_kv_groups(layer, groups, q_per_kv, dim)
+        record["ffn"] = [record["ffn"][c] for c in channels]
+        record["kv_heads"] = [record["kv_heads"][g] for g in groups]
+        record["heads"] = [record["heads"][g * q_per_kv + j] for g in groups for j in range(q_per_kv)]
+    setattr(model.config, LAYERS_KEY, records)
+    if scheme is not None:  # removed down-projection columns shift its K blocks: back onto the grid
+        fake_quant.attach(model, scheme)
+        fake_quant.detach(model, bake=True)
+    ctx.metrics.update({
+        "ffn_saliency_per_layer": [round(float(s.sum()), 6) for s in ffn_scores],
+        "group_saliency_per_layer": [[round(float(v), 6) for v in s] for s in group_scores],
+        "calibration_tokens": sum(int(b.numel()) for b in batches),
+    }, **stage_metrics(model, ctx.eval_ids()))
+    return model

@@ -1,0 +1,98 @@
+"""Build stage ``qat``: quantization-aware training (seed 004 §2; Jacob et al. 2018).
+
+Weights are fake-quantized symmetrically (per output channel for the QDQ/TensorRT form, per
+block of 32 for ONNX Runtime's MatMulNBits), activations per tensor with observed scales (QDQ)
+or per block at run time (MatMulNBits accuracy level 4); norms stay in float (§2.2). The student
+learns, through the straight-through estimator, to match the unquantized model's next-token
+distributions (KL to the teacher: the loaded model is the best label we have). At the end the
+weights are baked onto the integer grid, so the export re-derives exactly these codes.
+
+Departures from the seed: the teacher KL replaces a task loss (no labelled data on the host);
+the gradient-scaling schedule (§2.3) is an option, off by default, because Adam divides a common
+gradient factor out of its update (measured, see the closing note of the build's report).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edgesdk.build.registry import BuildContext, register_stage
+from edgesdk.compress import fake_quant
+from edgesdk.compress.losses import logits_kl
+from edgesdk.compress.measure import stage_metrics
+from edgesdk.compress.train import LoopSettings, run_training
+
+
+@dataclass(frozen=True)
+class QATConfig:
+    """Quantization-aware training settings (defaults: SmolLM2-class models on a 2-core host)."""
+
+    weight_bits: int = 8  # 8 = INT8; 4 = INT4 weight-only (the int4 / aggressive recipes)
+    granularity: str = "block"  # block (MatMulNBits, ORT CPU form) | channel (QDQ, TensorRT form)
+    block_size: int = 32  # MatMulNBits' smallest block: the least rounding error
+    activations: str = "block"  # block: what MatMulNBits acc-4 does at run time; tensor: QDQ observers
+    embedding_bits: int | None = 8  # tied embedding / LM head at 8 bits: it scores every token
+    train_embedding: bool = False  # the embedding is 21 % of SmolLM2; frozen saves optimizer memory
+    steps: int = 48  # batches; 48 x 4 x 256 = 49k tokens, ~8 min on 2 cores
+    batch_size: int = 4  # sequences per batch (the seed warns against large QAT batches, §2.3)
+    sequence_length: int = 256  # tokens per sequence
+    grad_accumulation: int = 2  # batches per optimizer step (effective batch 8)
+    lr: float = 5e-6  # small: the weights start next to their grid, QAT nudges rounding decisions
+    temperature: float = 1.0  # logits KL temperature
+    grad_scaling: bool = False  # seed §2.3 schedule 1 / (1 + 0.001 step); a no-op under Adam (measured)
+    observer_batches: int = 8  # batches to observe per-tensor activation ranges (activations=tensor)
+    seed: int = 0  # batch sampling
+
+    def scheme(self) -> fake_quant.QuantScheme:
+        return fake_quant.QuantScheme(weight_bits=self.weight_bits, granularity=self.granularity,
+                                      block_size=self.block_size, activations=self.activations,
+                                      embedding_bits=self.embedding_bits)
+
+    def __post_init__(self):
+        self.scheme()  # validates the quantization fields
+        if self.steps < 0 or self.batch_size < 1 or self.sequence_length < 2:
+            raise ValueError("steps >= 0, batch_size >= 1 and sequence_length >= 2 are required")
+
+
+def distill_to_teacher(teacher, temperature: float):
+    """A loss function: KL(teacher || student) of next-token distributions on a batch."""
+    def loss_fn(student, batch: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        with torch.no_grad():
+            target = teacher(batch).logits
+        loss = logits_kl(student(batch).logits, target, temperature)
+        return loss, {}
+    return loss_fn
+
+
+@register_stage("qat", QATConfig, description="quantization-aware training (fake quantization, STE)")
+def qat_stage(model, config: QATConfig, ctx: BuildContext):
+    teacher = ctx.teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    model.eval()  # no dropout (seed §4 warning); gradients still flow
+    fake_quant.attach(model, config.scheme())
+    for name, p in model.named_parameters():
+        p.requires_grad_(config.train_embedding or "embed_tokens" not in name)
+    data = ctx.training_data() if (config.steps or config.activations == "tensor") else None
+    if config.activations == "tensor":
+        fake_quant.set_observing(model, True)
+        with torch.no_grad():
+            for batch in data.batches(config.observer_batches, config.batch_size, config.sequence_length,
+                                      config.seed + 1):
+                model(batch)
+        fake_quant.set_observing(model, False)
+    metrics = {}
+    if config.steps:
+        batches = data.batches(config.steps, config.batch_size, config.sequence_length, config.seed)
+        loss = distill_to_teacher(teacher, config.temperature)
+        settings = LoopSettings(lr=config.lr, grad_accumulation=config.grad_accumulation,
+                                grad_scaling=config.grad_scaling)
+        metrics["training"] = run_training(model, lambda b, _: loss(model, b), batches, settings, desc="qat",
+                                           progress=ctx.progress)
+    fake_quant.detach(model, bake=True)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    ctx.metrics.update(metrics, **stage_metrics(model, ctx.eval_ids()))
+    return model

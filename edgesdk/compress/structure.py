@@ -1,0 +1,110 @@
+"""Per-layer structure of a (possibly pruned) decoder: which teacher heads and FFN channels each
+layer keeps, physical slicing of the weights, and rebuilding a pruned model from a checkpoint.
+
+Hugging Face configs describe uniform layers only, so the per-layer record travels in
+``model.config.edgesdk_layers``: ``[{"heads": [...], "kv_heads": [...], "ffn": [...]}, ...]`` with
+indices into the unpruned model (distillation compares surviving heads with themselves).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+LAYERS_KEY = "edgesdk_layers"
+
+
+def head_dim(model) -> int:
+    config = model.config
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def layer_records(model) -> list[dict]:
+    """The per-layer record; an unpruned model keeps every head and channel."""
+    stored = getattr(model.config, LAYERS_KEY, None)
+    if stored:
+        return [dict(r) for r in stored]
+    config = model.config
+    return [{"heads": list(range(config.num_attention_heads)), "kv_heads": list(range(config.num_key_value_heads)),
+             "ffn": list(range(config.intermediate_size))} for _ in range(config.num_hidden_layers)]
+
+
+def _slice_linear(linear: nn.Linear, rows: list[int] | None = None, cols: list[int] | None = None) -> None:
+    """Keep the given output rows / input columns of a linear, in place."""
+    weight = linear.weight.data
+    bias = linear.bias.data if linear.bias is not None else None
+    if rows is not None:
+        index = torch.tensor(rows, dtype=torch.long)
+        weight = weight.index_select(0, index)
+        bias = bias.index_select(0, index) if bias is not None else None
+    if cols is not None:
+        weight = weight.index_select(1, torch.tensor(cols, dtype=torch.long))
+    linear.weight = nn.Parameter(weight.contiguous(), requires_grad=linear.weight.requires_grad)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias.contiguous(), requires_grad=linear.bias.requires_grad)
+    linear.out_features, linear.in_features = weight.shape
+
+
+def keep_ffn_channels(layer, channels: list[int]) -> None:
+    """Keep FFN channels ``channels`` (positions in the layer's current FFN)."""
+    _slice_linear(layer.mlp.gate_proj, rows=channels)
+    _slice_linear(layer.mlp.up_proj, rows=channels)
+    _slice_linear(layer.mlp.down_proj, cols=channels)
+    if hasattr(layer.mlp, "intermediate_size"):
+        layer.mlp.intermediate_size = len(channels)
+
+
+def keep_kv_groups(layer, groups: list[int], q_per_kv: int, dim: int) -> None:
+    """Keep whole grouped-query attention groups (a KV head and the query heads that read it),
+    positions in the layer's current heads; the query-per-KV ratio is unchanged."""
+    kv_rows = [g * dim + d for g in groups for d in range(dim)]
+    q_heads = [g * q_per_kv + j for g in groups for j in range(q_per_kv)]
+    q_rows = [h * dim + d for h in q_heads for d in range(dim)]
+    attention = layer.self_attn
+    _slice_linear(attention.q_proj, rows=q_rows)
+    _slice_linear(attention.k_proj, rows=kv_rows)
+    _slice_linear(attention.v_proj, rows=kv_rows)
+    _slice_linear(attention.o_proj, cols=q_rows)
+    for name, value in (("num_heads", len(q_heads)), ("num_key_value_heads", len(groups))):
+        if hasattr(attention, name):
+            setattr(attention, name, value)
+
+
+def apply_records(model, records: list[dict]) -> None:
+    """Shape a freshly built (unpruned-shape) model like ``records`` so a pruned state dict loads."""
+    config = model.config
+    q_per_kv = config.num_attention_heads // config.num_key_value_heads
+    dim = head_dim(model)
+    for layer, record in zip(model.model.layers, records, strict=True):
+        if len(record["ffn"]) != layer.mlp.gate_proj.out_features:
+            keep_ffn_channels(layer, list(range(len(record["ffn"]))))
+        kv_now = layer.self_attn.k_proj.out_features // dim
+        if len(record["kv_heads"]) != kv_now:
+            keep_kv_groups(layer, list(range(len(record["kv_heads"]))), q_per_kv, dim)
+    setattr(model.config, LAYERS_KEY, records)
+
+
+def load_pruned(path: Path):
+    """Load a checkpoint whose layers may have been pruned (``edgesdk_layers`` in its config)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    records = getattr(config, LAYERS_KEY, None)
+    if not records:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    apply_records(model, records)
+    state = {}
+    for shard in sorted(Path(path).glob("*.safetensors")):
+        state.update(load_file(shard))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    allowed_missing = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - allowed_missing or unexpected:
+        raise ValueError(f"checkpoint {path} does not match its recorded structure: missing {missing}, "
+                         f"unexpected {unexpected}")
+    if allowed_missing:
+        model.tie_weights()
+    return model.eval()

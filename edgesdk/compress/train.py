@@ -1,0 +1,74 @@
+"""The training loop the QAT and distillation stages share: AdamW, gradient accumulation,
+clipping, a cosine learning-rate decay, an optional gradient-scaling schedule and a progress
+bar with ETA."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+LossFn = Callable[[torch.Tensor, float], tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    lr: float
+    grad_accumulation: int = 1
+    grad_scaling: bool = False  # seed 004 §2.3: gradients x 1 / (1 + 0.001 * step)
+    clip_norm: float = 1.0
+    warmup_fraction: float = 0.05
+
+
+def gradient_scale(step: int) -> float:
+    """The seed's schedule (§2.3). Under Adam a common gradient factor cancels in m / sqrt(v)
+    (up to epsilon and clipping), so it acts only through those: its effect is measured, not assumed."""
+    return 1.0 / (1.0 + 0.001 * step)
+
+
+def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: LoopSettings, *, desc: str,
+                 progress: bool) -> dict:
+    """Train the parameters of ``model`` that require grad; ``loss_fn(batch, fraction_done)``."""
+    from tqdm import tqdm
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+    updates = max(1, len(batches) // settings.grad_accumulation)
+    warmup = max(1, int(settings.warmup_fraction * updates))
+
+    def lr_at(update: int) -> float:
+        if update < warmup:
+            return settings.lr * (update + 1) / warmup
+        return settings.lr * 0.5 * (1 + math.cos(math.pi * (update - warmup) / max(1, updates - warmup)))
+
+    history: list[dict[str, float]] = []
+    update, started = 0, time.perf_counter()
+    bar = tqdm(batches, desc=desc, disable=not progress, unit="batch")
+    for index, batch in enumerate(bar):
+        loss, parts = loss_fn(batch, index / max(1, len(batches)))
+        (loss / settings.grad_accumulation).backward()
+        history.append({"loss": float(loss), **parts})
+        if (index + 1) % settings.grad_accumulation == 0 or index + 1 == len(batches):
+            if settings.grad_scaling:
+                factor = gradient_scale(update)
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.mul_(factor)
+            torch.nn.utils.clip_grad_norm_(params, settings.clip_norm)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(update)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            update += 1
+        bar.set_postfix(loss=f"{float(loss):.4f}")
+    head, tail = history[: max(1, len(history) // 10)], history[-max(1, len(history) // 10):]
+    tokens = sum(int(b.numel()) for b in batches)
+    return {
+        "batches": len(batches), "updates": update, "tokens": tokens,
+        "loss_first": round(sum(h["loss"] for h in head) / len(head), 5),
+        "loss_last": round(sum(h["loss"] for h in tail) / len(tail), 5),
+        "seconds": round(time.perf_counter() - started, 1),
+    }

@@ -1,0 +1,233 @@
+"""Compression stages: fake quantization equals the exported integer graph, pruning keeps
+outputs at ratio 0 and shrinks GQA shapes correctly, distillation losses vanish on identical
+models, and the recipes' stage configs validate."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgesdk.compress import fake_quant  # noqa: E402
+from edgesdk.compress.losses import (  # noqa: E402
+    attention_weights,
+    global_attention_cosine,
+    layer_attention_kl,
+    logits_kl,
+    token_attention_kl,
+)
+from edgesdk.compress.prune import PruneConfig, fisher_diagonal, plan_ffn, plan_groups, saliencies  # noqa: E402
+from edgesdk.compress.structure import LAYERS_KEY, keep_ffn_channels, keep_kv_groups, load_pruned  # noqa: E402
+from edgesdk.export.onnx_export import ExportConfig, export_model  # noqa: E402
+from edgesdk.export.validate import _exact_compute_copy  # noqa: E402
+from edgesdk.runtime.ort_fused_backend import OrtFusedBackend  # noqa: E402
+from tests._utils.tiny import tiny_llama  # noqa: E402
+
+
+def _fused_logits(path, spec, ids: np.ndarray) -> np.ndarray:
+    backend = OrtFusedBackend(path, spec.to_json(), threads=1)
+    return backend.prefill(ids, keep_logits=len(ids))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("seed", range(6))
+def test_fake_quant_equals_exported_block_graph(bits, seed, tmp_path):
+    """The fake-quantized PyTorch model and the exported MatMulNBits graph (float compute) agree
+    to float32 summation order, for int8 and int4 layers with an int8 tied embedding / head."""
+    model = tiny_llama(seed=seed, hidden=64, heads=4, kv_heads=2)
+    fake_quant.attach(model, fake_quant.QuantScheme(weight_bits=bits, activations="none", embedding_bits=8))
+    ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, 24)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(ids)[None]).logits[0].numpy()
+    fake_quant.detach(model, bake=True)
+    with torch.no_grad():  # baking changes nothing: the weights now sit on the grid
+        baked = model(torch.from_numpy(ids)[None]).logits[0].numpy()
+    np.testing.assert_allclose(baked, expected, atol=1e-5)
+    spec = export_model(model, tmp_path, ExportConfig(form="ort-fused", weights=f"int{bits}", embedding_bits=8,
+                                                      max_context=64))
+    exact = _fused_logits(_exact_compute_copy(tmp_path / "model.onnx"), spec, ids)
+    scale = float(np.abs(expected).max())
+    assert float(np.abs(exact - expected).max()) <= 1e-5 * max(scale, 1.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_block_activation_fake_quant_matches_accuracy_level_4(seed, tmp_path):
+    """activations=block approximates MatMulNBits accuracy_level 4 (int8 activations per block of
+    32): on average closer to the shipped graph than the weight-only emulation (not bit-exact:
+    the kernel's own rounding and summation order differ)."""
+    model = tiny_llama(seed=seed, hidden=64, heads=4, kv_heads=2)
+    ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, 24)
+    scheme = fake_quant.QuantScheme(weight_bits=8, activations="block", embedding_bits=8)
+    fake_quant.attach(model, scheme)
+    with torch.no_grad():
+        emulated = model(torch.from_numpy(ids)[None]).logits[0].numpy()
+    fake_quant.detach(model, bake=True)
+    with torch.no_grad():
+        weight_only = model(torch.from_numpy(ids)[None]).logits[0].numpy()
+    spec = export_model(model, tmp_path, ExportConfig(form="ort-fused", weights="int8", embedding_bits=8,
+                                                      max_context=64))
+    shipped = _fused_logits(tmp_path / "model.onnx", spec, ids)
+    emulation_error = float(np.abs(shipped - emulated).mean())
+    assert emulation_error < float(np.abs(shipped - weight_only).mean())
+    assert float(np.abs(shipped - emulated).max()) < 2e-2 * float(np.abs(shipped).max())
+
+
+def test_channel_scales_are_per_output_row_so_q_k_v_each_have_their_own():
+    weight = torch.randn(8, 64)
+    weight[3] *= 100.0  # one loud channel must not coarsen the others
+    quantized = fake_quant.quantize_weight(weight, 8, "channel", 32)
+    error = (quantized - weight).abs().amax(dim=1)
+    steps = weight.abs().amax(dim=1) / 127
+    assert torch.all(error <= steps / 2 + 1e-6)
+    assert float(error[0]) < float(steps[3]) / 10
+
+
+def test_straight_through_gradient_is_the_identity():
+    model = tiny_llama(seed=0)
+    fake_quant.attach(model, fake_quant.QuantScheme(weight_bits=4, activations="block"))
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    model(ids).logits.float().pow(2).mean().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert any(float(g.abs().sum()) > 0 for g in grads)
+
+
+def test_tensor_observers_record_activation_scales_into_the_config():
+    model = tiny_llama(seed=1)
+    fake_quant.attach(model, fake_quant.QuantScheme(weight_bits=8, granularity="channel", activations="tensor"))
+    fake_quant.set_observing(model, True)
+    with torch.no_grad():
+        model(torch.randint(0, model.config.vocab_size, (2, 16)))
+    fake_quant.set_observing(model, False)
+    scheme = fake_quant.detach(model)
+    names = set(fake_quant.decoder_linears(model))
+    assert names <= set(scheme.activation_scales)
+    assert all(value > 0 for value in scheme.activation_scales.values())
+    assert fake_quant.QuantScheme.of(model).activation_scales == scheme.activation_scales
+
+
+# --- pruning ---------------------------------------------------------------------------------------
+
+
+def _calibration(model, count=2):
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randint(0, model.config.vocab_size, (2, 16), generator=generator) for _ in range(count)]
+
+
+def test_pruning_at_ratio_zero_keeps_every_output():
+    model = tiny_llama(seed=2, layers=3, heads=6, kv_heads=3, hidden=96)
+    ids = torch.randint(0, model.config.vocab_size, (1, 20))
+    with torch.no_grad():
+        before = model(ids).logits
+    ffn_scores, group_scores = saliencies(model, fisher_diagonal(model, _calibration(model)))
+    config = PruneConfig(ffn_ratio=0.0, kv_group_ratio=0.0)
+    ffn_plan, group_plan = plan_ffn(ffn_scores, config), plan_groups(group_scores, config)
+    for layer, channels, groups in zip(model.model.layers, ffn_plan, group_plan, strict=True):
+        keep_ffn_channels(layer, channels)
+        keep_kv_groups(layer, groups, q_per_kv=2, dim=96 // 6)
+    with torch.no_grad():
+        after = model(ids).logits
+    torch.testing.assert_close(after, before)
+
+
+def test_gqa_group_pruning_removes_whole_groups_and_matches_the_sliced_computation(tmp_path):
+    """Removing KV group g removes its KV head and its query heads; the pruned model equals the
+    original with those heads' contributions cut (o_proj columns gone), and its export matches."""
+    model = tiny_llama(seed=3, layers=2, heads=6, kv_heads=3, hidden=96)
+    dim = 96 // 6
+    layer = model.model.layers[0]
+    reference = copy.deepcopy(model)
+    keep_kv_groups(layer, [0, 2], q_per_kv=2, dim=dim)
+    keep_ffn_channels(layer, list(range(0, layer.mlp.gate_proj.out_features, 2)))
+    assert layer.self_attn.q_proj.weight.shape == (4 * dim, 96)
+    assert layer.self_attn.k_proj.weight.shape == (2 * dim, 96)
+    assert layer.self_attn.o_proj.weight.shape == (96, 4 * dim)
+    # The same computation on the unpruned model: zero the removed heads' o_proj columns and FFN channels.
+    with torch.no_grad():
+        ref_layer = reference.model.layers[0]
+        ref_layer.self_attn.o_proj.weight[:, 2 * dim * 1: 2 * dim * 2] = 0  # group 1 = query heads 2, 3
+        ref_layer.mlp.down_proj.weight[:, 1::2] = 0
+        ids = torch.randint(0, model.config.vocab_size, (1, 14))
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, atol=1e-4, rtol=1e-4)
+    spec = export_model(model, tmp_path, ExportConfig(form="ort-fused", weights="fp32", max_context=64))
+    assert spec.kv_heads == (2, 3)
+    onnx_logits = _fused_logits(tmp_path / "model.onnx", spec, ids[0].numpy())
+    np.testing.assert_allclose(onnx_logits, model(ids).logits[0].detach().numpy(), atol=1e-4)
+
+
+def test_cooperative_rule_removes_one_group_per_neighbour_pool():
+    scores = [torch.tensor([0.1, 5.0, 5.0]), torch.tensor([0.2, 5.0, 5.0]), torch.tensor([0.3, 5.0, 5.0])]
+    plan = plan_groups(scores, PruneConfig(kv_group_ratio=2 / 9, cooperative=True))
+    removed = [(i, g) for i, keep in enumerate(plan) for g in range(3) if g not in keep]
+    # Pass 1: (0,0) pools {(0,0),(1,0)}: (0,0) goes, layer 1's group 0 is closed; (2,0) pools with (1,0)
+    # which is closed, so (2,0) goes: neighbours never both lose the same group in one pass.
+    assert removed == [(0, 0), (2, 0)]
+    independent = plan_groups(scores, PruneConfig(kv_group_ratio=2 / 9, cooperative=False))
+    assert [(i, g) for i, keep in enumerate(independent) for g in range(3) if g not in keep] == [(0, 0), (1, 0)]
+
+
+def test_ffn_plan_follows_importance_with_floor_and_block_multiple():
+    scores = [torch.arange(128, dtype=torch.float32) * 0.001, torch.arange(128, dtype=torch.float32) + 100]
+    plan = plan_ffn(scores, PruneConfig(ffn_ratio=0.4, min_ffn_keep=0.25, ffn_multiple=32))
+    assert len(plan[1]) == 128  # every channel of the important layer survives
+    assert len(plan[0]) % 32 == 0 and len(plan[0]) >= 32
+    assert plan[0] == list(range(128 - len(plan[0]), 128))  # the most salient channels are kept
+
+
+def test_pruned_checkpoint_round_trips(tmp_path):
+    from edgesdk.compress.structure import layer_records
+
+    model = tiny_llama(seed=4, layers=2, heads=6, kv_heads=3, hidden=96)
+    records = layer_records(model)
+    keep_kv_groups(model.model.layers[1], [1], q_per_kv=2, dim=16)
+    keep_ffn_channels(model.model.layers[0], list(range(32)))
+    records[1]["kv_heads"], records[1]["heads"] = [1], [2, 3]
+    records[0]["ffn"] = list(range(32))
+    setattr(model.config, LAYERS_KEY, records)
+    model.save_pretrained(tmp_path / "ckpt", safe_serialization=True)
+    loaded = load_pruned(tmp_path / "ckpt")
+    ids = torch.randint(0, model.config.vocab_size, (1, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+
+
+# --- distillation losses ---------------------------------------------------------------------------
+
+
+def test_each_distillation_loss_is_zero_for_identical_teacher_and_student():
+    model = tiny_llama(seed=5)
+    model.set_attn_implementation("eager")
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        out = model(ids, output_attentions=True)
+    kept = [list(range(model.config.num_attention_heads))] * model.config.num_hidden_layers
+    assert float(logits_kl(out.logits, out.logits, 2.0)) == pytest.approx(0.0, abs=1e-6)
+    assert float(token_attention_kl(out.attentions, out.attentions, kept)) == pytest.approx(0.0, abs=1e-6)
+    assert float(layer_attention_kl(out.attentions, out.attentions)) == pytest.approx(0.0, abs=1e-6)
+    assert float(global_attention_cosine(out.attentions, out.attentions)) == pytest.approx(0.0, abs=1e-6)
+    other = tiny_llama(seed=6)
+    other.set_attn_implementation("eager")
+    with torch.no_grad():
+        different = other(ids, output_attentions=True)
+    assert float(logits_kl(different.logits, out.logits)) > 0
+    assert float(token_attention_kl(different.attentions, out.attentions, kept)) > 0
+    assert float(layer_attention_kl(different.attentions, out.attentions)) > 0
+    assert float(global_attention_cosine(different.attentions, out.attentions)) > 0
+
+
+def test_token_attention_kl_compares_surviving_heads_with_themselves():
+    teacher = [torch.softmax(torch.randn(1, 4, 5, 5), -1)]
+    student = [teacher[0][:, [1, 3]]]
+    assert float(token_attention_kl(student, teacher, [[1, 3]])) == pytest.approx(0.0, abs=1e-6)
+    assert float(token_attention_kl(student, teacher, [[0, 2]])) > 0
+
+
+def test_attention_weight_schedule_sums_to_one_and_shifts_emphasis():
+    early, middle, late = attention_weights(0.1), attention_weights(0.5), attention_weights(0.9)
+    for weights in (early, middle, late):
+        assert sum(weights.values()) == pytest.approx(1.0)
+    assert early["token"] == 0.6 and middle["layer"] == 0.5 and late["global"] == 0.4
+    assert attention_weights(0.5, schedule=False) == {"token": 0.4, "layer": 0.35, "global": 0.25}
