@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from edgesdk.build import report
 from edgesdk.bundle import Bundle, BundleWriter, verify_bundle
 from edgesdk.export.onnx_export import DATA_FILE, MODEL_FILE
 
@@ -22,7 +23,7 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
-def _report(manifest: dict, sizes: dict[str, int]) -> str:
+def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None) -> str:
     before, after = manifest["model"]["before"], manifest["model"]["after"]
     fp16_bytes = before["parameters"] * 2
     total = sum(sizes.values())
@@ -50,11 +51,12 @@ def _report(manifest: dict, sizes: dict[str, int]) -> str:
     lines += ["", f"Greedy top-1 agreement over the decode steps: {manifest['export_validation']['top1_agree']:.0%}",
               "", "## Files", "", "| file | bytes |", "|---|---|"]
     lines += [f"| {name} | {size:,} |" for name, size in sorted(sizes.items())]
+    lines += report.markdown(report.stage_rows(manifest.get("baseline"), manifest["stages"]), plot_name)
     return "\n".join(lines) + "\n"
 
 
 def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, profile, recipe, stages: list,
-                 model, tokenizer, facts_before: dict, facts_after: dict) -> Bundle:
+                 model, tokenizer, facts_before: dict, facts_after: dict, baseline: dict | None = None) -> Bundle:
     writer = BundleWriter(out)
     writer.add_file(export_dir / MODEL_FILE)
     writer.add_file(export_dir / DATA_FILE)
@@ -69,6 +71,7 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
         "recipe": {"name": recipe.name, "description": recipe.description},
         "model": {"before": facts_before, "after": facts_after},
         "stages": stages,
+        "baseline": baseline,
         "graph": {**graph, "file": MODEL_FILE},
         "export_validation": validation,
         "tokenizer": {
@@ -86,6 +89,14 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
         "eval": {},
     }
     sizes = {name: (writer.staging / name).stat().st_size for name in (MODEL_FILE, DATA_FILE, "tokenizer.json")}
-    writer.write_text("report.md", _report(manifest, sizes))
+    plot_name = None
+    rows = report.stage_rows(baseline, stages)
+    if rows:
+        with tempfile.TemporaryDirectory() as tmp:
+            png = Path(tmp) / "report.png"
+            if report.plot(rows, png):
+                writer.add_file(png)
+                plot_name = png.name
+    writer.write_text("report.md", _report(manifest, sizes, plot_name))
     writer.commit(manifest)
     return verify_bundle(out)

@@ -84,6 +84,12 @@ def build(config: BuildConfig) -> Bundle:
     while finished < len(stages) and work.done(f"stage:{stages[finished][0]}"):
         finished += 1
     stage_records = [work.done(f"stage:{name}") for name, _ in stages[:finished]]
+    baseline = work.done("baseline")
+    if stages and baseline is None:  # the loaded model's figures, for the report's first row
+        from edgesdk.compress.measure import stage_metrics
+
+        baseline = stage_metrics(teacher, ctx.eval_ids())
+        work.mark_done("baseline", baseline)
     if finished:
         last = stages[finished - 1][0]
         _log(f"resuming after stage '{last}' from its checkpoint ({finished} of {len(stages)} stages done)")
@@ -120,7 +126,7 @@ def build(config: BuildConfig) -> Bundle:
     bundle = write_bundle(
         out, export_dir=export_dir, graph=record["graph"], validation=record["validation"], profile=profile,
         recipe=recipe, stages=stage_records, model=model, tokenizer=loaded.tokenizer,
-        facts_before=facts_before, facts_after=facts_after,
+        facts_before=facts_before, facts_after=facts_after, baseline=baseline,
     )
     if not config.keep_work:
         shutil.rmtree(work.path, ignore_errors=True)

@@ -24,6 +24,7 @@ from torch import nn
 CONFIG_KEY = "edgesdk_quant"
 LINEAR_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+SCALE_REFRESH = 8  # weight updates between 4-bit scale searches during training
 INT4_SCALE_DIVISORS = tuple(6.0 + 0.25 * i for i in range(13))  # export/blockwise.py's search grid
 
 
@@ -91,18 +92,29 @@ def _rounding_error(grouped: torch.Tensor, scales: torch.Tensor, qmax: int) -> t
     return ((codes * scales - grouped) ** 2).sum(dim=-1, keepdim=True)
 
 
-def quantize_weight(weight: torch.Tensor, bits: int, granularity: str, block_size: int) -> torch.Tensor:
-    """The dequantized weight (same shape): what the exported graph multiplies by. No gradient."""
+def _grouped(weight: torch.Tensor, granularity: str, block_size: int) -> tuple[torch.Tensor, int]:
+    if granularity == "channel":
+        return weight.unsqueeze(1), weight.shape[1]  # (out, 1, in)
+    return _blocks(weight, block_size)  # (out, blocks, block)
+
+
+def quantize_weight(weight: torch.Tensor, bits: int, granularity: str, block_size: int,
+                    scales: torch.Tensor | None = None) -> torch.Tensor:
+    """The dequantized weight (same shape): what the exported graph multiplies by. No gradient.
+    ``scales`` (from :func:`grouped_scales`) skips the scale choice."""
     with torch.no_grad():
-        if granularity == "channel":
-            grouped, in_features = weight.unsqueeze(1), weight.shape[1]  # (out, 1, in)
-        else:
-            grouped, in_features = _blocks(weight, block_size)  # (out, blocks, block)
+        grouped, in_features = _grouped(weight, granularity, block_size)
         qmax = 2 ** (bits - 1) - 1
-        scales = weight_scales(grouped, bits)
+        if scales is None:
+            scales = weight_scales(grouped, bits)
         low = -qmax if granularity == "channel" else -qmax - 1  # QDQ weights are symmetric [-127, 127]
         codes = torch.clamp(torch.round(grouped / scales), low, qmax)
         return (codes * scales).reshape(weight.shape[0], -1)[:, :in_features]
+
+
+def grouped_scales(weight: torch.Tensor, bits: int, granularity: str, block_size: int) -> torch.Tensor:
+    with torch.no_grad():
+        return weight_scales(_grouped(weight, granularity, block_size)[0], bits)
 
 
 def straight_through(value: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:
@@ -156,10 +168,21 @@ class QuantLinear(nn.Linear):
         return F.linear(x, straight_through(self.weight, self.quantized_weight()), self.bias)
 
     def quantized_weight(self) -> torch.Tensor:
-        """Cached until the optimizer changes the weight (micro-batches of one step share it)."""
+        """Cached until the optimizer changes the weight (micro-batches of one step share it).
+
+        The 4-bit scale search (26 candidate scales per block) is redone every
+        ``SCALE_REFRESH`` weight updates only; the codes follow every update. Baking re-chooses
+        the scales, so the shipped codes are always those the export derives."""
         version = (self.weight._version, self.weight.data_ptr())
         if getattr(self, "_cached_version", None) != version:
-            self._cached = quantize_weight(self.weight, self.bits, self.scheme.granularity, self.scheme.block_size)
+            scheme = self.scheme
+            age = getattr(self, "_scale_age", SCALE_REFRESH)
+            if self.bits == 8 or age >= SCALE_REFRESH:
+                self._scales = grouped_scales(self.weight, self.bits, scheme.granularity, scheme.block_size)
+                age = 0
+            self._scale_age = age + 1
+            self._cached = quantize_weight(self.weight, self.bits, scheme.granularity, scheme.block_size,
+                                           self._scales)
             self._cached_version = version
         return self._cached
 
@@ -240,8 +263,8 @@ def detach(model, bake: bool = True) -> QuantScheme:
                     module.weight.copy_(quantize_weight(module.weight, module.bits, module.scheme.granularity,
                                                         module.scheme.block_size))
                 module.__class__ = nn.Linear
-                module.__dict__.pop("_cached", None)
-                module.__dict__.pop("_cached_version", None)
+                for cached in ("_cached", "_cached_version", "_scales", "_scale_age"):
+                    module.__dict__.pop(cached, None)
             elif isinstance(module, QuantEmbedding):
                 module.__class__ = nn.Embedding
     scheme = QuantScheme(**{**scheme.to_json(), "activation_scales": scales})

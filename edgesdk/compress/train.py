@@ -50,7 +50,7 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
     for index, batch in enumerate(bar):
         loss, parts = loss_fn(batch, index / max(1, len(batches)))
         (loss / settings.grad_accumulation).backward()
-        history.append({"loss": float(loss), **parts})
+        history.append({"loss": loss.item(), **parts})
         if (index + 1) % settings.grad_accumulation == 0 or index + 1 == len(batches):
             if settings.grad_scaling:
                 factor = gradient_scale(update)
@@ -63,7 +63,7 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             update += 1
-        bar.set_postfix(loss=f"{float(loss):.4f}")
+        bar.set_postfix(loss=f"{history[-1]['loss']:.4f}")
     head, tail = history[: max(1, len(history) // 10)], history[-max(1, len(history) // 10):]
     tokens = sum(int(b.numel()) for b in batches)
     return {

@@ -1,0 +1,73 @@
+"""The compression part of a bundle's ``report.md``: per stage the parameters, weight bytes and
+held-out perplexity, per layer the heads and FFN channels kept, and a PNG plot of both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def stage_rows(baseline: dict | None, stages: list[dict]) -> list[dict]:
+    """One row per measured point: the loaded model, then each stage."""
+    rows = [{"stage": "loaded", **baseline}] if baseline else []
+    rows += [{"stage": s["stage"], **s.get("metrics", {})} for s in stages if "parameters" in s.get("metrics", {})]
+    return rows
+
+
+def markdown(rows: list[dict], plot_name: str | None) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "## Compression stages", "",
+             "| after | parameters | weight bytes | held-out perplexity | training tokens |", "|---|---|---|---|---|"]
+    for row in rows:
+        ppl = row.get("heldout_perplexity")
+        tokens = row.get("training", {}).get("tokens")
+        lines.append(f"| {row['stage']} | {row['parameters']:,} | {row['weight_bytes'] / 1e6:.1f} MB | "
+                     f"{f'{ppl:.3f}' if ppl else '-'} | {f'{tokens:,}' if tokens else '-'} |")
+    lines += ["", "Held-out perplexity: the first 8,192 tokens of the evaluation slice left out of training "
+              "(`--data-skip-chars`), PyTorch, windows of 256; `edgesdk eval` measures the bundle itself.", ""]
+    last = rows[-1].get("layers") or []
+    if last:
+        lines += ["### Kept per layer", "", "| layer | query heads | KV heads | FFN channels |", "|---|---|---|---|"]
+        lines += [f"| {i} | {layer['heads']} | {layer['kv_heads']} | {layer['ffn']} |" for i, layer in enumerate(last)]
+    if plot_name:
+        lines += ["", f"![compression stages]({plot_name})", ""]
+    return lines
+
+
+def plot(rows: list[dict], path: Path) -> bool:
+    """Write the PNG; False when matplotlib is missing (the report then has the tables only)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    names = [row["stage"] for row in rows]
+    sizes = [row["weight_bytes"] / 1e6 for row in rows]
+    left.bar(names, sizes, color="tab:blue")
+    left.set_ylabel("weight MB")
+    ppl = [row.get("heldout_perplexity") for row in rows]
+    if any(ppl):
+        twin = left.twinx()
+        twin.plot(names, [p if p else float("nan") for p in ppl], "o-", color="tab:red")
+        twin.set_ylabel("held-out perplexity", color="tab:red")
+    left.set_title("per stage: weight bytes and perplexity")
+    layers = rows[-1].get("layers") or []
+    if layers:
+        first = rows[0].get("layers") or layers
+        index = range(len(layers))
+        right.plot(index, [lay["ffn"] / max(1, f["ffn"]) for lay, f in zip(layers, first, strict=True)], "o-",
+                   label="FFN channels kept")
+        right.plot(index, [lay["heads"] / max(1, f["heads"]) for lay, f in zip(layers, first, strict=True)], "s-",
+                   label="query heads kept")
+        right.set_ylim(0, 1.05)
+        right.set_xlabel("layer")
+        right.set_ylabel("fraction kept")
+        right.legend()
+        right.set_title("per layer")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
