@@ -96,8 +96,9 @@ class BundleWriter:
             **manifest,
             "files": files,
         }
-        # The id names the content: the same model, target and stages give the same id.
-        content = {k: v for k, v in body.items() if k not in ("created", "bundle_id")}
+        # The id names the content: the same model, target and stages give the same id (when and
+        # how long it took to build are not content).
+        content = {k: v for k, v in body.items() if k not in ("created", "bundle_id", "timings")}
         body["bundle_id"] = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
         missing = [key for key in REQUIRED_KEYS if key not in body]
         if missing:

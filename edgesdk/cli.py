@@ -125,7 +125,7 @@ def models_fetch(name):
               help="Plain-text file to train the compression stages on (repeatable).")
 @click.option("--data-skip-chars", default=0, show_default=True,
               help="Leave out the first N characters of each --data file (keep evaluation text unseen).")
-@click.option("--generated-sequences", default=16, show_default=True,
+@click.option("--generated-sequences", default=64, show_default=True,
               help="Teacher-generated sequences added to the training text (data-free distillation).")
 @click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
               help="Change a recipe setting, e.g. --set prune.ffn_ratio=0.4 or --set export.weights=int4.")
@@ -249,6 +249,11 @@ def _runtime_options(fn):
               help="Read a simulated board (the target's thermal model driven by the real step times) instead of "
                    "sensors; guards like --watch-thermal unless --no-guard.")
 @click.option("--no-guard", is_flag=True, help="Record (and simulate) only, never pace or pause.")
+@click.option("--entropy-target", type=float,
+              help="Power-gated bundles: windowed power entropy (nats) the gate controller holds [the profile's].")
+@click.option("--compute-budget", type=float,
+              help="Power-gated bundles: largest mean fraction of FFN blocks run, in (0, 1] [1].")
+@click.option("--no-gating", is_flag=True, help="Power-gated bundles: run every FFN (the gates' reference).")
 @click.option("--telemetry", type=click.Path(dir_okay=False, path_type=Path),
               help="Write one JSONL record per step: temperatures, level, tok/s, budget, pacing, power.")
 @click.option("--ambient", type=float, help="Ambient °C of the simulated board [the profile's].")
@@ -257,8 +262,8 @@ def _runtime_options(fn):
               help="Simulated board is this many times slower than this machine.")
 @_runtime_options
 def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, stats, watch_thermal,
-        simulate_thermal, no_guard, telemetry, ambient, thermal_target, sim_speed, threads, backend, target,
-        ignore_target):
+        simulate_thermal, no_guard, entropy_target, compute_budget, no_gating, telemetry, ambient, thermal_target,
+        sim_speed, threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
 
     The bundle is verified (hashes, target) before anything runs. Greedy by default. With
@@ -276,6 +281,7 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
+    _configure_gates(runtime.backend, entropy_target, compute_budget, no_gating)
     thermal = None
     if watch_thermal or simulate_thermal or telemetry:
         from edgesdk.cli_thermal import thermal_profile
@@ -312,6 +318,8 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
                        f"TTFT {s['time_to_first_token_ms']} ms, decode {s['new_tokens']} tok at "
                        f"{s['decode_tok_s']} tok/s, p95 {s['p95_inter_token_ms']} ms, stop: {s['stop_reason']}",
                        err=True)
+            if hasattr(runtime.backend, "stats"):
+                click.echo(_power_line(runtime.backend), err=True)
 
     try:
         if prompt is not None:
@@ -331,6 +339,29 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
             thermal.close()
 
 
+def _configure_gates(backend, entropy_target, compute_budget, no_gating) -> None:
+    """Apply the power-gate options to a gated backend; refuse them for a bundle without gates."""
+    if not hasattr(backend, "configure"):
+        if entropy_target is not None or compute_budget is not None or no_gating:
+            raise EdgeSDKError("--entropy-target, --compute-budget and --no-gating need a bundle with power gates",
+                               "build it with a recipe holding the power stage (e.g. --recipe power)")
+        return
+    try:
+        backend.configure(backend.controller_config(entropy_target, compute_budget))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    backend.gating = not no_gating
+
+
+def _power_line(backend) -> str:
+    s = backend.stats()
+    entropy = "n/a (shorter than one window)" if s["mean_entropy"] is None else f"{s['mean_entropy']:.3f} nats"
+    share = f" ({s['blocks_skipped'] / s['blocks_total']:.1%})" if s["blocks_total"] else ""
+    return (f"[power] realised entropy {entropy} (target {backend.controller.config.entropy_target:g}), "
+            f"FFN blocks skipped {s['blocks_skipped']}/{s['blocks_total']}{share}, tau {s['tau']:.3f}, "
+            f"compute budget {s['budget']:g}{'' if backend.gating else ', gating off'}")
+
+
 @main.command("eval")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--text", "text_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -340,8 +371,11 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
 @click.option("--max-chars", default=200_000, show_default=True, help="Score the first N characters (0 = all).")
 @click.option("--reference", is_flag=True, help="Also score the PyTorch source model (host; needs edgesdk[host]).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
+              help="Power-gated bundles: compute budgets (fraction of FFN blocks run) for the perplexity curve.")
 @_runtime_options
-def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, threads, backend, target, ignore_target):
+def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, budgets, threads, backend, target,
+          ignore_target):
     """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference)."""
     from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, reference_perplexity
     from edgesdk.runtime.session import open_runtime
@@ -360,7 +394,20 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, thr
     text = text_file.read_text(encoding="utf-8")
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
-    result = {"bundle": bundle_perplexity(runtime, text, config, progress=True).to_json()}
+    gated = hasattr(runtime.backend, "configure")
+    if gated:  # the bundle scored with every FFN running; the gated points follow
+        from edgesdk.evaluate import gated_perplexity
+
+        try:
+            levels = tuple(float(b) for b in budgets.split(",") if b.strip())
+        except ValueError as exc:
+            raise click.BadParameter(f"--budgets must be comma-separated numbers, got {budgets!r}") from exc
+        if not levels or any(not 0 < b <= 1 for b in levels):
+            raise click.BadParameter(f"--budgets must lie in (0, 1], got {budgets!r}")
+        power = gated_perplexity(runtime, text, config, levels, progress=True)
+        result = {"bundle": power["gating_off"], "power": power}
+    else:
+        result = {"bundle": bundle_perplexity(runtime, text, config, progress=True).to_json()}
     if reference:
         from edgesdk.models.loader import load_model
         from edgesdk.models.sources import resolve_model
@@ -379,6 +426,13 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, thr
     if reference:
         click.echo(f"reference (PyTorch)  {result['reference']['perplexity']:.4f}")
         click.echo(f"relative difference  {result['relative_difference'] * 100:+.3f} %")
+    if gated:
+        chosen = result["power"]["chosen"]
+        click.echo(f"gated, controller    {chosen['perplexity']:.4f} ({chosen['relative_to_off'] * 100:+.2f} % vs "
+                   f"gating off; tau {chosen['tau']:.3f}, {chosen['executed_fraction']:.1%} of FFN blocks run)")
+        for point in result["power"]["curve"]:
+            click.echo(f"  budget {point['budget']:<5g} tau {point['tau']:.3f}  FFN blocks run "
+                       f"{point['executed_fraction']:6.1%}  perplexity {point['perplexity']:.4f}")
 
 
 # Command groups in their own modules (each imports its heavy parts inside its commands).

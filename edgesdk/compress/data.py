@@ -21,8 +21,8 @@ class DataConfig:
 
     files: tuple[str, ...] = ()  # plain-text files; empty = teacher-generated text only
     skip_chars: int = 0  # leading characters of each file left out (keep evaluation text unseen)
-    generated_sequences: int = 16  # teacher continuations added (data-free distillation; 0 = none)
-    generated_tokens: int = 128  # length of each teacher continuation
+    generated_sequences: int = 64  # teacher continuations added (data-free distillation; 0 = none)
+    generated_tokens: int = 256  # length of each teacher continuation
     seed: int = 0  # shuffling and prompt choice
 
 
@@ -80,18 +80,22 @@ PROMPTS = (
 )
 
 
-def generate_text(teacher, tokenizer, config: DataConfig, progress: bool) -> torch.Tensor:
-    """Sampled teacher continuations of short prompts (temperature 1, top-p 0.95), concatenated."""
+def generate_text(teacher, tokenizer, config: DataConfig, progress: bool, batch: int = 8) -> torch.Tensor:
+    """Sampled teacher continuations of short prompts (temperature 1, top-p 0.95), ``batch`` per
+    prompt at once (batched decoding is several times faster per token on a CPU), concatenated."""
     from tqdm import tqdm
 
     generator = torch.Generator().manual_seed(config.seed)
     chunks = []
-    for index in tqdm(range(config.generated_sequences), desc="teacher text", disable=not progress, unit="seq"):
+    rounds = -(-config.generated_sequences // batch)
+    for index in tqdm(range(rounds), desc="teacher text", disable=not progress, unit="batch"):
+        count = min(batch, config.generated_sequences - index * batch)
         prompt = PROMPTS[int(torch.randint(len(PROMPTS), (1,), generator=generator))]
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
         torch.manual_seed(config.seed * 100_003 + index)
         with torch.no_grad():
             out = teacher.generate(ids, max_new_tokens=config.generated_tokens, do_sample=True, top_p=0.95,
-                                   temperature=1.0, pad_token_id=tokenizer.eos_token_id)
-        chunks.append(out[0])
+                                   temperature=1.0, num_return_sequences=count,
+                                   pad_token_id=tokenizer.eos_token_id)  # (count, prompt + new)
+        chunks.extend(out)
     return torch.cat(chunks)

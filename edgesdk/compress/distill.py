@@ -103,7 +103,7 @@ def distillation_loss(student, teacher: TeacherWithPrefix, kept_heads, config: D
             parts["layer"] = layer_attention_kl(out.attentions, teacher_maps)
             parts["global"] = global_attention_cosine(out.attentions, teacher_maps)
             loss = loss + config.attention_weight * sum(weights[k] * parts[k] for k in weights)
-        return loss, {k: float(v) for k, v in parts.items()}
+        return loss, {k: v.item() for k, v in parts.items()}
     return loss_fn
 
 

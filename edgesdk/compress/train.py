@@ -5,7 +5,6 @@ bar with ETA."""
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,7 +44,7 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
         return settings.lr * 0.5 * (1 + math.cos(math.pi * (update - warmup) / max(1, updates - warmup)))
 
     history: list[dict[str, float]] = []
-    update, started = 0, time.perf_counter()
+    update = 0
     bar = tqdm(batches, desc=desc, disable=not progress, unit="batch")
     for index, batch in enumerate(bar):
         loss, parts = loss_fn(batch, index / max(1, len(batches)))
@@ -70,5 +69,4 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
         "batches": len(batches), "updates": update, "tokens": tokens,
         "loss_first": round(sum(h["loss"] for h in head) / len(head), 5),
         "loss_last": round(sum(h["loss"] for h in tail) / len(tail), 5),
-        "seconds": round(time.perf_counter() - started, 1),
     }

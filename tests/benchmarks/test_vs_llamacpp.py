@@ -7,10 +7,15 @@ same token ids scored by every engine.
 
     pip install llama-cpp-python   # benchmarks only, never a runtime dependency
     python -m pytest tests/benchmarks/test_vs_llamacpp.py -m benchmark -s
+
+Bundles: ``EDGESDK_BENCH_BUNDLES="default=DIR,int4=DIR,..."`` reuses prebuilt ones (a trained
+recipe takes 10-40 minutes on 2 cores); otherwise each recipe is built here, trained on
+WikiText-2 valid beyond its first 200,000 characters (the evaluation slice) and Tiny Shakespeare.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -23,9 +28,12 @@ from tests.benchmarks.llamacpp import LlamaCppEngine, quantized_gguf
 pytestmark = pytest.mark.benchmark
 llama_cpp = pytest.importorskip("llama_cpp")
 
-RECIPES = ("default", "int8-only", "int4")
+RECIPES = ("default", "int8-only", "int8-prune-light", "int8-prune-heavy", "int4", "aggressive")
+SPEED_RECIPES = ("default", "int4")
 THREADS, PROMPT, NEW, REPEATS = 2, 128, 128, 3
-WIKITEXT = Path(__file__).resolve().parents[3] / "shared" / "data" / "wikitext-2-raw" / "wiki.valid.raw"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+WIKITEXT = DATA / "wikitext-2-raw" / "wiki.valid.raw"
+EVAL_CHARS = 200_000
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +43,25 @@ def source_gguf() -> Path:
     return fetch_alias("smollm2-135m", quiet=True)
 
 
+def prebuilt_bundles() -> dict[str, Path]:
+    listed = os.environ.get("EDGESDK_BENCH_BUNDLES", "")
+    pairs = [item.split("=", 1) for item in listed.split(",") if "=" in item]
+    return {name.strip(): Path(path.strip()) for name, path in pairs}
+
+
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory, source_gguf):
     from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.bundle import verify_bundle
+    from edgesdk.compress.data import DataConfig
 
+    prebuilt = prebuilt_bundles()
+    files = tuple(str(p) for p in (WIKITEXT, DATA / "tinyshakespeare" / "input.txt") if p.is_file())
+    data = DataConfig(files=files, skip_chars=EVAL_CHARS, generated_sequences=8)
     root = tmp_path_factory.mktemp("recipes")
-    return {recipe: build(BuildConfig(target="rpi5", recipe=recipe, out=root / recipe, progress=False))
-            for recipe in RECIPES}
+    return {recipe: verify_bundle(prebuilt[recipe]) if recipe in prebuilt else
+            build(BuildConfig(target="rpi5", recipe=recipe, out=root / recipe, data=data, progress=False))
+            for recipe in (tuple(prebuilt) or RECIPES)}
 
 
 def _bundle_speed(runtime, prompt):
@@ -56,7 +76,8 @@ def test_decode_and_prefill_against_llamacpp_q8(bundles, source_gguf):
     from edgesdk.runtime.session import open_runtime
 
     q8 = LlamaCppEngine(quantized_gguf(source_gguf, "Q8_0", source_gguf.parent), THREADS)
-    runtimes = {name: open_runtime(bundle.path, threads=THREADS) for name, bundle in bundles.items()}
+    runtimes = {name: open_runtime(bundle.path, threads=THREADS) for name, bundle in bundles.items()
+                if name in SPEED_RECIPES}
     prompt = np.random.default_rng(0).integers(100, 49152, PROMPT).tolist()
     runs = {"llama.cpp Q8_0": [], **{name: [] for name in runtimes}}
     for _ in range(REPEATS):
@@ -91,7 +112,7 @@ def test_size_quality_table(bundles, source_gguf):
         gguf = quantized_gguf(source_gguf, kind, source_gguf.parent)
         engine = LlamaCppEngine(gguf, THREADS, config.context, logits_all=True)
         rows.append((f"llama.cpp {kind}", gguf.stat().st_size, perplexity(engine.score_window, ids, config).perplexity))
-    fp16 = bundles["default"].manifest["model"]["before"]["parameters"] * 2
+    fp16 = next(iter(bundles.values())).manifest["model"]["before"]["parameters"] * 2
     print(f"\n{'model':<22}{'MB':>8}{'vs FP16':>9}{'perplexity':>12}")
     for name, size, ppl in rows:
         print(f"{name:<22}{size / 1e6:>8.1f}{fp16 / size:>8.2f}x{ppl:>12.3f}")

@@ -1,0 +1,106 @@
+"""The compression stages in the real build pipeline: a tiny model through qat -> prune ->
+distill, a kill between stages resumes to the same bundle, recipes and overrides validate."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from edgesdk.build.recipes import load_recipe, shipped_recipes  # noqa: E402
+from edgesdk.errors import BuildError  # noqa: E402
+from tests._utils.tiny import CORPUS  # noqa: E402
+
+RECIPE = """name: tiny-compress
+stages:
+  - stage: qat
+    config: {weight_bits: 4, steps: 2, batch_size: 2, sequence_length: 24}
+  - stage: prune
+    config: {ffn_ratio: 0.3, kv_group_ratio: 0.25, calibration_batches: 2, batch_size: 2, sequence_length: 24,
+             ffn_multiple: 16}
+  - stage: distill
+    config: {steps: 2, batch_size: 2, sequence_length: 24}
+export: {form: ort-fused, weights: int4, embedding_bits: 8}
+"""
+
+
+@pytest.fixture
+def recipe_and_data(tmp_path):
+    recipe = tmp_path / "tiny-compress.yaml"
+    recipe.write_text(RECIPE)
+    text = tmp_path / "train.txt"
+    text.write_text("\n".join(CORPUS * 3))
+    return recipe, text
+
+
+def _build(model_dir, out, recipe, text, resume=False):
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.compress.data import DataConfig
+    from edgesdk.export.onnx_export import ExportConfig
+
+    data = DataConfig(files=(str(text),), skip_chars=2000, generated_sequences=2, generated_tokens=8)
+    return build(BuildConfig(target="host", model=str(model_dir), out=out, recipe=str(recipe), data=data,
+                             export=ExportConfig(max_context=64), resume=resume, progress=False))
+
+
+def test_compression_build_shrinks_the_model_and_reports_each_stage(tiny_model_dir, recipe_and_data, tmp_path):
+    recipe, text = recipe_and_data
+    bundle = _build(tiny_model_dir, tmp_path / "b", recipe, text)
+    stages = bundle.manifest["stages"]
+    assert [s["stage"] for s in stages] == ["qat", "prune", "distill"]
+    baseline = bundle.manifest["baseline"]
+    assert stages[-1]["metrics"]["parameters"] < baseline["parameters"]
+    assert stages[0]["metrics"]["weight_bytes"] < baseline["weight_bytes"] / 3  # int4 layers, int8 head
+    assert all("heldout_perplexity" in s["metrics"] for s in stages)
+    assert "report.png" in bundle.manifest["files"]
+    report = (bundle.path / "report.md").read_text()
+    assert "## Compression stages" in report
+    assert "![compression stages](report.png)" in report
+    # The exported graph carries the pruned shapes and equals the baked model (layout check).
+    assert bundle.manifest["export_validation"]["max_abs_diff"]["layout/decode"] < 1e-3
+
+
+def test_killed_compression_build_resumes_to_the_same_bundle(tiny_model_dir, recipe_and_data, tmp_path,
+                                                            monkeypatch):
+    import edgesdk.build.registry as registry
+
+    recipe, text = recipe_and_data
+    straight = _build(tiny_model_dir, tmp_path / "straight", recipe, text)
+
+    spec = registry.stage_spec("distill")
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed during distill")
+
+    monkeypatch.setitem(registry.STAGES, "distill", registry.StageSpec("distill", spec.config_class, killed,
+                                                                       spec.after, spec.description))
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        _build(tiny_model_dir, out, recipe, text)
+    assert (tmp_path / "resumed.build" / "stages" / "01-prune").is_dir()
+    monkeypatch.undo()
+    resumed = _build(tiny_model_dir, out, recipe, text, resume=True)
+    assert resumed.bundle_id == straight.bundle_id
+    assert resumed.manifest["files"]["model.onnx.data"] == straight.manifest["files"]["model.onnx.data"]
+
+
+def test_shipped_recipes_validate_and_order_rules_hold(tmp_path):
+    for name in shipped_recipes():
+        load_recipe(name).validated()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nstages:\n  - stage: prune\n  - stage: qat\n")
+    with pytest.raises(BuildError, match="'prune' must come after 'qat'"):
+        load_recipe(str(bad)).validated()
+
+
+def test_overrides_change_stage_configs_and_name_the_bad_ones():
+    recipe = load_recipe("int8-prune-light").with_overrides(["prune.ffn_ratio=0.4", "export.weights=int4"])
+    stages = dict(recipe.validated())
+    assert stages["prune"].ffn_ratio == 0.4
+    assert recipe.export.weights == "int4"
+    with pytest.raises(BuildError, match="has no stage 'distill'"):
+        load_recipe("int8-only").with_overrides(["distill.steps=3"])
+    with pytest.raises(BuildError, match="no option"):
+        load_recipe("int8-only").with_overrides(["qat.nonsense=1"]).validated()
+    with pytest.raises(BuildError, match="stage.field=value"):
+        load_recipe("int8-only").with_overrides(["qat=1"])
