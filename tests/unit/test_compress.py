@@ -91,7 +91,8 @@ def test_straight_through_gradient_is_the_identity():
     ids = torch.randint(0, model.config.vocab_size, (2, 12))
     model(ids).logits.float().pow(2).mean().backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert grads
+    assert all(torch.isfinite(g).all() for g in grads)
     assert any(float(g.abs().sum()) > 0 for g in grads)
 
 
@@ -173,7 +174,8 @@ def test_ffn_plan_follows_importance_with_floor_and_block_multiple():
     scores = [torch.arange(128, dtype=torch.float32) * 0.001, torch.arange(128, dtype=torch.float32) + 100]
     plan = plan_ffn(scores, PruneConfig(ffn_ratio=0.4, min_ffn_keep=0.25, ffn_multiple=32))
     assert len(plan[1]) == 128  # every channel of the important layer survives
-    assert len(plan[0]) % 32 == 0 and len(plan[0]) >= 32
+    assert len(plan[0]) % 32 == 0
+    assert len(plan[0]) >= 32
     assert plan[0] == list(range(128 - len(plan[0]), 128))  # the most salient channels are kept
 
 
@@ -229,5 +231,7 @@ def test_attention_weight_schedule_sums_to_one_and_shifts_emphasis():
     early, middle, late = attention_weights(0.1), attention_weights(0.5), attention_weights(0.9)
     for weights in (early, middle, late):
         assert sum(weights.values()) == pytest.approx(1.0)
-    assert early["token"] == 0.6 and middle["layer"] == 0.5 and late["global"] == 0.4
+    assert early["token"] == 0.6
+    assert middle["layer"] == 0.5
+    assert late["global"] == 0.4
     assert attention_weights(0.5, schedule=False) == {"token": 0.4, "layer": 0.35, "global": 0.25}
