@@ -39,6 +39,16 @@ NEG_INF = np.float32(np.finfo(np.float32).min)
 
 
 @dataclass(frozen=True)
+class Projection:
+    """One linear of a layer as the graph multiplies it: ``x @ (weight * fold) + bias * fold``."""
+
+    weight: np.ndarray  # (K, N) = the transposed torch (out, in) weight
+    key: str  # the torch module name, model.layers.{i}.self_attn.q_proj …: quantization schemes use it
+    bias: np.ndarray | None = None  # (N,)
+    fold: np.float32 = np.float32(1.0)  # constant folded into the weight (1/sqrt(head_dim) for Q)
+
+
+@dataclass(frozen=True)
 class GraphSpec:
     """Facts about an emitted graph, recorded in the bundle manifest for the runtime."""
 
@@ -71,6 +81,8 @@ def rotary_tables(weights: DecoderWeights, max_context: int) -> tuple[np.ndarray
 
 
 class _Emitter:
+    DOC = "edgesdk decoder with KV cache"
+
     def __init__(self, weights: DecoderWeights, max_context: int):
         self.w = weights
         self.g = GraphBuilder()
@@ -103,11 +115,11 @@ class _Emitter:
 
         h = self.rms_norm(x, lw.input_norm, f"{prefix}.input_norm")
         scale = np.float32(1.0 / np.sqrt(hd))
-        qkv_w = np.concatenate([lw.q * scale, lw.k, lw.v], axis=1).astype(np.float32)
-        qkv = g.op("MatMul", [h, g.const(qkv_w, f"{prefix}.attn.qkv.weight")])  # (B, T, (Hq+2Hkv)*hd)
-        if lw.q_bias is not None:
-            qkv_b = np.concatenate([lw.q_bias * scale, lw.k_bias, lw.v_bias]).astype(np.float32)
-            qkv = g.op("Add", [qkv, g.const(qkv_b, f"{prefix}.attn.qkv.bias")])
+        key = f"model.layers.{i}"
+        qkv = self.project(h, [Projection(lw.q, f"{key}.self_attn.q_proj", lw.q_bias, scale),
+                               Projection(lw.k, f"{key}.self_attn.k_proj", lw.k_bias),
+                               Projection(lw.v, f"{key}.self_attn.v_proj", lw.v_bias)],
+                           f"{prefix}.attn.qkv")  # (B, T, (Hq+2Hkv)*hd)
         qk, v = g.op("Split", [qkv, g.i64([(n_q + n_kv) * hd, n_kv * hd])], outputs=2, axis=-1)
         qk = g.op("Reshape", [qk, g.i64([0, 0, n_q + n_kv, hd])])  # (B, T, Hq+Hkv, hd)
         qk = self.rotary(qk, cos, sin)
@@ -126,21 +138,35 @@ class _Emitter:
         ctx = g.op("MatMul", [probs, g.op("Unsqueeze", [present_v, g.i64([2])])])  # (B, Hkv, rep, T, hd)
         ctx = g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4])  # (B, T, Hkv, rep, hd)
         ctx = g.op("Reshape", [ctx, g.i64([0, 0, n_q * hd])])  # (B, T, Hq*hd)
-        attn_out = g.op("MatMul", [ctx, g.const(lw.o.astype(np.float32), f"{prefix}.attn.o.weight")])
+        attn_out = self.project(ctx, [Projection(lw.o, f"{key}.self_attn.o_proj")], f"{prefix}.attn.o")  # (B, T, D)
         x = g.op("Add", [x, attn_out])
 
         h = self.rms_norm(x, lw.post_attention_norm, f"{prefix}.post_attention_norm")
-        x = g.op("Add", [x, self.ffn(h, lw, prefix)])
+        x = g.op("Add", [x, self.ffn(h, lw, prefix, key)])
         return x, present_k, present_v
 
-    def ffn(self, h: str, lw: LayerWeights, prefix: str) -> str:
+    def ffn(self, h: str, lw: LayerWeights, prefix: str, key: str) -> str:
         """SwiGLU: down(silu(gate(h)) * up(h)), gate and up as one MatMul."""
         g = self.g
-        gate_up_w = np.concatenate([lw.gate, lw.up], axis=1).astype(np.float32)
-        gate_up = g.op("MatMul", [h, g.const(gate_up_w, f"{prefix}.mlp.gate_up.weight")])  # (B, T, 2F)
+        gate_up = self.project(h, [Projection(lw.gate, f"{key}.mlp.gate_proj"), Projection(lw.up, f"{key}.mlp.up_proj")],
+                               f"{prefix}.mlp.gate_up")  # (B, T, 2F)
         gate, up = g.op("Split", [gate_up, g.i64([lw.ffn_width, lw.ffn_width])], outputs=2, axis=-1)
         act = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
-        return g.op("MatMul", [g.op("Mul", [act, up]), g.const(lw.down.astype(np.float32), f"{prefix}.mlp.down.weight")])
+        return self.project(g.op("Mul", [act, up]), [Projection(lw.down, f"{key}.mlp.down_proj")], f"{prefix}.mlp.down")
+
+    def project(self, x: str, parts: list[Projection], name: str) -> str:
+        """x @ [W_1 | W_2 | …] (+ biases) as one MatMul on the concatenated weights: (…, K) -> (…, sum N)."""
+        g = self.g
+        weight = np.concatenate([p.weight * p.fold for p in parts], axis=1).astype(np.float32)
+        out = g.op("MatMul", [x, g.const(weight, f"{name}.weight")])
+        if parts[0].bias is not None:
+            bias = np.concatenate([p.bias * p.fold for p in parts]).astype(np.float32)
+            out = g.op("Add", [out, g.const(bias, f"{name}.bias")])
+        return out
+
+    def table(self, matrix: np.ndarray, name: str, head: bool) -> str:
+        """A (V, D) embedding or LM-head matrix as a float tensor; ``head``: the LM head reads it."""
+        return self.g.const(matrix.astype(np.float32), name)
 
     def build(self) -> onnx.ModelProto:
         g, w = self.g, self.w
@@ -162,7 +188,7 @@ class _Emitter:
         future = g.op("Less", [g.op("Unsqueeze", [positions, g.i64([1])]), g.op("Unsqueeze", [keys, g.i64([0])])])
         mask = g.op("Where", [future, g.const(np.array(NEG_INF, np.float32)), g.const(np.array(0, np.float32))])
 
-        embed_name = g.const(w.embed.astype(np.float32), "embed_tokens.weight")
+        embed_name = self.table(w.embed, "embed_tokens.weight", head=w.lm_head is None)
         x = g.op("Gather", [embed_name, "input_ids"])  # (B, T, D)
         for i in range(len(w.layers)):
             x, _, _ = self.layer(i, x, cos, sin, mask)
@@ -173,7 +199,7 @@ class _Emitter:
         x = g.op("Slice", [x, neg_keep, g.i64([np.iinfo(np.int64).max]), g.i64([1])])  # (B, K, D)
         out_shape = g.op("Concat", [g.op("Shape", [x], start=0, end=2), g.i64([w.vocab_size])], axis=0)
         flat = g.op("Reshape", [x, g.i64([-1, w.hidden_size])])  # (B*K, D)
-        head = embed_name if w.lm_head is None else g.const(w.lm_head.astype(np.float32), "lm_head.weight")
+        head = embed_name if w.lm_head is None else self.table(w.lm_head, "lm_head.weight", head=True)
         logits = g.op("Gemm", [flat, head], transB=1)  # (B*K, V)
         g.op("Reshape", [logits, out_shape], outputs=["logits"])  # (B, K, V)
 
@@ -184,7 +210,7 @@ class _Emitter:
                 inputs.append(tensor_input(f"past_key_values.{i}.{kind}", FLOAT, ["batch", kv, "past_seq", self.hd]))
                 outputs.append(tensor_input(f"present.{i}.{kind}", FLOAT, ["batch", kv, "total_seq", self.hd]))
         inputs.append(tensor_input("num_logits_to_keep", INT64, [1]))
-        return g.model("edgesdk_decoder", inputs, outputs, OPSET, doc="edgesdk decoder with KV cache")
+        return g.model("edgesdk_decoder", inputs, outputs, OPSET, doc=self.DOC)
 
 
 def emit_decoder(weights: DecoderWeights, max_context: int) -> tuple[onnx.ModelProto, GraphSpec]:

@@ -3,7 +3,8 @@
 Two graph forms come from the same weights:
 
 * ``standard``: standard ONNX ops only (opset 17), concatenating KV cache; runs on any ONNX
-  Runtime and is the form TensorRT builds from.
+  Runtime and is the form TensorRT builds from. With ``weights=int8`` the linears are INT8 with
+  explicit QuantizeLinear/DequantizeLinear (QDQ, export/qdq_graph.py), TensorRT's INT8 form.
 * ``ort-fused``: ONNX Runtime contrib ops (GroupQueryAttention with rotary and an in-place KV
   buffer, SkipSimplifiedLayerNormalization, MatMulNBits), ~7 ops per layer instead of ~40; the
   fast form for ONNX Runtime on CPUs, with fp32, int8 or int4 block-quantized weights.
@@ -20,6 +21,7 @@ from edgesdk.errors import ExportError
 from edgesdk.export.decoder_weights import decoder_weights_from_hf
 from edgesdk.export.fused_graph import FusedConfig, emit_fused_decoder
 from edgesdk.export.llama_graph import GraphSpec, emit_decoder
+from edgesdk.export.qdq_graph import QDQConfig, emit_qdq_decoder, qdq_config, qdq_scheme
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -32,9 +34,10 @@ class ExportConfig:
 
     max_context: int = 4096  # rotary table length; the runtime refuses longer sequences
     form: str = "standard"  # standard (portable, TensorRT) | ort-fused (fast on ONNX Runtime CPU)
-    weights: str = "fp32"  # fp32 | int8 | int4 (block-wise weight quantization; ort-fused only)
-    block_size: int = 32  # quantization block along K (MatMulNBits minimum, best quality)
-    embedding_bits: int | None = None  # tied embedding / LM head bits (ort-fused); None = as the layers
+    weights: str = "fp32"  # fp32 | int8 | int4 (ort-fused: block-wise; standard: int8 per channel, QDQ)
+    block_size: int = 32  # quantization block along K (MatMulNBits minimum, best quality; ort-fused)
+    embedding_bits: int | None = None  # tied embedding / LM head bits. ort-fused: None = as the layers;
+    # standard (QDQ): None = float32, 8 = INT8 per row
 
     def __post_init__(self):
         if self.form not in FORMS:
@@ -43,11 +46,20 @@ class ExportConfig:
         if self.weights not in ("fp32", "int8", "int4"):
             raise ExportError(f"export weights '{self.weights}' is unknown; choose fp32, int8 or int4",
                               "set export.weights in the recipe")
-        if self.form == "standard" and self.weights != "fp32":
+        if self.form == "standard" and self.weights == "int4":
             raise ExportError(
-                f"the standard form exports float32 weights only, got weights={self.weights}",
-                "use form: ort-fused for int8/int4 weights (the QDQ form for TensorRT is another export)",
+                "the standard form exports float32 or int8 (QDQ) weights, got weights=int4: INT4 QDQ needs "
+                "opset 21 and TensorRT takes INT4 only as weight-only block quantization",
+                "use form: ort-fused for int4 weights, or weights: int8 for the standard (TensorRT) form",
             )
+        if self.form == "standard" and self.weights == "int8":
+            self.qdq(None)  # validates embedding_bits
+
+    def qdq(self, scheme) -> QDQConfig:
+        """The QDQ graph settings for a model quantized with ``scheme`` (None: weights only)."""
+        if scheme is None:
+            return QDQConfig(embedding_bits=self.embedding_bits)
+        return qdq_config(scheme, self.embedding_bits)
 
     def fused(self) -> FusedConfig:
         return FusedConfig(weights=self.weights, block_size=self.block_size, embedding_bits=self.embedding_bits)
@@ -60,8 +72,18 @@ def export_model(model, out_dir: Path, config: ExportConfig = ExportConfig()) ->
     if max_context < 16:
         raise ExportError(f"max_context {max_context} is too short", "use --max-context 16 or more")
     weights = decoder_weights_from_hf(model)
-    if config.form == "standard":
+    power = getattr(model.config, "edgesdk_power", None)  # power adapters (edgesdk/power): the gated graph
+    if power and config.form == "standard":
+        raise ExportError("a model with power adapters exports to the fused ONNX Runtime form only",
+                          "set export.form: ort-fused in the recipe, or drop the power stage")
+    if config.form == "standard" and config.weights == "int8":
+        proto, spec = emit_qdq_decoder(weights, max_context, config.qdq(qdq_scheme(model)))
+    elif config.form == "standard":
         proto, spec = emit_decoder(weights, max_context)
+    elif power:
+        from edgesdk.export.gated_graph import adapter_weights_from_hf, emit_gated_decoder
+
+        proto, spec = emit_gated_decoder(weights, adapter_weights_from_hf(model), power, max_context, config.fused())
     else:
         proto, spec = emit_fused_decoder(weights, max_context, config.fused())
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -59,17 +59,45 @@ def empty_past(spec: GraphSpec, batch: int = 1) -> dict[str, np.ndarray]:
 
 def validate_export(model, onnx_path: Path, spec: GraphSpec, config: ValidationConfig = ValidationConfig(),
                     progress: bool = False) -> ValidationReport:
-    """Compare logits and KV cache of ONNX Runtime and PyTorch over prefill + decode steps."""
+    """Compare logits and KV cache of ONNX Runtime and PyTorch over prefill + decode steps.
+
+    A QDQ graph (``spec.dtype == "int8-qdq"``) is checked by :func:`validate_qdq` instead.
+    """
+    from edgesdk.export.qdq_graph import DTYPE as QDQ_DTYPE
+
+    if spec.dtype == QDQ_DTYPE:
+        return validate_qdq(model, onnx_path, spec, config, progress)
+    session = _standard_session(onnx_path)
+    diffs, agree, _ = _compare_standard(session, model, spec, config, progress)
+    report = ValidationReport(max_abs_diff=diffs, top1_agree=agree)
+    bad = {name: diff for name, diff in diffs.items() if name.startswith("logits") and diff > config.atol}
+    if bad or not np.isfinite(list(diffs.values())).all():
+        raise ExportMismatchError(diffs, config.atol)
+    return report
+
+
+def _standard_session(onnx_path: Path, optimize: bool = True):
+    """An ONNX Runtime CPU session; ``optimize=False`` runs the graph node by node as written
+    (``ORT_DISABLE_ALL``: no QDQ fusion into integer kernels, no constant folding)."""
     import onnxruntime as ort
-    import torch
-    from tqdm import tqdm
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+
+
+def _compare_standard(session, model, spec: GraphSpec, config: ValidationConfig, progress: bool
+                      ) -> tuple[dict[str, float], float, float]:
+    """(max abs diffs, top-1 agreement, max |reference logit|) of a standard-form session against
+    ``model`` over random prompts: prefill, then greedy decode steps feeding the KV cache back."""
+    import torch
+    from tqdm import tqdm
+
     rng = np.random.default_rng(config.seed)
     diffs: dict[str, float] = {"logits/prefill": 0.0, "logits/decode": 0.0, "present/kv": 0.0}
-    agree, total = 0, 0
+    agree, total, scale = 0, 0, 0.0
     for _ in tqdm(range(config.prompts), desc="validate export", disable=not progress, unit="prompt"):
         ids = rng.integers(0, spec.vocab_size, size=(1, config.prompt_length), dtype=np.int64)
         feeds = {"input_ids": ids, "num_logits_to_keep": np.array([ids.shape[1]], np.int64), **empty_past(spec)}
@@ -78,6 +106,7 @@ def validate_export(model, onnx_path: Path, spec: GraphSpec, config: ValidationC
         with torch.no_grad():
             ref = model(torch.from_numpy(ids), use_cache=True)
         _update(diffs, "logits/prefill", ort_out[0], ref.logits.numpy())
+        scale = max(scale, float(ref.logits.abs().max()))
         cache = ref.past_key_values
         present = dict(zip(names[1:], ort_out[1:], strict=False))
         for _step in range(config.decode_steps):
@@ -93,15 +122,125 @@ def validate_export(model, onnx_path: Path, spec: GraphSpec, config: ValidationC
                 ref = model(token, use_cache=True, **{_cache_kwarg(model): cache})
             cache = ref.past_key_values
             _update(diffs, "logits/decode", ort_out[0], ref.logits.numpy())
+            scale = max(scale, float(ref.logits.abs().max()))
         for i in range(spec.num_layers):
             layer = cache.layers[i]
             _update(diffs, "present/kv", present[f"present.{i}.key"], layer.keys.numpy())
             _update(diffs, "present/kv", present[f"present.{i}.value"], layer.values.numpy())
-    report = ValidationReport(max_abs_diff=diffs, top1_agree=agree / max(total, 1))
-    bad = {name: diff for name, diff in diffs.items() if name.startswith("logits") and diff > config.atol}
-    if bad or not np.isfinite(list(diffs.values())).all():
-        raise ExportMismatchError(diffs, config.atol)
-    return report
+    return diffs, agree / max(total, 1), scale
+
+
+def qdq_reference(model, head_quantized: bool, activations: bool = True):
+    """A copy of ``model`` computing what its QDQ graph does, in PyTorch fake quantization.
+
+    The scheme recorded by the qat stage (or, without one, INT8 per-channel weights and float
+    activations: post-training quantization) is attached to a deep copy (``fake_quant.attach``);
+    activations other than per-tensor stay float, as in the graph, and all do when
+    ``activations`` is False (the weights-only twin of :func:`_weights_only_copy`).
+    ``head_quantized``: the graph stores the LM head (the tied embedding too) INT8 per row, and
+    the copy's head gets the same codes (``quantize_weight(w, 8, "channel", …)`` on the (V, D) rows).
+    """
+    import copy
+
+    import torch
+
+    from edgesdk.compress import fake_quant
+    from edgesdk.export.qdq_graph import qdq_scheme
+
+    scheme = qdq_scheme(model)
+    mode = "tensor" if activations and scheme.activations == "tensor" else "none"
+    clone = copy.deepcopy(model)
+    fake_quant.attach(clone, fake_quant.QuantScheme(**{**scheme.to_json(), "activations": mode, "embedding_bits": None}))
+    if head_quantized:
+        head = clone.lm_head.weight  # (V, D); tied: the embedding table as well
+        with torch.no_grad():
+            head.copy_(fake_quant.quantize_weight(head, 8, "channel", scheme.block_size))
+    return clone
+
+
+def _weights_only_copy(onnx_path: Path) -> tuple[Path, dict[str, float], bool]:
+    """The QDQ graph with every activation QuantizeLinear -> DequantizeLinear pair bypassed, saved
+    next to the original (it reads the same external weights); also the graph's per-tensor input
+    scales by linear name, and whether its LM head is INT8."""
+    import onnx
+
+    from edgesdk.export.qdq_graph import INPUT_SCALE
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    graph = proto.graph
+    scales = {t.name.removesuffix(INPUT_SCALE): float(onnx.numpy_helper.to_array(t))
+              for t in graph.initializer if t.name.endswith(INPUT_SCALE)}
+    quantize = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
+    bypass = {n.output[0]: quantize[n.input[0]] for n in graph.node
+              if n.op_type == "DequantizeLinear" and n.input[0] in quantize}  # DQ output -> float input
+    kept = [n for n in graph.node if n.output[0] not in bypass and n.output[0] not in quantize]
+    for node in kept:
+        for index, name in enumerate(node.input):
+            node.input[index] = bypass.get(name, name)
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = {name for node in kept for name in node.input}
+    unused = [t for t in graph.initializer if t.name not in used]
+    for tensor in unused:
+        graph.initializer.remove(tensor)
+    names = {t.name for t in graph.initializer}
+    head_quantized = bool(names & {"embed_tokens.weight_quantized", "lm_head.weight_quantized"})
+    twin = onnx_path.with_name("validate-weights-only.onnx")
+    onnx.save_model(proto, str(twin))
+    return twin, scales, head_quantized
+
+
+def validate_qdq(model, onnx_path: Path, spec: GraphSpec, config: ValidationConfig = ValidationConfig(),
+                 progress: bool = False) -> ValidationReport:
+    """Check an INT8 QDQ graph (export/qdq_graph.py) against fake quantization in PyTorch.
+
+    1. Weights (gated): the graph with its activation Q/DQ pairs bypassed, run as written (ONNX
+       Runtime, graph optimizations off: DequantizeLinear computed in float32), must equal the
+       model with fake-quantized weights (:func:`qdq_reference`, float activations) within ``atol``
+       per 10 units of logit range (~1e-4 of the range): codes, scales, axes, head. Keys
+       ``logits/*``, ``present/kv``.
+    2. Activation scales (gated): each per-tensor input scale in the graph is the one the model's
+       scheme recorded for that linear.
+    3. Measured, reported: the whole graph unfused against the fully fake-quantized model
+       (``qdq/*``; equal to float32 rounding on small models, but one activation landing on the
+       other side of a rounding boundary, ORT and PyTorch summing in different orders, can cascade
+       through later static-scale layers on a large model, so this is not gated), the graph as
+       ONNX Runtime ships it (QDQ fused into integer kernels) against the same (``shipped/*``),
+       and against the float model (``quantization/*``: the quantization error; ``top1_agree``
+       is its greedy agreement). Quality is perplexity (``edgesdk eval``).
+    """
+    from edgesdk.export.qdq_graph import qdq_scheme
+
+    twin, graph_scales, head_quantized = _weights_only_copy(onnx_path)
+    try:
+        weights_reference = qdq_reference(model, head_quantized, activations=False)
+        exact, _, scale = _compare_standard(_standard_session(twin, optimize=False), weights_reference, spec,
+                                            config, progress)
+    finally:
+        twin.unlink(missing_ok=True)
+    atol = config.atol * max(scale, 1.0) / 10
+    if any(v > atol for k, v in exact.items() if k.startswith("logits")) or not np.isfinite(list(exact.values())).all():
+        raise ExportMismatchError({f"{k} (QDQ weights, unfused, vs fake-quantized weights)": v
+                                   for k, v in exact.items()}, atol)
+    scheme = qdq_scheme(model)
+    recorded = scheme.activation_scales if scheme.activations == "tensor" else {}
+    wrong = {f"input scale of {name} (graph {value:.6g}, recorded {recorded.get(name, float('nan')):.6g})":
+             abs(value - recorded.get(name, float("inf")))
+             for name, value in graph_scales.items() if value != float(np.float32(recorded.get(name, np.nan)))}
+    if wrong or (recorded and not graph_scales):
+        raise ExportMismatchError(wrong or {"input scales: none in the graph, the scheme records some": 1.0}, 0.0)
+
+    reference = qdq_reference(model, head_quantized) if graph_scales else weights_reference
+    diffs = dict(exact)
+    if graph_scales:
+        qdq, _, _ = _compare_standard(_standard_session(onnx_path, optimize=False), reference, spec, config, progress)
+        diffs.update({f"qdq/{k.split('/')[1]}": v for k, v in qdq.items() if k.startswith("logits")})
+    shipped_session = _standard_session(onnx_path)
+    shipped, _, _ = _compare_standard(shipped_session, reference, spec, config, progress)
+    quantization, agree, _ = _compare_standard(shipped_session, model, spec, config, progress)
+    diffs.update({f"shipped/{k.split('/')[1]}": v for k, v in shipped.items() if k.startswith("logits")})
+    diffs.update({f"quantization/{k.split('/')[1]}": v for k, v in quantization.items() if k.startswith("logits")})
+    return ValidationReport(max_abs_diff=diffs, top1_agree=agree)
 
 
 def fake_quantized_copy(model, bits: int, block_size: int, head_bits: int | None = None):
@@ -163,10 +302,16 @@ def _exact_compute_copy(onnx_path: Path) -> Path:
     import onnx
 
     proto = onnx.load(str(onnx_path), load_external_data=False)
-    for node in proto.graph.node:
-        for attribute in node.attribute:
-            if node.op_type == "MatMulNBits" and attribute.name == "accuracy_level":
-                attribute.i = 1
+
+    def exact(graph) -> None:  # subgraphs too: the gated form runs each FFN inside an If
+        for node in graph.node:
+            for attribute in node.attribute:
+                if node.op_type == "MatMulNBits" and attribute.name == "accuracy_level":
+                    attribute.i = 1
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    exact(attribute.g)
+
+    exact(proto.graph)
     exact = onnx_path.with_name("validate-exact.onnx")
     onnx.save_model(proto, str(exact))
     return exact

@@ -99,7 +99,7 @@ def test_shared_kv_buffer_grows_and_chunks_exactly(tmp_path):
 def test_standard_form_refuses_quantized_weights():
     from edgesdk.errors import ExportError
 
-    with pytest.raises(ExportError, match="standard form exports float32 weights only"):
-        ExportConfig(form="standard", weights="int8")
+    with pytest.raises(ExportError, match="standard form exports float32 or int8 \\(QDQ\\) weights"):
+        ExportConfig(form="standard", weights="int4")  # int8 is the QDQ form (tests/unit/test_qdq_export.py)
     with pytest.raises(ExportError, match="export form 'fast' is unknown"):
         ExportConfig(form="fast")
