@@ -125,7 +125,7 @@ def models_fetch(name):
               help="Plain-text file to train the compression stages on (repeatable).")
 @click.option("--data-skip-chars", default=0, show_default=True,
               help="Leave out the first N characters of each --data file (keep evaluation text unseen).")
-@click.option("--generated-sequences", default=64, show_default=True,
+@click.option("--generated-sequences", default=32, show_default=True,
               help="Teacher-generated sequences added to the training text (data-free distillation).")
 @click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
               help="Change a recipe setting, e.g. --set prune.ffn_ratio=0.4 or --set export.weights=int4.")

@@ -21,7 +21,7 @@ class DataConfig:
 
     files: tuple[str, ...] = ()  # plain-text files; empty = teacher-generated text only
     skip_chars: int = 0  # leading characters of each file left out (keep evaluation text unseen)
-    generated_sequences: int = 64  # teacher continuations added (data-free distillation; 0 = none)
+    generated_sequences: int = 32  # teacher continuations added (data-free distillation; 0 = none)
     generated_tokens: int = 256  # length of each teacher continuation
     seed: int = 0  # shuffling and prompt choice
 
@@ -47,7 +47,7 @@ class TokenData:
             pieces.append(torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long))
         generated = 0
         if config.generated_sequences and teacher is not None:
-            sample = generate_text(teacher, tokenizer, config, progress)
+            sample = cached_teacher_text(teacher, tokenizer, config, progress)
             generated = int(sample.numel())
             pieces.append(sample)
         if not pieces:
@@ -78,6 +78,34 @@ PROMPTS = (
     "Scientists have discovered", "The following is a list of", "He was born in", "The album was released",
     "Write a short story about", "Explain how", "The river flows", "During the war,",
 )
+
+
+def teacher_key(teacher, config: DataConfig) -> str:
+    """Names the teacher text: the model (config and embedding bytes) and the sampling settings."""
+    import hashlib
+
+    digest = hashlib.sha256(teacher.config.to_json_string().encode())
+    digest.update(teacher.model.embed_tokens.weight.detach().float().numpy().tobytes())
+    digest.update(f"{config.generated_sequences}/{config.generated_tokens}/{config.seed}/{PROMPTS}".encode())
+    return digest.hexdigest()[:20]
+
+
+def cached_teacher_text(teacher, tokenizer, config: DataConfig, progress: bool) -> torch.Tensor:
+    """Teacher text is sampled once per model and settings and kept in the user cache: builds of
+    several recipes from one model share it (sampling 16k tokens takes minutes on a CPU)."""
+    import os
+
+    from edgesdk.models.sources import cache_dir
+
+    path = cache_dir() / "teacher-text" / f"{teacher_key(teacher, config)}.pt"
+    if path.is_file():
+        return torch.load(path)
+    sample = generate_text(teacher, tokenizer, config, progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(sample, partial)
+    os.replace(partial, path)
+    return sample
 
 
 def generate_text(teacher, tokenizer, config: DataConfig, progress: bool, batch: int = 8) -> torch.Tensor:

@@ -42,8 +42,8 @@ class PruneConfig:
     min_ffn_keep: float = 0.25  # no layer keeps fewer FFN channels than this fraction
     ffn_multiple: int = 32  # kept channels per layer round to this (the quantization block)
     cooperative: bool = True  # seed §3.3: neighbouring layers' same group compete, one is removed
-    calibration_batches: int = 16  # batches of squared gradients (16 x 4 x 256 = 16k tokens)
-    batch_size: int = 4  # sequences per calibration batch
+    calibration_batches: int = 32  # batches of squared gradients (32 x 2 x 256 = 16k tokens)
+    batch_size: int = 2  # sequences per calibration batch (memory)
     sequence_length: int = 256  # tokens per sequence
     seed: int = 1  # batch sampling (differs from QAT's so calibration text is not the QAT text)
 

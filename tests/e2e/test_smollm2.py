@@ -19,7 +19,7 @@ def smollm2_bundle(tmp_path_factory):
     from edgesdk.build.pipeline import BuildConfig, build
 
     out = tmp_path_factory.mktemp("smollm2") / "smollm2-135m-rpi5"
-    return build(BuildConfig(target="rpi5", out=out, progress=False))
+    return build(BuildConfig(target="rpi5", recipe="fp32-fused", out=out, progress=False))
 
 
 def test_export_matches_pytorch_within_1e_3(smollm2_bundle):
