@@ -55,15 +55,17 @@ class PruneConfig:
             raise ValueError(f"min_ffn_keep must be in (0, 1], got {self.min_ffn_keep}")
 
 
-def fisher_diagonal(model, batches: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+def fisher_diagonal(model, batches: list[torch.Tensor], progress: bool = False) -> dict[str, torch.Tensor]:
     """E[g^2] of every decoder linear weight over ``batches`` (next-token cross-entropy)."""
+    from tqdm import tqdm
+
     linears = fake_quant.decoder_linears(model)
     for p in model.parameters():
         p.requires_grad_(False)
     for linear in linears.values():
         linear.weight.requires_grad_(True)
     sums = {name: torch.zeros_like(linear.weight) for name, linear in linears.items()}
-    for batch in batches:
+    for batch in tqdm(batches, desc="fisher", disable=not progress, unit="batch"):
         logits = model(batch).logits[:, :-1]  # (B, S-1, V)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1))
         loss.backward()
@@ -150,7 +152,7 @@ def prune_stage(model, config: PruneConfig, ctx: BuildContext):
     scheme = fake_quant.reattach(model)  # importance measured on the quantized model (seed §5 lesson)
     batches = ctx.training_data().batches(config.calibration_batches, config.batch_size, config.sequence_length,
                                           config.seed)
-    fisher = fisher_diagonal(model, batches)
+    fisher = fisher_diagonal(model, batches, ctx.progress)
     if scheme is not None:
         fake_quant.detach(model, bake=False)  # weights are already on the grid from QAT
     ffn_scores, group_scores = saliencies(model, fisher)
