@@ -92,5 +92,10 @@ def load_model(source: ModelSource) -> LoadedModel:
             f"the tokenizer of {source.path} has no fast (tokenizers) version",
             "the board runtime reads tokenizer.json; add one to the model directory",
         )
+    if source.kind == "gguf":  # the weights are de-quantized float32 now: a plain, saveable model
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, source=source)
