@@ -253,7 +253,9 @@ def _runtime_options(fn):
               help="Power-gated bundles: windowed power entropy (nats) the gate controller holds [the profile's].")
 @click.option("--compute-budget", type=float,
               help="Power-gated bundles: largest mean fraction of FFN blocks run, in (0, 1] [1].")
-@click.option("--no-gating", is_flag=True, help="Power-gated bundles: run every FFN (the gates' reference).")
+@click.option("--gating/--no-gating", default=None,
+              help="Power-gated bundles: skip FFN blocks by the gates. Off unless asked for (or "
+                   "--entropy-target / --compute-budget given): the trained gates still cost too much quality.")
 @click.option("--telemetry", type=click.Path(dir_okay=False, path_type=Path),
               help="Write one JSONL record per step: temperatures, level, tok/s, budget, pacing, power.")
 @click.option("--ambient", type=float, help="Ambient °C of the simulated board [the profile's].")
@@ -262,7 +264,7 @@ def _runtime_options(fn):
               help="Simulated board is this many times slower than this machine.")
 @_runtime_options
 def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, stats, watch_thermal,
-        simulate_thermal, no_guard, entropy_target, compute_budget, no_gating, telemetry, ambient, thermal_target,
+        simulate_thermal, no_guard, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
         sim_speed, threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
 
@@ -281,7 +283,7 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
-    _configure_gates(runtime.backend, entropy_target, compute_budget, no_gating)
+    _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     thermal = None
     if watch_thermal or simulate_thermal or telemetry:
         from edgesdk.cli_thermal import thermal_profile
@@ -339,18 +341,19 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
             thermal.close()
 
 
-def _configure_gates(backend, entropy_target, compute_budget, no_gating) -> None:
+def _configure_gates(backend, entropy_target, compute_budget, gating) -> None:
     """Apply the power-gate options to a gated backend; refuse them for a bundle without gates."""
+    asked = entropy_target is not None or compute_budget is not None
     if not hasattr(backend, "configure"):
-        if entropy_target is not None or compute_budget is not None or no_gating:
-            raise EdgeSDKError("--entropy-target, --compute-budget and --no-gating need a bundle with power gates",
+        if asked or gating is not None:
+            raise EdgeSDKError("--entropy-target, --compute-budget and --gating need a bundle with power gates",
                                "build it with a recipe holding the power stage (e.g. --recipe power)")
         return
     try:
         backend.configure(backend.controller_config(entropy_target, compute_budget))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    backend.gating = not no_gating
+    backend.gating = asked if gating is None else gating
 
 
 def _power_line(backend) -> str:

@@ -97,3 +97,79 @@ def reference_perplexity(model, tokenizer_encode, text: str, config: PerplexityC
             return model(torch.from_numpy(window)[None], use_cache=False).logits[0].numpy()
 
     return perplexity(score, ids, config, progress)
+
+
+DEFAULT_BUDGETS = (1.0, 0.8, 0.6)
+
+
+def _scored_ids(runtime, text: str, config: PerplexityConfig) -> list[int]:
+    return runtime.tokenizer.encode(text[: config.max_chars] if config.max_chars else text, add_special_tokens=False)
+
+
+def _gated_pass(backend, ids: list[int], config: PerplexityConfig, tau: float | None, progress: bool
+                ) -> tuple[PerplexityResult, float]:
+    """Perplexity with a fixed threshold (None: gating off) and the fraction of FFN blocks that ran."""
+    run, total = 0, 0
+
+    def score(window: np.ndarray) -> np.ndarray:
+        nonlocal run, total
+        backend.reset()
+        logits = backend.prefill(window, keep_logits=len(window))
+        gates = backend.last_gates  # (S, L)
+        executed = gates >= tau if tau is not None else np.ones_like(gates, bool)
+        run, total = run + int(executed.sum()), total + executed.size
+        return logits
+
+    backend.gating, backend.fixed_tau = tau is not None, tau
+    try:
+        result = perplexity(score, ids, config, progress)
+    finally:
+        backend.gating, backend.fixed_tau = True, None
+    return result, run / max(total, 1)
+
+
+def controlled_tau(backend, ids: list[int], steps: int = 256) -> float:
+    """The threshold the run-time controller settles at on ``ids``: token-by-token decode with the
+    controller in the loop, mean tau over the second half of ``steps`` steps."""
+    backend.reset()
+    backend.gating, backend.fixed_tau = True, None
+    taus = []
+    backend.prefill(np.asarray(ids[:1], np.int64))
+    steps = min(steps, backend.max_context - 1)
+    for token in ids[1: steps + 1]:
+        taus.append(backend.tau)
+        backend.decode(int(token))
+    backend.reset()
+    half = taus[len(taus) // 2:] or [backend.tau]
+    return float(np.mean(half))
+
+
+def gated_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityConfig(),
+                     budgets: tuple[float, ...] = DEFAULT_BUDGETS, progress: bool = False) -> dict:
+    """Perplexity of a power-gated bundle: gating off, at the controller's setting, and over budgets.
+
+    Prefill scores a whole window at one threshold, so each point uses a fixed tau: the
+    controller's setting is the mean tau it settles at while decoding the head of the text
+    (:func:`controlled_tau`); a budget b is the tau below which a share 1 - b of the gates fell
+    in the first window with gating off. Each point reports the fraction of FFN blocks that ran.
+    """
+    backend = runtime.backend
+    ids = _scored_ids(runtime, text, config)
+    off, _ = _gated_pass(backend, ids, config, None, progress)
+    tau_star = controlled_tau(backend, ids)
+    chosen, executed = _gated_pass(backend, ids, config, tau_star, progress)
+    backend.reset()
+    backend.gating, backend.fixed_tau = False, None
+    backend.prefill(np.asarray(ids[: config.context], np.int64), keep_logits=1)
+    gates = backend.last_gates.ravel()
+    backend.gating = True
+    curve = []
+    for budget in budgets:
+        tau = 0.0 if budget >= 1 else float(np.quantile(gates, 1 - budget))
+        point, ran = _gated_pass(backend, ids, config, tau, progress)
+        curve.append({"budget": budget, "tau": round(tau, 5), "executed_fraction": round(ran, 4),
+                      "perplexity": round(point.perplexity, 6)})
+    return {"gating_off": off.to_json(),
+            "chosen": {**chosen.to_json(), "tau": round(tau_star, 5), "executed_fraction": round(executed, 4),
+                       "relative_to_off": round(chosen.perplexity / off.perplexity - 1, 6)},
+            "curve": curve}

@@ -25,6 +25,10 @@ class OrtFusedBackend(OrtDecoderBase):
         super().__init__(model_path, graph, threads, providers, spinning)
         self._names = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}")
                        for i in range(len(self.kv_heads)) for kind in ("key", "value")]
+        # Inputs of graph variants, fed their neutral value (the power-gated graph's threshold
+        # tau = 0: every FFN runs, the plain decoder's function).
+        self._neutral_inputs = {name: np.array(0.0, np.float32) for name in ("tau",)
+                                if name in graph.get("inputs", {})}
         self._capacity = 0
         self._buffers: list[np.ndarray] = []
         self._values: list = []
@@ -57,6 +61,8 @@ class OrtFusedBackend(OrtDecoderBase):
         binding.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
         binding.bind_cpu_input("num_logits_to_keep", np.array([keep], np.int64))
+        for name, value in self._neutral_inputs.items():
+            binding.bind_cpu_input(name, value)
         binding.bind_output("logits", "cpu")  # first bound output: get_outputs()[0]
         for (past, present), value in zip(self._names, self._values, strict=True):
             binding.bind_ortvalue_input(past, value)

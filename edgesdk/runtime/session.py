@@ -75,9 +75,11 @@ def open_backend(bundle: Bundle, names: list[str], threads: int, spinning: bool 
     """Try backends in order; return the first that loads and a note per backend tried."""
     from edgesdk.runtime.ort_backend import OrtBackend
     from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
+    from edgesdk.runtime.ort_gated_backend import OrtGatedBackend
 
     graph = bundle.manifest["graph"]
-    backend_class = OrtFusedBackend if graph.get("form") == "ort-fused" else OrtBackend
+    backend_class = {"ort-fused": OrtFusedBackend, "ort-fused-gated": OrtGatedBackend}.get(graph.get("form"),
+                                                                                          OrtBackend)
     notes: list[str] = []
     available = _available_providers()
     for name in names:

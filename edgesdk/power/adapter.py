@@ -1,0 +1,225 @@
+"""PowerAdapter: per-layer gates installed into a transformers Llama-family model (seed 000 §3.2).
+
+Each decoder layer ``l`` gets a small adapter reading its post-attention hidden state (the
+normalized input of the FFN, ``h``). It outputs, per token:
+
+* ``gate``   (B, S)        per-token layer gate in (0, 1); at run time the layer's FFN is skipped
+                           for the token when ``gate < tau`` (the threshold the runtime passes);
+* ``scales`` (B, S, D)     channel scales of the FFN output (seed §3.2: "scale acts on every
+                           channel of the FFN output");
+* ``heads``  (B, S, H')    a soft mask on the pre-softmax attention scores of layer ``l + 1``
+                           (one factor per query head, multiplying the query, hence every score
+                           of that head: the seed's "mask on the softmax input"); absent for the
+                           last layer.
+
+Architecture (seed §3.2, two linear layers with a sigmoid between): ``z = sigmoid(h W1 + b1)``
+(rank r), ``o = z W2 + b2`` split into [scales | heads | gate logit]. ``W2`` starts at zero and
+``b2`` at 1 for the scales and heads and at ``gate_init`` for the gate logit, so a fresh adapter
+leaves the model unchanged and its gates open.
+
+Gating semantics (identical in PyTorch and in the exported graph):
+
+    y_l = FFN_l(h) * scales * m,   m = 1[gate >= tau]
+
+During training ``m`` is the straight-through estimate ``1[gate >= tau] + gate - stopgrad(gate)``:
+the forward value is the hard decision the runtime makes, the gradient reaches the gate.
+
+The adapters are installed by swapping the class of the existing MLP and query-projection
+modules (no weights move), so the model keeps its state-dict keys, ``save_pretrained`` writes the
+adapters beside the backbone (``model.layers.{i}.mlp.power_adapter.*``) and the exporter reads
+the backbone weights as before. ``model.config.edgesdk_power`` carries the adapter settings and
+the power statistics (it is saved in config.json); :func:`restore_adapters` reinstalls them after
+``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from edgesdk.errors import BuildError
+
+CONFIG_KEY = "edgesdk_power"
+
+
+class PowerAdapter(nn.Module):
+    """Two linear layers (D -> r -> D + H' + 1) with a sigmoid between (seed §3.2)."""
+
+    def __init__(self, hidden_size: int, rank: int, next_heads: int, gate_init: float = 3.0):
+        super().__init__()
+        self.hidden_size, self.rank, self.next_heads = hidden_size, rank, next_heads
+        self.proj1 = nn.Linear(hidden_size, rank)
+        self.proj2 = nn.Linear(rank, hidden_size + next_heads + 1)
+        with torch.no_grad():
+            nn.init.normal_(self.proj1.weight, std=hidden_size ** -0.5)
+            self.proj1.bias.zero_()
+            self.proj2.weight.zero_()
+            self.proj2.bias.fill_(1.0)
+            self.proj2.bias[-1] = gate_init
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """h (B, S, D) -> gate (B, S), scales (B, S, D), heads (B, S, H') or None."""
+        out = self.proj2(torch.sigmoid(self.proj1(h)))  # (B, S, D + H' + 1)
+        scales = out[..., : self.hidden_size]
+        heads = out[..., self.hidden_size: self.hidden_size + self.next_heads] if self.next_heads else None
+        gate = torch.sigmoid(out[..., -1])
+        return gate, scales, heads
+
+
+@dataclass
+class PowerState:
+    """Shared by the gated modules of one model: the threshold, the mode and what a forward recorded."""
+
+    head_dim: int
+    num_layers: int
+    peak_layers: tuple[int, ...]
+    tau: float | torch.Tensor = 0.0  # threshold; 0 = every FFN runs ("gating off")
+    enabled: bool = True  # False: the adapters are bypassed (the ungated model, the distillation target)
+    straight_through: bool = False  # training: hard forward, gradient to the gate
+    record: bool = False  # keep gates, masks, FFN norms and attention peaks of the next forward
+    pending_heads: dict = field(default_factory=dict)  # layer -> (B, S, Hq*hd) query scales
+    gates: list = field(default_factory=list)
+    masks: list = field(default_factory=list)
+    ffn_norms: list = field(default_factory=list)
+    peaks: list = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.pending_heads.clear()
+        self.gates.clear()
+        self.masks.clear()
+        self.ffn_norms.clear()
+        self.peaks.clear()
+
+
+class GatedMLP(nn.Module):
+    """A Llama MLP whose class was swapped in place: same children plus ``power_adapter``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        state: PowerState = self._power_state
+        y = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))  # (B, S, D)
+        if not state.enabled:
+            if state.record:
+                state.ffn_norms.append(y.norm(dim=-1))
+            return y
+        gate, scales, heads = self.power_adapter(x)
+        y = y * scales
+        hard = (gate >= state.tau).to(y.dtype)  # (B, S)
+        mask = hard + gate - gate.detach() if state.straight_through else hard
+        y = y * mask.unsqueeze(-1)
+        if heads is not None:  # (B, S, H') -> (B, S, H'*hd): one factor per query channel
+            state.pending_heads[self._power_index + 1] = heads.repeat_interleave(state.head_dim, dim=-1)
+        if state.record:
+            state.gates.append(gate)
+            state.masks.append(mask)
+            state.ffn_norms.append(y.norm(dim=-1))
+        return y
+
+
+class ScaledQueryProjection(nn.Linear):
+    """``q_proj`` whose output is scaled per head by the previous layer's adapter (class swapped in place)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = super().forward(x)
+        state = self._power_state
+        scale = state.pending_heads.pop(self._power_index, None)
+        return q if scale is None or not state.enabled else q * scale
+
+
+def adapter_rank(model, rank: int, max_fraction: float) -> int:
+    """The largest rank <= ``rank`` whose adapters stay within ``max_fraction`` of the model's parameters."""
+    config = model.config
+    layers = config.num_hidden_layers
+    hidden = config.hidden_size
+    heads = config.num_attention_heads
+    budget = max_fraction * sum(p.numel() for n, p in model.named_parameters() if "power_adapter" not in n)
+    # per layer: D*r + r + r*(D + H + 1) + (D + H + 1)
+    per_rank = layers * (2 * hidden + heads + 2)
+    fixed = layers * (hidden + heads + 1)
+    fitting = int((budget - fixed) // per_rank)
+    if fitting < 1:
+        raise BuildError(f"power adapters cannot fit in {max_fraction:.2%} of a {budget / max_fraction:,.0f}-parameter "
+                         "model even at rank 1", "raise power.max_fraction")
+    return min(rank, fitting)
+
+
+def install_adapters(model, rank: int, gate_init: float = 3.0, peak_layers: tuple[int, ...] = (),
+                     settings: dict | None = None) -> PowerState:
+    """Add a PowerAdapter to every decoder layer of ``model`` (in place) and return the shared state."""
+    inner = model.model
+    layers = list(inner.layers)
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if not layers or not hasattr(layers[0], "mlp") or not hasattr(layers[0].mlp, "gate_proj"):
+        raise BuildError(f"power adapters need a Llama-family decoder (SwiGLU MLP); got {type(model).__name__}",
+                         "drop the power stage from the recipe for this model")
+    if getattr(model, "_power_state", None) is not None:
+        raise BuildError("power adapters are already installed in this model", "run the power stage once")
+    peaks = tuple(sorted({p % len(layers) for p in peak_layers})) or (len(layers) - 1,)
+    state = PowerState(head_dim=head_dim, num_layers=len(layers), peak_layers=peaks)
+    for index, layer in enumerate(layers):
+        next_heads = layers[index + 1].self_attn.q_proj.out_features // head_dim if index + 1 < len(layers) else 0
+        mlp = layer.mlp
+        adapter = PowerAdapter(config.hidden_size, rank, next_heads, gate_init)
+        mlp._power_original_class = type(mlp)
+        mlp.__class__ = GatedMLP
+        mlp.power_adapter = adapter.to(next(mlp.parameters()).dtype)
+        mlp._power_state, mlp._power_index = state, index
+        if index > 0:
+            q_proj = layer.self_attn.q_proj
+            q_proj.__class__ = ScaledQueryProjection
+            q_proj._power_state, q_proj._power_index = state, index
+    for index in peaks:
+        attention = layers[index].self_attn
+        attention._power_state = state  # read by the hook through the module: a deep copy gets its own
+        attention.register_forward_hook(_record_peak)
+    model.set_attn_implementation("eager")  # attention probabilities for the peak a_t
+    model._power_state = state
+    setattr(config, CONFIG_KEY, {**(settings or {}), "rank": rank, "gate_init": gate_init,
+                                 "peak_layers": list(peaks)})
+    return state
+
+
+def _record_peak(module, args, output) -> None:
+    """Forward hook on a peak layer's attention: a_t = mean over heads of the largest probability."""
+    state = module._power_state
+    if state.record and isinstance(output, tuple) and output[1] is not None:
+        state.peaks.append(output[1].amax(dim=-1).mean(dim=1))  # (B, H, S, T) -> (B, S)
+
+
+def power_state(model) -> PowerState | None:
+    return getattr(model, "_power_state", None)
+
+
+def adapter_parameters(model) -> list[nn.Parameter]:
+    return [p for n, p in model.named_parameters() if ".power_adapter." in n]
+
+
+def adapter_count(model) -> int:
+    return sum(p.numel() for p in adapter_parameters(model))
+
+
+def restore_adapters(model, checkpoint: Path):
+    """After ``from_pretrained``: reinstall the adapters named in the config and load their weights."""
+    settings = getattr(model.config, CONFIG_KEY, None)
+    if not settings or power_state(model) is not None:
+        return model
+    from safetensors import safe_open
+
+    install_adapters(model, int(settings["rank"]), float(settings["gate_init"]), tuple(settings["peak_layers"]),
+                     settings)
+    wanted = {n for n, _ in model.named_parameters() if ".power_adapter." in n}
+    found: dict[str, torch.Tensor] = {}
+    for file in sorted(Path(checkpoint).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():
+                if key in wanted:
+                    found[key] = handle.get_tensor(key)
+    missing = sorted(wanted - set(found))
+    if missing:
+        raise BuildError(f"checkpoint {checkpoint} names power adapters in its config but lacks {missing[:3]}",
+                         "rebuild without --resume")
+    model.load_state_dict(found, strict=False)
+    return model.eval()

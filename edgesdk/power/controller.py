@@ -1,0 +1,120 @@
+"""The run-time gate-threshold controller (numpy only; runs on the board).
+
+Each decode step the runtime passes a threshold ``tau`` to the gated graph; a layer's FFN is
+skipped for the token when its gate is below ``tau``. Raising ``tau`` skips more FFN blocks,
+which both saves compute and concentrates the power on fewer tokens (lower windowed entropy).
+The controller holds two things:
+
+* the realised windowed entropy of the power stream at the profile's target (integral action on
+  the entropy error: too high -> raise tau, too low -> lower it);
+* the executed-FFN fraction, averaged over the same window, at or under the compute budget
+  (a floor on tau that rises while the budget is exceeded and relaxes when it is met);
+* and at or above ``min_compute`` (a ceiling on tau that falls while too few blocks run): when the
+  entropy target cannot be reached by gating, the entropy loop alone would raise tau until every
+  FFN is skipped. The thermal budget wins over this quality floor.
+
+``set_compute_budget`` is the plain API the thermal guard calls when the board warms up (the
+guard calls it on the backend, which forwards it here).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW, window_entropy
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """How the threshold is steered."""
+
+    entropy_target: float = 1.5  # nats over the window (profile: 1.5 boards, 1.2 host)
+    compute_budget: float = 1.0  # largest mean fraction of FFN blocks executed (1 = no limit)
+    min_compute: float = 0.5  # smallest mean fraction executed for the entropy loop (quality floor)
+    tau_init: float = 0.5  # the gates were trained against this threshold
+    gain_entropy: float = 0.02  # tau change per nat of entropy error per step
+    gain_budget: float = 0.05  # tau-floor change per unit of budget excess per step
+    tau_min: float = 0.0  # 0: every FFN runs
+    tau_max: float = 1.0  # gates are sigmoids: above every gate, every FFN is skipped
+    window: int = WINDOW  # entropy window, as in training (edgesdk/power/distribution.py)
+    smooth: int = SMOOTH  # moving-average width, as in training
+    floor: float = FLOOR  # min-max floor, as in training
+
+    def __post_init__(self):
+        if self.entropy_target <= 0:
+            raise ValueError(f"entropy_target must be > 0 nats, got {self.entropy_target}")
+        if not 0 < self.compute_budget <= 1:
+            raise ValueError(f"compute_budget must be in (0, 1], got {self.compute_budget}")
+        if not 0 <= self.min_compute <= 1:
+            raise ValueError(f"min_compute must be in [0, 1], got {self.min_compute}")
+        if not self.tau_min <= self.tau_init <= self.tau_max:
+            raise ValueError(f"need tau_min <= tau_init <= tau_max, got {self.tau_min}/{self.tau_init}/{self.tau_max}")
+
+
+class TauController:
+    """Integral control of tau on the windowed entropy, with a budget-driven floor."""
+
+    def __init__(self, config: ControllerConfig = ControllerConfig()):
+        self.config = config
+        self.budget = config.compute_budget
+        self.reset()
+
+    def reset(self) -> None:
+        c = self.config
+        self._entropy_tau = c.tau_init
+        self._floor = c.tau_min
+        self._ceiling = c.tau_max
+        self.tau = c.tau_init
+        self.powers: deque[float] = deque(maxlen=c.window + c.smooth)
+        self.executed: deque[float] = deque(maxlen=c.window)
+        self.entropies: list[float] = []
+        self.blocks_run = 0
+        self.blocks_total = 0
+
+    def set_compute_budget(self, budget: float) -> None:
+        """Lower (or restore) the mean executed-FFN fraction allowed; the thermal guard calls this."""
+        if not 0 < budget <= 1:
+            raise ValueError(f"compute budget must be in (0, 1], got {budget}")
+        self.budget = min(float(budget), self.config.compute_budget)
+
+    @property
+    def entropy(self) -> float | None:
+        """Realised entropy of the last window (None until a window has been seen)."""
+        return self.entropies[-1] if self.entropies else None
+
+    def observe(self, power: float | np.ndarray, executed: np.ndarray) -> float:
+        """One token's power p_t and per-layer executed flags (L,); returns the next step's tau."""
+        c = self.config
+        for value in np.atleast_1d(power).ravel():
+            self.powers.append(float(value))
+        executed = np.asarray(executed, np.float64).reshape(-1, np.asarray(executed).shape[-1])
+        for row in executed:
+            self.executed.append(float(row.mean()))
+            self.blocks_run += int(row.sum())
+            self.blocks_total += row.size
+        if len(self.powers) >= c.window:
+            h = window_entropy(np.fromiter(self.powers, np.float64), c.window, c.smooth, c.floor)
+            self.entropies.append(h)
+            self._entropy_tau += c.gain_entropy * (h - c.entropy_target)
+        fraction = float(np.mean(self.executed)) if self.executed else 1.0
+        excess = fraction - self.budget
+        self._floor = min(c.tau_max, max(c.tau_min, self._floor + c.gain_budget * excess))
+        deficit = min(c.min_compute, self.budget) - fraction
+        self._ceiling = min(c.tau_max, max(c.tau_min, self._ceiling - c.gain_budget * deficit))
+        self._entropy_tau = min(self._ceiling, max(c.tau_min, self._entropy_tau))  # no wind-up past it
+        self.tau = max(self._entropy_tau, self._floor)
+        return self.tau
+
+    def summary(self) -> dict:
+        ent = np.asarray(self.entropies)
+        return {
+            "mean_entropy": round(float(ent.mean()), 4) if ent.size else None,
+            "blocks_skipped": self.blocks_total - self.blocks_run,
+            "blocks_total": self.blocks_total,
+            "executed_fraction": round(self.blocks_run / self.blocks_total, 4) if self.blocks_total else None,
+            "tau": round(self.tau, 4),
+            "budget": self.budget,
+        }

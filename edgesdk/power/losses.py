@@ -1,0 +1,95 @@
+"""Loss terms of power distillation (seed 000 §2.2, §3.3) and the seed's stabilisers.
+
+Every term is a non-negative number except the z-scored KL (a normalised deviation by design).
+
+* token KL        KL(ungated || gated) over the vocabulary, per token (>= 0; 0 when the gated model
+                  reproduces the ungated one);
+* power KL        KL(P_proxy || P_student) per window, P_proxy from the gated (adapter) path and
+                  P_student from the ungated path (>= 0), square-rooted above 0.5 (§3.3);
+* entropy term    (H(P_proxy) - target)^2 per window (>= 0), toward the profile's target;
+* budget term     max(0, executed FFN fraction - budget) (>= 0; 0 inside the budget).
+
+Stabilisers (§3.3): the token KL of tokens whose (ungated) power is below the sequence mean is
+weighted 0.3, which multiplies their gradient by 0.3; the per-sample KL is z-scored with running
+statistics before gradient accumulation (§3.3 "z-score per sample before accumulation"); the
+entropy weight follows :func:`entropy_weight`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+CLIP_AT = 0.5
+
+
+def token_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) per position: (B, T, V) x2 -> (B, T), >= 0."""
+    t = F.log_softmax(teacher_logits.float(), dim=-1)
+    s = F.log_softmax(student_logits.float(), dim=-1)
+    return (t.exp() * (t - s)).sum(-1).clamp_min(0.0)
+
+
+def sqrt_clip(kl: torch.Tensor, at: float = CLIP_AT) -> torch.Tensor:
+    """KL up to ``at``, then sqrt(at * KL): continuous at ``at`` and growing like sqrt above it.
+
+    The seed replaces KL by sqrt(KL) above 0.5, which jumps from 0.5 to 0.71; scaling by sqrt(at)
+    keeps the value continuous and the gradient bounded, which is the point of the clip.
+    """
+    return torch.where(kl > at, torch.sqrt(at * kl.clamp_min(at)), kl)
+
+
+def power_weights(p_student: torch.Tensor, mask: torch.Tensor, low: float = 0.3) -> torch.Tensor:
+    """1 where p_t >= mean(P) of the sequence, ``low`` below (B, T); 0 on padding."""
+    valid = mask > 0
+    mean = (p_student * valid).sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp_min(1)
+    return torch.where(p_student >= mean, torch.ones_like(p_student), torch.full_like(p_student, low)) * valid
+
+
+def entropy_term(h: torch.Tensor, target: float) -> torch.Tensor:
+    return (h - target) ** 2
+
+
+def budget_term(executed: torch.Tensor, budget: float) -> torch.Tensor:
+    """``executed``: mean straight-through FFN mask (scalar tensor, forward = executed fraction)."""
+    return F.relu(executed - budget)
+
+
+def entropy_weight(progress: float, start: float = 0.01, end: float = 0.08, warm: float = 0.2,
+                   ramp_end: float = 0.8) -> float:
+    """The seed's schedule (0.01 for epochs < 5, linear to 0.08 by epoch 20, then 0.08) on the
+    fraction of training done: ``warm`` and ``ramp_end`` play the roles of epochs 5 and 20."""
+    if progress < warm:
+        return start
+    if progress >= ramp_end:
+        return end
+    return start + (end - start) * (progress - warm) / (ramp_end - warm)
+
+
+class RunningZ:
+    """Running mean and variance of per-sample KL; z-scores with the statistics detached.
+
+    With the statistics detached, ``sum((kl_i - mu) / sigma)`` has the gradient of
+    ``sum(kl_i) / sigma``: every micro-batch's gradient is normalised by the spread of the KL seen
+    so far, whatever its size (the seed's fix for the variance of KL gradients at batch 8).
+    """
+
+    def __init__(self, momentum: float = 0.9, min_std: float = 0.02):
+        self.momentum = momentum
+        self.min_std = min_std  # the first KLs of a fresh adapter are ~0 with ~0 spread: no 1/0 blow-up
+        self.mean: float | None = None
+        self.var = 1.0
+
+    def __call__(self, values: torch.Tensor) -> torch.Tensor:
+        flat = values.detach().float()
+        batch_mean = float(flat.mean())
+        batch_var = float(flat.var()) if flat.numel() > 1 else 0.0
+        if self.mean is None:
+            self.mean, self.var = batch_mean, max(batch_var, 1e-6)
+        else:
+            delta = batch_mean - self.mean
+            self.mean += (1 - self.momentum) * delta
+            self.var = self.momentum * self.var + (1 - self.momentum) * (batch_var + delta * delta)
+        return (values - self.mean) / max(math.sqrt(self.var), self.min_std)

@@ -1,0 +1,150 @@
+"""Build stage ``power``: learned per-token compute gates (seed 000, "power distillation").
+
+1. c_t: time the model's own fused graph at several cache lengths (``profiler``), store per bucket.
+2. Install a PowerAdapter per decoder layer (<= ``max_fraction`` of the model's parameters).
+3. Calibrate the component scales (mean attention peak, mean FFN output norm per layer).
+4. Train the adapters on-policy with the backbone frozen (``train.train_adapters``).
+5. Choose alpha, beta, gamma by a latency-quality sweep on held-out tokens, with the run-time
+   controller in the loop (``train.sweep_weights``).
+
+Everything the exporter and the runtime need (weights, scales, cost table, window) is written to
+``model.config.edgesdk_power``; the adapters travel in the checkpoint's safetensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edgesdk.build import checkpoint
+from edgesdk.build.registry import BuildContext, register_stage
+from edgesdk.errors import BuildError
+from edgesdk.power import adapter, train
+from edgesdk.power.controller import ControllerConfig, TauController
+from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW
+from edgesdk.power.profiler import measure_kv_cost
+
+
+@dataclass(frozen=True)
+class PowerConfig:
+    """Power-adapter training settings (defaults sized for SmolLM2-135M on a 2-core host, ~15 min)."""
+
+    rank: int = 32  # adapter bottleneck; 32 keeps SmolLM2-135M's adapters at 0.84 % of the model
+    max_fraction: float = 0.01  # adapters never exceed this share of the model (the rank shrinks to fit)
+    gate_init: float = 0.5  # gate logit at start: sigmoid(0.5) = 0.62 > tau_train, every FFN runs at first
+    tau_train: float = 0.5  # the threshold the gates are trained against (and the runtime starts from)
+    peak_layers: tuple[int, ...] = (-1,)  # layers whose attention peak makes a_t (one: the graph reads its QK)
+    rounds: int = 40  # on-policy rounds, one optimizer step each (~20 s per round for SmolLM2-135M)
+    rollout: int = 8  # continuations the gated model samples per round
+    micro_batch: int = 2  # sequences per backward (gradient accumulation over the rollout)
+    prompt_tokens: int = 32  # prompt length cut from the training text
+    new_tokens: int = 64  # continuation length (the tokens trained on)
+    lr: float = 3e-3  # adapters only (backbone frozen); 1e-2 moved the channel scales so far that KL hit 0.5
+    budget: float = 0.75  # executed-FFN fraction the budget term allows during training
+    weight_power_kl: float = 0.1  # KL(P_proxy || P_student)
+    weight_budget: float = 10.0  # compute-budget term; at 2 the z-scored KL kept 99 % of FFN blocks on
+    entropy_start: float = 0.01  # seed §3.3 entropy-weight schedule: start ...
+    entropy_end: float = 0.08  # ... and end
+    low_power_scale: float = 0.3  # gradient factor of tokens below mean power (seed §3.3); 1 = off
+    zscore: bool = True  # z-score per-sample KL under gradient accumulation (seed §3.3)
+    clip: bool = True  # square-root the power KL above 0.5 (seed §3.3)
+    entropy_target: float | None = None  # nats; None = the target profile's power.entropy_target
+    weights: tuple[float, float, float] = (0.25, 0.5, 0.25)  # alpha, beta, gamma while training
+    sweep: tuple[tuple[float, float, float], ...] = (  # alpha, beta, gamma candidates for the runtime
+        (0.25, 0.5, 0.25), (0.0, 1.0, 0.0), (0.5, 0.5, 0.0), (0.2, 0.6, 0.2))
+    sweep_tokens: int = 160  # held-out tokens decoded per sweep point (teacher-forced, controller in the loop)
+    max_nll_increase: float = 0.049  # sweep quality bound: ln(1.05), i.e. +5 % perplexity
+    bucket_size: int = 64  # positions per c_t bucket
+    profile_up_to: int = 1024  # longest cache length timed by the c_t profiler
+    profile_buckets: int = 8  # cache lengths timed
+    seed: int = 0  # prompts and sampling
+
+    def __post_init__(self):
+        if self.rank < 1 or not 0 < self.max_fraction <= 0.05:
+            raise ValueError("rank >= 1 and 0 < max_fraction <= 0.05 are required")
+        if not 0 < self.tau_train < 1 or not 0 < self.budget <= 1:
+            raise ValueError("tau_train must be in (0, 1) and budget in (0, 1]")
+        if self.rounds < 0 or self.rollout < 1 or self.new_tokens < WINDOW:
+            raise ValueError(f"rounds >= 0, rollout >= 1 and new_tokens >= {WINDOW} (one entropy window) are required")
+
+
+if adapter.restore_adapters not in checkpoint.LOAD_HOOKS:  # adapters survive a resumed build
+    checkpoint.LOAD_HOOKS.append(adapter.restore_adapters)
+
+
+def _drop_gguf_marker(model) -> None:
+    """A GGUF source is de-quantized to float32 when loaded, but transformers keeps it marked as
+    quantized and refuses ``save_pretrained`` (the stage checkpoint). The weights are plain
+    float32: drop the marker so the checkpoint writes them as they are."""
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+
+
+@register_stage("power", PowerConfig, description="per-token FFN gates trained on-policy (seed 000)")
+def power_stage(model, config: PowerConfig, ctx: BuildContext):
+    torch.manual_seed(config.seed)
+    _drop_gguf_marker(model)
+    target = config.entropy_target or float(ctx.profile.power.entropy_target)
+    ids = ctx.training_data().ids
+    held = min(max(config.sweep_tokens + 1, 64), ids.numel() // 5)
+    pool, heldout = ids[:-held], ids[-held:]  # the sweep's tokens are never trained on
+    if pool.numel() < config.prompt_tokens + 1:
+        raise BuildError(f"the power stage has {ids.numel()} training tokens, too few for prompts of "
+                         f"{config.prompt_tokens}", "pass more --data text or lower power.prompt_tokens")
+    max_context = int(getattr(model.config, "max_position_embeddings", 4096))
+    cost = measure_kv_cost(model, max_context, config.bucket_size, config.profile_up_to, config.profile_buckets)
+
+    rank = adapter.adapter_rank(model, config.rank, config.max_fraction)
+    state = adapter.install_adapters(model, rank, config.gate_init, config.peak_layers)
+    backbone = sum(p.numel() for n, p in model.named_parameters() if ".power_adapter." not in n)
+    calib = pool[: 4 * 128].reshape(-1, 128) if pool.numel() >= 512 else pool[None, : min(pool.numel(), 128)]
+    peak_scale, ffn_scales = train.calibrate_scales(model, state, calib)
+    span = min(config.profile_up_to, max_context)
+    cost_scale = max(float(cost.cost(torch.arange(span).numpy()).mean()), 1e-6)
+    info = train.PowerModelInfo(weights=tuple(config.weights), peak_scale=peak_scale, ffn_scales=ffn_scales,
+                                cost_scale=cost_scale, cost=cost)
+
+    train_config = train.PowerTrainConfig(
+        rounds=config.rounds, rollout=config.rollout, micro_batch=config.micro_batch,
+        prompt_tokens=config.prompt_tokens, new_tokens=config.new_tokens, lr=config.lr, tau_train=config.tau_train,
+        budget=config.budget, entropy_target=target, weight_power_kl=config.weight_power_kl,
+        weight_budget=config.weight_budget, entropy_start=config.entropy_start, entropy_end=config.entropy_end,
+        low_power_scale=config.low_power_scale, zscore=config.zscore, clip=config.clip, seed=config.seed)
+    eos = _eos_ids(model, ctx.tokenizer)
+    pad = ctx.tokenizer.pad_token_id if ctx.tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    log = train.train_adapters(model, state, info, pool, train_config, eos, pad, ctx.progress)
+
+    def make_controller():
+        return TauController(ControllerConfig(entropy_target=target, tau_init=config.tau_train))
+
+    sweep_ids = heldout[: config.sweep_tokens + 1]
+    chosen, points = train.sweep_weights(model, state, info, sweep_ids, make_controller, list(config.sweep),
+                                         config.max_nll_increase)
+    info.weights = chosen
+    settings = {
+        "rank": rank, "gate_init": config.gate_init, "peak_layers": list(state.peak_layers),
+        "tau_init": config.tau_train, "weights": list(chosen), "peak_scale": peak_scale,
+        "ffn_scales": ffn_scales, "cost_scale": cost_scale, "cost": cost.to_json(),
+        "window": WINDOW, "smooth": SMOOTH, "floor": FLOOR, "entropy_target": target,
+    }
+    setattr(model.config, adapter.CONFIG_KEY, settings)
+    ctx.metrics.update({
+        "adapter_parameters": adapter.adapter_count(model), "adapter_fraction": round(
+            adapter.adapter_count(model) / backbone, 5), "rank": rank, "entropy_target": target,
+        "train": log.rounds, "sweep": points, "weights": list(chosen),
+        "kv_cost_ms_per_token": cost.slope_ms_per_token,
+    })
+    return model
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids: set[int] = set()
+    for value in (getattr(model.config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return sorted(ids)

@@ -1,0 +1,282 @@
+"""On-policy training of the power adapters (seed 000 §2.2, §3.3, §4.3).
+
+One round: the gated model (threshold ``tau_train``) samples continuations of prompts cut from
+the training text (on-policy: the tokens trained on are the gated model's own); on those tokens
+the frozen backbone without adapters gives the target distributions and the student power
+distribution, and the gated model (straight-through gates) is trained on
+
+    L = z(w_t * KL(ungated || gated))            token KL, low-power tokens weighted 0.3, z-scored
+      + lambda_p * clip(KL(P_proxy || P_student)) power KL, square-rooted above 0.5
+      + lambda_H(progress) * (H(P_proxy) - target)^2
+      + lambda_B * max(0, executed - budget)
+
+with gradient accumulation over micro-batches. Every stabiliser can be switched off
+(``PowerTrainConfig``) so their effect can be measured.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from edgesdk.errors import BuildError
+from edgesdk.power import losses, vector
+from edgesdk.power.adapter import PowerState, adapter_parameters
+from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW
+
+
+@dataclass
+class PowerModelInfo:
+    """What turns recorded components into p_t (stored in the bundle's power.json)."""
+
+    weights: tuple[float, float, float]  # alpha, beta, gamma
+    peak_scale: float  # mean attention peak a_t, ungated, on calibration text
+    ffn_scales: list[float]  # mean FFN output norm per layer, ungated
+    cost_scale: float  # mean c_t over the calibration positions
+    cost: object  # profiler.CostStats
+    window: int = WINDOW
+    smooth: int = SMOOTH
+    floor: float = FLOOR
+
+    def components(self, state: PowerState, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                              torch.Tensor]:
+        """(a_t / â, f_t, c_t / ĉ) from a recorded forward: each (B, T)."""
+        peak = torch.stack(state.peaks).mean(0) / self.peak_scale
+        scales = torch.tensor(self.ffn_scales, dtype=peak.dtype)
+        ffn = (torch.stack(state.ffn_norms, -1) / scales).mean(-1)  # (B, T, L) -> (B, T)
+        cost = torch.from_numpy(self.cost.cost(positions.numpy())).to(peak.dtype) / self.cost_scale
+        return peak, ffn, cost
+
+    def power(self, state: PowerState, positions: torch.Tensor, weights=None) -> torch.Tensor:
+        a, f, c = self.components(state, positions)
+        alpha, beta, gamma = weights or self.weights
+        return alpha * a + beta * f + gamma * c
+
+
+@dataclass(frozen=True)
+class PowerTrainConfig:
+    rounds: int = 8  # rollout rounds (one optimizer step each)
+    rollout: int = 8  # sequences the gated model generates per round
+    micro_batch: int = 2  # sequences per backward; rollout / micro_batch micro-batches accumulate
+    prompt_tokens: int = 32
+    new_tokens: int = 64
+    top_p: float = 0.95
+    temperature: float = 1.0
+    lr: float = 3e-3
+    tau_train: float = 0.5
+    budget: float = 0.6
+    entropy_target: float = 1.5
+    weight_power_kl: float = 0.1
+    weight_budget: float = 2.0
+    entropy_start: float = 0.01
+    entropy_end: float = 0.08
+    low_power_scale: float = 0.3  # 1.0 switches the re-weighting off
+    zscore: bool = True
+    clip: bool = True
+    seed: int = 0
+
+
+@dataclass
+class TrainLog:
+    rounds: list[dict] = field(default_factory=list)
+
+    def last(self, key: str, n: int = 3) -> float:
+        values = [r[key] for r in self.rounds[-n:]]
+        return float(np.mean(values)) if values else float("nan")
+
+
+def sample_prompts(pool: torch.Tensor, count: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    if pool.numel() < length + 1:
+        raise BuildError(f"the power stage's text has {pool.numel()} tokens, fewer than one prompt of {length}",
+                         "pass more text (power.data_files) or lower power.prompt_tokens")
+    starts = torch.randint(0, pool.numel() - length, (count,), generator=generator)
+    return torch.stack([pool[s: s + length] for s in starts.tolist()])  # (N, prompt)
+
+
+@torch.no_grad()
+def rollout(model, state: PowerState, prompts: torch.Tensor, config: PowerTrainConfig, eos_ids: list[int],
+            pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated model's own continuations: (ids (N, P+T), loss mask (N, P+T) over generated tokens)."""
+    state.enabled, state.straight_through, state.record, state.tau = True, False, False, config.tau_train
+    state.clear()
+    out = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_p=config.top_p,
+                         temperature=config.temperature, max_new_tokens=config.new_tokens, min_new_tokens=1,
+                         pad_token_id=pad_id, eos_token_id=eos_ids or None)
+    state.clear()
+    generated = out[:, prompts.shape[1]:]
+    mask = torch.ones_like(generated, dtype=torch.float32)
+    if eos_ids:  # tokens after the first EOS are padding
+        is_eos = torch.isin(generated, torch.tensor(eos_ids))
+        after = (is_eos.cumsum(-1) - is_eos.long()) > 0
+        mask[after] = 0.0
+    full_mask = torch.cat([torch.zeros(prompts.shape, dtype=torch.float32), mask], dim=1)
+    return out, full_mask
+
+
+def _forward(model, state: PowerState, ids: torch.Tensor, valid: torch.Tensor, *, gated: bool):
+    state.clear()
+    state.enabled, state.record = gated, True
+    state.straight_through = gated
+    logits = model(ids, attention_mask=valid.long(), use_cache=False).logits
+    return logits
+
+
+def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.Tensor, config: PowerTrainConfig,
+                   eos_ids: list[int], pad_id: int, progress: bool = False) -> TrainLog:
+    """Train the adapters in place (backbone frozen); returns per-round measurements."""
+    from tqdm import tqdm
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    params = adapter_parameters(model)
+    for p in params:
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(config.seed)
+    torch.manual_seed(config.seed)
+    running = losses.RunningZ()
+    log = TrainLog()
+    micro = max(1, min(config.micro_batch, config.rollout))
+    for round_index in tqdm(range(config.rounds), desc="power adapters", disable=not progress, unit="round"):
+        started = time.perf_counter()
+        progress_frac = round_index / max(config.rounds - 1, 1)
+        w_entropy = losses.entropy_weight(progress_frac, config.entropy_start, config.entropy_end)
+        model.eval()
+        prompts = sample_prompts(pool, config.rollout, config.prompt_tokens, generator)
+        ids, loss_mask = rollout(model, state, prompts, config, eos_ids, pad_id)
+        valid = torch.ones_like(loss_mask)
+        if eos_ids:  # attention sees prompt + generated tokens up to and including the first EOS
+            valid = torch.cat([torch.ones(prompts.shape), loss_mask[:, prompts.shape[1]:]], 1)
+            first_pad = (valid == 0).float().argmax(-1)
+            for row, col in enumerate(first_pad.tolist()):
+                if valid[row, col] == 0:
+                    valid[row, col] = 1.0  # the EOS itself
+        positions = torch.arange(ids.shape[1]).expand_as(ids)
+        optimizer.zero_grad(set_to_none=True)
+        record = {"token_kl": 0.0, "power_kl": 0.0, "entropy": 0.0, "executed": 0.0, "loss": 0.0}
+        chunks = list(range(0, ids.shape[0], micro))
+        for start in chunks:
+            part = slice(start, start + micro)
+            x, vm, lm, pos = ids[part], valid[part], loss_mask[part], positions[part]
+            with torch.no_grad():
+                teacher_logits = _forward(model, state, x, vm, gated=False)
+                p_student = info.power(state, pos)  # (b, T)
+            student_logits = _forward(model, state, x, vm, gated=True)
+            p_proxy = info.power(state, pos)
+            masks = torch.stack(state.masks, -1)  # (b, T, L) straight-through executed flags
+            # Row t predicts token t+1: score predictions of generated tokens.
+            pred_mask = lm[:, 1:]
+            kl_tok = losses.token_kl(teacher_logits[:, :-1], student_logits[:, :-1])  # (b, T-1)
+            weights = losses.power_weights(p_student[:, :-1], pred_mask, config.low_power_scale)
+            per_sample = (kl_tok * weights).sum(-1) / pred_mask.sum(-1).clamp_min(1)  # (b,)
+            kl_term = running(per_sample).sum() if config.zscore else per_sample.sum()
+            window_mask = lm  # padding and prompt masked out of P
+            P_proxy, wm = vector.windowed(p_proxy, window_mask, info.window, info.smooth, info.floor)
+            P_student, _ = vector.windowed(p_student, window_mask, info.window, info.smooth, info.floor)
+            full = wm.sum(-1) >= 2  # windows with at least two valid tokens
+            if full.any():
+                kl_pow = vector.power_kl(P_proxy, P_student, wm)[full]
+                kl_pow = losses.sqrt_clip(kl_pow) if config.clip else kl_pow
+                h = vector.entropy(P_proxy)[full]
+                power_term = kl_pow.mean()
+                entropy_term = losses.entropy_term(h, config.entropy_target).mean()
+            else:
+                power_term = entropy_term = torch.zeros(())
+                h = torch.zeros(1)
+            executed = (masks * lm.unsqueeze(-1)).sum() / (lm.sum() * masks.shape[-1]).clamp_min(1)
+            budget_term = losses.budget_term(executed, config.budget)
+            loss = (kl_term + config.weight_power_kl * power_term + w_entropy * entropy_term
+                    + config.weight_budget * budget_term) / len(chunks)
+            loss.backward()
+            record["token_kl"] += float(per_sample.detach().mean()) / len(chunks)
+            record["power_kl"] += float(power_term.detach()) / len(chunks)
+            record["entropy"] += float(h.detach().mean()) / len(chunks)
+            record["executed"] += float(executed.detach()) / len(chunks)
+            record["loss"] += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        state.clear()
+        record.update(round=round_index, entropy_weight=w_entropy, seconds=round(time.perf_counter() - started, 2))
+        log.rounds.append({k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items()})
+    for p in params:
+        p.requires_grad_(False)
+    state.enabled, state.record, state.straight_through, state.tau = True, False, False, 0.0
+    state.clear()
+    return log
+
+
+@torch.no_grad()
+def calibrate_scales(model, state: PowerState, ids: torch.Tensor) -> tuple[float, list[float]]:
+    """Mean attention peak and mean FFN output norm per layer of the ungated model on ``ids`` (B, T)."""
+    _forward(model, state, ids, torch.ones_like(ids, dtype=torch.float32), gated=False)
+    peak = float(torch.stack(state.peaks).mean())
+    ffn = [max(float(n.mean()), 1e-6) for n in state.ffn_norms]
+    state.clear()
+    state.record = False
+    state.enabled = True
+    return max(peak, 1e-6), ffn
+
+
+@torch.no_grad()
+def controlled_decode(model, state: PowerState, info: PowerModelInfo, ids: torch.Tensor, controller,
+                      weights=None) -> dict:
+    """Teacher-forced decode of ``ids`` (T,) token by token with the controller setting tau each step.
+
+    Returns the mean NLL of the tokens, the executed FFN fraction and the controller's summary:
+    the latency-quality point of one setting.
+    """
+    from transformers import DynamicCache
+
+    state.enabled, state.straight_through, state.record = True, False, True
+    controller.reset()
+    cache = DynamicCache()
+    nll, count = 0.0, 0
+    for t in range(ids.shape[0] - 1):
+        state.clear()
+        state.tau = controller.tau
+        kwarg = {"cache": cache} if _takes_cache(model) else {"past_key_values": cache}
+        logits = model(ids[t: t + 1][None], use_cache=True, **kwarg).logits[0, -1]
+        nll += float(torch.log_softmax(logits.float(), -1)[ids[t + 1]].neg())
+        count += 1
+        p = info.power(state, torch.tensor([[t]]), weights)
+        executed = torch.stack(state.masks, -1)[0, 0].numpy()
+        controller.observe(float(p[0, 0]), executed)
+    state.clear()
+    state.record = False
+    state.tau = 0.0
+    return {"nll": nll / max(count, 1), **controller.summary()}
+
+
+def _takes_cache(model) -> bool:
+    import inspect
+
+    return "cache" in inspect.signature(model.forward).parameters
+
+
+def sweep_weights(model, state: PowerState, info: PowerModelInfo, ids: torch.Tensor, make_controller,
+                  grid: list[tuple[float, float, float]], max_nll_increase: float) -> tuple[tuple, list[dict]]:
+    """Latency-quality sweep of (alpha, beta, gamma) on validation tokens ``ids`` (T,).
+
+    Each setting runs :func:`controlled_decode`; the chosen one executes the fewest FFN blocks
+    among those within ``max_nll_increase`` nats of the ungated NLL (else the lowest NLL).
+    """
+    from edgesdk.power.controller import ControllerConfig, TauController
+
+    base = controlled_decode(model, state, info, ids, TauController(ControllerConfig(tau_init=0.0, tau_max=0.0,
+                                                                                     tau_min=0.0)))
+    points = []
+    for weights in grid:
+        point = controlled_decode(model, state, info, ids, make_controller(), weights)
+        point.update(weights=list(weights), nll_increase=round(point["nll"] - base["nll"], 5))
+        points.append(point)
+    ok = [p for p in points if p["nll_increase"] <= max_nll_increase]
+    best = min(ok, key=lambda p: p["executed_fraction"]) if ok else min(points, key=lambda p: p["nll"])
+    return tuple(best["weights"]), [{"ungated_nll": round(base["nll"], 5)}, *points]
+
+
+def perplexity_of(nll: float) -> float:
+    return math.exp(nll)

@@ -1,0 +1,185 @@
+"""The gated graph: equal to the PyTorch gated model, FFNs skipped inside an If, and the bundle
+built through the ``power`` recipe runs with its controller (also without torch)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgesdk.export.onnx_export import ExportConfig, export_model  # noqa: E402
+from edgesdk.power import adapter, train  # noqa: E402
+from edgesdk.power.profiler import CostStats  # noqa: E402
+from edgesdk.runtime.ort_gated_backend import OrtGatedBackend  # noqa: E402
+from tests._utils.tiny import CORPUS, tiny_llama  # noqa: E402
+from tests.unit.test_lean_import import assert_ok, run_blocked  # noqa: E402
+
+ARCHS = {"llama-gqa": {"heads": 4, "kv_heads": 2}, "qwen2-bias": {"heads": 4, "kv_heads": 2, "model_type": "qwen2"}}
+TOKENS = 24
+
+
+def _gated_model(arch: str, weights=(0.3, 0.5, 0.2)):
+    model = tiny_llama(layers=3, **ARCHS[arch])
+    state = adapter.install_adapters(model, 4, peak_layers=(1, 2))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".power_adapter." in name:
+                p.add_(torch.randn(p.shape, generator=generator) * 0.5)
+            if name.endswith("power_adapter.proj2.bias"):
+                p[-1] = 0.0
+    cost = CostStats(16, [0.0, 0.2, 0.4, 0.6, 0.8, 1.0], {}, 0.0125, 0.0)
+    peak, ffn = train.calibrate_scales(model, state, torch.randint(0, 320, (2, 32)))
+    info = train.PowerModelInfo(weights, peak, ffn, 0.5, cost)
+    model.config.edgesdk_power = {**model.config.edgesdk_power, "weights": list(weights), "peak_scale": peak,
+                                  "ffn_scales": ffn, "cost_scale": 0.5, "cost": cost.to_json(), "tau_init": 0.5}
+    return model, state, info
+
+
+def _reference(model, state, info, ids: torch.Tensor, tau: float):
+    state.clear()
+    state.record, state.enabled, state.tau = True, True, tau
+    with torch.no_grad():
+        logits = model(ids[None], use_cache=False).logits[0].numpy()
+    gates = torch.stack(state.gates, -1)[0].numpy()
+    power = info.power(state, torch.arange(len(ids))[None])[0].numpy()
+    state.clear()
+    return logits, gates, power
+
+
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_exported_gated_graph_matches_the_pytorch_gated_model(arch, weights, tmp_path):
+    model, state, info = _gated_model(arch)
+    spec = export_model(model, tmp_path, ExportConfig(form="ort-fused", weights=weights, max_context=128))
+    assert spec.form == "ort-fused-gated"
+    if weights == "int8":  # the graph must equal the model carrying the same quantized weights
+        from edgesdk.export.validate import _exact_compute_copy, fake_quantized_copy
+
+        model = fake_quantized_copy(model, 8, 32, 8)
+        state = adapter.power_state(model)
+        onnx_path = _exact_compute_copy(tmp_path / "model.onnx")
+    else:
+        onnx_path = tmp_path / "model.onnx"
+    backend = OrtGatedBackend(onnx_path, spec.to_json(), threads=1)
+    ids = torch.randint(0, 320, (TOKENS,), generator=torch.Generator().manual_seed(5))
+    prompt = 10
+    for tau in (0.0, 0.5):
+        logits, gates, power = _reference(model, state, info, ids, tau)
+        assert tau == 0 or 0 < (gates < tau).mean() < 1  # some FFN blocks skipped, not all
+        backend.reset()
+        backend.fixed_tau = tau
+        got = backend.prefill(ids[:prompt].numpy(), keep_logits=prompt)
+        np.testing.assert_allclose(got, logits[:prompt], atol=2e-4)
+        np.testing.assert_allclose(backend.last_gates, gates[:prompt], atol=1e-5)
+        np.testing.assert_allclose(backend.last_power, power[:prompt], atol=1e-4)
+        for t in range(prompt, TOKENS):  # decode: each step's If decides for one token
+            got = backend.decode(int(ids[t]))
+            np.testing.assert_allclose(got, logits[t], atol=2e-4)
+            np.testing.assert_allclose(backend.last_gates[0], gates[t], atol=1e-5)
+            np.testing.assert_allclose(backend.last_power[0], power[t], atol=1e-4)
+
+
+def test_skipped_ffn_weights_live_only_inside_the_if(tmp_path):
+    model, state, _ = _gated_model("llama-gqa")
+    export_model(model, tmp_path, ExportConfig(form="ort-fused", weights="int8", max_context=64))
+    graph = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False).graph
+    ifs = [node for node in graph.node if node.op_type == "If"]
+    assert len(ifs) == 3
+    outer_inputs = {name for node in graph.node for name in node.input}
+    for node in ifs:
+        branches = {a.name: a.g for a in node.attribute}
+        assert [n.op_type for n in branches["then_branch"].node] == ["Mul"]  # zeros: nothing read
+        ffn_weights = {name for n in branches["else_branch"].node if n.op_type == "MatMulNBits" for name in n.input[1:]}
+        assert len(ffn_weights) == 4  # gate_up and down: packed weights and scales
+        assert not ffn_weights & outer_inputs  # no node outside the If reads them
+    assert {i.name for i in graph.input} >= {"tau"}
+    assert {o.name for o in graph.output} >= {"gates", "power"}
+
+
+def test_tau_above_every_gate_skips_every_ffn_at_decode(tmp_path):
+    model, state, info = _gated_model("llama-gqa")
+    spec = export_model(model, tmp_path, ExportConfig(form="ort-fused", max_context=64))
+    backend = OrtGatedBackend(tmp_path / "model.onnx", spec.to_json(), threads=1)
+    ids = torch.randint(0, 320, (12,))
+    logits, _, _ = _reference(model, state, info, ids, 1.01)
+    backend.fixed_tau = 1.01
+    backend.prefill(ids[:6].numpy())
+    steps = np.stack([backend.decode(int(t)) for t in ids[6:]])
+    np.testing.assert_allclose(steps, logits[6:], atol=2e-4)
+    assert backend.stats()["blocks_skipped"] == backend.stats()["blocks_total"] == 12 * 3
+
+
+# -- the power recipe end to end ------------------------------------------------------------------
+
+TINY_POWER = ("power.rounds=2", "power.rollout=4", "power.prompt_tokens=8", "power.new_tokens=16",
+              "power.sweep_tokens=24", "power.profile_up_to=128", "power.profile_buckets=3")
+
+
+@pytest.fixture(scope="module")
+def power_bundle(tiny_model_dir, tmp_path_factory):
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.compress.data import DataConfig
+
+    text = tmp_path_factory.mktemp("text") / "train.txt"
+    text.write_text(" ".join(CORPUS), encoding="utf-8")
+    out = tmp_path_factory.mktemp("bundles") / "tiny-power"
+    return build(BuildConfig(target="rpi5", model=str(tiny_model_dir), out=out, recipe="power", progress=False,
+                             export=ExportConfig(max_context=256), overrides=TINY_POWER,
+                             data=DataConfig(files=(str(text),), generated_sequences=0)))
+
+
+def test_power_bundle_records_the_stage_and_runs_with_its_controller(power_bundle):
+    from edgesdk.runtime.generate import SamplingConfig, generate
+    from edgesdk.runtime.session import open_runtime
+
+    graph = power_bundle.manifest["graph"]
+    assert graph["form"] == "ort-fused-gated"
+    power = graph["power"]
+    assert power["entropy_target"] == 1.5  # the rpi5 profile's
+    assert len(power["ffn_scales"]) == graph["num_layers"]
+    metrics = power_bundle.manifest["stages"][0]["metrics"]
+    assert metrics["adapter_fraction"] <= 0.01
+    assert len(metrics["train"]) == 2
+    assert tuple(metrics["weights"]) in {tuple(p["weights"]) for p in metrics["sweep"][1:]}
+    runtime = open_runtime(power_bundle.path, ignore_target=True)
+    backend = runtime.backend
+    assert isinstance(backend, OrtGatedBackend)
+    ids = runtime.tokenizer.encode("The quick brown fox", add_special_tokens=False)
+    _, stats = generate(backend, ids, SamplingConfig(max_new_tokens=24), set())
+    summary = backend.stats()
+    assert summary["blocks_total"] == (len(ids) + stats.new_tokens - 1) * graph["num_layers"]
+    assert summary["mean_entropy"] is not None
+    backend.set_compute_budget(0.5)  # the thermal guard's call
+    assert backend.controller.budget == 0.5
+
+
+def test_cli_run_and_eval_on_a_gated_bundle_without_torch(power_bundle, tmp_path):
+    bundle = Path(shutil.copytree(power_bundle.path, tmp_path / "bundle"))
+    proc = run_blocked("run", bundle, "--prompt", "hello", "-n", 12, "--stats", "--ignore-target",
+                       "--entropy-target", 1.2, "--compute-budget", 0.6, cwd=tmp_path)
+    assert_ok(proc)
+    assert "[power] realised entropy" in proc.stderr
+    assert "target 1.2" in proc.stderr
+    assert "compute budget 0.6" in proc.stderr
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(CORPUS), encoding="utf-8")
+    proc = run_blocked("eval", bundle, "--text", text, "--context", 64, "--stride", 64, "--budgets", "1,0.5",
+                       "--ignore-target", "--json", cwd=tmp_path)
+    assert_ok(proc)
+    import json
+
+    result = json.loads(proc.stdout)
+    curve = result["power"]["curve"]
+    assert [p["budget"] for p in curve] == [1.0, 0.5]
+    assert curve[0]["executed_fraction"] == 1.0
+    assert curve[1]["executed_fraction"] < 1.0
+    assert result["power"]["chosen"]["perplexity"] > 0
+    bad = run_blocked("run", bundle, "--prompt", "x", "--compute-budget", 2, "--ignore-target", cwd=tmp_path)
+    assert bad.returncode != 0
+    assert "compute_budget" in bad.stderr
