@@ -63,7 +63,7 @@ def test_register_twice_is_refused(test_stages):
 
 def test_recipes_load_and_validate(tmp_path):
     assert "default" in shipped_recipes()
-    assert [entry.stage for entry in load_recipe("default").stages] == ["qat", "prune", "distill"]
+    assert [entry.stage for entry in load_recipe("default").stages] == ["qat"]
     assert load_recipe("fp32-fused").stages == ()
     with pytest.raises(BuildError, match="unknown recipe 'nope'"):
         load_recipe("nope")
