@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+INT4_SCALE_DIVISORS = tuple(6.0 + 0.25 * i for i in range(13))  # absmax / c candidates, c in [6, 9]
+
 
 @dataclass(frozen=True)
 class BlockQuantized:
@@ -62,7 +64,7 @@ def _search_scales(grouped: np.ndarray, absmax_scales: np.ndarray, qmax: int) ->
     best_scale = absmax_scales.copy()
     best_error = _rounding_error(grouped, best_scale, qmax)
     absmax = absmax_scales * qmax
-    for divisor in np.linspace(6.0, 9.0, 13):
+    for divisor in INT4_SCALE_DIVISORS:
         for sign in (1.0, -1.0):
             candidate = np.where(absmax > 0, sign * absmax / divisor, 1.0).astype(np.float32)
             error = _rounding_error(grouped, candidate, qmax)

@@ -21,11 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgesdk.export.blockwise import INT4_SCALE_DIVISORS  # the exporter's candidates: same codes
+
 CONFIG_KEY = "edgesdk_quant"
 LINEAR_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 SCALE_REFRESH = 8  # weight updates between 4-bit scale searches during training
-INT4_SCALE_DIVISORS = tuple(6.0 + 0.25 * i for i in range(13))  # export/blockwise.py's search grid
 
 
 @dataclass(frozen=True)

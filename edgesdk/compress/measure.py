@@ -30,7 +30,8 @@ def weight_bytes(model, scheme: QuantScheme | None) -> int:
     embed = model.model.embed_tokens.weight
     counted.add(id(embed))
     bits = scheme.embedding_bits if scheme is not None else None
-    total += quantized(embed.numel(), embed.shape[0], bits, "block", 32) if bits else 4 * embed.numel()
+    block = scheme.block_size if scheme is not None else 32
+    total += quantized(embed.numel(), embed.shape[0], bits, "block", block) if bits else 4 * embed.numel()
     if not is_tied(model):
         counted.add(id(model.lm_head.weight))
         total += 4 * model.lm_head.weight.numel()

@@ -9,7 +9,8 @@ weights are baked onto the integer grid, so the export re-derives exactly these 
 
 Departures from the seed: the teacher KL replaces a task loss (no labelled data on the host);
 the gradient-scaling schedule (§2.3) is an option, off by default, because Adam divides a common
-gradient factor out of its update (measured, see the closing note of the build's report).
+gradient factor out of its update (SmolLM2-135M, int4, 16 batches: held-out perplexity 34.846
+without, 34.818 with; tests/benchmarks/test_stage_options.py).
 """
 
 from __future__ import annotations
