@@ -440,9 +440,11 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
 
 # Command groups in their own modules (each imports its heavy parts inside its commands).
 from edgesdk.cli_deploy import deploy  # noqa: E402
+from edgesdk.cli_engine import engine  # noqa: E402
 from edgesdk.cli_thermal import thermal  # noqa: E402
 
 main.add_command(deploy)
+main.add_command(engine)
 main.add_command(thermal)
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ class ExportConfig:
     block_size: int = 32  # quantization block along K (MatMulNBits minimum, best quality; ort-fused)
     embedding_bits: int | None = None  # tied embedding / LM head bits. ort-fused: None = as the layers;
     # standard (QDQ): None = float32, 8 = INT8 per row
+    sparse: bool = False  # also store block-compressed INT8 weights + AOT kernels (export/sparse_export.py)
+    sparse_layout: str = "plain"  # plain (N-major blocks) | transposed (the seed's K-major blocks)
 
     def __post_init__(self):
         if self.form not in FORMS:

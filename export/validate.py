@@ -272,7 +272,7 @@ def fake_quantized_copy(model, bits: int, block_size: int, head_bits: int | None
     return clone
 
 
-def _compare_fused(backend, reference, spec: GraphSpec, config: ValidationConfig, progress: bool
+def compare_backend(backend, reference, spec: GraphSpec, config: ValidationConfig, progress: bool
                    ) -> tuple[dict[str, float], float, float]:
     """(max abs diffs, top-1 agreement, max |reference logit|) over random prompts + decode steps."""
     import torch
@@ -331,7 +331,7 @@ def validate_fused(model, onnx_path: Path, spec: GraphSpec, fused_config, config
 
     if fused_config.bits is None:
         backend = OrtFusedBackend(onnx_path, spec.to_json(), threads=1)
-        diffs, agree, _ = _compare_fused(backend, model, spec, config, progress)
+        diffs, agree, _ = compare_backend(backend, model, spec, config, progress)
         if any(diff > config.atol for diff in diffs.values()) or not np.isfinite(list(diffs.values())).all():
             raise ExportMismatchError(diffs, config.atol)
         return ValidationReport(max_abs_diff=diffs, top1_agree=agree)
@@ -340,14 +340,14 @@ def validate_fused(model, onnx_path: Path, spec: GraphSpec, fused_config, config
     try:
         exact = OrtFusedBackend(exact_path, spec.to_json(), threads=1)
         reference = fake_quantized_copy(model, fused_config.bits, fused_config.block_size, fused_config.head_bits)
-        layout, _, scale = _compare_fused(exact, reference, spec, config, progress)
+        layout, _, scale = compare_backend(exact, reference, spec, config, progress)
     finally:
         exact_path.unlink(missing_ok=True)
     atol = config.atol * max(scale, 1.0) / 10  # float32 sums in another order: ~1e-4 of the logit range
     if any(diff > atol for diff in layout.values()) or not np.isfinite(list(layout.values())).all():
         raise ExportMismatchError({f"{k} (float32 compute vs quantized weights)": v for k, v in layout.items()}, atol)
     shipped = OrtFusedBackend(onnx_path, spec.to_json(), threads=1)
-    diffs, agree, _ = _compare_fused(shipped, model, spec, config, progress)
+    diffs, agree, _ = compare_backend(shipped, model, spec, config, progress)
     diffs.update({f"layout/{k.split('/')[1]}": v for k, v in layout.items()})
     return ValidationReport(max_abs_diff=diffs, top1_agree=agree)
 

@@ -56,10 +56,16 @@ def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None)
 
 
 def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, profile, recipe, stages: list,
-                 model, tokenizer, facts_before: dict, facts_after: dict, baseline: dict | None = None) -> Bundle:
+                 model, tokenizer, facts_before: dict, facts_after: dict, baseline: dict | None = None,
+                 sparse: dict | None = None) -> Bundle:
+    from edgesdk.build.sparse_step import bundle_files
+
     writer = BundleWriter(out)
     writer.add_file(export_dir / MODEL_FILE)
     writer.add_file(export_dir / DATA_FILE)
+    extra = bundle_files(export_dir, sparse)
+    for name in extra:
+        writer.add_file(export_dir / name, name)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
         writer.add_file(Path(tmp) / "tokenizer.json")
@@ -89,7 +95,10 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
         },
         "eval": {},
     }
-    sizes = {name: (writer.staging / name).stat().st_size for name in (MODEL_FILE, DATA_FILE, "tokenizer.json")}
+    if sparse:
+        manifest["sparse"] = sparse
+    sizes = {name: (writer.staging / name).stat().st_size
+             for name in (MODEL_FILE, DATA_FILE, "tokenizer.json", *extra)}
     plot_name = None
     rows = report.stage_rows(baseline, stages)
     if rows:

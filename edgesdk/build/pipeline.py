@@ -117,6 +117,12 @@ def build(config: BuildConfig) -> Bundle:
             report = validate_fused(model, export_dir / "model.onnx", spec, export_config.fused(), config.validation,
                                     config.progress)
         record = {"graph": spec.to_json(), "validation": report.to_json()}
+        if export_config.sparse:
+            from edgesdk.build.sparse_step import export_sparse_parts
+
+            _log("  block-sparse INT8 weights" + (f" and kernels for sm_{profile.gpu.sm}" if profile.gpu else ""))
+            record["sparse"] = export_sparse_parts(model, export_dir, export_config, profile, config.validation,
+                                                   config.progress)
         work.mark_done("export", record)
     else:
         _log(f"[{steps - 1}/{steps}] export: done in an earlier run")
@@ -126,7 +132,7 @@ def build(config: BuildConfig) -> Bundle:
     bundle = write_bundle(
         out, export_dir=export_dir, graph=record["graph"], validation=record["validation"], profile=profile,
         recipe=recipe, stages=stage_records, model=model, tokenizer=loaded.tokenizer,
-        facts_before=facts_before, facts_after=facts_after, baseline=baseline,
+        facts_before=facts_before, facts_after=facts_after, baseline=baseline, sparse=record.get("sparse"),
     )
     if not config.keep_work:
         shutil.rmtree(work.path, ignore_errors=True)

@@ -27,6 +27,8 @@ class ExportSection(BaseModel):
     weights: Literal["fp32", "int8", "int4"] = "fp32"
     block_size: int = 32
     embedding_bits: Literal[4, 8] | None = None  # tied embedding / LM head; None = as the layers
+    sparse: bool = False  # also store block-compressed INT8 weights and AOT kernels (triton backend)
+    sparse_layout: Literal["plain", "transposed"] = "plain"  # intra-block order of the stored blocks
 
 
 class Recipe(BaseModel):

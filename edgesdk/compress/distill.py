@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from edgesdk.build.registry import BuildContext, register_stage
-from edgesdk.compress import fake_quant
+from edgesdk.compress import fake_quant, sparsify
 from edgesdk.compress.losses import (
     attention_weights,
     global_attention_cosine,
@@ -107,7 +107,7 @@ def distillation_loss(student, teacher: TeacherWithPrefix, kept_heads, config: D
     return loss_fn
 
 
-@register_stage("distill", DistillConfig, after=("qat", "prune"),
+@register_stage("distill", DistillConfig, after=("qat", "prune", "sparsify"),
                 description="attention-aligned distillation from the uncompressed teacher")
 def distill_stage(model, config: DistillConfig, ctx: BuildContext):
     teacher = ctx.teacher.eval()
@@ -126,9 +126,13 @@ def distill_stage(model, config: DistillConfig, ctx: BuildContext):
         loss_fn = distillation_loss(model, TeacherWithPrefix(teacher, config.soft_prompt_tokens, config.seed),
                                     kept_heads, config)
         settings = LoopSettings(lr=config.lr, grad_accumulation=config.grad_accumulation)
+        held = sparsify.hold_masks(model)  # dropped blocks stay dropped
         metrics["training"] = run_training(model, loss_fn, batches, settings, desc="distill", progress=ctx.progress)
+        for handle in held:
+            handle.remove()
     if scheme is not None:
         fake_quant.detach(model, bake=True)
+    sparsify.apply_masks(model)  # exact zeros whatever the optimizer's epsilon did
     for p in model.parameters():
         p.requires_grad_(False)
     model.set_attn_implementation("sdpa")

@@ -3,8 +3,11 @@ version, GPU and module that built them (reference/targets-thermal.md §3, "Engi
 
 Engines are cached under ``<root>/engines/<bundle-id>/jp<JetPack>-trt<TensorRT>-sm<SM>/``, so a
 JetPack upgrade (new TensorRT) builds a new one and a redeploy of the same bundle reuses it. The
-builder itself is ``edgesdk engine build`` on the board; this step says plainly when it is skipped
-and why (not a Jetson, no TensorRT, or no engine builder in the board's edgesdk yet).
+builder is ``edgesdk engine build RELEASE --out CACHE_DIR`` run by the board's edgesdk
+(edgesdk/runtime/tensorrt_engine.py); it writes ``engine.plan`` and ``engine.json`` and renames
+the directory into place only when complete, so a non-empty key directory is a finished engine.
+The runtime's ``tensorrt`` backend looks for it in the same place. This step says plainly when
+it is skipped and why (not a Jetson, no TensorRT, or a board edgesdk older than the builder).
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from dataclasses import dataclass
 from edgesdk.deploy.probe import BoardFacts
 from edgesdk.deploy.remote import Board
 from edgesdk.deploy.transport import DeployError
+from edgesdk.runtime.tensorrt_engine import cache_key
+
+__all__ = ["EngineDecision", "build_engine", "cache_key", "decide", "has_engine_builder"]
 
 
 @dataclass(frozen=True)
@@ -23,12 +29,6 @@ class EngineDecision:
     build: bool
     message: str
     cache_dir: str | None = None
-
-
-def cache_key(jetpack: str | None, tensorrt: str | None, sm: int | None) -> str:
-    """``jp6.2-trt10.3.0-sm87``: what an engine is valid for."""
-    clean = lambda text: "".join(c if c.isalnum() or c in ".-" else "_" for c in str(text))  # noqa: E731
-    return f"jp{clean(jetpack or 'unknown')}-trt{clean(tensorrt or 'unknown')}-sm{clean(sm or 'unknown')}"
 
 
 def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, has_builder: bool) -> EngineDecision:
@@ -47,9 +47,9 @@ def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, 
         return EngineDecision(False, f"cached: engines/{bundle_id}/{key} was built on this board for the same "
                                      "JetPack, TensorRT and SM", cache)
     if not has_builder:
-        return EngineDecision(False, f"skipped: TensorRT {facts.tensorrt} is present, but this edgesdk has no "
-                                     f"TensorRT engine builder yet ('edgesdk engine build'); the engine would be "
-                                     f"cached as engines/{bundle_id}/{key}", cache)
+        return EngineDecision(False, f"skipped: TensorRT {facts.tensorrt} is present, but the board's edgesdk has no "
+                                     f"TensorRT engine builder yet ('edgesdk engine build'; deploy a newer edgesdk "
+                                     f"runtime); the engine would be cached as engines/{bundle_id}/{key}", cache)
     return EngineDecision(True, f"building the TensorRT engine into engines/{bundle_id}/{key}", cache)
 
 

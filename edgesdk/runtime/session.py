@@ -1,9 +1,21 @@
-"""Open a bundle for generation: verify it, check its target, pick a backend, load the tokenizer."""
+"""Open a bundle for generation: verify it, check its target, pick a backend, load the tokenizer.
+
+Backends are a table (``OPENERS``): name -> opener that returns a DecoderBackend or raises
+RuntimeBackendError whose problem is the reason, noted as ``"{name}: {reason}"``. The chain is
+the profile's ``runtime.backend`` then its ``fallbacks`` (or ``--backend``); the first that
+opens is used and every note says why each backend was or was not.
+
+* ``ort-cpu`` / ``ort-cuda`` / ``ort-trt``: ONNX Runtime with those execution providers; the
+  TensorRT EP caches its engines under the bundle's ``engines/<bundle-id>/ort-trt``.
+* ``tensorrt``: the engine ``edgesdk engine build`` made (edgesdk/runtime/tensorrt_backend.py).
+* ``triton``: the block-sparse weights on the Triton kernels (edgesdk/runtime/triton_backend.py).
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +30,7 @@ ORT_PROVIDERS = {
     "ort-cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
     "ort-trt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
 }
+NOT_BUILT = "not built into this edgesdk release"
 
 
 @dataclass
@@ -70,31 +83,93 @@ def _available_providers() -> list[str]:
     return list(ort.get_available_providers())
 
 
+def ort_trt_options(bundle: Bundle) -> dict:
+    """TensorRT EP options: engine and timing caches beside the bundle's engines, INT8 for a Q/DQ graph, FP16."""
+    from edgesdk.runtime import tensorrt_engine as te
+
+    cache = None
+    for base in te.engine_bases(bundle.path, bundle.bundle_id):
+        try:
+            (base / "ort-trt").mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        cache = base / "ort-trt"
+        break
+    graph, target = bundle.manifest["graph"], bundle.manifest["target"]
+    options = {"trt_fp16_enable": "fp16" in (target.get("precisions") or ()),
+               "trt_int8_enable": graph.get("dtype") == te.QDQ_DTYPE}
+    if cache is not None:
+        options.update({"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
+                        "trt_timing_cache_enable": True, "trt_timing_cache_path": str(cache)})
+    return options
+
+
+def _ort_opener(name: str) -> Callable[[Bundle, int, bool], DecoderBackend]:
+    """An ONNX Runtime backend with the execution providers of ``name`` (ORT_PROVIDERS)."""
+
+    def open_ort(bundle: Bundle, threads: int, spinning: bool) -> DecoderBackend:
+        from edgesdk.runtime.ort_backend import OrtBackend
+        from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
+        from edgesdk.runtime.ort_gated_backend import OrtGatedBackend
+
+        missing = [p for p in ORT_PROVIDERS[name] if p not in _available_providers()]
+        if missing:
+            raise RuntimeBackendError(f"onnxruntime here lacks {', '.join(missing)}")
+        graph = bundle.manifest["graph"]
+        backend_class = {"ort-fused": OrtFusedBackend, "ort-fused-gated": OrtGatedBackend}.get(graph.get("form"),
+                                                                                              OrtBackend)
+        providers = ORT_PROVIDERS[name]
+        try:
+            backend = backend_class(bundle.file(graph["file"]), graph, threads, providers, spinning=spinning)
+        except RuntimeBackendError as exc:
+            raise RuntimeBackendError(f"failed to load ({exc.problem})", exc.fix) from exc
+        if name == "ort-trt":
+            # The backends take provider names only; the TensorRT EP gets its options by re-creating
+            # the session in place (InferenceSession.set_providers), before any engine is built.
+            try:
+                backend.session.set_providers(providers, [ort_trt_options(bundle), {}, {}])
+            except Exception as exc:  # onnxruntime raises its own exception types
+                raise RuntimeBackendError(f"failed to load ({type(exc).__name__}: {exc})") from exc
+        if name != "ort-cpu":
+            backend.name = name
+        return backend
+
+    return open_ort
+
+
+def _open_tensorrt(bundle: Bundle, threads: int, spinning: bool) -> DecoderBackend:
+    from edgesdk.runtime.tensorrt_backend import open_tensorrt_backend
+
+    return open_tensorrt_backend(bundle, threads)
+
+
+def _open_triton(bundle: Bundle, threads: int, spinning: bool) -> DecoderBackend:
+    from edgesdk.runtime.triton_backend import open_triton_backend
+
+    return open_triton_backend(bundle, threads)
+
+
+# backend name -> opener: returns a DecoderBackend or raises RuntimeBackendError(reason)
+OPENERS: dict[str, Callable[[Bundle, int, bool], DecoderBackend]] = {
+    **{name: _ort_opener(name) for name in ORT_PROVIDERS},
+    "tensorrt": _open_tensorrt,
+    "triton": _open_triton,
+}
+
+
 def open_backend(bundle: Bundle, names: list[str], threads: int, spinning: bool = True
                  ) -> tuple[DecoderBackend, list[str]]:
     """Try backends in order; return the first that loads and a note per backend tried."""
-    from edgesdk.runtime.ort_backend import OrtBackend
-    from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
-    from edgesdk.runtime.ort_gated_backend import OrtGatedBackend
-
-    graph = bundle.manifest["graph"]
-    backend_class = {"ort-fused": OrtFusedBackend, "ort-fused-gated": OrtGatedBackend}.get(graph.get("form"),
-                                                                                          OrtBackend)
     notes: list[str] = []
-    available = _available_providers()
     for name in names:
-        if name not in ORT_PROVIDERS:
-            notes.append(f"{name}: not built into this edgesdk release")
-            continue
-        missing = [p for p in ORT_PROVIDERS[name] if p not in available]
-        if missing:
-            notes.append(f"{name}: onnxruntime here lacks {', '.join(missing)}")
+        opener = OPENERS.get(name)
+        if opener is None:
+            notes.append(f"{name}: {NOT_BUILT}")
             continue
         try:
-            backend = backend_class(bundle.file(graph["file"]), graph, threads, ORT_PROVIDERS[name],
-                                    spinning=spinning)
+            backend = opener(bundle, threads, spinning)
         except RuntimeBackendError as exc:
-            notes.append(f"{name}: failed to load ({exc.problem})")
+            notes.append(f"{name}: {exc.problem}")
             continue
         notes.append(f"{name}: used")
         return backend, notes

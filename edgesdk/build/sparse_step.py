@@ -1,0 +1,57 @@
+"""The export step's block-sparse part: compressed weights, their check against PyTorch, and the
+GPU kernels compiled ahead of time for the target's SM (issue: INT8 block-sparse engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from edgesdk.errors import BuildError
+
+KERNELS_DIR = "kernels"
+
+
+def export_sparse_parts(model, export_dir: Path, export_config, profile, validation, progress: bool) -> dict:
+    """Write sparse/, sparsity.json and (GPU targets) kernels/sm_XX/ under ``export_dir``; returns
+    the manifest's ``sparse`` record."""
+    from edgesdk.export.sparse_export import SparseExportConfig, export_sparse, validate_sparse
+
+    record = export_sparse(model, export_dir, SparseExportConfig(block=profile.sparsity_block,
+                                                                 layout=export_config.sparse_layout),
+                           export_config.max_context)
+    spec = SimpleNamespace(vocab_size=record["vocab_size"])
+    record["validation"] = validate_sparse(model, export_dir, record, spec, validation)
+    if profile.gpu is not None:
+        record["kernels"] = compile_kernels(profile, export_dir / KERNELS_DIR)
+    return record
+
+
+def compile_kernels(profile, out_dir: Path) -> dict:
+    """AOT-compile the decode kernels for the profile's SM (Triton's compiler; no GPU needed)."""
+    from edgesdk.kernels.aot import compile_for_target
+    from edgesdk.kernels.tuning import tuning_for
+
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:
+        raise BuildError(f"the {profile.name} bundle needs its GPU kernels compiled ahead of time, and Triton's "
+                         f"compiler is not importable ({exc})",
+                         "pip install 'edgesdk[host]' (it pins triton), or set export.sparse=false") from exc
+
+    gpu = profile.gpu
+    tuning = tuning_for(gpu.sm)
+    compiled = compile_for_target(gpu.sm, out_dir, tuning)
+    failed = {k.name: k.error for k in compiled if not k.ok}
+    return {"sm": gpu.sm, "dir": f"{KERNELS_DIR}/sm_{gpu.sm}", "kernels": sorted(k.name for k in compiled if k.ok),
+            "failed": failed}
+
+
+def bundle_files(export_dir: Path, record: dict | None) -> list[str]:
+    """Relative names of the sparse part's files under ``export_dir`` (for the bundle)."""
+    if not record:
+        return []
+    names = [record["weights"], record["sparsity"]]
+    kernels = export_dir / KERNELS_DIR
+    if kernels.is_dir():
+        names += sorted(p.relative_to(export_dir).as_posix() for p in kernels.rglob("*") if p.is_file())
+    return names

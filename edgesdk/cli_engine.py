@@ -1,0 +1,53 @@
+"""``edgesdk engine``: build the TensorRT engine of a bundle on the board that will run it.
+
+Registered on the main CLI by one line at the bottom of ``edgesdk/cli.py``. ``edgesdk deploy``
+probes ``edgesdk engine build --help`` on the board and runs ``edgesdk engine build RELEASE
+--out CACHE_DIR`` there (edgesdk/deploy/engine.py). TensorRT is imported inside the command, so
+``--help`` works on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def engine():
+    """TensorRT engines: build one for a bundle on this machine's GPU.
+
+    \b
+      edgesdk engine build bundles/smollm2-135m-orin-nano-8gb
+      edgesdk engine build releases/ID --out engines/ID/KEY   # what deploy runs on a Jetson
+    """
+
+
+@engine.command("build")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Engine directory [<deploy root>/engines/<bundle-id>/<key> for a deployed release, else "
+                   "$EDGESDK_CACHE/engines/<bundle-id>/<key>].")
+@click.option("--workspace-mb", type=click.IntRange(min=16), default=1024, show_default=True,
+              help="TensorRT builder workspace (tactic scratch memory) in MB.")
+@click.option("--max-seq", type=click.IntRange(min=1), default=None,
+              help="Longest prefill chunk the engine's profile allows [min(512, max_context)].")
+@click.option("--strongly-typed", is_flag=True,
+              help="Keep the ONNX types (no FP16/INT8 builder flags); always so on TensorRT >= 11.")
+@click.option("--timing-cache", type=click.Path(dir_okay=False, path_type=Path),
+              help="Timing cache file [$EDGESDK_CACHE/tensorrt/timing-trt<version>-sm<SM>.cache].")
+@click.option("--force", is_flag=True, help="Rebuild even when a matching engine is cached.")
+@click.option("--json", "as_json", is_flag=True, help="Print engine.json (with path and cached) on stdout.")
+def engine_build(bundle, out, workspace_mb, max_seq, strongly_typed, timing_cache, force, as_json):
+    """Build BUNDLE's TensorRT engine (engine.plan + engine.json) from its standard-form ONNX graph.
+
+    The engine is valid for this TensorRT version and GPU only; a cached one for the same bundle,
+    TensorRT and SM is reused unless --force. Prints the engine path.
+    """
+    from edgesdk.runtime.tensorrt_engine import build_engine
+
+    info = build_engine(bundle, out=out, workspace_mb=workspace_mb, force=force, max_seq=max_seq,
+                        strongly_typed=strongly_typed or None, timing_cache=timing_cache,
+                        log=lambda message: click.echo(f"edgesdk engine: {message}", err=True))
+    click.echo(json.dumps(info, indent=2) if as_json else info["path"])

@@ -1,0 +1,289 @@
+"""TensorRT backend: runs the engine ``edgesdk engine build`` made for this bundle, KV cache on the GPU.
+
+Per step (TensorRT developer guide, "The Python API: Performing Inference" and "Working with
+Dynamic Shapes"): ``set_input_shape`` for ``input_ids`` (1, T) and every ``past_key_values.*``
+(1, kv, P, hd); ``set_tensor_address`` for every I/O tensor; the ``num_logits_to_keep`` value
+in host memory when the engine reports it as a shape-inference input (``is_shape_inference_io``,
+"Execution Tensors vs. Shape Tensors"); then ``execute_async_v3`` on our CUDA stream.
+
+The cache never leaves the device: each past/present tensor has two buffers of capacity
+(1, kv, max_context, hd). A step reads the past from one and writes the present, (1, kv, P+T,
+hd) contiguous, into the other; the next step swaps them, so present becomes past with no copy.
+Only ``input_ids`` go up and the kept logits come down. A prefill longer than the profile's
+max ``seq`` (``engine.json`` / the engine's profile) runs in chunks against the growing cache.
+
+Device memory comes from torch CUDA tensors when torch with CUDA is importable, else from
+cuda-python (``cuda.bindings.runtime``, or ``cuda.cudart`` before cuda-python 12.6).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edgesdk.errors import RuntimeBackendError
+from edgesdk.runtime import tensorrt_engine as te
+
+
+class _Buffer:
+    """A device allocation: its address, and whatever keeps it alive."""
+
+    def __init__(self, ptr: int, nbytes: int, owner=None):
+        self.ptr, self.nbytes, self.owner = int(ptr), int(nbytes), owner
+
+
+class TorchDevice:
+    """Device buffers as torch CUDA tensors, copies on one torch stream."""
+
+    label = "torch"
+
+    def __init__(self):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeBackendError("torch here has no CUDA device", "install a CUDA build of torch or cuda-python")
+        self.torch = torch
+        self.stream = torch.cuda.Stream()
+        self.handle = int(self.stream.cuda_stream)
+
+    def alloc(self, nbytes: int) -> _Buffer:
+        tensor = self.torch.empty(max(int(nbytes), 1), dtype=self.torch.uint8, device="cuda")
+        return _Buffer(tensor.data_ptr(), nbytes, tensor)
+
+    def upload(self, buffer: _Buffer, array: np.ndarray) -> None:
+        host = self.torch.from_numpy(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        with self.torch.cuda.stream(self.stream):
+            buffer.owner[: host.numel()].copy_(host)
+
+    def download(self, buffer: _Buffer, out: np.ndarray) -> np.ndarray:
+        """Copy the first ``out.nbytes`` of ``buffer`` into ``out`` after the stream's work is done."""
+        with self.torch.cuda.stream(self.stream):
+            data = buffer.owner[: out.nbytes].cpu()  # a blocking copy on this stream
+        out.reshape(-1).view(np.uint8)[:] = data.numpy()
+        return out
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def close(self) -> None:
+        self.synchronize()
+
+
+class CudaPythonDevice:
+    """Device buffers from cudaMalloc through cuda-python, copies with cudaMemcpyAsync on one stream."""
+
+    label = "cuda-python"
+
+    def __init__(self):
+        try:
+            from cuda.bindings import runtime as cudart
+        except ImportError:
+            try:
+                from cuda import cudart
+            except ImportError as exc:
+                raise RuntimeBackendError(f"neither torch with CUDA nor cuda-python is importable ({exc})",
+                                          "pip install cuda-python (matching the board's CUDA major version)") from exc
+        self.cudart = cudart
+        self.stream = self._call(cudart.cudaStreamCreate(), "cudaStreamCreate")
+        self.handle = int(self.stream)
+        self._buffers: list[_Buffer] = []
+
+    def _call(self, result, what: str):
+        err, *rest = result if isinstance(result, tuple) else (result,)
+        if err != self.cudart.cudaError_t.cudaSuccess:
+            raise RuntimeBackendError(f"CUDA call {what} failed: {err}", "check the GPU with 'edgesdk env'")
+        return rest[0] if len(rest) == 1 else rest
+
+    def alloc(self, nbytes: int) -> _Buffer:
+        ptr = self._call(self.cudart.cudaMalloc(max(int(nbytes), 1)), "cudaMalloc")
+        buffer = _Buffer(int(ptr), nbytes)
+        self._buffers.append(buffer)
+        return buffer
+
+    def upload(self, buffer: _Buffer, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array)
+        self._call(self.cudart.cudaMemcpyAsync(buffer.ptr, array.ctypes.data, array.nbytes,
+                                               self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream),
+                   "cudaMemcpyAsync")
+        self.synchronize()  # the host array is pageable and temporary
+
+    def download(self, buffer: _Buffer, out: np.ndarray) -> np.ndarray:
+        self._call(self.cudart.cudaMemcpyAsync(out.ctypes.data, buffer.ptr, out.nbytes,
+                                               self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream),
+                   "cudaMemcpyAsync")
+        self.synchronize()
+        return out
+
+    def synchronize(self) -> None:
+        self._call(self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+
+    def close(self) -> None:
+        self.synchronize()
+        for buffer in self._buffers:
+            self.cudart.cudaFree(buffer.ptr)
+        self._buffers.clear()
+
+
+def open_device():
+    """torch CUDA if importable with a device, else cuda-python; RuntimeBackendError naming both."""
+    try:
+        return TorchDevice()
+    except ImportError as torch_exc:
+        reason = f"torch is not importable ({torch_exc})"
+    except RuntimeBackendError as exc:
+        reason = exc.problem
+    try:
+        return CudaPythonDevice()
+    except RuntimeBackendError as exc:
+        raise RuntimeBackendError(f"no way to allocate CUDA memory from Python: {reason}; {exc.problem}",
+                                  exc.fix) from exc
+
+
+class TensorRTBackend:
+    """Drives a TensorRT engine of the standard decoder graph (export/llama_graph.py interface)."""
+
+    name = "tensorrt"
+
+    def __init__(self, engine_path: Path, graph: dict, info: dict | None = None, device=None):
+        trt = te.import_tensorrt()
+        self._trt = trt
+        self.info = info or {}
+        self.kv_heads = [int(kv) for kv in graph["kv_heads"]]
+        self.head_dim = int(graph["head_dim"])
+        self.max_context = int(graph["max_context"])
+        self.vocab_size = int(graph["vocab_size"])
+        self.names = te.io_names(graph)
+        self.device = device or open_device()
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._runtime = trt.Runtime(self._logger)
+        self.engine = self._runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
+        if self.engine is None:
+            raise RuntimeBackendError(f"TensorRT {trt.__version__} could not deserialize {engine_path}",
+                                      "rebuild it: edgesdk engine build BUNDLE --force (engines are tied to the "
+                                      "TensorRT version and GPU that built them)")
+        self.context = self.engine.create_execution_context()
+        if self.context is None:
+            raise RuntimeBackendError(f"TensorRT could not create an execution context for {engine_path}",
+                                      "free GPU memory (stop other engines or services) and try again")
+        self._check_io(engine_path)
+        ids, keep, logits = self.names["ids"], self.names["keep"], self.names["logits"]
+        self.max_seq = int(self.engine.get_tensor_profile_shape(ids, 0)[2][1])
+        self._dtype = {name: np.dtype(trt.nptype(self.engine.get_tensor_dtype(name)))
+                       for name in [ids, keep, logits, *self.names["past"], *self.names["present"]]}
+        for past, present in zip(self.names["past"], self.names["present"], strict=True):
+            if self._dtype[past] != self._dtype[present]:
+                raise RuntimeBackendError(f"engine {engine_path} has {past} as {self._dtype[past]} but {present} as "
+                                          f"{self._dtype[present]}; the cache swap needs one type",
+                                          "rebuild it with this edgesdk: edgesdk engine build BUNDLE --force")
+        self._keep_on_host = bool(self.engine.is_shape_inference_io(keep))
+        self._keep_host = np.ones(1, self._dtype[keep])  # stays alive: TensorRT reads it at enqueue
+        self._ids = self.device.alloc(self.max_seq * self._dtype[ids].itemsize)
+        self._keep = None if self._keep_on_host else self.device.alloc(self._dtype[keep].itemsize)
+        self._logits = self.device.alloc(self.max_seq * self.vocab_size * self._dtype[logits].itemsize)
+        kv_per_tensor = [kv for kv in self.kv_heads for _ in range(2)]
+        self._kv = [[self.device.alloc(kv * self.max_context * self.head_dim * self._dtype[past].itemsize)
+                     for kv, past in zip(kv_per_tensor, self.names["past"], strict=True)] for _ in range(2)]
+        self._kv_heads_per_tensor = kv_per_tensor
+        self.reset()
+
+    def _check_io(self, engine_path: Path) -> None:
+        trt = self._trt
+        tensors = {self.engine.get_tensor_name(i): self.engine.get_tensor_mode(self.engine.get_tensor_name(i))
+                   for i in range(self.engine.num_io_tensors)}
+        wanted = {name: trt.TensorIOMode.INPUT for name in [self.names["ids"], self.names["keep"], *self.names["past"]]}
+        wanted.update({name: trt.TensorIOMode.OUTPUT for name in [self.names["logits"], *self.names["present"]]})
+        missing = [name for name, mode in wanted.items() if tensors.get(name) != mode]
+        if missing:
+            raise RuntimeBackendError(f"engine {engine_path} lacks the decoder I/O {missing[:4]}",
+                                      "rebuild it from this bundle: edgesdk engine build BUNDLE --force")
+
+    @property
+    def position(self) -> int:
+        """Tokens currently in the KV cache."""
+        return self._position
+
+    def reset(self) -> None:
+        self._position = 0
+        self._current = 0  # which of the two KV buffer sets holds the past
+
+    def close(self) -> None:
+        self.device.close()
+
+    def _check_length(self, total: int) -> None:
+        if total > self.max_context:
+            raise RuntimeBackendError(
+                f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}",
+                "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context",
+            )
+
+    def _set_shape(self, name: str, shape: tuple[int, ...]) -> None:
+        if not self.context.set_input_shape(name, shape):
+            raise RuntimeBackendError(f"TensorRT refused shape {shape} for {name} (outside the engine's profile: "
+                                      f"seq <= {self.max_seq}, past < {self.max_context})",
+                                      "rebuild the engine for this bundle: edgesdk engine build BUNDLE --force")
+
+    def _step(self, ids: np.ndarray, keep: int) -> np.ndarray:
+        """One engine run over ``ids`` (T <= max_seq) after the cache; logits (keep, vocab)."""
+        steps, past_len = ids.shape[0], self._position
+        names, context = self.names, self.context
+        self.device.upload(self._ids, ids.astype(self._dtype[names["ids"]]))
+        self._set_shape(names["ids"], (1, steps))
+        context.set_tensor_address(names["ids"], self._ids.ptr)
+        self._keep_host[0] = keep
+        if self._keep_on_host:
+            context.set_tensor_address(names["keep"], self._keep_host.ctypes.data)
+        else:
+            self.device.upload(self._keep, self._keep_host)
+            context.set_tensor_address(names["keep"], self._keep.ptr)
+        past, present = self._kv[self._current], self._kv[1 - self._current]
+        for index, (past_name, present_name) in enumerate(zip(names["past"], names["present"], strict=True)):
+            self._set_shape(past_name, (1, self._kv_heads_per_tensor[index], past_len, self.head_dim))
+            context.set_tensor_address(past_name, past[index].ptr)
+            context.set_tensor_address(present_name, present[index].ptr)
+        context.set_tensor_address(names["logits"], self._logits.ptr)
+        if not context.execute_async_v3(self.device.handle):
+            raise RuntimeBackendError(f"TensorRT failed to run the engine at position {past_len} (+{steps} tokens)",
+                                      "see TensorRT's log above; rebuild the engine with --force if it persists")
+        logits = self.device.download(self._logits, np.empty((keep, self.vocab_size), self._dtype[names["logits"]]))
+        self._current = 1 - self._current  # present -> next past, no copy
+        self._position += steps
+        return logits.astype(np.float32, copy=False)
+
+    def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
+        """Run ``token_ids`` (T,) after the cache in chunks of max_seq; logits of the last ``keep_logits``."""
+        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        total = ids.shape[0]
+        if total == 0:
+            raise RuntimeBackendError("prefill got no tokens", "pass a non-empty prompt")
+        keep = max(1, min(int(keep_logits), total))
+        self._check_length(self._position + total)
+        kept = []
+        for start in range(0, total, self.max_seq):
+            chunk = ids[start:start + self.max_seq]
+            wanted = min(len(chunk), max(0, start + len(chunk) - (total - keep)))  # positions in the last `keep`
+            logits = self._step(chunk, max(wanted, 1))
+            if wanted:
+                kept.append(logits[-wanted:])
+        return np.concatenate(kept, axis=0)
+
+    def decode(self, token_id: int) -> np.ndarray:
+        self._check_length(self._position + 1)
+        return self._step(np.array([token_id], np.int64), 1)[0]
+
+
+def open_tensorrt_backend(bundle, threads: int | None = None) -> TensorRTBackend:
+    """The ``tensorrt`` backend for a bundle, or RuntimeBackendError with the reason it cannot run here."""
+    del threads  # the GPU does the work; kept for the opener signature
+    graph = bundle.manifest["graph"]
+    te.check_graph_form(graph)
+    trt = te.import_tensorrt()
+    sm = te.require_sm()
+    directory, info = te.find_engine(bundle.path, bundle.bundle_id, trt.__version__, sm, te.board_jetpack())
+    try:
+        return TensorRTBackend(directory / te.ENGINE_FILE, graph, info)
+    except RuntimeBackendError:
+        raise
+    except Exception as exc:  # TensorRT and CUDA raise their own exception types
+        raise RuntimeBackendError(f"loading {directory / te.ENGINE_FILE} failed: {type(exc).__name__}: {exc}",
+                                  "rebuild it with 'edgesdk engine build BUNDLE --force'") from exc

@@ -1,0 +1,504 @@
+"""Build a TensorRT engine from a bundle's standard-op ONNX graph, and find it again at run time.
+
+``edgesdk engine build BUNDLE`` runs :func:`build_engine` on the board (engines are tied to the
+TensorRT version, GPU and SM that built them: TensorRT developer guide, "Engine Compatibility").
+It writes ``engine.plan`` (the serialized engine) and ``engine.json`` (TensorRT version, SM,
+bundle id, build time, flags, profile and I/O shapes) into one directory per bundle and key::
+
+    <deploy root>/engines/<bundle-id>/jp<JetPack>-trt<TensorRT>-sm<SM>/   bundle under <root>/releases/
+    $EDGESDK_CACHE/engines/<bundle-id>/jp…-trt…-sm…/                       any other bundle
+
+The directory appears complete or not at all (written beside it, then renamed), so the deploy
+probe never mistakes a half-written build for a cached engine.
+
+Build choices (TensorRT developer guide sections):
+
+* The ONNX graph is parsed with ``OnnxParser.parse_from_file`` ("Importing a Model Using the
+  ONNX Parser"), which also reads the graph's external weight file next to it.
+* Precision ("Strongly Typed Networks", "Explicit Quantization", and the 10.x -> 11.x migration
+  guide). TensorRT >= 11 only builds strongly typed networks and has no FP16/INT8 builder flags:
+  the ONNX types decide, INT8 where the graph has Q/DQ pairs. On TensorRT 8.5-10 the network is
+  *weakly* typed unless the graph itself is half precision (or ``--strongly-typed``): our graphs
+  are float32 outside the Q/DQ pairs, and strong typing would pin norms, attention and the head
+  to float32, whereas with the FP16 flag (when the profile lists fp16) TensorRT may run them in
+  half precision on the tensor cores. The INT8 flag is set for a Q/DQ graph, as explicit
+  quantization on a weakly typed network expects (the ONNX Runtime TensorRT EP does the same:
+  strong typing only when neither FP16 nor INT8 is enabled).
+* ``SPARSE_WEIGHTS`` when the profile's sparsity list has "2:4" ("Structured Sparsity"); it
+  only changes kernels for weights that are 2:4 sparse.
+* One optimization profile ("Optimization Profiles", "Working with Dynamic Shapes"): batch 1;
+  ``seq`` 1 / 1 / max_seq (decode is the hot path, prefill is chunked by max_seq); ``past_seq``
+  0 / max_context // 2 / max_context - 1; ``num_logits_to_keep`` is a shape tensor (it feeds a
+  Slice), so its *values* get a range, 1 / 1 / max_seq ("Execution Tensors vs. Shape Tensors").
+  Zero-length past tensors are empty tensors ("Empty Tensors").
+* A timing cache per TensorRT version and SM ("Timing Cache"), shared by the builds of every
+  bundle, under ``$EDGESDK_CACHE/tensorrt/``.
+* ``build_serialized_network`` gives the plan; nothing is deserialized at build time.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgesdk.errors import RuntimeBackendError
+
+ENGINE_FILE = "engine.plan"
+INFO_FILE = "engine.json"
+ENGINE_DIR_ENV = "EDGESDK_ENGINE_DIR"  # an explicit directory holding engine.plan (+ engine.json)
+QDQ_DTYPE = "int8-qdq"  # GraphSpec.dtype of export/qdq_graph.py
+DEFAULT_MAX_SEQ = 512  # longest prefill chunk the profile allows; bounds activation memory
+DEFAULT_WORKSPACE_MB = 1024  # TensorRT's default is all device memory, shared with the OS on a Jetson
+MIN_TENSORRT = (8, 5)  # name-based tensor API, set_input_shape, execute_async_v3
+INFO_FORMAT = 1
+
+TENSORRT_FIX = ("on a Jetson: sudo apt install python3-libnvinfer (JetPack's bindings for the system Python 3.10; "
+                "a virtual environment sees them only with --system-site-packages); on an x86 machine with an "
+                "NVIDIA GPU: pip install tensorrt")
+
+
+# --- where engines live ------------------------------------------------------------------------
+
+
+def cache_key(jetpack: str | None, tensorrt: str | None, sm: int | str | None) -> str:
+    """``jp6.2-trt10.3.0-sm87``: what an engine is valid for."""
+    clean = lambda text: "".join(c if c.isalnum() or c in ".-" else "_" for c in str(text))  # noqa: E731
+    return f"jp{clean(jetpack or 'unknown')}-trt{clean(tensorrt or 'unknown')}-sm{clean(sm or 'unknown')}"
+
+
+def cache_root() -> Path:
+    """The user cache: $EDGESDK_CACHE, else ~/.cache/edgesdk."""
+    return Path(os.environ.get("EDGESDK_CACHE") or Path.home() / ".cache" / "edgesdk")
+
+
+def engine_bases(bundle_path: Path, bundle_id: str) -> list[Path]:
+    """The ``engines/<bundle-id>`` directories for a bundle, most specific first.
+
+    A bundle deployed as ``<root>/releases/<id>`` (or reached through ``<root>/current``) has its
+    engines in ``<root>/engines/<id>`` (edgesdk/deploy/board_common.py); every bundle may also
+    have them in the user cache.
+    """
+    bases = []
+    resolved = Path(bundle_path).resolve()
+    if resolved.parent.name == "releases":
+        bases.append(resolved.parent.parent / "engines" / bundle_id)
+    bases.append(cache_root() / "engines" / bundle_id)
+    return list(dict.fromkeys(bases))
+
+
+def default_out(bundle_path: Path, bundle_id: str, key: str) -> Path:
+    """Where ``edgesdk engine build`` writes without ``--out``."""
+    return engine_bases(bundle_path, bundle_id)[0] / key
+
+
+def read_info(directory: Path) -> dict:
+    """``engine.json`` of an engine directory, or {} when absent or unreadable."""
+    try:
+        return json.loads((Path(directory) / INFO_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _mismatch(info: dict, bundle_id: str, tensorrt: str, sm: int) -> str | None:
+    """Why the engine described by ``info`` cannot run here, or None when it can."""
+    if not info:
+        return f"it has no readable {INFO_FILE}"
+    if info.get("bundle_id") != bundle_id:
+        return f"it was built for bundle {info.get('bundle_id')}, not {bundle_id}"
+    if str(info.get("tensorrt")) != str(tensorrt):
+        return f"it was built by TensorRT {info.get('tensorrt')}, this is TensorRT {tensorrt}"
+    if str(info.get("sm")) != str(sm):
+        return f"it was built for sm_{info.get('sm')}, this GPU is sm_{sm}"
+    return None
+
+
+def find_engine(bundle_path: Path, bundle_id: str, tensorrt: str, sm: int, jetpack: str | None
+                ) -> tuple[Path, dict]:
+    """The engine directory for this bundle, TensorRT version and SM, with its ``engine.json``.
+
+    ``$EDGESDK_ENGINE_DIR`` names the directory outright. Otherwise the exact cache key is tried
+    under each of :func:`engine_bases`, then any sibling directory whose ``engine.json`` matches
+    (the JetPack part of the key comes from /etc/nv_tegra_release, which a container may lack).
+    """
+    explicit = os.environ.get(ENGINE_DIR_ENV)
+    build_hint = f"build one with 'edgesdk engine build {bundle_path}'"
+    if explicit:
+        directory = Path(explicit)
+        if not (directory / ENGINE_FILE).is_file():
+            raise RuntimeBackendError(f"${ENGINE_DIR_ENV}={explicit} holds no {ENGINE_FILE}",
+                                      f"{build_hint} --out {explicit}, or unset {ENGINE_DIR_ENV}")
+        info = read_info(directory)
+        why = _mismatch(info, bundle_id, tensorrt, sm)
+        if why:
+            raise RuntimeBackendError(f"the engine in ${ENGINE_DIR_ENV}={explicit} does not fit: {why}",
+                                      f"{build_hint} --out {explicit} --force")
+        return directory, info
+    key = cache_key(jetpack, tensorrt, sm)
+    bases = engine_bases(bundle_path, bundle_id)
+    rejected = []
+    for base in bases:
+        if (base / key / ENGINE_FILE).is_file():
+            info = read_info(base / key)
+            why = _mismatch(info, bundle_id, tensorrt, sm)
+            if why is None:
+                return base / key, info
+            rejected.append(f"{base / key} ({why})")
+    for base in bases:
+        for directory in sorted(p for p in base.glob("*") if p.is_dir() and p.name not in (key, "ort-trt")
+                                and not p.name.startswith(".")):
+            if (directory / ENGINE_FILE).is_file():
+                info = read_info(directory)
+                if _mismatch(info, bundle_id, tensorrt, sm) is None:
+                    return directory, info
+    looked = " or ".join(str(base / key) for base in bases)
+    problem = f"no TensorRT engine for bundle {bundle_id} (TensorRT {tensorrt}, sm_{sm}) in {looked}"
+    if rejected:
+        problem += "; rejected " + "; ".join(rejected)
+    raise RuntimeBackendError(problem, f"{build_hint} (deploy builds it on a Jetson), or set ${ENGINE_DIR_ENV}")
+
+
+# --- TensorRT and the GPU ----------------------------------------------------------------------
+
+
+def import_tensorrt():
+    """The ``tensorrt`` module, or a RuntimeBackendError saying what is missing and how to get it."""
+    python = f"Python {sys.version_info.major}.{sys.version_info.minor} ({sys.executable})"
+    try:
+        import tensorrt
+    except ImportError as exc:
+        raise RuntimeBackendError(f"TensorRT's Python module 'tensorrt' cannot be imported by {python}: {exc}",
+                                  TENSORRT_FIX) from exc
+    version = tuple(int(part) for part in tensorrt.__version__.split(".")[:2] if part.isdigit())
+    if version < MIN_TENSORRT:
+        raise RuntimeBackendError(
+            f"TensorRT {tensorrt.__version__} on {python} is older than "
+            f"{'.'.join(map(str, MIN_TENSORRT))} (the name-based tensor API and execute_async_v3)",
+            "use JetPack 6 (TensorRT 10) on the Jetson, or pip install 'tensorrt>=10' on an x86 machine",
+        )
+    return tensorrt
+
+
+def tensorrt_major(version: str) -> int:
+    return int(str(version).split(".")[0])
+
+
+def _cudart():
+    """libcudart through ctypes (no Python package needed), or None."""
+    import ctypes
+    import ctypes.util
+
+    names = [ctypes.util.find_library("cudart"), "libcudart.so", "libcudart.so.12", "libcudart.so.11.0",
+             "/usr/local/cuda/lib64/libcudart.so"]
+    for name in filter(None, names):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def cuda_device_sm(device: int = 0) -> tuple[int | None, str]:
+    """Compute capability of a CUDA device as ``87``, and how it was found (or why it was not)."""
+    import ctypes
+
+    lib = _cudart()
+    if lib is not None:
+        count = ctypes.c_int(0)
+        if lib.cudaGetDeviceCount(ctypes.byref(count)) != 0 or count.value <= device:
+            return None, "the CUDA runtime sees no CUDA device"
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        # cudaDevAttrComputeCapabilityMajor = 75, ...Minor = 76 (CUDA runtime API, enum cudaDeviceAttr)
+        if lib.cudaDeviceGetAttribute(ctypes.byref(major), 75, device) == 0 and \
+                lib.cudaDeviceGetAttribute(ctypes.byref(minor), 76, device) == 0:
+            return major.value * 10 + minor.value, "libcudart"
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        try:
+            from cuda import cudart
+        except ImportError:
+            cudart = None
+    if cudart is not None:
+        err, prop = cudart.cudaGetDeviceProperties(device)
+        if err == cudart.cudaError_t.cudaSuccess:
+            return prop.major * 10 + prop.minor, "cuda-python"
+        return None, f"cuda-python: {err}"
+    try:
+        import torch
+    except ImportError:
+        return None, "neither libcudart, cuda-python nor torch is available to query the GPU"
+    if not torch.cuda.is_available():
+        return None, "torch sees no CUDA device"
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor, "torch"
+
+
+def require_sm() -> int:
+    sm, how = cuda_device_sm()
+    if sm is None:
+        raise RuntimeBackendError(f"no CUDA device is usable here ({how})",
+                                  "build and run TensorRT engines on the board itself (engines are tied to its "
+                                  "GPU); check CUDA_VISIBLE_DEVICES and that the CUDA runtime is installed")
+    return sm
+
+
+def board_jetpack() -> str | None:
+    from edgesdk.board import detect_board
+
+    return detect_board().jetpack
+
+
+# --- what to build -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileShapes:
+    """The optimization profile: min/opt/max of every dynamic input, from the manifest's graph facts."""
+
+    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]  # execution inputs
+    values: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]  # shape-tensor inputs
+    max_seq: int
+    max_context: int
+
+    def to_json(self) -> dict:
+        pack = lambda triple: dict(zip(("min", "opt", "max"), (list(t) for t in triple), strict=True))  # noqa: E731
+        return {"shapes": {name: pack(t) for name, t in self.shapes.items()},
+                "values": {name: pack(t) for name, t in self.values.items()},
+                "max_seq": self.max_seq, "max_context": self.max_context}
+
+
+def io_names(graph: dict) -> dict:
+    """Input and output names of the standard graph (export/llama_graph.py ``GraphSpec.to_json``)."""
+    inputs, outputs = graph.get("inputs") or {}, graph.get("outputs") or {}
+    past = inputs.get("past", "past_key_values.{i}.{kind}")
+    present = outputs.get("present", "present.{i}.{kind}")
+    layers = range(len(graph["kv_heads"]))
+    return {"ids": inputs.get("ids", "input_ids"), "keep": inputs.get("keep", "num_logits_to_keep"),
+            "logits": outputs.get("logits", "logits"),
+            "past": [past.format(i=i, kind=kind) for i in layers for kind in ("key", "value")],
+            "present": [present.format(i=i, kind=kind) for i in layers for kind in ("key", "value")]}
+
+
+def profile_shapes(graph: dict, max_seq: int | None = None) -> ProfileShapes:
+    """min / opt / max for ``seq`` and ``past_seq`` (see the module docstring) from ``max_context``."""
+    max_context = int(graph["max_context"])
+    seq_max = max(1, min(max_context, int(max_seq or DEFAULT_MAX_SEQ)))
+    past_max = max(0, max_context - 1)
+    past_opt = min(past_max, max_context // 2)
+    names = io_names(graph)
+    head_dim = int(graph["head_dim"])
+    shapes = {names["ids"]: ((1, 1), (1, 1), (1, seq_max))}
+    for name, kv in zip(names["past"], [kv for kv in graph["kv_heads"] for _ in range(2)], strict=True):
+        shapes[name] = ((1, int(kv), 0, head_dim), (1, int(kv), past_opt, head_dim), (1, int(kv), past_max, head_dim))
+    values = {names["keep"]: ((1,), (1,), (seq_max,))}
+    return ProfileShapes(shapes=shapes, values=values, max_seq=seq_max, max_context=max_context)
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Network typing and builder flags (``BuilderFlag`` member names), each with its reason."""
+
+    strongly_typed: bool
+    flags: tuple[str, ...]
+    reasons: tuple[str, ...] = field(default=())
+
+
+def plan_build(tensorrt_version: str, graph: dict, target: dict, strongly_typed: bool | None = None) -> BuildPlan:
+    """Typing and flags for this TensorRT version, graph and target profile (module docstring)."""
+    major = tensorrt_major(tensorrt_version)
+    qdq = graph.get("dtype") == QDQ_DTYPE
+    flags: list[str] = []
+    reasons: list[str] = []
+    if major >= 11:
+        strong = True
+        reasons.append(f"strongly typed: TensorRT {tensorrt_version} builds only strongly typed networks; the ONNX "
+                       "types decide (INT8 inside the Q/DQ pairs, the graph's float type elsewhere)")
+    elif strongly_typed or graph.get("dtype") in ("float16", "bfloat16"):
+        strong = True
+        reasons.append("strongly typed: " + ("requested (--strongly-typed)" if strongly_typed else
+                                             f"the graph is {graph.get('dtype')} already"))
+    else:
+        strong = False
+        reasons.append(f"weakly typed: the graph is {graph.get('dtype', 'float32')} outside its Q/DQ pairs; strong "
+                       "typing would keep every non-quantized layer in float32")
+        if qdq:
+            flags.append("INT8")
+            reasons.append("INT8: the graph is explicitly quantized (Q/DQ pairs on the decoder linears)")
+        if "fp16" in (target.get("precisions") or ()):
+            flags.append("FP16")
+            reasons.append(f"FP16: profile {target.get('name')} lists fp16; layers outside the Q/DQ pairs may run in "
+                           "half precision")
+    if "2:4" in (target.get("sparsity") or ()):
+        flags.append("SPARSE_WEIGHTS")
+        reasons.append(f"SPARSE_WEIGHTS: profile {target.get('name')} lists 2:4 sparsity (sparse tensor cores)")
+    return BuildPlan(strongly_typed=strong, flags=tuple(flags), reasons=tuple(reasons))
+
+
+def check_graph_form(graph: dict, what: str = "TensorRT") -> None:
+    """TensorRT parses standard ONNX ops only; the fused forms use ONNX Runtime contrib ops."""
+    form = graph.get("form", "standard")
+    if form != "standard":
+        raise RuntimeBackendError(
+            f"{what} needs the standard graph form, this bundle's graph is '{form}' (ONNX Runtime contrib ops)",
+            "build the bundle with a standard-form recipe for TensorRT: --recipe int8-qdq (or fp32-standard)",
+        )
+
+
+# --- the build ---------------------------------------------------------------------------------
+
+
+def _dims(dims) -> list[int]:
+    return [int(d) for d in dims]
+
+
+def _dtype_name(dtype) -> str:
+    return str(getattr(dtype, "name", dtype)).lower()
+
+
+def _timing_cache_path(tensorrt_version: str, sm: int) -> Path:
+    return cache_root() / "tensorrt" / f"timing-trt{tensorrt_version}-sm{sm}.cache"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _parse(trt, network, logger, model: Path) -> None:
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(model)):
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise RuntimeBackendError(f"TensorRT {trt.__version__} could not parse {model}: " + "; ".join(errors[:5]),
+                                  "check that the bundle's graph is the standard form (opset 17) and that this "
+                                  "TensorRT supports its ops; 'edgesdk verify' the bundle")
+
+
+def _apply_profile(trt, builder, network, config, shapes: ProfileShapes) -> None:
+    profile = builder.create_optimization_profile()
+    for index in range(network.num_inputs):
+        tensor = network.get_input(index)
+        name = tensor.name
+        if tensor.is_shape_tensor:
+            if name not in shapes.values:
+                raise RuntimeBackendError(f"the graph's input '{name}' is a shape tensor edgesdk has no range for",
+                                          "this is a bug in edgesdk's export or engine builder")
+            profile.set_shape_input(name, *[list(v) for v in shapes.values[name]])
+        elif name in shapes.shapes:
+            profile.set_shape(name, *shapes.shapes[name])
+        elif any(d < 0 for d in _dims(tensor.shape)):
+            raise RuntimeBackendError(f"the graph has a dynamic input '{name}' {_dims(tensor.shape)} that the standard "
+                                      "decoder interface does not have", "rebuild the bundle with this edgesdk")
+    config.add_optimization_profile(profile)
+
+
+def _load_timing_cache(config, path: Path, log: Callable[[str], None]):
+    data = b""
+    if path.is_file():
+        data = path.read_bytes()
+    cache = config.create_timing_cache(data)
+    if not config.set_timing_cache(cache, False):
+        log(f"timing cache {path} does not fit this TensorRT/GPU; starting a new one")
+        cache = config.create_timing_cache(b"")
+        config.set_timing_cache(cache, False)
+    else:
+        log(f"timing cache {path} ({len(data)} bytes)" if data else f"new timing cache {path}")
+
+
+def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int = DEFAULT_WORKSPACE_MB,
+                 force: bool = False, max_seq: int | None = None, strongly_typed: bool | None = None,
+                 timing_cache: Path | None = None, log: Callable[[str], None] = lambda message: None) -> dict:
+    """Build (or find cached) the engine of a bundle; returns its ``engine.json`` with ``path``/``cached``."""
+    from edgesdk import __version__
+    from edgesdk.bundle import verify_bundle
+
+    trt = import_tensorrt()
+    bundle = verify_bundle(Path(bundle_path))
+    graph = bundle.manifest["graph"]
+    check_graph_form(graph)
+    sm = require_sm()
+    jetpack = board_jetpack()
+    key = cache_key(jetpack, trt.__version__, sm)
+    out = Path(out) if out else default_out(bundle.path, bundle.bundle_id, key)
+    info = read_info(out)
+    if not force and (out / ENGINE_FILE).is_file() and _mismatch(info, bundle.bundle_id, trt.__version__, sm) is None:
+        log(f"cached: {out / ENGINE_FILE} (built {info.get('built')}); --force rebuilds it")
+        return {**info, "path": str(out / ENGINE_FILE), "cached": True}
+
+    plan = plan_build(trt.__version__, graph, bundle.manifest["target"], strongly_typed)
+    shapes = profile_shapes(graph, max_seq)
+    for reason in plan.reasons:
+        log(reason)
+    started = time.monotonic()
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network_flags = 0
+    if plan.strongly_typed and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+        network_flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    if tensorrt_major(trt.__version__) < 10:  # always explicit batch from TensorRT 10 on (flag deprecated)
+        network_flags |= 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    network = builder.create_network(network_flags)
+    model = bundle.file(graph["file"])
+    log(f"parsing {model}")
+    _parse(trt, network, logger, model)
+
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_mb) << 20)
+    for flag in plan.flags:
+        config.set_flag(getattr(trt.BuilderFlag, flag))
+    _apply_profile(trt, builder, network, config, shapes)
+    cache_path = Path(timing_cache) if timing_cache else _timing_cache_path(trt.__version__, sm)
+    _load_timing_cache(config, cache_path, log)
+
+    log(f"building for sm_{sm} with TensorRT {trt.__version__} (flags: {', '.join(plan.flags) or 'none'}, "
+        f"workspace {workspace_mb} MB); this takes minutes on a Jetson")
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise RuntimeBackendError(f"TensorRT {trt.__version__} failed to build an engine for {model} (see its log "
+                                  "above)", "try a larger --workspace-mb, or free GPU memory (stop other services)")
+    plan_bytes = bytes(serialized)
+    _write_atomic(cache_path, bytes(config.get_timing_cache().serialize()))
+
+    io = {"inputs": [{"name": t.name, "shape": _dims(t.shape), "dtype": _dtype_name(t.dtype),
+                      "shape_tensor": bool(t.is_shape_tensor)}
+                     for t in (network.get_input(i) for i in range(network.num_inputs))],
+          "outputs": [{"name": t.name, "shape": _dims(t.shape), "dtype": _dtype_name(t.dtype)}
+                      for t in (network.get_output(i) for i in range(network.num_outputs))]}
+    info = {"format": INFO_FORMAT, "bundle_id": bundle.bundle_id, "bundle": str(bundle.path),
+            "target": bundle.target, "graph": {"form": graph.get("form", "standard"), "dtype": graph.get("dtype")},
+            "tensorrt": trt.__version__, "sm": sm, "jetpack": jetpack, "key": key,
+            "built": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "build_seconds": round(time.monotonic() - started, 1),
+            "strongly_typed": plan.strongly_typed, "flags": list(plan.flags), "reasons": list(plan.reasons),
+            "workspace_mb": int(workspace_mb), "profile": shapes.to_json(), "io": io,
+            "engine_bytes": len(plan_bytes), "engine_sha256": hashlib.sha256(plan_bytes).hexdigest(),
+            "timing_cache": str(cache_path), "python": sys.version.split()[0], "edgesdk_version": __version__}
+    _commit(out, plan_bytes, info)
+    log(f"wrote {out / ENGINE_FILE} ({len(plan_bytes) / 1e6:.1f} MB) in {info['build_seconds']} s")
+    return {**info, "path": str(out / ENGINE_FILE), "cached": False}
+
+
+def _commit(out: Path, plan_bytes: bytes, info: dict) -> None:
+    """Write engine.plan and engine.json beside ``out``, then rename the directory into place."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    (staging / ENGINE_FILE).write_bytes(plan_bytes)
+    (staging / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, out)

@@ -1,0 +1,83 @@
+"""Backend ``triton``: the bundle's block-sparse INT8 weights on the Triton decode kernels.
+
+Needs PyTorch (on Jetson: jetson-containers' l4t-pytorch or NVIDIA's JetPack wheel) and a CUDA
+device. Without a GPU it runs only when asked for explicitly with ``EDGESDK_KERNELS=reference``
+(the kernels' PyTorch twins) or ``emulated`` (Triton's interpreter), which is how it is tested on
+a host: the CPU fallback chain should reach ``ort-cpu``, which is much faster there.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from edgesdk.bundle import Bundle
+from edgesdk.errors import RuntimeBackendError
+
+KERNELS_ENV = "EDGESDK_KERNELS"
+
+
+class TritonBackend:
+    """DecoderBackend over :class:`edgesdk.runtime.sparse_decoder.SparseDecoder`."""
+
+    name = "triton"
+
+    def __init__(self, decoder, mode: str):
+        self.decoder, self.mode = decoder, mode
+        self.max_context = decoder.max_context
+
+    @property
+    def position(self) -> int:
+        return self.decoder.position
+
+    def reset(self) -> None:
+        self.decoder.reset()
+
+    def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
+        import torch
+
+        total = self.decoder.position + len(ids)
+        if total > self.max_context:
+            raise RuntimeBackendError(
+                f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}",
+                "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context",
+            )
+        logits = self.decoder.step(torch.as_tensor(np.asarray(ids, np.int64)), keep)
+        return logits.float().cpu().numpy()
+
+    def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
+        return self._run(np.asarray(token_ids).reshape(-1), keep_logits)
+
+    def decode(self, token_id: int) -> np.ndarray:
+        return self._run(np.array([token_id]), 1)[0]
+
+
+def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
+    """Load the bundle's sparse weights onto the kernels, or say why not (RuntimeBackendError)."""
+    record = bundle.manifest.get("sparse")
+    if not record:
+        raise RuntimeBackendError("the bundle has no block-sparse weights",
+                                  "build with a recipe whose export has sparse: true (e.g. --recipe jetson)")
+    try:
+        import torch
+        from safetensors.torch import load_file
+    except ImportError as exc:
+        raise RuntimeBackendError(f"PyTorch is not importable here ({exc.name})",
+                                  "install PyTorch for this board (on Jetson: jetson-containers l4t-pytorch)") from exc
+    from edgesdk.kernels.ops import kernel_mode
+    from edgesdk.runtime.sparse_decoder import SparseDecoder
+
+    explicit = os.environ.get(KERNELS_ENV)
+    mode = kernel_mode()
+    cuda = torch.cuda.is_available()
+    if mode == "triton" and not cuda:
+        raise RuntimeBackendError("no CUDA device for the Triton kernels",
+                                  f"set {KERNELS_ENV}=reference to run their PyTorch twins on the CPU")
+    if not explicit and not cuda:
+        raise RuntimeBackendError("no CUDA device (the CPU backends are faster here)",
+                                  f"set {KERNELS_ENV}=reference or emulated to run the kernels on the CPU")
+    torch.set_num_threads(max(1, threads))
+    device = "cuda" if mode == "triton" else "cpu"
+    tensors = load_file(str(bundle.file(record["weights"])))
+    return TritonBackend(SparseDecoder(tensors, record, device=device, mode=mode), mode)

@@ -1,0 +1,223 @@
+"""Ahead-of-time compilation of the decode kernels for one GPU target (SM), on a host without a GPU.
+
+``triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", sm, 32), options=...)`` runs
+Triton's full pipeline (TTIR -> TTGIR -> LLVM IR -> PTX -> cubin through the bundled ``ptxas``) for a fixed
+signature; no device is queried. See ``triton/compiler/compiler.py`` (``ASTSource``, ``compile``) and the Triton
+docs. For every variant this writes, under ``out_dir/sm_{sm}/``:
+
+* ``{variant}.cubin``: the SASS for ``sm_{sm}`` that the board loads with ``cuModuleLoadData``;
+* ``{variant}.ptx``: the PTX, which a newer driver can JIT for other SMs;
+* ``{variant}.json``: launch metadata: kernel (symbol) name, full signature, constexprs, the ordered runtime
+  parameters (after them the kernel takes two pointers, Triton's global and profile scratch, null when their
+  size is 0; every pointer must be 16-byte aligned), num_warps, num_stages, dynamic shared memory bytes, and the grid rule;
+
+and ``index.json``: every variant, with the error text for the ones the compiler refused (e.g. an SM too old for
+Triton), so a caller can fall back (for instance "Xavier uses TensorRT only").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .tuning import KernelTuning, tuning_for
+
+# Runtime parameter types of each kernel body, in order; "{act}" is the activation dtype of the variant.
+_BSR_PARAMS = (
+    ("x_ptr", "*{act}"), ("values_ptr", "*i8"), ("col_ptr", "*i32"), ("rowoff_ptr", "*i32"),
+    ("scales_ptr", "*fp32"), ("out_ptr", "*{act}"),
+    ("M", "i32"), ("N", "i32"), ("K", "i32"),
+    ("stride_xm", "i32"), ("stride_xk", "i32"), ("stride_om", "i32"), ("stride_on", "i32"),
+)
+_BSR_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "TRANSPOSED", "USE_DOT")
+_ATTN_PARAMS = (
+    ("q_ptr", "*{act}"), ("k_ptr", "*{act}"), ("v_ptr", "*{act}"), ("len_ptr", "*i32"), ("out_ptr", "*{act}"),
+    ("scale", "fp32"), ("GROUP", "i32"), ("D", "i32"),
+    ("stride_qb", "i32"), ("stride_qh", "i32"), ("stride_qd", "i32"),
+    ("stride_kb", "i32"), ("stride_kh", "i32"), ("stride_kt", "i32"), ("stride_kd", "i32"),
+    ("stride_vb", "i32"), ("stride_vh", "i32"), ("stride_vt", "i32"), ("stride_vd", "i32"),
+    ("stride_ob", "i32"), ("stride_oh", "i32"), ("stride_od", "i32"),
+)
+_ATTN_CONSTEXPRS = ("BLOCK_G", "BLOCK_D", "BLOCK_T")
+
+POINTER_ALIGNMENT = 16  # bytes; every pointer parameter of an AOT kernel must be a multiple of this
+
+# Grid rules: each dimension is an int, a parameter name, or ["cdiv", parameter, constexpr] (ceil division).
+_BSR_GRID = {"rule": "(cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), 1)",
+             "dims": [["cdiv", "N", "BLOCK_N"], ["cdiv", "M", "BLOCK_M"], 1]}
+_ATTN_GRID = {"rule": "(B, Hkv, 1) = (batch rows, kv heads, 1)", "dims": ["B", "Hkv", 1]}
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    """One specialisation to compile: a kernel body, its constexprs, dtypes and launch options."""
+
+    name: str                      # file stem, e.g. "bsr_gemv_plain_32x32_fp16"
+    kernel: str                    # key of triton_kernels.KERNEL_BODIES
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    act_dtype: str = "fp16"        # activation / output dtype of the pointers marked {act}
+    grid: dict = field(default_factory=dict)
+
+    def params(self) -> list[tuple[str, str]]:
+        table = _BSR_PARAMS if self.kernel == "bsr_matmul" else _ATTN_PARAMS
+        return [(name, ty.format(act=self.act_dtype)) for name, ty in table]
+
+    def signature(self) -> dict[str, str]:
+        sig = dict(self.params())
+        for name in (_BSR_CONSTEXPRS if self.kernel == "bsr_matmul" else _ATTN_CONSTEXPRS):
+            sig[name] = "constexpr"
+        return sig
+
+
+@dataclass
+class CompiledKernel:
+    """The result for one variant on one SM. ``ok`` False: ``error`` says why and no files were written."""
+
+    name: str
+    sm: int
+    cubin_path: Path | None
+    ptx_path: Path | None
+    meta_path: Path | None
+    kernel_name: str = ""
+    shared_memory_bytes: int = 0
+    num_warps: int = 0
+    num_stages: int = 0
+    ok: bool = True
+    error: str | None = None
+
+
+def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: Iterable[int] = (64,),
+                     group_blocks: Iterable[int] = (1, 4, 8)) -> list[KernelVariant]:
+    """The variants a bundle ships: BSR GEMV (M <= 8, 1 row tile) and GEMM (``tl.dot``) for both layouts at the
+    tuning's block, and GQA decode for each head dim and query-group bound ``BLOCK_G`` (a pruned group of G heads
+    runs on the smallest ``BLOCK_G >= G``)."""
+    bn, bk = tuning.bsr_block
+    variants = []
+    for layout in ("plain", "transposed"):
+        base = {"BLOCK_N": bn, "BLOCK_K": bk, "TRANSPOSED": layout == "transposed"}
+        variants.append(KernelVariant(f"bsr_gemv_{layout}_{bn}x{bk}_{act_dtype}", "bsr_matmul",
+                                      {"BLOCK_M": 1, **base, "USE_DOT": False}, tuning.gemv_num_warps,
+                                      tuning.num_stages, act_dtype, _BSR_GRID))
+        variants.append(KernelVariant(f"bsr_gemm_{layout}_{bn}x{bk}_{act_dtype}", "bsr_matmul",
+                                      {"BLOCK_M": tuning.gemm_block_m, **base, "USE_DOT": True},
+                                      tuning.gemm_num_warps, tuning.num_stages, act_dtype, _BSR_GRID))
+    for d in head_dims:
+        for g in group_blocks:
+            variants.append(KernelVariant(f"gqa_decode_d{d}_g{g}_{act_dtype}", "gqa_decode",
+                                          {"BLOCK_G": g, "BLOCK_D": d, "BLOCK_T": tuning.attn_block_t},
+                                          tuning.attn_num_warps, tuning.num_stages, act_dtype, _ATTN_GRID))
+    return variants
+
+
+def compile_variant(variant: KernelVariant, sm: int):
+    """``triton.compile`` one variant for ``sm_{sm}``; returns Triton's CompiledKernel (``.asm``, ``.metadata``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .triton_kernels import get_kernel
+
+    fn = get_kernel(variant.kernel, emulated=False)
+    signature = variant.signature()
+    # pointer arguments are declared 16-byte aligned (what @triton.jit infers for torch allocations), so tile
+    # loads vectorise; the loader refuses unaligned pointers (see POINTER_ALIGNMENT)
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", POINTER_ALIGNMENT]]
+             for name, ty in signature.items() if ty.startswith("*")}
+    src = ASTSource(fn=fn, signature=signature, constexprs=dict(variant.constexprs), attrs=attrs)
+    options = {"num_warps": variant.num_warps, "num_stages": variant.num_stages, "enable_fp_fusion": True}
+    return triton.compile(src, target=GPUTarget("cuda", sm, 32), options=options)
+
+
+def ptxas_release(sm: int) -> str | None:
+    """``"12.9, V12.9.86"`` for the ptxas Triton uses for ``sm``: a board driver older than this CUDA release may
+    refuse the cubin (and needs a driver at least as new for the PTX)."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas_version
+
+        text = get_ptxas_version(sm)
+    except Exception:  # noqa: BLE001 - informative only
+        return None
+    for line in str(text).splitlines():
+        if "release" in line:
+            return line.split("release", 1)[1].strip()
+    return None
+
+
+def _metadata(variant: KernelVariant, sm: int, compiled, tuning: KernelTuning, files: dict[str, str]) -> dict:
+    import triton
+
+    md = compiled.metadata
+    cubin = compiled.asm["cubin"]
+    return {
+        "name": variant.name,
+        "kernel_name": md.name,
+        "kernel": variant.kernel,
+        "sm": sm,
+        "target": f"cuda:{sm}",
+        "triton_version": triton.__version__,
+        "ptx_version": getattr(md, "ptx_version", None),
+        "ptxas_release": ptxas_release(sm),
+        "signature": [[name, ty] for name, ty in variant.signature().items()],  # kernel argument order
+        "params": [[name, ty] for name, ty in variant.params()],
+        "trailing_params": [["global_scratch", "*i8"], ["profile_scratch", "*i8"]],
+        "pointer_alignment": POINTER_ALIGNMENT,
+        "constexprs": variant.constexprs,
+        "act_dtype": variant.act_dtype,
+        "num_warps": md.num_warps,
+        "num_stages": md.num_stages,
+        "threads_per_block": 32 * md.num_warps,
+        "shared_memory_bytes": md.shared,
+        "global_scratch_size": md.global_scratch_size,
+        "global_scratch_align": md.global_scratch_align,
+        "profile_scratch_size": md.profile_scratch_size,
+        "profile_scratch_align": md.profile_scratch_align,
+        "fits_shared_memory": md.shared <= tuning.shared_memory_kb * 1024,
+        "grid": variant.grid,
+        "files": files,
+        "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
+        "tuning": tuning.to_dict(),
+    }
+
+
+def compile_for_target(sm: int, out_dir: Path, tuning: KernelTuning | None = None, *,
+                       variants: Sequence[KernelVariant] | None = None) -> list[CompiledKernel]:
+    """Compile every variant for ``sm_{sm}`` into ``out_dir/sm_{sm}/``; a refused variant is returned with
+    ``ok=False`` and its error (and listed in ``index.json``) instead of raising."""
+    tuning = tuning or tuning_for(sm)
+    if tuning.sm != sm:
+        raise ValueError(f"tuning is for sm_{tuning.sm}, not sm_{sm}")
+    variants = list(variants) if variants is not None else default_variants(tuning)
+    target_dir = Path(out_dir) / f"sm_{sm}"
+    target_dir.mkdir(parents=True, exist_ok=True)
+    results: list[CompiledKernel] = []
+    for variant in variants:
+        try:
+            compiled = compile_variant(variant, sm)
+        except Exception as exc:  # noqa: BLE001 - the compiler's refusal is the result we record
+            message = f"{type(exc).__name__}: {exc}".strip()
+            results.append(CompiledKernel(variant.name, sm, None, None, None, ok=False, error=message[:2000]))
+            continue
+        cubin_path = target_dir / f"{variant.name}.cubin"
+        ptx_path = target_dir / f"{variant.name}.ptx"
+        meta_path = target_dir / f"{variant.name}.json"
+        cubin_path.write_bytes(compiled.asm["cubin"])
+        ptx_path.write_text(compiled.asm["ptx"])
+        files = {"cubin": cubin_path.name, "ptx": ptx_path.name}
+        meta = _metadata(variant, sm, compiled, tuning, files)
+        meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        results.append(CompiledKernel(variant.name, sm, cubin_path, ptx_path, meta_path,
+                                      kernel_name=meta["kernel_name"], shared_memory_bytes=meta["shared_memory_bytes"],
+                                      num_warps=meta["num_warps"], num_stages=meta["num_stages"]))
+    index = {
+        "sm": sm,
+        "ptxas_release": ptxas_release(sm),
+        "tuning": tuning.to_dict(),
+        "kernels": [{k: (str(v.name) if isinstance(v, Path) else v) for k, v in asdict(r).items()} for r in results],
+    }
+    (target_dir / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return results

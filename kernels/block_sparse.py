@@ -1,0 +1,194 @@
+"""Block-sparse INT8 weights in block-compressed-row (BSR) form.
+
+A weight ``W`` of shape ``(N, K)`` (N outputs, K inputs, the ``nn.Linear`` convention) is cut into a grid of
+``(block_n, block_k)`` tiles. Only tiles that are kept are stored, block row by block row, exactly as the CSR
+format stores non-zero scalars, but with a dense tile per entry (BSR; see the scipy ``bsr_matrix`` docs and
+Saad, *Iterative Methods for Sparse Linear Systems*, 2nd ed., §3.4, for CSR):
+
+* ``row_offsets[r] : row_offsets[r + 1]`` are the stored tiles of block row ``r`` (``N // block_n + 1`` entries,
+  ``ceil`` when N is not a multiple of the block);
+* ``col_index[i]`` is the block column of stored tile ``i`` (sorted within a block row);
+* ``values[i]`` is the int8 tile itself; ``scales`` is the per-output-channel dequantisation scale, so the float
+  weight is ``W[n, k] = scales[n] * q[n, k]``.
+
+N and K need not be multiples of the block: the matrix is zero-padded to whole tiles before it is cut, so stored
+tiles are always full and the kernels mask only the activation loads and the output stores.
+
+Intra-tile layouts (``layout``):
+
+* ``"plain"``: ``values`` is ``(nnz, block_n, block_k)``: each output channel's ``block_k`` weights are
+  contiguous along K, the row-major layout of ``nn.Linear.weight``. A GEMV thread that owns an output row reads
+  consecutive bytes and reduces along the contiguous axis.
+* ``"transposed"``: ``values`` is ``(nnz, block_k, block_n)``: contiguous along N (the layout the seed exporter
+  wrote). Consecutive threads then own consecutive outputs, so a warp's loads coalesce across outputs while
+  every thread broadcasts the same activation; the reduction runs across rows of the tile.
+
+Both hold the same bytes; which one reads faster is a question for the GPU benchmark
+(``tests/benchmarks/test_block_sparse_gpu.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+LAYOUTS = ("plain", "transposed")
+# meta tensor written next to the arrays by ``state_dict``: N, K, block_n, block_k, layout code.
+_META_LEN = 5
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class BlockSparseWeight:
+    """INT8 weight (N out, K in) stored as block-compressed rows (BSR): only non-zero blocks."""
+
+    values: torch.Tensor       # int8 (nnz, block_n, block_k) "plain"; (nnz, block_k, block_n) "transposed"
+    col_index: torch.Tensor    # int32 (nnz,) block column of each stored block, sorted within a block row
+    row_offsets: torch.Tensor  # int32 (ceil(N / block_n) + 1,) CSR offsets per block row
+    scales: torch.Tensor       # float32 (N,) per-output-channel dequantisation scale
+    shape: tuple[int, int]     # (N, K)
+    block: tuple[int, int]     # (block_n, block_k)
+    layout: str = "plain"      # "plain" | "transposed"
+
+    def __post_init__(self) -> None:
+        n, k = self.shape
+        bn, bk = self.block
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if bn <= 0 or bk <= 0 or n < 0 or k < 0:
+            raise ValueError(f"bad shape {self.shape} or block {self.block}")
+        tile = (bn, bk) if self.layout == "plain" else (bk, bn)
+        nnz = int(self.col_index.numel())
+        if self.values.dtype != torch.int8 or tuple(self.values.shape) != (nnz, *tile):
+            raise ValueError(f"values must be int8 of shape {(nnz, *tile)}, got {self.values.dtype} "
+                             f"{tuple(self.values.shape)}")
+        if self.row_offsets.numel() != _cdiv(n, bn) + 1:
+            raise ValueError(f"row_offsets must have {_cdiv(n, bn) + 1} entries, got {self.row_offsets.numel()}")
+        if self.scales.numel() != n:
+            raise ValueError(f"scales must have N={n} entries, got {self.scales.numel()}")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_dense(cls, weight_q: torch.Tensor, scales: torch.Tensor, block: tuple[int, int] = (32, 32),
+                   mask: torch.Tensor | None = None, layout: str = "plain") -> BlockSparseWeight:
+        """Compress an int8 ``(N, K)`` weight; ``mask`` (bool ``(ceil(N/bn), ceil(K/bk))``) picks the kept blocks.
+
+        ``mask=None`` keeps every block holding a non-zero. Blocks the mask drops are dropped even when non-zero
+        (that is how block pruning is applied); blocks it keeps are stored even when all-zero.
+        """
+        if weight_q.dtype != torch.int8 or weight_q.dim() != 2:
+            raise ValueError(f"weight_q must be a 2-D int8 tensor, got {weight_q.dtype} {tuple(weight_q.shape)}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        n, k = weight_q.shape
+        bn, bk = int(block[0]), int(block[1])
+        nbr, nbc = _cdiv(n, bn), _cdiv(k, bk)
+        padded = torch.zeros(nbr * bn, nbc * bk, dtype=torch.int8)
+        padded[:n, :k] = weight_q.cpu()
+        # (nbr*bn, nbc*bk) -> (nbr, bn, nbc, bk) -> (nbr, nbc, bn, bk): tile [r, c] is block row r, block col c
+        tiles = padded.reshape(nbr, bn, nbc, bk).permute(0, 2, 1, 3)
+        if mask is None:
+            keep = tiles.ne(0).flatten(2).any(dim=2)  # (nbr, nbc)
+        else:
+            keep = mask.to(device="cpu", dtype=torch.bool)
+            if tuple(keep.shape) != (nbr, nbc):
+                raise ValueError(f"mask must have shape (ceil(N/bn), ceil(K/bk)) = {(nbr, nbc)}, "
+                                 f"got {tuple(keep.shape)}")
+        rows, cols = keep.nonzero(as_tuple=True)  # row-major order: sorted by row, then column
+        values = tiles[rows, cols]  # (nnz, bn, bk)
+        if layout == "transposed":
+            values = values.transpose(1, 2)  # (nnz, bk, bn)
+        counts = keep.sum(dim=1)  # (nbr,)
+        row_offsets = torch.zeros(nbr + 1, dtype=torch.int32)
+        row_offsets[1:] = torch.cumsum(counts, 0).to(torch.int32)
+        scales = scales.detach().to(device="cpu", dtype=torch.float32).reshape(-1).contiguous()
+        return cls(values=values.contiguous(), col_index=cols.to(torch.int32).contiguous(), row_offsets=row_offsets,
+                   scales=scales, shape=(int(n), int(k)), block=(bn, bk), layout=layout)
+
+    def to(self, device: torch.device | str) -> BlockSparseWeight:
+        """The same weight with every tensor on ``device``."""
+        return BlockSparseWeight(self.values.to(device), self.col_index.to(device), self.row_offsets.to(device),
+                                 self.scales.to(device), self.shape, self.block, self.layout)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def nnz_blocks(self) -> int:
+        return int(self.col_index.numel())
+
+    @property
+    def block_rows(self) -> int:
+        return _cdiv(self.shape[0], self.block[0])
+
+    @property
+    def block_cols(self) -> int:
+        return _cdiv(self.shape[1], self.block[1])
+
+    def plain_values(self) -> torch.Tensor:
+        """int8 ``(nnz, block_n, block_k)`` whatever the stored layout."""
+        return self.values if self.layout == "plain" else self.values.transpose(1, 2)
+
+    def block_row_index(self) -> torch.Tensor:
+        """int64 ``(nnz,)``: the block row of every stored block (expanded ``row_offsets``)."""
+        counts = (self.row_offsets[1:] - self.row_offsets[:-1]).long().cpu()
+        return torch.repeat_interleave(torch.arange(self.block_rows), counts).to(self.values.device)
+
+    def to_dense(self) -> torch.Tensor:
+        """int8 ``(N, K)``; dropped blocks are zero."""
+        n, k = self.shape
+        bn, bk = self.block
+        tiles = torch.zeros(self.block_rows, self.block_cols, bn, bk, dtype=torch.int8, device=self.values.device)
+        tiles[self.block_row_index(), self.col_index.long()] = self.plain_values()
+        # (nbr, nbc, bn, bk) -> (nbr, bn, nbc, bk) -> (nbr*bn, nbc*bk), cropped to (N, K)
+        return tiles.permute(0, 2, 1, 3).reshape(self.block_rows * bn, self.block_cols * bk)[:n, :k].contiguous()
+
+    def dequantized(self) -> torch.Tensor:
+        """float32 ``(N, K)``: ``scales[:, None] * to_dense()``."""
+        return self.to_dense().float() * self.scales.float()[:, None]
+
+    @property
+    def density(self) -> float:
+        """Stored blocks / all blocks (1.0 for an empty matrix)."""
+        total = self.block_rows * self.block_cols
+        return self.nnz_blocks / total if total else 1.0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of ``values + col_index + row_offsets + scales`` (what a GEMV reads besides activations)."""
+        return sum(t.numel() * t.element_size() for t in (self.values, self.col_index, self.row_offsets, self.scales))
+
+    # ------------------------------------------------------------------ storage
+    def state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        """Flat tensors for safetensors under ``{prefix}.values``, ``.col_index``, ``.row_offsets``, ``.scales`` and
+        ``.meta`` (int64: N, K, block_n, block_k, layout code 0 plain / 1 transposed), which restores the rest."""
+        base = _key_base(prefix)
+        meta = torch.tensor([*self.shape, *self.block, LAYOUTS.index(self.layout)], dtype=torch.int64)
+        return {
+            f"{base}values": self.values.contiguous(),
+            f"{base}col_index": self.col_index.contiguous(),
+            f"{base}row_offsets": self.row_offsets.contiguous(),
+            f"{base}scales": self.scales.contiguous(),
+            f"{base}meta": meta,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, torch.Tensor], prefix: str = "",
+                        device: torch.device | str | None = None) -> BlockSparseWeight:
+        """Inverse of :meth:`state_dict` (same ``prefix``); tensors moved to ``device`` when given."""
+        base = _key_base(prefix)
+        meta = [int(v) for v in state[f"{base}meta"].tolist()]
+        if len(meta) != _META_LEN:
+            raise ValueError(f"{base}meta must hold {_META_LEN} integers, got {meta}")
+        n, k, bn, bk, layout_code = meta
+        weight = cls(values=state[f"{base}values"], col_index=state[f"{base}col_index"],
+                     row_offsets=state[f"{base}row_offsets"], scales=state[f"{base}scales"],
+                     shape=(n, k), block=(bn, bk), layout=LAYOUTS[layout_code])
+        return weight if device is None else weight.to(device)
+
+
+def _key_base(prefix: str) -> str:
+    """``"layers.0.qkv"`` -> ``"layers.0.qkv."``; ``""`` and ``"w."`` stay as they are."""
+    return prefix if not prefix or prefix.endswith(".") else prefix + "."

@@ -1,0 +1,381 @@
+"""Board side: load the AOT cubins of ``kernels/sm_XX/`` and launch them, with no Triton on the board.
+
+Everything goes through the CUDA driver API (CUDA Driver API reference: ``cuModuleLoadData``,
+``cuModuleGetFunction``, ``cuFuncSetAttribute``, ``cuLaunchKernel``), reached through
+
+1. ``cuda-python`` (``cuda.bindings.driver``, or ``cuda.cuda`` in releases before 12.6) when importable, else
+2. ``libcuda.so.1`` via ctypes when a CUDA build of PyTorch sees a GPU (the driver PyTorch itself runs on; its
+   primary context and current stream are used),
+
+and otherwise :func:`load_compiled` raises a ``RuntimeError`` naming both. Kernel parameters follow Triton's
+launcher (``triton/backends/nvidia/driver.c``): the runtime parameters in signature order (constexprs are baked
+into the cubin), then the global-scratch and profile-scratch pointers. A cubin is loaded when its SM equals the
+device's; otherwise the PTX is loaded, which the driver JIT-compiles for a newer device (PTX is forward-compatible).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_MAX_DYNAMIC_SHARED_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory above this needs the opt-in attribute
+_CTYPES = {"i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
+           "fp32": ctypes.c_float, "fp64": ctypes.c_double, "i1": ctypes.c_bool}
+
+
+class KernelLoadError(RuntimeError):
+    """The compiled kernels cannot be loaded or launched here."""
+
+
+def _missing_backend_message(detail: str) -> str:
+    return ("launching the AOT kernels needs the CUDA driver through cuda-python (pip install cuda-python; "
+            "module cuda.bindings.driver) or through a CUDA build of PyTorch that sees a GPU; " + detail)
+
+
+# ---------------------------------------------------------------------------------------------- driver backends
+class _CudaPythonDriver:
+    name = "cuda-python"
+
+    def __init__(self, driver: Any, device: int) -> None:
+        self.d = driver
+        self._check(driver.cuInit(0), "cuInit")
+        ctx = self._check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if ctx is None or int(ctx) == 0:
+            dev = self._check(driver.cuDeviceGet(device), "cuDeviceGet")
+            ctx = self._check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            self._check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self.device = self._check(driver.cuCtxGetDevice(), "cuCtxGetDevice")
+
+    def _check(self, result: Any, what: str) -> Any:
+        err, *values = result if isinstance(result, tuple) else (result,)
+        if int(err) != 0:
+            name = self.d.cuGetErrorName(err)
+            text = name[1].decode() if isinstance(name, tuple) and name[1] else str(err)
+            raise KernelLoadError(f"{what} failed: {text}")
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def capability(self) -> int:
+        attr = self.d.CUdevice_attribute
+        major = self._check(self.d.cuDeviceGetAttribute(
+            attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "cuDeviceGetAttribute")
+        minor = self._check(self.d.cuDeviceGetAttribute(
+            attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "cuDeviceGetAttribute")
+        return int(major) * 10 + int(minor)
+
+    def load(self, image: bytes, kernel_name: str, shared: int) -> Any:
+        buffer = ctypes.create_string_buffer(image, len(image) + 1)  # NUL-terminated (PTX needs it)
+        module = self._check(self.d.cuModuleLoadData(ctypes.addressof(buffer)), "cuModuleLoadData")
+        func = self._check(self.d.cuModuleGetFunction(module, kernel_name.encode()), "cuModuleGetFunction")
+        if shared > _DEFAULT_SHARED_LIMIT:
+            attr = self.d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            self._check(self.d.cuFuncSetAttribute(func, attr, shared), "cuFuncSetAttribute")
+        return (module, func)
+
+    def launch(self, handle: Any, grid: tuple[int, int, int], threads: int, shared: int, stream: int,
+               params_address: int) -> None:
+        self._check(self.d.cuLaunchKernel(handle[1], *grid, threads, 1, 1, shared, stream, params_address, 0),
+                    "cuLaunchKernel")
+
+    def alloc(self, nbytes: int) -> tuple[int, Any]:
+        ptr = self._check(self.d.cuMemAlloc(nbytes), "cuMemAlloc")
+        return int(ptr), ptr
+
+
+class _LibcudaDriver:
+    """The driver library PyTorch loaded, through ctypes (used when cuda-python is absent)."""
+
+    name = "libcuda (torch)"
+
+    def __init__(self, device: int) -> None:
+        import torch
+
+        torch.cuda.init()
+        torch.cuda.set_device(device)
+        torch.cuda.current_stream(device)  # makes torch's primary context current on this thread
+        try:
+            self.lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise KernelLoadError(_missing_backend_message(f"libcuda.so.1 did not load ({exc})")) from exc
+        lib = self.lib
+        vp, pvp = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+        lib.cuInit.argtypes = [ctypes.c_uint]
+        lib.cuCtxGetCurrent.argtypes = [pvp]
+        lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+        lib.cuDevicePrimaryCtxRetain.argtypes = [pvp, ctypes.c_int]
+        lib.cuCtxSetCurrent.argtypes = [vp]
+        lib.cuModuleLoadData.argtypes = [pvp, vp]
+        lib.cuModuleGetFunction.argtypes = [pvp, vp, ctypes.c_char_p]
+        lib.cuFuncSetAttribute.argtypes = [vp, ctypes.c_int, ctypes.c_int]
+        lib.cuLaunchKernel.argtypes = [vp] + [ctypes.c_uint] * 7 + [vp, pvp, pvp]
+        lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        self._check(lib.cuInit(0), "cuInit")
+        ctx = ctypes.c_void_p()
+        self._check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+        if not ctx.value:
+            dev = ctypes.c_int()
+            self._check(lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+            self._check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+            self._check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        major, minor = torch.cuda.get_device_capability(device)
+        self._capability = major * 10 + minor
+
+    def _check(self, err: int, what: str) -> None:
+        if err != 0:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(err, ctypes.byref(name))
+            raise KernelLoadError(f"{what} failed: {(name.value or b'CUDA error %d' % err).decode()}")
+
+    def capability(self) -> int:
+        return self._capability
+
+    def load(self, image: bytes, kernel_name: str, shared: int) -> Any:
+        buffer = ctypes.create_string_buffer(image, len(image) + 1)
+        module, func = ctypes.c_void_p(), ctypes.c_void_p()
+        self._check(self.lib.cuModuleLoadData(ctypes.byref(module), ctypes.addressof(buffer)), "cuModuleLoadData")
+        self._check(self.lib.cuModuleGetFunction(ctypes.byref(func), module, kernel_name.encode()),
+                    "cuModuleGetFunction")
+        if shared > _DEFAULT_SHARED_LIMIT:
+            self._check(self.lib.cuFuncSetAttribute(func, _MAX_DYNAMIC_SHARED_ATTR, shared), "cuFuncSetAttribute")
+        return (module, func)
+
+    def launch(self, handle: Any, grid: tuple[int, int, int], threads: int, shared: int, stream: int,
+               params_address: int) -> None:
+        params = ctypes.cast(ctypes.c_void_p(params_address), ctypes.POINTER(ctypes.c_void_p))
+        self._check(self.lib.cuLaunchKernel(handle[1], *grid, threads, 1, 1, shared, ctypes.c_void_p(stream),
+                                            params, None), "cuLaunchKernel")
+
+    def alloc(self, nbytes: int) -> tuple[int, Any]:
+        import torch
+
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        return buffer.data_ptr(), buffer
+
+
+def _import_cuda_python() -> Any | None:
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        try:
+            from cuda import cuda as driver  # cuda-python < 12.6
+        except ImportError:
+            return None
+    return driver
+
+
+def _torch_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def select_driver(backend: str | None = None, device: int = 0):
+    """The driver backend: ``"cuda-python"``, ``"torch"`` or None (the first that works, in that order)."""
+    if backend not in (None, "cuda-python", "torch"):
+        raise ValueError(f"backend must be 'cuda-python', 'torch' or None, got {backend!r}")
+    if backend in (None, "cuda-python"):
+        driver = _import_cuda_python()
+        if driver is not None:
+            return _CudaPythonDriver(driver, device)
+        if backend == "cuda-python":
+            raise KernelLoadError(_missing_backend_message("cuda-python is not importable"))
+    if _torch_cuda():
+        return _LibcudaDriver(device)
+    raise KernelLoadError(_missing_backend_message("cuda-python is not importable and torch.cuda is not "
+                                                   "available (no torch, a CPU-only build, or no visible GPU)"))
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+def _pointer(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    if hasattr(value, "data_ptr"):
+        return int(value.data_ptr())
+    if hasattr(value, "__cuda_array_interface__"):
+        return int(value.__cuda_array_interface__["data"][0])
+    raise TypeError(f"cannot pass {type(value).__name__} as a device pointer")
+
+
+def _stream_handle(stream: Any) -> int:
+    if stream is None:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return int(torch.cuda.current_stream().cuda_stream)
+        except ImportError:
+            pass
+        return 0  # the legacy default stream
+    if hasattr(stream, "cuda_stream"):
+        return int(stream.cuda_stream)
+    return int(stream)
+
+
+@dataclass
+class LoadedKernel:
+    """One compiled variant, loaded: ``launch(grid, *params)`` with params in ``meta["params"]`` order."""
+
+    meta: dict
+    driver: Any
+    handle: Any
+    source: str  # "cubin" or "ptx"
+    _scratch: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.meta["name"]
+
+    def grid(self, sizes: Mapping[str, int]) -> tuple[int, int, int]:
+        """Evaluate the metadata's grid rule; names resolve in ``sizes`` and then in the constexprs."""
+        values = {**self.meta["constexprs"], **sizes}
+        dims = []
+        for dim in self.meta["grid"]["dims"]:
+            if isinstance(dim, int):
+                dims.append(dim)
+            elif isinstance(dim, str):
+                dims.append(int(values[dim]))
+            else:
+                _, num, den = dim  # ["cdiv", numerator, denominator]
+                dims.append(-(-int(values[num]) // int(values[den])))
+        return tuple(dims)  # type: ignore[return-value]
+
+    def _scratch_pointer(self, kind: str, grid: tuple[int, int, int]) -> int:
+        size = int(self.meta.get(f"{kind}_scratch_size", 0))
+        if size <= 0:
+            return 0
+        total = size * grid[0] * grid[1] * grid[2]
+        held = self._scratch.get(kind)
+        if held is None or held[0] < total:
+            ptr, owner = self.driver.alloc(total)
+            self._scratch[kind] = (total, ptr, owner)
+        return self._scratch[kind][1]
+
+    def launch(self, grid: tuple[int, ...], *params: Any, stream: Any = None) -> None:
+        specs = self.meta["params"]
+        if len(params) != len(specs):
+            raise TypeError(f"{self.name} takes {len(specs)} parameters ({', '.join(n for n, _ in specs)}), "
+                            f"got {len(params)}")
+        grid3 = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        holders: list[Any] = []
+        alignment = int(self.meta.get("pointer_alignment", 1))
+        for (name, ty), value in zip(specs, params, strict=True):
+            if ty.startswith("*"):
+                address = _pointer(value)
+                if address % alignment:
+                    raise ValueError(f"{self.name}: {name} must be {alignment}-byte aligned (compiled so); got "
+                                     f"{address:#x}: pass a fresh or .contiguous() tensor, not an offset view")
+                holders.append(ctypes.c_void_p(address))
+            elif ty in _CTYPES:
+                holders.append(_CTYPES[ty](value))
+            else:
+                raise TypeError(f"parameter {name} has unsupported type {ty}")
+        holders.append(ctypes.c_void_p(self._scratch_pointer("global", grid3)))
+        holders.append(ctypes.c_void_p(self._scratch_pointer("profile", grid3)))
+        array = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+        self.driver.launch(self.handle, grid3, int(self.meta["threads_per_block"]),
+                           int(self.meta["shared_memory_bytes"]), _stream_handle(stream), ctypes.addressof(array))
+
+
+_TORCH_DTYPES = {"fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}
+
+
+class CompiledKernels(Mapping[str, LoadedKernel]):
+    """The loaded variants of one ``sm_XX`` directory, by name; ``failed`` lists what the compiler refused."""
+
+    def __init__(self, sm: int, kernels: dict[str, LoadedKernel], failed: dict[str, str], backend: str) -> None:
+        self.sm, self._kernels, self.failed, self.backend = sm, kernels, failed, backend
+
+    def __getitem__(self, name: str) -> LoadedKernel:
+        return self._kernels[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._kernels)
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+    def _pick(self, kernel: str, accept) -> LoadedKernel:
+        found = [k for k in self._kernels.values() if k.meta["kernel"] == kernel and accept(k.meta)]
+        if not found:
+            raise KernelLoadError(f"no compiled {kernel} variant fits this call (have: {sorted(self._kernels)})")
+        return found[0]
+
+    def block_sparse_matmul(self, x, weight, stream: Any = None):
+        """``x (M, K) -> (M, N)`` on the compiled BSR kernel (torch CUDA tensors; x cast to the variant's dtype)."""
+        import torch
+
+        m = x.shape[0]
+        want_dot = m >= 16
+        layout = weight.layout == "transposed"
+        variant = self._pick("bsr_matmul", lambda md: md["constexprs"]["USE_DOT"] == want_dot
+                             and md["constexprs"]["TRANSPOSED"] == layout
+                             and (md["constexprs"]["BLOCK_N"], md["constexprs"]["BLOCK_K"]) == tuple(weight.block))
+        dtype = getattr(torch, _TORCH_DTYPES[variant.meta["act_dtype"]])
+        x = x.to(dtype)
+        n, k = weight.shape
+        out = torch.empty(m, n, dtype=dtype, device=x.device)
+        grid = variant.grid({"M": m, "N": n})
+        variant.launch(grid, x, weight.values, weight.col_index, weight.row_offsets, weight.scales, out,
+                       m, n, k, x.stride(0), x.stride(1), out.stride(0), out.stride(1), stream=stream)
+        return out
+
+    def gqa_decode_attention(self, q, k_cache, v_cache, lengths, scale: float, stream: Any = None):
+        """Decode-step GQA on the compiled kernel: the smallest ``BLOCK_G >= Hq/Hkv`` variant of head dim D."""
+        import torch
+
+        b, hq, d = q.shape
+        hkv = k_cache.shape[1]
+        group = hq // hkv
+        candidates = sorted((k for k in self._kernels.values() if k.meta["kernel"] == "gqa_decode"
+                             and k.meta["constexprs"]["BLOCK_D"] >= d and k.meta["constexprs"]["BLOCK_G"] >= group),
+                            key=lambda k: (k.meta["constexprs"]["BLOCK_D"], k.meta["constexprs"]["BLOCK_G"]))
+        if not candidates:
+            raise KernelLoadError(f"no compiled gqa_decode variant for D={d}, group={group}")
+        variant = candidates[0]
+        dtype = getattr(torch, _TORCH_DTYPES[variant.meta["act_dtype"]])
+        q, k_cache, v_cache = q.to(dtype), k_cache.to(dtype), v_cache.to(dtype)
+        lengths = lengths.to(device=q.device, dtype=torch.int32).contiguous()
+        out = torch.empty(b, hq, d, dtype=dtype, device=q.device)
+        variant.launch(variant.grid({"B": b, "Hkv": hkv}), q, k_cache, v_cache, lengths, out, float(scale), group, d,
+                       *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), stream=stream)
+        return out
+
+
+def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0) -> CompiledKernels:
+    """Load every compiled variant of ``kernel_dir`` (a bundle's ``kernels/sm_XX``) onto GPU ``device``.
+
+    Raises :class:`KernelLoadError` when neither cuda-python nor a CUDA torch is there, when the device is older
+    than the kernels' SM, or when the driver refuses an image.
+    """
+    kernel_dir = Path(kernel_dir)
+    index_path = kernel_dir / "index.json"
+    if not index_path.is_file():
+        raise KernelLoadError(f"{index_path} not found: not a compiled kernel directory (kernels/sm_XX)")
+    index = json.loads(index_path.read_text())
+    sm = int(index["sm"])
+    driver = select_driver(backend, device)
+    capability = driver.capability()
+    if capability < sm:
+        raise KernelLoadError(f"the kernels in {kernel_dir} are for sm_{sm}; this GPU is sm_{capability}")
+    kernels: dict[str, LoadedKernel] = {}
+    failed: dict[str, str] = {}
+    for entry in index["kernels"]:
+        if not entry.get("ok", True):
+            failed[entry["name"]] = entry.get("error") or "compile failed"
+            continue
+        meta = json.loads((kernel_dir / entry["meta_path"]).read_text())
+        source = "cubin" if capability == sm else "ptx"
+        image = (kernel_dir / meta["files"][source]).read_bytes()
+        handle = driver.load(image, meta["kernel_name"], int(meta["shared_memory_bytes"]))
+        kernels[meta["name"]] = LoadedKernel(meta, driver, handle, source)
+    return CompiledKernels(sm, kernels, failed, driver.name)

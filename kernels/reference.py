@@ -1,0 +1,60 @@
+"""Plain PyTorch twins of the Triton kernels (float32 math). They define what the kernels must compute.
+
+Both twins do the same work as their kernels, not a shortcut through a dense copy: the block-sparse product
+visits only stored blocks (gather the activation slices by ``col_index``, one small product per block, scatter-add
+into block rows), and attention masks the cache beyond each row's length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .block_sparse import BlockSparseWeight
+
+
+def block_sparse_matmul_reference(x: torch.Tensor, weight: BlockSparseWeight) -> torch.Tensor:
+    """``x @ W.T`` for a BSR int8 weight, dequantised per output channel: x ``(M, K)`` -> float32 ``(M, N)``."""
+    n, k = weight.shape
+    bn, bk = weight.block
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be (M, K={k}), got {tuple(x.shape)}")
+    m = x.shape[0]
+    nbr, nbc = weight.block_rows, weight.block_cols
+    xf = x.float()
+    if nbc * bk != k:
+        xf = torch.nn.functional.pad(xf, (0, nbc * bk - k))  # (M, nbc*bk), zero tail
+    x_blocks = xf.reshape(m, nbc, bk)  # (M, nbc*bk) -> (M, nbc, bk)
+    out_blocks = torch.zeros(m, nbr, bn, dtype=torch.float32, device=x.device)  # (M, nbr, bn)
+    if weight.nnz_blocks:
+        cols = weight.col_index.long().to(x.device)
+        xg = x_blocks[:, cols, :]  # (M, nnz, bk): the activation slice each stored block multiplies
+        tiles = weight.plain_values().to(x.device).float()  # (nnz, bn, bk)
+        partial = torch.einsum("mzk,znk->mzn", xg, tiles)  # (M, nnz, bn)
+        out_blocks.index_add_(1, weight.block_row_index().to(x.device), partial)
+    out = out_blocks.reshape(m, nbr * bn)[:, :n]  # (M, nbr, bn) -> (M, nbr*bn) -> (M, N)
+    return out * weight.scales.to(x.device).float()[None, :]
+
+
+def gqa_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                   lengths: torch.Tensor, scale: float) -> torch.Tensor:
+    """One decode step of grouped-query attention over a padded KV cache.
+
+    q ``(B, Hq, D)``; k_cache, v_cache ``(B, Hkv, T_max, D)``; lengths int ``(B,)``: positions ``>= lengths[b]``
+    are ignored. Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (the ``repeat_kv`` grouping of GQA,
+    Ainslie et al. 2023). Returns float32 ``(B, Hq, D)``; a row with length 0 returns zeros.
+    """
+    b, hq, d = q.shape
+    bk, hkv, t_max, dk = k_cache.shape
+    if bk != b or dk != d or tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}")
+    group = hq // hkv
+    qg = q.float().reshape(b, hkv, group, d)  # (B, Hq, D) -> (B, Hkv, G, D)
+    scores = torch.einsum("bhgd,bhtd->bhgt", qg, k_cache.float()) * scale  # (B, Hkv, G, T_max)
+    lengths = lengths.to(device=q.device).long()
+    valid = torch.arange(t_max, device=q.device)[None, :] < lengths[:, None]  # (B, T_max)
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-masked rows (length 0) -> zeros
+    out = torch.einsum("bhgt,bhtd->bhgd", probs, v_cache.float())  # (B, Hkv, G, D)
+    return out.reshape(b, hq, d)  # (B, Hkv, G, D) -> (B, Hq, D)

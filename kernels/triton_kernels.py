@@ -1,0 +1,286 @@
+"""The Triton kernels and their launchers. Importing this module needs triton; everything else in the package does not.
+
+The kernel bodies are plain (undecorated) Python functions. :func:`get_kernel` wraps the same body two ways:
+
+* GPU: ``triton.runtime.jit.JITFunction(fn)``: what ``@triton.jit`` returns when the interpreter is off. It is
+  also what :mod:`.aot` hands to ``triton.compile`` through ``ASTSource``.
+* emulated: ``triton.runtime.interpreter.InterpretedFunction(fn)``: what ``@triton.jit`` returns under
+  ``TRITON_INTERPRET=1`` (triton 3.9 ``runtime/jit.py::jit`` reads ``knobs.runtime.interpret`` once, at decoration
+  time). Building it directly runs the kernel on CPU tensors with numpy, program by program, without touching the
+  environment, so one process can hold both.
+
+References: Triton language docs (https://triton-lang.org/main/python-api/triton.language.html), the Triton
+matmul tutorial (tiles + ``tl.dot``), and for attention the online softmax of Milakov & Gimelshein 2018
+("Online normalizer calculation for softmax", arXiv:1805.02867) as used by FlashAttention (Dao et al. 2022) and
+Flash-Decoding (Dao et al. 2023).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
+
+from .block_sparse import BlockSparseWeight
+from .tuning import KernelTuning, tuning_for
+
+
+def _bsr_matmul_kernel(
+    x_ptr, values_ptr, col_ptr, rowoff_ptr, scales_ptr, out_ptr,
+    M, N, K,
+    stride_xm, stride_xk, stride_om, stride_on,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TRANSPOSED: tl.constexpr, USE_DOT: tl.constexpr,
+):
+    """out[m, n] = scales[n] * sum_k x[m, k] * q[n, k] over the stored blocks of block row ``program_id(0)``.
+
+    Grid: ``(ceil(N / BLOCK_N), ceil(M / BLOCK_M))``. Each program owns ``BLOCK_M x BLOCK_N`` outputs, walks its
+    block row's stored blocks ``row_offsets[r] .. row_offsets[r+1]`` (CSR), loads the activation slice that each
+    block's ``col_index`` selects plus the int8 tile, accumulates in fp32 and applies the per-channel scale once at
+    the end (fused dequantisation: the scale is constant along K so it factors out of the sum). Dropped blocks
+    are never read. ``USE_DOT`` (``BLOCK_M >= 16``, GEMM) uses ``tl.dot``; otherwise (GEMV, decode) a broadcast
+    multiply and a reduction along K, which needs no tensor-core tile minimum.
+    """
+    rb = tl.program_id(0)
+    pm = tl.program_id(1)
+    r_n = tl.arange(0, BLOCK_N)
+    r_k = tl.arange(0, BLOCK_K)
+    offs_m = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = rb * BLOCK_N + r_n
+    m_mask = offs_m < M
+    if TRANSPOSED:
+        tile_offs = r_k[:, None] * BLOCK_N + r_n[None, :]  # (BLOCK_K, BLOCK_N), contiguous along N
+    else:
+        tile_offs = r_n[:, None] * BLOCK_K + r_k[None, :]  # (BLOCK_N, BLOCK_K), contiguous along K
+    start = tl.load(rowoff_ptr + rb)
+    end = tl.load(rowoff_ptr + rb + 1)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(start, end):
+        kb = tl.load(col_ptr + i)
+        offs_k = kb * BLOCK_K + r_k
+        x_mask = m_mask[:, None] & (offs_k[None, :] < K)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk, mask=x_mask, other=0.0)
+        # stored tiles are whole (zero padded), so the weight load needs no mask; int32 offsets: values < 2 GiB
+        w = tl.load(values_ptr + i * (BLOCK_N * BLOCK_K) + tile_offs)
+        if USE_DOT:
+            if TRANSPOSED:
+                w_kn = w  # (BLOCK_K, BLOCK_N)
+            else:
+                w_kn = tl.trans(w)  # (BLOCK_N, BLOCK_K) -> (BLOCK_K, BLOCK_N)
+            # int8 -> activation dtype is exact (|q| <= 128); fp32 inputs use exact fp32 ("ieee"), not tf32
+            acc += tl.dot(x, w_kn.to(x.dtype), input_precision="ieee")
+        else:
+            xf = x.to(tl.float32)  # (BLOCK_M, BLOCK_K)
+            wf = w.to(tl.float32)
+            if TRANSPOSED:
+                acc += tl.sum(xf[:, :, None] * wf[None, :, :], axis=1)  # (BM, BK, 1)*(1, BK, BN) -> (BM, BN)
+            else:
+                acc += tl.sum(xf[:, None, :] * wf[None, :, :], axis=2)  # (BM, 1, BK)*(1, BN, BK) -> (BM, BN)
+    n_mask = offs_n < N
+    scale = tl.load(scales_ptr + offs_n, mask=n_mask, other=0.0)
+    out = acc * scale[None, :]
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def _gqa_decode_kernel(
+    q_ptr, k_ptr, v_ptr, len_ptr, out_ptr,
+    scale, GROUP, D,
+    stride_qb, stride_qh, stride_qd,
+    stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd,
+    stride_ob, stride_oh, stride_od,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """Decode attention for one (batch row, kv head): its ``GROUP`` query heads against ``lengths[b]`` cache rows.
+
+    Grid: ``(B, Hkv)``. The K/V tiles of one kv head are read once for the whole query group (the GQA saving);
+    ``GROUP`` and ``D`` are runtime values padded to the ``BLOCK_G`` / ``BLOCK_D`` powers of two and masked, so
+    pruned head counts need no recompilation. The softmax is streamed over ``BLOCK_T`` tiles with the online
+    normaliser (running max ``m``, running sum ``l``, rescale by ``exp(m_old - m_new)``; Milakov & Gimelshein
+    2018). Positions ``>= lengths[b]`` are masked; a row of length 0 stores zeros.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_t = tl.arange(0, BLOCK_T)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < D
+    heads = h * GROUP + offs_g  # query heads h*G .. h*G+G-1 share kv head h
+    q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32) * scale  # (BG, BD)
+    length = tl.load(len_ptr + b)
+    m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
+    k_base = k_ptr + b * stride_kb + h * stride_kh
+    v_base = v_ptr + b * stride_vb + h * stride_vh
+    for t0 in range(0, length, BLOCK_T):
+        t = t0 + offs_t
+        t_mask = t < length
+        kv_mask = t_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + t[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # (BG,1,BD)*(1,BT,BD) -> (BG, BT)
+        s = tl.where(t_mask[None, :], s, float("-inf"))
+        # every tile holds at least one valid position (t0 < length), so m_new is finite
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)  # 0 on the first tile (m_i = -inf)
+        p = tl.exp(s - m_new[:, None])  # (BG, BT); masked positions -> 0
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + t[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)  # (BG, BD)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+
+
+KERNEL_BODIES = {"bsr_matmul": _bsr_matmul_kernel, "gqa_decode": _gqa_decode_kernel}
+
+# triton.language's own helpers (tl.sum, tl.max, tl.zeros, ...) are ``@jit`` functions too. Decorated at import
+# without TRITON_INTERPRET they are JITFunctions, which refuse to be called from Python, so an interpreted kernel
+# that calls them fails. While an emulated kernel runs, every such helper is swapped for the InterpretedFunction
+# that ``@jit`` would have built under TRITON_INTERPRET=1, and put back afterwards.
+_PATCH_LOCK = threading.RLock()
+
+
+@functools.cache
+def _interpreted_helpers() -> tuple[tuple[object, str, object, object], ...]:
+    """(owner, attribute, JITFunction, InterpretedFunction) for every jit helper of triton.language."""
+    # modules that triton imports lazily while launching must be imported before the swap: gluon asserts at
+    # import time that the helpers are JITFunctions (reached via triton.runtime.jit.mangle_type)
+    with contextlib.suppress(ImportError):
+        import triton.experimental.gluon  # noqa: F401
+    owners = (tl, tl.core, tl.standard, tl.math, tl.tensor)
+    wrapped: dict[int, InterpretedFunction] = {}
+    rows = []
+    for owner in owners:
+        for name, value in list(vars(owner).items()):
+            if isinstance(value, JITFunction):
+                interp = wrapped.setdefault(id(value), InterpretedFunction(value.fn))
+                # a tensor method must be a plain function so that ``x.sum()`` binds ``x`` (what
+                # core._tensor_member_fn installs under TRITON_INTERPRET)
+                rows.append((owner, name, value, _as_method(interp) if owner is tl.tensor else interp))
+    return tuple(rows)
+
+
+def _as_method(fn):
+    def method(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    return method
+
+
+@contextlib.contextmanager
+def _interpreter_scope() -> Iterator[None]:
+    with _PATCH_LOCK:
+        rows = _interpreted_helpers()
+        try:
+            for owner, name, _jit, interp in rows:
+                setattr(owner, name, interp)
+            yield
+        finally:
+            for owner, name, jit, _interp in rows:
+                setattr(owner, name, jit)
+
+
+class _EmulatedKernel(InterpretedFunction):
+    """A kernel run by Triton's CPU interpreter without TRITON_INTERPRET set globally."""
+
+    def run(self, *args, grid, warmup, **kwargs):
+        with _interpreter_scope():
+            return super().run(*args, grid=grid, warmup=warmup, **kwargs)
+
+
+@functools.cache
+def get_kernel(name: str, emulated: bool):
+    """``JITFunction`` (GPU, AOT) or an interpreted kernel (CPU) around the same kernel body."""
+    fn = KERNEL_BODIES[name]
+    return _EmulatedKernel(fn) if emulated else JITFunction(fn)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _check_device(emulated: bool, *tensors: torch.Tensor) -> None:
+    for t in tensors:
+        if emulated and t.device.type != "cpu":
+            raise ValueError(f"emulated mode takes CPU tensors, got one on {t.device}")
+        if not emulated and t.device.type != "cuda":
+            raise ValueError(f"triton mode takes CUDA tensors, got one on {t.device}")
+
+
+def _default_tuning() -> KernelTuning:
+    return tuning_for(87)  # Orin: the target the kernels are written for
+
+
+def bsr_launch_params(m: int, tuning: KernelTuning) -> tuple[int, bool, int]:
+    """(BLOCK_M, USE_DOT, num_warps) for ``m`` activation rows: GEMV tiles up to 8 rows, GEMM uses ``tl.dot``."""
+    if m >= 16:
+        return tuning.gemm_block_m, True, tuning.gemm_num_warps
+    return min(_next_pow2(m), 8), False, tuning.gemv_num_warps
+
+
+def block_sparse_matmul_triton(x: torch.Tensor, weight: BlockSparseWeight, emulated: bool = False,
+                               tuning: KernelTuning | None = None) -> torch.Tensor:
+    """x ``(M, K)`` -> ``(M, N)`` (float32 when x is float32, else x's dtype), by the BSR kernel."""
+    tuning = tuning or _default_tuning()
+    n, k = weight.shape
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be (M, K={k}), got {tuple(x.shape)}")
+    _check_device(emulated, x, weight.values, weight.col_index, weight.row_offsets, weight.scales)
+    m = x.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    bn, bk = weight.block
+    block_m, use_dot, num_warps = bsr_launch_params(m, tuning)
+    grid = (weight.block_rows, triton.cdiv(m, block_m))
+    kernel = get_kernel("bsr_matmul", emulated)
+    kernel[grid](
+        x, weight.values, weight.col_index, weight.row_offsets, weight.scales, out,
+        m, n, k, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
+        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, TRANSPOSED=weight.layout == "transposed", USE_DOT=use_dot,
+        num_warps=num_warps, num_stages=tuning.num_stages,
+    )
+    return out
+
+
+def gqa_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                lengths: torch.Tensor, scale: float, emulated: bool = False,
+                                tuning: KernelTuning | None = None) -> torch.Tensor:
+    """q ``(B, Hq, D)``, caches ``(B, Hkv, T_max, D)``, lengths ``(B,)`` -> ``(B, Hq, D)`` in q's dtype."""
+    tuning = tuning or _default_tuning()
+    b, hq, d = q.shape
+    if k_cache.dim() != 4 or k_cache.shape[0] != b or k_cache.shape[3] != d or v_cache.shape != k_cache.shape:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
+    hkv = k_cache.shape[1]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}")
+    lengths = lengths.to(device=q.device, dtype=torch.int32).contiguous()
+    if int(lengths.numel()) != b:
+        raise ValueError(f"lengths must have B={b} entries, got {lengths.numel()}")
+    _check_device(emulated, q, k_cache, v_cache)
+    group = hq // hkv
+    out = torch.empty(b, hq, d, dtype=q.dtype, device=q.device)
+    if b == 0 or hq == 0:
+        return out
+    t_max = k_cache.shape[2]
+    block_t = max(1, min(tuning.attn_block_t, _next_pow2(t_max)))
+    kernel = get_kernel("gqa_decode", emulated)
+    kernel[(b, hkv)](
+        q, k_cache, v_cache, lengths, out, float(scale), group, d,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
+        BLOCK_G=_next_pow2(group), BLOCK_D=_next_pow2(d), BLOCK_T=block_t,
+        num_warps=tuning.attn_num_warps, num_stages=tuning.num_stages,
+    )
+    return out

@@ -1,0 +1,94 @@
+"""Per-target launch configurations (block sizes, num_warps, num_stages) from the GPU's SM count and shared memory.
+
+Pure Python: no torch, no triton. The board profile passes ``sm_count`` and ``shared_memory_kb``; when it does not,
+the documented defaults below are used.
+
+The kernels are decode kernels: at batch 1 they are bound by memory bandwidth, not by arithmetic, so the rules
+aim at (1) enough programs in flight per SM to hide DRAM latency, (2) tiles whose double-buffered copies fit in
+shared memory, and (3) no software pipelining where the hardware has no asynchronous copy (``cp.async`` arrived
+with sm_80, Ampere; see the CUDA C++ Programming Guide, "Asynchronous Data Copies"). They are starting points
+for ``tests/benchmarks/test_block_sparse_gpu.py``, not measured optima.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# sm -> (SM count, shared memory per SM in KB) assumed when the profile gives none.
+# Shared memory per SM: CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"
+# (7.0/7.2: 96 KB, 7.5: 64 KB, 8.0: 164 KB, 8.6: 100 KB, 8.7: 164 KB, 8.9: 100 KB, 9.0: 228 KB, 5.3: 64 KB).
+# SM counts of the Jetson parts: CUDA cores / cores per SM from the Jetson module data sheets:
+#   87 Orin NX 16GB / Orin Nano 8GB: 1024 Ampere cores / 128 = 8 SMs (AGX Orin 64GB: 16, Orin Nano 4GB: 4);
+#   72 Xavier NX: 384 Volta cores / 64 = 6 SMs (AGX Xavier: 8);
+#   53 Nano: 128 Maxwell cores / 128 = 1 SM.
+# Desktop/data-centre entries (80 A100: 108, 86 RTX 3090: 82, 89 RTX 4090: 128, 90 H100 SXM: 132) are typical parts
+# for development hosts only.
+SM_DEFAULTS: dict[int, tuple[int, int]] = {
+    53: (1, 64),
+    72: (6, 96),
+    75: (40, 64),
+    80: (108, 164),
+    86: (82, 100),
+    87: (8, 164),
+    89: (128, 100),
+    90: (132, 228),
+}
+
+
+@dataclass(frozen=True)
+class KernelTuning:
+    """Meta-parameters for one target. ``bsr_block`` is the tile the exporter should cut weights into."""
+
+    sm: int
+    sm_count: int
+    shared_memory_kb: int
+    bsr_block: tuple[int, int] = (32, 32)   # (block_n, block_k) of BlockSparseWeight
+    gemv_num_warps: int = 2                 # M < 16: broadcast-multiply + reduce, one program per block row
+    gemm_block_m: int = 16                  # M >= 16: tl.dot tiles (16 is the tensor-core minimum)
+    gemm_num_warps: int = 4
+    attn_block_t: int = 32                  # cache positions per online-softmax step
+    attn_num_warps: int = 4
+    num_stages: int = 1                     # software pipelining depth (1 = none)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def tuning_for(sm: int, sm_count: int | None = None, shared_memory_kb: int | None = None) -> KernelTuning:
+    """Launch configuration for compute capability ``sm`` (e.g. 87) with ``sm_count`` SMs of ``shared_memory_kb``.
+
+    Rules (decode, memory-bound):
+
+    * ``num_stages``: 1 before sm_80 (no ``cp.async``); else 2, or 3 when an SM has >= 160 KB of shared memory.
+    * attention: 64 positions per step with 8 warps on sm_80+ parts with >= 128 KB shared memory per SM (two
+      programs' 3-stage fp16 K and V tiles, 3 * 2 * 64 * 64 * 2 B = 48 KiB each, fit), else 32 positions with
+      4 warps. The (G, T, D) broadcast product is G*T*D/(32*warps) fp32 registers per thread: 64 at G=4, D=64.
+    * ``gemv_num_warps``: a 32x32 int8 tile is 1024 weights; 2 warps (16 per thread) with few SMs (<= 16) keep
+      more programs resident per SM for the small N of SmolLM2 layers (576 / 32 = 18 programs), 4 warps otherwise.
+    * ``bsr_block``: 32x32 (one 1 KiB int8 tile: 32 B per output row = one sector) everywhere; 16x64 before sm_80
+      was not measured and is not used.
+    """
+    if sm_count is None or shared_memory_kb is None:
+        if sm not in SM_DEFAULTS:
+            raise ValueError(f"no defaults for sm_{sm} (known: {sorted(SM_DEFAULTS)}); pass sm_count and "
+                             f"shared_memory_kb")
+        default_count, default_smem = SM_DEFAULTS[sm]
+        sm_count = default_count if sm_count is None else sm_count
+        shared_memory_kb = default_smem if shared_memory_kb is None else shared_memory_kb
+    if sm_count <= 0 or shared_memory_kb <= 0:
+        raise ValueError(f"sm_count and shared_memory_kb must be positive, got {sm_count}, {shared_memory_kb}")
+    if sm < 80:
+        stages = 1
+    elif shared_memory_kb >= 160:
+        stages = 3
+    else:
+        stages = 2
+    wide_attention = sm >= 80 and shared_memory_kb >= 128
+    return KernelTuning(
+        sm=sm, sm_count=sm_count, shared_memory_kb=shared_memory_kb,
+        gemv_num_warps=2 if sm_count <= 16 else 4,
+        gemm_num_warps=4,
+        attn_block_t=64 if wide_attention else 32,
+        attn_num_warps=8 if wide_attention else 4,
+        num_stages=stages,
+    )

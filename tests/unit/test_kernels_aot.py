@@ -1,0 +1,127 @@
+"""AOT compilation of the decode kernels for Orin (sm_87) and Xavier (sm_72) on a host without a GPU, checked with
+the ``cuobjdump`` that ships with Triton."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton", reason="AOT compilation needs triton (pip install edgesdk[kernels])")
+
+from edgesdk.kernels.aot import compile_for_target, default_variants  # noqa: E402
+from edgesdk.kernels.tuning import tuning_for  # noqa: E402
+
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+@pytest.fixture(scope="module", params=[87, 72])
+def compiled(request, tmp_path_factory):
+    sm = request.param
+    out = tmp_path_factory.mktemp(f"kernels_{sm}")
+    return sm, out, compile_for_target(sm, out, tuning_for(sm))
+
+
+def test_every_variant_compiles_with_launch_metadata(compiled):
+    sm, out, results = compiled
+    expected = {v.name for v in default_variants(tuning_for(sm))}
+    assert {r.name for r in results} == expected
+    failed = {r.name: r.error for r in results if not r.ok}
+    assert not failed, f"sm_{sm} refused: {failed}"
+    index = json.loads((out / f"sm_{sm}" / "index.json").read_text())
+    assert index["sm"] == sm
+    assert len(index["kernels"]) == len(expected)
+    for r in results:
+        assert r.cubin_path.parent == out / f"sm_{sm}"
+        assert r.cubin_path.stat().st_size > 0
+        ptx = r.ptx_path.read_text()
+        assert f".target sm_{sm}" in ptx
+        assert f".entry {r.kernel_name}" in ptx
+        meta = json.loads(r.meta_path.read_text())
+        assert meta["kernel_name"] == r.kernel_name
+        assert meta["sm"] == sm
+        assert meta["num_warps"] == r.num_warps
+        assert meta["num_stages"] == r.num_stages
+        assert meta["shared_memory_bytes"] == r.shared_memory_bytes
+        assert meta["fits_shared_memory"]
+        assert meta["grid"]["dims"]
+        assert meta["grid"]["rule"]
+        signature = dict(meta["signature"])
+        assert all(signature[name] == "constexpr" for name in meta["constexprs"])
+        assert meta["params"] == [[n, t] for n, t in meta["signature"] if t != "constexpr"]
+
+
+@pytest.mark.skipif(not CUOBJDUMP.is_file(), reason="triton ships no cuobjdump here")
+def test_cuobjdump_lists_the_sm_code_and_the_kernel(compiled):
+    sm, _, results = compiled
+    for r in results:
+        elf = subprocess.run([str(CUOBJDUMP), "--list-elf", str(r.cubin_path)], capture_output=True, text=True)
+        assert elf.returncode == 0, elf.stderr
+        assert f".sm_{sm}." in elf.stdout, elf.stdout  # "ELF file 1: <name>.sm_87.cubin"
+        symbols = subprocess.run([str(CUOBJDUMP), "--dump-elf-symbols", str(r.cubin_path)], capture_output=True,
+                                 text=True)
+        assert symbols.returncode == 0, symbols.stderr
+        entries = [line.split()[-1] for line in symbols.stdout.splitlines() if "STO_ENTRY" in line]
+        assert entries == [r.kernel_name], symbols.stdout
+        print(f"\n[cuobjdump] {r.cubin_path.name}: {elf.stdout.strip()} | entry {entries[0]}")
+
+
+def test_tuning_must_match_the_target(tmp_path):
+    with pytest.raises(ValueError, match="sm_72"):
+        compile_for_target(87, tmp_path, tuning_for(72))
+
+
+class RecordingDriver:
+    """Stands in for the CUDA driver: decodes the kernel-parameter array the loader builds."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, handle, grid, threads, shared, stream, params_address):
+        import ctypes
+
+        count = len(self.meta["params"]) + 2
+        slots = (ctypes.c_void_p * count).from_address(params_address)
+        types = {"i32": ctypes.c_int32, "fp32": ctypes.c_float}
+        values = []
+        for slot, (_, ty) in zip(slots, self.meta["params"] + [["g", "*i8"], ["p", "*i8"]], strict=True):
+            ctype = ctypes.c_void_p if ty.startswith("*") else types[ty]
+            values.append(ctype.from_address(slot).value)
+        self.launches.append((handle, grid, threads, shared, stream, values))
+
+
+def test_loader_packs_parameters_in_signature_order(compiled):
+    """The loader's launch path without a GPU: grid rule, block size, shared bytes and the parameter array."""
+    torch = pytest.importorskip("torch")
+    from edgesdk.kernels.block_sparse import BlockSparseWeight
+    from edgesdk.kernels.loader import CompiledKernels, LoadedKernel
+
+    sm, out, results = compiled
+    driver = RecordingDriver()
+    loaded = {}
+    for r in results:
+        meta = json.loads(r.meta_path.read_text())
+        loaded[r.name] = LoadedKernel(meta, driver, ("module", r.name), "cubin")
+    kernels = CompiledKernels(sm, loaded, {}, driver.name)
+    w = BlockSparseWeight.from_dense(torch.ones(100, 70, dtype=torch.int8), torch.ones(100), layout="transposed")
+    x = torch.randn(3, 70, dtype=torch.float16)
+    driver.meta = loaded["bsr_gemv_transposed_32x32_fp16"].meta
+    y = kernels.block_sparse_matmul(x, w)
+    handle, grid, threads, shared, stream, values = driver.launches[-1]
+    assert handle == ("module", "bsr_gemv_transposed_32x32_fp16")
+    assert grid == (4, 3, 1)  # (cdiv(100, 32), cdiv(3, BLOCK_M=1), 1)
+    assert threads == 32 * tuning_for(sm).gemv_num_warps
+    assert shared == driver.meta["shared_memory_bytes"]
+    pointers = [x.data_ptr(), w.values.data_ptr(), w.col_index.data_ptr(), w.row_offsets.data_ptr(),
+                w.scales.data_ptr(), y.data_ptr()]
+    assert values == [*pointers, 3, 100, 70, 70, 1, 100, 1, None, None]  # None: null scratch pointers
+    q, cache = torch.randn(2, 9, 64), torch.randn(2, 3, 10, 64)
+    driver.meta = loaded["gqa_decode_d64_g4_fp16"].meta
+    kernels.gqa_decode_attention(q, cache, cache, torch.tensor([10, 4]), 0.125)
+    _, grid, *_, values = driver.launches[-1]
+    assert grid == (2, 3, 1)
+    assert values[5:8] == [pytest.approx(0.125), 3, 64]  # scale, GROUP, D

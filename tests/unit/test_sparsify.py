@@ -1,0 +1,155 @@
+"""Block sparsity: masks follow the global importance ranking with each weight's floor, training
+keeps dropped blocks at zero, and a tiny Jetson build ships block-compressed weights plus AOT
+kernels that the ``triton`` backend runs (PyTorch twins and Triton's interpreter on the CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgesdk.compress import fake_quant, sparsify  # noqa: E402
+from tests._utils.tiny import CORPUS, tiny_llama  # noqa: E402
+
+
+def test_block_sums_and_masks_cover_ragged_edges():
+    values = torch.ones(70, 45)
+    sums = sparsify.block_sums(values, 32)  # (3, 2) blocks, the last ones partial
+    assert sums.shape == (3, 2)
+    assert sums[0, 0] == 32 * 32
+    assert sums[2, 1] == 6 * 13
+    mask = torch.tensor([[True, False], [False, True], [True, True]])
+    full = sparsify.expand_mask(mask, (70, 45), 32)
+    assert full.shape == (70, 45)
+    assert not full[:32, 32:].any()
+    assert full[:32, :32].all()
+    assert full[64:, 32:].all()
+
+
+def test_plan_masks_keeps_the_global_density_and_each_floor():
+    generator = torch.Generator().manual_seed(0)
+    scores = {"strong": torch.rand(8, 8, generator=generator) + 1.0,  # every block beats "weak"
+              "weak": torch.rand(8, 8, generator=generator) * 0.01}
+    config = sparsify.SparsifyConfig(density=0.5, min_density=0.25)
+    masks = sparsify.plan_masks(scores, config)
+    assert masks["strong"].all()  # the global ranking gives the important weight all its blocks
+    assert int(masks["weak"].sum()) == 16  # ... and the other only its floor, its best blocks
+    assert masks["weak"].view(-1)[scores["weak"].flatten().topk(16).indices].all()
+    assert sparsify.decode_mask(sparsify.encode_mask(masks["weak"])).equal(masks["weak"])
+
+
+def test_bad_sparsify_settings_name_the_field():
+    with pytest.raises(ValueError, match="density"):
+        sparsify.SparsifyConfig(density=0.0)
+    with pytest.raises(ValueError, match="importance"):
+        sparsify.SparsifyConfig(importance="random")
+
+
+@pytest.mark.parametrize("importance", ["fisher", "wanda"])
+def test_masks_hold_through_training(importance):
+    model = tiny_llama(seed=3, hidden=64, heads=4, kv_heads=2)
+    batches = [torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(i))
+               for i in range(2)]
+    config = sparsify.SparsifyConfig(density=0.5, importance=importance, block_size=16)
+    masks = sparsify.plan_masks(sparsify.block_importance(model, batches, config, 16), config)
+    model.config.edgesdk_sparsity = {"block": 16, "masks": {n: sparsify.encode_mask(m) for n, m in masks.items()}}
+    sparsify.apply_masks(model)
+    fake_quant.attach(model, fake_quant.QuantScheme(weight_bits=8, granularity="channel", activations="none",
+                                                    embedding_bits=None))
+    for p in model.parameters():
+        p.requires_grad_(True)
+    held = sparsify.hold_masks(model)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.0)
+    for batch in batches:
+        model(batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for handle in held:
+        handle.remove()
+    fake_quant.detach(model, bake=True)
+    linears = fake_quant.decoder_linears(model)
+    for name, mask in masks.items():
+        weight = linears[name].weight
+        dropped = ~sparsify.expand_mask(mask, tuple(weight.shape), 16)
+        assert dropped.any() or mask.all()
+        assert float(weight.detach()[dropped].abs().sum()) == 0.0, name
+    assert 0.5 <= sparsify.density_summary(masks)["density"] <= 0.6  # floors of small weights add a few
+
+
+RECIPE = """name: tiny-jetson
+stages:
+  - stage: qat
+    config: {weight_bits: 8, granularity: channel, activations: tensor, embedding_bits: null, steps: 2,
+             batch_size: 2, sequence_length: 24, observer_batches: 2}
+  - stage: sparsify
+    config: {density: 0.5, calibration_batches: 2, batch_size: 2, sequence_length: 24}
+  - stage: distill
+    config: {steps: 2, batch_size: 2, sequence_length: 24}
+export: {form: standard, weights: int8, sparse: true}
+"""
+
+
+@pytest.fixture(scope="module")
+def sparse_bundle(tmp_path_factory):
+    pytest.importorskip("triton", reason="AOT kernels need Triton's compiler (pip install edgesdk[kernels])")
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.compress.data import DataConfig
+    from edgesdk.export.onnx_export import ExportConfig
+    from tests._utils.tiny import save_tiny_model_dir
+
+    root = tmp_path_factory.mktemp("sparse")
+    model_dir = save_tiny_model_dir(root / "model", hidden=64, heads=4, kv_heads=2)
+    recipe = root / "tiny-jetson.yaml"
+    recipe.write_text(RECIPE)
+    text = root / "train.txt"
+    text.write_text("\n".join(CORPUS * 3))
+    data = DataConfig(files=(str(text),), skip_chars=2000, generated_sequences=0)
+    return build(BuildConfig(target="orin-nx", model=str(model_dir), out=root / "bundle", recipe=str(recipe),
+                             data=data, export=ExportConfig(max_context=64), progress=False))
+
+
+def test_jetson_build_ships_block_sparse_weights_and_sm87_kernels(sparse_bundle):
+    record = sparse_bundle.manifest["sparse"]
+    stage = sparse_bundle.manifest["stages"][1]
+    assert stage["stage"] == "sparsify"
+    assert stage["metrics"]["block"] == 32
+    assert 0.5 <= stage["metrics"]["density"] <= 0.6
+    # Stored blocks of the fused rows: gate (112 rows) then up share a straddling block row here.
+    assert record["density"] <= 0.7
+    assert record["bytes_sparse"] < 0.75 * record["bytes_dense_int8"]
+    assert record["validation"]["top1_agree"] == 1.0
+    sparsity = json.loads((sparse_bundle.path / "sparsity.json").read_text())
+    assert set(sparsity["weights"]) >= {"layers.0.qkv", "layers.1.down"}
+    assert record["kernels"]["sm"] == 87
+    files = sparse_bundle.manifest["files"]
+    cubins = [name for name in files if name.startswith("kernels/sm_87/") and name.endswith(".cubin")]
+    assert cubins
+    assert all(name.replace(".cubin", ".ptx") in files for name in cubins)
+
+
+def test_triton_backend_refuses_the_cpu_unless_asked(sparse_bundle, monkeypatch):
+    from edgesdk.errors import RuntimeBackendError
+    from edgesdk.runtime.triton_backend import open_triton_backend
+
+    monkeypatch.delenv("EDGESDK_KERNELS", raising=False)
+    with pytest.raises(RuntimeBackendError, match="CUDA"):
+        open_triton_backend(sparse_bundle, threads=1)
+
+
+def test_triton_backend_emulated_kernels_equal_their_twins(sparse_bundle, monkeypatch):
+    """The whole decoder on the interpreted Triton kernels equals it on the PyTorch twins."""
+    from edgesdk.runtime.triton_backend import open_triton_backend
+
+    ids = np.random.default_rng(0).integers(3, 300, 10)
+    outputs = {}
+    for mode in ("reference", "emulated"):
+        monkeypatch.setenv("EDGESDK_KERNELS", mode)
+        backend = open_triton_backend(sparse_bundle, threads=1)
+        prefill = backend.prefill(ids[:8], keep_logits=8)
+        steps = [backend.decode(int(t)) for t in ids[8:]]
+        outputs[mode] = np.concatenate([prefill, np.stack(steps)])
+    scale = float(np.abs(outputs["reference"]).max())
+    assert float(np.abs(outputs["emulated"] - outputs["reference"]).max()) <= 1e-4 * max(scale, 1.0)

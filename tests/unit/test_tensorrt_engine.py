@@ -1,0 +1,229 @@
+"""TensorRT engine builder and GPU backend selection, as far as a machine without TensorRT can check.
+
+What runs here: the cache key and the engine directory layout (deploy root and user cache),
+finding a cached engine by key or by its engine.json, the optimisation profile derived from a
+real Jetson bundle's manifest, the typing/flag plan per TensorRT version, ``edgesdk engine
+build`` failing clearly without TensorRT, and the backend chain of a Jetson profile falling back
+to ort-cpu with a reason for every GPU backend. Building and running engines: tests/gpu/test_tensorrt.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edgesdk.cli import main
+from edgesdk.errors import RuntimeBackendError
+from edgesdk.runtime import tensorrt_engine as te
+from edgesdk.runtime.session import NOT_BUILT, open_backend, open_runtime, ort_trt_options
+
+HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
+
+
+@pytest.fixture(scope="module")
+def jetson_bundle(tiny_model_dir, tmp_path_factory):
+    """A real bundle for orin-nano-8gb (profile: 2:4 sparsity, fp16, chain tensorrt -> ... -> ort-cpu)."""
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
+
+    out = tmp_path_factory.mktemp("jetson") / "tiny-orin"
+    return build(BuildConfig(target="orin-nano-8gb", model=str(tiny_model_dir), out=out, recipe="fp32-standard",
+                             export=ExportConfig(max_context=64), progress=False))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(te.ENGINE_DIR_ENV, raising=False)
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def deployed(jetson_bundle, tmp_path):
+    """The bundle laid out as deploy does: <root>/releases/<id>, <root>/current -> releases/<id>."""
+    root = tmp_path / "deploy"
+    release = root / "releases" / jetson_bundle.bundle_id
+    shutil.copytree(jetson_bundle.path, release)
+    os.symlink(os.path.join("releases", jetson_bundle.bundle_id), root / "current")
+    return root
+
+
+def fake_engine_dir(directory: Path, **info) -> Path:
+    """An engine directory as the builder leaves it (placeholder plan: only the lookup is tested)."""
+    directory.mkdir(parents=True)
+    (directory / te.ENGINE_FILE).write_bytes(b"plan")
+    (directory / te.INFO_FILE).write_text(json.dumps(info))
+    return directory
+
+
+# --- cache key and layout ----------------------------------------------------------------------
+
+
+def test_cache_key_is_shared_with_deploy():
+    from edgesdk.deploy import engine as deploy_engine
+
+    assert te.cache_key("6.2", "10.3.0.30", 87) == "jp6.2-trt10.3.0.30-sm87"
+    assert te.cache_key(None, "10.3.0", None) == "jpunknown-trt10.3.0-smunknown"
+    assert deploy_engine.cache_key is te.cache_key
+
+
+def test_engine_dirs_of_a_deployed_release_and_of_a_plain_bundle(jetson_bundle, deployed, cache):
+    bundle_id = jetson_bundle.bundle_id
+    key = te.cache_key("6.2", "10.3.0", 87)
+    for path in (deployed / "releases" / bundle_id, deployed / "current"):
+        assert te.engine_bases(path, bundle_id) == [(deployed / "engines" / bundle_id).resolve(),
+                                                    cache / "engines" / bundle_id]
+        assert te.default_out(path, bundle_id, key) == (deployed / "engines" / bundle_id / key).resolve()
+    assert te.engine_bases(jetson_bundle.path, bundle_id) == [cache / "engines" / bundle_id]
+    assert te.default_out(jetson_bundle.path, bundle_id, key) == cache / "engines" / bundle_id / key
+
+
+def test_find_engine_by_key_then_by_engine_json(jetson_bundle, deployed, cache):
+    bundle_id = jetson_bundle.bundle_id
+    release = deployed / "current"
+    engines = (deployed / "engines" / bundle_id).resolve()
+    facts = {"bundle_id": bundle_id, "tensorrt": "10.3.0", "sm": 87}
+    with pytest.raises(RuntimeBackendError, match=f"no TensorRT engine for bundle {bundle_id}") as missing:
+        te.find_engine(release, bundle_id, "10.3.0", 87, "6.2")
+    assert "edgesdk engine build" in missing.value.fix
+    # The exact key, as deploy names it.
+    exact = fake_engine_dir(engines / te.cache_key("6.2", "10.3.0", 87), **facts)
+    assert te.find_engine(release, bundle_id, "10.3.0", 87, "6.2")[0] == exact
+    # No JetPack facts here (a container): found by its engine.json.
+    assert te.find_engine(release, bundle_id, "10.3.0", 87, None) == (exact, facts)
+    # Another TensorRT or SM does not fit, and says why.
+    fake_engine_dir(engines / te.cache_key("6.2", "10.7.0", 87), **facts)  # mislabelled: engine.json decides
+    with pytest.raises(RuntimeBackendError, match="built by TensorRT 10.3.0, this is TensorRT 10.7.0"):
+        te.find_engine(release, bundle_id, "10.7.0", 87, "6.2")
+    with pytest.raises(RuntimeBackendError, match="no TensorRT engine"):
+        te.find_engine(release, bundle_id, "10.3.0", 72, "6.2")
+
+
+def test_engine_dir_from_the_environment(jetson_bundle, cache, tmp_path, monkeypatch):
+    bundle_id = jetson_bundle.bundle_id
+    explicit = fake_engine_dir(tmp_path / "mine", bundle_id=bundle_id, tensorrt="10.3.0", sm=87)
+    monkeypatch.setenv(te.ENGINE_DIR_ENV, str(explicit))
+    assert te.find_engine(jetson_bundle.path, bundle_id, "10.3.0", 87, "6.2")[0] == explicit
+    with pytest.raises(RuntimeBackendError, match="built for sm_87, this GPU is sm_72"):
+        te.find_engine(jetson_bundle.path, bundle_id, "10.3.0", 72, "6.2")
+    monkeypatch.setenv(te.ENGINE_DIR_ENV, str(tmp_path / "empty"))
+    with pytest.raises(RuntimeBackendError, match="holds no engine.plan"):
+        te.find_engine(jetson_bundle.path, bundle_id, "10.3.0", 87, "6.2")
+
+
+# --- what the builder asks TensorRT for --------------------------------------------------------
+
+
+def test_profile_shapes_from_the_bundle_manifest(jetson_bundle):
+    graph = jetson_bundle.manifest["graph"]
+    shapes = te.profile_shapes(graph)
+    ctx, hd = graph["max_context"], graph["head_dim"]
+    assert (shapes.max_context, shapes.max_seq) == (ctx, ctx)  # 64 < the default prefill chunk of 512
+    assert shapes.shapes[graph["inputs"]["ids"]] == ((1, 1), (1, 1), (1, ctx))
+    past = [graph["inputs"]["past"].format(i=i, kind=kind) for i in range(graph["num_layers"])
+            for kind in ("key", "value")]
+    assert set(shapes.shapes) == {graph["inputs"]["ids"], *past}
+    for i, kv in enumerate(graph["kv_heads"]):
+        assert shapes.shapes[f"past_key_values.{i}.value"] == ((1, kv, 0, hd), (1, kv, ctx // 2, hd),
+                                                               (1, kv, ctx - 1, hd))
+    assert shapes.values == {graph["inputs"]["keep"]: ((1,), (1,), (ctx,))}
+    chunked = te.profile_shapes(graph, max_seq=16)
+    assert chunked.shapes["input_ids"][2] == (1, 16)
+    assert chunked.values["num_logits_to_keep"][2] == (16,)
+    assert json.loads(json.dumps(chunked.to_json()))["shapes"]["input_ids"] == {"min": [1, 1], "opt": [1, 1],
+                                                                                "max": [1, 16]}
+
+
+def test_build_plan_per_tensorrt_version(jetson_bundle):
+    graph, target = jetson_bundle.manifest["graph"], jetson_bundle.manifest["target"]
+    fp32 = te.plan_build("10.3.0", graph, target)
+    assert (fp32.strongly_typed, fp32.flags) == (False, ("FP16", "SPARSE_WEIGHTS"))
+    qdq = te.plan_build("10.3.0", {**graph, "dtype": te.QDQ_DTYPE}, target)
+    assert qdq.flags == ("INT8", "FP16", "SPARSE_WEIGHTS")
+    assert any(reason.startswith("INT8: the graph is explicitly quantized") for reason in qdq.reasons)
+    assert te.plan_build("10.3.0", graph, target, strongly_typed=True).flags == ("SPARSE_WEIGHTS",)
+    v11 = te.plan_build("11.0.0", {**graph, "dtype": te.QDQ_DTYPE}, target)
+    assert (v11.strongly_typed, v11.flags) == (True, ("SPARSE_WEIGHTS",))  # no precision flags in 11
+    host = {**target, "name": "host", "precisions": ["fp32"], "sparsity": []}
+    assert te.plan_build("10.3.0", graph, host).flags == ()
+    with pytest.raises(RuntimeBackendError, match="needs the standard graph form"):
+        te.check_graph_form({**graph, "form": "ort-fused"})
+
+
+def test_ort_trt_options(jetson_bundle, cache):
+    options = ort_trt_options(jetson_bundle)
+    assert options["trt_fp16_enable"] is True
+    assert options["trt_int8_enable"] is False
+    assert options["trt_engine_cache_enable"] is True
+    assert options["trt_engine_cache_path"] == str(cache / "engines" / jetson_bundle.bundle_id / "ort-trt")
+
+
+# --- the command without TensorRT --------------------------------------------------------------
+
+
+def test_engine_build_help_is_what_deploy_probes():
+    result = CliRunner().invoke(main, ["engine", "build", "--help"], prog_name="edgesdk")
+    assert result.exit_code == 0, result.output
+    for option in ("--out", "--workspace-mb", "--force"):
+        assert option in result.stdout
+
+
+@pytest.mark.skipif(HAS_TENSORRT, reason="tensorrt is importable here")
+def test_engine_build_without_tensorrt_says_what_is_missing(jetson_bundle, cache, tmp_path):
+    import sys
+
+    out = tmp_path / "engine"
+    result = CliRunner().invoke(main, ["engine", "build", str(jetson_bundle.path), "--out", str(out)],
+                                prog_name="edgesdk")
+    assert result.exit_code == RuntimeBackendError.exit_code, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    python = f"Python {sys.version_info.major}.{sys.version_info.minor}"
+    for fragment in ("'tensorrt' cannot be imported", python, "fix:", "python3-libnvinfer", "pip install tensorrt"):
+        assert fragment in result.stderr, result.stderr
+    assert not out.exists()
+
+
+# --- backend selection -------------------------------------------------------------------------
+
+
+def test_gpu_chain_falls_back_to_ort_cpu_with_a_reason_each(jetson_bundle, cache):
+    from edgesdk.runtime.session import _available_providers
+
+    if "CUDAExecutionProvider" in _available_providers():
+        pytest.skip("this onnxruntime has CUDA: ort-cuda would be used")
+    backend, notes = open_backend(jetson_bundle, ["tensorrt", "ort-cuda", "triton", "ort-cpu"], threads=1)
+    assert backend.name == "ort-cpu"
+    assert [note.split(":")[0] for note in notes] == ["tensorrt", "ort-cuda", "triton", "ort-cpu"]
+    if not HAS_TENSORRT:
+        assert notes[0].startswith("tensorrt: TensorRT's Python module 'tensorrt' cannot be imported")
+    assert notes[1] == "ort-cuda: onnxruntime here lacks CUDAExecutionProvider"
+    if importlib.util.find_spec("edgesdk.runtime.triton_backend") is None:
+        assert notes[2] == f"triton: {NOT_BUILT}"
+    assert notes[2] != "triton: used"
+    assert len(notes[2]) > len("triton: ")
+    assert notes[3] == "ort-cpu: used"
+
+
+def test_profile_chain_of_a_jetson_bundle_on_this_host(jetson_bundle, cache):
+    from edgesdk.runtime.session import _available_providers
+
+    if "CUDAExecutionProvider" in _available_providers():
+        pytest.skip("this onnxruntime has CUDA")
+    runtime = open_runtime(jetson_bundle.path, threads=1)
+    tried = [note.split(":")[0] for note in runtime.notes if ":" in note]
+    assert tried[-5:] == ["tensorrt", "ort-trt", "ort-cuda", "triton", "ort-cpu"]  # backend + fallbacks
+    assert runtime.notes[-1] == "ort-cpu: used"
+    assert runtime.backend.name == "ort-cpu"
+    assert not (cache / "engines").exists()  # nothing written for backends that did not load
+
+
+def test_unknown_backend_keeps_its_note(jetson_bundle):
+    with pytest.raises(RuntimeBackendError, match=f"warp-drive: {NOT_BUILT}"):
+        open_backend(jetson_bundle, ["warp-drive"], threads=1)
