@@ -132,8 +132,9 @@ def models_fetch(name):
 @click.option("--weight-bits", type=click.Choice(["4", "8"]), help="Shortcut for --set qat.weight_bits=N.")
 @click.option("--ffn-ratio", type=float, help="Shortcut for --set prune.ffn_ratio=R.")
 @click.option("--distill-steps", type=int, help="Shortcut for --set distill.steps=N.")
+@click.option("--density", type=float, help="Shortcut for --set sparsify.density=D (fraction of weight blocks kept).")
 def build(target, model, out, recipe, max_context, resume, keep_work, no_progress, data_files, data_skip_chars,
-          generated_sequences, overrides, weight_bits, ffn_ratio, distill_steps):
+          generated_sequences, overrides, weight_bits, ffn_ratio, distill_steps, density):
     """Build a bundle for a board: load, compress (recipe stages), export ONNX, verify, package.
 
     A checkpoint is written after every stage; after a kill, run the same command with --resume.
@@ -144,7 +145,8 @@ def build(target, model, out, recipe, max_context, resume, keep_work, no_progres
     from edgesdk.export.onnx_export import ExportConfig
 
     shortcuts = [f"{key}={value}" for key, value in (("qat.weight_bits", weight_bits), ("prune.ffn_ratio", ffn_ratio),
-                                                     ("distill.steps", distill_steps)) if value is not None]
+                                                     ("distill.steps", distill_steps), ("sparsify.density", density))
+                 if value is not None]
     data = DataConfig(files=tuple(str(f) for f in data_files), skip_chars=data_skip_chars,
                       generated_sequences=generated_sequences)
     bundle = run_build(BuildConfig(target=target, model=model, out=out, recipe=recipe,
@@ -224,7 +226,7 @@ def unpack(archive, directory):
 def _runtime_options(fn):
     options = [
         click.option("--threads", type=int, help="Intra-op threads [from the target profile]."),
-        click.option("--backend", help="Force a backend (ort-cpu, ort-cuda, ort-trt) instead of the profile's chain."),
+        click.option("--backend", help="Force a backend (ort-cpu, ort-cuda, ort-trt, tensorrt, triton) instead of the profile's chain."),
         click.option("--target", help="Refuse the bundle unless it was built for this board."),
         click.option("--ignore-target", is_flag=True, help="Run a bundle built for another board anyway."),
     ]

@@ -37,8 +37,10 @@ class SparseDecoder:
     """Holds the weights and the KV cache of one sequence; :meth:`step` runs tokens after it."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], record: dict, device: str = "cpu",
-                 mode: str | None = None):
-        self.device, self.mode = torch.device(device), mode
+                 mode: str | None = None, compiled=None):
+        # ``compiled``: kernels loaded from the bundle's AOT cubins (edgesdk.kernels.loader), used
+        # instead of the Triton JIT when the board has no triton package.
+        self.device, self.mode, self.compiled = torch.device(device), mode, compiled
         self.head_dim, self.eps = int(record["head_dim"]), float(record["rms_eps"])
         self.rope_scaling = float(record["rope_scaling"])
         self.max_context = int(record["max_context"])
@@ -93,7 +95,7 @@ class SparseDecoder:
         hidden = self.embed[ids.to(self.device)]  # (T, D)
         for layer, (heads, kv_heads), (keys, values) in zip(self.layers, self.layer_heads, self.cache, strict=True):
             x = rms_norm(hidden, layer["input_norm"], self.eps)
-            qkv = block_sparse_matmul(x, layer["qkv"], self.mode)  # (T, (Hq + 2 Hkv) hd)
+            qkv = self._matmul(x, layer["qkv"])  # (T, (Hq + 2 Hkv) hd)
             if layer["qkv_bias"] is not None:
                 qkv = qkv + layer["qkv_bias"]
             q, k, v = qkv.split([heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.head_dim], dim=-1)
@@ -104,20 +106,29 @@ class SparseDecoder:
             keys[0, :, start:total] = k
             values[0, :, start:total] = v.reshape(count, kv_heads, self.head_dim).transpose(0, 1)
             attended = self._attention(q, keys, values, start, total, heads, kv_heads)  # (T, Hq*hd)
-            hidden = hidden + block_sparse_matmul(attended, layer["o"], self.mode)
+            hidden = hidden + self._matmul(attended, layer["o"])
             x = rms_norm(hidden, layer["post_attention_norm"], self.eps)
-            gate, up = block_sparse_matmul(x, layer["gate_up"], self.mode).chunk(2, dim=-1)  # (T, F) each
-            hidden = hidden + block_sparse_matmul(F.silu(gate) * up, layer["down"], self.mode)
+            gate, up = self._matmul(x, layer["gate_up"]).chunk(2, dim=-1)  # (T, F) each
+            hidden = hidden + self._matmul(F.silu(gate) * up, layer["down"])
         hidden = rms_norm(hidden[-keep:], self.final_norm, self.eps)
         self.position = total
         return hidden @ self.lm_head.T  # (keep, V)
+
+    def _matmul(self, x: torch.Tensor, weight: BlockSparseWeight) -> torch.Tensor:
+        if self.compiled is not None:
+            return self.compiled.block_sparse_matmul(x.contiguous(), weight).float()
+        return block_sparse_matmul(x, weight, self.mode)
 
     def _attention(self, q, keys, values, start, total, heads, kv_heads) -> torch.Tensor:
         scale = self.head_dim ** -0.5
         count = q.shape[1]
         if count == 1:  # decode: the GQA kernel reads the cache in place
             lengths = torch.tensor([total], dtype=torch.int32, device=self.device)
-            out = gqa_decode_attention(q.transpose(0, 1), keys, values, lengths, scale, self.mode)  # (1, Hq, hd)
+            query = q.transpose(0, 1).contiguous()  # (1, Hq, hd)
+            if self.compiled is not None:
+                out = self.compiled.gqa_decode_attention(query, keys, values, lengths, scale).float()
+            else:
+                out = gqa_decode_attention(query, keys, values, lengths, scale, self.mode)
             return out.reshape(1, heads * self.head_dim)
         group = heads // kv_heads
         k = keys[0, :, :total].repeat_interleave(group, dim=0)  # (Hq, total, hd)

@@ -65,19 +65,37 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
     except ImportError as exc:
         raise RuntimeBackendError(f"PyTorch is not importable here ({exc.name})",
                                   "install PyTorch for this board (on Jetson: jetson-containers l4t-pytorch)") from exc
-    from edgesdk.kernels.ops import kernel_mode
+    from edgesdk.kernels.ops import kernel_mode, triton_available
     from edgesdk.runtime.sparse_decoder import SparseDecoder
 
     explicit = os.environ.get(KERNELS_ENV)
     mode = kernel_mode()
     cuda = torch.cuda.is_available()
-    if mode == "triton" and not cuda:
-        raise RuntimeBackendError("no CUDA device for the Triton kernels",
-                                  f"set {KERNELS_ENV}=reference to run their PyTorch twins on the CPU")
     if not explicit and not cuda:
         raise RuntimeBackendError("no CUDA device (the CPU backends are faster here)",
                                   f"set {KERNELS_ENV}=reference or emulated to run the kernels on the CPU")
+    if mode == "triton" and not cuda:
+        raise RuntimeBackendError("no CUDA device for the Triton kernels",
+                                  f"set {KERNELS_ENV}=reference to run their PyTorch twins on the CPU")
     torch.set_num_threads(max(1, threads))
-    device = "cuda" if mode == "triton" else "cpu"
     tensors = load_file(str(bundle.file(record["weights"])))
+    if cuda and not explicit and not triton_available():  # no JIT on this board: the bundle's cubins
+        compiled = load_aot_kernels(bundle, record)
+        return TritonBackend(SparseDecoder(tensors, record, device="cuda", compiled=compiled), "aot")
+    device = "cuda" if mode == "triton" else "cpu"
     return TritonBackend(SparseDecoder(tensors, record, device=device, mode=mode), mode)
+
+
+def load_aot_kernels(bundle: Bundle, record: dict):
+    """The kernels compiled at build time for this board's SM (bundle ``kernels/sm_XX``)."""
+    from edgesdk.kernels.loader import KernelLoadError, load_compiled
+
+    kernels = record.get("kernels")
+    if not kernels:
+        raise RuntimeBackendError("triton is not installed and the bundle carries no compiled kernels",
+                                  "pip install 'edgesdk[kernels]', or build the bundle for a GPU target")
+    try:
+        return load_compiled(bundle.file(kernels["dir"]))
+    except KernelLoadError as exc:
+        raise RuntimeBackendError(f"the bundle's sm_{kernels['sm']} kernels do not load here: {exc}",
+                                  "pip install 'edgesdk[kernels]' to compile for this GPU at run time") from exc

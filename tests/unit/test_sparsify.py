@@ -5,6 +5,8 @@ kernels that the ``triton`` backend runs (PyTorch twins and Triton's interpreter
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from edgesdk.compress import fake_quant, sparsify  # noqa: E402
-from tests._utils.tiny import CORPUS, tiny_llama  # noqa: E402
+from tests._utils.sparse import build_tiny_jetson_bundle  # noqa: E402
+from tests._utils.tiny import tiny_llama  # noqa: E402
 
 
 def test_block_sums_and_masks_cover_ragged_edges():
@@ -41,11 +44,39 @@ def test_plan_masks_keeps_the_global_density_and_each_floor():
     assert sparsify.decode_mask(sparsify.encode_mask(masks["weak"])).equal(masks["weak"])
 
 
+def test_sensitivity_allocation_spares_costly_weights_and_meets_the_density():
+    sizes = {"cheap": 100, "costly": 100, "huge": 400}
+    costs = {"cheap": 0.01, "costly": 1.0, "huge": 0.01}
+    config = sparsify.SparsifyConfig(density=0.8, min_density=0.25)
+    densities = sparsify.allocate_densities(costs, sizes, config)
+    kept = sum(densities[n] * sizes[n] for n in sizes) / sum(sizes.values())
+    assert abs(kept - 0.8) < 1e-6
+    assert densities["costly"] > 0.99  # a weight that hurts when cut keeps (almost) everything
+    assert densities["huge"] < densities["cheap"] < 1.0  # same cost per fraction, more blocks per fraction
+    assert min(densities.values()) >= 0.25
+
+
+def test_sensitivity_probe_restores_every_weight():
+    model = tiny_llama(seed=4, hidden=64, heads=4, kv_heads=2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    batches = [torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(i))
+               for i in range(2)]
+    config = sparsify.SparsifyConfig(density=0.6, block_size=16)
+    scores = sparsify.block_importance(model, batches, config, 16)
+    masks = sparsify.plan(model, scores, batches, 16, config)
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name
+    density = sparsify.density_summary(masks)["density"]
+    assert 0.55 <= density <= 0.65
+
+
 def test_bad_sparsify_settings_name_the_field():
     with pytest.raises(ValueError, match="density"):
         sparsify.SparsifyConfig(density=0.0)
     with pytest.raises(ValueError, match="importance"):
         sparsify.SparsifyConfig(importance="random")
+    with pytest.raises(ValueError, match="allocation"):
+        sparsify.SparsifyConfig(allocation="uniform")
 
 
 @pytest.mark.parametrize("importance", ["fisher", "wanda"])
@@ -79,36 +110,10 @@ def test_masks_hold_through_training(importance):
     assert 0.5 <= sparsify.density_summary(masks)["density"] <= 0.6  # floors of small weights add a few
 
 
-RECIPE = """name: tiny-jetson
-stages:
-  - stage: qat
-    config: {weight_bits: 8, granularity: channel, activations: tensor, embedding_bits: null, steps: 2,
-             batch_size: 2, sequence_length: 24, observer_batches: 2}
-  - stage: sparsify
-    config: {density: 0.5, calibration_batches: 2, batch_size: 2, sequence_length: 24}
-  - stage: distill
-    config: {steps: 2, batch_size: 2, sequence_length: 24}
-export: {form: standard, weights: int8, sparse: true}
-"""
-
-
 @pytest.fixture(scope="module")
 def sparse_bundle(tmp_path_factory):
-    pytest.importorskip("triton", reason="AOT kernels need Triton's compiler (pip install edgesdk[kernels])")
-    from edgesdk.build.pipeline import BuildConfig, build
-    from edgesdk.compress.data import DataConfig
-    from edgesdk.export.onnx_export import ExportConfig
-    from tests._utils.tiny import save_tiny_model_dir
-
-    root = tmp_path_factory.mktemp("sparse")
-    model_dir = save_tiny_model_dir(root / "model", hidden=64, heads=4, kv_heads=2)
-    recipe = root / "tiny-jetson.yaml"
-    recipe.write_text(RECIPE)
-    text = root / "train.txt"
-    text.write_text("\n".join(CORPUS * 3))
-    data = DataConfig(files=(str(text),), skip_chars=2000, generated_sequences=0)
-    return build(BuildConfig(target="orin-nx", model=str(model_dir), out=root / "bundle", recipe=str(recipe),
-                             data=data, export=ExportConfig(max_context=64), progress=False))
+    pytest.importorskip("triton", reason="AOT kernels need Triton's compiler (pip install edgesdk[host])")
+    return build_tiny_jetson_bundle(tmp_path_factory.mktemp("sparse"))
 
 
 def test_jetson_build_ships_block_sparse_weights_and_sm87_kernels(sparse_bundle):
@@ -128,6 +133,16 @@ def test_jetson_build_ships_block_sparse_weights_and_sm87_kernels(sparse_bundle)
     cubins = [name for name in files if name.startswith("kernels/sm_87/") and name.endswith(".cubin")]
     assert cubins
     assert all(name.replace(".cubin", ".ptx") in files for name in cubins)
+    import triton
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.is_file():
+        pytest.skip("this triton ships no cuobjdump")
+    for name in cubins:  # cuobjdump names the ELF by the architecture it finds inside the file
+        listing = subprocess.run([str(cuobjdump), "--list-elf", str(sparse_bundle.path / name)],
+                                 capture_output=True, text=True, check=True).stdout
+        assert ".sm_87.cubin" in listing, listing
+        print(f"\n[cuobjdump] {name}: {listing.strip()}")
 
 
 def test_triton_backend_refuses_the_cpu_unless_asked(sparse_bundle, monkeypatch):
