@@ -90,23 +90,31 @@ def expand_mask(mask: torch.Tensor, shape: tuple[int, int], block: int) -> torch
 
 
 @torch.no_grad()
-def input_norms(model, linears: dict, batches: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """‖x_k‖₂ over all calibration tokens for every input channel k of every decoder linear."""
-    sums = {name: torch.zeros(linear.in_features) for name, linear in linears.items()}
-
+def feed_inputs(model, modules: dict, batches: list[torch.Tensor], on_input) -> None:
+    """Run ``batches`` through ``model``, calling ``on_input(name, x)`` with every listed module's
+    input as (tokens, K)."""
     def hook(name):
-        def accumulate(module, args):
-            x = args[0].detach().float()
-            sums[name] += x.reshape(-1, x.shape[-1]).pow(2).sum(0)  # (tokens, K) -> (K,)
-        return accumulate
+        def call(module, args):
+            on_input(name, args[0].detach().reshape(-1, args[0].shape[-1]))  # (B, S, K) -> (B*S, K)
+        return call
 
-    handles = [linear.register_forward_pre_hook(hook(name)) for name, linear in linears.items()]
+    handles = [module.register_forward_pre_hook(hook(name)) for name, module in modules.items()]
     try:
         for batch in batches:
             model(batch)
     finally:
         for handle in handles:
             handle.remove()
+
+
+def input_norms(model, linears: dict, batches: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """‖x_k‖₂ over all calibration tokens for every input channel k of every decoder linear."""
+    sums = {name: torch.zeros(linear.in_features) for name, linear in linears.items()}
+
+    def accumulate(name, x):
+        sums[name] += x.float().pow(2).sum(0)
+
+    feed_inputs(model, linears, batches, accumulate)
     return {name: total.sqrt() for name, total in sums.items()}
 
 
@@ -259,7 +267,6 @@ def density_summary(masks: dict[str, torch.Tensor]) -> dict:
                                                               for n, m in masks.items()}}
 
 
-@torch.no_grad()
 def input_hessians(model, linears: dict, batches: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """H = Σ x xᵀ over calibration tokens for the input of every decoder linear, (K, K) float64.
     Linears reading the same tensor (Q, K, V; gate, up) share one matrix."""
@@ -270,19 +277,11 @@ def input_hessians(model, linears: dict, batches: list[torch.Tensor]) -> dict[st
         shared[name] = f"{layer}.{source}"
     totals: dict[str, torch.Tensor] = {}
 
-    def collect(name):
-        def accumulate(module, args):
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).double()  # (tokens, K)
-            totals[name] = totals.get(name, 0) + x.T @ x
-        return accumulate
+    def accumulate(name, x):
+        x = x.double()
+        totals[name] = totals.get(name, 0) + x.T @ x  # (K, K)
 
-    handles = [linears[name].register_forward_pre_hook(collect(name)) for name in set(shared.values())]
-    try:
-        for batch in batches:
-            model(batch)
-    finally:
-        for handle in handles:
-            handle.remove()
+    feed_inputs(model, {name: linears[name] for name in set(shared.values())}, batches, accumulate)
     return {name: totals[source] for name, source in shared.items()}
 
 

@@ -98,21 +98,10 @@ def test_profile_flags_engine_is_cached_and_chosen_by_the_runtime(jetson_bundle,
 
 
 def test_qdq_bundle_builds_an_int8_engine(tiny_model_dir, cache, tmp_path):
-    from edgesdk.build.pipeline import BuildConfig, build
-    from edgesdk.compress.data import DataConfig
-    from edgesdk.export.onnx_export import ExportConfig
     from edgesdk.runtime.tensorrt_backend import TensorRTBackend
-    from tests._utils.tiny import CORPUS
+    from tests._utils.builds import QDQ_RECIPE, build_tiny_bundle
 
-    recipe = tmp_path / "qdq.yaml"
-    recipe.write_text("name: tiny-qdq\nstages:\n  - stage: qat\n    config: {granularity: channel, activations: tensor, "
-                      "embedding_bits: null, steps: 2, batch_size: 2, sequence_length: 24, observer_batches: 2}\n"
-                      "export: {form: standard, weights: int8}\n")
-    text = tmp_path / "train.txt"
-    text.write_text("\n".join(CORPUS * 3))
-    data = DataConfig(files=(str(text),), skip_chars=2000, generated_sequences=2, generated_tokens=8)
-    bundle = build(BuildConfig(target="orin-nano-8gb", model=str(tiny_model_dir), out=tmp_path / "b", recipe=str(recipe),
-                               data=data, export=ExportConfig(max_context=64), progress=False))
+    bundle = build_tiny_bundle(tmp_path, QDQ_RECIPE, "orin-nano-8gb", model_dir=tiny_model_dir)
     assert bundle.manifest["graph"]["dtype"] == te.QDQ_DTYPE
     info = te.build_engine(bundle.path, out=tmp_path / "int8")
     assert info["flags"][:1] == ["INT8"] or info["strongly_typed"]

@@ -17,7 +17,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    from tests._utils.sparse import build_tiny_jetson_bundle
+    from tests._utils.builds import build_tiny_jetson_bundle
 
     return build_tiny_jetson_bundle(tmp_path_factory.mktemp("gpu-sparse"))  # sm_87 cubins + PTX
 

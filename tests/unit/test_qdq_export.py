@@ -287,19 +287,9 @@ def test_int8_qdq_recipe_validates():
 def test_build_with_a_qdq_recipe_validates_against_fake_quantization(tiny_model_dir, tmp_path):
     """The pipeline path: qat (channel weights, observed per-tensor activations) -> QDQ export ->
     validate_export against the fake-quantized model -> bundle whose runtime loads the graph."""
-    from edgesdk.build.pipeline import BuildConfig, build
-    from edgesdk.compress.data import DataConfig
-    from tests._utils.tiny import CORPUS
+    from tests._utils.builds import QDQ_RECIPE, build_tiny_bundle
 
-    recipe = tmp_path / "qdq.yaml"
-    recipe.write_text("name: tiny-qdq\nstages:\n  - stage: qat\n    config: {granularity: channel, activations: tensor, "
-                      "embedding_bits: null, steps: 2, batch_size: 2, sequence_length: 24, observer_batches: 2}\n"
-                      "export: {form: standard, weights: int8}\n")
-    text = tmp_path / "train.txt"
-    text.write_text("\n".join(CORPUS * 3))
-    data = DataConfig(files=(str(text),), skip_chars=2000, generated_sequences=2, generated_tokens=8)
-    bundle = build(BuildConfig(target="host", model=str(tiny_model_dir), out=tmp_path / "b", recipe=str(recipe),
-                               data=data, export=ExportConfig(max_context=64), progress=False))
+    bundle = build_tiny_bundle(tmp_path, QDQ_RECIPE, "host", model_dir=tiny_model_dir)
     assert (bundle.manifest["graph"]["form"], bundle.manifest["graph"]["dtype"]) == ("standard", DTYPE)
     diffs = bundle.manifest["export_validation"]["max_abs_diff"]
     print(f"build validation: {diffs}")

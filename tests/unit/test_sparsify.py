@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from edgesdk.compress import fake_quant, sparsify  # noqa: E402
-from tests._utils.sparse import build_tiny_jetson_bundle  # noqa: E402
+from tests._utils.builds import build_tiny_jetson_bundle  # noqa: E402
 from tests._utils.tiny import tiny_llama  # noqa: E402
 
 
