@@ -130,8 +130,6 @@ def _block_mask(codes: np.ndarray, block: int) -> np.ndarray:
 def validate_sparse(model, out_dir: Path, record: dict, spec, config) -> dict:
     """The kernels' decoder (PyTorch twins, on the CPU) against the PyTorch model carrying the same
     float16 embedding: same weights, so only float32 summation order may differ."""
-    import copy
-
     import torch
     from safetensors.torch import load_file
 
@@ -139,12 +137,18 @@ def validate_sparse(model, out_dir: Path, record: dict, spec, config) -> dict:
     from edgesdk.runtime.sparse_decoder import SparseDecoder
     from edgesdk.runtime.triton_backend import TritonBackend
 
-    reference = copy.deepcopy(model).eval()
-    with torch.no_grad():
-        for module in {reference.model.embed_tokens, reference.lm_head}:
-            module.weight.copy_(module.weight.half().float())
     decoder = SparseDecoder(load_file(str(out_dir / record["weights"])), record, device="cpu", mode="reference")
-    diffs, agree, scale = compare_backend(TritonBackend(decoder, "reference"), reference, spec, config, False)
+    heads = list({id(m): m for m in (model.model.embed_tokens, model.lm_head)}.values())  # one when tied
+    saved = [module.weight.detach().clone() for module in heads]
+    try:  # the model with the stored float16 embedding / head, in place (no copy of the model)
+        with torch.no_grad():
+            for module in heads:
+                module.weight.copy_(module.weight.half().float())
+        diffs, agree, scale = compare_backend(TritonBackend(decoder, "reference"), model.eval(), spec, config, False)
+    finally:
+        with torch.no_grad():
+            for module, weight in zip(heads, saved, strict=True):
+                module.weight.copy_(weight)
     atol = config.atol * max(scale, 1.0) / 10
     if any(diff > atol for diff in diffs.values()) or not np.isfinite(list(diffs.values())).all():
         raise ExportMismatchError({f"{k} (block-sparse kernels' twins vs PyTorch)": v for k, v in diffs.items()}, atol)

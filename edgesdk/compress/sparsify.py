@@ -151,7 +151,8 @@ def weight_sensitivity(model, scores: dict[str, torch.Tensor], batches: list[tor
     from tqdm import tqdm
 
     linears = fake_quant.decoder_linears(model)
-    reference = [F.log_softmax(model(batch).logits.float(), dim=-1) for batch in batches]  # (B, S, V) each
+    # (B, S, V) each, kept in bfloat16: two batches of a 49k vocabulary would otherwise hold ~200 MB
+    reference = [F.log_softmax(model(batch).logits.float(), dim=-1).bfloat16() for batch in batches]
     costs = {}
     for name in tqdm(list(scores), desc="sensitivity", disable=not progress, unit="weight"):
         weight = linears[name].weight
@@ -161,7 +162,7 @@ def weight_sensitivity(model, scores: dict[str, torch.Tensor], batches: list[tor
         total = 0.0
         for ref, batch in zip(reference, batches, strict=True):
             logp = F.log_softmax(model(batch).logits.float(), dim=-1)
-            total += float(F.kl_div(logp, ref, log_target=True, reduction="none").sum(-1).mean())
+            total += float(F.kl_div(logp, ref.float(), log_target=True, reduction="none").sum(-1).mean())
         weight.data.copy_(saved)
         costs[name] = total / len(batches)
     return costs
@@ -268,7 +269,7 @@ def density_summary(masks: dict[str, torch.Tensor]) -> dict:
 
 
 def input_hessians(model, linears: dict, batches: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """H = Σ x xᵀ over calibration tokens for the input of every decoder linear, (K, K) float64.
+    """H = Σ x xᵀ over calibration tokens for the input of every decoder linear, (K, K) float32.
     Linears reading the same tensor (Q, K, V; gate, up) share one matrix."""
     shared: dict[str, str] = {}
     for name in linears:
@@ -278,41 +279,46 @@ def input_hessians(model, linears: dict, batches: list[torch.Tensor]) -> dict[st
     totals: dict[str, torch.Tensor] = {}
 
     def accumulate(name, x):
-        x = x.double()
-        totals[name] = totals.get(name, 0) + x.T @ x  # (K, K)
+        x = x.float()
+        totals[name] = totals.get(name, 0) + x.T @ x  # (K, K); float32 keeps 30 layers near 400 MB
 
     feed_inputs(model, {name: linears[name] for name in set(shared.values())}, batches, accumulate)
     return {name: totals[source] for name, source in shared.items()}
 
 
 @torch.no_grad()
+def refit_weight(weight: torch.Tensor, mask: torch.Tensor, hessian: torch.Tensor, cross: torch.Tensor, block: int,
+                 damping: float = 0.01) -> None:
+    """Refit the kept blocks of ``weight`` (N, K) in place to reproduce its dense outputs.
+
+    Inputs X_s reach the weight now, X_d reached it in the dense model; with H = X_s X_sᵀ and
+    C = X_d X_sᵀ, min ‖w_S X_s,S − w X_d‖² has, for the rows of one block row (whose kept input
+    columns S are shared), the closed form w_S = (w·C[:, S])·H[S, S]⁻¹. H is damped by ``damping``
+    × its mean diagonal, as SparseGPT does (Frantar & Alistarh 2023, which solves the same problem
+    column by column for unstructured masks). One-shot: X_s = X_d, so C = H.
+    """
+    dense = weight.detach().double()  # (N, K)
+    hessian = hessian.double()
+    hessian = hessian + damping * hessian.diagonal().mean() * torch.eye(hessian.shape[0], dtype=hessian.dtype)
+    target = dense @ cross.double()  # (N, K): w C for every row
+    refit = torch.zeros_like(dense)
+    columns = expand_mask(mask, tuple(weight.shape), block)  # (N, K) bool
+    for start in range(0, weight.shape[0], block):
+        keep = columns[start].nonzero().flatten()  # the block row's kept input columns
+        if keep.numel() == 0:
+            continue
+        h_ss = hessian.index_select(0, keep).index_select(1, keep)  # (|S|, |S|)
+        rhs = target[start:start + block].index_select(1, keep)  # (b, |S|)
+        refit[start:start + block].index_copy_(1, keep, torch.linalg.solve(h_ss, rhs.T).T)  # H_SS symmetric
+    weight.copy_(refit.to(weight.dtype))
+
+
 def reconstruct(model, masks: dict[str, torch.Tensor], hessians: dict[str, torch.Tensor], block: int,
                 damping: float = 0.01) -> None:
-    """Refit each weight's kept blocks to reproduce its dense outputs on the calibration inputs.
-
-    For the rows of one block row, the kept input columns S are the same, so the least-squares
-    problem min ‖w_S X_S − w X‖² has the closed form w_S = (w H[:, S]) H[S, S]⁻¹ with H = X Xᵀ
-    (damped by ``damping`` × mean diagonal, as SparseGPT does; Frantar & Alistarh 2023, which
-    solves the same problem column by column for unstructured masks).
-    """
+    """One-shot refit of every masked weight on the dense model's inputs (see :func:`refit_weight`)."""
     linears = fake_quant.decoder_linears(model)
     for name, mask in masks.items():
-        weight = linears[name].weight
-        dense = weight.detach().double()  # (N, K)
-        hessian = hessians[name]
-        hessian = hessian + damping * hessian.diagonal().mean() * torch.eye(hessian.shape[0], dtype=hessian.dtype)
-        target = dense @ hessian  # (N, K): w H for every row
-        refit = torch.zeros_like(dense)
-        columns = expand_mask(mask, tuple(weight.shape), block)  # (N, K) bool
-        for start in range(0, weight.shape[0], block):
-            keep = columns[start].nonzero().flatten()  # the block row's kept input columns
-            if keep.numel() == 0:
-                continue
-            h_ss = hessian.index_select(0, keep).index_select(1, keep)  # (|S|, |S|)
-            rhs = target[start:start + block].index_select(1, keep)  # (b, |S|)
-            solved = torch.linalg.solve(h_ss, rhs.T).T  # (b, |S|); H_SS symmetric
-            refit[start:start + block].index_copy_(1, keep, solved)
-        weight.copy_(refit.to(weight.dtype))
+        refit_weight(linears[name].weight, mask, hessians[name], hessians[name], block, damping)
 
 
 def plan(model, scores: dict[str, torch.Tensor], batches: list[torch.Tensor], block: int, config: SparsifyConfig,
@@ -338,9 +344,7 @@ def sparsify_stage(model, config: SparsifyConfig, ctx: BuildContext):
         fake_quant.detach(model, bake=False)
     masks = plan(model, scores, batches, block, config, ctx.progress)
     if config.reconstruct:
-        hessians = input_hessians(model, fake_quant.decoder_linears(model), batches)
-        reconstruct(model, masks, hessians, block)
-        del hessians
+        reconstruct(model, masks, input_hessians(model, fake_quant.decoder_linears(model), batches), block)
     setattr(model.config, SPARSITY_KEY, {"block": block, "importance": config.importance,
                                          "masks": {name: encode_mask(m) for name, m in masks.items()}})
     apply_masks(model)
