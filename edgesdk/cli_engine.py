@@ -40,7 +40,7 @@ def engine():
 @click.option("--force", is_flag=True, help="Rebuild even when a matching engine is cached.")
 @click.option("--json", "as_json", is_flag=True, help="Print engine.json (with path and cached) on stdout.")
 def engine_build(bundle, out, workspace_mb, max_seq, strongly_typed, timing_cache, force, as_json):
-    """Build BUNDLE's TensorRT engine (engine.plan + engine.json) from its standard-form ONNX graph.
+    """Build BUNDLE's TensorRT engine (engine.plan + engine.json) from its standard ONNX graph.
 
     The engine is valid for this TensorRT version and GPU only; a cached one for the same bundle,
     TensorRT and SM is reused unless --force. Prints the engine path.

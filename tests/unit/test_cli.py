@@ -38,6 +38,8 @@ COMMANDS = [
     ("eval",),
     ("pack",),
     ("unpack",),
+    ("engine",),
+    ("engine", "build"),
 ]
 
 
