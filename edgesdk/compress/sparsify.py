@@ -287,38 +287,34 @@ def input_hessians(model, linears: dict, batches: list[torch.Tensor]) -> dict[st
 
 
 @torch.no_grad()
-def refit_weight(weight: torch.Tensor, mask: torch.Tensor, hessian: torch.Tensor, cross: torch.Tensor, block: int,
-                 damping: float = 0.01) -> None:
-    """Refit the kept blocks of ``weight`` (N, K) in place to reproduce its dense outputs.
-
-    Inputs X_s reach the weight now, X_d reached it in the dense model; with H = X_s X_sᵀ and
-    C = X_d X_sᵀ, min ‖w_S X_s,S − w X_d‖² has, for the rows of one block row (whose kept input
-    columns S are shared), the closed form w_S = (w·C[:, S])·H[S, S]⁻¹. H is damped by ``damping``
-    × its mean diagonal, as SparseGPT does (Frantar & Alistarh 2023, which solves the same problem
-    column by column for unstructured masks). One-shot: X_s = X_d, so C = H.
-    """
-    dense = weight.detach().double()  # (N, K)
-    hessian = hessian.double()
-    hessian = hessian + damping * hessian.diagonal().mean() * torch.eye(hessian.shape[0], dtype=hessian.dtype)
-    target = dense @ cross.double()  # (N, K): w C for every row
-    refit = torch.zeros_like(dense)
-    columns = expand_mask(mask, tuple(weight.shape), block)  # (N, K) bool
-    for start in range(0, weight.shape[0], block):
-        keep = columns[start].nonzero().flatten()  # the block row's kept input columns
-        if keep.numel() == 0:
-            continue
-        h_ss = hessian.index_select(0, keep).index_select(1, keep)  # (|S|, |S|)
-        rhs = target[start:start + block].index_select(1, keep)  # (b, |S|)
-        refit[start:start + block].index_copy_(1, keep, torch.linalg.solve(h_ss, rhs.T).T)  # H_SS symmetric
-    weight.copy_(refit.to(weight.dtype))
-
-
 def reconstruct(model, masks: dict[str, torch.Tensor], hessians: dict[str, torch.Tensor], block: int,
                 damping: float = 0.01) -> None:
-    """One-shot refit of every masked weight on the dense model's inputs (see :func:`refit_weight`)."""
+    """Refit each masked weight's kept blocks, in place, to reproduce its dense outputs.
+
+    For the rows of one block row the kept input columns S are shared, so min ‖w_S X_S − w X‖²
+    has the closed form w_S = (w·H[:, S])·H[S, S]⁻¹ with H = X Xᵀ from the calibration inputs,
+    damped by ``damping`` × its mean diagonal as SparseGPT does (Frantar & Alistarh 2023, which
+    solves the same problem column by column for unstructured masks). A layer-by-layer variant
+    correcting upstream error (cross term X_dense X_sparseᵀ) measured far worse on SmolLM2-135M
+    (perplexity 767 against 29.7 at density 0.95) and was dropped.
+    """
     linears = fake_quant.decoder_linears(model)
     for name, mask in masks.items():
-        refit_weight(linears[name].weight, mask, hessians[name], hessians[name], block, damping)
+        weight = linears[name].weight
+        dense = weight.detach().double()  # (N, K)
+        hessian = hessians[name].double()
+        hessian = hessian + damping * hessian.diagonal().mean() * torch.eye(hessian.shape[0], dtype=hessian.dtype)
+        target = dense @ hessian  # (N, K): w H for every row
+        refit = torch.zeros_like(dense)
+        columns = expand_mask(mask, tuple(weight.shape), block)  # (N, K) bool
+        for start in range(0, weight.shape[0], block):
+            keep = columns[start].nonzero().flatten()  # the block row's kept input columns
+            if keep.numel() == 0:
+                continue
+            h_ss = hessian.index_select(0, keep).index_select(1, keep)  # (|S|, |S|)
+            rhs = target[start:start + block].index_select(1, keep)  # (b, |S|)
+            refit[start:start + block].index_copy_(1, keep, torch.linalg.solve(h_ss, rhs.T).T)  # H_SS symmetric
+        weight.copy_(refit.to(weight.dtype))
 
 
 def plan(model, scores: dict[str, torch.Tensor], batches: list[torch.Tensor], block: int, config: SparsifyConfig,
@@ -332,7 +328,7 @@ def plan(model, scores: dict[str, torch.Tensor], batches: list[torch.Tensor], bl
 
 
 @register_stage("sparsify", SparsifyConfig, after=("qat", "prune"),
-                description="block sparsity (Fisher or Wanda block importance, global density)")
+                description="block sparsity (blocks ranked per weight, measured per-weight density, refit)")
 def sparsify_stage(model, config: SparsifyConfig, ctx: BuildContext):
     model.eval()
     block = config.block_size or ctx.profile.sparsity_block
