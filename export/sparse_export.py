@@ -127,9 +127,11 @@ def _block_mask(codes: np.ndarray, block: int) -> np.ndarray:
     return padded.reshape(padded.shape[0] // block, block, padded.shape[1] // block, block).any(axis=(1, 3))
 
 
-def validate_sparse(model, out_dir: Path, record: dict, spec, config) -> dict:
+def validate_sparse(model, out_dir: Path, record: dict, config) -> dict:
     """The kernels' decoder (PyTorch twins, on the CPU) against the PyTorch model carrying the same
     float16 embedding: same weights, so only float32 summation order may differ."""
+    from types import SimpleNamespace
+
     import torch
     from safetensors.torch import load_file
 
@@ -144,7 +146,8 @@ def validate_sparse(model, out_dir: Path, record: dict, spec, config) -> dict:
         with torch.no_grad():
             for module in heads:
                 module.weight.copy_(module.weight.half().float())
-        diffs, agree, scale = compare_backend(TritonBackend(decoder, "reference"), model.eval(), spec, config, False)
+        diffs, agree, scale = compare_backend(TritonBackend(decoder, "reference"), model.eval(),
+                                              SimpleNamespace(vocab_size=record["vocab_size"]), config, False)
     finally:
         with torch.no_grad():
             for module, weight in zip(heads, saved, strict=True):

@@ -4,7 +4,6 @@ GPU kernels compiled ahead of time for the target's SM (issue: INT8 block-sparse
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 from edgesdk.errors import BuildError
 
@@ -19,8 +18,7 @@ def export_sparse_parts(model, export_dir: Path, export_config, profile, validat
     record = export_sparse(model, export_dir, SparseExportConfig(block=profile.sparsity_block,
                                                                  layout=export_config.sparse_layout),
                            export_config.max_context)
-    spec = SimpleNamespace(vocab_size=record["vocab_size"])
-    record["validation"] = validate_sparse(model, export_dir, record, spec, validation)
+    record["validation"] = validate_sparse(model, export_dir, record, validation)
     if profile.gpu is not None:
         record["kernels"] = compile_kernels(profile, export_dir / KERNELS_DIR)
     return record
