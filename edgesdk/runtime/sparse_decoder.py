@@ -10,6 +10,10 @@ whether the Triton kernels, their PyTorch twins or the twins' interpreted Triton
 Numerics follow transformers' Llama (Touvron et al. 2023): RMSNorm in float32, rotary embedding
 with half-rotation (Su et al. 2021), SiLU-gated FFN; the KV cache is float32 on the device,
 grown by doubling up to the bundle's max_context.
+
+On a CUDA device single-token decode runs a static step (token, position and length in device
+tensors) captured once as a CUDA graph and replayed, so a step costs one launch from Python
+instead of about a thousand.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from edgesdk.kernels.block_sparse import BlockSparseWeight
-from edgesdk.kernels.ops import block_sparse_matmul, gqa_decode_attention
+from edgesdk.kernels.ops import block_sparse_matmul, gqa_decode_attention, kernel_mode
 
 INITIAL_CAPACITY = 256
 LINEARS = ("qkv", "o", "gate_up", "down")
@@ -37,17 +41,29 @@ class SparseDecoder:
     """Holds the weights and the KV cache of one sequence; :meth:`step` runs tokens after it."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], record: dict, device: str = "cpu",
-                 mode: str | None = None, compiled=None):
+                 mode: str | None = None, compiled=None, graphs: bool | None = None):
         # ``compiled``: kernels loaded from the bundle's AOT cubins (edgesdk.kernels.loader), used
         # instead of the Triton JIT when the board has no triton package.
+        # ``graphs``: replay decode steps from one captured CUDA graph (default: on a CUDA device). A decode
+        # step is ~35 small launches per layer; at batch 1 their launch cost, not the weights' bytes, sets the
+        # token rate unless they are replayed as one graph.
         self.device, self.mode, self.compiled = torch.device(device), mode, compiled
+        if graphs is None:  # the PyTorch twins synchronise with the host, so only the kernels are captured
+            graphs = self.device.type == "cuda" and (compiled is not None or (mode or kernel_mode()) == "triton")
+        self.graphs = graphs
+        self._graph = None
+        self.graph_error: str | None = None
         self.head_dim, self.eps = int(record["head_dim"]), float(record["rms_eps"])
         self.rope_scaling = float(record["rope_scaling"])
         self.max_context = int(record["max_context"])
         self.layer_heads = [(int(r["heads"]), int(r["kv_heads"])) for r in record["layers"]]
         move = lambda t: t.to(self.device)  # noqa: E731
-        self.embed = move(tensors["embed"]).float()  # (V, D)
-        self.lm_head = move(tensors["lm_head"]).float() if "lm_head" in tensors else self.embed
+        # The embedding (and tied LM head) stays float16 on a GPU, where reading it is most of the head's cost
+        # (49152 x 576 for SmolLM2: 57 MB a token in fp16, 113 MB in fp32); float32 on a CPU, where fp16 matmuls
+        # are slow. Rows looked up from it are float32 like every activation.
+        table_dtype = torch.float16 if self.device.type == "cuda" else torch.float32
+        self.embed = move(tensors["embed"]).to(table_dtype)  # (V, D)
+        self.lm_head = move(tensors["lm_head"]).to(table_dtype) if "lm_head" in tensors else self.embed
         self.final_norm = move(tensors["final_norm"])
         self.inv_freq = move(tensors["inv_freq"]).float()  # (hd/2,)
         self.layers = []
@@ -65,7 +81,7 @@ class SparseDecoder:
         self._grow(min(INITIAL_CAPACITY, self.max_context))
 
     def reset(self) -> None:
-        self.position = 0  # entries past the position are never read
+        self.position = 0  # entries past the position are never read; a captured graph stays valid
 
     def _grow(self, capacity: int) -> None:
         cache = []
@@ -91,8 +107,24 @@ class SparseDecoder:
         start, total = self.position, self.position + count
         if total > self.capacity:
             self._grow(min(self.max_context, max(2 * self.capacity, total)))
+        if count == 1 and self.graphs:
+            return self._replay(ids, start)
         cos, sin = self._rotary(torch.arange(start, total, device=self.device))  # (T, hd) each
-        hidden = self.embed[ids.to(self.device)]  # (T, D)
+
+        def write(keys, values, k, v):  # k, v (Hkv, T, hd)
+            keys[0, :, start:total] = k
+            values[0, :, start:total] = v
+
+        def attend(q, keys, values, heads, kv_heads):
+            return self._attention(q, keys, values, start, total, heads, kv_heads)
+
+        hidden = self._layers(self.embed[ids.to(self.device)].float(), cos, sin, write, attend)  # (T, D)
+        self.position = total
+        return self._head(hidden[-keep:])
+
+    def _layers(self, hidden, cos, sin, write, attend) -> torch.Tensor:
+        """The decoder layers over ``hidden`` (T, D); ``write`` stores the step's K/V, ``attend`` reads them."""
+        count = hidden.shape[0]
         for layer, (heads, kv_heads), (keys, values) in zip(self.layers, self.layer_heads, self.cache, strict=True):
             x = rms_norm(hidden, layer["input_norm"], self.eps)
             qkv = self._matmul(x, layer["qkv"])  # (T, (Hq + 2 Hkv) hd)
@@ -103,16 +135,76 @@ class SparseDecoder:
             k = k.reshape(count, kv_heads, self.head_dim).transpose(0, 1)  # (Hkv, T, hd)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            keys[0, :, start:total] = k
-            values[0, :, start:total] = v.reshape(count, kv_heads, self.head_dim).transpose(0, 1)
-            attended = self._attention(q, keys, values, start, total, heads, kv_heads)  # (T, Hq*hd)
+            write(keys, values, k, v.reshape(count, kv_heads, self.head_dim).transpose(0, 1))
+            attended = attend(q, keys, values, heads, kv_heads)  # (T, Hq*hd)
             hidden = hidden + self._matmul(attended, layer["o"])
             x = rms_norm(hidden, layer["post_attention_norm"], self.eps)
             gate, up = self._matmul(x, layer["gate_up"]).chunk(2, dim=-1)  # (T, F) each
             hidden = hidden + self._matmul(F.silu(gate) * up, layer["down"])
-        hidden = rms_norm(hidden[-keep:], self.final_norm, self.eps)
-        self.position = total
-        return hidden @ self.lm_head.T  # (keep, V)
+        return hidden
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: (T, D) -> (T, V) float32; the head is read in its stored precision."""
+        hidden = rms_norm(hidden, self.final_norm, self.eps)
+        return F.linear(hidden.to(self.lm_head.dtype), self.lm_head).float()
+
+    # ------------------------------------------------------------------ static decode (CUDA graphs)
+    def _decode_static(self) -> torch.Tensor:
+        """One decode step whose every shape and address is fixed: the token, its position and the attended
+        length are read from device tensors (``_token``, ``_slot``, ``_length``), the K/V row is written with
+        ``index_copy_`` and the GQA kernel loops to ``_length`` on the device. So the step can be captured in a
+        CUDA graph once and replayed for every later position (CUDA C++ Programming Guide, "CUDA Graphs")."""
+        cos, sin = self._rotary(self._slot)  # (1, hd) each
+
+        def write(keys, values, k, v):  # k, v (Hkv, 1, hd) into the (Hkv, cap, hd) cache at _slot
+            keys[0].index_copy_(1, self._slot, k)
+            values[0].index_copy_(1, self._slot, v)
+
+        def attend(q, keys, values, heads, kv_heads):
+            return self._decode_attention(q, keys, values, self._length, heads)
+
+        return self._head(self._layers(self.embed[self._token].float(), cos, sin, write, attend))  # (1, V)
+
+    def _prepare_static(self) -> None:
+        if self.capacity < self.max_context:  # the graph holds the cache's addresses: allocate it whole
+            self._grow(self.max_context)
+        self._token = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._slot = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._length = torch.ones(1, dtype=torch.int32, device=self.device)
+
+    def _replay(self, ids: torch.Tensor, position: int) -> torch.Tensor:
+        if self._graph is None:
+            self._prepare_static()
+        self._token.copy_(ids.reshape(1), non_blocking=True)
+        self._slot.fill_(position)
+        self._length.fill_(position + 1)
+        if self._graph is None:
+            self._graph, self._graph_logits = self._capture()
+        if self._graph is False:  # capture failed once: run the same static step eagerly
+            logits = self._decode_static()
+        else:
+            self._graph.replay()
+            logits = self._graph_logits
+        self.position = position + 1
+        return logits.clone()
+
+    def _capture(self):
+        """(graph, its logits buffer), or (False, None) where this device or build cannot capture."""
+        if self.device.type != "cuda":
+            return False, None
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):  # warm-up outside the graph: compiles the kernels, fills the allocator
+                self._decode_static()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                logits = self._decode_static()
+            return graph, logits
+        except RuntimeError as exc:  # e.g. a driver without graph support: eager static steps still work
+            self.graph_error = str(exc)
+            return False, None
 
     def _matmul(self, x: torch.Tensor, weight: BlockSparseWeight) -> torch.Tensor:
         if self.compiled is not None:
@@ -120,20 +212,24 @@ class SparseDecoder:
         return block_sparse_matmul(x, weight, self.mode)
 
     def _attention(self, q, keys, values, start, total, heads, kv_heads) -> torch.Tensor:
-        scale = self.head_dim ** -0.5
         count = q.shape[1]
         if count == 1:  # decode: the GQA kernel reads the cache in place
             lengths = torch.tensor([total], dtype=torch.int32, device=self.device)
-            query = q.transpose(0, 1).contiguous()  # (1, Hq, hd)
-            if self.compiled is not None:
-                out = self.compiled.gqa_decode_attention(query, keys, values, lengths, scale).float()
-            else:
-                out = gqa_decode_attention(query, keys, values, lengths, scale, self.mode)
-            return out.reshape(1, heads * self.head_dim)
+            return self._decode_attention(q, keys, values, lengths, heads)
         group = heads // kv_heads
         k = keys[0, :, :total].repeat_interleave(group, dim=0)  # (Hq, total, hd)
         v = values[0, :, :total].repeat_interleave(group, dim=0)
         query_pos = torch.arange(start, total, device=self.device)[:, None]  # (T, 1)
         allowed = torch.arange(total, device=self.device)[None, :] <= query_pos  # (T, total)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)  # (Hq, T, hd)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.head_dim ** -0.5)  # (Hq, T, hd)
         return out.transpose(0, 1).reshape(count, heads * self.head_dim)
+
+    def _decode_attention(self, q, keys, values, lengths, heads) -> torch.Tensor:
+        """q (Hq, 1, hd) against the first ``lengths[0]`` cache rows -> (1, Hq*hd)."""
+        scale = self.head_dim ** -0.5
+        query = q.transpose(0, 1).contiguous()  # (1, Hq, hd)
+        if self.compiled is not None:
+            out = self.compiled.gqa_decode_attention(query, keys, values, lengths, scale).float()
+        else:
+            out = gqa_decode_attention(query, keys, values, lengths, scale, self.mode)
+        return out.reshape(1, heads * self.head_dim)

@@ -139,3 +139,38 @@ def test_sm87_bundle_kernels_run_as_ptx_on_newer_gpus(tmp_path):
     out = kernels.block_sparse_matmul(x, w)
     torch.cuda.synchronize()
     assert_close(out, block_sparse_matmul_reference(x.half().float(), w), 2e-3, "sm_87 PTX bsr")
+
+
+def test_cubins_compiled_on_a_host_launch_here():
+    """Cubins compiled on a host without a GPU (``compile_for_target`` for this GPU's SM, directory named by
+    ``EDGESDK_HOST_AOT_DIR``) load through the loader as cubins, not PTX, and match the twins: the build-host
+    to board path with no compiler on the board."""
+    import os
+    from pathlib import Path
+
+    from edgesdk.kernels.loader import load_compiled
+
+    host_dir = os.environ.get("EDGESDK_HOST_AOT_DIR")
+    if not host_dir:
+        pytest.skip("EDGESDK_HOST_AOT_DIR is not set (compile on a host: kernels.aot.compile_for_target)")
+    compiled = Path(host_dir) / f"sm_{device_sm()}"
+    if not compiled.is_dir():
+        pytest.skip(f"{compiled} holds no kernels for this GPU's SM")
+    kernels = load_compiled(compiled)
+    assert all(k.source == "cubin" for k in kernels.values())
+    for layout in ("plain", "transposed"):
+        w = weight(3072, 576, 0.5, layout, seed=5)
+        for m in (1, 20):
+            x = torch.randn(m, 576, device="cuda")
+            out = kernels.block_sparse_matmul(x, w)
+            torch.cuda.synchronize()
+            assert_close(out, block_sparse_matmul_reference(x.half().float(), w), 2e-3,
+                         f"host cubin bsr M={m} {layout}")
+    q = torch.randn(1, 9, 64, device="cuda")
+    k = torch.randn(1, 3, 70, 64, device="cuda")
+    v = torch.randn(1, 3, 70, 64, device="cuda")
+    lengths = torch.tensor([70], device="cuda")
+    out = kernels.gqa_decode_attention(q, k, v, lengths, 0.125)
+    torch.cuda.synchronize()
+    ref = gqa_decode_attention_reference(q.half().float(), k.half().float(), v.half().float(), lengths, 0.125)
+    assert_close(out, ref, 2e-3, "host cubin gqa")

@@ -168,3 +168,29 @@ def test_triton_backend_emulated_kernels_equal_their_twins(sparse_bundle, monkey
         outputs[mode] = np.concatenate([prefill, np.stack(steps)])
     scale = float(np.abs(outputs["reference"]).max())
     assert float(np.abs(outputs["emulated"] - outputs["reference"]).max()) <= 1e-4 * max(scale, 1.0)
+
+
+def test_static_decode_step_equals_the_eager_one(sparse_bundle, monkeypatch):
+    """The graph-ready decode step (token, position and length read from device tensors, the K/V row written
+    by index_copy_) gives the eager step's logits; on a CPU nothing is captured, the static step runs as is."""
+    from safetensors.torch import load_file
+
+    from edgesdk.runtime.sparse_decoder import SparseDecoder
+
+    monkeypatch.setenv("EDGESDK_KERNELS", "reference")
+    record = {**sparse_bundle.manifest["sparse"], "max_context": 320}  # room to outgrow the first cache
+    tensors = load_file(str(sparse_bundle.file(record["weights"])))
+    ids = torch.as_tensor(np.random.default_rng(3).integers(3, 300, 300))
+    runs = {}
+    for graphs in (False, True):
+        decoder = SparseDecoder(tensors, record, graphs=graphs)
+        assert not decoder.graphs or decoder.capacity < decoder.max_context  # grown to max_context on first use
+        logits = [decoder.step(ids[:5], keep=1)]
+        logits += [decoder.step(ids[i : i + 1], keep=1) for i in range(5, 300)]  # crosses the 256 capacity
+        decoder.reset()
+        logits.append(decoder.step(ids[:1], keep=1))  # a reset sequence overwrites row 0
+        runs[graphs] = torch.cat(logits)
+        assert decoder.position == 1
+    assert decoder._graph is False
+    assert decoder.capacity == decoder.max_context
+    assert torch.allclose(runs[True], runs[False], atol=1e-5, rtol=1e-5)
