@@ -28,11 +28,11 @@ from .tuning import KernelTuning, tuning_for
 # Runtime parameter types of each kernel body, in order; "{act}" is the activation dtype of the variant.
 _BSR_PARAMS = (
     ("x_ptr", "*{act}"), ("values_ptr", "*i8"), ("col_ptr", "*i32"), ("rowoff_ptr", "*i32"),
-    ("scales_ptr", "*fp32"), ("out_ptr", "*{act}"),
+    ("scales_ptr", "*fp32"), ("out_ptr", "*{out}"),
     ("M", "i32"), ("N", "i32"), ("K", "i32"),
     ("stride_xm", "i32"), ("stride_xk", "i32"), ("stride_om", "i32"), ("stride_on", "i32"),
 )
-_BSR_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "TRANSPOSED", "USE_DOT")
+_BSR_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "TRANSPOSED", "USE_DOT", "UNROLL", "ATOMIC")
 _ATTN_PARAMS = (
     ("q_ptr", "*{act}"), ("k_ptr", "*{act}"), ("v_ptr", "*{act}"), ("len_ptr", "*i32"), ("out_ptr", "*{act}"),
     ("scale", "fp32"), ("GROUP", "i32"), ("D", "i32"),
@@ -48,6 +48,9 @@ POINTER_ALIGNMENT = 16  # bytes; every pointer parameter of an AOT kernel must b
 # Grid rules: each dimension is an int, a parameter name, or ["cdiv", parameter, constexpr] (ceil division).
 _BSR_GRID = {"rule": "(cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), 1)",
              "dims": [["cdiv", "N", "BLOCK_N"], ["cdiv", "M", "BLOCK_M"], 1]}
+# GEMV: split-K, SPLIT from kernels.tuning.gemv_splits (M * block rows, M * stored blocks, the device's SM count)
+_BSR_GEMV_GRID = {"rule": "(cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT); SPLIT = tuning.gemv_splits(...)",
+                  "dims": [["cdiv", "N", "BLOCK_N"], ["cdiv", "M", "BLOCK_M"], "SPLIT"]}
 _ATTN_GRID = {"rule": "(B, Hkv, 1) = (batch rows, kv heads, 1)", "dims": ["B", "Hkv", 1]}
 
 
@@ -62,10 +65,11 @@ class KernelVariant:
     num_stages: int
     act_dtype: str = "fp16"        # activation / output dtype of the pointers marked {act}
     grid: dict = field(default_factory=dict)
+    out_dtype: str | None = None   # BSR output pointer ({out}) when not act_dtype: fp32 for atomic split-K
 
     def params(self) -> list[tuple[str, str]]:
         table = _BSR_PARAMS if self.kernel == "bsr_matmul" else _ATTN_PARAMS
-        return [(name, ty.format(act=self.act_dtype)) for name, ty in table]
+        return [(name, ty.format(act=self.act_dtype, out=self.out_dtype or self.act_dtype)) for name, ty in table]
 
     def signature(self) -> dict[str, str]:
         sig = dict(self.params())
@@ -93,18 +97,18 @@ class CompiledKernel:
 
 def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: Iterable[int] = (64,),
                      group_blocks: Iterable[int] = (1, 4, 8)) -> list[KernelVariant]:
-    """The variants a bundle ships: BSR GEMV (M <= 8, 1 row tile) and GEMM (``tl.dot``) for both layouts at the
-    tuning's block, and GQA decode for each head dim and query-group bound ``BLOCK_G`` (a pruned group of G heads
+    """The variants a bundle ships: BSR GEMV (M < 16, 1 row tile, ``gemv_unroll`` blocks a step, split-K into a
+    float32 output) and GEMM (``tl.dot``) for both layouts at the tuning's block, and GQA decode for each head dim and query-group bound ``BLOCK_G`` (a pruned group of G heads
     runs on the smallest ``BLOCK_G >= G``)."""
     bn, bk = tuning.bsr_block
     variants = []
     for layout in ("plain", "transposed"):
         base = {"BLOCK_N": bn, "BLOCK_K": bk, "TRANSPOSED": layout == "transposed"}
-        variants.append(KernelVariant(f"bsr_gemv_{layout}_{bn}x{bk}_{act_dtype}", "bsr_matmul",
-                                      {"BLOCK_M": 1, **base, "USE_DOT": False}, tuning.gemv_num_warps,
-                                      tuning.num_stages, act_dtype, _BSR_GRID))
-        variants.append(KernelVariant(f"bsr_gemm_{layout}_{bn}x{bk}_{act_dtype}", "bsr_matmul",
-                                      {"BLOCK_M": tuning.gemm_block_m, **base, "USE_DOT": True},
+        gemv = {"BLOCK_M": 1, **base, "USE_DOT": False, "UNROLL": tuning.gemv_unroll, "ATOMIC": True}
+        variants.append(KernelVariant(f"bsr_gemv_{layout}_{bn}x{bk}_{act_dtype}", "bsr_matmul", gemv,
+                                      tuning.gemv_num_warps, tuning.num_stages, act_dtype, _BSR_GEMV_GRID, "fp32"))
+        gemm = {"BLOCK_M": tuning.gemm_block_m, **base, "USE_DOT": True, "UNROLL": 1, "ATOMIC": False}
+        variants.append(KernelVariant(f"bsr_gemm_{layout}_{bn}x{bk}_{act_dtype}", "bsr_matmul", gemm,
                                       tuning.gemm_num_warps, tuning.num_stages, act_dtype, _BSR_GRID))
     for d in head_dims:
         for g in group_blocks:

@@ -289,11 +289,32 @@ class LoadedKernel:
 _TORCH_DTYPES = {"fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}
 
 
+def _device_tuning(meta: dict, device: Any):
+    """The tuning a variant was compiled with, its SM count replaced by this device's (AGX Orin has twice an
+    Orin NX's)."""
+    import dataclasses
+
+    import torch
+
+    from .tuning import KernelTuning
+
+    fields = {f.name for f in dataclasses.fields(KernelTuning)}
+    stored = {key: value for key, value in meta.get("tuning", {}).items() if key in fields}
+    stored["bsr_block"] = tuple(stored.get("bsr_block", (32, 32)))
+    stored.setdefault("sm", int(meta["sm"]))
+    stored.setdefault("shared_memory_kb", 100)
+    stored.setdefault("sm_count", 8)
+    if getattr(device, "type", None) == "cuda" and torch.cuda.is_available():
+        stored["sm_count"] = torch.cuda.get_device_properties(device).multi_processor_count
+    return KernelTuning(**stored)
+
+
 class CompiledKernels(Mapping[str, LoadedKernel]):
     """The loaded variants of one ``sm_XX`` directory, by name; ``failed`` lists what the compiler refused."""
 
     def __init__(self, sm: int, kernels: dict[str, LoadedKernel], failed: dict[str, str], backend: str) -> None:
         self.sm, self._kernels, self.failed, self.backend = sm, kernels, failed, backend
+        self._tunings: dict[tuple[str, str], Any] = {}  # (variant, device) -> KernelTuning for split-K
 
     def __getitem__(self, name: str) -> LoadedKernel:
         return self._kernels[name]
@@ -311,7 +332,9 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
         return found[0]
 
     def block_sparse_matmul(self, x, weight, stream: Any = None):
-        """``x (M, K) -> (M, N)`` on the compiled BSR kernel (torch CUDA tensors; x cast to the variant's dtype)."""
+        """``x (M, K) -> (M, N)`` on the compiled BSR kernel (torch CUDA tensors; x cast to the variant's dtype).
+        GEMV variants compiled with ``ATOMIC`` split each block row over programs (``tuning.gemv_splits`` with
+        this device's SM count) and add into a zeroed float32 output."""
         import torch
 
         m = x.shape[0]
@@ -323,11 +346,22 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
         dtype = getattr(torch, _TORCH_DTYPES[variant.meta["act_dtype"]])
         x = x.to(dtype)
         n, k = weight.shape
-        out = torch.empty(m, n, dtype=dtype, device=x.device)
-        grid = variant.grid({"M": m, "N": n})
+        atomic = bool(variant.meta["constexprs"].get("ATOMIC", False))  # bundles before split-K have none
+        splits = 1
+        if atomic:
+            from .tuning import gemv_splits
+
+            key = (variant.name, str(x.device))
+            if key not in self._tunings:
+                self._tunings[key] = _device_tuning(variant.meta, x.device)
+            splits = gemv_splits(m * weight.block_rows, m * weight.nnz_blocks, self._tunings[key])
+            out = torch.zeros(m, n, dtype=torch.float32, device=x.device)
+        else:
+            out = torch.empty(m, n, dtype=dtype, device=x.device)
+        grid = variant.grid({"M": m, "N": n, "SPLIT": splits})
         variant.launch(grid, x, weight.values, weight.col_index, weight.row_offsets, weight.scales, out,
                        m, n, k, x.stride(0), x.stride(1), out.stride(0), out.stride(1), stream=stream)
-        return out
+        return out.to(dtype) if atomic else out
 
     def gqa_decode_attention(self, q, k_cache, v_cache, lengths, scale: float, stream: Any = None):
         """Decode-step GQA on the compiled kernel: the smallest ``BLOCK_G >= Hq/Hkv`` variant of head dim D."""

@@ -44,6 +44,8 @@ class KernelTuning:
     shared_memory_kb: int
     bsr_block: tuple[int, int] = (32, 32)   # (block_n, block_k) of BlockSparseWeight
     gemv_num_warps: int = 2                 # M < 16: broadcast-multiply + reduce, one program per block row
+    gemv_unroll: int = 4                    # M == 1: stored blocks loaded per loop step (loads in flight)
+    gemv_programs_per_sm: int = 8           # M == 1: split-K until the GEMV has this many programs per SM
     gemm_block_m: int = 16                  # M >= 16: tl.dot tiles (16 is the tensor-core minimum)
     gemm_num_warps: int = 4
     attn_block_t: int = 32                  # cache positions per online-softmax step
@@ -92,3 +94,13 @@ def tuning_for(sm: int, sm_count: int | None = None, shared_memory_kb: int | Non
         attn_num_warps=8 if wide_attention else 4,
         num_stages=stages,
     )
+
+
+def gemv_splits(block_rows: int, stored_blocks: int, tuning: KernelTuning) -> int:
+    """Programs per block row (split-K) for a batch-1 GEMV: enough for ``gemv_programs_per_sm`` programs on each
+    SM, but never so many that a program gets fewer than two unrolled steps of its row's stored blocks."""
+    if block_rows <= 0 or stored_blocks <= 0:
+        return 1
+    wanted = -(-tuning.sm_count * tuning.gemv_programs_per_sm // block_rows)
+    most = stored_blocks // (block_rows * 2 * max(1, tuning.gemv_unroll))
+    return max(1, min(wanted, most))

@@ -4,7 +4,9 @@ kernel, both intra-block layouts, a sweep of launch settings, and torch fp16 (cu
     python -m pytest tests/benchmarks/test_block_sparse_gpu.py -m benchmark -s
 
 Shapes: SmolLM2-135M's four fused decode linears (Q|K|V, O, gate|up, down) and four larger ones (Llama-3.2-1B
-and 8B-sized) where one launch moves enough bytes to be bandwidth-bound on a large GPU.
+and 8B-sized) where one launch moves enough bytes to be bandwidth-bound on a large GPU. Launch settings swept:
+warps, blocks per loop step (``gemv_unroll``) and split-K (``gemv_programs_per_sm``, 0 = none); the table
+shows each density's best, its splits, and the best time of the one-block-a-step kernel without split-K.
 
 Timing (see the method notes in the docstring of :func:`graph_time_us`): each measured call reads a different
 copy of the weight, with enough copies that they do not fit in L2 (a decode step reads every layer's weights
@@ -38,10 +40,11 @@ pytestmark = [
 ]
 
 SMOLLM2 = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # (N out, K in): fused qkv, o, gate|up, down
-LARGE = ((2048, 2048), (16384, 2048), (2048, 8192), (4096, 4096), (14336, 4096), (8192, 8192))
-DENSITIES = (1.0, 0.75, 0.5, 0.25)
+LARGE = ((2048, 8192), (4096, 4096), (14336, 4096), (8192, 8192))
+DENSITIES = (1.0, 0.5, 0.25)
 LAYOUTS = ("plain", "transposed")
-SWEEP = tuple((warps, stages) for warps in (1, 2, 4, 8) for stages in (1, 3))  # gemv num_warps, num_stages
+# (gemv_num_warps, gemv_unroll, gemv_programs_per_sm): unroll 1 / per_sm 0 is one block a step and no split-K
+SWEEP = tuple((warps, unroll, per_sm) for warps in (4, 8) for unroll in (1, 2, 4, 8) for per_sm in (0, 4, 16))
 MIN_CALLS = 64  # launches per graph replay
 REPLAYS = 7
 COLD_BYTES_FACTOR = 3  # the copies of a weight together hold >= 3x the L2 size
@@ -104,6 +107,7 @@ def measure_shape(n: int, k: int, tuning, gen) -> list[dict]:
     from edgesdk.kernels.block_sparse import BlockSparseWeight
     from edgesdk.kernels.reference import block_sparse_matmul_reference
     from edgesdk.kernels.triton_kernels import block_sparse_matmul_triton
+    from edgesdk.kernels.tuning import gemv_splits
 
     codes = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
     scales = torch.rand(n, generator=gen) * 0.02 + 1e-3
@@ -113,8 +117,8 @@ def measure_shape(n: int, k: int, tuning, gen) -> list[dict]:
     copies16 = [w16] + [w16.clone() for _ in range(copies_for(w16.numel() * 2) - 1)]
     x = torch.randn(1, k, generator=gen).half().cuda()
     us = graph_time_us(lambda i: torch.nn.functional.linear(x, copies16[i]), len(copies16))
-    rows.append({"n": n, "k": k, "kernel": "torch fp16", "layout": "-", "density": 1.0, "warps": None,
-                 "stages": None, "us": us, "bytes": n * k * 2 + vectors})
+    rows.append({"n": n, "k": k, "kernel": "torch fp16", "layout": "-", "density": 1.0, "us": us,
+                 "bytes": n * k * 2 + vectors})
     nbr, nbc = -(-n // 32), -(-k // 32)
     for density in DENSITIES:
         mask = torch.rand(nbr, nbc, generator=gen) < density if density < 1.0 else torch.ones(nbr, nbc, dtype=bool)
@@ -123,10 +127,13 @@ def measure_shape(n: int, k: int, tuning, gen) -> list[dict]:
             xs = torch.randn(1, k, generator=gen).half().cuda()
             reference = block_sparse_matmul_reference(xs.float(), weight)
             weights = [weight] + [clone_weight(weight) for _ in range(copies_for(weight.nbytes) - 1)]
-            for warps, stages in SWEEP:
-                setting = dataclasses.replace(tuning, gemv_num_warps=warps, num_stages=stages)
+            for warps, unroll, per_sm in SWEEP:
+                setting = dataclasses.replace(tuning, gemv_num_warps=warps, gemv_unroll=unroll,
+                                              gemv_programs_per_sm=per_sm)
                 row = {"n": n, "k": k, "kernel": "bsr int8", "layout": layout, "density": round(weight.density, 4),
-                       "warps": warps, "stages": stages, "bytes": weight.nbytes + vectors}
+                       "warps": warps, "unroll": unroll, "per_sm": per_sm,
+                       "splits": gemv_splits(weight.block_rows, weight.nnz_blocks, setting),
+                       "bytes": weight.nbytes + vectors}
                 try:
                     out = block_sparse_matmul_triton(xs, weight, tuning=setting)
                     error = (out.float() - reference).abs().max().item()
@@ -149,11 +156,11 @@ def best(rows, **match) -> dict | None:
 
 
 def summarise(rows: list[dict], copy_gbs: float) -> list[str]:
-    lines = [f"{'N x K':>13} {'layout':>10} {'density':>7} {'best w/s':>8} {'us':>8} {'GB/s':>7} {'%copy':>6} "
-             f"{'vs dense':>8} {'vs fp16':>8}"]
+    lines = [f"{'N x K':>13} {'layout':>10} {'density':>7} {'w/U/split':>10} {'us':>8} {'GB/s':>7} {'%copy':>6} "
+             f"{'vs dense':>8} {'vs fp16':>8} {'1-block us':>10}"]
     for n, k in sorted({(r["n"], r["k"]) for r in rows}, key=lambda s: s[0] * s[1]):
         fp16 = best(rows, n=n, k=k, kernel="torch fp16")
-        lines.append(f"{n:>6} x{k:>6} {'torch fp16':>10} {1.0:>7.2f} {'-':>8} {fp16['us']:>8.2f} "
+        lines.append(f"{n:>6} x{k:>6} {'torch fp16':>10} {1.0:>7.2f} {'-':>10} {fp16['us']:>8.2f} "
                      f"{fp16['bytes'] / fp16['us'] / 1e3:>7.0f} {fp16['bytes'] / fp16['us'] / 1e3 / copy_gbs:>6.0%}")
         for layout in LAYOUTS:
             dense = best(rows, n=n, k=k, kernel="bsr int8", layout=layout, density=1.0)
@@ -164,9 +171,12 @@ def summarise(rows: list[dict], copy_gbs: float) -> list[str]:
                     lines.append(f"{n:>6} x{k:>6} {layout:>10} {density:>7.2f} all settings failed")
                     continue
                 gbs = r["bytes"] / r["us"] / 1e3
-                lines.append(f"{n:>6} x{k:>6} {layout:>10} {density:>7.2f} {r['warps']:>4}/{r['stages']:<3} "
+                simple = best(rows, n=n, k=k, kernel="bsr int8", layout=layout, density=density, unroll=1, per_sm=0)
+                setting = f"{r['warps']}/{r['unroll']}/{r['splits']}"
+                lines.append(f"{n:>6} x{k:>6} {layout:>10} {density:>7.2f} {setting:>10} "
                              f"{r['us']:>8.2f} {gbs:>7.0f} {gbs / copy_gbs:>6.0%} "
-                             f"{dense['us'] / r['us'] if dense else float('nan'):>7.2f}x {fp16['us'] / r['us']:>7.2f}x")
+                             f"{dense['us'] / r['us'] if dense else float('nan'):>7.2f}x {fp16['us'] / r['us']:>7.2f}x "
+                             f"{simple['us'] if simple else float('nan'):>10.2f}")
     return lines
 
 

@@ -5,6 +5,7 @@ and records it as the test property ``max_abs_diff``.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -155,6 +156,47 @@ def test_block_sparse_emulated_strided_input_and_small_block(record_property):
     x = torch.randn(48, 5).T  # (5, 48) with strides (1, 5)
     check_close(block_sparse_matmul(x, w, mode="emulated"), block_sparse_matmul_reference(x, w), record_property,
                 "bsr strided x, block 16x16")
+
+
+GEMV_CASES = [(n, k, density, layout, unroll, per_sm)
+              for n, k in ((100, 70), (576, 1536)) for density in (1.0, 0.5, 0.1)
+              for layout in ("plain", "transposed") for unroll, per_sm in ((1, 1), (4, 1), (8, 64), (2, 64))]
+
+
+@needs_triton
+@pytest.mark.parametrize(("n", "k", "density", "layout", "unroll", "per_sm"), GEMV_CASES)
+def test_gemv_unrolled_and_split_k_match_reference(n, k, density, layout, unroll, per_sm, record_property):
+    """Batch 1: UNROLL blocks a step (a ragged last step masked) and split-K with atomic adds (per_sm 64 gives
+    the 576 x 1536 weight 3 to 12 shares per block row, uneven where rows keep different counts) give the
+    twin's result."""
+    from edgesdk.kernels.triton_kernels import block_sparse_matmul_triton
+    from edgesdk.kernels.tuning import gemv_splits
+
+    w, *_ = random_weight(n, k, density, layout, seed=n + unroll)
+    tuning = dataclasses.replace(tuning_for(87), gemv_unroll=unroll, gemv_programs_per_sm=per_sm)
+    splits = gemv_splits(w.block_rows, w.nnz_blocks, tuning)
+    assert splits >= 1 if per_sm > 1 else splits == 1
+    for dtype in (torch.float32, torch.float16):
+        x = torch.randn(1, k, generator=torch.Generator().manual_seed(k)).to(dtype)
+        out = block_sparse_matmul_triton(x, w, emulated=True, tuning=tuning)
+        assert out.dtype == dtype
+        ref = block_sparse_matmul_reference(x.float(), w)
+        if dtype == torch.float32:
+            check_close(out, ref, record_property, f"gemv {n}x{k} d={density} {layout} U={unroll} split={splits}")
+        else:  # the fp16 output rounds at 2^-11 relative
+            assert (out.float() - ref).abs().max().item() <= 2e-3 * max(1.0, ref.abs().max().item())
+
+
+def test_gemv_splits_fill_the_sms_without_starving_programs():
+    from edgesdk.kernels.tuning import gemv_splits
+
+    orin = tuning_for(87)  # 8 SMs, 8 programs per SM wanted, 4 blocks a step
+    assert gemv_splits(18, 18 * 48, orin) == 4  # SmolLM2 down (576 x 1536, dense): 18 rows -> 64 programs
+    assert gemv_splits(18, 18 * 9, orin) == 1  # 9 blocks a row: a share would get under two steps
+    assert gemv_splits(256, 256 * 256, orin) == 1  # enough rows already
+    assert gemv_splits(0, 0, orin) == 1
+    h200 = tuning_for(90)
+    assert gemv_splits(18, 18 * 18, h200) == 2
 
 
 # ---------------------------------------------------------------------------------------------- attention

@@ -113,12 +113,20 @@ def test_loader_packs_parameters_in_signature_order(compiled):
     y = kernels.block_sparse_matmul(x, w)
     handle, grid, threads, shared, stream, values = driver.launches[-1]
     assert handle == ("module", "bsr_gemv_transposed_32x32_fp16")
-    assert grid == (4, 3, 1)  # (cdiv(100, 32), cdiv(3, BLOCK_M=1), 1)
+    assert grid == (4, 3, 1)  # (cdiv(100, 32), cdiv(3, BLOCK_M=1), SPLIT): 3 blocks a row are too few to split
     assert threads == 32 * tuning_for(sm).gemv_num_warps
     assert shared == driver.meta["shared_memory_bytes"]
+    assert driver.meta["constexprs"]["ATOMIC"]
+    assert dict(driver.meta["params"])["out_ptr"] == "*fp32"  # split-K adds into float32, returned as fp16
+    assert y.dtype == torch.float16
     pointers = [x.data_ptr(), w.values.data_ptr(), w.col_index.data_ptr(), w.row_offsets.data_ptr(),
-                w.scales.data_ptr(), y.data_ptr()]
-    assert values == [*pointers, 3, 100, 70, 70, 1, 100, 1, None, None]  # None: null scratch pointers
+                w.scales.data_ptr()]
+    assert values[:5] == pointers
+    assert values[6:] == [3, 100, 70, 70, 1, 100, 1, None, None]  # None: null scratch pointers
+    wide = BlockSparseWeight.from_dense(torch.ones(64, 2048, dtype=torch.int8), torch.ones(64))  # 64 blocks a row
+    kernels.block_sparse_matmul(torch.randn(1, 2048, dtype=torch.float16), wide)
+    # 2 block rows want 24-32 programs per row for 8 per SM; each share keeps >= 2 steps of 4 blocks: 64 // 8 = 8
+    assert driver.launches[-1][1] == (2, 1, 8)
     q, cache = torch.randn(2, 9, 64), torch.randn(2, 3, 10, 64)
     driver.meta = loaded["gqa_decode_d64_g4_fp16"].meta
     kernels.gqa_decode_attention(q, cache, cache, torch.tensor([10, 4]), 0.125)
