@@ -19,8 +19,8 @@ run() {  # run LIMIT_S NAME pytest-args...
   echo "== $name: exit $?"; grep -E "max abs diff|passed|failed|error|SKIPPED" "$out/$name.log" | tail -40
 }
 
-run 230 gemv tests/benchmarks/test_block_sparse_gpu.py -m benchmark -s
-run 180 gpu-tests tests/gpu -m gpu -s
-run 120 decode tests/benchmarks/test_triton_decode_gpu.py -m benchmark -s
+run 270 gemv tests/benchmarks/test_block_sparse_gpu.py -m benchmark -s
+run 120 gpu-tests tests/gpu -m gpu -s
+run 100 decode tests/benchmarks/test_triton_decode_gpu.py -m benchmark -s
 sed -n '/copy .* GB\/s/,/settings failed/p' "$out/gemv.log"
 sed -n '/new tokens/,/ort-cuda/p' "$out/decode.log"
