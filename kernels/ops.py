@@ -6,10 +6,14 @@
 * ``"reference"``: the plain PyTorch twin in :mod:`.reference` (any device, no triton needed);
 * ``"emulated"``: the same Triton kernel run by Triton's CPU interpreter (``TRITON_INTERPRET`` semantics,
   without setting the variable; CPU tensors). This is how the kernels are tested on hosts without a GPU.
+
+``EDGESDK_KERNEL_TUNING="gemv_unroll=2,gemv_programs_per_sm=32"`` overrides the launch settings that
+:func:`.tuning.tuning_for` picks for the current GPU (Triton mode).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import os
@@ -62,13 +66,30 @@ def _require_triton(mode: str) -> None:
                            f"CPU or set {ENV_VAR}=reference")
 
 
+TUNING_ENV_VAR = "EDGESDK_KERNEL_TUNING"
+
+
+def tuning_overrides(tuning: KernelTuning, text: str) -> KernelTuning:
+    """``tuning`` with fields from ``"gemv_unroll=2,gemv_programs_per_sm=32"`` (integers), for tuning on a board."""
+    fields = {name for name, value in tuning.to_dict().items() if isinstance(value, int)} - {"sm"}
+    changes = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        name = name.strip()
+        if name not in fields or not value.strip().lstrip("-").isdigit():
+            raise ValueError(f"{TUNING_ENV_VAR}: {item!r} is not NAME=INTEGER for a tuning field; fields: "
+                             f"{', '.join(sorted(fields))}")
+        changes[name] = int(value)
+    return dataclasses.replace(tuning, **changes)
+
+
 @functools.cache
 def _device_tuning(device_index: int) -> KernelTuning:
     props = torch.cuda.get_device_properties(device_index)
     sm = props.major * 10 + props.minor
     smem = getattr(props, "shared_memory_per_multiprocessor", None)
     smem_kb = smem // 1024 if smem else SM_DEFAULTS.get(sm, (0, 100))[1]  # 100 KB: the smallest sm_8x value
-    return tuning_for(sm, props.multi_processor_count, smem_kb)
+    return tuning_overrides(tuning_for(sm, props.multi_processor_count, smem_kb), os.environ.get(TUNING_ENV_VAR, ""))
 
 
 def _tuning(mode: str, tensor: torch.Tensor, tuning: KernelTuning | None) -> KernelTuning | None:

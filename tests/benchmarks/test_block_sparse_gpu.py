@@ -102,8 +102,10 @@ def clone_weight(weight):
                                row_offsets=weight.row_offsets.clone(), scales=weight.scales.clone())
 
 
-def measure_shape(n: int, k: int, tuning, gen) -> list[dict]:
-    """Every density x layout x launch setting for one shape, plus torch fp16; correctness checked first."""
+def measure_shape(n: int, k: int, tuning, gen, densities=DENSITIES, layouts=LAYOUTS, sweep=SWEEP,
+                  act_dtype=torch.float16) -> list[dict]:
+    """Every density x layout x launch setting for one shape, plus torch fp16; correctness checked first.
+    ``act_dtype``: the activation (and output) dtype of the BSR kernel; the decoder runs float32."""
     from edgesdk.kernels.block_sparse import BlockSparseWeight
     from edgesdk.kernels.reference import block_sparse_matmul_reference
     from edgesdk.kernels.triton_kernels import block_sparse_matmul_triton
@@ -112,6 +114,7 @@ def measure_shape(n: int, k: int, tuning, gen) -> list[dict]:
     codes = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
     scales = torch.rand(n, generator=gen) * 0.02 + 1e-3
     vectors = (k + n) * 2  # fp16 x and out
+    act_bytes = (k + n) * torch.finfo(act_dtype).bits // 8
     rows = []
     w16 = (codes.float() * scales[:, None]).half().cuda()
     copies16 = [w16] + [w16.clone() for _ in range(copies_for(w16.numel() * 2) - 1)]
@@ -120,20 +123,20 @@ def measure_shape(n: int, k: int, tuning, gen) -> list[dict]:
     rows.append({"n": n, "k": k, "kernel": "torch fp16", "layout": "-", "density": 1.0, "us": us,
                  "bytes": n * k * 2 + vectors})
     nbr, nbc = -(-n // 32), -(-k // 32)
-    for density in DENSITIES:
+    for density in densities:
         mask = torch.rand(nbr, nbc, generator=gen) < density if density < 1.0 else torch.ones(nbr, nbc, dtype=bool)
-        for layout in LAYOUTS:
+        for layout in layouts:
             weight = BlockSparseWeight.from_dense(codes, scales, mask=mask, layout=layout).to("cuda")
-            xs = torch.randn(1, k, generator=gen).half().cuda()
+            xs = torch.randn(1, k, generator=gen).to(act_dtype).cuda()
             reference = block_sparse_matmul_reference(xs.float(), weight)
             weights = [weight] + [clone_weight(weight) for _ in range(copies_for(weight.nbytes) - 1)]
-            for warps, unroll, per_sm in SWEEP:
+            for warps, unroll, per_sm in sweep:
                 setting = dataclasses.replace(tuning, gemv_num_warps=warps, gemv_unroll=unroll,
                                               gemv_programs_per_sm=per_sm)
                 row = {"n": n, "k": k, "kernel": "bsr int8", "layout": layout, "density": round(weight.density, 4),
                        "warps": warps, "unroll": unroll, "per_sm": per_sm,
                        "splits": gemv_splits(weight.block_rows, weight.nnz_blocks, setting),
-                       "bytes": weight.nbytes + vectors}
+                       "act": str(act_dtype).removeprefix("torch."), "bytes": weight.nbytes + act_bytes}
                 try:
                     out = block_sparse_matmul_triton(xs, weight, tuning=setting)
                     error = (out.float() - reference).abs().max().item()
@@ -201,3 +204,37 @@ def test_block_sparse_gemv_vs_dense_int8_vs_fp16():
     print("\n" + header + "\n" + "\n".join(summarise(rows, copy_gbs)))
     print(f"{len(failures)} of {len(rows)} settings failed" + (f"; first: {failures[0]}" if failures else ""))
     assert best(rows, kernel="bsr int8") is not None, failures[:3]
+
+
+# Split-K on a large GPU: more shares per block row than the main sweep tries, float32 activations as the decoder
+# runs them (no cast after the atomic float32 output) beside float16.
+SPLIT_SHAPES = ((576, 1536), (3072, 576)) + LARGE
+SPLIT_SWEEP = tuple((warps, unroll, per_sm) for warps in (4, 8) for unroll in (2, 4) for per_sm in (8, 16, 32, 64, 128))
+
+
+def test_gemv_split_k_sweep():
+    from edgesdk.kernels.ops import _device_tuning
+
+    tuning = _device_tuning(torch.cuda.current_device())
+    gen = torch.Generator().manual_seed(1)
+    rows = []
+    for n, k in SPLIT_SHAPES:
+        for act_dtype in (torch.float32, torch.float16):
+            rows += measure_shape(n, k, tuning, gen, densities=(1.0, 0.5), layouts=("plain",), sweep=SPLIT_SWEEP,
+                                  act_dtype=act_dtype)
+    out = os.environ.get("EDGESDK_BENCH_OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(out, "gemv-split.json").write_text(json.dumps({"rows": rows}, indent=1))
+    print(f"\n{'N x K':>13} {'act':>8} {'density':>7} {'w/U/per_sm':>10} {'splits':>6} {'us':>8} {'vs dense':>8}")
+    for n, k in SPLIT_SHAPES:
+        for act in ("float32", "float16"):
+            dense = best(rows, n=n, k=k, kernel="bsr int8", act=act, density=1.0)
+            for r in (dense, *[best(rows, n=n, k=k, kernel="bsr int8", act=act, density=d)
+                               for d in sorted({r["density"] for r in rows if (r["n"], r["k"]) == (n, k)
+                                                and r["density"] < 1.0})]):
+                if r is None:
+                    continue
+                print(f"{n:>6} x{k:>6} {act:>8} {r['density']:>7.2f} {r['warps']:>3}/{r['unroll']}/{r['per_sm']:<4} "
+                      f"{r['splits']:>6} {r['us']:>8.2f} {dense['us'] / r['us']:>7.2f}x")
+    assert best(rows, kernel="bsr int8") is not None

@@ -116,7 +116,10 @@ def transformers_fp16_rate() -> float:
 def test_triton_decode_vs_transformers_fp16():
     import onnxruntime
 
+    from edgesdk.kernels.ops import _device_tuning
+
     results = {"device": torch.cuda.get_device_name(), "new_tokens": NEW_TOKENS,
+               "tuning": _device_tuning(torch.cuda.current_device()).to_dict(),
                "onnxruntime_providers": onnxruntime.get_available_providers()}
     baseline = transformers_fp16_rate()
     results["transformers fp16 eager"] = baseline
@@ -135,7 +138,8 @@ def test_triton_decode_vs_transformers_fp16():
     if "CUDAExecutionProvider" not in results["onnxruntime_providers"]:
         lines.append("ort-cuda: not measured, this onnxruntime has no CUDAExecutionProvider "
                      f"({results['onnxruntime_providers']})")
-    print(f"\n{results['device']}, batch 1, {PROMPT}-token prompt, {NEW_TOKENS} new tokens\n" + "\n".join(lines))
+    print(f"\n{results['device']}, batch 1, {PROMPT}-token prompt, {NEW_TOKENS} new tokens, tuning {results['tuning']}\n"
+          + "\n".join(lines))
     out = os.environ.get("EDGESDK_BENCH_OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -352,3 +352,15 @@ def test_loader_without_driver_names_what_is_missing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "cuda-python" in proc.stdout
     assert "PyTorch" in proc.stdout
+
+
+def test_tuning_overrides_from_the_environment_text():
+    from edgesdk.kernels.ops import tuning_overrides
+
+    tuned = tuning_overrides(tuning_for(87), "gemv_unroll=2, gemv_programs_per_sm=32")
+    assert (tuned.gemv_unroll, tuned.gemv_programs_per_sm, tuned.sm_count) == (2, 32, 8)
+    assert tuning_overrides(tuning_for(87), "") == tuning_for(87)
+    with pytest.raises(ValueError, match="EDGESDK_KERNEL_TUNING.*gemv_unrol"):
+        tuning_overrides(tuning_for(87), "gemv_unrol=2")
+    with pytest.raises(ValueError, match="NAME=INTEGER"):
+        tuning_overrides(tuning_for(87), "gemv_unroll=two")
