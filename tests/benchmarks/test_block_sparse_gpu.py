@@ -22,7 +22,6 @@ its best launch setting, same shape, same layout.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import statistics
@@ -32,12 +31,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.benchmark,
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False"),
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (pip install edgesdk[kernels])"),
-]
+from tests._utils.gpu import gpu_benchmark_marks  # noqa: E402
+
+pytestmark = gpu_benchmark_marks(torch)
 
 SMOLLM2 = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # (N out, K in): fused qkv, o, gate|up, down
 LARGE = ((2048, 8192), (4096, 4096), (14336, 4096), (8192, 8192))

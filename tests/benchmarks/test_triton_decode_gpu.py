@@ -15,7 +15,6 @@ onnxruntime has the CUDA execution provider; otherwise the run says so.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import time
@@ -26,12 +25,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.benchmark,
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False"),
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (pip install edgesdk[kernels])"),
-]
+from tests._utils.gpu import gpu_benchmark_marks  # noqa: E402
+
+pytestmark = gpu_benchmark_marks(torch)
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 576, 30, 9, 3, 64, 1536, 49152
 PROMPT, NEW_TOKENS = 8, 256

@@ -106,22 +106,28 @@ def test_aot_cubins_launch_through_the_loader(compiled_dir, backend):
     assert len(kernels) == 7
     assert not kernels.failed
     assert all(k.source == "cubin" for k in kernels.values())
+    check_loaded_kernels(kernels, 1536, (130, 7), f"aot via {backend}")
+
+
+def check_loaded_kernels(kernels, n: int, lengths: tuple[int, ...], label: str) -> None:
+    """Loaded BSR kernels (both layouts, M = 1 and 20, N x 576 at half density) and the GQA kernel (9/3 heads of
+    64, one cache row per entry of ``lengths``) against their twins at fp16 activations."""
     for layout in ("plain", "transposed"):
-        w = weight(1536, 576, 0.5, layout, seed=2)
+        w = weight(n, 576, 0.5, layout, seed=n % 7)
         for m in (1, 20):
             x = torch.randn(m, 576, device="cuda")
             out = kernels.block_sparse_matmul(x, w)
             torch.cuda.synchronize()
-            assert_close(out, block_sparse_matmul_reference(x.half().float(), w), 2e-3,
-                         f"aot bsr M={m} {layout} via {backend}")
-    q = torch.randn(2, 9, 64, device="cuda")
-    k = torch.randn(2, 3, 130, 64, device="cuda")
-    v = torch.randn(2, 3, 130, 64, device="cuda")
-    lengths = torch.tensor([130, 7], device="cuda")
-    out = kernels.gqa_decode_attention(q, k, v, lengths, 0.125)
+            assert_close(out, block_sparse_matmul_reference(x.half().float(), w), 2e-3, f"{label} bsr M={m} {layout}")
+    t_max = max(lengths)
+    q = torch.randn(len(lengths), 9, 64, device="cuda")
+    k = torch.randn(len(lengths), 3, t_max, 64, device="cuda")
+    v = torch.randn(len(lengths), 3, t_max, 64, device="cuda")
+    lengths_t = torch.tensor(lengths, device="cuda")
+    out = kernels.gqa_decode_attention(q, k, v, lengths_t, 0.125)
     torch.cuda.synchronize()
-    ref = gqa_decode_attention_reference(q.half().float(), k.half().float(), v.half().float(), lengths, 0.125)
-    assert_close(out, ref, 2e-3, f"aot gqa via {backend}")
+    ref = gqa_decode_attention_reference(q.half().float(), k.half().float(), v.half().float(), lengths_t, 0.125)
+    assert_close(out, ref, 2e-3, f"{label} gqa")
 
 
 def test_sm87_bundle_kernels_run_as_ptx_on_newer_gpus(tmp_path):
@@ -158,19 +164,4 @@ def test_cubins_compiled_on_a_host_launch_here():
         pytest.skip(f"{compiled} holds no kernels for this GPU's SM")
     kernels = load_compiled(compiled)
     assert all(k.source == "cubin" for k in kernels.values())
-    for layout in ("plain", "transposed"):
-        w = weight(3072, 576, 0.5, layout, seed=5)
-        for m in (1, 20):
-            x = torch.randn(m, 576, device="cuda")
-            out = kernels.block_sparse_matmul(x, w)
-            torch.cuda.synchronize()
-            assert_close(out, block_sparse_matmul_reference(x.half().float(), w), 2e-3,
-                         f"host cubin bsr M={m} {layout}")
-    q = torch.randn(1, 9, 64, device="cuda")
-    k = torch.randn(1, 3, 70, 64, device="cuda")
-    v = torch.randn(1, 3, 70, 64, device="cuda")
-    lengths = torch.tensor([70], device="cuda")
-    out = kernels.gqa_decode_attention(q, k, v, lengths, 0.125)
-    torch.cuda.synchronize()
-    ref = gqa_decode_attention_reference(q.half().float(), k.half().float(), v.half().float(), lengths, 0.125)
-    assert_close(out, ref, 2e-3, "host cubin gqa")
+    check_loaded_kernels(kernels, 3072, (70,), "host cubin")
