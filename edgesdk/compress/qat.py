@@ -67,7 +67,7 @@ def distill_to_teacher(teacher, temperature: float):
     return loss_fn
 
 
-@register_stage("qat", QATConfig, description="quantization-aware training (fake quantization, STE)")
+@register_stage("qat", QATConfig, after=("smooth",), description="quantization-aware training (fake quantization, STE)")
 def qat_stage(model, config: QATConfig, ctx: BuildContext):
     teacher = ctx.teacher.eval()
     for p in teacher.parameters():
