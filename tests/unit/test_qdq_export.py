@@ -277,7 +277,8 @@ def test_int8_qdq_recipe_validates():
     from edgesdk.build.recipes import load_recipe
 
     recipe = load_recipe("int8-qdq")
-    (name, qat), = recipe.validated()
+    (smooth_name, smooth), (name, qat) = recipe.validated()
+    assert (smooth_name, smooth.alpha) == ("smooth", 0.85)  # SmoothQuant before per-tensor activations
     assert (name, qat.weight_bits, qat.granularity, qat.activations) == ("qat", 8, "channel", "tensor")
     assert qat.embedding_bits is None
     assert (recipe.export.form, recipe.export.weights, recipe.export.embedding_bits) == ("standard", "int8", None)
