@@ -8,6 +8,8 @@ from tests._utils.tiny import CORPUS, save_tiny_model_dir
 
 QDQ_RECIPE = """name: tiny-qdq
 stages:
+  - stage: smooth
+    config: {calibration_batches: 2, batch_size: 2, sequence_length: 24}
   - stage: qat
     config: {granularity: channel, activations: tensor, embedding_bits: null, steps: 2, batch_size: 2,
              sequence_length: 24, observer_batches: 2}
