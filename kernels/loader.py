@@ -289,7 +289,7 @@ class LoadedKernel:
 _TORCH_DTYPES = {"fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}
 
 
-def _device_tuning(meta: dict, device: Any):
+def _variant_tuning(meta: dict, device: Any):
     """The tuning a variant was compiled with, its SM count replaced by this device's (AGX Orin has twice an
     Orin NX's)."""
     import dataclasses
@@ -353,7 +353,7 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
 
             key = (variant.name, str(x.device))
             if key not in self._tunings:
-                self._tunings[key] = _device_tuning(variant.meta, x.device)
+                self._tunings[key] = _variant_tuning(variant.meta, x.device)
             splits = gemv_splits(m * weight.block_rows, m * weight.nnz_blocks, self._tunings[key])
             out = torch.zeros(m, n, dtype=torch.float32, device=x.device)
         else:

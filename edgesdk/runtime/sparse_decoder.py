@@ -44,14 +44,15 @@ class SparseDecoder:
                  mode: str | None = None, compiled=None, graphs: bool | None = None):
         # ``compiled``: kernels loaded from the bundle's AOT cubins (edgesdk.kernels.loader), used
         # instead of the Triton JIT when the board has no triton package.
-        # ``graphs``: replay decode steps from one captured CUDA graph (default: on a CUDA device). A decode
-        # step is ~35 small launches per layer; at batch 1 their launch cost, not the weights' bytes, sets the
-        # token rate unless they are replayed as one graph.
+        # ``graphs``: replay decode steps from one captured CUDA graph (default: on a CUDA device running the
+        # Triton or AOT kernels). A decode step is about 38 small launches per layer; at batch 1 their launch
+        # cost, not the weights' bytes, sets the token rate unless they are replayed as one graph.
         self.device, self.mode, self.compiled = torch.device(device), mode, compiled
         if graphs is None:  # the PyTorch twins synchronise with the host, so only the kernels are captured
             graphs = self.device.type == "cuda" and (compiled is not None or (mode or kernel_mode()) == "triton")
         self.graphs = graphs
-        self._graph = None
+        self._graph = None  # None: not captured yet; False: capture failed, static steps run eagerly
+        self._graph_logits: torch.Tensor | None = None  # the captured step's output buffer
         self.graph_error: str | None = None
         self.head_dim, self.eps = int(record["head_dim"]), float(record["rms_eps"])
         self.rope_scaling = float(record["rope_scaling"])
