@@ -98,8 +98,8 @@ class CompiledKernel:
 def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: Iterable[int] = (64,),
                      group_blocks: Iterable[int] = (1, 4, 8)) -> list[KernelVariant]:
     """The variants a bundle ships: BSR GEMV (M < 16, 1 row tile, ``gemv_unroll`` blocks a step, split-K into a
-    float32 output) and GEMM (``tl.dot``) for both layouts at the tuning's block, and GQA decode for each head dim and query-group bound ``BLOCK_G`` (a pruned group of G heads
-    runs on the smallest ``BLOCK_G >= G``)."""
+    float32 output) and GEMM (``tl.dot``) for both layouts at the tuning's block, and GQA decode for each head
+    dim and query-group bound ``BLOCK_G`` (a pruned group of G heads runs on the smallest ``BLOCK_G >= G``)."""
     bn, bk = tuning.bsr_block
     variants = []
     for layout in ("plain", "transposed"):
