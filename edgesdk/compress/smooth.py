@@ -34,6 +34,8 @@ from edgesdk.compress.sparsify import feed_inputs
 
 SITES = ("qkv", "gate_up", "down", "o")
 SCALE_RANGE = (1e-2, 1e4)  # s_j is clamped: a dead channel must not blow a weight column up
+# one linear per distinct input: K and V read Q's input, up reads gate's
+READERS = ("self_attn.q_proj", "mlp.gate_proj", "mlp.down_proj", "self_attn.o_proj")
 
 
 @dataclass(frozen=True)
@@ -68,20 +70,31 @@ def migration_scales(input_peak: torch.Tensor, weight_peak: torch.Tensor, alpha:
 
 @torch.no_grad()
 def input_peaks(model, batches: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """max |x_j| over the calibration tokens for every input channel j of every decoder linear."""
+    """max |x_j| over the calibration tokens for every input channel j of each distinct linear input
+    (keyed by the reading linear in READERS)."""
     peaks: dict[str, torch.Tensor] = {}
 
     def accumulate(name, x):
         peak = x.detach().abs().amax(0).float()
         peaks[name] = torch.maximum(peaks[name], peak) if name in peaks else peak
 
-    feed_inputs(model, fake_quant.decoder_linears(model), batches, accumulate)
+    readers = {name: linear for name, linear in fake_quant.decoder_linears(model).items() if name.endswith(READERS)}
+    feed_inputs(model, readers, batches, accumulate)
     return peaks
 
 
 def column_peak(*linears) -> torch.Tensor:
     """max |W_:,j| over the rows of all ``linears`` (which read the same input)."""
     return torch.stack([linear.weight.detach().abs().amax(0) for linear in linears]).amax(0)
+
+
+def fold_into_norm(norm, linears, input_peak: torch.Tensor, alpha: float) -> float:
+    """Divide the RMSNorm's weight by s and multiply the columns of the ``linears`` it feeds by s; returns max s."""
+    scales = migration_scales(input_peak, column_peak(*linears), alpha)
+    norm.weight.div_(scales)
+    for linear in linears:
+        linear.weight.mul_(scales[None, :])
+    return float(scales.max())
 
 
 @torch.no_grad()
@@ -94,19 +107,11 @@ def smooth_model(model, peaks: dict[str, torch.Tensor], config: SmoothConfig) ->
         attn, mlp = layer.self_attn, layer.mlp
         prefix = f"model.layers.{index}."
         if "qkv" in config.sites:
-            scales = migration_scales(peaks[prefix + "self_attn.q_proj"],
-                                      column_peak(attn.q_proj, attn.k_proj, attn.v_proj), config.alpha)
-            layer.input_layernorm.weight.div_(scales)
-            for linear in (attn.q_proj, attn.k_proj, attn.v_proj):
-                linear.weight.mul_(scales[None, :])
-            largest["qkv"].append(float(scales.max()))
+            largest["qkv"].append(fold_into_norm(layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj),
+                                                 peaks[prefix + "self_attn.q_proj"], config.alpha))
         if "gate_up" in config.sites:
-            scales = migration_scales(peaks[prefix + "mlp.gate_proj"], column_peak(mlp.gate_proj, mlp.up_proj),
-                                      config.alpha)
-            layer.post_attention_layernorm.weight.div_(scales)
-            for linear in (mlp.gate_proj, mlp.up_proj):
-                linear.weight.mul_(scales[None, :])
-            largest["gate_up"].append(float(scales.max()))
+            largest["gate_up"].append(fold_into_norm(layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj),
+                                                     peaks[prefix + "mlp.gate_proj"], config.alpha))
         if "down" in config.sites:
             scales = migration_scales(peaks[prefix + "mlp.down_proj"], column_peak(mlp.down_proj), config.alpha)
             mlp.up_proj.weight.div_(scales[:, None])  # rows of up are down's input channels
