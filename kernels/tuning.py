@@ -8,7 +8,7 @@ aim at (1) enough programs in flight per SM to hide DRAM latency, (2) tiles whos
 shared memory, and (3) no software pipelining where the hardware has no asynchronous copy (``cp.async`` arrived
 with sm_80, Ampere; see the CUDA C++ Programming Guide, "Asynchronous Data Copies"). The GEMV settings were swept
 on an H200 (``tests/benchmarks/test_block_sparse_gpu.py``): 4 warps, 4 blocks a step and split-K to 8 programs
-per SM was the best single setting (geometric mean within 7 % of each shape's best). The Jetson values follow the
+per SM was the best single setting of the split-K sweep (geometric mean within 7 % of each cell's best). The Jetson values follow the
 same rules and are not measured on a board.
 """
 
