@@ -94,8 +94,10 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
             raise click.UsageError("give BUNDLE (its size sets the decode rate) or --decode-tok-s")
         from edgesdk.bundle import read_manifest
 
-        files = read_manifest(bundle)["files"]
-        weights = sum(f["size"] for name, f in files.items() if name.startswith("model.onnx") or name.endswith(".data"))
+        manifest = read_manifest(bundle)
+        packed = manifest.get("graph", {}).get("weights")  # an entropy-coded file: memory holds the inflated bytes
+        weights = sum(packed["bytes"] if packed and name == packed["file"] else f["size"]
+                      for name, f in manifest["files"].items() if name.startswith("model.onnx") or name.endswith(".data"))
         decode_tok_s = decode_rate_estimate(profile, weights)
         how = f"0.3 x {profile.memory.bandwidth_gbps:g} GB/s / {weights / 1e6:.1f} MB of weights"
     ambient = profile.thermal_model.ambient_c if ambient is None else ambient

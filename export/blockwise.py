@@ -4,7 +4,10 @@ A weight W (K, N) used as ``x @ W`` is split along K into blocks of ``block_size
 each output column gets one float scale (absmax / qmax) and signed codes, stored unsigned with
 the implicit zero point 2^(bits-1) that MatMulNBits assumes when no zero point is given.
 Layout (``com.microsoft.MatMulNBits``): B is uint8 (N, K/block, block*bits/8), codes packed
-low nibble first for 4 bits; scales are (N * K/block,).
+low nibble first for 4 bits; scales are (N * K/block,), each a float16 value (stored as float16
+and widened in the graph, as llama.cpp's Q4_0/Q8_0 store theirs): half the scale bytes, and
+every candidate scale is rounded to float16 before its error is measured, so the codes are those
+of the stored scales.
 """
 
 from __future__ import annotations
@@ -14,12 +17,20 @@ from dataclasses import dataclass
 import numpy as np
 
 INT4_SCALE_DIVISORS = tuple(6.0 + 0.25 * i for i in range(13))  # absmax / c candidates, c in [6, 9]
+SMALLEST_SCALE = 2.0 ** -14  # float16's smallest normal: tinier scales would flush towards zero
+
+
+def half_scales(scales: np.ndarray) -> np.ndarray:
+    """float32 scales rounded to float16, magnitudes at least SMALLEST_SCALE (sign kept); the torch
+    twin is ``compress.fake_quant.half_scales``."""
+    magnitude = np.maximum(np.abs(scales), SMALLEST_SCALE)
+    return (np.where(scales < 0, -magnitude, magnitude)).astype(np.float16).astype(np.float32)
 
 
 @dataclass(frozen=True)
 class BlockQuantized:
     packed: np.ndarray  # uint8 (N, blocks, block*bits/8)
-    scales: np.ndarray  # float32 (N * blocks,)
+    scales: np.ndarray  # float32 (N * blocks,), each exactly a float16 value
     bits: int
     block_size: int
     k: int  # original K (before padding to a whole number of blocks)
@@ -47,14 +58,14 @@ def quantize_blockwise(weight: np.ndarray, bits: int, block_size: int) -> BlockQ
     grouped = padded.T.reshape(n, blocks, block_size)  # (N, blocks, block)
     qmax = 2 ** (bits - 1) - 1
     absmax = np.abs(grouped).max(axis=-1, keepdims=True)
-    scales = np.where(absmax > 0, absmax / qmax, 1.0).astype(np.float32)
+    scales = half_scales(np.where(absmax > 0, absmax / qmax, 1.0).astype(np.float32))
     if bits == 4:
-        scales = _search_scales(grouped, scales, qmax)
+        scales = _search_scales(grouped, absmax, scales, qmax)
     codes = np.clip(np.rint(grouped / scales), -qmax - 1, qmax).astype(np.int16) + 2 ** (bits - 1)
     return BlockQuantized(pack_codes(codes.astype(np.uint8), bits), scales.reshape(-1), bits, block_size, k, n)
 
 
-def _search_scales(grouped: np.ndarray, absmax_scales: np.ndarray, qmax: int) -> np.ndarray:
+def _search_scales(grouped: np.ndarray, absmax: np.ndarray, absmax_scales: np.ndarray, qmax: int) -> np.ndarray:
     """Per block, the scale (either sign) with the least squared rounding error.
 
     With 16 levels the absmax/7 scale wastes the -8 code; llama.cpp's Q4_0 maps the largest-
@@ -63,10 +74,9 @@ def _search_scales(grouped: np.ndarray, absmax_scales: np.ndarray, qmax: int) ->
     """
     best_scale = absmax_scales.copy()
     best_error = _rounding_error(grouped, best_scale, qmax)
-    absmax = absmax_scales * qmax
     for divisor in INT4_SCALE_DIVISORS:
         for sign in (1.0, -1.0):
-            candidate = np.where(absmax > 0, sign * absmax / divisor, 1.0).astype(np.float32)
+            candidate = half_scales(np.where(absmax > 0, sign * absmax / divisor, 1.0).astype(np.float32))
             error = _rounding_error(grouped, candidate, qmax)
             better = error < best_error
             best_scale = np.where(better, candidate, best_scale)

@@ -90,9 +90,14 @@ class _FusedEmitter:
     def _matmul_nbits(self, x: str, q, name: str, stored: tuple[str, str] | None = None) -> str:
         """MatMulNBits over ``q``; ``stored`` names initializers already in the graph (tied weights)."""
         g = self.g
-        packed, scales = stored or (g.const(q.packed, f"{name}.qweight"), g.const(q.scales, f"{name}.scales"))
+        packed, scales = stored or (g.const(q.packed, f"{name}.qweight"), self.scales(q, f"{name}.scales"))
         return g.op("MatMulNBits", [x, packed, scales], domain=MS, K=q.k, N=q.n, bits=q.bits,
                     block_size=q.block_size, accuracy_level=self.config.accuracy_level)
+
+    def scales(self, q, name: str) -> str:
+        """``q``'s scales stored as float16 (they are float16 values, export/blockwise.py) and widened
+        by a Cast that ONNX Runtime folds into a float32 initializer when the session loads."""
+        return self.g.op("Cast", [self.g.const(q.scales.astype(np.float16), name)], to=TensorProto.FLOAT)
 
     def norm(self, x: str, weight: np.ndarray, name: str) -> str:
         return self.g.op("SimplifiedLayerNormalization", [x, self.g.const(weight.astype(np.float32), name)],
@@ -113,7 +118,7 @@ class _FusedEmitter:
             return g.op("Gather", [table, "input_ids"]), (None, table)
         q = quantize_blockwise(w.embed.T.copy(), bits, config.block_size)  # K=D, N=V
         packed = g.const(q.packed, "embed_tokens.qweight")  # (V, D/block, block*bits/8)
-        scales = g.const(q.scales, "embed_tokens.scales")  # (V * D/block,)
+        scales = self.scales(q, "embed_tokens.scales")  # (V * D/block,)
         rows = g.op("Reshape", [packed, g.i64([w.vocab_size, -1])])  # (V, D*bits/8)
         row_scales = g.op("Reshape", [scales, g.i64([w.vocab_size, -1])])  # (V, D/block)
         x = g.op("GatherBlockQuantized", [rows, "input_ids", row_scales], domain=MS, gather_axis=0,

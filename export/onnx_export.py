@@ -22,6 +22,7 @@ from edgesdk.export.decoder_weights import decoder_weights_from_hf
 from edgesdk.export.fused_graph import FusedConfig, emit_fused_decoder
 from edgesdk.export.llama_graph import GraphSpec, emit_decoder
 from edgesdk.export.qdq_graph import QDQConfig, emit_qdq_decoder, qdq_config, qdq_scheme
+from edgesdk.weights_file import CODECS as WEIGHTS_CODECS
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -40,6 +41,7 @@ class ExportConfig:
     # standard (QDQ): None = float32, 8 = INT8 per row
     sparse: bool = False  # also store block-compressed INT8 weights + AOT kernels (export/sparse_export.py)
     sparse_layout: str = "plain"  # plain (N-major blocks) | transposed (the seed's K-major blocks)
+    weights_codec: str = "none"  # none | zlib: the bundle's weights file entropy-coded (edgesdk/weights_file.py)
 
     def __post_init__(self):
         if self.form not in FORMS:
@@ -56,6 +58,15 @@ class ExportConfig:
             )
         if self.form == "standard" and self.weights == "int8":
             self.qdq(None)  # validates embedding_bits
+        if self.weights_codec not in WEIGHTS_CODECS:
+            raise ExportError(f"export weights_codec '{self.weights_codec}' is unknown; choose one of "
+                              f"{', '.join(WEIGHTS_CODECS)}", "set export.weights_codec in the recipe")
+        if self.weights_codec != "none" and self.form == "standard":
+            raise ExportError(
+                f"weights_codec '{self.weights_codec}' needs the ort-fused form: the standard form is what "
+                "TensorRT parses, and its parser reads the weights file from disk as it is",
+                "use form: ort-fused, or weights_codec: none for the standard (TensorRT) form",
+            )
 
     def qdq(self, scheme) -> QDQConfig:
         """The QDQ graph settings for a model quantized with ``scheme`` (None: weights only)."""

@@ -133,6 +133,7 @@ def build(config: BuildConfig) -> Bundle:
         out, export_dir=export_dir, graph=record["graph"], validation=record["validation"], profile=profile,
         recipe=recipe, stages=stage_records, model=model, tokenizer=loaded.tokenizer,
         facts_before=facts_before, facts_after=facts_after, baseline=baseline, sparse=record.get("sparse"),
+        weights_codec=export_config.weights_codec,
     )
     if not config.keep_work:
         shutil.rmtree(work.path, ignore_errors=True)

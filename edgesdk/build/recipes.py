@@ -29,6 +29,7 @@ class ExportSection(BaseModel):
     embedding_bits: Literal[4, 8] | None = None  # tied embedding / LM head; None = as the layers
     sparse: bool = False  # also store block-compressed INT8 weights and AOT kernels (triton backend)
     sparse_layout: Literal["plain", "transposed"] = "plain"  # intra-block order of the stored blocks
+    weights_codec: Literal["none", "zlib"] = "none"  # zlib: entropy-coded weights file (ort-fused form only)
 
 
 class Recipe(BaseModel):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgesdk.export.blockwise import INT4_SCALE_DIVISORS  # the exporter's candidates: same codes
+from edgesdk.export.blockwise import INT4_SCALE_DIVISORS, SMALLEST_SCALE  # the exporter's: same codes
 
 CONFIG_KEY = "edgesdk_quant"
 LINEAR_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -70,17 +70,26 @@ def _blocks(weight: torch.Tensor, block_size: int) -> tuple[torch.Tensor, int]:
     return padded.reshape(out_features, blocks, block_size), in_features
 
 
-def weight_scales(grouped: torch.Tensor, bits: int) -> torch.Tensor:
+def half_scales(scales: torch.Tensor) -> torch.Tensor:
+    """Scales rounded to float16 (magnitude at least SMALLEST_SCALE): the block layout stores them
+    as float16 (``export.blockwise.half_scales`` is the numpy twin)."""
+    magnitude = scales.abs().clamp_min(SMALLEST_SCALE)
+    return torch.where(scales < 0, -magnitude, magnitude).half().float()
+
+
+def weight_scales(grouped: torch.Tensor, bits: int, half: bool = False) -> torch.Tensor:
     """Per-group scales for (…, group) weights: absmax / qmax, and for 4 bits the signed scale
-    with the least squared rounding error (the same candidates and order as export/blockwise.py)."""
+    with the least squared rounding error (the same candidates and order as export/blockwise.py).
+    ``half`` rounds every candidate to float16 first (the block layout's stored scales)."""
     qmax = 2 ** (bits - 1) - 1
     absmax = grouped.abs().amax(dim=-1, keepdim=True)
-    scales = torch.where(absmax > 0, absmax / qmax, torch.ones_like(absmax))
+    rounded = half_scales if half else (lambda s: s)
+    scales = rounded(torch.where(absmax > 0, absmax / qmax, torch.ones_like(absmax)))
     if bits == 4:
         best_error = _rounding_error(grouped, scales, qmax)
         for divisor in INT4_SCALE_DIVISORS:
             for sign in (1.0, -1.0):
-                candidate = torch.where(absmax > 0, sign * absmax / divisor, torch.ones_like(absmax))
+                candidate = rounded(torch.where(absmax > 0, sign * absmax / divisor, torch.ones_like(absmax)))
                 error = _rounding_error(grouped, candidate, qmax)
                 better = error < best_error
                 scales = torch.where(better, candidate, scales)
@@ -107,7 +116,7 @@ def quantize_weight(weight: torch.Tensor, bits: int, granularity: str, block_siz
         grouped, in_features = _grouped(weight, granularity, block_size)
         qmax = 2 ** (bits - 1) - 1
         if scales is None:
-            scales = weight_scales(grouped, bits)
+            scales = weight_scales(grouped, bits, half=granularity == "block")
         low = -qmax if granularity == "channel" else -qmax - 1  # QDQ weights are symmetric [-127, 127]
         codes = torch.clamp(torch.round(grouped / scales), low, qmax)
         return (codes * scales).reshape(weight.shape[0], -1)[:, :in_features]
@@ -115,7 +124,7 @@ def quantize_weight(weight: torch.Tensor, bits: int, granularity: str, block_siz
 
 def grouped_scales(weight: torch.Tensor, bits: int, granularity: str, block_size: int) -> torch.Tensor:
     with torch.no_grad():
-        return weight_scales(_grouped(weight, granularity, block_size)[0], bits)
+        return weight_scales(_grouped(weight, granularity, block_size)[0], bits, half=granularity == "block")
 
 
 def straight_through(value: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:

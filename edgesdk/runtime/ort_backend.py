@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesdk.errors import RuntimeBackendError
+from edgesdk.errors import BundleError, RuntimeBackendError
+from edgesdk.weights_file import open_session
 
 
 def make_session_options(threads: int, spinning: bool = True):
@@ -41,8 +42,10 @@ class OrtDecoderBase:
         self.providers = providers or ["CPUExecutionProvider"]
         self.name = "ort-cpu" if self.providers == ["CPUExecutionProvider"] else "ort-" + self.providers[0]
         try:
-            self.session = ort.InferenceSession(str(model_path), make_session_options(threads, spinning),
-                                                providers=self.providers)
+            self.session = open_session(model_path, make_session_options(threads, spinning), self.providers,
+                                        graph.get("weights"))
+        except BundleError:
+            raise
         except Exception as exc:  # onnxruntime raises its own exception types per failure
             raise RuntimeBackendError(
                 f"ONNX Runtime could not load {model_path} with {self.providers}: {exc}", self.load_hint,

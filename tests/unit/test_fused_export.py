@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from edgesdk.export.blockwise import pack_codes, quantize_blockwise, unpack_codes  # noqa: E402
+from edgesdk.export.blockwise import half_scales, pack_codes, quantize_blockwise, unpack_codes  # noqa: E402
 from edgesdk.export.onnx_export import MODEL_FILE, ExportConfig, export_model  # noqa: E402
 from edgesdk.export.validate import ExportMismatchError, ValidationConfig, validate_fused  # noqa: E402
 from edgesdk.runtime.ort_fused_backend import INITIAL_CAPACITY, OrtFusedBackend  # noqa: E402
@@ -32,12 +32,13 @@ def test_int8_roundtrip_error_is_half_a_step(k):
 
 
 def test_int4_scale_search_beats_absmax_rounding():
-    """The searched 4-bit scales give no more squared error, block by block, than absmax/7."""
+    """The searched 4-bit scales give no more squared error, block by block, than absmax/7 (both
+    rounded to the float16 the bundle stores)."""
     weight = np.random.default_rng(1).standard_normal((256, 64)).astype(np.float32)
     q = quantize_blockwise(weight, 4, 32)
     assert q.packed.shape == (64, 8, 16)
     grouped = weight.T.reshape(64, 8, 32)
-    absmax = np.abs(grouped).max(-1, keepdims=True) / 7
+    absmax = half_scales(np.abs(grouped).max(-1, keepdims=True) / 7)
     baseline = np.clip(np.rint(grouped / absmax), -8, 7) * absmax
     searched = q.dequantize().T.reshape(64, 8, 32)
     baseline_error = ((baseline - grouped) ** 2).sum(-1)
@@ -103,3 +104,16 @@ def test_standard_form_refuses_quantized_weights():
         ExportConfig(form="standard", weights="int4")  # int8 is the QDQ form (tests/unit/test_qdq_export.py)
     with pytest.raises(ExportError, match="export form 'fast' is unknown"):
         ExportConfig(form="fast")
+
+
+def test_scales_are_float16_values_and_tiny_blocks_stay_finite():
+    """Scales are exactly float16 values (the bundle stores them as float16); a block of weights
+    far below float16's range quantizes to zeros, never to NaN."""
+    weight = np.random.default_rng(2).standard_normal((64, 8)).astype(np.float32)
+    weight[:32, 0] *= 1e-9  # one block far below float16's smallest normal
+    for bits in (4, 8):
+        q = quantize_blockwise(weight, bits, 32)
+        assert np.array_equal(q.scales, q.scales.astype(np.float16).astype(np.float32))
+        restored = q.dequantize()
+        assert np.isfinite(restored).all()
+        assert np.abs(restored[:32, 0]).max() <= 1e-4

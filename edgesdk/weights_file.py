@@ -1,0 +1,96 @@
+"""The bundle's weights file (the graph's external data), stored plain or entropy-coded.
+
+Quantized codes are far from uniformly distributed: the 4-bit codes of bell-shaped weights and
+the INT8 codes of the embedding carry fewer bits of information than they occupy. DEFLATE
+(``zlib``, in every Python's standard library, so on every board) stores the INT4 SmolLM2-135M
+weights file in about 89 % of its bytes. This is the last step of Deep Compression (Han et al.
+2016: pruning, trained quantization, then Huffman coding), with DEFLATE's Huffman stage in place
+of a hand-made code.
+
+The board inflates the file into memory, checks its length and SHA-256 against the manifest, and
+hands the bytes to ONNX Runtime as the graph's external data
+(``SessionOptions.add_external_initializers_from_files_in_memory``, ONNX Runtime >= 1.23). Older
+releases (JetPack images often carry one) get the bytes through a private temporary directory
+that is removed once the session has loaded. Either way the weights in memory are the same bytes
+as a plain bundle's, so speed and numerics do not change; only the bundle on disk and over the
+wire is smaller, and loading takes the inflate time (~0.5 s per 100 MB on a 2-core x86 host).
+
+The manifest's ``graph.weights`` record::
+
+    {"file": "model.onnx.data.zlib", "codec": "zlib", "external_name": "model.onnx.data",
+     "bytes": <inflated length>, "sha256": <of the inflated bytes>}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+import zlib
+from pathlib import Path
+
+from edgesdk.errors import BundleError
+
+CODECS = ("none", "zlib")
+CHUNK = 1 << 22  # bytes read per step while deflating (bounded memory)
+ZLIB_LEVEL = 9  # DEFLATE's smallest output; inflating costs the same at any level
+
+
+def store_weights(source: Path, destination_dir: Path, codec: str) -> tuple[str, dict | None]:
+    """Write ``source`` into ``destination_dir`` with ``codec``.
+
+    Returns the file name written and the manifest record (None for a plain copy)."""
+    if codec not in CODECS:
+        raise ValueError(f"weights codec must be one of {CODECS}, got {codec!r}")
+    if codec == "none":
+        shutil.copyfile(source, destination_dir / source.name)
+        return source.name, None
+    name = f"{source.name}.{codec}"
+    digest, length = hashlib.sha256(), 0
+    deflater = zlib.compressobj(ZLIB_LEVEL)
+    with open(source, "rb") as plain, open(destination_dir / name, "wb") as packed:
+        while chunk := plain.read(CHUNK):
+            digest.update(chunk)
+            length += len(chunk)
+            packed.write(deflater.compress(chunk))
+        packed.write(deflater.flush())
+    return name, {"file": name, "codec": codec, "external_name": source.name, "bytes": length,
+                  "sha256": digest.hexdigest()}
+
+
+def inflate_weights(bundle_dir: Path, record: dict) -> bytes:
+    """The weights file's bytes as the graph expects them; a damaged file is refused here."""
+    path = Path(bundle_dir) / record["file"]
+    if record.get("codec") != "zlib":
+        raise BundleError(f"{path} uses weights codec {record.get('codec')!r}; this edgesdk reads {CODECS}",
+                          "upgrade edgesdk on this machine, or rebuild the bundle with export.weights_codec: none")
+    try:
+        data = zlib.decompress(path.read_bytes())
+    except (OSError, zlib.error) as exc:
+        raise BundleError(f"{path} could not be inflated ({exc})",
+                          "run 'edgesdk verify' on the bundle, then re-copy or rebuild it") from exc
+    if len(data) != record["bytes"] or hashlib.sha256(data).hexdigest() != record["sha256"]:
+        raise BundleError(f"{path} inflates to bytes that differ from the manifest's (length {len(data):,}, "
+                          f"expected {record['bytes']:,}, or a different sha256)",
+                          "re-copy the bundle from the host or rebuild it")
+    return data
+
+
+def open_session(model_path: Path, options, providers: list[str], record: dict | None, in_memory: bool | None = None):
+    """An ``onnxruntime.InferenceSession`` for ``model_path`` whose external data is plain on disk
+    (``record`` None) or stored by :func:`store_weights`. ``in_memory`` (default: when ONNX Runtime
+    offers it) passes the inflated bytes without touching the disk."""
+    import onnxruntime as ort
+
+    if record is None:
+        return ort.InferenceSession(str(model_path), options, providers=providers)
+    data = inflate_weights(model_path.parent, record)
+    if in_memory is None:
+        in_memory = hasattr(options, "add_external_initializers_from_files_in_memory")
+    if in_memory:
+        options.add_external_initializers_from_files_in_memory([record["external_name"]], [data], [len(data)])
+        return ort.InferenceSession(str(model_path), options, providers=providers)
+    with tempfile.TemporaryDirectory(prefix="edgesdk-weights-") as tmp:
+        shutil.copyfile(model_path, Path(tmp) / model_path.name)
+        (Path(tmp) / record["external_name"]).write_bytes(data)
+        return ort.InferenceSession(str(Path(tmp) / model_path.name), options, providers=providers)

@@ -1,0 +1,117 @@
+"""The entropy-coded weights file: a zlib bundle runs exactly like the plain one, through both
+ways ONNX Runtime can be handed the inflated bytes, and a damaged or mismatched file is refused."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from edgesdk.errors import BundleError, ExportError  # noqa: E402
+from edgesdk.export.onnx_export import ExportConfig  # noqa: E402
+from edgesdk.runtime.ort_backend import make_session_options  # noqa: E402
+from edgesdk.runtime.session import open_runtime  # noqa: E402
+from edgesdk.weights_file import inflate_weights, open_session, store_weights  # noqa: E402
+from tests._utils.builds import build_tiny_bundle  # noqa: E402
+from tests._utils.tiny import save_tiny_model_dir  # noqa: E402
+
+RECIPE = """name: tiny-int4-{codec}
+stages: []
+export: {{form: ort-fused, weights: int4, embedding_bits: 8, weights_codec: {codec}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    root = tmp_path_factory.mktemp("codec")
+    model_dir = save_tiny_model_dir(root / "model", hidden=64, heads=4, kv_heads=2)
+    built = {}
+    for codec in ("none", "zlib"):
+        (root / codec).mkdir()
+        built[codec] = build_tiny_bundle(root / codec, RECIPE.format(codec=codec), "rpi5", model_dir=model_dir,
+                                         generated_sequences=0)
+    return built
+
+
+def _logits(bundle, ids):
+    runtime = open_runtime(bundle.path, threads=1, ignore_target=True)
+    prefill = runtime.backend.prefill(ids, keep_logits=len(ids))
+    return np.concatenate([prefill.reshape(len(ids), -1), runtime.backend.decode(5)[None]])
+
+
+def test_zlib_bundle_is_smaller_and_computes_the_same_logits(bundles):
+    plain, packed = bundles["none"], bundles["zlib"]
+    record = packed.manifest["graph"]["weights"]
+    assert "model.onnx.data" not in packed.manifest["files"]
+    assert packed.manifest["files"][record["file"]]["size"] < record["bytes"]
+    assert record["bytes"] == plain.manifest["files"]["model.onnx.data"]["size"]
+    assert "weights" not in plain.manifest["graph"]
+    ids = np.array([3, 17, 42, 8, 1])
+    assert np.array_equal(_logits(plain, ids), _logits(packed, ids))
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_both_loading_paths_give_the_plain_sessions_outputs(bundles, in_memory):
+    """In-memory external data (ONNX Runtime >= 1.23) and the temporary-directory fallback."""
+    plain, packed = bundles["none"], bundles["zlib"]
+    graph = packed.manifest["graph"]
+    session = open_session(packed.file(graph["file"]), make_session_options(1), ["CPUExecutionProvider"],
+                           graph["weights"], in_memory=in_memory)
+    reference = open_session(plain.file(graph["file"]), make_session_options(1), ["CPUExecutionProvider"], None)
+    feeds = {}
+    for spec in reference.get_inputs():
+        shape = [1 if not isinstance(d, int) else d for d in spec.shape]
+        if spec.name == "input_ids":
+            feeds[spec.name] = np.array([[4, 9, 2]], np.int64)
+        elif spec.name.startswith("past_key_values"):
+            shape[2] = 8
+            feeds[spec.name] = np.zeros(shape, np.float32)
+        elif spec.name == "seqlens_k":
+            feeds[spec.name] = np.array([2], np.int32)
+        elif spec.name == "total_sequence_length":
+            feeds[spec.name] = np.array(3, np.int32)
+        else:
+            feeds[spec.name] = np.array([3], np.int64)
+    assert np.array_equal(session.run(["logits"], feeds)[0], reference.run(["logits"], feeds)[0])
+
+
+def test_inflated_bytes_that_differ_from_the_manifest_are_refused(bundles, tmp_path):
+    packed = bundles["zlib"]
+    record = dict(packed.manifest["graph"]["weights"])
+    data = zlib.decompress((packed.path / record["file"]).read_bytes())
+    changed = bytearray(data)
+    changed[len(changed) // 2] ^= 0xFF
+    (tmp_path / record["file"]).write_bytes(zlib.compress(bytes(changed)))
+    with pytest.raises(BundleError, match="differ from the manifest"):
+        inflate_weights(tmp_path, record)
+    (tmp_path / record["file"]).write_bytes(b"not deflate data")
+    with pytest.raises(BundleError, match="could not be inflated"):
+        inflate_weights(tmp_path, record)
+    with pytest.raises(BundleError, match="weights codec 'lzma'"):
+        inflate_weights(packed.path, {**record, "codec": "lzma"})
+
+
+def test_store_weights_round_trip_and_plain_copy(tmp_path):
+    source = tmp_path / "model.onnx.data"
+    payload = np.random.default_rng(0).integers(0, 16, 100_000, dtype=np.uint8).tobytes()
+    source.write_bytes(payload)
+    (tmp_path / "out").mkdir()
+    name, record = store_weights(source, tmp_path / "out", "zlib")
+    assert name == "model.onnx.data.zlib"
+    assert json.loads(json.dumps(record)) == record
+    assert inflate_weights(tmp_path / "out", record) == payload
+    name, record = store_weights(source, tmp_path / "out", "none")
+    assert name == "model.onnx.data"
+    assert record is None
+    assert (tmp_path / "out" / name).read_bytes() == payload
+
+
+def test_codec_needs_the_fused_form():
+    with pytest.raises(ExportError, match="needs the ort-fused form"):
+        ExportConfig(form="standard", weights="int8", weights_codec="zlib")
+    with pytest.raises(ExportError, match="weights_codec 'brotli' is unknown"):
+        ExportConfig(form="ort-fused", weights="int4", weights_codec="brotli")
