@@ -54,12 +54,15 @@ class FusedConfig:
     quantize_embedding: bool = True  # tied embedding / LM head quantized too (4x fewer bytes at int8)
     embedding_bits: int | None = None  # bits of the tied embedding / LM head; None = as the layers.
     # 8 with int4 layers keeps the most error-sensitive matrix (it scores every token) at 8 bits.
+    eight_bit_linears: tuple[str, ...] = ()  # decoder linears kept at 8 bits in an int4 graph (the QAT
+    # scheme's mixed precision, compress/mixed_precision.py); a fused unit takes all its linears' bits
 
     def __post_init__(self):
         if self.weights not in ("fp32", "int8", "int4"):
             raise ValueError(f"weights must be fp32, int8 or int4, got {self.weights!r}")
         if self.embedding_bits not in (None, 4, 8):
             raise ValueError(f"embedding_bits must be 4, 8 or None, got {self.embedding_bits!r}")
+        object.__setattr__(self, "eight_bit_linears", tuple(self.eight_bit_linears))
 
     @property
     def bits(self) -> int | None:
@@ -72,6 +75,24 @@ class FusedConfig:
             return None
         return self.embedding_bits or self.bits
 
+    def unit_bits(self, unit: str) -> int | None:
+        """Bits of a fused unit ``layers.{i}.attn.qkv`` (or ``.attn.o``, ``.mlp.gate_up``, ``.mlp.down``)."""
+        if self.bits is None or not self.eight_bit_linears or not unit.startswith("layers."):
+            return self.bits
+        _, index, kind = unit.split(".", 2)
+        linears = {f"model.layers.{index}.{module}" for module in UNIT_LINEARS[kind]}
+        chosen = linears & set(self.eight_bit_linears)
+        if chosen and chosen != linears:
+            raise ValueError(f"{unit} fuses {sorted(linears)} into one matrix; all or none of them can stay at "
+                             f"8 bits, got {sorted(chosen)}")
+        return 8 if chosen else self.bits
+
+
+# fused unit -> the Hugging Face linears it concatenates
+UNIT_LINEARS = {"attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                "attn.o": ("self_attn.o_proj",), "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+                "mlp.down": ("mlp.down_proj",)}
+
 
 class _FusedEmitter:
     def __init__(self, weights: DecoderWeights, max_context: int, config: FusedConfig):
@@ -82,9 +103,10 @@ class _FusedEmitter:
     def linear(self, x: str, weight: np.ndarray, name: str) -> str:
         """x @ weight, weight (K, N): MatMulNBits when quantized, else MatMul."""
         g, config = self.g, self.config
-        if config.bits is None:
+        bits = config.unit_bits(name)
+        if bits is None:
             return g.op("MatMul", [x, g.const(weight.astype(np.float32), f"{name}.weight")])
-        q = quantize_blockwise(weight.astype(np.float32), config.bits, config.block_size)
+        q = quantize_blockwise(weight.astype(np.float32), bits, config.block_size)
         return self._matmul_nbits(x, q, name)
 
     def _matmul_nbits(self, x: str, q, name: str, stored: tuple[str, str] | None = None) -> str:

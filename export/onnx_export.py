@@ -74,8 +74,20 @@ class ExportConfig:
             return QDQConfig(embedding_bits=self.embedding_bits)
         return qdq_config(scheme, self.embedding_bits)
 
-    def fused(self) -> FusedConfig:
-        return FusedConfig(weights=self.weights, block_size=self.block_size, embedding_bits=self.embedding_bits)
+    def fused(self, scheme=None) -> FusedConfig:
+        """The fused graph settings; ``scheme`` (the model's QuantScheme) adds its 8-bit linears."""
+        eight_bit = scheme.eight_bit_linears if scheme is not None and self.weights == "int4" else ()
+        return FusedConfig(weights=self.weights, block_size=self.block_size, embedding_bits=self.embedding_bits,
+                           eight_bit_linears=eight_bit)
+
+
+def quant_scheme(model):
+    """The quantization scheme an earlier stage recorded on ``model`` (None: none; torch-free check)."""
+    if not getattr(model.config, "edgesdk_quant", None):
+        return None
+    from edgesdk.compress.fake_quant import QuantScheme
+
+    return QuantScheme.of(model)
 
 
 def export_model(model, out_dir: Path, config: ExportConfig = ExportConfig()) -> GraphSpec:
@@ -96,9 +108,10 @@ def export_model(model, out_dir: Path, config: ExportConfig = ExportConfig()) ->
     elif power:
         from edgesdk.export.gated_graph import adapter_weights_from_hf, emit_gated_decoder
 
-        proto, spec = emit_gated_decoder(weights, adapter_weights_from_hf(model), power, max_context, config.fused())
+        proto, spec = emit_gated_decoder(weights, adapter_weights_from_hf(model), power, max_context,
+                                         config.fused(quant_scheme(model)))
     else:
-        proto, spec = emit_fused_decoder(weights, max_context, config.fused())
+        proto, spec = emit_fused_decoder(weights, max_context, config.fused(quant_scheme(model)))
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in (out_dir / MODEL_FILE, out_dir / DATA_FILE):
         stale.unlink(missing_ok=True)  # external data is appended to, never overwritten

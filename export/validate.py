@@ -243,14 +243,16 @@ def validate_qdq(model, onnx_path: Path, spec: GraphSpec, config: ValidationConf
     return ValidationReport(max_abs_diff=diffs, top1_agree=agree)
 
 
-def fake_quantized_copy(model, bits: int, block_size: int, head_bits: int | None = None):
-    """A copy of ``model`` whose decoder linears (and tied embedding, at ``head_bits``; None keeps
-    it in float) carry the exported block-quantized weights, dequantized: what the fused graph
-    multiplies by."""
+def fake_quantized_copy(model, bits: int, block_size: int, head_bits: int | None = None,
+                        eight_bit_linears: tuple[str, ...] = ()):
+    """A copy of ``model`` whose decoder linears (``eight_bit_linears`` at 8 bits, the rest at
+    ``bits``; the tied embedding at ``head_bits``, None keeps it in float) carry the exported
+    block-quantized weights, dequantized: what the fused graph multiplies by."""
     import copy
 
     import torch
 
+    from edgesdk.compress.fake_quant import decoder_linears
     from edgesdk.export.blockwise import quantize_blockwise
 
     def requantize(weight: torch.Tensor, bits: int = bits) -> torch.Tensor:  # (out, in) as torch stores it
@@ -259,10 +261,8 @@ def fake_quantized_copy(model, bits: int, block_size: int, head_bits: int | None
 
     clone = copy.deepcopy(model)
     with torch.no_grad():
-        for layer in clone.model.layers:
-            for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
-                           layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
-                linear.weight.copy_(requantize(linear.weight))
+        for name, linear in decoder_linears(clone).items():
+            linear.weight.copy_(requantize(linear.weight, 8 if name in eight_bit_linears else bits))
         tied = clone.lm_head.weight.data_ptr() == clone.model.embed_tokens.weight.data_ptr()
         if not tied:  # an untied LM head is a linear like the others
             clone.lm_head.weight.copy_(requantize(clone.lm_head.weight))
@@ -339,7 +339,8 @@ def validate_fused(model, onnx_path: Path, spec: GraphSpec, fused_config, config
     exact_path = _exact_compute_copy(onnx_path)
     try:
         exact = OrtFusedBackend(exact_path, spec.to_json(), threads=1)
-        reference = fake_quantized_copy(model, fused_config.bits, fused_config.block_size, fused_config.head_bits)
+        reference = fake_quantized_copy(model, fused_config.bits, fused_config.block_size, fused_config.head_bits,
+                                        fused_config.eight_bit_linears)
         layout, _, scale = compare_backend(exact, reference, spec, config, progress)
     finally:
         exact_path.unlink(missing_ok=True)

@@ -39,8 +39,10 @@ class QuantScheme:
     activations: str = "block"  # none | block (dynamic per 32, MatMulNBits acc-4) | tensor (static, QDQ)
     embedding_bits: int | None = 8  # tied embedding / LM head bits; None leaves it in float32
     activation_scales: dict[str, float] = field(default_factory=dict)  # per linear, activations=tensor
+    eight_bit_linears: tuple[str, ...] = ()  # linears kept at 8 bits under weight_bits=4 (mixed precision)
 
     def __post_init__(self):
+        object.__setattr__(self, "eight_bit_linears", tuple(self.eight_bit_linears))  # JSON gives a list
         if self.weight_bits not in (4, 8):
             raise ValueError(f"weight_bits must be 4 or 8, got {self.weight_bits}")
         if self.granularity not in ("block", "channel"):
@@ -54,6 +56,10 @@ class QuantScheme:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    def bits_of(self, linear_name: str) -> int:
+        """Weight bits of the decoder linear ``model.layers.{i}.{module}``."""
+        return 8 if linear_name in self.eight_bit_linears else self.weight_bits
 
     @classmethod
     def of(cls, model) -> QuantScheme | None:
@@ -233,7 +239,7 @@ def is_tied(model) -> bool:
 def attach(model, scheme: QuantScheme) -> None:
     """Switch the decoder linears (and the embedding / LM head) to fake quantization, in place."""
     for name, linear in decoder_linears(model).items():
-        _make_quant_linear(linear, scheme, scheme.weight_bits, name)
+        _make_quant_linear(linear, scheme, scheme.bits_of(name), name)
     if scheme.embedding_bits is not None:
         head_scheme = QuantScheme(**{**scheme.to_json(), "granularity": "block", "activations": "none"})
         _make_quant_linear(model.lm_head, head_scheme, scheme.embedding_bits, "lm_head")

@@ -12,21 +12,23 @@ from edgesdk.compress.structure import layer_records
 
 
 def weight_bytes(model, scheme: QuantScheme | None) -> int:
-    """Bytes of the exported weights: codes plus one float32 scale per block (or channel); norms
-    and float weights at 4 bytes. The tied embedding / LM head is stored once."""
+    """Bytes of the exported weights: codes plus one scale per block (float16, the MatMulNBits
+    layout) or per channel (float32, QDQ); norms and float weights at 4 bytes. The tied embedding /
+    LM head is stored once."""
     def quantized(numel: int, rows: int, bits: int, granularity: str, block: int) -> int:
-        groups = rows if granularity == "channel" else numel // block
-        return numel * bits // 8 + 4 * groups
+        if granularity == "channel":
+            return numel * bits // 8 + 4 * rows
+        return numel * bits // 8 + 2 * (numel // block)
 
     total = 0
     linears = decoder_linears(model)
     counted = {id(m.weight) for m in linears.values()}
-    for linear in linears.values():
+    for name, linear in linears.items():
         w = linear.weight
         if scheme is None:
             total += 4 * w.numel()
         else:
-            total += quantized(w.numel(), w.shape[0], scheme.weight_bits, scheme.granularity, scheme.block_size)
+            total += quantized(w.numel(), w.shape[0], scheme.bits_of(name), scheme.granularity, scheme.block_size)
     embed = model.model.embed_tokens.weight
     counted.add(id(embed))
     bits = scheme.embedding_bits if scheme is not None else None

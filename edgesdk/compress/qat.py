@@ -15,7 +15,7 @@ without, 34.818 with; tests/benchmarks/test_stage_options.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,6 +23,7 @@ from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress import fake_quant
 from edgesdk.compress.losses import logits_kl
 from edgesdk.compress.measure import stage_metrics
+from edgesdk.compress.mixed_precision import eight_bit_linears
 from edgesdk.compress.train import LoopSettings, run_training
 
 
@@ -35,6 +36,9 @@ class QATConfig:
     block_size: int = 32  # MatMulNBits' smallest block: the least rounding error
     activations: str = "block"  # block: what MatMulNBits acc-4 does at run time; tensor: QDQ observers
     embedding_bits: int | None = 8  # tied embedding / LM head at 8 bits: it scores every token
+    eight_bit_fraction: float = 0.0  # weight_bits 4: this fraction of the linear weights stays at 8 bits,
+    # the units whose INT4 rounding costs most by Fisher-weighted error (compress/mixed_precision.py)
+    fisher_batches: int = 8  # calibration batches for that choice (8 x 2 x 256 = 4k tokens, ~1 min)
     train_embedding: bool = False  # the embedding is 21 % of SmolLM2; frozen saves optimizer memory
     steps: int = 64  # batches; 64 x 2 x 256 = 33k tokens
     batch_size: int = 2  # sequences per batch: activations + 49k-vocab logits of 2x256 tokens ~2 GB
@@ -55,6 +59,11 @@ class QATConfig:
         self.scheme()  # validates the quantization fields
         if self.steps < 0 or self.batch_size < 1 or self.sequence_length < 2:
             raise ValueError("steps >= 0, batch_size >= 1 and sequence_length >= 2 are required")
+        if not 0.0 <= self.eight_bit_fraction <= 1.0:
+            raise ValueError(f"eight_bit_fraction must be in [0, 1], got {self.eight_bit_fraction}")
+        if self.eight_bit_fraction and (self.weight_bits != 4 or self.granularity != "block"):
+            raise ValueError("eight_bit_fraction mixes 8-bit into 4-bit block weights: it needs weight_bits 4 and "
+                             f"granularity block, got weight_bits {self.weight_bits}, granularity {self.granularity}")
 
 
 def distill_to_teacher(teacher, temperature: float):
@@ -73,10 +82,20 @@ def qat_stage(model, config: QATConfig, ctx: BuildContext):
     for p in teacher.parameters():
         p.requires_grad_(False)
     model.eval()  # no dropout (seed §4 warning); gradients still flow
-    fake_quant.attach(model, config.scheme())
+    metrics = {}
+    needs_data = config.steps or config.activations == "tensor" or config.eight_bit_fraction
+    data = ctx.training_data() if needs_data else None
+    scheme = config.scheme()
+    if config.eight_bit_fraction:
+        calibration = data.batches(config.fisher_batches, config.batch_size, config.sequence_length, config.seed + 2)
+        chosen, units, gains = eight_bit_linears(model, calibration, config.eight_bit_fraction, config.block_size,
+                                                 ctx.progress)
+        scheme = replace(scheme, eight_bit_linears=chosen)
+        metrics["eight_bit_units"] = units
+        metrics["int4_rounding_gain"] = {unit: round(gain, 6) for unit, gain in gains.items()}
+    fake_quant.attach(model, scheme)
     for name, p in model.named_parameters():
         p.requires_grad_(config.train_embedding or "embed_tokens" not in name)
-    data = ctx.training_data() if (config.steps or config.activations == "tensor") else None
     if config.activations == "tensor":
         fake_quant.set_observing(model, True)
         with torch.no_grad():
@@ -84,7 +103,6 @@ def qat_stage(model, config: QATConfig, ctx: BuildContext):
                                       config.seed + 1):
                 model(batch)
         fake_quant.set_observing(model, False)
-    metrics = {}
     if config.steps:
         batches = data.batches(config.steps, config.batch_size, config.sequence_length, config.seed)
         loss = distill_to_teacher(teacher, config.temperature)

@@ -53,6 +53,64 @@ def test_fake_quant_equals_exported_block_graph(bits, seed, tmp_path):
     assert float(np.abs(exact - expected).max()) <= 1e-5 * max(scale, 1.0)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_mixed_precision_fake_quant_equals_exported_graph(seed, tmp_path):
+    """Int4 layers with some units at 8 bits: the fake-quantized model, the exported graph (float
+    compute) and the graph's MatMulNBits bits all agree with the scheme's choice."""
+    import onnx
+
+    model = tiny_llama(seed=seed, hidden=64, heads=4, kv_heads=2)
+    eight = ("model.layers.0.mlp.down_proj", "model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.q_proj",
+             "model.layers.1.self_attn.v_proj")
+    fake_quant.attach(model, fake_quant.QuantScheme(weight_bits=4, activations="none", embedding_bits=8,
+                                                    eight_bit_linears=eight))
+    assert model.model.layers[0].mlp.down_proj.bits == 8
+    assert model.model.layers[0].mlp.up_proj.bits == 4
+    ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, 24)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(ids)[None]).logits[0].numpy()
+    fake_quant.detach(model, bake=True)
+    spec = export_model(model, tmp_path, ExportConfig(form="ort-fused", weights="int4", embedding_bits=8,
+                                                      max_context=64))
+    bits = {node.input[1].rsplit(".", 1)[0]: next(a.i for a in node.attribute if a.name == "bits")
+            for node in onnx.load(str(tmp_path / "model.onnx"), load_external_data=False).graph.node
+            if node.op_type == "MatMulNBits" and node.input[1].startswith("layers.")}
+    assert {name for name, b in bits.items() if b == 8} == {"layers.0.mlp.down", "layers.1.attn.qkv"}
+    exact = _fused_logits(_exact_compute_copy(tmp_path / "model.onnx"), spec, ids)
+    assert float(np.abs(exact - expected).max()) <= 1e-5 * max(float(np.abs(expected).max()), 1.0)
+
+
+def test_a_fused_unit_takes_all_or_none_of_its_linears_at_8_bits():
+    from edgesdk.export.fused_graph import FusedConfig
+
+    config = FusedConfig(weights="int4", eight_bit_linears=("model.layers.2.self_attn.q_proj",))
+    with pytest.raises(ValueError, match="all or none"):
+        config.unit_bits("layers.2.attn.qkv")
+    assert config.unit_bits("layers.2.attn.o") == 4
+
+
+def test_mixed_precision_keeps_the_units_with_most_fisher_weighted_rounding_loss():
+    """A unit whose weights carry large Fisher mass is chosen first; the budget caps the count."""
+    from edgesdk.compress.mixed_precision import choose_units, eight_bit_linears, rounding_gains
+
+    model = tiny_llama(seed=3, hidden=64, heads=4, kv_heads=2)
+    fisher = {name: torch.full_like(linear.weight, 1e-6) for name, linear in fake_quant.decoder_linears(model).items()}
+    fisher["model.layers.1.mlp.down_proj"].fill_(1.0)
+    gains = rounding_gains(model, fisher, 32)
+    assert all(gain > 0 for gain in gains.values())  # 4-bit rounding always loses more than 8-bit
+    assert choose_units(model, gains, 0.2)[0] == "layers.1.mlp.down"
+    assert choose_units(model, gains, 0.0) == []
+    sizes = {"layers.1.mlp.down": model.model.layers[1].mlp.down_proj.weight.numel()}
+    total = sum(linear.weight.numel() for linear in fake_quant.decoder_linears(model).values())
+    assert "layers.1.mlp.down" not in choose_units(model, gains, 0.9 * sizes["layers.1.mlp.down"] / total)
+    batches = [torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(i))
+               for i in range(2)]
+    linears, units, measured = eight_bit_linears(model, batches, 0.3, 32)
+    assert units
+    assert set(measured) == set(gains)
+    assert all(any(name.startswith(f"model.{unit.rsplit('.', 2)[0]}.") for unit in units) for name in linears)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_block_activation_fake_quant_matches_accuracy_level_4(seed, tmp_path):
     """activations=block approximates MatMulNBits accuracy_level 4 (int8 activations per block of

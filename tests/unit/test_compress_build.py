@@ -104,3 +104,25 @@ def test_overrides_change_stage_configs_and_name_the_bad_ones():
         load_recipe("int8-only").with_overrides(["qat.nonsense=1"]).validated()
     with pytest.raises(BuildError, match="stage.field=value"):
         load_recipe("int8-only").with_overrides(["qat=1"])
+
+
+def test_mixed_precision_build_keeps_the_chosen_units_at_8_bits(tiny_model_dir, recipe_and_data, tmp_path):
+    """qat with eight_bit_fraction: the Fisher choice is recorded, costs bytes, and the exported
+    graph still equals the baked model (validation compares it with the same mixed weights)."""
+    _, text = recipe_and_data
+    recipes = {}
+    for fraction in (0.0, 0.3):
+        recipes[fraction] = tmp_path / f"mixed-{fraction}.yaml"
+        recipes[fraction].write_text(
+            "name: tiny-mixed\nstages:\n  - stage: qat\n"
+            f"    config: {{weight_bits: 4, steps: 1, batch_size: 2, sequence_length: 24, fisher_batches: 2, "
+            f"eight_bit_fraction: {fraction}}}\n"
+            "export: {form: ort-fused, weights: int4, embedding_bits: 8, weights_codec: zlib}\n")
+    plain = _build(tiny_model_dir, tmp_path / "plain", recipes[0.0], text)
+    mixed = _build(tiny_model_dir, tmp_path / "mixed", recipes[0.3], text)
+    metrics = mixed.manifest["stages"][0]["metrics"]
+    assert metrics["eight_bit_units"]
+    assert set(metrics["int4_rounding_gain"]) >= set(metrics["eight_bit_units"])
+    assert metrics["weight_bytes"] > plain.manifest["stages"][0]["metrics"]["weight_bytes"]
+    assert mixed.manifest["export_validation"]["max_abs_diff"]["layout/decode"] < 1e-3
+    assert mixed.manifest["graph"]["weights"]["bytes"] > plain.manifest["graph"]["weights"]["bytes"]
