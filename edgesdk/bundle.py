@@ -6,7 +6,8 @@ Layout::
                            graph spec, tokenizer facts, runtime defaults, eval, and every file
                            with its size and sha256
     manifest.sha256        sha256 of manifest.json, so any byte flipped anywhere is detected
-    model.onnx (+ .data)   the decoder graph and its weights
+    model.onnx (+ .data)   the decoder graph and its weights (``model.onnx.data.zlib`` when the
+                           recipe entropy-codes them: edgesdk/weights_file.py)
     tokenizer.json         the tokenizers (Rust) tokenizer; chat_template.jinja when the model has one
     report.md              what was built and measured
 
@@ -29,7 +30,8 @@ from edgesdk import __version__
 from edgesdk.errors import BundleError
 from edgesdk.hashing import sha256_file
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 adds graph.weights: the weights file may be entropy-coded (edgesdk/weights_file.py)
+READABLE_SCHEMAS = (1, 2)
 MANIFEST = "manifest.json"
 MANIFEST_DIGEST = "manifest.sha256"
 REQUIRED_KEYS = ("schema_version", "edgesdk_version", "bundle_id", "target", "model", "graph", "tokenizer",
@@ -140,11 +142,11 @@ def read_manifest(path: Path) -> dict:
         manifest = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"bundle {path}: {MANIFEST} is not valid JSON ({exc})", "rebuild the bundle") from exc
-    if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
+    if not isinstance(manifest, dict) or manifest.get("schema_version") not in READABLE_SCHEMAS:
         found = manifest.get("schema_version") if isinstance(manifest, dict) else None
         raise BundleError(
             f"bundle {path} has manifest schema version {found!r}; this edgesdk ({__version__}) reads "
-            f"version {SCHEMA_VERSION}",
+            f"versions {', '.join(map(str, READABLE_SCHEMAS))}",
             "rebuild the bundle with this edgesdk version, or install the edgesdk that built it",
         )
     missing = [key for key in REQUIRED_KEYS if key not in manifest]
