@@ -79,3 +79,39 @@ def test_block_sparsity_cost():
         print(f"{label:<44}{refit:>6}{density:>9.2f}{value:>12.3f}{value / base - 1:>+10.1%}")
     measured = [r[3] for r in rows if r[0].startswith("wanda, measured")]
     assert measured == sorted(measured), "more blocks dropped should cost more"
+
+
+def test_block_size_cost():
+    """The same measured allocation and refit with smaller square blocks: what 16 x 16 and 8 x 8
+    tiles (more index entries and kernel loop steps per byte) buy back in perplexity."""
+    if not WIKITEXT.is_file():
+        pytest.skip("WikiText-2 validation text not found beside the checkout")
+    from edgesdk.compress import fake_quant, sparsify
+    from edgesdk.compress.data import DataConfig, TokenData
+    from edgesdk.compress.measure import heldout_perplexity
+    from edgesdk.models.loader import load_model
+    from edgesdk.models.sources import resolve_model
+
+    loaded = load_model(resolve_model("smollm2-135m"))
+    model = loaded.model.eval()
+    ids = torch.tensor(loaded.tokenizer(WIKITEXT.read_text(encoding="utf-8")[:30_000])["input_ids"][:4096])
+    data = TokenData.load(DataConfig(files=(str(WIKITEXT), str(DATA / "tinyshakespeare" / "input.txt")),
+                                     skip_chars=200_000, generated_sequences=0), loaded.tokenizer)
+    batches = data.batches(16, 2, 256, 3)
+    hessians = sparsify.input_hessians(model, fake_quant.decoder_linears(model), batches)
+    dense = heldout_perplexity(model, ids, 512)
+    print(f"\ndense {dense:.3f}\n{'block':>6}{'density':>9}{'perplexity':>12}{'vs dense':>10}")
+    for block in (32, 16, 8):
+        wanda = sparsify.block_importance(model, batches, sparsify.SparsifyConfig(importance="wanda"), block)
+        costs = sparsify.weight_sensitivity(model, wanda, batches[:1], block, 0.3)
+        sizes = {n: s.numel() for n, s in wanda.items()}
+        for density in (0.95, 0.9):
+            densities = sparsify.allocate_densities(costs, sizes, sparsify.SparsifyConfig(density=density))
+            masks = sparsify.plan_masks_by_density(wanda, densities)
+            copy_ = copy.deepcopy(model)
+            copy_.config.edgesdk_sparsity = {"block": block,
+                                             "masks": {n: sparsify.encode_mask(m) for n, m in masks.items()}}
+            sparsify.reconstruct(copy_, masks, hessians, block)
+            sparsify.apply_masks(copy_)
+            value = heldout_perplexity(copy_, ids, 512)
+            print(f"{block:>6}{density:>9.2f}{value:>12.3f}{value / dense - 1:>+10.1%}", flush=True)

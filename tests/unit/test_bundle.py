@@ -196,7 +196,7 @@ def test_rewriting_the_manifest_consistently_still_verifies(tiny_bundle, tmp_pat
 def test_unknown_schema_version_is_refused(tiny_bundle, tmp_path):
     path = copy_bundle(tiny_bundle, tmp_path)
     rewrite_manifest(path, lambda manifest: manifest.update(schema_version=99))
-    error = refused(path, rf"manifest schema version 99; this edgesdk \(.*\) reads versions 1, 2")
+    error = refused(path, r"manifest schema version 99; this edgesdk \(.*\) reads versions 1, 2")
     assert "rebuild" in error.fix
 
 
