@@ -13,8 +13,17 @@ KERNELS_DIR = "kernels"
 def export_sparse_parts(model, export_dir: Path, export_config, profile, validation, progress: bool) -> dict:
     """Write sparse/, sparsity.json and (GPU targets) kernels/sm_XX/ under ``export_dir``; returns
     the manifest's ``sparse`` record."""
+    from edgesdk.compress.sparsify import recorded_masks
     from edgesdk.export.sparse_export import SparseExportConfig, export_sparse, validate_sparse
 
+    recorded = recorded_masks(model)
+    if recorded is not None and recorded[0] != profile.sparsity_block:
+        raise BuildError(
+            f"the sparsify stage dropped {recorded[0]} x {recorded[0]} blocks, but {profile.name}'s block-sparse "
+            f"weights and kernels use its sparsity_block, {profile.sparsity_block} x {profile.sparsity_block}",
+            f"leave sparsify.block_size unset (or set it to {profile.sparsity_block}), or use a profile whose "
+            "sparsity_block matches",
+        )
     record = export_sparse(model, export_dir, SparseExportConfig(block=profile.sparsity_block,
                                                                  layout=export_config.sparse_layout),
                            export_config.max_context)
