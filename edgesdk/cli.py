@@ -196,6 +196,11 @@ def inspect(bundle, as_json):
                f"{manifest['runtime']['threads']} threads")
     total = sum(f["size"] for f in manifest["files"].values())
     click.echo(f"files      {len(manifest['files'])}, {total / 1e6:.1f} MB")
+    packed = graph.get("weights")
+    if packed:
+        coded = manifest["files"][packed["file"]]["size"]
+        click.echo(f"weights    {packed['file']}: {packed['codec']}, {coded / 1e6:.1f} MB on disk, "
+                   f"{packed['bytes'] / 1e6:.1f} MB in memory")
     for name, facts in sorted(manifest["files"].items()):
         click.echo(f"  {name:<24} {facts['size']:>14,}  {facts['sha256'][:16]}")
 

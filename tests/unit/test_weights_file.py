@@ -110,6 +110,17 @@ def test_store_weights_round_trip_and_plain_copy(tmp_path):
     assert (tmp_path / "out" / name).read_bytes() == payload
 
 
+def test_inspect_shows_the_coded_and_inflated_sizes(bundles):
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+
+    result = CliRunner().invoke(main, ["inspect", str(bundles["zlib"].path)])
+    assert result.exit_code == 0, result.output
+    assert "model.onnx.data.zlib: zlib" in result.output
+    assert "MB in memory" in result.output
+
+
 def test_codec_needs_the_fused_form():
     with pytest.raises(ExportError, match="needs the ort-fused form"):
         ExportConfig(form="standard", weights="int8", weights_codec="zlib")
