@@ -23,12 +23,13 @@ WIKITEXT = DATA / "wikitext-2-raw" / "wiki.valid.raw"
 BLOCK = 32
 
 
-def test_block_sparsity_cost():
+@pytest.fixture(scope="module")
+def setup():
+    """SmolLM2-135M, the evaluated token ids, calibration batches and each linear's input Hessian."""
     if not WIKITEXT.is_file():
         pytest.skip("WikiText-2 validation text not found beside the checkout")
     from edgesdk.compress import fake_quant, sparsify
     from edgesdk.compress.data import DataConfig, TokenData
-    from edgesdk.compress.measure import heldout_perplexity
     from edgesdk.models.loader import load_model
     from edgesdk.models.sources import resolve_model
 
@@ -38,8 +39,16 @@ def test_block_sparsity_cost():
     data = TokenData.load(DataConfig(files=(str(WIKITEXT), str(DATA / "tinyshakespeare" / "input.txt")),
                                      skip_chars=200_000, generated_sequences=0), loaded.tokenizer)
     batches = data.batches(16, 2, 256, 3)
+    hessians = sparsify.input_hessians(model, fake_quant.decoder_linears(model), batches)
+    return model, ids, batches, hessians
+
+
+def test_block_sparsity_cost(setup):
+    from edgesdk.compress import fake_quant, sparsify
+    from edgesdk.compress.measure import heldout_perplexity
+
+    model, ids, batches, hessians = setup
     linears = fake_quant.decoder_linears(model)
-    hessians = sparsify.input_hessians(model, linears, batches)
 
     def perplexity(masks=None, refit=False, block=BLOCK) -> float:
         copy_ = copy.deepcopy(model)
@@ -81,24 +90,13 @@ def test_block_sparsity_cost():
     assert measured == sorted(measured), "more blocks dropped should cost more"
 
 
-def test_block_size_cost():
+def test_block_size_cost(setup):
     """The same measured allocation and refit with smaller square blocks: what 16 x 16 and 8 x 8
     tiles (more index entries and kernel loop steps per byte) buy back in perplexity."""
-    if not WIKITEXT.is_file():
-        pytest.skip("WikiText-2 validation text not found beside the checkout")
-    from edgesdk.compress import fake_quant, sparsify
-    from edgesdk.compress.data import DataConfig, TokenData
+    from edgesdk.compress import sparsify
     from edgesdk.compress.measure import heldout_perplexity
-    from edgesdk.models.loader import load_model
-    from edgesdk.models.sources import resolve_model
 
-    loaded = load_model(resolve_model("smollm2-135m"))
-    model = loaded.model.eval()
-    ids = torch.tensor(loaded.tokenizer(WIKITEXT.read_text(encoding="utf-8")[:30_000])["input_ids"][:4096])
-    data = TokenData.load(DataConfig(files=(str(WIKITEXT), str(DATA / "tinyshakespeare" / "input.txt")),
-                                     skip_chars=200_000, generated_sequences=0), loaded.tokenizer)
-    batches = data.batches(16, 2, 256, 3)
-    hessians = sparsify.input_hessians(model, fake_quant.decoder_linears(model), batches)
+    model, ids, batches, hessians = setup
     dense = heldout_perplexity(model, ids, 512)
     print(f"\ndense {dense:.3f}\n{'block':>6}{'density':>9}{'perplexity':>12}{'vs dense':>10}")
     for block in (32, 16, 8):
