@@ -59,3 +59,19 @@ def test_run_and_verify_on_python310(board_venv, tiny_bundle):
     assert "decode" in run.stderr
     version = subprocess.run([str(board_venv / "bin" / "python"), "--version"], capture_output=True, text=True)
     assert version.stdout.startswith("Python 3.10")
+
+
+def test_zlib_weights_bundle_runs_on_python310(board_venv, tiny_model_dir, tmp_path):
+    """An INT4 bundle with its weights file DEFLATE-coded runs on the board install: inflated in
+    memory where its onnxruntime offers that, through a temporary directory where it does not."""
+    pytest.importorskip("torch")
+    from tests._utils.builds import build_tiny_bundle
+
+    recipe = ("name: tiny-int4-zlib\nstages: []\n"
+              "export: {form: ort-fused, weights: int4, embedding_bits: 8, weights_codec: zlib}\n")
+    bundle = build_tiny_bundle(tmp_path, recipe, "host", model_dir=tiny_model_dir, generated_sequences=0)
+    assert "weights" in bundle.manifest["graph"]
+    run = subprocess.run([str(board_venv / "bin" / "edgesdk"), "run", str(bundle.path), "--prompt", "The quick",
+                          "--raw", "-n", "4"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip()
