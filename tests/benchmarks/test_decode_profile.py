@@ -24,11 +24,10 @@ GEMM_OPS = {"MatMulNBits", "MatMul", "Gemm", "FusedMatMul", "MatMulInteger", "Dy
 
 
 def profile_decode(bundle_dir: Path, workdir: Path) -> dict:
-    import onnxruntime as ort
-
     from edgesdk.bundle import verify_bundle
     from edgesdk.runtime.ort_backend import make_session_options
     from edgesdk.runtime.session import open_runtime
+    from edgesdk.weights_file import open_session
 
     bundle = verify_bundle(bundle_dir)
     runtime = open_runtime(bundle.path, threads=THREADS)
@@ -36,8 +35,9 @@ def profile_decode(bundle_dir: Path, workdir: Path) -> dict:
     options = make_session_options(THREADS)
     options.enable_profiling = True
     options.profile_file_prefix = str(workdir / "decode")
-    backend.session = ort.InferenceSession(str(bundle.path / bundle.manifest["graph"]["file"]), options,
-                                           providers=["CPUExecutionProvider"])
+    graph = bundle.manifest["graph"]
+    backend.session = open_session(bundle.path / graph["file"], options, ["CPUExecutionProvider"],
+                                   graph.get("weights"))
     prompt = np.random.default_rng(0).integers(100, bundle.manifest["graph"]["vocab_size"], PROMPT)
     backend.reset()
     token = int(backend.prefill(prompt)[-1].argmax())
