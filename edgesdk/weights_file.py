@@ -3,7 +3,7 @@
 Quantized codes are far from uniformly distributed: the 4-bit codes of bell-shaped weights and
 the INT8 codes of the embedding carry fewer bits of information than they occupy. DEFLATE
 (``zlib``, in every Python's standard library, so on every board) stores the INT4 SmolLM2-135M
-weights file in about 89 % of its bytes. This is the last step of Deep Compression (Han et al.
+weights file (float16 scales) in 93 % of its bytes: 84.8 of 91.0 MB. This is the last step of Deep Compression (Han et al.
 2016: pruning, trained quantization, then Huffman coding), with DEFLATE's Huffman stage in place
 of a hand-made code.
 
