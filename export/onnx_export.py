@@ -74,20 +74,15 @@ class ExportConfig:
             return QDQConfig(embedding_bits=self.embedding_bits)
         return qdq_config(scheme, self.embedding_bits)
 
-    def fused(self, scheme=None) -> FusedConfig:
-        """The fused graph settings; ``scheme`` (the model's QuantScheme) adds its 8-bit linears."""
-        eight_bit = scheme.eight_bit_linears if scheme is not None and self.weights == "int4" else ()
+    def fused(self, model=None) -> FusedConfig:
+        """The fused graph settings; ``model``'s recorded quantization scheme adds its 8-bit linears."""
+        scheme = None
+        if model is not None and self.weights == "int4":
+            from edgesdk.compress.fake_quant import QuantScheme
+
+            scheme = QuantScheme.of(model)
         return FusedConfig(weights=self.weights, block_size=self.block_size, embedding_bits=self.embedding_bits,
-                           eight_bit_linears=eight_bit)
-
-
-def quant_scheme(model):
-    """The quantization scheme an earlier stage recorded on ``model`` (None: none; torch-free check)."""
-    if not getattr(model.config, "edgesdk_quant", None):
-        return None
-    from edgesdk.compress.fake_quant import QuantScheme
-
-    return QuantScheme.of(model)
+                           eight_bit_linears=scheme.eight_bit_linears if scheme is not None else ())
 
 
 def export_model(model, out_dir: Path, config: ExportConfig = ExportConfig()) -> GraphSpec:
@@ -109,9 +104,9 @@ def export_model(model, out_dir: Path, config: ExportConfig = ExportConfig()) ->
         from edgesdk.export.gated_graph import adapter_weights_from_hf, emit_gated_decoder
 
         proto, spec = emit_gated_decoder(weights, adapter_weights_from_hf(model), power, max_context,
-                                         config.fused(quant_scheme(model)))
+                                         config.fused(model))
     else:
-        proto, spec = emit_fused_decoder(weights, max_context, config.fused(quant_scheme(model)))
+        proto, spec = emit_fused_decoder(weights, max_context, config.fused(model))
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in (out_dir / MODEL_FILE, out_dir / DATA_FILE):
         stale.unlink(missing_ok=True)  # external data is appended to, never overwritten

@@ -18,7 +18,7 @@ from edgesdk.build.recipes import load_recipe
 from edgesdk.build.registry import BuildContext, stage_spec
 from edgesdk.bundle import Bundle
 from edgesdk.compress.data import DataConfig
-from edgesdk.export.onnx_export import ExportConfig, export_model, quant_scheme
+from edgesdk.export.onnx_export import ExportConfig, export_model
 from edgesdk.export.validate import ValidationConfig, validate_export, validate_fused
 from edgesdk.models.sources import DEFAULT_MODEL, resolve_model
 from edgesdk.profile import get_profile
@@ -114,9 +114,8 @@ def build(config: BuildConfig) -> Bundle:
         if export_config.form == "standard":
             report = validate_export(model, export_dir / "model.onnx", spec, config.validation, config.progress)
         else:
-            report = validate_fused(model, export_dir / "model.onnx", spec, export_config.fused(quant_scheme(model)),
-                                    config.validation,
-                                    config.progress)
+            report = validate_fused(model, export_dir / "model.onnx", spec, export_config.fused(model),
+                                    config.validation, config.progress)
         record = {"graph": spec.to_json(), "validation": report.to_json()}
         if export_config.sparse:
             from edgesdk.build.sparse_step import export_sparse_parts
