@@ -22,6 +22,8 @@ from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
 
 
 class OrtGatedBackend(OrtFusedBackend):
+    output_names = ("logits", "gates", "power")
+
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
                  spinning: bool = True, controller: ControllerConfig | None = None):
         super().__init__(model_path, graph, threads, providers, spinning)
@@ -63,33 +65,16 @@ class OrtGatedBackend(OrtFusedBackend):
             return 0.0
         return self.controller.tau if self.fixed_tau is None else self.fixed_tau
 
-    def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
-        total = self._position + ids.shape[1]
-        self._check_length(total)
-        if total > self._capacity:
-            self._allocate(min(self.max_context, max(2 * self._capacity, total)))
-        tau = self.tau
-        binding = self.session.io_binding()
-        binding.bind_cpu_input("input_ids", ids)
-        binding.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
-        binding.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
-        binding.bind_cpu_input("num_logits_to_keep", np.array([keep], np.int64))
-        binding.bind_cpu_input("tau", np.array(tau, np.float32))
-        binding.bind_output("logits", "cpu")
-        binding.bind_output("gates", "cpu")
-        binding.bind_output("power", "cpu")
-        for (past, present), value in zip(self._names, self._values, strict=True):
-            binding.bind_ortvalue_input(past, value)
-            binding.bind_ortvalue_output(present, value)
-        self.session.run_with_iobinding(binding)
-        outputs = binding.get_outputs()
-        logits = outputs[0].numpy()[0]  # (keep, vocab)
-        gates = outputs[1].numpy()[0]  # (S, L)
-        power = outputs[2].numpy()[0]  # (S,)
+    def _step_inputs(self) -> dict[str, float]:
+        return {"tau": self.tau}
+
+    def _consume(self, outputs: list[np.ndarray]) -> np.ndarray:
+        logits, gates, power = (output[0] for output in outputs)  # (keep, vocab), (S, L), (S,)
         self.last_gates, self.last_power = gates, power
-        self._position = total
-        self.controller.observe(power, gates >= tau) if self.gating else self.controller.observe(
-            power, np.ones_like(gates))
+        if self.gating:
+            self.controller.observe(power, gates >= self.tau)
+        else:
+            self.controller.observe(power, np.ones_like(gates))
         return logits
 
     def stats(self) -> dict:

@@ -97,6 +97,33 @@ def test_shared_kv_buffer_grows_and_chunks_exactly(tmp_path):
     assert backend.position == total
 
 
+def test_decode_steps_reuse_one_binding_and_equal_fresh_bindings(tmp_path):
+    """After the first decode step, steps reuse one IO binding; logits equal a fresh binding per
+    step exactly, stay intact after later steps, and a replaced session gets a new binding."""
+    model = tiny_llama()
+    spec = export_model(model, tmp_path, ExportConfig(form="ort-fused", max_context=128))
+    backend = OrtFusedBackend(tmp_path / MODEL_FILE, spec.to_json(), threads=1)
+    ids = [int(t) for t in np.random.default_rng(4).integers(0, spec.vocab_size, 24)]
+    bindings = []
+    create = backend.session.io_binding
+    backend.session.io_binding = lambda: bindings.append(1) or create()
+    backend.prefill(np.array(ids[:8]))
+    reused = [backend.decode(t) for t in ids[8:]]
+    assert len(bindings) == 3  # the prompt, the first step, the reused step binding
+    backend.reset()
+    backend.prefill(np.array(ids[:8]))
+    fresh = []
+    for t in ids[8:]:
+        backend._decode_step = None  # force a fresh binding for every step
+        fresh.append(backend.decode(t))
+    np.testing.assert_array_equal(np.stack(reused), np.stack(fresh))
+    backend.session = type(backend.session)(str(tmp_path / MODEL_FILE), providers=["CPUExecutionProvider"])
+    backend.reset()
+    backend.prefill(np.array(ids[:8]))
+    np.testing.assert_array_equal(backend.decode(ids[8]), reused[0])
+    assert backend._decode_step.session is backend.session
+
+
 def test_standard_form_refuses_quantized_weights():
     from edgesdk.errors import ExportError
 
