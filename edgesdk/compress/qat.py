@@ -96,6 +96,7 @@ def qat_stage(model, config: QATConfig, ctx: BuildContext):
     fake_quant.attach(model, scheme)
     for name, p in model.named_parameters():
         p.requires_grad_(config.train_embedding or "embed_tokens" not in name)
+    metrics["trained_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if config.activations == "tensor":
         fake_quant.set_observing(model, True)
         with torch.no_grad():

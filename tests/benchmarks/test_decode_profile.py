@@ -4,6 +4,10 @@ Prints ops per step, kernel time by op type, the GEMM share (MatMulNBits / MatMu
 framework overhead inside ``run`` (step time minus kernel time) and the Python-side overhead
 (wall time minus ``run``). Bundle: ``$EDGESDK_BENCH_BUNDLE`` or the benchmark fixture's build.
 
+The profiler itself adds several microseconds to every node it times, so two measurements without
+it bound the step from below: ONNX Runtime's cost per node (a chain of trivial nodes, timed
+plainly) and the time to stream the bundle's weights once at this host's memory read rate.
+
     python -m pytest tests/benchmarks/test_decode_profile.py -m benchmark -s
 """
 
@@ -55,11 +59,15 @@ def profile_decode(bundle_dir: Path, workdir: Path) -> dict:
     by_op: dict[str, list[float]] = defaultdict(list)
     for event in trace:
         if event.get("cat") == "Node" and event["ts"] >= first_decode and event["name"].endswith("_kernel_time"):
-            by_op[event["args"]["op_name"]].append(event["dur"])
+            op = event["args"]["op_name"]
+            if op in GEMM_OPS:  # split by output width: the LM head apart from the layers
+                widths = [shape[-1] for kind in event["args"].get("output_type_shape", []) for shape in kind.values()]
+                op += f" (N={widths[0]})" if widths else ""
+            by_op[op].append(event["dur"])
     kernel_us = sum(sum(v) for v in by_op.values()) / STEPS
     run_us = float(np.mean(decode_runs))
     wall_us = float(np.median(walls)) * 1e6
-    gemm_us = sum(sum(v) for op, v in by_op.items() if op in GEMM_OPS) / STEPS
+    gemm_us = sum(sum(v) for op, v in by_op.items() if op.split(" ")[0] in GEMM_OPS) / STEPS
     return {
         "ops_per_step": sum(len(v) for v in by_op.values()) / STEPS,
         "wall_us": wall_us, "run_us": run_us, "kernel_us": kernel_us, "gemm_us": gemm_us,
@@ -81,3 +89,75 @@ def test_decode_step_profile(smollm2_rpi5_bundle, tmp_path):
         print(f"  {op:<34}{count:>9.1f}{us:>10.0f}{us / result['run_us']:>8.0%}")
     assert result["ops_per_step"] > 0
     assert result["kernel_us"] > 0
+
+
+def _median_run_seconds(session, feeds: dict, repeats: int = 200) -> float:
+    for _ in range(20):
+        session.run(None, feeds)
+    rounds = []
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            session.run(None, feeds)
+        rounds.append((time.perf_counter() - start) / repeats)
+    return float(np.median(rounds))
+
+
+def test_framework_cost_per_node_without_the_profiler():
+    """A chain of 301 elementwise Mul nodes on one hidden state (576 floats) against one node."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgesdk.runtime.ort_backend import make_session_options
+
+    def chain(length: int):
+        nodes = [helper.make_node("Mul", ["x" if i == 0 else f"y{i - 1}", "c"], [f"y{i}"]) for i in range(length)]
+        graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 576])],
+                                  [helper.make_tensor_value_info(f"y{length - 1}", TensorProto.FLOAT, [1, 1, 576])],
+                                  [numpy_helper.from_array(np.ones((1, 1, 576), np.float32), "c")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        options = make_session_options(THREADS)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every node
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+    feeds = {"x": np.ones((1, 1, 576), np.float32)}
+    one, many = _median_run_seconds(chain(1), feeds), _median_run_seconds(chain(301), feeds)
+    per_node_us = (many - one) / 300 * 1e6
+    print(f"\nONNX Runtime per node ({THREADS} threads, no profiler): {per_node_us:.2f} us; "
+          f"a run of one node: {one * 1e6:.1f} us")
+    assert per_node_us > 0
+
+
+def test_weight_bytes_against_the_memory_read_floor(smollm2_rpi5_bundle):
+    """A decode step against the time to read the bundle's weights once at this host's read rate
+    (a float32 sum over 256 MB on the same number of threads)."""
+    torch = pytest.importorskip("torch")
+    from edgesdk.bundle import verify_bundle
+    from edgesdk.runtime.session import open_runtime
+
+    bundle = verify_bundle(smollm2_rpi5_bundle.path)
+    weights = bundle.manifest["graph"].get("weights") or {}
+    weight_bytes = int(weights.get("bytes") or (bundle.path / "model.onnx.data").stat().st_size)
+    torch.set_num_threads(THREADS)
+    table = torch.ones(64 * 1024 * 1024)  # 256 MB, far beyond the caches
+    reads = []
+    for _ in range(5):
+        start = time.perf_counter()
+        table.sum()
+        reads.append(table.numel() * 4 / (time.perf_counter() - start))
+    read_rate = float(np.median(reads))
+    backend = open_runtime(bundle.path, threads=THREADS).backend
+    prompt = np.random.default_rng(0).integers(100, bundle.manifest["graph"]["vocab_size"], PROMPT)
+    backend.reset()
+    token = int(backend.prefill(prompt)[-1].argmax())
+    steps = []
+    for _ in range(STEPS):
+        start = time.perf_counter()
+        token = int(backend.decode(token).argmax())
+        steps.append(time.perf_counter() - start)
+    step = float(np.median(steps))
+    floor = weight_bytes / read_rate
+    print(f"\nweights {weight_bytes / 1e6:.1f} MB at {read_rate / 1e9:.1f} GB/s = {floor * 1e3:.2f} ms; "
+          f"decode step {step * 1e3:.2f} ms ({floor / step:.0%} of it is the byte floor)")
+    assert step > 0
+    assert floor > 0
