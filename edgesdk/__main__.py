@@ -1,5 +1,5 @@
 """``python -m edgesdk`` runs the CLI."""
 
-from edgesdk.cli import main
+from edgesdk.cli import entry
 
-main()
+entry()

@@ -42,6 +42,19 @@ def main():
     """
 
 
+HUGE_PAGE_COMMANDS = ("run", "eval")  # they stream a bundle's weights every token
+
+
+def entry():
+    """The console script. ``run`` and ``eval`` first re-execute themselves with glibc's huge-page
+    tunable set, where the kernel and C library support it (edgesdk/runtime/huge_pages.py)."""
+    if len(sys.argv) > 1 and sys.argv[1] in HUGE_PAGE_COMMANDS:
+        from edgesdk.runtime.huge_pages import reexec_with_huge_pages
+
+        reexec_with_huge_pages(sys.argv)
+    main()
+
+
 # --- environment, targets, models ------------------------------------------------------------
 
 
@@ -322,11 +335,14 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
         if thermal is not None and thermal.hook.status is not None:
             thermal.hook.status.between_answers()
         if stats:
+            from edgesdk.runtime.huge_pages import huge_pages_in_use
+
             s = result.to_json()
+            huge = huge_pages_in_use()
             click.echo(f"[{runtime.backend.name}] prompt {s['prompt_tokens']} tok, prefill {s['prefill_tok_s']} tok/s, "
                        f"TTFT {s['time_to_first_token_ms']} ms, decode {s['new_tokens']} tok at "
-                       f"{s['decode_tok_s']} tok/s, p95 {s['p95_inter_token_ms']} ms, stop: {s['stop_reason']}",
-                       err=True)
+                       f"{s['decode_tok_s']} tok/s, p95 {s['p95_inter_token_ms']} ms, stop: {s['stop_reason']}"
+                       + (f", huge pages {huge / 2**20:.0f} MiB" if huge is not None else ""), err=True)
             if hasattr(runtime.backend, "stats"):
                 click.echo(_power_line(runtime.backend), err=True)
 

@@ -1,0 +1,65 @@
+"""Huge pages for the weight stream: when ``run`` / ``eval`` re-execute with glibc's tunable, and
+that the re-executed CLI really runs with it (a subprocess, the way a user starts it)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from edgesdk.runtime.huge_pages import OPT_OUT, TUNABLE, huge_page_environment, thp_mode
+
+GLIBC = ("glibc", "2.36")
+
+
+@pytest.mark.parametrize(("mode", "libc", "wanted"), [
+    ("madvise", GLIBC, True),
+    ("always", ("glibc", "2.35"), True),
+    ("never", GLIBC, False),  # the kernel has THP off
+    (None, GLIBC, False),  # no THP at all (not Linux, or compiled out)
+    ("madvise", ("glibc", "2.31"), False),  # before the tunable existed
+    ("madvise", ("", ""), False),  # musl and others
+])
+def test_reexecution_only_where_it_can_change_something(mode, libc, wanted):
+    environment = huge_page_environment({"PATH": "/bin"}, mode, libc)
+    assert (environment is not None) is wanted
+    if wanted:
+        assert environment == {"PATH": "/bin", "GLIBC_TUNABLES": TUNABLE}
+
+
+def test_existing_tunables_are_kept_and_the_reexecuted_process_stops_there():
+    environment = huge_page_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, "madvise", GLIBC)
+    assert environment["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{TUNABLE}"
+    assert huge_page_environment(environment, "madvise", GLIBC) is None  # no loop
+    assert huge_page_environment({OPT_OUT: "0"}, "madvise", GLIBC) is None  # opted out
+
+
+def test_thp_mode_reads_the_bracketed_choice(tmp_path):
+    (tmp_path / "enabled").write_text("always [madvise] never\n")
+    assert thp_mode(tmp_path / "enabled") == "madvise"
+    (tmp_path / "garbled").write_text("madvise\n")
+    assert thp_mode(tmp_path / "garbled") is None
+    assert thp_mode(tmp_path / "missing") is None
+
+
+def _stats_line(bundle, environment) -> str:
+    proc = subprocess.run([sys.executable, "-m", "edgesdk", "run", str(bundle.path), "--prompt", "hello",
+                           "--max-new-tokens", "4", "--stats", "--ignore-target"],
+                          capture_output=True, text=True, env=environment, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return next(line for line in proc.stderr.splitlines() if line.startswith("["))
+
+
+def test_run_reexecutes_with_huge_pages_and_the_opt_out_holds(tiny_bundle):
+    environment = {key: value for key, value in os.environ.items() if key != "GLIBC_TUNABLES"}
+    if huge_page_environment(environment, thp_mode(), platform.libc_ver()) is None:
+        pytest.skip(f"huge pages cannot be used here (THP {thp_mode()}, C library {platform.libc_ver()})")
+    with_huge = _stats_line(tiny_bundle, environment)
+    without = _stats_line(tiny_bundle, {**environment, OPT_OUT: "0"})
+    mib = lambda line: int(line.rsplit("huge pages ", 1)[1].split()[0])  # noqa: E731
+    assert mib(with_huge) > 0
+    if thp_mode() == "madvise":  # with "always" the kernel hands out huge pages regardless
+        assert mib(without) == 0
