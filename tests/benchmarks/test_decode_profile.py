@@ -27,6 +27,19 @@ THREADS, PROMPT, STEPS = 2, 128, 64
 GEMM_OPS = {"MatMulNBits", "MatMul", "Gemm", "FusedMatMul", "MatMulInteger", "DynamicQuantizeMatMul"}
 
 
+def timed_decode_steps(backend, vocab_size: int) -> list[float]:
+    """Seconds of each of STEPS greedy decode steps after a random PROMPT-token prompt."""
+    prompt = np.random.default_rng(0).integers(100, vocab_size, PROMPT)
+    backend.reset()
+    token = int(backend.prefill(prompt)[-1].argmax())
+    seconds = []
+    for _ in range(STEPS):
+        start = time.perf_counter()
+        token = int(backend.decode(token).argmax())
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
 def profile_decode(bundle_dir: Path, workdir: Path) -> dict:
     from edgesdk.bundle import verify_bundle
     from edgesdk.runtime.ort_backend import make_session_options
@@ -42,14 +55,7 @@ def profile_decode(bundle_dir: Path, workdir: Path) -> dict:
     graph = bundle.manifest["graph"]
     backend.session = open_session(bundle.path / graph["file"], options, ["CPUExecutionProvider"],
                                    graph.get("weights"))
-    prompt = np.random.default_rng(0).integers(100, bundle.manifest["graph"]["vocab_size"], PROMPT)
-    backend.reset()
-    token = int(backend.prefill(prompt)[-1].argmax())
-    walls = []
-    for _ in range(STEPS):
-        start = time.perf_counter()
-        token = int(backend.decode(token).argmax())
-        walls.append(time.perf_counter() - start)
+    walls = timed_decode_steps(backend, bundle.manifest["graph"]["vocab_size"])
     trace = json.loads(Path(backend.session.end_profiling()).read_text())
     runs = [e["dur"] for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run"]
     decode_runs = runs[-STEPS:]
@@ -81,7 +87,7 @@ def test_decode_step_profile(smollm2_rpi5_bundle, tmp_path):
     print(f"\ndecode step ({THREADS} threads): {result['wall_us']:.0f} us wall, {result['run_us']:.0f} us in run, "
           f"{result['ops_per_step']:.0f} ops")
     print(f"  kernels {result['kernel_us']:.0f} us, of which GEMM {result['gemm_us']:.0f} us "
-          f"({result['gemm_us'] / result['run_us']:.0%} of run); framework overhead "
+          f"({result['gemm_us'] / result['run_us']:.0%} of run); framework overhead with the profiler on "
           f"{result['framework_overhead_us']:.0f} us ({result['framework_overhead_us'] / result['ops_per_step']:.1f} "
           f"us/op); Python {result['python_overhead_us']:.0f} us")
     print(f"  {'op':<34}{'per step':>9}{'us/step':>10}{'share':>8}")
@@ -147,15 +153,7 @@ def test_weight_bytes_against_the_memory_read_floor(smollm2_rpi5_bundle):
         reads.append(table.numel() * 4 / (time.perf_counter() - start))
     read_rate = float(np.median(reads))
     backend = open_runtime(bundle.path, threads=THREADS).backend
-    prompt = np.random.default_rng(0).integers(100, bundle.manifest["graph"]["vocab_size"], PROMPT)
-    backend.reset()
-    token = int(backend.prefill(prompt)[-1].argmax())
-    steps = []
-    for _ in range(STEPS):
-        start = time.perf_counter()
-        token = int(backend.decode(token).argmax())
-        steps.append(time.perf_counter() - start)
-    step = float(np.median(steps))
+    step = float(np.median(timed_decode_steps(backend, bundle.manifest["graph"]["vocab_size"])))
     floor = weight_bytes / read_rate
     print(f"\nweights {weight_bytes / 1e6:.1f} MB at {read_rate / 1e9:.1f} GB/s = {floor * 1e3:.2f} ms; "
           f"decode step {step * 1e3:.2f} ms ({floor / step:.0%} of it is the byte floor)")
