@@ -61,7 +61,7 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
     """Gather the environment report as a JSON-friendly dict.
 
     Keys: ``edgesdk``, ``python``, ``platform``, ``packages`` (name -> version),
-    ``onnxruntime_providers``, ``onnxruntime_error``, ``gpu`` and ``board``.
+    ``onnxruntime_providers``, ``onnxruntime_error``, ``gpu``, ``board`` and ``memory``.
     """
     packages = {shown: package_version(*names) for shown, names in PACKAGES.items()}
     providers, ort_error = _ort_providers()
@@ -88,7 +88,19 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
             "libnvinfer": libnvinfer,
         },
         "board": detect_board(root).to_dict(),
+        "memory": _memory_info(),
     }
+
+
+def _memory_info() -> dict:
+    """Huge-page support for the weight stream (edgesdk/runtime/huge_pages.py)."""
+    from edgesdk.runtime.huge_pages import huge_page_environment, thp_mode
+
+    mode, libc = thp_mode(), platform.libc_ver()
+    tunable = "glibc.malloc.hugetlb=" in os.environ.get("GLIBC_TUNABLES", "")
+    usable = tunable or huge_page_environment({}, mode, libc) is not None
+    return {"transparent_huge_pages": mode, "c_library": " ".join(part for part in libc if part) or None,
+            "run_eval_use_huge_pages": usable and os.environ.get("EDGESDK_HUGE_PAGES", "1") != "0"}
 
 
 def _show(value: object) -> str:
@@ -114,6 +126,7 @@ def format_env(info: dict) -> str:
         ("onnxruntime providers", ort_rows or [("providers", None)]),
         ("gpu", list((info.get("gpu") or {}).items())),
         ("board", list((info.get("board") or {}).items())),
+        ("memory", list((info.get("memory") or {}).items())),
     ]
     width = max(len(key) for _, rows in groups for key, _ in rows)
     indent = " " * (width + 5)

@@ -219,8 +219,7 @@ ENV_KEYS = {
     "onnxruntime_providers",
     "onnxruntime_error",
     "gpu",
-    "board",
-}
+    "board", "memory"}
 
 
 def test_collect_and_format_env(tmp_path):
@@ -253,6 +252,8 @@ def test_collect_and_format_env(tmp_path):
     assert "onnxruntime" in text
     assert "NVIDIA Jetson Orin NX Engineering Reference Developer Kit" in text
     assert "36.4.3" in text
+    assert set(info["memory"]) == {"transparent_huge_pages", "c_library", "run_eval_use_huge_pages"}
+    assert "run_eval_use_huge_pages" in text
 
 
 def test_import_stays_lean():
