@@ -219,7 +219,9 @@ ENV_KEYS = {
     "onnxruntime_providers",
     "onnxruntime_error",
     "gpu",
-    "board", "memory"}
+    "board",
+    "memory",
+}
 
 
 def test_collect_and_format_env(tmp_path):
