@@ -8,8 +8,8 @@ per doubling) up to the bundle's max_context.
 Single-token decode steps reuse one IO binding: the token, the lengths and every output live in
 numpy arrays bound once, and a step only writes three numbers before ``run_with_iobinding``.
 Binding 60 cache buffers and creating the small input tensors anew each step made SmolLM2-135M's
-decode 7-10 % slower (tests/benchmarks/test_decode_binding.py, three alternating runs). Prompts (more than one token) bind
-afresh, since their shapes vary.
+decode 7-10 % slower (tests/benchmarks/test_decode_binding.py, three alternating runs). Prompts
+(more than one token) bind afresh, since their shapes vary.
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ class OrtFusedBackend(OrtDecoderBase):
             outputs = step.run(int(ids[0, 0]), total, self._step_inputs())
         else:
             outputs = self._run_fresh(ids, keep, total)
-            if ids.shape[1] == 1 and keep == 1:  # the first decode step: its outputs give the shapes
-                self._decode_step = _DecodeStep(self, [o.shape for o in outputs])
+            if ids.shape[1] == 1 and keep == 1:  # the first decode step: its outputs give shapes and types
+                self._decode_step = _DecodeStep(self, outputs)
         self._position = total
         return self._consume(outputs)
 
@@ -107,18 +107,18 @@ class _DecodeStep:
     overwrites them.
     """
 
-    def __init__(self, backend: OrtFusedBackend, output_shapes: list[tuple[int, ...]]):
+    def __init__(self, backend: OrtFusedBackend, first_outputs: list[np.ndarray]):
         ort = backend._ort
         self.session = backend.session
         self.token = np.zeros((1, 1), np.int64)  # (B, S)
         self.seqlens = np.zeros((1,), np.int32)  # (B,): total - 1
         self.total = np.zeros((), np.int32)
         self.extra = {name: np.zeros((), np.float32) for name in backend._step_inputs()}
-        self.outputs = [np.zeros(shape, np.float32) for shape in output_shapes]
+        self.outputs = [np.empty_like(output) for output in first_outputs]
         binding = self.session.io_binding()
         fixed = {"input_ids": self.token, "seqlens_k": self.seqlens, "total_sequence_length": self.total,
                  "num_logits_to_keep": np.ones((1,), np.int64), **self.extra}
-        self._keep_alive = fixed  # the bound OrtValues point into these arrays
+        self._keep_alive = fixed  # the bound OrtValues point into these arrays (num_logits_to_keep's too)
         for name, array in fixed.items():
             binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
         for name, array in zip(backend.output_names, self.outputs, strict=True):
