@@ -72,16 +72,21 @@ def huge_page_environment(environ: dict[str, str], mode: str | None, libc: tuple
 def reexec_with_huge_pages(argv: list[str]) -> None:
     """Replace this process by ``python -m edgesdk argv[1:]`` with huge pages on, when that helps.
 
-    Returns (doing nothing) where :func:`huge_page_environment` says it would change nothing.
+    Returns (doing nothing) where :func:`huge_page_environment` says it would change nothing, or
+    where the interpreter cannot be started again (an embedded Python): the command then runs on
+    small pages, as it would without this.
     """
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or not sys.executable:
         return
     environment = huge_page_environment(dict(os.environ), thp_mode(), platform.libc_ver())
     if environment is None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "edgesdk", *argv[1:]], environment)
+    try:
+        os.execve(sys.executable, [sys.executable, "-m", "edgesdk", *argv[1:]], environment)
+    except OSError:
+        return
 
 
 def huge_pages_in_use() -> int | None:

@@ -10,7 +10,13 @@ import sys
 
 import pytest
 
-from edgesdk.runtime.huge_pages import OPT_OUT, TUNABLE, huge_page_environment, thp_mode
+from edgesdk.runtime.huge_pages import (
+    OPT_OUT,
+    TUNABLE,
+    huge_page_environment,
+    reexec_with_huge_pages,
+    thp_mode,
+)
 
 GLIBC = ("glibc", "2.36")
 
@@ -63,3 +69,13 @@ def test_run_reexecutes_with_huge_pages_and_the_opt_out_holds(tiny_bundle):
     assert mib(with_huge) > 0
     if thp_mode() == "madvise":  # with "always" the kernel hands out huge pages regardless
         assert mib(without) == 0
+
+
+def test_an_interpreter_that_cannot_start_again_leaves_the_command_running(monkeypatch, tmp_path):
+    """execve of a missing interpreter fails; the command goes on in this process, on small pages."""
+    environment = {key: value for key, value in os.environ.items() if key != "GLIBC_TUNABLES"}
+    if huge_page_environment(environment, thp_mode(), platform.libc_ver()) is None:
+        pytest.skip("no re-execution would be attempted here")
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    assert reexec_with_huge_pages(["edgesdk", "run", "bundle"]) is None
