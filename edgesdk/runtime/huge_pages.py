@@ -7,9 +7,10 @@ needs about 45. ONNX Runtime keeps its (prepacked) weights in memory from ``mall
 >= 2.35 asks the kernel for huge pages on its heap and mmap'd chunks (``madvise(MADV_HUGEPAGE)``)
 when the tunable ``glibc.malloc.hugetlb=1`` is set (glibc manual, "Memory Allocation Tunables";
 Linux ``Documentation/admin-guide/mm/transhuge.rst``: THP mode ``always`` or ``madvise``).
-Measured on the 2-core x86-64 host, SmolLM2-135M default bundle, eight alternating pairs of
-fresh processes: decode 1.02-1.39x (median 1.17x; the host's own drift is ±15 %), 226 MiB on huge
-pages, the same RSS (tests/benchmarks/test_decode_binding.py). llama.cpp gains as much when its
+Measured on the 2-core x86-64 host, SmolLM2-135M default bundle, fresh processes alternating
+with and without the tunable (15 comparisons, either order): decode 0.97-1.41x, median 1.11x
+(the host's own drift is ±15 %); 226 MiB on huge pages, the same RSS
+(tests/benchmarks/test_decode_binding.py). llama.cpp gains as much when its
 weights sit in anonymous memory (``--no-mmap``), so this speeds the board up without changing
 the ratio between the two engines.
 
