@@ -94,13 +94,11 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
 
 def _memory_info() -> dict:
     """Huge-page support for the weight stream (edgesdk/runtime/huge_pages.py)."""
-    from edgesdk.runtime.huge_pages import huge_page_environment, thp_mode
+    from edgesdk.runtime.huge_pages import commands_use_huge_pages, thp_mode
 
     mode, libc = thp_mode(), platform.libc_ver()
-    tunable = "glibc.malloc.hugetlb=" in os.environ.get("GLIBC_TUNABLES", "")
-    usable = tunable or huge_page_environment({}, mode, libc) is not None
     return {"transparent_huge_pages": mode, "c_library": " ".join(part for part in libc if part) or None,
-            "run_eval_use_huge_pages": usable and os.environ.get("EDGESDK_HUGE_PAGES", "1") != "0"}
+            "run_eval_use_huge_pages": commands_use_huge_pages(dict(os.environ), mode, libc)}
 
 
 def _show(value: object) -> str:

@@ -70,6 +70,13 @@ def huge_page_environment(environ: dict[str, str], mode: str | None, libc: tuple
     return {**environ, "GLIBC_TUNABLES": f"{existing}:{TUNABLE}" if existing else TUNABLE}
 
 
+def commands_use_huge_pages(environ: dict[str, str], mode: str | None, libc: tuple[str, str]) -> bool:
+    """Whether ``run`` / ``eval`` started with ``environ`` put the weights on huge pages: the
+    tunable is already set, or they would re-execute with it."""
+    already = "glibc.malloc.hugetlb=" in environ.get("GLIBC_TUNABLES", "")
+    return already or huge_page_environment(environ, mode, libc) is not None
+
+
 def reexec_with_huge_pages(argv: list[str]) -> None:
     """Replace this process by ``python -m edgesdk argv[1:]`` with huge pages on, when that helps.
 

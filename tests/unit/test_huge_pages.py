@@ -13,6 +13,7 @@ import pytest
 from edgesdk.runtime.huge_pages import (
     OPT_OUT,
     TUNABLE,
+    commands_use_huge_pages,
     huge_page_environment,
     reexec_with_huge_pages,
     thp_mode,
@@ -41,6 +42,8 @@ def test_existing_tunables_are_kept_and_the_reexecuted_process_stops_there():
     assert environment["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{TUNABLE}"
     assert huge_page_environment(environment, "madvise", GLIBC) is None  # no loop
     assert huge_page_environment({OPT_OUT: "0"}, "madvise", GLIBC) is None  # opted out
+    assert commands_use_huge_pages(environment, "madvise", GLIBC)  # set already: they use them
+    assert not commands_use_huge_pages({OPT_OUT: "0"}, "madvise", GLIBC)
 
 
 def test_thp_mode_reads_the_bracketed_choice(tmp_path):
