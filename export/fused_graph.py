@@ -144,7 +144,9 @@ class _FusedEmitter:
         rows = g.op("Reshape", [packed, g.i64([w.vocab_size, -1])])  # (V, D*bits/8)
         row_scales = g.op("Reshape", [scales, g.i64([w.vocab_size, -1])])  # (V, D/block)
         x = g.op("GatherBlockQuantized", [rows, "input_ids", row_scales], domain=MS, gather_axis=0,
-                 quantize_axis=1, block_size=config.block_size, bits=bits)
+                 quantize_axis=1, block_size=config.block_size, bits=bits)  # (B, S, D padded to blocks)
+        if w.hidden_size % config.block_size:  # the rows carry the zero padding of their last block
+            x = g.op("Slice", [x, g.i64([0]), g.i64([w.hidden_size]), g.i64([-1])])  # (B, S, D)
         return x, (q, (packed, scales))
 
     def attention(self, i: int, layer, h: str, cos: str, sin: str) -> str:

@@ -67,7 +67,22 @@ class Recipe(BaseModel):
         """(stage name, config object) pairs, order and configs checked."""
         names = [entry.stage for entry in self.stages]
         check_order(names)
-        return [(entry.stage, make_config(entry.stage, entry.config)) for entry in self.stages]
+        stages = [(entry.stage, make_config(entry.stage, entry.config)) for entry in self.stages]
+        self._check_block_size(stages)
+        return stages
+
+    def _check_block_size(self, stages: list[tuple[str, object]]) -> None:
+        """QAT trains on the quantization grid of its block size; the fused export must store that grid."""
+        export = self.export
+        if export.form != "ort-fused" or export.weights == "fp32":
+            return
+        for name, config in stages:
+            if name == "qat" and config.granularity == "block" and config.block_size != export.block_size:
+                raise BuildError(
+                    f"recipe '{self.name}': qat.block_size is {config.block_size} but export.block_size is "
+                    f"{export.block_size}; the export would store weights on another grid than QAT trained",
+                    f"set both to the same value, e.g. --set qat.block_size={export.block_size} "
+                    f"--set export.block_size={export.block_size}")
 
 
 def shipped_recipes() -> list[str]:

@@ -38,9 +38,24 @@ def test_fake_quant_equals_exported_block_graph(bits, seed, tmp_path):
     """The fake-quantized PyTorch model and the exported MatMulNBits graph (float compute) agree
     to float32 summation order, for int8 and int4 layers with an int8 tied embedding / head (an
     int4 one on odd seeds, the int4-small recipe's)."""
+    _check_fake_quant_equals_export(bits, seed, 64, 32, tmp_path)
+
+
+@pytest.mark.parametrize(("hidden", "heads", "block"), [(64, 4, 64), (48, 3, 32), (80, 5, 64)])
+@pytest.mark.parametrize("seed", range(2))
+def test_fake_quant_equals_export_at_other_block_sizes(hidden, heads, block, seed, tmp_path):
+    """The same at block 64 (the default recipe's) and where a block does not divide the hidden or
+    FFN width, so the last block of every row, the embedding's included, is zero-padded."""
+    _check_fake_quant_equals_export(4, seed, hidden, block, tmp_path, heads=heads, kv_heads=1)
+
+
+def _check_fake_quant_equals_export(bits: int, seed: int, hidden: int, block: int, tmp_path, heads: int = 4,
+                                    kv_heads: int = 2) -> None:
     head_bits = 4 if seed % 2 else 8
-    model = tiny_llama(seed=seed, hidden=64, heads=4, kv_heads=2)
-    fake_quant.attach(model, fake_quant.QuantScheme(weight_bits=bits, activations="none", embedding_bits=head_bits))
+    model = tiny_llama(seed=seed, hidden=hidden, heads=heads, kv_heads=kv_heads)
+    scheme = fake_quant.QuantScheme(weight_bits=bits, activations="none", embedding_bits=head_bits,
+                                    block_size=block)
+    fake_quant.attach(model, scheme)
     ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, 24)
     with torch.no_grad():
         expected = model(torch.from_numpy(ids)[None]).logits[0].numpy()
@@ -48,7 +63,7 @@ def test_fake_quant_equals_exported_block_graph(bits, seed, tmp_path):
     with torch.no_grad():  # baking changes nothing: the weights now sit on the grid
         baked = model(torch.from_numpy(ids)[None]).logits[0].numpy()
     np.testing.assert_allclose(baked, expected, atol=1e-5)
-    spec = export_model(model, tmp_path, ExportConfig(form="ort-fused", weights=f"int{bits}",
+    spec = export_model(model, tmp_path, ExportConfig(form="ort-fused", weights=f"int{bits}", block_size=block,
                                                       embedding_bits=head_bits, max_context=64))
     exact = _fused_logits(_exact_compute_copy(tmp_path / "model.onnx"), spec, ids)
     scale = float(np.abs(expected).max())
