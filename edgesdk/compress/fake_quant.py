@@ -36,7 +36,7 @@ class QuantScheme:
     weight_bits: int = 8  # 8 (INT8) or 4 (INT4 weight-only)
     granularity: str = "block"  # block: MatMulNBits layout (ORT CPU form); channel: QDQ per-channel
     block_size: int = 32  # input features per scale for granularity=block; 32 is MatMulNBits' smallest
-    activations: str = "block"  # none | block (dynamic per 32, MatMulNBits acc-4) | tensor (static, QDQ)
+    activations: str = "block"  # none | block (dynamic per weight block, MatMulNBits acc-4) | tensor (static, QDQ)
     embedding_bits: int | None = 8  # tied embedding / LM head bits; None leaves it in float32
     activation_scales: dict[str, float] = field(default_factory=dict)  # per linear, activations=tensor
     eight_bit_linears: tuple[str, ...] = ()  # linears kept at 8 bits under weight_bits=4 (mixed precision)
@@ -173,7 +173,7 @@ class QuantLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scheme = self.scheme
         if scheme.activations == "block":
-            x = straight_through(x, quantize_activation_blocks(x))
+            x = straight_through(x, quantize_activation_blocks(x, scheme.block_size))
         elif scheme.activations == "tensor":
             if self.observing:
                 peak = float(x.detach().abs().amax())
