@@ -159,3 +159,50 @@ def test_weight_bytes_against_the_memory_read_floor(smollm2_rpi5_bundle):
           f"decode step {step * 1e3:.2f} ms ({floor / step:.0%} of it is the byte floor)")
     assert step > 0
     assert floor > 0
+
+
+# SmolLM2-135M's MatMulNBits shapes (K, N) per decode step: 30 layers' QKV, O, gate|up, down, then the head.
+LAYER_SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate|up": (576, 3072), "down": (1536, 576)}
+HEAD_SHAPE = (576, 49152)
+
+
+def _matmul_nbits_session(k: int, n: int, bits: int, block: int, copies: int):
+    """``copies`` MatMulNBits nodes of one shape on one input, each with its own random weights (so
+    they are read from memory, as a step reads 30 layers), accuracy level 4 as the fused graph."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgesdk.runtime.ort_backend import make_session_options
+
+    rng = np.random.default_rng(0)
+    blocks = -(-k // block)
+    nodes, weights = [], []
+    for c in range(copies):
+        nodes.append(helper.make_node("MatMulNBits", ["x", f"w{c}", f"s{c}"], [f"y{c}"], domain="com.microsoft", K=k,
+                                      N=n, bits=bits, block_size=block, accuracy_level=4))
+        weights += [numpy_helper.from_array(rng.integers(0, 256, (n, blocks, block * bits // 8), dtype=np.uint8),
+                                            f"w{c}"),
+                    numpy_helper.from_array((rng.random(n * blocks, dtype=np.float32) + 0.5) * 0.01, f"s{c}")]
+    graph = helper.make_graph(nodes, "matmuls", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, k])],
+                              [helper.make_tensor_value_info(f"y{c}", TensorProto.FLOAT, [1, 1, n])
+                               for c in range(copies)], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return ort.InferenceSession(model.SerializeToString(), make_session_options(THREADS),
+                                providers=["CPUExecutionProvider"])
+
+
+def test_matmul_nbits_time_by_block_size():
+    """MatMulNBits at batch 1 on SmolLM2's shapes, blocks of 32 against 64: on x86 the int4 kernel
+    (int8 activations per block) is compute-bound, so fewer, longer blocks run faster (the default
+    recipe's block 64). Median of 7 rounds, each shape's blocks alternated."""
+    x = {k: {"x": np.random.default_rng(1).standard_normal((1, 1, k)).astype(np.float32)} for k in (576, 1536)}
+    print(f"\nMatMulNBits, {THREADS} threads, us per call (30 copies of a layer shape, 1 head)")
+    print(f"  {'shape':<16}{'bits':>5}{'block 32':>10}{'block 64':>10}{'32 / 64':>9}")
+    ratios = []
+    for name, (k, n), bits, copies in [*((name, shape, 4, 30) for name, shape in LAYER_SHAPES.items()),
+                                        ("head", HEAD_SHAPE, 8, 1)]:
+        times = {block: _median_run_seconds(_matmul_nbits_session(k, n, bits, block, copies), x[k], repeats=10)
+                 / copies for block in (32, 64)}
+        ratios.append(times[32] / times[64])
+        print(f"  {name:<16}{bits:>5}{times[32] * 1e6:>10.1f}{times[64] * 1e6:>10.1f}{ratios[-1]:>9.2f}")
+    assert all(r > 0 for r in ratios)
