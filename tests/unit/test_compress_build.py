@@ -109,10 +109,11 @@ def test_overrides_change_stage_configs_and_name_the_bad_ones():
 def test_qat_and_export_must_share_the_block_size():
     """QAT learns weights on its block grid; exporting them on another grid is refused before any compute."""
     with pytest.raises(BuildError, match="qat.block_size is 64 but export.block_size is 32"):
-        load_recipe("default").with_overrides(["qat.block_size=64"]).validated()
-    both = load_recipe("default").with_overrides(["qat.block_size=64", "export.block_size=64"])
+        load_recipe("int4").with_overrides(["qat.block_size=64"]).validated()
+    both = load_recipe("int4").with_overrides(["qat.block_size=64", "export.block_size=64"])
     assert dict(both.validated())["qat"].block_size == 64
     load_recipe("jetson").with_overrides(["export.block_size=64"]).validated()  # QDQ per channel: no grid
+    assert dict(load_recipe("default").validated())["qat"].block_size == load_recipe("default").export.block_size
 
 
 def test_mixed_precision_build_keeps_the_chosen_units_at_8_bits(tiny_model_dir, recipe_and_data, tmp_path):
