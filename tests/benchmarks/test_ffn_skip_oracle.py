@@ -7,9 +7,10 @@ global threshold (the quantile of the ratios of the unskipped model). The backbo
 as in the power stage. Perplexity on the first 2,048 tokens of WikiText-2 valid, windows of 512,
 every skip applied inside the forward so later tokens attend to the changed states.
 
-Reading the result against #4's target (>= 1.25x decode at <= +5 % perplexity): on the gated
-fp32 graph skipping every FFN gives about 1.6x (reference/feasibility-ort.md), so FFNs are about
-37 % of a step and 1.25x needs about 53 % of the FFN blocks skipped.
+Reading the result against #4's target (>= 1.25x decode at <= +5 % perplexity): in the power
+recipe's float32 graph the FFNs hold 59 % of the weight bytes, so 1.25x needs about a third of
+the FFN blocks skipped (0.2 / 0.59) even if a step were all weight reads; in an int4 graph, where
+skipping every FFN measured 1.5-1.7x (reference/feasibility-ort.md), about half.
 
     python -m pytest tests/benchmarks/test_ffn_skip_oracle.py -m benchmark -s
 """
