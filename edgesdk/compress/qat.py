@@ -3,10 +3,10 @@
 Weights are fake-quantized symmetrically (per output channel for the QDQ/TensorRT form, per
 block of ``block_size`` input features for ONNX Runtime's MatMulNBits), activations per tensor
 with observed scales (QDQ) or per weight block at run time (MatMulNBits accuracy level 4); norms
-stay in float (§2.2). The student
-learns, through the straight-through estimator, to match the unquantized model's next-token
-distributions (KL to the teacher: the loaded model is the best label we have). At the end the
-weights are baked onto the integer grid, so the export re-derives exactly these codes.
+stay in float (§2.2). The student learns, through the straight-through estimator, to match the
+unquantized model's next-token distributions (KL to the teacher: the loaded model is the best
+label we have). At the end the weights are baked onto the integer grid, so the export re-derives
+exactly these codes.
 
 Departures from the seed: the teacher KL replaces a task loss (no labelled data on the host);
 the gradient-scaling schedule (§2.3) is an option, off by default, because Adam divides a common
