@@ -49,7 +49,7 @@ class FusedConfig:
     """How the fused graph stores its weights."""
 
     weights: str = "int8"  # fp32 | int8 | int4: MatMul vs MatMulNBits with 8 or 4 bits
-    block_size: int = 32  # quantization block along K; 32 is the smallest MatMulNBits block
+    block_size: int = 32  # quantization block along K (a power of two >= 16; the default recipe uses 64)
     accuracy_level: int = 4  # MatMulNBits compute: 4 = int8 activations per block (fast, near fp32)
     quantize_embedding: bool = True  # tied embedding / LM head quantized too (4x fewer bytes at int8)
     embedding_bits: int | None = None  # bits of the tied embedding / LM head; None = as the layers.

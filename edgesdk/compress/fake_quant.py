@@ -35,7 +35,7 @@ class QuantScheme:
 
     weight_bits: int = 8  # 8 (INT8) or 4 (INT4 weight-only)
     granularity: str = "block"  # block: MatMulNBits layout (ORT CPU form); channel: QDQ per-channel
-    block_size: int = 32  # input features per scale for granularity=block; 32 is MatMulNBits' smallest
+    block_size: int = 32  # input features per scale for granularity=block (MatMulNBits: a power of two >= 16)
     activations: str = "block"  # none | block (dynamic per weight block, MatMulNBits acc-4) | tensor (static, QDQ)
     embedding_bits: int | None = 8  # tied embedding / LM head bits; None leaves it in float32
     activation_scales: dict[str, float] = field(default_factory=dict)  # per linear, activations=tensor
