@@ -17,7 +17,6 @@ skipping every FFN measured 1.5-1.7x (reference/feasibility-ort.md), about half.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -56,22 +55,17 @@ class NormRatioOracle:
 def test_oracle_ffn_skipping_cost():
     if not WIKITEXT.is_file():
         pytest.skip("WikiText-2 validation text not found beside the checkout")
+    from edgesdk.compress.measure import heldout_perplexity
     from edgesdk.models.loader import load_model
     from edgesdk.models.sources import resolve_model
 
     loaded = load_model(resolve_model("smollm2-135m"))
     model = loaded.model.eval()
     ids = torch.tensor(loaded.tokenizer(WIKITEXT.read_text(encoding="utf-8")[:30_000])["input_ids"][:TOKENS])
-    windows = ids.reshape(-1, WINDOW)  # (W, 512)
     oracle = NormRatioOracle(model.model.layers)
 
     def perplexity() -> float:
-        nll = 0.0
-        with torch.no_grad():
-            for row in windows:
-                logits = model(row[None]).logits[0, :-1]
-                nll += float(torch.nn.functional.cross_entropy(logits.float(), row[1:], reduction="sum"))
-        return math.exp(nll / (windows.numel() - len(windows)))
+        return heldout_perplexity(model, ids, WINDOW)
 
     dense = perplexity()
     ratios = torch.cat(oracle.ratios)
