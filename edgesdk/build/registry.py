@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 from edgesdk.errors import BuildError
 
@@ -89,10 +89,33 @@ def make_config(name: str, values: dict | None) -> Any:
     if unknown:
         raise BuildError(f"stage '{name}' has no option(s) {unknown}; allowed: {sorted(allowed)}",
                          "fix the recipe or the --set override")
+    values = {key: _typed_value(name, spec.config_class, key, value) for key, value in values.items()}
     try:
         return spec.config_class(**values)
     except (TypeError, ValueError) as exc:
         raise BuildError(f"stage '{name}' config {values} is invalid: {exc}", "fix the recipe") from exc
+
+
+def _typed_value(stage: str, config_class: type, key: str, value: Any) -> Any:
+    """``value`` checked against the config field's annotation, in pydantic's lax mode: an int
+    where a float is expected becomes a float, and so does a numeric string (YAML 1.1, which
+    PyYAML speaks, reads ``1e-4`` without a dot as a string). Anything else that does not fit is
+    refused here, naming the option, instead of failing later inside the stage."""
+    from pydantic import TypeAdapter, ValidationError
+    from pydantic.errors import PydanticSchemaGenerationError
+
+    annotation = get_type_hints(config_class)[key]
+    try:
+        adapter = TypeAdapter(annotation)
+    except PydanticSchemaGenerationError:  # a type pydantic cannot check: the stage checks it
+        return value
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as exc:
+        expected = getattr(annotation, "__name__", None) or str(annotation)
+        raise BuildError(f"stage '{stage}' option {key}={value!r} is not a valid {expected} "
+                         f"({exc.errors()[0]['msg']})",
+                         f"fix the recipe or the override, e.g. --set {stage}.{key}=<{expected}>") from exc
 
 
 def _load_shipped_stages() -> None:

@@ -106,6 +106,22 @@ def test_overrides_change_stage_configs_and_name_the_bad_ones():
         load_recipe("int8-only").with_overrides(["qat=1"])
 
 
+def test_override_values_are_checked_against_the_option_types():
+    """PyYAML reads ``1e-4`` (no dot) as a string; a float option takes it as the number. A value
+    of the wrong type is refused before any compute, naming the option, not deep inside a stage."""
+    qat = dict(load_recipe("int4").with_overrides(["qat.lr=3e-4", "qat.steps=12"]).validated())["qat"]
+    assert qat.lr == pytest.approx(3e-4)
+    assert isinstance(qat.lr, float)
+    assert qat.steps == 12
+    with pytest.raises(BuildError, match=r"qat' option steps=1.5 is not a valid int") as refused:
+        load_recipe("int4").with_overrides(["qat.steps=1.5"]).validated()
+    assert "--set qat.steps=<int>" in refused.value.fix
+    with pytest.raises(BuildError, match=r"option lr='fast' is not a valid float"):
+        load_recipe("int4").with_overrides(["qat.lr=fast"]).validated()
+    with pytest.raises(BuildError, match=r"option train_embedding='maybe' is not a valid bool"):
+        load_recipe("int4").with_overrides(["qat.train_embedding=maybe"]).validated()
+
+
 def test_qat_and_export_must_share_the_block_size():
     """QAT learns weights on its block grid; exporting them on another grid is refused before any compute."""
     with pytest.raises(BuildError, match="qat.block_size is 64 but export.block_size is 32"):
