@@ -31,8 +31,8 @@ from tests.benchmarks.llamacpp import LlamaCppEngine, quantized_gguf
 pytestmark = pytest.mark.benchmark
 llama_cpp = pytest.importorskip("llama_cpp")
 
-RECIPES = ("default", "int4-small", "int8-only", "int8-prune-light", "int8-prune-heavy", "int4-prune", "aggressive")
-SPEED_RECIPES = ("default", "int4-small", "int4-prune")
+RECIPES = ("default", "int8-head", "int4-small", "int8-only", "int8-prune-light", "int8-prune-heavy", "int4-prune", "aggressive")
+SPEED_RECIPES = ("default", "int8-head", "int4", "int4-small", "int4-prune")
 THREADS, PROMPT, NEW, REPEATS = 2, 128, 128, 3
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 WIKITEXT = DATA / "wikitext-2-raw" / "wiki.valid.raw"
