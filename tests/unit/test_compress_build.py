@@ -154,23 +154,29 @@ def test_mixed_precision_build_keeps_the_chosen_units_at_8_bits(tiny_model_dir, 
     assert mixed.manifest["graph"]["weights"]["bytes"] > plain.manifest["graph"]["weights"]["bytes"]
 
 
-def test_int4_embedding_trained_in_qat_reaches_the_graph(tiny_model_dir, recipe_and_data, tmp_path):
-    """The int4-small recipe's QAT on a tiny model: the tied embedding is trained at 4 bits, the
-    graph's LM head reads it at 4 bits, and the export equals the baked model."""
+@pytest.mark.parametrize("shipped_name", ["default", "int4-small"])
+def test_int4_embedding_trained_in_qat_reaches_the_graph(shipped_name, tiny_model_dir, recipe_and_data, tmp_path):
+    """A shipped recipe's int4-head QAT on a tiny model (its stage and export settings, few short
+    batches): the tied embedding is trained at 4 bits, the graph's LM head reads it at 4 bits on
+    the recipe's block grid, and the export equals the baked model."""
     import onnx
+    import yaml
 
     _, text = recipe_and_data
-    recipe = tmp_path / "tiny-small.yaml"
-    shipped = load_recipe("int4-small")
-    assert shipped.stages[0].config["embedding_bits"] == shipped.export.embedding_bits == 4
-    recipe.write_text("name: tiny-small\nstages:\n  - stage: qat\n"
-                      "    config: {weight_bits: 4, steps: 2, batch_size: 2, sequence_length: 24, embedding_bits: 4, "
-                      "train_embedding: true, lr: 0.01}\n"
-                      "export: {form: ort-fused, weights: int4, embedding_bits: 4, weights_codec: zlib}\n")
+    shipped = load_recipe(shipped_name)
+    qat = dict(shipped.stages[0].config)
+    assert qat["embedding_bits"] == shipped.export.embedding_bits == 4
+    assert qat["train_embedding"] is True
+    qat.update(steps=2, batch_size=2, sequence_length=24, lr=0.01)
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(yaml.safe_dump({"name": f"tiny-{shipped_name}", "stages": [{"stage": "qat", "config": qat}],
+                                      "export": shipped.export.model_dump()}))
     bundle = _build(tiny_model_dir, tmp_path / "small", recipe, text)
     graph = onnx.load(str(bundle.path / "model.onnx"), load_external_data=False).graph
     head = [node for node in graph.node if node.op_type == "MatMulNBits" and node.input[1].startswith("embed_tokens")]
-    assert [a.i for a in head[0].attribute if a.name == "bits"] == [4]
+    attributes = {a.name: a.i for a in head[0].attribute}
+    assert attributes["bits"] == 4
+    assert attributes["block_size"] == shipped.export.block_size
     assert bundle.manifest["export_validation"]["max_abs_diff"]["layout/decode"] < 1e-3
     metrics = bundle.manifest["stages"][0]["metrics"]
     assert metrics["trained_parameters"] == metrics["parameters"]  # the tied embedding trained too
