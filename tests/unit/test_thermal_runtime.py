@@ -1,5 +1,5 @@
-"""The guard inside the real generation loop (tiny bundle): pauses and pacing lose no token, and
-the per-step cost stays far below 1 % of a decode step."""
+"""The guard inside the real generation loop (tiny bundle): pauses and pacing lose no token.
+Its per-step cost against a real decode step is a benchmark (tests/benchmarks/test_thermal_guard_cost.py)."""
 
 from __future__ import annotations
 
@@ -132,33 +132,6 @@ def test_generate_without_hook_is_unchanged(runtime, prompt, reference):
     assert tokens == reference
     assert stats.waited_s == 0.0
     assert stats.to_json()["waited_ms"] == 0.0
-
-
-def test_guard_costs_far_less_than_one_percent_of_a_decode_step(runtime, prompt):
-    """Per-step cost of hook + guard with a background-polled reading (no telemetry file).
-
-    1 % of a SmolLM2-135M decode step is >= 100 µs (<= 100 tok/s on this host, ~35 tok/s on a Pi 5);
-    the tiny test model's own step is printed for comparison."""
-    limits, _ = Limits.resolve(PROFILE.thermal)
-    guard = Guard(limits, PROFILE.thermal_model)
-    reading = Reading(time=time.monotonic(), zones={"cpu-thermal": 55.0}, source="sysfs")
-
-    def latest():  # what Poller.latest costs: an attribute read
-        reading.time = time.monotonic()
-        return reading
-
-    hook = ThermalHook(RealClock(), latest, guard)
-    hook.begin(len(prompt), 10_000)
-    steps = 5000
-    started = time.perf_counter()
-    for _ in range(steps):
-        hook.before_step("decode")
-        hook.after_step("decode", 1, 0.01)
-    per_step_us = (time.perf_counter() - started) / steps * 1e6
-    _, stats = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=32), stop_ids=set())
-    decode_us = stats.decode_s / len(stats.token_latencies_s) * 1e6
-    print(f"guard {per_step_us:.1f} µs/step; tiny-model decode {decode_us:.0f} µs/step")
-    assert per_step_us < 100
 
 
 def test_telemetry_summary_of_a_guarded_run(runtime, prompt, tmp_path):
