@@ -23,6 +23,7 @@ from edgesdk.thermal.guard import Guard, Limits
 from edgesdk.thermal.sensors import Poller, SysfsThermal
 from edgesdk.thermal.simulator import RealClock
 from edgesdk.thermal.watch import ThermalHook
+from tests._utils.sysfs import make_zone
 
 pytestmark = pytest.mark.benchmark
 
@@ -32,10 +33,7 @@ ROUNDS = 3
 
 
 def _polled_sysfs(root):
-    zone = root / "thermal_zone0"
-    zone.mkdir(parents=True)
-    (zone / "type").write_text("cpu-thermal\n")
-    (zone / "temp").write_text("55000\n")
+    make_zone(root, 0, "cpu-thermal", "55000\n")
     return Poller(SysfsThermal(root, ["cpu-thermal"]), interval_s=0.05).start()
 
 

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from edgesdk.cli import main
 from edgesdk.thermal.telemetry import StatusLine, load
+from tests._utils.sysfs import make_zone
 from tests.unit.test_lean_import import RUN_CLI
 
 # The board runtime must not import the host stack, nor matplotlib (only 'thermal report' may).
@@ -42,12 +43,7 @@ def plain_text(bundle):
 
 
 def sysfs_tree(root: Path, kind: str, millidegree: int) -> Path:
-    zone = root / "thermal_zone0"
-    zone.mkdir(parents=True)
-    (zone / "type").write_text(kind + "\n")
-    (zone / "temp").write_text(f"{millidegree}\n")
-    (zone / "trip_point_0_type").write_text("critical\n")
-    (zone / "trip_point_0_temp").write_text("105000\n")
+    make_zone(root, 0, kind, f"{millidegree}\n", trips=[("critical", 105000, None)])
     return root
 
 

@@ -11,6 +11,7 @@ import pytest
 from edgesdk.profile import get_profile
 from edgesdk.thermal.guard import Guard, GuardConfig, Level, Limits
 from edgesdk.thermal.sensors import SysfsThermal, Trip
+from tests._utils.sysfs import make_zone
 
 PROFILE = get_profile("rpi5")
 
@@ -19,9 +20,7 @@ class Tree:
     """One ``cpu-thermal`` zone on disk and a hand-driven clock."""
 
     def __init__(self, root):
-        self.zone = root / "thermal_zone0"
-        self.zone.mkdir(parents=True)
-        (self.zone / "type").write_text("cpu-thermal\n")
+        self.zone = make_zone(root, 0, "cpu-thermal", None)
         self.now = 0.0
         self.sysfs = SysfsThermal(root, ["cpu-thermal"], clock=lambda: self.now)
 

@@ -15,6 +15,7 @@ from edgesdk.thermal.sensors import Reading, SysfsThermal
 from edgesdk.thermal.simulator import RealClock, SimulatedBoard, WorkModel
 from edgesdk.thermal.telemetry import Telemetry, summarize
 from edgesdk.thermal.watch import ThermalHook
+from tests._utils.sysfs import make_zone
 
 PROFILE = get_profile("rpi5")
 NEW_TOKENS = 40
@@ -40,10 +41,7 @@ class SysfsBoard:
     """A simulated rpi5 whose temperature is written to a temporary sysfs tree and read back from it."""
 
     def __init__(self, root, ambient_c: float, start_c: float):
-        zone = root / "thermal_zone0"
-        zone.mkdir(parents=True)
-        (zone / "type").write_text("cpu-thermal\n")
-        self.temp_file = zone / "temp"
+        self.temp_file = make_zone(root, 0, "cpu-thermal", None) / "temp"
         # 1 tok/s at full clock: every token heats the bare board by ~0.2 °C near 77 °C
         self.board = SimulatedBoard.from_profile(PROFILE, ambient_c, work=WorkModel(decode_tok_s=1.0, prefill_tok_s=4.0),
                                                  start_c=start_c)
@@ -61,10 +59,7 @@ class ScriptedBoard:
     clock = 1.0
 
     def __init__(self, root, start_c: float):
-        zone = root / "thermal_zone0"
-        zone.mkdir(parents=True)
-        (zone / "type").write_text("cpu-thermal\n")
-        self.temp_file = zone / "temp"
+        self.temp_file = make_zone(root, 0, "cpu-thermal", None) / "temp"
         self.temp_c, self.t = start_c, 0.0
         self.sysfs = SysfsThermal(root, ["cpu-thermal"], clock=self.now)
 

@@ -22,22 +22,7 @@ from edgesdk.thermal.sensors import (
     parse_millidegree,
     parse_throttled,
 )
-
-
-def make_zone(root: Path, index: int, kind: str | None, temp: str | None, trips=()) -> Path:
-    """thermal_zoneN with ``type``, ``temp`` and trips ``(type, m°C, hyst m°C)`` as the kernel lays them out."""
-    zone = root / f"thermal_zone{index}"
-    zone.mkdir(parents=True, exist_ok=True)
-    if kind is not None:
-        (zone / "type").write_text(kind + "\n")
-    if temp is not None:
-        (zone / "temp").write_text(temp)
-    for n, (trip_type, trip_temp, hyst) in enumerate(trips):
-        (zone / f"trip_point_{n}_type").write_text(trip_type + "\n")
-        (zone / f"trip_point_{n}_temp").write_text(f"{trip_temp}\n")
-        if hyst is not None:
-            (zone / f"trip_point_{n}_hyst").write_text(f"{hyst}\n")
-    return zone
+from tests._utils.sysfs import make_zone
 
 
 @pytest.fixture
