@@ -18,6 +18,11 @@ never loaded.
   query projections, whose saliency is small because softmax gradients are, and cost +330 %
   perplexity at density 0.9 against +108 % for the measured allocation with refitting
   (tests/benchmarks/test_block_sparsity_quality.py).
+* Before ranking (``reorder``, on by default), channels are reordered so that weights of low
+  importance share blocks (TETRIS, Ji et al. 2018, "TETRIS: TilE-matching the TRemendous
+  Irregular Sparsity"): the residual stream's channels once for the whole model and each layer's
+  FFN channels, both by their summed Wanda importance (:func:`reorder_channels`). A permutation commutes with RMSNorm
+  and with every linear, so the model computes exactly what it did; only the blocks change.
 * The kept blocks are then refit to the dense outputs (``reconstruct``): per block row the kept
   input columns S are shared, so w_S = (w·H[:, S])·H[S, S]⁻¹ with H = X·Xᵀ from the calibration
   inputs (the least-squares problem SparseGPT solves column-wise; Frantar & Alistarh 2023).
@@ -37,6 +42,7 @@ import torch.nn.functional as F
 from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress import fake_quant
 from edgesdk.compress.measure import stage_metrics
+from edgesdk.errors import BuildError
 
 SPARSITY_KEY = "edgesdk_sparsity"
 IMPORTANCE = ("fisher", "wanda")
@@ -59,6 +65,7 @@ class SparsifyConfig:
     batch_size: int = 2  # sequences per calibration batch (memory)
     sequence_length: int = 256  # tokens per sequence
     seed: int = 3  # batch sampling (differs from QAT, pruning and distillation)
+    reorder: bool = True  # permute hidden and FFN channels so unimportant weights share blocks (TETRIS; README)
 
     def __post_init__(self):
         if not 0.0 < self.density <= 1.0:
@@ -134,6 +141,77 @@ def block_importance(model, batches: list[torch.Tensor], config: SparsifyConfig,
         blocks = block_sums(linear.weight.detach().abs() * norms[name][None, :], block)
         scores[name] = blocks / blocks.mean().clamp_min(1e-30)
     return scores
+
+
+def channel_keys(model, batches: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Summed Wanda importance |W|·‖x‖ of every residual-stream channel (D,) and of every layer's
+    FFN channels [(F_l,)]: what the weights reading and writing that channel lose if it goes."""
+    linears = fake_quant.decoder_linears(model)
+    norms = input_norms(model, linears, batches)
+
+    def importance(name: str) -> torch.Tensor:  # (N, K)
+        return linears[name].weight.detach().abs() * norms[name][None, :]
+
+    hidden = torch.zeros(model.config.hidden_size)
+    ffn = []
+    for index in range(len(model.model.layers)):
+        prefix = f"model.layers.{index}."
+        for kind in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+            hidden += importance(prefix + kind).sum(0)  # readers: one column per channel
+        for kind in ("self_attn.o_proj", "mlp.down_proj"):
+            hidden += importance(prefix + kind).sum(1)  # writers: one row per channel
+        ffn.append(importance(prefix + "mlp.down_proj").sum(0) + importance(prefix + "mlp.gate_proj").sum(1)
+                   + importance(prefix + "mlp.up_proj").sum(1))
+    return hidden, ffn
+
+
+def _permute(parameter: torch.Tensor | None, order: torch.Tensor, dim: int) -> None:
+    if parameter is not None:
+        parameter.data = parameter.data.index_select(dim, order).contiguous()
+
+
+@torch.no_grad()
+def permute_hidden(model, order: torch.Tensor) -> None:
+    """Reorder the residual stream's channels (D,) everywhere they appear: embedding (and an untied
+    LM head), every RMSNorm weight, the columns of the linears that read the stream and the rows
+    of those that write it. The logits are unchanged."""
+    inner = model.model
+    tied = fake_quant.is_tied(model)
+    _permute(inner.embed_tokens.weight, order, 1)
+    if not tied:
+        _permute(model.lm_head.weight, order, 1)
+    _permute(inner.norm.weight, order, 0)
+    for layer in inner.layers:
+        _permute(layer.input_layernorm.weight, order, 0)
+        _permute(layer.post_attention_layernorm.weight, order, 0)
+        for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                       layer.mlp.gate_proj, layer.mlp.up_proj):
+            _permute(module.weight, order, 1)
+        for module in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            _permute(module.weight, order, 0)
+            _permute(module.bias, order, 0)
+
+
+@torch.no_grad()
+def permute_ffn(layer, order: torch.Tensor) -> None:
+    """Reorder one layer's FFN channels (F,): rows of gate and up, columns of down. Exact."""
+    for module in (layer.mlp.gate_proj, layer.mlp.up_proj):
+        _permute(module.weight, order, 0)
+        _permute(module.bias, order, 0)
+    _permute(layer.mlp.down_proj.weight, order, 1)
+
+
+def reorder_channels(model, batches: list[torch.Tensor]) -> None:
+    """Sort the residual-stream channels and each layer's FFN channels by importance, in place, so
+    the least important weights of every matrix gather in the same blocks (TETRIS's reordering
+    with one sort per shared dimension instead of its alternating search)."""
+    if getattr(model.config, "edgesdk_power", None):
+        raise BuildError("sparsify.reorder cannot run on a model with power adapters (they read the "
+                         "hidden channels in their own order)", "run sparsify without reorder, or before power")
+    hidden, ffn = channel_keys(model, batches)
+    permute_hidden(model, hidden.argsort())
+    for layer, keys in zip(model.model.layers, ffn, strict=True):
+        permute_ffn(layer, keys.argsort())
 
 
 def keep_top(scores: torch.Tensor, count: int) -> torch.Tensor:
@@ -333,9 +411,11 @@ def plan(model, scores: dict[str, torch.Tensor], batches: list[torch.Tensor], bl
 def sparsify_stage(model, config: SparsifyConfig, ctx: BuildContext):
     model.eval()
     block = config.block_size or ctx.profile.sparsity_block
-    scheme = fake_quant.reattach(model)  # importance measured on the quantized model, as for pruning
     batches = ctx.training_data().batches(config.calibration_batches, config.batch_size, config.sequence_length,
                                           config.seed)
+    if config.reorder:
+        reorder_channels(model, batches)
+    scheme = fake_quant.reattach(model)  # importance measured on the quantized model, as for pruning
     scores = block_importance(model, batches, config, block, ctx.progress)
     if scheme is not None:
         fake_quant.detach(model, bake=False)
@@ -350,7 +430,8 @@ def sparsify_stage(model, config: SparsifyConfig, ctx: BuildContext):
         fake_quant.detach(model, bake=True)
         apply_masks(model)
     summary = density_summary(masks)
-    ctx.metrics.update({"block": block, "density": summary["density"], "density_per_weight": summary["per_weight"],
+    ctx.metrics.update({"block": block, "reorder": config.reorder, "density": summary["density"],
+                        "density_per_weight": summary["per_weight"],
                         "calibration_tokens": sum(int(b.numel()) for b in batches)},
                        **stage_metrics(model, ctx.eval_ids()))
     return model

@@ -206,3 +206,50 @@ def test_a_block_size_other_than_the_profiles_is_refused_at_export(tmp_path):
     assert "block_size: 16" in recipe
     with pytest.raises(BuildError, match="dropped 16 x 16 blocks.*sparsity_block, 32 x 32"):
         build_tiny_bundle(tmp_path, recipe, "orin-nx", generated_sequences=0)
+
+
+def test_reordering_channels_leaves_the_logits_unchanged_and_gathers_unimportant_weights():
+    """TETRIS-style reordering is a permutation of the residual stream and of each FFN: the model
+    computes the same logits, and the least important weights end up sharing blocks."""
+    model = tiny_llama(seed=5, hidden=64, heads=4, kv_heads=2).eval()
+    generator = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:  # RMSNorm weights start at 1, which no permutation would change
+                parameter.copy_(0.5 + torch.rand(parameter.shape, generator=generator))
+    batches = [torch.randint(0, model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(i))
+               for i in range(2)]
+    with torch.no_grad():
+        before = model(batches[0]).logits
+    config = sparsify.SparsifyConfig(density=0.75, block_size=16)
+    kept_before = _kept_importance(model, batches, config)
+    sparsify.reorder_channels(model, batches)
+    with torch.no_grad():
+        after = model(batches[0]).logits
+    assert torch.allclose(before, after, atol=1e-5), float((before - after).abs().max())
+    hidden, ffn = sparsify.channel_keys(model, batches)
+    assert torch.all(hidden[1:] >= hidden[:-1] - 1e-4)  # sorted: the permutation was applied everywhere
+    assert all(torch.all(keys[1:] >= keys[:-1] - 1e-4) for keys in ffn)
+    assert _kept_importance(model, batches, config) > kept_before
+
+
+def _kept_importance(model, batches, config) -> float:
+    """Share of the Wanda importance that the blocks each weight keeps at ``config.density`` hold."""
+    scores = sparsify.block_importance(model, batches, config, config.block_size)
+    norms = sparsify.input_norms(model, fake_quant.decoder_linears(model), batches)
+    kept = total = 0.0
+    for name, linear in fake_quant.decoder_linears(model).items():
+        blocks = sparsify.block_sums(linear.weight.detach().abs() * norms[name][None, :], config.block_size)
+        mask = sparsify.keep_top(scores[name], round(config.density * scores[name].numel()))
+        kept += float(blocks[mask].sum())
+        total += float(blocks.sum())
+    return kept / total
+
+
+def test_reordering_refuses_a_model_with_power_adapters():
+    from edgesdk.errors import BuildError
+
+    model = tiny_llama(seed=5, hidden=64, heads=4, kv_heads=2)
+    model.config.edgesdk_power = {"rank": 4}
+    with pytest.raises(BuildError, match="power adapters"):
+        sparsify.reorder_channels(model, [torch.zeros(1, 8, dtype=torch.long)])
