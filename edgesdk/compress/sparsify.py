@@ -125,6 +125,11 @@ def input_norms(model, linears: dict, batches: list[torch.Tensor]) -> dict[str, 
     return {name: total.sqrt() for name, total in sums.items()}
 
 
+def wanda(linear, norms: torch.Tensor) -> torch.Tensor:
+    """Per-weight importance |W|·‖x‖ (N, K) from the input norms (K,) (Sun et al. 2023)."""
+    return linear.weight.detach().abs() * norms[None, :]
+
+
 def block_importance(model, batches: list[torch.Tensor], config: SparsifyConfig, block: int,
                      progress: bool = False) -> dict[str, torch.Tensor]:
     """Per decoder linear, a (Nb, Kb) importance per block (see module docstring)."""
@@ -138,7 +143,7 @@ def block_importance(model, batches: list[torch.Tensor], config: SparsifyConfig,
     norms = input_norms(model, linears, batches)
     scores = {}
     for name, linear in linears.items():
-        blocks = block_sums(linear.weight.detach().abs() * norms[name][None, :], block)
+        blocks = block_sums(wanda(linear, norms[name]), block)
         scores[name] = blocks / blocks.mean().clamp_min(1e-30)
     return scores
 
@@ -150,7 +155,7 @@ def channel_keys(model, batches: list[torch.Tensor]) -> tuple[torch.Tensor, list
     norms = input_norms(model, linears, batches)
 
     def importance(name: str) -> torch.Tensor:  # (N, K)
-        return linears[name].weight.detach().abs() * norms[name][None, :]
+        return wanda(linears[name], norms[name])
 
     hidden = torch.zeros(model.config.hidden_size)
     ffn = []

@@ -239,7 +239,7 @@ def _kept_importance(model, batches, config) -> float:
     norms = sparsify.input_norms(model, fake_quant.decoder_linears(model), batches)
     kept = total = 0.0
     for name, linear in fake_quant.decoder_linears(model).items():
-        blocks = sparsify.block_sums(linear.weight.detach().abs() * norms[name][None, :], config.block_size)
+        blocks = sparsify.block_sums(sparsify.wanda(linear, norms[name]), config.block_size)
         mask = sparsify.keep_top(scores[name], round(config.density * scores[name].numel()))
         kept += float(blocks[mask].sum())
         total += float(blocks.sum())
