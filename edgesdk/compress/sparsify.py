@@ -18,7 +18,7 @@ never loaded.
   query projections, whose saliency is small because softmax gradients are, and cost +330 %
   perplexity at density 0.9 against +108 % for the measured allocation with refitting
   (tests/benchmarks/test_block_sparsity_quality.py).
-* Before ranking (``reorder``, on by default), channels are reordered so that weights of low
+* Before ranking (``reorder``, opt-in), channels can be reordered so that weights of low
   importance share blocks (TETRIS, Ji et al. 2018, "TETRIS: TilE-matching the TRemendous
   Irregular Sparsity"): the residual stream's channels once for the whole model and each layer's
   FFN channels, both by their summed Wanda importance (:func:`reorder_channels`). A permutation commutes with RMSNorm
@@ -65,7 +65,7 @@ class SparsifyConfig:
     batch_size: int = 2  # sequences per calibration batch (memory)
     sequence_length: int = 256  # tokens per sequence
     seed: int = 3  # batch sampling (differs from QAT, pruning and distillation)
-    reorder: bool = True  # permute hidden and FFN channels so unimportant weights share blocks (TETRIS; README)
+    reorder: bool = False  # permute hidden and FFN channels so unimportant weights share blocks (TETRIS; README)
 
     def __post_init__(self):
         if not 0.0 < self.density <= 1.0:

@@ -22,7 +22,7 @@ stages:
     config: {weight_bits: 8, granularity: channel, activations: tensor, embedding_bits: null, steps: 2,
              batch_size: 2, sequence_length: 24, observer_batches: 2}
   - stage: sparsify
-    config: {density: 0.5, calibration_batches: 2, batch_size: 2, sequence_length: 24}
+    config: {density: 0.5, reorder: true, calibration_batches: 2, batch_size: 2, sequence_length: 24}
   - stage: distill
     config: {steps: 2, batch_size: 2, sequence_length: 24}
 export: {form: standard, weights: int8, sparse: true}
