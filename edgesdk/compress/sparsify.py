@@ -21,8 +21,9 @@ never loaded.
 * Before ranking (``reorder``, opt-in), channels can be reordered so that weights of low
   importance share blocks (TETRIS, Ji et al. 2018, "TETRIS: TilE-matching the TRemendous
   Irregular Sparsity"): the residual stream's channels once for the whole model and each layer's
-  FFN channels, both by their summed Wanda importance (:func:`reorder_channels`). A permutation commutes with RMSNorm
-  and with every linear, so the model computes exactly what it did; only the blocks change.
+  FFN channels, both by their summed Wanda importance (:func:`reorder_channels`). A permutation
+  commutes with RMSNorm and with every linear, so the model computes exactly what it did; only
+  the blocks change.
 * The kept blocks are then refit to the dense outputs (``reconstruct``): per block row the kept
   input columns S are shared, so w_S = (w·H[:, S])·H[S, S]⁻¹ with H = X·Xᵀ from the calibration
   inputs (the least-squares problem SparseGPT solves column-wise; Frantar & Alistarh 2023).
@@ -43,6 +44,7 @@ from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress import fake_quant
 from edgesdk.compress.measure import stage_metrics
 from edgesdk.errors import BuildError
+from edgesdk.power.adapter import CONFIG_KEY as POWER_KEY
 
 SPARSITY_KEY = "edgesdk_sparsity"
 IMPORTANCE = ("fisher", "wanda")
@@ -210,7 +212,7 @@ def reorder_channels(model, batches: list[torch.Tensor]) -> None:
     """Sort the residual-stream channels and each layer's FFN channels by importance, in place, so
     the least important weights of every matrix gather in the same blocks (TETRIS's reordering
     with one sort per shared dimension instead of its alternating search)."""
-    if getattr(model.config, "edgesdk_power", None):
+    if getattr(model.config, POWER_KEY, None):
         raise BuildError("sparsify.reorder cannot run on a model with power adapters (they read the "
                          "hidden channels in their own order)", "run sparsify without reorder, or before power")
     hidden, ffn = channel_keys(model, batches)
