@@ -80,6 +80,9 @@ PROMPTS = (
 )
 
 
+TEACHER_TEXT_FORMAT = "cut-after-eos"  # continuations end at their first EOS (no padding runs)
+
+
 def teacher_key(teacher, config: DataConfig) -> str:
     """Names the teacher text: the model (config and embedding bytes) and the sampling settings."""
     import hashlib
@@ -87,6 +90,7 @@ def teacher_key(teacher, config: DataConfig) -> str:
     digest = hashlib.sha256(teacher.config.to_json_string().encode())
     digest.update(teacher.model.embed_tokens.weight.detach().float().numpy().tobytes())
     digest.update(f"{config.generated_sequences}/{config.generated_tokens}/{config.seed}/{PROMPTS}".encode())
+    digest.update(TEACHER_TEXT_FORMAT.encode())  # a cache written in an older format is not reused
     return digest.hexdigest()[:20]
 
 
@@ -108,11 +112,37 @@ def cached_teacher_text(teacher, tokenizer, config: DataConfig, progress: bool) 
     return sample
 
 
+def eos_ids(model, tokenizer) -> set[int]:
+    """Every id that ends a generation: the tokenizer's EOS and the model's generation config's."""
+    ids: set[int] = set()
+    for value in (getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+                  getattr(model.config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def cut_after_eos(sequence: torch.Tensor, start: int, stops: set[int]) -> torch.Tensor:
+    """``sequence`` (T,) up to and including the first stop id at or after ``start``.
+
+    A batch of sampled continuations comes back padded to the longest one; the padding repeats
+    the EOS id, so without the cut a third of SmolLM2's teacher text was runs of ``<|im_end|>``
+    that every stage trained on and the power stage's sweep scored (17.7 nats a token).
+    """
+    generated = sequence[start:]
+    hits = torch.isin(generated, torch.tensor(sorted(stops), dtype=sequence.dtype)).nonzero()
+    return sequence if hits.numel() == 0 else sequence[: start + int(hits[0, 0]) + 1]
+
+
 def generate_text(teacher, tokenizer, config: DataConfig, progress: bool, batch: int = 8) -> torch.Tensor:
     """Sampled teacher continuations of short prompts (temperature 1, top-p 0.95), ``batch`` per
-    prompt at once (batched decoding is several times faster per token on a CPU), concatenated."""
+    prompt at once (batched decoding is several times faster per token on a CPU), each cut after
+    its first EOS, concatenated."""
     from tqdm import tqdm
 
+    stops = eos_ids(teacher, tokenizer)
     generator = torch.Generator().manual_seed(config.seed)
     chunks = []
     rounds = -(-config.generated_sequences // batch)
@@ -125,5 +155,5 @@ def generate_text(teacher, tokenizer, config: DataConfig, progress: bool, batch:
             out = teacher.generate(ids, max_new_tokens=config.generated_tokens, do_sample=True, top_p=0.95,
                                    temperature=1.0, num_return_sequences=count,
                                    pad_token_id=tokenizer.eos_token_id)  # (count, prompt + new)
-        chunks.extend(out)
+        chunks.extend(cut_after_eos(row, ids.shape[1], stops) if stops else row for row in out)
     return torch.cat(chunks)

@@ -19,6 +19,7 @@ import torch
 
 from edgesdk.build import checkpoint
 from edgesdk.build.registry import BuildContext, register_stage
+from edgesdk.compress.data import eos_ids
 from edgesdk.errors import BuildError
 from edgesdk.power import adapter, train
 from edgesdk.power.controller import ControllerConfig, TauController
@@ -113,7 +114,7 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
         budget=config.budget, entropy_target=target, weight_power_kl=config.weight_power_kl,
         weight_budget=config.weight_budget, entropy_start=config.entropy_start, entropy_end=config.entropy_end,
         low_power_scale=config.low_power_scale, zscore=config.zscore, clip=config.clip, seed=config.seed)
-    eos = _eos_ids(model, ctx.tokenizer)
+    eos = sorted(eos_ids(model, ctx.tokenizer))
     pad = ctx.tokenizer.pad_token_id if ctx.tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     log = train.train_adapters(model, state, info, pool, train_config, eos, pad, ctx.progress)
 
@@ -139,12 +140,3 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
     })
     return model
 
-
-def _eos_ids(model, tokenizer) -> list[int]:
-    ids: set[int] = set()
-    for value in (getattr(model.config, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(int(v) for v in value)
-    return sorted(ids)

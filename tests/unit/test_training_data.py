@@ -1,0 +1,35 @@
+"""Training text: teacher continuations end at their first EOS, with no padding between them."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgesdk.compress.data import DataConfig, cut_after_eos, eos_ids, generate_text  # noqa: E402
+from tests._utils.tiny import tiny_llama, tiny_tokenizer  # noqa: E402
+
+EOS = 2  # <|im_end|> in the tiny tokenizer and config
+
+
+def test_cut_keeps_the_prompt_and_the_continuation_up_to_its_first_eos():
+    row = torch.tensor([5, EOS, 7, 8, 9, EOS, EOS, EOS])  # an EOS inside the prompt does not count
+    assert cut_after_eos(row, 2, {EOS}).tolist() == [5, EOS, 7, 8, 9, EOS]
+    assert cut_after_eos(row, 2, {EOS, 8}).tolist() == [5, EOS, 7, 8]
+    unfinished = torch.tensor([5, 6, 7, 8])
+    assert cut_after_eos(unfinished, 1, {EOS}).tolist() == [5, 6, 7, 8]
+
+
+def test_teacher_text_holds_no_runs_of_eos_padding():
+    """A model that often stops early: batched sampling pads the short continuations with EOS;
+    the teacher text keeps one EOS per finished continuation and drops the padding."""
+    model, tokenizer = tiny_llama(seed=3), tiny_tokenizer()
+    model.lm_head.register_forward_hook(lambda module, args, out: out + 6.0 * (torch.arange(out.shape[-1]) == EOS))
+    assert eos_ids(model, tokenizer) == {EOS}
+    config = DataConfig(generated_sequences=8, generated_tokens=24, seed=1)
+    text = generate_text(model, tokenizer, config, progress=False, batch=8)
+    finished = int((text == EOS).sum())
+    assert 0 < finished <= config.generated_sequences  # some stopped early, each keeps one EOS
+    assert not bool(((text[1:] == EOS) & (text[:-1] == EOS)).any())  # no padding run survived
+    longest = config.generated_sequences * (24 + 8)  # prompts are a few tokens; padded length bound
+    assert text.numel() < longest
