@@ -138,5 +138,9 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
         "train": log.rounds, "sweep": points, "weights": list(chosen),
         "kv_cost_ms_per_token": cost.slope_ms_per_token,
     })
+    eval_ids = ctx.eval_ids()
+    if eval_ids is not None and eval_ids.numel() > 256:  # beside the manifest's baseline (no adapters)
+        ctx.metrics["heldout"] = {"gating_off": train.gated_heldout(model, state, eval_ids, 0.0),
+                                  "at_tau_train": train.gated_heldout(model, state, eval_ids, config.tau_train)}
     return model
 

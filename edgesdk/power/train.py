@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from edgesdk.compress.measure import heldout_perplexity
 from edgesdk.errors import BuildError
 from edgesdk.power import losses, vector
 from edgesdk.power.adapter import PowerState, adapter_parameters
@@ -276,6 +277,20 @@ def sweep_weights(model, state: PowerState, info: PowerModelInfo, ids: torch.Ten
     ok = [p for p in points if p["nll_increase"] <= max_nll_increase]
     best = min(ok, key=lambda p: p["executed_fraction"]) if ok else min(points, key=lambda p: p["nll"])
     return tuple(best["weights"]), [{"ungated_nll": round(base["nll"], 5)}, *points]
+
+
+@torch.no_grad()
+def gated_heldout(model, state: PowerState, ids: torch.Tensor, tau: float) -> dict:
+    """Held-out perplexity with every gate below ``tau`` skipping its FFN, and the share of FFN
+    blocks that ran; ``tau`` 0 is "gating off" (the adapters' channel and head scales still act)."""
+    state.clear()
+    state.enabled, state.straight_through, state.record, state.tau = True, False, True, tau
+    perplexity = heldout_perplexity(model, ids)
+    masks = [m.float().mean() for m in state.masks]  # one (1, length) mask per layer and window
+    state.clear()
+    state.record, state.tau = False, 0.0
+    return {"perplexity": round(perplexity, 4), "tau": tau,
+            "executed_fraction": round(float(torch.stack(masks).mean()), 4) if masks else 1.0}
 
 
 def perplexity_of(nll: float) -> float:

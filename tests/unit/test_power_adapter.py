@@ -111,3 +111,29 @@ def test_installing_twice_is_refused():
     adapter.install_adapters(model, 2)
     with pytest.raises(BuildError, match="already installed"):
         adapter.install_adapters(model, 2)
+
+
+def test_gated_heldout_reports_the_blocks_run_and_leaves_gating_off():
+    """The power stage's held-out figures: tau 0 runs every FFN, a tau at the median gate about
+    half, a tau above every gate none; the state is back to "gating off" afterwards."""
+    from edgesdk.compress.measure import heldout_perplexity
+    from edgesdk.power.train import gated_heldout
+
+    model = tiny_llama(layers=3)
+    state = adapter.install_adapters(model, 4)
+    _randomise(model)
+    ids = torch.randint(0, 320, (3 * 256,), generator=torch.Generator().manual_seed(0))
+    off = gated_heldout(model, state, ids, 0.0)
+    assert off["executed_fraction"] == 1.0
+    assert off["perplexity"] == pytest.approx(heldout_perplexity(model, ids), rel=1e-6)
+    state.record = True
+    with torch.no_grad():
+        model(ids[:256][None])
+    median = float(torch.stack(state.gates).median())
+    state.clear()
+    half = gated_heldout(model, state, ids, median)
+    assert 0.3 < half["executed_fraction"] < 0.7
+    none = gated_heldout(model, state, ids, 1.0)
+    assert none["executed_fraction"] == 0.0
+    assert none["perplexity"] != pytest.approx(off["perplexity"], rel=1e-3)
+    assert (state.tau, state.record, state.masks) == (0.0, False, [])

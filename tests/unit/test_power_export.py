@@ -131,7 +131,7 @@ def power_bundle(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("bundles") / "tiny-power"
     return build(BuildConfig(target="rpi5", model=str(tiny_model_dir), out=out, recipe="power", progress=False,
                              export=ExportConfig(max_context=256), overrides=TINY_POWER,
-                             data=DataConfig(files=(str(text),), generated_sequences=0)))
+                             data=DataConfig(files=(str(text),), skip_chars=2000, generated_sequences=0)))
 
 
 def test_power_bundle_records_the_stage_and_runs_with_its_controller(power_bundle):
@@ -147,6 +147,10 @@ def test_power_bundle_records_the_stage_and_runs_with_its_controller(power_bundl
     assert metrics["adapter_fraction"] <= 0.01
     assert len(metrics["train"]) == 2
     assert tuple(metrics["weights"]) in {tuple(p["weights"]) for p in metrics["sweep"][1:]}
+    heldout = metrics["heldout"]  # the skipped head of the text, beside the manifest's baseline
+    assert heldout["gating_off"]["executed_fraction"] == 1.0
+    assert heldout["at_tau_train"]["tau"] == 0.5
+    assert power_bundle.manifest["baseline"]["heldout_perplexity"] > 1
     runtime = open_runtime(power_bundle.path, ignore_target=True)
     backend = runtime.backend
     assert isinstance(backend, OrtGatedBackend)
