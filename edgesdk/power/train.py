@@ -280,12 +280,13 @@ def sweep_weights(model, state: PowerState, info: PowerModelInfo, ids: torch.Ten
 
 
 @torch.no_grad()
-def gated_heldout(model, state: PowerState, ids: torch.Tensor, tau: float) -> dict:
-    """Held-out perplexity with every gate below ``tau`` skipping its FFN, and the share of FFN
-    blocks that ran; ``tau`` 0 is "gating off" (the adapters' channel and head scales still act)."""
+def gated_heldout(model, state: PowerState, ids: torch.Tensor, tau: float, length: int = 256) -> dict:
+    """Held-out perplexity (windows of ``length``) with every gate below ``tau`` skipping its FFN,
+    and the share of FFN blocks that ran; ``tau`` 0 is "gating off" (the adapters' channel and
+    head scales still act)."""
     state.clear()
     state.enabled, state.straight_through, state.record, state.tau = True, False, True, tau
-    perplexity = heldout_perplexity(model, ids)
+    perplexity = heldout_perplexity(model, ids, length)
     masks = [m.float().mean() for m in state.masks]  # one (1, length) mask per layer and window
     state.clear()
     state.record, state.tau = False, 0.0
