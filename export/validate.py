@@ -14,6 +14,7 @@ import numpy as np
 
 from edgesdk.errors import ExportError
 from edgesdk.export.llama_graph import GraphSpec
+from edgesdk.runtime.ort_backend import EXACT_INT8_QDQ
 
 
 class ExportMismatchError(ExportError):
@@ -83,6 +84,7 @@ def _standard_session(onnx_path: Path, optimize: bool = True):
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.add_session_config_entry(*EXACT_INT8_QDQ)
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])

@@ -213,17 +213,36 @@ def _as_method(fn):
     return method
 
 
+# Triton 3.9's interpreter also patches triton.language for every device-function call it makes
+# (``InterpretedFunction.__call__`` -> ``_patch_lang``) and never restores that scope: after one emulated kernel,
+# 64 builtins of ``tl.core`` stay interpreter lambdas, and a later GPU or AOT compile in the same process fails
+# ("'value' object has no attribute 'dtype'"). What was there before the run is put back on these namespaces.
+# Names it adds to a module (its rewriter's globals) are left: they shadow nothing and cached rewrites use them;
+# names it adds to a tensor class are removed.
+def _language_namespaces() -> tuple[object, ...]:
+    return (tl, tl.core, tl.standard, tl.math, tl.tensor, tl.core.tensor_descriptor_base)
+
+
 @contextlib.contextmanager
 def _interpreter_scope() -> Iterator[None]:
     with _PATCH_LOCK:
         rows = _interpreted_helpers()
+        saved = [(space, dict(vars(space))) for space in _language_namespaces()]
         try:
             for owner, name, _jit, interp in rows:
                 setattr(owner, name, interp)
             yield
         finally:
-            for owner, name, jit, _interp in rows:
-                setattr(owner, name, jit)
+            for space, before in saved:
+                for name, value in before.items():
+                    if vars(space).get(name, _ABSENT) is not value:
+                        setattr(space, name, value)
+                if isinstance(space, type):  # a tensor class: no interpreter __repr__, __str__ ... left on it
+                    for name in set(vars(space)) - set(before):
+                        delattr(space, name)
+
+
+_ABSENT = object()
 
 
 class _EmulatedKernel(InterpretedFunction):

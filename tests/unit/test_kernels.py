@@ -238,6 +238,25 @@ def test_gqa_decode_emulated_views_and_empty_rows(record_property):
     check_close(out, ref, record_property, "gqa views, lengths 0 and T_max")
 
 
+@needs_triton
+def test_emulated_runs_leave_triton_language_as_they_found_it():
+    """Triton's interpreter patches ``triton.language`` for each device-function call and keeps it; a later
+    AOT or GPU compile in the same process then sees interpreter builtins. Every attribute that existed before
+    an emulated matmul and decode attention is the same object after them."""
+    import triton.language as tl
+
+    spaces = {"tl": tl, "tl.core": tl.core, "tl.standard": tl.standard, "tl.math": tl.math,
+              "tl.tensor": tl.tensor}
+    before = {label: dict(vars(space)) for label, space in spaces.items()}
+    w, *_ = random_weight(64, 64, 0.5)
+    block_sparse_matmul(torch.randn(1, 64), w, mode="emulated")
+    gqa_decode_attention(*attention_inputs(1, 4, 2, 16, 9, [9]), 0.25, mode="emulated")
+    changed = {label: sorted(name for name, value in before[label].items() if vars(space).get(name) is not value)
+               for label, space in spaces.items()}
+    assert not any(changed.values()), changed
+    assert set(vars(tl.tensor)) == set(before["tl.tensor"])
+
+
 def test_reference_attention_equals_repeat_kv_softmax():
     q, k, v, lengths = attention_inputs(2, 6, 2, 16, 9, [9, 4])
     out = gqa_decode_attention_reference(q, k, v, lengths, 0.25)

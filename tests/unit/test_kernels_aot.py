@@ -19,9 +19,12 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 
 @pytest.fixture(scope="module", params=[87, 72])
 def compiled(request, tmp_path_factory):
+    """Compiled into an empty Triton cache, so the front end runs every time (a warm cache skips it)."""
     sm = request.param
     out = tmp_path_factory.mktemp(f"kernels_{sm}")
-    return sm, out, compile_for_target(sm, out, tuning_for(sm))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp(f"triton_cache_{sm}")))
+        return sm, out, compile_for_target(sm, out, tuning_for(sm))
 
 
 def test_every_variant_compiles_with_launch_metadata(compiled):

@@ -92,7 +92,8 @@ def _reference_logits(reference, ids: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("seed", sorted(SHAPES))
 def test_qdq_graph_equals_fake_quantized_pytorch(seed, tmp_path):
     """(a) unfused ONNX Runtime == fake quantization to ~1e-4 of the logit range, prefill + decode;
-    (b) ONNX Runtime's fused integer kernels stay within a loose bound of it."""
+    (b) ONNX Runtime's fused integer kernels (INT8 activations kept, EXACT_INT8_QDQ) to 1e-3 of it on any
+    CPU; with ONNX Runtime's default UINT8 rewrite an AVX2 CPU without VNNI saturated them to 1.8 %."""
     model = _quantization_trained(tiny_llama(seed=seed, **SHAPES[seed]), seed, bake=seed % 2 == 0,
                                   distinct_qkv=seed % 4 == 1)
     embedding_bits = 8 if seed % 3 == 2 else None
@@ -107,7 +108,7 @@ def test_qdq_graph_equals_fake_quantized_pytorch(seed, tmp_path):
     print(f"seed {seed}: unfused {exact:.2e}, ORT-optimized {fused:.2e}, float model {float_model:.2e}, "
           f"logit range {span:.1f}")
     assert exact <= 1e-4 * span
-    assert fused <= 1e-2 * span
+    assert fused <= 1e-3 * span
 
 
 def test_qdq_nodes_int8_weights_and_per_channel_scales(tmp_path):
