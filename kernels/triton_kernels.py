@@ -219,6 +219,9 @@ def _as_method(fn):
 # ("'value' object has no attribute 'dtype'"). What was there before the run is put back on these namespaces.
 # Names it adds to a module (its rewriter's globals) are left: they shadow nothing and cached rewrites use them;
 # names it adds to a tensor class are removed.
+_ABSENT = object()
+
+
 def _language_namespaces() -> tuple[object, ...]:
     return (tl, tl.core, tl.standard, tl.math, tl.tensor, tl.core.tensor_descriptor_base)
 
@@ -240,9 +243,6 @@ def _interpreter_scope() -> Iterator[None]:
                 if isinstance(space, type):  # a tensor class: no interpreter __repr__, __str__ ... left on it
                     for name in set(vars(space)) - set(before):
                         delattr(space, name)
-
-
-_ABSENT = object()
 
 
 class _EmulatedKernel(InterpretedFunction):

@@ -12,7 +12,7 @@ with gating off (tau 0) and at tau 0.45 / 0.5 / 0.55, before and after; the sour
         tests/benchmarks/test_gated_distillation.py -m benchmark -s     # from `build --keep-work`
 
 Without the variable a power build is run first (about 25 minutes); the distillation itself takes
-about 35 minutes on two cores (40 with the evaluations).
+about 33 minutes on two cores (40 with the evaluations).
 """
 
 from __future__ import annotations
