@@ -162,6 +162,42 @@ def test_block_activation_fake_quant_matches_accuracy_level_4(seed, block, tmp_p
         assert emulation_error < float(np.abs(shipped - per_32).mean())
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("block", [32, 64])
+def test_matmul_nbits_accuracy_level_4_is_the_block_activation_emulation(bits, block):
+    """One MatMulNBits node at accuracy level 4 on this CPU computes what QAT emulates: INT8
+    activations per weight block times the stored codes. Outlier channels (30x) are in the input:
+    they are what a saturating integer kernel (16-bit pair sums without VNNI) gets wrong. The
+    whole-model test above cannot be this tight, since summation order differs across layers."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgesdk.export.blockwise import quantize_blockwise
+
+    rng = np.random.default_rng(bits + block)
+    k, n = 576, 384  # SmolLM2's hidden size; K spans 9 or 18 blocks
+    quantized = quantize_blockwise(rng.standard_normal((k, n)).astype(np.float32) * 0.05, bits, block)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    x[:, :8] *= 30.0
+    node = helper.make_node("MatMulNBits", ["x", "codes", "scales"], ["y"], domain="com.microsoft",
+                            K=k, N=n, bits=bits, block_size=block, accuracy_level=4)
+    graph = helper.make_graph([node], "nbits", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, n])],
+                              [numpy_helper.from_array(quantized.packed, "codes"),
+                               numpy_helper.from_array(quantized.scales, "scales")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    shipped = session.run(None, {"x": x})[0]
+    emulated = fake_quant.quantize_activation_blocks(torch.from_numpy(x), block).numpy() @ quantized.dequantize()
+    float_only = x @ quantized.dequantize()
+    scale = float(np.abs(float_only).max())
+    print(f"bits {bits} block {block}: emulation {np.abs(shipped - emulated).max() / scale:.1e}, "
+          f"float activations {np.abs(shipped - float_only).max() / scale:.1e} of the output range")
+    assert np.abs(shipped - emulated).max() < 1e-5 * scale
+    assert np.abs(shipped - float_only).max() > 1e-3 * scale  # the activations really were quantized
+
+
 def test_channel_scales_are_per_output_row_so_q_k_v_each_have_their_own():
     weight = torch.randn(8, 64)
     weight[3] *= 100.0  # one loud channel must not coarsen the others
