@@ -269,6 +269,9 @@ def _runtime_options(fn):
               help="Read a simulated board (the target's thermal model driven by the real step times) instead of "
                    "sensors; guards like --watch-thermal unless --no-guard.")
 @click.option("--no-guard", is_flag=True, help="Record (and simulate) only, never pace or pause.")
+@click.option("--clock-cap", is_flag=True,
+              help="While pacing, the guard also caps the CPU clock (cpufreq scaling_max_freq, needs root; "
+                   "restored on exit): about 1.5x the tokens at the same temperature, each a little slower.")
 @click.option("--entropy-target", type=float,
               help="Power-gated bundles: windowed power entropy (nats) the gate controller holds [the profile's].")
 @click.option("--compute-budget", type=float,
@@ -284,7 +287,7 @@ def _runtime_options(fn):
               help="Simulated board is this many times slower than this machine.")
 @_runtime_options
 def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, stats, watch_thermal,
-        simulate_thermal, no_guard, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
+        simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
         sim_speed, threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
 
@@ -315,7 +318,7 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
         thermal = open_session(profile, guard=(watch_thermal or simulate_thermal) and not no_guard,
                                simulate=simulate_thermal, telemetry_path=telemetry, ambient_c=ambient,
                                sim_speed=sim_speed, budget_target=runtime.backend,
-                               status=watch_thermal or simulate_thermal,
+                               status=watch_thermal or simulate_thermal, clock_cap=clock_cap,
                                warn=lambda message: click.echo(f"edgesdk thermal: warning: {message}", err=True))
         for note in thermal.notes:
             click.echo(f"edgesdk thermal: {note}", err=True)

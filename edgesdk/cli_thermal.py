@@ -7,6 +7,7 @@ the commands so ``edgesdk --help`` stays fast; matplotlib is imported by ``repor
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -44,6 +45,7 @@ def thermal():
 def sensors_cmd(target, root, as_json):
     """What the guard would read on this machine: zones, trip points, one reading, fallbacks."""
     from edgesdk.profile import get_profile
+    from edgesdk.thermal.cpufreq import CpuFreqCap
     from edgesdk.thermal.guard import Limits
     from edgesdk.thermal.sensors import detect_sensors
 
@@ -53,7 +55,8 @@ def sensors_cmd(target, root, as_json):
     limits, limit_notes = Limits.resolve(profile.thermal, trips)
     if sensor is not None and hasattr(sensor, "close"):
         sensor.close()
-    result = {"profile": profile.name, "sensor": sensor.source if sensor else None,
+    clock_cap = CpuFreqCap(os.environ.get("EDGESDK_CPUFREQ_ROOT", "/")).describe()  # reads only
+    result = {"profile": profile.name, "sensor": sensor.source if sensor else None, "clock_cap": clock_cap,
               "reading": None if reading is None else {"zones": reading.zones, "throttled": reading.throttled,
                                                         "power_w": reading.power_w, "nvpmodel": reading.nvpmodel},
               "trips": [t.__dict__ for t in trips], "limits": limits.__dict__, "notes": notes + limit_notes}
@@ -66,6 +69,7 @@ def sensors_cmd(target, root, as_json):
     for trip in trips:
         click.echo(f"  trip {trip.zone}[{trip.index}] {trip.kind:<8} {trip.temp_c:g} °C")
     click.echo("limits   " + ", ".join(f"{k} {v:g}" for k, v in limits.__dict__.items()))
+    click.echo(f"clock    {clock_cap}")
     for note in result["notes"]:
         click.echo(f"note     {note}")
 
@@ -81,10 +85,13 @@ def sensors_cmd(target, root, as_json):
 @click.option("--new-tokens", default=256, show_default=True)
 @click.option("--think-s", default=0.0, show_default=True, help="Idle seconds between requests.")
 @click.option("--telemetry-dir", type=click.Path(path_type=Path), help="Write both runs' JSONL here.")
+@click.option("--clock-cap", is_flag=True, help="The guarded run also caps the CPU clock while pacing "
+                                                 "(as edgesdk run --clock-cap).")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prompt_tokens, new_tokens, think_s,
-             telemetry_dir, as_json):
+             telemetry_dir, clock_cap, as_json):
     """Predict sustained tok/s on a board: the same request stream simulated with and without the guard."""
+    from edgesdk.thermal.guard import CLOCK_CAP_RATIO, GuardConfig
     from edgesdk.thermal.plan import Workload, compare, decode_rate_estimate
 
     profile = thermal_profile(bundle, target)
@@ -102,16 +109,18 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
         how = f"0.3 x {profile.memory.bandwidth_gbps:g} GB/s / {weights / 1e6:.1f} MB of weights"
     ambient = profile.thermal_model.ambient_c if ambient is None else ambient
     workload = Workload(prompt_tokens, new_tokens, think_s)
-    runs = compare(profile, minutes, ambient, decode_tok_s, prefill_tok_s, workload,
+    config = GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO) if clock_cap else None
+    runs = compare(profile, minutes, ambient, decode_tok_s, prefill_tok_s, workload, config,
                    telemetry_dir=str(telemetry_dir) if telemetry_dir else None)
     result = {"profile": profile.name, "minutes": minutes, "ambient_c": ambient, "decode_tok_s": decode_tok_s,
-              "decode_rate_source": how, "workload": workload.__dict__,
+              "decode_rate_source": how, "workload": workload.__dict__, "clock_cap": clock_cap,
               **{name: run.summary.to_json() for name, run in runs.items()}}
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
     click.echo(f"{profile.name}, {minutes:g} simulated min at {ambient:g} °C ambient; decode {decode_tok_s:.1f} tok/s "
-               f"at full clock ({how}); requests of {prompt_tokens} + {new_tokens} tokens, {think_s:g} s apart")
+               f"at full clock ({how}); requests of {prompt_tokens} + {new_tokens} tokens, {think_s:g} s apart"
+               + (f"; the guard caps the clock at {CLOCK_CAP_RATIO:.1%} while pacing" if clock_cap else ""))
     rows = [("sustained tok/s (last third)", "sustained_tok_s", ".2f"), ("mean tok/s", "mean_tok_s", ".2f"),
             ("total tokens", "tokens", "d"), ("max temperature °C", "max_temp_c", ".1f"),
             ("firmware throttle s", "throttle_s", ".0f"), ("p95 inter-token ms", "p95_inter_token_ms", ".1f"),

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgesdk.errors import RuntimeBackendError
+from edgesdk.models.sources import cache_dir
 
 ENGINE_FILE = "engine.plan"
 INFO_FILE = "engine.json"
@@ -74,11 +75,6 @@ def cache_key(jetpack: str | None, tensorrt: str | None, sm: int | str | None) -
     return f"jp{clean(jetpack or 'unknown')}-trt{clean(tensorrt or 'unknown')}-sm{clean(sm or 'unknown')}"
 
 
-def cache_root() -> Path:
-    """The user cache: $EDGESDK_CACHE, else ~/.cache/edgesdk."""
-    return Path(os.environ.get("EDGESDK_CACHE") or Path.home() / ".cache" / "edgesdk")
-
-
 def engine_bases(bundle_path: Path, bundle_id: str) -> list[Path]:
     """The ``engines/<bundle-id>`` directories for a bundle, most specific first.
 
@@ -90,7 +86,7 @@ def engine_bases(bundle_path: Path, bundle_id: str) -> list[Path]:
     resolved = Path(bundle_path).resolve()
     if resolved.parent.name == "releases":
         bases.append(resolved.parent.parent / "engines" / bundle_id)
-    bases.append(cache_root() / "engines" / bundle_id)
+    bases.append(cache_dir() / "engines" / bundle_id)
     return list(dict.fromkeys(bases))
 
 
@@ -364,7 +360,7 @@ def _dtype_name(dtype) -> str:
 
 
 def _timing_cache_path(tensorrt_version: str, sm: int) -> Path:
-    return cache_root() / "tensorrt" / f"timing-trt{tensorrt_version}-sm{sm}.cache"
+    return cache_dir() / "tensorrt" / f"timing-trt{tensorrt_version}-sm{sm}.cache"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -13,6 +13,9 @@ critical   ``hard_limit_c``                           generation paused, request
                                                       below ``resume_c``
 =========  =========================================  ============================================
 
+With ``hot_clock_ratio`` set, hot and critical (and a failed sensor) also cap the CPU clock
+(``thermal/cpufreq.py``): the same heat then buys about 1.5x the tokens, each a little slower.
+
 A level rises at once; it falls only ``hysteresis_c`` below its threshold and after
 ``min_dwell_s`` in it. The rate controller is a PI controller on the temperature whose gains come
 from the profile's thermal model (plant gain ``K = R (active_w - idle_w)``, time constant ``RC``):
@@ -85,6 +88,9 @@ class Limits:
                    throttle, max(shutdown, throttle + 0.1)), notes
 
 
+CLOCK_CAP_RATIO = 0.625  # Raspberry Pi 5's lowest operating point, 1.5 of 2.4 GHz (thermal/simulator.py)
+
+
 @dataclass(frozen=True)
 class GuardConfig:
     setpoint_margin_c: float = 2.0  # the controller holds soft_limit - this (room for one request's heat)
@@ -99,6 +105,10 @@ class GuardConfig:
     response_s: float = 30.0  # closed-loop time constant of the rate controller
     max_burst_tokens: int = 512
     poll_s: float = 0.5  # longest single wait; the guard re-reads the sensor after each
+    # While pacing, cap the CPU clock at this share of the maximum (None: never). 0.625 is the
+    # Raspberry Pi 5's lowest operating point (1.5 of 2.4 GHz, 0.82 V), where energy per token is
+    # lowest; see thermal/cpufreq.py. Off by default: the cap is system-wide and needs root.
+    hot_clock_ratio: float | None = None  # CLOCK_CAP_RATIO with --clock-cap
 
 
 class Guard:
@@ -239,6 +249,11 @@ class Guard:
         return max(1.0, min(self.capacity, seconds * self.unpaced_tok_s))
 
     @property
+    def clock_ratio(self) -> float | None:
+        """The CPU clock cap the guard asks for now, as a share of the maximum (None: uncapped)."""
+        return self.config.hot_clock_ratio if self.pacing else None
+
+    @property
     def rate_limit_tok_s(self) -> float | None:
         """The token rate the guard allows now (None: unlimited or not yet known)."""
         if not self.pacing or not self.unpaced_tok_s:
@@ -273,4 +288,4 @@ class Guard:
         limit = self.rate_limit_tok_s
         return {"level": self.level.value, "budget": self.budget, "sensor_ok": self.sensor_ok,
                 "rate_limit_tok_s": None if limit is None else round(limit, 3),
-                "fraction": round(self.fraction, 4)}
+                "fraction": round(self.fraction, 4), "clock_cap": self.clock_ratio}

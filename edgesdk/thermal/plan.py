@@ -94,7 +94,8 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
             "label": label or ("guarded" if guarded else "unguarded"), "decode_tok_s": decode_tok_s,
             "workload": workload.__dict__}
     telemetry = Telemetry(telemetry_path, meta)
-    hook = ThermalHook(board, sensor.read, guard, board, telemetry)
+    clock_cap = board if guard is not None and guard.config.hot_clock_ratio else None
+    hook = ThermalHook(board, sensor.read, guard, board, telemetry, clock_cap=clock_cap)
     horizon = minutes * 60.0
     decoder, sampling = _StubDecoder(), SamplingConfig(max_new_tokens=workload.new_tokens)
     prompt = [2] * workload.prompt_tokens

@@ -101,6 +101,7 @@ class SimulatedBoard:
         # Default start: the board has been idle long enough to sit at its idle steady state.
         self.temp_c = self.ambient_c + model.resistance_c_per_w * model.idle_w if start_c is None else start_c
         self.power_w = model.idle_w
+        self.cap_ratio: float | None = None  # a clock cap the guard set (set_ratio)
         self.throttled_s = 0.0
         self.busy_s = 0.0
         self.energy_j = 0.0
@@ -110,25 +111,36 @@ class SimulatedBoard:
         return cls(profile.thermal_model, profile.thermal.firmware_throttle_c, ambient_c, **kwargs)
 
     @property
-    def clock(self) -> float:
-        """Current clock as a fraction of the maximum (1.0 when the firmware is not emulated)."""
+    def firmware_clock(self) -> float:
+        """The emulated firmware's clock as a fraction of the maximum (1.0 when not emulated)."""
         return clock_ratio(self.temp_c, self.throttle_c) if self.firmware else 1.0
 
     @property
+    def clock(self) -> float:
+        """Current clock: the firmware's, lowered further by a cap the guard set."""
+        return min(self.firmware_clock, self.cap_ratio or 1.0)
+
+    @property
     def throttling(self) -> bool:
-        return self.clock < 1.0
+        """The firmware is throttling (a cap the guard chose is not a throttle)."""
+        return self.firmware_clock < 1.0
+
+    def set_ratio(self, ratio: float | None) -> None:
+        """The clock-cap protocol (as :class:`~edgesdk.thermal.cpufreq.CpuFreqCap`): cap at ``ratio``
+        of the maximum clock, or uncap (``None``); like cpufreq, never below the lowest operating point."""
+        self.cap_ratio = None if ratio is None else max(ratio, PI5_OPP[0][0] / PI5_OPP[-1][0])
 
     def _advance(self, seconds: float, busy: bool) -> None:
         m = self.model
         tau = m.resistance_c_per_w * m.capacity_j_per_c
         while seconds > 1e-12:
             step = min(seconds, self.max_step_s)
-            ratio = self.clock
+            ratio, throttled = self.clock, self.throttling
             dynamic = (m.active_w - m.idle_w) * power_ratio(ratio) if busy else 0.0
             self.power_w = m.idle_w + dynamic
             steady = self.ambient_c + m.resistance_c_per_w * self.power_w
             self.temp_c = steady + (self.temp_c - steady) * math.exp(-step / tau)
-            if ratio < 1.0:
+            if throttled:
                 self.throttled_s += step
             self.busy_s += step if busy else 0.0
             self.energy_j += self.power_w * step

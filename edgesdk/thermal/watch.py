@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from edgesdk.models.sources import cache_dir
 from edgesdk.profile import TargetProfile
-from edgesdk.thermal.guard import Guard, GuardConfig, Level, Limits
+from edgesdk.thermal.cpufreq import CpuFreqCap, recover
+from edgesdk.thermal.guard import CLOCK_CAP_RATIO, Guard, GuardConfig, Level, Limits
 from edgesdk.thermal.sensors import Poller, Reading, detect_sensors
 from edgesdk.thermal.simulator import RealClock, SimulatedBoard, SimulatedSensor, WorkModel
 from edgesdk.thermal.telemetry import StatusLine, Telemetry
@@ -24,8 +26,10 @@ class ThermalHook:
 
     def __init__(self, clock: object, read: Callable[[], Reading | None], guard: Guard | None = None,
                  board: SimulatedBoard | None = None, telemetry: Telemetry | None = None,
-                 status: StatusLine | None = None, wait_record_s: float = 1.0):
+                 status: StatusLine | None = None, wait_record_s: float = 1.0,
+                 clock_cap: object | None = None):
         self.clock = clock
+        self.clock_cap = clock_cap  # set_ratio(ratio | None): CpuFreqCap on a board, the SimulatedBoard in a plan
         self.read = read
         self.guard = guard
         self.board = board
@@ -42,6 +46,8 @@ class ThermalHook:
         self.reading = self.read()
         if self.guard is not None:
             self.guard.observe(self.clock.now(), self.reading)
+            if self.clock_cap is not None:
+                self.clock_cap.set_ratio(self.guard.clock_ratio)
         return self.reading
 
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
@@ -76,6 +82,8 @@ class ThermalHook:
         self._waited = 0.0
 
     def end(self, stats: object) -> None:
+        if self.clock_cap is not None:  # capped only while generating: an idle board gets its clock back
+            self.clock_cap.set_ratio(None)
         if self.status is not None:
             self.status.update(self.status_text(), force=True)
 
@@ -130,8 +138,11 @@ class ThermalSession:
     hook: ThermalHook
     notes: list[str] = field(default_factory=list)
     poller: Poller | None = None
+    cpufreq: CpuFreqCap | None = None
 
     def close(self) -> None:
+        if self.cpufreq is not None:
+            self.cpufreq.close()  # the board's clock ceilings back, whatever happened
         if self.poller is not None:
             self.poller.stop()
         if self.hook.status is not None:
@@ -144,9 +155,17 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
                  telemetry_path: str | None = None, ambient_c: float | None = None, sim_speed: float = 1.0,
                  budget_target: object | None = None, status: bool = True,
                  sysfs_root: str | None = None, warn: Callable[[str], None] | None = None,  # without status
-                 config: GuardConfig | None = None) -> ThermalSession:
-    """Sensors or simulator + guard + telemetry for one ``edgesdk run``; every fallback is noted."""
+                 config: GuardConfig | None = None, clock_cap: bool = False,
+                 cpufreq_root: str | None = None) -> ThermalSession:
+    """Sensors or simulator + guard + telemetry for one ``edgesdk run``; every fallback is noted.
+
+    ``clock_cap``: while pacing, the guard also caps the CPU clock (cpufreq on a board, the
+    simulated board's clock with ``simulate``); ``cpufreq_root`` (or ``$EDGESDK_CPUFREQ_ROOT``) is
+    the file-system root holding ``sys/devices/system/cpu/cpufreq``.
+    """
     notes: list[str] = []
+    if clock_cap:
+        config = replace(config or GuardConfig(), hot_clock_ratio=CLOCK_CAP_RATIO)
     status_line = StatusLine() if status else None
     say = status_line.warn if status_line is not None else (warn or notes.append)
     board, poller = None, None
@@ -185,5 +204,20 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
             "ambient_c": board.ambient_c if board else None, "limits": limits.__dict__,
             "setpoint_c": the_guard.setpoint_c if the_guard else None}
     telemetry = Telemetry(telemetry_path, meta, keep=False) if telemetry_path else None
-    hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line)
-    return ThermalSession(hook, notes, poller)
+    actuator, cpufreq = None, None
+    if simulate:
+        actuator = board if clock_cap else None
+    else:  # a cap a killed run left behind is undone even when this run does not cap
+        cpufreq = CpuFreqCap(cpufreq_root or os.environ.get("EDGESDK_CPUFREQ_ROOT", "/"),
+                             cache_dir() / "clock-cap.json", warn=say) if clock_cap else None
+        notes += recover(cache_dir() / "clock-cap.json") if cpufreq is None else cpufreq.notes
+    if clock_cap and the_guard is None:
+        notes.append("--clock-cap does nothing without the guard")
+    elif clock_cap:
+        if cpufreq is not None:
+            notes.append(cpufreq.describe())
+            actuator = cpufreq if cpufreq.available else None
+        if actuator is not None:
+            notes.append(f"while pacing, the CPU clock is capped at {CLOCK_CAP_RATIO:.1%} of its maximum")
+    hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line, clock_cap=actuator)
+    return ThermalSession(hook, notes, poller, cpufreq)

@@ -19,3 +19,16 @@ def make_zone(root: Path, index: int, kind: str | None, temp: str | None, trips=
         if hyst is not None:
             (zone / f"trip_point_{n}_hyst").write_text(f"{hyst}\n")
     return zone
+
+
+def make_cpufreq_policy(root: Path, index: int, max_khz: int, min_khz: int, available=()) -> Path:
+    """sys/devices/system/cpu/cpufreq/policyN under ``root`` with its limits (kHz) and frequency table."""
+    policy = root / "sys" / "devices" / "system" / "cpu" / "cpufreq" / f"policy{index}"
+    policy.mkdir(parents=True, exist_ok=True)
+    (policy / "scaling_max_freq").write_text(f"{max_khz}\n")
+    (policy / "scaling_min_freq").write_text(f"{min_khz}\n")
+    (policy / "cpuinfo_max_freq").write_text(f"{max(available or (max_khz,))}\n")
+    (policy / "cpuinfo_min_freq").write_text(f"{min(available or (min_khz,))}\n")
+    if available:
+        (policy / "scaling_available_frequencies").write_text(" ".join(str(f) for f in available) + " \n")
+    return policy

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from edgesdk.cli import main
 from edgesdk.thermal.telemetry import StatusLine, load
-from tests._utils.sysfs import make_zone
+from tests._utils.sysfs import make_cpufreq_policy, make_zone
 from tests.unit.test_lean_import import RUN_CLI
 
 # The board runtime must not import the host stack, nor matplotlib (only 'thermal report' may).
@@ -110,6 +110,28 @@ def test_telemetry_without_guard_never_waits(bundle, tmp_path):
     assert not meta["guarded"]
     assert {s["level"] for s in steps} == {"unguarded"}
     assert all(s["wait_s"] == 0 for s in steps)
+
+
+def test_watch_thermal_with_clock_cap_caps_while_hot_and_gives_the_clock_back(bundle, plain_text, tmp_path):
+    """A Pi 5 at 74 °C (past the pacing threshold): the guard caps cpufreq at 1.5 GHz while it
+    generates, and the 2.4 GHz ceiling is back when the run ends."""
+    root = sysfs_tree(tmp_path / "thermal", "cpu-thermal", 74000)
+    policy = make_cpufreq_policy(tmp_path / "fs", 0, 2_400_000, 1_500_000, [1_500_000 + 100_000 * i for i in range(10)])
+    env = {"EDGESDK_THERMAL_ROOT": str(root), "EDGESDK_CPUFREQ_ROOT": str(tmp_path / "fs"),
+           "EDGESDK_CACHE": str(tmp_path / "cache")}
+    result = invoke("run", bundle, "--prompt", "hello", "-n", 12, "--raw", "--watch-thermal", "--clock-cap",
+                    "--thermal-target", "rpi5", "--telemetry", tmp_path / "t.jsonl", env=env)
+    assert_ok(result)
+    assert result.stdout == plain_text
+    assert "CPU clock cap via cpufreq scaling_max_freq (policy0 2.4 GHz)" in result.stderr
+    assert "capped at 62.5% of its maximum" in result.stderr
+    _, steps = load(tmp_path / "t.jsonl")
+    assert {s["level"] for s in steps} == {"hot"}
+    assert {s["clock_cap"] for s in steps} == {0.625}
+    assert (policy / "scaling_max_freq").read_text().strip() == "2400000"
+    assert not (tmp_path / "cache" / "clock-cap.json").exists()
+    sensors = invoke("thermal", "sensors", "--target", "rpi5", "--root", root, env=env)
+    assert "clock    CPU clock cap via cpufreq" in sensors.stdout
 
 
 def test_thermal_sensors_command(tmp_path):

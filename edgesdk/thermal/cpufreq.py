@@ -1,0 +1,191 @@
+"""The CPU clock cap: the guard's second lever, through Linux cpufreq's ``scaling_max_freq``.
+
+Kernel ``Documentation/admin-guide/pm/cpufreq.rst``: each ``/sys/devices/system/cpu/cpufreq/policyN``
+has ``scaling_max_freq`` (a writable ceiling, kHz), ``scaling_min_freq``, ``cpuinfo_min_freq`` /
+``cpuinfo_max_freq`` and, for table drivers, ``scaling_available_frequencies``. Writing the ceiling is
+the portable way for a process to throttle the CPU itself; it needs root (or write permission on
+the file) and changes the clock for every process on the board, so the guard uses it only when
+asked (``edgesdk run --clock-cap``).
+
+Why a lower clock gives more tokens at the same temperature: dynamic power goes as f V^2 and the
+voltage falls with the clock (Raspberry Pi 5: 0.915 V at 2.4 GHz, 0.82 V at 1.5 GHz, its lowest
+operating point), while a decode step only partly slows with the clock. Energy per token at
+1.5 GHz is about 0.65 of that at 2.4 GHz (``thermal/simulator.py``), so under a fixed heat
+budget paced work at the low clock makes about 1.5x the tokens of paced work at full clock, each
+token taking about 1.3x as long.
+
+Rules, so the cap never fights the board's own tools and is never left behind:
+
+* the ceiling found at start is the board's (nvpmodel, jetson_clocks or the user may have set it);
+  the cap never raises it and gives it back exactly;
+* a policy whose ``scaling_min_freq`` is pinned above the wanted clock (jetson_clocks pins the
+  minimum to the maximum) is left alone;
+* if someone else writes the ceiling while it is capped, that value wins: the cap stops touching
+  that policy and does not restore over it;
+* while capped, a state file records each policy's original and written values, so a run that
+  is killed is undone by the next one (:func:`recover`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+CPUFREQ_DIR = "sys/devices/system/cpu/cpufreq"  # under the root directory ("/" on a board)
+
+
+def _read_khz(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_list(path: Path) -> list[int]:
+    try:
+        return sorted(int(v) for v in path.read_text().split())
+    except (OSError, ValueError):
+        return []
+
+
+@dataclass
+class Policy:
+    """One cpufreq policy: its directory, the ceiling found at start and the frequencies it offers."""
+
+    path: Path
+    ceiling_khz: int  # scaling_max_freq at start: the board's ceiling, never raised
+    floor_khz: int  # scaling_min_freq at start
+    frequencies: list[int]  # offered frequencies up to the ceiling (kHz, ascending)
+    written_khz: int | None = None  # what the cap last wrote (None: not capped)
+    released: bool = False  # someone else changed the ceiling: hands off
+
+    @property
+    def max_file(self) -> Path:
+        return self.path / "scaling_max_freq"
+
+    def target(self, ratio: float) -> int:
+        """The lowest offered frequency at or above ``ratio`` x the ceiling (never below the floor)."""
+        wanted = ratio * self.ceiling_khz
+        above = [f for f in self.frequencies if f >= wanted - 1]
+        return max(self.floor_khz, above[0] if above else self.ceiling_khz)
+
+
+class CpuFreqCap:
+    """Caps every writable cpufreq policy at a share of its ceiling; ``set_ratio(None)`` restores.
+
+    ``root`` is the file-system root ("/" on a board, a temporary tree in tests); ``state_path``
+    the file that remembers an active cap across a crash.
+    """
+
+    def __init__(self, root: str | Path = "/", state_path: str | Path | None = None,
+                 warn: Callable[[str], None] | None = None):
+        self.root = Path(root)
+        self.state_path = Path(state_path) if state_path else None
+        self._warn = warn or (lambda message: None)
+        self.notes: list[str] = []
+        if self.state_path is not None:
+            self.notes += recover(self.state_path)
+        self.policies: list[Policy] = []
+        self.reason = ""
+        self._discover()
+        self.ratio: float | None = None
+
+    def _discover(self) -> None:
+        base = self.root / CPUFREQ_DIR
+        paths = sorted(base.glob("policy*")) if base.is_dir() else []
+        if not paths:
+            self.reason = f"no cpufreq policies under {base}"
+            return
+        skipped = []
+        for path in paths:
+            ceiling, floor = _read_khz(path / "scaling_max_freq"), _read_khz(path / "scaling_min_freq")
+            if ceiling is None:
+                skipped.append(f"{path.name}: scaling_max_freq unreadable")
+                continue
+            if not os.access(path / "scaling_max_freq", os.W_OK):
+                skipped.append(f"{path.name}: scaling_max_freq not writable (run as root)")
+                continue
+            offered = _read_list(path / "scaling_available_frequencies")
+            if not offered:  # drivers without a table: anything between the hardware limits
+                low = _read_khz(path / "cpuinfo_min_freq") or floor or ceiling
+                offered = [low, ceiling]
+            self.policies.append(Policy(path, ceiling, floor or 0, [f for f in offered if f <= ceiling]))
+        if not self.policies:
+            self.reason = "; ".join(skipped)
+
+    @property
+    def available(self) -> bool:
+        return bool(self.policies)
+
+    def describe(self) -> str:
+        if not self.available:
+            return f"CPU clock cap unavailable: {self.reason}"
+        parts = [f"{p.path.name} {p.ceiling_khz / 1e6:g} GHz" for p in self.policies]
+        return "CPU clock cap via cpufreq scaling_max_freq (" + ", ".join(parts) + ")"
+
+    def set_ratio(self, ratio: float | None) -> None:
+        """Cap at ``ratio`` of each ceiling, or restore the ceilings (``None``); writes only on change."""
+        if ratio == self.ratio:
+            return
+        self.ratio = ratio
+        for policy in self.policies:
+            if policy.released:
+                continue
+            current = _read_khz(policy.max_file)
+            if policy.written_khz is not None and current != policy.written_khz:
+                policy.released = True  # nvpmodel, jetson_clocks or the user changed it: theirs now
+                self._warn(f"{policy.path.name}: scaling_max_freq changed to {current} kHz by someone else; "
+                           "the clock cap leaves it alone")
+                continue
+            value = policy.ceiling_khz if ratio is None else policy.target(ratio)
+            if value == current:
+                policy.written_khz = None if ratio is None else value
+                continue
+            try:
+                policy.max_file.write_text(f"{value}\n")
+            except OSError as error:
+                policy.released = True
+                self._warn(f"{policy.path.name}: cannot write scaling_max_freq ({error}); the clock cap stops")
+                continue
+            policy.written_khz = None if ratio is None else value
+        self._save_state()
+
+    def close(self) -> None:
+        """Give every ceiling back."""
+        self.set_ratio(None)
+
+    def _save_state(self) -> None:
+        if self.state_path is None:
+            return
+        capped = {str(p.max_file): {"original": p.ceiling_khz, "written": p.written_khz}
+                  for p in self.policies if p.written_khz is not None and not p.released}
+        if capped:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            self.state_path.write_text(json.dumps(capped, indent=1))
+        elif self.state_path.exists():
+            self.state_path.unlink()
+
+
+def recover(state_path: Path) -> list[str]:
+    """Undo the cap a killed run left: restore each ceiling still holding the value it wrote."""
+    if not state_path.exists():
+        return []
+    notes = []
+    try:
+        state = json.loads(state_path.read_text())
+    except (OSError, ValueError):
+        state = {}
+    for file, entry in state.items():
+        path = Path(file)
+        if _read_khz(path) == entry.get("written"):
+            try:
+                path.write_text(f"{entry['original']}\n")
+                notes.append(f"restored {path.parent.name} scaling_max_freq to {entry['original']} kHz "
+                             "(a previous run was stopped while it capped the clock)")
+            except OSError as error:
+                notes.append(f"could not restore {path} to {entry['original']} kHz: {error}")
+    state_path.unlink(missing_ok=True)
+    return notes

@@ -1,0 +1,175 @@
+"""The guard's clock cap: cpufreq on a temporary sysfs tree, the guard's request, the simulated
+board's clock and power under a cap, and what the cap buys over 30 simulated minutes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from edgesdk.profile import get_profile
+from edgesdk.thermal.cpufreq import CpuFreqCap
+from edgesdk.thermal.guard import CLOCK_CAP_RATIO, Guard, GuardConfig, Limits
+from edgesdk.thermal.plan import compare
+from edgesdk.thermal.sensors import Reading
+from edgesdk.thermal.simulator import SimulatedBoard, WorkModel, power_ratio
+from tests._utils.sysfs import make_cpufreq_policy
+
+PROFILE = get_profile("rpi5")
+PI5_KHZ = [1_500_000 + 100_000 * i for i in range(10)]  # the Pi 5's table: 1.5 to 2.4 GHz
+
+
+def ceiling(policy) -> int:
+    return int((policy / "scaling_max_freq").read_text())
+
+
+def test_cap_takes_the_lowest_offered_clock_at_or_above_the_ratio_and_gives_the_ceiling_back(tmp_path):
+    policy = make_cpufreq_policy(tmp_path, 0, 2_400_000, 1_500_000, PI5_KHZ)
+    cap = CpuFreqCap(tmp_path)
+    assert cap.available
+    assert "policy0 2.4 GHz" in cap.describe()
+    cap.set_ratio(CLOCK_CAP_RATIO)
+    assert ceiling(policy) == 1_500_000
+    cap.set_ratio(0.7)  # 1.68 GHz wanted: the next offered step up
+    assert ceiling(policy) == 1_700_000
+    cap.set_ratio(None)
+    assert ceiling(policy) == 2_400_000
+
+
+def test_cap_is_relative_to_the_ceiling_found_and_never_raises_it(tmp_path):
+    """nvpmodel (or the user) set 2.0 GHz: half of that is asked for, and 2.0 GHz comes back, not 2.4."""
+    policy = make_cpufreq_policy(tmp_path, 0, 2_000_000, 1_500_000, PI5_KHZ)
+    cap = CpuFreqCap(tmp_path)
+    assert cap.policies[0].frequencies[-1] == 2_000_000
+    cap.set_ratio(0.8)
+    assert ceiling(policy) == 1_600_000
+    cap.close()
+    assert ceiling(policy) == 2_000_000
+
+
+def test_pinned_minimum_is_left_alone(tmp_path):
+    """jetson_clocks pins scaling_min_freq to the maximum: capping below it would fight it."""
+    policy = make_cpufreq_policy(tmp_path, 0, 1_984_000, 1_984_000, [729_600, 1_190_400, 1_984_000])
+    cap = CpuFreqCap(tmp_path)
+    before = (policy / "scaling_max_freq").stat().st_mtime_ns
+    cap.set_ratio(CLOCK_CAP_RATIO)
+    assert ceiling(policy) == 1_984_000
+    assert (policy / "scaling_max_freq").stat().st_mtime_ns == before  # not even rewritten
+
+
+def test_driver_without_a_table_caps_between_its_limits(tmp_path):
+    policy = make_cpufreq_policy(tmp_path, 0, 2_000_000, 400_000)
+    cap = CpuFreqCap(tmp_path)
+    cap.set_ratio(0.5)
+    assert ceiling(policy) == 2_000_000  # the only offered values are the limits: 0.4 < 1.0 GHz -> next up
+    cap.close()
+    assert ceiling(policy) == 2_000_000
+
+
+def test_someone_else_writing_the_ceiling_wins(tmp_path):
+    policy = make_cpufreq_policy(tmp_path, 0, 2_400_000, 1_500_000, PI5_KHZ)
+    warnings = []
+    cap = CpuFreqCap(tmp_path, warn=warnings.append)
+    cap.set_ratio(CLOCK_CAP_RATIO)
+    (policy / "scaling_max_freq").write_text("1800000\n")  # e.g. nvpmodel switched modes
+    cap.set_ratio(None)
+    assert ceiling(policy) == 1_800_000  # not restored over theirs
+    assert "changed to 1800000 kHz by someone else" in warnings[0]
+    cap.set_ratio(CLOCK_CAP_RATIO)
+    assert ceiling(policy) == 1_800_000  # and never touched again
+
+
+def test_every_policy_is_capped(tmp_path):
+    """Jetson Orin has one policy per CPU cluster."""
+    table = [729_600, 1_190_400, 1_497_600, 1_984_000]
+    policies = [make_cpufreq_policy(tmp_path, i, 1_984_000, 729_600, table) for i in (0, 4)]
+    cap = CpuFreqCap(tmp_path)
+    cap.set_ratio(CLOCK_CAP_RATIO)
+    assert [ceiling(p) for p in policies] == [1_497_600, 1_497_600]
+    cap.close()
+    assert [ceiling(p) for p in policies] == [1_984_000, 1_984_000]
+
+
+def test_a_killed_run_is_undone_by_the_next(tmp_path):
+    policy = make_cpufreq_policy(tmp_path, 0, 2_400_000, 1_500_000, PI5_KHZ)
+    state = tmp_path / "cache" / "clock-cap.json"
+    CpuFreqCap(tmp_path, state).set_ratio(CLOCK_CAP_RATIO)  # never closed: the process was killed
+    assert ceiling(policy) == 1_500_000
+    assert state.exists()
+    after = CpuFreqCap(tmp_path, state)
+    assert ceiling(policy) == 2_400_000
+    assert after.policies[0].ceiling_khz == 2_400_000  # the real ceiling, not the leftover cap
+    assert "a previous run was stopped while it capped the clock" in after.notes[0]
+    assert not state.exists()
+
+
+def test_a_leftover_state_file_never_overrides_a_later_setting(tmp_path):
+    policy = make_cpufreq_policy(tmp_path, 0, 2_400_000, 1_500_000, PI5_KHZ)
+    state = tmp_path / "clock-cap.json"
+    CpuFreqCap(tmp_path, state).set_ratio(CLOCK_CAP_RATIO)
+    (policy / "scaling_max_freq").write_text("2000000\n")  # the user set 2.0 GHz after the crash
+    CpuFreqCap(tmp_path, state)
+    assert ceiling(policy) == 2_000_000
+
+
+def test_no_cpufreq_says_so(tmp_path):
+    cap = CpuFreqCap(tmp_path)
+    assert not cap.available
+    assert "no cpufreq policies under" in cap.describe()
+    cap.set_ratio(CLOCK_CAP_RATIO)  # nothing to do, no error
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root may write a read-only file")
+def test_read_only_ceiling_means_unavailable(tmp_path):
+    policy = make_cpufreq_policy(tmp_path, 0, 2_400_000, 1_500_000, PI5_KHZ)
+    (policy / "scaling_max_freq").chmod(0o444)
+    cap = CpuFreqCap(tmp_path)
+    assert not cap.available
+    assert "not writable (run as root)" in cap.describe()
+
+
+def test_guard_asks_for_the_cap_only_while_pacing():
+    limits, _ = Limits.resolve(PROFILE.thermal)
+    guard = Guard(limits, PROFILE.thermal_model, GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO, min_dwell_s=0.0))
+    steps = [(0.0, 60.0, None), (1.0, 71.0, None), (2.0, 73.5, CLOCK_CAP_RATIO), (3.0, 78.5, CLOCK_CAP_RATIO),
+             (4.0, 65.0, None)]
+    for now, temp, wanted in steps:
+        guard.observe(now, Reading(time=now, zones={"cpu-thermal": temp}))
+        assert guard.clock_ratio == wanted, (temp, guard.level)
+        assert guard.state()["clock_cap"] == wanted
+    guard.observe(10.0, None)  # sensor failed: paced at a fixed rate, and capped
+    assert guard.clock_ratio == CLOCK_CAP_RATIO
+    plain = Guard(limits, PROFILE.thermal_model, GuardConfig())
+    plain.observe(0.0, Reading(time=0.0, zones={"cpu-thermal": 74.0}))
+    assert plain.pacing
+    assert plain.clock_ratio is None
+
+
+def test_simulated_cap_lowers_clock_and_power_and_is_not_a_throttle():
+    board = SimulatedBoard.from_profile(PROFILE, 35.0, start_c=60.0, work=WorkModel(decode_tok_s=10.0))
+    board.set_ratio(CLOCK_CAP_RATIO)
+    assert board.clock == pytest.approx(CLOCK_CAP_RATIO)
+    assert board.compute("decode", 1) == pytest.approx(0.1 * (0.5 / CLOCK_CAP_RATIO + 0.5))  # 1.3x longer
+    m = PROFILE.thermal_model
+    assert board.power_w == pytest.approx(m.idle_w + (m.active_w - m.idle_w) * power_ratio(CLOCK_CAP_RATIO))
+    assert board.throttled_s == 0.0
+    assert not board.throttling
+    board.set_ratio(0.1)  # cpufreq offers nothing below the lowest operating point
+    assert board.clock == pytest.approx(1.5 / 2.4)
+    board.set_ratio(None)
+    assert board.clock == 1.0
+
+
+def test_cap_buys_tokens_and_costs_stream_speed_over_30_minutes():
+    """rpi5 at 35 °C, back-to-back 128+256-token requests: the same limits are held, and the capped
+    guard makes far more tokens than the pacing-only one; its tokens stream slower (1.5 GHz)."""
+    paced = compare(PROFILE, 30, 35, 35.0)
+    capped = compare(PROFILE, 30, 35, 35.0, config=GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO))
+    p, c = paced["guarded"].summary, capped["guarded"].summary
+    assert c.max_temp_c <= PROFILE.thermal.soft_limit_c
+    assert c.throttle_s == 0.0
+    assert c.paused_s == 0.0
+    assert c.tokens > 1.3 * p.tokens
+    assert c.mean_ttft_s < p.mean_ttft_s
+    assert c.p95_inter_token_ms > 1.2 * p.p95_inter_token_ms
+    assert c.tokens < capped["unguarded"].summary.tokens
