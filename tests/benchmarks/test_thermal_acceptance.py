@@ -6,7 +6,8 @@ Same as ``edgesdk thermal plan --target rpi5 --minutes 30 --ambient 35 --decode-
 --telemetry-dir DIR`` followed by ``edgesdk thermal report DIR/*.jsonl``. Writes both runs' JSONL
 and the PNG to ``$EDGESDK_THERMAL_OUT`` (default ``build/thermal-acceptance``), prints both runs'
 figures, the issue's criteria with PASS/FAIL, and the same comparison at other ambients and with
-idle gaps between requests. Only what the physics allows is asserted (see the unit version).
+idle gaps between requests, and the guard with its CPU clock cap (``--clock-cap``). Only what the
+physics allows is asserted (see the unit version).
 
 Workload: 128-token prompts and 256-token answers back to back. Board: SmolLM2-135M decoding at
 35 tok/s and prefilling at 140 tok/s at full clock (plan.py: 0.3 x 17 GB/s over ~135 MB of int8
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from edgesdk.profile import get_profile
+from edgesdk.thermal.guard import CLOCK_CAP_RATIO, GuardConfig
 from edgesdk.thermal.plan import Workload, compare
 
 pytestmark = pytest.mark.benchmark
@@ -73,6 +75,16 @@ def test_thermal_acceptance_30_minutes_rpi5_35c():
               f"throttled {ou.throttle_s:.0f} s, p95 {ou.p95_inter_token_ms:.1f} ms")
         assert og.max_temp_c <= PROFILE.thermal.soft_limit_c
         assert og.throttle_s == 0
+    capped = compare(PROFILE, minutes=30, ambient_c=35, decode_tok_s=DECODE_TOK_S,
+                     config=GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO), telemetry_dir=str(out / "clock-cap"))
+    c = capped["guarded"].summary
+    print(f"\nthe guard with --clock-cap (cpufreq at {CLOCK_CAP_RATIO:.1%} while pacing), same workload:")
+    print(_table(capped))
+    print(f"  tokens {c.tokens / u.tokens:.1%} of unguarded (pacing alone {g.tokens / u.tokens:.1%}); "
+          f"p95 ratio {u.p95_inter_token_ms / c.p95_inter_token_ms:.2f} (pacing alone "
+          f"{u.p95_inter_token_ms / g.p95_inter_token_ms:.2f})")
+    assert c.max_temp_c <= PROFILE.thermal.soft_limit_c
+    assert c.throttle_s == 0
     assert criteria[0][1]
     assert criteria[1][1]
     assert u.throttle_s > 0

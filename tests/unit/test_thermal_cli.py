@@ -134,6 +134,32 @@ def test_watch_thermal_with_clock_cap_caps_while_hot_and_gives_the_clock_back(bu
     assert "clock    CPU clock cap via cpufreq" in sensors.stdout
 
 
+def test_a_stopped_run_gives_the_clock_back(bundle, tmp_path):
+    """Past the hard limit the guard pauses (clock capped) until the board cools, which this zone
+    never does; a service stop (SIGTERM) then still restores the ceiling and clears the state."""
+    import signal
+    import time
+
+    root = sysfs_tree(tmp_path / "thermal", "cpu-thermal", 79000)
+    policy = make_cpufreq_policy(tmp_path / "fs", 0, 2_400_000, 1_500_000, [1_500_000 + 100_000 * i for i in range(10)])
+    env = {**os.environ, "EDGESDK_THERMAL_ROOT": str(root), "EDGESDK_CPUFREQ_ROOT": str(tmp_path / "fs"),
+           "EDGESDK_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "run", str(bundle), "--prompt", "hello", "-n", "8",
+                             "--raw", "--watch-thermal", "--clock-cap", "--thermal-target", "rpi5"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ceiling = policy / "scaling_max_freq"
+    deadline = time.monotonic() + 120
+    while ceiling.read_text().strip() != "1500000" and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert ceiling.read_text().strip() == "1500000", proc.communicate(timeout=5)
+    assert (tmp_path / "cache" / "clock-cap.json").exists()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert ceiling.read_text().strip() == "2400000"
+    assert not (tmp_path / "cache" / "clock-cap.json").exists()
+
+
 def test_thermal_sensors_command(tmp_path):
     root = sysfs_tree(tmp_path / "thermal", "cpu-thermal", 51000)
     result = invoke("thermal", "sensors", "--target", "rpi5", "--root", root, "--json")
