@@ -164,8 +164,6 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
     the file-system root holding ``sys/devices/system/cpu/cpufreq``.
     """
     notes: list[str] = []
-    if clock_cap:
-        config = replace(config or GuardConfig(), hot_clock_ratio=CLOCK_CAP_RATIO)
     status_line = StatusLine() if status else None
     say = status_line.warn if status_line is not None else (warn or notes.append)
     board, poller = None, None
@@ -191,6 +189,12 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
             poller = Poller(sensor, (config or GuardConfig()).poll_s).start()
             read = lambda: poller.latest  # noqa: E731
             notes.append(f"thermal sensors: {sensor.source}")
+    actuator, cpufreq = _clock_cap(clock_cap and guard, board, cpufreq_root, notes, say)
+    if clock_cap and not guard:
+        notes.append("--clock-cap does nothing without the guard")
+    if actuator is not None:
+        config = replace(config or GuardConfig(), hot_clock_ratio=CLOCK_CAP_RATIO)
+        notes.append(f"while pacing, the CPU clock is capped at {CLOCK_CAP_RATIO:.1%} of its maximum")
     limits, limit_notes = Limits.resolve(profile.thermal, trips)
     notes += limit_notes
     the_guard = None
@@ -204,20 +208,20 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
             "ambient_c": board.ambient_c if board else None, "limits": limits.__dict__,
             "setpoint_c": the_guard.setpoint_c if the_guard else None}
     telemetry = Telemetry(telemetry_path, meta, keep=False) if telemetry_path else None
-    actuator, cpufreq = None, None
-    if simulate:
-        actuator = board if clock_cap else None
-    else:  # a cap a killed run left behind is undone even when this run does not cap
-        cpufreq = CpuFreqCap(cpufreq_root or os.environ.get("EDGESDK_CPUFREQ_ROOT", "/"),
-                             cache_dir() / "clock-cap.json", warn=say) if clock_cap else None
-        notes += recover(cache_dir() / "clock-cap.json") if cpufreq is None else cpufreq.notes
-    if clock_cap and the_guard is None:
-        notes.append("--clock-cap does nothing without the guard")
-    elif clock_cap:
-        if cpufreq is not None:
-            notes.append(cpufreq.describe())
-            actuator = cpufreq if cpufreq.available else None
-        if actuator is not None:
-            notes.append(f"while pacing, the CPU clock is capped at {CLOCK_CAP_RATIO:.1%} of its maximum")
     hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line, clock_cap=actuator)
     return ThermalSession(hook, notes, poller, cpufreq)
+
+
+def _clock_cap(wanted: bool, board: SimulatedBoard | None, cpufreq_root: str | None, notes: list[str],
+               warn: Callable[[str], None]) -> tuple[object | None, CpuFreqCap | None]:
+    """The clock-cap actuator (the simulated board, or cpufreq when writable) and the cpufreq cap to
+    close. On a board, a cap that a killed run left behind is undone even when this run does not cap."""
+    if board is not None:
+        return (board if wanted else None), None
+    state = cache_dir() / "clock-cap.json"
+    if not wanted:
+        notes += recover(state)
+        return None, None
+    cpufreq = CpuFreqCap(cpufreq_root or os.environ.get("EDGESDK_CPUFREQ_ROOT", "/"), state, warn=warn)
+    notes += [*cpufreq.notes, cpufreq.describe()]
+    return (cpufreq if cpufreq.available else None), cpufreq

@@ -134,6 +134,21 @@ def test_watch_thermal_with_clock_cap_caps_while_hot_and_gives_the_clock_back(bu
     assert "clock    CPU clock cap via cpufreq" in sensors.stdout
 
 
+def test_clock_cap_without_cpufreq_says_so_and_only_paces(bundle, plain_text, tmp_path):
+    root = sysfs_tree(tmp_path / "thermal", "cpu-thermal", 74000)
+    env = {"EDGESDK_THERMAL_ROOT": str(root), "EDGESDK_CPUFREQ_ROOT": str(tmp_path / "no-cpufreq"),
+           "EDGESDK_CACHE": str(tmp_path / "cache")}
+    result = invoke("run", bundle, "--prompt", "hello", "-n", 12, "--raw", "--watch-thermal", "--clock-cap",
+                    "--thermal-target", "rpi5", "--telemetry", tmp_path / "t.jsonl", env=env)
+    assert_ok(result)
+    assert result.stdout == plain_text
+    assert "CPU clock cap unavailable: no cpufreq policies under" in result.stderr
+    assert "capped at" not in result.stderr
+    _, steps = load(tmp_path / "t.jsonl")
+    assert {s["level"] for s in steps} == {"hot"}
+    assert {s["clock_cap"] for s in steps} == {None}  # the guard asks for no cap it cannot get
+
+
 def test_a_stopped_run_gives_the_clock_back(bundle, tmp_path):
     """Past the hard limit the guard pauses (clock capped) until the board cools, which this zone
     never does; a service stop (SIGTERM) then still restores the ceiling and clears the state."""
