@@ -7,7 +7,6 @@ the commands so ``edgesdk --help`` stays fast; matplotlib is imported by ``repor
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
@@ -45,7 +44,7 @@ def thermal():
 def sensors_cmd(target, root, as_json):
     """What the guard would read on this machine: zones, trip points, one reading, fallbacks."""
     from edgesdk.profile import get_profile
-    from edgesdk.thermal.cpufreq import CpuFreqCap
+    from edgesdk.thermal.cpufreq import CpuFreqCap, cpufreq_root
     from edgesdk.thermal.guard import Limits
     from edgesdk.thermal.sensors import detect_sensors
 
@@ -55,7 +54,7 @@ def sensors_cmd(target, root, as_json):
     limits, limit_notes = Limits.resolve(profile.thermal, trips)
     if sensor is not None and hasattr(sensor, "close"):
         sensor.close()
-    clock_cap = CpuFreqCap(os.environ.get("EDGESDK_CPUFREQ_ROOT", "/")).describe()  # reads only
+    clock_cap = CpuFreqCap(cpufreq_root()).describe()  # reads only
     result = {"profile": profile.name, "sensor": sensor.source if sensor else None, "clock_cap": clock_cap,
               "reading": None if reading is None else {"zones": reading.zones, "throttled": reading.throttled,
                                                         "power_w": reading.power_w, "nvpmodel": reading.nvpmodel},

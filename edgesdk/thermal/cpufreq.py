@@ -35,6 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CPUFREQ_DIR = "sys/devices/system/cpu/cpufreq"  # under the root directory ("/" on a board)
+ROOT_ENV = "EDGESDK_CPUFREQ_ROOT"  # another root (tests, containers with /sys mounted elsewhere)
+
+
+def cpufreq_root() -> str:
+    """The file-system root holding ``sys/devices/system/cpu/cpufreq``: ``$EDGESDK_CPUFREQ_ROOT`` or "/"."""
+    return os.environ.get(ROOT_ENV, "/")
 
 
 def _read_khz(path: Path) -> int | None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from edgesdk.models.sources import cache_dir
 from edgesdk.profile import TargetProfile
 from edgesdk.thermal.cpufreq import CpuFreqCap, recover
+from edgesdk.thermal.cpufreq import cpufreq_root as cpufreq_root_from_env
 from edgesdk.thermal.guard import CLOCK_CAP_RATIO, Guard, GuardConfig, Level, Limits
 from edgesdk.thermal.sensors import Poller, Reading, detect_sensors
 from edgesdk.thermal.simulator import RealClock, SimulatedBoard, SimulatedSensor, WorkModel
@@ -212,7 +213,7 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
     return ThermalSession(hook, notes, poller, cpufreq)
 
 
-def _clock_cap(wanted: bool, board: SimulatedBoard | None, cpufreq_root: str | None, notes: list[str],
+def _clock_cap(wanted: bool, board: SimulatedBoard | None, root: str | None, notes: list[str],
                warn: Callable[[str], None]) -> tuple[object | None, CpuFreqCap | None]:
     """The clock-cap actuator (the simulated board, or cpufreq when writable) and the cpufreq cap to
     close. On a board, a cap that a killed run left behind is undone even when this run does not cap."""
@@ -222,6 +223,6 @@ def _clock_cap(wanted: bool, board: SimulatedBoard | None, cpufreq_root: str | N
     if not wanted:
         notes += recover(state)
         return None, None
-    cpufreq = CpuFreqCap(cpufreq_root or os.environ.get("EDGESDK_CPUFREQ_ROOT", "/"), state, warn=warn)
+    cpufreq = CpuFreqCap(root or cpufreq_root_from_env(), state, warn=warn)
     notes += [*cpufreq.notes, cpufreq.describe()]
     return (cpufreq if cpufreq.available else None), cpufreq

@@ -112,13 +112,22 @@ def test_telemetry_without_guard_never_waits(bundle, tmp_path):
     assert all(s["wait_s"] == 0 for s in steps)
 
 
+PI5_KHZ = [1_500_000 + 100_000 * i for i in range(10)]
+
+
+def board_env(tmp_path: Path, millidegree: int, cpufreq: bool = True) -> tuple[dict, Path | None]:
+    """A Pi 5 zone at ``millidegree`` and (optionally) its cpufreq policy, in temporary trees."""
+    root = sysfs_tree(tmp_path / "thermal", "cpu-thermal", millidegree)
+    policy = make_cpufreq_policy(tmp_path / "fs", 0, 2_400_000, 1_500_000, PI5_KHZ) if cpufreq else None
+    env = {"EDGESDK_THERMAL_ROOT": str(root), "EDGESDK_CPUFREQ_ROOT": str(tmp_path / "fs"),
+           "EDGESDK_CACHE": str(tmp_path / "cache")}
+    return env, policy
+
+
 def test_watch_thermal_with_clock_cap_caps_while_hot_and_gives_the_clock_back(bundle, plain_text, tmp_path):
     """A Pi 5 at 74 °C (past the pacing threshold): the guard caps cpufreq at 1.5 GHz while it
     generates, and the 2.4 GHz ceiling is back when the run ends."""
-    root = sysfs_tree(tmp_path / "thermal", "cpu-thermal", 74000)
-    policy = make_cpufreq_policy(tmp_path / "fs", 0, 2_400_000, 1_500_000, [1_500_000 + 100_000 * i for i in range(10)])
-    env = {"EDGESDK_THERMAL_ROOT": str(root), "EDGESDK_CPUFREQ_ROOT": str(tmp_path / "fs"),
-           "EDGESDK_CACHE": str(tmp_path / "cache")}
+    env, policy = board_env(tmp_path, 74000)
     result = invoke("run", bundle, "--prompt", "hello", "-n", 12, "--raw", "--watch-thermal", "--clock-cap",
                     "--thermal-target", "rpi5", "--telemetry", tmp_path / "t.jsonl", env=env)
     assert_ok(result)
@@ -130,14 +139,12 @@ def test_watch_thermal_with_clock_cap_caps_while_hot_and_gives_the_clock_back(bu
     assert {s["clock_cap"] for s in steps} == {0.625}
     assert (policy / "scaling_max_freq").read_text().strip() == "2400000"
     assert not (tmp_path / "cache" / "clock-cap.json").exists()
-    sensors = invoke("thermal", "sensors", "--target", "rpi5", "--root", root, env=env)
+    sensors = invoke("thermal", "sensors", "--target", "rpi5", "--root", env["EDGESDK_THERMAL_ROOT"], env=env)
     assert "clock    CPU clock cap via cpufreq" in sensors.stdout
 
 
 def test_clock_cap_without_cpufreq_says_so_and_only_paces(bundle, plain_text, tmp_path):
-    root = sysfs_tree(tmp_path / "thermal", "cpu-thermal", 74000)
-    env = {"EDGESDK_THERMAL_ROOT": str(root), "EDGESDK_CPUFREQ_ROOT": str(tmp_path / "no-cpufreq"),
-           "EDGESDK_CACHE": str(tmp_path / "cache")}
+    env, _ = board_env(tmp_path, 74000, cpufreq=False)
     result = invoke("run", bundle, "--prompt", "hello", "-n", 12, "--raw", "--watch-thermal", "--clock-cap",
                     "--thermal-target", "rpi5", "--telemetry", tmp_path / "t.jsonl", env=env)
     assert_ok(result)
@@ -155,10 +162,8 @@ def test_a_stopped_run_gives_the_clock_back(bundle, tmp_path):
     import signal
     import time
 
-    root = sysfs_tree(tmp_path / "thermal", "cpu-thermal", 79000)
-    policy = make_cpufreq_policy(tmp_path / "fs", 0, 2_400_000, 1_500_000, [1_500_000 + 100_000 * i for i in range(10)])
-    env = {**os.environ, "EDGESDK_THERMAL_ROOT": str(root), "EDGESDK_CPUFREQ_ROOT": str(tmp_path / "fs"),
-           "EDGESDK_CACHE": str(tmp_path / "cache")}
+    board, policy = board_env(tmp_path, 79000)
+    env = {**os.environ, **board}
     proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "run", str(bundle), "--prompt", "hello", "-n", "8",
                              "--raw", "--watch-thermal", "--clock-cap", "--thermal-target", "rpi5"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
