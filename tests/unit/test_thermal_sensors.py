@@ -252,8 +252,10 @@ def test_poller_reads_in_the_background_and_keeps_the_last_good_reading(pi5_tree
         while poller.latest.max_c != 70.5 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert poller.latest.max_c == 70.5
-        good = poller.latest
         sysfs.read = lambda: (_ for _ in ()).throw(OSError("sensor gone"))  # reads now raise
+        time.sleep(0.05)  # a good read already under way when the sensor went lands first
+        good = poller.latest
+        assert good.max_c == 70.5
         time.sleep(0.05)
         assert poller.latest is good  # the guard sees its age grow and treats it as stale
     finally:
