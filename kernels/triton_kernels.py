@@ -213,15 +213,15 @@ def _as_method(fn):
     return method
 
 
+_ABSENT = object()  # an attribute the namespace did not have before the interpreter ran
+
+
 # Triton 3.9's interpreter also patches triton.language for every device-function call it makes
 # (``InterpretedFunction.__call__`` -> ``_patch_lang``) and never restores that scope: after one emulated kernel,
 # 64 builtins of ``tl.core`` stay interpreter lambdas, and a later GPU or AOT compile in the same process fails
 # ("'value' object has no attribute 'dtype'"). What was there before the run is put back on these namespaces.
 # Names it adds to a module (its rewriter's globals) are left: they shadow nothing and cached rewrites use them;
 # names it adds to a tensor class are removed.
-_ABSENT = object()
-
-
 def _language_namespaces() -> tuple[object, ...]:
     return (tl, tl.core, tl.standard, tl.math, tl.tensor, tl.core.tensor_descriptor_base)
 

@@ -147,15 +147,13 @@ class CpuFreqCap:
                            "the clock cap leaves it alone")
                 continue
             value = policy.ceiling_khz if ratio is None else policy.target(ratio)
-            if value == current:
-                policy.written_khz = None if ratio is None else value
-                continue
-            try:
-                policy.max_file.write_text(f"{value}\n")
-            except OSError as error:
-                policy.released = True
-                self._warn(f"{policy.path.name}: cannot write scaling_max_freq ({error}); the clock cap stops")
-                continue
+            if value != current:
+                try:
+                    policy.max_file.write_text(f"{value}\n")
+                except OSError as error:
+                    policy.released = True
+                    self._warn(f"{policy.path.name}: cannot write scaling_max_freq ({error}); the clock cap stops")
+                    continue
             policy.written_khz = None if ratio is None else value
         self._save_state()
 

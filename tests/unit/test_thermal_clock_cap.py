@@ -62,6 +62,8 @@ def test_driver_without_a_table_caps_between_its_limits(tmp_path):
     cap = CpuFreqCap(tmp_path)
     cap.set_ratio(0.5)
     assert ceiling(policy) == 2_000_000  # the only offered values are the limits: 0.4 < 1.0 GHz -> next up
+    cap.set_ratio(0.1)  # 0.2 GHz wanted: the hardware minimum
+    assert ceiling(policy) == 400_000
     cap.close()
     assert ceiling(policy) == 2_000_000
 
