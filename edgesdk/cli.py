@@ -337,7 +337,7 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
 
         _, result = generate(runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=emit,
                              hook=thermal.hook if thermal else None)
-        sys.stdout.write("\n")
+        sys.stdout.write(stream.flush() + "\n")
         sys.stdout.flush()
         if thermal is not None and thermal.hook.status is not None:
             thermal.hook.status.between_answers()
@@ -364,8 +364,14 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
             line = sys.stdin.readline()
             if not line:
                 break
-            if line.strip():
-                one_turn(line.rstrip("\n"))
+            if not line.strip():
+                continue
+            try:
+                one_turn(line.rstrip("\r\n"))
+            except EdgeSDKError as exc:
+                if not interactive:
+                    raise
+                click.echo(f"error: {exc}", err=True)  # one bad line does not end the session
     finally:
         if thermal is not None:
             thermal.close()

@@ -76,21 +76,26 @@ def inflate_weights(bundle_dir: Path, record: dict) -> bytes:
     return data
 
 
-def open_session(model_path: Path, options, providers: list[str], record: dict | None, in_memory: bool | None = None):
+def open_session(model_path: Path, options, providers: list[str], record: dict | None, in_memory: bool | None = None,
+                 provider_options: list[dict] | None = None):
     """An ``onnxruntime.InferenceSession`` for ``model_path`` whose external data is plain on disk
     (``record`` None) or stored by :func:`store_weights`. ``in_memory`` (default: when ONNX Runtime
-    offers it) passes the inflated bytes without touching the disk."""
+    offers it) passes the inflated bytes without touching the disk; otherwise they go to a temporary
+    directory that is gone once the session exists, so the execution providers and their options
+    (``provider_options``, one dict per provider) must be final here: ``set_providers`` would
+    reload the model from that directory."""
     import onnxruntime as ort
 
     if record is None:
-        return ort.InferenceSession(str(model_path), options, providers=providers)
+        return ort.InferenceSession(str(model_path), options, providers=providers, provider_options=provider_options)
     data = inflate_weights(model_path.parent, record)
     if in_memory is None:
         in_memory = hasattr(options, "add_external_initializers_from_files_in_memory")
     if in_memory:
         options.add_external_initializers_from_files_in_memory([record["external_name"]], [data], [len(data)])
-        return ort.InferenceSession(str(model_path), options, providers=providers)
+        return ort.InferenceSession(str(model_path), options, providers=providers, provider_options=provider_options)
     with tempfile.TemporaryDirectory(prefix="edgesdk-weights-") as tmp:
         shutil.copyfile(model_path, Path(tmp) / model_path.name)
         (Path(tmp) / record["external_name"]).write_bytes(data)
-        return ort.InferenceSession(str(Path(tmp) / model_path.name), options, providers=providers)
+        return ort.InferenceSession(str(Path(tmp) / model_path.name), options, providers=providers,
+                                    provider_options=provider_options)

@@ -11,6 +11,7 @@ class DecoderBackend(Protocol):
     """Prefill a prompt, then decode one token at a time against an internal KV cache."""
 
     name: str
+    max_context: int  # tokens the KV cache holds: prompt plus generated tokens
 
     def reset(self) -> None:
         """Drop the KV cache; the next call starts a new sequence."""

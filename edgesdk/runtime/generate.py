@@ -14,6 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
+from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.backend import DecoderBackend
 
 
@@ -116,12 +117,15 @@ class GenerationStats:
 def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingConfig,
              stop_ids: set[int], on_token: Callable[[int], None] | None = None,
              hook: StepHook | None = None) -> tuple[list[int], GenerationStats]:
-    """Prefill ``prompt_ids`` then decode until a stop id or ``max_new_tokens``.
+    """Prefill ``prompt_ids`` then decode until a stop id, ``max_new_tokens`` or the context is full.
 
     The first new token comes from the prefill logits (time to first token = prefill time);
-    each later token costs one decode step. ``hook`` (optional) is called around every step;
-    the time it waits is in ``stats.waited_s``, not in the compute timings.
+    each later token costs one decode step. A prompt of ``max_context`` tokens still yields the
+    token its prefill predicts; the answer then stops with ``stop_reason = "max_context"``, keeping
+    every token produced, as llama.cpp's ``n_ctx`` limit does. ``hook`` (optional) is called
+    around every step; the time it waits is in ``stats.waited_s``, not in the compute timings.
     """
+    _check_prompt(len(prompt_ids), backend.max_context)
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
     sampler = Sampler(sampling)
     backend.reset()
@@ -147,6 +151,9 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         if len(generated) >= sampling.max_new_tokens:
             stats.stop_reason = "max_new_tokens"
             break
+        if backend.position >= backend.max_context:  # no room in the KV cache for ``token``
+            stats.stop_reason = "max_context"
+            break
         if hook is not None:
             stats.waited_s += hook.before_step("decode")
         step = time.perf_counter()
@@ -160,3 +167,11 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     if hook is not None:
         hook.end(stats)
     return generated, stats
+
+
+def _check_prompt(tokens: int, max_context: int) -> None:
+    if tokens == 0:
+        raise EdgeSDKError("the prompt encodes to 0 tokens", "pass non-empty text (with --raw nothing is added to it)")
+    if tokens > max_context:
+        raise EdgeSDKError(f"the prompt has {tokens} tokens; the bundle's max_context is {max_context}",
+                           "shorten the prompt, or rebuild the bundle with a larger --max-context")

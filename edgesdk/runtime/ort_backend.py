@@ -43,14 +43,14 @@ class OrtDecoderBase:
     load_hint = "run 'edgesdk verify' on the bundle; check 'edgesdk env' for the installed onnxruntime"
 
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
-                 spinning: bool = True):
+                 spinning: bool = True, provider_options: list[dict] | None = None):
         import onnxruntime as ort
 
         self.providers = providers or ["CPUExecutionProvider"]
         self.name = "ort-cpu" if self.providers == ["CPUExecutionProvider"] else "ort-" + self.providers[0]
         try:
             self.session = open_session(model_path, make_session_options(threads, spinning), self.providers,
-                                        graph.get("weights"))
+                                        graph.get("weights"), provider_options=provider_options)
         except BundleError:
             raise
         except Exception as exc:  # onnxruntime raises its own exception types per failure
@@ -91,8 +91,8 @@ class OrtBackend(OrtDecoderBase):
     """Drives the standard decoder graph (export/llama_graph.py interface) with IO binding."""
 
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
-                 spinning: bool = True):
-        super().__init__(model_path, graph, threads, providers, spinning)
+                 spinning: bool = True, provider_options: list[dict] | None = None):
+        super().__init__(model_path, graph, threads, providers, spinning, provider_options)
         self._past_names = [f"past_key_values.{i}.{kind}" for i in range(len(self.kv_heads))
                             for kind in ("key", "value")]
         self._present_names = [name.replace("past_key_values", "present") for name in self._past_names]

@@ -28,8 +28,8 @@ class OrtFusedBackend(OrtDecoderBase):
     output_names: tuple[str, ...] = ("logits",)  # bound outputs, in the order _consume receives them
 
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
-                 spinning: bool = True):
-        super().__init__(model_path, graph, threads, providers, spinning)
+                 spinning: bool = True, provider_options: list[dict] | None = None):
+        super().__init__(model_path, graph, threads, providers, spinning, provider_options)
         self._names = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}")
                        for i in range(len(self.kv_heads)) for kind in ("key", "value")]
         # Inputs of graph variants, fed their neutral value (the power-gated graph's threshold

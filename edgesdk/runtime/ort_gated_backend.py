@@ -25,8 +25,9 @@ class OrtGatedBackend(OrtFusedBackend):
     output_names = ("logits", "gates", "power")
 
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
-                 spinning: bool = True, controller: ControllerConfig | None = None):
-        super().__init__(model_path, graph, threads, providers, spinning)
+                 spinning: bool = True, provider_options: list[dict] | None = None,
+                 controller: ControllerConfig | None = None):
+        super().__init__(model_path, graph, threads, providers, spinning, provider_options)
         self.power_settings = graph.get("power") or {}
         self.controller = TauController(controller or self.controller_config())
         self.gating = True

@@ -119,17 +119,14 @@ def _ort_opener(name: str) -> Callable[[Bundle, int, bool], DecoderBackend]:
         backend_class = {"ort-fused": OrtFusedBackend, "ort-fused-gated": OrtGatedBackend}.get(graph.get("form"),
                                                                                               OrtBackend)
         providers = ORT_PROVIDERS[name]
+        # The TensorRT EP's options go in with the session: set_providers() afterwards would reload
+        # the model from its path, which for inflated weights on an older ORT is already gone.
+        provider_options = [ort_trt_options(bundle), {}, {}] if name == "ort-trt" else None
         try:
-            backend = backend_class(bundle.file(graph["file"]), graph, threads, providers, spinning=spinning)
+            backend = backend_class(bundle.file(graph["file"]), graph, threads, providers, spinning=spinning,
+                                    provider_options=provider_options)
         except RuntimeBackendError as exc:
             raise RuntimeBackendError(f"failed to load ({exc.problem})", exc.fix) from exc
-        if name == "ort-trt":
-            # The backends take provider names only; the TensorRT EP gets its options by re-creating
-            # the session in place (InferenceSession.set_providers), before any engine is built.
-            try:
-                backend.session.set_providers(providers, [ort_trt_options(bundle), {}, {}])
-            except Exception as exc:  # onnxruntime raises its own exception types
-                raise RuntimeBackendError(f"failed to load ({type(exc).__name__}: {exc})") from exc
         if name != "ort-cpu":
             backend.name = name
         return backend

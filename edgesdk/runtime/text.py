@@ -75,3 +75,10 @@ class StreamDecoder:
         delta = text[self._emitted:]
         self._emitted = len(text)
         return delta
+
+    def flush(self) -> str:
+        """The text held back at the end of the answer (a final character that decodes to U+FFFD)."""
+        text = self.tokenizer.decode(self.ids)
+        delta = text[self._emitted:]
+        self._emitted = len(text)
+        return delta

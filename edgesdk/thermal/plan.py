@@ -40,6 +40,7 @@ class _StubDecoder:
     """Stands in for a model: constant logits, so greedy decoding never stops early."""
 
     name = "stub"
+    max_context = 1 << 30  # no limit: the workload sets the length
 
     def __init__(self, vocab: int = 8):
         self._logits = np.zeros(vocab, np.float32)

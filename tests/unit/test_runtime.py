@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgesdk.errors import RuntimeBackendError
+from edgesdk.errors import EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.generate import GenerationStats, Sampler, SamplingConfig, generate
 from edgesdk.runtime.session import open_runtime
 from edgesdk.runtime.text import StreamDecoder
@@ -67,6 +67,32 @@ def test_context_limit_is_a_clear_error(runtime):
         backend.prefill(np.zeros(limit + 1, np.int64))
 
 
+def test_generation_stops_at_the_context_limit_keeping_every_token(runtime):
+    backend = runtime.backend
+    limit = backend.max_context
+    prompt = list(np.random.default_rng(0).integers(5, 200, size=limit - 3))
+    tokens, stats = generate(backend, prompt, SamplingConfig(max_new_tokens=50), stop_ids=set())
+    assert stats.stop_reason == "max_context"
+    assert len(tokens) == 4  # 3 decode steps fill the cache; the prefill's token and theirs are kept
+    assert backend.position == limit
+    full, stats_full = generate(backend, prompt, SamplingConfig(max_new_tokens=4), stop_ids=set())
+    assert full == tokens
+    assert stats_full.stop_reason == "max_new_tokens"
+
+
+def test_prompt_filling_the_context_still_answers_one_token(runtime):
+    prompt = [7] * runtime.backend.max_context
+    tokens, stats = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=8), stop_ids=set())
+    assert len(tokens) == 1
+    assert stats.stop_reason == "max_context"
+
+
+@pytest.mark.parametrize(("length", "message"), [(0, "encodes to 0 tokens"), (257, "257 tokens; the bundle's max_context is 256")])
+def test_empty_or_overlong_prompt_is_refused_before_prefill(runtime, length, message):
+    with pytest.raises(EdgeSDKError, match=message):
+        generate(runtime.backend, [7] * length, SamplingConfig(), stop_ids=set())
+
+
 def test_sampler_is_reproducible_and_respects_top_p():
     logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
     a = [Sampler(SamplingConfig(temperature=1.0, seed=7))(logits) for _ in range(1)]
@@ -92,6 +118,14 @@ def test_stream_decoder_never_splits_characters(runtime):
     pieces = [stream.push(i) for i in ids]
     assert "".join(pieces) == runtime.tokenizer.decode(ids) == text
     assert all("\ufffd" not in piece for piece in pieces)
+
+
+def test_stream_decoder_flush_hands_out_a_final_replacement_character(runtime):
+    ids = runtime.tokenizer.encode("a\ufffdb \ufffd", add_special_tokens=False)
+    stream = StreamDecoder(runtime.tokenizer)
+    text = "".join(stream.push(i) for i in ids)
+    assert text + stream.flush() == runtime.tokenizer.decode(ids)
+    assert stream.flush() == ""
 
 
 def test_chat_template_renders_generation_prompt(runtime):

@@ -60,7 +60,7 @@ def test_both_loading_paths_give_the_plain_sessions_outputs(bundles, in_memory):
     plain, packed = bundles["none"], bundles["zlib"]
     graph = packed.manifest["graph"]
     session = open_session(packed.file(graph["file"]), make_session_options(1), ["CPUExecutionProvider"],
-                           graph["weights"], in_memory=in_memory)
+                           graph["weights"], in_memory=in_memory, provider_options=[{}])
     reference = open_session(plain.file(graph["file"]), make_session_options(1), ["CPUExecutionProvider"], None)
     feeds = {}
     for spec in reference.get_inputs():
@@ -126,3 +126,13 @@ def test_codec_needs_the_fused_form():
         ExportConfig(form="standard", weights="int8", weights_codec="zlib")
     with pytest.raises(ExportError, match="weights_codec 'brotli' is unknown"):
         ExportConfig(form="ort-fused", weights="int4", weights_codec="brotli")
+
+
+def test_temporary_directory_session_cannot_change_providers_later(bundles):
+    """Why ort-trt passes its options when the session is made: set_providers() reloads the model
+    from its path, and the fallback's temporary directory is gone by then."""
+    graph = bundles["zlib"].manifest["graph"]
+    session = open_session(bundles["zlib"].file(graph["file"]), make_session_options(1), ["CPUExecutionProvider"],
+                           graph["weights"], in_memory=False)
+    with pytest.raises(Exception, match="edgesdk-weights-"):
+        session.set_providers(["CPUExecutionProvider"], [{}])
