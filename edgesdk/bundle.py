@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -192,6 +193,16 @@ def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:
     return bundle
 
 
+try:
+    from lzma import LZMAError
+except ImportError:  # a Python built without liblzma reads no .tar.xz at all (tarfile says so)
+    LZMAError = tarfile.CompressionError
+
+# What reading a damaged or unwritable archive raises: tar and file-system errors, and from a damaged
+# compressed stream EOFError (truncated), zlib.error (gzip) or LZMAError (xz); bz2 raises OSError.
+UNREADABLE = (tarfile.TarError, OSError, EOFError, zlib.error, LZMAError)
+
+
 def _safe_relative(name: str) -> bool:
     pure = PurePosixPath(name)
     return not pure.is_absolute() and ".." not in pure.parts and name not in ("", ".")
@@ -201,11 +212,17 @@ def pack_bundle(path: Path, archive: Path) -> Path:
     """Verify a bundle and write it to an uncompressed .tar (weights do not compress well)."""
     bundle = verify_bundle(path)
     archive = Path(archive)
+    top = Path(path).resolve().name  # "." and ".." name no directory of their own
     partial = archive.with_name(archive.name + ".partial")
-    with tarfile.open(partial, "w") as tar:
-        for name in [MANIFEST, MANIFEST_DIGEST, *sorted(bundle.manifest["files"])]:
-            tar.add(path / name, arcname=f"{path.name}/{name}", recursive=False)
-    os.replace(partial, archive)
+    try:
+        with tarfile.open(partial, "w") as tar:
+            for name in [MANIFEST, MANIFEST_DIGEST, *sorted(bundle.manifest["files"])]:
+                tar.add(path / name, arcname=f"{top}/{name}", recursive=False)
+        os.replace(partial, archive)
+    except (tarfile.TarError, OSError) as exc:
+        partial.unlink(missing_ok=True)
+        raise BundleError(f"cannot write the archive {archive} ({exc})",
+                          "pick a path in an existing, writable directory with room for the bundle") from exc
     return archive
 
 
@@ -217,16 +234,17 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
     archive, destination_dir = Path(archive), Path(destination_dir)
     try:
         tar = tarfile.open(archive, "r:*")
-    except (tarfile.TarError, OSError) as exc:
+    except UNREADABLE as exc:
         raise BundleError(f"{archive} is not a readable tar archive ({exc})", "re-create it with 'edgesdk pack'") \
             from exc
     with tar:
         try:
             members = tar.getmembers()
-        except (tarfile.TarError, OSError) as exc:  # a truncated archive fails here, not in open()
+        except UNREADABLE as exc:  # a truncated archive fails here, not in open()
             raise BundleError(f"{archive} is truncated or corrupt ({exc})",
                               "re-copy the archive, or re-create it with 'edgesdk pack'") from exc
-        tops = {PurePosixPath(m.name).parts[0] for m in members if PurePosixPath(m.name).parts}
+        members = [m for m in members if PurePosixPath(m.name).parts]  # "./" names the archive's root
+        tops = {PurePosixPath(m.name).parts[0] for m in members}
         for member in members:
             pure = PurePosixPath(member.name)
             if (pure.is_absolute() or ".." in pure.parts or not (member.isfile() or member.isdir())
@@ -239,11 +257,14 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
                               "bundle directory", "only unpack archives made by 'edgesdk pack'")
         top = tops.pop()
         final = destination_dir / top
+        if final.exists() and not final.is_dir():
+            raise BundleError(f"cannot unpack {archive}: {final} exists and is not a directory",
+                              "move that file away or unpack somewhere else")
         staging = destination_dir / f".{top}.unpacking"
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir(parents=True)
         try:
+            if staging.exists():
+                shutil.rmtree(staging)
+            staging.mkdir(parents=True)
             for member in members:
                 relative = PurePosixPath(member.name).relative_to(top)
                 target = staging / relative
@@ -253,7 +274,7 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with tar.extractfile(member) as src, open(target, "wb") as dst:
                     shutil.copyfileobj(src, dst, 1 << 20)
-        except (tarfile.TarError, OSError) as exc:
+        except UNREADABLE as exc:
             shutil.rmtree(staging, ignore_errors=True)
             raise BundleError(f"cannot unpack {archive} into {destination_dir}: {exc}",
                               "check the free space and permissions there, or re-copy the archive") from exc

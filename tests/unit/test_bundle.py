@@ -439,6 +439,53 @@ def test_unpack_refuses_hostile_archives(tiny_bundle, tmp_path, case):
         assert not os.path.lexists("/tmp/evil")
 
 
+def test_pack_from_inside_the_bundle_names_its_directory(tiny_bundle, tmp_path, monkeypatch):
+    path = copy_bundle(tiny_bundle, tmp_path)
+    monkeypatch.chdir(path)
+    archive = pack_bundle(Path("."), tmp_path / "bundle.tar")
+    assert unpack_bundle(archive, tmp_path / "unpacked").path == tmp_path / "unpacked" / path.name
+
+
+def test_pack_into_a_missing_directory_is_a_clear_error(tiny_bundle, tmp_path):
+    path = copy_bundle(tiny_bundle, tmp_path)
+    with pytest.raises(BundleError, match=r"cannot write the archive .*nowhere/bundle\.tar") as info:
+        pack_bundle(path, tmp_path / "nowhere" / "bundle.tar")
+    assert "writable directory" in info.value.fix
+
+
+def test_unpack_takes_an_archive_made_with_tar_dot(tiny_bundle, tmp_path):
+    """``tar -C parent -cf x.tar .`` adds a ``./`` member for the archive's root."""
+    path = copy_bundle(tiny_bundle, tmp_path / "parent")
+    archive = tmp_path / "dot.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(path.parent, arcname=".")
+    assert unpack_bundle(archive, tmp_path / "dest").bundle_id == tiny_bundle.bundle_id
+
+
+def test_unpack_over_a_file_of_the_bundle_name_keeps_the_file(tiny_bundle, tmp_path):
+    path = copy_bundle(tiny_bundle, tmp_path / "work")
+    archive = pack_bundle(path, tmp_path / "bundle.tar")
+    (tmp_path / "dest").mkdir()
+    (tmp_path / "dest" / path.name).write_text("mine\n")
+    with pytest.raises(BundleError, match="exists and is not a directory"):
+        unpack_bundle(archive, tmp_path / "dest")
+    assert (tmp_path / "dest" / path.name).read_text() == "mine\n"
+    assert leftovers(tmp_path / "dest") == [path.name]
+
+
+def test_unpack_refuses_a_truncated_gzip_archive(tiny_bundle, tmp_path):
+    path = copy_bundle(tiny_bundle, tmp_path / "work")
+    archive = tmp_path / "bundle.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        add_directory(tar, path, path.name)
+    truncated = tmp_path / "truncated.tgz"
+    truncated.write_bytes(archive.read_bytes()[: archive.stat().st_size * 2 // 3])
+    with pytest.raises(BundleError, match=r"truncated\.tgz") as info:
+        unpack_bundle(truncated, tmp_path / "dest")
+    assert info.value.fix
+    assert leftovers(tmp_path / "dest") == []
+
+
 @pytest.mark.parametrize("content", [b"this is not a tar archive\n" * 100, b""], ids=["text", "empty"])
 def test_unpack_refuses_a_file_that_is_not_a_tar(tmp_path, content):
     archive = tmp_path / "bundle.tar"
