@@ -124,9 +124,12 @@ class BundleWriter:
 def read_manifest(path: Path) -> dict:
     """Read and integrity-check manifest.json without checking the other files."""
     path = Path(path)
+    if path.is_file():
+        raise BundleError(f"bundle {path} is a file, not a bundle directory",
+                          f"if it is an archive made by 'edgesdk pack', unpack it first: edgesdk unpack {path} DIR")
     if not path.is_dir():
         raise BundleError(f"bundle {path} does not exist or is not a directory",
-                          "pass the directory written by 'edgesdk build' (or a .tar made by 'edgesdk pack')")
+                          "pass the directory written by 'edgesdk build' (or unpacked by 'edgesdk unpack')")
     manifest_path, digest_path = path / MANIFEST, path / MANIFEST_DIGEST
     for required in (manifest_path, digest_path):
         if not required.is_file():

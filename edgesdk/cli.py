@@ -52,7 +52,7 @@ def entry():
         from edgesdk.runtime.huge_pages import reexec_with_huge_pages
 
         reexec_with_huge_pages(sys.argv)
-    main()
+    main(prog_name="edgesdk")  # also when re-executed, where sys.argv[0] is "-c"
 
 
 # --- environment, targets, models ------------------------------------------------------------
@@ -429,10 +429,20 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
                 f"--reference scores the PyTorch source model and needs torch and transformers ({exc})",
                 "pip install 'edgesdk[host]' on the host, or drop --reference to score the bundle alone",
             ) from exc
-    config = PerplexityConfig(context=context, stride=stride, max_chars=max_chars or None)
-    text = text_file.read_text(encoding="utf-8")
+    try:
+        config = PerplexityConfig(context=context, stride=stride, max_chars=max_chars or None)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--context/--stride") from exc
+    try:
+        text = text_file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise EdgeSDKError(f"--text {text_file} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                           "convert it first, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8") from exc
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
+    if context > runtime.backend.max_context:
+        raise click.BadParameter(f"{context} is longer than the bundle's max_context {runtime.backend.max_context}",
+                                 param_hint="--context")
     gated = hasattr(runtime.backend, "configure")
     if gated:  # the bundle scored with every FFN running; the gated points follow
         from edgesdk.evaluate import gated_perplexity

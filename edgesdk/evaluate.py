@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgesdk.errors import EdgeSDKError
+
 
 @dataclass(frozen=True)
 class PerplexityConfig:
@@ -61,6 +63,9 @@ def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress:
     """Generic loop: ``score_window(window_ids) -> logits (len, vocab)`` for each window."""
     from tqdm import tqdm
 
+    if len(ids) < 2:
+        raise EdgeSDKError(f"the text gives {len(ids)} token(s); perplexity needs at least 2",
+                           "pass a longer --text file, or raise --max-chars")
     spans = windows(ids, config)
     nll, count = 0.0, 0
     for start, end, first in tqdm(spans, desc="perplexity", disable=not progress, unit="window"):

@@ -77,8 +77,13 @@ def commands_use_huge_pages(environ: dict[str, str], mode: str | None, libc: tup
     return already or huge_page_environment(environ, mode, libc) is not None
 
 
+# The re-executed interpreter's program: ``-m edgesdk`` would put the working directory first on
+# sys.path, so a directory holding another ``edgesdk`` (a checkout) would run that code instead.
+REEXEC_PROGRAM = "import sys; del sys.path[0]; from edgesdk.cli import entry; entry()"
+
+
 def reexec_with_huge_pages(argv: list[str]) -> None:
-    """Replace this process by ``python -m edgesdk argv[1:]`` with huge pages on, when that helps.
+    """Replace this process by the installed edgesdk CLI on ``argv[1:]`` with huge pages on, when that helps.
 
     Returns (doing nothing) where :func:`huge_page_environment` says it would change nothing, or
     where the interpreter cannot be started again (an embedded Python): the command then runs on
@@ -92,7 +97,7 @@ def reexec_with_huge_pages(argv: list[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execve(sys.executable, [sys.executable, "-m", "edgesdk", *argv[1:]], environment)
+        os.execve(sys.executable, [sys.executable, "-c", REEXEC_PROGRAM, *argv[1:]], environment)
     except OSError:
         return
 

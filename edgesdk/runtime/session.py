@@ -170,16 +170,26 @@ def open_backend(bundle: Bundle, names: list[str], threads: int, spinning: bool 
             continue
         notes.append(f"{name}: used")
         return backend, notes
-    raise RuntimeBackendError(
-        f"no backend could run bundle {bundle.path}: " + "; ".join(notes),
-        "install onnxruntime (pip install edgesdk) or pass --backend ort-cpu",
-    )
+    raise RuntimeBackendError(f"no backend could run bundle {bundle.path}: " + "; ".join(notes), _install_hint(names))
+
+
+def _install_hint(names: list[str]) -> str:
+    """What to install for the backends that were asked for (the CPU one is always a way out)."""
+    hints = {"ort-cuda": "onnxruntime-gpu (JetPack: the jetson-containers / Jetson Zoo wheel)",
+             "ort-trt": "onnxruntime-gpu built with TensorRT, and TensorRT itself (JetPack)",
+             "tensorrt": "TensorRT's Python bindings (JetPack), then 'edgesdk engine build BUNDLE'",
+             "triton": "torch and triton with CUDA (the bundle's kernels/ for this GPU)"}
+    wanted = [f"{name}: {hints[name]}" for name in names if name in hints]
+    return "; ".join([*wanted, "or pass --backend ort-cpu (needs onnxruntime: pip install edgesdk)"])
 
 
 def open_runtime(path: Path, backend: str | None = None, threads: int | None = None,
                  expected_target: str | None = None, ignore_target: bool = False,
                  spinning: bool = True, verbose: bool = False) -> Runtime:
     """Verify the bundle (hashes, then target) before loading anything, then load it."""
+    if backend and backend not in OPENERS:
+        raise RuntimeBackendError(f"--backend {backend!r} is not a backend of this edgesdk",
+                                  f"pick one of {', '.join(OPENERS)}, or leave it out to use the bundle's own")
     bundle = verify_bundle(Path(path))
     notes = []
     target_note = check_target(bundle, expected_target, ignore_target)

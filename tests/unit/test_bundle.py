@@ -241,7 +241,8 @@ def test_path_that_does_not_exist_is_refused(tmp_path):
 def test_file_instead_of_directory_is_refused(tmp_path):
     file = tmp_path / "bundle.tar"
     file.write_bytes(b"x")
-    refused(file, r"bundle\.tar does not exist or is not a directory")
+    error = refused(file, r"bundle\.tar is a file, not a bundle directory")
+    assert f"edgesdk unpack {file} DIR" in error.fix
 
 
 # --- BundleWriter ----------------------------------------------------------------------------------

@@ -460,6 +460,27 @@ def test_eval_missing_text_file(bundle, tmp_path):
     assert "absent.txt" in result.stderr
 
 
+@pytest.mark.parametrize(("content", "fragments"), [
+    (b"", ("gives 0 token(s)", "--text")),
+    ("caf\u00e9 na\u00efve\n".encode("latin-1") * 20, ("is not UTF-8 text", "iconv")),
+], ids=["empty", "latin-1"])
+def test_eval_refuses_unusable_text(bundle, tmp_path, content, fragments):
+    path = tmp_path / "text.txt"
+    path.write_bytes(content)
+    assert_error(invoke("eval", bundle, "--text", path, *EVAL_ARGS), *fragments)
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("--context", 32, "--stride", 0), "--context/--stride"),
+    (("--context", 100_000), "max_context"),
+], ids=["stride-0", "context-too-long"])
+def test_eval_refuses_bad_windows_naming_the_option(bundle, text_file, args, fragment):
+    result = invoke("eval", bundle, "--text", text_file, "--max-chars", 500, *args)
+    assert result.exit_code == 2, result.output
+    assert fragment in result.stderr
+    assert "Traceback" not in result.output
+
+
 def test_eval_corrupt_bundle(bundle, text_file):
     flip_byte(bundle / "model.onnx.data")
     assert_error(invoke("eval", bundle, "--text", text_file, *EVAL_ARGS), "failed verification", "model.onnx.data")

@@ -12,6 +12,7 @@ import pytest
 
 from edgesdk.runtime.huge_pages import (
     OPT_OUT,
+    REEXEC_PROGRAM,
     TUNABLE,
     commands_use_huge_pages,
     huge_page_environment,
@@ -82,3 +83,22 @@ def test_an_interpreter_that_cannot_start_again_leaves_the_command_running(monke
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
     assert reexec_with_huge_pages(["edgesdk", "run", "bundle"]) is None
+
+
+def test_the_reexecuted_command_ignores_an_edgesdk_in_the_working_directory(tmp_path):
+    """``python -m edgesdk`` in a directory holding another edgesdk (a checkout) imports that one;
+    the program the re-execution runs imports the installed package."""
+    shadow = tmp_path / "edgesdk"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise SystemExit('the shadow edgesdk was imported')\n")
+    (shadow / "__main__.py").write_text("")
+    environment = {**os.environ, OPT_OUT: "0"}  # no further re-execution: this process answers
+
+    def version(*program: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *program, "--version"], capture_output=True, text=True,
+                              env=environment, cwd=tmp_path, timeout=60, check=False)
+
+    assert "shadow" in version("-m", "edgesdk").stderr  # what the old re-execution ran
+    reexecuted = version("-c", REEXEC_PROGRAM)
+    assert reexecuted.returncode == 0, reexecuted.stderr
+    assert reexecuted.stdout.startswith("edgesdk, version")

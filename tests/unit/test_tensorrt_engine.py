@@ -227,3 +227,20 @@ def test_profile_chain_of_a_jetson_bundle_on_this_host(jetson_bundle, cache):
 def test_unknown_backend_keeps_its_note(jetson_bundle):
     with pytest.raises(RuntimeBackendError, match=f"warp-drive: {NOT_BUILT}"):
         open_backend(jetson_bundle, ["warp-drive"], threads=1)
+
+
+def test_a_misspelt_backend_option_lists_the_real_ones(jetson_bundle):
+    with pytest.raises(RuntimeBackendError, match="'ort_cpu' is not a backend") as info:
+        open_runtime(jetson_bundle.path, backend="ort_cpu", threads=1)
+    assert "ort-cpu, ort-cuda, ort-trt, tensorrt, triton" in info.value.fix
+
+
+def test_a_gpu_backend_that_cannot_load_says_what_to_install(jetson_bundle):
+    from edgesdk.runtime.session import _available_providers
+
+    if "CUDAExecutionProvider" in _available_providers():
+        pytest.skip("this onnxruntime has CUDA: ort-cuda would load")
+    with pytest.raises(RuntimeBackendError, match="ort-cuda: onnxruntime here lacks") as info:
+        open_runtime(jetson_bundle.path, backend="ort-cuda", threads=1)
+    assert info.value.fix.startswith("ort-cuda: onnxruntime-gpu")
+    assert "--backend ort-cpu" in info.value.fix
