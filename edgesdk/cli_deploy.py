@@ -28,9 +28,10 @@ import click
 @click.option("--release", "release_id", help="With --rollback: the release to switch to [previous].")
 @click.option("--ignore-target", is_flag=True, help="Deploy a bundle built for another target anyway.")
 @click.option("--no-install", is_flag=True, help="Do not install or update the edgesdk runtime on the board.")
-@click.option("--runtime-venv-system-site-packages", "system_site_packages", is_flag=True,
-              help="Let the runtime venv use Python packages already installed on the board "
-                   "(TensorRT bindings, onnxruntime-gpu); pip then installs only what is missing.")
+@click.option("--runtime-venv-system-site-packages/--no-runtime-venv-system-site-packages", "system_site_packages",
+              default=None, help="Let the runtime venv use Python packages already installed on the board "
+                                 "(TensorRT bindings, onnxruntime-gpu); pip then installs only what is missing "
+                                 "[on a Jetson, else off].")
 @click.option("--remote-python", help="Python on the board [python3; this interpreter with --to].")
 @click.option("--keep", default=3, show_default=True, help="Releases kept on the board (current and previous always).")
 @click.option("--service", is_flag=True, help="Install a systemd unit serving the bundle (needs 'edgesdk serve').")

@@ -1,9 +1,9 @@
 """``edgesdk engine``: build the TensorRT engine of a bundle on the board that will run it.
 
 Registered on the main CLI by one line at the bottom of ``edgesdk/cli.py``. ``edgesdk deploy``
-probes ``edgesdk engine build --help`` on the board and runs ``edgesdk engine build RELEASE
---out CACHE_DIR`` there (edgesdk/deploy/engine.py). TensorRT is imported inside the command, so
-``--help`` works on any machine.
+runs ``edgesdk engine check`` on the board (can this edgesdk's own Python import TensorRT?) and
+then ``edgesdk engine build RELEASE --out CACHE_DIR`` there (edgesdk/deploy/engine.py). TensorRT
+is imported inside the commands, so ``--help`` works on any machine.
 """
 
 from __future__ import annotations
@@ -51,3 +51,11 @@ def engine_build(bundle, out, workspace_mb, max_seq, strongly_typed, timing_cach
                         strongly_typed=strongly_typed or None, timing_cache=timing_cache,
                         log=lambda message: click.echo(f"edgesdk engine: {message}", err=True))
     click.echo(json.dumps(info, indent=2) if as_json else info["path"])
+
+
+@engine.command("check")
+def engine_check():
+    """Exit 0 when this edgesdk's Python can import TensorRT (a new enough one), printing its version."""
+    from edgesdk.runtime.tensorrt_engine import import_tensorrt
+
+    click.echo(import_tensorrt().__version__)

@@ -7,7 +7,8 @@ builder is ``edgesdk engine build RELEASE --out CACHE_DIR`` run by the board's e
 (edgesdk/runtime/tensorrt_engine.py); it writes ``engine.plan`` and ``engine.json`` and renames
 the directory into place only when complete, so a non-empty key directory is a finished engine.
 The runtime's ``tensorrt`` backend looks for it in the same place. This step says plainly when
-it is skipped and why (not a Jetson, no TensorRT, or a board edgesdk older than the builder).
+it is skipped and why (not a Jetson, a graph TensorRT does not take, no TensorRT, a runtime whose
+Python cannot import it, or a board edgesdk older than the builder).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from edgesdk.deploy.remote import Board
 from edgesdk.deploy.transport import DeployError
 from edgesdk.runtime.tensorrt_engine import cache_key
 
-__all__ = ["EngineDecision", "build_engine", "cache_key", "decide", "has_engine_builder"]
+__all__ = ["NO_BUILDER", "BuilderStatus", "EngineDecision", "build_engine", "builder_status", "cache_key",
+           "decide"]
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,15 @@ class EngineDecision:
     cache_dir: str | None = None
 
 
-def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, has_builder: bool) -> EngineDecision:
+def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, builder: BuilderStatus,
+           graph_form: str = "standard") -> EngineDecision:
     """The engine step for this board and bundle (see module docstring)."""
     if facts.board.family != "jetson":
         return EngineDecision(False, f"skipped: not a Jetson (the board is a {facts.board.family} machine)")
+    if graph_form != "standard":
+        return EngineDecision(False, f"skipped: TensorRT builds from the standard ONNX graph, and this bundle's graph "
+                                     f"is '{graph_form}' (ONNX Runtime runs it; a Jetson recipe such as 'jetson' "
+                                     "gives a standard graph)")
     if not facts.tensorrt:
         return EngineDecision(False, "skipped: TensorRT was not found on the Jetson (neither the Python 'tensorrt' "
                                      "module nor the 'tensorrt' package); the runtime falls back to ONNX Runtime")
@@ -46,17 +53,40 @@ def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, 
     if key in (facts.raw.get("engines") or []):
         return EngineDecision(False, f"cached: engines/{bundle_id}/{key} was built on this board for the same "
                                      "JetPack, TensorRT and SM", cache)
-    if not has_builder:
-        return EngineDecision(False, f"skipped: TensorRT {facts.tensorrt} is present, but the board's edgesdk has no "
-                                     f"TensorRT engine builder yet ('edgesdk engine build'; deploy a newer edgesdk "
-                                     f"runtime); the engine would be cached as engines/{bundle_id}/{key}", cache)
+    if not builder.available:
+        return EngineDecision(False, f"skipped: TensorRT {facts.tensorrt} is present, but {builder.reason}; the "
+                                     f"engine would be cached as engines/{bundle_id}/{key}", cache)
     return EngineDecision(True, f"building the TensorRT engine into engines/{bundle_id}/{key}", cache)
 
 
-def has_engine_builder(board: Board, edgesdk: list[str]) -> bool:
-    """Whether the board's edgesdk has an ``engine build`` command."""
-    proc = board.transport.run([*edgesdk, "engine", "build", "--help"], timeout=120)
-    return proc.returncode == 0
+@dataclass(frozen=True)
+class BuilderStatus:
+    """Whether the board's edgesdk can build an engine, and if not, why (a clause of a sentence)."""
+
+    available: bool
+    reason: str = ""
+
+
+NO_BUILDER = BuilderStatus(False, "the board's edgesdk has no TensorRT engine builder yet ('edgesdk engine "
+                                  "check' and 'build'; deploy a newer edgesdk runtime)")
+
+
+def builder_status(board: Board, edgesdk: list[str]) -> BuilderStatus:
+    """Ask the board's edgesdk whether its own Python imports TensorRT (``edgesdk engine check``).
+
+    The probe's answer is about the board's system Python; the runtime's venv sees JetPack's
+    TensorRT only when it was made with system site-packages.
+    """
+    proc = board.transport.run([*edgesdk, "engine", "check"], timeout=120)
+    if proc.returncode == 0:
+        return BuilderStatus(True)
+    message = proc.stderr.decode("utf-8", "replace")
+    if "No such command" in message:
+        return NO_BUILDER
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    problem = lines[0].removeprefix("error: ") if lines else f"exit status {proc.returncode}"
+    return BuilderStatus(False, f"the board's edgesdk cannot use it ({problem}; deploy with "
+                                "--runtime-venv-system-site-packages so the runtime sees JetPack's TensorRT)")
 
 
 def build_engine(board: Board, edgesdk: list[str], release: str, decision: EngineDecision) -> None:

@@ -23,7 +23,7 @@ it ran before.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgesdk.bundle import MANIFEST, verify_bundle
@@ -108,11 +108,18 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
             for note in check_memory(total, _budget_mb(bundle.manifest, facts.board.suggested_target), facts, where):
                 report.info(note)
             source, runtime_key, runtime_bytes = None, None, 0
+            # JetPack installs TensorRT's bindings (and NVIDIA's onnxruntime-gpu wheels go) into the system
+            # Python: a Jetson's runtime venv sees them unless asked not to.
+            inherit = options.system_site_packages
+            if inherit is None:
+                inherit = facts.board.family == "jetson"
             if not options.local and options.install:
                 source = install.runtime_source()
+                if inherit:  # a venv that sees the system's packages is another runtime than one that does not
+                    source = replace(source, key=f"{source.key}-site")
                 runtime_key = source.key
                 if runtime_key not in install.installed_keys(facts.raw):
-                    runtime_bytes = RUNTIME_BYTES_INHERITED if options.system_site_packages else RUNTIME_BYTES_FULL
+                    runtime_bytes = RUNTIME_BYTES_INHERITED if inherit else RUNTIME_BYTES_FULL
             report.info(check_disk(plan.send_bytes, runtime_bytes, facts, where))
         runtime_sent, active_runtime = 0, install.installed_key(facts.raw)
         with report.step("edgesdk runtime on the board"):
@@ -126,7 +133,7 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
                 report.info(f"runtime/{runtime_key} is installed already; it becomes current with the bundle")
             else:
                 report.info(f"installing {runtime_key}: {source.describe()}")
-                reply = install.install_runtime(board, source, options.system_site_packages)
+                reply = install.install_runtime(board, source, inherit)
                 runtime_sent = reply["bytes_sent"]
                 report.info(f"installed edgesdk {reply['version']} into {board.path('runtime', runtime_key)}; "
                             "it becomes runtime/current with the bundle")
@@ -157,9 +164,10 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
         release_path = board.path("releases", bundle.bundle_id)
         with report.step("TensorRT engine"):
             gpu = bundle.manifest["target"].get("gpu") or {}
-            has_builder = facts.board.family == "jetson" and bool(facts.tensorrt) and \
-                engine.has_engine_builder(board, edgesdk)
-            decision = engine.decide(facts, gpu.get("sm"), bundle.bundle_id, board, has_builder)
+            graph_form = bundle.manifest["graph"].get("form", "standard")
+            asked = facts.board.family == "jetson" and bool(facts.tensorrt) and graph_form == "standard"
+            builder = engine.builder_status(board, edgesdk) if asked else engine.NO_BUILDER
+            decision = engine.decide(facts, gpu.get("sm"), bundle.bundle_id, board, builder, graph_form)
             report.info(decision.message)
             if decision.build:
                 engine.build_engine(board, edgesdk, release_path, decision)

@@ -28,7 +28,7 @@ class DeployOptions:
     remote_python: str | None = None  # python3 on a board, this interpreter for --to
     ignore_target: bool = False
     install: bool = True
-    system_site_packages: bool = False
+    system_site_packages: bool | None = None  # runtime venv sees the board's packages; None: on a Jetson
     keep: int = 3
     smoke_prompt: str = "hi"
     smoke_tokens: int = 4

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,21 +100,43 @@ def test_plan_from_the_boards_answer():
 
 def test_engine_decisions(tmp_path):
     board = Board(LocalTransport(str(tmp_path)), "python3", "/root")
+    ready_builder = engine.BuilderStatus(True)
     host = BoardFacts.from_probe(raw_probe(arch="x86_64"))
-    assert engine.decide(host, None, "id", board, False).message.startswith("skipped: not a Jetson")
+    assert engine.decide(host, None, "id", board, engine.NO_BUILDER).message.startswith("skipped: not a Jetson")
     no_trt = BoardFacts.from_probe({**ORIN, "tensorrt": None})
-    assert "TensorRT was not found" in engine.decide(no_trt, 87, "id", board, False).message
+    assert "TensorRT was not found" in engine.decide(no_trt, 87, "id", board, engine.NO_BUILDER).message
     facts = BoardFacts.from_probe(ORIN)
-    waiting = engine.decide(facts, 87, "abc", board, has_builder=False)
+    fused = engine.decide(facts, 87, "abc", board, ready_builder, graph_form="ort-fused")
+    assert not fused.build
+    assert "this bundle's graph is 'ort-fused'" in fused.message
+    waiting = engine.decide(facts, 87, "abc", board, engine.NO_BUILDER)
     assert not waiting.build
     assert "no TensorRT engine builder yet" in waiting.message
     assert "engines/abc/jp6.2-trt10.3.0-sm87" in waiting.message
-    ready = engine.decide(facts, 87, "abc", board, has_builder=True)
+    isolated = engine.decide(facts, 87, "abc", board, engine.BuilderStatus(False, "the runtime cannot import it"))
+    assert not isolated.build
+    assert "present, but the runtime cannot import it" in isolated.message
+    ready = engine.decide(facts, 87, "abc", board, ready_builder)
     assert ready.build
     assert ready.cache_dir == "/root/engines/abc/jp6.2-trt10.3.0-sm87"
     cached = BoardFacts.from_probe({**ORIN, "engines": ["jp6.2-trt10.3.0-sm87"]})
-    assert engine.decide(cached, 87, "abc", board, has_builder=True).message.startswith("cached:")
+    assert engine.decide(cached, 87, "abc", board, ready_builder).message.startswith("cached:")
     assert engine.cache_key("6.0 DP", "8.6.2.3", 87) == "jp6.0_DP-trt8.6.2.3-sm87"
+
+
+def test_builder_status_asks_the_boards_own_edgesdk(tmp_path):
+    """``edgesdk engine check`` run by the runtime that would build: here, this edgesdk on this host."""
+    board = Board(LocalTransport(str(tmp_path)), sys.executable, str(tmp_path))
+    status = engine.builder_status(board, [sys.executable, "-m", "edgesdk.cli"])
+    if importlib.util.find_spec("tensorrt") is not None:
+        assert status.available
+    else:
+        assert not status.available
+        assert "TensorRT's Python module 'tensorrt' cannot be imported" in status.reason
+        assert "--runtime-venv-system-site-packages" in status.reason
+    old = engine.builder_status(board, [sys.executable, "-c", "import sys; sys.stderr.write(\"Error: No such "
+                                                              "command 'check'.\\n\"); sys.exit(2)"])
+    assert old == engine.NO_BUILDER
 
 
 def test_service_waits_for_a_server_command():
