@@ -17,6 +17,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         paths,
         release_list,
         safe_id,
+        switch_times,
         verify_dir,
     )
     from edgesdk.deploy.board_install import op_install
@@ -24,6 +25,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
 
 
 STAGING_MAX_AGE_S = 24 * 3600
+IN_FLIGHT_MAX_AGE_S = 6 * 3600  # the longest a deploy spends between commit and switch (engine build: 2 h)
 
 
 def op_commit(params):
@@ -46,10 +48,16 @@ def op_commit(params):
                     pass
             return {"problems": problems}
         os.makedirs(p["releases"], exist_ok=True)
-        if os.path.isdir(release):  # a damaged copy of the same bundle: replace it
-            os.makedirs(p[".trash"], exist_ok=True)
+        if os.path.isdir(release):
+            if not verify_dir(release, params["manifest_sha256"])[0]:
+                # A sound copy (a deploy of the same bundle next to this one): it may be current and in
+                # use, so it stays where it is and this transfer goes.
+                shutil.rmtree(staging, ignore_errors=True)
+                return {"problems": [], "kept": True}
+            os.makedirs(p[".trash"], exist_ok=True)  # a damaged copy of the same bundle: replace it
             os.replace(release, os.path.join(p[".trash"], f"{bundle_id}-{time.time_ns()}"))
         os.replace(staging, release)
+        os.utime(release)  # its commit time: prune leaves a release alone while its deploy may still switch to it
         fsync_dir(p["releases"])
         shutil.rmtree(p[".trash"], ignore_errors=True)
         return {"problems": []}
@@ -102,6 +110,8 @@ def op_switch(params):
             replace_link(p["current"], os.path.join("releases", bundle_id))
             if old and os.path.isdir(os.path.join(p["releases"], old)):
                 replace_link(p["previous"], os.path.join("releases", old))
+            if "previous" in params:  # undoing a failed deploy: previous goes back to what it was, too
+                restore_link(p, "previous", params["previous"])
             fsync_dir(root)
             with open(p["history.jsonl"], "a") as handle:
                 handle.write(json.dumps({"time": time.time(), "action": params.get("action", "deploy"),
@@ -115,14 +125,27 @@ def op_switch(params):
         return {"from": old, "to": bundle_id, "runtime_from": old_runtime}
 
 
+def restore_link(p, name, bundle_id):
+    """Point ``name`` back at releases/<bundle_id>, or remove it when that was none or is gone."""
+    if bundle_id and os.path.isdir(os.path.join(p["releases"], safe_id(bundle_id))):
+        replace_link(p[name], os.path.join("releases", bundle_id))
+    elif os.path.lexists(p[name]):
+        os.unlink(p[name])
+
+
 def op_prune(params):
-    """Keep the newest ``keep`` releases (never current or previous); drop staging dirs unused for a day."""
+    """Keep the newest ``keep`` releases, never current, previous or one that another deploy committed
+    and has not switched to yet (its engine build or smoke test may still be running: protected for
+    IN_FLIGHT_MAX_AGE_S after its commit); drop staging dirs unused for a day."""
     p, root = paths(params["root"])
     keep = max(int(params["keep"]), 1)
     removed = []
     with Lock(root):
         state = release_list(p)
-        protected = {state["current"], state["previous"]}
+        switched = switch_times(p)
+        in_flight = {r["id"] for r in state["releases"]
+                     if r["id"] not in switched and time.time() - r["mtime"] < IN_FLIGHT_MAX_AGE_S}
+        protected = {state["current"], state["previous"]} | in_flight
         newest = [r["id"] for r in reversed(state["releases"])]
         kept = [r for r in newest if r in protected]
         for release in newest:

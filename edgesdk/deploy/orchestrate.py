@@ -153,14 +153,20 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
                 sent_bytes = sent.bytes
                 rate = sent.bytes / sent.seconds / 1e6 if sent.seconds > 0 else 0.0
                 report.info(f"sent {fmt_bytes(sent.bytes)} in {sent.seconds:.2f} s ({rate:.1f} MB/s)")
-                problems = board.call("commit", {"bundle_id": bundle.bundle_id,
-                                                 "manifest_sha256": files[MANIFEST]["sha256"]})["problems"]
+                committed = board.call("commit", {"bundle_id": bundle.bundle_id,
+                                                  "manifest_sha256": files[MANIFEST]["sha256"]})
+                problems = committed["problems"]
                 if problems:
                     raise DeployError(f"the bundle failed verification on {where} after the transfer:\n  - "
                                       + "\n  - ".join(problems),
                                       "run the deploy again: the bad files were removed from staging and are sent "
                                       "again; the board keeps its current release")
-                report.info(f"{len(files)} files verified on the board; installed as releases/{bundle.bundle_id}")
+                if committed.get("kept"):  # another deploy of this bundle committed it first
+                    report.info(f"{len(files)} files verified on the board; releases/{bundle.bundle_id} was "
+                                "already there and sound, so it stays as it is")
+                else:
+                    report.info(f"{len(files)} files verified on the board; installed as "
+                                f"releases/{bundle.bundle_id}")
         release_path = board.path("releases", bundle.bundle_id)
         with report.step("TensorRT engine"):
             gpu = bundle.manifest["target"].get("gpu") or {}
@@ -178,12 +184,12 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
             try:
                 switched = board.call("switch", {"bundle_id": bundle.bundle_id, "action": "deploy",
                                                  "runtime_key": runtime_key})
-                pruned = board.call("prune", {"keep": options.keep})
             except DeployError:
                 if previous and previous != bundle.bundle_id:
                     with contextlib.suppress(DeployError):
                         board.call("switch", {"bundle_id": previous, "action": "rollback after a failed deploy",
-                                              "runtime_key": active_runtime if runtime_key else None})
+                                              "runtime_key": active_runtime if runtime_key else None,
+                                              "previous": facts.state.get("previous")})
                         report.info(f"switched current back to releases/{previous}")
                 raise
             if switched["from"] == bundle.bundle_id:
@@ -192,8 +198,13 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
                 report.info(f"current -> releases/{bundle.bundle_id} (was {switched['from'] or 'none'})")
             if runtime_key and switched.get("runtime_from") != runtime_key:
                 report.info(f"runtime/current -> {runtime_key} (was {switched.get('runtime_from') or 'none'})")
-            if pruned["removed"]:
-                report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {options.keep})")
+            try:  # the new release is live and smoke-tested: failing to tidy up does not undo it
+                pruned = board.call("prune", {"keep": options.keep})
+            except DeployError as exc:
+                report.info(f"warning: old releases were not pruned ({exc.problem}); the next deploy tries again")
+            else:
+                if pruned["removed"]:
+                    report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {options.keep})")
         return DeployResult(bundle_id=bundle.bundle_id, where=where, root=board.root, bytes_sent=sent_bytes,
                             files_sent=len(plan.send), bytes_reused=plan.reused_bytes if not release_ok else total,
                             runtime_bytes_sent=runtime_sent, seconds=report.elapsed(),

@@ -165,6 +165,58 @@ def test_prune_keeps_current_previous_and_the_newest(board, tmp_path):
     assert sorted(reply["removed"]) == sorted([ids[0], ids[2]])
 
 
+def test_prune_leaves_a_release_another_deploy_committed_but_has_not_switched_to(board, tmp_path):
+    ids = []
+    for i in range(3):
+        bundle = make_bundle(tmp_path / f"b{i}", {"w": os.urandom(100)}, str(i))
+        deploy_by_hand(board, bundle)
+        ids.append(bundle.bundle_id)
+    racing = make_bundle(tmp_path / "racing", {"w": os.urandom(100)}, "racing")  # smoke test still running
+    board.call("receive", {"bundle_id": racing.bundle_id, "links": {}}, stdin=stream_for(racing))
+    sha = bundle_files(racing)["manifest.json"]["sha256"]
+    assert board.call("commit", {"bundle_id": racing.bundle_id, "manifest_sha256": sha})["problems"] == []
+    releases = Path(board.root) / "releases"
+
+    assert sorted(board.call("prune", {"keep": 1})["removed"]) == [ids[0]]  # current, previous, in flight
+    board.call("switch", {"bundle_id": racing.bundle_id})  # the racing deploy finishes
+    assert releases.joinpath(racing.bundle_id).is_dir()
+
+    late = make_bundle(tmp_path / "late", {"w": os.urandom(100)}, "late")  # a deploy abandoned long ago
+    board.call("receive", {"bundle_id": late.bundle_id, "links": {}}, stdin=stream_for(late))
+    board.call("commit", {"bundle_id": late.bundle_id, "manifest_sha256": bundle_files(late)["manifest.json"]["sha256"]})
+    old = releases.joinpath(late.bundle_id).stat().st_mtime - 7 * 3600
+    os.utime(releases / late.bundle_id, (old, old))
+    assert late.bundle_id in board.call("prune", {"keep": 1})["removed"]
+
+
+def test_committing_a_bundle_the_board_holds_sound_keeps_the_live_copy(board, tmp_path):
+    bundle = make_bundle(tmp_path / "b", {"w": os.urandom(100)})
+    deploy_by_hand(board, bundle)
+    release = Path(board.root) / "releases" / bundle.bundle_id
+    inode = release.stat().st_ino
+    board.call("receive", {"bundle_id": bundle.bundle_id, "links": {}}, stdin=stream_for(bundle))  # a second deploy
+    sha = bundle_files(bundle)["manifest.json"]["sha256"]
+    reply = board.call("commit", {"bundle_id": bundle.bundle_id, "manifest_sha256": sha})
+    assert reply["problems"] == []
+    assert reply["kept"] is True
+    assert release.stat().st_ino == inode
+    assert not (Path(board.root) / "staging" / bundle.bundle_id).exists()
+    assert verify_bundle(Path(board.root) / "current").bundle_id == bundle.bundle_id
+
+
+def test_switching_back_after_a_failed_deploy_restores_previous_too(board, tmp_path):
+    a, b, c = (make_bundle(tmp_path / name, {"w": os.urandom(100)}, name) for name in "abc")
+    for bundle in (a, b, c):
+        deploy_by_hand(board, bundle)  # current c, previous b
+    board.call("switch", {"bundle_id": b.bundle_id, "action": "rollback after a failed deploy",
+                          "previous": a.bundle_id})
+    root = Path(board.root)
+    assert os.readlink(root / "current") == os.path.join("releases", b.bundle_id)
+    assert os.readlink(root / "previous") == os.path.join("releases", a.bundle_id)  # not c, the withdrawn one
+    board.call("switch", {"bundle_id": c.bundle_id, "previous": None})
+    assert not (root / "previous").exists()
+
+
 def test_the_runtime_moves_with_the_bundle_and_one_previous_runtime_is_kept(board, tmp_path):
     bundle = make_bundle(tmp_path / "b", {"w": b"1"})
     deploy_by_hand(board, bundle)
