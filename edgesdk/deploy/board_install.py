@@ -13,11 +13,13 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         CHUNK,
         Lock,
         Refused,
+        fsync_dir,
         paths,
         run_quiet,
         safe_id,
         sha256_file,
     )
+    from edgesdk.deploy.board_transfer import read_stamp
 
 
 def inherit_site_packages(venv):
@@ -68,11 +70,10 @@ def op_install(params):
                 raise Refused("the edgesdk wheel arrived damaged on the board", "run the deploy again")
             os.replace(wheel + ".partial", wheel)
             spec = wheel
-        stamp = os.path.join(venv, "edgesdk-runtime.json")
-        if os.path.isfile(stamp):  # installed earlier (a deploy that failed after this step)
-            with open(stamp) as handle:
-                return {"key": key, "version": json.load(handle)["version"], "reused": True}
-        shutil.rmtree(venv, ignore_errors=True)  # an install cut short
+        stamp = read_stamp(venv)
+        if stamp and stamp.get("version"):  # installed earlier (a deploy that failed after this step)
+            return {"key": key, "version": stamp["version"], "reused": True}
+        shutil.rmtree(venv, ignore_errors=True)  # an install cut short, or a stamp a power cut left unreadable
         venv_argv = [sys.executable, "-m", "venv", "--without-pip"]
         if params.get("system_site_packages"):
             venv_argv.append("--system-site-packages")
@@ -99,6 +100,16 @@ def op_install(params):
             raise Refused(f"the new runtime imports edgesdk from {where} instead of its own {venv}",
                           "unset PYTHONPATH for ssh sessions on the board, or deploy without "
                           "--runtime-venv-system-site-packages")
-        with open(os.path.join(venv, "edgesdk-runtime.json"), "w") as handle:
-            json.dump({"key": key, "version": version, "installed": time.time(), "inherited": inherited}, handle)
+        write_stamp(venv, {"key": key, "version": version, "installed": time.time(), "inherited": inherited})
         return {"key": key, "version": version}
+
+
+def write_stamp(venv, stamp):
+    """The install's last act, atomically: the stamp is whole or absent, even across a power cut."""
+    path = os.path.join(venv, "edgesdk-runtime.json")
+    with open(path + ".partial", "w") as handle:
+        json.dump(stamp, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(path + ".partial", path)
+    fsync_dir(venv)

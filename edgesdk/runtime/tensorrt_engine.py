@@ -483,14 +483,35 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     return {**info, "path": str(out / ENGINE_FILE), "cached": False}
 
 
+def _process_alive(pid: str) -> bool:
+    """Whether the process ``pid`` (text) exists on this machine."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 def _commit(out: Path, plan_bytes: bytes, info: dict) -> None:
     """Write engine.plan and engine.json beside ``out``, then rename the directory into place."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.partial-*"):  # left by a build that was killed
+        if not _process_alive(stale.name.rsplit("-", 1)[-1]):
+            shutil.rmtree(stale, ignore_errors=True)
     staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    (staging / ENGINE_FILE).write_bytes(plan_bytes)
-    (staging / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    try:
+        (staging / ENGINE_FILE).write_bytes(plan_bytes)
+        (staging / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)  # a full disk keeps no half engine
+        raise RuntimeBackendError(f"cannot write the TensorRT engine ({len(plan_bytes):,} bytes) into {out.parent}: "
+                                  f"{exc.strerror or exc}", "free space there (or pass --out elsewhere) and build "
+                                  "again") from exc
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.replace(out, old)

@@ -267,3 +267,15 @@ def test_running_out_of_space_removes_the_staging_copy(tmp_path):
         assert os.listdir(root / "staging") == []
     finally:
         subprocess.run(["umount", str(root)], check=True)
+
+
+def test_an_unreadable_runtime_stamp_is_an_unfinished_install(board, tmp_path):
+    """A power cut can leave the stamp empty: the probe and the next install treat it as absent."""
+    venv = Path(board.root) / "runtime" / "k2"
+    venv.mkdir(parents=True)
+    (venv / "edgesdk-runtime.json").write_text("")
+    assert board.call("probe")["runtime"]["installed"] == []
+    with pytest.raises(DeployError) as info:  # gets as far as pip, with a spec that cannot install
+        board.call("install", {"key": "k2", "pip_spec": str(tmp_path / "missing.whl")}, timeout=600)
+    assert "pip install missing.whl failed" in info.value.problem
+    assert not venv.exists()

@@ -244,3 +244,30 @@ def test_a_gpu_backend_that_cannot_load_says_what_to_install(jetson_bundle):
         open_runtime(jetson_bundle.path, backend="ort-cuda", threads=1)
     assert info.value.fix.startswith("ort-cuda: onnxruntime-gpu")
     assert "--backend ort-cpu" in info.value.fix
+
+
+def test_an_engine_that_does_not_fit_leaves_no_partial_directory(tmp_path, monkeypatch):
+    """A full disk (here: a write that fails) keeps no half engine, and a killed build's leftovers go."""
+    from edgesdk.runtime import tensorrt_engine as te
+
+    out = tmp_path / "engines" / "id" / "key"
+    out.parent.mkdir(parents=True)
+    killed = out.with_name(f".{out.name}.partial-999999999")  # no such process
+    killed.mkdir()
+    (killed / te.ENGINE_FILE).write_bytes(b"half")
+    real_write = Path.write_bytes
+
+    def full_disk(self, data):
+        if self.name == te.ENGINE_FILE:
+            raise OSError(28, "No space left on device")
+        return real_write(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    with pytest.raises(RuntimeBackendError, match="No space left on device") as info:
+        te._commit(out, b"\0" * 1000, {})
+    assert "free space" in info.value.fix
+    assert sorted(p.name for p in out.parent.iterdir()) == []
+    monkeypatch.undo()
+    te._commit(out, b"plan", {"ok": True})
+    assert (out / te.ENGINE_FILE).read_bytes() == b"plan"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["key"]
