@@ -77,7 +77,7 @@ def builder_status(board: Board, edgesdk: list[str]) -> BuilderStatus:
     The probe's answer is about the board's system Python; the runtime's venv sees JetPack's
     TensorRT only when it was made with system site-packages.
     """
-    proc = board.transport.run([*edgesdk, "engine", "check"], timeout=120)
+    proc = board.transport.run([*edgesdk, "engine", "check"], timeout=120, what="edgesdk engine check")
     if proc.returncode == 0:
         return BuilderStatus(True)
     message = proc.stderr.decode("utf-8", "replace")
@@ -91,7 +91,8 @@ def builder_status(board: Board, edgesdk: list[str]) -> BuilderStatus:
 
 def build_engine(board: Board, edgesdk: list[str], release: str, decision: EngineDecision) -> None:
     """Run the board's engine builder, writing into the cache directory for this JetPack/TensorRT/SM."""
-    proc = board.transport.run([*edgesdk, "engine", "build", release, "--out", decision.cache_dir], timeout=7200)
+    proc = board.transport.run([*edgesdk, "engine", "build", release, "--out", decision.cache_dir], timeout=7200,
+                               what="the TensorRT engine build")
     if proc.returncode != 0:
         tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-8:]
         raise DeployError(f"the TensorRT engine build failed on {board.label}:\n    " + "\n    ".join(tail),

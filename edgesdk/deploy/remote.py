@@ -74,7 +74,8 @@ class Board:
     def call(self, op: str, params: dict | None = None, stdin: bytes | None = None,
              timeout: float | None = 600) -> dict:
         """Run one helper operation to completion and return its reply."""
-        proc = self.transport.run(self.helper_argv(op, params or {}), input=stdin, timeout=timeout)
+        proc = self.transport.run(self.helper_argv(op, params or {}), input=stdin, timeout=timeout,
+                                  what=f"the deploy helper ({op})")
         return parse_reply(proc, self.label, self.python, op)
 
     def start(self, op: str, params: dict) -> subprocess.Popen:

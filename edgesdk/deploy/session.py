@@ -88,7 +88,7 @@ def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOp
     argv = [*edgesdk, "run", release, "--prompt", options.smoke_prompt, "-n", str(options.smoke_tokens), "--raw"]
     if options.ignore_target:
         argv.append("--ignore-target")
-    proc = board.transport.run(argv, timeout=options.smoke_timeout)
+    proc = board.transport.run(argv, timeout=options.smoke_timeout, what="the smoke test")
     text = proc.stdout.decode("utf-8", "replace")
     if proc.returncode != 0 or not text.strip():
         tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-10:]

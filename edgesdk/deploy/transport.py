@@ -82,15 +82,15 @@ class Transport:
         return subprocess.Popen(self.command(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
 
-    def run(self, argv: list[str], input: bytes | None = None, timeout: float | None = None
-            ) -> subprocess.CompletedProcess:
-        """Run ``argv`` on the board to completion, raising :class:`DeployError` for connection problems."""
+    def run(self, argv: list[str], input: bytes | None = None, timeout: float | None = None,
+            what: str | None = None) -> subprocess.CompletedProcess:
+        """Run ``argv`` on the board to completion, raising :class:`DeployError` for connection problems
+        and for a command still running after ``timeout`` seconds (``what`` names it in the message)."""
         try:
             proc = subprocess.run(self.command(argv), input=input if input is not None else b"",
                                   capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            raise DeployError(f"{argv[0]} on {self.label} did not finish within {timeout:.0f} s",
-                              "check the board (load, memory), or raise the timeout") from exc
+            raise _timed_out(what or argv[0], self.label, timeout) from exc
         self.check_connection(proc.returncode, proc.stderr.decode("utf-8", "replace"))
         return proc
 
@@ -99,6 +99,20 @@ class Transport:
 
     def close(self) -> None:
         """Release what the transport holds (the ssh master connection)."""
+
+
+def _timed_out(what: str, label: str, timeout: float | None) -> DeployError:
+    return DeployError(f"{what} on {label} did not finish within {timeout:.0f} s (stopped)",
+                       "check the board (load, memory), or raise the timeout")
+
+
+# The board enforces a command's deadline itself: when ssh gives up, the remote command would otherwise
+# run on (a smoke test, an engine build, a helper holding the deploy lock). coreutils' and busybox's
+# ``timeout`` send SIGTERM, then SIGKILL 10 s later; a board without ``timeout`` runs the command as is.
+REMOTE_DEADLINE = ('d=$1; shift; if command -v timeout >/dev/null 2>&1; then exec timeout -k 10 "$d" "$@"; fi; '
+                   'exec "$@"')
+TIMED_OUT_CODES = (124, 137)  # timeout's own exit status, and SIGKILL's after -k
+DEADLINE_GRACE_S = 30  # ssh waits this much longer, for the board's answer
 
 
 class LocalTransport(Transport):
@@ -166,6 +180,17 @@ class SshTransport(Transport):
 
     def command(self, argv: list[str]) -> list[str]:
         return [*self.base, *self.ssh_args(), "--", self.spec.destination, remote_command(argv)]
+
+    def run(self, argv: list[str], input: bytes | None = None, timeout: float | None = None,
+            what: str | None = None) -> subprocess.CompletedProcess:
+        """As :meth:`Transport.run`, with the deadline enforced on the board too (REMOTE_DEADLINE)."""
+        if timeout is None:
+            return super().run(argv, input, None, what)
+        bounded = ["sh", "-c", REMOTE_DEADLINE, "sh", str(max(1, round(timeout))), *argv]
+        proc = super().run(bounded, input, timeout + DEADLINE_GRACE_S, what or argv[0])
+        if proc.returncode in TIMED_OUT_CODES:
+            raise _timed_out(what or argv[0], self.label, timeout)
+        return proc
 
     def check_connection(self, returncode: int, stderr: str, during: str = "") -> None:
         if returncode == 255:

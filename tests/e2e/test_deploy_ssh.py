@@ -246,3 +246,23 @@ def test_full_runtime_install_from_the_package_index(ssh_server, tiny_bundle, tm
     assert "include-system-site-packages = false" in (venv / "pyvenv.cfg").read_text()
     assert list((venv / "lib").glob("python*/site-packages/onnxruntime"))
     assert_runs(root)
+
+
+def test_a_command_past_its_deadline_is_stopped_on_the_board_too(ssh_server, tmp_path):
+    """ssh giving up leaves nothing running on the board: the board enforces the deadline itself."""
+    from edgesdk.deploy.transport import DeployError, HostSpec, SshOptions, SshTransport
+
+    transport = SshTransport(HostSpec.parse(ssh_server.destination), SshOptions(
+        ssh_config="/dev/null", identity=str(ssh_server.user_key),
+        options=(f"UserKnownHostsFile={ssh_server.known_hosts}", "GlobalKnownHostsFile=/dev/null")))
+    marker = tmp_path / "still-running"
+    try:
+        started = time.monotonic()
+        with pytest.raises(DeployError, match="the smoke test on .* did not finish within 2 s"):
+            transport.run(["sh", "-c", f"sleep 6 && touch {marker}"], timeout=2, what="the smoke test")
+        assert time.monotonic() - started < 20  # the board's answer, not ssh's grace period
+        assert transport.run(["echo", "fine"], timeout=30).stdout.strip() == b"fine"
+    finally:
+        transport.close()
+    time.sleep(6)
+    assert not marker.exists()  # the remote command was killed, not left to finish
