@@ -12,9 +12,16 @@ from edgesdk.bundle import Bundle, BundleWriter, verify_bundle
 from edgesdk.export.onnx_export import DATA_FILE, MODEL_FILE
 from edgesdk.weights_file import store_weights
 
+# Special tokens that end a turn or a document in the common chat formats (ChatML, Llama 3, Gemma,
+# Phi, Mistral): like llama.cpp's end-of-generation set, any of them in the vocabulary stops generation,
+# so a raw prompt (no chat template) stops at the end of a document as a chat turn stops at its end.
+END_OF_GENERATION_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|end|>",
+                            "<end_of_turn>", "</s>")
+
 
 def eos_token_ids(model, tokenizer) -> list[int]:
-    """Every id that ends generation: config, generation config and tokenizer EOS."""
+    """Every id that ends generation: config, generation config and tokenizer EOS, and the
+    end-of-turn / end-of-text special tokens the tokenizer has (END_OF_GENERATION_TOKENS)."""
     ids: set[int] = set()
     for value in (getattr(model.config, "eos_token_id", None),
                   getattr(getattr(model, "generation_config", None), "eos_token_id", None),
@@ -23,6 +30,8 @@ def eos_token_ids(model, tokenizer) -> list[int]:
             ids.add(value)
         elif isinstance(value, (list, tuple)):
             ids.update(int(v) for v in value)
+    special = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
+    ids.update(special[name] for name in END_OF_GENERATION_TOKENS if name in special)
     return sorted(ids)
 
 

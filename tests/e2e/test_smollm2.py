@@ -47,4 +47,4 @@ def test_bundle_facts(smollm2_bundle):
     assert manifest["target"]["name"] == "rpi5"
     assert manifest["model"]["before"]["parameters"] == 134_515_008
     assert manifest["tokenizer"]["chat_template"] == "chat_template.jinja"
-    assert 2 in manifest["tokenizer"]["eos_token_ids"]
+    assert manifest["tokenizer"]["eos_token_ids"] == [0, 2]  # <|endoftext|> and <|im_end|>

@@ -49,6 +49,12 @@ def test_decode_logits_equal_prefill_logits(runtime):
     assert backend.position == len(ids)
 
 
+def test_raw_text_and_chat_turns_both_stop(runtime):
+    """The bundle stops at the tokenizer's end of text as well as the chat format's end of turn."""
+    vocab = runtime.tokenizer.tokenizer.get_vocab()
+    assert runtime.tokenizer.eos_token_ids == {vocab["<|endoftext|>"], vocab["<|im_end|>"]}
+
+
 def test_stops_at_eos(runtime):
     backend = runtime.backend
     backend.reset()
