@@ -55,6 +55,9 @@ def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config
 
     if keep < 1:
         raise click.BadParameter("--keep must be at least 1", param_hint="--keep")
+    if release_id is not None and not rollback:
+        raise click.BadParameter("--release names the release to roll back to; pass --rollback with it",
+                                 param_hint="--release")
     if service:
         from edgesdk.deploy.service import require_server_command
 

@@ -82,18 +82,25 @@ class Lock:
 
     def __init__(self, root, timeout=120.0):
         os.makedirs(root, exist_ok=True)
-        self.handle = open(os.path.join(root, ".deploy.lock"), "a")
+        path = os.path.join(root, ".deploy.lock")
+        self.handle = open(path, "a+")
         deadline = time.monotonic() + timeout
         while True:
             try:
                 fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
+                break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise Refused(f"another deploy holds {root}/.deploy.lock for more than {timeout:.0f}s",
-                                  "wait for it to finish, or remove the lock if no edgesdk deploy runs on the board"
-                                  ) from None
+                    self.handle.seek(0)
+                    holder = self.handle.read(64).strip() or "unknown"
+                    self.handle.close()
+                    raise Refused(f"another deploy holds {path} for more than {timeout:.0f}s (process {holder})",
+                                  "wait for that deploy to finish, or stop that process: the lock goes with it. Do "
+                                  "not delete the file, which would let two deploys write at once") from None
                 time.sleep(0.05)
+        self.handle.truncate(0)  # who holds it, for the message above
+        self.handle.write(str(os.getpid()))
+        self.handle.flush()
 
     def __enter__(self):
         return self

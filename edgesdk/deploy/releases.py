@@ -55,6 +55,9 @@ def rollback(options: DeployOptions, release: str | None = None, report: Reporte
             raise DeployError(f"{board.label} has no previous release to roll back to (current: {current or 'none'})",
                               "deploy another bundle first, or name a release from 'edgesdk deploy --status' "
                               "with --release ID")
+        if release is not None and release not in {r["id"] for r in facts.state.get("releases") or []}:
+            raise DeployError(f"--release {release!r} is not a release on {board.label}",
+                              "run 'edgesdk deploy --status' to list the releases and pass one of their ids")
         if target == current:
             raise DeployError(f"release {target} is already current on {board.label}",
                               "name another release from 'edgesdk deploy --status' with --release ID")

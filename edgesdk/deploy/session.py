@@ -44,6 +44,9 @@ def check_destination(options: DeployOptions) -> None:
     if (options.host is None) == (options.to is None):
         raise DeployError("deploy needs exactly one of --host user@board and --to DIR",
                           "pass --host to deploy over ssh, or --to DIR to install into a local directory")
+    if options.to is not None and options.to.exists() and not options.to.is_dir():
+        raise DeployError(f"--to {options.to} is a file; it must be a directory (made if missing)",
+                          "pass a directory for the deploy root, e.g. --to /opt/edgesdk")
     if options.host is not None:
         HostSpec.parse(options.host)
 

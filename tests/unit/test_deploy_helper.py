@@ -279,3 +279,14 @@ def test_an_unreadable_runtime_stamp_is_an_unfinished_install(board, tmp_path):
         board.call("install", {"key": "k2", "pip_spec": str(tmp_path / "missing.whl")}, timeout=600)
     assert "pip install missing.whl failed" in info.value.problem
     assert not venv.exists()
+
+
+def test_a_held_lock_names_its_holder_and_warns_against_deleting_it(tmp_path):
+    from edgesdk.deploy.board_common import Lock, Refused
+
+    with Lock(str(tmp_path)), pytest.raises(Refused) as info:
+        Lock(str(tmp_path), timeout=0.1)
+    assert f"(process {os.getpid()})" in info.value.problem
+    assert "Do not delete the file" in info.value.fix
+    with Lock(str(tmp_path), timeout=0.1):  # released with its holder
+        pass

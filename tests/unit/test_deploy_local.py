@@ -26,18 +26,24 @@ def test_cli_deploy_module_is_lean(tmp_path):
 
 def test_argument_errors_name_the_fix(tmp_path):
     runner = CliRunner()
+    afile = tmp_path / "afile"
+    afile.write_text("")
     cases = [
         (["deploy", str(tmp_path)], "exactly one of --host"),
         (["deploy", str(tmp_path), "--host", "b", "--to", str(tmp_path)], "exactly one of --host"),
         (["deploy", "--to", str(tmp_path)], "no BUNDLE given"),
         (["deploy", str(tmp_path), "--status", "--to", str(tmp_path)], "take no BUNDLE"),
         (["deploy", str(tmp_path), "--host", "b", "--service"], "no 'serve' command"),
+        (["deploy", str(tmp_path), "--to", str(afile)], "is a file; it must be a directory"),
     ]
     for args, expected in cases:
         result = runner.invoke(main, args)
         assert result.exit_code == 8, (args, result.output)
         assert expected in result.output
         assert "fix:" in result.output
+    alone = runner.invoke(main, ["deploy", "--to", str(tmp_path), "--release", "abc"])
+    assert alone.exit_code == 2
+    assert "pass --rollback with it" in alone.output
 
 
 def test_a_host_that_looks_like_an_option_is_refused(tmp_path):
@@ -62,6 +68,12 @@ def test_local_deploy_redeploy_and_rollback(tiny_bundle, tmp_path):
     assert back.returncode == 0, back.stderr
     assert current_id(root) == tiny_bundle.bundle_id
     assert os.readlink(root / "previous") == f"releases/{second.bundle_id}"
+    for wrong in ("../x", "0123456789abcdef"):
+        refused = edgesdk("deploy", "--rollback", "--release", wrong, "--to", root)
+        assert refused.returncode == 8
+        assert f"--release {wrong!r} is not a release" in refused.stderr
+        assert "deploy --status" in refused.stderr
+    assert current_id(root) == tiny_bundle.bundle_id
     status = edgesdk("deploy", "--status", "--to", root)
     assert f"* {tiny_bundle.bundle_id}" in status.stdout
     ran = edgesdk("run", root / "current", "--prompt", "hi", "-n", 4, "--raw")
