@@ -306,6 +306,9 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
+    if system and (raw or not tokenizer.has_chat_template):
+        click.echo(f"edgesdk: --system is not used: {'--raw' if raw else 'the bundle has no chat template'} "
+                   "feeds the prompt as it is", err=True)
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     thermal = None
     if watch_thermal or simulate_thermal or telemetry:

@@ -307,6 +307,20 @@ def test_run_interactive_reads_prompts_from_stdin(bundle):
     assert "> " not in result.stderr  # no prompt marker when stdin is not a terminal
 
 
+def test_run_takes_windows_line_endings_on_stdin(bundle):
+    unix, windows = invoke("run", bundle, "-n", 4, "--raw", input="hello\nworld\n"), \
+        invoke("run", bundle, "-n", 4, "--raw", input="hello\r\nworld\r\n")
+    assert_ok(windows)
+    assert windows.stdout == unix.stdout
+
+
+def test_run_says_when_system_is_not_used(bundle):
+    result = invoke("run", bundle, "--prompt", "hi", "-n", 3, "--raw", "--system", "be brief")
+    assert_ok(result)
+    assert "--system is not used: --raw feeds the prompt as it is" in result.stderr
+    assert result.stdout == invoke("run", bundle, "--prompt", "hi", "-n", 3, "--raw").stdout
+
+
 def test_run_interactive_skips_blank_lines(bundle):
     result = invoke("run", bundle, "-n", 4, "--raw", input="hello\n\n   \nworld\n")
     assert_ok(result)
@@ -343,7 +357,7 @@ def test_run_wrong_target_ignored(bundle):
 
 def test_run_unknown_backend(bundle):
     result = invoke("run", bundle, "--prompt", "hi", "-n", 3, "--backend", "warp-drive")
-    assert_error(result, "no backend could run", "warp-drive")
+    assert_error(result, "--backend 'warp-drive' is not a backend", "pick one of ort-cpu")
 
 
 # --- build ----------------------------------------------------------------------------------------
