@@ -218,7 +218,7 @@ def pack_bundle(path: Path, archive: Path) -> Path:
     top = Path(path).resolve().name  # "." and ".." name no directory of their own
     partial = archive.with_name(archive.name + ".partial")
     try:
-        with tarfile.open(partial, "w") as tar:
+        with tarfile.open(partial, "w", dereference=True) as tar:  # a linked file goes in as the file it names
             for name in [MANIFEST, MANIFEST_DIGEST, *sorted(bundle.manifest["files"])]:
                 tar.add(path / name, arcname=f"{top}/{name}", recursive=False)
         os.replace(partial, archive)

@@ -447,6 +447,17 @@ def test_pack_from_inside_the_bundle_names_its_directory(tiny_bundle, tmp_path, 
     assert unpack_bundle(archive, tmp_path / "unpacked").path == tmp_path / "unpacked" / path.name
 
 
+def test_pack_stores_linked_files_as_files(tiny_bundle, tmp_path):
+    path = copy_bundle(tiny_bundle, tmp_path / "work")
+    moved = tmp_path / "elsewhere.json"
+    shutil.move(path / "tokenizer.json", moved)
+    (path / "tokenizer.json").symlink_to(moved)
+    verify_bundle(path)
+    unpacked = unpack_bundle(pack_bundle(path, tmp_path / "bundle.tar"), tmp_path / "dest")
+    assert not (unpacked.path / "tokenizer.json").is_symlink()
+    assert (unpacked.path / "tokenizer.json").read_bytes() == moved.read_bytes()
+
+
 def test_pack_into_a_missing_directory_is_a_clear_error(tiny_bundle, tmp_path):
     path = copy_bundle(tiny_bundle, tmp_path)
     with pytest.raises(BundleError, match=r"cannot write the archive .*nowhere/bundle\.tar") as info:
