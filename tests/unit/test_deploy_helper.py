@@ -47,11 +47,28 @@ def board(tmp_path) -> Board:
     return Board(LocalTransport(root), sys.executable, root)
 
 
-def deploy_by_hand(board, bundle, links=None, names=None):
+def commit_by_hand(board, bundle, links=None, names=None) -> dict:
+    """Send and commit ``bundle`` as a deploy does before its smoke test; returns the commit reply."""
     board.call("receive", {"bundle_id": bundle.bundle_id, "links": links or {}}, stdin=stream_for(bundle, names))
     sha = bundle_files(bundle)["manifest.json"]["sha256"]
-    assert board.call("commit", {"bundle_id": bundle.bundle_id, "manifest_sha256": sha})["problems"] == []
+    reply = board.call("commit", {"bundle_id": bundle.bundle_id, "manifest_sha256": sha})
+    assert reply["problems"] == []
+    return reply
+
+
+def deploy_by_hand(board, bundle, links=None, names=None):
+    commit_by_hand(board, bundle, links, names)
     return board.call("switch", {"bundle_id": bundle.bundle_id})
+
+
+def deploy_several(board, tmp_path, count: int) -> list[str]:
+    """Deploy ``count`` distinct bundles one after another; their ids, oldest first."""
+    ids = []
+    for i in range(count):
+        bundle = make_bundle(tmp_path / f"b{i}", {"w": os.urandom(100)}, str(i))
+        deploy_by_hand(board, bundle)
+        ids.append(bundle.bundle_id)
+    return ids
 
 
 def test_probe_reads_the_machine_and_writes_nothing(board, tmp_path):
@@ -153,11 +170,7 @@ def test_names_that_escape_are_refused(board, tmp_path, name):
 
 
 def test_prune_keeps_current_previous_and_the_newest(board, tmp_path):
-    ids = []
-    for i in range(5):
-        bundle = make_bundle(tmp_path / f"b{i}", {"w": os.urandom(100)}, str(i))
-        deploy_by_hand(board, bundle)
-        ids.append(bundle.bundle_id)
+    ids = deploy_several(board, tmp_path, 5)
     board.call("switch", {"bundle_id": ids[1], "action": "rollback"})  # current = 1, previous = 4
     reply = board.call("prune", {"keep": 3})
     left = sorted(os.listdir(Path(board.root) / "releases"))
@@ -166,15 +179,9 @@ def test_prune_keeps_current_previous_and_the_newest(board, tmp_path):
 
 
 def test_prune_leaves_a_release_another_deploy_committed_but_has_not_switched_to(board, tmp_path):
-    ids = []
-    for i in range(3):
-        bundle = make_bundle(tmp_path / f"b{i}", {"w": os.urandom(100)}, str(i))
-        deploy_by_hand(board, bundle)
-        ids.append(bundle.bundle_id)
+    ids = deploy_several(board, tmp_path, 3)
     racing = make_bundle(tmp_path / "racing", {"w": os.urandom(100)}, "racing")  # smoke test still running
-    board.call("receive", {"bundle_id": racing.bundle_id, "links": {}}, stdin=stream_for(racing))
-    sha = bundle_files(racing)["manifest.json"]["sha256"]
-    assert board.call("commit", {"bundle_id": racing.bundle_id, "manifest_sha256": sha})["problems"] == []
+    commit_by_hand(board, racing)
     releases = Path(board.root) / "releases"
 
     assert sorted(board.call("prune", {"keep": 1})["removed"]) == [ids[0]]  # current, previous, in flight
@@ -182,8 +189,7 @@ def test_prune_leaves_a_release_another_deploy_committed_but_has_not_switched_to
     assert releases.joinpath(racing.bundle_id).is_dir()
 
     late = make_bundle(tmp_path / "late", {"w": os.urandom(100)}, "late")  # a deploy abandoned long ago
-    board.call("receive", {"bundle_id": late.bundle_id, "links": {}}, stdin=stream_for(late))
-    board.call("commit", {"bundle_id": late.bundle_id, "manifest_sha256": bundle_files(late)["manifest.json"]["sha256"]})
+    commit_by_hand(board, late)
     old = releases.joinpath(late.bundle_id).stat().st_mtime - 7 * 3600
     os.utime(releases / late.bundle_id, (old, old))
     assert late.bundle_id in board.call("prune", {"keep": 1})["removed"]
@@ -194,11 +200,7 @@ def test_committing_a_bundle_the_board_holds_sound_keeps_the_live_copy(board, tm
     deploy_by_hand(board, bundle)
     release = Path(board.root) / "releases" / bundle.bundle_id
     inode = release.stat().st_ino
-    board.call("receive", {"bundle_id": bundle.bundle_id, "links": {}}, stdin=stream_for(bundle))  # a second deploy
-    sha = bundle_files(bundle)["manifest.json"]["sha256"]
-    reply = board.call("commit", {"bundle_id": bundle.bundle_id, "manifest_sha256": sha})
-    assert reply["problems"] == []
-    assert reply["kept"] is True
+    assert commit_by_hand(board, bundle)["kept"] is True  # a second deploy of the same bundle
     assert release.stat().st_ino == inode
     assert not (Path(board.root) / "staging" / bundle.bundle_id).exists()
     assert verify_bundle(Path(board.root) / "current").bundle_id == bundle.bundle_id
