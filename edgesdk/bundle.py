@@ -109,6 +109,7 @@ class BundleWriter:
         text = json.dumps(body, indent=2, sort_keys=True) + "\n"
         (self.staging / MANIFEST).write_text(text, encoding="utf-8")
         (self.staging / MANIFEST_DIGEST).write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
+        check_replaceable(self.destination)
         if self.destination.exists():
             old = self.destination.with_name(f".{self.destination.name}.old")
             if old.exists():
@@ -119,6 +120,20 @@ class BundleWriter:
         else:
             os.replace(self.staging, self.destination)
         return Bundle(self.destination, body)
+
+
+def check_replaceable(path: Path) -> None:
+    """A bundle may be written at ``path``: nothing is there, an empty directory, or an earlier
+    bundle (which it replaces). Anything else is the user's and is refused before any work."""
+    path = Path(path)
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise BundleError(f"the output path {path} is a file, not a bundle directory",
+                          "pass --out a new directory (or an earlier bundle to replace)")
+    if any(path.iterdir()) and not (path / MANIFEST).is_file():
+        raise BundleError(f"the output directory {path} holds files and is not a bundle: writing the bundle there "
+                          "would replace them", "pass --out a new directory (or an earlier bundle to replace)")
 
 
 def read_manifest(path: Path) -> dict:

@@ -129,16 +129,16 @@ def models_fetch(name):
 @click.option("--model", "-m", default="smollm2-135m", show_default=True,
               help="Model alias, Hugging Face directory or .gguf file.")
 @click.option("--out", "-o", type=click.Path(path_type=Path), help="Bundle directory [bundles/<model>-<target>].")
-@click.option("--recipe", default="default", show_default=True, help="Recipe name or YAML path.")
+@click.option("--recipe", help="Recipe name or YAML path [the target's default_recipe].")
 @click.option("--max-context", default=4096, show_default=True, help="Longest sequence the bundle accepts.")
 @click.option("--resume", is_flag=True, help="Continue a killed build from its work directory (<out>.build).")
 @click.option("--keep-work", is_flag=True, help="Keep the work directory (checkpoints) after success.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.option("--data", "data_files", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Plain-text file to train the compression stages on (repeatable).")
-@click.option("--data-skip-chars", default=0, show_default=True,
+@click.option("--data-skip-chars", default=0, show_default=True, type=click.IntRange(min=0),
               help="Leave out the first N characters of each --data file (keep evaluation text unseen).")
-@click.option("--generated-sequences", default=32, show_default=True,
+@click.option("--generated-sequences", default=32, show_default=True, type=click.IntRange(min=0),
               help="Teacher-generated sequences added to the training text (data-free distillation).")
 @click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
               help="Change a recipe setting, e.g. --set prune.ffn_ratio=0.4 or --set export.weights=int4.")

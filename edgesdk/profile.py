@@ -185,7 +185,12 @@ def load_profile_file(path: str | Path) -> TargetProfile:
     path = Path(path)
     if not path.is_file():
         raise ProfileError(f"target profile file {path} does not exist", "pass a shipped target name or a YAML path")
-    return parse_profile(path.read_text(encoding="utf-8"), str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"target profile {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                           "save it as UTF-8") from exc
+    return parse_profile(text, str(path))
 
 
 @lru_cache(maxsize=1)

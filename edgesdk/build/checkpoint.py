@@ -1,7 +1,8 @@
 """Build work directory: a state file of completed steps and a checkpoint after each stage.
 
 A killed build resumes (``--resume``) at the first step not recorded as done, provided the
-build key (model source, target, recipe, export settings) is unchanged.
+build key (model source and data files with their sizes and times, target, recipe, export
+settings) is unchanged.
 """
 
 from __future__ import annotations
@@ -18,6 +19,17 @@ STATE = "state.json"
 # fn(model, checkpoint_dir) -> model, run after every load: stages that add modules of their own
 # (the power stage's adapters) register one to put them back after ``from_pretrained``.
 LOAD_HOOKS: list = []
+
+
+def file_fingerprint(path: str | Path) -> dict:
+    """What a build read from ``path``: its absolute location, and size and modification time of
+    each file (of a model directory: its config and weight files), so a resumed build notices an
+    input that changed under the same name."""
+    path = Path(path).resolve()
+    files = [path] if path.is_file() else sorted(
+        f for f in path.iterdir() if f.suffix in (".json", ".safetensors", ".bin", ".gguf", ".model")) \
+        if path.is_dir() else []
+    return {"path": str(path), "files": {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}}
 
 
 class WorkDir:

@@ -12,11 +12,11 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from edgesdk.build.checkpoint import WorkDir, load_checkpoint, save_checkpoint
+from edgesdk.build.checkpoint import WorkDir, file_fingerprint, load_checkpoint, save_checkpoint
 from edgesdk.build.package import write_bundle
 from edgesdk.build.recipes import load_recipe
 from edgesdk.build.registry import BuildContext, stage_spec
-from edgesdk.bundle import Bundle
+from edgesdk.bundle import Bundle, check_replaceable
 from edgesdk.compress.data import DataConfig
 from edgesdk.export.onnx_export import ExportConfig, export_model
 from edgesdk.export.validate import ValidationConfig, validate_export, validate_fused
@@ -31,7 +31,7 @@ class BuildConfig:
     target: str  # profile name, alias or YAML path
     model: str = DEFAULT_MODEL  # alias, Hugging Face directory or .gguf file
     out: Path | None = None  # bundle directory; default bundles/<model>-<target>
-    recipe: str = "default"  # shipped recipe name or YAML path
+    recipe: str | None = None  # shipped recipe name or YAML path; None: the target's default recipe
     overrides: tuple[str, ...] = ()  # "stage.field=value" changes to the recipe (--set)
     data: DataConfig = field(default_factory=DataConfig)  # training text for the compression stages
     export: ExportConfig = field(default_factory=ExportConfig)
@@ -46,6 +46,23 @@ def default_out(model: str, target: str) -> Path:
     return Path("bundles") / f"{stem}-{target}"
 
 
+def model_facts_after(model, facts_before: dict) -> dict:
+    """The loaded model's facts with what the stages changed: parameters, and the FFN widths and
+    KV heads that pruning leaves per layer (the largest, plus the per-layer list where they differ)."""
+    layers = list(model.model.layers)
+    head_dim = facts_before["hidden_size"] // facts_before["attention_heads"]
+    head_dim = getattr(model.config, "head_dim", None) or head_dim
+    widths = [layer.mlp.up_proj.out_features for layer in layers]
+    kv_heads = [layer.self_attn.k_proj.out_features // head_dim for layer in layers]
+    facts = {**facts_before, "parameters": sum(p.numel() for p in model.parameters()),
+             "intermediate_size": max(widths), "kv_heads": max(kv_heads)}
+    if len(set(widths)) > 1:
+        facts["intermediate_sizes"] = widths
+    if len(set(kv_heads)) > 1:
+        facts["kv_heads_per_layer"] = kv_heads
+    return facts
+
+
 def _log(message: str) -> None:
     print(f"edgesdk build: {message}", file=sys.stderr, flush=True)
 
@@ -53,15 +70,21 @@ def _log(message: str) -> None:
 def build(config: BuildConfig) -> Bundle:
     """Run the whole pipeline and return the verified bundle."""
     profile = get_profile(config.target)
-    recipe = load_recipe(config.recipe if config.recipe != "default" else profile.default_recipe)
+    recipe = load_recipe(config.recipe or profile.default_recipe)
     recipe = recipe.with_overrides(config.overrides)
     stages = recipe.validated()  # order and configs checked before any compute
     export_config = replace(config.export, **recipe.export.model_dump())
+    if stages:
+        config.data.check_files()
+    out = (Path(config.out) if config.out else default_out(config.model, profile.name)).resolve()
+    check_replaceable(out)
     source = resolve_model(config.model)
-    out = Path(config.out) if config.out else default_out(config.model, profile.name)
+    data_key = None
+    if stages:
+        data_key = {**asdict(config.data), "files": [file_fingerprint(f) for f in config.data.files]}
     work = WorkDir(out.with_name(out.name + ".build"), {
-        "model": str(source.path), "target": profile.model_dump(mode="json"), "recipe": recipe.model_dump(),
-        "export": asdict(export_config), "data": asdict(config.data) if stages else None,
+        "model": file_fingerprint(source.path), "target": profile.model_dump(mode="json"),
+        "recipe": recipe.model_dump(), "export": asdict(export_config), "data": data_key,
     }, config.resume)
     steps = len(stages) + 3
     started = time.perf_counter()
@@ -128,7 +151,7 @@ def build(config: BuildConfig) -> Bundle:
         _log(f"[{steps - 1}/{steps}] export: done in an earlier run")
 
     _log(f"[{steps}/{steps}] writing bundle {out}")
-    facts_after = {**facts_before, "parameters": sum(p.numel() for p in model.parameters())}
+    facts_after = model_facts_after(model, facts_before)
     bundle = write_bundle(
         out, export_dir=export_dir, graph=record["graph"], validation=record["validation"], profile=profile,
         recipe=recipe, stages=stage_records, model=model, tokenizer=loaded.tokenizer,

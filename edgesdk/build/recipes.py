@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from edgesdk.build.registry import check_order, make_config
 from edgesdk.errors import BuildError
@@ -25,11 +25,18 @@ class ExportSection(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     form: Literal["standard", "ort-fused"] = "standard"
     weights: Literal["fp32", "int8", "int4"] = "fp32"
-    block_size: int = 32
+    block_size: int = Field(32, ge=16, le=4096)  # a power of two (checked below)
     embedding_bits: Literal[4, 8] | None = None  # tied embedding / LM head; None = as the layers
     sparse: bool = False  # also store block-compressed INT8 weights and AOT kernels (triton backend)
     sparse_layout: Literal["plain", "transposed"] = "plain"  # intra-block order of the stored blocks
     weights_codec: Literal["none", "zlib"] = "none"  # zlib: entropy-coded weights file (ort-fused form only)
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError(f"block_size must be a power of two (16, 32, 64 ...), got {value}")
+        return value
 
 
 class Recipe(BaseModel):
@@ -48,7 +55,12 @@ class Recipe(BaseModel):
             if not sep or not dot or not field_name:
                 raise BuildError(f"override '{item}' is not of the form stage.field=value",
                                  "write e.g. --set prune.ffn_ratio=0.4 or --set export.weights=int4")
-            value = yaml.safe_load(raw)
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError as exc:
+                raise BuildError(f"override '{item}': the value {raw!r} is not valid YAML "
+                                 f"({str(exc).splitlines()[0]})", "quote it, e.g. --set 'stage.field=\"text\"'") \
+                    from exc
             if section == "export":
                 data["export"][field_name] = value
                 continue
@@ -94,7 +106,11 @@ def load_recipe(name_or_path: str) -> Recipe:
         path = Path(name_or_path)
         if not path.is_file():
             raise BuildError(f"recipe file {path} does not exist", "pass a shipped recipe name or a YAML path")
-        text, source = path.read_text(encoding="utf-8"), str(path)
+        try:
+            text, source = path.read_text(encoding="utf-8"), str(path)
+        except UnicodeDecodeError as exc:
+            raise BuildError(f"recipe file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                             "save it as UTF-8") from exc
     else:
         if name_or_path not in shipped_recipes():
             raise BuildError(f"unknown recipe '{name_or_path}'; shipped: {', '.join(shipped_recipes())}",

@@ -25,6 +25,33 @@ class DataConfig:
     generated_tokens: int = 256  # length of each teacher continuation
     seed: int = 0  # shuffling and prompt choice
 
+    def __post_init__(self):
+        for name in ("skip_chars", "generated_sequences", "generated_tokens"):
+            if getattr(self, name) < 0:
+                raise BuildError(f"data setting {name} is {getattr(self, name)}; it must be >= 0",
+                                 "pass 0 or a positive number (--data-skip-chars, --generated-sequences)")
+
+    def check_files(self) -> None:
+        """Every --data file exists, is UTF-8 text and keeps text after the skipped characters; checked
+        before the model loads, so a typo costs seconds, not a model load."""
+        for name in self.files:
+            read_training_text(Path(name), self.skip_chars)
+
+
+def read_training_text(path: Path, skip_chars: int = 0) -> str:
+    """A --data file's text after its first ``skip_chars`` characters, or a BuildError naming the problem."""
+    if not path.is_file():
+        raise BuildError(f"training text {path} does not exist", "pass an existing plain-text file to --data")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise BuildError(f"training text {path} is not UTF-8 ({exc.reason} at byte {exc.start})",
+                         f"convert it first, e.g. iconv -f latin1 -t utf-8 {path} > {path}.utf8") from exc
+    if not text[skip_chars:].strip():
+        raise BuildError(f"training text {path} is empty after skipping {skip_chars} characters",
+                         "pass a longer file or a smaller --data-skip-chars")
+    return text[skip_chars:]
+
 
 class TokenData:
     """A pool of token ids to cut (batch, length) training blocks from."""
@@ -37,13 +64,7 @@ class TokenData:
     def load(cls, config: DataConfig, tokenizer, teacher=None, progress: bool = False) -> TokenData:
         pieces: list[torch.Tensor] = []
         for name in config.files:
-            path = Path(name)
-            if not path.is_file():
-                raise BuildError(f"training text {path} does not exist", "pass an existing plain-text file to --data")
-            text = path.read_text(encoding="utf-8", errors="replace")[config.skip_chars:]
-            if not text.strip():
-                raise BuildError(f"training text {path} is empty after skipping {config.skip_chars} characters",
-                                 "pass a longer file or a smaller --data-skip-chars")
+            text = read_training_text(Path(name), config.skip_chars)
             pieces.append(torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long))
         generated = 0
         if config.generated_sequences and teacher is not None:
@@ -70,7 +91,7 @@ def heldout_text(config: DataConfig, limit: int = 40_000) -> str:
     """The first ``min(skip_chars, limit)`` characters of the first file: text never trained on."""
     if not config.files or config.skip_chars <= 0:
         return ""
-    return Path(config.files[0]).read_text(encoding="utf-8", errors="replace")[: min(config.skip_chars, limit)]
+    return Path(config.files[0]).read_text(encoding="utf-8")[: min(config.skip_chars, limit)]
 
 
 PROMPTS = (

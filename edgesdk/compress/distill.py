@@ -32,7 +32,7 @@ from edgesdk.compress.losses import (
 )
 from edgesdk.compress.measure import stage_metrics
 from edgesdk.compress.structure import layer_records
-from edgesdk.compress.train import LoopSettings, run_training
+from edgesdk.compress.train import LoopSettings, check_optimiser_settings, run_training
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class DistillConfig:
             raise ValueError("steps >= 0, batch_size >= 1 and sequence_length >= 2 are required")
         if self.logits_weight < 0 or self.attention_weight < 0:
             raise ValueError("loss weights must be >= 0")
+        check_optimiser_settings(self.lr, self.temperature)
 
 
 def _use_eager_attention(model) -> None:

@@ -53,6 +53,8 @@ class PruneConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0.0 < self.min_ffn_keep <= 1.0:
             raise ValueError(f"min_ffn_keep must be in (0, 1], got {self.min_ffn_keep}")
+        if self.ffn_multiple < 1:
+            raise ValueError(f"ffn_multiple must be >= 1, got {self.ffn_multiple}")
 
 
 def fisher_diagonal(model, batches: list[torch.Tensor], progress: bool = False) -> dict[str, torch.Tensor]:

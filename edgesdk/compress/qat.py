@@ -25,7 +25,7 @@ from edgesdk.compress import fake_quant
 from edgesdk.compress.losses import logits_kl
 from edgesdk.compress.measure import stage_metrics
 from edgesdk.compress.mixed_precision import eight_bit_linears
-from edgesdk.compress.train import LoopSettings, run_training
+from edgesdk.compress.train import LoopSettings, check_optimiser_settings, run_training
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class QATConfig:
 
     def __post_init__(self):
         self.scheme()  # validates the quantization fields
+        check_optimiser_settings(self.lr, self.temperature)
         if self.steps < 0 or self.batch_size < 1 or self.sequence_length < 2:
             raise ValueError("steps >= 0, batch_size >= 1 and sequence_length >= 2 are required")
         if not 0.0 <= self.eight_bit_fraction <= 1.0:

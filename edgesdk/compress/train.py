@@ -22,6 +22,13 @@ class LoopSettings:
     warmup_fraction: float = 0.05
 
 
+def check_optimiser_settings(lr: float, temperature: float) -> None:
+    """A learning rate and a distillation temperature that train at all: positive and finite."""
+    for name, value in (("lr", lr), ("temperature", temperature)):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive finite number, got {value}")
+
+
 def gradient_scale(step: int) -> float:
     """The seed's schedule (§2.3). Under Adam a common gradient factor cancels in m / sqrt(v)
     (up to epsilon and clipping), so it acts only through those: its effect is measured, not assumed."""

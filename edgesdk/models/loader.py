@@ -7,6 +7,7 @@ weights to float32. Only decoder architectures the ONNX exporter knows are accep
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from edgesdk.errors import ModelSourceError
@@ -62,12 +63,42 @@ def check_architecture(config: Any, where: str) -> None:
         )
 
 
+def check_gguf_model(path: Path) -> None:
+    """Refuse a GGUF that holds no whole model (a LoRA adapter, metadata only) before transformers
+    reads it: for a file without its architecture's sizes it falls back to 7B defaults and fills
+    the memory with a model of random weights."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # gguf raises ValueError and struct errors for damaged files
+        raise ModelSourceError(f"cannot read the GGUF file {path}: {type(exc).__name__}: {exc}",
+                               "check that the file is complete (compare its size and sha256 with the source)") \
+            from exc
+
+    def field(key: str):
+        found = reader.fields.get(key)
+        return None if found is None else found.contents()
+
+    kind, arch = field("general.type"), field("general.architecture")
+    tensors = {tensor.name for tensor in reader.tensors}
+    missing = [key for key in (f"{arch}.block_count", f"{arch}.embedding_length") if field(key) is None]
+    if kind == "adapter" or arch is None or missing or "token_embd.weight" not in tensors:
+        what = ("a LoRA adapter" if kind == "adapter" else
+                f"no whole model (architecture {arch!r}, {len(tensors)} tensors"
+                + (f", no {', '.join(missing)}" if missing else "")
+                + (", no token_embd.weight" if "token_embd.weight" not in tensors else "") + ")")
+        raise ModelSourceError(f"the GGUF file {path} holds {what}",
+                               "pass the GGUF of a whole model (an adapter must be merged into its base model first)")
+
+
 def load_model(source: ModelSource) -> LoadedModel:
     """Load weights and tokenizer of a resolved source as float32 on the CPU."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if source.kind == "gguf":
+        check_gguf_model(source.path)
         location, kwargs = str(source.path.parent), {"gguf_file": source.path.name}
     else:
         location, kwargs = str(source.path), {}

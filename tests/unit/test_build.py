@@ -139,3 +139,88 @@ def test_bad_order_fails_before_loading_anything(test_stages, tmp_path):
 def test_recipe_model_roundtrip():
     recipe = Recipe(name="x", stages=())
     assert Recipe.model_validate(recipe.model_dump()) == recipe
+
+
+def test_resume_refuses_a_build_whose_training_text_changed(test_stages, tiny_model_dir, tmp_path, monkeypatch):
+    """Same file name, other content: the checkpoints were trained on the old text."""
+    import edgesdk.build.pipeline as pipeline
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.compress.data import DataConfig
+    from edgesdk.export.onnx_export import ExportConfig
+
+    recipe = tmp_path / "one.yaml"
+    recipe.write_text("name: one\nstages:\n  - stage: first\n")
+    text = tmp_path / "train.txt"
+    text.write_text("the first training text\n")
+
+    def run(resume=False):
+        return build(BuildConfig(target="host", model=str(tiny_model_dir), out=tmp_path / "b", recipe=str(recipe),
+                                 data=DataConfig(files=(str(text),)), export=ExportConfig(max_context=64),
+                                 resume=resume, progress=False))
+
+    monkeypatch.setattr(pipeline, "export_model", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    monkeypatch.undo()
+    text.write_text("another training text, longer than the first\n")
+    with pytest.raises(BuildError, match="belongs to a different build"):
+        run(resume=True)
+
+
+@pytest.mark.parametrize(("content", "match"), [
+    (None, "does not exist"),
+    ("caf\u00e9\n".encode("latin-1") * 50, "is not UTF-8"),
+    (b"short", "is empty after skipping 100 characters"),
+], ids=["missing", "latin-1", "too-short"])
+def test_training_text_is_checked_before_the_model_loads(test_stages, tmp_path, content, match):
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.compress.data import DataConfig
+
+    recipe = tmp_path / "one.yaml"
+    recipe.write_text("name: one\nstages:\n  - stage: first\n")
+    text = tmp_path / "train.txt"
+    if content is not None:
+        text.write_bytes(content)
+    with pytest.raises(BuildError, match=match) as info:  # the model path does not exist: this check comes first
+        build(BuildConfig(target="host", model=str(tmp_path / "no-model"), out=tmp_path / "b", recipe=str(recipe),
+                          data=DataConfig(files=(str(text),), skip_chars=100), progress=False))
+    assert info.value.fix
+
+
+@pytest.mark.parametrize("kind", ["user-directory", "file"])
+def test_an_output_path_that_is_not_a_bundle_is_left_alone(tiny_model_dir, tmp_path, kind):
+    from edgesdk.errors import BundleError
+
+    out = tmp_path / "mine"
+    if kind == "file":
+        out.write_text("precious\n")
+    else:
+        out.mkdir()
+        (out / "important.txt").write_text("precious\n")
+    with pytest.raises(BundleError, match="not a bundle|is a file"):
+        _build(tiny_model_dir, out, "fp32-fused")
+    assert (out / "important.txt" if kind != "file" else out).read_text() == "precious\n"
+    assert not (tmp_path / "mine.build").exists()
+
+
+def test_recipe_overrides_with_bad_yaml_or_values_are_build_errors():
+    recipe = load_recipe("fp32-fused")
+    with pytest.raises(BuildError, match=r"override 'export.weights=\[int4': the value .* is not valid YAML"):
+        recipe.with_overrides(["export.weights=[int4"])
+    with pytest.raises(BuildError, match="block_size must be a power of two"):
+        recipe.with_overrides(["export.block_size=48"]).validated()
+    with pytest.raises(BuildError, match="temperature must be a positive finite number"):
+        load_recipe("int4-prune").with_overrides(["distill.temperature=0"]).validated()
+    with pytest.raises(BuildError, match="ffn_multiple must be >= 1"):
+        load_recipe("int4-prune").with_overrides(["prune.ffn_multiple=0"]).validated()
+
+
+def test_the_recipe_named_default_is_the_shipped_one_and_no_recipe_is_the_targets(tiny_model_dir, tmp_path):
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
+
+    plain = build(BuildConfig(target="host", model=str(tiny_model_dir), out=tmp_path / "a",
+                              export=ExportConfig(max_context=64), progress=False))
+    assert plain.manifest["recipe"]["name"] == "fp32-fused"  # host.yaml's default_recipe
+    assert load_recipe("default").name != "fp32-fused"
+    assert plain.manifest["model"]["before"]["source"] == str(tiny_model_dir.resolve())

@@ -141,9 +141,23 @@ def test_load_truncated_or_garbage_gguf_raises_model_source_error(tmp_path, case
     file = tmp_path / "broken.gguf"
     file.write_bytes(BAD_GGUF[case])
     source = resolve_model(str(file))  # the magic is right, so resolution accepts it
-    with pytest.raises(ModelSourceError, match=r"cannot read the model config of .*broken\.gguf: \w+") as info:
+    with pytest.raises(ModelSourceError, match=r"(cannot read the GGUF file|the GGUF file) .*broken\.gguf") as info:
         load_model(source)
-    assert "complete, uncorrupted GGUF" in info.value.fix
+    assert "complete" in info.value.fix or "whole model" in info.value.fix
+
+
+def test_a_gguf_without_model_tensors_is_refused_before_transformers_reads_it(tmp_path):
+    """transformers takes 7B defaults for a GGUF without its sizes and fills the memory."""
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "meta.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelSourceError, match="holds no whole model .*no llama.block_count") as info:
+        load_model(resolve_model(str(path)))
+    assert "whole model" in info.value.fix
 
 
 def test_load_unsupported_architecture_names_it(tmp_path):
