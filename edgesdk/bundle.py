@@ -143,6 +143,10 @@ def read_manifest(path: Path) -> dict:
         raise BundleError(f"bundle {path} is a file, not a bundle directory",
                           f"if it is an archive made by 'edgesdk pack', unpack it first: edgesdk unpack {path} DIR")
     if not path.is_dir():
+        left = path.with_name(f".{path.name}.old")
+        if left.is_dir():  # a write killed between its two renames (BundleWriter.commit)
+            raise BundleError(f"bundle {path} does not exist, but {left} holds the bundle that was there before an "
+                              "interrupted write", f"rename it back (mv {left} {path}) or build again")
         raise BundleError(f"bundle {path} does not exist or is not a directory",
                           "pass the directory written by 'edgesdk build' (or unpacked by 'edgesdk unpack')")
     manifest_path, digest_path = path / MANIFEST, path / MANIFEST_DIGEST

@@ -238,6 +238,14 @@ def test_path_that_does_not_exist_is_refused(tmp_path):
     refused(tmp_path / "no-such-bundle", r"no-such-bundle does not exist or is not a directory")
 
 
+def test_a_bundle_left_aside_by_an_interrupted_write_is_pointed_out(tiny_bundle, tmp_path):
+    path = copy_bundle(tiny_bundle, tmp_path)
+    aside = path.with_name(f".{path.name}.old")
+    path.rename(aside)
+    error = refused(path, r"holds the bundle that was there before an interrupted write")
+    assert f"mv {aside} {path}" in error.fix
+
+
 def test_file_instead_of_directory_is_refused(tmp_path):
     file = tmp_path / "bundle.tar"
     file.write_bytes(b"x")
