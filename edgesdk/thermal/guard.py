@@ -68,24 +68,80 @@ class Limits:
 
     @classmethod
     def resolve(cls, limits: ThermalLimits, trips: Sequence[Trip] = ()) -> tuple[Limits, list[str]]:
-        """The profile's limits, lowered when the board's passive/hot trip is below its throttle point.
+        """The profile's limits, lowered so that they sit below the board's real trip points.
 
-        Active (fan) trips are ignored; the lowest critical trip caps the shutdown point.
+        * passive/hot trip below the profile's throttle point: it becomes the throttle point;
+        * lowest critical trip: the shutdown point is never above it, and the throttle point stays
+          :func:`critical_margin` below it;
+        * resume, soft and hard limits move down by the same shift as the throttle point, so the
+          profile's spacing between them is kept.
+
+        Active (fan) trips are ignored, and so are trips at or below 0 °C (unset: x86_pkg_temp
+        exposes such) and trips below the profile's resume point (not a plausible limit); the notes
+        name each one.
         """
-        notes = []
-        throttle, shutdown, shift = limits.firmware_throttle_c, limits.shutdown_c, 0.0
-        passive = [t.temp_c for t in trips if t.kind in ("passive", "hot")]
-        critical = [t.temp_c for t in trips if t.kind == "critical"]
-        if passive and min(passive) < throttle:
-            shift = throttle - min(passive)
-            throttle = min(passive)
-            notes.append(f"board throttle trip {throttle:g} °C is below the profile's "
-                         f"{limits.firmware_throttle_c:g} °C: guard limits lowered by {shift:g} °C")
-        if critical and min(critical) < shutdown:
-            shutdown = min(critical)
-            notes.append(f"board critical trip {shutdown:g} °C is below the profile's {limits.shutdown_c:g} °C")
+        usable, notes = _usable_trips(limits, trips)
+        passive = [t for t in usable if t.kind in ("passive", "hot")]
+        critical = [t for t in usable if t.kind == "critical"]
+        throttle, throttle_notes = _throttle_point(limits, passive, critical)
+        shutdown, shutdown_notes = _shutdown_point(limits, critical)
+        shift = limits.firmware_throttle_c - throttle
+        if shift > 0:
+            notes += [f"{note}: guard limits lowered by {shift:g} °C" for note in throttle_notes]
+        notes += shutdown_notes
         return cls(limits.resume_c - shift, limits.soft_limit_c - shift, limits.hard_limit_c - shift,
-                   throttle, max(shutdown, throttle + 0.1)), notes
+                   throttle, shutdown), notes
+
+
+def _trip_name(trip: Trip) -> str:
+    return f"board {trip.kind} trip {trip.zone}[{trip.index}] {trip.temp_c:g} °C"
+
+
+def _usable_trips(limits: ThermalLimits, trips: Sequence[Trip]) -> tuple[list[Trip], list[str]]:
+    """The passive/hot/critical trips that can be limits, and a note for each one left out."""
+    usable, notes = [], []
+    for trip in trips:
+        if trip.kind not in ("passive", "hot", "critical"):
+            continue
+        if trip.temp_c <= 0:
+            notes.append(f"{_trip_name(trip)} ignored: a trip at or below 0 °C is unset")
+        elif trip.temp_c < limits.resume_c:
+            notes.append(f"{_trip_name(trip)} ignored: below the profile's resume point {limits.resume_c:g} °C, "
+                         "not a plausible limit")
+        else:
+            usable.append(trip)
+    return usable, notes
+
+
+def critical_margin(limits: ThermalLimits) -> float:
+    """How far the throttle point stays below a critical trip: the profile's throttle-to-shutdown
+    spacing, but no more than its hard-to-throttle spacing (some profiles' shutdown points are loose
+    estimates: rpi5 puts 30 °C between throttle and shutdown, 2 °C between hard limit and throttle)."""
+    return min(limits.shutdown_c - limits.firmware_throttle_c, limits.firmware_throttle_c - limits.hard_limit_c)
+
+
+def _throttle_point(limits: ThermalLimits, passive: Sequence[Trip],
+                    critical: Sequence[Trip]) -> tuple[float, list[str]]:
+    """The effective throttle point and a note naming the trip that lowered it (if one did)."""
+    spacing = critical_margin(limits)
+    candidates = [(limits.firmware_throttle_c, "")]
+    candidates += [(t.temp_c, f"{_trip_name(t)} is below the profile's throttle point "
+                              f"{limits.firmware_throttle_c:g} °C") for t in passive]
+    candidates += [(t.temp_c - spacing, f"{_trip_name(t)} is below the profile's shutdown point "
+                                        f"{limits.shutdown_c:g} °C; the throttle point stays "
+                                        f"{spacing:g} °C below it, at {t.temp_c - spacing:g} °C") for t in critical]
+    throttle, reason = min(candidates, key=lambda candidate: candidate[0])
+    return throttle, [reason] if reason else []
+
+
+def _shutdown_point(limits: ThermalLimits, critical: Sequence[Trip]) -> tuple[float, list[str]]:
+    """The profile's shutdown point, never above the board's lowest critical trip."""
+    if not critical:
+        return limits.shutdown_c, []
+    lowest = min(critical, key=lambda trip: trip.temp_c)
+    if lowest.temp_c >= limits.shutdown_c:
+        return limits.shutdown_c, []
+    return lowest.temp_c, [f"{_trip_name(lowest)} is the shutdown point (the profile's is {limits.shutdown_c:g} °C)"]
 
 
 CLOCK_CAP_RATIO = 0.625  # Raspberry Pi 5's lowest operating point, 1.5 of 2.4 GHz (thermal/simulator.py)

@@ -223,8 +223,38 @@ def test_board_trip_points_lower_the_limits():
     limits, notes = Limits.resolve(PROFILE.thermal, trips)
     assert (limits.resume_c, limits.soft_c, limits.hard_c, limits.throttle_c, limits.shutdown_c) == (66, 71, 74, 76, 100)
     assert len(notes) == 2
+    assert "cpu-thermal[1] 76 °C" in notes[0]
     assert "lowered by 4" in notes[0]
     same, notes = Limits.resolve(PROFILE.thermal, [Trip("cpu-thermal", 0, "critical", 110.0),
                                                    Trip("cpu-thermal", 1, "active", 60.0)])
     assert (same.soft_c, same.throttle_c, same.shutdown_c) == (75, 80, 110)
     assert notes == []
+
+
+def test_a_critical_trip_below_the_throttle_point_lowers_every_limit():
+    """Orin Nano profile: throttle 99, shutdown 104.5 (5.5 °C apart). A board whose critical trip is
+    88 °C shuts down below the profile's hard limit: every limit moves down under it."""
+    orin = get_profile("orin-nano-8gb").thermal
+    limits, notes = Limits.resolve(orin, [Trip("cpu-thermal", 0, "critical", 88.0)])
+    assert limits.shutdown_c == 88.0
+    assert limits.throttle_c == pytest.approx(82.5)  # the profile's 5.5 °C below the board's trip
+    assert (limits.resume_c, limits.soft_c, limits.hard_c) == pytest.approx((63.5, 68.5, 73.5))  # moved by 16.5
+    assert limits.hard_c < limits.throttle_c < limits.shutdown_c
+    assert any("critical trip cpu-thermal[0] 88 °C" in note and "lowered by 16.5" in note for note in notes)
+    guard = Guard(limits, get_profile("orin-nano-8gb").thermal_model)
+    assert guard.thresholds[Level.CRITICAL] < 88.0
+
+
+def test_unset_and_implausible_trips_are_ignored_with_a_note(tmp_path):
+    """x86_pkg_temp exposes unset passive trips as 0 m°C; the host profile watches it."""
+    from edgesdk.thermal.sensors import detect_sensors
+
+    make_zone(tmp_path, 0, "x86_pkg_temp", "45000\n", trips=[("passive", 0, None), ("passive", 0, None)])
+    make_zone(tmp_path, 1, "acpitz", "40000\n", trips=[("hot", 30000, None), ("critical", 115000, None)])
+    host = get_profile("host")
+    _, trips, _ = detect_sensors(host.thermal.zones, tmp_path, which=lambda name: None, use_jtop=False)
+    limits, notes = Limits.resolve(host.thermal, trips)
+    profile_limits, _ = Limits.resolve(host.thermal)
+    assert limits == profile_limits
+    assert sum("x86_pkg_temp[" in note and "0 °C ignored" in note for note in notes) == 2
+    assert any("acpitz[0] 30 °C ignored" in note and "resume point 75 °C" in note for note in notes)
