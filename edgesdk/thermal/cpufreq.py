@@ -16,8 +16,9 @@ token taking about 1.3x as long.
 
 Rules, so the cap never fights the board's own tools and is never left behind:
 
-* the ceiling found at start is the board's (nvpmodel, jetson_clocks or the user may have set it);
-  the cap never raises it and gives it back exactly;
+* the ceiling in ``scaling_max_freq`` when a cap begins is the board's (nvpmodel, jetson_clocks or
+  the user may have set it, and may change it between caps): it is re-read before every new cap,
+  the cap never writes a value above the one in the file, and gives that ceiling back exactly;
 * a policy whose ``scaling_min_freq`` is pinned above the wanted clock (jetson_clocks pins the
   minimum to the maximum) is left alone;
 * if someone else writes the ceiling while it is capped, that value wins: the cap stops touching
@@ -59,18 +60,33 @@ def _read_list(path: Path) -> list[int]:
 
 @dataclass
 class Policy:
-    """One cpufreq policy: its directory, the ceiling found at start and the frequencies it offers."""
+    """One cpufreq policy: its directory, the board's ceiling and the frequencies it offers."""
 
     path: Path
-    ceiling_khz: int  # scaling_max_freq at start: the board's ceiling, never raised
-    floor_khz: int  # scaling_min_freq at start
-    frequencies: list[int]  # offered frequencies up to the ceiling (kHz, ascending)
+    ceiling_khz: int  # scaling_max_freq when the current (or next) cap began: the board's, never raised
+    floor_khz: int  # scaling_min_freq then
+    offered: list[int]  # scaling_available_frequencies (kHz, ascending); [] for drivers without a table
+    lowest_khz: int  # the hardware minimum (cpuinfo_min_freq), for drivers without a table
     written_khz: int | None = None  # what the cap last wrote (None: not capped)
     released: bool = False  # someone else changed the ceiling: hands off
 
     @property
     def max_file(self) -> Path:
         return self.path / "scaling_max_freq"
+
+    @property
+    def frequencies(self) -> list[int]:
+        """The frequencies the cap may pick, up to the ceiling (kHz, ascending)."""
+        if self.offered:
+            return [f for f in self.offered if f <= self.ceiling_khz]
+        return sorted({min(self.lowest_khz, self.ceiling_khz), self.ceiling_khz})
+
+    def rebase(self, ceiling_khz: int) -> None:
+        """A new cap begins: ``ceiling_khz`` (scaling_max_freq now) is the board's ceiling, and the
+        floor is re-read too (nvpmodel or the user may have changed both since the last cap)."""
+        self.ceiling_khz = ceiling_khz
+        floor = _read_khz(self.path / "scaling_min_freq")
+        self.floor_khz = self.floor_khz if floor is None else floor
 
     def target(self, ratio: float) -> int:
         """The lowest offered frequency at or above ``ratio`` x the ceiling (never below the floor)."""
@@ -114,11 +130,9 @@ class CpuFreqCap:
             if not os.access(path / "scaling_max_freq", os.W_OK):
                 skipped.append(f"{path.name}: scaling_max_freq not writable (run as root)")
                 continue
-            offered = _read_list(path / "scaling_available_frequencies")
-            if not offered:  # drivers without a table: anything between the hardware limits
-                low = _read_khz(path / "cpuinfo_min_freq") or floor or ceiling
-                offered = [low, ceiling]
-            self.policies.append(Policy(path, ceiling, floor or 0, [f for f in offered if f <= ceiling]))
+            offered = _read_list(path / "scaling_available_frequencies")  # [] for drivers without a table
+            lowest = _read_khz(path / "cpuinfo_min_freq") or floor or ceiling
+            self.policies.append(Policy(path, ceiling, floor or 0, offered, lowest))
         if not self.policies:
             self.reason = "; ".join(skipped)
 
@@ -138,24 +152,38 @@ class CpuFreqCap:
             return
         self.ratio = ratio
         for policy in self.policies:
-            if policy.released:
-                continue
-            current = _read_khz(policy.max_file)
-            if policy.written_khz is not None and current != policy.written_khz:
-                policy.released = True  # nvpmodel, jetson_clocks or the user changed it: theirs now
-                self._warn(f"{policy.path.name}: scaling_max_freq changed to {current} kHz by someone else; "
-                           "the clock cap leaves it alone")
-                continue
-            value = policy.ceiling_khz if ratio is None else policy.target(ratio)
-            if value != current:
-                try:
-                    policy.max_file.write_text(f"{value}\n")
-                except OSError as error:
-                    policy.released = True
-                    self._warn(f"{policy.path.name}: cannot write scaling_max_freq ({error}); the clock cap stops")
-                    continue
-            policy.written_khz = None if ratio is None else value
+            if not policy.released:
+                self._apply(policy, ratio)
         self._save_state()
+
+    def _apply(self, policy: Policy, ratio: float | None) -> None:
+        """Cap one policy at ``ratio`` of its ceiling, or give the ceiling back (``None``)."""
+        current = _read_khz(policy.max_file)
+        if current is None:
+            return  # unreadable now: no write that could raise it
+        if policy.written_khz is not None and current != policy.written_khz:
+            policy.released = True  # nvpmodel, jetson_clocks or the user changed it: theirs now
+            self._warn(f"{policy.path.name}: scaling_max_freq changed to {current} kHz by someone else; "
+                       "the clock cap leaves it alone")
+            return
+        if ratio is None and policy.written_khz is None:
+            return  # not capped: the ceiling in the file is the board's, whatever it is now
+        if policy.written_khz is None:
+            policy.rebase(current)  # a new cap: the ceiling as it is now, never the one of an earlier cap
+        value = policy.ceiling_khz if ratio is None else min(policy.target(ratio), policy.ceiling_khz)
+        if value != current and not self._write(policy, value):
+            return
+        policy.written_khz = None if ratio is None else value
+
+    def _write(self, policy: Policy, value: int) -> bool:
+        """Write ``value`` kHz to the policy's scaling_max_freq; on failure warn and stop capping it."""
+        try:
+            policy.max_file.write_text(f"{value}\n")
+        except OSError as error:
+            policy.released = True
+            self._warn(f"{policy.path.name}: cannot write scaling_max_freq ({error}); the clock cap stops")
+            return False
+        return True
 
     def close(self) -> None:
         """Give every ceiling back."""

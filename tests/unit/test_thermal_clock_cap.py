@@ -47,6 +47,28 @@ def test_cap_is_relative_to_the_ceiling_found_and_never_raises_it(tmp_path):
     assert ceiling(policy) == 2_000_000
 
 
+def test_a_ceiling_lowered_between_caps_is_the_new_ceiling_and_never_raised(tmp_path):
+    """nvpmodel (or the user) lowers the ceiling to 1.2 GHz while the cap is off: the next cap is
+    relative to 1.2 GHz, never above it, and its end gives 1.2 GHz back, not the 2.4 GHz of the first."""
+    table = [600_000 + 100_000 * i for i in range(19)]  # 0.6 to 2.4 GHz
+    policy = make_cpufreq_policy(tmp_path, 0, 2_400_000, 600_000, table)
+    cap = CpuFreqCap(tmp_path)
+    cap.set_ratio(CLOCK_CAP_RATIO)
+    assert ceiling(policy) == 1_500_000
+    cap.set_ratio(None)
+    assert ceiling(policy) == 2_400_000
+    (policy / "scaling_max_freq").write_text("1200000\n")
+    cap.set_ratio(CLOCK_CAP_RATIO)
+    assert ceiling(policy) == 800_000  # 0.625 x 1.2 GHz, next offered step up
+    cap.set_ratio(None)
+    assert ceiling(policy) == 1_200_000
+    (policy / "scaling_max_freq").write_text("700000\n")  # below what the cap would pick
+    cap.set_ratio(0.9)
+    assert ceiling(policy) == 700_000
+    cap.close()
+    assert ceiling(policy) == 700_000
+
+
 def test_pinned_minimum_is_left_alone(tmp_path):
     """jetson_clocks pins scaling_min_freq to the maximum: capping below it would fight it."""
     policy = make_cpufreq_policy(tmp_path, 0, 1_984_000, 1_984_000, [729_600, 1_190_400, 1_984_000])
