@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from edgesdk.thermal.plan import SimulatedRun
 
 
 def thermal_profile(bundle: Path | None, target: str | None):
@@ -24,6 +28,9 @@ def thermal_profile(bundle: Path | None, target: str | None):
     from edgesdk.bundle import read_manifest
 
     return TargetProfile.model_validate(read_manifest(bundle)["target"])
+
+
+POSITIVE = click.FloatRange(min=0, min_open=True)  # rates and durations: a 0 or negative one never ends a plan
 
 
 @click.group()
@@ -76,13 +83,15 @@ def sensors_cmd(target, root, as_json):
 @thermal.command("plan")
 @click.argument("bundle", type=click.Path(path_type=Path), required=False)
 @click.option("--target", help="Board profile to plan for [the bundle's target].")
-@click.option("--minutes", default=30.0, show_default=True, help="Simulated minutes.")
+@click.option("--minutes", default=30.0, show_default=True, type=POSITIVE, help="Simulated minutes.")
 @click.option("--ambient", type=float, help="Ambient temperature in °C [the profile's].")
-@click.option("--decode-tok-s", type=float, help="Board decode rate at full clock [0.3 x bandwidth / model bytes].")
-@click.option("--prefill-tok-s", type=float, help="Board prefill rate [4 x decode].")
-@click.option("--prompt-tokens", default=128, show_default=True)
-@click.option("--new-tokens", default=256, show_default=True)
-@click.option("--think-s", default=0.0, show_default=True, help="Idle seconds between requests.")
+@click.option("--decode-tok-s", type=POSITIVE,
+              help="Board decode rate at full clock [0.3 x bandwidth / model bytes].")
+@click.option("--prefill-tok-s", type=POSITIVE, help="Board prefill rate [4 x decode].")
+@click.option("--prompt-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--new-tokens", default=256, show_default=True, type=click.IntRange(min=1))
+@click.option("--think-s", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Idle seconds between requests.")
 @click.option("--telemetry-dir", type=click.Path(path_type=Path), help="Write both runs' JSONL here.")
 @click.option("--clock-cap", is_flag=True, help="The guarded run also caps the CPU clock while pacing "
                                                  "(as edgesdk run --clock-cap).")
@@ -111,9 +120,12 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
     config = GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO) if clock_cap else None
     runs = compare(profile, minutes, ambient, decode_tok_s, prefill_tok_s, workload, config,
                    telemetry_dir=str(telemetry_dir) if telemetry_dir else None)
+    guarded = runs["guarded"]
     result = {"profile": profile.name, "minutes": minutes, "ambient_c": ambient, "decode_tok_s": decode_tok_s,
               "decode_rate_source": how, "workload": workload.__dict__, "clock_cap": clock_cap,
-              **{name: run.summary.to_json() for name, run in runs.items()}}
+              **{name: run.summary.to_json() for name, run in runs.items()},
+              "guarded_paused_at_end": guarded.paused_at_end,
+              "notes": [paused_note(guarded)] if guarded.paused_at_end else []}
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -128,6 +140,16 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
     for title, key, fmt in rows:
         g, u = result["guarded"][key], result["unguarded"][key]
         click.echo(f"  {title:<28} {format(g, fmt):>10} {format(u, fmt):>10}")
+    for note in result["notes"]:
+        click.echo(f"note: {note}")
+
+
+def paused_note(run: SimulatedRun) -> str:
+    """Why the guarded plan ended paused: the board never cooled below the guard's resume point."""
+    resume = run.telemetry.meta["limits"]["resume_c"]
+    why = (f"at {run.board.ambient_c:g} °C ambient it idles at {run.idle_c:.1f} °C, above the guard's resume "
+           f"point {resume:g} °C" if run.idle_c >= resume else f"it had not cooled below {resume:g} °C yet")
+    return f"the guarded run was paused when the plan ended: the board never cooled below resume ({why})"
 
 
 @thermal.command("report")

@@ -18,7 +18,7 @@ from edgesdk.runtime.generate import SamplingConfig, generate
 from edgesdk.thermal.guard import Guard, GuardConfig, Limits
 from edgesdk.thermal.simulator import SimulatedBoard, SimulatedSensor, WorkModel
 from edgesdk.thermal.telemetry import RunSummary, Telemetry, summarize
-from edgesdk.thermal.watch import ThermalHook
+from edgesdk.thermal.watch import HorizonReached, ThermalHook
 
 # Memory-bound decode reaches ~60 % of the Pi 5's theoretical bandwidth (anchors: llama.cpp
 # TinyLlama Q8_0 at 9 tok/s ~ 62 % of 17 GB/s) and small models reach about half of that
@@ -73,6 +73,13 @@ class SimulatedRun:
     summary: RunSummary
     telemetry: Telemetry
     board: SimulatedBoard
+    paused_at_end: bool = False  # the guard still held generation back when the horizon came
+
+    @property
+    def idle_c(self) -> float:
+        """Where the simulated board settles when it does nothing."""
+        model = self.board.model
+        return self.board.ambient_c + model.resistance_c_per_w * model.idle_w
 
 
 def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: bool, decode_tok_s: float,
@@ -96,16 +103,20 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
             "workload": workload.__dict__}
     telemetry = Telemetry(telemetry_path, meta)
     clock_cap = board if guard is not None and guard.config.hot_clock_ratio else None
-    hook = ThermalHook(board, sensor.read, guard, board, telemetry, clock_cap=clock_cap)
     horizon = minutes * 60.0
+    hook = ThermalHook(board, sensor.read, guard, board, telemetry, clock_cap=clock_cap, horizon_s=horizon)
     decoder, sampling = _StubDecoder(), SamplingConfig(max_new_tokens=workload.new_tokens)
     prompt = [2] * workload.prompt_tokens
-    while board.t < horizon:
-        generate(decoder, prompt, sampling, stop_ids=set(), hook=hook)
-        if workload.think_s:
-            board.sleep(workload.think_s)
+    try:
+        while board.t < horizon:
+            generate(decoder, prompt, sampling, stop_ids=set(), hook=hook)
+            if workload.think_s:
+                board.sleep(workload.think_s)
+    except HorizonReached:
+        pass  # the guard was still waiting (a pause the board cannot cool out of) when time ran out
     telemetry.close()
-    return SimulatedRun(summarize(telemetry.records, horizon), telemetry, board)
+    paused = guard is not None and guard.paused
+    return SimulatedRun(summarize(telemetry.records, horizon), telemetry, board, paused)
 
 
 def compare(profile: TargetProfile, minutes: float, ambient_c: float, decode_tok_s: float,

@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from edgesdk.errors import EdgeSDKError
 from edgesdk.models.sources import cache_dir
 from edgesdk.profile import TargetProfile
 from edgesdk.thermal.cpufreq import CpuFreqCap, recover
@@ -17,18 +18,37 @@ from edgesdk.thermal.sensors import Poller, Reading, detect_sensors
 from edgesdk.thermal.simulator import RealClock, SimulatedBoard, SimulatedSensor, WorkModel
 from edgesdk.thermal.telemetry import StatusLine, Telemetry
 
+SETTLE_TIME_CONSTANTS = 5.0  # after 5 RC a cooling board is within 1 % of where it settles
+
+
+class HorizonReached(Exception):  # noqa: N818 (a stop signal, not an error)
+    """The simulated clock passed the hook's ``horizon_s`` while the guard held generation back."""
+
+
+class BoardNeverCooled(EdgeSDKError):
+    """The guard paused a simulated board that cannot cool below the resume point."""
+
+
+def settle_time_s(board: SimulatedBoard) -> float:
+    """Simulated seconds after which a paused board has cooled as far as it ever will."""
+    return SETTLE_TIME_CONSTANTS * board.model.resistance_c_per_w * board.model.capacity_j_per_c
+
 
 class ThermalHook:
     """A StepHook: reads the sensor around every step, lets the guard wait, records telemetry.
 
     ``clock`` is :class:`RealClock` on a board or the :class:`SimulatedBoard` itself, whose
-    ``sleep`` advances simulated time (and cools the board) instead of sleeping.
+    ``sleep`` advances simulated time (and cools the board) instead of sleeping. On a simulated
+    clock a wait never ends by itself when the board cannot cool, so two limits stop it:
+    ``horizon_s`` (clock time; :class:`HorizonReached`, for a plan's end) and ``max_pause_s``
+    (one continuous pause; :class:`BoardNeverCooled`).
     """
 
     def __init__(self, clock: object, read: Callable[[], Reading | None], guard: Guard | None = None,
                  board: SimulatedBoard | None = None, telemetry: Telemetry | None = None,
                  status: StatusLine | None = None, wait_record_s: float = 1.0,
-                 clock_cap: object | None = None):
+                 clock_cap: object | None = None, horizon_s: float | None = None,
+                 max_pause_s: float | None = None):
         self.clock = clock
         self.clock_cap = clock_cap  # set_ratio(ratio | None): CpuFreqCap on a board, the SimulatedBoard in a plan
         self.read = read
@@ -37,6 +57,9 @@ class ThermalHook:
         self.telemetry = telemetry
         self.status = status
         self.wait_record_s = wait_record_s
+        self.horizon_s = horizon_s
+        self.max_pause_s = max_pause_s
+        self._paused_since: float | None = None
         self.start = clock.now()
         self.prompt_tokens = 0
         self.reading: Reading | None = None
@@ -49,7 +72,23 @@ class ThermalHook:
             self.guard.observe(self.clock.now(), self.reading)
             if self.clock_cap is not None:
                 self.clock_cap.set_ratio(self.guard.clock_ratio)
+            self._paused_since = (self._paused_since if self._paused_since is not None else self.clock.now()
+                                  ) if self.guard.paused else None
         return self.reading
+
+    def _check_wait_limits(self) -> None:
+        """Stop a wait on a simulated clock at the horizon, or when the board has stopped cooling."""
+        now = self.clock.now()
+        if self.horizon_s is not None and now >= self.horizon_s:
+            raise HorizonReached(now)
+        if self.max_pause_s is None or self._paused_since is None or now - self._paused_since < self.max_pause_s:
+            return
+        temp = "unknown" if self.reading is None or self.reading.max_c is None else f"{self.reading.max_c:.1f} °C"
+        ambient = f" at {self.board.ambient_c:g} °C ambient" if self.board is not None else ""
+        raise BoardNeverCooled(
+            f"the simulated board never cooled below the guard's resume point {self.guard.limits.resume_c:g} °C: "
+            f"paused for {now - self._paused_since:.0f} simulated s{ambient}, still at {temp}",
+            "lower --ambient, or pick a --thermal-target whose limits suit a board this warm")
 
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
         self.prompt_tokens = prompt_tokens
@@ -72,6 +111,7 @@ class ThermalHook:
             if self.clock.now() - self._last_wait_record >= self.wait_record_s:
                 self._last_wait_record = self.clock.now()
                 self._record("wait", 0, 0.0, chunk)
+            self._check_wait_limits()
 
     def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
         count = self.prompt_tokens if kind == "prefill" else tokens
@@ -209,7 +249,8 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
             "ambient_c": board.ambient_c if board else None, "limits": limits.__dict__,
             "setpoint_c": the_guard.setpoint_c if the_guard else None}
     telemetry = Telemetry(telemetry_path, meta, keep=False) if telemetry_path else None
-    hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line, clock_cap=actuator)
+    hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line, clock_cap=actuator,
+                       max_pause_s=settle_time_s(board) if board is not None else None)
     return ThermalSession(hook, notes, poller, cpufreq)
 
 

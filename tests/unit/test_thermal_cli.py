@@ -217,6 +217,48 @@ def test_thermal_plan_needs_a_rate_or_a_bundle():
     assert "--decode-tok-s" in result.output
 
 
+def edgesdk_cli(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
+    """``edgesdk ARGS`` in a fresh interpreter, killed after ``timeout`` s (a run that never ends fails)."""
+    return subprocess.run([sys.executable, "-m", "edgesdk", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_thermal_plan_ends_when_the_guard_pauses_for_good():
+    """At 52 °C ambient a bare Pi 5 idles at 78.6 °C, above the 70 °C resume point: the guarded run
+    pauses for good, and the plan still ends at its horizon and says why."""
+    proc = edgesdk_cli("thermal", "plan", "--target", "rpi5", "--minutes", 1, "--ambient", 52,
+                       "--decode-tok-s", 8, "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["guarded_paused_at_end"] is True
+    assert plan["guarded"]["seconds"] == 60
+    assert "never cooled below resume" in plan["notes"][0]
+    assert "idles at 78.6 °C" in plan["notes"][0]
+    assert plan["unguarded"]["tokens"] > 0
+
+
+@pytest.mark.parametrize(("option", "value"), [("--decode-tok-s", 0), ("--decode-tok-s", -5), ("--minutes", 0),
+                                               ("--prefill-tok-s", 0), ("--new-tokens", 0), ("--prompt-tokens", -1)])
+def test_thermal_plan_refuses_rates_and_sizes_that_never_end(option, value):
+    args = {"--decode-tok-s": 8, "--minutes": 1, option: value}
+    result = invoke("thermal", "plan", "--target", "rpi5", *(x for item in args.items() for x in item))
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}'" in result.output
+
+
+def test_simulated_run_stops_when_the_board_never_cools(bundle, tmp_path):
+    """A simulated Pi 5 at 55 °C ambient idles at 81.6 °C, past the 78 °C hard limit: the guard pauses and
+    the board never cools below 70 °C. The run ends (it used to spin, writing telemetry) and says so."""
+    path = tmp_path / "sim.jsonl"
+    proc = edgesdk_cli("run", bundle, "--prompt", "hello", "-n", 4, "--raw", "--simulate-thermal",
+                       "--thermal-target", "rpi5", "--ambient", 55, "--telemetry", path)
+    assert proc.returncode == 1, proc.stderr
+    assert "never cooled below the guard's resume point 70 °C" in proc.stderr
+    assert "55 °C ambient" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert path.stat().st_size < 2_000_000
+
+
 def test_thermal_report_renders_a_png(tmp_path):
     out_dir = tmp_path / "tel"
     assert_ok(invoke("thermal", "plan", "--target", "rpi5", "--minutes", 4, "--ambient", 35, "--decode-tok-s", 35,
