@@ -32,7 +32,8 @@ class Telemetry:
         self._file: IO[str] | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "w", encoding="utf-8")  # closed in close()
+            # line-buffered: a killed run (SIGKILL, power cut) keeps every record it wrote
+            self._file = open(self.path, "w", encoding="utf-8", buffering=1)  # closed in close()
         self.meta = {"type": "meta", "version": 1, **(meta or {})}
         self._write(self.meta)
 
@@ -54,12 +55,15 @@ class Telemetry:
 
 
 def load(path: str | Path) -> tuple[dict, list[dict]]:
-    """(meta, step records) of a telemetry file; unparsable lines are skipped."""
+    """(meta, step records) of a telemetry file; unparsable lines, and lines that are not a JSON
+    object, are skipped (a killed run can leave a torn, even non-UTF-8, last line)."""
     meta, steps = {}, []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict):
             continue
         if record.get("type") == "meta":
             meta = record
