@@ -89,8 +89,9 @@ def _read_text(path: Path) -> str | None:
 class SysfsThermal:
     """Thermal zones under ``root`` (``/sys/class/thermal``), picked by their ``type``.
 
-    ``wanted`` are the profile's zone types; when none of them exists every zone is watched and
-    :attr:`notes` says so. Tests pass a temporary directory as ``root``.
+    ``wanted`` are the profile's zone types; every zone of a wanted type is watched, the second
+    and later zones of one type too (named ``type#N``). When none of them exists every zone is
+    watched and :attr:`notes` says so. Tests pass a temporary directory as ``root``.
     """
 
     def __init__(self, root: str | Path = "/sys/class/thermal", wanted: Sequence[str] = (),
@@ -99,7 +100,7 @@ class SysfsThermal:
         self.clock = clock
         self.notes: list[str] = []
         found = self.discover(self.root)
-        picked = {name: path for name, path in found.items() if name in wanted}
+        picked = {name: path for name, path in found.items() if zone_type(name) in wanted}
         if wanted and not picked and found:
             self.notes.append(f"none of the zones {list(wanted)} exist under {self.root}; "
                               f"watching all of {sorted(found)}")
@@ -145,6 +146,11 @@ class SysfsThermal:
                 hyst = parse_millidegree(hyst_text) if hyst_text is not None else None
                 trips.append(Trip(name, int(index_text), kind.strip(), temp, hyst or 0.0))
         return trips
+
+
+def zone_type(name: str) -> str:
+    """The sysfs ``type`` of a watched zone's name: ``acpitz#1`` (a second acpitz zone) -> ``acpitz``."""
+    return name.split("#", 1)[0]
 
 
 Runner = Callable[[list[str]], "str | None"]

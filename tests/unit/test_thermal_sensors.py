@@ -107,6 +107,18 @@ def test_zone_without_type_is_ignored_and_duplicates_are_numbered(tmp_path):
     assert set(SysfsThermal.discover(tmp_path)) == {"cpu-thermal", "cpu-thermal#2"}
 
 
+def test_every_zone_of_a_wanted_type_is_watched(tmp_path):
+    """Two acpitz zones (common on x86 laptops): the hotter second one is watched too."""
+    make_zone(tmp_path, 0, "acpitz", "40000\n", trips=[("critical", 105000, None)])
+    make_zone(tmp_path, 1, "acpitz", "97000\n", trips=[("critical", 100000, None)])
+    make_zone(tmp_path, 2, "iwlwifi_1", "30000\n")
+    sysfs = SysfsThermal(tmp_path, ["x86_pkg_temp", "acpitz"])
+    assert list(sysfs.zones) == ["acpitz", "acpitz#1"]
+    assert sysfs.read().max_c == 97.0
+    assert sysfs.notes == []
+    assert {(t.zone, t.temp_c) for t in sysfs.trips()} == {("acpitz", 105.0), ("acpitz#1", 100.0)}
+
+
 def test_no_zones_at_all(tmp_path):
     sysfs = SysfsThermal(tmp_path / "missing", ["cpu-thermal"])
     assert not sysfs
