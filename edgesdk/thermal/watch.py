@@ -204,54 +204,83 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
     simulated board's clock with ``simulate``); ``cpufreq_root`` (or ``$EDGESDK_CPUFREQ_ROOT``) is
     the file-system root holding ``sys/devices/system/cpu/cpufreq``.
     """
-    notes: list[str] = []
-    status_line = StatusLine() if status else None
-    say = status_line.warn if status_line is not None else (warn or notes.append)
-    board, poller = None, None
-    if simulate:
-        board = SimulatedBoard.from_profile(profile, ambient_c, work=WorkModel(speed=sim_speed))
-        sensor = SimulatedSensor(board, profile.thermal.zones[0])
-        trips = sensor.trips(profile, sensor.zone)
-        read, clock = sensor.read, board
-        notes.append(f"simulated {profile.name} board: ambient {board.ambient_c:g} °C, thermal model "
-                     f"R={profile.thermal_model.resistance_c_per_w:g} °C/W, C={profile.thermal_model.capacity_j_per_c:g} "
-                     f"J/°C; measured step times x{sim_speed:g}")
-    else:
-        # EDGESDK_THERMAL_ROOT points the sysfs reader at another tree (tests, containers with /sys mounted elsewhere)
-        root = sysfs_root or os.environ.get("EDGESDK_THERMAL_ROOT", "/sys/class/thermal")
-        sensor, trips, found = detect_sensors(profile.thermal.zones, root)
-        notes += found
-        clock = RealClock()
-        if sensor is None:
-            notes.append("no thermal sensor found (no sysfs zone, no vcgencmd, no jetson-stats): "
-                         + ("the guard paces at a conservative fixed rate" if guard else "telemetry has no temperature"))
-            read = lambda: None  # noqa: E731
+    opened: list[object] = []  # closed again, newest first, when a later step fails
+    try:
+        notes: list[str] = []
+        status_line = _opened(StatusLine() if status else None, opened)
+        say = status_line.warn if status_line is not None else (warn or notes.append)
+        board, poller = None, None
+        if simulate:
+            board = SimulatedBoard.from_profile(profile, ambient_c, work=WorkModel(speed=sim_speed))
+            sensor = SimulatedSensor(board, profile.thermal.zones[0])
+            trips = sensor.trips(profile, sensor.zone)
+            read, clock = sensor.read, board
+            notes.append(f"simulated {profile.name} board: ambient {board.ambient_c:g} °C, thermal model "
+                         f"R={profile.thermal_model.resistance_c_per_w:g} °C/W, C={profile.thermal_model.capacity_j_per_c:g} "
+                         f"J/°C; measured step times x{sim_speed:g}")
         else:
-            poller = Poller(sensor, (config or GuardConfig()).poll_s).start()
-            read = lambda: poller.latest  # noqa: E731
-            notes.append(f"thermal sensors: {sensor.source}")
-    actuator, cpufreq = _clock_cap(clock_cap and guard, board, cpufreq_root, notes, say)
-    if clock_cap and not guard:
-        notes.append("--clock-cap does nothing without the guard")
-    if actuator is not None:
-        config = replace(config or GuardConfig(), hot_clock_ratio=CLOCK_CAP_RATIO)
-        notes.append(f"while pacing, the CPU clock is capped at {CLOCK_CAP_RATIO:.1%} of its maximum")
-    limits, limit_notes = Limits.resolve(profile.thermal, trips)
-    notes += limit_notes
-    the_guard = None
-    if guard:
-        the_guard = Guard(limits, profile.thermal_model, config, budget_target, warn=say)
-        notes.append(f"guard ({profile.name}): warm {the_guard.thresholds[Level.WARM]:g} °C, "
-                     f"pacing to {the_guard.setpoint_c:g} °C from {the_guard.thresholds[Level.HOT]:g} °C, "
-                     f"pause at {limits.hard_c:g} °C until below {limits.resume_c:g} °C; "
-                     f"compute budget {'via the power gate' if the_guard.budget_target else 'not adjustable (no power gate)'}")
-    meta = {"profile": profile.name, "mode": "simulated" if simulate else "board", "guarded": guard,
-            "ambient_c": board.ambient_c if board else None, "limits": limits.__dict__,
-            "setpoint_c": the_guard.setpoint_c if the_guard else None}
-    telemetry = Telemetry(telemetry_path, meta, keep=False) if telemetry_path else None
-    hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line, clock_cap=actuator,
-                       max_pause_s=settle_time_s(board) if board is not None else None)
-    return ThermalSession(hook, notes, poller, cpufreq)
+            # EDGESDK_THERMAL_ROOT points the sysfs reader at another tree (tests, containers with /sys mounted elsewhere)
+            root = sysfs_root or os.environ.get("EDGESDK_THERMAL_ROOT", "/sys/class/thermal")
+            sensor, trips, found = detect_sensors(profile.thermal.zones, root)
+            notes += found
+            clock = RealClock()
+            if sensor is None:
+                notes.append("no thermal sensor found (no sysfs zone, no vcgencmd, no jetson-stats): "
+                             + ("the guard paces at a conservative fixed rate" if guard else "telemetry has no temperature"))
+                read = lambda: None  # noqa: E731
+            else:
+                poller = _opened(Poller(sensor, (config or GuardConfig()).poll_s).start(), opened)
+                read = lambda: poller.latest  # noqa: E731
+                notes.append(f"thermal sensors: {sensor.source}")
+        actuator, cpufreq = _clock_cap(clock_cap and guard, board, cpufreq_root, notes, say)
+        _opened(cpufreq, opened)
+        if clock_cap and not guard:
+            notes.append("--clock-cap does nothing without the guard")
+        if actuator is not None:
+            config = replace(config or GuardConfig(), hot_clock_ratio=CLOCK_CAP_RATIO)
+            notes.append(f"while pacing, the CPU clock is capped at {CLOCK_CAP_RATIO:.1%} of its maximum")
+        limits, limit_notes = Limits.resolve(profile.thermal, trips)
+        notes += limit_notes
+        the_guard = None
+        if guard:
+            the_guard = Guard(limits, profile.thermal_model, config, budget_target, warn=say)
+            notes.append(f"guard ({profile.name}): warm {the_guard.thresholds[Level.WARM]:g} °C, "
+                         f"pacing to {the_guard.setpoint_c:g} °C from {the_guard.thresholds[Level.HOT]:g} °C, "
+                         f"pause at {limits.hard_c:g} °C until below {limits.resume_c:g} °C; "
+                         f"compute budget {'via the power gate' if the_guard.budget_target else 'not adjustable (no power gate)'}")
+        meta = {"profile": profile.name, "mode": "simulated" if simulate else "board", "guarded": guard,
+                "ambient_c": board.ambient_c if board else None, "limits": limits.__dict__,
+                "setpoint_c": the_guard.setpoint_c if the_guard else None}
+        telemetry = _open_telemetry(telemetry_path, meta) if telemetry_path else None
+        hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line, clock_cap=actuator,
+                           max_pause_s=settle_time_s(board) if board is not None else None)
+        return ThermalSession(hook, notes, poller, cpufreq)
+    except BaseException:
+        _close_all(opened)
+        raise
+
+
+def _opened(thing: object | None, opened: list[object]) -> object | None:
+    """Remember ``thing`` (a status line, poller or clock cap) so a failed open_session closes it."""
+    if thing is not None:
+        opened.append(thing)
+    return thing
+
+
+def _close_all(opened: list[object]) -> None:
+    """Close (or stop) what a failed open_session had opened, newest first."""
+    for thing in reversed(opened):
+        (thing.stop if isinstance(thing, Poller) else thing.close)()
+
+
+def _open_telemetry(path: str, meta: dict) -> Telemetry:
+    """The run's telemetry file; a path that cannot be written is an EdgeSDKError naming --telemetry."""
+    try:
+        return Telemetry(path, meta, keep=False)
+    except OSError as error:
+        raise EdgeSDKError(f"--telemetry {path}: cannot create the file ({error.strerror or error})",
+                           "pass a path whose parent is a writable directory (not a file), "
+                           "e.g. --telemetry run.jsonl") from error
 
 
 def _clock_cap(wanted: bool, board: SimulatedBoard | None, root: str | None, notes: list[str],

@@ -180,6 +180,25 @@ def test_a_stopped_run_gives_the_clock_back(bundle, tmp_path):
     assert not (tmp_path / "cache" / "clock-cap.json").exists()
 
 
+def test_a_telemetry_path_under_a_file_is_a_clear_error_and_leaks_no_thread(tmp_path):
+    """open_session fails at its last step: the sensor poller it started is stopped, and the error
+    names --telemetry and the path instead of a FileExistsError traceback."""
+    import threading
+
+    from edgesdk.errors import EdgeSDKError
+    from edgesdk.profile import get_profile
+    from edgesdk.thermal.watch import open_session
+
+    root = sysfs_tree(tmp_path / "thermal", "cpu-thermal", 50000)
+    (tmp_path / "afile").write_text("")
+    path = tmp_path / "afile" / "run.jsonl"
+    with pytest.raises(EdgeSDKError) as error:
+        open_session(get_profile("rpi5"), telemetry_path=str(path), sysfs_root=str(root), status=False)
+    assert f"--telemetry {path}" in str(error.value)
+    assert error.value.fix
+    assert "edgesdk-thermal-poll" not in [thread.name for thread in threading.enumerate()]
+
+
 def test_thermal_sensors_command(tmp_path):
     root = sysfs_tree(tmp_path / "thermal", "cpu-thermal", 51000)
     result = invoke("thermal", "sensors", "--target", "rpi5", "--root", root, "--json")
