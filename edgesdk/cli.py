@@ -310,6 +310,10 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
         click.echo(f"edgesdk: --system is not used: {'--raw' if raw else 'the bundle has no chat template'} "
                    "feeds the prompt as it is", err=True)
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
+    from edgesdk.thermal.cpufreq import recover_left_cap  # every run undoes a clock cap a killed run left
+
+    for note in recover_left_cap():
+        click.echo(f"edgesdk thermal: {note}", err=True)
     thermal = None
     if watch_thermal or simulate_thermal or telemetry:
         from edgesdk.cli_thermal import thermal_profile

@@ -51,10 +51,11 @@ def thermal():
 def sensors_cmd(target, root, as_json):
     """What the guard would read on this machine: zones, trip points, one reading, fallbacks."""
     from edgesdk.profile import get_profile
-    from edgesdk.thermal.cpufreq import CpuFreqCap, cpufreq_root
+    from edgesdk.thermal.cpufreq import CpuFreqCap, cpufreq_root, recover_left_cap
     from edgesdk.thermal.guard import Limits
     from edgesdk.thermal.sensors import detect_sensors
 
+    recovered = recover_left_cap()  # a cap a killed run left would be read here as the board's ceiling
     profile = get_profile(target)
     sensor, trips, notes = detect_sensors(profile.thermal.zones, root)
     reading = sensor.read() if sensor is not None else None
@@ -65,7 +66,8 @@ def sensors_cmd(target, root, as_json):
     result = {"profile": profile.name, "sensor": sensor.source if sensor else None, "clock_cap": clock_cap,
               "reading": None if reading is None else {"zones": reading.zones, "throttled": reading.throttled,
                                                         "power_w": reading.power_w, "nvpmodel": reading.nvpmodel},
-              "trips": [t.__dict__ for t in trips], "limits": limits.__dict__, "notes": notes + limit_notes}
+              "trips": [t.__dict__ for t in trips], "limits": limits.__dict__,
+              "notes": recovered + notes + limit_notes}
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return

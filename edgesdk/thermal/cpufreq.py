@@ -201,6 +201,22 @@ class CpuFreqCap:
             self.state_path.unlink()
 
 
+STATE_FILE = "clock-cap.json"  # in the user cache: the caps an active run holds
+
+
+def state_path() -> Path:
+    """Where a capping run records its caps: ``clock-cap.json`` in the edgesdk user cache."""
+    from edgesdk.models.sources import cache_dir
+
+    return cache_dir() / STATE_FILE
+
+
+def recover_left_cap() -> list[str]:
+    """Undo a clock cap a killed run left behind, before anything else runs. Cheap: it reads
+    nothing but the state file's existence unless a cap was left."""
+    return recover(state_path())
+
+
 def recover(state_path: Path) -> list[str]:
     """Undo the cap a killed run left: restore each ceiling still holding the value it wrote."""
     if not state_path.exists():

@@ -9,9 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.models.sources import cache_dir
 from edgesdk.profile import TargetProfile
-from edgesdk.thermal.cpufreq import CpuFreqCap, recover
+from edgesdk.thermal.cpufreq import CpuFreqCap, recover, state_path
 from edgesdk.thermal.cpufreq import cpufreq_root as cpufreq_root_from_env
 from edgesdk.thermal.guard import CLOCK_CAP_RATIO, Guard, GuardConfig, Level, Limits
 from edgesdk.thermal.sensors import Poller, Reading, detect_sensors
@@ -289,7 +288,7 @@ def _clock_cap(wanted: bool, board: SimulatedBoard | None, root: str | None, not
     close. On a board, a cap that a killed run left behind is undone even when this run does not cap."""
     if board is not None:
         return (board if wanted else None), None
-    state = cache_dir() / "clock-cap.json"
+    state = state_path()
     if not wanted:
         notes += recover(state)
         return None, None

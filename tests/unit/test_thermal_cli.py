@@ -199,6 +199,35 @@ def test_a_telemetry_path_under_a_file_is_a_clear_error_and_leaks_no_thread(tmp_
     assert "edgesdk-thermal-poll" not in [thread.name for thread in threading.enumerate()]
 
 
+def leave_a_cap(tmp_path: Path) -> tuple[dict, Path]:
+    """A run capped the clock at 1.5 GHz and was killed (SIGKILL, SIGHUP): cap and state file stay."""
+    from edgesdk.thermal.cpufreq import CpuFreqCap
+
+    env, policy = board_env(tmp_path, 50000)
+    CpuFreqCap(tmp_path / "fs", tmp_path / "cache" / "clock-cap.json").set_ratio(0.625)
+    assert (policy / "scaling_max_freq").read_text().strip() == "1500000"
+    return env, policy
+
+
+@pytest.mark.parametrize("flags", [[], ["--simulate-thermal", "--thermal-target", "rpi5"]])
+def test_every_run_gives_back_a_clock_cap_a_killed_run_left(bundle, tmp_path, flags):
+    env, policy = leave_a_cap(tmp_path)
+    result = invoke("run", bundle, "--prompt", "hello", "-n", 4, "--raw", *flags, env=env)
+    assert_ok(result)
+    assert (policy / "scaling_max_freq").read_text().strip() == "2400000"
+    assert not (tmp_path / "cache" / "clock-cap.json").exists()
+    assert "a previous run was stopped while it capped the clock" in result.stderr
+
+
+def test_thermal_sensors_gives_back_a_clock_cap_a_killed_run_left(tmp_path):
+    env, policy = leave_a_cap(tmp_path)
+    result = invoke("thermal", "sensors", "--target", "rpi5", "--root", env["EDGESDK_THERMAL_ROOT"], env=env)
+    assert_ok(result)
+    assert (policy / "scaling_max_freq").read_text().strip() == "2400000"
+    assert "(policy0 2.4 GHz)" in result.stdout  # the real ceiling, not the leftover cap
+    assert "a previous run was stopped while it capped the clock" in result.stdout
+
+
 def test_thermal_sensors_command(tmp_path):
     root = sysfs_tree(tmp_path / "thermal", "cpu-thermal", 51000)
     result = invoke("thermal", "sensors", "--target", "rpi5", "--root", root, "--json")
