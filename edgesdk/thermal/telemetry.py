@@ -135,6 +135,9 @@ class StatusLine:
     * both on the same terminal: the bottom row is reserved with a scroll region (DECSTBM) and the
       status is drawn there with the cursor saved and restored, so streamed text scrolls above it.
       With no usable terminal size, the status is only printed between answers.
+
+    On a terminal the live line is cut to the terminal's width - 1: a longer one would wrap, and
+    each redraw would leave a copy of its first row behind.
     """
 
     def __init__(self, stream: IO[str] | None = None, stdout: IO[str] | None = None, min_interval_s: float = 0.25):
@@ -183,6 +186,18 @@ class StatusLine:
         self.stream.write(text)
         self.stream.flush()
 
+    def _columns(self) -> int:
+        """The terminal's width in columns (0 when unknown): stderr's own, else $COLUMNS or stdout's."""
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            return shutil.get_terminal_size((0, 0)).columns
+
+    def _fit(self, text: str) -> str:
+        """``text`` cut to the terminal's width - 1, so the live line never wraps."""
+        columns = self._columns()
+        return text[:columns - 1] if columns > 1 else text
+
     def update(self, text: str, level: str | None = None, force: bool = False) -> None:
         now = time.monotonic()
         self._text = text
@@ -198,9 +213,9 @@ class StatusLine:
         self._last_draw = now
         self.stdout.flush()
         if self.mode == "inplace":
-            self._emit(f"\r\x1b[2K{text}")
+            self._emit(f"\r\x1b[2K{self._fit(text)}")
         else:
-            self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K{text}\x1b8")
+            self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K{self._fit(text)}\x1b8")
 
     def warn(self, message: str) -> None:
         """A warning: printed at once in a log, else shown in the live line and printed between answers."""
@@ -211,7 +226,11 @@ class StatusLine:
         self.update(f"warning: {message}", force=True)
 
     def between_answers(self) -> None:
-        """Called after an answer's closing newline: pending warnings (and the 'between' status) print here."""
+        """Called after an answer's closing newline: pending warnings (and the 'between' status) print
+        here. In place, the live line is cleared first: what follows (warnings, --stats, the next
+        prompt) starts on a clean row instead of after the status."""
+        if self.mode == "inplace":
+            self._emit("\r\x1b[2K")
         for message in self._warnings:
             self._emit(f"edgesdk thermal: warning: {message}\n")
         self._warnings.clear()

@@ -388,3 +388,30 @@ def test_warnings_never_land_inside_the_streamed_text():
     log = FakeTTY(False)
     StatusLine(log, FakeTTY(False)).warn("x")
     assert log.getvalue() == "edgesdk thermal: warning: x\n"
+
+
+LONG_STATUS = ("61.0 °C  normal  12.3 tok/s  no pacing  budget 1.00  [sysfs cpu-thermal, gpu-thermal, cv0-thermal, "
+               "cv1-thermal, cv2-thermal, soc0-thermal, soc1-thermal, soc2-thermal, tj-thermal]")
+
+
+def test_a_status_wider_than_the_terminal_is_cut_to_its_width(monkeypatch):
+    """A wrapped live line leaves a copy of its first row at every redraw: it is cut to width - 1."""
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback=None: os.terminal_size((40, 24)))
+    for out in (FakeTTY(False), FakeTTY(True)):  # in place, and in the bottom row of a shared terminal
+        err = FakeTTY(True)
+        status = StatusLine(err, out, min_interval_s=0.0)
+        status.update(LONG_STATUS, force=True)
+        drawn = err.getvalue().split("\x1b[2K")[-1].removesuffix("\x1b8")
+        assert drawn == LONG_STATUS[:39], status.mode
+
+
+def test_in_place_status_is_cleared_before_what_prints_between_answers():
+    err, out = FakeTTY(True), FakeTTY(False)
+    status = StatusLine(err, out, min_interval_s=0.0)
+    status.update("71.2 °C  hot  limit 4.2 tok/s", force=True)
+    status.between_answers()
+    assert err.getvalue().endswith("71.2 °C  hot  limit 4.2 tok/s\r\x1b[2K")  # a --stats line or "> " starts clean
+    status.warn("thermal sensor failed")
+    status.between_answers()
+    assert err.getvalue().endswith("\r\x1b[2Kedgesdk thermal: warning: thermal sensor failed\n")
