@@ -226,7 +226,7 @@ def test_rollback_and_status(ssh_server, tiny_bundle, tmp_path):
     assert current_id(root) == second.bundle_id
     unknown = edgesdk(*deploy_args(ssh_server, root, "--rollback", "--release", "0123456789abcdef"))
     assert unknown.returncode == 8
-    assert "does not exist" in unknown.stderr
+    assert "--release '0123456789abcdef' is not a release" in unknown.stderr
     assert current_id(root) == second.bundle_id
 
 
