@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from edgesdk import __version__
-from edgesdk.errors import EdgeSDKError
+from edgesdk.errors import EdgeSDKError, read_utf8
 
 
 class _Group(click.Group):
@@ -440,11 +440,7 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
         config = PerplexityConfig(context=context, stride=stride, max_chars=max_chars or None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--context/--stride") from exc
-    try:
-        text = text_file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise EdgeSDKError(f"--text {text_file} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                           "convert it first, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8") from exc
+    text = read_utf8(text_file, "--text")
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
     if context > runtime.backend.max_context:

@@ -6,6 +6,8 @@ user input.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class EdgeSDKError(Exception):
     """Base class of every error edgesdk raises on purpose.
@@ -57,3 +59,16 @@ class RuntimeBackendError(EdgeSDKError):
     """No runtime backend could run the bundle on this machine."""
 
     exit_code = 7
+
+
+def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -> str:
+    """Read ``path`` as UTF-8 text, or raise ``error`` naming ``what``, the bad byte and the fix.
+
+    Every text input (training data, recipes, target profiles, evaluation text) goes through here,
+    so a Latin-1 file is refused with the same message everywhere instead of read as U+FFFD.
+    """
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                    f"convert it first, e.g. iconv -f latin1 -t utf-8 {path} > {path}.utf8") from exc

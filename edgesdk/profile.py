@@ -15,7 +15,7 @@ from typing import Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from edgesdk.errors import ProfileError
+from edgesdk.errors import ProfileError, read_utf8
 
 Family = Literal["jetson", "rpi", "host"]
 Precision = Literal["fp32", "fp16", "bf16", "int8", "int4"]
@@ -185,12 +185,7 @@ def load_profile_file(path: str | Path) -> TargetProfile:
     path = Path(path)
     if not path.is_file():
         raise ProfileError(f"target profile file {path} does not exist", "pass a shipped target name or a YAML path")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"target profile {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                           "save it as UTF-8") from exc
-    return parse_profile(text, str(path))
+    return parse_profile(read_utf8(path, "target profile", ProfileError), str(path))
 
 
 @lru_cache(maxsize=1)

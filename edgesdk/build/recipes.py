@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from edgesdk.build.registry import check_order, make_config
-from edgesdk.errors import BuildError
+from edgesdk.errors import BuildError, read_utf8
 
 
 class StageEntry(BaseModel):
@@ -106,11 +106,7 @@ def load_recipe(name_or_path: str) -> Recipe:
         path = Path(name_or_path)
         if not path.is_file():
             raise BuildError(f"recipe file {path} does not exist", "pass a shipped recipe name or a YAML path")
-        try:
-            text, source = path.read_text(encoding="utf-8"), str(path)
-        except UnicodeDecodeError as exc:
-            raise BuildError(f"recipe file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                             "save it as UTF-8") from exc
+        text, source = read_utf8(path, "recipe file", BuildError), str(path)
     else:
         if name_or_path not in shipped_recipes():
             raise BuildError(f"unknown recipe '{name_or_path}'; shipped: {', '.join(shipped_recipes())}",

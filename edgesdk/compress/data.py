@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from edgesdk.errors import BuildError
+from edgesdk.errors import BuildError, read_utf8
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,7 @@ def read_training_text(path: Path, skip_chars: int = 0) -> str:
     """A --data file's text after its first ``skip_chars`` characters, or a BuildError naming the problem."""
     if not path.is_file():
         raise BuildError(f"training text {path} does not exist", "pass an existing plain-text file to --data")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise BuildError(f"training text {path} is not UTF-8 ({exc.reason} at byte {exc.start})",
-                         f"convert it first, e.g. iconv -f latin1 -t utf-8 {path} > {path}.utf8") from exc
+    text = read_utf8(path, "training text", BuildError)
     if not text[skip_chars:].strip():
         raise BuildError(f"training text {path} is empty after skipping {skip_chars} characters",
                          "pass a longer file or a smaller --data-skip-chars")

@@ -71,6 +71,10 @@ def test_recipes_load_and_validate(tmp_path):
     bad.write_text("name: bad\nstages: []\nextra: 1\n")
     with pytest.raises(BuildError, match="Extra inputs are not permitted"):
         load_recipe(str(bad))
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("name: caf\u00e9\nstages: []\n".encode("latin-1"))
+    with pytest.raises(BuildError, match=r"recipe file .*latin.yaml is not UTF-8 text .* at byte 9"):
+        load_recipe(str(latin))
 
 
 def _build(tiny_model_dir, out, recipe, resume=False):

@@ -279,6 +279,13 @@ def test_bad_yaml_syntax_is_rejected(tmp_path: Path) -> None:
         get_profile(str(path))
 
 
+def test_profile_that_is_not_utf8_is_rejected_with_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "latin.yaml"
+    path.write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ProfileError, match=r"target profile .*latin.yaml is not UTF-8 text .*\n  fix: .*iconv"):
+        get_profile(str(path))
+
+
 def test_yaml_that_is_not_a_mapping_is_rejected() -> None:
     with pytest.raises(ProfileError, match="must be a YAML mapping, got list"):
         parse_profile("- rpi5\n- rpi4\n")
