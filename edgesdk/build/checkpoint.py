@@ -2,7 +2,7 @@
 
 A killed build resumes (``--resume``) at the first step not recorded as done, provided the
 build key (model source and data files with their sizes and times, target, recipe, export
-settings) is unchanged.
+settings, edgesdk version) is unchanged.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class WorkDir:
             if self.state.get("build_key") != self.key:
                 raise BuildError(
                     f"--resume: the work directory {self.path} belongs to a different build "
-                    "(model, target, recipe or export settings changed)",
+                    "(model, data, target, recipe, export settings or edgesdk version changed)",
                     "drop --resume to start over, or pass the same arguments as the killed build",
                 )
         else:

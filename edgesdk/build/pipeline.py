@@ -12,6 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from edgesdk import __version__
 from edgesdk.build.checkpoint import WorkDir, file_fingerprint, load_checkpoint, save_checkpoint
 from edgesdk.build.package import write_bundle
 from edgesdk.build.recipes import load_recipe
@@ -76,6 +77,9 @@ def build(config: BuildConfig) -> Bundle:
     export_config = replace(config.export, **recipe.export.model_dump())
     if stages:
         config.data.check_files()
+    elif config.data.files:
+        _log(f"warning: --data {', '.join(config.data.files)} is not used: recipe '{recipe.name}' has no "
+             "training stages (pass a recipe with stages, e.g. --recipe default, to train on it)")
     out = (Path(config.out) if config.out else default_out(config.model, profile.name)).resolve()
     check_replaceable(out)
     source = resolve_model(config.model)
@@ -85,6 +89,7 @@ def build(config: BuildConfig) -> Bundle:
     work = WorkDir(out.with_name(out.name + ".build"), {
         "model": file_fingerprint(source.path), "target": profile.model_dump(mode="json"),
         "recipe": recipe.model_dump(), "export": asdict(export_config), "data": data_key,
+        "edgesdk": __version__,
     }, config.resume)
     steps = len(stages) + 3
     started = time.perf_counter()

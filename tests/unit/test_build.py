@@ -132,6 +132,35 @@ def test_resume_refuses_a_different_build(test_stages, tiny_model_dir, tmp_path,
         _build(tiny_model_dir, tmp_path / "b", recipe, resume=True)
 
 
+def test_resume_refuses_checkpoints_made_by_another_edgesdk_version(test_stages, tiny_model_dir, tmp_path,
+                                                                    monkeypatch):
+    """A stage's code may have changed between releases: its old checkpoints are not this build's."""
+    import edgesdk.build.pipeline as pipeline
+
+    recipe = tmp_path / "one.yaml"
+    recipe.write_text("name: one\nstages:\n  - stage: first\n")
+    monkeypatch.setattr(pipeline, "export_model", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        _build(tiny_model_dir, tmp_path / "b", recipe)
+    monkeypatch.undo()
+    monkeypatch.setattr(pipeline, "__version__", "99.0.0")
+    with pytest.raises(BuildError, match="belongs to a different build.*edgesdk version"):
+        _build(tiny_model_dir, tmp_path / "b", recipe, resume=True)
+
+
+def test_training_text_with_a_recipe_without_stages_is_named_as_unused(tiny_model_dir, tmp_path, capsys):
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.compress.data import DataConfig
+    from edgesdk.export.onnx_export import ExportConfig
+
+    text = tmp_path / "train.txt"
+    text.write_text("some training text\n")
+    build(BuildConfig(target="host", model=str(tiny_model_dir), out=tmp_path / "b", recipe="fp32-fused",
+                      data=DataConfig(files=(str(text),)), export=ExportConfig(max_context=64), progress=False))
+    err = capsys.readouterr().err
+    assert f"warning: --data {text} is not used: recipe 'fp32-fused' has no training stages" in err
+
+
 def test_bad_order_fails_before_loading_anything(test_stages, tmp_path):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text("name: bad\nstages:\n  - stage: second\n  - stage: first\n")
