@@ -329,10 +329,11 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
                                warn=lambda message: click.echo(f"edgesdk thermal: warning: {message}", err=True))
         for note in thermal.notes:
             click.echo(f"edgesdk thermal: {note}", err=True)
-        if thermal.cpufreq is not None:  # a service stop (SIGTERM) must still give the clock back
+        if thermal.cpufreq is not None:  # a service stop or a closed terminal must still give the clock back
             import signal
 
-            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+            for stop in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
 
     def one_turn(text: str) -> None:
         ids = tokenizer.prompt_ids(text, raw=raw, system=system)

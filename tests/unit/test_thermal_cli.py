@@ -156,9 +156,11 @@ def test_clock_cap_without_cpufreq_says_so_and_only_paces(bundle, plain_text, tm
     assert {s["clock_cap"] for s in steps} == {None}  # the guard asks for no cap it cannot get
 
 
-def test_a_stopped_run_gives_the_clock_back(bundle, tmp_path):
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP"])
+def test_a_stopped_run_gives_the_clock_back(bundle, tmp_path, stop):
     """Past the hard limit the guard pauses (clock capped) until the board cools, which this zone
-    never does; a service stop (SIGTERM) then still restores the ceiling and clears the state."""
+    never does; a service stop (SIGTERM) or a closed terminal (SIGHUP) then still restores the
+    ceiling and clears the state."""
     import signal
     import time
 
@@ -173,9 +175,10 @@ def test_a_stopped_run_gives_the_clock_back(bundle, tmp_path):
         time.sleep(0.2)
     assert ceiling.read_text().strip() == "1500000", proc.communicate(timeout=5)
     assert (tmp_path / "cache" / "clock-cap.json").exists()
-    proc.send_signal(signal.SIGTERM)
+    signum = getattr(signal, stop)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert proc.returncode == 128 + signum, stderr
     assert ceiling.read_text().strip() == "2400000"
     assert not (tmp_path / "cache" / "clock-cap.json").exists()
 
