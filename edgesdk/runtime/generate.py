@@ -123,7 +123,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     each later token costs one decode step. A prompt of ``max_context`` tokens still yields the
     token its prefill predicts; the answer then stops with ``stop_reason = "max_context"``, keeping
     every token produced, as llama.cpp's ``n_ctx`` limit does. ``hook`` (optional) is called
-    around every step; the time it waits is in ``stats.waited_s``, not in the compute timings.
+    around every step; the time it waits is in ``stats.waited_s`` (on the simulated clock for a
+    simulated board), and the wall time spent in it is left out of the decode speed.
     """
     _check_prompt(len(prompt_ids), backend.max_context)
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
@@ -140,7 +141,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     generated: list[int] = []
     token = sampler(logits)
     decode_start = time.perf_counter()
-    waited_before_decode = stats.waited_s
+    hook_wall_s = 0.0  # wall time spent in the hook (a simulated board waits on its own clock)
     while True:
         if token in stop_ids:
             stats.stop_reason = "eos"
@@ -155,14 +156,16 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
             stats.stop_reason = "max_context"
             break
         if hook is not None:
+            entered = time.perf_counter()
             stats.waited_s += hook.before_step("decode")
+            hook_wall_s += time.perf_counter() - entered
         step = time.perf_counter()
         token = sampler(backend.decode(token))
         compute = time.perf_counter() - step
         stats.token_latencies_s.append(compute)
         if hook is not None:
             hook.after_step("decode", 1, compute)
-    stats.decode_s = time.perf_counter() - decode_start - (stats.waited_s - waited_before_decode)
+    stats.decode_s = time.perf_counter() - decode_start - hook_wall_s
     stats.new_tokens = len(generated)
     if hook is not None:
         hook.end(stats)

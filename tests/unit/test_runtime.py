@@ -149,3 +149,27 @@ def test_stats_summary():
     assert summary["prefill_tok_s"] == 20.0
     assert summary["decode_tok_s"] == 10.0
     assert summary["time_to_first_token_ms"] == 500.0
+
+
+def test_decode_speed_leaves_out_a_simulated_boards_waits(runtime):
+    """A simulated board paces on its own clock: its waits cost no wall time, so they must not be
+    taken off the wall time of decoding (that gave negative tok/s)."""
+
+    class SimulatedPacing:
+        def begin(self, prompt_tokens, max_new_tokens):
+            pass
+
+        def before_step(self, kind):
+            return 5.0  # seconds on the simulated clock, none on the wall
+
+        def after_step(self, kind, tokens, compute_s):
+            pass
+
+        def end(self, stats):
+            pass
+
+    prompt = runtime.tokenizer.encode("The quick brown fox")
+    _, stats = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=8), set(), hook=SimulatedPacing())
+    assert stats.waited_s == pytest.approx(5.0 * 8)
+    assert 0 < stats.decode_s
+    assert stats.decode_tok_s > 0
