@@ -13,8 +13,8 @@ paper; 0.85 measured best here, see ``SmoothConfig.alpha``). The division is fol
 input, so the graph gains no op:
 
 * Q|K|V inputs: the input RMSNorm's weight;  gate|up inputs: the post-attention RMSNorm's weight;
-* down's input (SiLU(gate)·up): the rows of up;
-* O's input (the attention output): the rows of V. With grouped-query attention one V row feeds every query
+* down's input (SiLU(gate)·up): the rows of up (and up's bias, Llama ``mlp_bias``);
+* O's input (the attention output): the rows of V (and V's bias, Qwen2 / Llama ``attention_bias``). With grouped-query attention one V row feeds every query
   head of its group, so that channel takes the largest scale the group's columns ask for.
 
 The transform is exact in real arithmetic; ``tests/unit/test_smooth.py`` checks the logits are unchanged. It runs
@@ -115,6 +115,8 @@ def smooth_model(model, peaks: dict[str, torch.Tensor], config: SmoothConfig) ->
         if "down" in config.sites:
             scales = migration_scales(peaks[prefix + "mlp.down_proj"], column_peak(mlp.down_proj), config.alpha)
             mlp.up_proj.weight.div_(scales[:, None])  # rows of up are down's input channels
+            if mlp.up_proj.bias is not None:  # Llama mlp_bias: up's output channel j is W_j·x + b_j
+                mlp.up_proj.bias.div_(scales)
             mlp.down_proj.weight.mul_(scales[None, :])
             largest["down"].append(float(scales.max()))
         if "o" in config.sites:
@@ -125,6 +127,8 @@ def smooth_model(model, peaks: dict[str, torch.Tensor], config: SmoothConfig) ->
             weight_peak = column_peak(attn.o_proj).reshape(kv_heads, group, head_dim).amax(1).reshape(-1)
             scales = migration_scales(input_peak, weight_peak, config.alpha)  # (Hkv*hd,)
             attn.v_proj.weight.div_(scales[:, None])
+            if attn.v_proj.bias is not None:  # Qwen2 / Llama attention_bias: V's output row j is W_j·x + b_j
+                attn.v_proj.bias.div_(scales)
             # (Hkv*hd,) -> (Hkv, 1, hd) -> (Hkv, G, hd) -> (Hq*hd,): each o column takes its V row's scale
             expanded = scales.reshape(kv_heads, 1, head_dim).expand(-1, group, -1).reshape(-1)
             attn.o_proj.weight.mul_(expanded[None, :])

@@ -81,3 +81,34 @@ def test_smooth_comes_before_qat_and_refuses_bad_settings():
         make_config("smooth", {"alpha": 1.5})
     with pytest.raises(BuildError, match="sites"):
         make_config("smooth", {"sites": ["qkv", "lm_head"]})
+
+
+def biased_models():
+    """Tiny models whose linears carry non-zero biases: Qwen2 (q/k/v biases) and Llama with attention_bias and
+    mlp_bias (every linear biased)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    qwen = tiny_llama(seed=3, heads=4, kv_heads=2, hidden=64, model_type="qwen2")
+    torch.manual_seed(1)
+    config = AutoConfig.for_model("llama", vocab_size=320, hidden_size=64, intermediate_size=112,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  attention_bias=True, mlp_bias=True)
+    llama = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for model in (qwen, llama):
+            for name, parameter in model.named_parameters():
+                if name.endswith("proj.bias"):
+                    parameter.normal_(0, 1.0)
+    return {"qwen2": qwen, "llama-bias": llama}
+
+
+@pytest.mark.parametrize("site", smooth.SITES)
+@pytest.mark.parametrize("kind", ["qwen2", "llama-bias"])
+@torch.no_grad()
+def test_smoothing_is_exact_with_biases(kind, site):
+    """V's bias feeds O's input and up's bias feeds down's input: they are divided with their rows."""
+    model = biased_models()[kind]
+    before = [model(batch).logits for batch in batches()]
+    smooth.smooth_model(model, smooth.input_peaks(model, batches()), smooth.SmoothConfig(alpha=0.85, sites=(site,)))
+    for batch, expected in zip(batches(), before, strict=True):
+        torch.testing.assert_close(model(batch).logits, expected, rtol=1e-4, atol=1e-4)
