@@ -38,12 +38,24 @@ class SparseExportConfig:
 
 
 def int8_rows(weight: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(N, K) float on a per-row symmetric INT8 grid -> codes int8 (N, K), scales float32 (N,)."""
+    """(N, K) float on a per-row symmetric INT8 grid -> codes int8 (N, K), scales float32 (N,).
+
+    A weight holding NaN or inf is refused (ExportError), as is one off the grid; NaN never passes the
+    tolerance check (``not error <= tol``)."""
+    finite = np.isfinite(weight)
+    if not finite.all():
+        row, col = (int(i) for i in np.argwhere(~finite)[0])
+        raise ExportError(
+            f"weight {name} holds {int((~finite).sum())} non-finite values (first: {weight[row, col]} at "
+            f"[{row}, {col}]); an INT8 export needs finite weights",
+            "the training stages diverged: rerun the build with a lower learning rate or fewer steps, or check "
+            "the source checkpoint for NaN/inf",
+        )
     absmax = np.abs(weight).max(axis=1)
     scales = np.where(absmax > 0, absmax / 127.0, 1.0).astype(np.float32)
     codes = np.clip(np.round(weight / scales[:, None]), -127, 127)
     error = np.abs(codes * scales[:, None] - weight).max() / max(float(np.abs(weight).max()), 1e-30)
-    if error > GRID_TOLERANCE:
+    if not error <= GRID_TOLERANCE:
         raise ExportError(
             f"weight {name} is not on a per-row INT8 grid (relative error {error:.2e} after rounding)",
             "run the qat stage with weight_bits: 8 and granularity: channel before a sparse export",
