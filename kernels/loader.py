@@ -364,11 +364,14 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
         return out.to(dtype) if atomic else out
 
     def gqa_decode_attention(self, q, k_cache, v_cache, lengths, scale: float, stream: Any = None):
-        """Decode-step GQA on the compiled kernel: the smallest ``BLOCK_G >= Hq/Hkv`` variant of head dim D."""
+        """Decode-step GQA on the compiled kernel: the smallest ``BLOCK_G >= Hq/Hkv`` variant of head dim D.
+        Arguments are checked as the twin and the Triton launcher check them
+        (:func:`.reference.check_decode_attention_args`: head counts, lengths in ``[0, T_max]``)."""
         import torch
 
-        b, hq, d = q.shape
-        hkv = k_cache.shape[1]
+        from .reference import check_decode_attention_args
+
+        b, hq, hkv, _, d = check_decode_attention_args(q, k_cache, v_cache, lengths)
         group = hq // hkv
         candidates = sorted((k for k in self._kernels.values() if k.meta["kernel"] == "gqa_decode"
                              and k.meta["constexprs"]["BLOCK_D"] >= d and k.meta["constexprs"]["BLOCK_G"] >= group),

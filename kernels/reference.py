@@ -35,26 +35,55 @@ def block_sparse_matmul_reference(x: torch.Tensor, weight: BlockSparseWeight) ->
     return out * weight.scales.to(x.device).float()[None, :]
 
 
+def check_decode_attention_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                lengths: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """Shapes and lengths of a decode-attention call, checked the same way for the twin, the Triton launcher and
+    the AOT loader; returns ``(B, Hq, Hkv, T_max, D)``. Raises ValueError for: q not ``(B, Hq, D)``; caches not
+    both ``(B, Hkv, T_max, D)``; ``Hkv == 0`` or ``Hq % Hkv``; ``lengths`` without ``B`` entries; a length outside
+    ``[0, T_max]`` (the kernels would read past the cache). The length values are read back to the host except
+    while a CUDA graph is being captured, where a read would break the capture (the replayed step's lengths are
+    the caller's to keep in range)."""
+    if q.dim() != 3 or k_cache.dim() != 4 or tuple(v_cache.shape) != tuple(k_cache.shape) \
+            or k_cache.shape[0] != q.shape[0] or k_cache.shape[3] != q.shape[2]:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)} must be (B, Hq, D) and k, v (B, Hkv, T_max, D); "
+                         f"got k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
+    b, hq, d = q.shape
+    hkv, t_max = k_cache.shape[1], k_cache.shape[2]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}")
+    if int(lengths.numel()) != b:
+        raise ValueError(f"lengths must have B={b} entries, got {lengths.numel()}")
+    if lengths.is_floating_point() or lengths.is_complex():
+        raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
+    capturing = lengths.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if b and not capturing:
+        low, high = int(lengths.min()), int(lengths.max())
+        if low < 0 or high > t_max:
+            raise ValueError(f"lengths must lie in [0, T_max={t_max}] (the cache holds T_max positions), got "
+                             f"{lengths.tolist() if b <= 8 else (low, high)}")
+    return b, hq, hkv, t_max, d
+
+
 def gqa_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                    lengths: torch.Tensor, scale: float) -> torch.Tensor:
     """One decode step of grouped-query attention over a padded KV cache.
 
-    q ``(B, Hq, D)``; k_cache, v_cache ``(B, Hkv, T_max, D)``; lengths int ``(B,)``: positions ``>= lengths[b]``
-    are ignored. Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (the ``repeat_kv`` grouping of GQA,
-    Ainslie et al. 2023). Returns float32 ``(B, Hq, D)``; a row with length 0 returns zeros.
+    q ``(B, Hq, D)``; k_cache, v_cache ``(B, Hkv, T_max, D)``; lengths int ``(B,)`` in ``[0, T_max]``: positions
+    ``>= lengths[b]`` are ignored, whatever they hold (NaN or inf from a stale cache included). Query head ``h``
+    reads kv head ``h // (Hq // Hkv)`` (the ``repeat_kv`` grouping of GQA, Ainslie et al. 2023). Returns float32
+    ``(B, Hq, D)``; a row with length 0 returns zeros. Arguments are checked by
+    :func:`check_decode_attention_args`.
     """
-    b, hq, d = q.shape
-    bk, hkv, t_max, dk = k_cache.shape
-    if bk != b or dk != d or tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}")
+    b, hq, hkv, t_max, d = check_decode_attention_args(q, k_cache, v_cache, lengths)
     group = hq // hkv
-    qg = q.float().reshape(b, hkv, group, d)  # (B, Hq, D) -> (B, Hkv, G, D)
-    scores = torch.einsum("bhgd,bhtd->bhgt", qg, k_cache.float()) * scale  # (B, Hkv, G, T_max)
     lengths = lengths.to(device=q.device).long()
     valid = torch.arange(t_max, device=q.device)[None, :] < lengths[:, None]  # (B, T_max)
+    # masked with where, not by multiplying: a stale NaN/inf past the length must not reach the sum (0 * inf)
+    keys = torch.where(valid[:, None, :, None], k_cache.float(), 0.0)  # (B, Hkv, T_max, D)
+    values = torch.where(valid[:, None, :, None], v_cache.float(), 0.0)
+    qg = q.float().reshape(b, hkv, group, d)  # (B, Hq, D) -> (B, Hkv, G, D)
+    scores = torch.einsum("bhgd,bhtd->bhgt", qg, keys) * scale  # (B, Hkv, G, T_max)
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-masked rows (length 0) -> zeros
-    out = torch.einsum("bhgt,bhtd->bhgd", probs, v_cache.float())  # (B, Hkv, G, D)
+    out = torch.einsum("bhgt,bhtd->bhgd", probs, values)  # (B, Hkv, G, D)
     return out.reshape(b, hq, d)  # (B, Hkv, G, D) -> (B, Hq, D)

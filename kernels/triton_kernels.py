@@ -29,6 +29,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
 from .block_sparse import BlockSparseWeight
+from .reference import check_decode_attention_args
 from .tuning import KernelTuning, gemv_splits, tuning_for
 
 
@@ -320,17 +321,11 @@ def block_sparse_matmul_triton(x: torch.Tensor, weight: BlockSparseWeight, emula
 def gqa_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 lengths: torch.Tensor, scale: float, emulated: bool = False,
                                 tuning: KernelTuning | None = None) -> torch.Tensor:
-    """q ``(B, Hq, D)``, caches ``(B, Hkv, T_max, D)``, lengths ``(B,)`` -> ``(B, Hq, D)`` in q's dtype."""
+    """q ``(B, Hq, D)``, caches ``(B, Hkv, T_max, D)``, lengths ``(B,)`` in ``[0, T_max]`` -> ``(B, Hq, D)`` in q's
+    dtype. Arguments are checked as the twin checks them (:func:`.reference.check_decode_attention_args`)."""
     tuning = tuning or _default_tuning()
-    b, hq, d = q.shape
-    if k_cache.dim() != 4 or k_cache.shape[0] != b or k_cache.shape[3] != d or v_cache.shape != k_cache.shape:
-        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
-    hkv = k_cache.shape[1]
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}")
+    b, hq, hkv, _, d = check_decode_attention_args(q, k_cache, v_cache, lengths)
     lengths = lengths.to(device=q.device, dtype=torch.int32).contiguous()
-    if int(lengths.numel()) != b:
-        raise ValueError(f"lengths must have B={b} entries, got {lengths.numel()}")
     _check_device(emulated, q, k_cache, v_cache)
     group = hq // hkv
     out = torch.empty(b, hq, d, dtype=q.dtype, device=q.device)

@@ -266,6 +266,33 @@ def test_reference_attention_equals_repeat_kv_softmax():
         assert torch.allclose(out[b], torch.einsum("ht,htd->hd", probs, vv[b, :, :length]), atol=1e-5)
 
 
+
+ATTN_MODES = ["reference", pytest.param("emulated", marks=needs_triton)]
+
+
+@pytest.mark.parametrize("mode", ATTN_MODES)
+@pytest.mark.parametrize(("lengths", "message"), [
+    ([12], r"lengths must lie in \[0, T_max=8\].*\[12\]"),  # past the cache: the kernel read out of bounds
+    ([-1], r"lengths must lie in \[0, T_max=8\]"),
+    ([3, 4], "lengths must have B=1 entries, got 2"),
+])
+def test_decode_attention_refuses_lengths_outside_the_cache(mode, lengths, message):
+    """The twin clamped a length past T_max to the cache and the kernel read past it; both refuse it now."""
+    q, k, v, _ = attention_inputs(1, 4, 2, 16, 8, [8])
+    with pytest.raises(ValueError, match=message):
+        gqa_decode_attention(q, k, v, torch.tensor(lengths), 0.25, mode=mode, tuning=tuning_for(87))
+
+
+@pytest.mark.parametrize("mode", ATTN_MODES)
+def test_decode_attention_ignores_stale_nan_and_inf_past_the_length(mode, record_property):
+    """Cache rows past a row's length are never part of its output, whatever they hold (0 * inf was NaN)."""
+    q, k, v, lengths = attention_inputs(1, 4, 2, 16, 8, [4])
+    clean = gqa_decode_attention_reference(q, k, v, lengths, 0.25)
+    k[:, :, 6:], v[:, :, 6:] = float("nan"), float("inf")  # stale garbage after the length
+    out = gqa_decode_attention(q, k, v, lengths, 0.25, mode=mode, tuning=tuning_for(87))
+    assert torch.isfinite(out).all()
+    check_close(out, clean, record_property, f"gqa {mode} with NaN/inf past the length")
+
 # ---------------------------------------------------------------------------------------------- switch
 def test_kernel_mode_from_environment(monkeypatch):
     monkeypatch.setenv("EDGESDK_KERNELS", "Emulated")
