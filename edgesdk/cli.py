@@ -322,9 +322,15 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
 
         profile = (thermal_profile(None, thermal_target) if thermal_target
                    else TargetProfile.model_validate(runtime.bundle.manifest["target"]))
+        # The guard's compute-budget lever works only while the gates skip blocks.
+        gates_in_use = runtime.backend if getattr(runtime.backend, "gating", False) else None
+        if hasattr(runtime.backend, "configure") and gates_in_use is None and (watch_thermal or simulate_thermal) \
+                and not no_guard:
+            click.echo("edgesdk thermal: the bundle's power gates are off, so the guard paces instead of "
+                       "lowering the compute budget (--gating turns them on)", err=True)
         thermal = open_session(profile, guard=(watch_thermal or simulate_thermal) and not no_guard,
                                simulate=simulate_thermal, telemetry_path=telemetry, ambient_c=ambient,
-                               sim_speed=sim_speed, budget_target=runtime.backend,
+                               sim_speed=sim_speed, budget_target=gates_in_use,
                                status=watch_thermal or simulate_thermal, clock_cap=clock_cap,
                                warn=lambda message: click.echo(f"edgesdk thermal: warning: {message}", err=True))
         for note in thermal.notes:
@@ -393,6 +399,9 @@ def _configure_gates(backend, entropy_target, compute_budget, gating) -> None:
             raise EdgeSDKError("--entropy-target, --compute-budget and --gating need a bundle with power gates",
                                "build it with a recipe holding the power stage (e.g. --recipe power)")
         return
+    if asked and gating is False:
+        raise click.BadParameter("--entropy-target and --compute-budget steer the gates, which --no-gating "
+                                 "turns off; drop one or the other", param_hint="--no-gating")
     try:
         backend.configure(backend.controller_config(entropy_target, compute_budget))
     except ValueError as exc:
@@ -405,7 +414,7 @@ def _power_line(backend) -> str:
     entropy = "n/a (shorter than one window)" if s["mean_entropy"] is None else f"{s['mean_entropy']:.3f} nats"
     share = f" ({s['blocks_skipped'] / s['blocks_total']:.1%})" if s["blocks_total"] else ""
     return (f"[power] realised entropy {entropy} (target {backend.controller.config.entropy_target:g}), "
-            f"FFN blocks skipped {s['blocks_skipped']}/{s['blocks_total']}{share}, tau {s['tau']:.3f}, "
+            f"decode FFN blocks skipped {s['blocks_skipped']}/{s['blocks_total']}{share}, tau {s['tau']:.3f}, "
             f"compute budget {s['budget']:g}{'' if backend.gating else ', gating off'}")
 
 
@@ -447,16 +456,20 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
     if context > runtime.backend.max_context:
         raise click.BadParameter(f"{context} is longer than the bundle's max_context {runtime.backend.max_context}",
                                  param_hint="--context")
+    try:
+        levels = tuple(float(b) for b in budgets.split(",") if b.strip())
+    except ValueError as exc:
+        raise click.BadParameter(f"must be comma-separated numbers, got {budgets!r}", param_hint="--budgets") from exc
+    if not levels or any(not 0 < b <= 1 for b in levels):
+        raise click.BadParameter(f"must lie in (0, 1], got {budgets!r}", param_hint="--budgets")
     gated = hasattr(runtime.backend, "configure")
+    budgets_given = click.get_current_context().get_parameter_source("budgets") != click.core.ParameterSource.DEFAULT
+    if budgets_given and not gated:
+        raise EdgeSDKError(f"--budgets needs a bundle with power gates; {bundle} has none",
+                           "drop --budgets, or build the bundle with a recipe holding the power stage (--recipe power)")
     if gated:  # the bundle scored with every FFN running; the gated points follow
         from edgesdk.evaluate import gated_perplexity
 
-        try:
-            levels = tuple(float(b) for b in budgets.split(",") if b.strip())
-        except ValueError as exc:
-            raise click.BadParameter(f"--budgets must be comma-separated numbers, got {budgets!r}") from exc
-        if not levels or any(not 0 < b <= 1 for b in levels):
-            raise click.BadParameter(f"--budgets must lie in (0, 1], got {budgets!r}")
         power = gated_perplexity(runtime, text, config, levels, progress=True)
         result = {"bundle": power["gating_off"], "power": power}
     else:

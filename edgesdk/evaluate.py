@@ -125,11 +125,12 @@ def _gated_pass(backend, ids: list[int], config: PerplexityConfig, tau: float | 
         run, total = run + int(executed.sum()), total + executed.size
         return logits
 
+    before = backend.gating, backend.fixed_tau
     backend.gating, backend.fixed_tau = tau is not None, tau
     try:
         result = perplexity(score, ids, config, progress)
     finally:
-        backend.gating, backend.fixed_tau = True, None
+        backend.gating, backend.fixed_tau = before
     return result, run / max(total, 1)
 
 
@@ -137,14 +138,18 @@ def controlled_tau(backend, ids: list[int], steps: int = 256) -> float:
     """The threshold the run-time controller settles at on ``ids``: token-by-token decode with the
     controller in the loop, mean tau over the second half of ``steps`` steps."""
     backend.reset()
+    before = backend.gating, backend.fixed_tau
     backend.gating, backend.fixed_tau = True, None
     taus = []
-    backend.prefill(np.asarray(ids[:1], np.int64))
-    steps = min(steps, backend.max_context - 1)
-    for token in ids[1: steps + 1]:
-        taus.append(backend.tau)
-        backend.decode(int(token))
-    backend.reset()
+    try:
+        backend.prefill(np.asarray(ids[:1], np.int64))
+        steps = min(steps, backend.max_context - 1)
+        for token in ids[1: steps + 1]:
+            taus.append(backend.tau)
+            backend.decode(int(token))
+    finally:
+        backend.gating, backend.fixed_tau = before
+        backend.reset()
     half = taus[len(taus) // 2:] or [backend.tau]
     return float(np.mean(half))
 
@@ -164,10 +169,11 @@ def gated_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityCo
     tau_star = controlled_tau(backend, ids)
     chosen, executed = _gated_pass(backend, ids, config, tau_star, progress)
     backend.reset()
+    before = backend.gating, backend.fixed_tau
     backend.gating, backend.fixed_tau = False, None
     backend.prefill(np.asarray(ids[: config.context], np.int64), keep_logits=1)
     gates = backend.last_gates.ravel()
-    backend.gating = True
+    backend.gating, backend.fixed_tau = before
     curve = []
     for budget in budgets:
         tau = 0.0 if budget >= 1 else float(np.quantile(gates, 1 - budget))

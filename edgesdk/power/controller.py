@@ -19,6 +19,7 @@ guard calls it on the backend, which forwards it here).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -44,8 +45,10 @@ class ControllerConfig:
     floor: float = FLOOR  # min-max floor, as in training
 
     def __post_init__(self):
-        if self.entropy_target <= 0:
-            raise ValueError(f"entropy_target must be > 0 nats, got {self.entropy_target}")
+        most = math.log(self.window)  # a window of equal powers: the most entropy it can hold
+        if not (math.isfinite(self.entropy_target) and 0 < self.entropy_target < most):
+            raise ValueError(f"entropy_target must lie in (0, {most:.3f}) nats, the range a window of "
+                             f"{self.window} tokens can hold, got {self.entropy_target}")
         if not 0 < self.compute_budget <= 1:
             raise ValueError(f"compute_budget must be in (0, 1], got {self.compute_budget}")
         if not 0 <= self.min_compute <= 1:
@@ -85,20 +88,29 @@ class TauController:
         """Realised entropy of the last window (None until a window has been seen)."""
         return self.entropies[-1] if self.entropies else None
 
-    def observe(self, power: float | np.ndarray, executed: np.ndarray) -> float:
-        """One token's power p_t and per-layer executed flags (L,); returns the next step's tau."""
+    def observe(self, power: float | np.ndarray, executed: np.ndarray, steer: bool = True, count: bool = True
+                ) -> float:
+        """Tokens' power p_t (S,) and per-layer executed flags (S, L); returns the next step's tau.
+
+        ``steer=False`` only measures (gating off: tau stays where it is); ``count=False`` leaves the
+        rows out of the block counts (a prompt, whose FFNs ran whatever the gates said).
+        """
         c = self.config
         for value in np.atleast_1d(power).ravel():
             self.powers.append(float(value))
-        executed = np.asarray(executed, np.float64).reshape(-1, np.asarray(executed).shape[-1])
+        executed = np.asarray(executed, np.float64).reshape(-1, np.asarray(executed).shape[-1])  # (S, L)
         for row in executed:
             self.executed.append(float(row.mean()))
-            self.blocks_run += int(row.sum())
-            self.blocks_total += row.size
+            if count:
+                self.blocks_run += int(row.sum())
+                self.blocks_total += row.size
         if len(self.powers) >= c.window:
             h = window_entropy(np.fromiter(self.powers, np.float64), c.window, c.smooth, c.floor)
             self.entropies.append(h)
-            self._entropy_tau += c.gain_entropy * (h - c.entropy_target)
+            if steer:
+                self._entropy_tau += c.gain_entropy * (h - c.entropy_target)
+        if not steer:
+            return self.tau
         fraction = float(np.mean(self.executed)) if self.executed else 1.0
         excess = fraction - self.budget
         self._floor = min(c.tau_max, max(c.tau_min, self._floor + c.gain_budget * excess))

@@ -13,6 +13,7 @@ Everything the exporter and the runtime need (weights, scales, cost table, windo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,11 @@ class PowerConfig:
             raise ValueError("tau_train must be in (0, 1) and budget in (0, 1]")
         if self.rounds < 0 or self.rollout < 1 or self.new_tokens < WINDOW:
             raise ValueError(f"rounds >= 0, rollout >= 1 and new_tokens >= {WINDOW} (one entropy window) are required")
+        most = math.log(WINDOW)  # a window of equal powers
+        if self.entropy_target is not None and not (math.isfinite(self.entropy_target)
+                                                    and 0 < self.entropy_target < most):
+            raise ValueError(f"entropy_target must lie in (0, {most:.3f}) nats, the range a window of {WINDOW} "
+                             f"tokens can hold, got {self.entropy_target}")
 
 
 if adapter.restore_adapters not in checkpoint.LOAD_HOOKS:  # adapters survive a resumed build

@@ -37,15 +37,37 @@ def make_session_options(threads: int, spinning: bool = True):
     return options
 
 
+def check_onnxruntime_version(installed: str, needed: tuple[tuple[int, int], str] | None, form: str) -> None:
+    """Refuse, before loading, a graph form the installed onnxruntime cannot run (its own error
+    is an INVALID_GRAPH about an operator's output count, which names neither version)."""
+    if needed is None:
+        return
+    (major, minor), feature = needed
+    try:
+        have = tuple(int(part) for part in installed.split(".")[:2])
+    except ValueError:  # a development build: let the session say whether it can
+        return
+    if have < (major, minor):
+        raise RuntimeBackendError(
+            f"the bundle's '{form}' graph needs onnxruntime >= {major}.{minor} ({feature}); "
+            f"this machine has {installed}",
+            f"pip install 'onnxruntime>={major}.{minor}' (on a Jetson, an onnxruntime-gpu wheel of that "
+            "version or later), or rebuild the bundle with a recipe without that form",
+        )
+
+
 class OrtDecoderBase:
     """What both graph forms share: the session, the graph facts, prefill/decode on ``_run``."""
 
     load_hint = "run 'edgesdk verify' on the bundle; check 'edgesdk env' for the installed onnxruntime"
+    # The oldest onnxruntime that runs this graph form, and the operator feature that sets it.
+    min_onnxruntime: tuple[tuple[int, int], str] | None = None
 
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
                  spinning: bool = True, provider_options: list[dict] | None = None):
         import onnxruntime as ort
 
+        check_onnxruntime_version(ort.__version__, self.min_onnxruntime, graph.get("form", "standard"))
         self.providers = providers or ["CPUExecutionProvider"]
         self.name = "ort-cpu" if self.providers == ["CPUExecutionProvider"] else "ort-" + self.providers[0]
         try:

@@ -6,8 +6,11 @@ gates and power p_t go to the :class:`TauController`, which sets the next step's
 realised windowed entropy stays at the target and the executed-FFN fraction within the compute
 budget. ``set_compute_budget`` (called by the thermal guard) lowers the budget.
 
-``gating=False`` pins ``tau`` to 0: the same graph with every FFN running (the "gating off"
-reference of a benchmark). Prefill always runs at the controller's current ``tau``.
+``gating=False`` (the default, as on the command line) pins ``tau`` to 0: the same graph with
+every FFN running (the "gating off" reference of a benchmark); the controller then only measures.
+Prefill always runs at the effective ``tau``. A prompt's FFN runs for every token unless all of
+them are below ``tau`` (tokens below it only have its output zeroed), so the block counts in
+:meth:`stats` are those of decode steps, where a skipped block is never read.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
 
 class OrtGatedBackend(OrtFusedBackend):
     output_names = ("logits", "gates", "power")
+    min_onnxruntime = ((1, 23), "GroupQueryAttention's qk_output, read for the attention peak a_t")
 
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
                  spinning: bool = True, provider_options: list[dict] | None = None,
@@ -30,7 +34,7 @@ class OrtGatedBackend(OrtFusedBackend):
         super().__init__(model_path, graph, threads, providers, spinning, provider_options)
         self.power_settings = graph.get("power") or {}
         self.controller = TauController(controller or self.controller_config())
-        self.gating = True
+        self.gating = False  # skip FFN blocks only when asked (run --gating, benchmarks, eval's gated points)
         self.fixed_tau: float | None = None  # a constant threshold instead of the controller (sweeps, eval)
         self.last_gates: np.ndarray | None = None
         self.last_power: np.ndarray | None = None
@@ -72,12 +76,9 @@ class OrtGatedBackend(OrtFusedBackend):
     def _consume(self, outputs: list[np.ndarray]) -> np.ndarray:
         logits, gates, power = (output[0] for output in outputs)  # (keep, vocab), (S, L), (S,)
         self.last_gates, self.last_power = gates, power
-        if self.gating:
-            self.controller.observe(power, gates >= self.tau)
-        else:
-            self.controller.observe(power, np.ones_like(gates))
+        self.controller.observe(power, gates >= self.tau, steer=self.gating, count=gates.shape[0] == 1)
         return logits
 
     def stats(self) -> dict:
-        """Realised entropy, FFN blocks skipped, executed fraction, current tau and budget."""
-        return self.controller.summary()
+        """Realised entropy, FFN blocks skipped in decode, executed fraction, the tau in use and the budget."""
+        return {**self.controller.summary(), "tau": round(self.tau, 4), "gating": self.gating}

@@ -246,7 +246,7 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
             notes.append(f"guard ({profile.name}): warm {the_guard.thresholds[Level.WARM]:g} °C, "
                          f"pacing to {the_guard.setpoint_c:g} °C from {the_guard.thresholds[Level.HOT]:g} °C, "
                          f"pause at {limits.hard_c:g} °C until below {limits.resume_c:g} °C; "
-                         f"compute budget {'via the power gate' if the_guard.budget_target else 'not adjustable (no power gate)'}")
+                         f"compute budget {'via the power gate' if the_guard.budget_target else 'not adjustable (no power gate in use)'}")
         meta = {"profile": profile.name, "mode": "simulated" if simulate else "board", "guarded": guard,
                 "ambient_c": board.ambient_c if board else None, "limits": limits.__dict__,
                 "setpoint_c": the_guard.setpoint_c if the_guard else None}

@@ -78,9 +78,27 @@ def test_tau_stays_within_bounds_and_reset_forgets_history():
     assert controller.summary()["blocks_total"] == 0
 
 
+@pytest.mark.parametrize("target", [0, 2.1, 5.0, float("nan"), float("inf")])
+def test_an_entropy_target_no_window_can_hold_is_refused(target):
+    """ln(8) = 2.079 nats is the most an 8-token window holds; above it (or NaN) the controller
+    would drive tau to its bound and gating would quietly stop."""
+    with pytest.raises(ValueError, match=r"entropy_target must lie in \(0, 2.079\) nats"):
+        ControllerConfig(entropy_target=target)
+
+
+def test_measuring_only_leaves_tau_alone_and_uncounted_rows_out_of_the_block_counts():
+    controller = TauController(ControllerConfig(tau_init=0.5))
+    rng = np.random.default_rng(0)
+    for _ in range(32):  # gating off: every block runs, tau must not wind up toward the budget floor
+        controller.observe(rng.random(), np.ones(4), steer=False)
+    assert controller.tau == 0.5
+    assert controller.entropy is not None  # still measured
+    assert controller.summary()["blocks_total"] == 32 * 4
+    controller.observe(rng.random(16), np.zeros((16, 4)), count=False)  # a prompt: its FFNs ran anyway
+    assert controller.summary()["blocks_total"] == 32 * 4
+
+
 def test_config_is_validated():
-    with pytest.raises(ValueError, match="entropy_target"):
-        ControllerConfig(entropy_target=0)
     with pytest.raises(ValueError, match="compute_budget"):
         ControllerConfig(compute_budget=1.5)
     with pytest.raises(ValueError, match="min_compute"):

@@ -73,7 +73,7 @@ def test_exported_gated_graph_matches_the_pytorch_gated_model(arch, weights, tmp
         logits, gates, power = _reference(model, state, info, ids, tau)
         assert tau == 0 or 0 < (gates < tau).mean() < 1  # some FFN blocks skipped, not all
         backend.reset()
-        backend.fixed_tau = tau
+        backend.gating, backend.fixed_tau = True, tau
         got = backend.prefill(ids[:prompt].numpy(), keep_logits=prompt)
         np.testing.assert_allclose(got, logits[:prompt], atol=2e-4)
         np.testing.assert_allclose(backend.last_gates, gates[:prompt], atol=1e-5)
@@ -108,11 +108,11 @@ def test_tau_above_every_gate_skips_every_ffn_at_decode(tmp_path):
     backend = OrtGatedBackend(tmp_path / "model.onnx", spec.to_json(), threads=1)
     ids = torch.randint(0, 320, (12,))
     logits, _, _ = _reference(model, state, info, ids, 1.01)
-    backend.fixed_tau = 1.01
+    backend.gating, backend.fixed_tau = True, 1.01
     backend.prefill(ids[:6].numpy())
     steps = np.stack([backend.decode(int(t)) for t in ids[6:]])
     np.testing.assert_allclose(steps, logits[6:], atol=2e-4)
-    assert backend.stats()["blocks_skipped"] == backend.stats()["blocks_total"] == 12 * 3
+    assert backend.stats()["blocks_skipped"] == backend.stats()["blocks_total"] == 6 * 3  # decode steps
 
 
 # -- the power recipe end to end ------------------------------------------------------------------
@@ -154,10 +154,13 @@ def test_power_bundle_records_the_stage_and_runs_with_its_controller(power_bundl
     runtime = open_runtime(power_bundle.path, ignore_target=True)
     backend = runtime.backend
     assert isinstance(backend, OrtGatedBackend)
+    assert backend.gating is False  # off unless asked for, through the API as on the command line
+    backend.gating = True
     ids = runtime.tokenizer.encode("The quick brown fox", add_special_tokens=False)
     _, stats = generate(backend, ids, SamplingConfig(max_new_tokens=24), set())
     summary = backend.stats()
-    assert summary["blocks_total"] == (len(ids) + stats.new_tokens - 1) * graph["num_layers"]
+    # Decode steps only: a prompt's FFNs run for every token unless all its gates are below tau.
+    assert summary["blocks_total"] == (stats.new_tokens - 1) * graph["num_layers"]
     assert summary["mean_entropy"] is not None
     backend.set_compute_budget(0.5)  # the thermal guard's call
     assert backend.controller.budget == 0.5
@@ -187,3 +190,66 @@ def test_cli_run_and_eval_on_a_gated_bundle_without_torch(power_bundle, tmp_path
     bad = run_blocked("run", bundle, "--prompt", "x", "--compute-budget", 2, "--ignore-target", cwd=tmp_path)
     assert bad.returncode != 0
     assert "compute_budget" in bad.stderr
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (("--entropy-target", 5), "entropy_target must lie in (0, 2.079) nats"),
+    (("--entropy-target", "nan"), "entropy_target must lie in (0, 2.079) nats"),
+    (("--no-gating", "--compute-budget", 0.5), "which --no-gating turns off"),
+], ids=["above-ln-window", "nan", "no-gating-with-budget"])
+def test_gate_options_that_cannot_apply_are_refused(power_bundle, tmp_path, options, message):
+    proc = run_blocked("run", power_bundle.path, "--prompt", "hello", "-n", 4, "--ignore-target", *options,
+                       cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+
+
+def test_gating_off_reports_the_tau_in_use_and_the_guard_does_not_claim_the_gate(power_bundle, tmp_path):
+    proc = run_blocked("run", power_bundle.path, "--prompt", "hello there", "-n", 12, "--stats", "--raw",
+                       "--simulate-thermal", "--ambient", 50, "--ignore-target", cwd=tmp_path)
+    assert_ok(proc)
+    assert "tau 0.000" in proc.stderr
+    assert "gating off" in proc.stderr
+    assert "the bundle's power gates are off, so the guard paces" in proc.stderr
+    assert "compute budget not adjustable (no power gate in use)" in proc.stderr
+    gated = run_blocked("run", power_bundle.path, "--prompt", "hello there", "-n", 12, "--stats", "--raw",
+                        "--simulate-thermal", "--ambient", 50, "--ignore-target", "--gating", cwd=tmp_path)
+    assert_ok(gated)
+    assert "compute budget via the power gate" in gated.stderr
+
+
+def test_eval_budgets_are_checked_on_every_bundle(tiny_bundle, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(CORPUS), encoding="utf-8")
+    common = ("--text", text, "--context", 32, "--stride", 32, "--ignore-target")
+    bad = run_blocked("eval", tiny_bundle.path, *common, "--budgets", "0.5,banana", cwd=tmp_path)
+    assert bad.returncode == 2
+    assert "--budgets" in bad.stderr
+    assert "comma-separated numbers" in bad.stderr
+    plain = run_blocked("eval", tiny_bundle.path, *common, "--budgets", "0.5", cwd=tmp_path)
+    assert plain.returncode != 0
+    assert "--budgets needs a bundle with power gates" in plain.stderr
+
+
+def test_gated_evaluation_leaves_the_backends_settings_as_it_found_them(power_bundle):
+    from edgesdk.evaluate import PerplexityConfig, gated_perplexity
+    from edgesdk.runtime.session import open_runtime
+
+    runtime = open_runtime(power_bundle.path, ignore_target=True)
+    gated_perplexity(runtime, " ".join(CORPUS), PerplexityConfig(context=32, stride=32, max_chars=400), (0.8,))
+    assert (runtime.backend.gating, runtime.backend.fixed_tau) == (False, None)
+
+
+def test_a_gated_bundle_on_an_onnxruntime_too_old_names_the_version_and_the_fix(power_bundle, monkeypatch):
+    import onnxruntime
+
+    from edgesdk.errors import RuntimeBackendError
+    from edgesdk.runtime.session import open_runtime
+
+    monkeypatch.setattr(onnxruntime, "__version__", "1.22.1")
+    with pytest.raises(RuntimeBackendError) as info:
+        open_runtime(power_bundle.path, ignore_target=True)
+    assert "'ort-fused-gated' graph needs onnxruntime >= 1.23" in str(info.value)
+    assert "this machine has 1.22.1" in str(info.value)
+    assert "pip install 'onnxruntime>=1.23'" in info.value.fix
+    assert "pass --backend ort-cpu" not in info.value.fix  # that is the backend which just failed
