@@ -10,7 +10,8 @@ Per decode step the plain graph (export/llama_graph.py) runs ~40 small ops per l
 
 MatMul is ``com.microsoft.MatMulNBits`` (block-wise 8- or 4-bit weights, int8 compute with
 accuracy_level 4) for quantized bundles, or a plain MatMul for float32. A tied embedding is
-stored once, block-quantized, and read by both ``GatherBlockQuantized`` and the LM head.
+stored once, block-quantized, and read by both ``GatherBlockQuantized`` and the LM head; an untied
+embedding and LM head are two matrices, both block-quantized at ``FusedConfig.head_bits``.
 
 Interface (runtime: edgesdk/runtime/ort_fused_backend.py):
 
@@ -51,8 +52,9 @@ class FusedConfig:
     weights: str = "int8"  # fp32 | int8 | int4: MatMul vs MatMulNBits with 8 or 4 bits
     block_size: int = 32  # quantization block along K (a power of two >= 16; the default recipe uses 64)
     accuracy_level: int = 4  # MatMulNBits compute: 4 = int8 activations per block (fast, near fp32)
-    quantize_embedding: bool = True  # tied embedding / LM head quantized too (4x fewer bytes at int8)
-    embedding_bits: int | None = None  # bits of the tied embedding / LM head; None = as the layers.
+    quantize_embedding: bool = True  # embedding and LM head quantized too (4x fewer bytes at int8)
+    embedding_bits: int | None = None  # bits of the embedding and the LM head, tied or not (an untied pair
+    # is two block-quantized matrices at these bits, as fake_quant.attach trains them); None = as the layers.
     # 8 with int4 layers keeps the most error-sensitive matrix (it scores every token) at 8 bits.
     eight_bit_linears: tuple[str, ...] = ()  # decoder linears kept at 8 bits in an int4 graph (the QAT
     # scheme's mixed precision, compress/mixed_precision.py); a fused unit takes all its linears' bits
@@ -70,7 +72,7 @@ class FusedConfig:
 
     @property
     def head_bits(self) -> int | None:
-        """Bits of the tied embedding / LM head (None: float32)."""
+        """Bits of the embedding and the LM head, tied or untied (None: float32)."""
         if self.bits is None or not self.quantize_embedding:
             return None
         return self.embedding_bits or self.bits
@@ -149,6 +151,15 @@ class _FusedEmitter:
             x = g.op("Slice", [x, g.i64([0]), g.i64([w.hidden_size]), g.i64([-1])])  # (B, S, D)
         return x, (q, (packed, scales))
 
+    def head(self, h: str, weight: np.ndarray) -> str:
+        """An untied LM head ``h @ weight`` (weight (D, V)): block-quantized at ``head_bits`` like a tied
+        one, never at the layers' bits (a QAT scheme trains the head at its ``embedding_bits``)."""
+        bits = self.config.head_bits
+        if bits is None:
+            return self.g.op("MatMul", [h, self.g.const(weight.astype(np.float32), "lm_head.weight")])
+        return self._matmul_nbits(h, quantize_blockwise(weight.astype(np.float32), bits, self.config.block_size),
+                                  "lm_head")
+
     def attention(self, i: int, layer, h: str, cos: str, sin: str) -> str:
         """Layer ``i``'s attention on the normalized input ``h``, through the output projection."""
         g, hd = self.g, self.hd
@@ -212,8 +223,8 @@ class _FusedEmitter:
         neg_keep = g.op("Neg", ["num_logits_to_keep"])
         h = g.op("Slice", [h, neg_keep, g.i64([np.iinfo(np.int64).max]), g.i64([1])])  # (B, K, D)
         quantized, stored = tied_head
-        if w.lm_head is not None:  # untied: its own weights
-            logits = self.linear(h, w.lm_head.T.copy(), "lm_head")  # (B, K, V)
+        if w.lm_head is not None:  # untied: its own matrix, at the head's bits (QAT trains it at embedding_bits)
+            logits = self.head(h, w.lm_head.T.copy())  # (B, K, V)
         elif quantized is not None:  # tied and quantized: the embedding's bytes, read once more
             logits = self._matmul_nbits(h, quantized, "lm_head", stored)
         else:  # tied float32: Gemm with transB on the embedding table, no transposed copy

@@ -37,7 +37,7 @@ class ExportConfig:
     form: str = "standard"  # standard (portable, TensorRT) | ort-fused (fast on ONNX Runtime CPU)
     weights: str = "fp32"  # fp32 | int8 | int4 (ort-fused: block-wise; standard: int8 per channel, QDQ)
     block_size: int = 32  # quantization block along K (ort-fused); must equal qat.block_size after QAT
-    embedding_bits: int | None = None  # tied embedding / LM head bits. ort-fused: None = as the layers;
+    embedding_bits: int | None = None  # embedding / LM head bits. ort-fused (tied or not): None = as the layers;
     # standard (QDQ): None = float32, 8 = INT8 per row
     sparse: bool = False  # also store block-compressed INT8 weights + AOT kernels (export/sparse_export.py)
     sparse_layout: str = "plain"  # plain (N-major blocks) | transposed (the seed's K-major blocks)

@@ -248,7 +248,7 @@ def validate_qdq(model, onnx_path: Path, spec: GraphSpec, config: ValidationConf
 def fake_quantized_copy(model, bits: int, block_size: int, head_bits: int | None = None,
                         eight_bit_linears: tuple[str, ...] = ()):
     """A copy of ``model`` whose decoder linears (``eight_bit_linears`` at 8 bits, the rest at
-    ``bits``; the tied embedding at ``head_bits``, None keeps it in float) carry the exported
+    ``bits``; the embedding and LM head, tied or not, at ``head_bits``, None keeps them in float) carry the exported
     block-quantized weights, dequantized: what the fused graph multiplies by."""
     import copy
 
@@ -266,11 +266,11 @@ def fake_quantized_copy(model, bits: int, block_size: int, head_bits: int | None
         for name, linear in decoder_linears(clone).items():
             linear.weight.copy_(requantize(linear.weight, 8 if name in eight_bit_linears else bits))
         tied = clone.lm_head.weight.data_ptr() == clone.model.embed_tokens.weight.data_ptr()
-        if not tied:  # an untied LM head is a linear like the others
-            clone.lm_head.weight.copy_(requantize(clone.lm_head.weight))
         if head_bits is not None:  # rows of the (V, D) table, blocks along D: the same as the head's layout
             embed = clone.model.embed_tokens.weight
             embed.copy_(requantize(embed, head_bits))
+            if not tied:  # an untied LM head: the same bits and layout (fused_graph ``head``)
+                clone.lm_head.weight.copy_(requantize(clone.lm_head.weight, head_bits))
     return clone
 
 

@@ -26,7 +26,7 @@ class ExportSection(BaseModel):
     form: Literal["standard", "ort-fused"] = "standard"
     weights: Literal["fp32", "int8", "int4"] = "fp32"
     block_size: int = Field(32, ge=16, le=4096)  # a power of two (checked below)
-    embedding_bits: Literal[4, 8] | None = None  # tied embedding / LM head; None = as the layers
+    embedding_bits: Literal[4, 8] | None = None  # embedding / LM head (tied or not); None = as the layers
     sparse: bool = False  # also store block-compressed INT8 weights and AOT kernels (triton backend)
     sparse_layout: Literal["plain", "transposed"] = "plain"  # intra-block order of the stored blocks
     weights_codec: Literal["none", "zlib"] = "none"  # zlib: entropy-coded weights file (ort-fused form only)

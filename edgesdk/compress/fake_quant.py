@@ -37,7 +37,7 @@ class QuantScheme:
     granularity: str = "block"  # block: MatMulNBits layout (ORT CPU form); channel: QDQ per-channel
     block_size: int = 32  # input features per scale for granularity=block (MatMulNBits: a power of two >= 16)
     activations: str = "block"  # none | block (dynamic per weight block, MatMulNBits acc-4) | tensor (static, QDQ)
-    embedding_bits: int | None = 8  # tied embedding / LM head bits; None leaves it in float32
+    embedding_bits: int | None = 8  # embedding and LM head bits (tied or not); None leaves them in float32
     activation_scales: dict[str, float] = field(default_factory=dict)  # per linear, activations=tensor
     eight_bit_linears: tuple[str, ...] = ()  # linears kept at 8 bits under weight_bits=4 (mixed precision)
 
@@ -241,12 +241,14 @@ def attach(model, scheme: QuantScheme) -> None:
     for name, linear in decoder_linears(model).items():
         _make_quant_linear(linear, scheme, scheme.bits_of(name), name)
     if scheme.embedding_bits is not None:
+        # The LM head and the embedding, tied or not, at embedding_bits in blocks along D: the layout the
+        # fused export stores both in (FusedConfig.head_bits). An untied embedding is a second table on
+        # the same grid, baked by detach() like the head.
         head_scheme = QuantScheme(**{**scheme.to_json(), "granularity": "block", "activations": "none"})
         _make_quant_linear(model.lm_head, head_scheme, scheme.embedding_bits, "lm_head")
-        if is_tied(model):
-            embedding = model.model.embed_tokens
-            embedding.__class__ = QuantEmbedding
-            embedding.scheme, embedding.bits = head_scheme, scheme.embedding_bits
+        embedding = model.model.embed_tokens
+        embedding.__class__ = QuantEmbedding
+        embedding.scheme, embedding.bits = head_scheme, scheme.embedding_bits
     setattr(model.config, CONFIG_KEY, scheme.to_json())
 
 
@@ -270,6 +272,7 @@ def detach(model, bake: bool = True) -> QuantScheme:
     if scheme is None:
         raise ValueError("the model carries no quantization scheme; call attach() first")
     scales = dict(scheme.activation_scales)
+    tied = is_tied(model)
     with torch.no_grad():
         for module in list(model.modules()):
             if isinstance(module, QuantLinear):
@@ -282,6 +285,8 @@ def detach(model, bake: bool = True) -> QuantScheme:
                 for cached in ("_cached", "_cached_version", "_scales", "_scale_age"):
                     module.__dict__.pop(cached, None)
             elif isinstance(module, QuantEmbedding):
+                if bake and not tied:  # a tied table is baked once, as the LM head
+                    module.weight.copy_(quantize_weight(module.weight, module.bits, "block", module.scheme.block_size))
                 module.__class__ = nn.Embedding
     scheme = QuantScheme(**{**scheme.to_json(), "activation_scales": scales})
     setattr(model.config, CONFIG_KEY, scheme.to_json())

@@ -13,8 +13,8 @@ from edgesdk.compress.structure import layer_records
 
 def weight_bytes(model, scheme: QuantScheme | None) -> int:
     """Bytes of the exported weights: codes plus one scale per block (float16, the MatMulNBits
-    layout) or per channel (float32, QDQ); norms and float weights at 4 bytes. The tied embedding /
-    LM head is stored once."""
+    layout) or per channel (float32, QDQ); norms and float weights at 4 bytes. The embedding and the
+    LM head take the scheme's embedding_bits; tied, they are stored once."""
     def quantized(numel: int, rows: int, bits: int, granularity: str, block: int) -> int:
         if granularity == "channel":
             return numel * bits // 8 + 4 * rows
@@ -34,9 +34,10 @@ def weight_bytes(model, scheme: QuantScheme | None) -> int:
     bits = scheme.embedding_bits if scheme is not None else None
     block = scheme.block_size if scheme is not None else 32
     total += quantized(embed.numel(), embed.shape[0], bits, "block", block) if bits else 4 * embed.numel()
-    if not is_tied(model):
-        counted.add(id(model.lm_head.weight))
-        total += 4 * model.lm_head.weight.numel()
+    if not is_tied(model):  # an untied head: its own matrix at the embedding's bits (fake_quant.attach)
+        head = model.lm_head.weight
+        counted.add(id(head))
+        total += quantized(head.numel(), head.shape[0], bits, "block", block) if bits else 4 * head.numel()
     total += sum(4 * p.numel() for p in model.parameters() if id(p) not in counted)
     return total
 

@@ -36,7 +36,7 @@ class QATConfig:
     granularity: str = "block"  # block (MatMulNBits, ORT CPU form) | channel (QDQ, TensorRT form)
     block_size: int = 32  # 32: least rounding error; 64 decodes faster (default recipe); = export.block_size
     activations: str = "block"  # block: what MatMulNBits acc-4 does at run time; tensor: QDQ observers
-    embedding_bits: int | None = 8  # tied embedding / LM head at 8 bits: it scores every token
+    embedding_bits: int | None = 8  # embedding and LM head (tied or not) at 8 bits: the head scores every token
     eight_bit_fraction: float = 0.0  # weight_bits 4: this fraction of the linear weights stays at 8 bits,
     # the units whose INT4 rounding costs most by Fisher-weighted error (compress/mixed_precision.py)
     fisher_batches: int = 8  # calibration batches for that choice (8 x 2 x 256 = 4k tokens, ~1 min)

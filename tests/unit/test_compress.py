@@ -49,10 +49,31 @@ def test_fake_quant_equals_export_at_other_block_sizes(hidden, heads, block, see
     _check_fake_quant_equals_export(4, seed, hidden, block, tmp_path, heads=heads, kv_heads=1)
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("seed", range(2))
+def test_untied_fake_quant_equals_exported_block_graph(bits, seed, tmp_path):
+    """An untied model: QAT quantizes the LM head and the embedding at embedding_bits (not the layers'
+    bits), and the fused export stores both on that grid, so the graph computes what QAT trained."""
+    _check_fake_quant_equals_export(bits, seed, 64, 32, tmp_path, tie=False)
+
+
+def test_untied_head_and_embedding_are_counted_at_embedding_bits():
+    from edgesdk.compress.measure import weight_bytes
+
+    tied, untied = tiny_llama(seed=0), tiny_llama(seed=0, tie=False)
+    scheme = fake_quant.QuantScheme(weight_bits=4, embedding_bits=8)
+    table = untied.model.embed_tokens.weight.numel()
+    # the second (V, D) table of the untied model costs what the first does: 8-bit codes + float16 scales
+    assert weight_bytes(untied, scheme) - weight_bytes(tied, scheme) == table + 2 * (table // 32)
+    fake_quant.attach(untied, scheme)
+    assert isinstance(untied.model.embed_tokens, fake_quant.QuantEmbedding)
+    assert untied.lm_head.bits == untied.model.embed_tokens.bits == 8
+
+
 def _check_fake_quant_equals_export(bits: int, seed: int, hidden: int, block: int, tmp_path, heads: int = 4,
-                                    kv_heads: int = 2) -> None:
+                                    kv_heads: int = 2, tie: bool = True) -> None:
     head_bits = 4 if seed % 2 else 8
-    model = tiny_llama(seed=seed, hidden=hidden, heads=heads, kv_heads=kv_heads)
+    model = tiny_llama(seed=seed, hidden=hidden, heads=heads, kv_heads=kv_heads, tie=tie)
     scheme = fake_quant.QuantScheme(weight_bits=bits, activations="none", embedding_bits=head_bits,
                                     block_size=block)
     fake_quant.attach(model, scheme)

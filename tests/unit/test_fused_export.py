@@ -69,6 +69,24 @@ def test_fused_export_validates(arch, weights, tmp_path):
         assert report.max_abs_diff["layout/decode"] < 1e-4
 
 
+def test_untied_head_is_stored_at_the_embedding_bits(tmp_path):
+    """int4 layers with embedding_bits 8: an untied LM head is an 8-bit MatMulNBits (as QAT trains it), the
+    embedding an 8-bit GatherBlockQuantized, and validation's reference quantizes both the same way."""
+    import onnx
+
+    model = tiny_llama(tie=False)
+    config = ExportConfig(form="ort-fused", weights="int4", embedding_bits=8, max_context=64)
+    spec = export_model(model, tmp_path, config)
+    nodes = onnx.load(str(tmp_path / MODEL_FILE), load_external_data=False).graph.node
+    bits = {node.input[1] if node.op_type == "MatMulNBits" else "embedding": next(a.i for a in node.attribute
+                                                                                  if a.name == "bits")
+            for node in nodes if node.op_type in ("MatMulNBits", "GatherBlockQuantized")}
+    assert bits["lm_head.qweight"] == bits["embedding"] == 8
+    assert bits["layers.0.attn.qkv.qweight"] == 4
+    report = validate_fused(model, tmp_path / MODEL_FILE, spec, config.fused(), ValidationConfig(prompts=1))
+    assert report.max_abs_diff["layout/decode"] < 1e-4
+
+
 def test_fused_layout_bug_is_caught(tmp_path):
     """A graph whose weights disagree with the model fails the exact layout check."""
     model = tiny_llama()
