@@ -55,6 +55,12 @@ class BlockSparseWeight:
     layout: str = "plain"      # "plain" | "transposed"
 
     def __post_init__(self) -> None:
+        """Checks what the kernels rely on and cannot check per launch: dtypes (int8 values, int32 indices,
+        float32 scales), shapes, CSR offsets that start at 0, never decrease and end at nnz, block columns within
+        ``ceil(K / block_k)``. The four tensors are made contiguous (the kernels index them as flat arrays).
+        Raises ValueError naming the tensor, what it holds and what was expected."""
+        for name in ("values", "col_index", "row_offsets", "scales"):
+            object.__setattr__(self, name, getattr(self, name).contiguous())
         n, k = self.shape
         bn, bk = self.block
         if self.layout not in LAYOUTS:
@@ -70,6 +76,18 @@ class BlockSparseWeight:
             raise ValueError(f"row_offsets must have {_cdiv(n, bn) + 1} entries, got {self.row_offsets.numel()}")
         if self.scales.numel() != n:
             raise ValueError(f"scales must have N={n} entries, got {self.scales.numel()}")
+        for name, dtype in (("col_index", torch.int32), ("row_offsets", torch.int32), ("scales", torch.float32)):
+            got = getattr(self, name).dtype
+            if got != dtype:
+                raise ValueError(f"{name} must be {dtype} (the kernels read it so), got {got}")
+        offsets = self.row_offsets.tolist()
+        steps = [b - a for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        if offsets[0] != 0 or offsets[-1] != nnz or min(steps, default=0) < 0:
+            raise ValueError(f"row_offsets must start at 0, never decrease and end at nnz={nnz}, got "
+                             f"{offsets if len(offsets) <= 12 else offsets[:6] + ['...'] + offsets[-6:]}")
+        if nnz and (int(self.col_index.min()) < 0 or int(self.col_index.max()) >= _cdiv(k, bk)):
+            raise ValueError(f"col_index must lie in [0, {_cdiv(k, bk)}) (block columns of K={k} in blocks of "
+                             f"{bk}), got values in [{int(self.col_index.min())}, {int(self.col_index.max())}]")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -183,6 +201,8 @@ class BlockSparseWeight:
         if len(meta) != _META_LEN:
             raise ValueError(f"{base}meta must hold {_META_LEN} integers, got {meta}")
         n, k, bn, bk, layout_code = meta
+        if not 0 <= layout_code < len(LAYOUTS):
+            raise ValueError(f"{base}meta holds layout code {layout_code}; expected 0 (plain) or 1 (transposed)")
         weight = cls(values=state[f"{base}values"], col_index=state[f"{base}col_index"],
                      row_offsets=state[f"{base}row_offsets"], scales=state[f"{base}scales"],
                      shape=(n, k), block=(bn, bk), layout=LAYOUTS[layout_code])

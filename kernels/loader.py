@@ -26,6 +26,10 @@ _MAX_DYNAMIC_SHARED_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory above this needs the opt-in attribute
 _CTYPES = {"i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
            "fp32": ctypes.c_float, "fp64": ctypes.c_double, "i1": ctypes.c_bool}
+# element type of a pointer parameter -> the torch dtype (as str) a tensor passed for it must have
+_POINTEE_DTYPES = {"i8": "torch.int8", "u8": "torch.uint8", "i32": "torch.int32", "i64": "torch.int64",
+                   "fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32",
+                   "fp64": "torch.float64"}
 
 
 class KernelLoadError(RuntimeError):
@@ -270,6 +274,11 @@ class LoadedKernel:
         alignment = int(self.meta.get("pointer_alignment", 1))
         for (name, ty), value in zip(specs, params, strict=True):
             if ty.startswith("*"):
+                expected = _POINTEE_DTYPES.get(ty[1:])
+                got = getattr(value, "dtype", None)
+                if expected is not None and got is not None and str(got) != expected:
+                    raise TypeError(f"{self.name}: {name} is {ty} (compiled so), got a {got} tensor: the kernel "
+                                    f"would read its bytes as {ty[1:]}; pass a {expected} tensor")
                 address = _pointer(value)
                 if address % alignment:
                     raise ValueError(f"{self.name}: {name} must be {alignment}-byte aligned (compiled so); got "

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from edgesdk.kernels.aot import default_variants  # noqa: E402
+from edgesdk.kernels.block_sparse import BlockSparseWeight  # noqa: E402
 from edgesdk.kernels.loader import CompiledKernels, LoadedKernel  # noqa: E402
 from edgesdk.kernels.tuning import tuning_for  # noqa: E402
 
@@ -75,4 +76,20 @@ def test_compiled_attention_checks_heads_and_lengths_like_the_twin(q_shape, cach
     cache = torch.zeros(cache_shape)
     with pytest.raises(ValueError, match=message):
         kernels.gqa_decode_attention(torch.randn(q_shape), cache, cache, torch.tensor(lengths), 0.125)
+    assert not driver.launches
+
+
+# ---------------------------------------------------------------------------------------------- block-sparse
+@pytest.mark.parametrize(("field", "dtype", "param"), [
+    ("col_index", torch.int64, "col_ptr"), ("row_offsets", torch.int64, "rowoff_ptr"),
+    ("scales", torch.float16, "scales_ptr"), ("values", torch.uint8, "values_ptr"),
+])
+def test_compiled_matmul_refuses_tensors_of_another_dtype_than_compiled(field, dtype, param):
+    """The kernel reads a pointer's bytes as its compiled element type (``*i32``, ``*fp32``...): an int64 index
+    or a float16 scale tensor was launched and read as garbage."""
+    kernels, driver = fake_kernels()
+    w = BlockSparseWeight.from_dense(torch.ones(64, 64, dtype=torch.int8), torch.ones(64))
+    object.__setattr__(w, field, getattr(w, field).to(dtype))  # past __post_init__, which refuses it too
+    with pytest.raises(TypeError, match=f"{param} is \\*\\w+ \\(compiled so\\), got a {dtype} tensor"):
+        kernels.block_sparse_matmul(torch.randn(1, 64), w)
     assert not driver.launches

@@ -110,6 +110,40 @@ def test_state_dict_round_trip():
         assert torch.equal(back.to_dense(), w.to_dense())
 
 
+
+@pytest.mark.parametrize(("patch", "message"), [
+    ({"row_offsets": [0, 2, 9]}, r"row_offsets must start at 0, never decrease and end at nnz=4, got \[0, 2, 9\]"),
+    ({"row_offsets": [0, 3, 2]}, "row_offsets must start at 0, never decrease"),
+    ({"row_offsets": [1, 2, 4]}, "row_offsets must start at 0"),
+    ({"col_index": [0, 1, 0, 7]}, r"col_index must lie in \[0, 2\).*got values in \[0, 7\]"),
+    ({"col_index": [0, -1, 0, 1]}, r"col_index must lie in \[0, 2\)"),
+    ({"col_index": "int64"}, "col_index must be torch.int32.*got torch.int64"),
+    ({"row_offsets": "int64"}, "row_offsets must be torch.int32"),
+    ({"scales": "float16"}, "scales must be torch.float32.*got torch.float16"),
+    ({"meta": [64, 64, 32, 32, -1]}, "layout code -1; expected 0 \\(plain\\) or 1 \\(transposed\\)"),
+    ({"meta": [64, 64, 32, 32, 2]}, "layout code 2"),
+])
+def test_corrupt_bsr_tensors_are_refused_on_load(patch, message):
+    """Offsets past nnz, out-of-range block columns, wrong dtypes (the kernels read int32 / float32 bytes) and a
+    layout code -1 (read as "transposed") were accepted and read out of bounds or as garbage."""
+    state = BlockSparseWeight.from_dense(torch.ones(64, 64, dtype=torch.int8), torch.ones(64)).state_dict("w")
+    for name, value in patch.items():
+        old = state[f"w.{name}"]
+        state[f"w.{name}"] = old.to(getattr(torch, value)) if isinstance(value, str) else \
+            torch.tensor(value, dtype=old.dtype)
+    with pytest.raises(ValueError, match=message):
+        BlockSparseWeight.from_state_dict(state, "w")
+
+
+def test_non_contiguous_values_are_stored_contiguous():
+    """The kernels index values as flat tiles; a strided view of the right shape read the wrong bytes."""
+    w = BlockSparseWeight.from_dense(torch.randint(-127, 128, (64, 64), dtype=torch.int8), torch.ones(64))
+    view = w.values.transpose(1, 2).contiguous().transpose(1, 2)  # same shape and elements, other strides
+    assert not view.is_contiguous()
+    again = BlockSparseWeight(view, w.col_index, w.row_offsets, w.scales, w.shape, w.block, w.layout)
+    assert again.values.is_contiguous()
+    assert torch.equal(again.values, w.values)
+
 def test_reference_equals_dense_matmul():
     w, *_ = random_weight(100, 70, 0.5, "transposed")
     x = torch.randn(5, 70)
