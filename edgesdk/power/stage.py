@@ -69,6 +69,12 @@ class PowerConfig:
             raise ValueError("tau_train must be in (0, 1) and budget in (0, 1]")
         if self.rounds < 0 or self.rollout < 1 or self.new_tokens < WINDOW:
             raise ValueError(f"rounds >= 0, rollout >= 1 and new_tokens >= {WINDOW} (one entropy window) are required")
+        for weights in (self.weights, *self.sweep):
+            if len(weights) != 3 or not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
+                raise ValueError(f"power weights (alpha, beta, gamma) must be three finite numbers >= 0 with a "
+                                 f"positive sum, got {weights}")
+        if not self.sweep:
+            raise ValueError("sweep needs at least one (alpha, beta, gamma) point")
         most = math.log(WINDOW)  # a window of equal powers
         if self.entropy_target is not None and not (math.isfinite(self.entropy_target)
                                                     and 0 < self.entropy_target < most):
@@ -98,9 +104,10 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
     ids = ctx.training_data().ids
     held = min(max(config.sweep_tokens + 1, 64), ids.numel() // 5)
     pool, heldout = ids[:-held], ids[-held:]  # the sweep's tokens are never trained on
-    if pool.numel() < config.prompt_tokens + 1:
+    if pool.numel() < config.prompt_tokens + 1 or held < WINDOW + 2:
         raise BuildError(f"the power stage has {ids.numel()} training tokens, too few for prompts of "
-                         f"{config.prompt_tokens}", "pass more --data text or lower power.prompt_tokens")
+                         f"{config.prompt_tokens} and a held-out sweep of at least {WINDOW + 2} tokens (one fifth)",
+                         "pass more --data text or lower power.prompt_tokens")
     max_context = int(getattr(model.config, "max_position_embeddings", 4096))
     cost = measure_kv_cost(model, max_context, config.bucket_size, config.profile_up_to, config.profile_buckets)
 

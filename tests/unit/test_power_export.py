@@ -253,3 +253,31 @@ def test_a_gated_bundle_on_an_onnxruntime_too_old_names_the_version_and_the_fix(
     assert "this machine has 1.22.1" in str(info.value)
     assert "pip install 'onnxruntime>=1.23'" in info.value.fix
     assert "pass --backend ort-cpu" not in info.value.fix  # that is the backend which just failed
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("power.sweep=[]", "sweep needs at least one"),
+    ("power.weights=[1.0, -1.0, 0.5]", "power weights (alpha, beta, gamma) must be three finite numbers >= 0"),
+    ("power.sweep=[[0, 0, 0]]", "with a positive sum"),
+    ("power.entropy_target=2.5", "entropy_target must lie in (0, 2.079) nats"),
+])
+def test_power_settings_that_cannot_train_are_refused_before_the_build(override, message):
+    from edgesdk.build.recipes import load_recipe
+    from edgesdk.errors import BuildError
+
+    with pytest.raises(BuildError) as info:
+        load_recipe("power").with_overrides([override]).validated()
+    assert message in str(info.value)
+
+
+def test_too_little_text_for_the_held_out_sweep_is_a_named_error(tiny_model_dir, tmp_path):
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.compress.data import DataConfig
+    from edgesdk.errors import BuildError
+
+    text = tmp_path / "train.txt"
+    text.write_text("the cat sat on the mat and the dog ran far away.", encoding="utf-8")
+    with pytest.raises(BuildError, match="held-out sweep of at least 10 tokens"):
+        build(BuildConfig(target="rpi5", model=str(tiny_model_dir), out=tmp_path / "b", recipe="power",
+                          progress=False, export=ExportConfig(max_context=64), overrides=TINY_POWER,
+                          data=DataConfig(files=(str(text),), generated_sequences=0)))
