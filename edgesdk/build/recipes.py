@@ -81,7 +81,56 @@ class Recipe(BaseModel):
         check_order(names)
         stages = [(entry.stage, make_config(entry.stage, entry.config)) for entry in self.stages]
         self._check_block_size(stages)
+        self._check_qat_matches_export(stages)
         return stages
+
+    def _check_qat_matches_export(self, stages: list[tuple[str, object]]) -> None:
+        """QAT bakes the weights onto one grid; the export must store that grid, or it re-rounds what QAT
+        trained (or trains one form and ships another). Checked here, before any stage runs.
+
+        * ort-fused int8/int4 (MatMulNBits): qat.weight_bits = the export's bits, granularity block,
+          activations block (what accuracy level 4 computes), embedding_bits = the export's head bits
+          (export.embedding_bits, or the layers' bits when that is unset);
+        * standard int8 (QDQ, TensorRT): weight_bits 8, granularity channel, activations tensor or none (the
+          graph has per-tensor activation Q/DQ or none), embedding_bits null (the graph stores the head in
+          float or INT8 per row, never on QAT's blocks);
+        * float32 exports ship the baked weights as they are: nothing to match.
+        """
+        export = self.export
+        if export.weights == "fp32":
+            return
+        for name, qat in stages:
+            if name != "qat":
+                continue
+            if export.form == "ort-fused":
+                bits = {"int8": 8, "int4": 4}[export.weights]
+                head_bits = export.embedding_bits or bits
+                wanted = {"weight_bits": (bits, f"--set export.weights=int{qat.weight_bits} as well (--weight-bits "
+                                                f"sets only qat.weight_bits), or --set qat.weight_bits={bits}"),
+                          "granularity": ("block", "--set qat.granularity=block (channel is the standard form's "
+                                                   "QDQ layout: --set export.form=standard --set export.weights=int8)"),
+                          "activations": ("block", "--set qat.activations=block (ONNX Runtime's MatMulNBits "
+                                                   "quantizes activations per block at run time)"),
+                          "embedding_bits": (head_bits, f"--set qat.embedding_bits={head_bits}, or "
+                                                        f"--set export.embedding_bits={qat.embedding_bits}"
+                                             if qat.embedding_bits else f"--set qat.embedding_bits={head_bits}")}
+                form = f"ort-fused {export.weights} export (LM head at {head_bits} bits)"
+            else:
+                wanted = {"weight_bits": (8, "--set qat.weight_bits=8 (4-bit weights need --set "
+                                             "export.form=ort-fused --set export.weights=int4)"),
+                          "granularity": ("channel", "--set qat.granularity=channel"),
+                          "activations": (("tensor", "none"), "--set qat.activations=tensor (TensorRT's static "
+                                                              "per-tensor scales)"),
+                          "embedding_bits": (None, "--set qat.embedding_bits=null")}
+                form = "standard int8 (QDQ) export"
+            for option, (expected, fix) in wanted.items():
+                value = getattr(qat, option)
+                if value != expected and not (isinstance(expected, tuple) and value in expected):
+                    shown = " or ".join(map(str, expected)) if isinstance(expected, tuple) else expected
+                    raise BuildError(
+                        f"recipe '{self.name}': qat.{option} is {value} but the {form} needs {shown}; QAT would "
+                        "train one form and the bundle ship another",
+                        f"{fix}, or pick a recipe whose export matches (edgesdk/recipes/)")
 
     def _check_block_size(self, stages: list[tuple[str, object]]) -> None:
         """QAT trains on the quantization grid of its block size; the fused export must store that grid."""

@@ -94,7 +94,8 @@ def test_shipped_recipes_validate_and_order_rules_hold(tmp_path):
 
 
 def test_overrides_change_stage_configs_and_name_the_bad_ones():
-    recipe = load_recipe("int8-prune-light").with_overrides(["prune.ffn_ratio=0.4", "export.weights=int4"])
+    recipe = load_recipe("int8-prune-light").with_overrides(["prune.ffn_ratio=0.4", "export.weights=int4",
+                                                             "qat.weight_bits=4"])
     stages = dict(recipe.validated())
     assert stages["prune"].ffn_ratio == 0.4
     assert recipe.export.weights == "int4"
@@ -130,6 +131,39 @@ def test_qat_and_export_must_share_the_block_size():
     assert dict(both.validated())["qat"].block_size == 64
     load_recipe("jetson").with_overrides(["export.block_size=64"]).validated()  # QDQ per channel: no grid
     assert dict(load_recipe("default").validated())["qat"].block_size == load_recipe("default").export.block_size
+
+
+@pytest.mark.parametrize(("name", "overrides", "match", "fix"), [
+    ("default", ["qat.weight_bits=8"], "qat.weight_bits is 8 but the ort-fused int4 export", "export.weights=int8"),
+    ("int4", ["qat.embedding_bits=4"], "qat.embedding_bits is 4 but .* needs 8", "export.embedding_bits=4"),
+    ("int4", ["qat.embedding_bits=null"], "qat.embedding_bits is None", "qat.embedding_bits=8"),
+    ("int8-only", ["qat.granularity=channel"], "qat.granularity is channel .* needs block", "qat.granularity=block"),
+    ("int8-only", ["qat.activations=tensor"], "qat.activations is tensor .* needs block", "qat.activations=block"),
+    ("int8-qdq", ["qat.activations=block"], r"qat.activations is block .*\(QDQ\) export needs tensor or none",
+     "qat.activations=tensor"),
+    ("jetson", ["qat.weight_bits=4"], "qat.weight_bits is 4 but the standard int8 .* needs 8", "qat.weight_bits=8"),
+    ("jetson", ["qat.embedding_bits=8"], "qat.embedding_bits is 8 .* needs None", "qat.embedding_bits=null"),
+])
+def test_qat_settings_that_the_export_cannot_store_are_refused_before_any_stage(name, overrides, match, fix):
+    """QAT trains one quantized form; an export of another would re-round (or drop) what it learned."""
+    with pytest.raises(BuildError, match=match) as refused:
+        load_recipe(name).with_overrides(overrides).validated()
+    assert fix in refused.value.fix
+    # the consistent pairs pass: the fused export follows --weight-bits 8 when told to
+    load_recipe("default").with_overrides(["qat.weight_bits=8", "export.weights=int8"]).validated()
+    load_recipe("int4").with_overrides(["qat.embedding_bits=4", "export.embedding_bits=4"]).validated()
+    load_recipe("int8-qdq").with_overrides(["qat.activations=none"]).validated()
+
+
+def test_weight_bits_conflict_fails_before_the_model_loads(tmp_path):
+    """What ``edgesdk build --weight-bits 8`` passes with the default recipe: refused in build() before
+    any stage (the model path does not even exist)."""
+    from edgesdk.build.pipeline import BuildConfig, build
+
+    with pytest.raises(BuildError, match="qat.weight_bits is 8"):
+        build(BuildConfig(target="rpi5", model=str(tmp_path / "absent"), out=tmp_path / "b", recipe="default",
+                          overrides=("qat.weight_bits=8",), progress=False))
+    assert not (tmp_path / "b.build").exists()
 
 
 def test_mixed_precision_build_keeps_the_chosen_units_at_8_bits(tiny_model_dir, recipe_and_data, tmp_path):
