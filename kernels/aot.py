@@ -96,13 +96,15 @@ class CompiledKernel:
 
 
 def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: Iterable[int] = (64,),
-                     group_blocks: Iterable[int] = (1, 4, 8)) -> list[KernelVariant]:
+                     group_blocks: Iterable[int] = (1, 4, 8),
+                     layouts: Iterable[str] = ("plain", "transposed")) -> list[KernelVariant]:
     """The variants a bundle ships: BSR GEMV (M < 16, 1 row tile, ``gemv_unroll`` blocks a step, split-K into a
-    float32 output) and GEMM (``tl.dot``) for both layouts at the tuning's block, and GQA decode for each head
-    dim and query-group bound ``BLOCK_G`` (a pruned group of G heads runs on the smallest ``BLOCK_G >= G``)."""
+    float32 output) and GEMM (``tl.dot``) for each of ``layouts`` at the tuning's block, and GQA decode for each
+    head dim ``BLOCK_D`` and query-group bound ``BLOCK_G`` (a pruned group of G heads runs on the smallest
+    ``BLOCK_G >= G``). The defaults are examples; a build passes its model's values (build/sparse_step.py)."""
     bn, bk = tuning.bsr_block
     variants = []
-    for layout in ("plain", "transposed"):
+    for layout in layouts:
         base = {"BLOCK_N": bn, "BLOCK_K": bk, "TRANSPOSED": layout == "transposed"}
         gemv = {"BLOCK_M": 1, **base, "USE_DOT": False, "UNROLL": tuning.gemv_unroll, "ATOMIC": True}
         variants.append(KernelVariant(f"bsr_gemv_{layout}_{bn}x{bk}_{act_dtype}", "bsr_matmul", gemv,

@@ -16,6 +16,7 @@ device's; otherwise the PTX is loaded, which the driver JIT-compiles for a newer
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -334,6 +335,24 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
     def __len__(self) -> int:
         return len(self._kernels)
 
+    def missing(self, block: tuple[int, int], layout: str, head_dim: int, groups) -> list[str]:
+        """What a model with ``block`` weights in ``layout``, heads of ``head_dim`` and query groups ``groups``
+        (Hq // Hkv per layer) needs and these kernels lack, one line each; empty when every call will find a
+        variant. Checked when a bundle is opened, so a gap is reported there and not at the first token."""
+        want_t = layout == "transposed"
+        lacking = []
+        for use_dot, what in ((False, "GEMV (decode, < 16 rows)"), (True, "GEMM (prefill, >= 16 rows)")):
+            if not any(k.meta["kernel"] == "bsr_matmul" and k.meta["constexprs"]["USE_DOT"] == use_dot
+                       and k.meta["constexprs"]["TRANSPOSED"] == want_t
+                       and (k.meta["constexprs"]["BLOCK_N"], k.meta["constexprs"]["BLOCK_K"]) == tuple(block)
+                       for k in self._kernels.values()):
+                lacking.append(f"bsr_matmul {what} for {block[0]}x{block[1]} {layout} blocks")
+        for group in sorted(set(groups)):
+            if not any(k.meta["kernel"] == "gqa_decode" and k.meta["constexprs"]["BLOCK_D"] >= head_dim
+                       and k.meta["constexprs"]["BLOCK_G"] >= group for k in self._kernels.values()):
+                lacking.append(f"gqa_decode for head_dim {head_dim}, {group} query heads per KV head")
+        return lacking
+
     def _pick(self, kernel: str, accept) -> LoadedKernel:
         found = [k for k in self._kernels.values() if k.meta["kernel"] == kernel and accept(k.meta)]
         if not found:
@@ -397,31 +416,67 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
         return out
 
 
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise KernelLoadError(f"{what} {path} is missing: the kernel directory is incomplete; copy the whole "
+                              "bundle again (edgesdk deploy) or rebuild it") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise KernelLoadError(f"{what} {path} is not readable JSON ({exc}): the kernel directory is damaged; "
+                              "copy the whole bundle again (edgesdk deploy) or rebuild it") from exc
+
+
 def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0) -> CompiledKernels:
     """Load every compiled variant of ``kernel_dir`` (a bundle's ``kernels/sm_XX``) onto GPU ``device``.
 
     Raises :class:`KernelLoadError` when neither cuda-python nor a CUDA torch is there, when the device is older
-    than the kernels' SM, or when the driver refuses an image.
+    than the kernels' SM, when the driver refuses an image, and when the directory is damaged: ``index.json`` or
+    a variant's metadata missing or not JSON, a listed cubin / PTX missing, a cubin whose SHA-256 is not the
+    one recorded at compile time, or metadata for another SM than the index. Each names the file and the fix.
     """
     kernel_dir = Path(kernel_dir)
     index_path = kernel_dir / "index.json"
     if not index_path.is_file():
         raise KernelLoadError(f"{index_path} not found: not a compiled kernel directory (kernels/sm_XX)")
-    index = json.loads(index_path.read_text())
-    sm = int(index["sm"])
+    index = _read_json(index_path, "kernel index")
+    try:
+        sm = int(index["sm"])
+        entries = list(index["kernels"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise KernelLoadError(f"kernel index {index_path} lacks a valid 'sm' or 'kernels' entry ({exc!r}): the "
+                              "kernel directory is damaged; copy the whole bundle again or rebuild it") from exc
     driver = select_driver(backend, device)
     capability = driver.capability()
     if capability < sm:
         raise KernelLoadError(f"the kernels in {kernel_dir} are for sm_{sm}; this GPU is sm_{capability}")
     kernels: dict[str, LoadedKernel] = {}
     failed: dict[str, str] = {}
-    for entry in index["kernels"]:
+    for entry in entries:
         if not entry.get("ok", True):
             failed[entry["name"]] = entry.get("error") or "compile failed"
             continue
-        meta = json.loads((kernel_dir / entry["meta_path"]).read_text())
+        meta_path = kernel_dir / str(entry.get("meta_path") or f"{entry.get('name')}.json")
+        meta = _read_json(meta_path, "kernel metadata")
+        if int(meta.get("sm", -1)) != sm:
+            raise KernelLoadError(f"kernel metadata {meta_path} is for sm_{meta.get('sm')}, but {index_path} "
+                                  f"lists sm_{sm} kernels: the directory mixes targets; rebuild the bundle")
         source = "cubin" if capability == sm else "ptx"
-        image = (kernel_dir / meta["files"][source]).read_bytes()
+        missing_keys = [key for key in ("name", "kernel", "kernel_name", "files", "params", "constexprs", "grid",
+                                        "shared_memory_bytes", "threads_per_block") if key not in meta]
+        if missing_keys or source not in meta["files"]:
+            raise KernelLoadError(f"kernel metadata {meta_path} lacks {', '.join(missing_keys) or 'files.' + source}:"
+                                  " it was not written by this edgesdk's compiler; rebuild the bundle")
+        image_path = kernel_dir / meta["files"][source]
+        try:
+            image = image_path.read_bytes()
+        except OSError as exc:
+            raise KernelLoadError(f"{source} {image_path} of kernel {meta['name']} is not readable ({exc}): copy "
+                                  "the whole bundle again (edgesdk deploy) or rebuild it") from exc
+        recorded = meta.get("cubin_sha256")
+        if source == "cubin" and recorded and hashlib.sha256(image).hexdigest() != recorded:
+            raise KernelLoadError(f"cubin {image_path} does not match the SHA-256 recorded when it was compiled "
+                                  f"({recorded[:12]}...): the file was changed; copy the bundle again or rebuild it")
         handle = driver.load(image, meta["kernel_name"], int(meta["shared_memory_bytes"]))
         kernels[meta["name"]] = LoadedKernel(meta, driver, handle, source)
     return CompiledKernels(sm, kernels, failed, driver.name)

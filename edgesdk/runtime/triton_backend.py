@@ -87,7 +87,10 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
 
 
 def load_aot_kernels(bundle: Bundle, record: dict):
-    """The kernels compiled at build time for this board's SM (bundle ``kernels/sm_XX``)."""
+    """The kernels compiled at build time for this board's SM (bundle ``kernels/sm_XX``). Raises
+    RuntimeBackendError when they do not load or when a variant the model needs (its block and layout, head_dim,
+    query heads per KV head) is absent, e.g. compiled for defaults that do not fit the model or refused by the
+    compiler."""
     from edgesdk.kernels.loader import KernelLoadError, load_compiled
 
     kernels = record.get("kernels")
@@ -95,7 +98,17 @@ def load_aot_kernels(bundle: Bundle, record: dict):
         raise RuntimeBackendError("triton is not installed and the bundle carries no compiled kernels",
                                   "pip install 'edgesdk[kernels]', or build the bundle for a GPU target")
     try:
-        return load_compiled(bundle.file(kernels["dir"]))
+        compiled = load_compiled(bundle.file(kernels["dir"]))
     except KernelLoadError as exc:
         raise RuntimeBackendError(f"the bundle's sm_{kernels['sm']} kernels do not load here: {exc}",
                                   "pip install 'edgesdk[kernels]' to compile for this GPU at run time") from exc
+    block = int(record["block"])
+    groups = [int(layer["heads"]) // max(1, int(layer["kv_heads"])) for layer in record["layers"]]
+    lacking = compiled.missing((block, block), record.get("layout", "plain"), int(record["head_dim"]), groups)
+    if lacking:  # found here, not as a KernelLoadError at the first token
+        refused = "".join(f"; {name} was refused: {error}" for name, error in sorted(compiled.failed.items()))
+        raise RuntimeBackendError(
+            f"the bundle's sm_{kernels['sm']} kernels lack what this model needs: {'; '.join(lacking)}{refused}",
+            "rebuild the bundle with this edgesdk (it compiles the variants the model needs), or pip install "
+            "'edgesdk[kernels]' to compile for this GPU at run time")
+    return compiled

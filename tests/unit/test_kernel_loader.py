@@ -93,3 +93,119 @@ def test_compiled_matmul_refuses_tensors_of_another_dtype_than_compiled(field, d
     with pytest.raises(TypeError, match=f"{param} is \\*\\w+ \\(compiled so\\), got a {dtype} tensor"):
         kernels.block_sparse_matmul(torch.randn(1, 64), w)
     assert not driver.launches
+
+
+# ---------------------------------------------------------------------------------------------- kernel directories
+def write_kernel_dir(root, sm: int = 87, **variant_args):
+    """A kernels/sm_XX directory as aot.compile_for_target lays it out, with made-up images."""
+    import hashlib
+    import json
+
+    out = root / f"sm_{sm}"
+    out.mkdir(parents=True)
+    entries = []
+    for variant in default_variants(tuning_for(sm), **variant_args):
+        cubin = f"cubin of {variant.name}".encode()
+        (out / f"{variant.name}.cubin").write_bytes(cubin)
+        (out / f"{variant.name}.ptx").write_text(f"// ptx of {variant.name}")
+        meta = {**variant_meta(variant, sm), "files": {"cubin": f"{variant.name}.cubin", "ptx": f"{variant.name}.ptx"},
+                "cubin_sha256": hashlib.sha256(cubin).hexdigest()}
+        (out / f"{variant.name}.json").write_text(json.dumps(meta))
+        entries.append({"name": variant.name, "sm": sm, "ok": True, "meta_path": f"{variant.name}.json"})
+    (out / "index.json").write_text(json.dumps({"sm": sm, "kernels": entries}))
+    return out
+
+
+@pytest.fixture
+def recording_driver(monkeypatch):
+    from edgesdk.kernels import loader
+
+    driver = RecordingDriver(87)
+    monkeypatch.setattr(loader, "select_driver", lambda backend=None, device=0: driver)
+    return driver
+
+
+def _tamper_cubin(d):
+    path = d / "bsr_gemv_plain_32x32_fp16.cubin"
+    path.write_bytes(b"garbage" + path.read_bytes())
+
+
+def _edit_json(path, change):
+    import json
+
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+DAMAGE = {
+    "tampered cubin": (_tamper_cubin, r"bsr_gemv_plain_32x32_fp16.cubin does not match the SHA-256"),
+    "missing metadata": (lambda d: (d / "gqa_decode_d64_g4_fp16.json").unlink(),
+                         r"kernel metadata .*gqa_decode_d64_g4_fp16.json is missing"),
+    "corrupt index": (lambda d: (d / "index.json").write_text("{not json"),
+                      r"kernel index .*index.json is not readable JSON"),
+    "index without kernels": (lambda d: (d / "index.json").write_text('{"sm": 87}'),
+                              r"index.json lacks a valid 'sm' or 'kernels' entry"),
+    "missing cubin": (lambda d: (d / "bsr_gemm_plain_32x32_fp16.cubin").unlink(),
+                      r"cubin .*bsr_gemm_plain_32x32_fp16.cubin of kernel bsr_gemm_plain_32x32_fp16 is not readable"),
+    "metadata for another sm": (lambda d: _edit_json(d / "bsr_gemv_plain_32x32_fp16.json",
+                                                     lambda m: m.update(sm=72)),
+                                r"bsr_gemv_plain_32x32_fp16.json is for sm_72, but .*index.json lists sm_87"),
+    "metadata without files": (lambda d: _edit_json(d / "bsr_gemv_plain_32x32_fp16.json", lambda m: m.pop("files")),
+                               r"bsr_gemv_plain_32x32_fp16.json lacks files"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_load_compiled_names_the_damaged_file(damage, tmp_path, recording_driver):
+    """A damaged kernel directory raised FileNotFoundError / JSONDecodeError, which escaped the backend chain, or
+    loaded a changed cubin or another SM's; now KernelLoadError names the file and the fix."""
+    from edgesdk.kernels.loader import KernelLoadError, load_compiled
+
+    kernel_dir = write_kernel_dir(tmp_path)
+    assert len(load_compiled(kernel_dir)) == len(default_variants(tuning_for(87)))  # intact: every variant loads
+    apply, message = DAMAGE[damage]
+    apply(kernel_dir)
+    with pytest.raises(KernelLoadError, match=message) as caught:
+        load_compiled(kernel_dir)
+    assert "bundle" in str(caught.value)  # the fix: copy it again or rebuild
+
+
+def _sparse_record(block=32, layout="plain", head_dim=64, layers=((9, 3), (8, 8))):
+    return {"block": block, "layout": layout, "head_dim": head_dim, "kernels": {"sm": 87, "dir": "kernels/sm_87"},
+            "layers": [{"heads": h, "kv_heads": kv, "ffn": 64} for h, kv in layers]}
+
+
+@pytest.mark.parametrize(("record", "compiled_as", "message"), [
+    (_sparse_record(block=64), {}, "bsr_matmul GEMV .*for 64x64 plain blocks; bsr_matmul GEMM"),
+    (_sparse_record(head_dim=128), {}, "gqa_decode for head_dim 128, 1 query heads per KV head"),
+    (_sparse_record(layers=((12, 1),)), {}, "gqa_decode for head_dim 64, 12 query heads per KV head"),
+    (_sparse_record(layout="transposed"), {"layouts": ("plain",)}, "for 32x32 transposed blocks"),
+])
+def test_aot_backend_refuses_kernels_that_do_not_fit_the_model_at_open(record, compiled_as, message, tmp_path,
+                                                                      recording_driver):
+    """Kernels compiled for defaults (32x32, head_dim 64, groups 1/4/8) loaded "successfully" for a model they do
+    not fit, and the first token failed with KernelLoadError; the open now raises RuntimeBackendError."""
+    from types import SimpleNamespace
+
+    from edgesdk.errors import RuntimeBackendError
+    from edgesdk.runtime.triton_backend import load_aot_kernels
+
+    write_kernel_dir(tmp_path / "kernels", **compiled_as)
+    bundle = SimpleNamespace(file=lambda name: tmp_path / name)
+    assert load_aot_kernels(bundle, _sparse_record())  # what the defaults fit loads
+    with pytest.raises(RuntimeBackendError, match=message):
+        load_aot_kernels(bundle, record)
+
+
+def test_aot_backend_with_every_variant_refused_says_why_at_open(tmp_path, recording_driver):
+    from types import SimpleNamespace
+
+    from edgesdk.errors import RuntimeBackendError
+    from edgesdk.runtime.triton_backend import load_aot_kernels
+
+    kernel_dir = write_kernel_dir(tmp_path / "kernels")
+    _edit_json(kernel_dir / "index.json", lambda index: [entry.update(ok=False, error="ptxas refused sm_87")
+                                                         for entry in index["kernels"]])
+    with pytest.raises(RuntimeBackendError, match="lack what this model needs.*was refused: ptxas refused sm_87"):
+        load_aot_kernels(SimpleNamespace(file=lambda name: tmp_path / name), _sparse_record())
