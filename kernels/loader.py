@@ -301,12 +301,14 @@ _TORCH_DTYPES = {"fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}
 
 def _variant_tuning(meta: dict, device: Any):
     """The tuning a variant was compiled with, its SM count replaced by this device's (AGX Orin has twice an
-    Orin NX's)."""
+    Orin NX's), then the launch-time fields (:data:`.tuning.RUNTIME_FIELDS`) that ``EDGESDK_KERNEL_TUNING``
+    sets; the rest is compiled into the cubin (``open_triton_backend`` refuses overriding it)."""
     import dataclasses
+    import os
 
     import torch
 
-    from .tuning import KernelTuning
+    from .tuning import RUNTIME_FIELDS, TUNING_ENV_VAR, KernelTuning, parse_tuning_overrides
 
     fields = {f.name for f in dataclasses.fields(KernelTuning)}
     stored = {key: value for key, value in meta.get("tuning", {}).items() if key in fields}
@@ -316,6 +318,8 @@ def _variant_tuning(meta: dict, device: Any):
     stored.setdefault("sm_count", 8)
     if getattr(device, "type", None) == "cuda" and torch.cuda.is_available():
         stored["sm_count"] = torch.cuda.get_device_properties(device).multi_processor_count
+    overrides = parse_tuning_overrides(os.environ.get(TUNING_ENV_VAR, ""))
+    stored.update({name: value for name, value in overrides.items() if name in RUNTIME_FIELDS})
     return KernelTuning(**stored)
 
 

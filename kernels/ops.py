@@ -8,7 +8,8 @@
   without setting the variable; CPU tensors). This is how the kernels are tested on hosts without a GPU.
 
 ``EDGESDK_KERNEL_TUNING="gemv_unroll=2,gemv_programs_per_sm=32"`` overrides the launch settings that
-:func:`.tuning.tuning_for` picks for the current GPU (Triton mode).
+:func:`.tuning.tuning_for` picks for the current GPU (Triton mode). The bundle's AOT cubins (:mod:`.loader`) have
+every other setting compiled in and take only :data:`.tuning.RUNTIME_FIELDS` from it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 from .block_sparse import BlockSparseWeight
 from .reference import block_sparse_matmul_reference, gqa_decode_attention_reference
-from .tuning import SM_DEFAULTS, KernelTuning, tuning_for
+from .tuning import SM_DEFAULTS, TUNING_ENV_VAR, KernelTuning, parse_tuning_overrides, tuning_for
 
 ENV_VAR = "EDGESDK_KERNELS"
 MODES = ("triton", "reference", "emulated")
@@ -66,21 +67,11 @@ def _require_triton(mode: str) -> None:
                            f"CPU or set {ENV_VAR}=reference")
 
 
-TUNING_ENV_VAR = "EDGESDK_KERNEL_TUNING"
-
-
 def tuning_overrides(tuning: KernelTuning, text: str) -> KernelTuning:
-    """``tuning`` with fields from ``"gemv_unroll=2,gemv_programs_per_sm=32"`` (integers), for tuning on a board."""
-    fields = {name for name, value in tuning.to_dict().items() if isinstance(value, int)} - {"sm"}
-    changes = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, _, value = item.partition("=")
-        name = name.strip()
-        if name not in fields or not value.strip().lstrip("-").isdigit():
-            raise ValueError(f"{TUNING_ENV_VAR}: {item!r} is not NAME=INTEGER for a tuning field; fields: "
-                             f"{', '.join(sorted(fields))}")
-        changes[name] = int(value)
-    return dataclasses.replace(tuning, **changes)
+    """``tuning`` with fields from ``"gemv_unroll=2,gemv_programs_per_sm=32"`` (checked by
+    :func:`.tuning.parse_tuning_overrides`: positive, powers of two where the kernels need them), for tuning on a
+    board."""
+    return dataclasses.replace(tuning, **parse_tuning_overrides(text))
 
 
 @functools.cache

@@ -14,7 +14,7 @@ same rules and are not measured on a board.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 # sm -> (SM count, shared memory per SM in KB) assumed when the profile gives none.
 # Shared memory per SM: CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"
@@ -108,3 +108,37 @@ def gemv_splits(block_rows: int, stored_blocks: int, tuning: KernelTuning) -> in
     wanted = -(-tuning.sm_count * tuning.gemv_programs_per_sm // block_rows)
     most = stored_blocks // (block_rows * 2 * max(1, tuning.gemv_unroll))
     return max(1, min(wanted, most))
+
+
+TUNING_ENV_VAR = "EDGESDK_KERNEL_TUNING"
+# fields that are tile sizes, loop widths (tl.arange) or warp counts: the kernels only run with powers of two
+POWER_OF_TWO_FIELDS = frozenset({"gemv_num_warps", "gemv_unroll", "gemm_block_m", "gemm_num_warps", "attn_block_t",
+                                 "attn_num_warps"})
+# fields read at launch time, not compiled into a kernel: the only ones that apply to a bundle's AOT cubins
+RUNTIME_FIELDS = frozenset({"gemv_programs_per_sm", "sm_count"})
+
+
+def parse_tuning_overrides(text: str) -> dict[str, int]:
+    """``"gemv_unroll=2,gemv_programs_per_sm=32"`` -> ``{"gemv_unroll": 2, ...}``, checked: known integer
+    fields of :class:`KernelTuning` (not ``sm``), every value positive, powers of two where the kernels need them
+    (:data:`POWER_OF_TWO_FIELDS`), ``gemm_block_m >= 16`` (the ``tl.dot`` minimum). Raises ValueError naming
+    ``EDGESDK_KERNEL_TUNING``, the item and what is allowed."""
+    names = {f.name for f in fields(KernelTuning) if f.type in ("int", int)} - {"sm"}
+    changes: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        name = name.strip()
+        if name not in names or not value.strip().lstrip("-").isdigit():
+            raise ValueError(f"{TUNING_ENV_VAR}: {item!r} is not NAME=INTEGER for a tuning field; fields: "
+                             f"{', '.join(sorted(names))}")
+        number = int(value)
+        if number <= 0:
+            raise ValueError(f"{TUNING_ENV_VAR}: {name}={number} must be a positive integer")
+        if name in POWER_OF_TWO_FIELDS and number & (number - 1):
+            lower = 1 << (number.bit_length() - 1)
+            raise ValueError(f"{TUNING_ENV_VAR}: {name}={number} must be a power of two (the kernels' tiles and "
+                             f"warp counts are), e.g. {lower} or {lower * 2}")
+        if name == "gemm_block_m" and number < 16:
+            raise ValueError(f"{TUNING_ENV_VAR}: gemm_block_m={number} must be at least 16 (the tl.dot minimum)")
+        changes[name] = number
+    return changes

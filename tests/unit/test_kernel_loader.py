@@ -209,3 +209,15 @@ def test_aot_backend_with_every_variant_refused_says_why_at_open(tmp_path, recor
                                                          for entry in index["kernels"]])
     with pytest.raises(RuntimeBackendError, match="lack what this model needs.*was refused: ptxas refused sm_87"):
         load_aot_kernels(SimpleNamespace(file=lambda name: tmp_path / name), _sparse_record())
+
+
+def test_compiled_gemv_takes_the_launch_time_tuning_from_the_environment(monkeypatch):
+    """EDGESDK_KERNEL_TUNING's gemv_programs_per_sm (read at launch, not compiled in) was ignored by the cubins."""
+    kernels, driver = fake_kernels()
+    w = BlockSparseWeight.from_dense(torch.ones(64, 2048, dtype=torch.int8), torch.ones(64))  # 2 rows x 64 blocks
+    kernels.block_sparse_matmul(torch.randn(1, 2048), w)
+    assert driver.launches[-1][1] == (2, 1, 8)  # 8 programs per SM on 8 SMs, capped by 2 steps of 4 per share
+    monkeypatch.setenv("EDGESDK_KERNEL_TUNING", "gemv_programs_per_sm=1")
+    kernels, driver = fake_kernels()
+    kernels.block_sparse_matmul(torch.randn(1, 2048), w)
+    assert driver.launches[-1][1] == (2, 1, 4)  # 1 program per SM: 8 programs over 2 block rows

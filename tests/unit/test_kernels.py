@@ -444,3 +444,18 @@ def test_tuning_overrides_from_the_environment_text():
         tuning_overrides(tuning_for(87), "gemv_unrol=2")
     with pytest.raises(ValueError, match="NAME=INTEGER"):
         tuning_overrides(tuning_for(87), "gemv_unroll=two")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("gemv_unroll=3", "gemv_unroll=3 must be a power of two.*e.g. 2 or 4"),
+    ("attn_block_t=48", "attn_block_t=48 must be a power of two"),
+    ("gemv_num_warps=0", "gemv_num_warps=0 must be a positive integer"),
+    ("gemv_programs_per_sm=-1", "gemv_programs_per_sm=-1 must be a positive integer"),
+    ("gemm_block_m=8", "gemm_block_m=8 must be at least 16"),
+])
+def test_tuning_overrides_refuse_values_the_kernels_cannot_run(text, message):
+    """Non-powers of two and zero warps were accepted and failed inside the kernel launch, or silently ran."""
+    from edgesdk.kernels.ops import tuning_overrides
+
+    with pytest.raises(ValueError, match=f"EDGESDK_KERNEL_TUNING: {message}"):
+        tuning_overrides(tuning_for(87), text)
