@@ -66,10 +66,15 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
         raise RuntimeBackendError(f"PyTorch is not importable here ({exc.name})",
                                   "install PyTorch for this board (on Jetson: jetson-containers l4t-pytorch)") from exc
     from edgesdk.kernels.ops import kernel_mode, triton_available
+    from edgesdk.kernels.tuning import RUNTIME_FIELDS, TUNING_ENV_VAR, parse_tuning_overrides
     from edgesdk.runtime.sparse_decoder import SparseDecoder
 
     explicit = os.environ.get(KERNELS_ENV)
-    mode = kernel_mode()
+    try:  # a bad value is this backend's reason not to open, not an error that ends the backend chain
+        mode = kernel_mode()
+        overrides = parse_tuning_overrides(os.environ.get(TUNING_ENV_VAR, ""))
+    except ValueError as exc:
+        raise RuntimeBackendError(str(exc), f"correct or unset {KERNELS_ENV} / {TUNING_ENV_VAR}") from exc
     cuda = torch.cuda.is_available()
     if not explicit and not cuda:
         raise RuntimeBackendError("no CUDA device (the CPU backends are faster here)",
@@ -77,9 +82,20 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
     if mode == "triton" and not cuda:
         raise RuntimeBackendError("no CUDA device for the Triton kernels",
                                   f"set {KERNELS_ENV}=reference to run their PyTorch twins on the CPU")
+    aot = cuda and not explicit and not triton_available()  # no JIT on this board: the bundle's cubins
+    if mode in ("triton", "emulated") and not triton_available():
+        cubins = "unset it to run the bundle's compiled kernels, or " if cuda and record.get("kernels") else ""
+        raise RuntimeBackendError(f"{KERNELS_ENV}={explicit} needs the triton package, which is not installed",
+                                  f"{cubins}pip install 'edgesdk[kernels]', or set {KERNELS_ENV}=reference")
+    compiled_in = sorted(set(overrides) - RUNTIME_FIELDS)
+    if aot and compiled_in:
+        raise RuntimeBackendError(
+            f"{TUNING_ENV_VAR} sets {', '.join(compiled_in)}, which the bundle's compiled kernels have built in; "
+            f"only {', '.join(sorted(RUNTIME_FIELDS))} apply to them",
+            f"drop those from {TUNING_ENV_VAR}, or pip install 'edgesdk[kernels]' to compile the kernels here")
     torch.set_num_threads(max(1, threads))
     tensors = load_file(str(bundle.file(record["weights"])))
-    if cuda and not explicit and not triton_available():  # no JIT on this board: the bundle's cubins
+    if aot:
         compiled = load_aot_kernels(bundle, record)
         return TritonBackend(SparseDecoder(tensors, record, device="cuda", compiled=compiled), "aot")
     device = "cuda" if mode == "triton" else "cpu"
