@@ -85,8 +85,25 @@ class ExportConfig:
                            eight_bit_linears=scheme.eight_bit_linears if scheme is not None else ())
 
 
+FUSED_HEAD_DIM_MULTIPLE = 8  # ONNX Runtime's GroupQueryAttention (CPU) takes head sizes that are multiples of 8
+
+
+def check_exportable(model_config, config: ExportConfig) -> None:
+    """Refuse a model the chosen form cannot run, from its config alone: the build calls this right after
+    loading, before any stage, instead of failing in ONNX Runtime at validation."""
+    head_dim = getattr(model_config, "head_dim", None) or \
+        model_config.hidden_size // model_config.num_attention_heads
+    if config.form == "ort-fused" and head_dim % FUSED_HEAD_DIM_MULTIPLE:
+        raise ExportError(
+            f"the model's head_dim is {head_dim}; the ort-fused form's GroupQueryAttention needs a multiple of "
+            f"{FUSED_HEAD_DIM_MULTIPLE}",
+            "export it in the standard form (e.g. --recipe fp32-standard, or --set export.form=standard with "
+            "fp32 or int8 weights)")
+
+
 def export_model(model, out_dir: Path, config: ExportConfig = ExportConfig()) -> GraphSpec:
     """Emit ``model.onnx`` + ``model.onnx.data`` into ``out_dir`` and return the graph spec."""
+    check_exportable(model.config, config)
     limit = int(getattr(model.config, "max_position_embeddings", config.max_context))
     max_context = min(config.max_context, limit)
     if max_context < 16:

@@ -19,7 +19,8 @@ from edgesdk.build.recipes import load_recipe
 from edgesdk.build.registry import BuildContext, stage_spec
 from edgesdk.bundle import Bundle, check_replaceable
 from edgesdk.compress.data import DataConfig
-from edgesdk.export.onnx_export import ExportConfig, export_model
+from edgesdk.errors import BuildError
+from edgesdk.export.onnx_export import ExportConfig, check_exportable, export_model
 from edgesdk.export.validate import ValidationConfig, validate_export, validate_fused
 from edgesdk.models.sources import DEFAULT_MODEL, resolve_model
 from edgesdk.profile import get_profile
@@ -64,6 +65,21 @@ def model_facts_after(model, facts_before: dict) -> dict:
     return facts
 
 
+def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportConfig, profile) -> None:
+    """A sparse export stores the profile's sparsity_block blocks; a sparsify stage that drops other blocks
+    would fail at export, after every stage. Checked before any."""
+    if not export_config.sparse:
+        return
+    for name, stage_config in stages:
+        block = getattr(stage_config, "block_size", None) if name == "sparsify" else None
+        if block is not None and block != profile.sparsity_block:
+            raise BuildError(
+                f"sparsify.block_size is {block}, but {profile.name}'s block-sparse weights and kernels use its "
+                f"sparsity_block, {profile.sparsity_block} x {profile.sparsity_block}",
+                f"leave sparsify.block_size unset (or --set sparsify.block_size={profile.sparsity_block}), or use a "
+                "profile whose sparsity_block matches")
+
+
 def _log(message: str) -> None:
     print(f"edgesdk build: {message}", file=sys.stderr, flush=True)
 
@@ -75,6 +91,7 @@ def build(config: BuildConfig) -> Bundle:
     recipe = recipe.with_overrides(config.overrides)
     stages = recipe.validated()  # order and configs checked before any compute
     export_config = replace(config.export, **recipe.export.model_dump())
+    check_sparse_block(stages, export_config, profile)
     if stages:
         config.data.check_files()
     elif config.data.files:
@@ -98,6 +115,7 @@ def build(config: BuildConfig) -> Bundle:
 
     _log(f"[1/{steps}] loading {config.model} ({source.kind}: {source.path})")
     loaded = load_model(source)
+    check_exportable(loaded.model.config, export_config)  # before any stage, not at export
     facts_before = loaded.facts()
     model = loaded.model
     teacher = loaded.model

@@ -15,7 +15,7 @@ from edgesdk.models.sources import ModelSource
 
 # model_type -> why it is supported; the exporter (export/llama_graph.py) handles these.
 SUPPORTED_ARCHITECTURES = {
-    "llama": "Llama / SmolLM2 / TinyLlama: RMSNorm, rotary, GQA, SwiGLU",
+    "llama": "Llama / SmolLM2 / TinyLlama: RMSNorm, rotary, GQA, SwiGLU (attention_bias, mlp_bias off)",
     "mistral": "Llama layout; sliding window must be off or longer than the context",
     "qwen2": "Llama layout with q/k/v biases",
 }
@@ -54,6 +54,17 @@ def check_architecture(config: Any, where: str) -> None:
             f"model {where} has architecture '{model_type}', which edgesdk cannot export; "
             f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}",
             "use a Llama-family decoder (Llama, SmolLM2, TinyLlama, Qwen2, Mistral)",
+        )
+    # Llama's attention_bias adds a bias to o_proj as well as q/k/v, mlp_bias one to gate/up/down; the
+    # exporter (export/decoder_weights.py) carries only q/k/v biases (Qwen2's layout).
+    biased = [name for name in ("attention_bias", "mlp_bias") if getattr(config, name, False)]
+    if model_type != "qwen2" and biased:
+        raise ModelSourceError(
+            f"model {where} sets {' and '.join(f'{name}: true' for name in biased)}: biases on "
+            f"{'o_proj' if 'attention_bias' in biased else ''}{' and ' if len(biased) == 2 else ''}"
+            f"{'the MLP projections' if 'mlp_bias' in biased else ''}, which the exporter does not emit "
+            "(it carries Qwen2's q/k/v biases only)",
+            "use a Llama-family model without those biases (attention_bias and mlp_bias false)",
         )
     window = getattr(config, "sliding_window", None)
     if model_type == "mistral" and window is not None and window < config.max_position_embeddings:

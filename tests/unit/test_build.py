@@ -257,3 +257,59 @@ def test_the_recipe_named_default_is_the_shipped_one_and_no_recipe_is_the_target
     assert plain.manifest["recipe"]["name"] == "fp32-fused"  # host.yaml's default_recipe
     assert load_recipe("default").name != "fp32-fused"
     assert plain.manifest["model"]["before"]["source"] == str(tiny_model_dir.resolve())
+
+
+def test_sparsify_block_other_than_the_profiles_fails_before_any_stage(tmp_path):
+    """A sparse export stores the profile's sparsity_block; another sparsify.block_size used to fail at export,
+    after every stage. The model path does not exist: the check fires before anything loads."""
+    from tests._utils.builds import JETSON_RECIPE
+
+    recipe = tmp_path / "jetson16.yaml"
+    recipe.write_text(JETSON_RECIPE.replace("density: 0.5,", "density: 0.5, block_size: 16,"))
+    from edgesdk.build.pipeline import BuildConfig, build
+
+    with pytest.raises(BuildError, match="sparsify.block_size is 16, but orin-nx.*'s .* sparsity_block, 32") as refused:
+        build(BuildConfig(target="orin-nx", model=str(tmp_path / "no-model"), out=tmp_path / "b",
+                          recipe=str(recipe), progress=False))
+    assert "--set sparsify.block_size=32" in refused.value.fix
+    assert not (tmp_path / "b.build").exists()
+
+
+def test_fused_form_refuses_a_head_dim_its_attention_cannot_take(tmp_path):
+    """head_dim 12 (hidden 48, 4 heads): GroupQueryAttention needs a multiple of 8. Refused when the model is
+    loaded, naming the standard form, not as an ONNX Runtime traceback during validation."""
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.errors import ExportError
+    from edgesdk.export.onnx_export import ExportConfig
+    from tests._utils.tiny import save_tiny_model_dir
+
+    model_dir = save_tiny_model_dir(tmp_path / "hd12", hidden=48, heads=4, kv_heads=2)
+    with pytest.raises(ExportError, match="head_dim is 12; the ort-fused form's GroupQueryAttention") as refused:
+        build(BuildConfig(target="host", model=str(model_dir), out=tmp_path / "b", recipe="fp32-fused",
+                          export=ExportConfig(max_context=64), progress=False))
+    assert "fp32-standard" in refused.value.fix
+    assert not (tmp_path / "b.build" / "export").exists()
+    bundle = build(BuildConfig(target="host", model=str(model_dir), out=tmp_path / "s", recipe="fp32-standard",
+                               export=ExportConfig(max_context=64), progress=False))
+    assert bundle.manifest["graph"]["form"] == "standard"
+
+
+@pytest.mark.parametrize("bias", ["attention_bias", "mlp_bias"])
+def test_llama_with_o_proj_or_mlp_biases_is_refused_at_load(bias, tmp_path):
+    """Llama's attention_bias also biases o_proj, mlp_bias every MLP projection; the exporter carries only
+    q/k/v biases, so such a model is refused when it loads instead of failing the export check."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from edgesdk.errors import ModelSourceError
+    from edgesdk.models.loader import load_model
+    from edgesdk.models.sources import resolve_model
+    from tests._utils.tiny import tiny_tokenizer
+
+    config = AutoConfig.for_model("llama", vocab_size=320, hidden_size=64, intermediate_size=112,
+                                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, **{bias: True})
+    path = tmp_path / "biased"
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tiny_tokenizer(320).save_pretrained(path)
+    with pytest.raises(ModelSourceError, match=f"sets {bias}: true") as refused:
+        load_model(resolve_model(str(path)))
+    assert "attention_bias and mlp_bias false" in refused.value.fix
