@@ -339,6 +339,15 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
     def __len__(self) -> int:
         return len(self._kernels)
 
+    @property
+    def attention_dtype(self):
+        """The torch dtype the compiled decode attention reads the KV cache in (its variants' ``act_dtype``); a
+        cache held in it is passed as is, any other is converted on every call."""
+        import torch
+
+        acts = {k.meta["act_dtype"] for k in self._kernels.values() if k.meta["kernel"] == "gqa_decode"}
+        return getattr(torch, _TORCH_DTYPES[acts.pop()]) if len(acts) == 1 else torch.float32
+
     def missing(self, block: tuple[int, int], layout: str, head_dim: int, groups) -> list[str]:
         """What a model with ``block`` weights in ``layout``, heads of ``head_dim`` and query groups ``groups``
         (Hq // Hkv per layer) needs and these kernels lack, one line each; empty when every call will find a

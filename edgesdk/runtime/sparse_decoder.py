@@ -8,7 +8,8 @@ product attention. The kernel switch (``EDGESDK_KERNELS``: triton, reference, em
 whether the Triton kernels, their PyTorch twins or the twins' interpreted Triton run.
 
 Numerics follow transformers' Llama (Touvron et al. 2023): RMSNorm in float32, rotary embedding
-with half-rotation (Su et al. 2021), SiLU-gated FFN; the KV cache is float32 on the device,
+with half-rotation (Su et al. 2021), SiLU-gated FFN; the KV cache is float32 on the device
+(with AOT-compiled kernels: the dtype their attention reads, float16, so no step converts it),
 grown by doubling up to the bundle's max_context.
 
 On a CUDA device single-token decode runs a static step (token, position and length in device
@@ -58,6 +59,8 @@ class SparseDecoder:
         self.rope_scaling = float(record["rope_scaling"])
         self.max_context = int(record["max_context"])
         self.layer_heads = [(int(r["heads"]), int(r["kv_heads"])) for r in record["layers"]]
+        # compiled attention reads the cache in its own dtype: held in it, no step copies the whole cache
+        self.cache_dtype = compiled.attention_dtype if compiled is not None else torch.float32
         move = lambda t: t.to(self.device)  # noqa: E731
         # The embedding (and tied LM head) stays float16 on a GPU, where reading it is most of the head's cost
         # (49152 x 576 for SmolLM2: 57 MB a token in fp16, 113 MB in fp32); float32 on a CPU, where fp16 matmuls
@@ -89,7 +92,8 @@ class SparseDecoder:
         for index, (_, kv_heads) in enumerate(self.layer_heads):
             pair = []
             for kind in range(2):
-                buffer = torch.zeros(1, kv_heads, capacity, self.head_dim, device=self.device)  # (B, Hkv, cap, hd)
+                buffer = torch.zeros(1, kv_heads, capacity, self.head_dim, device=self.device,
+                                     dtype=self.cache_dtype)  # (B, Hkv, cap, hd)
                 if self.cache and self.position:
                     buffer[:, :, : self.position] = self.cache[index][kind][:, :, : self.position]
                 pair.append(buffer)
@@ -158,8 +162,8 @@ class SparseDecoder:
         cos, sin = self._rotary(self._slot)  # (1, hd) each
 
         def write(keys, values, k, v):  # k, v (Hkv, 1, hd) into the (Hkv, cap, hd) cache at _slot
-            keys[0].index_copy_(1, self._slot, k)
-            values[0].index_copy_(1, self._slot, v)
+            keys[0].index_copy_(1, self._slot, k.to(keys.dtype))
+            values[0].index_copy_(1, self._slot, v.to(values.dtype))
 
         def attend(q, keys, values, heads, kv_heads):
             return self._decode_attention(q, keys, values, self._length, heads)
@@ -218,8 +222,8 @@ class SparseDecoder:
             lengths = torch.tensor([total], dtype=torch.int32, device=self.device)
             return self._decode_attention(q, keys, values, lengths, heads)
         group = heads // kv_heads
-        k = keys[0, :, :total].repeat_interleave(group, dim=0)  # (Hq, total, hd)
-        v = values[0, :, :total].repeat_interleave(group, dim=0)
+        k = keys[0, :, :total].float().repeat_interleave(group, dim=0)  # (Hq, total, hd)
+        v = values[0, :, :total].float().repeat_interleave(group, dim=0)
         query_pos = torch.arange(start, total, device=self.device)[:, None]  # (T, 1)
         allowed = torch.arange(total, device=self.device)[None, :] <= query_pos  # (T, total)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.head_dim ** -0.5)  # (Hq, T, hd)

@@ -59,3 +59,66 @@ def test_tuning_the_compiled_kernels_cannot_take_is_refused_at_open(bundle, jets
     monkeypatch.setenv("EDGESDK_KERNEL_TUNING", "gemv_unroll=2,gemv_programs_per_sm=32")
     with pytest.raises(RuntimeBackendError, match="sets gemv_unroll, which the bundle's compiled kernels have built"):
         open_triton_backend(bundle, threads=1)
+
+
+# ---------------------------------------------------------------------------------------------- decoder
+@pytest.fixture(scope="module")
+def tiny_sparse(tmp_path_factory):
+    """A tiny Llama on the per-row INT8 grid, exported block-sparse: (tensors, record)."""
+    from safetensors.torch import load_file
+
+    from edgesdk.export.sparse_export import SparseExportConfig, export_sparse
+    from tests._utils.tiny import tiny_llama
+
+    model = tiny_llama(hidden=64, heads=4, kv_heads=2)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
+                scale = module.weight.abs().amax(1, keepdim=True) / 127
+                module.weight.copy_((module.weight / scale).round().clamp(-127, 127) * scale)
+    out = tmp_path_factory.mktemp("sparse")
+    record = export_sparse(model, out, SparseExportConfig(), max_context=64)
+    return load_file(str(out / record["weights"])), record
+
+
+class TwinKernels:
+    """Stands in for the loaded AOT kernels (CompiledKernels) with the PyTorch twins; records what attention got."""
+
+    attention_dtype = torch.float16
+
+    def __init__(self):
+        self.caches = []
+
+    def block_sparse_matmul(self, x, weight):
+        from edgesdk.kernels.reference import block_sparse_matmul_reference
+
+        return block_sparse_matmul_reference(x, weight)
+
+    def gqa_decode_attention(self, q, k_cache, v_cache, lengths, scale):
+        from edgesdk.kernels.reference import gqa_decode_attention_reference
+
+        self.caches.append((k_cache.dtype, k_cache.data_ptr()))
+        return gqa_decode_attention_reference(q.half(), k_cache, v_cache, lengths, scale).half()
+
+
+def test_decoder_holds_the_cache_in_the_compiled_attention_dtype(tiny_sparse):
+    """With compiled kernels every decode step converted each layer's whole float32 cache to float16 (about
+    140 MB a token for SmolLM2 at max_context 2048); the cache is now held in float16 and passed as is, and the
+    logits still match the twins' float32 decoder."""
+    from edgesdk.runtime.sparse_decoder import SparseDecoder
+
+    tensors, record = tiny_sparse
+    ids = torch.as_tensor([5, 17, 200, 3, 99, 42, 7, 150, 11, 64])
+    twins = SparseDecoder(tensors, record, mode="reference")
+    kernels = TwinKernels()
+    compiled = SparseDecoder(tensors, record, compiled=kernels, graphs=False)
+    expected = torch.cat([twins.step(ids[:6], keep=6)] + [twins.step(ids[i:i + 1], keep=1) for i in range(6, 10)])
+    got = torch.cat([compiled.step(ids[:6], keep=6)] + [compiled.step(ids[i:i + 1], keep=1) for i in range(6, 10)])
+    assert all(keys.dtype == torch.float16 for keys, _ in compiled.cache)
+    cache_pointers = {keys.data_ptr() for keys, _ in compiled.cache}
+    assert len(kernels.caches) == 4 * len(compiled.cache)  # one attention call per layer per decode step
+    assert all(dtype == torch.float16 and pointer in cache_pointers for dtype, pointer in kernels.caches)
+    scale = float(expected.abs().max())
+    diff = float((got - expected).abs().max())
+    print(f"\n[max abs diff] float16 cache vs twins' float32: {diff:.3e} (logit scale {scale:.1f})")
+    assert diff <= 1e-2 * max(scale, 1.0)
