@@ -55,9 +55,13 @@ class WorkDir:
     def done(self, step: str) -> dict | None:
         return self.state["done"].get(step)
 
-    def mark_done(self, step: str, record: dict) -> None:
+    def mark_done(self, step: str, record: dict) -> dict:
+        """Record ``step`` as done; returns the record as a resumed build reads it back (keys sorted, tuples
+        as lists), so a build that runs straight through writes the same bundle as one that resumes."""
+        record = json.loads(json.dumps(record, sort_keys=True, default=str))
         self.state["done"][step] = record
         self._save()
+        return record
 
     def stage_checkpoint(self, index: int, name: str) -> Path:
         return self.path / "stages" / f"{index:02d}-{name}"

@@ -59,7 +59,8 @@ def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None)
         "| output | max abs diff |",
         "|---|---|",
     ]
-    lines += [f"| {name} | {diff:.3e} |" for name, diff in manifest["export_validation"]["max_abs_diff"].items()]
+    # sorted: the rows must not depend on the order a record was built or reloaded in (the bundle id hashes this file)
+    lines += [f"| {name} | {diff:.3e} |" for name, diff in sorted(manifest["export_validation"]["max_abs_diff"].items())]
     lines += ["", f"Greedy top-1 agreement over the decode steps: {manifest['export_validation']['top1_agree']:.0%}",
               "", "## Files", "", "| file | bytes |", "|---|---|"]
     lines += [f"| {name} | {size:,} |" for name, size in sorted(sizes.items())]

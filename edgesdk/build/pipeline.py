@@ -134,8 +134,7 @@ def build(config: BuildConfig) -> Bundle:
     if stages and baseline is None:  # the loaded model's figures, for the report's first row
         from edgesdk.compress.measure import stage_metrics
 
-        baseline = stage_metrics(teacher, ctx.eval_ids())
-        work.mark_done("baseline", baseline)
+        baseline = work.mark_done("baseline", stage_metrics(teacher, ctx.eval_ids()))
     if finished:
         last = stages[finished - 1][0]
         _log(f"resuming after stage '{last}' from its checkpoint ({finished} of {len(stages)} stages done)")
@@ -149,8 +148,7 @@ def build(config: BuildConfig) -> Bundle:
         save_checkpoint(model, loaded.tokenizer, work.stage_checkpoint(index, name))
         record = {"stage": name, "config": asdict(stage_config), "metrics": ctx.metrics,
                   "seconds": round(time.perf_counter() - stage_start, 1)}
-        work.mark_done(f"stage:{name}", record)
-        stage_records.append(record)
+        stage_records.append(work.mark_done(f"stage:{name}", record))
 
     export_dir = work.path / "export"
     record = work.done("export")
@@ -169,7 +167,7 @@ def build(config: BuildConfig) -> Bundle:
             _log("  block-sparse INT8 weights" + (f" and kernels for sm_{profile.gpu.sm}" if profile.gpu else ""))
             record["sparse"] = export_sparse_parts(model, export_dir, export_config, profile, config.validation,
                                                    config.progress)
-        work.mark_done("export", record)
+        record = work.mark_done("export", record)  # as a resumed build reads it: the same bundle either way
     else:
         _log(f"[{steps - 1}/{steps}] export: done in an earlier run")
 

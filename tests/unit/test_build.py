@@ -118,6 +118,35 @@ def test_killed_build_resumes_after_last_finished_step(test_stages, tiny_model_d
     assert onnx.numpy_helper.to_array(norm).mean() == pytest.approx(6.0, rel=1e-5)
 
 
+@pytest.mark.parametrize("recipe_name", ["fp32-fused", "int8-qdq-ptq"])
+def test_a_build_killed_after_export_resumes_to_the_same_bundle_id(recipe_name, tiny_model_dir, tmp_path,
+                                                                 monkeypatch):
+    """The export record comes back from state.json with its keys sorted; the report's validation rows
+    (hashed into the bundle id) must not depend on that order."""
+    from edgesdk.build import checkpoint
+
+    recipe = recipe_name
+    if recipe_name == "int8-qdq-ptq":  # QDQ without stages: several validation rows (weights, qdq, shipped)
+        recipe = tmp_path / "qdq.yaml"
+        recipe.write_text("name: qdq\nstages: []\nexport: {form: standard, weights: int8}\n")
+    straight = _build(tiny_model_dir, tmp_path / "straight", recipe)
+    mark_done = checkpoint.WorkDir.mark_done
+
+    def killed_after_export(self, step, record):
+        result = mark_done(self, step, record)
+        if step == "export":
+            raise KeyboardInterrupt("killed after the export")
+        return result
+
+    monkeypatch.setattr(checkpoint.WorkDir, "mark_done", killed_after_export)
+    with pytest.raises(KeyboardInterrupt):
+        _build(tiny_model_dir, tmp_path / "resumed", recipe)
+    monkeypatch.undo()
+    resumed = _build(tiny_model_dir, tmp_path / "resumed", recipe, resume=True)
+    assert (resumed.path / "report.md").read_text() == (straight.path / "report.md").read_text()
+    assert resumed.bundle_id == straight.bundle_id
+
+
 def test_resume_refuses_a_different_build(test_stages, tiny_model_dir, tmp_path, monkeypatch):
     import edgesdk.build.pipeline as pipeline
 
