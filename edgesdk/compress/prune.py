@@ -8,8 +8,9 @@ gradient alone would rank a large, rarely-moving weight below a small, noisy one
 
 * FFN channels (a row of gate and up, a column of down) are ranked globally across layers, so each
   layer's ratio follows the importance distribution (seed §3.2, not a hard-coded table); a layer
-  keeps at least ``min_ffn_keep`` and a multiple of ``ffn_multiple`` channels (the MatMulNBits
-  block, so no block is padded).
+  keeps at least ``min_ffn_keep`` (rounded up) and a multiple of ``ffn_multiple`` channels (the
+  MatMulNBits block, so no block is padded); equal saliencies are broken by rank, never by a threshold
+  that keeps all or none of them.
 * Attention is pruned by whole grouped-query groups (one KV head and the query heads that read
   it): removing single query heads would leave groups of unequal size, which GQA cannot express.
   The seed's cooperative rule (§3.3) picks among neighbours: the least salient remaining group
@@ -22,6 +23,7 @@ exported graph is smaller.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +57,8 @@ class PruneConfig:
             raise ValueError(f"min_ffn_keep must be in (0, 1], got {self.min_ffn_keep}")
         if self.ffn_multiple < 1:
             raise ValueError(f"ffn_multiple must be >= 1, got {self.ffn_multiple}")
+        if self.calibration_batches < 1:  # no batch: every saliency 0, the ranking is arbitrary
+            raise ValueError(f"calibration_batches must be >= 1, got {self.calibration_batches}")
 
 
 def fisher_diagonal(model, batches: list[torch.Tensor], progress: bool = False) -> dict[str, torch.Tensor]:
@@ -100,21 +104,29 @@ def saliencies(model, fisher: dict[str, torch.Tensor]) -> tuple[list[torch.Tenso
     return ffn, groups
 
 
+def _ranked(scores: torch.Tensor) -> torch.Tensor:
+    """Indices by descending saliency; equal saliencies keep their index order (a stable rank, so ties
+    never make a layer keep more or fewer channels than asked)."""
+    return torch.argsort(scores, descending=True, stable=True)
+
+
 def plan_ffn(scores: list[torch.Tensor], config: PruneConfig) -> list[list[int]]:
-    """Channels each layer keeps: a global saliency threshold, then per-layer floor and rounding."""
+    """Channels each layer keeps: the globally most salient ``total - remove`` (ties broken by rank), then
+    per layer rounded to ``ffn_multiple`` and raised to the ``min_ffn_keep`` floor, itself rounded up."""
     total = sum(s.numel() for s in scores)
     remove = int(round(config.ffn_ratio * total))
     if remove == 0:
         return [list(range(s.numel())) for s in scores]
-    threshold = torch.cat(scores).sort().values[remove - 1]
+    layer_of = torch.cat([torch.full((s.numel(),), i) for i, s in enumerate(scores)])
+    chosen = layer_of[_ranked(torch.cat(scores))[: total - remove]]
     plans = []
-    for s in scores:
+    for index, s in enumerate(scores):
         width = s.numel()
-        keep = int((s > threshold).sum())
-        keep = max(keep, int(round(config.min_ffn_keep * width)))
         multiple = config.ffn_multiple if width >= config.ffn_multiple else 1
-        keep = min(width, max(multiple, int(round(keep / multiple)) * multiple))
-        plans.append(sorted(s.topk(keep).indices.tolist()))
+        keep = int(round(int((chosen == index).sum()) / multiple)) * multiple
+        floor = math.ceil(math.ceil(config.min_ffn_keep * width - 1e-9) / multiple) * multiple  # never below it
+        keep = min(width, max(multiple, keep, floor))
+        plans.append(sorted(_ranked(s)[:keep].tolist()))
     return plans
 
 

@@ -323,6 +323,31 @@ def test_ffn_plan_follows_importance_with_floor_and_block_multiple():
     assert plan[0] == list(range(128 - len(plan[0]), 128))  # the most salient channels are kept
 
 
+def test_ffn_plan_keeps_the_asked_count_when_saliencies_tie():
+    """All-equal saliencies (as with no calibration batch) used to keep nothing above the threshold, so the
+    min_ffn_keep floor decided: asked to remove 10 %, it removed 75 %. Ties are broken by rank."""
+    scores = [torch.zeros(128), torch.zeros(128)]
+    plan = plan_ffn(scores, PruneConfig(ffn_ratio=0.1, ffn_multiple=1))
+    assert sum(len(p) for p in plan) == 256 - round(0.1 * 256)
+    tied = [torch.cat([torch.zeros(64), torch.ones(64)])]  # half tied at the cut
+    assert len(plan_ffn(tied, PruneConfig(ffn_ratio=0.25, ffn_multiple=1, min_ffn_keep=0.1))[0]) == 96
+
+
+def test_ffn_floor_is_rounded_up_to_the_multiple():
+    """min_ffn_keep 0.3 of 1536 is 460.8 channels: the floor rounds up to 480, never down to 448."""
+    plan = plan_ffn([torch.arange(1536.0)], PruneConfig(ffn_ratio=0.9, min_ffn_keep=0.3, ffn_multiple=32))
+    assert len(plan[0]) == 480
+    assert len(plan[0]) >= 0.3 * 1536
+
+
+def test_prune_needs_a_calibration_batch():
+    from edgesdk.build.registry import make_config
+    from edgesdk.errors import BuildError
+
+    with pytest.raises(BuildError, match="calibration_batches must be >= 1, got 0"):
+        make_config("prune", {"calibration_batches": 0})
+
+
 def test_pruned_checkpoint_round_trips(tmp_path):
     from edgesdk.compress.structure import layer_records
 
