@@ -33,3 +33,20 @@ def test_teacher_text_holds_no_runs_of_eos_padding():
     assert not bool(((text[1:] == EOS) & (text[:-1] == EOS)).any())  # no padding run survived
     longest = config.generated_sequences * (24 + 8)  # prompts are a few tokens; padded length bound
     assert text.numel() < longest
+
+
+def test_teacher_text_key_covers_every_weight_not_only_the_embedding():
+    """A fine-tune that leaves the embedding untouched (a merged LoRA) samples other text: it must not reuse
+    the base model's cached teacher text. The key is stable for the same weights."""
+    from edgesdk.compress.data import teacher_key
+
+    base, tuned = tiny_llama(seed=0), tiny_llama(seed=0)
+    config = DataConfig()
+    assert teacher_key(base, config) == teacher_key(tuned, config)
+    with torch.no_grad():
+        tuned.model.layers[1].mlp.down_proj.weight[3, 5] += 0.01  # one weight of one layer
+    assert teacher_key(base, config) != teacher_key(tuned, config)
+    with torch.no_grad():
+        tuned.model.layers[1].mlp.down_proj.weight[3, 5] -= 0.01
+        tuned.model.norm.weight[7] = 1.5  # a norm weight too
+    assert teacher_key(base, config) != teacher_key(tuned, config)
