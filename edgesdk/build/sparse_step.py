@@ -16,6 +16,9 @@ def export_sparse_parts(model, export_dir: Path, export_config, profile, validat
     from edgesdk.compress.sparsify import recorded_masks
     from edgesdk.export.sparse_export import SparseExportConfig, export_sparse, validate_sparse
 
+    block = profile.sparsity_block
+    if profile.gpu is not None and (block <= 0 or block & (block - 1)):
+        raise BuildError(_block_problem(profile, block), _block_fix(block))
     recorded = recorded_masks(model)
     if recorded is not None and recorded[0] != profile.sparsity_block:
         raise BuildError(
@@ -29,13 +32,32 @@ def export_sparse_parts(model, export_dir: Path, export_config, profile, validat
                            export_config.max_context)
     record["validation"] = validate_sparse(model, export_dir, record, validation)
     if profile.gpu is not None:
-        record["kernels"] = compile_kernels(profile, export_dir / KERNELS_DIR)
+        record["kernels"] = compile_kernels(profile, export_dir / KERNELS_DIR, record)
     return record
 
 
-def compile_kernels(profile, out_dir: Path) -> dict:
-    """AOT-compile the decode kernels for the profile's SM (Triton's compiler; no GPU needed)."""
-    from edgesdk.kernels.aot import compile_for_target
+def _block_problem(profile, block: int) -> str:
+    return (f"{profile.name}'s sparsity_block is {block}, but the GPU kernels tile weights in blocks whose edge "
+            "is a power of two")
+
+
+def _block_fix(block: int) -> str:
+    lower = 1 << max(0, block.bit_length() - 1)
+    return f"set sparsity_block to a power of two in the target profile (e.g. {lower} or {lower * 2}; 32 is tuned)"
+
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def compile_kernels(profile, out_dir: Path, record: dict) -> dict:
+    """AOT-compile the decode kernels for the profile's SM (Triton's compiler; no GPU needed), for what the
+    exported model needs: ``record``'s block (the profile's sparsity_block) and layout, head_dim, and each
+    layer's query heads per KV head (rounded up to a power of two, as the kernels' ``BLOCK_G``). Raises
+    BuildError when one of them does not compile, instead of shipping a bundle that fails at its first token."""
+    import dataclasses
+
+    from edgesdk.kernels.aot import compile_for_target, default_variants
     from edgesdk.kernels.tuning import tuning_for
 
     try:
@@ -46,9 +68,22 @@ def compile_kernels(profile, out_dir: Path) -> dict:
                          "pip install 'edgesdk[host]' (it pins triton), or set export.sparse=false") from exc
 
     gpu = profile.gpu
-    tuning = tuning_for(gpu.sm)
-    compiled = compile_for_target(gpu.sm, out_dir, tuning)
+    block = int(record["block"])
+    if block <= 0 or block & (block - 1):
+        raise BuildError(_block_problem(profile, block), _block_fix(block))
+    tuning = dataclasses.replace(tuning_for(gpu.sm), bsr_block=(block, block))
+    groups = sorted({_next_pow2(int(layer["heads"]) // max(1, int(layer["kv_heads"]))) for layer in record["layers"]})
+    variants = default_variants(tuning, head_dims=(_next_pow2(int(record["head_dim"])),), group_blocks=groups,
+                                layouts=(record.get("layout", "plain"),))
+    compiled = compile_for_target(gpu.sm, out_dir, tuning, variants=variants)
     failed = {k.name: k.error for k in compiled if not k.ok}
+    if failed:
+        name, error = next(iter(sorted(failed.items())))
+        raise BuildError(
+            f"{len(failed)} of the {len(compiled)} GPU kernels the {profile.name} bundle needs did not compile for "
+            f"sm_{gpu.sm} ({', '.join(sorted(failed))}); {name}: {error}",
+            "use a profile whose runtime is not triton (TensorRT / ONNX Runtime), set export.sparse=false, or "
+            "install the triton release edgesdk pins (pip install 'edgesdk[host]')")
     return {"sm": gpu.sm, "dir": f"{KERNELS_DIR}/sm_{gpu.sm}", "kernels": sorted(k.name for k in compiled if k.ok),
             "failed": failed}
 

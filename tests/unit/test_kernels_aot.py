@@ -136,3 +136,59 @@ def test_loader_packs_parameters_in_signature_order(compiled):
     _, grid, *_, values = driver.launches[-1]
     assert grid == (2, 3, 1)
     assert values[5:8] == [pytest.approx(0.125), 3, 64]  # scale, GROUP, D
+
+
+def _profile(block: int = 32):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name="custom-orin", gpu=SimpleNamespace(sm=87), sparsity_block=block)
+
+
+def _record(block: int = 32, head_dim: int = 64, layers=((9, 3),), layout: str = "plain") -> dict:
+    return {"block": block, "layout": layout, "head_dim": head_dim,
+            "layers": [{"heads": h, "kv_heads": kv, "ffn": 64} for h, kv in layers]}
+
+
+def test_build_compiles_the_variants_the_model_needs(tmp_path):
+    """The build compiled 32x32 blocks, head_dim 64 and groups 1/4/8 whatever the profile and model were; a model
+    with 64x64 blocks, head_dim 128 or 12 query heads per KV head then failed at its first token on the board.
+    (Small values here, to keep the compile short: head_dim 24 -> BLOCK_D 32, groups 3 and 2 -> BLOCK_G 4, 2.)"""
+    from edgesdk.build.sparse_step import compile_kernels
+    from edgesdk.kernels.loader import CompiledKernels, LoadedKernel
+
+    record = _record(block=64, head_dim=24, layers=((9, 3), (4, 2)), layout="transposed")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton_cache"))
+        result = compile_kernels(_profile(64), tmp_path / "kernels", record)
+    assert result["failed"] == {}
+    assert sorted(result["kernels"]) == ["bsr_gemm_transposed_64x64_fp16", "bsr_gemv_transposed_64x64_fp16",
+                                         "gqa_decode_d32_g2_fp16", "gqa_decode_d32_g4_fp16"]
+    loaded = {}
+    for name in result["kernels"]:
+        meta = json.loads((tmp_path / "kernels" / "sm_87" / f"{name}.json").read_text())
+        loaded[name] = LoadedKernel(meta, RecordingDriver(), ("module", name), "cubin")
+    kernels = CompiledKernels(87, loaded, {}, "recording")
+    assert kernels.missing((64, 64), "transposed", 24, [3, 2]) == []  # what the loader checks at open
+
+
+def test_build_stops_when_a_needed_kernel_does_not_compile(tmp_path, monkeypatch):
+    from edgesdk.build import sparse_step
+    from edgesdk.errors import BuildError
+    from edgesdk.kernels import aot
+
+    def refuse(variant, sm):
+        raise RuntimeError(f"ptxas refused {variant.name}")
+
+    monkeypatch.setattr(aot, "compile_variant", refuse)
+    with pytest.raises(BuildError, match=r"3 of the 3 GPU kernels .* did not compile for sm_87.*ptxas refused"):
+        sparse_step.compile_kernels(_profile(), tmp_path, _record())
+
+
+@pytest.mark.parametrize("block", [48, 0])
+def test_build_refuses_a_block_that_is_not_a_power_of_two(block, tmp_path):
+    from edgesdk.build import sparse_step
+    from edgesdk.errors import BuildError
+
+    with pytest.raises(BuildError, match=f"sparsity_block is {block}.*power of two") as caught:
+        sparse_step.compile_kernels(_profile(block), tmp_path, _record(block=block))
+    assert "sparsity_block to a power of two" in caught.value.fix
