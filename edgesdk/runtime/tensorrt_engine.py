@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgesdk.errors import RuntimeBackendError
+from edgesdk.hashing import sha256_file
 from edgesdk.models.sources import cache_dir
 
 ENGINE_FILE = "engine.plan"
@@ -103,8 +104,12 @@ def read_info(directory: Path) -> dict:
         return {}
 
 
-def _mismatch(info: dict, bundle_id: str, tensorrt: str, sm: int) -> str | None:
-    """Why the engine described by ``info`` cannot run here, or None when it can."""
+def _mismatch(directory: Path, info: dict, bundle_id: str, tensorrt: str, sm: int) -> str | None:
+    """Why the engine in ``directory`` (described by ``info``) cannot run here, or None when it can.
+
+    The plan is checked against the size and sha256 its ``engine.json`` recorded, as a bundle's
+    files are against its manifest: a damaged plan either fails to deserialize or runs wrong weights.
+    """
     if not info:
         return f"it has no readable {INFO_FILE}"
     if info.get("bundle_id") != bundle_id:
@@ -113,6 +118,12 @@ def _mismatch(info: dict, bundle_id: str, tensorrt: str, sm: int) -> str | None:
         return f"it was built by TensorRT {info.get('tensorrt')}, this is TensorRT {tensorrt}"
     if str(info.get("sm")) != str(sm):
         return f"it was built for sm_{info.get('sm')}, this GPU is sm_{sm}"
+    plan = Path(directory) / ENGINE_FILE
+    size = plan.stat().st_size
+    if info.get("engine_bytes") is not None and size != info["engine_bytes"]:
+        return f"its {ENGINE_FILE} is damaged ({size:,} bytes, {INFO_FILE} says {info['engine_bytes']:,})"
+    if info.get("engine_sha256") is not None and sha256_file(plan) != info["engine_sha256"]:
+        return f"its {ENGINE_FILE} is damaged (sha256 differs from {INFO_FILE})"
     return None
 
 
@@ -132,7 +143,7 @@ def find_engine(bundle_path: Path, bundle_id: str, tensorrt: str, sm: int, jetpa
             raise RuntimeBackendError(f"${ENGINE_DIR_ENV}={explicit} holds no {ENGINE_FILE}",
                                       f"{build_hint} --out {explicit}, or unset {ENGINE_DIR_ENV}")
         info = read_info(directory)
-        why = _mismatch(info, bundle_id, tensorrt, sm)
+        why = _mismatch(directory, info, bundle_id, tensorrt, sm)
         if why:
             raise RuntimeBackendError(f"the engine in ${ENGINE_DIR_ENV}={explicit} does not fit: {why}",
                                       f"{build_hint} --out {explicit} --force")
@@ -143,7 +154,7 @@ def find_engine(bundle_path: Path, bundle_id: str, tensorrt: str, sm: int, jetpa
     for base in bases:
         if (base / key / ENGINE_FILE).is_file():
             info = read_info(base / key)
-            why = _mismatch(info, bundle_id, tensorrt, sm)
+            why = _mismatch(base / key, info, bundle_id, tensorrt, sm)
             if why is None:
                 return base / key, info
             rejected.append(f"{base / key} ({why})")
@@ -152,7 +163,7 @@ def find_engine(bundle_path: Path, bundle_id: str, tensorrt: str, sm: int, jetpa
                                 and not p.name.startswith(".")):
             if (directory / ENGINE_FILE).is_file():
                 info = read_info(directory)
-                if _mismatch(info, bundle_id, tensorrt, sm) is None:
+                if _mismatch(directory, info, bundle_id, tensorrt, sm) is None:
                     return directory, info
     looked = " or ".join(str(base / key) for base in bases)
     problem = f"no TensorRT engine for bundle {bundle_id} (TensorRT {tensorrt}, sm_{sm}) in {looked}"
@@ -317,6 +328,19 @@ def plan_build(tensorrt_version: str, graph: dict, target: dict, strongly_typed:
         strong = True
         reasons.append(f"strongly typed: TensorRT {tensorrt_version} builds only strongly typed networks; the ONNX "
                        "types decide (INT8 inside the Q/DQ pairs, the graph's float type elsewhere)")
+    elif strongly_typed and major < 9:
+        raise RuntimeBackendError(
+            f"--strongly-typed needs TensorRT >= 9 (strongly typed networks); this is TensorRT {tensorrt_version}",
+            "drop --strongly-typed: the build then uses weak typing with the INT8/FP16 flags the graph and profile ask for")
+    elif graph.get("dtype") in ("float16", "bfloat16") and major < 9:
+        if graph.get("dtype") == "bfloat16":
+            raise RuntimeBackendError(
+                f"the graph is bfloat16, which TensorRT {tensorrt_version} cannot build (bfloat16 came with TensorRT 9)",
+                "rebuild the bundle with float16 or float32 weights, or use a JetPack with TensorRT >= 9")
+        strong = False
+        flags.append("FP16")
+        reasons.append(f"weakly typed with FP16: TensorRT {tensorrt_version} has no strongly typed networks (9+), so "
+                       "the FP16 flag keeps the float16 graph's layers in half precision")
     elif strongly_typed or graph.get("dtype") in ("float16", "bfloat16"):
         strong = True
         reasons.append("strongly typed: " + ("requested (--strongly-typed)" if strongly_typed else
@@ -426,9 +450,12 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     key = cache_key(jetpack, trt.__version__, sm)
     out = Path(out) if out else default_out(bundle.path, bundle.bundle_id, key)
     info = read_info(out)
-    if not force and (out / ENGINE_FILE).is_file() and _mismatch(info, bundle.bundle_id, trt.__version__, sm) is None:
-        log(f"cached: {out / ENGINE_FILE} (built {info.get('built')}); --force rebuilds it")
-        return {**info, "path": str(out / ENGINE_FILE), "cached": True}
+    if not force and (out / ENGINE_FILE).is_file():
+        why = _mismatch(out, info, bundle.bundle_id, trt.__version__, sm)
+        if why is None:
+            log(f"cached: {out / ENGINE_FILE} (built {info.get('built')}); --force rebuilds it")
+            return {**info, "path": str(out / ENGINE_FILE), "cached": True}
+        log(f"rebuilding {out / ENGINE_FILE}: {why}")
 
     plan = plan_build(trt.__version__, graph, bundle.manifest["target"], strongly_typed)
     shapes = profile_shapes(graph, max_seq)

@@ -105,6 +105,27 @@ def test_find_engine_by_key_then_by_engine_json(jetson_bundle, deployed, cache):
         te.find_engine(release, bundle_id, "10.3.0", 72, "6.2")
 
 
+def test_a_damaged_plan_is_refused_by_its_recorded_size_and_sha256(jetson_bundle, cache, tmp_path, monkeypatch):
+    import hashlib
+
+    bundle_id = jetson_bundle.bundle_id
+    facts = {"bundle_id": bundle_id, "tensorrt": "10.3.0", "sm": 87}
+    sound = fake_engine_dir(tmp_path / "sound", **facts, engine_bytes=4,
+                            engine_sha256=hashlib.sha256(b"plan").hexdigest())
+    monkeypatch.setenv(te.ENGINE_DIR_ENV, str(sound))
+    assert te.find_engine(jetson_bundle.path, bundle_id, "10.3.0", 87, "6.2")[0] == sound
+    cut = fake_engine_dir(tmp_path / "cut", **facts, engine_bytes=4000)
+    monkeypatch.setenv(te.ENGINE_DIR_ENV, str(cut))
+    with pytest.raises(RuntimeBackendError, match=r"engine.plan is damaged \(4 bytes, engine.json says 4,000\)"):
+        te.find_engine(jetson_bundle.path, bundle_id, "10.3.0", 87, "6.2")
+    flipped = fake_engine_dir(tmp_path / "flipped", **facts, engine_bytes=4,
+                              engine_sha256=hashlib.sha256(b"plam").hexdigest())
+    monkeypatch.setenv(te.ENGINE_DIR_ENV, str(flipped))
+    with pytest.raises(RuntimeBackendError, match="sha256 differs from engine.json") as info:
+        te.find_engine(jetson_bundle.path, bundle_id, "10.3.0", 87, "6.2")
+    assert "--force" in info.value.fix
+
+
 def test_engine_dir_from_the_environment(jetson_bundle, cache, tmp_path, monkeypatch):
     bundle_id = jetson_bundle.bundle_id
     explicit = fake_engine_dir(tmp_path / "mine", bundle_id=bundle_id, tensorrt="10.3.0", sm=87)
@@ -150,6 +171,13 @@ def test_build_plan_per_tensorrt_version(jetson_bundle):
     assert te.plan_build("10.3.0", graph, target, strongly_typed=True).flags == ("SPARSE_WEIGHTS",)
     v11 = te.plan_build("11.0.0", {**graph, "dtype": te.QDQ_DTYPE}, target)
     assert (v11.strongly_typed, v11.flags) == (True, ("SPARSE_WEIGHTS",))  # no precision flags in 11
+    # TensorRT 8.x has no strongly typed networks: asked for, it is refused; a float16 graph gets FP16.
+    with pytest.raises(RuntimeBackendError, match="--strongly-typed needs TensorRT >= 9"):
+        te.plan_build("8.6.2", graph, target, strongly_typed=True)
+    half = te.plan_build("8.6.2", {**graph, "dtype": "float16"}, target)
+    assert (half.strongly_typed, half.flags) == (False, ("FP16", "SPARSE_WEIGHTS"))
+    with pytest.raises(RuntimeBackendError, match="bfloat16"):
+        te.plan_build("8.5.2", {**graph, "dtype": "bfloat16"}, target)
     host = {**target, "name": "host", "precisions": ["fp32"], "sparsity": []}
     assert te.plan_build("10.3.0", graph, host).flags == ()
     with pytest.raises(RuntimeBackendError, match="needs the standard graph form"):
