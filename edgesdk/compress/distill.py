@@ -57,7 +57,7 @@ class DistillConfig:
             raise ValueError("steps >= 0, batch_size >= 1 and sequence_length >= 2 are required")
         if self.logits_weight < 0 or self.attention_weight < 0:
             raise ValueError("loss weights must be >= 0")
-        check_optimiser_settings(self.lr, self.temperature)
+        check_optimiser_settings(self.lr, self.temperature, self.grad_accumulation)
 
 
 def _use_eager_attention(model) -> None:

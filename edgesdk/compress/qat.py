@@ -58,11 +58,17 @@ class QATConfig:
 
     def __post_init__(self):
         self.scheme()  # validates the quantization fields
-        check_optimiser_settings(self.lr, self.temperature)
+        check_optimiser_settings(self.lr, self.temperature, self.grad_accumulation)
         if self.steps < 0 or self.batch_size < 1 or self.sequence_length < 2:
             raise ValueError("steps >= 0, batch_size >= 1 and sequence_length >= 2 are required")
         if not 0.0 <= self.eight_bit_fraction <= 1.0:
             raise ValueError(f"eight_bit_fraction must be in [0, 1], got {self.eight_bit_fraction}")
+        if self.activations == "tensor" and self.observer_batches < 1:  # no scale: a QDQ graph without activation Q/DQ
+            raise ValueError(f"activations tensor needs observer_batches >= 1 (they set the static scales), got "
+                             f"{self.observer_batches}")
+        if self.eight_bit_fraction and self.fisher_batches < 1:  # no batch: every unit's gain 0, an arbitrary choice
+            raise ValueError(f"eight_bit_fraction needs fisher_batches >= 1 (they rank the units), got "
+                             f"{self.fisher_batches}")
         if self.eight_bit_fraction and (self.weight_bits != 4 or self.granularity != "block"):
             raise ValueError("eight_bit_fraction mixes 8-bit into 4-bit block weights: it needs weight_bits 4 and "
                              f"granularity block, got weight_bits {self.weight_bits}, granularity {self.granularity}")

@@ -22,11 +22,14 @@ class LoopSettings:
     warmup_fraction: float = 0.05
 
 
-def check_optimiser_settings(lr: float, temperature: float) -> None:
-    """A learning rate and a distillation temperature that train at all: positive and finite."""
+def check_optimiser_settings(lr: float, temperature: float, grad_accumulation: int = 1) -> None:
+    """A learning rate and a distillation temperature that train at all (positive and finite), and at
+    least one batch per optimizer step."""
     for name, value in (("lr", lr), ("temperature", temperature)):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a positive finite number, got {value}")
+    if grad_accumulation < 1:
+        raise ValueError(f"grad_accumulation must be >= 1, got {grad_accumulation}")
 
 
 def gradient_scale(step: int) -> float:
@@ -42,7 +45,9 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
-    updates = max(1, len(batches) // settings.grad_accumulation)
+    accumulate = settings.grad_accumulation
+    # a last, partial group of batches (len % grad_accumulation) is an update of its own, on the schedule
+    updates = max(1, -(-len(batches) // accumulate))
     warmup = max(1, int(settings.warmup_fraction * updates))
 
     def lr_at(update: int) -> float:
@@ -55,9 +60,10 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
     bar = tqdm(batches, desc=desc, disable=not progress, unit="batch")
     for index, batch in enumerate(bar):
         loss, parts = loss_fn(batch, index / max(1, len(batches)))
-        (loss / settings.grad_accumulation).backward()
+        group_start = index - index % accumulate
+        (loss / min(accumulate, len(batches) - group_start)).backward()  # the mean over this update's batches
         history.append({"loss": loss.item(), **parts})
-        if (index + 1) % settings.grad_accumulation == 0 or index + 1 == len(batches):
+        if (index + 1) % accumulate == 0 or index + 1 == len(batches):
             if settings.grad_scaling:
                 factor = gradient_scale(update)
                 for p in params:

@@ -404,3 +404,51 @@ def test_attention_weight_schedule_sums_to_one_and_shifts_emphasis():
     assert middle["layer"] == 0.5
     assert late["global"] == 0.4
     assert attention_weights(0.5, schedule=False) == {"token": 0.4, "layer": 0.35, "global": 0.25}
+
+
+# --- training loop and stage settings ---------------------------------------------------------------
+
+
+def test_a_last_partial_accumulation_group_is_a_real_update_on_the_mean_gradient():
+    """5 batches, 2 per step: the third update (one batch) used to get lr 0 (the cosine schedule counted
+    2 updates) and half its gradient (divided by 2 for one batch)."""
+    from edgesdk.compress.train import LoopSettings, run_training
+
+    model = torch.nn.Linear(4, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    seen, grads = [], []
+
+    def loss_fn(batch, _):
+        seen.append(model.weight.detach().clone())
+        return (model(batch) * 0.01).sum(), {}
+
+    def record_grad(optimizer, *args):
+        grads.append(model.weight.grad.detach().clone())
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    handle = register_optimizer_step_pre_hook(record_grad)
+    try:
+        batches = [torch.ones(1, 4)] * 5
+        result = run_training(model, loss_fn, batches, LoopSettings(lr=0.1, grad_accumulation=2),
+                              desc="t", progress=False)
+    finally:
+        handle.remove()
+    assert result["updates"] == 3
+    assert not torch.equal(model.weight, seen[-1])  # the last update moved the weights
+    for grad in grads:  # every update: the mean gradient of its batches, one batch or two
+        torch.testing.assert_close(grad, torch.full((1, 4), 0.01))
+
+
+@pytest.mark.parametrize(("stage", "options", "match"), [
+    ("qat", {"activations": "tensor", "granularity": "channel", "observer_batches": 0}, "observer_batches >= 1"),
+    ("qat", {"weight_bits": 4, "eight_bit_fraction": 0.2, "fisher_batches": 0}, "fisher_batches >= 1"),
+    ("qat", {"grad_accumulation": 0}, "grad_accumulation must be >= 1"),
+    ("distill", {"grad_accumulation": 0}, "grad_accumulation must be >= 1"),
+])
+def test_stage_settings_that_would_calibrate_or_train_on_nothing_are_refused(stage, options, match):
+    from edgesdk.build.registry import make_config
+    from edgesdk.errors import BuildError
+
+    with pytest.raises(BuildError, match=match):
+        make_config(stage, options)
