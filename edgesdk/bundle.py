@@ -175,7 +175,35 @@ def read_manifest(path: Path) -> dict:
     missing = [key for key in REQUIRED_KEYS if key not in manifest]
     if missing:
         raise BundleError(f"bundle {path}: manifest lacks {missing}", "rebuild the bundle")
+    problems = _manifest_shape_problems(manifest)
+    if problems:
+        raise BundleError(f"bundle {path}: {MANIFEST} is malformed:\n  - " + "\n  - ".join(problems),
+                          "the manifest was edited by hand; rebuild the bundle with 'edgesdk build'")
     return manifest
+
+
+def _manifest_shape_problems(manifest: dict) -> list[str]:
+    """What in a manifest (whose digest matched, so edited on purpose) the runtime could not use:
+    wrong types, and files it opens that are not listed (they would escape verification)."""
+    problems = []
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        return [f"'files' must map file names to {{size, sha256}}, got {type(files).__name__}"]
+    for name, facts in files.items():
+        if not (isinstance(facts, dict) and isinstance(facts.get("size"), int)
+                and isinstance(facts.get("sha256"), str)):
+            problems.append(f"files[{name!r}] must be {{size: int, sha256: str}}, got {facts!r}")
+    for key, needed in (("target", "name"), ("graph", "file"), ("tokenizer", "file")):
+        section = manifest[key]
+        if not isinstance(section, dict) or not isinstance(section.get(needed), str):
+            problems.append(f"'{key}' must be a mapping with a '{needed}' string, got {section!r:.80}")
+    if problems:
+        return problems
+    weights = manifest["graph"].get("weights") or {}
+    opened = [manifest["graph"]["file"], manifest["tokenizer"]["file"], manifest["tokenizer"].get("chat_template"),
+              weights.get("file") if isinstance(weights, dict) else None]
+    return [f"'{name}' is opened by the runtime but not listed in 'files'" for name in opened
+            if name is not None and name not in files]
 
 
 def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:

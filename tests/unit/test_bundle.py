@@ -39,7 +39,9 @@ BUNDLE_FILES = [
     MANIFEST_DIGEST,
 ]
 # The keys a caller of BundleWriter.commit must give (the writer adds schema, version, id and files).
-MINIMAL_MANIFEST = {"target": {"name": "host"}, "model": {}, "graph": {}, "tokenizer": {}, "runtime": {},
+# Every test writer below writes report.md; it stands in for the files the runtime opens.
+MINIMAL_MANIFEST = {"target": {"name": "host"}, "model": {}, "graph": {"file": "report.md"},
+                    "tokenizer": {"file": "report.md"}, "runtime": {},
                     "stages": []}
 
 
@@ -206,6 +208,32 @@ def test_manifest_lacking_a_required_key_is_refused(tiny_bundle, tmp_path):
     refused(path, r"manifest lacks \['graph'\]")
 
 
+def _drop_size(manifest):
+    del next(iter(manifest["files"].values()))["size"]
+
+
+def _unlist_the_graph(manifest):
+    del manifest["files"][manifest["graph"]["file"]]
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda m: m.update(files=list(m["files"])), "'files' must map file names to {size, sha256}, got list"),
+    (lambda m: m.update(files=None), "'files' must map file names to {size, sha256}, got NoneType"),
+    (_drop_size, r"files\[.*\] must be {size: int, sha256: str}"),
+    (lambda m: m.update(target="rpi5"), "'target' must be a mapping with a 'name' string, got 'rpi5'"),
+    (lambda m: m["tokenizer"].pop("file"), "'tokenizer' must be a mapping with a 'file' string"),
+    (_unlist_the_graph, "is opened by the runtime but not listed in 'files'"),
+], ids=["files-list", "files-null", "entry-without-size", "target-string", "tokenizer-without-file",
+        "graph-unlisted"])
+def test_a_hand_edited_manifest_is_refused_with_what_is_wrong(tiny_bundle, tmp_path, change, match):
+    """The digest matches (the edit rewrote it), so only the manifest's own shape can catch these;
+    each was a traceback (AttributeError, KeyError, TypeError)."""
+    path = copy_bundle(tiny_bundle, tmp_path)
+    rewrite_manifest(path, change)
+    error = refused(path, match)
+    assert "edited by hand" in error.fix
+
+
 def test_manifest_listing_a_path_outside_the_bundle_is_refused(tiny_bundle, tmp_path):
     path = copy_bundle(tiny_bundle, tmp_path)
     outside = tmp_path / "outside.txt"
@@ -290,14 +318,16 @@ def test_commit_over_an_existing_bundle_replaces_it(tmp_path):
     destination = tmp_path / "out"
     first = BundleWriter(destination)
     first.write_text("old.txt", "old\n")
+    first.write_text("report.md", "old\n")
     old = first.commit(dict(MINIMAL_MANIFEST))
 
     second = BundleWriter(destination)
     second.write_text("new.txt", "new\n")
+    second.write_text("report.md", "new\n")
     assert (destination / "old.txt").is_file()  # the old bundle stays usable until the commit
     new = second.commit(dict(MINIMAL_MANIFEST))
 
-    assert sorted(os.listdir(destination)) == [MANIFEST, MANIFEST_DIGEST, "new.txt"]
+    assert sorted(os.listdir(destination)) == [MANIFEST, MANIFEST_DIGEST, "new.txt", "report.md"]
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no .out.old or .out.partial left behind
     assert new.bundle_id != old.bundle_id
     assert verify_bundle(destination).bundle_id == new.bundle_id
