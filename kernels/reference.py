@@ -40,9 +40,10 @@ def check_decode_attention_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     """Shapes and lengths of a decode-attention call, checked the same way for the twin, the Triton launcher and
     the AOT loader; returns ``(B, Hq, Hkv, T_max, D)``. Raises ValueError for: q not ``(B, Hq, D)``; caches not
     both ``(B, Hkv, T_max, D)``; ``Hkv == 0`` or ``Hq % Hkv``; ``lengths`` without ``B`` entries; a length outside
-    ``[0, T_max]`` (the kernels would read past the cache). The length values are read back to the host except
-    while a CUDA graph is being captured, where a read would break the capture (the replayed step's lengths are
-    the caller's to keep in range)."""
+    ``[0, T_max]`` (the kernels would read past the cache). The length values are checked only on host tensors:
+    reading a CUDA tensor back would synchronise every layer of every eager decode step (and break a CUDA-graph
+    capture), so on the GPU they are the caller's to keep in range (the triton backend checks the sequence
+    against ``max_context`` before each step)."""
     if q.dim() != 3 or k_cache.dim() != 4 or tuple(v_cache.shape) != tuple(k_cache.shape) \
             or k_cache.shape[0] != q.shape[0] or k_cache.shape[3] != q.shape[2]:
         raise ValueError(f"shape mismatch: q {tuple(q.shape)} must be (B, Hq, D) and k, v (B, Hkv, T_max, D); "
@@ -55,8 +56,7 @@ def check_decode_attention_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
         raise ValueError(f"lengths must have B={b} entries, got {lengths.numel()}")
     if lengths.is_floating_point() or lengths.is_complex():
         raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
-    capturing = lengths.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if b and not capturing:
+    if b and lengths.device.type == "cpu":
         low, high = int(lengths.min()), int(lengths.max())
         if low < 0 or high > t_max:
             raise ValueError(f"lengths must lie in [0, T_max={t_max}] (the cache holds T_max positions), got "
