@@ -130,6 +130,9 @@ class TargetProfile(_Strict):
             )
         if "ort-cpu" not in used:
             raise ValueError("runtime must list 'ort-cpu' as backend or fallback: it is the backend of last resort")
+        if self.sparsity_block & (self.sparsity_block - 1):
+            raise ValueError(f"sparsity_block must be a power of two (the block-sparse kernels tile by it), "
+                             f"got {self.sparsity_block}")
         return self
 
     def summary(self) -> dict:

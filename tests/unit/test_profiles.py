@@ -265,6 +265,13 @@ def test_gpu_backend_without_gpu_is_rejected() -> None:
         parse_profile(yaml.safe_dump(data))
 
 
+def test_a_sparsity_block_that_is_not_a_power_of_two_is_rejected() -> None:
+    data = _shipped_data("orin-nx-16gb")
+    data["sparsity_block"] = 48
+    with pytest.raises(ProfileError, match="sparsity_block must be a power of two"):
+        parse_profile(yaml.safe_dump(data))
+
+
 def test_missing_ort_cpu_is_rejected() -> None:
     data = _shipped_data("orin-nx-16gb")
     data["runtime"]["fallbacks"] = ["ort-trt"]
