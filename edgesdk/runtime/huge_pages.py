@@ -70,11 +70,27 @@ def huge_page_environment(environ: dict[str, str], mode: str | None, libc: tuple
     return {**environ, "GLIBC_TUNABLES": f"{existing}:{TUNABLE}" if existing else TUNABLE}
 
 
+def _hugetlb_value(tunables: str) -> str | None:
+    """The value ``GLIBC_TUNABLES`` gives ``glibc.malloc.hugetlb`` (the last one wins), or None."""
+    value = None
+    for item in tunables.split(":"):
+        name, _, setting = item.partition("=")
+        if name == "glibc.malloc.hugetlb":
+            value = setting
+    return value
+
+
 def commands_use_huge_pages(environ: dict[str, str], mode: str | None, libc: tuple[str, str]) -> bool:
     """Whether ``run`` / ``eval`` started with ``environ`` put the weights on huge pages: the
-    tunable is already set, or they would re-execute with it."""
-    already = "glibc.malloc.hugetlb=" in environ.get("GLIBC_TUNABLES", "")
-    return already or huge_page_environment(environ, mode, libc) is not None
+    tunable is already set to 1 (THP on) or 2 (reserved huge pages) on a glibc that reads it, or
+    they would re-execute with it."""
+    version = _glibc_version(libc)
+    if version is None or version < MIN_GLIBC:
+        return False
+    value = _hugetlb_value(environ.get("GLIBC_TUNABLES", ""))
+    if value is not None:
+        return value == "2" or (value == "1" and mode in ("always", "madvise"))
+    return huge_page_environment(environ, mode, libc) is not None
 
 
 # The re-executed interpreter's program: ``-m edgesdk`` would put the working directory first on

@@ -47,6 +47,17 @@ def test_existing_tunables_are_kept_and_the_reexecuted_process_stops_there():
     assert not commands_use_huge_pages({OPT_OUT: "0"}, "madvise", GLIBC)
 
 
+@pytest.mark.parametrize(("tunables", "mode", "libc"), [
+    ("glibc.malloc.hugetlb=0", "madvise", GLIBC),  # set, but to off
+    ("glibc.malloc.hugetlb=1", "never", GLIBC),  # the kernel has THP off
+    ("glibc.malloc.hugetlb=1", "madvise", ("glibc", "2.31")),  # a glibc that ignores the tunable
+    ("glibc.malloc.hugetlb=1:glibc.malloc.hugetlb=0", "madvise", GLIBC),  # the last setting wins
+], ids=["zero", "thp-never", "old-glibc", "last-wins"])
+def test_a_tunable_that_changes_nothing_is_not_reported_as_huge_pages(tunables, mode, libc):
+    assert not commands_use_huge_pages({"GLIBC_TUNABLES": tunables}, mode, libc)
+    assert not commands_use_huge_pages({"GLIBC_TUNABLES": tunables, OPT_OUT: "0"}, mode, libc)
+
+
 def test_thp_mode_reads_the_bracketed_choice(tmp_path):
     (tmp_path / "enabled").write_text("always [madvise] never\n")
     assert thp_mode(tmp_path / "enabled") == "madvise"
