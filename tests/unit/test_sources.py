@@ -265,3 +265,41 @@ def test_cache_dir_defaults_under_home(tmp_path, monkeypatch, setting):
         monkeypatch.setenv("EDGESDK_CACHE", "")
     assert cache_dir() == tmp_path / ".cache" / "edgesdk"
     assert cache_dir() == Path.home() / ".cache" / "edgesdk"
+
+
+@pytest.mark.parametrize("setting", ["~/models-cache", "relative/cache"])
+def test_cache_dir_is_absolute_and_expands_home(tmp_path, monkeypatch, setting):
+    """A relative or ~ cache used to move with the working directory (the engine cache too)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EDGESDK_CACHE", setting)
+    expected = tmp_path / "home" / "models-cache" if setting.startswith("~") else tmp_path / "relative" / "cache"
+    assert cache_dir() == expected
+
+
+def test_an_unwritable_cache_is_a_named_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    monkeypatch.setenv("EDGESDK_CACHE", str(blocker / "cache"))
+    with pytest.raises(ModelSourceError, match=rf"cannot write model alias '{ALIAS}' into the cache") as info:
+        fetch_alias(ALIAS, quiet=True)
+    assert "$EDGESDK_CACHE" in info.value.fix
+
+
+def test_a_python_without_pip_is_told_so(tmp_path):
+    """A venv made without pip (uv's default) cannot fetch an alias: say that, not 'check the network'."""
+    import subprocess
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "venv")
+    python = tmp_path / "venv" / "bin" / "python"
+    repo = Path(__file__).resolve().parents[2]
+    script = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+              "from edgesdk.models.sources import fetch_alias\n"
+              "try:\n    fetch_alias(sys.argv[2], quiet=True)\n"
+              "except Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    proc = subprocess.run([str(python), "-c", script, str(repo), ALIAS], capture_output=True, text=True, timeout=60,
+                          env={"EDGESDK_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert f"ModelSourceError this Python ({python}) has no pip" in proc.stdout
+    assert "ensurepip" in proc.stdout
