@@ -99,6 +99,22 @@ def check_exportable(model_config, config: ExportConfig) -> None:
             f"{FUSED_HEAD_DIM_MULTIPLE}",
             "export it in the standard form (e.g. --recipe fp32-standard, or --set export.form=standard with "
             "fp32 or int8 weights)")
+    window = sliding_window(model_config)
+    context = min(config.max_context, int(getattr(model_config, "max_position_embeddings", config.max_context)))
+    if window is not None and window < context:
+        raise ExportError(
+            f"the model attends over a sliding window of {window} tokens, shorter than the bundle's context of "
+            f"{context}; the exported graph attends over the whole context, so it would differ past {window} tokens",
+            f"pass --max-context {window} (or less): within the window the two are the same")
+
+
+def sliding_window(model_config) -> int | None:
+    """The attention window of a Mistral (``sliding_window``) or Qwen2 (``use_sliding_window``) config, or None."""
+    model_type = getattr(model_config, "model_type", None)
+    window = getattr(model_config, "sliding_window", None)
+    if model_type == "qwen2" and not getattr(model_config, "use_sliding_window", False):
+        return None
+    return int(window) if model_type in ("mistral", "qwen2") and window else None
 
 
 def export_model(model, out_dir: Path, config: ExportConfig = ExportConfig()) -> GraphSpec:

@@ -66,12 +66,7 @@ def check_architecture(config: Any, where: str) -> None:
             "(it carries Qwen2's q/k/v biases only)",
             "use a Llama-family model without those biases (attention_bias and mlp_bias false)",
         )
-    window = getattr(config, "sliding_window", None)
-    if model_type == "mistral" and window is not None and window < config.max_position_embeddings:
-        raise ModelSourceError(
-            f"model {where} uses a sliding attention window of {window} tokens, which the exporter does not emit",
-            "use a model with sliding_window null",
-        )
+    # A sliding attention window is checked against the bundle's context at export (check_exportable).
 
 
 def check_gguf_model(path: Path) -> None:

@@ -323,6 +323,28 @@ def test_fused_form_refuses_a_head_dim_its_attention_cannot_take(tmp_path):
     assert bundle.manifest["graph"]["form"] == "standard"
 
 
+def test_a_sliding_window_shorter_than_the_context_is_refused_and_one_within_it_builds(tmp_path):
+    """The graph attends over the whole context: the same as the model's window only up to the window."""
+    import json
+
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.errors import ExportError
+    from edgesdk.export.onnx_export import ExportConfig
+    from tests._utils.tiny import save_tiny_model_dir
+
+    model_dir = save_tiny_model_dir(tmp_path / "mistral", model_type="mistral")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "sliding_window": 32}))
+    with pytest.raises(ExportError, match="sliding window of 32 tokens, shorter than the bundle's context of 64") \
+            as refused:
+        build(BuildConfig(target="host", model=str(model_dir), out=tmp_path / "b", recipe="fp32-standard",
+                          export=ExportConfig(max_context=64), progress=False))
+    assert "--max-context 32" in refused.value.fix
+    bundle = build(BuildConfig(target="host", model=str(model_dir), out=tmp_path / "w", recipe="fp32-standard",
+                               export=ExportConfig(max_context=32), progress=False))
+    assert bundle.manifest["graph"]["max_context"] == 32
+
+
 @pytest.mark.parametrize("bias", ["attention_bias", "mlp_bias"])
 def test_llama_with_o_proj_or_mlp_biases_is_refused_at_load(bias, tmp_path):
     """Llama's attention_bias also biases o_proj, mlp_bias every MLP projection; the exporter carries only
