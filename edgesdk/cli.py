@@ -142,7 +142,9 @@ def models_fetch(name):
               help="Teacher-generated sequences added to the training text (data-free distillation).")
 @click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
               help="Change a recipe setting, e.g. --set prune.ffn_ratio=0.4 or --set export.weights=int4.")
-@click.option("--weight-bits", type=click.Choice(["4", "8"]), help="Shortcut for --set qat.weight_bits=N.")
+@click.option("--weight-bits", type=click.Choice(["4", "8"]),
+              help="The layers' weight bits: --set qat.weight_bits=N, and export.weights=intN where the recipe "
+                   "stores quantized fused weights.")
 @click.option("--ffn-ratio", type=float, help="Shortcut for --set prune.ffn_ratio=R.")
 @click.option("--distill-steps", type=int, help="Shortcut for --set distill.steps=N.")
 @click.option("--density", type=float, help="Shortcut for --set sparsify.density=D (fraction of weight blocks kept).")
@@ -157,13 +159,14 @@ def build(target, model, out, recipe, max_context, resume, keep_work, no_progres
     from edgesdk.compress.data import DataConfig
     from edgesdk.export.onnx_export import ExportConfig
 
-    shortcuts = [f"{key}={value}" for key, value in (("qat.weight_bits", weight_bits), ("prune.ffn_ratio", ffn_ratio),
-                                                     ("distill.steps", distill_steps), ("sparsify.density", density))
+    shortcuts = [f"{key}={value}" for key, value in (("prune.ffn_ratio", ffn_ratio), ("distill.steps", distill_steps),
+                                                     ("sparsify.density", density))
                  if value is not None]
     data = DataConfig(files=tuple(str(f) for f in data_files), skip_chars=data_skip_chars,
                       generated_sequences=generated_sequences)
     bundle = run_build(BuildConfig(target=target, model=model, out=out, recipe=recipe,
                                    overrides=tuple(shortcuts) + tuple(overrides), data=data,
+                                   weight_bits=int(weight_bits) if weight_bits else None,
                                    export=ExportConfig(max_context=max_context), resume=resume,
                                    keep_work=keep_work, progress=not no_progress))
     click.echo(str(bundle.path))

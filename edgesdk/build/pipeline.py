@@ -35,6 +35,7 @@ class BuildConfig:
     out: Path | None = None  # bundle directory; default bundles/<model>-<target>
     recipe: str | None = None  # shipped recipe name or YAML path; None: the target's default recipe
     overrides: tuple[str, ...] = ()  # "stage.field=value" changes to the recipe (--set)
+    weight_bits: int | None = None  # the layers' weight bits (--weight-bits): QAT and a quantized export
     data: DataConfig = field(default_factory=DataConfig)  # training text for the compression stages
     export: ExportConfig = field(default_factory=ExportConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
@@ -88,6 +89,8 @@ def build(config: BuildConfig) -> Bundle:
     """Run the whole pipeline and return the verified bundle."""
     profile = get_profile(config.target)
     recipe = load_recipe(config.recipe or profile.default_recipe)
+    if config.weight_bits is not None:  # before --set, which may still change either setting
+        recipe = recipe.with_overrides(recipe.weight_bits_overrides(config.weight_bits))
     recipe = recipe.with_overrides(config.overrides)
     stages = recipe.validated()  # order and configs checked before any compute
     export_config = replace(config.export, **recipe.export.model_dump())

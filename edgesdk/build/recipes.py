@@ -75,6 +75,13 @@ class Recipe(BaseModel):
         except ValidationError as exc:
             raise BuildError(f"overrides {list(overrides)} make the recipe invalid: {exc}", "fix the --set values") from exc
 
+    def weight_bits_overrides(self, bits: int) -> list[str]:
+        """What ``--weight-bits N`` means for this recipe: QAT learns N-bit weights, and a recipe that
+        exports quantized fused weights stores them at N bits (the QDQ form holds INT8 only, and
+        :meth:`validated` says so for 4)."""
+        stored = self.export.form == "ort-fused" and self.export.weights in ("int4", "int8")
+        return [f"qat.weight_bits={bits}", *([f"export.weights=int{bits}"] if stored else [])]
+
     def validated(self) -> list[tuple[str, object]]:
         """(stage name, config object) pairs, order and configs checked."""
         names = [entry.stage for entry in self.stages]

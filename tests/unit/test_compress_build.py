@@ -166,6 +166,39 @@ def test_weight_bits_conflict_fails_before_the_model_loads(tmp_path):
     assert not (tmp_path / "b.build").exists()
 
 
+def test_the_weight_bits_shortcut_sets_what_the_recipe_trains_and_stores():
+    """--weight-bits N: QAT at N bits and, for a recipe storing quantized fused weights, the export too;
+    the QDQ form holds INT8 only, so 4 bits there is refused before any work."""
+    from edgesdk.build.recipes import load_recipe
+
+    default = load_recipe("default")
+    assert default.weight_bits_overrides(8) == ["qat.weight_bits=8", "export.weights=int8"]
+    eight = default.with_overrides(default.weight_bits_overrides(8))
+    assert eight.export.weights == "int8"
+    eight.validated()  # consistent: trains and stores INT8 layers
+    jetson = load_recipe("jetson")
+    assert jetson.weight_bits_overrides(4) == ["qat.weight_bits=4"]
+    with pytest.raises(BuildError, match="qat.weight_bits is 4"):
+        jetson.with_overrides(jetson.weight_bits_overrides(4)).validated()
+
+
+def test_weight_bits_8_on_the_default_recipe_builds_int8_layers(tmp_path):
+    """Through the CLI: the build gets past the recipe check (it stops at the absent model)."""
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.errors import ModelSourceError
+
+    with pytest.raises(ModelSourceError):
+        build(BuildConfig(target="rpi5", model=str(tmp_path / "absent"), out=tmp_path / "b", recipe="default",
+                          weight_bits=8, progress=False))
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+
+    result = CliRunner().invoke(main, ["build", "--target", "rpi5", "--model", str(tmp_path / "absent"), "--out",
+                                       str(tmp_path / "c"), "--weight-bits", "8", "--no-progress"])
+    assert result.exit_code == ModelSourceError.exit_code, result.output
+
+
 def test_mixed_precision_build_keeps_the_chosen_units_at_8_bits(tiny_model_dir, recipe_and_data, tmp_path):
     """qat with eight_bit_fraction: the Fisher choice is recorded, costs bytes, and the exported
     graph still equals the baked model (validation compares it with the same mixed weights)."""
