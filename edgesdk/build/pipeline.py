@@ -19,7 +19,7 @@ from edgesdk.build.recipes import load_recipe
 from edgesdk.build.registry import BuildContext, stage_spec
 from edgesdk.bundle import Bundle, check_replaceable
 from edgesdk.compress.data import DataConfig
-from edgesdk.errors import BuildError
+from edgesdk.errors import BuildError, EdgeSDKError
 from edgesdk.export.onnx_export import ExportConfig, check_exportable, export_model
 from edgesdk.export.validate import ValidationConfig, validate_export, validate_fused
 from edgesdk.models.sources import DEFAULT_MODEL, resolve_model
@@ -117,8 +117,13 @@ def build(config: BuildConfig) -> Bundle:
     from edgesdk.models.loader import load_model
 
     _log(f"[1/{steps}] loading {config.model} ({source.kind}: {source.path})")
-    loaded = load_model(source)
-    check_exportable(loaded.model.config, export_config)  # before any stage, not at export
+    try:
+        loaded = load_model(source)
+        check_exportable(loaded.model.config, export_config)  # before any stage, not at export
+    except EdgeSDKError:
+        if not work.state["done"]:  # nothing to resume: leave no empty work directory behind
+            shutil.rmtree(work.path, ignore_errors=True)
+        raise
     facts_before = loaded.facts()
     model = loaded.model
     teacher = loaded.model
