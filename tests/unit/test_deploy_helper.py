@@ -26,7 +26,8 @@ def make_bundle(path: Path, files: dict[str, bytes], note: str = ""):
         target = writer.staging / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-    return writer.commit({**FAKE_MANIFEST, "note": note})
+    first = next(iter(files))  # stands in for the graph and tokenizer files a manifest must list
+    return writer.commit({**FAKE_MANIFEST, "graph": {"file": first}, "tokenizer": {"file": first}, "note": note})
 
 
 def frame(name: str, data: bytes, offset: int = 0, size: int | None = None, sha: str | None = None) -> bytes:
