@@ -31,21 +31,20 @@ class ChatTokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def render_chat(self, messages: list[dict]) -> str:
-        """Render messages with the chat template and the assistant's generation prompt."""
+        """Render messages with the chat template and the assistant's generation prompt, in the
+        environment transformers' ``apply_chat_template`` gives templates (see :func:`chat_environment`)."""
         if self.template_source is None:
             raise BundleError("this bundle's model has no chat template", "pass --raw to feed the prompt as is")
-        if self._template is None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        import jinja2
 
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-            def raise_exception(message):
-                raise BundleError(f"chat template refused the messages: {message}", "check the roles and order")
-
-            env.globals["raise_exception"] = raise_exception
-            self._template = env.from_string(self.template_source)
-        return self._template.render(messages=messages, add_generation_prompt=True,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        try:
+            if self._template is None:
+                self._template = chat_environment().from_string(self.template_source)
+            return self._template.render(messages=messages, tools=None, documents=None, add_generation_prompt=True,
+                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except jinja2.TemplateError as exc:
+            raise BundleError(f"the bundle's chat template failed: {type(exc).__name__}: {exc}",
+                              "pass --raw to feed the prompt as is, or rebuild with a corrected template") from exc
 
     def prompt_ids(self, prompt: str, raw: bool, system: str | None = None) -> list[int]:
         """Token ids for a user prompt: through the chat template unless ``raw`` or there is none."""
@@ -53,6 +52,43 @@ class ChatTokenizer:
             return self.encode(prompt)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         return self.encode(self.render_chat(messages), add_special_tokens=False)
+
+
+def chat_environment():
+    """A sandboxed Jinja environment with what transformers gives chat templates: ``{% break %}`` and
+    ``{% continue %}``, the ``{% generation %}`` block (rendered as its body), ``strftime_now``,
+    ``raise_exception``, and a ``tojson`` that writes UTF-8 as it is (Jinja's own escapes HTML)."""
+    import json
+    from datetime import datetime
+
+    from jinja2 import ext, nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(ext.Extension):
+        """``{% generation %}...{% endgeneration %}`` marks the assistant's tokens for training masks."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise BundleError(f"chat template refused the messages: {message}", "check the roles and order")
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationBlock, ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
 
 
 class StreamDecoder:

@@ -173,3 +173,41 @@ def test_decode_speed_leaves_out_a_simulated_boards_waits(runtime):
     assert stats.waited_s == pytest.approx(5.0 * 8)
     assert 0 < stats.decode_s
     assert stats.decode_tok_s > 0
+
+
+CHAT_TEMPLATES = {
+    "loop-controls": "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
+                     "<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+    "strftime-now": "Today {{ strftime_now('%Y-%m-%d') }}{% for m in messages %} {{ m.content }}{% endfor %}",
+    "tojson": "{{ messages | tojson }}",
+    "tools-none": "{% if tools is not none %}[TOOLS]{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}",
+    "generation-block": "{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHAT_TEMPLATES))
+def test_chat_templates_render_as_transformers_renders_them(tiny_bundle, tmp_path, name):
+    """Features transformers gives chat templates (loop controls, strftime_now, its tojson, tools=None,
+    the generation block): each crashed or rendered another prompt."""
+    from transformers import PreTrainedTokenizerFast
+
+    from edgesdk.runtime.text import ChatTokenizer
+
+    template = tmp_path / "chat_template.jinja"
+    template.write_text(CHAT_TEMPLATES[name], encoding="utf-8")
+    ours = ChatTokenizer(tiny_bundle.path / "tokenizer.json", {}, template)
+    messages = [{"role": "system", "content": "Be <brief> & 'nice' \u00e9"}, {"role": "user", "content": "hi"}]
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(tiny_bundle.path / "tokenizer.json"))
+    expected = hf.apply_chat_template(messages, chat_template=CHAT_TEMPLATES[name], tokenize=False,
+                                      add_generation_prompt=True)
+    assert ours.render_chat(messages) == expected
+
+
+def test_a_chat_template_that_fails_is_a_bundle_error(tiny_bundle, tmp_path):
+    from edgesdk.runtime.text import ChatTokenizer
+
+    template = tmp_path / "chat_template.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}", encoding="utf-8")  # no endfor
+    with pytest.raises(EdgeSDKError, match="the bundle's chat template failed: TemplateSyntaxError") as info:
+        ChatTokenizer(tiny_bundle.path / "tokenizer.json", {}, template).render_chat([{"role": "user", "content": "x"}])
+    assert "--raw" in info.value.fix
