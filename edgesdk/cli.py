@@ -262,7 +262,7 @@ def _runtime_options(fn):
 @click.option("--max-new-tokens", "-n", default=128, show_default=True)
 @click.option("--temperature", default=0.0, show_default=True, help="0 means greedy decoding.")
 @click.option("--top-p", default=1.0, show_default=True, help="Nucleus sampling mass (with --temperature > 0).")
-@click.option("--seed", type=int, help="Seed for sampling.")
+@click.option("--seed", type=click.IntRange(min=0), help="Seed for sampling (unset: a random one).")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the model's chat template.")
 @click.option("--system", help="System message for the chat template.")
 @click.option("--stats", is_flag=True, help="Print prefill/decode tok/s and time to first token on stderr.")
@@ -426,8 +426,9 @@ def _power_line(backend) -> str:
 @click.option("--text", "text_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Plain-text file to score (e.g. wikitext-2-raw/wiki.valid.raw).")
 @click.option("--context", default=512, show_default=True, help="Tokens per window.")
-@click.option("--stride", default=512, show_default=True, help="Window step (== context: no overlap).")
-@click.option("--max-chars", default=200_000, show_default=True, help="Score the first N characters (0 = all).")
+@click.option("--stride", type=click.IntRange(min=1), help="Window step [--context: no overlap].")
+@click.option("--max-chars", default=200_000, show_default=True, type=click.IntRange(min=0),
+              help="Score the first N characters (0 = all).")
 @click.option("--reference", is_flag=True, help="Also score the PyTorch source model (host; needs edgesdk[host]).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
@@ -450,7 +451,7 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
                 "pip install 'edgesdk[host]' on the host, or drop --reference to score the bundle alone",
             ) from exc
     try:
-        config = PerplexityConfig(context=context, stride=stride, max_chars=max_chars or None)
+        config = PerplexityConfig(context=context, stride=stride or context, max_chars=max_chars or None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--context/--stride") from exc
     text = read_utf8(text_file, "--text")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgesdk.errors import BundleError
+from edgesdk.errors import BundleError, EdgeSDKError
 
 
 class ChatTokenizer:
@@ -48,10 +48,25 @@ class ChatTokenizer:
 
     def prompt_ids(self, prompt: str, raw: bool, system: str | None = None) -> list[int]:
         """Token ids for a user prompt: through the chat template unless ``raw`` or there is none."""
+        check_utf8(prompt, "the prompt")
+        if system:
+            check_utf8(system, "--system")
         if raw or not self.has_chat_template:
             return self.encode(prompt)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         return self.encode(self.render_chat(messages), add_special_tokens=False)
+
+
+def check_utf8(text: str, what: str) -> None:
+    """Refuse text that came in as bytes that are not UTF-8: Python hands them over as lone
+    surrogates (``surrogateescape``), which the tokenizer cannot take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = ord(exc.object[exc.start])
+        byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"U+{bad:04X}"
+        raise EdgeSDKError(f"{what} is not valid UTF-8 ({byte} at character {exc.start})",
+                           "pass UTF-8 text (iconv -f latin1 -t utf-8 converts Latin-1)") from exc
 
 
 def chat_environment():

@@ -485,14 +485,49 @@ def test_eval_refuses_unusable_text(bundle, tmp_path, content, fragments):
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
-    (("--context", 32, "--stride", 0), "--context/--stride"),
+    (("--context", 32, "--stride", 0), "--stride"),
+    (("--context", 32, "--stride", 64), "--context/--stride"),
     (("--context", 100_000), "max_context"),
-], ids=["stride-0", "context-too-long"])
+    (("--max-chars", -5), "--max-chars"),
+], ids=["stride-0", "stride-over-context", "context-too-long", "negative-max-chars"])
 def test_eval_refuses_bad_windows_naming_the_option(bundle, text_file, args, fragment):
     result = invoke("eval", bundle, "--text", text_file, "--max-chars", 500, *args)
     assert result.exit_code == 2, result.output
     assert fragment in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_eval_context_alone_sets_the_stride(bundle, text_file):
+    """--stride follows --context unless given: --context 32 alone used to fail on the stride of 512."""
+    result = invoke("eval", bundle, "--text", text_file, "--max-chars", 500, "--context", 32, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["bundle"]["windows"] > 1
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("--seed", -1), "--seed"),
+    (("--temperature", "nan"), "temperature must be a finite number"),
+    (("--top-p", "nan"), "top_p must be in (0, 1]"),
+], ids=["negative-seed", "nan-temperature", "nan-top-p"])
+def test_run_refuses_sampling_options_it_cannot_use(bundle, args, fragment):
+    result = invoke("run", bundle, "--prompt", "hello", "-n", 3, *args)
+    assert result.exit_code == 2, result.output
+    assert fragment in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_a_prompt_that_is_not_utf8_is_refused_by_name(bundle):
+    """Bytes that are not UTF-8 reach Python as lone surrogates; the tokenizer raised a TypeError."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "edgesdk", "run", str(bundle), "--raw", "-n", "3", "--prompt",
+                           b"caf\xe9"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "LC_ALL": "C.UTF-8"})
+    assert proc.returncode == 1, proc.stderr
+    assert "the prompt is not valid UTF-8 (byte 0xe9 at character 3)" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_eval_corrupt_bundle(bundle, text_file):
