@@ -238,7 +238,7 @@ def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:
         raise BundleError(
             f"bundle {path} was built for target '{bundle.target}', not '{expected_target}'",
             f"build it for this board with 'edgesdk build --target {expected_target}', "
-            "or pass --ignore-target to run it anyway",
+            "or pass --ignore-target to 'edgesdk run' or 'eval' to run it anyway",
         )
     return bundle
 

@@ -208,7 +208,8 @@ def inspect(bundle, as_json):
     click.echo(f"recipe     {manifest['recipe']['name']} (stages: {stages})")
     click.echo(f"graph      {graph['form']} {graph['dtype']}, {graph['num_layers']} layers, "
                f"kv heads {graph['kv_heads'][0]}…, max context {graph['max_context']}")
-    click.echo(f"runtime    {manifest['runtime']['backend']} -> {', '.join(manifest['runtime']['fallbacks'])}, "
+    chain = [manifest["runtime"]["backend"], *manifest["runtime"]["fallbacks"]]
+    click.echo(f"runtime    {' -> '.join(chain)}, "
                f"{manifest['runtime']['threads']} threads")
     total = sum(f["size"] for f in manifest["files"].values())
     click.echo(f"files      {len(manifest['files'])}, {total / 1e6:.1f} MB")

@@ -2,7 +2,7 @@
 
 Per decode step the plain graph (export/llama_graph.py) runs ~40 small ops per layer, and on a
 2-core CPU each op costs ~5 µs of framework overhead whatever its size
-(reference/feasibility-ort.md). This form runs 7 per layer:
+(reference/feasibility-ort.md). This form runs 10 per layer:
 
     SkipSimplifiedLayerNormalization -> MatMul(QKV) -> GroupQueryAttention (rotary inside,
     KV cache updated in place) -> MatMul(O) -> SkipSimplifiedLayerNormalization ->

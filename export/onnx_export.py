@@ -6,7 +6,7 @@ Two graph forms come from the same weights:
   Runtime and is the form TensorRT builds from. With ``weights=int8`` the linears are INT8 with
   explicit QuantizeLinear/DequantizeLinear (QDQ, export/qdq_graph.py), TensorRT's INT8 form.
 * ``ort-fused``: ONNX Runtime contrib ops (GroupQueryAttention with rotary and an in-place KV
-  buffer, SkipSimplifiedLayerNormalization, MatMulNBits), ~7 ops per layer instead of ~40; the
+  buffer, SkipSimplifiedLayerNormalization, MatMulNBits), 10 ops per layer instead of ~40; the
   fast form for ONNX Runtime on CPUs, with fp32, int8 or int4 block-quantized weights.
 """
 

@@ -112,8 +112,8 @@ class Recipe(BaseModel):
             if export.form == "ort-fused":
                 bits = {"int8": 8, "int4": 4}[export.weights]
                 head_bits = export.embedding_bits or bits
-                wanted = {"weight_bits": (bits, f"--set export.weights=int{qat.weight_bits} as well (--weight-bits "
-                                                f"sets only qat.weight_bits), or --set qat.weight_bits={bits}"),
+                wanted = {"weight_bits": (bits, f"--weight-bits {qat.weight_bits} sets both, or --set "
+                                                f"qat.weight_bits={bits} to match the export"),
                           "granularity": ("block", "--set qat.granularity=block (channel is the standard form's "
                                                    "QDQ layout: --set export.form=standard --set export.weights=int8)"),
                           "activations": ("block", "--set qat.activations=block (ONNX Runtime's MatMulNBits "

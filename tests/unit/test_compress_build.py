@@ -134,7 +134,7 @@ def test_qat_and_export_must_share_the_block_size():
 
 
 @pytest.mark.parametrize(("name", "overrides", "match", "fix"), [
-    ("default", ["qat.weight_bits=8"], "qat.weight_bits is 8 but the ort-fused int4 export", "export.weights=int8"),
+    ("default", ["qat.weight_bits=8"], "qat.weight_bits is 8 but the ort-fused int4 export", "--weight-bits 8 sets both"),
     ("int4", ["qat.embedding_bits=4"], "qat.embedding_bits is 4 but .* needs 8", "export.embedding_bits=4"),
     ("int4", ["qat.embedding_bits=null"], "qat.embedding_bits is None", "qat.embedding_bits=8"),
     ("int8-only", ["qat.granularity=channel"], "qat.granularity is channel .* needs block", "qat.granularity=block"),

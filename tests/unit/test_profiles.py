@@ -169,7 +169,7 @@ def test_host_profile() -> None:
     assert host.cpu.cores == 2
     assert host.runtime.backend == "ort-cpu"
     assert host.runtime.threads == 2
-    assert "avx512_vnni" in host.cpu.isa_features
+    assert "avx2" in host.cpu.isa_features  # both measured hosts; only one had AVX-512 VNNI
     assert host.software.python == "3.11"
 
 
