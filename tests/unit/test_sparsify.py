@@ -196,18 +196,6 @@ def test_static_decode_step_equals_the_eager_one(sparse_bundle, monkeypatch):
     assert torch.allclose(runs[True], runs[False], atol=1e-5, rtol=1e-5)
 
 
-def test_a_block_size_other_than_the_profiles_is_refused_at_export(tmp_path):
-    """The export and the AOT kernels cut weights into the profile's sparsity_block; masks planned
-    on another block would be stored at the wrong density, so the build stops and says why."""
-    from edgesdk.errors import BuildError
-    from tests._utils.builds import JETSON_RECIPE, build_tiny_bundle
-
-    recipe = JETSON_RECIPE.replace("config: {density: 0.5,", "config: {density: 0.5, block_size: 16,")
-    assert "block_size: 16" in recipe
-    with pytest.raises(BuildError, match="dropped 16 x 16 blocks.*sparsity_block, 32 x 32"):
-        build_tiny_bundle(tmp_path, recipe, "orin-nx", generated_sequences=0)
-
-
 def test_reordering_channels_leaves_the_logits_unchanged_and_gathers_unimportant_weights():
     """TETRIS-style reordering is a permutation of the residual stream and of each FFN: the model
     computes the same logits, and the least important weights end up sharing blocks."""
