@@ -425,8 +425,8 @@ def _load_timing_cache(config, path: Path, log: Callable[[str], None]):
     data = b""
     if path.is_file():
         data = path.read_bytes()
-    cache = config.create_timing_cache(data)
-    if not config.set_timing_cache(cache, False):
+    cache = config.create_timing_cache(data)  # None (some releases) or refused by set: a damaged or foreign file
+    if cache is None or not config.set_timing_cache(cache, False):
         log(f"timing cache {path} does not fit this TensorRT/GPU; starting a new one")
         cache = config.create_timing_cache(b"")
         config.set_timing_cache(cache, False)

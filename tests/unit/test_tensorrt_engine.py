@@ -299,3 +299,30 @@ def test_an_engine_that_does_not_fit_leaves_no_partial_directory(tmp_path, monke
     te._commit(out, b"plan", {"ok": True})
     assert (out / te.ENGINE_FILE).read_bytes() == b"plan"
     assert sorted(p.name for p in out.parent.iterdir()) == ["key"]
+
+
+def test_a_timing_cache_tensorrt_cannot_read_starts_a_new_one(tmp_path):
+    """A release that answers a damaged cache file with None (instead of a cache set_timing_cache
+    refuses) used to give a TypeError; both start a new cache and say so. The builder config is a
+    stand-in: TensorRT is not installed here (tests/gpu/test_tensorrt.py builds real engines)."""
+
+    class BuilderConfig:
+        def __init__(self, readable: bool):
+            self.readable, self.installed = readable, []
+
+        def create_timing_cache(self, data: bytes):
+            return ("cache", data) if self.readable or not data else None
+
+        def set_timing_cache(self, cache, ignore_mismatch: bool) -> bool:
+            if cache is None:
+                raise TypeError("set_timing_cache(): incompatible function arguments")
+            self.installed.append(cache)
+            return True
+
+    damaged = tmp_path / "timing.cache"
+    damaged.write_bytes(b"\x00garbage")
+    logged = []
+    config = BuilderConfig(readable=False)
+    te._load_timing_cache(config, damaged, logged.append)
+    assert config.installed == [("cache", b"")]
+    assert "does not fit this TensorRT/GPU; starting a new one" in logged[0]
