@@ -310,6 +310,9 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
+    if top_p < 1 and temperature == 0:
+        click.echo("edgesdk: --top-p is not used: --temperature 0 decodes greedily (pass a temperature > 0 to sample)",
+                   err=True)
     if system and (raw or not tokenizer.has_chat_template):
         click.echo(f"edgesdk: --system is not used: {'--raw' if raw else 'the bundle has no chat template'} "
                    "feeds the prompt as it is", err=True)

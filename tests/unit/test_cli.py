@@ -516,6 +516,12 @@ def test_run_refuses_sampling_options_it_cannot_use(bundle, args, fragment):
     assert "Traceback" not in result.output
 
 
+def test_top_p_without_a_temperature_is_named_as_unused(bundle):
+    result = invoke("run", bundle, "--prompt", "hello", "-n", 3, "--top-p", 0.5)
+    assert result.exit_code == 0, result.output
+    assert "--top-p is not used: --temperature 0 decodes greedily" in result.stderr
+
+
 def test_a_prompt_that_is_not_utf8_is_refused_by_name(bundle):
     """Bytes that are not UTF-8 reach Python as lone surrogates; the tokenizer raised a TypeError."""
     import os
