@@ -50,3 +50,20 @@ def test_teacher_text_key_covers_every_weight_not_only_the_embedding():
         tuned.model.layers[1].mlp.down_proj.weight[3, 5] -= 0.01
         tuned.model.norm.weight[7] = 1.5  # a norm weight too
     assert teacher_key(base, config) != teacher_key(tuned, config)
+
+
+def test_teacher_text_key_does_not_depend_on_the_thread_count():
+    """Floating-point sums change with torch's thread count; the key hashes bytes, so another machine
+    (or OMP_NUM_THREADS) sharing the cache finds the same teacher text."""
+    from edgesdk.compress.data import teacher_key
+
+    model = tiny_llama(seed=0, hidden=256, vocab_size=8192)
+    threads = torch.get_num_threads()
+    try:
+        keys = set()
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            keys.add(teacher_key(model, DataConfig()))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(keys) == 1
