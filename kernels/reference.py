@@ -77,12 +77,14 @@ def gqa_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cac
     b, hq, hkv, t_max, d = check_decode_attention_args(q, k_cache, v_cache, lengths)
     group = hq // hkv
     lengths = lengths.to(device=q.device).long()
-    valid = torch.arange(t_max, device=q.device)[None, :] < lengths[:, None]  # (B, T_max)
-    # masked with where, not by multiplying: a stale NaN/inf past the length must not reach the sum (0 * inf)
-    keys = torch.where(valid[:, None, :, None], k_cache.float(), 0.0)  # (B, Hkv, T_max, D)
-    values = torch.where(valid[:, None, :, None], v_cache.float(), 0.0)
+    t = int(lengths.max()) if b else 0  # positions past the longest row are never read
+    valid = torch.arange(t, device=q.device)[None, :] < lengths[:, None]  # (B, t)
+    keys, values = k_cache[:, :, :t].float(), v_cache[:, :, :t].float()  # (B, Hkv, t, D); no copy for float32
+    if b > 1:  # a shorter row's stale entries: masked with where, not by multiplying (0 * inf is NaN)
+        keys = torch.where(valid[:, None, :, None], keys, 0.0)
+        values = torch.where(valid[:, None, :, None], values, 0.0)
     qg = q.float().reshape(b, hkv, group, d)  # (B, Hq, D) -> (B, Hkv, G, D)
-    scores = torch.einsum("bhgd,bhtd->bhgt", qg, keys) * scale  # (B, Hkv, G, T_max)
+    scores = torch.einsum("bhgd,bhtd->bhgt", qg, keys) * scale  # (B, Hkv, G, t)
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-masked rows (length 0) -> zeros
     out = torch.einsum("bhgt,bhtd->bhgd", probs, values)  # (B, Hkv, G, D)
