@@ -147,10 +147,10 @@ def controlled_tau(backend, ids: list[int], steps: int = 256) -> float:
         for token in ids[1: steps + 1]:
             taus.append(backend.tau)
             backend.decode(int(token))
+        half = taus[len(taus) // 2:] or [backend.tau]  # read while the controller still steers
     finally:
         backend.gating, backend.fixed_tau = before
         backend.reset()
-    half = taus[len(taus) // 2:] or [backend.tau]
     return float(np.mean(half))
 
 

@@ -65,7 +65,8 @@ class RuntimeSpec(_Strict):
 
 class PowerSpec(_Strict):
     entropy_target: float = Field(
-        gt=0, description="target power entropy in nats (1.5 on boards, 1.2 on the host; DESIGN.md)"
+        gt=0, lt=2.0794, description="target power entropy in nats (1.5 on boards, 1.2 on the host; DESIGN.md), "
+                                     "below ln 8 = 2.079, the most an 8-token window holds"
     )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgesdk.errors import RuntimeBackendError
 from edgesdk.power.controller import ControllerConfig, TauController
 from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW
 from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
@@ -33,7 +34,13 @@ class OrtGatedBackend(OrtFusedBackend):
                  controller: ControllerConfig | None = None):
         super().__init__(model_path, graph, threads, providers, spinning, provider_options)
         self.power_settings = graph.get("power") or {}
-        self.controller = TauController(controller or self.controller_config())
+        try:
+            self.controller = TauController(controller or self.controller_config())
+        except ValueError as exc:  # a target the controller cannot hold, recorded in the bundle
+            raise RuntimeBackendError(f"the bundle's power settings are unusable: {exc}",
+                                      "rebuild the bundle with a target profile whose power.entropy_target "
+                                      "lies in (0, ln 8)") from exc
+        self._decoding = False
         self.gating = False  # skip FFN blocks only when asked (run --gating, benchmarks, eval's gated points)
         self.fixed_tau: float | None = None  # a constant threshold instead of the controller (sweeps, eval)
         self.last_gates: np.ndarray | None = None
@@ -76,8 +83,16 @@ class OrtGatedBackend(OrtFusedBackend):
     def _consume(self, outputs: list[np.ndarray]) -> np.ndarray:
         logits, gates, power = (output[0] for output in outputs)  # (keep, vocab), (S, L), (S,)
         self.last_gates, self.last_power = gates, power
-        self.controller.observe(power, gates >= self.tau, steer=self.gating, count=gates.shape[0] == 1)
+        self.controller.observe(power, gates >= self.tau, steer=self.gating, count=self._decoding)
         return logits
+
+    def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
+        self._decoding = False  # a prompt's FFNs run for all its tokens: not counted, even a one-token prompt
+        return super().prefill(token_ids, keep_logits)
+
+    def decode(self, token_id: int) -> np.ndarray:
+        self._decoding = True
+        return super().decode(token_id)
 
     def stats(self) -> dict:
         """Realised entropy, FFN blocks skipped in decode, executed fraction, the tau in use and the budget."""

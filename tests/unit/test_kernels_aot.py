@@ -182,13 +182,3 @@ def test_build_stops_when_a_needed_kernel_does_not_compile(tmp_path, monkeypatch
     monkeypatch.setattr(aot, "compile_variant", refuse)
     with pytest.raises(BuildError, match=r"3 of the 3 GPU kernels .* did not compile for sm_87.*ptxas refused"):
         sparse_step.compile_kernels(_profile(), tmp_path, _record())
-
-
-@pytest.mark.parametrize("block", [48, 0])
-def test_build_refuses_a_block_that_is_not_a_power_of_two(block, tmp_path):
-    from edgesdk.build import sparse_step
-    from edgesdk.errors import BuildError
-
-    with pytest.raises(BuildError, match=f"sparsity_block is {block}.*power of two") as caught:
-        sparse_step.compile_kernels(_profile(block), tmp_path, _record(block=block))
-    assert "sparsity_block to a power of two" in caught.value.fix

@@ -161,6 +161,8 @@ def test_power_bundle_records_the_stage_and_runs_with_its_controller(power_bundl
     summary = backend.stats()
     # Decode steps only: a prompt's FFNs run for every token unless all its gates are below tau.
     assert summary["blocks_total"] == (stats.new_tokens - 1) * graph["num_layers"]
+    _, stats = generate(backend, ids[:1], SamplingConfig(max_new_tokens=5), set())  # a one-token prompt too
+    assert backend.stats()["blocks_total"] == (stats.new_tokens - 1) * graph["num_layers"]
     assert summary["mean_entropy"] is not None
     backend.set_compute_budget(0.5)  # the thermal guard's call
     assert backend.controller.budget == 0.5

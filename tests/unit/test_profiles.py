@@ -272,6 +272,13 @@ def test_a_sparsity_block_that_is_not_a_power_of_two_is_rejected() -> None:
         parse_profile(yaml.safe_dump(data))
 
 
+def test_an_entropy_target_no_window_can_hold_is_rejected() -> None:
+    data = _shipped_data("rpi5")
+    data["power"]["entropy_target"] = 2.5  # above ln 8, the most an 8-token window holds
+    with pytest.raises(ProfileError, match="power.entropy_target"):
+        parse_profile(yaml.safe_dump(data))
+
+
 def test_missing_ort_cpu_is_rejected() -> None:
     data = _shipped_data("orin-nx-16gb")
     data["runtime"]["fallbacks"] = ["ort-trt"]
