@@ -182,21 +182,25 @@ def test_the_weight_bits_shortcut_sets_what_the_recipe_trains_and_stores():
         jetson.with_overrides(jetson.weight_bits_overrides(4)).validated()
 
 
-def test_weight_bits_8_on_the_default_recipe_builds_int8_layers(tmp_path):
-    """Through the CLI: the build gets past the recipe check (it stops at the absent model)."""
-    from edgesdk.build.pipeline import BuildConfig, build
-    from edgesdk.errors import ModelSourceError
-
-    with pytest.raises(ModelSourceError):
-        build(BuildConfig(target="rpi5", model=str(tmp_path / "absent"), out=tmp_path / "b", recipe="default",
-                          weight_bits=8, progress=False))
+def test_weight_bits_8_on_the_default_recipe_builds_int8_layers(tiny_model_dir, recipe_and_data, tmp_path):
+    """Through the CLI, on a tiny model: --weight-bits 8 trains and stores INT8 layers (it used to set
+    only QAT's bits, and the default recipe stored INT4)."""
     from click.testing import CliRunner
 
+    from edgesdk.bundle import read_manifest
     from edgesdk.cli import main
 
-    result = CliRunner().invoke(main, ["build", "--target", "rpi5", "--model", str(tmp_path / "absent"), "--out",
-                                       str(tmp_path / "c"), "--weight-bits", "8", "--no-progress"])
-    assert result.exit_code == ModelSourceError.exit_code, result.output
+    _, text = recipe_and_data
+    out = tmp_path / "b"
+    result = CliRunner().invoke(main, [
+        "build", "--target", "rpi5", "--model", str(tiny_model_dir), "--recipe", "default", "--weight-bits", "8",
+        "--set", "qat.steps=1", "--set", "qat.batch_size=2", "--set", "qat.sequence_length=24", "--data", str(text),
+        "--data-skip-chars", "2000", "--generated-sequences", "0", "--max-context", "64", "--out", str(out),
+        "--no-progress"])
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest(out)
+    assert manifest["graph"]["dtype"] == "int8"
+    assert manifest["stages"][0]["config"]["weight_bits"] == 8
 
 
 def test_mixed_precision_build_keeps_the_chosen_units_at_8_bits(tiny_model_dir, recipe_and_data, tmp_path):
