@@ -122,18 +122,17 @@ class BundleWriter:
         return Bundle(self.destination, body)
 
 
-def check_replaceable(path: Path) -> None:
+def check_replaceable(path: Path, fix: str = "pass --out a new directory (or an earlier bundle to replace)") -> None:
     """A bundle may be written at ``path``: nothing is there, an empty directory, or an earlier
     bundle (which it replaces). Anything else is the user's and is refused before any work."""
     path = Path(path)
     if not path.exists():
         return
     if not path.is_dir():
-        raise BundleError(f"the output path {path} is a file, not a bundle directory",
-                          "pass --out a new directory (or an earlier bundle to replace)")
+        raise BundleError(f"the output path {path} is a file, not a bundle directory", fix)
     if any(path.iterdir()) and not (path / MANIFEST).is_file():
         raise BundleError(f"the output directory {path} holds files and is not a bundle: writing the bundle there "
-                          "would replace them", "pass --out a new directory (or an earlier bundle to replace)")
+                          "would replace them", fix)
 
 
 def read_manifest(path: Path) -> dict:
@@ -262,6 +261,10 @@ def pack_bundle(path: Path, archive: Path) -> Path:
     """Verify a bundle and write it to an uncompressed .tar (weights do not compress well)."""
     bundle = verify_bundle(path)
     archive = Path(archive)
+    if Path(path).resolve() in archive.resolve().parents:
+        raise BundleError(f"the archive {archive} would be written inside the bundle {path}, which would then "
+                          "fail verification (a file the manifest does not list)",
+                          "write the archive outside the bundle directory")
     top = Path(path).resolve().name  # "." and ".." name no directory of their own
     partial = archive.with_name(archive.name + ".partial")
     try:
@@ -307,9 +310,7 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
                               "bundle directory", "only unpack archives made by 'edgesdk pack'")
         top = tops.pop()
         final = destination_dir / top
-        if final.exists() and not final.is_dir():
-            raise BundleError(f"cannot unpack {archive}: {final} exists and is not a directory",
-                              "move that file away or unpack somewhere else")
+        check_replaceable(final, f"unpack into another directory, or move {final} away")  # only a bundle is replaced
         staging = destination_dir / f".{top}.unpacking"
         try:
             if staging.exists():

@@ -236,7 +236,10 @@ def pack(bundle, archive):
 @click.argument("archive", type=click.Path(path_type=Path))
 @click.argument("directory", type=click.Path(path_type=Path))
 def unpack(archive, directory):
-    """Unpack a bundle .tar into DIRECTORY (members escaping it are refused) and verify it."""
+    """Unpack a bundle .tar into DIRECTORY (members escaping it are refused) and verify it.
+
+    An earlier bundle of the same name in DIRECTORY is replaced; any other file or directory there is left alone
+    and the command refuses."""
     from edgesdk.bundle import unpack_bundle
 
     click.echo(str(unpack_bundle(archive, directory).path))

@@ -517,10 +517,32 @@ def test_unpack_over_a_file_of_the_bundle_name_keeps_the_file(tiny_bundle, tmp_p
     archive = pack_bundle(path, tmp_path / "bundle.tar")
     (tmp_path / "dest").mkdir()
     (tmp_path / "dest" / path.name).write_text("mine\n")
-    with pytest.raises(BundleError, match="exists and is not a directory"):
+    with pytest.raises(BundleError, match="is a file, not a bundle directory"):
         unpack_bundle(archive, tmp_path / "dest")
     assert (tmp_path / "dest" / path.name).read_text() == "mine\n"
     assert leftovers(tmp_path / "dest") == [path.name]
+
+
+def test_unpack_over_a_directory_that_is_not_a_bundle_keeps_it(tiny_bundle, tmp_path):
+    """It was removed and replaced without a word."""
+    path = copy_bundle(tiny_bundle, tmp_path / "work")
+    archive = pack_bundle(path, tmp_path / "bundle.tar")
+    mine = tmp_path / "dest" / path.name
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("precious\n")
+    with pytest.raises(BundleError, match="holds files and is not a bundle") as info:
+        unpack_bundle(archive, tmp_path / "dest")
+    assert "unpack into another directory" in info.value.fix
+    assert (mine / "notes.txt").read_text() == "precious\n"
+    assert unpack_bundle(archive, tmp_path / "dest2").bundle_id == tiny_bundle.bundle_id
+    assert unpack_bundle(archive, tmp_path / "dest2").bundle_id == tiny_bundle.bundle_id  # an earlier bundle: replaced
+
+
+def test_pack_into_the_bundle_itself_is_refused(tiny_bundle, tmp_path):
+    path = copy_bundle(tiny_bundle, tmp_path / "work")
+    with pytest.raises(BundleError, match="would be written inside the bundle"):
+        pack_bundle(path, path / "self.tar")
+    assert verify_bundle(path).bundle_id == tiny_bundle.bundle_id
 
 
 def test_unpack_refuses_a_truncated_gzip_archive(tiny_bundle, tmp_path):
