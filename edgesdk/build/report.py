@@ -25,6 +25,12 @@ def markdown(rows: list[dict], plot_name: str | None) -> list[str]:
                      f"{f'{ppl:.3f}' if ppl else '-'} | {f'{tokens:,}' if tokens else '-'} |")
     lines += ["", "Held-out perplexity: the first 8,192 tokens of the evaluation slice left out of training "
               "(`--data-skip-chars`), PyTorch, windows of 256; `edgesdk eval` measures the bundle itself.", ""]
+    for row in rows:  # the power stage's row is with gating off; its gated point follows
+        gated = (row.get("heldout") or {}).get("at_tau_train")
+        if gated:
+            lines += [f"After {row['stage']}, with the FFN gates skipping below tau {gated['tau']:g}: held-out "
+                      f"perplexity {gated['perplexity']:.3f}, {gated['executed_fraction']:.1%} of the FFN blocks run.",
+                      ""]
     last = rows[-1].get("layers") or []
     if last:
         lines += ["### Kept per layer", "", "| layer | query heads | KV heads | FFN channels |", "|---|---|---|---|"]

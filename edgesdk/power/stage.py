@@ -21,6 +21,7 @@ import torch
 from edgesdk.build import checkpoint
 from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress.data import eos_ids
+from edgesdk.compress.measure import stage_metrics
 from edgesdk.errors import BuildError
 from edgesdk.power import adapter, train
 from edgesdk.power.controller import ControllerConfig, TauController
@@ -152,8 +153,10 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
         "kv_cost_ms_per_token": cost.slope_ms_per_token,
     })
     eval_ids = ctx.eval_ids()
+    ctx.metrics.update(stage_metrics(model, None))  # the report's row: parameters (adapters too), bytes, layers
     if eval_ids is not None and eval_ids.numel() > 256:  # beside the manifest's baseline (no adapters)
         ctx.metrics["heldout"] = {"gating_off": train.gated_heldout(model, state, eval_ids, 0.0),
                                   "at_tau_train": train.gated_heldout(model, state, eval_ids, config.tau_train)}
+        ctx.metrics["heldout_perplexity"] = ctx.metrics["heldout"]["gating_off"]["perplexity"]
     return model
 

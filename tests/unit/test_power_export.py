@@ -151,6 +151,10 @@ def test_power_bundle_records_the_stage_and_runs_with_its_controller(power_bundl
     assert heldout["gating_off"]["executed_fraction"] == 1.0
     assert heldout["at_tau_train"]["tau"] == 0.5
     assert power_bundle.manifest["baseline"]["heldout_perplexity"] > 1
+    report = (power_bundle.path / "report.md").read_text()  # the stage has its row, and its gated point a line
+    assert f"| power | {metrics['parameters']:,} |" in report
+    assert metrics["parameters"] > metrics["adapter_parameters"]  # the backbone and its adapters
+    assert f"held-out perplexity {heldout['at_tau_train']['perplexity']:.3f}" in report
     runtime = open_runtime(power_bundle.path, ignore_target=True)
     backend = runtime.backend
     assert isinstance(backend, OrtGatedBackend)
