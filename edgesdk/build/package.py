@@ -46,7 +46,7 @@ def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None)
         f"heads {before['attention_heads']} (kv {before['kv_heads']}), vocab {before['vocab_size']}",
         f"- parameters: {before['parameters']:,} before, {after['parameters']:,} after",
         f"- recipe: {manifest['recipe']['name']}; stages: "
-        + (", ".join(s["stage"] for s in manifest["stages"]) or "none (fp32 export)"),
+        + (", ".join(s["stage"] for s in manifest["stages"]) or f"none ({manifest['graph']['dtype']} export)"),
         f"- graph: {manifest['graph']['form']} form, {manifest['graph']['dtype']}, "
         f"max context {manifest['graph']['max_context']}",
         f"- size: {total / 1e6:.1f} MB on disk vs {fp16_bytes / 1e6:.1f} MB for the FP16 model "

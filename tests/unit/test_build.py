@@ -354,3 +354,12 @@ def test_llama_with_o_proj_or_mlp_biases_is_refused_at_load(bias, tmp_path):
     with pytest.raises(ModelSourceError, match=f"sets {bias}: true") as refused:
         load_model(resolve_model(str(path)))
     assert "attention_bias and mlp_bias false" in refused.value.fix
+
+
+def test_the_report_names_the_export_of_a_recipe_without_stages(tiny_model_dir, tmp_path):
+    recipe = tmp_path / "ptq.yaml"
+    recipe.write_text("name: ptq\nstages: []\nexport: {form: ort-fused, weights: int8}\n")
+    bundle = _build(tiny_model_dir, tmp_path / "b", recipe)
+    report = (bundle.path / "report.md").read_text()
+    assert "stages: none (int8 export)" in report
+    assert "fp32 export" not in report
