@@ -60,6 +60,19 @@ def test_compression_build_shrinks_the_model_and_reports_each_stage(tiny_model_d
     assert bundle.manifest["export_validation"]["max_abs_diff"]["layout/decode"] < 1e-3
 
 
+def test_the_manifest_facts_after_pruning_follow_the_kept_heads(tiny_model_dir, recipe_and_data, tmp_path):
+    """Query heads go with their KV group: the facts after the stages said 4 heads where 2 were kept."""
+    _, text = recipe_and_data
+    recipe = tmp_path / "heads.yaml"
+    recipe.write_text("name: heads\nstages:\n  - stage: prune\n    config: {ffn_ratio: 0.0, kv_group_ratio: 0.5, "
+                      "calibration_batches: 1, batch_size: 2, sequence_length: 24}\n")
+    bundle = _build(tiny_model_dir, tmp_path / "b", recipe, text)
+    after, kept = bundle.manifest["model"]["after"], bundle.manifest["stages"][-1]["metrics"]["layers"]
+    assert after["attention_heads"] == max(layer["heads"] for layer in kept) == 2
+    assert after["kv_heads"] == max(layer["kv_heads"] for layer in kept) == 1
+    assert bundle.manifest["model"]["before"]["attention_heads"] == 4
+
+
 def test_killed_compression_build_resumes_to_the_same_bundle(tiny_model_dir, recipe_and_data, tmp_path,
                                                             monkeypatch):
     import edgesdk.build.registry as registry
