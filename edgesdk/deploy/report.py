@@ -13,8 +13,9 @@ def fmt_bytes(n: float) -> str:
     if n < 1000:
         return f"{int(n)} B"
     for unit, scale in (("kB", 1e3), ("MB", 1e6), ("GB", 1e9)):
-        if n < scale * 1000 or unit == "GB":
-            return f"{n / scale:.{2 if unit == 'GB' else 1}f} {unit}"
+        text = f"{n / scale:.{2 if unit == 'GB' else 1}f}"
+        if float(text) < 1000 or unit == "GB":  # as rounded: 999,950 B is 1.0 MB, not 1000.0 kB
+            return f"{text} {unit}"
     return f"{n} B"  # pragma: no cover
 
 

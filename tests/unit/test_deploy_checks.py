@@ -171,3 +171,4 @@ def test_runtime_key_follows_the_source_files(tmp_path):
 def test_fmt_bytes():
     assert [fmt_bytes(n) for n in (0, 999, 1000, 413_216, 12_400_000, 1_200_000_000)] == \
         ["0 B", "999 B", "1.0 kB", "413.2 kB", "12.4 MB", "1.20 GB"]
+    assert [fmt_bytes(n) for n in (999_950, 999_960_000)] == ["1.0 MB", "1.00 GB"]  # the unit follows the rounding
