@@ -206,8 +206,10 @@ def inspect(bundle, as_json):
     click.echo(f"model      {before['source']}: {before['architecture']}, {before['parameters']:,} parameters")
     stages = ", ".join(s["stage"] for s in manifest["stages"]) or "none"
     click.echo(f"recipe     {manifest['recipe']['name']} (stages: {stages})")
+    kv = sorted(set(graph["kv_heads"]))
+    kv_text = str(kv[0]) if len(kv) == 1 else f"{kv[0]}-{kv[-1]} by layer"
     click.echo(f"graph      {graph['form']} {graph['dtype']}, {graph['num_layers']} layers, "
-               f"kv heads {graph['kv_heads'][0]}…, max context {graph['max_context']}")
+               f"kv heads {kv_text}, max context {graph['max_context']}")
     chain = [manifest["runtime"]["backend"], *manifest["runtime"]["fallbacks"]]
     click.echo(f"runtime    {' -> '.join(chain)}, "
                f"{manifest['runtime']['threads']} threads")

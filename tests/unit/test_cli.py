@@ -233,6 +233,8 @@ def test_inspect_shows_target_and_files(bundle):
         assert name in result.stdout
     assert "model.onnx.data" in result.stdout
     assert "tokenizer.json" in result.stdout
+    assert f"kv heads {manifest['graph']['kv_heads'][0]}," in result.stdout  # the tiny model: 2 in every layer
+    assert f"runtime    {manifest['runtime']['backend']}," in result.stdout  # no fallbacks: no dangling arrow
 
 
 def test_inspect_json_is_the_manifest(bundle):
