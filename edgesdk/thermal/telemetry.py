@@ -109,6 +109,8 @@ def summarize(records: list[dict], horizon_s: float | None = None, throttle_s: f
     for r in inside:
         levels[r["level"]] = levels.get(r["level"], 0.0) + r["t"] - previous_t
         previous_t = r["t"]
+    if inside and end > previous_t:  # idle after the last step (--think-s) up to the horizon: its level held
+        levels[inside[-1]["level"]] += end - previous_t
     if throttle_s is None:
         throttle_s, previous_t = 0.0, 0.0
         for r in inside:
