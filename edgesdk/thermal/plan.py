@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgesdk.errors import EdgeSDKError
 from edgesdk.profile import TargetProfile
 from edgesdk.runtime.generate import SamplingConfig, generate
 from edgesdk.thermal.guard import Guard, GuardConfig, Limits
-from edgesdk.thermal.simulator import SimulatedBoard, SimulatedSensor, WorkModel
+from edgesdk.thermal.simulator import PastHorizon, SimulatedBoard, SimulatedSensor, WorkModel
 from edgesdk.thermal.telemetry import RunSummary, Telemetry, summarize
 from edgesdk.thermal.watch import HorizonReached, ThermalHook
 
@@ -93,7 +94,9 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
     """
     workload = workload or Workload()
     work = WorkModel(decode_tok_s=decode_tok_s, prefill_tok_s=prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s)
-    board = SimulatedBoard.from_profile(board_profile or profile, ambient_c, work=work)
+    horizon = minutes * 60.0
+    # the board stops at the horizon: a step or an idle wait that would end past it ends the run there
+    board = SimulatedBoard.from_profile(board_profile or profile, ambient_c, work=work, horizon_s=horizon)
     sensor = SimulatedSensor(board, profile.thermal.zones[0])
     limits, _ = Limits.resolve(profile.thermal, sensor.trips(profile, sensor.zone))
     guard = Guard(limits, profile.thermal_model, config) if guarded else None
@@ -101,9 +104,13 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
             "limits": limits.__dict__, "setpoint_c": guard.setpoint_c if guard else None,
             "label": label or ("guarded" if guarded else "unguarded"), "decode_tok_s": decode_tok_s,
             "workload": workload.__dict__}
-    telemetry = Telemetry(telemetry_path, meta)
+    try:
+        telemetry = Telemetry(telemetry_path, meta)
+    except OSError as error:
+        raise EdgeSDKError(f"--telemetry-dir: cannot create the telemetry file {telemetry_path} "
+                           f"({error.strerror or error})",
+                           "pass a --telemetry-dir that is a writable directory (or a new one)") from error
     clock_cap = board if guard is not None and guard.config.hot_clock_ratio else None
-    horizon = minutes * 60.0
     hook = ThermalHook(board, sensor.read, guard, board, telemetry, clock_cap=clock_cap, horizon_s=horizon)
     decoder, sampling = _StubDecoder(), SamplingConfig(max_new_tokens=workload.new_tokens)
     prompt = [2] * workload.prompt_tokens
@@ -112,8 +119,8 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
             generate(decoder, prompt, sampling, stop_ids=set(), hook=hook)
             if workload.think_s:
                 board.sleep(workload.think_s)
-    except HorizonReached:
-        pass  # the guard was still waiting (a pause the board cannot cool out of) when time ran out
+    except (HorizonReached, PastHorizon):
+        pass  # time ran out inside a step, an idle wait or a guard's pause (one the board cannot cool out of)
     telemetry.close()
     paused = guard is not None and guard.paused
     return SimulatedRun(summarize(telemetry.records, horizon), telemetry, board, paused)

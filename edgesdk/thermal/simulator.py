@@ -68,6 +68,11 @@ def power_ratio(ratio: float) -> float:
     return ratio * (volts / v_max) ** 2
 
 
+class PastHorizon(Exception):  # noqa: N818 (a stop signal, not an error)
+    """A step or a wait on a :class:`SimulatedBoard` would have ended past its ``horizon_s``; the board
+    stopped at the horizon (so an endless idle or a step of 1e300 s costs no more than the horizon)."""
+
+
 @dataclass(frozen=True)
 class WorkModel:
     """How long a step takes on the board at full clock; ``None`` rates use the measured time."""
@@ -90,8 +95,9 @@ class SimulatedBoard:
 
     def __init__(self, model: ThermalModel, throttle_c: float, ambient_c: float | None = None,
                  work: WorkModel | None = None, start_c: float | None = None, firmware: bool = True,
-                 max_step_s: float = 0.5):
+                 max_step_s: float = 0.5, horizon_s: float | None = None):
         self.model = model
+        self.horizon_s = horizon_s  # simulated time stops here (a plan's end): PastHorizon
         self.throttle_c = throttle_c
         self.ambient_c = model.ambient_c if ambient_c is None else ambient_c
         self.work = work or WorkModel()
@@ -133,6 +139,9 @@ class SimulatedBoard:
     def _advance(self, seconds: float, busy: bool) -> None:
         m = self.model
         tau = m.resistance_c_per_w * m.capacity_j_per_c
+        cut = self.horizon_s is not None and self.t + seconds > self.horizon_s
+        if cut:
+            seconds = max(self.horizon_s - self.t, 0.0)
         while seconds > 1e-12:
             step = min(seconds, self.max_step_s)
             ratio, throttled = self.clock, self.throttling
@@ -146,6 +155,8 @@ class SimulatedBoard:
             self.energy_j += self.power_w * step
             self.t += step
             seconds -= step
+        if cut:
+            raise PastHorizon(self.t)
 
     def compute(self, kind: str, tokens: int, measured_s: float = 0.0) -> float:
         """Run a step on the board at its current clock; returns its simulated duration."""
