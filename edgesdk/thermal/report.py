@@ -15,50 +15,102 @@ from edgesdk.thermal.telemetry import load
 LEVELS = ["unguarded", "normal", "warm", "hot", "critical"]
 
 
-def _rate_series(steps: list[dict], bin_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens per second in bins of ``bin_s`` seconds (time in minutes, rate)."""
-    if not steps:
-        return np.zeros(0), np.zeros(0)
-    end = steps[-1]["t"]
-    edges = np.arange(0.0, end + bin_s, bin_s)
-    tokens = np.zeros(len(edges))
+def _number(value: object) -> float | None:
+    """``value`` as a finite float, or None (a missing, string, bool, NaN or infinite field)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        return None
+    return float(value)
+
+
+def _valid_steps(steps: list[dict]) -> list[dict]:
+    """The step records a plot can use: finite, non-negative numeric ``t`` and ``tokens`` (a garbled or
+    hand-edited line is skipped, as :func:`~edgesdk.thermal.telemetry.load` skips torn ones)."""
+    kept = []
     for record in steps:
-        tokens[min(int(record["t"] // bin_s), len(edges) - 1)] += record["tokens"]
-    return (edges + bin_s / 2) / 60.0, tokens / bin_s
+        t, tokens = _number(record.get("t")), _number(record.get("tokens"))
+        if t is not None and tokens is not None and t >= 0 and tokens >= 0:
+            kept.append({**record, "t": t, "tokens": tokens})
+    return kept
+
+
+def _rate_series(steps: list[dict], bin_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens per second in bins of ``bin_s`` seconds up to the last record (time in minutes, rate).
+
+    A record's tokens count in the bin its ``t`` (the step's end) closes, ``(start, end]``. The last
+    bin ends at the last record: shorter than ``bin_s`` by a half or more, it joins the bin before;
+    every bin is divided by its real width (a full width would show a false drop at the end).
+    """
+    times = np.array([r["t"] for r in steps], dtype=float)
+    end = float(times.max()) if len(times) else 0.0
+    if end <= 0.0:
+        return np.zeros(0), np.zeros(0)
+    count = max(int(np.ceil(end / bin_s - 1e-9)), 1)
+    edges = np.minimum(np.arange(count + 1) * bin_s, end)
+    edges[-1] = end
+    if count > 1 and edges[-1] - edges[-2] < bin_s / 2:
+        edges = np.delete(edges, -2)
+    index = np.clip(np.searchsorted(edges, times, side="left") - 1, 0, len(edges) - 2)
+    tokens = np.bincount(index, weights=[r["tokens"] for r in steps], minlength=len(edges) - 1)
+    return (edges[:-1] + edges[1:]) / 2 / 60.0, tokens / np.diff(edges)
+
+
+def _output_path(out: str | Path, formats: dict[str, str]) -> Path:
+    """``--out`` checked before plotting: ``.png`` added when it has no suffix; a format matplotlib
+    cannot write, or a directory, is an EdgeSDKError."""
+    out = Path(out)
+    if out.is_dir():
+        raise EdgeSDKError(f"--out {out} is a directory", f"pass a file path, e.g. -o {out / 'run.png'}")
+    if not out.suffix:
+        out = out.with_name(out.name + ".png")
+        if out.is_dir():
+            raise EdgeSDKError(f"--out {out} is a directory", f"pass a file path, e.g. -o {out / 'run.png'}")
+    if out.suffix[1:].lower() not in formats:
+        raise EdgeSDKError(f"--out {out}: matplotlib cannot write {out.suffix!r} files",
+                           f"use .png (or one of {', '.join('.' + f for f in sorted(formats))}), e.g. -o run.png")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise EdgeSDKError(f"--out {out}: cannot create the directory {out.parent} ({error.strerror or error})",
+                           "pass a path whose parents are directories (or can be created), not files") from error
+    return out
 
 
 def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None, title: str | None = None) -> Path:
-    """Plot one or more telemetry files (e.g. a guarded and an unguarded run) into ``out``."""
+    """Plot one or more telemetry files (e.g. a guarded and an unguarded run) into ``out``; returns the
+    path written (``out`` with ``.png`` added when it has no suffix)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError as exc:
         raise EdgeSDKError(f"thermal report needs matplotlib ({exc})",
                            "pip install 'edgesdk[report]'") from exc
-    runs = [(Path(p), *load(p)) for p in paths]
+    out = _output_path(out, FigureCanvasAgg.get_supported_filetypes())
+    runs = [(Path(p), meta, _valid_steps(steps)) for p in paths for meta, steps in [load(p)]]
     if not any(steps for _, _, steps in runs):
-        raise EdgeSDKError(f"no step records in {', '.join(map(str, paths))}",
+        raise EdgeSDKError(f"no step records (with a numeric t and tokens) in {', '.join(map(str, paths))}",
                            "record one with 'edgesdk run ... --telemetry FILE' or 'edgesdk thermal plan --telemetry-dir'")
     fig, (ax_t, ax_l, ax_r) = plt.subplots(3, 1, figsize=(11, 8), sharex=True,
                                            gridspec_kw={"height_ratios": [3, 1.2, 2]})
     meta0 = runs[0][1]
     for path, meta, steps in runs:
-        label = meta.get("label") or path.stem
+        label = str(meta.get("label") or path.stem)
         t = np.array([r["t"] for r in steps]) / 60.0
-        temp = np.array([np.nan if r.get("temp_c") is None else r["temp_c"] for r in steps])
+        temp = np.array([np.nan if _number(r.get("temp_c")) is None else r["temp_c"] for r in steps], dtype=float)
         (line,) = ax_t.plot(t, temp, lw=1.2, label=label)
-        ax_l.step(t, [LEVELS.index(r.get("level", "normal")) if r.get("level") in LEVELS else 0 for r in steps],
+        ax_l.step(t, [LEVELS.index(r["level"]) if r.get("level") in LEVELS else 0 for r in steps],
                   where="post", color=line.get_color(), lw=1.2)
-        span = steps[-1]["t"] if steps else 1.0
+        span = max((r["t"] for r in steps), default=1.0)
         centers, rate = _rate_series(steps, bin_s or max(span / 150.0, 1.0))
         ax_r.plot(centers, rate, color=line.get_color(), lw=1.2, label=label)
-    limits = meta0.get("limits") or {}
+    limits = meta0.get("limits") if isinstance(meta0.get("limits"), dict) else {}
     for key, name, style in (("throttle_c", "firmware throttle", "r--"), ("hard_c", "hard (pause)", "m:"),
                              ("soft_c", "soft limit", "k--")):
-        if key in limits:
-            ax_t.axhline(limits[key], color=style[0], ls=style[1:], lw=0.9, label=f"{name} {limits[key]:g} °C")
+        value = _number(limits.get(key))
+        if value is not None:
+            ax_t.axhline(value, color=style[0], ls=style[1:], lw=0.9, label=f"{name} {value:g} °C")
     ax_t.set_ylabel("temperature (°C)")
     ax_t.legend(loc="lower right", fontsize=8)
     ax_t.grid(alpha=0.3)
@@ -68,13 +120,16 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     ax_r.set_ylabel("tokens / s")
     ax_r.set_xlabel("time (min)")
     ax_r.grid(alpha=0.3)
-    ambient = meta0.get("ambient_c")
+    ambient = _number(meta0.get("ambient_c"))
     heading = title or (f"{meta0.get('profile', '?')} ({meta0.get('mode', '?')}"
                         + (f", ambient {ambient:g} °C" if ambient is not None else "") + ")")
     fig.suptitle(heading)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=110)
+    except OSError as error:
+        raise EdgeSDKError(f"--out {out}: cannot write the figure ({error.strerror or error})",
+                           "pass a path in a writable directory, e.g. -o run.png") from error
+    finally:
+        plt.close(fig)
     return out

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
 from edgesdk.cli import main
 from edgesdk.profile import get_profile
 from edgesdk.thermal.plan import Workload, simulate
+from edgesdk.thermal.report import _rate_series
 
 
 def invoke(*args):
@@ -42,6 +46,74 @@ def test_plan_telemetry_file_that_cannot_be_created_is_a_clear_error(tmp_path):
     assert "--telemetry-dir" in result.stderr
     assert "rpi5-25C-guarded.jsonl" in result.stderr
     assert isinstance(result.exception, SystemExit)
+
+
+# --- defects 8, 9, 10, 11: thermal report ------------------------------------------------------------------
+
+def telemetry_file(path: Path, lines: list[object]) -> Path:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return path
+
+
+META = {"type": "meta", "profile": "rpi5", "mode": "simulated", "ambient_c": 25.0,
+        "limits": {"soft_c": 75.0, "hard_c": 78.0, "throttle_c": 80.0}}
+
+
+@pytest.fixture
+def run_jsonl(tmp_path) -> Path:
+    steps = [{"type": "step", "t": 0.5 * (i + 1), "kind": "decode", "tokens": 1, "temp_c": 60.0 + i / 100,
+              "level": "normal"} for i in range(200)]
+    return telemetry_file(tmp_path / "run.jsonl", [META, *steps])
+
+
+def test_report_without_a_suffix_writes_and_prints_a_png(run_jsonl, tmp_path):
+    result = invoke("thermal", "report", run_jsonl, "-o", tmp_path / "noext")
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    assert result.stdout.strip() == str(tmp_path / "noext.png")
+    assert (tmp_path / "noext.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("out", "message"), [("plot.xyz", "cannot write '.xyz' files"),
+                                              (".", "is a directory"), ("afile/x.png", "cannot create the directory")])
+def test_report_output_that_cannot_be_written_is_a_clear_error(run_jsonl, tmp_path, out, message):
+    (tmp_path / "afile").write_text("x")
+    result = invoke("thermal", "report", run_jsonl, "-o", tmp_path / out)
+    assert result.exit_code == 1, result.output
+    assert "--out" in result.stderr
+    assert message in result.stderr
+    assert "fix:" in result.stderr
+    assert isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize("count", [1000, 1003, 1007])
+def test_rate_series_has_no_false_drop_in_its_last_bin(count):
+    """10 tok/s throughout, ending on, just past and half past a bin edge: every bin reads 10 tok/s."""
+    _, rate = _rate_series([{"t": 0.1 * (i + 1), "tokens": 1} for i in range(count)], 1.0)
+    assert rate == pytest.approx(10.0, abs=1.5)
+    assert rate[-1] == pytest.approx(10.0, abs=0.5)
+
+
+def test_report_skips_garbled_step_records_and_meta_fields(tmp_path):
+    meta = {**META, "ambient_c": "warm", "limits": {"soft_c": None, "hard_c": "78", "throttle_c": 80.0},
+            "label": 7}
+    lines = [meta,
+             {"type": "step", "kind": "decode", "tokens": 1},                 # no t
+             {"type": "step", "t": 1.0, "kind": "decode"},                    # no tokens
+             {"type": "step", "t": "2", "kind": "decode", "tokens": 1},       # string t
+             '{"type": "step", "t": NaN, "kind": "decode", "tokens": 1}',     # NaN t
+             {"type": "step", "t": -3, "kind": "decode", "tokens": 1},        # negative t
+             {"type": "step", "t": 4.0, "kind": "decode", "tokens": "1"},     # string tokens
+             {"type": "step", "t": True, "kind": "decode", "tokens": 1},      # a bool is no time
+             *({"type": "step", "t": 0.5 * (i + 1), "kind": "decode", "tokens": 1, "temp_c": "hot",
+                "level": ["x"]} for i in range(20))]
+    path = telemetry_file(tmp_path / "garbled.jsonl", lines)
+    result = invoke("thermal", "report", path, "-o", tmp_path / "g.png")
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    assert (tmp_path / "g.png").stat().st_size > 0
+    only_garbled = telemetry_file(tmp_path / "bad.jsonl", lines[:8])
+    result = invoke("thermal", "report", only_garbled, "-o", tmp_path / "b.png")
+    assert result.exit_code == 1, result.output
+    assert "no step records" in result.stderr
 
 
 def test_a_simulated_board_stops_at_its_horizon():
