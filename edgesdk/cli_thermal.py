@@ -7,6 +7,7 @@ the commands so ``edgesdk --help`` stays fast; matplotlib is imported by ``repor
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,8 +17,9 @@ if TYPE_CHECKING:
     from edgesdk.thermal.plan import SimulatedRun
 
 
-def thermal_profile(bundle: Path | None, target: str | None):
-    """The profile whose thermal limits and model apply: ``--target``, else the bundle's own copy."""
+def thermal_profile(bundle: Path | None, target: str | None, manifest: dict | None = None):
+    """The profile whose thermal limits and model apply: ``--target``, else the bundle's own copy
+    (``manifest``: the bundle's, already read)."""
     from edgesdk.errors import EdgeSDKError
     from edgesdk.profile import TargetProfile, get_profile
 
@@ -25,12 +27,72 @@ def thermal_profile(bundle: Path | None, target: str | None):
         return get_profile(target)
     if bundle is None:
         raise EdgeSDKError("no target given", "pass --target rpi5 (or another board profile)")
-    from edgesdk.bundle import read_manifest
+    if manifest is None:
+        from edgesdk.bundle import read_manifest
 
-    return TargetProfile.model_validate(read_manifest(bundle)["target"])
+        manifest = read_manifest(bundle)
+    return TargetProfile.model_validate(manifest["target"])
 
 
-POSITIVE = click.FloatRange(min=0, min_open=True)  # rates and durations: a 0 or negative one never ends a plan
+class FiniteRange(click.FloatRange):
+    """A float option that must be a finite number within ``[min, max]``.
+
+    click's FloatRange lets NaN through (every comparison with NaN is false), and inf too where a
+    bound is missing. The message names the value, what was expected and an example. Reusable:
+    ``edgesdk run --ambient`` can take :data:`AMBIENT`.
+    """
+
+    name = "finite float range"
+
+    def __init__(self, min: float | None = None, max: float | None = None, *, min_open: bool = False,
+                 max_open: bool = False, what: str = "a number", example: str | None = None):
+        super().__init__(min, max, min_open=min_open, max_open=max_open)
+        self.what = what
+        self.example = example
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)  # not a number at all: click's own message
+        ok = math.isfinite(number)
+        if ok:
+            try:
+                super().convert(number, param, ctx)
+            except click.BadParameter:
+                ok = False
+        if not ok:
+            name = param.opts[0] if param is not None and param.opts else ""
+            example = f" (e.g. {name} {self.example})".replace("  ", " ") if self.example else ""
+            self.fail(f"{value} is out of range: expected {self.what}, a finite number with "
+                      f"{self._describe_range()}{example}", param, ctx)
+        return number
+
+
+# A day of simulated time: far past any board's thermal settling (minutes), and a guard paused for all of
+# it writes one wait record a simulated second.
+MAX_MINUTES = 24 * 60.0
+MINUTES = FiniteRange(0, MAX_MINUTES, min_open=True, what="simulated minutes", example="30")
+# rates: a 0 or negative one never ends a plan; no edge board decodes a million tokens a second
+RATE = FiniteRange(1e-3, 1e6, what="a board's tokens per second", example="35")
+THINK_S = FiniteRange(0, MAX_MINUTES * 60, what="idle seconds between requests", example="5")
+AMBIENT = FiniteRange(-40, 85, what="an ambient temperature in °C", example="35")
+TOKENS = click.IntRange(min=1, max=1_000_000)  # the stub decoder holds a prompt as a list
+# A plan simulates each decode step in Python (~20k a second) and keeps its record (~1 kB) in memory:
+# 250k a run is ~15 s and ~300 MB for both runs (30 minutes at 138 tok/s); more would seem to hang.
+MAX_PLAN_STEPS = 250_000
+
+
+def check_plan_size(minutes: float, decode_tok_s: float, how: str) -> None:
+    """Refuse a plan whose decode steps (at full clock, the most there can be) would take too long."""
+    from edgesdk.errors import EdgeSDKError
+
+    steps = minutes * 60.0 * decode_tok_s
+    if steps > MAX_PLAN_STEPS:
+        rate = (f"--decode-tok-s {decode_tok_s:g}" if how == "given"
+                else f"a decode rate of {decode_tok_s:.1f} tok/s ({how})")
+        raise EdgeSDKError(
+            f"--minutes {minutes:g} at {rate} means up to {steps:,.0f} simulated decode steps per run; "
+            f"a plan simulates at most {MAX_PLAN_STEPS:,}",
+            f"pass --minutes {MAX_PLAN_STEPS / 60.0 / decode_tok_s:.3g} or less at this rate"
+            + ("" if how == "given" else ", or give --decode-tok-s"))
 
 
 @click.group()
@@ -85,14 +147,14 @@ def sensors_cmd(target, root, as_json):
 @thermal.command("plan")
 @click.argument("bundle", type=click.Path(path_type=Path), required=False)
 @click.option("--target", help="Board profile to plan for [the bundle's target].")
-@click.option("--minutes", default=30.0, show_default=True, type=POSITIVE, help="Simulated minutes.")
-@click.option("--ambient", type=float, help="Ambient temperature in °C [the profile's].")
-@click.option("--decode-tok-s", type=POSITIVE,
+@click.option("--minutes", default=30.0, show_default=True, type=MINUTES, help="Simulated minutes (at most a day).")
+@click.option("--ambient", type=AMBIENT, help="Ambient temperature in °C [the profile's].")
+@click.option("--decode-tok-s", type=RATE,
               help="Board decode rate at full clock [0.3 x bandwidth / model bytes].")
-@click.option("--prefill-tok-s", type=POSITIVE, help="Board prefill rate [4 x decode].")
-@click.option("--prompt-tokens", default=128, show_default=True, type=click.IntRange(min=1))
-@click.option("--new-tokens", default=256, show_default=True, type=click.IntRange(min=1))
-@click.option("--think-s", default=0.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--prefill-tok-s", type=RATE, help="Board prefill rate [4 x decode].")
+@click.option("--prompt-tokens", default=128, show_default=True, type=TOKENS)
+@click.option("--new-tokens", default=256, show_default=True, type=TOKENS)
+@click.option("--think-s", default=0.0, show_default=True, type=THINK_S,
               help="Idle seconds between requests.")
 @click.option("--telemetry-dir", type=click.Path(path_type=Path), help="Write both runs' JSONL here.")
 @click.option("--clock-cap", is_flag=True, help="The guarded run also caps the CPU clock while pacing "
@@ -104,22 +166,27 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
     from edgesdk.thermal.guard import CLOCK_CAP_RATIO, GuardConfig
     from edgesdk.thermal.plan import Workload, compare, decode_rate_estimate
 
-    profile = thermal_profile(bundle, target)
-    how = "given"
-    if decode_tok_s is None:
-        if bundle is None:
-            raise click.UsageError("give BUNDLE (its size sets the decode rate) or --decode-tok-s")
+    manifest = None
+    if bundle is not None:  # always read: a missing or corrupt BUNDLE is an error even with --target
         from edgesdk.bundle import read_manifest
 
         manifest = read_manifest(bundle)
+    profile = thermal_profile(bundle, target, manifest)
+    how = "given"
+    if decode_tok_s is None:
+        if manifest is None:
+            raise click.UsageError("give BUNDLE (its size sets the decode rate) or --decode-tok-s")
         packed = manifest.get("graph", {}).get("weights")  # an entropy-coded file: memory holds the inflated bytes
         weights = sum(packed["bytes"] if packed and name == packed["file"] else f["size"]
                       for name, f in manifest["files"].items() if name.startswith("model.onnx") or name.endswith(".data"))
         decode_tok_s = decode_rate_estimate(profile, weights)
         how = f"0.3 x {profile.memory.bandwidth_gbps:g} GB/s / {weights / 1e6:.1f} MB of weights"
+    check_plan_size(minutes, decode_tok_s, how)
     ambient = profile.thermal_model.ambient_c if ambient is None else ambient
     workload = Workload(prompt_tokens, new_tokens, think_s)
     config = GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO) if clock_cap else None
+    if telemetry_dir is not None:
+        _make_telemetry_dir(telemetry_dir)
     runs = compare(profile, minutes, ambient, decode_tok_s, prefill_tok_s, workload, config,
                    telemetry_dir=str(telemetry_dir) if telemetry_dir else None)
     guarded = runs["guarded"]
@@ -131,7 +198,7 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    click.echo(f"{profile.name}, {minutes:g} simulated min at {ambient:g} °C ambient; decode {decode_tok_s:.1f} tok/s "
+    click.echo(f"{profile.name}, {minutes:g} simulated min at {ambient:g} °C ambient; decode {decode_tok_s:.4g} tok/s "
                f"at full clock ({how}); requests of {prompt_tokens} + {new_tokens} tokens, {think_s:g} s apart"
                + (f"; the guard caps the clock at {CLOCK_CAP_RATIO:.1%} while pacing" if clock_cap else ""))
     rows = [("sustained tok/s (last third)", "sustained_tok_s", ".2f"), ("mean tok/s", "mean_tok_s", ".2f"),
@@ -140,10 +207,27 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
             ("mean time to first token s", "mean_ttft_s", ".2f")]
     click.echo(f"  {'':<28} {'guarded':>10} {'unguarded':>10}")
     for title, key, fmt in rows:
-        g, u = result["guarded"][key], result["unguarded"][key]
-        click.echo(f"  {title:<28} {format(g, fmt):>10} {format(u, fmt):>10}")
+        g, u = (_cell(result[name][key], fmt) for name in ("guarded", "unguarded"))
+        click.echo(f"  {title:<28} {g:>10} {u:>10}")
     for note in result["notes"]:
         click.echo(f"note: {note}")
+
+
+def _make_telemetry_dir(path: Path) -> None:
+    """Create ``--telemetry-dir``; one that cannot be (a file is in the way) is an EdgeSDKError naming it."""
+    from edgesdk.errors import EdgeSDKError
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise EdgeSDKError(f"--telemetry-dir {path}: cannot create the directory ({error.strerror or error})",
+                           "pass a directory (new or existing) whose parents are directories, not files, "
+                           "e.g. --telemetry-dir telemetry") from error
+
+
+def _cell(value: float | int | None, fmt: str) -> str:
+    """One cell of the plan table; "-" where there is no value (no step inside a short horizon)."""
+    return "-" if value is None else format(value, fmt)
 
 
 def paused_note(run: SimulatedRun) -> str:

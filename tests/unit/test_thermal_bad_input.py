@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -18,7 +22,57 @@ def invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args], prog_name="edgesdk")
 
 
+def edgesdk_cli(*args, timeout=20) -> subprocess.CompletedProcess:
+    """``edgesdk ARGS`` in a fresh interpreter, killed after ``timeout`` s (a plan that never ends fails)."""
+    return subprocess.run([sys.executable, "-m", "edgesdk", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ))
+
+
 PLAN = ("thermal", "plan", "--target", "rpi5", "--decode-tok-s", 35)
+
+
+# --- defect 5: a horizon with no step inside it -----------------------------------------------------------
+
+@pytest.mark.parametrize("minutes", [0.01, 1e-9])
+def test_plan_table_of_a_horizon_with_no_step_shows_a_dash(minutes):
+    result = invoke(*PLAN, "--minutes", minutes)
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    row = next(line for line in result.stdout.splitlines() if "max temperature" in line)
+    assert row.split()[-2:] == ["-", "-"]
+
+
+# --- defects 5, 6, 7: NaN, infinite and out-of-range option values ----------------------------------------
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("--minutes", "nan"), ("--minutes", "inf"), ("--minutes", 1e5),
+    ("--decode-tok-s", "inf"), ("--decode-tok-s", "nan"), ("--decode-tok-s", 1e13), ("--decode-tok-s", 1e-300),
+    ("--prefill-tok-s", "inf"), ("--think-s", "inf"), ("--think-s", "nan"),
+    ("--ambient", "nan"), ("--ambient", "inf"), ("--ambient", -500), ("--ambient", 1000),
+])
+def test_plan_refuses_values_that_hang_or_are_not_physical(option, value):
+    """Each of these used to hang (an endless loop of 0 s or 0.5 s slices), crash, or print NaN as JSON."""
+    args = {"--minutes": 1, option: value}
+    proc = edgesdk_cli(*PLAN, *(x for item in args.items() for x in item), "--json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"Invalid value for '{option}'" in proc.stderr
+    assert "finite number" in proc.stderr  # what was expected, with its range
+    assert "Traceback" not in proc.stderr
+
+
+def test_ambient_type_is_reusable_and_names_the_fix():
+    from edgesdk.cli_thermal import AMBIENT  # for edgesdk run --ambient too
+
+    assert AMBIENT.convert("35", None, None) == 35.0
+    option = click.Option(["--ambient"], type=AMBIENT)
+    with pytest.raises(click.BadParameter, match=r"nan is out of range.*-40<=x<=85.*e\.g\. --ambient 35"):
+        AMBIENT.convert("nan", option, None)
+
+
+def test_plan_refuses_more_steps_than_it_can_simulate():
+    result = invoke(*PLAN, "--minutes", 1440)
+    assert result.exit_code == 1, result.output
+    assert "simulated decode steps" in result.stderr
+    assert "fix: pass --minutes" in result.stderr
 
 
 def test_a_step_or_an_idle_wait_past_the_horizon_stops_the_board_there():
@@ -37,6 +91,18 @@ def test_levels_cover_the_idle_time_up_to_the_horizon():
     for guarded in (True, False):
         summary = simulate(profile, 1.0, 25.0, guarded, 35.0, workload=Workload(128, 256, think_s=100)).summary
         assert sum(summary.levels_s.values()) == pytest.approx(60.0)
+
+
+# --- defect 8: output paths under a file ------------------------------------------------------------------
+
+def test_plan_telemetry_dir_that_is_a_file_is_a_clear_error(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    result = invoke(*PLAN, "--minutes", 1, "--telemetry-dir", afile)
+    assert result.exit_code == 1, result.output
+    assert f"--telemetry-dir {afile}" in result.stderr
+    assert "fix:" in result.stderr
+    assert isinstance(result.exception, SystemExit)
 
 
 def test_plan_telemetry_file_that_cannot_be_created_is_a_clear_error(tmp_path):
@@ -114,6 +180,15 @@ def test_report_skips_garbled_step_records_and_meta_fields(tmp_path):
     result = invoke("thermal", "report", only_garbled, "-o", tmp_path / "b.png")
     assert result.exit_code == 1, result.output
     assert "no step records" in result.stderr
+
+
+# --- defect 12: a BUNDLE that is not there ---------------------------------------------------------------
+
+def test_plan_reads_the_bundle_even_with_target_and_rate_given(tmp_path):
+    result = invoke(*PLAN, tmp_path / "missing", "--minutes", 1)
+    assert result.exit_code == 5, result.output
+    assert "does not exist" in result.stderr
+    assert "fix:" in result.stderr
 
 
 def test_a_simulated_board_stops_at_its_horizon():
