@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from edgesdk import __version__
+from edgesdk.cli_thermal import AMBIENT, FiniteRange
 from edgesdk.errors import EdgeSDKError, read_utf8
 
 
@@ -290,9 +291,10 @@ def _runtime_options(fn):
                    "--entropy-target / --compute-budget given): the trained gates still cost too much quality.")
 @click.option("--telemetry", type=click.Path(dir_okay=False, path_type=Path),
               help="Write one JSONL record per step: temperatures, level, tok/s, budget, pacing, power.")
-@click.option("--ambient", type=float, help="Ambient °C of the simulated board [the profile's].")
+@click.option("--ambient", type=AMBIENT, help="Ambient °C of the simulated board [the profile's].")
 @click.option("--thermal-target", help="Profile for the thermal limits and model [the bundle's target].")
 @click.option("--sim-speed", default=1.0, show_default=True,
+              type=FiniteRange(1e-3, 1e6, what="how many times slower the simulated board is", example="1"),
               help="Simulated board is this many times slower than this machine.")
 @_runtime_options
 def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, stats, watch_thermal,
@@ -517,7 +519,7 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
 # Command groups in their own modules (each imports its heavy parts inside its commands).
 from edgesdk.cli_deploy import deploy  # noqa: E402
 from edgesdk.cli_engine import engine  # noqa: E402
-from edgesdk.cli_thermal import thermal  # noqa: E402
+from edgesdk.cli_thermal import thermal  # noqa: E402  (after main: it registers under it)
 
 main.add_command(deploy)
 main.add_command(engine)

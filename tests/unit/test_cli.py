@@ -518,6 +518,17 @@ def test_run_refuses_sampling_options_it_cannot_use(bundle, args, fragment):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("--ambient", "nan"), "expected an ambient temperature in °C"),
+    (("--ambient", -500), "expected an ambient temperature in °C"),
+    (("--sim-speed", "nan"), "how many times slower the simulated board is"),
+], ids=["ambient-nan", "ambient-below-physical", "sim-speed-nan"])
+def test_run_refuses_simulated_board_settings_that_are_not_physical(bundle, args, fragment):
+    result = invoke("run", bundle, "--prompt", "hello", "-n", 3, "--simulate-thermal", *args)
+    assert result.exit_code == 2, result.output
+    assert fragment in result.stderr
+
+
 def test_top_p_without_a_temperature_is_named_as_unused(bundle):
     result = invoke("run", bundle, "--prompt", "hello", "-n", 3, "--top-p", 0.5)
     assert result.exit_code == 0, result.output
