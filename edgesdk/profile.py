@@ -7,6 +7,7 @@ numbers and their sources live as comments in the YAML files (see ``targets/READ
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -16,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from edgesdk.errors import ProfileError, read_utf8
+from edgesdk.power.distribution import WINDOW
 
 Family = Literal["jetson", "rpi", "host"]
 Precision = Literal["fp32", "fp16", "bf16", "int8", "int4"]
@@ -65,8 +67,8 @@ class RuntimeSpec(_Strict):
 
 class PowerSpec(_Strict):
     entropy_target: float = Field(
-        gt=0, lt=2.0794, description="target power entropy in nats (1.5 on boards, 1.2 on the host; DESIGN.md), "
-                                     "below ln 8 = 2.079, the most an 8-token window holds"
+        gt=0, lt=math.log(WINDOW), description="target power entropy in nats (1.5 on boards, 1.2 on the host; "
+                                               "DESIGN.md), below ln 8 = 2.079, the most an 8-token window holds"
     )
 
 

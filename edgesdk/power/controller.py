@@ -19,13 +19,12 @@ guard calls it on the backend, which forwards it here).
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
-from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW, window_entropy
+from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW, check_entropy_target, window_entropy
 
 
 @dataclass(frozen=True)
@@ -45,10 +44,7 @@ class ControllerConfig:
     floor: float = FLOOR  # min-max floor, as in training
 
     def __post_init__(self):
-        most = math.log(self.window)  # a window of equal powers: the most entropy it can hold
-        if not (math.isfinite(self.entropy_target) and 0 < self.entropy_target < most):
-            raise ValueError(f"entropy_target must lie in (0, {most:.3f}) nats, the range a window of "
-                             f"{self.window} tokens can hold, got {self.entropy_target}")
+        check_entropy_target(self.entropy_target, self.window)
         if not 0 < self.compute_budget <= 1:
             raise ValueError(f"compute_budget must be in (0, 1], got {self.compute_budget}")
         if not 0 <= self.min_compute <= 1:

@@ -32,11 +32,22 @@ adds ~0.5 nats to a window whose power sits on 2 tokens).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 WINDOW = 8  # tokens per entropy window (see the module docstring)
 SMOOTH = 2  # causal moving-average width (this token and the previous one)
 FLOOR = 0.01  # mass floor after min-max, in units of the window's range
+
+
+def check_entropy_target(target: float, window: int = WINDOW) -> None:
+    """A target the windowed entropy can reach: finite, above 0 and below ln ``window`` (a window of
+    equal powers); past it the controller would drive tau to a bound and gating quietly stop."""
+    most = math.log(window)
+    if not (math.isfinite(target) and 0 < target < most):
+        raise ValueError(f"entropy_target must lie in (0, {most:.3f}) nats, the range a window of {window} tokens "
+                         f"can hold, got {target}")
 
 
 def combine(peak: np.ndarray, ffn_norm: np.ndarray, cost: np.ndarray, weights: tuple[float, float, float],

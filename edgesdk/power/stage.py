@@ -25,7 +25,7 @@ from edgesdk.compress.measure import stage_metrics
 from edgesdk.errors import BuildError
 from edgesdk.power import adapter, train
 from edgesdk.power.controller import ControllerConfig, TauController
-from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW
+from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW, check_entropy_target
 from edgesdk.power.profiler import measure_kv_cost
 
 
@@ -76,11 +76,8 @@ class PowerConfig:
                                  f"positive sum, got {weights}")
         if not self.sweep:
             raise ValueError("sweep needs at least one (alpha, beta, gamma) point")
-        most = math.log(WINDOW)  # a window of equal powers
-        if self.entropy_target is not None and not (math.isfinite(self.entropy_target)
-                                                    and 0 < self.entropy_target < most):
-            raise ValueError(f"entropy_target must lie in (0, {most:.3f}) nats, the range a window of {WINDOW} "
-                             f"tokens can hold, got {self.entropy_target}")
+        if self.entropy_target is not None:
+            check_entropy_target(self.entropy_target)
 
 
 if adapter.restore_adapters not in checkpoint.LOAD_HOOKS:  # adapters survive a resumed build
