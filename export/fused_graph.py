@@ -78,10 +78,8 @@ class FusedConfig:
         return self.embedding_bits or self.bits
 
     def unit_bits(self, unit: str) -> int | None:
-        """Bits of a fused unit ``layers.{i}.attn.qkv`` (or ``.attn.o``, ``.mlp.gate_up``, ``.mlp.down``);
-        ``lm_head`` (untied or not) takes ``head_bits``."""
-        if unit == "lm_head":
-            return self.head_bits
+        """Bits of a fused unit ``layers.{i}.attn.qkv`` (or ``.attn.o``, ``.mlp.gate_up``, ``.mlp.down``); the
+        LM head, tied or not, takes :attr:`head_bits` (``_FusedEmitter.head``)."""
         if self.bits is None or not self.eight_bit_linears or not unit.startswith("layers."):
             return self.bits
         _, index, kind = unit.split(".", 2)
