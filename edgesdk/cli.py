@@ -465,18 +465,18 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
         config = PerplexityConfig(context=context, stride=stride or context, max_chars=max_chars or None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--context/--stride") from exc
-    text = read_utf8(text_file, "--text")
-    runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
-                           ignore_target=ignore_target)
-    if context > runtime.backend.max_context:
-        raise click.BadParameter(f"{context} is longer than the bundle's max_context {runtime.backend.max_context}",
-                                 param_hint="--context")
     try:
         levels = tuple(float(b) for b in budgets.split(",") if b.strip())
     except ValueError as exc:
         raise click.BadParameter(f"must be comma-separated numbers, got {budgets!r}", param_hint="--budgets") from exc
     if not levels or any(not 0 < b <= 1 for b in levels):
         raise click.BadParameter(f"must lie in (0, 1], got {budgets!r}", param_hint="--budgets")
+    text = read_utf8(text_file, "--text")
+    runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
+                           ignore_target=ignore_target)
+    if context > runtime.backend.max_context:
+        raise click.BadParameter(f"{context} is longer than the bundle's max_context {runtime.backend.max_context}",
+                                 param_hint="--context")
     gated = hasattr(runtime.backend, "configure")
     budgets_given = click.get_current_context().get_parameter_source("budgets") != click.core.ParameterSource.DEFAULT
     if budgets_given and not gated:
