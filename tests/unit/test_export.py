@@ -94,3 +94,19 @@ def test_decode_cache_extends_prefill_exactly(tmp_path):
     step = session.run(["logits"], {"input_ids": ids[:, 8:], "num_logits_to_keep": np.array([1]), **feeds})[0]
     np.testing.assert_allclose(step[0, 0], full[0, 8], atol=1e-5)
     np.testing.assert_allclose(first["logits"][0, 0], full[0, 7], atol=1e-5)
+
+
+def test_sliding_window_counts_only_when_some_layer_slides():
+    from transformers import MistralConfig, Qwen2Config
+
+    from edgesdk.export.onnx_export import sliding_window
+
+    def qwen2(**kw):
+        return Qwen2Config(num_hidden_layers=4, sliding_window=64, **kw)
+
+    assert sliding_window(qwen2(use_sliding_window=False)) is None
+    # Qwen2 slides only in layers from max_window_layers on: 2 of 4 layers slide, 4 of 4 attend fully.
+    assert sliding_window(qwen2(use_sliding_window=True, max_window_layers=2)) == 64
+    assert sliding_window(qwen2(use_sliding_window=True, max_window_layers=4)) is None
+    assert sliding_window(MistralConfig(sliding_window=32)) == 32
+    assert sliding_window(MistralConfig(sliding_window=None)) is None
