@@ -1,5 +1,8 @@
 """fp32 bundle perplexity vs the PyTorch reference (WikiText-2 valid, first 200k chars, ctx 512/stride 512).
 
+The bundle is the uncompressed build (recipe fp32-fused, or ``$EDGESDK_BENCH_FP32_BUNDLE``), so both
+sides hold the same float32 weights and the figure is what the export and the runtime change.
+
     python -m pytest tests/benchmarks/test_quality.py -m benchmark -s
 """
 
@@ -14,7 +17,7 @@ pytestmark = pytest.mark.benchmark
 WIKITEXT = Path(__file__).resolve().parents[3] / "shared" / "data" / "wikitext-2-raw" / "wiki.valid.raw"
 
 
-def test_fp32_bundle_perplexity_within_half_percent_of_pytorch(smollm2_rpi5_bundle):
+def test_fp32_bundle_perplexity_within_half_percent_of_pytorch(smollm2_fp32_bundle):
     if not WIKITEXT.is_file():
         pytest.skip(f"WikiText-2 validation text not found beside the checkout ({WIKITEXT.name})")
     from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, reference_perplexity
@@ -24,9 +27,9 @@ def test_fp32_bundle_perplexity_within_half_percent_of_pytorch(smollm2_rpi5_bund
 
     text = WIKITEXT.read_text(encoding="utf-8")
     config = PerplexityConfig()
-    runtime = open_runtime(smollm2_rpi5_bundle.path)
+    runtime = open_runtime(smollm2_fp32_bundle.path)
     ours = bundle_perplexity(runtime, text, config)
-    model = load_model(resolve_model(smollm2_rpi5_bundle.manifest["model"]["before"]["source"])).model
+    model = load_model(resolve_model(smollm2_fp32_bundle.manifest["model"]["before"]["source"])).model
     ref = reference_perplexity(model, lambda t: runtime.tokenizer.encode(t, add_special_tokens=False), text, config)
     relative = ours.perplexity / ref.perplexity - 1
     print(f"\nbundle {ours.perplexity:.4f}  PyTorch {ref.perplexity:.4f}  relative {relative * 100:+.4f} % "
