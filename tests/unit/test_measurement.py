@@ -31,3 +31,26 @@ def test_fp32_check_accepts_an_uncompressed_bundle_and_names_a_compressed_one(ti
     compressed["stages"] = [{"stage": "qat"}]
     problem = fp32_problem(compressed)
     assert all(part in problem for part in ("'default'", "int4", "qat"))
+
+
+def test_fresh_binding_side_of_the_binding_benchmark_binds_once_per_step(tiny_bundle):
+    """The 'fresh binding per step' side gives the same logits as the kept binding, and never
+    builds the reusable binding (which would double its binding work)."""
+    import numpy as np
+
+    from edgesdk.runtime.session import open_runtime
+    from tests.benchmarks.test_decode_binding import fresh_binding_decode
+
+    fresh, kept = (open_runtime(tiny_bundle.path).backend for _ in range(2))
+    prompt = np.arange(3, 40)
+    tokens = {}
+    for name, backend in (("fresh", fresh), ("kept", kept)):
+        backend.reset()
+        tokens[name] = int(backend.prefill(prompt)[-1].argmax())
+    for _ in range(24):
+        a, b = fresh_binding_decode(fresh, tokens["fresh"]), kept.decode(tokens["kept"])
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        tokens = {"fresh": int(a.argmax()), "kept": int(b.argmax())}
+    assert fresh.position == kept.position == len(prompt) + 24
+    assert fresh._decode_step is None
+    assert kept._decode_step is not None
