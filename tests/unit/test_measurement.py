@@ -54,3 +54,39 @@ def test_fresh_binding_side_of_the_binding_benchmark_binds_once_per_step(tiny_bu
     assert fresh.position == kept.position == len(prompt) + 24
     assert fresh._decode_step is None
     assert kept._decode_step is not None
+
+
+class _SleepingHook:
+    """A StepHook that holds every step back by ``seconds`` in ``before_step``."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Nothing to set up."""
+
+    def before_step(self, kind: str) -> float:
+        """Sleep, as a guard deciding would spend time."""
+        import time
+
+        time.sleep(self.seconds)
+        return 0.0
+
+    def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
+        """Nothing to account."""
+
+    def end(self, stats) -> None:
+        """Nothing to close."""
+
+
+def test_guard_cost_benchmark_counts_the_hooks_time_per_decode_step(tiny_bundle):
+    """generate() leaves the hook's before_step out of stats.decode_s; the whole-generation figure
+    of the guard-cost benchmark must keep it (a sleep is a lower bound, never early)."""
+    from edgesdk.runtime.generate import SamplingConfig
+    from edgesdk.runtime.session import open_runtime
+    from tests.benchmarks.test_thermal_guard_cost import decode_step_wall_us
+
+    backend = open_runtime(tiny_bundle.path).backend
+    tokens, step_us = decode_step_wall_us(backend, [5, 6, 7], SamplingConfig(max_new_tokens=6), _SleepingHook(0.02))
+    assert len(tokens) == 6
+    assert step_us >= 20_000
