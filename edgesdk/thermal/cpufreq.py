@@ -24,7 +24,10 @@ Rules, so the cap never fights the board's own tools and is never left behind:
 * if someone else writes the ceiling while it is capped, that value wins: the cap stops touching
   that policy and does not restore over it;
 * while capped, a state file records each policy's original and written values, so a run that
-  is killed is undone by the next one (:func:`recover`).
+  is killed is undone by the next one (:func:`recover`); a cap that cannot be given back (not
+  root, a failed write) stays recorded until one can;
+* a capping run holds a lock beside the state file for as long as it runs (the kernel drops it
+  however the process ends): other runs leave its caps alone, and do not cap themselves.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 CPUFREQ_DIR = "sys/devices/system/cpu/cpufreq"  # under the root directory ("/" on a board)
 ROOT_ENV = "EDGESDK_CPUFREQ_ROOT"  # another root (tests, containers with /sys mounted elsewhere)
@@ -68,7 +72,8 @@ class Policy:
     offered: list[int]  # scaling_available_frequencies (kHz, ascending); [] for drivers without a table
     lowest_khz: int  # the hardware minimum (cpuinfo_min_freq), for drivers without a table
     written_khz: int | None = None  # what the cap last wrote (None: not capped)
-    released: bool = False  # someone else changed the ceiling: hands off
+    released: bool = False  # someone else changed the ceiling, or a write failed: hands off
+    stuck: bool = False  # capped, and writing the ceiling back failed: the state file keeps it
 
     @property
     def max_file(self) -> Path:
@@ -108,12 +113,20 @@ class CpuFreqCap:
         self.state_path = Path(state_path) if state_path else None
         self._warn = warn or (lambda message: None)
         self.notes: list[str] = []
-        if self.state_path is not None:
-            self.notes += recover(self.state_path)
         self.policies: list[Policy] = []
         self.reason = ""
-        self._discover()
         self.ratio: float | None = None
+        self._lock: IO[bytes] | None = None
+        if self.state_path is not None:
+            # one capping run at a time: the clock is the whole board's, and another run's cap
+            # would be read here as the board's ceiling
+            if _held_elsewhere(self.state_path):
+                self.reason = "another edgesdk run that caps the clock is still going"
+                self.state_path = None  # its state file: never this object's to write
+                return
+            self._lock = _lock(lock_path(self.state_path))
+            self.notes += recover(self.state_path, holding_lock=self._lock is not None)
+        self._discover()
 
     def _discover(self) -> None:
         base = self.root / CPUFREQ_DIR
@@ -171,29 +184,36 @@ class CpuFreqCap:
         if policy.written_khz is None:
             policy.rebase(current)  # a new cap: the ceiling as it is now, never the one of an earlier cap
         value = policy.ceiling_khz if ratio is None else min(policy.target(ratio), policy.ceiling_khz)
-        if value != current and not self._write(policy, value):
+        if value != current and not self._write(policy, value, restoring=ratio is None):
             return
         policy.written_khz = None if ratio is None else value
 
-    def _write(self, policy: Policy, value: int) -> bool:
-        """Write ``value`` kHz to the policy's scaling_max_freq; on failure warn and stop capping it."""
+    def _write(self, policy: Policy, value: int, restoring: bool = False) -> bool:
+        """Write ``value`` kHz to the policy's scaling_max_freq; on failure warn and stop capping it
+        (a ceiling that could not be given back stays in the state file for the next run)."""
         try:
             policy.max_file.write_text(f"{value}\n")
         except OSError as error:
             policy.released = True
-            self._warn(f"{policy.path.name}: cannot write scaling_max_freq ({error}); the clock cap stops")
+            policy.stuck = restoring
+            self._warn(f"{policy.path.name}: cannot write scaling_max_freq ({error}); the clock cap stops"
+                       + (f", still at {policy.written_khz} kHz: the next edgesdk run gives {value} kHz back"
+                          if restoring else ""))
             return False
         return True
 
     def close(self) -> None:
-        """Give every ceiling back."""
+        """Give every ceiling back, then let another run cap."""
         self.set_ratio(None)
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def _save_state(self) -> None:
         if self.state_path is None:
             return
         capped = {str(p.max_file): {"original": p.ceiling_khz, "written": p.written_khz}
-                  for p in self.policies if p.written_khz is not None and not p.released}
+                  for p in self.policies if p.written_khz is not None and (p.stuck or not p.released)}
         if capped:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
             self.state_path.write_text(json.dumps(capped, indent=1))
@@ -217,23 +237,95 @@ def recover_left_cap() -> list[str]:
     return recover(state_path())
 
 
-def recover(state_path: Path) -> list[str]:
-    """Undo the cap a killed run left: restore each ceiling still holding the value it wrote."""
-    if not state_path.exists():
-        return []
-    notes = []
+def _load_state(state_path: Path) -> dict[str, dict]:
+    """The state file's records (scaling_max_freq path -> original and written kHz); a missing or
+    garbled file, and records this code did not write, count as none."""
     try:
         state = json.loads(state_path.read_text())
     except (OSError, ValueError):
-        state = {}
-    for file, entry in state.items():
-        path = Path(file)
-        if _read_khz(path) == entry.get("written"):
-            try:
-                path.write_text(f"{entry['original']}\n")
-                notes.append(f"restored {path.parent.name} scaling_max_freq to {entry['original']} kHz "
-                             "(a previous run was stopped while it capped the clock)")
-            except OSError as error:
-                notes.append(f"could not restore {path} to {entry['original']} kHz: {error}")
-    state_path.unlink(missing_ok=True)
+        return {}
+    if not isinstance(state, dict):
+        return {}
+    return {file: entry for file, entry in state.items()
+            if isinstance(entry, dict) and all(isinstance(entry.get(key), int) for key in ("original", "written"))}
+
+
+def lock_path(state_path: Path) -> Path:
+    """The lock a run able to cap holds while it runs, beside the state file."""
+    return state_path.with_name(state_path.name + ".lock")
+
+
+def _lock(path: Path) -> IO[bytes] | None:
+    """``path`` opened (created) with an exclusive ``flock`` held on it until the file is closed (the
+    kernel drops it however the process ends); None when another process holds it, or no lock can
+    be had here (directory not writable, no flock): then nothing stops a second capping run."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path, "ab")  # noqa: SIM115 (held until CpuFreqCap.close)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return None
+    return lock
+
+
+def _held_elsewhere(state_path: Path) -> bool:
+    """Does a running process hold the clock-cap lock (so the caps in the state file are its own)?"""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        lock = open(lock_path(state_path), "rb")  # noqa: SIM115 (closed below)
+    except OSError:
+        return False  # no lock file: no run has capped here
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False  # no flock on this file system
+        return False
+
+
+def recover(state_path: Path, holding_lock: bool = False) -> list[str]:
+    """Undo the cap a killed run left: restore each ceiling still holding the value it wrote.
+
+    A run still going (it holds the lock; ``holding_lock``: this process does) keeps its caps; a
+    ceiling that cannot be written back (not root) stays in the state file, and the note says how
+    to give it back."""
+    if not state_path.exists():
+        return []
+    if not holding_lock and _held_elsewhere(state_path):
+        return ["the CPU clock is capped by another edgesdk run that is still going; left to it"]
+    notes = []
+    kept = {}
+    for file, entry in _load_state(state_path).items():
+        path, original = Path(file), entry["original"]
+        if _read_khz(path) != entry["written"]:
+            continue  # changed since: that setting wins
+        try:
+            path.write_text(f"{original}\n")
+            notes.append(f"restored {path.parent.name} scaling_max_freq to {original} kHz "
+                         "(a previous run was stopped while it capped the clock)")
+        except OSError as error:
+            kept[file] = entry
+            notes.append(f"could not restore {path} to {original} kHz, where a stopped run had capped it at "
+                         f"{entry['written']} kHz ({error.strerror or error}): run edgesdk as root to give it "
+                         f"back, or write it yourself: echo {original} | sudo tee {path}")
+    try:
+        if kept:
+            state_path.write_text(json.dumps(kept, indent=1))
+        else:
+            state_path.unlink(missing_ok=True)
+    except OSError as error:
+        notes.append(f"could not update {state_path} ({error.strerror or error})")
     return notes

@@ -197,3 +197,103 @@ def test_cap_buys_tokens_and_costs_stream_speed_over_30_minutes():
     assert c.mean_ttft_s < p.mean_ttft_s
     assert c.p95_inter_token_ms > 1.2 * p.p95_inter_token_ms
     assert c.tokens < capped["unguarded"].summary.tokens
+
+
+# A kernel file that reads as a number and that no one, root included, may write (mode 0444 sysctl):
+# a scaling_max_freq linked to it stands for a ceiling this process cannot give back.
+READ_ONLY_NUMBER = "/proc/sys/kernel/ngroups_max"
+needs_read_only_number = pytest.mark.skipif(not os.path.exists(READ_ONLY_NUMBER), reason="needs Linux /proc/sys")
+
+
+def make_unwritable(policy):
+    """Swap the policy's scaling_max_freq for a link to a file nobody can write; returns what it reads."""
+    (policy / "scaling_max_freq").unlink()
+    (policy / "scaling_max_freq").symlink_to(READ_ONLY_NUMBER)
+    return ceiling(policy)
+
+
+@needs_read_only_number
+def test_a_ceiling_that_cannot_be_given_back_stays_recorded_until_one_can(tmp_path):
+    """The cap was written, then the ceiling could not be written back (at close, and by the next
+    run, not root): the state file keeps the original until a run that can write it gives it back."""
+    import json
+
+    stuck_khz = int(open(READ_ONLY_NUMBER).read())
+    top = round(stuck_khz / CLOCK_CAP_RATIO)  # the cap picks exactly the read-only number
+    policy = make_cpufreq_policy(tmp_path, 0, top, stuck_khz, [stuck_khz, top])
+    state = tmp_path / "cache" / "clock-cap.json"
+    warnings = []
+    cap = CpuFreqCap(tmp_path, state, warn=warnings.append)
+    cap.set_ratio(CLOCK_CAP_RATIO)
+    assert ceiling(policy) == stuck_khz
+    assert make_unwritable(policy) == stuck_khz
+    cap.close()
+    assert f"still at {stuck_khz} kHz: the next edgesdk run gives {top} kHz back" in warnings[-1]
+    assert json.loads(state.read_text()) == {str(policy / "scaling_max_freq"): {"original": top, "written": stuck_khz}}
+
+    notes = CpuFreqCap(tmp_path, state).notes  # the next run cannot write it either
+    assert f"could not restore {policy / 'scaling_max_freq'} to {top} kHz" in notes[0]
+    assert f"echo {top} | sudo tee {policy / 'scaling_max_freq'}" in notes[0]
+    assert state.exists()
+
+    (policy / "scaling_max_freq").unlink()
+    (policy / "scaling_max_freq").write_text(f"{stuck_khz}\n")  # writable again (a run as root)
+    notes = CpuFreqCap(tmp_path, state).notes
+    assert ceiling(policy) == top
+    assert "restored policy0 scaling_max_freq" in notes[0]
+    assert not state.exists()
+
+
+CAPPING_RUN = """
+import sys
+from edgesdk.thermal.cpufreq import CpuFreqCap
+cap = CpuFreqCap(sys.argv[1], sys.argv[2])
+cap.set_ratio(0.625)
+print(cap.available, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_run_still_capping_keeps_its_cap_and_the_clock_to_itself(tmp_path):
+    """Another run (or 'thermal sensors') while a capping run goes on leaves its cap and state alone
+    and does not cap too (it would read the cap as the board's ceiling); once that run is killed, the
+    next one gives the ceiling back."""
+    import subprocess
+    import sys
+
+    from edgesdk.thermal.cpufreq import recover
+
+    policy = make_cpufreq_policy(tmp_path, 0, 2_400_000, 1_500_000, PI5_KHZ)
+    state = tmp_path / "cache" / "clock-cap.json"
+    running = subprocess.Popen([sys.executable, "-c", CAPPING_RUN, str(tmp_path), str(state)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert running.stdout.readline().strip() == "True"
+        assert ceiling(policy) == 1_500_000
+        assert recover(state) == ["the CPU clock is capped by another edgesdk run that is still going; left to it"]
+        assert ceiling(policy) == 1_500_000
+        assert state.exists()
+        second = CpuFreqCap(tmp_path, state)
+        assert not second.available
+        assert "another edgesdk run that caps the clock is still going" in second.describe()
+        second.set_ratio(CLOCK_CAP_RATIO)
+        second.close()
+        assert ceiling(policy) == 1_500_000
+        assert state.exists()
+    finally:
+        running.kill()  # SIGKILL: no cleanup, the cap and the state file stay
+        running.wait(timeout=30)
+    assert ceiling(policy) == 1_500_000
+    assert "a previous run was stopped while it capped the clock" in recover(state)[0]
+    assert ceiling(policy) == 2_400_000
+    assert not state.exists()
+
+
+@pytest.mark.parametrize("content", ["null", "[]", '{"a": 1}', '{"/x": {"original": "2400000"}}'])
+def test_a_state_file_this_code_did_not_write_is_ignored(tmp_path, content):
+    from edgesdk.thermal.cpufreq import recover
+
+    state = tmp_path / "clock-cap.json"
+    state.write_text(content)
+    assert recover(state) == []
+    assert not state.exists()
