@@ -49,6 +49,14 @@ class LlamaCppEngine:
         # covers as it covers ONNX Runtime's; mapped from the file they stay on 4 KiB pages.
         self.llm = llama_cpp.Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=context,
                                    n_batch=context, logits_all=logits_all, use_mmap=use_mmap, verbose=False)
+        self.vocab = self.llm.n_vocab()
+
+    def last_logits(self) -> np.ndarray:
+        """Logits (V,) of the last token evaluated, read from llama.cpp itself: without
+        ``logits_all`` llama-cpp-python's ``eval`` leaves ``Llama.scores`` unwritten."""
+        import llama_cpp
+
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.llm.ctx, -1), shape=(self.vocab,))
 
     def time_generation(self, prompt: list[int], new_tokens: int) -> tuple[float, float]:
         """(prefill tok/s, decode tok/s), greedy, as edgesdk.runtime.generate times itself."""
@@ -57,11 +65,11 @@ class LlamaCppEngine:
         start = time.perf_counter()
         llm.eval(prompt)
         prefill_s = time.perf_counter() - start
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = int(np.argmax(self.last_logits()))
         start = time.perf_counter()
         for _ in range(new_tokens - 1):
             llm.eval([token])
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            token = int(np.argmax(self.last_logits()))
         decode_s = time.perf_counter() - start
         return len(prompt) / prefill_s, (new_tokens - 1) / decode_s
 

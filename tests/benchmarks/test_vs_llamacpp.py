@@ -1,7 +1,8 @@
 """Bundles against llama.cpp on the same model: decode/prefill speed and a size/quality table.
 
 Speed (DESIGN.md measure): batch 1, 2 threads, 128-token prompt, 128 greedy new tokens, median of
-3; each bundle and llama.cpp Q8_0 alternate, never running at once, with a pause between.
+3 after one untimed run of each engine; each bundle and llama.cpp Q8_0 alternate, never running at
+once, with a pause between.
 Quality: perplexity on WikiText-2 valid (first 200k characters, context 512, stride 512), the
 same token ids scored by every engine.
 
@@ -88,6 +89,11 @@ def test_decode_and_prefill_against_llamacpp_q8(bundles, source_gguf):
                 if name in SPEED_RECIPES}
     prompt = np.random.default_rng(0).integers(100, 49152, PROMPT).tolist()
     runs = {**{name: [] for name in engines}, **{name: [] for name in runtimes}}
+    for engine in engines.values():  # warm-up, untimed: first-run allocations on every side alike
+        engine.time_generation(prompt, NEW)
+    for runtime in runtimes.values():
+        _bundle_speed(runtime, prompt)
+    time.sleep(1)
     for _ in range(REPEATS):
         for name, runtime in runtimes.items():
             for engine_name, engine in engines.items():
