@@ -18,9 +18,11 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 from edgesdk.errors import EdgeSDKError
@@ -92,7 +94,7 @@ class Transport:
         except subprocess.TimeoutExpired as exc:
             raise _timed_out(what or argv[0], self.label, timeout) from exc
         self.check_connection(proc.returncode, proc.stderr.decode("utf-8", "replace"))
-        return proc
+        return with_signal_note(proc, remote=False)
 
     def check_connection(self, returncode: int, stderr: str, during: str = "") -> None:
         """Raise DeployError when a command failed because the board could not be reached."""
@@ -109,10 +111,40 @@ def _timed_out(what: str, label: str, timeout: float | None) -> DeployError:
 # The board enforces a command's deadline itself: when ssh gives up, the remote command would otherwise
 # run on (a smoke test, an engine build, a helper holding the deploy lock). coreutils' and busybox's
 # ``timeout`` send SIGTERM, then SIGKILL 10 s later; a board without ``timeout`` runs the command as is.
-REMOTE_DEADLINE = ('d=$1; shift; if command -v timeout >/dev/null 2>&1; then exec timeout -k 10 "$d" "$@"; fi; '
-                   'exec "$@"')
+# The shell waits for the command instead of exec'ing it: a command (or ``timeout``) killed by a signal
+# then ends as exit status 128 + N, which ssh passes on; a remote process that dies of a signal makes
+# ssh exit with 255, its code for a failed connection.
+REMOTE_DEADLINE = ('d=$1; shift; if command -v timeout >/dev/null 2>&1; then timeout -k 10 "$d" "$@"; '
+                   'else "$@"; fi; exit $?')
 TIMED_OUT_CODES = (124, 137)  # timeout's own exit status, and SIGKILL's after -k
 DEADLINE_GRACE_S = 30  # ssh waits this much longer, for the board's answer
+
+
+def signal_note(returncode: int, remote: bool) -> str | None:
+    """The line that explains an exit status that means "killed by a signal", or None.
+
+    A local child killed by signal N has returncode -N; a remote one ends as 128 + N (REMOTE_DEADLINE)."""
+    number = -returncode if returncode < 0 else returncode - 128 if remote and 128 < returncode < 160 else None
+    if number is None:
+        return None
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    why = {signal.SIGKILL: "; on a board that is usually the out-of-memory killer: free memory or build a "
+                           "smaller bundle",
+           signal.SIGSEGV: ": the process crashed", signal.SIGBUS: ": the process crashed",
+           signal.SIGABRT: ": the process aborted"}.get(number, "")
+    return f"(exit status {returncode}: the command was killed by {name}{why})"
+
+
+def with_signal_note(proc: subprocess.CompletedProcess, remote: bool) -> subprocess.CompletedProcess:
+    """``proc`` with :func:`signal_note`'s line added to its stderr, where its exit status calls for one."""
+    note = signal_note(proc.returncode, remote)
+    if note is not None:
+        proc.stderr = (proc.stderr or b"") + (b"\n" if proc.stderr and not proc.stderr.endswith(b"\n") else b"") \
+            + note.encode() + b"\n"
+    return proc
 
 
 class LocalTransport(Transport):
@@ -186,11 +218,14 @@ class SshTransport(Transport):
         """As :meth:`Transport.run`, with the deadline enforced on the board too (REMOTE_DEADLINE)."""
         if timeout is None:
             return super().run(argv, input, None, what)
-        bounded = ["sh", "-c", REMOTE_DEADLINE, "sh", str(max(1, round(timeout))), *argv]
+        deadline = max(1, round(timeout))
+        bounded = ["sh", "-c", REMOTE_DEADLINE, "sh", str(deadline), *argv]
+        began = time.monotonic()
         proc = super().run(bounded, input, timeout + DEADLINE_GRACE_S, what or argv[0])
-        if proc.returncode in TIMED_OUT_CODES:
+        # 124 or 137 before the deadline is the command's own status (137: SIGKILL, say from the OOM killer)
+        if proc.returncode in TIMED_OUT_CODES and time.monotonic() - began >= deadline:
             raise _timed_out(what or argv[0], self.label, timeout)
-        return proc
+        return with_signal_note(proc, remote=True)
 
     def check_connection(self, returncode: int, stderr: str, during: str = "") -> None:
         if returncode == 255:

@@ -266,3 +266,28 @@ def test_a_command_past_its_deadline_is_stopped_on_the_board_too(ssh_server, tmp
         transport.close()
     time.sleep(6)
     assert not marker.exists()  # the remote command was killed, not left to finish
+
+
+def test_a_command_killed_on_the_board_is_named_not_taken_for_a_lost_connection(ssh_server):
+    """A smoke test or engine build killed by a signal (the OOM killer, a crash) is the command's failure;
+    ssh alone would exit 255 for it, its code for a failed connection."""
+    from edgesdk.deploy.transport import HostSpec, SshOptions, SshTransport
+
+    transport = SshTransport(HostSpec.parse(ssh_server.destination), SshOptions(
+        ssh_config="/dev/null", identity=str(ssh_server.user_key),
+        options=(f"UserKnownHostsFile={ssh_server.known_hosts}", "GlobalKnownHostsFile=/dev/null")))
+    try:
+        killed = transport.run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                               timeout=60, what="the smoke test")
+        assert killed.returncode == 137
+        assert b"killed by SIGKILL" in killed.stderr
+        assert b"out-of-memory" in killed.stderr
+        crashed = transport.run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"],
+                                timeout=60, what="the TensorRT engine build")
+        assert crashed.returncode == 139
+        assert b"killed by SIGSEGV: the process crashed" in crashed.stderr
+        # The command's own exit status 124 long before its deadline is not a timeout.
+        own = transport.run(["sh", "-c", "exit 124"], timeout=60, what="the smoke test")
+        assert own.returncode == 124
+    finally:
+        transport.close()

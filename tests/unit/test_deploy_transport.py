@@ -12,6 +12,7 @@ from edgesdk.deploy.remote import boot_code
 from edgesdk.deploy.transport import (
     DeployError,
     HostSpec,
+    LocalTransport,
     SshOptions,
     SshTransport,
     remote_command,
@@ -138,3 +139,10 @@ def test_ssh_failures_name_the_problem_and_the_fix(stderr, problem, fix):
     error = ssh_failure(HostSpec.parse("pi@board:2222"), stderr, "sending x")
     assert problem in error.problem
     assert fix in error.fix
+
+
+def test_a_local_command_killed_by_a_signal_says_so(tmp_path):
+    proc = LocalTransport(str(tmp_path)).run(["sh", "-c", "kill -SEGV $$"], timeout=60)
+    assert proc.returncode == -11
+    assert b"killed by SIGSEGV: the process crashed" in proc.stderr
+    assert b"killed by" not in LocalTransport(str(tmp_path)).run(["sh", "-c", "exit 137"], timeout=60).stderr
