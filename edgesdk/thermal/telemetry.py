@@ -151,6 +151,7 @@ class StatusLine:
         self._last_log = 0.0
         self._text = ""
         self._warnings: list[str] = []
+        self._answering = False  # a step ran since the last between_answers: stdout may be mid-line
         self.mode = self._pick_mode()
         self._rows = 0
         if self.mode == "bar":
@@ -203,6 +204,7 @@ class StatusLine:
     def update(self, text: str, level: str | None = None, force: bool = False) -> None:
         now = time.monotonic()
         self._text = text
+        self._answering = True
         changed = level is not None and level != self._last_level
         self._last_level = level if level is not None else self._last_level
         if self.mode == "log":
@@ -225,7 +227,9 @@ class StatusLine:
             self._emit(f"edgesdk thermal: warning: {message}\n")
             return
         self._warnings.append(message)
+        answering = self._answering  # a warning is not streamed text
         self.update(f"warning: {message}", force=True)
+        self._answering = answering
 
     def between_answers(self) -> None:
         """Called after an answer's closing newline: pending warnings (and the 'between' status) print
@@ -233,15 +237,26 @@ class StatusLine:
         prompt) starts on a clean row instead of after the status."""
         if self.mode == "inplace":
             self._emit("\r\x1b[2K")
+        self._print_warnings()
+        if self.mode == "between" and self._text:
+            self._emit(f"edgesdk thermal: {self._text}\n")
+        self._answering = False
+
+    def _print_warnings(self) -> None:
+        """Print the warnings not printed yet, each on its own line."""
         for message in self._warnings:
             self._emit(f"edgesdk thermal: warning: {message}\n")
         self._warnings.clear()
-        if self.mode == "between" and self._text:
-            self._emit(f"edgesdk thermal: {self._text}\n")
 
     def close(self) -> None:
-        """Clear the live line (the cursor may be mid-way through streamed text: print nothing more)."""
+        """Clear the live line, then print the warnings still pending: a run stopped mid-answer
+        (Ctrl-C, SIGTERM, an error) never reached :meth:`between_answers`. When stdout shares the
+        target, the cursor may be mid-way through streamed text: the warnings start on a new line."""
         if self.mode == "inplace":
             self._emit("\r\x1b[2K")
         elif self.mode == "bar":
             self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K\x1b[r\x1b8")
+        if self._warnings and self.mode in ("bar", "between") and self._answering:
+            self.stdout.flush()
+            self._emit("\n")
+        self._print_warnings()

@@ -418,3 +418,33 @@ def test_in_place_status_is_cleared_before_what_prints_between_answers():
     status.warn("thermal sensor failed")
     status.between_answers()
     assert err.getvalue().endswith("\r\x1b[2Kedgesdk thermal: warning: thermal sensor failed\n")
+
+
+@pytest.mark.parametrize(("stdout_tty", "term"), [(False, "xterm-256color"), (True, "xterm-256color"), (True, "dumb")])
+def test_warnings_pending_when_a_run_stops_mid_answer_are_printed_on_close(monkeypatch, stdout_tty, term):
+    """Ctrl-C, SIGTERM or an error mid-answer never reaches between_answers: close prints what is
+    pending, on a line of its own when the streamed text shares the terminal."""
+    monkeypatch.setenv("TERM", term)
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback=None: os.terminal_size((80, 24)))
+    err, out = FakeTTY(True), FakeTTY(stdout_tty)
+    status = StatusLine(err, out, min_interval_s=0.0)
+    status.update("79.0 °C  critical  paused", level="critical")
+    status.warn("policy0: scaling_max_freq changed to 1800000 kHz by someone else; the clock cap leaves it alone")
+    status.close()
+    shared = status.mode != "inplace"
+    assert err.getvalue().endswith(("\n" if shared else "\r\x1b[2K") + "edgesdk thermal: warning: policy0: "
+                                   "scaling_max_freq changed to 1800000 kHz by someone else; the clock cap leaves it alone\n")
+    assert out.getvalue() == ""
+
+
+def test_a_warning_after_the_answer_prints_on_close_without_an_empty_line(monkeypatch):
+    monkeypatch.setenv("TERM", "dumb")
+    err, out = FakeTTY(True), FakeTTY(True)
+    status = StatusLine(err, out, min_interval_s=0.0)
+    assert status.mode == "between"
+    status.update("61.0 °C normal", level="normal")
+    status.between_answers()
+    status.warn("policy0: cannot write scaling_max_freq")
+    status.close()
+    assert err.getvalue().endswith("edgesdk thermal: 61.0 °C normal\nedgesdk thermal: warning: policy0: "
+                                   "cannot write scaling_max_freq\n")
