@@ -37,11 +37,17 @@ class NormRatioOracle:
         self.threshold: float | None = None
         self.ratios: list[torch.Tensor] = []
         self.skipped = self.total = 0
+        self._residual: torch.Tensor | None = None
         for layer in layers:
+            # The MLP's own input is the normed h; the residual x it is added to enters the norm before it.
+            layer.post_attention_layernorm.register_forward_hook(self._keep_residual)
             layer.mlp.register_forward_hook(self._hook)
 
+    def _keep_residual(self, module, args, out):
+        self._residual = args[0]
+
     def _hook(self, module, args, out):
-        ratio = out.norm(dim=-1) / args[0].norm(dim=-1).clamp_min(1e-6)  # (B, S)
+        ratio = out.norm(dim=-1) / self._residual.norm(dim=-1).clamp_min(1e-6)  # (B, S)
         if self.threshold is None:
             self.ratios.append(ratio.flatten())
             return out

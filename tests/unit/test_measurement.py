@@ -90,3 +90,25 @@ def test_guard_cost_benchmark_counts_the_hooks_time_per_decode_step(tiny_bundle)
     tokens, step_us = decode_step_wall_us(backend, [5, 6, 7], SamplingConfig(max_new_tokens=6), _SleepingHook(0.02))
     assert len(tokens) == 6
     assert step_us >= 20_000
+
+
+def test_ffn_skip_oracle_ranks_the_ffn_output_against_the_residual_stream():
+    """‖FFN(h)‖ / ‖x‖ with x the residual the output is added to (a layer's output less its FFN
+    output), not the FFN's normed input h."""
+    torch = pytest.importorskip("torch")
+    from tests._utils.tiny import tiny_llama
+    from tests.benchmarks.test_ffn_skip_oracle import NormRatioOracle
+
+    model = tiny_llama(layers=3)
+    layers = model.model.layers
+    oracle = NormRatioOracle(layers)
+    outputs = []
+    for layer in layers:
+        layer.mlp.register_forward_hook(lambda module, args, out: outputs.append(out.detach()))
+    ids = torch.arange(5, 29)[None]
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states  # (embeddings, layer 0, ..., final norm)
+    for index in range(len(layers) - 1):  # the last entry is after the final norm
+        residual = hidden[index + 1] - outputs[index]
+        expected = outputs[index].norm(dim=-1) / residual.norm(dim=-1)
+        torch.testing.assert_close(oracle.ratios[index], expected.flatten(), rtol=1e-4, atol=1e-6)
