@@ -75,7 +75,7 @@ def parse_millidegree(text: str) -> float | None:
     """sysfs ``temp`` text (m°C, e.g. ``"45123\\n"``) -> °C, None for garbage or offline."""
     try:
         return parse_celsius(int(text.strip()) / 1000.0)
-    except ValueError:
+    except (ValueError, OverflowError):  # not an integer, or too many digits for a float
         return None
 
 
@@ -166,7 +166,7 @@ def run_command(args: list[str], timeout: float = 2.0) -> str | None:
 
 
 _TEMP_RE = re.compile(r"temp=([-+]?\d+(?:\.\d+)?)'C")
-_THROTTLED_RE = re.compile(r"throttled=(0x[0-9a-fA-F]+|\d+)")
+_THROTTLED_RE = re.compile(r"throttled=(0[xX][0-9a-fA-F]+|\d+)")
 
 
 def parse_measure_temp(text: str | None) -> float | None:
@@ -180,7 +180,11 @@ def parse_throttled(text: str | None) -> dict[str, bool] | None:
     match = _THROTTLED_RE.search(text or "")
     if not match:
         return None
-    value = int(match.group(1), 0)
+    digits = match.group(1)
+    try:  # base 0 would refuse "010"; int() refuses more than 4300 decimal digits
+        value = int(digits, 16) if digits[:2] in ("0x", "0X") else int(digits)
+    except ValueError:
+        return None
     return {name: bool(value >> bit & 1) for bit, name in THROTTLED_BITS.items()}
 
 

@@ -39,6 +39,7 @@ def pi5_tree(tmp_path) -> Path:
     ("45123\n", 45.123), ("0", 0.0), ("-5000", -5.0), ("  71000  ", 71.0),
     ("-256000", None),  # jetson-stats TEMPERATURE_OFFLINE: rail-gated sensor
     ("abc", None), ("", None), ("45.1", None), ("999999", None), ("-100000", None),
+    ("9" * 400, None),  # too many digits for a float: OverflowError, not ValueError
 ])
 def test_millidegree_parsing(text, expected):
     assert parse_millidegree(text) == expected
@@ -147,6 +148,28 @@ def test_get_throttled_bits_are_decoded():
     assert not any(parse_throttled("throttled=0x0").values())
     assert parse_throttled("throttled=0xe0000")["soft_temp_limit_occurred"]
     assert parse_throttled("garbage") is None
+    decimal = parse_throttled("throttled=010")  # 10 = 0b1010: bits 1 and 3
+    assert [name for name, on in decimal.items() if on] == ["arm_freq_capped", "soft_temp_limit"]
+    assert parse_throttled("throttled=0X4")["throttled"]
+    assert parse_throttled("throttled=" + "1" * 5000) is None
+
+
+def test_garbage_numbers_in_a_zone_and_from_vcgencmd_are_no_data(tmp_path):
+    """A trip point with hundreds of digits (int -> float overflows) and a get_throttled with a leading
+    zero (int(..., 0) refuses it) used to raise: the first crashed `run --watch-thermal` at start,
+    the second lost vcgencmd's temperature too."""
+    from edgesdk.thermal.sensors import detect_sensors
+
+    zone = make_zone(tmp_path, 0, "cpu-thermal", "9" * 400 + "\n", [("critical", "9" * 400, None)])
+    (zone / "trip_point_1_type").write_text("passive\n")
+    (zone / "trip_point_1_temp").write_text("60000\n")
+    sensor, trips, _ = detect_sensors(["cpu-thermal"], tmp_path, which=lambda name: None, use_jtop=False)
+    assert [(t.kind, t.temp_c) for t in trips] == [("passive", 60.0)]
+    assert sensor.read().zones == {"cpu-thermal": None}
+    answers = {"measure_temp": "temp=61.5'C\n", "get_throttled": "throttled=010\n"}
+    reading = Vcgencmd(runner=lambda args: answers[args[1]]).read()
+    assert reading.zones == {"vcgencmd": 61.5}
+    assert reading.throttled is not None
     assert parse_throttled(None) is None
 
 
