@@ -296,6 +296,9 @@ def _held_elsewhere(state_path: Path) -> bool:
         return False
 
 
+_LIVE_CAPS_NOTED: set[Path] = set()  # state files whose live capping run this process has named
+
+
 def recover(state_path: Path, holding_lock: bool = False) -> list[str]:
     """Undo the cap a killed run left: restore each ceiling still holding the value it wrote.
 
@@ -305,6 +308,9 @@ def recover(state_path: Path, holding_lock: bool = False) -> list[str]:
     if not state_path.exists():
         return []
     if not holding_lock and _held_elsewhere(state_path):
+        if state_path in _LIVE_CAPS_NOTED:  # said once a process (edgesdk run asks twice)
+            return []
+        _LIVE_CAPS_NOTED.add(state_path)
         return ["the CPU clock is capped by another edgesdk run that is still going; left to it"]
     notes = []
     kept = {}
