@@ -142,7 +142,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     generated: list[int] = []
     token = sampler(logits)
     decode_start = time.perf_counter()
-    hook_wall_s = 0.0  # wall time spent in the hook (a simulated board waits on its own clock)
+    hook_wall_s = 0.0  # wall time spent in the hook, before and after each step (a simulated board waits on its own clock)
     while True:
         if token in stop_ids:
             stats.stop_reason = "eos"
@@ -165,7 +165,9 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         compute = time.perf_counter() - step
         stats.token_latencies_s.append(compute)
         if hook is not None:
+            entered = time.perf_counter()
             hook.after_step("decode", 1, compute)
+            hook_wall_s += time.perf_counter() - entered
     stats.decode_s = time.perf_counter() - decode_start - hook_wall_s
     stats.new_tokens = len(generated)
     if hook is not None:

@@ -112,3 +112,35 @@ def test_ffn_skip_oracle_ranks_the_ffn_output_against_the_residual_stream():
         residual = hidden[index + 1] - outputs[index]
         expected = outputs[index].norm(dim=-1) / residual.norm(dim=-1)
         torch.testing.assert_close(oracle.ratios[index], expected.flatten(), rtol=1e-4, atol=1e-6)
+
+
+class _SlowAfterStepHook(_SleepingHook):
+    """A StepHook whose work (telemetry, status, a clock cap) comes after each step."""
+
+    def before_step(self, kind: str) -> float:
+        """No wait."""
+        return 0.0
+
+    def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
+        """Sleep, as writing a telemetry record would take time."""
+        import time
+
+        time.sleep(self.seconds)
+
+
+def test_decode_speed_leaves_out_the_hooks_after_step_as_its_before_step(tiny_bundle):
+    """generate() keeps the hook's wall time out of the decode speed: the time after a step too."""
+    import time
+
+    from edgesdk.runtime.generate import SamplingConfig, generate
+    from edgesdk.runtime.session import open_runtime
+
+    backend = open_runtime(tiny_bundle.path).backend
+    sleep, new = 0.05, 6
+    start = time.perf_counter()
+    tokens, stats = generate(backend, [5, 6, 7], SamplingConfig(max_new_tokens=new), stop_ids=set(),
+                             hook=_SlowAfterStepHook(sleep))
+    wall = time.perf_counter() - start
+    assert len(stats.token_latencies_s) == new - 1
+    # The sleeps lie inside the wall time; left out of decode_s, they bound it from above.
+    assert stats.decode_s <= wall - stats.prefill_s - (new - 1) * sleep
