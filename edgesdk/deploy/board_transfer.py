@@ -90,8 +90,17 @@ def plan_files(p, bundle_id, files):
     return plan
 
 
+def check_root(root):
+    """The deploy root must be a directory, or missing under one (deploy makes it)."""
+    existing = free_bytes(root)["path"]
+    if not os.path.isdir(existing):
+        raise Refused(f"the deploy root {root} on the board is not a directory: {existing} is a file",
+                      "pass --remote-root a directory on the board (made if missing), e.g. --remote-root ~/edgesdk")
+
+
 def op_probe(params):
     p, root = paths(params["root"])
+    check_root(root)
     facts = {
         "root": root,
         "root_exists": os.path.isdir(root),

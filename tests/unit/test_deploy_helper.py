@@ -293,3 +293,15 @@ def test_a_held_lock_names_its_holder_and_warns_against_deleting_it(tmp_path):
     assert "Do not delete the file" in info.value.fix
     with Lock(str(tmp_path), timeout=0.1):  # released with its holder
         pass
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_a_deploy_root_that_is_a_file_is_named(tmp_path, below):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    root = str(afile / below) if below else str(afile)
+    board = Board(LocalTransport(root), sys.executable, root)
+    with pytest.raises(DeployError, match=r"deploy root .* is not a directory: .*afile is a file") as refused:
+        board.call("probe", {})
+    assert "--remote-root" in refused.value.fix
+    assert afile.read_text() == "mine"
