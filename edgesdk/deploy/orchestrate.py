@@ -34,6 +34,7 @@ from edgesdk.deploy.probe import (
     check_disk,
     check_memory,
     check_target,
+    memory_bytes,
 )
 from edgesdk.deploy.report import Reporter, fmt_bytes
 from edgesdk.deploy.session import (
@@ -105,7 +106,8 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
         plan = Plan() if release_ok else make_plan(files, facts.raw["plan"])
         with report.step("check target, memory and disk"):
             report.info(check_target(bundle.target, facts, where, options.ignore_target))
-            for note in check_memory(total, _budget_mb(bundle.manifest, facts.board.suggested_target), facts, where):
+            budget = _budget_mb(bundle.manifest, facts.board.suggested_target)
+            for note in check_memory(memory_bytes(bundle.manifest, files), budget, facts, where):
                 report.info(note)
             source, runtime_key, runtime_bytes = None, None, 0
             # JetPack installs TensorRT's bindings (and NVIDIA's onnxruntime-gpu wheels go) into the system

@@ -103,18 +103,29 @@ def check_target(bundle_target: str, facts: BoardFacts, where: str, ignore: bool
     return f"target '{bundle_target}' matches the board"
 
 
+def memory_bytes(manifest: dict, files: dict[str, dict]) -> int:
+    """What the bundle takes in memory: its files, an entropy-coded weights file at its inflated size
+    (edgesdk/weights_file.py: the board holds the inflated bytes, not the coded ones)."""
+    total = sum(f["size"] for f in files.values())
+    packed = manifest["graph"].get("weights")
+    if isinstance(packed, dict) and packed.get("file") in files and isinstance(packed.get("bytes"), int):
+        total += packed["bytes"] - files[packed["file"]]["size"]
+    return total
+
+
 def check_memory(bundle_bytes: int, budget_mb: int, facts: BoardFacts, where: str) -> list[str]:
-    """Refuse a bundle larger than the profile's budget or the board's RAM; warn when RAM is short now."""
+    """Refuse a bundle that takes more memory (:func:`memory_bytes`) than the profile's budget or the
+    board's RAM; warn when RAM is short now."""
     notes = []
     if bundle_bytes > budget_mb * MB:
         raise DeployError(
-            f"the bundle holds {bundle_bytes / MB:.0f} MB, more than the {budget_mb} MB memory budget of the "
-            f"board's profile ({where})",
+            f"the bundle takes {bundle_bytes / MB:.0f} MB in memory, more than the {budget_mb} MB memory budget of "
+            f"the board's profile ({where})",
             "build a smaller bundle (a smaller model, or a recipe that prunes or quantises more)")
     if facts.mem_total is not None and bundle_bytes > facts.mem_total:
         raise DeployError(
-            f"the bundle holds {bundle_bytes / MB:.0f} MB but {where} has {facts.mem_total / MB:.0f} MB of RAM",
-            "build a smaller bundle for this board")
+            f"the bundle takes {bundle_bytes / MB:.0f} MB in memory but {where} has {facts.mem_total / MB:.0f} MB "
+            "of RAM", "build a smaller bundle for this board")
     if facts.mem_available is not None and bundle_bytes > facts.mem_available:
         notes.append(f"warning: {where} has {facts.mem_available / MB:.0f} MB of memory available now, the bundle "
                      f"needs about {bundle_bytes / MB:.0f} MB; stop other programs before running it")

@@ -87,3 +87,29 @@ def test_deploy_accepts_a_packed_bundle(tiny_bundle, tmp_path):
     proc = edgesdk("deploy", archive, "--to", tmp_path / "dir")
     assert proc.returncode == 0, proc.stderr
     assert current_id(tmp_path / "dir") == tiny_bundle.bundle_id
+
+
+def test_the_memory_check_counts_entropy_coded_weights_at_their_inflated_size(tmp_path):
+    """The board holds a zlib weights file inflated; its bytes on disk would pass any budget."""
+    import zlib
+
+    from edgesdk.bundle import BundleWriter
+    from edgesdk.profile import get_profile
+
+    inflated = 20_000_000_000  # more than the host profile's 12000 MB budget
+    writer = BundleWriter(tmp_path / "coded")
+    writer.write_text("model.onnx", "graph")
+    (writer.staging / "model.onnx.data.zlib").write_bytes(zlib.compress(b"\0" * 1000))
+    writer.write_text("tokenizer.json", "{}")
+    bundle = writer.commit({
+        "target": get_profile("host").summary(), "model": {}, "tokenizer": {"file": "tokenizer.json"},
+        "graph": {"file": "model.onnx", "weights": {"file": "model.onnx.data.zlib", "codec": "zlib",
+                                                    "external_name": "model.onnx.data", "bytes": inflated,
+                                                    "sha256": "0" * 64}},
+        "runtime": {}, "stages": []})
+    root = tmp_path / "dir"
+    proc = edgesdk("deploy", bundle.path, "--to", root)
+    assert proc.returncode == 8, proc.stderr
+    assert "the bundle takes 20000 MB in memory, more than the 12000 MB memory budget" in proc.stderr
+    assert "fix:" in proc.stderr
+    assert not (root / "releases").exists()
