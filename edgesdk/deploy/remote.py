@@ -20,14 +20,25 @@ from edgesdk.deploy.transport import DeployError, Transport
 BOARD_PARTS = ("board_common.py", "board_transfer.py", "board_install.py", "board_ops.py")
 
 
+# The first statements of the boot code, in syntax every Python reads (2.7 too): an interpreter too old
+# to compile the helper answers with the helper's JSON refusal instead of a SyntaxError traceback.
+HELPER_MIN_PYTHON = (3, 8)  # board_common.py: the helper is written for Python >= 3.8
+_MIN_TEXT = ".".join(map(str, HELPER_MIN_PYTHON))
+_VERSION_GATE = (
+    f"import sys,json,platform;sys.version_info>={HELPER_MIN_PYTHON!r} or (sys.stdout.write(json.dumps({{'ok':False,"
+    f"'error':'the board Python %s (%s) is too old to run the deploy helper, which needs Python >= {_MIN_TEXT}; "
+    "edgesdk itself needs >= 3.10' % (platform.python_version(),sys.executable),'fix':'install Python >= 3.10 on "
+    "the board and pass --remote-python /path/to/python3.10'})+chr(10)),sys.exit(3));")
+
+
 @lru_cache(maxsize=1)
 def boot_code() -> str:
     """``python -c`` text that runs the board helper (its parts concatenated) with the arguments after it."""
     package = resources.files("edgesdk.deploy")
     source = b"\n".join(package.joinpath(part).read_bytes() for part in BOARD_PARTS)
     packed = base64.b64encode(zlib.compress(source, 9)).decode("ascii")
-    return (f"BOARD_BUNDLED=1;import base64,zlib;exec(compile(zlib.decompress(base64.b64decode('{packed}')),"
-            f"'edgesdk-deploy-helper','exec'))")
+    return (f"BOARD_BUNDLED=1;{_VERSION_GATE}import base64,zlib;exec(compile(zlib.decompress(base64.b64decode("
+            f"'{packed}')),'edgesdk-deploy-helper','exec'))")
 
 
 def parse_reply(proc: subprocess.CompletedProcess | tuple[int, bytes, bytes], label: str, python: str,

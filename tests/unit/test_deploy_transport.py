@@ -146,3 +146,25 @@ def test_a_local_command_killed_by_a_signal_says_so(tmp_path):
     assert proc.returncode == -11
     assert b"killed by SIGSEGV: the process crashed" in proc.stderr
     assert b"killed by" not in LocalTransport(str(tmp_path)).run(["sh", "-c", "exit 137"], timeout=60).stderr
+
+
+def _pyenv_python(version: str) -> str | None:
+    found = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version[0]}"))
+    return str(found[0]) if found else shutil.which(f"python{version}")
+
+
+@pytest.mark.parametrize("version", ["2.7", "3.6", "3.7"])
+def test_a_board_python_too_old_for_the_helper_is_named_with_the_fix(tmp_path, version):
+    """An old interpreter gets the helper's JSON refusal, not a SyntaxError the host calls a disk problem."""
+    from edgesdk.deploy.remote import Board
+
+    python = _pyenv_python(version)
+    if python is None:
+        pytest.skip(f"no python{version} here")
+    board = Board(LocalTransport(str(tmp_path)), python, str(tmp_path / "root"))
+    with pytest.raises(DeployError, match=rf"the board Python {version}\.\d+ \(.*\) is too old to run the deploy "
+                                          r"helper, which needs Python >= 3\.8; edgesdk itself needs >= 3\.10"
+                       ) as refused:
+        board.call("probe", {})
+    assert "--remote-python" in refused.value.fix
+    assert not (tmp_path / "root").exists()
