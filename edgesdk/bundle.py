@@ -196,6 +196,7 @@ def _manifest_shape_problems(manifest: dict) -> list[str]:
         section = manifest[key]
         if not isinstance(section, dict) or not isinstance(section.get(needed), str):
             problems.append(f"'{key}' must be a mapping with a '{needed}' string, got {section!r:.80}")
+    problems += _runtime_section_problems(manifest["runtime"])
     if problems:
         return problems
     weights = manifest["graph"].get("weights") or {}
@@ -203,6 +204,22 @@ def _manifest_shape_problems(manifest: dict) -> list[str]:
               weights.get("file") if isinstance(weights, dict) else None]
     return [f"'{name}' is opened by the runtime but not listed in 'files'" for name in opened
             if name is not None and name not in files]
+
+
+def _runtime_section_problems(runtime) -> list[str]:
+    """The 'runtime' section the session and 'inspect' read: backend, fallbacks and threads."""
+    if not isinstance(runtime, dict):
+        return [f"'runtime' must be a mapping with 'backend', 'fallbacks' and 'threads', got {runtime!r:.80}"]
+    problems = []
+    if not isinstance(runtime.get("backend"), str):
+        problems.append(f"'runtime' must have a 'backend' string, got {runtime.get('backend')!r:.80}")
+    fallbacks = runtime.get("fallbacks", [])
+    if not (isinstance(fallbacks, list) and all(isinstance(name, str) for name in fallbacks)):
+        problems.append(f"'runtime.fallbacks' must be a list of backend names, got {fallbacks!r:.80}")
+    threads = runtime.get("threads")
+    if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
+        problems.append(f"'runtime.threads' must be a whole number of at least 1, got {threads!r:.80}")
+    return problems
 
 
 def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:

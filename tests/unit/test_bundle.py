@@ -223,8 +223,14 @@ def _unlist_the_graph(manifest):
     (lambda m: m.update(target="rpi5"), "'target' must be a mapping with a 'name' string, got 'rpi5'"),
     (lambda m: m["tokenizer"].pop("file"), "'tokenizer' must be a mapping with a 'file' string"),
     (_unlist_the_graph, "is opened by the runtime but not listed in 'files'"),
+    (lambda m: m["runtime"].pop("backend"), "'runtime' must have a 'backend' string, got None"),
+    (lambda m: m.update(runtime="ort-cpu"), "'runtime' must be a mapping with 'backend'"),
+    (lambda m: m["runtime"].update(fallbacks="ort-cpu"), r"'runtime.fallbacks' must be a list"),
+    (lambda m: m["runtime"].update(threads="4"), r"'runtime.threads' must be a whole number of at least 1"),
+    (lambda m: m["runtime"].update(threads=0), r"'runtime.threads' must be a whole number of at least 1, got 0"),
 ], ids=["files-list", "files-null", "entry-without-size", "target-string", "tokenizer-without-file",
-        "graph-unlisted"])
+        "graph-unlisted", "runtime-without-backend", "runtime-string", "fallbacks-string", "threads-string",
+        "threads-zero"])
 def test_a_hand_edited_manifest_is_refused_with_what_is_wrong(tiny_bundle, tmp_path, change, match):
     """The digest matches (the edit rewrote it), so only the manifest's own shape can catch these;
     each was a traceback (AttributeError, KeyError, TypeError)."""
