@@ -24,7 +24,6 @@ INITIAL_CAPACITY = 256
 
 
 class OrtFusedBackend(OrtDecoderBase):
-    load_hint = "run 'edgesdk verify' on the bundle; the fused form needs onnxruntime >= 1.20 (see 'edgesdk env')"
     min_onnxruntime = ((1, 20), "GroupQueryAttention with a shared KV buffer")
     output_names: tuple[str, ...] = ("logits",)  # bound outputs, in the order _consume receives them
 
