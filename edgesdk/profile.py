@@ -190,7 +190,8 @@ def load_profile_file(path: str | Path) -> TargetProfile:
     """Load a profile from a YAML file outside the package (a user's own board)."""
     path = Path(path)
     if not path.is_file():
-        raise ProfileError(f"target profile file {path} does not exist", "pass a shipped target name or a YAML path")
+        state = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise ProfileError(f"target profile file {path} {state}", "pass a shipped target name or a YAML path")
     return parse_profile(read_utf8(path, "target profile", ProfileError), str(path))
 
 

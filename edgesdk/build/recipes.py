@@ -79,6 +79,12 @@ class Recipe(BaseModel):
         """What ``--weight-bits N`` means for this recipe: QAT learns N-bit weights, and a recipe that
         exports quantized fused weights stores them at N bits (the QDQ form holds INT8 only, and
         :meth:`validated` says so for 4)."""
+        stages = [entry.stage for entry in self.stages]
+        if "qat" not in stages:
+            raise BuildError(f"--weight-bits {bits}: recipe '{self.name}' has no qat stage to learn {bits}-bit weights "
+                             f"(stages: {', '.join(stages) or 'none'})",
+                             "drop --weight-bits, or pick a recipe with a qat stage (e.g. --recipe default or "
+                             "--recipe int8-only)")
         stored = self.export.form == "ort-fused" and self.export.weights in ("int4", "int8")
         return [f"qat.weight_bits={bits}", *([f"export.weights=int{bits}"] if stored else [])]
 
@@ -161,7 +167,8 @@ def load_recipe(name_or_path: str) -> Recipe:
     if name_or_path.endswith((".yaml", ".yml")):
         path = Path(name_or_path)
         if not path.is_file():
-            raise BuildError(f"recipe file {path} does not exist", "pass a shipped recipe name or a YAML path")
+            state = "is a directory, not a file" if path.is_dir() else "does not exist"
+            raise BuildError(f"recipe file {path} {state}", "pass a shipped recipe name or a YAML path")
         text, source = read_utf8(path, "recipe file", BuildError), str(path)
     else:
         if name_or_path not in shipped_recipes():

@@ -195,6 +195,16 @@ def test_the_weight_bits_shortcut_sets_what_the_recipe_trains_and_stores():
         jetson.with_overrides(jetson.weight_bits_overrides(4)).validated()
 
 
+@pytest.mark.parametrize("name", ["fp32-fused", "power"])
+def test_weight_bits_on_a_recipe_without_qat_names_the_option(name):
+    """It named the override --weight-bits makes ('qat.weight_bits=4'), which the user never typed."""
+    from edgesdk.build.recipes import load_recipe
+
+    with pytest.raises(BuildError, match=f"--weight-bits 4: recipe '{name}' has no qat stage") as refused:
+        load_recipe(name).weight_bits_overrides(4)
+    assert "drop --weight-bits" in refused.value.fix
+
+
 def test_weight_bits_8_on_the_default_recipe_builds_int8_layers(tiny_model_dir, recipe_and_data, tmp_path):
     """Through the CLI, on a tiny model: --weight-bits 8 trains and stores INT8 layers (it used to set
     only QAT's bits, and the default recipe stored INT4)."""

@@ -335,6 +335,12 @@ def test_missing_profile_file_is_reported(tmp_path: Path) -> None:
         get_profile(str(tmp_path / "nope.yaml"))
 
 
+def test_a_profile_path_that_is_a_directory_is_named_as_one(tmp_path: Path) -> None:
+    """It was reported as not existing."""
+    with pytest.raises(ProfileError, match=r"target profile file .* is a directory, not a file"):
+        get_profile(str(tmp_path))
+
+
 def test_user_profile_path_loads(tmp_path: Path) -> None:
     data = _shipped_data("rpi5")
     data["name"] = "my-pi5-16gb"
