@@ -32,6 +32,23 @@ def file_fingerprint(path: str | Path) -> dict:
     return {"path": str(path), "files": {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}}
 
 
+def check_work_dir(path: Path) -> None:
+    """``path`` may serve as a build's work directory: nothing is there, or a work directory (one holding
+    the state file, or an empty one a kill left before its first state). Anything else is the user's, and
+    a build would delete it when it starts over."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_dir() and not path.is_symlink():
+        names = {entry.name for entry in path.iterdir()}
+        if not names or STATE in names or names == {STATE + ".tmp"}:
+            return
+    kind = "directory" if path.is_dir() else "file"
+    raise BuildError(f"the build's work directory {path} is taken: a {kind} that is not an edgesdk work directory "
+                     "is there, and the build would delete it",
+                     f"move {path} away, or pass --out another path (the work directory is <out>.build)")
+
+
 class WorkDir:
     def __init__(self, path: Path, build_key: dict, resume: bool):
         self.path = Path(path)
@@ -46,6 +63,7 @@ class WorkDir:
                     "drop --resume to start over, or pass the same arguments as the killed build",
                 )
         else:
+            check_work_dir(self.path)
             if self.path.exists():
                 shutil.rmtree(self.path)
             self.path.mkdir(parents=True)

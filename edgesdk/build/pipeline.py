@@ -6,6 +6,7 @@ already done.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -13,7 +14,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from edgesdk import __version__
-from edgesdk.build.checkpoint import WorkDir, file_fingerprint, load_checkpoint, save_checkpoint
+from edgesdk.build.checkpoint import (
+    WorkDir,
+    check_work_dir,
+    file_fingerprint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from edgesdk.build.package import write_bundle
 from edgesdk.build.recipes import load_recipe
 from edgesdk.build.registry import BuildContext, stage_spec
@@ -45,8 +52,42 @@ class BuildConfig:
 
 
 def default_out(model: str, target: str) -> Path:
-    stem = Path(model).stem if ("/" in model or model.endswith(".gguf")) else model
+    """bundles/<model>-<target>: a GGUF file's name without its suffix, a directory's whole name (dots are part
+    of model names, as in Qwen2.5-0.5B: two models must not share one bundle directory), an alias as it is."""
+    path = Path(model).expanduser()
+    if model.lower().endswith(".gguf"):
+        stem = path.stem
+    elif "/" in model or path.is_dir():
+        stem = path.resolve().name
+    else:
+        stem = model
     return Path("bundles") / f"{stem}-{target}"
+
+
+MIN_CONTEXT = 16  # the export refuses a shorter graph (export/onnx_export.py)
+
+
+def check_max_context(export_config: ExportConfig) -> None:
+    """--max-context is refused before any stage runs; the export would refuse it only after them."""
+    if export_config.max_context < MIN_CONTEXT:
+        raise BuildError(f"--max-context is {export_config.max_context}, but a bundle needs a context of at least "
+                         f"{MIN_CONTEXT} tokens",
+                         f"pass --max-context {MIN_CONTEXT} or more (the default is 4096)")
+
+
+def check_out_location(out: Path) -> None:
+    """The bundle ``out`` and its work directory can be created: the nearest existing directory above
+    ``out`` is a directory this process may write. Checked before the model is fetched or loaded."""
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BuildError(f"--out {out}: {parent} is a file, so no bundle directory can be made under it",
+                         "pass --out a path whose parent is a directory (or does not exist yet)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BuildError(f"--out {out}: the directory {parent} is not writable, and the build writes the bundle "
+                         f"and its work directory {out.name}.build there",
+                         f"pass --out a path in a writable directory, or make {parent} writable")
 
 
 def model_facts_after(model, facts_before: dict) -> dict:
@@ -97,6 +138,7 @@ def build(config: BuildConfig) -> Bundle:
     recipe = recipe.with_overrides(config.overrides)
     stages = recipe.validated()  # order and configs checked before any compute
     export_config = replace(config.export, **recipe.export.model_dump())
+    check_max_context(export_config)
     check_sparse_block(stages, export_config, profile)
     if stages:
         config.data.check_files()
@@ -105,6 +147,8 @@ def build(config: BuildConfig) -> Bundle:
              "training stages (pass a recipe with stages, e.g. --recipe default, to train on it)")
     out = (Path(config.out) if config.out else default_out(config.model, profile.name)).resolve()
     check_replaceable(out)
+    check_out_location(out)
+    check_work_dir(out.with_name(out.name + ".build"))
     source = resolve_model(config.model)
     data_key = None
     if stages:

@@ -363,3 +363,128 @@ def test_the_report_names_the_export_of_a_recipe_without_stages(tiny_model_dir, 
     report = (bundle.path / "report.md").read_text()
     assert "stages: none (int8 export)" in report
     assert "fp32 export" not in report
+
+
+def test_a_context_the_export_refuses_fails_before_any_stage(test_stages, tiny_model_dir, tmp_path):
+    """--max-context below 16 used to run every stage and then fail at the export."""
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
+
+    recipe = tmp_path / "one.yaml"
+    recipe.write_text("name: one\nstages:\n  - stage: first\n")
+    with pytest.raises(BuildError, match="--max-context is 8, but a bundle needs a context of at least 16") as refused:
+        build(BuildConfig(target="host", model=str(tiny_model_dir), out=tmp_path / "b", recipe=str(recipe),
+                          export=ExportConfig(max_context=8), progress=False))
+    assert "--max-context 16" in refused.value.fix
+    assert test_stages == []
+    assert not (tmp_path / "b.build").exists()
+
+
+def _read_only_directory(path):
+    """``path`` made a directory this process cannot write (chmod; for root, which ignores modes, the
+    immutable attribute), or None where neither takes."""
+    import os
+    import subprocess
+
+    path.mkdir()
+    path.chmod(0o555)
+    if not os.access(path, os.W_OK):
+        return path
+    try:
+        subprocess.run(["chattr", "+i", str(path)], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return path
+
+
+def _writable_again(path):
+    """Undo :func:`_read_only_directory`."""
+    import subprocess
+
+    try:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+    except OSError:
+        pass
+    path.chmod(0o755)
+
+
+def test_an_output_under_a_file_is_a_build_error_before_the_model_loads(tmp_path):
+    """It used to be a NotADirectoryError traceback when the work directory was made."""
+    from edgesdk.build.pipeline import BuildConfig, build
+
+    (tmp_path / "notes.txt").write_text("precious\n")
+    with pytest.raises(BuildError, match=r"--out .*notes.txt/b: .*notes.txt is a file") as refused:
+        build(BuildConfig(target="host", model=str(tmp_path / "no-model"), out=tmp_path / "notes.txt" / "b",
+                          recipe="fp32-fused", progress=False))  # the model path does not exist: this check is first
+    assert "--out" in refused.value.fix
+    assert (tmp_path / "notes.txt").read_text() == "precious\n"
+
+
+def test_an_output_in_a_read_only_directory_is_a_build_error_before_the_model_loads(tmp_path):
+    """It used to be a PermissionError traceback when the work directory was made."""
+    from edgesdk.build.pipeline import BuildConfig, build
+
+    locked = _read_only_directory(tmp_path / "locked")
+    if locked is None:
+        pytest.skip("no way to make a directory read-only for this user here")
+    try:
+        with pytest.raises(BuildError, match=r"--out .*locked/new/b: the directory .*locked is not writable") \
+                as refused:
+            build(BuildConfig(target="host", model=str(tmp_path / "no-model"), out=locked / "new" / "b",
+                              recipe="fp32-fused", progress=False))
+    finally:
+        _writable_again(locked)
+    assert "writable" in refused.value.fix
+    assert list(locked.iterdir()) == []
+
+
+def test_models_whose_names_differ_after_a_dot_get_their_own_default_bundle(tmp_path, monkeypatch):
+    """bundles/<model>-<target> took the directory's "stem": Qwen2.5-0.5B and Qwen2.5-0.5B-Instruct both
+    became bundles/Qwen2.5-0-host, and the second build replaced the first model's bundle."""
+    from pathlib import Path
+
+    from edgesdk.build.pipeline import default_out
+
+    base, instruct = tmp_path / "Qwen2.5-0.5B", tmp_path / "Qwen2.5-0.5B-Instruct"
+    assert default_out(str(base), "host") == Path("bundles/Qwen2.5-0.5B-host")
+    assert default_out(str(instruct) + "/", "host") == Path("bundles/Qwen2.5-0.5B-Instruct-host")
+    assert default_out(str(tmp_path / "SmolLM2-1.7B.Q4_0.gguf"), "rpi5") == Path("bundles/SmolLM2-1.7B.Q4_0-rpi5")
+    assert default_out("smollm2-135m", "rpi5") == Path("bundles/smollm2-135m-rpi5")
+    base.mkdir()
+    monkeypatch.chdir(base)
+    assert default_out(".", "host") == Path("bundles/Qwen2.5-0.5B-host")
+
+
+@pytest.mark.parametrize("kind", ["directory", "file"])
+def test_a_path_at_the_work_directory_that_is_not_one_is_left_alone(tiny_model_dir, tmp_path, kind):
+    """<out>.build is deleted when a build starts over; a directory or file of the user's there was deleted too."""
+    work = tmp_path / "mine.build"
+    if kind == "file":
+        work.write_text("precious\n")
+    else:
+        work.mkdir()
+        (work / "notes.txt").write_text("precious\n")
+    for resume in (False, True):
+        with pytest.raises(BuildError, match=r"work directory .*mine.build is taken") as refused:
+            _build(tiny_model_dir, tmp_path / "mine", "fp32-fused", resume=resume)
+        assert "--out" in refused.value.fix
+    assert (work if kind == "file" else work / "notes.txt").read_text() == "precious\n"
+    assert not (tmp_path / "mine").exists()
+
+
+def test_a_left_work_directory_is_still_replaced_by_a_new_build(tiny_model_dir, tmp_path):
+    """An edgesdk work directory (its state file, or empty after a kill before the first state) starts over."""
+    for content in ("state", "empty"):
+        work = tmp_path / f"{content}.build"
+        work.mkdir()
+        if content == "state":
+            (work / "state.json").write_text('{"build_key": "old", "done": {}}')
+        bundle = _build(tiny_model_dir, tmp_path / content, "fp32-fused")
+        assert bundle.path == tmp_path / content
+        assert not work.exists()
+
+
+def test_a_recipe_path_that_is_a_directory_is_named_as_one(tmp_path):
+    (tmp_path / "mine.yaml").mkdir()
+    with pytest.raises(BuildError, match=r"recipe file .*mine.yaml is a directory, not a file"):
+        load_recipe(str(tmp_path / "mine.yaml"))
