@@ -186,13 +186,21 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
             try:
                 switched = board.call("switch", {"bundle_id": bundle.bundle_id, "action": "deploy",
                                                  "runtime_key": runtime_key})
-            except DeployError:
+            except DeployError as failed:
                 if previous and previous != bundle.bundle_id:
-                    with contextlib.suppress(DeployError):
+                    try:
                         board.call("switch", {"bundle_id": previous, "action": "rollback after a failed deploy",
                                               "runtime_key": active_runtime if runtime_key else None,
                                               "previous": facts.state.get("previous")})
-                        report.info(f"switched current back to releases/{previous}")
+                    except DeployError as unreachable:
+                        # The first switch may have happened on the board before its reply was lost.
+                        raise DeployError(
+                            f"{failed.problem}\nswitching back to releases/{previous} failed too "
+                            f"({unreachable.problem.splitlines()[0]}), so the board's current release may be "
+                            f"releases/{bundle.bundle_id} (smoke-tested) or releases/{previous}",
+                            "once the board answers, 'edgesdk deploy --status' shows which; "
+                            "'edgesdk deploy --rollback' goes back") from failed
+                    report.info(f"switched current back to releases/{previous}")
                 raise
             if switched["from"] == bundle.bundle_id:
                 report.info(f"current already is releases/{bundle.bundle_id}")

@@ -6,7 +6,9 @@ arguments. Only the command that streams the bundle (the helper's ``receive``) i
 - ``pass``: no fault;
 - ``client:N``: forward N bytes of the upload, then SIGKILL the ssh client (exit 255);
 - ``server:N``: forward N bytes, then SIGKILL the sshd processes serving the connection;
-- ``flip:NAME``: flip one byte in the middle of file NAME's data (the board must notice).
+- ``flip:NAME``: flip one byte in the middle of file NAME's data (the board must notice);
+- ``lose:OP:MARKER``: the helper operation OP runs on the board but its reply is lost (exit 255),
+  and from then on the board is unreachable (every command exits 255; MARKER records it).
 """
 
 from __future__ import annotations
@@ -56,8 +58,23 @@ def _flip(src, dst, name: str) -> None:
         _copy(src, dst, n, n // 2 if header["name"] == name else None)
 
 
+def _lose_reply(mode: str, args: list[str]) -> int:
+    _, op, marker = mode.split(":", 2)
+    if os.path.exists(marker):
+        print("ssh: connect to host 127.0.0.1: Connection refused", file=sys.stderr)
+        return 255
+    if not (args and f" {op} " in args[-1]):
+        os.execvp("ssh", ["ssh", *args])
+    subprocess.run(["ssh", *args], stdin=sys.stdin, stdout=subprocess.DEVNULL, check=False)  # done on the board
+    Path(marker).touch()
+    print("Connection to 127.0.0.1 closed by remote host.", file=sys.stderr)
+    return 255
+
+
 def main() -> int:
     mode, listener, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    if mode.startswith("lose:"):
+        return _lose_reply(mode, args)
     if mode == "pass" or not _is_upload(args):
         os.execvp("ssh", ["ssh", *args])
     proc = subprocess.Popen(["ssh", *args], stdin=subprocess.PIPE)

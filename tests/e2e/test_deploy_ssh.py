@@ -102,6 +102,24 @@ def test_target_mismatch_is_refused_and_the_board_is_untouched(ssh_server, tiny_
     assert current_id(root) == rpi.bundle_id
 
 
+def test_a_lost_switch_reply_with_the_board_gone_says_which_releases_current_may_be(
+        ssh_server, tiny_bundle, tmp_path):
+    """The board switched but its reply was lost, and the switch back could not reach it: the error
+    must not claim the board kept its release (it did not), and names both candidates."""
+    root = tmp_path / "board"
+    assert edgesdk(*deploy_args(ssh_server, root, tiny_bundle.path)).returncode == 0
+    newer = bundle_variant(tiny_bundle.path, tmp_path / "newer", "newer")
+    lose = faulty_ssh_command(f"lose:switch:{tmp_path / 'board-gone'}", ssh_server.process.pid)
+    failed = edgesdk(*deploy_args(ssh_server, root, newer.path, "--ssh-command", lose))
+    assert failed.returncode == 8, failed.stderr
+    assert current_id(root) == newer.bundle_id  # the first switch did happen
+    assert f"current release may be releases/{newer.bundle_id} (smoke-tested) or " \
+           f"releases/{tiny_bundle.bundle_id}" in failed.stderr, failed.stderr
+    assert "edgesdk deploy --status" in failed.stderr
+    assert "keeps its current release" not in failed.stderr
+    assert_runs(root)
+
+
 def test_a_byte_corrupted_in_transit_is_caught_and_the_previous_release_stays(ssh_server, tiny_bundle, tmp_path):
     root = tmp_path / "board"
     assert edgesdk(*deploy_args(ssh_server, root, tiny_bundle.path)).returncode == 0
