@@ -7,10 +7,11 @@ come before it when both are present, so "prune before qat" is refused up front.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints
 
 from edgesdk.errors import BuildError
 
@@ -109,13 +110,29 @@ def _typed_value(stage: str, config_class: type, key: str, value: Any) -> Any:
         adapter = TypeAdapter(annotation)
     except PydanticSchemaGenerationError:  # a type pydantic cannot check: the stage checks it
         return value
+    expected = getattr(annotation, "__name__", None) or str(annotation)
+    fix = f"fix the recipe or the override, e.g. --set {stage}.{key}=<{expected}>"
     try:
-        return adapter.validate_python(value)
+        checked = adapter.validate_python(value)
     except ValidationError as exc:
-        expected = getattr(annotation, "__name__", None) or str(annotation)
         raise BuildError(f"stage '{stage}' option {key}={value!r} is not a valid {expected} "
-                         f"({exc.errors()[0]['msg']})",
-                         f"fix the recipe or the override, e.g. --set {stage}.{key}=<{expected}>") from exc
+                         f"({exc.errors()[0]['msg']})", fix) from exc
+    if isinstance(value, bool) and annotation is not bool and bool not in get_args(annotation):
+        raise BuildError(f"stage '{stage}' option {key}={value!r} is not a valid {expected} (a true/false value "
+                         "where a number or a name is expected)", fix)
+    if not _finite(checked):
+        raise BuildError(f"stage '{stage}' option {key}={value!r} holds NaN or infinity, which would reach the "
+                         "training as it is", fix)
+    return checked
+
+
+def _finite(value: Any) -> bool:
+    """No NaN or infinity in ``value`` (a number, or a tuple or list of them)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (tuple, list)):
+        return all(_finite(item) for item in value)
+    return True
 
 
 def _load_shipped_stages() -> None:

@@ -136,6 +136,22 @@ def test_override_values_are_checked_against_the_option_types():
         load_recipe("int4").with_overrides(["qat.train_embedding=maybe"]).validated()
 
 
+@pytest.mark.parametrize(("recipe", "override", "match"), [
+    ("int4-prune", "distill.logits_weight=.nan", r"distill' option logits_weight=nan holds NaN or infinity"),
+    ("int4-prune", "distill.attention_weight=nan", r"attention_weight='nan' holds NaN or infinity"),
+    ("power", "power.weight_budget=inf", r"weight_budget='inf' holds NaN or infinity"),
+    ("power", "power.weights=[0.25, nan, 0.25]", r"option weights=\[0.25, 'nan', 0.25\] holds NaN or infinity"),
+    ("int4", "qat.steps=true", r"qat' option steps=True is not a valid int \(a true/false value"),
+])
+def test_override_values_that_are_not_finite_numbers_are_refused_before_any_stage(recipe, override, match):
+    """A NaN loss weight used to run every stage and fail at the export check (NaN logits); YAML's true
+    was taken as 1 step."""
+    with pytest.raises(BuildError, match=match) as refused:
+        load_recipe(recipe).with_overrides([override]).validated()
+    assert f"--set {override.split('=')[0]}=" in refused.value.fix
+    load_recipe("int4").with_overrides(["qat.train_embedding=false"]).validated()  # a bool option takes a bool
+
+
 def test_qat_and_export_must_share_the_block_size():
     """QAT learns weights on its block grid; exporting them on another grid is refused before any compute."""
     with pytest.raises(BuildError, match="qat.block_size is 64 but export.block_size is 32"):
