@@ -171,7 +171,10 @@ class Guard:
     """Decides, before every step, how long generation must wait. Pure logic: no I/O, no clock."""
 
     def __init__(self, limits: Limits, plant: ThermalModel, config: GuardConfig | None = None,
-                 budget_target: object | None = None, warn: Callable[[str], None] | None = None):
+                 budget_target: object | None = None, warn: Callable[[str], None] | None = None,
+                 has_sensor: bool = True):
+        """``has_sensor=False``: the board has no sensor at all (said once when the run starts), so the
+        fixed pace is the plan from the first step, not a failure to warn about."""
         self.limits = limits
         self.plant = plant
         self.config = c = config or GuardConfig()
@@ -195,7 +198,8 @@ class Guard:
         self.budget = 1.0
         self.budget_target = budget_target if hasattr(budget_target, "set_compute_budget") else None
         self._warn = warn or (lambda message: None)
-        self._warned = False
+        self.has_sensor = has_sensor
+        self._warned = not has_sensor
         dynamic_w = max(plant.active_w - plant.idle_w, 1e-6)
         self._gain_c = plant.resistance_c_per_w * dynamic_w  # °C of steady-state rise per unit of rate
         self._kp = plant.resistance_c_per_w * plant.capacity_j_per_c / (self._gain_c * c.response_s)

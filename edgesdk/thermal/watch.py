@@ -163,9 +163,10 @@ class ThermalHook:
         if guard is not None:
             limit = guard.rate_limit_tok_s
             parts.append("paused" if guard.paused else (f"limit {limit:.1f} tok/s" if limit else "no pacing"))
-            parts.append(f"budget {guard.budget:.2f}")
+            if guard.budget_target is not None:  # without a power gate the budget moves nothing
+                parts.append(f"budget {guard.budget:.2f}")
             if not guard.sensor_ok:
-                parts.append("SENSOR FAILED")
+                parts.append("SENSOR FAILED" if guard.has_sensor else "no sensor")
         if reading is not None and reading.source:
             parts.append(f"[{reading.source}]")
         return "  ".join(parts)
@@ -242,7 +243,8 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
         notes += limit_notes
         the_guard = None
         if guard:
-            the_guard = Guard(limits, profile.thermal_model, config, budget_target, warn=say)
+            the_guard = Guard(limits, profile.thermal_model, config, budget_target, warn=say,
+                              has_sensor=sensor is not None)
             notes.append(f"guard ({profile.name}): warm {the_guard.thresholds[Level.WARM]:g} °C, "
                          f"pacing to {the_guard.setpoint_c:g} °C from {the_guard.thresholds[Level.HOT]:g} °C, "
                          f"pause at {limits.hard_c:g} °C until below {limits.resume_c:g} °C; "
