@@ -151,6 +151,10 @@ def read_manifest(path: Path) -> dict:
     manifest_path, digest_path = path / MANIFEST, path / MANIFEST_DIGEST
     for required in (manifest_path, digest_path):
         if not required.is_file():
+            inner = _bundles_inside(path) if not manifest_path.exists() else []
+            if inner:
+                raise BundleError(f"{path} is not a bundle but holds {len(inner)}: {', '.join(map(str, inner[:3]))}",
+                                  f"pass the bundle itself, e.g. {inner[0]}")
             raise BundleError(f"bundle {path} has no {required.name}: it is incomplete or not a bundle",
                               "rebuild it with 'edgesdk build'")
     raw = manifest_path.read_bytes()
@@ -179,6 +183,15 @@ def read_manifest(path: Path) -> dict:
         raise BundleError(f"bundle {path}: {MANIFEST} is malformed:\n  - " + "\n  - ".join(problems),
                           "the manifest was edited by hand; rebuild the bundle with 'edgesdk build'")
     return manifest
+
+
+def _bundles_inside(path: Path) -> list[Path]:
+    """Bundles one level down: a deploy root's ``current``, or the folder 'edgesdk unpack' wrote into."""
+    try:
+        children = sorted(path.iterdir(), key=lambda child: (child.name != "current", child.name))
+    except OSError:
+        return []
+    return [child for child in children if (child / MANIFEST).is_file()]
 
 
 def _manifest_shape_problems(manifest: dict) -> list[str]:

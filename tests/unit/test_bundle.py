@@ -262,6 +262,17 @@ def test_directory_that_is_not_a_bundle_is_refused(tmp_path):
     refused(tmp_path, r"has no manifest\.json: it is incomplete or not a bundle")
 
 
+def test_a_folder_holding_a_bundle_names_the_bundle_inside(tiny_bundle, tmp_path):
+    """A deploy root (its ``current``) or the folder 'edgesdk unpack' wrote into, passed as the bundle."""
+    holder = tmp_path / "holder"
+    holder.mkdir()
+    copy_bundle(tiny_bundle, holder)
+    inner = next(child for child in holder.iterdir() if (child / "manifest.json").is_file())
+    (holder / "current").symlink_to(inner.name)
+    error = refused(holder, "is not a bundle but holds 2")
+    assert f"pass the bundle itself, e.g. {holder / 'current'}" in error.fix
+
+
 def test_bundle_without_digest_is_refused(tiny_bundle, tmp_path):
     path = copy_bundle(tiny_bundle, tmp_path)
     (path / MANIFEST_DIGEST).unlink()
