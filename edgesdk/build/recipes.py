@@ -73,7 +73,8 @@ class Recipe(BaseModel):
         try:
             return Recipe.model_validate(data)
         except ValidationError as exc:
-            raise BuildError(f"overrides {list(overrides)} make the recipe invalid: {exc}", "fix the --set values") from exc
+            raise BuildError(f"--set {' '.join(overrides)} makes recipe '{self.name}' invalid: {_problems(exc)}",
+                             f"fix the --set values (export keys: {', '.join(ExportSection.model_fields)})") from exc
 
     def weight_bits_overrides(self, bits: int) -> list[str]:
         """What ``--weight-bits N`` means for this recipe: QAT learns N-bit weights, and a recipe that
@@ -157,6 +158,18 @@ class Recipe(BaseModel):
                     f"{export.block_size}; the export would store weights on another grid than QAT trained",
                     f"set both to the same value, e.g. --set qat.block_size={export.block_size} "
                     f"--set export.block_size={export.block_size}")
+
+
+def _problems(exc: ValidationError) -> str:
+    """Each of a validation error's problems on one line: the key, the value given and what was wrong."""
+    problems = []
+    for item in exc.errors():
+        key = ".".join(str(part) for part in item["loc"])
+        if item["type"] == "extra_forbidden":
+            problems.append(f"{key} is not a known key")
+        else:
+            problems.append(f"{key}={item.get('input')!r}: {item['msg'].removeprefix('Value error, ')}")
+    return "; ".join(problems)
 
 
 def shipped_recipes() -> list[str]:

@@ -488,3 +488,16 @@ def test_a_recipe_path_that_is_a_directory_is_named_as_one(tmp_path):
     (tmp_path / "mine.yaml").mkdir()
     with pytest.raises(BuildError, match=r"recipe file .*mine.yaml is a directory, not a file"):
         load_recipe(str(tmp_path / "mine.yaml"))
+
+
+def test_a_bad_export_override_names_the_key_the_value_and_the_keys_there_are():
+    """It printed pydantic's whole report (with its web link) and the fix 'fix the --set values'."""
+    recipe = load_recipe("int8-only")
+    with pytest.raises(BuildError) as refused:
+        recipe.with_overrides(["export.weights=int3"])
+    assert "--set export.weights=int3 makes recipe 'int8-only' invalid: export.weights='int3': Input should be " \
+           "'fp32', 'int8' or 'int4'" in refused.value.problem
+    assert "errors.pydantic.dev" not in str(refused.value)
+    with pytest.raises(BuildError, match="export.wieghts is not a known key") as refused:
+        recipe.with_overrides(["export.wieghts=int4"])
+    assert "export keys: form, weights, block_size" in refused.value.fix
