@@ -41,7 +41,7 @@ BUNDLE_FILES = [
 # The keys a caller of BundleWriter.commit must give (the writer adds schema, version, id and files).
 # Every test writer below writes report.md; it stands in for the files the runtime opens.
 MINIMAL_MANIFEST = {"target": {"name": "host"}, "model": {}, "graph": {"file": "report.md"},
-                    "tokenizer": {"file": "report.md"}, "runtime": {},
+                    "tokenizer": {"file": "report.md"}, "runtime": {"backend": "ort-cpu", "fallbacks": [], "threads": 1},
                     "stages": []}
 
 

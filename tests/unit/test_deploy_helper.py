@@ -17,7 +17,8 @@ from edgesdk.deploy.transfer import bundle_files, make_plan
 from edgesdk.deploy.transport import DeployError, LocalTransport
 
 FAKE_MANIFEST = {"target": {"name": "host", "memory_budget_mb": 100}, "model": {}, "graph": {}, "tokenizer": {},
-                 "runtime": {}, "stages": [], "recipe": {"name": "none"}}
+                 "runtime": {"backend": "ort-cpu", "fallbacks": [], "threads": 1}, "stages": [],
+                 "recipe": {"name": "none"}}
 
 
 def make_bundle(path: Path, files: dict[str, bytes], note: str = ""):

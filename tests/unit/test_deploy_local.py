@@ -106,7 +106,7 @@ def test_the_memory_check_counts_entropy_coded_weights_at_their_inflated_size(tm
         "graph": {"file": "model.onnx", "weights": {"file": "model.onnx.data.zlib", "codec": "zlib",
                                                     "external_name": "model.onnx.data", "bytes": inflated,
                                                     "sha256": "0" * 64}},
-        "runtime": {}, "stages": []})
+        "runtime": {"backend": "ort-cpu", "fallbacks": [], "threads": 1}, "stages": []})
     root = tmp_path / "dir"
     proc = edgesdk("deploy", bundle.path, "--to", root)
     assert proc.returncode == 8, proc.stderr
