@@ -253,7 +253,8 @@ def unpack(archive, directory):
 
 def _runtime_options(fn):
     options = [
-        click.option("--threads", type=int, help="Intra-op threads [from the target profile]."),
+        click.option("--threads", type=click.IntRange(min=1),
+                     help="Intra-op threads [from the target profile, at most the usable cores]."),
         click.option("--backend", help="Force a backend (ort-cpu, ort-cuda, ort-trt, tensorrt, triton) instead of the profile's chain."),
         click.option("--target", help="Refuse the bundle unless it was built for this board."),
         click.option("--ignore-target", is_flag=True, help="Run a bundle built for another board anyway."),
@@ -320,6 +321,12 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
     if top_p < 1 and temperature == 0:
         click.echo("edgesdk: --top-p is not used: --temperature 0 decodes greedily (pass a temperature > 0 to sample)",
                    err=True)
+    if seed is not None and temperature == 0:
+        click.echo("edgesdk: --seed is not used: --temperature 0 decodes greedily (pass a temperature > 0 to sample)",
+                   err=True)
+    _warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard,
+                                 clock_cap=clock_cap, ambient=ambient, sim_speed=sim_speed,
+                                 thermal_target=thermal_target)
     if system and (raw or not tokenizer.has_chat_template):
         click.echo(f"edgesdk: --system is not used: {'--raw' if raw else 'the bundle has no chat template'} "
                    "feeds the prompt as it is", err=True)
@@ -349,11 +356,12 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
                                warn=lambda message: click.echo(f"edgesdk thermal: warning: {message}", err=True))
         for note in thermal.notes:
             click.echo(f"edgesdk thermal: {note}", err=True)
-        if thermal.cpufreq is not None:  # a service stop or a closed terminal must still give the clock back
-            import signal
+        # A service stop or a closed terminal must still close the session: the clock cap goes back, the
+        # status line gives the terminal its scroll region back, the telemetry file is closed.
+        import signal
 
-            for stop in (signal.SIGTERM, signal.SIGHUP):
-                signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
+        for stop in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
 
     def one_turn(text: str) -> None:
         ids = tokenizer.prompt_ids(text, raw=raw, system=system)
@@ -405,11 +413,25 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
             thermal.close()
 
 
+def _warn_unused_thermal_options(watch_thermal: bool, simulate_thermal: bool, telemetry, **given) -> None:
+    """Name the thermal options that do nothing without the mode they belong to (as --top-p is named)."""
+    guarded = watch_thermal or simulate_thermal
+    needs = {"no_guard": ("--no-guard", guarded), "clock_cap": ("--clock-cap", guarded),
+             "ambient": ("--ambient", simulate_thermal), "sim_speed": ("--sim-speed", simulate_thermal),
+             "thermal_target": ("--thermal-target", guarded or telemetry)}
+    defaults = {"no_guard": False, "clock_cap": False, "ambient": None, "sim_speed": 1.0, "thermal_target": None}
+    for key, value in given.items():
+        flag, in_use = needs[key]
+        if value != defaults[key] and not in_use:
+            mode = "--simulate-thermal" if key in ("ambient", "sim_speed") else "--watch-thermal or --simulate-thermal"
+            click.echo(f"edgesdk: {flag} is not used: it works with {mode}", err=True)
+
+
 def _configure_gates(backend, entropy_target, compute_budget, gating) -> None:
     """Apply the power-gate options to a gated backend; refuse them for a bundle without gates."""
     asked = entropy_target is not None or compute_budget is not None
     if not hasattr(backend, "configure"):
-        if asked or gating is not None:
+        if asked or gating:  # --no-gating asks for what a bundle without gates does anyway
             raise EdgeSDKError("--entropy-target, --compute-budget and --gating need a bundle with power gates",
                                "build it with a recipe holding the power stage (e.g. --recipe power)")
         return

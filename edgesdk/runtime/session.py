@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgesdk.bundle import Bundle, verify_bundle
-from edgesdk.errors import BundleError, RuntimeBackendError
+from edgesdk.errors import BundleError, EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import DecoderBackend
 from edgesdk.runtime.text import ChatTokenizer
 
@@ -210,6 +210,13 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
         # The profile's thread count is for its board; never oversubscribe the cores we have.
         threads = min(int(defaults["threads"]), usable_cores())
         notes.append(f"{threads} threads (profile {defaults['threads']}, {usable_cores()} usable cores)")
+    elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise EdgeSDKError(f"threads={threads!r}: expected a whole number of at least 1",
+                           "pass --threads N with N >= 1, or leave it out for the profile's count")
+    elif threads > usable_cores():
+        # Spinning thread pools on more threads than cores wreck each other: say so even without --stats.
+        print(f"edgesdk: warning: {threads} threads on {usable_cores()} usable cores oversubscribes them and "
+              f"slows decoding; leave --threads out to use at most {usable_cores()}", file=sys.stderr)
     engine, backend_notes = open_backend(bundle, chain, threads, spinning)
     notes += backend_notes
     facts = bundle.manifest["tokenizer"]

@@ -535,6 +535,50 @@ def test_top_p_without_a_temperature_is_named_as_unused(bundle):
     assert "--top-p is not used: --temperature 0 decodes greedily" in result.stderr
 
 
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("--seed", 5), "--seed is not used: --temperature 0 decodes greedily"),
+    (("--clock-cap",), "--clock-cap is not used: it works with --watch-thermal or --simulate-thermal"),
+    (("--no-guard",), "--no-guard is not used: it works with --watch-thermal or --simulate-thermal"),
+    (("--thermal-target", "orin-nx"), "--thermal-target is not used"),
+    (("--ambient", 30), "--ambient is not used: it works with --simulate-thermal"),
+    (("--watch-thermal", "--sim-speed", 2), "--sim-speed is not used: it works with --simulate-thermal"),
+], ids=["seed-greedy", "clock-cap", "no-guard", "thermal-target", "ambient", "sim-speed-on-a-board"])
+def test_options_that_do_nothing_here_are_named_as_unused(bundle, args, fragment, tmp_path):
+    env = {"EDGESDK_THERMAL_ROOT": str(tmp_path / "no-thermal"), "EDGESDK_CACHE": str(tmp_path / "cache")}
+    result = invoke("run", bundle, "--prompt", "hello", "-n", 3, *args, env=env)
+    assert result.exit_code == 0, result.output
+    assert fragment in result.stderr
+    assert result.stdout == invoke("run", bundle, "--prompt", "hello", "-n", 3).stdout
+
+
+def test_no_gating_on_a_bundle_without_gates_is_what_it_does_anyway(bundle):
+    result = invoke("run", bundle, "--prompt", "hello", "-n", 3, "--no-gating")
+    assert result.exit_code == 0, result.output
+    assert "power gates" not in result.stderr
+    refused = invoke("run", bundle, "--prompt", "hello", "-n", 3, "--gating")
+    assert refused.exit_code != 0
+    assert "need a bundle with power gates" in refused.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "eval"])
+@pytest.mark.parametrize("threads", ["0", "-2"])
+def test_threads_below_one_are_refused(bundle, command, threads, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 20)
+    args = ("--prompt", "hi", "-n", 3) if command == "run" else ("--text", text, "--context", 16)
+    result = invoke(command, bundle, *args, "--threads", threads)
+    assert result.exit_code == 2, result.output
+    assert "--threads" in result.stderr
+
+
+def test_more_threads_than_cores_is_a_warning(bundle):
+    import os
+
+    result = invoke("run", bundle, "--prompt", "hi", "-n", 3, "--threads", len(os.sched_getaffinity(0)) + 1)
+    assert result.exit_code == 0, result.output
+    assert "oversubscribes them" in result.stderr
+
+
 def test_a_prompt_that_is_not_utf8_is_refused_by_name(bundle):
     """Bytes that are not UTF-8 reach Python as lone surrogates; the tokenizer raised a TypeError."""
     import os

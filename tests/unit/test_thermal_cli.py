@@ -186,6 +186,27 @@ def test_a_stopped_run_gives_the_clock_back(bundle, tmp_path, stop):
     assert not (tmp_path / "cache" / "clock-cap.json").exists()
 
 
+def test_a_stopped_run_without_clock_cap_still_closes_its_session(bundle, tmp_path):
+    """SIGTERM while paused (no --clock-cap): the run exits through its cleanup (status line reset,
+    telemetry closed) with 128 + SIGTERM, instead of being killed where it stood."""
+    import signal
+    import time
+
+    board, _ = board_env(tmp_path, 79000, cpufreq=False)
+    telemetry = tmp_path / "t.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "run", str(bundle), "--prompt", "hello", "-n", "8",
+                             "--raw", "--watch-thermal", "--thermal-target", "rpi5", "--telemetry", str(telemetry)],
+                            env={**os.environ, **board}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and \
+            '"critical"' not in (telemetry.read_text() if telemetry.exists() else ""):
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate(timeout=5)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+
+
 def test_a_telemetry_path_under_a_file_is_a_clear_error_and_leaks_no_thread(tmp_path):
     """open_session fails at its last step: the sensor poller it started is stopped, and the error
     names --telemetry and the path instead of a FileExistsError traceback."""
