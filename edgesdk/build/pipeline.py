@@ -165,7 +165,7 @@ def build(config: BuildConfig) -> Bundle:
 
     _log(f"[1/{steps}] loading {config.model} ({source.kind}: {source.path})")
     try:
-        loaded = load_model(source)
+        loaded = load_model(source, progress=config.progress)
         check_exportable(loaded.model.config, export_config)  # before any stage, not at export
     except EdgeSDKError:
         if not work.state["done"]:  # nothing to resume: leave no empty work directory behind

@@ -6,6 +6,8 @@ weights to float32. Only decoder architectures the ONNX exporter knows are accep
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,8 +100,33 @@ def check_gguf_model(path: Path) -> None:
                                "pass the GGUF of a whole model (an adapter must be merged into its base model first)")
 
 
-def load_model(source: ModelSource) -> LoadedModel:
-    """Load weights and tokenizer of a resolved source as float32 on the CPU."""
+@contextlib.contextmanager
+def _progress_bars(enabled: bool):
+    """transformers' loading bars ("Loading weights", and the GGUF reader's own tqdm bar, which
+    transformers' switch does not reach) on or off for the duration of one load."""
+    if enabled:
+        yield
+        return
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    reader_tqdm = getattr(gguf_reader, "tqdm", None)
+    hf_logging.disable_progress_bar()
+    if reader_tqdm is not None:
+        gguf_reader.tqdm = functools.partial(reader_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        if reader_tqdm is not None:
+            gguf_reader.tqdm = reader_tqdm
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
+    """Load weights and tokenizer of a resolved source as float32 on the CPU (``progress``: show
+    transformers' loading bars)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -117,8 +144,9 @@ def load_model(source: ModelSource) -> LoadedModel:
         ) from exc
     check_architecture(config, str(source.path))
     try:
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+        with _progress_bars(progress):
+            model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
     except Exception as exc:
         raise ModelSourceError(
             f"cannot load the weights or tokenizer of {source.path}: {type(exc).__name__}: {exc}",

@@ -303,3 +303,17 @@ def test_a_python_without_pip_is_told_so(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"ModelSourceError this Python ({python}) has no pip" in proc.stdout
     assert "ensurepip" in proc.stdout
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_loading_shows_transformers_bars_only_with_progress(tmp_path, capsys, progress):
+    """``edgesdk build --no-progress`` reaches the model load: transformers' bars stay off, and are
+    switched back on after it."""
+    from transformers.utils import logging as hf_logging
+
+    from tests._utils.tiny import save_tiny_model_dir
+
+    model_dir = save_tiny_model_dir(tmp_path / "tiny")
+    load_model(resolve_model(str(model_dir)), progress=progress)
+    assert ("Loading weights" in capsys.readouterr().err) is progress
+    assert hf_logging.is_progress_bar_enabled()
