@@ -185,11 +185,17 @@ def load_recipe(name_or_path: str) -> Recipe:
         text, source = read_utf8(path, "recipe file", BuildError), str(path)
     else:
         if name_or_path not in shipped_recipes():
+            if Path(name_or_path).is_file():
+                raise BuildError(f"recipe file {name_or_path} does not end in .yaml or .yml, so it was taken "
+                                 f"for a recipe name; shipped: {', '.join(shipped_recipes())}",
+                                 f"rename it to {name_or_path}.yaml and pass that path")
             raise BuildError(f"unknown recipe '{name_or_path}'; shipped: {', '.join(shipped_recipes())}",
-                             "pass one of those or the path of a recipe YAML")
+                             "pass one of those or the path of a recipe YAML (.yaml or .yml)")
         text = (resources.files("edgesdk.recipes") / f"{name_or_path}.yaml").read_text(encoding="utf-8")
         source = f"recipes/{name_or_path}.yaml"
     try:
         return Recipe.model_validate(yaml.safe_load(text))
     except (ValidationError, yaml.YAMLError) as exc:
-        raise BuildError(f"recipe {source} is invalid: {exc}", "compare it with edgesdk/recipes/default.yaml") from exc
+        shipped = resources.files("edgesdk.recipes") / "default.yaml"
+        raise BuildError(f"recipe {source} is invalid: {exc}", f"compare it with a shipped recipe, e.g. {shipped}") \
+            from exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -69,8 +70,14 @@ def test_recipes_load_and_validate(tmp_path):
         load_recipe("nope")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nstages: []\nextra: 1\n")
-    with pytest.raises(BuildError, match="Extra inputs are not permitted"):
+    with pytest.raises(BuildError, match="Extra inputs are not permitted") as invalid:
         load_recipe(str(bad))
+    assert Path(invalid.value.fix.rsplit(" ", 1)[-1]).is_file()  # a shipped recipe the user has
+    no_suffix = tmp_path / "mine"
+    no_suffix.write_text("name: mine\nstages: []\n")
+    with pytest.raises(BuildError, match="does not end in .yaml or .yml") as unnamed:
+        load_recipe(str(no_suffix))
+    assert unnamed.value.fix == f"rename it to {no_suffix}.yaml and pass that path"
     latin = tmp_path / "latin.yaml"
     latin.write_bytes("name: caf\u00e9\nstages: []\n".encode("latin-1"))
     with pytest.raises(BuildError, match=r"recipe file .*latin.yaml is not UTF-8 text .* at byte 9"):
