@@ -339,6 +339,11 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
             raise BundleError(f"{archive} holds {len(tops)} top-level entries ({sorted(tops)[:5]}), expected one "
                               "bundle directory", "only unpack archives made by 'edgesdk pack'")
         top = tops.pop()
+        blocking = next((parent for parent in (destination_dir, *destination_dir.parents)
+                         if parent.exists() and not parent.is_dir()), None)
+        if blocking is not None:
+            raise BundleError(f"cannot unpack into {destination_dir}: {blocking} is a file, not a directory",
+                              "pass a directory (it is created if it does not exist)")
         final = destination_dir / top
         check_replaceable(final, f"unpack into another directory, or move {final} away")  # only a bundle is replaced
         staging = destination_dir / f".{top}.unpacking"

@@ -555,6 +555,17 @@ def test_unpack_over_a_directory_that_is_not_a_bundle_keeps_it(tiny_bundle, tmp_
     assert unpack_bundle(archive, tmp_path / "dest2").bundle_id == tiny_bundle.bundle_id  # an earlier bundle: replaced
 
 
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_unpack_into_a_file_names_the_file(tiny_bundle, tmp_path, under):
+    archive = pack_bundle(tiny_bundle.path, tmp_path / "b.tar")
+    (tmp_path / "afile.txt").write_text("notes")
+    destination = tmp_path / "afile.txt" / under if under else tmp_path / "afile.txt"
+    with pytest.raises(BundleError, match=r"afile.txt is a file, not a directory") as error:
+        unpack_bundle(archive, destination)
+    assert "pass a directory" in error.value.fix
+    assert (tmp_path / "afile.txt").read_text() == "notes"
+
+
 def test_pack_into_the_bundle_itself_is_refused(tiny_bundle, tmp_path):
     path = copy_bundle(tiny_bundle, tmp_path / "work")
     with pytest.raises(BundleError, match="would be written inside the bundle"):
