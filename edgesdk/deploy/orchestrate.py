@@ -23,6 +23,7 @@ it ran before.
 from __future__ import annotations
 
 import contextlib
+import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -65,13 +66,15 @@ class DeployResult:
     previous: str | None
     engine: str
     generated: str
+    run_command: str = ""  # how to run the live release on the board
 
     def summary(self) -> str:
         reused = f", {fmt_bytes(self.bytes_reused)} already on the board" if self.bytes_reused else ""
         runtime = f" (+ {fmt_bytes(self.runtime_bytes_sent)} edgesdk wheel)" if self.runtime_bytes_sent else ""
         return (f"deployed bundle {self.bundle_id} to {self.where} ({self.root}) in {self.seconds:.1f} s: "
                 f"{fmt_bytes(self.bytes_sent)} sent in {self.files_sent} files{runtime}{reused}; "
-                f"current -> releases/{self.bundle_id} (previous: {self.previous or 'none'})")
+                f"current -> releases/{self.bundle_id} (previous: {self.previous or 'none'})"
+                + (f"\nrun it on the board: {self.run_command}" if self.run_command else ""))
 
 
 def _budget_mb(bundle_manifest: dict, board_target: str | None) -> int:
@@ -219,4 +222,6 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
                             files_sent=len(plan.send), bytes_reused=plan.reused_bytes if not release_ok else total,
                             runtime_bytes_sent=runtime_sent, seconds=report.elapsed(),
                             previous=switched["from"] if switched["from"] != bundle.bundle_id else None,
-                            engine=decision.message, generated=generated)
+                            engine=decision.message, generated=generated,
+                            run_command=shlex.join([*(install.runtime_argv(board, options.local) if runtime_key
+                                                      else edgesdk), "run", board.path("current")]))

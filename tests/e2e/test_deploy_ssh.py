@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -79,6 +80,13 @@ def test_deploy_then_run_current_and_a_second_deploy_sends_nothing(ssh_server, t
     assert "nothing to send" in second.stderr
     assert "up to date" in second.stderr
     assert " 0 B sent in 0 files" in second.stdout
+    # The summary says how to run the live release on the board, with the runtime the deploy installed.
+    command = second.stdout.split("run it on the board: ", 1)[1].strip()
+    assert command == f"{root / 'runtime' / 'current' / 'bin' / 'edgesdk'} run {root / 'current'}"
+    on_board = subprocess.run([*shlex.split(command), "--prompt", "hi", "-n", "3", "--raw"], capture_output=True,
+                              text=True, timeout=120)
+    assert on_board.returncode == 0, on_board.stderr
+    assert on_board.stdout.strip()
     print(f"\nMEASURED first deploy: {result['bytes_sent']} B bundle + {result['runtime_bytes_sent']} B wheel, "
           f"{first_wall:.2f} s wall; second deploy: 0 B, {second_wall:.2f} s wall")
     status = edgesdk(*deploy_args(ssh_server, root, "--status"))
