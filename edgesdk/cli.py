@@ -408,6 +408,17 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
                 if not interactive:
                     raise
                 click.echo(f"error: {exc}", err=True)  # one bad line does not end the session
+            except KeyboardInterrupt:
+                if not interactive:
+                    raise
+                # As in llama.cpp's interactive mode: Ctrl-C stops the answer, not the session.
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+                if thermal is not None:
+                    thermal.hook.end(None)  # an idle board gets its clock back
+                    if thermal.hook.status is not None:
+                        thermal.hook.status.between_answers()
+                click.echo("edgesdk: answer stopped; Ctrl-C at the prompt or Ctrl-D ends the session", err=True)
     finally:
         if thermal is not None:
             thermal.close()
