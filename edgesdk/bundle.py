@@ -110,15 +110,16 @@ class BundleWriter:
         (self.staging / MANIFEST).write_text(text, encoding="utf-8")
         (self.staging / MANIFEST_DIGEST).write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
         check_replaceable(self.destination)
+        old = self.destination.with_name(f".{self.destination.name}.old")
         if self.destination.exists():
-            old = self.destination.with_name(f".{self.destination.name}.old")
             if old.exists():
                 shutil.rmtree(old)
             os.replace(self.destination, old)
             os.replace(self.staging, self.destination)
-            shutil.rmtree(old)
         else:
             os.replace(self.staging, self.destination)
+        if old.is_dir():  # this commit's earlier bundle, or one a commit killed between its renames left
+            shutil.rmtree(old)
         return Bundle(self.destination, body)
 
 

@@ -350,6 +350,21 @@ def test_commit_over_an_existing_bundle_replaces_it(tmp_path):
     assert verify_bundle(destination).bundle_id == new.bundle_id
 
 
+def test_a_commit_after_one_killed_between_its_renames_clears_what_it_left(tmp_path):
+    """Killed between its two renames, a commit leaves the earlier bundle at .out.old and nothing at
+    out; the next build's commit replaces it, so the leftover goes too."""
+    destination = tmp_path / "out"
+    first = BundleWriter(destination)
+    first.write_text("report.md", "old\n")
+    first.commit(dict(MINIMAL_MANIFEST))
+    os.replace(destination, tmp_path / ".out.old")  # the first rename of an interrupted commit
+    second = BundleWriter(destination)
+    second.write_text("report.md", "new\n")
+    new = second.commit(dict(MINIMAL_MANIFEST))
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    assert verify_bundle(destination).bundle_id == new.bundle_id
+
+
 def test_identical_content_gives_identical_bundle_id(tmp_path):
     ids = []
     for name in ("a", "b"):
