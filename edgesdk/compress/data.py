@@ -40,8 +40,11 @@ class DataConfig:
 
 def read_training_text(path: Path, skip_chars: int = 0) -> str:
     """A --data file's text after its first ``skip_chars`` characters, or a BuildError naming the problem."""
-    if not path.is_file():
+    if not path.exists():
         raise BuildError(f"training text {path} does not exist", "pass an existing plain-text file to --data")
+    if not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file (a device, pipe or socket)"
+        raise BuildError(f"training text {path} is {kind}", "pass a plain-text file to --data")
     text = read_utf8(path, "training text", BuildError)
     if not text[skip_chars:].strip():
         raise BuildError(f"training text {path} is empty after skipping {skip_chars} characters",
@@ -69,7 +72,8 @@ class TokenData:
             pieces.append(sample)
         if not pieces:
             raise BuildError("the compression stages have no training text",
-                             "pass --data FILE (plain text) or keep generated_sequences > 0")
+                             "pass --data FILE (plain text), or --generated-sequences N with N > 0 for "
+                             "teacher-generated text")
         ids = torch.cat(pieces)
         return cls(ids, generated)
 

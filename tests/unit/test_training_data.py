@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -67,3 +69,26 @@ def test_teacher_text_key_does_not_depend_on_the_thread_count():
     finally:
         torch.set_num_threads(threads)
     assert len(keys) == 1
+
+
+@pytest.mark.parametrize(("make", "fragment"), [
+    (lambda tmp: tmp / "missing.txt", "does not exist"),
+    (lambda tmp: tmp, "is a directory"),
+    (lambda tmp: Path("/dev/null"), "is not a regular file"),
+], ids=["missing", "directory", "device"])
+def test_a_data_path_that_is_not_a_text_file_says_what_it_is(tmp_path, make, fragment):
+    from edgesdk.errors import BuildError
+
+    with pytest.raises(BuildError, match=fragment) as error:
+        DataConfig(files=(str(make(tmp_path)),)).check_files()
+    assert "--data" in error.value.fix
+
+
+def test_no_training_text_at_all_names_both_options():
+    from edgesdk.compress.data import TokenData
+    from edgesdk.errors import BuildError
+
+    with pytest.raises(BuildError, match="no training text") as error:
+        TokenData.load(DataConfig(generated_sequences=0), tiny_tokenizer())
+    assert "--data FILE" in error.value.fix
+    assert "--generated-sequences N" in error.value.fix
