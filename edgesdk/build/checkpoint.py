@@ -7,6 +7,7 @@ settings, edgesdk version) is unchanged.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -49,10 +50,39 @@ def check_work_dir(path: Path) -> None:
                      f"move {path} away, or pass --out another path (the work directory is <out>.build)")
 
 
+_HELD: dict[str, int] = {}  # work directory -> locked descriptor, held by this process
+
+
+def lock_work_dir(path: Path) -> None:
+    """Hold an exclusive lock on the work directory until :func:`release_work_dir` or the end of the
+    process (the kernel drops it however the process ends): a second build to the same --out is
+    refused instead of deleting the first one's checkpoints under it. A lock this process still holds
+    on the path (a build that failed) is given up first."""
+    key = str(Path(path).absolute())
+    release_work_dir(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise BuildError(f"another edgesdk build is using the work directory {path} (the same --out) right now",
+                         "wait for it to finish, or pass --out another path") from None
+    _HELD[key] = fd
+
+
+def release_work_dir(path: Path) -> None:
+    """Give up this process's lock on the work directory, if it holds one."""
+    fd = _HELD.pop(str(Path(path).absolute()), None)
+    if fd is not None:
+        os.close(fd)
+
+
 class WorkDir:
     def __init__(self, path: Path, build_key: dict, resume: bool):
         self.path = Path(path)
         self.key = hashlib.sha256(json.dumps(build_key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        if self.path.is_dir() and not self.path.is_symlink():
+            lock_work_dir(self.path)
         state_file = self.path / STATE
         if resume and state_file.is_file():
             self.state = json.loads(state_file.read_text())
@@ -67,8 +97,13 @@ class WorkDir:
             if self.path.exists():
                 shutil.rmtree(self.path)
             self.path.mkdir(parents=True)
+            lock_work_dir(self.path)
             self.state = {"build_key": self.key, "done": {}}
             self._save()
+
+    def release(self) -> None:
+        """Give up the lock (the build is over: its work directory is kept or removed)."""
+        release_work_dir(self.path)
 
     def done(self, step: str) -> dict | None:
         return self.state["done"].get(step)

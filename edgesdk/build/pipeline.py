@@ -168,6 +168,7 @@ def build(config: BuildConfig) -> Bundle:
         loaded = load_model(source, progress=config.progress)
         check_exportable(loaded.model.config, export_config)  # before any stage, not at export
     except EdgeSDKError:
+        work.release()
         if not work.state["done"]:  # nothing to resume: leave no empty work directory behind
             shutil.rmtree(work.path, ignore_errors=True)
         raise
@@ -234,6 +235,7 @@ def build(config: BuildConfig) -> Bundle:
         facts_before=facts_before, facts_after=facts_after, baseline=baseline, sparse=record.get("sparse"),
         weights_codec=export_config.weights_codec,
     )
+    work.release()
     if not config.keep_work:
         shutil.rmtree(work.path, ignore_errors=True)
     _log(f"done in {time.perf_counter() - started:.0f}s: {out} (bundle id {bundle.bundle_id})")

@@ -508,3 +508,32 @@ def test_a_bad_export_override_names_the_key_the_value_and_the_keys_there_are():
     with pytest.raises(BuildError, match="export.wieghts is not a known key") as refused:
         recipe.with_overrides(["export.wieghts=int4"])
     assert "export keys: form, weights, block_size" in refused.value.fix
+
+
+def test_a_second_build_to_the_same_out_is_refused_while_the_first_runs(tmp_path):
+    """The first build holds its work directory; the second would otherwise delete the first one's
+    checkpoints under it (starting over) or resume from a state still being written."""
+    import subprocess
+    import sys
+
+    from edgesdk.build.checkpoint import WorkDir
+
+    work = tmp_path / "out.build"
+    first = WorkDir(work, {"build": 1}, resume=False)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from edgesdk.build.checkpoint import lock_work_dir\n"
+                               f"lock_work_dir({str(work)!r}); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        first.release()
+        assert holder.stdout.readline().strip() == "held"
+        for resume in (False, True):
+            with pytest.raises(BuildError, match="another edgesdk build is using the work directory") as error:
+                WorkDir(work, {"build": 2}, resume=resume)
+            assert "--out another path" in error.value.fix
+        assert (work / "state.json").is_file()  # the first build's state is still there
+    finally:
+        holder.kill()
+        holder.wait()
+    WorkDir(work, {"build": 2}, resume=False)  # free again once the first build is gone
+    WorkDir(work, {"build": 3}, resume=False)  # this process's own earlier lock is no obstacle
