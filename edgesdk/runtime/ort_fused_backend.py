@@ -8,7 +8,7 @@ per doubling) up to the bundle's max_context.
 Single-token decode steps reuse one IO binding: the token, the lengths and every output live in
 numpy arrays bound once, and a step only writes three numbers before ``run_with_iobinding``.
 Binding 60 cache buffers and creating the small input tensors anew each step made SmolLM2-135M's
-decode 7-10 % slower (tests/benchmarks/test_decode_binding.py, three alternating runs). Prompts
+decode 8-13 % slower (tests/benchmarks/test_decode_binding.py, three alternating runs). Prompts
 (more than one token) bind afresh, since their shapes vary.
 """
 
