@@ -144,6 +144,8 @@ def _shutdown_point(limits: ThermalLimits, critical: Sequence[Trip]) -> tuple[fl
     return lowest.temp_c, [f"{_trip_name(lowest)} is the shutdown point (the profile's is {limits.shutdown_c:g} °C)"]
 
 
+# get_throttled flags that mean the firmware is limiting the board now (thermal/sensors.py decodes them).
+FIRMWARE_LIMITS = ("under_voltage", "arm_freq_capped", "throttled", "soft_temp_limit")
 CLOCK_CAP_RATIO = 0.625  # Raspberry Pi 5's lowest operating point, 1.5 of 2.4 GHz (thermal/simulator.py)
 
 
@@ -200,6 +202,8 @@ class Guard:
         self._warn = warn or (lambda message: None)
         self.has_sensor = has_sensor
         self._warned = not has_sensor
+        self.firmware_limited = False  # the firmware reports under-voltage or throttling right now
+        self._firmware_warned = False
         dynamic_w = max(plant.active_w - plant.idle_w, 1e-6)
         self._gain_c = plant.resistance_c_per_w * dynamic_w  # °C of steady-state rise per unit of rate
         self._kp = plant.resistance_c_per_w * plant.capacity_j_per_c / (self._gain_c * c.response_s)
@@ -219,10 +223,27 @@ class Guard:
                 self.ambient_c = temp - self.plant.resistance_c_per_w * self.plant.idle_w
             self._update_level(now, temp)
             self._update_rate(dt, temp)
+        self._observe_firmware(reading)
         if self.pacing and self.unpaced_tok_s:
             self.credit = min(self._depth, self.credit + self.fraction * self.unpaced_tok_s * dt)
         self._apply_budget()
         return self.level
+
+    def _observe_firmware(self, reading: Reading | None) -> None:
+        """Raspberry Pi firmware flags (``vcgencmd get_throttled``): under-voltage, a capped ARM clock,
+        throttling or the soft temperature limit, now. The firmware is already slowing the board, for
+        a reason the temperature may not show (a weak supply): pace at the fixed fallback rate until
+        the flags clear, as the Pi documentation's margins suggest (stop work on bits 0 and 2)."""
+        flags = reading.throttled if reading is not None and reading.throttled else {}
+        active = sorted(name for name in FIRMWARE_LIMITS if flags.get(name))
+        self.firmware_limited = bool(active)
+        if not active:
+            return
+        if not self._firmware_warned:
+            self._warn(f"the firmware reports {', '.join(active)}: pacing at a fixed "
+                       f"{self.config.fallback_fraction:.0%} of the unpaced token rate until it clears")
+            self._firmware_warned = True
+        self.fraction = min(self.fraction, self.config.fallback_fraction)
 
     def _sensor_failed(self, reading: Reading | None) -> None:
         if self.sensor_ok and not self._warned:
@@ -285,7 +306,7 @@ class Guard:
     # -- pacing --------------------------------------------------------------------------------
     @property
     def pacing(self) -> bool:
-        return not self.sensor_ok or self.level.rank >= Level.HOT.rank
+        return not self.sensor_ok or self.firmware_limited or self.level.rank >= Level.HOT.rank
 
     @property
     def paused(self) -> bool:
@@ -347,5 +368,6 @@ class Guard:
         """A JSON-friendly summary for telemetry and the status line."""
         limit = self.rate_limit_tok_s
         return {"level": self.level.value, "budget": self.budget, "sensor_ok": self.sensor_ok,
+                "firmware_limited": self.firmware_limited,
                 "rate_limit_tok_s": None if limit is None else round(limit, 3),
                 "fraction": round(self.fraction, 4), "clock_cap": self.clock_ratio}

@@ -167,6 +167,8 @@ class ThermalHook:
                 parts.append(f"budget {guard.budget:.2f}")
             if not guard.sensor_ok:
                 parts.append("SENSOR FAILED" if guard.has_sensor else "no sensor")
+            if guard.firmware_limited:
+                parts.append("FIRMWARE THROTTLING")
         if reading is not None and reading.source:
             parts.append(f"[{reading.source}]")
         return "  ".join(parts)

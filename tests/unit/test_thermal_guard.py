@@ -258,3 +258,29 @@ def test_unset_and_implausible_trips_are_ignored_with_a_note(tmp_path):
     assert limits == profile_limits
     assert sum("x86_pkg_temp[" in note and "0 °C ignored" in note for note in notes) == 2
     assert any("acpitz[0] 30 °C ignored" in note and "resume point 75 °C" in note for note in notes)
+
+
+def test_firmware_flags_pace_at_the_fixed_rate_until_they_clear():
+    """vcgencmd get_throttled: under-voltage or throttling now slows the board whatever the temperature
+    says, so the guard paces at the fallback rate; the since-boot bits alone change nothing."""
+    from edgesdk.thermal.sensors import Reading
+
+    def reading(t: float, flags: dict | None = None) -> Reading:
+        return Reading(time=t, zones={"cpu-thermal": 55.0}, throttled=flags, source="vcgencmd")
+
+    warnings = []
+    guard = make_guard(warnings=warnings)
+    guard.observe(1.0, reading(1.0))
+    guard.spend("decode", 1, 0.05)  # 20 tok/s unpaced
+    assert not guard.pacing
+    for t in (2.0, 3.0):
+        guard.observe(t, reading(t, {"under_voltage": True, "throttled": True, "under_voltage_occurred": True}))
+    assert guard.level is Level.NORMAL
+    assert guard.pacing
+    assert guard.rate_limit_tok_s == pytest.approx(10.0)
+    assert guard.state()["firmware_limited"]
+    assert len(warnings) == 1
+    assert "throttled, under_voltage" in warnings[0]
+    guard.observe(4.0, reading(4.0, {"under_voltage_occurred": True, "throttling_occurred": True}))
+    assert not guard.pacing
+    assert guard.wait_s("decode") == 0
