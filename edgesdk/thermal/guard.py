@@ -316,8 +316,10 @@ class Guard:
     def _depth(self) -> float:
         """Bucket depth: one request, but no more tokens than the thermal headroom allows at full
         speed (profile model: net heating ``active_w - (T - T_amb) / R`` into ``C``, up to half a
-        degree below the soft limit); one token, a steady pace, without a sensor."""
-        if not self.sensor_ok:
+        degree below the soft limit); one token, a steady pace, without a sensor or while the firmware
+        limits the board (its flags say nothing of the headroom: a full bucket would let a whole answer
+        through unpaced)."""
+        if not self.sensor_ok or self.firmware_limited:
             return 1.0
         p = self.plant
         if self.temp_c is None or not self.unpaced_tok_s:
