@@ -211,7 +211,7 @@ def inspect(bundle, as_json):
     kv_text = str(kv[0]) if len(kv) == 1 else f"{kv[0]}-{kv[-1]} by layer"
     click.echo(f"graph      {graph['form']} {graph['dtype']}, {graph['num_layers']} layers, "
                f"kv heads {kv_text}, max context {graph['max_context']}")
-    chain = [manifest["runtime"]["backend"], *manifest["runtime"]["fallbacks"]]
+    chain = [manifest["runtime"]["backend"], *manifest["runtime"].get("fallbacks", [])]  # optional, as in a run
     click.echo(f"runtime    {' -> '.join(chain)}, "
                f"{manifest['runtime']['threads']} threads")
     total = sum(f["size"] for f in manifest["files"].values())

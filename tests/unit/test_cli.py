@@ -237,6 +237,21 @@ def test_inspect_shows_target_and_files(bundle):
     assert f"runtime    {manifest['runtime']['backend']}," in result.stdout  # no fallbacks: no dangling arrow
 
 
+def test_inspect_a_manifest_without_fallbacks(bundle):
+    """'runtime.fallbacks' may be left out (verify and run read it as none); inspect raised KeyError."""
+    import hashlib
+
+    manifest = read_manifest(bundle)
+    del manifest["runtime"]["fallbacks"]
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    (bundle / "manifest.json").write_text(text, encoding="utf-8")
+    (bundle / "manifest.sha256").write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
+    assert_ok(invoke("verify", bundle))
+    result = invoke("inspect", bundle)
+    assert_ok(result)
+    assert f"runtime    {manifest['runtime']['backend']}, {manifest['runtime']['threads']} threads" in result.stdout
+
+
 def test_inspect_json_is_the_manifest(bundle):
     result = invoke("inspect", bundle, "--json")
     assert_ok(result)
