@@ -81,7 +81,8 @@ def decoder_weights_from_hf(model) -> DecoderWeights:
         embed=_np(inner.embed_tokens.weight),
         final_norm=_np(inner.norm.weight),
         lm_head=None if tied else _np(model.lm_head.weight),
-        inv_freq=_np(rotary.inv_freq),
+        inv_freq=_np(getattr(rotary, "original_inv_freq", rotary.inv_freq)),  # the model's own frequencies:
+        # dynamic and longrope rewrite inv_freq in place after a forward pass on a long sequence
         rope_scaling=float(getattr(rotary, "attention_scaling", 1.0)),
     )
     for layer in inner.layers:

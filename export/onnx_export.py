@@ -99,13 +99,54 @@ def check_exportable(model_config, config: ExportConfig) -> None:
             f"{FUSED_HEAD_DIM_MULTIPLE}",
             "export it in the standard form (e.g. --recipe fp32-standard, or --set export.form=standard with "
             "fp32 or int8 weights)")
-    window = sliding_window(model_config)
     context = min(config.max_context, int(getattr(model_config, "max_position_embeddings", config.max_context)))
+    check_rope(model_config, context)
+    window = sliding_window(model_config)
     if window is not None and window < context:
         raise ExportError(
             f"the model attends over a sliding window of {window} tokens, shorter than the bundle's context of "
             f"{context}; the exported graph attends over the whole context, so it would differ past {window} tokens",
             f"pass --max-context {window} (or less): within the window the two are the same")
+
+
+# Rotary types (transformers' rope_type) whose frequencies are fixed: the graph's cos/sin tables are theirs.
+FIXED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
+
+
+def rope_parameters(model_config) -> dict:
+    """The model's rotary settings: ``rope_parameters`` (transformers 5) or ``rope_scaling`` (older), {} if none."""
+    params = getattr(model_config, "rope_parameters", None) or getattr(model_config, "rope_scaling", None)
+    return dict(params) if isinstance(params, dict) else {}
+
+
+def check_rope(model_config, context: int) -> None:
+    """Refuse a rotary embedding the exported graph would compute differently over ``context`` tokens.
+
+    The graph holds one fixed cos/sin table. That is exact for the fixed types, and for ``dynamic``
+    (unscaled up to ``max_position_embeddings``, which bounds the context) and ``longrope`` up to
+    its ``original_max_position_embeddings`` (the short factors). Past that, longrope switches every
+    position to its long factors once the sequence is longer, which no fixed table follows.
+    """
+    params = rope_parameters(model_config)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind in FIXED_ROPE_TYPES or kind == "dynamic":
+        return
+    if kind == "longrope":
+        original = params.get("original_max_position_embeddings") or \
+            getattr(model_config, "original_max_position_embeddings", None)
+        if original is not None and context <= int(original):
+            return
+        where = f"{original} tokens" if original is not None else "its original context (not in the config)"
+        raise ExportError(
+            f"the model's rotary embedding is longrope, which switches every position to its long factors once the "
+            f"sequence is longer than {where}; the exported graph's rotary table is fixed, so over the bundle's "
+            f"context of {context} it would differ from the model",
+            f"pass --max-context {original} (or less): up to it the short factors apply and the two are the same"
+            if original is not None else "set rope_parameters.original_max_position_embeddings in the model config")
+    raise ExportError(
+        f"the model's rotary embedding type '{kind}' is not one the exporter implements "
+        f"({', '.join(FIXED_ROPE_TYPES)}, dynamic, longrope)",
+        "use a model whose rope type is one of those (rope_parameters / rope_scaling in its config.json)")
 
 
 def sliding_window(model_config) -> int | None:

@@ -110,3 +110,71 @@ def test_sliding_window_counts_only_when_some_layer_slides():
     assert sliding_window(qwen2(use_sliding_window=True, max_window_layers=4)) is None
     assert sliding_window(MistralConfig(sliding_window=32)) == 32
     assert sliding_window(MistralConfig(sliding_window=None)) is None
+
+
+def rope_model(rope: dict | None, model_type: str = "llama", max_positions: int = 512):
+    """A tiny random decoder (GQA 4/2 heads, head_dim 16) whose config carries ``rope`` as its rope_scaling."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    extra = {"attention_bias": False} if model_type == "llama" else {}
+    config = AutoConfig.for_model(model_type, vocab_size=320, hidden_size=64, intermediate_size=112,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  max_position_embeddings=max_positions, rope_scaling=rope, **extra)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(8.0)
+    return model
+
+
+LONGROPE = {"rope_type": "longrope", "long_factor": [4.0] * 8, "short_factor": [1.0] * 8,
+            "original_max_position_embeddings": 128}
+ROPES = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 4.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64},
+}
+
+
+@pytest.mark.parametrize("rope", sorted(ROPES))
+def test_rope_scaling_types_match_pytorch_near_max_context(rope, tmp_path):
+    """Scaled rotary embeddings: the graph's tables equal the model's over a context filled to the end."""
+    model = rope_model(ROPES[rope], "qwen2" if rope == "yarn" else "llama", max_positions=200)
+    spec = export_model(model, tmp_path, ExportConfig(max_context=4096))
+    assert spec.max_context == 200
+    report = validate_export(model, tmp_path / MODEL_FILE, spec,
+                             ValidationConfig(prompts=1, prompt_length=195, decode_steps=5))
+    assert max(report.max_abs_diff.values()) < 1e-4, report.max_abs_diff
+
+
+def test_longrope_past_its_original_context_is_refused(tmp_path):
+    """longrope switches every position to its long factors past original_max_position_embeddings: a fixed
+    table cannot follow, so a longer context is refused with the context that works."""
+    model = rope_model(LONGROPE)
+    with pytest.raises(ExportError, match="longrope") as caught:
+        export_model(model, tmp_path, ExportConfig(max_context=512))
+    assert "--max-context 128" in caught.value.fix
+    assert not (tmp_path / MODEL_FILE).exists()
+
+
+def test_longrope_within_its_original_context_exports_the_short_factors(tmp_path):
+    """Within the original context the short factors apply, even after a long forward pass switched the
+    model's inv_freq buffer to the long ones."""
+    model = rope_model(LONGROPE)
+    with torch.no_grad():
+        model(torch.zeros((1, 200), dtype=torch.long))  # longer than 128: inv_freq now holds the long factors
+    spec = export_model(model, tmp_path, ExportConfig(max_context=128))
+    report = validate_export(model, tmp_path / MODEL_FILE, spec,
+                             ValidationConfig(prompts=1, prompt_length=120, decode_steps=4))
+    assert max(report.max_abs_diff.values()) < 1e-4, report.max_abs_diff
+
+
+def test_unknown_rope_type_is_refused():
+    from edgesdk.export.onnx_export import check_exportable
+
+    config = rope_model(None).config
+    config.rope_parameters = {"rope_type": "made-up", "rope_theta": 10000.0}
+    with pytest.raises(ExportError, match="rotary embedding type 'made-up'"):
+        check_exportable(config, ExportConfig(max_context=64))
