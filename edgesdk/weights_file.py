@@ -24,12 +24,13 @@ The manifest's ``graph.weights`` record::
 from __future__ import annotations
 
 import hashlib
+import math
 import shutil
 import tempfile
 import zlib
 from pathlib import Path
 
-from edgesdk.errors import BundleError
+from edgesdk.errors import BundleError, RuntimeBackendError
 
 CODECS = ("none", "zlib")
 CHUNK = 1 << 22  # bytes read per step while deflating (bounded memory)
@@ -97,7 +98,23 @@ def open_session(model_path: Path, options, providers: list[str], record: dict |
         options.add_external_initializers_from_files_in_memory([record["external_name"]], [data], [len(data)])
         return ort.InferenceSession(str(model_path), options, providers=providers, provider_options=provider_options)
     with tempfile.TemporaryDirectory(prefix="edgesdk-weights-") as tmp:
-        shutil.copyfile(model_path, Path(tmp) / model_path.name)
-        (Path(tmp) / record["external_name"]).write_bytes(data)
+        try:
+            shutil.copyfile(model_path, Path(tmp) / model_path.name)
+            (Path(tmp) / record["external_name"]).write_bytes(data)
+        except OSError as exc:
+            raise _temporary_copy_error(model_path, tmp, len(data), exc, ort.__version__) from exc
         return ort.InferenceSession(str(Path(tmp) / model_path.name), options, providers=providers,
                                     provider_options=provider_options)
+
+
+def _temporary_copy_error(model_path: Path, directory: str, size: int, exc: OSError, version: str):
+    """The error for inflated weights that could not be written to the temporary directory (a full
+    disk, a quota): it names that directory and the room needed, not the bundle, which is fine."""
+    needed_mb = math.ceil((size + model_path.stat().st_size) / 1e6)
+    return RuntimeBackendError(
+        f"the inflated weights of {model_path.parent} could not be written to the temporary directory "
+        f"{directory}: {exc.strerror or exc} (onnxruntime {version} is handed them as files there, "
+        f"{needed_mb} MB with the graph, removed once the session has loaded)",
+        f"free {needed_mb} MB in {Path(directory).parent}, or point TMPDIR at a directory with that much room "
+        "(e.g. TMPDIR=/var/tmp); onnxruntime >= 1.23 takes the weights from memory and needs no copy",
+    )

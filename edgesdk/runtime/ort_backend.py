@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesdk.errors import BundleError, RuntimeBackendError
+from edgesdk.errors import EdgeSDKError, RuntimeBackendError
 from edgesdk.weights_file import open_session
 
 # ONNX Runtime rewrites INT8 QDQ activations to UINT8 on x86 by default, and on a CPU with AVX2 but no
@@ -73,7 +73,7 @@ class OrtDecoderBase:
         try:
             self.session = open_session(model_path, make_session_options(threads, spinning), self.providers,
                                         graph.get("weights"), provider_options=provider_options)
-        except BundleError:
+        except EdgeSDKError:  # a damaged weights file, no room to inflate it: already named
             raise
         except Exception as exc:  # onnxruntime raises its own exception types per failure
             raise RuntimeBackendError(

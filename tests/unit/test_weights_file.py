@@ -4,6 +4,9 @@ ways ONNX Runtime can be handed the inflated bytes, and a damaged or mismatched 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -136,3 +139,35 @@ def test_temporary_directory_session_cannot_change_providers_later(bundles):
                            graph["weights"], in_memory=False)
     with pytest.raises(Exception, match="edgesdk-weights-"):
         session.set_providers(["CPUExecutionProvider"], [{}])
+
+
+FULL_TEMPORARY_DIRECTORY = """
+import resource, signal, sys
+from pathlib import Path
+from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.ort_backend import make_session_options
+from edgesdk.weights_file import open_session
+
+model, weights = Path(sys.argv[1]), __import__("json").loads(sys.argv[2])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    open_session(model, make_session_options(1), ["CPUExecutionProvider"], weights, in_memory=False)
+except EdgeSDKError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_no_room_for_the_temporary_copy_names_the_directory_and_tmpdir(bundles, tmp_path):
+    """The fallback writes the inflated weights to a temporary directory: when they do not fit, the
+    error names that directory and TMPDIR, not a raw OSError (or 'run edgesdk verify' on a sound bundle)."""
+    graph = bundles["zlib"].manifest["graph"]
+    child = subprocess.run([sys.executable, "-c", FULL_TEMPORARY_DIRECTORY, str(bundles["zlib"].file(graph["file"])),
+                            json.dumps(graph["weights"])], capture_output=True, text=True,
+                           env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.startswith("RuntimeBackendError the inflated weights of"), child.stdout
+    assert f"temporary directory {tmp_path}" in child.stdout
+    assert "File too large" in child.stdout
+    assert f"free 1 MB in {tmp_path}, or point TMPDIR at a directory" in child.stdout
+    assert not list(tmp_path.glob("edgesdk-weights-*"))  # the partial copy is gone
