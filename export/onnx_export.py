@@ -85,7 +85,8 @@ class ExportConfig:
                            eight_bit_linears=scheme.eight_bit_linears if scheme is not None else ())
 
 
-FUSED_HEAD_DIM_MULTIPLE = 8  # ONNX Runtime's GroupQueryAttention (CPU) takes head sizes that are multiples of 8
+FUSED_HEAD_DIM_MULTIPLE = 16  # ONNX Runtime's GroupQueryAttention with its rotary (do_rotary, as the fused
+# graphs use it) refuses other head sizes: "head_size shall be a multiple of 16"
 
 
 def check_exportable(model_config, config: ExportConfig) -> None:

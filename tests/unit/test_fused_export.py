@@ -162,3 +162,28 @@ def test_scales_are_float16_values_and_tiny_blocks_stay_finite():
         restored = q.dequantize()
         assert np.isfinite(restored).all()
         assert np.abs(restored[:32, 0]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("head_dim", [16, 24, 48])
+def test_head_dims_the_fused_attention_cannot_take_are_refused_before_export(head_dim, tmp_path):
+    """GroupQueryAttention with rotary runs head sizes that are multiples of 16 only: 24 is refused by the
+    config check (naming the standard form), not by ONNX Runtime at validation; 16 and 48 export and match."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from edgesdk.errors import ExportError
+    from edgesdk.export.onnx_export import check_exportable
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "llama", vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, head_dim=head_dim)).eval()
+    config = ExportConfig(form="ort-fused", weights="fp32", max_context=32)
+    if head_dim % 16:
+        with pytest.raises(ExportError, match=f"head_dim is {head_dim}.*multiple of 16") as refused:
+            check_exportable(model.config, config)
+        assert "standard" in refused.value.fix
+        return
+    spec = export_model(model, tmp_path, config)
+    report = validate_fused(model, tmp_path / MODEL_FILE, spec, config.fused(),
+                            ValidationConfig(prompts=1, prompt_length=3, decode_steps=2))
+    assert max(report.max_abs_diff.values()) < 1e-4
