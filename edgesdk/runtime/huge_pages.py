@@ -95,7 +95,9 @@ def commands_use_huge_pages(environ: dict[str, str], mode: str | None, libc: tup
 
 # The re-executed interpreter's program: ``-m edgesdk`` would put the working directory first on
 # sys.path, so a directory holding another ``edgesdk`` (a checkout) would run that code instead.
-REEXEC_PROGRAM = "import sys; del sys.path[0]; from edgesdk.cli import entry; entry()"
+# ``-c`` puts it there as "" unless PYTHONSAFEPATH is set (Python >= 3.11): then sys.path[0] is the
+# first PYTHONPATH entry, which may be where edgesdk itself comes from, and stays.
+REEXEC_PROGRAM = "import sys; sys.path[:1] == [''] and sys.path.pop(0); from edgesdk.cli import entry; entry()"
 
 
 def reexec_with_huge_pages(argv: list[str]) -> None:

@@ -113,3 +113,18 @@ def test_the_reexecuted_command_ignores_an_edgesdk_in_the_working_directory(tmp_
     reexecuted = version("-c", REEXEC_PROGRAM)
     assert reexecuted.returncode == 0, reexecuted.stderr
     assert reexecuted.stdout.startswith("edgesdk, version")
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH is new in Python 3.11")
+def test_the_reexecuted_command_keeps_the_edgesdk_of_pythonpath_under_pythonsafepath(tmp_path):
+    """With PYTHONSAFEPATH set, ``-c`` adds no working directory to sys.path: its first entry is
+    PYTHONPATH's, where the edgesdk the user started may come from. The re-executed program keeps it."""
+    package = tmp_path / "path" / "edgesdk"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "cli.py").write_text("def entry():\n    print('the PYTHONPATH edgesdk ran')\n")
+    environment = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": str(package.parent), OPT_OUT: "0"}
+    reexecuted = subprocess.run([sys.executable, "-c", REEXEC_PROGRAM, "--version"], capture_output=True, text=True,
+                                env=environment, cwd=tmp_path, timeout=60, check=False)
+    assert reexecuted.returncode == 0, reexecuted.stderr
+    assert reexecuted.stdout == "the PYTHONPATH edgesdk ran\n"
