@@ -111,13 +111,18 @@ def _cpuinfo_fields(root: str | os.PathLike) -> list[tuple[str, str]]:
 
 
 def read_device_tree_model(root: str | os.PathLike = "/") -> str | None:
-    """The device-tree model string (``/proc/device-tree/model``), or None when absent."""
+    """The device-tree model string (``/proc/device-tree/model``), or None when absent.
+
+    A container hides the device tree (Docker masks ``/sys/firmware``, where ``/proc/device-tree``
+    points); there the Raspberry Pi kernel's ``Model`` line in ``/proc/cpuinfo``, the same string,
+    still names the board.
+    """
     for rel in ("proc/device-tree/model", "sys/firmware/devicetree/base/model"):
         text = _read_text(root, rel)
         if text is not None:
             model = text.replace("\x00", " ").strip()
             return model or None
-    return None
+    return dict(_cpuinfo_fields(root)).get("Model") or None
 
 
 def read_l4t_release(root: str | os.PathLike = "/") -> str | None:

@@ -153,6 +153,21 @@ def test_raspberry_pi_4(tmp_path):
     assert board.cpu_model_name == "Cortex-A72"
 
 
+@pytest.mark.parametrize(("model", "part", "features", "expected"), [
+    ("Raspberry Pi 5 Model B Rev 1.0", "0xd0b", PI5_FEATURES, "rpi5"),
+    ("Raspberry Pi 4 Model B Rev 1.4", "0xd08", PI4_FEATURES, "rpi4"),
+])
+def test_raspberry_pi_in_a_container_is_named_by_its_cpuinfo_model(tmp_path, model, part, features, expected):
+    """A container hides the device tree (Docker masks /sys/firmware); the Pi kernel's cpuinfo
+    Model line still names the board, so the bundle check and 'edgesdk env' see a Pi, not a host."""
+    make_tree(tmp_path, mem_kb=8_245_000, cpuinfo=arm_cpuinfo(4, features, part, model=model))
+    (tmp_path / "proc/device-tree").mkdir()  # present, but empty
+    board = detect_board(tmp_path)
+    assert board.model == model
+    assert board.family == "rpi"
+    assert board.suggested_target == expected
+
+
 def test_empty_tree_is_host_without_crash(tmp_path):
     board = detect_board(tmp_path)
     assert board.family == "host"
