@@ -87,6 +87,7 @@ class WorkDir:
         if resume and state_file.is_file():
             self.state = json.loads(state_file.read_text())
             if self.state.get("build_key") != self.key:
+                release_work_dir(self.path)  # refused: this process builds nothing there
                 raise BuildError(
                     f"--resume: the work directory {self.path} belongs to a different build "
                     "(model, data, target, recipe, export settings or edgesdk version changed)",

@@ -158,6 +158,15 @@ def build(config: BuildConfig) -> Bundle:
         "recipe": recipe.model_dump(), "export": asdict(export_config), "data": data_key,
         "edgesdk": __version__,
     }, config.resume)
+    try:  # the lock is this build's while it runs, however it ends (a failed stage in a process that goes on)
+        return _run_steps(config, profile, recipe, stages, export_config, source, out, work)
+    finally:
+        work.release()
+
+
+def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config: ExportConfig, source,
+               out: Path, work: WorkDir) -> Bundle:
+    """Load, the stages not done yet, export and package: the build from its work directory on."""
     steps = len(stages) + 3
     started = time.perf_counter()
 
@@ -168,7 +177,6 @@ def build(config: BuildConfig) -> Bundle:
         loaded = load_model(source, progress=config.progress)
         check_exportable(loaded.model.config, export_config)  # before any stage, not at export
     except EdgeSDKError:
-        work.release()
         if not work.state["done"]:  # nothing to resume: leave no empty work directory behind
             shutil.rmtree(work.path, ignore_errors=True)
         raise
@@ -235,7 +243,6 @@ def build(config: BuildConfig) -> Bundle:
         facts_before=facts_before, facts_after=facts_after, baseline=baseline, sparse=record.get("sparse"),
         weights_codec=export_config.weights_codec,
     )
-    work.release()
     if not config.keep_work:
         shutil.rmtree(work.path, ignore_errors=True)
     _log(f"done in {time.perf_counter() - started:.0f}s: {out} (bundle id {bundle.bundle_id})")

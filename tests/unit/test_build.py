@@ -537,3 +537,42 @@ def test_a_second_build_to_the_same_out_is_refused_while_the_first_runs(tmp_path
         holder.wait()
     WorkDir(work, {"build": 2}, resume=False)  # free again once the first build is gone
     WorkDir(work, {"build": 3}, resume=False)  # this process's own earlier lock is no obstacle
+
+
+def test_a_build_that_failed_leaves_its_work_directory_to_other_builds(test_stages, tiny_model_dir, tmp_path):
+    """A build that raised (a stage failed) in a process that goes on (a notebook, a sweep of builds) held
+    the lock on its work directory until that process ended: '--resume' from a shell was refused as
+    'another edgesdk build is using the work directory ... right now'."""
+    import subprocess
+    import sys
+
+    from edgesdk.build.checkpoint import _HELD
+
+    @register_stage("fails", ScaleConfig, description="a stage that fails")
+    def fails(model, config, ctx):
+        raise BuildError("the stage failed", "fix it")
+
+    try:
+        recipe = tmp_path / "fails.yaml"
+        recipe.write_text("name: fails\nstages:\n  - stage: first\n  - stage: fails\n")
+        with pytest.raises(BuildError, match="the stage failed"):
+            _build(tiny_model_dir, tmp_path / "b", recipe)
+    finally:
+        registry.STAGES.pop("fails")
+    work = tmp_path / "b.build"
+    assert (work / "state.json").is_file()  # kept for --resume
+    assert str(work) not in _HELD
+    other = subprocess.run([sys.executable, "-c", "import sys\nfrom edgesdk.build.checkpoint import lock_work_dir\n"
+                            f"lock_work_dir({str(work)!r})"], capture_output=True, text=True)
+    assert other.returncode == 0, other.stderr
+
+
+def test_a_refused_resume_leaves_the_work_directory_unlocked(tmp_path):
+    """--resume of another build's work directory is refused; the lock taken to read it was kept."""
+    from edgesdk.build.checkpoint import _HELD, WorkDir
+
+    work = tmp_path / "out.build"
+    WorkDir(work, {"build": 1}, resume=False).release()
+    with pytest.raises(BuildError, match="belongs to a different build"):
+        WorkDir(work, {"build": 2}, resume=True)
+    assert str(work) not in _HELD
