@@ -289,26 +289,30 @@ def test_firmware_flags_pace_at_the_fixed_rate_until_they_clear():
 def test_firmware_flags_pace_an_answer_from_its_first_tokens():
     """Under-voltage at a cool temperature leaves the thermal headroom (the bucket) full: without a bucket
     of one token while the flags are up, a whole answer went through at the unpaced rate the warning said
-    was halved. Steps take 0.05 s on a simulated clock (20 tok/s unpaced)."""
+    was halved. The hook drives the guard on a simulated clock; each step takes 0.05 s (20 tok/s unpaced)."""
     from edgesdk.thermal.sensors import Reading
+    from edgesdk.thermal.watch import ThermalHook
 
-    guard = make_guard()
-    now = 0.0
+    class Clock:
+        t = 0.0
 
-    def reading() -> Reading:
-        return Reading(time=now, zones={"cpu-thermal": 55.0}, throttled={"under_voltage": True},
-                       source="vcgencmd")
+        def now(self) -> float:
+            return self.t
 
-    guard.observe(now, Reading(time=now, zones={"cpu-thermal": 55.0}, source="vcgencmd"))
-    guard.spend("decode", 1, 0.05)
-    guard.begin(128)
+        def sleep(self, seconds: float) -> None:
+            self.t += seconds
+
+    clock, guard = Clock(), make_guard()
+    flags = {}
+    hook = ThermalHook(clock, lambda: Reading(time=clock.t, zones={"cpu-thermal": 55.0}, throttled=dict(flags),
+                                              source="vcgencmd"), guard)
+    hook.begin(1, 128)
+    hook.after_step("decode", 1, 0.05)  # the unpaced rate is known: 20 tok/s
+    flags["under_voltage"] = True
+    start = clock.t
     for _ in range(40):
-        guard.observe(now, reading())
-        while (wait := guard.wait_s("decode")) > 0:
-            now += min(wait, guard.config.poll_s)
-            guard.observe(now, reading())
-        now += 0.05
-        guard.observe(now, reading())
-        guard.spend("decode", 1, 0.05)
+        hook.before_step("decode")
+        clock.t += 0.05
+        hook.after_step("decode", 1, 0.05)
     assert guard.rate_limit_tok_s == pytest.approx(10.0)
-    assert 40 / now <= 10.0
+    assert 40 / (clock.t - start) < 11.0
