@@ -4,7 +4,8 @@ File format (one JSON object per line): first a ``{"type": "meta", ...}`` record
 ambient, mode), then ``{"type": "step", ...}`` records with ``t`` (s since start), ``kind``
 (``prefill`` | ``decode`` | ``wait``), ``tokens``, ``duration_s`` (compute), ``wait_s`` (guard wait
 before it), ``tok_s``, ``temp_c``, ``zones``, ``level``, ``budget``, ``rate_limit_tok_s``,
-``sensor_ok``, ``throttled``, ``clock`` (simulated clock fraction) and ``power_w`` when known.
+``sensor_ok``, ``firmware_limited`` (guarded: the firmware reports under-voltage or throttling now),
+``throttled``, ``clock`` (simulated clock fraction) and ``power_w`` when known.
 """
 
 from __future__ import annotations
