@@ -1,9 +1,9 @@
 """Transparent huge pages for the weights a decode step streams.
 
-Batch-1 decode reads every weight once per token (SmolLM2-135M's default bundle: 91 MB). With
-4 KiB pages that is some 22,000 TLB entries a token, far beyond the TLB, so the weight stream
+Batch-1 decode reads every weight once per token (SmolLM2-135M's default bundle: 72.6 MB). With
+4 KiB pages that is some 18,000 TLB entries a token, far beyond the TLB, so the weight stream
 pays a page walk every few cache lines. Backed by 2 MiB transparent huge pages the same stream
-needs about 45. ONNX Runtime keeps its (prepacked) weights in memory from ``malloc``, and glibc
+needs about 35. ONNX Runtime keeps its (prepacked) weights in memory from ``malloc``, and glibc
 >= 2.35 asks the kernel for huge pages on its heap and mmap'd chunks (``madvise(MADV_HUGEPAGE)``)
 when the tunable ``glibc.malloc.hugetlb=1`` is set (glibc manual, "Memory Allocation Tunables";
 Linux ``Documentation/admin-guide/mm/transhuge.rst``: THP mode ``always`` or ``madvise``).
