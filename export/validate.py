@@ -127,9 +127,21 @@ def _compare_standard(session, model, spec: GraphSpec, config: ValidationConfig,
             scale = max(scale, float(ref.logits.abs().max()))
         for i in range(spec.num_layers):
             layer = cache.layers[i]
-            _update(diffs, "present/kv", present[f"present.{i}.key"], layer.keys.numpy())
-            _update(diffs, "present/kv", present[f"present.{i}.value"], layer.values.numpy())
+            for kind, reference in (("key", layer.keys.numpy()), ("value", layer.values.numpy())):
+                _update(diffs, "present/kv", _cached_part(present[f"present.{i}.{kind}"], reference, model), reference)
     return diffs, agree / max(total, 1), scale
+
+
+def _cached_part(present: np.ndarray, reference: np.ndarray, model) -> np.ndarray:
+    """The positions of the graph's ``present`` (B, H, S, hd) that the PyTorch cache layer holds: all of them,
+    or for a sliding-window model (the graph attends over the whole context, export checks it is within the
+    window) the last ones, as transformers' sliding-window cache keeps only its last ``window - 1`` tokens."""
+    from edgesdk.export.onnx_export import sliding_window
+
+    kept = reference.shape[2]
+    if 0 < kept < present.shape[2] and sliding_window(model.config) is not None:
+        return present[:, :, -kept:]
+    return present
 
 
 def qdq_reference(model, head_quantized: bool, activations: bool = True):

@@ -178,3 +178,18 @@ def test_unknown_rope_type_is_refused():
     config.rope_parameters = {"rope_type": "made-up", "rope_theta": 10000.0}
     with pytest.raises(ExportError, match="rotary embedding type 'made-up'"):
         check_exportable(config, ExportConfig(max_context=64))
+
+
+def test_sliding_window_model_validates_with_the_context_filled_to_its_window(tmp_path):
+    """A context equal to the window is exported (the graph is the model there); validation filled to it compares
+    the positions transformers' sliding-window cache keeps (its last window - 1) instead of failing on shapes."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "mistral", vocab_size=320, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, sliding_window=16)).eval()
+    spec = export_model(model, tmp_path, ExportConfig(max_context=16))
+    report = validate_export(model, tmp_path / MODEL_FILE, spec, ValidationConfig(prompts=1, prompt_length=12,
+                                                                                   decode_steps=4))
+    assert max(report.max_abs_diff.values()) < 1e-4, report.max_abs_diff
