@@ -11,9 +11,7 @@ class ChatTokenizer:
     """The bundle's tokenizer.json plus the model's chat template (Jinja, as transformers renders it)."""
 
     def __init__(self, tokenizer_path: Path, facts: dict, template_path: Path | None):
-        from tokenizers import Tokenizer
-
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self.tokenizer = load_tokenizer(tokenizer_path)
         self.eos_token_ids = set(facts.get("eos_token_ids", []))
         self.bos_token = facts.get("bos_token")
         self.eos_token = facts.get("eos_token")
@@ -55,6 +53,22 @@ class ChatTokenizer:
             return self.encode(prompt)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         return self.encode(self.render_chat(messages), add_special_tokens=False)
+
+
+def load_tokenizer(path: Path):
+    """``tokenizers.Tokenizer`` from the bundle's tokenizer.json, or a BundleError naming the installed
+    tokenizers: a release older than the one that wrote the file cannot parse it (tokenizers < 0.20
+    reads no BPE merges stored as pairs, and says only 'data did not match any variant')."""
+    import tokenizers
+
+    try:
+        return tokenizers.Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a plain Exception for a file it cannot parse
+        raise BundleError(
+            f"tokenizers {tokenizers.__version__} could not read {path} ({exc})",
+            "a tokenizer.json written by a newer tokenizers needs that release here: pip install -U tokenizers "
+            "(at least the version 'edgesdk env' shows on the host that built the bundle)",
+        ) from exc
 
 
 def check_utf8(text: str, what: str) -> None:

@@ -211,3 +211,22 @@ def test_a_chat_template_that_fails_is_a_bundle_error(tiny_bundle, tmp_path):
     with pytest.raises(EdgeSDKError, match="the bundle's chat template failed: TemplateSyntaxError") as info:
         ChatTokenizer(tiny_bundle.path / "tokenizer.json", {}, template).render_chat([{"role": "user", "content": "x"}])
     assert "--raw" in info.value.fix
+
+
+def test_a_tokenizer_file_this_tokenizers_cannot_parse_is_a_bundle_error(tiny_bundle, tmp_path):
+    """An older tokenizers than the one that wrote tokenizer.json fails to parse it with a bare
+    Exception ('data did not match any variant ...'); the runtime names the version and the upgrade."""
+    import json
+
+    import tokenizers
+
+    from edgesdk.errors import BundleError
+    from edgesdk.runtime.text import ChatTokenizer
+
+    document = json.loads((tiny_bundle.path / "tokenizer.json").read_text(encoding="utf-8"))
+    document["model"]["type"] = "BPE2"  # a model this tokenizers does not know, as a newer file may hold
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(BundleError, match=f"tokenizers {tokenizers.__version__} could not read {path}") as info:
+        ChatTokenizer(path, {}, None)
+    assert "pip install -U tokenizers" in info.value.fix
