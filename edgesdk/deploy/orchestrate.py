@@ -224,4 +224,6 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
                             previous=switched["from"] if switched["from"] != bundle.bundle_id else None,
                             engine=decision.message, generated=generated,
                             run_command=shlex.join([*(install.runtime_argv(board, options.local) if runtime_key
-                                                      else edgesdk), "run", board.path("current")]))
+                                                      else edgesdk), "run", board.path("current"),
+                                                    # as the smoke test ran it: run refuses another board's bundle
+                                                    *(["--ignore-target"] if options.ignore_target else [])]))

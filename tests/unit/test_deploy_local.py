@@ -113,3 +113,18 @@ def test_the_memory_check_counts_entropy_coded_weights_at_their_inflated_size(tm
     assert "the bundle takes 20000 MB in memory, more than the 12000 MB memory budget" in proc.stderr
     assert "fix:" in proc.stderr
     assert not (root / "releases").exists()
+
+
+def test_the_run_command_in_the_summary_carries_ignore_target(tiny_bundle, tmp_path):
+    """A bundle deployed with --ignore-target (built for another board) is refused by a plain 'edgesdk run'
+    on that board; the smoke test passed the flag, the printed command left it out."""
+    import shlex
+
+    bundle = bundle_variant(tiny_bundle.path, tmp_path / "pi", "for a pi", target="rpi5")
+    proc = edgesdk("deploy", bundle.path, "--to", tmp_path / "dir", "--ignore-target")
+    assert proc.returncode == 0, proc.stderr
+    command = shlex.split(proc.stdout.split("run it on the board: ", 1)[1].strip())
+    assert command[command.index("run"):] == ["run", str(tmp_path / "dir" / "current"), "--ignore-target"]
+    plain = edgesdk("deploy", tiny_bundle.path, "--to", tmp_path / "host")
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.rstrip().endswith(f"run {tmp_path / 'host' / 'current'}")
