@@ -383,8 +383,8 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
             s = result.to_json()
             huge = huge_pages_in_use()
             click.echo(f"[{runtime.backend.name}] prompt {s['prompt_tokens']} tok, prefill {s['prefill_tok_s']} tok/s, "
-                       f"TTFT {s['time_to_first_token_ms']} ms, decode {s['new_tokens']} tok at "
-                       f"{s['decode_tok_s']} tok/s, p95 {s['p95_inter_token_ms']} ms, stop: {s['stop_reason']}"
+                       f"TTFT {s['time_to_first_token_ms']} ms, {s['new_tokens']} new tok, decode {s['decode_tok_s']} tok/s "
+                       f"(steps after the first), p95 {s['p95_inter_token_ms']} ms, stop: {s['stop_reason']}"
                        + (f", huge pages {huge / 2**20:.0f} MiB" if huge is not None else ""), err=True)
             if hasattr(runtime.backend, "stats"):
                 click.echo(_power_line(runtime.backend), err=True)
@@ -427,14 +427,17 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
 def _warn_unused_thermal_options(watch_thermal: bool, simulate_thermal: bool, telemetry, **given) -> None:
     """Name the thermal options that do nothing without the mode they belong to (as --top-p is named)."""
     guarded = watch_thermal or simulate_thermal
-    needs = {"no_guard": ("--no-guard", guarded), "clock_cap": ("--clock-cap", guarded),
+    # --clock-cap beside --telemetry alone is named by the thermal session itself (no guard to cap for).
+    needs = {"no_guard": ("--no-guard", guarded), "clock_cap": ("--clock-cap", guarded or telemetry),
              "ambient": ("--ambient", simulate_thermal), "sim_speed": ("--sim-speed", simulate_thermal),
              "thermal_target": ("--thermal-target", guarded or telemetry)}
     defaults = {"no_guard": False, "clock_cap": False, "ambient": None, "sim_speed": 1.0, "thermal_target": None}
     for key, value in given.items():
         flag, in_use = needs[key]
         if value != defaults[key] and not in_use:
-            mode = "--simulate-thermal" if key in ("ambient", "sim_speed") else "--watch-thermal or --simulate-thermal"
+            mode = {"ambient": "--simulate-thermal", "sim_speed": "--simulate-thermal",
+                    "thermal_target": "--watch-thermal, --simulate-thermal or --telemetry"}.get(
+                key, "--watch-thermal or --simulate-thermal")
             click.echo(f"edgesdk: {flag} is not used: it works with {mode}", err=True)
 
 

@@ -302,7 +302,7 @@ def test_sparsify_block_other_than_the_profiles_fails_before_any_stage(tmp_path)
 
 
 def test_fused_form_refuses_a_head_dim_its_attention_cannot_take(tmp_path):
-    """head_dim 12 (hidden 48, 4 heads): GroupQueryAttention needs a multiple of 8. Refused when the model is
+    """head_dim 12 (hidden 48, 4 heads): GroupQueryAttention needs a multiple of 16. Refused when the model is
     loaded, naming the standard form, not as an ONNX Runtime traceback during validation."""
     from edgesdk.build.pipeline import BuildConfig, build
     from edgesdk.errors import ExportError

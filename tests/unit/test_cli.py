@@ -651,3 +651,11 @@ def test_click_version_separates_stderr():
 
     major, minor = (int(part) for part in version("click").split(".")[:2])
     assert (major, minor) >= (8, 2)
+
+
+def test_clock_cap_beside_telemetry_alone_is_named_once(bundle, tmp_path):
+    env = {"EDGESDK_THERMAL_ROOT": str(tmp_path / "no-thermal"), "EDGESDK_CACHE": str(tmp_path / "cache")}
+    result = invoke("run", bundle, "--prompt", "hello", "-n", 3, "--telemetry", tmp_path / "t.jsonl", "--clock-cap",
+                    env=env)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("--clock-cap") == 1, result.stderr
