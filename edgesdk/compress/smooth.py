@@ -12,7 +12,8 @@ which leaves the product unchanged and splits the range between activations and 
 paper; 0.85 measured best here, see ``SmoothConfig.alpha``). The division is folded into whatever produces the
 input, so the graph gains no op:
 
-* Q|K|V inputs: the input RMSNorm's weight;  gate|up inputs: the post-attention RMSNorm's weight;
+* Q|K|V inputs: the input RMSNorm's weight;  gate|up inputs: the post-attention RMSNorm's weight (a power
+  adapter reading that input, stage ``power``, takes the scales into its first projection's columns);
 * down's input (SiLU(gate)·up): the rows of up (and up's bias, Llama ``mlp_bias``);
 * O's input (the attention output): the rows of V (and V's bias, Qwen2 / Llama ``attention_bias``). With grouped-query attention one V row feeds every query
   head of its group, so that channel takes the largest scale the group's columns ask for.
@@ -88,11 +89,13 @@ def column_peak(*linears) -> torch.Tensor:
     return torch.stack([linear.weight.detach().abs().amax(0) for linear in linears]).amax(0)
 
 
-def fold_into_norm(norm, linears, input_peak: torch.Tensor, alpha: float) -> float:
-    """Divide the RMSNorm's weight by s and multiply the columns of the ``linears`` it feeds by s; returns max s."""
+def fold_into_norm(norm, linears, input_peak: torch.Tensor, alpha: float, other_readers=()) -> float:
+    """Divide the RMSNorm's weight by s and multiply the columns of the ``linears`` it feeds by s; returns max s.
+    ``other_readers`` (linears that also read the norm's output but are not quantized, such as a power
+    adapter's first projection) take the same column scales without setting them."""
     scales = migration_scales(input_peak, column_peak(*linears), alpha)
     norm.weight.div_(scales)
-    for linear in linears:
+    for linear in (*linears, *other_readers):
         linear.weight.mul_(scales[None, :])
     return float(scales.max())
 
@@ -110,8 +113,10 @@ def smooth_model(model, peaks: dict[str, torch.Tensor], config: SmoothConfig) ->
             largest["qkv"].append(fold_into_norm(layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj),
                                                  peaks[prefix + "self_attn.q_proj"], config.alpha))
         if "gate_up" in config.sites:
+            adapter = getattr(mlp, "power_adapter", None)  # a power gate reads the FFN input too
             largest["gate_up"].append(fold_into_norm(layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj),
-                                                     peaks[prefix + "mlp.gate_proj"], config.alpha))
+                                                     peaks[prefix + "mlp.gate_proj"], config.alpha,
+                                                     (adapter.proj1,) if adapter is not None else ()))
         if "down" in config.sites:
             scales = migration_scales(peaks[prefix + "mlp.down_proj"], column_peak(mlp.down_proj), config.alpha)
             mlp.up_proj.weight.div_(scales[:, None])  # rows of up are down's input channels

@@ -112,3 +112,22 @@ def test_smoothing_is_exact_with_biases(kind, site):
     smooth.smooth_model(model, smooth.input_peaks(model, batches()), smooth.SmoothConfig(alpha=0.85, sites=(site,)))
     for batch, expected in zip(batches(), before, strict=True):
         torch.testing.assert_close(model(batch).logits, expected, rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_smoothing_is_exact_with_power_adapters():
+    """A power adapter reads the FFN input the post-attention norm produces: smoothing gate|up divides that
+    input by s, so the adapter's first projection takes s into its columns and the gates stay as they were."""
+    from edgesdk.power import adapter
+
+    model = outlier_model()
+    state = adapter.install_adapters(model, 4, 0.5)
+    torch.manual_seed(1)
+    for name, parameter in model.named_parameters():
+        if name.endswith("power_adapter.proj2.weight"):
+            parameter.normal_(0, 0.5)  # a trained adapter: its output depends on its input
+    state.tau = 0.5
+    before = [model(batch).logits for batch in batches()]
+    smooth.smooth_model(model, smooth.input_peaks(model, batches()), smooth.SmoothConfig(alpha=0.85))
+    for batch, expected in zip(batches(), before, strict=True):
+        torch.testing.assert_close(model(batch).logits, expected, rtol=1e-4, atol=1e-4)
