@@ -32,7 +32,14 @@ import torch.nn.functional as F
 from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress import fake_quant
 from edgesdk.compress.measure import stage_metrics
-from edgesdk.compress.structure import LAYERS_KEY, head_dim, keep_ffn_channels, keep_kv_groups, layer_records
+from edgesdk.compress.structure import (
+    LAYERS_KEY,
+    head_dim,
+    keep_ffn_channels,
+    keep_kv_groups,
+    layer_records,
+    slice_linear,
+)
 
 
 @dataclass(frozen=True)
@@ -160,6 +167,37 @@ def plan_groups(scores: list[torch.Tensor], config: PruneConfig) -> list[list[in
     return [sorted(k) for k in kept]
 
 
+def keep_adapter_heads(previous_layer, groups: list[int], q_per_kv: int) -> None:
+    """A power adapter (stage ``power``) in ``previous_layer`` scales each query head of the next layer: keep
+    the outputs of the query heads that the next layer's kept ``groups`` hold (scales and gate untouched)."""
+    adapter = getattr(previous_layer.mlp, "power_adapter", None)
+    if adapter is None:
+        return
+    hidden = adapter.hidden_size
+    heads = [g * q_per_kv + j for g in groups for j in range(q_per_kv)]
+    rows = [*range(hidden), *(hidden + h for h in heads), hidden + adapter.next_heads]  # [scales | heads | gate]
+    slice_linear(adapter.proj2, rows=rows)
+    adapter.next_heads = len(heads)
+
+
+def apply_plans(model, ffn_plan: list[list[int]], group_plan: list[list[int]]) -> None:
+    """Slice every layer to the FFN channels and GQA groups it keeps (positions in its current structure),
+    a power adapter's next-layer head outputs with them, and record the structure in the config."""
+    dim = head_dim(model)
+    q_per_kv = model.config.num_attention_heads // model.config.num_key_value_heads
+    records = layer_records(model)
+    layers = list(model.model.layers)
+    for index, (layer, record, channels, groups) in enumerate(zip(layers, records, ffn_plan, group_plan, strict=True)):
+        keep_ffn_channels(layer, channels)
+        keep_kv_groups(layer, groups, q_per_kv, dim)
+        if index > 0:
+            keep_adapter_heads(layers[index - 1], groups, q_per_kv)
+        record["ffn"] = [record["ffn"][c] for c in channels]
+        record["kv_heads"] = [record["kv_heads"][g] for g in groups]
+        record["heads"] = [record["heads"][g * q_per_kv + j] for g in groups for j in range(q_per_kv)]
+    setattr(model.config, LAYERS_KEY, records)
+
+
 @register_stage("prune", PruneConfig, after=("qat",), description="structured pruning (Fisher saliency, GQA groups)")
 def prune_stage(model, config: PruneConfig, ctx: BuildContext):
     model.eval()
@@ -171,16 +209,7 @@ def prune_stage(model, config: PruneConfig, ctx: BuildContext):
         fake_quant.detach(model, bake=False)  # weights are already on the grid from QAT
     ffn_scores, group_scores = saliencies(model, fisher)
     ffn_plan, group_plan = plan_ffn(ffn_scores, config), plan_groups(group_scores, config)
-    dim = head_dim(model)
-    q_per_kv = model.config.num_attention_heads // model.config.num_key_value_heads
-    records = layer_records(model)
-    for layer, record, channels, groups in zip(model.model.layers, records, ffn_plan, group_plan, strict=True):
-        keep_ffn_channels(layer, channels)
-        keep_kv_groups(layer, groups, q_per_kv, dim)
-        record["ffn"] = [record["ffn"][c] for c in channels]
-        record["kv_heads"] = [record["kv_heads"][g] for g in groups]
-        record["heads"] = [record["heads"][g * q_per_kv + j] for g in groups for j in range(q_per_kv)]
-    setattr(model.config, LAYERS_KEY, records)
+    apply_plans(model, ffn_plan, group_plan)
     if scheme is not None:  # removed down-projection columns shift its K blocks: back onto the grid
         fake_quant.attach(model, scheme)
         fake_quant.detach(model, bake=True)

@@ -31,7 +31,7 @@ def layer_records(model) -> list[dict]:
              "ffn": list(range(config.intermediate_size))} for _ in range(config.num_hidden_layers)]
 
 
-def _slice_linear(linear: nn.Linear, rows: list[int] | None = None, cols: list[int] | None = None) -> None:
+def slice_linear(linear: nn.Linear, rows: list[int] | None = None, cols: list[int] | None = None) -> None:
     """Keep the given output rows / input columns of a linear, in place."""
     weight = linear.weight.data
     bias = linear.bias.data if linear.bias is not None else None
@@ -49,9 +49,9 @@ def _slice_linear(linear: nn.Linear, rows: list[int] | None = None, cols: list[i
 
 def keep_ffn_channels(layer, channels: list[int]) -> None:
     """Keep FFN channels ``channels`` (positions in the layer's current FFN)."""
-    _slice_linear(layer.mlp.gate_proj, rows=channels)
-    _slice_linear(layer.mlp.up_proj, rows=channels)
-    _slice_linear(layer.mlp.down_proj, cols=channels)
+    slice_linear(layer.mlp.gate_proj, rows=channels)
+    slice_linear(layer.mlp.up_proj, rows=channels)
+    slice_linear(layer.mlp.down_proj, cols=channels)
     if hasattr(layer.mlp, "intermediate_size"):
         layer.mlp.intermediate_size = len(channels)
 
@@ -63,10 +63,10 @@ def keep_kv_groups(layer, groups: list[int], q_per_kv: int, dim: int) -> None:
     q_heads = [g * q_per_kv + j for g in groups for j in range(q_per_kv)]
     q_rows = [h * dim + d for h in q_heads for d in range(dim)]
     attention = layer.self_attn
-    _slice_linear(attention.q_proj, rows=q_rows)
-    _slice_linear(attention.k_proj, rows=kv_rows)
-    _slice_linear(attention.v_proj, rows=kv_rows)
-    _slice_linear(attention.o_proj, cols=q_rows)
+    slice_linear(attention.q_proj, rows=q_rows)
+    slice_linear(attention.k_proj, rows=kv_rows)
+    slice_linear(attention.v_proj, rows=kv_rows)
+    slice_linear(attention.o_proj, cols=q_rows)
     for name, value in (("num_heads", len(q_heads)), ("num_key_value_heads", len(groups))):
         if hasattr(attention, name):
             setattr(attention, name, value)

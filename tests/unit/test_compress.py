@@ -19,7 +19,14 @@ from edgesdk.compress.losses import (  # noqa: E402
     logits_kl,
     token_attention_kl,
 )
-from edgesdk.compress.prune import PruneConfig, fisher_diagonal, plan_ffn, plan_groups, saliencies  # noqa: E402
+from edgesdk.compress.prune import (  # noqa: E402
+    PruneConfig,
+    apply_plans,
+    fisher_diagonal,
+    plan_ffn,
+    plan_groups,
+    saliencies,
+)
 from edgesdk.compress.structure import LAYERS_KEY, keep_ffn_channels, keep_kv_groups, load_pruned  # noqa: E402
 from edgesdk.export.onnx_export import ExportConfig, export_model  # noqa: E402
 from edgesdk.export.validate import _exact_compute_copy  # noqa: E402
@@ -301,6 +308,32 @@ def test_gqa_group_pruning_removes_whole_groups_and_matches_the_sliced_computati
     assert spec.kv_heads == (2, 3)
     onnx_logits = _fused_logits(tmp_path / "model.onnx", spec, ids[0].numpy())
     np.testing.assert_allclose(onnx_logits, model(ids).logits[0].detach().numpy(), atol=1e-4)
+
+
+def test_group_pruning_of_a_gated_model_keeps_the_power_adapters_head_scales_in_step():
+    """The power adapter of layer i scales each query head of layer i+1: pruning a group of layer i+1 drops
+    those heads' scales too, so the gated model runs and equals the original with the heads' o columns cut."""
+    from edgesdk.power import adapter
+
+    model = tiny_llama(seed=3, layers=3, heads=6, kv_heads=3, hidden=96)
+    dim = 96 // 6
+    adapter.install_adapters(model, 4, 0.5)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("power_adapter.proj2.weight"):
+                parameter.normal_(0, 0.5)  # head scales that differ between heads
+    reference = copy.deepcopy(model)
+    ffn = [list(range(layer.mlp.gate_proj.out_features)) for layer in model.model.layers]
+    apply_plans(model, ffn, [[0, 1, 2], [0, 2], [1]])
+    assert [layer.mlp.power_adapter.next_heads for layer in model.model.layers] == [4, 2, 0]
+    with torch.no_grad():
+        o1, o2 = reference.model.layers[1].self_attn.o_proj.weight, reference.model.layers[2].self_attn.o_proj.weight
+        o1[:, 2 * dim: 4 * dim] = 0  # layer 1 loses group 1 (query heads 2, 3)
+        o2[:, : 2 * dim] = 0  # layer 2 loses groups 0 and 2
+        o2[:, 4 * dim:] = 0
+        ids = torch.randint(0, model.config.vocab_size, (1, 14))
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, atol=1e-4, rtol=1e-4)
 
 
 def test_cooperative_rule_removes_one_group_per_neighbour_pool():
