@@ -43,6 +43,7 @@ _ATTN_PARAMS = (
 )
 _ATTN_CONSTEXPRS = ("BLOCK_G", "BLOCK_D", "BLOCK_T")
 
+_DOT_MIN = 16  # smallest tile edge tl.dot takes (triton_kernels.DOT_MIN; this module imports no triton)
 POINTER_ALIGNMENT = 16  # bytes; every pointer parameter of an AOT kernel must be a multiple of this
 
 # Grid rules: each dimension is an int, a parameter name, or ["cdiv", parameter, constexpr] (ceil division).
@@ -99,7 +100,7 @@ def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: I
                      group_blocks: Iterable[int] = (1, 4, 8),
                      layouts: Iterable[str] = ("plain", "transposed")) -> list[KernelVariant]:
     """The variants a bundle ships: BSR GEMV (M < 16, 1 row tile, ``gemv_unroll`` blocks a step, split-K into a
-    float32 output) and GEMM (``tl.dot``) for each of ``layouts`` at the tuning's block, and GQA decode for each
+    float32 output) and GEMM (``tl.dot`` for blocks of at least 16 x 16, else a broadcast multiply) for each of ``layouts`` at the tuning's block, and GQA decode for each
     head dim ``BLOCK_D`` and query-group bound ``BLOCK_G`` (a pruned group of G heads runs on the smallest
     ``BLOCK_G >= G``). The defaults are examples; a build passes its model's values (build/sparse_step.py)."""
     bn, bk = tuning.bsr_block
@@ -109,7 +110,9 @@ def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: I
         gemv = {"BLOCK_M": 1, **base, "USE_DOT": False, "UNROLL": tuning.gemv_unroll, "ATOMIC": True}
         variants.append(KernelVariant(f"bsr_gemv_{layout}_{bn}x{bk}_{act_dtype}", "bsr_matmul", gemv,
                                       tuning.gemv_num_warps, tuning.num_stages, act_dtype, _BSR_GEMV_GRID, "fp32"))
-        gemm = {"BLOCK_M": tuning.gemm_block_m, **base, "USE_DOT": True, "UNROLL": 1, "ATOMIC": False}
+        # tl.dot needs tiles of at least 16 x 16; smaller blocks run the GEMM as a broadcast multiply
+        gemm = {"BLOCK_M": tuning.gemm_block_m, **base, "USE_DOT": min(bn, bk) >= _DOT_MIN, "UNROLL": 1,
+                "ATOMIC": False}
         variants.append(KernelVariant(f"bsr_gemm_{layout}_{bn}x{bk}_{act_dtype}", "bsr_matmul", gemm,
                                       tuning.gemm_num_warps, tuning.num_stages, act_dtype, _BSR_GRID))
     for d in head_dims:

@@ -299,6 +299,12 @@ class LoadedKernel:
 _TORCH_DTYPES = {"fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}
 
 
+def _is_gemm(meta: dict) -> bool:
+    """Whether a bsr_matmul variant is the GEMM (row tiles of 16 or more, for prefill) rather than the GEMV (one
+    row per program). Told by BLOCK_M, not USE_DOT: blocks under 16 x 16 compile their GEMM without tl.dot."""
+    return int(meta["constexprs"]["BLOCK_M"]) >= 16
+
+
 def _variant_tuning(meta: dict, device: Any):
     """The tuning a variant was compiled with, its SM count replaced by this device's (AGX Orin has twice an
     Orin NX's), then the launch-time fields (:data:`.tuning.RUNTIME_FIELDS`) that ``EDGESDK_KERNEL_TUNING``
@@ -354,8 +360,8 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
         variant. Checked when a bundle is opened, so a gap is reported there and not at the first token."""
         want_t = layout == "transposed"
         lacking = []
-        for use_dot, what in ((False, "GEMV (decode, < 16 rows)"), (True, "GEMM (prefill, >= 16 rows)")):
-            if not any(k.meta["kernel"] == "bsr_matmul" and k.meta["constexprs"]["USE_DOT"] == use_dot
+        for gemm, what in ((False, "GEMV (decode, < 16 rows)"), (True, "GEMM (prefill, >= 16 rows)")):
+            if not any(k.meta["kernel"] == "bsr_matmul" and _is_gemm(k.meta) == gemm
                        and k.meta["constexprs"]["TRANSPOSED"] == want_t
                        and (k.meta["constexprs"]["BLOCK_N"], k.meta["constexprs"]["BLOCK_K"]) == tuple(block)
                        for k in self._kernels.values()):
@@ -379,9 +385,9 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
         import torch
 
         m = x.shape[0]
-        want_dot = m >= 16
+        want_gemm = m >= 16
         layout = weight.layout == "transposed"
-        variant = self._pick("bsr_matmul", lambda md: md["constexprs"]["USE_DOT"] == want_dot
+        variant = self._pick("bsr_matmul", lambda md: _is_gemm(md) == want_gemm
                              and md["constexprs"]["TRANSPOSED"] == layout
                              and (md["constexprs"]["BLOCK_N"], md["constexprs"]["BLOCK_K"]) == tuple(weight.block))
         dtype = getattr(torch, _TORCH_DTYPES[variant.meta["act_dtype"]])

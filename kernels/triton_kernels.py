@@ -48,8 +48,8 @@ def _bsr_matmul_kernel(
     int8 tile, accumulates in fp32 and applies the per-channel scale once at the end (fused dequantisation: the
     scale is constant along K so it factors out of the sum). Dropped blocks are never read.
 
-    * ``USE_DOT`` (``BLOCK_M >= 16``, GEMM) uses ``tl.dot``; otherwise a broadcast multiply and a reduction
-      along K, which needs no tensor-core tile minimum.
+    * ``USE_DOT`` (``BLOCK_M >= 16``, GEMM, blocks of at least 16 x 16) uses ``tl.dot``; otherwise a broadcast
+      multiply and a reduction along K, which needs no tensor-core tile minimum.
     * ``UNROLL > 1`` (batch-1 GEMV, ``BLOCK_M == 1``): ``UNROLL`` stored blocks per step, their loads issued
       together. A block is 1 KiB and each step's loads depend on the column index just read, so one block per
       step leaves a program waiting a full memory latency per KiB; measured on an H200 that held the dense
@@ -277,10 +277,21 @@ def _default_tuning() -> KernelTuning:
     return tuning_for(87)  # Orin: the target the kernels are written for
 
 
-def bsr_launch_params(m: int, tuning: KernelTuning) -> tuple[int, bool, int]:
-    """(BLOCK_M, USE_DOT, num_warps) for ``m`` activation rows: GEMV tiles up to 8 rows, GEMM uses ``tl.dot``."""
+DOT_MIN = 16  # tl.dot refuses operands with a dimension under 16 (Triton's dot shape check)
+
+
+def bsr_uses_dot(block: tuple[int, int]) -> bool:
+    """Whether the GEMM (>= 16 rows) of weights in ``block`` tiles can use ``tl.dot``: both block edges must be at
+    least :data:`DOT_MIN`; smaller blocks (a profile's ``sparsity_block`` of 8, say) take the broadcast-multiply
+    path, which has no tile minimum."""
+    return min(int(block[0]), int(block[1])) >= DOT_MIN
+
+
+def bsr_launch_params(m: int, tuning: KernelTuning, block: tuple[int, int] | None = None) -> tuple[int, bool, int]:
+    """(BLOCK_M, USE_DOT, num_warps) for ``m`` activation rows: GEMV tiles up to 8 rows, GEMM uses ``tl.dot``
+    where the weight ``block`` allows it (:func:`bsr_uses_dot`; default ``tuning.bsr_block``)."""
     if m >= 16:
-        return tuning.gemm_block_m, True, tuning.gemm_num_warps
+        return tuning.gemm_block_m, bsr_uses_dot(block or tuning.bsr_block), tuning.gemm_num_warps
     return min(_next_pow2(m), 8), False, tuning.gemv_num_warps
 
 
@@ -299,7 +310,7 @@ def block_sparse_matmul_triton(x: torch.Tensor, weight: BlockSparseWeight, emula
     if m == 0 or n == 0:
         return torch.empty(m, n, dtype=x.dtype, device=x.device)
     bn, bk = weight.block
-    block_m, use_dot, num_warps = bsr_launch_params(m, tuning)
+    block_m, use_dot, num_warps = bsr_launch_params(m, tuning, weight.block)
     unroll, splits = 1, 1
     if m == 1:
         unroll = max(1, tuning.gemv_unroll)

@@ -171,6 +171,43 @@ def test_build_compiles_the_variants_the_model_needs(tmp_path):
     assert kernels.missing((64, 64), "transposed", 24, [3, 2]) == []  # what the loader checks at open
 
 
+def test_blocks_under_16_compile_their_gemm_without_tl_dot(tmp_path):
+    """A profile may set sparsity_block 8 (a power of two); the GEMM variant used tl.dot, which refuses tiles under
+    16, so the build stopped at 'did not compile' after the whole export. It now runs as a broadcast multiply;
+    the loader still finds it for >= 16 rows (told by BLOCK_M), and the emulated kernel matches its twin."""
+    torch = pytest.importorskip("torch")
+    from edgesdk.build.sparse_step import compile_kernels
+    from edgesdk.kernels.block_sparse import BlockSparseWeight
+    from edgesdk.kernels.loader import CompiledKernels, LoadedKernel
+    from edgesdk.kernels.reference import block_sparse_matmul_reference
+    from edgesdk.kernels.triton_kernels import block_sparse_matmul_triton, bsr_launch_params
+
+    record = _record(block=8, head_dim=16, layers=((2, 2),))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton_cache"))
+        result = compile_kernels(_profile(8), tmp_path / "kernels", record)
+    assert result["failed"] == {}
+    driver = RecordingDriver()
+    loaded = {}
+    for name in result["kernels"]:
+        meta = json.loads((tmp_path / "kernels" / "sm_87" / f"{name}.json").read_text())
+        loaded[name] = LoadedKernel(meta, driver, ("module", name), "cubin")
+    kernels = CompiledKernels(87, loaded, {}, driver.name)
+    assert kernels.missing((8, 8), "plain", 16, [1]) == []
+    gen = torch.Generator().manual_seed(0)
+    w = BlockSparseWeight.from_dense(torch.randint(-127, 128, (20, 12), generator=gen, dtype=torch.int8),
+                                     torch.rand(20, generator=gen), block=(8, 8))
+    x = torch.randn(20, 12, generator=gen)
+    driver.meta = loaded["bsr_gemm_plain_8x8_fp16"].meta
+    kernels.block_sparse_matmul(x, w)
+    assert driver.launches[-1][0] == ("module", "bsr_gemm_plain_8x8_fp16")
+    tuning = tuning_for(87)
+    assert bsr_launch_params(20, tuning, (8, 8))[1] is False
+    assert bsr_launch_params(20, tuning, (32, 32))[1]
+    out = block_sparse_matmul_triton(x, w, emulated=True, tuning=tuning)
+    torch.testing.assert_close(out, block_sparse_matmul_reference(x, w), rtol=1e-4, atol=1e-4)
+
+
 def test_build_stops_when_a_needed_kernel_does_not_compile(tmp_path, monkeypatch):
     from edgesdk.build import sparse_step
     from edgesdk.errors import BuildError
