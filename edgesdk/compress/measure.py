@@ -13,12 +13,15 @@ from edgesdk.compress.structure import layer_records
 
 def weight_bytes(model, scheme: QuantScheme | None) -> int:
     """Bytes of the exported weights: codes plus one scale per block (float16, the MatMulNBits
-    layout) or per channel (float32, QDQ); norms and float weights at 4 bytes. The embedding and the
-    LM head take the scheme's embedding_bits; tied, they are stored once."""
-    def quantized(numel: int, rows: int, bits: int, granularity: str, block: int) -> int:
+    layout, each row's input padded to whole blocks) or per channel (float32, QDQ); norms and float
+    weights at 4 bytes. The embedding and the LM head take the scheme's embedding_bits; tied, they
+    are stored once."""
+    def quantized(shape: torch.Size, bits: int, granularity: str, block: int) -> int:
+        rows, cols = shape
         if granularity == "channel":
-            return numel * bits // 8 + 4 * rows
-        return numel * bits // 8 + 2 * (numel // block)
+            return rows * cols * bits // 8 + 4 * rows
+        blocks = rows * -(-cols // block)  # a row's last block is zero-padded to the full block
+        return blocks * (block * bits // 8 + 2)
 
     total = 0
     linears = decoder_linears(model)
@@ -28,16 +31,16 @@ def weight_bytes(model, scheme: QuantScheme | None) -> int:
         if scheme is None:
             total += 4 * w.numel()
         else:
-            total += quantized(w.numel(), w.shape[0], scheme.bits_of(name), scheme.granularity, scheme.block_size)
+            total += quantized(w.shape, scheme.bits_of(name), scheme.granularity, scheme.block_size)
     embed = model.model.embed_tokens.weight
     counted.add(id(embed))
     bits = scheme.embedding_bits if scheme is not None else None
     block = scheme.block_size if scheme is not None else 32
-    total += quantized(embed.numel(), embed.shape[0], bits, "block", block) if bits else 4 * embed.numel()
+    total += quantized(embed.shape, bits, "block", block) if bits else 4 * embed.numel()
     if not is_tied(model):  # an untied head: its own matrix at the embedding's bits (fake_quant.attach)
         head = model.lm_head.weight
         counted.add(id(head))
-        total += quantized(head.numel(), head.shape[0], bits, "block", block) if bits else 4 * head.numel()
+        total += quantized(head.shape, bits, "block", block) if bits else 4 * head.numel()
     total += sum(4 * p.numel() for p in model.parameters() if id(p) not in counted)
     return total
 

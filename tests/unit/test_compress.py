@@ -77,6 +77,33 @@ def test_untied_head_and_embedding_are_counted_at_embedding_bits():
     assert untied.lm_head.bits == untied.model.embed_tokens.bits == 8
 
 
+def test_weight_bytes_count_the_padded_last_block_of_each_row_as_the_export_stores_it(tmp_path):
+    """An FFN of 112 channels is 3.5 blocks of 32 per down-projection row: the export pads it to 4 blocks (codes
+    and scales), so widening the FFN to 128 adds only the gate and up rows, as the report's bytes must say."""
+    import onnx
+
+    from edgesdk.compress.measure import weight_bytes
+
+    def exported_linear_bytes(model, path) -> int:
+        export_model(model, path, ExportConfig(form="ort-fused", weights="int4", block_size=32, max_context=64))
+        graph = onnx.load(path / "model.onnx").graph
+        return sum(onnx.numpy_helper.to_array(t).nbytes for t in graph.initializer
+                   if t.name.startswith("layers.") and t.name.endswith((".qweight", ".scales")))
+
+    scheme = fake_quant.QuantScheme(weight_bits=4, block_size=32)
+    narrow = tiny_llama(seed=0)  # intermediate 112
+    wide = copy.deepcopy(narrow)
+    for layer in wide.model.layers:  # 16 zero channels more: same structure otherwise
+        for linear, dim in ((layer.mlp.gate_proj, 0), (layer.mlp.up_proj, 0), (layer.mlp.down_proj, 1)):
+            pad = (0, 16) if dim == 1 else (0, 0, 0, 16)
+            linear.weight = torch.nn.Parameter(torch.nn.functional.pad(linear.weight.detach(), pad))
+    assert wide.model.layers[0].mlp.down_proj.weight.shape == (64, 128)
+    (tmp_path / "narrow").mkdir()
+    (tmp_path / "wide").mkdir()
+    exported = exported_linear_bytes(wide, tmp_path / "wide") - exported_linear_bytes(narrow, tmp_path / "narrow")
+    assert weight_bytes(wide, scheme) - weight_bytes(narrow, scheme) == exported
+
+
 def _check_fake_quant_equals_export(bits: int, seed: int, hidden: int, block: int, tmp_path, heads: int = 4,
                                     kv_heads: int = 2, tie: bool = True) -> None:
     head_bits = 4 if seed % 2 else 8
