@@ -69,7 +69,7 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
     from edgesdk.kernels.tuning import RUNTIME_FIELDS, TUNING_ENV_VAR, parse_tuning_overrides
     from edgesdk.runtime.sparse_decoder import SparseDecoder
 
-    explicit = os.environ.get(KERNELS_ENV)
+    explicit = os.environ.get(KERNELS_ENV, "").strip()  # blank counts as unset, as in kernel_mode()
     try:  # a bad value is this backend's reason not to open, not an error that ends the backend chain
         mode = kernel_mode()
         overrides = parse_tuning_overrides(os.environ.get(TUNING_ENV_VAR, ""))

@@ -47,6 +47,15 @@ def test_an_unknown_kernel_mode_is_a_backend_error(bundle, monkeypatch):
     assert "EDGESDK_KERNELS" in caught.value.fix
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the hand-over to the CPU backends without CUDA")
+def test_a_blank_kernel_mode_counts_as_unset(bundle, monkeypatch):
+    """EDGESDK_KERNELS=" " is unset to kernel_mode(); the backend took it as asked for and opened the
+    slow PyTorch twins on a CPU host instead of handing over to ort-cpu."""
+    monkeypatch.setenv("EDGESDK_KERNELS", " ")
+    with pytest.raises(RuntimeBackendError, match="no CUDA device"):
+        open_triton_backend(bundle, threads=1)
+
+
 def test_a_bad_kernel_tuning_is_a_backend_error_at_open(bundle, monkeypatch):
     monkeypatch.setenv("EDGESDK_KERNELS", "reference")
     monkeypatch.setenv("EDGESDK_KERNEL_TUNING", "attn_block_t=48")
