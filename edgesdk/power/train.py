@@ -118,6 +118,21 @@ def rollout(model, state: PowerState, prompts: torch.Tensor, config: PowerTrainC
     return out, full_mask
 
 
+def power_windows(p_proxy: torch.Tensor, p_student: torch.Tensor, loss_mask: torch.Tensor, prompt: int,
+                  info: PowerModelInfo) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(P_proxy, P_student, window mask) over the generated tokens of a rollout: (b, T) -> (b, n, window).
+
+    The prompt (the first ``prompt`` positions, masked out of P) is cut off first, so the windows
+    start at the first generated token whatever the prompt length; otherwise a prompt that is not a
+    multiple of the window leaves a window holding only its last few generated tokens (entropy
+    capped at ln of their count, below the target) and the tail of the continuation outside every window.
+    """
+    mask = loss_mask[:, prompt:]
+    P_proxy, wm = vector.windowed(p_proxy[:, prompt:], mask, info.window, info.smooth, info.floor)
+    P_student, _ = vector.windowed(p_student[:, prompt:], mask, info.window, info.smooth, info.floor)
+    return P_proxy, P_student, wm
+
+
 def _forward(model, state: PowerState, ids: torch.Tensor, valid: torch.Tensor, *, gated: bool):
     state.clear()
     state.enabled, state.record = gated, True
@@ -175,19 +190,19 @@ def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.T
             weights = losses.power_weights(p_student[:, :-1], pred_mask, config.low_power_scale)
             per_sample = (kl_tok * weights).sum(-1) / pred_mask.sum(-1).clamp_min(1)  # (b,)
             kl_term = running(per_sample).sum() if config.zscore else per_sample.sum()
-            window_mask = lm  # padding and prompt masked out of P
-            P_proxy, wm = vector.windowed(p_proxy, window_mask, info.window, info.smooth, info.floor)
-            P_student, _ = vector.windowed(p_student, window_mask, info.window, info.smooth, info.floor)
-            full = wm.sum(-1) >= 2  # windows with at least two valid tokens
-            if full.any():
-                kl_pow = vector.power_kl(P_proxy, P_student, wm)[full]
+            P_proxy, P_student, wm = power_windows(p_proxy, p_student, lm, prompts.shape[1], info)
+            counts = wm.sum(-1)
+            pair = counts >= 2  # windows with at least two valid tokens: the power KL means something
+            full = counts == info.window  # the entropy term: whole windows only, as the runtime measures
+            power_term = entropy_term = torch.zeros(())
+            h = torch.zeros(1)
+            if pair.any():
+                kl_pow = vector.power_kl(P_proxy, P_student, wm)[pair]
                 kl_pow = losses.sqrt_clip(kl_pow) if config.clip else kl_pow
-                h = vector.entropy(P_proxy)[full]
                 power_term = kl_pow.mean()
+            if full.any():
+                h = vector.entropy(P_proxy)[full]
                 entropy_term = losses.entropy_term(h, config.entropy_target).mean()
-            else:
-                power_term = entropy_term = torch.zeros(())
-                h = torch.zeros(1)
             executed = (masks * lm.unsqueeze(-1)).sum() / (lm.sum() * masks.shape[-1]).clamp_min(1)
             budget_term = losses.budget_term(executed, config.budget)
             loss = (kl_term + config.weight_power_kl * power_term + w_entropy * entropy_term
