@@ -92,15 +92,21 @@ class TauController:
         rows out of the block counts (a prompt, whose FFNs ran whatever the gates said).
         """
         c = self.config
+        fresh = False
         for value in np.atleast_1d(power).ravel():
-            self.powers.append(float(value))
+            # A non-finite reading (an overflowed graph) would turn the smoothed window into NaN for
+            # the next window + smooth steps, which reads as a window of equal powers (ln W) and
+            # drives tau up; it carries no power to measure, so it is left out of the stream.
+            if np.isfinite(value):
+                self.powers.append(float(value))
+                fresh = True
         executed = np.asarray(executed, np.float64).reshape(-1, np.asarray(executed).shape[-1])  # (S, L)
         for row in executed:
             self.executed.append(float(row.mean()))
             if count:
                 self.blocks_run += int(row.sum())
                 self.blocks_total += row.size
-        if len(self.powers) >= c.window:
+        if fresh and len(self.powers) >= c.window:
             h = window_entropy(np.fromiter(self.powers, np.float64), c.window, c.smooth, c.floor)
             self.entropies.append(h)
             if steer:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -120,3 +122,20 @@ def test_the_thermal_guard_lowers_the_controllers_budget(tmp_path):
         tree.feed(guard, temp)
         budgets.append(controller.budget)
     assert budgets == [0.9, 0.75, 0.5, 0.9]  # never above the configured budget
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_power_reading_leaves_the_entropy_and_tau_alone(bad):
+    rng = np.random.default_rng(3)
+    powers = rng.uniform(0.2, 1.0, 30)
+    clean, poisoned = TauController(), TauController()
+    executed = np.ones(LAYERS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy "invalid value" warnings on the board either
+        for i, p in enumerate(powers):
+            if i != 12:
+                clean.observe(p, executed)
+            poisoned.observe(bad if i == 12 else p, executed)
+    assert np.isfinite(poisoned.entropies).all()
+    assert poisoned.entropies == clean.entropies  # the bad step measured nothing and moved nothing
+    assert poisoned.tau == pytest.approx(clean.tau)
