@@ -8,8 +8,11 @@ norm, KV-cache access cost, each divided by its calibration mean so the weights 
 with like). Turning a stretch of p into a distribution:
 
 1. padding masked: p_t = 0 where mask_t = 0, and padded positions take no part below (§5.2);
-2. causal moving average over the last ``smooth`` valid tokens (§3.3 "remove single-point
-   spikes"; causal so the board, which only has the past, computes the same values);
+2. causal moving average over the valid tokens among the last ``smooth`` positions (§3.3
+   "remove single-point spikes"; causal so the board, which only has the past, computes the same
+   values); a masked position in that span is skipped, not replaced by an earlier valid token
+   (the same thing as the last ``smooth`` valid tokens where the valid tokens are contiguous, as
+   in a rollout or the board's stream);
 3. cut into windows of ``window`` tokens; in each, min-max normalisation over its valid tokens,
    plus a floor so no valid token has zero mass (a KL between two distributions stays finite);
 4. L1 normalisation over the valid tokens: P sums to 1 per window;
@@ -59,7 +62,8 @@ def combine(peak: np.ndarray, ffn_norm: np.ndarray, cost: np.ndarray, weights: t
 
 
 def smooth(p: np.ndarray, mask: np.ndarray, width: int = SMOOTH) -> np.ndarray:
-    """Causal moving average over the last ``width`` valid tokens along the last axis; 0 on padding."""
+    """Causal moving average over the valid tokens among the last ``width`` positions (the last
+    ``width`` valid tokens where they are contiguous) along the last axis; 0 on padding."""
     p = np.where(mask > 0, p, 0.0).astype(np.float64)
     valid = (mask > 0).astype(np.float64)
     csum = np.cumsum(p, axis=-1)

@@ -1,7 +1,7 @@
 """The power vector and its distribution in torch, for training (seed 000 §2.2, §3.3, §5.2).
 
 The same steps as ``edgesdk.power.distribution`` (the board's numpy version): causal smoothing
-over the last ``width`` valid tokens, whole windows, min-max plus a floor, L1; padding masked.
+over the valid tokens among the last ``width`` positions, whole windows, min-max plus a floor, L1; padding masked.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def combine(peak: torch.Tensor, ffn_norm: torch.Tensor, cost: torch.Tensor, weig
 
 
 def smooth(p: torch.Tensor, mask: torch.Tensor, width: int = SMOOTH) -> torch.Tensor:
-    """Causal moving average over the last ``width`` valid tokens (B, T); 0 on padding."""
+    """Causal moving average over the valid tokens among the last ``width`` positions (B, T); 0 on padding."""
     valid = (mask > 0).to(p.dtype)
     p = p * valid
     csum, ccount = p.cumsum(-1), valid.cumsum(-1)

@@ -95,3 +95,14 @@ def test_torch_version_equals_the_board_version():
     np.testing.assert_allclose(
         vector.combine(*(torch.from_numpy(x) for x in (a, f, c)), weights, scales).numpy(),
         D.combine(a, f, c, weights, scales))
+
+
+def test_torch_smoothing_skips_a_masked_position_as_the_board_does():
+    torch = pytest.importorskip("torch")
+    from edgesdk.power import vector
+
+    p = np.array([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
+    mask = np.array([[1.0, 1.0, 0.0, 1.0, 1.0, 1.0]])
+    ours = vector.smooth(torch.from_numpy(p), torch.from_numpy(mask), 2).numpy()
+    np.testing.assert_allclose(ours, D.smooth(p, mask, 2))
+    assert ours[0, 3] == 4.0  # the masked position 2 is skipped, position 1 is outside the span
