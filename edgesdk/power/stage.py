@@ -76,6 +76,10 @@ class PowerConfig:
                                  f"positive sum, got {weights}")
         if not self.sweep:
             raise ValueError("sweep needs at least one (alpha, beta, gamma) point")
+        small = {name: getattr(self, name) for name in ("prompt_tokens", "bucket_size", "profile_up_to",
+                                                        "profile_buckets") if getattr(self, name) < 1}
+        if small:  # bucket_size 0 divided by zero in the c_t profiler; profile_buckets 0 made c_t zero
+            raise ValueError(f"{', '.join(f'{k}={v}' for k, v in small.items())}: each must be at least 1")
         if self.entropy_target is not None:
             check_entropy_target(self.entropy_target)
 

@@ -266,6 +266,9 @@ def test_a_gated_bundle_on_an_onnxruntime_too_old_names_the_version_and_the_fix(
     ("power.weights=[1.0, -1.0, 0.5]", "power weights (alpha, beta, gamma) must be three finite numbers >= 0"),
     ("power.sweep=[[0, 0, 0]]", "with a positive sum"),
     ("power.entropy_target=2.5", "entropy_target must lie in (0, 2.079) nats"),
+    ("power.bucket_size=0", "bucket_size=0: each must be at least 1"),
+    ("power.profile_buckets=0", "profile_buckets=0: each must be at least 1"),
+    ("power.prompt_tokens=0", "prompt_tokens=0: each must be at least 1"),
 ])
 def test_power_settings_that_cannot_train_are_refused_before_the_build(override, message):
     from edgesdk.build.recipes import load_recipe
