@@ -424,21 +424,23 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
             thermal.close()
 
 
-def _warn_unused_thermal_options(watch_thermal: bool, simulate_thermal: bool, telemetry, **given) -> None:
+def _warn_unused_thermal_options(watch_thermal: bool, simulate_thermal: bool, telemetry, no_guard: bool,
+                                 clock_cap: bool, ambient, sim_speed: float, thermal_target) -> None:
     """Name the thermal options that do nothing without the mode they belong to (as --top-p is named)."""
     guarded = watch_thermal or simulate_thermal
-    # --clock-cap beside --telemetry alone is named by the thermal session itself (no guard to cap for).
-    needs = {"no_guard": ("--no-guard", guarded), "clock_cap": ("--clock-cap", guarded or telemetry),
-             "ambient": ("--ambient", simulate_thermal), "sim_speed": ("--sim-speed", simulate_thermal),
-             "thermal_target": ("--thermal-target", guarded or telemetry)}
-    defaults = {"no_guard": False, "clock_cap": False, "ambient": None, "sim_speed": 1.0, "thermal_target": None}
-    for key, value in given.items():
-        flag, in_use = needs[key]
-        if value != defaults[key] and not in_use:
-            mode = {"ambient": "--simulate-thermal", "sim_speed": "--simulate-thermal",
-                    "thermal_target": "--watch-thermal, --simulate-thermal or --telemetry"}.get(
-                key, "--watch-thermal or --simulate-thermal")
-            click.echo(f"edgesdk: {flag} is not used: it works with {mode}", err=True)
+    modes = "--watch-thermal or --simulate-thermal"
+    options = [  # (flag, given, used in this run, what it works with)
+        ("--no-guard", no_guard, guarded, modes),
+        # beside --telemetry alone the thermal session itself says --clock-cap has no guard to cap for
+        ("--clock-cap", clock_cap, guarded or telemetry, modes),
+        ("--ambient", ambient is not None, simulate_thermal, "--simulate-thermal"),
+        ("--sim-speed", sim_speed != 1.0, simulate_thermal, "--simulate-thermal"),
+        ("--thermal-target", thermal_target is not None, guarded or telemetry,
+         "--watch-thermal, --simulate-thermal or --telemetry"),
+    ]
+    for flag, given, used, works_with in options:
+        if given and not used:
+            click.echo(f"edgesdk: {flag} is not used: it works with {works_with}", err=True)
 
 
 def _configure_gates(backend, entropy_target, compute_budget, gating) -> None:
