@@ -85,6 +85,7 @@ class ExportConfig:
                            eight_bit_linears=scheme.eight_bit_linears if scheme is not None else ())
 
 
+MIN_CONTEXT = 16  # shortest graph context the export writes
 FUSED_HEAD_DIM_MULTIPLE = 16  # ONNX Runtime's GroupQueryAttention with its rotary (do_rotary, as the fused
 # graphs use it) refuses other head sizes: "head_size shall be a multiple of 16"
 
@@ -171,8 +172,8 @@ def export_model(model, out_dir: Path, config: ExportConfig = ExportConfig()) ->
     check_exportable(model.config, config)
     limit = int(getattr(model.config, "max_position_embeddings", config.max_context))
     max_context = min(config.max_context, limit)
-    if max_context < 16:
-        raise ExportError(f"max_context {max_context} is too short", "use --max-context 16 or more")
+    if max_context < MIN_CONTEXT:
+        raise ExportError(f"max_context {max_context} is too short", f"use --max-context {MIN_CONTEXT} or more")
     weights = decoder_weights_from_hf(model)
     power = getattr(model.config, "edgesdk_power", None)  # power adapters (edgesdk/power): the gated graph
     if power and config.form == "standard":

@@ -27,7 +27,7 @@ from edgesdk.build.registry import BuildContext, stage_spec
 from edgesdk.bundle import Bundle, check_replaceable
 from edgesdk.compress.data import DataConfig
 from edgesdk.errors import BuildError, EdgeSDKError
-from edgesdk.export.onnx_export import ExportConfig, check_exportable, export_model
+from edgesdk.export.onnx_export import MIN_CONTEXT, ExportConfig, check_exportable, export_model
 from edgesdk.export.validate import ValidationConfig, validate_export, validate_fused
 from edgesdk.models.sources import DEFAULT_MODEL, resolve_model
 from edgesdk.profile import get_profile
@@ -62,9 +62,6 @@ def default_out(model: str, target: str) -> Path:
     else:
         stem = model
     return Path("bundles") / f"{stem}-{target}"
-
-
-MIN_CONTEXT = 16  # the export refuses a shorter graph (export/onnx_export.py)
 
 
 def check_max_context(export_config: ExportConfig) -> None:
