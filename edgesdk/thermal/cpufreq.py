@@ -127,6 +127,9 @@ class CpuFreqCap:
             self._lock = _lock(lock_path(self.state_path))
             self.notes += recover(self.state_path, holding_lock=self._lock is not None)
         self._discover()
+        if not self.available and self._lock is not None:
+            self._lock.close()  # nothing to cap here (no policies, not root): leave the clock to a run that can
+            self._lock = None
 
     def _discover(self) -> None:
         base = self.root / CPUFREQ_DIR

@@ -152,6 +152,23 @@ def test_read_only_ceiling_means_unavailable(tmp_path):
     assert "not writable (run as root)" in cap.describe()
 
 
+def test_a_run_that_cannot_cap_leaves_the_clock_to_one_that_can(tmp_path):
+    """No cpufreq here (or not root): this run caps nothing, so it must not hold the one-capping-run
+    lock; a run that can cap starts while it goes on and is not told another run is capping."""
+    from edgesdk.thermal.cpufreq import _held_elsewhere
+
+    state = tmp_path / "cache" / "clock-cap.json"
+    state.parent.mkdir()
+    cannot = CpuFreqCap(tmp_path / "no-cpufreq", state)
+    assert not cannot.available
+    assert not _held_elsewhere(state)
+    make_cpufreq_policy(tmp_path / "fs", 0, 2_400_000, 1_500_000, PI5_KHZ)
+    can = CpuFreqCap(tmp_path / "fs", state)
+    assert can.available, can.describe()
+    can.close()
+    cannot.close()
+
+
 def test_guard_asks_for_the_cap_only_while_pacing():
     limits, _ = Limits.resolve(PROFILE.thermal)
     guard = Guard(limits, PROFILE.thermal_model, GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO, min_dwell_s=0.0))
