@@ -77,6 +77,19 @@ def release_work_dir(path: Path) -> None:
         os.close(fd)
 
 
+def remove_work_dir(path: Path) -> None:
+    """Delete a work directory so that a kill part-way leaves no half of it: it is renamed aside in one
+    step, then removed (a half-deleted directory without its state file would be refused by the next
+    build as not a work directory). What an earlier kill left aside goes too."""
+    path = Path(path)
+    aside = path.with_name(f".{path.name}.removing")
+    if aside.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+    if path.exists():
+        os.replace(path, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+
+
 class WorkDir:
     def __init__(self, path: Path, build_key: dict, resume: bool):
         self.path = Path(path)
@@ -95,8 +108,7 @@ class WorkDir:
                 )
         else:
             check_work_dir(self.path)
-            if self.path.exists():
-                shutil.rmtree(self.path)
+            remove_work_dir(self.path)
             self.path.mkdir(parents=True)
             lock_work_dir(self.path)
             self.state = {"build_key": self.key, "done": {}}

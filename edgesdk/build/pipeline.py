@@ -7,7 +7,6 @@ already done.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -19,6 +18,7 @@ from edgesdk.build.checkpoint import (
     check_work_dir,
     file_fingerprint,
     load_checkpoint,
+    remove_work_dir,
     save_checkpoint,
 )
 from edgesdk.build.package import write_bundle
@@ -175,7 +175,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         check_exportable(loaded.model.config, export_config)  # before any stage, not at export
     except EdgeSDKError:
         if not work.state["done"]:  # nothing to resume: leave no empty work directory behind
-            shutil.rmtree(work.path, ignore_errors=True)
+            remove_work_dir(work.path)
         raise
     facts_before = loaded.facts()
     model = loaded.model
@@ -241,6 +241,6 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         weights_codec=export_config.weights_codec,
     )
     if not config.keep_work:
-        shutil.rmtree(work.path, ignore_errors=True)
+        remove_work_dir(work.path)
     _log(f"done in {time.perf_counter() - started:.0f}s: {out} (bundle id {bundle.bundle_id})")
     return bundle

@@ -576,3 +576,20 @@ def test_a_refused_resume_leaves_the_work_directory_unlocked(tmp_path):
     with pytest.raises(BuildError, match="belongs to a different build"):
         WorkDir(work, {"build": 2}, resume=True)
     assert str(work) not in _HELD
+
+
+def test_a_work_directory_is_removed_in_one_step_and_what_a_kill_left_aside_goes_too(tmp_path):
+    """Deleting the state file first and being killed left a directory the next build refused as
+    'not an edgesdk work directory'; the directory is now renamed aside first, then removed."""
+    from edgesdk.build.checkpoint import check_work_dir, remove_work_dir
+
+    work = tmp_path / "out.build"
+    (work / "stages" / "00-qat").mkdir(parents=True)
+    (work / "state.json").write_text("{}")
+    (work / "stages" / "00-qat" / "model.safetensors").write_bytes(b"0" * 1000)
+    aside = tmp_path / ".out.build.removing"
+    aside.mkdir()
+    (aside / "model.safetensors").write_bytes(b"0")  # a removal killed part-way in an earlier build
+    remove_work_dir(work)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    check_work_dir(work)  # nothing in the way of the next build
