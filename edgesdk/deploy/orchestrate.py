@@ -44,6 +44,7 @@ from edgesdk.deploy.session import (
     check_destination,
     open_board,
     probe,
+    run_argv,
     smoke_test,
     unpack_if_archive,
 )
@@ -218,12 +219,10 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
             else:
                 if pruned["removed"]:
                     report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {options.keep})")
+        live = install.runtime_argv(board, options.local) if runtime_key else edgesdk  # runtime/current now
         return DeployResult(bundle_id=bundle.bundle_id, where=where, root=board.root, bytes_sent=sent_bytes,
                             files_sent=len(plan.send), bytes_reused=plan.reused_bytes if not release_ok else total,
                             runtime_bytes_sent=runtime_sent, seconds=report.elapsed(),
                             previous=switched["from"] if switched["from"] != bundle.bundle_id else None,
                             engine=decision.message, generated=generated,
-                            run_command=shlex.join([*(install.runtime_argv(board, options.local) if runtime_key
-                                                      else edgesdk), "run", board.path("current"),
-                                                    # as the smoke test ran it: run refuses another board's bundle
-                                                    *(["--ignore-target"] if options.ignore_target else [])]))
+                            run_command=shlex.join(run_argv(live, board.path("current"), options)))

@@ -86,11 +86,16 @@ def board_edgesdk(board: Board, facts: BoardFacts, local: bool) -> list[str]:
                       "deploy without --no-install: it installs the runtime into the deploy root")
 
 
+def run_argv(edgesdk: list[str], release: str, options: DeployOptions) -> list[str]:
+    """``edgesdk run RELEASE`` as the board runs it (with --ignore-target when the deploy had it: run
+    refuses another board's bundle)."""
+    return [*edgesdk, "run", release, *(["--ignore-target"] if options.ignore_target else [])]
+
+
 def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOptions, report: Reporter) -> str:
     """``edgesdk run RELEASE --prompt hi -n 4 --raw`` on the board; returns the generated text."""
-    argv = [*edgesdk, "run", release, "--prompt", options.smoke_prompt, "-n", str(options.smoke_tokens), "--raw"]
-    if options.ignore_target:
-        argv.append("--ignore-target")
+    argv = [*run_argv(edgesdk, release, options), "--prompt", options.smoke_prompt, "-n", str(options.smoke_tokens),
+            "--raw"]
     proc = board.transport.run(argv, timeout=options.smoke_timeout, what="the smoke test")
     text = proc.stdout.decode("utf-8", "replace")
     if proc.returncode != 0 or not text.strip():
