@@ -246,19 +246,25 @@ def test_training_text_is_checked_before_the_model_loads(test_stages, tmp_path, 
     assert info.value.fix
 
 
+def users_path(path: Path, kind: str) -> Path:
+    """A file of the user's at ``path`` ("file"), or a directory there holding one; returns that file."""
+    if kind == "file":
+        path.write_text("precious\n")
+        return path
+    path.mkdir()
+    (path / "notes.txt").write_text("precious\n")
+    return path / "notes.txt"
+
+
 @pytest.mark.parametrize("kind", ["user-directory", "file"])
 def test_an_output_path_that_is_not_a_bundle_is_left_alone(tiny_model_dir, tmp_path, kind):
     from edgesdk.errors import BundleError
 
     out = tmp_path / "mine"
-    if kind == "file":
-        out.write_text("precious\n")
-    else:
-        out.mkdir()
-        (out / "important.txt").write_text("precious\n")
+    precious = users_path(out, kind)
     with pytest.raises(BundleError, match="not a bundle|is a file"):
         _build(tiny_model_dir, out, "fp32-fused")
-    assert (out / "important.txt" if kind != "file" else out).read_text() == "precious\n"
+    assert precious.read_text() == "precious\n"
     assert not (tmp_path / "mine.build").exists()
 
 
@@ -465,17 +471,12 @@ def test_models_whose_names_differ_after_a_dot_get_their_own_default_bundle(tmp_
 @pytest.mark.parametrize("kind", ["directory", "file"])
 def test_a_path_at_the_work_directory_that_is_not_one_is_left_alone(tiny_model_dir, tmp_path, kind):
     """<out>.build is deleted when a build starts over; a directory or file of the user's there was deleted too."""
-    work = tmp_path / "mine.build"
-    if kind == "file":
-        work.write_text("precious\n")
-    else:
-        work.mkdir()
-        (work / "notes.txt").write_text("precious\n")
+    precious = users_path(tmp_path / "mine.build", kind)
     for resume in (False, True):
         with pytest.raises(BuildError, match=r"work directory .*mine.build is taken") as refused:
             _build(tiny_model_dir, tmp_path / "mine", "fp32-fused", resume=resume)
         assert "--out" in refused.value.fix
-    assert (work if kind == "file" else work / "notes.txt").read_text() == "precious\n"
+    assert precious.read_text() == "precious\n"
     assert not (tmp_path / "mine").exists()
 
 
