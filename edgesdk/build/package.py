@@ -64,8 +64,32 @@ def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None)
     lines += ["", f"Greedy top-1 agreement over the decode steps: {manifest['export_validation']['top1_agree']:.0%}",
               "", "## Files", "", "| file | bytes |", "|---|---|"]
     lines += [f"| {name} | {size:,} |" for name, size in sorted(sizes.items())]
+    lines += _sparse_lines(manifest.get("sparse"))
     lines += report.markdown(report.stage_rows(manifest.get("baseline"), manifest["stages"]), plot_name)
     return "\n".join(lines) + "\n"
+
+
+def _sparse_lines(record: dict | None) -> list[str]:
+    """The block-sparse weights' part of the report: blocks kept, the bytes the ``triton`` backend reads
+    per token against dense INT8 (the stage table's weight bytes are the QDQ graph's, which stores every
+    block), their check against PyTorch and the kernels compiled for the board."""
+    if not record:
+        return []
+    block, sparse, dense = record["block"], record["bytes_sparse"], record["bytes_dense_int8"]
+    lines = ["", "## Block-sparse weights (`triton` backend)", "",
+             f"- {block} x {block} blocks, {record.get('layout', 'plain')} layout; {record['density']:.1%} of the "
+             "decoder weights' blocks kept",
+             f"- decoder weights read per token: {sparse / 1e6:.1f} MB (INT8 blocks, block indices, row scales) "
+             f"against {dense / 1e6:.1f} MB dense INT8 ({sparse / max(dense, 1):.3f}x)"]
+    check = record.get("validation")
+    if check:
+        worst = ", ".join(f"{name} {diff:.3e}" for name, diff in sorted(check["max_abs_diff"].items()))
+        lines.append(f"- against PyTorch: max |diff| {worst}; greedy top-1 agreement {check['top1_agree']:.0%}")
+    kernels = record.get("kernels")
+    if kernels:
+        lines.append(f"- kernels compiled for sm_{kernels['sm']} in `{kernels['dir']}/`: "
+                     + ", ".join(kernels["kernels"]))
+    return lines
 
 
 def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, profile, recipe, stages: list,

@@ -594,3 +594,18 @@ def test_a_work_directory_is_removed_in_one_step_and_what_a_kill_left_aside_goes
     remove_work_dir(work)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     check_work_dir(work)  # nothing in the way of the next build
+
+
+def test_the_report_states_the_block_sparse_bytes_read_per_token():
+    from edgesdk.build.package import _sparse_lines
+
+    record = {"block": 32, "layout": "plain", "density": 0.5512, "bytes_sparse": 58_000_000,
+              "bytes_dense_int8": 106_790_400,
+              "validation": {"max_abs_diff": {"logits/decode": 6.4e-05}, "top1_agree": 1.0},
+              "kernels": {"sm": 87, "dir": "kernels/sm_87", "kernels": ["bsr_gemv_plain_32x32_fp16"], "failed": {}}}
+    text = "\n".join(_sparse_lines(record))
+    assert "55.1% of the decoder weights' blocks kept" in text
+    assert "58.0 MB (INT8 blocks, block indices, row scales) against 106.8 MB dense INT8 (0.543x)" in text
+    assert "logits/decode 6.400e-05" in text
+    assert "sm_87" in text
+    assert _sparse_lines(None) == []
