@@ -390,8 +390,11 @@ def _timing_cache_path(tensorrt_version: str, sm: int) -> Path:
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _parse(trt, network, logger, model: Path) -> None:
@@ -434,6 +437,14 @@ def _load_timing_cache(config, path: Path, log: Callable[[str], None]):
         log(f"timing cache {path} ({len(data)} bytes)" if data else f"new timing cache {path}")
 
 
+def _save_timing_cache(config, path: Path, log: Callable[[str], None]) -> None:
+    """Keep the build's tactic timings for the next build; a failure costs only that, never the engine."""
+    try:
+        _write_atomic(path, bytes(config.get_timing_cache().serialize()))
+    except OSError as exc:
+        log(f"could not save the timing cache {path}: {exc.strerror or exc}; the next build times its tactics again")
+
+
 def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int = DEFAULT_WORKSPACE_MB,
                  force: bool = False, max_seq: int | None = None, strongly_typed: bool | None = None,
                  timing_cache: Path | None = None, log: Callable[[str], None] = lambda message: None) -> dict:
@@ -449,6 +460,7 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     jetpack = board_jetpack()
     key = cache_key(jetpack, trt.__version__, sm)
     out = Path(out) if out else default_out(bundle.path, bundle.bundle_id, key)
+    _refuse_foreign_out(out)
     info = read_info(out)
     if not force and (out / ENGINE_FILE).is_file():
         why = _mismatch(out, info, bundle.bundle_id, trt.__version__, sm)
@@ -489,7 +501,7 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
         raise RuntimeBackendError(f"TensorRT {trt.__version__} failed to build an engine for {model} (see its log "
                                   "above)", "try a larger --workspace-mb, or free GPU memory (stop other services)")
     plan_bytes = bytes(serialized)
-    _write_atomic(cache_path, bytes(config.get_timing_cache().serialize()))
+    _save_timing_cache(config, cache_path, log)
 
     io = {"inputs": [{"name": t.name, "shape": _dims(t.shape), "dtype": _dtype_name(t.dtype),
                       "shape_tensor": bool(t.is_shape_tensor)}
@@ -523,12 +535,24 @@ def _process_alive(pid: str) -> bool:
     return True
 
 
+def _refuse_foreign_out(out: Path) -> None:
+    """An existing ``out`` is replaced whole, so it may hold nothing but an engine's own files."""
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in (ENGINE_FILE, INFO_FILE)) if out.is_dir() else []
+    if foreign:
+        raise RuntimeBackendError(
+            f"the engine directory {out} holds files that are not an engine's ({', '.join(foreign[:5])}); "
+            f"a build replaces the whole directory",
+            f"name a directory of its own: --out {out / 'engine'}")
+
+
 def _commit(out: Path, plan_bytes: bytes, info: dict) -> None:
     """Write engine.plan and engine.json beside ``out``, then rename the directory into place."""
+    _refuse_foreign_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".{out.name}.partial-*"):  # left by a build that was killed
-        if not _process_alive(stale.name.rsplit("-", 1)[-1]):
-            shutil.rmtree(stale, ignore_errors=True)
+    for pattern in (f".{out.name}.partial-*", f".{out.name}.old-*"):  # left by a build killed while writing
+        for stale in out.parent.glob(pattern):                          # or while swapping the engine in
+            if not _process_alive(stale.name.rsplit("-", 1)[-1]):
+                shutil.rmtree(stale, ignore_errors=True)
     staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
     staging.mkdir()
     try:

@@ -283,6 +283,9 @@ def test_an_engine_that_does_not_fit_leaves_no_partial_directory(tmp_path, monke
     killed = out.with_name(f".{out.name}.partial-999999999")  # no such process
     killed.mkdir()
     (killed / te.ENGINE_FILE).write_bytes(b"half")
+    swapped = out.with_name(f".{out.name}.old-999999999")  # killed between moving the old engine aside and removing it
+    swapped.mkdir()
+    (swapped / te.ENGINE_FILE).write_bytes(b"old")
     real_write = Path.write_bytes
 
     def full_disk(self, data):
@@ -326,3 +329,42 @@ def test_a_timing_cache_tensorrt_cannot_read_starts_a_new_one(tmp_path):
     te._load_timing_cache(config, damaged, logged.append)
     assert config.installed == [("cache", b"")]
     assert "does not fit this TensorRT/GPU; starting a new one" in logged[0]
+
+
+def test_an_out_directory_holding_other_files_is_refused_not_replaced(tmp_path):
+    """--out naming a directory of the user's own files (say --out ~/models) used to be moved aside
+    and removed with everything in it once the engine was written."""
+    mine = tmp_path / "models"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(RuntimeBackendError, match=r"holds files that are not an engine's \(notes.txt\)") as info:
+        te._commit(mine, b"plan", {"ok": True})
+    assert f"--out {mine / 'engine'}" in info.value.fix
+    assert (mine / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]
+    engine = fake_engine_dir(tmp_path / "engine")  # an engine directory is replaced as before
+    te._commit(engine, b"new plan", {"ok": True})
+    assert (engine / te.ENGINE_FILE).read_bytes() == b"new plan"
+
+
+def test_a_timing_cache_that_cannot_be_saved_keeps_the_engine(tmp_path):
+    """The timing cache only speeds up the next build: a full disk or an unwritable --timing-cache
+    used to end the build in a traceback, losing the engine just built."""
+
+    class TimingCache:
+        def serialize(self) -> bytes:
+            return b"timings"
+
+    class BuilderConfig:
+        def get_timing_cache(self):
+            return TimingCache()
+
+    blocked = tmp_path / "file"
+    blocked.write_text("a file, not a directory")
+    logged = []
+    te._save_timing_cache(BuilderConfig(), blocked / "timing.cache", logged.append)
+    assert logged[0].startswith(f"could not save the timing cache {blocked / 'timing.cache'}: ")
+    assert "the next build times its tactics again" in logged[0]
+    te._save_timing_cache(BuilderConfig(), tmp_path / "tensorrt" / "timing.cache", logged.append)
+    assert (tmp_path / "tensorrt" / "timing.cache").read_bytes() == b"timings"
+    assert sorted(p.name for p in (tmp_path / "tensorrt").iterdir()) == ["timing.cache"]
