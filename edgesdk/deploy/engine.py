@@ -95,5 +95,6 @@ def build_engine(board: Board, edgesdk: list[str], release: str, decision: Engin
                                what="the TensorRT engine build")
     if proc.returncode != 0:
         tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-8:]
-        raise DeployError(f"the TensorRT engine build failed on {board.label}:\n    " + "\n    ".join(tail),
+        raise DeployError(f"the TensorRT engine build failed on {board.label} (exit {proc.returncode}):\n    "
+                          + "\n    ".join(tail),
                           "see the builder's message above; the board keeps its current release")

@@ -139,6 +139,13 @@ def test_builder_status_asks_the_boards_own_edgesdk(tmp_path):
     assert old == engine.NO_BUILDER
 
 
+def test_a_failed_engine_build_names_its_exit_status(tmp_path):
+    """A builder that dies without a word (stderr empty) still says how it ended."""
+    board = Board(LocalTransport(str(tmp_path)), sys.executable, str(tmp_path))
+    decision = engine.EngineDecision(True, "building", str(tmp_path / "engines" / "abc" / "key"))
+    with pytest.raises(DeployError, match=r"the TensorRT engine build failed on .* \(exit 3\)"):
+        engine.build_engine(board, [sys.executable, "-c", "import sys; sys.exit(3)"], "releases/abc", decision)
+
 def test_service_waits_for_a_server_command():
     with pytest.raises(DeployError) as info:
         service.require_server_command({"run": None, "deploy": None})
