@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import sys
 
 if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are concatenated
@@ -133,6 +134,48 @@ def op_probe(params):
     return facts
 
 
+# Seconds the board waits for the next bytes from the host before it gives up the transfer. The host's ssh
+# notices a dead link after 60 s (ServerAliveInterval 15 x ServerAliveCountMax 4); sshd on the board, by
+# default, only through TCP keepalive, after about two hours, and until then this process holds the deploy
+# lock, so the next deploy would be refused.
+RECEIVE_IDLE_S = 120
+
+
+class IdleDeadline:
+    """The host's stream with a deadline on each read: SIGALRM interrupts a read that waits longer than
+    ``seconds``, and the transfer stops as refused. What arrived stays in the .partial files (the next
+    deploy resumes from them), and the deploy lock goes with this process."""
+
+    def __init__(self, stream, seconds):
+        self.stream, self.seconds = stream, max(1, int(seconds))
+        self.previous = signal.signal(signal.SIGALRM, self._expired)
+
+    def _expired(self, signum, frame):
+        raise Refused(f"no data from the host for {self.seconds} s while receiving the bundle (the connection "
+                      "stalled)", "run the deploy again: it resumes from what arrived, and the board keeps its "
+                      "current release")
+
+    def read(self, size):
+        """What has arrived, up to ``size`` bytes (b"" at the end of the stream): a full read would hold
+        back a stalled file's last bytes in the buffer, and the deadline would then lose them."""
+        signal.alarm(self.seconds)
+        try:
+            return self.stream.read1(size)
+        finally:
+            signal.alarm(0)
+
+    def readline(self, size):
+        signal.alarm(self.seconds)
+        try:
+            return self.stream.readline(size)
+        finally:
+            signal.alarm(0)
+
+    def close(self):
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self.previous)
+
+
 def receive_file(header, stream, staging):
     """Write one file from the stream into staging, appending to its .partial; True when complete."""
     name = safe_name(header["name"])
@@ -172,6 +215,21 @@ def receive_file(header, stream, staging):
     return {"name": name, "complete": True, "ok": True}
 
 
+def receive_stream(stream, staging, results):
+    """Files framed by JSON headers until the host's end mark (eof False) or a cut stream (eof True)."""
+    while True:
+        line = stream.readline(65536)
+        if not line:
+            return {"results": results, "eof": True}
+        header = json.loads(line.decode("utf-8"))
+        if header.get("end"):
+            return {"results": results, "eof": False}
+        result = receive_file(header, stream, staging)
+        results.append(result)
+        if not result["complete"]:
+            return {"results": results, "eof": True}
+
+
 def op_receive(params):
     p, root = paths(params["root"])
     bundle_id = safe_id(params["bundle_id"])
@@ -190,18 +248,11 @@ def op_receive(params):
                     os.link(source, target)
                 except OSError:
                     shutil.copy2(source, target)
-            stream = sys.stdin.buffer
-            while True:
-                line = stream.readline(65536)
-                if not line:
-                    return {"results": results, "eof": True}
-                header = json.loads(line.decode("utf-8"))
-                if header.get("end"):
-                    return {"results": results, "eof": False}
-                result = receive_file(header, stream, staging)
-                results.append(result)
-                if not result["complete"]:
-                    return {"results": results, "eof": True}
+            stream = IdleDeadline(sys.stdin.buffer, params.get("idle_timeout", RECEIVE_IDLE_S))
+            try:
+                return receive_stream(stream, staging, results)
+            finally:
+                stream.close()
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 shutil.rmtree(staging, ignore_errors=True)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -306,3 +307,30 @@ def test_a_deploy_root_that_is_a_file_is_named(tmp_path, below):
         board.call("probe", {})
     assert "--remote-root" in refused.value.fix
     assert afile.read_text() == "mine"
+
+
+def test_a_stalled_upload_gives_up_the_lock_and_keeps_what_arrived(board, tmp_path):
+    """A host that stops sending without closing the connection (a dead network) must not hold the deploy lock
+    until sshd notices, hours later: the board stops after its idle deadline, and the next deploy resumes."""
+    bundle = make_bundle(tmp_path / "b", {"weights.bin": os.urandom(10_000)})
+    files = bundle_files(bundle)
+    data = (bundle.path / "weights.bin").read_bytes()
+    proc = board.start("receive", {"bundle_id": bundle.bundle_id, "idle_timeout": 1})
+    proc.stdin.write(frame("weights.bin", data[:4000], size=len(data), sha=files["weights.bin"]["sha256"]))
+    proc.stdin.flush()  # then nothing more, and the pipe stays open
+    out: list[bytes] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    reader.join(timeout=30)  # the helper exits by itself; stdin closing would end it as a cut stream
+    stalled = reader.is_alive()
+    proc.stdin.close()
+    proc.wait(timeout=30)
+    assert not stalled, "the board still waited on a stalled stream after 30 s"
+    assert proc.returncode == 3
+    reply = json.loads(out[0].decode().strip().splitlines()[-1])
+    assert "no data from the host for 1 s" in reply["error"]
+    partial = Path(board.root) / "staging" / bundle.bundle_id / "weights.bin.partial"
+    assert partial.stat().st_size == 4000
+    rest = frame("weights.bin", data[4000:], offset=4000, sha=files["weights.bin"]["sha256"]) + b'{"end": true}\n'
+    reply = board.call("receive", {"bundle_id": bundle.bundle_id}, stdin=rest, timeout=30)
+    assert reply["results"] == [{"name": "weights.bin", "complete": True, "ok": True}]
