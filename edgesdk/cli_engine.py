@@ -43,7 +43,7 @@ def engine_build(bundle, out, workspace_mb, max_seq, strongly_typed, timing_cach
     """Build BUNDLE's TensorRT engine (engine.plan + engine.json) from its standard ONNX graph.
 
     The engine is valid for this TensorRT version and GPU only; a cached one for the same bundle,
-    TensorRT and SM is reused unless --force. Prints the engine path.
+    TensorRT, SM, --max-seq and typing is reused unless --force. Prints the engine path.
     """
     from edgesdk.runtime.tensorrt_engine import build_engine
 

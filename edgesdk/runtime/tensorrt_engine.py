@@ -461,16 +461,16 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     key = cache_key(jetpack, trt.__version__, sm)
     out = Path(out) if out else default_out(bundle.path, bundle.bundle_id, key)
     _refuse_foreign_out(out)
+    plan = plan_build(trt.__version__, graph, bundle.manifest["target"], strongly_typed)
+    shapes = profile_shapes(graph, max_seq)
     info = read_info(out)
     if not force and (out / ENGINE_FILE).is_file():
-        why = _mismatch(out, info, bundle.bundle_id, trt.__version__, sm)
+        why = _mismatch(out, info, bundle.bundle_id, trt.__version__, sm) or _built_otherwise(info, plan, shapes)
         if why is None:
             log(f"cached: {out / ENGINE_FILE} (built {info.get('built')}); --force rebuilds it")
             return {**info, "path": str(out / ENGINE_FILE), "cached": True}
         log(f"rebuilding {out / ENGINE_FILE}: {why}")
 
-    plan = plan_build(trt.__version__, graph, bundle.manifest["target"], strongly_typed)
-    shapes = profile_shapes(graph, max_seq)
     for reason in plan.reasons:
         log(reason)
     started = time.monotonic()
@@ -533,6 +533,15 @@ def _process_alive(pid: str) -> bool:
     except PermissionError:  # someone else's process
         return True
     return True
+
+
+def _built_otherwise(info: dict, plan: BuildPlan, shapes: ProfileShapes) -> str | None:
+    """How the engine ``info`` describes differs from what this build asks for, or None."""
+    built = {"strongly typed": info.get("strongly_typed"), "flags": info.get("flags"),
+             "max seq": (info.get("profile") or {}).get("max_seq")}
+    asked = {"strongly typed": plan.strongly_typed, "flags": list(plan.flags), "max seq": shapes.max_seq}
+    differ = [f"{name} {built[name]} (asked: {asked[name]})" for name in asked if built[name] != asked[name]]
+    return "it was built with " + ", ".join(differ) if differ else None
 
 
 def _refuse_foreign_out(out: Path) -> None:

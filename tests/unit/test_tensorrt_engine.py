@@ -184,6 +184,19 @@ def test_build_plan_per_tensorrt_version(jetson_bundle):
         te.check_graph_form({**graph, "form": "ort-fused"})
 
 
+def test_a_cached_engine_built_with_other_options_is_not_reused(jetson_bundle):
+    """'engine build --max-seq 16' (or --strongly-typed) after a default build used to return the
+    cached default engine as if it were what was asked for."""
+    graph, target = jetson_bundle.manifest["graph"], jetson_bundle.manifest["target"]
+    default, shapes = te.plan_build("10.3.0", graph, target), te.profile_shapes(graph)
+    info = {"strongly_typed": default.strongly_typed, "flags": list(default.flags), "profile": shapes.to_json()}
+    assert te._built_otherwise(json.loads(json.dumps(info)), default, shapes) is None
+    assert te._built_otherwise(info, default, te.profile_shapes(graph, max_seq=16)) == \
+        f"it was built with max seq {graph['max_context']} (asked: 16)"
+    strong = te.plan_build("10.3.0", graph, target, strongly_typed=True)
+    assert te._built_otherwise(info, strong, shapes) == ("it was built with strongly typed False (asked: True), "
+                                                         "flags ['FP16', 'SPARSE_WEIGHTS'] (asked: ['SPARSE_WEIGHTS'])")
+
 def test_ort_trt_options(jetson_bundle, cache):
     options = ort_trt_options(jetson_bundle)
     assert options["trt_fp16_enable"] is True
