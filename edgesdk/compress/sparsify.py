@@ -74,6 +74,12 @@ class SparsifyConfig:
             raise ValueError(f"density must be in (0, 1], got {self.density}")
         if not 0.0 < self.min_density <= 1.0:
             raise ValueError(f"min_density must be in (0, 1], got {self.min_density}")
+        if self.density < self.min_density:
+            raise ValueError(f"density {self.density} is below min_density {self.min_density}, the share of blocks "
+                             f"every weight keeps, so the model would keep {self.min_density}; lower min_density too")
+        for name in ("calibration_batches", "probe_batches", "batch_size", "sequence_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.importance not in IMPORTANCE:
             raise ValueError(f"importance must be one of {', '.join(IMPORTANCE)}, got '{self.importance}'")
         if self.allocation not in ALLOCATION:

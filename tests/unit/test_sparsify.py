@@ -79,6 +79,20 @@ def test_bad_sparsify_settings_name_the_field():
         sparsify.SparsifyConfig(allocation="uniform")
 
 
+@pytest.mark.parametrize("field", ["calibration_batches", "probe_batches", "batch_size", "sequence_length"])
+def test_sparsify_counts_below_one_are_refused(field):
+    """No calibration or probe batch would end in a division by zero after the importance pass."""
+    with pytest.raises(ValueError, match=f"{field} must be >= 1, got 0"):
+        sparsify.SparsifyConfig(**{field: 0})
+
+
+def test_density_below_the_floor_is_refused():
+    """Every weight keeps at least min_density of its blocks, so a lower density cannot be met."""
+    with pytest.raises(ValueError, match="density 0.2 is below min_density 0.25"):
+        sparsify.SparsifyConfig(density=0.2)
+    assert sparsify.SparsifyConfig(density=0.2, min_density=0.1).density == 0.2
+
+
 @pytest.mark.parametrize("importance", ["fisher", "wanda"])
 def test_masks_hold_through_training(importance):
     model = tiny_llama(seed=3, hidden=64, heads=4, kv_heads=2)
