@@ -221,6 +221,14 @@ def reorder_channels(model, batches: list[torch.Tensor]) -> None:
     if getattr(model.config, POWER_KEY, None):
         raise BuildError("sparsify.reorder cannot run on a model with power adapters (they read the "
                          "hidden channels in their own order)", "run sparsify without reorder, or before power")
+    scheme = fake_quant.QuantScheme.of(model)
+    if scheme is not None and (scheme.granularity == "block" or scheme.embedding_bits is not None):
+        raise BuildError(
+            f"sparsify.reorder cannot run on a model quantized in blocks along the hidden channels "
+            f"(qat.granularity={scheme.granularity}, qat.embedding_bits={scheme.embedding_bits}): a permutation "
+            "regroups the channels sharing a scale, so the re-baked weights would compute something else",
+            "set qat.granularity=channel and qat.embedding_bits=null (the jetson recipes' grid), or run sparsify "
+            "without reorder")
     hidden, ffn = channel_keys(model, batches)
     permute_hidden(model, hidden.argsort())
     for layer, keys in zip(model.model.layers, ffn, strict=True):

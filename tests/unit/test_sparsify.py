@@ -248,6 +248,22 @@ def _kept_importance(model, batches, config) -> float:
     return kept / total
 
 
+@pytest.mark.parametrize("grid", [{"granularity": "block", "block_size": 16}, {"embedding_bits": 8}])
+def test_reordering_refuses_quantization_grouped_along_the_hidden_channels(grid):
+    """Blocks of input channels sharing a scale (block granularity, the block-quantized embedding and head)
+    are regrouped by a permutation: re-baked after reordering, the model would compute something else."""
+    from edgesdk.errors import BuildError
+
+    model = tiny_llama(seed=5, hidden=64, heads=4, kv_heads=2)
+    settings = {"granularity": "channel", "activations": "none", "embedding_bits": None, **grid}
+    fake_quant.attach(model, fake_quant.QuantScheme(weight_bits=8, **settings))
+    fake_quant.detach(model, bake=True)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(BuildError, match="quantized in blocks along the hidden channels"):
+        sparsify.reorder_channels(model, [torch.zeros(1, 8, dtype=torch.long)])
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
 def test_reordering_refuses_a_model_with_power_adapters():
     from edgesdk.errors import BuildError
 
