@@ -8,8 +8,9 @@ bundle id, build time, flags, profile and I/O shapes) into one directory per bun
     <deploy root>/engines/<bundle-id>/jp<JetPack>-trt<TensorRT>-sm<SM>/   bundle under <root>/releases/
     $EDGESDK_CACHE/engines/<bundle-id>/jp…-trt…-sm…/                       any other bundle
 
-The directory appears complete or not at all (written beside it, then renamed), so the deploy
-probe never mistakes a half-written build for a cached engine.
+The directory appears complete or not at all (written beside it, flushed to the disk, then
+renamed), so the deploy probe never mistakes a half-written build for a cached engine, even after
+a power cut.
 
 Build choices (TensorRT developer guide sections):
 
@@ -567,6 +568,8 @@ def _commit(out: Path, plan_bytes: bytes, info: dict) -> None:
     try:
         (staging / ENGINE_FILE).write_bytes(plan_bytes)
         (staging / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        for written in (staging / ENGINE_FILE, staging / INFO_FILE, staging):  # on disk before the rename
+            _fsync(written)                                                      # names them complete
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)  # a full disk keeps no half engine
         raise RuntimeBackendError(f"cannot write the TensorRT engine ({len(plan_bytes):,} bytes) into {out.parent}: "
@@ -579,3 +582,13 @@ def _commit(out: Path, plan_bytes: bytes, info: dict) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(staging, out)
+    _fsync(out.parent)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's data, or a directory's entries, to the disk (a power cut keeps what was flushed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -344,6 +344,21 @@ def test_a_timing_cache_tensorrt_cannot_read_starts_a_new_one(tmp_path):
     assert "does not fit this TensorRT/GPU; starting a new one" in logged[0]
 
 
+def test_an_engine_is_on_the_disk_before_its_directory_is_named_complete(tmp_path, monkeypatch):
+    """Without a flush before the rename, a power cut on the board could leave the key directory
+    with empty files: deploy's probe then takes it for a cached engine and never builds again."""
+    out = tmp_path.resolve() / "engines" / "id" / "key"  # as /proc names the flushed files
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda src, dst: (events.append(("replace", str(dst))),
+                                                         real_replace(src, dst))[1])
+    te._commit(out, b"plan", {"ok": True})
+    staging = str(out.with_name(f".{out.name}.partial-{os.getpid()}"))
+    assert events == [("fsync", f"{staging}/{te.ENGINE_FILE}"), ("fsync", f"{staging}/{te.INFO_FILE}"),
+                      ("fsync", staging), ("replace", str(out)), ("fsync", str(out.parent))]
+
 def test_an_out_directory_holding_other_files_is_refused_not_replaced(tmp_path):
     """--out naming a directory of the user's own files (say --out ~/models) used to be moved aside
     and removed with everything in it once the engine was written."""
