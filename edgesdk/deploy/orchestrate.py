@@ -37,6 +37,7 @@ from edgesdk.deploy.probe import (
     check_target,
     memory_bytes,
 )
+from edgesdk.deploy.remote import BoardRefusal
 from edgesdk.deploy.report import Reporter, fmt_bytes
 from edgesdk.deploy.session import (
     DeployOptions,
@@ -205,6 +206,14 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
                             "once the board answers, 'edgesdk deploy --status' shows which; "
                             "'edgesdk deploy --rollback' goes back") from failed
                     report.info(f"switched current back to releases/{previous}")
+                elif not previous and not isinstance(failed, BoardRefusal):
+                    # No answer at all: the switch may have happened on the board before its reply was lost.
+                    raise DeployError(
+                        f"{failed.problem}\nthe board's reply to the switch did not come back, so current may "
+                        f"already point to releases/{bundle.bundle_id} (smoke-tested), or the board may still "
+                        "have no current release",
+                        "once the board answers, 'edgesdk deploy --status' shows which; deploying the same "
+                        "bundle again finishes the switch") from failed
                 raise
             if switched["from"] == bundle.bundle_id:
                 report.info(f"current already is releases/{bundle.bundle_id}")

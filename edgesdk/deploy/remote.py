@@ -41,6 +41,11 @@ def boot_code() -> str:
             f"'{packed}')),'edgesdk-deploy-helper','exec'))")
 
 
+class BoardRefusal(DeployError):
+    """The helper ran on the board and answered with a refusal (what happened is in its words), as
+    against a command whose answer never came back."""
+
+
 def parse_reply(proc: subprocess.CompletedProcess | tuple[int, bytes, bytes], label: str, python: str,
                 op: str) -> dict:
     """The helper's JSON answer, or a DeployError naming what went wrong on the board."""
@@ -58,7 +63,7 @@ def parse_reply(proc: subprocess.CompletedProcess | tuple[int, bytes, bytes], la
                 break
             if reply.get("ok"):
                 return reply
-            raise DeployError(reply.get("error", "the board refused"), reply.get("fix"))
+            raise BoardRefusal(reply.get("error", "the board refused"), reply.get("fix"))
     if returncode == 127 or "not found" in err or "No such file" in err:
         raise DeployError(f"{python!r} cannot be started on {label}: {err[-300:] or f'exit {returncode}'}",
                           "install Python 3 on the board (edgesdk needs >= 3.10), or pass --remote-python PATH")

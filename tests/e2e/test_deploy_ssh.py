@@ -128,6 +128,18 @@ def test_a_lost_switch_reply_with_the_board_gone_says_which_releases_current_may
     assert_runs(root)
 
 
+def test_a_first_deploy_whose_switch_reply_is_lost_says_current_may_be_set(ssh_server, tiny_bundle, tmp_path):
+    """No release before: the lost reply must not read as a plain ssh failure (the board did switch)."""
+    root = tmp_path / "board"
+    lose = faulty_ssh_command(f"lose:switch:{tmp_path / 'board-gone'}", ssh_server.process.pid)
+    failed = edgesdk(*deploy_args(ssh_server, root, tiny_bundle.path, "--ssh-command", lose))
+    assert failed.returncode == 8, failed.stderr
+    assert current_id(root) == tiny_bundle.bundle_id  # the switch did happen
+    assert f"current may already point to releases/{tiny_bundle.bundle_id} (smoke-tested)" in failed.stderr, \
+        failed.stderr
+    assert "edgesdk deploy --status" in failed.stderr
+
+
 def test_a_byte_corrupted_in_transit_is_caught_and_the_previous_release_stays(ssh_server, tiny_bundle, tmp_path):
     root = tmp_path / "board"
     assert edgesdk(*deploy_args(ssh_server, root, tiny_bundle.path)).returncode == 0
