@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from edgesdk.thermal.plan import SimulatedRun
+    from edgesdk.thermal.plan import SimulatedRun, Workload
 
 
 def thermal_profile(bundle: Path | None, target: str | None, manifest: dict | None = None):
@@ -75,23 +75,33 @@ RATE = FiniteRange(1e-3, 1e6, what="a board's tokens per second", example="35")
 THINK_S = FiniteRange(0, MAX_MINUTES * 60, what="idle seconds between requests", example="5")
 AMBIENT = FiniteRange(-40, 85, what="an ambient temperature in °C", example="35")
 TOKENS = click.IntRange(min=1, max=1_000_000)  # the stub decoder holds a prompt as a list
-# A plan simulates each decode step in Python (~20k a second) and keeps its record (~1 kB) in memory:
-# 250k a run is ~15 s and ~300 MB for both runs (30 minutes at 138 tok/s); more would seem to hang.
+# A plan simulates each step (prefill or decode) in Python (~20k a second) and keeps its record (~1 kB) in
+# memory: 250k a run is ~15 s and ~300 MB for both runs (30 minutes at 138 tok/s); more would seem to hang.
 MAX_PLAN_STEPS = 250_000
 
 
-def check_plan_size(minutes: float, decode_tok_s: float, how: str) -> None:
-    """Refuse a plan whose decode steps (at full clock, the most there can be) would take too long."""
+def check_plan_size(minutes: float, decode_tok_s: float, how: str, workload: Workload | None = None,
+                    prefill_tok_s: float | None = None) -> None:
+    """Refuse a plan whose steps would take too long: each request is one prefill step and
+    ``new_tokens - 1`` decode steps, counted at full clock (the most there can be)."""
     from edgesdk.errors import EdgeSDKError
+    from edgesdk.thermal.plan import PREFILL_TO_DECODE, Workload
 
-    steps = minutes * 60.0 * decode_tok_s
+    workload = workload or Workload()
+    prefill_tok_s = prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s
+    request_s = (workload.prompt_tokens / prefill_tok_s + (workload.new_tokens - 1) / decode_tok_s
+                 + workload.think_s)
+    steps_per_s = workload.new_tokens / request_s
+    steps = minutes * 60.0 * steps_per_s
     if steps > MAX_PLAN_STEPS:
         rate = (f"--decode-tok-s {decode_tok_s:g}" if how == "given"
                 else f"a decode rate of {decode_tok_s:.1f} tok/s ({how})")
         raise EdgeSDKError(
-            f"--minutes {minutes:g} at {rate} means up to {steps:,.0f} simulated decode steps per run; "
+            f"--minutes {minutes:g} of {workload.prompt_tokens} + {workload.new_tokens}-token requests at {rate} "
+            f"and a prefill rate of {prefill_tok_s:g} tok/s means up to {steps:,.0f} simulated steps per run "
+            f"(a prefill and {workload.new_tokens - 1} decode steps a request); "
             f"a plan simulates at most {MAX_PLAN_STEPS:,}",
-            f"pass --minutes {MAX_PLAN_STEPS / 60.0 / decode_tok_s:.3g} or less at this rate"
+            f"pass --minutes {MAX_PLAN_STEPS / 60.0 / steps_per_s:.3g} or less for these requests and rates"
             + ("" if how == "given" else ", or give --decode-tok-s"))
 
 
@@ -181,9 +191,9 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
                       for name, f in manifest["files"].items() if name.startswith("model.onnx") or name.endswith(".data"))
         decode_tok_s = decode_rate_estimate(profile, weights)
         how = f"0.3 x {profile.memory.bandwidth_gbps:g} GB/s / {weights / 1e6:.1f} MB of weights"
-    check_plan_size(minutes, decode_tok_s, how)
-    ambient = profile.thermal_model.ambient_c if ambient is None else ambient
     workload = Workload(prompt_tokens, new_tokens, think_s)
+    check_plan_size(minutes, decode_tok_s, how, workload, prefill_tok_s)
+    ambient = profile.thermal_model.ambient_c if ambient is None else ambient
     config = GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO) if clock_cap else None
     if telemetry_dir is not None:
         _make_telemetry_dir(telemetry_dir)

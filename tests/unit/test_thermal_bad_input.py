@@ -71,8 +71,17 @@ def test_ambient_type_is_reusable_and_names_the_fix():
 def test_plan_refuses_more_steps_than_it_can_simulate():
     result = invoke(*PLAN, "--minutes", 1440)
     assert result.exit_code == 1, result.output
-    assert "simulated decode steps" in result.stderr
+    assert "simulated steps" in result.stderr
     assert "fix: pass --minutes" in result.stderr
+
+
+def test_plan_counts_prefill_steps_too():
+    """One-token requests at a fast prefill are one step each: 60 million in a minute. Only decode steps
+    were counted (35 tok/s, 2,100), and the plan ran for hours."""
+    proc = edgesdk_cli(*PLAN, "--minutes", 1, "--prefill-tok-s", 1e6, "--prompt-tokens", 1, "--new-tokens", 1)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "60,000,000 simulated steps" in proc.stderr
+    assert "fix: pass --minutes 0.00417 or less" in proc.stderr
 
 
 def test_a_step_or_an_idle_wait_past_the_horizon_stops_the_board_there():
