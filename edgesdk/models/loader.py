@@ -100,6 +100,18 @@ def check_gguf_model(path: Path) -> None:
                                "pass the GGUF of a whole model (an adapter must be merged into its base model first)")
 
 
+def check_all_weights_loaded(missing: Any, where: Path) -> None:
+    """Refuse a model some of whose weights the checkpoint lacks: transformers fills them with random
+    values and only logs it."""
+    if missing:
+        names = sorted(missing)
+        raise ModelSourceError(
+            f"model {where} lacks {len(names)} weight(s) its config needs, which would be random: "
+            + ", ".join(names[:5]) + (", ..." if len(names) > 5 else ""),
+            "check that every weight file of the model is complete (an untied model needs lm_head.weight)",
+        )
+
+
 @contextlib.contextmanager
 def _progress_bars(enabled: bool):
     """transformers' loading bars ("Loading weights", and the GGUF reader's own tqdm bar, which
@@ -145,12 +157,22 @@ def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
     check_architecture(config, str(source.path))
     try:
         with _progress_bars(progress):
-            model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs)
+            model, loading_info = AutoModelForCausalLM.from_pretrained(
+                location, dtype=torch.float32, output_loading_info=True, **kwargs)
+    except Exception as exc:
+        raise ModelSourceError(
+            f"cannot load the weights of {source.path}: {type(exc).__name__}: {exc}",
+            "check that the file is a complete, uncorrupted GGUF or Hugging Face model",
+        ) from exc
+    check_all_weights_loaded(loading_info["missing_keys"], source.path)
+    try:
+        with _progress_bars(progress):
             tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
     except Exception as exc:
         raise ModelSourceError(
-            f"cannot load the weights or tokenizer of {source.path}: {type(exc).__name__}: {exc}",
-            "check that the file is a complete, uncorrupted GGUF or Hugging Face model",
+            f"cannot load the tokenizer of {source.path}: {type(exc).__name__}: {exc}",
+            "the model needs its tokenizer: tokenizer.json (with tokenizer_config.json) beside config.json "
+            "in a Hugging Face directory, the tokenizer metadata in a GGUF file",
         ) from exc
     if not getattr(tokenizer, "is_fast", False):
         raise ModelSourceError(

@@ -178,6 +178,63 @@ def test_load_unreadable_config_raises_model_source_error(tmp_path):
     assert info.value.fix
 
 
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_load_refuses_a_checkpoint_that_lacks_weights(tmp_path, tie):
+    """transformers fills weights missing from the checkpoint with random values and only logs it."""
+    from safetensors.torch import load_file, save_file
+
+    from tests._utils.tiny import save_tiny_model_dir
+
+    model_dir = save_tiny_model_dir(tmp_path / "tiny", tie=tie)
+    weights = load_file(model_dir / "model.safetensors")
+    dropped = "model.layers.1.mlp.down_proj.weight" if tie else "lm_head.weight"
+    del weights[dropped]
+    save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelSourceError, match=rf"lacks 1 weight\(s\) its config needs, which would be random: "
+                                               rf"{re.escape(dropped)}\n") as info:
+        load_model(resolve_model(str(model_dir)), progress=False)
+    assert "complete" in info.value.fix
+
+
+def test_load_sharded_safetensors(tmp_path):
+    from tests._utils.tiny import tiny_llama, tiny_tokenizer
+
+    model_dir = tmp_path / "sharded"
+    tiny_llama().save_pretrained(model_dir, max_shard_size="100KB")
+    tiny_tokenizer().save_pretrained(model_dir)
+    shards = sorted(model_dir.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1
+    loaded = load_model(resolve_model(str(model_dir)), progress=False)
+    assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight
+    shards[1].unlink()
+    with pytest.raises(ModelSourceError, match=rf"cannot load the weights of .*sharded: .*{shards[1].name}") as info:
+        load_model(resolve_model(str(model_dir)), progress=False)
+    assert "complete" in info.value.fix
+
+
+def test_load_a_directory_without_a_tokenizer_says_so(tiny_model_dir, tmp_path):
+    import shutil
+
+    model_dir = tmp_path / "no-tokenizer"
+    shutil.copytree(tiny_model_dir, model_dir, ignore=shutil.ignore_patterns("tokenizer*", "special_tokens*"))
+    with pytest.raises(ModelSourceError, match=r"cannot load the tokenizer of .*no-tokenizer: ") as info:
+        load_model(resolve_model(str(model_dir)), progress=False)
+    assert "tokenizer.json" in info.value.fix
+
+
+def test_load_a_bfloat16_checkpoint_as_float32(tmp_path):
+    import torch
+
+    from tests._utils.tiny import tiny_llama, tiny_tokenizer
+
+    model = tiny_llama().to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "bf16")
+    tiny_tokenizer().save_pretrained(tmp_path / "bf16")
+    loaded = load_model(resolve_model(str(tmp_path / "bf16")), progress=False)
+    assert {p.dtype for p in loaded.model.parameters()} == {torch.float32}
+    assert torch.equal(loaded.model.model.embed_tokens.weight, model.model.embed_tokens.weight.float())
+
+
 def test_load_tiny_model_dir(tiny_model_dir):
     loaded = load_model(resolve_model(str(tiny_model_dir)))
     facts = loaded.facts()
