@@ -15,11 +15,19 @@ from edgesdk.thermal.telemetry import load
 LEVELS = ["unguarded", "normal", "warm", "hot", "critical"]
 
 
+LARGEST = 1e12  # past any run's seconds, a step's tokens or a temperature; matplotlib cannot scale an axis to 1e308
+
+
 def _number(value: object) -> float | None:
-    """``value`` as a finite float, or None (a missing, string, bool, NaN or infinite field)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+    """``value`` as a finite float, or None (a missing, string, bool, NaN, infinite or absurdly large field)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= LARGEST:
         return None
     return float(value)
+
+
+def _plain(text: str) -> str:
+    """``text`` shown as written: matplotlib reads text between two ``$`` as math, and raises on bad math."""
+    return text.replace("$", r"\$")
 
 
 def _valid_steps(steps: list[dict]) -> list[dict]:
@@ -96,7 +104,7 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
                                            gridspec_kw={"height_ratios": [3, 1.2, 2]})
     meta0 = runs[0][1]
     for path, meta, steps in runs:
-        label = str(meta.get("label") or path.stem)
+        label = _plain(str(meta.get("label") or path.stem))
         t = np.array([r["t"] for r in steps]) / 60.0
         temp = np.array([np.nan if _number(r.get("temp_c")) is None else r["temp_c"] for r in steps], dtype=float)
         (line,) = ax_t.plot(t, temp, lw=1.2, label=label)
@@ -123,7 +131,7 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     ambient = _number(meta0.get("ambient_c"))
     heading = title or (f"{meta0.get('profile', '?')} ({meta0.get('mode', '?')}"
                         + (f", ambient {ambient:g} °C" if ambient is not None else "") + ")")
-    fig.suptitle(heading)
+    fig.suptitle(_plain(heading))
     fig.tight_layout()
     try:
         fig.savefig(out, dpi=110)

@@ -191,6 +191,22 @@ def test_report_skips_garbled_step_records_and_meta_fields(tmp_path):
     assert "no step records" in result.stderr
 
 
+def test_report_of_absurd_numbers_and_dollar_signs_renders(tmp_path):
+    """A hand-edited file: numbers no run makes (matplotlib cannot scale an axis to them, and numpy cannot
+    read a 400-digit integer) are skipped; a label, profile or title with ``$`` is text, not math."""
+    meta = {**META, "label": "cost $x^$", "profile": "p$\\frac$", "limits": {"throttle_c": 1e308}}
+    steps = [{"type": "step", "t": 0.5 * (i + 1), "kind": "decode", "tokens": 1, "temp_c": 60.0, "level": "normal"}
+             for i in range(20)]
+    absurd = [{"type": "step", "t": 11.0, "kind": "decode", "tokens": 1e308},
+              '{"type": "step", "t": 1%s, "kind": "decode", "tokens": 1}' % ("0" * 400),
+              {"type": "step", "t": 12.0, "kind": "decode", "tokens": 1, "temp_c": 1e300}]
+    path = telemetry_file(tmp_path / "absurd.jsonl", [meta, *steps, *absurd])
+    for title in ((), ("--title", "budget $\\frac$")):
+        result = invoke("thermal", "report", path, "-o", tmp_path / "a.png", *title)
+        assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+        assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # --- defect 12: a BUNDLE that is not there ---------------------------------------------------------------
 
 def test_plan_reads_the_bundle_even_with_target_and_rate_given(tmp_path):
