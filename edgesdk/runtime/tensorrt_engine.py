@@ -184,6 +184,10 @@ def import_tensorrt():
     except ImportError as exc:
         raise RuntimeBackendError(f"TensorRT's Python module 'tensorrt' cannot be imported by {python}: {exc}",
                                   TENSORRT_FIX) from exc
+    if not hasattr(tensorrt, "__version__"):  # a directory named tensorrt on sys.path imports as a namespace package
+        where = ", ".join(getattr(tensorrt, "__path__", None) or [str(getattr(tensorrt, "__file__", "?"))])
+        raise RuntimeBackendError(f"the 'tensorrt' that {python} imports ({where}) is not TensorRT's Python module "
+                                  "(it has no __version__)", f"rename or move that directory; then {TENSORRT_FIX}")
     version = tuple(int(part) for part in tensorrt.__version__.split(".")[:2] if part.isdigit())
     if version < MIN_TENSORRT:
         raise RuntimeBackendError(

@@ -231,6 +231,22 @@ def test_engine_build_without_tensorrt_says_what_is_missing(jetson_bundle, cache
     assert not out.exists()
 
 
+@pytest.mark.skipif(HAS_TENSORRT, reason="tensorrt is importable here")
+def test_a_directory_named_tensorrt_is_not_taken_for_tensorrt(tmp_path, monkeypatch):
+    """A 'tensorrt' folder on sys.path (python -m puts the working directory there) imports as an
+    empty namespace package; reading its version used to end in an AttributeError traceback."""
+    import sys
+
+    (tmp_path / "tensorrt").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(RuntimeBackendError, match="is not TensorRT's Python module") as info:
+            te.import_tensorrt()
+    finally:
+        sys.modules.pop("tensorrt", None)  # the later tests import no namespace package
+    assert str(tmp_path / "tensorrt") in info.value.problem
+    assert info.value.fix.startswith("rename or move that directory")
+
 # --- backend selection -------------------------------------------------------------------------
 
 
