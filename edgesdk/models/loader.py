@@ -49,14 +49,18 @@ class LoadedModel:
         }
 
 
-def check_architecture(config: Any, where: str) -> None:
-    model_type = getattr(config, "model_type", None)
+def check_model_type(model_type: str | None, where: str) -> None:
     if model_type not in SUPPORTED_ARCHITECTURES:
         raise ModelSourceError(
             f"model {where} has architecture '{model_type}', which edgesdk cannot export; "
             f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}",
             "use a Llama-family decoder (Llama, SmolLM2, TinyLlama, Qwen2, Mistral)",
         )
+
+
+def check_architecture(config: Any, where: str) -> None:
+    model_type = getattr(config, "model_type", None)
+    check_model_type(model_type, where)
     # Llama's attention_bias adds a bias to o_proj as well as q/k/v, mlp_bias one to gate/up/down; the
     # exporter (export/decoder_weights.py) carries only q/k/v biases (Qwen2's layout).
     biased = [name for name in ("attention_bias", "mlp_bias") if getattr(config, name, False)]
@@ -72,9 +76,9 @@ def check_architecture(config: Any, where: str) -> None:
 
 
 def check_gguf_model(path: Path) -> None:
-    """Refuse a GGUF that holds no whole model (a LoRA adapter, metadata only) before transformers
-    reads it: for a file without its architecture's sizes it falls back to 7B defaults and fills
-    the memory with a model of random weights."""
+    """Refuse a GGUF that holds no whole model (a LoRA adapter, metadata only), or a model of an
+    architecture edgesdk cannot export, before transformers reads it: for a file without its
+    architecture's sizes it falls back to 7B defaults and fills the memory with a model of random weights."""
     from gguf import GGUFReader
 
     try:
@@ -98,6 +102,7 @@ def check_gguf_model(path: Path) -> None:
                 + (", no token_embd.weight" if "token_embd.weight" not in tensors else "") + ")")
         raise ModelSourceError(f"the GGUF file {path} holds {what}",
                                "pass the GGUF of a whole model (an adapter must be merged into its base model first)")
+    check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
 
 
 def check_all_weights_loaded(missing: Any, where: Path) -> None:

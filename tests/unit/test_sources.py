@@ -160,6 +160,27 @@ def test_a_gguf_without_model_tensors_is_refused_before_transformers_reads_it(tm
     assert "whole model" in info.value.fix
 
 
+@pytest.mark.parametrize("arch", ["rwkv6", "gpt2"])
+def test_a_gguf_of_an_unsupported_architecture_names_it(tmp_path, arch):
+    """rwkv6 is one transformers cannot read either: its refusal used to say the file was damaged."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    path = tmp_path / f"{arch}.gguf"
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.add_embedding_length(8)
+    writer.add_tensor("token_embd.weight", np.zeros((10, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelSourceError, match=rf"{arch}\.gguf has architecture '{arch}', which edgesdk cannot "
+                                               rf"export; supported: {SUPPORTED}") as info:
+        load_model(resolve_model(str(path)), progress=False)
+    assert "Llama" in info.value.fix
+
+
 def test_load_unsupported_architecture_names_it(tmp_path):
     transformers = pytest.importorskip("transformers")
     model_dir = tmp_path / "gpt2"
