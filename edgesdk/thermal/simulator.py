@@ -27,8 +27,8 @@ threads is taken as 9.0 W; the board idles at ~50 °C in a ~23 °C room, hence
 ``R = 27 °C / 2.8 W = 9.5 °C/W`` and an unthrottled full-load steady state of ~109 °C (bare boards
 do sit at the 85 °C firmware limit under load: Phoronix measured an 81 °C average, 89 °C peak);
 stress-ng takes it from idle to 80 °C "within a few minutes", which ``RC = 238 s`` (``C = 25 J/°C``)
-reproduces in 2.8 minutes. With these, a bare Pi 5 under sustained decode settles near 84-86 °C at
-1.2-1.6 GHz, between 20 and 40 °C ambient.
+reproduces in 2.8 minutes. With these, a bare Pi 5 under sustained decode settles near 83.5-87 °C at
+1.8-1.0 GHz between 20 and 40 °C ambient (84-86 °C at 1.6-1.2 GHz between 25 and 35 °C).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import pytest
 
 from edgesdk.profile import ThermalModel, get_profile
 from edgesdk.thermal.simulator import (
+    PI5_OPP,
     SimulatedBoard,
     SimulatedSensor,
     WorkModel,
@@ -109,3 +110,16 @@ def test_rpi5_model_matches_the_published_bare_board_behaviour():
         board.compute("decode", 1)
     assert 82 <= board.temp_c <= 86
     assert 1.5 / 2.4 <= board.clock < 1.0
+
+
+@pytest.mark.parametrize(("ambient_c", "low_c", "high_c", "low_ghz", "high_ghz"),
+                         [(20, 83.5, 84, 1.7, 1.8), (25, 84, 84.5, 1.55, 1.65), (35, 85.8, 86.2, 1.2, 1.3),
+                          (40, 86.5, 87, 1.0, 1.1)])
+def test_rpi5_sustained_decode_settles_where_the_docstring_says(ambient_c, low_c, high_c, low_ghz, high_ghz):
+    """simulator.py: near 83.5-87 °C at 1.8-1.0 GHz between 20 and 40 °C ambient (it said 84-86 °C at
+    1.2-1.6 GHz for all of them)."""
+    board = SimulatedBoard.from_profile(get_profile("rpi5"), ambient_c=ambient_c, work=WorkModel(decode_tok_s=2))
+    while board.t < 3600:  # 15 time constants
+        board.compute("decode", 1)
+    assert low_c <= board.temp_c <= high_c
+    assert low_ghz <= board.clock * PI5_OPP[-1][0] <= high_ghz
