@@ -5,8 +5,8 @@ Engines are cached under ``<root>/engines/<bundle-id>/jp<JetPack>-trt<TensorRT>-
 JetPack upgrade (new TensorRT) builds a new one and a redeploy of the same bundle reuses it. The
 builder is ``edgesdk engine build RELEASE --out CACHE_DIR`` run by the board's edgesdk
 (edgesdk/runtime/tensorrt_engine.py); it writes ``engine.plan`` and ``engine.json`` and renames
-the directory into place only when complete, so a non-empty key directory is a finished engine.
-The runtime's ``tensorrt`` backend looks for it in the same place. This step says plainly when
+the directory into place only when complete. A key directory found there is still handed to the
+builder, which reuses the engine when it is whole and rebuilds it otherwise. The runtime's ``tensorrt`` backend looks for it in the same place. This step says plainly when
 it is skipped and why (not a Jetson, a graph TensorRT does not take, no TensorRT, a runtime whose
 Python cannot import it, or a board edgesdk older than the builder).
 """
@@ -50,12 +50,17 @@ def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, 
                                      "not importable (JetPack's python3-libnvinfer)")
     key = cache_key(facts.board.jetpack, facts.tensorrt, gpu_sm)
     cache = board.path("engines", bundle_id, key)
-    if key in (facts.raw.get("engines") or []):
-        return EngineDecision(False, f"cached: engines/{bundle_id}/{key} was built on this board for the same "
-                                     "JetPack, TensorRT and SM", cache)
+    cached = key in (facts.raw.get("engines") or [])
     if not builder.available:
+        if cached:
+            return EngineDecision(False, f"cached: engines/{bundle_id}/{key} was built on this board for the same "
+                                         f"JetPack, TensorRT and SM (not checked: {builder.reason})", cache)
         return EngineDecision(False, f"skipped: TensorRT {facts.tensorrt} is present, but {builder.reason}; the "
                                      f"engine would be cached as engines/{bundle_id}/{key}", cache)
+    if cached:  # the probe sees a directory; the builder checks the engine in it and rebuilds one that is not whole
+        return EngineDecision(True, f"cached: engines/{bundle_id}/{key} was built on this board for the same "
+                                    "JetPack, TensorRT and SM; 'edgesdk engine build' checks it (and rebuilds it "
+                                    "if it is damaged)", cache)
     return EngineDecision(True, f"building the TensorRT engine into engines/{bundle_id}/{key}", cache)
 
 

@@ -120,7 +120,12 @@ def test_engine_decisions(tmp_path):
     assert ready.build
     assert ready.cache_dir == "/root/engines/abc/jp6.2-trt10.3.0-sm87"
     cached = BoardFacts.from_probe({**ORIN, "engines": ["jp6.2-trt10.3.0-sm87"]})
-    assert engine.decide(cached, 87, "abc", board, ready_builder).message.startswith("cached:")
+    checked = engine.decide(cached, 87, "abc", board, ready_builder)
+    assert checked.message.startswith("cached:")
+    assert checked.build  # the builder checks a cached engine (a damaged one is rebuilt) instead of trusting its name
+    unchecked = engine.decide(cached, 87, "abc", board, engine.NO_BUILDER)
+    assert not unchecked.build
+    assert "not checked" in unchecked.message
     assert engine.cache_key("6.0 DP", "8.6.2.3", 87) == "jp6.0_DP-trt8.6.2.3-sm87"
 
 
