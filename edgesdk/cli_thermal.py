@@ -204,7 +204,8 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
               "decode_rate_source": how, "workload": workload.__dict__, "clock_cap": clock_cap,
               **{name: run.summary.to_json() for name, run in runs.items()},
               "guarded_paused_at_end": guarded.paused_at_end,
-              "notes": [paused_note(guarded)] if guarded.paused_at_end else []}
+              "notes": ([paused_note(guarded)] if guarded.paused_at_end else [])
+              + past_shutdown_notes(runs, profile.thermal.shutdown_c)}
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -246,6 +247,15 @@ def paused_note(run: SimulatedRun) -> str:
     why = (f"at {run.board.ambient_c:g} °C ambient it idles at {run.idle_c:.1f} °C, above the guard's resume "
            f"point {resume:g} °C" if run.idle_c >= resume else f"it had not cooled below {resume:g} °C yet")
     return f"the guarded run was paused when the plan ended: the board never cooled below resume ({why})"
+
+
+def past_shutdown_notes(runs: dict[str, SimulatedRun], shutdown_c: float) -> list[str]:
+    """A note for each run whose simulated board got to the shutdown point: the model heats on where a
+    real board would have switched itself off, so that run's numbers do not hold."""
+    return [f"the {name} run reached {run.summary.max_temp_c:.1f} °C, at or past the board's shutdown point "
+            f"{shutdown_c:g} °C: a real board would have switched off, so its numbers do not hold"
+            for name, run in runs.items()
+            if run.summary.max_temp_c is not None and run.summary.max_temp_c >= shutdown_c]
 
 
 @thermal.command("report")

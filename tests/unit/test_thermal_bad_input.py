@@ -102,6 +102,18 @@ def test_levels_cover_the_idle_time_up_to_the_horizon():
         assert sum(summary.levels_s.values()) == pytest.approx(60.0)
 
 
+def test_plan_says_when_a_run_passes_the_shutdown_point():
+    """At 85 °C ambient a bare Pi 5 idles at 111.6 °C, past its 110 °C shutdown: the plan printed tok/s for
+    a board that would have switched off, with no word about it."""
+    result = invoke(*PLAN, "--minutes", 1, "--ambient", 85, "--json")
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    notes = [n for n in json.loads(result.stdout)["notes"] if "shutdown point 110 °C" in n]
+    assert [n.split()[1] for n in notes] == ["guarded", "unguarded"]
+    assert "reached 111.6 °C" in notes[0]
+    result = invoke(*PLAN, "--minutes", 1, "--ambient", 35, "--json")
+    assert json.loads(result.stdout)["notes"] == []
+
+
 # --- defect 8: output paths under a file ------------------------------------------------------------------
 
 def test_plan_telemetry_dir_that_is_a_file_is_a_clear_error(tmp_path):
