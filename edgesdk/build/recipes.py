@@ -96,7 +96,25 @@ class Recipe(BaseModel):
         stages = [(entry.stage, make_config(entry.stage, entry.config)) for entry in self.stages]
         self._check_block_size(stages)
         self._check_qat_matches_export(stages)
+        self._check_reorder(stages)
         return stages
+
+    def _check_reorder(self, stages: list[tuple[str, object]]) -> None:
+        """``sparsify.reorder`` permutes the hidden channels, which regroups the channels sharing a scale when QAT
+        before it quantized in blocks along them (granularity block, or a block-quantized embedding and head):
+        the stage refuses that (edgesdk/compress/sparsify.py), and so does the recipe, before any stage runs."""
+        qat = None
+        for name, config in stages:
+            if name == "qat":
+                qat = config
+            if name == "sparsify" and config.reorder and qat is not None and (
+                    qat.granularity == "block" or qat.embedding_bits is not None):
+                raise BuildError(
+                    f"recipe '{self.name}': sparsify.reorder cannot follow a qat stage that quantizes in blocks along "
+                    f"the hidden channels (qat.granularity={qat.granularity}, qat.embedding_bits="
+                    f"{qat.embedding_bits}): the permutation would regroup the channels sharing a scale",
+                    "--set sparsify.reorder=false, or --set qat.granularity=channel --set qat.embedding_bits=null "
+                    "(the jetson recipes' grid)")
 
     def _check_qat_matches_export(self, stages: list[tuple[str, object]]) -> None:
         """QAT bakes the weights onto one grid; the export must store that grid, or it re-rounds what QAT

@@ -609,3 +609,13 @@ def test_the_report_states_the_block_sparse_bytes_read_per_token():
     assert "logits/decode 6.400e-05" in text
     assert "sm_87" in text
     assert _sparse_lines(None) == []
+
+
+def test_reordering_after_block_quantization_is_refused_before_any_stage():
+    sparse = load_recipe("jetson-sparse").with_overrides(["sparsify.reorder=true"])
+    assert [name for name, _ in sparse.validated()] == ["smooth", "qat", "sparsify", "distill"]
+    blocked = Recipe.model_validate({"name": "blocked", "stages": [
+        {"stage": "qat", "config": {"weight_bits": 8, "granularity": "block"}},
+        {"stage": "sparsify", "config": {"reorder": True}}], "export": {"form": "ort-fused", "weights": "fp32"}})
+    with pytest.raises(BuildError, match=r"sparsify.reorder cannot follow a qat stage .*granularity=block"):
+        blocked.validated()
