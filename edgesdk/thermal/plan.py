@@ -123,7 +123,9 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
         pass  # time ran out inside a step, an idle wait or a guard's pause (one the board cannot cool out of)
     telemetry.close()
     paused = guard is not None and guard.paused
-    return SimulatedRun(summarize(telemetry.records, horizon), telemetry, board, paused)
+    # the board's own throttle time: the records only see the throttle flag at each step's end, so an idle
+    # wait (--think-s) the board began throttled and ended cool would count as not throttled at all
+    return SimulatedRun(summarize(telemetry.records, horizon, board.throttled_s), telemetry, board, paused)
 
 
 def compare(profile: TargetProfile, minutes: float, ambient_c: float, decode_tok_s: float,

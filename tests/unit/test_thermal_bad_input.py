@@ -114,6 +114,15 @@ def test_plan_says_when_a_run_passes_the_shutdown_point():
     assert json.loads(result.stdout)["notes"] == []
 
 
+def test_plan_throttle_time_counts_a_throttled_board_cooling_between_requests():
+    """Long requests take the board into the throttle, 200 s pauses cool it back: the firmware throttles
+    the first ~95 s of each pause. Counted from the step records (a flag read at each step's end, none in
+    a pause), those 95 s were lost: 618 s instead of 1,082."""
+    run = simulate(get_profile("rpi5"), 30.0, 40.0, False, 35.0, workload=Workload(128, 4096, think_s=200))
+    assert run.summary.throttle_s == pytest.approx(run.board.throttled_s)
+    assert run.summary.throttle_s == pytest.approx(1082, abs=5)
+
+
 # --- defect 8: output paths under a file ------------------------------------------------------------------
 
 def test_plan_telemetry_dir_that_is_a_file_is_a_clear_error(tmp_path):
