@@ -8,6 +8,7 @@ the same token ids go through both paths, so the two numbers compare like for li
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,7 +75,12 @@ def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress:
         targets = window[first:]
         nll += _log_softmax_nll(logits[first - 1:-1], targets)
         count += len(targets)
-    return PerplexityResult(math.exp(nll / count), count, len(spans))
+    return PerplexityResult(_exp_or_inf(nll / count), count, len(spans))
+
+
+def _exp_or_inf(mean_nll: float) -> float:
+    """exp, with inf past the float range (a mean loss over 709.8 nats) where math.exp raises."""
+    return math.exp(mean_nll) if mean_nll < math.log(sys.float_info.max) else math.inf
 
 
 def bundle_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityConfig(),

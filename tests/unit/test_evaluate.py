@@ -50,3 +50,15 @@ def test_windows_score_each_token_once_with_its_left_context(model, length, cont
     assert result.tokens_scored == count
     assert result.perplexity == pytest.approx(expected, rel=1e-6)
     assert all(end - start <= context for start, end, _ in windows(ids, PerplexityConfig(context, stride)))
+
+
+def test_a_loss_past_float_range_gives_infinite_perplexity():
+    """A broken bundle's logits can put the mean loss past 709.8 nats, where math.exp overflowed."""
+    def wild(window: np.ndarray) -> np.ndarray:
+        logits = np.zeros((len(window), 8), np.float32)
+        logits[:, 7] = 1e4  # every token is scored against a logit 1e4 above its own
+        return logits
+
+    result = perplexity(wild, [1, 2, 3, 4, 5], PerplexityConfig(4, 4))
+    assert result.perplexity == math.inf
+    assert result.tokens_scored == 3
