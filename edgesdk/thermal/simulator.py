@@ -159,10 +159,18 @@ class SimulatedBoard:
             raise PastHorizon(self.t)
 
     def compute(self, kind: str, tokens: int, measured_s: float = 0.0) -> float:
-        """Run a step on the board at its current clock; returns its simulated duration."""
-        seconds = self.work.seconds(kind, tokens, self.clock, measured_s)
-        self._advance(seconds, busy=True)
-        return seconds
+        """Run a step on the board; returns its simulated duration. The clock is read again every
+        ``max_step_s``: a long step (a long prompt's prefill) that heats the board into the throttle
+        slows down as it goes."""
+        start, left = self.t, 1.0  # the share of the step still to run
+        while left > 1e-9:
+            whole_s = self.work.seconds(kind, tokens, self.clock, measured_s)  # the step at the clock now
+            if whole_s <= 0.0:
+                break
+            slice_s = min(left * whole_s, self.max_step_s)
+            self._advance(slice_s, busy=True)
+            left -= slice_s / whole_s
+        return self.t - start
 
     # Clock protocol (shared with RealClock): the guard waits through it.
     def now(self) -> float:

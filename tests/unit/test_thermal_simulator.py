@@ -82,6 +82,20 @@ def test_throttling_board_slows_down_and_counts_throttle_time():
     assert unthrottled.compute("decode", 1) == pytest.approx(0.1)
 
 
+def test_a_long_step_slows_down_as_the_board_throttles():
+    """A 100k-token prefill: 714 s at full clock, but the board throttles after ~3 minutes of it. Its
+    time was fixed by the clock when it began (714 s, all of it at full speed on a throttled board)."""
+    board = SimulatedBoard.from_profile(get_profile("rpi5"), ambient_c=35,
+                                        work=WorkModel(decode_tok_s=35, prefill_tok_s=140))
+    seconds = board.compute("prefill", 100_000)
+    assert seconds == pytest.approx(board.t)
+    assert 1200 < seconds < 1300  # ~0.52 of full clock once throttled
+    assert board.throttled_s == pytest.approx(seconds - 89, abs=2)  # full clock only until 80 °C
+    unthrottled = SimulatedBoard.from_profile(get_profile("rpi5"), ambient_c=35, firmware=False,
+                                              work=WorkModel(decode_tok_s=35, prefill_tok_s=140))
+    assert unthrottled.compute("prefill", 100_000) == pytest.approx(100_000 / 140)
+
+
 def test_simulated_sensor_reads_like_a_zone():
     profile = get_profile("rpi5")
     board = SimulatedBoard.from_profile(profile, ambient_c=30)
