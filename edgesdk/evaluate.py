@@ -80,7 +80,7 @@ def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress:
 
 def _exp_or_inf(mean_nll: float) -> float:
     """exp, with inf past the float range (a mean loss over 709.8 nats) where math.exp raises."""
-    return math.exp(mean_nll) if mean_nll < math.log(sys.float_info.max) else math.inf
+    return math.inf if mean_nll > math.log(sys.float_info.max) else math.exp(mean_nll)  # NaN stays NaN
 
 
 def bundle_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityConfig(),

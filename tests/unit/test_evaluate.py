@@ -62,3 +62,4 @@ def test_a_loss_past_float_range_gives_infinite_perplexity():
     result = perplexity(wild, [1, 2, 3, 4, 5], PerplexityConfig(4, 4))
     assert result.perplexity == math.inf
     assert result.tokens_scored == 3
+    assert math.isnan(perplexity(lambda window: wild(window) * np.nan, [1, 2, 3], PerplexityConfig(4, 4)).perplexity)
