@@ -94,11 +94,17 @@ class ThermalLimits(_Strict):
 class ThermalModel(_Strict):
     """First-order (lumped RC) thermal model: C dT/dt = P - (T - T_ambient) / R."""
 
-    ambient_c: float = Field(description="default ambient temperature for simulation")
-    resistance_c_per_w: float = Field(gt=0, description="junction-to-ambient thermal resistance R")
-    capacity_j_per_c: float = Field(gt=0, description="lumped heat capacity C")
-    idle_w: float = Field(ge=0, description="board power when idle")
-    active_w: float = Field(gt=0, description="board power while decoding")
+    ambient_c: float = Field(allow_inf_nan=False, description="default ambient temperature for simulation")
+    resistance_c_per_w: float = Field(gt=0, allow_inf_nan=False, description="junction-to-ambient thermal resistance R")
+    capacity_j_per_c: float = Field(gt=0, allow_inf_nan=False, description="lumped heat capacity C")
+    idle_w: float = Field(ge=0, allow_inf_nan=False, description="board power when idle")
+    active_w: float = Field(gt=0, allow_inf_nan=False, description="board power while decoding")
+
+    @model_validator(mode="after")
+    def _working_heats(self) -> ThermalModel:
+        if self.active_w < self.idle_w:  # the simulated board would cool down while it computes
+            raise ValueError(f"active_w ({self.active_w} W) must be at least idle_w ({self.idle_w} W)")
+        return self
 
 
 class TargetProfile(_Strict):

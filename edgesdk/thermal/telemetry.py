@@ -82,9 +82,9 @@ class RunSummary:
     requests: int
     max_temp_c: float | None
     throttle_s: float
-    p95_inter_token_ms: float
-    mean_inter_token_ms: float
-    mean_ttft_s: float
+    p95_inter_token_ms: float | None  # None: no decode step (nothing to time)
+    mean_inter_token_ms: float | None
+    mean_ttft_s: float | None  # None: no prefill
     mean_tok_s: float
     sustained_tok_s: float  # over the last third of the run
     paused_s: float
@@ -121,9 +121,9 @@ def summarize(records: list[dict], horizon_s: float | None = None, throttle_s: f
     return RunSummary(
         seconds=end, tokens=tokens, requests=len(ttft), max_temp_c=max(temps) if temps else None,
         throttle_s=throttle_s,
-        p95_inter_token_ms=float(np.percentile(gaps, 95) * 1e3) if gaps else 0.0,
-        mean_inter_token_ms=float(np.mean(gaps) * 1e3) if gaps else 0.0,
-        mean_ttft_s=float(np.mean(ttft)) if ttft else 0.0,
+        p95_inter_token_ms=float(np.percentile(gaps, 95) * 1e3) if gaps else None,
+        mean_inter_token_ms=float(np.mean(gaps) * 1e3) if gaps else None,
+        mean_ttft_s=float(np.mean(ttft)) if ttft else None,
         mean_tok_s=tokens / end if end else 0.0, sustained_tok_s=late / (end / 3) if end else 0.0,
         paused_s=paused, levels_s={k: round(v, 2) for k, v in levels.items()},
     )

@@ -358,3 +358,15 @@ def test_profile_is_frozen() -> None:
     profile = get_profile("rpi5")
     with pytest.raises(Exception, match="frozen"):
         profile.name = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("key", "value", "match"), [
+    ("active_w", 1.0, r"active_w \(1.0 W\) must be at least idle_w"),  # the board would cool while computing
+    ("resistance_c_per_w", float("inf"), "finite number"),  # the simulated temperature turned NaN
+    ("capacity_j_per_c", float("nan"), "finite number"),
+])
+def test_a_thermal_model_that_cannot_be_simulated_is_rejected(key: str, value: float, match: str) -> None:
+    data = _shipped_data("rpi5")
+    data["thermal_model"][key] = value
+    with pytest.raises(ProfileError, match=match):
+        parse_profile(yaml.safe_dump(data))
