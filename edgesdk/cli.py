@@ -7,6 +7,7 @@ Heavy imports (onnxruntime, torch, transformers) happen inside the commands that
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -470,6 +471,17 @@ def _power_line(backend) -> str:
             f"compute budget {s['budget']:g}{'' if backend.gating else ', gating off'}")
 
 
+def _finite_or_null(value):
+    """``value`` with every infinite or NaN float replaced by None (JSON has no such numbers)."""
+    if isinstance(value, dict):
+        return {key: _finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 @main.command("eval")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--text", "text_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -510,6 +522,12 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
     if not levels or any(not 0 < b <= 1 for b in levels):
         raise click.BadParameter(f"must lie in (0, 1], got {budgets!r}", param_hint="--budgets")
     text = read_utf8(text_file, "--text")
+    if not text[: config.max_chars].strip():
+        cut = config.max_chars is not None and len(text) > config.max_chars
+        where = f"its first {config.max_chars:,} characters (--max-chars)" if cut else f"its {len(text):,} characters"
+        raise EdgeSDKError(f"--text {text_file} has nothing to score: {where} are empty or whitespace",
+                           "raise --max-chars (0 scores the whole file)" if cut else
+                           "pass a plain-text file, e.g. wikitext-2-raw/wiki.valid.raw")
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
     if context > runtime.backend.max_context:
@@ -528,17 +546,21 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
     else:
         result = {"bundle": bundle_perplexity(runtime, text, config, progress=True).to_json()}
     if reference:
+        import torch
+
         from edgesdk.models.loader import load_model
         from edgesdk.models.sources import resolve_model
 
+        if threads:  # as the bundle ran; PyTorch would otherwise take every core
+            torch.set_num_threads(threads)
         source = resolve_model(runtime.bundle.manifest["model"]["before"]["source"])
         model = load_model(source).model
         encode = lambda t: runtime.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
         result["reference"] = reference_perplexity(model, encode, text, config, progress=True).to_json()
         ours, ref = result["bundle"]["perplexity"], result["reference"]["perplexity"]
         result["relative_difference"] = round(ours / ref - 1, 8)
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
+    if as_json:  # strict JSON: a perplexity that overflowed (inf) or a broken bundle's NaN is null
+        click.echo(json.dumps(_finite_or_null(result), indent=2, allow_nan=False))
         return
     click.echo(f"bundle perplexity    {result['bundle']['perplexity']:.4f} "
                f"({result['bundle']['tokens_scored']} tokens, {result['bundle']['windows']} windows)")

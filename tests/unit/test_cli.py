@@ -485,6 +485,14 @@ def test_eval_reference_matches_bundle(bundle, text_file):
     assert abs(data["bundle"]["perplexity"] / data["reference"]["perplexity"] - 1) < 1e-4
 
 
+def test_eval_json_is_strict_when_a_perplexity_overflows():
+    from edgesdk.cli import _finite_or_null
+
+    result = {"bundle": {"perplexity": float("inf"), "tokens_scored": 5}, "curve": [{"perplexity": float("nan")}]}
+    text = json.dumps(_finite_or_null(result), allow_nan=False)  # Infinity / NaN are not JSON
+    assert json.loads(text) == {"bundle": {"perplexity": None, "tokens_scored": 5}, "curve": [{"perplexity": None}]}
+
+
 def test_eval_missing_text_file(bundle, tmp_path):
     result = invoke("eval", bundle, "--text", tmp_path / "absent.txt")
     assert result.exit_code == 2
@@ -492,9 +500,10 @@ def test_eval_missing_text_file(bundle, tmp_path):
 
 
 @pytest.mark.parametrize(("content", "fragments"), [
-    (b"", ("gives 0 token(s)", "--text")),
+    (b"", ("has nothing to score: its 0 characters are empty or whitespace", "text.txt", "plain-text file")),
+    (b" \n" * 3000, ("its first 2,000 characters (--max-chars) are empty", "raise --max-chars")),
     ("caf\u00e9 na\u00efve\n".encode("latin-1") * 20, ("is not UTF-8 text", "iconv")),
-], ids=["empty", "latin-1"])
+], ids=["empty", "blank-head", "latin-1"])
 def test_eval_refuses_unusable_text(bundle, tmp_path, content, fragments):
     path = tmp_path / "text.txt"
     path.write_bytes(content)
