@@ -211,13 +211,31 @@ def _manifest_shape_problems(manifest: dict) -> list[str]:
         if not isinstance(section, dict) or not isinstance(section.get(needed), str):
             problems.append(f"'{key}' must be a mapping with a '{needed}' string, got {section!r:.80}")
     problems += _runtime_section_problems(manifest["runtime"])
+    graph = manifest["graph"]
+    problems += _weights_record_problems(graph.get("weights") if isinstance(graph, dict) else None)
     if problems:
         return problems
     weights = manifest["graph"].get("weights") or {}
     opened = [manifest["graph"]["file"], manifest["tokenizer"]["file"], manifest["tokenizer"].get("chat_template"),
-              weights.get("file") if isinstance(weights, dict) else None]
+              weights.get("file")]
     return [f"'{name}' is opened by the runtime but not listed in 'files'" for name in opened
             if name is not None and name not in files]
+
+
+def _weights_record_problems(record) -> list[str]:
+    """'graph.weights' (edgesdk/weights_file.py), when present: the runtime reads every field, and
+    writes the inflated bytes under 'external_name' in a temporary directory, so it must be a bare
+    file name (a path would write them anywhere)."""
+    if record is None:
+        return []
+    fields = {"file": str, "codec": str, "external_name": str, "bytes": int, "sha256": str}
+    if not (isinstance(record, dict) and all(isinstance(record.get(key), kind) for key, kind in fields.items())):
+        return [f"'graph.weights' must be a mapping with {', '.join(fields)} ('bytes' a whole number, the others "
+                f"strings), got {record!r:.120}"]
+    name = record["external_name"]
+    if PurePosixPath(name).name != name or name in ("", ".", ".."):
+        return [f"'graph.weights.external_name' must be a bare file name, got {name!r}"]
+    return []
 
 
 def _runtime_section_problems(runtime) -> list[str]:

@@ -216,6 +216,15 @@ def _unlist_the_graph(manifest):
     del manifest["files"][manifest["graph"]["file"]]
 
 
+def _weights_record(**change):
+    """A graph.weights record (edgesdk/weights_file.py) naming a listed file, with ``change`` applied."""
+    def add(manifest):
+        facts = manifest["files"]["model.onnx.data"]
+        manifest["graph"]["weights"] = {"file": "model.onnx.data", "codec": "zlib", "external_name": "model.onnx.data",
+                                        "bytes": facts["size"], "sha256": facts["sha256"], **change}
+    return add
+
+
 @pytest.mark.parametrize(("change", "match"), [
     (lambda m: m.update(files=list(m["files"])), "'files' must map file names to {size, sha256}, got list"),
     (lambda m: m.update(files=None), "'files' must map file names to {size, sha256}, got NoneType"),
@@ -228,9 +237,13 @@ def _unlist_the_graph(manifest):
     (lambda m: m["runtime"].update(fallbacks="ort-cpu"), r"'runtime.fallbacks' must be a list"),
     (lambda m: m["runtime"].update(threads="4"), r"'runtime.threads' must be a whole number of at least 1"),
     (lambda m: m["runtime"].update(threads=0), r"'runtime.threads' must be a whole number of at least 1, got 0"),
+    (_weights_record(bytes=None), r"'graph.weights' must be a mapping with file, codec, external_name, bytes"),
+    (_weights_record(external_name="../../escaped.data"),
+     r"'graph.weights.external_name' must be a bare file name, got '\.\./\.\./escaped\.data'"),
+    (_weights_record(external_name="/tmp/escaped.data"), r"'graph.weights.external_name' must be a bare file name"),
 ], ids=["files-list", "files-null", "entry-without-size", "target-string", "tokenizer-without-file",
         "graph-unlisted", "runtime-without-backend", "runtime-string", "fallbacks-string", "threads-string",
-        "threads-zero"])
+        "threads-zero", "weights-without-bytes", "weights-name-with-dotdot", "weights-name-absolute"])
 def test_a_hand_edited_manifest_is_refused_with_what_is_wrong(tiny_bundle, tmp_path, change, match):
     """The digest matches (the edit rewrote it), so only the manifest's own shape can catch these;
     each was a traceback (AttributeError, KeyError, TypeError)."""
@@ -238,6 +251,12 @@ def test_a_hand_edited_manifest_is_refused_with_what_is_wrong(tiny_bundle, tmp_p
     rewrite_manifest(path, change)
     error = refused(path, match)
     assert "edited by hand" in error.fix
+
+
+def test_a_sound_weights_record_is_accepted(tiny_bundle, tmp_path):
+    path = copy_bundle(tiny_bundle, tmp_path)
+    rewrite_manifest(path, _weights_record())
+    assert verify_bundle(path).manifest["graph"]["weights"]["external_name"] == "model.onnx.data"
 
 
 def test_manifest_listing_a_path_outside_the_bundle_is_refused(tiny_bundle, tmp_path):
