@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from edgesdk.errors import EdgeSDKError
+from edgesdk.errors import EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import DecoderBackend
 
 
@@ -43,10 +43,15 @@ class Sampler:
         self.rng = np.random.default_rng(config.seed)
 
     def __call__(self, logits: np.ndarray) -> int:
+        best = int(np.argmax(logits))  # the first NaN when there is one
+        _check_finite(float(logits[best]))
         if self.config.temperature == 0:
-            return int(np.argmax(logits))
-        scaled = logits.astype(np.float64) / self.config.temperature
-        probs = np.exp(scaled - scaled.max())
+            return best
+        # Shift before scaling: a tiny temperature turned the raw logits into inf (inf - inf is NaN);
+        # shifted, the top one is 0 and the others may overflow only to -inf, probability 0.
+        with np.errstate(over="ignore"):
+            scaled = (logits.astype(np.float64) - logits[best]) / self.config.temperature
+        probs = np.exp(scaled)
         probs /= probs.sum()
         if self.config.top_p < 1.0:
             order = np.argsort(-probs)
@@ -56,6 +61,15 @@ class Sampler:
             mask[keep] = probs[keep]
             probs = mask / mask.sum()
         return int(self.rng.choice(probs.shape[0], p=probs))
+
+
+def _check_finite(top_logit: float) -> None:
+    """Refuse logits with NaN or an infinite top: a backend whose arithmetic overflowed (greedy
+    decoding picked the NaN's token, often end-of-text, and sampling failed in numpy)."""
+    if not math.isfinite(top_logit):
+        raise RuntimeBackendError(f"the backend returned logits that are not finite (the top one is {top_logit})",
+                                  "run the bundle with --backend ort-cpu; if it fails there too, "
+                                  "'edgesdk verify' it and rebuild it")
 
 
 class StepHook(Protocol):

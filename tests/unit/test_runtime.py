@@ -111,6 +111,26 @@ def test_sampler_is_reproducible_and_respects_top_p():
     assert Sampler(SamplingConfig())(logits) == 0
 
 
+@pytest.mark.filterwarnings("error")  # numpy's overflow warning would print in the middle of an answer
+@pytest.mark.parametrize("temperature", [1e-310, 1e-320])
+def test_a_tiny_temperature_samples_the_top_token(temperature):
+    """Logits divided by a tiny temperature overflowed to inf, and inf - inf gave NaN probabilities."""
+    logits = np.array([1.0, 30.0, -2.0, 29.5], np.float32)
+    sampler = Sampler(SamplingConfig(temperature=temperature, seed=0))
+    assert [sampler(logits) for _ in range(5)] == [1] * 5
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_logits_that_are_not_finite_are_a_backend_error(temperature, bad):
+    """Greedy decoding took the NaN's index (token 0, often end-of-text: an empty answer) and
+    sampling failed inside numpy; both now name the logits."""
+    logits = np.array([0.5, bad, 2.0], np.float32)
+    with pytest.raises(RuntimeBackendError, match="logits that are not finite") as info:
+        Sampler(SamplingConfig(temperature=temperature, seed=0))(logits)
+    assert "--backend ort-cpu" in info.value.fix
+
+
 @pytest.mark.parametrize(("field", "value"), [("max_new_tokens", 0), ("temperature", -0.1), ("top_p", 0.0)])
 def test_sampling_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=field):
