@@ -110,17 +110,28 @@ class BundleWriter:
         (self.staging / MANIFEST).write_text(text, encoding="utf-8")
         (self.staging / MANIFEST_DIGEST).write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
         check_replaceable(self.destination)
-        old = self.destination.with_name(f".{self.destination.name}.old")
-        if self.destination.exists():
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(self.destination, old)
-            os.replace(self.staging, self.destination)
-        else:
-            os.replace(self.staging, self.destination)
-        if old.is_dir():  # this commit's earlier bundle, or one a commit killed between its renames left
-            shutil.rmtree(old)
+        _move_into_place(self.staging, self.destination)
         return Bundle(self.destination, body)
+
+
+def _move_into_place(staging: Path, destination: Path) -> None:
+    """Rename the complete bundle ``staging`` to ``destination``. An earlier bundle there is first
+    renamed aside to ``.NAME.old`` (read_manifest points to it if a kill comes between the two
+    renames) and removed last, so a kill at any step leaves a whole bundle at one of the two names."""
+    old = destination.with_name(f".{destination.name}.old")
+    if destination.exists() or destination.is_symlink():
+        _remove(old)  # what a commit killed while removing it left
+        os.replace(destination, old)
+    os.replace(staging, destination)
+    _remove(old)  # this commit's earlier bundle, or one a commit killed between its renames left
+
+
+def _remove(path: Path) -> None:
+    """Remove a directory tree, a file, or a link (to a bundle: the bundle it names stays)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
 
 
 def check_replaceable(path: Path, fix: str = "pass --out a new directory (or an earlier bundle to replace)") -> None:
@@ -388,7 +399,5 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
     except BundleError:
         shutil.rmtree(staging)
         raise
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
+    _move_into_place(staging, final)
     return verify_bundle(final)

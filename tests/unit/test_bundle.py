@@ -13,6 +13,9 @@ import os
 import random
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -384,6 +387,21 @@ def test_a_commit_after_one_killed_between_its_renames_clears_what_it_left(tmp_p
     assert verify_bundle(destination).bundle_id == new.bundle_id
 
 
+def test_commit_over_a_link_to_a_bundle_replaces_the_link(tmp_path):
+    """Removing the link put aside was an OSError (rmtree on a symbolic link) after the commit."""
+    first = BundleWriter(tmp_path / "real")
+    first.write_text("report.md", "old\n")
+    old = first.commit(dict(MINIMAL_MANIFEST))
+    (tmp_path / "link").symlink_to("real")
+    second = BundleWriter(tmp_path / "link")
+    second.write_text("report.md", "new\n")
+    new = second.commit(dict(MINIMAL_MANIFEST))
+    assert sorted(os.listdir(tmp_path)) == ["link", "real"]
+    assert not (tmp_path / "link").is_symlink()
+    assert verify_bundle(tmp_path / "link").bundle_id == new.bundle_id
+    assert verify_bundle(tmp_path / "real").bundle_id == old.bundle_id  # the bundle the link named stays
+
+
 def test_identical_content_gives_identical_bundle_id(tmp_path):
     ids = []
     for name in ("a", "b"):
@@ -436,6 +454,65 @@ def test_unpack_over_an_existing_bundle_replaces_it(tiny_bundle, tmp_path):
     bundle = unpack_bundle(archive, destination)
     assert not (bundle.path / "stray.txt").exists()
     verify_bundle(bundle.path)
+
+
+KILLED_UNPACK = """
+import os, signal, sys
+from pathlib import Path
+from edgesdk.bundle import unpack_bundle
+
+archive, destination, kill_at = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+steps = 0
+
+
+def kill_at_step(event, args):
+    global steps
+    if event in ("os.rename", "os.remove", "os.rmdir"):  # every rename, and every file rmtree removes
+        steps += 1
+        if steps == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+sys.addaudithook(kill_at_step)
+unpack_bundle(archive, destination)
+"""
+
+
+def test_unpack_killed_at_any_step_leaves_a_whole_bundle(tiny_bundle, tmp_path):
+    """Over an earlier bundle, unpack removed it file by file and then renamed the new one in: killed
+    in between, the bundle's directory was half deleted, or gone with nothing pointing to the new one."""
+    archive = pack_bundle(tiny_bundle.path, tmp_path / "bundle.tar")
+    destination = tmp_path / "dest"
+    name = tiny_bundle.path.name
+    for kill_at in range(1, 100):
+        shutil.rmtree(destination, ignore_errors=True)
+        copy_bundle(tiny_bundle, destination)
+        child = subprocess.run([sys.executable, "-c", KILLED_UNPACK, str(archive), str(destination), str(kill_at)],
+                               capture_output=True, text=True, timeout=120)
+        if child.returncode == 0:  # it ran past its last step
+            break
+        assert child.returncode == -signal.SIGKILL, child.stderr
+        if (destination / name).exists():
+            assert verify_bundle(destination / name).bundle_id == tiny_bundle.bundle_id
+        else:  # killed between the renames: the earlier bundle is aside, and pointed out
+            refused(destination / name, "holds the bundle that was there before an interrupted write")
+            assert verify_bundle(destination / f".{name}.old").bundle_id == tiny_bundle.bundle_id
+        assert unpack_bundle(archive, destination).bundle_id == tiny_bundle.bundle_id
+        assert leftovers(destination) == [name]
+    assert kill_at > 3
+
+
+def test_unpack_over_a_link_to_a_bundle_replaces_the_link(tiny_bundle, tmp_path):
+    """Removing the link was an OSError (rmtree on a symbolic link) that left the staging directory."""
+    archive = pack_bundle(tiny_bundle.path, tmp_path / "bundle.tar")
+    elsewhere = copy_bundle(tiny_bundle, tmp_path / "elsewhere")
+    destination = tmp_path / "dest"
+    destination.mkdir()
+    (destination / elsewhere.name).symlink_to(elsewhere)
+    bundle = unpack_bundle(archive, destination)
+    assert not bundle.path.is_symlink()
+    assert leftovers(destination) == [elsewhere.name]
+    verify_bundle(elsewhere)
 
 
 def test_pack_refuses_a_corrupt_bundle(tiny_bundle, tmp_path):
