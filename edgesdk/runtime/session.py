@@ -78,8 +78,15 @@ def usable_cores() -> int:
 
 
 def _available_providers() -> list[str]:
-    import onnxruntime as ort
-
+    """The execution providers of the installed onnxruntime, or a RuntimeBackendError when it cannot be
+    imported (a GPU wheel built for another JetPack misses its CUDA libraries), so the chain goes on."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise RuntimeBackendError(f"onnxruntime cannot be imported by Python {sys.version.split()[0]}: {exc}",
+                                  "pip install onnxruntime (on a Jetson, the onnxruntime-gpu wheel for its JetPack "
+                                  "and Python from jetson-containers / Jetson Zoo); 'edgesdk env' shows what is "
+                                  "installed") from exc
     return list(ort.get_available_providers())
 
 

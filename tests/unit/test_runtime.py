@@ -21,6 +21,21 @@ def test_open_runtime_reports_backend_choice(runtime):
     assert any(note == "ort-cpu: used" for note in runtime.notes)
 
 
+def test_an_onnxruntime_that_cannot_be_imported_is_noted_for_each_backend(runtime, monkeypatch):
+    """A GPU wheel for another JetPack fails at import (a CUDA library missing): that ImportError ended
+    the chain in a traceback; now each ONNX Runtime backend notes it and the error says what to install."""
+    import sys
+
+    from edgesdk.runtime.session import open_backend
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # what Python does for a module that cannot load
+    with pytest.raises(RuntimeBackendError, match="no backend could run bundle") as info:
+        open_backend(runtime.bundle, ["ort-cuda", "ort-cpu"], threads=1)
+    assert info.value.problem.count("onnxruntime cannot be imported by Python") == 2
+    assert "ort-cuda: onnxruntime cannot be imported" in info.value.problem
+    assert "ort-cpu: pip install onnxruntime" in info.value.fix
+
+
 def test_greedy_generation_matches_pytorch_generate(runtime, tiny_model_dir):
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
