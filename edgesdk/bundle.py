@@ -342,7 +342,7 @@ def pack_bundle(path: Path, archive: Path) -> Path:
 def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
     """Unpack a bundle .tar, refusing members that escape it, then verify.
 
-    Links, devices, absolute paths and ``..`` components are refused before anything is written.
+    Links, devices, sparse files, absolute paths and ``..`` components are refused before anything is written.
     """
     archive, destination_dir = Path(archive), Path(destination_dir)
     try:
@@ -361,8 +361,10 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
         for member in members:
             pure = PurePosixPath(member.name)
             if (pure.is_absolute() or ".." in pure.parts or not (member.isfile() or member.isdir())
+                    or member.issparse()  # a few bytes of archive that write any number of zeros
                     or (member.isfile() and len(pure.parts) < 2)):  # a file must sit inside the bundle directory
-                kind = "link" if (member.issym() or member.islnk()) else "member"
+                kind = "link" if (member.issym() or member.islnk()) else "sparse member" if member.issparse() \
+                    else "member"
                 raise BundleError(f"{archive}: {kind} '{member.name}' would escape the bundle or is not a plain file",
                                   "only unpack archives made by 'edgesdk pack'")
         if len(tops) != 1:

@@ -560,6 +560,14 @@ def _fifo(tar, bundle, tmp_path):
     add_special(tar, f"{bundle.name}/fifo", tarfile.FIFOTYPE)
 
 
+def _sparse(tar, bundle, tmp_path):
+    """A member of no stored bytes that unpacks to 64 MiB of zeros (or to any size its header says)."""
+    add_directory(tar, bundle, bundle.name)
+    info = tarfile.TarInfo(f"{bundle.name}/sparse.bin")
+    info.pax_headers = {"GNU.sparse.size": str(64 << 20), "GNU.sparse.map": "0,0", "GNU.sparse.name": info.name}
+    tar.addfile(info, io.BytesIO(b""))
+
+
 def _two_top_level_directories(tar, bundle, tmp_path):
     add_directory(tar, bundle, bundle.name)
     add_directory(tar, bundle, "second")
@@ -577,6 +585,7 @@ HOSTILE = {
     "symlink": (_symlink, r"link '[^']*/link' would escape the bundle or is not a plain file"),
     "hardlink": (_hardlink, r"link '[^']*/hard' would escape the bundle or is not a plain file"),
     "fifo": (_fifo, r"member '[^']*/fifo' would escape the bundle or is not a plain file"),
+    "sparse": (_sparse, r"sparse member '[^']*/sparse\.bin' would escape the bundle or is not a plain file"),
     "two-top-level-dirs": (_two_top_level_directories, r"holds 2 top-level entries .* expected one bundle directory"),
     "top-level-file": (_top_level_file, r"member 'evil\.txt' would escape the bundle or is not a plain file"),
 }
@@ -590,7 +599,7 @@ def test_unpack_refuses_hostile_archives(tiny_bundle, tmp_path, case):
     bundle = copy_bundle(tiny_bundle, work)
     (tmp_path / "outside.txt").write_text("must stay untouched\n")
     archive = tmp_path / "hostile.tar"
-    with tarfile.open(archive, "w") as tar:
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
         build(tar, bundle, tmp_path)
     destination = tmp_path / "dest"
     tmp_evil_existed = os.path.lexists("/tmp/evil")
