@@ -111,22 +111,29 @@ class GenerationStats:
         return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
 
     @property
-    def decode_tok_s(self) -> float:
+    def decode_tok_s(self) -> float | None:
+        """Decode steps per second; None when no step ran (the answer was the prefill's token or nothing)."""
         decoded = len(self.token_latencies_s)
-        return decoded / self.decode_s if self.decode_s else 0.0
+        return decoded / self.decode_s if decoded and self.decode_s else None
 
     @property
-    def p95_latency_ms(self) -> float:
-        return float(np.percentile(self.token_latencies_s, 95) * 1e3) if self.token_latencies_s else 0.0
+    def p95_latency_ms(self) -> float | None:
+        """95th percentile of the decode steps' times; None when no step ran."""
+        return float(np.percentile(self.token_latencies_s, 95) * 1e3) if self.token_latencies_s else None
 
     def to_json(self) -> dict:
+        """Rounded figures; ``decode_tok_s`` and ``p95_inter_token_ms`` are None (null) without a decode step."""
         return {
             "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
             "time_to_first_token_ms": round(self.time_to_first_token_s * 1e3, 2),
-            "prefill_tok_s": round(self.prefill_tok_s, 2), "decode_tok_s": round(self.decode_tok_s, 2),
-            "p95_inter_token_ms": round(self.p95_latency_ms, 2), "stop_reason": self.stop_reason,
+            "prefill_tok_s": round(self.prefill_tok_s, 2), "decode_tok_s": _rounded(self.decode_tok_s),
+            "p95_inter_token_ms": _rounded(self.p95_latency_ms), "stop_reason": self.stop_reason,
             "waited_ms": round(self.waited_s * 1e3, 2),
         }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingConfig,

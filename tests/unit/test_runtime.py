@@ -186,6 +186,23 @@ def test_stats_summary():
     assert summary["time_to_first_token_ms"] == 500.0
 
 
+@pytest.mark.parametrize("answer", ["one token", "end of text first"])
+def test_an_answer_without_a_decode_step_has_no_decode_rate(runtime, answer):
+    """The prefill's token alone gave 'decode 0.0 tok/s, p95 0.0 ms': a rate no step was timed for."""
+    prompt = runtime.tokenizer.encode("hello")
+    first, _ = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=1), stop_ids=set())
+    stop_ids = set(first) if answer == "end of text first" else set()
+    tokens, stats = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=1), stop_ids=stop_ids)
+    assert len(tokens) == (1 if answer == "one token" else 0)
+    assert stats.token_latencies_s == []
+    assert stats.decode_tok_s is None
+    assert stats.p95_latency_ms is None
+    summary = stats.to_json()
+    assert summary["decode_tok_s"] is None
+    assert summary["p95_inter_token_ms"] is None
+    assert summary["time_to_first_token_ms"] > 0
+
+
 def test_decode_speed_leaves_out_a_simulated_boards_waits(runtime):
     """A simulated board paces on its own clock: its waits cost no wall time, so they must not be
     taken off the wall time of decoding (that gave negative tok/s)."""
