@@ -108,14 +108,15 @@ class GatedMLP(nn.Module):
         y = y * scales
         hard = (gate >= state.tau).to(y.dtype)  # (B, S)
         mask = hard + gate - gate.detach() if state.straight_through else hard
-        y = y * mask.unsqueeze(-1)
         if heads is not None:  # (B, S, H') -> (B, S, H'*hd): one factor per query channel
             state.pending_heads[self._power_index + 1] = heads.repeat_interleave(state.head_dim, dim=-1)
         if state.record:
             state.gates.append(gate)
             state.masks.append(mask)
-            state.ffn_norms.append(y.norm(dim=-1))
-        return y
+            # ||y * m|| = m * ||y|| for m in {0, 1}; taken after masking, a skipped block's norm is
+            # the norm of zeros, whose gradient is 0: its f_t would not depend on its gate.
+            state.ffn_norms.append(y.norm(dim=-1) * mask)
+        return y * mask.unsqueeze(-1)
 
 
 class ScaledQueryProjection(nn.Linear):

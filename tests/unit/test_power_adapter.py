@@ -73,6 +73,28 @@ def test_gates_below_tau_zero_the_ffn_and_the_straight_through_gradient_reaches_
     assert all(g is not None and float(g[-1].abs()) > 0 for g in grads)  # the gate logit learns
 
 
+
+def test_a_skipped_ffns_output_norm_carries_the_straight_through_gradient_to_its_gate():
+    model = tiny_llama(layers=2)
+    state = adapter.install_adapters(model, 4)
+    _randomise(model)
+    ids = torch.randint(0, 320, (1, 16), generator=torch.Generator().manual_seed(0))
+    state.record, state.tau = True, 0.0
+    with torch.no_grad():
+        model(ids)
+    unmasked = state.ffn_norms[0][0]  # ||FFN(h) * scales|| of layer 0, every block run
+    state.clear()
+    state.tau, state.straight_through = 0.5, True
+    model(ids)
+    gate, norm = state.gates[0], state.ffn_norms[0]
+    gate.retain_grad()
+    norm.sum().backward()
+    skipped = gate[0] < 0.5
+    assert 0 < skipped.sum() < skipped.numel()
+    assert float(norm[0][skipped].abs().max()) == 0  # the forward value: a skipped block has no output
+    # d f / d gate = ||FFN(h) * scales|| for run and skipped blocks alike (d m / d gate = 1)
+    torch.testing.assert_close(gate.grad[0], unmasked)
+
 def test_query_scales_change_the_next_layers_attention():
     model = tiny_llama(layers=3)
     state = adapter.install_adapters(model, 4)
