@@ -398,8 +398,9 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
                               "check the free space and permissions there, or re-copy the archive") from exc
     try:
         verify_bundle(staging)
-    except BundleError:
+    except BundleError as exc:  # named as the archive's bundle: the staging directory is gone once this is read
         shutil.rmtree(staging)
-        raise
+        raise BundleError(exc.problem.replace(f"bundle {staging}", f"the bundle {top} in {archive}", 1), exc.fix) \
+            from exc
     _move_into_place(staging, final)
     return verify_bundle(final)

@@ -748,6 +748,7 @@ def test_unpack_refuses_a_corrupt_bundle_and_leaves_nothing(tiny_bundle, tmp_pat
     with pytest.raises(BundleError, match=r"failed verification:\n  - model\.onnx\.data: sha256 differs") as info:
         unpack_bundle(archive, destination)
     assert info.value.fix
+    assert info.value.problem.startswith(f"the bundle {path.name} in {archive} failed verification")  # not .NAME.unpacking
     assert not (destination / path.name).exists()
     assert leftovers(destination) == []  # the .NAME.unpacking staging directory is gone too
 
