@@ -45,13 +45,17 @@ class ChatTokenizer:
                               "pass --raw to feed the prompt as is, or rebuild with a corrected template") from exc
 
     def prompt_ids(self, prompt: str, raw: bool, system: str | None = None) -> list[int]:
-        """Token ids for a user prompt: through the chat template unless ``raw`` or there is none."""
+        """Token ids for a user prompt: through the chat template unless ``raw`` or there is none.
+
+        An empty ``system`` is a system message with no text, as transformers renders it: templates
+        that add a default system prompt when there is none (SmolLM2's) then add none."""
         check_utf8(prompt, "the prompt")
-        if system:
+        if system is not None:
             check_utf8(system, "--system")
         if raw or not self.has_chat_template:
             return self.encode(prompt)
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        messages = ([] if system is None else [{"role": "system", "content": system}]) + [
+            {"role": "user", "content": prompt}]
         return self.encode(self.render_chat(messages), add_special_tokens=False)
 
 

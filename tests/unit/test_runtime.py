@@ -227,6 +227,16 @@ def test_decode_speed_leaves_out_a_simulated_boards_waits(runtime):
     assert stats.decode_tok_s > 0
 
 
+def test_an_empty_system_prompt_is_a_system_message(runtime):
+    """--system "" was dropped, so a template that adds a default system prompt when there is none
+    (SmolLM2's) added it; transformers renders an empty system message."""
+    tokenizer = runtime.tokenizer
+    ids = tokenizer.prompt_ids("hi", raw=False, system="")
+    assert tokenizer.tokenizer.decode(ids, skip_special_tokens=False) == (
+        "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert tokenizer.prompt_ids("hi", raw=False) == tokenizer.prompt_ids("hi", raw=False, system=None)
+
+
 CHAT_TEMPLATES = {
     "loop-controls": "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
                      "<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
