@@ -182,10 +182,12 @@ def read_manifest(path: Path) -> dict:
         raise BundleError(f"bundle {path}: {MANIFEST} is not valid JSON ({exc})", "rebuild the bundle") from exc
     if not isinstance(manifest, dict) or manifest.get("schema_version") not in READABLE_SCHEMAS:
         found = manifest.get("schema_version") if isinstance(manifest, dict) else None
+        built_by = manifest.get("edgesdk_version") if isinstance(manifest, dict) else None
         raise BundleError(
             f"bundle {path} has manifest schema version {found!r}; this edgesdk ({__version__}) reads "
             f"versions {', '.join(map(str, READABLE_SCHEMAS))}",
-            "rebuild the bundle with this edgesdk version, or install the edgesdk that built it",
+            "rebuild the bundle with this edgesdk version, or install the edgesdk that built it"
+            + (f" (edgesdk {built_by})" if isinstance(built_by, str) else ""),
         )
     missing = [key for key in REQUIRED_KEYS if key not in manifest]
     if missing:

@@ -200,9 +200,10 @@ def test_rewriting_the_manifest_consistently_still_verifies(tiny_bundle, tmp_pat
 
 def test_unknown_schema_version_is_refused(tiny_bundle, tmp_path):
     path = copy_bundle(tiny_bundle, tmp_path)
-    rewrite_manifest(path, lambda manifest: manifest.update(schema_version=99))
+    rewrite_manifest(path, lambda manifest: manifest.update(schema_version=99, edgesdk_version="9.1.0"))
     error = refused(path, r"manifest schema version 99; this edgesdk \(.*\) reads versions 1, 2")
     assert "rebuild" in error.fix
+    assert error.fix.endswith("install the edgesdk that built it (edgesdk 9.1.0)")
 
 
 def test_manifest_lacking_a_required_key_is_refused(tiny_bundle, tmp_path):
