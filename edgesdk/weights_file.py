@@ -66,7 +66,9 @@ def inflate_weights(bundle_dir: Path, record: dict) -> bytes:
         raise BundleError(f"{path} uses weights codec {record.get('codec')!r}; this edgesdk reads {CODECS}",
                           "upgrade edgesdk on this machine, or rebuild the bundle with export.weights_codec: none")
     try:
-        data = zlib.decompress(path.read_bytes())
+        # At most one byte past the manifest's length: a stream that would inflate further (a bundle whose
+        # manifest was rewritten to match it) is refused below instead of filling the memory first.
+        data = zlib.decompressobj().decompress(path.read_bytes(), int(record["bytes"]) + 1)
     except (OSError, zlib.error) as exc:
         raise BundleError(f"{path} could not be inflated ({exc})",
                           "run 'edgesdk verify' on the bundle, then re-copy or rebuild it") from exc

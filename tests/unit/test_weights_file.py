@@ -98,6 +98,17 @@ def test_inflated_bytes_that_differ_from_the_manifest_are_refused(bundles, tmp_p
         inflate_weights(packed.path, {**record, "codec": "lzma"})
 
 
+def test_a_stream_that_inflates_past_the_manifests_length_stops_there(tmp_path):
+    """A small file can inflate to gigabytes; only the manifest's length plus one byte is ever inflated."""
+    (tmp_path / "w.zlib").write_bytes(zlib.compress(bytes(64 << 20), 9))  # 64 MiB of zeros in ~65 kB
+    record = {"file": "w.zlib", "codec": "zlib", "bytes": 1000, "sha256": "0" * 64}
+    with pytest.raises(BundleError, match=r"length 1,001, expected 1,000"):
+        inflate_weights(tmp_path, record)
+    (tmp_path / "w.zlib").write_bytes(zlib.compress(bytes(1000))[:-8])  # truncated: a short length, refused too
+    with pytest.raises(BundleError, match="differ from the manifest"):
+        inflate_weights(tmp_path, record)
+
+
 def test_store_weights_round_trip_and_plain_copy(tmp_path):
     source = tmp_path / "model.onnx.data"
     payload = np.random.default_rng(0).integers(0, 16, 100_000, dtype=np.uint8).tobytes()
