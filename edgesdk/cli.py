@@ -328,7 +328,7 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
     _warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard,
                                  clock_cap=clock_cap, ambient=ambient, sim_speed=sim_speed,
                                  thermal_target=thermal_target)
-    if system and (raw or not tokenizer.has_chat_template):
+    if system is not None and (raw or not tokenizer.has_chat_template):
         click.echo(f"edgesdk: --system is not used: {'--raw' if raw else 'the bundle has no chat template'} "
                    "feeds the prompt as it is", err=True)
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
@@ -384,8 +384,9 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
             s = result.to_json()
             huge = huge_pages_in_use()
             click.echo(f"[{runtime.backend.name}] prompt {s['prompt_tokens']} tok, prefill {s['prefill_tok_s']} tok/s, "
-                       f"TTFT {s['time_to_first_token_ms']} ms, {s['new_tokens']} new tok, decode {s['decode_tok_s']} tok/s "
-                       f"(steps after the first), p95 {s['p95_inter_token_ms']} ms, stop: {s['stop_reason']}"
+                       f"TTFT {s['time_to_first_token_ms']} ms, {s['new_tokens']} new tok, decode {_or_dash(s['decode_tok_s'])} "
+                       f"tok/s (steps after the first), p95 {_or_dash(s['p95_inter_token_ms'])} ms, "
+                       f"stop: {s['stop_reason']}"
                        + (f", huge pages {huge / 2**20:.0f} MiB" if huge is not None else ""), err=True)
             if hasattr(runtime.backend, "stats"):
                 click.echo(_power_line(runtime.backend), err=True)
@@ -469,6 +470,11 @@ def _power_line(backend) -> str:
     return (f"[power] realised entropy {entropy} (target {backend.controller.config.entropy_target:g}), "
             f"decode FFN blocks skipped {s['blocks_skipped']}/{s['blocks_total']}{share}, tau {s['tau']:.3f}, "
             f"compute budget {s['budget']:g}{'' if backend.gating else ', gating off'}")
+
+
+def _or_dash(value) -> str:
+    """A statistic, or "-" where the run had nothing to measure (an answer without a decode step)."""
+    return "-" if value is None else str(value)
 
 
 def _finite_or_null(value):

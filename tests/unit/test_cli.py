@@ -277,6 +277,15 @@ def test_run_prompt_with_stats(bundle):
     assert "edgesdk: ort-cpu: used" in result.stderr
 
 
+def test_stats_of_a_one_token_answer_show_a_dash_for_the_decode_rate(bundle):
+    result = invoke("run", bundle, "--prompt", "hi", "-n", 1, "--stats")
+    assert_ok(result)
+    stats = next(line for line in result.stderr.splitlines() if "tok/s" in line)
+    assert "decode - tok/s" in stats
+    assert "p95 - ms" in stats
+    assert "None" not in stats
+
+
 def test_run_without_stats_is_quiet_on_stderr(bundle):
     result = invoke("run", bundle, "--prompt", "hi", "-n", 3)
     assert_ok(result)
@@ -331,8 +340,9 @@ def test_run_takes_windows_line_endings_on_stdin(bundle):
     assert windows.stdout == unix.stdout
 
 
-def test_run_says_when_system_is_not_used(bundle):
-    result = invoke("run", bundle, "--prompt", "hi", "-n", 3, "--raw", "--system", "be brief")
+@pytest.mark.parametrize("system", ["be brief", ""])
+def test_run_says_when_system_is_not_used(bundle, system):
+    result = invoke("run", bundle, "--prompt", "hi", "-n", 3, "--raw", "--system", system)
     assert_ok(result)
     assert "--system is not used: --raw feeds the prompt as it is" in result.stderr
     assert result.stdout == invoke("run", bundle, "--prompt", "hi", "-n", 3, "--raw").stdout
