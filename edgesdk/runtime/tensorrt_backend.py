@@ -119,10 +119,15 @@ class CudaPythonDevice:
         self._call(self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
 
     def close(self) -> None:
+        """Free the buffers and the stream (once: a second call does nothing)."""
+        if self.stream is None:
+            return
         self.synchronize()
         for buffer in self._buffers:
             self.cudart.cudaFree(buffer.ptr)
         self._buffers.clear()
+        self.cudart.cudaStreamDestroy(self.stream)
+        self.stream = None
 
 
 def open_device():
