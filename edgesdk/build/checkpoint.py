@@ -90,10 +90,34 @@ def remove_work_dir(path: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+# What each part of the pipeline's build key stands for, as a refused --resume names it.
+KEY_PARTS = {
+    "model": "the model (--model or its files)",
+    "target": "the target profile (--target or its YAML)",
+    "recipe": "the recipe (--recipe or its file, --set, --weight-bits, --ffn-ratio, --distill-steps, --density)",
+    "export": "the export settings (--max-context, --set export.*)",
+    "data": "the training text (--data or its files, --data-skip-chars, --generated-sequences)",
+    "edgesdk": "the edgesdk version",
+}
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _changed_parts(recorded: dict | None, parts: dict) -> str:
+    """The parts of the build key whose digest differs from the one a work directory recorded; all of
+    them, as a list of candidates, for a work directory that recorded none (an older edgesdk wrote it)."""
+    changed = [name for name, digest in parts.items() if isinstance(recorded, dict) and recorded.get(name) != digest]
+    names = [KEY_PARTS.get(name, name) for name in changed or parts]
+    return " and ".join(names) if changed else "one of " + ", ".join(names)
+
+
 class WorkDir:
     def __init__(self, path: Path, build_key: dict, resume: bool):
         self.path = Path(path)
-        self.key = hashlib.sha256(json.dumps(build_key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        self.key = _digest(build_key)
+        self.parts = {name: _digest(value) for name, value in build_key.items()}
         if self.path.is_dir() and not self.path.is_symlink():
             lock_work_dir(self.path)
         state_file = self.path / STATE
@@ -102,8 +126,8 @@ class WorkDir:
             if self.state.get("build_key") != self.key:
                 release_work_dir(self.path)  # refused: this process builds nothing there
                 raise BuildError(
-                    f"--resume: the work directory {self.path} belongs to a different build "
-                    "(model, data, target, recipe, export settings or edgesdk version changed)",
+                    f"--resume: the work directory {self.path} belongs to a different build: "
+                    f"{_changed_parts(self.state.get('build_parts'), self.parts)} changed since it was written",
                     "drop --resume to start over, or pass the same arguments as the killed build",
                 )
         else:
@@ -111,7 +135,7 @@ class WorkDir:
             remove_work_dir(self.path)
             self.path.mkdir(parents=True)
             lock_work_dir(self.path)
-            self.state = {"build_key": self.key, "done": {}}
+            self.state = {"build_key": self.key, "build_parts": self.parts, "done": {}}
             self._save()
 
     def release(self) -> None:

@@ -154,24 +154,50 @@ def test_a_build_killed_after_export_resumes_to_the_same_bundle_id(recipe_name, 
     assert resumed.bundle_id == straight.bundle_id
 
 
-@pytest.mark.parametrize("change", ["recipe", "edgesdk-version"])
-def test_resume_refuses_a_different_build(test_stages, tiny_model_dir, tmp_path, monkeypatch, change):
-    """Another recipe, or another edgesdk (a stage's code may have changed between releases): the
-    old checkpoints are not this build's."""
+@pytest.mark.parametrize(("change", "named"), [
+    ("recipe", "the recipe (--recipe or its file, --set"),
+    ("edgesdk-version", "the edgesdk version"),
+    ("max-context", "the export settings (--max-context"),
+    ("target-yaml", "the target profile (--target or its YAML)"),
+])
+def test_resume_refuses_a_different_build_naming_what_changed(test_stages, tiny_model_dir, tmp_path, monkeypatch,
+                                                              change, named):
+    """Another recipe, context, target, or another edgesdk (a stage's code may have changed between releases):
+    the old checkpoints are not this build's, and the refusal names what changed (it listed every input)."""
     import edgesdk.build.pipeline as pipeline
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
 
     recipe = tmp_path / "one.yaml"
     recipe.write_text("name: one\nstages:\n  - stage: first\n")
+    target = tmp_path / "host.yaml"
+    host = (Path(__file__).resolve().parents[2] / "targets" / "host.yaml").read_text()
+    target.write_text(host)
+
+    def run(max_context=64, resume=False):
+        return build(BuildConfig(target=str(target), model=str(tiny_model_dir), out=tmp_path / "b",
+                                 recipe=str(recipe), export=ExportConfig(max_context=max_context), resume=resume,
+                                 progress=False))
+
     monkeypatch.setattr(pipeline, "export_model", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
-        _build(tiny_model_dir, tmp_path / "b", recipe)
+        run()
     monkeypatch.undo()
+    max_context = 64
     if change == "recipe":
         recipe.write_text("name: one\nstages:\n  - stage: first\n    config: {factor: 5.0}\n")
-    else:
+    elif change == "edgesdk-version":
         monkeypatch.setattr(pipeline, "__version__", "99.0.0")
-    with pytest.raises(BuildError, match="belongs to a different build.*edgesdk version"):
-        _build(tiny_model_dir, tmp_path / "b", recipe, resume=True)
+    elif change == "max-context":
+        max_context = 32
+    else:
+        target.write_text(host.replace('description: "Host', 'description: "Another host', 1))
+    with pytest.raises(BuildError, match="belongs to a different build: ") as refused:
+        run(max_context, resume=True)
+    changed = refused.value.problem.split("belongs to a different build: ", 1)[1]
+    assert changed.startswith(named)
+    assert changed.count("(") == named.count("(")  # only what changed is named
+    assert "drop --resume" in refused.value.fix
 
 
 def test_training_text_with_a_recipe_without_stages_is_named_as_unused(tiny_model_dir, tmp_path, capsys):
