@@ -156,18 +156,17 @@ def build(target, model, out, recipe, max_context, resume, keep_work, no_progres
 
     A checkpoint is written after every stage; after a kill, run the same command with --resume.
     """
-    from edgesdk.build.pipeline import BuildConfig
+    from edgesdk.build.pipeline import BuildConfig, shortcut_overrides
     from edgesdk.build.pipeline import build as run_build
     from edgesdk.compress.data import DataConfig
     from edgesdk.export.onnx_export import ExportConfig
 
-    shortcuts = [f"{key}={value}" for key, value in (("prune.ffn_ratio", ffn_ratio), ("distill.steps", distill_steps),
-                                                     ("sparsify.density", density))
-                 if value is not None]
+    shortcuts = shortcut_overrides(target, recipe, {"--ffn-ratio": ffn_ratio, "--distill-steps": distill_steps,
+                                                    "--density": density})
     data = DataConfig(files=tuple(str(f) for f in data_files), skip_chars=data_skip_chars,
                       generated_sequences=generated_sequences)
     bundle = run_build(BuildConfig(target=target, model=model, out=out, recipe=recipe,
-                                   overrides=tuple(shortcuts) + tuple(overrides), data=data,
+                                   overrides=shortcuts + tuple(overrides), data=data,
                                    weight_bits=int(weight_bits) if weight_bits else None,
                                    export=ExportConfig(max_context=max_context), resume=resume,
                                    keep_work=keep_work, progress=not no_progress))

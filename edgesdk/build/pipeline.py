@@ -22,7 +22,7 @@ from edgesdk.build.checkpoint import (
     save_checkpoint,
 )
 from edgesdk.build.package import write_bundle
-from edgesdk.build.recipes import load_recipe
+from edgesdk.build.recipes import load_recipe, shipped_recipes
 from edgesdk.build.registry import BuildContext, stage_spec
 from edgesdk.bundle import Bundle, check_replaceable
 from edgesdk.compress.data import DataConfig
@@ -85,6 +85,30 @@ def check_out_location(out: Path) -> None:
         raise BuildError(f"--out {out}: the directory {parent} is not writable, and the build writes the bundle "
                          f"and its work directory {out.name}.build there",
                          f"pass --out a path in a writable directory, or make {parent} writable")
+
+
+# The build command's shortcut options and the recipe setting each one stands for.
+SHORTCUTS = {"--ffn-ratio": "prune.ffn_ratio", "--distill-steps": "distill.steps", "--density": "sparsify.density"}
+
+
+def shortcut_overrides(target: str, recipe_name: str | None, values: dict[str, object]) -> tuple[str, ...]:
+    """The ``stage.field=value`` overrides that the shortcut options given (``values``: option -> value or
+    None) stand for. A shortcut whose stage the recipe lacks is refused naming the option, and the shipped
+    recipes that have that stage."""
+    given = {option: value for option, value in values.items() if value is not None}
+    if not given:
+        return ()
+    recipe = load_recipe(recipe_name or get_profile(target).default_recipe)
+    stages = [entry.stage for entry in recipe.stages]
+    for option, value in given.items():
+        stage = SHORTCUTS[option].partition(".")[0]
+        if stage not in stages:
+            having = [name for name in shipped_recipes() if stage in [e.stage for e in load_recipe(name).stages]]
+            raise BuildError(f"{option} {value}: recipe '{recipe.name}' has no {stage} stage "
+                             f"(stages: {', '.join(stages) or 'none'})",
+                             f"drop {option}, or pick a recipe with a {stage} stage: "
+                             + ", ".join(f"--recipe {name}" for name in having))
+    return tuple(f"{SHORTCUTS[option]}={value}" for option, value in given.items())
 
 
 def model_facts_after(model, facts_before: dict) -> dict:

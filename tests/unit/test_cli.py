@@ -449,6 +449,22 @@ def test_build_unknown_model_lists_aliases(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("option", "value", "stage", "recipe"), [
+    ("--ffn-ratio", "0.4", "prune", "int4-prune"),
+    ("--distill-steps", "10", "distill", "int4-prune"),
+    ("--density", "0.5", "sparsify", "jetson-sparse"),
+])
+def test_a_shortcut_for_a_stage_the_recipe_lacks_names_the_option_and_recipes_that_have_it(tmp_path, option, value,
+                                                                                           stage, recipe):
+    """It named the override 'prune.ffn_ratio=0.4' the user never wrote, and the fix named no recipe."""
+    result = invoke("build", "--target", "host", "--model", tmp_path / "no-model", "--out", tmp_path / "out",
+                    option, value)
+    assert_error(result, f"{option} {value}: recipe 'fp32-fused' has no {stage} stage (stages: none)",
+                 f"drop {option}, or pick a recipe with a {stage} stage", f"--recipe {recipe}")
+    assert "override" not in result.stderr
+    assert not (tmp_path / "out.build").exists()
+
+
 def test_build_requires_target():
     result = invoke("build")
     assert result.exit_code == 2
