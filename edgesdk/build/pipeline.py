@@ -191,7 +191,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     steps = len(stages) + 3
     started = time.perf_counter()
 
-    from edgesdk.models.loader import load_model
+    from edgesdk.models.loader import _progress_bars, load_model
 
     _log(f"[1/{steps}] loading {config.model} ({source.kind}: {source.path})")
     try:
@@ -223,14 +223,16 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     if finished:
         last = stages[finished - 1][0]
         _log(f"resuming after stage '{last}' from its checkpoint ({finished} of {len(stages)} stages done)")
-        model = load_checkpoint(work.stage_checkpoint(finished - 1, last))
+        with _progress_bars(config.progress):
+            model = load_checkpoint(work.stage_checkpoint(finished - 1, last))
     for index in range(finished, len(stages)):
         name, stage_config = stages[index]
         _log(f"[{index + 2}/{steps}] {name}: {stage_spec(name).description}")
         ctx.metrics = {}
         stage_start = time.perf_counter()
         model = stage_spec(name).run(model, stage_config, ctx)
-        save_checkpoint(model, loaded.tokenizer, work.stage_checkpoint(index, name))
+        with _progress_bars(config.progress):  # transformers' own bars, while it writes the checkpoint
+            save_checkpoint(model, loaded.tokenizer, work.stage_checkpoint(index, name))
         record = {"stage": name, "config": asdict(stage_config), "metrics": ctx.metrics,
                   "seconds": round(time.perf_counter() - stage_start, 1)}
         stage_records.append(work.mark_done(f"stage:{name}", record))

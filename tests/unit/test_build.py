@@ -92,7 +92,9 @@ def _build(tiny_model_dir, out, recipe, resume=False):
                              export=ExportConfig(max_context=64), resume=resume, progress=False))
 
 
-def test_killed_build_resumes_after_last_finished_step(test_stages, tiny_model_dir, tmp_path, monkeypatch):
+def test_killed_build_resumes_after_last_finished_step(test_stages, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """Without progress bars, saving and loading the checkpoints shows none either (transformers drew its
+    'Writing model shards' and 'Loading weights' bars)."""
     import edgesdk.build.pipeline as pipeline
 
     recipe = tmp_path / "two.yaml"
@@ -109,9 +111,13 @@ def test_killed_build_resumes_after_last_finished_step(test_stages, tiny_model_d
     assert test_stages == ["first", "second"]
     assert not out.exists()
     assert (tmp_path / "bundle.build" / "stages" / "01-second").is_dir()
+    assert "%|" not in capsys.readouterr().err
 
     monkeypatch.undo()
     bundle = _build(tiny_model_dir, out, recipe, resume=True)
+    err = capsys.readouterr().err
+    assert "resuming after stage 'second' from its checkpoint (2 of 2 stages done)" in err
+    assert "%|" not in err
     assert test_stages == ["first", "second"]  # no stage ran again
     assert [s["stage"] for s in bundle.manifest["stages"]] == ["first", "second"]
     assert bundle.manifest["stages"][0]["metrics"] == {"factor": 2.0}
