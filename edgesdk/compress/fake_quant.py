@@ -83,28 +83,35 @@ def half_scales(scales: torch.Tensor) -> torch.Tensor:
     return torch.where(scales < 0, -magnitude, magnitude).half().float()
 
 
-def weight_scales(grouped: torch.Tensor, bits: int, half: bool = False) -> torch.Tensor:
+def weight_scales(grouped: torch.Tensor, bits: int, half: bool = False, symmetric: bool = False) -> torch.Tensor:
     """Per-group scales for (…, group) weights: absmax / qmax, and for 4 bits the signed scale
     with the least squared rounding error (the same candidates and order as export/blockwise.py).
-    ``half`` rounds every candidate to float16 first (the block layout's stored scales)."""
+    ``half`` rounds every candidate to float16 first (the block layout's stored scales);
+    ``symmetric`` measures that error with the codes in [-qmax, qmax] that per-channel weights use."""
     qmax = 2 ** (bits - 1) - 1
+    low = _lowest_code(qmax, symmetric)
     absmax = grouped.abs().amax(dim=-1, keepdim=True)
     rounded = half_scales if half else (lambda s: s)
     scales = rounded(torch.where(absmax > 0, absmax / qmax, torch.ones_like(absmax)))
     if bits == 4:
-        best_error = _rounding_error(grouped, scales, qmax)
+        best_error = _rounding_error(grouped, scales, low, qmax)
         for divisor in INT4_SCALE_DIVISORS:
             for sign in (1.0, -1.0):
                 candidate = rounded(torch.where(absmax > 0, sign * absmax / divisor, torch.ones_like(absmax)))
-                error = _rounding_error(grouped, candidate, qmax)
+                error = _rounding_error(grouped, candidate, low, qmax)
                 better = error < best_error
                 scales = torch.where(better, candidate, scales)
                 best_error = torch.minimum(error, best_error)
     return scales
 
 
-def _rounding_error(grouped: torch.Tensor, scales: torch.Tensor, qmax: int) -> torch.Tensor:
-    codes = torch.clamp(torch.round(grouped / scales), -qmax - 1, qmax)
+def _lowest_code(qmax: int, symmetric: bool) -> int:
+    """-qmax for symmetric codes (QDQ weights, [-127, 127]), else -qmax - 1 (the block layout's)."""
+    return -qmax if symmetric else -qmax - 1
+
+
+def _rounding_error(grouped: torch.Tensor, scales: torch.Tensor, low: int, qmax: int) -> torch.Tensor:
+    codes = torch.clamp(torch.round(grouped / scales), low, qmax)
     return ((codes * scales - grouped) ** 2).sum(dim=-1, keepdim=True)
 
 
@@ -122,15 +129,16 @@ def quantize_weight(weight: torch.Tensor, bits: int, granularity: str, block_siz
         grouped, in_features = _grouped(weight, granularity, block_size)
         qmax = 2 ** (bits - 1) - 1
         if scales is None:
-            scales = weight_scales(grouped, bits, half=granularity == "block")
-        low = -qmax if granularity == "channel" else -qmax - 1  # QDQ weights are symmetric [-127, 127]
+            scales = weight_scales(grouped, bits, half=granularity == "block", symmetric=granularity == "channel")
+        low = _lowest_code(qmax, symmetric=granularity == "channel")  # QDQ weights are symmetric [-127, 127]
         codes = torch.clamp(torch.round(grouped / scales), low, qmax)
         return (codes * scales).reshape(weight.shape[0], -1)[:, :in_features]
 
 
 def grouped_scales(weight: torch.Tensor, bits: int, granularity: str, block_size: int) -> torch.Tensor:
     with torch.no_grad():
-        return weight_scales(_grouped(weight, granularity, block_size)[0], bits, half=granularity == "block")
+        return weight_scales(_grouped(weight, granularity, block_size)[0], bits, half=granularity == "block",
+                             symmetric=granularity == "channel")
 
 
 def straight_through(value: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:

@@ -263,6 +263,17 @@ def test_channel_scales_are_per_output_row_so_q_k_v_each_have_their_own():
     assert float(error[0]) < float(steps[3]) / 10
 
 
+def test_four_bit_channel_scales_are_chosen_for_the_symmetric_codes_they_quantize_to():
+    """Per-channel codes are symmetric ([-7, 7] at 4 bits): the scale search must measure its candidates
+    on that range, so no row ends up with more rounding error than the plain absmax / 7 scale gives it
+    (a search on [-8, 7] took scales whose -8 code is then clamped to -7)."""
+    weight = torch.randn(256, 64, generator=torch.Generator().manual_seed(0))
+    error = (fake_quant.quantize_weight(weight, 4, "channel", 32) - weight).pow(2).sum(dim=1)
+    scale = weight.abs().amax(dim=1, keepdim=True) / 7
+    plain = (torch.clamp(torch.round(weight / scale), -7, 7) * scale - weight).pow(2).sum(dim=1)
+    assert torch.all(error <= plain * (1 + 1e-6))
+
+
 def test_straight_through_gradient_is_the_identity():
     model = tiny_llama(seed=0)
     fake_quant.attach(model, fake_quant.QuantScheme(weight_bits=4, activations="block"))
