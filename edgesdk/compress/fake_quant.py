@@ -15,12 +15,14 @@ travels between stages in ``model.config.edgesdk_quant``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgesdk.errors import BuildError
 from edgesdk.export.blockwise import INT4_SCALE_DIVISORS, SMALLEST_SCALE  # the exporter's: same codes
 
 CONFIG_KEY = "edgesdk_quant"
@@ -184,12 +186,21 @@ class QuantLinear(nn.Linear):
             x = straight_through(x, quantize_activation_blocks(x, scheme.block_size))
         elif scheme.activations == "tensor":
             if self.observing:
-                peak = float(x.detach().abs().amax())
-                self.input_absmax = peak if self.input_absmax is None else 0.9 * self.input_absmax + 0.1 * peak
+                self.observe(x)
             scale = self.activation_scale()
             if scale is not None:
                 x = straight_through(x, quantize_activation_tensor(x, scale))
         return F.linear(x, straight_through(self.weight, self.quantized_weight()), self.bias)
+
+    def observe(self, x: torch.Tensor) -> None:
+        """Fold this input's absmax into the running one (EMA, the first input's absmax to start)."""
+        peak = float(x.detach().abs().amax())
+        if not math.isfinite(peak):  # it would stay in the running absmax and become the static scale
+            raise BuildError(f"{self.qualified_name} received an input holding {peak} while the observers measured "
+                             "its range: its per-tensor INT8 activation scale would not be finite",
+                             "the model computes NaN or infinity on the calibration text before any quantization; "
+                             "check that its weights are finite and that it runs in float32")
+        self.input_absmax = peak if self.input_absmax is None else 0.9 * self.input_absmax + 0.1 * peak
 
     def quantized_weight(self) -> torch.Tensor:
         """Cached until the optimizer changes the weight (micro-batches of one step share it).

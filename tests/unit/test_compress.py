@@ -299,6 +299,19 @@ def test_tensor_observers_record_activation_scales_into_the_config():
     assert fake_quant.QuantScheme.of(model).activation_scales == scheme.activation_scales
 
 
+def test_an_observer_that_sees_nan_names_the_linear_instead_of_recording_a_nan_scale():
+    """A NaN input would stay in the running absmax for good and reach the export as a NaN scale."""
+    from edgesdk.errors import BuildError
+
+    model = tiny_llama(seed=1)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[7, 3] = float("nan")
+    fake_quant.attach(model, fake_quant.QuantScheme(weight_bits=8, granularity="channel", activations="tensor"))
+    fake_quant.set_observing(model, True)
+    with torch.no_grad(), pytest.raises(BuildError, match=r"model\.layers\.0\.self_attn\.q_proj .* nan"):
+        model(torch.tensor([[5, 7, 9]]))
+
+
 # --- pruning ---------------------------------------------------------------------------------------
 
 
