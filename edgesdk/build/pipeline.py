@@ -180,6 +180,8 @@ def build(config: BuildConfig) -> Bundle:
         "edgesdk": __version__,
     }, config.resume)
     try:  # the lock is this build's while it runs, however it ends (a failed stage in a process that goes on)
+        if config.resume and not work.state["done"]:
+            _log(f"--resume: no finished step of this build in {work.path}; starting from the beginning")
         return _run_steps(config, profile, recipe, stages, export_config, source, out, work)
     finally:
         work.release()

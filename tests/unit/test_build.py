@@ -206,6 +206,16 @@ def test_resume_refuses_a_different_build_naming_what_changed(test_stages, tiny_
     assert "drop --resume" in refused.value.fix
 
 
+def test_a_resume_with_nothing_to_resume_says_it_starts_from_the_beginning(tiny_model_dir, tmp_path, capsys):
+    """--resume where no earlier build left a step (another --out, or a build that already finished) started
+    over without a word: the user took it for a resumed build."""
+    _build(tiny_model_dir, tmp_path / "b", "fp32-fused", resume=True)
+    err = capsys.readouterr().err
+    assert f"--resume: no finished step of this build in {tmp_path / 'b.build'}; starting from the beginning" in err
+    _build(tiny_model_dir, tmp_path / "b", "fp32-fused")
+    assert "--resume" not in capsys.readouterr().err
+
+
 def test_training_text_with_a_recipe_without_stages_is_named_as_unused(tiny_model_dir, tmp_path, capsys):
     from edgesdk.build.pipeline import BuildConfig, build
     from edgesdk.compress.data import DataConfig
