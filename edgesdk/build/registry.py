@@ -94,7 +94,9 @@ def make_config(name: str, values: dict | None) -> Any:
     try:
         return spec.config_class(**values)
     except (TypeError, ValueError) as exc:
-        raise BuildError(f"stage '{name}' config {values} is invalid: {exc}", "fix the recipe") from exc
+        raise BuildError(f"stage '{name}' config {values} is invalid: {exc}",
+                         "fix the recipe, or the --set override or shortcut option (--ffn-ratio, --distill-steps, "
+                         "--density) that gave the value") from exc
 
 
 def _typed_value(stage: str, config_class: type, key: str, value: Any) -> Any:
