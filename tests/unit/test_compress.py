@@ -64,6 +64,53 @@ def test_untied_fake_quant_equals_exported_block_graph(bits, seed, tmp_path):
     _check_fake_quant_equals_export(bits, seed, 64, 32, tmp_path, tie=False)
 
 
+@pytest.mark.parametrize(("bits", "head_bits", "tie"), [(4, 8, True), (8, 4, False)])
+def test_baked_weights_are_the_exported_block_weights_bit_for_bit(bits, head_bits, tie, tmp_path):
+    """After detach(bake=True) every decoder linear, the LM head and the embedding hold exactly what the
+    exported MatMulNBits / GatherBlockQuantized initializers dequantize to: a zero-padded last block (hidden 48
+    in blocks of 32), an all-zero row and a block below float16's smallest scale included."""
+    import onnx
+    from onnx import numpy_helper
+
+    from edgesdk.export.blockwise import BlockQuantized
+    from edgesdk.export.fused_graph import UNIT_LINEARS
+
+    model = tiny_llama(seed=1, hidden=48, heads=3, kv_heads=1, tie=tie)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight[2].zero_()
+        model.model.layers[0].mlp.down_proj.weight[3, :32] = 1e-7
+    fake_quant.attach(model, fake_quant.QuantScheme(weight_bits=bits, activations="none", embedding_bits=head_bits))
+    fake_quant.detach(model, bake=True)
+    export_model(model, tmp_path, ExportConfig(form="ort-fused", weights=f"int{bits}", block_size=32,
+                                               embedding_bits=head_bits, max_context=64))
+    graph = onnx.load(str(tmp_path / "model.onnx")).graph
+    stored = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+
+    def dequantized(name: str, bits: int, k: int, n: int) -> np.ndarray:  # (K, N)
+        scales = stored[f"{name}.scales"].astype(np.float32)
+        return BlockQuantized(stored[f"{name}.qweight"], scales, bits, 32, k, n).dequantize()
+
+    def baked(*linears) -> np.ndarray:  # (K, N), as the graph multiplies
+        return np.concatenate([linear.weight.detach().numpy().T for linear in linears], axis=1)
+
+    checked = 0
+    for node in graph.node:
+        if node.op_type == "MatMulNBits":
+            name, attributes = node.input[1].removesuffix(".qweight"), {a.name: a.i for a in node.attribute}
+            if name in ("lm_head", "embed_tokens"):  # the tied head reads the embedding's initializers
+                expected = baked(model.lm_head)
+            else:
+                _, index, unit = name.split(".", 2)
+                layer = model.model.layers[int(index)]
+                expected = baked(*(layer.get_submodule(module) for module in UNIT_LINEARS[unit]))
+            actual = dequantized(name, attributes["bits"], attributes["K"], attributes["N"])
+            np.testing.assert_array_equal(actual, expected, err_msg=name)
+            checked += 1
+    assert checked == 9  # 4 units per layer and the head
+    table = model.model.embed_tokens.weight.detach().numpy()
+    np.testing.assert_array_equal(dequantized("embed_tokens", head_bits, *table.T.shape), table.T)
+
+
 def test_untied_head_and_embedding_are_counted_at_embedding_bits():
     from edgesdk.compress.measure import weight_bytes
 

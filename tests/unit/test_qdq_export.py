@@ -185,8 +185,10 @@ def test_channel_codes_match_fake_quant_bit_for_bit():
     codes, scales = quantize_channels(weight.numpy().T, axis=1)  # (K, N) as the graph stores it
     dequantized = codes.astype(np.float32) * scales[None, :]
     np.testing.assert_array_equal(dequantized.T, fake_quant.quantize_weight(weight, 8, "channel", 32).numpy())
-    baked = torch.from_numpy(dequantized.T.copy())  # a baked weight gives back its own codes
-    np.testing.assert_array_equal(quantize_channels(baked.numpy().T, axis=1)[0], codes)
+    baked = torch.from_numpy(dequantized.T.copy())  # a baked weight gives back its own codes and scales
+    rederived, rescales = quantize_channels(baked.numpy().T, axis=1)
+    np.testing.assert_array_equal(rederived, codes)
+    np.testing.assert_array_equal(rederived.astype(np.float32) * rescales[None, :], baked.numpy().T)
 
 
 def test_pruned_model_exports_and_matches(tmp_path):
