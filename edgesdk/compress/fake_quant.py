@@ -94,7 +94,8 @@ def weight_scales(grouped: torch.Tensor, bits: int, half: bool = False, symmetri
     low = _lowest_code(qmax, symmetric)
     absmax = grouped.abs().amax(dim=-1, keepdim=True)
     rounded = half_scales if half else (lambda s: s)
-    scales = rounded(torch.where(absmax > 0, absmax / qmax, torch.ones_like(absmax)))
+    step = absmax / qmax  # 0 for an all-zero group, or one whose absmax is so small its step underflows
+    scales = rounded(torch.where(step > 0, step, torch.ones_like(step)))
     if bits == 4:
         best_error = _rounding_error(grouped, scales, low, qmax)
         for divisor in INT4_SCALE_DIVISORS:

@@ -321,6 +321,18 @@ def test_four_bit_channel_scales_are_chosen_for_the_symmetric_codes_they_quantiz
     assert torch.all(error <= plain * (1 + 1e-6))
 
 
+@pytest.mark.parametrize("granularity", ["channel", "block"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_row_too_small_for_a_float32_step_bakes_finite(granularity, bits):
+    """absmax / 127 of a row of denormal weights underflows to a zero scale: its zeros became 0 / 0 = NaN."""
+    weight = torch.zeros(3, 40)
+    weight[0] = 0.5
+    weight[1, 0] = 1e-44
+    quantized = fake_quant.quantize_weight(weight, bits, granularity, 32)
+    assert torch.isfinite(quantized).all()
+    assert float((quantized[1] - weight[1]).abs().max()) <= 1e-44
+
+
 def test_straight_through_gradient_is_the_identity():
     model = tiny_llama(seed=0)
     fake_quant.attach(model, fake_quant.QuantScheme(weight_bits=4, activations="block"))
