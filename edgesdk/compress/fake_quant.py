@@ -4,9 +4,9 @@ al. 2013), numerically identical to what the exported INT8/INT4 graphs compute.
 Weights are symmetric integers times a float scale, either per output channel (the QDQ form
 TensorRT builds from: Q, K and V are separate matrices, so each carries its own scales) or per
 block of ``block_size`` input features per output channel (ONNX Runtime ``MatMulNBits``, the
-layout of ``export/blockwise.py``). Activations are either left in float, quantized per block of
-32 at run time (what MatMulNBits ``accuracy_level=4`` does), or quantized per tensor with a static
-scale from an observer (the QDQ form). Norm weights are never quantized (seed §2.2).
+layout of ``export/blockwise.py``). Activations are either left in float, quantized per weight
+block of ``block_size`` at run time (what MatMulNBits ``accuracy_level=4`` does, up to its integer
+summation order), or quantized per tensor with a static scale from an observer (the QDQ form). Norm weights are never quantized (seed §2.2).
 
 A linear is switched to fake quantization by swapping its class (``QuantLinear`` is an
 ``nn.Linear``), so parameter names and checkpoints stay those of the original model. The scheme
