@@ -204,12 +204,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
             remove_work_dir(work.path)
         raise
     facts_before = loaded.facts()
-    model = loaded.model
-    teacher = loaded.model
-    if stages:  # stages change the model in place; the teacher stays the model as loaded
-        import copy
-
-        model = copy.deepcopy(loaded.model)
+    model = teacher = loaded.model
     ctx = BuildContext(profile=profile, work_dir=work.path, tokenizer=loaded.tokenizer, teacher=teacher,
                        progress=config.progress, data_config=config.data)
     # Stages finished by a killed run: skip them and continue from the last one's checkpoint.
@@ -227,6 +222,10 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         _log(f"resuming after stage '{last}' from its checkpoint ({finished} of {len(stages)} stages done)")
         with _progress_bars(config.progress):
             model = load_checkpoint(work.stage_checkpoint(finished - 1, last))
+    elif stages:  # stages change the model in place; the teacher stays the model as loaded
+        import copy
+
+        model = copy.deepcopy(loaded.model)
     for index in range(finished, len(stages)):
         name, stage_config = stages[index]
         _log(f"[{index + 2}/{steps}] {name}: {stage_spec(name).description}")

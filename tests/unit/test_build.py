@@ -94,7 +94,10 @@ def _build(tiny_model_dir, out, recipe, resume=False):
 
 def test_killed_build_resumes_after_last_finished_step(test_stages, tiny_model_dir, tmp_path, monkeypatch, capsys):
     """Without progress bars, saving and loading the checkpoints shows none either (transformers drew its
-    'Writing model shards' and 'Loading weights' bars)."""
+    'Writing model shards' and 'Loading weights' bars). The resumed build takes its model from the checkpoint
+    without first copying the loaded one for the stages (three models in memory where the build held two)."""
+    import copy
+
     import edgesdk.build.pipeline as pipeline
 
     recipe = tmp_path / "two.yaml"
@@ -114,7 +117,17 @@ def test_killed_build_resumes_after_last_finished_step(test_stages, tiny_model_d
     assert "%|" not in capsys.readouterr().err
 
     monkeypatch.undo()
+    deepcopy, copied = copy.deepcopy, []
+
+    def watched_deepcopy(value, *args, **kwargs):
+        if hasattr(value, "lm_head"):  # a whole causal LM, not one of its parts
+            copied.append(type(value).__name__)
+        return deepcopy(value, *args, **kwargs)
+
+    monkeypatch.setattr(copy, "deepcopy", watched_deepcopy)
     bundle = _build(tiny_model_dir, out, recipe, resume=True)
+    monkeypatch.undo()
+    assert copied == []
     err = capsys.readouterr().err
     assert "resuming after stage 'second' from its checkpoint (2 of 2 stages done)" in err
     assert "%|" not in err
