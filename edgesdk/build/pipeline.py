@@ -183,6 +183,11 @@ def build(config: BuildConfig) -> Bundle:
         if config.resume and not work.state["done"]:
             _log(f"--resume: no finished step of this build in {work.path}; starting from the beginning")
         return _run_steps(config, profile, recipe, stages, export_config, source, out, work)
+    except (Exception, KeyboardInterrupt):
+        if work.state["done"] and work.path.is_dir():  # say how not to lose them
+            _log(f"the finished steps ({', '.join(work.state['done'])}) are kept in {work.path}: run the same "
+                 "command with --resume to go on from there")
+        raise
     finally:
         work.release()
 

@@ -114,7 +114,10 @@ def test_killed_build_resumes_after_last_finished_step(test_stages, tiny_model_d
     assert test_stages == ["first", "second"]
     assert not out.exists()
     assert (tmp_path / "bundle.build" / "stages" / "01-second").is_dir()
-    assert "%|" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "%|" not in err
+    assert "(baseline, stage:first, stage:second) are kept in" in err
+    assert "run the same command with --resume" in err
 
     monkeypatch.undo()
     deepcopy, copied = copy.deepcopy, []
