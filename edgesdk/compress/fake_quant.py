@@ -263,8 +263,10 @@ def attach(model, scheme: QuantScheme) -> None:
     if scheme.embedding_bits is not None:
         # The LM head and the embedding, tied or not, at embedding_bits in blocks along D: the layout the
         # fused export stores both in (FusedConfig.head_bits). An untied embedding is a second table on
-        # the same grid, baked by detach() like the head.
-        head_scheme = QuantScheme(**{**scheme.to_json(), "granularity": "block", "activations": "none"})
+        # the same grid, baked by detach() like the head. The head is a MatMulNBits like the layers, so under
+        # activations=block its input is quantized per block at run time too.
+        head_activations = "block" if scheme.activations == "block" else "none"
+        head_scheme = QuantScheme(**{**scheme.to_json(), "granularity": "block", "activations": head_activations})
         _make_quant_linear(model.lm_head, head_scheme, scheme.embedding_bits, "lm_head")
         embedding = model.model.embed_tokens
         embedding.__class__ = QuantEmbedding
