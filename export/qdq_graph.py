@@ -38,7 +38,7 @@ weight-only Gemm and Gather). This departs from the QAT scheme's blocks of 32 al
 ``DequantizeLinear`` needs opset 21 (ReduceMean and others change between 17 and 21), and
 TensorRT accepts 2-D block scales for INT4 only (TensorRT operator docs, Quantize/Dequantize).
 Per-row scales cost more rounding error on rows with outliers; an untied embedding (not the
-head) stays float, as in ``fake_quant.attach``.
+head) stays float32 in this graph.
 """
 
 from __future__ import annotations
@@ -81,13 +81,14 @@ class QDQConfig:
 def quantize_channels(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric INT8 per channel along ``axis`` of a 2-D weight: (codes int8, scales float32).
 
-    scale = absmax / 127 over the other axis (1 for an all-zero channel), codes = round-half-even
+    scale = absmax / 127 over the other axis (1 where that is 0: an all-zero channel, or denormals), codes = round-half-even
     of weight / scale clamped to [-127, 127]: float32 arithmetic in the order of
     ``fake_quant.weight_scales`` / ``quantize_weight``, so a QAT-baked weight gives back its codes.
     """
     w = weight.astype(np.float32)
     absmax = np.abs(w).max(axis=1 - axis, keepdims=True)
-    scales = np.where(absmax > 0, absmax / np.float32(QMAX), np.float32(1.0)).astype(np.float32)
+    step = (absmax / np.float32(QMAX)).astype(np.float32)
+    scales = np.where(step > 0, step, np.float32(1.0)).astype(np.float32)  # 1 where absmax / 127 is 0 (denormals)
     codes = np.clip(np.round(w / scales), -QMAX, QMAX).astype(np.int8)
     return codes, scales.reshape(-1)
 

@@ -182,7 +182,9 @@ def test_ptq_model_gets_weight_only_qdq(tmp_path):
 def test_channel_codes_match_fake_quant_bit_for_bit():
     weight = torch.randn(48, 40, generator=torch.Generator().manual_seed(0))  # torch (out, in)
     weight[3] = 0  # an all-zero channel gets scale 1 and zero codes
+    weight[5] = 1e-44  # denormals whose absmax / 127 underflows to 0: scale 1 too, not 0 / 0 = NaN codes
     codes, scales = quantize_channels(weight.numpy().T, axis=1)  # (K, N) as the graph stores it
+    assert scales[3] == scales[5] == 1.0
     dequantized = codes.astype(np.float32) * scales[None, :]
     np.testing.assert_array_equal(dequantized.T, fake_quant.quantize_weight(weight, 8, "channel", 32).numpy())
     baked = torch.from_numpy(dequantized.T.copy())  # a baked weight gives back its own codes and scales
