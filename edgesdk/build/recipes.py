@@ -52,7 +52,7 @@ class Recipe(BaseModel):
         for item in overrides:
             key, sep, raw = item.partition("=")
             section, dot, field_name = key.partition(".")
-            if not sep or not dot or not field_name:
+            if not sep or not dot or not section or not field_name:
                 raise BuildError(f"override '{item}' is not of the form stage.field=value",
                                  "write e.g. --set prune.ffn_ratio=0.4 or --set export.weights=int4")
             try:
@@ -66,9 +66,12 @@ class Recipe(BaseModel):
                 continue
             entries = [entry for entry in data["stages"] if entry["stage"] == section]
             if not entries:
+                having = recipes_with_stage(section)
                 raise BuildError(f"override '{item}': the recipe '{self.name}' has no stage '{section}' "
                                  f"(stages: {', '.join(e['stage'] for e in data['stages']) or 'none'})",
-                                 "pick a recipe with that stage or override one it has")
+                                 "override a stage it has"
+                                 + (", or pick a recipe with a " + section + " stage: "
+                                    + ", ".join(f"--recipe {name}" for name in having) if having else ""))
             entries[0]["config"][field_name] = value
         try:
             return Recipe.model_validate(data)
@@ -192,6 +195,11 @@ def _problems(exc: ValidationError) -> str:
 
 def shipped_recipes() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("edgesdk.recipes").iterdir() if p.name.endswith(".yaml"))
+
+
+def recipes_with_stage(stage: str) -> list[str]:
+    """The shipped recipes that run ``stage`` (for the fix of a message about a recipe without it)."""
+    return [name for name in shipped_recipes() if stage in [entry.stage for entry in load_recipe(name).stages]]
 
 
 def load_recipe(name_or_path: str) -> Recipe:

@@ -337,6 +337,11 @@ def test_recipe_overrides_with_bad_yaml_or_values_are_build_errors():
     with pytest.raises(BuildError, match="ffn_multiple must be >= 1") as refused:
         load_recipe("int4-prune").with_overrides(["prune.ffn_multiple=0"]).validated()
     assert "--set" in refused.value.fix  # the value may come from the command line, not the (shipped) recipe
+    with pytest.raises(BuildError, match=r"'\.x=3' is not of the form stage\.field=value"):
+        recipe.with_overrides([".x=3"])
+    with pytest.raises(BuildError, match="has no stage 'prune'") as refused:
+        recipe.with_overrides(["prune.ffn_ratio=0.4"])
+    assert "--recipe int4-prune" in refused.value.fix
 
 
 def test_the_recipe_named_default_is_the_shipped_one_and_no_recipe_is_the_targets(tiny_model_dir, tmp_path):
