@@ -248,6 +248,8 @@ def _weights_record_problems(record) -> list[str]:
     name = record["external_name"]
     if PurePosixPath(name).name != name or name in ("", ".", ".."):
         return [f"'graph.weights.external_name' must be a bare file name, got {name!r}"]
+    if isinstance(record["bytes"], bool) or record["bytes"] < 0:  # the inflate reads at most bytes + 1
+        return [f"'graph.weights.bytes' must be a whole number >= 0, got {record['bytes']!r}"]
     return []
 
 

@@ -68,7 +68,7 @@ def inflate_weights(bundle_dir: Path, record: dict) -> bytes:
     try:
         # At most one byte past the manifest's length: a stream that would inflate further (a bundle whose
         # manifest was rewritten to match it) is refused below instead of filling the memory first.
-        data = zlib.decompressobj().decompress(path.read_bytes(), int(record["bytes"]) + 1)
+        data = zlib.decompressobj().decompress(path.read_bytes(), max(int(record["bytes"]), 0) + 1)
     except (OSError, zlib.error) as exc:
         raise BundleError(f"{path} could not be inflated ({exc})",
                           "run 'edgesdk verify' on the bundle, then re-copy or rebuild it") from exc

@@ -245,9 +245,11 @@ def _weights_record(**change):
     (_weights_record(external_name="../../escaped.data"),
      r"'graph.weights.external_name' must be a bare file name, got '\.\./\.\./escaped\.data'"),
     (_weights_record(external_name="/tmp/escaped.data"), r"'graph.weights.external_name' must be a bare file name"),
+    (_weights_record(bytes=-1), r"'graph.weights.bytes' must be a whole number >= 0, got -1"),  # -1 + 1: no limit
 ], ids=["files-list", "files-null", "entry-without-size", "target-string", "tokenizer-without-file",
         "graph-unlisted", "runtime-without-backend", "runtime-string", "fallbacks-string", "threads-string",
-        "threads-zero", "weights-without-bytes", "weights-name-with-dotdot", "weights-name-absolute"])
+        "threads-zero", "weights-without-bytes", "weights-name-with-dotdot", "weights-name-absolute",
+        "weights-negative-bytes"])
 def test_a_hand_edited_manifest_is_refused_with_what_is_wrong(tiny_bundle, tmp_path, change, match):
     """The digest matches (the edit rewrote it), so only the manifest's own shape can catch these;
     each was a traceback (AttributeError, KeyError, TypeError)."""
