@@ -42,8 +42,9 @@ def boot_code() -> str:
 
 
 class BoardRefusal(DeployError):
-    """The helper ran on the board and answered with a refusal (what happened is in its words), as
-    against a command whose answer never came back."""
+    """The board answered, so what the operation did is known: the helper refused (in its own words),
+    or the board's Python could not be started (it did nothing). As against a command whose answer
+    never came back (ssh lost, a deadline, a helper killed mid-way)."""
 
 
 def parse_reply(proc: subprocess.CompletedProcess | tuple[int, bytes, bytes], label: str, python: str,
@@ -65,7 +66,7 @@ def parse_reply(proc: subprocess.CompletedProcess | tuple[int, bytes, bytes], la
                 return reply
             raise BoardRefusal(reply.get("error", "the board refused"), reply.get("fix"))
     if returncode == 127 or "not found" in err or "No such file" in err:
-        raise DeployError(f"{python!r} cannot be started on {label}: {err[-300:] or f'exit {returncode}'}",
+        raise BoardRefusal(f"{python!r} cannot be started on {label}: {err[-300:] or f'exit {returncode}'}",
                           "install Python 3 on the board (edgesdk needs >= 3.10), or pass --remote-python PATH")
     tail = "\n    ".join(err.splitlines()[-8:]) or "(no output)"
     raise DeployError(f"the deploy helper ({op}) failed on {label} with exit {returncode}:\n    {tail}",

@@ -334,3 +334,17 @@ def test_a_stalled_upload_gives_up_the_lock_and_keeps_what_arrived(board, tmp_pa
     rest = frame("weights.bin", data[4000:], offset=4000, sha=files["weights.bin"]["sha256"]) + b'{"end": true}\n'
     reply = board.call("receive", {"bundle_id": bundle.bundle_id}, stdin=rest, timeout=30)
     assert reply["results"] == [{"name": "weights.bin", "complete": True, "ok": True}]
+
+
+def test_an_answer_from_the_board_is_told_from_no_answer():
+    """Deploy tells a switch that may have happened (no answer) from one known not to (the board answered)."""
+    from edgesdk.deploy.remote import BoardRefusal, parse_reply
+
+    refusal = (3, b'{"ok": false, "error": "release x is not on the board", "fix": "deploy it first"}\n', b"")
+    with pytest.raises(BoardRefusal, match="release x is not on the board"):
+        parse_reply(refusal, "board", "python3", "switch")
+    with pytest.raises(BoardRefusal, match="cannot be started"):  # its Python never ran: nothing happened
+        parse_reply((127, b"", b"sh: python3: not found"), "board", "python3", "switch")
+    with pytest.raises(DeployError) as lost:  # ssh gave up: the switch may or may not have happened
+        parse_reply((255, b"", b"Connection reset by peer"), "board", "python3", "switch")
+    assert not isinstance(lost.value, BoardRefusal)
