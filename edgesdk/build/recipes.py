@@ -110,8 +110,7 @@ class Recipe(BaseModel):
         for name, config in stages:
             if name == "qat":
                 qat = config
-            if name == "sparsify" and config.reorder and qat is not None and (
-                    qat.granularity == "block" or qat.embedding_bits is not None):
+            if name == "sparsify" and config.reorder and qat is not None and qat.scheme().groups_hidden_channels:
                 raise BuildError(
                     f"recipe '{self.name}': sparsify.reorder cannot follow a qat stage that quantizes in blocks along "
                     f"the hidden channels (qat.granularity={qat.granularity}, qat.embedding_bits="

@@ -56,6 +56,12 @@ class QuantScheme:
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 16, got {self.block_size}")
 
+    @property
+    def groups_hidden_channels(self) -> bool:
+        """Do scales span several hidden channels (blocks along a linear's input, or a block-quantized
+        embedding / head)? Then a permutation of the hidden channels regroups what shares a scale."""
+        return self.granularity == "block" or self.embedding_bits is not None
+
     def to_json(self) -> dict:
         return asdict(self)
 

@@ -222,7 +222,7 @@ def reorder_channels(model, batches: list[torch.Tensor]) -> None:
         raise BuildError("sparsify.reorder cannot run on a model with power adapters (they read the "
                          "hidden channels in their own order)", "run sparsify without reorder, or before power")
     scheme = fake_quant.QuantScheme.of(model)
-    if scheme is not None and (scheme.granularity == "block" or scheme.embedding_bits is not None):
+    if scheme is not None and scheme.groups_hidden_channels:
         raise BuildError(
             f"sparsify.reorder cannot run on a model quantized in blocks along the hidden channels "
             f"(qat.granularity={scheme.granularity}, qat.embedding_bits={scheme.embedding_bits}): a permutation "
