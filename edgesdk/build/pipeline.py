@@ -22,7 +22,7 @@ from edgesdk.build.checkpoint import (
     save_checkpoint,
 )
 from edgesdk.build.package import write_bundle
-from edgesdk.build.recipes import load_recipe, recipes_with_stage
+from edgesdk.build.recipes import load_recipe, pick_a_recipe_with
 from edgesdk.build.registry import BuildContext, stage_spec
 from edgesdk.bundle import Bundle, check_replaceable
 from edgesdk.compress.data import DataConfig
@@ -103,11 +103,8 @@ def shortcut_overrides(target: str, recipe_name: str | None, values: dict[str, o
     for option, value in given.items():
         stage = SHORTCUTS[option].partition(".")[0]
         if stage not in stages:
-            having = recipes_with_stage(stage)
             raise BuildError(f"{option} {value}: recipe '{recipe.name}' has no {stage} stage "
-                             f"(stages: {', '.join(stages) or 'none'})",
-                             f"drop {option}, or pick a recipe with a {stage} stage: "
-                             + ", ".join(f"--recipe {name}" for name in having))
+                             f"(stages: {', '.join(stages) or 'none'})", f"drop {option}" + pick_a_recipe_with(stage))
     return tuple(f"{SHORTCUTS[option]}={value}" for option, value in given.items())
 
 

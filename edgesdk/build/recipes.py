@@ -66,12 +66,9 @@ class Recipe(BaseModel):
                 continue
             entries = [entry for entry in data["stages"] if entry["stage"] == section]
             if not entries:
-                having = recipes_with_stage(section)
                 raise BuildError(f"override '{item}': the recipe '{self.name}' has no stage '{section}' "
                                  f"(stages: {', '.join(e['stage'] for e in data['stages']) or 'none'})",
-                                 "override a stage it has"
-                                 + (", or pick a recipe with a " + section + " stage: "
-                                    + ", ".join(f"--recipe {name}" for name in having) if having else ""))
+                                 "override a stage it has" + pick_a_recipe_with(section))
             entries[0]["config"][field_name] = value
         try:
             return Recipe.model_validate(data)
@@ -196,9 +193,12 @@ def shipped_recipes() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("edgesdk.recipes").iterdir() if p.name.endswith(".yaml"))
 
 
-def recipes_with_stage(stage: str) -> list[str]:
-    """The shipped recipes that run ``stage`` (for the fix of a message about a recipe without it)."""
-    return [name for name in shipped_recipes() if stage in [entry.stage for entry in load_recipe(name).stages]]
+def pick_a_recipe_with(stage: str) -> str:
+    """", or pick a recipe with a STAGE stage: --recipe A, --recipe B" naming the shipped recipes that run
+    ``stage`` (the end of a fix for a setting aimed at a stage the recipe lacks); "" when none does."""
+    having = [name for name in shipped_recipes() if stage in [entry.stage for entry in load_recipe(name).stages]]
+    return f", or pick a recipe with a {stage} stage: " + ", ".join(f"--recipe {name}" for name in having) \
+        if having else ""
 
 
 def load_recipe(name_or_path: str) -> Recipe:
