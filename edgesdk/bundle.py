@@ -404,7 +404,11 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
         verify_bundle(staging)
     except BundleError as exc:  # named as the archive's bundle: the staging directory is gone once this is read
         shutil.rmtree(staging)
-        raise BundleError(exc.problem.replace(f"bundle {staging}", f"the bundle {top} in {archive}", 1), exc.fix) \
-            from exc
+        named = f"the bundle {top} in {archive}"
+
+        def rename(text: str | None) -> str | None:  # every mention, in any message's form
+            return text and text.replace(f"bundle {staging}", named).replace(str(staging), named)
+
+        raise BundleError(rename(exc.problem), rename(exc.fix)) from exc
     _move_into_place(staging, final)
     return verify_bundle(final)

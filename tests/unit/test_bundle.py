@@ -780,3 +780,15 @@ def test_unpack_error_while_writing_leaves_no_staging(tmp_path):
         unpack_bundle(archive, tmp_path / "dest")
     assert info.value.fix
     assert leftovers(tmp_path / "dest") == []
+
+
+def test_unpack_of_a_folder_of_bundles_never_names_the_staging_directory(tiny_bundle, tmp_path):
+    folder = tmp_path / "bundles"
+    copy_bundle(tiny_bundle, folder)  # a folder holding a bundle, packed by hand
+    archive = tmp_path / "bundles.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(folder, arcname=folder.name)
+    with pytest.raises(BundleError, match="is not a bundle but holds 1") as info:
+        unpack_bundle(archive, tmp_path / "dest")
+    assert ".unpacking" not in info.value.problem + (info.value.fix or ""), info.value  # gone when read
+    assert f"the bundle bundles in {archive}" in info.value.problem
