@@ -586,7 +586,10 @@ def _commit(out: Path, plan_bytes: bytes, info: dict) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(staging, out)
-    _fsync(out.parent)
+    try:  # the engine is in place and whole; the flush only makes its name survive a power cut
+        _fsync(out.parent)
+    except OSError:
+        pass
 
 
 def _fsync(path: Path) -> None:

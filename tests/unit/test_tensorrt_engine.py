@@ -412,3 +412,18 @@ def test_a_timing_cache_that_cannot_be_saved_keeps_the_engine(tmp_path):
     te._save_timing_cache(BuilderConfig(), tmp_path / "tensorrt" / "timing.cache", logged.append)
     assert (tmp_path / "tensorrt" / "timing.cache").read_bytes() == b"timings"
     assert sorted(p.name for p in (tmp_path / "tensorrt").iterdir()) == ["timing.cache"]
+
+
+def test_a_directory_that_cannot_be_flushed_after_the_rename_keeps_the_engine(tmp_path, monkeypatch):
+    """The engine is whole and in place once renamed; a failing flush of its parent's entries is no reason to fail."""
+    out = tmp_path / "engines" / "key"
+    flush = te._fsync
+
+    def no_directory_flush(path):
+        if Path(path) == out.parent:
+            raise OSError(5, "Input/output error")
+        flush(path)
+
+    monkeypatch.setattr(te, "_fsync", no_directory_flush)
+    te._commit(out, b"plan", {"bundle_id": "x"})
+    assert (out / te.ENGINE_FILE).read_bytes() == b"plan"
