@@ -60,7 +60,8 @@ def _log_softmax_nll(logits: np.ndarray, targets: np.ndarray) -> float:
     return float((log_z - logits[np.arange(len(targets)), targets]).sum())
 
 
-def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress: bool = False) -> PerplexityResult:
+def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress: bool = False,
+               label: str = "perplexity") -> PerplexityResult:
     """Generic loop: ``score_window(window_ids) -> logits (len, vocab)`` for each window."""
     from tqdm import tqdm
 
@@ -69,7 +70,7 @@ def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress:
                            "pass a longer --text file, or raise --max-chars")
     spans = windows(ids, config)
     nll, count = 0.0, 0
-    for start, end, first in tqdm(spans, desc="perplexity", disable=not progress, unit="window"):
+    for start, end, first in tqdm(spans, desc=label, disable=not progress, unit="window"):
         window = np.asarray(ids[start:end], np.int64)
         logits = score_window(window)  # (T, V); row t predicts token t+1
         targets = window[first:]
@@ -134,7 +135,8 @@ def _gated_pass(backend, ids: list[int], config: PerplexityConfig, tau: float | 
     before = backend.gating, backend.fixed_tau
     backend.gating, backend.fixed_tau = tau is not None, tau
     try:
-        result = perplexity(score, ids, config, progress)
+        label = "perplexity, gating off" if tau is None else f"perplexity, tau {tau:.3f}"  # one bar per point
+        result = perplexity(score, ids, config, progress, label)
     finally:
         backend.gating, backend.fixed_tau = before
     return result, run / max(total, 1)

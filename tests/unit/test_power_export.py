@@ -193,6 +193,8 @@ def test_cli_run_and_eval_on_a_gated_bundle_without_torch(power_bundle, tmp_path
     assert curve[0]["executed_fraction"] == 1.0
     assert curve[1]["executed_fraction"] < 1.0
     assert result["power"]["chosen"]["perplexity"] > 0
+    assert "perplexity, gating off" in proc.stderr  # each pass's bar says which point it scores
+    assert "perplexity, tau 0.000" in proc.stderr  # budget 1: every block runs
     bad = run_blocked("run", bundle, "--prompt", "x", "--compute-budget", 2, "--ignore-target", cwd=tmp_path)
     assert bad.returncode != 0
     assert "compute_budget" in bad.stderr
