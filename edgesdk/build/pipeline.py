@@ -167,7 +167,7 @@ def build(config: BuildConfig) -> Bundle:
     check_replaceable(out)
     check_out_location(out)
     check_work_dir(out.with_name(out.name + ".build"))
-    source = resolve_model(config.model)
+    source = resolve_model(config.model, progress=config.progress)
     data_key = None
     if stages:
         data_key = {**asdict(config.data), "files": [file_fingerprint(f) for f in config.data.files]}

