@@ -204,7 +204,7 @@ class Guard:
         self._warned = not has_sensor
         self.firmware_limited = False  # the firmware reports under-voltage or throttling right now
         self._firmware_warned = False
-        dynamic_w = max(plant.active_w - plant.idle_w, 1e-6)
+        self._dynamic_w = dynamic_w = max(plant.active_w - plant.idle_w, 1e-6)  # a profile may have active_w == idle_w
         self._gain_c = plant.resistance_c_per_w * dynamic_w  # °C of steady-state rise per unit of rate
         self._kp = plant.resistance_c_per_w * plant.capacity_j_per_c / (self._gain_c * c.response_s)
         self._ki = self._kp / c.response_s
@@ -281,7 +281,7 @@ class Guard:
         """Start pacing from the rate that holds the setpoint in steady state (model feed-forward)."""
         p = self.plant
         ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
-        steady = ((self.setpoint_c - ambient) / p.resistance_c_per_w - p.idle_w) / (p.active_w - p.idle_w)
+        steady = ((self.setpoint_c - ambient) / p.resistance_c_per_w - p.idle_w) / self._dynamic_w
         self._integral = min(1.0, max(self.config.min_fraction, steady))
         self.credit = self._depth
 
