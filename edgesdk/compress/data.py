@@ -78,12 +78,14 @@ class TokenData:
         return cls(ids, generated)
 
     def batches(self, count: int, batch_size: int, length: int, seed: int) -> list[torch.Tensor]:
-        """``count`` random (batch_size, length) blocks, reproducible for a seed."""
-        if self.ids.numel() < length + 1:
+        """``count`` random (batch_size, length) blocks, reproducible for a seed. A block is the model's
+        input and (shifted by one inside it) its targets, so ``length`` tokens make one block and every
+        start from 0 to ``N - length`` is drawn: the last token of the pool is trained on too."""
+        if self.ids.numel() < length:
             raise BuildError(f"training text has {self.ids.numel()} tokens, fewer than one block of {length}",
                              "pass more text with --data or a shorter sequence_length")
         generator = torch.Generator().manual_seed(seed)
-        starts = torch.randint(0, self.ids.numel() - length, (count, batch_size), generator=generator)
+        starts = torch.randint(0, self.ids.numel() - length + 1, (count, batch_size), generator=generator)
         return [torch.stack([self.ids[s: s + length] for s in row.tolist()]) for row in starts]
 
 
