@@ -117,6 +117,7 @@ class CpuFreqCap:
         self.reason = ""
         self.ratio: float | None = None
         self._lock: IO[bytes] | None = None
+        self._state_warned = False  # the state file could not be written: said once
         if self.state_path is not None:
             # one capping run at a time: the clock is the whole board's, and another run's cap
             # would be read here as the board's ceiling
@@ -217,11 +218,18 @@ class CpuFreqCap:
             return
         capped = {str(p.max_file): {"original": p.ceiling_khz, "written": p.written_khz}
                   for p in self.policies if p.written_khz is not None and (p.stuck or not p.released)}
-        if capped:
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            self.state_path.write_text(json.dumps(capped, indent=1))
-        elif self.state_path.exists():
-            self.state_path.unlink()
+        try:  # a cache directory that cannot be written must not stop generation mid-answer
+            if capped:
+                self.state_path.parent.mkdir(parents=True, exist_ok=True)
+                self.state_path.write_text(json.dumps(capped, indent=1))
+            elif self.state_path.exists():
+                self.state_path.unlink()
+        except OSError as error:
+            if not self._state_warned:
+                self._state_warned = True
+                self._warn(f"cannot record the clock cap in {self.state_path} ({error.strerror or error}); "
+                           "the cap still works and this run gives it back, but a run killed while capping "
+                           "leaves it for you to undo: point EDGESDK_CACHE at a writable directory")
 
 
 STATE_FILE = "clock-cap.json"  # in the user cache: the caps an active run holds
