@@ -173,7 +173,16 @@ def cut_after_eos(sequence: torch.Tensor, start: int, stops: set[int]) -> torch.
 def generate_text(teacher, tokenizer, config: DataConfig, progress: bool, batch: int = 8) -> torch.Tensor:
     """Sampled teacher continuations of short prompts (temperature 1, top-p 0.95), ``batch`` per
     prompt at once (batched decoding is several times faster per token on a CPU), each cut after
-    its first EOS, concatenated."""
+    its first EOS, concatenated.
+
+    The sampling seeds the global RNG (``generate`` draws from it) inside a fork, so the caller's
+    stream is left as it was: the power stage initialises its adapters from that stream after
+    loading the text, and a build that samples must get the adapters a build reading the cache gets."""
+    with torch.random.fork_rng():
+        return _generate_text(teacher, tokenizer, config, progress, batch)
+
+
+def _generate_text(teacher, tokenizer, config: DataConfig, progress: bool, batch: int) -> torch.Tensor:
     from tqdm import tqdm
 
     stops = eos_ids(teacher, tokenizer)
