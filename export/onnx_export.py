@@ -56,6 +56,15 @@ class ExportConfig:
                 "opset 21 and TensorRT takes INT4 only as weight-only block quantization",
                 "use form: ort-fused for int4 weights, or weights: int8 for the standard (TensorRT) form",
             )
+        if self.embedding_bits not in (None, 4, 8):
+            raise ExportError(f"export embedding_bits={self.embedding_bits} is not a width the graphs store; "
+                              "choose 4, 8 or null (as the layers)", "set export.embedding_bits in the recipe")
+        if self.weights == "fp32" and self.embedding_bits is not None:
+            raise ExportError(
+                f"export embedding_bits={self.embedding_bits} with weights=fp32: the float32 graphs store the "
+                "embedding and LM head in float32, so the setting would be ignored",
+                "set export.embedding_bits: null for float32 weights, or export quantized layers "
+                "(export.weights: int8 or int4)")
         if self.form == "standard" and self.weights == "int8":
             self.qdq(None)  # validates embedding_bits
         if self.weights_codec not in WEIGHTS_CODECS:
