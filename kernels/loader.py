@@ -446,6 +446,95 @@ def _read_json(path: Path, what: str) -> Any:
                               "copy the whole bundle again (edgesdk deploy) or rebuild it") from exc
 
 
+_KERNEL_CONSTEXPRS = {"bsr_matmul": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "TRANSPOSED"),
+                      "gqa_decode": ("BLOCK_G", "BLOCK_D", "BLOCK_T")}
+_SCRATCH_PARAMS = [["global_scratch", "*i8"], ["profile_scratch", "*i8"]]  # appended by LoadedKernel.launch
+
+
+def _inside(kernel_dir: Path, name: Any, what: str, source: Path) -> Path:
+    """``kernel_dir / name``, refused unless it names a file inside ``kernel_dir`` (no absolute path, no ``..``)."""
+    path = kernel_dir / str(name)
+    if not isinstance(name, str) or not name or Path(name).is_absolute() \
+            or not path.resolve().is_relative_to(kernel_dir.resolve()):
+        raise KernelLoadError(f"{source} names {what} {name!r}, which is not a file inside {kernel_dir}: the kernel "
+                              "directory is damaged or was not written by edgesdk; copy the whole bundle again or "
+                              "rebuild it")
+    return path
+
+
+def _expected_launch(meta: dict) -> tuple[list[list[str]], list]:
+    """The runtime parameters and grid dims this loader's call sites (:meth:`CompiledKernels.block_sparse_matmul`,
+    :meth:`CompiledKernels.gqa_decode_attention`) pass for a variant, from the tables of :mod:`.aot`."""
+    from . import aot
+
+    atomic = bool(meta["constexprs"].get("ATOMIC", False))
+    variant = aot.KernelVariant(str(meta["name"]), meta["kernel"], {}, 1, 1, meta["act_dtype"],
+                                out_dtype="fp32" if atomic else None)
+    if meta["kernel"] == "gqa_decode":
+        grid = aot._ATTN_GRID
+    else:
+        grid = aot._BSR_GEMV_GRID if atomic else aot._BSR_GRID
+    return [list(p) for p in variant.params()], grid["dims"]
+
+
+def _check_meta(meta: Any, meta_path: Path, sm: int, index_path: Path) -> None:
+    """Refuse metadata this loader would launch wrongly: a kernel it has no call site for, an activation dtype it
+    cannot make, missing constexprs, parameters (names, order, types) or a grid rule other than the ones it passes,
+    a block size other than ``32 * num_warps`` (what the cubin was compiled for), scratch parameters other than the
+    two it appends. Each error names the file, the field, what it holds and what was expected."""
+    rebuild = "it was not written by this edgesdk's compiler; rebuild the bundle with this edgesdk"
+    if not isinstance(meta, dict):
+        raise KernelLoadError(f"kernel metadata {meta_path} is a {type(meta).__name__}, not an object: {rebuild}")
+    if meta.get("sm") != sm:
+        raise KernelLoadError(f"kernel metadata {meta_path} is for sm_{meta.get('sm')}, but {index_path} lists "
+                              f"sm_{sm} kernels: the directory mixes targets; rebuild the bundle")
+    missing_keys = [key for key in ("name", "kernel", "kernel_name", "act_dtype", "files", "params", "constexprs",
+                                    "grid", "shared_memory_bytes", "threads_per_block") if key not in meta]
+    if missing_keys:
+        raise KernelLoadError(f"kernel metadata {meta_path} lacks {', '.join(missing_keys)}: {rebuild}")
+    kernel = meta["kernel"]
+    if kernel not in _KERNEL_CONSTEXPRS:
+        raise KernelLoadError(f"kernel metadata {meta_path}: kernel {kernel!r} is none this loader launches "
+                              f"({', '.join(sorted(_KERNEL_CONSTEXPRS))}): {rebuild}")
+    if meta["act_dtype"] not in _TORCH_DTYPES:
+        raise KernelLoadError(f"kernel metadata {meta_path}: act_dtype {meta['act_dtype']!r} is not one of "
+                              f"{', '.join(sorted(_TORCH_DTYPES))}: {rebuild}")
+    constexprs = meta["constexprs"]
+    lacking = [name for name in _KERNEL_CONSTEXPRS[kernel] if not isinstance(constexprs, dict) or name not in constexprs]
+    if lacking:
+        raise KernelLoadError(f"kernel metadata {meta_path}: constexprs {constexprs!r} lack {', '.join(lacking)}: "
+                              f"{rebuild}")
+    params, grid = _expected_launch(meta)
+    if meta["params"] != params:
+        raise KernelLoadError(f"kernel metadata {meta_path}: parameters {meta['params']!r}, but this loader passes "
+                              f"{params!r} to a {kernel} kernel of {meta['act_dtype']}: {rebuild}")
+    dims = meta["grid"].get("dims") if isinstance(meta["grid"], dict) else None
+    if dims != grid:
+        raise KernelLoadError(f"kernel metadata {meta_path}: grid dims {dims!r}, but a {kernel} kernel compiled "
+                              f"with these constexprs is launched on {grid!r}: {rebuild}")
+    trailing = meta.get("trailing_params", _SCRATCH_PARAMS)
+    if trailing != _SCRATCH_PARAMS:
+        raise KernelLoadError(f"kernel metadata {meta_path}: trailing parameters {trailing!r}, but this loader "
+                              f"appends {_SCRATCH_PARAMS!r} (Triton's scratch pointers): {rebuild}")
+    warps, threads = meta.get("num_warps"), meta["threads_per_block"]
+    if not isinstance(threads, int) or threads <= 0 or threads % 32 or (warps is not None and threads != 32 * warps):
+        raise KernelLoadError(f"kernel metadata {meta_path}: threads_per_block {threads!r} is not 32 * num_warps "
+                              f"({warps!r}), the block the kernel was compiled for: {rebuild}")
+    if not isinstance(meta["shared_memory_bytes"], int) or meta["shared_memory_bytes"] < 0:
+        raise KernelLoadError(f"kernel metadata {meta_path}: shared_memory_bytes {meta['shared_memory_bytes']!r} "
+                              f"is not a byte count: {rebuild}")
+
+
+def _has_entry(image: bytes, source: str, kernel_name: str) -> bool:
+    """Whether a PTX image declares ``.entry kernel_name`` or a cubin's string table holds the symbol."""
+    import re
+
+    name = kernel_name.encode()
+    if source == "ptx":
+        return re.search(rb"\.entry\s+" + re.escape(name) + rb"\s*\(", image) is not None
+    return b"\0" + name + b"\0" in image
+
+
 def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0) -> CompiledKernels:
     """Load every compiled variant of ``kernel_dir`` (a bundle's ``kernels/sm_XX``) onto GPU ``device``.
 
@@ -472,21 +561,24 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
     kernels: dict[str, LoadedKernel] = {}
     failed: dict[str, str] = {}
     for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise KernelLoadError(f"kernel index {index_path} has an entry {entry!r} without a name: the kernel "
+                                  "directory is damaged; copy the whole bundle again or rebuild it")
         if not entry.get("ok", True):
             failed[entry["name"]] = entry.get("error") or "compile failed"
             continue
-        meta_path = kernel_dir / str(entry.get("meta_path") or f"{entry.get('name')}.json")
+        meta_path = _inside(kernel_dir, entry.get("meta_path") or f"{entry['name']}.json", "kernel metadata",
+                            index_path)
         meta = _read_json(meta_path, "kernel metadata")
-        if int(meta.get("sm", -1)) != sm:
-            raise KernelLoadError(f"kernel metadata {meta_path} is for sm_{meta.get('sm')}, but {index_path} "
-                                  f"lists sm_{sm} kernels: the directory mixes targets; rebuild the bundle")
+        _check_meta(meta, meta_path, sm, index_path)
+        if meta["name"] != entry["name"]:
+            raise KernelLoadError(f"kernel metadata {meta_path} is for {meta['name']!r}, but {index_path} lists it "
+                                  f"as {entry['name']!r}: the directory is damaged; copy the bundle again or rebuild it")
         source = "cubin" if capability == sm else "ptx"
-        missing_keys = [key for key in ("name", "kernel", "kernel_name", "files", "params", "constexprs", "grid",
-                                        "shared_memory_bytes", "threads_per_block") if key not in meta]
-        if missing_keys or source not in meta["files"]:
-            raise KernelLoadError(f"kernel metadata {meta_path} lacks {', '.join(missing_keys) or 'files.' + source}:"
-                                  " it was not written by this edgesdk's compiler; rebuild the bundle")
-        image_path = kernel_dir / meta["files"][source]
+        if not isinstance(meta["files"], dict) or source not in meta["files"]:
+            raise KernelLoadError(f"kernel metadata {meta_path} lacks files.{source}: it was not written by this "
+                                  "edgesdk's compiler; rebuild the bundle")
+        image_path = _inside(kernel_dir, meta["files"][source], source, meta_path)
         try:
             image = image_path.read_bytes()
         except OSError as exc:
@@ -496,6 +588,15 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
         if source == "cubin" and recorded and hashlib.sha256(image).hexdigest() != recorded:
             raise KernelLoadError(f"cubin {image_path} does not match the SHA-256 recorded when it was compiled "
                                   f"({recorded[:12]}...): the file was changed; copy the bundle again or rebuild it")
-        handle = driver.load(image, meta["kernel_name"], int(meta["shared_memory_bytes"]))
+        if not _has_entry(image, source, str(meta["kernel_name"])):
+            raise KernelLoadError(f"{source} {image_path} has no kernel named {meta['kernel_name']!r}, the "
+                                  f"kernel_name in {meta_path}: the files do not belong together; copy the bundle "
+                                  "again or rebuild it")
+        try:
+            handle = driver.load(image, meta["kernel_name"], int(meta["shared_memory_bytes"]))
+        except KernelLoadError as exc:
+            raise KernelLoadError(f"{source} {image_path} (kernel {meta['kernel_name']}, "
+                                  f"{meta['shared_memory_bytes']} bytes of shared memory) did not load on this "
+                                  f"sm_{capability} GPU: {exc}") from exc
         kernels[meta["name"]] = LoadedKernel(meta, driver, handle, source)
     return CompiledKernels(sm, kernels, failed, driver.name)

@@ -96,6 +96,18 @@ def test_compiled_matmul_refuses_tensors_of_another_dtype_than_compiled(field, d
 
 
 # ---------------------------------------------------------------------------------------------- kernel directories
+def fake_cubin(kernel_name: str, sm: int, abi: int = 7) -> bytes:
+    """The parts of a cubin the loader reads: a 64-bit CUDA ELF header whose e_flags carry ``sm`` (ABI 7: low byte,
+    as ptxas 12.x writes for sm_87; ABI 8: bits 8-15) and the kernel symbol in a string table."""
+    import struct
+
+    header = bytearray(64)
+    header[:4], header[4], header[5], header[7], header[8] = b"\x7fELF", 2, 1, 0x33, abi
+    struct.pack_into("<HH", header, 16, 2, 190)  # ET_EXEC, EM_CUDA
+    struct.pack_into("<I", header, 48, (sm << 16) | (sm << 8 if abi >= 8 else 0x500 | sm))
+    return bytes(header) + b"\0.text." + kernel_name.encode() + b"\0" + kernel_name.encode() + b"\0"
+
+
 def write_kernel_dir(root, sm: int = 87, **variant_args):
     """A kernels/sm_XX directory as aot.compile_for_target lays it out, with made-up images."""
     import hashlib
@@ -105,9 +117,9 @@ def write_kernel_dir(root, sm: int = 87, **variant_args):
     out.mkdir(parents=True)
     entries = []
     for variant in default_variants(tuning_for(sm), **variant_args):
-        cubin = f"cubin of {variant.name}".encode()
+        cubin = fake_cubin(variant.name, sm)
         (out / f"{variant.name}.cubin").write_bytes(cubin)
-        (out / f"{variant.name}.ptx").write_text(f"// ptx of {variant.name}")
+        (out / f"{variant.name}.ptx").write_text(f"// ptx of {variant.name}\n.visible .entry {variant.name}(\n)")
         meta = {**variant_meta(variant, sm), "files": {"cubin": f"{variant.name}.cubin", "ptx": f"{variant.name}.ptx"},
                 "cubin_sha256": hashlib.sha256(cubin).hexdigest()}
         (out / f"{variant.name}.json").write_text(json.dumps(meta))
