@@ -99,17 +99,23 @@ class ThermalHook:
         self._waited = 0.0
         if self.guard is None:
             return 0.0
+        unrecorded, paused_state = 0.0, None  # waited since the last "wait" record; the state it paused in
         while True:
             self._observe()
             wait = self.guard.wait_s(kind)
             if wait <= 0.0:
+                if unrecorded > 0 and paused_state is not None:  # a pause's last chunks, at its own level
+                    self._record("wait", 0, 0.0, unrecorded, state=paused_state)
                 return self._waited
             chunk = min(wait, self.guard.config.poll_s)
+            paused_state = (self.reading, self.guard.state()) if self.guard.paused else None
             self.clock.sleep(chunk)
             self._waited += chunk
+            unrecorded += chunk
             if self.clock.now() - self._last_wait_record >= self.wait_record_s:
                 self._last_wait_record = self.clock.now()
-                self._record("wait", 0, 0.0, chunk)
+                self._record("wait", 0, 0.0, unrecorded)  # every chunk since the last record, not the last one
+                unrecorded = 0.0
             self._check_wait_limits()
 
     def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
@@ -127,10 +133,12 @@ class ThermalHook:
         if self.status is not None:
             self.status.update(self.status_text(), force=True)
 
-    def _record(self, kind: str, tokens: int, seconds: float, waited: float) -> None:
+    def _record(self, kind: str, tokens: int, seconds: float, waited: float,
+                state: tuple[Reading | None, dict] | None = None) -> None:
+        """One step record; ``state`` (reading, guard state) when it is not the current one."""
         if self.telemetry is None and self.status is None:
             return
-        reading = self.reading
+        reading = self.reading if state is None else state[0]
         elapsed = seconds + waited
         record = {
             "t": round(self.clock.now() - self.start, 6), "kind": kind, "tokens": tokens,
@@ -140,7 +148,7 @@ class ThermalHook:
             "zones": {} if reading is None else reading.zones,
         }
         if self.guard is not None:
-            record.update(self.guard.state())
+            record.update(self.guard.state() if state is None else state[1])
         else:
             record.update(level="unguarded", budget=1.0, sensor_ok=bool(reading and reading.max_c is not None))
         if reading is not None and reading.throttled is not None:

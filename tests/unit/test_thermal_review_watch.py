@@ -1,0 +1,45 @@
+"""ThermalHook behaviour found in review."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgesdk.profile import get_profile
+from edgesdk.thermal.guard import Guard, Limits
+from edgesdk.thermal.sensors import Reading
+from edgesdk.thermal.telemetry import Telemetry, summarize
+from edgesdk.thermal.watch import ThermalHook
+
+PROFILE = get_profile("rpi5")  # critical at 78 °C, resumes below 70 °C
+
+
+class Clock:
+    t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def test_telemetry_counts_every_second_of_a_critical_pause():
+    """The guard waits in chunks of poll_s (0.5 s) and the hook writes a "wait" record at most every
+    wait_record_s (1 s), but each record carried only its last chunk: a 30 s pause summed to 15 s of
+    paused_s (``thermal plan --json``), and its last second was counted at the next step's level."""
+    clock = Clock()
+    limits, _ = Limits.resolve(PROFILE.thermal)
+    guard = Guard(limits, PROFILE.thermal_model)
+    telemetry = Telemetry()
+    hook = ThermalHook(clock, lambda: Reading(time=clock.t, zones={"cpu-thermal": 80.0 if clock.t < 30 else 60.0}),
+                       guard, telemetry=telemetry)
+    hook.begin(5, 10)
+    waited = hook.before_step("prefill")
+    hook.after_step("prefill", 1, 0.1)
+    assert waited == pytest.approx(30.0)
+    summary = summarize(telemetry.records)
+    assert summary.paused_s == pytest.approx(30.0)
+    assert summary.levels_s["critical"] == pytest.approx(30.0)
+    assert summary.mean_ttft_s == pytest.approx(30.1)  # the prefill record still carries the whole wait
+    waits = [r for r in telemetry.records if r["kind"] == "wait"]
+    assert len(waits) <= 31  # still about one record a second
