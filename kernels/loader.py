@@ -525,6 +525,26 @@ def _check_meta(meta: Any, meta_path: Path, sm: int, index_path: Path) -> None:
                               f"is not a byte count: {rebuild}")
 
 
+def _cubin_sm(image: bytes) -> int | None:
+    """The SM a cubin's SASS is for, from its ELF header (``e_flags``; LLVM's ``BinaryFormat/ELF.h``: ABI version 7
+    keeps it in the low byte (``EF_CUDA_SM``), version 8 in bits 8-15 (``EF_CUDA_SM_MASK``)); None for another ABI
+    version. Raises ValueError when the image is not a CUDA ELF (``EM_CUDA`` = 190) at all."""
+    import struct
+
+    if len(image) < 52 or image[:4] != b"\x7fELF" or image[4] not in (1, 2):
+        raise ValueError("it is not an ELF file")
+    flags_at = 48 if image[4] == 2 else 36
+    if struct.unpack_from("<H", image, 18)[0] != 190 or len(image) < flags_at + 4:
+        raise ValueError("it is an ELF file for another machine than CUDA")
+    flags = struct.unpack_from("<I", image, flags_at)[0]
+    abi = image[8]
+    if abi <= 7:
+        return flags & 0xFF
+    if abi == 8:
+        return (flags >> 8) & 0xFF
+    return None
+
+
 def _has_entry(image: bytes, source: str, kernel_name: str) -> bool:
     """Whether a PTX image declares ``.entry kernel_name`` or a cubin's string table holds the symbol."""
     import re
@@ -554,6 +574,10 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
     except (KeyError, TypeError, ValueError) as exc:
         raise KernelLoadError(f"kernel index {index_path} lacks a valid 'sm' or 'kernels' entry ({exc!r}): the "
                               "kernel directory is damaged; copy the whole bundle again or rebuild it") from exc
+    named = kernel_dir.resolve().name
+    if named.startswith("sm_") and named[3:].isdigit() and int(named[3:]) != sm:
+        raise KernelLoadError(f"kernel index {index_path} lists sm_{sm} kernels, but the directory is {named}: the "
+                              "bundle's kernel directories were mixed up; copy the whole bundle again or rebuild it")
     driver = select_driver(backend, device)
     capability = driver.capability()
     if capability < sm:
@@ -588,6 +612,16 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
         if source == "cubin" and recorded and hashlib.sha256(image).hexdigest() != recorded:
             raise KernelLoadError(f"cubin {image_path} does not match the SHA-256 recorded when it was compiled "
                                   f"({recorded[:12]}...): the file was changed; copy the bundle again or rebuild it")
+        if source == "cubin":
+            try:
+                image_sm = _cubin_sm(image)
+            except ValueError as exc:
+                raise KernelLoadError(f"cubin {image_path} of kernel {meta['name']} is not a CUDA cubin ({exc}): "
+                                      "copy the whole bundle again or rebuild it") from exc
+            if image_sm is not None and image_sm != sm:
+                raise KernelLoadError(f"cubin {image_path} holds sm_{image_sm} code, but {meta_path} and {index_path} "
+                                      f"say sm_{sm}: the bundle's kernels were compiled for another target; rebuild "
+                                      f"the bundle for this board (edgesdk build --target ...)")
         if not _has_entry(image, source, str(meta["kernel_name"])):
             raise KernelLoadError(f"{source} {image_path} has no kernel named {meta['kernel_name']!r}, the "
                                   f"kernel_name in {meta_path}: the files do not belong together; copy the bundle "

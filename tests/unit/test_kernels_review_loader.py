@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from edgesdk.kernels.loader import KernelLoadError, load_compiled  # noqa: E402
 from tests.unit.test_kernel_loader import (  # noqa: E402
     RecordingDriver,
+    fake_cubin,
     write_kernel_dir,
 )
 
@@ -121,3 +122,41 @@ def test_driver_refusal_names_the_image_and_kernel(tmp_path, driver):
                                               r"load on this sm_87 GPU: cuModuleLoadData failed"):
         load_compiled(kernel_dir)
 
+
+
+# ---------------------------------------------------------------------------------------------- cubins of another SM
+def _recompile_as(kernel_dir, variant, image):
+    import hashlib
+
+    (kernel_dir / f"{variant}.cubin").write_bytes(image)
+    _edit(kernel_dir / f"{variant}.json", lambda m: m.update(cubin_sha256=hashlib.sha256(image).hexdigest()))
+
+
+@pytest.mark.parametrize(("image_sm", "abi"), [(72, 7), (80, 7), (72, 8)])
+def test_a_cubin_for_another_sm_is_refused(image_sm, abi, tmp_path, driver):
+    """The SM was taken from the metadata: an sm_72 (or sm_80) cubin under sm_87 metadata, with a matching
+    SHA-256, went to the driver (an sm_80 one even runs there, as code not built for the board)."""
+    kernel_dir = write_kernel_dir(tmp_path)
+    _recompile_as(kernel_dir, GEMV, fake_cubin("bsr_gemv_plain_32x32_fp16", image_sm, abi))
+    with pytest.raises(KernelLoadError, match=rf"{GEMV}.cubin holds sm_{image_sm} code, but .* say sm_87"):
+        load_compiled(kernel_dir)
+
+
+def test_the_cubin_header_is_read_in_both_abi_versions(tmp_path, driver):
+    kernel_dir = write_kernel_dir(tmp_path)
+    _recompile_as(kernel_dir, GEMV, fake_cubin("bsr_gemv_plain_32x32_fp16", 87, abi=8))
+    assert GEMV in load_compiled(kernel_dir)
+
+
+def test_a_cubin_that_is_no_cuda_elf_is_refused(tmp_path, driver):
+    kernel_dir = write_kernel_dir(tmp_path)
+    _recompile_as(kernel_dir, GEMV, b"<html>404</html>\0bsr_gemv_plain_32x32_fp16\0" + bytes(64))
+    with pytest.raises(KernelLoadError, match=rf"{GEMV}.cubin of kernel {GEMV} is not a CUDA cubin"):
+        load_compiled(kernel_dir)
+
+
+def test_a_directory_named_for_another_sm_is_refused(tmp_path, driver):
+    kernel_dir = write_kernel_dir(tmp_path)
+    moved = kernel_dir.rename(tmp_path / "sm_72")
+    with pytest.raises(KernelLoadError, match="lists sm_87 kernels, but the directory is sm_72"):
+        load_compiled(moved)
