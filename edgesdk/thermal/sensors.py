@@ -212,19 +212,28 @@ class Vcgencmd:
 class Jtop:
     """jetson-stats: temperatures, power rails and the nvpmodel name (exact names: reference §2b).
 
+    ``zones`` are the profile's sysfs zone types: only jtop's temperatures of those zones are kept
+    (jtop names a zone by its type cut at a ``-`` or ``_``, :func:`jtop_name`), as
+    :class:`SysfsThermal` keeps only those; jtop also lists hwmon sensors (an NVMe drive's
+    ``Composite``, a Wi-Fi card) whose heat is not the SoC's. When none of them is listed, every one is kept.
+
     Raises ImportError when jetson-stats is not installed; it is never a hard dependency.
     """
 
-    def __init__(self, interval_s: float = 1.0):
+    def __init__(self, interval_s: float = 1.0, zones: Sequence[str] = ()):
         from jtop import jtop  # AGPL-3.0, optional extra [jetson]
 
+        self.wanted = {jtop_name(zone) for zone in zones}
         self.jetson = jtop(interval=interval_s)
         self.jetson.start()
 
     def read(self) -> Reading:
         reading = Reading(time=time.monotonic(), source="jtop")
         try:
-            for name, values in dict(self.jetson.temperature).items():
+            temperatures = dict(self.jetson.temperature)
+            if self.wanted & set(temperatures):
+                temperatures = {name: values for name, values in temperatures.items() if name in self.wanted}
+            for name, values in temperatures.items():
                 online = values.get("online", True)
                 reading.zones[f"jtop:{name}"] = parse_celsius(values.get("temp")) if online else None
             power = dict(self.jetson.power)
@@ -245,6 +254,12 @@ class Jtop:
             self.jetson.close()
         except Exception:
             pass
+
+
+def jtop_name(zone_type: str) -> str:
+    """jetson-stats' name for a sysfs thermal zone type (``jtop/core/temperature.py``): cut at the first
+    ``-``, or at the first ``_`` when there is no ``-`` (``tj-thermal`` -> ``tj``, ``Tboard_tegra`` -> ``Tboard``)."""
+    return zone_type.split("-")[0] if "-" in zone_type else zone_type.split("_")[0]
 
 
 class Combined:
@@ -291,7 +306,7 @@ def detect_sensors(zones: Sequence[str], root: str | Path = "/sys/class/thermal"
         names.append("vcgencmd")
     if use_jtop:
         try:
-            sensors.append(Jtop())
+            sensors.append(Jtop(zones=zones))
             names.append("jetson-stats")
         except ImportError:
             pass  # not a Jetson, or the [jetson] extra is not installed: nothing to say

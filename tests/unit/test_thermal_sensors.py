@@ -260,7 +260,8 @@ def test_detect_combines_sysfs_vcgencmd_and_jtop(pi5_tree, fake_jtop, monkeypatc
     reading = sensor.read()
     assert reading.zones["cpu-thermal"] == 45.123
     assert reading.zones["vcgencmd"] == 45.9
-    assert reading.zones["jtop:tj"] == 57.25
+    assert reading.zones["jtop:cpu"] == 55.5
+    assert "jtop:tj" not in reading.zones  # not one of the profile's zones
     assert reading.power_w["total"] == 9.1
     assert reading.throttled == {"throttled": False}
     assert len(trips) == 3
