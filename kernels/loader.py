@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import operator
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,9 @@ _MAX_DYNAMIC_SHARED_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory above this needs the opt-in attribute
 _CTYPES = {"i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
            "fp32": ctypes.c_float, "fp64": ctypes.c_double, "i1": ctypes.c_bool}
+_INT_RANGES = {"i32": (-(2**31), 2**31 - 1), "u32": (0, 2**32 - 1), "i64": (-(2**63), 2**63 - 1),
+               "u64": (0, 2**64 - 1)}
+_GRID_LIMITS = (2**31 - 1, 65535)  # gridDim.x; gridDim.y and z (CUDA C++ Programming Guide, technical specs)
 # element type of a pointer parameter -> the torch dtype (as str) a tensor passed for it must have
 _POINTEE_DTYPES = {"i8": "torch.int8", "u8": "torch.uint8", "i32": "torch.int32", "i64": "torch.int64",
                    "fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32",
@@ -285,10 +289,26 @@ class LoadedKernel:
                     raise ValueError(f"{self.name}: {name} must be {alignment}-byte aligned (compiled so); got "
                                      f"{address:#x}: pass a fresh or .contiguous() tensor, not an offset view")
                 holders.append(ctypes.c_void_p(address))
+            elif ty in _INT_RANGES:
+                low, high = _INT_RANGES[ty]
+                try:
+                    number = operator.index(value)  # ints, numpy / 0-d torch integers; not floats
+                except TypeError:
+                    raise TypeError(f"{self.name}: {name} is {ty} (compiled so), got {value!r}: pass an "
+                                    "integer") from None
+                if not low <= number <= high:
+                    raise ValueError(f"{self.name}: {name} is {ty} (compiled so), got {number}: an integer in "
+                                     f"[{low}, {high}] is expected (ctypes would wrap it silently)")
+                holders.append(_CTYPES[ty](number))
             elif ty in _CTYPES:
                 holders.append(_CTYPES[ty](value))
             else:
                 raise TypeError(f"parameter {name} has unsupported type {ty}")
+        if len(grid3) != 3 or min(grid3) < 0 or grid3[0] > _GRID_LIMITS[0] or max(grid3[1:]) > _GRID_LIMITS[1]:
+            raise ValueError(f"{self.name}: grid {grid3} is outside CUDA's limits (x <= {_GRID_LIMITS[0]}, "
+                             f"y, z <= {_GRID_LIMITS[1]}, none negative)")
+        if 0 in grid3:
+            return  # an empty problem (no rows, no outputs): nothing to launch, as Triton's own launcher does
         holders.append(ctypes.c_void_p(self._scratch_pointer("global", grid3)))
         holders.append(ctypes.c_void_p(self._scratch_pointer("profile", grid3)))
         array = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])

@@ -160,3 +160,52 @@ def test_a_directory_named_for_another_sm_is_refused(tmp_path, driver):
     moved = kernel_dir.rename(tmp_path / "sm_72")
     with pytest.raises(KernelLoadError, match="lists sm_87 kernels, but the directory is sm_72"):
         load_compiled(moved)
+
+
+# ---------------------------------------------------------------------------------------------- launch arguments
+def test_empty_problems_launch_nothing_and_return_empty_results():
+    """M = 0 rows (or B = 0 sequences) gave a zero grid dimension, which cuLaunchKernel refuses
+    (CUDA_ERROR_INVALID_VALUE); Triton's own launcher skips such a launch, and so does the loader now."""
+    from edgesdk.kernels.block_sparse import BlockSparseWeight
+    from tests.unit.test_kernel_loader import fake_kernels
+
+    kernels, driver = fake_kernels()
+    w = BlockSparseWeight.from_dense(torch.ones(64, 64, dtype=torch.int8), torch.ones(64))
+    for rows in (0, 16):  # the GEMV and the GEMM
+        out = kernels.block_sparse_matmul(torch.randn(rows, 64)[:0], w)
+        assert tuple(out.shape) == (0, 64)
+    out = kernels.gqa_decode_attention(torch.randn(0, 4, 64), torch.zeros(0, 2, 8, 64), torch.zeros(0, 2, 8, 64),
+                                       torch.zeros(0, dtype=torch.int32), 0.125)
+    assert tuple(out.shape) == (0, 4, 64)
+    assert not driver.launches
+
+
+@pytest.mark.parametrize(("position", "value", "shown"), [
+    (6, 2**31, "2147483648"),  # M past int32: ctypes wrapped it to -2147483648
+    (9, -(2**31) - 1, "-2147483649"),
+])
+def test_scalar_arguments_outside_their_compiled_type_are_refused(position, value, shown):
+    from tests.unit.test_kernel_loader import fake_kernels
+
+    kernels, driver = fake_kernels()
+    gemv = kernels["bsr_gemv_plain_32x32_fp16"]
+    name = gemv.meta["params"][position][0]
+    args = [torch.zeros(16, dtype=dtype) for dtype in (torch.float16, torch.int8, torch.int32, torch.int32,
+                                                       torch.float32, torch.float32)] + [1, 64, 64, 64, 1, 64, 1]
+    gemv.launch((2, 1, 1), *args)  # as compiled: launched
+    args[position] = value
+    with pytest.raises(ValueError, match=rf"{name} is i32 \(compiled so\), got {shown}"):
+        gemv.launch((2, 1, 1), *args)
+    assert len(driver.launches) == 1
+
+
+def test_a_grid_past_cuda_limits_is_refused():
+    from tests.unit.test_kernel_loader import fake_kernels
+
+    kernels, driver = fake_kernels()
+    attn = kernels["gqa_decode_d64_g4_fp16"]
+    args = [torch.zeros(16, dtype=torch.float16)] * 3 + [torch.zeros(4, dtype=torch.int32),
+                                                          torch.zeros(16, dtype=torch.float16), 0.1, 1, 64] + [1] * 14
+    with pytest.raises(ValueError, match=r"grid \(1, 70000, 1\) is outside CUDA's limits"):
+        attn.launch((1, 70000, 1), *args)
+    assert not driver.launches
