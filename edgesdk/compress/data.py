@@ -30,6 +30,10 @@ class DataConfig:
             if getattr(self, name) < 0:
                 raise BuildError(f"data setting {name} is {getattr(self, name)}; it must be >= 0",
                                  "pass 0 or a positive number (--data-skip-chars, --generated-sequences)")
+        if self.generated_sequences and self.generated_tokens < 1:  # generate() refuses max_new_tokens 0
+            raise BuildError(f"data setting generated_tokens is {self.generated_tokens} with generated_sequences "
+                             f"{self.generated_sequences}: each teacher continuation needs at least 1 token",
+                             "set generated_tokens to 1 or more, or --generated-sequences 0 for no teacher text")
 
     def check_files(self) -> None:
         """Every --data file exists, is UTF-8 text and keeps text after the skipped characters; checked

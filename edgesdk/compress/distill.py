@@ -53,10 +53,12 @@ class DistillConfig:
     seed: int = 2  # batch sampling (differs from QAT and pruning)
 
     def __post_init__(self):
-        if self.steps < 0 or self.batch_size < 1 or self.sequence_length < 2:
-            raise ValueError("steps >= 0, batch_size >= 1 and sequence_length >= 2 are required")
-        if self.logits_weight < 0 or self.attention_weight < 0:
-            raise ValueError("loss weights must be >= 0")
+        for name, least in (("steps", 0), ("batch_size", 1), ("sequence_length", 2), ("soft_prompt_tokens", 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
+        for name in ("logits_weight", "attention_weight"):
+            if not getattr(self, name) >= 0:  # NaN too
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         check_optimiser_settings(self.lr, self.temperature, self.grad_accumulation)
 
 

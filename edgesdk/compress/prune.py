@@ -66,6 +66,10 @@ class PruneConfig:
             raise ValueError(f"ffn_multiple must be >= 1, got {self.ffn_multiple}")
         if self.calibration_batches < 1:  # no batch: every saliency 0, the ranking is arbitrary
             raise ValueError(f"calibration_batches must be >= 1, got {self.calibration_batches}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.sequence_length < 2:  # one token has no next token: no gradient, every saliency 0
+            raise ValueError(f"sequence_length must be >= 2, got {self.sequence_length}")
 
 
 def fisher_diagonal(model, batches: list[torch.Tensor], progress: bool = False) -> dict[str, torch.Tensor]:

@@ -61,6 +61,10 @@ class SmoothConfig:
             raise ValueError(f"sites {unknown} are not smoothing sites; allowed: {', '.join(SITES)}")
         if self.calibration_batches < 1:
             raise ValueError(f"calibration_batches must be >= 1, got {self.calibration_batches}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.sequence_length < 1:
+            raise ValueError(f"sequence_length must be >= 1, got {self.sequence_length}")
 
 
 def migration_scales(input_peak: torch.Tensor, weight_peak: torch.Tensor, alpha: float) -> torch.Tensor:
