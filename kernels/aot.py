@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .tuning import KernelTuning, tuning_for
+from .tuning import KernelTuning, max_shared_per_block, tuning_for
 
 # Runtime parameter types of each kernel body, in order; "{act}" is the activation dtype of the variant.
 _BSR_PARAMS = (
@@ -185,7 +185,7 @@ def _metadata(variant: KernelVariant, sm: int, compiled, tuning: KernelTuning, f
         "global_scratch_align": md.global_scratch_align,
         "profile_scratch_size": md.profile_scratch_size,
         "profile_scratch_align": md.profile_scratch_align,
-        "fits_shared_memory": md.shared <= tuning.shared_memory_kb * 1024,
+        "fits_shared_memory": md.shared <= max_shared_per_block(tuning),
         "grid": variant.grid,
         "files": files,
         "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
@@ -210,6 +210,15 @@ def compile_for_target(sm: int, out_dir: Path, tuning: KernelTuning | None = Non
         except Exception as exc:  # noqa: BLE001 - the compiler's refusal is the result we record
             message = f"{type(exc).__name__}: {exc}".strip()
             results.append(CompiledKernel(variant.name, sm, None, None, None, ok=False, error=message[:2000]))
+            continue
+        shared, limit = int(compiled.metadata.shared), max_shared_per_block(tuning)
+        if shared > limit:  # the driver would refuse it on the board (cuFuncSetAttribute / cuLaunchKernel)
+            message = (f"needs {shared} bytes of shared memory per block, and sm_{sm} with {tuning.shared_memory_kb} "
+                       f"KB per SM allows {limit}: use a smaller block (bsr_block {tuning.bsr_block}), fewer "
+                       f"num_stages ({variant.num_stages}) or a smaller attn_block_t")
+            results.append(CompiledKernel(variant.name, sm, None, None, None, shared_memory_bytes=shared,
+                                          num_warps=variant.num_warps, num_stages=variant.num_stages, ok=False,
+                                          error=message))
             continue
         cubin_path = target_dir / f"{variant.name}.cubin"
         ptx_path = target_dir / f"{variant.name}.ptx"

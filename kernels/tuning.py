@@ -100,6 +100,19 @@ def tuning_for(sm: int, sm_count: int | None = None, shared_memory_kb: int | Non
     )
 
 
+def max_shared_per_block(tuning: KernelTuning) -> int:
+    """Bytes of shared memory one block may use on the target (dynamic, with the opt-in attribute): CUDA C++
+    Programming Guide, "Technical Specifications per Compute Capability": 48 KB before sm_70, the whole SM's on
+    sm_7x (96 KB on 7.0 / 7.2, 64 KB on 7.5), the SM's less the 1 KB the hardware reserves per block from sm_80
+    (163 KB on 8.0 / 8.7, 99 KB on 8.6 / 8.9, 227 KB on 9.0)."""
+    kb = tuning.shared_memory_kb
+    if tuning.sm < 70:
+        kb = min(kb, 48)
+    elif tuning.sm >= 80:
+        kb -= 1
+    return max(0, kb) * 1024
+
+
 def gemv_splits(block_rows: int, stored_blocks: int, tuning: KernelTuning) -> int:
     """Programs per block row (split-K) for a batch-1 GEMV: enough for ``gemv_programs_per_sm`` programs on each
     SM, but never so many that a program gets fewer than two unrolled steps of its row's stored blocks."""
