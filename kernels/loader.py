@@ -354,7 +354,7 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
 
     def __init__(self, sm: int, kernels: dict[str, LoadedKernel], failed: dict[str, str], backend: str) -> None:
         self.sm, self._kernels, self.failed, self.backend = sm, kernels, failed, backend
-        self._tunings: dict[tuple[str, str], Any] = {}  # (variant, device) -> KernelTuning for split-K
+        self._tunings: dict[tuple[str, str, str], Any] = {}  # (variant, device, overrides) -> split-K tuning
 
     def __getitem__(self, name: str) -> LoadedKernel:
         return self._kernels[name]
@@ -416,9 +416,11 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
         atomic = bool(variant.meta["constexprs"].get("ATOMIC", False))  # bundles before split-K have none
         splits = 1
         if atomic:
-            from .tuning import gemv_splits
+            import os
 
-            key = (variant.name, str(x.device))
+            from .tuning import TUNING_ENV_VAR, gemv_splits
+
+            key = (variant.name, str(x.device), os.environ.get(TUNING_ENV_VAR, ""))  # the env var is read here
             if key not in self._tunings:
                 self._tunings[key] = _variant_tuning(variant.meta, x.device)
             splits = gemv_splits(m * weight.block_rows, m * weight.nnz_blocks, self._tunings[key])

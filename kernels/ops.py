@@ -74,13 +74,19 @@ def tuning_overrides(tuning: KernelTuning, text: str) -> KernelTuning:
     return dataclasses.replace(tuning, **parse_tuning_overrides(text))
 
 
-@functools.cache
 def _device_tuning(device_index: int) -> KernelTuning:
+    """The tuning for CUDA device ``device_index`` with the current ``EDGESDK_KERNEL_TUNING`` applied."""
+    return _device_tuning_for(device_index, os.environ.get(TUNING_ENV_VAR, ""))
+
+
+@functools.cache
+def _device_tuning_for(device_index: int, overrides: str) -> KernelTuning:
+    """Cached per device and override text: a changed ``EDGESDK_KERNEL_TUNING`` is a new entry, not the old one."""
     props = torch.cuda.get_device_properties(device_index)
     sm = props.major * 10 + props.minor
     smem = getattr(props, "shared_memory_per_multiprocessor", None)
     smem_kb = smem // 1024 if smem else SM_DEFAULTS.get(sm, (0, 100))[1]  # 100 KB: the smallest sm_8x value
-    return tuning_overrides(tuning_for(sm, props.multi_processor_count, smem_kb), os.environ.get(TUNING_ENV_VAR, ""))
+    return tuning_overrides(tuning_for(sm, props.multi_processor_count, smem_kb), overrides)
 
 
 def _tuning(mode: str, tensor: torch.Tensor, tuning: KernelTuning | None) -> KernelTuning | None:
