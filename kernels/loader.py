@@ -588,7 +588,10 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
     kernel_dir = Path(kernel_dir)
     index_path = kernel_dir / "index.json"
     if not index_path.is_file():
-        raise KernelLoadError(f"{index_path} not found: not a compiled kernel directory (kernels/sm_XX)")
+        what = "directory" if not kernel_dir.is_dir() else "index"
+        raise KernelLoadError(f"kernel {what} {index_path if what == 'index' else kernel_dir} not found: a compiled "
+                              "kernel directory (kernels/sm_XX, written by the build for a GPU target) holds an "
+                              "index.json; copy the whole bundle again (edgesdk deploy) or rebuild it")
     index = _read_json(index_path, "kernel index")
     try:
         sm = int(index["sm"])
@@ -603,7 +606,9 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
     driver = select_driver(backend, device)
     capability = driver.capability()
     if capability < sm:
-        raise KernelLoadError(f"the kernels in {kernel_dir} are for sm_{sm}; this GPU is sm_{capability}")
+        raise KernelLoadError(f"the kernels in {kernel_dir} are for sm_{sm}; this GPU is sm_{capability}, older, "
+                              f"and cannot run them: build the bundle for this board's target (edgesdk build "
+                              f"--target ...)")
     kernels: dict[str, LoadedKernel] = {}
     failed: dict[str, str] = {}
     for entry in entries:

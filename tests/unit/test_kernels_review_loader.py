@@ -209,3 +209,25 @@ def test_a_grid_past_cuda_limits_is_refused():
     with pytest.raises(ValueError, match=r"grid \(1, 70000, 1\) is outside CUDA's limits"):
         attn.launch((1, 70000, 1), *args)
     assert not driver.launches
+
+
+# ---------------------------------------------------------------------------------------------- missing directory
+@pytest.mark.parametrize("missing", ["directory", "index"])
+def test_a_missing_kernel_directory_or_index_names_it_and_the_fix(missing, tmp_path, driver):
+    kernel_dir = write_kernel_dir(tmp_path)
+    if missing == "directory":
+        import shutil
+
+        shutil.rmtree(kernel_dir)
+    else:
+        (kernel_dir / "index.json").unlink()
+    with pytest.raises(KernelLoadError, match=rf"kernel {missing} .*sm_87.* not found: .*index.json; copy the whole "
+                                              r"bundle again \(edgesdk deploy\) or rebuild it"):
+        load_compiled(kernel_dir)
+
+
+def test_a_gpu_older_than_the_kernels_is_told_to_build_for_its_target(tmp_path, driver):
+    kernel_dir = write_kernel_dir(tmp_path)
+    driver._capability = 72
+    with pytest.raises(KernelLoadError, match=r"for sm_87; this GPU is sm_72, older, .*edgesdk build --target"):
+        load_compiled(kernel_dir)
