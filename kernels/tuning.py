@@ -14,6 +14,7 @@ same rules and are not measured on a board.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields
 
 # sm -> (SM count, shared memory per SM in KB) assumed when the profile gives none.
@@ -141,9 +142,12 @@ def parse_tuning_overrides(text: str) -> dict[str, int]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
         name = name.strip()
-        if name not in names or not value.strip().lstrip("-").isdigit():
+        if name not in names or not re.fullmatch(r"-?[0-9]+", value.strip()):  # ASCII digits only
             raise ValueError(f"{TUNING_ENV_VAR}: {item!r} is not NAME=INTEGER for a tuning field; fields: "
                              f"{', '.join(sorted(names))}")
+        if name in changes:
+            raise ValueError(f"{TUNING_ENV_VAR}: {name} is given twice ({name}={changes[name]} and {item.strip()}); "
+                             "give each field once")
         number = int(value)
         if number <= 0:
             raise ValueError(f"{TUNING_ENV_VAR}: {name}={number} must be a positive integer")

@@ -42,3 +42,16 @@ def test_compiled_gemv_follows_a_changed_override(monkeypatch):
     monkeypatch.setenv("EDGESDK_KERNEL_TUNING", "gemv_programs_per_sm=1")
     kernels.block_sparse_matmul(torch.randn(1, 2048), w)
     assert driver.launches[-1][1] == (2, 1, 4)  # 1 program per SM: 8 programs over 2 block rows
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("gemv_unroll=\u0664", r"'gemv_unroll=\u0664' is not NAME=INTEGER"),  # an Arabic-Indic 4 was taken as 4
+    ("gemv_unroll=\u00b2", r"'gemv_unroll=\u00b2' is not NAME=INTEGER"),  # raised int()'s bare message
+    ("gemv_unroll=--4", r"'gemv_unroll=--4' is not NAME=INTEGER"),
+    ("gemv_unroll=2,gemv_unroll=8", r"gemv_unroll is given twice \(gemv_unroll=2 and gemv_unroll=8\)"),  # 8 won
+])
+def test_tuning_overrides_refuse_junk_with_the_variable_named(text, message):
+    from edgesdk.kernels.tuning import parse_tuning_overrides
+
+    with pytest.raises(ValueError, match=f"EDGESDK_KERNEL_TUNING: {message}"):
+        parse_tuning_overrides(text)
