@@ -32,7 +32,12 @@ from edgesdk.compress.losses import (
 )
 from edgesdk.compress.measure import stage_metrics
 from edgesdk.compress.structure import layer_records
-from edgesdk.compress.train import LoopSettings, check_optimiser_settings, run_training
+from edgesdk.compress.train import (
+    LoopSettings,
+    check_optimiser_settings,
+    run_training,
+    trains_with_the_backbone,
+)
 
 
 @dataclass(frozen=True)
@@ -121,7 +126,7 @@ def distill_stage(model, config: DistillConfig, ctx: BuildContext):
         m.eval()  # dropout off (seed §4 warning)
     scheme = fake_quant.reattach(model)
     for name, p in model.named_parameters():
-        p.requires_grad_(config.train_embedding or "embed_tokens" not in name)
+        p.requires_grad_(trains_with_the_backbone(name, config.train_embedding))
     kept_heads = [record["heads"] for record in layer_records(model)]
     metrics = {}
     if config.steps:

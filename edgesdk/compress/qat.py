@@ -25,7 +25,12 @@ from edgesdk.compress import fake_quant
 from edgesdk.compress.losses import logits_kl
 from edgesdk.compress.measure import stage_metrics
 from edgesdk.compress.mixed_precision import eight_bit_linears
-from edgesdk.compress.train import LoopSettings, check_optimiser_settings, run_training
+from edgesdk.compress.train import (
+    LoopSettings,
+    check_optimiser_settings,
+    run_training,
+    trains_with_the_backbone,
+)
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,7 @@ def qat_stage(model, config: QATConfig, ctx: BuildContext):
         metrics["int4_rounding_gain"] = {unit: round(gain, 6) for unit, gain in gains.items()}
     fake_quant.attach(model, scheme)
     for name, p in model.named_parameters():
-        p.requires_grad_(config.train_embedding or "embed_tokens" not in name)
+        p.requires_grad_(trains_with_the_backbone(name, config.train_embedding))
     metrics["trained_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if config.activations == "tensor":
         fake_quant.set_observing(model, True)

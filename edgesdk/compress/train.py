@@ -22,6 +22,13 @@ class LoopSettings:
     warmup_fraction: float = 0.05
 
 
+def trains_with_the_backbone(name: str, train_embedding: bool) -> bool:
+    """Whether QAT or distillation trains the parameter ``name``: every backbone weight but the
+    embedding unless ``train_embedding``; never a power adapter (``.power_adapter.``), which the power
+    stage trained on its own losses and calibrated the runtime's threshold for."""
+    return (train_embedding or "embed_tokens" not in name) and ".power_adapter." not in name
+
+
 def check_optimiser_settings(lr: float, temperature: float, grad_accumulation: int = 1) -> None:
     """A learning rate and a distillation temperature that train at all (positive and finite), and at
     least one batch per optimizer step."""
