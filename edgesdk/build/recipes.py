@@ -97,7 +97,17 @@ class Recipe(BaseModel):
         self._check_block_size(stages)
         self._check_qat_matches_export(stages)
         self._check_reorder(stages)
+        self._check_power_form(stages)
         return stages
+
+    def _check_power_form(self, stages: list[tuple[str, object]]) -> None:
+        """The power gates export in the fused ONNX Runtime graph only (edgesdk/export/gated_graph.py): refused
+        here, before the power stage trains, not at export after it."""
+        if self.export.form != "ort-fused" and any(name == "power" for name, _ in stages):
+            raise BuildError(
+                f"recipe '{self.name}': the power stage's gates export to the fused ONNX Runtime form only, "
+                f"and export.form is {self.export.form}",
+                "--set export.form=ort-fused, or pick a recipe without the power stage")
 
     def _check_reorder(self, stages: list[tuple[str, object]]) -> None:
         """``sparsify.reorder`` permutes the hidden channels, which regroups the channels sharing a scale when QAT

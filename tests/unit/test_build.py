@@ -683,3 +683,13 @@ def test_reordering_after_block_quantization_is_refused_before_any_stage():
         {"stage": "sparsify", "config": {"reorder": True}}], "export": {"form": "ort-fused", "weights": "fp32"}})
     with pytest.raises(BuildError, match=r"sparsify.reorder cannot follow a qat stage .*granularity=block"):
         blocked.validated()
+
+
+def test_the_power_stage_with_the_standard_form_is_refused_before_it_trains():
+    """The gated graph is fused-only: the export refused it, but only after the power stage had trained."""
+    recipe = load_recipe("power").with_overrides(["export.form=standard"])
+    with pytest.raises(BuildError, match=r"recipe 'power': the power stage's gates export to the fused ONNX Runtime "
+                                         r"form only, and export.form is standard") as info:
+        recipe.validated()
+    assert "--set export.form=ort-fused" in info.value.fix
+    assert [name for name, _ in load_recipe("power").validated()] == ["power"]
