@@ -590,5 +590,5 @@ main.add_command(deploy)
 main.add_command(engine)
 main.add_command(thermal)
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m edgesdk.cli (deploy's smoke test and the run command it prints)
+    entry()
