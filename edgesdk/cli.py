@@ -313,8 +313,11 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
 
     try:
         sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    except ValueError as exc:  # name the option the user typed, not the field
+        options = {"max_new_tokens": "'--max-new-tokens' / '-n'", "temperature": "'--temperature'",
+                   "top_p": "'--top-p'"}
+        hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
+        raise click.BadParameter(str(exc), param_hint=hint) from exc
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
