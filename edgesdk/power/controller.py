@@ -109,15 +109,24 @@ class TauController:
         if fresh and len(self.powers) >= c.window:
             h = window_entropy(np.fromiter(self.powers, np.float64), c.window, c.smooth, c.floor)
             self.entropies.append(h)
-            if steer:
-                self._entropy_tau += c.gain_entropy * (h - c.entropy_target)
+            step = c.gain_entropy * (h - c.entropy_target)
+            # While the budget floor holds tau above the entropy loop's value, lowering that value
+            # changes nothing now but winds it down (toward tau_min): when the floor let go, tau fell
+            # far below where it held the target. It waits instead, and resumes from there.
+            if steer and not (step < 0 and self._floor > self._entropy_tau):
+                self._entropy_tau += step
         if not steer:
             return self.tau
         fraction = float(np.mean(self.executed)) if self.executed else 1.0
         excess = fraction - self.budget
-        self._floor = min(c.tau_max, max(c.tau_min, self._floor + c.gain_budget * excess))
+        # Over the budget, the floor rises from the tau in use: left where it had relaxed to (tau_min
+        # while the budget was met), it took (tau - floor) / (gain * excess) steps, a hundred tokens
+        # and more, to reach tau, and until then the budget the thermal guard had set was ignored.
+        floor = max(self._floor, self.tau) if excess > 0 else self._floor
+        self._floor = min(c.tau_max, max(c.tau_min, floor + c.gain_budget * excess))
         deficit = min(c.min_compute, self.budget) - fraction
-        self._ceiling = min(c.tau_max, max(c.tau_min, self._ceiling - c.gain_budget * deficit))
+        ceiling = min(self._ceiling, self.tau) if deficit > 0 else self._ceiling  # the same, from above
+        self._ceiling = min(c.tau_max, max(c.tau_min, ceiling - c.gain_budget * deficit))
         self._entropy_tau = min(self._ceiling, max(c.tau_min, self._entropy_tau))  # no wind-up past it
         self.tau = max(self._entropy_tau, self._floor)
         return self.tau
