@@ -55,6 +55,10 @@ def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config
 
     if keep < 1:
         raise click.BadParameter("--keep must be at least 1", param_hint="--keep")
+    if show_status and rollback:
+        raise click.BadParameter("--status only shows the board's releases and --rollback switches current; "
+                                 "pass one of them (--status after the rollback shows the result)",
+                                 param_hint="--status/--rollback")
     if release_id is not None and not rollback:
         raise click.BadParameter("--release names the release to roll back to; pass --rollback with it",
                                  param_hint="--release")
