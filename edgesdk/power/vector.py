@@ -21,7 +21,7 @@ def combine(peak: torch.Tensor, ffn_norm: torch.Tensor, cost: torch.Tensor, weig
 def smooth(p: torch.Tensor, mask: torch.Tensor, width: int = SMOOTH) -> torch.Tensor:
     """Causal moving average over the valid tokens among the last ``width`` positions (B, T); 0 on padding."""
     valid = (mask > 0).to(p.dtype)
-    p = p * valid
+    p = torch.where(valid > 0, p, torch.zeros_like(p))  # p * 0 is NaN for a NaN or inf on padding: the cumsum carries it on
     csum, ccount = p.cumsum(-1), valid.cumsum(-1)
     csum_shift = F.pad(csum, (width, 0))[..., : p.shape[-1]]
     count_shift = F.pad(ccount, (width, 0))[..., : p.shape[-1]]
