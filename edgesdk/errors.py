@@ -62,7 +62,8 @@ class RuntimeBackendError(EdgeSDKError):
 
 
 def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -> str:
-    """Read ``path`` as UTF-8 text, or raise ``error`` naming ``what``, the bad byte and the fix.
+    """Read ``path`` as UTF-8 text, or raise ``error`` naming ``what``, the bad byte (or why the file
+    cannot be read) and the fix.
 
     Every text input (training data, recipes, target profiles, evaluation text) goes through here,
     so a Latin-1 file is refused with the same message everywhere instead of read as U+FFFD.
@@ -72,3 +73,6 @@ def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -
     except UnicodeDecodeError as exc:
         raise error(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
                     f"convert it first, e.g. iconv -f latin1 -t utf-8 {path} > {path}.utf8") from exc
+    except OSError as exc:  # unreadable (permissions), a directory, gone since it was checked
+        raise error(f"{what} {path} cannot be read ({exc.strerror or exc})",
+                    f"pass a readable text file (check that {path} exists and that this user may read it)") from exc
