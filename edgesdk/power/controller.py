@@ -58,7 +58,8 @@ class TauController:
 
     def __init__(self, config: ControllerConfig = ControllerConfig()):
         self.config = config
-        self.budget = config.compute_budget
+        self.limit = 1.0  # the budget last set through set_compute_budget (the thermal guard's), kept apart
+        self.budget = config.compute_budget  # in force: the smaller of the limit and the configured budget
         self.reset()
 
     def reset(self) -> None:
@@ -77,7 +78,8 @@ class TauController:
         """Lower (or restore) the mean executed-FFN fraction allowed; the thermal guard calls this."""
         if not 0 < budget <= 1:
             raise ValueError(f"compute budget must be in (0, 1], got {budget}")
-        self.budget = min(float(budget), self.config.compute_budget)
+        self.limit = float(budget)
+        self.budget = min(self.limit, self.config.compute_budget)
 
     @property
     def entropy(self) -> float | None:

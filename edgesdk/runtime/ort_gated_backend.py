@@ -58,9 +58,9 @@ class OrtGatedBackend(OrtFusedBackend):
 
     def configure(self, config: ControllerConfig) -> None:
         """Replace the controller's settings (entropy target, budget ...), keeping the thermal budget."""
-        budget = self.controller.budget
+        limit = self.controller.limit  # not .budget: that also holds the old configured budget
         self.controller = TauController(config)
-        self.controller.set_compute_budget(min(budget, config.compute_budget))
+        self.controller.set_compute_budget(limit)
 
     def set_compute_budget(self, budget: float) -> None:
         """The thermal guard's lever: lower (or restore) the executed-FFN fraction allowed."""

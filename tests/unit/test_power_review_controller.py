@@ -52,3 +52,19 @@ def test_the_quality_floor_holds_from_the_first_tokens():
     controller = TauController(ControllerConfig(entropy_target=0.5, tau_init=0.0, min_compute=0.6))
     _, executed = _steps(controller, SyntheticStream(3), 400)
     assert min(executed[k: k + 25].mean() for k in range(0, 400, 25)) >= 0.6 - 0.1
+
+
+def test_reconfiguring_keeps_the_thermal_limit_but_not_the_old_configured_budget():
+    """``configure`` kept ``controller.budget``, the smaller of the guard's limit and the *old*
+    configured budget: after a budget of 0.5, asking for 0.9 still ran at 0.5."""
+    from edgesdk.runtime.ort_gated_backend import OrtGatedBackend
+
+    backend = object.__new__(OrtGatedBackend)  # configure needs only the controller, not a session
+    backend.controller = TauController(ControllerConfig(compute_budget=0.5))
+    backend.configure(ControllerConfig(compute_budget=0.9))
+    assert backend.controller.budget == 0.9
+    backend.set_compute_budget(0.4)  # the thermal guard warms up ...
+    backend.configure(ControllerConfig(compute_budget=0.8))
+    assert backend.controller.budget == 0.4  # ... and its limit survives a new configuration
+    backend.set_compute_budget(1.0)  # ... until it restores it
+    assert backend.controller.budget == 0.8
