@@ -161,6 +161,9 @@ def build(target, model, out, recipe, max_context, resume, keep_work, no_progres
     from edgesdk.compress.data import DataConfig
     from edgesdk.export.onnx_export import ExportConfig
 
+    if data_skip_chars and not data_files:
+        click.echo(f"edgesdk build: warning: --data-skip-chars {data_skip_chars} is not used: it leaves out the head "
+                   "of each --data file, and no --data is given", err=True)
     shortcuts = shortcut_overrides(target, recipe, {"--ffn-ratio": ffn_ratio, "--distill-steps": distill_steps,
                                                     "--density": density})
     data = DataConfig(files=tuple(str(f) for f in data_files), skip_chars=data_skip_chars,
