@@ -176,6 +176,12 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
     from edgesdk.thermal.guard import CLOCK_CAP_RATIO, GuardConfig
     from edgesdk.thermal.plan import Workload, compare, decode_rate_estimate
 
+    if bundle is None and target is None:
+        from edgesdk.errors import EdgeSDKError
+
+        raise EdgeSDKError("thermal plan got neither BUNDLE nor --target: it needs a board to simulate and its "
+                           "decode rate", "pass a bundle (edgesdk thermal plan bundles/smollm2-135m-rpi5), or a board "
+                           "and a rate (edgesdk thermal plan --target rpi5 --decode-tok-s 35)")
     manifest = None
     if bundle is not None:  # always read: a missing or corrupt BUNDLE is an error even with --target
         from edgesdk.bundle import read_manifest
