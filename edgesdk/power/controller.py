@@ -19,6 +19,7 @@ guard calls it on the backend, which forwards it here).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -44,6 +45,18 @@ class ControllerConfig:
     floor: float = FLOOR  # min-max floor, as in training
 
     def __post_init__(self):
+        # window, smooth and floor come from the bundle's power.json: window 0 failed in math.log
+        # ("math domain error"), smooth 0 made every power 0, so every window read ln W and tau went
+        # to its bound; a negative floor or gain turned masses or the control action negative.
+        shape = {name: getattr(self, name) for name in ("window", "smooth")}
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in shape.values()) \
+                or self.window < 2 or self.smooth < 1:
+            raise ValueError(f"window (tokens per entropy window) must be an integer >= 2 and smooth (moving-average "
+                             f"width) an integer >= 1, got window={self.window!r}, smooth={self.smooth!r}")
+        for name in ("floor", "gain_entropy", "gain_budget"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         check_entropy_target(self.entropy_target, self.window)
         if not 0 < self.compute_budget <= 1:
             raise ValueError(f"compute_budget must be in (0, 1], got {self.compute_budget}")

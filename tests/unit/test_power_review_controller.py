@@ -3,7 +3,10 @@ not hold tau must not drift to its bound while the other one does."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+import pytest
 
 from edgesdk.power.controller import ControllerConfig, TauController
 from tests.unit.test_power_controller import SyntheticStream
@@ -68,3 +71,16 @@ def test_reconfiguring_keeps_the_thermal_limit_but_not_the_old_configured_budget
     assert backend.controller.budget == 0.4  # ... and its limit survives a new configuration
     backend.set_compute_budget(1.0)  # ... until it restores it
     assert backend.controller.budget == 0.8
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("window", 0, "window (tokens per entropy window) must be an integer >= 2"),  # was "math domain error"
+    ("window", 1, "window=1"),
+    ("smooth", 0, "smooth (moving-average width) an integer >= 1"),  # was accepted: every window read ln W
+    ("floor", -0.5, "floor must be a finite number >= 0, got -0.5"),
+    ("gain_entropy", -0.02, "gain_entropy must be a finite number >= 0"),  # tau ran away from the target
+    ("gain_budget", float("nan"), "gain_budget must be a finite number >= 0"),
+])
+def test_bundle_settings_the_controller_cannot_use_are_refused_by_name(field, value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ControllerConfig(**{field: value})
