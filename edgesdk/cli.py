@@ -544,6 +544,7 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
     if context > runtime.backend.max_context:
         raise click.BadParameter(f"{context} is longer than the bundle's max_context {runtime.backend.max_context}",
                                  param_hint="--context")
+    source = _reference_source(runtime, bundle) if reference else None  # before the scoring, which takes minutes
     gated = hasattr(runtime.backend, "configure")
     budgets_given = click.get_current_context().get_parameter_source("budgets") != click.core.ParameterSource.DEFAULT
     if budgets_given and not gated:
@@ -560,11 +561,9 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
         import torch
 
         from edgesdk.models.loader import load_model
-        from edgesdk.models.sources import resolve_model
 
         if threads:  # as the bundle ran; PyTorch would otherwise take every core
             torch.set_num_threads(threads)
-        source = resolve_model(runtime.bundle.manifest["model"]["before"]["source"])
         model = load_model(source).model
         encode = lambda t: runtime.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
         result["reference"] = reference_perplexity(model, encode, text, config, progress=True).to_json()
@@ -585,6 +584,24 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
         for point in result["power"]["curve"]:
             click.echo(f"  budget {point['budget']:<5g} tau {point['tau']:.3f}  FFN blocks run "
                        f"{point['executed_fraction']:6.1%}  perplexity {point['perplexity']:.4f}")
+
+
+def _reference_source(runtime, bundle: Path):
+    """The model the bundle was built from (its manifest's source), for --reference; an error naming
+    --reference and the recorded source where it is not here (a bundle copied off its build host)."""
+    from edgesdk.errors import ModelSourceError
+    from edgesdk.models.sources import ALIASES, resolve_model
+
+    recorded = runtime.bundle.manifest["model"]["before"]["source"]
+    try:
+        return resolve_model(recorded)
+    except ModelSourceError as exc:
+        fixes = [exc.fix] if recorded in ALIASES and exc.fix else \
+            [f"run it where {recorded} is (the machine that built the bundle)"]
+        raise ModelSourceError(
+            f"--reference scores the model {bundle} was built from, {recorded} (as its manifest records), "
+            f"and that model cannot be loaded here: {exc.problem}",
+            "; or ".join([*fixes, "drop --reference to score the bundle alone"])) from exc
 
 
 # Command groups in their own modules (each imports its heavy parts inside its commands).
