@@ -542,8 +542,10 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
     if context > runtime.backend.max_context:
-        raise click.BadParameter(f"{context} is longer than the bundle's max_context {runtime.backend.max_context}",
-                                 param_hint="--context")
+        limit = runtime.backend.max_context
+        given = click.get_current_context().get_parameter_source("context") != click.core.ParameterSource.DEFAULT
+        raise click.BadParameter(f"{context}{'' if given else ' (the default)'} is longer than the bundle's "
+                                 f"max_context {limit}; pass --context {limit} or less", param_hint="--context")
     source = _reference_source(runtime, bundle) if reference else None  # before the scoring, which takes minutes
     gated = hasattr(runtime.backend, "configure")
     budgets_given = click.get_current_context().get_parameter_source("budgets") != click.core.ParameterSource.DEFAULT

@@ -31,3 +31,12 @@ def test_reference_without_the_source_model_is_refused_before_scoring_and_names_
     assert "drop --reference" in fix
     assert "models list" not in fix  # eval takes no --model: that fix could not be followed
     assert "perplexity" not in result.stderr  # refused before the bundle was scored
+
+
+def test_the_default_context_beyond_the_bundles_says_so_and_how_to_fix_it(tiny_bundle, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(CORPUS), encoding="utf-8")
+    result = CliRunner().invoke(main, ["eval", str(tiny_bundle.path), "--text", str(text)], prog_name="edgesdk")
+    assert result.exit_code == 2, result.output
+    assert "512 (the default) is longer than the bundle's max_context 256; pass --context 256 or less" \
+        in " ".join(result.stderr.split())
