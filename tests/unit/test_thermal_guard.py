@@ -292,17 +292,9 @@ def test_firmware_flags_pace_an_answer_from_its_first_tokens():
     was halved. The hook drives the guard on a simulated clock; each step takes 0.05 s (20 tok/s unpaced)."""
     from edgesdk.thermal.sensors import Reading
     from edgesdk.thermal.watch import ThermalHook
+    from tests._utils.clock import ManualClock
 
-    class Clock:
-        t = 0.0
-
-        def now(self) -> float:
-            return self.t
-
-        def sleep(self, seconds: float) -> None:
-            self.t += seconds
-
-    clock, guard = Clock(), make_guard()
+    clock, guard = ManualClock(), make_guard()
     flags = {}
     hook = ThermalHook(clock, lambda: Reading(time=clock.t, zones={"cpu-thermal": 55.0}, throttled=dict(flags),
                                               source="vcgencmd"), guard)

@@ -9,25 +9,16 @@ from edgesdk.thermal.guard import Guard, Limits
 from edgesdk.thermal.sensors import Reading
 from edgesdk.thermal.telemetry import Telemetry, summarize
 from edgesdk.thermal.watch import ThermalHook
+from tests._utils.clock import ManualClock
 
 PROFILE = get_profile("rpi5")  # critical at 78 °C, resumes below 70 °C
-
-
-class Clock:
-    t = 0.0
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
 
 
 def test_telemetry_counts_every_second_of_a_critical_pause():
     """The guard waits in chunks of poll_s (0.5 s) and the hook writes a "wait" record at most every
     wait_record_s (1 s), but each record carried only its last chunk: a 30 s pause summed to 15 s of
     paused_s (``thermal plan --json``), and its last second was counted at the next step's level."""
-    clock = Clock()
+    clock = ManualClock()
     limits, _ = Limits.resolve(PROFILE.thermal)
     guard = Guard(limits, PROFILE.thermal_model)
     telemetry = Telemetry()
@@ -49,7 +40,7 @@ def test_a_step_that_ends_critical_does_not_count_its_wait_as_a_pause():
     """A step record carries the wait before it, at the level read after it. A board paced at hot
     that reached critical during the step had its pacing wait summed as paused_s (and a step after
     a pause counted that pause a second time): pauses are booked in their "wait" records only."""
-    clock = Clock()
+    clock = ManualClock()
     limits, _ = Limits.resolve(PROFILE.thermal)
     guard = Guard(limits, PROFILE.thermal_model)
     telemetry = Telemetry()
@@ -72,7 +63,7 @@ def test_a_step_that_ends_critical_does_not_count_its_wait_as_a_pause():
 def test_a_pause_ended_by_a_failed_sensor_is_counted_once():
     """A sensor that fails during a critical pause ends it (paused needs a working sensor) with the
     level still critical: the step after it carries the pause's 2.5 s again, and summarize counted 5 s."""
-    clock = Clock()
+    clock = ManualClock()
     limits, _ = Limits.resolve(PROFILE.thermal)
     guard = Guard(limits, PROFILE.thermal_model)
     telemetry = Telemetry()
