@@ -322,9 +322,12 @@ def _safe_relative(name: str) -> bool:
 
 
 def pack_bundle(path: Path, archive: Path) -> Path:
-    """Verify a bundle and write it to an uncompressed .tar (weights do not compress well)."""
+    """Verify a bundle and write it to an uncompressed .tar (weights do not compress well); an
+    ``archive`` that is a directory gets ``<bundle name>.tar`` in it, as ``cp`` does."""
     bundle = verify_bundle(path)
     archive = Path(archive)
+    if archive.is_dir():
+        archive = archive / f"{Path(path).resolve().name}.tar"
     if Path(path).resolve() in archive.resolve().parents:
         raise BundleError(f"the archive {archive} would be written inside the bundle {path}, which would then "
                           "fail verification (a file the manifest does not list)",

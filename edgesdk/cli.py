@@ -232,7 +232,7 @@ def inspect(bundle, as_json):
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.argument("archive", type=click.Path(path_type=Path))
 def pack(bundle, archive):
-    """Verify BUNDLE and write it to a .tar ARCHIVE for transport."""
+    """Verify BUNDLE and write it to a .tar ARCHIVE for transport (a directory: ARCHIVE/<bundle name>.tar)."""
     from edgesdk.bundle import pack_bundle
 
     click.echo(str(pack_bundle(bundle, archive)))

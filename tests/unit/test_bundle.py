@@ -643,6 +643,15 @@ def test_pack_into_a_missing_directory_is_a_clear_error(tiny_bundle, tmp_path):
     assert "writable directory" in info.value.fix
 
 
+def test_pack_into_an_existing_directory_writes_the_bundle_name_there(tiny_bundle, tmp_path):
+    """As cp does; it was "cannot write the archive ... Is a directory" from the rename."""
+    path = copy_bundle(tiny_bundle, tmp_path)
+    (tmp_path / "outbox").mkdir()
+    archive = pack_bundle(path, tmp_path / "outbox")
+    assert archive == tmp_path / "outbox" / f"{path.name}.tar"
+    assert unpack_bundle(archive, tmp_path / "unpacked").bundle_id == tiny_bundle.bundle_id
+
+
 def test_unpack_takes_an_archive_made_with_tar_dot(tiny_bundle, tmp_path):
     """``tar -C parent -cf x.tar .`` adds a ``./`` member for the archive's root."""
     path = copy_bundle(tiny_bundle, tmp_path / "parent")
