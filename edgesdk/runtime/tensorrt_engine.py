@@ -457,10 +457,10 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     from edgesdk import __version__
     from edgesdk.bundle import verify_bundle
 
-    trt = import_tensorrt()
-    bundle = verify_bundle(Path(bundle_path))
+    bundle = verify_bundle(Path(bundle_path))  # a bundle TensorRT could never build is named first
     graph = bundle.manifest["graph"]
     check_graph_form(graph)
+    trt = import_tensorrt()
     sm = require_sm()
     jetpack = board_jetpack()
     key = cache_key(jetpack, trt.__version__, sm)

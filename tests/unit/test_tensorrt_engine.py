@@ -232,6 +232,16 @@ def test_engine_build_without_tensorrt_says_what_is_missing(jetson_bundle, cache
 
 
 @pytest.mark.skipif(HAS_TENSORRT, reason="tensorrt is importable here")
+def test_engine_build_names_a_fused_bundle_before_a_missing_tensorrt(tiny_bundle, cache, tmp_path):
+    """TensorRT was imported first, so on a machine without it a bundle it could never build (fused
+    graph) was reported only as "no TensorRT"; installing it would then have met the real refusal."""
+    result = CliRunner().invoke(main, ["engine", "build", str(tiny_bundle.path), "--out", str(tmp_path / "engine")],
+                                prog_name="edgesdk")
+    assert result.exit_code == RuntimeBackendError.exit_code, result.output
+    assert "TensorRT needs the standard graph form" in result.stderr
+    assert "--recipe int8-qdq" in result.stderr
+
+
 def test_a_directory_named_tensorrt_is_not_taken_for_tensorrt(tmp_path, monkeypatch):
     """A 'tensorrt' folder on sys.path (python -m puts the working directory there) imports as an
     empty namespace package; reading its version used to end in an AttributeError traceback."""
