@@ -34,7 +34,7 @@ class _Strict(BaseModel):
 class CpuSpec(_Strict):
     model: str = Field(description="CPU cores as the vendor names them, e.g. '4x Cortex-A76'")
     cores: int = Field(gt=0, description="number of CPU cores the runtime may use")
-    max_ghz: float | None = Field(default=None, gt=0, description="peak clock; None where unknown")
+    max_ghz: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="peak clock; None where unknown")
     isa_features: tuple[str, ...] = Field(
         default=(), description="/proc/cpuinfo features that matter for kernels (asimddp, i8mm, avx512f …)"
     )
@@ -48,8 +48,9 @@ class GpuSpec(_Strict):
 
 
 class MemorySpec(_Strict):
-    total_gb: float = Field(gt=0, description="RAM shared by CPU and GPU")
-    bandwidth_gbps: float = Field(gt=0, description="peak DRAM bandwidth in GB/s; decode is bound by it")
+    total_gb: float = Field(gt=0, allow_inf_nan=False, description="RAM shared by CPU and GPU")
+    bandwidth_gbps: float = Field(gt=0, allow_inf_nan=False,
+                                  description="peak DRAM bandwidth in GB/s; decode is bound by it")
 
 
 class SoftwareSpec(_Strict):
@@ -74,11 +75,11 @@ class PowerSpec(_Strict):
 
 class ThermalLimits(_Strict):
     zones: tuple[str, ...] = Field(min_length=1, description="sysfs thermal zone types to watch")
-    resume_c: float = Field(description="generation resumes below this after a critical pause")
-    soft_limit_c: float = Field(description="guard starts shedding load (warm level)")
-    hard_limit_c: float = Field(description="guard paces tokens (hot level); critical above it")
-    firmware_throttle_c: float = Field(description="firmware or kernel throttles clocks here")
-    shutdown_c: float = Field(description="firmware or kernel shuts down here")
+    resume_c: float = Field(allow_inf_nan=False, description="generation resumes below this after a critical pause")
+    soft_limit_c: float = Field(allow_inf_nan=False, description="guard starts shedding load (warm level)")
+    hard_limit_c: float = Field(allow_inf_nan=False, description="guard paces tokens (hot level); critical above it")
+    firmware_throttle_c: float = Field(allow_inf_nan=False, description="firmware or kernel throttles clocks here")
+    shutdown_c: float = Field(allow_inf_nan=False, description="firmware or kernel shuts down here")
 
     @model_validator(mode="after")
     def _ordered(self) -> ThermalLimits:
