@@ -29,12 +29,19 @@ IN_FLIGHT_MAX_AGE_S = 6 * 3600  # the longest a deploy spends between commit and
 
 
 def op_commit(params):
-    """Verify staging/<id> completely, then rename it to releases/<id>."""
+    """Verify staging/<id> completely, then rename it to releases/<id>.
+
+    A sound releases/<id> (another deploy of this bundle committed it since this one's probe) stays as
+    it is, whatever staging holds: that deploy's commit took the staging directory both transfers wrote."""
     p, root = paths(params["root"])
     bundle_id = safe_id(params["bundle_id"])
     staging = os.path.join(p["staging"], bundle_id)
     release = os.path.join(p["releases"], bundle_id)
     with Lock(root):
+        if os.path.isdir(release) and not verify_dir(release, params["manifest_sha256"])[0]:
+            # It may be current and in use, so it stays where it is and this transfer goes.
+            shutil.rmtree(staging, ignore_errors=True)
+            return {"problems": [], "kept": True}
         for folder, _dirs, files in os.walk(staging):
             for file in files:
                 if file.endswith(".partial"):
@@ -49,11 +56,6 @@ def op_commit(params):
             return {"problems": problems}
         os.makedirs(p["releases"], exist_ok=True)
         if os.path.isdir(release):
-            if not verify_dir(release, params["manifest_sha256"])[0]:
-                # A sound copy (a deploy of the same bundle next to this one): it may be current and in
-                # use, so it stays where it is and this transfer goes.
-                shutil.rmtree(staging, ignore_errors=True)
-                return {"problems": [], "kept": True}
             os.makedirs(p[".trash"], exist_ok=True)  # a damaged copy of the same bundle: replace it
             os.replace(release, os.path.join(p[".trash"], f"{bundle_id}-{time.time_ns()}"))
         os.replace(staging, release)
