@@ -181,7 +181,12 @@ class SshTransport(Transport):
     def __post_init__(self) -> None:
         self.label = str(self.spec)
         command = self.opts.ssh_command or os.environ.get("EDGESDK_SSH") or "ssh"
-        self.base = shlex.split(command)
+        try:
+            self.base = shlex.split(command)
+        except ValueError as exc:  # an unclosed quote or a trailing backslash
+            raise DeployError(f"the ssh client command {command!r} (--ssh-command or $EDGESDK_SSH) cannot be split "
+                              f"into arguments as a shell would: {exc}",
+                              "close its quotes, e.g. --ssh-command \"ssh -o 'ProxyJump=me@gateway'\"") from exc
         if not self.base or shutil.which(self.base[0]) is None:
             raise DeployError(f"ssh client {self.base[0] if self.base else command!r} not found on this machine",
                               "install the OpenSSH client (Debian/Ubuntu: sudo apt install openssh-client), "

@@ -46,3 +46,17 @@ def test_two_deploys_of_one_bundle_both_commit(board, tmp_path):
     late = board.call("commit", {"bundle_id": bundle.bundle_id, "manifest_sha256": sha})
     assert late == {"problems": [], "kept": True, "ok": True}
     assert verify_bundle(Path(board.root) / "current").bundle_id == bundle.bundle_id
+
+
+@pytest.mark.parametrize("command", ["ssh -o 'ProxyJump=me@gateway", 'ssh -o "User=pi', "ssh \\"])
+def test_an_ssh_command_that_cannot_be_split_is_named(tmp_path, command):
+    """An unclosed quote in --ssh-command / $EDGESDK_SSH was shlex's ValueError traceback."""
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+
+    result = CliRunner().invoke(main, ["deploy", "--status", "--host", "pi@board", "--ssh-command", command])
+    assert result.exit_code == 8, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert f"the ssh client command {command!r} (--ssh-command or $EDGESDK_SSH) cannot be split" in result.output
+    assert "fix: close its quotes" in result.output
