@@ -56,6 +56,22 @@ def check_onnxruntime_version(installed: str, needed: tuple[tuple[int, int], str
         )
 
 
+def check_providers_started(requested: list[str], started: list[str]) -> None:
+    """Refuse a session that runs without an execution provider asked for. ONNX Runtime lists a GPU
+    provider whose libraries it then cannot load (a CUDA or cuDNN of another JetPack) and opens the
+    session on the rest, logging only (onnxruntime issues #17801, #23372): the backend would be
+    reported as used while the model runs on the CPU, and the chain would not go on."""
+    missing = [provider for provider in requested if provider not in started]
+    if missing:
+        raise RuntimeBackendError(
+            f"onnxruntime could not start {', '.join(missing)}; the session it opened runs on "
+            f"{', '.join(started) or 'no provider'} only (onnxruntime logs why)",
+            "install the CUDA, cuDNN (and for ort-trt, TensorRT) libraries this onnxruntime-gpu was built for "
+            "(on a Jetson, the wheel for its JetPack); 'edgesdk env' shows what is installed; "
+            "or pass --backend ort-cpu",
+        )
+
+
 class OrtDecoderBase:
     """What both graph forms share: the session, the graph facts, prefill/decode on ``_run``."""
 
@@ -79,6 +95,7 @@ class OrtDecoderBase:
             raise RuntimeBackendError(
                 f"ONNX Runtime could not load {model_path} with {self.providers}: {exc}", self.load_hint,
             ) from exc
+        check_providers_started(self.providers, self.session.get_providers())
         self._ort = ort
         self.kv_heads = list(graph["kv_heads"])
         self.head_dim = int(graph["head_dim"])
