@@ -34,7 +34,7 @@ class DeployError(EdgeSDKError):
     exit_code = 8
 
 
-_HOST_RE = re.compile(r"^(?:(?P<user>[^@\s/]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.%\w]+)\]|(?P<name>[^@\s:/\[\]]+))"
+_HOST_RE = re.compile(r"^(?:(?P<user>[^@\s/]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.%\w-]+)\]|(?P<name>[^@\s:/\[\]]+))"
                       r"(?::(?P<port>\d{1,5}))?$")
 
 
@@ -49,10 +49,15 @@ class HostSpec:
     @classmethod
     def parse(cls, text: str) -> HostSpec:
         match = _HOST_RE.match(text or "")
-        if match is None or text.startswith("-") or (match["name"] or "").startswith("-"):
-            raise DeployError(f"--host {text!r} is not of the form user@board[:port]",
-                              "pass e.g. --host nvidia@orin.local, --host pi@192.168.1.20:2222, or an alias "
-                              "from ~/.ssh/config")
+        if match is None or text.startswith("-") or (match["v6"] or match["name"] or "").startswith("-"):
+            bare_v6 = re.fullmatch(r"[0-9A-Fa-f]*:[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*(?:%\S+)?",
+                                   (text or "").rpartition("@")[2]) is not None
+            raise DeployError(f"--host {text!r} is not of the form user@board[:port]"
+                              + (" (an IPv6 address without brackets)" if bare_v6 else ""),
+                              ("put the IPv6 address in brackets, e.g. --host pi@[fe80::1%eth0] or "
+                               "--host pi@[fe80::1%eth0]:2222" if bare_v6 else
+                               "pass e.g. --host nvidia@orin.local, --host pi@192.168.1.20:2222, or an alias "
+                               "from ~/.ssh/config"))
         port = int(match["port"]) if match["port"] else None
         if port is not None and not 0 < port < 65536:
             raise DeployError(f"--host {text!r}: port {port} is outside 1-65535", "pass a valid ssh port")
@@ -63,7 +68,9 @@ class HostSpec:
         return f"{self.user}@{self.host}" if self.user else self.host
 
     def __str__(self) -> str:
-        return self.destination + (f":{self.port}" if self.port else "")
+        """As ``--host`` takes it: an IPv6 address in brackets (``pi@[fe80::1]:2222``)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return (f"{self.user}@" if self.user else "") + host + (f":{self.port}" if self.port else "")
 
 
 def remote_command(argv: list[str]) -> str:

@@ -60,3 +60,46 @@ def test_an_ssh_command_that_cannot_be_split_is_named(tmp_path, command):
     assert isinstance(result.exception, SystemExit)
     assert f"the ssh client command {command!r} (--ssh-command or $EDGESDK_SSH) cannot be split" in result.output
     assert "fix: close its quotes" in result.output
+
+
+@pytest.mark.parametrize("text", ["pi@[::1]:2222", "[fe80::1%eth0]", "root@[fe80::1%br-lan]:22", "pi@board:22"])
+def test_a_host_reads_back_as_it_was_given(text):
+    """The label in every message is the --host text: 'pi@::1:2222' named another address (::1:2222)."""
+    from edgesdk.deploy.transport import HostSpec
+
+    spec = HostSpec.parse(text)
+    assert str(spec) == text
+    assert HostSpec.parse(str(spec)) == spec
+    assert "[" not in spec.destination  # what ssh gets
+
+
+@pytest.mark.parametrize("text", ["pi@fe80::1", "::1", "pi@fe80::1%eth0"])
+def test_an_ipv6_address_without_brackets_is_told_to_use_them(text):
+    from edgesdk.deploy.transport import DeployError, HostSpec
+
+    with pytest.raises(DeployError, match=r"an IPv6 address without brackets") as refused:
+        HostSpec.parse(text)
+    assert "put the IPv6 address in brackets, e.g. --host pi@[fe80::1%eth0]" in refused.value.fix
+
+
+def test_an_unreachable_ipv6_board_is_named_as_given(tmp_path):
+    """Real ssh to a closed port on ::1: the message names the board with its brackets and port."""
+    import shutil
+    import socket
+
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+
+    if shutil.which("ssh") is None:
+        pytest.skip("OpenSSH client not installed")
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+            port = sock.getsockname()[1]
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    result = CliRunner().invoke(main, ["deploy", "--status", "--host", f"pi@[::1]:{port}", "--ssh-config",
+                                       "/dev/null", "--ssh-option", f"UserKnownHostsFile={tmp_path / 'kh'}"])
+    assert result.exit_code == 8, result.output
+    assert f"cannot reach pi@[::1]:{port}" in result.output
