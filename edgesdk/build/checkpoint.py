@@ -122,7 +122,7 @@ class WorkDir:
             lock_work_dir(self.path)
         state_file = self.path / STATE
         if resume and state_file.is_file():
-            self.state = json.loads(state_file.read_text())
+            self.state = self._read_state(state_file)
             if self.state.get("build_key") != self.key:
                 release_work_dir(self.path)  # refused: this process builds nothing there
                 raise BuildError(
@@ -137,6 +137,20 @@ class WorkDir:
             lock_work_dir(self.path)
             self.state = {"build_key": self.key, "build_parts": self.parts, "done": {}}
             self._save()
+
+    def _read_state(self, state_file: Path) -> dict:
+        """The state file as a mapping with its ``done`` steps; a damaged one (a disk error, an edit) is a
+        BuildError, and the lock taken to read it is given up."""
+        try:
+            state = json.loads(state_file.read_text(encoding="utf-8"))
+            if not (isinstance(state, dict) and isinstance(state.get("done"), dict)):
+                raise ValueError(f"a mapping with a 'done' mapping was expected, got {str(state)[:80]!r}")
+        except (OSError, ValueError) as exc:  # json's and the decoder's errors are ValueErrors
+            release_work_dir(self.path)
+            raise BuildError(f"--resume: the work directory's state file {state_file} cannot be read ({exc}), "
+                             "so the steps it finished are not known",
+                             f"drop --resume to start over (the build replaces {self.path})") from exc
+        return state
 
     def release(self) -> None:
         """Give up the lock (the build is over: its work directory is kept or removed)."""

@@ -7,7 +7,8 @@ from importlib import resources
 import pytest
 import yaml
 
-from edgesdk.errors import ProfileError
+from edgesdk.build.checkpoint import WorkDir
+from edgesdk.errors import BuildError, ProfileError
 from edgesdk.profile import parse_profile
 
 
@@ -28,3 +29,17 @@ def test_a_profile_number_that_is_not_finite_is_refused_naming_the_key(section, 
         data[section][key] = value
         with pytest.raises(ProfileError, match=rf"{section}\.{key}: Input should be a finite number"):
             parse_profile(yaml.safe_dump(data), "my-board.yaml")
+
+
+@pytest.mark.parametrize("text", ["", '{"build_key": "ab', "[]", '{"done": []}'])
+def test_a_damaged_state_file_is_a_build_error_on_resume(tmp_path, text):
+    """The state file is replaced in one step, but a disk error or an edit can still leave it unreadable:
+    --resume failed with json's JSONDecodeError (or AttributeError on a list) and a traceback."""
+    work = tmp_path / "b.build"
+    WorkDir(work, {"build": 1}, resume=False).release()
+    (work / "state.json").write_text(text)
+    with pytest.raises(BuildError, match=r"--resume: the work directory's state file .*state.json cannot be read "
+                                         r"\(.*\), so the steps it finished are not known") as refused:
+        WorkDir(work, {"build": 1}, resume=True)
+    assert refused.value.fix == f"drop --resume to start over (the build replaces {work})"
+    WorkDir(work, {"build": 1}, resume=False).release()  # dropping --resume starts over there
