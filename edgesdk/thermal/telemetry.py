@@ -22,31 +22,66 @@ from typing import IO
 
 import numpy as np
 
+from edgesdk.errors import EdgeSDKError
+
+
+class TelemetryWriteError(EdgeSDKError):
+    """A step record could not be written (a full disk, a file-size limit): the file keeps the records
+    written before it, and no further ones are written."""
+
 
 class Telemetry:
-    """Collects step records in memory and, with a path, appends them to a JSONL file."""
+    """Collects step records in memory and, with a path, appends them to a JSONL file.
+
+    A file that cannot be created, or whose meta record cannot be written, raises the OSError (the
+    caller names its option); a step record that cannot be written later raises
+    :class:`TelemetryWriteError` once and the file is closed, keeping every whole record before it.
+    """
 
     def __init__(self, path: str | Path | None = None, meta: dict | None = None, keep: bool = True):
         self.path = Path(path) if path else None
         self.keep = keep
         self.records: list[dict] = []
         self._file: IO[str] | None = None
+        self.meta = {"type": "meta", "version": 1, **(meta or {})}
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # line-buffered: a killed run (SIGKILL, power cut) keeps every record it wrote
             self._file = open(self.path, "w", encoding="utf-8", buffering=1)  # closed in close()
-        self.meta = {"type": "meta", "version": 1, **(meta or {})}
-        self._write(self.meta)
+            try:
+                self._write(self.meta)
+            except OSError:
+                self._drop()
+                raise
+        self._written = 0  # step records in the file
 
     def _write(self, record: dict) -> None:
         if self._file is not None:
             self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
 
+    def _drop(self) -> None:
+        """Close a file that failed a write; its buffer cannot be written either (close raises again)."""
+        file, self._file = self._file, None
+        try:
+            file.close()
+        except OSError:
+            pass
+
     def step(self, **record) -> dict:
         record = {"type": "step", **record}
         if self.keep:
             self.records.append(record)
-        self._write(record)
+        try:
+            self._write(record)
+        except OSError as error:
+            self._drop()
+            raise TelemetryWriteError(
+                f"telemetry file {self.path}: cannot write step record {self._written + 1} "
+                f"({error.strerror or error}); it keeps the meta record and the {self._written} step records "
+                "before it, and no further ones are written",
+                "free space on that disk (or raise the file-size limit, ulimit -f), or record to a file on "
+                "another disk (--telemetry FILE, --telemetry-dir DIR)") from error
+        self._written += 1
         return record
 
     def close(self) -> None:

@@ -1,0 +1,74 @@
+"""Evaluation and the thermal simulator side: telemetry files that stop being writable, plan and report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from edgesdk.thermal.telemetry import load
+
+# A process whose files may not grow past LIMIT bytes (RLIMIT_FSIZE, as `ulimit -f`, with SIGXFSZ ignored):
+# a write past it fails with EFBIG, as a full disk fails one with ENOSPC.
+LIMITED = """
+import resource, runpy, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+sys.argv = sys.argv[2:]
+if sys.argv[0].endswith(".py"):
+    runpy.run_path(sys.argv[0], run_name="__main__")
+else:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def limited(limit: int, target: object, *args, timeout=60) -> subprocess.CompletedProcess:
+    """``python -m target ARGS`` (or ``python target.py ARGS``) with files limited to ``limit`` bytes."""
+    return subprocess.run([sys.executable, "-c", LIMITED, str(limit), str(target), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+
+
+WRITER = """
+import json, sys
+from edgesdk.errors import EdgeSDKError
+from edgesdk.thermal.telemetry import Telemetry
+telemetry = Telemetry(sys.argv[1], {"profile": "rpi5"}, keep=False)
+failed = []
+for i in range(200):
+    try:
+        telemetry.step(t=i * 0.1, kind="decode", tokens=1, duration_s=0.1, wait_s=0.0, level="normal")
+    except EdgeSDKError as error:
+        failed.append(str(error))
+telemetry.close()
+print(json.dumps(failed))
+"""
+
+
+def test_a_telemetry_file_that_stops_growing_is_one_clear_error_and_stays_readable(tmp_path):
+    path = tmp_path / "run.jsonl"
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    proc = limited(3000, script, path)
+    assert proc.returncode == 0, proc.stderr  # no OSError traceback, from a step or from close
+    failed = json.loads(proc.stdout)
+    assert len(failed) == 1, failed  # said once; the steps after it write nothing
+    meta, steps = load(path)
+    assert meta["profile"] == "rpi5"
+    assert 0 < len(steps) < 200
+    assert f"telemetry file {path}: cannot write step record {len(steps) + 1} (File too large)" in failed[0]
+    assert f"the {len(steps)} step records before it" in failed[0]
+    assert "fix:" in failed[0]
+
+
+def test_plan_whose_telemetry_disk_fills_up_ends_with_an_error_naming_the_file(tmp_path):
+    proc = limited(20_000, "edgesdk", "thermal", "plan", "--target", "rpi5", "--decode-tok-s", 35, "--minutes", 1,
+                   "--telemetry-dir", tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"error: telemetry file {tmp_path / 'rpi5-25C-guarded.jsonl'}: cannot write step "
+                                  "record"), proc.stderr
+    assert "fix:" in proc.stderr
+    meta, steps = load(tmp_path / "rpi5-25C-guarded.jsonl")  # what was written before it stays readable
+    assert meta["label"] == "guarded"
+    assert steps
