@@ -2,7 +2,9 @@
 
 A killed build resumes (``--resume``) at the first step not recorded as done, provided the
 build key (model source and data files with their sizes and times, target, recipe, export
-settings, edgesdk version) is unchanged.
+settings, edgesdk version) is unchanged. A step's files (a stage's checkpoint, the export) are
+recorded with their sizes and sha256 when the step is marked done, and checked before a resumed
+build takes them: damaged ones are made again, never used.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from edgesdk.errors import BuildError
+from edgesdk.hashing import sha256_file
 
 STATE = "state.json"
 # fn(model, checkpoint_dir) -> model, run after every load: stages that add modules of their own
@@ -159,6 +162,37 @@ class WorkDir:
     def done(self, step: str) -> dict | None:
         return self.state["done"].get(step)
 
+    def record_files(self, step: str, root: Path) -> None:
+        """Note every file under ``root`` with its size and sha256 as ``step``'s; saved with the step's
+        :meth:`mark_done`, which follows."""
+        self.state.setdefault("files", {})[step] = _file_digests(root)
+
+    def damaged(self, step: str, root: Path) -> str | None:
+        """What differs under ``root`` from the files noted for ``step`` (missing, resized, changed or added
+        files); None when nothing does, or when none were noted."""
+        recorded = self.state.get("files", {}).get(step)
+        if recorded is None:
+            return None
+        problems = []
+        for name, (size, digest) in sorted(recorded.items()):
+            file = root / name
+            if not file.is_file():
+                problems.append(f"{name} is missing")
+            elif file.stat().st_size != size:
+                problems.append(f"{name} has {file.stat().st_size} bytes, {size} when it was written")
+            elif sha256_file(file) != digest:
+                problems.append(f"{name} changed since it was written")
+        present = set(_file_digests(root, hashes=False)) if root.is_dir() else set()
+        problems += [f"{name} was not there when the step finished" for name in sorted(present - set(recorded))]
+        return "; ".join(problems) or None
+
+    def forget(self, *steps: str) -> None:
+        """Record ``steps`` as not done (they will run again)."""
+        for step in steps:
+            self.state["done"].pop(step, None)
+            self.state.get("files", {}).pop(step, None)
+        self._save()
+
     def mark_done(self, step: str, record: dict) -> dict:
         """Record ``step`` as done; returns the record as a resumed build reads it back (keys sorted, tuples
         as lists), so a build that runs straight through writes the same bundle as one that resumes."""
@@ -174,6 +208,12 @@ class WorkDir:
         tmp = self.path / (STATE + ".tmp")
         tmp.write_text(json.dumps(self.state, indent=2, sort_keys=True, default=str))
         os.replace(tmp, self.path / STATE)  # atomic: a kill never leaves a half-written state
+
+
+def _file_digests(root: Path, hashes: bool = True) -> dict:
+    """Relative name -> [size, sha256] of every file under ``root`` (the sha256 None without ``hashes``)."""
+    return {file.relative_to(root).as_posix(): [file.stat().st_size, sha256_file(file) if hashes else None]
+            for file in sorted(Path(root).rglob("*")) if file.is_file()}
 
 
 def save_checkpoint(model, tokenizer, path: Path) -> None:

@@ -7,6 +7,7 @@ already done.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -213,6 +214,16 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     finished = 0
     while finished < len(stages) and work.done(f"stage:{stages[finished][0]}"):
         finished += 1
+    recorded = finished
+    while finished:  # a checkpoint damaged since its stage finished is not taken: the stage runs again
+        name = stages[finished - 1][0]
+        problem = work.damaged(f"stage:{name}", work.stage_checkpoint(finished - 1, name))
+        if problem is None:
+            break
+        _log(f"--resume: the checkpoint of stage '{name}' is damaged ({problem}); the stage runs again")
+        finished -= 1
+    if finished < recorded:  # the stages after it, and the export, were made from the damaged model
+        work.forget(*[f"stage:{name}" for name, _ in stages[finished:]], "export")
     stage_records = [work.done(f"stage:{name}") for name, _ in stages[:finished]]
     baseline = work.done("baseline")
     if stages and baseline is None:  # the loaded model's figures, for the report's first row
@@ -236,13 +247,21 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         model = stage_spec(name).run(model, stage_config, ctx)
         with _progress_bars(config.progress):  # transformers' own bars, while it writes the checkpoint
             save_checkpoint(model, loaded.tokenizer, work.stage_checkpoint(index, name))
+        work.record_files(f"stage:{name}", work.stage_checkpoint(index, name))  # checked when resumed
         record = {"stage": name, "config": asdict(stage_config), "metrics": ctx.metrics,
                   "seconds": round(time.perf_counter() - stage_start, 1)}
         stage_records.append(work.mark_done(f"stage:{name}", record))
 
     export_dir = work.path / "export"
     record = work.done("export")
+    problem = work.damaged("export", export_dir) if record is not None else None
+    if problem:
+        _log(f"--resume: the exported files in {export_dir} are damaged ({problem}); exporting again")
+        work.forget("export")
+        record = None
     if record is None:
+        if export_dir.exists():  # what a killed or damaged export left: none of it is this export's
+            shutil.rmtree(export_dir)
         _log(f"[{steps - 1}/{steps}] exporting ONNX with KV cache and validating against PyTorch")
         spec = export_model(model, export_dir, export_config)
         if export_config.form == "standard":
@@ -257,6 +276,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
             _log("  block-sparse INT8 weights" + (f" and kernels for sm_{profile.gpu.sm}" if profile.gpu else ""))
             record["sparse"] = export_sparse_parts(model, export_dir, export_config, profile, config.validation,
                                                    config.progress)
+        work.record_files("export", export_dir)  # checked when resumed
         record = work.mark_done("export", record)  # as a resumed build reads it: the same bundle either way
     else:
         _log(f"[{steps - 1}/{steps}] export: done in an earlier run")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import yaml
 
+from edgesdk.build import registry
 from edgesdk.build.checkpoint import WorkDir
+from edgesdk.build.registry import register_stage
 from edgesdk.errors import BuildError, ProfileError
 from edgesdk.profile import parse_profile
 
@@ -29,6 +33,115 @@ def test_a_profile_number_that_is_not_finite_is_refused_naming_the_key(section, 
         data[section][key] = value
         with pytest.raises(ProfileError, match=rf"{section}\.{key}: Input should be a finite number"):
             parse_profile(yaml.safe_dump(data), "my-board.yaml")
+
+
+@dataclass(frozen=True)
+class _Factor:
+    factor: float = 1.0  # multiplies the final norm weight (a visible, checkable change)
+
+
+@pytest.fixture
+def scaling_stages():
+    """Two throwaway stages that scale the final norm: 'review_first' and 'review_second' (after it)."""
+    calls = []
+
+    def scale(name):
+        def run(model, config, ctx):
+            calls.append(name)
+            model.model.norm.weight.data.mul_(config.factor)
+            return model
+        return run
+
+    register_stage("review_first", _Factor, description="scale the final norm")(scale("review_first"))
+    register_stage("review_second", _Factor, after=("review_first",), description="scale again")(
+        scale("review_second"))
+    yield calls
+    registry.STAGES.pop("review_first")
+    registry.STAGES.pop("review_second")
+
+
+def _build(model_dir, out, recipe, resume=False):
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
+
+    return build(BuildConfig(target="host", model=str(model_dir), out=out, recipe=str(recipe),
+                             export=ExportConfig(max_context=64), resume=resume, progress=False))
+
+
+def _final_norm_mean(bundle) -> float:
+    import onnx
+
+    graph = onnx.load(str(bundle.path / "model.onnx"))
+    norm = next(t for t in graph.graph.initializer if t.name == "final_norm.weight")
+    return float(onnx.numpy_helper.to_array(norm).mean())
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("damaged", "how", "rerun"), [
+    (["01-review_second"], "flip", ["review_second"]),
+    (["01-review_second"], "truncate", ["review_second"]),
+    (["00-review_first", "01-review_second"], "flip", ["review_first", "review_second"]),
+])
+def test_a_checkpoint_damaged_after_its_stage_finished_is_made_again_on_resume(
+        scaling_stages, tiny_model_dir, tmp_path, monkeypatch, capsys, damaged, how, rerun):
+    """A checkpoint is written before its stage is marked done, but a disk error or a power cut (the files were
+    never flushed) can damage it afterwards. --resume loaded it as it was: a flipped byte went into the bundle
+    as a wrong weight, which the bundle's own hashes then vouched for, and a truncated file failed with
+    safetensors' error. Now the stage whose checkpoint is damaged runs again, and the stages after it."""
+    import edgesdk.build.pipeline as pipeline
+
+    recipe = tmp_path / "two.yaml"
+    recipe.write_text("name: two\nstages:\n  - stage: review_first\n    config: {factor: 2.0}\n"
+                      "  - stage: review_second\n    config: {factor: 3.0}\n")
+    monkeypatch.setattr(pipeline, "export_model", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        _build(tiny_model_dir, tmp_path / "b", recipe)
+    monkeypatch.undo()
+    assert scaling_stages == ["review_first", "review_second"]
+    for stage in damaged:
+        weights = tmp_path / "b.build" / "stages" / stage / "model.safetensors"
+        if how == "flip":
+            _flip_last_byte(weights)
+        else:
+            weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    capsys.readouterr()
+    scaling_stages.clear()
+
+    bundle = _build(tiny_model_dir, tmp_path / "b", recipe, resume=True)
+    assert scaling_stages == rerun
+    err = capsys.readouterr().err
+    assert "--resume: the checkpoint of stage 'review_second' is damaged (model.safetensors " in err
+    assert "the stage runs again" in err
+    assert _final_norm_mean(bundle) == pytest.approx(6.0, rel=1e-5)
+    assert [s["stage"] for s in bundle.manifest["stages"]] == ["review_first", "review_second"]
+
+
+def test_exported_files_damaged_before_the_bundle_was_written_are_exported_again(tiny_model_dir, tmp_path,
+                                                                                monkeypatch, capsys):
+    """A build killed after its export was recorded as done takes the export directory as it finds it. A byte
+    that changed there meanwhile went into the bundle, and the bundle's hashes (computed as it is written)
+    made the damaged weights verify. Now they are checked against what the export wrote, and made again."""
+    import edgesdk.build.pipeline as pipeline
+
+    straight = _build(tiny_model_dir, tmp_path / "straight", "fp32-fused")
+    monkeypatch.setattr(pipeline, "write_bundle", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        _build(tiny_model_dir, tmp_path / "b", "fp32-fused")
+    monkeypatch.undo()
+    _flip_last_byte(tmp_path / "b.build" / "export" / "model.onnx.data")
+    capsys.readouterr()
+
+    resumed = _build(tiny_model_dir, tmp_path / "b", "fp32-fused", resume=True)
+    assert resumed.bundle_id == straight.bundle_id
+    err = capsys.readouterr().err
+    assert "the exported files in " in err
+    assert "are damaged (model.onnx.data changed since it was written); exporting again" in err
+    assert (resumed.path / "model.onnx.data").read_bytes() == (straight.path / "model.onnx.data").read_bytes()
 
 
 @pytest.mark.parametrize("text", ["", '{"build_key": "ab', "[]", '{"done": []}'])
