@@ -100,31 +100,67 @@ def switch_runtime(p, key):
 
 def op_switch(params):
     """Point current at releases/<id> atomically (and runtime/current at ``runtime_key`` first, when
-    given); previous keeps what current was."""
+    given); previous keeps what current was.
+
+    All or nothing: a switch that fails part-way (its history line or the check after it, on a full
+    disk say) puts current, previous and runtime/current back as they were before it is refused, so a
+    refusal means the board runs what it ran."""
     p, root = paths(params["root"])
     bundle_id = safe_id(params["bundle_id"])
     with Lock(root):
         if not os.path.isfile(os.path.join(p["releases"], bundle_id, MANIFEST)):
             raise Refused(f"release {bundle_id} is not on the board", "deploy it first")
-        old_runtime = switch_runtime(p, params["runtime_key"]) if params.get("runtime_key") else None
-        old = link_target(p["current"])
-        if old != bundle_id:
-            replace_link(p["current"], os.path.join("releases", bundle_id))
-            if old and os.path.isdir(os.path.join(p["releases"], old)):
-                replace_link(p["previous"], os.path.join("releases", old))
-            if "previous" in params:  # undoing a failed deploy: previous goes back to what it was, too
-                restore_link(p, "previous", params["previous"])
+        links = (p["current"], p["previous"], os.path.join(p["runtime"], "current"))
+        before = {link: read_link(link) for link in links}
+        try:
+            return switch_links(p, root, bundle_id, params)
+        except BaseException:
+            for link in links:
+                if read_link(link) != before[link]:
+                    put_link(link, before[link])
             fsync_dir(root)
-            with open(p["history.jsonl"], "a") as handle:
-                handle.write(json.dumps({"time": time.time(), "action": params.get("action", "deploy"),
-                                         "from": old, "to": bundle_id}) + "\n")
-        now = link_target(p["current"])
-        with open(os.path.join(p["current"], MANIFEST), "rb") as handle:
-            listed = json.loads(handle.read())["bundle_id"]
-        if now != bundle_id or listed != bundle_id:
-            raise Refused(f"after the switch, current points to {now} holding bundle {listed}, not {bundle_id}",
-                          "run 'edgesdk deploy --rollback' and report this")
-        return {"from": old, "to": bundle_id, "runtime_from": old_runtime}
+            raise
+
+
+def read_link(path):
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def put_link(link, target):
+    """``link`` -> ``target`` again, or no ``link`` when ``target`` is None (best effort: undoing a switch)."""
+    try:
+        if target is None:
+            os.unlink(link)
+        else:
+            replace_link(link, target)
+    except OSError:
+        pass
+
+
+def switch_links(p, root, bundle_id, params):
+    old_runtime = switch_runtime(p, params["runtime_key"]) if params.get("runtime_key") else None
+    old = link_target(p["current"])
+    if old != bundle_id:
+        replace_link(p["current"], os.path.join("releases", bundle_id))
+        if old and os.path.isdir(os.path.join(p["releases"], old)):
+            replace_link(p["previous"], os.path.join("releases", old))
+        if "previous" in params:  # undoing a failed deploy: previous goes back to what it was, too
+            restore_link(p, "previous", params["previous"])
+        fsync_dir(root)
+        with open(p["history.jsonl"], "a") as handle:
+            handle.write(json.dumps({"time": time.time(), "action": params.get("action", "deploy"),
+                                     "from": old, "to": bundle_id}) + "\n")
+    now = link_target(p["current"])
+    with open(os.path.join(p["current"], MANIFEST), "rb") as handle:
+        listed = json.loads(handle.read())["bundle_id"]
+    if now != bundle_id or listed != bundle_id:
+        raise Refused(f"after the switch, current points to {now} holding bundle {listed}, not {bundle_id}",
+                      "the switch was undone, current is as it was; deploy that bundle again (it replaces a "
+                      "damaged release) and report this if it repeats")
+    return {"from": old, "to": bundle_id, "runtime_from": old_runtime}
 
 
 def restore_link(p, name, bundle_id):

@@ -103,3 +103,92 @@ def test_an_unreachable_ipv6_board_is_named_as_given(tmp_path):
                                        "/dev/null", "--ssh-option", f"UserKnownHostsFile={tmp_path / 'kh'}"])
     assert result.exit_code == 8, result.output
     assert f"cannot reach pi@[::1]:{port}" in result.output
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 512 KiB tmpfs (root only), unmounted afterwards."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file until the disk is full; returns it."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 4096)
+        except OSError:
+            pass
+    return filler
+
+
+def test_a_switch_that_fails_half_way_leaves_current_as_it_was(small_disk, tmp_path):
+    """The first switch on a board whose disk filled up after the commit: current was set, then its history
+    line could not be written and the switch was reported failed with current left pointing at the release.
+    The board's answer (a refusal) tells the host nothing happened, so nothing may have."""
+    from edgesdk.deploy.transport import DeployError
+    from tests.unit.test_deploy_helper import commit_by_hand
+
+    root = small_disk / "edgesdk"
+    board = Board(LocalTransport(str(root)), sys.executable, str(root))
+    bundle = make_bundle(tmp_path / "b", {"w": os.urandom(1000)})
+    commit_by_hand(board, bundle)
+    filler = fill(small_disk)
+    with pytest.raises(DeployError, match="No space left on device"):
+        board.call("switch", {"bundle_id": bundle.bundle_id, "action": "deploy"})
+    assert not os.path.lexists(root / "current")
+    assert not os.path.lexists(root / "previous")
+    filler.unlink()
+    assert board.call("switch", {"bundle_id": bundle.bundle_id})["from"] is None
+    assert os.readlink(root / "current") == f"releases/{bundle.bundle_id}"
+
+
+def test_a_failed_switch_puts_back_previous_and_the_runtime_too(small_disk, tmp_path):
+    """A later deploy whose history line needs a new page of a full disk: current, previous and runtime/current
+    all go back to what they were (the runtime moves first, the history line is written last)."""
+    import json
+
+    from edgesdk.deploy.transport import DeployError
+    from tests.unit.test_deploy_helper import commit_by_hand
+
+    root = small_disk / "edgesdk"
+    board = Board(LocalTransport(str(root)), sys.executable, str(root))
+    old, new = (make_bundle(tmp_path / name, {"w": os.urandom(1000)}, name) for name in ("old", "new"))
+
+    def install(key):
+        (root / "runtime" / key).mkdir(parents=True)
+        (root / "runtime" / key / "edgesdk-runtime.json").write_text(json.dumps({"key": key, "version": "0"}))
+
+    install("k1")
+    commit_by_hand(board, old)
+    board.call("switch", {"bundle_id": old.bundle_id, "runtime_key": "k1"})
+    install("k2")
+    history = root / "history.jsonl"
+    line = history.read_text()
+    filler = json.dumps({"time": 0, "action": "deploy", "from": None, "to": "x", "pad": ""})
+    pad = 4096 - len(line) - len(filler) - 1  # history.jsonl ends on a page boundary
+    history.write_text(line + filler[:-2] + "x" * pad + '"}\n')
+    assert history.stat().st_size == 4096
+    commit_by_hand(board, new)
+    disk_filler = fill(small_disk)
+    with pytest.raises(DeployError, match="No space left on device"):
+        board.call("switch", {"bundle_id": new.bundle_id, "runtime_key": "k2"})
+    assert os.readlink(root / "current") == f"releases/{old.bundle_id}"
+    assert not os.path.lexists(root / "previous")
+    assert os.readlink(root / "runtime" / "current") == "k1"
+    disk_filler.unlink()
+    assert board.call("switch", {"bundle_id": new.bundle_id, "runtime_key": "k2"})["from"] == old.bundle_id
+    assert os.readlink(root / "previous") == f"releases/{old.bundle_id}"
