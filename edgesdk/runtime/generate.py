@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Protocol
 
 import numpy as np
@@ -35,6 +36,10 @@ class SamplingConfig:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:  # NaN fails this too
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        # numpy's own refusal came only once generate() built the sampler, and named no field
+        # ("expected non-negative integer"); True would have seeded as 1.
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, Integral) or self.seed < 0):
+            raise ValueError(f"seed must be None or a whole number >= 0, got {self.seed!r}")
 
 
 class Sampler:

@@ -46,3 +46,14 @@ def test_the_chain_goes_on_past_an_ort_cuda_that_runs_on_the_cpu(tiny_bundle, mo
     assert notes[1] == "ort-cpu: used"
     backend.reset()
     assert backend.prefill(np.array([5, 6, 7])).shape == (1, tiny_bundle.manifest["graph"]["vocab_size"])
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "3", True])
+def test_a_seed_numpy_cannot_take_is_refused_by_the_sampling_config(seed):
+    """SamplingConfig took any seed; numpy refused a negative or fractional one only when generate()
+    built its sampler, saying 'expected non-negative integer' or 'SeedSequence expects int' (no field)."""
+    from edgesdk.runtime.generate import SamplingConfig
+
+    with pytest.raises(ValueError, match=r"seed must be None or a whole number >= 0, got "):
+        SamplingConfig(temperature=1.0, seed=seed)
+    assert SamplingConfig(temperature=1.0, seed=0).seed == 0
