@@ -44,7 +44,7 @@ def main():
     """
 
 
-HUGE_PAGE_COMMANDS = ("run", "eval")  # they stream a bundle's weights every token
+HUGE_PAGE_COMMANDS = ("run", "eval", "serve")  # they stream a bundle's weights every token
 
 
 def entry():
@@ -266,6 +266,49 @@ def _runtime_options(fn):
         fn = option(fn)
     return fn
 
+def _thermal_options(fn):
+    """The thermal guard's options, shared by ``run`` and ``serve``."""
+    options = [
+        click.option("--watch-thermal", is_flag=True,
+                     help="Thermal guard: pace or pause generation before the firmware throttles; live status on "
+                          "stderr (run; serve reports it at /health)."),
+        click.option("--simulate-thermal", is_flag=True,
+                     help="Read a simulated board (the target's thermal model driven by the real step times) "
+                          "instead of sensors; guards like --watch-thermal unless --no-guard."),
+        click.option("--no-guard", is_flag=True, help="Record (and simulate) only, never pace or pause."),
+        click.option("--clock-cap", is_flag=True,
+                     help="While pacing, the guard also caps the CPU clock (cpufreq scaling_max_freq, needs root; "
+                          "restored on exit): about 1.5x the tokens at the same temperature, each a little slower."),
+        click.option("--telemetry", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Write one JSONL record per step: temperatures, level, tok/s, budget, pacing, power."),
+        click.option("--ambient", type=AMBIENT, help="Ambient °C of the simulated board [the profile's]."),
+        click.option("--thermal-target", help="Profile for the thermal limits and model [the bundle's target]."),
+        click.option("--sim-speed", default=1.0, show_default=True,
+                     type=FiniteRange(1e-3, 1e6, what="how many times slower the simulated board is", example="1"),
+                     help="Simulated board is this many times slower than this machine."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _gate_options(fn):
+    """The power gates' options, shared by ``run`` and ``serve``."""
+    options = [
+        click.option("--entropy-target", type=float,
+                     help="Power-gated bundles: windowed power entropy (nats) the gate controller holds "
+                          "[the profile's]."),
+        click.option("--compute-budget", type=float,
+                     help="Power-gated bundles: largest mean fraction of FFN blocks run, in (0, 1] [1]."),
+        click.option("--gating/--no-gating", default=None,
+                     help="Power-gated bundles: skip FFN blocks by the gates. Off unless asked for (or "
+                          "--entropy-target / --compute-budget given): the trained gates still cost too much "
+                          "quality."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
 
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
@@ -277,29 +320,8 @@ def _runtime_options(fn):
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the model's chat template.")
 @click.option("--system", help="System message for the chat template.")
 @click.option("--stats", is_flag=True, help="Print prefill/decode tok/s and time to first token on stderr.")
-@click.option("--watch-thermal", is_flag=True,
-              help="Thermal guard: pace or pause generation before the firmware throttles; live status on stderr.")
-@click.option("--simulate-thermal", is_flag=True,
-              help="Read a simulated board (the target's thermal model driven by the real step times) instead of "
-                   "sensors; guards like --watch-thermal unless --no-guard.")
-@click.option("--no-guard", is_flag=True, help="Record (and simulate) only, never pace or pause.")
-@click.option("--clock-cap", is_flag=True,
-              help="While pacing, the guard also caps the CPU clock (cpufreq scaling_max_freq, needs root; "
-                   "restored on exit): about 1.5x the tokens at the same temperature, each a little slower.")
-@click.option("--entropy-target", type=float,
-              help="Power-gated bundles: windowed power entropy (nats) the gate controller holds [the profile's].")
-@click.option("--compute-budget", type=float,
-              help="Power-gated bundles: largest mean fraction of FFN blocks run, in (0, 1] [1].")
-@click.option("--gating/--no-gating", default=None,
-              help="Power-gated bundles: skip FFN blocks by the gates. Off unless asked for (or "
-                   "--entropy-target / --compute-budget given): the trained gates still cost too much quality.")
-@click.option("--telemetry", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write one JSONL record per step: temperatures, level, tok/s, budget, pacing, power.")
-@click.option("--ambient", type=AMBIENT, help="Ambient °C of the simulated board [the profile's].")
-@click.option("--thermal-target", help="Profile for the thermal limits and model [the bundle's target].")
-@click.option("--sim-speed", default=1.0, show_default=True,
-              type=FiniteRange(1e-3, 1e6, what="how many times slower the simulated board is", example="1"),
-              help="Simulated board is this many times slower than this machine.")
+@_thermal_options
+@_gate_options
 @_runtime_options
 def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, stats, watch_thermal,
         simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
@@ -337,37 +359,8 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
         click.echo(f"edgesdk: --system is not used: {'--raw' if raw else 'the bundle has no chat template'} "
                    "feeds the prompt as it is", err=True)
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
-    from edgesdk.thermal.cpufreq import recover_left_cap  # every run undoes a clock cap a killed run left
-
-    for note in recover_left_cap():
-        click.echo(f"edgesdk thermal: {note}", err=True)
-    thermal = None
-    if watch_thermal or simulate_thermal or telemetry:
-        from edgesdk.cli_thermal import thermal_profile
-        from edgesdk.profile import TargetProfile
-        from edgesdk.thermal.watch import open_session
-
-        profile = (thermal_profile(None, thermal_target) if thermal_target
-                   else TargetProfile.model_validate(runtime.bundle.manifest["target"]))
-        # The guard's compute-budget lever works only while the gates skip blocks.
-        gates_in_use = runtime.backend if getattr(runtime.backend, "gating", False) else None
-        if hasattr(runtime.backend, "configure") and gates_in_use is None and (watch_thermal or simulate_thermal) \
-                and not no_guard:
-            click.echo("edgesdk thermal: the bundle's power gates are off, so the guard paces instead of "
-                       "lowering the compute budget (--gating turns them on)", err=True)
-        thermal = open_session(profile, guard=(watch_thermal or simulate_thermal) and not no_guard,
-                               simulate=simulate_thermal, telemetry_path=telemetry, ambient_c=ambient,
-                               sim_speed=sim_speed, budget_target=gates_in_use,
-                               status=watch_thermal or simulate_thermal, clock_cap=clock_cap,
-                               warn=lambda message: click.echo(f"edgesdk thermal: warning: {message}", err=True))
-        for note in thermal.notes:
-            click.echo(f"edgesdk thermal: {note}", err=True)
-        # A service stop or a closed terminal must still close the session: the clock cap goes back, the
-        # status line gives the terminal its scroll region back, the telemetry file is closed.
-        import signal
-
-        for stop in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
+    thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
+                            thermal_target, sim_speed, status=watch_thermal or simulate_thermal)
 
     def one_turn(text: str) -> None:
         ids = tokenizer.prompt_ids(text, raw=raw, system=system)
@@ -429,6 +422,119 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
     finally:
         if thermal is not None:
             thermal.close()
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--host", "listen_host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 or :: for every interface).")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port (0: a free one, printed at start).")
+@click.option("--api-key", envvar="EDGESDK_API_KEY", show_envvar=True,
+              help="Require 'Authorization: Bearer KEY' on the /v1 routes.")
+@click.option("--model-name", help="Model id the API reports [<model>-<target> from the manifest].")
+@click.option("--max-new-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=1),
+              help="Tokens per answer for a request that sets no max_tokens.")
+@click.option("--temperature", default=0.0, show_default=True,
+              help="For a request that sets none; 0 means greedy decoding.")
+@click.option("--top-p", default=1.0, show_default=True, help="For a request that sets none.")
+@click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
+              help="Requests that may wait while one generates; more get HTTP 503 at once.")
+@click.option("--quiet", is_flag=True, help="No request log on stderr.")
+@_thermal_options
+@_gate_options
+@_runtime_options
+def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, max_queue, quiet,
+          watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
+          entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
+    """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole).
+
+    One answer is generated at a time (a board decodes batch 1); --watch-thermal guards every step
+    as in 'edgesdk run', across requests, and GET /health reports the guard's level.
+    """
+    from edgesdk.runtime.session import open_runtime
+    from edgesdk.serve.completion import Completer, ServeDefaults
+    from edgesdk.serve.http_server import ApiServer
+
+    try:
+        defaults = ServeDefaults(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                 max_waiting=max_queue)
+    except ValueError as exc:
+        hint = "'--temperature'" if str(exc).startswith("temperature") else "'--top-p'"
+        raise click.BadParameter(str(exc), param_hint=hint) from exc
+    if api_key is not None and not api_key.strip():
+        raise click.BadParameter("is empty; pass a key, or leave --api-key out to serve without one",
+                                 param_hint="'--api-key'")
+    _warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard, clock_cap=clock_cap,
+                                 ambient=ambient, sim_speed=sim_speed, thermal_target=thermal_target)
+    runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
+                           ignore_target=ignore_target, verbose=True)
+    _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
+    thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
+                            thermal_target, sim_speed, status=False)
+    try:
+        completer = Completer(runtime, defaults, hook=thermal.hook if thermal else None)
+        name = model_name or _served_model_name(runtime.bundle.manifest)
+        try:
+            server = ApiServer((listen_host, port), completer, name, api_key=api_key, log=not quiet)
+        except OSError as exc:
+            raise EdgeSDKError(f"cannot listen on {listen_host}:{port} ({exc.strerror or exc})",
+                               "pick another --port (0 takes a free one), or stop what listens there") from exc
+        click.echo(f"edgesdk serve: {name} on {server.url}/v1 ({runtime.backend.name}"
+                   f"{', API key required' if api_key else ''}); Ctrl-C stops", err=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            click.echo("edgesdk serve: stopped", err=True)
+        finally:
+            server.server_close()
+    finally:
+        if thermal is not None:
+            thermal.close()
+
+
+def _served_model_name(manifest: dict) -> str:
+    """``<model>-<target>``, e.g. smollm2-135m-rpi5: the same id across redeploys of one model."""
+    source = Path(str(manifest["model"]["before"]["source"]).rstrip("/")).name
+    return f"{source.removesuffix('.gguf')}-{manifest['target']['name']}"
+
+
+def _open_thermal(runtime, watch_thermal: bool, simulate_thermal: bool, no_guard: bool, clock_cap: bool, telemetry,
+                  ambient, thermal_target, sim_speed: float, status: bool):
+    """The thermal session of ``run`` or ``serve`` (None without thermal options), its notes printed.
+
+    Every call first undoes a clock cap that a killed run left. SIGTERM and SIGHUP then end the process
+    through ``sys.exit`` so the caller's ``finally`` closes the session: the clock cap goes back, the
+    status line gives the terminal its scroll region back, the telemetry file is closed."""
+    from edgesdk.thermal.cpufreq import recover_left_cap
+
+    for note in recover_left_cap():
+        click.echo(f"edgesdk thermal: {note}", err=True)
+    if not (watch_thermal or simulate_thermal or telemetry):
+        return None
+    import signal
+
+    from edgesdk.cli_thermal import thermal_profile
+    from edgesdk.profile import TargetProfile
+    from edgesdk.thermal.watch import open_session
+
+    profile = (thermal_profile(None, thermal_target) if thermal_target
+               else TargetProfile.model_validate(runtime.bundle.manifest["target"]))
+    # The guard's compute-budget lever works only while the gates skip blocks.
+    gates_in_use = runtime.backend if getattr(runtime.backend, "gating", False) else None
+    if hasattr(runtime.backend, "configure") and gates_in_use is None and (watch_thermal or simulate_thermal) \
+            and not no_guard:
+        click.echo("edgesdk thermal: the bundle's power gates are off, so the guard paces instead of "
+                   "lowering the compute budget (--gating turns them on)", err=True)
+    thermal = open_session(profile, guard=(watch_thermal or simulate_thermal) and not no_guard,
+                           simulate=simulate_thermal, telemetry_path=telemetry, ambient_c=ambient,
+                           sim_speed=sim_speed, budget_target=gates_in_use, status=status, clock_cap=clock_cap,
+                           warn=lambda message: click.echo(f"edgesdk thermal: warning: {message}", err=True))
+    for note in thermal.notes:
+        click.echo(f"edgesdk thermal: {note}", err=True)
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
+    return thermal
 
 
 def _warn_unused_thermal_options(watch_thermal: bool, simulate_thermal: bool, telemetry, no_guard: bool,

@@ -1,0 +1,238 @@
+"""The OpenAI-compatible bodies ``edgesdk serve`` reads and writes.
+
+Requests follow OpenAI's API reference for ``POST /v1/chat/completions`` and ``POST /v1/completions``
+(the fields llama.cpp's ``llama-server`` also takes). A field this server cannot honour (``n`` > 1,
+log-probabilities, tools, penalties, a JSON response format) is refused with a 400 that names it,
+never silently ignored; fields that change nothing here (``user``, ``metadata``, ``store``, zero
+penalties) are accepted. Errors use OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+
+MAX_STOP_SEQUENCES = 4  # OpenAI's limit on ``stop``
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ApiError(Exception):
+    """An HTTP error with an OpenAI-style body. ``param`` names the request field at fault."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """One request, checked. ``None`` sampling fields take the server's defaults."""
+
+    chat: bool  # /v1/chat/completions (messages through the chat template) or /v1/completions (raw prompt)
+    messages: tuple[dict, ...] = ()  # {"role", "content"} with roles and content normalised
+    prompt: str = ""
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk carrying the usage
+
+
+def parse_chat_request(body: object) -> CompletionRequest:
+    """``POST /v1/chat/completions``: messages of system / developer / user / assistant text."""
+    body = _object(body)
+    _refuse_unsupported(body, chat=True)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array of {\"role\", \"content\"} objects",
+                       param="messages")
+    parsed = tuple(_message(message, index) for index, message in enumerate(messages))
+    return CompletionRequest(chat=True, messages=parsed, **_common_fields(body, chat=True))
+
+
+def parse_text_request(body: object) -> CompletionRequest:
+    """``POST /v1/completions``: one raw prompt string, fed to the model without a chat template."""
+    body = _object(body)
+    _refuse_unsupported(body, chat=False)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]  # a batch of one prompt
+    if not isinstance(prompt, str) or not prompt:
+        raise ApiError(400, f"'prompt' must be a non-empty string, got {_shown(prompt)} (this server takes one "
+                       "prompt per request)", param="prompt")
+    return CompletionRequest(chat=False, prompt=prompt, **_common_fields(body, chat=False))
+
+
+def _object(body: object) -> dict:
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _message(message: object, index: int) -> dict:
+    param = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise ApiError(400, f"{param} must be an object with 'role' and 'content', got {_shown(message)}", param=param)
+    role = message.get("role")
+    if role not in CHAT_ROLES:
+        raise ApiError(400, f"{param}.role {_shown(role)} is not one this server takes: expected one of "
+                       f"{', '.join(CHAT_ROLES)} (no tools here)", param=f"{param}.role")
+    if message.get("tool_calls"):
+        raise ApiError(400, f"{param} carries tool_calls; this server has no tools", param=f"{param}.tool_calls")
+    return {"role": CHAT_ROLES[role], "content": _content(message.get("content"), f"{param}.content")}
+
+
+def _content(content: object, param: str) -> str:
+    """A message's text: a string, or an array of ``{"type": "text", "text": ...}`` parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for index, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ApiError(400, f"{param}[{index}] is a {_shown(kind)} part; this server reads only text parts "
+                               "({\"type\": \"text\", \"text\": ...})", param=f"{param}[{index}]")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ApiError(400, f"{param} must be a string or an array of text parts, got {_shown(content)}", param=param)
+
+
+def _refuse_unsupported(body: dict, chat: bool) -> None:
+    """Name the first field whose meaning this server cannot honour."""
+    checks = [  # (field, is its value one we can honour, why not)
+        ("n", lambda v: v in (None, 1), "one choice per request (n = 1)"),
+        ("best_of", lambda v: v in (None, 1), "one choice per request (best_of = 1)"),
+        ("logprobs", lambda v: v in (None, False, 0), "no log-probabilities"),
+        ("top_logprobs", lambda v: v in (None, 0), "no log-probabilities"),
+        ("echo", lambda v: v in (None, False), "no echo of the prompt"),
+        ("suffix", lambda v: v in (None, ""), "no suffix (fill-in-the-middle)"),
+        ("tools", lambda v: not v, "no tools"),
+        ("functions", lambda v: not v, "no functions"),
+        ("tool_choice", lambda v: v in (None, "none", "auto"), "no tools"),
+        ("logit_bias", lambda v: not v, "no logit bias"),
+        ("presence_penalty", lambda v: v in (None, 0), "no presence penalty"),
+        ("frequency_penalty", lambda v: v in (None, 0), "no frequency penalty"),
+        ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
+         "plain text answers only (response_format {\"type\": \"text\"})"),
+    ]
+    for field, honoured, why in checks:
+        if field in body and not honoured(body[field]):
+            endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+            raise ApiError(400, f"'{field}' = {_shown(body[field])} is not supported: {endpoint} here gives {why}; "
+                           f"leave '{field}' out", param=field, code="unsupported_parameter")
+
+
+def _common_fields(body: dict, chat: bool) -> dict:
+    # Chat's newer name for max_tokens wins where a client sends both.
+    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise ApiError(400, f"'stream' must be true or false, got {_shown(stream)}", param="stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise ApiError(400, f"'stream_options' must be an object like {{\"include_usage\": true}}, got "
+                       f"{_shown(body.get('stream_options'))}", param="stream_options")
+    return {
+        "max_tokens": _integer(body.get(name), name, minimum=1),
+        "temperature": _number(body.get("temperature"), "temperature", 0.0, 2.0, "[0, 2]"),
+        "top_p": _top_p(body.get("top_p")),
+        "seed": _integer(body.get("seed"), "seed", minimum=0),
+        "stop": _stop(body.get("stop")),
+        "stream": stream,
+        "include_usage": stream and bool(options.get("include_usage", False)),
+    }
+
+
+def _integer(value: object, name: str, minimum: int) -> int | None:
+    if value is None:
+        return None
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # not inf, not NaN
+    if isinstance(value, bool) or not whole or value < minimum:
+        raise ApiError(400, f"'{name}' must be a whole number >= {minimum}, got {_shown(value)}", param=name)
+    return int(value)
+
+
+def _number(value: object, name: str, low: float, high: float, interval: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise ApiError(400, f"'{name}' must be a number in {interval}, got {_shown(value)}", param=name)
+    return float(value)
+
+
+def _top_p(value: object) -> float | None:
+    top_p = _number(value, "top_p", 0.0, 1.0, "(0, 1]")
+    if top_p == 0.0:
+        raise ApiError(400, "'top_p' must be a number in (0, 1], got 0", param="top_p")
+    return top_p
+
+
+def _stop(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOP_SEQUENCES:
+        raise ApiError(400, f"'stop' must be a string or an array of at most {MAX_STOP_SEQUENCES} strings, got "
+                       f"{_shown(value)}", param="stop")
+    return tuple(s for s in stops if s)  # an empty stop string would end every answer before it starts
+
+
+# ------------------------------------------------------------------------------------------ responses
+
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_body(request: CompletionRequest, ident: str, model: str, text: str, finish_reason: str,
+                    prompt_tokens: int, completion_tokens: int) -> dict:
+    """The whole answer of a request without ``stream``."""
+    if request.chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {"id": ident, "object": "chat.completion" if request.chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def chunk_body(request: CompletionRequest, ident: str, model: str, text: str | None,
+               finish_reason: str | None = None, role: bool = False) -> dict:
+    """One server-sent event of a streamed answer: a text delta, or the last one with ``finish_reason``."""
+    if request.chat:
+        delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    return {"id": ident, "object": "chat.completion.chunk" if request.chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice]}
+
+
+def usage_chunk_body(request: CompletionRequest, ident: str, model: str, prompt_tokens: int,
+                     completion_tokens: int) -> dict:
+    """The extra last chunk ``stream_options.include_usage`` asks for: no choices, the usage."""
+    return {"id": ident, "object": "chat.completion.chunk" if request.chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens)}

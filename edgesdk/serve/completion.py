@@ -1,0 +1,193 @@
+"""One answer at a time on the board: a request's prompt, sampling and stop strings through
+:func:`edgesdk.runtime.generate.generate`, with the thermal guard's hook around every step.
+
+A board decodes one sequence at a time (batch 1 is what its memory bandwidth pays for), so
+requests take turns behind one lock; at most ``max_waiting`` wait, the rest get a 503 at once
+rather than a connection that hangs. The guard's state lives across requests: the board's
+temperature does not start over with each answer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from edgesdk.errors import BundleError, EdgeSDKError
+from edgesdk.runtime.generate import SamplingConfig, StepHook, generate
+from edgesdk.runtime.session import Runtime
+from edgesdk.runtime.text import StreamDecoder, check_utf8
+from edgesdk.serve.api import ApiError, CompletionRequest
+
+
+@dataclass(frozen=True)
+class ServeDefaults:
+    """What a request that leaves a sampling field out gets (``edgesdk serve`` options)."""
+
+    max_tokens: int = 512
+    temperature: float = 0.0  # greedy, as ``edgesdk run``: the same request gives the same answer
+    top_p: float = 1.0
+    max_waiting: int = 8  # requests queued behind the one generating; more are refused with 503
+
+    def __post_init__(self):
+        SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+
+
+@dataclass
+class Completion:
+    """A finished answer. ``finish_reason``: "stop" (end of turn or a stop string) or "length"
+    (``max_tokens`` or a full context), as OpenAI reports them."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class StopMatcher:
+    """Cuts streamed text at the first stop string to complete and never hands out a stop string's start.
+
+    Text that could still turn into a stop string (a suffix that is a stop string's prefix) is
+    held back until the next delta settles it, so a streamed answer equals the whole one.
+    """
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
+        self.pending = ""
+        self.stopped = False
+
+    def push(self, delta: str) -> str:
+        """The text safe to hand out after ``delta``; sets :attr:`stopped` at a stop string."""
+        if self.stopped:
+            return ""
+        self.pending += delta
+        # (end, start) of each stop's first occurrence: the stop that completes first wins, as it would
+        # token by token, so how the text is split into deltas never changes the answer; at one end, the
+        # longest stop is cut off whole.
+        hits = [(index + len(stop), index) for stop in self.stops if (index := self.pending.find(stop)) >= 0]
+        if hits:
+            self.stopped = True
+            released, self.pending = self.pending[: min(hits)[1]], ""
+            return released
+        keep = max((length for stop in self.stops for length in range(1, len(stop))
+                    if self.pending.endswith(stop[:length])), default=0)
+        released = self.pending[: len(self.pending) - keep]
+        self.pending = self.pending[len(released):]
+        return released
+
+    def flush(self) -> str:
+        """What is still held back once the answer has ended (it never became a stop string)."""
+        released, self.pending = ("" if self.stopped else self.pending), ""
+        return released
+
+
+class _StopString(Exception):  # noqa: N818 (a signal out of the token callback, not an error)
+    pass
+
+
+class Completer:
+    """Runs requests against one loaded bundle, one at a time."""
+
+    def __init__(self, runtime: Runtime, defaults: ServeDefaults | None = None, hook: StepHook | None = None):
+        self.runtime, self.defaults, self.hook = runtime, defaults or ServeDefaults(), hook
+        self._turn = threading.Lock()  # held while a request generates
+        self._admitted = threading.BoundedSemaphore(self.defaults.max_waiting + 1)  # generating + waiting
+        self.busy = False
+
+    def prompt_ids(self, request: CompletionRequest) -> list[int]:
+        """The request's token ids, or a 400 naming what is wrong with its text."""
+        tokenizer = self.runtime.tokenizer
+        try:
+            if not request.chat:
+                ids = tokenizer.prompt_ids(request.prompt, raw=True)
+            elif tokenizer.has_chat_template:
+                for index, message in enumerate(request.messages):
+                    check_utf8(message["content"], f"messages[{index}].content")
+                ids = tokenizer.encode(tokenizer.render_chat(list(request.messages)), add_special_tokens=False)
+            else:
+                raise ApiError(400, "this bundle's model has no chat template, so it cannot take messages",
+                               param="messages", code="no_chat_template")
+        except BundleError as exc:  # the template refused the messages (roles, order)
+            raise ApiError(400, exc.problem, param="messages") from exc
+        except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
+            raise ApiError(400, exc.problem, param="messages" if request.chat else "prompt") from exc
+        limit = self.runtime.backend.max_context
+        if not ids:
+            raise ApiError(400, "the prompt encodes to 0 tokens", param="prompt")
+        if len(ids) > limit:
+            raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {limit}",
+                           param="messages" if request.chat else "prompt", code="context_length_exceeded")
+        return ids
+
+    def sampling(self, request: CompletionRequest) -> SamplingConfig:
+        pick = lambda value, default: default if value is None else value  # noqa: E731
+        return SamplingConfig(max_new_tokens=min(pick(request.max_tokens, self.defaults.max_tokens),
+                                                 self.runtime.backend.max_context),
+                              temperature=pick(request.temperature, self.defaults.temperature),
+                              top_p=pick(request.top_p, self.defaults.top_p), seed=request.seed)
+
+    def complete(self, request: CompletionRequest, on_text: Callable[[str], None] | None = None,
+                 on_start: Callable[[], None] | None = None) -> Completion:
+        """Generate the answer; ``on_text`` gets each piece of text as it is settled, ``on_start`` is
+        called when the request's turn comes (before its prefill). An exception from either (a client
+        that went away) ends the generation and propagates; the next request runs normally."""
+        ids = self.prompt_ids(request)
+        sampling = self.sampling(request)
+        if not self._admitted.acquire(blocking=False):
+            raise ApiError(503, f"the server is busy: one request is generating and {self.defaults.max_waiting} are "
+                           "waiting; retry later (edgesdk serve --max-queue raises the limit)",
+                           code="server_busy", kind="server_error")
+        try:
+            with self._turn:
+                self.busy = True
+                try:
+                    if on_start is not None:
+                        on_start()
+                    return self._generate(request, ids, sampling, on_text)
+                finally:
+                    self.busy = False
+        finally:
+            self._admitted.release()
+
+    def _generate(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig,
+                  on_text: Callable[[str], None] | None) -> Completion:
+        tokenizer = self.runtime.tokenizer
+        decoder, matcher, pieces = StreamDecoder(tokenizer), StopMatcher(request.stop), []
+        count = 0
+
+        def hand_out(text: str) -> None:
+            if text:
+                pieces.append(text)
+                if on_text is not None:
+                    on_text(text)
+
+        def on_token(token: int) -> None:
+            nonlocal count
+            count += 1
+            hand_out(matcher.push(decoder.push(token)))
+            if matcher.stopped:
+                raise _StopString
+
+        try:
+            _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
+                                hook=self.hook)
+            finish = "stop" if stats.stop_reason == "eos" else "length"
+            hand_out(matcher.push(decoder.flush()))
+            hand_out(matcher.flush())
+            if matcher.stopped:
+                finish = "stop"
+        except _StopString:
+            finish = "stop"
+            self._end_early()
+        except BaseException:
+            self._end_early()
+            raise
+        return Completion("".join(pieces), finish, len(ids), count)
+
+    def _end_early(self) -> None:
+        """An answer cut short (stop string, client gone): the hook's end of request, which gives a
+        capped clock back, as ``edgesdk run`` does when Ctrl-C stops an answer."""
+        if self.hook is not None:
+            self.hook.end(None)

@@ -1,0 +1,239 @@
+"""The HTTP side of ``edgesdk serve``: OpenAI-compatible routes on the standard library's server.
+
+Routes (each also without the ``/v1`` prefix, as llama-server takes them):
+
+* ``POST /v1/chat/completions``, ``POST /v1/completions``: answers, whole or streamed as
+  server-sent events (``data: {chunk}`` lines, then ``data: [DONE]``; WHATWG HTML, "Server-sent
+  events"). A streamed answer's connection closes at its end, which delimits the body (RFC 9112
+  §6.3); a client that goes away mid-answer stops the generation.
+* ``GET /v1/models``: the one model served. ``GET /health``: liveness, whether a request is
+  generating, and the thermal guard's level and temperature when it runs.
+
+With an API key every ``/v1`` route wants ``Authorization: Bearer KEY`` (``/health`` stays open, as
+in llama-server). Nothing here needs a package beyond the board runtime's.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import sys
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from edgesdk import __version__
+from edgesdk.errors import EdgeSDKError
+from edgesdk.serve.api import (
+    ApiError,
+    CompletionRequest,
+    chunk_body,
+    completion_body,
+    new_id,
+    parse_chat_request,
+    parse_text_request,
+    usage_chunk_body,
+)
+from edgesdk.serve.completion import Completer
+
+MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
+PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
+
+
+class ApiServer(ThreadingHTTPServer):
+    """Holds what the handlers share: the completer, the model's name, the key, the thermal hook."""
+
+    daemon_threads = True  # a client that stalls mid-request does not hold the process at exit
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], completer: Completer, model: str, api_key: str | None = None,
+                 log: bool = True):
+        self.completer, self.model, self.api_key, self.log = completer, model, api_key, log
+        self.started = int(time.time())
+        super().__init__(address, ApiHandler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+class ApiHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive for whole answers; a streamed one closes its connection
+    server_version = f"edgesdk/{__version__}"
+    server: ApiServer
+
+    # ------------------------------------------------------------------ routing
+    def do_GET(self):  # noqa: N802 (BaseHTTPRequestHandler's naming)
+        self._serve(lambda route: self._get(route))
+
+    def do_POST(self):  # noqa: N802
+        self._serve(lambda route: self._post(route))
+
+    def _serve(self, handle) -> None:
+        route = self.path.split("?", 1)[0]
+        self._body_read = False
+        try:
+            handle(route)
+        except ApiError as exc:
+            if self.command == "POST" and not self._body_read:
+                self.close_connection = True  # an unread body would be taken for the next request
+            self._send_json(exc.status, exc.body())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away; nothing left to answer
+        except Exception as exc:  # a fault of this server: a 500 that says what, and the trace in its log
+            traceback.print_exc(file=sys.stderr)
+            self._send_json(500, ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
+                                          kind="server_error").body())
+
+    def _get(self, route: str) -> None:
+        if route == "/health":
+            self._send_json(200, self._health())
+            return
+        self._authorise()
+        if _api_route(route) == "/models":
+            self._send_json(200, {"object": "list", "data": [self._model_card()]})
+        elif _api_route(route) == f"/models/{self.server.model}":
+            self._send_json(200, self._model_card())
+        else:
+            self._not_found(route, "GET")
+
+    def _post(self, route: str) -> None:
+        parse = PARSERS.get(_api_route(route))
+        if parse is None:
+            self._not_found(route, "POST")
+        self._authorise()
+        request = parse(self._read_json())
+        if request.stream:
+            self._stream(request)
+        else:
+            completion = self.server.completer.complete(request)
+            self._send_json(200, completion_body(request, new_id(request.chat), self.server.model, completion.text,
+                                                 completion.finish_reason, completion.prompt_tokens,
+                                                 completion.completion_tokens))
+
+    def _not_found(self, route: str, method: str) -> None:
+        routes = "GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
+        raise ApiError(404, f"no route {method} {route}: this server has {routes}", code="not_found")
+
+    # ------------------------------------------------------------------ requests
+    def _authorise(self) -> None:
+        key = self.server.api_key
+        if key is None:
+            return
+        given = self.headers.get("Authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY' with the key "
+                           "edgesdk serve was started with (--api-key or EDGESDK_API_KEY)",
+                           code="invalid_api_key", kind="authentication_error")
+
+    def _read_json(self) -> object:
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            raise ApiError(411, "chunked request bodies are not read here: send the body with a Content-Length")
+        length = self.headers.get("Content-Length")
+        if length is None or not length.strip().isdigit():
+            self.close_connection = True
+            raise ApiError(411, f"a request body needs a Content-Length header, got {length!r}")
+        size = int(length)
+        if size > MAX_BODY_BYTES:
+            self.close_connection = True  # the body is left unread: this connection cannot carry another request
+            raise ApiError(413, f"the request body has {size:,} bytes; this server reads at most {MAX_BODY_BYTES:,}")
+        raw = self.rfile.read(size)
+        self._body_read = True
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ApiError(400, f"the request body is not JSON in UTF-8: {exc}") from exc
+
+    # ------------------------------------------------------------------ answers
+    def _stream(self, request: CompletionRequest) -> None:
+        """Server-sent events; the headers go out when the request's turn comes, so a refused request
+        (busy, prompt too long) still gets a plain JSON error with its status."""
+        ident, model = new_id(request.chat), self.server.model
+
+        def start() -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            if request.chat:
+                self._event(chunk_body(request, ident, model, None, role=True))
+
+        started = False
+
+        def on_start() -> None:
+            nonlocal started
+            start()
+            started = True
+
+        try:
+            completion = self.server.completer.complete(
+                request, on_text=lambda text: self._event(chunk_body(request, ident, model, text)), on_start=on_start)
+        except (BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as exc:
+            if not started:
+                raise
+            # The headers are out: the error goes in the stream, as llama-server does.
+            if not isinstance(exc, EdgeSDKError):
+                traceback.print_exc(file=sys.stderr)
+            error = exc if isinstance(exc, ApiError) else ApiError(
+                500, exc.problem if isinstance(exc, EdgeSDKError) else f"internal error: {type(exc).__name__}: {exc}",
+                kind="server_error")
+            self._event(error.body())
+            return
+        self._event(chunk_body(request, ident, model, None, finish_reason=completion.finish_reason))
+        if request.include_usage:
+            self._event(usage_chunk_body(request, ident, model, completion.prompt_tokens,
+                                         completion.completion_tokens))
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def _event(self, body: dict) -> None:
+        self.wfile.write(b"data: " + json.dumps(body, ensure_ascii=False).encode("utf-8") + b"\n\n")
+        self.wfile.flush()
+
+    def _send_json(self, status: int, body: dict) -> None:
+        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if status == 401:
+            self.send_header("WWW-Authenticate", "Bearer")
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def _model_card(self) -> dict:
+        return {"id": self.server.model, "object": "model", "created": self.server.started, "owned_by": "edgesdk"}
+
+    def _health(self) -> dict:
+        completer = self.server.completer
+        body = {"status": "ok", "model": self.server.model, "backend": completer.runtime.backend.name,
+                "busy": completer.busy}
+        hook = completer.hook
+        guard = getattr(hook, "guard", None)
+        if hook is not None and hasattr(hook, "reading"):
+            reading = hook.reading
+            body["thermal"] = {
+                "level": guard.level.value if guard is not None else "unguarded",
+                "temperature_c": None if reading is None or reading.max_c is None else round(reading.max_c, 2),
+                "paused": bool(guard is not None and guard.paused),
+            }
+        return body
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's signature)
+        if self.server.log:
+            sys.stderr.write(f"edgesdk serve: {self.address_string()} {format % args}\n")
+
+
+def _api_route(route: str) -> str:
+    """``/v1/chat/completions`` and ``/chat/completions`` are the same route."""
+    route = route.rstrip("/") or "/"
+    return route[3:] if route.startswith("/v1/") else route
