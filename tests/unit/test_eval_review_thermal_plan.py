@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
+import pytest
+
+from edgesdk.cli_thermal import MAX_MINUTES, check_plan_size
+from edgesdk.errors import EdgeSDKError
+from edgesdk.thermal.plan import Workload
 from edgesdk.thermal.telemetry import load
 
 # A process whose files may not grow past LIMIT bytes (RLIMIT_FSIZE, as `ulimit -f`, with SIGXFSZ ignored):
@@ -72,3 +78,17 @@ def test_plan_whose_telemetry_disk_fills_up_ends_with_an_error_naming_the_file(t
     meta, steps = load(tmp_path / "rpi5-25C-guarded.jsonl")  # what was written before it stays readable
     assert meta["label"] == "guarded"
     assert steps
+
+
+@pytest.mark.parametrize(("decode_tok_s", "prompt_tokens", "new_tokens"), [(35, 1, 1), (35, 128, 256), (1000, 7, 3),
+                                                                           (123.4, 1, 2)])
+def test_the_longest_plan_the_size_check_suggests_is_accepted(decode_tok_s, prompt_tokens, new_tokens):
+    """The fix named a limit rounded to 3 digits, up as often as down: 29.76 min was shown as 29.8, and
+    --minutes 29.8 was refused in turn (250,320 steps)."""
+    workload = Workload(prompt_tokens, new_tokens)
+    with pytest.raises(EdgeSDKError) as refused:
+        check_plan_size(MAX_MINUTES, decode_tok_s, "given", workload)
+    suggested = float(re.search(r"pass --minutes (\S+) or less", refused.value.fix).group(1))
+    check_plan_size(suggested, decode_tok_s, "given", workload)  # accepted
+    with pytest.raises(EdgeSDKError):  # and it is the limit to 3 significant digits, not much less
+        check_plan_size(suggested * 1.01, decode_tok_s, "given", workload)
