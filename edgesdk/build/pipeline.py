@@ -88,6 +88,19 @@ def check_out_location(out: Path) -> None:
                          f"pass --out a path in a writable directory, or make {parent} writable")
 
 
+def recipe_for(recipe_name: str | None, profile):
+    """The recipe --recipe names, else the target profile's ``default_recipe``; a default that cannot be
+    loaded is named as the profile's (the user gave no recipe)."""
+    if recipe_name:
+        return load_recipe(recipe_name)
+    try:
+        return load_recipe(profile.default_recipe)
+    except BuildError as exc:
+        raise BuildError(f"no --recipe given, and the default_recipe of target profile '{profile.name}' cannot be "
+                         f"used: {exc.problem}",
+                         f"pass --recipe NAME, or fix default_recipe in the profile ({exc.fix})") from exc
+
+
 # The build command's shortcut options and the recipe setting each one stands for.
 SHORTCUTS = {"--ffn-ratio": "prune.ffn_ratio", "--distill-steps": "distill.steps", "--density": "sparsify.density"}
 
@@ -99,7 +112,7 @@ def shortcut_overrides(target: str, recipe_name: str | None, values: dict[str, o
     given = {option: value for option, value in values.items() if value is not None}
     if not given:
         return ()
-    recipe = load_recipe(recipe_name or get_profile(target).default_recipe)
+    recipe = recipe_for(recipe_name, get_profile(target))
     stages = [entry.stage for entry in recipe.stages]
     for option, value in given.items():
         stage = SHORTCUTS[option].partition(".")[0]
@@ -151,7 +164,7 @@ def _log(message: str) -> None:
 def build(config: BuildConfig) -> Bundle:
     """Run the whole pipeline and return the verified bundle."""
     profile = get_profile(config.target)
-    recipe = load_recipe(config.recipe or profile.default_recipe)
+    recipe = recipe_for(config.recipe, profile)
     if config.weight_bits is not None:  # before --set, which may still change either setting
         recipe = recipe.with_overrides(recipe.weight_bits_overrides(config.weight_bits))
     recipe = recipe.with_overrides(config.overrides)

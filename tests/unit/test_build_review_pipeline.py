@@ -156,3 +156,25 @@ def test_a_damaged_state_file_is_a_build_error_on_resume(tmp_path, text):
         WorkDir(work, {"build": 1}, resume=True)
     assert refused.value.fix == f"drop --resume to start over (the build replaces {work})"
     WorkDir(work, {"build": 1}, resume=False).release()  # dropping --resume starts over there
+
+
+@pytest.mark.parametrize("default_recipe", ["defualt", "mine.yaml"])
+def test_a_profiles_default_recipe_that_cannot_be_loaded_is_named_as_the_profiles(tmp_path, default_recipe):
+    """With no --recipe the build reads the target's default_recipe; a user profile naming one that does not
+    exist was refused as "unknown recipe 'defualt'" (or "recipe file mine.yaml does not exist") with the fix
+    to pass one of the shipped names, a recipe the user never gave, with no word of the profile."""
+    from edgesdk.build.pipeline import BuildConfig, build, shortcut_overrides
+
+    data = _profile_data("host")
+    data["default_recipe"] = default_recipe
+    target = tmp_path / "my-host.yaml"
+    target.write_text(yaml.safe_dump(data))
+    problem = (f"no --recipe given, and the default_recipe of target profile 'host' cannot be used: "
+               f"{'unknown recipe' if default_recipe == 'defualt' else 'recipe file'} ")
+    for attempt in (lambda: build(BuildConfig(target=str(target), model=str(tmp_path / "none"), out=tmp_path / "b")),
+                    lambda: shortcut_overrides(str(target), None, {"--density": 0.5})):
+        with pytest.raises(BuildError) as refused:
+            attempt()
+        assert refused.value.problem.startswith(problem)
+        assert refused.value.fix.startswith("pass --recipe NAME, or fix default_recipe in the profile (")
+    assert not (tmp_path / "b.build").exists()
