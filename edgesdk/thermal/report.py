@@ -83,6 +83,28 @@ def _output_path(out: str | Path, formats: dict[str, str]) -> Path:
     return out
 
 
+def _labels(runs: list[tuple[Path, dict, list[dict]]]) -> list[str]:
+    """Each run's legend label: its meta ``label``, else its file's stem. A label two runs share (two
+    plans' "guarded" runs at different ambients) gets the file's stem, or its path, so the lines can be
+    told apart."""
+    labels = [str(meta.get("label") or path.stem) for path, meta, _ in runs]
+    stems = [path.stem for path, _, _ in runs]
+    return [f"{label} ({stem if stems.count(stem) == 1 else path})" if labels.count(label) > 1 else label
+            for label, stem, (path, _, _) in zip(labels, stems, runs, strict=True)]
+
+
+def _heading(metas: list[dict]) -> str:
+    """The figure's title from the plotted runs' meta records: a profile, mode or ambient they do not
+    share is listed ("ambient 25 / 35 °C"), not taken from the first file alone."""
+    def shared(values: list) -> str:
+        return " / ".join(dict.fromkeys(values))
+
+    ambients = [f"{value:g}" for value in (_number(meta.get("ambient_c")) for meta in metas) if value is not None]
+    return (f"{shared([str(meta.get('profile', '?')) for meta in metas])} "
+            f"({shared([str(meta.get('mode', '?')) for meta in metas])}"
+            + (f", ambient {shared(ambients)} °C" if ambients else "") + ")")
+
+
 def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None, title: str | None = None) -> Path:
     """Plot one or more telemetry files (e.g. a guarded and an unguarded run) into ``out``; returns the
     path written (``out`` with ``.png`` added when it has no suffix)."""
@@ -102,9 +124,9 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
                            "record one with 'edgesdk run ... --telemetry FILE' or 'edgesdk thermal plan --telemetry-dir'")
     fig, (ax_t, ax_l, ax_r) = plt.subplots(3, 1, figsize=(11, 8), sharex=True,
                                            gridspec_kw={"height_ratios": [3, 1.2, 2]})
+    runs = [run for run in runs if run[2]]  # a file with no step record draws nothing
     meta0 = runs[0][1]
-    for path, meta, steps in runs:
-        label = _plain(str(meta.get("label") or path.stem))
+    for (_, _, steps), label in zip(runs, map(_plain, _labels(runs)), strict=True):
         t = np.array([r["t"] for r in steps]) / 60.0
         temp = np.array([np.nan if _number(r.get("temp_c")) is None else r["temp_c"] for r in steps], dtype=float)
         (line,) = ax_t.plot(t, temp, lw=1.2, label=label)
@@ -128,10 +150,7 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     ax_r.set_ylabel("tokens / s")
     ax_r.set_xlabel("time (min)")
     ax_r.grid(alpha=0.3)
-    ambient = _number(meta0.get("ambient_c"))
-    heading = title or (f"{meta0.get('profile', '?')} ({meta0.get('mode', '?')}"
-                        + (f", ambient {ambient:g} °C" if ambient is not None else "") + ")")
-    fig.suptitle(_plain(heading))
+    fig.suptitle(_plain(title or _heading([meta for _, meta, _ in runs])))
     fig.tight_layout()
     try:
         fig.savefig(out, dpi=110)

@@ -12,7 +12,8 @@ import pytest
 
 from edgesdk.cli_thermal import MAX_MINUTES, check_plan_size
 from edgesdk.errors import EdgeSDKError
-from edgesdk.thermal.plan import Workload
+from edgesdk.profile import get_profile
+from edgesdk.thermal.plan import Workload, simulate
 from edgesdk.thermal.telemetry import load
 
 # A process whose files may not grow past LIMIT bytes (RLIMIT_FSIZE, as `ulimit -f`, with SIGXFSZ ignored):
@@ -92,3 +93,34 @@ def test_the_longest_plan_the_size_check_suggests_is_accepted(decode_tok_s, prom
     check_plan_size(suggested, decode_tok_s, "given", workload)  # accepted
     with pytest.raises(EdgeSDKError):  # and it is the limit to 3 significant digits, not much less
         check_plan_size(suggested * 1.01, decode_tok_s, "given", workload)
+
+
+def svg_texts(path) -> list[str]:
+    """The texts of a figure matplotlib wrote as SVG (each glyph run follows a comment holding its text)."""
+    return re.findall(r"<!-- (.*?) -->", path.read_text(encoding="utf-8"))
+
+
+def test_report_of_runs_that_share_a_label_tells_them_apart_and_titles_every_ambient(tmp_path):
+    """Two plans' guarded runs (25 and 35 °C) were both 'guarded' in the legend, under the title of the first
+    file alone, 'rpi5 (simulated, ambient 25 °C)'."""
+    pytest.importorskip("matplotlib")
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+
+    profile = get_profile("rpi5")
+    files = []
+    for ambient in (25.0, 35.0):
+        files.append(tmp_path / f"rpi5-{ambient:g}C-guarded.jsonl")
+        simulate(profile, 0.5, ambient, True, 35.0, telemetry_path=str(files[-1]), label="guarded")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    out = tmp_path / "both.svg"
+    result = CliRunner().invoke(main, ["thermal", "report", str(empty), *map(str, files), "-o", str(out)])
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    texts = svg_texts(out)
+    assert "guarded (rpi5-25C-guarded)" in texts
+    assert "guarded (rpi5-35C-guarded)" in texts
+    assert "guarded" not in texts
+    assert "rpi5 (simulated, ambient 25 / 35 °C)" in texts  # not '? (?)' from the empty first file
+    assert "firmware throttle 80 °C" in texts  # the limits of a run that is drawn
