@@ -97,7 +97,7 @@ def load(path: str | Path) -> tuple[dict, list[dict]]:
     for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # JSONDecodeError, an integer past 4,300 digits, deep nesting
             continue
         if not isinstance(record, dict):
             continue

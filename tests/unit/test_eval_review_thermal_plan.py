@@ -124,3 +124,15 @@ def test_report_of_runs_that_share_a_label_tells_them_apart_and_titles_every_amb
     assert "guarded" not in texts
     assert "rpi5 (simulated, ambient 25 / 35 °C)" in texts  # not '? (?)' from the empty first file
     assert "firmware throttle 80 °C" in texts  # the limits of a run that is drawn
+
+
+def test_load_skips_lines_json_refuses_with_other_errors_than_a_decode_error(tmp_path):
+    """An integer of more than 4,300 digits raises a plain ValueError and deep nesting a RecursionError,
+    not JSONDecodeError: load ended in a traceback (and thermal report with it) instead of skipping them."""
+    path = tmp_path / "odd.jsonl"
+    step = {"type": "step", "t": 1.0, "kind": "decode", "tokens": 1, "level": "normal", "temp_c": 60.0}
+    path.write_text("\n".join([json.dumps({"type": "meta", "profile": "rpi5"}), "7" * 5000,
+                               '{"type": "step", "t": ' + "1" * 5000 + "}", "[" * 100_000, json.dumps(step)]) + "\n")
+    meta, steps = load(path)
+    assert meta["profile"] == "rpi5"
+    assert steps == [step]
