@@ -377,7 +377,11 @@ def test_client_that_leaves_mid_stream_stops_the_generation(runtime):
         client = socket.create_connection(("127.0.0.1", server.port), timeout=30)
         body = json.dumps({"prompt": PROMPT, "max_tokens": 200, "stream": True}).encode()
         client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-        assert b"data: " in client.recv(4096)
+        received = b""
+        while b"data: " not in received:  # the headers, then the first text event
+            chunk = client.recv(4096)
+            assert chunk, "the server closed the stream before its first event"
+            received += chunk
         client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # reset on close
         client.close()
         deadline = time.monotonic() + 30
