@@ -34,12 +34,15 @@ import click
                                  "[on a Jetson, else off].")
 @click.option("--remote-python", help="Python on the board [python3; this interpreter with --to].")
 @click.option("--keep", default=3, show_default=True, help="Releases kept on the board (current and previous always).")
+@click.option("--smoke-timeout", type=click.FloatRange(min=1), default=900.0, show_default=True, metavar="SECONDS",
+              help="Seconds the smoke test ('edgesdk run' of the new release on the board, and of the release a "
+                   "--rollback goes to) may take.")
 @click.option("--service", is_flag=True, help="Install a systemd unit serving the bundle (needs 'edgesdk serve').")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config, ssh_command, accept_new_host_key,
            show_status, rollback, release_id, ignore_target, no_install, system_site_packages, remote_python, keep,
-           service, as_json):
+           smoke_timeout, service, as_json):
     """Ship BUNDLE to a board over ssh and switch to it: verified, smoke-tested, atomic, with rollback.
 
     \b
@@ -68,7 +71,7 @@ def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config
         require_server_command(ctx.parent.command.commands if ctx.parent else {})
     options = DeployOptions(
         host=host, to=to, remote_root=remote_root, remote_python=remote_python, ignore_target=ignore_target,
-        install=not no_install, system_site_packages=system_site_packages, keep=keep,
+        install=not no_install, system_site_packages=system_site_packages, keep=keep, smoke_timeout=smoke_timeout,
         ssh=SshOptions(identity=identity, ssh_config=ssh_config, options=tuple(ssh_options),
                        accept_new_host_key=accept_new_host_key, ssh_command=ssh_command))
     if show_status or rollback:

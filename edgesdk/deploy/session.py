@@ -12,7 +12,7 @@ from edgesdk.deploy.install import runtime_argv
 from edgesdk.deploy.probe import BoardFacts
 from edgesdk.deploy.remote import Board
 from edgesdk.deploy.report import Reporter
-from edgesdk.deploy.transport import DeployError, HostSpec, LocalTransport, SshOptions, SshTransport
+from edgesdk.deploy.transport import DeployError, HostSpec, LocalTransport, SshOptions, SshTransport, TimedOut
 
 DEFAULT_REMOTE_ROOT = "~/edgesdk"
 
@@ -96,7 +96,12 @@ def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOp
     """``edgesdk run RELEASE --prompt hi -n 4 --raw`` on the board; returns the generated text."""
     argv = [*run_argv(edgesdk, release, options), "--prompt", options.smoke_prompt, "-n", str(options.smoke_tokens),
             "--raw"]
-    proc = board.transport.run(argv, timeout=options.smoke_timeout, what="the smoke test")
+    try:
+        proc = board.transport.run(argv, timeout=options.smoke_timeout, what="the smoke test")
+    except TimedOut as exc:
+        raise TimedOut(exc.what, board.label, exc.seconds,
+                       "the board keeps its current release; check its load and free memory (a bundle larger than "
+                       "the free RAM swaps), or give the smoke test longer with --smoke-timeout SECONDS") from exc
     text = proc.stdout.decode("utf-8", "replace")
     if proc.returncode != 0 or not text.strip():
         tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-10:]

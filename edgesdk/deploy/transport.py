@@ -110,9 +110,18 @@ class Transport:
         """Release what the transport holds (the ssh master connection)."""
 
 
+class TimedOut(DeployError):
+    """A board command ran past its deadline and was stopped (``what`` and ``seconds`` say which and when)."""
+
+    def __init__(self, what: str, label: str, seconds: float, fix: str | None = None):
+        self.what, self.seconds = what, seconds
+        shown = f"{seconds:.0f}" if seconds >= 10 else f"{seconds:g}"
+        super().__init__(f"{what} on {label} did not finish within {shown} s (stopped)",
+                         fix or "check the board (load, memory), then run it again")
+
+
 def _timed_out(what: str, label: str, timeout: float | None) -> DeployError:
-    return DeployError(f"{what} on {label} did not finish within {timeout:.0f} s (stopped)",
-                       "check the board (load, memory), or raise the timeout")
+    return TimedOut(what, label, timeout)
 
 
 # The board enforces a command's deadline itself: when ssh gives up, the remote command would otherwise

@@ -192,3 +192,26 @@ def test_a_failed_switch_puts_back_previous_and_the_runtime_too(small_disk, tmp_
     disk_filler.unlink()
     assert board.call("switch", {"bundle_id": new.bundle_id, "runtime_key": "k2"})["from"] == old.bundle_id
     assert os.readlink(root / "previous") == f"releases/{old.bundle_id}"
+
+
+def test_a_smoke_test_past_its_deadline_names_the_option_that_gives_it_longer(tiny_bundle, tmp_path):
+    """The fix said 'raise the timeout' and no option raised it; the board keeps its release meanwhile."""
+    from edgesdk.deploy.orchestrate import deploy
+    from edgesdk.deploy.report import Reporter
+    from edgesdk.deploy.session import DeployOptions
+    from edgesdk.deploy.transport import DeployError
+    from tests._utils.deploy import bundle_variant, current_id, edgesdk
+
+    root = tmp_path / "dir"
+    first = edgesdk("deploy", tiny_bundle.path, "--to", root, "--smoke-timeout", 600)
+    assert first.returncode == 0, first.stderr
+    second = bundle_variant(tiny_bundle.path, tmp_path / "second", "second")
+    with pytest.raises(DeployError) as late:
+        deploy(second.path, DeployOptions(to=root, smoke_timeout=0.05), Reporter(8, write=lambda line: None))
+    assert f"the smoke test on local directory {root} did not finish within 0.05 s (stopped)" in late.value.problem
+    assert "the board keeps its current release" in late.value.fix
+    assert "--smoke-timeout SECONDS" in late.value.fix
+    assert current_id(root) == tiny_bundle.bundle_id
+    short = edgesdk("deploy", second.path, "--to", root, "--smoke-timeout", 0.5)
+    assert short.returncode == 2
+    assert "--smoke-timeout" in short.stderr
