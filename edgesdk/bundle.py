@@ -226,11 +226,20 @@ def _manifest_shape_problems(manifest: dict) -> list[str]:
     problems += _runtime_section_problems(manifest["runtime"])
     graph = manifest["graph"]
     problems += _weights_record_problems(graph.get("weights") if isinstance(graph, dict) else None)
+    sparse = manifest.get("sparse")
+    kernels = sparse.get("kernels") if isinstance(sparse, dict) else None
+    if sparse is not None and not (isinstance(sparse, dict) and isinstance(sparse.get("weights"), str) and (
+            not kernels or (isinstance(kernels, dict) and isinstance(kernels.get("dir"), str)))):
+        problems.append(f"'sparse' must be a mapping with a 'weights' string (and 'kernels', when present, a "
+                        f"mapping with a 'dir' string), got {sparse!r:.120}")
     if problems:
         return problems
     weights = manifest["graph"].get("weights") or {}
+    # The triton backend reads the block-sparse weights and loads the kernel directory's index.json and the
+    # cubins it names onto the GPU: both must lie in the bundle, under verification.
     opened = [manifest["graph"]["file"], manifest["tokenizer"]["file"], manifest["tokenizer"].get("chat_template"),
-              weights.get("file")]
+              weights.get("file"), sparse["weights"] if sparse is not None else None,
+              f"{PurePosixPath(kernels['dir']).as_posix()}/index.json" if kernels else None]
     return [f"'{name}' is opened by the runtime but not listed in 'files'" for name in opened
             if name is not None and name not in files]
 

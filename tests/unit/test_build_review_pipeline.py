@@ -178,3 +178,69 @@ def test_a_profiles_default_recipe_that_cannot_be_loaded_is_named_as_the_profile
         assert refused.value.problem.startswith(problem)
         assert refused.value.fix.startswith("pass --recipe NAME, or fix default_recipe in the profile (")
     assert not (tmp_path / "b.build").exists()
+
+
+def _copy_with_manifest(bundle, tmp_path, change):
+    """A copy of ``bundle`` whose manifest was edited by ``change`` and its digest rewritten to match."""
+    import hashlib
+    import json
+    import shutil
+
+    path = tmp_path / bundle.path.name
+    shutil.copytree(bundle.path, path)
+    manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    change(manifest)
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    (path / "manifest.json").write_text(text, encoding="utf-8")
+    (path / "manifest.sha256").write_text(hashlib.sha256(text.encode()).hexdigest() + "\n", encoding="utf-8")
+    return path
+
+
+def _sparse(weights="model.onnx.data", kernels_dir=None):
+    def add(manifest):
+        manifest["sparse"] = {"weights": weights, "block": 32}
+        if kernels_dir is not None:
+            manifest["sparse"]["kernels"] = {"sm": 87, "dir": kernels_dir, "kernels": [], "failed": {}}
+    return add
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (_sparse(weights="../elsewhere/sparse.safetensors"),
+     r"'\.\./elsewhere/sparse\.safetensors' is opened by the runtime but not listed"),
+    (_sparse(weights="/tmp/sparse.safetensors"), r"'/tmp/sparse\.safetensors' is opened by the runtime but not listed"),
+    (_sparse(kernels_dir="../../elsewhere/sm_87"), r"'\.\./\.\./elsewhere/sm_87/index\.json' is opened by the runtime"),
+    (_sparse(kernels_dir="kernels/sm_87"), r"'kernels/sm_87/index\.json' is opened by the runtime but not listed"),
+    (lambda m: m.update(sparse=["sparse/weights.safetensors"]), r"'sparse' must be a mapping with a 'weights' string"),
+    (lambda m: m.update(sparse={"weights": "model.onnx.data", "kernels": {"dir": 87}}),
+     r"'kernels', when present, a mapping with a 'dir' string"),
+], ids=["weights-dotdot", "weights-absolute", "kernels-dotdot", "kernels-unlisted", "sparse-list", "dir-number"])
+def test_a_sparse_record_naming_files_outside_verification_is_refused(tiny_bundle, tmp_path, change, match):
+    """The triton backend reads manifest['sparse']['weights'] and loads the cubins of sparse.kernels.dir onto the
+    GPU; the manifest check covered the graph, tokenizer and weights files only, so an edited manifest could
+    point them outside the bundle (or at unlisted files) and the bundle still verified."""
+    from edgesdk.bundle import verify_bundle
+    from edgesdk.errors import BundleError
+
+    path = _copy_with_manifest(tiny_bundle, tmp_path, change)
+    with pytest.raises(BundleError, match=match) as refused:
+        verify_bundle(path)
+    assert "edited by hand" in refused.value.fix
+
+
+def test_a_sound_sparse_record_is_accepted(tiny_bundle, tmp_path):
+    """Names in the bundle and listed: the record verifies, its kernel index included."""
+    import hashlib
+
+    from edgesdk.bundle import verify_bundle
+
+    index = b'{"variants": []}'
+
+    def add(manifest):
+        _sparse(kernels_dir="kernels/sm_87/")(manifest)
+        manifest["files"]["kernels/sm_87/index.json"] = {"size": len(index),
+                                                         "sha256": hashlib.sha256(index).hexdigest()}
+
+    path = _copy_with_manifest(tiny_bundle, tmp_path, add)
+    (path / "kernels" / "sm_87").mkdir(parents=True)
+    (path / "kernels" / "sm_87" / "index.json").write_bytes(index)
+    assert verify_bundle(path).manifest["sparse"]["kernels"]["dir"] == "kernels/sm_87/"
