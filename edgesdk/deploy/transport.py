@@ -38,6 +38,10 @@ _HOST_RE = re.compile(r"^(?:(?P<user>[^@\s/]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.%\w-]+)
                       r"(?::(?P<port>\d{1,5}))?$")
 
 
+# What OpenSSH >= 9.6 refuses in a user or host name from the command line (CVE-2023-51385).
+_SHELL_CHARS = "'`\"$\\;&<>|(){}"
+
+
 @dataclass(frozen=True)
 class HostSpec:
     """``[user@]host[:port]`` as given to ``--host`` (host may be an alias from ~/.ssh/config)."""
@@ -58,6 +62,12 @@ class HostSpec:
                                "--host pi@[fe80::1%eth0]:2222" if bare_v6 else
                                "pass e.g. --host nvidia@orin.local, --host pi@192.168.1.20:2222, or an alias "
                                "from ~/.ssh/config"))
+        shell = sorted({c for c in (match["user"] or "") + (match["name"] or "") if c in _SHELL_CHARS or c < " "})
+        if shell:
+            raise DeployError(f"--host {text!r}: {' '.join(map(repr, shell))} cannot be part of a user or board "
+                              "name (ssh would hand it to the shell of a ProxyCommand or Match exec; OpenSSH 9.6 "
+                              "refuses it)",
+                              "pass the board's user name and host name or address, e.g. --host pi@192.168.1.20")
         port = int(match["port"]) if match["port"] else None
         if port is not None and not 0 < port < 65536:
             raise DeployError(f"--host {text!r}: port {port} is outside 1-65535", "pass a valid ssh port")

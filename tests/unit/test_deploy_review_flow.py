@@ -215,3 +215,20 @@ def test_a_smoke_test_past_its_deadline_names_the_option_that_gives_it_longer(ti
     short = edgesdk("deploy", second.path, "--to", root, "--smoke-timeout", 0.5)
     assert short.returncode == 2
     assert "--smoke-timeout" in short.stderr
+
+
+@pytest.mark.parametrize(("text", "bad"), [("pi@b`reboot`x", "'`'"), ("a;touch@board", "';'"),
+                                           ("pi@board|x", "'|'"), ("pi@$(id)", "'$' '(' ')'")])
+def test_shell_characters_in_a_host_are_refused_by_name(tmp_path, text, bad):
+    """ssh substitutes the user and host into a ProxyCommand or Match exec that its shell runs; an ssh older than
+    9.6 ran them, a newer one refuses with 'invalid characters' that deploy called a network failure."""
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+
+    result = CliRunner().invoke(main, ["deploy", "--status", "--host", text, "--ssh-config", "/dev/null",
+                                       "--ssh-option", f"ProxyCommand=sh -c 'cd {tmp_path} && echo %h %r'"])
+    assert result.exit_code == 8, result.output
+    assert f"--host {text!r}: {bad} cannot be part of a user or board name" in result.output
+    assert "check the network" not in result.output
+    assert not (tmp_path / "pwned").exists()
