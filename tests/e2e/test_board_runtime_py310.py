@@ -75,3 +75,29 @@ def test_zlib_weights_bundle_runs_on_python310(board_venv, tiny_model_dir, tmp_p
                           "--raw", "-n", "4"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip()
+
+
+def test_serve_on_python310(board_venv, tiny_bundle):
+    """``edgesdk serve`` from the base install on Python 3.10: one chat answer over HTTP, then SIGTERM."""
+    import http.client
+    import json
+    import signal
+
+    process = subprocess.Popen([str(board_venv / "bin" / "edgesdk"), "serve", str(tiny_bundle.path), "--port", "0",
+                                "--quiet"], stderr=subprocess.PIPE, text=True)
+    try:
+        address = next((line.split(" on http://", 1)[1].split("/v1", 1)[0] for line in process.stderr
+                        if " on http://" in line), None)
+        assert address, "the server never said where it listens"
+        host, port = address.rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=120)
+        connection.request("POST", "/v1/chat/completions", body=json.dumps(
+            {"messages": [{"role": "user", "content": "The quick brown fox"}], "max_tokens": 4}))
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        connection.close()
+        assert response.status == 200, answer
+        assert answer["choices"][0]["finish_reason"] in ("stop", "length")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
