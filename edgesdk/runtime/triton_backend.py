@@ -62,9 +62,11 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
     try:
         import torch
         from safetensors.torch import load_file
-    except ImportError as exc:
-        raise RuntimeBackendError(f"PyTorch is not importable here ({exc.name})",
-                                  "install PyTorch for this board (on Jetson: jetson-containers l4t-pytorch)") from exc
+    except Exception as exc:  # a torch whose CUDA libraries do not load raises OSError or ValueError, not ImportError
+        raise RuntimeBackendError(
+            f"PyTorch is not importable here ({type(exc).__name__}: {exc})",
+            "install the PyTorch build for this board's CUDA (on Jetson: jetson-containers l4t-pytorch or NVIDIA's "
+            "JetPack wheel); a pip wheel for another CUDA fails to load its libraries") from exc
     from edgesdk.kernels.ops import kernel_mode, triton_available
     from edgesdk.kernels.tuning import RUNTIME_FIELDS, TUNING_ENV_VAR, parse_tuning_overrides
     from edgesdk.runtime.sparse_decoder import SparseDecoder

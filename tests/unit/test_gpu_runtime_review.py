@@ -1,0 +1,58 @@
+"""GPU-side runtime review: the triton and tensorrt backends, the sparse decoder and the engine cache, as far
+as a machine without a GPU or TensorRT can run them (the decoder on the kernels' PyTorch twins,
+``EDGESDK_KERNELS=reference``; engine directories as the builder leaves them)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def broken_torch(tmp_path: Path) -> Path:
+    """A directory whose ``torch`` fails to import as a torch wheel built for another CUDA does on a Jetson:
+    its import loads the CUDA libraries with ctypes and raises OSError, not ImportError."""
+    package = tmp_path / "site" / "torch"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        'raise OSError("libcudnn.so.8: cannot open shared object file: No such file or directory")\n')
+    return package.parent
+
+
+def run_python(code: str, path_first: Path) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter with ``path_first`` ahead of the installed packages."""
+    env_path = f"{path_first}:{REPO}"
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin", "HOME": str(path_first)})
+
+
+# --- a torch that cannot be imported -----------------------------------------------------------
+
+
+def test_a_torch_that_fails_to_load_is_a_reason_for_the_triton_backend_not_a_traceback(tmp_path):
+    """A broken torch raised its OSError out of the triton opener, and the backend chain, which moves on only
+    past a RuntimeBackendError, ended 'edgesdk run' there instead of reaching ort-cpu."""
+    result = run_python("""
+        from types import SimpleNamespace
+        from edgesdk.errors import RuntimeBackendError
+        from edgesdk.runtime.session import open_backend
+        from edgesdk.runtime.triton_backend import open_triton_backend
+        bundle = SimpleNamespace(path="b", manifest={"sparse": {"weights": "sparse/weights.safetensors"}},
+                                 file=lambda name: name)
+        try:
+            open_backend(bundle, ["triton"], threads=1)
+        except RuntimeBackendError as exc:
+            print("CHAIN", exc.problem)
+        try:
+            open_triton_backend(bundle, threads=1)
+        except RuntimeBackendError as exc:
+            print("FIX", exc.fix)
+        """, broken_torch(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert ("CHAIN no backend could run bundle b: triton: PyTorch is not importable here (OSError: libcudnn.so.8: "
+            "cannot open shared object file") in result.stdout
+    assert "FIX install the PyTorch build for this board's CUDA" in result.stdout
