@@ -138,6 +138,8 @@ def open_device():
         reason = f"torch is not importable ({torch_exc})"
     except RuntimeBackendError as exc:
         reason = exc.problem
+    except Exception as exc:  # a torch whose CUDA libraries do not load (OSError, ValueError), a failing CUDA init
+        reason = f"torch cannot be used ({type(exc).__name__}: {exc})"
     try:
         return CudaPythonDevice()
     except RuntimeBackendError as exc:

@@ -56,3 +56,23 @@ def test_a_torch_that_fails_to_load_is_a_reason_for_the_triton_backend_not_a_tra
     assert ("CHAIN no backend could run bundle b: triton: PyTorch is not importable here (OSError: libcudnn.so.8: "
             "cannot open shared object file") in result.stdout
     assert "FIX install the PyTorch build for this board's CUDA" in result.stdout
+
+
+def test_a_torch_that_fails_to_load_leaves_the_tensorrt_backend_to_cuda_python(tmp_path):
+    """The tensorrt backend allocates device memory with torch, else cuda-python. A broken torch's OSError
+    skipped cuda-python and reached the opener's catch-all as 'loading engine.plan failed: OSError ...' with
+    the fix to rebuild the engine, which was never at fault."""
+    result = run_python("""
+        from edgesdk.errors import RuntimeBackendError
+        from edgesdk.runtime.tensorrt_backend import open_device
+        try:
+            open_device()
+        except RuntimeBackendError as exc:
+            print("PROBLEM", exc.problem)
+            print("FIX", exc.fix)
+        """, broken_torch(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert ("PROBLEM no way to allocate CUDA memory from Python: torch cannot be used (OSError: libcudnn.so.8: "
+            "cannot open shared object file: No such file or directory); neither torch with CUDA nor cuda-python "
+            "is importable") in result.stdout
+    assert "FIX pip install cuda-python" in result.stdout
