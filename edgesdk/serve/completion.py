@@ -87,6 +87,10 @@ class _StopString(Exception):  # noqa: N818 (a signal out of the token callback,
     pass
 
 
+class ClientGone(ConnectionAbortedError):
+    """The request's client closed its connection: nobody is left to read the answer."""
+
+
 class Completer:
     """Runs requests against one loaded bundle, one at a time."""
 
@@ -129,10 +133,16 @@ class Completer:
                               top_p=pick(request.top_p, self.defaults.top_p), seed=request.seed)
 
     def complete(self, request: CompletionRequest, on_text: Callable[[str], None] | None = None,
-                 on_start: Callable[[], None] | None = None) -> Completion:
+                 on_start: Callable[[], None] | None = None,
+                 client_gone: Callable[[], bool] | None = None) -> Completion:
         """Generate the answer; ``on_text`` gets each piece of text as it is settled, ``on_start`` is
         called when the request's turn comes (before its prefill). An exception from either (a client
-        that went away) ends the generation and propagates; the next request runs normally."""
+        that went away) ends the generation and propagates; the next request runs normally.
+
+        ``client_gone`` is asked when the turn comes and after every token: once it says the client
+        left, :class:`ClientGone` ends the request there, as llama-server drops a request whose
+        connection closed. A request whose client left while it waited in the queue never runs, and a
+        whole (not streamed) answer, which writes nothing until its end, stops at the next token."""
         ids = self.prompt_ids(request)
         sampling = self.sampling(request)
         if not self._admitted.acquire(blocking=False):
@@ -143,16 +153,18 @@ class Completer:
             with self._turn:
                 self.busy = True
                 try:
+                    if client_gone is not None and client_gone():
+                        raise ClientGone("the client closed the connection while the request waited")
                     if on_start is not None:
                         on_start()
-                    return self._generate(request, ids, sampling, on_text)
+                    return self._generate(request, ids, sampling, on_text, client_gone)
                 finally:
                     self.busy = False
         finally:
             self._admitted.release()
 
     def _generate(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig,
-                  on_text: Callable[[str], None] | None) -> Completion:
+                  on_text: Callable[[str], None] | None, client_gone: Callable[[], bool] | None) -> Completion:
         tokenizer = self.runtime.tokenizer
         decoder, matcher, pieces = StreamDecoder(tokenizer), StopMatcher(request.stop), []
         count = 0
@@ -169,6 +181,8 @@ class Completer:
             hand_out(matcher.push(decoder.push(token)))
             if matcher.stopped:
                 raise _StopString
+            if client_gone is not None and client_gone():
+                raise ClientGone("the client closed the connection mid-answer")
 
         try:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import socket
 import sys
 import time
 import traceback
@@ -79,7 +80,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             if self.command == "POST" and not self._body_read:
                 self.close_connection = True  # an unread body would be taken for the next request
             self._send_json(exc.status, exc.body())
-        except (BrokenPipeError, ConnectionResetError):
+        except ConnectionError:  # BrokenPipeError, ConnectionResetError, ClientGone
             self.close_connection = True  # the client went away; nothing left to answer
         except Exception as exc:  # a fault of this server: a 500 that says what, and the trace in its log
             traceback.print_exc(file=sys.stderr)
@@ -107,7 +108,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if request.stream:
             self._stream(request)
         else:
-            completion = self.server.completer.complete(request)
+            completion = self.server.completer.complete(request, client_gone=self._client_gone)
             self._send_json(200, completion_body(request, new_id(request.chat), self.server.model, completion.text,
                                                  completion.finish_reason, completion.prompt_tokens,
                                                  completion.completion_tokens))
@@ -172,8 +173,9 @@ class ApiHandler(BaseHTTPRequestHandler):
 
         try:
             completion = self.server.completer.complete(
-                request, on_text=lambda text: self._event(chunk_body(request, ident, model, text)), on_start=on_start)
-        except (BrokenPipeError, ConnectionResetError):
+                request, on_text=lambda text: self._event(chunk_body(request, ident, model, text)), on_start=on_start,
+                client_gone=self._client_gone)
+        except ConnectionError:
             raise
         except Exception as exc:
             if not started:
@@ -192,6 +194,16 @@ class ApiHandler(BaseHTTPRequestHandler):
                                          completion.completion_tokens))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its end (end of file or a reset), without waiting: bytes it sent
+        ahead (a next request on a keep-alive connection) mean it is still there."""
+        try:
+            return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False  # nothing to read: connected
+        except OSError:
+            return True  # reset, or the socket is closed
 
     def _event(self, body: dict) -> None:
         self.wfile.write(b"data: " + json.dumps(body, ensure_ascii=False).encode("utf-8") + b"\n\n")
