@@ -565,7 +565,10 @@ def _commit(out: Path, plan_bytes: bytes, info: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     for pattern in (f".{out.name}.partial-*", f".{out.name}.old-*"):  # left by a build killed while writing
         for stale in out.parent.glob(pattern):                          # or while swapping the engine in
-            if not _process_alive(stale.name.rsplit("-", 1)[-1]):
+            pid = stale.name.rsplit("-", 1)[-1]
+            # This process has made neither yet: one with its pid is an earlier process's (PIDs repeat after a
+            # reboot, and a container's build runs as the same PID each time)
+            if pid == str(os.getpid()) or not _process_alive(pid):
                 shutil.rmtree(stale, ignore_errors=True)
     staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
     staging.mkdir()

@@ -4,6 +4,8 @@ as a machine without a GPU or TensorRT can run them (the decoder on the kernels'
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -76,3 +78,27 @@ def test_a_torch_that_fails_to_load_leaves_the_tensorrt_backend_to_cuda_python(t
             "cannot open shared object file: No such file or directory); neither torch with CUDA nor cuda-python "
             "is importable") in result.stdout
     assert "FIX pip install cuda-python" in result.stdout
+
+
+# --- the engine directory ----------------------------------------------------------------------
+
+
+def test_a_build_cleans_up_leftovers_that_carry_its_own_pid(tmp_path):
+    """A build killed while writing (a power cut) leaves .KEY.partial-PID and .KEY.old-PID, removed by the next
+    build when PID is not running. A build that ran as the same PID (a container's build is PID 1 or so every
+    time; PIDs repeat after a reboot) took them for its own live files: the next one failed with
+    FileExistsError on its staging directory, or 'Directory not empty' moving the engine aside, every time."""
+    from edgesdk.runtime import tensorrt_engine as te
+
+    out = tmp_path / "engines" / "id" / "key"
+    out.mkdir(parents=True)
+    (out / te.ENGINE_FILE).write_bytes(b"old plan")
+    (out / te.INFO_FILE).write_text("{}")
+    for kind in ("partial", "old"):
+        left = out.with_name(f".{out.name}.{kind}-{os.getpid()}")
+        left.mkdir()
+        (left / te.ENGINE_FILE).write_bytes(b"half")
+    te._commit(out, b"new plan", {"ok": True})
+    assert (out / te.ENGINE_FILE).read_bytes() == b"new plan"
+    assert json.loads((out / te.INFO_FILE).read_text()) == {"ok": True}
+    assert sorted(p.name for p in out.parent.iterdir()) == ["key"]
