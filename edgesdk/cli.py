@@ -467,6 +467,13 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                                  param_hint="'--api-key'")
     _warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard, clock_cap=clock_cap,
                                  ambient=ambient, sim_speed=sim_speed, thermal_target=thermal_target)
+    import signal
+
+    # A service manager's stop (SIGTERM; SIGHUP unless nohup ignores it) ends the server as Ctrl-C does:
+    # through the finally below, which lets the answer being generated end and tell its client why.
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(stop) is not signal.SIG_IGN:
+            signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=True)
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
@@ -487,10 +494,21 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
         except KeyboardInterrupt:
             click.echo("edgesdk serve: stopped", err=True)
         finally:
-            server.server_close()
+            try:  # the answers end before the thermal session closes: no guard step after its clock cap is given back
+                if completer.busy:
+                    click.echo("edgesdk serve: stopping the answer being generated (Ctrl-C again stops at once)",
+                               err=True)
+                if not server.stop_answers(timeout=SERVE_STOP_WAIT_S):
+                    click.echo(f"edgesdk serve: an answer did not end within {SERVE_STOP_WAIT_S} s of the stop; "
+                               "its connection is cut", err=True)
+            finally:
+                server.server_close()
     finally:
         if thermal is not None:
             thermal.close()
+
+
+SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in flight (a long prompt's prefill on a board)
 
 
 def _served_model_name(manifest: dict) -> str:

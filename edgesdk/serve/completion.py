@@ -99,6 +99,19 @@ class Completer:
         self._turn = threading.Lock()  # held while a request generates
         self._admitted = threading.BoundedSemaphore(self.defaults.max_waiting + 1)  # generating + waiting
         self.busy = False
+        self.stopping = False  # set by stop(): the server is shutting down
+
+    def stop(self) -> None:
+        """Take no more requests: the one generating ends at its next token and those waiting when
+        their turn comes, each with a 503 ``server_stopping`` (a streamed answer gets it as its last
+        event). The caller closes what the hook holds (the thermal session, the clock cap) once the
+        answers are out, so no step of theirs runs after it."""
+        self.stopping = True
+
+    def _check_stopping(self) -> None:
+        if self.stopping:
+            raise ApiError(503, "the server is shutting down (edgesdk serve was stopped); retry once it runs "
+                           "again", code="server_stopping", kind="server_error")
 
     def prompt_ids(self, request: CompletionRequest) -> list[int]:
         """The request's token ids, or a 400 naming what is wrong with its text."""
@@ -145,6 +158,7 @@ class Completer:
         whole (not streamed) answer, which writes nothing until its end, stops at the next token."""
         ids = self.prompt_ids(request)
         sampling = self.sampling(request)
+        self._check_stopping()
         if not self._admitted.acquire(blocking=False):
             raise ApiError(503, f"the server is busy: one request is generating and {self.defaults.max_waiting} are "
                            "waiting; retry later (edgesdk serve --max-queue raises the limit)",
@@ -153,6 +167,7 @@ class Completer:
             with self._turn:
                 self.busy = True
                 try:
+                    self._check_stopping()
                     if client_gone is not None and client_gone():
                         raise ClientGone("the client closed the connection while the request waited")
                     if on_start is not None:
@@ -183,6 +198,7 @@ class Completer:
                 raise _StopString
             if client_gone is not None and client_gone():
                 raise ClientGone("the client closed the connection mid-answer")
+            self._check_stopping()
 
         try:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,

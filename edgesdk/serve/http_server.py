@@ -19,6 +19,7 @@ import hmac
 import json
 import socket
 import sys
+import threading
 import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -51,7 +52,27 @@ class ApiServer(ThreadingHTTPServer):
                  log: bool = True):
         self.completer, self.model, self.api_key, self.log = completer, model, api_key, log
         self.started = int(time.time())
+        self._answering = 0  # requests past their body: being answered or waiting for their turn
+        self._answers_done = threading.Condition()
         super().__init__(address, ApiHandler)
+
+    def answer_started(self) -> None:
+        with self._answers_done:
+            self._answering += 1
+
+    def answer_ended(self) -> None:
+        with self._answers_done:
+            self._answering -= 1
+            self._answers_done.notify_all()
+
+    def stop_answers(self, timeout: float = 30.0) -> bool:
+        """Stop the completer (the answer being generated ends at its next token, its client told why)
+        and wait, at most ``timeout`` s, until every answer is written; False if some were not. Run
+        before the thermal session closes: a handler thread still generating would step the guard,
+        and cap the clock again, after the session gave it back."""
+        self.completer.stop()
+        with self._answers_done:
+            return self._answers_done.wait_for(lambda: self._answering == 0, timeout)
 
     @property
     def url(self) -> str:
@@ -73,7 +94,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _serve(self, handle) -> None:
         route = self.path.split("?", 1)[0]
-        self._body_read = False
+        self._body_read = self._answering = False
         try:
             handle(route)
         except ApiError as exc:
@@ -86,6 +107,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             traceback.print_exc(file=sys.stderr)
             self._send_json(500, ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
                                           kind="server_error").body())
+        finally:
+            if self._answering:
+                self.server.answer_ended()
 
     def _get(self, route: str) -> None:
         if route == "/health":
@@ -105,6 +129,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._not_found(route, "POST")
         self._authorise()
         request = parse(self._read_json())
+        self.server.answer_started()
+        self._answering = True
         if request.stream:
             self._stream(request)
         else:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -142,3 +146,70 @@ def test_a_whole_answer_stops_when_its_client_leaves(runtime):
     finally:
         hook.release.set()
         server.close()
+
+
+# ------------------------------------------------------------------------------------ stopping the server
+
+
+def read_events(client: socket.socket) -> list[str]:
+    """The data lines of a streamed answer, read until the server closes the connection."""
+    received = b""
+    while chunk := client.recv(65536):
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return [event[len(b"data: "):].decode() for event in body.split(b"\n\n") if event]
+
+
+def test_stopping_the_server_ends_the_answers_before_the_thermal_session_closes(runtime):
+    """``edgesdk serve`` stops (Ctrl-C, SIGTERM) through ``stop_answers``, then closes the thermal
+    session: the answer being generated ends at its next token, its client gets the reason as the last
+    event, a queued request gets a 503, and no step of the hook runs once ``stop_answers`` returned."""
+    runs_to_max_tokens(runtime, 200)
+    hook = CountingHook(hold_at=4)
+    server = Served(runtime, ServeDefaults(max_tokens=200), hook=hook)
+    try:
+        streamed = server.raw(post_bytes({"prompt": PROMPT, "max_tokens": 200, "stream": True}))
+        assert hook.held.wait(30)
+        queued = server.raw(post_bytes({"prompt": PROMPT, "max_tokens": 200}))
+        assert wait_for(lambda: server.server._answering == 2)
+        stopped = {}
+        stopper = threading.Thread(target=lambda: stopped.update(done=server.server.stop_answers(timeout=30)))
+        stopper.start()
+        assert wait_for(lambda: server.completer.stopping)
+        hook.release.set()
+        stopper.join(60)
+        assert stopped == {"done": True}
+        steps = hook.steps
+        assert hook.ends == [None]  # ended early, through the hook's end of request (the clock cap given back)
+        assert steps <= 5
+        events = read_events(streamed)
+        assert json.loads(events[-1])["error"]["code"] == "server_stopping", events[-3:]
+        assert "[DONE]" not in events
+        reply = queued.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 503"), reply
+        assert json.loads(reply.partition(b"\r\n\r\n")[2])["error"]["code"] == "server_stopping"
+        status, body = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+        assert (status, body["error"]["code"]) == (503, "server_stopping")
+        assert (hook.steps, hook.begins) == (steps, 1)
+    finally:
+        hook.release.set()
+        server.close()
+
+
+def test_serve_command_stops_cleanly_on_sigterm_without_thermal_options(tiny_bundle, tmp_path):
+    """A service manager stops the server with SIGTERM; without a thermal option it killed the process
+    at once, cutting an answer mid-stream without a word, instead of stopping as Ctrl-C does."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edgesdk.cli", "serve", str(tiny_bundle.path), "--port", "0", "--quiet",
+         "--threads", "1"], stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "EDGESDK_HUGE_PAGES": "0"})
+    try:
+        for line in process.stderr:
+            if " on http://" in line:
+                break
+    finally:
+        process.send_signal(signal.SIGTERM)
+        rest = process.communicate(timeout=60)[1]
+    assert process.returncode == 128 + signal.SIGTERM, rest
+    assert "Traceback" not in rest, rest
