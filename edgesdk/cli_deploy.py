@@ -37,12 +37,18 @@ import click
 @click.option("--smoke-timeout", type=click.FloatRange(min=1), default=900.0, show_default=True, metavar="SECONDS",
               help="Seconds the smoke test ('edgesdk run' of the new release on the board, and of the release a "
                    "--rollback goes to) may take.")
-@click.option("--service", is_flag=True, help="Install a systemd unit serving the bundle (needs 'edgesdk serve').")
+@click.option("--service", is_flag=True,
+              help="Install (or restart) a systemd unit that serves current with 'edgesdk serve --watch-thermal', "
+                   "and wait for its /health; a user unit unless deploying as root.")
+@click.option("--service-host", default="127.0.0.1", show_default=True,
+              help="With --service: the address the server listens on (0.0.0.0 for the network).")
+@click.option("--service-port", default=8080, show_default=True, type=click.IntRange(1, 65535),
+              help="With --service: the server's TCP port.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config, ssh_command, accept_new_host_key,
            show_status, rollback, release_id, ignore_target, no_install, system_site_packages, remote_python, keep,
-           smoke_timeout, service, as_json):
+           smoke_timeout, service, service_host, service_port, as_json):
     """Ship BUNDLE to a board over ssh and switch to it: verified, smoke-tested, atomic, with rollback.
 
     \b
@@ -65,13 +71,27 @@ def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config
     if release_id is not None and not rollback:
         raise click.BadParameter("--release names the release to roll back to; pass --rollback with it",
                                  param_hint="--release")
+    service_options = None
     if service:
-        from edgesdk.deploy.service import require_server_command
+        from edgesdk.deploy.service import ServiceOptions
 
-        require_server_command(ctx.parent.command.commands if ctx.parent else {})
+        try:
+            service_options = ServiceOptions(host=service_host, port=service_port)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--service-host") from exc
+        if show_status or rollback:
+            raise click.BadParameter("--service installs the unit with a deploy; a --rollback restarts a unit "
+                                     "deploy installed by itself", param_hint="--service")
+    else:
+        source = click.core.ParameterSource.DEFAULT
+        unused = [name for name in ("service_host", "service_port") if ctx.get_parameter_source(name) != source]
+        if unused:
+            raise click.BadParameter("works only with --service; add --service or drop it",
+                                     param_hint=", ".join("--" + name.replace("_", "-") for name in unused))
     options = DeployOptions(
         host=host, to=to, remote_root=remote_root, remote_python=remote_python, ignore_target=ignore_target,
         install=not no_install, system_site_packages=system_site_packages, keep=keep, smoke_timeout=smoke_timeout,
+        service=service_options,
         ssh=SshOptions(identity=identity, ssh_config=ssh_config, options=tuple(ssh_options),
                        accept_new_host_key=accept_new_host_key, ssh_command=ssh_command))
     if show_status or rollback:

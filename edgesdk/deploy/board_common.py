@@ -1,7 +1,7 @@
-"""The board side of ``edgesdk deploy``, part 1 of 4: shared helpers (stdlib only, Python >= 3.8).
+"""The board side of ``edgesdk deploy``, part 1 of 5: shared helpers (stdlib only, Python >= 3.8).
 
-The four ``board_*.py`` files travel to the board concatenated into one script (common, transfer,
-install, ops) and run as ``python3 -c BOOT OP JSON``; on the host each is also a normal module.
+The five ``board_*.py`` files travel to the board concatenated into one script (common, transfer,
+install, service, ops) and run as ``python3 -c BOOT OP JSON``; on the host each is also a normal module.
 
 The host never builds shell text from paths or names: it sends the script (compressed, inside the
 ``-c`` argument) and the operation's parameters as one JSON argument, both shell-quoted. Each

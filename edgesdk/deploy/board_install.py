@@ -1,4 +1,4 @@
-"""The board side of deploy, part 3 of 4: installing the edgesdk runtime into a virtual environment."""
+"""The board side of deploy, part 3 of 5: installing the edgesdk runtime into a virtual environment."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""The board side of deploy, part 4 of 4: commit, verify, switch, prune, and the entry point."""
+"""The board side of deploy, part 5 of 5: commit, verify, switch, prune, and the entry point."""
 
 import json
 import os
@@ -21,6 +21,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         verify_dir,
     )
     from edgesdk.deploy.board_install import op_install
+    from edgesdk.deploy.board_service import op_service
     from edgesdk.deploy.board_transfer import op_probe, op_receive
 
 
@@ -206,7 +207,7 @@ def op_prune(params):
 
 
 OPS = {"probe": op_probe, "receive": op_receive, "commit": op_commit, "verify": op_verify,
-       "switch": op_switch, "prune": op_prune, "install": op_install}
+       "switch": op_switch, "prune": op_prune, "install": op_install, "service": op_service}
 
 
 def main(argv):

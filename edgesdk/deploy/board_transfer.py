@@ -1,4 +1,4 @@
-"""The board side of deploy, part 2 of 4: probe (what the board is and holds) and receiving files."""
+"""The board side of deploy, part 2 of 5: probe (what the board is and holds) and receiving files."""
 
 import errno
 import hashlib

@@ -6,7 +6,8 @@ Steps (each printed with its time):
 2. probe the board (architecture, device-tree model, L4T/JetPack, TensorRT, Python, RAM, disk,
    runtime, releases) and what it already holds of this bundle;
 3. refuse a bundle for another target (``ignore_target`` overrides), one larger than the board's
-   memory budget or RAM, or one that does not fit on its disk - before anything is written;
+   memory budget or RAM, or one that does not fit on its disk, and with ``--service`` a board whose
+   systemd does not answer - before anything is written;
 4. make sure the board's edgesdk runtime is the one of this checkout (installed when missing or
    different, skipped with ``install=False``);
 5. send what the board lacks into ``staging/<id>`` (resumable), then verify every sha256 there
@@ -14,7 +15,9 @@ Steps (each printed with its time):
 6. the TensorRT engine on a Jetson (or say why it is skipped);
 7. smoke-test ``edgesdk run releases/<id>`` with a few tokens;
 8. switch ``current`` atomically, check it, keep the newest releases; any failure after the
-   switch switches back to the previous release.
+   switch switches back to the previous release;
+9. with ``--service``: install, enable and restart the systemd unit that serves ``current`` and wait
+   for its ``/health`` (deploy/service.py).
 
 Nothing before step 8 touches ``current``, so a failure anywhere leaves the board running what
 it ran before.
@@ -28,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgesdk.bundle import MANIFEST, verify_bundle
-from edgesdk.deploy import engine, install
+from edgesdk.deploy import engine, install, service
 from edgesdk.deploy.probe import (
     RUNTIME_BYTES_FULL,
     RUNTIME_BYTES_INHERITED,
@@ -91,7 +94,7 @@ def _budget_mb(bundle_manifest: dict, board_target: str | None) -> int:
 
 def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = None) -> DeployResult:
     """Deploy a bundle (directory or .tar) onto the board or directory named in ``options``."""
-    report = report or Reporter(total=8)
+    report = report or Reporter(total=9 if options.service else 8)
     check_destination(options)
     with contextlib.ExitStack() as stack:
         with report.step(f"verify bundle {bundle_path} on this machine"):
@@ -128,6 +131,8 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
                 if runtime_key not in install.installed_keys(facts.raw):
                     runtime_bytes = RUNTIME_BYTES_INHERITED if inherit else RUNTIME_BYTES_FULL
             report.info(check_disk(plan.send_bytes, runtime_bytes, facts, where))
+            if options.service is not None:
+                report.info(service.check_service(board))
         runtime_sent, active_runtime = 0, install.installed_key(facts.raw)
         with report.step("edgesdk runtime on the board"):
             if options.local:
@@ -229,6 +234,11 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
                 if pruned["removed"]:
                     report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {options.keep})")
         live = install.runtime_argv(board, options.local) if runtime_key else edgesdk  # runtime/current now
+        if options.service is not None:
+            with report.step("service: edgesdk serve current"):
+                argv = service.serve_argv(live, board.path("current"), options.service, options.ignore_target)
+                for line in service.install_service(board, argv, options.service)[1]:
+                    report.info(line)
         return DeployResult(bundle_id=bundle.bundle_id, where=where, root=board.root, bytes_sent=sent_bytes,
                             files_sent=len(plan.send), bytes_reused=plan.reused_bytes if not release_ok else total,
                             runtime_bytes_sent=runtime_sent, seconds=report.elapsed(),

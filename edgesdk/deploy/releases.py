@@ -6,6 +6,7 @@ import contextlib
 import datetime as _dt
 
 from edgesdk.deploy.report import Reporter, fmt_bytes
+from edgesdk.deploy.service import restart_service
 from edgesdk.deploy.session import DeployOptions, board_edgesdk, open_board, probe, smoke_test
 from edgesdk.deploy.transport import DeployError
 
@@ -73,5 +74,8 @@ def rollback(options: DeployOptions, release: str | None = None, report: Reporte
         with report.step("switch current"):
             switched = board.call("switch", {"bundle_id": target, "action": "rollback"})
             report.info(f"current -> releases/{target} (was {switched['from'] or 'none'})")
+            restarted = restart_service(board)  # a unit deploy --service installed serves current
+            if restarted:
+                report.info(restarted)
     return {"where": board.label, "root": board.root, "from": switched["from"], "to": target,
             "seconds": report.elapsed()}

@@ -17,7 +17,7 @@ from importlib import resources
 
 from edgesdk.deploy.transport import DeployError, Transport
 
-BOARD_PARTS = ("board_common.py", "board_transfer.py", "board_install.py", "board_ops.py")
+BOARD_PARTS = ("board_common.py", "board_transfer.py", "board_install.py", "board_service.py", "board_ops.py")
 
 
 # The first statements of the boot code, in syntax every Python reads (2.7 too): an interpreter too old

@@ -1,35 +1,74 @@
-"""``--service``: a systemd unit that serves the deployed bundle, once edgesdk has a server command.
+"""``deploy --service``: a systemd unit on the board that serves ``current`` with ``edgesdk serve``.
 
-Until ``edgesdk serve`` exists, deploy refuses ``--service`` before it touches the board, says
-why, and exits non-zero. :func:`render_unit` is the unit it will write (``current`` is a link, so
-the unit survives redeploys and rollbacks; a restart picks up the new release).
+The board helper (``board_service.py``) writes and enables the unit, restarts it and waits for its
+``/health``; this module builds the serve command line and turns the reply into report lines. The
+unit guards the board (``--watch-thermal``): a server runs for hours, which is when boards heat-soak.
+A rollback restarts an installed unit, so it serves the release rolled back to.
 """
 
 from __future__ import annotations
 
-import shlex
+from dataclasses import dataclass
 
-from edgesdk import __version__
-from edgesdk.deploy.transport import DeployError
+from edgesdk.deploy.remote import Board
 
-SERVER_COMMAND = "serve"
-
-
-def require_server_command(commands: dict) -> None:
-    """Refuse --service while this edgesdk has no server command."""
-    if SERVER_COMMAND not in commands:
-        raise DeployError(
-            f"--service installs a systemd unit that runs 'edgesdk {SERVER_COMMAND}', and this edgesdk "
-            f"({__version__}) has no '{SERVER_COMMAND}' command yet; nothing was deployed",
-            "deploy without --service and start 'edgesdk run' on the board yourself until a server command exists")
+HEALTH_TIMEOUT_S = 180.0  # loading a bundle takes seconds; a TensorRT engine is built by deploy beforehand
 
 
-def render_unit(edgesdk: str, current: str, user: str | None = None) -> str:
-    """A systemd unit serving the bundle behind ``current`` (systemd quoting for the command line)."""
-    command = " ".join(shlex.quote(part) for part in (edgesdk, SERVER_COMMAND, current))
-    lines = ["[Unit]", "Description=edgesdk model server (deployed bundle)", "After=network-online.target", "",
-             "[Service]", f"ExecStart={command}", "Restart=on-failure", "RestartSec=5"]
-    if user:
-        lines.append(f"User={user}")
-    lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
-    return "\n".join(lines)
+@dataclass(frozen=True)
+class ServiceOptions:
+    """Where the deployed server listens."""
+
+    host: str = "127.0.0.1"  # 0.0.0.0 (or ::) serves the network
+    port: int = 8080
+
+    def __post_init__(self):
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"--service-port must be a TCP port in 1..65535, got {self.port}")
+        if not self.host or any(c.isspace() for c in self.host):
+            raise ValueError(f"--service-host must be an address such as 127.0.0.1 or 0.0.0.0, got {self.host!r}")
+
+    @property
+    def health_url(self) -> str:
+        """Where the board itself asks: the loopback address for a wildcard bind."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(self.host, self.host).strip("[]")
+        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}/health"
+
+
+def serve_argv(edgesdk: list[str], current: str, service: ServiceOptions, ignore_target: bool) -> list[str]:
+    """The unit's command line: ``edgesdk serve <root>/current`` guarded, on the chosen address."""
+    return [*edgesdk, "serve", current, "--host", service.host, "--port", str(service.port), "--watch-thermal",
+            *(["--ignore-target"] if ignore_target else [])]
+
+
+def check_service(board: Board) -> str:
+    """Refuse --service before anything changes where the board has no systemd that answers."""
+    reply = board.call("service", {"action": "check", "argv": [], "health_url": "", "timeout_s": 0,
+                                   "fix": ""})
+    return f"systemd answers; the {reply['scope']} unit goes to {reply['unit']}" + (
+        " (installed already: it is restarted)" if reply["installed"] else "")
+
+
+def install_service(board: Board, argv: list[str], service: ServiceOptions) -> tuple[dict, list[str]]:
+    """Write, enable and (re)start the unit; wait for /health. Returns the reply and lines to report."""
+    reply = board.call("service", {"action": "install", "argv": argv, "health_url": service.health_url,
+                                   "timeout_s": HEALTH_TIMEOUT_S,
+                                   "fix": "the new release is current and passed its smoke test; fix what the "
+                                          "journal shows (a port in use: pass another --service-port) and deploy "
+                                          "again, which restarts the service"},
+                       timeout=HEALTH_TIMEOUT_S + 300)
+    lines = [f"{reply['scope']} unit {reply['unit']} {'written and ' if reply['changed'] else ''}enabled; "
+             f"serving on {service.health_url.removesuffix('/health')}/v1", *reply["notes"]]
+    return reply, lines
+
+
+def restart_service(board: Board) -> str | None:
+    """Restart the unit deploy installed (the board's ``service.json`` names it) after a rollback; None
+    where there is none."""
+    reply = board.call("service", {"action": "restart", "argv": [], "timeout_s": HEALTH_TIMEOUT_S,
+                                   "fix": "current was rolled back; fix what the journal shows, then restart the "
+                                          "unit (systemctl restart edgesdk-serve, with --user for a user unit)"},
+                       timeout=HEALTH_TIMEOUT_S + 300)
+    if not reply["installed"]:
+        return None
+    return f"{reply['scope']} unit {reply['unit']} restarted; it serves the release rolled back to"

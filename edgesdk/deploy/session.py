@@ -12,6 +12,7 @@ from edgesdk.deploy.install import runtime_argv
 from edgesdk.deploy.probe import BoardFacts
 from edgesdk.deploy.remote import Board
 from edgesdk.deploy.report import Reporter
+from edgesdk.deploy.service import ServiceOptions
 from edgesdk.deploy.transport import DeployError, HostSpec, LocalTransport, SshOptions, SshTransport, TimedOut
 
 DEFAULT_REMOTE_ROOT = "~/edgesdk"
@@ -33,6 +34,7 @@ class DeployOptions:
     smoke_prompt: str = "hi"
     smoke_tokens: int = 4
     smoke_timeout: float = 900.0
+    service: ServiceOptions | None = None  # --service: a systemd unit serving current (deploy/service.py)
 
     @property
     def local(self) -> bool:

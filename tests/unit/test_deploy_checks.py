@@ -1,4 +1,4 @@
-"""Board facts, the target / memory / disk checks, the engine and service decisions, the runtime key."""
+"""Board facts, the target / memory / disk checks, the engine decision, the runtime key."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edgesdk.deploy import engine, install, service
+from edgesdk.deploy import engine, install
 from edgesdk.deploy.probe import BoardFacts, check_disk, check_memory, check_target
 from edgesdk.deploy.remote import Board
 from edgesdk.deploy.report import fmt_bytes
@@ -150,16 +150,6 @@ def test_a_failed_engine_build_names_its_exit_status(tmp_path):
     decision = engine.EngineDecision(True, "building", str(tmp_path / "engines" / "abc" / "key"))
     with pytest.raises(DeployError, match=r"the TensorRT engine build failed on .* \(exit 3\)"):
         engine.build_engine(board, [sys.executable, "-c", "import sys; sys.exit(3)"], "releases/abc", decision)
-
-def test_service_waits_for_a_server_command():
-    with pytest.raises(DeployError) as info:
-        service.require_server_command({"run": None, "deploy": None})
-    assert "no 'serve' command" in info.value.problem
-    service.require_server_command({"serve": None})
-    unit = service.render_unit("/home/pi/edge sdk/runtime/current/bin/edgesdk", "/home/pi/edge sdk/current", "pi")
-    assert "ExecStart='/home/pi/edge sdk/runtime/current/bin/edgesdk' serve '/home/pi/edge sdk/current'" in unit
-    assert "User=pi" in unit
-
 
 def test_runtime_key_follows_the_source_files(tmp_path):
     root = tmp_path / "checkout"

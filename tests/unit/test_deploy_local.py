@@ -33,7 +33,6 @@ def test_argument_errors_name_the_fix(tmp_path):
         (["deploy", str(tmp_path), "--host", "b", "--to", str(tmp_path)], "exactly one of --host"),
         (["deploy", "--to", str(tmp_path)], "no BUNDLE given"),
         (["deploy", str(tmp_path), "--status", "--to", str(tmp_path)], "take no BUNDLE"),
-        (["deploy", str(tmp_path), "--host", "b", "--service"], "no 'serve' command"),
         (["deploy", str(tmp_path), "--to", str(afile)], "is a file; it must be a directory"),
     ]
     for args, expected in cases:

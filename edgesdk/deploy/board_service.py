@@ -1,0 +1,177 @@
+"""The board side of deploy, part 4 of 5: the systemd unit that serves ``current`` (``deploy --service``).
+
+A deploy user that is root gets a system unit (``/etc/systemd/system``, started at boot); any other
+user gets a user unit (``~/.config/systemd/user``), which starts at boot only while the user lingers
+(``loginctl enable-linger``): that is turned on here where logind allows it, and reported where it
+does not. The unit runs ``edgesdk serve <root>/current``; ``current`` is a link, so one unit outlives
+every redeploy and rollback, and the restart after each switch serves the new release. A service
+counts as up once its ``/health`` answers 200. (systemd.service(5) "Command lines", systemd.unit(5),
+loginctl(1).)
+"""
+
+import getpass
+import json
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+
+if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are concatenated
+    from edgesdk.deploy.board_common import Refused, fsync_dir, paths, run_quiet
+
+SERVICE_NAME = "edgesdk-serve"
+SERVICE_RECORD = "service.json"  # under the deploy root: the installed unit's scope, path and /health URL
+HEALTH_POLL_S = 0.5
+JOURNAL_LINES = 15
+
+
+def unit_scope():
+    """"system" for root, else "user"."""
+    return "system" if os.geteuid() == 0 else "user"
+
+
+def unit_path(scope):
+    """The unit file: ``$EDGESDK_UNIT_DIR`` when set (a board whose units live elsewhere), else systemd's
+    directory for administrator units of that scope (systemd.unit(5), "Unit File Load Path")."""
+    folder = os.environ.get("EDGESDK_UNIT_DIR")
+    if not folder and scope == "system":
+        folder = "/etc/systemd/system"
+    elif not folder:
+        config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+        folder = os.path.join(config, "systemd", "user")
+    return os.path.join(folder, SERVICE_NAME + ".service")
+
+
+def systemd_quote(argument):
+    """One ExecStart argument: double-quoted with C escapes, ``%`` and ``$`` doubled so systemd reads
+    neither a specifier nor a variable (systemd.service(5), "Command lines")."""
+    if "\n" in argument or "\r" in argument:
+        raise Refused(f"the service command line holds a line break: {argument!r}",
+                      "deploy into a root whose path has no line break (--remote-root)")
+    quoted = argument.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return '"' + quoted + '"'
+
+
+def render_unit(argv, scope):
+    """The unit file text for ``argv`` (the serve command line)."""
+    lines = ["[Unit]", "Description=edgesdk model server (the deployed bundle behind current)",
+             "After=network-online.target", "Wants=network-online.target", "",
+             "[Service]", "Type=simple", f"ExecStart={' '.join(systemd_quote(a) for a in argv)}",
+             "Restart=on-failure", "RestartSec=5", "",
+             "[Install]", f"WantedBy={'multi-user.target' if scope == 'system' else 'default.target'}", ""]
+    return "\n".join(lines)
+
+
+def systemctl(scope, *args, timeout=120):
+    return run_quiet(["systemctl", *(["--user"] if scope == "user" else []), *args], timeout=timeout)
+
+
+def journal_tail(scope):
+    code, out = run_quiet(["journalctl", *(["--user"] if scope == "user" else []), "-u", SERVICE_NAME,
+                           "-n", str(JOURNAL_LINES), "--no-pager", "-o", "cat"], timeout=30)
+    return out.strip() if code == 0 and out.strip() else "(no journal lines)"
+
+
+def healthy(url):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_until_healthy(scope, url, timeout_s):
+    """True once ``url`` answers 200; False when the unit failed or the time ran out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if healthy(url):
+            return True
+        code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
+        if state.strip() in ("failed", "inactive") and not healthy(url):
+            return False
+        time.sleep(HEALTH_POLL_S)
+    return healthy(url)
+
+
+def enable_linger():
+    """Lingering for this user (a user unit then starts at boot); a note, never a refusal."""
+    user = getpass.getuser()
+    code, out = run_quiet(["loginctl", "show-user", user, "--property=Linger", "--value"], timeout=30)
+    if code == 0 and out.strip() == "yes":
+        return "lingering is on: the user service starts at boot"
+    code, out = run_quiet(["loginctl", "enable-linger", user], timeout=30)
+    if code == 0:
+        return "lingering turned on: the user service starts at boot"
+    why = (out.strip().splitlines() or ["loginctl failed"])[-1]
+    return (f"lingering could not be turned on ({why}): the service runs now but starts at boot only after "
+            f"'sudo loginctl enable-linger {user}'")
+
+
+def write_atomically(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = path + ".partial"
+    with open(partial, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+    fsync_dir(os.path.dirname(path))
+
+
+def op_service(params):
+    """Check that systemd answers (``action`` "check"), install (``action`` "install") or restart where
+    installed (``action`` "restart", after a rollback) the serving unit, then wait for its /health. The deploy root's ``service.json`` remembers the unit,
+    so a restart asks the address the unit was installed with."""
+    _, root = paths(params["root"])
+    record_path = os.path.join(root, SERVICE_RECORD)
+    if params["action"] == "restart":
+        try:
+            with open(record_path) as handle:
+                record = json.load(handle)
+            scope, path, url = record["scope"], record["unit"], record["health_url"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return {"installed": False}
+        if not os.path.exists(path):
+            return {"installed": False}
+    else:
+        scope = unit_scope()
+        path, url = unit_path(scope), params["health_url"]
+    timeout_s = float(params["timeout_s"])
+    if shutil.which("systemctl") is None:
+        command = " ".join(params["argv"]) or "edgesdk serve"
+        raise Refused("the board has no systemctl, so --service cannot install a systemd unit",
+                      f"deploy without --service and start the server yourself: {command}")
+    code, out = systemctl(scope, "show-environment", timeout=30)
+    if code != 0:
+        where = "the system manager" if scope == "system" else "this user's manager (systemctl --user)"
+        raise Refused(f"systemd's {where} does not answer: {out.strip() or f'exit {code}'}",
+                      "deploy as root for a system unit, or log in once on the board so the user manager runs "
+                      f"(sudo loginctl enable-linger {getpass.getuser()} keeps it running)")
+    if params["action"] == "check":  # before the deploy changes anything
+        return {"installed": os.path.exists(path), "scope": scope, "unit": path}
+    notes, changed = [], False
+    if params["action"] == "install":
+        text = render_unit(params["argv"], scope)
+        try:
+            with open(path) as handle:
+                changed = handle.read() != text
+        except OSError:
+            changed = True
+        if changed:
+            write_atomically(path, text)
+        write_atomically(record_path, json.dumps({"scope": scope, "unit": path, "health_url": url}) + "\n")
+        for args in (["daemon-reload"], ["enable", SERVICE_NAME]):
+            code, out = systemctl(scope, *args)
+            if code != 0:
+                raise Refused(f"systemctl {' '.join(args)} failed: {out.strip()[-500:]}",
+                              f"check the unit {path} and the board's systemd, then deploy again")
+        if scope == "user":
+            notes.append(enable_linger())
+    code, out = systemctl(scope, "restart", SERVICE_NAME)
+    if code != 0 or not wait_until_healthy(scope, url, timeout_s):
+        reason = out.strip()[-500:] if code != 0 else f"no answer from {url} within {timeout_s:.0f} s"
+        journal = journal_tail(scope).replace("\n", "\n      ")
+        raise Refused(f"the {scope} service {SERVICE_NAME} did not come up: {reason}\n    its journal:\n      {journal}",
+                      params["fix"])
+    return {"installed": True, "scope": scope, "unit": path, "changed": changed, "notes": notes}

@@ -1,0 +1,129 @@
+"""``edgesdk deploy --service``: a systemd unit that serves ``current``, installed, restarted on each
+deploy and rollback, and refused early where systemd does not answer.
+
+The deploys go ``--to`` a local directory through the installed CLI. systemd is not init here, so
+``tests/_utils/fake_systemd.py`` stands in for systemctl; the unit's ExecStart it starts is the
+real ``edgesdk serve``, asked over real HTTP.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+
+import pytest
+
+from edgesdk.deploy.board_service import render_unit, systemd_quote
+from tests._utils import fake_systemd
+from tests._utils.deploy import bundle_variant, current_id, edgesdk
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def systemd(tmp_path):
+    """The fake service manager on PATH, the unit directory in tmp; the served processes stopped after."""
+    state = tmp_path / "systemd-state"
+    env = {**os.environ, **fake_systemd.install(tmp_path / "bin", state),
+           "EDGESDK_UNIT_DIR": str(tmp_path / "units"), "EDGESDK_HUGE_PAGES": "0"}
+    yield env, state
+    fake_systemd.stop_all(state)
+
+
+def chat(port: int) -> dict:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    connection.request("POST", "/v1/chat/completions",
+                       body=json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))
+    response = connection.getresponse()
+    body = json.loads(response.read())
+    connection.close()
+    assert response.status == 200, body
+    return body
+
+
+def test_unit_quoting_keeps_every_argument_whole():
+    """systemd's command-line syntax: quotes, backslashes, % specifiers and $ variables stay literal."""
+    argv = ["/opt/edge sdk/bin/edgesdk", "serve", "/srv/a\"b\\c/100%/$HOME/current"]
+    line = next(line for line in render_unit(argv, "system").splitlines() if line.startswith("ExecStart="))
+    assert line == 'ExecStart="/opt/edge sdk/bin/edgesdk" "serve" "/srv/a\\"b\\\\c/100%%/$$HOME/current"'
+    assert "WantedBy=multi-user.target" in render_unit(argv, "system")
+    assert "WantedBy=default.target" in render_unit(argv, "user")
+    with pytest.raises(Exception, match="line break"):
+        systemd_quote("/srv/a\nb")
+
+
+def test_service_serves_current_and_follows_deploys_and_rollbacks(tiny_bundle, tmp_path, systemd):
+    env, state = systemd
+    root, port = tmp_path / "board", free_port()
+    first = edgesdk("deploy", tiny_bundle.path, "--to", root, "--service", "--service-port", port, env=env)
+    assert first.returncode == 0, first.stderr
+    unit = (tmp_path / "units" / "edgesdk-serve.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert f'"serve" "{root}/current"' in exec_start
+    assert f'"--port" "{port}"' in exec_start
+    assert '"--watch-thermal"' in exec_start
+    assert json.loads((root / "service.json").read_text())["health_url"] == f"http://127.0.0.1:{port}/health"
+    assert "written and enabled; serving on" in first.stderr + first.stdout
+    assert chat(port)["model"] == "tiny-llama-host"
+    changes = [call[1:] for call in fake_systemd.calls(state)
+               if call[0] == "systemctl" and call[1] not in ("is-active", "show-environment")]
+    assert changes == [["daemon-reload"], ["enable", "edgesdk-serve"], ["restart", "edgesdk-serve"]]
+
+    second_bundle = bundle_variant(tiny_bundle.path, tmp_path / "second", "second release")
+    second = edgesdk("deploy", second_bundle.path, "--to", root, "--service", "--service-port", port, env=env)
+    assert second.returncode == 0, second.stderr
+    assert current_id(root) == second_bundle.bundle_id
+    assert "installed already: it is restarted" in second.stderr + second.stdout
+    assert "written and" not in second.stderr + second.stdout  # the same unit: only a restart
+    chat(port)
+
+    back = edgesdk("deploy", "--rollback", "--to", root, env=env)
+    assert back.returncode == 0, back.stderr
+    assert current_id(root) == tiny_bundle.bundle_id
+    assert "restarted; it serves the release rolled back to" in back.stderr + back.stdout
+    restarts = [call for call in fake_systemd.calls(state) if call[:2] == ["systemctl", "restart"]]
+    assert len(restarts) == 3
+    chat(port)
+
+
+def test_service_that_does_not_come_up_is_reported_with_its_journal(tiny_bundle, tmp_path, systemd):
+    env, _ = systemd
+    root = tmp_path / "board"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = edgesdk("deploy", tiny_bundle.path, "--to", root, "--service", "--service-port", port, env=env)
+    assert result.returncode == 8, result.stderr
+    assert "service edgesdk-serve did not come up" in result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr  # the journal's tail: the server's own error
+    assert "the new release is current and passed its smoke test" in result.stderr
+    assert current_id(root) == tiny_bundle.bundle_id
+
+
+def test_service_without_a_running_systemd_is_refused_before_anything_changes(tiny_bundle, tmp_path):
+    """This machine's own systemctl (systemd is not init here), or none: refused at the checks."""
+    root = tmp_path / "board"
+    env = {**os.environ, "EDGESDK_UNIT_DIR": str(tmp_path / "units")}
+    result = edgesdk("deploy", tiny_bundle.path, "--to", root, "--service", env=env)
+    assert result.returncode == 8, result.stderr
+    assert "does not answer" in result.stderr or "has no systemctl" in result.stderr
+    assert "fix:" in result.stderr
+    assert current_id(root) is None
+    assert not (root / "releases").exists()
+    assert not (tmp_path / "units").exists()
+
+
+def test_service_options_need_service(tiny_bundle, tmp_path):
+    result = edgesdk("deploy", tiny_bundle.path, "--to", tmp_path / "board", "--service-port", 9000)
+    assert result.returncode == 2
+    assert "works only with --service" in result.stderr
+    result = edgesdk("deploy", "--rollback", "--to", tmp_path / "board", "--service")
+    assert result.returncode == 2
+    assert "restarts a unit" in result.stderr
