@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -102,3 +104,84 @@ def test_a_build_cleans_up_leftovers_that_carry_its_own_pid(tmp_path):
     assert (out / te.ENGINE_FILE).read_bytes() == b"new plan"
     assert json.loads((out / te.INFO_FILE).read_text()) == {"ok": True}
     assert sorted(p.name for p in out.parent.iterdir()) == ["key"]
+
+
+# --- the sparse decoder on the kernels' PyTorch twins --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_sparse(tmp_path_factory):
+    """(model, tensors, record): a tiny Llama on the per-row INT8 grid exported block-sparse, max_context 300
+    (past the decoder's first cache capacity of 256, so a long sequence grows the cache)."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    from edgesdk.export.sparse_export import SparseExportConfig, export_sparse
+    from tests._utils.tiny import tiny_llama
+
+    model = tiny_llama(hidden=64, heads=4, kv_heads=2)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
+                scale = module.weight.abs().amax(1, keepdim=True) / 127
+                module.weight.copy_((module.weight / scale).round().clamp(-127, 127) * scale)
+    out = tmp_path_factory.mktemp("sparse")
+    record = export_sparse(model, out, SparseExportConfig(), max_context=300)
+    return model, load_file(str(out / record["weights"])), record
+
+
+def twin_backend(tiny_sparse):
+    from edgesdk.runtime.sparse_decoder import SparseDecoder
+    from edgesdk.runtime.triton_backend import TritonBackend
+
+    _, tensors, record = tiny_sparse
+    return TritonBackend(SparseDecoder(tensors, record, mode="reference"), "reference")
+
+
+def test_a_second_generation_after_a_long_first_one_matches_a_fresh_backend(tiny_sparse):
+    """reset() keeps the grown cache and its stale rows; the next request must read none of them."""
+    import numpy as np
+
+    from edgesdk.runtime.generate import SamplingConfig, generate
+
+    rng = np.random.default_rng(0)
+    long_prompt, prompt = rng.integers(3, 320, 280).tolist(), rng.integers(3, 320, 9).tolist()
+    used = twin_backend(tiny_sparse)
+    first, stats = generate(used, long_prompt, SamplingConfig(max_new_tokens=50), stop_ids=set())
+    assert (len(first), stats.stop_reason, used.decoder.capacity) == (21, "max_context", 300)
+    second, _ = generate(used, prompt, SamplingConfig(max_new_tokens=12), stop_ids=set())
+    fresh = twin_backend(tiny_sparse)
+    assert second == generate(fresh, prompt, SamplingConfig(max_new_tokens=12), stop_ids=set())[0]
+    for backend in (used, fresh):
+        backend.reset()
+    np.testing.assert_array_equal(used.prefill(np.array(prompt), keep_logits=9),
+                                  fresh.prefill(np.array(prompt), keep_logits=9))
+    for token in second[:4]:
+        np.testing.assert_array_equal(used.decode(token), fresh.decode(token))
+
+
+def test_the_cache_grows_to_max_context_and_a_prompt_of_exactly_max_context_runs(tiny_sparse):
+    """Decode steps past the first capacity (256) grow the cache keeping its rows; a prompt of max_context
+    tokens fills it in one prefill; both match the model, and a token past max_context is refused."""
+    import numpy as np
+    import torch
+
+    from edgesdk.errors import RuntimeBackendError
+    from edgesdk.runtime.generate import SamplingConfig, generate
+
+    model = tiny_sparse[0]
+    prompt = np.random.default_rng(1).integers(3, 320, 300)
+    with torch.no_grad():
+        expected = model(torch.as_tensor(prompt)[None]).logits[0].numpy()
+    atol = 1e-2  # the float16 embedding: about 2e-3 apart; a cache that lost its rows on growing: 5e-2
+    backend = twin_backend(tiny_sparse)
+    backend.prefill(prompt[:250])
+    stepped = np.stack([backend.decode(int(token)) for token in prompt[250:]])
+    assert (backend.position, backend.decoder.capacity) == (300, 300)
+    np.testing.assert_allclose(stepped, expected[250:], atol=atol)
+    with pytest.raises(RuntimeBackendError, match="sequence of 301 tokens exceeds the bundle's max_context 300"):
+        backend.decode(5)
+    backend.reset()
+    np.testing.assert_allclose(backend.prefill(prompt, keep_logits=4), expected[-4:], atol=atol)
+    tokens, stats = generate(backend, prompt.tolist(), SamplingConfig(max_new_tokens=8), stop_ids=set())
+    assert (len(tokens), stats.stop_reason) == (1, "max_context")
