@@ -88,27 +88,92 @@ def bundle_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityC
                       progress: bool = False) -> PerplexityResult:
     """Perplexity through the bundle's own runtime backend."""
     ids = runtime.tokenizer.encode(text[: config.max_chars] if config.max_chars else text, add_special_tokens=False)
+    return perplexity(bundle_scorer(runtime), ids, config, progress)
+
+
+def reference_perplexity(model, tokenizer_encode, text: str, config: PerplexityConfig = PerplexityConfig(),
+                         progress: bool = False) -> PerplexityResult:
+    """The same measure with the PyTorch model (host only)."""
+    ids = tokenizer_encode(text[: config.max_chars] if config.max_chars else text)
+    return perplexity(reference_scorer(model), ids, config, progress)
+
+
+@dataclass(frozen=True)
+class DivergenceResult:
+    """How far the bundle's next-token distributions are from the reference model's, token by token.
+
+    The measure llama.cpp's ``llama-perplexity --kl-divergence`` reports for its quantizations: the KL
+    divergence KL(P_reference || P_bundle) in nats per scored token (mean, median, 99th percentile,
+    maximum) and how often both put the same token on top. Perplexity can hide a shift that helps
+    some tokens and hurts others; these cannot.
+    """
+
+    mean_kld: float
+    median_kld: float
+    p99_kld: float
+    max_kld: float
+    same_top_token: float  # fraction of scored tokens where both models' most likely token agrees
+    tokens_scored: int
+
+    def to_json(self) -> dict:
+        return {"mean_kld": round(self.mean_kld, 6), "median_kld": round(self.median_kld, 6),
+                "p99_kld": round(self.p99_kld, 6), "max_kld": round(self.max_kld, 6),
+                "same_top_token": round(self.same_top_token, 6), "tokens_scored": self.tokens_scored}
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def divergence(score_bundle, score_reference, ids: list[int], config: PerplexityConfig,
+               progress: bool = False) -> DivergenceResult:
+    """KL(P_reference || P_bundle) over the positions :func:`perplexity` scores, window by window.
+
+    Each ``score_*(window_ids) -> logits (len, vocab)``; the vocabularies must match (the bundle keeps
+    its source model's tokenizer)."""
+    from tqdm import tqdm
+
+    if len(ids) < 2:
+        raise EdgeSDKError(f"the text gives {len(ids)} token(s); a divergence needs at least 2",
+                           "pass a longer --text file, or raise --max-chars")
+    klds, same = [], 0
+    for start, end, first in tqdm(windows(ids, config), desc="divergence", disable=not progress, unit="window"):
+        window = np.asarray(ids[start:end], np.int64)
+        ours = score_bundle(window)[first - 1:-1]  # (T, V): row t predicts token t+1
+        theirs = score_reference(window)[first - 1:-1]
+        if ours.shape != theirs.shape:
+            raise EdgeSDKError(f"the bundle gives logits of shape {ours.shape} and the reference {theirs.shape}",
+                               "compare a bundle with the model it was built from (eval --reference)")
+        log_p, log_q = _log_softmax(theirs), _log_softmax(ours)
+        klds.append((np.exp(log_p) * (log_p - log_q)).sum(axis=-1))  # (T,)
+        same += int((ours.argmax(axis=-1) == theirs.argmax(axis=-1)).sum())
+    values = np.maximum(np.concatenate(klds), 0.0)  # rounding can leave -1e-16 where the two agree
+    return DivergenceResult(float(values.mean()), float(np.median(values)), float(np.percentile(values, 99)),
+                            float(values.max()), same / len(values), len(values))
+
+
+def bundle_scorer(runtime):
+    """``score(window) -> logits`` through the bundle's runtime, each window from an empty cache."""
     backend = runtime.backend
 
     def score(window: np.ndarray) -> np.ndarray:
         backend.reset()
         return backend.prefill(window, keep_logits=len(window))
 
-    return perplexity(score, ids, config, progress)
+    return score
 
 
-def reference_perplexity(model, tokenizer_encode, text: str, config: PerplexityConfig = PerplexityConfig(),
-                         progress: bool = False) -> PerplexityResult:
-    """The same measure with the PyTorch model (host only)."""
+def reference_scorer(model):
+    """``score(window) -> logits`` through the PyTorch model (host only)."""
     import torch
-
-    ids = tokenizer_encode(text[: config.max_chars] if config.max_chars else text)
 
     def score(window: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return model(torch.from_numpy(window)[None], use_cache=False).logits[0].numpy()
+            return model(torch.from_numpy(window)[None], use_cache=False).logits[0].float().numpy()
 
-    return perplexity(score, ids, config, progress)
+    return score
 
 
 DEFAULT_BUDGETS = (1.0, 0.8, 0.6)
