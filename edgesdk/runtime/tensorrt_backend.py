@@ -162,9 +162,21 @@ class TensorRTBackend:
         self.vocab_size = int(graph["vocab_size"])
         self.names = te.io_names(graph)
         self.device = device or open_device()
+        try:
+            self._load(Path(engine_path))
+        except BaseException:  # the chain may open another GPU backend next: free what this one took
+            try:
+                self.device.close()
+            except Exception:  # the error that stopped the load is the one to report
+                pass
+            raise
+
+    def _load(self, engine_path: Path) -> None:
+        """Deserialize the engine, check its I/O, allocate the device buffers (the device frees them on failure)."""
+        trt = self._trt
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
-        self.engine = self._runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
+        self.engine = self._runtime.deserialize_cuda_engine(engine_path.read_bytes())
         if self.engine is None:
             raise RuntimeBackendError(f"TensorRT {trt.__version__} could not deserialize {engine_path}",
                                       "rebuild it: edgesdk engine build BUNDLE --force (engines are tied to the "

@@ -185,3 +185,121 @@ def test_the_cache_grows_to_max_context_and_a_prompt_of_exactly_max_context_runs
     np.testing.assert_allclose(backend.prefill(prompt, keep_logits=4), expected[-4:], atol=atol)
     tokens, stats = generate(backend, prompt.tolist(), SamplingConfig(max_new_tokens=8), stop_ids=set())
     assert (len(tokens), stats.stop_reason) == (1, "max_context")
+
+
+# --- the tensorrt backend, on a stand-in for TensorRT (not installed here) --------------------------
+
+
+class StandInTensorRT:
+    """The part of the ``tensorrt`` module TensorRTBackend uses, for an engine of the standard decoder graph
+    (``deserialize_cuda_engine`` gives None for a plan TensorRT cannot read). Real engines:
+    tests/gpu/test_tensorrt.py."""
+
+    __version__ = "10.3.0"
+
+    class Logger:
+        WARNING = 2
+
+        def __init__(self, severity):
+            self.severity = severity
+
+    class TensorIOMode:
+        INPUT, OUTPUT = "input", "output"
+
+    def __init__(self, graph: dict, readable: bool = True):
+        from edgesdk.runtime import tensorrt_engine as te
+
+        names = te.io_names(graph)
+        inputs, outputs = [names["ids"], names["keep"], *names["past"]], [names["logits"], *names["present"]]
+        modes = {**dict.fromkeys(inputs, self.TensorIOMode.INPUT), **dict.fromkeys(outputs, self.TensorIOMode.OUTPUT)}
+        dtypes = {name: "float32" for name in modes} | {names["ids"]: "int64", names["keep"]: "int64"}
+
+        class Engine:
+            num_io_tensors = len(modes)
+
+            def create_execution_context(self):
+                return object()
+
+            def get_tensor_name(self, index):
+                return list(modes)[index]
+
+            def get_tensor_mode(self, name):
+                return modes[name]
+
+            def get_tensor_profile_shape(self, name, profile):
+                return [(1, 1), (1, 1), (1, 4)]
+
+            def get_tensor_dtype(self, name):
+                return dtypes[name]
+
+            def is_shape_inference_io(self, name):
+                return name == names["keep"]
+
+        class Runtime:
+            def __init__(self, logger):
+                pass
+
+            def deserialize_cuda_engine(self, plan: bytes):
+                return Engine() if readable else None
+
+        self.Runtime = Runtime
+
+    @staticmethod
+    def nptype(dtype):
+        import numpy as np
+
+        return np.dtype(dtype).type
+
+
+class CountingDevice:
+    """Device memory as cuda-python gives it: each buffer lives until close() frees it; ``fail_at`` makes that
+    allocation fail as cudaMalloc does when the GPU's memory is taken."""
+
+    handle = 0
+
+    def __init__(self, fail_at: int | None = None):
+        self.live, self.allocations, self.fail_at, self.closed = set(), 0, fail_at, False
+
+    def alloc(self, nbytes):
+        from edgesdk.errors import RuntimeBackendError
+        from edgesdk.runtime.tensorrt_backend import _Buffer
+
+        self.allocations += 1
+        if self.allocations == self.fail_at:
+            raise RuntimeBackendError("CUDA call cudaMalloc failed: cudaErrorMemoryAllocation",
+                                      "check the GPU with 'edgesdk env'")
+        self.live.add(self.allocations)
+        return _Buffer(0x1000 * self.allocations, nbytes)
+
+    def close(self):
+        self.live.clear()
+        self.closed = True
+
+
+GRAPH = {"kv_heads": [1, 1], "head_dim": 4, "max_context": 8, "vocab_size": 16}
+
+
+@pytest.mark.parametrize(("readable", "fail_at", "message"), [
+    (False, None, "TensorRT 10.3.0 could not deserialize"),
+    (True, 4, "cudaMalloc failed"),  # ids, logits, then the first KV buffers; the next one fails
+])
+def test_a_tensorrt_backend_that_fails_to_load_frees_its_device_memory(tmp_path, monkeypatch, readable, fail_at,
+                                                                       message):
+    """The device buffers (cudaMalloc through cuda-python) and the stream of a backend that failed to load were
+    never freed: the backend chain then opened ort-trt, ort-cuda or triton on a Jetson whose memory (shared with
+    the CPU) still held the failed one's KV cache."""
+    from edgesdk.errors import RuntimeBackendError
+    from edgesdk.runtime.tensorrt_backend import TensorRTBackend
+
+    monkeypatch.setitem(sys.modules, "tensorrt", StandInTensorRT(GRAPH, readable=readable))
+    plan = tmp_path / "engine.plan"
+    plan.write_bytes(b"plan")
+    device = CountingDevice(fail_at)
+    with pytest.raises(RuntimeBackendError, match=message):
+        TensorRTBackend(plan, GRAPH, device=device)
+    assert device.closed
+    assert device.live == set()
+    monkeypatch.setitem(sys.modules, "tensorrt", StandInTensorRT(GRAPH))
+    sound = CountingDevice()
+    backend = TensorRTBackend(plan, GRAPH, device=sound)  # the stand-in loads when nothing fails
+    assert (backend.max_seq, sound.allocations, sound.closed) == (4, 10, False)
