@@ -485,8 +485,14 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
         try:
             server = ApiServer((listen_host, port), completer, name, api_key=api_key, log=not quiet)
         except OSError as exc:
-            raise EdgeSDKError(f"cannot listen on {listen_host}:{port} ({exc.strerror or exc})",
-                               "pick another --port (0 takes a free one), or stop what listens there") from exc
+            import errno
+            import socket
+
+            shown = f"[{listen_host.strip('[]')}]" if ":" in listen_host else listen_host
+            fix = ("pass an address of this machine to --host (127.0.0.1; 0.0.0.0 or :: for every interface)"
+                   if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+                   else "pick another --port (0 takes a free one), or stop what listens there")
+            raise EdgeSDKError(f"cannot listen on {shown}:{port} ({exc.strerror or exc})", fix) from exc
         click.echo(f"edgesdk serve: {name} on {server.url}/v1 ({runtime.backend.name}"
                    f"{', API key required' if api_key else ''}); Ctrl-C stops", err=True)
         try:

@@ -50,6 +50,9 @@ class ApiServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], completer: Completer, model: str, api_key: str | None = None,
                  log: bool = True):
+        host, port = address
+        if ":" in host:  # an IPv6 address (``--host ::`` for every interface, ``[::1]``): the server's family is IPv4
+            self.address_family, address = socket.AF_INET6, (host.strip("[]"), port)
         self.completer, self.model, self.api_key, self.log = completer, model, api_key, log
         self.started = int(time.time())
         self._answering = 0  # requests past their body: being answered or waiting for their turn

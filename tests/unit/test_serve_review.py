@@ -213,3 +213,45 @@ def test_serve_command_stops_cleanly_on_sigterm_without_thermal_options(tiny_bun
         rest = process.communicate(timeout=60)[1]
     assert process.returncode == 128 + signal.SIGTERM, rest
     assert "Traceback" not in rest, rest
+
+
+# ------------------------------------------------------------------------------------ where it listens
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback here")
+@pytest.mark.parametrize("host", ["::1", "::", "[::1]"])
+def test_serve_listens_on_an_ipv6_address(runtime, host):
+    """``--host ::`` (every interface, as the option's help says) and other IPv6 addresses: the server
+    was an IPv4 socket and refused them with 'Address family for hostname not supported'."""
+    server = ApiServer((host, 0), Completer(runtime, ServeDefaults(max_tokens=2)), "tiny-host", log=False)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert server.url.startswith("http://[")
+        connection = http.client.HTTPConnection("::1", server.server_address[1], timeout=30)
+        connection.request("GET", "/health")
+        response = connection.getresponse()
+        assert response.status == 200
+        assert json.loads(response.read())["status"] == "ok"
+        connection.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_serve_names_a_host_it_cannot_listen_on(tiny_bundle, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "edgesdk.cli", "serve", str(tiny_bundle.path), "--host",
+                           "no-such-host.invalid", "--port", "0", "--threads", "1"], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env={**os.environ, "EDGESDK_HUGE_PAGES": "0"})
+    assert proc.returncode != 0
+    assert "cannot listen on no-such-host.invalid:0" in proc.stderr
+    assert "fix: pass an address of this machine to --host" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
