@@ -98,6 +98,8 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _serve(self, handle) -> None:
         route = self.path.split("?", 1)[0]
         self._body_read = self._answering = False
+        if self.command != "POST" and self._carries_body():
+            self.close_connection = True  # no GET reads its body: left unread, it would be taken for the next request
         try:
             handle(route)
         except ApiError as exc:
@@ -158,15 +160,25 @@ class ApiHandler(BaseHTTPRequestHandler):
                            "edgesdk serve was started with (--api-key or EDGESDK_API_KEY)",
                            code="invalid_api_key", kind="authentication_error")
 
+    def _carries_body(self) -> bool:
+        return bool(self.headers.get("Transfer-Encoding")) or \
+            any(value.strip() != "0" for value in self.headers.get_all("Content-Length", []))
+
     def _read_json(self) -> object:
         if self.headers.get("Transfer-Encoding"):
             self.close_connection = True
             raise ApiError(411, "chunked request bodies are not read here: send the body with a Content-Length")
-        length = self.headers.get("Content-Length")
-        if length is None or not length.strip().isdigit():
+        lengths = [value.strip() for value in self.headers.get_all("Content-Length", [])]
+        if not lengths:
             self.close_connection = True
-            raise ApiError(411, f"a request body needs a Content-Length header, got {length!r}")
-        size = int(length)
+            raise ApiError(411, "a request body needs a Content-Length header, got none")
+        # RFC 9112 §6.3: a Content-Length that is not one decimal number (two that differ, a sign, a
+        # non-ASCII digit such as '²') leaves the body's end unknown; the connection cannot go on.
+        if len(set(lengths)) > 1 or not all(value.isascii() and value.isdigit() for value in lengths):
+            self.close_connection = True
+            raise ApiError(400, f"the Content-Length header must be one whole number of bytes, got "
+                           f"{', '.join(map(repr, lengths))}")
+        size = int(lengths[0])
         if size > MAX_BODY_BYTES:
             self.close_connection = True  # the body is left unread: this connection cannot carry another request
             raise ApiError(413, f"the request body has {size:,} bytes; this server reads at most {MAX_BODY_BYTES:,}")

@@ -255,3 +255,44 @@ def test_serve_names_a_host_it_cannot_listen_on(tiny_bundle, tmp_path):
     assert "cannot listen on no-such-host.invalid:0" in proc.stderr
     assert "fix: pass an address of this machine to --host" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------------ HTTP framing
+
+
+def exchange(server: Served, data: bytes) -> list[bytes]:
+    """Send ``data`` on one connection and read until the server closes it: the status lines it sent."""
+    client = server.raw(data)
+    received = b""
+    while chunk := client.recv(65536):
+        received += chunk
+    client.close()
+    return [line for line in received.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+
+
+@pytest.fixture
+def idle_server(runtime):
+    server = Served(runtime, ServeDefaults(max_tokens=2))
+    yield server
+    server.close()
+
+
+def test_a_content_length_that_is_not_one_number_is_a_400_that_ends_the_connection(idle_server):
+    """RFC 9112 §6.3: a Content-Length of a non-ASCII digit was a 500 'internal error' with a traceback in
+    the log; two that differ were read as the first, and the rest of the body as a next request."""
+    body = b'{"prompt": "x", "max_tokens": 1}'
+    nested = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    superscript = "²".encode("latin-1")
+    for lengths in ([superscript], [b"%d" % len(body), b"%d" % (len(body) + len(nested))], [b"+%d" % len(body)]):
+        head = b"".join(b"Content-Length: %s\r\n" % length for length in lengths)
+        statuses = exchange(idle_server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n%s\r\n%s%s"
+                            % (head, body, nested))
+        assert statuses == [b"HTTP/1.1 400 Bad Request"], (lengths, statuses)
+
+
+def test_a_get_with_a_body_ends_its_connection(idle_server):
+    """No GET route reads a body; it was left on the connection and parsed as the next request."""
+    nested = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    statuses = exchange(idle_server, b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                        % (len(nested), nested))
+    assert statuses == [b"HTTP/1.1 200 OK"]
