@@ -40,6 +40,7 @@ from edgesdk.serve.completion import Completer
 
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
+ROUTES = "GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
 
 
 class ApiServer(ThreadingHTTPServer):
@@ -92,8 +93,22 @@ class ApiHandler(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 (BaseHTTPRequestHandler's naming)
         self._serve(lambda route: self._get(route))
 
+    def do_HEAD(self):  # noqa: N802 (a GET's headers without its body, as llama-server answers HEAD)
+        self._serve(lambda route: self._get(route))
+
     def do_POST(self):  # noqa: N802
         self._serve(lambda route: self._post(route))
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The base class's own refusals (a malformed request line, a line or header past its limits, a
+        method with no route) in OpenAI's error shape like every other error here, not an HTML page."""
+        text = message or self.responses.get(code, ("error",))[0]
+        self.log_error("code %d, message %s", code, text)
+        self.close_connection = True
+        if code == 501:
+            text += f"; this server has {ROUTES}"
+        self._send_json(code, ApiError(code, text, code="unsupported_method" if code == 501 else None,
+                                       kind="invalid_request_error").body())
 
     def _serve(self, handle) -> None:
         route = self.path.split("?", 1)[0]
@@ -126,7 +141,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         elif _api_route(route) == f"/models/{self.server.model}":
             self._send_json(200, self._model_card())
         else:
-            self._not_found(route, "GET")
+            self._not_found(route, self.command)
 
     def _post(self, route: str) -> None:
         parse = PARSERS.get(_api_route(route))
@@ -145,8 +160,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                                                  completion.completion_tokens))
 
     def _not_found(self, route: str, method: str) -> None:
-        routes = "GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
-        raise ApiError(404, f"no route {method} {route}: this server has {routes}", code="not_found")
+        raise ApiError(404, f"no route {method} {route}: this server has {ROUTES}", code="not_found")
 
     # ------------------------------------------------------------------ requests
     def _authorise(self) -> None:
@@ -260,7 +274,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
         self.wfile.flush()
 
     def _model_card(self) -> dict:

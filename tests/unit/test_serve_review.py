@@ -296,3 +296,36 @@ def test_a_get_with_a_body_ends_its_connection(idle_server):
     statuses = exchange(idle_server, b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
                         % (len(nested), nested))
     assert statuses == [b"HTTP/1.1 200 OK"]
+
+
+def test_refusals_of_the_http_layer_have_openai_s_error_shape(idle_server):
+    """A method with no route, a request line past the limit: the base class's HTML page was the body."""
+    for request, status in ((b"PUT /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 501),
+                            (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414)):
+        client = idle_server.raw(request)
+        received = b""
+        while chunk := client.recv(65536):
+            received += chunk
+        client.close()
+        head, _, payload = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 %d" % status), head
+        assert b"Content-Type: application/json" in head
+        error = json.loads(payload)["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["message"]
+        if status == 501:
+            assert "PUT" in error["message"]
+            assert "POST /v1/chat/completions" in error["message"]
+
+
+def test_head_gives_a_get_s_headers_without_its_body(idle_server):
+    connection = http.client.HTTPConnection("127.0.0.1", idle_server.port, timeout=30)
+    connection.request("HEAD", "/health")
+    response = connection.getresponse()
+    assert response.status == 200
+    assert int(response.getheader("Content-Length")) > 0
+    assert response.read() == b""
+    connection.request("GET", "/health")  # the same connection goes on
+    response = connection.getresponse()
+    assert json.loads(response.read())["status"] == "ok"
+    connection.close()
