@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import select
 import socket
 import sys
 import threading
@@ -39,6 +40,10 @@ from edgesdk.serve.api import (
 from edgesdk.serve.completion import Completer
 
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
+# How long one read or write on a connection may wait on its client: a request line, header or body that
+# stalls, an idle keep-alive connection, a stream nobody reads (which would hold the board's one turn)
+# (llama-server's read/write timeout; waiting for a turn or a thermal pause writes nothing and is not limited).
+CLIENT_TIMEOUT_S = 60.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
 ROUTES = "GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
 
@@ -50,11 +55,12 @@ class ApiServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], completer: Completer, model: str, api_key: str | None = None,
-                 log: bool = True):
+                 log: bool = True, client_timeout_s: float = CLIENT_TIMEOUT_S):
         host, port = address
         if ":" in host:  # an IPv6 address (``--host ::`` for every interface, ``[::1]``): the server's family is IPv4
             self.address_family, address = socket.AF_INET6, (host.strip("[]"), port)
         self.completer, self.model, self.api_key, self.log = completer, model, api_key, log
+        self.client_timeout_s = client_timeout_s
         self.started = int(time.time())
         self._answering = 0  # requests past their body: being answered or waiting for their turn
         self._answers_done = threading.Condition()
@@ -89,6 +95,10 @@ class ApiHandler(BaseHTTPRequestHandler):
     server_version = f"edgesdk/{__version__}"
     server: ApiServer
 
+    def setup(self) -> None:
+        self.timeout = self.server.client_timeout_s  # the socket's, set by StreamRequestHandler.setup
+        super().setup()
+
     # ------------------------------------------------------------------ routing
     def do_GET(self):  # noqa: N802 (BaseHTTPRequestHandler's naming)
         self._serve(lambda route: self._get(route))
@@ -121,8 +131,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             if self.command == "POST" and not self._body_read:
                 self.close_connection = True  # an unread body would be taken for the next request
             self._send_json(exc.status, exc.body())
-        except ConnectionError:  # BrokenPipeError, ConnectionResetError, ClientGone
-            self.close_connection = True  # the client went away; nothing left to answer
+        except (ConnectionError, TimeoutError):  # BrokenPipeError, ConnectionResetError, ClientGone; a stalled write
+            self.close_connection = True  # the client went away (or stopped reading); nothing left to answer
         except Exception as exc:  # a fault of this server: a 500 that says what, and the trace in its log
             traceback.print_exc(file=sys.stderr)
             self._send_json(500, ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
@@ -196,7 +206,16 @@ class ApiHandler(BaseHTTPRequestHandler):
         if size > MAX_BODY_BYTES:
             self.close_connection = True  # the body is left unread: this connection cannot carry another request
             raise ApiError(413, f"the request body has {size:,} bytes; this server reads at most {MAX_BODY_BYTES:,}")
-        raw = self.rfile.read(size)
+        try:
+            raw = self.rfile.read(size)
+        except TimeoutError:
+            self.close_connection = True
+            raise ApiError(408, f"the request body stalled: its {size:,} bytes had not all come when none "
+                           f"came for {self.server.client_timeout_s:g} s; send the whole body at once") from None
+        if len(raw) < size:
+            self.close_connection = True
+            raise ApiError(400, f"the request body ended after {len(raw):,} of the {size:,} bytes its Content-Length "
+                           "announced")
         self._body_read = True
         try:
             return json.loads(raw.decode("utf-8"))
@@ -230,7 +249,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             completion = self.server.completer.complete(
                 request, on_text=lambda text: self._event(chunk_body(request, ident, model, text)), on_start=on_start,
                 client_gone=self._client_gone)
-        except ConnectionError:
+        except (ConnectionError, TimeoutError):
             raise
         except Exception as exc:
             if not started:
@@ -254,9 +273,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         """Whether the client closed its end (end of file or a reset), without waiting: bytes it sent
         ahead (a next request on a keep-alive connection) mean it is still there."""
         try:
-            return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except (BlockingIOError, InterruptedError):
-            return False  # nothing to read: connected
+            poller = select.poll()  # not recv(MSG_DONTWAIT): a socket with a timeout waits for data first
+            poller.register(self.connection, select.POLLIN)
+            if not poller.poll(0):
+                return False  # nothing to read: connected
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True  # reset, or the socket is closed
 

@@ -329,3 +329,56 @@ def test_head_gives_a_get_s_headers_without_its_body(idle_server):
     response = connection.getresponse()
     assert json.loads(response.read())["status"] == "ok"
     connection.close()
+
+
+# ------------------------------------------------------------------------------------ slow clients
+
+
+@pytest.fixture
+def impatient_server(runtime):
+    completer = Completer(runtime, ServeDefaults(max_tokens=2))
+    server = ApiServer(("127.0.0.1", 0), completer, "tiny-host", log=False, client_timeout_s=0.5)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def read_until_closed(client: socket.socket) -> bytes:
+    received = b""
+    while chunk := client.recv(65536):
+        received += chunk
+    return received
+
+
+def test_a_client_that_stalls_is_let_go(impatient_server):
+    """A request line, header or body that stops coming, or an idle keep-alive connection, held its
+    connection and thread for good; now they close after the client timeout."""
+    port = impatient_server.server_address[1]
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 1}).encode()
+    for sent in (b"GET /health HT", b"GET /health HTTP/1.1\r\nHost: x\r\n",
+                 b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"):  # the last one answered, then idle
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+            client.sendall(sent)
+            started = time.monotonic()
+            received = read_until_closed(client)
+            assert time.monotonic() - started < 20
+        assert received == b"" or (sent.endswith(b"\r\n\r\n") and received.startswith(b"HTTP/1.1 200")), received
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                       % (len(body), body[:5]))
+        received = read_until_closed(client)
+    head, _, payload = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), received
+    assert "stalled" in json.loads(payload)["error"]["message"]
+
+
+def test_a_body_cut_short_is_named(idle_server):
+    body = json.dumps({"prompt": PROMPT}).encode()
+    client = idle_server.raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(body) + 10, body))
+    client.shutdown(socket.SHUT_WR)
+    head, _, payload = read_until_closed(client).partition(b"\r\n\r\n")
+    client.close()
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert f"ended after {len(body)} of the {len(body) + 10} bytes" in json.loads(payload)["error"]["message"]
