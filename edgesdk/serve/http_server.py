@@ -188,7 +188,24 @@ class ApiHandler(BaseHTTPRequestHandler):
         return bool(self.headers.get("Transfer-Encoding")) or \
             any(value.strip() != "0" for value in self.headers.get_all("Content-Length", []))
 
-    def _read_json(self) -> object:
+    def handle_expect_100(self) -> bool:
+        """``Expect: 100-continue`` (curl sends it with a large body and waits for the 100 before sending
+        it): a request refused on its headers alone (no such route, no API key, a body too large) gets
+        its final answer instead of a 100 that has the client send a body nobody reads (RFC 9110 §10.1.1)."""
+        if self.command == "POST":
+            try:
+                if PARSERS.get(_api_route(self.path.split("?", 1)[0])) is None:
+                    self._not_found(self.path.split("?", 1)[0], "POST")
+                self._authorise()
+                self._body_size()
+            except ApiError as exc:
+                self.close_connection = True
+                self._send_json(exc.status, exc.body())
+                return False
+        return super().handle_expect_100()
+
+    def _body_size(self) -> int:
+        """The request body's size from its headers, or the ApiError that refuses it unread."""
         if self.headers.get("Transfer-Encoding"):
             self.close_connection = True
             raise ApiError(411, "chunked request bodies are not read here: send the body with a Content-Length")
@@ -206,6 +223,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         if size > MAX_BODY_BYTES:
             self.close_connection = True  # the body is left unread: this connection cannot carry another request
             raise ApiError(413, f"the request body has {size:,} bytes; this server reads at most {MAX_BODY_BYTES:,}")
+        return size
+
+    def _read_json(self) -> object:
+        size = self._body_size()
         try:
             raw = self.rfile.read(size)
         except TimeoutError:

@@ -382,3 +382,32 @@ def test_a_body_cut_short_is_named(idle_server):
     client.close()
     assert head.startswith(b"HTTP/1.1 400"), head
     assert f"ended after {len(body)} of the {len(body) + 10} bytes" in json.loads(payload)["error"]["message"]
+
+
+@pytest.mark.parametrize(("path", "headers", "status"), [
+    ("/v1/completions", b"Content-Length: 2000000\r\nAuthorization: Bearer k\r\n", 413),
+    ("/v1/embeddings", b"Content-Length: 20\r\n", 404),
+    ("/v1/completions", b"Content-Length: 20\r\nAuthorization: Bearer wrong\r\n", 401),
+])
+def test_expect_100_continue_gets_the_refusal_before_the_body_is_sent(runtime, path, headers, status):
+    """curl sends 'Expect: 100-continue' with a large body and waits; a 100 made it send megabytes the
+    server then refused unread (and a reset can lose the refusal)."""
+    completer = Completer(runtime, ServeDefaults(max_tokens=2))
+    server = ApiServer(("127.0.0.1", 0), completer, "tiny-host", api_key="k", log=False)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=30) as client:
+            client.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n%s\r\n" % (path.encode(), headers))
+            received = read_until_closed(client)
+        assert received.startswith(b"HTTP/1.1 %d" % status), received[:200]
+        assert json.loads(received.partition(b"\r\n\r\n")[2])["error"]["message"]
+        with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=30) as client:
+            body = json.dumps({"prompt": PROMPT, "max_tokens": 1}).encode()
+            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nAuthorization: "
+                           b"Bearer k\r\nContent-Length: %d\r\n\r\n" % len(body))
+            assert client.recv(4096).startswith(b"HTTP/1.1 100 Continue")
+            client.sendall(body)
+            assert b"HTTP/1.1 200 OK" in client.recv(65536)
+    finally:
+        server.shutdown()
+        server.server_close()
