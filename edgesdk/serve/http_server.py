@@ -240,7 +240,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._body_read = True
         try:
             return json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, an integer past 4,300 digits, deep nesting
             raise ApiError(400, f"the request body is not JSON in UTF-8: {exc}") from exc
 
     # ------------------------------------------------------------------ answers

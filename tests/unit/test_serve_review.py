@@ -411,3 +411,14 @@ def test_expect_100_continue_gets_the_refusal_before_the_body_is_sent(runtime, p
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_body_nested_past_the_json_decoder_s_depth_is_a_400(idle_server):
+    """json's RecursionError on deep nesting was a 500 'internal error' with a traceback in the log."""
+    connection = http.client.HTTPConnection("127.0.0.1", idle_server.port, timeout=60)
+    connection.request("POST", "/v1/completions", body=b"[" * 200_000)
+    response = connection.getresponse()
+    error = json.loads(response.read())["error"]
+    connection.close()
+    assert response.status == 400
+    assert error["message"].startswith("the request body is not JSON")
