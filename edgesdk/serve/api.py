@@ -220,14 +220,19 @@ def completion_body(request: CompletionRequest, ident: str, model: str, text: st
 
 def chunk_body(request: CompletionRequest, ident: str, model: str, text: str | None,
                finish_reason: str | None = None, role: bool = False) -> dict:
-    """One server-sent event of a streamed answer: a text delta, or the last one with ``finish_reason``."""
+    """One server-sent event of a streamed answer: a text delta, or the last one with ``finish_reason``.
+    With ``stream_options.include_usage`` it carries ``"usage": null`` ("All other chunks will also
+    include a usage field, but with a null value", OpenAI's reference for ``stream_options``)."""
     if request.chat:
         delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
         choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-    return {"id": ident, "object": "chat.completion.chunk" if request.chat else "text_completion",
+    body = {"id": ident, "object": "chat.completion.chunk" if request.chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice]}
+    if request.include_usage:
+        body["usage"] = None
+    return body
 
 
 def usage_chunk_body(request: CompletionRequest, ident: str, model: str, prompt_tokens: int,

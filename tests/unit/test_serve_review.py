@@ -422,3 +422,25 @@ def test_a_body_nested_past_the_json_decoder_s_depth_is_a_400(idle_server):
     connection.close()
     assert response.status == 400
     assert error["message"].startswith("the request body is not JSON")
+
+
+# ------------------------------------------------------------------------------------ the OpenAI shapes
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_with_include_usage_every_chunk_has_a_usage_field(idle_server, path):
+    """OpenAI's reference for stream_options.include_usage: the last chunk has the usage, and "all other
+    chunks will also include a usage field, but with a null value"; without the option, none has one."""
+    body = {"messages": [{"role": "user", "content": PROMPT}]} if "chat" in path else {"prompt": PROMPT}
+    for include in (True, False):
+        client = idle_server.raw(post_bytes({**body, "max_tokens": 3, "stream": True,
+                                             "stream_options": {"include_usage": include}}, path))
+        events = read_events(client)
+        client.close()
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(event) for event in events[:-1]]
+        if include:
+            assert all("usage" in chunk and chunk["usage"] is None for chunk in chunks[:-1]), chunks
+            assert chunks[-1]["usage"]["total_tokens"] > 0
+        else:
+            assert not any("usage" in chunk for chunk in chunks)
