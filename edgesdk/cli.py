@@ -44,7 +44,7 @@ def main():
     """
 
 
-HUGE_PAGE_COMMANDS = ("run", "eval", "serve")  # they stream a bundle's weights every token
+HUGE_PAGE_COMMANDS = ("run", "eval", "serve", "bench")  # they stream a bundle's weights every token
 
 
 def entry():
@@ -529,7 +529,8 @@ def _open_thermal(runtime, watch_thermal: bool, simulate_thermal: bool, no_guard
 
     Every call first undoes a clock cap that a killed run left. SIGTERM and SIGHUP then end the process
     through ``sys.exit`` so the caller's ``finally`` closes the session: the clock cap goes back, the
-    status line gives the terminal its scroll region back, the telemetry file is closed."""
+    status line gives the terminal its scroll region back, the telemetry file is closed. A signal the
+    process was started ignoring (SIGHUP under nohup) stays ignored."""
     from edgesdk.thermal.cpufreq import recover_left_cap
 
     for note in recover_left_cap():
@@ -557,7 +558,8 @@ def _open_thermal(runtime, watch_thermal: bool, simulate_thermal: bool, no_guard
     for note in thermal.notes:
         click.echo(f"edgesdk thermal: {note}", err=True)
     for stop in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
+        if signal.getsignal(stop) is not signal.SIG_IGN:  # nohup's ignored SIGHUP stays ignored
+            signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
     return thermal
 
 
@@ -621,6 +623,39 @@ def _finite_or_null(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--prompt-tokens", "-p", default=512, show_default=True, type=click.IntRange(min=0),
+              help="Prompt length of the prompt-processing test (ppN); 0 skips it.")
+@click.option("--new-tokens", "-n", default=128, show_default=True, type=click.IntRange(min=0),
+              help="Decode steps of the generation test (tgN); 0 skips it.")
+@click.option("--repetitions", "-r", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Timed runs of each test, after one untimed warm-up.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@_runtime_options
+def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, backend, target, ignore_target):
+    """Prompt-processing (ppN) and generation (tgN) speed of a bundle here, as llama-bench reports them.
+
+    Each test runs once untimed, then --repetitions times; the table gives mean ± standard
+    deviation of tok/s. Run nothing else heavy meanwhile: other work on the cores moves the figures.
+    """
+    from edgesdk.runtime.bench import BenchConfig, format_table, run_bench
+    from edgesdk.runtime.session import open_runtime
+
+    if prompt_tokens == 0 and new_tokens == 0:
+        raise click.BadParameter("both tests are off; give at least one of them tokens", param_hint="-p/-n")
+    config = BenchConfig(prompt_tokens=prompt_tokens, new_tokens=new_tokens, repetitions=repetitions)
+    runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
+                           ignore_target=ignore_target, verbose=not as_json)
+    results = run_bench(runtime, config)
+    if as_json:
+        click.echo(json.dumps({"bundle": str(bundle), "bundle_id": runtime.bundle.bundle_id,
+                               "backend": runtime.backend.name, "threads": runtime.threads,
+                               "results": [result.to_json() for result in results]}, indent=2))
+        return
+    click.echo(format_table(results, runtime.backend.name, runtime.threads, Path(bundle).name))
 
 
 @main.command("eval")

@@ -41,6 +41,7 @@ class Runtime:
     backend: DecoderBackend
     tokenizer: ChatTokenizer
     notes: list[str] = field(default_factory=list)  # why each backend was or was not used
+    threads: int = 1  # intra-op threads the backend was opened with
 
 
 def check_target(bundle: Bundle, expected_target: str | None, ignore_target: bool) -> str | None:
@@ -232,4 +233,4 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
     if verbose:
         for note in notes:
             print(f"edgesdk: {note}", file=sys.stderr)
-    return Runtime(bundle=bundle, backend=engine, tokenizer=tokenizer, notes=notes)
+    return Runtime(bundle=bundle, backend=engine, tokenizer=tokenizer, notes=notes, threads=threads)

@@ -1,0 +1,127 @@
+"""Prompt-processing and generation speed of a bundle on this board, as ``llama-bench`` measures it.
+
+Two tests, each repeated (after one untimed warm-up run):
+
+* ``ppN``: prefill of an N-token prompt from an empty cache, N / seconds;
+* ``tgN``: N decode steps after a one-token prompt, N / seconds of those steps, greedy, with no
+  stop token so every repetition decodes all N (the generation loop of ``edgesdk run``, sampling
+  included).
+
+The prompt is real text (a fixed English paragraph, repeated to length), not random ids: a
+tokenizer's rare tokens are no faster or slower, but real text is what a board sees. Results are
+mean and sample standard deviation of tok/s over the repetitions, as llama-bench prints them
+(ggml-org/llama.cpp, ``tools/llama-bench``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.generate import SamplingConfig, generate
+
+PROMPT_TEXT = (
+    "Small language models run on boards at the edge of a network, where power, memory and heat are "
+    "scarce. A runtime that reads fewer bytes per token decodes faster, and one that watches the "
+    "temperature keeps the board from throttling in the middle of an answer. "
+)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to measure; 0 tokens skips that test."""
+
+    prompt_tokens: int = 512  # llama-bench's default -p
+    new_tokens: int = 128  # llama-bench's default -n
+    repetitions: int = 5  # llama-bench's default -r
+    warmup: bool = True
+
+    def __post_init__(self):
+        if self.prompt_tokens < 0 or self.new_tokens < 0 or (self.prompt_tokens == 0 and self.new_tokens == 0):
+            raise ValueError(f"prompt and new tokens must be >= 0 and not both 0, got {self.prompt_tokens} and "
+                             f"{self.new_tokens}")
+        if self.repetitions < 1:
+            raise ValueError(f"repetitions must be >= 1, got {self.repetitions}")
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    test: str  # "pp512", "tg128"
+    tokens: int
+    samples: tuple[float, ...]  # tok/s of each repetition
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples)
+
+    @property
+    def stdev(self) -> float:
+        return statistics.stdev(self.samples) if len(self.samples) > 1 else 0.0
+
+    def to_json(self) -> dict:
+        return {"test": self.test, "tokens": self.tokens, "tok_s": round(self.mean, 3),
+                "stdev": round(self.stdev, 3), "samples": [round(s, 3) for s in self.samples]}
+
+
+def prompt_ids(tokenizer, count: int) -> list[int]:
+    """``count`` token ids of real text (the paragraph repeated as often as needed)."""
+    ids: list[int] = []
+    piece = tokenizer.encode(PROMPT_TEXT, add_special_tokens=False)
+    while len(ids) < count:
+        ids += piece
+    return ids[:count]
+
+
+def run_bench(runtime, config: BenchConfig = BenchConfig()) -> list[BenchResult]:
+    """The ppN and tgN results for the runtime's backend (see the module docstring)."""
+    backend = runtime.backend
+    needed = max(config.prompt_tokens, config.new_tokens + 1)
+    if needed > backend.max_context:
+        raise EdgeSDKError(f"the bench needs {needed} positions; the bundle's max_context is {backend.max_context}",
+                           f"lower -p / -n to at most {backend.max_context} prompt tokens and "
+                           f"{backend.max_context - 1} new tokens")
+    results = []
+    if config.prompt_tokens:
+        ids = np.asarray(prompt_ids(runtime.tokenizer, config.prompt_tokens), np.int64)
+
+        def prefill_s() -> float:
+            backend.reset()
+            start = time.perf_counter()
+            backend.prefill(ids)
+            return time.perf_counter() - start
+
+        results.append(_repeat(f"pp{config.prompt_tokens}", config.prompt_tokens, prefill_s, config))
+    if config.new_tokens:
+        first = prompt_ids(runtime.tokenizer, 1)
+        sampling = SamplingConfig(max_new_tokens=config.new_tokens + 1)  # the prefill's token, then N steps
+
+        def decode_s() -> float:
+            _, stats = generate(backend, first, sampling, stop_ids=set())
+            return stats.decode_s
+
+        results.append(_repeat(f"tg{config.new_tokens}", config.new_tokens, decode_s, config))
+    backend.reset()
+    return results
+
+
+def _repeat(test: str, tokens: int, timed, config: BenchConfig) -> BenchResult:
+    if config.warmup:
+        timed()
+    samples = []
+    for _ in range(config.repetitions):
+        seconds = timed()
+        samples.append(tokens / seconds if seconds > 0 else float("inf"))
+    return BenchResult(test, tokens, tuple(samples))
+
+
+def format_table(results: list[BenchResult], backend: str, threads: int, bundle: str) -> str:
+    """A markdown table like llama-bench's."""
+    lines = ["| bundle | backend | threads | test | t/s |", "| --- | --- | ---: | ---: | ---: |"]
+    for result in results:
+        lines.append(f"| {bundle} | {backend} | {threads} | {result.test} | "
+                     f"{result.mean:.2f} ± {result.stdev:.2f} |")
+    return "\n".join(lines)
