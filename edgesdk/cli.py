@@ -667,16 +667,22 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
 @click.option("--max-chars", default=200_000, show_default=True, type=click.IntRange(min=0),
               help="Score the first N characters (0 = all).")
 @click.option("--reference", is_flag=True, help="Also score the PyTorch source model (host; needs edgesdk[host]).")
+@click.option("--kl-divergence", "kl", is_flag=True,
+              help="With --reference: KL divergence of the bundle's next-token distributions from the source "
+                   "model's (mean, median, p99, max nats) and how often both pick the same top token.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
               help="Power-gated bundles: compute budgets (fraction of FFN blocks run) for the perplexity curve.")
 @_runtime_options
-def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, budgets, threads, backend, target,
+def eval_(bundle, text_file, context, stride, max_chars, reference, kl, as_json, budgets, threads, backend, target,
           ignore_target):
     """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference)."""
     from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, reference_perplexity
     from edgesdk.runtime.session import open_runtime
 
+    if kl and not reference:
+        raise click.BadParameter("compares the bundle with its source model, which --reference loads; add "
+                                 "--reference", param_hint="--kl-divergence")
     if reference:
         # Host-only dependencies: check them before scoring the bundle, and say how to get them.
         try:
@@ -736,6 +742,13 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
         result["reference"] = reference_perplexity(model, encode, text, config, progress=True).to_json()
         ours, ref = result["bundle"]["perplexity"], result["reference"]["perplexity"]
         result["relative_difference"] = round(ours / ref - 1, 8)
+        if kl:
+            from edgesdk.evaluate import bundle_scorer, divergence, reference_scorer
+
+            ids = runtime.tokenizer.encode(text[: config.max_chars] if config.max_chars else text,
+                                           add_special_tokens=False)
+            result["divergence"] = divergence(bundle_scorer(runtime), reference_scorer(model), ids, config,
+                                              progress=True).to_json()
     if as_json:  # strict JSON: a perplexity that overflowed (inf) or a broken bundle's NaN is null
         click.echo(json.dumps(_finite_or_null(result), indent=2, allow_nan=False))
         return
@@ -744,6 +757,11 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, as_json, bud
     if reference:
         click.echo(f"reference (PyTorch)  {result['reference']['perplexity']:.4f}")
         click.echo(f"relative difference  {result['relative_difference'] * 100:+.3f} %")
+    if kl:
+        d = result["divergence"]
+        click.echo(f"KL divergence        mean {d['mean_kld']:.5f}, median {d['median_kld']:.5f}, p99 {d['p99_kld']:.4f}, "
+                   f"max {d['max_kld']:.3f} nats; same top token {d['same_top_token']:.2%} "
+                   f"({d['tokens_scored']} tokens)")
     if gated:
         chosen = result["power"]["chosen"]
         click.echo(f"gated, controller    {chosen['perplexity']:.4f} ({chosen['relative_to_off'] * 100:+.2f} % vs "

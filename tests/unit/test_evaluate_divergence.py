@@ -68,3 +68,24 @@ def test_mismatched_vocabularies_and_short_texts_are_refused():
         divergence(constant_scorer(np.zeros(3)), constant_scorer(np.zeros(4)), [0, 1, 2, 1], config)
     with pytest.raises(EdgeSDKError, match="at least 2"):
         divergence(constant_scorer(np.zeros(3)), constant_scorer(np.zeros(3)), [1], config)
+
+
+def test_eval_command_reports_the_divergence(tiny_bundle, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 30, encoding="utf-8")
+    args = ["eval", str(tiny_bundle.path), "--text", str(text), "--context", "64", "--threads", "1"]
+    result = CliRunner().invoke(main, [*args, "--reference", "--kl-divergence", "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert body["divergence"]["tokens_scored"] == body["bundle"]["tokens_scored"]
+    assert body["divergence"]["mean_kld"] < 1e-6  # the host bundle keeps float32 weights
+    assert body["divergence"]["same_top_token"] == 1.0
+    alone = CliRunner().invoke(main, [*args, "--kl-divergence"])
+    assert alone.exit_code == 2
+    assert "add --reference" in alone.output
