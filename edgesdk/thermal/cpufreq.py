@@ -118,6 +118,7 @@ class CpuFreqCap:
         self.ratio: float | None = None
         self._lock: IO[bytes] | None = None
         self._state_warned = False  # the state file could not be written: said once
+        self._closed = False  # closed: the ceilings are back and the lock is another run's to take
         if self.state_path is not None:
             # one capping run at a time: the clock is the whole board's, and another run's cap
             # would be read here as the board's ceiling
@@ -164,8 +165,10 @@ class CpuFreqCap:
         return "CPU clock cap via cpufreq scaling_max_freq (" + ", ".join(parts) + ")"
 
     def set_ratio(self, ratio: float | None) -> None:
-        """Cap at ``ratio`` of each ceiling, or restore the ceilings (``None``); writes only on change."""
-        if ratio == self.ratio:
+        """Cap at ``ratio`` of each ceiling, or restore the ceilings (``None``); writes only on change.
+        After :meth:`close` nothing is written: a step still running as its process stops (a server's
+        answer) must not cap the clock again once it was given back and the lock let go."""
+        if ratio == self.ratio or self._closed:
             return
         self.ratio = ratio
         for policy in self.policies:
@@ -209,6 +212,7 @@ class CpuFreqCap:
     def close(self) -> None:
         """Give every ceiling back, then let another run cap."""
         self.set_ratio(None)
+        self._closed = True
         if self._lock is not None:
             self._lock.close()
             self._lock = None
