@@ -135,3 +135,48 @@ def test_size_quality_table(bundles, source_gguf):
     print(f"\n{'model':<22}{'MB':>8}{'vs FP16':>9}{'perplexity':>12}")
     for name, size, ppl in rows:
         print(f"{name:<22}{size / 1e6:>8.1f}{fp16 / size:>8.2f}x{ppl:>12.3f}")
+
+
+DIVERGENCE_WINDOWS = 16  # 8,176 scored tokens; the float model's logits for them are held in memory (1.6 GB)
+
+
+def test_divergence_from_the_float_model(bundles, source_gguf):
+    """KL(P_float || P_engine) per token and top-token agreement against the uncompressed model, for each
+    bundle and each llama.cpp quantization, on the first windows of the evaluation text (llama.cpp's
+    ``llama-perplexity --kl-divergence`` measure)."""
+    if not WIKITEXT.is_file():
+        pytest.skip("WikiText-2 validation text not found beside the checkout")
+    import torch
+
+    from edgesdk.evaluate import PerplexityConfig, bundle_scorer, divergence, reference_scorer
+    from edgesdk.models.loader import load_model
+    from edgesdk.models.sources import resolve_model
+    from edgesdk.runtime.session import open_runtime
+
+    torch.set_num_threads(THREADS)
+    config = PerplexityConfig()
+    first_runtime = open_runtime(next(iter(bundles.values())).path, threads=THREADS)
+    text = WIKITEXT.read_text(encoding="utf-8")[: config.max_chars]
+    ids = first_runtime.tokenizer.encode(text, add_special_tokens=False)[: config.context * DIVERGENCE_WINDOWS]
+    float_scorer = reference_scorer(load_model(resolve_model("smollm2-135m"), progress=False).model.eval())
+    held: dict[bytes, np.ndarray] = {}
+
+    def reference(window: np.ndarray) -> np.ndarray:
+        key = window.tobytes()
+        if key not in held:
+            held[key] = float_scorer(window).astype(np.float32)
+        return held[key]
+
+    rows = []
+    for name, bundle in bundles.items():
+        runtime = open_runtime(bundle.path, threads=THREADS)
+        rows.append((f"edgesdk {name}", divergence(bundle_scorer(runtime), reference, ids, config)))
+    for kind in ("Q8_0", "Q4_K_M", "Q4_0"):
+        engine = LlamaCppEngine(quantized_gguf(source_gguf, kind, source_gguf.parent), THREADS, config.context,
+                                logits_all=True)
+        rows.append((f"llama.cpp {kind}", divergence(engine.score_window, reference, ids, config)))
+    print(f"\nagainst the float model, {rows[0][1].tokens_scored} tokens of WikiText-2 valid")
+    print(f"{'model':<26}{'mean KLD':>10}{'median':>9}{'p99':>9}{'max':>9}{'same top':>10}")
+    for name, result in rows:
+        print(f"{name:<26}{result.mean_kld:>10.4f}{result.median_kld:>9.4f}{result.p99_kld:>9.3f}"
+              f"{result.max_kld:>9.3f}{result.same_top_token:>9.1%}")
