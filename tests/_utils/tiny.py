@@ -60,3 +60,21 @@ def save_tiny_model_dir(path: Path, **kwargs) -> Path:
     model.save_pretrained(path, safe_serialization=True)
     tiny_tokenizer(model.config.vocab_size).save_pretrained(path)
     return path
+
+
+def export_tiny_sparse(out: Path, max_context: int):
+    """(model, tensors, record): a tiny Llama whose linears sit on the per-row INT8 grid, exported
+    block-sparse into ``out`` (so the INT8 blocks hold its weights exactly)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from edgesdk.export.sparse_export import SparseExportConfig, export_sparse
+
+    model = tiny_llama(hidden=64, heads=4, kv_heads=2)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
+                scale = module.weight.abs().amax(1, keepdim=True) / 127
+                module.weight.copy_((module.weight / scale).round().clamp(-127, 127) * scale)
+    record = export_sparse(model, out, SparseExportConfig(), max_context=max_context)
+    return model, load_file(str(out / record["weights"])), record

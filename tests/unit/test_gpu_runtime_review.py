@@ -113,21 +113,10 @@ def test_a_build_cleans_up_leftovers_that_carry_its_own_pid(tmp_path):
 def tiny_sparse(tmp_path_factory):
     """(model, tensors, record): a tiny Llama on the per-row INT8 grid exported block-sparse, max_context 300
     (past the decoder's first cache capacity of 256, so a long sequence grows the cache)."""
-    torch = pytest.importorskip("torch")
-    from safetensors.torch import load_file
+    pytest.importorskip("torch")
+    from tests._utils.tiny import export_tiny_sparse
 
-    from edgesdk.export.sparse_export import SparseExportConfig, export_sparse
-    from tests._utils.tiny import tiny_llama
-
-    model = tiny_llama(hidden=64, heads=4, kv_heads=2)
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
-                scale = module.weight.abs().amax(1, keepdim=True) / 127
-                module.weight.copy_((module.weight / scale).round().clamp(-127, 127) * scale)
-    out = tmp_path_factory.mktemp("sparse")
-    record = export_sparse(model, out, SparseExportConfig(), max_context=300)
-    return model, load_file(str(out / record["weights"])), record
+    return export_tiny_sparse(tmp_path_factory.mktemp("sparse"), max_context=300)
 
 
 def twin_backend(tiny_sparse):

@@ -74,20 +74,10 @@ def test_tuning_the_compiled_kernels_cannot_take_is_refused_at_open(bundle, jets
 @pytest.fixture(scope="module")
 def tiny_sparse(tmp_path_factory):
     """A tiny Llama on the per-row INT8 grid, exported block-sparse: (tensors, record)."""
-    from safetensors.torch import load_file
+    from tests._utils.tiny import export_tiny_sparse
 
-    from edgesdk.export.sparse_export import SparseExportConfig, export_sparse
-    from tests._utils.tiny import tiny_llama
-
-    model = tiny_llama(hidden=64, heads=4, kv_heads=2)
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
-                scale = module.weight.abs().amax(1, keepdim=True) / 127
-                module.weight.copy_((module.weight / scale).round().clamp(-127, 127) * scale)
-    out = tmp_path_factory.mktemp("sparse")
-    record = export_sparse(model, out, SparseExportConfig(), max_context=64)
-    return load_file(str(out / record["weights"])), record
+    _, tensors, record = export_tiny_sparse(tmp_path_factory.mktemp("sparse"), max_context=64)
+    return tensors, record
 
 
 class TwinKernels:
