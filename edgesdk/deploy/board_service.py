@@ -73,9 +73,14 @@ def journal_tail(scope):
     return out.strip() if code == 0 and out.strip() else "(no journal lines)"
 
 
+# The board asks its own address: never through the http_proxy that /etc/environment may set for apt and
+# pip (urllib honours it, and bypasses only what no_proxy lists, which rarely names 127.0.0.1).
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def healthy(url):
     try:
-        with urllib.request.urlopen(url, timeout=5) as reply:
+        with DIRECT.open(url, timeout=5) as reply:
             return reply.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False

@@ -1,0 +1,72 @@
+"""``deploy --service`` on the board: the /health wait, lingering, a port another server holds, rollbacks
+and concurrent deploys.
+
+The board helper runs as the board runs it (a fresh Python), the server it waits for is the real
+``edgesdk serve`` of the tiny bundle, and ``tests/_utils/fake_systemd.py`` stands in for systemctl,
+journalctl and loginctl (systemd is not init here).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server(tiny_bundle):
+    """A real ``edgesdk serve`` of the tiny bundle; yields its /health URL."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "edgesdk.cli", "serve", str(tiny_bundle.path), "--port",
+                                str(port), "--threads", "1", "--quiet"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env={**os.environ, "EDGESDK_HUGE_PAGES": "0"})
+    url = f"http://127.0.0.1:{port}/health"
+    try:
+        deadline = time.monotonic() + 120
+        while not answers(url):
+            assert process.poll() is None, "edgesdk serve exited before its /health answered"
+            assert time.monotonic() < deadline, "edgesdk serve's /health did not answer within 120 s"
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def board_python(code: str, env: dict[str, str] | None = None) -> str:
+    """``code`` in a fresh interpreter, as the board's helper runs; returns its stdout."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                            env={**os.environ, **(env or {})})
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_health_is_asked_directly_not_through_the_boards_http_proxy(server):
+    """A board behind a proxy has http_proxy set for apt and pip (/etc/environment); its own server's
+    /health must still be asked directly, or a deploy waits out its 180 s and reports a healthy
+    service as down."""
+    code = f"from edgesdk.deploy.board_service import healthy; print(healthy({server!r}))"
+    assert board_python(code) == "True"
+    assert board_python(code, {"http_proxy": "http://127.0.0.1:9", "no_proxy": ""}) == "True"
