@@ -100,7 +100,9 @@ def wait_until_healthy(scope, url, timeout_s):
 
 
 def enable_linger():
-    """Lingering for this user (a user unit then starts at boot); a note, never a refusal."""
+    """Lingering for this user (a user unit then starts at boot and outlives logouts); a note, never a
+    refusal. Without it logind stops the user's manager, and the unit with it, once the user's last
+    session ends - the deploy's own ssh session is one (loginctl(1) "enable-linger")."""
     user = getpass.getuser()
     code, out = run_quiet(["loginctl", "show-user", user, "--property=Linger", "--value"], timeout=30)
     if code == 0 and out.strip() == "yes":
@@ -109,8 +111,9 @@ def enable_linger():
     if code == 0:
         return "lingering turned on: the user service starts at boot"
     why = (out.strip().splitlines() or ["loginctl failed"])[-1]
-    return (f"lingering could not be turned on ({why}): the service runs now but starts at boot only after "
-            f"'sudo loginctl enable-linger {user}'")
+    return (f"warning: lingering could not be turned on ({why}), so the user service stops when {user}'s last "
+            "session on the board ends (this deploy's ssh session is one) and does not start at boot; run "
+            f"'sudo loginctl enable-linger {user}' on the board once, or deploy as root for a system unit")
 
 
 def write_atomically(path, text):

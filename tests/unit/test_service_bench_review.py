@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._utils import fake_systemd
+
 REPO = Path(__file__).parents[2]
 
 
@@ -70,3 +72,17 @@ def test_health_is_asked_directly_not_through_the_boards_http_proxy(server):
     code = f"from edgesdk.deploy.board_service import healthy; print(healthy({server!r}))"
     assert board_python(code) == "True"
     assert board_python(code, {"http_proxy": "http://127.0.0.1:9", "no_proxy": ""}) == "True"
+
+
+def test_a_user_unit_without_lingering_is_said_to_stop_with_the_last_session(tmp_path):
+    """logind stops a user's manager, and its units, when the user's last session ends; only lingering
+    keeps it (loginctl(1)). Where enable-linger is denied (the fake loginctl denies it, as polkit does
+    for a remote session), the service does not 'run now': it stops once the deploy's ssh session ends."""
+    env = fake_systemd.install(tmp_path / "bin", tmp_path / "state")
+    note = board_python("from edgesdk.deploy.board_service import enable_linger; print(enable_linger())", env)
+    assert note.startswith("warning: lingering could not be turned on (Could not enable linger: Access denied)")
+    assert "stops when" in note
+    assert "this deploy's ssh session" in note
+    assert "runs now" not in note
+    assert "sudo loginctl enable-linger" in note
+    assert ["loginctl", "enable-linger"] == fake_systemd.calls(tmp_path / "state")[-1][:2]
