@@ -116,6 +116,27 @@ def enable_linger():
             f"'sudo loginctl enable-linger {user}' on the board once, or deploy as root for a system unit")
 
 
+def read_record(record_path):
+    """The deploy root's ``service.json``, or None where there is none (or it does not parse)."""
+    try:
+        with open(record_path) as handle:
+            record = json.load(handle)
+        return record if isinstance(record, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def refuse_a_foreign_server(scope, url, record, fix):
+    """Refuse where something other than this unit already answers on ``url``: the unit's server could not
+    listen there, and that server's 200 would be taken for the unit's own (llama-server's default port is
+    8080 too). An active unit that this root installed for the same URL is the one answering."""
+    code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
+    ours = state.strip() == "active" and (record is None or record.get("health_url") == url)
+    if not ours and healthy(url):
+        raise Refused(f"something other than the {scope} unit {SERVICE_NAME} already answers on {url}, so the "
+                      "unit's server could not listen there (llama-server also defaults to port 8080)", fix)
+
+
 def write_atomically(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = path + ".partial"
@@ -157,9 +178,12 @@ def op_service(params):
                       "deploy as root for a system unit, or log in once on the board so the user manager runs "
                       f"(sudo loginctl enable-linger {getpass.getuser()} keeps it running)")
     if params["action"] == "check":  # before the deploy changes anything
+        refuse_a_foreign_server(scope, url, read_record(record_path),
+                                "pass --service-port with a port nothing listens on, or stop that server")
         return {"installed": os.path.exists(path), "scope": scope, "unit": path}
     notes, changed = [], False
     if params["action"] == "install":
+        refuse_a_foreign_server(scope, url, read_record(record_path), params["fix"])
         text = render_unit(params["argv"], scope)
         try:
             with open(path) as handle:

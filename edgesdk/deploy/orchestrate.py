@@ -7,7 +7,8 @@ Steps (each printed with its time):
    runtime, releases) and what it already holds of this bundle;
 3. refuse a bundle for another target (``ignore_target`` overrides), one larger than the board's
    memory budget or RAM, or one that does not fit on its disk, and with ``--service`` a board whose
-   systemd does not answer - before anything is written;
+   systemd does not answer or where another server answers on the service's port - before anything
+   is written;
 4. make sure the board's edgesdk runtime is the one of this checkout (installed when missing or
    different, skipped with ``install=False``);
 5. send what the board lacks into ``staging/<id>`` (resumable), then verify every sha256 there
@@ -132,7 +133,7 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
                     runtime_bytes = RUNTIME_BYTES_INHERITED if inherit else RUNTIME_BYTES_FULL
             report.info(check_disk(plan.send_bytes, runtime_bytes, facts, where))
             if options.service is not None:
-                report.info(service.check_service(board))
+                report.info(service.check_service(board, options.service))
         runtime_sent, active_runtime = 0, install.installed_key(facts.raw)
         with report.step("edgesdk runtime on the board"):
             if options.local:

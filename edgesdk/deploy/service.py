@@ -41,10 +41,11 @@ def serve_argv(edgesdk: list[str], current: str, service: ServiceOptions, ignore
             *(["--ignore-target"] if ignore_target else [])]
 
 
-def check_service(board: Board) -> str:
-    """Refuse --service before anything changes where the board has no systemd that answers."""
-    reply = board.call("service", {"action": "check", "argv": [], "health_url": "", "timeout_s": 0,
-                                   "fix": ""})
+def check_service(board: Board, service: ServiceOptions) -> str:
+    """Refuse --service before anything changes where the board has no systemd that answers, or where
+    something other than the unit already answers on the service's address."""
+    reply = board.call("service", {"action": "check", "argv": [], "health_url": service.health_url,
+                                   "timeout_s": 0, "fix": ""})
     return f"systemd answers; the {reply['scope']} unit goes to {reply['unit']}" + (
         " (installed already: it is restarted)" if reply["installed"] else "")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests._utils import fake_systemd
+from tests._utils.deploy import current_id, edgesdk
 
 REPO = Path(__file__).parents[2]
 
@@ -86,3 +87,29 @@ def test_a_user_unit_without_lingering_is_said_to_stop_with_the_last_session(tmp
     assert "runs now" not in note
     assert "sudo loginctl enable-linger" in note
     assert ["loginctl", "enable-linger"] == fake_systemd.calls(tmp_path / "state")[-1][:2]
+
+
+@pytest.fixture
+def systemd(tmp_path):
+    """The fake service manager on PATH, the unit directory in tmp; the served processes stopped after."""
+    state = tmp_path / "systemd-state"
+    env = {**os.environ, **fake_systemd.install(tmp_path / "bin", state),
+           "EDGESDK_UNIT_DIR": str(tmp_path / "units"), "EDGESDK_HUGE_PAGES": "0"}
+    yield env, state
+    fake_systemd.stop_all(state)
+
+
+def test_a_port_another_server_answers_on_is_refused_before_anything_changes(tiny_bundle, tmp_path, systemd, server):
+    """Another server on the service's port (llama-server's default is 8080 too) answers /health with 200
+    while the unit's own server cannot listen: the deploy took that answer for its service and
+    reported it up. It is refused at the checks, naming the address."""
+    env, state = systemd
+    root, port = tmp_path / "board", server.split(":")[-1].split("/")[0]
+    result = edgesdk("deploy", tiny_bundle.path, "--to", root, "--service", "--service-port", port, env=env)
+    assert result.returncode == 8, result.stderr
+    assert f"already answers on {server}" in result.stderr
+    assert "--service-port" in result.stderr
+    assert current_id(root) is None
+    assert not (root / "releases").exists()
+    assert not (tmp_path / "units").exists()
+    assert not [call for call in fake_systemd.calls(state) if call[:2] == ["systemctl", "restart"]]
