@@ -152,17 +152,20 @@ def op_service(params):
     """Check that systemd answers (``action`` "check"), install (``action`` "install") or restart where
     installed (``action`` "restart", after a rollback) the serving unit, then wait for its /health. The deploy root's ``service.json`` remembers the unit,
     so a restart asks the address the unit was installed with."""
-    _, root = paths(params["root"])
+    p, root = paths(params["root"])
     record_path = os.path.join(root, SERVICE_RECORD)
     if params["action"] == "restart":
+        record = read_record(record_path) or {}
         try:
-            with open(record_path) as handle:
-                record = json.load(handle)
             scope, path, url = record["scope"], record["unit"], record["health_url"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return {"installed": False}
-        if not os.path.exists(path):
-            return {"installed": False}
+            with open(path) as handle:
+                text = handle.read()
+        except (OSError, KeyError, TypeError):
+            return {"installed": False}  # none installed, or removed since
+        if systemd_quote(p["current"]) + " " not in text:  # another deploy root's --service took the unit over
+            return {"installed": True, "restarted": False, "scope": scope, "unit": path,
+                    "why": f"it no longer serves {p['current']} (a deploy with --service into another root "
+                           "rewrote it)"}
     else:
         scope = unit_scope()
         path, url = unit_path(scope), params["health_url"]
@@ -206,4 +209,4 @@ def op_service(params):
         journal = journal_tail(scope).replace("\n", "\n      ")
         raise Refused(f"the {scope} service {SERVICE_NAME} did not come up: {reason}\n    its journal:\n      {journal}",
                       params["fix"])
-    return {"installed": True, "scope": scope, "unit": path, "changed": changed, "notes": notes}
+    return {"installed": True, "restarted": True, "scope": scope, "unit": path, "changed": changed, "notes": notes}

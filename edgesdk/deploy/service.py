@@ -72,4 +72,6 @@ def restart_service(board: Board) -> str | None:
                        timeout=HEALTH_TIMEOUT_S + 300)
     if not reply["installed"]:
         return None
+    if not reply["restarted"]:
+        return f"{reply['scope']} unit {reply['unit']} not restarted: {reply['why']}"
     return f"{reply['scope']} unit {reply['unit']} restarted; it serves the release rolled back to"

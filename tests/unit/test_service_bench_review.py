@@ -113,3 +113,40 @@ def test_a_port_another_server_answers_on_is_refused_before_anything_changes(tin
     assert not (root / "releases").exists()
     assert not (tmp_path / "units").exists()
     assert not [call for call in fake_systemd.calls(state) if call[:2] == ["systemctl", "restart"]]
+
+
+def restarts(state: Path) -> int:
+    return sum(1 for call in fake_systemd.calls(state) if call[:2] == ["systemctl", "restart"])
+
+
+def two_releases_with_the_service(tiny_bundle, tmp_path, env, root: Path, port: int):
+    """``root`` holds the tiny bundle (previous) and a variant of it (current), served by the unit."""
+    from tests._utils.deploy import bundle_variant
+
+    first = edgesdk("deploy", tiny_bundle.path, "--to", root, env=env)
+    assert first.returncode == 0, first.stderr
+    second = bundle_variant(tiny_bundle.path, tmp_path / "second", "second release")
+    served = edgesdk("deploy", second.path, "--to", root, "--service", "--service-port", port, env=env)
+    assert served.returncode == 0, served.stderr
+
+
+def test_a_rollback_does_not_restart_a_unit_another_root_took_over(tiny_bundle, tmp_path, systemd):
+    """One unit name per board: a deploy --service into a second root rewrites the unit to serve that
+    root. A rollback in the first root restarted it anyway (the second root's server went down and
+    up) and said it serves the release rolled back to, which it does not."""
+    env, state = systemd
+    port = free_port()
+    first_root, other_root = tmp_path / "board", tmp_path / "other root"
+    two_releases_with_the_service(tiny_bundle, tmp_path, env, first_root, port)
+    other = edgesdk("deploy", tiny_bundle.path, "--to", other_root, "--service", "--service-port", port, env=env)
+    assert other.returncode == 0, other.stderr
+    assert restarts(state) == 2
+
+    back = edgesdk("deploy", "--rollback", "--to", first_root, env=env)
+    assert back.returncode == 0, back.stderr
+    assert current_id(first_root) == tiny_bundle.bundle_id
+    assert f"not restarted: it no longer serves {first_root}/current" in back.stderr
+    assert "serves the release rolled back to" not in back.stderr
+    assert restarts(state) == 2
+    assert answers(f"http://127.0.0.1:{port}/health")  # the other root's server, untouched
+
