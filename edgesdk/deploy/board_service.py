@@ -137,6 +137,22 @@ def refuse_a_foreign_server(scope, url, record, fix):
                       "unit's server could not listen there (llama-server also defaults to port 8080)", fix)
 
 
+def refuse_another_owner(scope, path, uid):
+    """A unit installed by another user is not this user's to restart: systemctl --user reaches only this
+    user's manager, and a system unit needs root."""
+    try:
+        import pwd
+
+        name = pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError, OverflowError, TypeError):
+        name = f"uid {uid}"
+    command = ("sudo systemctl restart " + SERVICE_NAME if scope == "system" else
+               f"as {name}: systemctl --user restart {SERVICE_NAME}")
+    raise Refused(f"the {scope} unit {path} that serves current was installed by {name}, and this rollback runs "
+                  f"as {getpass.getuser()}, so it cannot restart it; the unit still serves the release it started with",
+                  f"restart it on the board ({command}); running the rollback again would switch current once more")
+
+
 def write_atomically(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = path + ".partial"
@@ -166,6 +182,9 @@ def op_service(params):
             return {"installed": True, "restarted": False, "scope": scope, "unit": path,
                     "why": f"it no longer serves {p['current']} (a deploy with --service into another root "
                            "rewrote it)"}
+        owner = record.get("uid", os.geteuid())
+        if owner != os.geteuid():
+            refuse_another_owner(scope, path, owner)
     else:
         scope = unit_scope()
         path, url = unit_path(scope), params["health_url"]
@@ -195,7 +214,8 @@ def op_service(params):
             changed = True
         if changed:
             write_atomically(path, text)
-        write_atomically(record_path, json.dumps({"scope": scope, "unit": path, "health_url": url}) + "\n")
+        write_atomically(record_path, json.dumps({"scope": scope, "unit": path, "health_url": url,
+                                                  "uid": os.geteuid()}) + "\n")
         for args in (["daemon-reload"], ["enable", SERVICE_NAME]):
             code, out = systemctl(scope, *args)
             if code != 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgesdk.deploy.remote import Board
+from edgesdk.deploy.transport import DeployError
 
 HEALTH_TIMEOUT_S = 180.0  # loading a bundle takes seconds; a TensorRT engine is built by deploy beforehand
 
@@ -65,11 +66,15 @@ def install_service(board: Board, argv: list[str], service: ServiceOptions) -> t
 
 def restart_service(board: Board) -> str | None:
     """Restart the unit deploy installed (the board's ``service.json`` names it) after a rollback; None
-    where there is none."""
-    reply = board.call("service", {"action": "restart", "argv": [], "timeout_s": HEALTH_TIMEOUT_S,
-                                   "fix": "current was rolled back; fix what the journal shows, then restart the "
-                                          "unit (systemctl restart edgesdk-serve, with --user for a user unit)"},
-                       timeout=HEALTH_TIMEOUT_S + 300)
+    where there is none. A failure says that current was rolled back all the same."""
+    try:
+        reply = board.call("service", {"action": "restart", "argv": [], "timeout_s": HEALTH_TIMEOUT_S,
+                                       "fix": "fix what the journal shows, then restart the unit (systemctl "
+                                              "restart edgesdk-serve, with --user for a user unit)"},
+                           timeout=HEALTH_TIMEOUT_S + 300)
+    except DeployError as exc:
+        raise DeployError(f"current was rolled back, but the service is not serving it: {exc.problem}",
+                          exc.fix) from exc
     if not reply["installed"]:
         return None
     if not reply["restarted"]:

@@ -8,6 +8,7 @@ journalctl and loginctl (systemd is not init here).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -150,3 +151,26 @@ def test_a_rollback_does_not_restart_a_unit_another_root_took_over(tiny_bundle, 
     assert restarts(state) == 2
     assert answers(f"http://127.0.0.1:{port}/health")  # the other root's server, untouched
 
+
+def test_a_rollback_by_another_user_than_the_units_says_current_moved_and_how_to_restart(tiny_bundle, tmp_path,
+                                                                                        systemd):
+    """systemctl reaches only the caller's own user manager (and a system unit needs root): a unit that
+    another user installed cannot be restarted by this one. That was tried ('Unit not found', shown as
+    a unit that did not come up); now the refusal names the owner and the command, and says current
+    was rolled back all the same."""
+    env, state = systemd
+    root = tmp_path / "board"
+    two_releases_with_the_service(tiny_bundle, tmp_path, env, root, free_port())
+    record = json.loads((root / "service.json").read_text())
+    assert record["uid"] == os.geteuid()
+    # As a deploy by another user (uid 4242, no name here) writes it: a user unit, this one's run as root.
+    (root / "service.json").write_text(json.dumps({**record, "scope": "user", "uid": 4242}) + "\n")
+
+    back = edgesdk("deploy", "--rollback", "--to", root, env=env)
+    assert back.returncode == 8, back.stderr
+    assert current_id(root) == tiny_bundle.bundle_id
+    assert "current was rolled back, but the service is not serving it" in back.stderr
+    assert "installed by uid 4242" in back.stderr
+    assert "as uid 4242: systemctl --user restart edgesdk-serve" in back.stderr
+    assert not [call for call in fake_systemd.calls(state)[-3:] if "--user" in call]  # root's manager not asked
+    assert restarts(state) == 1
