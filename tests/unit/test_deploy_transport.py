@@ -72,10 +72,10 @@ def test_the_board_script_is_python_38_and_its_parts_import_on_the_host():
     packed = re.search(r"b64decode\('([^']+)'\)", boot_code())[1]
     source = zlib.decompress(base64.b64decode(packed)).decode()
     ast.parse(source, feature_version=(3, 8))  # boards on JetPack 5 run Python 3.8
-    for part in ("board_common", "board_transfer", "board_install"):
+    for part in ("board_common", "board_transfer", "board_install", "board_service"):
         importlib.import_module(f"edgesdk.deploy.{part}")
     ops = importlib.import_module("edgesdk.deploy.board_ops")
-    assert set(ops.OPS) == {"probe", "receive", "commit", "verify", "switch", "prune", "install"}
+    assert set(ops.OPS) == {"probe", "receive", "commit", "verify", "switch", "prune", "install", "service"}
 
 
 @pytest.fixture
