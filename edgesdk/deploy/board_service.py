@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 
 if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are concatenated
-    from edgesdk.deploy.board_common import Refused, fsync_dir, paths, run_quiet
+    from edgesdk.deploy.board_common import Lock, Refused, fsync_dir, paths, run_quiet
 
 SERVICE_NAME = "edgesdk-serve"
 SERVICE_RECORD = "service.json"  # under the deploy root: the installed unit's scope, path and /health URL
@@ -155,7 +155,7 @@ def refuse_another_owner(scope, path, uid):
 
 def write_atomically(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    partial = path + ".partial"
+    partial = f"{path}.partial-{os.getpid()}"  # the unit file is one per board, shared by every deploy root
     with open(partial, "w") as handle:
         handle.write(text)
         handle.flush()
@@ -204,26 +204,27 @@ def op_service(params):
                                 "pass --service-port with a port nothing listens on, or stop that server")
         return {"installed": os.path.exists(path), "scope": scope, "unit": path}
     notes, changed = [], False
-    if params["action"] == "install":
-        refuse_a_foreign_server(scope, url, read_record(record_path), params["fix"])
-        text = render_unit(params["argv"], scope)
-        try:
-            with open(path) as handle:
-                changed = handle.read() != text
-        except OSError:
-            changed = True
-        if changed:
-            write_atomically(path, text)
-        write_atomically(record_path, json.dumps({"scope": scope, "unit": path, "health_url": url,
-                                                  "uid": os.geteuid()}) + "\n")
-        for args in (["daemon-reload"], ["enable", SERVICE_NAME]):
-            code, out = systemctl(scope, *args)
-            if code != 0:
-                raise Refused(f"systemctl {' '.join(args)} failed: {out.strip()[-500:]}",
-                              f"check the unit {path} and the board's systemd, then deploy again")
-        if scope == "user":
-            notes.append(enable_linger())
-    code, out = systemctl(scope, "restart", SERVICE_NAME)
+    with Lock(root):  # a concurrent deploy's unit, record and restart wait for this one's
+        if params["action"] == "install":
+            refuse_a_foreign_server(scope, url, read_record(record_path), params["fix"])
+            text = render_unit(params["argv"], scope)
+            try:
+                with open(path) as handle:
+                    changed = handle.read() != text
+            except OSError:
+                changed = True
+            if changed:
+                write_atomically(path, text)
+            write_atomically(record_path, json.dumps({"scope": scope, "unit": path, "health_url": url,
+                                                      "uid": os.geteuid()}) + "\n")
+            for args in (["daemon-reload"], ["enable", SERVICE_NAME]):
+                code, out = systemctl(scope, *args)
+                if code != 0:
+                    raise Refused(f"systemctl {' '.join(args)} failed: {out.strip()[-500:]}",
+                                  f"check the unit {path} and the board's systemd, then deploy again")
+            if scope == "user":
+                notes.append(enable_linger())
+        code, out = systemctl(scope, "restart", SERVICE_NAME)
     if code != 0 or not wait_until_healthy(scope, url, timeout_s):
         reason = out.strip()[-500:] if code != 0 else f"no answer from {url} within {timeout_s:.0f} s"
         journal = journal_tail(scope).replace("\n", "\n      ")

@@ -174,3 +174,30 @@ def test_a_rollback_by_another_user_than_the_units_says_current_moved_and_how_to
     assert "as uid 4242: systemctl --user restart edgesdk-serve" in back.stderr
     assert not [call for call in fake_systemd.calls(state)[-3:] if "--user" in call]  # root's manager not asked
     assert restarts(state) == 1
+
+
+def test_the_unit_and_its_record_are_written_under_the_deploy_lock(tiny_bundle, tmp_path, systemd):
+    """Two deploys into one root hold its lock in turn for every write (board_common.Lock); the unit,
+    service.json and the restart did not take it, so two concurrent deploys --service wrote the same
+    '.partial' files at once (a torn unit, or a rename that found its file gone)."""
+    from edgesdk.deploy.board_common import Lock
+
+    env, state = systemd
+    root, port = tmp_path / "board", free_port()
+    argv = [sys.executable, "-m", "edgesdk.cli", "serve", str(tiny_bundle.path), "--port", str(port), "--threads", "1"]
+    params = {"root": str(root), "action": "install", "argv": argv, "health_url": f"http://127.0.0.1:{port}/health",
+              "timeout_s": 120, "fix": "deploy again"}
+    code = ("import json, sys; from edgesdk.deploy.board_ops import main; "
+            f"sys.exit(main(['service', json.dumps({params!r})]))")
+    with Lock(str(root)):  # another deploy's step holds the root
+        helper = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+        time.sleep(3)
+        assert helper.poll() is None
+        assert not (tmp_path / "units").exists()
+        assert not (root / "service.json").exists()
+    out, _ = helper.communicate(timeout=180)
+    assert helper.returncode == 0, out
+    assert json.loads(out)["restarted"] is True
+    assert (tmp_path / "units" / "edgesdk-serve.service").is_file()
+    assert [p.name for p in (tmp_path / "units").iterdir()] == ["edgesdk-serve.service"]  # no partial left
+    assert restarts(state) == 1
