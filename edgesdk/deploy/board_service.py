@@ -86,14 +86,26 @@ def healthy(url):
         return False
 
 
+def unit_state(scope):
+    """(ActiveState, SubState) of the unit. A server that exited waits out RestartSec in "activating" /
+    "auto-restart", which ``systemctl is-active`` prints as "activating", like one still starting."""
+    code, out = systemctl(scope, "show", SERVICE_NAME, "-p", "ActiveState", "-p", "SubState", timeout=30)
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    if code == 0 and props.get("ActiveState"):
+        return props["ActiveState"].strip(), props.get("SubState", "").strip()
+    code, out = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
+    return out.strip(), ""
+
+
 def wait_until_healthy(scope, url, timeout_s):
-    """True once ``url`` answers 200; False when the unit failed or the time ran out."""
+    """True once ``url`` answers 200; False when the unit failed, exited (systemd restarting it), or the
+    time ran out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if healthy(url):
             return True
-        code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
-        if state.strip() in ("failed", "inactive") and not healthy(url):
+        active, sub = unit_state(scope)
+        if (active in ("failed", "inactive") or sub == "auto-restart") and not healthy(url):
             return False
         time.sleep(HEALTH_POLL_S)
     return healthy(url)
@@ -226,7 +238,15 @@ def op_service(params):
                 notes.append(enable_linger())
         code, out = systemctl(scope, "restart", SERVICE_NAME)
     if code != 0 or not wait_until_healthy(scope, url, timeout_s):
-        reason = out.strip()[-500:] if code != 0 else f"no answer from {url} within {timeout_s:.0f} s"
+        active, sub = unit_state(scope) if code == 0 else ("", "")
+        if code != 0:
+            reason = out.strip()[-500:]
+        elif sub == "auto-restart":
+            reason = "its server exited, and systemd starts it again after RestartSec (the journal says why)"
+        elif active in ("failed", "inactive"):
+            reason = f"its server exited (the unit is {active})"
+        else:
+            reason = f"no answer from {url} within {timeout_s:.0f} s"
         journal = journal_tail(scope).replace("\n", "\n      ")
         raise Refused(f"the {scope} service {SERVICE_NAME} did not come up: {reason}\n    its journal:\n      {journal}",
                       params["fix"])

@@ -201,3 +201,25 @@ def test_the_unit_and_its_record_are_written_under_the_deploy_lock(tiny_bundle, 
     assert (tmp_path / "units" / "edgesdk-serve.service").is_file()
     assert [p.name for p in (tmp_path / "units").iterdir()] == ["edgesdk-serve.service"]  # no partial left
     assert restarts(state) == 1
+
+
+def test_a_server_that_exits_is_seen_while_systemd_waits_to_restart_it(tmp_path):
+    """Restart=on-failure: a server that exits (a release that cannot load, a port taken by something
+    that is no HTTP server) waits out RestartSec as ActiveState "activating", SubState "auto-restart",
+    and 'systemctl is-active' prints "activating" as for a unit still starting, so the deploy waited
+    its whole 180 s before reporting 'no answer'. The systemctl here answers as systemd does then."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case "$a" in\n'
+        "  show) printf 'ActiveState=activating\\nSubState=auto-restart\\n'; exit 0;;\n"
+        "  is-active) echo activating; exit 3;;\n"
+        "esac; done\nexit 1\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    code = (f"import time; from edgesdk.deploy.board_service import wait_until_healthy; start = time.monotonic(); "
+            f"ok = wait_until_healthy('system', 'http://127.0.0.1:{free_port()}/health', 40); "
+            "print(ok, round(time.monotonic() - start))")
+    ok, seconds = board_python(code, {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}).split()
+    assert ok == "False"
+    assert int(seconds) < 10
