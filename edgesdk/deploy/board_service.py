@@ -89,12 +89,12 @@ def healthy(url):
 def unit_state(scope):
     """(ActiveState, SubState) of the unit. A server that exited waits out RestartSec in "activating" /
     "auto-restart", which ``systemctl is-active`` prints as "activating", like one still starting."""
-    code, out = systemctl(scope, "show", SERVICE_NAME, "-p", "ActiveState", "-p", "SubState", timeout=30)
+    _, out = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
+    if out.strip() != "activating":
+        return out.strip(), ""
+    code, out = systemctl(scope, "show", SERVICE_NAME, "-p", "SubState", timeout=30)
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    if code == 0 and props.get("ActiveState"):
-        return props["ActiveState"].strip(), props.get("SubState", "").strip()
-    code, out = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
-    return out.strip(), ""
+    return "activating", props.get("SubState", "").strip() if code == 0 else ""
 
 
 def wait_until_healthy(scope, url, timeout_s):
