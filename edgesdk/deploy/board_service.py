@@ -131,7 +131,7 @@ def enable_linger():
 def read_record(record_path):
     """The deploy root's ``service.json``, or None where there is none (or it does not parse)."""
     try:
-        with open(record_path) as handle:
+        with open(record_path, encoding="utf-8") as handle:
             record = json.load(handle)
         return record if isinstance(record, dict) else None
     except (OSError, ValueError):
@@ -168,7 +168,7 @@ def refuse_another_owner(scope, path, uid):
 def write_atomically(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = f"{path}.partial-{os.getpid()}"  # the unit file is one per board, shared by every deploy root
-    with open(partial, "w") as handle:
+    with open(partial, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
@@ -186,7 +186,7 @@ def op_service(params):
         record = read_record(record_path) or {}
         try:
             scope, path, url = record["scope"], record["unit"], record["health_url"]
-            with open(path) as handle:
+            with open(path, encoding="utf-8") as handle:
                 text = handle.read()
         except (OSError, KeyError, TypeError):
             return {"installed": False}  # none installed, or removed since
@@ -221,7 +221,7 @@ def op_service(params):
             refuse_a_foreign_server(scope, url, read_record(record_path), params["fix"])
             text = render_unit(params["argv"], scope)
             try:
-                with open(path) as handle:
+                with open(path, encoding="utf-8") as handle:
                     changed = handle.read() != text
             except OSError:
                 changed = True
