@@ -465,6 +465,11 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
     if api_key is not None and not api_key.strip():
         raise click.BadParameter("is empty; pass a key, or leave --api-key out to serve without one",
                                  param_hint="'--api-key'")
+    if api_key is not None and not (api_key.isascii() and api_key.isprintable() and " " not in api_key):
+        # Clients send it in a header, whose value HTTP carries as ASCII (RFC 9110 §5.5): another key never matched.
+        raise click.BadParameter("must be printable ASCII without spaces, as an HTTP header carries it; pick "
+                                 "another key, e.g. from: python -c 'import secrets; print(secrets.token_urlsafe())'",
+                                 param_hint="'--api-key'")
     _warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard, clock_cap=clock_cap,
                                  ambient=ambient, sim_speed=sim_speed, thermal_target=thermal_target)
     import signal

@@ -444,3 +444,14 @@ def test_serve_refuses_a_port_in_use(tiny_bundle, tmp_path):
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
     assert "--port" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("key", ["clé-secrète", "two words"])
+def test_serve_refuses_a_key_no_header_can_carry(tiny_bundle, key):
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+
+    result = CliRunner().invoke(main, ["serve", str(tiny_bundle.path), "--port", "0", "--api-key", key])
+    assert result.exit_code == 2
+    assert "printable ASCII" in result.output
