@@ -134,7 +134,9 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
                   where="post", color=line.get_color(), lw=1.2)
         span = max((r["t"] for r in steps), default=1.0)
         centers, rate = _rate_series(steps, bin_s or max(span / 150.0, 1.0))
-        ax_r.plot(centers, rate, color=line.get_color(), lw=1.2, label=label)
+        # a run shorter than two bins (a first 'run -n 8') has one rate: a line of one point draws nothing
+        ax_r.plot(centers, rate, color=line.get_color(), lw=1.2, label=label,
+                  marker="o" if len(rate) == 1 else None)
     limits = meta0.get("limits") if isinstance(meta0.get("limits"), dict) else {}
     for key, name, style in (("throttle_c", "firmware throttle", "r--"), ("hard_c", "hard (pause)", "m:"),
                              ("soft_c", "soft limit", "k--")):

@@ -1,0 +1,47 @@
+"""The README's commands as a user first tries them: a short run's telemetry report, ``thermal sensors``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edgesdk.cli import main
+
+
+def invoke(*args, env=None):
+    return CliRunner(env=env).invoke(main, [str(a) for a in args], prog_name="edgesdk")
+
+
+def assert_ok(result):
+    assert result.exit_code == 0, f"exit {result.exit_code}\n{result.output}\n{result.exception!r}"
+
+
+def short_run_telemetry(path: Path) -> Path:
+    """What 'edgesdk run --simulate-thermal --telemetry F -n 8' writes: a prefill, 7 decode steps, 0.2 s."""
+    meta = {"type": "meta", "version": 1, "profile": "rpi5", "mode": "simulated", "guarded": True,
+            "ambient_c": 25.0, "limits": {"soft_c": 75.0, "hard_c": 78.0, "throttle_c": 80.0}}
+    steps = [{"type": "step", "t": round(0.1 + 0.015 * i, 6), "kind": "prefill" if i == 0 else "decode",
+              "tokens": 1, "duration_s": 0.015, "wait_s": 0.0, "tok_s": 66.0, "temp_c": 51.6,
+              "level": "normal"}
+             for i in range(8)]
+    path.write_text("".join(json.dumps(record) + "\n" for record in [meta, *steps]))
+    return path
+
+
+def test_report_of_a_short_run_draws_its_rate(tmp_path):
+    """A run shorter than two rate bins has one tok/s value; drawn as a line of one point it was invisible,
+    and the report's tokens/s panel stayed empty for the README's first telemetry file."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    out = tmp_path / "short.png"
+    assert_ok(invoke("thermal", "report", short_run_telemetry(tmp_path / "short.jsonl"), "-o", out))
+    pixels = (matplotlib.image.imread(out)[..., :3] * 255).astype(int)
+    height = pixels.shape[0]
+    rate_panel = pixels[int(0.70 * height):int(0.93 * height)]  # the bottom panel (tokens / s)
+    line_color = np.array([31, 119, 180])  # the first run's colour (matplotlib's C0), as in the panels above
+    assert (np.abs(rate_panel - line_color).sum(axis=-1) < 30).any(), "nothing drawn in the tokens/s panel"
