@@ -121,7 +121,8 @@ def thermal():
 
 @thermal.command("sensors")
 @click.option("--target", default="host", show_default=True, help="Profile whose zone types to look for.")
-@click.option("--root", default="/sys/class/thermal", show_default=True, help="sysfs thermal directory.")
+@click.option("--root", default="/sys/class/thermal", show_default=True, envvar="EDGESDK_THERMAL_ROOT",
+              show_envvar=True, help="sysfs thermal directory (the guard of run and serve reads the same one).")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def sensors_cmd(target, root, as_json):
     """What the guard would read on this machine: zones, trip points, one reading, fallbacks."""

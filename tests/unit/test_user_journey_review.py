@@ -45,3 +45,18 @@ def test_report_of_a_short_run_draws_its_rate(tmp_path):
     rate_panel = pixels[int(0.70 * height):int(0.93 * height)]  # the bottom panel (tokens / s)
     line_color = np.array([31, 119, 180])  # the first run's colour (matplotlib's C0), as in the panels above
     assert (np.abs(rate_panel - line_color).sum(axis=-1) < 30).any(), "nothing drawn in the tokens/s panel"
+
+
+def test_thermal_sensors_reads_the_zones_the_guard_reads(tmp_path):
+    """'What the guard would read on this machine': with $EDGESDK_THERMAL_ROOT set (a container whose /sys is
+    mounted elsewhere) the guard of run and serve reads that tree; 'thermal sensors' read /sys/class/thermal
+    whatever it said, and reported no zone where the guard had one."""
+    from tests._utils.sysfs import make_zone
+
+    root = tmp_path / "thermal"
+    make_zone(root, 0, "cpu-thermal", "51000\n", trips=[("critical", 105000, None)])
+    result = invoke("thermal", "sensors", "--target", "rpi5", "--json", env={"EDGESDK_THERMAL_ROOT": str(root)})
+    assert_ok(result)
+    info = json.loads(result.stdout)
+    assert info["reading"]["zones"] == {"cpu-thermal": 51.0}
+    assert info["limits"]["shutdown_c"] == 105  # the zone's own critical trip
