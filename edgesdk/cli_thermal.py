@@ -120,7 +120,8 @@ def thermal():
 
 
 @thermal.command("sensors")
-@click.option("--target", default="host", show_default=True, help="Profile whose zone types to look for.")
+@click.option("--target", help="Profile whose zone types and limits to use [this board's, as edgesdk env detects "
+                                "it; host where it detects none].")
 @click.option("--root", default="/sys/class/thermal", show_default=True, envvar="EDGESDK_THERMAL_ROOT",
               show_envvar=True, help="sysfs thermal directory (the guard of run and serve reads the same one).")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
@@ -132,6 +133,10 @@ def sensors_cmd(target, root, as_json):
     from edgesdk.thermal.sensors import detect_sensors
 
     recovered = recover_left_cap()  # a cap a killed run left would be read here as the board's ceiling
+    if target is None:  # the board's own profile, as its bundles carry it: a Pi's limits are not the host's
+        from edgesdk.board import detect_board
+
+        target = detect_board().suggested_target or "host"
     profile = get_profile(target)
     sensor, trips, notes = detect_sensors(profile.thermal.zones, root)
     reading = sensor.read() if sensor is not None else None
@@ -147,6 +152,7 @@ def sensors_cmd(target, root, as_json):
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
+    click.echo(f"profile  {profile.name}")
     click.echo(f"sensor   {result['sensor'] or 'none'}")
     for zone, value in (result["reading"] or {}).get("zones", {}).items():
         click.echo(f"  {zone:<20} {'no data' if value is None else f'{value:.1f} °C'}")

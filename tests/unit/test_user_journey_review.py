@@ -48,15 +48,40 @@ def test_report_of_a_short_run_draws_its_rate(tmp_path):
 
 
 def test_thermal_sensors_reads_the_zones_the_guard_reads(tmp_path):
-    """'What the guard would read on this machine': with $EDGESDK_THERMAL_ROOT set (a container whose /sys is
-    mounted elsewhere) the guard of run and serve reads that tree; 'thermal sensors' read /sys/class/thermal
-    whatever it said, and reported no zone where the guard had one."""
+    """'What the guard would read on this machine': with $EDGESDK_THERMAL_ROOT set (a container whose /sys
+    is mounted elsewhere) the guard of run and serve reads that tree; 'thermal sensors' read
+    /sys/class/thermal whatever it said, and reported no zone where the guard had one."""
     from tests._utils.sysfs import make_zone
 
     root = tmp_path / "thermal"
     make_zone(root, 0, "cpu-thermal", "51000\n", trips=[("critical", 105000, None)])
-    result = invoke("thermal", "sensors", "--target", "rpi5", "--json", env={"EDGESDK_THERMAL_ROOT": str(root)})
+    result = invoke("thermal", "sensors", "--target", "rpi5", "--json",
+                    env={"EDGESDK_THERMAL_ROOT": str(root)})
     assert_ok(result)
     info = json.loads(result.stdout)
     assert info["reading"]["zones"] == {"cpu-thermal": 51.0}
     assert info["limits"]["shutdown_c"] == 105  # the zone's own critical trip
+
+
+def test_thermal_sensors_on_a_pi_uses_the_pis_limits(tmp_path, monkeypatch):
+    """On a Raspberry Pi 5, 'edgesdk thermal sensors' (no --target) showed the host profile's limits
+    (throttle 95 °C) and looked for x86 zone types, where the guard of a Pi's bundle uses rpi5's (80 °C)."""
+    import edgesdk.board
+    from tests._utils.sysfs import make_zone
+
+    board_root = tmp_path / "pi"
+    (board_root / "proc" / "device-tree").mkdir(parents=True)
+    (board_root / "proc" / "device-tree" / "model").write_bytes(b"Raspberry Pi 5 Model B Rev 1.0\x00")
+    real_detect = edgesdk.board.detect_board
+    monkeypatch.setattr(edgesdk.board, "detect_board", lambda root="/": real_detect(board_root))
+    thermal = tmp_path / "thermal"
+    make_zone(thermal, 0, "cpu-thermal", "51000\n")
+    result = invoke("thermal", "sensors", "--root", thermal, "--json")
+    assert_ok(result)
+    info = json.loads(result.stdout)
+    assert info["profile"] == "rpi5"
+    assert info["limits"]["throttle_c"] == 80
+    text = invoke("thermal", "sensors", "--root", thermal)
+    assert_ok(text)
+    assert text.stdout.splitlines()[0] == "profile  rpi5"  # which profile's limits these are
+    assert "throttle_c 80" in text.stdout
