@@ -330,9 +330,16 @@ def _safe_relative(name: str) -> bool:
     return not pure.is_absolute() and ".." not in pure.parts and name not in ("", ".")
 
 
+# An archive named for a compressor is written with it, as ``tar -a`` does: a plain tar under such a name fails
+# ``tar xzf`` and every other tool that trusts the name ('edgesdk unpack' reads them all).
+COMPRESSED_SUFFIXES = {".tar.gz": "gz", ".tgz": "gz", ".tar.bz2": "bz2", ".tbz2": "bz2", ".tar.xz": "xz",
+                       ".txz": "xz"}
+
+
 def pack_bundle(path: Path, archive: Path) -> Path:
-    """Verify a bundle and write it to an uncompressed .tar (weights do not compress well); an
-    ``archive`` that is a directory gets ``<bundle name>.tar`` in it, as ``cp`` does."""
+    """Verify a bundle and write it to an uncompressed .tar (weights do not compress well), or compressed
+    where the name asks for it (``.tar.gz`` / ``.tgz``, ``.tar.bz2``, ``.tar.xz``); an ``archive`` that is a
+    directory gets ``<bundle name>.tar`` in it, as ``cp`` does."""
     bundle = verify_bundle(path)
     archive = Path(archive)
     if archive.is_dir():
@@ -344,7 +351,11 @@ def pack_bundle(path: Path, archive: Path) -> Path:
     top = Path(path).resolve().name  # "." and ".." name no directory of their own
     partial = archive.with_name(archive.name + ".partial")
     try:
-        with tarfile.open(partial, "w", dereference=True) as tar:  # a linked file goes in as the file it names
+        compression = next((kind for suffix, kind in COMPRESSED_SUFFIXES.items()
+                            if archive.name.lower().endswith(suffix)), "")
+        # written to the partial file under the archive's name (a gzip header records it, not '.partial')
+        with open(partial, "wb") as raw, tarfile.open(archive.name, f"w:{compression}", fileobj=raw,
+                                                      dereference=True) as tar:  # a link goes in as its file
             for name in [MANIFEST, MANIFEST_DIGEST, *sorted(bundle.manifest["files"])]:
                 tar.add(path / name, arcname=f"{top}/{name}", recursive=False)
         os.replace(partial, archive)

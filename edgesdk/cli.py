@@ -232,7 +232,9 @@ def inspect(bundle, as_json):
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.argument("archive", type=click.Path(path_type=Path))
 def pack(bundle, archive):
-    """Verify BUNDLE and write it to a .tar ARCHIVE for transport (a directory: ARCHIVE/<bundle name>.tar)."""
+    """Verify BUNDLE and write it to a .tar ARCHIVE for transport (a directory: ARCHIVE/<bundle name>.tar).
+
+    An ARCHIVE named .tar.gz / .tgz, .tar.bz2 or .tar.xz is compressed as its name says."""
     from edgesdk.bundle import pack_bundle
 
     click.echo(str(pack_bundle(bundle, archive)))

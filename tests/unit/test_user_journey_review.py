@@ -85,3 +85,26 @@ def test_thermal_sensors_on_a_pi_uses_the_pis_limits(tmp_path, monkeypatch):
     assert_ok(text)
     assert text.stdout.splitlines()[0] == "profile  rpi5"  # which profile's limits these are
     assert "throttle_c 80" in text.stdout
+
+
+
+@pytest.mark.parametrize(("name", "magic", "mode"), [
+    ("b.tar.gz", b"\x1f\x8b", "r:gz"), ("b.TGZ", b"\x1f\x8b", "r:gz"), ("b.tar.xz", b"\xfd7zXZ", "r:xz"),
+    ("b.tar", b"", "r:"),
+])
+def test_pack_compresses_as_the_archive_name_says(tiny_bundle, tmp_path, name, magic, mode):
+    """'edgesdk pack BUNDLE b.tar.gz' wrote a plain tar under that name: 'tar xzf b.tar.gz' on the board
+    failed ('not in gzip format'). The archive is now what its name says, and unpacks."""
+    import tarfile
+
+    archive = tmp_path / name
+    result = invoke("pack", tiny_bundle.path, archive)
+    assert_ok(result)
+    assert result.stdout.strip() == str(archive)
+    assert archive.read_bytes().startswith(magic)
+    with tarfile.open(archive, mode) as tar:
+        assert f"{tiny_bundle.path.name}/manifest.json" in tar.getnames()
+    assert not list(tmp_path.glob("*.partial"))
+    unpacked = invoke("unpack", archive, tmp_path / "out")
+    assert_ok(unpacked)
+    assert unpacked.stdout.strip() == str(tmp_path / "out" / tiny_bundle.path.name)
