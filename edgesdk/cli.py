@@ -48,8 +48,8 @@ HUGE_PAGE_COMMANDS = ("run", "eval", "serve", "bench")  # they stream a bundle's
 
 
 def entry():
-    """The console script. ``run`` and ``eval`` first re-execute themselves with glibc's huge-page
-    tunable set, where the kernel and C library support it (edgesdk/runtime/huge_pages.py)."""
+    """The console script. ``run``, ``eval``, ``serve`` and ``bench`` first re-execute themselves with
+    glibc's huge-page tunable set, where the kernel and C library support it (edgesdk/runtime/huge_pages.py)."""
     if len(sys.argv) > 1 and sys.argv[1] in HUGE_PAGE_COMMANDS:
         from edgesdk.runtime.huge_pages import reexec_with_huge_pages
 

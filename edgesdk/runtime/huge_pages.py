@@ -14,8 +14,8 @@ with and without the tunable (15 comparisons, either order): decode 0.97-1.41x, 
 weights sit in anonymous memory (``--no-mmap``), so this speeds the board up without changing
 the ratio between the two engines.
 
-glibc reads tunables once, at process start, so the ``edgesdk run`` and ``edgesdk eval``
-commands re-execute themselves with the tunable added before they load a bundle (the
+glibc reads tunables once, at process start, so the ``edgesdk run``, ``eval``, ``serve`` and
+``bench`` commands re-execute themselves with the tunable added before they load a bundle (the
 :func:`reexec_with_huge_pages` call in ``edgesdk.cli.entry``). ``EDGESDK_HUGE_PAGES=0`` opts out;
 a program using the Python API sets ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` itself.
 """
@@ -81,8 +81,8 @@ def _hugetlb_value(tunables: str) -> str | None:
 
 
 def commands_use_huge_pages(environ: dict[str, str], mode: str | None, libc: tuple[str, str]) -> bool:
-    """Whether ``run`` / ``eval`` started with ``environ`` put the weights on huge pages: the
-    tunable is already set to 1 (THP on) or 2 (reserved huge pages) on a glibc that reads it, or
+    """Whether ``run`` / ``eval`` / ``serve`` / ``bench`` started with ``environ`` put the weights on huge
+    pages: the tunable is already set to 1 (THP on) or 2 (reserved huge pages) on a glibc that reads it, or
     they would re-execute with it."""
     version = _glibc_version(libc)
     if version is None or version < MIN_GLIBC:
