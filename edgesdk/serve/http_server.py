@@ -170,6 +170,14 @@ class ApiHandler(BaseHTTPRequestHandler):
                                                  completion.completion_tokens))
 
     def _not_found(self, route: str, method: str) -> None:
+        """404, or 405 with the methods it takes where the route is this server's under another method."""
+        path = _api_route(route)
+        served_by_get = route == "/health" or path in ("/models", f"/models/{self.server.model}")
+        allowed = [name for name, known in (("GET", served_by_get), ("POST", path in PARSERS)) if known]
+        if allowed:
+            self._allow = ", ".join([*allowed, "HEAD"] if "GET" in allowed else allowed)
+            raise ApiError(405, f"{route} takes {self._allow}, not {method}: this server has {ROUTES}",
+                           code="method_not_allowed")
         raise ApiError(404, f"no route {method} {route}: this server has {ROUTES}", code="not_found")
 
     # ------------------------------------------------------------------ requests
@@ -313,6 +321,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         if status == 401:
             self.send_header("WWW-Authenticate", "Bearer")
+        if status == 405:
+            self.send_header("Allow", self._allow)  # RFC 9110 §15.5.6
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()

@@ -455,3 +455,15 @@ def test_serve_refuses_a_key_no_header_can_carry(tiny_bundle, key):
     result = CliRunner().invoke(main, ["serve", str(tiny_bundle.path), "--port", "0", "--api-key", key])
     assert result.exit_code == 2
     assert "printable ASCII" in result.output
+
+
+@pytest.mark.parametrize(("method", "path", "allow"), [
+    ("GET", "/v1/chat/completions", "POST"),
+    ("POST", "/v1/models", "GET, HEAD"),
+    ("POST", "/health", "GET, HEAD"),
+])
+def test_a_route_asked_with_another_method_is_405_with_allow(served, method, path, allow):
+    status, headers, payload = served.request(method, path, {"x": 1} if method == "POST" else None)
+    assert status == 405, payload
+    assert headers["Allow"] == allow
+    assert json.loads(payload)["error"]["code"] == "method_not_allowed"
