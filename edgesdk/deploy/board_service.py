@@ -58,7 +58,10 @@ def render_unit(argv, scope):
     lines = ["[Unit]", "Description=edgesdk model server (the deployed bundle behind current)",
              "After=network-online.target", "Wants=network-online.target", "",
              "[Service]", "Type=simple", f"ExecStart={' '.join(systemd_quote(a) for a in argv)}",
-             "Restart=on-failure", "RestartSec=5", "",
+             "Restart=on-failure", "RestartSec=5",
+             # serve ends SIGTERM / SIGHUP with exit 128 + the signal once its answers and thermal session are
+             # closed; without this a 'systemctl stop' would leave the unit failed (systemd.service(5)).
+             "SuccessExitStatus=143 129", "",
              "[Install]", f"WantedBy={'multi-user.target' if scope == 'system' else 'default.target'}", ""]
     return "\n".join(lines)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
 import socket
 
 import pytest
@@ -53,6 +54,9 @@ def test_unit_quoting_keeps_every_argument_whole():
     line = next(line for line in render_unit(argv, "system").splitlines() if line.startswith("ExecStart="))
     assert line == 'ExecStart="/opt/edge sdk/bin/edgesdk" "serve" "/srv/a\\"b\\\\c/100%%/$$HOME/current"'
     assert "WantedBy=multi-user.target" in render_unit(argv, "system")
+    # serve's exit codes on a service manager's stop count as success, so 'systemctl stop' leaves it inactive
+    success = next(line for line in render_unit(argv, "user").splitlines() if line.startswith("SuccessExitStatus="))
+    assert {str(128 + signal.SIGTERM), str(128 + signal.SIGHUP)} <= set(success.split("=", 1)[1].split())
     assert "WantedBy=default.target" in render_unit(argv, "user")
     with pytest.raises(Exception, match="line break"):
         systemd_quote("/srv/a\nb")
