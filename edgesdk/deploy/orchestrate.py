@@ -77,7 +77,8 @@ class DeployResult:
     def summary(self) -> str:
         reused = f", {fmt_bytes(self.bytes_reused)} already on the board" if self.bytes_reused else ""
         runtime = f" (+ {fmt_bytes(self.runtime_bytes_sent)} edgesdk wheel)" if self.runtime_bytes_sent else ""
-        return (f"deployed bundle {self.bundle_id} to {self.where} ({self.root}) in {self.seconds:.1f} s: "
+        where = self.where if self.where.endswith(self.root) else f"{self.where} ({self.root})"  # --to DIR: once
+        return (f"deployed bundle {self.bundle_id} to {where} in {self.seconds:.1f} s: "
                 f"{fmt_bytes(self.bytes_sent)} sent in {self.files_sent} files{runtime}{reused}; "
                 f"current -> releases/{self.bundle_id} (previous: {self.previous or 'none'})"
                 + (f"\nrun it on the board: {self.run_command}" if self.run_command else ""))

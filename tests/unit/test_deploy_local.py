@@ -127,3 +127,12 @@ def test_the_run_command_in_the_summary_carries_ignore_target(tiny_bundle, tmp_p
     plain = edgesdk("deploy", tiny_bundle.path, "--to", tmp_path / "host")
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout.rstrip().endswith(f"run {tmp_path / 'host' / 'current'}")
+
+
+def test_summary_names_a_local_root_once(tiny_bundle, tmp_path):
+    root = tmp_path / "board"
+    result = edgesdk("deploy", tiny_bundle.path, "--to", root)
+    assert result.returncode == 0, result.stderr
+    summary = next(line for line in result.stdout.splitlines() if line.startswith("deployed bundle"))
+    assert f"to local directory {root} in " in summary
+    assert summary.count(str(root)) == 1
