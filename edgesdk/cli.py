@@ -443,11 +443,13 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
 @click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait while one generates; more get HTTP 503 at once.")
 @click.option("--quiet", is_flag=True, help="No request log on stderr.")
+@click.option("--metrics", is_flag=True,
+              help="Serve GET /metrics: Prometheus counters (tokens, compute seconds, requests, thermal level).")
 @_thermal_options
 @_gate_options
 @_runtime_options
 def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, max_queue, quiet,
-          watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
+          metrics, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole).
 
@@ -490,7 +492,8 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
         completer = Completer(runtime, defaults, hook=thermal.hook if thermal else None)
         name = model_name or _served_model_name(runtime.bundle.manifest)
         try:
-            server = ApiServer((listen_host, port), completer, name, api_key=api_key, log=not quiet)
+            server = ApiServer((listen_host, port), completer, name, api_key=api_key, log=not quiet,
+                               metrics=metrics)
         except OSError as exc:
             import errno
             import socket

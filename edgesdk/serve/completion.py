@@ -18,6 +18,7 @@ from edgesdk.runtime.generate import SamplingConfig, StepHook, generate
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.text import StreamDecoder, check_utf8
 from edgesdk.serve.api import ApiError, CompletionRequest
+from edgesdk.serve.metrics import MetricsHook, ServeMetrics
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ class Completer:
         self._admitted = threading.BoundedSemaphore(self.defaults.max_waiting + 1)  # generating + waiting
         self.busy = False
         self.stopping = False  # set by stop(): the server is shutting down
+        self.metrics = ServeMetrics()  # GET /metrics (edgesdk serve --metrics)
+        self.waiting = 0  # admitted requests waiting for their turn
+        self._count_lock = threading.Lock()
 
     def stop(self) -> None:
         """Take no more requests: the one generating ends at its next token and those waiting when
@@ -107,6 +111,10 @@ class Completer:
         event). The caller closes what the hook holds (the thermal session, the clock cap) once the
         answers are out, so no step of theirs runs after it."""
         self.stopping = True
+
+    def _count_waiting(self, change: int) -> None:
+        with self._count_lock:
+            self.waiting += change
 
     def _check_stopping(self) -> None:
         if self.stopping:
@@ -160,11 +168,14 @@ class Completer:
         sampling = self.sampling(request)
         self._check_stopping()
         if not self._admitted.acquire(blocking=False):
+            self.metrics.refuse_busy()
             raise ApiError(503, f"the server is busy: one request is generating and {self.defaults.max_waiting} are "
                            "waiting; retry later (edgesdk serve --max-queue raises the limit)",
                            code="server_busy", kind="server_error")
+        self._count_waiting(+1)
         try:
             with self._turn:
+                self._count_waiting(-1)
                 self.busy = True
                 try:
                     self._check_stopping()
@@ -202,7 +213,7 @@ class Completer:
 
         try:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
-                                hook=self.hook)
+                                hook=MetricsHook(self.metrics, self.hook))
             finish = "stop" if stats.stop_reason == "eos" else "length"
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())
@@ -211,9 +222,13 @@ class Completer:
         except _StopString:
             finish = "stop"
             self._end_early()
-        except BaseException:
+        except BaseException as exc:
             self._end_early()
+            cancelled = isinstance(exc, (ClientGone, ConnectionError)) or \
+                (isinstance(exc, ApiError) and exc.code == "server_stopping")
+            self.metrics.finish("cancelled" if cancelled else "error")
             raise
+        self.metrics.finish(finish)
         return Completion("".join(pieces), finish, len(ids), count)
 
     def _end_early(self) -> None:

@@ -8,9 +8,10 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   §6.3); a client that goes away mid-answer stops the generation.
 * ``GET /v1/models``: the one model served. ``GET /health``: liveness, whether a request is
   generating, and the thermal guard's level and temperature when it runs.
+* ``GET /metrics`` (with ``--metrics``, as llama-server): Prometheus counters (serve/metrics.py).
 
-With an API key every ``/v1`` route wants ``Authorization: Bearer KEY`` (``/health`` stays open, as
-in llama-server). Nothing here needs a package beyond the board runtime's.
+With an API key every route but ``/health`` wants ``Authorization: Bearer KEY`` (``/health`` stays
+open, as in llama-server). Nothing here needs a package beyond the board runtime's.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 # (llama-server's read/write timeout; waiting for a turn or a thermal pause writes nothing and is not limited).
 CLIENT_TIMEOUT_S = 60.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
-ROUTES = "GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
+ROUTES = "GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions (GET /metrics with --metrics)"
 
 
 class ApiServer(ThreadingHTTPServer):
@@ -55,12 +56,13 @@ class ApiServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], completer: Completer, model: str, api_key: str | None = None,
-                 log: bool = True, client_timeout_s: float = CLIENT_TIMEOUT_S):
+                 log: bool = True, client_timeout_s: float = CLIENT_TIMEOUT_S, metrics: bool = False):
         host, port = address
         if ":" in host:  # an IPv6 address (``--host ::`` for every interface, ``[::1]``): the server's family is IPv4
             self.address_family, address = socket.AF_INET6, (host.strip("[]"), port)
         self.completer, self.model, self.api_key, self.log = completer, model, api_key, log
         self.client_timeout_s = client_timeout_s
+        self.metrics = metrics  # GET /metrics, as llama-server's --metrics turns it on
         self.started = int(time.time())
         self._answering = 0  # requests past their body: being answered or waiting for their turn
         self._answers_done = threading.Condition()
@@ -146,7 +148,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_json(200, self._health())
             return
         self._authorise()
-        if _api_route(route) == "/models":
+        if route == "/metrics":
+            self._send_metrics()
+        elif _api_route(route) == "/models":
             self._send_json(200, {"object": "list", "data": [self._model_card()]})
         elif _api_route(route) == f"/models/{self.server.model}":
             self._send_json(200, self._model_card())
@@ -172,7 +176,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _not_found(self, route: str, method: str) -> None:
         """404, or 405 with the methods it takes where the route is this server's under another method."""
         path = _api_route(route)
-        served_by_get = route == "/health" or path in ("/models", f"/models/{self.server.model}")
+        served_by_get = route in ("/health", "/metrics") or path in ("/models", f"/models/{self.server.model}")
         allowed = [name for name, known in (("GET", served_by_get), ("POST", path in PARSERS)) if known]
         if allowed:
             self._allow = ", ".join([*allowed, "HEAD"] if "GET" in allowed else allowed)
@@ -323,6 +327,23 @@ class ApiHandler(BaseHTTPRequestHandler):
             self.send_header("WWW-Authenticate", "Bearer")
         if status == 405:
             self.send_header("Allow", self._allow)  # RFC 9110 §15.5.6
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        self.wfile.flush()
+
+    def _send_metrics(self) -> None:
+        if not self.server.metrics:
+            raise ApiError(404, "GET /metrics is off: start edgesdk serve with --metrics to turn it on",
+                           code="not_found")
+        completer = self.server.completer
+        text = completer.metrics.render(int(completer.busy), completer.waiting, self._health().get("thermal"))
+        data = text.encode("utf-8")
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()

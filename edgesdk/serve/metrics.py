@@ -1,0 +1,110 @@
+"""``GET /metrics`` of ``edgesdk serve --metrics``: counters in Prometheus' text format (0.0.4).
+
+The counters follow llama-server's (``llamacpp:prompt_tokens_total``, ``tokens_predicted_total``,
+``prompt_seconds_total``, ``tokens_predicted_seconds_total``, ``requests_processing``,
+``requests_deferred``) under the ``edgesdk_`` prefix, so a dashboard's rate queries carry over;
+the thermal guard's temperature, level and pause are added, which is what a fleet of boards needs
+watched. Step times are the backend's compute (as ``edgesdk run --stats`` counts them), not the
+time the guard held a step back; that is ``edgesdk_thermal_wait_seconds_total``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+THERMAL_LEVELS = ("normal", "warm", "hot", "critical")
+
+
+@dataclass
+class ServeMetrics:
+    """Counters, updated from the handler thread that generates and read by the one that renders."""
+
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    predicted_tokens: int = 0  # tokens generated, the prefill's first one included
+    predicted_seconds: float = 0.0  # decode steps' compute
+    thermal_wait_seconds: float = 0.0
+    finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
+    refused_busy: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def step(self, kind: str, prompt_tokens: int, tokens: int, compute_s: float, waited_s: float) -> None:
+        with self._lock:
+            if kind == "prefill":
+                self.prompt_tokens += prompt_tokens
+                self.prompt_seconds += compute_s
+            else:
+                self.predicted_seconds += compute_s
+            self.predicted_tokens += tokens
+            self.thermal_wait_seconds += waited_s
+
+    def finish(self, reason: str) -> None:
+        with self._lock:
+            self.finished[reason] = self.finished.get(reason, 0) + 1
+
+    def refuse_busy(self) -> None:
+        with self._lock:
+            self.refused_busy += 1
+
+    def render(self, processing: int, waiting: int, thermal: dict | None) -> str:
+        """The exposition text; ``thermal`` is /health's thermal part (None without a guard)."""
+        with self._lock:
+            lines = []
+            metric = lambda name, kind, text, samples: lines.extend(  # noqa: E731
+                [f"# HELP edgesdk_{name} {text}", f"# TYPE edgesdk_{name} {kind}",
+                 *(f"edgesdk_{name}{labels} {_number(value)}" for labels, value in samples)])
+            metric("prompt_tokens_total", "counter", "Prompt tokens processed.", [("", self.prompt_tokens)])
+            metric("prompt_seconds_total", "counter", "Prefill compute time.", [("", self.prompt_seconds)])
+            metric("tokens_predicted_total", "counter", "Tokens generated.", [("", self.predicted_tokens)])
+            metric("tokens_predicted_seconds_total", "counter", "Decode compute time.",
+                   [("", self.predicted_seconds)])
+            metric("requests_finished_total", "counter", "Answers ended, by finish reason (cancelled: the "
+                   "client left or the server stopped).",
+                   [(f'{{finish_reason="{reason}"}}', count) for reason, count in self.finished.items()])
+            metric("requests_refused_busy_total", "counter", "Requests refused with 503: the queue was full.",
+                   [("", self.refused_busy)])
+            metric("requests_processing", "gauge", "Requests generating now (0 or 1).", [("", processing)])
+            metric("requests_deferred", "gauge", "Requests waiting for their turn.", [("", waiting)])
+            metric("thermal_wait_seconds_total", "counter", "Time the thermal guard held steps back.",
+                   [("", self.thermal_wait_seconds)])
+        if thermal is not None:
+            if thermal.get("temperature_c") is not None:
+                metric("thermal_temperature_celsius", "gauge", "Board temperature the guard last read.",
+                       [("", thermal["temperature_c"])])
+            metric("thermal_level", "gauge", "The guard's level (1 for the current one).",
+                   [(f'{{level="{level}"}}', int(thermal["level"] == level)) for level in THERMAL_LEVELS])
+            metric("thermal_paused", "gauge", "1 while the guard pauses generation.", [("", int(thermal["paused"]))])
+        return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else repr(float(value))
+
+
+class MetricsHook:
+    """A StepHook that counts each step into :class:`ServeMetrics` and passes it on to the thermal hook."""
+
+    def __init__(self, metrics: ServeMetrics, inner=None):
+        self.metrics, self.inner = metrics, inner
+        self.prompt_tokens = 0
+        self._waited = 0.0
+
+    def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        if self.inner is not None:
+            self.inner.begin(prompt_tokens, max_new_tokens)
+
+    def before_step(self, kind: str) -> float:
+        self._waited = self.inner.before_step(kind) if self.inner is not None else 0.0
+        return self._waited
+
+    def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
+        self.metrics.step(kind, self.prompt_tokens, tokens, compute_s, self._waited)
+        if self.inner is not None:
+            self.inner.after_step(kind, tokens, compute_s)
+
+    def end(self, stats) -> None:
+        if self.inner is not None:
+            self.inner.end(stats)
