@@ -31,6 +31,7 @@ TUNABLE = "glibc.malloc.hugetlb=1"
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 MIN_GLIBC = (2, 35)  # the first glibc with the glibc.malloc.hugetlb tunable
 OPT_OUT = "EDGESDK_HUGE_PAGES"
+OPT_OUT_VALUES = ("0", "false", "no", "off")  # EDGESDK_HUGE_PAGES=0 (or these words) opts out
 
 
 def thp_mode(path: Path = THP_MODE) -> str | None:
@@ -59,7 +60,7 @@ def huge_page_environment(environ: dict[str, str], mode: str | None, libc: tuple
     None when the user opted out, the tunable is already set (the re-executed process itself),
     the C library is not glibc >= 2.35, or the kernel has no THP or has it off.
     """
-    if environ.get(OPT_OUT, "1") == "0":
+    if environ.get(OPT_OUT, "1").strip().lower() in OPT_OUT_VALUES:
         return None
     existing = environ.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.hugetlb=" in existing:

@@ -128,3 +128,9 @@ def test_the_reexecuted_command_keeps_the_edgesdk_of_pythonpath_under_pythonsafe
                                 env=environment, cwd=tmp_path, timeout=60, check=False)
     assert reexecuted.returncode == 0, reexecuted.stderr
     assert reexecuted.stdout == "the PYTHONPATH edgesdk ran\n"
+
+
+@pytest.mark.parametrize("value", ["0", "off", "false", "No", " OFF "])
+def test_opting_out_takes_the_usual_words(value):
+    assert huge_page_environment({OPT_OUT: value}, "madvise", GLIBC) is None
+    assert huge_page_environment({OPT_OUT: "1"}, "madvise", GLIBC) is not None
