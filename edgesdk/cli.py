@@ -401,6 +401,8 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
                 click.echo("> ", nl=False, err=True)
             line = sys.stdin.readline()
             if not line:
+                if interactive:  # Ctrl-D at the prompt: the shell's prompt starts on a line of its own
+                    click.echo("", err=True)
                 break
             if not line.strip():
                 continue
