@@ -22,3 +22,18 @@ def tiny_bundle(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("bundles") / "tiny-host"
     return build(BuildConfig(target="host", model=str(tiny_model_dir), out=out,
                              export=ExportConfig(max_context=256), progress=False))
+
+
+@pytest.fixture
+def systemd(tmp_path):
+    """(environment, state folder): tests/_utils/fake_systemd.py's systemctl first on PATH and the unit
+    directory in tmp, for ``deploy --service``; the servers its units started are stopped after."""
+    import os
+
+    from tests._utils import fake_systemd
+
+    state = tmp_path / "systemd-state"
+    env = {**os.environ, **fake_systemd.install(tmp_path / "bin", state),
+           "EDGESDK_UNIT_DIR": str(tmp_path / "units"), "EDGESDK_HUGE_PAGES": "0"}
+    yield env, state
+    fake_systemd.stop_all(state)

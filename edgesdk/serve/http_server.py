@@ -319,9 +319,12 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _send_json(self, status: int, body: dict) -> None:
-        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        self._send_body(status, json.dumps(body, ensure_ascii=False).encode("utf-8"), "application/json")
+
+    def _send_body(self, status: int, data: bytes, content_type: str) -> None:
+        """A whole response with its length; HEAD gets the headers alone."""
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         if status == 401:
             self.send_header("WWW-Authenticate", "Bearer")
@@ -340,16 +343,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                            code="not_found")
         completer = self.server.completer
         text = completer.metrics.render(int(completer.busy), completer.waiting, self._health().get("thermal"))
-        data = text.encode("utf-8")
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-        self.wfile.flush()
+        self._send_body(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
 
     def _model_card(self) -> dict:
         return {"id": self.server.model, "object": "model", "created": self.server.started, "owned_by": "edgesdk"}

@@ -27,16 +27,6 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture
-def systemd(tmp_path):
-    """The fake service manager on PATH, the unit directory in tmp; the served processes stopped after."""
-    state = tmp_path / "systemd-state"
-    env = {**os.environ, **fake_systemd.install(tmp_path / "bin", state),
-           "EDGESDK_UNIT_DIR": str(tmp_path / "units"), "EDGESDK_HUGE_PAGES": "0"}
-    yield env, state
-    fake_systemd.stop_all(state)
-
-
 def chat(port: int) -> dict:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     connection.request("POST", "/v1/chat/completions",

@@ -90,16 +90,6 @@ def test_a_user_unit_without_lingering_is_said_to_stop_with_the_last_session(tmp
     assert ["loginctl", "enable-linger"] == fake_systemd.calls(tmp_path / "state")[-1][:2]
 
 
-@pytest.fixture
-def systemd(tmp_path):
-    """The fake service manager on PATH, the unit directory in tmp; the served processes stopped after."""
-    state = tmp_path / "systemd-state"
-    env = {**os.environ, **fake_systemd.install(tmp_path / "bin", state),
-           "EDGESDK_UNIT_DIR": str(tmp_path / "units"), "EDGESDK_HUGE_PAGES": "0"}
-    yield env, state
-    fake_systemd.stop_all(state)
-
-
 def test_a_port_another_server_answers_on_is_refused_before_anything_changes(tiny_bundle, tmp_path, systemd, server):
     """Another server on the service's port (llama-server's default is 8080 too) answers /health with 200
     while the unit's own server cannot listen: the deploy took that answer for its service and
