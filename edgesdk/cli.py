@@ -755,12 +755,9 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, kl, as_json,
         ours, ref = result["bundle"]["perplexity"], result["reference"]["perplexity"]
         result["relative_difference"] = round(ours / ref - 1, 8)
         if kl:
-            from edgesdk.evaluate import bundle_scorer, divergence, reference_scorer
+            from edgesdk.evaluate import bundle_divergence
 
-            ids = runtime.tokenizer.encode(text[: config.max_chars] if config.max_chars else text,
-                                           add_special_tokens=False)
-            result["divergence"] = divergence(bundle_scorer(runtime), reference_scorer(model), ids, config,
-                                              progress=True).to_json()
+            result["divergence"] = bundle_divergence(runtime, model, text, config, progress=True).to_json()
     if as_json:  # strict JSON: a perplexity that overflowed (inf) or a broken bundle's NaN is null
         click.echo(json.dumps(_finite_or_null(result), indent=2, allow_nan=False))
         return

@@ -87,8 +87,7 @@ def _exp_or_inf(mean_nll: float) -> float:
 def bundle_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityConfig(),
                       progress: bool = False) -> PerplexityResult:
     """Perplexity through the bundle's own runtime backend."""
-    ids = runtime.tokenizer.encode(text[: config.max_chars] if config.max_chars else text, add_special_tokens=False)
-    return perplexity(bundle_scorer(runtime), ids, config, progress)
+    return perplexity(bundle_scorer(runtime), _scored_ids(runtime, text, config), config, progress)
 
 
 def reference_perplexity(model, tokenizer_encode, text: str, config: PerplexityConfig = PerplexityConfig(),
@@ -152,6 +151,14 @@ def divergence(score_bundle, score_reference, ids: list[int], config: Perplexity
     values = np.maximum(np.concatenate(klds), 0.0)  # rounding can leave -1e-16 where the two agree
     return DivergenceResult(float(values.mean()), float(np.median(values)), float(np.percentile(values, 99)),
                             float(values.max()), same / len(values), len(values))
+
+
+def bundle_divergence(runtime, model, text: str, config: PerplexityConfig = PerplexityConfig(),
+                      progress: bool = False) -> DivergenceResult:
+    """:func:`divergence` of the bundle from its PyTorch source ``model`` over the same token ids and
+    windows as :func:`bundle_perplexity` (host only)."""
+    return divergence(bundle_scorer(runtime), reference_scorer(model), _scored_ids(runtime, text, config), config,
+                      progress)
 
 
 def bundle_scorer(runtime):

@@ -50,11 +50,9 @@ class ServeMetrics:
 
     def render(self, processing: int, waiting: int, thermal: dict | None) -> str:
         """The exposition text; ``thermal`` is /health's thermal part (None without a guard)."""
+        lines: list[str] = []
+        metric = lambda *args: _metric(lines, *args)  # noqa: E731
         with self._lock:
-            lines = []
-            metric = lambda name, kind, text, samples: lines.extend(  # noqa: E731
-                [f"# HELP edgesdk_{name} {text}", f"# TYPE edgesdk_{name} {kind}",
-                 *(f"edgesdk_{name}{labels} {_number(value)}" for labels, value in samples)])
             metric("prompt_tokens_total", "counter", "Prompt tokens processed.", [("", self.prompt_tokens)])
             metric("prompt_seconds_total", "counter", "Prefill compute time.", [("", self.prompt_seconds)])
             metric("tokens_predicted_total", "counter", "Tokens generated.", [("", self.predicted_tokens)])
@@ -77,6 +75,12 @@ class ServeMetrics:
                    [(f'{{level="{level}"}}', int(thermal["level"] == level)) for level in THERMAL_LEVELS])
             metric("thermal_paused", "gauge", "1 while the guard pauses generation.", [("", int(thermal["paused"]))])
         return "\n".join(lines) + "\n"
+
+
+def _metric(lines: list[str], name: str, kind: str, text: str, samples: list[tuple[str, float]]) -> None:
+    """One metric family: its HELP and TYPE lines, then a sample per (labels, value)."""
+    lines += [f"# HELP edgesdk_{name} {text}", f"# TYPE edgesdk_{name} {kind}",
+              *(f"edgesdk_{name}{labels} {_number(value)}" for labels, value in samples)]
 
 
 def _number(value: float) -> str:
