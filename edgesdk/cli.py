@@ -445,13 +445,16 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
 @click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait while one generates; more get HTTP 503 at once.")
 @click.option("--quiet", is_flag=True, help="No request log on stderr.")
+@click.option("--no-prompt-cache", is_flag=True,
+              help="Prefill every prompt whole, instead of reusing the previous answer's KV cache for the "
+                   "prefix a prompt repeats (a chat's earlier turns).")
 @click.option("--metrics", is_flag=True,
               help="Serve GET /metrics: Prometheus counters (tokens, compute seconds, requests, thermal level).")
 @_thermal_options
 @_gate_options
 @_runtime_options
 def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, max_queue, quiet,
-          metrics, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
+          no_prompt_cache, metrics, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole).
 
@@ -464,7 +467,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
 
     try:
         defaults = ServeDefaults(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                 max_waiting=max_queue)
+                                 max_waiting=max_queue, prompt_cache=not no_prompt_cache)
     except ValueError as exc:
         hint = "'--temperature'" if str(exc).startswith("temperature") else "'--top-p'"
         raise click.BadParameter(str(exc), param_hint=hint) from exc

@@ -22,6 +22,10 @@ class DecoderBackend(Protocol):
     def decode(self, token_id: int) -> np.ndarray:
         """Append one token; returns its next-token logits (vocab,)."""
 
+    # Optional: ``rewind(length)`` keeps the first ``length`` tokens of the KV cache, so the next
+    # prefill continues after them (``edgesdk.runtime.prompt_cache``). A backend without it starts
+    # every answer from an empty cache.
+
     @property
     def position(self) -> int:
         """Tokens currently in the KV cache."""

@@ -18,6 +18,7 @@ import numpy as np
 
 from edgesdk.errors import EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import DecoderBackend
+from edgesdk.runtime.prompt_cache import PromptCache
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class StepHook(Protocol):
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # the prompt's leading tokens taken from the previous answer's KV cache
     new_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -113,7 +115,8 @@ class GenerationStats:
 
     @property
     def prefill_tok_s(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+        """Prompt tokens prefilled (those not taken from the cache) per second."""
+        return (self.prompt_tokens - self.cached_tokens) / self.prefill_s if self.prefill_s else 0.0
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -129,7 +132,7 @@ class GenerationStats:
     def to_json(self) -> dict:
         """Rounded figures; ``decode_tok_s`` and ``p95_inter_token_ms`` are None (null) without a decode step."""
         return {
-            "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
+            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens, "new_tokens": self.new_tokens,
             "time_to_first_token_ms": round(self.time_to_first_token_s * 1e3, 2),
             "prefill_tok_s": round(self.prefill_tok_s, 2), "decode_tok_s": _rounded(self.decode_tok_s),
             "p95_inter_token_ms": _rounded(self.p95_latency_ms), "stop_reason": self.stop_reason,
@@ -143,7 +146,8 @@ def _rounded(value: float | None) -> float | None:
 
 def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingConfig,
              stop_ids: set[int], on_token: Callable[[int], None] | None = None,
-             hook: StepHook | None = None) -> tuple[list[int], GenerationStats]:
+             hook: StepHook | None = None, cache: PromptCache | None = None,
+             reuse_cache: bool = True) -> tuple[list[int], GenerationStats]:
     """Prefill ``prompt_ids`` then decode until a stop id, ``max_new_tokens`` or the context is full.
 
     The first new token comes from the prefill logits (time to first token = prefill time);
@@ -152,17 +156,27 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     every token produced, as llama.cpp's ``n_ctx`` limit does. ``hook`` (optional) is called
     around every step; the time it waits is in ``stats.waited_s`` (on the simulated clock for a
     simulated board), and the wall time spent in it is left out of the decode speed.
+
+    With a ``cache`` (:class:`~edgesdk.runtime.prompt_cache.PromptCache` over ``backend``) the
+    prompt's prefix that the cache already holds is not prefilled again (``reuse_cache`` False:
+    prefill it whole); ``stats.cached_tokens`` counts it, and the hook sees only the tokens prefilled.
     """
     _check_prompt(len(prompt_ids), backend.max_context)
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
     sampler = Sampler(sampling)
-    backend.reset()
+    if cache is None:
+        backend.reset()
+    else:
+        stats.cached_tokens = cache.start(prompt_ids, reuse=reuse_cache)
+    fresh = prompt_ids[stats.cached_tokens:]
     if hook is not None:
-        hook.begin(len(prompt_ids), sampling.max_new_tokens)
+        hook.begin(len(fresh), sampling.max_new_tokens)
         stats.waited_s += hook.before_step("prefill")
     start = time.perf_counter()
-    logits = backend.prefill(np.asarray(prompt_ids, np.int64))[-1]
+    logits = backend.prefill(np.asarray(fresh, np.int64))[-1]
     stats.prefill_s = time.perf_counter() - start
+    if cache is not None:
+        cache.took(fresh)
     if hook is not None:
         hook.after_step("prefill", 1, stats.prefill_s)
     generated: list[int] = []
@@ -187,8 +201,11 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
             stats.waited_s += hook.before_step("decode")
             hook_wall_s += time.perf_counter() - entered
         step = time.perf_counter()
-        token = sampler(backend.decode(token))
+        logits = backend.decode(token)
         compute = time.perf_counter() - step
+        if cache is not None:
+            cache.took((token,))
+        token = sampler(logits)
         stats.token_latencies_s.append(compute)
         if hook is not None:
             entered = time.perf_counter()

@@ -119,6 +119,11 @@ class OrtDecoderBase:
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
         raise NotImplementedError
 
+    def _check_rewind(self, length: int) -> None:
+        if not 0 <= length <= self._position:
+            raise RuntimeBackendError(f"cannot rewind the KV cache to {length} tokens: it holds {self._position}",
+                                      "rewind to a length between 0 and the backend's position")
+
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
         ids = np.asarray(token_ids, dtype=np.int64).reshape(1, -1)  # (1, T)
         return self._run(ids, min(keep_logits, ids.shape[1]))
@@ -145,6 +150,17 @@ class OrtBackend(OrtDecoderBase):
             self._ort.OrtValue.ortvalue_from_numpy(np.zeros((1, kv, 0, self.head_dim), np.float32))
             for kv in self.kv_heads for _ in range(2)
         ]
+
+    def rewind(self, length: int) -> None:
+        """Keep the first ``length`` tokens of the cache. Each past tensor's shape holds its length, so
+        the kept entries are copied into new tensors (B, Hkv, length, hd)."""
+        self._check_rewind(length)
+        if length == 0:
+            self.reset()
+            return
+        self._past = [self._ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value.numpy()[:, :, :length]))
+                      for value in self._past]
+        self._position = length
 
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
         self._check_length(self._position + ids.shape[1])

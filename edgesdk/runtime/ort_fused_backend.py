@@ -45,6 +45,11 @@ class OrtFusedBackend(OrtDecoderBase):
     def reset(self) -> None:
         self._position = 0  # stale cache entries beyond the position are never read
 
+    def rewind(self, length: int) -> None:
+        """Keep the first ``length`` tokens of the cache: the buffers stay, later entries are overwritten."""
+        self._check_rewind(length)
+        self._position = length
+
     def _allocate(self, capacity: int) -> None:
         """(Re)allocate the shared KV buffers, keeping the first ``position`` entries."""
         kept = self._position

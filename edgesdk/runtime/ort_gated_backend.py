@@ -73,6 +73,11 @@ class OrtGatedBackend(OrtFusedBackend):
         if hasattr(self, "controller"):
             self.controller.reset()
 
+    def rewind(self, length: int) -> None:
+        """Keep the first ``length`` cached tokens; the controller starts over, as for a new sequence."""
+        super().rewind(length)
+        self.controller.reset()
+
     @property
     def tau(self) -> float:
         if not self.gating:

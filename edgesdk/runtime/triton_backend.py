@@ -34,6 +34,13 @@ class TritonBackend:
     def reset(self) -> None:
         self.decoder.reset()
 
+    def rewind(self, length: int) -> None:
+        """Keep the first ``length`` cached tokens (entries past the position are never read)."""
+        if not 0 <= length <= self.decoder.position:
+            raise RuntimeBackendError(f"cannot rewind the KV cache to {length} tokens: it holds "
+                                      f"{self.decoder.position}", "rewind to a length between 0 and the position")
+        self.decoder.position = length
+
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
         import torch
 

@@ -44,6 +44,7 @@ class CompletionRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk carrying the usage
+    cache_prompt: bool = True  # llama-server's field: reuse the KV cache of the previous answer's prefix
 
 
 def parse_chat_request(body: object) -> CompletionRequest:
@@ -148,6 +149,9 @@ def _common_fields(body: dict, chat: bool) -> dict:
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise ApiError(400, f"'stream_options' must be an object like {{\"include_usage\": true}}, got "
                        f"{_shown(body.get('stream_options'))}", param="stream_options")
+    cache_prompt = body.get("cache_prompt", True)
+    if not isinstance(cache_prompt, bool):
+        raise ApiError(400, f"'cache_prompt' must be true or false, got {_shown(cache_prompt)}", param="cache_prompt")
     return {
         "max_tokens": _integer(body.get(name), name, minimum=1),
         "temperature": _number(body.get("temperature"), "temperature", 0.0, 2.0, "[0, 2]"),
@@ -156,6 +160,7 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "stop": _stop(body.get("stop")),
         "stream": stream,
         "include_usage": stream and bool(options.get("include_usage", False)),
+        "cache_prompt": cache_prompt,
     }
 
 
@@ -201,13 +206,16 @@ def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens`` counts the prompt tokens taken
+    from the previous answer's KV cache instead of being prefilled."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def completion_body(request: CompletionRequest, ident: str, model: str, text: str, finish_reason: str,
-                    prompt_tokens: int, completion_tokens: int) -> dict:
+                    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     """The whole answer of a request without ``stream``."""
     if request.chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
@@ -215,7 +223,7 @@ def completion_body(request: CompletionRequest, ident: str, model: str, text: st
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
     return {"id": ident, "object": "chat.completion" if request.chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def chunk_body(request: CompletionRequest, ident: str, model: str, text: str | None,
@@ -236,8 +244,8 @@ def chunk_body(request: CompletionRequest, ident: str, model: str, text: str | N
 
 
 def usage_chunk_body(request: CompletionRequest, ident: str, model: str, prompt_tokens: int,
-                     completion_tokens: int) -> dict:
+                     completion_tokens: int, cached_tokens: int = 0) -> dict:
     """The extra last chunk ``stream_options.include_usage`` asks for: no choices, the usage."""
     return {"id": ident, "object": "chat.completion.chunk" if request.chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}

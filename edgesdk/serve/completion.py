@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.generate import SamplingConfig, StepHook, generate
+from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.text import StreamDecoder, check_utf8
 from edgesdk.serve.api import ApiError, CompletionRequest
@@ -29,6 +30,7 @@ class ServeDefaults:
     temperature: float = 0.0  # greedy, as ``edgesdk run``: the same request gives the same answer
     top_p: float = 1.0
     max_waiting: int = 8  # requests queued behind the one generating; more are refused with 503
+    prompt_cache: bool = True  # reuse the previous answer's KV cache for a prompt that repeats it
 
     def __post_init__(self):
         SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
@@ -45,6 +47,7 @@ class Completion:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens taken from the previous answer's KV cache
 
 
 class StopMatcher:
@@ -102,6 +105,8 @@ class Completer:
         self.busy = False
         self.stopping = False  # set by stop(): the server is shutting down
         self.metrics = ServeMetrics()  # GET /metrics (edgesdk serve --metrics)
+        # The conversation so far stays in the KV cache between requests (llama-server's cache_prompt).
+        self.prompt_cache = PromptCache(runtime.backend) if self.defaults.prompt_cache else None
         self.waiting = 0  # admitted requests waiting for their turn
         self._count_lock = threading.Lock()
 
@@ -213,7 +218,8 @@ class Completer:
 
         try:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
-                                hook=MetricsHook(self.metrics, self.hook))
+                                hook=MetricsHook(self.metrics, self.hook), cache=self.prompt_cache,
+                                reuse_cache=request.cache_prompt)
             finish = "stop" if stats.stop_reason == "eos" else "length"
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())
@@ -229,7 +235,8 @@ class Completer:
             self.metrics.finish("cancelled" if cancelled else "error")
             raise
         self.metrics.finish(finish)
-        return Completion("".join(pieces), finish, len(ids), count)
+        cached = self.prompt_cache.reused if self.prompt_cache is not None else 0  # also for an answer cut short
+        return Completion("".join(pieces), finish, len(ids), count, cached)
 
     def _end_early(self) -> None:
         """An answer cut short (stop string, client gone): the hook's end of request, which gives a

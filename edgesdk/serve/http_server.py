@@ -171,7 +171,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             completion = self.server.completer.complete(request, client_gone=self._client_gone)
             self._send_json(200, completion_body(request, new_id(request.chat), self.server.model, completion.text,
                                                  completion.finish_reason, completion.prompt_tokens,
-                                                 completion.completion_tokens))
+                                                 completion.completion_tokens, completion.cached_tokens))
 
     def _not_found(self, route: str, method: str) -> None:
         """404, or 405 with the methods it takes where the route is this server's under another method."""
@@ -298,7 +298,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._event(chunk_body(request, ident, model, None, finish_reason=completion.finish_reason))
         if request.include_usage:
             self._event(usage_chunk_body(request, ident, model, completion.prompt_tokens,
-                                         completion.completion_tokens))
+                                         completion.completion_tokens, completion.cached_tokens))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 

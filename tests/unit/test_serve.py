@@ -176,6 +176,12 @@ def served(runtime):
     server.close()
 
 
+@pytest.fixture(scope="module")
+def reference(tiny_bundle):
+    """A second runtime for :func:`direct`: the served one's KV cache belongs to its server's prompt cache."""
+    return open_runtime(tiny_bundle.path, threads=1)
+
+
 def direct(runtime, ids, max_tokens):
     """The greedy answer of ``generate`` itself, decoded."""
     tokens, stats = generate(runtime.backend, ids, SamplingConfig(max_new_tokens=max_tokens),
@@ -183,18 +189,18 @@ def direct(runtime, ids, max_tokens):
     return runtime.tokenizer.decode(tokens), tokens, stats
 
 
-def test_chat_answer_is_the_runtime_s_greedy_answer(served, runtime):
+def test_chat_answer_is_the_runtime_s_greedy_answer(served, reference):
     messages = [{"role": "user", "content": PROMPT}]
     status, body = served.post("/v1/chat/completions", {"model": "x", "messages": messages, "max_tokens": 12})
     assert status == 200, body
-    ids = runtime.tokenizer.prompt_ids(PROMPT, raw=False)
-    text, tokens, stats = direct(runtime, ids, 12)
+    ids = reference.tokenizer.prompt_ids(PROMPT, raw=False)
+    text, tokens, stats = direct(reference, ids, 12)
     assert body["object"] == "chat.completion"
     assert body["model"] == "tiny-host"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": text}
     assert body["choices"][0]["finish_reason"] == ("stop" if stats.stop_reason == "eos" else "length")
     assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": len(tokens),
-                             "total_tokens": len(ids) + len(tokens)}
+                             "total_tokens": len(ids) + len(tokens), "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_streamed_chat_equals_the_whole_answer(served):
@@ -207,14 +213,46 @@ def test_streamed_chat_equals_the_whole_answer(served):
     assert text == whole["choices"][0]["message"]["content"]
     assert events[-3]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
     assert events[-2]["choices"] == []
-    assert events[-2]["usage"] == whole["usage"]
+    prompt_tokens = whole["usage"]["prompt_tokens"]
+    # The same prompt again: all of it but the last token comes from the first answer's KV cache.
+    assert events[-2]["usage"] == {**whole["usage"], "prompt_tokens_details": {"cached_tokens": prompt_tokens - 1}}
     assert len({e["id"] for e in events[:-1]}) == 1
 
 
-def test_text_completion_feeds_the_prompt_raw(served, runtime):
+def test_a_chat_s_next_turn_reuses_the_cache_and_answers_as_a_fresh_prefill(served, reference):
+    """Turn two sends turn one's messages and answer again: their tokens come from the KV cache
+    (usage.prompt_tokens_details.cached_tokens), and the answer equals generate() on an empty cache."""
+    first = [{"role": "user", "content": PROMPT}]
+    _, body = served.post("/v1/chat/completions", {"messages": first, "max_tokens": 8})
+    turn = first + [body["choices"][0]["message"], {"role": "user", "content": "And then?"}]
+    _, second = served.post("/v1/chat/completions", {"messages": turn, "max_tokens": 8})
+    tokenizer = reference.tokenizer
+    ids = tokenizer.encode(tokenizer.render_chat(turn), add_special_tokens=False)
+    text, tokens, _ = direct(reference, ids, 8)
+    assert second["choices"][0]["message"]["content"] == text
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert body["usage"]["prompt_tokens"] - 1 <= cached < len(ids)  # at least turn one's prompt
+    _, fresh = served.post("/v1/chat/completions", {"messages": turn, "max_tokens": 8, "cache_prompt": False})
+    assert fresh["choices"][0]["message"]["content"] == text
+    assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_prompt_cache_off_prefills_every_prompt(runtime):
+    server = Served(runtime, ServeDefaults(max_tokens=4, prompt_cache=False))
+    try:
+        for _ in range(2):
+            _, body = server.post("/v1/completions", {"prompt": PROMPT})
+            assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        status, body = server.post("/v1/completions", {"prompt": PROMPT, "cache_prompt": "yes"})
+        assert (status, body["error"]["param"]) == (400, "cache_prompt")
+    finally:
+        server.close()
+
+
+def test_text_completion_feeds_the_prompt_raw(served, reference):
     status, body = served.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 10})
     assert status == 200, body
-    text, tokens, _ = direct(runtime, runtime.tokenizer.prompt_ids(PROMPT, raw=True), 10)
+    text, tokens, _ = direct(reference, reference.tokenizer.prompt_ids(PROMPT, raw=True), 10)
     assert body["object"] == "text_completion"
     assert body["choices"][0]["text"] == text
     assert body["usage"]["completion_tokens"] == len(tokens)
@@ -222,8 +260,8 @@ def test_text_completion_feeds_the_prompt_raw(served, runtime):
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == text
 
 
-def test_stop_string_cuts_the_answer_in_both_forms(served, runtime):
-    text, _, _ = direct(runtime, runtime.tokenizer.prompt_ids(PROMPT, raw=True), 16)
+def test_stop_string_cuts_the_answer_in_both_forms(served, reference):
+    text, _, _ = direct(reference, reference.tokenizer.prompt_ids(PROMPT, raw=True), 16)
     assert len(text) >= 6, f"the tiny model's answer is too short to cut: {text!r}"
     stop = text[3:6]
     cut = text[: text.find(stop)]
@@ -366,13 +404,13 @@ def test_requests_past_the_queue_get_503_and_the_server_goes_on(runtime):
         server.close()
 
 
-def test_client_that_leaves_mid_stream_stops_the_generation(runtime):
+def test_client_that_leaves_mid_stream_stops_the_generation(runtime, reference):
     hook = HeldHook()
     hook.release.set()
     server = Served(runtime, ServeDefaults(max_tokens=200), hook=hook)
     try:
         ids = runtime.tokenizer.prompt_ids(PROMPT, raw=True)
-        _, tokens, stats = direct(runtime, ids, 200)
+        _, tokens, stats = direct(reference, ids, 200)
         assert stats.stop_reason == "max_new_tokens", "the tiny model must run to max_tokens for this check"
         client = socket.create_connection(("127.0.0.1", server.port), timeout=30)
         body = json.dumps({"prompt": PROMPT, "max_tokens": 200, "stream": True}).encode()
