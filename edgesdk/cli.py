@@ -321,11 +321,15 @@ def _gate_options(fn):
 @click.option("--seed", type=click.IntRange(min=0), help="Seed for sampling (unset: a random one).")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the model's chat template.")
 @click.option("--system", help="System message for the chat template.")
+@click.option("--history/--no-history", default=None,
+              help="Interactive input: keep the conversation, each line a new turn after the earlier ones "
+                   "(their tokens stay in the KV cache; '/clear' starts over). On by default at a terminal, "
+                   "off for piped input (each line its own conversation).")
 @click.option("--stats", is_flag=True, help="Print prefill/decode tok/s and time to first token on stderr.")
 @_thermal_options
 @_gate_options
 @_runtime_options
-def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, stats, watch_thermal,
+def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, history, stats, watch_thermal,
         simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
         sim_speed, threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
@@ -334,7 +338,9 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
     --watch-thermal the thermal guard keeps the board under its throttle point (it says which
     sensors it found, or what it fell back to); --telemetry records every step.
     """
+    from edgesdk.runtime.conversation import Conversation
     from edgesdk.runtime.generate import SamplingConfig, generate
+    from edgesdk.runtime.prompt_cache import PromptCache
     from edgesdk.runtime.session import open_runtime
     from edgesdk.runtime.text import StreamDecoder
 
@@ -360,21 +366,50 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
     if system is not None and (raw or not tokenizer.has_chat_template):
         click.echo(f"edgesdk: --system is not used: {'--raw' if raw else 'the bundle has no chat template'} "
                    "feeds the prompt as it is", err=True)
+    interactive = prompt is None and sys.stdin.isatty()
+    if history is None:
+        history = interactive
+    if history and prompt is not None:
+        click.echo("edgesdk: --history is not used: --prompt answers one prompt (leave it out to chat)", err=True)
+    elif history and (raw or not tokenizer.has_chat_template):
+        click.echo(f"edgesdk: --history is not used: {'--raw' if raw else 'the bundle has no chat template'} "
+                   "feeds each line as it is", err=True)
+    conversation = None
+    if history and prompt is None and not raw and tokenizer.has_chat_template:
+        conversation = Conversation(tokenizer, system, runtime.backend.max_context, answer_room=max_new_tokens)
+    cache = PromptCache(runtime.backend)
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
                             thermal_target, sim_speed, status=watch_thermal or simulate_thermal)
 
     def one_turn(text: str) -> None:
-        ids = tokenizer.prompt_ids(text, raw=raw, system=system)
-        stream = StreamDecoder(tokenizer)
+        if conversation is None:
+            ids = tokenizer.prompt_ids(text, raw=raw, system=system)
+        else:
+            dropped = conversation.dropped
+            ids = conversation.prompt_ids(text)
+            if conversation.dropped > dropped:
+                click.echo(f"edgesdk: the conversation outgrew the context ({runtime.backend.max_context} tokens): "
+                           f"left out its {conversation.dropped - dropped} oldest exchange(s)", err=True)
+        stream, written = StreamDecoder(tokenizer), []
 
         def emit(token: int) -> None:
-            sys.stdout.write(stream.push(token))
+            piece = stream.push(token)
+            written.append(piece)
+            sys.stdout.write(piece)
             sys.stdout.flush()
 
-        _, result = generate(runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=emit,
-                             hook=thermal.hook if thermal else None)
-        sys.stdout.write(stream.flush() + "\n")
+        try:
+            _, result = generate(runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=emit,
+                                 hook=thermal.hook if thermal else None, cache=cache)
+        except KeyboardInterrupt:  # an answer stopped with Ctrl-C stays in the conversation as written
+            if conversation is not None:
+                conversation.answered(text, "".join(written) + stream.flush())
+            raise
+        tail = stream.flush()  # bytes held back for a character still incomplete
+        if conversation is not None:
+            conversation.answered(text, "".join(written) + tail)
+        sys.stdout.write(tail + "\n")
         sys.stdout.flush()
         if thermal is not None and thermal.hook.status is not None:
             thermal.hook.status.between_answers()
@@ -383,7 +418,8 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
 
             s = result.to_json()
             huge = huge_pages_in_use()
-            click.echo(f"[{runtime.backend.name}] prompt {s['prompt_tokens']} tok, prefill {s['prefill_tok_s']} tok/s, "
+            cached = f" ({s['cached_tokens']} from the cache)" if s["cached_tokens"] else ""
+            click.echo(f"[{runtime.backend.name}] prompt {s['prompt_tokens']} tok{cached}, prefill {s['prefill_tok_s']} tok/s, "
                        f"TTFT {s['time_to_first_token_ms']} ms, {s['new_tokens']} new tok, decode {_or_dash(s['decode_tok_s'])} "
                        f"tok/s (steps after the first), p95 {_or_dash(s['p95_inter_token_ms'])} ms, "
                        f"stop: {s['stop_reason']}"
@@ -395,7 +431,6 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
         if prompt is not None:
             one_turn(prompt)
             return
-        interactive = sys.stdin.isatty()
         while True:
             if interactive:
                 click.echo("> ", nl=False, err=True)
@@ -405,6 +440,10 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, s
                     click.echo("", err=True)
                 break
             if not line.strip():
+                continue
+            if conversation is not None and line.strip() == "/clear":
+                conversation.clear()
+                click.echo("edgesdk: conversation cleared", err=True)
                 continue
             try:
                 one_turn(line.rstrip("\r\n"))

@@ -1,0 +1,50 @@
+"""A multi-turn chat for ``edgesdk run``'s interactive mode: each turn renders the whole conversation
+through the chat template, as a chat client does with ``messages``.
+
+With a :class:`~edgesdk.runtime.prompt_cache.PromptCache` the earlier turns are not prefilled
+again: their tokens are already in the KV cache. When the conversation, plus room for the answer,
+outgrows the bundle's context, the oldest exchanges are left out (the system message stays),
+as Ollama truncates a chat from its start.
+"""
+
+from __future__ import annotations
+
+from edgesdk.runtime.text import ChatTokenizer, check_utf8
+
+
+class Conversation:
+    """The system message and the (user, assistant) exchanges so far."""
+
+    def __init__(self, tokenizer: ChatTokenizer, system: str | None, max_context: int, answer_room: int):
+        if system is not None:
+            check_utf8(system, "--system")
+        self.tokenizer, self.system = tokenizer, system
+        self.max_context, self.answer_room = max_context, answer_room
+        self.exchanges: list[tuple[str, str]] = []
+        self.dropped = 0  # exchanges left out so far to fit the context
+
+    def _messages(self, user_text: str, exchanges: list[tuple[str, str]]) -> list[dict]:
+        messages = [] if self.system is None else [{"role": "system", "content": self.system}]
+        for user, assistant in exchanges:
+            messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+        return messages + [{"role": "user", "content": user_text}]
+
+    def prompt_ids(self, user_text: str) -> list[int]:
+        """The token ids of the conversation with ``user_text`` as its next turn. The oldest exchanges
+        are dropped (for good) while the prompt and ``answer_room`` tokens do not fit the context; a
+        single turn too long on its own is left to generation, which refuses it by name."""
+        check_utf8(user_text, "the prompt")
+        while True:
+            ids = self.tokenizer.encode(self.tokenizer.render_chat(self._messages(user_text, self.exchanges)),
+                                        add_special_tokens=False)
+            if len(ids) + self.answer_room <= self.max_context or not self.exchanges:
+                return ids
+            self.exchanges.pop(0)
+            self.dropped += 1
+
+    def answered(self, user_text: str, answer_text: str) -> None:
+        """Record an exchange (an answer cut short keeps the text it had written)."""
+        self.exchanges.append((user_text, answer_text))
+
+    def clear(self) -> None:
+        self.exchanges = []
