@@ -32,15 +32,20 @@ class Conversation:
     def prompt_ids(self, user_text: str) -> list[int]:
         """The token ids of the conversation with ``user_text`` as its next turn. The oldest exchanges
         are dropped (for good) while the prompt and ``answer_room`` tokens do not fit the context; a
-        single turn too long on its own is left to generation, which refuses it by name."""
+        single turn too long on its own is left to generation, which refuses it by name, and then
+        drops nothing: the conversation goes on after the refused line as it was before it."""
         check_utf8(user_text, "the prompt")
+        kept = self.exchanges
         while True:
-            ids = self.tokenizer.encode(self.tokenizer.render_chat(self._messages(user_text, self.exchanges)),
+            ids = self.tokenizer.encode(self.tokenizer.render_chat(self._messages(user_text, kept)),
                                         add_special_tokens=False)
-            if len(ids) + self.answer_room <= self.max_context or not self.exchanges:
-                return ids
-            self.exchanges.pop(0)
-            self.dropped += 1
+            if len(ids) + self.answer_room <= self.max_context or not kept:
+                break
+            kept = kept[1:]
+        if len(ids) <= self.max_context:  # generation takes it: the exchanges left out go for good
+            self.dropped += len(self.exchanges) - len(kept)
+            self.exchanges = list(kept)
+        return ids
 
     def answered(self, user_text: str, answer_text: str) -> None:
         """Record an exchange (an answer cut short keeps the text it had written)."""
