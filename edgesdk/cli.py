@@ -367,11 +367,12 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, h
         click.echo(f"edgesdk: --system is not used: {'--raw' if raw else 'the bundle has no chat template'} "
                    "feeds the prompt as it is", err=True)
     interactive = prompt is None and sys.stdin.isatty()
+    asked_history = history  # only a --history the user typed is worth a word when it cannot apply
     if history is None:
         history = interactive
-    if history and prompt is not None:
+    if asked_history and prompt is not None:
         click.echo("edgesdk: --history is not used: --prompt answers one prompt (leave it out to chat)", err=True)
-    elif history and (raw or not tokenizer.has_chat_template):
+    elif asked_history and (raw or not tokenizer.has_chat_template):
         click.echo(f"edgesdk: --history is not used: {'--raw' if raw else 'the bundle has no chat template'} "
                    "feeds each line as it is", err=True)
     conversation = None

@@ -24,3 +24,32 @@ def test_a_line_too_long_for_the_context_leaves_the_conversation_as_it_was(runti
     assert conversation.exchanges == [("hello there", "hi")]
     assert conversation.dropped == 0
     assert "hello there" in runtime.tokenizer.decode(conversation.prompt_ids("what next"))
+
+
+def _at_a_terminal(bundle, typed: bytes, *options: str) -> tuple[int, str]:
+    """(exit code, stderr) of ``edgesdk run`` with stdin a real pty and ``typed`` written to it."""
+    import os
+    import subprocess
+    import sys
+
+    leader, follower = os.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "edgesdk.cli", "run", str(bundle), "-n", "3", "--threads", "1",
+                                *options], stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "EDGESDK_HUGE_PAGES": "0"})
+    os.close(follower)
+    try:
+        os.write(leader, typed)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        os.close(leader)
+        if process.poll() is None:
+            process.kill()
+    return process.returncode, stderr.decode()
+
+
+def test_a_terminal_with_raw_does_not_warn_about_a_history_nobody_asked_for(tiny_bundle):
+    """History is on by default at a terminal; --raw turns it off without a word about --history,
+    which the user never typed (the warning is for an explicit --history)."""
+    code, stderr = _at_a_terminal(tiny_bundle.path, b"hello there\n\x04", "--raw")
+    assert code == 0, stderr
+    assert "--history" not in stderr
