@@ -149,7 +149,9 @@ def _common_fields(body: dict, chat: bool) -> dict:
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise ApiError(400, f"'stream_options' must be an object like {{\"include_usage\": true}}, got "
                        f"{_shown(body.get('stream_options'))}", param="stream_options")
-    cache_prompt = body.get("cache_prompt", True)
+    cache_prompt = body.get("cache_prompt")
+    if cache_prompt is None:  # null is the default, as for every other field (and in llama-server)
+        cache_prompt = True
     if not isinstance(cache_prompt, bool):
         raise ApiError(400, f"'cache_prompt' must be true or false, got {_shown(cache_prompt)}", param="cache_prompt")
     return {

@@ -53,3 +53,19 @@ def test_a_terminal_with_raw_does_not_warn_about_a_history_nobody_asked_for(tiny
     code, stderr = _at_a_terminal(tiny_bundle.path, b"hello there\n\x04", "--raw")
     assert code == 0, stderr
     assert "--history" not in stderr
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_cache_prompt_null_means_the_default_as_every_other_field(chat):
+    """A client that writes every field, unset ones as null, gets the prompt cache (llama-server's
+    default for a null cache_prompt) instead of a 400; false still turns it off and a string is refused."""
+    from edgesdk.serve.api import ApiError, parse_chat_request, parse_text_request
+
+    def parse(value):
+        body = {"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"}
+        return (parse_chat_request if chat else parse_text_request)({**body, "cache_prompt": value})
+
+    assert parse(None).cache_prompt is True
+    assert parse(False).cache_prompt is False
+    with pytest.raises(ApiError, match="'cache_prompt' must be true or false, got"):
+        parse("yes")
