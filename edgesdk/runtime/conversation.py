@@ -19,7 +19,9 @@ class Conversation:
         if system is not None:
             check_utf8(system, "--system")
         self.tokenizer, self.system = tokenizer, system
-        self.max_context, self.answer_room = max_context, answer_room
+        # Room kept for the answer: at most half the context, so a large -n does not crowd out the whole
+        # history (an answer that runs out of context stops there, as any answer does).
+        self.max_context, self.answer_room = max_context, min(answer_room, max_context // 2)
         self.exchanges: list[tuple[str, str]] = []
         self.dropped = 0  # exchanges left out so far to fit the context
 

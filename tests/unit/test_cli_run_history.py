@@ -129,3 +129,14 @@ def test_a_terminal_keeps_the_conversation_by_default(tiny_bundle):
     first_prompt = int(re.search(r"prompt (\d+) tok", stats[0]).group(1))
     cached = int(re.search(r"\((\d+) from the cache\)", stats[1]).group(1))
     assert cached >= first_prompt  # the whole first turn, not only the system prompt both turns share
+
+
+
+def test_a_large_answer_room_keeps_the_history(runtime):
+    """-n at the context size (256) reserves half the context for the answer, not all of it: a short
+    exchange stays in the conversation."""
+    conversation = Conversation(runtime.tokenizer, None, max_context=256, answer_room=256)
+    conversation.answered("hello there", "hi")
+    conversation.prompt_ids("what next")
+    assert conversation.dropped == 0
+    assert conversation.exchanges == [("hello there", "hi")]

@@ -68,7 +68,7 @@ def test_common_prefix_length():
 
 def test_rewound_cache_continues_as_a_fresh_prefill(backend):
     """Prefill and decode one sequence, rewind into its prompt, prefill another continuation: the logits
-    equal one prefill of that whole sequence. The initial fused buffer (256) is passed on the way."""
+    equal one prefill of that whole sequence."""
     first, second = _ids(1, 40), _ids(2, 30)
     backend.reset()
     backend.prefill(np.array(first))
