@@ -488,13 +488,16 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, h
 @click.option("--no-prompt-cache", is_flag=True,
               help="Prefill every prompt whole, instead of reusing the previous answer's KV cache for the "
                    "prefix a prompt repeats (a chat's earlier turns).")
+@click.option("--cache-ram", "cache_ram_mib", default=256, show_default=True, type=click.IntRange(min=0),
+              metavar="MIB", help="Host memory (MiB) for the KV caches of other conversations, so a chat gets its "
+                                  "cache back after the server answered another prompt (0: keep only the last one).")
 @click.option("--metrics", is_flag=True,
               help="Serve GET /metrics: Prometheus counters (tokens, compute seconds, requests, thermal level).")
 @_thermal_options
 @_gate_options
 @_runtime_options
 def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, max_queue, quiet,
-          no_prompt_cache, metrics, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
+          no_prompt_cache, cache_ram_mib, metrics, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole).
 
@@ -507,7 +510,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
 
     try:
         defaults = ServeDefaults(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                 max_waiting=max_queue, prompt_cache=not no_prompt_cache)
+                                 max_waiting=max_queue, prompt_cache=not no_prompt_cache, cache_ram_mib=cache_ram_mib)
     except ValueError as exc:
         hint = "'--temperature'" if str(exc).startswith("temperature") else "'--top-p'"
         raise click.BadParameter(str(exc), param_hint=hint) from exc

@@ -24,7 +24,8 @@ class DecoderBackend(Protocol):
 
     # Optional: ``rewind(length)`` keeps the first ``length`` tokens of the KV cache, so the next
     # prefill continues after them (``edgesdk.runtime.prompt_cache``). A backend without it starts
-    # every answer from an empty cache.
+    # every answer from an empty cache. With it, ``save_cache() -> (state, nbytes)`` copies the cache
+    # to host memory and ``load_cache(state)`` puts such a copy back (``edgesdk.runtime.cache_store``).
 
     @property
     def position(self) -> int:

@@ -49,9 +49,10 @@ class CacheStore:
                 found, length = entry, shared
         return length, found
 
-    def take(self, entry: SavedCache) -> SavedCache:
-        """Remove ``entry`` (it becomes the live cache again; saved anew when it is left)."""
+    def use(self, entry: SavedCache) -> SavedCache:
+        """Mark ``entry`` most recently used (it is being loaded; loading copies it, so it stays saved)."""
         self.entries.remove(entry)
+        self.entries.append(entry)
         return entry
 
     def put(self, tokens: Sequence[int], state: object, nbytes: int) -> bool:

@@ -162,6 +162,16 @@ class OrtBackend(OrtDecoderBase):
                       for value in self._past]
         self._position = length
 
+    def save_cache(self) -> tuple[list[np.ndarray], int]:
+        """A host copy of the cache, (B, Hkv, position, hd) per past tensor, and its bytes."""
+        state = [np.array(value.numpy(), copy=True) for value in self._past]
+        return state, sum(array.nbytes for array in state)
+
+    def load_cache(self, state: list[np.ndarray]) -> None:
+        """Make a :meth:`save_cache` copy the cache (the copy is only read, never written)."""
+        self._past = [self._ort.OrtValue.ortvalue_from_numpy(array) for array in state]
+        self._position = int(state[0].shape[2])
+
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
         self._check_length(self._position + ids.shape[1])
         # A fresh binding per step; the previous one stays alive until this step has run, because

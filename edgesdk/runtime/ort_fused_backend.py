@@ -50,6 +50,21 @@ class OrtFusedBackend(OrtDecoderBase):
         self._check_rewind(length)
         self._position = length
 
+    def save_cache(self) -> tuple[list[np.ndarray], int]:
+        """A host copy of the cache's first ``position`` entries, (B, Hkv, position, hd) per buffer, and its bytes."""
+        state = [buffer[:, :, : self._position].copy() for buffer in self._buffers]
+        return state, sum(array.nbytes for array in state)
+
+    def load_cache(self, state: list[np.ndarray]) -> None:
+        """Copy a :meth:`save_cache` state into the buffers (grown to hold it)."""
+        length = int(state[0].shape[2])
+        self._position = 0  # nothing of the old cache is kept through a reallocation
+        if length > self._capacity:
+            self._allocate(min(self.max_context, max(2 * self._capacity, length)))
+        for buffer, saved in zip(self._buffers, state, strict=True):
+            buffer[:, :, :length] = saved
+        self._position = length
+
     def _allocate(self, capacity: int) -> None:
         """(Re)allocate the shared KV buffers, keeping the first ``position`` entries."""
         kept = self._position

@@ -78,6 +78,11 @@ class OrtGatedBackend(OrtFusedBackend):
         super().rewind(length)
         self.controller.reset()
 
+    def load_cache(self, state: list[np.ndarray]) -> None:
+        """Put a saved cache back; the controller starts over, as for a new sequence."""
+        super().load_cache(state)
+        self.controller.reset()
+
     @property
     def tau(self) -> float:
         if not self.gating:

@@ -15,8 +15,17 @@ its logits give the first new token.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from edgesdk.runtime.backend import DecoderBackend
+
+if TYPE_CHECKING:
+    from edgesdk.runtime.cache_store import CacheStore
+
+# A live cache that a prompt would cut by this many tokens or more is saved first (with a store): a
+# chat's next turn keeps all but the few tokens whose text the template re-tokenizes, another
+# conversation cuts it back to the shared system prompt.
+SAVE_AT_LEAST = 64
 
 
 def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
@@ -38,30 +47,53 @@ class PromptCache:
     an empty cache.
     """
 
-    def __init__(self, backend: DecoderBackend):
+    def __init__(self, backend: DecoderBackend, store: CacheStore | None = None):
         self.backend = backend
         self.tokens: list[int] = []
         self.reused = 0  # the last prompt's tokens served from the cache
         self.supported = callable(getattr(backend, "rewind", None))
+        # Saved caches to go back to (a server's other conversations); needs save_cache / load_cache.
+        self.store = store if self.supported and callable(getattr(backend, "save_cache", None)) else None
+        self._live_saved = False  # the live cache equals a saved one (loaded or saved, nothing added since)
 
     def start(self, prompt_ids: Sequence[int], reuse: bool = True) -> int:
         """Leave the cache holding the longest reusable prefix of ``prompt_ids``; returns its length.
 
+        With a ``store``, a saved cache that shares more of the prompt than the live one replaces it,
+        and a live cache that would lose ``SAVE_AT_LEAST`` tokens or more is saved first.
         With ``reuse`` False (or a backend that cannot rewind) the cache is emptied."""
-        kept = 0
-        if reuse and self.supported and len(self.tokens) == self.backend.position:
-            kept = min(common_prefix_length(self.tokens, prompt_ids), len(prompt_ids) - 1)
+        if len(self.tokens) != self.backend.position:  # a step failed halfway: what the cache holds is unknown
+            self.tokens = []
+            self.backend.reset()
+        live = common_prefix_length(self.tokens, prompt_ids) if reuse and self.supported else 0
+        saved, entry = self.store.best(prompt_ids) if reuse and self.store is not None else (0, None)
+        if entry is not None and saved > live:
+            if len(self.tokens) >= SAVE_AT_LEAST:  # all of the live cache is about to go
+                self._save_live()
+            self.backend.load_cache(self.store.use(entry).state)
+            self.tokens, live, self._live_saved = list(entry.tokens), saved, True
+        kept = min(live, len(prompt_ids) - 1)
+        if self.store is not None and len(self.tokens) - kept >= SAVE_AT_LEAST:
+            self._save_live()
         if kept > 0:
             self.backend.rewind(kept)
         else:
             self.backend.reset()
         self.tokens = list(prompt_ids[:kept])
+        self._live_saved = False
         self.reused = kept
         return kept
+
+    def _save_live(self) -> None:
+        if self.tokens and not self._live_saved:
+            state, nbytes = self.backend.save_cache()
+            self.store.put(self.tokens, state, nbytes)
+            self._live_saved = True
 
     def took(self, token_ids: Sequence[int]) -> None:
         """The backend has just added ``token_ids`` to its cache."""
         self.tokens.extend(int(token) for token in token_ids)
+        self._live_saved = False
 
     def clear(self) -> None:
         """Forget the cache (the next prompt is prefilled whole)."""

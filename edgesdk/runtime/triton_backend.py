@@ -41,6 +41,24 @@ class TritonBackend:
                                       f"{self.decoder.position}", "rewind to a length between 0 and the position")
         self.decoder.position = length
 
+    def save_cache(self) -> tuple[list, int]:
+        """A host copy of the cache's first ``position`` entries, (B, Hkv, position, hd) per layer and kind."""
+        length = self.decoder.position
+        state = [tensor[:, :, :length].to("cpu", copy=True) for pair in self.decoder.cache for tensor in pair]
+        return state, sum(tensor.numel() * tensor.element_size() for tensor in state)
+
+    def load_cache(self, state: list) -> None:
+        """Copy a :meth:`save_cache` state into the decoder's cache (grown to hold it)."""
+        decoder = self.decoder
+        length = int(state[0].shape[2])
+        decoder.position = 0  # nothing of the old cache is kept through a reallocation
+        if length > decoder.capacity:
+            decoder._grow(min(decoder.max_context, max(2 * decoder.capacity, length)))
+        tensors = [tensor for pair in decoder.cache for tensor in pair]
+        for tensor, saved in zip(tensors, state, strict=True):
+            tensor[:, :, :length].copy_(saved)
+        decoder.position = length
+
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
         import torch
 

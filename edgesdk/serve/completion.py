@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgesdk.errors import BundleError, EdgeSDKError
+from edgesdk.runtime.cache_store import CacheStore
 from edgesdk.runtime.generate import SamplingConfig, StepHook, generate
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
@@ -31,11 +32,14 @@ class ServeDefaults:
     top_p: float = 1.0
     max_waiting: int = 8  # requests queued behind the one generating; more are refused with 503
     prompt_cache: bool = True  # reuse the previous answer's KV cache for a prompt that repeats it
+    cache_ram_mib: int = 256  # host memory for other conversations' saved KV caches (0: keep only the live one)
 
     def __post_init__(self):
         SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.cache_ram_mib < 0:
+            raise ValueError(f"cache_ram_mib must be >= 0, got {self.cache_ram_mib}")
 
 
 @dataclass
@@ -106,7 +110,10 @@ class Completer:
         self.stopping = False  # set by stop(): the server is shutting down
         self.metrics = ServeMetrics()  # GET /metrics (edgesdk serve --metrics)
         # The conversation so far stays in the KV cache between requests (llama-server's cache_prompt).
-        self.prompt_cache = PromptCache(runtime.backend) if self.defaults.prompt_cache else None
+        # Other conversations' caches wait in host memory (llama-server's --cache-ram), so the title and tag
+        # requests a chat client sends between turns do not cost the chat its cache.
+        store = CacheStore(self.defaults.cache_ram_mib * 2**20) if self.defaults.cache_ram_mib else None
+        self.prompt_cache = PromptCache(runtime.backend, store) if self.defaults.prompt_cache else None
         self.waiting = 0  # admitted requests waiting for their turn
         self._count_lock = threading.Lock()
 

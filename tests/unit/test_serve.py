@@ -237,6 +237,27 @@ def test_a_chat_s_next_turn_reuses_the_cache_and_answers_as_a_fresh_prefill(serv
     assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
+@pytest.mark.parametrize("cache_ram_mib", [256, 0])
+def test_a_request_between_two_turns_costs_the_chat_its_cache_only_without_cache_ram(runtime, cache_ram_mib):
+    """As Open WebUI asks for a title between a chat's turns: the chat's next turn gets its cache back
+    from host memory (--cache-ram), or, with none, keeps only what it shares with the title request."""
+    server = Served(runtime, ServeDefaults(max_tokens=8, cache_ram_mib=cache_ram_mib))
+    try:
+        chat = [{"role": "user", "content": " ".join(["tell me about the quick brown fox"] * 8)}]
+        _, first = server.post("/v1/chat/completions", {"messages": chat})
+        title = [{"role": "user", "content": "Give this chat a title of three words."}]
+        server.post("/v1/chat/completions", {"messages": title})
+        turn = chat + [first["choices"][0]["message"], {"role": "user", "content": "And then?"}]
+        _, second = server.post("/v1/chat/completions", {"messages": turn})
+        cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        if cache_ram_mib:
+            assert cached >= first["usage"]["prompt_tokens"]
+        else:
+            assert cached < first["usage"]["prompt_tokens"] // 2  # the chat template's start, shared with the title
+    finally:
+        server.close()
+
+
 def test_prompt_cache_off_prefills_every_prompt(runtime):
     server = Served(runtime, ServeDefaults(max_tokens=4, prompt_cache=False))
     try:
