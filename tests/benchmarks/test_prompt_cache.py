@@ -88,3 +88,57 @@ def test_later_turns_reuse_the_cache(smollm2_rpi5_bundle):
         print(f"{turn} | {prompt} | {cached} | {whole_ms:.1f} | {cached_ms:.1f} | {ratio:.2f}x | {same}")
     print(f"turns 2-{TURNS}: median time-to-first-token ratio {statistics.median(ratios):.2f}x")
     assert all(row[2] > 0 for row in rows[1:]), "every later turn should reuse the earlier turns' tokens"
+
+
+def _title_request(messages: list[dict]) -> list[dict]:
+    """A title request as Open WebUI sends one after an answer: the chat so far, quoted in a task prompt."""
+    history = "\n".join(f"{m['role'].upper()}: {m['content']}" for m in messages)
+    return [{"role": "user", "content": "### Task:\nGenerate a concise, 3-5 word title summarizing the chat "
+                                        f"history.\n### Chat History:\n<chat_history>\n{history}\n</chat_history>"}]
+
+
+def test_turns_interleaved_with_title_requests_get_their_cache_back(smollm2_rpi5_bundle):
+    """The same six-turn chat, a title request after every answer. One runtime keeps other
+    conversations' caches in host memory (serve's --cache-ram, 256 MiB), the other keeps only the
+    live cache (--cache-ram 0), whose chat turns then share only the chat template's start with it."""
+    from edgesdk.runtime.cache_store import CacheStore
+
+    if not WIKITEXT.is_file():
+        pytest.skip(f"WikiText-2 validation text not found beside the checkout ({WIKITEXT.name})")
+    runtimes = {way: open_runtime(smollm2_rpi5_bundle.path) for way in ("store", "live only")}
+    caches = {"store": PromptCache(runtimes["store"].backend, CacheStore(256 * 2**20)),
+              "live only": PromptCache(runtimes["live only"].backend)}
+    tokenizer = runtimes["store"].tokenizer
+    sampling, title_sampling = SamplingConfig(max_new_tokens=NEW_TOKENS), SamplingConfig(max_new_tokens=12)
+    for runtime in runtimes.values():  # untimed: first-run allocations
+        generate(runtime.backend, tokenizer.prompt_ids("Hello", raw=False), SamplingConfig(max_new_tokens=4),
+                 tokenizer.eos_token_ids)
+
+    def encode(messages):
+        return tokenizer.encode(tokenizer.render_chat(messages), add_special_tokens=False)
+
+    messages: list[dict] = []
+    rows = []
+    for turn, paragraph in enumerate(_paragraphs(TURNS)):
+        messages.append({"role": "user", "content": f"{paragraph}\n\nIn one sentence, what is this passage about?"})
+        ids = encode(messages)
+        results = {}
+        for way in ("store", "live only") if turn % 2 == 0 else ("live only", "store"):
+            results[way] = generate(runtimes[way].backend, ids, sampling, tokenizer.eos_token_ids, cache=caches[way])
+            time.sleep(0.5)
+        answer = tokenizer.decode(results["store"][0])
+        messages.append({"role": "assistant", "content": answer})
+        title = encode(_title_request(messages))
+        for way in ("store", "live only"):  # untimed, as a client's background task
+            generate(runtimes[way].backend, title, title_sampling, tokenizer.eos_token_ids, cache=caches[way])
+        rows.append((turn + 1, len(ids), *(results[way][1].cached_tokens for way in ("store", "live only")),
+                     *(results[way][1].time_to_first_token_s * 1e3 for way in ("store", "live only"))))
+
+    print(f"\n{smollm2_rpi5_bundle.path.name}, a title request after every answer")
+    print("turn | prompt tok | from cache: store / live only | TTFT store / live only (ms) | live only / store")
+    for turn, prompt, stored, live, store_ms, live_ms in rows:
+        print(f"{turn} | {prompt} | {stored} / {live} | {store_ms:.1f} / {live_ms:.1f} | {live_ms / store_ms:.2f}x")
+    ratios = [live_ms / store_ms for *_, store_ms, live_ms in rows[1:]]
+    print(f"turns 2-{TURNS}: median ratio {statistics.median(ratios):.2f}x; store holds "
+          f"{caches['store'].store.nbytes / 2**20:.1f} MiB in {len(caches['store'].store.entries)} caches")
+    assert all(row[2] > row[3] for row in rows[1:])
