@@ -325,12 +325,15 @@ def _gate_options(fn):
               help="Interactive input: keep the conversation, each line a new turn after the earlier ones "
                    "(their tokens stay in the KV cache; '/clear' starts over). On by default at a terminal, "
                    "off for piped input (each line its own conversation).")
+@click.option("--json", "json_object", is_flag=True,
+              help="JSON mode: each answer is one JSON object (tokens that cannot continue one are never taken; "
+                   "the answer ends when the object closes).")
 @click.option("--stats", is_flag=True, help="Print prefill/decode tok/s and time to first token on stderr.")
 @_thermal_options
 @_gate_options
 @_runtime_options
-def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, history, stats, watch_thermal,
-        simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
+def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, history, json_object, stats,
+        watch_thermal, simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
         sim_speed, threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
 
@@ -340,6 +343,7 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, h
     """
     from edgesdk.runtime.conversation import Conversation
     from edgesdk.runtime.generate import SamplingConfig, generate
+    from edgesdk.runtime.json_mode import JsonConstraint
     from edgesdk.runtime.prompt_cache import PromptCache
     from edgesdk.runtime.session import open_runtime
     from edgesdk.runtime.text import StreamDecoder
@@ -379,6 +383,7 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, h
     if history and prompt is None and not raw and tokenizer.has_chat_template:
         conversation = Conversation(tokenizer, system, runtime.backend.max_context, answer_room=max_new_tokens)
     cache = PromptCache(runtime.backend)
+    token_bytes = tokenizer.token_bytes() if json_object else None  # JSON mode: refused here if it cannot work
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
                             thermal_target, sim_speed, status=watch_thermal or simulate_thermal)
@@ -400,9 +405,10 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, h
             sys.stdout.write(piece)
             sys.stdout.flush()
 
+        constraint = JsonConstraint(token_bytes) if token_bytes is not None else None
         try:
             _, result = generate(runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=emit,
-                                 hook=thermal.hook if thermal else None, cache=cache)
+                                 hook=thermal.hook if thermal else None, cache=cache, constraint=constraint)
         except KeyboardInterrupt:  # an answer stopped with Ctrl-C stays in the conversation as written
             if conversation is not None:
                 conversation.answered(text, "".join(written) + stream.flush())

@@ -48,11 +48,15 @@ class Sampler:
         self.config = config
         self.rng = np.random.default_rng(config.seed)
 
-    def __call__(self, logits: np.ndarray) -> int:
+    def __call__(self, logits: np.ndarray, allowed: Callable[[int], bool] | None = None) -> int:
+        """The next token. With ``allowed`` (a constraint such as JSON mode) only a token it accepts is
+        taken: greedy decoding takes the most likely one; sampling draws from the temperature and top-p
+        distribution and redraws without a refused token, which is exact sampling from that
+        distribution restricted to the accepted tokens."""
         best = int(np.argmax(logits))  # the first NaN when there is one
         _check_finite(float(logits[best]))
         if self.config.temperature == 0:
-            return best
+            return best if allowed is None or allowed(best) else _most_likely_allowed(logits, allowed)
         # Shift before scaling: a tiny temperature turned the raw logits into inf (inf - inf is NaN);
         # shifted, the top one is 0 and the others may overflow only to -inf, probability 0.
         with np.errstate(over="ignore"):
@@ -66,7 +70,36 @@ class Sampler:
             mask = np.zeros_like(probs)
             mask[keep] = probs[keep]
             probs = mask / mask.sum()
-        return int(self.rng.choice(probs.shape[0], p=probs))
+        if allowed is None:
+            return int(self.rng.choice(probs.shape[0], p=probs))
+        for _ in range(MAX_REDRAWS):
+            token = int(self.rng.choice(probs.shape[0], p=probs))
+            if allowed(token):
+                return token
+            probs[token] = 0.0
+            total = probs.sum()
+            if total <= 0:
+                break
+            probs /= total
+        return _most_likely_allowed(logits, allowed)  # the nucleus held no accepted token (or too few)
+
+
+MAX_REDRAWS = 64  # draws refused by a constraint before the most likely accepted token is taken instead
+CANDIDATES = 64  # the most likely tokens checked first; the rest of the vocabulary only when none passes
+
+
+def _most_likely_allowed(logits: np.ndarray, allowed: Callable[[int], bool]) -> int:
+    top = np.argpartition(-logits, min(CANDIDATES, logits.shape[0] - 1))[:CANDIDATES]
+    ranked = top[np.argsort(-logits[top], kind="stable")]
+    for token in ranked:
+        if allowed(int(token)):
+            return int(token)
+    checked = set(ranked.tolist())
+    for token in np.argsort(-logits, kind="stable"):
+        if int(token) not in checked and allowed(int(token)):
+            return int(token)
+    raise EdgeSDKError("no token of the vocabulary continues the constrained answer",
+                       "leave the constraint (JSON mode) out for this bundle")
 
 
 def _check_finite(top_logit: float) -> None:
@@ -76,6 +109,17 @@ def _check_finite(top_logit: float) -> None:
         raise RuntimeBackendError(f"the backend returned logits that are not finite (the top one is {top_logit})",
                                   "run the bundle with --backend ort-cpu; if it fails there too, "
                                   "'edgesdk verify' it and rebuild it")
+
+
+class TokenConstraint(Protocol):
+    """Which tokens an answer may take next (JSON mode), and whether it is complete."""
+
+    def allows(self, token_id: int) -> bool: ...
+
+    def advance(self, token_id: int) -> None: ...
+
+    @property
+    def complete(self) -> bool: ...
 
 
 class StepHook(Protocol):
@@ -147,7 +191,8 @@ def _rounded(value: float | None) -> float | None:
 def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingConfig,
              stop_ids: set[int], on_token: Callable[[int], None] | None = None,
              hook: StepHook | None = None, cache: PromptCache | None = None,
-             reuse_cache: bool = True) -> tuple[list[int], GenerationStats]:
+             reuse_cache: bool = True, constraint: TokenConstraint | None = None
+             ) -> tuple[list[int], GenerationStats]:
     """Prefill ``prompt_ids`` then decode until a stop id, ``max_new_tokens`` or the context is full.
 
     The first new token comes from the prefill logits (time to first token = prefill time);
@@ -160,6 +205,9 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     With a ``cache`` (:class:`~edgesdk.runtime.prompt_cache.PromptCache` over ``backend``) the
     prompt's prefix that the cache already holds is not prefilled again (``reuse_cache`` False:
     prefill it whole); ``stats.cached_tokens`` counts it, and the hook sees only the tokens prefilled.
+
+    A ``constraint`` (JSON mode: :class:`~edgesdk.runtime.json_mode.JsonConstraint`) limits which tokens
+    the sampler may take; once it is complete the answer stops there (``stop_reason = "complete"``).
     """
     _check_prompt(len(prompt_ids), backend.max_context)
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
@@ -180,7 +228,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     if hook is not None:
         hook.after_step("prefill", 1, stats.prefill_s)
     generated: list[int] = []
-    token = sampler(logits)
+    token = _pick(sampler, logits, constraint)
     decode_start = time.perf_counter()
     hook_wall_s = 0.0  # wall time spent in the hook, before and after each step (a simulated board waits on its own clock)
     while True:
@@ -190,6 +238,9 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         generated.append(token)
         if on_token is not None:
             on_token(token)
+        if constraint is not None and constraint.complete:
+            stats.stop_reason = "complete"
+            break
         if len(generated) >= sampling.max_new_tokens:
             stats.stop_reason = "max_new_tokens"
             break
@@ -205,7 +256,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         compute = time.perf_counter() - step
         if cache is not None:
             cache.took((token,))
-        token = sampler(logits)
+        token = _pick(sampler, logits, constraint)
         stats.token_latencies_s.append(compute)
         if hook is not None:
             entered = time.perf_counter()
@@ -216,6 +267,14 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     if hook is not None:
         hook.end(stats)
     return generated, stats
+
+
+def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | None) -> int:
+    if constraint is None:
+        return sampler(logits)
+    token = sampler(logits, constraint.allows)
+    constraint.advance(token)
+    return token
 
 
 def _check_prompt(tokens: int, max_context: int) -> None:

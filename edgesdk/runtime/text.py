@@ -17,6 +17,15 @@ class ChatTokenizer:
         self.eos_token = facts.get("eos_token")
         self.template_source = template_path.read_text(encoding="utf-8") if template_path else None
         self._template = None
+        self._token_bytes: list[bytes | None] | None = None
+
+    def token_bytes(self) -> list[bytes | None]:
+        """Each token id's bytes (None for special tokens), for JSON mode; built on first use."""
+        if self._token_bytes is None:
+            from edgesdk.runtime.json_mode import token_bytes_table
+
+            self._token_bytes = token_bytes_table(self.tokenizer, self.tokenizer.get_vocab_size(with_added_tokens=True))
+        return self._token_bytes
 
     @property
     def has_chat_template(self) -> bool:

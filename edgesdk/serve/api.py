@@ -2,7 +2,7 @@
 
 Requests follow OpenAI's API reference for ``POST /v1/chat/completions`` and ``POST /v1/completions``
 (the fields llama.cpp's ``llama-server`` also takes). A field this server cannot honour (``n`` > 1,
-log-probabilities, tools, penalties, a JSON response format) is refused with a 400 that names it,
+log-probabilities, tools, penalties, a JSON schema) is refused with a 400 that names it,
 never silently ignored; fields that change nothing here (``user``, ``metadata``, ``store``, zero
 penalties) are accepted. Errors use OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -45,6 +45,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk carrying the usage
     cache_prompt: bool = True  # llama-server's field: reuse the KV cache of the previous answer's prefix
+    json_object: bool = False  # response_format {"type": "json_object"}: the answer is one JSON object
 
 
 def parse_chat_request(body: object) -> CompletionRequest:
@@ -127,8 +128,9 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         ("logit_bias", lambda v: not v, "no logit bias"),
         ("presence_penalty", lambda v: v in (None, 0), "no presence penalty"),
         ("frequency_penalty", lambda v: v in (None, 0), "no frequency penalty"),
-        ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
-         "plain text answers only (response_format {\"type\": \"text\"})"),
+        ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") in ("text", "json_object")),
+         "plain text or one JSON object (response_format {\"type\": \"text\"} or {\"type\": \"json_object\"}), "
+         "no JSON schema"),
     ]
     for field, honoured, why in checks:
         if field in body and not honoured(body[field]):
@@ -163,6 +165,7 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "stream": stream,
         "include_usage": stream and bool(options.get("include_usage", False)),
         "cache_prompt": cache_prompt,
+        "json_object": (body.get("response_format") or {}).get("type") == "json_object",
     }
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.cache_store import CacheStore
 from edgesdk.runtime.generate import SamplingConfig, StepHook, generate
+from edgesdk.runtime.json_mode import JsonConstraint
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.text import StreamDecoder, check_utf8
@@ -223,11 +224,12 @@ class Completer:
                 raise ClientGone("the client closed the connection mid-answer")
             self._check_stopping()
 
+        constraint = self._json_constraint() if request.json_object else None
         try:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
                                 hook=MetricsHook(self.metrics, self.hook), cache=self.prompt_cache,
-                                reuse_cache=request.cache_prompt)
-            finish = "stop" if stats.stop_reason == "eos" else "length"
+                                reuse_cache=request.cache_prompt, constraint=constraint)
+            finish = "stop" if stats.stop_reason in ("eos", "complete") else "length"
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())
             if matcher.stopped:
@@ -244,6 +246,12 @@ class Completer:
         self.metrics.finish(finish)
         cached = self.prompt_cache.reused if self.prompt_cache is not None else 0  # also for an answer cut short
         return Completion("".join(pieces), finish, len(ids), count, cached)
+
+    def _json_constraint(self) -> JsonConstraint:
+        try:
+            return JsonConstraint(self.runtime.tokenizer.token_bytes())
+        except EdgeSDKError as exc:  # a tokenizer whose token bytes JSON mode cannot read
+            raise ApiError(400, exc.problem, param="response_format", code="unsupported_parameter") from exc
 
     def _end_early(self) -> None:
         """An answer cut short (stop string, client gone): the hook's end of request, which gives a

@@ -1,0 +1,234 @@
+"""JSON mode: answers constrained to one JSON object, as OpenAI's ``response_format: {"type": "json_object"}``.
+
+A byte-level pushdown automaton follows the JSON grammar (RFC 8259) over the bytes of the tokens
+generated so far. Before a token is taken, the sampler asks :meth:`JsonConstraint.allows`, which
+runs the token's bytes through a copy of the automaton's state: a token that cannot continue a
+valid JSON text is never chosen (end-of-text included, until the object is complete), and the
+answer ends as soon as the top-level object closes. Strings must be valid UTF-8 (RFC 3629 lead
+and continuation bytes). Whitespace runs outside strings are capped, so a model cannot stall in
+an endless run of spaces while staying valid.
+
+The answer is a complete object unless ``max_tokens`` or the context ends it first (OpenAI's JSON
+mode has the same limit; the finish reason then says ``length``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from edgesdk.errors import EdgeSDKError
+
+MAX_WHITESPACE_RUN = 32  # bytes of whitespace in a row outside strings (room for indented pretty-printing)
+
+_WHITESPACE = frozenset(b" \t\n\r")
+_DIGITS = frozenset(b"0123456789")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_ESCAPES = frozenset(b'"\\/bfnrt')
+_LITERALS = {ord("t"): b"rue", ord("f"): b"alse", ord("n"): b"ull"}
+
+# Modes of the automaton. The container stack holds "{" and "[" for the objects and arrays open.
+TOP, VALUE, ARRAY_FIRST, KEY_OR_END, KEY, COLON, AFTER_VALUE = "top", "value", "array-first", "key-or-end", "key", \
+    "colon", "after-value"
+STRING, ESCAPE, UNICODE, LITERAL, NUMBER, DONE = "string", "escape", "unicode", "literal", "number", "done"
+
+
+@dataclass(frozen=True)
+class JsonState:
+    """Where the automaton is: ``mode``, the open containers, and the mode's detail (a string's kind
+    and pending UTF-8 continuation bytes, a literal's remaining bytes, a number's part)."""
+
+    mode: str = TOP
+    stack: tuple[str, ...] = ()
+    detail: object = None
+    whitespace: int = 0  # whitespace bytes in a row outside strings
+
+
+def _after_value(stack: tuple[str, ...]) -> JsonState:
+    return JsonState(DONE if not stack else AFTER_VALUE, stack)
+
+
+def _start_value(state: JsonState, byte: int) -> JsonState | None:
+    """The first byte of a value (``state`` expects one)."""
+    stack = state.stack
+    if byte == ord("{"):
+        return JsonState(KEY_OR_END, stack + ("{",))
+    if byte == ord("["):
+        return JsonState(ARRAY_FIRST, stack + ("[",))
+    if byte == ord('"'):
+        return JsonState(STRING, stack, ("value", 0))
+    if byte in _LITERALS:
+        return JsonState(LITERAL, stack, _LITERALS[byte])
+    if byte == ord("-"):
+        return JsonState(NUMBER, stack, "sign")
+    if byte == ord("0"):
+        return JsonState(NUMBER, stack, "zero")
+    if byte in _DIGITS:
+        return JsonState(NUMBER, stack, "int")
+    return None
+
+
+# A number's parts: which bytes continue it, and whether it may end there.
+_NUMBER_NEXT = {
+    "sign": ({**{d: "int" for d in _DIGITS}, ord("0"): "zero"}, False),
+    "zero": ({ord("."): "point", ord("e"): "exp", ord("E"): "exp"}, True),
+    "int": ({**{d: "int" for d in _DIGITS}, ord("."): "point", ord("e"): "exp", ord("E"): "exp"}, True),
+    "point": ({d: "frac" for d in _DIGITS}, False),
+    "frac": ({**{d: "frac" for d in _DIGITS}, ord("e"): "exp", ord("E"): "exp"}, True),
+    "exp": ({**{d: "exp-digits" for d in _DIGITS}, ord("+"): "exp-sign", ord("-"): "exp-sign"}, False),
+    "exp-sign": ({d: "exp-digits" for d in _DIGITS}, False),
+    "exp-digits": ({d: "exp-digits" for d in _DIGITS}, True),
+}
+
+
+def _utf8_continuations(byte: int) -> int | None:
+    """How many continuation bytes a lead byte announces (None: not a lead byte, RFC 3629)."""
+    if byte < 0x80:
+        return 0
+    if 0xC2 <= byte <= 0xDF:
+        return 1
+    if 0xE0 <= byte <= 0xEF:
+        return 2
+    if 0xF0 <= byte <= 0xF4:
+        return 3
+    return None
+
+
+def step(state: JsonState, byte: int) -> JsonState | None:
+    """The state after ``byte``, or None when no JSON text continues that way."""
+    mode = state.mode
+    if mode == STRING:
+        kind, pending = state.detail
+        if pending:
+            return JsonState(STRING, state.stack, (kind, pending - 1)) if 0x80 <= byte <= 0xBF else None
+        if byte == ord('"'):
+            return JsonState(COLON, state.stack) if kind == "key" else _after_value(state.stack)
+        if byte == ord("\\"):
+            return JsonState(ESCAPE, state.stack, kind)
+        if byte < 0x20:
+            return None
+        continuations = _utf8_continuations(byte)
+        return None if continuations is None else JsonState(STRING, state.stack, (kind, continuations))
+    if mode == ESCAPE:
+        if byte == ord("u"):
+            return JsonState(UNICODE, state.stack, (state.detail, 4))
+        return JsonState(STRING, state.stack, (state.detail, 0)) if byte in _ESCAPES else None
+    if mode == UNICODE:
+        kind, left = state.detail
+        if byte not in _HEX:
+            return None
+        return JsonState(STRING, state.stack, (kind, 0)) if left == 1 else JsonState(UNICODE, state.stack, (kind, left - 1))
+    if mode == LITERAL:
+        rest = state.detail
+        if byte != rest[0]:
+            return None
+        return _after_value(state.stack) if len(rest) == 1 else JsonState(LITERAL, state.stack, rest[1:])
+    if mode == NUMBER:
+        following, may_end = _NUMBER_NEXT[state.detail]
+        if byte in following:
+            return JsonState(NUMBER, state.stack, following[byte])
+        return step(_after_value(state.stack), byte) if may_end else None  # the byte after the number
+    if byte in _WHITESPACE:  # between tokens of the grammar
+        return None if state.whitespace >= MAX_WHITESPACE_RUN else \
+            JsonState(mode, state.stack, state.detail, state.whitespace + 1)
+    if mode == DONE:
+        return None
+    if mode == TOP:  # JSON mode's answer is an object
+        return JsonState(KEY_OR_END, ("{",)) if byte == ord("{") else None
+    if mode == VALUE:
+        return _start_value(state, byte)
+    if mode == ARRAY_FIRST:
+        return _after_value(state.stack[:-1]) if byte == ord("]") else _start_value(state, byte)
+    if mode in (KEY_OR_END, KEY):
+        if byte == ord('"'):
+            return JsonState(STRING, state.stack, ("key", 0))
+        return _after_value(state.stack[:-1]) if byte == ord("}") and mode == KEY_OR_END else None
+    if mode == COLON:
+        return JsonState(VALUE, state.stack) if byte == ord(":") else None
+    # AFTER_VALUE inside a container
+    container = state.stack[-1]
+    if byte == ord(","):
+        return JsonState(KEY if container == "{" else VALUE, state.stack)
+    if byte == ord("}" if container == "{" else "]"):
+        return _after_value(state.stack[:-1])
+    return None
+
+
+def feed(state: JsonState, data: bytes) -> JsonState | None:
+    """The state after all of ``data``, or None at its first byte that no JSON text allows."""
+    for byte in data:
+        state = step(state, byte)
+        if state is None:
+            return None
+    return state
+
+
+# ---------------------------------------------------------------------------------------- token bytes
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-to-unicode table, reversed: the character a byte-level BPE token uses for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+def token_bytes_table(tokenizer, vocab_size: int) -> list[bytes | None]:
+    """Each token id's bytes (None for special tokens, such as end-of-text, and ids past the tokenizer).
+
+    ``tokenizer`` is a ``tokenizers.Tokenizer`` with a byte-level decoder (GPT-2, SmolLM2, Qwen2) or a
+    SentencePiece-style one (``▁`` for spaces, ``<0xNN>`` byte fallback: Llama 2, TinyLlama)."""
+    spec = json.loads(tokenizer.to_str())
+    decoder = spec.get("decoder") or {}
+    kinds = {decoder.get("type")} | {part.get("type") for part in decoder.get("decoders", [])}
+    special = {token["id"] for token in spec.get("added_tokens", []) if token.get("special")}
+    if "ByteLevel" in kinds:
+        alphabet = _byte_level_alphabet()
+
+        def to_bytes(piece: str) -> bytes | None:
+            try:
+                return bytes(alphabet[char] for char in piece)
+            except KeyError:  # an added token written as plain text
+                return piece.encode("utf-8")
+    elif "ByteFallback" in kinds or "Metaspace" in kinds or "Replace" in kinds:
+        def to_bytes(piece: str) -> bytes | None:
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                return bytes([int(piece[3:5], 16)])
+            return piece.replace("\u2581", " ").encode("utf-8")
+    else:
+        raise EdgeSDKError(f"JSON mode cannot read this bundle's tokens (tokenizer decoder {sorted(map(str, kinds))})",
+                           "JSON mode needs a byte-level or SentencePiece tokenizer; leave response_format / --json "
+                           "out for this bundle")
+    table: list[bytes | None] = []
+    for token_id in range(vocab_size):
+        piece = tokenizer.id_to_token(token_id)
+        table.append(None if piece is None or token_id in special else to_bytes(piece))
+    return table
+
+
+class JsonConstraint:
+    """One answer's automaton over the bytes of the tokens taken so far."""
+
+    def __init__(self, token_bytes: list[bytes | None]):
+        self.token_bytes = token_bytes
+        self.state = JsonState()
+
+    def allows(self, token_id: int) -> bool:
+        data = self.token_bytes[token_id] if 0 <= token_id < len(self.token_bytes) else None
+        return bool(data) and feed(self.state, data) is not None
+
+    def advance(self, token_id: int) -> None:
+        state = feed(self.state, self.token_bytes[token_id] or b"")
+        if state is None:
+            raise ValueError(f"token {token_id} does not continue the JSON answer")
+        self.state = state
+
+    @property
+    def complete(self) -> bool:
+        """The top-level object has closed."""
+        return self.state.mode == DONE
