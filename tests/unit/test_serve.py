@@ -53,7 +53,7 @@ def test_chat_request_normalises_roles_and_text_parts():
     ({"logprobs": True}, "logprobs"),
     ({"tools": [{"type": "function"}]}, "tools"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ({"temperature": "hot"}, "temperature"),
     ({"temperature": 2.5}, "temperature"),
     ({"top_p": 0}, "top_p"),
