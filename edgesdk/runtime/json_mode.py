@@ -4,8 +4,8 @@ A byte-level pushdown automaton follows the JSON grammar (RFC 8259) over the byt
 generated so far. Before a token is taken, the sampler asks :meth:`JsonConstraint.allows`, which
 runs the token's bytes through a copy of the automaton's state: a token that cannot continue a
 valid JSON text is never chosen (end-of-text included, until the object is complete), and the
-answer ends as soon as the top-level object closes. Strings must be valid UTF-8 (RFC 3629 lead
-and continuation bytes). Whitespace runs outside strings are capped, so a model cannot stall in
+answer ends as soon as the top-level object closes. Strings must be valid UTF-8 (RFC 3629: no
+overlong forms, no UTF-16 surrogates, nothing past U+10FFFF). Whitespace runs outside strings are capped, so a model cannot stall in
 an endless run of spaces while staying valid.
 
 The answer is a complete object unless ``max_tokens`` or the context ends it first (OpenAI's JSON
@@ -35,13 +35,25 @@ STRING, ESCAPE, UNICODE, LITERAL, NUMBER, DONE = "string", "escape", "unicode", 
 
 @dataclass(frozen=True)
 class JsonState:
-    """Where the automaton is: ``mode``, the open containers, and the mode's detail (a string's kind
-    and pending UTF-8 continuation bytes, a literal's remaining bytes, a number's part)."""
+    """Where the automaton is: ``mode``, the open containers, and the mode's detail (a string's kind,
+    its pending UTF-8 continuation bytes and the range the next one must fall in, a literal's remaining
+    bytes, a number's part)."""
 
     mode: str = TOP
     stack: tuple[str, ...] = ()
     detail: object = None
     whitespace: int = 0  # whitespace bytes in a row outside strings
+
+
+_CONTINUATION = (0x80, 0xBF)  # a UTF-8 continuation byte
+# RFC 3629 section 4: the first continuation byte after these lead bytes is narrower, which refuses
+# overlong forms (E0 80..9F, F0 80..8F), UTF-16 surrogates (ED A0..BF) and code points past U+10FFFF (F4 90..BF).
+_FIRST_CONTINUATION = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+
+
+def _in_string(stack: tuple[str, ...], kind: str) -> JsonState:
+    """Inside a string (``kind``: "key" or "value"), no UTF-8 character pending."""
+    return JsonState(STRING, stack, (kind, 0, *_CONTINUATION))
 
 
 def _after_value(stack: tuple[str, ...]) -> JsonState:
@@ -56,7 +68,7 @@ def _start_value(state: JsonState, byte: int) -> JsonState | None:
     if byte == ord("["):
         return JsonState(ARRAY_FIRST, stack + ("[",))
     if byte == ord('"'):
-        return JsonState(STRING, stack, ("value", 0))
+        return _in_string(stack, "value")
     if byte in _LITERALS:
         return JsonState(LITERAL, stack, _LITERALS[byte])
     if byte == ord("-"):
@@ -98,9 +110,9 @@ def step(state: JsonState, byte: int) -> JsonState | None:
     """The state after ``byte``, or None when no JSON text continues that way."""
     mode = state.mode
     if mode == STRING:
-        kind, pending = state.detail
+        kind, pending, low, high = state.detail
         if pending:
-            return JsonState(STRING, state.stack, (kind, pending - 1)) if 0x80 <= byte <= 0xBF else None
+            return JsonState(STRING, state.stack, (kind, pending - 1, *_CONTINUATION)) if low <= byte <= high else None
         if byte == ord('"'):
             return JsonState(COLON, state.stack) if kind == "key" else _after_value(state.stack)
         if byte == ord("\\"):
@@ -108,16 +120,18 @@ def step(state: JsonState, byte: int) -> JsonState | None:
         if byte < 0x20:
             return None
         continuations = _utf8_continuations(byte)
-        return None if continuations is None else JsonState(STRING, state.stack, (kind, continuations))
+        if continuations is None:
+            return None
+        return JsonState(STRING, state.stack, (kind, continuations, *_FIRST_CONTINUATION.get(byte, _CONTINUATION)))
     if mode == ESCAPE:
         if byte == ord("u"):
             return JsonState(UNICODE, state.stack, (state.detail, 4))
-        return JsonState(STRING, state.stack, (state.detail, 0)) if byte in _ESCAPES else None
+        return _in_string(state.stack, state.detail) if byte in _ESCAPES else None
     if mode == UNICODE:
         kind, left = state.detail
         if byte not in _HEX:
             return None
-        return JsonState(STRING, state.stack, (kind, 0)) if left == 1 else JsonState(UNICODE, state.stack, (kind, left - 1))
+        return _in_string(state.stack, kind) if left == 1 else JsonState(UNICODE, state.stack, (kind, left - 1))
     if mode == LITERAL:
         rest = state.detail
         if byte != rest[0]:
@@ -141,7 +155,7 @@ def step(state: JsonState, byte: int) -> JsonState | None:
         return _after_value(state.stack[:-1]) if byte == ord("]") else _start_value(state, byte)
     if mode in (KEY_OR_END, KEY):
         if byte == ord('"'):
-            return JsonState(STRING, state.stack, ("key", 0))
+            return _in_string(state.stack, "key")
         return _after_value(state.stack[:-1]) if byte == ord("}") and mode == KEY_OR_END else None
     if mode == COLON:
         return JsonState(VALUE, state.stack) if byte == ord(":") else None

@@ -1,0 +1,42 @@
+"""JSON mode (edgesdk/runtime/json_mode.py, the constrained Sampler in edgesdk/runtime/generate.py):
+UTF-8 in strings as RFC 3629 defines it, exact sampling under a constraint, the token byte table of a
+tokenizer, and serve's response_format."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgesdk.runtime.json_mode import DONE, JsonState, feed
+
+
+def _string_value(content: bytes) -> JsonState | None:
+    return feed(JsonState(), b'{"a":"' + content + b'"}')
+
+
+def test_strings_take_exactly_the_utf8_that_python_decodes():
+    """RFC 3629 section 4: no overlong forms (C0 80, E0 80 80, F0 80 80 80), no UTF-16 surrogates
+    (ED A0 80), nothing past U+10FFFF (F4 90 80 80); every lead byte with every first continuation
+    byte, the later ones at both ends of their range."""
+    for lead in range(0x80, 0x100):
+        for first in range(0x70, 0xD0):
+            for rest in (b"", b"\x80", b"\xbf", b"\x80\x80", b"\xbf\xbf"):
+                content = bytes([lead, first]) + rest
+                try:
+                    content.decode("utf-8")
+                    valid = True
+                except UnicodeDecodeError:
+                    valid = False
+                state = _string_value(content)
+                assert (state is not None and state.mode == DONE) == valid, content
+
+
+@pytest.mark.parametrize("content", [b"\xe0\x80\x80", b"\xe0\x9f\xbf", b"\xed\xa0\x80", b"\xed\xbf\xbf",
+                                     b"\xf0\x80\x80\x80", b"\xf0\x8f\xbf\xbf", b"\xf4\x90\x80\x80"])
+def test_overlong_surrogate_and_out_of_range_utf8_is_refused_at_its_first_continuation(content):
+    assert feed(JsonState(), b'{"a":"' + content[:2]) is None
+    assert feed(JsonState(), b'{"' + content[:2]) is None  # in a key too
+
+
+@pytest.mark.parametrize("content", ["\u0800", "\ud7ff", "\ue000", "\U00010000", "\U0010ffff", "\u00e9"])
+def test_the_edges_of_valid_utf8_are_taken(content):
+    assert _string_value(content.encode()).mode == DONE
