@@ -81,10 +81,16 @@ class Sampler:
             if total <= 0:
                 break
             probs /= total
-        return _most_likely_allowed(logits, allowed)  # the nucleus held no accepted token (or too few)
+        # Many refusals in a row (the answer's first token, where only "{" or whitespace may come): draw
+        # from the accepted tokens left in the nucleus directly, which keeps the sampling exact.
+        accepted = [int(token) for token in np.flatnonzero(probs) if allowed(int(token))]
+        if accepted:
+            weights = probs[accepted]
+            return accepted[int(self.rng.choice(len(accepted), p=weights / weights.sum()))]
+        return _most_likely_allowed(logits, allowed)  # the nucleus held no accepted token
 
 
-MAX_REDRAWS = 64  # draws refused by a constraint before the most likely accepted token is taken instead
+MAX_REDRAWS = 64  # draws refused by a constraint before the accepted tokens of the nucleus are drawn from directly
 CANDIDATES = 64  # the most likely tokens checked first; the rest of the vocabulary only when none passes
 
 

@@ -40,3 +40,57 @@ def test_overlong_surrogate_and_out_of_range_utf8_is_refused_at_its_first_contin
 @pytest.mark.parametrize("content", ["\u0800", "\ud7ff", "\ue000", "\U00010000", "\U0010ffff", "\u00e9"])
 def test_the_edges_of_valid_utf8_are_taken(content):
     assert _string_value(content.encode()).mode == DONE
+
+
+# ------------------------------------------------------------------------------ sampling under a constraint
+
+def _frequencies(sampler, logits, allowed, draws):
+    import numpy as np
+
+    counts = np.zeros(logits.shape[0])
+    for _ in range(draws):
+        token = sampler(logits, allowed)
+        assert allowed(token)
+        counts[token] += 1
+    return counts / draws
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.999)])
+def test_sampling_stays_exact_when_most_of_the_mass_is_refused(temperature, top_p):
+    """Five accepted tokens under 300 refused ones of more mass (as for the answer's first token,
+    where only "{" may come): the draws follow the temperature / top-p distribution restricted to
+    the accepted tokens, not the most likely accepted token every time."""
+    import numpy as np
+
+    from edgesdk.runtime.generate import Sampler, SamplingConfig
+
+    logits = np.full(305, 1.5, np.float32)
+    accepted = [300, 301, 302, 303, 304]
+    logits[accepted] = [1.0, 0.5, 0.0, -0.5, -1.0]
+    sampler = Sampler(SamplingConfig(temperature=temperature, top_p=top_p, seed=7))
+    seen = _frequencies(sampler, logits, lambda token: token in accepted, 1500)
+    scaled = np.exp(logits.astype(np.float64) / temperature)
+    probs = scaled / scaled.sum()
+    order = np.argsort(-probs, kind="stable")
+    nucleus = order[: int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1]
+    expected = np.zeros_like(probs)
+    kept = [token for token in accepted if token in set(nucleus.tolist())]
+    assert kept  # the test's nucleus holds accepted tokens
+    expected[kept] = probs[kept] / probs[kept].sum()
+    assert np.abs(seen - expected).max() < 0.04, (seen[accepted], expected[accepted])
+
+
+def test_constrained_sampling_is_reproducible_with_a_seed():
+    import numpy as np
+
+    from edgesdk.runtime.generate import Sampler, SamplingConfig
+
+    logits = np.random.default_rng(0).normal(size=400).astype(np.float32)
+    allowed = lambda token: token % 37 == 0  # noqa: E731
+
+    def draws(seed):
+        sampler = Sampler(SamplingConfig(temperature=1.0, top_p=0.9, seed=seed))
+        return [sampler(logits, allowed) for _ in range(40)]
+
+    assert draws(5) == draws(5)
+    assert len(set(draws(5))) > 1
