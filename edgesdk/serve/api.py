@@ -128,7 +128,9 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         ("logit_bias", lambda v: not v, "no logit bias"),
         ("presence_penalty", lambda v: v in (None, 0), "no presence penalty"),
         ("frequency_penalty", lambda v: v in (None, 0), "no frequency penalty"),
-        ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") in ("text", "json_object")),
+        # llama-server reads a "schema" in a json_object response format; this server follows none
+        ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") in ("text", "json_object")
+                                                    and not v.get("schema")),
          "plain text or one JSON object (response_format {\"type\": \"text\"} or {\"type\": \"json_object\"}), "
          "no JSON schema"),
     ]

@@ -94,3 +94,23 @@ def test_constrained_sampling_is_reproducible_with_a_seed():
 
     assert draws(5) == draws(5)
     assert len(set(draws(5))) > 1
+
+
+# ------------------------------------------------------------------------------------ serve's response_format
+
+@pytest.mark.parametrize("parse", ["chat", "text"])
+def test_a_json_object_format_with_a_schema_is_refused_not_ignored(parse):
+    """llama-server constrains {"type": "json_object", "schema": {...}} to the schema; this server
+    follows no schema, so it refuses one by name instead of answering any object."""
+    from edgesdk.serve.api import ApiError, parse_chat_request, parse_text_request
+
+    body = {"messages": [{"role": "user", "content": "hi"}]} if parse == "chat" else {"prompt": "hi"}
+    parser = parse_chat_request if parse == "chat" else parse_text_request
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    with pytest.raises(ApiError) as caught:
+        parser({**body, "response_format": {"type": "json_object", "schema": schema}})
+    assert (caught.value.status, caught.value.param) == (400, "response_format")
+    assert "no JSON schema" in caught.value.message
+    for honoured in ({"type": "json_object"}, {"type": "json_object", "schema": None}, {"type": "json_object", "schema": {}}):
+        assert parser({**body, "response_format": honoured}).json_object
+    assert not parser({**body, "response_format": {"type": "text"}}).json_object
