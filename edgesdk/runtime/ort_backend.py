@@ -153,12 +153,16 @@ class OrtBackend(OrtDecoderBase):
 
     def rewind(self, length: int) -> None:
         """Keep the first ``length`` tokens of the cache. Each past tensor's shape holds its length, so
-        the kept entries are copied into new tensors (B, Hkv, length, hd)."""
+        the kept entries are copied into new tensors (B, Hkv, length, hd), never viewed: a view (one KV
+        head makes a shorter slice contiguous too) would not keep a :meth:`load_cache` state's arrays
+        alive once the store lets go of them. At the whole length nothing changes."""
         self._check_rewind(length)
         if length == 0:
             self.reset()
             return
-        self._past = [self._ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value.numpy()[:, :, :length]))
+        if length == self._position:
+            return
+        self._past = [self._ort.OrtValue.ortvalue_from_numpy(value.numpy()[:, :, :length].copy())
                       for value in self._past]
         self._position = length
 
