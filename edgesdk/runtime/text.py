@@ -20,11 +20,16 @@ class ChatTokenizer:
         self._token_bytes: list[bytes | None] | None = None
 
     def token_bytes(self) -> list[bytes | None]:
-        """Each token id's bytes (None for special tokens), for JSON mode; built on first use."""
+        """Each token id's bytes (None for special tokens and the ids that end generation, for JSON mode
+        never to take one before the object is complete); built on first use."""
         if self._token_bytes is None:
             from edgesdk.runtime.json_mode import token_bytes_table
 
-            self._token_bytes = token_bytes_table(self.tokenizer, self.tokenizer.get_vocab_size(with_added_tokens=True))
+            table = token_bytes_table(self.tokenizer, self.tokenizer.get_vocab_size(with_added_tokens=True))
+            for token in self.eos_token_ids:  # an end-of-turn token the tokenizer does not mark special (Phi-3's <|end|>)
+                if 0 <= token < len(table):
+                    table[token] = None
+            self._token_bytes = table
         return self._token_bytes
 
     @property

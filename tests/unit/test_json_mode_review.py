@@ -114,3 +114,46 @@ def test_a_json_object_format_with_a_schema_is_refused_not_ignored(parse):
     for honoured in ({"type": "json_object"}, {"type": "json_object", "schema": None}, {"type": "json_object", "schema": {}}):
         assert parser({**body, "response_format": honoured}).json_object
     assert not parser({**body, "response_format": {"type": "text"}}).json_object
+
+
+# ------------------------------------------------------------------------------------- the token byte table
+
+def _byte_level_tokenizer(added=(), special=()):
+    """A byte-level BPE tokenizer with the 256 byte tokens and a few merges, plus added tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from edgesdk.runtime.json_mode import _byte_level_alphabet
+
+    char = {byte: piece for piece, byte in _byte_level_alphabet().items()}
+    vocab = {char[byte]: byte for byte in range(256)}
+    merges = [('"', "}"), ("{", '"')]
+    for left, right in merges:
+        vocab[left + right] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab, merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_tokens([AddedToken(content, special=False) for content in added])
+    tokenizer.add_special_tokens([AddedToken(content, special=True) for content in special])
+    return tokenizer
+
+
+def test_an_end_of_turn_token_not_marked_special_is_never_taken_inside_the_object(tmp_path):
+    """The ids that end generation stop the answer wherever they come; one the tokenizer does not
+    mark special (Phi-3's <|end|>) read as text that a JSON string takes, so the answer stopped
+    inside the object with finish_reason "stop"."""
+    from edgesdk.runtime.json_mode import JsonConstraint
+    from edgesdk.runtime.text import ChatTokenizer
+
+    _byte_level_tokenizer(added=["<|end|>"], special=["<|endoftext|>"]).save(str(tmp_path / "tokenizer.json"))
+    tokenizer = ChatTokenizer(tmp_path / "tokenizer.json", {"eos_token_ids": [258, 259]}, None)
+    assert tokenizer.tokenizer.token_to_id("<|end|>") == 258
+    table = tokenizer.token_bytes()
+    assert table[258] is None
+    assert table[259] is None
+    assert table[ord("a")] == b"a"
+    assert table[256] == b'"}'
+    constraint = JsonConstraint(table)
+    for token in b'{"a":"':
+        constraint.advance(token)
+    assert not constraint.allows(258)
+    assert constraint.allows(ord("x"))
