@@ -68,10 +68,14 @@ class PromptCache:
         live = common_prefix_length(self.tokens, prompt_ids) if reuse and self.supported else 0
         saved, entry = self.store.best(prompt_ids) if reuse and self.store is not None else (0, None)
         if entry is not None and saved > live:
+            # Marked used before the live cache is saved, as that may evict the least recently used; should
+            # it still evict this one (a budget for one cache), it is loaded all the same, and is no longer saved.
+            self.store.use(entry)
             if len(self.tokens) >= SAVE_AT_LEAST:  # all of the live cache is about to go
                 self._save_live()
-            self.backend.load_cache(self.store.use(entry).state)
-            self.tokens, live, self._live_saved = list(entry.tokens), saved, True
+            self.backend.load_cache(entry.state)
+            self.tokens, live = list(entry.tokens), saved
+            self._live_saved = any(other is entry for other in self.store.entries)
         kept = min(live, len(prompt_ids) - 1)
         if self.store is not None and len(self.tokens) - kept >= SAVE_AT_LEAST:
             self._save_live()

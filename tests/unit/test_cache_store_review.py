@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edgesdk.runtime.cache_store import CacheStore
+
 pytest.importorskip("torch")
 
 
@@ -55,3 +57,29 @@ def test_a_loaded_standard_cache_outlives_the_saved_copy_it_came_from(tmp_path, 
     backend.reset()
     whole = backend.prefill(np.array(ids + tail), keep_logits=len(tail))
     np.testing.assert_allclose(continued, whole, atol=2e-4)
+
+
+def test_a_budget_for_one_conversation_gives_each_its_cache_back_in_turn(backend):
+    """Two chats take turns under a budget that holds one saved cache: saving the live chat to load the
+    other must not evict the cache being loaded before it is loaded (it was a ValueError, the request
+    failed); each chat's next turn comes from the store and answers as an empty cache does."""
+    from edgesdk.runtime.prompt_cache import SAVE_AT_LEAST, PromptCache
+
+    chat_a, chat_b = _ids(30, SAVE_AT_LEAST + 4), _ids(31, SAVE_AT_LEAST + 4)
+    backend.reset()
+    backend.prefill(np.array(chat_a))
+    per_token = backend.save_cache()[1] // len(chat_a)
+    cache = PromptCache(backend, CacheStore(budget_bytes=per_token * (len(chat_a) + 20)))  # one, not two
+    answer_a, _ = _answer(backend, chat_a, cache)
+    answer_b, _ = _answer(backend, chat_b, cache)  # A saved
+    assert [len(entry.tokens) for entry in cache.store.entries] == [len(chat_a) + len(answer_a) - 1]
+    turn_a = chat_a + answer_a + _ids(32, 3)
+    again, stats = _answer(backend, turn_a, cache)  # B saved (A evicted): A loaded all the same
+    assert stats.cached_tokens == len(chat_a) + len(answer_a) - 1
+    assert again == _answer(backend, turn_a)[0]
+    assert [entry.tokens for entry in cache.store.entries] == [tuple(chat_b + answer_b[:-1])]
+    assert len(cache.tokens) == backend.position
+    turn_b = chat_b + answer_b + _ids(33, 3)
+    again, stats = _answer(backend, turn_b, cache)  # A (longer now) saved, B loaded
+    assert stats.cached_tokens == len(chat_b) + len(answer_b) - 1
+    assert again == _answer(backend, turn_b)[0]
