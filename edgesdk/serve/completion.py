@@ -179,6 +179,8 @@ class Completer:
         whole (not streamed) answer, which writes nothing until its end, stops at the next token."""
         ids = self.prompt_ids(request)
         sampling = self.sampling(request)
+        # Refused before the turn, as a bad prompt is: a stream's headers go out when the turn comes.
+        constraint = self._json_constraint() if request.json_object else None
         self._check_stopping()
         if not self._admitted.acquire(blocking=False):
             self.metrics.refuse_busy()
@@ -196,14 +198,15 @@ class Completer:
                         raise ClientGone("the client closed the connection while the request waited")
                     if on_start is not None:
                         on_start()
-                    return self._generate(request, ids, sampling, on_text, client_gone)
+                    return self._generate(request, ids, sampling, constraint, on_text, client_gone)
                 finally:
                     self.busy = False
         finally:
             self._admitted.release()
 
     def _generate(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig,
-                  on_text: Callable[[str], None] | None, client_gone: Callable[[], bool] | None) -> Completion:
+                  constraint: JsonConstraint | None, on_text: Callable[[str], None] | None,
+                  client_gone: Callable[[], bool] | None) -> Completion:
         tokenizer = self.runtime.tokenizer
         decoder, matcher, pieces = StreamDecoder(tokenizer), StopMatcher(request.stop), []
         count = 0
@@ -224,7 +227,6 @@ class Completer:
                 raise ClientGone("the client closed the connection mid-answer")
             self._check_stopping()
 
-        constraint = self._json_constraint() if request.json_object else None
         try:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
                                 hook=MetricsHook(self.metrics, self.hook), cache=self.prompt_cache,

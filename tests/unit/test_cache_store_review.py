@@ -3,6 +3,8 @@ that holds one conversation, and what the store keeps when caches contain each o
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -83,3 +85,29 @@ def test_a_budget_for_one_conversation_gives_each_its_cache_back_in_turn(backend
     again, stats = _answer(backend, turn_b, cache)  # A (longer now) saved, B loaded
     assert stats.cached_tokens == len(chat_b) + len(answer_b) - 1
     assert again == _answer(backend, turn_b)[0]
+
+
+def test_a_streamed_json_request_the_tokenizer_cannot_serve_gets_a_400_not_a_started_stream(tiny_bundle):
+    """JSON mode refuses a bundle whose tokens it cannot read as bytes (here a WordPiece decoder). A streamed
+    request was refused only once its turn had come, after the 200 and the event-stream headers were out,
+    so the client got a started stream with an error event; it is now a 400 naming response_format, as
+    the same request unstreamed gets."""
+    from tokenizers import decoders
+
+    from edgesdk.runtime.session import open_runtime
+    from tests.unit.test_serve import Served
+
+    runtime = open_runtime(tiny_bundle.path, threads=1)
+    runtime.tokenizer.tokenizer.decoder = decoders.WordPiece()
+    server = Served(runtime)
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}
+        for stream in (False, True):
+            status, headers, payload = server.request("POST", "/v1/chat/completions", {**body, "stream": stream})
+            assert status == 400, payload
+            assert headers["Content-Type"] == "application/json"
+            error = json.loads(payload)["error"]
+            assert error["param"] == "response_format"
+            assert "JSON mode cannot read this bundle's tokens" in error["message"]
+    finally:
+        server.close()
