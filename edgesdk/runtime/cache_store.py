@@ -6,8 +6,8 @@ before it is rewound, and a later prompt that continues a saved conversation get
 instead of prefilling it again: llama-server's host-memory prompt cache (``--cache-ram``).
 
 Entries are evicted least recently used first once their bytes pass the budget; an entry whose
-tokens begin another's is dropped when the longer one is saved, since the longer one serves every
-prompt the shorter one could.
+tokens begin another's is dropped when the longer one is saved (and not saved beside it), since the
+longer one serves every prompt the shorter one could.
 """
 
 from __future__ import annotations
@@ -56,10 +56,15 @@ class CacheStore:
         return entry
 
     def put(self, tokens: Sequence[int], state: object, nbytes: int) -> bool:
-        """Save a cache; False when it alone exceeds the budget (nothing is kept then)."""
+        """Save a cache; False when it alone exceeds the budget (nothing is kept then). A cache whose
+        tokens a saved one begins with is not kept beside it: that one is marked used instead."""
+        tokens = tuple(tokens)
+        for entry in self.entries:
+            if entry.tokens[: len(tokens)] == tokens:
+                self.use(entry)
+                return True
         if nbytes > self.budget_bytes:
             return False
-        tokens = tuple(tokens)
         self.entries = [entry for entry in self.entries if tokens[: len(entry.tokens)] != entry.tokens]
         self.entries.append(SavedCache(tokens, state, nbytes))
         while self.nbytes > self.budget_bytes:

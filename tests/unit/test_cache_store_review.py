@@ -111,3 +111,17 @@ def test_a_streamed_json_request_the_tokenizer_cannot_serve_gets_a_400_not_a_sta
             assert "JSON mode cannot read this bundle's tokens" in error["message"]
     finally:
         server.close()
+
+
+def test_a_cache_that_a_saved_one_begins_with_is_not_saved_again():
+    """The longer cache serves every prompt its prefix could, so saving the prefix (a regenerated answer
+    stopped early, whose tokens a saved cache already holds) only marks the longer one used: it took
+    budget beside it, and could evict another conversation."""
+    store = CacheStore(budget_bytes=25)
+    store.put([1, 2, 3, 4], "long", 10)
+    store.put([7, 8], "other", 10)
+    assert store.put([1, 2], "prefix", 10)
+    assert [entry.state for entry in store.entries] == ["other", "long"]
+    assert store.put([5], "new", 10)  # evicts the least recently used: "other", not "long"
+    assert [entry.state for entry in store.entries] == ["long", "new"]
+    assert store.best([1, 2, 9]) == (2, store.entries[0])
