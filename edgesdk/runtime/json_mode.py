@@ -5,8 +5,9 @@ generated so far. Before a token is taken, the sampler asks :meth:`JsonConstrain
 runs the token's bytes through a copy of the automaton's state: a token that cannot continue a
 valid JSON text is never chosen (end-of-text included, until the object is complete), and the
 answer ends as soon as the top-level object closes. Strings must be valid UTF-8 (RFC 3629: no
-overlong forms, no UTF-16 surrogates, nothing past U+10FFFF). Whitespace runs outside strings are capped, so a model cannot stall in
-an endless run of spaces while staying valid.
+overlong forms, no UTF-16 surrogates, nothing past U+10FFFF), and their ``\\u`` escapes write
+surrogates only as pairs (RFC 8259 section 8.2). Whitespace runs outside strings are capped, so a
+model cannot stall in an endless run of spaces while staying valid.
 
 The answer is a complete object unless ``max_tokens`` or the context ends it first (OpenAI's JSON
 mode has the same limit; the finish reason then says ``length``).
@@ -31,6 +32,7 @@ _LITERALS = {ord("t"): b"rue", ord("f"): b"alse", ord("n"): b"ull"}
 TOP, VALUE, ARRAY_FIRST, KEY_OR_END, KEY, COLON, AFTER_VALUE = "top", "value", "array-first", "key-or-end", "key", \
     "colon", "after-value"
 STRING, ESCAPE, UNICODE, LITERAL, NUMBER, DONE = "string", "escape", "unicode", "literal", "number", "done"
+LOW_SURROGATE = "low-surrogate"  # after a \uD800-\uDBFF escape: the \u of its low surrogate must follow
 
 
 @dataclass(frozen=True)
@@ -125,13 +127,17 @@ def step(state: JsonState, byte: int) -> JsonState | None:
         return JsonState(STRING, state.stack, (kind, continuations, *_FIRST_CONTINUATION.get(byte, _CONTINUATION)))
     if mode == ESCAPE:
         if byte == ord("u"):
-            return JsonState(UNICODE, state.stack, (state.detail, 4))
+            return JsonState(UNICODE, state.stack, (state.detail, 4, 0, False))
         return _in_string(state.stack, state.detail) if byte in _ESCAPES else None
-    if mode == UNICODE:
-        kind, left = state.detail
-        if byte not in _HEX:
+    if mode == LOW_SURROGATE:
+        kind, expected = state.detail
+        if byte != expected:
             return None
-        return _in_string(state.stack, kind) if left == 1 else JsonState(UNICODE, state.stack, (kind, left - 1))
+        if byte == ord("\\"):
+            return JsonState(LOW_SURROGATE, state.stack, (kind, ord("u")))
+        return JsonState(UNICODE, state.stack, (kind, 4, 0, True))
+    if mode == UNICODE:
+        return _unicode_digit(state, byte)
     if mode == LITERAL:
         rest = state.detail
         if byte != rest[0]:
@@ -166,6 +172,25 @@ def step(state: JsonState, byte: int) -> JsonState | None:
     if byte == ord("}" if container == "{" else "]"):
         return _after_value(state.stack[:-1])
     return None
+
+
+def _unicode_digit(state: JsonState, byte: int) -> JsonState | None:
+    """A hex digit of a \\u escape. UTF-16 surrogates come in pairs (a \\uD800-\\uDBFF escape, then a
+    \\uDC00-\\uDFFF one): RFC 8259 section 8.2 leaves a lone one's meaning unpredictable, and parsers
+    such as Rust's serde_json refuse it. Checked digit by digit, so no prefix leads nowhere."""
+    kind, left, value, low = state.detail
+    if byte not in _HEX:
+        return None
+    value = value * 16 + int(chr(byte), 16)
+    if left == 4 and low and value != 0xD:
+        return None
+    if left == 3 and low != (0xDC <= value <= 0xDF):  # a low surrogate where one must (and only there)
+        return None
+    if left > 1:
+        return JsonState(UNICODE, state.stack, (kind, left - 1, value, low))
+    if 0xD800 <= value <= 0xDBFF:
+        return JsonState(LOW_SURROGATE, state.stack, (kind, ord("\\")))
+    return _in_string(state.stack, kind)
 
 
 def feed(state: JsonState, data: bytes) -> JsonState | None:

@@ -157,3 +157,45 @@ def test_an_end_of_turn_token_not_marked_special_is_never_taken_inside_the_objec
         constraint.advance(token)
     assert not constraint.allows(258)
     assert constraint.allows(ord("x"))
+
+
+# ------------------------------------------------------------------------------------------- \u escapes
+
+@pytest.mark.parametrize(("escapes", "taken"), [
+    (b"\\u0041\\u00e9\\uFFFF\\ud7ff\\ue000", True),
+    (b"\\ud83d\\ude00", True),  # a pair: U+1F600
+    (b"\\uDBFF\\uDFFF", True),
+    (b"\\ud83d", False),  # a high surrogate alone
+    (b"\\ud83dx", False),
+    (b"\\ud83d\\n", False),
+    (b"\\ud83d\\u0041", False),
+    (b"\\ud83d\\ud83d", False),
+    (b"\\ude00", False),  # a low surrogate alone
+    (b"a\\uDC00", False),
+])
+def test_surrogate_escapes_come_in_pairs(escapes, taken):
+    """RFC 8259 section 8.2: a lone surrogate's meaning is unpredictable (serde_json refuses it, Python
+    makes a string that cannot be encoded); JSON mode writes surrogates only as pairs."""
+    import json
+
+    state = _string_value(escapes)
+    assert (state is not None and state.mode == DONE) == taken, escapes
+    if taken:
+        json.loads(b'"' + escapes + b'"').encode("utf-8")
+
+
+def test_no_prefix_of_an_escape_leads_nowhere():
+    """Every state the automaton reaches inside an escape has a byte that continues it (the sampler
+    never takes a token after which no token fits)."""
+    from edgesdk.runtime.json_mode import step
+
+    frontier, seen = [feed(JsonState(), b'{"a":"\\')], set()
+    while frontier:
+        state = frontier.pop()
+        if state in seen:
+            continue
+        seen.add(state)
+        following = [step(state, byte) for byte in b'\\u"nxdDcC09aAfF']
+        assert any(following), state
+        frontier.extend(after for after in following if after is not None and after.mode != "string")
+    assert len(seen) > 100
