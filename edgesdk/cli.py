@@ -530,6 +530,9 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                                  param_hint="'--api-key'")
     _warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard, clock_cap=clock_cap,
                                  ambient=ambient, sim_speed=sim_speed, thermal_target=thermal_target)
+    if no_prompt_cache and \
+            click.get_current_context().get_parameter_source("cache_ram_mib") != click.core.ParameterSource.DEFAULT:
+        click.echo("edgesdk: --cache-ram is not used: --no-prompt-cache keeps no KV cache between requests", err=True)
     import signal
 
     # A service manager's stop (SIGTERM; SIGHUP unless nohup ignores it) ends the server as Ctrl-C does:

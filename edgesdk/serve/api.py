@@ -126,6 +126,9 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         ("functions", lambda v: not v, "no functions"),
         ("tool_choice", lambda v: v in (None, "none", "auto"), "no tools"),
         ("logit_bias", lambda v: not v, "no logit bias"),
+        ("grammar", lambda v: not v, "no grammar-constrained answers (response_format json_object gives one JSON "
+         "object)"),
+        ("json_schema", lambda v: not v, "no JSON schema (response_format json_object gives one JSON object)"),
         ("presence_penalty", lambda v: v in (None, 0), "no presence penalty"),
         ("frequency_penalty", lambda v: v in (None, 0), "no frequency penalty"),
         # llama-server reads a "schema" in a json_object response format; this server follows none

@@ -134,3 +134,21 @@ def test_a_saved_cache_loads_into_a_grown_buffer(tmp_path):
     backend.reset()
     whole = backend.prefill(np.array(ids + _ids(28, 4)), keep_logits=4)
     np.testing.assert_allclose(tail, whole, atol=2e-4)
+
+
+def test_serve_says_cache_ram_is_not_used_without_the_prompt_cache(tiny_bundle):
+    """The warning comes before the server starts; here the port is taken, so serve stops right after."""
+    import socket
+
+    from tests.unit.test_cli import invoke
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke("serve", tiny_bundle.path, "--port", port, "--no-prompt-cache", "--cache-ram", 64,
+                        "--threads", 1)
+        quiet = invoke("serve", tiny_bundle.path, "--port", port, "--no-prompt-cache", "--threads", 1)
+    assert result.exit_code != 0
+    assert "--cache-ram is not used: --no-prompt-cache keeps no KV cache between requests" in result.stderr
+    assert "--cache-ram is not used" not in quiet.stderr

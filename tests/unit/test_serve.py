@@ -54,6 +54,8 @@ def test_chat_request_normalises_roles_and_text_parts():
     ({"tools": [{"type": "function"}]}, "tools"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ({"grammar": "root ::= \"yes\""}, "grammar"),
+    ({"json_schema": {"type": "object"}}, "json_schema"),
     ({"temperature": "hot"}, "temperature"),
     ({"temperature": 2.5}, "temperature"),
     ({"top_p": 0}, "top_p"),
