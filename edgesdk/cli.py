@@ -319,6 +319,14 @@ def _gate_options(fn):
 @click.option("--temperature", default=0.0, show_default=True, help="0 means greedy decoding.")
 @click.option("--top-p", default=1.0, show_default=True, help="Nucleus sampling mass (with --temperature > 0).")
 @click.option("--seed", type=click.IntRange(min=0), help="Seed for sampling (unset: a random one).")
+@click.option("--repeat-penalty", default=1.0, show_default=True,
+              help="Divide the logit of a token seen in the last --repeat-last-n tokens by this (1: off).")
+@click.option("--repeat-last-n", default=64, show_default=True, type=click.IntRange(min=-1),
+              help="Tokens the penalties look back over (prompt and answer; -1: the whole context).")
+@click.option("--presence-penalty", default=0.0, show_default=True,
+              help="Lower a seen token's logit by this, once (OpenAI's presence penalty, -2..2).")
+@click.option("--frequency-penalty", default=0.0, show_default=True,
+              help="Lower a seen token's logit by this per occurrence (OpenAI's frequency penalty, -2..2).")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the model's chat template.")
 @click.option("--system", help="System message for the chat template.")
 @click.option("--history/--no-history", default=None,
@@ -332,7 +340,8 @@ def _gate_options(fn):
 @_thermal_options
 @_gate_options
 @_runtime_options
-def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, history, json_object, stats,
+def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, repeat_penalty, repeat_last_n, presence_penalty,
+        frequency_penalty, raw, system, history, json_object, stats,
         watch_thermal, simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
         sim_speed, threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
@@ -349,10 +358,13 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, raw, system, h
     from edgesdk.runtime.text import StreamDecoder
 
     try:
-        sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                  repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                  presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
     except ValueError as exc:  # name the option the user typed, not the field
         options = {"max_new_tokens": "'--max-new-tokens' / '-n'", "temperature": "'--temperature'",
-                   "top_p": "'--top-p'"}
+                   "top_p": "'--top-p'", "repeat_penalty": "'--repeat-penalty'",
+                   "presence_penalty": "'--presence-penalty'", "frequency_penalty": "'--frequency-penalty'"}
         hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
         raise click.BadParameter(str(exc), param_hint=hint) from exc
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,

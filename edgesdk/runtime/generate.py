@@ -29,6 +29,18 @@ class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy (the default: reproducible output)
     top_p: float = 1.0  # nucleus sampling mass; 1.0 keeps every token
     seed: int | None = None  # seeds the sampler for reproducible sampling
+    # Penalties on tokens already in the last ``repeat_last_n`` tokens of the context (prompt and answer),
+    # as llama.cpp's penalties sampler applies them: a repeated token's logit is divided by
+    # ``repeat_penalty`` (multiplied when negative), then lowered by ``frequency_penalty`` per occurrence
+    # and ``presence_penalty`` once (OpenAI's two terms). The defaults change nothing.
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64  # -1: the whole context
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalizes(self) -> bool:
+        return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -41,6 +53,15 @@ class SamplingConfig:
         # ("expected non-negative integer"); True would have seeded as 1.
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, Integral) or self.seed < 0):
             raise ValueError(f"seed must be None or a whole number >= 0, got {self.seed!r}")
+        if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
+            raise ValueError(f"repeat_penalty must be a finite number > 0, got {self.repeat_penalty}")
+        if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, Integral) \
+                or self.repeat_last_n < -1:
+            raise ValueError(f"repeat_last_n must be a whole number >= -1, got {self.repeat_last_n!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -2.0 <= value <= 2.0):
+                raise ValueError(f"{name} must be a number in [-2, 2], got {value}")
 
 
 class Sampler:
@@ -234,7 +255,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     if hook is not None:
         hook.after_step("prefill", 1, stats.prefill_s)
     generated: list[int] = []
-    token = _pick(sampler, logits, constraint)
+    context = list(prompt_ids) if sampling.penalizes else []  # what the penalties look back over
+    token = _pick(sampler, logits, constraint, context)
     decode_start = time.perf_counter()
     hook_wall_s = 0.0  # wall time spent in the hook, before and after each step (a simulated board waits on its own clock)
     while True:
@@ -262,7 +284,9 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         compute = time.perf_counter() - step
         if cache is not None:
             cache.took((token,))
-        token = _pick(sampler, logits, constraint)
+        if sampling.penalizes:
+            context.append(token)
+        token = _pick(sampler, logits, constraint, context)
         stats.token_latencies_s.append(compute)
         if hook is not None:
             entered = time.perf_counter()
@@ -275,7 +299,26 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     return generated, stats
 
 
-def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | None) -> int:
+def penalized(logits: np.ndarray, context: list[int], config: SamplingConfig) -> np.ndarray:
+    """``logits`` with the repetition penalties of ``config`` applied over the end of ``context``
+    (llama.cpp's ``llama_sampler_penalties``: repeat, then frequency and presence)."""
+    if not config.penalizes:
+        return logits
+    window = context if config.repeat_last_n == -1 else context[len(context) - config.repeat_last_n:]
+    if not window:
+        return logits
+    tokens, counts = np.unique(np.asarray(window, np.int64), return_counts=True)
+    inside = tokens < logits.shape[0]
+    tokens, counts = tokens[inside], counts[inside]
+    out = logits.astype(np.float32, copy=True)
+    seen = out[tokens]
+    seen = np.where(seen > 0, seen / config.repeat_penalty, seen * config.repeat_penalty)
+    out[tokens] = seen - counts * config.frequency_penalty - config.presence_penalty
+    return out
+
+
+def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | None, context: list[int]) -> int:
+    logits = penalized(logits, context, sampler.config)
     if constraint is None:
         return sampler(logits)
     token = sampler(logits, constraint.allows)

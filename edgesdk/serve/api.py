@@ -2,9 +2,10 @@
 
 Requests follow OpenAI's API reference for ``POST /v1/chat/completions`` and ``POST /v1/completions``
 (the fields llama.cpp's ``llama-server`` also takes). A field this server cannot honour (``n`` > 1,
-log-probabilities, tools, penalties, a JSON schema) is refused with a 400 that names it,
-never silently ignored; fields that change nothing here (``user``, ``metadata``, ``store``, zero
-penalties) are accepted. Errors use OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+log-probabilities, tools, logit bias, a JSON schema) is refused with a 400 that names it,
+never silently ignored; fields that change nothing here (``user``, ``metadata``, ``store``) are
+accepted. Repetition penalties: OpenAI's ``presence_penalty`` and ``frequency_penalty`` and
+llama-server's ``repeat_penalty`` over the last ``repeat_last_n`` tokens. Errors use OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ class CompletionRequest:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0  # llama-server's, > 0, over the last repeat_last_n tokens
+    repeat_last_n: int = 64
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk carrying the usage
@@ -129,8 +134,6 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         ("grammar", lambda v: not v, "no grammar-constrained answers (response_format json_object gives one JSON "
          "object)"),
         ("json_schema", lambda v: not v, "no JSON schema (response_format json_object gives one JSON object)"),
-        ("presence_penalty", lambda v: v in (None, 0), "no presence penalty"),
-        ("frequency_penalty", lambda v: v in (None, 0), "no frequency penalty"),
         # llama-server reads a "schema" in a json_object response format; this server follows none
         ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") in ("text", "json_object")
                                                     and not v.get("schema")),
@@ -166,6 +169,11 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "temperature": _number(body.get("temperature"), "temperature", 0.0, 2.0, "[0, 2]"),
         "top_p": _top_p(body.get("top_p")),
         "seed": _integer(body.get("seed"), "seed", minimum=0),
+        "presence_penalty": _default(_number(body.get("presence_penalty"), "presence_penalty", -2.0, 2.0, "[-2, 2]"), 0.0),
+        "frequency_penalty": _default(_number(body.get("frequency_penalty"), "frequency_penalty", -2.0, 2.0, "[-2, 2]"),
+                                      0.0),
+        "repeat_penalty": _default(_repeat_penalty(body.get("repeat_penalty")), 1.0),
+        "repeat_last_n": _default(_integer(body.get("repeat_last_n"), "repeat_last_n", minimum=-1), 64),
         "stop": _stop(body.get("stop")),
         "stream": stream,
         "include_usage": stream and bool(options.get("include_usage", False)),
@@ -190,6 +198,17 @@ def _number(value: object, name: str, low: float, high: float, interval: str) ->
             or not low <= value <= high:
         raise ApiError(400, f"'{name}' must be a number in {interval}, got {_shown(value)}", param=name)
     return float(value)
+
+
+def _default(value, default):
+    return default if value is None else value
+
+
+def _repeat_penalty(value: object) -> float | None:
+    penalty = _number(value, "repeat_penalty", 0.0, math.inf, "(0, inf)")
+    if penalty == 0.0 or penalty == math.inf:
+        raise ApiError(400, f"'repeat_penalty' must be a finite number > 0, got {_shown(value)}", param="repeat_penalty")
+    return penalty
 
 
 def _top_p(value: object) -> float | None:

@@ -164,7 +164,9 @@ class Completer:
         return SamplingConfig(max_new_tokens=min(pick(request.max_tokens, self.defaults.max_tokens),
                                                  self.runtime.backend.max_context),
                               temperature=pick(request.temperature, self.defaults.temperature),
-                              top_p=pick(request.top_p, self.defaults.top_p), seed=request.seed)
+                              top_p=pick(request.top_p, self.defaults.top_p), seed=request.seed,
+                              presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
+                              repeat_penalty=request.repeat_penalty, repeat_last_n=request.repeat_last_n)
 
     def complete(self, request: CompletionRequest, on_text: Callable[[str], None] | None = None,
                  on_start: Callable[[], None] | None = None,

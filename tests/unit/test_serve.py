@@ -52,7 +52,7 @@ def test_chat_request_normalises_roles_and_text_parts():
     ({"n": 2}, "n"),
     ({"logprobs": True}, "logprobs"),
     ({"tools": [{"type": "function"}]}, "tools"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ({"grammar": "root ::= \"yes\""}, "grammar"),
     ({"json_schema": {"type": "object"}}, "json_schema"),
