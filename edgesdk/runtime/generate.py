@@ -18,6 +18,7 @@ import numpy as np
 
 from edgesdk.errors import EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import DecoderBackend
+from edgesdk.runtime.logprobs import LogprobRecorder
 from edgesdk.runtime.prompt_cache import PromptCache
 
 
@@ -218,8 +219,8 @@ def _rounded(value: float | None) -> float | None:
 def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingConfig,
              stop_ids: set[int], on_token: Callable[[int], None] | None = None,
              hook: StepHook | None = None, cache: PromptCache | None = None,
-             reuse_cache: bool = True, constraint: TokenConstraint | None = None
-             ) -> tuple[list[int], GenerationStats]:
+             reuse_cache: bool = True, constraint: TokenConstraint | None = None,
+             logprobs: LogprobRecorder | None = None) -> tuple[list[int], GenerationStats]:
     """Prefill ``prompt_ids`` then decode until a stop id, ``max_new_tokens`` or the context is full.
 
     The first new token comes from the prefill logits (time to first token = prefill time);
@@ -235,6 +236,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
 
     A ``constraint`` (JSON mode: :class:`~edgesdk.runtime.json_mode.JsonConstraint`) limits which tokens
     the sampler may take; once it is complete the answer stops there (``stop_reason = "complete"``).
+    ``logprobs`` records each answer token's log-probability (before ``on_token`` sees the token), and
+    with ``logprobs.prompt`` the prompt's too, which needs the whole prompt prefilled (no cache reuse).
     """
     _check_prompt(len(prompt_ids), backend.max_context)
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
@@ -242,21 +245,25 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     if cache is None:
         backend.reset()
     else:
-        stats.cached_tokens = cache.start(prompt_ids, reuse=reuse_cache)
+        stats.cached_tokens = cache.start(prompt_ids, reuse=reuse_cache and not (logprobs and logprobs.prompt))
     fresh = prompt_ids[stats.cached_tokens:]
+    keep = len(fresh) if logprobs is not None and logprobs.prompt else 1
     if hook is not None:
         hook.begin(len(fresh), sampling.max_new_tokens)
         stats.waited_s += hook.before_step("prefill")
     start = time.perf_counter()
-    logits = backend.prefill(np.asarray(fresh, np.int64))[-1]
+    rows = backend.prefill(np.asarray(fresh, np.int64), keep_logits=keep)  # (keep, vocab)
     stats.prefill_s = time.perf_counter() - start
+    if keep > 1:
+        logprobs.record_prompt(rows, list(prompt_ids))
+    logits = rows[-1]
     if cache is not None:
         cache.took(fresh)
     if hook is not None:
         hook.after_step("prefill", 1, stats.prefill_s)
     generated: list[int] = []
     context = list(prompt_ids) if sampling.penalizes else []  # what the penalties look back over
-    token = _pick(sampler, logits, constraint, context)
+    token = _pick(sampler, logits, constraint, context, logprobs)
     decode_start = time.perf_counter()
     hook_wall_s = 0.0  # wall time spent in the hook, before and after each step (a simulated board waits on its own clock)
     while True:
@@ -286,7 +293,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
             cache.took((token,))
         if sampling.penalizes:
             context.append(token)
-        token = _pick(sampler, logits, constraint, context)
+        token = _pick(sampler, logits, constraint, context, logprobs)
         stats.token_latencies_s.append(compute)
         if hook is not None:
             entered = time.perf_counter()
@@ -317,12 +324,16 @@ def penalized(logits: np.ndarray, context: list[int], config: SamplingConfig) ->
     return out
 
 
-def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | None, context: list[int]) -> int:
-    logits = penalized(logits, context, sampler.config)
+def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | None, context: list[int],
+          logprobs: LogprobRecorder | None) -> int:
+    shaped = penalized(logits, context, sampler.config)
     if constraint is None:
-        return sampler(logits)
-    token = sampler(logits, constraint.allows)
-    constraint.advance(token)
+        token = sampler(shaped)
+    else:
+        token = sampler(shaped, constraint.allows)
+        constraint.advance(token)
+    if logprobs is not None:
+        logprobs.record(logits, token)  # the model's own distribution, as OpenAI reports it
     return token
 
 

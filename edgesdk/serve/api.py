@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on ``stop``
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on ``top_logprobs``
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -51,6 +53,8 @@ class CompletionRequest:
     include_usage: bool = False  # stream_options.include_usage: a last chunk carrying the usage
     cache_prompt: bool = True  # llama-server's field: reuse the KV cache of the previous answer's prefix
     json_object: bool = False  # response_format {"type": "json_object"}: the answer is one JSON object
+    logprobs: int | None = None  # None: no log-probabilities; else how many alternatives per token (0-20)
+    echo: bool = False  # /v1/completions: the prompt comes back before the answer (with its log-probabilities)
 
 
 def parse_chat_request(body: object) -> CompletionRequest:
@@ -123,9 +127,6 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
     checks = [  # (field, is its value one we can honour, why not)
         ("n", lambda v: v in (None, 1), "one choice per request (n = 1)"),
         ("best_of", lambda v: v in (None, 1), "one choice per request (best_of = 1)"),
-        ("logprobs", lambda v: v in (None, False, 0), "no log-probabilities"),
-        ("top_logprobs", lambda v: v in (None, 0), "no log-probabilities"),
-        ("echo", lambda v: v in (None, False), "no echo of the prompt"),
         ("suffix", lambda v: v in (None, ""), "no suffix (fill-in-the-middle)"),
         ("tools", lambda v: not v, "no tools"),
         ("functions", lambda v: not v, "no functions"),
@@ -179,7 +180,39 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "include_usage": stream and bool(options.get("include_usage", False)),
         "cache_prompt": cache_prompt,
         "json_object": (body.get("response_format") or {}).get("type") == "json_object",
+        **(_chat_logprobs(body) if chat else _text_logprobs(body)),
     }
+
+
+def _chat_logprobs(body: dict) -> dict:
+    """Chat: ``logprobs`` true asks for them, ``top_logprobs`` (0-20) for alternatives; echo is not a chat field."""
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise ApiError(400, f"'logprobs' must be true or false, got {_shown(wanted)}", param="logprobs")
+    top = _integer(body.get("top_logprobs"), "top_logprobs", minimum=0)
+    if top is not None and top > MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"'top_logprobs' must be at most {MAX_TOP_LOGPROBS}, got {top}", param="top_logprobs")
+    if top and not wanted:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    if body.get("echo") not in (None, False):
+        raise ApiError(400, "'echo' is a /v1/completions field; chat answers do not repeat the messages",
+                       param="echo", code="unsupported_parameter")
+    return {"logprobs": (top or 0) if wanted else None}
+
+
+def _text_logprobs(body: dict) -> dict:
+    """Completions: ``logprobs`` N (0-20) gives each token's log-probability and N alternatives; ``echo``
+    returns the prompt first (with ``logprobs``, its tokens' log-probabilities too)."""
+    top = body.get("logprobs")
+    if top is False:
+        top = None
+    top = _integer(top, "logprobs", minimum=0)
+    if top is not None and top > MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"'logprobs' must be at most {MAX_TOP_LOGPROBS}, got {top}", param="logprobs")
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise ApiError(400, f"'echo' must be true or false, got {_shown(echo)}", param="echo")
+    return {"logprobs": top, "echo": bool(echo)}
 
 
 def _integer(value: object, name: str, minimum: int) -> int | None:
@@ -243,28 +276,51 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
+def logprobs_body(request: CompletionRequest, entries: list, piece: Callable[[int], bytes], offset: int = 0) -> dict:
+    """OpenAI's ``logprobs`` object for ``entries`` (:class:`~edgesdk.runtime.logprobs.TokenLogprob`;
+    a prompt's first token has no log-probability): chat's ``content`` list, or the completions' parallel lists
+    with each token's character offset in the returned text (from ``offset``)."""
+    def text(token: int) -> str:
+        return piece(token).decode("utf-8", errors="replace")
+
+    if request.chat:
+        return {"content": [{"token": text(e.token), "logprob": e.logprob, "bytes": list(piece(e.token)),
+                             "top_logprobs": [{"token": text(t), "logprob": lp, "bytes": list(piece(t))}
+                                              for t, lp in e.top]} for e in entries], "refusal": None}
+    tokens, offsets = [], []
+    for entry in entries:
+        offsets.append(offset)
+        tokens.append(text(entry.token))
+        offset += len(tokens[-1])
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [None if e.logprob is None else {text(t): lp for t, lp in e.top} for e in entries],
+            "text_offset": offsets}
+
+
 def completion_body(request: CompletionRequest, ident: str, model: str, text: str, finish_reason: str,
-                    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+                    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+                    logprobs: dict | None = None) -> dict:
     """The whole answer of a request without ``stream``."""
     if request.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                  "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     return {"id": ident, "object": "chat.completion" if request.chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice],
             "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def chunk_body(request: CompletionRequest, ident: str, model: str, text: str | None,
-               finish_reason: str | None = None, role: bool = False) -> dict:
+               finish_reason: str | None = None, role: bool = False, logprobs: dict | None = None) -> dict:
     """One server-sent event of a streamed answer: a text delta, or the last one with ``finish_reason``.
     With ``stream_options.include_usage`` it carries ``"usage": null`` ("All other chunks will also
     include a usage field, but with a null value", OpenAI's reference for ``stream_options``)."""
     if request.chat:
         delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
     body = {"id": ident, "object": "chat.completion.chunk" if request.chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice]}
     if request.include_usage:

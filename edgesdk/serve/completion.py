@@ -17,10 +17,11 @@ from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.cache_store import CacheStore
 from edgesdk.runtime.generate import SamplingConfig, StepHook, generate
 from edgesdk.runtime.json_mode import JsonConstraint
+from edgesdk.runtime.logprobs import LogprobRecorder
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.text import StreamDecoder, check_utf8
-from edgesdk.serve.api import ApiError, CompletionRequest
+from edgesdk.serve.api import ApiError, CompletionRequest, logprobs_body
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
 
 
@@ -53,6 +54,7 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens taken from the previous answer's KV cache
+    logprobs: dict | None = None  # OpenAI's logprobs object, when the request asked for it
 
 
 class StopMatcher:
@@ -168,10 +170,11 @@ class Completer:
                               presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
                               repeat_penalty=request.repeat_penalty, repeat_last_n=request.repeat_last_n)
 
-    def complete(self, request: CompletionRequest, on_text: Callable[[str], None] | None = None,
+    def complete(self, request: CompletionRequest, on_text: Callable[[str, dict | None], None] | None = None,
                  on_start: Callable[[], None] | None = None,
                  client_gone: Callable[[], bool] | None = None) -> Completion:
-        """Generate the answer; ``on_text`` gets each piece of text as it is settled, ``on_start`` is
+        """Generate the answer; ``on_text`` gets each piece of text as it is settled (and the logprobs
+        object of the tokens that made it, when the request asked for them), ``on_start`` is
         called when the request's turn comes (before its prefill). An exception from either (a client
         that went away) ends the generation and propagates; the next request runs normally.
 
@@ -207,17 +210,35 @@ class Completer:
             self._admitted.release()
 
     def _generate(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig,
-                  constraint: JsonConstraint | None, on_text: Callable[[str], None] | None,
+                  constraint: JsonConstraint | None, on_text: Callable[[str, dict | None], None] | None,
                   client_gone: Callable[[], bool] | None) -> Completion:
         tokenizer = self.runtime.tokenizer
         decoder, matcher, pieces = StreamDecoder(tokenizer), StopMatcher(request.stop), []
         count = 0
+        recorder = None if request.logprobs is None else LogprobRecorder(top=request.logprobs, prompt=request.echo)
+        given = {"entries": 0, "offset": 0 if request.echo else len(request.prompt), "echoed": not request.echo}
+
+        def logprobs_since_last(entries: list) -> dict | None:
+            """The logprobs object of the entries not handed out yet (None when none were asked for)."""
+            if recorder is None:
+                return None
+            fresh, given["entries"] = entries[given["entries"]:], len(entries)
+            body = logprobs_body(request, fresh, self._token_piece, given["offset"])
+            if not request.chat:
+                given["offset"] += sum(len(token) for token in body["tokens"])
+            return body
 
         def hand_out(text: str) -> None:
+            if not given["echoed"]:  # echo: the prompt (and its logprobs) before the first text
+                given["echoed"] = True
+                pieces.append(request.prompt)
+                if on_text is not None:
+                    on_text(request.prompt, logprobs_since_last(recorder.prompt_entries) if recorder else None)
+                    given["entries"] = 0  # the answer's entries count from here
             if text:
                 pieces.append(text)
                 if on_text is not None:
-                    on_text(text)
+                    on_text(text, logprobs_since_last(recorder.answer) if recorder else None)
 
         def on_token(token: int) -> None:
             nonlocal count
@@ -232,10 +253,11 @@ class Completer:
         try:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
                                 hook=MetricsHook(self.metrics, self.hook), cache=self.prompt_cache,
-                                reuse_cache=request.cache_prompt, constraint=constraint)
+                                reuse_cache=request.cache_prompt, constraint=constraint, logprobs=recorder)
             finish = "stop" if stats.stop_reason in ("eos", "complete") else "length"
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())
+            hand_out("")  # an echo whose answer made no text
             if matcher.stopped:
                 finish = "stop"
         except _StopString:
@@ -249,7 +271,17 @@ class Completer:
             raise
         self.metrics.finish(finish)
         cached = self.prompt_cache.reused if self.prompt_cache is not None else 0  # also for an answer cut short
-        return Completion("".join(pieces), finish, len(ids), count, cached)
+        logprobs = None
+        if recorder is not None:
+            entries = (recorder.prompt_entries if request.echo else []) + recorder.answer
+            logprobs = logprobs_body(request, entries, self._token_piece, 0 if request.echo else len(request.prompt))
+        return Completion("".join(pieces), finish, len(ids), count, cached, logprobs)
+
+    def _token_piece(self, token: int) -> bytes:
+        """A token's bytes, as the logprobs report them (a special token's name for one that has no text)."""
+        table = self.runtime.tokenizer.token_bytes()
+        piece = table[token] if 0 <= token < len(table) else None
+        return piece if piece is not None else (self.runtime.tokenizer.tokenizer.id_to_token(token) or "").encode()
 
     def _json_constraint(self) -> JsonConstraint:
         try:

@@ -171,7 +171,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             completion = self.server.completer.complete(request, client_gone=self._client_gone)
             self._send_json(200, completion_body(request, new_id(request.chat), self.server.model, completion.text,
                                                  completion.finish_reason, completion.prompt_tokens,
-                                                 completion.completion_tokens, completion.cached_tokens))
+                                                 completion.completion_tokens, completion.cached_tokens,
+                                                 completion.logprobs))
 
     def _not_found(self, route: str, method: str) -> None:
         """404, or 405 with the methods it takes where the route is this server's under another method."""
@@ -280,7 +281,8 @@ class ApiHandler(BaseHTTPRequestHandler):
 
         try:
             completion = self.server.completer.complete(
-                request, on_text=lambda text: self._event(chunk_body(request, ident, model, text)), on_start=on_start,
+                request, on_text=lambda text, logprobs: self._event(chunk_body(request, ident, model, text,
+                                                                              logprobs=logprobs)), on_start=on_start,
                 client_gone=self._client_gone)
         except (ConnectionError, TimeoutError):
             raise

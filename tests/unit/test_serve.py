@@ -50,7 +50,10 @@ def test_chat_request_normalises_roles_and_text_parts():
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"n": 2}, "n"),
-    ({"logprobs": True}, "logprobs"),
+    ({"logprobs": "yes"}, "logprobs"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"echo": True}, "echo"),
     ({"tools": [{"type": "function"}]}, "tools"),
     ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
@@ -87,7 +90,9 @@ def test_text_request_takes_one_prompt():
         with pytest.raises(ApiError, match="'prompt' must be a non-empty string"):
             parse_text_request({"prompt": prompt})
     with pytest.raises(ApiError, match="'echo'"):
-        parse_text_request({"prompt": "x", "echo": True})
+        parse_text_request({"prompt": "x", "echo": "yes"})
+    with pytest.raises(ApiError, match="'logprobs' must be at most 20"):
+        parse_text_request({"prompt": "x", "logprobs": 21})
     with pytest.raises(ApiError, match="JSON object"):
         parse_text_request(["prompt"])
 
