@@ -269,6 +269,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     while True:
         if token in stop_ids:
             stats.stop_reason = "eos"
+            if logprobs is not None:
+                logprobs.answer.pop()  # the end-of-text token is not part of the answer
             break
         generated.append(token)
         if on_token is not None:

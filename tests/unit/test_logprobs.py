@@ -118,3 +118,15 @@ def test_streamed_completion_with_echo_carries_the_same_logprobs(served):
     assert tokens == expected["tokens"][: len(tokens)]
     assert offsets == expected["text_offset"][: len(offsets)]
     assert chunks[0]["text"] == request["prompt"]  # the echo comes first
+
+
+def test_the_end_of_text_token_is_not_among_the_answer_s_logprobs(runtime):
+    prompt = runtime.tokenizer.encode("The quick brown fox")
+    sampling = SamplingConfig(max_new_tokens=24, frequency_penalty=2.0, repeat_last_n=-1)  # varied tokens
+    plain, _ = generate(runtime.backend, prompt, sampling, set())
+    stop = next(index for index in range(1, len(plain)) if plain[index] not in plain[:index])
+    recorder = LogprobRecorder()
+    answer, stats = generate(runtime.backend, prompt, sampling, {plain[stop]}, logprobs=recorder)
+    assert stats.stop_reason == "eos"
+    assert answer == plain[:stop]
+    assert [entry.token for entry in recorder.answer] == answer
