@@ -247,14 +247,15 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     else:
         stats.cached_tokens = cache.start(prompt_ids, reuse=reuse_cache and not (logprobs and logprobs.prompt))
     fresh = prompt_ids[stats.cached_tokens:]
-    keep = len(fresh) if logprobs is not None and logprobs.prompt else 1
+    scores_prompt = logprobs is not None and logprobs.prompt
+    keep = len(fresh) if scores_prompt else 1
     if hook is not None:
         hook.begin(len(fresh), sampling.max_new_tokens)
         stats.waited_s += hook.before_step("prefill")
     start = time.perf_counter()
     rows = backend.prefill(np.asarray(fresh, np.int64), keep_logits=keep)  # (keep, vocab)
     stats.prefill_s = time.perf_counter() - start
-    if keep > 1:
+    if scores_prompt:  # also a one-token prompt, whose one entry has no log-probability
         logprobs.record_prompt(rows, list(prompt_ids))
     logits = rows[-1]
     if cache is not None:
