@@ -271,7 +271,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         if token in stop_ids:
             stats.stop_reason = "eos"
             if logprobs is not None:
-                logprobs.answer.pop()  # the end-of-text token is not part of the answer
+                logprobs.end = logprobs.answer.pop()  # the end-of-text token is not part of the answer
             break
         generated.append(token)
         if on_token is not None:

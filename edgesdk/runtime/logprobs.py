@@ -30,12 +30,14 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 @dataclass
 class LogprobRecorder:
     """Collects a :class:`TokenLogprob` per answer token (``generate(logprobs=...)``); with ``prompt``,
-    also per prompt token (the first has none: nothing predicts it)."""
+    also per prompt token (the first has none: nothing predicts it). The end-of-text token that
+    stopped the answer is not one of the answer's; it is kept apart in ``end``."""
 
     top: int = 0  # alternatives kept per position
     prompt: bool = False
     answer: list[TokenLogprob] = field(default_factory=list)
     prompt_entries: list[TokenLogprob] = field(default_factory=list)
+    end: TokenLogprob | None = None  # the end-of-text token the answer stopped at, if it did
 
     def entry(self, logits: np.ndarray, token: int) -> TokenLogprob:
         """``logits`` (V,) at the position that ``token`` follows."""

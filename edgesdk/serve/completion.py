@@ -258,6 +258,8 @@ class Completer:
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())
             hand_out("")  # an echo whose answer made no text
+            if request.echo and recorder is not None and recorder.end is not None and on_text is not None:
+                on_text("", logprobs_since_last(recorder.answer + [recorder.end]))
             if matcher.stopped:
                 finish = "stop"
         except _StopString:
@@ -274,6 +276,11 @@ class Completer:
         logprobs = None
         if recorder is not None:
             entries = (recorder.prompt_entries if request.echo else []) + recorder.answer
+            if request.echo and recorder.end is not None:
+                # The end-of-text token the answer stopped at is listed after it, as OpenAI's completions list
+                # "<|endoftext|>": a harness scoring a prompt (echo, max_tokens 1) takes the last entry for the
+                # generated token and the ones before it for the prompt's.
+                entries.append(recorder.end)
             logprobs = logprobs_body(request, entries, self._token_piece, 0 if request.echo else len(request.prompt))
         return Completion("".join(pieces), finish, len(ids), count, cached, logprobs)
 

@@ -34,3 +34,30 @@ def test_echo_of_a_one_token_prompt_lists_that_token(served, runtime):
     assert logprobs["token_logprobs"][0] is None
     assert logprobs["top_logprobs"][0] is None
     assert logprobs["text_offset"][:2] == [0, 3]
+
+
+def test_an_echo_whose_answer_is_its_end_of_text_token_still_lists_one_generated_entry(served, runtime, monkeypatch):
+    """lm-evaluation-harness' local-completions takes token_logprobs[ctxlen:-1] for the continuation: the last
+    entry must be the generated token's even when the model's pick is end-of-text, or the continuation's last
+    token is dropped from its score."""
+    prompt = "The quick brown fox"
+    ids = runtime.tokenizer.encode(prompt)
+    request = {"prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0}
+    _, plain = served.post("/v1/completions", request)
+    expected = plain["choices"][0]["logprobs"]
+    assert len(expected["tokens"]) == len(ids) + 1
+    picked = runtime.tokenizer.encode(expected["tokens"][-1])[0]
+    monkeypatch.setattr(runtime.tokenizer, "eos_token_ids", runtime.tokenizer.eos_token_ids | {picked})
+    status, body = served.post("/v1/completions", request)
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert (choice["text"], choice["finish_reason"], body["usage"]["completion_tokens"]) == (prompt, "stop", 0)
+    logprobs = choice["logprobs"]
+    assert len(logprobs["token_logprobs"]) == len(ids) + 1
+    assert logprobs["token_logprobs"] == pytest.approx(expected["token_logprobs"])
+    events = served.stream("/v1/completions", request)
+    streamed = [value for event in events[:-1] if event["choices"] and event["choices"][0]["logprobs"]
+                for value in event["choices"][0]["logprobs"]["token_logprobs"]]
+    assert streamed == logprobs["token_logprobs"]
+    _, unechoed = served.post("/v1/completions", {**request, "echo": False})
+    assert unechoed["choices"][0]["logprobs"]["tokens"] == []  # without echo, only the answer's tokens
