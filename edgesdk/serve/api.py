@@ -293,8 +293,17 @@ def logprobs_body(request: CompletionRequest, entries: list, piece: Callable[[in
         tokens.append(text(entry.token))
         offset += len(tokens[-1])
     return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [None if e.logprob is None else {text(t): lp for t, lp in e.top} for e in entries],
+            "top_logprobs": [None if e.logprob is None else _by_text(e.top, text) for e in entries],
             "text_offset": offsets}
+
+
+def _by_text(top: tuple[tuple[int, float], ...], text: Callable[[int], str]) -> dict[str, float]:
+    """The completions' ``{token text: logprob}`` of a position's alternatives (most likely first): where
+    two tokens read alike (byte pieces of one character both read U+FFFD), the key keeps the likelier."""
+    alternatives: dict[str, float] = {}
+    for token, logprob in top:
+        alternatives.setdefault(text(token), logprob)
+    return alternatives
 
 
 def completion_body(request: CompletionRequest, ident: str, model: str, text: str, finish_reason: str,

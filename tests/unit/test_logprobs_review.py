@@ -61,3 +61,13 @@ def test_an_echo_whose_answer_is_its_end_of_text_token_still_lists_one_generated
     assert streamed == logprobs["token_logprobs"]
     _, unechoed = served.post("/v1/completions", {**request, "echo": False})
     assert unechoed["choices"][0]["logprobs"]["tokens"] == []  # without echo, only the answer's tokens
+
+
+def test_alternatives_that_read_alike_keep_the_likelier_logprob():
+    from edgesdk.runtime.logprobs import TokenLogprob
+    from edgesdk.serve.api import CompletionRequest, logprobs_body
+
+    pieces = {1: b"\xc3", 2: b"\xe2", 3: b"a"}  # two byte pieces that each read U+FFFD on their own
+    entry = TokenLogprob(1, -0.7, ((3, -0.5), (1, -0.7), (2, -3.0)))
+    body = logprobs_body(CompletionRequest(chat=False, prompt="x"), [entry], pieces.__getitem__, 1)
+    assert body["top_logprobs"] == [{"a": -0.5, "\ufffd": -0.7}]  # the chosen token's own logprob among them
