@@ -10,6 +10,7 @@ llama-server's ``repeat_penalty`` over the last ``repeat_last_n`` tokens. Errors
 
 from __future__ import annotations
 
+import codecs
 import math
 import time
 import uuid
@@ -276,10 +277,29 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def logprobs_body(request: CompletionRequest, entries: list, piece: Callable[[int], bytes], offset: int = 0) -> dict:
+class TextOffsets:
+    """Where each token starts in the returned text, in characters, as its UTF-8 bytes form them: a byte
+    piece that ends a multi-byte character starts where that character does (alone it reads U+FFFD, but
+    the text holds the one character). Kept across the chunks of a streamed answer."""
+
+    def __init__(self, start: int = 0):
+        self.at = start
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, pieces: list[bytes]) -> list[int]:
+        offsets = []
+        for piece in pieces:
+            offsets.append(self.at)
+            self.at += len(self._utf8.decode(piece))
+        return offsets
+
+
+def logprobs_body(request: CompletionRequest, entries: list, piece: Callable[[int], bytes],
+                  offset: int | TextOffsets = 0) -> dict:
     """OpenAI's ``logprobs`` object for ``entries`` (:class:`~edgesdk.runtime.logprobs.TokenLogprob`;
     a prompt's first token has no log-probability): chat's ``content`` list, or the completions' parallel lists
-    with each token's character offset in the returned text (from ``offset``)."""
+    with each token's character offset in the returned text (from ``offset``, or where the
+    :class:`TextOffsets` of the chunks before left off)."""
     def text(token: int) -> str:
         return piece(token).decode("utf-8", errors="replace")
 
@@ -287,12 +307,8 @@ def logprobs_body(request: CompletionRequest, entries: list, piece: Callable[[in
         return {"content": [{"token": text(e.token), "logprob": e.logprob, "bytes": list(piece(e.token)),
                              "top_logprobs": [{"token": text(t), "logprob": lp, "bytes": list(piece(t))}
                                               for t, lp in e.top]} for e in entries], "refusal": None}
-    tokens, offsets = [], []
-    for entry in entries:
-        offsets.append(offset)
-        tokens.append(text(entry.token))
-        offset += len(tokens[-1])
-    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+    offsets = (offset if isinstance(offset, TextOffsets) else TextOffsets(offset))([piece(e.token) for e in entries])
+    return {"tokens": [text(e.token) for e in entries], "token_logprobs": [e.logprob for e in entries],
             "top_logprobs": [None if e.logprob is None else _by_text(e.top, text) for e in entries],
             "text_offset": offsets}
 

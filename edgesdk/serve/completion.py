@@ -21,7 +21,7 @@ from edgesdk.runtime.logprobs import LogprobRecorder
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.text import StreamDecoder, check_utf8
-from edgesdk.serve.api import ApiError, CompletionRequest, logprobs_body
+from edgesdk.serve.api import ApiError, CompletionRequest, TextOffsets, logprobs_body
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
 
 
@@ -216,17 +216,15 @@ class Completer:
         decoder, matcher, pieces = StreamDecoder(tokenizer), StopMatcher(request.stop), []
         count = 0
         recorder = None if request.logprobs is None else LogprobRecorder(top=request.logprobs, prompt=request.echo)
-        given = {"entries": 0, "offset": 0 if request.echo else len(request.prompt), "echoed": not request.echo}
+        offsets = TextOffsets(0 if request.echo else len(request.prompt))  # the streamed chunks' text_offset
+        given = {"entries": 0, "echoed": not request.echo}
 
         def logprobs_since_last(entries: list) -> dict | None:
             """The logprobs object of the entries not handed out yet (None when none were asked for)."""
             if recorder is None:
                 return None
             fresh, given["entries"] = entries[given["entries"]:], len(entries)
-            body = logprobs_body(request, fresh, self._token_piece, given["offset"])
-            if not request.chat:
-                given["offset"] += sum(len(token) for token in body["tokens"])
-            return body
+            return logprobs_body(request, fresh, self._token_piece, offsets)
 
         def hand_out(text: str) -> None:
             if not given["echoed"]:  # echo: the prompt (and its logprobs) before the first text

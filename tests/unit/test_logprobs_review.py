@@ -71,3 +71,29 @@ def test_alternatives_that_read_alike_keep_the_likelier_logprob():
     entry = TokenLogprob(1, -0.7, ((3, -0.5), (1, -0.7), (2, -3.0)))
     body = logprobs_body(CompletionRequest(chat=False, prompt="x"), [entry], pieces.__getitem__, 1)
     assert body["top_logprobs"] == [{"a": -0.5, "\ufffd": -0.7}]  # the chosen token's own logprob among them
+
+
+@pytest.mark.parametrize("echo", [True, False])
+def test_text_offsets_count_the_characters_of_multi_byte_text(served, runtime, echo):
+    """Byte pieces of one character each read U+FFFD alone; text_offset must still index the returned text."""
+    prompt = "héllo wörld ✓ 😀 fox"
+    table = runtime.tokenizer.token_bytes()
+    ids = runtime.tokenizer.encode(prompt)
+    assert any(len(table[i].decode("utf-8", "replace")) != len(table[i].decode("utf-8", "ignore")) for i in ids)
+    request = {"prompt": prompt, "max_tokens": 4, "echo": echo, "logprobs": 2}
+    status, body = served.post("/v1/completions", request)
+    assert status == 200, body
+    choice = body["choices"][0]
+    text = choice["text"] if echo else prompt + choice["text"]
+    answer = choice["logprobs"]["tokens"][-body["usage"]["completion_tokens"]:]
+    assert "".join(answer).isascii()  # the tiny model's greedy answer: each token its own text
+    pieces = [table[i] for i in ids] + [token.encode() for token in answer]
+    before = [len(b"".join(pieces[:i]).decode("utf-8", "ignore")) for i in range(len(pieces))]  # whole characters
+    offsets = choice["logprobs"]["text_offset"]
+    assert offsets == before[len(pieces) - len(offsets):]
+    assert all(text[at:].encode().startswith(piece) for at, piece in zip(before, pieces, strict=True)
+               if piece[0] < 0x80)
+    events = served.stream("/v1/completions", request)
+    streamed = [o for event in events[:-1] if event["choices"] and event["choices"][0]["logprobs"]
+                for o in event["choices"][0]["logprobs"]["text_offset"]]
+    assert streamed == offsets
