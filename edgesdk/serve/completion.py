@@ -217,26 +217,35 @@ class Completer:
         count = 0
         recorder = None if request.logprobs is None else LogprobRecorder(top=request.logprobs, prompt=request.echo)
         offsets = TextOffsets(0 if request.echo else len(request.prompt))  # the streamed chunks' text_offset
-        given = {"entries": 0, "echoed": not request.echo}
+        # An answer's entry is handed out once the text handed out reaches its token, so a token cut off with a
+        # stop string (or held back as a stop string's start) is not listed, whole or streamed.
+        starts, reach = [], TextOffsets()  # where each answer token starts in the answer's text
+        given = {"entries": 0, "chars": 0, "echoed": not request.echo}
 
-        def logprobs_since_last(entries: list) -> dict | None:
-            """The logprobs object of the entries not handed out yet (None when none were asked for)."""
-            if recorder is None:
-                return None
-            fresh, given["entries"] = entries[given["entries"]:], len(entries)
-            return logprobs_body(request, fresh, self._token_piece, offsets)
+        def settle(final: bool) -> list:
+            """The answer's entries not handed out yet whose tokens start in the text handed out (all, at the
+            answer's end: tokens that make no text)."""
+            answer = recorder.answer
+            starts.extend(reach([self._token_piece(entry.token) for entry in answer[len(starts):]]))
+            upto = given["entries"]
+            while upto < len(answer) and (final or starts[upto] < given["chars"]):
+                upto += 1
+            fresh, given["entries"] = answer[given["entries"]:upto], upto
+            return fresh
 
         def hand_out(text: str) -> None:
             if not given["echoed"]:  # echo: the prompt (and its logprobs) before the first text
                 given["echoed"] = True
                 pieces.append(request.prompt)
                 if on_text is not None:
-                    on_text(request.prompt, logprobs_since_last(recorder.prompt_entries) if recorder else None)
-                    given["entries"] = 0  # the answer's entries count from here
+                    on_text(request.prompt, logprobs_body(request, recorder.prompt_entries, self._token_piece, offsets)
+                            if recorder else None)
             if text:
                 pieces.append(text)
+                given["chars"] += len(text)
+                fresh = settle(final=False) if recorder else None
                 if on_text is not None:
-                    on_text(text, logprobs_since_last(recorder.answer) if recorder else None)
+                    on_text(text, None if fresh is None else logprobs_body(request, fresh, self._token_piece, offsets))
 
         def on_token(token: int) -> None:
             nonlocal count
@@ -256,10 +265,12 @@ class Completer:
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())
             hand_out("")  # an echo whose answer made no text
-            if request.echo and recorder is not None and recorder.end is not None and on_text is not None:
-                on_text("", logprobs_since_last(recorder.answer + [recorder.end]))
             if matcher.stopped:
                 finish = "stop"
+            elif recorder is not None:  # the entries of tokens that made no text, and an echo's end-of-text
+                rest = settle(final=True) + ([recorder.end] if request.echo and recorder.end is not None else [])
+                if rest and on_text is not None:
+                    on_text("", logprobs_body(request, rest, self._token_piece, offsets))
         except _StopString:
             finish = "stop"
             self._end_early()
@@ -273,8 +284,8 @@ class Completer:
         cached = self.prompt_cache.reused if self.prompt_cache is not None else 0  # also for an answer cut short
         logprobs = None
         if recorder is not None:
-            entries = (recorder.prompt_entries if request.echo else []) + recorder.answer
-            if request.echo and recorder.end is not None:
+            entries = (recorder.prompt_entries if request.echo else []) + recorder.answer[:given["entries"]]
+            if request.echo and recorder.end is not None and not matcher.stopped:
                 # The end-of-text token the answer stopped at is listed after it, as OpenAI's completions list
                 # "<|endoftext|>": a harness scoring a prompt (echo, max_tokens 1) takes the last entry for the
                 # generated token and the ones before it for the prompt's.

@@ -97,3 +97,25 @@ def test_text_offsets_count_the_characters_of_multi_byte_text(served, runtime, e
     streamed = [o for event in events[:-1] if event["choices"] and event["choices"][0]["logprobs"]
                 for o in event["choices"][0]["logprobs"]["text_offset"]]
     assert streamed == offsets
+
+
+@pytest.mark.parametrize("echo", [True, False])
+def test_tokens_cut_off_with_a_stop_string_are_not_listed_whole_or_streamed(served, echo):
+    request = {"prompt": "The quick brown fox", "max_tokens": 12, "logprobs": 1, "echo": echo,
+               "frequency_penalty": 2.0, "repeat_last_n": -1}  # varied tokens from the tiny model
+    _, plain = served.post("/v1/completions", request)
+    answer = plain["choices"][0]["logprobs"]["tokens"][-plain["usage"]["completion_tokens"]:]
+    assert len(answer) >= 6
+    stop = "".join(answer[3:5])
+    status, body = served.post("/v1/completions", {**request, "stop": [stop]})
+    assert status == 200, body
+    choice = body["choices"][0]
+    tokens = choice["logprobs"]["tokens"]
+    assert choice["finish_reason"] == "stop"
+    assert "".join(tokens) == choice["text"]
+    assert len(tokens) == len(choice["logprobs"]["text_offset"]) == len(choice["logprobs"]["token_logprobs"])
+    assert tokens[-3:] == answer[:3]  # the stop string's tokens and those after it are left out
+    events = served.stream("/v1/completions", {**request, "stop": [stop]})
+    chunks = [event["choices"][0] for event in events[:-1] if event["choices"]]
+    assert "".join(chunk["text"] for chunk in chunks) == choice["text"]
+    assert [t for chunk in chunks if chunk["logprobs"] for t in chunk["logprobs"]["tokens"]] == tokens
