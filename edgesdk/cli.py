@@ -720,7 +720,7 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
     Each test runs once untimed, then --repetitions times; the table gives mean ± standard
     deviation of tok/s. Run nothing else heavy meanwhile: other work on the cores moves the figures.
     """
-    from edgesdk.runtime.bench import BenchConfig, format_table, run_bench
+    from edgesdk.runtime.bench import BenchConfig, format_table, peak_rss_mib, run_bench
     from edgesdk.runtime.session import open_runtime
 
     if prompt_tokens == 0 and new_tokens == 0:
@@ -732,9 +732,14 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
     if as_json:
         click.echo(json.dumps({"bundle": str(bundle), "bundle_id": runtime.bundle.bundle_id,
                                "backend": runtime.backend.name, "threads": runtime.threads,
-                               "results": [result.to_json() for result in results]}, indent=2))
+                               "results": [result.to_json() for result in results],
+                               "peak_rss_mib": _rounded_mib(peak_rss_mib())}, indent=2))
         return
-    click.echo(format_table(results, runtime.backend.name, runtime.threads, Path(bundle).name))
+    click.echo(format_table(results, runtime.backend.name, runtime.threads, Path(bundle).name, peak_rss_mib()))
+
+
+def _rounded_mib(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 @main.command("eval")

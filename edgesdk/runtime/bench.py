@@ -16,6 +16,7 @@ mean and sample standard deviation of tok/s over the repetitions, as llama-bench
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
@@ -118,10 +119,24 @@ def _repeat(test: str, tokens: int, timed, config: BenchConfig) -> BenchResult:
     return BenchResult(test, tokens, tuple(samples))
 
 
-def format_table(results: list[BenchResult], backend: str, threads: int, bundle: str) -> str:
-    """A markdown table like llama-bench's."""
+def peak_rss_mib() -> float | None:
+    """This process's peak resident memory so far in MiB (the weights, ONNX Runtime's arenas, the KV
+    cache and Python), from ``getrusage``; None where the platform has no ``resource`` module."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def format_table(results: list[BenchResult], backend: str, threads: int, bundle: str,
+                 peak_mib: float | None = None) -> str:
+    """A markdown table like llama-bench's, then the peak resident memory when known."""
     lines = ["| bundle | backend | threads | test | t/s |", "| --- | --- | ---: | ---: | ---: |"]
     for result in results:
         lines.append(f"| {bundle} | {backend} | {threads} | {result.test} | "
                      f"{result.mean:.2f} ± {result.stdev:.2f} |")
+    if peak_mib is not None:
+        lines.append(f"\npeak RSS {peak_mib:.0f} MiB")
     return "\n".join(lines)

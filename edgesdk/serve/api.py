@@ -41,6 +41,7 @@ class CompletionRequest:
     chat: bool  # /v1/chat/completions (messages through the chat template) or /v1/completions (raw prompt)
     messages: tuple[dict, ...] = ()  # {"role", "content"} with roles and content normalised
     prompt: str = ""
+    prompt_tokens: tuple[int, ...] = ()  # /v1/completions given token ids instead of text
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -75,11 +76,15 @@ def parse_text_request(body: object) -> CompletionRequest:
     body = _object(body)
     _refuse_unsupported(body, chat=False)
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                   for t in prompt):
+        # Token ids, as OpenAI takes them (lm-evaluation-harness sends its prompts so by default).
+        return CompletionRequest(chat=False, prompt_tokens=tuple(prompt), **_common_fields(body, chat=False))
     if not isinstance(prompt, str) or not prompt:
-        raise ApiError(400, f"'prompt' must be a non-empty string, got {_shown(prompt)} (this server takes one "
-                       "prompt per request)", param="prompt")
+        raise ApiError(400, f"'prompt' must be a non-empty string or array of token ids, got {_shown(prompt)} "
+                       "(this server takes one prompt per request)", param="prompt")
     return CompletionRequest(chat=False, prompt=prompt, **_common_fields(body, chat=False))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.cache_store import CacheStore
@@ -140,7 +140,13 @@ class Completer:
         """The request's token ids, or a 400 naming what is wrong with its text."""
         tokenizer = self.runtime.tokenizer
         try:
-            if not request.chat:
+            if request.prompt_tokens:
+                ids = list(request.prompt_tokens)
+                vocabulary = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+                if max(ids) >= vocabulary:
+                    raise ApiError(400, f"'prompt' holds token id {max(ids)}; this model's vocabulary has ids 0 to "
+                                   f"{vocabulary - 1}", param="prompt")
+            elif not request.chat:
                 ids = tokenizer.prompt_ids(request.prompt, raw=True)
             elif tokenizer.has_chat_template:
                 for index, message in enumerate(request.messages):
@@ -183,6 +189,8 @@ class Completer:
         connection closed. A request whose client left while it waited in the queue never runs, and a
         whole (not streamed) answer, which writes nothing until its end, stops at the next token."""
         ids = self.prompt_ids(request)
+        if request.prompt_tokens:  # the text an echo returns and text_offset counts from
+            request = replace(request, prompt=self.runtime.tokenizer.decode(ids))
         sampling = self.sampling(request)
         # Refused before the turn, as a bad prompt is: a stream's headers go out when the turn comes.
         constraint = self._json_constraint() if request.json_object else None

@@ -71,6 +71,11 @@ def test_bench_command_prints_a_table_or_json(tiny_bundle):
     assert body["threads"] == 1
     assert [r["test"] for r in body["results"]] == ["tg4"]
     assert len(body["results"][0]["samples"]) == 2
+    # The process's peak resident memory so far, as getrusage gives it (the runner runs in this process).
+    import resource
+
+    assert 20 < body["peak_rss_mib"] <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 + 0.1
+    assert "peak RSS" in table.output
     off = runner.invoke(main, ["bench", str(tiny_bundle.path), "-p", "0", "-n", "0"])
     assert off.exit_code == 2
     assert "both tests are off" in off.output

@@ -130,3 +130,20 @@ def test_the_end_of_text_token_is_not_among_the_answer_s_logprobs(runtime):
     assert stats.stop_reason == "eos"
     assert answer == plain[:stop]
     assert [entry.token for entry in recorder.answer] == answer
+
+
+def test_a_prompt_of_token_ids_scores_as_its_text_does(served, runtime):
+    """lm-evaluation-harness sends token ids by default (tokenized_requests): the same scores as the text."""
+    text = "The quick brown fox jumps"
+    ids = runtime.tokenizer.encode(text)
+    request = {"max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0}
+    _, by_text = served.post("/v1/completions", {**request, "prompt": text})
+    status, by_ids = served.post("/v1/completions", {**request, "prompt": ids})
+    assert status == 200, by_ids
+    assert by_ids["choices"][0]["logprobs"]["token_logprobs"] == by_text["choices"][0]["logprobs"]["token_logprobs"]
+    assert by_ids["choices"][0]["text"] == by_text["choices"][0]["text"]
+    _, batch_of_one = served.post("/v1/completions", {**request, "prompt": [ids]})
+    assert batch_of_one["choices"][0]["text"] == by_text["choices"][0]["text"]
+    status, body = served.post("/v1/completions", {**request, "prompt": [1, 10**9]})
+    assert (status, body["error"]["param"]) == (400, "prompt")
+    assert "vocabulary" in body["error"]["message"]
