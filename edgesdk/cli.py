@@ -433,6 +433,7 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, repeat_penalty
         if thermal is not None and thermal.hook.status is not None:
             thermal.hook.status.between_answers()
         if stats:
+            from edgesdk.runtime.bench import peak_rss_mib
             from edgesdk.runtime.huge_pages import huge_pages_in_use
 
             s = result.to_json()
@@ -442,7 +443,8 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, repeat_penalty
                        f"TTFT {s['time_to_first_token_ms']} ms, {s['new_tokens']} new tok, decode {_or_dash(s['decode_tok_s'])} "
                        f"tok/s (steps after the first), p95 {_or_dash(s['p95_inter_token_ms'])} ms, "
                        f"stop: {s['stop_reason']}"
-                       + (f", huge pages {huge / 2**20:.0f} MiB" if huge is not None else ""), err=True)
+                       + (f", huge pages {huge / 2**20:.0f} MiB" if huge is not None else "")
+                       + (f", peak RSS {peak:.0f} MiB" if (peak := peak_rss_mib()) is not None else ""), err=True)
             if hasattr(runtime.backend, "stats"):
                 click.echo(_power_line(runtime.backend), err=True)
 

@@ -79,3 +79,11 @@ def test_bench_command_prints_a_table_or_json(tiny_bundle):
     off = runner.invoke(main, ["bench", str(tiny_bundle.path), "-p", "0", "-n", "0"])
     assert off.exit_code == 2
     assert "both tests are off" in off.output
+
+
+def test_run_stats_report_the_peak_resident_memory(tiny_bundle):
+    result = CliRunner().invoke(main, ["run", str(tiny_bundle.path), "--prompt", "hi", "-n", "3", "--stats",
+                                       "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.stderr.splitlines() if line.startswith("[ort-cpu] prompt"))
+    assert int(line.rsplit("peak RSS ", 1)[1].split()[0]) > 20
