@@ -1,4 +1,5 @@
-"""Perplexity of a bundle through its runtime, and of the PyTorch source model for reference.
+"""Perplexity of a bundle through its runtime, and of the PyTorch source model for reference; KL
+divergence between the two; a last-word accuracy task.
 
 Non-overlapping windows (context 512, stride 512, as DESIGN.md fixes): each window is scored
 from an empty cache, and every token but the window's first is predicted. The same windows and
@@ -8,12 +9,14 @@ the same token ids go through both paths, so the two numbers compare like for li
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.logprobs import log_softmax
 
 
 @dataclass(frozen=True)
@@ -120,12 +123,6 @@ class DivergenceResult:
                 "same_top_token": round(self.same_top_token, 6), "tokens_scored": self.tokens_scored}
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    logits = logits.astype(np.float64)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
 def divergence(score_bundle, score_reference, ids: list[int], config: PerplexityConfig,
                progress: bool = False) -> DivergenceResult:
     """KL(P_reference || P_bundle) over the positions :func:`perplexity` scores, window by window.
@@ -145,7 +142,7 @@ def divergence(score_bundle, score_reference, ids: list[int], config: Perplexity
         if ours.shape != theirs.shape:
             raise EdgeSDKError(f"the bundle gives logits of shape {ours.shape} and the reference {theirs.shape}",
                                "compare a bundle with the model it was built from (eval --reference)")
-        log_p, log_q = _log_softmax(theirs), _log_softmax(ours)
+        log_p, log_q = log_softmax(theirs), log_softmax(ours)
         klds.append((np.exp(log_p) * (log_p - log_q)).sum(axis=-1))  # (T,)
         same += int((ours.argmax(axis=-1) == theirs.argmax(axis=-1)).sum())
     values = np.maximum(np.concatenate(klds), 0.0)  # rounding can leave -1e-16 where the two agree
@@ -264,3 +261,51 @@ def gated_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityCo
             "chosen": {**chosen.to_json(), "tau": round(tau_star, 5), "executed_fraction": round(executed, 4),
                        "relative_to_off": round(chosen.perplexity / off.perplexity - 1, 6)},
             "curve": curve}
+
+
+# ------------------------------------------------------------------------------- last-word accuracy
+
+LAST_WORD_MIN_WORDS, LAST_WORD_MAX_WORDS = 40, 150
+
+
+@dataclass(frozen=True)
+class LastWordResult:
+    documents: int
+    accuracy: float  # words whose every token is the greedy one
+    word_perplexity: float  # exp of the mean negative log-likelihood of a word
+
+    def to_json(self) -> dict:
+        return {"documents": self.documents, "accuracy": round(self.accuracy, 6),
+                "word_perplexity": round(self.word_perplexity, 4)}
+
+
+def last_word_documents(text: str) -> list[tuple[str, str]]:
+    """(context, last word) of each paragraph of 40-150 words that ends in " ." (WikiText's form): a
+    LAMBADA-style cloze (Paperno et al. 2016) on any text of that form."""
+    documents = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("=") or not LAST_WORD_MIN_WORDS <= len(line.split()) <= LAST_WORD_MAX_WORDS \
+                or not line.endswith(" ."):
+            continue
+        found = re.search(r"(.*\S)\s+([A-Za-z][A-Za-z'-]*)$", line[:-2].rstrip())
+        if found and len(found.group(2)) >= 3:
+            documents.append((found.group(1), found.group(2)))
+    return documents
+
+
+def last_word_accuracy(score_window, encode, documents: list[tuple[str, str]]) -> LastWordResult:
+    """Score each document as lm-evaluation-harness scores a loglikelihood request: the context and
+    context + " " + word encoded apart, the word's tokens those past the context's, each from one
+    window (``score_window(ids) -> logits (T, V)``, from an empty cache)."""
+    if not documents:
+        raise EdgeSDKError("the text has no paragraph to score for the last-word task (40-150 words ending "
+                           "in ' .', as WikiText's)", "pass WikiText-2 (wiki.valid.raw) or text of that form")
+    correct, likelihoods = 0, []
+    for context, word in documents:
+        prefix, whole = encode(context), encode(f"{context} {word}")
+        rows = log_softmax(score_window(np.asarray(whole, np.int64))[len(prefix) - 1: len(whole) - 1])  # (n, V)
+        targets = np.asarray(whole[len(prefix):])
+        likelihoods.append(float(rows[np.arange(len(targets)), targets].sum()))
+        correct += bool((rows.argmax(axis=-1) == targets).all())
+    return LastWordResult(len(documents), correct / len(documents), _exp_or_inf(-float(np.mean(likelihoods))))

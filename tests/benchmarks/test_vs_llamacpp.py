@@ -182,66 +182,34 @@ def test_divergence_from_the_float_model(bundles, source_gguf):
               f"{result.max_kld:>9.3f}{result.same_top_token:>9.1%}")
 
 
-def last_word_docs(text: str) -> list[tuple[str, str]]:
-    """(context, last word) from each WikiText paragraph of 40-150 words ending in " .": a LAMBADA-style
-    cloze on the evaluation slice. The same documents, as JSON lines {"context", "target"}, make the
-    lm-evaluation-harness task the README shows for ``edgesdk serve``."""
-    import re
-
-    docs = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("=") or not 40 <= len(line.split()) <= 150 or not line.endswith(" ."):
-            continue
-        found = re.search(r"(.*\S)\s+([A-Za-z][A-Za-z'-]*)$", line[:-2].rstrip())
-        if found and len(found.group(2)) >= 3:
-            docs.append((found.group(1), found.group(2)))
-    return docs
-
-
-def last_word_scores(score, encode, docs) -> tuple[float, float]:
-    """Accuracy (every token of the word the greedy one) and word perplexity, as lm-evaluation-harness
-    computes a loglikelihood task: the context and context + " " + word encoded apart."""
-    from edgesdk.runtime.logprobs import log_softmax
-
-    correct, likelihoods = 0, []
-    for context, word in docs:
-        prefix, whole = encode(context), encode(f"{context} {word}")
-        rows = log_softmax(score(np.asarray(whole, np.int64))[len(prefix) - 1: len(whole) - 1])  # (len(word), V)
-        targets = np.asarray(whole[len(prefix):])
-        likelihoods.append(float(rows[np.arange(len(targets)), targets].sum()))
-        correct += bool((rows.argmax(axis=-1) == targets).all())
-    return correct / len(docs), float(np.exp(-np.mean(likelihoods)))
-
-
 def test_last_word_accuracy(bundles, source_gguf):
     """An accuracy task beside perplexity: the last word of WikiText-2 paragraphs in the evaluation slice."""
     if not WIKITEXT.is_file():
         pytest.skip("WikiText-2 validation text not found beside the checkout")
     import torch
 
-    from edgesdk.evaluate import bundle_scorer, reference_scorer
+    from edgesdk.evaluate import bundle_scorer, last_word_accuracy, last_word_documents, reference_scorer
     from edgesdk.models.loader import load_model
     from edgesdk.models.sources import resolve_model
     from edgesdk.runtime.session import open_runtime
 
     torch.set_num_threads(THREADS)
-    docs = last_word_docs(WIKITEXT.read_text(encoding="utf-8")[:EVAL_CHARS])
+    docs = last_word_documents(WIKITEXT.read_text(encoding="utf-8")[:EVAL_CHARS])
     first_runtime = open_runtime(next(iter(bundles.values())).path, threads=THREADS)
 
     def encode(text: str) -> list[int]:
         return first_runtime.tokenizer.encode(text, add_special_tokens=False)
 
-    rows = [("PyTorch float", last_word_scores(
+    rows = [("PyTorch float", last_word_accuracy(
         reference_scorer(load_model(resolve_model("smollm2-135m"), progress=False).model.eval()), encode, docs))]
     for name, bundle in bundles.items():
-        rows.append((f"edgesdk {name}", last_word_scores(bundle_scorer(open_runtime(bundle.path, threads=THREADS)),
-                                                         encode, docs)))
+        rows.append((f"edgesdk {name}", last_word_accuracy(
+            bundle_scorer(open_runtime(bundle.path, threads=THREADS)), encode, docs)))
     for kind in ("Q8_0", "Q4_K_M", "Q4_0"):
         engine = LlamaCppEngine(quantized_gguf(source_gguf, kind, source_gguf.parent), THREADS, 1024, logits_all=True)
-        rows.append((f"llama.cpp {kind}", last_word_scores(engine.score_window, encode, docs)))
+        rows.append((f"llama.cpp {kind}", last_word_accuracy(engine.score_window, encode, docs)))
     stderr = np.sqrt(0.25 / len(docs))
     print(f"\nlast word of {len(docs)} WikiText-2 paragraphs (accuracy stderr up to {stderr:.1%})")
     print(f"{'model':<26}{'accuracy':>10}{'word ppl':>10}")
-    for name, (accuracy, perplexity) in rows:
-        print(f"{name:<26}{accuracy:>10.1%}{perplexity:>10.2f}")
+    for name, result in rows:
+        print(f"{name:<26}{result.accuracy:>10.1%}{result.word_perplexity:>10.2f}")
