@@ -140,7 +140,8 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         ("logit_bias", lambda v: not v, "no logit bias"),
         ("grammar", lambda v: not v, "no grammar-constrained answers (response_format json_object gives one JSON "
          "object)"),
-        ("json_schema", lambda v: not v, "no JSON schema (response_format json_object gives one JSON object)"),
+        # llama-server constrains the answer to any json_schema present, {} (any JSON value) included
+        ("json_schema", lambda v: v is None, "no JSON schema (response_format json_object gives one JSON object)"),
         # llama-server reads a "schema" in a json_object response format; this server follows none
         ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") in ("text", "json_object")
                                                     and not v.get("schema")),
