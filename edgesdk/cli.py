@@ -756,12 +756,16 @@ def _rounded_mib(value: float | None) -> float | None:
 @click.option("--kl-divergence", "kl", is_flag=True,
               help="With --reference: KL divergence of the bundle's next-token distributions from the source "
                    "model's (mean, median, p99, max nats) and how often both pick the same top token.")
+@click.option("--last-word", is_flag=True,
+              help="Also the last-word accuracy task: the last word of each 40-150-word paragraph ending in ' .' "
+                   "(WikiText's form), scored as lm-evaluation-harness scores a loglikelihood task (with "
+                   "--reference, the source model's too).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
               help="Power-gated bundles: compute budgets (fraction of FFN blocks run) for the perplexity curve.")
 @_runtime_options
-def eval_(bundle, text_file, context, stride, max_chars, reference, kl, as_json, budgets, threads, backend, target,
-          ignore_target):
+def eval_(bundle, text_file, context, stride, max_chars, reference, kl, last_word, as_json, budgets, threads, backend,
+          target, ignore_target):
     """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference)."""
     from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, reference_perplexity
     from edgesdk.runtime.session import open_runtime
@@ -832,6 +836,15 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, kl, as_json,
             from edgesdk.evaluate import bundle_divergence
 
             result["divergence"] = bundle_divergence(runtime, model, text, config, progress=True).to_json()
+    if last_word:
+        from edgesdk.evaluate import bundle_scorer, last_word_accuracy, last_word_documents, reference_scorer
+
+        documents = last_word_documents(text[: config.max_chars])
+        encode = lambda t: runtime.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+        result["last_word"] = last_word_accuracy(bundle_scorer(runtime), encode, documents).to_json()
+        if reference:
+            result["reference_last_word"] = last_word_accuracy(reference_scorer(model.eval()), encode,
+                                                               documents).to_json()
     if as_json:  # strict JSON: a perplexity that overflowed (inf) or a broken bundle's NaN is null
         click.echo(json.dumps(_finite_or_null(result), indent=2, allow_nan=False))
         return
@@ -845,6 +858,11 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, kl, as_json,
         click.echo(f"KL divergence        mean {d['mean_kld']:.5f}, median {d['median_kld']:.5f}, p99 {d['p99_kld']:.4f}, "
                    f"max {d['max_kld']:.3f} nats; same top token {d['same_top_token']:.2%} "
                    f"({d['tokens_scored']} tokens)")
+    for key, label in (("last_word", "last word (bundle)"), ("reference_last_word", "last word (PyTorch)")):
+        if key in result:
+            found = result[key]
+            click.echo(f"{label:<21}accuracy {found['accuracy']:.2%}, word perplexity {found['word_perplexity']:.2f} "
+                       f"({found['documents']} paragraphs)")
     if gated:
         chosen = result["power"]["chosen"]
         click.echo(f"gated, controller    {chosen['perplexity']:.4f} ({chosen['relative_to_off'] * 100:+.2f} % vs "

@@ -44,3 +44,21 @@ def test_accuracy_and_word_perplexity_by_hand(tiny_bundle):
 def test_text_without_a_paragraph_to_score_is_a_named_error():
     with pytest.raises(EdgeSDKError, match="no paragraph to score"):
         last_word_accuracy(lambda ids: None, lambda text: [], last_word_documents("short ."))
+
+
+def test_eval_last_word_reports_the_task(tiny_bundle, tmp_path):
+    import json
+
+    from tests.unit.test_cli import assert_ok, invoke
+
+    text = tmp_path / "paragraphs.txt"
+    text.write_text("\n".join([PARAGRAPH, PARAGRAPH.replace("slept", "jumped")]), encoding="utf-8")
+    result = invoke("eval", tiny_bundle.path, "--text", text, "--last-word", "--json", "--context", 128, "--threads", 1)
+    assert_ok(result)
+    body = json.loads(result.stdout)
+    assert body["last_word"]["documents"] == 2
+    assert 0 <= body["last_word"]["accuracy"] <= 1
+    assert body["last_word"]["word_perplexity"] > 1
+    plain = invoke("eval", tiny_bundle.path, "--text", text, "--last-word", "--context", 128, "--threads", 1)
+    assert "last word (bundle)" in plain.stdout
+    assert "(2 paragraphs)" in plain.stdout
