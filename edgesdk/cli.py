@@ -336,7 +336,8 @@ def _gate_options(fn):
 @click.option("--json", "json_object", is_flag=True,
               help="JSON mode: each answer is one JSON object (tokens that cannot continue one are never taken; "
                    "the answer ends when the object closes).")
-@click.option("--stats", is_flag=True, help="Print prefill/decode tok/s and time to first token on stderr.")
+@click.option("--stats", is_flag=True, help="Print prompt tokens (and those from the cache), prefill/decode tok/s, time "
+                                           "to first token, p95 inter-token latency and peak RSS on stderr.")
 @_thermal_options
 @_gate_options
 @_runtime_options
