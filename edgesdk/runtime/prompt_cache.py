@@ -98,8 +98,3 @@ class PromptCache:
         """The backend has just added ``token_ids`` to its cache."""
         self.tokens.extend(int(token) for token in token_ids)
         self._live_saved = False
-
-    def clear(self) -> None:
-        """Forget the cache (the next prompt is prefilled whole)."""
-        self.tokens = []
-        self.backend.reset()
