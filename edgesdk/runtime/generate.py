@@ -242,12 +242,12 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     _check_prompt(len(prompt_ids), backend.max_context)
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
     sampler = Sampler(sampling)
+    scores_prompt = logprobs is not None and logprobs.prompt
     if cache is None:
         backend.reset()
     else:
-        stats.cached_tokens = cache.start(prompt_ids, reuse=reuse_cache and not (logprobs and logprobs.prompt))
+        stats.cached_tokens = cache.start(prompt_ids, reuse=reuse_cache and not scores_prompt)
     fresh = prompt_ids[stats.cached_tokens:]
-    scores_prompt = logprobs is not None and logprobs.prompt
     keep = len(fresh) if scores_prompt else 1
     if hook is not None:
         hook.begin(len(fresh), sampling.max_new_tokens)
@@ -263,7 +263,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     if hook is not None:
         hook.after_step("prefill", 1, stats.prefill_s)
     generated: list[int] = []
-    context = list(prompt_ids) if sampling.penalizes else []  # what the penalties look back over
+    context = list(prompt_ids) if sampling.penalizes else None  # what the penalties look back over
     token = _pick(sampler, logits, constraint, context, logprobs)
     decode_start = time.perf_counter()
     hook_wall_s = 0.0  # wall time spent in the hook, before and after each step (a simulated board waits on its own clock)
@@ -294,7 +294,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         compute = time.perf_counter() - step
         if cache is not None:
             cache.took((token,))
-        if sampling.penalizes:
+        if context is not None:
             context.append(token)
         token = _pick(sampler, logits, constraint, context, logprobs)
         stats.token_latencies_s.append(compute)
@@ -327,9 +327,9 @@ def penalized(logits: np.ndarray, context: list[int], config: SamplingConfig) ->
     return out
 
 
-def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | None, context: list[int],
+def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | None, context: list[int] | None,
           logprobs: LogprobRecorder | None) -> int:
-    shaped = penalized(logits, context, sampler.config)
+    shaped = logits if context is None else penalized(logits, context, sampler.config)
     if constraint is None:
         token = sampler(shaped)
     else:
