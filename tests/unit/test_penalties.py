@@ -60,7 +60,10 @@ def test_run_and_serve_take_the_penalties(tiny_bundle, runtime):
 
     tokenizer = runtime.tokenizer
     config = SamplingConfig(max_new_tokens=12, repeat_penalty=1.5, frequency_penalty=1.0)
-    expected, _ = generate(runtime.backend, tokenizer.prompt_ids("hello", raw=True), config, tokenizer.eos_token_ids)
+    prompt = tokenizer.prompt_ids("hello", raw=True)
+    expected, _ = generate(runtime.backend, prompt, config, tokenizer.eos_token_ids)
+    plain, _ = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=12), tokenizer.eos_token_ids)
+    assert expected != plain, "the penalties must change this answer, or a run or serve that drops them passes"
     result = invoke("run", tiny_bundle.path, "--prompt", "hello", "--raw", "-n", 12, "--repeat-penalty", 1.5,
                     "--frequency-penalty", 1.0, "--threads", 1)
     assert_ok(result)
