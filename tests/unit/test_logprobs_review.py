@@ -6,22 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit import test_logprobs
 
-@pytest.fixture(scope="module")
-def runtime(tiny_bundle):
-    from edgesdk.runtime.session import open_runtime
-
-    return open_runtime(tiny_bundle.path, threads=1)
-
-
-@pytest.fixture
-def served(runtime):
-    from edgesdk.serve.completion import ServeDefaults
-    from tests.unit.test_serve import Served
-
-    server = Served(runtime, ServeDefaults(max_tokens=6))
-    yield server
-    server.close()
+runtime, served = test_logprobs.runtime, test_logprobs.served  # the same fixtures: a tiny bundle's runtime and server
 
 
 def test_echo_of_a_one_token_prompt_lists_that_token(served, runtime):
