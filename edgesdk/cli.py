@@ -253,6 +253,32 @@ def unpack(archive, directory):
     click.echo(str(unpack_bundle(archive, directory).path))
 
 
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option("--no-verify", is_flag=True, help="Skip reading the file back and comparing every tensor with the bundle.")
+def export(bundle, output, no_verify):
+    """Write BUNDLE as a GGUF file for llama.cpp, ollama or LM Studio (OUTPUT: a .gguf file or a directory).
+
+    The weights are the bundle's own, re-encoded without rounding again: INT4 blocks become Q4_0,
+    INT8 blocks Q8_0, float weights F32. Needs the host extra (the gguf package) and an ort-fused
+    bundle of a llama / mistral / qwen2 model."""
+    try:
+        import gguf  # noqa: F401
+        import onnx  # noqa: F401
+    except ImportError as exc:
+        raise EdgeSDKError(f"'edgesdk export' reads the bundle's graph with onnx and writes with gguf ({exc})",
+                           "pip install 'edgesdk[host]' (or: pip install onnx gguf)") from exc
+    from edgesdk.export.gguf_export import GGUFExportConfig, export_gguf
+
+    report = export_gguf(bundle, output, GGUFExportConfig(verify=not no_verify))
+    types = ", ".join(f"{count} {kind}" for kind, count in sorted(report.tensor_types.items()))
+    checked = "not read back" if no_verify else f"{report.verified_tensors} tensors read back bit-exact"
+    click.echo(f"{report.path}: {report.size_bytes / 1e6:.1f} MB, {report.architecture} {report.file_type} "
+               f"({types}; {checked}) in {report.seconds:.1f} s")
+    click.echo(f"run it with llama.cpp: llama-cli -m {report.path}")
+
+
 # --- run and eval ---------------------------------------------------------------------------------
 
 

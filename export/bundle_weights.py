@@ -1,0 +1,243 @@
+"""Read a fused bundle's decoder back out of its ONNX graph: the stored weights, bit for bit.
+
+The ``ort-fused`` graph (export/fused_graph.py) holds each layer's linears as fused units
+(``attn.qkv``, ``attn.o``, ``mlp.gate_up``, ``mlp.down``), each either MatMulNBits codes with
+float16 block scales or a float32 MatMul weight, plus the norms, the rotary tables and the tied or
+untied embedding. This module gives them back as they are stored, so a converter (the GGUF export,
+export/gguf_export.py) can re-encode the exact weights the bundle runs instead of quantizing again.
+
+Matrices are returned with one row per output feature, as llama.cpp and Hugging Face store them:
+a quantized unit is a :class:`~edgesdk.export.blockwise.BlockQuantized` (rows = N), a float one a
+float32 (N, K) array.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgesdk.errors import ExportError
+from edgesdk.export.blockwise import BlockQuantized
+
+Matrix = BlockQuantized | np.ndarray  # (N, K) float32 when a plain array
+UNITS = ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
+FLOAT32_EPSILON = 2.0 ** -24  # float32's relative rounding: transformers computes inv_freq in float32
+
+
+@dataclass
+class BundleLayer:
+    input_norm: np.ndarray  # (D,)
+    post_attention_norm: np.ndarray  # (D,)
+    heads: int
+    kv_heads: int
+    units: dict[str, Matrix]  # UNITS -> matrix; attn.qkv rows are [q | k | v], mlp.gate_up rows [gate | up]
+    qkv_bias: np.ndarray | None = None  # ((Hq + 2 Hkv) * hd,)
+
+
+@dataclass
+class BundleDecoder:
+    """A fused bundle's decoder as stored."""
+
+    head_dim: int
+    rms_eps: float
+    rope_base: float  # theta of inv_freq_j = theta^(-2j / head_dim), fitted to the rotary tables
+    max_context: int
+    embed: Matrix  # (V, D)
+    final_norm: np.ndarray  # (D,)
+    lm_head: Matrix | None  # (V, D); None when tied to the embedding
+    layers: list[BundleLayer] = field(default_factory=list)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.final_norm.shape[0]
+
+
+def matrix_rows(matrix: Matrix) -> int:
+    return matrix.n if isinstance(matrix, BlockQuantized) else matrix.shape[0]
+
+
+def take_rows(matrix: Matrix, rows: np.ndarray | slice) -> Matrix:
+    """The given output rows of ``matrix`` (a slice or an index array), in that order."""
+    if not isinstance(matrix, BlockQuantized):
+        return matrix[rows]
+    blocks = matrix.packed.shape[1]
+    packed = matrix.packed[rows]  # (n, blocks, bytes)
+    scales = matrix.scales.reshape(matrix.n, blocks)[rows].reshape(-1)
+    return BlockQuantized(packed, scales, matrix.bits, matrix.block_size, matrix.k, packed.shape[0])
+
+
+def read_bundle_decoder(bundle_dir: Path, manifest: dict) -> BundleDecoder:
+    """The decoder of a verified ``ort-fused`` bundle (``edgesdk.bundle.verify_bundle``)."""
+    import onnx
+
+    graph_record = manifest["graph"]
+    if graph_record.get("form") != "ort-fused":
+        raise ExportError(f"bundle {bundle_dir} has graph form {graph_record.get('form')!r}; only 'ort-fused' "
+                          "bundles can be read back layer by layer",
+                          "rebuild it with a recipe whose export form is ort-fused (default, int8-head, int4, "
+                          "fp32-fused, ...): edgesdk build --recipe default")
+    model = onnx.load(str(Path(bundle_dir) / graph_record["file"]), load_external_data=False)
+    store = _Initializers(model.graph, Path(bundle_dir), graph_record.get("weights"))
+    nodes = _NodeIndex(model.graph)
+    embed, final_norm, lm_head = _embedding_and_head(store, nodes, bundle_dir)
+    layers = [_layer(store, nodes, i) for i in range(graph_record["num_layers"])]
+    head_dim = graph_record["head_dim"]
+    eps = nodes.attribute("SimplifiedLayerNormalization", "layers.0.input_norm", "epsilon")
+    rope_base = fit_rope_base(store.array("rotary.cos"), store.array("rotary.sin"), head_dim, bundle_dir)
+    return BundleDecoder(head_dim=head_dim, rms_eps=float(eps), rope_base=rope_base,
+                         max_context=graph_record["max_context"], embed=embed, final_norm=final_norm,
+                         lm_head=lm_head, layers=layers)
+
+
+def fit_rope_base(cos: np.ndarray, sin: np.ndarray, head_dim: int, bundle_dir) -> float:
+    """theta of the rotary tables (P, hd/2), refusing tables that are not plain RoPE (Su et al. 2021).
+
+    Each frequency is read from the angle at the furthest position where it has turned less than
+    half a circle (atan2 is exact there to float32's precision), then theta is the least-squares fit
+    of log inv_freq_j = -(2j / hd) log theta; the tables rebuilt from theta must match the stored ones.
+    """
+    positions, half = cos.shape
+    if not np.allclose(cos[0], 1.0, atol=1e-6):
+        raise ExportError(f"bundle {bundle_dir}: its rotary tables are scaled by {float(cos[0, 0]):.4f} "
+                          "(a YaRN / LongRoPE attention factor); GGUF export handles plain RoPE only",
+                          "export a model without rope_scaling")
+    first = np.arctan2(sin[1], cos[1]).astype(np.float64)  # inv_freq at position 1, each below pi
+    far = np.clip(np.floor(2.5 / np.maximum(first, 1e-12)), 1, positions - 1).astype(int)
+    inv_freq = np.arctan2(sin[far, np.arange(half)], cos[far, np.arange(half)]) / far  # (hd/2,)
+    exponents = 2.0 * np.arange(half) / head_dim
+    mask = exponents > 0
+    log_theta = -float(np.sum(exponents[mask] * np.log(inv_freq[mask])) / np.sum(exponents[mask] ** 2))
+    theta = math.exp(log_theta)
+    rebuilt = np.arange(positions)[:, None] * theta ** -exponents[None, :]
+    error = max(float(np.abs(np.cos(rebuilt) - cos).max()), float(np.abs(np.sin(rebuilt) - sin).max()))
+    # inv_freq rounded to float32 turns the angle at position p by up to p * 2^-24 (inv_freq <= 1)
+    if error > max(1e-4, 4 * positions * FLOAT32_EPSILON):
+        raise ExportError(f"bundle {bundle_dir}: its rotary tables are not plain RoPE (the best theta, {theta:.1f}, "
+                          f"rebuilds them only to within {error:.2e}; Llama 3 / YaRN frequency scaling?)",
+                          "GGUF export handles plain RoPE only; run the bundle with edgesdk instead")
+    return theta
+
+
+class _Initializers:
+    """Initializers by name, external data read from the bundle's (possibly DEFLATE-coded) weights file."""
+
+    DTYPES = {1: np.float32, 2: np.uint8, 7: np.int64, 10: np.float16}
+
+    def __init__(self, graph, bundle_dir: Path, weights_record: dict | None):
+        self.tensors = {t.name: t for t in graph.initializer}
+        self.bundle_dir, self.record = bundle_dir, weights_record
+        self._external: bytes | None = None
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def array(self, name: str) -> np.ndarray:
+        from onnx import numpy_helper
+
+        tensor = self.tensors.get(name)
+        if tensor is None:
+            raise ExportError(f"bundle {self.bundle_dir}: its graph has no initializer {name!r}",
+                              "the bundle was not written by this edgesdk's fused exporter; rebuild it")
+        if tensor.data_location != 1:  # stored inside the graph
+            return numpy_helper.to_array(tensor)
+        where = {entry.key: entry.value for entry in tensor.external_data}
+        dtype = np.dtype(self.DTYPES[tensor.data_type])
+        count = math.prod(tensor.dims)
+        data = self._external_bytes(where["location"])
+        return np.frombuffer(data, dtype, count, int(where.get("offset", 0))).reshape(tuple(tensor.dims))
+
+    def _external_bytes(self, location: str) -> bytes:
+        if self._external is None:
+            if self.record is not None:
+                from edgesdk.weights_file import inflate_weights
+
+                self._external = inflate_weights(self.bundle_dir, self.record)
+            else:
+                self._external = (self.bundle_dir / location).read_bytes()
+        return self._external
+
+
+class _NodeIndex:
+    """Nodes found by one of their inputs (initializer names are unique, so they identify a node)."""
+
+    def __init__(self, graph):
+        self.by_input = {}
+        for node in graph.node:
+            for name in node.input:
+                self.by_input.setdefault(name, node)
+
+    def node(self, op_type: str, input_name: str):
+        node = self.by_input.get(input_name)
+        if node is None or node.op_type != op_type:
+            return None
+        return node
+
+    def attribute(self, op_type: str, input_name: str, attribute: str):
+        import onnx
+
+        node = self.node(op_type, input_name)
+        if node is None:
+            raise ExportError(f"the fused graph has no {op_type} reading {input_name!r}",
+                              "the bundle was not written by this edgesdk's fused exporter; rebuild it")
+        return next(onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == attribute)
+
+
+def _quantized(store: _Initializers, nodes: _NodeIndex, name: str) -> BlockQuantized:
+    """MatMulNBits unit ``name`` (its ``.qweight`` and ``.scales`` initializers)."""
+    packed = store.array(f"{name}.qweight")  # (N, blocks, block * bits / 8)
+    scales = store.array(f"{name}.scales").astype(np.float32)  # (N * blocks,)
+    import onnx
+
+    node = nodes.node("MatMulNBits", f"{name}.qweight")
+    if node is None:  # an untied quantized embedding is read only by its GatherBlockQuantized
+        node = nodes.node("GatherBlockQuantized", "input_ids")
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    bits, block = int(attributes["bits"]), int(attributes["block_size"])
+    n = packed.shape[0]
+    k = int(attributes.get("K", packed.shape[1] * block))
+    return BlockQuantized(np.ascontiguousarray(packed), scales, bits, block, k, n)
+
+
+def _unit(store: _Initializers, nodes: _NodeIndex, name: str) -> Matrix:
+    if store.has(f"{name}.qweight"):
+        return _quantized(store, nodes, name)
+    return np.ascontiguousarray(store.array(f"{name}.weight").astype(np.float32).T)  # stored (K, N) -> (N, K)
+
+
+def _embedding_and_head(store: _Initializers, nodes: _NodeIndex, bundle_dir) -> tuple[Matrix, np.ndarray, Matrix | None]:
+    final_norm = store.array("final_norm").astype(np.float32)
+    hidden = final_norm.shape[0]
+    if store.has("embed_tokens.qweight"):
+        embed = _quantized(store, nodes, "embed_tokens")
+        embed = BlockQuantized(embed.packed, embed.scales, embed.bits, embed.block_size, hidden, embed.n)
+    else:
+        embed = store.array("embed_tokens.weight").astype(np.float32)  # (V, D)
+    if store.has("lm_head.qweight"):
+        head = _quantized(store, nodes, "lm_head")
+    elif store.has("lm_head.weight"):
+        head = np.ascontiguousarray(store.array("lm_head.weight").astype(np.float32).T)  # (D, V) -> (V, D)
+    else:
+        head = None
+    return embed, final_norm, head
+
+
+def _layer(store: _Initializers, nodes: _NodeIndex, i: int) -> BundleLayer:
+    import onnx
+
+    prefix = f"layers.{i}"
+    attention = nodes.node("GroupQueryAttention", f"past_key_values.{i}.key")
+    if attention is None:
+        raise ExportError(f"the fused graph has no GroupQueryAttention for layer {i}",
+                          "the bundle was not written by this edgesdk's fused exporter; rebuild it")
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in attention.attribute}
+    bias = store.array(f"{prefix}.attn.qkv.bias").astype(np.float32) if store.has(f"{prefix}.attn.qkv.bias") else None
+    return BundleLayer(
+        input_norm=store.array(f"{prefix}.input_norm").astype(np.float32),
+        post_attention_norm=store.array(f"{prefix}.post_attention_norm").astype(np.float32),
+        heads=int(attributes["num_heads"]), kv_heads=int(attributes["kv_num_heads"]),
+        units={unit: _unit(store, nodes, f"{prefix}.{unit}") for unit in UNITS},
+        qkv_bias=bias,
+    )

@@ -1,0 +1,224 @@
+"""Export a fused bundle as a GGUF file that llama.cpp (and ollama, LM Studio, transformers) runs.
+
+The bundle's weights are re-encoded, not re-quantized (export/gguf_tensors.py): a QAT-trained INT4
+bundle becomes a Q4_0 file whose weights are exactly those QAT learned, so llama.cpp's own kernels
+run at the bundle's quality instead of the round-to-nearest Q4_0 that ``llama-quantize`` makes from
+float weights. This is the GGUF fallback of the deployment plan (reference: anchors-mission.md §6)
+for boards where ONNX Runtime has no wheel.
+
+Layout follows llama.cpp's ``convert_hf_to_gguf.py`` conventions for the ``llama`` and ``qwen2``
+architectures (GGUF spec: github.com/ggml-org/ggml/blob/master/docs/gguf.md):
+
+- tensor names ``token_embd``, ``blk.{i}.attn_{q,k,v,output}``, ``blk.{i}.ffn_{gate,up,down}``,
+  ``blk.{i}.{attn,ffn}_norm``, ``output_norm``, ``output`` (absent when tied);
+- ``llama`` rotates adjacent pairs (GPT-J style) where the bundle's graph rotates halves
+  (``rotary_interleaved=0``), so the query and key rows of each head are reordered: row
+  ``h·hd + a·hd/2 + j`` moves to ``h·hd + 2j + a``. ``qwen2`` rotates halves and keeps them.
+
+The file is written beside its destination and renamed into place once complete, then read back
+with the ``gguf`` package's own decoder and compared with the bundle's weights (bit-exact).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgesdk.errors import ExportError
+from edgesdk.export.bundle_weights import BundleDecoder, Matrix, matrix_rows, read_bundle_decoder, take_rows
+from edgesdk.export.gguf_tensors import decoded_values, encode_matrix
+from edgesdk.export.gguf_vocab import GGUFVocab, vocab_from_tokenizer_json
+
+# model type in the bundle's manifest -> (GGUF architecture, query/key rows reordered for pairwise RoPE)
+ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False)}
+
+
+@dataclass(frozen=True)
+class GGUFExportConfig:
+    verify: bool = True  # read the file back with gguf's decoder and compare every tensor with the bundle's
+
+
+@dataclass
+class GGUFExportReport:
+    path: Path
+    size_bytes: int
+    architecture: str
+    file_type: str  # the most common weight type: Q4_0, Q8_0 or F32
+    tensor_types: dict[str, int] = field(default_factory=dict)  # ggml type -> tensors of it
+    verified_tensors: int = 0
+    seconds: float = 0.0
+
+
+def gguf_destination(bundle_dir: Path, out: Path) -> Path:
+    """The file to write: ``out`` itself, or ``out/<bundle name>.gguf`` for a directory."""
+    out = Path(out)
+    target = out / f"{Path(bundle_dir).resolve().name}.gguf" if out.is_dir() else out
+    if target.suffix != ".gguf":
+        raise ExportError(f"output {out} does not end in .gguf",
+                          f"name the file (e.g. {out.with_suffix('.gguf')}) or pass a directory")
+    bundle = Path(bundle_dir).resolve()
+    if bundle == target.resolve().parent or bundle in target.resolve().parents:
+        raise ExportError(f"output {target} lies inside the bundle {bundle_dir}, whose verification refuses "
+                          "files its manifest does not list", "write the GGUF file outside the bundle directory")
+    return target
+
+
+def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExportConfig()) -> GGUFExportReport:
+    """Write the verified bundle ``bundle_dir`` as a GGUF file at ``out`` (a file or a directory)."""
+    from edgesdk.bundle import verify_bundle
+
+    start = time.perf_counter()
+    destination = gguf_destination(bundle_dir, out)
+    bundle = verify_bundle(Path(bundle_dir))
+    manifest = bundle.manifest
+    model_type = manifest["model"]["after"]["architecture"]
+    if model_type not in ARCHITECTURES:
+        raise ExportError(f"bundle {bundle_dir} holds a {model_type!r} model; GGUF export writes {sorted(ARCHITECTURES)}",
+                          "run this bundle with edgesdk")
+    architecture, pairwise_rope = ARCHITECTURES[model_type]
+    decoder = read_bundle_decoder(bundle.path, manifest)
+    shape = _uniform_shape(decoder, bundle_dir)
+    tokenizer = manifest["tokenizer"]
+    vocab = vocab_from_tokenizer_json(bundle.file(tokenizer["file"]), tokenizer.get("bos_token"),
+                                      tokenizer.get("eos_token"), matrix_rows(decoder.embed))
+    tensors = gguf_tensors(decoder, pairwise_rope)
+    encoded = {name: encode_matrix(value) for name, value in tensors.items()}
+    types = {}
+    for data in encoded.values():
+        types[data.quant or "F32"] = types.get(data.quant or "F32", 0) + 1
+    weight_types = [data.quant or "F32" for name, data in encoded.items() if data.data.ndim == 2]
+    file_type = max(set(weight_types), key=weight_types.count)
+
+    partial = destination.with_name(destination.name + ".partial")
+    try:
+        _write(partial, architecture, decoder, shape, vocab, encoded, file_type, manifest,
+               _chat_template(bundle, tokenizer))
+        verified = verify_gguf(partial, tensors) if config.verify else 0
+        os.replace(partial, destination)
+    finally:
+        partial.unlink(missing_ok=True)
+    return GGUFExportReport(path=destination, size_bytes=destination.stat().st_size, architecture=architecture,
+                            file_type=file_type, tensor_types=types, verified_tensors=verified,
+                            seconds=time.perf_counter() - start)
+
+
+def gguf_tensors(decoder: BundleDecoder, pairwise_rope: bool) -> dict[str, Matrix]:
+    """GGUF tensor name -> the bundle's matrix (rows = outputs) or vector, query/key rows reordered
+    for pairwise RoPE when asked."""
+    hd = decoder.head_dim
+    tensors: dict[str, Matrix] = {"token_embd.weight": decoder.embed}
+    for i, layer in enumerate(decoder.layers):
+        q_rows, kv_rows = layer.heads * hd, layer.kv_heads * hd
+        qkv, gate_up = layer.units["attn.qkv"], layer.units["mlp.gate_up"]
+        sections = {"q": slice(0, q_rows), "k": slice(q_rows, q_rows + kv_rows),
+                    "v": slice(q_rows + kv_rows, q_rows + 2 * kv_rows)}
+        order = {"q": _pairwise_order(layer.heads, hd), "k": _pairwise_order(layer.kv_heads, hd)}
+        tensors[f"blk.{i}.attn_norm.weight"] = layer.input_norm
+        for kind, rows in sections.items():
+            weight = take_rows(qkv, rows)
+            bias = None if layer.qkv_bias is None else layer.qkv_bias[rows]
+            if pairwise_rope and kind in order:
+                weight = take_rows(weight, order[kind])
+                bias = None if bias is None else bias[order[kind]]
+            tensors[f"blk.{i}.attn_{kind}.weight"] = weight
+            if bias is not None:
+                tensors[f"blk.{i}.attn_{kind}.bias"] = bias
+        tensors[f"blk.{i}.attn_output.weight"] = layer.units["attn.o"]
+        tensors[f"blk.{i}.ffn_norm.weight"] = layer.post_attention_norm
+        width = matrix_rows(gate_up) // 2
+        tensors[f"blk.{i}.ffn_gate.weight"] = take_rows(gate_up, slice(0, width))
+        tensors[f"blk.{i}.ffn_up.weight"] = take_rows(gate_up, slice(width, 2 * width))
+        tensors[f"blk.{i}.ffn_down.weight"] = layer.units["mlp.down"]
+    tensors["output_norm.weight"] = decoder.final_norm
+    if decoder.lm_head is not None:
+        tensors["output.weight"] = decoder.lm_head
+    return tensors
+
+
+def verify_gguf(path: Path, expected: dict[str, Matrix]) -> int:
+    """Read ``path`` with the ``gguf`` package and check each tensor's values against ``expected``
+    (bit-exact); returns the number of tensors checked."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(str(path))
+    found = {tensor.name: tensor for tensor in reader.tensors}
+    if set(found) != set(expected):
+        raise ExportError(f"{path} holds tensors {sorted(set(found) ^ set(expected))[:5]} that differ from the bundle's",
+                          "report this as a bug in the GGUF export")
+    for name, matrix in expected.items():
+        values = dequantize(found[name].data, found[name].tensor_type).reshape(np.shape(decoded_values(matrix)))
+        if not np.array_equal(values.astype(np.float32), decoded_values(matrix)):
+            raise ExportError(f"{path}: tensor {name} reads back different from the bundle's weights",
+                              "report this as a bug in the GGUF export")
+    return len(expected)
+
+
+def _pairwise_order(heads: int, head_dim: int) -> np.ndarray:
+    """Row order that turns rotate-half query/key rows into llama.cpp's adjacent-pair order."""
+    return np.arange(heads * head_dim).reshape(heads, 2, head_dim // 2).transpose(0, 2, 1).reshape(-1)
+
+
+def _uniform_shape(decoder: BundleDecoder, bundle_dir) -> tuple[int, int, int]:
+    """(heads, kv heads, FFN width), the same in every layer."""
+    shapes = {(layer.heads, layer.kv_heads, matrix_rows(layer.units["mlp.gate_up"]) // 2) for layer in decoder.layers}
+    if len(shapes) != 1:
+        raise ExportError(f"bundle {bundle_dir} has layers of different shapes {sorted(shapes)} (heads, kv heads, "
+                          "FFN width): structurally pruned per layer; GGUF export writes uniform layers only",
+                          "export a bundle built with a recipe that prunes uniformly or not at all, or run it with edgesdk")
+    return shapes.pop()
+
+
+def _chat_template(bundle, tokenizer: dict) -> str | None:
+    name = tokenizer.get("chat_template")
+    return bundle.file(name).read_text(encoding="utf-8") if name and bundle.file(name).is_file() else None
+
+
+def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: tuple[int, int, int], vocab: GGUFVocab,
+           encoded: dict, file_type: str, manifest: dict, chat_template: str | None) -> None:
+    from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
+
+    heads, kv_heads, ffn = shape
+    writer = GGUFWriter(str(path), architecture)
+    model = manifest["model"]["after"]
+    writer.add_name(f"{model['source']} ({manifest['recipe']['name']}, edgesdk bundle {manifest['bundle_id']})")
+    writer.add_file_type({"Q4_0": LlamaFileType.MOSTLY_Q4_0, "Q8_0": LlamaFileType.MOSTLY_Q8_0,
+                          "F32": LlamaFileType.ALL_F32}[file_type])
+    if file_type != "F32":
+        writer.add_quantization_version(2)
+    writer.add_context_length(decoder.max_context)
+    writer.add_embedding_length(decoder.hidden_size)
+    writer.add_block_count(len(decoder.layers))
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    if decoder.head_dim * heads != decoder.hidden_size:
+        writer.add_key_length(decoder.head_dim)
+        writer.add_value_length(decoder.head_dim)
+    writer.add_rope_dimension_count(decoder.head_dim)
+    writer.add_rope_freq_base(decoder.rope_base)
+    writer.add_layer_norm_rms_eps(decoder.rms_eps)
+    writer.add_vocab_size(len(vocab.tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(vocab.pre)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.token_types)
+    writer.add_token_merges(vocab.merges)
+    for value, add in ((vocab.bos_id, writer.add_bos_token_id), (vocab.eos_id, writer.add_eos_token_id),
+                       (vocab.unk_id, writer.add_unk_token_id)):
+        if value is not None:
+            add(value)
+    writer.add_add_bos_token(vocab.add_bos)
+    if chat_template:
+        writer.add_chat_template(chat_template)
+    for name, data in encoded.items():
+        raw = None if data.quant is None else GGMLQuantizationType[data.quant]
+        writer.add_tensor(name, data.data, raw_dtype=raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
