@@ -258,7 +258,7 @@ def unpack(archive, directory):
 @click.argument("output", type=click.Path(path_type=Path))
 @click.option("--no-verify", is_flag=True, help="Skip reading the file back and comparing every tensor with the bundle.")
 def export(bundle, output, no_verify):
-    """Write BUNDLE as a GGUF file for llama.cpp, ollama or LM Studio (OUTPUT: a .gguf file or a directory).
+    """Write BUNDLE as a GGUF file for llama.cpp and the tools built on it (OUTPUT: a .gguf file or a directory).
 
     The weights are the bundle's own, re-encoded without rounding again: INT4 blocks become Q4_0,
     INT8 blocks Q8_0, float weights F32. Needs the host extra (the gguf package) and an ort-fused

@@ -1,4 +1,4 @@
-"""Export a fused bundle as a GGUF file that llama.cpp (and ollama, LM Studio, transformers) runs.
+"""Export a fused bundle as a GGUF file that llama.cpp (and transformers' GGUF loader) runs.
 
 The bundle's weights are re-encoded, not re-quantized (export/gguf_tensors.py): a QAT-trained INT4
 bundle becomes a Q4_0 file whose weights are exactly those QAT learned, so llama.cpp's own kernels
