@@ -60,6 +60,9 @@ def gguf_destination(bundle_dir: Path, out: Path) -> Path:
     if target.suffix != ".gguf":
         raise ExportError(f"output {out} does not end in .gguf",
                           f"name the file (e.g. {out.with_suffix('.gguf')}) or pass a directory")
+    if not target.parent.is_dir():
+        raise ExportError(f"output {target}: its directory {target.parent} does not exist",
+                          f"create it first (mkdir -p {target.parent}) or write the file into an existing directory")
     bundle = Path(bundle_dir).resolve()
     if bundle == target.resolve().parent or bundle in target.resolve().parents:
         raise ExportError(f"output {target} lies inside the bundle {bundle_dir}, whose verification refuses "
@@ -99,6 +102,9 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
                _chat_template(bundle, tokenizer))
         verified = verify_gguf(partial, tensors) if config.verify else 0
         os.replace(partial, destination)
+    except OSError as exc:  # no room, no permission, a file size limit
+        raise ExportError(f"cannot write {destination} ({exc.strerror or exc}); nothing was written there",
+                          "pick a path in an existing, writable directory with room for the file") from exc
     finally:
         partial.unlink(missing_ok=True)
     return GGUFExportReport(path=destination, size_bytes=destination.stat().st_size, architecture=architecture,
@@ -218,7 +224,9 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: tuple[i
     for name, data in encoded.items():
         raw = None if data.quant is None else GGMLQuantizationType[data.quant]
         writer.add_tensor(name, data.data, raw_dtype=raw)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:  # also when a write fails, so that the partial file is not left open
+        writer.close()

@@ -1,0 +1,61 @@
+"""GGUF export: outputs that cannot be written, and the tokenizer metadata llama.cpp reads."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+
+import pytest
+
+from edgesdk.errors import ExportError
+from tests.unit.test_gguf_export import _bundle
+
+pytest.importorskip("gguf")
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def int4_bundle(tmp_path_factory):
+    return _bundle(tmp_path_factory.mktemp("int4"), "int4", block=64)
+
+
+def test_an_output_in_a_missing_directory_is_refused_by_name_without_a_traceback(int4_bundle, tmp_path):
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+
+    out = tmp_path / "missing" / "model.gguf"
+    result = CliRunner().invoke(main, ["export", str(int4_bundle.path), str(out)])
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code != 0
+    assert f"its directory {out.parent} does not exist" in result.output
+    assert "mkdir -p" in result.output
+    assert not out.parent.exists()
+
+
+def _open_files() -> set[str]:
+    return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to list open files")
+def test_a_write_that_fails_midway_is_refused_closes_the_file_and_keeps_the_old_output(int4_bundle, tmp_path):
+    """A file size limit (RLIMIT_FSIZE) makes the write fail part way, as a full disk does."""
+    from edgesdk.export.gguf_export import export_gguf
+
+    out = tmp_path / "model.gguf"
+    out.write_bytes(b"an earlier export")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write then fails with EFBIG
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16_384, hard))
+        with pytest.raises(ExportError, match="cannot write .*model.gguf") as refused:
+            export_gguf(int4_bundle.path, out)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert "writable directory with room" in refused.value.fix
+    assert out.read_bytes() == b"an earlier export"
+    assert not (tmp_path / "model.gguf.partial").exists()
+    assert not [name for name in _open_files() if name.startswith(str(tmp_path))]
