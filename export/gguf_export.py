@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +88,9 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     tokenizer = manifest["tokenizer"]
     vocab = vocab_from_tokenizer_json(bundle.file(tokenizer["file"]), tokenizer.get("bos_token"),
                                       tokenizer.get("eos_token"), matrix_rows(decoder.embed))
+    if vocab.eos_id is None and tokenizer.get("eos_token_ids"):  # a tokenizer without an EOS token: llama.cpp's
+        # gpt2 vocabulary would then stop at its default id 11; any id that ends the bundle's generation is right
+        vocab = replace(vocab, eos_id=int(tokenizer["eos_token_ids"][0]))
     tensors = gguf_tensors(decoder, pairwise_rope)
     encoded = {name: encode_matrix(value) for name, value in tensors.items()}
     types = {}

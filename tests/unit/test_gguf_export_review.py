@@ -59,3 +59,32 @@ def test_a_write_that_fails_midway_is_refused_closes_the_file_and_keeps_the_old_
     assert out.read_bytes() == b"an earlier export"
     assert not (tmp_path / "model.gguf.partial").exists()
     assert not [name for name in _open_files() if name.startswith(str(tmp_path))]
+
+
+def test_a_tokenizer_without_an_eos_token_still_gives_llama_cpp_the_bundles_end_of_generation_id(tmp_path):
+    """Without tokenizer.ggml.eos_token_id llama.cpp's gpt2 vocabulary takes id 11 (an ordinary byte
+    token here) as end of generation; the bundle stops at its manifest's eos_token_ids."""
+    import json
+
+    from gguf import GGUFReader
+
+    from edgesdk.export.gguf_export import export_gguf
+    from tests._utils.builds import build_tiny_bundle
+    from tests._utils.tiny import save_tiny_model_dir
+
+    model_dir = save_tiny_model_dir(tmp_path / "model", hidden=64, heads=4, kv_heads=2, intermediate=128)
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = model_dir / name
+        if path.is_file():
+            spec = json.loads(path.read_text())
+            spec.pop("eos_token", None)
+            path.write_text(json.dumps(spec))
+    recipe = "name: fused\nstages: []\nexport: {form: ort-fused, weights: int8}\n"
+    bundle = build_tiny_bundle(tmp_path, recipe, "host", model_dir=model_dir)
+    tokenizer = bundle.manifest["tokenizer"]
+    assert tokenizer["eos_token"] is None
+    assert tokenizer["eos_token_ids"]
+    report = export_gguf(bundle.path, tmp_path / "model.gguf")
+    fields = GGUFReader(str(report.path)).fields
+    assert "tokenizer.ggml.eos_token_id" in fields
+    assert fields["tokenizer.ggml.eos_token_id"].contents() in tokenizer["eos_token_ids"]
