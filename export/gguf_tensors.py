@@ -8,8 +8,9 @@ weight j + 16 in its high nibble, value (q - 8) * d; ``block_q8_0`` = float16 d 
 value q * d). A MatMulNBits block of 32 · m weights is therefore m ggml blocks that repeat its scale,
 and the codes only move between nibbles: the GGUF file computes with exactly the bundle's weights.
 
-Where that cannot hold (a block of 16, or K not a multiple of 32) the matrix is written as float32
-values equal to the dequantized weights, also exact, only larger.
+Where that cannot hold (a block of 16, K not a multiple of 32, or scales that are not float16
+values: bundles of schema 1 stored float32 scales) the matrix is written as float32 values equal to
+the dequantized weights, also exact, only larger.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def exact_ggml_type(matrix: BlockQuantized) -> str | None:
     """The ggml block type that holds ``matrix``'s codes and scales exactly (None: none does)."""
     if matrix.block_size % GGML_BLOCK or matrix.k % GGML_BLOCK:
         return None
+    if not np.array_equal(matrix.scales.astype(np.float16).astype(np.float32), matrix.scales):
+        return None  # a ggml block's float16 d would round these scales
     return {4: "Q4_0", 8: "Q8_0"}.get(matrix.bits)
 
 

@@ -6,6 +6,7 @@ import os
 import resource
 import signal
 
+import numpy as np
 import pytest
 
 from edgesdk.errors import ExportError
@@ -88,3 +89,34 @@ def test_a_tokenizer_without_an_eos_token_still_gives_llama_cpp_the_bundles_end_
     fields = GGUFReader(str(report.path)).fields
     assert "tokenizer.ggml.eos_token_id" in fields
     assert fields["tokenizer.ggml.eos_token_id"].contents() in tokenizer["eos_token_ids"]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_block_scales_that_are_not_float16_values_are_written_exactly_as_f32(bits, tmp_path):
+    """Bundles of schema 1 (still readable) stored float32 block scales; a ggml block's float16 d
+    would round them, and the read-back refused the file as a bug in the export."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    from edgesdk.export.blockwise import BlockQuantized, quantize_blockwise
+    from edgesdk.export.gguf_export import verify_gguf
+    from edgesdk.export.gguf_tensors import decoded_values, encode_matrix, exact_ggml_type
+
+    weight = np.random.default_rng(bits).standard_normal((128, 48)).astype(np.float32)  # (K, N)
+    half = quantize_blockwise(weight, bits, 64)
+    assert exact_ggml_type(half) == ("Q4_0" if bits == 4 else "Q8_0")
+    scales = (half.scales * np.float32(1 + 2.0 ** -20)).astype(np.float32)  # float32 values between float16 ones
+    assert not np.array_equal(scales.astype(np.float16).astype(np.float32), scales)
+    single = BlockQuantized(half.packed, scales, bits, half.block_size, half.k, half.n)
+    encoded = encode_matrix(single)
+    assert encoded.quant is None
+    assert np.array_equal(encoded.data, decoded_values(single))
+
+    path = tmp_path / "one.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.ffn_down.weight", encoded.data,
+                      raw_dtype=None if encoded.quant is None else GGMLQuantizationType[encoded.quant])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert verify_gguf(path, {"blk.0.ffn_down.weight": single}) == 1
