@@ -362,13 +362,16 @@ def _gate_options(fn):
 @click.option("--json", "json_object", is_flag=True,
               help="JSON mode: each answer is one JSON object (tokens that cannot continue one are never taken; "
                    "the answer ends when the object closes).")
+@click.option("--json-schema", metavar="FILE|JSON",
+              help="Each answer follows this JSON schema (a file holding it, or its JSON text): an object or array "
+                   "with typed properties, required, enum, const, anyOf, items, $defs; other keywords are refused.")
 @click.option("--stats", is_flag=True, help="Print prompt tokens (and those from the cache), prefill/decode tok/s, time "
                                            "to first token, p95 inter-token latency and peak RSS on stderr.")
 @_thermal_options
 @_gate_options
 @_runtime_options
 def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, repeat_penalty, repeat_last_n, presence_penalty,
-        frequency_penalty, raw, system, history, json_object, stats,
+        frequency_penalty, raw, system, history, json_object, json_schema, stats,
         watch_thermal, simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
         sim_speed, threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
@@ -380,6 +383,7 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, repeat_penalty
     from edgesdk.runtime.conversation import Conversation
     from edgesdk.runtime.generate import SamplingConfig, generate
     from edgesdk.runtime.json_mode import JsonConstraint
+    from edgesdk.runtime.json_schema import SchemaConstraint
     from edgesdk.runtime.prompt_cache import PromptCache
     from edgesdk.runtime.session import open_runtime
     from edgesdk.runtime.text import StreamDecoder
@@ -394,6 +398,7 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, repeat_penalty
                    "presence_penalty": "'--presence-penalty'", "frequency_penalty": "'--frequency-penalty'"}
         hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
         raise click.BadParameter(str(exc), param_hint=hint) from exc
+    schema = _read_json_schema(json_schema, json_object)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
@@ -422,7 +427,8 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, repeat_penalty
     if history and prompt is None and not raw and tokenizer.has_chat_template:
         conversation = Conversation(tokenizer, system, runtime.backend.max_context, answer_room=max_new_tokens)
     cache = PromptCache(runtime.backend)
-    token_bytes = tokenizer.token_bytes() if json_object else None  # JSON mode: refused here if it cannot work
+    # JSON mode and schemas: refused here if the tokenizer's bytes cannot be read
+    token_bytes = tokenizer.token_bytes() if json_object or schema else None
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
                             thermal_target, sim_speed, status=watch_thermal or simulate_thermal)
@@ -444,7 +450,11 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, repeat_penalty
             sys.stdout.write(piece)
             sys.stdout.flush()
 
-        constraint = JsonConstraint(token_bytes) if token_bytes is not None else None
+        constraint = None
+        if schema is not None:
+            constraint = SchemaConstraint(token_bytes, schema)
+        elif token_bytes is not None:
+            constraint = JsonConstraint(token_bytes)
         try:
             _, result = generate(runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=emit,
                                  hook=thermal.hook if thermal else None, cache=cache, constraint=constraint)
@@ -623,6 +633,28 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
 
 
 SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in flight (a long prompt's prefill on a board)
+
+
+def _read_json_schema(value: str | None, json_object: bool):
+    """``--json-schema``: a file holding the schema, or its JSON text, compiled (None when not given)."""
+    from edgesdk.runtime.json_schema import SchemaError, compile_schema
+
+    if value is None:
+        return None
+    if json_object:
+        raise click.BadParameter("--json asks for any JSON object and --json-schema for one schema's; pass one",
+                                 param_hint="'--json-schema'")
+    text = value
+    if not value.lstrip().startswith(("{", "[")):
+        path = Path(value)
+        if not path.is_file():
+            raise click.BadParameter(f"{value!r} is neither a file nor a JSON text starting with '{{'",
+                                     param_hint="'--json-schema'")
+        text = read_utf8(path, "--json-schema")
+    try:
+        return compile_schema(text)
+    except SchemaError as exc:
+        raise click.BadParameter(f"{exc.problem} ({exc.fix})", param_hint="'--json-schema'") from exc
 
 
 def _served_model_name(manifest: dict) -> str:

@@ -17,6 +17,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_schema
+
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on ``stop``
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on ``top_logprobs``
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -55,6 +57,7 @@ class CompletionRequest:
     include_usage: bool = False  # stream_options.include_usage: a last chunk carrying the usage
     cache_prompt: bool = True  # llama-server's field: reuse the KV cache of the previous answer's prefix
     json_object: bool = False  # response_format {"type": "json_object"}: the answer is one JSON object
+    json_schema: CompiledSchema | None = None  # the answer follows this schema (edgesdk/runtime/json_schema.py)
     logprobs: int | None = None  # None: no log-probabilities; else how many alternatives per token (0-20)
     echo: bool = False  # /v1/completions: the prompt comes back before the answer (with its log-probabilities)
 
@@ -128,6 +131,9 @@ def _content(content: object, param: str) -> str:
     raise ApiError(400, f"{param} must be a string or an array of text parts, got {_shown(content)}", param=param)
 
 
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
 def _refuse_unsupported(body: dict, chat: bool) -> None:
     """Name the first field whose meaning this server cannot honour."""
     checks = [  # (field, is its value one we can honour, why not)
@@ -138,15 +144,11 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         ("functions", lambda v: not v, "no functions"),
         ("tool_choice", lambda v: v in (None, "none", "auto"), "no tools"),
         ("logit_bias", lambda v: not v, "no logit bias"),
-        ("grammar", lambda v: not v, "no grammar-constrained answers (response_format json_object gives one JSON "
-         "object)"),
-        # llama-server constrains the answer to any json_schema present, {} (any JSON value) included
-        ("json_schema", lambda v: v is None, "no JSON schema (response_format json_object gives one JSON object)"),
-        # llama-server reads a "schema" in a json_object response format; this server follows none
-        ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") in ("text", "json_object")
-                                                    and not v.get("schema")),
-         "plain text or one JSON object (response_format {\"type\": \"text\"} or {\"type\": \"json_object\"}), "
-         "no JSON schema"),
+        ("grammar", lambda v: not v, "no GBNF grammars (a JSON schema, response_format json_schema, constrains "
+         "the answer instead)"),
+        ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") in RESPONSE_FORMATS),
+         "plain text, one JSON object or an answer to a JSON schema (response_format type "
+         f"{' / '.join(RESPONSE_FORMATS)})"),
     ]
     for field, honoured, why in checks:
         if field in body and not honoured(body[field]):
@@ -187,8 +189,37 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "include_usage": stream and bool(options.get("include_usage", False)),
         "cache_prompt": cache_prompt,
         "json_object": (body.get("response_format") or {}).get("type") == "json_object",
+        "json_schema": _json_schema(body),
         **(_chat_logprobs(body) if chat else _text_logprobs(body)),
     }
+
+
+def _json_schema(body: dict) -> CompiledSchema | None:
+    """The schema the answer must follow: OpenAI's ``response_format {"type": "json_schema", "json_schema":
+    {"name", "schema", "strict"}}`` (always enforced strictly here), or llama-server's top-level
+    ``json_schema`` or ``response_format {"type": "json_object", "schema": ...}``."""
+    response_format = body.get("response_format")
+    given = []
+    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise ApiError(400, f"response_format json_schema must carry {{\"json_schema\": {{\"name\": ..., \"schema\": "
+                           f"{{...}}}}}}, got json_schema = {_shown(spec)}", param="response_format")
+        given.append(("response_format", spec["schema"]))
+    elif isinstance(response_format, dict) and response_format.get("schema") is not None:
+        given.append(("response_format", response_format["schema"]))
+    if body.get("json_schema") is not None:
+        given.append(("json_schema", body["json_schema"]))
+    if len(given) > 1:
+        raise ApiError(400, "both 'response_format' and 'json_schema' give a JSON schema; send one of them",
+                       param="json_schema")
+    if not given:
+        return None
+    param, schema = given[0]
+    try:
+        return compile_schema(schema)
+    except SchemaError as exc:
+        raise ApiError(400, f"{param}: {exc.problem}; {exc.fix}", param=param, code="unsupported_parameter") from exc
 
 
 def _chat_logprobs(body: dict) -> dict:

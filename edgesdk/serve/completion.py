@@ -17,6 +17,7 @@ from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.cache_store import CacheStore
 from edgesdk.runtime.generate import SamplingConfig, StepHook, generate
 from edgesdk.runtime.json_mode import JsonConstraint
+from edgesdk.runtime.json_schema import SchemaConstraint
 from edgesdk.runtime.logprobs import LogprobRecorder
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
@@ -193,7 +194,7 @@ class Completer:
             request = replace(request, prompt=self.runtime.tokenizer.decode(ids))
         sampling = self.sampling(request)
         # Refused before the turn, as a bad prompt is: a stream's headers go out when the turn comes.
-        constraint = self._json_constraint() if request.json_object else None
+        constraint = self._constraint(request)
         self._check_stopping()
         if not self._admitted.acquire(blocking=False):
             self.metrics.refuse_busy()
@@ -218,7 +219,7 @@ class Completer:
             self._admitted.release()
 
     def _generate(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig,
-                  constraint: JsonConstraint | None, on_text: Callable[[str, dict | None], None] | None,
+                  constraint: JsonConstraint | SchemaConstraint | None, on_text: Callable[[str, dict | None], None] | None,
                   client_gone: Callable[[], bool] | None) -> Completion:
         tokenizer = self.runtime.tokenizer
         decoder, matcher, pieces = StreamDecoder(tokenizer), StopMatcher(request.stop), []
@@ -307,11 +308,17 @@ class Completer:
         piece = table[token] if 0 <= token < len(table) else None
         return piece if piece is not None else (self.runtime.tokenizer.tokenizer.id_to_token(token) or "").encode()
 
-    def _json_constraint(self) -> JsonConstraint:
+    def _constraint(self, request: CompletionRequest) -> JsonConstraint | SchemaConstraint | None:
+        """JSON mode's or the JSON schema's constraint on the answer, if the request asks for one."""
+        if request.json_schema is None and not request.json_object:
+            return None
         try:
-            return JsonConstraint(self.runtime.tokenizer.token_bytes())
+            token_bytes = self.runtime.tokenizer.token_bytes()
         except EdgeSDKError as exc:  # a tokenizer whose token bytes JSON mode cannot read
             raise ApiError(400, exc.problem, param="response_format", code="unsupported_parameter") from exc
+        if request.json_schema is not None:
+            return SchemaConstraint(token_bytes, request.json_schema)
+        return JsonConstraint(token_bytes)
 
     def _end_early(self) -> None:
         """An answer cut short (stop string, client gone): the hook's end of request, which gives a

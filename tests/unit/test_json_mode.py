@@ -127,8 +127,8 @@ def test_serve_json_object_mode_and_refusal_of_a_schema(runtime):
         events = server.stream("/v1/chat/completions", body)
         assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[1:-1]) == text
         status, refused = server.post("/v1/chat/completions", {**body, "response_format": {
-            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}})
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "minProperties": 1}}}})
         assert (status, refused["error"]["param"]) == (400, "response_format")
-        assert "json_object" in refused["error"]["message"]
+        assert "keyword 'minProperties'" in refused["error"]["message"]
     finally:
         server.close()

@@ -1,0 +1,444 @@
+"""Structured answers: a JSON Schema constrains the answer, as OpenAI's structured outputs
+(``response_format: {"type": "json_schema", "json_schema": {"schema": ...}}``) and llama-server's
+``json_schema`` field do.
+
+The schema is compiled into a tree of :class:`SchemaNode` and followed byte by byte, like JSON mode
+(``edgesdk/runtime/json_mode.py``, whose automaton scans the strings, numbers and free-form values
+here). Where a schema allows several ways on (``anyOf``, an optional property, enum values that
+share a prefix), the constraint keeps every live way at once, so no choice is made before the bytes
+decide it.
+
+The supported subset (JSON Schema 2020-12 keywords) is what structured-output APIs use:
+``type`` (one or a list), ``properties`` with ``required``, ``additionalProperties: false``
+(absent is read the same way: only the listed properties are written), ``items``, ``minItems``,
+``maxItems``, ``enum``, ``const``, ``anyOf`` / ``oneOf``, ``allOf`` of one schema, ``$ref`` into
+``$defs`` / ``definitions`` (recursion included), ``true`` / ``{}`` for any value, and the
+annotations (``title``, ``description``, ``default``, ...). Properties are written in the
+schema's order, as OpenAI's strict mode and llama.cpp's converter write them. Between tokens the
+spacing is llama.cpp's schema grammar's: nothing, one space, or a newline and at most 20 spaces or
+tabs of indentation, so pretty-printed answers pass and a model cannot stall in blank lines. Every other keyword
+(``pattern``, ``minLength``, ``minimum``, ``format``, ...) is refused by name rather than ignored,
+so an answer never silently breaks a constraint the client asked for. The root must be an object or
+an array, whose closing bracket ends the answer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.json_mode import _NUMBER_NEXT, AFTER_VALUE, NUMBER, VALUE, JsonState, step
+
+MAX_INDENT = 20  # spaces or tabs after a newline between tokens (llama.cpp's json-schema-to-grammar spacing)
+ONE_SPACE = -1  # spacing state after a single space: nothing more may follow
+MAX_WAYS = 64  # live parses kept at once (a schema of nested anyOf could otherwise multiply them)
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+                         "readOnly", "writeOnly"})
+TYPE_KEYWORDS = {"object": {"properties", "required", "additionalProperties"},
+                 "array": {"items", "minItems", "maxItems"},
+                 "string": set(), "number": set(), "integer": set(), "boolean": set(), "null": set()}
+_WHITESPACE = frozenset(b" \t\n\r")
+_NUMBER_START = frozenset(b"-0123456789")
+_INSIDE_ARRAY = ("[",)  # a scanned value sits in a one-level container so that its end is visible
+
+
+class SchemaError(EdgeSDKError):
+    """A JSON Schema uses something this constraint cannot enforce."""
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity: recursive schemas make cyclic trees
+class SchemaNode:
+    kind: str  # object | array | string | number | integer | any | literal | choice | ref
+    properties: tuple = ()  # object: (key bytes as written between the quotes, SchemaNode, required)
+    items: SchemaNode | None = None  # array
+    min_items: int = 0
+    max_items: int | None = None
+    literals: tuple[bytes, ...] = ()  # literal: the JSON texts allowed (enum, const, booleans, null)
+    options: tuple = ()  # choice: SchemaNodes
+    ref: str = ""  # ref: a key of the compiled definitions
+
+
+@dataclass(frozen=True)
+class CompiledSchema:
+    root: SchemaNode
+    definitions: dict  # "$ref" string -> SchemaNode
+
+
+def compile_schema(schema) -> CompiledSchema:
+    """Compile ``schema`` (a dict, or a JSON text of one); :class:`SchemaError` names what is refused."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise SchemaError(f"the JSON schema is not valid JSON ({exc})", "pass a JSON object") from exc
+    if not isinstance(schema, dict):
+        raise SchemaError(f"the JSON schema must be an object, got {type(schema).__name__}",
+                          'pass an object such as {"type": "object", "properties": {...}}')
+    compiler = _Compiler(schema)
+    root = compiler.node(schema, "$")
+    for ref in list(compiler.pending):
+        compiler.definitions[ref] = compiler.node(compiler.lookup(ref), ref)
+    resolved = _resolve(root, compiler.definitions)
+    if resolved.kind not in ("object", "array"):
+        raise SchemaError(f"the schema's root is {resolved.kind!r}; the answer must be an object or an array",
+                          'wrap the value in an object: {"type": "object", "properties": {"value": ...}, '
+                          '"required": ["value"]}')
+    return CompiledSchema(root, compiler.definitions)
+
+
+class _Compiler:
+    def __init__(self, root: dict):
+        self.root = root
+        self.definitions: dict = {}
+        self.pending: dict = {}  # refs seen, compiled after the tree (so recursion needs no look-ahead)
+
+    def lookup(self, ref: str) -> dict | bool:
+        parts = ref.split("/")
+        if len(parts) != 3 or parts[0] != "#" or parts[1] not in ("$defs", "definitions"):
+            raise SchemaError(f"$ref {ref!r} is not supported: only local definitions (#/$defs/NAME or "
+                              "#/definitions/NAME) are", "inline the referenced schema")
+        table = self.root.get(parts[1])
+        if not isinstance(table, dict) or parts[2] not in table:
+            raise SchemaError(f"$ref {ref!r} points at no definition", f"add {parts[2]!r} under {parts[1]!r}")
+        return table[parts[2]]
+
+    def node(self, schema, path: str) -> SchemaNode:
+        if schema is True or schema == {}:
+            return SchemaNode("any")
+        if not isinstance(schema, dict):
+            raise SchemaError(f"{path}: a schema must be an object or true, got {json.dumps(schema)[:60]}",
+                              "fix the schema")
+        if "$ref" in schema:
+            ref = schema["$ref"]
+            if not isinstance(ref, str):
+                raise SchemaError(f"{path}.$ref must be a string, got {ref!r}", "fix the schema")
+            self.lookup(ref)
+            self.pending.setdefault(ref, None)
+            return SchemaNode("ref", ref=ref)
+        if "const" in schema or "enum" in schema:
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            if not isinstance(values, list) or not values:
+                raise SchemaError(f"{path}.enum must be a non-empty array, got {values!r}", "fix the schema")
+            self._refuse(schema, path, {"const", "enum", "type", "$defs", "definitions"})
+            texts = tuple(dict.fromkeys(json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode()
+                                        for v in values))
+            return SchemaNode("literal", literals=texts)
+        for combiner in ("anyOf", "oneOf", "allOf"):
+            if combiner in schema:
+                return self._combined(schema, combiner, path)
+        kinds = schema.get("type")
+        if kinds is None:
+            if "properties" in schema:
+                kinds = "object"
+            elif "items" in schema:
+                kinds = "array"
+            else:
+                self._refuse(schema, path, {"$defs", "definitions"})
+                return SchemaNode("any")
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        if not isinstance(kinds, list) or not kinds or any(k not in TYPE_KEYWORDS for k in kinds):
+            raise SchemaError(f"{path}.type is {schema.get('type')!r}; expected one of {sorted(TYPE_KEYWORDS)} "
+                              "or a list of them", "fix the schema")
+        allowed = {"type", "$defs", "definitions"}.union(*(TYPE_KEYWORDS[k] for k in kinds))
+        self._refuse(schema, path, allowed)
+        nodes = [self._typed(schema, kind, path) for kind in kinds]
+        return nodes[0] if len(nodes) == 1 else SchemaNode("choice", options=tuple(nodes))
+
+    def _combined(self, schema: dict, combiner: str, path: str) -> SchemaNode:
+        options = schema[combiner]
+        if not isinstance(options, list) or not options:
+            raise SchemaError(f"{path}.{combiner} must be a non-empty array of schemas", "fix the schema")
+        if combiner == "allOf" and len(options) != 1:
+            raise SchemaError(f"{path}.allOf of {len(options)} schemas is not supported (an intersection of schemas)",
+                              "merge them into one schema")
+        self._refuse(schema, path, {combiner, "$defs", "definitions"})
+        nodes = tuple(self.node(option, f"{path}.{combiner}[{i}]") for i, option in enumerate(options))
+        return nodes[0] if len(nodes) == 1 else SchemaNode("choice", options=nodes)
+
+    def _typed(self, schema: dict, kind: str, path: str) -> SchemaNode:
+        if kind == "boolean":
+            return SchemaNode("literal", literals=(b"true", b"false"))
+        if kind == "null":
+            return SchemaNode("literal", literals=(b"null",))
+        if kind == "array":
+            return self._array(schema, path)
+        if kind == "object":
+            return self._object(schema, path)
+        return SchemaNode(kind)  # string, number, integer
+
+    def _array(self, schema: dict, path: str) -> SchemaNode:
+        low, high = schema.get("minItems", 0), schema.get("maxItems")
+        for name, value in (("minItems", low), ("maxItems", high)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise SchemaError(f"{path}.{name} must be a non-negative integer, got {value!r}", "fix the schema")
+        if high is not None and high < low:
+            raise SchemaError(f"{path}: maxItems {high} is below minItems {low}", "fix the schema")
+        items = self.node(schema.get("items", True), f"{path}.items")
+        return SchemaNode("array", items=items, min_items=low, max_items=high)
+
+    def _object(self, schema: dict, path: str) -> SchemaNode:
+        extra = schema.get("additionalProperties", False)
+        if extra is not False:
+            raise SchemaError(f"{path}.additionalProperties is {json.dumps(extra)[:60]}; only false is supported "
+                              "(the answer holds the listed properties)", "set additionalProperties to false")
+        properties = schema.get("properties", {})
+        required = schema.get("required", [])
+        if not isinstance(properties, dict) or not isinstance(required, list):
+            raise SchemaError(f"{path}: properties must be an object and required an array", "fix the schema")
+        unknown = [name for name in required if name not in properties]
+        if unknown:
+            raise SchemaError(f"{path}.required names {unknown}, which are not among its properties",
+                              "add them to properties or drop them from required")
+        return SchemaNode("object", properties=tuple(
+            (json.dumps(name, ensure_ascii=False)[1:-1].encode(), self.node(value, f"{path}.properties.{name}"),
+             name in required) for name, value in properties.items()))
+
+    @staticmethod
+    def _refuse(schema: dict, path: str, allowed: set) -> None:
+        for keyword in schema:
+            if keyword not in allowed and keyword not in ANNOTATIONS:
+                raise SchemaError(f"{path}: keyword {keyword!r} is not supported by the JSON schema constraint here",
+                                  "drop it from the schema (supported: type, properties, required, "
+                                  "additionalProperties false, items, minItems, maxItems, enum, const, anyOf, oneOf, "
+                                  "$ref to $defs) and check the answer yourself")
+
+
+def _resolve(node: SchemaNode, definitions: dict, depth: int = 0) -> SchemaNode:
+    while node.kind == "ref":
+        depth += 1
+        if depth > 64:
+            raise SchemaError(f"$ref {node.ref!r} refers to itself without ever reaching a value",
+                              "fix the schema's definitions")
+        node = definitions[node.ref]
+    return node
+
+
+# ------------------------------------------------------------------------------------------ the parser
+# A way through the schema is a stack of frames (tuples, the top last):
+#   ("value", node)                 a value of ``node`` comes next (whitespace may come first)
+#   ("literal", texts, position)    inside one of the literal ``texts``
+#   ("scan", kind, JsonState)       inside a string / number / integer / free-form value, scanned by JSON mode
+#   ("object", node, index, phase)  phase open | key | colon | after; ``index``: the next property that may come
+#                                   (in colon: the one whose key was just written)
+#   ("key", node, candidates, position)  inside a key; candidates: property indices still matching
+#   ("array", node, count, phase)   phase open | value | after
+
+
+class _Parser:
+    def __init__(self, compiled: CompiledSchema):
+        self.definitions = compiled.definitions
+
+    def start(self, node: SchemaNode, rest: tuple, byte: int) -> list[tuple]:
+        """The ways after ``byte``, the first byte of a value of ``node`` (``rest``: the frames below)."""
+        node = _resolve(node, self.definitions)
+        if node.kind == "choice":
+            return [way for option in node.options for way in self.start(option, rest, byte)]
+        if node.kind == "literal":
+            return self.step(rest + (("literal", node.literals, 0),), byte)
+        if node.kind == "object":
+            return [rest + (("object", node, 0, "open"),)] if byte == ord("{") else []
+        if node.kind == "array":
+            return [rest + (("array", node, 0, "open"),)] if byte == ord("[") else []
+        if (node.kind == "string" and byte != ord('"')) or (node.kind in ("number", "integer")
+                                                           and byte not in _NUMBER_START):
+            return []
+        scanned = step(JsonState(VALUE, _INSIDE_ARRAY), byte)
+        if scanned is None:
+            return []
+        return [rest] if _scanned_whole(scanned) else [rest + (("scan", node.kind, scanned),)]
+
+    def step(self, frames: tuple, byte: int) -> list[tuple]:
+        """The ways ``frames`` continue with ``byte`` (none: it cannot)."""
+        if not frames:  # the answer is complete: only trailing whitespace
+            return [frames] if byte in _WHITESPACE else []
+        top, rest = frames[-1], frames[:-1]
+        kind = top[0]
+        if kind == "value":
+            return [frames] if byte in _WHITESPACE else self.start(top[1], rest, byte)
+        if kind == "literal":
+            return self._literal(top, rest, byte)
+        if kind == "scan":
+            return self._scan(top, rest, byte)
+        if kind == "key":
+            return self._key(top, rest, byte)
+        if byte in _WHITESPACE:
+            return [frames]
+        return self._object(top, rest, byte) if kind == "object" else self._array(top, rest, byte)
+
+    def _literal(self, top: tuple, rest: tuple, byte: int) -> list[tuple]:
+        _, texts, position = top
+        kept = [text for text in texts if text[position] == byte]
+        ways = [rest] if any(len(text) == position + 1 for text in kept) else []
+        longer = tuple(text for text in kept if len(text) > position + 1)
+        return ways + ([rest + (("literal", longer, position + 1),)] if longer else [])
+
+    def _scan(self, top: tuple, rest: tuple, byte: int) -> list[tuple]:
+        _, kind, state = top
+        if state.mode == NUMBER and state.stack == _INSIDE_ARRAY:
+            following, may_end = _NUMBER_NEXT[state.detail]
+            if byte not in following:  # the number ended before this byte, which belongs to the frame below
+                return self.step(rest, byte) if may_end else []
+            if kind == "integer" and byte in b".eE":
+                return []
+        scanned = step(state, byte)
+        if scanned is None:
+            return []
+        return [rest] if _scanned_whole(scanned) else [rest + (("scan", kind, scanned),)]
+
+    def _key(self, top: tuple, rest: tuple, byte: int) -> list[tuple]:
+        _, node, candidates, position = top
+        ways, matching = [], []
+        for index in candidates:
+            key = node.properties[index][0]
+            if position < len(key) and key[position] == byte:
+                matching.append(index)
+            elif position == len(key) and byte == ord('"'):
+                ways.append(rest[:-1] + (("object", node, index, "colon"),))
+        return ways + ([rest + (("key", node, tuple(matching), position + 1),)] if matching else [])
+
+    def _object(self, top: tuple, rest: tuple, byte: int) -> list[tuple]:
+        _, node, index, phase = top
+        if phase == "colon":
+            if byte != ord(":"):
+                return []
+            return [rest + (("object", node, index + 1, "after"), ("value", node.properties[index][1]))]
+        if phase in ("open", "key") and byte == ord('"'):
+            candidates = _key_candidates(node, index)
+            return [rest + (top, ("key", node, candidates, 0))] if candidates else []
+        if phase == "after" and byte == ord(","):
+            return [rest + (("object", node, index, "key"),)] if _key_candidates(node, index) else []
+        if phase in ("open", "after") and byte == ord("}"):
+            return [rest] if not any(required for _, _, required in node.properties[index:]) else []
+        return []
+
+    def _array(self, top: tuple, rest: tuple, byte: int) -> list[tuple]:
+        _, node, count, phase = top
+        if phase == "after":
+            if byte == ord(","):
+                return [rest + (("array", node, count, "value"),)] if node.max_items is None or \
+                    count < node.max_items else []
+            return [rest] if byte == ord("]") and count >= node.min_items else []
+        if phase == "open" and byte == ord("]"):
+            return [rest] if node.min_items == 0 else []
+        if node.max_items is not None and count >= node.max_items:
+            return []
+        return self.start(node.items, rest + (("array", node, count + 1, "after"),), byte)
+
+
+def _key_candidates(node: SchemaNode, index: int) -> tuple[int, ...]:
+    """Properties that may come next: from ``index`` up to the first required one (which none may skip)."""
+    candidates = []
+    for position in range(index, len(node.properties)):
+        candidates.append(position)
+        if node.properties[position][2]:
+            break
+    return tuple(candidates)
+
+
+def _spacing_after(spacing: int, byte: int) -> int | None:
+    """Spacing between tokens after whitespace ``byte`` (None: not allowed). ``spacing`` is 0 before any,
+    ONE_SPACE after a single space, 1 + n after a newline and n spaces or tabs."""
+    if spacing == 0:
+        return ONE_SPACE if byte == ord(" ") else 1 if byte == ord("\n") else None
+    if spacing >= 1 and byte in b" \t" and spacing <= MAX_INDENT:
+        return spacing + 1
+    return None
+
+
+def _scanned_whole(state: JsonState) -> bool:
+    """The scanned value has closed (a string, a literal or a container inside a free-form value)."""
+    return state.mode == AFTER_VALUE and state.stack == _INSIDE_ARRAY
+
+
+class SchemaConstraint:
+    """One answer's parser over the bytes of the tokens taken so far (a ``TokenConstraint``).
+
+    The sampler asks :meth:`allows` token by token, most likely first. Where few tokens fit (after
+    ``"age": `` only digits do), it may ask about most of the vocabulary; past SCAN_AFTER questions in
+    one state, the whole allowed set is found at once by walking a byte trie of the vocabulary, which
+    stops at a prefix's first refused byte (on SmolLM2's 49,152 tokens: 1 ms where 11 tokens fit,
+    against 46 ms asking token by token)."""
+
+    SCAN_AFTER = 16
+
+    def __init__(self, token_bytes: list[bytes | None], compiled: CompiledSchema):
+        self.token_bytes = token_bytes
+        self.parser = _Parser(compiled)
+        self.ways: list[tuple[tuple, int]] = [((("value", compiled.root),), 0)]  # (frames, spacing state)
+        self._asked = 0
+        self._allowed: set[int] | None = None
+
+    def _feed(self, ways: list[tuple[tuple, int]], data: bytes) -> list[tuple[tuple, int]]:
+        for byte in data:
+            following: dict = {}
+            for frames, spacing in ways:
+                structural = byte in _WHITESPACE and (not frames or frames[-1][0] in ("value", "object", "array"))
+                if structural:
+                    spacing = _spacing_after(spacing, byte)
+                    if spacing is None:
+                        continue
+                for way in self.parser.step(frames, byte):
+                    following.setdefault(way, spacing if structural else 0)
+            ways = list(following.items())[:MAX_WAYS]
+            if not ways:
+                return []
+        return ways
+
+    def allows(self, token_id: int) -> bool:
+        if self._allowed is not None:
+            return token_id in self._allowed
+        self._asked += 1
+        if self._asked > self.SCAN_AFTER:
+            self._allowed = self._allowed_tokens()
+            return token_id in self._allowed
+        data = self.token_bytes[token_id] if 0 <= token_id < len(self.token_bytes) else None
+        return bool(data) and bool(self._feed(self.ways, data))
+
+    def _allowed_tokens(self) -> set[int]:
+        """Every token that continues the answer, by a walk of the vocabulary's byte trie."""
+        allowed: set[int] = set()
+        pending = [(_vocabulary_trie(self.token_bytes), self.ways)]
+        while pending:
+            node, ways = pending.pop()
+            for byte, child in node.items():
+                if byte is None:
+                    continue
+                after = self._feed(ways, bytes((byte,)))
+                if after:
+                    allowed.update(child.get(None, ()))
+                    pending.append((child, after))
+        return allowed
+
+    def advance(self, token_id: int) -> None:
+        ways = self._feed(self.ways, self.token_bytes[token_id] or b"")
+        if not ways:
+            raise ValueError(f"token {token_id} does not continue the answer the JSON schema allows")
+        self.ways, self._asked, self._allowed = ways, 0, None
+
+    @property
+    def complete(self) -> bool:
+        """The root value has closed."""
+        return any(not frames for frames, _ in self.ways)
+
+
+_TRIES: dict[int, tuple[list, dict]] = {}  # id(token table) -> (the table, kept alive so the id stays its own; trie)
+
+
+def _vocabulary_trie(token_bytes: list[bytes | None]) -> dict:
+    """Nested dicts byte -> child; the key None lists the token ids whose bytes end at that node."""
+    cached = _TRIES.get(id(token_bytes))
+    if cached is not None and cached[0] is token_bytes:
+        return cached[1]
+    root: dict = {}
+    for token_id, data in enumerate(token_bytes):
+        if not data:
+            continue
+        node = root
+        for byte in data:
+            node = node.setdefault(byte, {})
+        node.setdefault(None, []).append(token_id)
+    if len(_TRIES) >= 4:  # a server holds one tokenizer; tests hold a few
+        _TRIES.pop(next(iter(_TRIES)))
+    _TRIES[id(token_bytes)] = (token_bytes, root)
+    return root
