@@ -97,7 +97,7 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     for data in encoded.values():
         types[data.quant or "F32"] = types.get(data.quant or "F32", 0) + 1
     weight_types = [data.quant or "F32" for name, data in encoded.items() if data.data.ndim == 2]
-    file_type = max(set(weight_types), key=weight_types.count)
+    file_type = max(sorted(set(weight_types)), key=weight_types.count)  # sorted: ties resolve the same every run
 
     partial = destination.with_name(destination.name + ".partial")
     try:
@@ -194,7 +194,8 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: tuple[i
     heads, kv_heads, ffn = shape
     writer = GGUFWriter(str(path), architecture)
     model = manifest["model"]["after"]
-    writer.add_name(f"{model['source']} ({manifest['recipe']['name']}, edgesdk bundle {manifest['bundle_id']})")
+    source = Path(str(model["source"])).name or str(model["source"])  # an alias, or a directory's name, not its path
+    writer.add_name(f"{source} ({manifest['recipe']['name']}, edgesdk bundle {manifest['bundle_id']})")
     writer.add_file_type({"Q4_0": LlamaFileType.MOSTLY_Q4_0, "Q8_0": LlamaFileType.MOSTLY_Q8_0,
                           "F32": LlamaFileType.ALL_F32}[file_type])
     if file_type != "F32":

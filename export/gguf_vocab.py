@@ -18,7 +18,7 @@ from pathlib import Path
 
 from edgesdk.errors import ExportError
 
-NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # llama.cpp's token types (LLAMA_TOKEN_TYPE_*)
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # llama.cpp's token types (LLAMA_TOKEN_TYPE_*)
 # Split regexes of Hugging Face tokenizers -> the llama.cpp pre-tokenizer that splits the same way
 SPLIT_REGEXES = {
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
@@ -60,11 +60,13 @@ def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str 
     if extra:
         raise ExportError(f"{path}: token ids up to {max(extra)}, but the model's embedding has {vocab_size} rows",
                           "the tokenizer does not belong to this model; rebuild the bundle")
-    for i in missing:  # rows the embedding pads with (vocabularies rounded up to a multiple of 64 or 128)
+    # Rows the embedding pads with (vocabularies rounded up to a multiple of 64 or 128) are UNUSED, as llama.cpp's
+    # converter marks them: a USER_DEFINED one would match its name in the text ("[PAD330]") as one token.
+    for i in missing:
         by_id[i] = f"[PAD{i}]"
-        user_defined.add(i)
     tokens = [by_id[i] for i in range(vocab_size)]
-    types = [CONTROL if i in special else USER_DEFINED if i in user_defined else NORMAL for i in range(vocab_size)]
+    types = [CONTROL if i in special else USER_DEFINED if i in user_defined else UNUSED if i in missing else NORMAL
+             for i in range(vocab_size)]
     merges = [" ".join(pair) if isinstance(pair, list) else pair for pair in model.get("merges", [])]
     ids = {token: i for i, token in enumerate(tokens)}
     return GGUFVocab(tokens=tokens, token_types=types, merges=merges, pre=pre,

@@ -160,6 +160,7 @@ def test_the_tokenizer_and_chat_template_travel(tmp_path):
     assert fields["tokenizer.ggml.eos_token_id"].contents() == runtime.tokenizer.encode("<|im_end|>", add_special_tokens=False)[0]
     assert fields["tokenizer.ggml.token_type"].contents()[:3] == [3, 3, 3]  # the special tokens are control tokens
     assert "<|im_start|>" in fields["tokenizer.chat_template"].contents()
+    assert fields["general.name"].contents() == f"model (fused, edgesdk bundle {bundle.bundle_id})"  # no host path
 
 
 def test_outputs_that_would_break_the_bundle_or_are_not_gguf_are_refused(tmp_path):
@@ -266,7 +267,7 @@ def test_pre_tokenizers_map_to_llama_cpp_names_or_are_refused(pre_tokenizer, nam
     vocab = vocab_from_tokenizer_json(path, "<s>", None, 5)
     assert vocab.pre == name
     assert vocab.tokens == ["a", "b", "ab", "<s>", "[PAD4]"]
-    assert vocab.token_types == [1, 1, 1, 3, 4]
+    assert vocab.token_types == [1, 1, 1, 3, 5]  # the padding row is UNUSED, never matched in text
     assert vocab.merges == ["a b"]
     assert vocab.bos_id == 3
     assert vocab.add_bos
