@@ -77,7 +77,8 @@ def compile_schema(schema) -> CompiledSchema:
                           'pass an object such as {"type": "object", "properties": {...}}')
     compiler = _Compiler(schema)
     root = compiler.node(schema, "$")
-    for ref in list(compiler.pending):
+    while len(compiler.definitions) < len(compiler.pending):  # a definition may refer to others not yet seen
+        ref = next(ref for ref in compiler.pending if ref not in compiler.definitions)
         compiler.definitions[ref] = compiler.node(compiler.lookup(ref), ref)
     resolved = _resolve(root, compiler.definitions)
     if resolved.kind not in ("object", "array"):
