@@ -80,6 +80,7 @@ def compile_schema(schema) -> CompiledSchema:
     while len(compiler.definitions) < len(compiler.pending):  # a definition may refer to others not yet seen
         ref = next(ref for ref in compiler.pending if ref not in compiler.definitions)
         compiler.definitions[ref] = compiler.node(compiler.lookup(ref), ref)
+    _refuse_cycles(root, compiler.definitions)
     resolved = _resolve(root, compiler.definitions)
     if resolved.kind not in ("object", "array"):
         raise SchemaError(f"the schema's root is {resolved.kind!r}; the answer must be an object or an array",
@@ -205,12 +206,32 @@ class _Compiler:
                                   "$ref to $defs) and check the answer yourself")
 
 
-def _resolve(node: SchemaNode, definitions: dict, depth: int = 0) -> SchemaNode:
-    while node.kind == "ref":
-        depth += 1
-        if depth > 64:
-            raise SchemaError(f"$ref {node.ref!r} refers to itself without ever reaching a value",
-                              "fix the schema's definitions")
+def _refuse_cycles(root: SchemaNode, definitions: dict) -> None:
+    """Refuse a ``$ref`` that comes back to itself before any byte is written (through other ``$ref``,
+    ``anyOf``, ``oneOf`` or ``allOf``): no value ever starts that way, and following it would never end.
+    Recursion through an object's property or an array's items is fine."""
+    done: set[str] = set()
+
+    def walk(node: SchemaNode, refs: tuple[str, ...]) -> None:
+        if node.kind == "choice":
+            for option in node.options:
+                walk(option, refs)
+        elif node.kind == "ref" and node.ref not in done:
+            if node.ref in refs:
+                cycle = " -> ".join(refs[refs.index(node.ref):] + (node.ref,))
+                raise SchemaError(f"$ref {node.ref!r} refers to itself without ever reaching a value ({cycle})",
+                                  "fix the schema's definitions: a recursion must go through an object's "
+                                  "properties or an array's items")
+            walk(definitions[node.ref], refs + (node.ref,))
+            done.add(node.ref)
+
+    walk(root, ())
+    for ref in definitions:
+        walk(SchemaNode("ref", ref=ref), ())
+
+
+def _resolve(node: SchemaNode, definitions: dict) -> SchemaNode:
+    while node.kind == "ref":  # ends: compile_schema refused cycles of $ref
         node = definitions[node.ref]
     return node
 

@@ -3,7 +3,9 @@ other definitions, cycles, values JSON cannot hold, and the constraint's agreeme
 
 from __future__ import annotations
 
-from edgesdk.runtime.json_schema import SchemaConstraint, compile_schema
+import pytest
+
+from edgesdk.runtime.json_schema import SchemaConstraint, SchemaError, compile_schema
 
 BYTES = [bytes([b]) for b in range(256)]  # a "tokenizer" whose token i is byte i
 
@@ -28,3 +30,26 @@ def test_a_definition_referred_to_only_by_another_definition_is_compiled():
               "required": ["a"], "title": "M", "type": "object"}
     assert _feed(schema, '{"a":{"b":{"z":1}},"opt":{"b":{"z":-2}}}').complete
     assert _feed(schema, '{"a":{"b":{"z":"x"}}}') is None
+
+
+@pytest.mark.parametrize("schema", [
+    # through anyOf: following the option would never write a byte
+    {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}},
+     "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}},
+    # through two definitions and a oneOf
+    {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}},
+     "$defs": {"a": {"oneOf": [{"type": "null"}, {"$ref": "#/$defs/b"}]}, "b": {"allOf": [{"$ref": "#/$defs/a"}]}}},
+    # a pure cycle below the root, not only at it
+    {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "$defs": {"a": {"$ref": "#/$defs/a"}}},
+])
+def test_a_ref_cycle_that_writes_no_byte_is_refused_when_compiled(schema):
+    with pytest.raises(SchemaError, match="refers to itself without ever reaching a value") as refused:
+        compile_schema(schema)
+    assert "properties" in refused.value.fix
+
+
+def test_recursion_through_properties_and_items_still_compiles():
+    schema = {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "$defs": {"n": {"anyOf": [
+        {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}},
+        {"type": "array", "items": {"$ref": "#/$defs/n"}, "maxItems": 1}]}}}
+    assert _feed(schema, '{"n":{"next":[{"next":[]}]}}').complete
