@@ -123,8 +123,8 @@ class _Compiler:
             if not isinstance(values, list) or not values:
                 raise SchemaError(f"{path}.enum must be a non-empty array, got {values!r}", "fix the schema")
             self._refuse(schema, path, {"const", "enum", "type", "$defs", "definitions"})
-            texts = tuple(dict.fromkeys(json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode()
-                                        for v in values))
+            where = f"{path}.const" if "const" in schema else f"{path}.enum"
+            texts = tuple(dict.fromkeys(_json_text(v, where) for v in values))
             return SchemaNode("literal", literals=texts)
         for combiner in ("anyOf", "oneOf", "allOf"):
             if combiner in schema:
@@ -193,7 +193,7 @@ class _Compiler:
             raise SchemaError(f"{path}.required names {unknown}, which are not among its properties",
                               "add them to properties or drop them from required")
         return SchemaNode("object", properties=tuple(
-            (json.dumps(name, ensure_ascii=False)[1:-1].encode(), self.node(value, f"{path}.properties.{name}"),
+            (_json_text(name, f"{path}.properties")[1:-1], self.node(value, f"{path}.properties.{name}"),
              name in required) for name, value in properties.items()))
 
     @staticmethod
@@ -204,6 +204,17 @@ class _Compiler:
                                   "drop it from the schema (supported: type, properties, required, "
                                   "additionalProperties false, items, minItems, maxItems, enum, const, anyOf, oneOf, "
                                   "$ref to $defs) and check the answer yourself")
+
+
+def _json_text(value, path: str) -> bytes:
+    """The compact UTF-8 JSON text of ``value``, an enum value or a property name (RFC 8259 has no NaN or
+    Infinity, and UTF-8 no lone UTF-16 surrogate, which a JSON escape such as \\ud800 may put in a string)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError as exc:  # UnicodeEncodeError is one
+        raise SchemaError(f"{path}: {json.dumps(value)[:60]} has no JSON text ({exc})",
+                          "NaN and Infinity are not JSON numbers and a lone UTF-16 surrogate (\\ud800-\\udfff "
+                          "without its pair) is no character: drop or fix that value") from exc
 
 
 def _refuse_cycles(root: SchemaNode, definitions: dict) -> None:

@@ -53,3 +53,17 @@ def test_recursion_through_properties_and_items_still_compiles():
         {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}},
         {"type": "array", "items": {"$ref": "#/$defs/n"}, "maxItems": 1}]}}}
     assert _feed(schema, '{"n":{"next":[{"next":[]}]}}').complete
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ('{"type": "object", "properties": {"\\ud800x": {}}}', r"\$.properties: " + '"\\\\ud800x"'),
+    ('{"type": "object", "properties": {"a": {"enum": ["ok", "\\udc00"]}}}', r"\$.properties.a.enum: "),
+    ('{"type": "object", "properties": {"a": {"const": NaN}}}', r"\$.properties.a.const: NaN"),
+    ('{"type": "array", "items": {"enum": [1, {"x": -Infinity}]}}', r"\$.items.enum: "),
+])
+def test_values_that_have_no_json_text_are_refused_by_name(text, where):
+    """Python's JSON reader (the server's, the CLI's) takes NaN, Infinity and lone surrogate escapes; an answer
+    cannot hold them (a UnicodeEncodeError escaped the compile, and NaN was written into the answer)."""
+    with pytest.raises(SchemaError, match=where + ".*has no JSON text") as refused:
+        compile_schema(text)
+    assert "drop or fix that value" in refused.value.fix
