@@ -139,9 +139,10 @@ class _Compiler:
                 self._refuse(schema, path, {"$defs", "definitions"})
                 return SchemaNode("any")
         kinds = [kinds] if isinstance(kinds, str) else kinds
-        if not isinstance(kinds, list) or not kinds or any(k not in TYPE_KEYWORDS for k in kinds):
+        if not isinstance(kinds, list) or not kinds or any(not isinstance(k, str) or k not in TYPE_KEYWORDS
+                                                            for k in kinds) or len(set(kinds)) < len(kinds):
             raise SchemaError(f"{path}.type is {schema.get('type')!r}; expected one of {sorted(TYPE_KEYWORDS)} "
-                              "or a list of them", "fix the schema")
+                              "or a list of them, each once", "fix the schema")
         allowed = {"type", "$defs", "definitions"}.union(*(TYPE_KEYWORDS[k] for k in kinds))
         self._refuse(schema, path, allowed)
         nodes = [self._typed(schema, kind, path) for kind in kinds]
@@ -186,8 +187,12 @@ class _Compiler:
                               "(the answer holds the listed properties)", "set additionalProperties to false")
         properties = schema.get("properties", {})
         required = schema.get("required", [])
-        if not isinstance(properties, dict) or not isinstance(required, list):
-            raise SchemaError(f"{path}: properties must be an object and required an array", "fix the schema")
+        if not isinstance(properties, dict):
+            raise SchemaError(f"{path}.properties must be an object of property schemas, got "
+                              f"{json.dumps(properties, default=repr)[:60]}", "fix the schema")
+        if not isinstance(required, list) or not all(isinstance(name, str) for name in required):
+            raise SchemaError(f"{path}.required must be an array of property names, got "
+                              f"{json.dumps(required, default=repr)[:60]}", "fix the schema")
         unknown = [name for name in required if name not in properties]
         if unknown:
             raise SchemaError(f"{path}.required names {unknown}, which are not among its properties",

@@ -67,3 +67,17 @@ def test_values_that_have_no_json_text_are_refused_by_name(text, where):
     with pytest.raises(SchemaError, match=where + ".*has no JSON text") as refused:
         compile_schema(text)
     assert "drop or fix that value" in refused.value.fix
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ({"type": "object", "properties": {"a": {}}, "required": [["a"]]}, r'\$.required must be an array of property '
+                                                                        r'names, got \[\["a"\]\]'),
+    ({"type": "object", "properties": {"a": {}}, "required": "a"}, r'\$.required must be .* got "a"'),
+    ({"type": "object", "properties": ["a"]}, r'\$.properties must be an object of property schemas, got \["a"\]'),
+    ({"type": "object", "properties": {"a": {"type": [["string"]]}}}, r"\$.properties.a.type is \[\['string'\]\]"),
+    ({"type": "object", "properties": {"a": {"type": ["string", "string"]}}}, r"each once"),
+])
+def test_malformed_required_and_type_are_refused_by_name(schema, message):
+    """A list inside required or type ended the compile in a TypeError (unhashable type: 'list')."""
+    with pytest.raises(SchemaError, match=message):
+        compile_schema(schema)
