@@ -119,13 +119,7 @@ class _Compiler:
             self.pending.setdefault(ref, None)
             return SchemaNode("ref", ref=ref)
         if "const" in schema or "enum" in schema:
-            values = [schema["const"]] if "const" in schema else schema["enum"]
-            if not isinstance(values, list) or not values:
-                raise SchemaError(f"{path}.enum must be a non-empty array, got {values!r}", "fix the schema")
-            self._refuse(schema, path, {"const", "enum", "type", "$defs", "definitions"})
-            where = f"{path}.const" if "const" in schema else f"{path}.enum"
-            texts = tuple(dict.fromkeys(_json_text(v, where) for v in values))
-            return SchemaNode("literal", literals=texts)
+            return self._literal(schema, path)
         for combiner in ("anyOf", "oneOf", "allOf"):
             if combiner in schema:
                 return self._combined(schema, combiner, path)
@@ -138,15 +132,35 @@ class _Compiler:
             else:
                 self._refuse(schema, path, {"$defs", "definitions"})
                 return SchemaNode("any")
-        kinds = [kinds] if isinstance(kinds, str) else kinds
-        if not isinstance(kinds, list) or not kinds or any(not isinstance(k, str) or k not in TYPE_KEYWORDS
-                                                            for k in kinds) or len(set(kinds)) < len(kinds):
-            raise SchemaError(f"{path}.type is {schema.get('type')!r}; expected one of {sorted(TYPE_KEYWORDS)} "
-                              "or a list of them, each once", "fix the schema")
+        kinds = _kinds(kinds, path)
         allowed = {"type", "$defs", "definitions"}.union(*(TYPE_KEYWORDS[k] for k in kinds))
         self._refuse(schema, path, allowed)
         nodes = [self._typed(schema, kind, path) for kind in kinds]
         return nodes[0] if len(nodes) == 1 else SchemaNode("choice", options=tuple(nodes))
+
+    def _literal(self, schema: dict, path: str) -> SchemaNode:
+        """``enum`` / ``const``: the values an instance may be, those of the ``type`` beside them only (an
+        instance must satisfy every keyword: JSON Schema 2020-12 validation, sections 6.1.1-6.1.3)."""
+        enum = schema.get("enum")
+        if "enum" in schema and (not isinstance(enum, list) or not enum):
+            raise SchemaError(f"{path}.enum must be a non-empty array, got {json.dumps(enum, default=repr)[:60]}",
+                              "fix the schema")
+        self._refuse(schema, path, {"const", "enum", "type", "$defs", "definitions"})
+        where = f"{path}.const" if "const" in schema else f"{path}.enum"
+        texts = dict.fromkeys(_json_text(value, where) for value in ([schema["const"]] if "const" in schema
+                                                                     else enum))
+        if "const" in schema and "enum" in schema:
+            texts = {text: None for text in texts if text in {_json_text(value, f"{path}.enum") for value in enum}}
+        if "type" in schema:
+            kinds = _kinds(schema["type"], path)
+            texts = {text: None for text in texts if any(_of_type(json.loads(text), kind) for kind in kinds)}
+        if not texts:
+            also = (["in its enum"] if "const" in schema and "enum" in schema else []) + \
+                   ([f"of its type {schema['type']!r}"] if "type" in schema else [])
+            raise SchemaError(f"{path}: no value of its {'const' if 'const' in schema else 'enum'} is also "
+                              f"{' and '.join(also)}, so no answer could follow it",
+                              "make its const, enum and type agree")
+        return SchemaNode("literal", literals=tuple(texts))
 
     def _combined(self, schema: dict, combiner: str, path: str) -> SchemaNode:
         options = schema[combiner]
@@ -209,6 +223,28 @@ class _Compiler:
                                   "drop it from the schema (supported: type, properties, required, "
                                   "additionalProperties false, items, minItems, maxItems, enum, const, anyOf, oneOf, "
                                   "$ref to $defs) and check the answer yourself")
+
+
+def _kinds(kinds, path: str) -> list[str]:
+    """The types a ``type`` keyword names (a name or a list of them, each once)."""
+    listed = [kinds] if isinstance(kinds, str) else kinds
+    if not isinstance(listed, list) or not listed or any(not isinstance(k, str) or k not in TYPE_KEYWORDS
+                                                         for k in listed) or len(set(listed)) < len(listed):
+        raise SchemaError(f"{path}.type is {kinds!r}; expected one of {sorted(TYPE_KEYWORDS)} "
+                          "or a list of them, each once", "fix the schema")
+    return listed
+
+
+def _of_type(value, kind: str) -> bool:
+    """``value`` (read from JSON) is an instance of the JSON Schema type ``kind`` (an integer: a number
+    whose fraction is zero, 2020-12 validation section 6.1.1)."""
+    if kind == "integer":
+        return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float)
+                                                                            and value.is_integer())
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    types = {"string": str, "boolean": bool, "object": dict, "array": list, "null": type(None)}
+    return isinstance(value, types[kind])
 
 
 def _json_text(value, path: str) -> bytes:

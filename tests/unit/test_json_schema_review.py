@@ -81,3 +81,27 @@ def test_malformed_required_and_type_are_refused_by_name(schema, message):
     """A list inside required or type ended the compile in a TypeError (unhashable type: 'list')."""
     with pytest.raises(SchemaError, match=message):
         compile_schema(schema)
+
+
+def test_enum_and_const_values_outside_the_type_beside_them_are_never_written():
+    """An instance satisfies every keyword: ``{"type": "string", "enum": ["x", 1]}`` allows "x" only (the
+    constraint wrote 1, which the schema refuses)."""
+    schema = {"type": "object", "properties": {"a": {"type": "string", "enum": ["x", 1, None]},
+                                               "b": {"type": ["integer", "null"], "enum": [1.0, 2.5, "1", None]},
+                                               "c": {"const": "k", "enum": ["k", "j"]}}, "required": ["a"]}
+    assert _feed(schema, '{"a":1}') is None
+    assert _feed(schema, '{"a":null}') is None
+    assert _feed(schema, '{"b":2.5}') is None
+    assert _feed(schema, '{"a":"x","b":"1"}') is None
+    assert _feed(schema, '{"a":"x","c":"j"}') is None
+    assert _feed(schema, '{"a":"x","b":1.0,"c":"k"}').complete  # 1.0 is an integer (its fraction is zero)
+    assert _feed(schema, '{"a":"x","b":null}').complete
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ({"type": "integer", "enum": ["1", 1.5]}, r"\$.properties.a: no value of its enum is also of its type 'integer'"),
+    ({"const": "a", "enum": ["b"]}, r"\$.properties.a: no value of its const is also in its enum, so"),
+])
+def test_enum_values_none_of_which_fits_the_type_are_refused(schema, message):
+    with pytest.raises(SchemaError, match=message):
+        compile_schema({"type": "object", "properties": {"a": schema}})
