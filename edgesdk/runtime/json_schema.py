@@ -115,6 +115,7 @@ class _Compiler:
             ref = schema["$ref"]
             if not isinstance(ref, str):
                 raise SchemaError(f"{path}.$ref must be a string, got {ref!r}", "fix the schema")
+            self._refuse(schema, path, {"$ref", "$defs", "definitions"})  # 2020-12 applies $ref's siblings too
             self.lookup(ref)
             self.pending.setdefault(ref, None)
             return SchemaNode("ref", ref=ref)

@@ -105,3 +105,14 @@ def test_enum_and_const_values_outside_the_type_beside_them_are_never_written():
 def test_enum_values_none_of_which_fits_the_type_are_refused(schema, message):
     with pytest.raises(SchemaError, match=message):
         compile_schema({"type": "object", "properties": {"a": schema}})
+
+
+def test_keywords_beside_a_ref_are_refused_not_ignored():
+    """JSON Schema 2020-12 applies the keywords beside ``$ref`` as well; the constraint dropped them, so
+    ``maxLength`` there let a longer string through."""
+    defs = {"$defs": {"S": {"type": "string"}}}
+    with pytest.raises(SchemaError, match=r"\$.properties.a: keyword 'maxLength' is not supported"):
+        compile_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/S", "maxLength": 2}}, **defs})
+    annotated = {"type": "object", "properties": {"a": {"$ref": "#/$defs/S", "description": "d", "default": "x"}},
+                 **defs}
+    assert _feed(annotated, '{"a":"long"}').complete
