@@ -81,9 +81,9 @@ def compile_schema(schema) -> CompiledSchema:
         ref = next(ref for ref in compiler.pending if ref not in compiler.definitions)
         compiler.definitions[ref] = compiler.node(compiler.lookup(ref), ref)
     _refuse_cycles(root, compiler.definitions)
-    resolved = _resolve(root, compiler.definitions)
-    if resolved.kind not in ("object", "array"):
-        raise SchemaError(f"the schema's root is {resolved.kind!r}; the answer must be an object or an array",
+    other = _not_a_container(root, compiler.definitions)
+    if other:
+        raise SchemaError(f"the schema's root is {other}; the answer must be an object or an array",
                           'wrap the value in an object: {"type": "object", "properties": {"value": ...}, '
                           '"required": ["value"]}')
     return CompiledSchema(root, compiler.definitions)
@@ -224,6 +224,22 @@ class _Compiler:
                                   "drop it from the schema (supported: type, properties, required, "
                                   "additionalProperties false, items, minItems, maxItems, enum, const, anyOf, oneOf, "
                                   "$ref to $defs) and check the answer yourself")
+
+
+def _not_a_container(node: SchemaNode, definitions: dict, option: bool = False) -> str:
+    """What ``node`` allows beside objects and arrays, the first such thing named ("": nothing). The
+    root may be an anyOf / oneOf / type list of objects and arrays: each way ends at its closing bracket."""
+    node = _resolve(node, definitions)
+    where = " (an option of its anyOf / oneOf / type list)" if option else ""
+    if node.kind == "choice":
+        return next((other for other in (_not_a_container(each, definitions, True) for each in node.options)
+                     if other), "")
+    if node.kind == "literal":
+        other = next((text for text in node.literals if text[:1] not in (b"{", b"[")), None)
+        return "" if other is None else f"the value {other.decode()[:60]}{where}"
+    if node.kind == "any":
+        return f"any value ({{}} or true){where}"
+    return "" if node.kind in ("object", "array") else f"{node.kind!r}{where}"
 
 
 def _kinds(kinds, path: str) -> list[str]:

@@ -3,6 +3,8 @@ other definitions, cycles, values JSON cannot hold, and the constraint's agreeme
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from edgesdk.runtime.json_schema import SchemaConstraint, SchemaError, compile_schema
@@ -116,3 +118,26 @@ def test_keywords_beside_a_ref_are_refused_not_ignored():
     annotated = {"type": "object", "properties": {"a": {"$ref": "#/$defs/S", "description": "d", "default": "x"}},
                  **defs}
     assert _feed(annotated, '{"a":"long"}').complete
+
+
+def test_a_root_that_is_one_of_several_objects_or_arrays_is_taken():
+    """A root anyOf / oneOf / type list whose every option is an object or an array is an object or an array
+    (it was refused as "root is 'choice'", a name the schema never used)."""
+    schema = {"$defs": {"Cat": {"type": "object", "properties": {"meow": {"type": "boolean"}}, "required": ["meow"]},
+                        "Dog": {"type": "object", "properties": {"bark": {"type": "integer"}}, "required": ["bark"]}},
+              "anyOf": [{"$ref": "#/$defs/Cat"}, {"oneOf": [{"$ref": "#/$defs/Dog"}, {"enum": [[1], {"x": 2}]}]}]}
+    for text in ('{"meow":true}', '{"bark":3}', "[1]", '{"x":2}'):
+        assert _feed(schema, text).complete, text
+    assert _feed(schema, '{"bark":true}') is None
+    assert _feed({"type": ["object", "array"]}, "[1]").complete
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ({"anyOf": [{"type": "object"}, {"type": "string"}]}, "root is 'string' (an option of its anyOf"),
+    ({"type": ["array", "null"]}, "root is the value null (an option"),
+    ({"anyOf": [{"type": "object"}, {}]}, "root is any value ({} or true) (an option"),
+    ({"enum": [{"a": 1}, 2]}, "root is the value 2;"),
+])
+def test_a_root_that_may_be_something_else_names_that_option(schema, message):
+    with pytest.raises(SchemaError, match=re.escape(message)):
+        compile_schema(schema)
