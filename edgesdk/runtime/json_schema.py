@@ -437,6 +437,11 @@ def _spacing_after(spacing: int, byte: int) -> int | None:
     return None
 
 
+def _number_ends(top: tuple) -> bool:
+    """``top`` scans a number that a whitespace byte would end (the byte is then spacing between tokens)."""
+    return top[0] == "scan" and top[2].mode == NUMBER and top[2].stack == _INSIDE_ARRAY
+
+
 def _scanned_whole(state: JsonState) -> bool:
     """The scanned value has closed (a string, a literal or a container inside a free-form value)."""
     return state.mode == AFTER_VALUE and state.stack == _INSIDE_ARRAY
@@ -464,7 +469,8 @@ class SchemaConstraint:
         for byte in data:
             following: dict = {}
             for frames, spacing in ways:
-                structural = byte in _WHITESPACE and (not frames or frames[-1][0] in ("value", "object", "array"))
+                structural = byte in _WHITESPACE and (not frames or frames[-1][0] in ("value", "object", "array")
+                                                      or _number_ends(frames[-1]))
                 if structural:
                     spacing = _spacing_after(spacing, byte)
                     if spacing is None:
