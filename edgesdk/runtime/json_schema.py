@@ -319,12 +319,39 @@ def _resolve(node: SchemaNode, definitions: dict) -> SchemaNode:
 class _Parser:
     def __init__(self, compiled: CompiledSchema):
         self.definitions = compiled.definitions
+        self._options: dict[int, tuple] = {}  # id(choice node) -> its options, as _choice_options finds them
+
+    def _choice_options(self, node: SchemaNode) -> tuple:
+        """A choice's options with nested choices and $refs followed and every literal among them merged
+        into one, so that an anyOf of many consts is one way on, not one each (past MAX_WAYS the last
+        ones were dropped: they could never be written)."""
+        options = self._options.get(id(node))
+        if options is None:
+            found: list = []
+            texts: dict = {}
+
+            def visit(option: SchemaNode) -> None:
+                option = _resolve(option, self.definitions)
+                if option.kind == "choice":  # ends: compile_schema refused cycles through choices
+                    for each in option.options:
+                        visit(each)
+                elif option.kind == "literal":
+                    if not texts:
+                        found.append(None)  # the merged literal's place
+                    texts.update(dict.fromkeys(option.literals))
+                elif option not in found:
+                    found.append(option)
+
+            visit(node)
+            merged = SchemaNode("literal", literals=tuple(texts))
+            options = self._options[id(node)] = tuple(merged if option is None else option for option in found)
+        return options
 
     def start(self, node: SchemaNode, rest: tuple, byte: int) -> list[tuple]:
         """The ways after ``byte``, the first byte of a value of ``node`` (``rest``: the frames below)."""
         node = _resolve(node, self.definitions)
         if node.kind == "choice":
-            return [way for option in node.options for way in self.start(option, rest, byte)]
+            return [way for option in self._choice_options(node) for way in self.start(option, rest, byte)]
         if node.kind == "literal":
             return self.step(rest + (("literal", node.literals, 0),), byte)
         if node.kind == "object":

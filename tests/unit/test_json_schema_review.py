@@ -3,6 +3,7 @@ other definitions, cycles, values JSON cannot hold, and the constraint's agreeme
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -152,3 +153,20 @@ def test_spacing_after_a_number_is_the_same_as_after_any_other_token(gap):
         assert _feed(schema, text) is None, text
     for spacing in (" ", "\n", "\n\t  "):
         assert _feed(schema, '{"a":1' + spacing + ',"b":2' + spacing + ',"c":3' + spacing + "}").complete
+
+
+def test_every_const_of_a_long_anyof_can_be_written():
+    """A documented enum (oneOf of consts, each with its description) past MAX_WAYS values: each const was a
+    way of its own, and the ones past the 64th were dropped at the first byte, never to be written."""
+    from edgesdk.runtime.json_schema import MAX_WAYS
+
+    codes = [f"c{i:03d}" for i in range(MAX_WAYS + 36)] + [i for i in range(1, 40)]
+    schema = {"type": "object", "properties": {"v": {"oneOf": [
+        {"$ref": "#/$defs/first"}, *({"const": code, "description": f"code {code}"} for code in codes[1:]),
+        {"type": ["boolean", "null"]}]}}, "$defs": {"first": {"const": codes[0]}}}
+    for code in [*codes, True, None]:
+        text = '{"v":' + json.dumps(code) + "}"
+        constraint = _feed(schema, text)
+        assert constraint is not None and constraint.complete, text
+    assert _feed(schema, '{"v":"c999"}') is None
+    assert _feed(schema, '{"v":40}') is None
