@@ -81,6 +81,7 @@ def compile_schema(schema) -> CompiledSchema:
         ref = next(ref for ref in compiler.pending if ref not in compiler.definitions)
         compiler.definitions[ref] = compiler.node(compiler.lookup(ref), ref)
     _refuse_cycles(root, compiler.definitions)
+    _refuse_endless(compiler.definitions)
     other = _not_a_container(root, compiler.definitions)
     if other:
         raise SchemaError(f"the schema's root is {other}; the answer must be an object or an array",
@@ -297,6 +298,38 @@ def _refuse_cycles(root: SchemaNode, definitions: dict) -> None:
     walk(root, ())
     for ref in definitions:
         walk(SchemaNode("ref", ref=ref), ())
+
+
+def _refuse_endless(definitions: dict) -> None:
+    """Refuse a definition that has no finite value: one that always holds itself again (a required
+    property or a non-empty array of it, on every way through it). The answer would nest it until
+    max_tokens ran out, never valid, and in an anyOf or an optional property it is a way in with no
+    way out."""
+    ends = dict.fromkeys(definitions, False)  # grown to the least fixed point: definitions with a finite value
+
+    def finite(node: SchemaNode) -> bool:
+        if node.kind == "ref":
+            return ends[node.ref]
+        if node.kind == "choice":
+            return any(finite(option) for option in node.options)
+        if node.kind == "object":
+            return all(finite(value) for _, value, required in node.properties if required)
+        if node.kind == "array":
+            return node.min_items == 0 or finite(node.items)
+        return True  # any, literal (never empty), string, number, integer
+
+    changed = True
+    while changed:
+        changed = False
+        for ref, node in definitions.items():
+            if not ends[ref] and finite(node):
+                ends[ref] = changed = True
+    endless = [ref for ref, ends_there in ends.items() if not ends_there]
+    if endless:  # the root has a finite value unless one of the definitions (all reached from it) has none
+        raise SchemaError(f"{', '.join(map(repr, endless))} {'has' if len(endless) == 1 else 'have'} no finite "
+                          "value: every way through it holds it again (a required property or at least one item)",
+                          "make the recursion optional: leave the property out of required, set minItems 0, or "
+                          "add an anyOf option that ends it")
 
 
 def _resolve(node: SchemaNode, definitions: dict) -> SchemaNode:

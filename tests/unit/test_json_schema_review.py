@@ -167,6 +167,30 @@ def test_every_const_of_a_long_anyof_can_be_written():
     for code in [*codes, True, None]:
         text = '{"v":' + json.dumps(code) + "}"
         constraint = _feed(schema, text)
-        assert constraint is not None and constraint.complete, text
+        assert constraint is not None, text
+        assert constraint.complete, text
     assert _feed(schema, '{"v":"c999"}') is None
     assert _feed(schema, '{"v":40}') is None
+
+
+@pytest.mark.parametrize("definition", [
+    {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]},
+    {"type": "array", "items": {"$ref": "#/$defs/n"}, "minItems": 1},
+    {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/n"}, "minItems": 2},
+               {"type": "object", "properties": {"x": {"$ref": "#/$defs/m"}}, "required": ["x"]}]},
+])
+def test_a_definition_without_a_finite_value_is_refused(definition):
+    """No instance ends: the answer nested it until max_tokens ran out, and as an optional property it was a
+    way in with no way out."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}},
+              "$defs": {"n": definition, "m": {"$ref": "#/$defs/n"}}}
+    with pytest.raises(SchemaError, match="'#/\\$defs/n'.* (has|have) no finite value") as refused:
+        compile_schema(schema)
+    assert "required" in refused.value.fix
+
+
+def test_recursion_with_a_way_out_compiles():
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}}, "required": ["a"], "$defs": {"n": {
+        "anyOf": [{"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]},
+                  {"type": "null"}]}}}
+    assert _feed(schema, '{"a":{"next":{"next":null}}}').complete
