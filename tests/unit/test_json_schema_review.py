@@ -7,6 +7,8 @@ import json
 import re
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from edgesdk.runtime.json_schema import SchemaConstraint, SchemaError, compile_schema
 
@@ -194,3 +196,158 @@ def test_recursion_with_a_way_out_compiles():
         "anyOf": [{"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]},
                   {"type": "null"}]}}}
     assert _feed(schema, '{"a":{"next":{"next":null}}}').complete
+
+
+# ------------------------------------------------------------------------- generated schemas and instances
+
+_SCALARS = st.none() | st.booleans() | st.integers(-10**6, 10**6) | \
+    st.floats(allow_nan=False, allow_infinity=False, width=32) | st.text(max_size=4)
+_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3) |
+                       st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=5)
+_KEYS = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=5)  # quotes, escapes, unicode
+_LEAVES = st.sampled_from([{"type": kind} for kind in ("string", "number", "integer", "boolean", "null")] +
+                          [{}, {"type": ["integer", "null"]}]) | \
+    st.lists(_SCALARS, min_size=1, max_size=4).map(lambda values: {"enum": values}) | \
+    st.tuples(st.sampled_from(["string", "integer", "number", ["boolean", "null"]]), st.lists(
+        _SCALARS, min_size=1, max_size=4)).map(lambda t: {"type": t[0], "enum": t[1]}) | \
+    _VALUES.map(lambda value: {"const": value})
+
+
+def _objects(inner):
+    return st.dictionaries(_KEYS, inner, max_size=4).flatmap(lambda properties: st.lists(
+        st.sampled_from(sorted(properties)), max_size=len(properties), unique=True).map(
+        lambda required: {"type": "object", "properties": properties, "required": required})
+        if properties else st.just({"type": "object", "properties": {}}))
+
+
+def _containers(inner):
+    arrays = st.tuples(inner, st.integers(0, 2), st.integers(0, 3)).map(lambda t: {
+        "type": "array", "items": t[0], "minItems": t[1], **({"maxItems": t[1] + t[2]} if t[2] < 3 else {})})
+    return _objects(inner) | arrays | st.lists(inner, min_size=1, max_size=3).map(lambda options: {"anyOf": options})
+
+
+_SCHEMAS = st.recursive(_LEAVES, _containers, max_leaves=8)
+_ROOTS = _objects(_SCHEMAS) | _SCHEMAS.map(lambda items: {"type": "array", "items": items, "maxItems": 3})
+
+
+def _equal(a, b) -> bool:
+    """JSON Schema's equality: numbers by value, booleans apart from numbers."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return set(a) == set(b) and all(_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _of(value, schema: dict) -> bool:
+    """The oracle: ``value`` is an instance of ``schema`` (the generated subset), properties in schema order."""
+    if schema == {}:
+        return True
+    if "anyOf" in schema:
+        return any(_of(value, option) for option in schema["anyOf"])
+    if "const" in schema and not _equal(value, schema["const"]):
+        return False
+    if "enum" in schema and not any(_equal(value, each) for each in schema["enum"]):
+        return False
+    kinds = schema.get("type", [])
+    return "type" not in schema or any(_of_kind(value, kind, schema)
+                                       for kind in ([kinds] if isinstance(kinds, str) else kinds))
+
+
+def _of_kind(value, kind: str, schema: dict) -> bool:
+    if kind == "object":
+        properties = schema["properties"]
+        return isinstance(value, dict) and list(value) == [k for k in properties if k in value] and \
+            set(schema.get("required", [])) <= set(value) and all(_of(v, properties[k]) for k, v in value.items())
+    if kind == "array":
+        return isinstance(value, list) and schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", len(value)) \
+            and all(_of(v, schema["items"]) for v in value)
+    if kind == "integer":
+        return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float)
+                                                                            and value.is_integer())
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return {"string": str, "boolean": bool, "null": type(None)}[kind] is type(value)
+
+
+def _instance(schema: dict, draw):
+    """A value of ``schema`` (None drawn where it has none: an enum none of whose values has its type)."""
+    if schema == {}:
+        return draw(_VALUES)
+    if "anyOf" in schema:
+        return _instance(draw(st.sampled_from(schema["anyOf"])), draw)
+    if "const" in schema or "enum" in schema:
+        values = [value for value in ([schema["const"]] if "const" in schema else schema["enum"]) if _of(value, schema)]
+        assume(values)
+        return draw(st.sampled_from(values))
+    kind = draw(st.sampled_from(schema["type"] if isinstance(schema["type"], list) else [schema["type"]]))
+    if kind == "object":
+        return {name: _instance(value, draw) for name, value in schema["properties"].items()
+                if name in schema["required"] or draw(st.booleans())}
+    if kind == "array":
+        low = schema.get("minItems", 0)
+        return [_instance(schema["items"], draw) for _ in range(draw(st.integers(low, schema.get("maxItems", low + 3))))]
+    return draw({"string": st.text(max_size=5), "number": st.integers(-10**9, 10**9) | st.floats(allow_nan=False,
+                                                                                                  allow_infinity=False),
+                 "integer": st.integers(-10**20, 10**20), "boolean": st.booleans(), "null": st.none()}[kind])
+
+
+def _compiled(schema):
+    try:
+        return compile_schema(schema)
+    except SchemaError as refused:  # the generator may write an enum none of whose values has its type
+        problem = refused.problem
+    assert "no value of its" in problem, problem
+    assume(False)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_ROOTS, st.randoms(use_true_random=False))
+def test_what_the_constraint_completes_conforms_to_generated_schemas(schema, rng):
+    """Soundness: random walks through the bytes allowed; every walk that completes is an instance."""
+    compiled = _compiled(schema)
+    alphabet = sorted(set(b'{}[],:" 0123456789.-eEtrufalsn\\\n') | set(json.dumps(schema, ensure_ascii=False).encode()))
+    for _ in range(5):
+        constraint = SchemaConstraint(BYTES, compiled)
+        data = bytearray()
+        while not constraint.complete and len(data) < 200:
+            allowed = [b for b in alphabet if constraint.allows(b)] or [b for b in range(256) if constraint.allows(b)]
+            assert allowed, f"no byte continues {bytes(data)!r}"
+            data.append(rng.choice(allowed))
+            constraint.advance(data[-1])
+        if constraint.complete:
+            assert _of(json.loads(bytes(data)), schema), bytes(data)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_ROOTS, st.data(), st.randoms(use_true_random=False))
+def test_instances_of_generated_schemas_pass_and_the_trie_agrees_with_asking_token_by_token(schema, data, rng):
+    """Completeness over multi-byte tokens (pieces of the instance, special tokens without bytes among them),
+    and in every state on the way the allowed set found through the vocabulary trie is the one
+    token-by-token questions give."""
+    compiled = _compiled(schema)
+    value = _instance(schema, data.draw)
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    pieces = {text[i:j] for i in range(len(text)) for j in range(i + 2, min(len(text), i + 5) + 1)}
+    vocabulary = BYTES + sorted(pieces) + [None, b"", b"}\n", b"\n\n", b"  ", b'"}']
+    rng.shuffle(vocabulary)
+    ids = {piece: token for token, piece in enumerate(vocabulary) if piece}
+    constraint = SchemaConstraint(vocabulary, compiled)
+    position = 0
+    while position < len(text):
+        asked, walked = SchemaConstraint(vocabulary, compiled), SchemaConstraint(vocabulary, compiled)
+        asked.ways = walked.ways = constraint.ways
+        asked.SCAN_AFTER, walked.SCAN_AFTER = len(vocabulary) + 1, 0
+        assert {t for t in range(len(vocabulary)) if asked.allows(t)} == \
+            {t for t in range(len(vocabulary)) if walked.allows(t)}, text[:position]
+        piece = text[position:position + rng.randint(1, 5)]
+        while piece not in ids:
+            piece = piece[:-1]
+        assert constraint.allows(ids[piece]), (text, position)
+        constraint.advance(ids[piece])
+        position += len(piece)
+    assert constraint.complete, text
