@@ -18,6 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_schema
+from edgesdk.serve.tools import (
+    ToolError,
+    Tools,
+    answer_message,
+    call_text,
+    parse_tools,
+    tool_result_text,
+    with_instructions,
+)
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on ``stop``
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on ``top_logprobs``
@@ -58,6 +67,7 @@ class CompletionRequest:
     cache_prompt: bool = True  # llama-server's field: reuse the KV cache of the previous answer's prefix
     json_object: bool = False  # response_format {"type": "json_object"}: the answer is one JSON object
     json_schema: CompiledSchema | None = None  # the answer follows this schema (edgesdk/runtime/json_schema.py)
+    tools: Tools | None = None  # chat: the tools the answer may call (edgesdk/serve/tools.py)
     logprobs: int | None = None  # None: no log-probabilities; else how many alternatives per token (0-20)
     echo: bool = False  # /v1/completions: the prompt comes back before the answer (with its log-probabilities)
 
@@ -70,8 +80,19 @@ def parse_chat_request(body: object) -> CompletionRequest:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty array of {\"role\", \"content\"} objects",
                        param="messages")
-    parsed = tuple(_message(message, index) for index, message in enumerate(messages))
-    return CompletionRequest(chat=True, messages=parsed, **_common_fields(body, chat=True))
+    names = _tool_call_names(messages)
+    parsed = [_message(message, index, names) for index, message in enumerate(messages)]
+    fields = _common_fields(body, chat=True)
+    try:
+        tools = parse_tools(body)
+    except ToolError as exc:
+        raise ApiError(400, exc.message, param=exc.param) from exc
+    if tools is not None:
+        if fields["json_schema"] is not None or fields["json_object"]:
+            raise ApiError(400, "'tools' and 'response_format' both constrain the answer; send one of them",
+                           param="response_format")
+        parsed = with_instructions(parsed, tools)
+    return CompletionRequest(chat=True, messages=tuple(parsed), tools=tools, **fields)
 
 
 def parse_text_request(body: object) -> CompletionRequest:
@@ -102,17 +123,41 @@ def _shown(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _message(message: object, index: int) -> dict:
+def _message(message: object, index: int, call_names: dict[str, str]) -> dict:
+    """A message with its role and text normalised; tool turns become the text of llama.cpp's generic tool
+    format (edgesdk/serve/tools.py), which any chat template renders."""
     param = f"messages[{index}]"
     if not isinstance(message, dict):
         raise ApiError(400, f"{param} must be an object with 'role' and 'content', got {_shown(message)}", param=param)
     role = message.get("role")
+    try:
+        if role == "tool":
+            content = _content(message.get("content"), f"{param}.content")
+            return {"role": "user", "content": tool_result_text(call_names.get(message.get("tool_call_id")), content)}
+        if role == "assistant" and message.get("tool_calls"):
+            text = call_text(message["tool_calls"], f"{param}.tool_calls")
+            content = message.get("content")
+            spoken = _content(content, f"{param}.content") if content is not None else ""
+            return {"role": "assistant", "content": f"{spoken}\n{text}" if spoken else text}
+    except ToolError as exc:
+        raise ApiError(400, exc.message, param=exc.param) from exc
     if role not in CHAT_ROLES:
         raise ApiError(400, f"{param}.role {_shown(role)} is not one this server takes: expected one of "
-                       f"{', '.join(CHAT_ROLES)} (no tools here)", param=f"{param}.role")
+                       f"{', '.join([*CHAT_ROLES, 'tool'])}", param=f"{param}.role")
     if message.get("tool_calls"):
-        raise ApiError(400, f"{param} carries tool_calls; this server has no tools", param=f"{param}.tool_calls")
+        raise ApiError(400, f"{param} is a {role} message carrying tool_calls; only assistant messages make calls",
+                       param=f"{param}.tool_calls")
     return {"role": CHAT_ROLES[role], "content": _content(message.get("content"), f"{param}.content")}
+
+
+def _tool_call_names(messages: list) -> dict[str, str]:
+    """Each earlier tool call's id -> its function's name (a tool message names only the id)."""
+    names = {}
+    for message in messages:
+        for call in (message.get("tool_calls") or []) if isinstance(message, dict) else []:
+            if isinstance(call, dict) and isinstance(call.get("function"), dict):
+                names[call.get("id")] = call["function"].get("name")
+    return names
 
 
 def _content(content: object, param: str) -> str:
@@ -140,9 +185,8 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         ("n", lambda v: v in (None, 1), "one choice per request (n = 1)"),
         ("best_of", lambda v: v in (None, 1), "one choice per request (best_of = 1)"),
         ("suffix", lambda v: v in (None, ""), "no suffix (fill-in-the-middle)"),
-        ("tools", lambda v: not v, "no tools"),
-        ("functions", lambda v: not v, "no functions"),
-        ("tool_choice", lambda v: v in (None, "none", "auto"), "no tools"),
+        ("functions", lambda v: not v, "no legacy functions (send them as 'tools')"),
+        ("tools", lambda v: not v or chat, "no tools (they belong to /v1/chat/completions)"),
         ("logit_bias", lambda v: not v, "no logit bias"),
         ("grammar", lambda v: not v, "no GBNF grammars (a JSON schema, response_format json_schema, constrains "
          "the answer instead)"),
@@ -364,7 +408,10 @@ def completion_body(request: CompletionRequest, ident: str, model: str, text: st
                     logprobs: dict | None = None) -> dict:
     """The whole answer of a request without ``stream``."""
     if request.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+        fields = {"content": text}
+        if request.tools is not None:
+            fields, finish_reason = answer_message(text, finish_reason)
+        choice = {"index": 0, "message": {"role": "assistant", **fields}, "logprobs": logprobs,
                   "finish_reason": finish_reason}
     else:
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -388,6 +435,19 @@ def chunk_body(request: CompletionRequest, ident: str, model: str, text: str | N
     if request.include_usage:
         body["usage"] = None
     return body
+
+
+def tool_answer_chunks(request: CompletionRequest, ident: str, model: str, text: str, finish_reason: str) -> list[dict]:
+    """A streamed answer to a request with tools: its content or its tool calls in one delta once the answer
+    is whole (the JSON it is written in is not the client's text), then the finishing chunk."""
+    fields, finish_reason = answer_message(text, finish_reason)
+    if fields.get("tool_calls"):
+        delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(fields["tool_calls"])]}
+    else:
+        delta = {"content": fields["content"]}
+    body = chunk_body(request, ident, model, None)
+    body["choices"][0]["delta"] = delta
+    return [body, chunk_body(request, ident, model, None, finish_reason=finish_reason)]
 
 
 def usage_chunk_body(request: CompletionRequest, ident: str, model: str, prompt_tokens: int,

@@ -309,15 +309,17 @@ class Completer:
         return piece if piece is not None else (self.runtime.tokenizer.tokenizer.id_to_token(token) or "").encode()
 
     def _constraint(self, request: CompletionRequest) -> JsonConstraint | SchemaConstraint | None:
-        """JSON mode's or the JSON schema's constraint on the answer, if the request asks for one."""
-        if request.json_schema is None and not request.json_object:
+        """JSON mode's, the JSON schema's or the tools' constraint on the answer, if the request asks for one."""
+        schema = request.tools.schema if request.tools is not None else request.json_schema
+        if schema is None and not request.json_object:
             return None
         try:
             token_bytes = self.runtime.tokenizer.token_bytes()
         except EdgeSDKError as exc:  # a tokenizer whose token bytes JSON mode cannot read
-            raise ApiError(400, exc.problem, param="response_format", code="unsupported_parameter") from exc
-        if request.json_schema is not None:
-            return SchemaConstraint(token_bytes, request.json_schema)
+            param = "tools" if request.tools is not None else "response_format"
+            raise ApiError(400, exc.problem, param=param, code="unsupported_parameter") from exc
+        if schema is not None:
+            return SchemaConstraint(token_bytes, schema)
         return JsonConstraint(token_bytes)
 
     def _end_early(self) -> None:

@@ -36,6 +36,7 @@ from edgesdk.serve.api import (
     new_id,
     parse_chat_request,
     parse_text_request,
+    tool_answer_chunks,
     usage_chunk_body,
 )
 from edgesdk.serve.completion import Completer
@@ -279,11 +280,13 @@ class ApiHandler(BaseHTTPRequestHandler):
             start()
             started = True
 
+        def on_text(text: str, logprobs: dict | None) -> None:
+            if request.tools is None:  # an answer under tools is JSON to read once whole (tool_answer_chunks)
+                self._event(chunk_body(request, ident, model, text, logprobs=logprobs))
+
         try:
-            completion = self.server.completer.complete(
-                request, on_text=lambda text, logprobs: self._event(chunk_body(request, ident, model, text,
-                                                                              logprobs=logprobs)), on_start=on_start,
-                client_gone=self._client_gone)
+            completion = self.server.completer.complete(request, on_text=on_text, on_start=on_start,
+                                                        client_gone=self._client_gone)
         except (ConnectionError, TimeoutError):
             raise
         except Exception as exc:
@@ -297,7 +300,11 @@ class ApiHandler(BaseHTTPRequestHandler):
                 kind="server_error")
             self._event(error.body())
             return
-        self._event(chunk_body(request, ident, model, None, finish_reason=completion.finish_reason))
+        if request.tools is not None:
+            for body in tool_answer_chunks(request, ident, model, completion.text, completion.finish_reason):
+                self._event(body)
+        else:
+            self._event(chunk_body(request, ident, model, None, finish_reason=completion.finish_reason))
         if request.include_usage:
             self._event(usage_chunk_body(request, ident, model, completion.prompt_tokens,
                                          completion.completion_tokens, completion.cached_tokens))

@@ -34,7 +34,8 @@ def tiny_tokenizer(vocab_size: int = 320):
 
 
 def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2, hidden: int = 64,
-               vocab_size: int = 320, model_type: str = "llama", tie: bool = True, intermediate: int | None = None):
+               vocab_size: int = 320, model_type: str = "llama", tie: bool = True, intermediate: int | None = None,
+               max_positions: int = 512):
     """A random causal LM small enough for unit tests (a few hundred kB)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -44,7 +45,7 @@ def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2
     config = AutoConfig.for_model(
         model_type, vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate or hidden * 2 - 16,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=512, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2,
+        max_position_embeddings=max_positions, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2,
         pad_token_id=0, **extra,
     )
     model = AutoModelForCausalLM.from_config(config).eval()

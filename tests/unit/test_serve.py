@@ -54,7 +54,7 @@ def test_chat_request_normalises_roles_and_text_parts():
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"echo": True}, "echo"),
-    ({"tools": [{"type": "function"}]}, "tools"),
+    ({"tools": [{"type": "function"}]}, "tools[0]"),
     ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ({"grammar": "root ::= \"yes\""}, "grammar"),
@@ -71,7 +71,7 @@ def test_chat_request_normalises_roles_and_text_parts():
     ({"stop": 5}, "stop"),
     ({"stream": "yes"}, "stream"),
     ({"messages": []}, "messages"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content[0]"),
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
 ])

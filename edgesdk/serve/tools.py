@@ -1,0 +1,218 @@
+"""Tool calls (OpenAI's ``tools`` and ``tool_choice``) with any chat template, in llama.cpp's generic form.
+
+Few small models' chat templates know tools, and those that do each mark a call their own way. So,
+as llama.cpp does for templates without native tool support (its "generic" tool-call format), the
+tools are described in the system message and the answer is constrained by a JSON schema
+(``edgesdk/runtime/json_schema.py``) to one object:
+
+- ``{"tool_call": {"name": NAME, "arguments": {...}}}``: a call, its arguments an instance of that
+  tool's ``parameters`` schema; returned as OpenAI's ``tool_calls`` with ``finish_reason``
+  ``tool_calls``;
+- ``{"response": "..."}``: an answer in text, offered only with ``tool_choice`` ``auto``.
+
+``tool_choice`` ``required`` leaves only calls, a named function only calls of it, ``none`` offers
+no tools. Earlier turns travel in the same form: an assistant message's ``tool_calls`` become its
+``{"tool_call": ...}`` text, and a ``tool`` message becomes a user message
+``{"tool_response": {"name", "content"}}``, which any template renders.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_schema
+
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
+NO_PARAMETERS = {"type": "object", "properties": {}}
+
+
+class ToolError(Exception):
+    """A ``tools`` / ``tool_choice`` field or a tool message that cannot be honoured (``param`` names it)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The tools offered to one request."""
+
+    names: tuple[str, ...]  # every tool's name, in the request's order
+    choice: str  # "auto", "required", or the one tool's name that must be called
+    schema: CompiledSchema  # what the answer must be
+    instructions: str  # appended to the system message
+
+
+def parse_tools(body: dict) -> Tools | None:
+    """``tools`` and ``tool_choice`` of a chat request (None: no tools offered, or ``tool_choice`` none)."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise ToolError(f"'tool_choice' {json.dumps(choice)[:60]} needs 'tools' to choose from", "tool_choice")
+        return None
+    if not isinstance(tools, list):
+        raise ToolError(f"'tools' must be an array of {{\"type\": \"function\", \"function\": ...}}, got "
+                        f"{type(tools).__name__}", "tools")
+    functions = [_function(tool, index) for index, tool in enumerate(tools)]
+    names = tuple(function["name"] for function in functions)
+    duplicated = sorted({name for name in names if names.count(name) > 1})
+    if duplicated:
+        raise ToolError(f"'tools' names {duplicated} more than once", "tools")
+    chosen = _choice(choice, names)
+    if chosen == "none":
+        return None
+    offered = functions if chosen in ("auto", "required") else [f for f in functions if f["name"] == chosen]
+    return Tools(names=names, choice=chosen, schema=_answer_schema(offered, chosen == "auto"),
+                 instructions=_instructions(offered, chosen == "auto"))
+
+
+def _function(tool: object, index: int) -> dict:
+    param = f"tools[{index}]"
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+        raise ToolError(f"{param} must be {{\"type\": \"function\", \"function\": {{\"name\", \"parameters\"}}}}; "
+                        "this server calls functions only", param)
+    function = tool["function"]
+    name = function.get("name")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ToolError(f"{param}.function.name {json.dumps(name)[:60]} must be 1-64 letters, digits, '_' or '-'",
+                        f"{param}.function.name")
+    description = function.get("description", "")
+    if not isinstance(description, str):
+        raise ToolError(f"{param}.function.description must be a string", f"{param}.function.description")
+    parameters = function.get("parameters", NO_PARAMETERS)
+    try:
+        compile_schema(parameters)  # refused here, naming the tool, rather than inside the combined schema
+    except SchemaError as exc:
+        raise ToolError(f"{param}.function.parameters: {exc.problem}; {exc.fix}", f"{param}.function.parameters") \
+            from exc
+    if _resolved_type(parameters) != "object":
+        raise ToolError(f"{param}.function.parameters must describe an object (the call's named arguments)",
+                        f"{param}.function.parameters")
+    return {"name": name, "description": description, "parameters": parameters}
+
+
+def _resolved_type(schema: dict) -> str | None:
+    if "$ref" in schema:
+        return "object"  # compile_schema has checked that it resolves to an object or an array
+    return schema.get("type", "object" if "properties" in schema else None)
+
+
+def _choice(choice: object, names: tuple[str, ...]) -> str:
+    if choice is None:
+        return "auto"
+    if choice in ("auto", "required", "none"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name in names:
+            return name
+        raise ToolError(f"'tool_choice' names the function {json.dumps(name)[:60]}, which 'tools' does not offer "
+                        f"(offered: {', '.join(names)})", "tool_choice")
+    raise ToolError(f"'tool_choice' must be \"auto\", \"required\", \"none\" or {{\"type\": \"function\", "
+                    f"\"function\": {{\"name\": ...}}}}, got {json.dumps(choice)[:60]}", "tool_choice")
+
+
+def _answer_schema(functions: list[dict], may_answer: bool) -> CompiledSchema:
+    """One call of one of ``functions`` (each tool's $defs moved under its own prefix), or a text answer."""
+    definitions, calls = {}, []
+    for index, function in enumerate(functions):
+        parameters = _hoisted(function["parameters"], f"tool{index}.", definitions)
+        calls.append({"type": "object", "properties": {"name": {"const": function["name"]}, "arguments": parameters},
+                      "required": ["name", "arguments"]})
+    call = {"type": "object", "properties": {"tool_call": calls[0] if len(calls) == 1 else {"anyOf": calls}},
+            "required": ["tool_call"]}
+    options = [call, {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}]
+    root = {"anyOf": options} if may_answer else call
+    return compile_schema({**root, "$defs": definitions})
+
+
+def _hoisted(schema: dict, prefix: str, definitions: dict) -> dict:
+    """``schema`` with its local definitions moved into ``definitions`` under ``prefix`` and its refs renamed."""
+    schema = copy.deepcopy(schema)
+    local = {**schema.pop("definitions", {}), **schema.pop("$defs", {})}
+
+    def rename(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.count("/") == 2 and ref.split("/")[1] in ("$defs", "definitions"):
+                node["$ref"] = f"#/$defs/{prefix}{ref.split('/')[2]}"
+            for value in node.values():
+                rename(value)
+        elif isinstance(node, list):
+            for value in node:
+                rename(value)
+
+    rename(schema)
+    for name, value in local.items():
+        rename(value)
+        definitions[f"{prefix}{name}"] = value
+    return schema
+
+
+def _instructions(functions: list[dict], may_answer: bool) -> str:
+    listed = json.dumps([{"name": f["name"], "description": f["description"], "parameters": f["parameters"]}
+                         for f in functions], ensure_ascii=False)
+    answer = ' to call a tool, or {"response": "<your answer>"} to answer the user directly' if may_answer else \
+        " to call a tool"
+    return (f"You can call these tools (each with the JSON schema of its arguments):\n{listed}\n"
+            f'Reply with one JSON object: {{"tool_call": {{"name": "<tool name>", "arguments": {{...}}}}}}{answer}.')
+
+
+def with_instructions(messages: list[dict], tools: Tools) -> list[dict]:
+    """``messages`` with the tools' description appended to the system message (one is put first if none)."""
+    if messages and messages[0]["role"] == "system":
+        first = messages[0]["content"]
+        return [{"role": "system", "content": f"{first}\n\n{tools.instructions}" if first else tools.instructions},
+                *messages[1:]]
+    return [{"role": "system", "content": tools.instructions}, *messages]
+
+
+def call_text(tool_calls: object, param: str) -> str:
+    """An earlier assistant turn's ``tool_calls`` as the text the model writes for them."""
+    if not isinstance(tool_calls, list):
+        raise ToolError(f"{param} must be an array of tool calls", param)
+    texts = []
+    for index, call in enumerate(tool_calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ToolError(f"{param}[{index}] must be {{\"type\": \"function\", \"function\": {{\"name\", "
+                            "\"arguments\"}}", f"{param}[{index}]")
+        arguments = function.get("arguments", "{}")
+        try:
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError as exc:
+            raise ToolError(f"{param}[{index}].function.arguments is not JSON text ({exc})",
+                            f"{param}[{index}].function.arguments") from exc
+        texts.append(json.dumps({"tool_call": {"name": function["name"], "arguments": arguments}}, ensure_ascii=False))
+    return "\n".join(texts)
+
+
+def tool_result_text(name: str | None, content: str) -> str:
+    """A ``tool`` message's content as the user-turn text the model reads."""
+    return json.dumps({"tool_response": {"name": name, "content": content}}, ensure_ascii=False)
+
+
+def read_answer(text: str, complete: bool) -> tuple[str | None, list[dict] | None]:
+    """(content, tool_calls) of an answer written under a tools schema; an incomplete one is returned as text."""
+    if not complete:
+        return text, None
+    answer = json.loads(text)
+    if "response" in answer:
+        return answer["response"], None
+    call = answer["tool_call"]
+    return None, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                   "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}]
+
+
+def answer_message(text: str, finish_reason: str) -> tuple[dict, str]:
+    """(the assistant message's fields, finish_reason) of an answer written under a tools schema: a call
+    gives ``tool_calls`` with no content and the finish reason ``tool_calls``."""
+    content, calls = read_answer(text, finish_reason == "stop")
+    if calls is None:
+        return {"content": content}, finish_reason
+    return {"content": None, "tool_calls": calls}, "tool_calls"
