@@ -11,18 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from edgesdk.runtime.json_schema import SchemaConstraint, SchemaError, compile_schema
-
-BYTES = [bytes([b]) for b in range(256)]  # a "tokenizer" whose token i is byte i
-
-
-def _feed(schema, text: str) -> SchemaConstraint | None:
-    """The constraint after ``text`` (None: it refused a byte)."""
-    constraint = SchemaConstraint(BYTES, compile_schema(schema))
-    for byte in text.encode():
-        if not constraint.allows(byte):
-            return None
-        constraint.advance(byte)
-    return constraint
+from tests.unit.test_json_schema import BYTES, _feed
 
 
 def test_a_definition_referred_to_only_by_another_definition_is_compiled():
