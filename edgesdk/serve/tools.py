@@ -198,10 +198,14 @@ def tool_result_text(name: str | None, content: str) -> str:
 
 
 def read_answer(text: str, complete: bool) -> tuple[str | None, list[dict] | None]:
-    """(content, tool_calls) of an answer written under a tools schema; an incomplete one is returned as text."""
+    """(content, tool_calls) of an answer written under a tools schema; an incomplete one (cut by max_tokens,
+    or by a stop string, whose answer also ends as "stop") is returned as text."""
     if not complete:
         return text, None
-    answer = json.loads(text)
+    try:
+        answer = json.loads(text)
+    except json.JSONDecodeError:  # a stop string cut the JSON: the schema lets only a whole answer parse
+        return text, None
     if "response" in answer:
         return answer["response"], None
     call = answer["tool_call"]

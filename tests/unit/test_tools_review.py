@@ -1,0 +1,32 @@
+"""Tool calls through the server on unusual but valid requests: stop strings, logprobs, malformed earlier turns."""
+
+from __future__ import annotations
+
+from edgesdk.serve.tools import answer_message
+from tests.unit.test_tools import PING, server  # noqa: F401 (the module-scoped server fixture)
+
+
+def test_an_answer_cut_by_a_stop_string_is_text_not_a_server_error(server):  # noqa: F811
+    # Only ping may be called, so its name is always written, and the stop string cuts the JSON there.
+    body = {"messages": [{"role": "user", "content": "ping"}], "tools": [PING], "tool_choice": "required",
+            "stop": ["ping"]}
+    status, answer = server.post("/v1/chat/completions", body)
+    assert status == 200, answer
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert "tool_calls" not in choice["message"]
+    assert choice["message"]["content"].lstrip().startswith("{")  # the JSON written before the stop string
+    assert "ping" not in choice["message"]["content"]
+
+    events = server.stream("/v1/chat/completions", body)
+    assert all("error" not in event for event in events[:-1]), events
+    deltas = [event["choices"][0] for event in events[:-1]]
+    assert deltas[1]["delta"] == {"content": choice["message"]["content"]}
+    assert deltas[-1]["finish_reason"] == "stop"
+
+
+def test_answer_message_reads_a_complete_answer_and_keeps_a_cut_one_as_text():
+    assert answer_message('{"response": "h\u00e9"}', "stop") == ({"content": "h\u00e9"}, "stop")
+    assert answer_message('{"tool_call": {"name": "', "stop") == ({"content": '{"tool_call": {"name": "'}, "stop")
+    fields, finish = answer_message('{"tool_call": {"name": "ping", "arguments": {}}}', "stop")
+    assert (fields["content"], finish, fields["tool_calls"][0]["function"]["name"]) == (None, "tool_calls", "ping")
