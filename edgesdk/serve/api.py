@@ -133,7 +133,11 @@ def _message(message: object, index: int, call_names: dict[str, str]) -> dict:
     try:
         if role == "tool":
             content = _content(message.get("content"), f"{param}.content")
-            return {"role": "user", "content": tool_result_text(call_names.get(message.get("tool_call_id")), content)}
+            call_id = message.get("tool_call_id")
+            if call_id is not None and not isinstance(call_id, str):
+                raise ApiError(400, f"{param}.tool_call_id must be the string id of the call it answers, got "
+                               f"{_shown(call_id)}", param=f"{param}.tool_call_id")
+            return {"role": "user", "content": tool_result_text(call_names.get(call_id), content)}
         if role == "assistant" and message.get("tool_calls"):
             text = call_text(message["tool_calls"], f"{param}.tool_calls")
             content = message.get("content")
@@ -153,10 +157,11 @@ def _message(message: object, index: int, call_names: dict[str, str]) -> dict:
 def _tool_call_names(messages: list) -> dict[str, str]:
     """Each earlier tool call's id -> its function's name (a tool message names only the id)."""
     names = {}
-    for message in messages:
-        for call in (message.get("tool_calls") or []) if isinstance(message, dict) else []:
-            if isinstance(call, dict) and isinstance(call.get("function"), dict):
-                names[call.get("id")] = call["function"].get("name")
+    for message in messages:  # malformed calls are refused by _message, naming them
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        for call in calls if isinstance(calls, list) else []:
+            if isinstance(call, dict) and isinstance(call.get("id"), str) and isinstance(call.get("function"), dict):
+                names[call["id"]] = call["function"].get("name")
     return names
 
 

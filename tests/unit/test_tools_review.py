@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from edgesdk.serve.api import ApiError, parse_chat_request
 from edgesdk.serve.tools import answer_message
 from tests.unit.test_tools import PING, server  # noqa: F401 (the module-scoped server fixture)
 
@@ -30,3 +35,21 @@ def test_answer_message_reads_a_complete_answer_and_keeps_a_cut_one_as_text():
     assert answer_message('{"tool_call": {"name": "', "stop") == ({"content": '{"tool_call": {"name": "'}, "stop")
     fields, finish = answer_message('{"tool_call": {"name": "ping", "arguments": {}}}', "stop")
     assert (fields["content"], finish, fields["tool_calls"][0]["function"]["name"]) == (None, "tool_calls", "ping")
+
+
+@pytest.mark.parametrize(("messages", "param"), [
+    ([{"role": "assistant", "content": None, "tool_calls": 5}], "messages[0].tool_calls"),
+    ([{"role": "assistant", "content": None, "tool_calls": [
+        {"id": ["call_1"], "type": "function", "function": {"name": "ping", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "pong"}], None),
+    ([{"role": "user", "content": "ping"}, {"role": "tool", "tool_call_id": ["call_1"], "content": "pong"}],
+     "messages[1].tool_call_id"),
+])
+def test_malformed_earlier_calls_are_refused_by_name_not_a_server_error(messages, param):
+    if param is None:  # a call id that is no string answers nothing: the tool message names no function
+        request = parse_chat_request({"messages": messages})
+        assert json.loads(request.messages[1]["content"]) == {"tool_response": {"name": None, "content": "pong"}}
+        return
+    with pytest.raises(ApiError) as refused:
+        parse_chat_request({"messages": messages})
+    assert (refused.value.status, refused.value.param) == (400, param)
