@@ -90,15 +90,18 @@ def _function(tool: object, index: int) -> dict:
     except SchemaError as exc:
         raise ToolError(f"{param}.function.parameters: {exc.problem}; {exc.fix}", f"{param}.function.parameters") \
             from exc
-    if _resolved_type(parameters) != "object":
+    if _resolved_type(parameters, parameters) != "object":
         raise ToolError(f"{param}.function.parameters must describe an object (the call's named arguments)",
                         f"{param}.function.parameters")
     return {"name": name, "description": description, "parameters": parameters}
 
 
-def _resolved_type(schema: dict) -> str | None:
-    if "$ref" in schema:
-        return "object"  # compile_schema has checked that it resolves to an object or an array
+def _resolved_type(schema: dict, root: dict) -> str | None:
+    """The type a schema's root stands for, following its local ``$ref`` (compile_schema has checked that each
+    resolves, to an object or an array, and that no chain of them comes back to itself)."""
+    while isinstance(schema.get("$ref"), str):
+        _, section, name = schema["$ref"].split("/", 2)
+        schema = root[section][name]
     return schema.get("type", "object" if "properties" in schema else None)
 
 

@@ -1,4 +1,4 @@
-"""Tool calls through the server on unusual but valid requests: stop strings, logprobs, malformed earlier turns."""
+"""Tool calls on unusual requests: stop strings, logprobs, malformed earlier turns, parameters behind a $ref."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from edgesdk.runtime.json_schema import SchemaConstraint
 from edgesdk.serve.api import ApiError, parse_chat_request
-from edgesdk.serve.tools import answer_message
+from edgesdk.serve.tools import ToolError, answer_message, parse_tools
 from tests.unit.test_tools import PING, server  # noqa: F401 (the module-scoped server fixture)
 
 
@@ -53,3 +54,21 @@ def test_malformed_earlier_calls_are_refused_by_name_not_a_server_error(messages
     with pytest.raises(ApiError) as refused:
         parse_chat_request({"messages": messages})
     assert (refused.value.status, refused.value.param) == (400, param)
+
+
+def test_parameters_whose_root_refers_to_an_array_are_refused_and_to_an_object_taken():
+    listed = {"type": "function", "function": {"name": "f", "parameters": {
+        "$ref": "#/$defs/items", "$defs": {"items": {"type": "array", "items": {"type": "string"}}}}}}
+    with pytest.raises(ToolError, match="must describe an object") as refused:
+        parse_tools({"tools": [listed]})
+    assert refused.value.param == "tools[0].function.parameters"
+    model = {"type": "function", "function": {"name": "f", "parameters": {
+        "$ref": "#/definitions/Outer", "definitions": {
+            "Outer": {"$ref": "#/definitions/Inner"},
+            "Inner": {"type": "object", "properties": {"x": {"type": "string"}}}}}}}
+    tools = parse_tools({"tools": [model]})
+    constraint = SchemaConstraint([bytes([b]) for b in range(256)], tools.schema)
+    for byte in b'{"tool_call": {"name": "f", "arguments": {"x": "y"}}}':
+        assert constraint.allows(byte)
+        constraint.advance(byte)
+    assert constraint.complete
