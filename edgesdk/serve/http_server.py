@@ -301,7 +301,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._event(error.body())
             return
         if request.tools is not None:
-            for body in tool_answer_chunks(request, ident, model, completion.text, completion.finish_reason):
+            for body in tool_answer_chunks(request, ident, model, completion.text, completion.finish_reason,
+                                           completion.logprobs):
                 self._event(body)
         else:
             self._event(chunk_body(request, ident, model, None, finish_reason=completion.finish_reason))

@@ -9,7 +9,7 @@ import pytest
 from edgesdk.runtime.json_schema import SchemaConstraint
 from edgesdk.serve.api import ApiError, parse_chat_request
 from edgesdk.serve.tools import ToolError, answer_message, parse_tools
-from tests.unit.test_tools import PING, server  # noqa: F401 (the module-scoped server fixture)
+from tests.unit.test_tools import LIGHT, PING, server  # noqa: F401 (the module-scoped server fixture)
 
 
 def test_an_answer_cut_by_a_stop_string_is_text_not_a_server_error(server):  # noqa: F811
@@ -72,3 +72,23 @@ def test_parameters_whose_root_refers_to_an_array_are_refused_and_to_an_object_t
         assert constraint.allows(byte)
         constraint.advance(byte)
     assert constraint.complete
+
+
+def test_a_streamed_tool_answer_carries_its_logprobs_as_a_whole_one_does(server):  # noqa: F811
+    body = {"messages": [{"role": "user", "content": "Lamp"}], "tools": [PING, LIGHT], "tool_choice": "required",
+            "logprobs": True, "top_logprobs": 2, "stream_options": {"include_usage": True}}
+    status, whole = server.post("/v1/chat/completions", body)
+    assert status == 200, whole
+    assert all(len(entry["top_logprobs"]) == 2 for entry in whole["choices"][0]["logprobs"]["content"])
+
+    events = server.stream("/v1/chat/completions", body)
+    entries = [entry for event in events[:-1] for choice in event["choices"]
+               for entry in ((choice.get("logprobs") or {}).get("content") or [])]
+    assert entries
+    assert all(len(entry["top_logprobs"]) == 2 for entry in entries)
+    (call,) = events[1]["choices"][0]["delta"]["tool_calls"]
+    written = json.loads(b"".join(bytes(entry["bytes"]) for entry in entries))  # the answer's tokens, every one
+    assert written == {"tool_call": {"name": call["function"]["name"],
+                                     "arguments": json.loads(call["function"]["arguments"])}}
+    assert events[-2]["choices"] == []  # include_usage: the usage chunk still comes last
+    assert events[-2]["usage"]["completion_tokens"] == len(entries)
