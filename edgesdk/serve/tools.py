@@ -124,7 +124,7 @@ def _answer_schema(functions: list[dict], may_answer: bool) -> CompiledSchema:
     """One call of one of ``functions`` (each tool's $defs moved under its own prefix), or a text answer."""
     definitions, calls = {}, []
     for index, function in enumerate(functions):
-        parameters = _hoisted(function["parameters"], f"tool{index}.", definitions)
+        parameters = _hoisted(function["parameters"], f"tool{index}", definitions)
         calls.append({"type": "object", "properties": {"name": {"const": function["name"]}, "arguments": parameters},
                       "required": ["name", "arguments"]})
     call = {"type": "object", "properties": {"tool_call": calls[0] if len(calls) == 1 else {"anyOf": calls}},
@@ -134,26 +134,38 @@ def _answer_schema(functions: list[dict], may_answer: bool) -> CompiledSchema:
     return compile_schema({**root, "$defs": definitions})
 
 
+DATA = ("const", "enum", "default", "examples")  # keywords whose values are JSON data, not schemas
+
+
 def _hoisted(schema: dict, prefix: str, definitions: dict) -> dict:
-    """``schema`` with its local definitions moved into ``definitions`` under ``prefix`` and its refs renamed."""
+    """``schema`` with its local definitions moved into ``definitions`` under ``prefix`` and its refs renamed.
+    ``$defs`` and ``definitions`` are two tables, as compile_schema reads them (a name in both is two
+    definitions), and one that is no object holds nothing; a ``$ref`` inside a const or enum value is data."""
     schema = copy.deepcopy(schema)
-    local = {**schema.pop("definitions", {}), **schema.pop("$defs", {})}
+    tables = {"$defs": f"{prefix}.", "definitions": f"{prefix}:"}  # "tool0." and "tool0:" never meet
+    local = {section: schema.pop(section, None) for section in tables}
 
     def rename(node):
         if isinstance(node, dict):
             ref = node.get("$ref")
-            if isinstance(ref, str) and ref.count("/") == 2 and ref.split("/")[1] in ("$defs", "definitions"):
-                node["$ref"] = f"#/$defs/{prefix}{ref.split('/')[2]}"
-            for value in node.values():
-                rename(value)
+            if isinstance(ref, str) and ref.count("/") == 2 and ref.split("/")[1] in tables:
+                _, section, name = ref.split("/")
+                node["$ref"] = f"#/$defs/{tables[section]}{name}"
+            for key, value in node.items():
+                if key == "properties" and isinstance(value, dict):  # names (maybe "const") -> schemas
+                    for subschema in value.values():
+                        rename(subschema)
+                elif key not in DATA:
+                    rename(value)
         elif isinstance(node, list):
             for value in node:
                 rename(value)
 
     rename(schema)
-    for name, value in local.items():
-        rename(value)
-        definitions[f"{prefix}{name}"] = value
+    for section, table in local.items():
+        for name, value in (table.items() if isinstance(table, dict) else ()):
+            rename(value)
+            definitions[f"{tables[section]}{name}"] = value
     return schema
 
 

@@ -92,3 +92,35 @@ def test_a_streamed_tool_answer_carries_its_logprobs_as_a_whole_one_does(server)
                                      "arguments": json.loads(call["function"]["arguments"])}}
     assert events[-2]["choices"] == []  # include_usage: the usage chunk still comes last
     assert events[-2]["usage"]["completion_tokens"] == len(entries)
+
+
+def _accepts(tools, text: str) -> bool:
+    constraint = SchemaConstraint([bytes([b]) for b in range(256)], tools.schema)
+    for byte in text.encode():
+        if not constraint.allows(byte):
+            return False
+        constraint.advance(byte)
+    return constraint.complete
+
+
+@pytest.mark.parametrize(("parameters", "good", "bad"), [
+    # a definitions table that holds nothing (compile_schema takes it) was merged as a mapping: TypeError
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "$defs": None}, {"a": "x"}, {"a": 1}),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "definitions": []}, {"a": "x"}, {"a": 1}),
+    # one name in both tables: two definitions, as compile_schema reads them (the $defs one won for both)
+    ({"type": "object", "properties": {"a": {"$ref": "#/definitions/X"}, "b": {"$ref": "#/$defs/X"}},
+      "required": ["a", "b"], "definitions": {"X": {"type": "string"}}, "$defs": {"X": {"type": "integer"}}},
+     {"a": "x", "b": 1}, {"a": 1, "b": 1}),
+    # a const that looks like a ref is data: the answer writes it as given
+    ({"type": "object", "properties": {"a": {"const": {"$ref": "#/$defs/X"}}, "b": {"$ref": "#/$defs/X"}},
+      "required": ["a"], "$defs": {"X": {"type": "string"}}},
+     {"a": {"$ref": "#/$defs/X"}}, {"a": {"$ref": "#/$defs/tool0.X"}}),
+    # a property named like a data keyword is still a schema whose ref is renamed
+    ({"type": "object", "properties": {"enum": {"$ref": "#/$defs/X"}}, "required": ["enum"],
+      "$defs": {"X": {"type": "boolean"}}}, {"enum": True}, {"enum": "x"}),
+])
+def test_each_tools_definitions_keep_the_meaning_compile_schema_gives_them(parameters, good, bad):
+    tools = parse_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}]})
+    for arguments, taken in ((good, True), (bad, False)):  # compact: a const is written so
+        assert _accepts(tools, json.dumps({"tool_call": {"name": "f", "arguments": arguments}},
+                                          separators=(",", ":"))) is taken, arguments
