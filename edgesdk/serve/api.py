@@ -89,8 +89,8 @@ def parse_chat_request(body: object) -> CompletionRequest:
         raise ApiError(400, exc.message, param=exc.param) from exc
     if tools is not None:
         if fields["json_schema"] is not None or fields["json_object"]:
-            raise ApiError(400, "'tools' and 'response_format' both constrain the answer; send one of them",
-                           param="response_format")
+            given = "json_schema" if body.get("json_schema") is not None else "response_format"  # llama-server's
+            raise ApiError(400, f"'tools' and '{given}' both constrain the answer; send one of them", param=given)
         parsed = with_instructions(parsed, tools)
     return CompletionRequest(chat=True, messages=tuple(parsed), tools=tools, **fields)
 

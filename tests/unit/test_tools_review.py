@@ -124,3 +124,15 @@ def test_each_tools_definitions_keep_the_meaning_compile_schema_gives_them(param
     for arguments, taken in ((good, True), (bad, False)):  # compact: a const is written so
         assert _accepts(tools, json.dumps({"tool_call": {"name": "f", "arguments": arguments}},
                                           separators=(",", ":"))) is taken, arguments
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"json_schema": {"type": "object"}}, "json_schema"),  # llama-server's top-level field
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+     "response_format"),
+])
+def test_tools_beside_a_schema_name_the_field_that_gave_it(extra, param):
+    with pytest.raises(ApiError, match=f"'tools' and '{param}' both constrain") as refused:
+        parse_chat_request({"messages": [{"role": "user", "content": "x"}], "tools": [PING], **extra})
+    assert (refused.value.status, refused.value.param) == (400, param)
