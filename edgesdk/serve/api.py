@@ -191,6 +191,7 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         ("best_of", lambda v: v in (None, 1), "one choice per request (best_of = 1)"),
         ("suffix", lambda v: v in (None, ""), "no suffix (fill-in-the-middle)"),
         ("functions", lambda v: not v, "no legacy functions (send them as 'tools')"),
+        ("function_call", lambda v: v in (None, "none"), "no legacy function_call (send 'tool_choice' with 'tools')"),
         ("tools", lambda v: not v or chat, "no tools (they belong to /v1/chat/completions)"),
         ("logit_bias", lambda v: not v, "no logit bias"),
         ("grammar", lambda v: not v, "no GBNF grammars (a JSON schema, response_format json_schema, constrains "
@@ -255,7 +256,7 @@ def _json_schema(body: dict) -> CompiledSchema | None:
             raise ApiError(400, f"response_format json_schema must carry {{\"json_schema\": {{\"name\": ..., \"schema\": "
                            f"{{...}}}}}}, got json_schema = {_shown(spec)}", param="response_format")
         given.append(("response_format", spec["schema"]))
-    elif isinstance(response_format, dict) and response_format.get("schema") is not None:
+    elif isinstance(response_format, dict) and response_format.get("schema"):  # {} in json_object: any object
         given.append(("response_format", response_format["schema"]))
     if body.get("json_schema") is not None:
         given.append(("json_schema", body["json_schema"]))

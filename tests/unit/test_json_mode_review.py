@@ -99,20 +99,23 @@ def test_constrained_sampling_is_reproducible_with_a_seed():
 # ------------------------------------------------------------------------------------ serve's response_format
 
 @pytest.mark.parametrize("parse", ["chat", "text"])
-def test_a_json_object_format_with_a_schema_is_refused_not_ignored(parse):
-    """llama-server constrains {"type": "json_object", "schema": {...}} to the schema; this server
-    follows no schema, so it refuses one by name instead of answering any object."""
+def test_a_json_object_format_with_a_schema_follows_the_schema(parse):
+    """llama-server constrains {"type": "json_object", "schema": {...}} to the schema; so does this server
+    (edgesdk/runtime/json_schema.py), and one it cannot follow is refused by name, never ignored."""
     from edgesdk.serve.api import ApiError, parse_chat_request, parse_text_request
 
     body = {"messages": [{"role": "user", "content": "hi"}]} if parse == "chat" else {"prompt": "hi"}
     parser = parse_chat_request if parse == "chat" else parse_text_request
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    assert parser({**body, "response_format": {"type": "json_object", "schema": schema}}).json_schema is not None
     with pytest.raises(ApiError) as caught:
-        parser({**body, "response_format": {"type": "json_object", "schema": schema}})
+        parser({**body, "response_format": {"type": "json_object", "schema": {**schema, "minProperties": 1}}})
     assert (caught.value.status, caught.value.param) == (400, "response_format")
-    assert "no JSON schema" in caught.value.message
+    assert "keyword 'minProperties'" in caught.value.message
     for honoured in ({"type": "json_object"}, {"type": "json_object", "schema": None}, {"type": "json_object", "schema": {}}):
-        assert parser({**body, "response_format": honoured}).json_object
+        request = parser({**body, "response_format": honoured})
+        assert request.json_object
+        assert request.json_schema is None  # any object, as JSON mode gives
     assert not parser({**body, "response_format": {"type": "text"}}).json_object
 
 

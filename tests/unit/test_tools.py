@@ -203,6 +203,8 @@ def test_a_conversation_with_earlier_calls_and_their_results(server):
 
 @pytest.mark.parametrize(("path", "body", "param"), [
     ("/v1/completions", {"prompt": "x", "tools": [PING]}, "tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "function_call": "auto"},
+     "function_call"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [PING],
                               "response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "tool_calls": []}, ], "tools": [PING],
