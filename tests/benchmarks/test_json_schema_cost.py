@@ -1,0 +1,98 @@
+"""What the JSON schema constraint costs on a real bundle (edgesdk/runtime/json_schema.py).
+
+- per generated token: the time spent in the constraint's allows/advance calls during a schema-constrained
+  answer, greedy and sampled, beside JSON mode's on the same prompt, as a share of the whole generation;
+- the allowed set where few tokens fit: asking token by token against the vocabulary trie walk.
+
+    EDGESDK_BENCH_BUNDLE=DIR python -m pytest tests/benchmarks/test_json_schema_cost.py -m benchmark -s
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = pytest.mark.benchmark
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"},
+    "languages": {"type": "array", "items": {"enum": ["English", "French", "German", "Spanish"]}, "maxItems": 3}},
+    "required": ["name", "age", "city", "languages"]}
+PROMPT = "Describe a fictional person living in Paris as JSON."
+
+
+class _Timed:
+    """A constraint whose calls are timed."""
+
+    def __init__(self, inner):
+        self.inner, self.seconds, self.asked = inner, 0.0, 0
+
+    def allows(self, token: int) -> bool:
+        start = time.perf_counter()
+        allowed = self.inner.allows(token)
+        self.seconds += time.perf_counter() - start
+        self.asked += 1
+        return allowed
+
+    def advance(self, token: int) -> None:
+        start = time.perf_counter()
+        self.inner.advance(token)
+        self.seconds += time.perf_counter() - start
+
+    @property
+    def complete(self) -> bool:
+        return self.inner.complete
+
+
+def test_constraint_cost_per_token(smollm2_rpi5_bundle):
+    from edgesdk.runtime.generate import SamplingConfig, generate
+    from edgesdk.runtime.json_mode import JsonConstraint
+    from edgesdk.runtime.json_schema import SchemaConstraint, compile_schema
+    from edgesdk.runtime.session import open_runtime
+
+    runtime = open_runtime(smollm2_rpi5_bundle.path, threads=2)
+    tokenizer = runtime.tokenizer
+    table = tokenizer.token_bytes()
+    schema = compile_schema(PERSON)
+    ids = tokenizer.prompt_ids(PROMPT, raw=False)
+    SchemaConstraint(table, schema)._allowed_tokens()  # the vocabulary trie, built once per tokenizer
+    print(f"\n{'constraint':<12}{'temperature':>12}{'tokens':>8}{'stop':>16}{'allows calls':>14}{'us/token':>10}"
+          f"{'share':>8}")
+    for name, make in (("schema", lambda: SchemaConstraint(table, schema)), ("json mode", lambda: JsonConstraint(table))):
+        for temperature in (0.0, 0.8):
+            constraint = _Timed(make())
+            start = time.perf_counter()
+            tokens, stats = generate(runtime.backend, ids, SamplingConfig(max_new_tokens=100, temperature=temperature,
+                                                                          seed=1), tokenizer.eos_token_ids,
+                                     constraint=constraint)
+            total = time.perf_counter() - start
+            print(f"{name:<12}{temperature:>12}{len(tokens):>8}{stats.stop_reason:>16}{constraint.asked:>14}"
+                  f"{constraint.seconds / len(tokens) * 1e6:>10.0f}{constraint.seconds / total:>8.1%}")
+
+
+def test_allowed_set_by_trie_against_token_by_token(smollm2_rpi5_bundle):
+    from edgesdk.runtime.json_schema import SchemaConstraint, compile_schema
+    from edgesdk.runtime.session import open_runtime
+
+    table = open_runtime(smollm2_rpi5_bundle.path, threads=2).tokenizer.token_bytes()
+    schema = compile_schema(PERSON)
+    bytewise = [bytes((b,)) for b in range(256)]
+    SchemaConstraint(table, schema)._allowed_tokens()  # build the trie outside the timing
+    print(f"\n{'after':<46}{'allowed':>9}{'token by token ms':>19}{'trie ms':>9}")
+    for prefix in ('{"name": "Ann', '{"name": "Ann", "age": ', '{"name": "Ann", "age": 3',
+                   '{"name": "Ann", "age": 3, "city": "Paris", "languages": ['):
+        walker = SchemaConstraint(bytewise, schema)
+        for byte in prefix.encode():
+            walker.advance(byte)
+        constraint = SchemaConstraint(table, schema)
+        constraint.ways = walker.ways
+        start = time.perf_counter()
+        asked = {token for token in range(len(table)) if constraint._feed(constraint.ways, table[token] or b"")
+                 and table[token]}
+        one_by_one = time.perf_counter() - start
+        start = time.perf_counter()
+        walked = constraint._allowed_tokens()
+        trie = time.perf_counter() - start
+        assert walked == asked
+        print(f"{prefix!r:<46}{len(walked):>9}{one_by_one * 1e3:>19.1f}{trie * 1e3:>9.1f}")
