@@ -81,10 +81,14 @@ def _function(tool: object, index: int) -> dict:
     if not isinstance(name, str) or not NAME.match(name):
         raise ToolError(f"{param}.function.name {json.dumps(name)[:60]} must be 1-64 letters, digits, '_' or '-'",
                         f"{param}.function.name")
-    description = function.get("description", "")
+    description = function.get("description")
+    if description is None:
+        description = ""
     if not isinstance(description, str):
         raise ToolError(f"{param}.function.description must be a string", f"{param}.function.description")
-    parameters = function.get("parameters", NO_PARAMETERS)
+    parameters = function.get("parameters")
+    if parameters is None or parameters == {}:  # absent, null or {}: a function that takes no arguments
+        parameters = NO_PARAMETERS
     try:
         compile_schema(parameters)  # refused here, naming the tool, rather than inside the combined schema
     except SchemaError as exc:

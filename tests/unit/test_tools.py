@@ -63,6 +63,10 @@ def test_required_and_named_choices_leave_only_calls():
     assert not _accepts(named, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}')
     assert "get_weather" not in named.instructions
     assert parse_tools({"tools": [WEATHER], "tool_choice": "none"}) is None
+    for empty in ({}, None):  # what clients send for a function without arguments, as absent parameters
+        bare = parse_tools({"tools": [{"type": "function", "function": {"name": "ping", "parameters": empty,
+                                                                          "description": None}}]})
+        assert _accepts(bare, '{"tool_call": {"name": "ping", "arguments": {}}}')
     assert parse_tools({"tool_choice": "auto"}) is None
 
 
