@@ -82,7 +82,7 @@ def read_bundle_decoder(bundle_dir: Path, manifest: dict) -> BundleDecoder:
     model = onnx.load(str(Path(bundle_dir) / graph_record["file"]), load_external_data=False)
     store = _Initializers(model.graph, Path(bundle_dir), graph_record.get("weights"))
     nodes = _NodeIndex(model.graph)
-    embed, final_norm, lm_head = _embedding_and_head(store, nodes, bundle_dir)
+    embed, final_norm, lm_head = _embedding_and_head(store, nodes)
     layers = [_layer(store, nodes, i) for i in range(graph_record["num_layers"])]
     head_dim = graph_record["head_dim"]
     eps = nodes.attribute("SimplifiedLayerNormalization", "layers.0.input_norm", "epsilon")
@@ -176,25 +176,28 @@ class _NodeIndex:
         return node
 
     def attribute(self, op_type: str, input_name: str, attribute: str):
-        import onnx
-
         node = self.node(op_type, input_name)
         if node is None:
             raise ExportError(f"the fused graph has no {op_type} reading {input_name!r}",
                               "the bundle was not written by this edgesdk's fused exporter; rebuild it")
-        return next(onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == attribute)
+        return _attributes(node)[attribute]
+
+
+def _attributes(node) -> dict:
+    """A node's attributes by name, as Python values."""
+    import onnx
+
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _quantized(store: _Initializers, nodes: _NodeIndex, name: str) -> BlockQuantized:
     """MatMulNBits unit ``name`` (its ``.qweight`` and ``.scales`` initializers)."""
     packed = store.array(f"{name}.qweight")  # (N, blocks, block * bits / 8)
     scales = store.array(f"{name}.scales").astype(np.float32)  # (N * blocks,)
-    import onnx
-
     node = nodes.node("MatMulNBits", f"{name}.qweight")
     if node is None:  # an untied quantized embedding is read only by its GatherBlockQuantized
         node = nodes.node("GatherBlockQuantized", "input_ids")
-    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    attributes = _attributes(node)
     bits, block = int(attributes["bits"]), int(attributes["block_size"])
     n = packed.shape[0]
     k = int(attributes.get("K", packed.shape[1] * block))
@@ -207,7 +210,7 @@ def _unit(store: _Initializers, nodes: _NodeIndex, name: str) -> Matrix:
     return np.ascontiguousarray(store.array(f"{name}.weight").astype(np.float32).T)  # stored (K, N) -> (N, K)
 
 
-def _embedding_and_head(store: _Initializers, nodes: _NodeIndex, bundle_dir) -> tuple[Matrix, np.ndarray, Matrix | None]:
+def _embedding_and_head(store: _Initializers, nodes: _NodeIndex) -> tuple[Matrix, np.ndarray, Matrix | None]:
     final_norm = store.array("final_norm").astype(np.float32)
     hidden = final_norm.shape[0]
     if store.has("embed_tokens.qweight"):
@@ -225,14 +228,12 @@ def _embedding_and_head(store: _Initializers, nodes: _NodeIndex, bundle_dir) -> 
 
 
 def _layer(store: _Initializers, nodes: _NodeIndex, i: int) -> BundleLayer:
-    import onnx
-
     prefix = f"layers.{i}"
     attention = nodes.node("GroupQueryAttention", f"past_key_values.{i}.key")
     if attention is None:
         raise ExportError(f"the fused graph has no GroupQueryAttention for layer {i}",
                           "the bundle was not written by this edgesdk's fused exporter; rebuild it")
-    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in attention.attribute}
+    attributes = _attributes(attention)
     bias = store.array(f"{prefix}.attn.qkv.bias").astype(np.float32) if store.has(f"{prefix}.attn.qkv.bias") else None
     return BundleLayer(
         input_norm=store.array(f"{prefix}.input_norm").astype(np.float32),

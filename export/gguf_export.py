@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -93,11 +94,9 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
         vocab = replace(vocab, eos_id=int(tokenizer["eos_token_ids"][0]))
     tensors = gguf_tensors(decoder, pairwise_rope)
     encoded = {name: encode_matrix(value) for name, value in tensors.items()}
-    types = {}
-    for data in encoded.values():
-        types[data.quant or "F32"] = types.get(data.quant or "F32", 0) + 1
-    weight_types = [data.quant or "F32" for name, data in encoded.items() if data.data.ndim == 2]
-    file_type = max(sorted(set(weight_types)), key=weight_types.count)  # sorted: ties resolve the same every run
+    types = dict(Counter(data.quant or "F32" for data in encoded.values()))
+    weight_types = Counter(data.quant or "F32" for data in encoded.values() if data.data.ndim == 2)
+    file_type = max(sorted(weight_types), key=weight_types.get)  # sorted: ties resolve the same every run
 
     partial = destination.with_name(destination.name + ".partial")
     try:
@@ -160,8 +159,9 @@ def verify_gguf(path: Path, expected: dict[str, Matrix]) -> int:
         raise ExportError(f"{path} holds tensors {sorted(set(found) ^ set(expected))[:5]} that differ from the bundle's",
                           "report this as a bug in the GGUF export")
     for name, matrix in expected.items():
-        values = dequantize(found[name].data, found[name].tensor_type).reshape(np.shape(decoded_values(matrix)))
-        if not np.array_equal(values.astype(np.float32), decoded_values(matrix)):
+        values = decoded_values(matrix)
+        stored = dequantize(found[name].data, found[name].tensor_type).reshape(values.shape)
+        if not np.array_equal(stored.astype(np.float32), values):
             raise ExportError(f"{path}: tensor {name} reads back different from the bundle's weights",
                               "report this as a bug in the GGUF export")
     return len(expected)

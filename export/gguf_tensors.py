@@ -50,7 +50,7 @@ def encode_matrix(matrix: BlockQuantized | np.ndarray) -> GGUFTensorData:
         return GGUFTensorData(np.ascontiguousarray(matrix, dtype=np.float32), None)
     kind = exact_ggml_type(matrix)
     if kind is None:
-        return GGUFTensorData(matrix.dequantize().T.copy(), None)  # dequantize() gives (K, N)
+        return GGUFTensorData(np.ascontiguousarray(decoded_values(matrix)), None)
     blocks = matrix.k // GGML_BLOCK
     codes = unpack_codes(matrix.packed, matrix.bits).reshape(matrix.n, -1)[:, : matrix.k]  # (N, K) unsigned
     codes = codes.reshape(matrix.n, blocks, GGML_BLOCK)  # (N, K/32, 32)
