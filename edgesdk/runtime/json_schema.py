@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.json_mode import _NUMBER_NEXT, AFTER_VALUE, NUMBER, VALUE, JsonState, step
+from edgesdk.runtime.vocab_trie import vocabulary_trie
 
 MAX_INDENT = 20  # spaces or tabs after a newline between tokens (llama.cpp's json-schema-to-grammar spacing)
 ONE_SPACE = -1  # spacing state after a single space: nothing more may follow
@@ -555,7 +556,7 @@ class SchemaConstraint:
     def _allowed_tokens(self) -> set[int]:
         """Every token that continues the answer, by a walk of the vocabulary's byte trie."""
         allowed: set[int] = set()
-        pending = [(_vocabulary_trie(self.token_bytes), self.ways)]
+        pending = [(vocabulary_trie(self.token_bytes), self.ways)]
         while pending:
             node, ways = pending.pop()
             for byte, child in node.items():
@@ -577,25 +578,3 @@ class SchemaConstraint:
     def complete(self) -> bool:
         """The root value has closed."""
         return any(not frames for frames, _ in self.ways)
-
-
-_TRIES: dict[int, tuple[list, dict]] = {}  # id(token table) -> (the table, kept alive so the id stays its own; trie)
-
-
-def _vocabulary_trie(token_bytes: list[bytes | None]) -> dict:
-    """Nested dicts byte -> child; the key None lists the token ids whose bytes end at that node."""
-    cached = _TRIES.get(id(token_bytes))
-    if cached is not None and cached[0] is token_bytes:
-        return cached[1]
-    root: dict = {}
-    for token_id, data in enumerate(token_bytes):
-        if not data:
-            continue
-        node = root
-        for byte in data:
-            node = node.setdefault(byte, {})
-        node.setdefault(None, []).append(token_id)
-    if len(_TRIES) >= 4:  # a server holds one tokenizer; tests hold a few
-        _TRIES.pop(next(iter(_TRIES)))
-    _TRIES[id(token_bytes)] = (token_bytes, root)
-    return root

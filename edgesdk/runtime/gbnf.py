@@ -1,0 +1,391 @@
+"""GBNF grammars: llama.cpp's grammar language, read into rules of terminals and rule references.
+
+The language is the one ``grammars/README.md`` of llama.cpp describes, so a ``.gbnf`` file written
+for ``llama-cli --grammar-file`` or llama-server's ``grammar`` field works here unchanged:
+
+* ``name ::= alternatives``; names are letters, digits, ``-`` and ``_``; ``root`` is the start.
+* Terminals are Unicode code points: ``"literal"`` strings, ``[a-z0-9_]`` classes (``[^...]``
+  negated), ``.`` for any code point, with the escapes ``\\n \\r \\t \\\\ \\" \\[ \\] \\-``,
+  ``\\xHH``, ``\\uHHHH`` and ``\\UHHHHHHHH``.
+* ``|`` alternatives, ``( ... )`` groups, and the repetitions ``*``, ``+``, ``?``, ``{m}``,
+  ``{m,}``, ``{m,n}`` after a symbol (a literal repeats whole).
+* Tokens: ``<[id]>`` matches the token with that id, ``<text>`` the one token whose text that is,
+  and ``!<...>`` any one token but it.
+* ``#`` starts a comment. A rule ends at the end of its line, except inside parentheses, after
+  ``::=`` and after ``|``.
+
+Like llama.cpp's parser, repetitions become generated rules (``x*`` is ``R ::= x R |``, ``x{2,4}``
+is ``x x (x (x)?)?``), a rule defined twice keeps its last definition, and left recursion (a rule
+that can reach itself before reading a code point, ``expr ::= expr "+" term``) is refused: a
+top-down matcher would never leave it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgesdk.errors import EdgeSDKError
+
+MAX_CODE_POINT = 0x10FFFF
+MAX_REPETITION = 10_000  # an upper bound {m,n} beyond this is refused (each unit becomes a rule)
+ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-", "/": "/"}
+HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+
+# Elements of a compiled alternative (tuples, for speed in the matcher):
+CHAR = "c"  # (CHAR, ((lo, hi), ...), negated): one code point in (or, negated, outside) the ranges
+REF = "r"  # (REF, rule index)
+TOKEN = "t"  # (TOKEN, token id or its text, negated): one whole token
+
+
+class GrammarError(EdgeSDKError):
+    """A GBNF grammar that cannot be read or used; the message names the line and column."""
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """Rules as lists of alternatives (indices into ``alternatives``); ``root`` is the start rule."""
+
+    alternatives: tuple[tuple[tuple, ...], ...]  # each a sequence of elements
+    rules: tuple[tuple[int, ...], ...]  # rule index -> its alternatives' indices
+    names: tuple[str, ...]  # rule index -> the name written (generated rules: "name/3")
+    root: int
+
+    @property
+    def uses_tokens(self) -> bool:
+        return any(element[0] == TOKEN for alternative in self.alternatives for element in alternative)
+
+
+def parse_grammar(source: str) -> Grammar:
+    """Read a GBNF grammar; :class:`GrammarError` names what is wrong, where, and the fix."""
+    if not isinstance(source, str):
+        raise GrammarError(f"a grammar must be text, got {type(source).__name__}", "pass the GBNF source as a string")
+    builder = _Builder(source)
+    builder.parse()
+    return builder.finish()
+
+
+class _Builder:
+    def __init__(self, source: str):
+        self.src = source
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.bodies: dict[int, list[list[tuple]]] = {}  # rule -> alternatives (element lists)
+        self.first_use: dict[int, int] = {}  # rule -> position of its first reference (for errors)
+
+    # ----------------------------------------------------------------------------------- errors
+
+    def where(self, pos: int) -> str:
+        line = self.src.count("\n", 0, pos) + 1
+        column = pos - (self.src.rfind("\n", 0, pos) + 1) + 1
+        return f"line {line}, column {column}"
+
+    def fail(self, pos: int, problem: str, fix: str) -> GrammarError:
+        shown = self.src[pos:pos + 20].split("\n")[0]
+        near = f" (at {shown!r})" if shown else " (at the end)"
+        return GrammarError(f"grammar {self.where(pos)}: {problem}{near}", fix)
+
+    # ---------------------------------------------------------------------------------- symbols
+
+    def rule_id(self, name: str, pos: int | None = None) -> int:
+        if name not in self.index:
+            self.index[name] = len(self.names)
+            self.names.append(name)
+        rule = self.index[name]
+        if pos is not None:
+            self.first_use.setdefault(rule, pos)
+        return rule
+
+    def generated(self, base: str, body: list[list[tuple]]) -> int:
+        rule = self.rule_id(f"{base}/{len(self.names)}")  # "/" is in no written name
+        self.bodies[rule] = body
+        return rule
+
+    # ---------------------------------------------------------------------------------- parsing
+
+    def space(self, pos: int, newline_ok: bool) -> int:
+        src = self.src
+        while pos < len(src):
+            char = src[pos]
+            if char in " \t" or (newline_ok and char in "\r\n"):
+                pos += 1
+            elif char == "#":
+                while pos < len(src) and src[pos] not in "\r\n":
+                    pos += 1
+            else:
+                break
+        return pos
+
+    def name(self, pos: int) -> tuple[str, int]:
+        end = pos
+        while end < len(self.src) and (self.src[end].isascii() and (self.src[end].isalnum() or self.src[end] in "-_")):
+            end += 1
+        if end == pos:
+            raise self.fail(pos, "expected a rule name (letters, digits, '-' or '_')",
+                            "start each rule with its name, as in: root ::= \"yes\" | \"no\"")
+        return self.src[pos:end], end
+
+    def parse(self) -> None:
+        pos = self.space(0, True)
+        while pos < len(self.src):
+            name, pos = self.name(pos)
+            pos = self.space(pos, False)
+            if not self.src.startswith("::=", pos):
+                raise self.fail(pos, f"expected '::=' after the rule name {name!r}",
+                                f"write the rule as: {name} ::= ...")
+            pos = self.space(pos + 3, True)
+            rule = self.rule_id(name)
+            alternatives, pos = self.alternatives(pos, name, nested=False)
+            self.bodies[rule] = alternatives  # a later definition replaces an earlier one, as in llama.cpp
+            if pos < len(self.src) and self.src[pos] not in "\r\n":
+                raise self.fail(pos, f"unexpected {self.src[pos]!r} in the rule {name!r}",
+                                "end the rule at the end of its line; a ')' needs its '(' and a '|' "
+                                "alternatives on both sides")
+            pos = self.space(pos, True)
+
+    def alternatives(self, pos: int, name: str, nested: bool) -> tuple[list[list[tuple]], int]:
+        sequence, pos = self.sequence(pos, name, nested)
+        alternatives = [sequence]
+        while pos < len(self.src) and self.src[pos] == "|":
+            pos = self.space(pos + 1, True)
+            sequence, pos = self.sequence(pos, name, nested)
+            alternatives.append(sequence)
+        return alternatives, pos
+
+    def sequence(self, pos: int, name: str, nested: bool) -> tuple[list[tuple], int]:
+        src = self.src
+        elements: list[tuple] = []
+        last: int | None = None  # where the last symbol's elements start (what a repetition repeats)
+        while pos < len(src):
+            char = src[pos]
+            start = len(elements)
+            if char == '"':
+                pos = self.literal(pos + 1, elements)
+            elif char == "[":
+                pos = self.char_class(pos + 1, elements)
+            elif char == ".":
+                elements.append((CHAR, ((0, MAX_CODE_POINT),), False))
+                pos += 1
+            elif char == "<" or (char == "!" and src.startswith("!<", pos)):
+                pos = self.token(pos, elements)
+            elif char == "(":
+                body, pos = self.alternatives(self.space(pos + 1, True), name, nested=True)
+                if pos >= len(src) or src[pos] != ")":
+                    raise self.fail(pos, "expected ')' to close the group", "close every '(' with a ')'")
+                elements.append((REF, self.generated(name, body)))
+                pos += 1
+            elif char in "*+?{":
+                if last is None:
+                    raise self.fail(pos, f"{char!r} repeats nothing", "put the repetition after a symbol, as in [0-9]+")
+                pos = self.repetition(pos, name, elements, last)
+                start = last  # a second repetition repeats the repeated symbol whole
+            elif char.isascii() and (char.isalnum() or char in "-_"):
+                reference, end = self.name(pos)
+                if self.src.startswith("::=", self.space(end, False)):
+                    raise self.fail(pos, f"the rule {reference!r} starts before the previous rule ended",
+                                    "end the previous rule's line, or close its parentheses")
+                elements.append((REF, self.rule_id(reference, pos)))
+                pos = end
+            else:
+                break
+            last = start
+            pos = self.space(pos, nested)
+        return elements, pos
+
+    def escaped(self, pos: int) -> tuple[str, int]:
+        """The character at ``pos`` (just after a backslash) and the position after the escape."""
+        if pos >= len(self.src):
+            raise self.fail(pos - 1, "a backslash ends the grammar", "write \\\\ for a backslash")
+        char = self.src[pos]
+        if char in HEX_ESCAPES:
+            digits = HEX_ESCAPES[char]
+            text = self.src[pos + 1:pos + 1 + digits]
+            if len(text) != digits or any(c not in "0123456789abcdefABCDEF" for c in text):
+                raise self.fail(pos - 1, f"\\{char} needs {digits} hexadecimal digits",
+                                f"write it as \\{char}{'0' * (digits - 1)}A")
+            value = int(text, 16)
+            if value > MAX_CODE_POINT:
+                raise self.fail(pos - 1, f"\\{char}{text} is past the last Unicode code point U+10FFFF",
+                                "use a code point up to \\U0010FFFF")
+            return chr(value), pos + 1 + digits
+        if char in ESCAPES:
+            return ESCAPES[char], pos + 1
+        raise self.fail(pos - 1, f"unknown escape \\{char}",
+                        "the escapes are \\n \\r \\t \\\\ \\\" \\[ \\] \\- \\xHH \\uHHHH \\UHHHHHHHH")
+
+    def literal(self, pos: int, elements: list[tuple]) -> int:
+        start = pos - 1
+        while True:
+            if pos >= len(self.src) or self.src[pos] in "\r\n":
+                raise self.fail(start, "the string is not closed", 'end the string with " on the same line')
+            char = self.src[pos]
+            if char == '"':
+                return pos + 1
+            if char == "\\":
+                char, pos = self.escaped(pos + 1)
+            else:
+                pos += 1
+            elements.append((CHAR, ((ord(char), ord(char)),), False))
+
+    def class_char(self, pos: int) -> tuple[int, int]:
+        if pos >= len(self.src) or self.src[pos] in "\r\n":
+            raise self.fail(pos, "the character class is not closed", "end the class with ] on the same line")
+        if self.src[pos] == "\\":
+            char, pos = self.escaped(pos + 1)
+            return ord(char), pos
+        return ord(self.src[pos]), pos + 1
+
+    def char_class(self, pos: int, elements: list[tuple]) -> int:
+        start = pos - 1
+        negated = self.src.startswith("^", pos)
+        pos += negated
+        ranges: list[tuple[int, int]] = []
+        while pos >= len(self.src) or self.src[pos] != "]":
+            low, pos = self.class_char(pos)
+            high = low
+            if self.src.startswith("-", pos) and not self.src.startswith("-]", pos):
+                high, pos = self.class_char(pos + 1)
+                if high < low:
+                    raise self.fail(start, f"the range {chr(low)!r}-{chr(high)!r} runs backwards",
+                                    f"write it as {chr(high)}-{chr(low)}")
+            ranges.append((low, high))
+        if not ranges and not negated:
+            raise self.fail(start, "the character class [] matches nothing", "list at least one character in it")
+        elements.append((CHAR, tuple(_merged(ranges)), negated))
+        return pos + 1
+
+    def token(self, pos: int, elements: list[tuple]) -> int:
+        start = pos
+        negated = self.src[pos] == "!"
+        pos += 1 + negated
+        end = self.src.find(">", pos)
+        newline = min((i for i in (self.src.find("\n", pos), self.src.find("\r", pos)) if i >= 0), default=-1)
+        if end < 0 or (0 <= newline < end) or end == pos:
+            raise self.fail(start, "a token is written <[id]> or <text>", "close it with '>' on the same line")
+        inner = self.src[pos:end]
+        if inner.startswith("[") and inner.endswith("]"):
+            if not inner[1:-1].isdigit():
+                raise self.fail(start, f"the token id {inner[1:-1]!r} is not a whole number", "write it as <[1000]>")
+            elements.append((TOKEN, int(inner[1:-1]), negated))
+        else:  # the token's text is written with its angle brackets, as llama.cpp reads it
+            elements.append((TOKEN, f"<{inner}>", negated))
+        return end + 1
+
+    def repetition(self, pos: int, name: str, elements: list[tuple], last: int) -> int:
+        unit = elements[last:]
+        del elements[last:]
+        char = self.src[pos]
+        if char == "{":
+            low, high, pos = self.bounds(pos)
+        else:
+            low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}[char]
+            pos += 1
+        elements.extend(unit * low)
+        if high is None:  # R ::= unit R |
+            rule = self.generated(name, [])
+            self.bodies[rule] = [[*unit, (REF, rule)], []]
+            elements.append((REF, rule))
+        elif high > low:  # (unit (unit ...)?)? nested, so each count has one parse
+            rule = None
+            for _ in range(high - low):
+                tail = [*unit] if rule is None else [*unit, (REF, rule)]
+                rule = self.generated(name, [tail, []])
+            elements.append((REF, rule))
+        return pos
+
+    def bounds(self, pos: int) -> tuple[int, int | None, int]:
+        start = pos
+        end = self.src.find("}", pos)
+        text = self.src[pos + 1:end] if end >= 0 else ""
+        parts = [part.strip() for part in text.split(",")]
+        fix = "write {m}, {m,}, {m,n} or {,n} with whole numbers m <= n"
+        if end < 0 or len(parts) > 2 or not all(part.isdigit() or part == "" for part in parts) \
+                or (len(parts) == 1 and not parts[0]):
+            raise self.fail(start, "a repetition count is not {m}, {m,}, {m,n} or {,n}", fix)
+        low = int(parts[0]) if parts[0] else 0
+        high = low if len(parts) == 1 else (int(parts[1]) if parts[1] else None)
+        if high is not None and high < low:
+            raise self.fail(start, f"the repetition {{{low},{high}}} has its maximum below its minimum", fix)
+        if max(low, high or 0) > MAX_REPETITION:
+            raise self.fail(start, f"the repetition count {max(low, high or 0)} is past {MAX_REPETITION}",
+                            "use * or + for long runs")
+        return low, high, end + 1
+
+    # ------------------------------------------------------------------------------------ finish
+
+    def finish(self) -> Grammar:
+        for rule, pos in sorted(self.first_use.items(), key=lambda item: item[1]):
+            if rule not in self.bodies:
+                raise self.fail(pos, f"the rule {self.names[rule]!r} is used but never defined",
+                                f"define it: {self.names[rule]} ::= ...")
+        if "root" not in self.index or self.index["root"] not in self.bodies:
+            raise GrammarError("the grammar has no root rule", "name the rule the whole answer follows 'root': "
+                               "root ::= ...")
+        alternatives: list[tuple[tuple, ...]] = []
+        rules: list[tuple[int, ...]] = []
+        for rule in range(len(self.names)):
+            indices = []
+            for body in self.bodies[rule]:
+                indices.append(len(alternatives))
+                alternatives.append(tuple(body))
+            rules.append(tuple(indices))
+        grammar = Grammar(tuple(alternatives), tuple(rules), tuple(self.names), self.index["root"])
+        _refuse_left_recursion(grammar)
+        return grammar
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for low, high in sorted(ranges):
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+        else:
+            merged.append((low, high))
+    return merged
+
+
+def nullable_rules(grammar: Grammar) -> set[int]:
+    """Rules that can match the empty text."""
+    nullable: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for rule, indices in enumerate(grammar.rules):
+            if rule not in nullable and any(all(el[0] == REF and el[1] in nullable for el in grammar.alternatives[i])
+                                            for i in indices):
+                nullable.add(rule)
+                changed = True
+    return nullable
+
+
+def _refuse_left_recursion(grammar: Grammar) -> None:
+    """A rule that can reach itself through references alone, each after only empty-matching ones."""
+    nullable = nullable_rules(grammar)
+    leading: dict[int, set[int]] = {}  # rule -> rules it can start with
+    for rule, indices in enumerate(grammar.rules):
+        firsts = set()
+        for index in indices:
+            for element in grammar.alternatives[index]:
+                if element[0] != REF:
+                    break
+                firsts.add(element[1])
+                if element[1] not in nullable:
+                    break
+        leading[rule] = firsts
+    for rule in range(len(grammar.rules)):
+        seen, pending = set(), list(leading[rule])
+        while pending:
+            other = pending.pop()
+            if other == rule:
+                name = grammar.names[rule]
+                if "/" in name:  # a rule made for a group or repetition
+                    raise GrammarError(f"in the grammar's rule {name.split('/')[0]!r}, a repetition repeats "
+                                       "something that can match the empty text (as in (x?)*), so it could "
+                                       "repeat forever without reading a character",
+                                       "make the repeated part read at least one character: (x)* rather than (x?)*")
+                raise GrammarError(f"the grammar's rule {name!r} is left-recursive (it can reach itself before "
+                                   "reading a character)",
+                                   f"rewrite it with a repetition: {name} ::= head (\"+\" head)* instead of "
+                                   f"{name} ::= {name} \"+\" head | head")
+            if other not in seen:
+                seen.add(other)
+                pending.extend(leading[other])
