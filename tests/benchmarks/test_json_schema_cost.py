@@ -1,7 +1,8 @@
-"""What the JSON schema constraint costs on a real bundle (edgesdk/runtime/json_schema.py).
+"""What the answer constraints cost on a real bundle (edgesdk/runtime/json_schema.py, grammar.py).
 
 - per generated token: the time spent in the constraint's allows/advance calls during a schema-constrained
-  answer, greedy and sampled, beside JSON mode's on the same prompt, as a share of the whole generation;
+  answer, greedy and sampled, beside JSON mode's and a GBNF grammar's of the same object on the same prompt,
+  and a free-text grammar's (a bullet list), as a share of the whole generation;
 - the allowed set where few tokens fit: asking token by token against the vocabulary trie walk.
 
     EDGESDK_BENCH_BUNDLE=DIR python -m pytest tests/benchmarks/test_json_schema_cost.py -m benchmark -s
@@ -20,6 +21,17 @@ PERSON = {"type": "object", "properties": {
     "languages": {"type": "array", "items": {"enum": ["English", "French", "German", "Spanish"]}, "maxItems": 3}},
     "required": ["name", "age", "city", "languages"]}
 PROMPT = "Describe a fictional person living in Paris as JSON."
+# PERSON as a GBNF grammar, with the schema constraint's spacing
+PERSON_GRAMMAR = r'''
+root ::= ("{" ws "\"name\"" ws ":" ws string "," ws "\"age\"" ws ":" ws int "," ws "\"city\"" ws ":" ws string ","
+  ws "\"languages\"" ws ":" ws "[" ws (language (ws "," ws language){0,2})? ws "]" ws "}")
+language ::= "\"" ("English" | "French" | "German" | "Spanish") "\""
+string ::= "\"" ([^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))* "\""
+int ::= "-"? ([0-9] | [1-9] [0-9]+)
+ws ::= | " " | "\n" [ \t]{0,20}
+'''
+LIST_GRAMMAR = r'root ::= ("- " [^\n]+ "\n"){3}'
+LIST_PROMPT = "List three things to see in Paris."
 
 
 class _Timed:
@@ -57,13 +69,22 @@ def test_constraint_cost_per_token(smollm2_rpi5_bundle):
     schema = compile_schema(PERSON)
     ids = tokenizer.prompt_ids(PROMPT, raw=False)
     SchemaConstraint(table, schema)._allowed_tokens()  # the vocabulary trie, built once per tokenizer
+    from edgesdk.runtime.gbnf import parse_grammar
+    from edgesdk.runtime.grammar import GrammarConstraint
+
+    grammar, bullets = parse_grammar(PERSON_GRAMMAR), parse_grammar(LIST_GRAMMAR)
+    stops = tokenizer.eos_token_ids
+    list_ids = tokenizer.prompt_ids(LIST_PROMPT, raw=False)
     print(f"\n{'constraint':<12}{'temperature':>12}{'tokens':>8}{'stop':>16}{'allows calls':>14}{'us/token':>10}"
           f"{'share':>8}")
-    for name, make in (("schema", lambda: SchemaConstraint(table, schema)), ("json mode", lambda: JsonConstraint(table))):
+    for name, make, prompt in (("schema", lambda: SchemaConstraint(table, schema), ids),
+                               ("json mode", lambda: JsonConstraint(table), ids),
+                               ("grammar", lambda: GrammarConstraint(table, grammar, stops), ids),
+                               ("list gbnf", lambda: GrammarConstraint(table, bullets, stops), list_ids)):
         for temperature in (0.0, 0.8):
             constraint = _Timed(make())
             start = time.perf_counter()
-            tokens, stats = generate(runtime.backend, ids, SamplingConfig(max_new_tokens=100, temperature=temperature,
+            tokens, stats = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=100, temperature=temperature,
                                                                           seed=1), tokenizer.eos_token_ids,
                                      constraint=constraint)
             total = time.perf_counter() - start
