@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Protocol
 
 import numpy as np
@@ -29,6 +29,10 @@ class SamplingConfig:
     max_new_tokens: int = 128  # generation stops after this many tokens
     temperature: float = 0.0  # 0 = greedy (the default: reproducible output)
     top_p: float = 1.0  # nucleus sampling mass; 1.0 keeps every token
+    # llama.cpp's top-k and min-p samplers: keep the ``top_k`` most likely tokens (0: all), and the tokens whose
+    # probability is at least ``min_p`` times the most likely one's (0: all). See :class:`Sampler` for the order.
+    top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None  # seeds the sampler for reproducible sampling
     # Penalties on tokens already in the last ``repeat_last_n`` tokens of the context (prompt and answer),
     # as llama.cpp's penalties sampler applies them: a repeated token's logit is divided by
@@ -38,6 +42,10 @@ class SamplingConfig:
     repeat_last_n: int = 64  # -1: the whole context
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # (token id, bias) pairs added to the logits before the penalties and sampling (OpenAI's and llama-server's
+    # logit_bias; llama.cpp applies its logit-bias sampler first in the chain). A bias is in [-100, 100], or -inf
+    # for a token never to be taken; pairs naming one token add up. Greedy decoding follows them too.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def penalizes(self) -> bool:
@@ -50,6 +58,10 @@ class SamplingConfig:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:  # NaN fails this too
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, Integral) or self.top_k < 0:
+            raise ValueError(f"top_k must be a whole number >= 0 (0: off), got {self.top_k!r}")
+        if isinstance(self.min_p, bool) or not isinstance(self.min_p, Real) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be a number in [0, 1] (0: off), got {self.min_p!r}")
         # numpy's own refusal came only once generate() built the sampler, and named no field
         # ("expected non-negative integer"); True would have seeded as 1.
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, Integral) or self.seed < 0):
@@ -63,35 +75,57 @@ class SamplingConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and -2.0 <= value <= 2.0):
                 raise ValueError(f"{name} must be a number in [-2, 2], got {value}")
+        object.__setattr__(self, "logit_bias", _checked_logit_bias(self.logit_bias))
+
+
+def _checked_logit_bias(pairs) -> tuple[tuple[int, float], ...]:
+    """``pairs`` (a mapping of token id to bias, or (id, bias) pairs) as a tuple of pairs, or a ValueError naming
+    the bad entry."""
+    items = pairs.items() if isinstance(pairs, Mapping) else pairs
+    try:
+        items = [tuple(item) for item in items]
+    except TypeError:
+        raise ValueError(f"logit_bias must be (token id, bias) pairs, got {pairs!r}") from None
+    checked = []
+    for item in items:
+        if len(item) != 2:
+            raise ValueError(f"logit_bias entries must be (token id, bias) pairs, got {item!r}")
+        token, bias = item
+        if isinstance(token, bool) or not isinstance(token, Integral) or token < 0:
+            raise ValueError(f"logit_bias token ids must be whole numbers >= 0, got {token!r}")
+        if isinstance(bias, bool) or not isinstance(bias, Real) or \
+                not (-100 <= bias <= 100 or bias == -math.inf):  # NaN fails both
+            raise ValueError(f"logit_bias for token {token} must be a number in [-100, 100] or -inf (never), "
+                             f"got {bias!r}")
+        checked.append((int(token), float(bias)))
+    return tuple(checked)
 
 
 class Sampler:
+    """Picks the next token from logits already shaped by the logit bias and the penalties (:func:`shaped`).
+
+    Sampling follows llama.cpp's chain: top-k, then top-p, then min-p, then the temperature, then the draw.
+    top-k and min-p are llama.cpp's exactly: the ``top_k`` largest logits, and the logits at least
+    ``log(min_p)`` below the largest (probability >= ``min_p`` times the top one's before the temperature).
+    top-p keeps the smallest set of most likely tokens whose probability reaches ``top_p`` in the
+    temperature-scaled distribution (renormalised over what top-k kept), as it always has here (llama.cpp's
+    takes it before the temperature). Greedy decoding (temperature 0) takes the top token and ignores all three.
+    """
+
     def __init__(self, config: SamplingConfig):
         self.config = config
         self.rng = np.random.default_rng(config.seed)
 
     def __call__(self, logits: np.ndarray, allowed: Callable[[int], bool] | None = None) -> int:
         """The next token. With ``allowed`` (a constraint such as JSON mode) only a token it accepts is
-        taken: greedy decoding takes the most likely one; sampling draws from the temperature and top-p
-        distribution and redraws without a refused token, which is exact sampling from that
-        distribution restricted to the accepted tokens."""
+        taken: greedy decoding takes the most likely one; sampling draws from the truncated distribution
+        and redraws without a refused token, which is exact sampling from that distribution restricted to
+        the accepted tokens."""
         best = int(np.argmax(logits))  # the first NaN when there is one
         _check_finite(float(logits[best]))
         if self.config.temperature == 0:
             return best if allowed is None or allowed(best) else _most_likely_allowed(logits, allowed)
-        # Shift before scaling: a tiny temperature turned the raw logits into inf (inf - inf is NaN);
-        # shifted, the top one is 0 and the others may overflow only to -inf, probability 0.
-        with np.errstate(over="ignore"):
-            scaled = (logits.astype(np.float64) - logits[best]) / self.config.temperature
-        probs = np.exp(scaled)
-        probs /= probs.sum()
-        if self.config.top_p < 1.0:
-            order = np.argsort(-probs)
-            cumulative = np.cumsum(probs[order])
-            keep = order[: int(np.searchsorted(cumulative, self.config.top_p)) + 1]
-            mask = np.zeros_like(probs)
-            mask[keep] = probs[keep]
-            probs = mask / mask.sum()
+        probs = self._distribution(logits, best)
         if allowed is None:
             return int(self.rng.choice(probs.shape[0], p=probs))
         for _ in range(MAX_REDRAWS):
@@ -104,12 +138,49 @@ class Sampler:
                 break
             probs /= total
         # Many refusals in a row (the answer's first token, where only "{" or whitespace may come): draw
-        # from the accepted tokens left in the nucleus directly, which keeps the sampling exact.
+        # from the accepted tokens left in the kept set directly, which keeps the sampling exact.
         accepted = [int(token) for token in np.flatnonzero(probs) if allowed(int(token))]
         if accepted:
             weights = probs[accepted]
             return accepted[int(self.rng.choice(len(accepted), p=weights / weights.sum()))]
-        return _most_likely_allowed(logits, allowed)  # the nucleus held no accepted token
+        return _most_likely_allowed(logits, allowed)  # the kept set held no accepted token
+
+    def _distribution(self, logits: np.ndarray, best: int) -> np.ndarray:
+        """The probabilities the draw takes (float64, summing to 1): the temperature's over the tokens that
+        top-k, top-p and min-p keep, 0 elsewhere."""
+        config = self.config
+        # Shift before scaling: a tiny temperature turned the raw logits into inf (inf - inf is NaN);
+        # shifted, the top one is 0 and the others may overflow only to -inf, probability 0.
+        with np.errstate(over="ignore"):
+            scaled = (logits.astype(np.float64) - logits[best]) / config.temperature
+        probs = np.exp(scaled)
+        if 0 < config.top_k < probs.shape[0]:
+            probs[~_top_k_mask(logits, config.top_k)] = 0.0
+        probs /= probs.sum()
+        if config.top_p < 1.0:
+            order = np.argsort(-probs)
+            cumulative = np.cumsum(probs[order])
+            keep = order[: int(np.searchsorted(cumulative, config.top_p)) + 1]
+            mask = np.zeros_like(probs)
+            mask[keep] = probs[keep]
+            probs = mask / mask.sum()
+        if config.min_p > 0:
+            # llama.cpp's min-p: logit >= top logit + log(min_p), on the logits before the temperature. The top
+            # token always passes, and top-k and top-p always keep it, so the top is the kept set's top too.
+            floor = float(logits[best]) + math.log(config.min_p)
+            probs[logits.astype(np.float64) < floor] = 0.0
+            probs /= probs.sum()
+        return probs
+
+
+def _top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
+    """True at the ``k`` largest logits; among ties at the k-th largest, the lowest ids (as a stable sort would).
+    A partition, not a sort: 0.4 ms against 4.8 ms for a stable sort of 49,152 logits on the 2-core host."""
+    kth = logits[np.argpartition(logits, logits.shape[0] - k)[logits.shape[0] - k]]
+    keep = logits > kth
+    ties = np.flatnonzero(logits == kth)[: k - int(keep.sum())]
+    keep[ties] = True
+    return keep
 
 
 MAX_REDRAWS = 64  # draws refused by a constraint before the accepted tokens of the nucleus are drawn from directly
@@ -117,17 +188,21 @@ CANDIDATES = 64  # the most likely tokens checked first; the rest of the vocabul
 
 
 def _most_likely_allowed(logits: np.ndarray, allowed: Callable[[int], bool]) -> int:
+    """The most likely token ``allowed`` accepts; never one whose logit is -inf (a logit bias of -inf bans it)."""
     top = np.argpartition(-logits, min(CANDIDATES, logits.shape[0] - 1))[:CANDIDATES]
     ranked = top[np.argsort(-logits[top], kind="stable")]
     for token in ranked:
-        if allowed(int(token)):
+        if logits[token] > -math.inf and allowed(int(token)):
             return int(token)
     checked = set(ranked.tolist())
     for token in np.argsort(-logits, kind="stable"):
+        if logits[token] == -math.inf:
+            break  # sorted: every token left is banned
         if int(token) not in checked and allowed(int(token)):
             return int(token)
     raise EdgeSDKError("no token of the vocabulary continues the constrained answer",
-                       "leave the constraint (JSON mode) out for this bundle")
+                       "leave the constraint (JSON mode, a JSON schema, tools) out for this bundle, or the "
+                       "logit_bias that bans the tokens it needs")
 
 
 def _check_finite(top_logit: float) -> None:
@@ -309,6 +384,30 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     return generated, stats
 
 
+def biased(logits: np.ndarray, config: SamplingConfig) -> np.ndarray:
+    """``logits`` with ``config.logit_bias`` added (llama.cpp's ``llama_sampler_logit_bias``); the input
+    itself when there is none. A token id past the logits is refused by name."""
+    if not config.logit_bias:
+        return logits
+    tokens = np.fromiter((token for token, _ in config.logit_bias), np.int64, len(config.logit_bias))
+    if int(tokens.max()) >= logits.shape[0]:
+        raise EdgeSDKError(f"logit_bias names token id {int(tokens.max())}; this model's vocabulary has ids 0 to "
+                           f"{logits.shape[0] - 1}", "bias token ids of this model's tokenizer")
+    out = logits.astype(np.float32, copy=True)
+    np.add.at(out, tokens, np.fromiter((bias for _, bias in config.logit_bias), np.float32, len(tokens)))
+    if np.all(out == -np.inf):
+        raise EdgeSDKError("logit_bias bans every token of the vocabulary (-inf on each)",
+                           "leave some token without a bias of -inf (false)")
+    return out
+
+
+def shaped(logits: np.ndarray, context: list[int] | None, config: SamplingConfig) -> np.ndarray:
+    """The logits the sampler picks from: the logit bias, then the repetition penalties over ``context``, in
+    llama.cpp's chain order (its logit-bias sampler comes before the penalties)."""
+    out = biased(logits, config)
+    return out if context is None else penalized(out, context, config)
+
+
 def penalized(logits: np.ndarray, context: list[int], config: SamplingConfig) -> np.ndarray:
     """``logits`` with the repetition penalties of ``config`` applied over the end of ``context``
     (llama.cpp's ``llama_sampler_penalties``: repeat, then frequency and presence)."""
@@ -329,11 +428,11 @@ def penalized(logits: np.ndarray, context: list[int], config: SamplingConfig) ->
 
 def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | None, context: list[int] | None,
           logprobs: LogprobRecorder | None) -> int:
-    shaped = logits if context is None else penalized(logits, context, sampler.config)
+    picked_from = shaped(logits, context, sampler.config)
     if constraint is None:
-        token = sampler(shaped)
+        token = sampler(picked_from)
     else:
-        token = sampler(shaped, constraint.allows)
+        token = sampler(picked_from, constraint.allows)
         constraint.advance(token)
     if logprobs is not None:
         logprobs.record(logits, token)  # the model's own distribution, as OpenAI reports it
