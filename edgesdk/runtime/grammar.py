@@ -67,25 +67,40 @@ class GrammarMatcher:
         return frozenset(stacks), None
 
     def _expand(self, stack: tuple) -> frozenset:
-        """The stacks ``stack`` stands for with a terminal (or nothing) on top."""
+        """The stacks ``stack`` stands for with a terminal (or nothing) on top.
+
+        Walked with a list of pending stacks, as llama.cpp's ``llama_grammar_advance_stack`` does, so a
+        long run of rules that may match nothing (``w w w ...`` with ``w ::= "x"?``, ``("x"?){0,3000}``)
+        is not a Python recursion as deep as the run."""
         cached = self._expanded.get(stack)
         if cached is not None:
             return cached
-        if not stack:
-            result = frozenset({()})
-        else:
-            index, position = stack[-1]
+        found: set = set()
+        seen: set = set()
+        pending = [stack]
+        while pending:
+            current = pending.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            known = self._expanded.get(current)
+            if known is not None:
+                found |= known
+                continue
+            if not current:
+                found.add(())
+                continue
+            index, position = current[-1]
             element = self.alternatives[index][position]
             if element[0] != REF:
-                result = frozenset({stack})
-            else:
-                rest = stack[:-1]
-                if position + 1 < len(self.alternatives[index]):
-                    rest = (*rest, (index, position + 1))
-                found: set = set()
-                for alternative in self.grammar.rules[element[1]]:
-                    found |= self._expand((*rest, (alternative, 0)) if self.alternatives[alternative] else rest)
-                result = frozenset(found)
+                found.add(current)
+                continue
+            rest = current[:-1]
+            if position + 1 < len(self.alternatives[index]):
+                rest = (*rest, (index, position + 1))
+            for alternative in self.grammar.rules[element[1]]:
+                pending.append((*rest, (alternative, 0)) if self.alternatives[alternative] else rest)
+        result = frozenset(found)
         if len(self._expanded) < MAX_CACHED_STEPS:
             self._expanded[stack] = result
         return result
