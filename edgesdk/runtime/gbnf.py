@@ -263,7 +263,7 @@ class _Builder:
             raise self.fail(start, "a token is written <[id]> or <text>", "close it with '>' on the same line")
         inner = self.src[pos:end]
         if inner.startswith("[") and inner.endswith("]"):
-            if not inner[1:-1].isdigit():
+            if not _whole_number(inner[1:-1]):
                 raise self.fail(start, f"the token id {inner[1:-1]!r} is not a whole number", "write it as <[1000]>")
             elements.append((TOKEN, int(inner[1:-1]), negated))
         else:  # the token's text is written with its angle brackets, as llama.cpp reads it
@@ -298,7 +298,7 @@ class _Builder:
         text = self.src[pos + 1:end] if end >= 0 else ""
         parts = [part.strip() for part in text.split(",")]
         fix = "write {m}, {m,}, {m,n} or {,n} with whole numbers m <= n"
-        if end < 0 or len(parts) > 2 or not all(part.isdigit() or part == "" for part in parts) \
+        if end < 0 or len(parts) > 2 or not all(_whole_number(part) or part == "" for part in parts) \
                 or (len(parts) == 1 and not parts[0]):
             raise self.fail(start, "a repetition count is not {m}, {m,}, {m,n} or {,n}", fix)
         low = int(parts[0]) if parts[0] else 0
@@ -331,6 +331,11 @@ class _Builder:
         grammar = Grammar(tuple(alternatives), tuple(rules), tuple(self.names), self.index["root"])
         _refuse_left_recursion(grammar)
         return grammar
+
+
+def _whole_number(text: str) -> bool:
+    """ASCII digits only: str.isdigit also takes digits int() refuses, such as superscripts ('²')."""
+    return text.isascii() and text.isdigit()
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -3,7 +3,9 @@ property checks of the matcher and the constraint over texts generated from gram
 
 from __future__ import annotations
 
-from edgesdk.runtime.gbnf import parse_grammar
+import pytest
+
+from edgesdk.runtime.gbnf import GrammarError, parse_grammar
 from edgesdk.runtime.grammar import GrammarMatcher
 
 
@@ -20,3 +22,13 @@ def test_a_long_run_of_rules_that_may_match_nothing_is_matched_without_a_recursi
     assert _matches(source, "!")
     assert _matches(source, "xx!")
     assert not _matches(source, "x?")
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ('root ::= "a"{²}', "is not {m}"),
+    ('root ::= "a"{1,³}', "is not {m}"),
+    ('root ::= <[²]>', "not a whole number"),
+])
+def test_digits_other_than_ascii_in_counts_and_token_ids_are_refused_as_a_grammar_error(source, message):
+    with pytest.raises(GrammarError, match=message):
+        parse_grammar(source)
