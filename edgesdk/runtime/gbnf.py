@@ -28,6 +28,9 @@ from edgesdk.errors import EdgeSDKError
 
 MAX_CODE_POINT = 0x10FFFF
 MAX_REPETITION = 10_000  # an upper bound {m,n} beyond this is refused (each unit becomes a rule)
+# symbols the repetitions of one grammar may write out in all: a repetition copies what it repeats,
+# so a repetition of a repetition ("a"{1000}{1000}) multiplies (llama.cpp bounds the product too)
+MAX_REPEATED_SYMBOLS = 1_000_000
 ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-", "/": "/"}
 HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 
@@ -71,6 +74,7 @@ class _Builder:
         self.index: dict[str, int] = {}
         self.bodies: dict[int, list[list[tuple]]] = {}  # rule -> alternatives (element lists)
         self.first_use: dict[int, int] = {}  # rule -> position of its first reference (for errors)
+        self.repeated = 0  # symbols the repetitions have written out so far
 
     # ----------------------------------------------------------------------------------- errors
 
@@ -271,6 +275,7 @@ class _Builder:
         return end + 1
 
     def repetition(self, pos: int, name: str, elements: list[tuple], last: int) -> int:
+        start = pos
         unit = elements[last:]
         del elements[last:]
         char = self.src[pos]
@@ -279,6 +284,12 @@ class _Builder:
         else:
             low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}[char]
             pos += 1
+        self.repeated += len(unit) * (low + (1 if high is None else high - low))
+        if self.repeated > MAX_REPEATED_SYMBOLS:
+            raise self.fail(start, f"the repetitions write out {self.repeated:,} symbols, past {MAX_REPEATED_SYMBOLS:,} "
+                            "(a repetition copies what it repeats, so a repetition of a repetition multiplies)",
+                            'put the inner repetition in parentheses, ("a"{100}){100} rather than "a"{100}{100}, '
+                            "so it is written once, or use * or + for long runs")
         elements.extend(unit * low)
         if high is None:  # R ::= unit R |
             rule = self.generated(name, [])

@@ -32,3 +32,16 @@ def test_a_long_run_of_rules_that_may_match_nothing_is_matched_without_a_recursi
 def test_digits_other_than_ascii_in_counts_and_token_ids_are_refused_as_a_grammar_error(source, message):
     with pytest.raises(GrammarError, match=message):
         parse_grammar(source)
+
+
+def test_a_repetition_of_a_repetition_that_writes_out_millions_of_symbols_is_refused():
+    # each repetition copies what it repeats: {1000}{1000} of a two-character literal is two million
+    # symbols ({1000}{1000}{1000} would be two billion, past any board's memory)
+    with pytest.raises(GrammarError, match=r"write out 2,002,000 symbols, past 1,000,000") as caught:
+        parse_grammar('root ::= "ab"{1000}{1000}')
+    assert "line 1, column 20" in caught.value.problem
+    assert "in parentheses" in caught.value.fix
+    grammar = parse_grammar('root ::= ("ab"{1000}){1000}')  # the form the fix names: the group is written once
+    assert len(grammar.alternatives[grammar.rules[grammar.root][0]]) == 1000
+    assert _matches('root ::= "ab"{10}{0,10}', "ab" * 40)
+    assert not _matches('root ::= "ab"{10}{0,10}', "ab" * 5)
