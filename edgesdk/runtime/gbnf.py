@@ -84,8 +84,8 @@ class _Builder:
         return f"line {line}, column {column}"
 
     def fail(self, pos: int, problem: str, fix: str) -> GrammarError:
-        shown = self.src[pos:pos + 20].split("\n")[0]
-        near = f" (at {shown!r})" if shown else " (at the end)"
+        shown = self.src[pos:pos + 20].replace("\r", "\n").split("\n")[0]
+        near = f" (at {shown!r})" if shown else " (at the end)" if pos >= len(self.src) else " (at the end of the line)"
         return GrammarError(f"grammar {self.where(pos)}: {problem}{near}", fix)
 
     # ---------------------------------------------------------------------------------- symbols
@@ -125,7 +125,8 @@ class _Builder:
             end += 1
         if end == pos:
             raise self.fail(pos, "expected a rule name (letters, digits, '-' or '_')",
-                            "start each rule with its name, as in: root ::= \"yes\" | \"no\"")
+                            "start each rule with its name, as in: root ::= \"yes\" | \"no\"; a rule goes on over "
+                            "the next line only inside parentheses or after a '|' that ends the line")
         return self.src[pos:end], end
 
     def parse(self) -> None:
@@ -189,8 +190,10 @@ class _Builder:
                                     "end the previous rule's line, or close its parentheses")
                 elements.append((REF, self.rule_id(reference, pos)))
                 pos = end
-            else:
+            elif char in "|)\r\n":  # the end of an alternative, a group or the rule
                 break
+            else:
+                raise self.fail(pos, f"unexpected {char!r} in the rule {name!r}", _unexpected_fix(char))
             last = start
             pos = self.space(pos, nested)
         return elements, pos
@@ -342,6 +345,21 @@ class _Builder:
         grammar = Grammar(tuple(alternatives), tuple(rules), tuple(self.names), self.index["root"])
         _refuse_left_recursion(grammar)
         return grammar
+
+
+def _unexpected_fix(char: str) -> str:
+    if char == "'":
+        return "write strings in double quotes, as in: root ::= \"yes\" | \"no\""
+    if char == "!":
+        return "a negated token is written !<[id]> or !<text>"
+    if char == "\\":
+        written = "\\\\"
+    elif char.isprintable():
+        written = char
+    else:
+        written = f"\\x{ord(char):02X}" if ord(char) < 0x100 else f"\\u{ord(char):04X}"
+    return ("a rule is a sequence of \"strings\", [classes], ., rule names, (groups) and <tokens>, each "
+            f"with * + ? or {{m,n}} after it; to match {char!r}, write it in a string: \"{written}\"")
 
 
 def _whole_number(text: str) -> bool:

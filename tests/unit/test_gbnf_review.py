@@ -45,3 +45,21 @@ def test_a_repetition_of_a_repetition_that_writes_out_millions_of_symbols_is_ref
     assert len(grammar.alternatives[grammar.rules[grammar.root][0]]) == 1000
     assert _matches('root ::= "ab"{10}{0,10}', "ab" * 40)
     assert not _matches('root ::= "ab"{10}{0,10}', "ab" * 5)
+
+
+@pytest.mark.parametrize(("source", "problem", "fix"), [
+    # a symbol the language does not have is named as such, not as a group left open
+    ('root ::= ( "a" ! )', "line 1, column 16: unexpected '!' in the rule 'root' (at '! )')", "!<[id]> or !<text>"),
+    ('root ::= ("a" ; "b")', "line 1, column 15: unexpected ';' in the rule 'root'", 'write it in a string: ";"'),
+    ("root ::= 'yes' | 'no'", "line 1, column 10: unexpected \"'\" in the rule 'root'", "double quotes"),
+    ('root ::= "a" \\ "b"', "unexpected '\\\\'", 'write it in a string: "\\\\"'),
+    # a continuation line that starts with '|', as in other BNF dialects, is not one in llama.cpp's
+    ('root ::= "a"\r\n  | "b"\r\n', "line 2, column 3: expected a rule name (letters, digits, '-' or '_') (at '| \"b\"')",
+     "after a '|' that ends the line"),
+    ('root ::= [a-z\nb ::= "x"', "the character class is not closed (at the end of the line)", "same line"),
+])
+def test_errors_name_the_character_that_is_wrong_and_how_to_write_it(source, problem, fix):
+    with pytest.raises(GrammarError) as caught:
+        parse_grammar(source)
+    assert problem in caught.value.problem
+    assert fix in caught.value.fix
