@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -344,6 +345,14 @@ def _gate_options(fn):
 @click.option("--max-new-tokens", "-n", default=128, show_default=True)
 @click.option("--temperature", default=0.0, show_default=True, help="0 means greedy decoding.")
 @click.option("--top-p", default=1.0, show_default=True, help="Nucleus sampling mass (with --temperature > 0).")
+@click.option("--top-k", default=0, show_default=True,
+              help="Sample from the K most likely tokens only (with --temperature > 0; 0: off).")
+@click.option("--min-p", default=0.0, show_default=True,
+              help="Sample only tokens at least this fraction as likely as the top one (with --temperature > 0; "
+                   "0: off).")
+@click.option("--logit-bias", "logit_bias", multiple=True, metavar="ID=BIAS",
+              help="Add BIAS (-100..100, or -inf: never) to token ID's logit, greedy or sampled (repeatable; "
+                   "llama.cpp's ID+BIAS / ID-BIAS form works too).")
 @click.option("--seed", type=click.IntRange(min=0), help="Seed for sampling (unset: a random one).")
 @click.option("--repeat-penalty", default=1.0, show_default=True,
               help="Divide the logit of a token seen in the last --repeat-last-n tokens by this (1: off).")
@@ -370,8 +379,8 @@ def _gate_options(fn):
 @_thermal_options
 @_gate_options
 @_runtime_options
-def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, repeat_penalty, repeat_last_n, presence_penalty,
-        frequency_penalty, raw, system, history, json_object, json_schema, stats,
+def run(bundle, prompt, max_new_tokens, temperature, top_p, top_k, min_p, logit_bias, seed, repeat_penalty,
+        repeat_last_n, presence_penalty, frequency_penalty, raw, system, history, json_object, json_schema, stats,
         watch_thermal, simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
         sim_speed, threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
@@ -389,22 +398,30 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, repeat_penalty
     from edgesdk.runtime.text import StreamDecoder
 
     try:
-        sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                  repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                                  presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
+        sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                  min_p=min_p, seed=seed, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                  presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                  logit_bias=[_logit_bias_option(text) for text in logit_bias])
     except ValueError as exc:  # name the option the user typed, not the field
         options = {"max_new_tokens": "'--max-new-tokens' / '-n'", "temperature": "'--temperature'",
-                   "top_p": "'--top-p'", "repeat_penalty": "'--repeat-penalty'",
-                   "presence_penalty": "'--presence-penalty'", "frequency_penalty": "'--frequency-penalty'"}
+                   "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'",
+                   "repeat_penalty": "'--repeat-penalty'", "presence_penalty": "'--presence-penalty'",
+                   "frequency_penalty": "'--frequency-penalty'", "logit_bias": "'--logit-bias'"}
         hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
         raise click.BadParameter(str(exc), param_hint=hint) from exc
     schema = _read_json_schema(json_schema, json_object)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
-    if top_p < 1 and temperature == 0:
-        click.echo("edgesdk: --top-p is not used: --temperature 0 decodes greedily (pass a temperature > 0 to sample)",
-                   err=True)
+    vocabulary = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+    for token, _ in sampling.logit_bias:
+        if token >= vocabulary:
+            raise click.BadParameter(f"names token id {token}; this model's vocabulary has ids 0 to {vocabulary - 1}",
+                                     param_hint="'--logit-bias'")
+    for option, unused in (("--top-p", top_p < 1), ("--top-k", top_k > 0), ("--min-p", min_p > 0)):
+        if unused and temperature == 0:
+            click.echo(f"edgesdk: {option} is not used: --temperature 0 decodes greedily (pass a temperature > 0 to "
+                       "sample)", err=True)
     if seed is not None and temperature == 0:
         click.echo("edgesdk: --seed is not used: --temperature 0 decodes greedily (pass a temperature > 0 to sample)",
                    err=True)
@@ -525,6 +542,19 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, repeat_penalty
             thermal.close()
 
 
+def _logit_bias_option(text: str) -> tuple[int, float]:
+    """``--logit-bias ID=BIAS`` (or llama.cpp's ``ID+BIAS`` / ``ID-BIAS``) as (id, bias); the range is
+    SamplingConfig's to check."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*(?:=\s*(\S+)|([+-]\S+))\s*", text)
+    try:
+        if match is None:
+            raise ValueError
+        return int(match.group(1)), float(match.group(2) or match.group(3))
+    except ValueError:
+        raise ValueError(f"logit_bias must be given as ID=BIAS (a token id, then a number in [-100, 100] or -inf), "
+                         f"got {text!r}; e.g. --logit-bias 15043=-100") from None
+
+
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--host", "listen_host", default="127.0.0.1", show_default=True,
@@ -539,6 +569,8 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, repeat_penalty
 @click.option("--temperature", default=0.0, show_default=True,
               help="For a request that sets none; 0 means greedy decoding.")
 @click.option("--top-p", default=1.0, show_default=True, help="For a request that sets none.")
+@click.option("--top-k", default=0, show_default=True, help="For a request that sets none (0: off).")
+@click.option("--min-p", default=0.0, show_default=True, help="For a request that sets none (0: off).")
 @click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait while one generates; more get HTTP 503 at once.")
 @click.option("--quiet", is_flag=True, help="No request log on stderr.")
@@ -553,7 +585,8 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, seed, repeat_penalty
 @_thermal_options
 @_gate_options
 @_runtime_options
-def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, max_queue, quiet,
+def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, top_k, min_p, max_queue,
+          quiet,
           no_prompt_cache, cache_ram_mib, metrics, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole).
@@ -566,10 +599,12 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
     from edgesdk.serve.http_server import ApiServer
 
     try:
-        defaults = ServeDefaults(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                 max_waiting=max_queue, prompt_cache=not no_prompt_cache, cache_ram_mib=cache_ram_mib)
+        defaults = ServeDefaults(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                 min_p=min_p, max_waiting=max_queue, prompt_cache=not no_prompt_cache,
+                                 cache_ram_mib=cache_ram_mib)
     except ValueError as exc:
-        hint = "'--temperature'" if str(exc).startswith("temperature") else "'--top-p'"
+        options = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'"}
+        hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
         raise click.BadParameter(str(exc), param_hint=hint) from exc
     if api_key is not None and not api_key.strip():
         raise click.BadParameter("is empty; pass a key, or leave --api-key out to serve without one",

@@ -2,16 +2,19 @@
 
 Requests follow OpenAI's API reference for ``POST /v1/chat/completions`` and ``POST /v1/completions``
 (the fields llama.cpp's ``llama-server`` also takes). A field this server cannot honour (``n`` > 1,
-log-probabilities, tools, logit bias, a JSON schema) is refused with a 400 that names it,
+``suffix``, legacy functions) is refused with a 400 that names it,
 never silently ignored; fields that change nothing here (``user``, ``metadata``, ``store``) are
 accepted. Repetition penalties: OpenAI's ``presence_penalty`` and ``frequency_penalty`` and
-llama-server's ``repeat_penalty`` over the last ``repeat_last_n`` tokens. Errors use OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+llama-server's ``repeat_penalty`` over the last ``repeat_last_n`` tokens; llama-server's ``top_k`` and
+``min_p``; ``logit_bias`` as OpenAI's object or llama-server's list of pairs. Errors use OpenAI's shape:
+``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
 import codecs
 import math
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -56,11 +59,15 @@ class CompletionRequest:
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None  # llama-server's, >= 0 (0: off)
+    min_p: float | None = None  # llama-server's, in [0, 1] (0: off)
     seed: int | None = None
     presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0  # llama-server's, > 0, over the last repeat_last_n tokens
     repeat_last_n: int = 64
+    # (token id, or text whose tokens all take the bias, as llama-server reads it; bias, -inf for never)
+    logit_bias: tuple[tuple[int | str, float], ...] = ()
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk carrying the usage
@@ -193,7 +200,6 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         ("functions", lambda v: not v, "no legacy functions (send them as 'tools')"),
         ("function_call", lambda v: v in (None, "none"), "no legacy function_call (send 'tool_choice' with 'tools')"),
         ("tools", lambda v: not v or chat, "no tools (they belong to /v1/chat/completions)"),
-        ("logit_bias", lambda v: not v, "no logit bias"),
         ("grammar", lambda v: not v, "no GBNF grammars (a JSON schema, response_format json_schema, constrains "
          "the answer instead)"),
         ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") in RESPONSE_FORMATS),
@@ -228,12 +234,15 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "max_tokens": _integer(body.get(name), name, minimum=1),
         "temperature": _number(body.get("temperature"), "temperature", 0.0, 2.0, "[0, 2]"),
         "top_p": _top_p(body.get("top_p")),
+        "top_k": _integer(body.get("top_k"), "top_k", minimum=0, note=" (0: off)"),
+        "min_p": _number(body.get("min_p"), "min_p", 0.0, 1.0, "[0, 1] (0: off)"),
         "seed": _integer(body.get("seed"), "seed", minimum=0),
         "presence_penalty": _default(_number(body.get("presence_penalty"), "presence_penalty", -2.0, 2.0, "[-2, 2]"), 0.0),
         "frequency_penalty": _default(_number(body.get("frequency_penalty"), "frequency_penalty", -2.0, 2.0, "[-2, 2]"),
                                       0.0),
         "repeat_penalty": _default(_repeat_penalty(body.get("repeat_penalty")), 1.0),
         "repeat_last_n": _default(_integer(body.get("repeat_last_n"), "repeat_last_n", minimum=-1), 64),
+        "logit_bias": _logit_bias(body.get("logit_bias")),
         "stop": _stop(body.get("stop")),
         "stream": stream,
         "include_usage": stream and bool(options.get("include_usage", False)),
@@ -303,12 +312,12 @@ def _text_logprobs(body: dict) -> dict:
     return {"logprobs": top, "echo": bool(echo)}
 
 
-def _integer(value: object, name: str, minimum: int) -> int | None:
+def _integer(value: object, name: str, minimum: int, note: str = "") -> int | None:
     if value is None:
         return None
     whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # not inf, not NaN
     if isinstance(value, bool) or not whole or value < minimum:
-        raise ApiError(400, f"'{name}' must be a whole number >= {minimum}, got {_shown(value)}", param=name)
+        raise ApiError(400, f"'{name}' must be a whole number >= {minimum}{note}, got {_shown(value)}", param=name)
     return int(value)
 
 
@@ -337,6 +346,37 @@ def _top_p(value: object) -> float | None:
     if top_p == 0.0:
         raise ApiError(400, "'top_p' must be a number in (0, 1], got 0", param="top_p")
     return top_p
+
+
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a bias: [-100, 100]
+
+
+def _logit_bias(value: object) -> tuple[tuple[int | str, float], ...]:
+    """OpenAI's ``{"token id": bias}`` or llama-server's ``[[token id, bias], ...]``; llama-server also takes text
+    for the id (every token of it gets the bias) and ``false`` for the bias (the token is never taken: -inf).
+    Ids are checked against the vocabulary, and text tokenized, when the request runs."""
+    if value is None:
+        return ()
+    if isinstance(value, dict):  # a key is a token id where it reads as a whole number, as llama-server's strtol
+        entries = [(int(key) if re.fullmatch(r"\s*[+-]?[0-9]+", key) else key, bias) for key, bias in value.items()]
+    elif isinstance(value, list) and all(isinstance(entry, list) and len(entry) == 2 for entry in value):
+        entries = [tuple(entry) for entry in value]  # a string here is text, a number an id
+    else:
+        raise ApiError(400, "'logit_bias' must be an object mapping token ids to biases ({\"15043\": -100}) or an "
+                       f"array of [token id, bias] pairs, got {_shown(value)}", param="logit_bias")
+    pairs = []
+    for key, bias in entries:
+        if isinstance(key, bool) or not isinstance(key, (int, str)) or (isinstance(key, int) and key < 0) or key == "":
+            raise ApiError(400, f"'logit_bias' keys must be token ids >= 0 (or text to tokenize), got {_shown(key)}",
+                           param="logit_bias")
+        if bias is False:
+            bias = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # NaN and infinities fail the range too
+            raise ApiError(400, f"'logit_bias' for {_shown(key)} must be a number in [-100, 100], or false for a "
+                           f"token never to be taken, got {_shown(bias)}", param="logit_bias")
+        pairs.append((key, float(bias)))
+    return tuple(pairs)
 
 
 def _stop(value: object) -> tuple[str, ...]:

@@ -33,12 +33,15 @@ class ServeDefaults:
     max_tokens: int = 512
     temperature: float = 0.0  # greedy, as ``edgesdk run``: the same request gives the same answer
     top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
     max_waiting: int = 8  # requests queued behind the one generating; more are refused with 503
     prompt_cache: bool = True  # reuse the previous answer's KV cache for a prompt that repeats it
     cache_ram_mib: int = 256  # host memory for other conversations' saved KV caches (0: keep only the live one)
 
     def __post_init__(self):
-        SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
+        SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+                       top_k=self.top_k, min_p=self.min_p)
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
         if self.cache_ram_mib < 0:
@@ -173,9 +176,33 @@ class Completer:
         return SamplingConfig(max_new_tokens=min(pick(request.max_tokens, self.defaults.max_tokens),
                                                  self.runtime.backend.max_context),
                               temperature=pick(request.temperature, self.defaults.temperature),
-                              top_p=pick(request.top_p, self.defaults.top_p), seed=request.seed,
+                              top_p=pick(request.top_p, self.defaults.top_p),
+                              top_k=pick(request.top_k, self.defaults.top_k),
+                              min_p=pick(request.min_p, self.defaults.min_p), seed=request.seed,
                               presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
-                              repeat_penalty=request.repeat_penalty, repeat_last_n=request.repeat_last_n)
+                              repeat_penalty=request.repeat_penalty, repeat_last_n=request.repeat_last_n,
+                              logit_bias=self._logit_bias(request))
+
+    def _vocabulary(self) -> int:
+        return self.runtime.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def _logit_bias(self, request: CompletionRequest) -> tuple[tuple[int, float], ...]:
+        """The request's logit bias as (token id, bias) pairs: ids checked against the vocabulary, text keys
+        tokenized (each of their tokens once), as llama-server reads them."""
+        vocabulary, pairs = self._vocabulary(), []
+        for key, bias in request.logit_bias:
+            if isinstance(key, int):
+                if key >= vocabulary:
+                    raise ApiError(400, f"'logit_bias' names token id {key}; this model's vocabulary has ids 0 to "
+                                   f"{vocabulary - 1} (POST /tokenize gives a text's ids)", param="logit_bias")
+                pairs.append((key, bias))
+                continue
+            try:
+                check_utf8(key, f"the logit_bias key {key!r}")
+            except EdgeSDKError as exc:
+                raise ApiError(400, exc.problem, param="logit_bias") from exc
+            pairs.extend((token, bias) for token in dict.fromkeys(self.runtime.tokenizer.encode(key, False)))
+        return tuple(pairs)
 
     def complete(self, request: CompletionRequest, on_text: Callable[[str, dict | None], None] | None = None,
                  on_start: Callable[[], None] | None = None,

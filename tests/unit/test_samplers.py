@@ -1,5 +1,6 @@
 """llama.cpp's top-k and min-p samplers and the logit bias: which tokens each keeps, how often a seeded sampler
-draws each kept token against the renormalised distribution, the chain's order and the constrained path."""
+draws each kept token against the renormalised distribution, the chain's order, the constrained path, and
+their way through generate, run and serve."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from edgesdk.runtime.generate import (
     Sampler,
     SamplingConfig,
     biased,
+    generate,
     shaped,
 )
 
@@ -191,3 +193,151 @@ def test_a_constraint_never_takes_a_banned_token():
     assert Sampler(config)(biased(logits, config), lambda token: token != 2) == 0
     with pytest.raises(EdgeSDKError, match="logit_bias"):
         Sampler(config)(biased(logits, config), lambda token: token == 1)
+
+
+# ------------------------------------------------------------------------------------ generate, run, serve
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_bundle):
+    from edgesdk.runtime.session import open_runtime
+
+    return open_runtime(tiny_bundle.path, threads=1)
+
+
+def test_generate_follows_the_logit_bias_and_records_the_model_s_own_logprobs(runtime):
+    from edgesdk.runtime.logprobs import LogprobRecorder
+
+    prompt = runtime.tokenizer.encode("The quick brown fox")
+    plain, _ = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=12), set())
+    banned = plain[0]
+    bias = SamplingConfig(max_new_tokens=12, logit_bias={banned: -math.inf})
+    recorder = LogprobRecorder(top=0)
+    answer, _ = generate(runtime.backend, prompt, bias, set(), logprobs=recorder)
+    assert banned not in answer
+    runtime.backend.reset()
+    logits = runtime.backend.prefill(np.asarray(prompt, np.int64), keep_logits=1)[-1].astype(np.float64)
+    own = logits[answer[0]] - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+    assert recorder.answer[0].logprob == pytest.approx(own, abs=1e-4)  # not -inf-shifted by the bias
+
+
+def test_generate_samples_within_top_k(runtime):
+    prompt = runtime.tokenizer.encode("The quick brown fox")
+    runtime.backend.reset()
+    rows = runtime.backend.prefill(np.asarray(prompt, np.int64), keep_logits=1)
+    top = set(np.argsort(-rows[-1])[:2].tolist())
+    firsts = {generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=1, temperature=3.0, top_k=2,
+                                                               seed=seed), set())[0][0] for seed in range(30)}
+    assert firsts <= top
+    assert len(firsts) == 2  # temperature 3 over two kept tokens draws both in 30 tries
+
+
+def _cases(runtime) -> list[tuple[dict, SamplingConfig]]:
+    """(run options, the SamplingConfig they stand for) for the prompt "hello": top-k and min-p sampling, and a
+    logit bias that bans the greedy answer's token and lifts a low one between the top two, so that leaving out
+    either entry changes the first token. Each must change the answer, or a run or serve that drops it passes."""
+    tokenizer = runtime.tokenizer
+    prompt = tokenizer.prompt_ids("hello", raw=True)
+    runtime.backend.reset()
+    logits = runtime.backend.prefill(np.asarray(prompt, np.int64), keep_logits=1)[-1].astype(np.float64)
+    order = np.argsort(-logits)
+    top, second, low = (int(t) for t in order[[0, 1, 10]])
+    lift = round(float((logits[top] + logits[second]) / 2 - logits[low]), 2)
+    cases = [({"temperature": 2.0, "seed": 3, "top_k": 4}, SamplingConfig(temperature=2.0, seed=3, top_k=4)),
+             ({"temperature": 2.0, "seed": 3, "min_p": 0.01}, SamplingConfig(temperature=2.0, seed=3, min_p=0.01)),
+             ({"logit_bias": {top: -math.inf, low: lift}}, SamplingConfig(logit_bias={top: -math.inf, low: lift}))]
+    variants = [[SamplingConfig(temperature=2.0, seed=3)], [SamplingConfig(temperature=2.0, seed=3)],
+                [SamplingConfig(), SamplingConfig(logit_bias={top: -math.inf}), SamplingConfig(logit_bias={low: lift})]]
+    for (_, config), without in zip(cases, variants, strict=True):
+        answer = _answer(runtime, config)
+        for other in without:
+            assert _answer(runtime, other) != answer, f"{config} must change the answer"
+    return cases
+
+
+def _answer(runtime, config: SamplingConfig) -> list[int]:
+    from dataclasses import replace
+
+    tokenizer = runtime.tokenizer
+    return generate(runtime.backend, tokenizer.prompt_ids("hello", raw=True), replace(config, max_new_tokens=10),
+                    tokenizer.eos_token_ids)[0]
+
+
+def test_run_takes_top_k_min_p_and_logit_bias(tiny_bundle, runtime):
+    from tests.unit.test_cli import assert_ok, invoke
+
+    for options, config in _cases(runtime):
+        arguments = []
+        for name, value in options.items():
+            if name == "logit_bias":
+                arguments += [part for token, bias in value.items() for part in ("--logit-bias", f"{token}={bias}")]
+            else:
+                arguments += [f"--{name.replace('_', '-')}", value]
+        result = invoke("run", tiny_bundle.path, "--prompt", "hello", "--raw", "-n", 10, *arguments, "--threads", 1)
+        assert_ok(result)
+        assert result.stdout == runtime.tokenizer.decode(_answer(runtime, config)) + "\n", options
+    greedy = invoke("run", tiny_bundle.path, "--prompt", "hello", "--raw", "-n", 2, "--top-k", 5, "--min-p", 0.1,
+                    "--threads", 1)
+    assert_ok(greedy)
+    assert "--top-k is not used" in greedy.stderr
+    assert "--min-p is not used" in greedy.stderr
+    for option, value, shown in (("--top-k", "-2", "-2"), ("--min-p", "1.5", "1.5"), ("--logit-bias", "7", "'7'"),
+                                 ("--logit-bias", "7=200", "200"), ("--logit-bias", "99999=1", "99999")):
+        bad = invoke("run", tiny_bundle.path, "--prompt", "hello", option, value, "--threads", 1)
+        assert bad.exit_code == 2, bad.output
+        assert option in bad.output
+        assert shown in bad.output
+
+
+def test_serve_takes_top_k_min_p_and_logit_bias(runtime):
+    from edgesdk.serve.completion import ServeDefaults
+    from tests.unit.test_serve import Served
+
+    cases = _cases(runtime)
+    server = Served(runtime, ServeDefaults(max_tokens=10))
+    try:
+        for options, config in cases:
+            expected = runtime.tokenizer.decode(_answer(runtime, config))
+            forms = [options]
+            if "logit_bias" in options:  # OpenAI's object (false: never), llama-server's pairs
+                forms = [{"logit_bias": {str(t): (False if b == -math.inf else b) for t, b in options["logit_bias"].items()}},
+                         {"logit_bias": [[t, (False if b == -math.inf else b)] for t, b in options["logit_bias"].items()]}]
+            for body in forms:
+                status, answer = server.post("/v1/completions", {"prompt": "hello", **body})
+                assert status == 200, answer
+                assert answer["choices"][0]["text"] == expected, body
+        for field, value in (("top_k", -1), ("top_k", 1.5), ("min_p", 2), ("min_p", "x"), ("logit_bias", {"7": 101}),
+                             ("logit_bias", {"99999": 1}), ("logit_bias", {"7": True}), ("logit_bias", [[7]]),
+                             ("logit_bias", "7")):
+            status, answer = server.post("/v1/completions", {"prompt": "hello", field: value})
+            assert (status, answer["error"]["param"]) == (400, field), answer
+            assert field in answer["error"]["message"]
+        status, answer = server.post("/v1/completions", {"prompt": "hello", "top_k": None, "min_p": None,
+                                                          "logit_bias": None})
+        assert status == 200, answer
+    finally:
+        server.close()
+
+
+def test_a_text_logit_bias_biases_each_of_its_tokens(runtime):
+    from edgesdk.serve.api import parse_text_request
+    from edgesdk.serve.completion import Completer
+
+    ids = runtime.tokenizer.encode(" fox fox", add_special_tokens=False)
+    assert len(set(ids)) < len(ids), "the text must repeat a token, to check it is biased once"
+    sampling = Completer(runtime).sampling(parse_text_request({"prompt": "x", "logit_bias": {" fox fox": -5,
+                                                                                              "12": 1}}))
+    assert sampling.logit_bias == (*((token, -5.0) for token in dict.fromkeys(ids)), (12, 1.0))
+
+
+def test_serve_defaults_take_top_k_and_min_p(runtime):
+    from edgesdk.serve.api import parse_text_request
+    from edgesdk.serve.completion import Completer, ServeDefaults
+
+    completer = Completer(runtime, ServeDefaults(top_k=20, min_p=0.1))
+    sampling = completer.sampling(parse_text_request({"prompt": "x"}))
+    assert (sampling.top_k, sampling.min_p) == (20, 0.1)
+    sampling = completer.sampling(parse_text_request({"prompt": "x", "top_k": 0, "min_p": 0}))
+    assert (sampling.top_k, sampling.min_p) == (0, 0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        ServeDefaults(top_k=-3)
