@@ -6,7 +6,8 @@ Requests follow OpenAI's API reference for ``POST /v1/chat/completions`` and ``P
 never silently ignored; fields that change nothing here (``user``, ``metadata``, ``store``) are
 accepted. Repetition penalties: OpenAI's ``presence_penalty`` and ``frequency_penalty`` and
 llama-server's ``repeat_penalty`` over the last ``repeat_last_n`` tokens; llama-server's ``top_k`` and
-``min_p``; ``logit_bias`` as OpenAI's object or llama-server's list of pairs. Errors use OpenAI's shape:
+``min_p``; ``logit_bias`` as OpenAI's object or llama-server's list of pairs. llama-server's ``POST /tokenize``
+and ``POST /detokenize`` bodies are read here too. Errors use OpenAI's shape:
 ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -117,6 +118,44 @@ def parse_text_request(body: object) -> CompletionRequest:
         raise ApiError(400, f"'prompt' must be a non-empty string or array of token ids, got {_shown(prompt)} "
                        "(this server takes one prompt per request)", param="prompt")
     return CompletionRequest(chat=False, prompt=prompt, **_common_fields(body, chat=False))
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    """llama-server's ``POST /tokenize`` body."""
+
+    content: str
+    add_special: bool = False  # add the tokenizer's special tokens (a BOS where the model has one)
+    parse_special: bool = True  # special tokens written in the text are those tokens (false: plain text)
+    with_pieces: bool = False  # each token as {"id", "piece"}
+
+
+def parse_tokenize_request(body: object) -> TokenizeRequest:
+    """``POST /tokenize``: ``{"content": str, "add_special": false, "parse_special": true, "with_pieces": false}``."""
+    body = _object(body)
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise ApiError(400, f"'content' must be the text to tokenize (a string), got {_shown(content)}", param="content")
+    flags = {}
+    for name, default in (("add_special", False), ("parse_special", True), ("with_pieces", False)):
+        value = body.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise ApiError(400, f"'{name}' must be true or false, got {_shown(value)}", param=name)
+        flags[name] = default if value is None else value
+    return TokenizeRequest(content=content, **flags)
+
+
+def parse_detokenize_request(body: object) -> tuple[int, ...]:
+    """``POST /detokenize``: ``{"tokens": [id, ...]}``; the ids are checked against the vocabulary by the caller."""
+    body = _object(body)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list):
+        raise ApiError(400, f"'tokens' must be an array of token ids, got {_shown(tokens)}", param="tokens")
+    for index, token in enumerate(tokens):
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ApiError(400, f"tokens[{index}] must be a token id (a whole number >= 0), got {_shown(token)}",
+                           param=f"tokens[{index}]")
+    return tuple(tokens)
 
 
 def _object(body: object) -> dict:

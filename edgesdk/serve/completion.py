@@ -22,7 +22,7 @@ from edgesdk.runtime.logprobs import LogprobRecorder
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.text import StreamDecoder, check_utf8
-from edgesdk.serve.api import ApiError, CompletionRequest, TextOffsets, logprobs_body
+from edgesdk.serve.api import ApiError, CompletionRequest, TextOffsets, TokenizeRequest, logprobs_body
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
 
 
@@ -122,6 +122,7 @@ class Completer:
         store = CacheStore(self.defaults.cache_ram_mib * 2**20) if self.defaults.cache_ram_mib else None
         self.prompt_cache = PromptCache(runtime.backend, store) if self.defaults.prompt_cache else None
         self.waiting = 0  # admitted requests waiting for their turn
+        self._plain = None  # the tokenizer POST /tokenize uses with parse_special false, made on first use
         self._count_lock = threading.Lock()
 
     def stop(self) -> None:
@@ -203,6 +204,46 @@ class Completer:
                 raise ApiError(400, exc.problem, param="logit_bias") from exc
             pairs.extend((token, bias) for token in dict.fromkeys(self.runtime.tokenizer.encode(key, False)))
         return tuple(pairs)
+
+    def tokenize(self, request: TokenizeRequest) -> dict:
+        """llama-server's ``POST /tokenize`` answer: ``{"tokens": [id, ...]}``, or with ``with_pieces`` each token
+        as ``{"id", "piece"}``, the piece a string where its bytes are UTF-8 and a list of bytes where not."""
+        try:
+            check_utf8(request.content, "'content'")
+        except EdgeSDKError as exc:
+            raise ApiError(400, exc.problem, param="content") from exc
+        tokenizer = self.runtime.tokenizer.tokenizer if request.parse_special else self._plain_text_tokenizer()
+        ids = tokenizer.encode(request.content, add_special_tokens=request.add_special).ids
+        if not request.with_pieces:
+            return {"tokens": ids}
+        pieces = []
+        for token in ids:
+            piece = self._token_piece(token)
+            try:
+                shown: str | list[int] = piece.decode("utf-8")
+            except UnicodeDecodeError:
+                shown = list(piece)
+            pieces.append({"id": token, "piece": shown})
+        return {"tokens": pieces}
+
+    def detokenize(self, tokens: tuple[int, ...]) -> dict:
+        """llama-server's ``POST /detokenize`` answer: ``{"content": text}``, special tokens written out."""
+        vocabulary = self._vocabulary()
+        for index, token in enumerate(tokens):
+            if token >= vocabulary:
+                raise ApiError(400, f"tokens[{index}] is {token}; this model's vocabulary has ids 0 to "
+                               f"{vocabulary - 1}", param=f"tokens[{index}]")
+        return {"content": self.runtime.tokenizer.tokenizer.decode(list(tokens), skip_special_tokens=False)}
+
+    def _plain_text_tokenizer(self):
+        """A copy of the tokenizer that reads special tokens' text as plain text (``parse_special`` false)."""
+        if self._plain is None:
+            import tokenizers
+
+            plain = tokenizers.Tokenizer.from_str(self.runtime.tokenizer.tokenizer.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain
 
     def complete(self, request: CompletionRequest, on_text: Callable[[str, dict | None], None] | None = None,
                  on_start: Callable[[], None] | None = None,

@@ -9,6 +9,8 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
 * ``GET /v1/models``: the one model served. ``GET /health``: liveness, whether a request is
   generating, and the thermal guard's level and temperature when it runs.
 * ``GET /metrics`` (with ``--metrics``, as llama-server): Prometheus counters (serve/metrics.py).
+* ``POST /tokenize``, ``POST /detokenize`` (llama-server's): a text's token ids (with ``with_pieces``
+  each token's text), and the text of token ids. They run beside an answer, without waiting for its turn.
 
 With an API key every route but ``/health`` wants ``Authorization: Bearer KEY`` (``/health`` stays
 open, as in llama-server). Nothing here needs a package beyond the board runtime's.
@@ -35,7 +37,9 @@ from edgesdk.serve.api import (
     completion_body,
     new_id,
     parse_chat_request,
+    parse_detokenize_request,
     parse_text_request,
+    parse_tokenize_request,
     tool_answer_chunks,
     usage_chunk_body,
 )
@@ -47,7 +51,9 @@ MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 # (llama-server's read/write timeout; waiting for a turn or a thermal pause writes nothing and is not limited).
 CLIENT_TIMEOUT_S = 60.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
-ROUTES = "GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions (GET /metrics with --metrics)"
+TOKEN_ROUTES = ("/tokenize", "/detokenize")  # llama-server's, answered at once (no turn on the board)
+ROUTES = ("GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /tokenize, "
+          "POST /detokenize (GET /metrics with --metrics)")
 
 
 class ApiServer(ThreadingHTTPServer):
@@ -159,7 +165,16 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._not_found(route, self.command)
 
     def _post(self, route: str) -> None:
-        parse = PARSERS.get(_api_route(route))
+        path = _api_route(route)
+        if path in TOKEN_ROUTES:
+            self._authorise()
+            body, completer = self._read_json(), self.server.completer
+            if path == "/tokenize":
+                self._send_json(200, completer.tokenize(parse_tokenize_request(body)))
+            else:
+                self._send_json(200, completer.detokenize(parse_detokenize_request(body)))
+            return
+        parse = PARSERS.get(path)
         if parse is None:
             self._not_found(route, "POST")
         self._authorise()
@@ -179,7 +194,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         """404, or 405 with the methods it takes where the route is this server's under another method."""
         path = _api_route(route)
         served_by_get = route in ("/health", "/metrics") or path in ("/models", f"/models/{self.server.model}")
-        allowed = [name for name, known in (("GET", served_by_get), ("POST", path in PARSERS)) if known]
+        allowed = [name for name, known in (("GET", served_by_get), ("POST", _posted(path))) if known]
         if allowed:
             self._allow = ", ".join([*allowed, "HEAD"] if "GET" in allowed else allowed)
             raise ApiError(405, f"{route} takes {self._allow}, not {method}: this server has {ROUTES}",
@@ -208,7 +223,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         its final answer instead of a 100 that has the client send a body nobody reads (RFC 9110 §10.1.1)."""
         if self.command == "POST":
             try:
-                if PARSERS.get(_api_route(self.path.split("?", 1)[0])) is None:
+                if not _posted(_api_route(self.path.split("?", 1)[0])):
                     self._not_found(self.path.split("?", 1)[0], "POST")
                 self._authorise()
                 self._body_size()
@@ -376,6 +391,11 @@ class ApiHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's signature)
         if self.server.log:
             sys.stderr.write(f"edgesdk serve: {self.address_string()} {format % args}\n")
+
+
+def _posted(path: str) -> bool:
+    """Whether ``path`` (as :func:`_api_route` gives it) is a POST route of this server."""
+    return path in PARSERS or path in TOKEN_ROUTES
 
 
 def _api_route(route: str) -> str:
