@@ -562,7 +562,7 @@ def _logit_bias_option(text: str) -> tuple[int, float]:
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="TCP port (0: a free one, printed at start).")
 @click.option("--api-key", envvar="EDGESDK_API_KEY", show_envvar=True,
-              help="Require 'Authorization: Bearer KEY' on the /v1 routes.")
+              help="Require 'Authorization: Bearer KEY' on every route but /health.")
 @click.option("--model-name", help="Model id the API reports [<model>-<target> from the manifest].")
 @click.option("--max-new-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=1),
               help="Tokens per answer for a request that sets no max_tokens.")
@@ -589,7 +589,8 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
           quiet,
           no_prompt_cache, cache_ram_mib, metrics, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
-    """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole).
+    """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
+    llama-server's POST /tokenize and /detokenize).
 
     One answer is generated at a time (a board decodes batch 1); --watch-thermal guards every step
     as in 'edgesdk run', across requests, and GET /health reports the guard's level.
