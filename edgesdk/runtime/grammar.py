@@ -244,6 +244,12 @@ class GrammarConstraint:
                  token_id_of: Callable[[str], int | None] | None = None):
         self.token_bytes = token_bytes
         self.matcher = GrammarMatcher(grammar, token_id_of)
+        for alternative in self.matcher.grammar.alternatives:
+            for element in alternative:
+                if element[0] == TOKEN and not 0 <= element[1] < len(token_bytes):
+                    raise GrammarError(f"the grammar's token <[{element[1]}]> is past this model's vocabulary "
+                                       f"(ids 0 to {len(token_bytes) - 1})",
+                                       "name a token of this model by its id, or write its text as <text>")
         self.stop_ids = set(stop_ids)
         self.state = self.matcher.start()
         self._asked = 0

@@ -3,10 +3,15 @@ property checks of the matcher and the constraint over texts generated from gram
 
 from __future__ import annotations
 
-import pytest
+import re
 
-from edgesdk.runtime.gbnf import GrammarError, parse_grammar
-from edgesdk.runtime.grammar import GrammarMatcher
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgesdk.runtime.gbnf import MAX_CODE_POINT, REF, TOKEN, GrammarError, parse_grammar
+from edgesdk.runtime.grammar import GrammarConstraint, GrammarMatcher
+from tests.unit.test_gbnf import BYTES, EOS, JSON, LIST, UNICODE
 
 
 def _matches(source: str, text: str | bytes) -> bool:
@@ -65,17 +70,21 @@ def test_errors_name_the_character_that_is_wrong_and_how_to_write_it(source, pro
     assert fix in caught.value.fix
 
 
+def test_a_token_id_past_the_vocabulary_is_refused_when_the_constraint_is_made():
+    # it would pass, and the answer would stop where the grammar needs that token with "no token of the
+    # vocabulary continues", naming JSON mode and schemas
+    with pytest.raises(GrammarError, match=r"token <\[300\]> is past this model's vocabulary \(ids 0 to 256\)"):
+        GrammarConstraint([*BYTES, None], parse_grammar('root ::= "a" <[300]>'), {EOS})
+    with pytest.raises(GrammarError, match=r"token <\[257\]> is past"):
+        GrammarConstraint([*BYTES, None], parse_grammar('root ::= "a" !<[257]>'), {EOS})
+    constraint = GrammarConstraint([*BYTES, None], parse_grammar('root ::= "a" <[256]>'), set())
+    constraint.advance(ord("a"))
+    assert constraint.allows(256)
+    constraint.advance(256)
+    assert constraint.complete
+
+
 # ------------------------------------------------------------------------------ property checks
-
-import re  # noqa: E402
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from edgesdk.runtime.gbnf import MAX_CODE_POINT, REF, TOKEN  # noqa: E402
-from edgesdk.runtime.grammar import GrammarConstraint  # noqa: E402
-from tests.unit.test_gbnf import BYTES, JSON, LIST, UNICODE  # noqa: E402
-
 
 def _regular(rng, depth: int, rules: dict[str, tuple[str, bool]]) -> tuple[str, str, bool]:
     """A random GBNF expression without recursion, the Python regex that matches the same texts, and
