@@ -187,7 +187,9 @@ class _Builder:
                 reference, end = self.name(pos)
                 if self.src.startswith("::=", self.space(end, False)):
                     raise self.fail(pos, f"the rule {reference!r} starts before the previous rule ended",
-                                    "end the previous rule's line, or close its parentheses")
+                                    "end the previous rule on its line: close its parentheses, and end none of "
+                                    "its lines with a '|', which goes on to the next line (an empty alternative "
+                                    "is written \"\")")
                 elements.append((REF, self.rule_id(reference, pos)))
                 pos = end
             elif char in "|)\r\n":  # the end of an alternative, a group or the rule

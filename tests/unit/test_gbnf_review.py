@@ -62,6 +62,9 @@ def test_a_repetition_of_a_repetition_that_writes_out_millions_of_symbols_is_ref
     ('root ::= "a"\r\n  | "b"\r\n', "line 2, column 3: expected a rule name (letters, digits, '-' or '_') (at '| \"b\"')",
      "after a '|' that ends the line"),
     ('root ::= [a-z\nb ::= "x"', "the character class is not closed (at the end of the line)", "same line"),
+    # a '|' at the end of the line goes on to the next, where the next rule is
+    ('root ::= "a" |\nb ::= "c"', "line 2, column 1: the rule 'b' starts before the previous rule ended",
+     "end none of its lines with a '|'"),
 ])
 def test_errors_name_the_character_that_is_wrong_and_how_to_write_it(source, problem, fix):
     with pytest.raises(GrammarError) as caught:
