@@ -374,13 +374,19 @@ def _gate_options(fn):
 @click.option("--json-schema", metavar="FILE|JSON",
               help="Each answer follows this JSON schema (a file holding it, or its JSON text): an object or array "
                    "with typed properties, required, enum, const, anyOf, items, $defs; other keywords are refused.")
+@click.option("--grammar", metavar="GBNF",
+              help="Each answer follows this GBNF grammar (llama.cpp's language: rules, \"literals\", [classes], "
+                   "groups, * + ? {m,n}); the end-of-text token only where the grammar accepts.")
+@click.option("--grammar-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="--grammar read from a .gbnf file (llama.cpp's grammars work unchanged).")
 @click.option("--stats", is_flag=True, help="Print prompt tokens (and those from the cache), prefill/decode tok/s, time "
                                            "to first token, p95 inter-token latency and peak RSS on stderr.")
 @_thermal_options
 @_gate_options
 @_runtime_options
 def run(bundle, prompt, max_new_tokens, temperature, top_p, top_k, min_p, logit_bias, seed, repeat_penalty,
-        repeat_last_n, presence_penalty, frequency_penalty, raw, system, history, json_object, json_schema, stats,
+        repeat_last_n, presence_penalty, frequency_penalty, raw, system, history, json_object, json_schema, grammar,
+        grammar_file, stats,
         watch_thermal, simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
         sim_speed, threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
@@ -390,7 +396,9 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, top_k, min_p, logit_
     sensors it found, or what it fell back to); --telemetry records every step.
     """
     from edgesdk.runtime.conversation import Conversation
+    from edgesdk.runtime.gbnf import GrammarError
     from edgesdk.runtime.generate import SamplingConfig, generate
+    from edgesdk.runtime.grammar import GrammarConstraint
     from edgesdk.runtime.json_mode import JsonConstraint
     from edgesdk.runtime.json_schema import SchemaConstraint
     from edgesdk.runtime.prompt_cache import PromptCache
@@ -410,6 +418,7 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, top_k, min_p, logit_
         hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
         raise click.BadParameter(str(exc), param_hint=hint) from exc
     schema = _read_json_schema(json_schema, json_object)
+    rules = _read_grammar(grammar, grammar_file, json_object, json_schema)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
@@ -444,8 +453,14 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, top_k, min_p, logit_
     if history and prompt is None and not raw and tokenizer.has_chat_template:
         conversation = Conversation(tokenizer, system, runtime.backend.max_context, answer_room=max_new_tokens)
     cache = PromptCache(runtime.backend)
-    # JSON mode and schemas: refused here if the tokenizer's bytes cannot be read
-    token_bytes = tokenizer.token_bytes() if json_object or schema else None
+    # JSON mode, schemas and grammars: refused here if the tokenizer's bytes cannot be read
+    token_bytes = tokenizer.token_bytes() if json_object or schema or rules else None
+    if rules is not None:  # a <token> the vocabulary lacks is refused before any prompt
+        try:
+            GrammarConstraint(token_bytes, rules, tokenizer.eos_token_ids, token_id_of=tokenizer.token_id)
+        except GrammarError as exc:
+            raise click.BadParameter(f"{exc.problem} ({exc.fix})",
+                                     param_hint="'--grammar-file'" if grammar_file else "'--grammar'") from exc
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
                             thermal_target, sim_speed, status=watch_thermal or simulate_thermal)
@@ -468,7 +483,9 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, top_k, min_p, logit_
             sys.stdout.flush()
 
         constraint = None
-        if schema is not None:
+        if rules is not None:
+            constraint = GrammarConstraint(token_bytes, rules, tokenizer.eos_token_ids, token_id_of=tokenizer.token_id)
+        elif schema is not None:
             constraint = SchemaConstraint(token_bytes, schema)
         elif token_bytes is not None:
             constraint = JsonConstraint(token_bytes)
@@ -691,6 +708,27 @@ def _read_json_schema(value: str | None, json_object: bool):
         return compile_schema(text)
     except SchemaError as exc:
         raise click.BadParameter(f"{exc.problem} ({exc.fix})", param_hint="'--json-schema'") from exc
+
+
+def _read_grammar(text: str | None, path: Path | None, json_object: bool, json_schema: str | None):
+    """``--grammar`` / ``--grammar-file``: the GBNF grammar read (None when neither is given)."""
+    from edgesdk.runtime.gbnf import GrammarError, parse_grammar
+
+    if text is None and path is None:
+        return None
+    hint = "'--grammar-file'" if path is not None else "'--grammar'"
+    others = [name for name, given in (("--grammar", text is not None), ("--grammar-file", path is not None),
+                                       ("--json", json_object), ("--json-schema", json_schema is not None)) if given]
+    if len(others) > 1:
+        raise click.BadParameter(f"{' and '.join(others)} each constrain the answer; pass one", param_hint=hint)
+    if path is not None:
+        if not path.is_file():
+            raise click.BadParameter(f"{str(path)!r} is not a file", param_hint=hint)
+        text = read_utf8(path, "--grammar-file")
+    try:
+        return parse_grammar(text)
+    except GrammarError as exc:
+        raise click.BadParameter(f"{exc.problem} ({exc.fix})", param_hint=hint) from exc
 
 
 def _served_model_name(manifest: dict) -> str:

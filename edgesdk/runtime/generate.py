@@ -201,7 +201,7 @@ def _most_likely_allowed(logits: np.ndarray, allowed: Callable[[int], bool]) -> 
         if int(token) not in checked and allowed(int(token)):
             return int(token)
     raise EdgeSDKError("no token of the vocabulary continues the constrained answer",
-                       "leave the constraint (JSON mode, a JSON schema, tools) out for this bundle, or the "
+                       "leave the constraint (JSON mode, a JSON schema, tools, a grammar) out for this bundle, or the "
                        "logit_bias that bans the tokens it needs")
 
 
@@ -309,8 +309,9 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     prompt's prefix that the cache already holds is not prefilled again (``reuse_cache`` False:
     prefill it whole); ``stats.cached_tokens`` counts it, and the hook sees only the tokens prefilled.
 
-    A ``constraint`` (JSON mode: :class:`~edgesdk.runtime.json_mode.JsonConstraint`) limits which tokens
-    the sampler may take; once it is complete the answer stops there (``stop_reason = "complete"``).
+    A ``constraint`` (JSON mode, a JSON schema, a GBNF grammar: :class:`~edgesdk.runtime.grammar.GrammarConstraint`)
+    limits which tokens the sampler may take (a grammar's also which stop ids); once it is complete the answer
+    stops there (``stop_reason = "complete"``).
     ``logprobs`` records each answer token's log-probability (before ``on_token`` sees the token), and
     with ``logprobs.prompt`` the prompt's too, which needs the whole prompt prefilled (no cache reuse).
     """

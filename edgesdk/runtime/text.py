@@ -32,6 +32,10 @@ class ChatTokenizer:
             self._token_bytes = table
         return self._token_bytes
 
+    def token_id(self, text: str) -> int | None:
+        """The id of the one token whose text is ``text`` (``<|im_end|>``), None where none is."""
+        return self.tokenizer.token_to_id(text)
+
     @property
     def has_chat_template(self) -> bool:
         return self.template_source is not None

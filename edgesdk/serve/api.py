@@ -6,7 +6,8 @@ Requests follow OpenAI's API reference for ``POST /v1/chat/completions`` and ``P
 never silently ignored; fields that change nothing here (``user``, ``metadata``, ``store``) are
 accepted. Repetition penalties: OpenAI's ``presence_penalty`` and ``frequency_penalty`` and
 llama-server's ``repeat_penalty`` over the last ``repeat_last_n`` tokens; llama-server's ``top_k`` and
-``min_p``; ``logit_bias`` as OpenAI's object or llama-server's list of pairs. llama-server's ``POST /tokenize``
+``min_p``; ``logit_bias`` as OpenAI's object or llama-server's list of pairs; llama-server's GBNF
+``grammar``. llama-server's ``POST /tokenize``
 and ``POST /detokenize`` bodies are read here too. Errors use OpenAI's shape:
 ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -21,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edgesdk.runtime.gbnf import Grammar, GrammarError, parse_grammar
 from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_schema
 from edgesdk.serve.tools import (
     ToolError,
@@ -75,6 +77,7 @@ class CompletionRequest:
     cache_prompt: bool = True  # llama-server's field: reuse the KV cache of the previous answer's prefix
     json_object: bool = False  # response_format {"type": "json_object"}: the answer is one JSON object
     json_schema: CompiledSchema | None = None  # the answer follows this schema (edgesdk/runtime/json_schema.py)
+    grammar: Grammar | None = None  # llama-server's: the answer follows this GBNF grammar (edgesdk/runtime/gbnf.py)
     tools: Tools | None = None  # chat: the tools the answer may call (edgesdk/serve/tools.py)
     logprobs: int | None = None  # None: no log-probabilities; else how many alternatives per token (0-20)
     echo: bool = False  # /v1/completions: the prompt comes back before the answer (with its log-probabilities)
@@ -96,8 +99,9 @@ def parse_chat_request(body: object) -> CompletionRequest:
     except ToolError as exc:
         raise ApiError(400, exc.message, param=exc.param) from exc
     if tools is not None:
-        if fields["json_schema"] is not None or fields["json_object"]:
+        if fields["json_schema"] is not None or fields["json_object"] or fields["grammar"] is not None:
             given = "json_schema" if body.get("json_schema") is not None else "response_format"  # llama-server's
+            given = "grammar" if fields["grammar"] is not None else given
             raise ApiError(400, f"'tools' and '{given}' both constrain the answer; send one of them", param=given)
         parsed = with_instructions(parsed, tools)
     return CompletionRequest(chat=True, messages=tuple(parsed), tools=tools, **fields)
@@ -239,8 +243,6 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         ("functions", lambda v: not v, "no legacy functions (send them as 'tools')"),
         ("function_call", lambda v: v in (None, "none"), "no legacy function_call (send 'tool_choice' with 'tools')"),
         ("tools", lambda v: not v or chat, "no tools (they belong to /v1/chat/completions)"),
-        ("grammar", lambda v: not v, "no GBNF grammars (a JSON schema, response_format json_schema, constrains "
-         "the answer instead)"),
         ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") in RESPONSE_FORMATS),
          "plain text, one JSON object or an answer to a JSON schema (response_format type "
          f"{' / '.join(RESPONSE_FORMATS)})"),
@@ -288,8 +290,27 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "cache_prompt": cache_prompt,
         "json_object": (body.get("response_format") or {}).get("type") == "json_object",
         "json_schema": _json_schema(body),
+        "grammar": _grammar(body),
         **(_chat_logprobs(body) if chat else _text_logprobs(body)),
     }
+
+
+def _grammar(body: dict) -> Grammar | None:
+    """llama-server's ``grammar``: GBNF text the answer follows (edgesdk/runtime/gbnf.py); "" or null is none."""
+    source = body.get("grammar")
+    if source is None or source == "":
+        return None
+    if not isinstance(source, str):
+        raise ApiError(400, f"'grammar' must be GBNF text (a string), got {_shown(source)}", param="grammar")
+    format_type = (body.get("response_format") or {}).get("type") if isinstance(body.get("response_format"), dict) \
+        else None
+    if body.get("json_schema") is not None or format_type in ("json_object", "json_schema"):
+        given = "json_schema" if body.get("json_schema") is not None else "response_format"
+        raise ApiError(400, f"'grammar' and '{given}' both constrain the answer; send one of them", param="grammar")
+    try:
+        return parse_grammar(source)
+    except GrammarError as exc:
+        raise ApiError(400, f"grammar: {exc.problem}; {exc.fix}", param="grammar") from exc
 
 
 def _json_schema(body: dict) -> CompiledSchema | None:

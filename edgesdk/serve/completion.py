@@ -15,7 +15,9 @@ from dataclasses import dataclass, replace
 
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.cache_store import CacheStore
-from edgesdk.runtime.generate import SamplingConfig, StepHook, generate
+from edgesdk.runtime.gbnf import GrammarError
+from edgesdk.runtime.generate import SamplingConfig, StepHook, TokenConstraint, generate
+from edgesdk.runtime.grammar import GrammarConstraint
 from edgesdk.runtime.json_mode import JsonConstraint
 from edgesdk.runtime.json_schema import SchemaConstraint
 from edgesdk.runtime.logprobs import LogprobRecorder
@@ -287,7 +289,7 @@ class Completer:
             self._admitted.release()
 
     def _generate(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig,
-                  constraint: JsonConstraint | SchemaConstraint | None, on_text: Callable[[str, dict | None], None] | None,
+                  constraint: TokenConstraint | None, on_text: Callable[[str, dict | None], None] | None,
                   client_gone: Callable[[], bool] | None) -> Completion:
         tokenizer = self.runtime.tokenizer
         decoder, matcher, pieces = StreamDecoder(tokenizer), StopMatcher(request.stop), []
@@ -376,16 +378,24 @@ class Completer:
         piece = table[token] if 0 <= token < len(table) else None
         return piece if piece is not None else (self.runtime.tokenizer.tokenizer.id_to_token(token) or "").encode()
 
-    def _constraint(self, request: CompletionRequest) -> JsonConstraint | SchemaConstraint | None:
-        """JSON mode's, the JSON schema's or the tools' constraint on the answer, if the request asks for one."""
+    def _constraint(self, request: CompletionRequest) -> TokenConstraint | None:
+        """JSON mode's, the JSON schema's, the tools' or the grammar's constraint on the answer, if the
+        request asks for one."""
         schema = request.tools.schema if request.tools is not None else request.json_schema
-        if schema is None and not request.json_object:
+        if schema is None and not request.json_object and request.grammar is None:
             return None
+        tokenizer = self.runtime.tokenizer
         try:
-            token_bytes = self.runtime.tokenizer.token_bytes()
+            token_bytes = tokenizer.token_bytes()
         except EdgeSDKError as exc:  # a tokenizer whose token bytes JSON mode cannot read
-            param = "tools" if request.tools is not None else "response_format"
+            param = "tools" if request.tools is not None else "grammar" if request.grammar else "response_format"
             raise ApiError(400, exc.problem, param=param, code="unsupported_parameter") from exc
+        if request.grammar is not None:
+            try:
+                return GrammarConstraint(token_bytes, request.grammar, tokenizer.eos_token_ids,
+                                         token_id_of=tokenizer.token_id)
+            except GrammarError as exc:  # a <token> this vocabulary does not hold
+                raise ApiError(400, f"grammar: {exc.problem}; {exc.fix}", param="grammar") from exc
         if schema is not None:
             return SchemaConstraint(token_bytes, schema)
         return JsonConstraint(token_bytes)

@@ -280,3 +280,56 @@ def test_generate_under_a_grammar_gives_a_text_of_it(runtime, temperature, seed)
     text = b"".join(tokenizer.token_bytes()[t] for t in tokens).decode()
     assert stats.stop_reason == "complete", text
     assert re.fullmatch(r"(yes|no), [0-9]{1,3}\.", text), text
+
+
+def test_run_grammar_from_text_or_file(tiny_bundle, tmp_path):
+    import re
+
+    from tests.unit.test_cli import assert_ok, invoke
+
+    path = tmp_path / "answer.gbnf"
+    path.write_text(FINITE + "\n", encoding="utf-8")
+    for option, given in (("--grammar", FINITE), ("--grammar-file", str(path))):
+        result = invoke("run", tiny_bundle.path, "--prompt", "Answer", "-n", 40, option, given, "--threads", 1)
+        assert_ok(result)
+        assert re.fullmatch(r"(yes|no), [0-9]{1,3}\.\n?", result.stdout), result.stdout
+    for args, message in ((["--grammar", 'root ::= "a'], "string is not closed"),
+                          (["--grammar", "root ::= <|nope|>"], "<|nope|> is not one token"),
+                          (["--grammar", FINITE, "--json"], "--grammar and --json each constrain"),
+                          (["--grammar-file", str(path), "--json-schema", '{"type": "object"}'], "pass one"),
+                          (["--grammar-file", str(tmp_path / "missing.gbnf")], "is not a file")):
+        result = invoke("run", tiny_bundle.path, "--prompt", "x", *args)
+        assert result.exit_code == 2, result.output
+        assert message in result.output
+
+
+def test_serve_follows_a_grammar_on_both_routes(runtime):
+    import re
+
+    from edgesdk.serve.completion import ServeDefaults
+    from tests.unit.test_serve import Served
+
+    server = Served(runtime, ServeDefaults(max_tokens=40))
+    messages = [{"role": "user", "content": "Answer"}]
+    try:
+        status, answer = server.post("/v1/chat/completions", {"messages": messages, "grammar": FINITE})
+        assert status == 200, answer
+        assert answer["choices"][0]["finish_reason"] == "stop"
+        assert re.fullmatch(r"(yes|no), [0-9]{1,3}\.", answer["choices"][0]["message"]["content"])
+        status, answer = server.post("/v1/completions", {"prompt": "Answer:", "grammar": FINITE, "temperature": 1.0,
+                                                         "seed": 3})
+        assert status == 200, answer
+        assert re.fullmatch(r"(yes|no), [0-9]{1,3}\.", answer["choices"][0]["text"])
+        for body, message in (({"grammar": 'root ::= "a'}, "string is not closed"),
+                              ({"grammar": 7}, "must be GBNF text"),
+                              ({"grammar": "root ::= <|nope|>"}, "is not one token"),
+                              ({"grammar": FINITE, "json_schema": {"type": "object"}}, "both constrain"),
+                              ({"grammar": FINITE, "response_format": {"type": "json_object"}}, "both constrain")):
+            status, answer = server.post("/v1/chat/completions", {"messages": messages, **body})
+            assert (status, answer["error"]["param"]) == (400, "grammar"), answer
+            assert message in answer["error"]["message"]
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        status, answer = server.post("/v1/chat/completions", {"messages": messages, "grammar": FINITE, "tools": tools})
+        assert (status, answer["error"]["param"]) == (400, "grammar"), answer
+    finally:
+        server.close()
