@@ -12,7 +12,8 @@ for ``llama-cli --grammar-file`` or llama-server's ``grammar`` field works here 
 * Tokens: ``<[id]>`` matches the token with that id, ``<text>`` the one token whose text that is,
   and ``!<...>`` any one token but it.
 * ``#`` starts a comment. A rule ends at the end of its line, except inside parentheses, after
-  ``::=`` and after ``|``.
+  ``::=`` and after ``|``. A line break inside a string or a class is one of its characters, as
+  llama.cpp reads it (a grammar sent in JSON with ``"\\n"`` unescaped holds one).
 
 Like llama.cpp's parser, repetitions become generated rules (``x*`` is ``R ::= x R |``, ``x{2,4}``
 is ``x x (x (x)?)?``), a rule defined twice keeps its last definition, and left recursion (a rule
@@ -75,6 +76,7 @@ class _Builder:
         self.bodies: dict[int, list[list[tuple]]] = {}  # rule -> alternatives (element lists)
         self.first_use: dict[int, int] = {}  # rule -> position of its first reference (for errors)
         self.repeated = 0  # symbols the repetitions have written out so far
+        self.spanning: int | None = None  # where the first string or class that runs over a line end starts
 
     # ----------------------------------------------------------------------------------- errors
 
@@ -86,6 +88,9 @@ class _Builder:
     def fail(self, pos: int, problem: str, fix: str) -> GrammarError:
         shown = self.src[pos:pos + 20].replace("\r", "\n").split("\n")[0]
         near = f" (at {shown!r})" if shown else " (at the end)" if pos >= len(self.src) else " (at the end of the line)"
+        if self.spanning is not None and self.spanning < pos:  # a quote or ] left out reads on past its line
+            fix += (f"; the string or class at {self.where(self.spanning)} runs over the end of its line: if it "
+                    "should end there, close it there")
         return GrammarError(f"grammar {self.where(pos)}: {problem}{near}", fix)
 
     # ---------------------------------------------------------------------------------- symbols
@@ -224,20 +229,26 @@ class _Builder:
     def literal(self, pos: int, elements: list[tuple]) -> int:
         start = pos - 1
         while True:
-            if pos >= len(self.src) or self.src[pos] in "\r\n":
-                raise self.fail(start, "the string is not closed", 'end the string with " on the same line')
+            if pos >= len(self.src):
+                runs = " (it runs over the end of its line to the end of the grammar)" if self.spanning == start else ""
+                raise self.fail(start, f"the string is not closed{runs}", 'end the string with "')
             char = self.src[pos]
             if char == '"':
                 return pos + 1
+            if char in "\r\n" and self.spanning is None:
+                self.spanning = start
             if char == "\\":
                 char, pos = self.escaped(pos + 1)
             else:
                 pos += 1
             elements.append((CHAR, ((ord(char), ord(char)),), False))
 
-    def class_char(self, pos: int) -> tuple[int, int]:
-        if pos >= len(self.src) or self.src[pos] in "\r\n":
-            raise self.fail(pos, "the character class is not closed", "end the class with ] on the same line")
+    def class_char(self, pos: int, start: int) -> tuple[int, int]:
+        if pos >= len(self.src):
+            runs = " (it runs over the end of its line to the end of the grammar)" if self.spanning == start else ""
+            raise self.fail(start, f"the character class is not closed{runs}", "end the class with ]")
+        if self.src[pos] in "\r\n" and self.spanning is None:
+            self.spanning = start
         if self.src[pos] == "\\":
             char, pos = self.escaped(pos + 1)
             return ord(char), pos
@@ -249,10 +260,10 @@ class _Builder:
         pos += negated
         ranges: list[tuple[int, int]] = []
         while pos >= len(self.src) or self.src[pos] != "]":
-            low, pos = self.class_char(pos)
+            low, pos = self.class_char(pos, start)
             high = low
             if self.src.startswith("-", pos) and not self.src.startswith("-]", pos):
-                high, pos = self.class_char(pos + 1)
+                high, pos = self.class_char(pos + 1, start)
                 if high < low:
                     raise self.fail(start, f"the range {chr(low)!r}-{chr(high)!r} runs backwards",
                                     f"write it as {chr(high)}-{chr(low)}")

@@ -61,7 +61,7 @@ def test_a_repetition_of_a_repetition_that_writes_out_millions_of_symbols_is_ref
     # a continuation line that starts with '|', as in other BNF dialects, is not one in llama.cpp's
     ('root ::= "a"\r\n  | "b"\r\n', "line 2, column 3: expected a rule name (letters, digits, '-' or '_') (at '| \"b\"')",
      "after a '|' that ends the line"),
-    ('root ::= [a-z\nb ::= "x"', "the character class is not closed (at the end of the line)", "same line"),
+    ('root\n  ::= "a"', "line 1, column 5: expected '::=' after the rule name 'root' (at the end of the line)", "::="),
     # a '|' at the end of the line goes on to the next, where the next rule is
     ('root ::= "a" |\nb ::= "c"', "line 2, column 1: the rule 'b' starts before the previous rule ended",
      "end none of its lines with a '|'"),
@@ -85,6 +85,29 @@ def test_a_token_id_past_the_vocabulary_is_refused_when_the_constraint_is_made()
     assert constraint.allows(256)
     constraint.advance(256)
     assert constraint.complete
+
+
+def test_a_line_break_inside_a_string_or_a_class_is_one_of_its_characters_as_in_llama_cpp():
+    # what a grammar sent in JSON holds where "\n" was left unescaped: llama.cpp reads the string on to its quote
+    assert _matches('root ::= "a\nb"', "a\nb")
+    assert _matches('root ::= [^\n]+ "\r\n"\r\n', "any thing\r\n")
+    assert not _matches('root ::= [^\n]+ "\n"', "a\nb\n")
+    assert _matches('root ::= item+\nitem ::= "- " [^\n]+ "\n"\n', "- a\n- b\n")
+
+
+@pytest.mark.parametrize(("source", "problem", "fix"), [
+    ('root ::= "ab\ncd', "line 1, column 10: the string is not closed (it runs over the end of its line to the end",
+     'end the string with "'),
+    ('root ::= [a-z\nb ::= "x"', "line 1, column 10: the character class is not closed (it runs over", "with ]"),
+    # a quote left out pairs with the next one: the error that follows names the string that ran on
+    ('root ::= "abc\nfoo ::= "x"\n', "line 2, column 11: the string is not closed",
+     "the string or class at line 1, column 10 runs over the end of its line"),
+])
+def test_a_string_or_class_left_open_is_named_where_it_starts(source, problem, fix):
+    with pytest.raises(GrammarError) as caught:
+        parse_grammar(source)
+    assert problem in caught.value.problem
+    assert fix in caught.value.fix
 
 
 # ------------------------------------------------------------------------------ property checks
