@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from edgesdk.runtime.gbnf import CHAR, REF, TOKEN, Grammar, GrammarError
-from edgesdk.runtime.vocab_trie import vocabulary_trie
+from edgesdk.runtime.vocab_trie import tokens_accepted
 
 SURROGATES = (0xD800, 0xDFFF)
 # UTF-8 lead bytes: (continuation bytes, value bits of the lead, lowest and highest code point of that length)
@@ -278,17 +278,7 @@ class GrammarConstraint:
     def _allowed_tokens(self) -> set[int]:
         """Every ordinary token the state takes, by a walk of the vocabulary's byte trie, and the
         tokens the token terminals on top take."""
-        allowed: set[int] = set()
-        pending = [(vocabulary_trie(self.token_bytes), self.state)]
-        while pending:
-            node, state = pending.pop()
-            for byte, child in node.items():
-                if byte is None:
-                    continue
-                after = self.matcher.step_byte(state, byte)
-                if after is not None:
-                    allowed.update(child.get(None, ()))
-                    pending.append((child, after))
+        allowed = tokens_accepted(self.token_bytes, self.state, self.matcher.step_byte)  # states are non-empty tuples
         wanted, self._refused_tokens = self.matcher.token_tops(self.state)
         allowed |= wanted
         return allowed - self.stop_ids

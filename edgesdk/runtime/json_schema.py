@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.json_mode import _NUMBER_NEXT, AFTER_VALUE, NUMBER, VALUE, JsonState, step
-from edgesdk.runtime.vocab_trie import vocabulary_trie
+from edgesdk.runtime.vocab_trie import tokens_accepted
 
 MAX_INDENT = 20  # spaces or tabs after a newline between tokens (llama.cpp's json-schema-to-grammar spacing)
 ONE_SPACE = -1  # spacing state after a single space: nothing more may follow
@@ -555,18 +555,7 @@ class SchemaConstraint:
 
     def _allowed_tokens(self) -> set[int]:
         """Every token that continues the answer, by a walk of the vocabulary's byte trie."""
-        allowed: set[int] = set()
-        pending = [(vocabulary_trie(self.token_bytes), self.ways)]
-        while pending:
-            node, ways = pending.pop()
-            for byte, child in node.items():
-                if byte is None:
-                    continue
-                after = self._feed(ways, bytes((byte,)))
-                if after:
-                    allowed.update(child.get(None, ()))
-                    pending.append((child, after))
-        return allowed
+        return tokens_accepted(self.token_bytes, self.ways, lambda ways, byte: self._feed(ways, bytes((byte,))))
 
     def advance(self, token_id: int) -> None:
         ways = self._feed(self.ways, self.token_bytes[token_id] or b"")

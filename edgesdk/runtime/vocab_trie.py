@@ -3,6 +3,8 @@ a state accepts at once, leaving a whole subtree behind at its prefix's first re
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 _TRIES: dict[int, tuple[list, dict]] = {}  # id(token table) -> (the table, kept alive so the id stays its own; trie)
 
 
@@ -23,3 +25,20 @@ def vocabulary_trie(token_bytes: list[bytes | None]) -> dict:
         _TRIES.pop(next(iter(_TRIES)))
     _TRIES[id(token_bytes)] = (token_bytes, root)
     return root
+
+
+def tokens_accepted(token_bytes: list[bytes | None], state, step: Callable[[object, int], object]) -> set[int]:
+    """Every token whose bytes ``step`` takes from ``state`` one by one; ``step(state, byte)`` returns
+    the next state, or a false value (None, an empty list) where the byte is refused."""
+    accepted: set[int] = set()
+    pending = [(vocabulary_trie(token_bytes), state)]
+    while pending:
+        node, state = pending.pop()
+        for byte, child in node.items():
+            if byte is None:
+                continue
+            after = step(state, byte)
+            if after:
+                accepted.update(child.get(None, ()))
+                pending.append((child, after))
+    return accepted
