@@ -183,6 +183,11 @@ def _top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
     return keep
 
 
+class LogitBiasError(EdgeSDKError):
+    """The logit bias leaves no token to take: it bans the whole vocabulary, or every token a constraint allows at
+    a step, or it names an id past the model's logits. A fault of the request (serve answers 400), not the model."""
+
+
 MAX_REDRAWS = 64  # draws refused by a constraint before the accepted tokens of the nucleus are drawn from directly
 CANDIDATES = 64  # the most likely tokens checked first; the rest of the vocabulary only when none passes
 
@@ -200,9 +205,14 @@ def _most_likely_allowed(logits: np.ndarray, allowed: Callable[[int], bool]) -> 
             break  # sorted: every token left is banned
         if int(token) not in checked and allowed(int(token)):
             return int(token)
+    banned = [int(token) for token in np.flatnonzero(logits == -math.inf) if allowed(int(token))]
+    if banned:
+        shown = ", ".join(map(str, banned[:8])) + (f" and {len(banned) - 8} more" if len(banned) > 8 else "")
+        raise LogitBiasError(f"the logit_bias bans every token the constraint allows next (ids {shown}: -inf)",
+                             "leave those tokens' bias above -inf, or leave out the constraint (JSON mode, a JSON "
+                             "schema, tools, a grammar)")
     raise EdgeSDKError("no token of the vocabulary continues the constrained answer",
-                       "leave the constraint (JSON mode, a JSON schema, tools, a grammar) out for this bundle, or the "
-                       "logit_bias that bans the tokens it needs")
+                       "leave the constraint (JSON mode, a JSON schema, tools, a grammar) out for this bundle")
 
 
 def _check_finite(top_logit: float) -> None:
@@ -392,13 +402,13 @@ def biased(logits: np.ndarray, config: SamplingConfig) -> np.ndarray:
         return logits
     tokens = np.fromiter((token for token, _ in config.logit_bias), np.int64, len(config.logit_bias))
     if int(tokens.max()) >= logits.shape[0]:
-        raise EdgeSDKError(f"logit_bias names token id {int(tokens.max())}; this model's vocabulary has ids 0 to "
-                           f"{logits.shape[0] - 1}", "bias token ids of this model's tokenizer")
+        raise LogitBiasError(f"logit_bias names token id {int(tokens.max())}; this model's vocabulary has ids 0 to "
+                             f"{logits.shape[0] - 1}", "bias token ids of this model's tokenizer")
     out = logits.astype(np.float32, copy=True)
     np.add.at(out, tokens, np.fromiter((bias for _, bias in config.logit_bias), np.float32, len(tokens)))
     if np.all(out == -np.inf):
-        raise EdgeSDKError("logit_bias bans every token of the vocabulary (-inf on each)",
-                           "leave some token without a bias of -inf (false)")
+        raise LogitBiasError("logit_bias bans every token of the vocabulary (-inf on each)",
+                             "leave some token without a bias of -inf (false)")
     return out
 
 

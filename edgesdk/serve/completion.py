@@ -9,6 +9,7 @@ temperature does not start over with each answer.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -16,7 +17,7 @@ from dataclasses import dataclass, replace
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.cache_store import CacheStore
 from edgesdk.runtime.gbnf import GrammarError
-from edgesdk.runtime.generate import SamplingConfig, StepHook, TokenConstraint, generate
+from edgesdk.runtime.generate import LogitBiasError, SamplingConfig, StepHook, TokenConstraint, generate
 from edgesdk.runtime.grammar import GrammarConstraint
 from edgesdk.runtime.json_mode import JsonConstraint
 from edgesdk.runtime.json_schema import SchemaConstraint
@@ -205,6 +206,9 @@ class Completer:
             except EdgeSDKError as exc:
                 raise ApiError(400, exc.problem, param="logit_bias") from exc
             pairs.extend((token, bias) for token in dict.fromkeys(self.runtime.tokenizer.encode(key, False)))
+        if len({token for token, bias in pairs if bias == -math.inf}) >= vocabulary:
+            raise ApiError(400, f"'logit_bias' bans every token of the vocabulary (false or -inf on all {vocabulary}); "
+                           "leave some token without a ban", param="logit_bias")
         return tuple(pairs)
 
     def tokenize(self, request: TokenizeRequest) -> dict:
@@ -282,7 +286,10 @@ class Completer:
                         raise ClientGone("the client closed the connection while the request waited")
                     if on_start is not None:
                         on_start()
-                    return self._generate(request, ids, sampling, constraint, on_text, client_gone)
+                    try:
+                        return self._generate(request, ids, sampling, constraint, on_text, client_gone)
+                    except LogitBiasError as exc:  # the request's bias left no token to take: its fault, not ours
+                        raise ApiError(400, f"{exc.problem}; {exc.fix}", param="logit_bias") from exc
                 finally:
                     self.busy = False
         finally:
