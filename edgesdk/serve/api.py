@@ -418,7 +418,7 @@ def _logit_bias(value: object) -> tuple[tuple[int | str, float], ...]:
     if value is None:
         return ()
     if isinstance(value, dict):  # a key is a token id where it reads as a whole number, as llama-server's strtol
-        entries = [(int(key) if re.fullmatch(r"\s*[+-]?[0-9]+", key) else key, bias) for key, bias in value.items()]
+        entries = [(_bias_key(key), bias) for key, bias in value.items()]
     elif isinstance(value, list) and all(isinstance(entry, list) and len(entry) == 2 for entry in value):
         entries = [tuple(entry) for entry in value]  # a string here is text, a number an id
     else:
@@ -437,6 +437,18 @@ def _logit_bias(value: object) -> tuple[tuple[int | str, float], ...]:
                            f"token never to be taken, got {_shown(bias)}", param="logit_bias")
         pairs.append((key, float(bias)))
     return tuple(pairs)
+
+
+def _bias_key(key: str) -> int | str:
+    """A logit_bias object key: the token id it reads as (leading zeros and all, as strtol reads it), or the text."""
+    match = re.fullmatch(r"\s*([+-]?)0*([0-9]+)", key)
+    if match is None:
+        return key
+    sign, digits = match.groups()
+    if len(digits) > 18:  # no vocabulary comes near, and int() refuses past 4,300 digits
+        raise ApiError(400, f"'logit_bias' keys must be token ids >= 0 of this model's vocabulary (or text to "
+                       f"tokenize), got {_shown(key)} ({len(digits):,} digits)", param="logit_bias")
+    return int(sign + digits)
 
 
 def _stop(value: object) -> tuple[str, ...]:

@@ -69,3 +69,18 @@ def test_serve_refuses_a_bias_that_bans_the_whole_vocabulary_before_the_turn(ser
     assert "bans every token" in answer["error"]["message"]
     del bias["7"]
     assert served.post("/v1/completions", {"prompt": "hi", "logit_bias": bias, "max_tokens": 2})[0] == 200
+
+
+@pytest.mark.parametrize("key", ["9" * 5000, "-" + "1" * 4400])
+def test_a_logit_bias_key_of_thousands_of_digits_is_a_400_naming_the_field(served, key):
+    status, answer = served.post("/v1/completions", {"prompt": "hi", "logit_bias": {key: 1}})
+    assert (status, answer["error"]["param"]) == (400, "logit_bias"), answer
+    assert "token ids >= 0" in answer["error"]["message"]
+
+
+def test_a_logit_bias_key_reads_as_strtol_reads_it_leading_zeros_and_all():
+    from edgesdk.serve.api import parse_text_request
+
+    request = parse_text_request({"prompt": "x", "logit_bias": {"0" * 5000 + "7": 1, " +12": 2, "-0": 3, "000": 4,
+                                                                "7a": 5}})
+    assert request.logit_bias == ((7, 1.0), (12, 2.0), (0, 3.0), (0, 4.0), ("7a", 5.0))
