@@ -19,6 +19,7 @@ import numpy as np
 from edgesdk.errors import EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import DecoderBackend
 from edgesdk.runtime.logprobs import LogprobRecorder
+from edgesdk.runtime.lookup import LookupConfig, NgramDrafter
 from edgesdk.runtime.prompt_cache import PromptCache
 
 
@@ -265,6 +266,8 @@ class GenerationStats:
     token_latencies_s: list[float] = field(default_factory=list)
     stop_reason: str = ""
     waited_s: float = 0.0  # time a StepHook held generation back (pacing, thermal pauses)
+    draft_tokens: int = 0  # prompt lookup: tokens drafted and checked
+    draft_accepted: int = 0  # of those, the ones the model's own choice equalled (each saved a decode step)
 
     @property
     def time_to_first_token_s(self) -> float:
@@ -293,7 +296,8 @@ class GenerationStats:
             "time_to_first_token_ms": round(self.time_to_first_token_s * 1e3, 2),
             "prefill_tok_s": round(self.prefill_tok_s, 2), "decode_tok_s": _rounded(self.decode_tok_s),
             "p95_inter_token_ms": _rounded(self.p95_latency_ms), "stop_reason": self.stop_reason,
-            "waited_ms": round(self.waited_s * 1e3, 2),
+            "waited_ms": round(self.waited_s * 1e3, 2), "draft_tokens": self.draft_tokens,
+            "draft_accepted": self.draft_accepted,
         }
 
 
@@ -305,7 +309,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
              stop_ids: set[int], on_token: Callable[[int], None] | None = None,
              hook: StepHook | None = None, cache: PromptCache | None = None,
              reuse_cache: bool = True, constraint: TokenConstraint | None = None,
-             logprobs: LogprobRecorder | None = None) -> tuple[list[int], GenerationStats]:
+             logprobs: LogprobRecorder | None = None,
+             lookup: LookupConfig | None = None) -> tuple[list[int], GenerationStats]:
     """Prefill ``prompt_ids`` then decode until a stop id, ``max_new_tokens`` or the context is full.
 
     The first new token comes from the prefill logits (time to first token = prefill time);
@@ -324,6 +329,12 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     stops there (``stop_reason = "complete"``).
     ``logprobs`` records each answer token's log-probability (before ``on_token`` sees the token), and
     with ``logprobs.prompt`` the prompt's too, which needs the whole prompt prefilled (no cache reuse).
+
+    With ``lookup`` (:mod:`edgesdk.runtime.lookup`) a step that finds the last tokens earlier in the
+    text feeds the token and a draft of what followed them in one pass, and the tokens picked from its
+    logits that equal the draft cost no further step; the answer is the one without drafts. A backend
+    that cannot rewind its cache, or a power-gated one (whose controller steps with every decode and
+    starts over on a rewind), decodes token by token.
     """
     _check_prompt(len(prompt_ids), backend.max_context)
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
@@ -351,43 +362,69 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     generated: list[int] = []
     context = list(prompt_ids) if sampling.penalizes else None  # what the penalties look back over
     token = _pick(sampler, logits, constraint, context, logprobs)
+    drafter = NgramDrafter(lookup, prompt_ids) if lookup is not None and _can_draft(backend) else None
+    # Drafted tokens in the KV cache from ``token``'s position on, each with the logits that follow it.
+    pending: list[tuple[int, np.ndarray]] = []
     decode_start = time.perf_counter()
     hook_wall_s = 0.0  # wall time spent in the hook, before and after each step (a simulated board waits on its own clock)
-    while True:
-        if token in stop_ids:
-            stats.stop_reason = "eos"
-            if logprobs is not None:
-                logprobs.end = logprobs.answer.pop()  # the end-of-text token is not part of the answer
-            break
-        generated.append(token)
-        if on_token is not None:
-            on_token(token)
-        if constraint is not None and constraint.complete:
-            stats.stop_reason = "complete"
-            break
-        if len(generated) >= sampling.max_new_tokens:
-            stats.stop_reason = "max_new_tokens"
-            break
-        if backend.position >= backend.max_context:  # no room in the KV cache for ``token``
-            stats.stop_reason = "max_context"
-            break
-        if hook is not None:
-            entered = time.perf_counter()
-            stats.waited_s += hook.before_step("decode")
-            hook_wall_s += time.perf_counter() - entered
-        step = time.perf_counter()
-        logits = backend.decode(token)
-        compute = time.perf_counter() - step
-        if cache is not None:
-            cache.took((token,))
-        if context is not None:
-            context.append(token)
-        token = _pick(sampler, logits, constraint, context, logprobs)
-        stats.token_latencies_s.append(compute)
-        if hook is not None:
-            entered = time.perf_counter()
-            hook.after_step("decode", 1, compute)
-            hook_wall_s += time.perf_counter() - entered
+    try:
+        while True:
+            if token in stop_ids:
+                stats.stop_reason = "eos"
+                if logprobs is not None:
+                    logprobs.end = logprobs.answer.pop()  # the end-of-text token is not part of the answer
+                break
+            generated.append(token)
+            if drafter is not None:
+                drafter.push(token)
+            if on_token is not None:
+                on_token(token)
+            if constraint is not None and constraint.complete:
+                stats.stop_reason = "complete"
+                break
+            if len(generated) >= sampling.max_new_tokens:
+                stats.stop_reason = "max_new_tokens"
+                break
+            held = backend.position - len(pending)  # cache entries before ``token``
+            if held >= backend.max_context:  # no room in the KV cache for ``token``
+                stats.stop_reason = "max_context"
+                break
+            stepped = not (pending and pending[0][0] == token)
+            if not stepped:  # drafted and checked: its logits are here already
+                logits = pending.pop(0)[1]
+                stats.draft_accepted += 1
+                compute = 0.0
+            else:
+                if pending:  # the model chose otherwise: the rest of the draft leaves the cache
+                    backend.rewind(held)
+                    pending = []
+                draft = [] if drafter is None else drafter.draft(min(backend.max_context - held - 1,
+                                                                     sampling.max_new_tokens - len(generated) - 1))
+                if hook is not None:
+                    entered = time.perf_counter()
+                    stats.waited_s += hook.before_step("decode")
+                    hook_wall_s += time.perf_counter() - entered
+                step = time.perf_counter()
+                if draft:
+                    rows = backend.prefill(np.asarray([token, *draft], np.int64), keep_logits=len(draft) + 1)
+                    logits, pending = rows[0], list(zip(draft, rows[1:], strict=True))  # rows: (1 + draft, vocab)
+                    stats.draft_tokens += len(draft)
+                else:
+                    logits = backend.decode(token)
+                compute = time.perf_counter() - step
+            if cache is not None:
+                cache.took((token,))
+            if context is not None:
+                context.append(token)
+            token = _pick(sampler, logits, constraint, context, logprobs)
+            stats.token_latencies_s.append(compute)
+            if hook is not None and stepped:
+                entered = time.perf_counter()
+                hook.after_step("decode", 1, compute)
+                hook_wall_s += time.perf_counter() - entered
+    finally:
+        if pending:  # drafted tokens the answer did not take (or did not reach) leave the cache
+            backend.rewind(backend.position - len(pending))
     stats.decode_s = time.perf_counter() - decode_start - hook_wall_s
     stats.new_tokens = len(generated)
     if hook is not None:
@@ -448,6 +485,11 @@ def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | No
     if logprobs is not None:
         logprobs.record(logits, token)  # the model's own distribution, as OpenAI reports it
     return token
+
+
+def _can_draft(backend: DecoderBackend) -> bool:
+    """Drafts need a cache that rewinds past refused tokens, and no per-decode controller (power gates)."""
+    return callable(getattr(backend, "rewind", None)) and getattr(backend, "controller", None) is None
 
 
 def _check_prompt(tokens: int, max_context: int) -> None:

@@ -1,0 +1,71 @@
+"""Prompt lookup decoding: draft the next tokens by finding the text's last few tokens earlier in it.
+
+An answer often repeats its prompt or itself: a summary quotes its source, an edit copies the code
+around the change, a JSON answer repeats keys, and a small model loops. Where the last ``n`` tokens
+(``n`` from ``ngram_max`` down to ``ngram_min``) occurred before, the tokens that followed them
+then are a draft of what follows now (Saxena 2023, "Prompt Lookup Decoding"; llama.cpp's
+``llama-lookup``, transformers' ``prompt_lookup_num_tokens``). The model checks a draft of ``k``
+tokens in one forward pass over ``k + 1`` positions (:func:`~edgesdk.runtime.generate.generate`):
+the token it picks from each position's logits is kept while it equals the draft, so the answer is
+the one decoding token by token gives, sampled or greedy (a deterministic draft is accepted with
+exactly the model's probability of that token: Leviathan et al. 2023, "Fast Inference from
+Transformers via Speculative Decoding", with a draft distribution that is a point mass), and each
+check yields at least one token. The cache entries of refused draft tokens are rewound.
+
+The n-grams are indexed as the text grows (the most recent earlier occurrence of each), so a
+lookup costs a few dictionary reads however long the context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LookupConfig:
+    """How drafts are found and how long they may be."""
+
+    max_draft: int = 4  # draft tokens checked at once (the pass runs max_draft + 1 positions)
+    ngram_max: int = 3  # longest run of last tokens looked up
+    ngram_min: int = 1  # shortest
+
+    def __post_init__(self):
+        for name in ("max_draft", "ngram_max", "ngram_min"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
+
+
+class NgramDrafter:
+    """The token sequence so far (prompt and answer) with an index of where each n-gram last ended."""
+
+    def __init__(self, config: LookupConfig, tokens: list[int] | tuple[int, ...] = ()):
+        self.config = config
+        self.tokens: list[int] = []
+        self._ends: dict[tuple[int, ...], int] = {}  # n-gram -> index just past its latest occurrence
+        for token in tokens:
+            self.push(token)
+
+    def push(self, token: int) -> None:
+        """Append a token; the n-grams ending before it become findable."""
+        tokens = self.tokens
+        tokens.append(int(token))
+        end = len(tokens) - 1  # index the n-grams ending just before this token are followed by
+        for n in range(self.config.ngram_min, self.config.ngram_max + 1):
+            if end - n >= 0:
+                self._ends[tuple(tokens[end - n:end])] = end
+
+    def draft(self, limit: int | None = None) -> list[int]:
+        """Up to ``max_draft`` (and ``limit``) tokens that followed the longest run of the last tokens
+        found earlier; empty when none was."""
+        room = self.config.max_draft if limit is None else min(limit, self.config.max_draft)
+        if room <= 0:
+            return []
+        tokens = self.tokens
+        for n in range(min(self.config.ngram_max, len(tokens)), self.config.ngram_min - 1, -1):
+            start = self._ends.get(tuple(tokens[len(tokens) - n:]))
+            if start is not None:
+                return tokens[start:start + room]
+        return []
