@@ -379,6 +379,10 @@ def _gate_options(fn):
                    "groups, * + ? {m,n}); the end-of-text token only where the grammar accepts.")
 @click.option("--grammar-file", type=click.Path(dir_okay=False, path_type=Path),
               help="--grammar read from a .gbnf file (llama.cpp's grammars work unchanged).")
+@click.option("--lookup", "lookup_draft", default=0, show_default=True, type=click.IntRange(min=0), metavar="N",
+              help="Prompt lookup decoding: where the last tokens occurred before in the prompt or answer, check up "
+                   "to N tokens of what followed them in one pass (fast where the answer copies, e.g. 2x when "
+                   "repeating a text; 0: off). Greedy answers can differ at near-ties of a quantized model.")
 @click.option("--stats", is_flag=True, help="Print prompt tokens (and those from the cache), prefill/decode tok/s, time "
                                            "to first token, p95 inter-token latency and peak RSS on stderr.")
 @_thermal_options
@@ -386,7 +390,7 @@ def _gate_options(fn):
 @_runtime_options
 def run(bundle, prompt, max_new_tokens, temperature, top_p, top_k, min_p, logit_bias, seed, repeat_penalty,
         repeat_last_n, presence_penalty, frequency_penalty, raw, system, history, json_object, json_schema, grammar,
-        grammar_file, stats,
+        grammar_file, lookup_draft, stats,
         watch_thermal, simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
         sim_speed, threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
@@ -462,6 +466,7 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, top_k, min_p, logit_
             raise click.BadParameter(f"{exc.problem} ({exc.fix})",
                                      param_hint="'--grammar-file'" if grammar_file else "'--grammar'") from exc
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
+    lookup = _lookup(runtime.backend, lookup_draft)
     thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
                             thermal_target, sim_speed, status=watch_thermal or simulate_thermal)
 
@@ -491,7 +496,8 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, top_k, min_p, logit_
             constraint = JsonConstraint(token_bytes)
         try:
             _, result = generate(runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=emit,
-                                 hook=thermal.hook if thermal else None, cache=cache, constraint=constraint)
+                                 hook=thermal.hook if thermal else None, cache=cache, constraint=constraint,
+                                 lookup=lookup)
         except KeyboardInterrupt:  # an answer stopped with Ctrl-C stays in the conversation as written
             if conversation is not None:
                 conversation.answered(text, "".join(written) + stream.flush())
@@ -514,6 +520,7 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, top_k, min_p, logit_
                        f"TTFT {s['time_to_first_token_ms']} ms, {s['new_tokens']} new tok, decode {_or_dash(s['decode_tok_s'])} "
                        f"tok/s (steps after the first), p95 {_or_dash(s['p95_inter_token_ms'])} ms, "
                        f"stop: {s['stop_reason']}"
+                       + (f", drafts {s['draft_accepted']}/{s['draft_tokens']} taken" if lookup else "")
                        + (f", huge pages {huge / 2**20:.0f} MiB" if huge is not None else "")
                        + (f", peak RSS {peak:.0f} MiB" if (peak := peak_rss_mib()) is not None else ""), err=True)
             if hasattr(runtime.backend, "stats"):
@@ -599,12 +606,16 @@ def _logit_bias_option(text: str) -> tuple[int, float]:
                                   "cache back after the server answered another prompt (0: keep only the last one).")
 @click.option("--metrics", is_flag=True,
               help="Serve GET /metrics: Prometheus counters (tokens, compute seconds, requests, thermal level).")
+@click.option("--lookup", "lookup_draft", default=0, show_default=True, type=click.IntRange(min=0), metavar="N",
+              help="Prompt lookup decoding: where the last tokens occurred before in the prompt or answer, check up "
+                   "to N tokens of what followed them in one pass (fast where the answer copies, e.g. 2x when "
+                   "repeating a text; 0: off). Greedy answers can differ at near-ties of a quantized model.")
 @_thermal_options
 @_gate_options
 @_runtime_options
 def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, top_k, min_p, max_queue,
           quiet,
-          no_prompt_cache, cache_ram_mib, metrics, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
+          no_prompt_cache, cache_ram_mib, metrics, lookup_draft, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
     llama-server's POST /tokenize and /detokenize).
@@ -619,7 +630,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
     try:
         defaults = ServeDefaults(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                  min_p=min_p, max_waiting=max_queue, prompt_cache=not no_prompt_cache,
-                                 cache_ram_mib=cache_ram_mib)
+                                 cache_ram_mib=cache_ram_mib, lookup=lookup_draft)
     except ValueError as exc:
         options = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'"}
         hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
@@ -647,6 +658,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=True)
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
+    _lookup(runtime.backend, lookup_draft)  # says so where the backend cannot draft (the completer decodes then)
     thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
                             thermal_target, sim_speed, status=False)
     try:
@@ -708,6 +720,22 @@ def _read_json_schema(value: str | None, json_object: bool):
         return compile_schema(text)
     except SchemaError as exc:
         raise click.BadParameter(f"{exc.problem} ({exc.fix})", param_hint="'--json-schema'") from exc
+
+
+def _lookup(backend, draft: int):
+    """``--lookup N``: the prompt lookup settings (None when off), and a word where the backend cannot draft."""
+    from edgesdk.runtime.generate import can_draft
+    from edgesdk.runtime.lookup import LookupConfig
+
+    if not draft:
+        return None
+    if not can_draft(backend):
+        why = "steps a power controller with every decode" if hasattr(backend, "controller") \
+            else "cannot rewind its KV cache"
+        click.echo(f"edgesdk: --lookup is not used: the {backend.name} backend {why}; it decodes token by token",
+                   err=True)
+        return None
+    return LookupConfig(max_draft=draft)
 
 
 def _read_grammar(text: str | None, path: Path | None, json_object: bool, json_schema: str | None):

@@ -362,7 +362,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     generated: list[int] = []
     context = list(prompt_ids) if sampling.penalizes else None  # what the penalties look back over
     token = _pick(sampler, logits, constraint, context, logprobs)
-    drafter = NgramDrafter(lookup, prompt_ids) if lookup is not None and _can_draft(backend) else None
+    drafter = NgramDrafter(lookup, prompt_ids) if lookup is not None and can_draft(backend) else None
     # Drafted tokens in the KV cache from ``token``'s position on, each with the logits that follow it.
     pending: list[tuple[int, np.ndarray]] = []
     decode_start = time.perf_counter()
@@ -487,7 +487,7 @@ def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | No
     return token
 
 
-def _can_draft(backend: DecoderBackend) -> bool:
+def can_draft(backend: DecoderBackend) -> bool:
     """Drafts need a cache that rewinds past refused tokens, and no per-decode controller (power gates)."""
     return callable(getattr(backend, "rewind", None)) and getattr(backend, "controller", None) is None
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 class LookupConfig:
     """How drafts are found and how long they may be."""
 
-    max_draft: int = 4  # draft tokens checked at once (the pass runs max_draft + 1 positions)
-    ngram_max: int = 3  # longest run of last tokens looked up
-    ngram_min: int = 1  # shortest
+    max_draft: int = 8  # draft tokens checked at once (the pass runs max_draft + 1 positions)
+    ngram_max: int = 4  # longest run of last tokens looked up
+    ngram_min: int = 2  # shortest: a single token recurs too often to predict what follows it
 
     def __post_init__(self):
         for name in ("max_draft", "ngram_max", "ngram_min"):

@@ -17,11 +17,19 @@ from dataclasses import dataclass, replace
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.cache_store import CacheStore
 from edgesdk.runtime.gbnf import GrammarError
-from edgesdk.runtime.generate import LogitBiasError, SamplingConfig, StepHook, TokenConstraint, generate
+from edgesdk.runtime.generate import (
+    LogitBiasError,
+    SamplingConfig,
+    StepHook,
+    TokenConstraint,
+    can_draft,
+    generate,
+)
 from edgesdk.runtime.grammar import GrammarConstraint
 from edgesdk.runtime.json_mode import JsonConstraint
 from edgesdk.runtime.json_schema import SchemaConstraint
 from edgesdk.runtime.logprobs import LogprobRecorder
+from edgesdk.runtime.lookup import LookupConfig
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.text import StreamDecoder, check_utf8
@@ -41,10 +49,13 @@ class ServeDefaults:
     max_waiting: int = 8  # requests queued behind the one generating; more are refused with 503
     prompt_cache: bool = True  # reuse the previous answer's KV cache for a prompt that repeats it
     cache_ram_mib: int = 256  # host memory for other conversations' saved KV caches (0: keep only the live one)
+    lookup: int = 0  # prompt lookup decoding: draft tokens checked at once (0: off; edgesdk/runtime/lookup.py)
 
     def __post_init__(self):
         SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                        top_k=self.top_k, min_p=self.min_p)
+        if self.lookup < 0:
+            raise ValueError(f"lookup must be >= 0 draft tokens (0: off), got {self.lookup}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
         if self.cache_ram_mib < 0:
@@ -124,6 +135,8 @@ class Completer:
         # requests a chat client sends between turns do not cost the chat its cache.
         store = CacheStore(self.defaults.cache_ram_mib * 2**20) if self.defaults.cache_ram_mib else None
         self.prompt_cache = PromptCache(runtime.backend, store) if self.defaults.prompt_cache else None
+        drafts = self.defaults.lookup and can_draft(runtime.backend)
+        self.lookup = LookupConfig(max_draft=self.defaults.lookup) if drafts else None
         self.waiting = 0  # admitted requests waiting for their turn
         self._plain = None  # the tokenizer POST /tokenize uses with parse_special false, made on first use
         self._count_lock = threading.Lock()
@@ -346,7 +359,8 @@ class Completer:
         try:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
                                 hook=MetricsHook(self.metrics, self.hook), cache=self.prompt_cache,
-                                reuse_cache=request.cache_prompt, constraint=constraint, logprobs=recorder)
+                                reuse_cache=request.cache_prompt, constraint=constraint, logprobs=recorder,
+                                lookup=self.lookup)
             finish = "stop" if stats.stop_reason in ("eos", "complete") else "length"
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())

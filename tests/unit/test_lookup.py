@@ -20,7 +20,7 @@ def _reference_draft(tokens: list[int], config: LookupConfig, limit: int) -> lis
 
 
 def test_draft_follows_the_latest_earlier_occurrence_of_the_longest_suffix():
-    drafter = NgramDrafter(LookupConfig(max_draft=3, ngram_max=2), [1, 2, 3, 4, 9, 2, 3, 5, 6, 2])
+    drafter = NgramDrafter(LookupConfig(max_draft=3, ngram_max=2, ngram_min=1), [1, 2, 3, 4, 9, 2, 3, 5, 6, 2])
     assert drafter.draft() == [3, 5, 6]  # "2" last came before "3 5 6"
     drafter.push(3)
     assert drafter.draft() == [5, 6, 2]  # "2 3": its latest occurrence is followed by 5 6 2
@@ -137,3 +137,32 @@ def test_a_backend_that_cannot_rewind_decodes_token_by_token(runtime):
                              runtime.tokenizer.eos_token_ids, lookup=LookupConfig())
     assert stats.draft_tokens == 0
     assert tokens == _generate(runtime, REPEATING, None, max_new_tokens=30)[0]
+
+
+def test_run_and_serve_with_lookup_answer_as_without(tiny_bundle, runtime):
+    from edgesdk.serve.completion import ServeDefaults
+    from tests.unit.test_cli import assert_ok, invoke
+    from tests.unit.test_serve import Served
+
+    prompt = "one two three four " * 12
+    plain = invoke("run", tiny_bundle.path, "--prompt", prompt, "--raw", "-n", 40, "--threads", 1)
+    drafted = invoke("run", tiny_bundle.path, "--prompt", prompt, "--raw", "-n", 40, "--threads", 1, "--lookup", 4,
+                     "--stats")
+    assert_ok(plain)
+    assert_ok(drafted)
+    assert drafted.stdout == plain.stdout
+    assert " taken" in drafted.stderr
+    assert invoke("run", tiny_bundle.path, "--prompt", "x", "--lookup", -1).exit_code == 2
+    answers = []
+    for lookup in (0, 4):
+        server = Served(runtime, ServeDefaults(max_tokens=40, lookup=lookup))
+        try:
+            assert (server.completer.lookup is None) == (lookup == 0)
+            status, answer = server.post("/v1/completions", {"prompt": prompt})
+            assert status == 200, answer
+            answers.append(answer["choices"][0]["text"])
+        finally:
+            server.close()
+    assert answers[0] == answers[1]
+    with pytest.raises(ValueError, match="lookup must be >= 0"):
+        ServeDefaults(lookup=-1)
