@@ -1,6 +1,6 @@
 """Prompt lookup decoding (edgesdk/runtime/lookup.py) against decoding token by token, on a real bundle.
 
-Each task is answered greedily with drafts of 0 (off), 2, 4 and 8 tokens, in alternating order,
+Each task is answered greedily with drafts of 0 (off), 4, 8 and 12 tokens, in alternating order,
 three rounds, a pause between runs. The
 tasks range from copying the prompt (a text to correct, code to rename in) to free text, where
 drafts find little. Reported: decode tok/s (median) and its ratio to the run without drafts in the
@@ -29,7 +29,7 @@ TASKS = {
     "summarize": f"Summarize this text in two sentences:\n\n{TEXT}",
     "free text": "Write a short story about a robot who learns to paint.",
 }
-DRAFTS = (0, 2, 4, 8)
+DRAFTS = (0, 4, 8, 12)
 ROUNDS, NEW_TOKENS, PAUSE_S = 3, 160, 1.0
 
 
