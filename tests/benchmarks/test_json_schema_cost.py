@@ -3,7 +3,8 @@
 - per generated token: the time spent in the constraint's allows/advance calls during a schema-constrained
   answer, greedy and sampled, beside JSON mode's and a GBNF grammar's of the same object on the same prompt,
   and a free-text grammar's (a bullet list), as a share of the whole generation;
-- the allowed set where few tokens fit: asking token by token against the vocabulary trie walk.
+- the allowed set where few tokens fit: asking token by token against the vocabulary trie walk;
+- the two grammars' cost in llama.cpp (llama-cpp-python), as time per token with against without.
 
     EDGESDK_BENCH_BUNDLE=DIR python -m pytest tests/benchmarks/test_json_schema_cost.py -m benchmark -s
 """
@@ -117,3 +118,34 @@ def test_allowed_set_by_trie_against_token_by_token(smollm2_rpi5_bundle):
         trie = time.perf_counter() - start
         assert walked == asked
         print(f"{prefix!r:<46}{len(walked):>9}{one_by_one * 1e3:>19.1f}{trie * 1e3:>9.1f}")
+
+
+def test_grammar_cost_against_llamacpp(smollm2_rpi5_bundle):
+    """The same two grammars through llama.cpp (llama-cpp-python's chat completion with a LlamaGrammar,
+    Q4_0 of the same model): its time per token with the grammar against without, over the same number
+    of tokens (the answer's length with the grammar), median of three alternating runs."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from edgesdk.models.sources import fetch_alias
+    from tests.benchmarks.llamacpp import quantized_gguf
+
+    source = fetch_alias("smollm2-135m", quiet=True)
+    llm = llama_cpp.Llama(str(quantized_gguf(source, "Q4_0", source.parent)), n_ctx=512, n_threads=2,
+                          n_threads_batch=2, verbose=False)
+    print(f"\n{'llama.cpp':<12}{'tokens':>8}{'free ms':>9}{'grammar ms':>12}{'ms/token':>10}{'share':>8}")
+    for name, source_text, prompt in (("person", PERSON_GRAMMAR, PROMPT), ("list gbnf", LIST_GRAMMAR, LIST_PROMPT)):
+        grammar = llama_cpp.LlamaGrammar.from_string(source_text, verbose=False)
+        messages = [{"role": "user", "content": prompt}]
+        tokens = llm.create_chat_completion(messages, max_tokens=100, temperature=0.0,
+                                            grammar=grammar)["usage"]["completion_tokens"]
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(3):
+            for constrained in (False, True):
+                time.sleep(0.5)
+                start = time.perf_counter()
+                answer = llm.create_chat_completion(messages, max_tokens=tokens, temperature=0.0,
+                                                    grammar=grammar if constrained else None)
+                times[constrained].append(time.perf_counter() - start)
+                assert answer["usage"]["completion_tokens"] == tokens
+        free, constrained = sorted(times[False])[1], sorted(times[True])[1]
+        print(f"{name:<12}{tokens:>8}{free * 1e3:>9.0f}{constrained * 1e3:>12.0f}"
+              f"{(constrained - free) / tokens * 1e3:>10.2f}{(constrained - free) / constrained:>8.1%}")
