@@ -240,7 +240,9 @@ class StepHook(Protocol):
     """Called around each step of :func:`generate`; every method may be a no-op.
 
     ``kind`` is ``"prefill"`` (the whole prompt, which also yields the first token) or ``"decode"``
-    (one token). Blocking in :meth:`before_step` delays the step without losing anything.
+    (one token; with prompt lookup a pass that also checked drafted tokens, reported once its draft is
+    settled with every token it yielded). Blocking in :meth:`before_step` delays the step without losing
+    anything.
     """
 
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
@@ -365,8 +367,20 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     drafter = NgramDrafter(lookup, prompt_ids) if lookup is not None and can_draft(backend) else None
     # Drafted tokens in the KV cache from ``token``'s position on, each with the logits that follow it.
     pending: list[tuple[int, np.ndarray]] = []
+    # The last step's [compute seconds, tokens picked from its logits], told to the hook's after_step once no drafted
+    # token of it is left to check: a pass whose drafts were taken yielded a token for each (the serve metrics'
+    # token count, the thermal guard's rate and pacing credit read them).
+    unreported: list | None = None
     decode_start = time.perf_counter()
     hook_wall_s = 0.0  # wall time spent in the hook, before and after each step (a simulated board waits on its own clock)
+
+    def report() -> None:
+        nonlocal unreported, hook_wall_s
+        (compute_s, tokens), unreported = unreported, None
+        entered = time.perf_counter()
+        hook.after_step("decode", tokens, compute_s)
+        hook_wall_s += time.perf_counter() - entered
+
     try:
         while True:
             if token in stop_ids:
@@ -398,6 +412,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                 if pending:  # the model chose otherwise: the rest of the draft leaves the cache
                     backend.rewind(held)
                     pending = []
+                if unreported is not None:
+                    report()
                 draft = [] if drafter is None else drafter.draft(min(backend.max_context - held - 1,
                                                                      sampling.max_new_tokens - len(generated) - 1))
                 if hook is not None:
@@ -418,13 +434,18 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                 context.append(token)
             token = _pick(sampler, logits, constraint, context, logprobs)
             stats.token_latencies_s.append(compute)
-            if hook is not None and stepped:
-                entered = time.perf_counter()
-                hook.after_step("decode", 1, compute)
-                hook_wall_s += time.perf_counter() - entered
+            if hook is not None:
+                if stepped:
+                    unreported = [compute, 1]
+                else:
+                    unreported[1] += 1
+                if not pending:
+                    report()
     finally:
         if pending:  # drafted tokens the answer did not take (or did not reach) leave the cache
             backend.rewind(backend.position - len(pending))
+        if unreported is not None:  # the last pass's tokens, also of an answer cut short (a client gone)
+            report()
     stats.decode_s = time.perf_counter() - decode_start - hook_wall_s
     stats.new_tokens = len(generated)
     if hook is not None:
