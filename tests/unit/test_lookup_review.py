@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import re
 import threading
 
@@ -135,3 +136,36 @@ def test_thermal_telemetry_of_a_drafted_run_counts_every_token(tiny_bundle, tmp_
     assert int(taken.group(1)) > 0
     _, steps = load(path)
     assert sum(step["tokens"] for step in steps) == 30
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_drafts_refused_and_taken_give_the_answer_and_cache_of_decoding_token_by_token(runtime, seed):
+    """Prompts over a few tokens (so that n-grams recur and drafts are both taken and refused), greedy and sampled,
+    with penalties, a logit bias, a stop id, max_new_tokens and the context limit: the same tokens, stop reason and
+    log-probabilities, and a cache that lists what the backend holds."""
+    from edgesdk.runtime.logprobs import LogprobRecorder
+
+    rng = random.Random(seed)
+    alphabet = rng.sample(range(3, 300), rng.randint(3, 10))
+    prompt = [rng.choice(alphabet) for _ in range(rng.randint(5, runtime.backend.max_context - 4))]
+    fields = {"max_new_tokens": rng.randint(1, 80), "temperature": rng.choice([0.0, 0.8, 1.5, 3.0]), "seed": seed}
+    if seed % 3 == 1:
+        fields.update(repeat_penalty=1.3, repeat_last_n=rng.choice([-1, 8]), frequency_penalty=0.5,
+                      presence_penalty=0.5)
+    if seed % 4 == 2:
+        fields.update(logit_bias=((rng.choice(alphabet), -100.0), (rng.choice(alphabet), 6.0)))
+    stop = {rng.choice(alphabet)} if seed % 2 else set()
+    lookup = LookupConfig(max_draft=rng.randint(1, 10), ngram_max=3, ngram_min=rng.randint(1, 3))
+    answers = []
+    for config in (None, lookup):
+        cache, recorder = PromptCache(runtime.backend), LogprobRecorder(top=2)
+        tokens, stats = generate(runtime.backend, prompt, SamplingConfig(**fields), stop, cache=cache,
+                                 logprobs=recorder, lookup=config)
+        assert runtime.backend.position == len(cache.tokens)
+        assert cache.tokens == [*prompt, *tokens][: len(cache.tokens)]
+        answers.append((tokens, stats, recorder))
+    (plain, plain_stats, plain_logprobs), (drafted, stats, logprobs) = answers
+    assert (drafted, stats.stop_reason) == (plain, plain_stats.stop_reason)
+    assert [entry.logprob for entry in logprobs.answer] == pytest.approx(
+        [entry.logprob for entry in plain_logprobs.answer], abs=1e-4)
+    assert stats.draft_accepted <= stats.draft_tokens
