@@ -379,7 +379,7 @@ def _gate_options(fn):
                    "groups, * + ? {m,n}); the end-of-text token only where the grammar accepts.")
 @click.option("--grammar-file", type=click.Path(dir_okay=False, path_type=Path),
               help="--grammar read from a .gbnf file (llama.cpp's grammars work unchanged).")
-@click.option("--lookup", "lookup_draft", default=0, show_default=True, type=click.IntRange(min=0), metavar="N",
+@click.option("--lookup", "lookup_draft", default=0, show_default=True, type=click.IntRange(0, 64), metavar="N",
               help="Prompt lookup decoding: where the last tokens occurred before in the prompt or answer, check up "
                    "to N tokens of what followed them in one pass (fast where the answer copies, e.g. 2x when "
                    "repeating a text; 0: off). Greedy answers can differ at near-ties of a quantized model.")
@@ -606,7 +606,7 @@ def _logit_bias_option(text: str) -> tuple[int, float]:
                                   "cache back after the server answered another prompt (0: keep only the last one).")
 @click.option("--metrics", is_flag=True,
               help="Serve GET /metrics: Prometheus counters (tokens, compute seconds, requests, thermal level).")
-@click.option("--lookup", "lookup_draft", default=0, show_default=True, type=click.IntRange(min=0), metavar="N",
+@click.option("--lookup", "lookup_draft", default=0, show_default=True, type=click.IntRange(0, 64), metavar="N",
               help="Prompt lookup decoding: where the last tokens occurred before in the prompt or answer, check up "
                    "to N tokens of what followed them in one pass (fast where the answer copies, e.g. 2x when "
                    "repeating a text; 0: off). Greedy answers can differ at near-ties of a quantized model.")

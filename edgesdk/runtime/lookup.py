@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_DRAFT = 64  # a pass keeps (draft + 1) rows of logits: 64 are 12.6 MB on SmolLM2's 49,152 tokens
+
 
 @dataclass(frozen=True)
 class LookupConfig:
@@ -34,6 +36,9 @@ class LookupConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if self.max_draft > MAX_DRAFT:
+            raise ValueError(f"max_draft must be at most {MAX_DRAFT} (a pass keeps max_draft + 1 rows of logits), "
+                             f"got {self.max_draft}")
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
 

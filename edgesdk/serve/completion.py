@@ -29,7 +29,7 @@ from edgesdk.runtime.grammar import GrammarConstraint
 from edgesdk.runtime.json_mode import JsonConstraint
 from edgesdk.runtime.json_schema import SchemaConstraint
 from edgesdk.runtime.logprobs import LogprobRecorder
-from edgesdk.runtime.lookup import LookupConfig
+from edgesdk.runtime.lookup import MAX_DRAFT, LookupConfig
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.text import StreamDecoder, check_utf8
@@ -54,8 +54,9 @@ class ServeDefaults:
     def __post_init__(self):
         SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                        top_k=self.top_k, min_p=self.min_p)
-        if self.lookup < 0:
-            raise ValueError(f"lookup must be >= 0 draft tokens (0: off), got {self.lookup}")
+        if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or not 0 <= self.lookup <= MAX_DRAFT:
+            raise ValueError(f"lookup must be 0 (off) or a whole number of draft tokens up to {MAX_DRAFT}, "
+                             f"got {self.lookup!r}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
         if self.cache_ram_mib < 0:

@@ -49,6 +49,7 @@ def test_the_index_finds_what_a_scan_finds(seed):
     ({"ngram_min": 0}, "ngram_min must be"),
     ({"ngram_max": 2, "ngram_min": 3}, "must not exceed"),
     ({"max_draft": True}, "max_draft must be"),
+    ({"max_draft": 65}, "max_draft must be at most 64"),
 ])
 def test_bad_settings_are_refused_by_name(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -164,5 +165,7 @@ def test_run_and_serve_with_lookup_answer_as_without(tiny_bundle, runtime):
         finally:
             server.close()
     assert answers[0] == answers[1]
-    with pytest.raises(ValueError, match="lookup must be >= 0"):
-        ServeDefaults(lookup=-1)
+    for bad in (-1, 65, True, 2.0):
+        with pytest.raises(ValueError, match="lookup must be 0 .off. or a whole number of draft tokens up to 64"):
+            ServeDefaults(lookup=bad)
+    assert invoke("run", tiny_bundle.path, "--prompt", "x", "--lookup", 65).exit_code == 2
