@@ -6,6 +6,7 @@ Heavy imports (onnxruntime, torch, transformers) happen inside the commands that
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -342,7 +343,12 @@ def _gate_options(fn):
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--prompt", "-p", help="Prompt text; without it, read prompts interactively from stdin.")
+@click.option("--file", "-f", "prompt_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, newlines included.")
 @click.option("--max-new-tokens", "-n", default=128, show_default=True)
+@click.option("--ignore-eos", is_flag=True,
+              help="Never end at an end-of-text or end-of-turn token: generate -n tokens (their logits set to -inf, "
+                   "as llama.cpp's --ignore-eos).")
 @click.option("--temperature", default=0.0, show_default=True, help="0 means greedy decoding.")
 @click.option("--top-p", default=1.0, show_default=True, help="Nucleus sampling mass (with --temperature > 0).")
 @click.option("--top-k", default=0, show_default=True,
@@ -388,7 +394,7 @@ def _gate_options(fn):
 @_thermal_options
 @_gate_options
 @_runtime_options
-def run(bundle, prompt, max_new_tokens, temperature, top_p, top_k, min_p, logit_bias, seed, repeat_penalty,
+def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias, seed, repeat_penalty,
         repeat_last_n, presence_penalty, frequency_penalty, raw, system, history, json_object, json_schema, grammar,
         grammar_file, lookup_draft, stats,
         watch_thermal, simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
@@ -421,11 +427,20 @@ def run(bundle, prompt, max_new_tokens, temperature, top_p, top_k, min_p, logit_
                    "frequency_penalty": "'--frequency-penalty'", "logit_bias": "'--logit-bias'"}
         hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
         raise click.BadParameter(str(exc), param_hint=hint) from exc
+    if prompt_file is not None:
+        if prompt is not None:
+            raise click.BadParameter("--prompt and --file both give the prompt; pass one", param_hint="'--file' / '-f'")
+        if not prompt_file.is_file():
+            raise click.BadParameter(f"{str(prompt_file)!r} is not a file", param_hint="'--file' / '-f'")
+        prompt = read_utf8(prompt_file, "--file")
     schema = _read_json_schema(json_schema, json_object)
     rules = _read_grammar(grammar, grammar_file, json_object, json_schema)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
+    if ignore_eos:
+        never = tuple((token, -math.inf) for token in sorted(tokenizer.eos_token_ids))
+        sampling = dataclasses.replace(sampling, logit_bias=(*sampling.logit_bias, *never))
     vocabulary = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
     for token, _ in sampling.logit_bias:
         if token >= vocabulary:

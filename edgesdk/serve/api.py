@@ -75,6 +75,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk carrying the usage
     cache_prompt: bool = True  # llama-server's field: reuse the KV cache of the previous answer's prefix
+    ignore_eos: bool = False  # llama-server's: end-of-text and end-of-turn tokens are never taken (-inf)
     json_object: bool = False  # response_format {"type": "json_object"}: the answer is one JSON object
     json_schema: CompiledSchema | None = None  # the answer follows this schema (edgesdk/runtime/json_schema.py)
     grammar: Grammar | None = None  # llama-server's: the answer follows this GBNF grammar (edgesdk/runtime/gbnf.py)
@@ -140,13 +141,17 @@ def parse_tokenize_request(body: object) -> TokenizeRequest:
     content = body.get("content")
     if not isinstance(content, str):
         raise ApiError(400, f"'content' must be the text to tokenize (a string), got {_shown(content)}", param="content")
-    flags = {}
-    for name, default in (("add_special", False), ("parse_special", True), ("with_pieces", False)):
-        value = body.get(name)
-        if value is not None and not isinstance(value, bool):
-            raise ApiError(400, f"'{name}' must be true or false, got {_shown(value)}", param=name)
-        flags[name] = default if value is None else value
+    flags = {name: _flag(body, name, default)
+             for name, default in (("add_special", False), ("parse_special", True), ("with_pieces", False))}
     return TokenizeRequest(content=content, **flags)
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    """A true/false field; absent or null is ``default``."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false, got {_shown(value)}", param=name)
+    return default if value is None else value
 
 
 def parse_detokenize_request(body: object) -> tuple[int, ...]:
@@ -266,11 +271,7 @@ def _common_fields(body: dict, chat: bool) -> dict:
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise ApiError(400, f"'stream_options' must be an object like {{\"include_usage\": true}}, got "
                        f"{_shown(body.get('stream_options'))}", param="stream_options")
-    cache_prompt = body.get("cache_prompt")
-    if cache_prompt is None:  # null is the default, as for every other field (and in llama-server)
-        cache_prompt = True
-    if not isinstance(cache_prompt, bool):
-        raise ApiError(400, f"'cache_prompt' must be true or false, got {_shown(cache_prompt)}", param="cache_prompt")
+    cache_prompt = _flag(body, "cache_prompt", True)  # null is the default, as for every other field (and in llama-server)
     return {
         "max_tokens": _integer(body.get(name), name, minimum=1),
         "temperature": _number(body.get("temperature"), "temperature", 0.0, 2.0, "[0, 2]"),
@@ -288,6 +289,7 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "stream": stream,
         "include_usage": stream and bool(options.get("include_usage", False)),
         "cache_prompt": cache_prompt,
+        "ignore_eos": _flag(body, "ignore_eos", False),
         "json_object": (body.get("response_format") or {}).get("type") == "json_object",
         "json_schema": _json_schema(body),
         "grammar": _grammar(body),

@@ -220,6 +220,8 @@ class Completer:
             except EdgeSDKError as exc:
                 raise ApiError(400, exc.problem, param="logit_bias") from exc
             pairs.extend((token, bias) for token in dict.fromkeys(self.runtime.tokenizer.encode(key, False)))
+        if request.ignore_eos:
+            pairs.extend((token, -math.inf) for token in sorted(self.runtime.tokenizer.eos_token_ids))
         if len({token for token, bias in pairs if bias == -math.inf}) >= vocabulary:
             raise ApiError(400, f"'logit_bias' bans every token of the vocabulary (false or -inf on all {vocabulary}); "
                            "leave some token without a ban", param="logit_bias")
