@@ -898,7 +898,13 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
     Each test runs once untimed, then --repetitions times; the table gives mean ± standard
     deviation of tok/s. Run nothing else heavy meanwhile: other work on the cores moves the figures.
     """
+    import os
+    import platform
+
+    from edgesdk.board import detect_board
+    from edgesdk.envinfo import package_version
     from edgesdk.runtime.bench import BenchConfig, format_table, peak_rss_mib, run_bench
+    from edgesdk.runtime.bench_conditions import snapshot, summary, warnings
     from edgesdk.runtime.session import open_runtime
 
     if prompt_tokens == 0 and new_tokens == 0:
@@ -906,14 +912,28 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
     config = BenchConfig(prompt_tokens=prompt_tokens, new_tokens=new_tokens, repetitions=repetitions)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=not as_json)
+    thermal = runtime.bundle.manifest["target"].get("thermal") or {}
+    zones, throttle_c = thermal.get("zones") or (), thermal.get("firmware_throttle_c")
+    before = snapshot(zones)
     results = run_bench(runtime, config)
+    after = snapshot(zones)
+    board = detect_board()
+    found = warnings(before, after, board.cpu_count or os.cpu_count() or 1, throttle_c)
     if as_json:
+        conditions = {"board": {"model": board.model, "family": board.family, "jetpack": board.jetpack,
+                                "cpu_count": board.cpu_count},
+                      "versions": {"edgesdk": __version__, "python": platform.python_version(),
+                                   "onnxruntime": package_version("onnxruntime", "onnxruntime-gpu")},
+                      "before": before, "after": after, "warnings": found}
         click.echo(json.dumps({"bundle": str(bundle), "bundle_id": runtime.bundle.bundle_id,
                                "backend": runtime.backend.name, "threads": runtime.threads,
                                "results": [result.to_json() for result in results],
-                               "peak_rss_mib": _rounded_mib(peak_rss_mib())}, indent=2))
+                               "peak_rss_mib": _rounded_mib(peak_rss_mib()), "conditions": conditions}, indent=2))
         return
     click.echo(format_table(results, runtime.backend.name, runtime.threads, Path(bundle).name, peak_rss_mib()))
+    click.echo(summary(before, after))
+    for warning in found:
+        click.echo(f"warning: {warning}")
 
 
 def _rounded_mib(value: float | None) -> float | None:

@@ -1,0 +1,137 @@
+"""What the board was doing around ``edgesdk bench``: clocks, temperatures, throttling, load.
+
+A tok/s figure without its conditions cannot be reproduced: the same board decodes at very
+different speeds under another power mode, a capped clock, after heat-soak or beside other work
+(jetson-containers#532 reports 20.6 tok/s where the published figure for the same model and board
+was far higher; the Pi firmware halves the clock at 80-85 °C). ``bench`` records, before and after
+its tests:
+
+* the cpufreq policies: governor, current and maximum clock against the hardware's maximum
+  (``/sys/devices/system/cpu/cpufreq/policy*``; ``$EDGESDK_CPUFREQ_ROOT`` moves the root);
+* the temperatures of the profile's thermal zones, Raspberry Pi's ``get_throttled`` bits and
+  Jetson's nvpmodel mode where jetson-stats is installed (the thermal guard's sensors,
+  ``$EDGESDK_THERMAL_ROOT`` moves the sysfs root);
+* the 1-minute load average, against the cores;
+
+and turns what would make the figures low into warnings: a clock capped below the hardware's
+maximum or held by the ``powersave`` governor, throttling or under-voltage during the run, a board
+that ended near its throttle point, and other work on the cores. A machine without these files
+(a container, a laptop) records them as unknown.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from edgesdk.thermal.cpufreq import CPUFREQ_DIR, cpufreq_root
+from edgesdk.thermal.sensors import detect_sensors
+
+NEAR_THROTTLE_C = 5.0  # a hottest zone within this of the throttle point after the run is worth a warning
+BUSY_LOAD_PER_CORE = 0.5  # a 1-minute load average above this per core before the run: other work shares the cores
+NOW_BITS = ("under_voltage", "arm_freq_capped", "throttled", "soft_temp_limit")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _mhz(path: Path) -> float | None:
+    text = _read(path)
+    try:
+        return round(int(text.split()[0]) / 1000, 1) if text else None
+    except (ValueError, IndexError):
+        return None
+
+
+def read_clocks(root: str | os.PathLike | None = None) -> list[dict]:
+    """Each cpufreq policy: name, CPUs, governor, current / maximum / hardware maximum MHz (None unknown)."""
+    base = Path(root if root is not None else cpufreq_root()) / CPUFREQ_DIR
+    try:
+        policies = sorted((p for p in base.iterdir() if p.name.startswith("policy")),
+                          key=lambda p: int(p.name[6:]) if p.name[6:].isdigit() else 0)
+    except OSError:
+        return []
+    return [{"policy": policy.name, "cpus": _read(policy / "affected_cpus"),
+             "governor": _read(policy / "scaling_governor"), "cur_mhz": _mhz(policy / "scaling_cur_freq"),
+             "max_mhz": _mhz(policy / "scaling_max_freq"), "hardware_max_mhz": _mhz(policy / "cpuinfo_max_freq")}
+            for policy in policies]
+
+
+def snapshot(zones: Sequence[str], thermal_root: str | os.PathLike | None = None,
+             cpufreq_root_dir: str | os.PathLike | None = None, use_jtop: bool = True) -> dict:
+    """One reading of the conditions (see the module docstring)."""
+    root = thermal_root or os.environ.get("EDGESDK_THERMAL_ROOT", "/sys/class/thermal")
+    sensor, _, _ = detect_sensors(zones, root, use_jtop=use_jtop)
+    temperatures, throttled, nvpmodel = {}, None, None
+    if sensor is not None:
+        try:
+            reading = sensor.read()
+            temperatures = {name: value for name, value in reading.zones.items() if value is not None}
+            throttled, nvpmodel = reading.throttled, reading.nvpmodel
+        finally:
+            sensor.close()
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except OSError:  # not every platform keeps one
+        load = None
+    return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_1min": load,
+            "clocks": read_clocks(cpufreq_root_dir), "temperatures_c": temperatures, "throttled": throttled,
+            "nvpmodel": nvpmodel}
+
+
+def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = None) -> list[str]:
+    """What in the conditions makes the figures lower than the board can do."""
+    found = []
+    load = before.get("load_1min")
+    if load is not None and load > BUSY_LOAD_PER_CORE * cores:
+        found.append(f"the 1-minute load average was {load} on {cores} cores before the run: other work may "
+                     "have shared the cores (run nothing else heavy while benchmarking)")
+    for clock in after.get("clocks", []):
+        name = f"{clock['policy']} (cpus {clock['cpus']})" if clock.get("cpus") else clock["policy"]
+        if clock.get("governor") == "powersave":
+            found.append(f"{name} runs the powersave governor, which holds the lowest clock "
+                         "(echo performance or schedutil to its scaling_governor)")
+        if clock.get("max_mhz") and clock.get("hardware_max_mhz") and clock["max_mhz"] < clock["hardware_max_mhz"]:
+            found.append(f"{name} is capped at {clock['max_mhz']:g} of {clock['hardware_max_mhz']:g} MHz "
+                         "(scaling_max_freq: nvpmodel, a thermal guard's --clock-cap or a user)")
+    bits_before, bits_after = before.get("throttled") or {}, after.get("throttled") or {}
+    now = [bit for bit in NOW_BITS if bits_after.get(bit)]
+    new = [bit for bit, value in bits_after.items() if bit.endswith("_occurred") and value and not bits_before.get(bit)]
+    if now or new:
+        found.append(f"the firmware reports {', '.join(now + new)} (vcgencmd get_throttled): the board slowed "
+                     "itself during the run, so the figures are low (cool it, check its power supply)")
+    hottest = max(after.get("temperatures_c", {}).values(), default=None)
+    if throttle_c is not None and hottest is not None and hottest >= throttle_c - NEAR_THROTTLE_C:
+        found.append(f"the hottest zone read {hottest:g} °C after the run, within {NEAR_THROTTLE_C:g} °C of the "
+                     f"{throttle_c:g} °C throttle point: a longer run would throttle")
+    return found
+
+
+def summary(before: dict, after: dict) -> str:
+    """One line for the table: clocks, temperatures before and after, load, throttling."""
+    parts = []
+    clocks = after.get("clocks") or []
+    if clocks:
+        parts.append("; ".join(f"{c['policy']} {c.get('governor') or '?'} max {c.get('max_mhz') or '?'}"
+                               f"/{c.get('hardware_max_mhz') or '?'} MHz" for c in clocks))
+    else:
+        parts.append("clocks unknown (no cpufreq)")
+    first, last = before.get("temperatures_c") or {}, after.get("temperatures_c") or {}
+    if last:
+        parts.append(", ".join(f"{zone} {first.get(zone, '?')} -> {value} °C" for zone, value in last.items()))
+    else:
+        parts.append("temperature unknown (no thermal zones)")
+    if before.get("load_1min") is not None:
+        parts.append(f"load {before['load_1min']}")
+    if after.get("nvpmodel"):
+        parts.append(f"nvpmodel {after['nvpmodel']}")
+    if after.get("throttled") is not None:
+        throttled = [bit for bit, value in after["throttled"].items() if value]
+        parts.append(f"get_throttled: {', '.join(throttled) if throttled else 'none'}")
+    return "conditions: " + ", ".join(parts)
