@@ -74,6 +74,7 @@ class Completion:
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens taken from the previous answer's KV cache
     logprobs: dict | None = None  # OpenAI's logprobs object, when the request asked for it
+    stop_string: str | None = None  # the stop string that ended the answer (Anthropic's stop_sequence)
 
 
 class StopMatcher:
@@ -87,6 +88,7 @@ class StopMatcher:
         self.stops = stops
         self.pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def push(self, delta: str) -> str:
         """The text safe to hand out after ``delta``; sets :attr:`stopped` at a stop string."""
@@ -96,10 +98,11 @@ class StopMatcher:
         # (end, start) of each stop's first occurrence: the stop that completes first wins, as it would
         # token by token, so how the text is split into deltas never changes the answer; at one end, the
         # longest stop is cut off whole.
-        hits = [(index + len(stop), index) for stop in self.stops if (index := self.pending.find(stop)) >= 0]
+        hits = [(index + len(stop), index, stop) for stop in self.stops if (index := self.pending.find(stop)) >= 0]
         if hits:
+            _, start, self.matched = min(hits)
             self.stopped = True
-            released, self.pending = self.pending[: min(hits)[1]], ""
+            released, self.pending = self.pending[:start], ""
             return released
         keep = max((length for stop in self.stops for length in range(1, len(stop))
                     if self.pending.endswith(stop[:length])), default=0)
@@ -394,7 +397,7 @@ class Completer:
                 # generated token and the ones before it for the prompt's.
                 entries.append(recorder.end)
             logprobs = logprobs_body(request, entries, self._token_piece, 0 if request.echo else len(request.prompt))
-        return Completion("".join(pieces), finish, len(ids), count, cached, logprobs)
+        return Completion("".join(pieces), finish, len(ids), count, cached, logprobs, matcher.matched)
 
     def _token_piece(self, token: int) -> bytes:
         """A token's bytes, as the logprobs report them (a special token's name for one that has no text)."""

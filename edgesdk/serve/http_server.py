@@ -9,11 +9,14 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
 * ``GET /v1/models``: the one model served. ``GET /health``: liveness, whether a request is
   generating, and the thermal guard's level and temperature when it runs.
 * ``GET /metrics`` (with ``--metrics``, as llama-server): Prometheus counters (serve/metrics.py).
+* ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API, whole or
+  streamed as named events, its errors in Anthropic's shape (serve/anthropic.py).
 * ``POST /tokenize``, ``POST /detokenize`` (llama-server's): a text's token ids (with ``with_pieces``
   each token's text), and the text of token ids. They run beside an answer, without waiting for its turn.
 
-With an API key every route but ``/health`` wants ``Authorization: Bearer KEY`` (``/health`` stays
-open, as in llama-server). Nothing here needs a package beyond the board runtime's.
+With an API key every route but ``/health`` wants ``Authorization: Bearer KEY`` or, as Anthropic's
+clients send it, ``x-api-key: KEY`` (``/health`` stays open, as in llama-server). Nothing here needs
+a package beyond the board runtime's.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError
+from edgesdk.serve import anthropic
 from edgesdk.serve.api import (
     ApiError,
     CompletionRequest,
@@ -52,8 +56,8 @@ MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 CLIENT_TIMEOUT_S = 60.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
 TOKEN_ROUTES = ("/tokenize", "/detokenize")  # llama-server's, answered at once (no turn on the board)
-ROUTES = ("GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /tokenize, "
-          "POST /detokenize (GET /metrics with --metrics)")
+ROUTES = ("GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /v1/messages, "
+          "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize (GET /metrics with --metrics)")
 
 
 class ApiServer(ThreadingHTTPServer):
@@ -132,6 +136,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _serve(self, handle) -> None:
         route = self.path.split("?", 1)[0]
         self._body_read = self._answering = False
+        self._anthropic = False  # a Messages API route: its errors in Anthropic's shape
         if self.command != "POST" and self._carries_body():
             self.close_connection = True  # no GET reads its body: left unread, it would be taken for the next request
         try:
@@ -139,13 +144,13 @@ class ApiHandler(BaseHTTPRequestHandler):
         except ApiError as exc:
             if self.command == "POST" and not self._body_read:
                 self.close_connection = True  # an unread body would be taken for the next request
-            self._send_json(exc.status, exc.body())
+            self._send_json(exc.status, self._error_body(exc))
         except (ConnectionError, TimeoutError):  # BrokenPipeError, ConnectionResetError, ClientGone; a stalled write
             self.close_connection = True  # the client went away (or stopped reading); nothing left to answer
         except Exception as exc:  # a fault of this server: a 500 that says what, and the trace in its log
             traceback.print_exc(file=sys.stderr)
-            self._send_json(500, ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
-                                          kind="server_error").body())
+            self._send_json(500, self._error_body(ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
+                                                           kind="server_error")))
         finally:
             if self._answering:
                 self.server.answer_ended()
@@ -164,8 +169,15 @@ class ApiHandler(BaseHTTPRequestHandler):
         else:
             self._not_found(route, self.command)
 
+    def _error_body(self, error: ApiError) -> dict:
+        return anthropic.error_body(error) if self._anthropic else error.body()
+
     def _post(self, route: str) -> None:
         path = _api_route(route)
+        if path in anthropic.ROUTES:
+            self._anthropic = True
+            self._messages(path)
+            return
         if path in TOKEN_ROUTES:
             self._authorise()
             body, completer = self._read_json(), self.server.completer
@@ -190,6 +202,49 @@ class ApiHandler(BaseHTTPRequestHandler):
                                                  completion.completion_tokens, completion.cached_tokens,
                                                  completion.logprobs))
 
+    def _messages(self, path: str) -> None:
+        """Anthropic's Messages API (edgesdk/serve/anthropic.py): an answer, or a prompt's token count."""
+        self._authorise()
+        body, completer = self._read_json(), self.server.completer
+        if path == "/messages/count_tokens":  # no max_tokens there: the prompt alone is counted
+            request = anthropic.parse_messages_request({**body, "max_tokens": 1} if isinstance(body, dict) else body)
+            self._send_json(200, {"input_tokens": len(completer.prompt_ids(request))})
+            return
+        request = anthropic.parse_messages_request(body)
+        self.server.answer_started()
+        self._answering = True
+        ident = anthropic.new_message_id()
+        if not request.stream:
+            completion = completer.complete(request, client_gone=self._client_gone)
+            self._send_json(200, anthropic.message_body(request, ident, self.server.model, completion))
+            return
+        text_block = request.tools is None  # an answer under tools is JSON, read once whole
+        prompt_tokens = len(completer.prompt_ids(request))
+        started = False
+
+        def on_start() -> None:
+            nonlocal started
+            self._open_stream()
+            started = True
+            for name, data in anthropic.start_events(ident, self.server.model, prompt_tokens, 0, text_block):
+                self._named_event(name, data)
+
+        def on_text(text: str, logprobs: dict | None) -> None:
+            if text_block and text:
+                self._named_event(*anthropic.text_event(text))
+
+        try:
+            completion = completer.complete(request, on_text=on_text, on_start=on_start, client_gone=self._client_gone)
+        except (ConnectionError, TimeoutError):
+            raise
+        except Exception as exc:
+            if not started:
+                raise
+            self._named_event("error", anthropic.error_body(self._in_stream_error(exc)))
+            return
+        for name, data in anthropic.end_events(request, completion, text_block):
+            self._named_event(name, data)
+
     def _not_found(self, route: str, method: str) -> None:
         """404, or 405 with the methods it takes where the route is this server's under another method."""
         path = _api_route(route)
@@ -208,9 +263,11 @@ class ApiHandler(BaseHTTPRequestHandler):
             return
         given = self.headers.get("Authorization", "")
         scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY' with the key "
-                           "edgesdk serve was started with (--api-key or EDGESDK_API_KEY)",
+        if scheme.lower() != "bearer":  # Anthropic's clients send the key as x-api-key
+            token = self.headers.get("x-api-key", "")
+        if not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY') "
+                           "with the key edgesdk serve was started with (--api-key or EDGESDK_API_KEY)",
                            code="invalid_api_key", kind="authentication_error")
 
     def _carries_body(self) -> bool:
@@ -279,12 +336,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         ident, model = new_id(request.chat), self.server.model
 
         def start() -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
+            self._open_stream()
             if request.chat:
                 self._event(chunk_body(request, ident, model, None, role=True))
 
@@ -307,13 +359,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         except Exception as exc:
             if not started:
                 raise
-            # The headers are out: the error goes in the stream, as llama-server does.
-            if not isinstance(exc, EdgeSDKError):
-                traceback.print_exc(file=sys.stderr)
-            error = exc if isinstance(exc, ApiError) else ApiError(
-                500, exc.problem if isinstance(exc, EdgeSDKError) else f"internal error: {type(exc).__name__}: {exc}",
-                kind="server_error")
-            self._event(error.body())
+            self._event(self._in_stream_error(exc).body())  # the headers are out: in the stream, as llama-server does
             return
         if request.tools is not None:
             for body in tool_answer_chunks(request, ident, model, completion.text, completion.finish_reason,
@@ -338,6 +384,30 @@ class ApiHandler(BaseHTTPRequestHandler):
             return self.connection.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True  # reset, or the socket is closed
+
+    def _open_stream(self) -> None:
+        """The headers of a server-sent event stream (sent when the request's turn comes)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+    @staticmethod
+    def _in_stream_error(exc: Exception) -> ApiError:
+        """An error raised once a stream's headers are out, as the ApiError its last event carries."""
+        if not isinstance(exc, EdgeSDKError):
+            traceback.print_exc(file=sys.stderr)
+        return exc if isinstance(exc, ApiError) else ApiError(
+            500, exc.problem if isinstance(exc, EdgeSDKError) else f"internal error: {type(exc).__name__}: {exc}",
+            kind="server_error")
+
+    def _named_event(self, name: str, body: dict) -> None:
+        """A server-sent event with its name (Anthropic's streams name each event)."""
+        self.wfile.write(f"event: {name}\ndata: ".encode() + json.dumps(body, ensure_ascii=False).encode("utf-8")
+                         + b"\n\n")
+        self.wfile.flush()
 
     def _event(self, body: dict) -> None:
         self.wfile.write(b"data: " + json.dumps(body, ensure_ascii=False).encode("utf-8") + b"\n\n")
@@ -395,7 +465,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
 def _posted(path: str) -> bool:
     """Whether ``path`` (as :func:`_api_route` gives it) is a POST route of this server."""
-    return path in PARSERS or path in TOKEN_ROUTES
+    return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES
 
 
 def _api_route(route: str) -> str:

@@ -1,0 +1,247 @@
+"""Anthropic's Messages API on the same completer: ``POST /v1/messages`` and ``/v1/messages/count_tokens``.
+
+llama-server and TensorRT Edge-LLM's server answer Anthropic's API beside OpenAI's, so clients
+written for it (Anthropic's SDKs, Claude Code-style tools) can talk to a board. A request is
+translated into the OpenAI chat request it means and checked there, so every field takes the same
+values and is refused the same way (the error naming Anthropic's field); the answer is written in
+Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"):
+
+* request: ``model``, ``max_tokens`` (required), ``messages`` of ``user`` / ``assistant`` turns
+  whose content is a string or ``text``, ``tool_use`` and ``tool_result`` blocks, ``system``
+  (a string or text blocks), ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``,
+  ``stream``, ``tools`` (``name``, ``description``, ``input_schema``), ``tool_choice``
+  (``auto``, ``any``, ``tool``, ``none``); ``metadata`` and ``service_tier`` change nothing.
+  Images, documents, server tools and extended ``thinking`` are refused by name.
+* answer: ``{"id": "msg_...", "type": "message", "role": "assistant", "content": [text or
+  tool_use blocks], "stop_reason": "end_turn" | "max_tokens" | "stop_sequence" | "tool_use",
+  "stop_sequence", "usage": {"input_tokens", "output_tokens", "cache_read_input_tokens"}}``.
+* stream: the events ``message_start``, ``content_block_start``, ``ping``,
+  ``content_block_delta`` (``text_delta``, or one ``input_json_delta`` with a call's whole
+  input), ``content_block_stop``, ``message_delta`` (stop reason, output tokens) and
+  ``message_stop``; an error after the start is an ``error`` event.
+* errors: ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's error types.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from edgesdk.serve.api import ApiError, CompletionRequest, _object, _shown, parse_chat_request
+from edgesdk.serve.tools import read_answer
+
+ROUTES = ("/messages", "/messages/count_tokens")
+ROLES = ("user", "assistant")
+# OpenAI chat field -> the Anthropic field a request sets it through, for errors found on the OpenAI side
+FIELD_NAMES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens"}
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def error_body(error: ApiError) -> dict:
+    """An error in Anthropic's shape (its type from the status: 400 invalid_request_error, 503 overloaded_error...)."""
+    kind = ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def parse_messages_request(body: object) -> CompletionRequest:
+    """``POST /v1/messages``: the request as the OpenAI chat request it means, checked there."""
+    try:
+        return parse_chat_request(chat_body(body))
+    except ApiError as exc:
+        if exc.param in FIELD_NAMES:
+            field = FIELD_NAMES[exc.param]
+            exc.message, exc.param = exc.message.replace(f"'{exc.param}'", f"'{field}'"), field
+        raise
+
+
+def chat_body(body: object) -> dict:
+    """The OpenAI chat body an Anthropic Messages body means."""
+    body = _object(body)
+    if body.get("max_tokens") is None:
+        raise ApiError(400, "'max_tokens' is required: the most tokens the answer may have", param="max_tokens")
+    thinking = body.get("thinking")
+    if thinking is not None and (not isinstance(thinking, dict) or thinking.get("type") != "disabled"):
+        raise ApiError(400, f"'thinking' = {_shown(thinking)} is not supported: this model answers without extended "
+                       "thinking; leave 'thinking' out", param="thinking", code="unsupported_parameter")
+    messages = _system(body.get("system"))
+    turns = body.get("messages")
+    if not isinstance(turns, list) or not turns:
+        raise ApiError(400, "'messages' must be a non-empty array of {\"role\": \"user\" or \"assistant\", "
+                       "\"content\"} objects", param="messages")
+    for index, turn in enumerate(turns):
+        messages.extend(_turn(turn, index))
+    chat = {"messages": messages, "max_tokens": body["max_tokens"], "stream": body.get("stream", False)}
+    for field in ("temperature", "top_p", "top_k"):
+        if field in body:
+            chat[field] = body[field]
+    if body.get("stop_sequences") is not None:
+        chat["stop"] = body["stop_sequences"]
+    if body.get("tools"):
+        chat["tools"] = [_tool(tool, index) for index, tool in enumerate(_list(body["tools"], "tools"))]
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    return chat
+
+
+def _list(value: object, param: str) -> list:
+    if not isinstance(value, list):
+        raise ApiError(400, f"'{param}' must be an array, got {_shown(value)}", param=param)
+    return value
+
+
+def _system(system: object) -> list[dict]:
+    if system is None or system == "":
+        return []
+    if isinstance(system, str):
+        return [{"role": "system", "content": system}]
+    blocks = _list(system, "system")
+    for index, block in enumerate(blocks):
+        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            raise ApiError(400, f"system[{index}] must be a text block {{\"type\": \"text\", \"text\": ...}}, got "
+                           f"{_shown(block)}", param=f"system[{index}]")
+    return [{"role": "system", "content": "".join(block["text"] for block in blocks)}]
+
+
+def _turn(turn: object, index: int) -> list[dict]:
+    """One Anthropic turn as OpenAI messages: tool results become ``tool`` messages, tool uses ``tool_calls``."""
+    param = f"messages[{index}]"
+    if not isinstance(turn, dict) or turn.get("role") not in ROLES:
+        role = turn.get("role") if isinstance(turn, dict) else turn
+        raise ApiError(400, f"{param}.role must be \"user\" or \"assistant\", got {_shown(role)} (the system prompt "
+                       "goes in 'system')", param=f"{param}.role")
+    role, content = turn["role"], turn.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    texts, calls, results = [], [], []
+    for number, block in enumerate(_list(content, f"{param}.content")):
+        where = f"{param}.content[{number}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_use" and role == "assistant":
+            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                raise ApiError(400, f"{where} must carry the call's string 'id' and 'name'", param=where)
+            calls.append({"id": block["id"], "type": "function",
+                          "function": {"name": block["name"],
+                                       "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False)}})
+        elif kind == "tool_result" and role == "user":
+            results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
+                            "content": _result_text(block.get("content"), where)})
+        else:
+            raise ApiError(400, f"{where} is a {_shown(kind or block)} block in a {role} turn; this server reads text, "
+                           "an assistant's tool_use and a user's tool_result blocks", param=where)
+    messages = results + ([{"role": role, "content": "".join(texts)}] if texts or not (calls or results) else [])
+    if calls:
+        messages = [{"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls}]
+    return messages
+
+
+def _result_text(content: object, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for block in _list(content, f"{where}.content"):
+        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            raise ApiError(400, f"{where}.content holds {_shown(block)}; a tool result here is text",
+                           param=f"{where}.content")
+        texts.append(block["text"])
+    return "".join(texts)
+
+
+def _tool(tool: object, index: int) -> dict:
+    if not isinstance(tool, dict) or (tool.get("type") not in (None, "custom")):
+        kind = tool.get("type") if isinstance(tool, dict) else tool
+        raise ApiError(400, f"tools[{index}] is a {_shown(kind)} tool; this server calls client tools "
+                       "({\"name\", \"description\", \"input_schema\"}) only", param=f"tools[{index}]")
+    return {"type": "function", "function": {"name": tool.get("name"), "description": tool.get("description"),
+                                             "parameters": tool.get("input_schema")}}
+
+
+def _tool_choice(choice: object) -> object:
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("auto", "none"):
+        return kind
+    if kind == "any":
+        return "required"
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    raise ApiError(400, f"'tool_choice' must be {{\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}}, got "
+                   f"{_shown(choice)}", param="tool_choice")
+
+
+def new_message_id() -> str:
+    return f"msg_{uuid.uuid4().hex[:24]}"
+
+
+def content_blocks(request: CompletionRequest, text: str, finish_reason: str) -> tuple[list[dict], str]:
+    """The answer's content blocks and its finish reason ("tool_calls" where a tool was called)."""
+    if request.tools is None:
+        return [{"type": "text", "text": text}], finish_reason
+    content, calls = read_answer(text, finish_reason == "stop")
+    if calls is None:
+        return [{"type": "text", "text": content}], finish_reason
+    return [{"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": call["function"]["name"],
+             "input": json.loads(call["function"]["arguments"])} for call in calls], "tool_calls"
+
+
+def stop_reason(finish_reason: str, stop_string: str | None) -> str:
+    if stop_string is not None:
+        return "stop_sequence"
+    return STOP_REASONS.get(finish_reason, "end_turn")
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    return {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": completion_tokens,
+            "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
+
+
+def message_body(request: CompletionRequest, ident: str, model: str, completion) -> dict:
+    """The whole answer of a request without ``stream`` (``completion``: serve.completion.Completion)."""
+    blocks, finish = content_blocks(request, completion.text, completion.finish_reason)
+    return {"id": ident, "type": "message", "role": "assistant", "model": model, "content": blocks,
+            "stop_reason": stop_reason(finish, completion.stop_string), "stop_sequence": completion.stop_string,
+            "usage": usage(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens)}
+
+
+def start_events(ident: str, model: str, prompt_tokens: int, cached_tokens: int, text_block: bool) -> list:
+    """(event, data) pairs that open a stream; ``text_block`` also opens the text block the deltas go to."""
+    message = {"id": ident, "type": "message", "role": "assistant", "model": model, "content": [],
+               "stop_reason": None, "stop_sequence": None, "usage": usage(prompt_tokens, 0, cached_tokens)}
+    events = [("message_start", {"type": "message_start", "message": message})]
+    if text_block:
+        events.append(("content_block_start", {"type": "content_block_start", "index": 0,
+                                               "content_block": {"type": "text", "text": ""}}))
+    events.append(("ping", {"type": "ping"}))
+    return events
+
+
+def text_event(text: str) -> tuple[str, dict]:
+    return "content_block_delta", {"type": "content_block_delta", "index": 0,
+                                   "delta": {"type": "text_delta", "text": text}}
+
+
+def end_events(request: CompletionRequest, completion, text_block: bool) -> list:
+    """(event, data) pairs that close a stream: a tools answer's blocks whole, then the stop reason."""
+    events = []
+    finish = completion.finish_reason
+    if text_block:
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+    else:  # an answer under tools is JSON to read once whole: its blocks go out now
+        blocks, finish = content_blocks(request, completion.text, completion.finish_reason)
+        for index, block in enumerate(blocks):
+            if block["type"] == "text":
+                opened, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+            else:
+                opened = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+                delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+            events += [("content_block_start", {"type": "content_block_start", "index": index, "content_block": opened}),
+                       ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}),
+                       ("content_block_stop", {"type": "content_block_stop", "index": index})]
+    events.append(("message_delta", {"type": "message_delta",
+                                     "delta": {"stop_reason": stop_reason(finish, completion.stop_string),
+                                               "stop_sequence": completion.stop_string},
+                                     "usage": {"output_tokens": completion.completion_tokens}}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
