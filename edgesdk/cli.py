@@ -430,8 +430,10 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     if prompt_file is not None:
         if prompt is not None:
             raise click.BadParameter("--prompt and --file both give the prompt; pass one", param_hint="'--file' / '-f'")
-        if not prompt_file.is_file():
-            raise click.BadParameter(f"{str(prompt_file)!r} is not a file", param_hint="'--file' / '-f'")
+        if not prompt_file.exists() or prompt_file.is_dir():  # a pipe is read, as llama-cli's -f <(cmd) is
+            why = "it is a directory" if prompt_file.is_dir() else "nothing exists at that path"
+            raise click.BadParameter(f"{str(prompt_file)!r} is not a file ({why}); give a UTF-8 text file",
+                                     param_hint="'--file' / '-f'")
         prompt = read_utf8(prompt_file, "--file")
     schema = _read_json_schema(json_schema, json_object)
     rules = _read_grammar(grammar, grammar_file, json_object, json_schema)

@@ -1,0 +1,36 @@
+"""edgesdk bench's conditions (runtime/bench_conditions.py) and run's -f / --ignore-eos, on unusual boards and inputs."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from tests.unit.test_cli import assert_ok, invoke
+
+
+def test_run_reads_the_prompt_from_a_pipe(tiny_bundle, tmp_path):
+    """llama-cli's -f reads what it is given, a pipe too: `run -f <(cmd)` or `-f /dev/stdin` gives a prompt of
+    several lines from a command (piped lines without -f are each a prompt of their own)."""
+    text = "first line\nsecond line\n"
+    fifo = tmp_path / "prompt.fifo"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "w", encoding="utf-8") as out:  # blocks until a reader opens the pipe
+            out.write(text)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        from_pipe = invoke("run", tiny_bundle.path, "-f", fifo, "--raw", "-n", 8, "--threads", 1)
+    finally:  # a run that never opened the pipe leaves the writer waiting for a reader: be that reader
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        writer.join(timeout=10)
+        os.close(reader)
+    assert_ok(from_pipe)
+    given = invoke("run", tiny_bundle.path, "--prompt", text, "--raw", "-n", 8, "--threads", 1)
+    assert_ok(given)
+    assert from_pipe.stdout == given.stdout
+    missing = invoke("run", tiny_bundle.path, "-f", tmp_path / "none.txt")
+    assert missing.exit_code == 2, missing.output
+    assert "is not a file (nothing exists at that path)" in missing.output
