@@ -466,7 +466,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     if history is None:
         history = interactive
     if asked_history and prompt is not None:
-        click.echo("edgesdk: --history is not used: --prompt answers one prompt (leave it out to chat)", err=True)
+        given = "--file" if prompt_file is not None else "--prompt"
+        click.echo(f"edgesdk: --history is not used: {given} answers one prompt (leave it out to chat)", err=True)
     elif asked_history and (raw or not tokenizer.has_chat_template):
         click.echo(f"edgesdk: --history is not used: {'--raw' if raw else 'the bundle has no chat template'} "
                    "feeds each line as it is", err=True)

@@ -34,3 +34,14 @@ def test_run_reads_the_prompt_from_a_pipe(tiny_bundle, tmp_path):
     missing = invoke("run", tiny_bundle.path, "-f", tmp_path / "none.txt")
     assert missing.exit_code == 2, missing.output
     assert "is not a file (nothing exists at that path)" in missing.output
+
+
+def test_run_history_beside_a_prompt_file_names_the_file(tiny_bundle, tmp_path):
+    path = tmp_path / "prompt.txt"
+    path.write_text("hello\n", encoding="utf-8")
+    result = invoke("run", tiny_bundle.path, "-f", path, "--history", "-n", 2, "--threads", 1)
+    assert_ok(result)
+    assert "--history is not used: --file answers one prompt" in result.stderr
+    result = invoke("run", tiny_bundle.path, "--prompt", "hello", "--history", "-n", 2, "--threads", 1)
+    assert_ok(result)
+    assert "--history is not used: --prompt answers one prompt" in result.stderr
