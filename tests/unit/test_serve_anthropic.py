@@ -157,3 +157,31 @@ def test_the_api_key_is_taken_as_x_api_key_too(runtime):
         assert (status, answer["error"]["code"]) == (401, "invalid_api_key")
     finally:
         server.close()
+
+
+def test_anthropic_s_own_client_talks_to_the_server(runtime):
+    """Anthropic's Python SDK against the server: an answer, a stream, a count and an error, as it reads them."""
+    anthropic = pytest.importorskip("anthropic")
+    server = Served(runtime, ServeDefaults(max_tokens=12), api_key="secret")
+    try:
+        client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{server.port}", api_key="secret", max_retries=0)
+        message = client.messages.create(model="tiny-host", max_tokens=10, system="Be brief.", messages=MESSAGES)
+        assert message.stop_reason in ("end_turn", "max_tokens")
+        assert message.usage.output_tokens >= 1
+        with client.messages.stream(model="tiny-host", max_tokens=10, system="Be brief.", messages=MESSAGES) as stream:
+            streamed = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        assert streamed == message.content[0].text == final.content[0].text
+        assert final.usage.output_tokens == message.usage.output_tokens
+        counted = client.messages.count_tokens(model="tiny-host", messages=MESSAGES)
+        assert counted.input_tokens > 0
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            client.messages.create(model="tiny-host", max_tokens=10, messages=[{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
+        assert refused.value.status_code == 400
+        assert "'image' block" in refused.value.body["error"]["message"]
+        with pytest.raises(anthropic.AuthenticationError):
+            anthropic.Anthropic(base_url=f"http://127.0.0.1:{server.port}", api_key="wrong", max_retries=0) \
+                .messages.create(model="tiny-host", max_tokens=4, messages=MESSAGES)
+    finally:
+        server.close()
