@@ -6,7 +6,7 @@ different speeds under another power mode, a capped clock, after heat-soak or be
 was far higher; the Pi firmware halves the clock at 80-85 °C). ``bench`` records, before and after
 its tests:
 
-* the cpufreq policies: governor, current and maximum clock against the hardware's maximum
+* the cpufreq driver and policies: governor, current and maximum clock against the hardware's maximum
   (``/sys/devices/system/cpu/cpufreq/policy*``; ``$EDGESDK_CPUFREQ_ROOT`` moves the root);
 * the temperatures of the profile's thermal zones, Raspberry Pi's ``get_throttled`` bits and
   Jetson's nvpmodel mode where jetson-stats is installed (the thermal guard's sensors,
@@ -14,9 +14,11 @@ its tests:
 * the 1-minute load average, against the cores;
 
 and turns what would make the figures low into warnings: a clock capped below the hardware's
-maximum or held by the ``powersave`` governor, throttling or under-voltage during the run, a board
-that ended near its throttle point, and other work on the cores. A machine without these files
-(a container, a laptop) records them as unknown.
+maximum or held by the ``powersave`` governor (the generic one: the ``powersave`` of intel_pstate and
+amd-pstate-epp in active mode picks the clock from the load, as schedutil does; kernel
+``Documentation/admin-guide/pm/intel_pstate.rst``, ``amd-pstate.rst``), throttling or under-voltage
+during the run, a board that ended near its throttle point, and other work on the cores. A machine
+without these files (a container, a laptop) records them as unknown.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from edgesdk.thermal.sensors import detect_sensors
 NEAR_THROTTLE_C = 5.0  # a hottest zone within this of the throttle point after the run is worth a warning
 BUSY_LOAD_PER_CORE = 0.5  # a 1-minute load average above this per core before the run: other work shares the cores
 NOW_BITS = ("under_voltage", "arm_freq_capped", "throttled", "soft_temp_limit")
+# cpufreq drivers whose own "powersave" algorithm follows the load: only the generic governor holds the lowest clock
+DYNAMIC_POWERSAVE_DRIVERS = ("intel_pstate", "amd-pstate-epp")
 
 
 def _read(path: Path) -> str | None:
@@ -63,6 +67,16 @@ def read_clocks(root: str | os.PathLike | None = None) -> list[dict]:
             for policy in policies]
 
 
+def read_driver(root: str | os.PathLike | None = None) -> str | None:
+    """The cpufreq scaling driver (one for the whole system; each policy's ``scaling_driver`` names it)."""
+    base = Path(root if root is not None else cpufreq_root()) / CPUFREQ_DIR
+    try:
+        policies = sorted(base.glob("policy*"))
+    except OSError:
+        return None
+    return next((driver for policy in policies if (driver := _read(policy / "scaling_driver"))), None)
+
+
 def snapshot(zones: Sequence[str], thermal_root: str | os.PathLike | None = None,
              cpufreq_root_dir: str | os.PathLike | None = None, use_jtop: bool = True) -> dict:
     """One reading of the conditions (see the module docstring)."""
@@ -81,7 +95,8 @@ def snapshot(zones: Sequence[str], thermal_root: str | os.PathLike | None = None
     except OSError:  # not every platform keeps one
         load = None
     return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_1min": load,
-            "clocks": read_clocks(cpufreq_root_dir), "temperatures_c": temperatures, "throttled": throttled,
+            "clocks": read_clocks(cpufreq_root_dir), "cpufreq_driver": read_driver(cpufreq_root_dir),
+            "temperatures_c": temperatures, "throttled": throttled,
             "nvpmodel": nvpmodel}
 
 
@@ -94,7 +109,7 @@ def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = N
                      "have shared the cores (run nothing else heavy while benchmarking)")
     for clock in after.get("clocks", []):
         name = f"{clock['policy']} (cpus {clock['cpus']})" if clock.get("cpus") else clock["policy"]
-        if clock.get("governor") == "powersave":
+        if clock.get("governor") == "powersave" and after.get("cpufreq_driver") not in DYNAMIC_POWERSAVE_DRIVERS:
             found.append(f"{name} runs the powersave governor, which holds the lowest clock "
                          "(echo performance or schedutil to its scaling_governor)")
         if clock.get("max_mhz") and clock.get("hardware_max_mhz") and clock["max_mhz"] < clock["hardware_max_mhz"]:

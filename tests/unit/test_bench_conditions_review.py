@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import threading
 
+from edgesdk.runtime.bench_conditions import snapshot, warnings
+from tests._utils.sysfs import make_cpufreq_policy
 from tests.unit.test_cli import assert_ok, invoke
 
 
@@ -45,3 +47,26 @@ def test_run_history_beside_a_prompt_file_names_the_file(tiny_bundle, tmp_path):
     result = invoke("run", tiny_bundle.path, "--prompt", "hello", "--history", "-n", 2, "--threads", 1)
     assert_ok(result)
     assert "--history is not used: --prompt answers one prompt" in result.stderr
+
+
+def _policy(root, index: int, driver: str, governor: str = "powersave"):
+    policy = make_cpufreq_policy(root, index, 4_700_000, 800_000)
+    (policy / "scaling_governor").write_text(governor + "\n")
+    (policy / "scaling_driver").write_text(driver + "\n")
+    (policy / "affected_cpus").write_text(f"{index}\n")
+    return policy
+
+
+def test_powersave_of_an_active_pstate_driver_is_no_warning(tmp_path):
+    """intel_pstate and amd-pstate-epp in active mode offer only performance and powersave, and their powersave
+    follows the load (kernel intel_pstate.rst, amd-pstate.rst): it is the default of most x86 hosts, not a
+    clock held at its lowest, and schedutil is not among their governors."""
+    for index in range(2):
+        _policy(tmp_path, index, "intel_pstate")
+    taken = snapshot([], tmp_path / "none", tmp_path, use_jtop=False)
+    assert not [w for w in warnings(taken, taken, cores=64) if "powersave" in w]
+    assert taken["cpufreq_driver"] == "intel_pstate"
+    passive = tmp_path / "passive"
+    _policy(passive, 0, "intel_cpufreq")  # intel_pstate in passive mode: the generic governors, powersave the lowest
+    taken = snapshot([], tmp_path / "none", passive, use_jtop=False)
+    assert any("policy0 (cpus 0) runs the powersave governor" in w for w in warnings(taken, taken, cores=64))
