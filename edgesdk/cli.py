@@ -347,8 +347,8 @@ def _gate_options(fn):
               help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, newlines included.")
 @click.option("--max-new-tokens", "-n", default=128, show_default=True)
 @click.option("--ignore-eos", is_flag=True,
-              help="Never end at an end-of-text or end-of-turn token: generate -n tokens (their logits set to -inf, "
-                   "as llama.cpp's --ignore-eos).")
+              help="Never end at an end-of-text or end-of-turn token (their logits set to -inf, as llama.cpp's "
+                   "--ignore-eos): an answer runs to -n tokens, unless --json, --json-schema or --grammar ends it.")
 @click.option("--temperature", default=0.0, show_default=True, help="0 means greedy decoding.")
 @click.option("--top-p", default=1.0, show_default=True, help="Nucleus sampling mass (with --temperature > 0).")
 @click.option("--top-k", default=0, show_default=True,
@@ -430,11 +430,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     if prompt_file is not None:
         if prompt is not None:
             raise click.BadParameter("--prompt and --file both give the prompt; pass one", param_hint="'--file' / '-f'")
-        if not prompt_file.exists() or prompt_file.is_dir():  # a pipe is read, as llama-cli's -f <(cmd) is
-            why = "it is a directory" if prompt_file.is_dir() else "nothing exists at that path"
-            raise click.BadParameter(f"{str(prompt_file)!r} is not a file ({why}); give a UTF-8 text file",
-                                     param_hint="'--file' / '-f'")
-        prompt = read_utf8(prompt_file, "--file")
+        prompt = _read_text_file(prompt_file, "--file", "'--file' / '-f'")
     schema = _read_json_schema(json_schema, json_object)
     rules = _read_grammar(grammar, grammar_file, json_object, json_schema)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
@@ -730,10 +726,10 @@ def _read_json_schema(value: str | None, json_object: bool):
     text = value
     if not value.lstrip().startswith(("{", "[")):
         path = Path(value)
-        if not path.is_file():
+        if not path.exists():
             raise click.BadParameter(f"{value!r} is neither a file nor a JSON text starting with '{{'",
                                      param_hint="'--json-schema'")
-        text = read_utf8(path, "--json-schema")
+        text = _read_text_file(path, "--json-schema", "'--json-schema'")
     try:
         return compile_schema(text)
     except SchemaError as exc:
@@ -756,6 +752,14 @@ def _lookup(backend, draft: int):
     return LookupConfig(max_draft=draft)
 
 
+def _read_text_file(path: Path, option: str, hint: str) -> str:
+    """A UTF-8 file an option names; a pipe is read too (``-f <(cmd)``, ``/dev/stdin``), as llama-cli reads them."""
+    if not path.exists() or path.is_dir():
+        why = "it is a directory" if path.is_dir() else "nothing exists at that path"
+        raise click.BadParameter(f"{str(path)!r} is not a file ({why}); give a UTF-8 text file", param_hint=hint)
+    return read_utf8(path, option)
+
+
 def _read_grammar(text: str | None, path: Path | None, json_object: bool, json_schema: str | None):
     """``--grammar`` / ``--grammar-file``: the GBNF grammar read (None when neither is given)."""
     from edgesdk.runtime.gbnf import GrammarError, parse_grammar
@@ -768,9 +772,7 @@ def _read_grammar(text: str | None, path: Path | None, json_object: bool, json_s
     if len(others) > 1:
         raise click.BadParameter(f"{' and '.join(others)} each constrain the answer; pass one", param_hint=hint)
     if path is not None:
-        if not path.is_file():
-            raise click.BadParameter(f"{str(path)!r} is not a file", param_hint=hint)
-        text = read_utf8(path, "--grammar-file")
+        text = _read_text_file(path, "--grammar-file", hint)
     try:
         return parse_grammar(text)
     except GrammarError as exc:

@@ -333,3 +333,33 @@ def test_serve_follows_a_grammar_on_both_routes(runtime):
         assert (status, answer["error"]["param"]) == (400, "grammar"), answer
     finally:
         server.close()
+
+
+def test_run_grammar_file_and_json_schema_read_from_a_pipe(tiny_bundle, tmp_path):
+    import os
+    import re
+    import threading
+
+    from tests.unit.test_cli import assert_ok, invoke
+
+    # a finite language each: the answer closes within the tiny model's context (at most 6 gaps of 21 whitespace bytes)
+    for option, text, shape in (("--grammar-file", FINITE, r"(yes|no), [0-9]{1,3}\.\n?"),
+                                ("--json-schema", '{"type": "object", "properties": {"ok": {"type": "boolean"}}, '
+                                 '"required": ["ok"]}', r'\s*\{\s*"ok"\s*:\s*(true|false)\s*\}\n?')):
+        fifo = tmp_path / f"{option.strip('-')}.pipe"
+        os.mkfifo(fifo)
+
+        def write(path=fifo, content=text) -> None:
+            with open(path, "w", encoding="utf-8") as out:  # blocks until a reader opens the pipe
+                out.write(content)
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        try:
+            result = invoke("run", tiny_bundle.path, "--prompt", "Answer", "-n", 200, option, fifo, "--threads", 1)
+        finally:  # a run that never opened the pipe leaves the writer waiting: be that reader
+            reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+            writer.join(timeout=10)
+            os.close(reader)
+        assert_ok(result)
+        assert re.fullmatch(shape, result.stdout), (option, result.output)
