@@ -600,7 +600,7 @@ def _logit_bias_option(text: str) -> tuple[int, float]:
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="TCP port (0: a free one, printed at start).")
 @click.option("--api-key", envvar="EDGESDK_API_KEY", show_envvar=True,
-              help="Require 'Authorization: Bearer KEY' on every route but /health.")
+              help="Require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on every route but /health.")
 @click.option("--model-name", help="Model id the API reports [<model>-<target> from the manifest].")
 @click.option("--max-new-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=1),
               help="Tokens per answer for a request that sets no max_tokens.")
@@ -632,7 +632,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
-    llama-server's POST /tokenize and /detokenize).
+    Anthropic's POST /v1/messages and llama-server's POST /tokenize and /detokenize).
 
     One answer is generated at a time (a board decodes batch 1); --watch-thermal guards every step
     as in 'edgesdk run', across requests, and GET /health reports the guard's level.
