@@ -48,9 +48,10 @@ def _read(path: Path) -> str | None:
 def _mhz(path: Path) -> float | None:
     text = _read(path)
     try:
-        return round(int(text.split()[0]) / 1000, 1) if text else None
+        khz = int(text.split()[0]) if text else None
     except (ValueError, IndexError):
         return None
+    return round(khz / 1000, 1) if khz is not None and 0 <= khz < 10**9 else None  # past 1 THz: garbage
 
 
 def read_clocks(root: str | os.PathLike | None = None) -> list[dict]:
@@ -58,7 +59,7 @@ def read_clocks(root: str | os.PathLike | None = None) -> list[dict]:
     base = Path(root if root is not None else cpufreq_root()) / CPUFREQ_DIR
     try:
         policies = sorted((p for p in base.iterdir() if p.name.startswith("policy")),
-                          key=lambda p: int(p.name[6:]) if p.name[6:].isdigit() else 0)
+                          key=lambda p: int(p.name[6:]) if p.name[6:].isascii() and p.name[6:].isdigit() else 0)
     except OSError:
         return []
     return [{"policy": policy.name, "cpus": _read(policy / "affected_cpus"),

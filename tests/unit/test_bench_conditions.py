@@ -72,3 +72,17 @@ def test_bench_json_and_table_carry_the_conditions(tiny_bundle, tmp_path, monkey
     assert_ok(result)
     assert f"{zone} 70.0 -> 70.0 °C" in result.stdout
     assert "warning: policy0 (cpus 0 1 2 3) is capped at 1500 of 2400 MHz" in result.stdout
+
+
+def test_garbled_cpufreq_files_read_as_unknown(tmp_path):
+    from edgesdk.runtime.bench_conditions import read_clocks
+
+    policy = make_cpufreq_policy(tmp_path, 0, 2_400_000, 1_500_000)
+    (policy / "scaling_cur_freq").write_text("9" * 400 + "\n")  # int() takes it; a float of it overflows
+    (policy / "scaling_max_freq").write_text("-5\n")
+    odd = policy.parent / "policy²"  # a name whose digit int() refuses
+    odd.mkdir()
+    (odd / "scaling_max_freq").write_text("1000000\n")
+    clocks = {clock["policy"]: clock for clock in read_clocks(tmp_path)}
+    assert (clocks["policy0"]["cur_mhz"], clocks["policy0"]["max_mhz"]) == (None, None)
+    assert clocks["policy²"]["max_mhz"] == 1000.0
