@@ -389,6 +389,9 @@ def _gate_options(fn):
               help="Prompt lookup decoding: where the last tokens occurred before in the prompt or answer, check up "
                    "to N tokens of what followed them in one pass (fast where the answer copies, e.g. 2x when "
                    "repeating a text; 0: off). Greedy answers can differ at near-ties of a quantized model.")
+@click.option("--prompt-cache", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Keep the KV cache in FILE between runs (llama-cli's --prompt-cache): a prompt that begins as the "
+                   "last run's did prefills only what follows; rewritten after each answer.")
 @click.option("--stats", is_flag=True, help="Print prompt tokens (and those from the cache), prefill/decode tok/s, time "
                                            "to first token, p95 inter-token latency and peak RSS on stderr.")
 @_thermal_options
@@ -396,7 +399,7 @@ def _gate_options(fn):
 @_runtime_options
 def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias, seed, repeat_penalty,
         repeat_last_n, presence_penalty, frequency_penalty, raw, system, history, json_object, json_schema, grammar,
-        grammar_file, lookup_draft, stats,
+        grammar_file, lookup_draft, prompt_cache, stats,
         watch_thermal, simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
         sim_speed, threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
@@ -471,6 +474,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     if history and prompt is None and not raw and tokenizer.has_chat_template:
         conversation = Conversation(tokenizer, system, runtime.backend.max_context, answer_room=max_new_tokens)
     cache = PromptCache(runtime.backend)
+    prompt_cache = _load_prompt_cache(prompt_cache, cache, runtime, stats)
     # JSON mode, schemas and grammars: refused here if the tokenizer's bytes cannot be read
     token_bytes = tokenizer.token_bytes() if json_object or schema or rules else None
     if rules is not None:  # a <token> the vocabulary lacks is refused before any prompt
@@ -516,6 +520,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             if conversation is not None:
                 conversation.answered(text, "".join(written) + stream.flush())
             raise
+        if prompt_cache is not None:
+            _save_prompt_cache(prompt_cache, cache, runtime)
         tail = stream.flush()  # bytes held back for a character still incomplete
         if conversation is not None:
             conversation.answered(text, "".join(written) + tail)
@@ -750,6 +756,35 @@ def _lookup(backend, draft: int):
                    err=True)
         return None
     return LookupConfig(max_draft=draft)
+
+
+def _load_prompt_cache(path: Path | None, cache, runtime, stats: bool) -> Path | None:
+    """``--prompt-cache FILE``: its KV cache loaded into ``cache`` where it fits; the path to write back, or
+    None where the backend keeps no host copy of its cache."""
+    from edgesdk.runtime import cache_file
+
+    if path is None:
+        return None
+    if not cache_file.supported(runtime.backend):
+        click.echo(f"edgesdk: --prompt-cache is not used: the {runtime.backend.name} backend keeps no copy of its KV "
+                   "cache to write", err=True)
+        return None
+    loaded, why = cache_file.load(path, cache, runtime.bundle.bundle_id)
+    if why is not None:
+        click.echo(f"edgesdk: the prompt cache {path} is not loaded: {why}; the next answer rewrites it", err=True)
+    elif loaded and stats:
+        click.echo(f"edgesdk: prompt cache {path}: {loaded} tokens loaded", err=True)
+    return path
+
+
+def _save_prompt_cache(path: Path, cache, runtime) -> None:
+    from edgesdk.runtime import cache_file
+
+    try:
+        cache_file.save(path, cache, runtime.bundle.bundle_id)
+    except OSError as exc:
+        raise EdgeSDKError(f"cannot write the prompt cache {path} ({exc.strerror or exc})",
+                           "pass a --prompt-cache path in a directory this user may write to") from exc
 
 
 def _read_text_file(path: Path, option: str, hint: str) -> str:

@@ -1,0 +1,82 @@
+"""The KV cache kept in a file between runs: ``edgesdk run --prompt-cache FILE`` (llama-cli's ``--prompt-cache``).
+
+A script that runs ``edgesdk run`` again and again with the same long system prompt (or the same
+document to ask about) prefills that prompt each time; on a board a prompt token costs a few
+milliseconds, so a 500-token prompt costs seconds before the first token. With a cache file the
+run loads the KV cache the last run left and prefills only what follows the longest prefix the new
+prompt shares with it (edgesdk/runtime/prompt_cache.py), then writes the cache back after each
+answer (prompt and answer, as llama-cli's ``--prompt-cache-all``).
+
+The file is NumPy's ``.npz`` (read with ``allow_pickle=False``): the token ids, the bundle id, and
+one array per past tensor (B, Hkv, tokens, head_dim). A file from another bundle, a damaged one, or
+one whose arrays do not fit this backend's cache is not loaded (the reason is returned, and the
+next write replaces it). A write goes to a temporary file renamed over the old one, so a killed run
+leaves the previous cache whole.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from edgesdk.runtime.prompt_cache import PromptCache
+
+FORMAT = 1
+
+
+def supported(backend) -> bool:
+    """The backend keeps a host copy of its cache as NumPy arrays and can rewind it."""
+    if not all(callable(getattr(backend, name, None)) for name in ("save_cache", "load_cache", "rewind")):
+        return False
+    return all(isinstance(array, np.ndarray) for array in _template(backend))
+
+
+def _template(backend) -> list:
+    """The backend's empty cache (resetting it): the arrays' count, shapes beside the length, and dtype."""
+    backend.reset()
+    state, _ = backend.save_cache()
+    return state
+
+
+def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | None]:
+    """Put the file's KV cache into ``cache``'s backend: (tokens loaded, why nothing was loaded or None)."""
+    if not path.exists():
+        return 0, None
+    template = _template(cache.backend)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if int(data["format"]) != FORMAT:
+                return 0, f"it is format {int(data['format'])}, this edgesdk writes format {FORMAT}"
+            if str(data["bundle_id"]) != bundle_id:
+                return 0, f"it was written with another bundle (id {str(data['bundle_id'])}, this one {bundle_id})"
+            tokens = data["tokens"]
+            state = [data[f"cache_{index}"] for index in range(len(template))]
+            extra = len([name for name in data.files if name.startswith("cache_")]) - len(template)
+    except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile, EOFError) as exc:
+        return 0, f"it cannot be read as a cache file ({type(exc).__name__}: {exc})"
+    length = tokens.shape[0] if tokens.ndim == 1 else -1
+    if tokens.dtype.kind not in "iu" or length < 1 or extra or length > cache.backend.max_context:
+        return 0, f"its token ids do not fit this bundle (a context of {cache.backend.max_context})"
+    for saved, empty in zip(state, template, strict=True):
+        if saved.dtype != empty.dtype or saved.ndim != empty.ndim or saved.shape[2] != length \
+                or saved.shape[:2] != empty.shape[:2] or saved.shape[3:] != empty.shape[3:]:
+            return 0, f"its arrays ({saved.shape}, {saved.dtype}) do not fit this backend's cache ({empty.shape})"
+    cache.backend.load_cache(state)
+    cache.tokens = [int(token) for token in tokens]
+    return length, None
+
+
+def save(path: Path, cache: PromptCache, bundle_id: str) -> None:
+    """Write the backend's KV cache and ``cache.tokens`` to ``path`` (atomically)."""
+    state, _ = cache.backend.save_cache()
+    arrays = {f"cache_{index}": array for index, array in enumerate(state)}
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as out:
+        np.savez(out, format=np.array(FORMAT), bundle_id=np.array(bundle_id),
+                 tokens=np.asarray(cache.tokens, np.int64), **arrays)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, path)
