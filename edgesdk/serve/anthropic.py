@@ -25,8 +25,11 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
+from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.text import check_utf8
 from edgesdk.serve.api import ApiError, CompletionRequest, _object, _shown, parse_chat_request
 from edgesdk.serve.tools import read_answer
 
@@ -34,6 +37,9 @@ ROUTES = ("/messages", "/messages/count_tokens")
 ROLES = ("user", "assistant")
 # OpenAI chat field -> the Anthropic field a request sets it through, for errors found on the OpenAI side
 FIELD_NAMES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens"}
+# An OpenAI tool's fields -> the Anthropic tool's (tools[0].function.parameters is tools[0].input_schema)
+TOOL_FIELD = re.compile(r"(tools\[\d+\])\.function\.(name|description|parameters)")
+TOOL_FIELDS = {"name": "name", "description": "description", "parameters": "input_schema"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
@@ -53,6 +59,9 @@ def parse_messages_request(body: object) -> CompletionRequest:
         if exc.param in FIELD_NAMES:
             field = FIELD_NAMES[exc.param]
             exc.message, exc.param = exc.message.replace(f"'{exc.param}'", f"'{field}'"), field
+        elif exc.param is not None and (match := TOOL_FIELD.fullmatch(exc.param)):
+            field = f"{match[1]}.{TOOL_FIELDS[match[2]]}"
+            exc.message, exc.param = exc.message.replace(exc.param, field), field
         raise
 
 
@@ -81,8 +90,18 @@ def chat_body(body: object) -> dict:
     if body.get("tools"):
         chat["tools"] = [_tool(tool, index) for index, tool in enumerate(_list(body["tools"], "tools"))]
     if body.get("tool_choice") is not None:
-        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+        chat["tool_choice"] = _tool_choice(body["tool_choice"], bool(body.get("tools")))
     return chat
+
+
+def _check_text(text: str, where: str) -> str:
+    """``text`` where it is UTF-8, else a 400 naming the Anthropic field it came in (the chat request it is
+    translated into numbers its messages otherwise: a system prompt or a tool result is one more)."""
+    try:
+        check_utf8(text, where)
+    except EdgeSDKError as exc:
+        raise ApiError(400, exc.problem, param=where) from exc
+    return text
 
 
 def _list(value: object, param: str) -> list:
@@ -95,12 +114,13 @@ def _system(system: object) -> list[dict]:
     if system is None or system == "":
         return []
     if isinstance(system, str):
-        return [{"role": "system", "content": system}]
+        return [{"role": "system", "content": _check_text(system, "system")}]
     blocks = _list(system, "system")
     for index, block in enumerate(blocks):
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
             raise ApiError(400, f"system[{index}] must be a text block {{\"type\": \"text\", \"text\": ...}}, got "
                            f"{_shown(block)}", param=f"system[{index}]")
+        _check_text(block["text"], f"system[{index}].text")
     return [{"role": "system", "content": "".join(block["text"] for block in blocks)}]
 
 
@@ -113,13 +133,16 @@ def _turn(turn: object, index: int) -> list[dict]:
                        "goes in 'system')", param=f"{param}.role")
     role, content = turn["role"], turn.get("content")
     if isinstance(content, str):
-        return [{"role": role, "content": content}]
+        return [{"role": role, "content": _check_text(content, f"{param}.content")}]
+    if not isinstance(content, list):
+        raise ApiError(400, f"{param}.content must be a string or an array of content blocks, got {_shown(content)}",
+                       param=f"{param}.content")
     texts, calls, results = [], [], []
-    for number, block in enumerate(_list(content, f"{param}.content")):
+    for number, block in enumerate(content):
         where = f"{param}.content[{number}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
-            texts.append(block["text"])
+            texts.append(_check_text(block["text"], f"{where}.text"))
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise ApiError(400, f"{where} must carry the call's string 'id' and 'name'", param=where)
@@ -127,7 +150,10 @@ def _turn(turn: object, index: int) -> list[dict]:
                           "function": {"name": block["name"],
                                        "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False)}})
         elif kind == "tool_result" and role == "user":
-            results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
+            if not isinstance(block.get("tool_use_id"), str):
+                raise ApiError(400, f"{where}.tool_use_id must be the string id of the tool_use block it answers, got "
+                               f"{_shown(block.get('tool_use_id'))}", param=f"{where}.tool_use_id")
+            results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                             "content": _result_text(block.get("content"), where)})
         else:
             raise ApiError(400, f"{where} is a {_shown(kind or block)} block in a {role} turn; this server reads text, "
@@ -140,13 +166,13 @@ def _turn(turn: object, index: int) -> list[dict]:
 
 def _result_text(content: object, where: str) -> str:
     if content is None or isinstance(content, str):
-        return content or ""
+        return _check_text(content or "", f"{where}.content")
     texts = []
     for block in _list(content, f"{where}.content"):
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
             raise ApiError(400, f"{where}.content holds {_shown(block)}; a tool result here is text",
                            param=f"{where}.content")
-        texts.append(block["text"])
+        texts.append(_check_text(block["text"], f"{where}.content"))
     return "".join(texts)
 
 
@@ -159,14 +185,19 @@ def _tool(tool: object, index: int) -> dict:
                                              "parameters": tool.get("input_schema")}}
 
 
-def _tool_choice(choice: object) -> object:
+def _tool_choice(choice: object, tools: bool) -> object:
     kind = choice.get("type") if isinstance(choice, dict) else None
     if kind in ("auto", "none"):
         return kind
+    if kind in ("any", "tool") and not tools:
+        raise ApiError(400, f"'tool_choice' {_shown(choice)} needs 'tools' to choose from", param="tool_choice")
     if kind == "any":
         return "required"
     if kind == "tool":
-        return {"type": "function", "function": {"name": choice.get("name")}}
+        if not isinstance(choice.get("name"), str):
+            raise ApiError(400, f"'tool_choice' {{\"type\": \"tool\"}} must name the tool to call ({{\"type\": \"tool\", "
+                           f"\"name\": ...}}), got {_shown(choice)}", param="tool_choice")
+        return {"type": "function", "function": {"name": choice["name"]}}
     raise ApiError(400, f"'tool_choice' must be {{\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}}, got "
                    f"{_shown(choice)}", param="tool_choice")
 

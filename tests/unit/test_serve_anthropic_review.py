@@ -1,0 +1,76 @@
+"""serve's Anthropic Messages API (edgesdk/serve/anthropic.py) against requests clients send and the
+answers Anthropic's reference gives: errors naming Anthropic's fields, stop sequences, stop reasons,
+usage in a stream, token counts and the error shape on every refusal of these routes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgesdk.serve.completion import ServeDefaults
+from tests.unit.test_serve import Served
+
+MESSAGES = [{"role": "user", "content": "Say something."}]
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_bundle):
+    from edgesdk.runtime.session import open_runtime
+
+    return open_runtime(tiny_bundle.path, threads=1)
+
+
+@pytest.fixture
+def served(runtime):
+    server = Served(runtime, ServeDefaults(max_tokens=24))
+    yield server
+    server.close()
+
+
+def _events(server: Served, body: dict) -> list[tuple[str, dict]]:
+    status, _, payload = server.request("POST", "/v1/messages", {**body, "stream": True})
+    assert status == 200, payload
+    events = []
+    for block in payload.decode().split("\n\n"):
+        if block:
+            name, data = block.split("\n", 1)
+            events.append((name[len("event: "):], json.loads(data[len("data: "):])))
+    return events
+
+
+def _count(server: Served, body: dict) -> int:
+    status, counted = server.post("/v1/messages/count_tokens", body)
+    assert status == 200, counted
+    return counted["input_tokens"]
+
+
+WEATHER = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+@pytest.mark.parametrize(("body", "named", "not_named"), [
+    # the chat request numbers its messages from the system prompt: this turn was called messages[1]
+    ({"system": "Be brief.", "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": 5, "content": "21 C"}]}]},
+     "messages[0].content[0].tool_use_id", "messages[1]"),
+    ({"system": "Be brief.", "messages": [{"role": "user", "content": "bad \ud800"}]},
+     "messages[0].content", "messages[1]"),
+    ({"system": "Be brief.", "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc80"}]}]},
+     "messages[0].content[0].text", "messages[1]"),
+    ({"system": [{"type": "text", "text": "\ud800"}], "messages": MESSAGES}, "system[0].text", "messages[0]"),
+    # the tool's fields by Anthropic's names, not the OpenAI function's they are translated into
+    ({"messages": MESSAGES, "tools": [{**WEATHER, "name": "get weather"}]}, "tools[0].name", "function"),
+    ({"messages": MESSAGES, "tools": [{"name": "get_weather", "input_schema": {"type": "string"}}]},
+     "tools[0].input_schema", "function"),
+    ({"messages": MESSAGES, "tool_choice": {"type": "any"}}, "'tool_choice' {'type': 'any'}", "required"),
+    ({"messages": MESSAGES, "tools": [WEATHER], "tool_choice": {"type": "tool"}}, "must name the tool", "null"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content must be a string or an array of content blocks",
+     "must be an array,"),
+])
+def test_refusals_name_the_anthropic_field(served, body, named, not_named):
+    status, answer = served.post("/v1/messages", {"max_tokens": 4, **body})
+    assert status == 400, answer
+    assert answer["type"] == "error"
+    message = answer["error"]["message"]
+    assert named in message
+    assert not_named not in message
