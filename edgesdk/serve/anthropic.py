@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from dataclasses import replace
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.text import check_utf8
@@ -52,9 +53,13 @@ def error_body(error: ApiError) -> dict:
 
 
 def parse_messages_request(body: object) -> CompletionRequest:
-    """``POST /v1/messages``: the request as the OpenAI chat request it means, checked there."""
+    """``POST /v1/messages``: the request as the OpenAI chat request it means, checked there. The
+    stop sequences are set after that check: OpenAI's ``stop`` takes at most 4, Anthropic's
+    ``stop_sequences`` any number (llama-server's takes them all too)."""
+    chat = chat_body(body)
+    stops = chat.pop("stop", ())
     try:
-        return parse_chat_request(chat_body(body))
+        request = parse_chat_request(chat)
     except ApiError as exc:
         if exc.param in FIELD_NAMES:
             field = FIELD_NAMES[exc.param]
@@ -63,6 +68,7 @@ def parse_messages_request(body: object) -> CompletionRequest:
             field = f"{match[1]}.{TOOL_FIELDS[match[2]]}"
             exc.message, exc.param = exc.message.replace(exc.param, field), field
         raise
+    return replace(request, stop=stops) if stops else request
 
 
 def chat_body(body: object) -> dict:
@@ -86,12 +92,23 @@ def chat_body(body: object) -> dict:
         if field in body:
             chat[field] = body[field]
     if body.get("stop_sequences") is not None:
-        chat["stop"] = body["stop_sequences"]
+        chat["stop"] = _stop_sequences(body["stop_sequences"])
     if body.get("tools"):
         chat["tools"] = [_tool(tool, index) for index, tool in enumerate(_list(body["tools"], "tools"))]
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"], bool(body.get("tools")))
     return chat
+
+
+def _stop_sequences(value: object) -> tuple[str, ...]:
+    """``stop_sequences``: an array of strings, as many as the client likes (empty ones end nothing)."""
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
+        raise ApiError(400, f"'stop_sequences' must be an array of strings, got {_shown(value)}",
+                       param="stop_sequences")
+    for index, stop in enumerate(stops):
+        _check_text(stop, f"stop_sequences[{index}]")
+    return tuple(stop for stop in stops if stop)
 
 
 def _check_text(text: str, where: str) -> str:

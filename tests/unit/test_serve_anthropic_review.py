@@ -74,3 +74,19 @@ def test_refusals_name_the_anthropic_field(served, body, named, not_named):
     message = answer["error"]["message"]
     assert named in message
     assert not_named not in message
+
+
+def test_more_than_four_stop_sequences_are_taken(served):
+    """OpenAI's stop takes at most 4 strings; Anthropic's stop_sequences (and llama-server's) any number."""
+    status, whole = served.post("/v1/messages", {"max_tokens": 16, "messages": MESSAGES})
+    assert status == 200, whole
+    text = whole["content"][0]["text"]
+    stop = text[2:4]
+    stops = ["never 1", "never 2", "never 3", "never 4", "never 5", stop]
+    status, cut = served.post("/v1/messages", {"max_tokens": 16, "messages": MESSAGES, "stop_sequences": stops})
+    assert status == 200, cut
+    assert cut["content"][0]["text"] == text[:text.index(stop)]
+    assert (cut["stop_reason"], cut["stop_sequence"]) == ("stop_sequence", stop)
+    status, refused = served.post("/v1/messages", {"max_tokens": 4, "messages": MESSAGES, "stop_sequences": [1]})
+    assert status == 400
+    assert "'stop_sequences' must be an array of strings" in refused["error"]["message"]
