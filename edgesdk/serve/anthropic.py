@@ -128,17 +128,18 @@ def _list(value: object, param: str) -> list:
 
 
 def _system(system: object) -> list[dict]:
-    if system is None or system == "":
-        return []
-    if isinstance(system, str):
-        return [{"role": "system", "content": _check_text(system, "system")}]
+    """The system message; none for no system prompt, also given as "" or [] (a template that puts a default
+    system prompt where there is none, as SmolLM2's, then puts it, as for a request without 'system')."""
+    if system is None or isinstance(system, str):
+        return [{"role": "system", "content": _check_text(system, "system")}] if system else []
     blocks = _list(system, "system")
     for index, block in enumerate(blocks):
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
             raise ApiError(400, f"system[{index}] must be a text block {{\"type\": \"text\", \"text\": ...}}, got "
                            f"{_shown(block)}", param=f"system[{index}]")
         _check_text(block["text"], f"system[{index}].text")
-    return [{"role": "system", "content": "".join(block["text"] for block in blocks)}]
+    text = "".join(block["text"] for block in blocks)
+    return [{"role": "system", "content": text}] if text else []
 
 
 def _turn(turn: object, index: int) -> list[dict]:

@@ -90,3 +90,11 @@ def test_more_than_four_stop_sequences_are_taken(served):
     status, refused = served.post("/v1/messages", {"max_tokens": 4, "messages": MESSAGES, "stop_sequences": [1]})
     assert status == 400
     assert "'stop_sequences' must be an array of strings" in refused["error"]["message"]
+
+
+def test_an_empty_system_list_is_no_system_prompt(served):
+    """system [] is no system prompt, like system "" and no system: SmolLM2's template then puts its default one."""
+    plain = _count(served, {"messages": MESSAGES})
+    assert _count(served, {"messages": MESSAGES, "system": ""}) == plain
+    assert _count(served, {"messages": MESSAGES, "system": []}) == plain
+    assert _count(served, {"messages": MESSAGES, "system": [{"type": "text", "text": "Be brief."}]}) != plain
