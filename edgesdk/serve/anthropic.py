@@ -17,7 +17,7 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
   "stop_sequence", "usage": {"input_tokens", "output_tokens", "cache_read_input_tokens"}}``.
 * stream: the events ``message_start``, ``content_block_start``, ``ping``,
   ``content_block_delta`` (``text_delta``, or one ``input_json_delta`` with a call's whole
-  input), ``content_block_stop``, ``message_delta`` (stop reason, output tokens) and
+  input), ``content_block_stop``, ``message_delta`` (stop reason, the whole usage) and
   ``message_stop``; an error after the start is an ``error`` event.
 * errors: ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's error types.
 """
@@ -288,9 +288,12 @@ def end_events(request: CompletionRequest, completion, text_block: bool) -> list
             events += [("content_block_start", {"type": "content_block_start", "index": index, "content_block": opened}),
                        ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}),
                        ("content_block_stop", {"type": "content_block_stop", "index": index})]
+    # The usage is cumulative (Anthropic's "Streaming Messages"): the prompt tokens taken from the cache are
+    # known once the answer is made, and the client's message then reads as the answer without stream does.
     events.append(("message_delta", {"type": "message_delta",
                                      "delta": {"stop_reason": stop_reason(finish, completion.stop_string),
                                                "stop_sequence": completion.stop_string},
-                                     "usage": {"output_tokens": completion.completion_tokens}}))
+                                     "usage": usage(completion.prompt_tokens, completion.completion_tokens,
+                                                    completion.cached_tokens)}))
     events.append(("message_stop", {"type": "message_stop"}))
     return events

@@ -98,3 +98,22 @@ def test_an_empty_system_list_is_no_system_prompt(served):
     assert _count(served, {"messages": MESSAGES, "system": ""}) == plain
     assert _count(served, {"messages": MESSAGES, "system": []}) == plain
     assert _count(served, {"messages": MESSAGES, "system": [{"type": "text", "text": "Be brief."}]}) != plain
+
+
+def test_a_stream_s_usage_is_the_whole_answer_s_as_the_sdk_reads_it(runtime):
+    """message_delta's usage is cumulative: with a prompt taken from the cache, the streamed message read
+    0 cached tokens and the whole prompt as input, where the same answer without stream read the cache."""
+    anthropic = pytest.importorskip("anthropic")
+    server = Served(runtime, ServeDefaults(max_tokens=8))
+    try:
+        client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{server.port}", api_key="x", max_retries=0)
+        request = {"model": "tiny-host", "max_tokens": 8, "system": "Be brief.", "messages": MESSAGES}
+        client.messages.create(**request)  # the prompt is in the cache from here on
+        whole = client.messages.create(**request)
+        assert whole.usage.cache_read_input_tokens > 0
+        with client.messages.stream(**request) as stream:
+            final = stream.get_final_message()
+        assert final.content[0].text == whole.content[0].text
+        assert final.usage.to_dict() == whole.usage.to_dict()
+    finally:
+        server.close()
