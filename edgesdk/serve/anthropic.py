@@ -13,7 +13,8 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
   (``auto``, ``any``, ``tool``, ``none``); ``metadata`` and ``service_tier`` change nothing.
   Images, documents, server tools and extended ``thinking`` are refused by name.
 * answer: ``{"id": "msg_...", "type": "message", "role": "assistant", "content": [text or
-  tool_use blocks], "stop_reason": "end_turn" | "max_tokens" | "stop_sequence" | "tool_use",
+  tool_use blocks], "stop_reason": "end_turn" | "max_tokens" | "stop_sequence" | "tool_use" |
+  "model_context_window_exceeded",
   "stop_sequence", "usage": {"input_tokens", "output_tokens", "cache_read_input_tokens"}}``.
 * stream: the events ``message_start``, ``content_block_start``, ``ping``,
   ``content_block_delta`` (``text_delta``, or one ``input_json_delta`` with a call's whole
@@ -235,9 +236,15 @@ def content_blocks(request: CompletionRequest, text: str, finish_reason: str) ->
              "input": json.loads(call["function"]["arguments"])} for call in calls], "tool_calls"
 
 
-def stop_reason(finish_reason: str, stop_string: str | None) -> str:
-    if stop_string is not None:
+def stop_reason(request: CompletionRequest, finish_reason: str, completion) -> str:
+    """Anthropic's stop reason. An answer cut off ("length") before its ``max_tokens`` ran out of the
+    model's context: ``model_context_window_exceeded`` (Anthropic's "Handling stop reasons"), which a
+    larger ``max_tokens`` would not change."""
+    if completion.stop_string is not None:
         return "stop_sequence"
+    if finish_reason == "length" and request.max_tokens is not None \
+            and completion.completion_tokens < request.max_tokens:
+        return "model_context_window_exceeded"
     return STOP_REASONS.get(finish_reason, "end_turn")
 
 
@@ -250,7 +257,7 @@ def message_body(request: CompletionRequest, ident: str, model: str, completion)
     """The whole answer of a request without ``stream`` (``completion``: serve.completion.Completion)."""
     blocks, finish = content_blocks(request, completion.text, completion.finish_reason)
     return {"id": ident, "type": "message", "role": "assistant", "model": model, "content": blocks,
-            "stop_reason": stop_reason(finish, completion.stop_string), "stop_sequence": completion.stop_string,
+            "stop_reason": stop_reason(request, finish, completion), "stop_sequence": completion.stop_string,
             "usage": usage(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens)}
 
 
@@ -291,7 +298,7 @@ def end_events(request: CompletionRequest, completion, text_block: bool) -> list
     # The usage is cumulative (Anthropic's "Streaming Messages"): the prompt tokens taken from the cache are
     # known once the answer is made, and the client's message then reads as the answer without stream does.
     events.append(("message_delta", {"type": "message_delta",
-                                     "delta": {"stop_reason": stop_reason(finish, completion.stop_string),
+                                     "delta": {"stop_reason": stop_reason(request, finish, completion),
                                                "stop_sequence": completion.stop_string},
                                      "usage": usage(completion.prompt_tokens, completion.completion_tokens,
                                                     completion.cached_tokens)}))

@@ -117,3 +117,25 @@ def test_a_stream_s_usage_is_the_whole_answer_s_as_the_sdk_reads_it(runtime):
         assert final.usage.to_dict() == whole.usage.to_dict()
     finally:
         server.close()
+
+
+def _long_prompt(server: Served, tokens: int) -> list[dict]:
+    """Messages whose prompt has about ``tokens`` tokens (the tiny model's context holds 256)."""
+    words = 1
+    while _count(server, {"messages": [{"role": "user", "content": "word " * (words + 1)}]}) <= tokens:
+        words += 1
+    return [{"role": "user", "content": "word " * words}]
+
+
+def test_an_answer_that_fills_the_context_says_so(served):
+    """An answer cut off by a full context before its max_tokens is model_context_window_exceeded, not
+    max_tokens: asking again with a larger max_tokens would end there again."""
+    messages = _long_prompt(served, 240)
+    body = {"max_tokens": 64, "messages": messages}
+    status, message = served.post("/v1/messages", body)
+    assert status == 200, message
+    assert message["usage"]["output_tokens"] < 64
+    assert message["stop_reason"] == "model_context_window_exceeded"
+    assert _events(served, body)[-2][1]["delta"]["stop_reason"] == "model_context_window_exceeded"
+    status, message = served.post("/v1/messages", {"max_tokens": 4, "messages": messages})
+    assert (status, message["stop_reason"], message["usage"]["output_tokens"]) == (200, "max_tokens", 4)
