@@ -208,7 +208,16 @@ class ApiHandler(BaseHTTPRequestHandler):
         body, completer = self._read_json(), self.server.completer
         if path == "/messages/count_tokens":  # no max_tokens there: the prompt alone is counted
             request = anthropic.parse_messages_request({**body, "max_tokens": 1} if isinstance(body, dict) else body)
-            self._send_json(200, {"input_tokens": len(completer.prompt_ids(request))})
+            try:
+                counted = len(completer.prompt_ids(request))
+            except ApiError as exc:
+                if exc.code != "context_length_exceeded":
+                    raise
+                # A prompt past the context is counted too (what the route is asked for, as llama-server's
+                # counts it): its text passed every other check, only its length is refused.
+                tokenizer = completer.runtime.tokenizer
+                counted = len(tokenizer.encode(tokenizer.render_chat(list(request.messages)), add_special_tokens=False))
+            self._send_json(200, {"input_tokens": counted})
             return
         request = anthropic.parse_messages_request(body)
         self.server.answer_started()

@@ -5,6 +5,7 @@ usage in a stream, token counts and the error shape on every refusal of these ro
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -139,3 +140,13 @@ def test_an_answer_that_fills_the_context_says_so(served):
     assert _events(served, body)[-2][1]["delta"]["stop_reason"] == "model_context_window_exceeded"
     status, message = served.post("/v1/messages", {"max_tokens": 4, "messages": messages})
     assert (status, message["stop_reason"], message["usage"]["output_tokens"]) == (200, "max_tokens", 4)
+
+
+def test_count_tokens_counts_a_prompt_past_the_context(served):
+    """count_tokens is how a client learns whether a prompt fits: one that does not was a 400, not its count."""
+    messages = [{"role": "user", "content": "word " * 300}]
+    status, refused = served.post("/v1/messages", {"max_tokens": 4, "messages": messages})
+    assert status == 400
+    length = int(re.search(r"the prompt has (\d+) tokens", refused["error"]["message"])[1])
+    assert length > 256
+    assert _count(served, {"messages": messages}) == length
