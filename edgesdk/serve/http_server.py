@@ -136,7 +136,8 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _serve(self, handle) -> None:
         route = self.path.split("?", 1)[0]
         self._body_read = self._answering = False
-        self._anthropic = False  # a Messages API route: its errors in Anthropic's shape
+        # A Messages API route: its errors in Anthropic's shape (also a 401 or 405 under another method)
+        self._anthropic = _api_route(route) in anthropic.ROUTES
         if self.command != "POST" and self._carries_body():
             self.close_connection = True  # no GET reads its body: left unread, it would be taken for the next request
         try:
@@ -175,7 +176,6 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _post(self, route: str) -> None:
         path = _api_route(route)
         if path in anthropic.ROUTES:
-            self._anthropic = True
             self._messages(path)
             return
         if path in TOKEN_ROUTES:
@@ -295,7 +295,8 @@ class ApiHandler(BaseHTTPRequestHandler):
                 self._body_size()
             except ApiError as exc:
                 self.close_connection = True
-                self._send_json(exc.status, exc.body())
+                self._anthropic = _api_route(self.path.split("?", 1)[0]) in anthropic.ROUTES
+                self._send_json(exc.status, self._error_body(exc))
                 return False
         return super().handle_expect_100()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 
 import pytest
 
@@ -150,3 +151,26 @@ def test_count_tokens_counts_a_prompt_past_the_context(served):
     length = int(re.search(r"the prompt has (\d+) tokens", refused["error"]["message"])[1])
     assert length > 256
     assert _count(served, {"messages": messages}) == length
+
+
+def test_refusals_on_these_routes_are_in_anthropic_s_shape(runtime):
+    server = Served(runtime, ServeDefaults(max_tokens=4), api_key="k")
+    try:
+        status, headers, payload = server.request("GET", "/v1/messages", headers={"x-api-key": "k"})
+        assert (status, headers["Allow"]) == (405, "POST")
+        assert json.loads(payload)["type"] == "error"
+        status, _, payload = server.request("GET", "/v1/messages/count_tokens")
+        assert (status, json.loads(payload)["error"]["type"]) == (401, "authentication_error")
+        # curl's Expect: 100-continue is refused on its headers, in the same shape
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as client:
+            client.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                           b"Content-Length: 20\r\nx-api-key: wrong\r\n\r\n")
+            received = b""
+            while chunk := client.recv(65536):
+                received += chunk
+        assert received.startswith(b"HTTP/1.1 401"), received[:200]
+        assert json.loads(received.partition(b"\r\n\r\n")[2])["error"]["type"] == "authentication_error"
+        status, answer = server.post("/v1/chat/completions", {"max_tokens": 2, "messages": MESSAGES})
+        assert (status, answer["error"]["code"]) == (401, "invalid_api_key")  # OpenAI's routes keep OpenAI's shape
+    finally:
+        server.close()
