@@ -47,7 +47,10 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
         return 0, None
     template = _template(cache.backend)
     try:
-        with np.load(path, allow_pickle=False) as data:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):  # a .npy file: one array, not an archive
+            return 0, f"it is one NumPy array ({data.dtype} {data.shape}), not the .npz archive a cache file is"
+        with data:
             if int(data["format"]) != FORMAT:
                 return 0, f"it is format {int(data['format'])}, this edgesdk writes format {FORMAT}"
             if str(data["bundle_id"]) != bundle_id:
@@ -55,7 +58,8 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
             tokens = data["tokens"]
             state = [data[f"cache_{index}"] for index in range(len(template))]
             extra = len([name for name in data.files if name.startswith("cache_")]) - len(template)
-    except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile, EOFError) as exc:
+    # MemoryError: a damaged header that gives an array billions of entries
+    except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile, EOFError, MemoryError) as exc:
         return 0, f"it cannot be read as a cache file ({type(exc).__name__}: {exc})"
     length = tokens.shape[0] if tokens.ndim == 1 else -1
     if tokens.dtype.kind not in "iu" or length < 1 or extra or length > cache.backend.max_context:

@@ -1,0 +1,70 @@
+"""run --prompt-cache FILE at its edges (edgesdk/runtime/cache_file.py and its wiring in edgesdk/cli.py):
+damaged files, runs that write the same file at once, a write that fails halfway."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import numpy as np
+import pytest
+
+from edgesdk.runtime.prompt_cache import PromptCache
+from tests.unit.test_cache_file import _cached, _run
+
+pytest.importorskip("torch")
+
+BUNDLE_ID = "0123456789abcdef"
+
+
+@pytest.fixture(scope="module", params=["standard", "ort-fused"])
+def backend(request, tmp_path_factory):
+    from tests.unit.test_prompt_cache import BACKENDS
+
+    return BACKENDS[request.param](tmp_path_factory.mktemp(request.param))
+
+
+def _filled(backend, count: int = 40) -> PromptCache:
+    """A cache holding ``count`` prefilled tokens."""
+    cache = PromptCache(backend)
+    ids = [int(t) for t in np.random.default_rng(count).integers(0, 320, count)]
+    backend.reset()
+    backend.prefill(np.array(ids))
+    cache.tokens = ids
+    return cache
+
+
+def test_a_npy_file_is_named_as_one_array_and_rewritten(tiny_bundle, tmp_path):
+    """np.load gives an array, not an archive, for a .npy file; ``with`` on it was a TypeError (and on
+    Python 3.10, the boards', an AttributeError that was not caught: a traceback)."""
+    path = tmp_path / "prompt.cache"
+    with open(path, "wb") as out:
+        np.save(out, np.arange(12))
+    result = _run(tiny_bundle, "--prompt-cache", path)
+    assert "not the .npz archive a cache file is" in result.stderr
+    assert "the next answer rewrites it" in result.stderr
+    assert "tokens loaded" in _run(tiny_bundle, "--prompt-cache", path).stderr
+
+
+def _huge_member(name: str, descr: str) -> bytes:
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": descr, "fortran_order": False, "shape": (2**40,)})
+    return header.getvalue() + bytes(64)
+
+
+@pytest.mark.parametrize("member", ["tokens", "cache_0"])
+def test_a_header_that_gives_an_array_terabytes_is_not_loaded(tiny_bundle, tmp_path, member):
+    """A damaged .npy header inside the archive (one shape entry 2**40) made np.load allocate terabytes:
+    a MemoryError traceback instead of a file that is named and rewritten."""
+    path = tmp_path / "prompt.cache"
+    _run(tiny_bundle, "--prompt-cache", path)
+    with zipfile.ZipFile(path) as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    members[f"{member}.npy"] = _huge_member(member, "<i8" if member == "tokens" else "<f4")
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+    result = _run(tiny_bundle, "--prompt-cache", path)
+    assert "cannot be read as a cache file (MemoryError" in result.stderr
+    assert _cached(result.stderr) == 0
+    assert "tokens loaded" in _run(tiny_bundle, "--prompt-cache", path).stderr
