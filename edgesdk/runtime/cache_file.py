@@ -17,6 +17,7 @@ leaves the previous cache whole.
 from __future__ import annotations
 
 import os
+import secrets
 import zipfile
 from pathlib import Path
 
@@ -77,10 +78,16 @@ def save(path: Path, cache: PromptCache, bundle_id: str) -> None:
     """Write the backend's KV cache and ``cache.tokens`` to ``path`` (atomically)."""
     state, _ = cache.backend.save_cache()
     arrays = {f"cache_{index}": array for index, array in enumerate(state)}
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as out:
-        np.savez(out, format=np.array(FORMAT), bundle_id=np.array(bundle_id),
-                 tokens=np.asarray(cache.tokens, np.int64), **arrays)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(partial, path)
+    # A temporary file of this write's own: runs that write the same cache at once each rename a whole file
+    # (the last one stays) rather than truncating and renaming each other's.
+    partial = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+    try:
+        with open(partial, "xb") as out:
+            np.savez(out, format=np.array(FORMAT), bundle_id=np.array(bundle_id),
+                     tokens=np.asarray(cache.tokens, np.int64), **arrays)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, path)
+    except BaseException:  # a full disk, Ctrl-C: the previous cache stays, and no half-written copy beside it
+        partial.unlink(missing_ok=True)
+        raise

@@ -4,11 +4,13 @@ damaged files, runs that write the same file at once, a write that fails halfway
 from __future__ import annotations
 
 import io
+import os
 import zipfile
 
 import numpy as np
 import pytest
 
+from edgesdk.runtime import cache_file
 from edgesdk.runtime.prompt_cache import PromptCache
 from tests.unit.test_cache_file import _cached, _run
 
@@ -68,3 +70,49 @@ def test_a_header_that_gives_an_array_terabytes_is_not_loaded(tiny_bundle, tmp_p
     assert "cannot be read as a cache file (MemoryError" in result.stderr
     assert _cached(result.stderr) == 0
     assert "tokens loaded" in _run(tiny_bundle, "--prompt-cache", path).stderr
+
+
+def test_two_runs_writing_the_same_file_at_once_both_succeed(backend, tmp_path, monkeypatch):
+    """Both writers used one ``FILE.partial``: the second truncated the first one's file and renamed it, and
+    the first one's rename then failed (FileNotFoundError, a 'cannot write the prompt cache' error)."""
+    path = tmp_path / "prompt.cache"
+    first, second = _filled(backend, 40), _filled(backend, 30)
+    fsync, other = os.fsync, []
+
+    def interleaved(fd):  # the other run writes its cache while this one has not renamed its file yet
+        if not other:
+            other.append(True)
+            cache_file.save(path, second, BUNDLE_ID)
+        fsync(fd)
+
+    first_state, _ = _filled(backend, 40).backend.save_cache()
+    monkeypatch.setattr(os, "fsync", interleaved)
+    cache_file.save(path, first, BUNDLE_ID)
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert other
+    loaded = PromptCache(backend)
+    assert cache_file.load(path, loaded, BUNDLE_ID) == (40, None)  # the last rename's cache, whole
+    assert loaded.tokens == first.tokens
+    state, _ = backend.save_cache()
+    for saved, expected in zip(state, first_state, strict=True):
+        np.testing.assert_array_equal(saved, expected)
+    assert [entry.name for entry in tmp_path.iterdir()] == [path.name]
+
+
+@pytest.mark.parametrize("interruption", [KeyboardInterrupt(), OSError(28, "No space left on device")])
+def test_a_write_that_fails_halfway_leaves_the_old_cache_and_no_partial_file(backend, tmp_path, monkeypatch,
+                                                                              interruption):
+    """Ctrl-C or a full disk during the write left the half-written temporary file (tens of MB on a full
+    disk) beside the cache."""
+    path = tmp_path / "prompt.cache"
+    cache_file.save(path, _filled(backend, 20), BUNDLE_ID)
+
+    def fail(fd):
+        raise interruption
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(type(interruption)):
+        cache_file.save(path, _filled(backend, 40), BUNDLE_ID)
+    monkeypatch.undo()
+    assert [entry.name for entry in tmp_path.iterdir()] == [path.name]
+    assert cache_file.load(path, PromptCache(backend), BUNDLE_ID) == (20, None)
