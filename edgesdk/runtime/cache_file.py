@@ -75,7 +75,9 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
 
 
 def save(path: Path, cache: PromptCache, bundle_id: str) -> None:
-    """Write the backend's KV cache and ``cache.tokens`` to ``path`` (atomically)."""
+    """Write the backend's KV cache and ``cache.tokens`` to ``path`` (atomically; through a symlink, the
+    file it points to)."""
+    path = Path(os.path.realpath(path))  # a rename over the link itself would turn it into a file
     state, _ = cache.backend.save_cache()
     arrays = {f"cache_{index}": array for index, array in enumerate(state)}
     # A temporary file of this write's own: runs that write the same cache at once each rename a whole file

@@ -116,3 +116,16 @@ def test_a_write_that_fails_halfway_leaves_the_old_cache_and_no_partial_file(bac
     monkeypatch.undo()
     assert [entry.name for entry in tmp_path.iterdir()] == [path.name]
     assert cache_file.load(path, PromptCache(backend), BUNDLE_ID) == (20, None)
+
+
+def test_a_symlinked_cache_file_is_written_where_the_link_points(tiny_bundle, tmp_path):
+    """The write renamed its temporary file over the link itself: the link became a file of its own beside
+    it, and the file it pointed to (on another disk, say) was never written."""
+    (tmp_path / "data").mkdir()
+    target, link = tmp_path / "data" / "prompt.cache", tmp_path / "prompt.cache"
+    link.symlink_to(target)
+    _run(tiny_bundle, "--prompt-cache", link)
+    assert link.is_symlink()
+    assert target.is_file()
+    assert sorted(entry.name for entry in (tmp_path / "data").iterdir()) == ["prompt.cache"]
+    assert "tokens loaded" in _run(tiny_bundle, "--prompt-cache", link).stderr
