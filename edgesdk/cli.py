@@ -520,8 +520,6 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             if conversation is not None:
                 conversation.answered(text, "".join(written) + stream.flush())
             raise
-        if prompt_cache is not None:
-            _save_prompt_cache(prompt_cache, cache, runtime)
         tail = stream.flush()  # bytes held back for a character still incomplete
         if conversation is not None:
             conversation.answered(text, "".join(written) + tail)
@@ -545,6 +543,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                        + (f", peak RSS {peak:.0f} MiB" if (peak := peak_rss_mib()) is not None else ""), err=True)
             if hasattr(runtime.backend, "stats"):
                 click.echo(_power_line(runtime.backend), err=True)
+        if prompt_cache is not None:  # once the answer is whole: a failed write leaves it in the conversation
+            _save_prompt_cache(prompt_cache, cache, runtime)
 
     try:
         if prompt is not None:

@@ -129,3 +129,34 @@ def test_a_symlinked_cache_file_is_written_where_the_link_points(tiny_bundle, tm
     assert target.is_file()
     assert sorted(entry.name for entry in (tmp_path / "data").iterdir()) == ["prompt.cache"]
     assert "tokens loaded" in _run(tiny_bundle, "--prompt-cache", link).stderr
+
+
+class _Terminal(io.BytesIO):
+    """Lines typed at a terminal: ``run`` without --prompt holds a conversation."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_cache_that_cannot_be_written_keeps_the_answer_in_the_conversation(tiny_bundle, tmp_path):
+    """At a terminal a failed write is reported and the session goes on, but the write came before the
+    answer was ended: its last bytes and newline were not written and the exchange was left out of the
+    conversation, so the next line was answered as the first one."""
+    from edgesdk.runtime.session import open_runtime
+    from tests.unit.test_cli import invoke
+    from tests.unit.test_cli_run_history import answer, turns
+
+    path = tmp_path / "none" / "prompt.cache"
+    result = invoke("run", tiny_bundle.path, "-n", 6, "--threads", 1, "--stats", "--prompt-cache", path,
+                    input=_Terminal(b"hello there\nwhat next\n"))
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("cannot write the prompt cache") == 2
+    runtime = open_runtime(tiny_bundle.path, threads=1)
+    tokenizer = runtime.tokenizer
+    first = answer(runtime, turns(("hello there", None)), 6)
+    second = answer(runtime, turns(("hello there", first), ("what next", None)), 6)
+    assert result.stdout == f"{first}\n{second}\n"
+    whole = tokenizer.encode(tokenizer.render_chat(turns(("hello there", first), ("what next", None))),
+                             add_special_tokens=False)
+    stats = [line.removeprefix("> ") for line in result.stderr.splitlines() if "[ort-cpu] prompt" in line]
+    assert stats[1].startswith(f"[ort-cpu] prompt {len(whole)} tok (")  # the first exchange, from the cache
