@@ -62,9 +62,17 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
     # MemoryError: a damaged header that gives an array billions of entries
     except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile, EOFError, MemoryError) as exc:
         return 0, f"it cannot be read as a cache file ({type(exc).__name__}: {exc})"
-    length = tokens.shape[0] if tokens.ndim == 1 else -1
-    if tokens.dtype.kind not in "iu" or length < 1 or extra or length > cache.backend.max_context:
-        return 0, f"its token ids do not fit this bundle (a context of {cache.backend.max_context})"
+    context, vocabulary = cache.backend.max_context, getattr(cache.backend, "vocab_size", None)
+    if tokens.dtype.kind not in "iu" or tokens.ndim != 1 or tokens.shape[0] < 1:
+        return 0, f"its token ids are {tokens.dtype} of shape {tokens.shape}, not a list of integer ids"
+    if tokens.shape[0] > context:
+        return 0, f"it holds {tokens.shape[0]} tokens, more than this bundle's context of {context}"
+    if tokens.min() < 0 or (vocabulary is not None and tokens.max() >= vocabulary):  # ids no tokenizer made
+        known = f" (0 to {vocabulary - 1})" if vocabulary is not None else ""
+        return 0, f"its token ids run from {tokens.min()} to {tokens.max()}, outside this bundle's vocabulary{known}"
+    if extra:
+        return 0, f"it holds {len(template) + extra} cache arrays, this backend's cache has {len(template)}"
+    length = tokens.shape[0]
     for saved, empty in zip(state, template, strict=True):
         if saved.dtype != empty.dtype or saved.ndim != empty.ndim or saved.shape[2] != length \
                 or saved.shape[:2] != empty.shape[:2] or saved.shape[3:] != empty.shape[3:]:

@@ -160,3 +160,39 @@ def test_a_cache_that_cannot_be_written_keeps_the_answer_in_the_conversation(tin
                              add_special_tokens=False)
     stats = [line.removeprefix("> ") for line in result.stderr.splitlines() if "[ort-cpu] prompt" in line]
     assert stats[1].startswith(f"[ort-cpu] prompt {len(whole)} tok (")  # the first exchange, from the cache
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"tokens": np.array(5)}, "its token ids are int64 of shape (), not a list of integer ids"),
+    ("float", "its token ids are float32 of shape"),
+    ("negative", "its token ids run from -"),
+    ("beyond", "outside this bundle's vocabulary (0 to"),
+    ("long", "tokens, more than this bundle's context of 256"),
+    ("extra", "cache arrays, this backend's cache has"),
+])
+def test_token_ids_that_do_not_fit_are_named_for_what_is_wrong(tiny_bundle, tmp_path, change, reason):
+    """Each of these was 'its token ids do not fit this bundle (a context of 256)', also for an extra cache
+    array; ids below 0 or past the vocabulary (which no tokenizer made) were loaded as a cache."""
+    path = tmp_path / "prompt.cache"
+    _run(tiny_bundle, "--prompt-cache", path)
+    with np.load(path) as data:
+        arrays = {name: data[name] for name in data.files}
+    tokens = arrays["tokens"]
+    if change == "float":
+        arrays["tokens"] = tokens.astype(np.float32)
+    elif change == "negative":
+        arrays["tokens"] = -tokens - 1
+    elif change == "beyond":
+        arrays["tokens"] = tokens + 100_000
+    elif change == "long":
+        arrays["tokens"] = np.resize(tokens, 300)
+    elif change == "extra":
+        arrays[f"cache_{len([name for name in arrays if name.startswith('cache_')])}"] = arrays["cache_0"]
+    else:
+        arrays.update(change)
+    with open(path, "wb") as out:
+        np.savez(out, **arrays)
+    result = _run(tiny_bundle, "--prompt-cache", path)
+    assert reason in result.stderr
+    assert "tokens loaded" not in result.stderr
+    assert "tokens loaded" in _run(tiny_bundle, "--prompt-cache", path).stderr
