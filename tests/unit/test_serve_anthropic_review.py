@@ -12,8 +12,7 @@ import pytest
 
 from edgesdk.serve.completion import ServeDefaults
 from tests.unit.test_serve import Served
-
-MESSAGES = [{"role": "user", "content": "Say something."}]
+from tests.unit.test_serve_anthropic import MESSAGES, _events
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +27,6 @@ def served(runtime):
     server = Served(runtime, ServeDefaults(max_tokens=24))
     yield server
     server.close()
-
-
-def _events(server: Served, body: dict) -> list[tuple[str, dict]]:
-    status, _, payload = server.request("POST", "/v1/messages", {**body, "stream": True})
-    assert status == 200, payload
-    events = []
-    for block in payload.decode().split("\n\n"):
-        if block:
-            name, data = block.split("\n", 1)
-            events.append((name[len("event: "):], json.loads(data[len("data: "):])))
-    return events
 
 
 def _count(server: Served, body: dict) -> int:
