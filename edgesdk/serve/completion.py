@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from edgesdk import __version__
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.cache_store import CacheStore
 from edgesdk.runtime.gbnf import GrammarError
@@ -144,6 +145,21 @@ class Completer:
         self.waiting = 0  # admitted requests waiting for their turn
         self._plain = None  # the tokenizer POST /tokenize uses with parse_special false, made on first use
         self._count_lock = threading.Lock()
+
+    def props(self, model: str) -> dict:
+        """llama-server's ``GET /props``: the context, the settings a request that sets none gets, the chat
+        template and the special tokens (what llama.cpp's web UI and clients read at start)."""
+        defaults, tokenizer = self.defaults, self.runtime.tokenizer
+        params = {"n_predict": defaults.max_tokens, "temperature": defaults.temperature, "top_p": defaults.top_p,
+                  "top_k": defaults.top_k, "min_p": defaults.min_p, "repeat_penalty": 1.0, "repeat_last_n": 64,
+                  "presence_penalty": 0.0, "frequency_penalty": 0.0, "cache_prompt": defaults.prompt_cache,
+                  "speculative.n_max": defaults.lookup if self.lookup is not None else 0}
+        return {"default_generation_settings": {"id": 0, "n_ctx": self.runtime.backend.max_context,
+                                                "is_processing": self.busy, "speculative": self.lookup is not None,
+                                                "params": params},
+                "total_slots": 1, "model_path": model, "chat_template": tokenizer.template_source or "",
+                "bos_token": tokenizer.bos_token or "", "eos_token": tokenizer.eos_token or "",
+                "modalities": {"vision": False, "audio": False}, "build_info": f"edgesdk {__version__}"}
 
     def stop(self) -> None:
         """Take no more requests: the one generating ends at its next token and those waiting when

@@ -7,7 +7,8 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   events"). A streamed answer's connection closes at its end, which delimits the body (RFC 9112
   §6.3); a client that goes away mid-answer stops the generation.
 * ``GET /v1/models``: the one model served. ``GET /health``: liveness, whether a request is
-  generating, and the thermal guard's level and temperature when it runs.
+  generating, and the thermal guard's level and temperature when it runs. ``GET /props``
+  (llama-server's): the context, the default settings, the chat template and special tokens.
 * ``GET /metrics`` (with ``--metrics``, as llama-server): Prometheus counters (serve/metrics.py).
 * ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API, whole or
   streamed as named events, its errors in Anthropic's shape (serve/anthropic.py).
@@ -56,7 +57,7 @@ MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 CLIENT_TIMEOUT_S = 60.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
 TOKEN_ROUTES = ("/tokenize", "/detokenize")  # llama-server's, answered at once (no turn on the board)
-ROUTES = ("GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /v1/messages, "
+ROUTES = ("GET /health, GET /v1/models, GET /props, POST /v1/chat/completions, POST /v1/completions, POST /v1/messages, "
           "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize (GET /metrics with --metrics)")
 
 
@@ -163,6 +164,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._authorise()
         if route == "/metrics":
             self._send_metrics()
+        elif route == "/props":
+            self._send_json(200, self.server.completer.props(self.server.model))
         elif _api_route(route) == "/models":
             self._send_json(200, {"object": "list", "data": [self._model_card()]})
         elif _api_route(route) == f"/models/{self.server.model}":
@@ -257,7 +260,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _not_found(self, route: str, method: str) -> None:
         """404, or 405 with the methods it takes where the route is this server's under another method."""
         path = _api_route(route)
-        served_by_get = route in ("/health", "/metrics") or path in ("/models", f"/models/{self.server.model}")
+        served_by_get = route in ("/health", "/metrics", "/props") or path in ("/models", f"/models/{self.server.model}")
         allowed = [name for name, known in (("GET", served_by_get), ("POST", _posted(path))) if known]
         if allowed:
             self._allow = ", ".join([*allowed, "HEAD"] if "GET" in allowed else allowed)

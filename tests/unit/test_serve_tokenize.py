@@ -3,6 +3,8 @@ tiny host bundle's tokenizer."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from edgesdk.serve.completion import ServeDefaults
@@ -112,3 +114,27 @@ def test_the_routes_want_the_api_key_take_post_only_and_are_listed(served):
     assert status == 404
     assert b"POST /tokenize, POST /detokenize" in payload
     assert _post(served, "/v1/tokenize", {"content": "hi"})[0] == 200  # the /v1 prefix is optional here too
+
+
+def test_props_gives_the_context_defaults_and_chat_template(runtime):
+    """llama-server's GET /props, behind the key like the other routes."""
+    server = Served(runtime, ServeDefaults(max_tokens=33, temperature=0.7, top_k=5), api_key="k")
+    try:
+        status, _, payload = server.request("GET", "/props")
+        assert status == 401, payload
+        status, _, payload = server.request("GET", "/props", headers={"Authorization": "Bearer k"})
+        assert status == 200, payload
+        props = json.loads(payload)
+        settings = props["default_generation_settings"]
+        assert settings["n_ctx"] == runtime.backend.max_context
+        assert (settings["params"]["n_predict"], settings["params"]["temperature"], settings["params"]["top_k"]) == \
+            (33, 0.7, 5)
+        assert settings["speculative"] is False
+        assert props["total_slots"] == 1
+        assert props["model_path"] == "tiny-host"
+        assert props["chat_template"] == (runtime.tokenizer.template_source or "")
+        assert props["eos_token"] == (runtime.tokenizer.eos_token or "")
+        status, _, payload = server.request("POST", "/props", body={}, headers={"Authorization": "Bearer k"})
+        assert status == 405, payload
+    finally:
+        server.close()
