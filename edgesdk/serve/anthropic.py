@@ -37,8 +37,6 @@ from edgesdk.serve.tools import read_answer
 
 ROUTES = ("/messages", "/messages/count_tokens")
 ROLES = ("user", "assistant")
-# OpenAI chat field -> the Anthropic field a request sets it through, for errors found on the OpenAI side
-FIELD_NAMES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens"}
 # An OpenAI tool's fields -> the Anthropic tool's (tools[0].function.parameters is tools[0].input_schema)
 TOOL_FIELD = re.compile(r"(tools\[\d+\])\.function\.(name|description|parameters)")
 TOOL_FIELDS = {"name": "name", "description": "description", "parameters": "input_schema"}
@@ -62,10 +60,7 @@ def parse_messages_request(body: object) -> CompletionRequest:
     try:
         request = parse_chat_request(chat)
     except ApiError as exc:
-        if exc.param in FIELD_NAMES:
-            field = FIELD_NAMES[exc.param]
-            exc.message, exc.param = exc.message.replace(f"'{exc.param}'", f"'{field}'"), field
-        elif exc.param is not None and (match := TOOL_FIELD.fullmatch(exc.param)):
+        if exc.param is not None and (match := TOOL_FIELD.fullmatch(exc.param)):
             field = f"{match[1]}.{TOOL_FIELDS[match[2]]}"
             exc.message, exc.param = exc.message.replace(exc.param, field), field
         raise
