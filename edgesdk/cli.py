@@ -264,20 +264,24 @@ def export(bundle, output, no_verify):
 
     The weights are the bundle's own, re-encoded without rounding again: INT4 blocks become Q4_0,
     INT8 blocks Q8_0, float weights F32. Needs the host extra (the gguf package) and an ort-fused
-    bundle of a llama / mistral / qwen2 model."""
+    bundle of a llama / mistral / qwen2 model; layers pruned to different widths are written as
+    llama.cpp's deci architecture."""
     try:
         import gguf  # noqa: F401
         import onnx  # noqa: F401
     except ImportError as exc:
         raise EdgeSDKError(f"'edgesdk export' reads the bundle's graph with onnx and writes with gguf ({exc})",
                            "pip install 'edgesdk[host]' (or: pip install onnx gguf)") from exc
-    from edgesdk.export.gguf_export import GGUFExportConfig, export_gguf
+    from edgesdk.export.gguf_export import PER_LAYER_ARCHITECTURE, GGUFExportConfig, export_gguf
 
     report = export_gguf(bundle, output, GGUFExportConfig(verify=not no_verify))
     types = ", ".join(f"{count} {kind}" for kind, count in sorted(report.tensor_types.items()))
     checked = "not read back" if no_verify else f"{report.verified_tensors} tensors read back bit-exact"
     click.echo(f"{report.path}: {report.size_bytes / 1e6:.1f} MB, {report.architecture} {report.file_type} "
                f"({types}; {checked}) in {report.seconds:.1f} s")
+    if report.architecture == PER_LAYER_ARCHITECTURE[0]:
+        click.echo(f"layers pruned to different widths: written as llama.cpp's {report.architecture} architecture "
+                   "(per-layer head counts and FFN widths), which llama.cpp runs; transformers' GGUF loader does not")
     click.echo(f"run it with llama.cpp: llama-cli -m {report.path}")
 
 

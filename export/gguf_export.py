@@ -14,6 +14,11 @@ architectures (GGUF spec: github.com/ggml-org/ggml/blob/master/docs/gguf.md):
 - ``llama`` rotates adjacent pairs (GPT-J style) where the bundle's graph rotates halves
   (``rotary_interleaved=0``), so the query and key rows of each head are reordered: row
   ``h·hd + a·hd/2 + j`` moves to ``h·hd + 2j + a``. ``qwen2`` rotates halves and keeps them.
+- Layers pruned to different shapes (``prune`` ranks FFN channels across layers and removes whole
+  GQA groups per layer) are written as llama.cpp's ``deci`` architecture (NVIDIA's Llama-Nemotron
+  NAS models), whose loader reads the head counts, KV head counts and FFN widths as per-layer arrays
+  and builds the Llama graph (adjacent-pair RoPE, optional Q/K/V biases) from them. ``llama`` and
+  ``qwen2`` read one width for every layer.
 
 The file is written beside its destination and renamed into place once complete, then read back
 with the ``gguf`` package's own decoder and compared with the bundle's weights (bit-exact).
@@ -36,6 +41,24 @@ from edgesdk.export.gguf_vocab import GGUFVocab, vocab_from_tokenizer_json
 
 # model type in the bundle's manifest -> (GGUF architecture, query/key rows reordered for pairwise RoPE)
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False)}
+PER_LAYER_ARCHITECTURE = ("deci", True)  # layers of different shapes, any of the model types above
+
+
+@dataclass(frozen=True)
+class LayerShapes:
+    """Per decoder layer: query heads, KV heads and FFN width."""
+
+    heads: tuple[int, ...]
+    kv_heads: tuple[int, ...]
+    ffn: tuple[int, ...]
+
+    @property
+    def uniform(self) -> bool:
+        return len(set(zip(self.heads, self.kv_heads, self.ffn, strict=True))) == 1
+
+    def metadata(self, values: tuple[int, ...]) -> int | list[int]:
+        """One number for uniform layers (what every llama.cpp architecture reads), else the per-layer array."""
+        return values[0] if self.uniform else list(values)
 
 
 @dataclass(frozen=True)
@@ -83,9 +106,9 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     if model_type not in ARCHITECTURES:
         raise ExportError(f"bundle {bundle_dir} holds a {model_type!r} model; GGUF export writes {sorted(ARCHITECTURES)}",
                           "run this bundle with edgesdk")
-    architecture, pairwise_rope = ARCHITECTURES[model_type]
     decoder = read_bundle_decoder(bundle.path, manifest)
-    shape = _uniform_shape(decoder, bundle_dir)
+    shape = layer_shapes(decoder)
+    architecture, pairwise_rope = ARCHITECTURES[model_type] if shape.uniform else PER_LAYER_ARCHITECTURE
     tokenizer = manifest["tokenizer"]
     vocab = vocab_from_tokenizer_json(bundle.file(tokenizer["file"]), tokenizer.get("bos_token"),
                                       tokenizer.get("eos_token"), matrix_rows(decoder.embed))
@@ -172,14 +195,11 @@ def _pairwise_order(heads: int, head_dim: int) -> np.ndarray:
     return np.arange(heads * head_dim).reshape(heads, 2, head_dim // 2).transpose(0, 2, 1).reshape(-1)
 
 
-def _uniform_shape(decoder: BundleDecoder, bundle_dir) -> tuple[int, int, int]:
-    """(heads, kv heads, FFN width), the same in every layer."""
-    shapes = {(layer.heads, layer.kv_heads, matrix_rows(layer.units["mlp.gate_up"]) // 2) for layer in decoder.layers}
-    if len(shapes) != 1:
-        raise ExportError(f"bundle {bundle_dir} has layers of different shapes {sorted(shapes)} (heads, kv heads, "
-                          "FFN width): structurally pruned per layer; GGUF export writes uniform layers only",
-                          "export a bundle built with a recipe that prunes uniformly or not at all, or run it with edgesdk")
-    return shapes.pop()
+def layer_shapes(decoder: BundleDecoder) -> LayerShapes:
+    """The bundle's query heads, KV heads and FFN width, layer by layer."""
+    return LayerShapes(heads=tuple(layer.heads for layer in decoder.layers),
+                       kv_heads=tuple(layer.kv_heads for layer in decoder.layers),
+                       ffn=tuple(matrix_rows(layer.units["mlp.gate_up"]) // 2 for layer in decoder.layers))
 
 
 def _chat_template(bundle, tokenizer: dict) -> str | None:
@@ -187,11 +207,10 @@ def _chat_template(bundle, tokenizer: dict) -> str | None:
     return bundle.file(name).read_text(encoding="utf-8") if name and bundle.file(name).is_file() else None
 
 
-def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: tuple[int, int, int], vocab: GGUFVocab,
+def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerShapes, vocab: GGUFVocab,
            encoded: dict, file_type: str, manifest: dict, chat_template: str | None) -> None:
     from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 
-    heads, kv_heads, ffn = shape
     writer = GGUFWriter(str(path), architecture)
     model = manifest["model"]["after"]
     source = Path(str(model["source"])).name or str(model["source"])  # an alias, or a directory's name, not its path
@@ -203,10 +222,11 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: tuple[i
     writer.add_context_length(decoder.max_context)
     writer.add_embedding_length(decoder.hidden_size)
     writer.add_block_count(len(decoder.layers))
-    writer.add_feed_forward_length(ffn)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    if decoder.head_dim * heads != decoder.hidden_size:
+    writer.add_feed_forward_length(shape.metadata(shape.ffn))
+    writer.add_head_count(shape.metadata(shape.heads))
+    writer.add_head_count_kv(shape.metadata(shape.kv_heads))
+    # llama.cpp takes the head size as the width over layer 0's head count unless it is given
+    if not shape.uniform or decoder.head_dim * shape.heads[0] != decoder.hidden_size:
         writer.add_key_length(decoder.head_dim)
         writer.add_value_length(decoder.head_dim)
     writer.add_rope_dimension_count(decoder.head_dim)

@@ -200,18 +200,83 @@ def test_a_standard_form_bundle_is_refused_with_the_forms_that_export(tmp_path):
     assert "ort-fused" in refused.value.fix
 
 
-def test_layers_of_different_shapes_are_refused_by_name(tmp_path):
-    from edgesdk.export.bundle_weights import BundleDecoder, BundleLayer
-    from edgesdk.export.gguf_export import _uniform_shape
+PRUNED = ("name: pruned\nstages:\n  - stage: prune\n    config: {{ffn_ratio: 0.4, kv_group_ratio: 0.5, "
+          "calibration_batches: 2, batch_size: 2, sequence_length: 24}}\n"
+          "export: {{form: ort-fused, weights: {weights}, block_size: 32}}\n")
 
-    def layer(heads, ffn):
-        units = {"mlp.gate_up": np.zeros((2 * ffn, 8), np.float32)}
-        return BundleLayer(np.ones(8), np.ones(8), heads, 1, units)
 
-    decoder = BundleDecoder(head_dim=4, rms_eps=1e-5, rope_base=1e4, max_context=8, embed=np.zeros((4, 8)),
-                            final_norm=np.ones(8), lm_head=None, layers=[layer(2, 16), layer(2, 12)])
-    with pytest.raises(ExportError, match=r"different shapes \[\(2, 1, 12\), \(2, 1, 16\)\]"):
-        _uniform_shape(decoder, tmp_path)
+def _pruned_bundle(tmp_path, weights: str, model_type: str = "llama"):
+    """Three layers whose FFN widths and GQA groups the prune stage cuts unevenly (Fisher ranks across layers)."""
+    model_dir = save_tiny_model_dir(tmp_path / "model", hidden=128, heads=8, kv_heads=4, intermediate=256, layers=3,
+                                    model_type=model_type)
+    return build_tiny_bundle(tmp_path, PRUNED.format(weights=weights), "host", model_dir=model_dir)
+
+
+def _gguf_fields(path) -> dict:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    return {name: field.contents() for name, field in reader.fields.items()}, {
+        t.name: tuple(int(n) for n in t.shape) for t in reader.tensors}
+
+
+def test_layers_pruned_to_different_widths_export_as_deci_with_per_layer_shapes(tmp_path):
+    """llama.cpp's ``llama`` loader reads one FFN width and head count for every layer; its ``deci`` loader
+    reads them per layer, and each layer's tensors must have exactly those shapes (ggml order: inputs first)."""
+    from edgesdk.export.bundle_weights import matrix_rows, read_bundle_decoder
+
+    bundle = _pruned_bundle(tmp_path, "int4")
+    decoder = read_bundle_decoder(bundle.path, bundle.manifest)
+    shapes = [(layer.heads, layer.kv_heads, matrix_rows(layer.units["mlp.gate_up"]) // 2) for layer in decoder.layers]
+    assert len(set(shapes)) > 1, f"the prune stage left uniform layers {shapes}: the test needs uneven ones"
+    report = _export(bundle, tmp_path)
+    assert report.architecture == "deci"
+    assert report.file_type == "Q4_0"
+    assert report.verified_tensors > 0
+    fields, tensors = _gguf_fields(report.path)
+    assert fields["general.architecture"] == "deci"
+    assert fields["deci.attention.head_count"] == [h for h, _, _ in shapes]
+    assert fields["deci.attention.head_count_kv"] == [k for _, k, _ in shapes]
+    assert fields["deci.feed_forward_length"] == [f for _, _, f in shapes]
+    hd, width = decoder.head_dim, decoder.hidden_size
+    assert fields["deci.attention.key_length"] == fields["deci.attention.value_length"] == hd
+    for i, (heads, kv_heads, ffn) in enumerate(shapes):
+        assert tensors[f"blk.{i}.attn_q.weight"] == (width, heads * hd)
+        assert tensors[f"blk.{i}.attn_k.weight"] == tensors[f"blk.{i}.attn_v.weight"] == (width, kv_heads * hd)
+        assert tensors[f"blk.{i}.attn_output.weight"] == (heads * hd, width)
+        assert tensors[f"blk.{i}.ffn_gate.weight"] == tensors[f"blk.{i}.ffn_up.weight"] == (width, ffn)
+        assert tensors[f"blk.{i}.ffn_down.weight"] == (ffn, width)
+
+
+def test_uniform_layers_keep_their_own_architecture_and_single_numbers(tmp_path):
+    report = _export(_bundle(tmp_path, "fp32"), tmp_path)
+    fields, _ = _gguf_fields(report.path)
+    assert report.architecture == fields["general.architecture"] == "llama"
+    assert fields["llama.feed_forward_length"] == 128
+    assert fields["llama.attention.head_count"] == 4
+    assert "llama.attention.key_length" not in fields  # 64 / 4 heads is the head size llama.cpp derives
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_a_pruned_export_runs_in_llama_cpp_with_the_bundles_logits(model_type, tmp_path):
+    """The independent check of the per-layer export: llama.cpp itself loads the deci file and computes the
+    bundle's logits from its float weights (qwen2: the Q/K/V biases and the RoPE reorder too)."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install "
+                                    "llama-cpp-python, which compiles llama.cpp for several minutes)")
+    from edgesdk.evaluate import bundle_scorer
+    from edgesdk.runtime.session import open_runtime
+
+    bundle = _pruned_bundle(tmp_path, "fp32", model_type)
+    report = _export(bundle, tmp_path)
+    runtime = open_runtime(bundle.path, threads=1)
+    ids = runtime.tokenizer.encode(PROMPT, add_special_tokens=False)
+    expected = bundle_scorer(runtime)(np.array(ids))
+    model = llama_cpp.Llama(str(report.path), n_ctx=64, logits_all=True, n_threads=1, verbose=False)
+    model.eval(ids)
+    got = np.array(model.scores[:len(ids)])
+    diff = float(np.abs(got - expected).max())
+    print(f"{model_type} pruned fp32 in llama.cpp: max abs logit difference {diff:.2e}")
+    assert diff < 1e-3
 
 
 def test_rope_theta_is_fitted_and_scaled_rope_is_refused(tmp_path):
@@ -284,6 +349,12 @@ def test_the_cli_exports_and_says_how_to_run_it(tmp_path):
     assert "llama Q4_0" in result.output
     assert "read back bit-exact" in result.output
     assert "llama-cli -m" in result.output
+    assert "deci" not in result.output
+    pruned = _pruned_bundle(tmp_path / "pruned", "int4")
+    result = CliRunner().invoke(main, ["export", str(pruned.path), str(tmp_path / "pruned.gguf")])
+    assert result.exit_code == 0, result.output
+    assert "deci Q4_0" in result.output
+    assert "llama.cpp's deci architecture" in result.output
     result = CliRunner().invoke(main, ["export", str(tmp_path / "missing"), str(tmp_path / "x.gguf")])
     assert result.exit_code != 0
     assert "does not exist" in result.output
