@@ -44,7 +44,9 @@ def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None)
         "",
         f"- architecture: {before['architecture']}, {before['layers']} layers, hidden {before['hidden_size']}, "
         f"heads {before['attention_heads']} (kv {before['kv_heads']}), vocab {before['vocab_size']}",
-        f"- parameters: {before['parameters']:,} before, {after['parameters']:,} after",
+        f"- parameters: {before['parameters']:,} before, {after['parameters']:,} after"
+        + (f"; {after['layers']} of {before['layers']} layers kept" if after.get("layers", before["layers"])
+           != before["layers"] else ""),
         f"- recipe: {manifest['recipe']['name']}; stages: "
         + (", ".join(s["stage"] for s in manifest["stages"]) or f"none ({manifest['graph']['dtype']} export)"),
         f"- graph: {manifest['graph']['form']} form, {manifest['graph']['dtype']}, "

@@ -124,14 +124,15 @@ def shortcut_overrides(target: str, recipe_name: str | None, values: dict[str, o
 
 def model_facts_after(model, facts_before: dict) -> dict:
     """The loaded model's facts with what the stages changed: parameters, and the FFN widths, query
-    heads and KV heads that pruning leaves per layer (the largest, plus the per-layer list where they differ)."""
+    heads and KV heads that pruning leaves per layer (the largest, plus the per-layer list where they differ),
+    and the layers that depth pruning leaves."""
     layers = list(model.model.layers)
     head_dim = facts_before["hidden_size"] // facts_before["attention_heads"]
     head_dim = getattr(model.config, "head_dim", None) or head_dim
     widths = [layer.mlp.up_proj.out_features for layer in layers]
     kv_heads = [layer.self_attn.k_proj.out_features // head_dim for layer in layers]
     heads = [layer.self_attn.q_proj.out_features // head_dim for layer in layers]
-    facts = {**facts_before, "parameters": sum(p.numel() for p in model.parameters()),
+    facts = {**facts_before, "parameters": sum(p.numel() for p in model.parameters()), "layers": len(layers),
              "intermediate_size": max(widths), "attention_heads": max(heads), "kv_heads": max(kv_heads)}
     if len(set(widths)) > 1:
         facts["intermediate_sizes"] = widths

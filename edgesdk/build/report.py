@@ -62,12 +62,12 @@ def plot(rows: list[dict], path: Path) -> bool:
     left.set_title("per stage: weight bytes and perplexity")
     layers = rows[-1].get("layers") or []
     if layers:
-        first = rows[0].get("layers") or layers
-        index = range(len(layers))
-        right.plot(index, [lay["ffn"] / max(1, f["ffn"]) for lay, f in zip(layers, first, strict=True)], "o-",
-                   label="FFN channels kept")
-        right.plot(index, [lay["heads"] / max(1, f["heads"]) for lay, f in zip(layers, first, strict=True)], "s-",
-                   label="query heads kept")
+        first = {int(lay.get("layer", i)): lay for i, lay in enumerate(rows[0].get("layers") or layers)}
+        last = {int(lay.get("layer", i)): lay for i, lay in enumerate(layers)}
+        index = sorted(set(first) | set(last))  # a layer that depth pruning removed keeps nothing
+        for key, marker, label in (("ffn", "o-", "FFN channels kept"), ("heads", "s-", "query heads kept")):
+            right.plot(index, [last[i][key] / max(1, first.get(i, last[i])[key]) if i in last else 0.0
+                               for i in index], marker, label=label)
         right.set_ylim(0, 1.05)
         right.set_xlabel("layer")
         right.set_ylabel("fraction kept")

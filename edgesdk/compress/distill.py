@@ -31,7 +31,7 @@ from edgesdk.compress.losses import (
     token_attention_kl,
 )
 from edgesdk.compress.measure import stage_metrics
-from edgesdk.compress.structure import layer_records
+from edgesdk.compress.structure import layer_records, teacher_layers
 from edgesdk.compress.train import (
     LoopSettings,
     check_optimiser_settings,
@@ -99,9 +99,14 @@ class TeacherWithPrefix:
         return out.logits[:, p:], maps
 
 
-def distillation_loss(student, teacher: TeacherWithPrefix, kept_heads, config: DistillConfig):
+def distillation_loss(student, teacher: TeacherWithPrefix, kept_heads, config: DistillConfig,
+                      teacher_index: list[int] | None = None):
+    """The stage's loss; ``teacher_index[i]`` is the teacher layer whose attention student layer i matches
+    (depth pruning removes layers; by default layer i matches layer i)."""
     def loss_fn(batch: torch.Tensor, fraction: float) -> tuple[torch.Tensor, dict]:
         teacher_logits, teacher_maps = teacher(batch)
+        if teacher_index is not None and teacher_maps is not None:
+            teacher_maps = [teacher_maps[i] for i in teacher_index]
         out = student(batch, output_attentions=config.attention_weight > 0)
         parts = {"logits": logits_kl(out.logits, teacher_logits, config.temperature)}
         loss = config.logits_weight * parts["logits"]
@@ -128,11 +133,12 @@ def distill_stage(model, config: DistillConfig, ctx: BuildContext):
     for name, p in model.named_parameters():
         p.requires_grad_(trains_with_the_backbone(name, config.train_embedding))
     kept_heads = [record["heads"] for record in layer_records(model)]
+    teacher_index = teacher_layers(model)
     metrics = {}
     if config.steps:
         batches = ctx.training_data().batches(config.steps, config.batch_size, config.sequence_length, config.seed)
         loss_fn = distillation_loss(model, TeacherWithPrefix(teacher, config.soft_prompt_tokens, config.seed),
-                                    kept_heads, config)
+                                    kept_heads, config, teacher_index)
         settings = LoopSettings(lr=config.lr, grad_accumulation=config.grad_accumulation)
         held = sparsify.hold_masks(model)  # dropped blocks stay dropped
         metrics["training"] = run_training(model, loss_fn, batches, settings, desc="distill", progress=ctx.progress)

@@ -63,9 +63,9 @@ def heldout_perplexity(model, ids: torch.Tensor, length: int = 256) -> float:
 
 
 def structure_summary(model) -> list[dict]:
-    """Per layer: query heads, KV heads and FFN channels kept."""
-    return [{"heads": len(r["heads"]), "kv_heads": len(r["kv_heads"]), "ffn": len(r["ffn"])}
-            for r in layer_records(model)]
+    """Per remaining layer: its index in the unpruned model, query heads, KV heads and FFN channels kept."""
+    return [{"layer": int(r.get("layer", i)), "heads": len(r["heads"]), "kv_heads": len(r["kv_heads"]),
+             "ffn": len(r["ffn"])} for i, r in enumerate(layer_records(model))]
 
 
 def stage_metrics(model, eval_ids: torch.Tensor | None) -> dict:

@@ -17,6 +17,14 @@ gradient alone would rank a large, rarely-moving weight below a small, noisy one
   (layer i, group g) puts (i-1, g), (i, g) and (i+1, g) into a pool, the least salient of the pool
   is removed and the pool is closed for this pass.
 
+* Whole decoder layers (depth pruning, ``layers_removed``) go first, before the channels are ranked
+  on what remains. A layer's importance is what the model loses without it: the mean per-token
+  KL(P_model || P_without the layer) on calibration text, the distillation-consistent form of the
+  loss-based criterion of Minitron (Muralidharan et al. 2024, §2.2 "depth": LM loss with the layer
+  removed) and Shortened LLaMA (Kim et al. 2024: one-shot perplexity criterion). Removal is greedy:
+  the least important layer goes, the rest are scored again without it, since the layers a model
+  can spare alone are not the ones it can spare together.
+
 Weights are physically removed and the per-layer structure recorded (structure.py), so the
 exported graph is smaller.
 """
@@ -28,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress import fake_quant
@@ -37,8 +46,10 @@ from edgesdk.compress.structure import (
     head_dim,
     keep_ffn_channels,
     keep_kv_groups,
+    keep_layers,
     layer_records,
     slice_linear,
+    teacher_layers,
 )
 
 
@@ -48,6 +59,8 @@ class PruneConfig:
 
     ffn_ratio: float = 0.25  # fraction of all FFN channels removed (FFN is ~75 % of decoder weights)
     kv_group_ratio: float = 0.0  # fraction of all GQA groups removed (attention is cheaper, riskier)
+    layers_removed: int = 0  # whole decoder layers removed (depth pruning), the least important first
+    layer_calibration_batches: int = 4  # batches scoring each layer's removal (KL to the model with it)
     min_ffn_keep: float = 0.25  # no layer keeps fewer FFN channels than this fraction
     ffn_multiple: int = 32  # kept channels per layer round to this (the quantization block)
     cooperative: bool = True  # seed §3.3: neighbouring layers' same group compete, one is removed
@@ -64,12 +77,56 @@ class PruneConfig:
             raise ValueError(f"min_ffn_keep must be in (0, 1], got {self.min_ffn_keep}")
         if self.ffn_multiple < 1:
             raise ValueError(f"ffn_multiple must be >= 1, got {self.ffn_multiple}")
+        if self.layers_removed < 0:
+            raise ValueError(f"layers_removed must be >= 0, got {self.layers_removed}")
+        if self.layer_calibration_batches < 1:
+            raise ValueError(f"layer_calibration_batches must be >= 1, got {self.layer_calibration_batches}")
         if self.calibration_batches < 1:  # no batch: every saliency 0, the ranking is arbitrary
             raise ValueError(f"calibration_batches must be >= 1, got {self.calibration_batches}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.sequence_length < 2:  # one token has no next token: no gradient, every saliency 0
             raise ValueError(f"sequence_length must be >= 2, got {self.sequence_length}")
+
+
+def layer_removal_costs(model, batches: list[torch.Tensor], reference: list[torch.Tensor]) -> list[float]:
+    """Per current decoder layer: mean per-token KL(reference || the model without that layer) in nats, where
+    ``reference`` holds the log-probabilities (B, S, V) of the model being pruned on each batch."""
+    layers = model.model.layers
+    costs = []
+    for skipped in range(len(layers)):
+        model.model.layers = nn.ModuleList([layer for i, layer in enumerate(layers) if i != skipped])
+        try:
+            total = 0.0
+            for batch, ref in zip(batches, reference, strict=True):
+                logp = F.log_softmax(model(batch, use_cache=False).logits.float(), dim=-1)  # (B, S, V)
+                total += float((ref.exp() * (ref - logp)).sum(-1).mean())
+        finally:
+            model.model.layers = layers
+        costs.append(total / len(batches))
+    return costs
+
+
+def plan_depth(model, batches: list[torch.Tensor], remove: int) -> tuple[list[int], list[list[float]]]:
+    """Positions of the layers to keep after greedily removing ``remove`` of them (the cheapest to lose,
+    scored again after each removal), and the costs of each round (for the build record)."""
+    count = len(model.model.layers)
+    if remove >= count:
+        raise ValueError(f"layers_removed={remove} leaves no decoder layer of {count}; remove at most {count - 1}")
+    kept = list(range(count))
+    rounds = []
+    layers = model.model.layers
+    with torch.no_grad():
+        reference = [F.log_softmax(model(batch, use_cache=False).logits.float(), dim=-1) for batch in batches]
+        try:
+            for _ in range(remove):
+                model.model.layers = nn.ModuleList([layers[i] for i in kept])
+                costs = layer_removal_costs(model, batches, reference)
+                rounds.append([round(c, 6) for c in costs])
+                del kept[min(range(len(costs)), key=costs.__getitem__)]
+        finally:
+            model.model.layers = layers
+    return kept, rounds
 
 
 def fisher_diagonal(model, batches: list[torch.Tensor], progress: bool = False) -> dict[str, torch.Tensor]:
@@ -206,6 +263,28 @@ def apply_plans(model, ffn_plan: list[list[int]], group_plan: list[list[int]]) -
 def prune_stage(model, config: PruneConfig, ctx: BuildContext):
     model.eval()
     scheme = fake_quant.reattach(model)  # importance measured on the quantized model (seed §5 lesson)
+    depth = {}
+    if config.layers_removed:
+        if any(".power_adapter." in name for name, _ in model.named_parameters()):
+            raise ValueError("layers_removed: a power-gated model's adapters scale the next layer's attention heads, "
+                             "so its layers cannot be removed; prune depth in a recipe without the power stage")
+        layer_batches = ctx.training_data().batches(config.layer_calibration_batches, config.batch_size,
+                                                    config.sequence_length, config.seed + 1)
+        before = teacher_layers(model)
+        kept, rounds = plan_depth(model, layer_batches, config.layers_removed)
+        keep_layers(model, kept)
+        depth = {"layers_removed": sorted(set(before) - set(teacher_layers(model))), "layer_removal_kl": rounds}
+    width = {}
+    if config.ffn_ratio or config.kv_group_ratio:
+        width = _prune_width(model, config, ctx, scheme)
+    elif scheme is not None:
+        fake_quant.detach(model, bake=False)  # weights are already on the grid from QAT
+    ctx.metrics.update({**depth, **width}, **stage_metrics(model, ctx.eval_ids()))
+    return model
+
+
+def _prune_width(model, config: PruneConfig, ctx: BuildContext, scheme) -> dict:
+    """FFN channels and GQA groups by Fisher saliency; returns what the build record keeps of it."""
     batches = ctx.training_data().batches(config.calibration_batches, config.batch_size, config.sequence_length,
                                           config.seed)
     fisher = fisher_diagonal(model, batches, ctx.progress)
@@ -217,9 +296,8 @@ def prune_stage(model, config: PruneConfig, ctx: BuildContext):
     if scheme is not None:  # removed down-projection columns shift its K blocks: back onto the grid
         fake_quant.attach(model, scheme)
         fake_quant.detach(model, bake=True)
-    ctx.metrics.update({
+    return {
         "ffn_saliency_per_layer": [round(float(s.sum()), 6) for s in ffn_scores],
         "group_saliency_per_layer": [[round(float(v), 6) for v in s] for s in group_scores],
         "calibration_tokens": sum(int(b.numel()) for b in batches),
-    }, **stage_metrics(model, ctx.eval_ids()))
-    return model
+    }

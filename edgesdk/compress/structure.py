@@ -2,8 +2,10 @@
 layer keeps, physical slicing of the weights, and rebuilding a pruned model from a checkpoint.
 
 Hugging Face configs describe uniform layers only, so the per-layer record travels in
-``model.config.edgesdk_layers``: ``[{"heads": [...], "kv_heads": [...], "ffn": [...]}, ...]`` with
-indices into the unpruned model (distillation compares surviving heads with themselves).
+``model.config.edgesdk_layers``: ``[{"layer": i, "heads": [...], "kv_heads": [...], "ffn": [...]}, ...]``
+with indices into the unpruned model (distillation compares surviving layers and heads with
+themselves). ``layer`` is absent from records written before depth pruning: the i-th record is then
+the teacher's layer i.
 """
 
 from __future__ import annotations
@@ -27,8 +29,29 @@ def layer_records(model) -> list[dict]:
     if stored:
         return [dict(r) for r in stored]
     config = model.config
-    return [{"heads": list(range(config.num_attention_heads)), "kv_heads": list(range(config.num_key_value_heads)),
-             "ffn": list(range(config.intermediate_size))} for _ in range(config.num_hidden_layers)]
+    return [{"layer": i, "heads": list(range(config.num_attention_heads)),
+             "kv_heads": list(range(config.num_key_value_heads)), "ffn": list(range(config.intermediate_size))}
+            for i in range(config.num_hidden_layers)]
+
+
+def teacher_layers(model) -> list[int]:
+    """The unpruned model's index of each remaining decoder layer."""
+    return [int(record.get("layer", i)) for i, record in enumerate(layer_records(model))]
+
+
+def keep_layers(model, kept: list[int]) -> None:
+    """Keep decoder layers ``kept`` (positions in the current model, ascending), in place: the module list,
+    the layer count and per-layer settings of the config, each attention's KV-cache index, and the record."""
+    records = layer_records(model)
+    layers = model.model.layers
+    model.model.layers = nn.ModuleList([layers[i] for i in kept])
+    for index, layer in enumerate(model.model.layers):
+        layer.self_attn.layer_idx = index  # the KV cache is indexed by it
+    config = model.config
+    config.num_hidden_layers = len(kept)
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[i] for i in kept]
+    setattr(config, LAYERS_KEY, [records[i] for i in kept])
 
 
 def slice_linear(linear: nn.Linear, rows: list[int] | None = None, cols: list[int] | None = None) -> None:

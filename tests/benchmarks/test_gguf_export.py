@@ -8,14 +8,19 @@ the bundle's weights with its own kernels. Measured here, every engine on the sa
   ``llama_model_quantize`` from the same source GGUF;
 - speed: greedy decode of 128 tokens after a 128-token prompt, 2 threads, the exported file
   against llama.cpp's Q4_0 (the same format, so the same kernels) and the bundle, alternating,
-  median of 3 after one untimed run each.
+  median of 3 after one untimed run each;
+- a bundle pruned per layer (``int4-prune``: FFN widths from the Fisher ranking across layers),
+  exported as llama.cpp's ``deci`` architecture: its perplexity in llama.cpp against the bundle's,
+  and decode speed of both.
 
     pip install llama-cpp-python   # benchmarks only, never a runtime dependency
-    EDGESDK_BENCH_BUNDLE=DIR python -m pytest tests/benchmarks/test_gguf_export.py -m benchmark -s
+    EDGESDK_BENCH_BUNDLE=DIR EDGESDK_BENCH_PRUNED_BUNDLE=DIR \
+        python -m pytest tests/benchmarks/test_gguf_export.py -m benchmark -s
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -47,6 +52,19 @@ def source_gguf() -> Path:
     from edgesdk.models.sources import fetch_alias
 
     return fetch_alias("smollm2-135m", quiet=True)
+
+
+@pytest.fixture(scope="module")
+def pruned_bundle(tmp_path_factory):
+    """An ``int4-prune`` build for rpi5 ($EDGESDK_BENCH_PRUNED_BUNDLE reuses one; building takes about 20 min)."""
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.bundle import verify_bundle
+
+    existing = os.environ.get("EDGESDK_BENCH_PRUNED_BUNDLE")
+    if existing:
+        return verify_bundle(Path(existing))
+    return build(BuildConfig(target="rpi5", recipe="int4-prune", out=tmp_path_factory.mktemp("pruned") / "b",
+                             progress=False))
 
 
 def test_perplexity_of_the_export_against_llamacpp_quants(smollm2_rpi5_bundle, exported, source_gguf):
@@ -107,3 +125,46 @@ def test_decode_speed_of_the_export_against_llamacpp_q4_0(smollm2_rpi5_bundle, e
     for name, values in runs.items():
         decode = statistics.median(v[1] for v in values)
         print(f"{name:<32}{statistics.median(v[0] for v in values):>14.1f}{decode:>14.1f}{decode / base:>15.2f}")
+
+
+def test_a_bundle_pruned_per_layer_runs_in_llamacpp_at_its_perplexity(pruned_bundle, tmp_path):
+    if not WIKITEXT.is_file():
+        pytest.skip(f"WikiText-2 validation text not found beside the checkout ({WIKITEXT})")
+    from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, perplexity
+    from edgesdk.export.gguf_export import export_gguf
+    from edgesdk.runtime.generate import SamplingConfig, generate
+    from edgesdk.runtime.session import open_runtime
+
+    report = export_gguf(pruned_bundle.path, tmp_path / "pruned.gguf")
+    assert report.architecture == "deci", "the int4-prune build left every layer the same width"
+    config = PerplexityConfig()
+    text = WIKITEXT.read_text(encoding="utf-8")
+    runtime = open_runtime(pruned_bundle.path, threads=THREADS)
+    ids = runtime.tokenizer.encode(text[: config.max_chars], add_special_tokens=False)
+    bundle_ppl = bundle_perplexity(runtime, text, config).perplexity
+    engine = LlamaCppEngine(report.path, THREADS, config.context, logits_all=True)
+    exported_ppl = perplexity(engine.score_window, ids, config).perplexity
+    del engine
+
+    prompt = np.random.default_rng(0).integers(100, 49152, PROMPT).tolist()
+    engine = LlamaCppEngine(report.path, THREADS)
+
+    def bundle_run():
+        _, stats = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=NEW), stop_ids=set())
+        return stats.decode_tok_s
+
+    runners = {"exported deci GGUF (llama.cpp)": lambda: engine.time_generation(prompt, NEW)[1],
+               "edgesdk bundle (ONNX Runtime)": bundle_run}
+    for run in runners.values():  # warm-up, untimed
+        run()
+    runs = {name: [] for name in runners}
+    for _ in range(REPEATS):
+        for name, run in runners.items():
+            time.sleep(1)
+            runs[name].append(run())
+    decode = {name: statistics.median(values) for name, values in runs.items()}
+    print(f"\n{report.path.name}: {report.size_bytes / 1e6:.1f} MB, {report.tensor_types}; {len(ids):,} tokens")
+    print(f"{'engine':<34}{'perplexity':>12}{'decode tok/s':>14}")
+    for (name, tok_s), value in zip(decode.items(), (exported_ppl, bundle_ppl), strict=True):
+        print(f"{name:<34}{value:>12.3f}{tok_s:>14.1f}")
+    assert abs(exported_ppl / bundle_ppl - 1) < 0.01  # the same weights, two engines' rounding of activations

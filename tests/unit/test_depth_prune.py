@@ -1,0 +1,128 @@
+"""Depth pruning in the prune stage: which layers go, the model without them, and the build around it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgesdk.compress.prune import PruneConfig, plan_depth  # noqa: E402
+from edgesdk.compress.structure import keep_layers, layer_records, load_pruned, teacher_layers  # noqa: E402
+from tests._utils.tiny import CORPUS, save_tiny_model_dir, tiny_llama  # noqa: E402
+
+DEPTH_RECIPE = """name: tiny-depth
+stages:
+  - stage: qat
+    config: {{weight_bits: 4, steps: 2, batch_size: 2, sequence_length: 24}}
+  - stage: prune
+    config: {{layers_removed: {removed}, ffn_ratio: {ffn}, calibration_batches: 2, layer_calibration_batches: 2,
+             batch_size: 2, sequence_length: 24, ffn_multiple: 16}}
+  - stage: distill
+    config: {{steps: 2, batch_size: 2, sequence_length: 24}}
+export: {{form: ort-fused, weights: int4, embedding_bits: 8}}
+"""
+
+
+def _batches(vocab: int = 320, count: int = 2):
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (2, 16), generator=generator) for _ in range(count)]
+
+
+def _silence(layer) -> None:
+    """Make a decoder layer the identity: both residual branches write zeros."""
+    with torch.no_grad():
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+
+
+def test_the_layer_the_model_does_not_need_is_removed_first():
+    model = tiny_llama(layers=4)
+    _silence(model.model.layers[2])
+    kept, rounds = plan_depth(model, _batches(), remove=1)
+    assert kept == [0, 1, 3]
+    assert rounds[0][2] < 1e-6 < min(cost for i, cost in enumerate(rounds[0]) if i != 2)
+    assert len(model.model.layers) == 4  # planning leaves the model whole
+
+
+def test_removal_is_greedy_scoring_what_remains_after_each_removal():
+    model = tiny_llama(layers=4)
+    _silence(model.model.layers[1])
+    _silence(model.model.layers[3])
+    kept, rounds = plan_depth(model, _batches(), remove=2)
+    assert kept == [0, 2]
+    assert [len(r) for r in rounds] == [4, 3]  # the second round scores the three layers left
+    with pytest.raises(ValueError, match=r"layers_removed=4 leaves no decoder layer of 4; remove at most 3"):
+        plan_depth(model, _batches(), remove=4)
+
+
+def test_the_shortened_model_decodes_with_its_kv_cache_as_it_scores_whole_sequences():
+    """Each remaining attention indexes the KV cache by its new position: with the old ones, a 3-layer
+    cache would be read at layer 3 and incremental decoding would disagree with the full forward pass."""
+    model = tiny_llama(layers=4)
+    keep_layers(model, [0, 2, 3])
+    assert model.config.num_hidden_layers == 3
+    assert teacher_layers(model) == [0, 2, 3]
+    ids = _batches(count=1)[0][:1]
+    with torch.no_grad():
+        full = model(ids).logits
+        out = model(ids[:, :10], use_cache=True)
+        step = model(ids[:, 10:11], past_key_values=out.past_key_values, use_cache=True).logits
+    assert torch.allclose(step[:, -1], full[:, 10], atol=1e-5)
+
+
+def test_a_saved_shortened_model_loads_back_with_its_layers_and_record(tmp_path):
+    model = tiny_llama(layers=4)
+    keep_layers(model, [1, 3])
+    model.save_pretrained(tmp_path / "m")
+    loaded = load_pruned(tmp_path / "m")
+    assert [r["layer"] for r in layer_records(loaded)] == [1, 3]
+    ids = _batches(count=1)[0]
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-6)
+
+
+def test_depth_and_width_pruning_build_an_exported_bundle_with_fewer_layers(tmp_path):
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.compress.data import DataConfig
+    from edgesdk.export.onnx_export import ExportConfig
+    from edgesdk.runtime.generate import SamplingConfig, generate
+    from edgesdk.runtime.session import open_runtime
+
+    model_dir = save_tiny_model_dir(tmp_path / "model", layers=4)
+    recipe = tmp_path / "depth.yaml"
+    recipe.write_text(DEPTH_RECIPE.format(removed=1, ffn=0.25))
+    text = tmp_path / "train.txt"
+    text.write_text("\n".join(CORPUS * 3))
+    data = DataConfig(files=(str(text),), skip_chars=2000, generated_sequences=2, generated_tokens=8)
+    bundle = build(BuildConfig(target="host", model=str(model_dir), out=tmp_path / "b", recipe=str(recipe),
+                               data=data, export=ExportConfig(max_context=64), progress=False))
+    stages = {s["stage"]: s["metrics"] for s in bundle.manifest["stages"]}
+    removed = stages["prune"]["layers_removed"]
+    assert len(removed) == 1
+    assert [len(r) for r in stages["prune"]["layer_removal_kl"]] == [4]
+    assert [lay["layer"] for lay in stages["distill"]["layers"]] == [i for i in range(4) if i not in removed]
+    assert bundle.manifest["model"]["after"]["layers"] == 3
+    assert "3 of 4 layers kept" in (bundle.path / "report.md").read_text()
+    assert bundle.manifest["export_validation"]["max_abs_diff"]["layout/decode"] < 1e-3
+    runtime = open_runtime(bundle.path, threads=1)
+    tokens, _ = generate(runtime.backend, [5, 17, 120, 33], SamplingConfig(max_new_tokens=8), stop_ids=set())
+    assert len(tokens) == 8
+
+
+def test_depth_pruning_settings_are_checked_and_power_gated_models_refused(tmp_path):
+    with pytest.raises(ValueError, match="layers_removed must be >= 0, got -1"):
+        PruneConfig(layers_removed=-1)
+    with pytest.raises(ValueError, match="layer_calibration_batches must be >= 1, got 0"):
+        PruneConfig(layer_calibration_batches=0)
+
+    from edgesdk.compress.prune import prune_stage
+    from edgesdk.power.adapter import install_adapters
+
+    model = tiny_llama(layers=3)
+    install_adapters(model, rank=4)
+    before = copy.deepcopy([n for n, _ in model.named_parameters()])
+    with pytest.raises(ValueError, match="power-gated model's adapters scale the next layer's attention heads"):
+        prune_stage(model, PruneConfig(layers_removed=1), ctx=None)
+    assert [n for n, _ in model.named_parameters()] == before
