@@ -150,10 +150,12 @@ def models_fetch(name):
               help="The layers' weight bits: --set qat.weight_bits=N, and export.weights=intN where the recipe "
                    "stores quantized fused weights.")
 @click.option("--ffn-ratio", type=float, help="Shortcut for --set prune.ffn_ratio=R.")
+@click.option("--prune-layers", type=int,
+              help="Shortcut for --set prune.layers_removed=N (whole decoder layers removed, least needed first).")
 @click.option("--distill-steps", type=int, help="Shortcut for --set distill.steps=N.")
 @click.option("--density", type=float, help="Shortcut for --set sparsify.density=D (fraction of weight blocks kept).")
 def build(target, model, out, recipe, max_context, resume, keep_work, no_progress, data_files, data_skip_chars,
-          generated_sequences, overrides, weight_bits, ffn_ratio, distill_steps, density):
+          generated_sequences, overrides, weight_bits, ffn_ratio, prune_layers, distill_steps, density):
     """Build a bundle for a board: load, compress (recipe stages), export ONNX, verify, package.
 
     A checkpoint is written after every stage; after a kill, run the same command with --resume.
@@ -166,8 +168,8 @@ def build(target, model, out, recipe, max_context, resume, keep_work, no_progres
     if data_skip_chars and not data_files:
         click.echo(f"edgesdk build: warning: --data-skip-chars {data_skip_chars} is not used: it leaves out the head "
                    "of each --data file, and no --data is given", err=True)
-    shortcuts = shortcut_overrides(target, recipe, {"--ffn-ratio": ffn_ratio, "--distill-steps": distill_steps,
-                                                    "--density": density})
+    shortcuts = shortcut_overrides(target, recipe, {"--ffn-ratio": ffn_ratio, "--prune-layers": prune_layers,
+                                                    "--distill-steps": distill_steps, "--density": density})
     data = DataConfig(files=tuple(str(f) for f in data_files), skip_chars=data_skip_chars,
                       generated_sequences=generated_sequences)
     bundle = run_build(BuildConfig(target=target, model=model, out=out, recipe=recipe,

@@ -97,7 +97,7 @@ def remove_work_dir(path: Path) -> None:
 KEY_PARTS = {
     "model": "the model (--model or its files)",
     "target": "the target profile (--target or its YAML)",
-    "recipe": "the recipe (--recipe or its file, --set, --weight-bits, --ffn-ratio, --distill-steps, --density)",
+    "recipe": "the recipe (--recipe or its file, --set, --weight-bits, --ffn-ratio, --prune-layers, --distill-steps, --density)",
     "export": "the export settings (--max-context, --set export.*)",
     "data": "the training text (--data or its files, --data-skip-chars, --generated-sequences)",
     "edgesdk": "the edgesdk version",

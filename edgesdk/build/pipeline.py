@@ -102,7 +102,8 @@ def recipe_for(recipe_name: str | None, profile):
 
 
 # The build command's shortcut options and the recipe setting each one stands for.
-SHORTCUTS = {"--ffn-ratio": "prune.ffn_ratio", "--distill-steps": "distill.steps", "--density": "sparsify.density"}
+SHORTCUTS = {"--ffn-ratio": "prune.ffn_ratio", "--prune-layers": "prune.layers_removed", "--distill-steps": "distill.steps",
+             "--density": "sparsify.density"}
 
 
 def shortcut_overrides(target: str, recipe_name: str | None, values: dict[str, object]) -> tuple[str, ...]:

@@ -95,7 +95,7 @@ def make_config(name: str, values: dict | None) -> Any:
         return spec.config_class(**values)
     except (TypeError, ValueError) as exc:
         raise BuildError(f"stage '{name}' config {values} is invalid: {exc}",
-                         "fix the recipe, or the --set override or shortcut option (--ffn-ratio, --distill-steps, "
+                         "fix the recipe, or the --set override or shortcut option (--ffn-ratio, --prune-layers, --distill-steps, "
                          "--density) that gave the value") from exc
 
 

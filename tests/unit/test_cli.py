@@ -451,6 +451,7 @@ def test_build_unknown_model_lists_aliases(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("option", "value", "stage", "recipe"), [
     ("--ffn-ratio", "0.4", "prune", "int4-prune"),
+    ("--prune-layers", "2", "prune", "int4-prune"),
     ("--distill-steps", "10", "distill", "int4-prune"),
     ("--density", "0.5", "sparsify", "jetson-sparse"),
 ])

@@ -126,3 +126,13 @@ def test_depth_pruning_settings_are_checked_and_power_gated_models_refused(tmp_p
     with pytest.raises(ValueError, match="power-gated model's adapters scale the next layer's attention heads"):
         prune_stage(model, PruneConfig(layers_removed=1), ctx=None)
     assert [n for n, _ in model.named_parameters()] == before
+
+
+def test_the_prune_layers_shortcut_sets_the_stage_option():
+    from edgesdk.build.pipeline import shortcut_overrides
+    from edgesdk.build.recipes import load_recipe
+
+    overrides = shortcut_overrides("rpi5", "int4-prune", {"--prune-layers": 3})
+    assert overrides == ("prune.layers_removed=3",)
+    stages = {entry.stage: entry for entry in load_recipe("int4-prune").with_overrides(list(overrides)).stages}
+    assert stages["prune"].config["layers_removed"] == 3
