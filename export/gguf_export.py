@@ -18,7 +18,9 @@ architectures (GGUF spec: github.com/ggml-org/ggml/blob/master/docs/gguf.md):
   GQA groups per layer) are written as llama.cpp's ``deci`` architecture (NVIDIA's Llama-Nemotron
   NAS models), whose loader reads the head counts, KV head counts and FFN widths as per-layer arrays
   and builds the Llama graph (adjacent-pair RoPE, optional Q/K/V biases) from them. ``llama`` and
-  ``qwen2`` read one width for every layer.
+  ``qwen2`` read one width for every layer. ``qwen2``'s loader also sizes the query projection and its
+  bias as the model width, so a Qwen2 model whose query heads span less (every layer keeping the same
+  fewer GQA groups) is written as ``deci`` too.
 
 The file is written beside its destination and renamed into place once complete, then read back
 with the ``gguf`` package's own decoder and compared with the bundle's weights (bit-exact).
@@ -42,6 +44,8 @@ from edgesdk.export.gguf_vocab import GGUFVocab, vocab_from_tokenizer_json
 # model type in the bundle's manifest -> (GGUF architecture, query/key rows reordered for pairwise RoPE)
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False)}
 PER_LAYER_ARCHITECTURE = ("deci", True)  # layers of different shapes, any of the model types above
+# GGUF architectures whose llama.cpp loader takes the query projection as (width x width), not heads x head size
+QUERY_AS_WIDE_AS_MODEL = {"qwen2"}
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,10 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
                           "run this bundle with edgesdk")
     decoder = read_bundle_decoder(bundle.path, manifest)
     shape = layer_shapes(decoder)
-    architecture, pairwise_rope = ARCHITECTURES[model_type] if shape.uniform else PER_LAYER_ARCHITECTURE
+    architecture, pairwise_rope = ARCHITECTURES[model_type]
+    narrow_query = decoder.head_dim * shape.heads[0] != decoder.hidden_size
+    if not shape.uniform or (architecture in QUERY_AS_WIDE_AS_MODEL and narrow_query):
+        architecture, pairwise_rope = PER_LAYER_ARCHITECTURE
     tokenizer = manifest["tokenizer"]
     vocab = vocab_from_tokenizer_json(bundle.file(tokenizer["file"]), tokenizer.get("bos_token"),
                                       tokenizer.get("eos_token"), matrix_rows(decoder.embed))
