@@ -636,12 +636,15 @@ def _logit_bias_option(text: str) -> tuple[int, float]:
               help="Prompt lookup decoding: where the last tokens occurred before in the prompt or answer, check up "
                    "to N tokens of what followed them in one pass (fast where the answer copies, e.g. 2x when "
                    "repeating a text; 0: off). Greedy answers can differ at near-ties of a quantized model.")
+@click.option("--no-prefill-assistant", is_flag=True,
+              help="A chat ending with an assistant message gets a new assistant turn after it, instead of the "
+                   "answer going on from that message's text (llama-server's option of the same name).")
 @_thermal_options
 @_gate_options
 @_runtime_options
 def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, top_k, min_p, max_queue,
           quiet,
-          no_prompt_cache, cache_ram_mib, metrics, lookup_draft, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
+          no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
     Anthropic's POST /v1/messages and llama-server's POST /tokenize and /detokenize).
@@ -656,7 +659,8 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
     try:
         defaults = ServeDefaults(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                  min_p=min_p, max_waiting=max_queue, prompt_cache=not no_prompt_cache,
-                                 cache_ram_mib=cache_ram_mib, lookup=lookup_draft)
+                                 cache_ram_mib=cache_ram_mib, lookup=lookup_draft,
+                                 prefill_assistant=not no_prefill_assistant)
     except ValueError as exc:
         options = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'"}
         hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)

@@ -46,17 +46,35 @@ class ChatTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def render_chat(self, messages: list[dict]) -> str:
+    def render_chat(self, messages: list[dict], continue_final: bool = False) -> str:
         """Render messages with the chat template and the assistant's generation prompt, in the
-        environment transformers' ``apply_chat_template`` gives templates (see :func:`chat_environment`)."""
+        environment transformers' ``apply_chat_template`` gives templates (see :func:`chat_environment`).
+
+        ``continue_final``: the last message is an assistant's answer begun by the caller (a prefill, as
+        llama-server and Anthropic's Messages API take it), rendered as transformers' ``continue_final_message``
+        does: the conversation without a generation prompt, cut after the last message's text (its surrounding
+        whitespace dropped), so the model goes on from there. An empty one leaves the generation prompt."""
         if self.template_source is None:
             raise BundleError("this bundle's model has no chat template", "pass --raw to feed the prompt as is")
+        if continue_final:
+            begun = messages[-1]["content"].strip()
+            if not begun:
+                return self.render_chat(messages[:-1])
+            rendered = self._render(messages, add_generation_prompt=False)
+            if begun not in rendered:
+                raise BundleError("the chat template does not write the final assistant message's text as given, so "
+                                  "the answer cannot go on from it", "end the messages with a user message")
+            return rendered[: rendered.rindex(begun) + len(begun)]
+        return self._render(messages, add_generation_prompt=True)
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         import jinja2
 
         try:
             if self._template is None:
                 self._template = chat_environment().from_string(self.template_source)
-            return self._template.render(messages=messages, tools=None, documents=None, add_generation_prompt=True,
+            return self._template.render(messages=messages, tools=None, documents=None,
+                                         add_generation_prompt=add_generation_prompt,
                                          bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except jinja2.TemplateError as exc:
             raise BundleError(f"the bundle's chat template failed: {type(exc).__name__}: {exc}",

@@ -57,6 +57,9 @@ class CompletionRequest:
 
     chat: bool  # /v1/chat/completions (messages through the chat template) or /v1/completions (raw prompt)
     messages: tuple[dict, ...] = ()  # {"role", "content"} with roles and content normalised
+    # chat: the last message is the assistant's answer begun by the client (a prefill), which the model continues
+    # (llama-server's default, Anthropic's Messages API); the answer holds only what the model adds
+    continue_final: bool = False
     prompt: str = ""
     prompt_tokens: tuple[int, ...] = ()  # /v1/completions given token ids instead of text
     max_tokens: int | None = None
@@ -105,7 +108,8 @@ def parse_chat_request(body: object) -> CompletionRequest:
             given = "grammar" if fields["grammar"] is not None else given
             raise ApiError(400, f"'tools' and '{given}' both constrain the answer; send one of them", param=given)
         parsed = with_instructions(parsed, tools)
-    return CompletionRequest(chat=True, messages=tuple(parsed), tools=tools, **fields)
+    begun = messages[-1].get("role") == "assistant" and not messages[-1].get("tool_calls")
+    return CompletionRequest(chat=True, messages=tuple(parsed), tools=tools, continue_final=begun, **fields)
 
 
 def parse_text_request(body: object) -> CompletionRequest:

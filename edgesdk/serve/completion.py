@@ -51,6 +51,7 @@ class ServeDefaults:
     prompt_cache: bool = True  # reuse the previous answer's KV cache for a prompt that repeats it
     cache_ram_mib: int = 256  # host memory for other conversations' saved KV caches (0: keep only the live one)
     lookup: int = 0  # prompt lookup decoding: draft tokens checked at once (0: off; edgesdk/runtime/lookup.py)
+    prefill_assistant: bool = True  # a chat ending with an assistant message continues it (llama-server's default)
 
     def __post_init__(self):
         SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -192,7 +193,7 @@ class Completer:
             elif tokenizer.has_chat_template:
                 for index, message in enumerate(request.messages):
                     check_utf8(message["content"], f"messages[{index}].content")
-                ids = tokenizer.encode(tokenizer.render_chat(list(request.messages)), add_special_tokens=False)
+                ids = tokenizer.encode(self.chat_text(request), add_special_tokens=False)
             else:
                 raise ApiError(400, "this bundle's model has no chat template, so it cannot take messages",
                                param="messages", code="no_chat_template")
@@ -207,6 +208,24 @@ class Completer:
             raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {limit}",
                            param="messages" if request.chat else "prompt", code="context_length_exceeded")
         return ids
+
+    def continues_final(self, request: CompletionRequest) -> bool:
+        """Whether the request's last message (an assistant's) is continued, or a 400 where a constraint would
+        apply to an answer that the client already began."""
+        if not (request.continue_final and self.defaults.prefill_assistant):
+            return False
+        shaped = ("tools" if request.tools is not None else "grammar" if request.grammar is not None
+                  else "response_format" if request.json_schema is not None or request.json_object else None)
+        if shaped is not None:
+            raise ApiError(400, f"the messages end with an assistant message, which the answer continues, and "
+                           f"'{shaped}' shapes the answer from its start; end the messages with a user message, or "
+                           f"leave '{shaped}' out", param="messages")
+        return True
+
+    def chat_text(self, request: CompletionRequest) -> str:
+        """The chat request's messages through the bundle's chat template: a generation prompt after them, or the
+        last (assistant) message left open for the model to go on (:meth:`continues_final`)."""
+        return self.runtime.tokenizer.render_chat(list(request.messages), continue_final=self.continues_final(request))
 
     def sampling(self, request: CompletionRequest) -> SamplingConfig:
         pick = lambda value, default: default if value is None else value  # noqa: E731

@@ -218,8 +218,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                     raise
                 # A prompt past the context is counted too (what the route is asked for, as llama-server's
                 # counts it): its text passed every other check, only its length is refused.
-                tokenizer = completer.runtime.tokenizer
-                counted = len(tokenizer.encode(tokenizer.render_chat(list(request.messages)), add_special_tokens=False))
+                counted = len(completer.runtime.tokenizer.encode(completer.chat_text(request), add_special_tokens=False))
             self._send_json(200, {"input_tokens": counted})
             return
         request = anthropic.parse_messages_request(body)
