@@ -272,7 +272,10 @@ def prune_stage(model, config: PruneConfig, ctx: BuildContext):
                                                     config.sequence_length, config.seed + 1)
         before = teacher_layers(model)
         kept, rounds = plan_depth(model, layer_batches, config.layers_removed)
+        if scheme is not None:  # its linears carry their names, which removing layers renumbers
+            fake_quant.detach(model, bake=False)
         keep_layers(model, kept)
+        scheme = fake_quant.reattach(model)
         depth = {"layers_removed": sorted(set(before) - set(teacher_layers(model))), "layer_removal_kl": rounds}
     width = {}
     if config.ffn_ratio or config.kv_group_ratio:

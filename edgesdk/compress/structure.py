@@ -15,7 +15,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from edgesdk.compress.fake_quant import CONFIG_KEY as QUANT_KEY
+
 LAYERS_KEY = "edgesdk_layers"
+LINEAR_PREFIX = "model.layers."  # the quantization scheme names its per-linear settings model.layers.{i}.…
 
 
 def head_dim(model) -> int:
@@ -41,7 +44,9 @@ def teacher_layers(model) -> list[int]:
 
 def keep_layers(model, kept: list[int]) -> None:
     """Keep decoder layers ``kept`` (positions in the current model, ascending), in place: the module list,
-    the layer count and per-layer settings of the config, each attention's KV-cache index, and the record."""
+    the layer count and per-layer settings of the config (the quantization scheme's per-linear ones renamed
+    with their layers), each attention's KV-cache index, and the record. Call it with the fake quantization
+    detached: an attached linear keeps the name it was attached under."""
     records = layer_records(model)
     layers = model.model.layers
     model.model.layers = nn.ModuleList([layers[i] for i in kept])
@@ -52,6 +57,27 @@ def keep_layers(model, kept: list[int]) -> None:
     if getattr(config, "layer_types", None):
         config.layer_types = [config.layer_types[i] for i in kept]
     setattr(config, LAYERS_KEY, [records[i] for i in kept])
+    _rename_quant_settings(config, kept)
+
+
+def _rename_quant_settings(config, kept: list[int]) -> None:
+    """The recorded quantization scheme's activation scales and 8-bit linears, named by their layer's
+    position: renamed to the kept layers' new positions, those of removed layers dropped."""
+    scheme = getattr(config, QUANT_KEY, None)
+    if not scheme:
+        return
+    position = {old: new for new, old in enumerate(kept)}
+
+    def renamed(name: str) -> str | None:
+        if not name.startswith(LINEAR_PREFIX):
+            return name  # the LM head
+        index, _, module = name[len(LINEAR_PREFIX):].partition(".")
+        return f"{LINEAR_PREFIX}{position[int(index)]}.{module}" if int(index) in position else None
+
+    scales = {renamed(name): value for name, value in (scheme.get("activation_scales") or {}).items()}
+    eight_bit = [renamed(name) for name in scheme.get("eight_bit_linears") or ()]
+    setattr(config, QUANT_KEY, {**scheme, "activation_scales": {k: v for k, v in scales.items() if k is not None},
+                                "eight_bit_linears": [name for name in eight_bit if name is not None]})
 
 
 def slice_linear(linear: nn.Linear, rows: list[int] | None = None, cols: list[int] | None = None) -> None:

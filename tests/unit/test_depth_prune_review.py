@@ -43,3 +43,90 @@ def test_a_qwen2_bundle_with_narrower_attention_in_every_layer_runs_in_llama_cpp
     got = _llama_cpp_logits(report.path, ids)
     assert report.architecture == "deci"
     assert float(np.abs(got - expected).max()) < 1e-3
+
+
+QDQ_DEPTH = """name: qdq-depth
+stages:
+  - stage: qat
+    config: {granularity: channel, activations: tensor, embedding_bits: null, steps: 2, batch_size: 2,
+             sequence_length: 24, observer_batches: 2}
+  - stage: prune
+    config: {layers_removed: 1, ffn_ratio: 0.0, layer_calibration_batches: 2, batch_size: 2, sequence_length: 24}
+export: {form: standard, weights: int8}
+"""
+
+
+def test_a_depth_pruned_qdq_build_exports_with_each_layers_own_activation_scales(tmp_path):
+    """QAT records a static activation scale per linear under its name (``model.layers.{i}.…``); removing a
+    layer renumbers the ones after it, so their scales must be renamed with them: left as they were, the last
+    layer's scales named a linear the model no longer has and the export refused the build after every stage,
+    and each layer after the removed one would have read its predecessor's."""
+    model_dir = save_tiny_model_dir(tmp_path / "model", hidden=64, heads=4, kv_heads=2, layers=3)
+    bundle = build_tiny_bundle(tmp_path, QDQ_DEPTH, "host", model_dir=model_dir)
+    assert bundle.manifest["model"]["after"]["layers"] == 2
+    assert bundle.manifest["graph"]["dtype"] == "int8-qdq"
+    assert bundle.manifest["export_validation"]["max_abs_diff"]["qdq/decode"] < 1e-3
+
+
+def test_removing_layers_renames_the_per_linear_quantization_settings_with_them():
+    from edgesdk.compress import fake_quant
+    from edgesdk.compress.structure import keep_layers
+    from tests._utils.tiny import tiny_llama
+
+    model = tiny_llama(layers=4)
+    names = {i: f"model.layers.{i}.mlp.down_proj" for i in range(4)}
+    scheme = fake_quant.QuantScheme(weight_bits=4, activation_scales={names[i]: 0.1 * (i + 1) for i in range(4)},
+                                    eight_bit_linears=(names[1], names[3]))
+    setattr(model.config, fake_quant.CONFIG_KEY, scheme.to_json())
+    keep_layers(model, [0, 2, 3])
+    kept = fake_quant.QuantScheme.of(model)
+    assert kept.activation_scales == {names[0]: 0.1, names[1]: 0.1 * 3, names[2]: 0.1 * 4}
+    assert kept.eight_bit_linears == (names[2],)  # old layer 3; old layer 1 is gone
+    fake_quant.attach(model, kept)
+    assert model.model.layers[2].mlp.down_proj.bits == 8
+    assert model.model.layers[1].mlp.down_proj.bits == 4
+
+
+@pytest.mark.parametrize("qat", [
+    {"weight_bits": 8, "granularity": "channel", "activations": "tensor", "embedding_bits": None, "observer_batches": 2},
+    {"weight_bits": 4, "eight_bit_fraction": 0.4, "fisher_batches": 2},
+], ids=["activation-scales", "eight-bit-linears"])
+def test_the_prune_stage_keeps_each_layers_quantization_settings_when_it_removes_layers(tmp_path, qat):
+    """The prune stage scores layers with the fake quantization attached; the linears it then renumbers must
+    leave it under their new names, with the scale or bits QAT gave them and nothing under an old name."""
+    import copy
+
+    from edgesdk.build.registry import BuildContext, make_config, stage_spec
+    from edgesdk.compress import fake_quant
+    from edgesdk.compress.data import DataConfig
+    from edgesdk.compress.structure import teacher_layers
+    from edgesdk.profile import get_profile
+    from tests._utils.tiny import CORPUS, tiny_llama, tiny_tokenizer
+
+    torch.manual_seed(0)
+    teacher = tiny_llama(layers=4)
+    model = copy.deepcopy(teacher)
+    text = tmp_path / "train.txt"
+    text.write_text("\n".join(CORPUS * 3))
+    ctx = BuildContext(profile=get_profile("host"), work_dir=tmp_path, tokenizer=tiny_tokenizer(), teacher=teacher,
+                       progress=False, data_config=DataConfig(files=(str(text),), generated_sequences=0))
+    short = {"batch_size": 2, "sequence_length": 16}
+    model = stage_spec("qat").run(model, make_config("qat", {"steps": 1, **short, **qat}), ctx)
+    before = fake_quant.QuantScheme.of(model)
+    assert before.activation_scales or before.eight_bit_linears
+    prune = {"layers_removed": 2, "ffn_ratio": 0.25, "ffn_multiple": 8, "calibration_batches": 1,
+             "layer_calibration_batches": 1, **short}
+    model = stage_spec("prune").run(model, make_config("prune", prune), ctx)
+    after = fake_quant.QuantScheme.of(model)
+    teacher_index = teacher_layers(model)
+    assert len(teacher_index) == 2
+
+    def old(name: str) -> str:
+        index, _, module = name.removeprefix("model.layers.").partition(".")
+        return f"model.layers.{teacher_index[int(index)]}.{module}"
+
+    assert after.activation_scales == {name: before.activation_scales[old(name)]
+                                       for name in fake_quant.decoder_linears(model)
+                                       if old(name) in before.activation_scales}
+    assert set(after.eight_bit_linears) == {name for name in fake_quant.decoder_linears(model)
+                                            if old(name) in before.eight_bit_linears}
