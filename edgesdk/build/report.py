@@ -32,9 +32,16 @@ def markdown(rows: list[dict], plot_name: str | None) -> list[str]:
                       f"perplexity {gated['perplexity']:.3f}, {gated['executed_fraction']:.1%} of the FFN blocks run.",
                       ""]
     last = rows[-1].get("layers") or []
-    if last:
+    if last:  # layers numbered as in the model as loaded (as the plot draws them): depth pruning leaves gaps
+        numbers = [int(layer.get("layer", i)) for i, layer in enumerate(last)]
+        loaded = {int(layer.get("layer", i)) for i, layer in enumerate(rows[0].get("layers") or last)}
         lines += ["### Kept per layer", "", "| layer | query heads | KV heads | FFN channels |", "|---|---|---|---|"]
-        lines += [f"| {i} | {layer['heads']} | {layer['kv_heads']} | {layer['ffn']} |" for i, layer in enumerate(last)]
+        lines += [f"| {number} | {layer['heads']} | {layer['kv_heads']} | {layer['ffn']} |"
+                  for number, layer in zip(numbers, last, strict=True)]
+        removed = sorted(loaded - set(numbers))
+        if removed:
+            lines += ["", f"Removed by depth pruning: layer{'s' if len(removed) > 1 else ''} "
+                      f"{', '.join(map(str, removed))} of the model as loaded."]
     if plot_name:
         lines += ["", f"![compression stages]({plot_name})", ""]
     return lines

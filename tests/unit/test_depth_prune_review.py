@@ -130,3 +130,24 @@ def test_the_prune_stage_keeps_each_layers_quantization_settings_when_it_removes
                                        if old(name) in before.activation_scales}
     assert set(after.eight_bit_linears) == {name for name in fake_quant.decoder_linears(model)
                                             if old(name) in before.eight_bit_linears}
+
+
+def test_the_reports_per_layer_table_numbers_layers_as_the_plot_does_and_names_the_removed_ones():
+    """The plot beside it draws layer i of the model as loaded at i (a removed one at 0); the table numbered
+    the kept layers 0, 1, 2, so a removed layer's number showed the next layer's heads and channels."""
+    from edgesdk.build.report import markdown
+
+    def row(stage, layers):
+        return {"stage": stage, "parameters": 1000, "weight_bytes": 4000,
+                "layers": [{"layer": i, "heads": 4, "kv_heads": 2, "ffn": ffn} for i, ffn in layers]}
+
+    rows = [row("loaded", [(0, 128), (1, 128), (2, 128), (3, 128)]), row("prune", [(0, 96), (2, 64), (3, 128)])]
+    lines = markdown(rows, None)
+    table = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
+    assert table == ["| 0 | 4 | 2 | 96 |", "| 2 | 4 | 2 | 64 |", "| 3 | 4 | 2 | 128 |"]
+    assert "Removed by depth pruning: layer 1 of the model as loaded." in lines
+    old = [{"heads": 4, "kv_heads": 2, "ffn": 96}, {"heads": 4, "kv_heads": 2, "ffn": 64}]  # no "layer": positions
+    lines = markdown([{"stage": "prune", "parameters": 1, "weight_bytes": 1, "layers": old}], None)
+    assert [line for line in lines if line.startswith("| ") and line[2].isdigit()] == [
+        "| 0 | 4 | 2 | 96 |", "| 1 | 4 | 2 | 64 |"]
+    assert not any("Removed" in line for line in lines)
