@@ -190,17 +190,10 @@ class Completer:
                                    f"{vocabulary - 1}", param="prompt")
             elif not request.chat:
                 ids = tokenizer.prompt_ids(request.prompt, raw=True)
-            elif tokenizer.has_chat_template:
-                for index, message in enumerate(request.messages):
-                    check_utf8(message["content"], f"messages[{index}].content")
-                ids = tokenizer.encode(self.chat_text(request), add_special_tokens=False)
             else:
-                raise ApiError(400, "this bundle's model has no chat template, so it cannot take messages",
-                               param="messages", code="no_chat_template")
-        except BundleError as exc:  # the template refused the messages (roles, order)
-            raise ApiError(400, exc.problem, param="messages") from exc
+                ids = tokenizer.encode(self.rendered_chat(request), add_special_tokens=False)
         except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
-            raise ApiError(400, exc.problem, param="messages" if request.chat else "prompt") from exc
+            raise ApiError(400, exc.problem, param="prompt") from exc
         limit = self.runtime.backend.max_context
         if not ids:
             raise ApiError(400, "the prompt encodes to 0 tokens", param="prompt")
@@ -208,6 +201,20 @@ class Completer:
             raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {limit}",
                            param="messages" if request.chat else "prompt", code="context_length_exceeded")
         return ids
+
+    def rendered_chat(self, request: CompletionRequest) -> str:
+        """The chat request's prompt text (:meth:`chat_text`), or a 400 naming what the messages or template refused."""
+        if not self.runtime.tokenizer.has_chat_template:
+            raise ApiError(400, "this bundle's model has no chat template, so it cannot take messages",
+                           param="messages", code="no_chat_template")
+        try:
+            for index, message in enumerate(request.messages):
+                check_utf8(message["content"], f"messages[{index}].content")
+            return self.chat_text(request)
+        except BundleError as exc:  # the template refused the messages (roles, order)
+            raise ApiError(400, exc.problem, param="messages") from exc
+        except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
+            raise ApiError(400, exc.problem, param="messages") from exc
 
     def continues_final(self, request: CompletionRequest) -> bool:
         """Whether the request's last message (an assistant's) is continued, or a 400 where a constraint would

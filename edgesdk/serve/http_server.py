@@ -56,9 +56,10 @@ MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 # (llama-server's read/write timeout; waiting for a turn or a thermal pause writes nothing and is not limited).
 CLIENT_TIMEOUT_S = 60.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
-TOKEN_ROUTES = ("/tokenize", "/detokenize")  # llama-server's, answered at once (no turn on the board)
+TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's, answered at once (no turn on the board)
 ROUTES = ("GET /health, GET /v1/models, GET /props, POST /v1/chat/completions, POST /v1/completions, POST /v1/messages, "
-          "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize (GET /metrics with --metrics)")
+          "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template "
+          "(GET /metrics with --metrics)")
 
 
 class ApiServer(ThreadingHTTPServer):
@@ -186,6 +187,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             body, completer = self._read_json(), self.server.completer
             if path == "/tokenize":
                 self._send_json(200, completer.tokenize(parse_tokenize_request(body)))
+            elif path == "/apply-template":  # the prompt a chat request renders to, nothing generated
+                self._send_json(200, {"prompt": completer.rendered_chat(parse_chat_request(body))})
             else:
                 self._send_json(200, completer.detokenize(parse_detokenize_request(body)))
             return

@@ -100,3 +100,33 @@ def test_a_template_that_rewrites_the_text_cannot_continue_it(runtime):
     with pytest.raises(BundleError, match="does not write the final assistant message's text as given") as refused:
         tokenizer.render_chat(BEGUN, continue_final=True)
     assert "end the messages with a user message" in refused.value.fix
+
+
+def test_apply_template_returns_the_prompt_a_chat_request_renders_to(served, runtime):
+    """llama-server's POST /apply-template: the text the model would read, nothing generated."""
+    tokenizer = runtime.tokenizer
+    status, body = served.post("/apply-template", {"messages": BEGUN[:1]})
+    assert (status, body) == (200, {"prompt": tokenizer.render_chat(BEGUN[:1])})
+    status, body = served.post("/apply-template", {"messages": BEGUN})
+    assert (status, body) == (200, {"prompt": tokenizer.render_chat(BEGUN, continue_final=True)})
+    status, chat = served.post("/v1/chat/completions", {"messages": BEGUN, "max_tokens": 1})
+    assert chat["usage"]["prompt_tokens"] == len(tokenizer.encode(body["prompt"], add_special_tokens=False))
+    status, body = served.post("/apply-template", {"messages": [{"role": "robot", "content": "hi"}]})
+    assert status == 400
+    assert body["error"]["param"] == "messages[0].role"
+    status, body = served.post("/apply-template", {"messages": [{"role": "user", "content": "\ud800"}]})
+    assert status == 400
+    assert body["error"]["param"] == "messages"
+    assert "messages[0].content" in body["error"]["message"]
+
+
+def test_apply_template_needs_the_key_like_the_other_routes(runtime):
+    server = Served(runtime, api_key="sesame")
+    try:
+        status, body = server.post("/apply-template", {"messages": BEGUN[:1]})
+        assert status == 401, body
+        status, body = server.post("/apply-template", {"messages": BEGUN[:1]},
+                                   headers={"Authorization": "Bearer sesame"})
+        assert status == 200, body
+    finally:
+        server.close()
