@@ -82,7 +82,14 @@ def chat_body(body: object) -> dict:
         raise ApiError(400, "'messages' must be a non-empty array of {\"role\": \"user\" or \"assistant\", "
                        "\"content\"} objects", param="messages")
     for index, turn in enumerate(turns):
-        messages.extend(_turn(turn, index))
+        for message in _turn(turn, index):
+            previous = messages[-1] if messages else None
+            if _plain(message) and previous is not None and _plain(previous) and previous["role"] == message["role"]:
+                # Anthropic combines consecutive turns of one role into one turn; chat templates that require
+                # the roles to alternate (Llama 2's, Mistral's) would refuse them apart
+                messages[-1] = {**previous, "content": f"{previous['content']}\n\n{message['content']}"}
+            else:
+                messages.append(message)
     chat = {"messages": messages, "max_tokens": body["max_tokens"], "stream": body.get("stream", False)}
     for field in ("temperature", "top_p", "top_k"):
         if field in body:
@@ -94,6 +101,11 @@ def chat_body(body: object) -> dict:
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"], bool(body.get("tools")))
     return chat
+
+
+def _plain(message: dict) -> bool:
+    """A user or assistant message of text alone (no tool call or result)."""
+    return message["role"] in ROLES and "tool_calls" not in message
 
 
 def _stop_sequences(value: object) -> tuple[str, ...]:

@@ -185,3 +185,19 @@ def test_anthropic_s_own_client_talks_to_the_server(runtime):
                 .messages.create(model="tiny-host", max_tokens=4, messages=MESSAGES)
     finally:
         server.close()
+
+
+def test_consecutive_turns_of_one_role_are_combined_as_anthropic_combines_them():
+    """Templates that require alternating roles (Llama 2's, Mistral's) refused two user turns in a row."""
+    from edgesdk.serve.anthropic import chat_body
+
+    result = [{"type": "tool_result", "tool_use_id": "t1", "content": "18 C"}]
+    call = [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]
+    body = chat_body({"max_tokens": 8, "system": "Be brief.", "messages": [
+        {"role": "user", "content": "Hello."}, {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+        {"role": "assistant", "content": call}, {"role": "user", "content": result},
+        {"role": "user", "content": "Thanks."}, {"role": "assistant", "content": "You"},
+        {"role": "assistant", "content": "are welcome"}]})
+    assert [(m["role"], m.get("content")) for m in body["messages"]] == [
+        ("system", "Be brief."), ("user", "Hello.\n\nWeather?"), ("assistant", None), ("tool", "18 C"),
+        ("user", "Thanks."), ("assistant", "You\n\nare welcome")]
