@@ -51,6 +51,7 @@ from edgesdk.compress.structure import (
     slice_linear,
     teacher_layers,
 )
+from edgesdk.errors import BuildError
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,12 @@ def prune_stage(model, config: PruneConfig, ctx: BuildContext):
         if any(".power_adapter." in name for name, _ in model.named_parameters()):
             raise ValueError("layers_removed: a power-gated model's adapters scale the next layer's attention heads, "
                              "so its layers cannot be removed; prune depth in a recipe without the power stage")
+        count = len(model.model.layers)
+        if config.layers_removed >= count:
+            raise BuildError(f"prune.layers_removed is {config.layers_removed}, but the model has {count} decoder "
+                             "layers: removing them all leaves no model",
+                             f"remove at most {count - 1} (--prune-layers {count - 1}, or --set "
+                             f"prune.layers_removed={count - 1})")
         layer_batches = ctx.training_data().batches(config.layer_calibration_batches, config.batch_size,
                                                     config.sequence_length, config.seed + 1)
         before = teacher_layers(model)

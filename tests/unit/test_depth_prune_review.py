@@ -151,3 +151,17 @@ def test_the_reports_per_layer_table_numbers_layers_as_the_plot_does_and_names_t
     assert [line for line in lines if line.startswith("| ") and line[2].isdigit()] == [
         "| 0 | 4 | 2 | 96 |", "| 1 | 4 | 2 | 64 |"]
     assert not any("Removed" in line for line in lines)
+
+
+def test_removing_every_layer_is_a_build_error_naming_the_option_not_a_traceback(tmp_path):
+    """A ValueError from inside the stage reached the command line as a traceback (the CLI prints EdgeSDKError
+    only), after the stages before it had trained."""
+    from edgesdk.compress.prune import PruneConfig, prune_stage
+    from edgesdk.errors import BuildError
+    from tests._utils.tiny import tiny_llama
+
+    model = tiny_llama(layers=2)
+    with pytest.raises(BuildError, match="layers_removed is 2, but the model has 2 decoder layers") as refused:
+        prune_stage(model, PruneConfig(layers_removed=2), ctx=None)
+    assert "--prune-layers 1" in refused.value.fix
+    assert len(model.model.layers) == 2
