@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -77,6 +78,8 @@ class Completion:
     cached_tokens: int = 0  # prompt tokens taken from the previous answer's KV cache
     logprobs: dict | None = None  # OpenAI's logprobs object, when the request asked for it
     stop_string: str | None = None  # the stop string that ended the answer (Anthropic's stop_sequence)
+    prompt_ms: float = 0.0  # from the turn's start to the first answer token (the prefill, and its pick)
+    predicted_ms: float = 0.0  # from the first answer token to the last
 
 
 class StopMatcher:
@@ -394,9 +397,14 @@ class Completer:
                 if on_text is not None:
                     on_text(text, None if fresh is None else logprobs_body(request, fresh, self._token_piece, offsets))
 
+        clock = {"start": time.perf_counter(), "first": None, "last": None}
+
         def on_token(token: int) -> None:
             nonlocal count
             count += 1
+            clock["last"] = time.perf_counter()
+            if clock["first"] is None:
+                clock["first"] = clock["last"]
             hand_out(matcher.push(decoder.push(token)))
             if matcher.stopped:
                 raise _StopString
@@ -439,7 +447,9 @@ class Completer:
                 # generated token and the ones before it for the prompt's.
                 entries.append(recorder.end)
             logprobs = logprobs_body(request, entries, self._token_piece, 0 if request.echo else len(request.prompt))
-        return Completion("".join(pieces), finish, len(ids), count, cached, logprobs, matcher.matched)
+        first = clock["first"] if clock["first"] is not None else time.perf_counter()
+        return Completion("".join(pieces), finish, len(ids), count, cached, logprobs, matcher.matched,
+                          prompt_ms=(first - clock["start"]) * 1e3, predicted_ms=((clock["last"] or first) - first) * 1e3)
 
     def _token_piece(self, token: int) -> bytes:
         """A token's bytes, as the logprobs report them (a special token's name for one that has no text)."""

@@ -34,7 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError
-from edgesdk.serve import anthropic
+from edgesdk.serve import anthropic, llama_native
 from edgesdk.serve.api import (
     ApiError,
     CompletionRequest,
@@ -57,7 +57,8 @@ MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 CLIENT_TIMEOUT_S = 60.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
 TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's, answered at once (no turn on the board)
-ROUTES = ("GET /health, GET /v1/models, GET /props, POST /v1/chat/completions, POST /v1/completions, POST /v1/messages, "
+ROUTES = ("GET /health, GET /v1/models, GET /props, POST /v1/chat/completions, POST /v1/completions, POST /completion, "
+          "POST /v1/messages, "
           "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template "
           "(GET /metrics with --metrics)")
 
@@ -192,6 +193,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             else:
                 self._send_json(200, completer.detokenize(parse_detokenize_request(body)))
             return
+        if path == llama_native.ROUTE:
+            self._native_completion()
+            return
         parse = PARSERS.get(path)
         if parse is None:
             self._not_found(route, "POST")
@@ -207,6 +211,40 @@ class ApiHandler(BaseHTTPRequestHandler):
                                                  completion.finish_reason, completion.prompt_tokens,
                                                  completion.completion_tokens, completion.cached_tokens,
                                                  completion.logprobs))
+
+    def _native_completion(self) -> None:
+        """llama-server's ``POST /completion`` (edgesdk/serve/llama_native.py), whole or streamed."""
+        self._authorise()
+        request = llama_native.parse_completion_request(self._read_json())
+        completer = self.server.completer
+        settings = llama_native.generation_settings(request, completer.sampling(request))
+        self.server.answer_started()
+        self._answering = True
+        if not request.stream:
+            completion = completer.complete(request, client_gone=self._client_gone)
+            self._send_json(200, llama_native.final_body(request, self.server.model, completion, settings))
+            return
+        started = False
+
+        def on_start() -> None:
+            nonlocal started
+            self._open_stream()
+            started = True
+
+        def on_text(text: str, logprobs: dict | None) -> None:
+            if text:
+                self._event(llama_native.partial_body(text))
+
+        try:
+            completion = completer.complete(request, on_text=on_text, on_start=on_start, client_gone=self._client_gone)
+        except (ConnectionError, TimeoutError):
+            raise
+        except Exception as exc:
+            if not started:
+                raise
+            self._event(self._in_stream_error(exc).body())
+            return
+        self._event(llama_native.final_body(request, self.server.model, completion, settings, content=""))
 
     def _messages(self, path: str) -> None:
         """Anthropic's Messages API (edgesdk/serve/anthropic.py): an answer, or a prompt's token count."""
@@ -480,7 +518,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
 def _posted(path: str) -> bool:
     """Whether ``path`` (as :func:`_api_route` gives it) is a POST route of this server."""
-    return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES
+    return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE
 
 
 def _api_route(route: str) -> str:

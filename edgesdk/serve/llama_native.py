@@ -1,0 +1,105 @@
+"""llama-server's own completion API, ``POST /completion``, on the same completer.
+
+Scripts and tools written against llama.cpp's server (its README, "POST /completion") send this
+rather than OpenAI's ``/v1/completions``, and read its ``timings`` for speed. A request is
+translated into the OpenAI text request it means and checked there, so the fields both take
+(``prompt`` as text or token ids, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``,
+``stop``, ``stream``, ``grammar``, ``json_schema``, ``ignore_eos``, ``logit_bias``,
+``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``,
+``cache_prompt``) take the same values. ``n_predict`` is the token limit (-1: until the
+end-of-text token or a full context). Samplers this runtime does not have (mirostat, typical-p,
+dynamic temperature, XTC, DRY) and ``n_probs`` are refused by name where set to anything but
+their off value; fields that only tune llama.cpp's own machinery (``n_keep``, ``id_slot``,
+``samplers`` ...) are ignored as llama-server ignores fields it does not know.
+
+The answer is llama-server's: ``content``, ``stop``, ``stop_type`` (``eos``, ``limit`` or
+``word`` with ``stopping_word``), ``tokens_predicted``, ``tokens_evaluated``, ``tokens_cached``,
+``truncated``, ``generation_settings`` and ``timings`` (``prompt_n``, ``prompt_ms``,
+``predicted_n``, ``predicted_ms``, their per-token and per-second forms, ``cache_n``). A stream
+sends ``data: {"content": ..., "stop": false}`` events and ends with one holding ``"stop": true``
+and the whole answer's fields (no ``[DONE]``).
+"""
+
+from __future__ import annotations
+
+from edgesdk.runtime.generate import SamplingConfig
+from edgesdk.serve.api import ApiError, CompletionRequest, _object, _shown, parse_text_request
+from edgesdk.serve.completion import Completion
+
+ROUTE = "/completion"
+UNTIL_THE_CONTEXT_FILLS = 2**31 - 1  # n_predict -1: the sampling limit is then the context
+# llama-server's samplers this runtime lacks -> the value that turns each off
+OFF_VALUES = {"mirostat": 0, "typical_p": 1.0, "dynatemp_range": 0.0, "xtc_probability": 0.0, "dry_multiplier": 0.0,
+              "top_n_sigma": -1.0, "n_probs": 0}
+
+
+def parse_completion_request(body: object) -> CompletionRequest:
+    """``POST /completion``: the request as the OpenAI text request it means, checked there."""
+    body = _object(body)
+    for field, off in OFF_VALUES.items():
+        value = body.get(field)
+        if value is not None and value != off:
+            what = "log-probabilities (send 'logprobs' to /v1/completions)" if field == "n_probs" else "that sampler"
+            raise ApiError(400, f"'{field}' = {_shown(value)} is not supported: this server has no {what}; leave "
+                           f"'{field}' out or set it to {off}", param=field, code="unsupported_parameter")
+    text = {key: value for key, value in body.items() if key not in ("n_predict", "max_tokens", "logprobs", "echo")}
+    predict = body.get("n_predict")
+    if predict is not None:
+        if isinstance(predict, bool) or not isinstance(predict, int) or predict == 0 or predict < -1:
+            raise ApiError(400, f"'n_predict' must be the most tokens to generate (>= 1), or -1 for no limit but the "
+                           f"context, got {_shown(predict)}", param="n_predict")
+        text["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict == -1 else predict
+    return parse_text_request(text)
+
+
+def stop_type(completion: Completion) -> str:
+    """llama-server's ``stop_type``: a stop string (``word``), the token limit or a full context (``limit``), or the
+    end-of-text token (``eos``)."""
+    if completion.stop_string is not None:
+        return "word"
+    return "limit" if completion.finish_reason == "length" else "eos"
+
+
+def timings(completion: Completion) -> dict:
+    """llama-server's ``timings``: prompt tokens processed (the cached ones apart) and tokens generated, with
+    their milliseconds, per token and per second."""
+    prompt_n = completion.prompt_tokens - completion.cached_tokens
+    predicted_n = completion.completion_tokens
+
+    def rates(count: int, ms: float) -> tuple[float, float]:
+        return (ms / count if count else 0.0), (count * 1e3 / ms if ms > 0 else 0.0)
+
+    prompt_per_token, prompt_per_second = rates(prompt_n, completion.prompt_ms)
+    # the first answer token ends the prompt's time: the generated tokens' time is spent on the rest
+    predicted_per_token, predicted_per_second = rates(max(predicted_n - 1, 0), completion.predicted_ms)
+    return {"cache_n": completion.cached_tokens, "prompt_n": prompt_n, "prompt_ms": round(completion.prompt_ms, 3),
+            "prompt_per_token_ms": round(prompt_per_token, 3), "prompt_per_second": round(prompt_per_second, 3),
+            "predicted_n": predicted_n, "predicted_ms": round(completion.predicted_ms, 3),
+            "predicted_per_token_ms": round(predicted_per_token, 3),
+            "predicted_per_second": round(predicted_per_second, 3)}
+
+
+def generation_settings(request: CompletionRequest, sampling: SamplingConfig) -> dict:
+    """The settings the answer was generated with, in llama-server's names (-1: no seed given)."""
+    return {"n_predict": sampling.max_new_tokens, "temperature": sampling.temperature, "top_k": sampling.top_k,
+            "top_p": sampling.top_p, "min_p": sampling.min_p, "seed": -1 if sampling.seed is None else sampling.seed,
+            "repeat_penalty": sampling.repeat_penalty, "repeat_last_n": sampling.repeat_last_n,
+            "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
+            "stop": list(request.stop), "ignore_eos": request.ignore_eos, "stream": request.stream}
+
+
+def final_body(request: CompletionRequest, model: str, completion: Completion, settings: dict,
+               content: str | None = None) -> dict:
+    """The whole answer (``content`` defaults to its text; a stream's last event carries "")."""
+    text = completion.text if content is None else content
+    return {"index": 0, "id_slot": 0, "content": text, "tokens": [], "stop": True, "model": model,
+            "tokens_predicted": completion.completion_tokens, "tokens_evaluated": completion.prompt_tokens,
+            "tokens_cached": completion.prompt_tokens + completion.completion_tokens,
+            "generation_settings": settings, "prompt": request.prompt, "has_new_line": "\n" in completion.text,
+            "truncated": False, "stop_type": stop_type(completion), "stopping_word": completion.stop_string or "",
+            "timings": timings(completion)}
+
+
+def partial_body(text: str) -> dict:
+    """A stream's event for a piece of the answer."""
+    return {"index": 0, "id_slot": 0, "content": text, "tokens": [], "stop": False}

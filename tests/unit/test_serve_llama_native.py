@@ -1,0 +1,122 @@
+"""llama-server's own ``POST /completion`` on ``edgesdk serve``, over real HTTP against the tiny bundle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgesdk.serve.completion import ServeDefaults
+from tests.unit.test_serve import Served
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_bundle):
+    from edgesdk.runtime.session import open_runtime
+
+    return open_runtime(tiny_bundle.path, threads=1)
+
+
+@pytest.fixture
+def served(runtime):
+    server = Served(runtime, ServeDefaults(max_tokens=16))
+    yield server
+    server.close()
+
+
+def _openai_text(server: Served, **fields) -> dict:
+    status, body = server.post("/v1/completions", {"prompt": PROMPT, **fields})
+    assert status == 200, body
+    return body
+
+
+def test_an_answer_is_the_openai_route_s_text_with_llama_server_s_fields(served):
+    status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 8})
+    assert status == 200, body
+    expected = _openai_text(served, max_tokens=8)
+    assert body["content"] == expected["choices"][0]["text"]
+    assert (body["stop"], body["stop_type"], body["stopping_word"], body["truncated"]) == (True, "limit", "", False)
+    assert body["tokens_predicted"] == 8
+    assert body["tokens_evaluated"] == expected["usage"]["prompt_tokens"]
+    assert body["generation_settings"]["n_predict"] == 8
+    assert body["generation_settings"]["seed"] == -1
+    timings = body["timings"]
+    assert timings["predicted_n"] == 8
+    assert timings["prompt_n"] + timings["cache_n"] == body["tokens_evaluated"]
+    assert timings["prompt_ms"] > 0
+    assert timings["predicted_ms"] > 0
+    assert timings["predicted_per_second"] == pytest.approx(7 * 1e3 / timings["predicted_ms"], rel=1e-2)
+
+
+def test_a_stream_is_content_events_then_one_with_the_whole_answer_s_fields(served):
+    whole = served.post("/completion", {"prompt": PROMPT, "n_predict": 8})[1]
+    status, headers, payload = served.request("POST", "/completion", {"prompt": PROMPT, "n_predict": 8,
+                                                                      "stream": True})
+    assert status == 200, payload
+    assert headers["Content-Type"] == "text/event-stream"
+    events = [json.loads(block[len("data: "):]) for block in payload.decode().split("\n\n") if block]
+    *pieces, last = events
+    assert all(event["stop"] is False and event["content"] for event in pieces)
+    assert "".join(event["content"] for event in pieces) == whole["content"]
+    assert last["stop"] is True
+    assert last["content"] == ""
+    assert (last["stop_type"], last["tokens_predicted"], last["timings"]["predicted_n"]) == ("limit", 8, 8)
+    assert b"[DONE]" not in payload
+
+
+def test_stop_types_name_the_stop_string_and_the_end_of_the_answer(served, runtime):
+    answer = served.post("/completion", {"prompt": PROMPT, "n_predict": 12})[1]["content"]
+    word = answer[4:7]
+    assert word
+    assert answer.find(word) >= 0
+    status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 12, "stop": [word]})
+    assert status == 200, body
+    assert (body["stop_type"], body["stopping_word"]) == ("word", word)
+    assert body["content"] == answer[:answer.find(word)]
+    # a grammar that ends the answer: the end-of-text token, with -1 meaning up to the context
+    status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": -1, "grammar": 'root ::= "yes"'})
+    assert status == 200, body
+    assert (body["content"], body["stop_type"]) == ("yes", "eos")
+    assert body["generation_settings"]["n_predict"] == runtime.backend.max_context
+
+
+def test_token_ids_are_a_prompt_too(served, runtime):
+    ids = runtime.tokenizer.encode(PROMPT, add_special_tokens=False)
+    by_ids = served.post("/completion", {"prompt": ids, "n_predict": 6})[1]
+    by_text = served.post("/completion", {"prompt": PROMPT, "n_predict": 6})[1]
+    assert by_ids["content"] == by_text["content"]
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("mirostat", 2, "'mirostat' = 2 is not supported: this server has no that sampler; leave 'mirostat' out or set it to 0"),
+    ("n_probs", 5, "log-probabilities (send 'logprobs' to /v1/completions)"),
+    ("typical_p", 0.9, "'typical_p' = 0.9 is not supported"),
+    ("n_predict", 0, "'n_predict' must be the most tokens to generate (>= 1), or -1 for no limit but the context"),
+    ("n_predict", -2, "got -2"),
+    ("temperature", 9, "'temperature' must be a number in [0, 2]"),
+])
+def test_settings_this_runtime_cannot_honour_are_refused_by_name(served, field, value, message):
+    status, body = served.post("/completion", {"prompt": PROMPT, field: value})
+    assert status == 400, body
+    assert body["error"]["param"] == field
+    assert message in body["error"]["message"]
+
+
+def test_off_values_and_llama_cpp_s_own_tuning_fields_are_accepted(served):
+    status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 4, "mirostat": 0, "n_probs": 0,
+                                               "typical_p": 1.0, "n_keep": 8, "id_slot": -1, "cache_prompt": True})
+    assert status == 200, body
+    assert body["tokens_predicted"] == 4
+
+
+def test_the_route_needs_the_key(runtime):
+    server = Served(runtime, api_key="sesame")
+    try:
+        assert server.post("/completion", {"prompt": PROMPT, "n_predict": 2})[0] == 401
+        status, body = server.post("/completion", {"prompt": PROMPT, "n_predict": 2},
+                                   headers={"Authorization": "Bearer sesame"})
+        assert status == 200, body
+    finally:
+        server.close()
