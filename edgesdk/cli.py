@@ -282,8 +282,8 @@ def export(bundle, output, no_verify):
     click.echo(f"{report.path}: {report.size_bytes / 1e6:.1f} MB, {report.architecture} {report.file_type} "
                f"({types}; {checked}) in {report.seconds:.1f} s")
     if report.architecture == PER_LAYER_ARCHITECTURE[0]:
-        click.echo(f"layers pruned to different widths: written as llama.cpp's {report.architecture} architecture "
-                   "(per-layer head counts and FFN widths), which llama.cpp runs; transformers' GGUF loader does not")
+        click.echo(f"pruned layers: written as llama.cpp's {report.architecture} architecture (head counts and FFN "
+                   "widths per layer), which llama.cpp runs; transformers' GGUF loader does not")
     click.echo(f"run it with llama.cpp: llama-cli -m {report.path}")
 
 

@@ -144,6 +144,24 @@ def model_facts_after(model, facts_before: dict) -> dict:
     return facts
 
 
+def check_depth_pruning(stages: list[tuple[str, object]], layer_count: int | None = None) -> None:
+    """Depth pruning the recipe and the model cannot take, refused before any stage runs (``layer_count``: the
+    loaded model's decoder layers, once known)."""
+    prune = next((config for name, config in stages if name == "prune"), None)
+    removed = getattr(prune, "layers_removed", 0)
+    if not removed:
+        return
+    if any(name == "power" for name, _ in stages):
+        raise BuildError(f"prune.layers_removed is {removed} in a recipe with the power stage, whose adapters scale "
+                         "the next layer's attention heads, so its layers cannot be removed",
+                         "prune depth in a recipe without the power stage, or leave prune.layers_removed at 0")
+    if layer_count is not None and removed >= layer_count:
+        raise BuildError(f"prune.layers_removed is {removed}, but the model has {layer_count} decoder layers: "
+                         "removing them all leaves no model",
+                         f"remove at most {layer_count - 1} (--prune-layers {layer_count - 1}, or --set "
+                         f"prune.layers_removed={layer_count - 1})")
+
+
 def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportConfig, profile) -> None:
     """A sparse export stores the profile's sparsity_block blocks; a sparsify stage that drops other blocks
     would fail at export, after every stage. Checked before any."""
@@ -174,6 +192,7 @@ def build(config: BuildConfig) -> Bundle:
     export_config = replace(config.export, **recipe.export.model_dump())
     check_max_context(export_config)
     check_sparse_block(stages, export_config, profile)
+    check_depth_pruning(stages)
     if stages:
         config.data.check_files()
     elif config.data.files:
@@ -217,6 +236,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     try:
         loaded = load_model(source, progress=config.progress)
         check_exportable(loaded.model.config, export_config)  # before any stage, not at export
+        check_depth_pruning(stages, loaded.model.config.num_hidden_layers)
     except EdgeSDKError:
         if not work.state["done"]:  # nothing to resume: leave no empty work directory behind
             remove_work_dir(work.path)

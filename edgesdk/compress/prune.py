@@ -267,8 +267,9 @@ def prune_stage(model, config: PruneConfig, ctx: BuildContext):
     depth = {}
     if config.layers_removed:
         if any(".power_adapter." in name for name, _ in model.named_parameters()):
-            raise ValueError("layers_removed: a power-gated model's adapters scale the next layer's attention heads, "
-                             "so its layers cannot be removed; prune depth in a recipe without the power stage")
+            raise BuildError("prune.layers_removed: a power-gated model's adapters scale the next layer's attention "
+                             "heads, so its layers cannot be removed",
+                             "prune depth in a recipe without the power stage, or leave prune.layers_removed at 0")
         count = len(model.model.layers)
         if config.layers_removed >= count:
             raise BuildError(f"prune.layers_removed is {config.layers_removed}, but the model has {count} decoder "

@@ -207,10 +207,10 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._stream(request)
         else:
             completion = self.server.completer.complete(request, client_gone=self._client_gone)
-            self._send_json(200, completion_body(request, new_id(request.chat), self.server.model, completion.text,
-                                                 completion.finish_reason, completion.prompt_tokens,
-                                                 completion.completion_tokens, completion.cached_tokens,
-                                                 completion.logprobs))
+            body = completion_body(request, new_id(request.chat), self.server.model, completion.text,
+                                   completion.finish_reason, completion.prompt_tokens, completion.completion_tokens,
+                                   completion.cached_tokens, completion.logprobs)
+            self._send_json(200, {**body, "timings": llama_native.timings(completion)})  # llama-server adds them
 
     def _native_completion(self) -> None:
         """llama-server's ``POST /completion`` (edgesdk/serve/llama_native.py), whole or streamed."""
@@ -419,7 +419,8 @@ class ApiHandler(BaseHTTPRequestHandler):
                                            completion.logprobs):
                 self._event(body)
         else:
-            self._event(chunk_body(request, ident, model, None, finish_reason=completion.finish_reason))
+            self._event({**chunk_body(request, ident, model, None, finish_reason=completion.finish_reason),
+                         "timings": llama_native.timings(completion)})  # as llama-server's last chunk (its web UI)
         if request.include_usage:
             self._event(usage_chunk_body(request, ident, model, completion.prompt_tokens,
                                          completion.completion_tokens, completion.cached_tokens))

@@ -118,12 +118,13 @@ def test_depth_pruning_settings_are_checked_and_power_gated_models_refused(tmp_p
         PruneConfig(layer_calibration_batches=0)
 
     from edgesdk.compress.prune import prune_stage
+    from edgesdk.errors import BuildError
     from edgesdk.power.adapter import install_adapters
 
     model = tiny_llama(layers=3)
     install_adapters(model, rank=4)
     before = copy.deepcopy([n for n, _ in model.named_parameters()])
-    with pytest.raises(ValueError, match="power-gated model's adapters scale the next layer's attention heads"):
+    with pytest.raises(BuildError, match="power-gated model's adapters scale the next layer's attention heads"):
         prune_stage(model, PruneConfig(layers_removed=1), ctx=None)
     assert [n for n, _ in model.named_parameters()] == before
 
@@ -136,3 +137,29 @@ def test_the_prune_layers_shortcut_sets_the_stage_option():
     assert overrides == ("prune.layers_removed=3",)
     stages = {entry.stage: entry for entry in load_recipe("int4-prune").with_overrides(list(overrides)).stages}
     assert stages["prune"].config["layers_removed"] == 3
+
+
+def test_depth_pruning_a_recipe_or_model_cannot_take_is_refused_before_any_stage(tmp_path):
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.compress.data import DataConfig
+    from edgesdk.errors import BuildError
+
+    model_dir = save_tiny_model_dir(tmp_path / "model", layers=2)
+    text = tmp_path / "train.txt"
+    text.write_text("\n".join(CORPUS * 3))
+    data = DataConfig(files=(str(text),), skip_chars=2000, generated_sequences=0)
+
+    def run(recipe_text: str):
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(recipe_text)
+        return build(BuildConfig(target="host", model=str(model_dir), out=tmp_path / "b", recipe=str(recipe),
+                                 data=data, progress=False))
+
+    with pytest.raises(BuildError, match="prune.layers_removed is 2, but the model has 2 decoder layers") as refused:
+        run(DEPTH_RECIPE.format(removed=2, ffn=0.0))
+    assert "--prune-layers 1" in refused.value.fix
+    assert not (tmp_path / "b.build" / "stages").exists()  # QAT never ran
+    power = ("name: p\nstages:\n  - stage: power\n  - stage: prune\n    config: {layers_removed: 1}\n"
+             "export: {form: ort-fused}\n")
+    with pytest.raises(BuildError, match="prune.layers_removed is 1 in a recipe with the power stage"):
+        run(power)
