@@ -120,3 +120,17 @@ def test_the_route_needs_the_key(runtime):
         assert status == 200, body
     finally:
         server.close()
+
+
+def test_openai_answers_carry_llama_server_s_timings_too(served):
+    """llama.cpp's web UI shows speed from the timings of the chat answer (its last chunk when streamed)."""
+    body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6}
+    status, chat = served.post("/v1/chat/completions", body)
+    assert status == 200, chat
+    assert chat["timings"]["predicted_n"] == chat["usage"]["completion_tokens"]
+    assert chat["timings"]["prompt_n"] + chat["timings"]["cache_n"] == chat["usage"]["prompt_tokens"]
+    chunks = served.stream("/v1/chat/completions", body)
+    finished = [chunk for chunk in chunks[:-1] if chunk["choices"] and chunk["choices"][0]["finish_reason"]]
+    assert len(finished) == 1
+    assert finished[0]["timings"]["predicted_n"] == chat["usage"]["completion_tokens"]
+    assert all("timings" not in chunk for chunk in chunks[:-1] if chunk is not finished[0])
