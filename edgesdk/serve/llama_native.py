@@ -7,10 +7,11 @@ translated into the OpenAI text request it means and checked there, so the field
 ``stop``, ``stream``, ``grammar``, ``json_schema``, ``ignore_eos``, ``logit_bias``,
 ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``,
 ``cache_prompt``) take the same values. ``n_predict`` is the token limit (-1: until the
-end-of-text token or a full context). Samplers this runtime does not have (mirostat, typical-p,
-dynamic temperature, XTC, DRY) and ``n_probs`` are refused by name where set to anything but
-their off value; fields that only tune llama.cpp's own machinery (``n_keep``, ``id_slot``,
-``samplers`` ...) are ignored as llama-server ignores fields it does not know.
+end-of-text token or a full context); ``seed`` -1 is llama-server's default, a random seed.
+Samplers this runtime does not have (mirostat, typical-p, dynamic temperature, XTC, DRY) and
+``n_probs`` are refused by name where set to anything but their off value; fields that only
+tune llama.cpp's own machinery (``n_keep``, ``id_slot``, ``samplers`` ...) are ignored as
+llama-server ignores fields it does not know.
 
 The answer is llama-server's: ``content``, ``stop``, ``stop_type`` (``eos``, ``limit`` or
 ``word`` with ``stopping_word``), ``tokens_predicted``, ``tokens_evaluated``, ``tokens_cached``,
@@ -43,6 +44,8 @@ def parse_completion_request(body: object) -> CompletionRequest:
             raise ApiError(400, f"'{field}' = {_shown(value)} is not supported: this server has no {what}; leave "
                            f"'{field}' out or set it to {off}", param=field, code="unsupported_parameter")
     text = {key: value for key, value in body.items() if key not in ("n_predict", "max_tokens", "logprobs", "echo")}
+    if body.get("seed") == -1 and not isinstance(body["seed"], bool):  # llama-server's default: a random seed
+        del text["seed"]
     predict = body.get("n_predict")
     if predict is not None:
         if isinstance(predict, bool) or not isinstance(predict, int) or predict == 0 or predict < -1:

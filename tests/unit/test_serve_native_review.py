@@ -1,0 +1,36 @@
+"""serve: llama-server's own POST /completion, assistant prefill and timings, at their edges, over real HTTP
+against the tiny bundle."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgesdk.serve.completion import ServeDefaults
+from tests.unit.test_serve import Served
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_bundle):
+    from edgesdk.runtime.session import open_runtime
+
+    return open_runtime(tiny_bundle.path, threads=1)
+
+
+@pytest.fixture
+def served(runtime):
+    server = Served(runtime, ServeDefaults(max_tokens=16))
+    yield server
+    server.close()
+
+
+def test_completion_takes_seed_minus_one_as_llama_server_s_random_seed(served):
+    """llama-server's README: 'seed ... Default: -1, which is a random seed'; clients send its default."""
+    status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 4, "seed": -1})
+    assert status == 200, body
+    assert body["generation_settings"]["seed"] == -1
+    assert body["content"] == served.post("/completion", {"prompt": PROMPT, "n_predict": 4})[1]["content"]
+    status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 4, "seed": -2})
+    assert status == 400, body
+    assert body["error"]["param"] == "seed"
