@@ -7,7 +7,8 @@ translated into the OpenAI text request it means and checked there, so the field
 ``stop``, ``stream``, ``grammar``, ``json_schema``, ``ignore_eos``, ``logit_bias``,
 ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``,
 ``cache_prompt``) take the same values. ``n_predict`` is the token limit (-1: until the
-end-of-text token or a full context); ``seed`` -1 is llama-server's default, a random seed.
+end-of-text token or a full context; ``max_tokens`` where it is not given, as llama-server
+reads it); ``seed`` -1 is llama-server's default, a random seed.
 Samplers this runtime does not have (mirostat, typical-p, dynamic temperature, XTC, DRY) and
 ``n_probs`` are refused by name where set to anything but their off value; fields that only
 tune llama.cpp's own machinery (``n_keep``, ``id_slot``, ``samplers`` ...) are ignored as
@@ -46,11 +47,12 @@ def parse_completion_request(body: object) -> CompletionRequest:
     text = {key: value for key, value in body.items() if key not in ("n_predict", "max_tokens", "logprobs", "echo")}
     if body.get("seed") == -1 and not isinstance(body["seed"], bool):  # llama-server's default: a random seed
         del text["seed"]
-    predict = body.get("n_predict")
+    name = "n_predict" if body.get("n_predict") is not None else "max_tokens"  # as llama-server reads the limit
+    predict = body.get(name)
     if predict is not None:
         if isinstance(predict, bool) or not isinstance(predict, int) or predict == 0 or predict < -1:
-            raise ApiError(400, f"'n_predict' must be the most tokens to generate (>= 1), or -1 for no limit but the "
-                           f"context, got {_shown(predict)}", param="n_predict")
+            raise ApiError(400, f"'{name}' must be the most tokens to generate (>= 1), or -1 for no limit but the "
+                           f"context, got {_shown(predict)}", param=name)
         text["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict == -1 else predict
     return parse_text_request(text)
 

@@ -34,3 +34,17 @@ def test_completion_takes_seed_minus_one_as_llama_server_s_random_seed(served):
     status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 4, "seed": -2})
     assert status == 400, body
     assert body["error"]["param"] == "seed"
+
+
+def test_completion_reads_max_tokens_where_n_predict_is_not_given(served):
+    """llama-server takes max_tokens for the limit where n_predict is absent (n_predict wins over it)."""
+    status, body = served.post("/completion", {"prompt": PROMPT, "max_tokens": 3})
+    assert status == 200, body
+    assert (body["tokens_predicted"], body["stop_type"], body["generation_settings"]["n_predict"]) == (3, "limit", 3)
+    status, body = served.post("/completion", {"prompt": PROMPT, "max_tokens": 3, "n_predict": 5})
+    assert status == 200, body
+    assert body["tokens_predicted"] == 5
+    status, body = served.post("/completion", {"prompt": PROMPT, "max_tokens": 0})
+    assert status == 400, body
+    assert body["error"]["param"] == "max_tokens"
+    assert "'max_tokens' must be" in body["error"]["message"]
