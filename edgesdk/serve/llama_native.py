@@ -8,7 +8,8 @@ translated into the OpenAI text request it means and checked there, so the field
 ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``,
 ``cache_prompt``) take the same values. ``n_predict`` is the token limit (-1: until the
 end-of-text token or a full context; ``max_tokens`` where it is not given, as llama-server
-reads it); ``seed`` -1 is llama-server's default, a random seed.
+reads it); ``stop`` takes any number of strings; ``seed`` -1 is llama-server's default, a
+random seed.
 Samplers this runtime does not have (mirostat, typical-p, dynamic temperature, XTC, DRY) and
 ``n_probs`` are refused by name where set to anything but their off value; fields that only
 tune llama.cpp's own machinery (``n_keep``, ``id_slot``, ``samplers`` ...) are ignored as
@@ -23,6 +24,8 @@ and the whole answer's fields (no ``[DONE]``).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from edgesdk.runtime.generate import SamplingConfig
 from edgesdk.serve.api import ApiError, CompletionRequest, _object, _shown, parse_text_request
@@ -54,7 +57,19 @@ def parse_completion_request(body: object) -> CompletionRequest:
             raise ApiError(400, f"'{name}' must be the most tokens to generate (>= 1), or -1 for no limit but the "
                            f"context, got {_shown(predict)}", param=name)
         text["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict == -1 else predict
-    return parse_text_request(text)
+    stops = _stop(text.pop("stop", None))  # set after the check: OpenAI's 'stop' takes at most 4, llama-server's any
+    request = parse_text_request(text)
+    return replace(request, stop=stops) if stops else request
+
+
+def _stop(value: object) -> tuple[str, ...]:
+    """``stop``: a string or an array of strings, as many as the client likes (empty ones end nothing)."""
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
+        raise ApiError(400, f"'stop' must be a string or an array of strings, got {_shown(value)}", param="stop")
+    return tuple(stop for stop in stops if stop)
 
 
 def stop_type(completion: Completion) -> str:

@@ -48,3 +48,18 @@ def test_completion_reads_max_tokens_where_n_predict_is_not_given(served):
     assert status == 400, body
     assert body["error"]["param"] == "max_tokens"
     assert "'max_tokens' must be" in body["error"]["message"]
+
+
+def test_completion_takes_any_number_of_stop_strings(served):
+    """llama-server's 'stop' is an array of any length; OpenAI's limit of 4 is not its own."""
+    answer = served.post("/completion", {"prompt": PROMPT, "n_predict": 12})[1]["content"]
+    word = answer[4:7]
+    stops = ["\u2603", "\u2604", "\u2605", "\u2606", word]
+    status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 12, "stop": stops})
+    assert status == 200, body
+    assert (body["stop_type"], body["stopping_word"]) == ("word", word)
+    assert body["content"] == answer[:answer.find(word)]
+    assert body["generation_settings"]["stop"] == stops
+    status, body = served.post("/completion", {"prompt": PROMPT, "stop": ["a", 5]})
+    assert status == 400, body
+    assert body["error"]["param"] == "stop"
