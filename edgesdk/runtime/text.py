@@ -61,11 +61,23 @@ class ChatTokenizer:
             if not begun:
                 return self.render_chat(messages[:-1])
             rendered = self._render(messages, add_generation_prompt=False)
-            if begun not in rendered:
+            # The text's last occurrence before what the template writes after it (the end of the turn), which
+            # a short text can also be found in: "|" or ">" in "<|im_end|>"
+            after = self._after_final(messages)
+            at = rendered.rfind(begun, 0, len(rendered) - len(after) if rendered.endswith(after) else len(rendered))
+            if at < 0:
                 raise BundleError("the chat template does not write the final assistant message's text as given, so "
                                   "the answer cannot go on from it", "end the messages with a user message")
-            return rendered[: rendered.rindex(begun) + len(begun)]
+            return rendered[: at + len(begun)]
         return self._render(messages, add_generation_prompt=True)
+
+    def _after_final(self, messages: list[dict]) -> str:
+        """What the template writes after the final message's text: a marker rendered in its place shows
+        where the text ends ("" where the template does not write the marker as given)."""
+        marker = "\ue000edgesdk-final\ue001"
+        marked = self._render([*messages[:-1], {**messages[-1], "content": marker}], add_generation_prompt=False)
+        at = marked.rfind(marker)
+        return marked[at + len(marker):] if at >= 0 else ""
 
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         import jinja2

@@ -63,3 +63,13 @@ def test_completion_takes_any_number_of_stop_strings(served):
     status, body = served.post("/completion", {"prompt": PROMPT, "stop": ["a", 5]})
     assert status == 400, body
     assert body["error"]["param"] == "stop"
+
+
+@pytest.mark.parametrize("begun", ["|", ">", "<|", "end"])
+def test_a_prefill_that_the_end_of_turn_text_also_holds_is_cut_where_the_message_ends(runtime, begun):
+    """The template writes '<|im_end|>' after each message: a begun answer of '|' (a table) or '>' (a quote) is
+    the message's text, not the last '|' or '>' of the turn's end."""
+    tokenizer = runtime.tokenizer
+    question = [{"role": "user", "content": "Make a table of the planets."}]
+    continued = tokenizer.render_chat([*question, {"role": "assistant", "content": begun}], continue_final=True)
+    assert continued == tokenizer.render_chat(question) + begun
