@@ -78,8 +78,10 @@ class Completion:
     cached_tokens: int = 0  # prompt tokens taken from the previous answer's KV cache
     logprobs: dict | None = None  # OpenAI's logprobs object, when the request asked for it
     stop_string: str | None = None  # the stop string that ended the answer (Anthropic's stop_sequence)
-    prompt_ms: float = 0.0  # from the turn's start to the first answer token (the prefill, and its pick)
-    predicted_ms: float = 0.0  # from the first answer token to the last
+    # from the turn's start to the first answer token (the prefill, and its pick), and from the first answer token
+    # to the last; neither counts the time the thermal guard held the steps back (its pauses and pacing)
+    prompt_ms: float = 0.0
+    predicted_ms: float = 0.0
 
 
 class StopMatcher:
@@ -127,6 +129,29 @@ class _StopString(Exception):  # noqa: N818 (a signal out of the token callback,
 
 class ClientGone(ConnectionAbortedError):
     """The request's client closed its connection: nobody is left to read the answer."""
+
+
+class _HeldTime:
+    """A StepHook around another that adds up the wall time its :meth:`before_step` held steps back."""
+
+    def __init__(self, inner: StepHook):
+        self.inner, self.held_s = inner, 0.0
+
+    def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        self.inner.begin(prompt_tokens, max_new_tokens)
+
+    def before_step(self, kind: str) -> float:
+        entered = time.perf_counter()
+        try:
+            return self.inner.before_step(kind)
+        finally:
+            self.held_s += time.perf_counter() - entered
+
+    def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
+        self.inner.after_step(kind, tokens, compute_s)
+
+    def end(self, stats) -> None:
+        self.inner.end(stats)
 
 
 class Completer:
@@ -397,14 +422,17 @@ class Completer:
                 if on_text is not None:
                     on_text(text, None if fresh is None else logprobs_body(request, fresh, self._token_piece, offsets))
 
-        clock = {"start": time.perf_counter(), "first": None, "last": None}
+        # The answer's timings leave out the time the hook held its steps back (the thermal guard's pauses and
+        # pacing), as the metrics' prefill and decode seconds do: the held time up to the first and last token.
+        hook = _HeldTime(MetricsHook(self.metrics, self.hook))
+        clock = {"start": time.perf_counter(), "first": None, "last": None, "held_first": 0.0, "held_last": 0.0}
 
         def on_token(token: int) -> None:
             nonlocal count
             count += 1
-            clock["last"] = time.perf_counter()
+            clock["last"], clock["held_last"] = time.perf_counter(), hook.held_s
             if clock["first"] is None:
-                clock["first"] = clock["last"]
+                clock["first"], clock["held_first"] = clock["last"], clock["held_last"]
             hand_out(matcher.push(decoder.push(token)))
             if matcher.stopped:
                 raise _StopString
@@ -414,7 +442,7 @@ class Completer:
 
         try:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
-                                hook=MetricsHook(self.metrics, self.hook), cache=self.prompt_cache,
+                                hook=hook, cache=self.prompt_cache,
                                 reuse_cache=request.cache_prompt, constraint=constraint, logprobs=recorder,
                                 lookup=self.lookup)
             finish = "stop" if stats.stop_reason in ("eos", "complete") else "length"
@@ -447,9 +475,13 @@ class Completer:
                 # generated token and the ones before it for the prompt's.
                 entries.append(recorder.end)
             logprobs = logprobs_body(request, entries, self._token_piece, 0 if request.echo else len(request.prompt))
-        first = clock["first"] if clock["first"] is not None else time.perf_counter()
+        if clock["first"] is None:  # no answer token: all of it was the prompt's
+            clock["first"], clock["held_first"] = time.perf_counter(), hook.held_s
+        first = clock["first"]
+        prompt_ms = (first - clock["start"] - clock["held_first"]) * 1e3
+        predicted_ms = ((clock["last"] or first) - first - (clock["held_last"] - clock["held_first"])) * 1e3
         return Completion("".join(pieces), finish, len(ids), count, cached, logprobs, matcher.matched,
-                          prompt_ms=(first - clock["start"]) * 1e3, predicted_ms=((clock["last"] or first) - first) * 1e3)
+                          prompt_ms=max(prompt_ms, 0.0), predicted_ms=max(predicted_ms, 0.0))
 
     def _token_piece(self, token: int) -> bytes:
         """A token's bytes, as the logprobs report them (a special token's name for one that has no text)."""

@@ -3,6 +3,8 @@ against the tiny bundle."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from edgesdk.serve.completion import ServeDefaults
@@ -73,3 +75,48 @@ def test_a_prefill_that_the_end_of_turn_text_also_holds_is_cut_where_the_message
     question = [{"role": "user", "content": "Make a table of the planets."}]
     continued = tokenizer.render_chat([*question, {"role": "assistant", "content": begun}], continue_final=True)
     assert continued == tokenizer.render_chat(question) + begun
+
+
+class HoldingHook:
+    """A StepHook that holds the prefill and the third decode step back, as the thermal guard's pause does."""
+
+    def __init__(self, hold_s: float):
+        self.hold_s, self.decodes, self.held_s = hold_s, 0, 0.0
+
+    def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        self.decodes = 0
+
+    def before_step(self, kind: str) -> float:
+        self.decodes += kind == "decode"
+        if kind == "prefill" or self.decodes == 3:
+            time.sleep(self.hold_s)
+            self.held_s += self.hold_s
+            return self.hold_s
+        return 0.0
+
+    def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
+        pass
+
+    def end(self, stats) -> None:
+        pass
+
+
+def test_timings_leave_out_the_time_the_guard_held_the_steps_back(runtime):
+    """llama-server's timings are its prefill and decode time, the figures its metrics' seconds add up; the
+    serve metrics leave the thermal guard's waits out of those seconds, and the timings do so too."""
+    hook = HoldingHook(hold_s=1.0)
+    server = Served(runtime, ServeDefaults(max_tokens=16), hook=hook)
+    try:
+        started = time.perf_counter()
+        status, body = server.post("/completion", {"prompt": PROMPT, "n_predict": 8, "cache_prompt": False})
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        assert status == 200, body
+        assert hook.held_s == 2.0
+        assert elapsed_ms > 2000
+        timings = body["timings"]
+        assert timings["predicted_n"] == 8
+        assert 0 < timings["prompt_ms"] < 500
+        assert 0 < timings["predicted_ms"] < 500
+        assert timings["predicted_per_second"] > 7 / 0.5
+    finally:
+        server.close()
