@@ -414,13 +414,14 @@ class ApiHandler(BaseHTTPRequestHandler):
                 raise
             self._event(self._in_stream_error(exc).body())  # the headers are out: in the stream, as llama-server does
             return
-        if request.tools is not None:
-            for body in tool_answer_chunks(request, ident, model, completion.text, completion.finish_reason,
-                                           completion.logprobs):
-                self._event(body)
+        if request.tools is not None:  # the answer whole, then the finishing chunk
+            chunks = tool_answer_chunks(request, ident, model, completion.text, completion.finish_reason,
+                                        completion.logprobs)
         else:
-            self._event({**chunk_body(request, ident, model, None, finish_reason=completion.finish_reason),
-                         "timings": llama_native.timings(completion)})  # as llama-server's last chunk (its web UI)
+            chunks = [chunk_body(request, ident, model, None, finish_reason=completion.finish_reason)]
+        chunks[-1] = {**chunks[-1], "timings": llama_native.timings(completion)}  # as llama-server's last chunk
+        for body in chunks:
+            self._event(body)
         if request.include_usage:
             self._event(usage_chunk_body(request, ident, model, completion.prompt_tokens,
                                          completion.completion_tokens, completion.cached_tokens))

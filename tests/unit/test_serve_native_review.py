@@ -9,6 +9,8 @@ import pytest
 
 from edgesdk.serve.completion import ServeDefaults
 from tests.unit.test_serve import Served
+from tests.unit.test_tools import ROOM
+from tests.unit.test_tools import server as tools_server  # noqa: F401 (a fixture: room for the tools' description)
 
 PROMPT = "The quick brown fox"
 
@@ -120,3 +122,22 @@ def test_timings_leave_out_the_time_the_guard_held_the_steps_back(runtime):
         assert timings["predicted_per_second"] > 7 / 0.5
     finally:
         server.close()
+
+
+def test_a_streamed_answer_with_tools_carries_the_timings_on_its_finishing_chunk(tools_server):  # noqa: F811
+    """The README: OpenAI answers carry llama-server's timings, whole or on a stream's finishing chunk; an answer
+    under tools is streamed once whole, and its finishing chunk carries them as the one without tools does."""
+    body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": ROOM,
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+                "required": ["city"]}}}],
+            "tool_choice": "required"}
+    status, whole = tools_server.post("/v1/chat/completions", body)
+    assert status == 200, whole
+    assert whole["timings"]["predicted_n"] == whole["usage"]["completion_tokens"]
+    chunks = tools_server.stream("/v1/chat/completions", body)[:-1]
+    finished = [chunk for chunk in chunks if chunk["choices"] and chunk["choices"][0]["finish_reason"]]
+    assert len(finished) == 1
+    assert finished[0]["choices"][0]["finish_reason"] == "tool_calls"
+    assert finished[0]["timings"]["predicted_n"] == whole["usage"]["completion_tokens"]
+    assert finished[0]["timings"]["prompt_n"] + finished[0]["timings"]["cache_n"] == whole["usage"]["prompt_tokens"]
