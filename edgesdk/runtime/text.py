@@ -52,32 +52,24 @@ class ChatTokenizer:
 
         ``continue_final``: the last message is an assistant's answer begun by the caller (a prefill, as
         llama-server and Anthropic's Messages API take it), rendered as transformers' ``continue_final_message``
-        does: the conversation without a generation prompt, cut after the last message's text (its surrounding
-        whitespace dropped), so the model goes on from there. An empty one leaves the generation prompt."""
+        does: the conversation without a generation prompt, its last message's text marked at its end and the
+        rendering cut at the mark, so the model goes on from there; the text's trailing whitespace stays where
+        the template keeps it. An empty one leaves the generation prompt."""
         if self.template_source is None:
             raise BundleError("this bundle's model has no chat template", "pass --raw to feed the prompt as is")
-        if continue_final:
-            begun = messages[-1]["content"].strip()
-            if not begun:
-                return self.render_chat(messages[:-1])
-            rendered = self._render(messages, add_generation_prompt=False)
-            # The text's last occurrence before what the template writes after it (the end of the turn), which
-            # a short text can also be found in: "|" or ">" in "<|im_end|>"
-            after = self._after_final(messages)
-            at = rendered.rfind(begun, 0, len(rendered) - len(after) if rendered.endswith(after) else len(rendered))
-            if at < 0:
-                raise BundleError("the chat template does not write the final assistant message's text as given, so "
-                                  "the answer cannot go on from it", "end the messages with a user message")
-            return rendered[: at + len(begun)]
-        return self._render(messages, add_generation_prompt=True)
-
-    def _after_final(self, messages: list[dict]) -> str:
-        """What the template writes after the final message's text: a marker rendered in its place shows
-        where the text ends ("" where the template does not write the marker as given)."""
-        marker = "\ue000edgesdk-final\ue001"
-        marked = self._render([*messages[:-1], {**messages[-1], "content": marker}], add_generation_prompt=False)
-        at = marked.rfind(marker)
-        return marked[at + len(marker):] if at >= 0 else ""
+        if not continue_final:
+            return self._render(messages, add_generation_prompt=True)
+        begun = messages[-1]["content"]
+        if not begun.strip():
+            return self.render_chat(messages[:-1])
+        marked = self._render([*messages[:-1], {**messages[-1], "content": begun + CONTINUE_MARK}],
+                              add_generation_prompt=False)
+        at = marked.rfind(CONTINUE_MARK.strip())
+        if at < 0 or begun.strip() not in marked[:at]:
+            raise BundleError("the chat template does not write the final assistant message's text as given, so "
+                              "the answer cannot go on from it", "end the messages with a user message")
+        # a template that trims the text trims the mark's trailing space too: the text's own whitespace went with it
+        return marked[:at] if marked.startswith(CONTINUE_MARK, at) else marked[:at].rstrip()
 
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         import jinja2
@@ -105,6 +97,11 @@ class ChatTokenizer:
         messages = ([] if system is None else [{"role": "system", "content": system}]) + [
             {"role": "user", "content": prompt}]
         return self.encode(self.render_chat(messages), add_special_tokens=False)
+
+
+# appended to a begun answer to find where its text ends in the rendering (transformers' tag, trailing space
+# included: a template that trims the text trims it)
+CONTINUE_MARK = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
 def load_tokenizer(path: Path):

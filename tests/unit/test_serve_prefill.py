@@ -38,9 +38,29 @@ def test_the_rendered_chat_stops_inside_the_assistant_s_begun_answer(runtime):
     # what follows the begun text in a rendered conversation (the end of its turn) is cut
     assert continued == tokenizer.render_chat(BEGUN[:1]) + "The quick brown"
     with_space = [BEGUN[0], {"role": "assistant", "content": "The quick brown "}]
-    assert tokenizer.render_chat(with_space, continue_final=True) == continued  # as transformers strips it
+    assert tokenizer.render_chat(with_space, continue_final=True) == continued + " "  # kept, as the template keeps it
     empty = [BEGUN[0], {"role": "assistant", "content": ""}]
     assert tokenizer.render_chat(empty, continue_final=True) == tokenizer.render_chat(BEGUN[:1])
+
+
+@pytest.mark.parametrize("begun", ["The quick brown", "The quick brown ", "a|b>", "  lead", "two\nlines\n"])
+@pytest.mark.parametrize("trims", [False, True])
+def test_the_rendering_is_transformers_continue_final_message(runtime, begun, trims):
+    """transformers' apply_chat_template(continue_final_message=True) on the same template is the reference,
+    for a template that keeps the text as given and for one that trims it."""
+    from edgesdk.runtime.text import ChatTokenizer
+    from tests._utils.tiny import tiny_tokenizer
+
+    reference = tiny_tokenizer()
+    if trims:
+        reference.chat_template = reference.chat_template.replace("content']", "content'] | trim")
+        assert "| trim" in reference.chat_template
+    tokenizer = ChatTokenizer.__new__(ChatTokenizer)
+    tokenizer.__dict__.update(runtime.tokenizer.__dict__)
+    tokenizer.template_source, tokenizer._template = reference.chat_template, None
+    messages = [BEGUN[0], {"role": "assistant", "content": begun}]
+    expected = reference.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    assert tokenizer.render_chat(messages, continue_final=True) == expected
 
 
 def test_a_chat_ending_with_an_assistant_message_continues_it(served, runtime):
