@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from edgesdk import __version__
@@ -217,6 +218,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._authorise()
         request = llama_native.parse_completion_request(self._read_json())
         completer = self.server.completer
+        if request.prompt_tokens:  # the answer's "prompt" is text, as llama-server gives it back
+            request = replace(request, prompt=completer.runtime.tokenizer.decode(list(request.prompt_tokens)))
         settings = llama_native.generation_settings(request, completer.sampling(request))
         self.server.answer_started()
         self._answering = True

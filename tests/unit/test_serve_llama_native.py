@@ -87,6 +87,7 @@ def test_token_ids_are_a_prompt_too(served, runtime):
     by_ids = served.post("/completion", {"prompt": ids, "n_predict": 6})[1]
     by_text = served.post("/completion", {"prompt": PROMPT, "n_predict": 6})[1]
     assert by_ids["content"] == by_text["content"]
+    assert by_ids["prompt"] == by_text["prompt"] == PROMPT
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
