@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -49,7 +50,7 @@ from edgesdk.serve.api import (
     tool_answer_chunks,
     usage_chunk_body,
 )
-from edgesdk.serve.completion import Completer
+from edgesdk.serve.completion import Completer, Completion
 
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 # How long one read or write on a connection may wait on its client: a request line, header or body that
@@ -227,25 +228,12 @@ class ApiHandler(BaseHTTPRequestHandler):
             completion = completer.complete(request, client_gone=self._client_gone)
             self._send_json(200, llama_native.final_body(request, self.server.model, completion, settings))
             return
-        started = False
-
-        def on_start() -> None:
-            nonlocal started
-            self._open_stream()
-            started = True
-
         def on_text(text: str, logprobs: dict | None) -> None:
             if text:
                 self._event(llama_native.partial_body(text))
 
-        try:
-            completion = completer.complete(request, on_text=on_text, on_start=on_start, client_gone=self._client_gone)
-        except (ConnectionError, TimeoutError):
-            raise
-        except Exception as exc:
-            if not started:
-                raise
-            self._event(self._in_stream_error(exc).body())
+        completion = self._complete_streamed(request, on_text, lambda: None, lambda error: self._event(error.body()))
+        if completion is None:
             return
         self._event(llama_native.final_body(request, self.server.model, completion, settings, content=""))
 
@@ -275,12 +263,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             return
         text_block = request.tools is None  # an answer under tools is JSON, read once whole
         prompt_tokens = len(completer.prompt_ids(request))
-        started = False
-
-        def on_start() -> None:
-            nonlocal started
-            self._open_stream()
-            started = True
+        def opened() -> None:
             for name, data in anthropic.start_events(ident, self.server.model, prompt_tokens, 0, text_block):
                 self._named_event(name, data)
 
@@ -288,14 +271,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             if text_block and text:
                 self._named_event(*anthropic.text_event(text))
 
-        try:
-            completion = completer.complete(request, on_text=on_text, on_start=on_start, client_gone=self._client_gone)
-        except (ConnectionError, TimeoutError):
-            raise
-        except Exception as exc:
-            if not started:
-                raise
-            self._named_event("error", anthropic.error_body(self._in_stream_error(exc)))
+        completion = self._complete_streamed(request, on_text, opened,
+                                             lambda error: self._named_event("error", anthropic.error_body(error)))
+        if completion is None:
             return
         for name, data in anthropic.end_events(request, completion, text_block):
             self._named_event(name, data)
@@ -391,31 +369,17 @@ class ApiHandler(BaseHTTPRequestHandler):
         (busy, prompt too long) still gets a plain JSON error with its status."""
         ident, model = new_id(request.chat), self.server.model
 
-        def start() -> None:
-            self._open_stream()
+        def opened() -> None:
             if request.chat:
                 self._event(chunk_body(request, ident, model, None, role=True))
-
-        started = False
-
-        def on_start() -> None:
-            nonlocal started
-            start()
-            started = True
 
         def on_text(text: str, logprobs: dict | None) -> None:
             if request.tools is None:  # an answer under tools is JSON to read once whole (tool_answer_chunks)
                 self._event(chunk_body(request, ident, model, text, logprobs=logprobs))
 
-        try:
-            completion = self.server.completer.complete(request, on_text=on_text, on_start=on_start,
-                                                        client_gone=self._client_gone)
-        except (ConnectionError, TimeoutError):
-            raise
-        except Exception as exc:
-            if not started:
-                raise
-            self._event(self._in_stream_error(exc).body())  # the headers are out: in the stream, as llama-server does
+        # an error once the headers are out is in the stream, as llama-server does
+        completion = self._complete_streamed(request, on_text, opened, lambda error: self._event(error.body()))
+        if completion is None:
             return
         if request.tools is not None:  # the answer whole, then the finishing chunk
             chunks = tool_answer_chunks(request, ident, model, completion.text, completion.finish_reason,
@@ -430,6 +394,31 @@ class ApiHandler(BaseHTTPRequestHandler):
                                          completion.completion_tokens, completion.cached_tokens))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+    def _complete_streamed(self, request: CompletionRequest, on_text: Callable[[str, dict | None], None],
+                           opened: Callable[[], None], error_event: Callable[[ApiError], None]) -> Completion | None:
+        """Generate ``request`` as a stream: its headers go out when its turn comes (then ``opened`` writes the
+        route's first events), each piece of text goes to ``on_text``. An error before that is raised (the client
+        gets a plain error with its status); after it, ``error_event`` writes it as the stream's last event and
+        None comes back."""
+        started = False
+
+        def on_start() -> None:
+            nonlocal started
+            self._open_stream()
+            started = True
+            opened()
+
+        try:
+            return self.server.completer.complete(request, on_text=on_text, on_start=on_start,
+                                                  client_gone=self._client_gone)
+        except (ConnectionError, TimeoutError):
+            raise
+        except Exception as exc:
+            if not started:
+                raise
+            error_event(self._in_stream_error(exc))
+            return None
 
     def _client_gone(self) -> bool:
         """Whether the client closed its end (end of file or a reset), without waiting: bytes it sent
