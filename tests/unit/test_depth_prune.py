@@ -46,13 +46,16 @@ def test_the_layer_the_model_does_not_need_is_removed_first():
     assert len(model.model.layers) == 4  # planning leaves the model whole
 
 
-def test_removal_is_greedy_scoring_what_remains_after_each_removal():
+def test_removal_is_one_shot_or_greedy_scoring_what_remains_after_each_removal():
     model = tiny_llama(layers=4)
     _silence(model.model.layers[1])
     _silence(model.model.layers[3])
-    kept, rounds = plan_depth(model, _batches(), remove=2)
+    kept, rounds = plan_depth(model, _batches(), remove=2, rescore=True)
     assert kept == [0, 2]
     assert [len(r) for r in rounds] == [4, 3]  # the second round scores the three layers left
+    one_shot, rounds = plan_depth(model, _batches(), remove=2)
+    assert one_shot == [0, 2]
+    assert [len(r) for r in rounds] == [4]  # scored once
     with pytest.raises(ValueError, match=r"layers_removed=4 leaves no decoder layer of 4; remove at most 3"):
         plan_depth(model, _batches(), remove=4)
 
