@@ -5,8 +5,8 @@ pruning alone.
 - greedy KL (the stage's with ``depth_rescore``): remove the layer whose removal costs the least KL to
   the current model on calibration text, score the rest again, repeat;
 - one-shot KL (the stage's default): score every layer once on the whole model, remove the k cheapest;
-- Block Influence (ShortGPT, Men et al. 2024): 1 - mean cosine between a layer's input and output
-  hidden states, k lowest removed, one shot;
+- Block Influence (ShortGPT, Men et al. 2024; the stage's ``depth_criterion: block-influence``): 1 - mean
+  cosine between a layer's input and output hidden states, k lowest removed, one shot;
 - the last k layers before the final one;
 - FFN width pruning (the stage's Fisher ranking) removing as many decoder parameters as k layers.
 
@@ -41,18 +41,6 @@ def _greedy_order(model, batches, count: int) -> tuple[list[int], list[float]]:
     for costs in rounds:
         order.append(left.pop(min(range(len(costs)), key=costs.__getitem__)))
     return order, rounds[0]
-
-
-def _block_influence(model, batches) -> list[float]:
-    """ShortGPT's BI per layer: 1 - cos(input, output) of its hidden states, mean over tokens."""
-    with torch.no_grad():
-        totals = None
-        for batch in batches:
-            states = model(batch, output_hidden_states=True, use_cache=False).hidden_states  # L+1 x (B, S, D)
-            values = [1 - torch.nn.functional.cosine_similarity(a, b, dim=-1).mean().item()
-                      for a, b in zip(states[:-1], states[1:], strict=True)]
-            totals = values if totals is None else [t + v for t, v in zip(totals, values, strict=True)]
-    return totals
 
 
 def _perplexity_without(model, removed: list[int], eval_ids) -> float:
@@ -90,6 +78,7 @@ def test_depth_pruning_criteria_against_width_pruning():
     if not WIKITEXT.is_file():
         pytest.skip("WikiText-2 validation text not found beside the checkout")
     from edgesdk.compress.measure import heldout_perplexity
+    from edgesdk.compress.prune import block_influence
     from edgesdk.models.loader import load_model
     from edgesdk.models.sources import resolve_model
 
@@ -105,7 +94,8 @@ def test_depth_pruning_criteria_against_width_pruning():
 
     greedy, one_shot_costs = _greedy_order(model, batches, max(REMOVED))
     one_shot = sorted(range(count), key=one_shot_costs.__getitem__)
-    bi = _block_influence(model, batches)
+    with torch.no_grad():
+        bi = block_influence(model, batches)
     by_influence = sorted(range(count), key=bi.__getitem__)
     layer_params = sum(p.numel() for p in model.model.layers[0].parameters())
     ffn_params = sum(p.numel() for p in model.model.layers[0].mlp.parameters())

@@ -46,6 +46,21 @@ def test_the_layer_the_model_does_not_need_is_removed_first():
     assert len(model.model.layers) == 4  # planning leaves the model whole
 
 
+def test_block_influence_removes_the_layer_that_changes_its_input_least():
+    from edgesdk.compress.prune import block_influence
+
+    model = tiny_llama(layers=4)
+    _silence(model.model.layers[1])
+    with torch.no_grad():
+        scores = block_influence(model, _batches())
+    assert scores[1] < 1e-6 < min(score for i, score in enumerate(scores) if i != 1)
+    kept, rounds = plan_depth(model, _batches(), remove=1, criterion="block-influence")
+    assert kept == [0, 2, 3]
+    assert rounds == [[round(score, 6) for score in scores]]
+    with pytest.raises(ValueError, match="depth_criterion must be one of kl, block-influence, got 'cosine'"):
+        PruneConfig(depth_criterion="cosine")
+
+
 def test_removal_is_one_shot_or_greedy_scoring_what_remains_after_each_removal():
     model = tiny_llama(layers=4)
     _silence(model.model.layers[1])
