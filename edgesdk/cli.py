@@ -397,7 +397,7 @@ def _gate_options(fn):
                    "repeating a text; 0: off). Greedy answers can differ at near-ties of a quantized model.")
 @click.option("--prompt-cache", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Keep the KV cache in FILE between runs (llama-cli's --prompt-cache): a prompt that begins as the "
-                   "last run's did prefills only what follows; rewritten after each answer.")
+                   "last run's did prefills only what follows; rewritten after each answer, and when Ctrl-C stops one.")
 @click.option("--stats", is_flag=True, help="Print prompt tokens (and those from the cache), prefill/decode tok/s, time "
                                            "to first token, p95 inter-token latency and peak RSS on stderr.")
 @_thermal_options
@@ -525,6 +525,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         except KeyboardInterrupt:  # an answer stopped with Ctrl-C stays in the conversation as written
             if conversation is not None:
                 conversation.answered(text, "".join(written) + stream.flush())
+            if prompt_cache is not None:  # the prefill paid for stays in the file, as llama-cli saves it
+                _save_interrupted_prompt_cache(prompt_cache, cache, runtime)
             raise
         tail = stream.flush()  # bytes held back for a character still incomplete
         if conversation is not None:
@@ -795,6 +797,21 @@ def _save_prompt_cache(path: Path, cache, runtime) -> None:
     except OSError as exc:
         raise EdgeSDKError(f"cannot write the prompt cache {path} ({exc.strerror or exc})",
                            "pass a --prompt-cache path in a directory this user may write to") from exc
+
+
+def _save_interrupted_prompt_cache(path: Path, cache, runtime) -> None:
+    """``--prompt-cache`` after Ctrl-C: the KV cache as the answer left it (prompt and the tokens so far), so the
+    next run does not prefill a long prompt again. llama-cli writes its session file once the prompt is
+    evaluated, before the first token, for the same reason. Skipped where the interrupt landed inside a step
+    (the cache's length no longer matches its token list): the previous file then stays as it was."""
+    if not cache.tokens or len(cache.tokens) != runtime.backend.position:
+        click.echo(f"edgesdk: the prompt cache {path} is not rewritten: the answer was stopped inside a step",
+                   err=True)
+        return
+    try:
+        _save_prompt_cache(path, cache, runtime)
+    except EdgeSDKError as exc:  # the Ctrl-C is what the user is told about; the write's failure is a warning
+        click.echo(f"edgesdk: {exc}", err=True)
 
 
 def _read_text_file(path: Path, option: str, hint: str) -> str:
