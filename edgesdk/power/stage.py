@@ -70,6 +70,10 @@ class PowerConfig:
             raise ValueError("tau_train must be in (0, 1) and budget in (0, 1]")
         if self.rounds < 0 or self.rollout < 1 or self.new_tokens < WINDOW:
             raise ValueError(f"rounds >= 0, rollout >= 1 and new_tokens >= {WINDOW} (one entropy window) are required")
+        if self.sweep_tokens < WINDOW:  # 0 or less decoded nothing: no point had an executed fraction, a TypeError
+            raise ValueError(f"sweep_tokens={self.sweep_tokens}: the weight sweep decodes that many held-out tokens "
+                             f"with the controller steering, which needs at least {WINDOW} (one entropy window); "
+                             f"set power.sweep_tokens to {WINDOW} or more (default 160)")
         for weights in (self.weights, *self.sweep):
             if len(weights) != 3 or not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
                 raise ValueError(f"power weights (alpha, beta, gamma) must be three finite numbers >= 0 with a "
