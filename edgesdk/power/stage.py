@@ -70,6 +70,17 @@ class PowerConfig:
             raise ValueError("tau_train must be in (0, 1) and budget in (0, 1]")
         if self.rounds < 0 or self.rollout < 1 or self.new_tokens < WINDOW:
             raise ValueError(f"rounds >= 0, rollout >= 1 and new_tokens >= {WINDOW} (one entropy window) are required")
+        if not (math.isfinite(self.lr) and self.lr > 0):  # AdamW refused a negative one after the c_t profile
+            raise ValueError(f"lr must be a positive finite number (the adapters' learning rate), got {self.lr}")
+        # A negative loss weight ascends its term (moves the gates away from the target, over the budget);
+        # a low-power factor below 0 does so for those tokens' KL, above 1 weights them more, not less.
+        signs = {name: getattr(self, name) for name in ("weight_power_kl", "weight_budget", "entropy_start",
+                                                        "entropy_end") if not getattr(self, name) >= 0}
+        if signs:
+            raise ValueError(f"{', '.join(f'{k}={v}' for k, v in signs.items())}: loss weights must be >= 0")
+        if not 0 <= self.low_power_scale <= 1:
+            raise ValueError(f"low_power_scale must be in [0, 1] (the gradient factor of tokens below mean power; "
+                             f"1 = off), got {self.low_power_scale}")
         if self.sweep_tokens < WINDOW:  # 0 or less decoded nothing: no point had an executed fraction, a TypeError
             raise ValueError(f"sweep_tokens={self.sweep_tokens}: the weight sweep decodes that many held-out tokens "
                              f"with the controller steering, which needs at least {WINDOW} (one entropy window); "
