@@ -2,9 +2,10 @@
 :func:`edgesdk.runtime.generate.generate`, with the thermal guard's hook around every step.
 
 A board decodes one sequence at a time (batch 1 is what its memory bandwidth pays for), so
-requests take turns behind one lock; at most ``max_waiting`` wait, the rest get a 503 at once
-rather than a connection that hangs. The guard's state lives across requests: the board's
-temperature does not start over with each answer.
+requests take turns in the order they came (:class:`FairTurn`, as llama-server hands its deferred
+tasks to a freed slot first in, first out: tools/server/server-queue.cpp, pop_deferred_task); at
+most ``max_waiting`` wait, the rest get a 503 at once rather than a connection that hangs. The
+guard's state lives across requests: the board's temperature does not start over with each answer.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -131,6 +133,43 @@ class ClientGone(ConnectionAbortedError):
     """The request's client closed its connection: nobody is left to read the answer."""
 
 
+class FairTurn:
+    """The board's one turn, handed to the requests waiting for it in the order they asked.
+
+    A ``threading.Lock`` lets any of its waiters proceed when it is released ("which one of the
+    waiting threads proceeds is not defined", Python's threading documentation), and a thread that
+    asks again right after releasing it may go first; here each waiter queues and the turn passes
+    to the longest waiting one. A waiter that gives up (an exception while it waits) leaves the queue.
+    """
+
+    def __init__(self):
+        self._changed = threading.Condition(threading.Lock())
+        self._queue: deque[object] = deque()  # the holder first, then the waiters in arrival order
+
+    @property
+    def queued(self) -> int:
+        """The holder and the waiters."""
+        with self._changed:
+            return len(self._queue)
+
+    def __enter__(self) -> FairTurn:
+        ticket = object()
+        with self._changed:
+            self._queue.append(ticket)
+            try:
+                self._changed.wait_for(lambda: self._queue[0] is ticket)
+            except BaseException:
+                self._queue.remove(ticket)
+                self._changed.notify_all()  # the next in line may now be first
+                raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        with self._changed:
+            self._queue.popleft()
+            self._changed.notify_all()
+
+
 class _HeldTime:
     """A StepHook around another that adds up the wall time its :meth:`before_step` held steps back."""
 
@@ -159,7 +198,7 @@ class Completer:
 
     def __init__(self, runtime: Runtime, defaults: ServeDefaults | None = None, hook: StepHook | None = None):
         self.runtime, self.defaults, self.hook = runtime, defaults or ServeDefaults(), hook
-        self._turn = threading.Lock()  # held while a request generates
+        self._turn = FairTurn()  # held while a request generates, handed on in arrival order
         self._admitted = threading.BoundedSemaphore(self.defaults.max_waiting + 1)  # generating + waiting
         self.busy = False
         self.stopping = False  # set by stop(): the server is shutting down
