@@ -57,14 +57,23 @@ def fit_table(bucket_size: int, buckets: list[int], step_ms: list[float], n_buck
     return [float(v) for v in table], slope, float(intercept)
 
 
+REPEATS = 6  # decode steps timed per cache length
+
+
+def buckets_timeable(max_context: int, bucket_size: int, measure_up_to: int, repeats: int = REPEATS) -> int:
+    """How many buckets the profiler can time a cache length in: those whose middle, and ``repeats`` steps
+    after it, lie below ``measure_up_to`` and the model's context. The cost line needs two."""
+    return min(measure_up_to, max_context - repeats - 1) // bucket_size
+
+
 def measure_kv_cost(model, max_context: int, bucket_size: int = 64, measure_up_to: int = 1024, buckets: int = 8,
-                    repeats: int = 6, threads: int = 1) -> CostStats:
+                    repeats: int = REPEATS, threads: int = 1) -> CostStats:
     """Time decode steps of ``model``'s fused float32 graph at ``buckets`` cache lengths up to ``measure_up_to``."""
     from edgesdk.export.onnx_export import ExportConfig, export_model
     from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
 
     n_buckets = max(1, -(-max_context // bucket_size))
-    top = max(1, min(measure_up_to, max_context - repeats - 1) // bucket_size)
+    top = max(1, buckets_timeable(max_context, bucket_size, measure_up_to, repeats))
     chosen = sorted({int(b) for b in np.linspace(0, top - 1, num=min(buckets, top))})
     rng = np.random.default_rng(0)
     measured: dict[str, dict] = {}

@@ -26,7 +26,7 @@ from edgesdk.errors import BuildError
 from edgesdk.power import adapter, train
 from edgesdk.power.controller import ControllerConfig, TauController
 from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW, check_entropy_target
-from edgesdk.power.profiler import measure_kv_cost
+from edgesdk.power.profiler import REPEATS, buckets_timeable, measure_kv_cost
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,17 @@ class PowerConfig:
                                                         "profile_buckets") if getattr(self, name) < 1}
         if small:  # bucket_size 0 divided by zero in the c_t profiler; profile_buckets 0 made c_t zero
             raise ValueError(f"{', '.join(f'{k}={v}' for k, v in small.items())}: each must be at least 1")
+        # c_t is the slope of a line through step times at several cache lengths: one length gives none (c_t 0
+        # at every position), and a bucket wider than profile_up_to timed a cache longer than the profiling graph.
+        if self.profile_buckets < 2:
+            raise ValueError(f"profile_buckets={self.profile_buckets}: the c_t profiler fits a line through the "
+                             "decode-step times at that many cache lengths, and one gives no slope (c_t 0 at every "
+                             "position); set power.profile_buckets to 2 or more (default 8)")
+        if self.profile_up_to < 2 * self.bucket_size:
+            raise ValueError(f"profile_up_to={self.profile_up_to} with bucket_size={self.bucket_size}: the c_t profiler "
+                             "times one cache length per bucket below profile_up_to and needs two buckets; raise "
+                             f"power.profile_up_to to {2 * self.bucket_size} or more, or lower power.bucket_size to "
+                             f"{max(1, self.profile_up_to // 2)} or less")
         if self.entropy_target is not None:
             check_entropy_target(self.entropy_target)
 
@@ -126,6 +137,11 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
                          f"{config.prompt_tokens} and a held-out sweep of at least {WINDOW + 2} tokens (one fifth)",
                          "pass more --data text or lower power.prompt_tokens")
     max_context = int(getattr(model.config, "max_position_embeddings", 4096))
+    if buckets_timeable(max_context, config.bucket_size, config.profile_up_to) < 2:
+        raise BuildError(f"the model's context of {max_context} positions holds fewer than two c_t buckets of "
+                         f"power.bucket_size={config.bucket_size} positions to time decode steps in, and the c_t "
+                         "profiler's cost line needs two (with one, c_t is 0 at every position)",
+                         f"lower power.bucket_size to {max(1, (max_context - REPEATS - 1) // 2)} or less")
     cost = measure_kv_cost(model, max_context, config.bucket_size, config.profile_up_to, config.profile_buckets)
 
     rank = adapter.adapter_rank(model, config.rank, config.max_fraction)

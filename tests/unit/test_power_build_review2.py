@@ -39,3 +39,46 @@ def test_a_learning_rate_or_loss_weight_that_trains_backwards_is_refused_before_
     """A negative lr was AdamW's ValueError (a traceback) after the c_t profile; 0 trained nothing; a negative
     loss weight ascended its term: the gates trained away from the entropy target or over the budget."""
     assert message in str(_refused(override))
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (("power.profile_buckets=1",), "profile_buckets=1: the c_t profiler fits a line"),
+    (("power.bucket_size=512", "power.profile_up_to=128"),
+     "profile_up_to=128 with bucket_size=512: the c_t profiler times one cache length per bucket"),
+    (("power.profile_up_to=100",), "raise power.profile_up_to to 128 or more, or lower power.bucket_size to 50"),
+])
+def test_a_c_t_profile_of_fewer_than_two_cache_lengths_is_refused_before_the_build(overrides, message):
+    """One timed cache length gives the cost line no slope, so c_t was 0 at every position (as profile_buckets 0,
+    which was refused, made it); a bucket wider than profile_up_to timed a cache longer than the profiling graph
+    and failed in the stage with the runtime's fix (--max-context)."""
+    assert message in str(_refused(*overrides))
+
+
+def _power_context(tmp_path, teacher, generated: int = 0):
+    from edgesdk.build.registry import BuildContext
+    from edgesdk.compress.data import DataConfig
+    from edgesdk.profile import get_profile
+    from tests._utils.tiny import CORPUS, tiny_tokenizer
+
+    text = tmp_path / "train.txt"
+    text.write_text("\n".join(CORPUS * 3), encoding="utf-8")
+    return BuildContext(profile=get_profile("rpi5"), work_dir=tmp_path, tokenizer=tiny_tokenizer(), teacher=teacher,
+                        progress=False, data_config=DataConfig(files=(str(text),), generated_sequences=generated))
+
+
+TINY = {"rounds": 0, "rollout": 2, "prompt_tokens": 8, "new_tokens": 8, "sweep_tokens": 8}
+
+
+def test_a_model_context_too_short_for_two_c_t_buckets_is_a_named_build_error(tmp_path):
+    """A model of 100 positions and buckets of 64 left one cache length to time: the stage trained on c_t 0."""
+    import copy
+
+    from edgesdk.build.registry import make_config, stage_spec
+    from tests._utils.tiny import tiny_llama
+
+    teacher = tiny_llama(max_positions=100)
+    with pytest.raises(BuildError) as info:
+        stage_spec("power").run(copy.deepcopy(teacher), make_config("power", TINY), _power_context(tmp_path, teacher))
+    assert "the model's context of 100 positions holds fewer than two c_t buckets of power.bucket_size=64" \
+        in str(info.value)
+    assert info.value.fix == "lower power.bucket_size to 46 or less"
