@@ -158,6 +158,12 @@ def install_adapters(model, rank: int, gate_init: float = 3.0, peak_layers: tupl
                          "drop the power stage from the recipe for this model")
     if getattr(model, "_power_state", None) is not None:
         raise BuildError("power adapters are already installed in this model", "run the power stage once")
+    outside = [p for p in peak_layers if not -len(layers) <= p < len(layers)]
+    if outside:  # taken modulo the layer count, layer 12 of 12 read the first layer's attention peak
+        raise BuildError(f"power.peak_layers names layer{'s' if len(outside) > 1 else ''} "
+                         f"{', '.join(map(str, outside))}, but the model has {len(layers)} decoder layers "
+                         f"(0 to {len(layers) - 1}, or -1 to -{len(layers)} counted from the last)",
+                         "set power.peak_layers to layers the model has, e.g. --set 'power.peak_layers=[-1]' (the last)")
     peaks = tuple(sorted({p % len(layers) for p in peak_layers})) or (len(layers) - 1,)
     state = PowerState(head_dim=head_dim, num_layers=len(layers), peak_layers=peaks)
     for index, layer in enumerate(layers):

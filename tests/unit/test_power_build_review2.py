@@ -82,3 +82,17 @@ def test_a_model_context_too_short_for_two_c_t_buckets_is_a_named_build_error(tm
     assert "the model's context of 100 positions holds fewer than two c_t buckets of power.bucket_size=64" \
         in str(info.value)
     assert info.value.fix == "lower power.bucket_size to 46 or less"
+
+
+@pytest.mark.parametrize("layers", [(2,), (-3,), (-1, 5)])
+def test_a_peak_layer_the_model_lacks_is_refused_not_wrapped_onto_another(layers):
+    """Layer numbers were taken modulo the layer count: 2 of a 2-layer model made the first layer's attention
+    peak a_t, with nothing said."""
+    from edgesdk.power import adapter
+    from tests._utils.tiny import tiny_llama
+
+    with pytest.raises(BuildError) as info:
+        adapter.install_adapters(tiny_llama(layers=2), 4, peak_layers=layers)
+    assert "but the model has 2 decoder layers (0 to 1, or -1 to -2 counted from the last)" in str(info.value)
+    assert "--set 'power.peak_layers=[-1]'" in info.value.fix
+    assert adapter.install_adapters(tiny_llama(layers=2), 4, peak_layers=(-1, 0)).peak_layers == (0, 1)
