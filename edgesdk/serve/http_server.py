@@ -16,7 +16,13 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   each token's text), and the text of token ids. They run beside an answer, without waiting for its turn.
 
 With an API key every route but ``/health`` wants ``Authorization: Bearer KEY`` or, as Anthropic's
-clients send it, ``x-api-key: KEY`` (``/health`` stays open, as in llama-server). Nothing here needs
+clients send it, ``x-api-key: KEY`` (``/health`` stays open, as in llama-server).
+
+Browsers on another origin (llama.cpp's web UI served elsewhere, ``fetch()`` from a page) are answered
+as llama-server answers them (tools/server/server-http.cpp, its pre-routing handler): every answer,
+errors included, carries ``Access-Control-Allow-Origin`` with the request's ``Origin``, and ``OPTIONS``
+on any path is a preflight's answer without the API key check (a browser sends no Authorization
+there), allowing credentials, ``GET, POST`` and the headers the preflight asks for. Nothing here needs
 a package beyond the board runtime's.
 """
 
@@ -62,7 +68,8 @@ TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's
 ROUTES = ("GET /health, GET /v1/models, GET /props, POST /v1/chat/completions, POST /v1/completions, POST /completion, "
           "POST /v1/messages, "
           "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template "
-          "(GET /metrics with --metrics)")
+          "(GET /metrics with --metrics), OPTIONS on any path (a browser's CORS preflight)")
+CORS_METHODS = "GET, POST"  # llama-server's Access-Control-Allow-Methods
 
 
 class ApiServer(ThreadingHTTPServer):
@@ -126,6 +133,37 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         self._serve(lambda route: self._post(route))
+
+    def do_OPTIONS(self):  # noqa: N802 (a browser's CORS preflight, on any path and without the API key)
+        self._serve(lambda route: self._preflight())
+
+    def handle_one_request(self) -> None:
+        self.headers = None  # a request refused on its request line has no headers (not the previous request's)
+        super().handle_one_request()
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """The status line and the headers every answer carries: a browser on another origin may read any of
+        them, an error too, as llama-server lets it (Access-Control-Allow-Origin with the request's Origin)."""
+        super().send_response(code, message)
+        origin = self.headers.get("Origin") if self.headers is not None else None
+        if origin:
+            self.send_header("Access-Control-Allow-Origin", origin)
+            self.send_header("Vary", "Origin")  # the answer depends on it: a cache keeps one per origin
+
+    def _preflight(self) -> None:
+        """``OPTIONS``: what a browser asks before a request that is not a simple one (JSON, an Authorization
+        header). Allowed: credentials, GET and POST, and the headers asked for (``*`` is no wildcard for a
+        request with credentials, and never covers Authorization: Fetch standard, CORS protocol)."""
+        asked = (self.headers.get("Access-Control-Request-Headers") or "").strip()
+        self.send_response(200)
+        self.send_header("Access-Control-Allow-Credentials", "true")
+        self.send_header("Access-Control-Allow-Methods", CORS_METHODS)
+        self.send_header("Access-Control-Allow-Headers", asked or "*")
+        self.send_header("Content-Length", "0")
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.flush()
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The base class's own refusals (a malformed request line, a line or header past its limits, a

@@ -126,3 +126,89 @@ def test_a_thread_that_asks_again_at_once_goes_behind_the_one_waiting(runtime):
     finally:
         hook.release.set()
         server.close()
+
+
+# ------------------------------------------------------------------------------------ browsers (CORS)
+
+ORIGIN = "http://webui.example:5173"
+
+
+def test_a_preflight_is_answered_without_the_api_key(runtime):
+    """llama-server answers OPTIONS before its API key check (a browser sends no Authorization there):
+    the request's origin, credentials, GET and POST, and the headers the browser asked for."""
+    server = Served(runtime, api_key="sesame")
+    try:
+        status, headers, payload = server.request("OPTIONS", "/v1/chat/completions", headers={
+            "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        assert (status, payload) == (200, b"")
+        assert headers["Access-Control-Allow-Origin"] == ORIGIN
+        assert headers["Access-Control-Allow-Credentials"] == "true"
+        assert headers["Access-Control-Allow-Methods"] == "GET, POST"
+        # echoed: '*' would not cover Authorization, which a browser then refuses to send
+        assert headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+        assert headers["Vary"] == "Origin"
+        assert headers["Content-Length"] == "0"
+        status, headers, _ = server.request("OPTIONS", "/no/such/route", headers={"Origin": ORIGIN})
+        assert (status, headers["Access-Control-Allow-Headers"]) == (200, "*")
+    finally:
+        server.close()
+
+
+def test_answers_and_refusals_carry_the_origin(runtime):
+    server = Served(runtime, ServeDefaults(max_tokens=4), api_key="sesame")
+    key = {"Authorization": "Bearer sesame", "Origin": ORIGIN}
+    try:
+        body = {"prompt": PROMPT, "max_tokens": 2}
+        for path, request_headers, expected in [
+                ("/v1/completions", key, 200),
+                ("/v1/completions", {"Origin": ORIGIN}, 401),  # no key: the browser can still read why
+                ("/v1/nothing", key, 404),
+                ("/completion", {**key}, 200)]:
+            status, headers, payload = server.request("POST", path, body, headers=request_headers)
+            assert status == expected, payload
+            assert headers["Access-Control-Allow-Origin"] == ORIGIN, (path, headers)
+        status, headers, payload = server.request("POST", "/v1/completions", {**body, "stream": True}, headers=key)
+        assert (status, headers["Content-Type"]) == (200, "text/event-stream")
+        assert headers["Access-Control-Allow-Origin"] == ORIGIN
+        status, headers, _ = server.request("GET", "/health", headers={"Origin": ORIGIN})
+        assert (status, headers["Access-Control-Allow-Origin"]) == (200, ORIGIN)
+        status, headers, _ = server.request("PUT", "/v1/completions", headers={"Origin": ORIGIN})  # the base class's 501
+        assert (status, headers["Access-Control-Allow-Origin"]) == (501, ORIGIN)
+        status, headers, _ = server.request("GET", "/health")  # no Origin (curl, a script): no CORS headers
+        assert status == 200
+        assert not any(name.startswith("Access-Control-") for name in headers)
+    finally:
+        server.close()
+
+
+def test_a_keep_alive_connection_goes_on_after_a_preflight_and_forgets_its_origin(runtime):
+    import http.client
+    import socket
+
+    server = Served(runtime, ServeDefaults(max_tokens=2))
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        connection.request("OPTIONS", "/completion", headers={"Origin": ORIGIN})
+        first = connection.getresponse()
+        assert (first.status, first.read()) == (200, b"")
+        connection.request("POST", "/completion", body=b'{"prompt": "The quick brown fox", "n_predict": 2}',
+                           headers={"Origin": ORIGIN, "Content-Type": "application/json"})
+        second = connection.getresponse()
+        assert second.status == 200
+        assert second.getheader("Access-Control-Allow-Origin") == ORIGIN
+        second.read()
+        connection.close()
+        # a request line refused after a request with an Origin: its answer does not carry that origin
+        client = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        client.sendall(b"OPTIONS / HTTP/1.1\r\nHost: x\r\nOrigin: " + ORIGIN.encode() + b"\r\n\r\nGET /a b HTTP/1.1\r\n\r\n")
+        received = b""
+        while chunk := client.recv(65536):
+            received += chunk
+        client.close()
+        preflight, _, refused = received.partition(b"\r\n\r\n")
+        assert b"Access-Control-Allow-Origin: " + ORIGIN.encode() in preflight
+        assert refused.startswith(b"HTTP/1.1 400"), refused
+        assert b"Access-Control-Allow-Origin" not in refused
+    finally:
+        server.close()
