@@ -86,7 +86,7 @@ class TrainLog:
     rounds: list[dict] = field(default_factory=list)
 
     def last(self, key: str, n: int = 3) -> float:
-        values = [r[key] for r in self.rounds[-n:]]
+        values = [r[key] for r in self.rounds[-n:] if r[key] is not None]  # None: not measured that round
         return float(np.mean(values)) if values else float("nan")
 
 
@@ -173,7 +173,11 @@ def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.T
                     valid[row, col] = 1.0  # the EOS itself
         positions = torch.arange(ids.shape[1]).expand_as(ids)
         optimizer.zero_grad(set_to_none=True)
-        record = {"token_kl": 0.0, "power_kl": 0.0, "entropy": 0.0, "executed": 0.0, "loss": 0.0}
+        record = {"token_kl": 0.0, "executed": 0.0, "loss": 0.0}
+        # The power KL and the entropy exist only in windows: the log has their mean over the round's windows
+        # (None without any); a micro-batch whose rollouts all ended early counted 0 in it (an entropy of 0
+        # reads as all the power on one token).
+        power_kls, entropies = [], []
         chunks = list(range(0, ids.shape[0], micro))
         for start in chunks:
             part = slice(start, start + micro)
@@ -195,27 +199,28 @@ def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.T
             pair = counts >= 2  # windows with at least two valid tokens: the power KL means something
             full = counts == info.window  # the entropy term: whole windows only, as the runtime measures
             power_term = entropy_term = torch.zeros(())
-            h = torch.zeros(1)
             if pair.any():
                 kl_pow = vector.power_kl(P_proxy, P_student, wm)[pair]
                 kl_pow = losses.sqrt_clip(kl_pow) if config.clip else kl_pow
                 power_term = kl_pow.mean()
+                power_kls.append(kl_pow.detach())
             if full.any():
                 h = vector.entropy(P_proxy)[full]
                 entropy_term = losses.entropy_term(h, config.entropy_target).mean()
+                entropies.append(h.detach())
             executed = (masks * lm.unsqueeze(-1)).sum() / (lm.sum() * masks.shape[-1]).clamp_min(1)
             budget_term = losses.budget_term(executed, config.budget)
             loss = (kl_term + config.weight_power_kl * power_term + w_entropy * entropy_term
                     + config.weight_budget * budget_term) / len(chunks)
             loss.backward()
             record["token_kl"] += float(per_sample.detach().mean()) / len(chunks)
-            record["power_kl"] += float(power_term.detach()) / len(chunks)
-            record["entropy"] += float(h.detach().mean()) / len(chunks)
             record["executed"] += float(executed.detach()) / len(chunks)
             record["loss"] += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         state.clear()
+        record.update(power_kl=float(torch.cat(power_kls).mean()) if power_kls else None,  # None: no window
+                      entropy=float(torch.cat(entropies).mean()) if entropies else None)
         record.update(round=round_index, entropy_weight=w_entropy, seconds=round(time.perf_counter() - started, 2))
         log.rounds.append({k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items()})
     for p in params:
