@@ -93,7 +93,7 @@ class TrainLog:
 def sample_prompts(pool: torch.Tensor, count: int, length: int, generator: torch.Generator) -> torch.Tensor:
     if pool.numel() < length + 1:
         raise BuildError(f"the power stage's text has {pool.numel()} tokens, fewer than one prompt of {length}",
-                         "pass more text (power.data_files) or lower power.prompt_tokens")
+                         "pass more --data text or lower power.prompt_tokens")
     starts = torch.randint(0, pool.numel() - length, (count,), generator=generator)
     return torch.stack([pool[s: s + length] for s in starts.tolist()])  # (N, prompt)
 

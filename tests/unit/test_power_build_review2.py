@@ -130,3 +130,13 @@ def test_the_training_log_averages_entropy_over_the_windows_measured_not_over_mi
     assert lengths[0] < 8
     assert record["entropy"] is None
     assert record["power_kl"] is None
+
+
+def test_too_little_text_for_a_prompt_names_an_option_that_exists():
+    """The fix named power.data_files, which the power stage does not have (the text is the build's --data)."""
+    from edgesdk.power import train
+
+    with pytest.raises(BuildError) as info:
+        train.sample_prompts(torch.arange(10), 2, 32, torch.Generator().manual_seed(0))
+    assert "has 10 tokens, fewer than one prompt of 32" in str(info.value)
+    assert info.value.fix == "pass more --data text or lower power.prompt_tokens"
