@@ -85,6 +85,8 @@ class CompletionRequest:
     tools: Tools | None = None  # chat: the tools the answer may call (edgesdk/serve/tools.py)
     logprobs: int | None = None  # None: no log-probabilities; else how many alternatives per token (0-20)
     echo: bool = False  # /v1/completions: the prompt comes back before the answer (with its log-probabilities)
+    # POST /completion's n_probs: the log-probabilities as llama-server's completion_probabilities, not OpenAI's
+    llama_probs: bool = False
 
 
 def parse_chat_request(body: object) -> CompletionRequest:
@@ -500,14 +502,17 @@ class TextOffsets:
 
 
 def logprobs_body(request: CompletionRequest, entries: list, piece: Callable[[int], bytes],
-                  offset: int | TextOffsets = 0) -> dict:
+                  offset: int | TextOffsets = 0) -> dict | list[dict]:
     """OpenAI's ``logprobs`` object for ``entries`` (:class:`~edgesdk.runtime.logprobs.TokenLogprob`;
     a prompt's first token has no log-probability): chat's ``content`` list, or the completions' parallel lists
     with each token's character offset in the returned text (from ``offset``, or where the
-    :class:`TextOffsets` of the chunks before left off)."""
+    :class:`TextOffsets` of the chunks before left off); for llama-server's ``POST /completion``, its
+    :func:`completion_probabilities` list."""
     def text(token: int) -> str:
         return piece(token).decode("utf-8", errors="replace")
 
+    if request.llama_probs:
+        return completion_probabilities(entries, piece)
     if request.chat:
         return {"content": [{"token": text(e.token), "logprob": e.logprob, "bytes": list(piece(e.token)),
                              "top_logprobs": [{"token": text(t), "logprob": lp, "bytes": list(piece(t))}
@@ -516,6 +521,21 @@ def logprobs_body(request: CompletionRequest, entries: list, piece: Callable[[in
     return {"tokens": [text(e.token) for e in entries], "token_logprobs": [e.logprob for e in entries],
             "top_logprobs": [None if e.logprob is None else _by_text(e.top, text) for e in entries],
             "text_offset": offsets}
+
+
+def completion_probabilities(entries: list, piece: Callable[[int], bytes]) -> list[dict]:
+    """llama-server's ``completion_probabilities`` (tools/server README, "POST /completion"; server-task.cpp,
+    ``probs_vector_to_json``): per token its ``id``, ``token``, ``bytes`` and ``logprob``, and ``top_logprobs``,
+    the most likely tokens at its position in the same form. ``token`` is the text of the bytes up to an
+    unfinished UTF-8 character at their end, as llama-server cuts it (``bytes`` holds them all)."""
+    def shown(token: int) -> dict:
+        data = piece(token)
+        return {"id": token, "token": codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data),
+                "bytes": list(data)}
+
+    return [{**shown(entry.token), "logprob": entry.logprob,
+             "top_logprobs": [{**shown(token), "logprob": logprob} for token, logprob in entry.top]}
+            for entry in entries]
 
 
 def _by_text(top: tuple[tuple[int, float], ...], text: Callable[[int], str]) -> dict[str, float]:

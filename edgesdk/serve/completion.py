@@ -78,7 +78,8 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens taken from the previous answer's KV cache
-    logprobs: dict | None = None  # OpenAI's logprobs object, when the request asked for it
+    # OpenAI's logprobs object (llama-server's completion_probabilities list for POST /completion), when asked for
+    logprobs: dict | list | None = None
     stop_string: str | None = None  # the stop string that ended the answer (Anthropic's stop_sequence)
     # from the turn's start to the first answer token (the prefill, and its pick), and from the first answer token
     # to the last; neither counts the time the thermal guard held the steps back (its pauses and pacing)

@@ -266,9 +266,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             completion = completer.complete(request, client_gone=self._client_gone)
             self._send_json(200, llama_native.final_body(request, self.server.model, completion, settings))
             return
-        def on_text(text: str, logprobs: dict | None) -> None:
-            if text:
-                self._event(llama_native.partial_body(text))
+        def on_text(text: str, probabilities: list | None) -> None:
+            if text or probabilities:  # a token that made no text still has its probabilities
+                self._event(llama_native.partial_body(text, probabilities))
 
         completion = self._complete_streamed(request, on_text, lambda: None, lambda error: self._event(error.body()))
         if completion is None:

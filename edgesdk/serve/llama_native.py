@@ -9,18 +9,23 @@ translated into the OpenAI text request it means and checked there, so the field
 ``cache_prompt``) take the same values. ``n_predict`` is the token limit (-1: until the
 end-of-text token or a full context; ``max_tokens`` where it is not given, as llama-server
 reads it); ``stop`` takes any number of strings; ``seed`` -1 is llama-server's default, a
-random seed.
-Samplers this runtime does not have (mirostat, typical-p, dynamic temperature, XTC, DRY) and
-``n_probs`` are refused by name where set to anything but their off value; fields that only
-tune llama.cpp's own machinery (``n_keep``, ``id_slot``, ``samplers`` ...) are ignored as
-llama-server ignores fields it does not know.
+random seed. ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``) adds
+``completion_probabilities``: each answer token's ``id``, ``token``, ``bytes`` and ``logprob``
+with the N most likely tokens at its position as ``top_logprobs``, from the model's own
+distribution (before the samplers, as llama-server's without ``post_sampling_probs``, which is
+refused: this runtime does not keep the distribution its samplers leave).
+Samplers this runtime does not have (mirostat, typical-p, dynamic temperature, XTC, DRY) are
+refused by name where set to anything but their off value; fields that only tune llama.cpp's own
+machinery (``n_keep``, ``id_slot``, ``samplers`` ...) are ignored as llama-server ignores fields
+it does not know.
 
 The answer is llama-server's: ``content``, ``stop``, ``stop_type`` (``eos``, ``limit`` or
 ``word`` with ``stopping_word``), ``tokens_predicted``, ``tokens_evaluated``, ``tokens_cached``,
 ``truncated``, ``generation_settings`` and ``timings`` (``prompt_n``, ``prompt_ms``,
 ``predicted_n``, ``predicted_ms``, their per-token and per-second forms, ``cache_n``). A stream
-sends ``data: {"content": ..., "stop": false}`` events and ends with one holding ``"stop": true``
-and the whole answer's fields (no ``[DONE]``).
+sends ``data: {"content": ..., "stop": false}`` events (with the ``completion_probabilities`` of
+the tokens whose text they carry) and ends with one holding ``"stop": true`` and the whole
+answer's fields but the probabilities (no ``[DONE]``), as llama-server's stream does.
 """
 
 from __future__ import annotations
@@ -28,14 +33,21 @@ from __future__ import annotations
 from dataclasses import replace
 
 from edgesdk.runtime.generate import SamplingConfig
-from edgesdk.serve.api import ApiError, CompletionRequest, _object, _shown, parse_text_request
+from edgesdk.serve.api import (
+    MAX_TOP_LOGPROBS,
+    ApiError,
+    CompletionRequest,
+    _object,
+    _shown,
+    parse_text_request,
+)
 from edgesdk.serve.completion import Completion
 
 ROUTE = "/completion"
 UNTIL_THE_CONTEXT_FILLS = 2**31 - 1  # n_predict -1: the sampling limit is then the context
 # llama-server's samplers this runtime lacks -> the value that turns each off
 OFF_VALUES = {"mirostat": 0, "typical_p": 1.0, "dynatemp_range": 0.0, "xtc_probability": 0.0, "dry_multiplier": 0.0,
-              "top_n_sigma": -1.0, "n_probs": 0}
+              "top_n_sigma": -1.0}
 
 
 def parse_completion_request(body: object) -> CompletionRequest:
@@ -44,10 +56,11 @@ def parse_completion_request(body: object) -> CompletionRequest:
     for field, off in OFF_VALUES.items():
         value = body.get(field)
         if value is not None and value != off:
-            what = "log-probabilities (send 'logprobs' to /v1/completions)" if field == "n_probs" else "that sampler"
-            raise ApiError(400, f"'{field}' = {_shown(value)} is not supported: this server has no {what}; leave "
-                           f"'{field}' out or set it to {off}", param=field, code="unsupported_parameter")
-    text = {key: value for key, value in body.items() if key not in ("n_predict", "max_tokens", "logprobs", "echo")}
+            raise ApiError(400, f"'{field}' = {_shown(value)} is not supported: this server has no that sampler; "
+                           f"leave '{field}' out or set it to {off}", param=field, code="unsupported_parameter")
+    probs = _n_probs(body)
+    text = {key: value for key, value in body.items()
+            if key not in ("n_predict", "max_tokens", "logprobs", "echo", "n_probs", "post_sampling_probs")}
     if body.get("seed") == -1 and not isinstance(body["seed"], bool):  # llama-server's default: a random seed
         del text["seed"]
     name = "n_predict" if body.get("n_predict") is not None else "max_tokens"  # as llama-server reads the limit
@@ -59,7 +72,28 @@ def parse_completion_request(body: object) -> CompletionRequest:
         text["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict == -1 else predict
     stops = _stop(text.pop("stop", None))  # set after the check: OpenAI's 'stop' takes at most 4, llama-server's any
     request = parse_text_request(text)
-    return replace(request, stop=stops) if stops else request
+    return replace(request, stop=stops, logprobs=probs or None, llama_probs=bool(probs))
+
+
+def _n_probs(body: dict) -> int:
+    """``n_probs``: how many of the most likely tokens to list at each answer token (0: no probabilities)."""
+    value = body.get("n_probs")
+    if value is None:
+        value = 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ApiError(400, f"'n_probs' must be how many of the most likely tokens to list per answer token (a whole "
+                       f"number >= 0, 0 for none), got {_shown(value)}", param="n_probs")
+    if value > MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"'n_probs' = {value} is more than this server lists: at most {MAX_TOP_LOGPROBS} tokens "
+                       f"per answer token (the limit of OpenAI's top_logprobs, which both routes share); ask for "
+                       f"{MAX_TOP_LOGPROBS} or fewer", param="n_probs", code="unsupported_parameter")
+    post = body.get("post_sampling_probs")
+    if post not in (None, False):
+        raise ApiError(400, f"'post_sampling_probs' = {_shown(post)} is not supported: this server lists the model's "
+                       "own probabilities, before top-k, top-p, min-p and the temperature (llama-server's 'logprob' "
+                       "and 'top_logprobs'), not what its samplers leave; leave 'post_sampling_probs' out or false",
+                       param="post_sampling_probs", code="unsupported_parameter")
+    return value
 
 
 def _stop(value: object) -> tuple[str, ...]:
@@ -105,21 +139,28 @@ def generation_settings(request: CompletionRequest, sampling: SamplingConfig) ->
             "top_p": sampling.top_p, "min_p": sampling.min_p, "seed": -1 if sampling.seed is None else sampling.seed,
             "repeat_penalty": sampling.repeat_penalty, "repeat_last_n": sampling.repeat_last_n,
             "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
-            "stop": list(request.stop), "ignore_eos": request.ignore_eos, "stream": request.stream}
+            "stop": list(request.stop), "ignore_eos": request.ignore_eos, "stream": request.stream,
+            "n_probs": request.logprobs or 0, "post_sampling_probs": False}
 
 
 def final_body(request: CompletionRequest, model: str, completion: Completion, settings: dict,
                content: str | None = None) -> dict:
     """The whole answer (``content`` defaults to its text; a stream's last event carries "")."""
     text = completion.text if content is None else content
-    return {"index": 0, "id_slot": 0, "content": text, "tokens": [], "stop": True, "model": model,
+    body = {"index": 0, "id_slot": 0, "content": text, "tokens": [], "stop": True, "model": model,
             "tokens_predicted": completion.completion_tokens, "tokens_evaluated": completion.prompt_tokens,
             "tokens_cached": completion.prompt_tokens + completion.completion_tokens,
             "generation_settings": settings, "prompt": request.prompt, "has_new_line": "\n" in completion.text,
             "truncated": False, "stop_type": stop_type(completion), "stopping_word": completion.stop_string or "",
             "timings": timings(completion)}
+    if content is None and completion.logprobs:  # a stream's events carried them, as llama-server's do
+        body["completion_probabilities"] = completion.logprobs
+    return body
 
 
-def partial_body(text: str) -> dict:
-    """A stream's event for a piece of the answer."""
-    return {"index": 0, "id_slot": 0, "content": text, "tokens": [], "stop": False}
+def partial_body(text: str, probabilities: list | None = None) -> dict:
+    """A stream's event for a piece of the answer, with the probabilities of the tokens that made it."""
+    body = {"index": 0, "id_slot": 0, "content": text, "tokens": [], "stop": False}
+    if probabilities:
+        body["completion_probabilities"] = probabilities
+    return body

@@ -212,3 +212,111 @@ def test_a_keep_alive_connection_goes_on_after_a_preflight_and_forgets_its_origi
         assert b"Access-Control-Allow-Origin" not in refused
     finally:
         server.close()
+
+
+# ------------------------------------------------------------------------------------ n_probs
+
+
+def _events(payload: bytes) -> list[dict]:
+    import json
+
+    return [json.loads(block[len("data: "):]) for block in payload.decode().split("\n\n") if block]
+
+
+def _same(first: list[dict], second: list[dict]) -> None:
+    """Two lists of probabilities name the same tokens with the same figures (a prompt served from the cache
+    rounds otherwise than a fresh prefill, in the last digits)."""
+    def tokens(entries):
+        return [(e["id"], e["token"], e["bytes"], [t["id"] for t in e["top_logprobs"]]) for e in entries]
+
+    def figures(entries):
+        return [[e["logprob"], *(t["logprob"] for t in e["top_logprobs"])] for e in entries]
+
+    assert tokens(first) == tokens(second)
+    for one, other in zip(figures(first), figures(second), strict=True):
+        assert one == pytest.approx(other, rel=1e-3, abs=1e-4)
+
+
+def test_n_probs_gives_llama_server_s_completion_probabilities(served, runtime):
+    """Each answer token's id, text, bytes and log-probability, with the N most likely tokens at its
+    position: the same figures as the OpenAI route's logprobs of the same request."""
+    status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 6, "n_probs": 3})
+    assert status == 200, body
+    probabilities = body["completion_probabilities"]
+    assert len(probabilities) == body["tokens_predicted"] == 6
+    assert body["generation_settings"]["n_probs"] == 3
+    table = runtime.tokenizer.token_bytes()
+    for entry in probabilities:
+        assert list(entry) == ["id", "token", "bytes", "logprob", "top_logprobs"]
+        assert bytes(entry["bytes"]) == table[entry["id"]]
+        assert [list(top) for top in entry["top_logprobs"]] == [["id", "token", "bytes", "logprob"]] * 3
+        figures = [top["logprob"] for top in entry["top_logprobs"]]
+        assert figures == sorted(figures, reverse=True)
+        assert entry["logprob"] <= 0
+        # greedy (the server's default): the token taken is the most likely one
+        assert (entry["id"], entry["logprob"]) == (entry["top_logprobs"][0]["id"], figures[0])
+    assert b"".join(bytes(entry["bytes"]) for entry in probabilities).decode() == body["content"]
+    status, openai = served.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "logprobs": 3})
+    assert status == 200, openai
+    reference = openai["choices"][0]["logprobs"]
+    assert [entry["logprob"] for entry in probabilities] == pytest.approx(reference["token_logprobs"])
+    assert [entry["token"] for entry in probabilities] == reference["tokens"]
+    # without n_probs (or with 0) the answer has none, as llama-server's
+    assert "completion_probabilities" not in served.post("/completion", {"prompt": PROMPT, "n_predict": 2})[1]
+
+
+def test_a_token_ending_inside_a_character_shows_its_complete_characters_only(runtime):
+    """llama-server cuts a token's text before an unfinished UTF-8 character at its end; its bytes stay whole."""
+    from edgesdk.runtime.logprobs import TokenLogprob
+    from edgesdk.serve.api import completion_probabilities
+
+    pieces = {1: "é".encode() + "€".encode()[:2], 2: b"\x80", 3: b"ok"}
+    shown = completion_probabilities([TokenLogprob(1, -0.5, ((1, -0.5), (2, -1.0), (3, -2.0)))], pieces.__getitem__)
+    assert shown[0]["token"] == "é"
+    assert shown[0]["bytes"] == list(pieces[1])
+    assert [top["token"] for top in shown[0]["top_logprobs"]] == ["é", "\ufffd", "ok"]
+
+
+def test_a_stream_carries_each_piece_s_probabilities(served):
+    whole = served.post("/completion", {"prompt": PROMPT, "n_predict": 8, "n_probs": 2})[1]
+    status, _, payload = served.request("POST", "/completion", {"prompt": PROMPT, "n_predict": 8, "n_probs": 2,
+                                                                "stream": True})
+    assert status == 200, payload
+    *pieces, last = _events(payload)
+    assert all(event["completion_probabilities"] for event in pieces)
+    streamed = [entry for event in pieces for entry in event["completion_probabilities"]]
+    _same(streamed, whole["completion_probabilities"])
+    for event in pieces:  # each event's entries are the tokens whose text it carries
+        text = b"".join(bytes(entry["bytes"]) for entry in event["completion_probabilities"])
+        assert event["content"] == text.decode("utf-8", errors="replace")
+    assert "completion_probabilities" not in last  # llama-server's last event carries none
+    assert last["stop"] is True
+
+
+def test_probabilities_stop_where_a_stop_string_cuts_the_answer(served):
+    """Tokens past the text handed out (the stop string's) are not listed; one whose text the cut splits is."""
+    body = {"prompt": "Once upon a time", "n_predict": 12, "n_probs": 1}
+    whole = served.post("/completion", body)[1]
+    assert whole["content"].startswith("meme"), whole["content"]  # the tiny model's answer, token by token "me"
+    cut = served.post("/completion", {**body, "stop": ["em"]})[1]
+    assert (cut["stop_type"], cut["content"]) == ("word", "m")
+    assert [entry["token"] for entry in cut["completion_probabilities"]] == ["me"]
+    _same(cut["completion_probabilities"], whole["completion_probabilities"][:1])
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("n_probs", 21, "'n_probs' = 21 is more than this server lists: at most 20 tokens per answer token"),
+    ("n_probs", -1, "'n_probs' must be how many of the most likely tokens to list per answer token"),
+    ("n_probs", True, "got True"),
+    ("n_probs", "3", "got '3'"),
+    ("post_sampling_probs", True, "'post_sampling_probs' = True is not supported: this server lists the model's own "
+                                  "probabilities"),
+])
+def test_probabilities_the_runtime_cannot_give_are_refused_by_name(served, field, value, message):
+    status, body = served.post("/completion", {"prompt": PROMPT, "n_probs": 3, field: value})
+    assert status == 400, body
+    assert body["error"]["param"] == field
+    assert message in body["error"]["message"]
+    status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 2, "n_probs": 20,
+                                               "post_sampling_probs": False})
+    assert (status, len(body["completion_probabilities"][0]["top_logprobs"])) == (200, 20)
