@@ -266,8 +266,8 @@ def export(bundle, output, no_verify):
 
     The weights are the bundle's own, re-encoded without rounding again: INT4 blocks become Q4_0,
     INT8 blocks Q8_0, float weights F32. Needs the host extra (the gguf package) and an ort-fused
-    bundle of a llama / mistral / qwen2 model; layers pruned to different widths are written as
-    llama.cpp's deci architecture."""
+    bundle of a llama / mistral / qwen2 / qwen3 model; layers pruned to different widths are written as
+    llama.cpp's deci architecture (not for qwen3, whose query / key norms deci lacks)."""
     try:
         import gguf  # noqa: F401
         import onnx  # noqa: F401

@@ -35,6 +35,8 @@ class BundleLayer:
     kv_heads: int
     units: dict[str, Matrix]  # UNITS -> matrix; attn.qkv rows are [q | k | v], mlp.gate_up rows [gate | up]
     qkv_bias: np.ndarray | None = None  # ((Hq + 2 Hkv) * hd,)
+    q_norm: np.ndarray | None = None  # (hd,) Qwen3: the RMSNorm weight of every query head
+    k_norm: np.ndarray | None = None  # (hd,) and of every key head
 
 
 @dataclass
@@ -235,10 +237,28 @@ def _layer(store: _Initializers, nodes: _NodeIndex, i: int) -> BundleLayer:
                           "the bundle was not written by this edgesdk's fused exporter; rebuild it")
     attributes = _attributes(attention)
     bias = store.array(f"{prefix}.attn.qkv.bias").astype(np.float32) if store.has(f"{prefix}.attn.qkv.bias") else None
+    heads = int(attributes["num_heads"])
+    q_norm, k_norm = _head_norms(store, f"{prefix}.attn.qk_norm.weight", heads)
     return BundleLayer(
         input_norm=store.array(f"{prefix}.input_norm").astype(np.float32),
         post_attention_norm=store.array(f"{prefix}.post_attention_norm").astype(np.float32),
-        heads=int(attributes["num_heads"]), kv_heads=int(attributes["kv_num_heads"]),
+        heads=heads, kv_heads=int(attributes["kv_num_heads"]),
         units={unit: _unit(store, nodes, f"{prefix}.{unit}") for unit in UNITS},
-        qkv_bias=bias,
+        qkv_bias=bias, q_norm=q_norm, k_norm=k_norm,
     )
+
+
+def _head_norms(store: _Initializers, name: str, heads: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Qwen3's query and key norm weights from the (Hq+Hkv, hd) table the fused graph multiplies the
+    normalised heads by (export/fused_graph.py, ``head_norms``): every query row is one vector, every key
+    row another; (None, None) for a model without them."""
+    if not store.has(name):
+        return None, None
+    table = store.array(name).astype(np.float32)  # (Hq+Hkv, hd)
+    q_rows, k_rows = table[:heads], table[heads:]
+    if not (np.array_equal(q_rows, np.broadcast_to(q_rows[0], q_rows.shape))
+            and np.array_equal(k_rows, np.broadcast_to(k_rows[0], k_rows.shape))):
+        raise ExportError(f"{name}: the query (or key) heads' norm weights differ from head to head, where the "
+                          "model has one weight for all of them", "the bundle was not written by this edgesdk's "
+                          "fused exporter; rebuild it")
+    return q_rows[0].copy(), k_rows[0].copy()

@@ -27,6 +27,8 @@ class LayerWeights:
     q_bias: np.ndarray | None = None  # (Hq*hd,)
     k_bias: np.ndarray | None = None
     v_bias: np.ndarray | None = None
+    q_norm: np.ndarray | None = None  # (hd,) Qwen3: RMSNorm weight of every query head, before rotary
+    k_norm: np.ndarray | None = None  # (hd,) and of every key head
 
     def heads(self, head_dim: int) -> tuple[int, int]:
         """(query heads, key/value heads) of this layer."""
@@ -68,7 +70,7 @@ def _np(tensor) -> np.ndarray:
 
 
 def decoder_weights_from_hf(model) -> DecoderWeights:
-    """Read a transformers Llama/Mistral/Qwen2 causal LM into DecoderWeights."""
+    """Read a transformers Llama/Mistral/Qwen2/Qwen3 causal LM into DecoderWeights."""
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     inner = model.model
@@ -91,6 +93,9 @@ def decoder_weights_from_hf(model) -> DecoderWeights:
         def bias(linear):
             return None if linear.bias is None else _np(linear.bias)
 
+        def norm(module):
+            return None if module is None else _np(module.weight)
+
         weights.layers.append(LayerWeights(
             input_norm=_np(layer.input_layernorm.weight),
             post_attention_norm=_np(layer.post_attention_layernorm.weight),
@@ -98,5 +103,6 @@ def decoder_weights_from_hf(model) -> DecoderWeights:
             o=_np(attn.o_proj.weight).T,
             gate=_np(mlp.gate_proj.weight).T, up=_np(mlp.up_proj.weight).T, down=_np(mlp.down_proj.weight).T,
             q_bias=bias(attn.q_proj), k_bias=bias(attn.k_proj), v_bias=bias(attn.v_proj),
+            q_norm=norm(getattr(attn, "q_norm", None)), k_norm=norm(getattr(attn, "k_norm", None)),
         ))
     return weights

@@ -8,6 +8,8 @@ Per decode step the plain graph (export/llama_graph.py) runs ~40 small ops per l
     KV cache updated in place) -> MatMul(O) -> SkipSimplifiedLayerNormalization ->
     MatMul(gate|up) -> Split -> QuickGelu(alpha=1) = SiLU -> Mul -> MatMul(down)
 
+(Qwen3 adds 6 small ops before the attention: each query and key head's RMSNorm.)
+
 MatMul is ``com.microsoft.MatMulNBits`` (block-wise 8- or 4-bit weights, int8 compute with
 accuracy_level 4) for quantized bundles, or a plain MatMul for float32. A tied embedding is
 stored once, block-quantized, and read by both ``GatherBlockQuantized`` and the LM head; an untied
@@ -39,7 +41,7 @@ from onnx import TensorProto
 from edgesdk.export.blockwise import quantize_blockwise
 from edgesdk.export.decoder_weights import DecoderWeights
 from edgesdk.export.graph_builder import FLOAT, INT64, GraphBuilder, tensor_input
-from edgesdk.export.llama_graph import GraphSpec
+from edgesdk.export.llama_graph import GraphSpec, head_norm_weights
 
 OPSET = 17
 MS = "com.microsoft"
@@ -170,6 +172,8 @@ class _FusedEmitter:
         if layer.q_bias is not None:
             bias = np.concatenate([layer.q_bias, layer.k_bias, layer.v_bias]).astype(np.float32)
             qkv = g.op("Add", [qkv, g.const(bias, f"layers.{i}.attn.qkv.bias")])
+        if layer.q_norm is not None:
+            qkv = self.head_norms(i, layer, qkv)
         query, key, value = self.attention_inputs(i, layer, qkv)
         outputs = [f"layers.{i}.attn.out", f"present.{i}.key", f"present.{i}.value"]
         extra = self.attention_attributes(i)
@@ -181,6 +185,19 @@ class _FusedEmitter:
         ], outputs=outputs, domain=MS, num_heads=n_q, kv_num_heads=n_kv, do_rotary=1, rotary_interleaved=0,
             scale=float(1.0 / np.sqrt(hd)), **extra)[0]  # (B, S, Hq*hd)
         return self.linear(attn, layer.o, f"layers.{i}.attn.o")
+
+    def head_norms(self, i: int, layer, qkv: str) -> str:
+        """Qwen3's RMSNorm of each query and key head (before the rotary inside GroupQueryAttention) on the
+        packed QKV (B, S, (Hq+2Hkv)*hd); the result is packed the same way."""
+        g, hd = self.g, self.hd
+        n_q, n_kv = layer.heads(hd)
+        qk, v = g.op("Split", [qkv, g.i64([(n_q + n_kv) * hd, n_kv * hd])], outputs=2, axis=-1)
+        qk = g.op("Reshape", [qk, g.i64([0, 0, n_q + n_kv, hd])])  # (B, S, Hq+Hkv, hd)
+        normed = self.norm(qk, np.ones(hd, np.float32), f"layers.{i}.attn.qk_norm.unit")
+        qk = g.op("Mul", [normed, g.const(head_norm_weights(layer, n_q, n_kv, np.float32(1.0)),
+                                          f"layers.{i}.attn.qk_norm.weight")])  # (B, S, Hq+Hkv, hd)
+        qk = g.op("Reshape", [qk, g.i64([0, 0, (n_q + n_kv) * hd])])  # (B, S, (Hq+Hkv)*hd)
+        return g.op("Concat", [qk, v], axis=-1)
 
     def attention_inputs(self, i: int, layer, qkv: str) -> tuple[str, str, str]:
         """GroupQueryAttention's query, key, value inputs: the packed QKV (subclasses may split it)."""

@@ -6,14 +6,15 @@ run at the bundle's quality instead of the round-to-nearest Q4_0 that ``llama-qu
 float weights. This is the GGUF fallback of the deployment plan (reference: anchors-mission.md §6)
 for boards where ONNX Runtime has no wheel.
 
-Layout follows llama.cpp's ``convert_hf_to_gguf.py`` conventions for the ``llama`` and ``qwen2``
-architectures (GGUF spec: github.com/ggml-org/ggml/blob/master/docs/gguf.md):
+Layout follows llama.cpp's ``convert_hf_to_gguf.py`` conventions for the ``llama``, ``qwen2`` and
+``qwen3`` architectures (GGUF spec: github.com/ggml-org/ggml/blob/master/docs/gguf.md):
 
 - tensor names ``token_embd``, ``blk.{i}.attn_{q,k,v,output}``, ``blk.{i}.ffn_{gate,up,down}``,
-  ``blk.{i}.{attn,ffn}_norm``, ``output_norm``, ``output`` (absent when tied);
+  ``blk.{i}.{attn,ffn}_norm``, ``output_norm``, ``output`` (absent when tied), and Qwen3's
+  ``blk.{i}.attn_{q,k}_norm``;
 - ``llama`` rotates adjacent pairs (GPT-J style) where the bundle's graph rotates halves
   (``rotary_interleaved=0``), so the query and key rows of each head are reordered: row
-  ``h·hd + a·hd/2 + j`` moves to ``h·hd + 2j + a``. ``qwen2`` rotates halves and keeps them.
+  ``h·hd + a·hd/2 + j`` moves to ``h·hd + 2j + a``. ``qwen2`` and ``qwen3`` rotate halves and keep them.
 - Layers pruned to different shapes (``prune`` ranks FFN channels across layers and removes whole
   GQA groups per layer) are written as llama.cpp's ``deci`` architecture (NVIDIA's Llama-Nemotron
   NAS models), whose loader reads the head counts, KV head counts and FFN widths as per-layer arrays
@@ -42,7 +43,10 @@ from edgesdk.export.gguf_tensors import decoded_values, encode_matrix
 from edgesdk.export.gguf_vocab import GGUFVocab, vocab_from_tokenizer_json
 
 # model type in the bundle's manifest -> (GGUF architecture, query/key rows reordered for pairwise RoPE)
-ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False)}
+ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False),
+                 "qwen3": ("qwen3", False)}
+# model types with per-head query / key norms, which llama.cpp's deci architecture does not have
+HEAD_NORMED = {"qwen3"}
 PER_LAYER_ARCHITECTURE = ("deci", True)  # layers of different shapes, any of the model types above
 # GGUF architectures whose llama.cpp loader takes the query projection as (width x width), not heads x head size
 QUERY_AS_WIDE_AS_MODEL = {"qwen2"}
@@ -115,6 +119,13 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     architecture, pairwise_rope = ARCHITECTURES[model_type]
     narrow_query = decoder.head_dim * shape.heads[0] != decoder.hidden_size
     if not shape.uniform or (architecture in QUERY_AS_WIDE_AS_MODEL and narrow_query):
+        if model_type in HEAD_NORMED:
+            raise ExportError(
+                f"bundle {bundle_dir} holds a {model_type} model whose layers were pruned to different shapes "
+                f"(query heads {list(shape.heads)}, KV heads {list(shape.kv_heads)}, FFN {list(shape.ffn)}); "
+                f"llama.cpp's {model_type} architecture reads one shape for every layer, and its per-layer one "
+                "(deci) has no query / key norms", "run this bundle with edgesdk, or build it without prune "
+                "(or with prune settings that keep every layer alike) for llama.cpp")
         architecture, pairwise_rope = PER_LAYER_ARCHITECTURE
     tokenizer = manifest["tokenizer"]
     vocab = vocab_from_tokenizer_json(bundle.file(tokenizer["file"]), tokenizer.get("bos_token"),
@@ -165,6 +176,9 @@ def gguf_tensors(decoder: BundleDecoder, pairwise_rope: bool) -> dict[str, Matri
             tensors[f"blk.{i}.attn_{kind}.weight"] = weight
             if bias is not None:
                 tensors[f"blk.{i}.attn_{kind}.bias"] = bias
+        if layer.q_norm is not None:  # Qwen3 (llama.cpp: LLM_TENSOR_ATTN_Q_NORM / ATTN_K_NORM)
+            tensors[f"blk.{i}.attn_q_norm.weight"] = layer.q_norm
+            tensors[f"blk.{i}.attn_k_norm.weight"] = layer.k_norm
         tensors[f"blk.{i}.attn_output.weight"] = layer.units["attn.o"]
         tensors[f"blk.{i}.ffn_norm.weight"] = layer.post_attention_norm
         width = matrix_rows(gate_up) // 2

@@ -16,7 +16,8 @@ Interface (the runtime relies on these names):
 Design choices that keep the op count low (per-node overhead dominates small-model decode,
 see DESIGN.md):
   * Q, K, V are one MatMul (weights concatenated); gate and up are one MatMul.
-  * 1/sqrt(head_dim) is folded into the Q weights (rotary is linear, so it commutes).
+  * 1/sqrt(head_dim) is folded into the Q weights (rotary is linear, so it commutes); into the query
+    norm's weight where the model normalises each head's query and key (Qwen3).
   * Rotary is applied once to the concatenated Q|K heads.
   * Grouped-query attention reshapes Q to (B, Hkv, rep, T, hd) and broadcasts K/V instead of
     repeating them, so the cache is never expanded.
@@ -71,6 +72,13 @@ class GraphSpec:
         }
 
 
+def head_norm_weights(layer: LayerWeights, n_q: int, n_kv: int, q_scale: np.float32) -> np.ndarray:
+    """Qwen3's per-head RMSNorm weights as one (Hq+Hkv, hd) table over the concatenated Q|K heads: each query
+    head takes ``q_norm`` (times ``q_scale``, the attention's 1/sqrt(hd) folded in), each key head ``k_norm``
+    (Qwen3 technical report, Yang et al. 2025, "QK-Norm"; transformers' Qwen3Attention)."""
+    return np.concatenate([np.tile(layer.q_norm * q_scale, (n_q, 1)), np.tile(layer.k_norm, (n_kv, 1))])
+
+
 def rotary_tables(weights: DecoderWeights, max_context: int) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin tables (max_context, head_dim), the transformers Llama layout (halves repeated)."""
     positions = np.arange(max_context, dtype=np.float64)[:, None]
@@ -116,12 +124,16 @@ class _Emitter:
         h = self.rms_norm(x, lw.input_norm, f"{prefix}.input_norm")
         scale = np.float32(1.0 / np.sqrt(hd))
         key = f"model.layers.{i}"
-        qkv = self.project(h, [Projection(lw.q, f"{key}.self_attn.q_proj", lw.q_bias, scale),
+        # 1/sqrt(hd) goes into Q's weights, or into Qwen3's query norm, which would normalise it away from them
+        q_fold = scale if lw.q_norm is None else np.float32(1.0)
+        qkv = self.project(h, [Projection(lw.q, f"{key}.self_attn.q_proj", lw.q_bias, q_fold),
                                Projection(lw.k, f"{key}.self_attn.k_proj", lw.k_bias),
                                Projection(lw.v, f"{key}.self_attn.v_proj", lw.v_bias)],
                            f"{prefix}.attn.qkv")  # (B, T, (Hq+2Hkv)*hd)
         qk, v = g.op("Split", [qkv, g.i64([(n_q + n_kv) * hd, n_kv * hd])], outputs=2, axis=-1)
         qk = g.op("Reshape", [qk, g.i64([0, 0, n_q + n_kv, hd])])  # (B, T, Hq+Hkv, hd)
+        if lw.q_norm is not None:
+            qk = self.rms_norm(qk, head_norm_weights(lw, n_q, n_kv, scale), f"{prefix}.attn.qk_norm")
         qk = self.rotary(qk, cos, sin)
         q, k = g.op("Split", [qk, g.i64([n_q, n_kv])], outputs=2, axis=2)
         k = g.op("Transpose", [k], perm=[0, 2, 1, 3])  # (B, Hkv, T, hd)

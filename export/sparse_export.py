@@ -100,6 +100,9 @@ def export_sparse(model, out_dir: Path, config: SparseExportConfig, max_context:
         if layer.q_bias is not None:
             bias = np.concatenate([layer.q_bias, layer.k_bias, layer.v_bias])
             tensors[f"layers.{index}.qkv_bias"] = torch.from_numpy(bias)
+        if layer.q_norm is not None:  # Qwen3's per-head query / key RMSNorm weights (hd,)
+            tensors[f"layers.{index}.q_norm"] = torch.from_numpy(layer.q_norm)
+            tensors[f"layers.{index}.k_norm"] = torch.from_numpy(layer.k_norm)
         for kind, matrix in linears.items():
             name = f"layers.{index}.{kind}"
             codes, scales = int8_rows(matrix, name)

@@ -162,6 +162,16 @@ def check_depth_pruning(stages: list[tuple[str, object]], layer_count: int | Non
                          f"prune.layers_removed={layer_count - 1})")
 
 
+def check_power_stage(stages: list[tuple[str, object]], model_config) -> None:
+    """The power stage's adapters scale each attention head's query before softmax (edgesdk/power/adapter.py);
+    a model that normalises every query head (Qwen3's q_norm) would divide that factor out again, so its
+    recipe is refused before any stage runs."""
+    if any(name == "power" for name, _ in stages) and model_config.model_type == "qwen3":
+        raise BuildError("the power stage scales each attention head's query, which Qwen3 normalises per head "
+                         "right after (q_norm), undoing the scale: its gates cannot be trained on this model",
+                         "build this model with a recipe without the power stage (e.g. --recipe default)")
+
+
 def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportConfig, profile) -> None:
     """A sparse export stores the profile's sparsity_block blocks; a sparsify stage that drops other blocks
     would fail at export, after every stage. Checked before any."""
@@ -237,6 +247,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         loaded = load_model(source, progress=config.progress)
         check_exportable(loaded.model.config, export_config)  # before any stage, not at export
         check_depth_pruning(stages, loaded.model.config.num_hidden_layers)
+        check_power_stage(stages, loaded.model.config)
     except EdgeSDKError:
         if not work.state["done"]:  # nothing to resume: leave no empty work directory behind
             remove_work_dir(work.path)

@@ -20,6 +20,7 @@ SUPPORTED_ARCHITECTURES = {
     "llama": "Llama / SmolLM2 / TinyLlama: RMSNorm, rotary, GQA, SwiGLU (attention_bias, mlp_bias off)",
     "mistral": "Llama layout; sliding window must be off or longer than the context",
     "qwen2": "Llama layout with q/k/v biases",
+    "qwen3": "Llama layout with an RMSNorm on each head's query and key (q_norm, k_norm) before rotary",
 }
 
 
@@ -54,7 +55,7 @@ def check_model_type(model_type: str | None, where: str) -> None:
         raise ModelSourceError(
             f"model {where} has architecture '{model_type}', which edgesdk cannot export; "
             f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}",
-            "use a Llama-family decoder (Llama, SmolLM2, TinyLlama, Qwen2, Mistral)",
+            "use a Llama-family decoder (Llama, SmolLM2, TinyLlama, Qwen2, Qwen3, Mistral)",
         )
 
 
@@ -75,10 +76,14 @@ def check_architecture(config: Any, where: str) -> None:
     # A sliding attention window is checked against the bundle's context at export (check_exportable).
 
 
-def check_gguf_model(path: Path) -> None:
+def check_gguf_model(path: Path) -> dict:
     """Refuse a GGUF that holds no whole model (a LoRA adapter, metadata only), or a model of an
     architecture edgesdk cannot export, before transformers reads it: for a file without its
-    architecture's sizes it falls back to 7B defaults and fills the memory with a model of random weights."""
+    architecture's sizes it falls back to 7B defaults and fills the memory with a model of random weights.
+
+    Returns the config values transformers' GGUF reader leaves out: the head size
+    (``{arch}.attention.key_length``), which Qwen3 sets apart from width / heads and transformers'
+    Qwen3 mapping does not read (its config then takes Qwen3's default of 128)."""
     from gguf import GGUFReader
 
     try:
@@ -103,6 +108,8 @@ def check_gguf_model(path: Path) -> None:
         raise ModelSourceError(f"the GGUF file {path} holds {what}",
                                "pass the GGUF of a whole model (an adapter must be merged into its base model first)")
     check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
+    key_length = field(f"{arch}.attention.key_length")
+    return {} if key_length is None else {"head_dim": int(key_length)}
 
 
 def check_all_weights_loaded(missing: Any, where: Path) -> None:
@@ -147,13 +154,14 @@ def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    overrides = {}
     if source.kind == "gguf":
-        check_gguf_model(source.path)
+        overrides = check_gguf_model(source.path)
         location, kwargs = str(source.path.parent), {"gguf_file": source.path.name}
     else:
         location, kwargs = str(source.path), {}
     try:
-        config = AutoConfig.from_pretrained(location, **kwargs)
+        config = AutoConfig.from_pretrained(location, **kwargs, **overrides)
     except Exception as exc:  # transformers raises many types for unreadable or unknown files
         raise ModelSourceError(
             f"cannot read the model config of {source.path}: {type(exc).__name__}: {exc}",
@@ -163,7 +171,7 @@ def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
     try:
         with _progress_bars(progress):
             model, loading_info = AutoModelForCausalLM.from_pretrained(
-                location, dtype=torch.float32, output_loading_info=True, **kwargs)
+                location, config=config, dtype=torch.float32, output_loading_info=True, **kwargs)
     except Exception as exc:
         raise ModelSourceError(
             f"cannot load the weights of {source.path}: {type(exc).__name__}: {exc}",

@@ -8,7 +8,7 @@ product attention. The kernel switch (``EDGESDK_KERNELS``: triton, reference, em
 whether the Triton kernels, their PyTorch twins or the twins' interpreted Triton run.
 
 Numerics follow transformers' Llama (Touvron et al. 2023): RMSNorm in float32, rotary embedding
-with half-rotation (Su et al. 2021), SiLU-gated FFN; the KV cache is float32 on the device
+with half-rotation (Su et al. 2021), SiLU-gated FFN, and Qwen3's RMSNorm of each query and key head; the KV cache is float32 on the device
 (with AOT-compiled kernels: the dtype their attention reads, float16, so no step converts it),
 grown by doubling up to the bundle's max_context.
 
@@ -78,6 +78,8 @@ class SparseDecoder:
             layer["input_norm"] = move(tensors[f"{prefix}.input_norm"])
             layer["post_attention_norm"] = move(tensors[f"{prefix}.post_attention_norm"])
             layer["qkv_bias"] = move(tensors[f"{prefix}.qkv_bias"]) if f"{prefix}.qkv_bias" in tensors else None
+            for norm in ("q_norm", "k_norm"):  # Qwen3: RMSNorm of each query / key head before rotary
+                layer[norm] = move(tensors[f"{prefix}.{norm}"]) if f"{prefix}.{norm}" in tensors else None
             self.layers.append(layer)
         self.capacity = 0
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -138,6 +140,8 @@ class SparseDecoder:
             q, k, v = qkv.split([heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.head_dim], dim=-1)
             q = q.reshape(count, heads, self.head_dim).transpose(0, 1)  # (Hq, T, hd)
             k = k.reshape(count, kv_heads, self.head_dim).transpose(0, 1)  # (Hkv, T, hd)
+            if layer["q_norm"] is not None:
+                q, k = rms_norm(q, layer["q_norm"], self.eps), rms_norm(k, layer["k_norm"], self.eps)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             write(keys, values, k, v.reshape(count, kv_heads, self.head_dim).transpose(0, 1))

@@ -35,13 +35,16 @@ def tiny_tokenizer(vocab_size: int = 320):
 
 def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2, hidden: int = 64,
                vocab_size: int = 320, model_type: str = "llama", tie: bool = True, intermediate: int | None = None,
-               max_positions: int = 512):
-    """A random causal LM small enough for unit tests (a few hundred kB)."""
+               max_positions: int = 512, head_dim: int | None = None):
+    """A random causal LM small enough for unit tests (a few hundred kB). ``head_dim`` (default
+    hidden / heads) sets a query width other than the model's, as Qwen3's configs do."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
     extra = {"attention_bias": False} if model_type == "llama" else {}
+    if head_dim is not None or model_type == "qwen3":  # Qwen3's config defaults to 128, not hidden / heads
+        extra["head_dim"] = head_dim or hidden // heads
     config = AutoConfig.for_model(
         model_type, vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate or hidden * 2 - 16,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -52,6 +55,10 @@ def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2
     # Random init gives near-uniform logits; scale up so greedy choices are well separated.
     with torch.no_grad():
         model.model.embed_tokens.weight.mul_(8.0)
+        for layer in model.model.layers:  # Qwen3's per-head query / key norms start at ones: make them count
+            for norm in (getattr(layer.self_attn, "q_norm", None), getattr(layer.self_attn, "k_norm", None)):
+                if norm is not None:
+                    norm.weight.uniform_(0.5, 1.5)
     return model
 
 

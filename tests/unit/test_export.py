@@ -19,6 +19,7 @@ CASES = {
     "llama-mha-untied": {"heads": 4, "kv_heads": 4, "tie": False},
     "llama-mqa": {"heads": 4, "kv_heads": 1, "layers": 3},
     "qwen2-bias": {"heads": 4, "kv_heads": 2, "model_type": "qwen2"},
+    "qwen3-qk-norm": {"heads": 4, "kv_heads": 2, "model_type": "qwen3", "head_dim": 32},  # query 128 wide, model 64
 }
 
 

@@ -17,6 +17,7 @@ ARCHS = {
     "llama-gqa": {"heads": 4, "kv_heads": 2},
     "llama-mqa-untied": {"heads": 4, "kv_heads": 1, "tie": False},
     "qwen2-bias": {"heads": 4, "kv_heads": 2, "model_type": "qwen2"},
+    "qwen3-qk-norm": {"heads": 4, "kv_heads": 2, "model_type": "qwen3", "head_dim": 32},  # query 128 wide, model 64
 }
 
 

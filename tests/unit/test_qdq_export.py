@@ -36,6 +36,7 @@ SHAPES = {
     0: {}, 1: {"kv_heads": 1}, 2: {"kv_heads": 4}, 3: {"tie": False}, 4: {"model_type": "qwen2"},
     5: {"layers": 3}, 6: {"hidden": 96, "heads": 6, "kv_heads": 3}, 7: {},
     8: {"tie": False, "kv_heads": 1}, 9: {"model_type": "qwen2", "tie": False},
+    10: {"model_type": "qwen3", "head_dim": 32},
 }
 
 
