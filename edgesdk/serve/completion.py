@@ -17,11 +17,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from edgesdk import __version__
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.cache_store import CacheStore
 from edgesdk.runtime.gbnf import GrammarError
 from edgesdk.runtime.generate import (
+    GenerationStats,
     LogitBiasError,
     SamplingConfig,
     StepHook,
@@ -303,8 +306,11 @@ class Completer:
         return self.runtime.tokenizer.render_chat(list(request.messages), continue_final=self.continues_final(request))
 
     def sampling(self, request: CompletionRequest) -> SamplingConfig:
+        """The request's sampling, its unset fields the server's defaults. A limit of 0 tokens (POST /completion's
+        ``n_predict`` 0: the prompt evaluated, nothing generated, :meth:`_prefill_only`) samples nothing; its
+        settings are checked all the same, with a limit of 1."""
         pick = lambda value, default: default if value is None else value  # noqa: E731
-        return SamplingConfig(max_new_tokens=min(pick(request.max_tokens, self.defaults.max_tokens),
+        return SamplingConfig(max_new_tokens=min(max(pick(request.max_tokens, self.defaults.max_tokens), 1),
                                                  self.runtime.backend.max_context),
                               temperature=pick(request.temperature, self.defaults.temperature),
                               top_p=pick(request.top_p, self.defaults.top_p),
@@ -415,6 +421,8 @@ class Completer:
                         raise ClientGone("the client closed the connection while the request waited")
                     if on_start is not None:
                         on_start()
+                    if request.max_tokens == 0:
+                        return self._prefill_only(request, ids)
                     try:
                         return self._generate(request, ids, sampling, constraint, on_text, client_gone)
                     except LogitBiasError as exc:  # the request's bias left no token to take: its fault, not ours
@@ -423,6 +431,40 @@ class Completer:
                     self.busy = False
         finally:
             self._admitted.release()
+
+    def _prefill_only(self, request: CompletionRequest, ids: list[int]) -> Completion:
+        """llama-server's ``n_predict`` 0 (tools/server README, "POST /completion": "no tokens will be generated but
+        the prompt is evaluated into the cache"): the prompt's part that the KV cache does not hold yet is
+        prefilled, so a next request that starts with it prefills only what follows; the answer is empty, its
+        timings those of the prefill. The hook sees the prefill as a step that yielded no token."""
+        backend, cache = self.runtime.backend, self.prompt_cache
+        hook = _HeldTime(MetricsHook(self.metrics, self.hook))
+        start = time.perf_counter()
+        stats = GenerationStats(prompt_tokens=len(ids), stop_reason="max_new_tokens")
+        try:
+            if cache is None:
+                backend.reset()
+            else:
+                stats.cached_tokens = cache.start(ids, reuse=request.cache_prompt)
+            fresh = ids[stats.cached_tokens:]
+            hook.begin(len(fresh), 0)
+            stats.waited_s = hook.before_step("prefill")
+            step = time.perf_counter()
+            backend.prefill(np.asarray(fresh, np.int64), keep_logits=1)
+            stats.prefill_s = time.perf_counter() - step
+            if cache is not None:
+                cache.took(fresh)
+            hook.after_step("prefill", 0, stats.prefill_s)
+            hook.end(stats)
+        except BaseException as exc:
+            self._end_early()
+            cancelled = isinstance(exc, (ClientGone, ConnectionError)) or \
+                (isinstance(exc, ApiError) and exc.code == "server_stopping")
+            self.metrics.finish("cancelled" if cancelled else "error")
+            raise
+        self.metrics.finish("length")
+        prompt_ms = (time.perf_counter() - start - hook.held_s) * 1e3
+        return Completion("", "length", len(ids), 0, stats.cached_tokens, prompt_ms=max(prompt_ms, 0.0))
 
     def _generate(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig,
                   constraint: TokenConstraint | None, on_text: Callable[[str, dict | None], None] | None,

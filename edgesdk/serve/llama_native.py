@@ -8,8 +8,9 @@ translated into the OpenAI text request it means and checked there, so the field
 ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``,
 ``cache_prompt``) take the same values. ``n_predict`` is the token limit (-1: until the
 end-of-text token or a full context; ``max_tokens`` where it is not given, as llama-server
-reads it); ``stop`` takes any number of strings; ``seed`` -1 is llama-server's default, a
-random seed. ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``) adds
+reads it; 0 evaluates the prompt into the KV cache and generates nothing, as llama-server does, so
+a next request that starts with that prompt prefills only what follows); ``stop`` takes any number
+of strings; ``seed`` -1 is llama-server's default, a random seed. ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``) adds
 ``completion_probabilities``: each answer token's ``id``, ``token``, ``bytes`` and ``logprob``
 with the N most likely tokens at its position as ``top_logprobs``, from the model's own
 distribution (before the samplers, as llama-server's without ``post_sampling_probs``, which is
@@ -66,13 +67,15 @@ def parse_completion_request(body: object) -> CompletionRequest:
     name = "n_predict" if body.get("n_predict") is not None else "max_tokens"  # as llama-server reads the limit
     predict = body.get(name)
     if predict is not None:
-        if isinstance(predict, bool) or not isinstance(predict, int) or predict == 0 or predict < -1:
-            raise ApiError(400, f"'{name}' must be the most tokens to generate (>= 1), or -1 for no limit but the "
-                           f"context, got {_shown(predict)}", param=name)
-        text["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict == -1 else predict
+        if isinstance(predict, bool) or not isinstance(predict, int) or predict < -1:
+            raise ApiError(400, f"'{name}' must be the most tokens to generate (>= 1; 0 evaluates the prompt into "
+                           f"the cache and generates nothing), or -1 for no limit but the context, got "
+                           f"{_shown(predict)}", param=name)
+        text["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict == -1 else max(predict, 1)  # 0 is set after the check
     stops = _stop(text.pop("stop", None))  # set after the check: OpenAI's 'stop' takes at most 4, llama-server's any
     request = parse_text_request(text)
-    return replace(request, stop=stops, logprobs=probs or None, llama_probs=bool(probs))
+    return replace(request, stop=stops, logprobs=probs or None, llama_probs=bool(probs),
+                   max_tokens=0 if predict == 0 else request.max_tokens)
 
 
 def _n_probs(body: dict) -> int:
@@ -135,7 +138,7 @@ def timings(completion: Completion) -> dict:
 
 def generation_settings(request: CompletionRequest, sampling: SamplingConfig) -> dict:
     """The settings the answer was generated with, in llama-server's names (-1: no seed given)."""
-    return {"n_predict": sampling.max_new_tokens, "temperature": sampling.temperature, "top_k": sampling.top_k,
+    return {"n_predict": 0 if request.max_tokens == 0 else sampling.max_new_tokens, "temperature": sampling.temperature, "top_k": sampling.top_k,
             "top_p": sampling.top_p, "min_p": sampling.min_p, "seed": -1 if sampling.seed is None else sampling.seed,
             "repeat_penalty": sampling.repeat_penalty, "repeat_last_n": sampling.repeat_last_n,
             "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,

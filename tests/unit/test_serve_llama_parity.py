@@ -320,3 +320,68 @@ def test_probabilities_the_runtime_cannot_give_are_refused_by_name(served, field
     status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 2, "n_probs": 20,
                                                "post_sampling_probs": False})
     assert (status, len(body["completion_probabilities"][0]["top_logprobs"])) == (200, 20)
+
+
+# ------------------------------------------------------------------------------------ n_predict 0
+
+
+class StepsHook:
+    """A StepHook that lists what it is told."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def begin(self, prompt_tokens, max_new_tokens):
+        self.calls.append(("begin", prompt_tokens, max_new_tokens))
+
+    def before_step(self, kind):
+        return 0.0
+
+    def after_step(self, kind, tokens, compute_s):
+        self.calls.append((kind, tokens))
+
+    def end(self, stats):
+        self.calls.append(("end", None if stats is None else (stats.prompt_tokens, stats.new_tokens)))
+
+
+def test_n_predict_0_evaluates_the_prompt_into_the_cache_and_generates_nothing(runtime):
+    """llama-server's README: "When 0, no tokens will be generated but the prompt is evaluated into the
+    cache". The next request that starts with the prompt prefills only what follows it."""
+    hook = StepsHook()
+    server = Served(runtime, ServeDefaults(max_tokens=16), hook=hook)
+    ids = runtime.tokenizer.encode(PROMPT, add_special_tokens=False)
+    try:
+        status, body = server.post("/completion", {"prompt": ids, "n_predict": 0})
+        assert status == 200, body
+        assert (body["content"], body["tokens_predicted"], body["tokens_evaluated"]) == ("", 0, len(ids))
+        assert (body["stop"], body["stop_type"], body["generation_settings"]["n_predict"]) == (True, "limit", 0)
+        timings = body["timings"]
+        assert (timings["prompt_n"], timings["cache_n"], timings["predicted_n"]) == (len(ids), 0, 0)
+        assert timings["prompt_ms"] > 0
+        assert hook.calls == [("begin", len(ids), 0), ("prefill", 0), ("end", (len(ids), 0))]
+        metrics = server.completer.metrics
+        assert (metrics.prompt_tokens, metrics.predicted_tokens, metrics.finished["length"]) == (len(ids), 0, 1)
+        # the prompt and what follows it: only the new tokens are prefilled
+        more = runtime.tokenizer.encode(" jumps over the lazy dog", add_special_tokens=False)
+        status, body = server.post("/completion", {"prompt": ids + more, "n_predict": 3})
+        assert status == 200, body
+        assert (body["timings"]["cache_n"], body["timings"]["prompt_n"]) == (len(ids), len(more))
+        assert body["tokens_predicted"] == 3
+        fresh = server.post("/completion", {"prompt": ids + more, "n_predict": 3, "cache_prompt": False})[1]
+        assert fresh["timings"]["cache_n"] == 0
+        assert body["content"] == fresh["content"]
+    finally:
+        server.close()
+
+
+def test_n_predict_0_streamed_and_through_max_tokens(served):
+    status, _, payload = served.request("POST", "/completion", {"prompt": PROMPT, "n_predict": 0, "stream": True})
+    assert status == 200, payload
+    (only,) = _events(payload)
+    assert (only["stop"], only["content"], only["tokens_predicted"]) == (True, "", 0)
+    status, body = served.post("/completion", {"prompt": PROMPT, "max_tokens": 0, "n_probs": 2})
+    assert (status, body["content"], body["tokens_predicted"]) == (200, "", 0)
+    assert "completion_probabilities" not in body  # no token, no probabilities (llama-server leaves them out)
+    # OpenAI's route keeps its own rule: at least one token
+    status, body = served.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 0})
+    assert (status, body["error"]["param"]) == (400, "max_tokens")
