@@ -90,6 +90,19 @@ class Completion:
     predicted_ms: float = 0.0
 
 
+@dataclass
+class SlotState:
+    """What llama-server's ``GET /slots`` reports of the request generating now: its task number, request and
+    sampling, and how far it got."""
+
+    task: int
+    request: CompletionRequest
+    sampling: SamplingConfig
+    prompt_tokens: int
+    decoded: int = 0  # answer tokens so far
+    has_new_line: bool = False  # the answer's text handed out so far holds a line break
+
+
 class StopMatcher:
     """Cuts streamed text at the first stop string to complete and never hands out a stop string's start.
 
@@ -215,6 +228,8 @@ class Completer:
         drafts = self.defaults.lookup and can_draft(runtime.backend)
         self.lookup = LookupConfig(max_draft=self.defaults.lookup) if drafts else None
         self.waiting = 0  # admitted requests waiting for their turn
+        self.tasks = 0  # requests that had their turn (llama-server's task ids, for GET /slots)
+        self.slot: SlotState | None = None  # the request generating now
         self._plain = None  # the tokenizer POST /tokenize uses with parse_special false, made on first use
         self._count_lock = threading.Lock()
 
@@ -415,6 +430,8 @@ class Completer:
             with self._turn:
                 self._count_waiting(-1)
                 self.busy = True
+                self.tasks += 1
+                self.slot = SlotState(self.tasks, request, sampling, len(ids))
                 try:
                     self._check_stopping()
                     if client_gone is not None and client_gone():
@@ -428,7 +445,7 @@ class Completer:
                     except LogitBiasError as exc:  # the request's bias left no token to take: its fault, not ours
                         raise ApiError(400, f"{exc.problem}; {exc.fix}", param="logit_bias") from exc
                 finally:
-                    self.busy = False
+                    self.busy, self.slot = False, None
         finally:
             self._admitted.release()
 
@@ -469,7 +486,7 @@ class Completer:
     def _generate(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig,
                   constraint: TokenConstraint | None, on_text: Callable[[str, dict | None], None] | None,
                   client_gone: Callable[[], bool] | None) -> Completion:
-        tokenizer = self.runtime.tokenizer
+        tokenizer, slot = self.runtime.tokenizer, self.slot
         decoder, matcher, pieces = StreamDecoder(tokenizer), StopMatcher(request.stop), []
         count = 0
         recorder = None if request.logprobs is None else LogprobRecorder(top=request.logprobs, prompt=request.echo)
@@ -500,6 +517,8 @@ class Completer:
             if text:
                 pieces.append(text)
                 given["chars"] += len(text)
+                if "\n" in text and slot is not None:
+                    slot.has_new_line = True
                 fresh = settle(final=False) if recorder else None
                 if on_text is not None:
                     on_text(text, None if fresh is None else logprobs_body(request, fresh, self._token_piece, offsets))
@@ -512,6 +531,8 @@ class Completer:
         def on_token(token: int) -> None:
             nonlocal count
             count += 1
+            if slot is not None:
+                slot.decoded = count
             clock["last"], clock["held_last"] = time.perf_counter(), hook.held_s
             if clock["first"] is None:
                 clock["first"], clock["held_first"] = clock["last"], clock["held_last"]

@@ -9,6 +9,8 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
 * ``GET /v1/models``: the one model served. ``GET /health``: liveness, whether a request is
   generating, and the thermal guard's level and temperature when it runs. ``GET /props``
   (llama-server's): the context, the default settings, the chat template and special tokens.
+  ``GET /slots`` (llama-server's slot monitoring, on by default there too): the one slot, and the
+  request it runs (``?fail_on_no_slot=1``: 503 while it is busy).
 * ``GET /metrics`` (with ``--metrics``, as llama-server): Prometheus counters (serve/metrics.py).
 * ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API, whole or
   streamed as named events, its errors in Anthropic's shape (serve/anthropic.py).
@@ -39,6 +41,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError
@@ -65,7 +68,7 @@ MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 CLIENT_TIMEOUT_S = 60.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
 TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's, answered at once (no turn on the board)
-ROUTES = ("GET /health, GET /v1/models, GET /props, POST /v1/chat/completions, POST /v1/completions, POST /completion, "
+ROUTES = ("GET /health, GET /v1/models, GET /props, GET /slots, POST /v1/chat/completions, POST /v1/completions, POST /completion, "
           "POST /v1/messages, "
           "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template "
           "(GET /metrics with --metrics), OPTIONS on any path (a browser's CORS preflight)")
@@ -208,6 +211,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_metrics()
         elif route == "/props":
             self._send_json(200, self.server.completer.props(self.server.model))
+        elif route == "/slots":
+            self._send_slots()
         elif _api_route(route) == "/models":
             self._send_json(200, {"object": "list", "data": [self._model_card()]})
         elif _api_route(route) == f"/models/{self.server.model}":
@@ -319,7 +324,8 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _not_found(self, route: str, method: str) -> None:
         """404, or 405 with the methods it takes where the route is this server's under another method."""
         path = _api_route(route)
-        served_by_get = route in ("/health", "/metrics", "/props") or path in ("/models", f"/models/{self.server.model}")
+        served_by_get = route in ("/health", "/metrics", "/props", "/slots") or \
+            path in ("/models", f"/models/{self.server.model}")
         allowed = [name for name, known in (("GET", served_by_get), ("POST", _posted(path))) if known]
         if allowed:
             self._allow = ", ".join([*allowed, "HEAD"] if "GET" in allowed else allowed)
@@ -498,7 +504,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.wfile.write(b"data: " + json.dumps(body, ensure_ascii=False).encode("utf-8") + b"\n\n")
         self.wfile.flush()
 
-    def _send_json(self, status: int, body: dict) -> None:
+    def _send_json(self, status: int, body: dict | list) -> None:
         self._send_body(status, json.dumps(body, ensure_ascii=False).encode("utf-8"), "application/json")
 
     def _send_body(self, status: int, data: bytes, content_type: str) -> None:
@@ -516,6 +522,15 @@ class ApiHandler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(data)
         self.wfile.flush()
+
+    def _send_slots(self) -> None:
+        """llama-server's ``GET /slots``; with ``?fail_on_no_slot=1`` a 503 while the one slot is busy, as there."""
+        slots = llama_native.slots(self.server.completer)
+        query = parse_qs(self.path.partition("?")[2])
+        if query.get("fail_on_no_slot", ["0"])[-1] not in ("", "0", "false") and slots[0]["is_processing"]:
+            raise ApiError(503, "no slot available: the one slot is answering a request (GET /slots without "
+                           "fail_on_no_slot shows it)", code="no_slot_available", kind="server_error")
+        self._send_json(200, slots)
 
     def _send_metrics(self) -> None:
         if not self.server.metrics:

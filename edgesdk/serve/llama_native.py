@@ -167,3 +167,22 @@ def partial_body(text: str, probabilities: list | None = None) -> dict:
     if probabilities:
         body["completion_probabilities"] = probabilities
     return body
+
+
+def slots(completer) -> list[dict]:
+    """llama-server's ``GET /slots`` (tools/server README): one slot here, as the board answers one request at a
+    time. ``id_task`` counts the requests that had their turn (-1 while none runs), ``params`` are the running
+    request's settings (``generation_settings``; a request that sets none gets these while idle), ``next_token``
+    how far its answer got: ``n_decoded`` tokens, ``n_remain`` left to its limit (-1 while idle)."""
+    slot = completer.slot  # read once: the request may end meanwhile
+    if slot is None:
+        idle = CompletionRequest(chat=False)
+        params, task, decoded, remain, new_line = generation_settings(idle, completer.sampling(idle)), -1, 0, -1, False
+    else:
+        params, task, decoded = generation_settings(slot.request, slot.sampling), slot.task, slot.decoded
+        remain, new_line = max(params["n_predict"] - decoded, 0), slot.has_new_line
+    return [{"id": 0, "id_task": task, "n_ctx": completer.runtime.backend.max_context,
+             "speculative": completer.lookup is not None, "is_processing": slot is not None, "params": params,
+             "next_token": {"has_next_token": slot is not None, "has_new_line": new_line, "n_remain": remain,
+                            "n_decoded": decoded}}]
+

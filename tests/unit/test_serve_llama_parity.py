@@ -385,3 +385,65 @@ def test_n_predict_0_streamed_and_through_max_tokens(served):
     # OpenAI's route keeps its own rule: at least one token
     status, body = served.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 0})
     assert (status, body["error"]["param"]) == (400, "max_tokens")
+
+
+# ------------------------------------------------------------------------------------ GET /slots
+
+
+class HoldAt(StepsHook):
+    """Holds the step of the given number (1: the first prefill) until :attr:`release` is set."""
+
+    def __init__(self, step: int):
+        super().__init__()
+        self.step, self.seen = step, 0
+        self.held, self.release = threading.Event(), threading.Event()
+
+    def before_step(self, kind):
+        self.seen += 1
+        if self.seen == self.step:
+            self.held.set()
+            assert self.release.wait(60)
+        return 0.0
+
+
+def test_slots_shows_the_one_slot_idle_and_the_request_it_runs(runtime):
+    import json
+
+    hook = HoldAt(3)  # the prefill (first token), one decode step (second token), then held
+    server = Served(runtime, ServeDefaults(max_tokens=16), hook=hook, api_key="sesame")
+    key = {"Authorization": "Bearer sesame"}
+    try:
+        assert server.request("GET", "/slots")[0] == 401  # behind the key, as in llama-server
+        status, _, payload = server.request("GET", "/slots", headers=key)
+        assert status == 200, payload
+        (idle,) = json.loads(payload)
+        assert (idle["id"], idle["id_task"], idle["is_processing"]) == (0, -1, False)
+        assert idle["n_ctx"] == runtime.backend.max_context
+        assert idle["params"]["n_predict"] == 16  # what a request that sets none gets
+        assert idle["next_token"] == {"has_next_token": False, "has_new_line": False, "n_remain": -1, "n_decoded": 0}
+        assert server.request("GET", "/slots?fail_on_no_slot=1", headers=key)[0] == 200
+
+        results = {}
+        running = threading.Thread(target=lambda: results.update(answer=server.post(
+            "/completion", {"prompt": PROMPT, "n_predict": 10, "temperature": 0.5, "top_k": 7, "seed": 3},
+            headers=key)))
+        running.start()
+        assert hook.held.wait(30)
+        (busy,) = json.loads(server.request("GET", "/slots", headers=key)[2])
+        assert (busy["id_task"], busy["is_processing"]) == (1, True)
+        params = busy["params"]
+        assert (params["n_predict"], params["temperature"], params["top_k"], params["seed"]) == (10, 0.5, 7, 3)
+        assert busy["next_token"] == {"has_next_token": True, "has_new_line": False, "n_remain": 8, "n_decoded": 2}
+        status, _, payload = server.request("GET", "/slots?fail_on_no_slot=1", headers=key)
+        assert status == 503, payload
+        assert json.loads(payload)["error"]["code"] == "no_slot_available"
+        hook.release.set()
+        running.join(60)
+        assert results["answer"][0] == 200
+        (after,) = json.loads(server.request("GET", "/slots", headers=key)[2])
+        assert (after["id_task"], after["is_processing"]) == (-1, False)
+        status, headers, _ = server.request("POST", "/slots", {"x": 1}, headers=key)
+        assert (status, headers["Allow"]) == (405, "GET, HEAD")
+    finally:
+        hook.release.set()
+        server.close()
