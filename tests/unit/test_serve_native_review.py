@@ -48,7 +48,10 @@ def test_completion_reads_max_tokens_where_n_predict_is_not_given(served):
     status, body = served.post("/completion", {"prompt": PROMPT, "max_tokens": 3, "n_predict": 5})
     assert status == 200, body
     assert body["tokens_predicted"] == 5
-    status, body = served.post("/completion", {"prompt": PROMPT, "max_tokens": 0})
+    status, body = served.post("/completion", {"prompt": PROMPT, "max_tokens": 0})  # as n_predict 0: prompt only
+    assert status == 200, body
+    assert (body["tokens_predicted"], body["content"]) == (0, "")
+    status, body = served.post("/completion", {"prompt": PROMPT, "max_tokens": -2})
     assert status == 400, body
     assert body["error"]["param"] == "max_tokens"
     assert "'max_tokens' must be" in body["error"]["message"]
