@@ -161,19 +161,20 @@ def check_rope(model_config, context: int) -> None:
 
 
 def sliding_window(model_config) -> int | None:
-    """The attention window of a Mistral (``sliding_window``) or Qwen2 (``use_sliding_window``) config, or None.
+    """The attention window of a Mistral (``sliding_window``) or Qwen2 / Qwen3 (``use_sliding_window``) config,
+    or None.
 
-    Where the config lists its ``layer_types`` (Qwen2 derives them from ``max_window_layers``), the window
-    counts only when some layer is ``sliding_attention``.
+    Where the config lists its ``layer_types`` (Qwen2 and Qwen3 derive them from ``max_window_layers``), the
+    window counts only when some layer is ``sliding_attention`` (transformers' Qwen3Attention).
     """
     model_type = getattr(model_config, "model_type", None)
     window = getattr(model_config, "sliding_window", None)
-    if model_type == "qwen2" and not getattr(model_config, "use_sliding_window", False):
+    if model_type in ("qwen2", "qwen3") and not getattr(model_config, "use_sliding_window", False):
         return None
     layer_types = getattr(model_config, "layer_types", None)
     if layer_types is not None and "sliding_attention" not in layer_types:
         return None
-    return int(window) if model_type in ("mistral", "qwen2") and window else None
+    return int(window) if model_type in ("mistral", "qwen2", "qwen3") and window else None
 
 
 def export_model(model, out_dir: Path, config: ExportConfig = ExportConfig()) -> GraphSpec:
