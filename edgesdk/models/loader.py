@@ -81,9 +81,10 @@ def check_gguf_model(path: Path) -> dict:
     architecture edgesdk cannot export, before transformers reads it: for a file without its
     architecture's sizes it falls back to 7B defaults and fills the memory with a model of random weights.
 
-    Returns the config values transformers' GGUF reader leaves out: the head size
-    (``{arch}.attention.key_length``), which Qwen3 sets apart from width / heads and transformers'
-    Qwen3 mapping does not read (its config then takes Qwen3's default of 128)."""
+    Returns the config values transformers' GGUF reader leaves out: the head size, as llama.cpp reads it
+    (``{arch}.attention.key_length``, else width / heads), which Qwen3 sets apart from width / heads and
+    transformers' Qwen3 mapping does not read (its config then takes Qwen3's default of 128, also for a
+    file whose head size is width / heads and so has no key_length)."""
     from gguf import GGUFReader
 
     try:
@@ -108,8 +109,28 @@ def check_gguf_model(path: Path) -> dict:
         raise ModelSourceError(f"the GGUF file {path} holds {what}",
                                "pass the GGUF of a whole model (an adapter must be merged into its base model first)")
     check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
-    key_length = field(f"{arch}.attention.key_length")
-    return {} if key_length is None else {"head_dim": int(key_length)}
+    return _gguf_head_dim(path, arch, field)
+
+
+def _gguf_head_dim(path: Path, arch: str, field) -> dict:
+    """``{"head_dim": n}`` as llama.cpp's loader takes it: ``{arch}.attention.key_length`` (and
+    ``value_length``), each defaulting to the width over the head count; {} where the file gives too
+    little to tell. A key size apart from the value size is refused: the decoders edgesdk builds (and
+    transformers') have one head size for both."""
+    heads, width = field(f"{arch}.attention.head_count"), field(f"{arch}.embedding_length")
+    default = int(width) // int(heads) if isinstance(heads, int) and heads > 0 and int(width) % heads == 0 else None
+    sizes = {}
+    for kind in ("key", "value"):
+        size = field(f"{arch}.attention.{kind}_length")
+        sizes[kind] = default if size is None else int(size)
+    if sizes["key"] != sizes["value"] and None not in sizes.values():
+        raise ModelSourceError(
+            f"the GGUF file {path} has a key head size of {sizes['key']} and a value head size of "
+            f"{sizes['value']} ({arch}.attention.key_length / value_length, width / heads where absent); "
+            "edgesdk's decoders have one head size for both",
+            "use a model whose query / key and value heads are the same size")
+    size = sizes["key"] if sizes["key"] is not None else sizes["value"]
+    return {} if size is None else {"head_dim": size}
 
 
 def check_all_weights_loaded(missing: Any, where: Path) -> None:
