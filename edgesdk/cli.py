@@ -376,6 +376,10 @@ def _gate_options(fn):
               help="Lower a seen token's logit by this per occurrence (OpenAI's frequency penalty, -2..2).")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the model's chat template.")
 @click.option("--system", help="System message for the chat template.")
+@click.option("--chat-template-kwargs", "template_kwargs", metavar="JSON", callback=lambda ctx, param, value:
+              _template_kwargs_option(value),
+              help="Extra variables for the chat template, a JSON object (llama.cpp's --chat-template-kwargs), e.g. "
+                   "'{\"enable_thinking\": false}' for a Qwen3 answer without thinking.")
 @click.option("--history/--no-history", default=None,
               help="Interactive input: keep the conversation, each line a new turn after the earlier ones "
                    "(their tokens stay in the KV cache; '/clear' starts over). On by default at a terminal, "
@@ -404,7 +408,7 @@ def _gate_options(fn):
 @_gate_options
 @_runtime_options
 def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias, seed, repeat_penalty,
-        repeat_last_n, presence_penalty, frequency_penalty, raw, system, history, json_object, json_schema, grammar,
+        repeat_last_n, presence_penalty, frequency_penalty, raw, system, template_kwargs, history, json_object, json_schema, grammar,
         grammar_file, lookup_draft, prompt_cache, stats,
         watch_thermal, simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
         sim_speed, threads, backend, target, ignore_target):
@@ -445,6 +449,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
+    tokenizer.template_kwargs = template_kwargs
     if ignore_eos:
         never = tuple((token, -math.inf) for token in sorted(tokenizer.eos_token_ids))
         sampling = dataclasses.replace(sampling, logit_bias=(*sampling.logit_bias, *never))
@@ -594,6 +599,21 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             thermal.close()
 
 
+def _template_kwargs_option(text: str | None) -> dict:
+    """``--chat-template-kwargs JSON``: a JSON object of extra chat-template variables."""
+    from edgesdk.runtime.text import check_template_kwargs
+
+    if text is None:
+        return {}
+    try:
+        return check_template_kwargs(json.loads(text), "it")
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"is not JSON ({exc}); give an object, e.g. '{{\"enable_thinking\": false}}'",
+                                 param_hint="'--chat-template-kwargs'") from exc
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--chat-template-kwargs'") from exc
+
+
 def _logit_bias_option(text: str) -> tuple[int, float]:
     """``--logit-bias ID=BIAS`` (or llama.cpp's ``ID+BIAS`` / ``ID-BIAS``) as (id, bias); the range is
     SamplingConfig's to check."""
@@ -641,12 +661,21 @@ def _logit_bias_option(text: str) -> tuple[int, float]:
 @click.option("--no-prefill-assistant", is_flag=True,
               help="A chat ending with an assistant message gets a new assistant turn after it, instead of the "
                    "answer going on from that message's text (llama-server's option of the same name).")
+@click.option("--chat-template-kwargs", "template_kwargs", metavar="JSON", callback=lambda ctx, param, value:
+              _template_kwargs_option(value),
+              help="Extra variables for the chat template, a JSON object (llama-server's option); a request's "
+                   "chat_template_kwargs go over them. E.g. '{\"enable_thinking\": false}' for Qwen3.")
+@click.option("--reasoning-format", type=click.Choice(["auto", "none", "deepseek"]), default="auto",
+              show_default=True,
+              help="A thinking model's <think> block as the message's reasoning_content (deepseek; auto: where the "
+                   "chat template writes one), or left in the content (none), as llama-server's option.")
 @_thermal_options
 @_gate_options
 @_runtime_options
 def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, top_k, min_p, max_queue,
           quiet,
-          no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
+          no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
+          watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
     Anthropic's POST /v1/messages and llama-server's POST /tokenize and /detokenize).
@@ -662,7 +691,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
         defaults = ServeDefaults(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                  min_p=min_p, max_waiting=max_queue, prompt_cache=not no_prompt_cache,
                                  cache_ram_mib=cache_ram_mib, lookup=lookup_draft,
-                                 prefill_assistant=not no_prefill_assistant)
+                                 prefill_assistant=not no_prefill_assistant, reasoning_format=reasoning_format)
     except ValueError as exc:
         options = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'"}
         hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
@@ -689,6 +718,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
             signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=True)
+    runtime.tokenizer.template_kwargs = template_kwargs
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     _lookup(runtime.backend, lookup_draft)  # says so where the backend cannot draft (the completer decodes then)
     thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,

@@ -16,6 +16,9 @@ class ChatTokenizer:
         self.bos_token = facts.get("bos_token")
         self.eos_token = facts.get("eos_token")
         self.template_source = template_path.read_text(encoding="utf-8") if template_path else None
+        # extra variables every rendering gives the template (llama-server's --chat-template-kwargs), e.g.
+        # {"enable_thinking": false} for Qwen3; a call's own template_kwargs go over them
+        self.template_kwargs: dict = {}
         self._template = None
         self._token_bytes: list[bytes | None] | None = None
 
@@ -46,7 +49,7 @@ class ChatTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def render_chat(self, messages: list[dict], continue_final: bool = False) -> str:
+    def render_chat(self, messages: list[dict], continue_final: bool = False, template_kwargs: dict | None = None) -> str:
         """Render messages with the chat template and the assistant's generation prompt, in the
         environment transformers' ``apply_chat_template`` gives templates (see :func:`chat_environment`).
 
@@ -54,16 +57,20 @@ class ChatTokenizer:
         llama-server and Anthropic's Messages API take it), rendered as transformers' ``continue_final_message``
         does: the conversation without a generation prompt, its last message's text marked at its end and the
         rendering cut at the mark, so the model goes on from there; the text's trailing whitespace stays where
-        the template keeps it. An empty one leaves the generation prompt."""
+        the template keeps it. An empty one leaves the generation prompt.
+
+        ``template_kwargs``: variables for the template beside :attr:`template_kwargs` (over them), as
+        transformers' ``apply_chat_template(**kwargs)`` and llama-server's ``chat_template_kwargs`` pass them."""
         if self.template_source is None:
             raise BundleError("this bundle's model has no chat template", "pass --raw to feed the prompt as is")
+        extra = {**self.template_kwargs, **(template_kwargs or {})}
         if not continue_final:
-            return self._render(messages, add_generation_prompt=True)
+            return self._render(messages, add_generation_prompt=True, extra=extra)
         begun = messages[-1]["content"]
         if not begun.strip():
-            return self.render_chat(messages[:-1])
+            return self.render_chat(messages[:-1], template_kwargs=template_kwargs)
         marked = self._render([*messages[:-1], {**messages[-1], "content": begun + CONTINUE_MARK}],
-                              add_generation_prompt=False)
+                              add_generation_prompt=False, extra=extra)
         at = marked.rfind(CONTINUE_MARK.strip())
         if at < 0 or begun.strip() not in marked[:at]:
             raise BundleError("the chat template does not write the final assistant message's text as given, so "
@@ -71,13 +78,13 @@ class ChatTokenizer:
         # a template that trims the text trims the mark's trailing space too: the text's own whitespace went with it
         return marked[:at] if marked.startswith(CONTINUE_MARK, at) else marked[:at].rstrip()
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict], add_generation_prompt: bool, extra: dict | None = None) -> str:
         import jinja2
 
         try:
             if self._template is None:
                 self._template = chat_environment().from_string(self.template_source)
-            return self._template.render(messages=messages, tools=None, documents=None,
+            return self._template.render(**(extra or {}), messages=messages, tools=None, documents=None,
                                          add_generation_prompt=add_generation_prompt,
                                          bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except jinja2.TemplateError as exc:
@@ -97,6 +104,23 @@ class ChatTokenizer:
         messages = ([] if system is None else [{"role": "system", "content": system}]) + [
             {"role": "user", "content": prompt}]
         return self.encode(self.render_chat(messages), add_special_tokens=False)
+
+
+# the variables every rendering sets itself: template kwargs cannot replace them
+TEMPLATE_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token")
+
+
+def check_template_kwargs(value: object, where: str) -> dict:
+    """``chat_template_kwargs`` (a JSON object of extra template variables) checked, or a ValueError naming
+    what is wrong: not an object, or a key the rendering sets itself."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a JSON object of template variables (e.g. {{\"enable_thinking\": false}}), "
+                         f"got {type(value).__name__}")
+    taken = sorted(key for key in value if key in TEMPLATE_VARIABLES)
+    if taken:
+        raise ValueError(f"{where} sets {', '.join(taken)}, which the rendering sets itself "
+                         f"({', '.join(TEMPLATE_VARIABLES)}); leave {'it' if len(taken) == 1 else 'them'} out")
+    return dict(value)
 
 
 # appended to a begun answer to find where its text ends in the rendering (transformers' tag, trailing space

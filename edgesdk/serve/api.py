@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from edgesdk.runtime.gbnf import Grammar, GrammarError, parse_grammar
 from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_schema
+from edgesdk.runtime.text import check_template_kwargs
+from edgesdk.serve.reasoning import FORMATS as REASONING_FORMATS
 from edgesdk.serve.tools import (
     ToolError,
     Tools,
@@ -87,6 +89,9 @@ class CompletionRequest:
     echo: bool = False  # /v1/completions: the prompt comes back before the answer (with its log-probabilities)
     # POST /completion's n_probs: the log-probabilities as llama-server's completion_probabilities, not OpenAI's
     llama_probs: bool = False
+    # chat: extra variables for the chat template (llama-server's chat_template_kwargs, e.g. enable_thinking)
+    template_kwargs: dict | None = None
+    reasoning_format: str | None = None  # chat: auto | none | deepseek (edgesdk/serve/reasoning.py); None: the server's
 
 
 def parse_chat_request(body: object) -> CompletionRequest:
@@ -111,7 +116,28 @@ def parse_chat_request(body: object) -> CompletionRequest:
             raise ApiError(400, f"'tools' and '{given}' both constrain the answer; send one of them", param=given)
         parsed = with_instructions(parsed, tools)
     begun = messages[-1].get("role") == "assistant" and not messages[-1].get("tool_calls")
-    return CompletionRequest(chat=True, messages=tuple(parsed), tools=tools, continue_final=begun, **fields)
+    return CompletionRequest(chat=True, messages=tuple(parsed), tools=tools, continue_final=begun,
+                             template_kwargs=_template_kwargs(body), reasoning_format=_reasoning_format(body), **fields)
+
+
+def _template_kwargs(body: dict) -> dict | None:
+    """``chat_template_kwargs``: extra chat-template variables, as llama-server and vLLM take them."""
+    value = body.get("chat_template_kwargs")
+    if value is None:
+        return None
+    try:
+        return check_template_kwargs(value, "'chat_template_kwargs'")
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="chat_template_kwargs") from exc
+
+
+def _reasoning_format(body: dict) -> str | None:
+    """``reasoning_format``: how a thinking model's reasoning comes back (llama-server's request field)."""
+    value = body.get("reasoning_format")
+    if value is not None and value not in REASONING_FORMATS:
+        raise ApiError(400, f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got {_shown(value)}",
+                       param="reasoning_format")
+    return value
 
 
 def parse_text_request(body: object) -> CompletionRequest:
@@ -549,10 +575,12 @@ def _by_text(top: tuple[tuple[int, float], ...], text: Callable[[int], str]) -> 
 
 def completion_body(request: CompletionRequest, ident: str, model: str, text: str, finish_reason: str,
                     prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-                    logprobs: dict | None = None) -> dict:
-    """The whole answer of a request without ``stream``."""
+                    logprobs: dict | None = None, reasoning: str = "") -> dict:
+    """The whole answer of a request without ``stream`` (``reasoning``: a thinking model's, apart from ``text``)."""
     if request.chat:
         fields = {"content": text}
+        if reasoning:
+            fields["reasoning_content"] = reasoning
         if request.tools is not None:
             fields, finish_reason = answer_message(text, finish_reason)
         choice = {"index": 0, "message": {"role": "assistant", **fields}, "logprobs": logprobs,
@@ -565,12 +593,15 @@ def completion_body(request: CompletionRequest, ident: str, model: str, text: st
 
 
 def chunk_body(request: CompletionRequest, ident: str, model: str, text: str | None,
-               finish_reason: str | None = None, role: bool = False, logprobs: dict | None = None) -> dict:
+               finish_reason: str | None = None, role: bool = False, logprobs: dict | None = None,
+               reasoning: str = "") -> dict:
     """One server-sent event of a streamed answer: a text delta, or the last one with ``finish_reason``.
     With ``stream_options.include_usage`` it carries ``"usage": null`` ("All other chunks will also
     include a usage field, but with a null value", OpenAI's reference for ``stream_options``)."""
     if request.chat:
         delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+        if reasoning:  # llama-server's delta for a thinking model's reasoning
+            delta = {"reasoning_content": reasoning, **({"content": text} if text else {})}
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
         choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}

@@ -42,6 +42,8 @@ from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.text import StreamDecoder, check_utf8
 from edgesdk.serve.api import ApiError, CompletionRequest, TextOffsets, TokenizeRequest, logprobs_body
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
+from edgesdk.serve.reasoning import FORMATS as REASONING_FORMATS
+from edgesdk.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, template_thinks
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class ServeDefaults:
     cache_ram_mib: int = 256  # host memory for other conversations' saved KV caches (0: keep only the live one)
     lookup: int = 0  # prompt lookup decoding: draft tokens checked at once (0: off; edgesdk/runtime/lookup.py)
     prefill_assistant: bool = True  # a chat ending with an assistant message continues it (llama-server's default)
+    # a thinking model's <think> block as reasoning_content: auto (where the template thinks) | none | deepseek
+    reasoning_format: str = "auto"
 
     def __post_init__(self):
         SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -67,6 +71,9 @@ class ServeDefaults:
                              f"got {self.lookup!r}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
+                             f"{self.reasoning_format!r}")
         if self.cache_ram_mib < 0:
             raise ValueError(f"cache_ram_mib must be >= 0, got {self.cache_ram_mib}")
 
@@ -318,7 +325,20 @@ class Completer:
     def chat_text(self, request: CompletionRequest) -> str:
         """The chat request's messages through the bundle's chat template: a generation prompt after them, or the
         last (assistant) message left open for the model to go on (:meth:`continues_final`)."""
-        return self.runtime.tokenizer.render_chat(list(request.messages), continue_final=self.continues_final(request))
+        return self.runtime.tokenizer.render_chat(list(request.messages), continue_final=self.continues_final(request),
+                                                  template_kwargs=request.template_kwargs)
+
+    def reasoning_splitter(self, request: CompletionRequest) -> ReasoningSplitter | None:
+        """A splitter of the answer's ``<think>`` block from its content (edgesdk/serve/reasoning.py), or None:
+        for a text completion, an answer a constraint shapes from its start (tools, a grammar, JSON), the
+        ``none`` format, and ``auto`` where the chat template writes no ``<think>`` block."""
+        if not request.chat or request.tools is not None or request.grammar is not None or \
+                request.json_schema is not None or request.json_object:
+            return None
+        form = request.reasoning_format or self.defaults.reasoning_format
+        if form == "none" or (form == "auto" and not template_thinks(self.runtime.tokenizer.template_source)):
+            return None
+        return ReasoningSplitter(opened=prompt_opens_thinking(self.chat_text(request)))
 
     def sampling(self, request: CompletionRequest) -> SamplingConfig:
         """The request's sampling, its unset fields the server's defaults. A limit of 0 tokens (POST /completion's

@@ -60,6 +60,7 @@ from edgesdk.serve.api import (
     usage_chunk_body,
 )
 from edgesdk.serve.completion import Completer, Completion
+from edgesdk.serve.reasoning import split_answer
 
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 # How long one read or write on a connection may wait on its client: a request line, header or body that
@@ -251,10 +252,14 @@ class ApiHandler(BaseHTTPRequestHandler):
         if request.stream:
             self._stream(request)
         else:
-            completion = self.server.completer.complete(request, client_gone=self._client_gone)
-            body = completion_body(request, new_id(request.chat), self.server.model, completion.text,
+            completer = self.server.completer
+            completion = completer.complete(request, client_gone=self._client_gone)
+            splitter, reasoning, text = completer.reasoning_splitter(request), "", completion.text
+            if splitter is not None:
+                reasoning, text = split_answer(splitter, completion.text)
+            body = completion_body(request, new_id(request.chat), self.server.model, text,
                                    completion.finish_reason, completion.prompt_tokens, completion.completion_tokens,
-                                   completion.cached_tokens, completion.logprobs)
+                                   completion.cached_tokens, completion.logprobs, reasoning=reasoning)
             self._send_json(200, {**body, "timings": llama_native.timings(completion)})  # llama-server adds them
 
     def _native_completion(self) -> None:
@@ -412,14 +417,21 @@ class ApiHandler(BaseHTTPRequestHandler):
         """Server-sent events; the headers go out when the request's turn comes, so a refused request
         (busy, prompt too long) still gets a plain JSON error with its status."""
         ident, model = new_id(request.chat), self.server.model
+        splitter = self.server.completer.reasoning_splitter(request)
 
         def opened() -> None:
             if request.chat:
                 self._event(chunk_body(request, ident, model, None, role=True))
 
         def on_text(text: str, logprobs: dict | None) -> None:
-            if request.tools is None:  # an answer under tools is JSON to read once whole (tool_answer_chunks)
+            if request.tools is not None:  # an answer under tools is JSON to read once whole (tool_answer_chunks)
+                return
+            if splitter is None:
                 self._event(chunk_body(request, ident, model, text, logprobs=logprobs))
+                return
+            reasoning, content = splitter.push(text)
+            if reasoning or content or logprobs:  # text held back as a tag's possible start waits for the next
+                self._event(chunk_body(request, ident, model, content, logprobs=logprobs, reasoning=reasoning))
 
         # an error once the headers are out is in the stream, as llama-server does
         completion = self._complete_streamed(request, on_text, opened, lambda error: self._event(error.body()))
@@ -430,6 +442,9 @@ class ApiHandler(BaseHTTPRequestHandler):
                                         completion.logprobs)
         else:
             chunks = [chunk_body(request, ident, model, None, finish_reason=completion.finish_reason)]
+            reasoning, content = splitter.flush() if splitter is not None else ("", "")
+            if reasoning or content:  # what was held back, once the answer has ended
+                chunks.insert(0, chunk_body(request, ident, model, content, reasoning=reasoning))
         chunks[-1] = {**chunks[-1], "timings": llama_native.timings(completion)}  # as llama-server's last chunk
         for body in chunks:
             self._event(body)

@@ -1,0 +1,92 @@
+"""A thinking model's reasoning apart from its answer: ``reasoning_content`` beside ``content``.
+
+Models that think before they answer (Qwen3, DeepSeek-R1 and their distillations) write their
+reasoning between ``<think>`` and ``</think>`` at the start of the answer, or, where the chat
+template already opened the block in the prompt ("thinking forced open", Qwen3-Thinking-2507's
+templates), from the first token up to ``</think>``. llama-server's ``--reasoning-format deepseek``
+(its ``auto`` picks it for templates that think) returns that text as the message's
+``reasoning_content`` and the rest as ``content``, and streams it as ``reasoning_content`` deltas;
+clients built on it (its web UI, Open WebUI) show the two apart. ``none`` leaves the tags in
+``content``.
+
+Following llama.cpp (common/chat.cpp, the DeepSeek-R1 parser): only a block at the start of the answer
+counts (whitespace before it is dropped), whitespace after ``</think>`` is dropped, and a block that
+never closes (the token limit came first) is all reasoning.
+"""
+
+from __future__ import annotations
+
+import re
+
+OPEN, CLOSE = "<think>", "</think>"
+FORMATS = ("auto", "none", "deepseek")
+
+
+def template_thinks(template_source: str | None) -> bool:
+    """``auto``'s test, as llama.cpp's: the chat template writes a ``<think>`` block."""
+    return template_source is not None and OPEN in template_source
+
+
+def prompt_opens_thinking(prompt: str) -> bool:
+    """The rendered prompt ends inside an open ``<think>`` block (the template opened it for the model)."""
+    return re.search(re.escape(OPEN) + r"\s*$", prompt) is not None
+
+
+def _held_back(text: str, tag: str) -> int:
+    """How many characters at the end of ``text`` could be the start of ``tag``."""
+    return max((n for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
+
+
+class ReasoningSplitter:
+    """Splits an answer, streamed or whole, into (reasoning, content) pieces.
+
+    :meth:`push` takes each new piece of text and returns what is settled of each; text that could
+    still be part of a tag is held back until the next piece decides it, so a streamed answer splits
+    as the whole one does."""
+
+    def __init__(self, opened: bool = False):
+        self.state = "reasoning" if opened else "start"  # start -> reasoning -> content, or start -> content
+        self.pending = ""
+
+    def push(self, text: str) -> tuple[str, str]:
+        self.pending += text
+        reasoning = content = ""
+        if self.state == "start":
+            stripped = self.pending.lstrip()
+            if stripped.startswith(OPEN):
+                self.state, self.pending = "reasoning", stripped[len(OPEN):]
+            elif OPEN.startswith(stripped):  # nothing but whitespace, or the tag's start so far: wait
+                return "", ""
+            else:
+                self.state = "content"
+        if self.state == "reasoning":
+            end = self.pending.find(CLOSE)
+            if end < 0:
+                keep = _held_back(self.pending, CLOSE)
+                reasoning, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep:]
+                return reasoning, ""
+            reasoning, self.pending = self.pending[:end], self.pending[end + len(CLOSE):]
+            self.state = "after"
+        if self.state == "after":  # whitespace after </think> is dropped
+            self.pending = self.pending.lstrip()
+            if not self.pending:
+                return reasoning, ""
+            self.state = "content"
+        content, self.pending = self.pending, ""
+        return reasoning, content
+
+    def flush(self) -> tuple[str, str]:
+        """What is held back once the answer has ended: reasoning inside an unclosed block, else content."""
+        rest, self.pending = self.pending, ""
+        if self.state == "reasoning":
+            return rest, ""
+        if self.state in ("start", "after"):
+            return "", rest.strip() if self.state == "after" else rest
+        return "", rest
+
+
+def split_answer(splitter: ReasoningSplitter, text: str) -> tuple[str, str]:
+    """(reasoning, content) of a whole answer, through a fresh ``splitter``."""
+    reasoning, content = splitter.push(text)
+    more_reasoning, more_content = splitter.flush()
+    return reasoning + more_reasoning, content + more_content

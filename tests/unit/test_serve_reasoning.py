@@ -1,0 +1,132 @@
+"""A thinking model's <think> block as reasoning_content, and chat_template_kwargs (enable_thinking), as
+llama-server gives them: the splitter on its own, then a real server over the tiny bundle whose chat template
+thinks as Qwen3's does (the block opened in the prompt, or closed empty with enable_thinking false)."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgesdk.serve.completion import ServeDefaults
+from edgesdk.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, split_answer
+from tests.unit.test_cli import assert_ok, invoke
+from tests.unit.test_serve import Served
+
+THINKING_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n"
+    "{% endif %}{% endif %}"
+)
+ASK = [{"role": "user", "content": "Tell me about the fox."}]
+
+ANSWERS = [  # (answer, opened in the prompt) -> (reasoning, content)
+    ("<think>\nThe fox is quick.\n</think>\n\nIt jumps.", False, ("\nThe fox is quick.\n", "It jumps.")),
+    ("  <think>a</think>b", False, ("a", "b")),
+    ("No thinking here <think>x</think>", False, ("", "No thinking here <think>x</think>")),
+    ("The fox.\n</think>\n\nIt jumps.", True, ("The fox.\n", "It jumps.")),
+    ("<think>never closed, the limit came first", False, ("never closed, the limit came first", "")),
+    ("reasoning only </thi", True, ("reasoning only </thi", "")),
+    ("<thin", False, ("", "<thin")),
+    ("", True, ("", "")),
+    ("<think></think>", False, ("", "")),
+    ("a < b </think>c", True, ("a < b ", "c")),
+]
+
+
+@pytest.mark.parametrize(("answer", "opened", "expected"), ANSWERS)
+def test_an_answer_splits_the_same_whole_and_streamed_in_any_pieces(answer, opened, expected):
+    assert split_answer(ReasoningSplitter(opened), answer) == expected
+    for size in (1, 2, 3, 7):
+        splitter, reasoning, content = ReasoningSplitter(opened), "", ""
+        for start in range(0, len(answer), size):
+            r, c = splitter.push(answer[start:start + size])
+            reasoning, content = reasoning + r, content + c
+        r, c = splitter.flush()
+        assert (reasoning + r, content + c) == expected, size
+
+
+def test_a_prompt_that_ends_inside_an_open_block_is_thinking_forced_open():
+    assert prompt_opens_thinking("<|im_start|>assistant\n<think>\n")
+    assert not prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not prompt_opens_thinking("<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def thinking_runtime(tiny_bundle):
+    from edgesdk.runtime.session import open_runtime
+
+    runtime = open_runtime(tiny_bundle.path, threads=1)
+    runtime.tokenizer.template_source, runtime.tokenizer._template = THINKING_TEMPLATE, None
+    return runtime
+
+
+@pytest.fixture
+def served(thinking_runtime):
+    server = Served(thinking_runtime, ServeDefaults(max_tokens=10))
+    yield server
+    server.close()
+
+
+def _chat(server: Served, **fields) -> dict:
+    status, body = server.post("/v1/chat/completions", {"messages": ASK, **fields})
+    assert status == 200, body
+    return body["choices"][0]["message"]
+
+
+def test_a_block_the_template_opened_comes_back_as_reasoning_content(served):
+    """The template opens <think> in the prompt and the model never closes it in 10 tokens: the whole answer
+    is reasoning (llama-server's deepseek format, which auto picks for a template that thinks); with
+    reasoning_format none the same tokens are the content."""
+    plain = _chat(served, reasoning_format="none")
+    assert "reasoning_content" not in plain
+    assert plain["content"]
+    thought = _chat(served)
+    assert thought == {"role": "assistant", "content": "", "reasoning_content": plain["content"]}
+    events = served.stream("/v1/chat/completions", {"messages": ASK})
+    deltas = [event["choices"][0]["delta"] for event in events[:-1]]
+    assert "".join(delta.get("reasoning_content", "") for delta in deltas) == plain["content"]
+    assert "".join(delta.get("content", "") for delta in deltas) == ""
+
+
+def test_chat_template_kwargs_reach_the_template_and_enable_thinking_false_closes_the_block(served):
+    status, rendered = served.post("/apply-template", {"messages": ASK, "chat_template_kwargs": {"enable_thinking": False}})
+    assert status == 200, rendered
+    assert rendered["prompt"].endswith("<think>\n\n</think>\n\n")
+    answer = _chat(served, chat_template_kwargs={"enable_thinking": False})
+    assert "reasoning_content" not in answer
+    assert answer["content"]
+
+
+@pytest.mark.parametrize(("kwargs", "fragment"), [
+    ([1], "must be a JSON object of template variables"),
+    ({"messages": []}, "sets messages, which the rendering sets itself"),
+])
+def test_bad_chat_template_kwargs_are_refused_by_name(served, kwargs, fragment):
+    status, body = served.post("/v1/chat/completions", {"messages": ASK, "chat_template_kwargs": kwargs})
+    assert status == 400, body
+    assert body["error"]["param"] == "chat_template_kwargs"
+    assert fragment in body["error"]["message"]
+
+
+def test_an_unknown_reasoning_format_is_refused(served):
+    status, body = served.post("/v1/chat/completions", {"messages": ASK, "reasoning_format": "hidden"})
+    assert status == 400, body
+    assert "'reasoning_format' must be one of auto, none, deepseek" in body["error"]["message"]
+
+
+def test_a_constrained_answer_keeps_its_text_as_content(served):
+    """JSON mode shapes the answer from its first token, so no block is looked for."""
+    answer = _chat(served, response_format={"type": "json_object"})
+    assert "reasoning_content" not in answer
+
+
+def test_run_passes_chat_template_kwargs_and_refuses_bad_ones(tiny_bundle):
+    result = invoke("run", tiny_bundle.path, "--prompt", "Hello", "-n", 4, "--chat-template-kwargs",
+                    '{"add_generation_prompt": false}')
+    assert result.exit_code != 0
+    assert "sets add_generation_prompt, which the rendering sets itself" in result.stderr
+    result = invoke("run", tiny_bundle.path, "--prompt", "Hello", "-n", 4, "--chat-template-kwargs", "{nope")
+    assert result.exit_code != 0
+    assert "is not JSON" in result.stderr
+    assert_ok(invoke("run", tiny_bundle.path, "--prompt", "Hello", "-n", 4, "--chat-template-kwargs",
+                     '{"enable_thinking": false}'))
