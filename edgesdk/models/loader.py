@@ -73,6 +73,14 @@ def check_architecture(config: Any, where: str) -> None:
             "(it carries Qwen2's q/k/v biases only)",
             "use a Llama-family model without those biases (attention_bias and mlp_bias false)",
         )
+    # Every graph computes the FFN as SwiGLU (silu(gate) * up); another activation would export without a word.
+    activation = getattr(config, "hidden_act", "silu")
+    if activation not in ("silu", "swish"):
+        raise ModelSourceError(
+            f"model {where} uses hidden_act {activation!r} in its FFN; the exported graphs compute "
+            "silu(gate) * up (SwiGLU), so its answers would differ from the model's",
+            "use a decoder whose FFN activation is silu (Llama, SmolLM2, Qwen2, Qwen3, Mistral configs)",
+        )
     # A sliding attention window is checked against the bundle's context at export (check_exportable).
 
 

@@ -433,6 +433,26 @@ def test_llama_with_o_proj_or_mlp_biases_is_refused_at_load(bias, tmp_path):
     assert "attention_bias and mlp_bias false" in refused.value.fix
 
 
+def test_a_decoder_whose_ffn_is_not_silu_is_refused_at_load(tmp_path):
+    """The graphs compute SwiGLU; a GELU config (the same weights' names) would export with wrong answers."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from edgesdk.errors import ModelSourceError
+    from edgesdk.models.loader import load_model
+    from edgesdk.models.sources import resolve_model
+    from tests._utils.tiny import tiny_tokenizer
+
+    config = AutoConfig.for_model("qwen3", vocab_size=320, hidden_size=64, intermediate_size=112, head_dim=16,
+                                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                  hidden_act="gelu_pytorch_tanh")
+    path = tmp_path / "gelu"
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tiny_tokenizer(320).save_pretrained(path)
+    with pytest.raises(ModelSourceError, match="uses hidden_act 'gelu_pytorch_tanh'") as refused:
+        load_model(resolve_model(str(path)))
+    assert "activation is silu" in refused.value.fix
+
+
 def test_the_report_names_the_export_of_a_recipe_without_stages(tiny_model_dir, tmp_path):
     recipe = tmp_path / "ptq.yaml"
     recipe.write_text("name: ptq\nstages: []\nexport: {form: ort-fused, weights: int8}\n")
