@@ -27,8 +27,12 @@ class LayerWeights:
     q_bias: np.ndarray | None = None  # (Hq*hd,)
     k_bias: np.ndarray | None = None
     v_bias: np.ndarray | None = None
-    q_norm: np.ndarray | None = None  # (hd,) Qwen3: RMSNorm weight of every query head, before rotary
+    q_norm: np.ndarray | None = None  # (hd,) Qwen3, Gemma 3: RMSNorm weight of every query head, before rotary
     k_norm: np.ndarray | None = None  # (hd,) and of every key head
+    attn_out_norm: np.ndarray | None = None  # (D,) Gemma 3: RMSNorm of the attention's output before the residual add
+    ffn_out_norm: np.ndarray | None = None  # (D,) Gemma 3: and of the FFN's output
+    rope: int = 0  # which of DecoderWeights.ropes() rotates this layer (Gemma 3: local and global bases)
+    window: int | None = None  # sliding attention: each query sees the last `window` positions, itself included
 
     def heads(self, head_dim: int) -> tuple[int, int]:
         """(query heads, key/value heads) of this layer."""
@@ -52,6 +56,11 @@ class DecoderWeights:
     inv_freq: np.ndarray  # (hd/2,) rotary inverse frequencies, as the model computes them
     rope_scaling: float  # multiplier of cos/sin (transformers' attention_scaling)
     layers: list[LayerWeights] = field(default_factory=list)
+    # rotary settings of layers whose LayerWeights.rope is 1, 2, ... (index 0: inv_freq and rope_scaling above)
+    other_ropes: list[tuple[np.ndarray, float]] = field(default_factory=list)
+    embed_scale: float = 1.0  # Gemma: the looked-up embedding times sqrt(D) (the LM head reads the table unscaled)
+    attention_scale: float | None = None  # softmax(q.k * this); None: 1/sqrt(head_dim) (Gemma: query_pre_attn_scalar)
+    activation: str = "silu"  # the FFN's gate activation: silu (SwiGLU) | gelu_tanh (Gemma's GeGLU)
 
     @property
     def vocab_size(self) -> int:
@@ -64,14 +73,25 @@ class DecoderWeights:
     def kv_heads(self) -> list[int]:
         return [layer.heads(self.head_dim)[1] for layer in self.layers]
 
+    def ropes(self) -> list[tuple[np.ndarray, float]]:
+        """(inverse frequencies (hd/2,), cos/sin multiplier) of each rotary table, by LayerWeights.rope."""
+        return [(self.inv_freq, self.rope_scaling), *self.other_ropes]
+
+    @property
+    def scale(self) -> float:
+        """The attention logits' scale."""
+        return self.attention_scale if self.attention_scale is not None else 1.0 / float(np.sqrt(self.head_dim))
+
 
 def _np(tensor) -> np.ndarray:
     return tensor.detach().to("cpu").float().numpy().copy()
 
 
 def decoder_weights_from_hf(model) -> DecoderWeights:
-    """Read a transformers Llama/Mistral/Qwen2/Qwen3 causal LM into DecoderWeights."""
+    """Read a transformers Llama/Mistral/Qwen2/Qwen3/Gemma 3 causal LM into DecoderWeights."""
     config = model.config
+    if config.model_type == "gemma3_text":
+        return _gemma3_weights(model)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     inner = model.model
     rotary = inner.rotary_emb
@@ -104,5 +124,44 @@ def decoder_weights_from_hf(model) -> DecoderWeights:
             gate=_np(mlp.gate_proj.weight).T, up=_np(mlp.up_proj.weight).T, down=_np(mlp.down_proj.weight).T,
             q_bias=bias(attn.q_proj), k_bias=bias(attn.k_proj), v_bias=bias(attn.v_proj),
             q_norm=norm(getattr(attn, "q_norm", None)), k_norm=norm(getattr(attn, "k_norm", None)),
+        ))
+    return weights
+
+
+def _gemma3_weights(model) -> DecoderWeights:
+    """Gemma 3's decoder (Gemma Team 2025, "Gemma 3 Technical Report"; transformers' Gemma3ForCausalLM) in the
+    same form: every RMSNorm scales by (1 + weight), so 1 is added here; each layer normalises its input, the
+    attention's output, the FFN's input and the FFN's output; the embedding is scaled by sqrt(D); sliding and
+    full attention layers rotate at their own bases; the FFN is GeGLU (tanh GELU)."""
+    config = model.config
+    inner = model.model
+    rotary = inner.rotary_emb
+    tied = model.lm_head.weight.data_ptr() == inner.embed_tokens.weight.data_ptr()
+
+    def gemma_norm(module) -> np.ndarray:
+        return _np(module.weight) + np.float32(1.0)
+
+    kinds = list(dict.fromkeys(config.layer_types))  # the first layer's kind is rotary table 0
+    tables = [(_np(getattr(rotary, f"{kind}_original_inv_freq")), float(getattr(rotary, f"{kind}_attention_scaling")))
+              for kind in kinds]
+    first = inner.layers[0].self_attn
+    weights = DecoderWeights(
+        architecture=config.model_type, head_dim=first.head_dim, rms_eps=float(config.rms_norm_eps),
+        embed=_np(inner.embed_tokens.weight), final_norm=gemma_norm(inner.norm),
+        lm_head=None if tied else _np(model.lm_head.weight), inv_freq=tables[0][0], rope_scaling=tables[0][1],
+        other_ropes=tables[1:], embed_scale=float(inner.embed_tokens.embed_scale),
+        attention_scale=float(first.scaling), activation="gelu_tanh")
+    for layer in inner.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        weights.layers.append(LayerWeights(
+            input_norm=gemma_norm(layer.input_layernorm),
+            post_attention_norm=gemma_norm(layer.pre_feedforward_layernorm),  # the FFN's input norm, as Llama's is
+            q=_np(attn.q_proj.weight).T, k=_np(attn.k_proj.weight).T, v=_np(attn.v_proj.weight).T,
+            o=_np(attn.o_proj.weight).T,
+            gate=_np(mlp.gate_proj.weight).T, up=_np(mlp.up_proj.weight).T, down=_np(mlp.down_proj.weight).T,
+            q_norm=gemma_norm(attn.q_norm), k_norm=gemma_norm(attn.k_norm),
+            attn_out_norm=gemma_norm(layer.post_attention_layernorm),
+            ffn_out_norm=gemma_norm(layer.post_feedforward_layernorm),
+            rope=kinds.index(attn.layer_type), window=attn.sliding_window,
         ))
     return weights

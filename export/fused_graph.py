@@ -41,7 +41,7 @@ from onnx import TensorProto
 from edgesdk.export.blockwise import quantize_blockwise
 from edgesdk.export.decoder_weights import DecoderWeights
 from edgesdk.export.graph_builder import FLOAT, INT64, GraphBuilder, tensor_input
-from edgesdk.export.llama_graph import GraphSpec, head_norm_weights
+from edgesdk.export.llama_graph import GraphSpec, head_norm_weights, rotary_name
 
 OPSET = 17
 MS = "com.microsoft"
@@ -91,6 +91,18 @@ class FusedConfig:
             raise ValueError(f"{unit} fuses {sorted(linears)} into one matrix; all or none of them can stay at "
                              f"8 bits, got {sorted(chosen)}")
         return 8 if chosen else self.bits
+
+
+def local_window_size(window: int) -> int:
+    """GroupQueryAttention's ``local_window_size`` for a model whose query sees the last ``window`` positions,
+    itself included (transformers' sliding window). Since onnxruntime PR #25927 ("Fix Local Attention off by 1
+    bug", 2025) the attribute counts the query too; before, it counted only the positions before it, so a graph
+    with a window needs an onnxruntime that has the fix (SLIDING_WINDOW_ONNXRUNTIME)."""
+    return window
+
+
+# the oldest onnxruntime whose GroupQueryAttention counts the query in local_window_size (measured: 1.32 does)
+SLIDING_WINDOW_ONNXRUNTIME = ((1, 24), "GroupQueryAttention's local_window_size counting the query itself")
 
 
 # fused unit -> the Hugging Face linears it concatenates
@@ -179,11 +191,13 @@ class _FusedEmitter:
         extra = self.attention_attributes(i)
         if extra.get("qk_output"):
             outputs.append(f"layers.{i}.attn.qk")
+        if layer.window is not None:  # sliding attention (Gemma 3's local layers)
+            extra = {**extra, "local_window_size": local_window_size(layer.window)}
         attn = g.op("GroupQueryAttention", [
             query, key, value, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
             "total_sequence_length", cos, sin,
         ], outputs=outputs, domain=MS, num_heads=n_q, kv_num_heads=n_kv, do_rotary=1, rotary_interleaved=0,
-            scale=float(1.0 / np.sqrt(hd)), **extra)[0]  # (B, S, Hq*hd)
+            scale=float(self.w.scale), **extra)[0]  # (B, S, Hq*hd)
         return self.linear(attn, layer.o, f"layers.{i}.attn.o")
 
     def head_norms(self, i: int, layer, qkv: str) -> str:
@@ -212,7 +226,10 @@ class _FusedEmitter:
         g = self.g
         gate_up = self.linear(h, np.concatenate([layer.gate, layer.up], axis=1), f"layers.{i}.mlp.gate_up")
         gate, up = g.op("Split", [gate_up, g.i64([layer.ffn_width, layer.ffn_width])], outputs=2, axis=-1)
-        act = g.op("QuickGelu", [gate], domain=MS, alpha=1.0)  # x * sigmoid(x) = SiLU
+        if self.w.activation == "gelu_tanh":  # Gemma's GeGLU: GELU's tanh form
+            act = g.op("FastGelu", [gate], domain=MS)
+        else:
+            act = g.op("QuickGelu", [gate], domain=MS, alpha=1.0)  # x * sigmoid(x) = SiLU
         return self.linear(g.op("Mul", [act, up]), layer.down, f"layers.{i}.mlp.down")
 
     def extra_interface(self) -> tuple[list, list]:
@@ -222,20 +239,28 @@ class _FusedEmitter:
     def build(self) -> onnx.ModelProto:
         g, w, hd = self.g, self.w, self.hd
         positions = np.arange(self.max_context, dtype=np.float64)[:, None]
-        freqs = positions * w.inv_freq.astype(np.float64)[None, :]  # (P, hd/2)
-        cos = g.const((np.cos(freqs) * w.rope_scaling).astype(np.float32), "rotary.cos")
-        sin = g.const((np.sin(freqs) * w.rope_scaling).astype(np.float32), "rotary.sin")
+        rotations = []  # GroupQueryAttention's cos and sin caches (P, hd/2) of each rotary table
+        for rope, (inv_freq, scaling) in enumerate(w.ropes()):
+            freqs = positions * inv_freq.astype(np.float64)[None, :]  # (P, hd/2)
+            rotations.append((g.const((np.cos(freqs) * scaling).astype(np.float32), rotary_name(rope, "cos")),
+                              g.const((np.sin(freqs) * scaling).astype(np.float32), rotary_name(rope, "sin"))))
 
         x, tied_head = self.embedding()
+        if w.embed_scale != 1.0:  # Gemma: the looked-up rows times sqrt(D), the table (the LM head's too) unscaled
+            x = g.op("Mul", [x, g.const(np.array(w.embed_scale, np.float32))])
         residual = None
         for i, layer in enumerate(w.layers):
             if residual is None:
                 h, residual = self.norm(x, layer.input_norm, f"layers.{i}.input_norm"), x
             else:
                 h, residual = self.skip_norm(x, residual, layer.input_norm, f"layers.{i}.input_norm")
-            attn = self.attention(i, layer, h, cos, sin)
+            attn = self.attention(i, layer, h, *rotations[layer.rope])
+            if layer.attn_out_norm is not None:  # Gemma 3 normalises the attention's and the FFN's outputs
+                attn = self.norm(attn, layer.attn_out_norm, f"layers.{i}.attn_out_norm")
             h, residual = self.skip_norm(attn, residual, layer.post_attention_norm, f"layers.{i}.post_attention_norm")
             x = self.ffn(i, layer, h)
+            if layer.ffn_out_norm is not None:
+                x = self.norm(x, layer.ffn_out_norm, f"layers.{i}.ffn_out_norm")
         h, _ = self.skip_norm(x, residual, w.final_norm, "final_norm")
 
         neg_keep = g.op("Neg", ["num_logits_to_keep"])
@@ -270,7 +295,8 @@ class _FusedEmitter:
 def emit_fused_decoder(weights: DecoderWeights, max_context: int, config: FusedConfig = FusedConfig()
                        ) -> tuple[onnx.ModelProto, GraphSpec]:
     model = _FusedEmitter(weights, max_context, config).build()
+    windowed = any(layer.window is not None for layer in weights.layers)
     spec = GraphSpec(num_layers=len(weights.layers), kv_heads=tuple(weights.kv_heads()), head_dim=weights.head_dim,
                      vocab_size=weights.vocab_size, max_context=max_context, form="ort-fused",
-                     dtype=config.weights)
+                     dtype=config.weights, min_onnxruntime=SLIDING_WINDOW_ONNXRUNTIME if windowed else None)
     return model, spec

@@ -60,10 +60,14 @@ class GraphSpec:
     max_context: int
     form: str = "standard"
     dtype: str = "float32"
+    # ((major, minor), why): the oldest onnxruntime that computes this graph right, where the form's own is older
+    min_onnxruntime: tuple[tuple[int, int], str] | None = None
 
     def to_json(self) -> dict:
+        extra = {} if self.min_onnxruntime is None else {
+            "min_onnxruntime": list(self.min_onnxruntime[0]), "min_onnxruntime_for": self.min_onnxruntime[1]}
         return {
-            "form": self.form, "dtype": self.dtype, "num_layers": self.num_layers,
+            **extra, "form": self.form, "dtype": self.dtype, "num_layers": self.num_layers,
             "kv_heads": list(self.kv_heads), "head_dim": self.head_dim,
             "vocab_size": self.vocab_size, "max_context": self.max_context,
             "inputs": {"ids": "input_ids", "past": "past_key_values.{i}.{kind}",
@@ -79,13 +83,19 @@ def head_norm_weights(layer: LayerWeights, n_q: int, n_kv: int, q_scale: np.floa
     return np.concatenate([np.tile(layer.q_norm * q_scale, (n_q, 1)), np.tile(layer.k_norm, (n_kv, 1))])
 
 
-def rotary_tables(weights: DecoderWeights, max_context: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin tables (max_context, head_dim), the transformers Llama layout (halves repeated)."""
+def rotary_tables(weights: DecoderWeights, max_context: int, rope: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin tables (max_context, head_dim) of rotary setting ``rope`` (DecoderWeights.ropes), the
+    transformers Llama layout (halves repeated)."""
+    inv_freq, scaling = weights.ropes()[rope]
     positions = np.arange(max_context, dtype=np.float64)[:, None]
-    freqs = positions * weights.inv_freq.astype(np.float64)[None, :]  # (P, hd/2)
+    freqs = positions * inv_freq.astype(np.float64)[None, :]  # (P, hd/2)
     emb = np.concatenate([freqs, freqs], axis=-1)  # (P, hd)
-    return ((np.cos(emb) * weights.rope_scaling).astype(np.float32),
-            (np.sin(emb) * weights.rope_scaling).astype(np.float32))
+    return (np.cos(emb) * scaling).astype(np.float32), (np.sin(emb) * scaling).astype(np.float32)
+
+
+def rotary_name(rope: int, kind: str) -> str:
+    """The initializer of rotary table ``rope``'s cos or sin (table 0 keeps the name readers look for)."""
+    return f"rotary.{kind}" if rope == 0 else f"rotary.{rope}.{kind}"
 
 
 class _Emitter:
@@ -122,7 +132,7 @@ class _Emitter:
         prefix = f"layers.{i}"
 
         h = self.rms_norm(x, lw.input_norm, f"{prefix}.input_norm")
-        scale = np.float32(1.0 / np.sqrt(hd))
+        scale = np.float32(self.w.scale)
         key = f"model.layers.{i}"
         # 1/sqrt(hd) goes into Q's weights, or into Qwen3's query norm, which would normalise it away from them
         q_fold = scale if lw.q_norm is None else np.float32(1.0)
@@ -151,10 +161,15 @@ class _Emitter:
         ctx = g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4])  # (B, T, Hkv, rep, hd)
         ctx = g.op("Reshape", [ctx, g.i64([0, 0, n_q * hd])])  # (B, T, Hq*hd)
         attn_out = self.project(ctx, [Projection(lw.o, f"{key}.self_attn.o_proj")], f"{prefix}.attn.o")  # (B, T, D)
+        if lw.attn_out_norm is not None:  # Gemma 3's norm of the attention's output
+            attn_out = self.rms_norm(attn_out, lw.attn_out_norm, f"{prefix}.attn_out_norm")
         x = g.op("Add", [x, attn_out])
 
         h = self.rms_norm(x, lw.post_attention_norm, f"{prefix}.post_attention_norm")
-        x = g.op("Add", [x, self.ffn(h, lw, prefix, key)])
+        ffn_out = self.ffn(h, lw, prefix, key)
+        if lw.ffn_out_norm is not None:  # and of the FFN's
+            ffn_out = self.rms_norm(ffn_out, lw.ffn_out_norm, f"{prefix}.ffn_out_norm")
+        x = g.op("Add", [x, ffn_out])
         return x, present_k, present_v
 
     def ffn(self, h: str, lw: LayerWeights, prefix: str, key: str) -> str:
@@ -163,8 +178,18 @@ class _Emitter:
         gate_up = self.project(h, [Projection(lw.gate, f"{key}.mlp.gate_proj"), Projection(lw.up, f"{key}.mlp.up_proj")],
                                f"{prefix}.mlp.gate_up")  # (B, T, 2F)
         gate, up = g.op("Split", [gate_up, g.i64([lw.ffn_width, lw.ffn_width])], outputs=2, axis=-1)
-        act = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
+        act = self.gelu_tanh(gate) if self.w.activation == "gelu_tanh" else g.op("Mul", [gate, g.op("Sigmoid", [gate])])
         return self.project(g.op("Mul", [act, up]), [Projection(lw.down, f"{key}.mlp.down_proj")], f"{prefix}.mlp.down")
+
+    def gelu_tanh(self, x: str) -> str:
+        """GELU's tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Hendrycks & Gimpel 2016; PyTorch's
+        gelu(approximate="tanh"), Gemma's FFN), in opset-17 ops."""
+        g = self.g
+        cubed = g.op("Mul", [g.op("Mul", [x, x]), x])
+        inner = g.op("Add", [x, g.op("Mul", [cubed, g.const(np.array(0.044715, np.float32))])])
+        tanh = g.op("Tanh", [g.op("Mul", [inner, g.const(np.array(np.sqrt(2.0 / np.pi), np.float32))])])
+        half_x = g.op("Mul", [x, g.const(np.array(0.5, np.float32))])
+        return g.op("Mul", [half_x, g.op("Add", [tanh, g.const(np.array(1.0, np.float32))])])
 
     def project(self, x: str, parts: list[Projection], name: str) -> str:
         """x @ [W_1 | W_2 | …] (+ biases) as one MatMul on the concatenated weights: (…, K) -> (…, sum N)."""
@@ -191,19 +216,37 @@ class _Emitter:
         total_scalar = g.op("Squeeze", [total, g.i64([0])])
         positions = g.op("Range", [past_scalar, total_scalar, one])  # (T,)
 
-        cos_table, sin_table = rotary_tables(w, self.max_context)
-        cos = g.op("Unsqueeze", [g.op("Gather", [g.const(cos_table, "rotary.cos"), positions]), g.i64([1])])
-        sin = g.op("Unsqueeze", [g.op("Gather", [g.const(sin_table, "rotary.sin"), positions]), g.i64([1])])
+        rotations = []  # (cos, sin) of each rotary table, gathered at the step's positions: (T, 1, hd)
+        for rope in range(len(w.ropes())):
+            tables = rotary_tables(w, self.max_context, rope)
+            rotations.append(tuple(g.op("Unsqueeze", [g.op("Gather", [g.const(table, rotary_name(rope, kind)),
+                                                                      positions]), g.i64([1])])
+                                   for table, kind in zip(tables, ("cos", "sin"), strict=True)))
 
-        # Causal mask (T, S): query at absolute position p sees keys 0..p.
+        # Causal mask (T, S): query at absolute position p sees keys 0..p; with a sliding window of W only
+        # keys p-W+1..p (transformers' sliding_window_causal_mask).
         keys = g.op("Range", [zero, total_scalar, one])  # (S,)
-        future = g.op("Less", [g.op("Unsqueeze", [positions, g.i64([1])]), g.op("Unsqueeze", [keys, g.i64([0])])])
-        mask = g.op("Where", [future, g.const(np.array(NEG_INF, np.float32)), g.const(np.array(0, np.float32))])
+        query_at, key_at = g.op("Unsqueeze", [positions, g.i64([1])]), g.op("Unsqueeze", [keys, g.i64([0])])
+        future = g.op("Less", [query_at, key_at])  # (T, S)
+        masks: dict[int | None, str] = {}
+
+        def mask_of(window: int | None) -> str:
+            if window not in masks:
+                hidden = future
+                if window is not None:
+                    too_old = g.op("LessOrEqual", [key_at, g.op("Sub", [query_at, g.i64([window])])])
+                    hidden = g.op("Or", [future, too_old])
+                masks[window] = g.op("Where", [hidden, g.const(np.array(NEG_INF, np.float32)),
+                                               g.const(np.array(0, np.float32))])
+            return masks[window]
 
         embed_name = self.table(w.embed, "embed_tokens.weight", head=w.lm_head is None)
         x = g.op("Gather", [embed_name, "input_ids"])  # (B, T, D)
-        for i in range(len(w.layers)):
-            x, _, _ = self.layer(i, x, cos, sin, mask)
+        if w.embed_scale != 1.0:  # Gemma: the looked-up rows times sqrt(D), the table itself unscaled
+            x = g.op("Mul", [x, g.const(np.array(w.embed_scale, np.float32))])
+        for i, lw in enumerate(w.layers):
+            cos, sin = rotations[lw.rope]
+            x, _, _ = self.layer(i, x, cos, sin, mask_of(lw.window))
         x = self.rms_norm(x, w.final_norm, "final_norm")
 
         # Only the last num_logits_to_keep positions go through the LM head.

@@ -139,7 +139,8 @@ def _cached_part(present: np.ndarray, reference: np.ndarray, model) -> np.ndarra
     from edgesdk.export.onnx_export import sliding_window
 
     kept = reference.shape[2]
-    if 0 < kept < present.shape[2] and sliding_window(model.config) is not None:
+    windowed = sliding_window(model.config) is not None or model.config.model_type == "gemma3_text"  # Gemma 3's
+    if 0 < kept < present.shape[2] and windowed:  # local layers: the graph masks old keys, transformers drops them
         return present[:, :, -kept:]
     return present
 

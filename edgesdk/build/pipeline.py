@@ -172,6 +172,25 @@ def check_power_stage(stages: list[tuple[str, object]], model_config) -> None:
                          "build this model with a recipe without the power stage (e.g. --recipe default)")
 
 
+def check_gemma_stages(stages: list[tuple[str, object]], export_config: ExportConfig, model_config) -> None:
+    """What a Gemma 3 model cannot go through yet, refused before any stage: its RMSNorms scale by 1 + weight and
+    its layers have norms on the attention's and the FFN's outputs, which the stages that fold scales into norms
+    or permute the residual stream (smooth, sparsify's reorder) do not know; the power stage's adapters; the
+    block-sparse decoder (Llama layout, no sliding windows)."""
+    if model_config.model_type != "gemma3_text":
+        return
+    refused = [name for name, _ in stages if name in ("smooth", "power")]
+    refused += [f"{name} (reorder)" for name, config in stages if name == "sparsify" and getattr(config, "reorder", False)]
+    if export_config.sparse:
+        refused.append("the block-sparse export (export.sparse)")
+    if refused:
+        raise BuildError(f"a Gemma 3 model cannot go through {', '.join(refused)}: they assume Llama's norms (a "
+                         "weight that scales, one norm before attention and one before the FFN)",
+                         "build it with a recipe without them: default, int8-head, int4, int4-prune, fp32-fused, "
+                         "fp32-standard, or for TensorRT a recipe file with qat (granularity: channel, activations: "
+                         "tensor) and export {form: standard, weights: int8}")
+
+
 def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportConfig, profile) -> None:
     """A sparse export stores the profile's sparsity_block blocks; a sparsify stage that drops other blocks
     would fail at export, after every stage. Checked before any."""
@@ -248,6 +267,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         check_exportable(loaded.model.config, export_config)  # before any stage, not at export
         check_depth_pruning(stages, loaded.model.config.num_hidden_layers)
         check_power_stage(stages, loaded.model.config)
+        check_gemma_stages(stages, export_config, loaded.model.config)
     except EdgeSDKError:
         if not work.state["done"]:  # nothing to resume: leave no empty work directory behind
             remove_work_dir(work.path)

@@ -242,10 +242,13 @@ class QuantEmbedding(nn.Embedding):
     bits: int
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = super().forward(ids)  # (B, S, D)
+        rows = nn.Embedding.forward(self, ids)  # (B, S, D), the table's rows as stored
         flat = rows.reshape(-1, rows.shape[-1])  # (B*S, D)
         quantized = quantize_weight(flat, self.bits, "block", self.scheme.block_size).reshape(rows.shape)
-        return straight_through(rows, quantized)
+        rows = straight_through(rows, quantized)
+        # A scaled embedding (Gemma's, times sqrt(D)) scales the quantized rows, as the graph does after its Gather
+        scale = getattr(self, "embed_scale", None)
+        return rows if scale is None else rows * scale.to(rows.dtype)
 
 
 def decoder_linears(model) -> dict[str, nn.Linear]:
@@ -275,6 +278,7 @@ def attach(model, scheme: QuantScheme) -> None:
         head_scheme = QuantScheme(**{**scheme.to_json(), "granularity": "block", "activations": head_activations})
         _make_quant_linear(model.lm_head, head_scheme, scheme.embedding_bits, "lm_head")
         embedding = model.model.embed_tokens
+        embedding.plain_class = type(embedding)  # nn.Embedding, or a subclass that scales (detach puts it back)
         embedding.__class__ = QuantEmbedding
         embedding.scheme, embedding.bits = head_scheme, scheme.embedding_bits
     setattr(model.config, CONFIG_KEY, scheme.to_json())
@@ -315,7 +319,7 @@ def detach(model, bake: bool = True) -> QuantScheme:
             elif isinstance(module, QuantEmbedding):
                 if bake and not tied:  # a tied table is baked once, as the LM head
                     module.weight.copy_(quantize_weight(module.weight, module.bits, "block", module.scheme.block_size))
-                module.__class__ = nn.Embedding
+                module.__class__ = module.__dict__.pop("plain_class", nn.Embedding)
     scheme = QuantScheme(**{**scheme.to_json(), "activation_scales": scales})
     setattr(model.config, CONFIG_KEY, scheme.to_json())
     return scheme

@@ -21,7 +21,11 @@ SUPPORTED_ARCHITECTURES = {
     "mistral": "Llama layout; sliding window must be off or longer than the context",
     "qwen2": "Llama layout with q/k/v biases",
     "qwen3": "Llama layout with an RMSNorm on each head's query and key (q_norm, k_norm) before rotary",
+    "gemma3_text": "Gemma 3 (270M, 1B): query/key norms, norms around attention and FFN, sliding-window "
+                   "layers, GeGLU FFN, embedding scaled by sqrt(width)",
 }
+# the FFN activation each architecture's graphs compute (transformers' names)
+FFN_ACTIVATIONS = {"gemma3_text": ("gelu_pytorch_tanh",)}
 
 
 @dataclass
@@ -55,7 +59,7 @@ def check_model_type(model_type: str | None, where: str) -> None:
         raise ModelSourceError(
             f"model {where} has architecture '{model_type}', which edgesdk cannot export; "
             f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}",
-            "use a Llama-family decoder (Llama, SmolLM2, TinyLlama, Qwen2, Qwen3, Mistral)",
+            "use a Llama-family decoder (Llama, SmolLM2, TinyLlama, Qwen2, Qwen3, Mistral) or a Gemma 3 text model",
         )
 
 
@@ -73,14 +77,25 @@ def check_architecture(config: Any, where: str) -> None:
             "(it carries Qwen2's q/k/v biases only)",
             "use a Llama-family model without those biases (attention_bias and mlp_bias false)",
         )
-    # Every graph computes the FFN as SwiGLU (silu(gate) * up); another activation would export without a word.
-    activation = getattr(config, "hidden_act", "silu")
-    if activation not in ("silu", "swish"):
+    # The graphs compute the FFN as SwiGLU (silu(gate) * up), Gemma's as GeGLU; another activation would export
+    # without a word.
+    expected = FFN_ACTIVATIONS.get(model_type, ("silu", "swish"))
+    field = "hidden_activation" if model_type == "gemma3_text" else "hidden_act"
+    activation = getattr(config, field, expected[0])
+    if activation not in expected:
         raise ModelSourceError(
-            f"model {where} uses hidden_act {activation!r} in its FFN; the exported graphs compute "
-            "silu(gate) * up (SwiGLU), so its answers would differ from the model's",
-            "use a decoder whose FFN activation is silu (Llama, SmolLM2, Qwen2, Qwen3, Mistral configs)",
+            f"model {where} uses {field} {activation!r} in its FFN; the exported graphs compute "
+            f"{expected[0]}(gate) * up for a {model_type} model, so its answers would differ from the model's",
+            f"use a {model_type} model whose FFN activation is {expected[0]}",
         )
+    for name in ("final_logit_softcapping", "attn_logit_softcapping"):  # Gemma 2's; Gemma 3 leaves them unset
+        if getattr(config, name, None) is not None:
+            raise ModelSourceError(f"model {where} sets {name} {getattr(config, name)}, which the exported graphs "
+                                   "do not apply", f"use a model without {name} (Gemma 3 text models have none)")
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ModelSourceError(f"model {where} attends bidirectionally (use_bidirectional_attention: true, an "
+                               "embedding model); the exported graphs decode causally",
+                               "use a causal language model")
     # A sliding attention window is checked against the bundle's context at export (check_exportable).
 
 
@@ -116,6 +131,10 @@ def check_gguf_model(path: Path) -> dict:
                 + (", no token_embd.weight" if "token_embd.weight" not in tensors else "") + ")")
         raise ModelSourceError(f"the GGUF file {path} holds {what}",
                                "pass the GGUF of a whole model (an adapter must be merged into its base model first)")
+    if arch == "gemma3":
+        raise ModelSourceError(f"the GGUF file {path} holds a Gemma 3 model, which edgesdk reads from its Hugging Face "
+                               "directory only (config.json, model.safetensors, tokenizer.json)",
+                               "pass the model's Hugging Face directory (e.g. a download of google/gemma-3-270m-it)")
     check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
     return _gguf_head_dim(path, arch, field)
 

@@ -85,6 +85,10 @@ class OrtDecoderBase:
         import onnxruntime as ort
 
         check_onnxruntime_version(ort.__version__, self.min_onnxruntime, graph.get("form", "standard"))
+        if graph.get("min_onnxruntime"):  # a feature of this bundle's graph (a sliding window) needs a newer one
+            major, minor = graph["min_onnxruntime"][:2]
+            check_onnxruntime_version(ort.__version__, ((int(major), int(minor)), str(graph.get(
+                "min_onnxruntime_for", "a feature of this graph"))), graph.get("form", "standard"))
         self.providers = providers or ["CPUExecutionProvider"]
         self.name = "ort-cpu" if self.providers == ["CPUExecutionProvider"] else "ort-" + self.providers[0]
         try:

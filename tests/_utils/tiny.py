@@ -43,8 +43,11 @@ def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2
 
     torch.manual_seed(seed)
     extra = {"attention_bias": False} if model_type == "llama" else {}
-    if head_dim is not None or model_type == "qwen3":  # Qwen3's config defaults to 128, not hidden / heads
+    if head_dim is not None or model_type in ("qwen3", "gemma3_text"):  # their configs default to other sizes
         extra["head_dim"] = head_dim or hidden // heads
+    if model_type == "gemma3_text":  # a window shorter than test prompts, both kinds of layer, a scale not 1/sqrt(hd)
+        extra.update(sliding_window=4, query_pre_attn_scalar=24,
+                     layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)])
     config = AutoConfig.for_model(
         model_type, vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate or hidden * 2 - 16,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -59,6 +62,10 @@ def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2
             for norm in (getattr(layer.self_attn, "q_norm", None), getattr(layer.self_attn, "k_norm", None)):
                 if norm is not None:
                     norm.weight.uniform_(0.5, 1.5)
+        if model_type == "gemma3_text":  # Gemma's norms scale by 1 + weight, initialised at 0: every one counts
+            for name, parameter in model.named_parameters():
+                if "norm" in name:
+                    parameter.uniform_(-0.5, 0.5)
     return model
 
 

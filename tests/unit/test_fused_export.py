@@ -18,6 +18,8 @@ ARCHS = {
     "llama-mqa-untied": {"heads": 4, "kv_heads": 1, "tie": False},
     "qwen2-bias": {"heads": 4, "kv_heads": 2, "model_type": "qwen2"},
     "qwen3-qk-norm": {"heads": 4, "kv_heads": 2, "model_type": "qwen3", "head_dim": 32},  # query 128 wide, model 64
+    # sandwich norms (1 + weight), sliding and full layers (window 4), GeGLU, scaled embedding
+    "gemma3": {"heads": 4, "kv_heads": 2, "model_type": "gemma3_text", "head_dim": 32, "layers": 3},
 }
 
 

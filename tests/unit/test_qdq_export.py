@@ -37,6 +37,7 @@ SHAPES = {
     5: {"layers": 3}, 6: {"hidden": 96, "heads": 6, "kv_heads": 3}, 7: {},
     8: {"tie": False, "kv_heads": 1}, 9: {"model_type": "qwen2", "tie": False},
     10: {"model_type": "qwen3", "head_dim": 32},
+    11: {"model_type": "gemma3_text", "head_dim": 32, "layers": 3},
 }
 
 
