@@ -338,7 +338,8 @@ class Completer:
         form = request.reasoning_format or self.defaults.reasoning_format
         if form == "none" or (form == "auto" and not template_thinks(self.runtime.tokenizer.template_source)):
             return None
-        return ReasoningSplitter(opened=prompt_opens_thinking(self.chat_text(request)))
+        # rendered_chat: a template that refuses the messages is the request's 400 here too (a stream asks first)
+        return ReasoningSplitter(opened=prompt_opens_thinking(self.rendered_chat(request)))
 
     def sampling(self, request: CompletionRequest) -> SamplingConfig:
         """The request's sampling, its unset fields the server's defaults. A limit of 0 tokens (POST /completion's
