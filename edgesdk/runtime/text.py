@@ -90,6 +90,16 @@ class ChatTokenizer:
         except jinja2.TemplateError as exc:
             raise BundleError(f"the bundle's chat template failed: {type(exc).__name__}: {exc}",
                               "pass --raw to feed the prompt as is, or rebuild with a corrected template") from exc
+        except EdgeSDKError:  # raise_exception: the template refused the messages
+            raise
+        except Exception as exc:  # the template's code on a value it did not expect (a template variable's)
+            failed, rebuild = f"{type(exc).__name__}: {exc}", "pass --raw, or rebuild with a fixed template"
+            if not extra:
+                raise BundleError(f"the bundle's chat template failed: {failed}", rebuild) from exc
+            raise BundleError(f"the bundle's chat template failed with the template variables "
+                              f"{', '.join(sorted(extra))} (chat_template_kwargs): {failed}",
+                              "give those variables values of the kind the template expects, or leave them "
+                              "out") from exc
 
     def prompt_ids(self, prompt: str, raw: bool, system: str | None = None) -> list[int]:
         """Token ids for a user prompt: through the chat template unless ``raw`` or there is none.

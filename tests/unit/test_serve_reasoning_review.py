@@ -7,7 +7,7 @@ import pytest
 
 from edgesdk.serve.completion import ServeDefaults
 from tests.unit.test_serve import Served
-from tests.unit.test_serve_reasoning import THINKING_TEMPLATE
+from tests.unit.test_serve_reasoning import ASK, THINKING_TEMPLATE
 
 # the thinking template, refusing messages that do not start with a user's as Qwen3's refuses a chat without a
 # user query, and using namespace() as Qwen3's does
@@ -42,3 +42,22 @@ def test_a_streamed_chat_the_template_refuses_is_a_400_as_the_whole_one(served):
         assert status == 400, (stream, body)
         assert body["error"]["param"] == "messages"
         assert "No user query found in messages." in body["error"]["message"]
+
+
+def test_template_kwargs_the_template_cannot_use_are_a_400_naming_them(served, thinking_runtime):
+    """A variable that replaces what the template calls (Qwen3's namespace()) made the template raise a TypeError,
+    which came back as a 500 internal error; it is a 400 naming the variable, and the next request is answered."""
+    status, body = served.post("/v1/chat/completions", {"messages": ASK, "chat_template_kwargs": {"namespace": 1}})
+    assert status == 400, body
+    assert "failed with the template variables namespace (chat_template_kwargs): TypeError" in body["error"]["message"]
+    status, body = served.post("/apply-template", {"messages": ASK, "chat_template_kwargs": {"namespace": 1}})
+    assert status == 400, body
+    thinking_runtime.tokenizer.template_kwargs = {"namespace": "x"}  # serve --chat-template-kwargs
+    try:
+        status, body = served.post("/v1/chat/completions", {"messages": ASK, "stream": True})
+        assert status == 400, body
+        assert "template variables namespace" in body["error"]["message"]
+    finally:
+        thinking_runtime.tokenizer.template_kwargs = {}
+    status, body = served.post("/v1/chat/completions", {"messages": ASK})
+    assert status == 200, body
