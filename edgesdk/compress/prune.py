@@ -34,7 +34,9 @@ exported graph is smaller.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -99,20 +101,36 @@ class PruneConfig:
             raise ValueError(f"sequence_length must be >= 2, got {self.sequence_length}")
 
 
+@contextlib.contextmanager
+def running_layers(model, positions: list[int]) -> Iterator[None]:
+    """The model computing with only its decoder layers at ``positions`` (in the current model), as the model
+    with the others removed does: the module list, and where the config lists each layer's attention kind
+    (``layer_types``: Gemma 3's sliding and full layers), those kinds, which transformers reads by a layer's
+    position for its mask and rotary table. Both are put back on leaving."""
+    config = model.config
+    layers, kinds = model.model.layers, getattr(config, "layer_types", None)
+    model.model.layers = nn.ModuleList([layers[i] for i in positions])
+    if kinds:
+        config.layer_types = [kinds[i] for i in positions]
+    try:
+        yield
+    finally:
+        model.model.layers = layers
+        if kinds:
+            config.layer_types = kinds
+
+
 def layer_removal_costs(model, batches: list[torch.Tensor], reference: list[torch.Tensor]) -> list[float]:
     """Per current decoder layer: mean per-token KL(reference || the model without that layer) in nats, where
     ``reference`` holds the log-probabilities (B, S, V) of the model being pruned on each batch."""
-    layers = model.model.layers
+    count = len(model.model.layers)
     costs = []
-    for skipped in range(len(layers)):
-        model.model.layers = nn.ModuleList([layer for i, layer in enumerate(layers) if i != skipped])
-        try:
+    for skipped in range(count):
+        with running_layers(model, [i for i in range(count) if i != skipped]):
             total = 0.0
             for batch, ref in zip(batches, reference, strict=True):
                 logp = F.log_softmax(model(batch, use_cache=False).logits.float(), dim=-1)  # (B, S, V)
                 total += float((ref.exp() * (ref - logp)).sum(-1).mean())
-        finally:
-            model.model.layers = layers
         costs.append(total / len(batches))
     return costs
 
@@ -139,22 +157,18 @@ def plan_depth(model, batches: list[torch.Tensor], remove: int, rescore: bool = 
         raise ValueError(f"layers_removed={remove} leaves no decoder layer of {count}; remove at most {count - 1}")
     kept = list(range(count))
     rounds = []
-    layers = model.model.layers
     with torch.no_grad():
         reference = None
         if criterion == "kl":
             reference = [F.log_softmax(model(batch, use_cache=False).logits.float(), dim=-1) for batch in batches]
-        try:
-            while len(kept) > count - remove:
-                model.model.layers = nn.ModuleList([layers[i] for i in kept])
+        while len(kept) > count - remove:
+            with running_layers(model, kept):
                 costs = block_influence(model, batches) if reference is None else \
                     layer_removal_costs(model, batches, reference)
-                rounds.append([round(c, 6) for c in costs])
-                cheapest = sorted(range(len(costs)), key=costs.__getitem__)
-                gone = cheapest[:1] if rescore else cheapest[:remove]
-                kept = [layer for position, layer in enumerate(kept) if position not in gone]
-        finally:
-            model.model.layers = layers
+            rounds.append([round(c, 6) for c in costs])
+            cheapest = sorted(range(len(costs)), key=costs.__getitem__)
+            gone = cheapest[:1] if rescore else cheapest[:remove]
+            kept = [layer for position, layer in enumerate(kept) if position not in gone]
     return kept, rounds
 
 
