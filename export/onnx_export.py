@@ -133,12 +133,26 @@ def rope_parameters(model_config) -> dict:
 def check_rope(model_config, context: int) -> None:
     """Refuse a rotary embedding the exported graph would compute differently over ``context`` tokens.
 
-    The graph holds one fixed cos/sin table. That is exact for the fixed types, and for ``dynamic``
-    (unscaled up to ``max_position_embeddings``, which bounds the context) and ``longrope`` up to
+    The graph holds one fixed cos/sin table per rotary setting. That is exact for the fixed types, and for
+    ``dynamic`` (unscaled up to ``max_position_embeddings``, which bounds the context) and ``longrope`` up to
     its ``original_max_position_embeddings`` (the short factors). Past that, longrope switches every
     position to its long factors once the sequence is longer, which no fixed table follows.
+
+    A config whose ``rope_parameters`` hold one setting per layer type (Gemma 3: ``sliding_attention`` and
+    ``full_attention``, transformers' Gemma3RotaryEmbedding) has each of its layer types' settings checked.
     """
     params = rope_parameters(model_config)
+    if params and all(isinstance(value, dict) for value in params.values()):
+        layer_types = set(getattr(model_config, "layer_types", None) or params)
+        for layer_type, setting in params.items():
+            if layer_type in layer_types:
+                _check_rope_setting(setting, model_config, context, f" of its {layer_type} layers")
+        return
+    _check_rope_setting(params, model_config, context, "")
+
+
+def _check_rope_setting(params: dict, model_config, context: int, where: str) -> None:
+    """check_rope for one rotary setting; ``where`` names the layers it rotates (empty: all of them)."""
     kind = params.get("rope_type", params.get("type", "default"))
     if kind in FIXED_ROPE_TYPES or kind == "dynamic":
         return
@@ -147,15 +161,15 @@ def check_rope(model_config, context: int) -> None:
             getattr(model_config, "original_max_position_embeddings", None)
         if original is not None and context <= int(original):
             return
-        where = f"{original} tokens" if original is not None else "its original context (not in the config)"
+        limit = f"{original} tokens" if original is not None else "its original context (not in the config)"
         raise ExportError(
-            f"the model's rotary embedding is longrope, which switches every position to its long factors once the "
-            f"sequence is longer than {where}; the exported graph's rotary table is fixed, so over the bundle's "
-            f"context of {context} it would differ from the model",
+            f"the model's rotary embedding{where} is longrope, which switches every position to its long factors "
+            f"once the sequence is longer than {limit}; the exported graph's rotary table is fixed, so over the "
+            f"bundle's context of {context} it would differ from the model",
             f"pass --max-context {original} (or less): up to it the short factors apply and the two are the same"
             if original is not None else "set rope_parameters.original_max_position_embeddings in the model config")
     raise ExportError(
-        f"the model's rotary embedding type '{kind}' is not one the exporter implements "
+        f"the model's rotary embedding type{where} '{kind}' is not one the exporter implements "
         f"({', '.join(FIXED_ROPE_TYPES)}, dynamic, longrope)",
         "use a model whose rope type is one of those (rope_parameters / rope_scaling in its config.json)")
 

@@ -76,3 +76,31 @@ def test_greedy_depth_pruning_rescores_on_the_layers_left():
         reference = [F.log_softmax(model(batch, use_cache=False).logits.float(), dim=-1) for batch in batches]
     expected = [_kl_without(model, [i for i in left if i != skipped], batches, reference) for skipped in left]
     assert rounds[1] == pytest.approx(expected, rel=1e-3, abs=1e-5)
+
+
+def _gemma_config(**rope):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model("gemma3_text", vocab_size=320, hidden_size=64, intermediate_size=128, head_dim=32,
+                                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, sliding_window=4,
+                                max_position_embeddings=64,
+                                layer_types=["sliding_attention", "full_attention", "sliding_attention"], **rope)
+
+
+def test_a_layer_type_s_longrope_past_its_original_context_is_refused():
+    """Gemma 3's rope_parameters hold one setting per layer type; a longrope full_attention setting switches to
+    its long factors past original_max_position_embeddings, which the graph's fixed table does not follow."""
+    from edgesdk.errors import ExportError
+    from edgesdk.export.onnx_export import ExportConfig, check_exportable
+
+    longrope = {"rope_type": "longrope", "rope_theta": 1e6, "short_factor": [1.0] * 16, "long_factor": [4.0] * 16,
+                "original_max_position_embeddings": 16}
+    config = _gemma_config(rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                            "full_attention": longrope})
+    with pytest.raises(ExportError, match="rotary embedding of its full_attention layers is longrope") as raised:
+        check_exportable(config, ExportConfig(max_context=64))
+    assert "--max-context 16" in raised.value.fix
+    check_exportable(config, ExportConfig(max_context=16))  # the short factors: the graph's table
+    linear = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}  # Gemma 3 4B and larger
+    check_exportable(_gemma_config(rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                                    "full_attention": linear}), ExportConfig(max_context=64))
