@@ -331,7 +331,8 @@ class Completer:
     def reasoning_splitter(self, request: CompletionRequest) -> ReasoningSplitter | None:
         """A splitter of the answer's ``<think>`` block from its content (edgesdk/serve/reasoning.py), or None:
         for a text completion, an answer a constraint shapes from its start (tools, a grammar, JSON), the
-        ``none`` format, and ``auto`` where the chat template writes no ``<think>`` block."""
+        ``none`` format, and ``auto`` where the chat template writes no ``<think>`` block. An answer that goes on
+        from a begun assistant message (``<think>\nThe fox``) is split from where that message's text left off."""
         if not request.chat or request.tools is not None or request.grammar is not None or \
                 request.json_schema is not None or request.json_object:
             return None
@@ -339,7 +340,11 @@ class Completer:
         if form == "none" or (form == "auto" and not template_thinks(self.runtime.tokenizer.template_source)):
             return None
         # rendered_chat: a template that refuses the messages is the request's 400 here too (a stream asks first)
-        return ReasoningSplitter(opened=prompt_opens_thinking(self.rendered_chat(request)))
+        prompt = self.rendered_chat(request)
+        begun = request.messages[-1]["content"] if self.continues_final(request) else ""
+        if begun.strip():  # the answer goes on from the client's text, in the block where that text left it open
+            return ReasoningSplitter().begun(begun)
+        return ReasoningSplitter(opened=prompt_opens_thinking(prompt))
 
     def sampling(self, request: CompletionRequest) -> SamplingConfig:
         """The request's sampling, its unset fields the server's defaults. A limit of 0 tokens (POST /completion's

@@ -75,6 +75,14 @@ class ReasoningSplitter:
         content, self.pending = self.pending, ""
         return reasoning, content
 
+    def begun(self, text: str) -> ReasoningSplitter:
+        """Take the text of an answer the client began (a prefilled assistant message the answer goes on from),
+        none of which comes back: where it leaves off (inside a ``<think>`` block, past it, or in plain content)
+        decides what the answer's first text is."""
+        self.push(text)
+        self.pending = ""
+        return self
+
     def flush(self) -> tuple[str, str]:
         """What is held back once the answer has ended: reasoning inside an unclosed block, else content."""
         rest, self.pending = self.pending, ""

@@ -61,3 +61,33 @@ def test_template_kwargs_the_template_cannot_use_are_a_400_naming_them(served, t
         thinking_runtime.tokenizer.template_kwargs = {}
     status, body = served.post("/v1/chat/completions", {"messages": ASK})
     assert status == 200, body
+
+
+BEGUN = [*ASK, {"role": "assistant", "content": "<think>\nThe fox"}]
+
+
+def test_an_answer_that_goes_on_inside_a_begun_block_is_reasoning_up_to_its_close(served):
+    """A begun assistant message that opened the block and began thinking: the model's text goes on inside the
+    block. Only a begun message of exactly '<think>' was taken so; with any thought after it, the rest of the
+    thought, the '</think>' and the answer all came back as content."""
+    from edgesdk.serve.api import parse_chat_request
+    from edgesdk.serve.reasoning import split_answer
+
+    splitter = served.completer.reasoning_splitter(parse_chat_request({"messages": BEGUN}))
+    assert split_answer(splitter, " runs.\n</think>\n\nIt jumps.") == (" runs.\n", "It jumps.")
+    closed = [*ASK, {"role": "assistant", "content": "<think>\nThe fox runs.\n</think>\n\nIt"}]
+    splitter = served.completer.reasoning_splitter(parse_chat_request({"messages": closed}))
+    assert split_answer(splitter, " jumps.") == ("", " jumps.")
+    plain = [*ASK, {"role": "assistant", "content": "The fox"}]
+    splitter = served.completer.reasoning_splitter(parse_chat_request({"messages": plain}))
+    assert split_answer(splitter, " runs.</think>") == ("", " runs.</think>")
+    # the served answer (the tiny model never closes the block in 6 tokens): all of it reasoning, whole and streamed
+    plain_answer = served.post("/v1/chat/completions", {"messages": BEGUN, "reasoning_format": "none"})[1]
+    text = plain_answer["choices"][0]["message"]["content"]
+    assert text
+    status, body = served.post("/v1/chat/completions", {"messages": BEGUN})
+    assert status == 200, body
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "", "reasoning_content": text}
+    deltas = [event["choices"][0]["delta"] for event in served.stream("/v1/chat/completions", {"messages": BEGUN})[:-1]]
+    assert "".join(delta.get("reasoning_content", "") for delta in deltas) == text
+    assert "".join(delta.get("content", "") for delta in deltas) == ""
