@@ -665,10 +665,11 @@ def _logit_bias_option(text: str) -> tuple[int, float]:
               _template_kwargs_option(value),
               help="Extra variables for the chat template, a JSON object (llama-server's option); a request's "
                    "chat_template_kwargs go over them. E.g. '{\"enable_thinking\": false}' for Qwen3.")
-@click.option("--reasoning-format", type=click.Choice(["auto", "none", "deepseek"]), default="auto",
-              show_default=True,
+@click.option("--reasoning-format", type=click.Choice(["auto", "none", "deepseek", "deepseek-legacy"]),
+              default="auto", show_default=True,
               help="A thinking model's <think> block as the message's reasoning_content (deepseek; auto: where the "
-                   "chat template writes one), or left in the content (none), as llama-server's option.")
+                   "chat template writes one; deepseek-legacy: so, but streamed in the content), or left in the "
+                   "content (none), as llama-server's option.")
 @_thermal_options
 @_gate_options
 @_runtime_options

@@ -91,7 +91,8 @@ class CompletionRequest:
     llama_probs: bool = False
     # chat: extra variables for the chat template (llama-server's chat_template_kwargs, e.g. enable_thinking)
     template_kwargs: dict | None = None
-    reasoning_format: str | None = None  # chat: auto | none | deepseek (edgesdk/serve/reasoning.py); None: the server's
+    # chat: auto | none | deepseek | deepseek-legacy (edgesdk/serve/reasoning.py); None: the server's
+    reasoning_format: str | None = None
 
 
 def parse_chat_request(body: object) -> CompletionRequest:

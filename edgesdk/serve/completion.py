@@ -60,7 +60,8 @@ class ServeDefaults:
     cache_ram_mib: int = 256  # host memory for other conversations' saved KV caches (0: keep only the live one)
     lookup: int = 0  # prompt lookup decoding: draft tokens checked at once (0: off; edgesdk/runtime/lookup.py)
     prefill_assistant: bool = True  # a chat ending with an assistant message continues it (llama-server's default)
-    # a thinking model's <think> block as reasoning_content: auto (where the template thinks) | none | deepseek
+    # a thinking model's <think> block as reasoning_content: auto (where the template thinks) | none | deepseek |
+    # deepseek-legacy (deepseek's, streamed in the content)
     reasoning_format: str = "auto"
 
     def __post_init__(self):
@@ -342,9 +343,10 @@ class Completer:
         # rendered_chat: a template that refuses the messages is the request's 400 here too (a stream asks first)
         prompt = self.rendered_chat(request)
         begun = request.messages[-1]["content"] if self.continues_final(request) else ""
+        inline = form == "deepseek-legacy" and request.stream  # llama-server's reasoning_in_content
         if begun.strip():  # the answer goes on from the client's text, in the block where that text left it open
-            return ReasoningSplitter().begun(begun)
-        return ReasoningSplitter(opened=prompt_opens_thinking(prompt))
+            return ReasoningSplitter(inline=inline).begun(begun)
+        return ReasoningSplitter(opened=prompt_opens_thinking(prompt), inline=inline)
 
     def sampling(self, request: CompletionRequest) -> SamplingConfig:
         """The request's sampling, its unset fields the server's defaults. A limit of 0 tokens (POST /completion's

@@ -7,7 +7,9 @@ templates), from the first token up to ``</think>``. llama-server's ``--reasonin
 (its ``auto`` picks it for templates that think) returns that text as the message's
 ``reasoning_content`` and the rest as ``content``, and streams it as ``reasoning_content`` deltas;
 clients built on it (its web UI, Open WebUI) show the two apart. ``none`` leaves the tags in
-``content``.
+``content``. ``deepseek-legacy`` answers as ``deepseek`` but streams the block in the ``content`` deltas,
+between its tags, as llama-server does (``reasoning_in_content``: common/chat-parser.cpp's
+``try_parse_reasoning``, a block that the answer's end leaves open closed there).
 
 Following llama.cpp (common/chat.cpp, the DeepSeek-R1 parser): only a block at the start of the answer
 counts (whitespace before it is dropped), whitespace after ``</think>`` is dropped, and a block that
@@ -19,7 +21,7 @@ from __future__ import annotations
 import re
 
 OPEN, CLOSE = "<think>", "</think>"
-FORMATS = ("auto", "none", "deepseek")
+FORMATS = ("auto", "none", "deepseek", "deepseek-legacy")
 
 
 def template_thinks(template_source: str | None) -> bool:
@@ -42,13 +44,32 @@ class ReasoningSplitter:
 
     :meth:`push` takes each new piece of text and returns what is settled of each; text that could
     still be part of a tag is held back until the next piece decides it, so a streamed answer splits
-    as the whole one does."""
+    as the whole one does.
 
-    def __init__(self, opened: bool = False):
+    ``inline`` (deepseek-legacy's stream): the pieces come back as content alone, the block's text in it
+    between ``<think>`` and ``</think>``."""
+
+    def __init__(self, opened: bool = False, inline: bool = False):
         self.state = "reasoning" if opened else "start"  # start -> reasoning -> content, or start -> content
         self.pending = ""
+        self.inline = inline
+        self.tagged = self.untagged = False  # inline: the block's <think> is out, its </think> is out
 
     def push(self, text: str) -> tuple[str, str]:
+        return self._shaped(*self._push(text))
+
+    def _shaped(self, reasoning: str, content: str, final: bool = False) -> tuple[str, str]:
+        """(reasoning, content), or with ``inline`` ("", content) with the reasoning in it between its tags."""
+        if not self.inline:
+            return reasoning, content
+        text = ""
+        if reasoning:
+            text, self.tagged = ("" if self.tagged else OPEN) + reasoning, True
+        if self.tagged and not self.untagged and (final or self.state in ("after", "content")):
+            text, self.untagged = text + CLOSE, True
+        return "", text + content
+
+    def _push(self, text: str) -> tuple[str, str]:
         self.pending += text
         reasoning = content = ""
         if self.state == "start":
@@ -81,13 +102,14 @@ class ReasoningSplitter:
         decides what the answer's first text is."""
         self.push(text)
         self.pending = ""
+        self.tagged, self.untagged = self.state != "start", self.state in ("after", "content")  # the client's text
         return self
 
     def flush(self) -> tuple[str, str]:
         """What is held back once the answer has ended: reasoning inside an unclosed block, else content."""
         rest, self.pending = self.pending, ""
         if self.state == "reasoning":
-            return rest, ""
+            return self._shaped(rest, "", final=True)
         if self.state in ("start", "after"):
             return "", rest.strip() if self.state == "after" else rest
         return "", rest

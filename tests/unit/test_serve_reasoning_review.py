@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from edgesdk.serve.completion import ServeDefaults
+from tests.unit.test_cli import invoke
 from tests.unit.test_serve import Served
 from tests.unit.test_serve_reasoning import ASK, THINKING_TEMPLATE
 
@@ -91,3 +92,50 @@ def test_an_answer_that_goes_on_inside_a_begun_block_is_reasoning_up_to_its_clos
     deltas = [event["choices"][0]["delta"] for event in served.stream("/v1/chat/completions", {"messages": BEGUN})[:-1]]
     assert "".join(delta.get("reasoning_content", "") for delta in deltas) == text
     assert "".join(delta.get("content", "") for delta in deltas) == ""
+
+
+def test_deepseek_legacy_answers_as_deepseek_and_streams_the_block_in_the_content(served):
+    """llama-server's fourth reasoning_format (and --reasoning-format value) was refused with a 400: deepseek-legacy
+    answers whole as deepseek does, and streams the block inside the content deltas between its tags (its
+    reasoning_in_content; the block the answer's end leaves open is closed there)."""
+    plain = served.post("/v1/chat/completions", {"messages": ASK, "reasoning_format": "none"})[1]
+    text = plain["choices"][0]["message"]["content"]
+    assert text
+    status, body = served.post("/v1/chat/completions", {"messages": ASK, "reasoning_format": "deepseek-legacy"})
+    assert status == 200, body
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "", "reasoning_content": text}
+    events = served.stream("/v1/chat/completions", {"messages": ASK, "reasoning_format": "deepseek-legacy"})
+    deltas = [event["choices"][0]["delta"] for event in events[:-1]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert not any("reasoning_content" in delta for delta in deltas)
+    assert "".join(delta.get("content", "") for delta in deltas) == f"<think>{text}</think>"
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(("answer", "opened", "inline"), [
+    ("<think>\nThe fox.\n</think>\n\nIt jumps.", False, "<think>\nThe fox.\n</think>It jumps."),
+    ("The fox.</think>It", True, "<think>The fox.</think>It"),
+    ("The fox, never closed", True, "<think>The fox, never closed</think>"),
+    ("<think></think>\nIt", False, "It"),
+    ("No block <think>x</think>", False, "No block <think>x</think>"),
+])
+def test_an_inline_split_streams_the_same_in_any_pieces(answer, opened, inline):
+    from edgesdk.serve.reasoning import ReasoningSplitter, split_answer
+
+    assert split_answer(ReasoningSplitter(opened, inline=True), answer) == ("", inline)
+    for cut in range(1, len(answer)):
+        splitter, text = ReasoningSplitter(opened, inline=True), ""
+        for piece in (answer[:cut], answer[cut:]):
+            text += splitter.push(piece)[1]
+        assert text + splitter.flush()[1] == inline, cut
+    begun = ReasoningSplitter(inline=True).begun("<think>\nThe fox")
+    assert split_answer(begun, " runs.</think>\n\nIt") == ("", " runs.</think>It")
+
+
+def test_serve_takes_reasoning_format_deepseek_legacy():
+    from edgesdk.serve.completion import ServeDefaults
+
+    assert ServeDefaults(reasoning_format="deepseek-legacy").reasoning_format == "deepseek-legacy"
+    result = invoke("serve", "nowhere", "--reasoning-format", "hidden")
+    assert result.exit_code != 0
+    assert "'deepseek-legacy'" in result.stderr
