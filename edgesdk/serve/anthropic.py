@@ -10,7 +10,8 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
   whose content is a string or ``text``, ``tool_use`` and ``tool_result`` blocks, ``system``
   (a string or text blocks), ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``,
   ``stream``, ``tools`` (``name``, ``description``, ``input_schema``), ``tool_choice``
-  (``auto``, ``any``, ``tool``, ``none``); ``metadata`` and ``service_tier`` change nothing.
+  (``auto``, ``any``, ``tool``, ``none``), and llama-server's ``chat_template_kwargs`` (extra chat-template
+  variables, as on the chat route); ``metadata`` and ``service_tier`` change nothing.
   Images, documents, server tools and extended ``thinking`` are refused by name.
 * answer: ``{"id": "msg_...", "type": "message", "role": "assistant", "content": [text or
   tool_use blocks], "stop_reason": "end_turn" | "max_tokens" | "stop_sequence" | "tool_use" |
@@ -91,7 +92,8 @@ def chat_body(body: object) -> dict:
             else:
                 messages.append(message)
     chat = {"messages": messages, "max_tokens": body["max_tokens"], "stream": body.get("stream", False)}
-    for field in ("temperature", "top_p", "top_k"):
+    # chat_template_kwargs: llama-server's Messages route passes them on too (enable_thinking false for Qwen3)
+    for field in ("temperature", "top_p", "top_k", "chat_template_kwargs"):
         if field in body:
             chat[field] = body[field]
     if body.get("stop_sequences") is not None:

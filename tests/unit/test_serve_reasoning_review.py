@@ -139,3 +139,20 @@ def test_serve_takes_reasoning_format_deepseek_legacy():
     result = invoke("serve", "nowhere", "--reasoning-format", "hidden")
     assert result.exit_code != 0
     assert "'deepseek-legacy'" in result.stderr
+
+
+def test_the_messages_route_takes_chat_template_kwargs_as_llama_server_passes_them_on(served):
+    """llama-server's Messages route passes chat_template_kwargs on to the chat request; here they were dropped
+    without a word, so enable_thinking false left a Qwen3 answer thinking. The count of a prompt whose block the
+    template closed is the count of that rendering."""
+    tokenizer = served.completer.runtime.tokenizer
+    body = {"model": "tiny", "max_tokens": 4, "messages": ASK}
+    closed = tokenizer.render_chat(ASK, template_kwargs={"enable_thinking": False})
+    status, counted = served.post("/v1/messages/count_tokens", {**body, "chat_template_kwargs": {"enable_thinking": False}})
+    assert status == 200, counted
+    assert counted["input_tokens"] == len(tokenizer.encode(closed, add_special_tokens=False))
+    assert counted["input_tokens"] > served.post("/v1/messages/count_tokens", body)[1]["input_tokens"]
+    status, error = served.post("/v1/messages", {**body, "chat_template_kwargs": [1]})
+    assert status == 400, error
+    assert error["type"] == "error"
+    assert "must be a JSON object of template variables" in error["error"]["message"]
