@@ -88,10 +88,13 @@ def check_architecture(config: Any, where: str) -> None:
             f"{expected[0]}(gate) * up for a {model_type} model, so its answers would differ from the model's",
             f"use a {model_type} model whose FFN activation is {expected[0]}",
         )
-    for name in ("final_logit_softcapping", "attn_logit_softcapping"):  # Gemma 2's; Gemma 3 leaves them unset
-        if getattr(config, name, None) is not None:
-            raise ModelSourceError(f"model {where} sets {name} {getattr(config, name)}, which the exported graphs "
-                                   "do not apply", f"use a model without {name} (Gemma 3 text models have none)")
+    # Gemma 2's logit soft-capping: Gemma3ForCausalLM applies final_logit_softcapping, which the graphs do not.
+    # attn_logit_softcapping is not refused: transformers' Gemma3Attention reads it but never applies it (Gemma 3
+    # replaced it with the query/key norms), so the graphs compute what the model does.
+    if getattr(config, "final_logit_softcapping", None) is not None:
+        raise ModelSourceError(f"model {where} sets final_logit_softcapping {config.final_logit_softcapping}, which "
+                               "the exported graphs do not apply, so its logits would differ from the model's",
+                               "use a model without final_logit_softcapping (Gemma 3 text models have none)")
     if getattr(config, "use_bidirectional_attention", False):
         raise ModelSourceError(f"model {where} attends bidirectionally (use_bidirectional_attention: true, an "
                                "embedding model); the exported graphs decode causally",

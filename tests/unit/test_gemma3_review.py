@@ -104,3 +104,39 @@ def test_a_layer_type_s_longrope_past_its_original_context_is_refused():
     linear = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}  # Gemma 3 4B and larger
     check_exportable(_gemma_config(rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
                                                     "full_attention": linear}), ExportConfig(max_context=64))
+
+
+def _saved_gemma(path, **config):
+    from tests._utils.tiny import tiny_tokenizer
+
+    model = tiny_llama(layers=3, **GEMMA3)
+    for name, value in config.items():
+        setattr(model.config, name, value)
+    model.save_pretrained(path)
+    tiny_tokenizer(model.config.vocab_size).save_pretrained(path)
+    return path
+
+
+def test_attn_logit_softcapping_loads_and_exports_as_transformers_computes_it(tmp_path):
+    """transformers' Gemma 3 reads attn_logit_softcapping but never applies it: such a model loads, and its graph
+    gives the model's logits. final_logit_softcapping, which Gemma3ForCausalLM applies, is still refused."""
+    import numpy as np
+
+    from edgesdk.errors import ModelSourceError
+    from edgesdk.export.onnx_export import MODEL_FILE, ExportConfig, export_model
+    from edgesdk.models.loader import load_model
+    from edgesdk.models.sources import resolve_model
+    from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
+
+    loaded = load_model(resolve_model(str(_saved_gemma(tmp_path / "attn", attn_logit_softcapping=50.0))),
+                        progress=False)
+    assert loaded.model.config.attn_logit_softcapping == 50.0
+    spec = export_model(loaded.model, tmp_path / "graph", ExportConfig(max_context=32, form="ort-fused"))
+    ids = np.random.default_rng(0).integers(0, spec.vocab_size, 12)
+    with torch.no_grad():
+        expected = loaded.model(torch.from_numpy(ids)[None], use_cache=False).logits[0].numpy()
+    backend = OrtFusedBackend(tmp_path / "graph" / MODEL_FILE, spec.to_json(), threads=1)
+    assert np.abs(backend.prefill(ids, keep_logits=12) - expected).max() < 1e-3
+
+    with pytest.raises(ModelSourceError, match="sets final_logit_softcapping 30.0"):
+        load_model(resolve_model(str(_saved_gemma(tmp_path / "final", final_logit_softcapping=30.0))), progress=False)
