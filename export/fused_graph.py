@@ -105,6 +105,13 @@ def local_window_size(window: int) -> int:
 SLIDING_WINDOW_ONNXRUNTIME = ((1, 24), "GroupQueryAttention's local_window_size counting the query itself")
 
 
+def window_within(window: int | None, max_context: int) -> int | None:
+    """The sliding window a graph of ``max_context`` positions needs, or None: a query at position p sees keys
+    p - window + 1 .. p, all of them while p < window, so a window of at least the context hides nothing and the
+    layer attends over everything (no local_window_size, which any onnxruntime computes alike)."""
+    return window if window is not None and window < max_context else None
+
+
 # fused unit -> the Hugging Face linears it concatenates
 UNIT_LINEARS = {"attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                 "attn.o": ("self_attn.o_proj",), "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
@@ -191,8 +198,9 @@ class _FusedEmitter:
         extra = self.attention_attributes(i)
         if extra.get("qk_output"):
             outputs.append(f"layers.{i}.attn.qk")
-        if layer.window is not None:  # sliding attention (Gemma 3's local layers)
-            extra = {**extra, "local_window_size": local_window_size(layer.window)}
+        window = window_within(layer.window, self.max_context)
+        if window is not None:  # sliding attention (Gemma 3's local layers) shorter than the context
+            extra = {**extra, "local_window_size": local_window_size(window)}
         attn = g.op("GroupQueryAttention", [
             query, key, value, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
             "total_sequence_length", cos, sin,
@@ -295,7 +303,7 @@ class _FusedEmitter:
 def emit_fused_decoder(weights: DecoderWeights, max_context: int, config: FusedConfig = FusedConfig()
                        ) -> tuple[onnx.ModelProto, GraphSpec]:
     model = _FusedEmitter(weights, max_context, config).build()
-    windowed = any(layer.window is not None for layer in weights.layers)
+    windowed = any(window_within(layer.window, max_context) is not None for layer in weights.layers)
     spec = GraphSpec(num_layers=len(weights.layers), kv_heads=tuple(weights.kv_heads()), head_dim=weights.head_dim,
                      vocab_size=weights.vocab_size, max_context=max_context, form="ort-fused",
                      dtype=config.weights, min_onnxruntime=SLIDING_WINDOW_ONNXRUNTIME if windowed else None)

@@ -140,3 +140,33 @@ def test_attn_logit_softcapping_loads_and_exports_as_transformers_computes_it(tm
 
     with pytest.raises(ModelSourceError, match="sets final_logit_softcapping 30.0"):
         load_model(resolve_model(str(_saved_gemma(tmp_path / "final", final_logit_softcapping=30.0))), progress=False)
+
+
+@pytest.mark.parametrize(("window", "windowed"), [(32, False), (31, True)])
+def test_a_window_as_long_as_the_context_needs_no_newer_onnxruntime(window, windowed, tmp_path):
+    """A sliding window of at least the bundle's context hides no key from any query (Gemma 3 1B's 512 with
+    --max-context 512): the fused graph sets no local_window_size and records no onnxruntime >= 1.24, so a board
+    with an older onnxruntime runs it; a window one shorter is real. Both give the model's logits over the whole
+    context."""
+    import numpy as np
+    import onnx
+
+    from edgesdk.export.onnx_export import MODEL_FILE, ExportConfig, export_model
+    from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
+
+    model = tiny_llama(layers=3, **GEMMA3)
+    model.config.sliding_window = window
+    for layer in model.model.layers:
+        if layer.self_attn.sliding_window is not None:
+            layer.self_attn.sliding_window = window
+    spec = export_model(model, tmp_path, ExportConfig(max_context=32, form="ort-fused"))
+    assert ("min_onnxruntime" in spec.to_json()) is windowed
+    graph = onnx.load(str(tmp_path / MODEL_FILE), load_external_data=False).graph
+    windows = [a.i for node in graph.node for a in node.attribute if a.name == "local_window_size"]
+    assert windows == ([window, window] if windowed else [])
+    ids = np.random.default_rng(0).integers(0, spec.vocab_size, 32)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(ids)[None], use_cache=False).logits[0].numpy()
+    backend = OrtFusedBackend(tmp_path / MODEL_FILE, spec.to_json(), threads=1)
+    got = np.concatenate([backend.prefill(ids[:20], keep_logits=20), [backend.decode(int(t)) for t in ids[20:]]])
+    assert np.abs(got - expected).max() < 1e-3
