@@ -481,6 +481,9 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     elif asked_history and (raw or not tokenizer.has_chat_template):
         click.echo(f"edgesdk: --history is not used: {'--raw' if raw else 'the bundle has no chat template'} "
                    "feeds each line as it is", err=True)
+    if template_kwargs and (raw or not tokenizer.has_chat_template):
+        click.echo(f"edgesdk: --chat-template-kwargs is not used: {'--raw' if raw else 'the bundle has no chat template'} "
+                   "feeds the prompt as it is", err=True)
     conversation = None
     if history and prompt is None and not raw and tokenizer.has_chat_template:
         conversation = Conversation(tokenizer, system, runtime.backend.max_context, answer_room=max_new_tokens)

@@ -12,8 +12,9 @@ between its tags, as llama-server does (``reasoning_in_content``: common/chat-pa
 ``try_parse_reasoning``, a block that the answer's end leaves open closed there).
 
 Following llama.cpp (common/chat.cpp, the DeepSeek-R1 parser): only a block at the start of the answer
-counts (whitespace before it is dropped), whitespace after ``</think>`` is dropped, and a block that
-never closes (the token limit came first) is all reasoning.
+counts (whitespace before it is dropped), the reasoning is stripped of the whitespace around it (an empty
+block gives no ``reasoning_content``), whitespace after ``</think>`` is dropped, and a block that never
+closes (the token limit came first) is all reasoning.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class ReasoningSplitter:
         self.pending = ""
         self.inline = inline
         self.tagged = self.untagged = False  # inline: the block's <think> is out, its </think> is out
+        self.reasoning_started = False  # some of the block's text (not whitespace) is out
 
     def push(self, text: str) -> tuple[str, str]:
         return self._shaped(*self._push(text))
@@ -83,10 +85,14 @@ class ReasoningSplitter:
         if self.state == "reasoning":
             end = self.pending.find(CLOSE)
             if end < 0:
+                # what could still be the tag's start waits, and so does trailing whitespace: llama.cpp strips the
+                # reasoning, so whitespace counts only once text follows it
                 keep = _held_back(self.pending, CLOSE)
-                reasoning, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep:]
-                return reasoning, ""
-            reasoning, self.pending = self.pending[:end], self.pending[end + len(CLOSE):]
+                settled = self.pending[: len(self.pending) - keep]
+                text = settled.rstrip()
+                self.pending = settled[len(text):] + self.pending[len(self.pending) - keep:]
+                return self._reasoning_text(text), ""
+            reasoning, self.pending = self._reasoning_text(self.pending[:end].rstrip()), self.pending[end + len(CLOSE):]
             self.state = "after"
         if self.state == "after":  # whitespace after </think> is dropped
             self.pending = self.pending.lstrip()
@@ -95,6 +101,13 @@ class ReasoningSplitter:
             self.state = "content"
         content, self.pending = self.pending, ""
         return reasoning, content
+
+    def _reasoning_text(self, text: str) -> str:
+        """Reasoning text to hand out, its leading whitespace dropped until the block's first other character."""
+        if not self.reasoning_started:
+            text = text.lstrip()
+            self.reasoning_started = bool(text)
+        return text
 
     def begun(self, text: str) -> ReasoningSplitter:
         """Take the text of an answer the client began (a prefilled assistant message the answer goes on from),
@@ -108,8 +121,8 @@ class ReasoningSplitter:
     def flush(self) -> tuple[str, str]:
         """What is held back once the answer has ended: reasoning inside an unclosed block, else content."""
         rest, self.pending = self.pending, ""
-        if self.state == "reasoning":
-            return self._shaped(rest, "", final=True)
+        if self.state == "reasoning":  # a block the limit cut: its text so far, stripped like a closed one's
+            return self._shaped(self._reasoning_text(rest.rstrip()), "", final=True)
         if self.state in ("start", "after"):
             return "", rest.strip() if self.state == "after" else rest
         return "", rest

@@ -20,16 +20,18 @@ THINKING_TEMPLATE = (
 ASK = [{"role": "user", "content": "Tell me about the fox."}]
 
 ANSWERS = [  # (answer, opened in the prompt) -> (reasoning, content)
-    ("<think>\nThe fox is quick.\n</think>\n\nIt jumps.", False, ("\nThe fox is quick.\n", "It jumps.")),
+    ("<think>\nThe fox is quick.\n</think>\n\nIt jumps.", False, ("The fox is quick.", "It jumps.")),
     ("  <think>a</think>b", False, ("a", "b")),
     ("No thinking here <think>x</think>", False, ("", "No thinking here <think>x</think>")),
-    ("The fox.\n</think>\n\nIt jumps.", True, ("The fox.\n", "It jumps.")),
+    ("The fox.\n</think>\n\nIt jumps.", True, ("The fox.", "It jumps.")),
     ("<think>never closed, the limit came first", False, ("never closed, the limit came first", "")),
     ("reasoning only </thi", True, ("reasoning only </thi", "")),
     ("<thin", False, ("", "<thin")),
     ("", True, ("", "")),
     ("<think></think>", False, ("", "")),
-    ("a < b </think>c", True, ("a < b ", "c")),
+    ("a < b </think>c", True, ("a < b", "c")),
+    ("<think>\n\n</think>\n\nNo thought.", False, ("", "No thought.")),  # enable_thinking false
+    ("\n  two \n\n lines  \n", True, ("two \n\n lines", "")),  # stripped, inner whitespace kept
 ]
 
 
@@ -67,24 +69,35 @@ def served(thinking_runtime):
     server.close()
 
 
+def no_whitespace(runtime) -> dict:
+    """A logit_bias banning every token whose text is only whitespace (the tiny model's favourite answer is a
+    run of newlines, which a stripped reasoning would leave empty)."""
+    tokenizer = runtime.tokenizer
+    size = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+    return {str(token): -100 for token in range(size) if not tokenizer.decode([token]).strip()}
+
+
 def _chat(server: Served, **fields) -> dict:
     status, body = server.post("/v1/chat/completions", {"messages": ASK, **fields})
     assert status == 200, body
     return body["choices"][0]["message"]
 
 
-def test_a_block_the_template_opened_comes_back_as_reasoning_content(served):
+def test_a_block_the_template_opened_comes_back_as_reasoning_content(served, thinking_runtime):
     """The template opens <think> in the prompt and the model never closes it in 10 tokens: the whole answer
     is reasoning (llama-server's deepseek format, which auto picks for a template that thinks); with
     reasoning_format none the same tokens are the content."""
-    plain = _chat(served, reasoning_format="none")
+    bias = no_whitespace(thinking_runtime)
+    plain = _chat(served, reasoning_format="none", logit_bias=bias)
     assert "reasoning_content" not in plain
     assert plain["content"]
-    thought = _chat(served)
-    assert thought == {"role": "assistant", "content": "", "reasoning_content": plain["content"]}
-    events = served.stream("/v1/chat/completions", {"messages": ASK})
+    thought = _chat(served, logit_bias=bias)
+    assert plain["content"].strip()  # the tiny model's answer is not all whitespace
+    # stripped of the whitespace around it, as llama.cpp gives reasoning_content
+    assert thought == {"role": "assistant", "content": "", "reasoning_content": plain["content"].strip()}
+    events = served.stream("/v1/chat/completions", {"messages": ASK, "logit_bias": bias})
     deltas = [event["choices"][0]["delta"] for event in events[:-1]]
-    assert "".join(delta.get("reasoning_content", "") for delta in deltas) == plain["content"]
+    assert "".join(delta.get("reasoning_content", "") for delta in deltas) == plain["content"].strip()
     assert "".join(delta.get("content", "") for delta in deltas) == ""
 
 

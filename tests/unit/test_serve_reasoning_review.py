@@ -8,7 +8,7 @@ import pytest
 from edgesdk.serve.completion import ServeDefaults
 from tests.unit.test_cli import invoke
 from tests.unit.test_serve import Served
-from tests.unit.test_serve_reasoning import ASK, THINKING_TEMPLATE
+from tests.unit.test_serve_reasoning import ASK, THINKING_TEMPLATE, no_whitespace
 
 # the thinking template, refusing messages that do not start with a user's as Qwen3's refuses a chat without a
 # user query, and using namespace() as Qwen3's does
@@ -67,7 +67,7 @@ def test_template_kwargs_the_template_cannot_use_are_a_400_naming_them(served, t
 BEGUN = [*ASK, {"role": "assistant", "content": "<think>\nThe fox"}]
 
 
-def test_an_answer_that_goes_on_inside_a_begun_block_is_reasoning_up_to_its_close(served):
+def test_an_answer_that_goes_on_inside_a_begun_block_is_reasoning_up_to_its_close(served, thinking_runtime):
     """A begun assistant message that opened the block and began thinking: the model's text goes on inside the
     block. Only a begun message of exactly '<think>' was taken so; with any thought after it, the rest of the
     thought, the '</think>' and the answer all came back as content."""
@@ -75,7 +75,7 @@ def test_an_answer_that_goes_on_inside_a_begun_block_is_reasoning_up_to_its_clos
     from edgesdk.serve.reasoning import split_answer
 
     splitter = served.completer.reasoning_splitter(parse_chat_request({"messages": BEGUN}))
-    assert split_answer(splitter, " runs.\n</think>\n\nIt jumps.") == (" runs.\n", "It jumps.")
+    assert split_answer(splitter, " runs.\n</think>\n\nIt jumps.") == (" runs.", "It jumps.")
     closed = [*ASK, {"role": "assistant", "content": "<think>\nThe fox runs.\n</think>\n\nIt"}]
     splitter = served.completer.reasoning_splitter(parse_chat_request({"messages": closed}))
     assert split_answer(splitter, " jumps.") == ("", " jumps.")
@@ -83,28 +83,34 @@ def test_an_answer_that_goes_on_inside_a_begun_block_is_reasoning_up_to_its_clos
     splitter = served.completer.reasoning_splitter(parse_chat_request({"messages": plain}))
     assert split_answer(splitter, " runs.</think>") == ("", " runs.</think>")
     # the served answer (the tiny model never closes the block in 6 tokens): all of it reasoning, whole and streamed
-    plain_answer = served.post("/v1/chat/completions", {"messages": BEGUN, "reasoning_format": "none"})[1]
-    text = plain_answer["choices"][0]["message"]["content"]
+    bias = no_whitespace(thinking_runtime)
+    plain_answer = served.post("/v1/chat/completions", {"messages": BEGUN, "reasoning_format": "none",
+                                                        "logit_bias": bias})[1]
+    text = plain_answer["choices"][0]["message"]["content"].rstrip()  # the block goes on: only its end is stripped
     assert text
-    status, body = served.post("/v1/chat/completions", {"messages": BEGUN})
+    status, body = served.post("/v1/chat/completions", {"messages": BEGUN, "logit_bias": bias})
     assert status == 200, body
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "", "reasoning_content": text}
-    deltas = [event["choices"][0]["delta"] for event in served.stream("/v1/chat/completions", {"messages": BEGUN})[:-1]]
+    deltas = [event["choices"][0]["delta"]
+              for event in served.stream("/v1/chat/completions", {"messages": BEGUN, "logit_bias": bias})[:-1]]
     assert "".join(delta.get("reasoning_content", "") for delta in deltas) == text
     assert "".join(delta.get("content", "") for delta in deltas) == ""
 
 
-def test_deepseek_legacy_answers_as_deepseek_and_streams_the_block_in_the_content(served):
+def test_deepseek_legacy_answers_as_deepseek_and_streams_the_block_in_the_content(served, thinking_runtime):
     """llama-server's fourth reasoning_format (and --reasoning-format value) was refused with a 400: deepseek-legacy
     answers whole as deepseek does, and streams the block inside the content deltas between its tags (its
     reasoning_in_content; the block the answer's end leaves open is closed there)."""
-    plain = served.post("/v1/chat/completions", {"messages": ASK, "reasoning_format": "none"})[1]
-    text = plain["choices"][0]["message"]["content"]
+    bias = no_whitespace(thinking_runtime)
+    plain = served.post("/v1/chat/completions", {"messages": ASK, "reasoning_format": "none", "logit_bias": bias})[1]
+    text = plain["choices"][0]["message"]["content"].strip()  # the reasoning, stripped as llama.cpp strips it
     assert text
-    status, body = served.post("/v1/chat/completions", {"messages": ASK, "reasoning_format": "deepseek-legacy"})
+    status, body = served.post("/v1/chat/completions", {"messages": ASK, "reasoning_format": "deepseek-legacy",
+                                                        "logit_bias": bias})
     assert status == 200, body
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "", "reasoning_content": text}
-    events = served.stream("/v1/chat/completions", {"messages": ASK, "reasoning_format": "deepseek-legacy"})
+    events = served.stream("/v1/chat/completions", {"messages": ASK, "reasoning_format": "deepseek-legacy",
+                                                    "logit_bias": bias})
     deltas = [event["choices"][0]["delta"] for event in events[:-1]]
     assert deltas[0] == {"role": "assistant", "content": ""}
     assert not any("reasoning_content" in delta for delta in deltas)
@@ -113,7 +119,7 @@ def test_deepseek_legacy_answers_as_deepseek_and_streams_the_block_in_the_conten
 
 
 @pytest.mark.parametrize(("answer", "opened", "inline"), [
-    ("<think>\nThe fox.\n</think>\n\nIt jumps.", False, "<think>\nThe fox.\n</think>It jumps."),
+    ("<think>\nThe fox.\n</think>\n\nIt jumps.", False, "<think>The fox.</think>It jumps."),
     ("The fox.</think>It", True, "<think>The fox.</think>It"),
     ("The fox, never closed", True, "<think>The fox, never closed</think>"),
     ("<think></think>\nIt", False, "It"),
