@@ -302,6 +302,20 @@ def _runtime_options(fn):
         fn = option(fn)
     return fn
 
+def _draft_options(function):
+    """``--draft BUNDLE`` and its settings (llama.cpp's -md, --draft-max, --draft-p-min), for run and serve."""
+    function = click.option("--draft-p-min", "draft_p_min", default=0.0, show_default=True,
+                            type=click.FloatRange(0.0, 1.0, max_open=True), metavar="P",
+                            help="Stop a draft at a token the draft model gives less than this probability.")(function)
+    function = click.option("--draft-max", "draft_max", default=2, show_default=True, type=click.IntRange(1, 64),
+                            metavar="N", help="Draft tokens the bundle checks in one pass.")(function)
+    return click.option(
+        "--draft", "draft_bundle", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="BUNDLE",
+        help="Speculative decoding (llama.cpp's --model-draft): a smaller bundle with the same tokenizer drafts "
+             "tokens that this bundle checks several at a time; the answer is this bundle's own, greedy or "
+             "sampled.")(function)
+
+
 def _thermal_options(fn):
     """The thermal guard's options, shared by ``run`` and ``serve``."""
     options = [
@@ -404,12 +418,13 @@ def _gate_options(fn):
                    "last run's did prefills only what follows; rewritten after each answer, and when Ctrl-C stops one.")
 @click.option("--stats", is_flag=True, help="Print prompt tokens (and those from the cache), prefill/decode tok/s, time "
                                            "to first token, p95 inter-token latency and peak RSS on stderr.")
+@_draft_options
 @_thermal_options
 @_gate_options
 @_runtime_options
 def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias, seed, repeat_penalty,
         repeat_last_n, presence_penalty, frequency_penalty, raw, system, template_kwargs, history, json_object, json_schema, grammar,
-        grammar_file, lookup_draft, prompt_cache, stats,
+        grammar_file, lookup_draft, prompt_cache, stats, draft_bundle, draft_max, draft_p_min,
         watch_thermal, simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
         sim_speed, threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
@@ -498,7 +513,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             raise click.BadParameter(f"{exc.problem} ({exc.fix})",
                                      param_hint="'--grammar-file'" if grammar_file else "'--grammar'") from exc
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
-    lookup = _lookup(runtime.backend, lookup_draft)
+    lookup = _draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target,
+                          lookup_draft) or _lookup(runtime.backend, lookup_draft)
     thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
                             thermal_target, sim_speed, status=watch_thermal or simulate_thermal)
 
@@ -602,6 +618,41 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             thermal.close()
 
 
+def _draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min: float, threads, target,
+                 ignore_target: bool, lookup_draft: int):
+    """``--draft BUNDLE``: the draft bundle opened and checked against the target's tokenizer (None without it,
+    or where the target's backend cannot check drafts, which is said)."""
+    from edgesdk.runtime.generate import can_draft
+    from edgesdk.runtime.session import open_runtime
+    from edgesdk.runtime.speculative import DraftConfig, DraftModel
+
+    if draft_bundle is None:
+        return None
+    if lookup_draft:
+        raise click.BadParameter("--draft and --lookup both draft tokens; pass one", param_hint="'--draft'")
+    if not can_draft(runtime.backend):
+        why = "steps a power controller with every decode" if hasattr(runtime.backend, "controller") \
+            else "cannot rewind its KV cache"
+        click.echo(f"edgesdk: --draft is not used: the {runtime.backend.name} backend {why}; it decodes token by "
+                   "token", err=True)
+        return None
+    # Both sessions run in turns on the same cores, and a pool spinning after its work starves the other: with both
+    # spinning a 2-core host decoded at 0.62x, so the draft's pool never spins (the target's, which does most of
+    # the work, still does).
+    draft = open_runtime(draft_bundle, threads=threads, expected_target=target, ignore_target=ignore_target,
+                         spinning=False)
+    ours, theirs = (rt.tokenizer.tokenizer.get_vocab(with_added_tokens=True) for rt in (runtime, draft))
+    if ours != theirs:
+        differ = sum(1 for token, index in ours.items() if theirs.get(token) != index) + len(set(theirs) - set(ours))
+        raise click.BadParameter(f"{draft_bundle} has another tokenizer than the bundle ({len(theirs):,} tokens against "
+                                 f"{len(ours):,}, {differ:,} differ), so its token ids mean other text",
+                                 param_hint="'--draft'")
+    try:
+        return DraftModel(draft.backend, DraftConfig(max_draft=draft_max, p_min=draft_p_min), runtime.backend.vocab_size)
+    except ValueError as exc:  # a draft backend that cannot rewind
+        raise click.BadParameter(str(exc), param_hint="'--draft'") from exc
+
+
 def _template_kwargs_option(text: str | None) -> dict:
     """``--chat-template-kwargs JSON``: a JSON object of extra chat-template variables."""
     from edgesdk.runtime.text import check_template_kwargs
@@ -673,12 +724,14 @@ def _logit_bias_option(text: str) -> tuple[int, float]:
               help="A thinking model's <think> block as the message's reasoning_content (deepseek; auto: where the "
                    "chat template writes one; deepseek-legacy: so, but streamed in the content), or left in the "
                    "content (none), as llama-server's option.")
+@_draft_options
 @_thermal_options
 @_gate_options
 @_runtime_options
 def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, top_k, min_p, max_queue,
           quiet,
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
+          draft_bundle, draft_max, draft_p_min,
           watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
@@ -724,11 +777,12 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                            ignore_target=ignore_target, verbose=True)
     runtime.tokenizer.template_kwargs = template_kwargs
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
+    draft = _draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target, lookup_draft)
     _lookup(runtime.backend, lookup_draft)  # says so where the backend cannot draft (the completer decodes then)
     thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
                             thermal_target, sim_speed, status=False)
     try:
-        completer = Completer(runtime, defaults, hook=thermal.hook if thermal else None)
+        completer = Completer(runtime, defaults, hook=thermal.hook if thermal else None, draft=draft)
         name = model_name or _served_model_name(runtime.bundle.manifest)
         try:
             server = ApiServer((listen_host, port), completer, name, api_key=api_key, log=not quiet,

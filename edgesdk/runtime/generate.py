@@ -12,15 +12,18 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from numbers import Integral, Real
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import DecoderBackend
 from edgesdk.runtime.logprobs import LogprobRecorder
-from edgesdk.runtime.lookup import LookupConfig, NgramDrafter
+from edgesdk.runtime.lookup import LookupConfig
 from edgesdk.runtime.prompt_cache import PromptCache
+
+if TYPE_CHECKING:
+    from edgesdk.runtime.speculative import DraftModel
 
 
 @dataclass(frozen=True)
@@ -312,7 +315,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
              hook: StepHook | None = None, cache: PromptCache | None = None,
              reuse_cache: bool = True, constraint: TokenConstraint | None = None,
              logprobs: LogprobRecorder | None = None,
-             lookup: LookupConfig | None = None) -> tuple[list[int], GenerationStats]:
+             lookup: LookupConfig | DraftModel | None = None) -> tuple[list[int], GenerationStats]:
     """Prefill ``prompt_ids`` then decode until a stop id, ``max_new_tokens`` or the context is full.
 
     The first new token comes from the prefill logits (time to first token = prefill time);
@@ -334,7 +337,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
 
     With ``lookup`` (:mod:`edgesdk.runtime.lookup`) a step that finds the last tokens earlier in the
     text feeds the token and a draft of what followed them in one pass, and the tokens picked from its
-    logits that equal the draft cost no further step; the answer is the one without drafts. A backend
+    logits that equal the draft cost no further step; the answer is the one without drafts. A draft model
+    (:class:`~edgesdk.runtime.speculative.DraftModel`) drafts the same way from its own greedy tokens. A backend
     that cannot rewind its cache, or a power-gated one (whose controller steps with every decode and
     starts over on a rewind), decodes token by token.
     """
@@ -364,7 +368,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     generated: list[int] = []
     context = list(prompt_ids) if sampling.penalizes else None  # what the penalties look back over
     token = _pick(sampler, logits, constraint, context, logprobs)
-    drafter = NgramDrafter(lookup, prompt_ids) if lookup is not None and can_draft(backend) else None
+    drafter = lookup.drafter(prompt_ids) if lookup is not None and can_draft(backend) else None
     # Drafted tokens in the KV cache from ``token``'s position on, each with the logits that follow it.
     pending: list[tuple[int, np.ndarray]] = []
     # The last step's [compute seconds, tokens picked from its logits], told to the hook's after_step once no drafted

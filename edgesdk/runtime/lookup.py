@@ -42,6 +42,10 @@ class LookupConfig:
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
 
+    def drafter(self, prompt_ids) -> NgramDrafter:
+        """The drafts of one answer after ``prompt_ids``."""
+        return NgramDrafter(self, prompt_ids)
+
 
 class NgramDrafter:
     """The token sequence so far (prompt and answer) with an index of where each n-gram last ended."""

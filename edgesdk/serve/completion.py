@@ -39,6 +39,7 @@ from edgesdk.runtime.logprobs import LogprobRecorder
 from edgesdk.runtime.lookup import MAX_DRAFT, LookupConfig
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
+from edgesdk.runtime.speculative import DraftModel
 from edgesdk.runtime.text import StreamDecoder, check_utf8
 from edgesdk.serve.api import ApiError, CompletionRequest, TextOffsets, TokenizeRequest, logprobs_body
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
@@ -221,7 +222,8 @@ class _HeldTime:
 class Completer:
     """Runs requests against one loaded bundle, one at a time."""
 
-    def __init__(self, runtime: Runtime, defaults: ServeDefaults | None = None, hook: StepHook | None = None):
+    def __init__(self, runtime: Runtime, defaults: ServeDefaults | None = None, hook: StepHook | None = None,
+                 draft: DraftModel | None = None):
         self.runtime, self.defaults, self.hook = runtime, defaults or ServeDefaults(), hook
         self._turn = FairTurn()  # held while a request generates, handed on in arrival order
         self._admitted = threading.BoundedSemaphore(self.defaults.max_waiting + 1)  # generating + waiting
@@ -235,11 +237,19 @@ class Completer:
         self.prompt_cache = PromptCache(runtime.backend, store) if self.defaults.prompt_cache else None
         drafts = self.defaults.lookup and can_draft(runtime.backend)
         self.lookup = LookupConfig(max_draft=self.defaults.lookup) if drafts else None
+        if draft is not None and can_draft(runtime.backend):  # a draft bundle (serve --draft) drafts instead
+            self.lookup = draft
         self.waiting = 0  # admitted requests waiting for their turn
         self.tasks = 0  # requests that had their turn (llama-server's task ids, for GET /slots)
         self.slot: SlotState | None = None  # the request generating now
         self._plain = None  # the tokenizer POST /tokenize uses with parse_special false, made on first use
         self._count_lock = threading.Lock()
+
+    def _draft_limit(self) -> int:
+        """Tokens a draft may hold (prompt lookup or a draft bundle), 0 without drafting."""
+        if self.lookup is None:
+            return 0
+        return self.lookup.config.max_draft if isinstance(self.lookup, DraftModel) else self.lookup.max_draft
 
     def props(self, model: str) -> dict:
         """llama-server's ``GET /props``: the context, the settings a request that sets none gets, the chat
@@ -248,7 +258,7 @@ class Completer:
         params = {"n_predict": defaults.max_tokens, "temperature": defaults.temperature, "top_p": defaults.top_p,
                   "top_k": defaults.top_k, "min_p": defaults.min_p, "repeat_penalty": 1.0, "repeat_last_n": 64,
                   "presence_penalty": 0.0, "frequency_penalty": 0.0, "cache_prompt": defaults.prompt_cache,
-                  "speculative.n_max": defaults.lookup if self.lookup is not None else 0}
+                  "speculative.n_max": self._draft_limit()}
         return {"default_generation_settings": {"id": 0, "n_ctx": self.runtime.backend.max_context,
                                                 "is_processing": self.busy, "speculative": self.lookup is not None,
                                                 "params": params},

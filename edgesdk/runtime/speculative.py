@@ -1,0 +1,114 @@
+"""Speculative decoding with a draft model: a small bundle guesses the next tokens, the large one checks them.
+
+A draft model that shares the target's tokenizer (a smaller model of the same family, or the same
+model quantized harder) decodes a few tokens greedily; the target checks all of them in one forward
+pass over ``k + 1`` positions (:func:`~edgesdk.runtime.generate.generate`, the same check as prompt
+lookup decoding, :mod:`edgesdk.runtime.lookup`). The target picks each token from its own logits as
+it would token by token, and a drafted token is kept while it equals that pick, so the answer is
+exactly the one without a draft, greedy or sampled (Leviathan et al. 2023, "Fast Inference from
+Transformers via Speculative Decoding", with the draft's distribution taken as a point mass on its
+greedy token). On a board a decode step is bound by reading the weights, so a pass over ``k + 1``
+positions costs little more than one, and every accepted token saves a target step for the cost of a
+draft step. This is llama.cpp's ``--model-draft`` (``-md``) with ``--draft-max`` and
+``--draft-p-min``: drafting stops at a token the draft model gives less than ``p_min`` probability.
+
+The draft model keeps its own KV cache across checks and answers: before each draft it is rewound to
+the longest prefix it shares with the text so far, and only what follows is prefilled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgesdk.runtime.backend import DecoderBackend
+from edgesdk.runtime.lookup import MAX_DRAFT
+from edgesdk.runtime.prompt_cache import common_prefix_length
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """How many tokens a draft may hold and when drafting stops early."""
+
+    # draft tokens checked at once (llama.cpp's --draft-max; 2 gave the best rate of 2-8 on the SmolLM2 pair measured)
+    max_draft: int = 2
+    # stop drafting at a token the draft model is less sure of (llama.cpp's --draft-p-min); 0: draft always
+    p_min: float = 0.0
+
+    def __post_init__(self):
+        if isinstance(self.max_draft, bool) or not isinstance(self.max_draft, int) or \
+                not 1 <= self.max_draft <= MAX_DRAFT:
+            raise ValueError(f"max_draft must be a whole number from 1 to {MAX_DRAFT}, got {self.max_draft!r}")
+        if not 0.0 <= self.p_min < 1.0:  # NaN fails this too
+            raise ValueError(f"p_min must be in [0, 1), got {self.p_min!r}")
+
+
+class DraftModel:
+    """A draft backend and the token ids its KV cache holds; :meth:`drafter` starts the drafts of one answer."""
+
+    def __init__(self, backend: DecoderBackend, config: DraftConfig = DraftConfig(), vocab_size: int | None = None):
+        if not callable(getattr(backend, "rewind", None)):
+            raise ValueError(f"the draft model's {backend.name} backend cannot rewind its KV cache, which drafting "
+                             "needs after each check")
+        self.backend, self.config = backend, config
+        self.vocab_size = vocab_size  # the target's: a drafted id past it ends the draft
+        self.cached: list[int] = []  # what the draft backend's KV cache holds
+        self.drafted = 0  # tokens drafted over this model's life (statistics)
+
+    def drafter(self, prompt_ids) -> ModelDrafter:
+        return ModelDrafter(self, prompt_ids)
+
+    def logits_after(self, tokens: list[int]) -> np.ndarray:
+        """The draft model's next-token logits (vocab,) after ``tokens``, prefilling only what its cache lacks."""
+        backend = self.backend
+        if len(self.cached) != backend.position:  # a step failed halfway: what the cache holds is unknown
+            self.cached = []
+            backend.reset()
+        keep = min(common_prefix_length(self.cached, tokens), len(tokens) - 1)  # the last token is run for its logits
+        if keep < len(self.cached):
+            if keep > 0:
+                backend.rewind(keep)
+            else:
+                backend.reset()
+            self.cached = self.cached[:keep]
+        rows = backend.prefill(np.asarray(tokens[keep:], np.int64), keep_logits=1)  # (1, vocab)
+        self.cached = list(tokens)
+        return rows[-1]
+
+
+class ModelDrafter:
+    """One answer's text so far (prompt and tokens taken), and drafts of what follows it; the interface
+    :func:`~edgesdk.runtime.generate.generate` drives (``push``, ``draft``), as :class:`NgramDrafter`'s."""
+
+    def __init__(self, model: DraftModel, tokens):
+        self.model = model
+        self.tokens = [int(token) for token in tokens]
+
+    def push(self, token: int) -> None:
+        self.tokens.append(int(token))
+
+    def draft(self, limit: int | None = None) -> list[int]:
+        """Up to ``max_draft`` (and ``limit``) tokens the draft model decodes greedily after the text, stopping
+        at one it gives less than ``p_min``; empty where it has no room or no confidence."""
+        model, config = self.model, self.model.config
+        backend = model.backend
+        room = config.max_draft if limit is None else min(limit, config.max_draft)
+        room = min(room, backend.max_context - len(self.tokens))  # the draft's cache holds the text and the draft
+        if room <= 0 or not self.tokens:
+            return []
+        logits = model.logits_after(self.tokens)
+        drafted: list[int] = []
+        while True:
+            token = int(np.argmax(logits))
+            shifted = logits.astype(np.float64) - logits[token]
+            confidence = 1.0 / float(np.exp(shifted).sum())  # the top token's probability
+            if confidence < config.p_min or (model.vocab_size is not None and token >= model.vocab_size):
+                break
+            drafted.append(token)
+            if len(drafted) == room:
+                break
+            logits = backend.decode(token)
+            model.cached.append(token)
+        model.drafted += len(drafted)
+        return drafted
