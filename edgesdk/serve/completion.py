@@ -512,10 +512,7 @@ class Completer:
             hook.after_step("prefill", 0, stats.prefill_s)
             hook.end(stats)
         except BaseException as exc:
-            self._end_early()
-            cancelled = isinstance(exc, (ClientGone, ConnectionError)) or \
-                (isinstance(exc, ApiError) and exc.code == "server_stopping")
-            self.metrics.finish("cancelled" if cancelled else "error")
+            self._failed(exc)
             raise
         self.metrics.finish("length")
         prompt_ms = (time.perf_counter() - start - hook.held_s) * 1e3
@@ -600,10 +597,7 @@ class Completer:
             finish = "stop"
             self._end_early()
         except BaseException as exc:
-            self._end_early()
-            cancelled = isinstance(exc, (ClientGone, ConnectionError)) or \
-                (isinstance(exc, ApiError) and exc.code == "server_stopping")
-            self.metrics.finish("cancelled" if cancelled else "error")
+            self._failed(exc)
             raise
         self.metrics.finish(finish)
         cached = self.prompt_cache.reused if self.prompt_cache is not None else 0  # also for an answer cut short
@@ -651,6 +645,14 @@ class Completer:
         if schema is not None:
             return SchemaConstraint(token_bytes, schema)
         return JsonConstraint(token_bytes)
+
+    def _failed(self, exc: BaseException) -> None:
+        """An answer that ended in ``exc``: the hook told, and the metrics count it cancelled (the client left, the
+        server stopping) or failed."""
+        self._end_early()
+        cancelled = isinstance(exc, (ClientGone, ConnectionError)) or \
+            (isinstance(exc, ApiError) and exc.code == "server_stopping")
+        self.metrics.finish("cancelled" if cancelled else "error")
 
     def _end_early(self) -> None:
         """An answer cut short (stop string, client gone): the hook's end of request, which gives a
