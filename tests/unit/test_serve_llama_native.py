@@ -6,24 +6,9 @@ import json
 
 import pytest
 
-from edgesdk.serve.completion import ServeDefaults
 from tests.unit.test_serve import Served
 
 PROMPT = "The quick brown fox"
-
-
-@pytest.fixture(scope="module")
-def runtime(tiny_bundle):
-    from edgesdk.runtime.session import open_runtime
-
-    return open_runtime(tiny_bundle.path, threads=1)
-
-
-@pytest.fixture
-def served(runtime):
-    server = Served(runtime, ServeDefaults(max_tokens=16))
-    yield server
-    server.close()
 
 
 def _openai_text(server: Served, **fields) -> dict:

@@ -15,20 +15,6 @@ from tests.unit.test_tools import server as tools_server  # noqa: F401 (a fixtur
 PROMPT = "The quick brown fox"
 
 
-@pytest.fixture(scope="module")
-def runtime(tiny_bundle):
-    from edgesdk.runtime.session import open_runtime
-
-    return open_runtime(tiny_bundle.path, threads=1)
-
-
-@pytest.fixture
-def served(runtime):
-    server = Served(runtime, ServeDefaults(max_tokens=16))
-    yield server
-    server.close()
-
-
 def test_completion_takes_seed_minus_one_as_llama_server_s_random_seed(served):
     """llama-server's README: 'seed ... Default: -1, which is a random seed'; clients send its default."""
     status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 4, "seed": -1})
