@@ -14,12 +14,13 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
   variables, as on the chat route); ``metadata`` and ``service_tier`` change nothing.
   Images, documents, server tools and extended ``thinking`` are refused by name.
 * answer: ``{"id": "msg_...", "type": "message", "role": "assistant", "content": [text or
-  tool_use blocks], "stop_reason": "end_turn" | "max_tokens" | "stop_sequence" | "tool_use" |
+  tool_use blocks, after a ``thinking`` block where a thinking model's reasoning is split off
+  (edgesdk/serve/reasoning.py; its ``signature`` empty)], "stop_reason": "end_turn" | "max_tokens" | "stop_sequence" | "tool_use" |
   "model_context_window_exceeded",
   "stop_sequence", "usage": {"input_tokens", "output_tokens", "cache_read_input_tokens"}}``.
 * stream: the events ``message_start``, ``content_block_start``, ``ping``,
-  ``content_block_delta`` (``text_delta``, or one ``input_json_delta`` with a call's whole
-  input), ``content_block_stop``, ``message_delta`` (stop reason, the whole usage) and
+  ``content_block_delta`` (``text_delta``, ``thinking_delta`` in a thinking block, or one
+  ``input_json_delta`` with a call's whole input), ``content_block_stop``, ``message_delta`` (stop reason, the whole usage) and
   ``message_stop``; an error after the start is an ``error`` event.
 * errors: ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's error types.
 """
@@ -262,9 +263,13 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
 
 
-def message_body(request: CompletionRequest, ident: str, model: str, completion) -> dict:
-    """The whole answer of a request without ``stream`` (``completion``: serve.completion.Completion)."""
-    blocks, finish = content_blocks(request, completion.text, completion.finish_reason)
+def message_body(request: CompletionRequest, ident: str, model: str, completion, reasoning: str = "",
+                 text: str | None = None) -> dict:
+    """The whole answer of a request without ``stream`` (``completion``: serve.completion.Completion); a thinking
+    model's ``reasoning`` comes first as a ``thinking`` block (``text``: the answer without it)."""
+    blocks, finish = content_blocks(request, completion.text if text is None else text, completion.finish_reason)
+    if reasoning:  # an answer that is all thinking has no empty text block after it, as its stream has none
+        blocks = [thinking_block(reasoning), *(block for block in blocks if block != {"type": "text", "text": ""})]
     return {"id": ident, "type": "message", "role": "assistant", "model": model, "content": blocks,
             "stop_reason": stop_reason(request, finish, completion), "stop_sequence": completion.stop_string,
             "usage": usage(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens)}
@@ -282,16 +287,60 @@ def start_events(ident: str, model: str, prompt_tokens: int, cached_tokens: int,
     return events
 
 
+def thinking_block(reasoning: str) -> dict:
+    """A thinking model's reasoning as Anthropic's ``thinking`` block. Its ``signature`` (Anthropic's proof that
+    the thinking is its own, checked when a client sends the block back) is empty: nothing here signs."""
+    return {"type": "thinking", "thinking": reasoning, "signature": ""}
+
+
+class ThinkingStream:
+    """The content blocks of a stream whose answer may begin with reasoning: a ``thinking`` block for the
+    reasoning's deltas (``thinking_delta``), then a ``text`` block for the rest, each opened when its first
+    text comes and closed when the next opens or the answer ends (Anthropic's "Streaming Messages", extended
+    thinking)."""
+
+    def __init__(self):
+        self.index, self.kind = -1, None
+
+    def pieces(self, reasoning: str, content: str) -> list:
+        events = []
+        for kind, text in (("thinking", reasoning), ("text", content)):
+            if not text:
+                continue
+            if self.kind != kind:
+                events += self._open(kind)
+            delta = {"type": "thinking_delta", "thinking": text} if kind == "thinking" else \
+                {"type": "text_delta", "text": text}
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta}))
+        return events
+
+    def close(self) -> list:
+        """The last block's end (an empty text block where the answer wrote nothing, as a whole answer has one)."""
+        events = self._open("text") if self.kind is None else []
+        return events + [("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+    def _open(self, kind: str) -> list:
+        events = [] if self.kind is None else [("content_block_stop", {"type": "content_block_stop",
+                                                                       "index": self.index})]
+        self.index, self.kind = self.index + 1, kind
+        block = thinking_block("") if kind == "thinking" else {"type": "text", "text": ""}
+        return events + [("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                  "content_block": block})]
+
+
 def text_event(text: str) -> tuple[str, dict]:
     return "content_block_delta", {"type": "content_block_delta", "index": 0,
                                    "delta": {"type": "text_delta", "text": text}}
 
 
-def end_events(request: CompletionRequest, completion, text_block: bool) -> list:
-    """(event, data) pairs that close a stream: a tools answer's blocks whole, then the stop reason."""
+def end_events(request: CompletionRequest, completion, text_block: bool, closing: list | None = None) -> list:
+    """(event, data) pairs that close a stream: a tools answer's blocks whole, then the stop reason. ``closing``:
+    the blocks' ends where the caller opened them (ThinkingStream)."""
     events = []
     finish = completion.finish_reason
-    if text_block:
+    if closing is not None:
+        events += closing
+    elif text_block:
         events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
     else:  # an answer under tools is JSON to read once whole: its blocks go out now
         blocks, finish = content_blocks(request, completion.text, completion.finish_reason)

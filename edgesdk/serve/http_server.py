@@ -305,25 +305,34 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.server.answer_started()
         self._answering = True
         ident = anthropic.new_message_id()
+        # a thinking model's reasoning as a thinking block (never inside the text, as deepseek-legacy streams it)
+        splitter = completer.reasoning_splitter(replace(request, stream=False))
         if not request.stream:
             completion = completer.complete(request, client_gone=self._client_gone)
-            self._send_json(200, anthropic.message_body(request, ident, self.server.model, completion))
+            reasoning, text = split_answer(splitter, completion.text) if splitter is not None else ("", None)
+            self._send_json(200, anthropic.message_body(request, ident, self.server.model, completion, reasoning, text))
             return
         text_block = request.tools is None  # an answer under tools is JSON, read once whole
+        blocks = anthropic.ThinkingStream() if splitter is not None else None
         prompt_tokens = len(completer.prompt_ids(request))
         def opened() -> None:
-            for name, data in anthropic.start_events(ident, self.server.model, prompt_tokens, 0, text_block):
+            for name, data in anthropic.start_events(ident, self.server.model, prompt_tokens, 0,
+                                                     text_block and blocks is None):
                 self._named_event(name, data)
 
         def on_text(text: str, logprobs: dict | None) -> None:
-            if text_block and text:
+            if blocks is not None:
+                for name, data in blocks.pieces(*splitter.push(text)):
+                    self._named_event(name, data)
+            elif text_block and text:
                 self._named_event(*anthropic.text_event(text))
 
         completion = self._complete_streamed(request, on_text, opened,
                                              lambda error: self._named_event("error", anthropic.error_body(error)))
         if completion is None:
             return
-        for name, data in anthropic.end_events(request, completion, text_block):
+        closing = None if blocks is None else blocks.pieces(*splitter.flush()) + blocks.close()
+        for name, data in anthropic.end_events(request, completion, text_block, closing):
             self._named_event(name, data)
 
     def _not_found(self, route: str, method: str) -> None:

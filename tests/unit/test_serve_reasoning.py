@@ -4,6 +4,8 @@ thinks as Qwen3's does (the block opened in the prompt, or closed empty with ena
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from edgesdk.serve.completion import ServeDefaults
@@ -143,3 +145,78 @@ def test_run_passes_chat_template_kwargs_and_refuses_bad_ones(tiny_bundle):
     assert "is not JSON" in result.stderr
     assert_ok(invoke("run", tiny_bundle.path, "--prompt", "Hello", "-n", 4, "--chat-template-kwargs",
                      '{"enable_thinking": false}'))
+
+
+def _message_events(server: Served, body: dict) -> list[tuple[str, dict]]:
+    status, _, payload = server.request("POST", "/v1/messages", {**body, "stream": True})
+    assert status == 200, payload
+    events = []
+    for chunk in payload.decode().split("\n\n"):
+        if chunk:
+            name, data = chunk.split("\n", 1)
+            events.append((name.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
+    return events
+
+
+@pytest.fixture
+def terse(tiny_bundle):
+    """A server whose template opens the block without a newline after <think>: the tiny model then thinks in
+    characters that are not whitespace (after a newline it writes only newlines, which stripping empties), and the
+    Messages API has no logit_bias to ban them."""
+    from edgesdk.runtime.session import open_runtime
+
+    runtime = open_runtime(tiny_bundle.path, threads=1)
+    runtime.tokenizer.template_source = THINKING_TEMPLATE.replace("{% else %}<think>\n", "{% else %}<think>")
+    runtime.tokenizer._template = None
+    server = Served(runtime, ServeDefaults(max_tokens=10))
+    yield server
+    server.close()
+
+
+def test_the_messages_api_gives_the_reasoning_as_a_thinking_block_whole_and_streamed(terse):
+    """Anthropic's extended-thinking shape: a thinking block (its signature empty: nothing here signs) before the
+    text; streamed, thinking_delta events in block 0. The tiny model never closes the block in 10 tokens, so
+    there is no text block, whole or streamed."""
+    served = terse
+    body = {"model": "m", "max_tokens": 10, "messages": ASK}
+    plain = _chat(served, reasoning_format="none", max_tokens=10)["content"]
+    assert plain.strip()
+    status, whole = served.post("/v1/messages", body)
+    assert status == 200, whole
+    assert [block["type"] for block in whole["content"]] == ["thinking"]
+    assert whole["content"][0]["signature"] == ""
+    events = _message_events(served, body)
+    starts = [data["content_block"]["type"] for name, data in events if name == "content_block_start"]
+    assert starts == ["thinking"]
+    thought = "".join(data["delta"]["thinking"] for name, data in events
+                      if name == "content_block_delta" and data["delta"]["type"] == "thinking_delta")
+    assert thought == whole["content"][0]["thinking"]
+    assert thought == plain.strip()  # the chat route's answer with the block left in, stripped as llama.cpp does
+    assert [name for name, _ in events][-3:] == ["content_block_stop", "message_delta", "message_stop"]
+
+
+def test_the_messages_api_with_thinking_off_answers_in_one_text_block(served):
+    body = {"model": "m", "max_tokens": 10, "messages": ASK, "chat_template_kwargs": {"enable_thinking": False}}
+    status, whole = served.post("/v1/messages", body)
+    assert status == 200, whole
+    assert [block["type"] for block in whole["content"]] == ["text"]
+    events = _message_events(served, body)
+    starts = [data["content_block"]["type"] for name, data in events if name == "content_block_start"]
+    assert starts == ["text"]
+    text = "".join(data["delta"]["text"] for name, data in events if name == "content_block_delta")
+    assert text == whole["content"][0]["text"]
+
+
+def test_a_streamed_answer_closes_the_thinking_block_when_its_text_begins():
+    from edgesdk.serve.anthropic import ThinkingStream
+
+    blocks = ThinkingStream()
+    events = blocks.pieces("The fox", "") + blocks.pieces(" runs.", "It") + blocks.pieces("", " jumps.") + blocks.close()
+    shapes = [(name, data.get("index"), (data.get("content_block") or data.get("delta") or {}).get("type"))
+              for name, data in events]
+    assert shapes == [("content_block_start", 0, "thinking"), ("content_block_delta", 0, "thinking_delta"),
+                      ("content_block_delta", 0, "thinking_delta"), ("content_block_stop", 0, None),
+                      ("content_block_start", 1, "text"), ("content_block_delta", 1, "text_delta"),
+                      ("content_block_delta", 1, "text_delta"), ("content_block_stop", 1, None)]
+    empty = ThinkingStream()
+    assert [name for name, _ in empty.close()] == ["content_block_start", "content_block_stop"]  # one empty text block
