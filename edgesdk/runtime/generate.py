@@ -418,13 +418,15 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                     pending = []
                 if unreported is not None:
                     report()
-                draft = [] if drafter is None else drafter.draft(min(backend.max_context - held - 1,
-                                                                     sampling.max_new_tokens - len(generated) - 1))
                 if hook is not None:
                     entered = time.perf_counter()
                     stats.waited_s += hook.before_step("decode")
                     hook_wall_s += time.perf_counter() - entered
                 step = time.perf_counter()
+                # Drafting is part of the step: a draft model's decodes are compute the hook paces and is told of
+                # (the thermal guard's rate, a simulated board's heat), and wait while the guard holds a step back.
+                draft = [] if drafter is None else drafter.draft(min(backend.max_context - held - 1,
+                                                                     sampling.max_new_tokens - len(generated) - 1))
                 if draft:
                     rows = backend.prefill(np.asarray([token, *draft], np.int64), keep_logits=len(draft) + 1)
                     logits, pending = rows[0], list(zip(draft, rows[1:], strict=True))  # rows: (1 + draft, vocab)

@@ -1,0 +1,69 @@
+"""Speculative decoding with a draft bundle (edgesdk/runtime/speculative.py, generate()'s drafts, run's --draft)
+against decoding without one, on real ONNX Runtime sessions of tiny bundles: the answers, what the step hook is
+told, the draft model's cache and the CLI's checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgesdk.runtime.generate import SamplingConfig, generate
+from edgesdk.runtime.speculative import DraftConfig, DraftModel
+
+PROMPT = [5, 17, 120, 33, 250, 9, 64, 199]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_bundle):
+    from edgesdk.runtime.session import open_runtime
+
+    return open_runtime(tiny_bundle.path, threads=1)
+
+
+@pytest.fixture(scope="module")
+def same_model(tiny_bundle):
+    from edgesdk.runtime.session import open_runtime
+
+    return open_runtime(tiny_bundle.path, threads=1)
+
+
+class DraftWatchingHook:
+    """A StepHook that notes, at each call, how far the draft model has got (its drafted count and cache)."""
+
+    def __init__(self, model: DraftModel):
+        self.model, self.calls = model, []
+
+    def _note(self, *call):
+        self.calls.append((*call, self.model.drafted, list(self.model.cached)))
+
+    def begin(self, prompt_tokens, max_new_tokens):
+        self._note("begin")
+
+    def before_step(self, kind):
+        self._note("before", kind)
+        return 0.0
+
+    def after_step(self, kind, tokens, compute_s):
+        self._note("after", kind, tokens, compute_s)
+
+    def end(self, stats):
+        self._note("end")
+
+
+def test_a_draft_model_s_work_is_inside_the_step_the_hook_is_told_of(target, same_model):
+    """The draft model decoded its draft before the hook's before_step: the thermal guard paced and paused only the
+    checking pass, and the compute seconds it (and a simulated board's heat) was told left the draft's decodes
+    out. Each draft is made between the step's before_step and after_step now."""
+    model = DraftModel(same_model.backend, DraftConfig(max_draft=3, p_min=0.0), target.backend.vocab_size)
+    hook = DraftWatchingHook(model)
+    answer, stats = generate(target.backend, PROMPT, SamplingConfig(max_new_tokens=24), stop_ids=set(), hook=hook,
+                             lookup=model)
+    assert answer == generate(target.backend, PROMPT, SamplingConfig(max_new_tokens=24), stop_ids=set())[0]
+    assert stats.draft_tokens > 0
+    steps = [call for call in hook.calls if call[0] in ("before", "after")]
+    assert [call[0] for call in steps] == ["before", "after"] * (len(steps) // 2)
+    drafted_in_steps = 0
+    for before, after in zip(steps[::2], steps[1::2], strict=True):
+        drafted_in_steps += after[-2] - before[-2]
+    for after, before in zip(steps[1::2], steps[2::2], strict=False):
+        assert before[-2:] == after[-2:], "the draft model ran between one step's after_step and the next before_step"
+    assert drafted_in_steps == stats.draft_tokens
