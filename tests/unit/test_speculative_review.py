@@ -4,6 +4,8 @@ told, the draft model's cache and the CLI's checks."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from edgesdk.runtime.generate import SamplingConfig, generate
@@ -67,3 +69,38 @@ def test_a_draft_model_s_work_is_inside_the_step_the_hook_is_told_of(target, sam
     for after, before in zip(steps[1::2], steps[2::2], strict=False):
         assert before[-2:] == after[-2:], "the draft model ran between one step's after_step and the next before_step"
     assert drafted_in_steps == stats.draft_tokens
+
+
+def _copy_with_runtime(bundle, out, runtime: dict):
+    """A copy of ``bundle`` whose manifest asks for other backends (the manifest's digest rewritten to match)."""
+    import hashlib
+    import json
+    import shutil
+
+    from edgesdk.bundle import read_manifest
+
+    shutil.copytree(bundle, out)
+    manifest = read_manifest(out)
+    manifest["runtime"].update(runtime)
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    (out / "manifest.json").write_text(text, encoding="utf-8")
+    (out / "manifest.sha256").write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
+    return out
+
+
+def test_the_draft_runs_on_the_bundle_s_backend_not_its_own_first_one(tiny_bundle, tmp_path):
+    """A Jetson draft bundle's first backend is tensorrt, which cannot rewind: with the bundle run on another
+    backend (--backend ort-cuda), the draft was opened on tensorrt all the same and refused, and no option picks
+    its backend. It runs on the bundle's backend; here a draft bundle whose only backend this host lacks runs on
+    the bundle's ort-cpu."""
+    from tests.unit.test_cli import assert_ok, invoke
+
+    draft = _copy_with_runtime(tiny_bundle.path, tmp_path / "draft", {"backend": "tensorrt", "fallbacks": []})
+    args = ("run", tiny_bundle.path, "--prompt", "The quick brown fox", "--raw", "-n", 16, "--ignore-eos",
+            "--threads", 1, "--stats")
+    plain = invoke(*args)
+    drafted = invoke(*args, "--draft", draft, "--draft-max", 3)
+    assert_ok(plain)
+    assert_ok(drafted)
+    assert drafted.stdout == plain.stdout
+    assert re.search(r"drafts [1-9]\d*/\d+ taken", drafted.stderr), drafted.stderr
