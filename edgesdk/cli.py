@@ -628,6 +628,10 @@ def _draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min
     from edgesdk.runtime.speculative import DraftConfig, DraftModel
 
     if draft_bundle is None:
+        context, default = click.get_current_context(silent=True), click.core.ParameterSource.DEFAULT
+        for name, flag in (("draft_max", "--draft-max"), ("draft_p_min", "--draft-p-min")):  # as --top-p is named
+            if context is not None and context.get_parameter_source(name) not in (None, default):
+                click.echo(f"edgesdk: {flag} is not used: it works with --draft BUNDLE", err=True)
         return None
     if lookup_draft:
         raise click.BadParameter("--draft and --lookup both draft tokens; pass one", param_hint="'--draft'")

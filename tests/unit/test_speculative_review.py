@@ -104,3 +104,22 @@ def test_the_draft_runs_on_the_bundle_s_backend_not_its_own_first_one(tiny_bundl
     assert_ok(drafted)
     assert drafted.stdout == plain.stdout
     assert re.search(r"drafts [1-9]\d*/\d+ taken", drafted.stderr), drafted.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_draft_settings_without_a_draft_bundle_are_named_as_unused(tiny_bundle, command):
+    """--draft-max and --draft-p-min without --draft did nothing without a word, where run names every other
+    option that does nothing in its setting (--top-p without a temperature, --ambient without --simulate-thermal)."""
+    from tests.unit.test_cli import assert_ok, invoke
+
+    if command == "run":
+        result = invoke("run", tiny_bundle.path, "--prompt", "x", "-n", 2, "--threads", 1, "--draft-max", 4,
+                        "--draft-p-min", 0.5)
+        assert_ok(result)
+    else:  # stopped at once by a bad --port, after the draft options are looked at
+        result = invoke("serve", tiny_bundle.path, "--threads", 1, "--draft-max", 4, "--draft-p-min", 0.5,
+                        "--port", 1, "--host", "256.0.0.1")
+    assert "--draft-max is not used: it works with --draft BUNDLE" in result.stderr
+    assert "--draft-p-min is not used: it works with --draft BUNDLE" in result.stderr
+    quiet = invoke("run", tiny_bundle.path, "--prompt", "x", "-n", 2, "--threads", 1)
+    assert "is not used" not in quiet.stderr
