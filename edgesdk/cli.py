@@ -660,8 +660,9 @@ def _draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min
     if ours != theirs:
         differ = sum(1 for token, index in ours.items() if theirs.get(token) != index) + len(set(theirs) - set(ours))
         raise click.BadParameter(f"{draft_bundle} has another tokenizer than the bundle ({len(theirs):,} tokens against "
-                                 f"{len(ours):,}, {differ:,} differ), so its token ids mean other text",
-                                 param_hint="'--draft'")
+                                 f"{len(ours):,}, {differ:,} differ), so its token ids mean other text; pass a "
+                                 "draft bundle built from a model with this bundle's tokenizer (a smaller model of "
+                                 "its family, or the same model quantized harder)", param_hint="'--draft'")
     try:
         return DraftModel(draft.backend, DraftConfig(max_draft=draft_max, p_min=draft_p_min), runtime.backend.vocab_size)
     except ValueError as exc:  # a draft backend that cannot rewind: the bundle's backend could not open the draft

@@ -123,3 +123,19 @@ def test_draft_settings_without_a_draft_bundle_are_named_as_unused(tiny_bundle, 
     assert "--draft-p-min is not used: it works with --draft BUNDLE" in result.stderr
     quiet = invoke("run", tiny_bundle.path, "--prompt", "x", "-n", 2, "--threads", 1)
     assert "is not used" not in quiet.stderr
+
+
+def test_a_draft_bundle_with_another_tokenizer_is_refused_with_what_to_pass(tiny_bundle, tmp_path):
+    """The refusal named the two tokenizers but not what to do."""
+    from tests._utils.builds import build_tiny_bundle
+    from tests._utils.tiny import save_tiny_model_dir
+    from tests.unit.test_cli import invoke
+
+    model_dir = save_tiny_model_dir(tmp_path / "model", vocab_size=300, hidden=64, heads=4, kv_heads=2)
+    other = build_tiny_bundle(tmp_path, "name: fused\nstages: []\nexport: {form: ort-fused, weights: fp32}\n", "host",
+                              model_dir=model_dir)
+    result = invoke("run", tiny_bundle.path, "--prompt", "x", "-n", 2, "--threads", 1, "--draft", other.path)
+    assert result.exit_code == 2, result.stderr
+    message = " ".join(result.stderr.split())
+    assert "has another tokenizer than the bundle (300 tokens against 320" in message
+    assert "pass a draft bundle built from a model with this bundle's tokenizer" in message
