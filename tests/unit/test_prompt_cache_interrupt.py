@@ -9,11 +9,21 @@ import re
 import signal
 
 import numpy as np
+import pytest
 
 from edgesdk.runtime.ort_backend import OrtDecoderBase
 from tests.unit.test_cli import assert_ok, invoke
 
 PROMPT = "The tower was built for the fair of 1889 and named after its engineer. " * 3
+
+
+@pytest.fixture(autouse=True)
+def python_handles_sigint():
+    """SIGINT raises KeyboardInterrupt, as in a fresh ``edgesdk run`` (an earlier test or library may have
+    installed another handler in this process); the handler before is put back after."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def _interrupt_at_decode(monkeypatch, step: int, inside: bool) -> None:

@@ -159,6 +159,16 @@ def test_clock_cap_without_cpufreq_says_so_and_only_paces(bundle, plain_text, tm
     assert {s["clock_cap"] for s in steps} == {None}  # the guard asks for no cap it cannot get
 
 
+def _default_signals() -> None:
+    """In the child before exec: SIGINT and SIGHUP as a terminal's foreground process has them. A test run started
+    in the background (``&``) or under nohup inherits them ignored, and the run then keeps them ignored on purpose
+    (nohup's SIGHUP), so the signals these tests send would do nothing."""
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP"])
 def test_a_stopped_run_gives_the_clock_back(bundle, tmp_path, stop):
     """Past the hard limit the guard pauses (clock capped) until the board cools, which this zone
@@ -171,7 +181,8 @@ def test_a_stopped_run_gives_the_clock_back(bundle, tmp_path, stop):
     env = {**os.environ, **board}
     proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "run", str(bundle), "--prompt", "hello", "-n", "8",
                              "--raw", "--watch-thermal", "--clock-cap", "--thermal-target", "rpi5"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_signals)
     ceiling = policy / "scaling_max_freq"
     deadline = time.monotonic() + 120
     while ceiling.read_text().strip() != "1500000" and time.monotonic() < deadline and proc.poll() is None:
@@ -221,7 +232,7 @@ def test_ctrl_c_in_an_interactive_session_stops_the_answer_not_the_session(bundl
     proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "run", str(bundle), "-n", "8", "--raw",
                              "--watch-thermal", "--thermal-target", "rpi5", "--telemetry", str(telemetry)],
                             env={**os.environ, **board}, stdin=slave, stdout=slave, stderr=slave,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_signals)
     os.close(slave)
     seen = bytearray()
 
