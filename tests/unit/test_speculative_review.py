@@ -139,3 +139,76 @@ def test_a_draft_bundle_with_another_tokenizer_is_refused_with_what_to_pass(tiny
     message = " ".join(result.stderr.split())
     assert "has another tokenizer than the bundle (300 tokens against 320" in message
     assert "pass a draft bundle built from a model with this bundle's tokenizer" in message
+
+
+@pytest.fixture(scope="module")
+def short_model(tmp_path_factory):
+    """Another random model with the tiny bundle's tokenizer, in a bundle that holds 64 tokens (the target 256)."""
+    from edgesdk.runtime.session import open_runtime
+    from tests._utils.builds import build_tiny_bundle
+    from tests._utils.tiny import save_tiny_model_dir
+
+    root = tmp_path_factory.mktemp("short")
+    model_dir = save_tiny_model_dir(root / "model", seed=7, hidden=64, heads=4, kv_heads=2)
+    bundle = build_tiny_bundle(root, "name: fused\nstages: []\nexport: {form: ort-fused, weights: fp32}\n", "host",
+                               model_dir=model_dir)
+    return open_runtime(bundle.path, threads=1)
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingConfig(max_new_tokens=60, repeat_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.4),
+    SamplingConfig(max_new_tokens=60, temperature=0.9, top_k=20, seed=3, logit_bias=((5, 5.0), (17, -100.0))),
+], ids=["penalties", "sampled-biased"])
+@pytest.mark.parametrize("prompt_length", [8, 60, 250], ids=["short", "past-the-draft-s-context", "near-full"])
+@pytest.mark.parametrize("drafts_from", ["same_model", "short_model"])
+def test_the_answer_is_the_target_s_own_to_a_full_context(target, drafts_from, sampling, prompt_length, request):
+    """Penalties and a logit bias the draft model knows nothing of, a text that outgrows the draft's context (64
+    tokens) and one that fills the target's (256): the answer and why it stopped are the target's own."""
+    draft = request.getfixturevalue(drafts_from)
+    prompt = [3 + (7 * index * index + 11 * index) % 317 for index in range(prompt_length)]
+    plain, plain_stats = generate(target.backend, prompt, sampling, stop_ids={2})
+    model = DraftModel(draft.backend, DraftConfig(max_draft=6, p_min=0.0), target.backend.vocab_size)
+    drafted, stats = generate(target.backend, prompt, sampling, stop_ids={2}, lookup=model)
+    assert drafted == plain
+    assert stats.stop_reason == plain_stats.stop_reason
+    assert target.backend.position <= target.backend.max_context
+    assert draft.backend.position <= draft.backend.max_context
+
+
+def test_an_answer_stopped_mid_draft_leaves_both_caches_to_the_next(target, same_model):
+    """Ctrl-C (or a client gone) while drafted tokens wait in the target's cache: they leave it, the prompt cache
+    and the draft model's bookkeeping stay true, and the next answer is the target's own."""
+    from edgesdk.runtime.prompt_cache import PromptCache
+
+    cache = PromptCache(target.backend)
+    model = DraftModel(same_model.backend, DraftConfig(max_draft=4, p_min=0.0), target.backend.vocab_size)
+    seen = []
+
+    def stop_at_seventh(token):
+        seen.append(token)
+        if len(seen) == 7:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        generate(target.backend, PROMPT, SamplingConfig(max_new_tokens=40), stop_ids=set(), cache=cache, lookup=model,
+                 on_token=stop_at_seventh)
+    assert target.backend.position == len(PROMPT) + 6  # the seventh token was never fed
+    assert len(model.cached) == same_model.backend.position
+    following = PROMPT + seen + [7, 8]
+    answer, stats = generate(target.backend, following, SamplingConfig(max_new_tokens=12), stop_ids=set(),
+                             cache=cache, lookup=model)
+    assert stats.cached_tokens == len(PROMPT) + 6
+    assert answer == generate(target.backend, following, SamplingConfig(max_new_tokens=12), stop_ids=set())[0]
+
+
+def test_a_draft_model_with_a_longer_context_never_pushes_the_bundle_past_its_own(target, short_model):
+    """The draft bundle holds 256 tokens, the bundle 64: drafts near the end of the bundle's context are cut to
+    what its cache holds, and the answer stops at max_context as without drafts."""
+    prompt = [3 + (7 * index * index + 11 * index) % 317 for index in range(50)]
+    sampling = SamplingConfig(max_new_tokens=40)
+    plain, plain_stats = generate(short_model.backend, prompt, sampling, stop_ids=set())
+    model = DraftModel(target.backend, DraftConfig(max_draft=8, p_min=0.0), short_model.backend.vocab_size)
+    drafted, stats = generate(short_model.backend, prompt, sampling, stop_ids=set(), lookup=model)
+    assert drafted == plain
+    assert stats.stop_reason == plain_stats.stop_reason == "max_context"
+    assert stats.draft_tokens > 0
