@@ -53,6 +53,9 @@ class DraftModel:
                              "needs after each check")
         self.backend, self.config = backend, config
         self.vocab_size = vocab_size  # the target's: a drafted id past it ends the draft
+        # The draft model's own rows: a text holding an id past them (a bundle whose vocabulary is padded wider than
+        # the draft's, sampling one of its extra ids) is one the draft model cannot read, so it is not drafted for.
+        self.rows: int | None = getattr(backend, "vocab_size", None)
         self.cached: list[int] = []  # what the draft backend's KV cache holds
         self.drafted = 0  # tokens drafted over this model's life (statistics)
 
@@ -84,18 +87,23 @@ class ModelDrafter:
     def __init__(self, model: DraftModel, tokens):
         self.model = model
         self.tokens = [int(token) for token in tokens]
+        # an id the draft model has no row for: its prefill would fail (ONNX Runtime's Gather), so no more drafts
+        self.unreadable = model.rows is not None and any(token >= model.rows for token in self.tokens)
 
     def push(self, token: int) -> None:
         self.tokens.append(int(token))
+        if self.model.rows is not None and token >= self.model.rows:
+            self.unreadable = True
 
     def draft(self, limit: int | None = None) -> list[int]:
         """Up to ``max_draft`` (and ``limit``) tokens the draft model decodes greedily after the text, stopping
-        at one it gives less than ``p_min``; empty where it has no room or no confidence."""
+        at one it gives less than ``p_min``; empty where it has no room or no confidence, or the text holds an id
+        it has no row for."""
         model, config = self.model, self.model.config
         backend = model.backend
         room = config.max_draft if limit is None else min(limit, config.max_draft)
         room = min(room, backend.max_context - len(self.tokens))  # the draft's cache holds the text and the draft
-        if room <= 0 or not self.tokens:
+        if room <= 0 or not self.tokens or self.unreadable:
             return []
         logits = model.logits_after(self.tokens)
         drafted: list[int] = []

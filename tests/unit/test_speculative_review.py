@@ -212,3 +212,37 @@ def test_a_draft_model_with_a_longer_context_never_pushes_the_bundle_past_its_ow
     assert drafted == plain
     assert stats.stop_reason == plain_stats.stop_reason == "max_context"
     assert stats.draft_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory):
+    """A bundle whose model has 400 embedding rows over the tiny tokenizer's 320 tokens (a vocabulary padded wider,
+    as some families pad their larger models' and not their smaller ones')."""
+    from edgesdk.runtime.session import open_runtime
+    from tests._utils.builds import build_tiny_bundle
+    from tests._utils.tiny import tiny_llama, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("wide")
+    tiny_llama(seed=3, vocab_size=400).save_pretrained(root / "model", safe_serialization=True)
+    tiny_tokenizer(320).save_pretrained(root / "model")
+    bundle = build_tiny_bundle(root, "name: fused\nstages: []\nexport: {form: ort-fused, weights: fp32}\n", "host",
+                               model_dir=root / "model")
+    return open_runtime(bundle.path, threads=1)
+
+
+@pytest.mark.parametrize(("prompt", "bias"), [
+    (PROMPT, ((350, 100.0),)),  # the bundle takes an id past the draft's rows as it answers
+    ([*PROMPT, 350], ()),  # the prompt holds one
+])
+def test_a_text_with_an_id_past_the_draft_model_s_rows_is_not_drafted_for(wide_model, target, prompt, bias):
+    """The bundle's 400 rows against the draft's 320: an id past 319 in the text failed the draft model's prefill
+    (ONNX Runtime's Gather: 'indices element out of data bounds'), and with it the answer, which the bundle alone
+    gives. The draft model does not draft for a text it cannot read; the answer is the bundle's own."""
+    sampling = SamplingConfig(max_new_tokens=12, logit_bias=bias)
+    plain, _ = generate(wide_model.backend, prompt, sampling, stop_ids=set())
+    assert max(plain + prompt) >= 320
+    model = DraftModel(target.backend, DraftConfig(max_draft=4, p_min=0.0), wide_model.backend.vocab_size)
+    drafted, stats = generate(wide_model.backend, prompt, sampling, stop_ids=set(), lookup=model)
+    assert drafted == plain
+    assert generate(wide_model.backend, PROMPT, SamplingConfig(max_new_tokens=12), stop_ids=set(),
+                    lookup=model)[1].draft_tokens > 0  # a text it can read is drafted for again
