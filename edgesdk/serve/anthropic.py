@@ -12,7 +12,9 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
   ``stream``, ``tools`` (``name``, ``description``, ``input_schema``), ``tool_choice``
   (``auto``, ``any``, ``tool``, ``none``), and llama-server's ``chat_template_kwargs`` (extra chat-template
   variables, as on the chat route); ``metadata`` and ``service_tier`` change nothing.
-  Images, documents, server tools and extended ``thinking`` are refused by name.
+  ``thinking`` (``enabled`` with its ``budget_tokens``, or ``disabled``) sets the chat template's
+  ``enable_thinking`` (Qwen3's switch) unless ``chat_template_kwargs`` sets it; the budget is not
+  enforced. Images, documents and server tools are refused by name.
 * answer: ``{"id": "msg_...", "type": "message", "role": "assistant", "content": [text or
   tool_use blocks, after a ``thinking`` block where a thinking model's reasoning is split off
   (edgesdk/serve/reasoning.py; its ``signature`` empty)], "stop_reason": "end_turn" | "max_tokens" | "stop_sequence" | "tool_use" |
@@ -74,10 +76,7 @@ def chat_body(body: object) -> dict:
     body = _object(body)
     if body.get("max_tokens") is None:
         raise ApiError(400, "'max_tokens' is required: the most tokens the answer may have", param="max_tokens")
-    thinking = body.get("thinking")
-    if thinking is not None and (not isinstance(thinking, dict) or thinking.get("type") != "disabled"):
-        raise ApiError(400, f"'thinking' = {_shown(thinking)} is not supported: this model answers without extended "
-                       "thinking; leave 'thinking' out", param="thinking", code="unsupported_parameter")
+    thinking = _thinking(body.get("thinking"))
     messages = _system(body.get("system"))
     turns = body.get("messages")
     if not isinstance(turns, list) or not turns:
@@ -97,6 +96,9 @@ def chat_body(body: object) -> dict:
     for field in ("temperature", "top_p", "top_k", "chat_template_kwargs"):
         if field in body:
             chat[field] = body[field]
+    if thinking is not None and isinstance(chat.get("chat_template_kwargs", {}), dict):
+        # extended thinking on or off is the template's enable_thinking (Qwen3's), unless the request sets it itself
+        chat["chat_template_kwargs"] = {"enable_thinking": thinking, **chat.get("chat_template_kwargs", {})}
     if body.get("stop_sequences") is not None:
         chat["stop"] = _stop_sequences(body["stop_sequences"])
     if body.get("tools"):
@@ -104,6 +106,22 @@ def chat_body(body: object) -> dict:
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"], bool(body.get("tools")))
     return chat
+
+
+def _thinking(value: object) -> bool | None:
+    """``thinking``: ``{"type": "enabled", "budget_tokens": N}`` (True) or ``{"type": "disabled"}`` (False), None
+    when absent. The budget is checked as Anthropic states it (a whole number >= 1024) but not enforced: a model
+    thinks until it closes its block, and ``max_tokens`` bounds the whole answer."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "disabled":
+        return False
+    budget = value.get("budget_tokens") if isinstance(value, dict) else None
+    if kind != "enabled" or isinstance(budget, bool) or not isinstance(budget, int) or budget < 1024:
+        raise ApiError(400, f"'thinking' must be {{\"type\": \"enabled\", \"budget_tokens\": N}} with N >= 1024, or "
+                       f"{{\"type\": \"disabled\"}}; got {_shown(value)}", param="thinking")
+    return True
 
 
 def _plain(message: dict) -> bool:

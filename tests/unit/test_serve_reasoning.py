@@ -220,3 +220,22 @@ def test_a_streamed_answer_closes_the_thinking_block_when_its_text_begins():
                       ("content_block_delta", 1, "text_delta"), ("content_block_stop", 1, None)]
     empty = ThinkingStream()
     assert [name for name, _ in empty.close()] == ["content_block_start", "content_block_stop"]  # one empty text block
+
+
+def test_the_messages_api_s_thinking_switch_is_the_template_s_enable_thinking(served, terse):
+    """thinking disabled closes Qwen3-style templates' block (a text answer), enabled leaves it open (a thinking
+    block); a request's own chat_template_kwargs win over the switch."""
+    base = {"model": "m", "max_tokens": 10, "messages": ASK}
+    status, rendered = served.post("/v1/messages/count_tokens", {**base, "thinking": {"type": "disabled"}})
+    assert status == 200, rendered
+    status, closed = served.post("/v1/messages/count_tokens", {**base, "chat_template_kwargs": {"enable_thinking": False}})
+    assert rendered == closed  # the same prompt as enable_thinking false
+    status, off = terse.post("/v1/messages", {**base, "thinking": {"type": "disabled"}})
+    assert status == 200, off
+    assert [block["type"] for block in off["content"]] == ["text"]
+    status, on = terse.post("/v1/messages", {**base, "thinking": {"type": "enabled", "budget_tokens": 2048}})
+    assert status == 200, on
+    assert [block["type"] for block in on["content"]] == ["thinking"]
+    status, theirs = terse.post("/v1/messages", {**base, "thinking": {"type": "enabled", "budget_tokens": 2048},
+                                                 "chat_template_kwargs": {"enable_thinking": False}})
+    assert [block["type"] for block in theirs["content"]] == ["text"]
