@@ -109,10 +109,12 @@ class ModelDrafter:
         drafted: list[int] = []
         while True:
             token = int(np.argmax(logits))
-            shifted = logits.astype(np.float64) - logits[token]
-            confidence = 1.0 / float(np.exp(shifted).sum())  # the top token's probability
-            if confidence < config.p_min or (model.vocab_size is not None and token >= model.vocab_size):
+            if model.vocab_size is not None and token >= model.vocab_size:
                 break
+            if config.p_min > 0:  # the top token's probability (a softmax over the vocabulary: only when asked)
+                shifted = logits.astype(np.float64) - logits[token]
+                if 1.0 / float(np.exp(shifted).sum()) < config.p_min:
+                    break
             drafted.append(token)
             if len(drafted) == room:
                 break
