@@ -92,9 +92,16 @@ class Telemetry:
 
 def load(path: str | Path) -> tuple[dict, list[dict]]:
     """(meta, step records) of a telemetry file; unparsable lines, and lines that are not a JSON
-    object, are skipped (a killed run can leave a torn, even non-UTF-8, last line)."""
+    object, are skipped (a killed run can leave a torn, even non-UTF-8, last line). A file that
+    cannot be read (permissions, a directory, gone) is an EdgeSDKError naming it."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as error:
+        raise EdgeSDKError(f"telemetry file {path} cannot be read ({error.strerror or error})",
+                           f"pass a telemetry JSONL file this user may read (check that {path} exists and "
+                           "its permissions), as written by 'edgesdk run --telemetry FILE'") from error
     meta, steps = {}, []
-    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in text.splitlines():
         try:
             record = json.loads(line)
         except (ValueError, RecursionError):  # JSONDecodeError, an integer past 4,300 digits, deep nesting
