@@ -110,7 +110,8 @@ def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config
             click.echo(json.dumps(info, indent=2) if as_json else format_status(info))
         return
     if bundle is None:
-        raise DeployError("no BUNDLE given", "pass the bundle directory (or .tar) to deploy, or --status / --rollback")
+        raise DeployError("no BUNDLE given", "pass the bundle directory (or its archive from 'edgesdk pack') to deploy, "
+                          "or --status / --rollback")
     from edgesdk.deploy.orchestrate import deploy as do_deploy
 
     result = do_deploy(bundle, options)

@@ -95,7 +95,8 @@ def _budget_mb(bundle_manifest: dict, board_target: str | None) -> int:
 
 
 def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = None) -> DeployResult:
-    """Deploy a bundle (directory or .tar) onto the board or directory named in ``options``."""
+    """Deploy a bundle (directory, or archive from 'edgesdk pack') onto the board or directory named in
+    ``options``."""
     report = report or Reporter(total=9 if options.service else 8)
     check_destination(options)
     with contextlib.ExitStack() as stack:

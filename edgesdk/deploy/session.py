@@ -116,10 +116,11 @@ def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOp
 
 
 def unpack_if_archive(path: Path, stack) -> Path:
-    """A bundle .tar (from 'edgesdk pack') is unpacked into a temporary directory first."""
-    if path.is_file() and path.suffix == ".tar":
-        from edgesdk.bundle import unpack_bundle
+    """A bundle archive from 'edgesdk pack' (.tar, or compressed as its name says: .tar.gz / .tgz, .tar.bz2,
+    .tar.xz) is unpacked into a temporary directory first."""
+    from edgesdk.bundle import COMPRESSED_SUFFIXES, unpack_bundle
 
+    if path.is_file() and path.name.lower().endswith((".tar", *COMPRESSED_SUFFIXES)):
         tmp = Path(tempfile.mkdtemp(prefix="edgesdk-deploy-"))
         stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         return unpack_bundle(path, tmp).path
