@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import sys
 import tempfile
@@ -107,9 +108,9 @@ def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOp
     text = proc.stdout.decode("utf-8", "replace")
     if proc.returncode != 0 or not text.strip():
         tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-10:]
-        raise DeployError(f"the smoke test 'edgesdk run {release} --prompt {options.smoke_prompt!r} -n "
-                          f"{options.smoke_tokens}' failed on {board.label} (exit {proc.returncode}):\n    "
-                          + "\n    ".join(tail or ["(no output)"]),
+        # the command as it ran (its edgesdk, --ignore-target, --raw), quoted so it can be pasted on the board
+        raise DeployError(f"the smoke test failed on {board.label} (exit {proc.returncode}): "
+                          f"{shlex.join(argv)}\n    " + "\n    ".join(tail or ["(no output)"]),
                           "the board keeps its current release; fix the problem shown above and deploy again")
     report.info(f"generated {text.strip()!r}")
     return text

@@ -17,3 +17,33 @@ def test_deploy_accepts_a_compressed_archive_from_pack(tiny_bundle, tmp_path, na
     proc = edgesdk("deploy", archive, "--to", tmp_path / "dir")
     assert proc.returncode == 0, proc.stderr
     assert current_id(tmp_path / "dir") == tiny_bundle.bundle_id
+
+
+def test_a_failed_smoke_test_names_the_command_as_it_ran(tmp_path):
+    """The refusal showed 'edgesdk run RELEASE --prompt ... -n 4' without the --ignore-target and --raw the smoke
+    test ran with and with the release path unquoted: pasted on the board, it split a path with a space, or was
+    refused for the target instead of failing as the smoke test did. The command shown is the one that ran."""
+    import os
+    import shlex
+    import subprocess
+
+    from edgesdk.deploy.orchestrate import deploy
+    from edgesdk.deploy.report import Reporter
+    from edgesdk.deploy.session import DeployOptions
+    from edgesdk.deploy.transport import DeployError
+    from tests.unit.test_deploy_helper import make_bundle
+
+    bundle = make_bundle(tmp_path / "b", {"model.onnx": os.urandom(100)})  # no graph ONNX Runtime can load
+    root = tmp_path / "edge sdk's root"
+    with pytest.raises(DeployError) as failed:
+        deploy(bundle.path, DeployOptions(to=root, ignore_target=True), Reporter(8, write=lambda line: None))
+    first, _, tail = failed.value.problem.partition("\n")
+    head, _, command = first.partition("): ")
+    assert head == f"the smoke test failed on local directory {root} (exit 7"
+    argv = shlex.split(command)
+    assert argv[argv.index("run"):] == ["run", str(root / "releases" / bundle.bundle_id), "--ignore-target",
+                                        "--prompt", "hi", "-n", "4", "--raw"]
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 7
+    assert again.stderr.strip().splitlines()[0] in tail
+    assert current_id(root) is None  # the board keeps what it ran (nothing, here)
