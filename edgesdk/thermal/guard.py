@@ -26,7 +26,9 @@ request, but never more tokens than the model says fit at full speed before the 
 degree under the soft limit. A request starts when the bucket can pay for that depth, so waiting
 happens before the first token (time to first token) and the text streams at full speed; a request
 longer than the depth is paced token by token. With no sensor data for ``stale_s`` the guard warns
-once and paces steadily at ``fallback_fraction`` of the unpaced rate.
+once and paces steadily at ``fallback_fraction`` of the unpaced rate, or at the slower rate it was
+pacing at when the data stopped (a bare Pi 5 held near 20 % at 35 °C ambient heats past its hard
+limit into the firmware throttle at 50 %).
 
 Sources for the limits are in the target profiles (``targets/*.yaml``); the Raspberry Pi's 80/85 °C
 firmware scheme is in the Raspberry Pi documentation (``frequency-management.adoc``).
@@ -157,7 +159,7 @@ class GuardConfig:
     min_dwell_s: float = 10.0
     warm_budget: float = 0.75  # compute budget handed to the power gate in warm
     hot_budget: float = 0.5  # ... in hot, critical and when the sensor failed
-    fallback_fraction: float = 0.5  # token rate, as a fraction of the unpaced rate, without sensor data
+    fallback_fraction: float = 0.5  # largest token rate, as a fraction of the unpaced rate, without sensor data
     min_fraction: float = 0.02
     stale_s: float = 5.0
     response_s: float = 30.0  # closed-loop time constant of the rate controller
@@ -246,14 +248,20 @@ class Guard:
         self.fraction = min(self.fraction, self.config.fallback_fraction)
 
     def _sensor_failed(self, reading: Reading | None) -> None:
+        """No data: pace steadily at the fallback rate, or slower where the controller was pacing a hot
+        board: at its steady-state estimate (the integral, the rate that holds the setpoint) or its
+        output, the lower; the conservative mode never speeds a hot board up."""
+        held = self.fraction if self.level.rank < Level.HOT.rank else min(self.fraction, self._integral)
+        self.fraction = min(held, self.config.fallback_fraction)
         if self.sensor_ok and not self._warned:
             what = "no reading" if reading is None else f"no data from {reading.source or 'the sensor'}"
+            slower = (f" (the rate it was pacing at; at most {self.config.fallback_fraction:.0%})"
+                      if self.fraction < self.config.fallback_fraction else "")
             self._warn(f"thermal sensor failed ({what}): pacing at a fixed "
-                       f"{self.config.fallback_fraction:.0%} of the unpaced token rate until it recovers")
+                       f"{self.fraction:.0%} of the unpaced token rate{slower} until it recovers")
             self._warned = True
         self.sensor_ok = False
         self.credit = min(self.credit, self._depth)
-        self.fraction = self.config.fallback_fraction
 
     def _target(self, temp: float) -> Level:
         for level in (Level.CRITICAL, Level.HOT, Level.WARM):
