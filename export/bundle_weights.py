@@ -35,8 +35,12 @@ class BundleLayer:
     kv_heads: int
     units: dict[str, Matrix]  # UNITS -> matrix; attn.qkv rows are [q | k | v], mlp.gate_up rows [gate | up]
     qkv_bias: np.ndarray | None = None  # ((Hq + 2 Hkv) * hd,)
-    q_norm: np.ndarray | None = None  # (hd,) Qwen3: the RMSNorm weight of every query head
+    q_norm: np.ndarray | None = None  # (hd,) Qwen3, Gemma 3: the RMSNorm weight of every query head
     k_norm: np.ndarray | None = None  # (hd,) and of every key head
+    attn_out_norm: np.ndarray | None = None  # (D,) Gemma 3: the norm of the attention's output
+    ffn_out_norm: np.ndarray | None = None  # (D,) Gemma 3: and of the FFN's output
+    rope: int = 0  # which of BundleDecoder.rope_bases rotates this layer
+    window: int | None = None  # sliding attention: each query sees the last `window` positions (None: all)
 
 
 @dataclass
@@ -51,6 +55,10 @@ class BundleDecoder:
     final_norm: np.ndarray  # (D,)
     lm_head: Matrix | None  # (V, D); None when tied to the embedding
     layers: list[BundleLayer] = field(default_factory=list)
+    rope_bases: list[float] = field(default_factory=list)  # theta of each rotary table (rope_base is table 0's)
+    embed_scale: float = 1.0  # Gemma: the looked-up rows times sqrt(D)
+    attention_scale: float | None = None  # softmax(q.k * this); None: 1/sqrt(head_dim)
+    activation: str = "silu"  # the FFN's gate activation: silu (SwiGLU) | gelu_tanh (GeGLU)
 
     @property
     def hidden_size(self) -> int:
@@ -85,13 +93,22 @@ def read_bundle_decoder(bundle_dir: Path, manifest: dict) -> BundleDecoder:
     store = _Initializers(model.graph, Path(bundle_dir), graph_record.get("weights"))
     nodes = _NodeIndex(model.graph)
     embed, final_norm, lm_head = _embedding_and_head(store, nodes)
-    layers = [_layer(store, nodes, i) for i in range(graph_record["num_layers"])]
     head_dim = graph_record["head_dim"]
+    tables: list[str] = []  # the rotary tables' cos names, in the order layers first use them
+    layers = [_layer(store, nodes, i, tables) for i in range(graph_record["num_layers"])]
     eps = nodes.attribute("SimplifiedLayerNormalization", "layers.0.input_norm", "epsilon")
-    rope_base = fit_rope_base(store.array("rotary.cos"), store.array("rotary.sin"), head_dim, bundle_dir)
-    return BundleDecoder(head_dim=head_dim, rms_eps=float(eps), rope_base=rope_base,
+    bases = [fit_rope_base(store.array(cos), store.array(cos[: -len("cos")] + "sin"), head_dim, bundle_dir)
+             for cos in tables]
+    scales = {_attributes(nodes.node("GroupQueryAttention", f"past_key_values.{i}.key")).get("scale", 0.0)
+              for i in range(len(layers))}
+    scale = float(scales.pop()) if len(scales) == 1 else None
+    if scale is None or math.isclose(scale, 0.0) or math.isclose(scale, head_dim ** -0.5, rel_tol=1e-6):
+        scale = None  # GroupQueryAttention's default, 1/sqrt(head size)
+    gelu = any(node.op_type == "FastGelu" for node in model.graph.node)
+    return BundleDecoder(head_dim=head_dim, rms_eps=float(eps), rope_base=bases[0],
                          max_context=graph_record["max_context"], embed=embed, final_norm=final_norm,
-                         lm_head=lm_head, layers=layers)
+                         lm_head=lm_head, layers=layers, rope_bases=bases, embed_scale=_embed_scale(model.graph, store),
+                         attention_scale=scale, activation="gelu_tanh" if gelu else "silu")
 
 
 def fit_rope_base(cos: np.ndarray, sin: np.ndarray, head_dim: int, bundle_dir) -> float:
@@ -229,13 +246,46 @@ def _embedding_and_head(store: _Initializers, nodes: _NodeIndex) -> tuple[Matrix
     return embed, final_norm, head
 
 
-def _layer(store: _Initializers, nodes: _NodeIndex, i: int) -> BundleLayer:
+def _embed_scale(graph, store: _Initializers) -> float:
+    """The factor the looked-up embedding rows are multiplied by before the first layer (Gemma: sqrt(D)), 1.0
+    where none is (the fused exporter's Mul by a scalar right after the Gather and its optional Slice)."""
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    lookup = next((node for node in consumers.get("input_ids", [])
+                   if node.op_type in ("Gather", "GatherBlockQuantized")), None)
+    if lookup is None:
+        return 1.0
+    output = lookup.output[0]
+    following = consumers.get(output, [])
+    if len(following) == 1 and following[0].op_type == "Slice":  # the last block's zero padding cut off
+        output = following[0].output[0]
+        following = consumers.get(output, [])
+    for node in following:
+        if node.op_type == "Mul":
+            other = [name for name in node.input if name != output]
+            if len(other) == 1 and store.has(other[0]):
+                value = store.array(other[0])
+                if value.size == 1:
+                    return float(value.reshape(-1)[0])
+    return 1.0
+
+
+def _layer(store: _Initializers, nodes: _NodeIndex, i: int, tables: list[str]) -> BundleLayer:
+    """Layer ``i``'s weights; the name of the rotary table it reads is added to ``tables`` when new."""
     prefix = f"layers.{i}"
     attention = nodes.node("GroupQueryAttention", f"past_key_values.{i}.key")
     if attention is None:
         raise ExportError(f"the fused graph has no GroupQueryAttention for layer {i}",
                           "the bundle was not written by this edgesdk's fused exporter; rebuild it")
     attributes = _attributes(attention)
+    cos = attention.input[7]
+    if cos not in tables:
+        tables.append(cos)
+    window = attributes.get("local_window_size", -1)
+    optional = {name: store.array(f"{prefix}.{name}").astype(np.float32)
+                for name in ("attn_out_norm", "ffn_out_norm") if store.has(f"{prefix}.{name}")}
     bias = store.array(f"{prefix}.attn.qkv.bias").astype(np.float32) if store.has(f"{prefix}.attn.qkv.bias") else None
     heads = int(attributes["num_heads"])
     q_norm, k_norm = _head_norms(store, f"{prefix}.attn.qk_norm.weight", heads)
@@ -244,7 +294,8 @@ def _layer(store: _Initializers, nodes: _NodeIndex, i: int) -> BundleLayer:
         post_attention_norm=store.array(f"{prefix}.post_attention_norm").astype(np.float32),
         heads=heads, kv_heads=int(attributes["kv_num_heads"]),
         units={unit: _unit(store, nodes, f"{prefix}.{unit}") for unit in UNITS},
-        qkv_bias=bias, q_norm=q_norm, k_norm=k_norm,
+        qkv_bias=bias, q_norm=q_norm, k_norm=k_norm, rope=tables.index(cos),
+        window=int(window) if window > 0 else None, **optional,
     )
 
 

@@ -6,15 +6,22 @@ run at the bundle's quality instead of the round-to-nearest Q4_0 that ``llama-qu
 float weights. This is the GGUF fallback of the deployment plan (reference: anchors-mission.md §6)
 for boards where ONNX Runtime has no wheel.
 
-Layout follows llama.cpp's ``convert_hf_to_gguf.py`` conventions for the ``llama``, ``qwen2`` and
-``qwen3`` architectures (GGUF spec: github.com/ggml-org/ggml/blob/master/docs/gguf.md):
+Layout follows llama.cpp's ``convert_hf_to_gguf.py`` conventions for the ``llama``, ``qwen2``,
+``qwen3`` and ``gemma3`` architectures (GGUF spec: github.com/ggml-org/ggml/blob/master/docs/gguf.md):
 
 - tensor names ``token_embd``, ``blk.{i}.attn_{q,k,v,output}``, ``blk.{i}.ffn_{gate,up,down}``,
-  ``blk.{i}.{attn,ffn}_norm``, ``output_norm``, ``output`` (absent when tied), and Qwen3's
-  ``blk.{i}.attn_{q,k}_norm``;
+  ``blk.{i}.{attn,ffn}_norm``, ``output_norm``, ``output`` (absent when tied), Qwen3's and Gemma 3's
+  ``blk.{i}.attn_{q,k}_norm``, and Gemma 3's ``blk.{i}.post_attention_norm`` / ``post_ffw_norm``;
 - ``llama`` rotates adjacent pairs (GPT-J style) where the bundle's graph rotates halves
   (``rotary_interleaved=0``), so the query and key rows of each head are reordered: row
-  ``h·hd + a·hd/2 + j`` moves to ``h·hd + 2j + a``. ``qwen2`` and ``qwen3`` rotate halves and keep them.
+  ``h·hd + a·hd/2 + j`` moves to ``h·hd + 2j + a``. ``qwen2``, ``qwen3`` and ``gemma3`` rotate halves
+  and keep them.
+- ``gemma3``'s norm weights are stored as the factor they scale by (1 + the Hugging Face weight), which
+  the bundle already holds. llama.cpp fixes what the file does not say: every sixth layer attends
+  globally at ``rope.freq_base`` and the others over ``attention.sliding_window`` at a rotary base of
+  10,000, the embedding is scaled by sqrt(width), the softmax by 1/sqrt(head size) (the 27B's 62 layers
+  excepted), and the FFN is GeGLU with GELU's tanh form (``llama-model.cpp``, LLM_ARCH_GEMMA3). A bundle
+  that differs in any of these is refused rather than written to compute something else.
 - Layers pruned to different shapes (``prune`` ranks FFN channels across layers and removes whole
   GQA groups per layer) are written as llama.cpp's ``deci`` architecture (NVIDIA's Llama-Nemotron
   NAS models), whose loader reads the head counts, KV head counts and FFN widths as per-layer arrays
@@ -29,6 +36,7 @@ with the ``gguf`` package's own decoder and compared with the bundle's weights (
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import Counter
@@ -44,9 +52,12 @@ from edgesdk.export.gguf_vocab import GGUFVocab, vocab_from_tokenizer_json
 
 # model type in the bundle's manifest -> (GGUF architecture, query/key rows reordered for pairwise RoPE)
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False),
-                 "qwen3": ("qwen3", False)}
+                 "qwen3": ("qwen3", False), "gemma3_text": ("gemma3", False)}
 # model types with per-head query / key norms, which llama.cpp's deci architecture does not have
-HEAD_NORMED = {"qwen3"}
+HEAD_NORMED = {"qwen3", "gemma3_text"}
+GEMMA3_GLOBAL_EVERY = 6  # llama.cpp's gemma3: layer i attends globally when i % 6 == 5 (set_swa_pattern(6))
+GEMMA3_LOCAL_ROPE_BASE = 10_000.0  # and rotates its sliding layers at this base (rope_freq_base_train_swa)
+GEMMA3_27B_LAYERS = 62  # the one size whose softmax scale llama.cpp takes as 1/sqrt(width / heads)
 PER_LAYER_ARCHITECTURE = ("deci", True)  # layers of different shapes, any of the model types above
 # GGUF architectures whose llama.cpp loader takes the query projection as (width x width), not heads x head size
 QUERY_AS_WIDE_AS_MODEL = {"qwen2"}
@@ -115,6 +126,8 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
         raise ExportError(f"bundle {bundle_dir} holds a {model_type!r} model; GGUF export writes {sorted(ARCHITECTURES)}",
                           "run this bundle with edgesdk")
     decoder = read_bundle_decoder(bundle.path, manifest)
+    if model_type == "gemma3_text":
+        check_gemma3_layout(decoder, bundle_dir)
     shape = layer_shapes(decoder)
     architecture, pairwise_rope = ARCHITECTURES[model_type]
     narrow_query = decoder.head_dim * shape.heads[0] != decoder.hidden_size
@@ -176,15 +189,19 @@ def gguf_tensors(decoder: BundleDecoder, pairwise_rope: bool) -> dict[str, Matri
             tensors[f"blk.{i}.attn_{kind}.weight"] = weight
             if bias is not None:
                 tensors[f"blk.{i}.attn_{kind}.bias"] = bias
-        if layer.q_norm is not None:  # Qwen3 (llama.cpp: LLM_TENSOR_ATTN_Q_NORM / ATTN_K_NORM)
+        if layer.q_norm is not None:  # Qwen3, Gemma 3 (llama.cpp: LLM_TENSOR_ATTN_Q_NORM / ATTN_K_NORM)
             tensors[f"blk.{i}.attn_q_norm.weight"] = layer.q_norm
             tensors[f"blk.{i}.attn_k_norm.weight"] = layer.k_norm
         tensors[f"blk.{i}.attn_output.weight"] = layer.units["attn.o"]
-        tensors[f"blk.{i}.ffn_norm.weight"] = layer.post_attention_norm
+        if layer.attn_out_norm is not None:  # Gemma 3 (LLM_TENSOR_ATTN_POST_NORM)
+            tensors[f"blk.{i}.post_attention_norm.weight"] = layer.attn_out_norm
+        tensors[f"blk.{i}.ffn_norm.weight"] = layer.post_attention_norm  # the FFN's input norm
         width = matrix_rows(gate_up) // 2
         tensors[f"blk.{i}.ffn_gate.weight"] = take_rows(gate_up, slice(0, width))
         tensors[f"blk.{i}.ffn_up.weight"] = take_rows(gate_up, slice(width, 2 * width))
         tensors[f"blk.{i}.ffn_down.weight"] = layer.units["mlp.down"]
+        if layer.ffn_out_norm is not None:  # Gemma 3 (LLM_TENSOR_FFN_POST_NORM)
+            tensors[f"blk.{i}.post_ffw_norm.weight"] = layer.ffn_out_norm
     tensors["output_norm.weight"] = decoder.final_norm
     if decoder.lm_head is not None:
         tensors["output.weight"] = decoder.lm_head
@@ -209,6 +226,50 @@ def verify_gguf(path: Path, expected: dict[str, Matrix]) -> int:
             raise ExportError(f"{path}: tensor {name} reads back different from the bundle's weights",
                               "report this as a bug in the GGUF export")
     return len(expected)
+
+
+def check_gemma3_layout(decoder: BundleDecoder, bundle_dir: Path) -> None:
+    """Refuse a Gemma 3 bundle that llama.cpp's ``gemma3`` would compute differently (module docstring)."""
+    problems = []
+    layers = decoder.layers
+    if decoder.activation != "gelu_tanh":
+        problems.append(f"its FFN activation is {decoder.activation}, where llama.cpp computes GELU's tanh form")
+    if not math.isclose(decoder.embed_scale, math.sqrt(decoder.hidden_size), rel_tol=1e-6):
+        problems.append(f"its embedding is scaled by {decoder.embed_scale:.6g}, where llama.cpp scales by "
+                        f"sqrt({decoder.hidden_size})")
+    width_per_head = decoder.hidden_size / layers[0].heads
+    expected = width_per_head ** -0.5 if len(layers) == GEMMA3_27B_LAYERS else decoder.head_dim ** -0.5
+    scale = decoder.attention_scale if decoder.attention_scale is not None else decoder.head_dim ** -0.5
+    if not math.isclose(scale, expected, rel_tol=1e-6):
+        problems.append(f"its attention scale is {scale:.6g} (query_pre_attn_scalar {scale ** -2:.6g}), where "
+                        f"llama.cpp takes {expected:.6g} for {len(layers)} layers")
+    local = [i for i in range(len(layers)) if i % GEMMA3_GLOBAL_EVERY != GEMMA3_GLOBAL_EVERY - 1]
+    glob = [i for i in range(len(layers)) if i not in local]
+    windowed = [i for i, layer in enumerate(layers) if layer.window is not None]
+    windows = sorted({layers[i].window for i in windowed})
+    if (windowed and windowed != local) or len(windows) > 1:  # none windowed: every window covers the context
+        problems.append(f"its sliding-window layers are {windowed} with windows {windows}, where llama.cpp slides "
+                        f"one window over layers {local}")
+    local_bases = {round(decoder.rope_bases[layers[i].rope], 3) for i in local}
+    global_bases = {round(decoder.rope_bases[layers[i].rope], 3) for i in glob}
+    if any(not math.isclose(base, GEMMA3_LOCAL_ROPE_BASE, rel_tol=1e-3) for base in local_bases):
+        problems.append(f"its sliding layers rotate at a base of {sorted(local_bases)}, where llama.cpp uses "
+                        f"{GEMMA3_LOCAL_ROPE_BASE:g}")
+    if len(global_bases) > 1:
+        problems.append(f"its global layers rotate at bases {sorted(global_bases)}, where llama.cpp uses one")
+    if problems:
+        raise ExportError(f"bundle {bundle_dir} holds a Gemma 3 model that llama.cpp's gemma3 would compute "
+                          "differently: " + "; ".join(problems), "run this bundle with edgesdk")
+
+
+def gemma3_window_and_base(decoder: BundleDecoder) -> tuple[int, float]:
+    """(``attention.sliding_window``, ``rope.freq_base``) of a checked Gemma 3 bundle: the sliding layers'
+    window, or the context where no layer's window is shorter than it; the global layers' rotary base (the
+    local one where the model has fewer than six layers, none of them global for llama.cpp)."""
+    windows = [layer.window for layer in decoder.layers if layer.window is not None]
+    glob = [layer for i, layer in enumerate(decoder.layers) if i % GEMMA3_GLOBAL_EVERY == GEMMA3_GLOBAL_EVERY - 1]
+    base = decoder.rope_bases[glob[0].rope] if glob else GEMMA3_LOCAL_ROPE_BASE
+    return (windows[0] if windows else decoder.max_context), base
 
 
 def _pairwise_order(heads: int, head_dim: int) -> np.ndarray:
@@ -247,18 +308,27 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
     writer.add_head_count(shape.metadata(shape.heads))
     writer.add_head_count_kv(shape.metadata(shape.kv_heads))
     # llama.cpp takes the head size as the width over layer 0's head count unless it is given
-    if not shape.uniform or decoder.head_dim * shape.heads[0] != decoder.hidden_size:
+    if not shape.uniform or decoder.head_dim * shape.heads[0] != decoder.hidden_size or architecture == "gemma3":
         writer.add_key_length(decoder.head_dim)
         writer.add_value_length(decoder.head_dim)
     writer.add_rope_dimension_count(decoder.head_dim)
-    writer.add_rope_freq_base(decoder.rope_base)
+    if architecture == "gemma3":
+        window, base = gemma3_window_and_base(decoder)
+        writer.add_sliding_window(window)
+        writer.add_rope_freq_base(base)
+    else:
+        writer.add_rope_freq_base(decoder.rope_base)
     writer.add_layer_norm_rms_eps(decoder.rms_eps)
     writer.add_vocab_size(len(vocab.tokens))
-    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_model(vocab.model)
     writer.add_tokenizer_pre(vocab.pre)
     writer.add_token_list(vocab.tokens)
     writer.add_token_types(vocab.token_types)
-    writer.add_token_merges(vocab.merges)
+    if vocab.model == "llama":  # SentencePiece: merges by score, no merge list
+        writer.add_token_scores(vocab.scores)
+        writer.add_add_space_prefix(vocab.add_space_prefix)
+    else:
+        writer.add_token_merges(vocab.merges)
     for value, add in ((vocab.bos_id, writer.add_bos_token_id), (vocab.eos_id, writer.add_eos_token_id),
                        (vocab.unk_id, writer.add_unk_token_id)):
         if value is not None:

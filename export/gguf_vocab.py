@@ -1,8 +1,20 @@
 """A bundle's tokenizer (a Hugging Face ``tokenizer.json``) as GGUF ``tokenizer.ggml.*`` metadata.
 
-Byte-level BPE only (GPT-2's scheme, which SmolLM2, Llama 3 and Qwen2 use), stored as llama.cpp's
-``gpt2`` tokenizer model: the vocabulary in id order, each token's type, the merges as "left right"
-strings in rank order. llama.cpp splits text before BPE with a regex chosen by
+Two kinds are written:
+
+- Byte-level BPE (GPT-2's scheme, which SmolLM2, Llama 3 and Qwen2 use), stored as llama.cpp's
+  ``gpt2`` tokenizer model: the vocabulary in id order, each token's type, the merges as "left right"
+  strings in rank order.
+- SentencePiece BPE as transformers converts it (Gemma, Llama 2, TinyLlama): a BPE model with
+  ``byte_fallback``, spaces written as U+2581 by the normalizer (or a Metaspace pre-tokenizer), and
+  ``<0xNN>`` byte tokens. It is stored as llama.cpp's ``llama`` (SPM) tokenizer model, which merges the
+  adjacent pair whose joined token has the highest score: a token's score is minus the rank of the
+  first merge that makes it (below every merge for a token none makes), so llama.cpp merges in the
+  order the BPE ranks them. The byte tokens are
+  typed BYTE (llama.cpp's byte fallback), and ``add_space_prefix`` says whether a U+2581 is put in
+  front of the text (Llama 2's normalizer does, Gemma's does not).
+
+For byte-level BPE: llama.cpp splits text before BPE with a regex chosen by
 ``tokenizer.ggml.pre``; the pre-tokenizers it is picked from here are those whose regexes are
 known to equal llama.cpp's (``llama-vocab.cpp``): ByteLevel alone (``gpt-2``), individual digits
 then ByteLevel (``smollm``), and a Split on Qwen2's or Llama 3's regex before a regex-free
@@ -13,12 +25,15 @@ tokenizes differently without any error.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgesdk.errors import ExportError
 
-NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # llama.cpp's token types (LLAMA_TOKEN_TYPE_*)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's LLAMA_TOKEN_TYPE_*
+SPACE_MARK = "\u2581"  # SentencePiece's visible space
+BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
 # Split regexes of Hugging Face tokenizers -> the llama.cpp pre-tokenizer that splits the same way
 SPLIT_REGEXES = {
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
@@ -32,23 +47,41 @@ SPLIT_REGEXES = {
 class GGUFVocab:
     tokens: list[str]  # in id order
     token_types: list[int]
-    merges: list[str]  # "left right", highest priority first
+    merges: list[str]  # "left right", highest priority first (gpt2 only)
     pre: str  # tokenizer.ggml.pre
     bos_id: int | None
     eos_id: int | None
     unk_id: int | None
     add_bos: bool
+    model: str = "gpt2"  # tokenizer.ggml.model: gpt2 (byte-level BPE) | llama (SentencePiece)
+    scores: list[float] | None = None  # llama: each token's merge priority (higher merges first)
+    add_space_prefix: bool = False  # llama: a U+2581 in front of the text before it is tokenized
 
 
 def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str | None, vocab_size: int) -> GGUFVocab:
     """Read ``path``; ``vocab_size`` is the model's (rows of its embedding), which the vocabulary must fill."""
     spec = json.loads(Path(path).read_text(encoding="utf-8"))
     model = spec.get("model") or {}
+    if model.get("type") == "BPE" and model.get("byte_fallback") and _sentencepiece_spaces(spec) is not None:
+        return _sentencepiece_vocab(spec, path, bos_token, eos_token, vocab_size)
     if model.get("type") != "BPE" or not _byte_level(spec.get("decoder")):
         raise ExportError(f"{path}: tokenizer model {model.get('type')!r} with decoder "
-                          f"{(spec.get('decoder') or {}).get('type')!r}; GGUF export writes byte-level BPE only",
-                          "export a model with a GPT-2-style byte-level BPE tokenizer, or run the bundle with edgesdk")
+                          f"{(spec.get('decoder') or {}).get('type')!r}; GGUF export writes byte-level BPE and "
+                          "SentencePiece BPE (byte fallback, spaces as U+2581) only",
+                          "export a model with one of those tokenizers, or run the bundle with edgesdk")
     pre = _pre_tokenizer_name(spec.get("pre_tokenizer"), path)
+    tokens, types, missing = _tokens_by_id(spec, path, vocab_size)
+    merges = [" ".join(pair) if isinstance(pair, list) else pair for pair in model.get("merges", [])]
+    ids = {token: i for i, token in enumerate(tokens)}
+    return GGUFVocab(tokens=tokens, token_types=types, merges=merges, pre=pre,
+                     bos_id=ids.get(bos_token) if bos_token else None, eos_id=ids.get(eos_token) if eos_token else None,
+                     unk_id=ids.get(model.get("unk_token")) if model.get("unk_token") else None,
+                     add_bos=_adds_bos(spec.get("post_processor"), bos_token))
+
+
+def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], list[int], set[int]]:
+    """The tokens in id order, llama.cpp's type of each, and the ids no token has (padding rows)."""
+    model = spec["model"]
     by_id = {int(index): token for token, index in model["vocab"].items()}
     special = set()
     user_defined = set()
@@ -67,12 +100,50 @@ def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str 
     tokens = [by_id[i] for i in range(vocab_size)]
     types = [CONTROL if i in special else USER_DEFINED if i in user_defined else UNUSED if i in missing else NORMAL
              for i in range(vocab_size)]
-    merges = [" ".join(pair) if isinstance(pair, list) else pair for pair in model.get("merges", [])]
+    return tokens, types, set(missing)
+
+
+def _sentencepiece_spaces(spec: dict) -> bool | None:
+    """For a tokenizer that writes spaces as U+2581 and decodes them back (SentencePiece converted by
+    transformers): whether it also puts one in front of the text; None for any other tokenizer."""
+    normalizer = spec.get("normalizer") or {}
+    steps = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
+    replaces = any(step.get("type") == "Replace" and (step.get("pattern") or {}).get("String") == " "
+                   and step.get("content") == SPACE_MARK for step in steps)
+    prepends = any(step.get("type") == "Prepend" and step.get("prepend") == SPACE_MARK for step in steps)
+    pre = spec.get("pre_tokenizer") or {}
+    metaspace = pre.get("type") == "Metaspace" and pre.get("replacement") == SPACE_MARK
+    decoder = spec.get("decoder") or {}
+    decoders = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
+    byte_fallback = any(step.get("type") == "ByteFallback" for step in decoders)
+    if not byte_fallback or not (replaces or metaspace):
+        return None
+    return prepends or (metaspace and pre.get("prepend_scheme", "always") != "never")
+
+
+def _sentencepiece_vocab(spec: dict, path: Path, bos_token: str | None, eos_token: str | None,
+                         vocab_size: int) -> GGUFVocab:
+    """llama.cpp's ``llama`` tokenizer model for a SentencePiece BPE ``spec`` (module docstring)."""
+    model = spec["model"]
+    tokens, types, missing = _tokens_by_id(spec, path, vocab_size)
+    rank_of: dict[str, int] = {}
+    for rank, pair in enumerate(model.get("merges", [])):
+        left, right = pair if isinstance(pair, list) else pair.split(" ", 1)
+        rank_of.setdefault(left + right, rank)
+    unk = model.get("unk_token")
+    for i, token in enumerate(tokens):
+        if types[i] == NORMAL and BYTE_TOKEN.fullmatch(token):
+            types[i] = BYTE
+        elif token == unk and i not in missing:
+            types[i] = UNKNOWN
+    # A NORMAL token no merge makes (a single character) ranks below every merge; the others are never merged.
+    last = float(len(model.get("merges", [])))
+    scores = [(-float(rank_of.get(token, last)) if types[i] == NORMAL else 0.0) for i, token in enumerate(tokens)]
     ids = {token: i for i, token in enumerate(tokens)}
-    return GGUFVocab(tokens=tokens, token_types=types, merges=merges, pre=pre,
+    return GGUFVocab(tokens=tokens, token_types=types, merges=[], pre="default",
                      bos_id=ids.get(bos_token) if bos_token else None, eos_id=ids.get(eos_token) if eos_token else None,
-                     unk_id=ids.get(model.get("unk_token")) if model.get("unk_token") else None,
-                     add_bos=_adds_bos(spec.get("post_processor"), bos_token))
+                     unk_id=ids.get(unk) if unk else None, add_bos=_adds_bos(spec.get("post_processor"), bos_token),
+                     model="llama", scores=scores, add_space_prefix=bool(_sentencepiece_spaces(spec)))
 
 
 def _byte_level(component) -> bool:

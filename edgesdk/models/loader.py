@@ -26,6 +26,7 @@ SUPPORTED_ARCHITECTURES = {
 }
 # the FFN activation each architecture's graphs compute (transformers' names)
 FFN_ACTIVATIONS = {"gemma3_text": ("gelu_pytorch_tanh",)}
+GEMMA3_27B_LAYERS = 62  # llama.cpp's Gemma 3 27B, whose softmax scale is 1/sqrt(width / heads)
 
 
 @dataclass
@@ -135,11 +136,32 @@ def check_gguf_model(path: Path) -> dict:
         raise ModelSourceError(f"the GGUF file {path} holds {what}",
                                "pass the GGUF of a whole model (an adapter must be merged into its base model first)")
     if arch == "gemma3":
-        raise ModelSourceError(f"the GGUF file {path} holds a Gemma 3 model, which edgesdk reads from its Hugging Face "
-                               "directory only (config.json, model.safetensors, tokenizer.json)",
-                               "pass the model's Hugging Face directory (e.g. a download of google/gemma-3-270m-it)")
+        return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
     check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
     return _gguf_head_dim(path, arch, field)
+
+
+def _gemma3_overrides(path: Path, field, head_dim: dict) -> dict:
+    """Config values a Gemma 3 GGUF fixes the way llama.cpp reads it (``llama-model.cpp``, LLM_ARCH_GEMMA3) where
+    transformers' GGUF reader takes its config class's defaults: the softmax scale 1/sqrt(head size), or
+    1/sqrt(width / heads) for the 27B's 62 layers (transformers' default query_pre_attn_scalar is 256 whatever
+    the head size). Every sixth layer global and a local rotary base of 10,000 are transformers' defaults too.
+    A file whose logits are soft-capped or whose rotary positions are scaled (Gemma 3 4B and up) is refused:
+    the graphs compute neither."""
+    for key, what in (("gemma3.final_logit_softcapping", "soft-caps its logits"),
+                      ("gemma3.attn_logit_softcapping", "soft-caps its attention logits"),
+                      ("gemma3.rope.scaling.type", "scales its rotary positions")):
+        value = field(key)
+        if value is not None and value not in ("none", 0, 0.0):
+            raise ModelSourceError(f"the GGUF file {path} holds a Gemma 3 model that {what} ({key} = {value!r}), "
+                                   "which edgesdk's graphs do not compute",
+                                   "use Gemma 3 270M or 1B, whose files have neither")
+    layers, width, heads = field("gemma3.block_count"), field("gemma3.embedding_length"), \
+        field("gemma3.attention.head_count")
+    scalar = head_dim.get("head_dim")
+    if layers == GEMMA3_27B_LAYERS and isinstance(heads, int) and heads > 0:
+        scalar = int(width) // heads
+    return {**head_dim, **({"query_pre_attn_scalar": scalar} if scalar else {})}
 
 
 def _gguf_head_dim(path: Path, arch: str, field) -> dict:

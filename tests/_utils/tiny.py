@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -33,11 +34,43 @@ def tiny_tokenizer(vocab_size: int = 320):
     return fast
 
 
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>{{ 'model' if message['role'] == 'assistant' "
+    "else message['role'] }}\n{{ message['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+
+
+def tiny_gemma_tokenizer(vocab_size: int = 384):
+    """A SentencePiece-style BPE tokenizer as Gemma's (transformers' GemmaTokenizer: spaces as U+2581, byte
+    fallback to <0xNN> tokens, Gemma's special tokens first), its merges trained on a few sentences."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    fixed = GEMMA_SPECIALS + [f"<0x{byte:02X}>" for byte in range(256)]
+    tokenizers_tok = Tokenizer(models.BPE())
+    tokenizers_tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")  # pieces start with U+2581
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(fixed), show_progress=False,
+                                  initial_alphabet=["\u2581"], limit_alphabet=64)
+    tokenizers_tok.train_from_iterator(CORPUS, trainer)
+    learned = json.loads(tokenizers_tok.to_str())["model"]
+    vocab = {token: index for index, token in enumerate(fixed)}
+    for token, _ in sorted(learned["vocab"].items(), key=lambda item: item[1]):
+        vocab.setdefault(token, len(vocab))
+    merges = [tuple(pair) if isinstance(pair, list) else tuple(pair.split(" ")) for pair in learned["merges"]]
+    tokenizer = GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True,
+                               additional_special_tokens=GEMMA_SPECIALS[5:])
+    tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
+    return tokenizer
+
+
 def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2, hidden: int = 64,
                vocab_size: int = 320, model_type: str = "llama", tie: bool = True, intermediate: int | None = None,
-               max_positions: int = 512, head_dim: int | None = None):
+               max_positions: int = 512, head_dim: int | None = None, config_overrides: dict | None = None):
     """A random causal LM small enough for unit tests (a few hundred kB). ``head_dim`` (default
-    hidden / heads) sets a query width other than the model's, as Qwen3's configs do."""
+    hidden / heads) sets a query width other than the model's, as Qwen3's configs do; ``config_overrides``
+    replace config values (after this function's own choices)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -48,6 +81,7 @@ def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2
     if model_type == "gemma3_text":  # a window shorter than test prompts, both kinds of layer, a scale not 1/sqrt(hd)
         extra.update(sliding_window=4, query_pre_attn_scalar=24,
                      layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)])
+    extra.update(config_overrides or {})
     config = AutoConfig.for_model(
         model_type, vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate or hidden * 2 - 16,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -69,11 +103,13 @@ def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2
     return model
 
 
-def save_tiny_model_dir(path: Path, **kwargs) -> Path:
-    """A Hugging Face model directory (config, safetensors, tokenizer) for build tests."""
+def save_tiny_model_dir(path: Path, tokenizer: str = "byte-level", **kwargs) -> Path:
+    """A Hugging Face model directory (config, safetensors, tokenizer) for build tests; ``tokenizer``:
+    byte-level (tiny_tokenizer) or gemma (tiny_gemma_tokenizer)."""
     model = tiny_llama(**kwargs)
     model.save_pretrained(path, safe_serialization=True)
-    tiny_tokenizer(model.config.vocab_size).save_pretrained(path)
+    make = tiny_gemma_tokenizer if tokenizer == "gemma" else tiny_tokenizer
+    make(model.config.vocab_size).save_pretrained(path)
     return path
 
 
