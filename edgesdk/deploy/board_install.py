@@ -19,7 +19,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         safe_id,
         sha256_file,
     )
-    from edgesdk.deploy.board_transfer import read_stamp
+    from edgesdk.deploy.board_transfer import RECEIVE_IDLE_S, IdleDeadline, read_stamp
 
 
 def inherit_site_packages(venv):
@@ -63,8 +63,7 @@ def op_install(params):
         spec = params.get("pip_spec")
         if params.get("wheel_name"):
             wheel = os.path.join(wheels, os.path.basename(params["wheel_name"]))
-            with open(wheel + ".partial", "wb") as handle:
-                shutil.copyfileobj(sys.stdin.buffer, handle, CHUNK)
+            receive_wheel(wheel + ".partial", params.get("idle_timeout", RECEIVE_IDLE_S))
             if sha256_file(wheel + ".partial") != params["wheel_sha256"]:
                 os.unlink(wheel + ".partial")
                 raise Refused("the edgesdk wheel arrived damaged on the board", "run the deploy again")
@@ -102,6 +101,26 @@ def op_install(params):
                           "--runtime-venv-system-site-packages")
         write_stamp(venv, {"key": key, "version": version, "installed": time.time(), "inherited": inherited})
         return {"key": key, "version": version}
+
+
+def receive_wheel(partial, idle_timeout):
+    """The wheel from stdin into ``partial``, giving up (and the deploy lock with it) once the host has sent
+    nothing for ``idle_timeout`` seconds: a connection that died without closing would otherwise hold the
+    lock until the command's deadline, an hour later (RECEIVE_IDLE_S says why)."""
+    stream = IdleDeadline(sys.stdin.buffer, idle_timeout, "the edgesdk wheel",
+                          "run the deploy again (the wheel is sent again); the board keeps its current release")
+    try:
+        with open(partial, "wb") as handle:
+            while True:
+                block = stream.read(CHUNK)
+                if not block:
+                    return
+                handle.write(block)
+    except Refused:
+        os.unlink(partial)
+        raise
+    finally:
+        stream.close()
 
 
 def write_stamp(venv, stamp):

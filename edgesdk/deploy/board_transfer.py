@@ -144,16 +144,17 @@ RECEIVE_IDLE_S = 120
 class IdleDeadline:
     """The host's stream with a deadline on each read: SIGALRM interrupts a read that waits longer than
     ``seconds``, and the transfer stops as refused. What arrived stays in the .partial files (the next
-    deploy resumes from them), and the deploy lock goes with this process."""
+    deploy resumes from them), and the deploy lock goes with this process. ``what`` names what is being
+    received and ``fix`` is the refusal's fix (the runtime install's wheel is sent whole again)."""
 
-    def __init__(self, stream, seconds):
-        self.stream, self.seconds = stream, max(1, int(seconds))
+    def __init__(self, stream, seconds, what="the bundle",
+                 fix="run the deploy again: it resumes from what arrived, and the board keeps its current release"):
+        self.stream, self.seconds, self.what, self.fix = stream, max(1, int(seconds)), what, fix
         self.previous = signal.signal(signal.SIGALRM, self._expired)
 
     def _expired(self, signum, frame):
-        raise Refused(f"no data from the host for {self.seconds} s while receiving the bundle (the connection "
-                      "stalled)", "run the deploy again: it resumes from what arrived, and the board keeps its "
-                      "current release")
+        raise Refused(f"no data from the host for {self.seconds} s while receiving {self.what} (the connection "
+                      "stalled)", self.fix)
 
     def read(self, size):
         """What has arrived, up to ``size`` bytes (b"" at the end of the stream): a full read would hold

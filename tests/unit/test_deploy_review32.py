@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests._utils.deploy import current_id, edgesdk
@@ -23,7 +25,6 @@ def test_a_failed_smoke_test_names_the_command_as_it_ran(tmp_path):
     """The refusal showed 'edgesdk run RELEASE --prompt ... -n 4' without the --ignore-target and --raw the smoke
     test ran with and with the release path unquoted: pasted on the board, it split a path with a space, or was
     refused for the target instead of failing as the smoke test did. The command shown is the one that ran."""
-    import os
     import shlex
     import subprocess
 
@@ -47,3 +48,39 @@ def test_a_failed_smoke_test_names_the_command_as_it_ran(tmp_path):
     assert again.returncode == 7
     assert again.stderr.strip().splitlines()[0] in tail
     assert current_id(root) is None  # the board keeps what it ran (nothing, here)
+
+
+def test_a_stalled_runtime_upload_gives_up_the_deploy_lock(tmp_path):
+    """The runtime install read the wheel from the host under the deploy lock with no deadline of its own: a
+    connection that died without closing mid-wheel held the lock until the command's deadline an hour later, and
+    every deploy meanwhile was refused. The board gives up after the idle deadline, as the bundle's upload does."""
+    import json
+    import sys
+    import threading
+
+    from edgesdk.deploy.remote import Board
+    from edgesdk.deploy.transport import LocalTransport
+
+    root = tmp_path / "board"
+    board = Board(LocalTransport(str(root)), sys.executable, str(root))
+    proc = board.start("install", {"key": "0.1.0-abc", "wheel_name": "edgesdk-0.1.0-py3-none-any.whl",
+                                   "wheel_sha256": "0" * 64, "idle_timeout": 1})
+    try:
+        proc.stdin.write(b"PK\x03\x04" + b"\0" * 4000)  # the wheel's first bytes, then nothing; the pipe stays open
+        proc.stdin.flush()
+        out: list[bytes] = []
+        reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
+        reader.start()
+        reader.join(timeout=30)
+        assert not reader.is_alive(), "the board still waited on a stalled wheel after 30 s, holding the lock"
+    finally:
+        proc.stdin.close()
+        proc.kill()
+        proc.wait(timeout=30)
+    reply = json.loads(out[0].decode().strip().splitlines()[-1])
+    assert reply["error"] == ("no data from the host for 1 s while receiving the edgesdk wheel (the connection "
+                              "stalled)")
+    assert reply["fix"] == "run the deploy again (the wheel is sent again); the board keeps its current release"
+    assert board.call("prune", {"keep": 3}, timeout=10)["removed"] == []  # the lock is free
+    assert os.listdir(root / "runtime" / "wheels") == []  # no half wheel left
+    assert not (root / "runtime" / "0.1.0-abc").exists()
