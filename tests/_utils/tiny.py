@@ -65,6 +65,23 @@ def tiny_gemma_tokenizer(vocab_size: int = 384):
     return tokenizer
 
 
+def tiny_llama2_tokenizer():
+    """A SentencePiece-style BPE tokenizer as Llama 2's and TinyLlama's (transformers' LlamaTokenizer: a
+    Metaspace pre-tokenizer that puts U+2581 in front of the text, byte fallback, <unk> <s> </s> first), with
+    the pieces and merges of tiny_gemma_tokenizer."""
+    from transformers.models.llama.tokenization_llama import LlamaTokenizer
+
+    spec = json.loads(tiny_gemma_tokenizer().backend_tokenizer.to_str())["model"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for token, _ in sorted(spec["vocab"].items(), key=lambda item: item[1]):
+        if token not in GEMMA_SPECIALS:
+            vocab.setdefault(token, len(vocab))
+    merges = [tuple(pair) if isinstance(pair, list) else tuple(pair.split(" ")) for pair in spec["merges"]]
+    tokenizer = LlamaTokenizer(vocab=vocab, merges=merges, add_bos_token=True)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
 def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2, hidden: int = 64,
                vocab_size: int = 320, model_type: str = "llama", tie: bool = True, intermediate: int | None = None,
                max_positions: int = 512, head_dim: int | None = None, config_overrides: dict | None = None):

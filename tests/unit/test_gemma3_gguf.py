@@ -219,3 +219,30 @@ def test_a_sentencepiece_vocabulary_is_written_as_llama_cpp_s_llama_model(tmp_pa
     assert vocab.scores[1] == 0.0
     assert vocab.tokens[8] == "[PAD8]"
     assert vocab.merges == []
+
+
+def test_llama_cpp_tokenizes_a_llama2_style_sentencepiece_bundle_as_the_bundle_does(tmp_path):
+    """A Llama with Llama 2's kind of tokenizer (Metaspace, U+2581 put in front): written as llama.cpp's llama
+    tokenizer model with add_space_prefix, llama.cpp gives the bundle's token ids and logits. Text that starts
+    with a space is left out: transformers' Metaspace does not put a second U+2581 in front of it, where
+    SentencePiece and llama.cpp do."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
+    from edgesdk.evaluate import bundle_scorer
+    from edgesdk.export.gguf_export import export_gguf
+    from edgesdk.runtime.session import open_runtime
+    from tests._utils.tiny import tiny_llama, tiny_llama2_tokenizer
+
+    tokenizer = tiny_llama2_tokenizer()
+    model_dir = tmp_path / "model"
+    tiny_llama(vocab_size=len(tokenizer) + 3).save_pretrained(model_dir)  # 3 padding rows: UNUSED tokens
+    tokenizer.save_pretrained(model_dir)
+    bundle = build_tiny_bundle(tmp_path, _recipe("fp32"), "host", model_dir=model_dir)
+    report = export_gguf(bundle.path, tmp_path / "model.gguf")
+    runtime = open_runtime(bundle.path, threads=1)
+    model = llama_cpp.Llama(str(report.path), n_ctx=64, logits_all=True, n_threads=1, verbose=False)
+    for text in ("The quick brown fox jumps.", "Überall ж  two spaces", TEXT):
+        ids = runtime.tokenizer.encode(text, add_special_tokens=True)
+        assert model.tokenize(text.encode(), add_bos=True) == ids
+    model.eval(ids)
+    expected = bundle_scorer(runtime)(np.array(ids))
+    assert float(np.abs(np.array(model.scores[:len(ids)]) - expected).max()) < 1e-3
