@@ -107,7 +107,11 @@ PROMPTS = (
 )
 
 
-TEACHER_TEXT_FORMAT = "cut-after-eos"  # continuations end at their first EOS (no padding runs)
+# continuations end at their first EOS (no padding runs), sampled with SAMPLING whatever the model's own
+# generation config asks (older text took its top_k, repetition penalty ...)
+TEACHER_TEXT_FORMAT = "cut-after-eos/sampling-pinned"
+# temperature 1, top-p 0.95 and transformers' default top-k 50, pinned; no penalty or other filter
+SAMPLING = {"do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 50}
 
 
 def hash_weights(digest, model) -> None:
@@ -175,9 +179,11 @@ def cut_after_eos(sequence: torch.Tensor, start: int, stops: set[int]) -> torch.
 
 
 def generate_text(teacher, tokenizer, config: DataConfig, progress: bool, batch: int = 8) -> torch.Tensor:
-    """Sampled teacher continuations of short prompts (temperature 1, top-p 0.95), ``batch`` per
-    prompt at once (batched decoding is several times faster per token on a CPU), each cut after
-    its first EOS, concatenated.
+    """Sampled teacher continuations of short prompts (``SAMPLING``: temperature 1, top-p 0.95, top-k
+    50), ``batch`` per prompt at once (batched decoding is several times faster per token on a CPU),
+    each cut after its first EOS, concatenated. The model's own generation config gives only its
+    token ids: transformers fills every setting a call leaves out from it, so Qwen3's top_k 20 or
+    a repetition penalty would shape the text (and the cache, keyed by the weights, would not say so).
 
     The sampling seeds the global RNG (``generate`` draws from it) inside a fork, so the caller's
     stream is left as it was: the power stage initialises its adapters from that stream after
@@ -188,19 +194,25 @@ def generate_text(teacher, tokenizer, config: DataConfig, progress: bool, batch:
 
 def _generate_text(teacher, tokenizer, config: DataConfig, progress: bool, batch: int) -> torch.Tensor:
     from tqdm import tqdm
+    from transformers import GenerationConfig
 
     stops = eos_ids(teacher, tokenizer)
     generator = torch.Generator().manual_seed(config.seed)
     chunks = []
     rounds = -(-config.generated_sequences // batch)
-    for index in tqdm(range(rounds), desc="teacher text", disable=not progress, unit="batch"):
-        count = min(batch, config.generated_sequences - index * batch)
-        prompt = PROMPTS[int(torch.randint(len(PROMPTS), (1,), generator=generator))]
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-        torch.manual_seed(config.seed * 100_003 + index)
-        with torch.no_grad():
-            out = teacher.generate(ids, max_new_tokens=config.generated_tokens, do_sample=True, top_p=0.95,
-                                   temperature=1.0, num_return_sequences=count,
-                                   pad_token_id=tokenizer.eos_token_id)  # (count, prompt + new)
-        chunks.extend(cut_after_eos(row, ids.shape[1], stops) if stops else row for row in out)
+    own = teacher.generation_config
+    teacher.generation_config = GenerationConfig(**{name: getattr(own, name, None)
+                                                    for name in ("bos_token_id", "eos_token_id", "pad_token_id")})
+    try:
+        for index in tqdm(range(rounds), desc="teacher text", disable=not progress, unit="batch"):
+            count = min(batch, config.generated_sequences - index * batch)
+            prompt = PROMPTS[int(torch.randint(len(PROMPTS), (1,), generator=generator))]
+            ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+            torch.manual_seed(config.seed * 100_003 + index)
+            with torch.no_grad():
+                out = teacher.generate(ids, max_new_tokens=config.generated_tokens, num_return_sequences=count,
+                                       pad_token_id=tokenizer.eos_token_id, **SAMPLING)  # (count, prompt + new)
+            chunks.extend(cut_after_eos(row, ids.shape[1], stops) if stops else row for row in out)
+    finally:
+        teacher.generation_config = own
     return torch.cat(chunks)
