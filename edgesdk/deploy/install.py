@@ -41,16 +41,21 @@ def checkout_root() -> Path | None:
 
 
 def source_files(root: Path) -> list[Path]:
-    """The files a wheel is built from, in a stable order."""
+    """The files a wheel is built from, in a stable order: the top-level files and the directories holding
+    Python source. A directory without any (a bundle, a build's ``<out>.build`` work directory, a model) is no
+    part of the wheel; counted, it made every new build a new runtime key, so the next deploy installed a new
+    runtime on the board, and a virtual environment (``pyvenv.cfg``) is none either."""
     files = []
     for entry in sorted(root.iterdir()):
         if entry.name in _NOT_SOURCE or entry.name.startswith(".") or entry.name.endswith(".egg-info"):
             continue
         if entry.is_file():
             files.append(entry)
-        elif entry.is_dir():
-            files += sorted(p for p in entry.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                            and p.suffix not in (".pyc", ".pyo"))
+        elif entry.is_dir() and not (entry / "pyvenv.cfg").exists():
+            found = sorted(p for p in entry.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                           and p.suffix not in (".pyc", ".pyo"))
+            if any(p.suffix == ".py" for p in found):
+                files += found
     return files
 
 

@@ -84,3 +84,31 @@ def test_a_stalled_runtime_upload_gives_up_the_deploy_lock(tmp_path):
     assert board.call("prune", {"keep": 3}, timeout=10)["removed"] == []  # the lock is free
     assert os.listdir(root / "runtime" / "wheels") == []  # no half wheel left
     assert not (root / "runtime" / "0.1.0-abc").exists()
+
+
+def test_a_bundle_built_inside_the_checkout_leaves_the_runtime_key_alone(tmp_path):
+    """'edgesdk build --out smol' run in the checkout writes smol/ and its work directory smol.build/ there; both
+    counted as wheel source, so each new build was a new runtime key and the next deploy installed a new runtime on
+    the board (and hashed and copied the bundle and its checkpoints to build the wheel). Only the code counts."""
+    from edgesdk.deploy import install
+
+    root = tmp_path / "checkout"
+    (root / "edgesdk").mkdir(parents=True)
+    (root / "pyproject.toml").write_text('name = "edgesdk"\n')
+    (root / "edgesdk" / "a.py").write_text("x = 1\n")
+    (root / "targets").mkdir()
+    (root / "targets" / "__init__.py").write_text("")
+    (root / "targets" / "rpi5.yaml").write_text("name: rpi5\n")
+    for folder in ("smol", "smol.build/qat", "env/lib"):
+        (root / folder).mkdir(parents=True)
+    (root / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (root / "env" / "lib" / "site.py").write_text("")
+    names = [p.relative_to(root).as_posix() for p in install.source_files(root)]
+    assert names == ["edgesdk/a.py", "pyproject.toml", "targets/__init__.py", "targets/rpi5.yaml"]
+    before = install.source_digest(root)
+    (root / "smol" / "model.onnx").write_bytes(os.urandom(64))  # a new build of the bundle
+    (root / "smol.build" / "qat" / "model.safetensors").write_bytes(os.urandom(64))
+    (root / "env" / "lib" / "site.py").write_text("changed")
+    assert install.source_digest(root) == before
+    (root / "targets" / "rpi5.yaml").write_text("name: rpi5\nchanged: true\n")
+    assert install.source_digest(root) != before
