@@ -136,7 +136,7 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
             raise ExportError(
                 f"bundle {bundle_dir} holds a {model_type} model whose layers were pruned to different shapes "
                 f"(query heads {list(shape.heads)}, KV heads {list(shape.kv_heads)}, FFN {list(shape.ffn)}); "
-                f"llama.cpp's {model_type} architecture reads one shape for every layer, and its per-layer one "
+                f"llama.cpp's {architecture} architecture reads one shape for every layer, and its per-layer one "
                 "(deci) has no query / key norms", "run this bundle with edgesdk, or build it without prune "
                 "(or with prune settings that keep every layer alike) for llama.cpp")
         architecture, pairwise_rope = PER_LAYER_ARCHITECTURE

@@ -246,3 +246,16 @@ def test_llama_cpp_tokenizes_a_llama2_style_sentencepiece_bundle_as_the_bundle_d
     model.eval(ids)
     expected = bundle_scorer(runtime)(np.array(ids))
     assert float(np.abs(np.array(model.scores[:len(ids)]) - expected).max()) < 1e-3
+
+
+def test_a_gemma3_bundle_pruned_to_uneven_layers_is_refused_for_gguf(tmp_path):
+    """llama.cpp's gemma3 reads one shape for every layer, and its per-layer architecture has no Gemma norms."""
+    from edgesdk.export.gguf_export import export_gguf
+
+    recipe = ("name: pruned\nstages:\n  - stage: prune\n    config: {ffn_ratio: 0.4, kv_group_ratio: 0.5, "
+              "calibration_batches: 2, batch_size: 2, sequence_length: 24}\n"
+              "export: {form: ort-fused, weights: fp32, block_size: 32}\n")
+    bundle = build_tiny_bundle(tmp_path, recipe, "host", model_dir=save_tiny_model_dir(tmp_path / "model", **GEMMA3))
+    with pytest.raises(ExportError, match="llama.cpp's gemma3 architecture reads one shape for every layer"):
+        export_gguf(bundle.path, tmp_path / "model.gguf")
+    assert not (tmp_path / "model.gguf").exists()
