@@ -138,19 +138,40 @@ def teacher_key(teacher, config: DataConfig) -> str:
 
 def cached_teacher_text(teacher, tokenizer, config: DataConfig, progress: bool) -> torch.Tensor:
     """Teacher text is sampled once per model and settings and kept in the user cache: builds of
-    several recipes from one model share it (sampling 16k tokens takes minutes on a CPU)."""
+    several recipes from one model share it (sampling 16k tokens takes minutes on a CPU).
+
+    The cache only saves time: a cached file that cannot be read as token ids is sampled again
+    (and replaced), and a cache that cannot be written (a read-only home, a full disk) is a warning,
+    the build going on with the text it sampled."""
+    import contextlib
     import os
+    import sys
 
     from edgesdk.models.sources import cache_dir
 
     path = cache_dir() / "teacher-text" / f"{teacher_key(teacher, config)}.pt"
     if path.is_file():
-        return torch.load(path)
+        try:
+            cached = torch.load(path)
+        except Exception as exc:  # torch.load fails in many ways on a damaged file (EOFError, RuntimeError, KeyError)
+            cached = exc
+        if isinstance(cached, torch.Tensor) and cached.dtype == torch.long and cached.dim() == 1 and cached.numel():
+            return cached
+        found = f"torch.load raised {type(cached).__name__}" if isinstance(cached, Exception) else "another object"
+        print(f"edgesdk build: warning: the cached teacher text {path} is damaged ({found}, not a tensor of token "
+              "ids); sampling it again", file=sys.stderr)
     sample = generate_text(teacher, tokenizer, config, progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    torch.save(sample, partial)
-    os.replace(partial, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(sample, partial)
+        os.replace(partial, path)
+    except (OSError, RuntimeError) as exc:  # torch.save's writer reports a failed write as a RuntimeError
+        with contextlib.suppress(OSError):  # a half-written file is not left behind
+            partial.unlink(missing_ok=True)
+        print(f"edgesdk build: warning: the teacher text could not be kept in the cache {path.parent} "
+              f"({getattr(exc, 'strerror', None) or exc}); this build goes on with it, the next one samples it "
+              "again: set EDGESDK_CACHE to a writable directory", file=sys.stderr)
     return sample
 
 

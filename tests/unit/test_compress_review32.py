@@ -34,3 +34,41 @@ def test_teacher_text_ignores_the_sampling_settings_of_the_models_generation_con
     assert torch.equal(generate_text(teacher, tokenizer, config, progress=False), expected)
     assert teacher.generation_config.top_k == 1  # the model's own config is given back
     assert teacher.generation_config.repetition_penalty == 1.5
+
+
+def test_teacher_text_that_cannot_be_cached_is_a_warning_and_the_build_goes_on(tmp_path, monkeypatch, capsys):
+    """The cache only saves time, but a cache directory that could not be made (here a file stands where it
+    goes; a read-only home or a full disk do the same) ended the stage with a traceback after the minutes
+    of sampling, and a resumed build sampled and failed again."""
+    from edgesdk.compress.data import TokenData
+
+    (tmp_path / "blocker").write_text("a file, not a directory")
+    monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path / "blocker" / "cache"))
+    tokenizer, config = tiny_tokenizer(), DataConfig(generated_sequences=2, generated_tokens=4, seed=1)
+    data = TokenData.load(config, tokenizer, flat_teacher())
+    assert torch.equal(data.ids, generate_text(flat_teacher(), tokenizer, config, progress=False))
+    warning = capsys.readouterr().err
+    assert "could not be kept in the cache" in warning
+    assert "EDGESDK_CACHE" in warning  # the fix
+
+
+@pytest.mark.parametrize("damage", [b"", b"not a tensor file", "truncated", "wrong tensor"])
+def test_a_damaged_cached_teacher_text_is_sampled_again(tmp_path, monkeypatch, capsys, damage):
+    """A cached file cut short or overwritten was handed to torch.load unchecked: a traceback (EOFError,
+    RuntimeError, KeyError ...) at every build of that model until the user found and deleted the file."""
+    from edgesdk.compress.data import TokenData, teacher_key
+    from edgesdk.models.sources import cache_dir
+
+    monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path / "cache"))
+    tokenizer, config, teacher = tiny_tokenizer(), DataConfig(generated_sequences=2, generated_tokens=4), flat_teacher()
+    expected = TokenData.load(config, tokenizer, teacher).ids  # sampled and cached
+    path = cache_dir() / "teacher-text" / f"{teacher_key(teacher, config)}.pt"
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:40])
+    elif damage == "wrong tensor":
+        torch.save(torch.zeros(3, 4), path)
+    else:
+        path.write_bytes(damage)
+    assert torch.equal(TokenData.load(config, tokenizer, teacher).ids, expected)
+    assert "is damaged" in capsys.readouterr().err
+    assert torch.equal(torch.load(path), expected)  # the cache holds the text again
