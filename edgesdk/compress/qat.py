@@ -64,8 +64,9 @@ class QATConfig:
     def __post_init__(self):
         self.scheme()  # validates the quantization fields
         check_optimiser_settings(self.lr, self.temperature, self.grad_accumulation)
-        if self.steps < 0 or self.batch_size < 1 or self.sequence_length < 2:
-            raise ValueError("steps >= 0, batch_size >= 1 and sequence_length >= 2 are required")
+        for name, least in (("steps", 0), ("batch_size", 1), ("sequence_length", 2)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
         if not 0.0 <= self.eight_bit_fraction <= 1.0:
             raise ValueError(f"eight_bit_fraction must be in [0, 1], got {self.eight_bit_fraction}")
         if self.activations == "tensor" and self.observer_batches < 1:  # no scale: a QDQ graph without activation Q/DQ

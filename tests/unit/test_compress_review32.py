@@ -72,3 +72,18 @@ def test_a_damaged_cached_teacher_text_is_sampled_again(tmp_path, monkeypatch, c
     assert torch.equal(TokenData.load(config, tokenizer, teacher).ids, expected)
     assert "is damaged" in capsys.readouterr().err
     assert torch.equal(torch.load(path), expected)  # the cache holds the text again
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"sequence_length": 1}, "sequence_length must be >= 2, got 1"),
+    ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
+    ({"steps": -3}, "steps must be >= 0, got -3"),
+])
+def test_a_bad_qat_count_is_refused_naming_the_option_and_its_value(options, match):
+    """QAT said 'steps >= 0, batch_size >= 1 and sequence_length >= 2 are required' for any of the three, leaving
+    the user to find which one of a recipe's settings was wrong (distill and prune name theirs)."""
+    from edgesdk.build.registry import make_config
+    from edgesdk.errors import BuildError
+
+    with pytest.raises(BuildError, match=match):
+        make_config("qat", options)
