@@ -601,6 +601,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             except EdgeSDKError as exc:
                 if not interactive:
                     raise
+                _answer_ended(thermal)
                 click.echo(f"error: {exc}", err=True)  # one bad line does not end the session
             except KeyboardInterrupt:
                 if not interactive:
@@ -608,14 +609,20 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                 # As in llama.cpp's interactive mode: Ctrl-C stops the answer, not the session.
                 sys.stdout.write("\n")
                 sys.stdout.flush()
-                if thermal is not None:
-                    thermal.hook.end(None)  # an idle board gets its clock back
-                    if thermal.hook.status is not None:
-                        thermal.hook.status.between_answers()
+                _answer_ended(thermal)
                 click.echo("edgesdk: answer stopped; Ctrl-C at the prompt or Ctrl-D ends the session", err=True)
     finally:
         if thermal is not None:
             thermal.close()
+
+
+def _answer_ended(thermal) -> None:
+    """An answer that ended early (Ctrl-C, or an error the session goes on after): the idle board gets its clock
+    back and the status line shows the prompt, as after an answer that ends normally."""
+    if thermal is not None:
+        thermal.hook.end(None)
+        if thermal.hook.status is not None:
+            thermal.hook.status.between_answers()
 
 
 def _draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min: float, threads, target,

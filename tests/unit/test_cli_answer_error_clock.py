@@ -1,0 +1,83 @@
+"""An interactive `run` whose answer ends in an error goes on to the next prompt: the board gets its clock back
+there, as after an answer that ends normally or with Ctrl-C (a capped clock left on an idle prompt slows
+everything else on the board for as long as the session stays open)."""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_thermal_cli import board_env
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="a pseudo-terminal and RLIMIT_FSIZE (Linux)")
+
+
+def _meta_line_bytes(bundle: Path, env: dict, tmp_path: Path) -> int:
+    """The size of the telemetry file's first record (its meta record) for this run's flags."""
+    probe = tmp_path / "probe.jsonl"
+    subprocess.run([sys.executable, "-m", "edgesdk", "run", str(bundle), "--prompt", "hi", "-n", "1", "--raw",
+                    "--watch-thermal", "--clock-cap", "--thermal-target", "rpi5", "--telemetry", str(probe)],
+                   env={**os.environ, **env}, capture_output=True, check=True, timeout=300)
+    return len(probe.read_bytes().splitlines(keepends=True)[0])
+
+
+def test_an_answer_ended_by_an_error_gives_the_clock_back_at_the_prompt(tiny_bundle, tmp_path):
+    """A Pi 5 at 74 °C caps the clock while it answers; the first step record cannot be written (the file-size
+    limit lets only the meta record in), so the answer ends in a TelemetryWriteError mid-answer. At the prompt
+    after the error the 2.4 GHz ceiling is back while the session is still open."""
+    import pty
+
+    bundle = Path(shutil.copytree(tiny_bundle.path, tmp_path / "bundle"))
+    env, policy = board_env(tmp_path, 74000)
+    limit = _meta_line_bytes(bundle, env, tmp_path) + 16  # the meta record and no step record
+
+    def limited() -> None:
+        import resource
+        import signal
+
+        for signum in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "run", str(bundle), "-n", "8", "--raw",
+                             "--watch-thermal", "--clock-cap", "--thermal-target", "rpi5",
+                             "--telemetry", str(tmp_path / "t.jsonl")],
+                            env={**os.environ, **env, "PYTHONDONTWRITEBYTECODE": "1"}, stdin=slave, stdout=slave,
+                            stderr=slave, start_new_session=True, preexec_fn=limited)
+    os.close(slave)
+    seen = bytearray()
+
+    def read_until(predicate, seconds: float = 120) -> None:
+        deadline = time.monotonic() + seconds
+        while not predicate() and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    seen.extend(os.read(master, 4096))
+                except OSError:
+                    break
+
+    try:
+        read_until(lambda: b"> " in seen)
+        os.write(master, b"hello\n")
+        read_until(lambda: b"error:" in seen and seen.rstrip().endswith(b">"))
+        text = seen.decode(errors="replace")
+        assert "error:" in text, text
+        assert "telemetry" in text.lower(), text
+        assert proc.poll() is None, text  # the session goes on
+        assert (policy / "scaling_max_freq").read_text().strip() == "2400000", text  # not 1500000
+        os.write(master, b"\x04")  # Ctrl-D at the prompt
+        proc.wait(timeout=60)
+        assert proc.returncode == 0, seen.decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
