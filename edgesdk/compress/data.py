@@ -81,15 +81,20 @@ class TokenData:
         ids = torch.cat(pieces)
         return cls(ids, generated)
 
-    def batches(self, count: int, batch_size: int, length: int, seed: int) -> list[torch.Tensor]:
+    def batches(self, count: int, batch_size: int, length: int, seed: int,
+                stage: str | None = None) -> list[torch.Tensor]:
         """``count`` random (batch_size, length) blocks, reproducible for a seed. A block is the model's
         input and (shifted by one inside it) its targets, so ``length`` tokens make one block and every
-        start from 0 to ``N - length`` is drawn: the last token of the pool is trained on too."""
-        if self.ids.numel() < length:
-            raise BuildError(f"training text has {self.ids.numel()} tokens, fewer than one block of {length}",
-                             "pass more text with --data or a shorter sequence_length")
+        start from 0 to ``N - length`` is drawn: the last token of the pool is trained on too.
+        ``stage`` (whose ``sequence_length`` is ``length``) names the setting a refusal points to."""
+        tokens = self.ids.numel()
+        if tokens < length:
+            setting = f"{stage}.sequence_length" if stage else "sequence_length"
+            shorter = f"--set {setting}={tokens}" if stage and tokens >= 2 else f"a shorter {setting}"
+            raise BuildError(f"training text has {tokens} tokens, fewer than one block of {length} ({setting})",
+                             f"pass more text with --data (or more teacher text, --generated-sequences), or {shorter}")
         generator = torch.Generator().manual_seed(seed)
-        starts = torch.randint(0, self.ids.numel() - length + 1, (count, batch_size), generator=generator)
+        starts = torch.randint(0, tokens - length + 1, (count, batch_size), generator=generator)
         return [torch.stack([self.ids[s: s + length] for s in row.tolist()]) for row in starts]
 
 

@@ -136,7 +136,8 @@ def distill_stage(model, config: DistillConfig, ctx: BuildContext):
     teacher_index = teacher_layers(model)
     metrics = {}
     if config.steps:
-        batches = ctx.training_data().batches(config.steps, config.batch_size, config.sequence_length, config.seed)
+        batches = ctx.training_data().batches(config.steps, config.batch_size, config.sequence_length, config.seed,
+                                                "distill")
         loss_fn = distillation_loss(model, TeacherWithPrefix(teacher, config.soft_prompt_tokens, config.seed),
                                     kept_heads, config, teacher_index)
         settings = LoopSettings(lr=config.lr, grad_accumulation=config.grad_accumulation)

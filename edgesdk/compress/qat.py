@@ -101,7 +101,8 @@ def qat_stage(model, config: QATConfig, ctx: BuildContext):
     data = ctx.training_data() if needs_data else None
     scheme = config.scheme()
     if config.eight_bit_fraction:
-        calibration = data.batches(config.fisher_batches, config.batch_size, config.sequence_length, config.seed + 2)
+        calibration = data.batches(config.fisher_batches, config.batch_size, config.sequence_length, config.seed + 2,
+                                   "qat")
         chosen, units, gains = eight_bit_linears(model, calibration, config.eight_bit_fraction, config.block_size,
                                                  ctx.progress)
         scheme = replace(scheme, eight_bit_linears=chosen)
@@ -115,11 +116,11 @@ def qat_stage(model, config: QATConfig, ctx: BuildContext):
         fake_quant.set_observing(model, True)
         with torch.no_grad():
             for batch in data.batches(config.observer_batches, config.batch_size, config.sequence_length,
-                                      config.seed + 1):
+                                      config.seed + 1, "qat"):
                 model(batch)
         fake_quant.set_observing(model, False)
     if config.steps:
-        batches = data.batches(config.steps, config.batch_size, config.sequence_length, config.seed)
+        batches = data.batches(config.steps, config.batch_size, config.sequence_length, config.seed, "qat")
         loss = distill_to_teacher(teacher, config.temperature)
         settings = LoopSettings(lr=config.lr, grad_accumulation=config.grad_accumulation,
                                 grad_scaling=config.grad_scaling)

@@ -152,7 +152,8 @@ def smooth_stage(model, config: SmoothConfig, ctx: BuildContext):
     if fake_quant.QuantScheme.of(model) is not None:
         raise ValueError("smooth must run before qat: the weights are already on an INT8 grid")
     data = ctx.training_data()
-    batches = data.batches(config.calibration_batches, config.batch_size, config.sequence_length, config.seed)
+    batches = data.batches(config.calibration_batches, config.batch_size, config.sequence_length, config.seed,
+                           "smooth")
     scales = smooth_model(model, input_peaks(model, batches), config)
     ctx.metrics.update({"alpha": config.alpha, "largest_scale": scales}, **stage_metrics(model, ctx.eval_ids()))
     return model

@@ -433,7 +433,7 @@ def sparsify_stage(model, config: SparsifyConfig, ctx: BuildContext):
     model.eval()
     block = config.block_size or ctx.profile.sparsity_block
     batches = ctx.training_data().batches(config.calibration_batches, config.batch_size, config.sequence_length,
-                                          config.seed)
+                                          config.seed, "sparsify")
     if config.reorder:
         reorder_channels(model, batches)
     scheme = fake_quant.reattach(model)  # importance measured on the quantized model, as for pruning

@@ -87,3 +87,27 @@ def test_a_bad_qat_count_is_refused_naming_the_option_and_its_value(options, mat
 
     with pytest.raises(BuildError, match=match):
         make_config("qat", options)
+
+
+@pytest.mark.parametrize("stage", ["smooth", "qat"])
+def test_training_text_shorter_than_a_block_names_the_stage_setting_to_change(tmp_path, stage):
+    """The refusal said 'a shorter sequence_length' without the stage whose setting it was (every stage has
+    one, 256 by default) or how to give it."""
+    import copy
+
+    from edgesdk.build.registry import BuildContext, make_config, stage_spec
+    from edgesdk.errors import BuildError
+    from edgesdk.profile import get_profile
+
+    text = tmp_path / "short.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog.")
+    tokenizer = tiny_tokenizer()
+    tokens = len(tokenizer(text.read_text())["input_ids"])
+    teacher = tiny_llama(seed=0)
+    ctx = BuildContext(profile=get_profile("host"), work_dir=tmp_path, tokenizer=tokenizer, teacher=teacher,
+                       progress=False, data_config=DataConfig(files=(str(text),), generated_sequences=0))
+    options = {"sequence_length": 64, **({"steps": 1} if stage == "qat" else {})}
+    refusal = rf"{tokens} tokens, fewer than one block of 64 \({stage}.sequence_length\)"
+    with pytest.raises(BuildError, match=refusal) as error:
+        stage_spec(stage).run(copy.deepcopy(teacher), make_config(stage, options), ctx)
+    assert f"--set {stage}.sequence_length={tokens}" in error.value.fix
