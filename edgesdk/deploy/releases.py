@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 
+from edgesdk.deploy.remote import BoardRefusal
 from edgesdk.deploy.report import Reporter, fmt_bytes
 from edgesdk.deploy.service import restart_service
 from edgesdk.deploy.session import DeployOptions, board_edgesdk, open_board, probe, smoke_test
@@ -72,7 +73,23 @@ def rollback(options: DeployOptions, release: str | None = None, report: Reporte
             smoke_test(board, board_edgesdk(board, facts, options.local), board.path("releases", target), options,
                        report)
         with report.step("switch current"):
-            switched = board.call("switch", {"bundle_id": target, "action": "rollback"})
+            try:
+                switched = board.call("switch", {"bundle_id": target, "action": "rollback"})
+            except BoardRefusal:
+                raise  # the board answered: the switch did not happen (op_switch is all or nothing)
+            except DeployError as lost:
+                # No answer: the switch may have happened before its reply was lost. Then current is the
+                # target and previous the release it left, so the same --rollback would go back to that one.
+                was = f"releases/{current}" if current else "no release"
+                raise DeployError(
+                    f"{lost.problem}\nthe board's reply to the switch did not come back, so current may "
+                    f"already point to releases/{target} (smoke-tested) or still to {was}",
+                    "once the board answers, 'edgesdk deploy --status' shows which; if the switch did not "
+                    f"happen, run 'edgesdk deploy --rollback --release {target}' (not a plain --rollback, "
+                    f"which after a switch that did happen goes back to {was}); if it did, restart the "
+                    "unit that deploy --service installed (systemctl restart edgesdk-serve, --user for a "
+                    "user unit)"
+                ) from lost
             report.info(f"current -> releases/{target} (was {switched['from'] or 'none'})")
             restarted = restart_service(board)  # a unit deploy --service installed serves current
             if restarted:

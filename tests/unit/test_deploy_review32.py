@@ -112,3 +112,53 @@ def test_a_bundle_built_inside_the_checkout_leaves_the_runtime_key_alone(tmp_pat
     assert install.source_digest(root) == before
     (root / "targets" / "rpi5.yaml").write_text("name: rpi5\nchanged: true\n")
     assert install.source_digest(root) != before
+
+
+@pytest.fixture(scope="module")
+def ssh_server(tmp_path_factory):
+    from tests._utils.sshd import serve
+
+    yield from serve(tmp_path_factory)
+
+
+def test_a_rollback_whose_switch_reply_is_lost_does_not_say_to_run_it_again(ssh_server, tiny_bundle, tmp_path):
+    """Real sshd; the switch happens on the board and its reply is lost. The refusal was ssh's 'run the same deploy
+    again: it resumes, and the board keeps its current release': it had not kept it, and the same --rollback again
+    switched back to the release the rollback left (previous now). The refusal says current may be either and
+    names the rollback that finishes the job whichever it is."""
+    import json
+    import stat
+    import sys
+
+    from edgesdk.deploy.remote import Board
+    from edgesdk.deploy.transport import LocalTransport
+    from tests._utils.deploy import bundle_variant, faulty_ssh_command
+    from tests.unit.test_deploy_helper import commit_by_hand
+
+    root = tmp_path / "board"
+    local = Board(LocalTransport(str(root)), sys.executable, str(root))
+    older = bundle_variant(tiny_bundle.path, tmp_path / "older", "older")
+    for bundle in (older, tiny_bundle):  # current: tiny_bundle, previous: older
+        commit_by_hand(local, bundle)
+        local.call("switch", {"bundle_id": bundle.bundle_id})
+    runtime = root / "runtime" / "k"  # the board's edgesdk runtime: this edgesdk
+    (runtime / "bin").mkdir(parents=True)
+    (runtime / "bin" / "edgesdk").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m edgesdk.cli "$@"\n')
+    (runtime / "bin" / "edgesdk").chmod(stat.S_IRWXU)
+    (runtime / "edgesdk-runtime.json").write_text(json.dumps({"key": "k", "version": "0.1.0"}))
+    (root / "runtime" / "current").symlink_to("k")
+
+    ssh = [*ssh_server.client_args(), "--host", ssh_server.destination, "--remote-root", root,
+           "--remote-python", sys.executable]
+    lose = faulty_ssh_command(f"lose:switch:{tmp_path / 'board-gone'}", ssh_server.process.pid)
+    failed = edgesdk("deploy", "--rollback", *ssh, "--ssh-command", lose)
+    assert failed.returncode == 8, failed.stderr
+    assert current_id(root) == older.bundle_id  # the switch did happen
+    assert (f"current may already point to releases/{older.bundle_id} (smoke-tested) or still to "
+            f"releases/{tiny_bundle.bundle_id}") in failed.stderr, failed.stderr
+    assert f"run 'edgesdk deploy --rollback --release {older.bundle_id}' (not a plain --rollback" in failed.stderr
+    assert "keeps its current release" not in failed.stderr
+    again = edgesdk("deploy", "--rollback", *ssh, "--release", older.bundle_id)  # what it says, the board back
+    assert again.returncode == 8
+    assert f"release {older.bundle_id} is already current" in again.stderr
+    assert current_id(root) == older.bundle_id
