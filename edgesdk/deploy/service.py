@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgesdk.deploy.remote import Board
+from edgesdk.deploy.remote import Board, BoardRefusal
 from edgesdk.deploy.transport import DeployError
 
 HEALTH_TIMEOUT_S = 180.0  # loading a bundle takes seconds; a TensorRT engine is built by deploy beforehand
@@ -72,9 +72,15 @@ def restart_service(board: Board) -> str | None:
                                        "fix": "fix what the journal shows, then restart the unit (systemctl "
                                               "restart edgesdk-serve, with --user for a user unit)"},
                            timeout=HEALTH_TIMEOUT_S + 300)
-    except DeployError as exc:
+    except BoardRefusal as exc:
         raise DeployError(f"current was rolled back, but the service is not serving it: {exc.problem}",
                           exc.fix) from exc
+    except DeployError as exc:  # no answer: ssh's own fix would have the rollback run again, switching back
+        raise DeployError(f"current was rolled back, but the board's reply to restarting the service that "
+                          f"deploy --service installed (if any) did not come back: {exc.problem}",
+                          "do not run the rollback again: current is switched, and the same --rollback would "
+                          "switch it back; once the board answers, restart the unit if there is one "
+                          "(systemctl restart edgesdk-serve, with --user for a user unit)") from exc
     if not reply["installed"]:
         return None
     if not reply["restarted"]:

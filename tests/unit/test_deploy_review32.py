@@ -121,18 +121,16 @@ def ssh_server(tmp_path_factory):
     yield from serve(tmp_path_factory)
 
 
-def test_a_rollback_whose_switch_reply_is_lost_does_not_say_to_run_it_again(ssh_server, tiny_bundle, tmp_path):
-    """Real sshd; the switch happens on the board and its reply is lost. The refusal was ssh's 'run the same deploy
-    again: it resumes, and the board keeps its current release': it had not kept it, and the same --rollback again
-    switched back to the release the rollback left (previous now). The refusal says current may be either and
-    names the rollback that finishes the job whichever it is."""
+def board_to_roll_back(server, tiny_bundle, tmp_path) -> tuple:
+    """A deploy root with tiny_bundle current, a variant of it previous and this edgesdk as its runtime, and the
+    --rollback arguments that reach it through ``server``; returns (root, the previous bundle, the arguments)."""
     import json
     import stat
     import sys
 
     from edgesdk.deploy.remote import Board
     from edgesdk.deploy.transport import LocalTransport
-    from tests._utils.deploy import bundle_variant, faulty_ssh_command
+    from tests._utils.deploy import bundle_variant
     from tests.unit.test_deploy_helper import commit_by_hand
 
     root = tmp_path / "board"
@@ -147,18 +145,45 @@ def test_a_rollback_whose_switch_reply_is_lost_does_not_say_to_run_it_again(ssh_
     (runtime / "bin" / "edgesdk").chmod(stat.S_IRWXU)
     (runtime / "edgesdk-runtime.json").write_text(json.dumps({"key": "k", "version": "0.1.0"}))
     (root / "runtime" / "current").symlink_to("k")
+    args = ["deploy", "--rollback", *server.client_args(), "--host", server.destination, "--remote-root", root,
+            "--remote-python", sys.executable]
+    return root, older, args
 
-    ssh = [*ssh_server.client_args(), "--host", ssh_server.destination, "--remote-root", root,
-           "--remote-python", sys.executable]
+
+def test_a_rollback_whose_switch_reply_is_lost_does_not_say_to_run_it_again(ssh_server, tiny_bundle, tmp_path):
+    """Real sshd; the switch happens on the board and its reply is lost. The refusal was ssh's 'run the same deploy
+    again: it resumes, and the board keeps its current release': it had not kept it, and the same --rollback again
+    switched back to the release the rollback left (previous now). The refusal says current may be either and
+    names the rollback that finishes the job whichever it is."""
+    from tests._utils.deploy import faulty_ssh_command
+
+    root, older, args = board_to_roll_back(ssh_server, tiny_bundle, tmp_path)
     lose = faulty_ssh_command(f"lose:switch:{tmp_path / 'board-gone'}", ssh_server.process.pid)
-    failed = edgesdk("deploy", "--rollback", *ssh, "--ssh-command", lose)
+    failed = edgesdk(*args, "--ssh-command", lose)
     assert failed.returncode == 8, failed.stderr
     assert current_id(root) == older.bundle_id  # the switch did happen
     assert (f"current may already point to releases/{older.bundle_id} (smoke-tested) or still to "
             f"releases/{tiny_bundle.bundle_id}") in failed.stderr, failed.stderr
     assert f"run 'edgesdk deploy --rollback --release {older.bundle_id}' (not a plain --rollback" in failed.stderr
     assert "keeps its current release" not in failed.stderr
-    again = edgesdk("deploy", "--rollback", *ssh, "--release", older.bundle_id)  # what it says, the board back
+    again = edgesdk(*args, "--release", older.bundle_id)  # what it says, the board back
     assert again.returncode == 8
     assert f"release {older.bundle_id} is already current" in again.stderr
     assert current_id(root) == older.bundle_id
+
+
+def test_a_rollback_whose_service_restart_reply_is_lost_says_not_to_run_it_again(ssh_server, tiny_bundle, tmp_path):
+    """The switch is done and answered; the reply to the service restart after it is lost. The refusal passed on
+    ssh's fix, 'run the same deploy again: it resumes, and the board keeps its current release', and the same
+    --rollback switched current back to the release the rollback had left."""
+    from tests._utils.deploy import faulty_ssh_command
+
+    root, older, args = board_to_roll_back(ssh_server, tiny_bundle, tmp_path)
+    lose = faulty_ssh_command(f"lose:service:{tmp_path / 'board-gone'}", ssh_server.process.pid)
+    failed = edgesdk(*args, "--ssh-command", lose)
+    assert failed.returncode == 8, failed.stderr
+    assert current_id(root) == older.bundle_id
+    assert "current was rolled back, but the board's reply to restarting the service" in failed.stderr
+    assert "do not run the rollback again: current is switched, and the same --rollback would switch it back" \
+        in failed.stderr, failed.stderr
+    assert "run the same deploy again" not in failed.stderr
