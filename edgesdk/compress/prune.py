@@ -319,7 +319,7 @@ def prune_stage(model, config: PruneConfig, ctx: BuildContext):
                              f"remove at most {count - 1} (--prune-layers {count - 1}, or --set "
                              f"prune.layers_removed={count - 1})")
         layer_batches = ctx.training_data().batches(config.layer_calibration_batches, config.batch_size,
-                                                    config.sequence_length, config.seed + 1)
+                                                    config.sequence_length, config.seed + 1, "prune")
         before = teacher_layers(model)
         kept, rounds = plan_depth(model, layer_batches, config.layers_removed, config.depth_rescore,
                                   config.depth_criterion)
@@ -341,7 +341,7 @@ def prune_stage(model, config: PruneConfig, ctx: BuildContext):
 def _prune_width(model, config: PruneConfig, ctx: BuildContext, scheme) -> dict:
     """FFN channels and GQA groups by Fisher saliency; returns what the build record keeps of it."""
     batches = ctx.training_data().batches(config.calibration_batches, config.batch_size, config.sequence_length,
-                                          config.seed)
+                                          config.seed, "prune")
     fisher = fisher_diagonal(model, batches, ctx.progress)
     if scheme is not None:
         fake_quant.detach(model, bake=False)  # weights are already on the grid from QAT

@@ -89,7 +89,7 @@ def test_a_bad_qat_count_is_refused_naming_the_option_and_its_value(options, mat
         make_config("qat", options)
 
 
-@pytest.mark.parametrize("stage", ["smooth", "qat"])
+@pytest.mark.parametrize("stage", ["smooth", "qat", "prune"])
 def test_training_text_shorter_than_a_block_names_the_stage_setting_to_change(tmp_path, stage):
     """The refusal said 'a shorter sequence_length' without the stage whose setting it was (every stage has
     one, 256 by default) or how to give it."""
@@ -106,7 +106,8 @@ def test_training_text_shorter_than_a_block_names_the_stage_setting_to_change(tm
     teacher = tiny_llama(seed=0)
     ctx = BuildContext(profile=get_profile("host"), work_dir=tmp_path, tokenizer=tokenizer, teacher=teacher,
                        progress=False, data_config=DataConfig(files=(str(text),), generated_sequences=0))
-    options = {"sequence_length": 64, **({"steps": 1} if stage == "qat" else {})}
+    options = {"sequence_length": 64, **({"steps": 1} if stage == "qat" else {}),
+               **({"ffn_ratio": 0.25} if stage == "prune" else {})}
     refusal = rf"{tokens} tokens, fewer than one block of 64 \({stage}.sequence_length\)"
     with pytest.raises(BuildError, match=refusal) as error:
         stage_spec(stage).run(copy.deepcopy(teacher), make_config(stage, options), ctx)
