@@ -88,7 +88,7 @@ def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], l
     for added in spec.get("added_tokens", []):
         by_id[int(added["id"])] = added["content"]
         (special if added.get("special") else user_defined).add(int(added["id"]))
-    missing = [i for i in range(vocab_size) if i not in by_id]
+    missing = {i for i in range(vocab_size) if i not in by_id}
     extra = [i for i in by_id if i >= vocab_size]
     if extra:
         raise ExportError(f"{path}: token ids up to {max(extra)}, but the model's embedding has {vocab_size} rows",
@@ -100,7 +100,7 @@ def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], l
     tokens = [by_id[i] for i in range(vocab_size)]
     types = [CONTROL if i in special else USER_DEFINED if i in user_defined else UNUSED if i in missing else NORMAL
              for i in range(vocab_size)]
-    return tokens, types, set(missing)
+    return tokens, types, missing
 
 
 def _sentencepiece_spaces(spec: dict) -> bool | None:
