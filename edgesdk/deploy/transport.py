@@ -260,7 +260,7 @@ class SshTransport(Transport):
 
     def check_connection(self, returncode: int, stderr: str, during: str = "") -> None:
         if returncode == 255:
-            raise ssh_failure(self.spec, stderr, during)
+            raise ssh_failure(self.spec, stderr, during, self.opts.ssh_config)
 
     def close(self) -> None:
         if self._control_dir is None:
@@ -272,9 +272,38 @@ class SshTransport(Transport):
         self._control_dir = None
 
 
-def ssh_failure(spec: HostSpec, stderr: str, during: str = "") -> DeployError:
-    """Turn ssh's exit 255 and its stderr into a message naming the problem and the fix."""
+def config_failure(spec: HostSpec, text: str, config: str | None) -> DeployError | None:
+    """ssh refusing its own configuration before it connects (readconf.c: an option of the command line, a
+    line of a config file, a config file it cannot open), or None. Running the deploy again repeats it."""
+    files = {name for name in (config, os.path.expanduser("~/.ssh/config"), "/etc/ssh/ssh_config") if name}
+    for line in text.splitlines():
+        if line.startswith("Can't open user config file "):
+            return DeployError(f"ssh cannot read its config file, so it did not connect to {spec}: {line}",
+                               "pass an existing file to --ssh-config (ssh does not expand ~ in it)")
+        where, found, _ = line.partition(" line ")
+        where = where.rstrip(":")
+        if found and where == "command-line":
+            return DeployError(
+                f"ssh refused an option of its command line, so it did not connect to {spec}: {line}",
+                "correct or drop the --ssh-option it names (OPT=VALUE, as ssh_config(5) spells it), or the "
+                "-o of --ssh-command / $EDGESDK_SSH; an option deploy adds itself (BatchMode, "
+                "StrictHostKeyChecking, ConnectTimeout, ServerAlive*, Control*) refused means an ssh older "
+                "than OpenSSH 7.6: update it")
+        if found and where in files:
+            return DeployError(f"ssh refused its config file {where}, so it did not connect to {spec}: "
+                               f"{line}",
+                               f"correct that line of {where} (ssh_config(5) lists the options), or pass "
+                               "another file with --ssh-config")
+    return None
+
+
+def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | None = None) -> DeployError:
+    """Turn ssh's exit 255 and its stderr into a message naming the problem and the fix (``config``: the file
+    given to ``--ssh-config``)."""
     text = stderr.strip()
+    refused = config_failure(spec, text, config)
+    if refused is not None:
+        return refused
     last = "\n    ".join(line for line in text.splitlines()[-6:] if line.strip()) or "(ssh printed nothing)"
     host = spec.host
     known = f"[{host}]:{spec.port}" if spec.port else host

@@ -187,3 +187,40 @@ def test_a_rollback_whose_service_restart_reply_is_lost_says_not_to_run_it_again
     assert "do not run the rollback again: current is switched, and the same --rollback would switch it back" \
         in failed.stderr, failed.stderr
     assert "run the same deploy again" not in failed.stderr
+
+
+def test_ssh_refusing_its_own_configuration_is_not_called_a_network_failure(tmp_path):
+    """Real ssh: a bad --ssh-option, a bad line of the --ssh-config file, or no such file. ssh stops before it
+    connects, and deploy said 'the ssh connection failed' with 'check the network, then run the same deploy
+    again', which repeats it. The refusal names what ssh refused and where to correct it."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+    from edgesdk.deploy.transport import HostSpec, ssh_failure
+    from tests._utils.sshd import free_port
+
+    if shutil.which("ssh") is None:
+        pytest.skip("OpenSSH client not installed")
+    bad = tmp_path / "ssh config"
+    bad.write_text("Host *\n  Bogus yes\n")
+    host = f"pi@127.0.0.1:{free_port()}"  # never reached: ssh stops at its configuration
+    cases = [
+        (["--ssh-config", "/dev/null", "--ssh-option", "Bogus=yes"],
+         "ssh refused an option of its command line, so it did not connect to", "correct or drop the --ssh-option"),
+        (["--ssh-config", str(bad)], f"ssh refused its config file {bad}, so it did not connect to",
+         f"correct that line of {bad}"),
+        (["--ssh-config", str(tmp_path / "missing")], "ssh cannot read its config file",
+         "pass an existing file to --ssh-config"),
+    ]
+    for args, problem, fix in cases:
+        result = CliRunner().invoke(main, ["deploy", "--status", "--host", host, *args])
+        assert result.exit_code == 8, result.output
+        assert problem in result.output, result.output
+        assert "bogus" in result.output.lower() or "missing" in result.output
+        assert f"fix: {fix}" in result.output
+        assert "check the network" not in result.output
+    # the board's own shell complaining about a line of its .bashrc is not ssh's configuration
+    remote = "/home/pi/.bashrc: line 5: foo: command not found\nConnection to board closed by remote host."
+    assert "check the network" in ssh_failure(HostSpec.parse("pi@board"), remote, config=str(bad)).fix
