@@ -57,7 +57,8 @@ def install_service(board: Board, argv: list[str], service: ServiceOptions) -> t
                                    "timeout_s": HEALTH_TIMEOUT_S,
                                    "fix": "the new release is current and passed its smoke test; fix what the "
                                           "journal shows (a port in use: pass another --service-port) and deploy "
-                                          "again, which restarts the service"},
+                                          "again, which restarts the service, or run 'edgesdk deploy --rollback' "
+                                          "to serve the previous release with the unit as now written"},
                        timeout=HEALTH_TIMEOUT_S + 300)
     lines = [f"{reply['scope']} unit {reply['unit']} {'written and ' if reply['changed'] else ''}enabled; "
              f"serving on {service.health_url.removesuffix('/health')}/v1", *reply["notes"]]

@@ -98,6 +98,7 @@ def test_service_that_does_not_come_up_is_reported_with_its_journal(tiny_bundle,
     assert "service edgesdk-serve did not come up" in result.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr  # the journal's tail: the server's own error
     assert "the new release is current and passed its smoke test" in result.stderr
+    assert "edgesdk deploy --rollback" in result.stderr  # the way back to the release served before
     assert current_id(root) == tiny_bundle.bundle_id
 
 
