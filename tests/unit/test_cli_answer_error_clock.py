@@ -5,11 +5,9 @@ everything else on the board for as long as the session stays open)."""
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -32,7 +30,7 @@ def test_an_answer_ended_by_an_error_gives_the_clock_back_at_the_prompt(tiny_bun
     """A Pi 5 at 74 °C caps the clock while it answers; the first step record cannot be written (the file-size
     limit lets only the meta record in), so the answer ends in a TelemetryWriteError mid-answer. At the prompt
     after the error the 2.4 GHz ceiling is back while the session is still open."""
-    import pty
+    from tests._utils.terminal import TerminalSession
 
     bundle = Path(shutil.copytree(tiny_bundle.path, tmp_path / "bundle"))
     env, policy = board_env(tmp_path, 74000)
@@ -47,37 +45,16 @@ def test_an_answer_ended_by_an_error_gives_the_clock_back_at_the_prompt(tiny_bun
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "run", str(bundle), "-n", "8", "--raw",
-                             "--watch-thermal", "--clock-cap", "--thermal-target", "rpi5",
-                             "--telemetry", str(tmp_path / "t.jsonl")],
-                            env={**os.environ, **env, "PYTHONDONTWRITEBYTECODE": "1"}, stdin=slave, stdout=slave,
-                            stderr=slave, start_new_session=True, preexec_fn=limited)
-    os.close(slave)
-    seen = bytearray()
-
-    def read_until(predicate, seconds: float = 120) -> None:
-        deadline = time.monotonic() + seconds
-        while not predicate() and time.monotonic() < deadline and proc.poll() is None:
-            if select.select([master], [], [], 0.2)[0]:
-                try:
-                    seen.extend(os.read(master, 4096))
-                except OSError:
-                    break
-
-    try:
-        read_until(lambda: b"> " in seen)
-        os.write(master, b"hello\n")
-        read_until(lambda: b"error:" in seen and seen.rstrip().endswith(b">"))
-        text = seen.decode(errors="replace")
-        assert "error:" in text, text
-        assert "telemetry" in text.lower(), text
-        assert proc.poll() is None, text  # the session goes on
-        assert (policy / "scaling_max_freq").read_text().strip() == "2400000", text  # not 1500000
-        os.write(master, b"\x04")  # Ctrl-D at the prompt
-        proc.wait(timeout=60)
-        assert proc.returncode == 0, seen.decode(errors="replace")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
+    argv = [sys.executable, "-m", "edgesdk", "run", str(bundle), "-n", "8", "--raw", "--watch-thermal",
+            "--clock-cap", "--thermal-target", "rpi5", "--telemetry", str(tmp_path / "t.jsonl")]
+    with TerminalSession(argv, {**os.environ, **env, "PYTHONDONTWRITEBYTECODE": "1"}, limited) as terminal:
+        terminal.read_until(lambda: b"> " in terminal.seen)
+        terminal.type(b"hello\n")
+        terminal.read_until(lambda: b"error:" in terminal.seen and terminal.seen.rstrip().endswith(b">"))
+        assert "error:" in terminal.text, terminal.text
+        assert "telemetry" in terminal.text.lower(), terminal.text
+        assert terminal.process.poll() is None, terminal.text  # the session goes on
+        assert (policy / "scaling_max_freq").read_text().strip() == "2400000", terminal.text  # not 1500000
+        terminal.type(b"\x04")  # Ctrl-D at the prompt
+        terminal.process.wait(timeout=60)
+        assert terminal.process.returncode == 0, terminal.text

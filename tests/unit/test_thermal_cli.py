@@ -221,46 +221,27 @@ def test_a_stopped_run_without_clock_cap_still_closes_its_session(bundle, tmp_pa
 def test_ctrl_c_in_an_interactive_session_stops_the_answer_not_the_session(bundle, tmp_path):
     """On a terminal, Ctrl-C while an answer is held (here paused past the hard limit) ends that
     answer; the session then reads the next prompt, and Ctrl-D ends it cleanly."""
-    import pty
-    import select
     import signal
-    import time
+
+    from tests._utils.terminal import TerminalSession
 
     board, _ = board_env(tmp_path, 79000, cpufreq=False)
     telemetry = tmp_path / "t.jsonl"
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "run", str(bundle), "-n", "8", "--raw",
-                             "--watch-thermal", "--thermal-target", "rpi5", "--telemetry", str(telemetry)],
-                            env={**os.environ, **board}, stdin=slave, stdout=slave, stderr=slave,
-                            start_new_session=True, preexec_fn=_default_signals)
-    os.close(slave)
-    seen = bytearray()
-
-    def read_until(predicate, seconds: float = 120) -> None:
-        deadline = time.monotonic() + seconds
-        while not predicate() and time.monotonic() < deadline and proc.poll() is None:
-            if select.select([master], [], [], 0.2)[0]:
-                try:
-                    seen.extend(os.read(master, 4096))
-                except OSError:
-                    break
-
-    try:
-        read_until(lambda: b"> " in seen)
-        os.write(master, b"hello\n")
-        read_until(lambda: '"critical"' in (telemetry.read_text() if telemetry.exists() else ""))
-        assert proc.poll() is None, seen.decode(errors="replace")
+    argv = [sys.executable, "-m", "edgesdk", "run", str(bundle), "-n", "8", "--raw", "--watch-thermal",
+            "--thermal-target", "rpi5", "--telemetry", str(telemetry)]
+    with TerminalSession(argv, {**os.environ, **board}, preexec_fn=_default_signals) as terminal:
+        proc = terminal.process
+        terminal.read_until(lambda: b"> " in terminal.seen)
+        terminal.type(b"hello\n")
+        terminal.read_until(lambda: '"critical"' in (telemetry.read_text() if telemetry.exists() else ""))
+        assert proc.poll() is None, terminal.text
         os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends for Ctrl-C
-        read_until(lambda: b"answer stopped" in seen)
-        assert b"answer stopped" in seen, seen.decode(errors="replace")
+        terminal.read_until(lambda: b"answer stopped" in terminal.seen)
+        assert b"answer stopped" in terminal.seen, terminal.text
         assert proc.poll() is None  # the session goes on
-        os.write(master, b"\x04")  # Ctrl-D at the prompt
+        terminal.type(b"\x04")  # Ctrl-D at the prompt
         proc.wait(timeout=60)
-        assert proc.returncode == 0, seen.decode(errors="replace")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
+        assert proc.returncode == 0, terminal.text
 
 
 def test_a_telemetry_path_under_a_file_is_a_clear_error_and_leaks_no_thread(tmp_path):
