@@ -78,3 +78,16 @@ class LlamaCppEngine:
         self.llm.reset()
         self.llm.eval(window.tolist())
         return np.array(self.llm.scores[: len(window)], dtype=np.float32)
+
+
+def alternated(runners: dict, repeats: int) -> dict[str, list]:
+    """Each runner's results over ``repeats`` rounds, engines taking turns with a pause between (one untimed run
+    each first): on 2 cores two engines' thread pools must not overlap."""
+    for run in runners.values():
+        run()
+    runs = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            time.sleep(1)
+            runs[name].append(run())
+    return runs

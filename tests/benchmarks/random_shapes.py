@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.benchmarks.llamacpp import LlamaCppEngine
+from tests.benchmarks.llamacpp import LlamaCppEngine, alternated
 
 THREADS, PROMPT, NEW, REPEATS = 2, 128, 128, 3
 LLAMA_CPP = "llama.cpp (exported GGUF, Q4_0)"
@@ -65,14 +65,7 @@ def compare_decode_with_llamacpp(bundle, gguf_out: Path, vocab_in_use: int, max_
         assert len(tokens) == NEW
         return stats.prefill_tok_s, stats.decode_tok_s
 
-    runners = {LLAMA_CPP: lambda: engine.time_generation(prompt, NEW), EDGESDK: bundle_run}
-    for run in runners.values():
-        run()
-    runs = {name: [] for name in runners}
-    for _ in range(REPEATS):
-        for name, run in runners.items():
-            time.sleep(1)
-            runs[name].append(run())
+    runs = alternated({LLAMA_CPP: lambda: engine.time_generation(prompt, NEW), EDGESDK: bundle_run}, REPEATS)
     base = statistics.median(r[1] for r in runs[LLAMA_CPP])
     print(f"\n{'engine':<34}{'prefill tok/s':>14}{'decode tok/s':>14}{'decode x llama.cpp':>20}")
     medians = {}

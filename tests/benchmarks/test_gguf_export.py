@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.benchmarks.llamacpp import LlamaCppEngine, quantized_gguf
+from tests.benchmarks.llamacpp import LlamaCppEngine, alternated, quantized_gguf
 
 pytestmark = pytest.mark.benchmark
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -65,19 +64,6 @@ def pruned_bundle(tmp_path_factory):
         return verify_bundle(Path(existing))
     return build(BuildConfig(target="rpi5", recipe="int4-prune", out=tmp_path_factory.mktemp("pruned") / "b",
                              progress=False))
-
-
-def _alternated(runners: dict) -> dict[str, list]:
-    """Each runner's results over REPEATS rounds, engines taking turns with a pause between (one untimed run each
-    first): on 2 cores two engines' thread pools must not overlap."""
-    for run in runners.values():
-        run()
-    runs = {name: [] for name in runners}
-    for _ in range(REPEATS):
-        for name, run in runners.items():
-            time.sleep(1)
-            runs[name].append(run())
-    return runs
 
 
 def test_perplexity_of_the_export_against_llamacpp_quants(smollm2_rpi5_bundle, exported, source_gguf):
@@ -126,7 +112,7 @@ def test_decode_speed_of_the_export_against_llamacpp_q4_0(smollm2_rpi5_bundle, e
 
     runners = {**{name: (lambda e=engine: e.time_generation(prompt, NEW)) for name, engine in engines.items()},
                "edgesdk bundle (ONNX Runtime)": bundle_run}
-    runs = _alternated(runners)
+    runs = alternated(runners, REPEATS)
     base = statistics.median(r[1] for r in runs["llama.cpp Q4_0"])
     print(f"\n{'engine':<32}{'prefill tok/s':>14}{'decode tok/s':>14}{'decode x Q4_0':>15}")
     for name, values in runs.items():
@@ -162,7 +148,7 @@ def test_a_bundle_pruned_per_layer_runs_in_llamacpp_at_its_perplexity(pruned_bun
 
     runners = {"exported deci GGUF (llama.cpp)": lambda: engine.time_generation(prompt, NEW)[1],
                "edgesdk bundle (ONNX Runtime)": bundle_run}
-    decode = {name: statistics.median(values) for name, values in _alternated(runners).items()}
+    decode = {name: statistics.median(values) for name, values in alternated(runners, REPEATS).items()}
     print(f"\n{report.path.name}: {report.size_bytes / 1e6:.1f} MB, {report.tensor_types}; {len(ids):,} tokens")
     print(f"{'engine':<34}{'perplexity':>12}{'decode tok/s':>14}")
     for (name, tok_s), value in zip(decode.items(), (exported_ppl, bundle_ppl), strict=True):
