@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ from click.testing import CliRunner
 
 from edgesdk.cli import main
 from edgesdk.errors import BuildError, EdgeSDKError, read_utf8
+from tests._utils.unreadable import make_unreadable
 
 
 def invoke(*args):
@@ -21,15 +21,9 @@ def unreadable(tmp_path, monkeypatch) -> Path:
     """A file this user may not read (as root chmod does not stop a read, so the read is made to fail)."""
     path = tmp_path / "secret.txt"
     path.write_text("hello world " * 40, encoding="utf-8")
-    read_text = Path.read_text
-
-    def refuse(self, *args, **kwargs):
-        if self == path:
-            raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return read_text(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", refuse)
-    return path
+    make_unreadable(path, monkeypatch)
+    yield path
+    path.chmod(0o644)
 
 
 def test_read_utf8_names_a_file_it_cannot_read(unreadable, tmp_path):

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ from click.testing import CliRunner
 from edgesdk.cli import main
 from edgesdk.errors import EdgeSDKError
 from edgesdk.thermal.telemetry import load
+from tests._utils.unreadable import make_unreadable
 
 STEP = {"type": "step", "t": 1.0, "kind": "decode", "tokens": 1, "duration_s": 0.1, "wait_s": 0.0, "tok_s": 10.0,
         "temp_c": 70.0, "zones": {"cpu-thermal": 70.0}, "level": "normal", "budget": 1.0, "sensor_ok": True}
@@ -23,16 +22,7 @@ def unreadable(tmp_path, monkeypatch) -> Path:
     """A telemetry file this user may not read (root reads past chmod 000, so there the read is made to fail)."""
     path = tmp_path / "run.jsonl"
     path.write_text(json.dumps({"type": "meta", "profile": "rpi5"}) + "\n" + json.dumps(STEP) + "\n")
-    path.chmod(0)
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        read_text = Path.read_text
-
-        def refuse(self, *args, **kwargs):
-            if self == path:
-                raise PermissionError(errno.EACCES, "Permission denied", str(self))
-            return read_text(self, *args, **kwargs)
-
-        monkeypatch.setattr(Path, "read_text", refuse)
+    make_unreadable(path, monkeypatch)
     yield path
     path.chmod(0o644)
 
