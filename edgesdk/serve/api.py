@@ -141,10 +141,11 @@ def _reasoning_format(body: dict) -> str | None:
     return value
 
 
-def parse_text_request(body: object) -> CompletionRequest:
-    """``POST /v1/completions``: one raw prompt string, fed to the model without a chat template."""
+def parse_text_request(body: object, route: str = "/v1/completions") -> CompletionRequest:
+    """``POST /v1/completions`` (or llama-server's ``route`` /completion, which refusals name): one raw prompt
+    string, fed to the model without a chat template."""
     body = _object(body)
-    _refuse_unsupported(body, chat=False)
+    _refuse_unsupported(body, chat=False, route=route)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one prompt
@@ -272,7 +273,7 @@ def _content(content: object, param: str) -> str:
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
-def _refuse_unsupported(body: dict, chat: bool) -> None:
+def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions") -> None:
     """Name the first field whose meaning this server cannot honour."""
     checks = [  # (field, is its value one we can honour, why not)
         ("n", lambda v: v in (None, 1), "one choice per request (n = 1)"),
@@ -287,7 +288,7 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
     ]
     for field, honoured, why in checks:
         if field in body and not honoured(body[field]):
-            endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+            endpoint = "/v1/chat/completions" if chat else route
             raise ApiError(400, f"'{field}' = {_shown(body[field])} is not supported: {endpoint} here gives {why}; "
                            f"leave '{field}' out", param=field, code="unsupported_parameter")
 

@@ -73,7 +73,7 @@ def parse_completion_request(body: object) -> CompletionRequest:
                            f"{_shown(predict)}", param=name)
         text["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict == -1 else max(predict, 1)  # 0 is set after the check
     stops = _stop(text.pop("stop", None))  # set after the check: OpenAI's 'stop' takes at most 4, llama-server's any
-    request = parse_text_request(text)
+    request = parse_text_request(text, route="/completion")
     return replace(request, stop=stops, logprobs=probs or None, llama_probs=bool(probs),
                    max_tokens=0 if predict == 0 else request.max_tokens)
 

@@ -130,3 +130,12 @@ def test_a_streamed_answer_with_tools_carries_the_timings_on_its_finishing_chunk
     assert finished[0]["choices"][0]["finish_reason"] == "tool_calls"
     assert finished[0]["timings"]["predicted_n"] == whole["usage"]["completion_tokens"]
     assert finished[0]["timings"]["prompt_n"] + finished[0]["timings"]["cache_n"] == whole["usage"]["prompt_tokens"]
+
+
+def test_a_refusal_on_completion_names_that_route_not_the_openai_one(served):
+    """A field /completion cannot honour is refused naming /completion, the route the client called."""
+    status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 2, "suffix": "end"})
+    assert status == 400, body
+    assert "/completion here gives no suffix" in body["error"]["message"]
+    status, body = served.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "suffix": "end"})
+    assert "/v1/completions here gives no suffix" in body["error"]["message"]
