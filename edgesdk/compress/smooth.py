@@ -14,12 +14,19 @@ input, so the graph gains no op:
 
 * Q|K|V inputs: the input RMSNorm's weight;  gate|up inputs: the post-attention RMSNorm's weight (a power
   adapter reading that input, stage ``power``, takes the scales into its first projection's columns);
-* down's input (SiLU(gate)·up): the rows of up (and up's bias, Llama ``mlp_bias``);
+  Gemma 3 (transformers' Gemma3DecoderLayer) normalises the attention's output (post_attention_layernorm) and
+  the FFN's output (post_feedforward_layernorm) as well: gate|up read pre_feedforward_layernorm, and the two
+  output norms read unchanged outputs, so they keep their weights. Its norms scale by 1 + weight
+  (Gemma3RMSNorm), so the division goes into 1 + w: w' = (1 + w) / s - 1;
+* down's input (SiLU(gate)·up, Gemma 3's GELU(gate)·up): the rows of up (and up's bias, Llama ``mlp_bias``);
 * O's input (the attention output): the rows of V (and V's bias, Qwen2 / Llama ``attention_bias``). With grouped-query attention one V row feeds every query
   head of its group, so that channel takes the largest scale the group's columns ask for.
 
-The transform is exact in real arithmetic; ``tests/unit/test_smooth.py`` checks the logits are unchanged. It runs
-before ``qat``, whose observers then see the smoothed ranges.
+Qwen3's and Gemma 3's per-head q_norm / k_norm read Q's and K's outputs, which smoothing leaves as they were
+(only their input columns are scaled), and no model here normalises V, so nothing is folded across a norm.
+
+The transform is exact in real arithmetic; ``tests/unit/test_smooth.py`` (Gemma 3: ``test_gemma3_smooth.py``)
+checks the logits are unchanged. It runs before ``qat``, whose observers then see the smoothed ranges.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ SITES = ("qkv", "gate_up", "down", "o")
 SCALE_RANGE = (1e-2, 1e4)  # s_j is clamped: a dead channel must not blow a weight column up
 # one linear per distinct input: K and V read Q's input, up reads gate's
 READERS = ("self_attn.q_proj", "mlp.gate_proj", "mlp.down_proj", "self_attn.o_proj")
+# model types whose RMSNorms scale by 1 + weight (transformers' Gemma3RMSNorm) instead of weight
+OFFSET_NORMS = frozenset({"gemma3_text"})
 
 
 @dataclass(frozen=True)
@@ -93,12 +102,26 @@ def column_peak(*linears) -> torch.Tensor:
     return torch.stack([linear.weight.detach().abs().amax(0) for linear in linears]).amax(0)
 
 
-def fold_into_norm(norm, linears, input_peak: torch.Tensor, alpha: float, other_readers=()) -> float:
-    """Divide the RMSNorm's weight by s and multiply the columns of the ``linears`` it feeds by s; returns max s.
+def ffn_input_norm(layer):
+    """The norm whose output gate|up read: Gemma 3's pre_feedforward_layernorm (its post_attention_layernorm
+    normalises the attention's output before the residual add), the post-attention norm of the Llama family."""
+    norm = getattr(layer, "pre_feedforward_layernorm", None)
+    return norm if norm is not None else layer.post_attention_layernorm
+
+
+def fold_into_norm(norm, linears, input_peak: torch.Tensor, alpha: float, other_readers=(),
+                   offset: float = 0.0) -> float:
+    """Divide the RMSNorm's scale by s and multiply the columns of the ``linears`` it feeds by s; returns max s.
     ``other_readers`` (linears that also read the norm's output but are not quantized, such as a power
-    adapter's first projection) take the same column scales without setting them."""
+    adapter's first projection) take the same column scales without setting them. ``offset`` 1 is a norm that
+    scales by 1 + weight (Gemma3RMSNorm): its weight becomes (1 + w) / s - 1, computed in float64 so the one
+    rounding is to the stored dtype."""
     scales = migration_scales(input_peak, column_peak(*linears), alpha)
-    norm.weight.div_(scales)
+    if offset:
+        weight = norm.weight
+        weight.copy_(((weight.double() + offset) / scales.double() - offset).to(weight.dtype))
+    else:
+        norm.weight.div_(scales)
     for linear in (*linears, *other_readers):
         linear.weight.mul_(scales[None, :])
     return float(scales.max())
@@ -109,18 +132,19 @@ def smooth_model(model, peaks: dict[str, torch.Tensor], config: SmoothConfig) ->
     """Apply the migration in place; returns, per site, the largest scale applied (the strongest outlier)."""
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    offset = 1.0 if cfg.model_type in OFFSET_NORMS else 0.0
     largest: dict[str, list[float]] = {site: [] for site in config.sites}
     for index, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         prefix = f"model.layers.{index}."
         if "qkv" in config.sites:
             largest["qkv"].append(fold_into_norm(layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj),
-                                                 peaks[prefix + "self_attn.q_proj"], config.alpha))
+                                                 peaks[prefix + "self_attn.q_proj"], config.alpha, offset=offset))
         if "gate_up" in config.sites:
             adapter = getattr(mlp, "power_adapter", None)  # a power gate reads the FFN input too
-            largest["gate_up"].append(fold_into_norm(layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj),
+            largest["gate_up"].append(fold_into_norm(ffn_input_norm(layer), (mlp.gate_proj, mlp.up_proj),
                                                      peaks[prefix + "mlp.gate_proj"], config.alpha,
-                                                     (adapter.proj1,) if adapter is not None else ()))
+                                                     (adapter.proj1,) if adapter is not None else (), offset))
         if "down" in config.sites:
             scales = migration_scales(peaks[prefix + "mlp.down_proj"], column_peak(mlp.down_proj), config.alpha)
             mlp.up_proj.weight.div_(scales[:, None])  # rows of up are down's input channels
