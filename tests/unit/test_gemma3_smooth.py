@@ -1,19 +1,23 @@
 """SmoothQuant (stage ``smooth``) on Gemma 3: its RMSNorms scale by 1 + weight (transformers' Gemma3RMSNorm) and
 its layers normalise the attention's and the FFN's outputs too, so the scales go into 1 + weight of the two
 norms that feed the smoothed linears (input_layernorm -> q|k|v, pre_feedforward_layernorm -> gate|up) and
-nowhere else. The smoothed model computes the same logits, per-tensor INT8 loses less to it, and Llama and
-Qwen3 are folded as before."""
+nowhere else. The smoothed model computes the same logits, per-tensor INT8 loses less to it, Llama and Qwen3
+are folded as before, and a Gemma 3 model builds for a Jetson target with the int8-qdq recipe's stages."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+import edgesdk.recipes  # noqa: E402
 from edgesdk.compress import fake_quant, smooth  # noqa: E402
-from tests._utils.tiny import CORPUS, tiny_llama, tiny_tokenizer  # noqa: E402
+from edgesdk.errors import BuildError  # noqa: E402
+from tests._utils.builds import QDQ_RECIPE, build_tiny_bundle  # noqa: E402
+from tests._utils.tiny import CORPUS, save_tiny_model_dir, tiny_llama, tiny_tokenizer  # noqa: E402
 
 # test_gemma3.py's tiny Gemma 3: windows of 4 on layers 0 and 2, head size 32 over a width of 64, every norm
 # weight in [-0.5, 0.5] so that 1 + weight counts
@@ -143,3 +147,41 @@ def test_llama_and_qwen3_norms_are_still_divided_by_the_scales(model_type):
                 assert torch.equal(getattr(new.self_attn, name).weight, getattr(layer.self_attn, name).weight)
     for batch in calibration:
         torch.testing.assert_close(after(batch).logits, model(batch).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_the_jetson_recipe_is_refused_for_its_sparse_export_only_and_names_int8_qdq(tmp_path):
+    """A Gemma 3 model on a Jetson target: the default recipe (smooth, qat, block-sparse export) is refused for
+    the block-sparse export alone, and the fix names the shipped recipe that builds."""
+    jetson = (Path(edgesdk.recipes.__file__).parent / "jetson.yaml").read_text()
+    model_dir = save_tiny_model_dir(tmp_path / "model", **GEMMA3)
+    with pytest.raises(BuildError) as refused:
+        build_tiny_bundle(tmp_path, jetson, "orin-nx", model_dir=model_dir)
+    assert refused.value.problem.startswith("a Gemma 3 model cannot go through the block-sparse export "
+                                            "(export.sparse):")
+    assert "smooth" not in refused.value.problem
+    assert "--recipe int8-qdq" in refused.value.fix
+    assert not (tmp_path / "b.build").exists()
+
+
+def test_a_gemma3_smooth_qat_int8_build_for_a_jetson_validates(tmp_path):
+    """int8-qdq's stages (smooth, qat per-channel INT8 weights with per-tensor activations) and its standard
+    INT8 export, in tiny, for orin-nx: the build's export validation compares the QDQ graph with the smoothed,
+    fake-quantized model."""
+    import onnx
+
+    from edgesdk.build.recipes import load_recipe
+    from edgesdk.export.onnx_export import MODEL_FILE
+    from edgesdk.export.qdq_graph import count_quantized
+
+    shipped = load_recipe("int8-qdq")  # what the refusal names: the same stages and export as the tiny recipe
+    assert [entry.stage for entry in shipped.stages] == ["smooth", "qat"]
+    assert not shipped.export.sparse
+    bundle = build_tiny_bundle(tmp_path, QDQ_RECIPE, "orin-nx", model_dir=save_tiny_model_dir(tmp_path / "model",
+                                                                                               **GEMMA3))
+    assert bundle.manifest["model"]["after"]["architecture"] == "gemma3_text"
+    assert [stage["stage"] for stage in bundle.manifest["stages"]] == ["smooth", "qat"]
+    diffs = bundle.manifest["export_validation"]["max_abs_diff"]
+    print(f"build validation: {diffs}")
+    assert diffs["logits/decode"] < 1e-3
+    assert "qdq/decode" in diffs
+    assert count_quantized(onnx.load(str(bundle.path / MODEL_FILE), load_external_data=False))["QuantizeLinear"] > 0
