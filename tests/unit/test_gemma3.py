@@ -100,7 +100,6 @@ def test_a_qat_int4_build_and_a_pruned_build_validate(tmp_path):
 
 
 @pytest.mark.parametrize(("stages", "export", "named"), [
-    ("[{stage: smooth}]", "{form: ort-fused, weights: fp32}", "smooth"),
     ("[{stage: power}]", "{form: ort-fused, weights: fp32}", "power"),
     ("[]", "{form: standard, weights: fp32, sparse: true}", "the block-sparse export"),
 ])
