@@ -84,6 +84,11 @@ class BundleWriter:
         target.write_text(text, encoding="utf-8")
         return target
 
+    def discard(self) -> None:
+        """Remove what a write that failed or was stopped had staged (a copy of the weights, hidden by its
+        leading dot); a bundle already at the destination stays."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+
     def commit(self, manifest: dict) -> Bundle:
         """Hash every file, write the manifest, and rename the staging directory into place."""
         files = {}

@@ -100,55 +100,60 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
     from edgesdk.build.sparse_step import bundle_files
 
     writer = BundleWriter(out)
-    writer.add_file(export_dir / MODEL_FILE)
-    data_name, weights_record = store_weights(export_dir / DATA_FILE, writer.staging, weights_codec)
-    if weights_record:
-        graph = {**graph, "weights": weights_record}
-    extra = bundle_files(export_dir, sparse)
-    for name in extra:
-        writer.add_file(export_dir / name, name)
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer.save_pretrained(tmp)
-        compact = Tokenizer.from_file(str(Path(tmp) / "tokenizer.json"))  # the same tokenizer, no indentation:
-        compact.save(str(writer.staging / "tokenizer.json"), pretty=False)  # 1.5 MB instead of 3.5 for SmolLM2
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, str) and template:
-        writer.write_text("chat_template.jinja", template)
-    manifest = {
-        "target": profile.summary(),
-        "recipe": {"name": recipe.name, "description": recipe.description},
-        "model": {"before": facts_before, "after": facts_after},
-        "stages": [{k: v for k, v in s.items() if k != "seconds"} for s in stages],
-        "timings": {s["stage"]: s.get("seconds") for s in stages},  # not part of the bundle id
-        "baseline": baseline,
-        "graph": {**graph, "file": MODEL_FILE},
-        "export_validation": validation,
-        "tokenizer": {
-            "file": "tokenizer.json",
-            "chat_template": "chat_template.jinja" if template else None,
-            "bos_token": tokenizer.bos_token,
-            "eos_token": tokenizer.eos_token,
-            "eos_token_ids": eos_token_ids(model, tokenizer),
-        },
-        "runtime": {
-            "backend": profile.runtime.backend,
-            "fallbacks": list(profile.runtime.fallbacks),
-            "threads": profile.runtime.threads,
-        },
-        "eval": {},
-    }
-    if sparse:
-        manifest["sparse"] = sparse
-    sizes = {name: (writer.staging / name).stat().st_size
-             for name in (MODEL_FILE, data_name, "tokenizer.json", *extra)}
-    plot_name = None
-    rows = report.stage_rows(baseline, stages)
-    if rows:
+    try:
+        writer.add_file(export_dir / MODEL_FILE)
+        data_name, weights_record = store_weights(export_dir / DATA_FILE, writer.staging, weights_codec)
+        if weights_record:
+            graph = {**graph, "weights": weights_record}
+        extra = bundle_files(export_dir, sparse)
+        for name in extra:
+            writer.add_file(export_dir / name, name)
         with tempfile.TemporaryDirectory() as tmp:
-            png = Path(tmp) / "report.png"
-            if report.plot(rows, png):
-                writer.add_file(png)
-                plot_name = png.name
-    writer.write_text("report.md", _report(manifest, sizes, plot_name))
-    writer.commit(manifest)
+            tokenizer.save_pretrained(tmp)
+            # the same tokenizer, no indentation: 1.5 MB instead of 3.5 for SmolLM2
+            compact = Tokenizer.from_file(str(Path(tmp) / "tokenizer.json"))
+            compact.save(str(writer.staging / "tokenizer.json"), pretty=False)
+        template = getattr(tokenizer, "chat_template", None)
+        if isinstance(template, str) and template:
+            writer.write_text("chat_template.jinja", template)
+        manifest = {
+            "target": profile.summary(),
+            "recipe": {"name": recipe.name, "description": recipe.description},
+            "model": {"before": facts_before, "after": facts_after},
+            "stages": [{k: v for k, v in s.items() if k != "seconds"} for s in stages],
+            "timings": {s["stage"]: s.get("seconds") for s in stages},  # not part of the bundle id
+            "baseline": baseline,
+            "graph": {**graph, "file": MODEL_FILE},
+            "export_validation": validation,
+            "tokenizer": {
+                "file": "tokenizer.json",
+                "chat_template": "chat_template.jinja" if template else None,
+                "bos_token": tokenizer.bos_token,
+                "eos_token": tokenizer.eos_token,
+                "eos_token_ids": eos_token_ids(model, tokenizer),
+            },
+            "runtime": {
+                "backend": profile.runtime.backend,
+                "fallbacks": list(profile.runtime.fallbacks),
+                "threads": profile.runtime.threads,
+            },
+            "eval": {},
+        }
+        if sparse:
+            manifest["sparse"] = sparse
+        sizes = {name: (writer.staging / name).stat().st_size
+                 for name in (MODEL_FILE, data_name, "tokenizer.json", *extra)}
+        plot_name = None
+        rows = report.stage_rows(baseline, stages)
+        if rows:
+            with tempfile.TemporaryDirectory() as tmp:
+                png = Path(tmp) / "report.png"
+                if report.plot(rows, png):
+                    writer.add_file(png)
+                    plot_name = png.name
+        writer.write_text("report.md", _report(manifest, sizes, plot_name))
+        writer.commit(manifest)
+    except BaseException:  # a full disk, Ctrl-C, an output directory taken meanwhile: no hidden copy is left
+        writer.discard()
+        raise
     return verify_bundle(out)
