@@ -174,9 +174,15 @@ def read_manifest(path: Path) -> dict:
                                   f"pass the bundle itself, e.g. {inner[0]}")
             raise BundleError(f"bundle {path} has no {required.name}: it is incomplete or not a bundle",
                               "rebuild it with 'edgesdk build'")
-    raw = manifest_path.read_bytes()
-    # Only the one newline the writer adds is dropped: strip() would also drop a "\n" flipped to "\v".
-    expected = digest_path.read_text(encoding="utf-8", errors="replace").removesuffix("\n")
+    try:
+        raw = manifest_path.read_bytes()
+        # Only the one newline the writer adds is dropped: strip() would also drop a "\n" flipped to "\v".
+        expected = digest_path.read_text(encoding="utf-8", errors="replace").removesuffix("\n")
+    except OSError as exc:  # not this user's to read, or a failing disk or card (EIO)
+        name = Path(exc.filename).name if exc.filename else MANIFEST
+        raise BundleError(f"bundle {path}: {name} cannot be read ({exc.strerror or exc})",
+                          f"let this user read the bundle (as its owner or with sudo: chmod -R a+rX {path})"
+                          if isinstance(exc, PermissionError) else "re-copy the bundle, or rebuild it") from exc
     actual = hashlib.sha256(raw).hexdigest()
     if actual != expected:
         raise BundleError(f"bundle {path}: {MANIFEST} has sha256 {actual}, {MANIFEST_DIGEST} says {expected}",
@@ -293,23 +299,30 @@ def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:
     path = Path(path)
     manifest = read_manifest(path)
     listed = manifest["files"]
-    problems = []
+    problems, denied = [], 0
     for name, facts in sorted(listed.items()):
         if not _safe_relative(name):
             problems.append(f"{name}: path escapes the bundle")
             continue
         file = path / name
-        if not file.is_file():
-            problems.append(f"{name}: missing")
-        elif file.stat().st_size != facts["size"]:
-            problems.append(f"{name}: {file.stat().st_size} bytes, manifest says {facts['size']}")
-        elif sha256_file(file) != facts["sha256"]:
-            problems.append(f"{name}: sha256 differs from the manifest (corrupted or modified)")
+        try:
+            if not file.is_file():
+                problems.append(f"{name}: missing")
+            elif file.stat().st_size != facts["size"]:
+                problems.append(f"{name}: {file.stat().st_size} bytes, manifest says {facts['size']}")
+            elif sha256_file(file) != facts["sha256"]:
+                problems.append(f"{name}: sha256 differs from the manifest (corrupted or modified)")
+        except OSError as exc:  # not this user's to read, or a failing disk or card (EIO)
+            problems.append(f"{name}: cannot be read ({exc.strerror or exc})")
+            denied += isinstance(exc, PermissionError)
     extra = [name for name in _relative_files(path) if name not in listed and name not in (MANIFEST, MANIFEST_DIGEST)]
     problems += [f"{name}: not listed in the manifest" for name in extra]
     if problems:
-        raise BundleError(f"bundle {path} failed verification:\n  - " + "\n  - ".join(problems),
-                          "rebuild the bundle with 'edgesdk build', or re-copy it (deploy checks hashes on the board)")
+        fix = "rebuild the bundle with 'edgesdk build', or re-copy it (deploy checks hashes on the board)"
+        if denied:
+            fix = (f"let this user read the bundle (as its owner or with sudo: chmod -R a+rX {path})"
+                   + (f"; for the other files, {fix}" if denied < len(problems) else ""))
+        raise BundleError(f"bundle {path} failed verification:\n  - " + "\n  - ".join(problems), fix)
     bundle = Bundle(path, manifest)
     if expected_target is not None and bundle.target != expected_target:
         raise BundleError(

@@ -44,3 +44,58 @@ def test_a_bundle_write_that_fails_leaves_no_hidden_partial_copy(tiny_bundle, ti
     written = write_bundle(tmp_path / "fresh", **args)  # the same inputs make a bundle where nothing is in the way
     assert sorted(os.listdir(tmp_path)) == ["fresh", "out"]
     assert written.manifest["graph"] == tiny_bundle.manifest["graph"]
+
+
+def _copy(bundle, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(bundle.path, copy)
+    return copy
+
+
+def _unreadable_file(path, monkeypatch):
+    """``path`` made unreadable (chmod 000); root reads past that, so there opening it for reading is refused as
+    an ordinary user is refused (the sha256 of a bundle file reads it with open)."""
+    import builtins
+    import errno
+
+    from tests._utils.unreadable import make_unreadable
+
+    make_unreadable(path, monkeypatch)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        original = builtins.open
+
+        def refuse(file, *args, **kwargs):
+            if os.fspath(file) == os.fspath(path):
+                raise PermissionError(errno.EACCES, "Permission denied", os.fspath(file))
+            return original(file, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", refuse)
+    return path
+
+
+def test_a_bundle_file_this_user_cannot_read_is_a_named_refusal(tiny_bundle, tmp_path, monkeypatch):
+    """A bundle copied by another user with a tight umask (or read off a failing card): the hash of a file it
+    cannot read ended verification, so run, eval, bench and pack, in a PermissionError traceback."""
+    from edgesdk.bundle import verify_bundle
+
+    copy = _copy(tiny_bundle, tmp_path)
+    _unreadable_file(copy / "model.onnx.data", monkeypatch)
+    with pytest.raises(BundleError) as refused:
+        verify_bundle(copy)
+    assert "model.onnx.data: cannot be read (Permission denied)" in refused.value.problem
+    assert f"chmod -R a+rX {copy}" in refused.value.fix
+    assert "for the other files" not in refused.value.fix  # the only problem
+
+
+def test_a_manifest_digest_this_user_cannot_read_is_a_named_refusal(tiny_bundle, tmp_path, monkeypatch):
+    from edgesdk.bundle import MANIFEST_DIGEST, read_manifest, verify_bundle
+    from tests._utils.unreadable import make_unreadable
+
+    copy = _copy(tiny_bundle, tmp_path)
+    make_unreadable(copy / MANIFEST_DIGEST, monkeypatch)
+    for check in (read_manifest, verify_bundle):
+        with pytest.raises(BundleError, match=f"{MANIFEST_DIGEST} cannot be read \\(Permission denied\\)") as refused:
+            check(copy)
+        assert f"chmod -R a+rX {copy}" in refused.value.fix
