@@ -342,7 +342,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     that cannot rewind its cache, or a power-gated one (whose controller steps with every decode and
     starts over on a rewind), decodes token by token.
     """
-    _check_prompt(len(prompt_ids), backend.max_context)
+    _check_prompt(prompt_ids, backend)
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
     sampler = Sampler(sampling)
     scores_prompt = logprobs is not None and logprobs.prompt
@@ -519,9 +519,22 @@ def can_draft(backend: DecoderBackend) -> bool:
     return callable(getattr(backend, "rewind", None)) and getattr(backend, "controller", None) is None
 
 
-def _check_prompt(tokens: int, max_context: int) -> None:
+def _check_prompt(prompt_ids, backend: DecoderBackend) -> None:
+    """Refuse, before anything is prefilled, an empty prompt, one past the context, and an id the model has no
+    embedding row for: ONNX Runtime's Gather failed on an id past the rows with its own RuntimeError (the KV cache
+    left as it was), and took a negative one as counted from the end, a silently wrong answer."""
+    tokens, max_context = len(prompt_ids), backend.max_context
     if tokens == 0:
         raise EdgeSDKError("the prompt encodes to 0 tokens", "pass non-empty text (with --raw nothing is added to it)")
     if tokens > max_context:
         raise EdgeSDKError(f"the prompt has {tokens} tokens; the bundle's max_context is {max_context}",
                            "shorten the prompt, or rebuild the bundle with a larger --max-context")
+    rows = getattr(backend, "vocab_size", None)  # the embedding rows (ONNX Runtime and TensorRT backends give them)
+    ids = np.asarray(prompt_ids)
+    bad = np.flatnonzero((ids < 0) | (ids >= rows)) if rows is not None else np.flatnonzero(ids < 0)
+    if bad.size:
+        at = int(bad[0])
+        reads = f"ids 0 to {rows - 1}" if rows is not None else "ids >= 0"
+        raise EdgeSDKError(f"the prompt holds token id {int(ids[at])} at position {at}; the bundle's model reads "
+                           f"{reads}", "pass token ids of the bundle's tokenizer that the model has embedding rows "
+                           "for (text holding an added token past them cannot be fed to this model)")

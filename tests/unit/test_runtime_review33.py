@@ -1,0 +1,40 @@
+"""Runtime review: generation on prompts and options the Python API takes from its caller."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.generate import SamplingConfig, generate
+from edgesdk.runtime.prompt_cache import PromptCache
+
+
+@pytest.mark.parametrize("bad", [320, -1])
+def test_a_prompt_id_the_model_has_no_row_for_is_refused_before_prefill(runtime, bad):
+    """An id past the embedding rows failed in ONNX Runtime's Gather with its own RuntimeError; a negative one was
+    read as counted from the end (the last row), an answer to another prompt. Both are refused by name, and the
+    KV cache the prompt cache holds stays as it was."""
+    backend = runtime.backend
+    assert backend.vocab_size == 320
+    cache = PromptCache(backend)
+    prompt = runtime.tokenizer.encode("The quick brown fox")
+    before, _ = generate(backend, prompt, SamplingConfig(max_new_tokens=4), set(), cache=cache)
+    held = list(cache.tokens)
+    with pytest.raises(EdgeSDKError, match=rf"the prompt holds token id {bad} at position 2; the bundle's model "
+                                           r"reads ids 0 to 319") as info:
+        generate(backend, [*prompt[:2], bad, *prompt[2:]], SamplingConfig(max_new_tokens=4), set(), cache=cache)
+    assert "embedding rows" in info.value.fix
+    assert cache.tokens == held
+    assert backend.position == len(held)
+    again, stats = generate(backend, prompt, SamplingConfig(max_new_tokens=4), set(), cache=cache)
+    assert again == before
+    assert stats.cached_tokens == len(prompt) - 1
+
+
+def test_ids_of_a_numpy_prompt_are_checked_too(runtime):
+    prompt = np.asarray(runtime.tokenizer.encode("hello"), np.int64)
+    tokens, _ = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=2), set())
+    assert len(tokens) == 2
+    with pytest.raises(EdgeSDKError, match="the prompt holds token id 400 at position 0"):
+        generate(runtime.backend, np.concatenate([[400], prompt]), SamplingConfig(max_new_tokens=2), set())
