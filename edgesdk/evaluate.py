@@ -159,13 +159,15 @@ def bundle_divergence(runtime, model, text: str, config: PerplexityConfig = Perp
 
 
 def bundle_scorer(runtime):
-    """``score(window) -> logits`` through the bundle's runtime, each window from an empty cache."""
+    """``score(window) -> logits`` through the bundle's runtime, each window from an empty cache;
+    ``score.max_tokens`` is the longest window it takes (the bundle's max_context)."""
     backend = runtime.backend
 
     def score(window: np.ndarray) -> np.ndarray:
         backend.reset()
         return backend.prefill(window, keep_logits=len(window))
 
+    score.max_tokens = backend.max_context
     return score
 
 
@@ -294,18 +296,25 @@ def last_word_documents(text: str) -> list[tuple[str, str]]:
     return documents
 
 
-def last_word_accuracy(score_window, encode, documents: list[tuple[str, str]]) -> LastWordResult:
+def last_word_accuracy(score_window, encode, documents: list[tuple[str, str]],
+                       max_tokens: int | None = None) -> LastWordResult:
     """Score each document as lm-evaluation-harness scores a loglikelihood request: the context and
     context + " " + word encoded apart, the word's tokens those past the context's, each from one
-    window (``score_window(ids) -> logits (T, V)``, from an empty cache)."""
+    window (``score_window(ids) -> logits (T, V)``, from an empty cache). A document longer than
+    ``max_tokens`` (default: ``score_window.max_tokens`` where the scorer has one, else no limit)
+    keeps its last tokens, as the harness cuts one to its model's max_length: the window is
+    ``(context + word)[-(max_tokens + 1):-1]``."""
     if not documents:
         raise EdgeSDKError("the text has no paragraph to score for the last-word task (40-150 words ending "
                            "in ' .', as WikiText's)", "pass WikiText-2 (wiki.valid.raw) or text of that form")
+    limit = max_tokens if max_tokens is not None else getattr(score_window, "max_tokens", None)
     correct, likelihoods = 0, []
     for context, word in documents:
         prefix, whole = encode(context), encode(f"{context} {word}")
-        rows = log_softmax(score_window(np.asarray(whole, np.int64))[len(prefix) - 1: len(whole) - 1])  # (n, V)
         targets = np.asarray(whole[len(prefix):])
+        fed = whole if limit is None or len(whole) <= limit else whole[-(limit + 1):-1]
+        last = len(fed) - (len(fed) == len(whole))  # past the row that predicts the word's last token
+        rows = log_softmax(score_window(np.asarray(fed, np.int64))[last - len(targets): last])  # (n, V)
         likelihoods.append(float(rows[np.arange(len(targets)), targets].sum()))
         correct += bool((rows.argmax(axis=-1) == targets).all())
     return LastWordResult(len(documents), correct / len(documents), _exp_or_inf(-float(np.mean(likelihoods))))

@@ -99,3 +99,48 @@ def test_a_manifest_digest_this_user_cannot_read_is_a_named_refusal(tiny_bundle,
         with pytest.raises(BundleError, match=f"{MANIFEST_DIGEST} cannot be read \\(Permission denied\\)") as refused:
             check(copy)
         assert f"chmod -R a+rX {copy}" in refused.value.fix
+
+
+# Words the tiny tokenizer splits into many tokens: 60 words past 256 tokens, the tiny bundle's max_context.
+LONG_PARAGRAPH = " ".join(["extraordinarily complicated"] * 30) + " and then it slept ."
+
+
+def test_a_last_word_paragraph_longer_than_the_bundle_keeps_its_last_tokens(tiny_bundle, tmp_path):
+    """lm-evaluation-harness cuts a request longer than the model's max_length to its last tokens; here the
+    bundle's prefill refused the paragraph ('exceeds the bundle's max_context ... shorten the prompt or
+    --max-new-tokens'), ending 'eval --last-word' on text it had already read."""
+    import json
+
+    import numpy as np
+
+    from edgesdk.evaluate import bundle_scorer, last_word_accuracy, last_word_documents
+    from edgesdk.runtime.logprobs import log_softmax
+    from edgesdk.runtime.session import open_runtime
+    from tests.unit.test_cli import assert_ok, invoke
+
+    runtime = open_runtime(tiny_bundle.path, threads=1)
+
+    def encode(text):
+        return runtime.tokenizer.encode(text, add_special_tokens=False)
+
+    documents = last_word_documents(LONG_PARAGRAPH)
+    context, word = documents[0]
+    prefix, whole = encode(context), encode(f"{context} {word}")
+    limit = runtime.backend.max_context
+    assert len(whole) > limit + 1
+    result = last_word_accuracy(bundle_scorer(runtime), encode, documents)
+
+    fed = whole[-(limit + 1):-1]  # the harness's window: the last max_length tokens but the final one
+    runtime.backend.reset()
+    rows = log_softmax(runtime.backend.prefill(np.asarray(fed), keep_logits=len(fed)))
+    word_rows, targets = rows[len(fed) - (len(whole) - len(prefix)):], whole[len(prefix):]
+    expected = sum(row[target] for row, target in zip(word_rows, targets, strict=True))
+    assert result.word_perplexity == pytest.approx(np.exp(-expected), rel=1e-5)
+    assert result.accuracy == float(all(int(row.argmax()) == t for row, t in zip(word_rows, targets, strict=True)))
+
+    text = tmp_path / "long.txt"
+    text.write_text(LONG_PARAGRAPH + "\n", encoding="utf-8")
+    answer = invoke("eval", tiny_bundle.path, "--text", text, "--last-word", "--json", "--context", 128,
+                    "--threads", 1)
+    assert_ok(answer)
+    assert json.loads(answer.stdout)["last_word"]["documents"] == 1
