@@ -56,8 +56,15 @@ class SamplingConfig:
         return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        # A fraction (1.5 gave 2 tokens) or NaN (never reached: the answer ran to the context) is no count, and a
+        # value that is not a number ended in Python's own TypeError naming no field.
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, Integral) \
+                or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a whole number >= 1, got {self.max_new_tokens!r}")
+        for name in ("temperature", "top_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Real):
+                raise ValueError(f"{name} must be a number, got {value!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:  # NaN fails this too

@@ -38,3 +38,25 @@ def test_ids_of_a_numpy_prompt_are_checked_too(runtime):
     assert len(tokens) == 2
     with pytest.raises(EdgeSDKError, match="the prompt holds token id 400 at position 0"):
         generate(runtime.backend, np.concatenate([[400], prompt]), SamplingConfig(max_new_tokens=2), set())
+
+
+@pytest.mark.parametrize("value", [1.5, float("nan"), True, None, "4"])
+def test_max_new_tokens_that_is_no_whole_count_is_refused_by_name(value):
+    """1.5 gave an answer of 2 tokens, NaN an answer that ran to the context (no count reaches it), and None or a
+    string ended in Python's TypeError ('<' not supported ...) naming no field."""
+    with pytest.raises(ValueError, match=rf"max_new_tokens must be a whole number >= 1, got {value!r}"):
+        SamplingConfig(max_new_tokens=value)
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "repeat_penalty", "presence_penalty", "frequency_penalty"])
+@pytest.mark.parametrize("value", [None, "0.5"])
+def test_a_sampling_number_that_is_not_a_number_is_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=rf"{field} must be a number, got {value!r}"):
+        SamplingConfig(**{field: value})
+
+
+def test_a_whole_max_new_tokens_of_numpy_s_kind_is_taken(runtime):
+    tokens, stats = generate(runtime.backend, runtime.tokenizer.encode("hello"),
+                             SamplingConfig(max_new_tokens=np.int64(3)), set())
+    assert len(tokens) == 3
+    assert stats.stop_reason == "max_new_tokens"
