@@ -343,6 +343,12 @@ except ImportError:  # a Python built without liblzma reads no .tar.xz at all (t
 UNREADABLE = (tarfile.TarError, OSError, EOFError, zlib.error, LZMAError)
 
 
+def _bundle_holding(directory: Path) -> Path | None:
+    """The bundle that ``directory`` is or lies in (resolved), if any: what is written there breaks it."""
+    resolved = Path(directory).resolve()
+    return next((folder for folder in (resolved, *resolved.parents) if (folder / MANIFEST).is_file()), None)
+
+
 def _safe_relative(name: str) -> bool:
     pure = PurePosixPath(name)
     return not pure.is_absolute() and ".." not in pure.parts and name not in ("", ".")
@@ -362,8 +368,10 @@ def pack_bundle(path: Path, archive: Path) -> Path:
     archive = Path(archive)
     if archive.is_dir():
         archive = archive / f"{Path(path).resolve().name}.tar"
-    if Path(path).resolve() in archive.resolve().parents:
-        raise BundleError(f"the archive {archive} would be written inside the bundle {path}, which would then "
+    holder = _bundle_holding(archive.parent)
+    if holder is not None:  # this bundle, or another one: either would then fail verification
+        named = path if holder == Path(path).resolve() else holder
+        raise BundleError(f"the archive {archive} would be written inside the bundle {named}, which would then "
                           "fail verification (a file the manifest does not list)",
                           "write the archive outside the bundle directory")
     top = Path(path).resolve().name  # "." and ".." name no directory of their own
@@ -421,6 +429,11 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
         if blocking is not None:
             raise BundleError(f"cannot unpack into {destination_dir}: {blocking} is a file, not a directory",
                               "pass a directory (it is created if it does not exist)")
+        holder = _bundle_holding(destination_dir)
+        if holder is not None:
+            raise BundleError(f"cannot unpack into {destination_dir}: it lies in the bundle {holder}, which would "
+                              "then fail verification (files its manifest does not list)",
+                              "unpack into a directory outside every bundle (the folder that holds them)")
         final = destination_dir / top
         check_replaceable(final, f"unpack into another directory, or move {final} away")  # only a bundle is replaced
         staging = destination_dir / f".{top}.unpacking"

@@ -144,3 +144,24 @@ def test_a_last_word_paragraph_longer_than_the_bundle_keeps_its_last_tokens(tiny
                     "--threads", 1)
     assert_ok(answer)
     assert json.loads(answer.stdout)["last_word"]["documents"] == 1
+
+
+def test_pack_or_unpack_into_another_bundle_is_refused_and_that_bundle_kept(tiny_bundle, tmp_path):
+    """'pack A B' with B another bundle put A.tar inside B, and 'unpack X.tar B' its bundle and staging directory
+    there: B then failed verification (a file its manifest does not list) at its next run or deploy."""
+    from edgesdk.bundle import pack_bundle, unpack_bundle, verify_bundle
+
+    source = _copy(tiny_bundle, tmp_path / "a")
+    other = _copy(tiny_bundle, tmp_path / "b")
+    archive = pack_bundle(source, tmp_path / "a.tar")
+    for attempt in (lambda: pack_bundle(source, other), lambda: pack_bundle(source, other / "a.tar"),
+                    lambda: pack_bundle(source, other / "sub")):
+        with pytest.raises(BundleError, match=f"would be written inside the bundle {other}"):
+            attempt()
+    for destination in (other, other / "unpacked"):
+        with pytest.raises(BundleError, match=f"lies in the bundle {other}"):
+            unpack_bundle(archive, destination)
+    assert sorted(os.listdir(other)) == sorted(os.listdir(tiny_bundle.path))
+    assert verify_bundle(other).bundle_id == tiny_bundle.bundle_id
+    # beside the bundles, both still work
+    assert unpack_bundle(pack_bundle(source, tmp_path / "b"), tmp_path / "out").bundle_id == tiny_bundle.bundle_id
