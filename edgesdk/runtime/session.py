@@ -166,7 +166,7 @@ def open_backend(bundle: Bundle, names: list[str], threads: int, spinning: bool 
                  ) -> tuple[DecoderBackend, list[str]]:
     """Try backends in order; return the first that loads and a note per backend tried."""
     notes: list[str] = []
-    cpu_fix = None
+    fixes: dict[str, str] = {}  # backend name -> the fix its opener gave with its reason
     for name in names:
         opener = OPENERS.get(name)
         if opener is None:
@@ -176,25 +176,28 @@ def open_backend(bundle: Bundle, names: list[str], threads: int, spinning: bool 
             backend = opener(bundle, threads, spinning)
         except RuntimeBackendError as exc:
             notes.append(f"{name}: {exc.problem}")
-            if name == "ort-cpu":
-                cpu_fix = exc.fix
+            if exc.fix:
+                fixes.setdefault(name, exc.fix)
             continue
         notes.append(f"{name}: used")
         return backend, notes
     raise RuntimeBackendError(f"no backend could run bundle {bundle.path}: " + "; ".join(notes),
-                              _install_hint(names, cpu_fix))
+                              _install_hint(names, fixes))
 
 
-def _install_hint(names: list[str], cpu_fix: str | None = None) -> str:
-    """What to install for the backends that were asked for. The CPU one is the way out, unless it
-    was tried and failed: then its own fix is what to do."""
+def _install_hint(names: list[str], fixes: dict[str, str] | None = None) -> str:
+    """What to do for the backends that were asked for: the fix a backend's opener gave with its reason (a bundle
+    without block-sparse weights, CUDA libraries that do not load, an engine to rebuild), else what to install for
+    it. The CPU one is the way out, unless it was tried and failed: then its own fix is what to do."""
+    fixes = fixes or {}
     hints = {"ort-cuda": "onnxruntime-gpu (JetPack: the jetson-containers / Jetson Zoo wheel)",
              "ort-trt": "onnxruntime-gpu built with TensorRT, and TensorRT itself (JetPack)",
              "tensorrt": "TensorRT's Python bindings (JetPack), then 'edgesdk engine build BUNDLE'",
              "triton": "torch and triton with CUDA (the bundle's kernels/ for this GPU)"}
-    wanted = [f"{name}: {hints[name]}" for name in names if name in hints]
+    wanted = [f"{name}: {fixes.get(name) or hints[name]}" for name in names if name in hints]
     if "ort-cpu" in names:
-        last = f"ort-cpu: {cpu_fix}" if cpu_fix else "ort-cpu: needs onnxruntime (pip install edgesdk)"
+        last = f"ort-cpu: {fixes['ort-cpu']}" if fixes.get("ort-cpu") else \
+            "ort-cpu: needs onnxruntime (pip install edgesdk)"
     else:
         last = "or pass --backend ort-cpu (needs onnxruntime: pip install edgesdk)"
     return "; ".join([*wanted, last])

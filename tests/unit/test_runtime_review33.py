@@ -60,3 +60,19 @@ def test_a_whole_max_new_tokens_of_numpy_s_kind_is_taken(runtime):
                              SamplingConfig(max_new_tokens=np.int64(3)), set())
     assert len(tokens) == 3
     assert stats.stop_reason == "max_new_tokens"
+
+
+@pytest.mark.parametrize("name", ["triton", "tensorrt"])
+def test_a_backend_that_cannot_run_the_bundle_gives_its_own_fix_in_the_chain_s_error(tiny_bundle, name):
+    """The chain's error replaced every backend's fix but ort-cpu's with what to install for it, so a bundle
+    without block-sparse weights was told to install torch and triton with CUDA; the opener's own fix is given."""
+    from edgesdk.errors import RuntimeBackendError
+    from edgesdk.runtime.session import OPENERS, open_backend
+
+    with pytest.raises(RuntimeBackendError) as opened:
+        OPENERS[name](tiny_bundle, 1, True)
+    assert opened.value.fix
+    with pytest.raises(RuntimeBackendError, match=f"no backend could run bundle .*: {name}: ") as chain:
+        open_backend(tiny_bundle, [name], threads=1)
+    assert chain.value.fix == f"{name}: {opened.value.fix}; or pass --backend ort-cpu (needs onnxruntime: pip " \
+                              "install edgesdk)"
