@@ -56,8 +56,8 @@ class SamplingConfig:
         return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def __post_init__(self):
-        # A fraction (1.5 gave 2 tokens) or NaN (never reached: the answer ran to the context) is no count, and a
-        # value that is not a number ended in Python's own TypeError naming no field.
+        # A fraction (1.5 gave 2 tokens) or NaN (never reached: the answer ran to the context) is no count,
+        # and a value that is not a number ended in Python's own TypeError naming no field.
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, Integral) \
                 or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a whole number >= 1, got {self.max_new_tokens!r}")
@@ -527,21 +527,21 @@ def can_draft(backend: DecoderBackend) -> bool:
 
 
 def _check_prompt(prompt_ids, backend: DecoderBackend) -> None:
-    """Refuse, before anything is prefilled, an empty prompt, one past the context, and an id the model has no
-    embedding row for: ONNX Runtime's Gather failed on an id past the rows with its own RuntimeError (the KV cache
-    left as it was), and took a negative one as counted from the end, a silently wrong answer."""
+    """Refuse, before anything is prefilled, an empty prompt, one past the context, and an id the model has
+    no embedding row for: ONNX Runtime's Gather failed on an id past the rows with its own RuntimeError (the
+    KV cache left as it was), and took a negative one as counted from the end, a silently wrong answer."""
     tokens, max_context = len(prompt_ids), backend.max_context
     if tokens == 0:
         raise EdgeSDKError("the prompt encodes to 0 tokens", "pass non-empty text (with --raw nothing is added to it)")
     if tokens > max_context:
         raise EdgeSDKError(f"the prompt has {tokens} tokens; the bundle's max_context is {max_context}",
                            "shorten the prompt, or rebuild the bundle with a larger --max-context")
-    rows = getattr(backend, "vocab_size", None)  # the embedding rows (ONNX Runtime and TensorRT backends give them)
+    rows = getattr(backend, "vocab_size", None)  # embedding rows (the ONNX Runtime and TensorRT backends)
     ids = np.asarray(prompt_ids)
     bad = np.flatnonzero((ids < 0) | (ids >= rows)) if rows is not None else np.flatnonzero(ids < 0)
     if bad.size:
         at = int(bad[0])
         reads = f"ids 0 to {rows - 1}" if rows is not None else "ids >= 0"
-        raise EdgeSDKError(f"the prompt holds token id {int(ids[at])} at position {at}; the bundle's model reads "
-                           f"{reads}", "pass token ids of the bundle's tokenizer that the model has embedding rows "
-                           "for (text holding an added token past them cannot be fed to this model)")
+        raise EdgeSDKError(f"the prompt holds token id {int(ids[at])} at position {at}; the bundle's model "
+                           f"reads {reads}", "pass token ids of the bundle's tokenizer that the model has "
+                           "embedding rows for (text holding an added token past them cannot be fed to it)")
