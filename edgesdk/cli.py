@@ -1144,7 +1144,7 @@ def _rounded_mib(value: float | None) -> float | None:
 def eval_(bundle, text_file, context, stride, max_chars, reference, kl, last_word, as_json, budgets, threads, backend,
           target, ignore_target):
     """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference)."""
-    from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, reference_perplexity
+    from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, leading_bos, reference_perplexity
     from edgesdk.runtime.session import open_runtime
 
     if kl and not reference:
@@ -1206,7 +1206,8 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, kl, last_wor
             torch.set_num_threads(threads)
         model = load_model(source).model
         encode = lambda t: runtime.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
-        result["reference"] = reference_perplexity(model, encode, text, config, progress=True).to_json()
+        result["reference"] = reference_perplexity(model, encode, text, config, progress=True,
+                                                   bos_id=leading_bos(runtime.tokenizer)).to_json()
         ours, ref = result["bundle"]["perplexity"], result["reference"]["perplexity"]
         result["relative_difference"] = round(ours / ref - 1, 8)
         if kl:
@@ -1218,10 +1219,11 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, kl, last_wor
 
         documents = last_word_documents(text[: config.max_chars])
         encode = lambda t: runtime.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
-        result["last_word"] = last_word_accuracy(bundle_scorer(runtime), encode, documents).to_json()
+        bos = leading_bos(runtime.tokenizer)
+        result["last_word"] = last_word_accuracy(bundle_scorer(runtime), encode, documents, bos_id=bos).to_json()
         if reference:
             result["reference_last_word"] = last_word_accuracy(reference_scorer(model.eval()), encode,
-                                                               documents).to_json()
+                                                               documents, bos_id=bos).to_json()
     if as_json:  # strict JSON: a perplexity that overflowed (inf) or a broken bundle's NaN is null
         click.echo(json.dumps(_finite_or_null(result), indent=2, allow_nan=False))
         return

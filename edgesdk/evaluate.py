@@ -4,6 +4,11 @@ divergence between the two; a last-word accuracy task.
 Non-overlapping windows (context 512, stride 512, as DESIGN.md fixes): each window is scored
 from an empty cache, and every token but the window's first is predicted. The same windows and
 the same token ids go through both paths, so the two numbers compare like for like.
+
+A model whose tokenizer puts a BOS token in front of every text (Gemma, Llama 2) sees one at the
+start of each window, as ``llama-perplexity`` gives it: the window's first token, never scored, is
+replaced by BOS. Without it Gemma's perplexity is far off what it computes on the texts it is given
+(always after BOS); for a tokenizer that adds none (SmolLM2, Qwen) nothing changes.
 """
 
 from __future__ import annotations
@@ -64,8 +69,9 @@ def _log_softmax_nll(logits: np.ndarray, targets: np.ndarray) -> float:
 
 
 def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress: bool = False,
-               label: str = "perplexity") -> PerplexityResult:
-    """Generic loop: ``score_window(window_ids) -> logits (len, vocab)`` for each window."""
+               label: str = "perplexity", bos_id: int | None = None) -> PerplexityResult:
+    """Generic loop: ``score_window(window_ids) -> logits (len, vocab)`` for each window, whose first token is
+    ``bos_id`` where one is given (module docstring)."""
     from tqdm import tqdm
 
     if len(ids) < 2:
@@ -74,12 +80,27 @@ def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress:
     spans = windows(ids, config)
     nll, count = 0.0, 0
     for start, end, first in tqdm(spans, desc=label, disable=not progress, unit="window"):
-        window = np.asarray(ids[start:end], np.int64)
+        window = _window(ids, start, end, bos_id)
         logits = score_window(window)  # (T, V); row t predicts token t+1
         targets = window[first:]
         nll += _log_softmax_nll(logits[first - 1:-1], targets)
         count += len(targets)
     return PerplexityResult(_exp_or_inf(nll / count), count, len(spans))
+
+
+def _window(ids: list[int], start: int, end: int, bos_id: int | None) -> np.ndarray:
+    """``ids[start:end]`` as int64, its first token (context, never a target) replaced by ``bos_id`` when given."""
+    window = np.asarray(ids[start:end], np.int64)
+    if bos_id is not None:
+        window[0] = bos_id
+    return window
+
+
+def leading_bos(tokenizer) -> int | None:
+    """The token ``tokenizer`` (the bundle's, with ``encode(text, add_special_tokens)``) puts in front of a
+    text, None where it puts none."""
+    plain, special = tokenizer.encode("a", add_special_tokens=False), tokenizer.encode("a", add_special_tokens=True)
+    return special[0] if len(special) == len(plain) + 1 and special[1:] == plain else None
 
 
 def _exp_or_inf(mean_nll: float) -> float:
@@ -90,14 +111,15 @@ def _exp_or_inf(mean_nll: float) -> float:
 def bundle_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityConfig(),
                       progress: bool = False) -> PerplexityResult:
     """Perplexity through the bundle's own runtime backend."""
-    return perplexity(bundle_scorer(runtime), _scored_ids(runtime, text, config), config, progress)
+    return perplexity(bundle_scorer(runtime), _scored_ids(runtime, text, config), config, progress,
+                      bos_id=leading_bos(runtime.tokenizer))
 
 
 def reference_perplexity(model, tokenizer_encode, text: str, config: PerplexityConfig = PerplexityConfig(),
-                         progress: bool = False) -> PerplexityResult:
-    """The same measure with the PyTorch model (host only)."""
+                         progress: bool = False, bos_id: int | None = None) -> PerplexityResult:
+    """The same measure with the PyTorch model (host only); ``bos_id`` as the bundle's (:func:`leading_bos`)."""
     ids = tokenizer_encode(text[: config.max_chars] if config.max_chars else text)
-    return perplexity(reference_scorer(model), ids, config, progress)
+    return perplexity(reference_scorer(model), ids, config, progress, bos_id=bos_id)
 
 
 @dataclass(frozen=True)
@@ -124,7 +146,7 @@ class DivergenceResult:
 
 
 def divergence(score_bundle, score_reference, ids: list[int], config: PerplexityConfig,
-               progress: bool = False) -> DivergenceResult:
+               progress: bool = False, bos_id: int | None = None) -> DivergenceResult:
     """KL(P_reference || P_bundle) over the positions :func:`perplexity` scores, window by window.
 
     Each ``score_*(window_ids) -> logits (len, vocab)``; the vocabularies must match (the bundle keeps
@@ -136,7 +158,7 @@ def divergence(score_bundle, score_reference, ids: list[int], config: Perplexity
                            "pass a longer --text file, or raise --max-chars")
     klds, same = [], 0
     for start, end, first in tqdm(windows(ids, config), desc="divergence", disable=not progress, unit="window"):
-        window = np.asarray(ids[start:end], np.int64)
+        window = _window(ids, start, end, bos_id)
         ours = score_bundle(window)[first - 1:-1]  # (T, V): row t predicts token t+1
         theirs = score_reference(window)[first - 1:-1]
         if ours.shape != theirs.shape:
@@ -155,7 +177,7 @@ def bundle_divergence(runtime, model, text: str, config: PerplexityConfig = Perp
     """:func:`divergence` of the bundle from its PyTorch source ``model`` over the same token ids and
     windows as :func:`bundle_perplexity` (host only)."""
     return divergence(bundle_scorer(runtime), reference_scorer(model), _scored_ids(runtime, text, config), config,
-                      progress)
+                      progress, bos_id=leading_bos(runtime.tokenizer))
 
 
 def bundle_scorer(runtime):
@@ -189,8 +211,8 @@ def _scored_ids(runtime, text: str, config: PerplexityConfig) -> list[int]:
     return runtime.tokenizer.encode(text[: config.max_chars] if config.max_chars else text, add_special_tokens=False)
 
 
-def _gated_pass(backend, ids: list[int], config: PerplexityConfig, tau: float | None, progress: bool
-                ) -> tuple[PerplexityResult, float]:
+def _gated_pass(backend, ids: list[int], config: PerplexityConfig, tau: float | None, progress: bool,
+                bos_id: int | None = None) -> tuple[PerplexityResult, float]:
     """Perplexity with a fixed threshold (None: gating off) and the fraction of FFN blocks that ran."""
     run, total = 0, 0
 
@@ -207,7 +229,7 @@ def _gated_pass(backend, ids: list[int], config: PerplexityConfig, tau: float | 
     backend.gating, backend.fixed_tau = tau is not None, tau
     try:
         label = "perplexity, gating off" if tau is None else f"perplexity, tau {tau:.3f}"  # one bar per point
-        result = perplexity(score, ids, config, progress, label)
+        result = perplexity(score, ids, config, progress, label, bos_id)
     finally:
         backend.gating, backend.fixed_tau = before
     return result, run / max(total, 1)
@@ -244,9 +266,10 @@ def gated_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityCo
     """
     backend = runtime.backend
     ids = _scored_ids(runtime, text, config)
-    off, _ = _gated_pass(backend, ids, config, None, progress)
+    bos = leading_bos(runtime.tokenizer)
+    off, _ = _gated_pass(backend, ids, config, None, progress, bos)
     tau_star = controlled_tau(backend, ids)
-    chosen, executed = _gated_pass(backend, ids, config, tau_star, progress)
+    chosen, executed = _gated_pass(backend, ids, config, tau_star, progress, bos)
     backend.reset()
     before = backend.gating, backend.fixed_tau
     backend.gating, backend.fixed_tau = False, None
@@ -256,7 +279,7 @@ def gated_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityCo
     curve = []
     for budget in budgets:
         tau = 0.0 if budget >= 1 else float(np.quantile(gates, 1 - budget))
-        point, ran = _gated_pass(backend, ids, config, tau, progress)
+        point, ran = _gated_pass(backend, ids, config, tau, progress, bos)
         curve.append({"budget": budget, "tau": round(tau, 5), "executed_fraction": round(ran, 4),
                       "perplexity": round(point.perplexity, 6)})
     return {"gating_off": off.to_json(),
@@ -297,20 +320,22 @@ def last_word_documents(text: str) -> list[tuple[str, str]]:
 
 
 def last_word_accuracy(score_window, encode, documents: list[tuple[str, str]],
-                       max_tokens: int | None = None) -> LastWordResult:
+                       max_tokens: int | None = None, bos_id: int | None = None) -> LastWordResult:
     """Score each document as lm-evaluation-harness scores a loglikelihood request: the context and
     context + " " + word encoded apart, the word's tokens those past the context's, each from one
     window (``score_window(ids) -> logits (T, V)``, from an empty cache). A document longer than
     ``max_tokens`` (default: ``score_window.max_tokens`` where the scorer has one, else no limit)
     keeps its last tokens, as the harness cuts one to its model's max_length: the window is
-    ``(context + word)[-(max_tokens + 1):-1]``."""
+    ``(context + word)[-(max_tokens + 1):-1]``. ``bos_id`` goes in front of both encodings, as the harness
+    puts a model's BOS (Gemma's) in front of its requests."""
     if not documents:
         raise EdgeSDKError("the text has no paragraph to score for the last-word task (40-150 words ending "
                            "in ' .', as WikiText's)", "pass WikiText-2 (wiki.valid.raw) or text of that form")
     limit = max_tokens if max_tokens is not None else getattr(score_window, "max_tokens", None)
     correct, likelihoods = 0, []
     for context, word in documents:
-        prefix, whole = encode(context), encode(f"{context} {word}")
+        lead = [] if bos_id is None else [bos_id]
+        prefix, whole = lead + encode(context), lead + encode(f"{context} {word}")
         targets = np.asarray(whole[len(prefix):])
         fed = whole if limit is None or len(whole) <= limit else whole[-(limit + 1):-1]
         last = len(fed) - (len(fed) == len(whole))  # past the row that predicts the word's last token
