@@ -41,7 +41,7 @@ _ATTN_PARAMS = (
     ("stride_vb", "i32"), ("stride_vh", "i32"), ("stride_vt", "i32"), ("stride_vd", "i32"),
     ("stride_ob", "i32"), ("stride_oh", "i32"), ("stride_od", "i32"),
 )
-_ATTN_CONSTEXPRS = ("BLOCK_G", "BLOCK_D", "BLOCK_T")
+_ATTN_CONSTEXPRS = ("BLOCK_G", "BLOCK_D", "BLOCK_T", "WINDOW")
 
 _DOT_MIN = 16  # smallest tile edge tl.dot takes (triton_kernels.DOT_MIN; this module imports no triton)
 POINTER_ALIGNMENT = 16  # bytes; every pointer parameter of an AOT kernel must be a multiple of this
@@ -98,11 +98,14 @@ class CompiledKernel:
 
 def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: Iterable[int] = (64,),
                      group_blocks: Iterable[int] = (1, 4, 8),
-                     layouts: Iterable[str] = ("plain", "transposed")) -> list[KernelVariant]:
+                     layouts: Iterable[str] = ("plain", "transposed"),
+                     windows: Iterable[int | None] = (None,)) -> list[KernelVariant]:
     """The variants a bundle ships: BSR GEMV (M < 16, 1 row tile, ``gemv_unroll`` blocks a step, split-K into a
     float32 output) and GEMM (``tl.dot`` for blocks of at least 16 x 16, else a broadcast multiply) for each of ``layouts`` at the tuning's block, and GQA decode for each
     head dim ``BLOCK_D`` and query-group bound ``BLOCK_G`` (a pruned group of G heads runs on the smallest
-    ``BLOCK_G >= G``). The defaults are examples; a build passes its model's values (build/sparse_step.py)."""
+    ``BLOCK_G >= G``), once for each of ``windows``: None compiles full attention (``WINDOW`` 0, named as before
+    windows), a number a sliding-window variant (``WINDOW`` baked in, ``_w{window}`` in its name; Gemma 3's
+    sliding layers). The defaults are examples; a build passes its model's values (build/sparse_step.py)."""
     bn, bk = tuning.bsr_block
     variants = []
     for layout in layouts:
@@ -117,9 +120,12 @@ def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: I
                                       tuning.gemm_num_warps, tuning.num_stages, act_dtype, _BSR_GRID))
     for d in head_dims:
         for g in group_blocks:
-            variants.append(KernelVariant(f"gqa_decode_d{d}_g{g}_{act_dtype}", "gqa_decode",
-                                          {"BLOCK_G": g, "BLOCK_D": d, "BLOCK_T": tuning.attn_block_t},
-                                          tuning.attn_num_warps, tuning.num_stages, act_dtype, _ATTN_GRID))
+            for window in windows:
+                named = f"_w{window}" if window else ""
+                variants.append(KernelVariant(f"gqa_decode_d{d}_g{g}{named}_{act_dtype}", "gqa_decode",
+                                              {"BLOCK_G": g, "BLOCK_D": d, "BLOCK_T": tuning.attn_block_t,
+                                               "WINDOW": int(window or 0)},
+                                              tuning.attn_num_warps, tuning.num_stages, act_dtype, _ATTN_GRID))
     return variants
 
 

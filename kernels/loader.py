@@ -374,10 +374,11 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
         acts = {k.meta["act_dtype"] for k in self._kernels.values() if k.meta["kernel"] == "gqa_decode"}
         return getattr(torch, _TORCH_DTYPES[acts.pop()]) if len(acts) == 1 else torch.float32
 
-    def missing(self, block: tuple[int, int], layout: str, head_dim: int, groups) -> list[str]:
-        """What a model with ``block`` weights in ``layout``, heads of ``head_dim`` and query groups ``groups``
-        (Hq // Hkv per layer) needs and these kernels lack, one line each; empty when every call will find a
-        variant. Checked when a bundle is opened, so a gap is reported there and not at the first token."""
+    def missing(self, block: tuple[int, int], layout: str, head_dim: int, groups, windows=None) -> list[str]:
+        """What a model with ``block`` weights in ``layout``, heads of ``head_dim``, query groups ``groups``
+        (Hq // Hkv per layer) and ``windows`` (per layer, the same order: its sliding window, None for full
+        attention; None: no layer has one) needs and these kernels lack, one line each; empty when every call will
+        find a variant. Checked when a bundle is opened, so a gap is reported there and not at the first token."""
         want_t = layout == "transposed"
         lacking = []
         for gemm, what in ((False, "GEMV (decode, < 16 rows)"), (True, "GEMM (prefill, >= 16 rows)")):
@@ -386,10 +387,14 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
                        and (k.meta["constexprs"]["BLOCK_N"], k.meta["constexprs"]["BLOCK_K"]) == tuple(block)
                        for k in self._kernels.values()):
                 lacking.append(f"bsr_matmul {what} for {block[0]}x{block[1]} {layout} blocks")
-        for group in sorted(set(groups)):
+        groups = list(groups)
+        windows = [None] * len(groups) if windows is None else list(windows)
+        for group, window in sorted(set(zip(groups, windows, strict=True)), key=lambda pair: (pair[0], pair[1] or 0)):
             if not any(k.meta["kernel"] == "gqa_decode" and k.meta["constexprs"]["BLOCK_D"] >= head_dim
-                       and k.meta["constexprs"]["BLOCK_G"] >= group for k in self._kernels.values()):
-                lacking.append(f"gqa_decode for head_dim {head_dim}, {group} query heads per KV head")
+                       and k.meta["constexprs"]["BLOCK_G"] >= group and _window(k.meta) == (window or 0)
+                       for k in self._kernels.values()):
+                lacking.append(f"gqa_decode for head_dim {head_dim}, {group} query heads per KV head"
+                               + (f", sliding window {window}" if window else ""))
         return lacking
 
     def _pick(self, kernel: str, accept) -> LoadedKernel:
@@ -432,21 +437,27 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
                        m, n, k, x.stride(0), x.stride(1), out.stride(0), out.stride(1), stream=stream)
         return out.to(dtype) if atomic else out
 
-    def gqa_decode_attention(self, q, k_cache, v_cache, lengths, scale: float, stream: Any = None):
-        """Decode-step GQA on the compiled kernel: the smallest ``BLOCK_G >= Hq/Hkv`` variant of head dim D.
-        Arguments are checked as the twin and the Triton launcher check them
-        (:func:`.reference.check_decode_attention_args`: head counts, lengths in ``[0, T_max]``)."""
+    def gqa_decode_attention(self, q, k_cache, v_cache, lengths, scale: float, stream: Any = None,
+                             window: int | None = None):
+        """Decode-step GQA on the compiled kernel: the smallest ``BLOCK_G >= Hq/Hkv`` variant of head dim D
+        compiled for ``window`` (each query reads its last ``window`` positions, itself included; None: all, the
+        variants without a ``WINDOW``, or with 0, compiled before windows included). Arguments are checked as the
+        twin and the Triton launcher check them (:func:`.reference.check_decode_attention_args`: head counts,
+        lengths in ``[0, T_max]``; :func:`.reference.check_window`)."""
         import torch
 
-        from .reference import check_decode_attention_args
+        from .reference import check_decode_attention_args, check_window
 
         b, hq, hkv, _, d = check_decode_attention_args(q, k_cache, v_cache, lengths)
+        span = check_window(window)
         group = hq // hkv
         candidates = sorted((k for k in self._kernels.values() if k.meta["kernel"] == "gqa_decode"
-                             and k.meta["constexprs"]["BLOCK_D"] >= d and k.meta["constexprs"]["BLOCK_G"] >= group),
+                             and k.meta["constexprs"]["BLOCK_D"] >= d and k.meta["constexprs"]["BLOCK_G"] >= group
+                             and _window(k.meta) == span),
                             key=lambda k: (k.meta["constexprs"]["BLOCK_D"], k.meta["constexprs"]["BLOCK_G"]))
         if not candidates:
-            raise KernelLoadError(f"no compiled gqa_decode variant for D={d}, group={group}")
+            windowed = f", window={window}" if window is not None else ""
+            raise KernelLoadError(f"no compiled gqa_decode variant for D={d}, group={group}{windowed}")
         variant = candidates[0]
         dtype = getattr(torch, _TORCH_DTYPES[variant.meta["act_dtype"]])
         q, k_cache, v_cache = q.to(dtype), k_cache.to(dtype), v_cache.to(dtype)
@@ -455,6 +466,12 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
         variant.launch(variant.grid({"B": b, "Hkv": hkv}), q, k_cache, v_cache, lengths, out, float(scale), group, d,
                        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), stream=stream)
         return out
+
+
+def _window(meta: dict) -> int:
+    """The sliding window a gqa_decode variant was compiled for (its ``WINDOW`` constexpr); 0: full attention, as
+    every variant compiled before windows (they have no ``WINDOW``)."""
+    return int(meta["constexprs"].get("WINDOW", 0))
 
 
 def _read_json(path: Path, what: str) -> Any:

@@ -109,13 +109,15 @@ def block_sparse_matmul(x: torch.Tensor, weight: BlockSparseWeight, mode: str | 
 
 def gqa_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
                          scale: float, mode: str | None = None, *,
-                         tuning: KernelTuning | None = None) -> torch.Tensor:
-    """Decode-step GQA: q ``(B, Hq, D)``, caches ``(B, Hkv, T_max, D)``, lengths ``(B,)`` -> ``(B, Hq, D)``."""
+                         tuning: KernelTuning | None = None, window: int | None = None) -> torch.Tensor:
+    """Decode-step GQA: q ``(B, Hq, D)``, caches ``(B, Hkv, T_max, D)``, lengths ``(B,)`` -> ``(B, Hq, D)``;
+    ``window``: each query reads its last ``window`` positions, itself included (a sliding-window layer; None:
+    every position up to its length)."""
     mode = _resolve(mode)
     if mode == "reference":
-        return gqa_decode_attention_reference(q, k_cache, v_cache, lengths, scale)
+        return gqa_decode_attention_reference(q, k_cache, v_cache, lengths, scale, window)
     _require_triton(mode)
     from .triton_kernels import gqa_decode_attention_triton
 
     return gqa_decode_attention_triton(q, k_cache, v_cache, lengths, scale, emulated=mode == "emulated",
-                                       tuning=_tuning(mode, q, tuning))
+                                       tuning=_tuning(mode, q, tuning), window=window)

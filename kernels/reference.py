@@ -64,23 +64,45 @@ def check_decode_attention_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     return b, hq, hkv, t_max, d
 
 
+MAX_WINDOW = 2**31 - 1  # int32's largest: the kernels compute with int32 positions
+
+
+def check_window(window: int | None) -> int:
+    """``window`` as the kernels take it (their ``WINDOW`` constexpr): the number of positions a query sees, itself
+    included (a query at position p reads keys p - window + 1 .. p: transformers' ``sliding_window_overlay``,
+    Gemma 3's sliding layers), or 0 for None, full attention. Raises ValueError for anything else than None or
+    an integer in ``[1, MAX_WINDOW]``."""
+    if window is None:
+        return 0
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
+        raise ValueError(f"window must be None (full attention) or the number of positions a query sees, itself "
+                         f"included: an integer in [1, {MAX_WINDOW}]; got {window!r}")
+    return window
+
+
 def gqa_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                   lengths: torch.Tensor, scale: float) -> torch.Tensor:
+                                   lengths: torch.Tensor, scale: float, window: int | None = None) -> torch.Tensor:
     """One decode step of grouped-query attention over a padded KV cache.
 
     q ``(B, Hq, D)``; k_cache, v_cache ``(B, Hkv, T_max, D)``; lengths int ``(B,)`` in ``[0, T_max]``: positions
     ``>= lengths[b]`` are ignored, whatever they hold (NaN or inf from a stale cache included). Query head ``h``
-    reads kv head ``h // (Hq // Hkv)`` (the ``repeat_kv`` grouping of GQA, Ainslie et al. 2023). Returns float32
-    ``(B, Hq, D)``; a row with length 0 returns zeros. Arguments are checked by
+    reads kv head ``h // (Hq // Hkv)`` (the ``repeat_kv`` grouping of GQA, Ainslie et al. 2023). ``window``
+    (:func:`check_window`): the query, at position ``lengths[b] - 1``, reads only the last ``window`` positions,
+    ``lengths[b] - window .. lengths[b] - 1``; the ones before are ignored as those past the length are. Returns
+    float32 ``(B, Hq, D)``; a row with length 0 returns zeros. Arguments are checked by
     :func:`check_decode_attention_args`.
     """
     b, hq, hkv, t_max, d = check_decode_attention_args(q, k_cache, v_cache, lengths)
+    span = check_window(window)  # 0: none
     group = hq // hkv
     lengths = lengths.to(device=q.device).long()
     t = int(lengths.max()) if b else 0  # positions past the longest row are never read
-    valid = torch.arange(t, device=q.device)[None, :] < lengths[:, None]  # (B, t)
+    positions = torch.arange(t, device=q.device)[None, :]  # (1, t)
+    valid = positions < lengths[:, None]  # (B, t)
+    if span:
+        valid &= positions >= lengths[:, None] - span  # (B, t): inside the window too
     keys, values = k_cache[:, :, :t].float(), v_cache[:, :, :t].float()  # (B, Hkv, t, D); no copy for float32
-    if b > 1:  # a shorter row's stale entries: masked with where, not by multiplying (0 * inf is NaN)
+    if b > 1 or span:  # entries outside a row: masked with where, not by multiplying (0 * inf is NaN)
         keys = torch.where(valid[:, None, :, None], keys, 0.0)
         values = torch.where(valid[:, None, :, None], values, 0.0)
     qg = q.float().reshape(b, hkv, group, d)  # (B, Hq, D) -> (B, Hkv, G, D)

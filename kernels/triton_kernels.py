@@ -29,7 +29,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
 from .block_sparse import BlockSparseWeight
-from .reference import check_decode_attention_args
+from .reference import check_decode_attention_args, check_window
 from .tuning import KernelTuning, gemv_splits, tuning_for
 
 
@@ -132,7 +132,7 @@ def _gqa_decode_kernel(
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_ob, stride_oh, stride_od,
-    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr,
 ):
     """Decode attention for one (batch row, kv head): its ``GROUP`` query heads against ``lengths[b]`` cache rows.
 
@@ -140,7 +140,12 @@ def _gqa_decode_kernel(
     ``GROUP`` and ``D`` are runtime values padded to the ``BLOCK_G`` / ``BLOCK_D`` powers of two and masked, so
     pruned head counts need no recompilation. The softmax is streamed over ``BLOCK_T`` tiles with the online
     normaliser (running max ``m``, running sum ``l``, rescale by ``exp(m_old - m_new)``; Milakov & Gimelshein
-    2018). Positions ``>= lengths[b]`` are masked; a row of length 0 stores zeros.
+    2018). Positions ``>= lengths[b]`` are masked; a row of length 0 stores zeros. ``WINDOW``: the query (at
+    position ``lengths[b] - 1``) reads the last ``WINDOW`` positions only, itself included (a sliding-window layer,
+    transformers' ``sliding_window_overlay``); the loop starts there, so positions before it are never read.
+    ``WINDOW`` 0: full attention, the loop starts at 0 and the kernel is the one compiled before windows. A
+    compile-time constant (one compile per window a model has; its AOT variants name it), read from no tensor, so
+    a captured CUDA graph replays it as it replays ``scale``; only the length is a device value.
     """
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -153,19 +158,23 @@ def _gqa_decode_kernel(
     q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32) * scale  # (BG, BD)
     length = tl.load(len_ptr + b)
+    if WINDOW > 0:
+        first = tl.maximum(length - WINDOW, 0)
+    else:
+        first = 0
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
     k_base = k_ptr + b * stride_kb + h * stride_kh
     v_base = v_ptr + b * stride_vb + h * stride_vh
-    for t0 in range(0, length, BLOCK_T):
+    for t0 in range(first, length, BLOCK_T):
         t = t0 + offs_t
         t_mask = t < length
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_base + t[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
         s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # (BG,1,BD)*(1,BT,BD) -> (BG, BT)
         s = tl.where(t_mask[None, :], s, float("-inf"))
-        # every tile holds at least one valid position (t0 < length), so m_new is finite
+        # every tile holds at least one valid position (first <= t0 < length), so m_new is finite
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)  # 0 on the first tile (m_i = -inf)
         p = tl.exp(s - m_new[:, None])  # (BG, BT); masked positions -> 0
@@ -331,11 +340,13 @@ def block_sparse_matmul_triton(x: torch.Tensor, weight: BlockSparseWeight, emula
 
 def gqa_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 lengths: torch.Tensor, scale: float, emulated: bool = False,
-                                tuning: KernelTuning | None = None) -> torch.Tensor:
+                                tuning: KernelTuning | None = None, window: int | None = None) -> torch.Tensor:
     """q ``(B, Hq, D)``, caches ``(B, Hkv, T_max, D)``, lengths ``(B,)`` in ``[0, T_max]`` -> ``(B, Hq, D)`` in q's
-    dtype. Arguments are checked as the twin checks them (:func:`.reference.check_decode_attention_args`)."""
+    dtype; ``window``: the positions each query reads, itself included (None: all). Arguments are checked as the
+    twin checks them (:func:`.reference.check_decode_attention_args`, :func:`.reference.check_window`)."""
     tuning = tuning or _default_tuning()
     b, hq, hkv, _, d = check_decode_attention_args(q, k_cache, v_cache, lengths)
+    span = check_window(window)
     lengths = lengths.to(device=q.device, dtype=torch.int32).contiguous()
     _check_device(emulated, q, k_cache, v_cache)
     group = hq // hkv
@@ -348,7 +359,7 @@ def gqa_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     kernel[(b, hkv)](
         q, k_cache, v_cache, lengths, out, float(scale), group, d,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
-        BLOCK_G=_next_pow2(group), BLOCK_D=_next_pow2(d), BLOCK_T=block_t,
+        BLOCK_G=_next_pow2(group), BLOCK_D=_next_pow2(d), BLOCK_T=block_t, WINDOW=span,
         num_warps=tuning.attn_num_warps, num_stages=tuning.num_stages,
     )
     return out

@@ -132,8 +132,8 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
 def load_aot_kernels(bundle: Bundle, record: dict):
     """The kernels compiled at build time for this board's SM (bundle ``kernels/sm_XX``). Raises
     RuntimeBackendError when they do not load or when a variant the model needs (its block and layout, head_dim,
-    query heads per KV head) is absent, e.g. compiled for defaults that do not fit the model or refused by the
-    compiler."""
+    query heads per KV head, each sliding window) is absent, e.g. compiled for defaults that do not fit the model,
+    refused by the compiler, or compiled without the model's windows."""
     from edgesdk.kernels.loader import KernelLoadError, load_compiled
 
     kernels = record.get("kernels")
@@ -147,7 +147,9 @@ def load_aot_kernels(bundle: Bundle, record: dict):
                                   "pip install 'edgesdk[kernels]' to compile for this GPU at run time") from exc
     block = int(record["block"])
     groups = [int(layer["heads"]) // max(1, int(layer["kv_heads"])) for layer in record["layers"]]
-    lacking = compiled.missing((block, block), record.get("layout", "plain"), int(record["head_dim"]), groups)
+    windows = [layer.get("window") or None for layer in record["layers"]]  # Gemma 3's sliding layers
+    lacking = compiled.missing((block, block), record.get("layout", "plain"), int(record["head_dim"]), groups,
+                               windows)
     if lacking:  # found here, not as a KernelLoadError at the first token
         refused = "".join(f"; {name} was refused: {error}" for name, error in sorted(compiled.failed.items()))
         raise RuntimeBackendError(
