@@ -6,6 +6,12 @@ rows) and ``down``. Only blocks holding a non-zero weight are stored (BSR: value
 index, row offsets) with a float32 scale per output row, so a 50 %-dense weight costs about half
 the bytes to read. The embedding (also the tied LM head) is float16; norms float32.
 
+A Gemma 3 model (export/decoder_weights.py ``_gemma3_weights``; transformers' Gemma3ForCausalLM) also stores
+each layer's ``attn_out_norm`` and ``ffn_out_norm`` (its norms as the 1 + w they scale by, like its other
+norms) and, past the first rotary table ``inv_freq``, the next ones as ``inv_freq.1``, ...; the record adds
+``embed_scale``, ``attention_scale``, ``activation`` and ``other_rope_scalings``, and per layer its rotary table
+``rope`` and its sliding ``window``. A Llama / Qwen record has none of these, so what it holds is unchanged.
+
 Files (all listed in the bundle manifest, so hashed and verified):
     sparse/weights.safetensors   the tensors above
     sparsity.json                per weight: shape, block, density and block mask (one 0/1 string
@@ -82,6 +88,7 @@ def export_sparse(model, out_dir: Path, config: SparseExportConfig, max_context:
     from safetensors.torch import save_file
 
     from edgesdk.kernels.block_sparse import BlockSparseWeight
+    from edgesdk.runtime.sparse_decoder import ACTIVATIONS, rope_table_key
 
     weights = decoder_weights_from_hf(model)
     tensors: dict[str, torch.Tensor] = {
@@ -91,6 +98,12 @@ def export_sparse(model, out_dir: Path, config: SparseExportConfig, max_context:
     }
     if weights.lm_head is not None:
         tensors["lm_head"] = torch.from_numpy(weights.lm_head).half()
+    for index, (inv_freq, _) in enumerate(weights.ropes()[1:], start=1):  # Gemma 3: the global layers' table
+        tensors[rope_table_key(index)] = torch.from_numpy(inv_freq)
+    if weights.activation not in ACTIVATIONS:
+        raise ExportError(f"the FFN activation {weights.activation!r} of {weights.architecture} is not one the "
+                          f"block-sparse decoder computes ({', '.join(ACTIVATIONS)})",
+                          "set export.sparse=false for this model")
     report: dict[str, dict] = {}
     stored = dense = 0
     layers = []
@@ -100,9 +113,12 @@ def export_sparse(model, out_dir: Path, config: SparseExportConfig, max_context:
         if layer.q_bias is not None:
             bias = np.concatenate([layer.q_bias, layer.k_bias, layer.v_bias])
             tensors[f"layers.{index}.qkv_bias"] = torch.from_numpy(bias)
-        if layer.q_norm is not None:  # Qwen3's per-head query / key RMSNorm weights (hd,)
+        if layer.q_norm is not None:  # Qwen3's and Gemma 3's per-head query / key RMSNorm weights (hd,)
             tensors[f"layers.{index}.q_norm"] = torch.from_numpy(layer.q_norm)
             tensors[f"layers.{index}.k_norm"] = torch.from_numpy(layer.k_norm)
+        for norm in ("attn_out_norm", "ffn_out_norm"):  # Gemma 3: on the attention's and the FFN's outputs (D,)
+            if getattr(layer, norm) is not None:
+                tensors[f"layers.{index}.{norm}"] = torch.from_numpy(getattr(layer, norm))
         for kind, matrix in linears.items():
             name = f"layers.{index}.{kind}"
             codes, scales = int8_rows(matrix, name)
@@ -117,6 +133,10 @@ def export_sparse(model, out_dir: Path, config: SparseExportConfig, max_context:
                                                                           for row in mask]}
         heads, kv_heads = layer.heads(weights.head_dim)
         layers.append({"heads": heads, "kv_heads": kv_heads, "ffn": layer.ffn_width})
+        if layer.rope:  # Gemma 3: a layer rotating by another table than the first layer's
+            layers[-1]["rope"] = layer.rope
+        if layer.window is not None:  # Gemma 3's sliding layers: a query sees the last `window` positions
+            layers[-1]["window"] = int(layer.window)
     path = out_dir / WEIGHTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
@@ -126,13 +146,23 @@ def export_sparse(model, out_dir: Path, config: SparseExportConfig, max_context:
                "density": round(kept / max(blocks, 1), 4), "bytes_sparse": stored, "bytes_dense_int8": dense,
                "weights": report}
     (out_dir / SPARSITY_FILE).write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    return {
+    record = {
         "weights": WEIGHTS_FILE, "sparsity": SPARSITY_FILE, "block": config.block, "layout": config.layout,
         "density": summary["density"], "bytes_sparse": stored, "bytes_dense_int8": dense,
         "head_dim": weights.head_dim, "rms_eps": weights.rms_eps, "rope_scaling": weights.rope_scaling,
         "vocab_size": weights.vocab_size, "hidden_size": weights.hidden_size, "tied": weights.lm_head is None,
         "max_context": max_context, "layers": layers,
     }
+    # what Gemma 3 computes otherwise than Llama (SparseDecoder reads each, defaulting to Llama's)
+    if weights.embed_scale != 1.0:
+        record["embed_scale"] = weights.embed_scale
+    if weights.attention_scale is not None:
+        record["attention_scale"] = weights.attention_scale
+    if weights.activation != "silu":
+        record["activation"] = weights.activation
+    if weights.other_ropes:
+        record["other_rope_scalings"] = [float(scaling) for _, scaling in weights.other_ropes]
+    return record
 
 
 def _block_mask(codes: np.ndarray, block: int) -> np.ndarray:

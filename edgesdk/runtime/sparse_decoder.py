@@ -12,6 +12,15 @@ with half-rotation (Su et al. 2021), SiLU-gated FFN, and Qwen3's RMSNorm of each
 (with AOT-compiled kernels: the dtype their attention reads, float16, so no step converts it),
 grown by doubling up to the bundle's max_context.
 
+Gemma 3 (Gemma Team 2025, "Gemma 3 Technical Report"; transformers' Gemma3ForCausalLM) adds what the sparse
+record and weights carry (export/sparse_export.py): the looked-up embedding times ``embed_scale`` (sqrt(D); the
+tied LM head reads the table unscaled), the softmax scale ``attention_scale`` (query_pre_attn_scalar ** -0.5),
+RMSNorms of the attention's and the FFN's outputs before each residual add (``attn_out_norm``,
+``ffn_out_norm``; every Gemma norm weight is stored as the 1 + w it scales by, so one rms_norm serves both
+families), the per-head query / key norms, GeGLU with tanh GELU (``activation``), a rotary table per layer kind
+(``rope``: the sliding layers' local base, the full layers' global one) and each sliding layer's ``window``: a
+query at position p reads keys p - window + 1 .. p, in prefill's mask and in the decode kernel alike.
+
 On a CUDA device single-token decode runs a static step (token, position and length in device
 tensors) captured once as a CUDA graph and replayed, so a step costs one launch from Python
 instead of about a thousand.
@@ -22,11 +31,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edgesdk.errors import RuntimeBackendError
 from edgesdk.kernels.block_sparse import BlockSparseWeight
 from edgesdk.kernels.ops import block_sparse_matmul, gqa_decode_attention, kernel_mode
 
 INITIAL_CAPACITY = 256
 LINEARS = ("qkv", "o", "gate_up", "down")
+# the FFN gate's activation by the record's ``activation``: SwiGLU (Llama) | GeGLU with tanh GELU (Gemma 3's
+# gelu_pytorch_tanh)
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda gate: F.gelu(gate, approximate="tanh")}
+
+
+def rope_table_key(index: int) -> str:
+    """The tensor holding rotary table ``index``'s inverse frequencies (table 0: ``inv_freq``, as before there were
+    several)."""
+    return "inv_freq" if index == 0 else f"inv_freq.{index}"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -59,6 +78,20 @@ class SparseDecoder:
         self.rope_scaling = float(record["rope_scaling"])
         self.max_context = int(record["max_context"])
         self.layer_heads = [(int(r["heads"]), int(r["kv_heads"])) for r in record["layers"]]
+        # Gemma 3's settings; a Llama / Qwen record has none of them and keeps the defaults
+        self.embed_scale = float(record.get("embed_scale", 1.0))
+        self.scale = float(record["attention_scale"]) if record.get("attention_scale") is not None \
+            else self.head_dim ** -0.5
+        activation = record.get("activation", "silu")
+        if activation not in ACTIVATIONS:
+            raise RuntimeBackendError(
+                f"the bundle's sparse record sets activation {activation!r}, which this block-sparse decoder does not "
+                f"compute (it computes {', '.join(ACTIVATIONS)})",
+                "run the bundle with the edgesdk that built it, or rebuild it with this edgesdk")
+        self.activation = ACTIVATIONS[activation]
+        self.layer_ropes = [int(r.get("rope", 0)) for r in record["layers"]]
+        self.windows = [int(r["window"]) if r.get("window") else None for r in record["layers"]]
+        rope_scalings = [self.rope_scaling, *(float(v) for v in record.get("other_rope_scalings", []))]
         # compiled attention reads the cache in its own dtype: held in it, no step copies the whole cache
         self.cache_dtype = compiled.attention_dtype if compiled is not None else torch.float32
         move = lambda t: t.to(self.device)  # noqa: E731
@@ -70,6 +103,9 @@ class SparseDecoder:
         self.lm_head = move(tensors["lm_head"]).to(table_dtype) if "lm_head" in tensors else self.embed
         self.final_norm = move(tensors["final_norm"])
         self.inv_freq = move(tensors["inv_freq"]).float()  # (hd/2,)
+        # (inverse frequencies (hd/2,), cos/sin multiplier) of each rotary table, by the layers' ``rope``
+        self.ropes = [(self.inv_freq, self.rope_scaling)] + [
+            (move(tensors[rope_table_key(i)]).float(), scaling) for i, scaling in enumerate(rope_scalings) if i]
         self.layers = []
         for index in range(len(self.layer_heads)):
             prefix = f"layers.{index}"
@@ -78,7 +114,9 @@ class SparseDecoder:
             layer["input_norm"] = move(tensors[f"{prefix}.input_norm"])
             layer["post_attention_norm"] = move(tensors[f"{prefix}.post_attention_norm"])
             layer["qkv_bias"] = move(tensors[f"{prefix}.qkv_bias"]) if f"{prefix}.qkv_bias" in tensors else None
-            for norm in ("q_norm", "k_norm"):  # Qwen3: RMSNorm of each query / key head before rotary
+            # Qwen3, Gemma 3: RMSNorm of each query / key head before rotary; Gemma 3: of the attention's output
+            # and of the FFN's output, before their residual adds
+            for norm in ("q_norm", "k_norm", "attn_out_norm", "ffn_out_norm"):
                 layer[norm] = move(tensors[f"{prefix}.{norm}"]) if f"{prefix}.{norm}" in tensors else None
             self.layers.append(layer)
         self.capacity = 0
@@ -102,10 +140,19 @@ class SparseDecoder:
             cache.append(tuple(pair))
         self.cache, self.capacity = cache, capacity
 
-    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, hd/2)
-        angles = torch.cat([freqs, freqs], dim=-1)  # (T, hd)
-        return angles.cos() * self.rope_scaling, angles.sin() * self.rope_scaling
+    def _rotary(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin), each (T, hd), of every rotary table at ``positions`` (T,)."""
+        tables = []
+        for inv_freq, scaling in self.ropes:
+            freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, hd/2)
+            angles = torch.cat([freqs, freqs], dim=-1)  # (T, hd)
+            tables.append((angles.cos() * scaling, angles.sin() * scaling))
+        return tables
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the embedding as float32 (T, D), times Gemma's embed_scale after the lookup."""
+        rows = self.embed[ids].float()
+        return rows * self.embed_scale if self.embed_scale != 1.0 else rows
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
@@ -116,23 +163,26 @@ class SparseDecoder:
             self._grow(min(self.max_context, max(2 * self.capacity, total)))
         if count == 1 and self.graphs:
             return self._replay(ids, start)
-        cos, sin = self._rotary(torch.arange(start, total, device=self.device))  # (T, hd) each
+        rotary = self._rotary(torch.arange(start, total, device=self.device))  # (cos, sin) per table, (T, hd) each
 
         def write(keys, values, k, v):  # k, v (Hkv, T, hd)
             keys[0, :, start:total] = k
             values[0, :, start:total] = v
 
-        def attend(q, keys, values, heads, kv_heads):
-            return self._attention(q, keys, values, start, total, heads, kv_heads)
+        def attend(q, keys, values, heads, kv_heads, window):
+            return self._attention(q, keys, values, start, total, heads, kv_heads, window)
 
-        hidden = self._layers(self.embed[ids.to(self.device)].float(), cos, sin, write, attend)  # (T, D)
+        hidden = self._layers(self._embed(ids.to(self.device)), rotary, write, attend)  # (T, D)
         self.position = total
         return self._head(hidden[-keep:])
 
-    def _layers(self, hidden, cos, sin, write, attend) -> torch.Tensor:
-        """The decoder layers over ``hidden`` (T, D); ``write`` stores the step's K/V, ``attend`` reads them."""
+    def _layers(self, hidden, rotary, write, attend) -> torch.Tensor:
+        """The decoder layers over ``hidden`` (T, D); ``rotary`` holds (cos, sin) of each table at the step's
+        positions, ``write`` stores the step's K/V, ``attend`` reads them."""
         count = hidden.shape[0]
-        for layer, (heads, kv_heads), (keys, values) in zip(self.layers, self.layer_heads, self.cache, strict=True):
+        for layer, (heads, kv_heads), (keys, values), rope, window in zip(
+                self.layers, self.layer_heads, self.cache, self.layer_ropes, self.windows, strict=True):
+            cos, sin = rotary[rope]
             x = rms_norm(hidden, layer["input_norm"], self.eps)
             qkv = self._matmul(x, layer["qkv"])  # (T, (Hq + 2 Hkv) hd)
             if layer["qkv_bias"] is not None:
@@ -145,11 +195,17 @@ class SparseDecoder:
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             write(keys, values, k, v.reshape(count, kv_heads, self.head_dim).transpose(0, 1))
-            attended = attend(q, keys, values, heads, kv_heads)  # (T, Hq*hd)
-            hidden = hidden + self._matmul(attended, layer["o"])
+            attended = attend(q, keys, values, heads, kv_heads, window)  # (T, Hq*hd)
+            out = self._matmul(attended, layer["o"])
+            if layer["attn_out_norm"] is not None:
+                out = rms_norm(out, layer["attn_out_norm"], self.eps)
+            hidden = hidden + out
             x = rms_norm(hidden, layer["post_attention_norm"], self.eps)
             gate, up = self._matmul(x, layer["gate_up"]).chunk(2, dim=-1)  # (T, F) each
-            hidden = hidden + self._matmul(F.silu(gate) * up, layer["down"])
+            out = self._matmul(self.activation(gate) * up, layer["down"])
+            if layer["ffn_out_norm"] is not None:
+                out = rms_norm(out, layer["ffn_out_norm"], self.eps)
+            hidden = hidden + out
         return hidden
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -163,16 +219,16 @@ class SparseDecoder:
         length are read from device tensors (``_token``, ``_slot``, ``_length``), the K/V row is written with
         ``index_copy_`` and the GQA kernel loops to ``_length`` on the device. So the step can be captured in a
         CUDA graph once and replayed for every later position (CUDA C++ Programming Guide, "CUDA Graphs")."""
-        cos, sin = self._rotary(self._slot)  # (1, hd) each
+        rotary = self._rotary(self._slot)  # (cos, sin) per table, (1, hd) each
 
         def write(keys, values, k, v):  # k, v (Hkv, 1, hd) into the (Hkv, cap, hd) cache at _slot
             keys[0].index_copy_(1, self._slot, k.to(keys.dtype))
             values[0].index_copy_(1, self._slot, v.to(values.dtype))
 
-        def attend(q, keys, values, heads, kv_heads):
-            return self._decode_attention(q, keys, values, self._length, heads)
+        def attend(q, keys, values, heads, kv_heads, window):  # the window: a constant of the captured launch
+            return self._decode_attention(q, keys, values, self._length, heads, window)
 
-        return self._head(self._layers(self.embed[self._token].float(), cos, sin, write, attend))  # (1, V)
+        return self._head(self._layers(self._embed(self._token), rotary, write, attend))  # (1, V)
 
     def _prepare_static(self) -> None:
         if self.capacity < self.max_context:  # the graph holds the cache's addresses: allocate it whole
@@ -220,25 +276,32 @@ class SparseDecoder:
             return self.compiled.block_sparse_matmul(x.contiguous(), weight).float()
         return block_sparse_matmul(x, weight, self.mode)
 
-    def _attention(self, q, keys, values, start, total, heads, kv_heads) -> torch.Tensor:
+    def _attention(self, q, keys, values, start, total, heads, kv_heads, window) -> torch.Tensor:
+        """q (Hq, T, hd) of positions start .. total - 1 against the cache; ``window``: each query reads its
+        last ``window`` positions, itself included (None: every earlier one) -> (T, Hq*hd)."""
         count = q.shape[1]
         if count == 1:  # decode: the GQA kernel reads the cache in place
             lengths = torch.tensor([total], dtype=torch.int32, device=self.device)
-            return self._decode_attention(q, keys, values, lengths, heads)
+            return self._decode_attention(q, keys, values, lengths, heads, window)
         group = heads // kv_heads
-        k = keys[0, :, :total].float().repeat_interleave(group, dim=0)  # (Hq, total, hd)
-        v = values[0, :, :total].float().repeat_interleave(group, dim=0)
+        first = max(0, start - window + 1) if window else 0  # no query of this step reads a key before it
+        k = keys[0, :, first:total].float().repeat_interleave(group, dim=0)  # (Hq, total - first, hd)
+        v = values[0, :, first:total].float().repeat_interleave(group, dim=0)
         query_pos = torch.arange(start, total, device=self.device)[:, None]  # (T, 1)
-        allowed = torch.arange(total, device=self.device)[None, :] <= query_pos  # (T, total)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.head_dim ** -0.5)  # (Hq, T, hd)
+        key_pos = torch.arange(first, total, device=self.device)[None, :]  # (1, total - first)
+        allowed = key_pos <= query_pos  # (T, total - first)
+        if window:  # transformers' sliding_window_overlay: kv > q - window
+            allowed &= key_pos > query_pos - window
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.scale)  # (Hq, T, hd)
         return out.transpose(0, 1).reshape(count, heads * self.head_dim)
 
-    def _decode_attention(self, q, keys, values, lengths, heads) -> torch.Tensor:
-        """q (Hq, 1, hd) against the first ``lengths[0]`` cache rows -> (1, Hq*hd)."""
-        scale = self.head_dim ** -0.5
+    def _decode_attention(self, q, keys, values, lengths, heads, window=None) -> torch.Tensor:
+        """q (Hq, 1, hd) against the first ``lengths[0]`` cache rows (the last ``window`` of them when given)
+        -> (1, Hq*hd)."""
         query = q.transpose(0, 1).contiguous()  # (1, Hq, hd)
         if self.compiled is not None:
-            out = self.compiled.gqa_decode_attention(query, keys, values, lengths, scale).float()
+            extra = {"window": window} if window else {}  # loaded kernels from before windows take none
+            out = self.compiled.gqa_decode_attention(query, keys, values, lengths, self.scale, **extra).float()
         else:
-            out = gqa_decode_attention(query, keys, values, lengths, scale, self.mode)
+            out = gqa_decode_attention(query, keys, values, lengths, self.scale, self.mode, window=window)
         return out.reshape(1, heads * self.head_dim)

@@ -1,6 +1,11 @@
-"""Gemma 3 on the block-sparse path: the decode attention kernel's sliding window against its PyTorch twin under
-Triton's interpreter, and its compiled variants. Every comparison prints its max abs diff (``-s``) and records it
-as ``max_abs_diff``.
+"""Gemma 3 on the block-sparse path (export/sparse_export.py, edgesdk/runtime/sparse_decoder.py, the ``triton``
+backend): the decode attention kernel's sliding window against its PyTorch twin under Triton's interpreter, and the
+tiny Gemma 3 of test_gemma3.py (window 4 on layers 0 and 2, full attention on layer 1, query_pre_attn_scalar 24,
+every norm weight away from 0) exported block-sparse and decoded far past its window against transformers'
+Gemma3ForCausalLM. Every comparison prints its max abs diff (``-s``) and records it as ``max_abs_diff``.
+
+The build refuses Gemma 3 for export.sparse before any stage (build/pipeline.py ``check_gemma_stages``), so the
+export and the backend are called directly here.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,6 +26,8 @@ torch = pytest.importorskip("torch")
 from edgesdk.kernels.ops import gqa_decode_attention  # noqa: E402
 from edgesdk.kernels.reference import gqa_decode_attention_reference  # noqa: E402
 from edgesdk.kernels.tuning import tuning_for  # noqa: E402
+from tests._utils.tiny import tiny_llama  # noqa: E402
+from tests.unit.test_gemma3 import GEMMA3  # noqa: E402
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="the interpreted kernel needs triton (pip install edgesdk[kernels])")
@@ -179,3 +187,127 @@ def test_a_windowed_variant_compiles_ahead_of_time(tmp_path):
     meta = json.loads((tmp_path / "kernels" / "sm_87" / "gqa_decode_d32_g2_w512_fp16.json").read_text())
     assert meta["constexprs"]["WINDOW"] == 512
     assert [name for name, _ in meta["params"]][5:8] == ["scale", "GROUP", "D"]  # runtime parameters as before
+
+
+# ---------------------------------------------------------------------------------------------- the decoder
+@pytest.fixture(scope="module")
+def gemma_sparse(tmp_path_factory):
+    """(model, export dir, record): the tiny Gemma 3 with its linears on the per-row INT8 grid and its embedding
+    rounded to float16 (what the sparse weights store), exported block-sparse."""
+    from edgesdk.export.sparse_export import SparseExportConfig, export_sparse
+
+    model = tiny_llama(**GEMMA3)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
+                scale = module.weight.abs().amax(1, keepdim=True) / 127
+                module.weight.copy_((module.weight / scale).round().clamp(-127, 127) * scale)
+        model.model.embed_tokens.weight.copy_(model.model.embed_tokens.weight.half().float())
+    out = tmp_path_factory.mktemp("gemma_sparse")
+    record = export_sparse(model, out, SparseExportConfig(), max_context=64)
+    return model, out, record
+
+
+def _tensors(out, record):
+    from safetensors.torch import load_file
+
+    return load_file(str(out / record["weights"]))
+
+
+def test_the_sparse_export_records_what_gemma_computes_otherwise(gemma_sparse):
+    model, out, record = gemma_sparse
+    assert [layer.get("window") for layer in record["layers"]] == [4, None, 4]
+    assert [layer.get("rope", 0) for layer in record["layers"]] == [0, 1, 0]  # sliding: local base; full: global
+    assert record["attention_scale"] == pytest.approx(24 ** -0.5)
+    assert record["embed_scale"] == pytest.approx(64 ** 0.5)
+    assert record["activation"] == "gelu_tanh"
+    assert record["other_rope_scalings"] == [1.0]
+    tensors = _tensors(out, record)
+    layer = model.model.layers[1]
+    for name, module in (("input_norm", layer.input_layernorm), ("post_attention_norm", layer.pre_feedforward_layernorm),
+                         ("attn_out_norm", layer.post_attention_layernorm),
+                         ("ffn_out_norm", layer.post_feedforward_layernorm), ("q_norm", layer.self_attn.q_norm)):
+        assert torch.equal(tensors[f"layers.1.{name}"], module.weight.detach() + 1.0), name  # Gemma's 1 + w
+    rotary = model.model.rotary_emb
+    assert torch.equal(tensors["inv_freq"], rotary.sliding_attention_original_inv_freq)
+    assert torch.equal(tensors["inv_freq.1"], rotary.full_attention_original_inv_freq)
+    assert not torch.equal(tensors["inv_freq"], tensors["inv_freq.1"])
+
+
+def _decode_in_chunks(decoder, ids):
+    """6 tokens of prefill, 5 more as a second prefill past the window, then one token a step."""
+    parts = [decoder.step(ids[:6], keep=6), decoder.step(ids[6:11], keep=5)]
+    parts += [decoder.step(ids[i:i + 1], keep=1) for i in range(11, len(ids))]
+    return torch.cat(parts)
+
+
+@pytest.mark.parametrize(("mode", "graphs"), [("reference", False), ("reference", True),
+                                               pytest.param("emulated", False, marks=needs_triton)])
+def test_the_sparse_decoder_gives_transformers_logits_far_past_the_window(mode, graphs, gemma_sparse,
+                                                                         record_property):
+    """Prefill, a second prefill chunk and 22 single-token steps (33 positions, 8 windows): every position's
+    logits are Gemma3ForCausalLM's. ``graphs``: the static decode step the CUDA graph captures (length in a device
+    tensor, window a constant of the launch), run eagerly on this CPU."""
+    from edgesdk.runtime.sparse_decoder import SparseDecoder
+
+    model, out, record = gemma_sparse
+    ids = torch.randint(0, model.config.vocab_size, (33,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = model(ids[None]).logits[0]
+    decoder = SparseDecoder(_tensors(out, record), record, mode=mode, graphs=graphs)
+    got = _decode_in_chunks(decoder, ids)
+    assert decoder.position == 33
+    scale = float(expected.abs().max())
+    _report(f"sparse decoder ({mode}, static steps {graphs}) vs transformers, logit scale {scale:.1f}",
+            float((got - expected).abs().max()), 1e-4 * max(scale, 1.0), record_property)
+    if mode == "reference" and not graphs:  # the comparison sees the window: without it the logits differ
+        unwindowed = {**record, "layers": [{k: v for k, v in layer.items() if k != "window"}
+                                           for layer in record["layers"]]}
+        wrong = _decode_in_chunks(SparseDecoder(_tensors(out, record), unwindowed, mode=mode), ids)
+        assert float((wrong[4:] - expected[4:]).abs().max()) > 1e-2 * scale
+
+
+def test_the_build_s_own_check_of_the_sparse_weights_passes_for_gemma(gemma_sparse):
+    """validate_sparse, which the build runs after the export: the twins' decoder against the PyTorch model on
+    random prompts (12 tokens, three windows, then decode steps)."""
+    from edgesdk.export.sparse_export import validate_sparse
+    from edgesdk.export.validate import ValidationConfig
+
+    model, out, record = gemma_sparse
+    report = validate_sparse(model, out, record, ValidationConfig(prompts=2))
+    print(f"\n[max abs diff] validate_sparse: {report['max_abs_diff']}")
+    assert report["top1_agree"] == 1.0
+
+
+@pytest.mark.parametrize("penalty", [1.0, 3.0])
+def test_greedy_tokens_through_the_triton_backend_are_transformers_generate(penalty, gemma_sparse, monkeypatch):
+    """The backend opened from the exported files (kernels' twins: EDGESDK_KERNELS=reference) and the runtime's
+    generate: 40 greedy tokens after a 6-token prompt, ten windows, are transformers' generate tokens. The tiny
+    model alone repeats one token; with a repetition penalty over the whole context (llama.cpp's, as
+    transformers' repetition_penalty computes it) each step picks a new one, so every step's logits count."""
+    from edgesdk.runtime.generate import SamplingConfig, generate
+    from edgesdk.runtime.triton_backend import open_triton_backend
+
+    model, out, record = gemma_sparse
+    monkeypatch.setenv("EDGESDK_KERNELS", "reference")
+    backend = open_triton_backend(SimpleNamespace(manifest={"sparse": record}, file=lambda name: out / name),
+                                  threads=1)
+    prompt = [5, 17, 120, 33, 250, 9]
+    sampling = SamplingConfig(max_new_tokens=40, repeat_penalty=penalty, repeat_last_n=-1)
+    tokens, _ = generate(backend, prompt, sampling, stop_ids=set())
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, min_new_tokens=40,
+                                  pad_token_id=0, repetition_penalty=penalty)[0, len(prompt):].tolist()
+    assert tokens == expected
+    if penalty > 1:
+        assert len(set(tokens)) > 30
+
+
+def test_a_record_with_an_activation_this_decoder_lacks_is_a_backend_error(gemma_sparse):
+    from edgesdk.errors import RuntimeBackendError
+    from edgesdk.runtime.sparse_decoder import SparseDecoder
+
+    _, out, record = gemma_sparse
+    with pytest.raises(RuntimeBackendError, match="sets activation 'relu2', which this block-sparse decoder does "
+                                                  "not compute \\(it computes silu, gelu_tanh\\)"):
+        SparseDecoder(_tensors(out, record), {**record, "activation": "relu2"}, mode="reference")
