@@ -176,22 +176,19 @@ def check_gemma_stages(stages: list[tuple[str, object]], export_config: ExportCo
     """What a Gemma 3 model cannot go through yet, refused before any stage: sparsify's reorder, which permutes
     the residual stream through norms it takes for Llama's (a weight that scales, one norm before attention and
     one before the FFN; Gemma 3's scale by 1 + weight and its layers also normalise the attention's and the
-    FFN's outputs); the power stage's adapters; the block-sparse decoder (Llama layout, no sliding windows).
-    ``smooth`` folds into Gemma 3's 1 + weight and its pre-FFN norm (edgesdk/compress/smooth.py), so a Jetson
-    target's QDQ graph for TensorRT comes from the int8-qdq recipe: the jetson recipes' block-sparse export is
-    what is refused."""
+    FFN's outputs), and the power stage's adapters. ``smooth`` folds into Gemma 3's 1 + weight and its pre-FFN
+    norm (edgesdk/compress/smooth.py), and the block-sparse decoder computes its norms, windows and rotary
+    tables (edgesdk/runtime/sparse_decoder.py), so the jetson recipes build it."""
     if model_config.model_type != "gemma3_text":
         return
     refused = [name for name, _ in stages if name == "power"]
     refused += [f"{name} (reorder)" for name, config in stages if name == "sparsify" and getattr(config, "reorder", False)]
-    if export_config.sparse:
-        refused.append("the block-sparse export (export.sparse)")
     if refused:
         raise BuildError(f"a Gemma 3 model cannot go through {', '.join(refused)}: they assume Llama's layers (a norm "
-                         "weight that scales, one norm before attention and one before the FFN, no sliding windows)",
-                         "build it with a recipe without them: for a Jetson target (TensorRT) --recipe int8-qdq "
-                         "(smooth, qat INT8, the QDQ graph without the block-sparse weights); elsewhere default, "
-                         "int8-head, int4, int4-prune, fp32-fused or fp32-standard")
+                         "weight that scales, one norm before attention and one before the FFN)",
+                         "build it with a recipe without them: jetson (the Jetson targets' default), int8-qdq, "
+                         "default, int8-head, int4, int4-prune, fp32-fused or fp32-standard, or set "
+                         "sparsify.reorder=false")
 
 
 def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportConfig, profile) -> None:

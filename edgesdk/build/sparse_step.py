@@ -58,8 +58,9 @@ def compile_kernels(profile, out_dir: Path, record: dict) -> dict:
     block = int(record["block"])  # the profile's sparsity_block: a power of two (checked when it is read)
     tuning = dataclasses.replace(tuning_for(gpu.sm), bsr_block=(block, block))
     groups = sorted({_next_pow2(int(layer["heads"]) // max(1, int(layer["kv_heads"]))) for layer in record["layers"]})
+    windows = sorted({layer.get("window") for layer in record["layers"]}, key=lambda window: window or 0)
     variants = default_variants(tuning, head_dims=(_next_pow2(int(record["head_dim"])),), group_blocks=groups,
-                                layouts=(record.get("layout", "plain"),))
+                                layouts=(record.get("layout", "plain"),), windows=windows)  # Gemma 3: per window
     compiled = compile_for_target(gpu.sm, out_dir, tuning, variants=variants)
     failed = {k.name: k.error for k in compiled if not k.ok}
     if failed:

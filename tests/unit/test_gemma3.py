@@ -101,7 +101,6 @@ def test_a_qat_int4_build_and_a_pruned_build_validate(tmp_path):
 
 @pytest.mark.parametrize(("stages", "export", "named"), [
     ("[{stage: power}]", "{form: ort-fused, weights: fp32}", "power"),
-    ("[]", "{form: standard, weights: fp32, sparse: true}", "the block-sparse export"),
 ])
 def test_stages_that_assume_llama_norms_are_refused_before_any_stage(stages, export, named, tmp_path):
     recipe = f"name: r\nstages: {stages}\nexport: {export}\n"

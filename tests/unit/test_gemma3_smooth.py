@@ -15,7 +15,6 @@ torch = pytest.importorskip("torch")
 
 import edgesdk.recipes  # noqa: E402
 from edgesdk.compress import fake_quant, smooth  # noqa: E402
-from edgesdk.errors import BuildError  # noqa: E402
 from tests._utils.builds import QDQ_RECIPE, build_tiny_bundle  # noqa: E402
 from tests._utils.tiny import CORPUS, save_tiny_model_dir, tiny_llama, tiny_tokenizer  # noqa: E402
 
@@ -149,18 +148,17 @@ def test_llama_and_qwen3_norms_are_still_divided_by_the_scales(model_type):
         torch.testing.assert_close(after(batch).logits, model(batch).logits, rtol=1e-4, atol=1e-4)
 
 
-def test_the_jetson_recipe_is_refused_for_its_sparse_export_only_and_names_int8_qdq(tmp_path):
-    """A Gemma 3 model on a Jetson target: the default recipe (smooth, qat, block-sparse export) is refused for
-    the block-sparse export alone, and the fix names the shipped recipe that builds."""
+def test_the_jetson_recipe_builds_a_gemma3_bundle_with_windowed_kernels(tmp_path):
+    """A Gemma 3 model on a Jetson target with its default recipe (smooth, qat INT8, the QDQ graph and the
+    block-sparse weights with kernels compiled for sm_87): the build validates, and the sliding layers' window
+    has its own decode-attention kernels (named _w4)."""
     jetson = (Path(edgesdk.recipes.__file__).parent / "jetson.yaml").read_text()
     model_dir = save_tiny_model_dir(tmp_path / "model", **GEMMA3)
-    with pytest.raises(BuildError) as refused:
-        build_tiny_bundle(tmp_path, jetson, "orin-nx", model_dir=model_dir)
-    assert refused.value.problem.startswith("a Gemma 3 model cannot go through the block-sparse export "
-                                            "(export.sparse):")
-    assert "smooth" not in refused.value.problem
-    assert "--recipe int8-qdq" in refused.value.fix
-    assert not (tmp_path / "b.build").exists()
+    bundle = build_tiny_bundle(tmp_path, jetson, "orin-nx", model_dir=model_dir, generated_sequences=0)
+    assert [stage["stage"] for stage in bundle.manifest["stages"]] == ["smooth", "qat"]
+    kernels = [path.name for path in (bundle.path / "kernels" / "sm_87").iterdir()]
+    assert any("_w4" in name for name in kernels), kernels
+    assert any("gqa" in name and "_w" not in name for name in kernels), kernels  # the global layer's
 
 
 def test_a_gemma3_smooth_qat_int8_build_for_a_jetson_validates(tmp_path):
