@@ -289,6 +289,8 @@ class Completer:
             if request.prompt_tokens:
                 ids = list(request.prompt_tokens)
                 vocabulary = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+                rows = getattr(self.runtime.backend, "vocab_size", None)  # ids past the model's rows it cannot read
+                vocabulary = min(vocabulary, rows) if rows else vocabulary
                 if max(ids) >= vocabulary:
                     raise ApiError(400, f"'prompt' holds token id {max(ids)}; this model's vocabulary has ids 0 to "
                                    f"{vocabulary - 1}", param="prompt")
