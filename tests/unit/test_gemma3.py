@@ -33,7 +33,9 @@ def _recipe(form: str, weights: str, stages: str = "[]") -> str:
 @pytest.mark.parametrize("form", ["ort-fused", "standard"])
 def test_greedy_decoding_far_past_the_window_gives_transformers_tokens(form, tmp_path):
     """40 greedy tokens after a 6-token prompt, ten times the window: the bundle's runtime (its KV cache, the
-    fused graph's GroupQueryAttention window or the standard graph's mask) and transformers' generate agree."""
+    fused graph's GroupQueryAttention window or the standard graph's mask) and transformers' generate agree.
+    A repetition penalty over the whole context (llama.cpp's, as transformers' repetition_penalty computes it)
+    makes each step pick a new token, where the random model alone repeats one whatever the window."""
     from transformers import AutoModelForCausalLM
 
     from edgesdk.runtime.generate import SamplingConfig, generate
@@ -44,12 +46,14 @@ def test_greedy_decoding_far_past_the_window_gives_transformers_tokens(form, tmp
         assert bundle.manifest["graph"]["min_onnxruntime"] == [1, 24]
     runtime = open_runtime(bundle.path, threads=1)
     prompt = [5, 17, 120, 33, 250, 9]
-    tokens, _ = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=40), stop_ids=set())
+    sampling = SamplingConfig(max_new_tokens=40, repeat_penalty=3.0, repeat_last_n=-1)
+    tokens, _ = generate(runtime.backend, prompt, sampling, stop_ids=set())
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"), dtype=torch.float32).eval()
     with torch.no_grad():
         expected = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, min_new_tokens=40,
-                                  pad_token_id=0)[0, len(prompt):].tolist()
+                                  pad_token_id=0, repetition_penalty=3.0)[0, len(prompt):].tolist()
     assert tokens == expected
+    assert len(set(tokens)) > 20  # the steps' logits all count
 
 
 def test_an_older_onnxruntime_is_refused_for_a_windowed_graph():
