@@ -28,6 +28,7 @@ from edgesdk.kernels.reference import gqa_decode_attention_reference  # noqa: E4
 from edgesdk.kernels.tuning import tuning_for  # noqa: E402
 from tests._utils.tiny import tiny_llama  # noqa: E402
 from tests.unit.test_gemma3 import GEMMA3  # noqa: E402
+from tests.unit.test_kernels import attention_inputs  # noqa: E402
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="the interpreted kernel needs triton (pip install edgesdk[kernels])")
@@ -38,14 +39,6 @@ def _report(label: str, diff: float, bound: float, record_property) -> None:
     record_property("max_abs_diff", diff)
     print(f"\n[max abs diff] {label}: {diff:.3e} (bound {bound:.1e})")
     assert diff <= bound, f"{label}: max abs diff {diff} > {bound}"
-
-
-def _attention_inputs(b, hq, hkv, d, t_max, lengths, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, hq, d, generator=gen)
-    k = torch.randn(b, hkv, t_max, d, generator=gen)
-    v = torch.randn(b, hkv, t_max, d, generator=gen)
-    return q, k, v, torch.tensor(lengths, dtype=torch.int32)
 
 
 # ---------------------------------------------------------------------------------------------- the kernel
@@ -63,7 +56,7 @@ WINDOW_CASES = [  # (Hq, Hkv, D, T_max, lengths, window)
 @pytest.mark.parametrize(("hq", "hkv", "d", "t_max", "lengths", "window"), WINDOW_CASES)
 def test_the_windowed_decode_kernel_matches_its_twin_under_the_interpreter(hq, hkv, d, t_max, lengths, window,
                                                                           record_property):
-    q, k, v, lens = _attention_inputs(len(lengths), hq, hkv, d, t_max, lengths, seed=hq * d + window)
+    q, k, v, lens = attention_inputs(len(lengths), hq, hkv, d, t_max, lengths, seed=hq * d + window)
     out = gqa_decode_attention(q, k, v, lens, 0.2, mode="emulated", tuning=TILE_16, window=window)
     ref = gqa_decode_attention(q, k, v, lens, 0.2, mode="reference", window=window)
     assert out.shape == (len(lengths), hq, d)
@@ -76,7 +69,7 @@ def test_the_windowed_decode_kernel_matches_its_twin_under_the_interpreter(hq, h
 
 def test_the_twin_reads_the_last_window_positions_only():
     """The twin against its definition: softmax over keys length - window .. length - 1 of each row."""
-    q, k, v, lens = _attention_inputs(2, 6, 2, 16, 12, [12, 3])
+    q, k, v, lens = attention_inputs(2, 6, 2, 16, 12, [12, 3])
     out = gqa_decode_attention_reference(q, k, v, lens, 0.25, window=5)
     kk, vv = k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1)  # (B, Hq, T, D)
     for b, length in enumerate(lens.tolist()):
@@ -89,7 +82,7 @@ def test_the_twin_reads_the_last_window_positions_only():
 def test_positions_before_the_window_are_never_part_of_the_output(mode, record_property):
     """Entries before the window may hold anything (NaN, inf): they are outside the query's view as the ones
     past its length are."""
-    q, k, v, lens = _attention_inputs(1, 4, 2, 16, 20, [20])
+    q, k, v, lens = attention_inputs(1, 4, 2, 16, 20, [20])
     clean = gqa_decode_attention_reference(q, k, v, lens, 0.25, window=6)
     k[:, :, :14], v[:, :, :14] = float("nan"), float("inf")  # positions 0..13; the window is 14..19
     out = gqa_decode_attention(q, k, v, lens, 0.25, mode=mode, tuning=TILE_16, window=6)
@@ -100,7 +93,7 @@ def test_positions_before_the_window_are_never_part_of_the_output(mode, record_p
 @pytest.mark.parametrize("mode", ["reference", pytest.param("emulated", marks=needs_triton)])
 @pytest.mark.parametrize("window", [0, -3, 2.5, True])
 def test_a_window_that_is_not_a_positive_count_is_refused(mode, window):
-    q, k, v, lens = _attention_inputs(1, 4, 2, 16, 8, [8])
+    q, k, v, lens = attention_inputs(1, 4, 2, 16, 8, [8])
     with pytest.raises(ValueError, match=r"window must be None \(full attention\) or the number of positions a "
                                          r"query sees, itself included: an integer in \[1, 2147483647\]"):
         gqa_decode_attention(q, k, v, lens, 0.25, mode=mode, tuning=TILE_16, window=window)
