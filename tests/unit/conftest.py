@@ -1,4 +1,5 @@
-"""Fixtures the serve tests share: the tiny bundle's runtime (one per test module) and a real server over it.
+"""Fixtures the serve and speculative-decoding tests share: the tiny bundle's runtime (one per test module), a
+real server over it, and the bundle opened twice as a target and a draft model of the same weights.
 
 A test module that needs other settings defines its own ``runtime`` or ``served``, which take precedence."""
 
@@ -22,3 +23,19 @@ def served(runtime):
     server = Served(runtime, ServeDefaults(max_tokens=16))
     yield server
     server.close()
+
+
+@pytest.fixture(scope="module")
+def target(tiny_bundle):
+    """The tiny bundle as the model a draft model drafts for."""
+    from edgesdk.runtime.session import open_runtime
+
+    return open_runtime(tiny_bundle.path, threads=1)
+
+
+@pytest.fixture(scope="module")
+def same_model(tiny_bundle):
+    """The tiny bundle opened a second time, as a draft model with the target's own weights."""
+    from edgesdk.runtime.session import open_runtime
+
+    return open_runtime(tiny_bundle.path, threads=1)

@@ -19,20 +19,6 @@ PROMPT = [5, 17, 120, 33, 250, 9, 64, 199]
 
 
 @pytest.fixture(scope="module")
-def target(tiny_bundle):
-    from edgesdk.runtime.session import open_runtime
-
-    return open_runtime(tiny_bundle.path, threads=1)
-
-
-@pytest.fixture(scope="module")
-def same_model(tiny_bundle):
-    from edgesdk.runtime.session import open_runtime
-
-    return open_runtime(tiny_bundle.path, threads=1)
-
-
-@pytest.fixture(scope="module")
 def other_model(tmp_path_factory):
     from edgesdk.runtime.session import open_runtime
     from tests._utils.builds import build_tiny_bundle

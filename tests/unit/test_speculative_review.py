@@ -14,20 +14,6 @@ from edgesdk.runtime.speculative import DraftConfig, DraftModel
 PROMPT = [5, 17, 120, 33, 250, 9, 64, 199]
 
 
-@pytest.fixture(scope="module")
-def target(tiny_bundle):
-    from edgesdk.runtime.session import open_runtime
-
-    return open_runtime(tiny_bundle.path, threads=1)
-
-
-@pytest.fixture(scope="module")
-def same_model(tiny_bundle):
-    from edgesdk.runtime.session import open_runtime
-
-    return open_runtime(tiny_bundle.path, threads=1)
-
-
 class DraftWatchingHook:
     """A StepHook that notes, at each call, how far the draft model has got (its drafted count and cache)."""
 
