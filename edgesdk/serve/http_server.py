@@ -177,8 +177,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.close_connection = True
         if code == 501:
             text += f"; this server has {ROUTES}"
-        self._send_json(code, ApiError(code, text, code="unsupported_method" if code == 501 else None,
-                                       kind="invalid_request_error").body())
+        self._send_refusal(code, ApiError(code, text, code="unsupported_method" if code == 501 else None,
+                                          kind="invalid_request_error").body())
 
     def _serve(self, handle) -> None:
         route = self.path.split("?", 1)[0]
@@ -192,13 +192,13 @@ class ApiHandler(BaseHTTPRequestHandler):
         except ApiError as exc:
             if self.command == "POST" and not self._body_read:
                 self.close_connection = True  # an unread body would be taken for the next request
-            self._send_json(exc.status, self._error_body(exc))
+            self._send_refusal(exc.status, self._error_body(exc))
         except (ConnectionError, TimeoutError):  # BrokenPipeError, ConnectionResetError, ClientGone; a stalled write
             self.close_connection = True  # the client went away (or stopped reading); nothing left to answer
         except Exception as exc:  # a fault of this server: a 500 that says what, and the trace in its log
             traceback.print_exc(file=sys.stderr)
-            self._send_json(500, self._error_body(ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
-                                                           kind="server_error")))
+            self._send_refusal(500, self._error_body(ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
+                                                              kind="server_error")))
         finally:
             if self._answering:
                 self.server.answer_ended()
@@ -378,7 +378,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             except ApiError as exc:
                 self.close_connection = True
                 self._anthropic = _api_route(self.path.split("?", 1)[0]) in anthropic.ROUTES
-                self._send_json(exc.status, self._error_body(exc))
+                self._send_refusal(exc.status, self._error_body(exc))
                 return False
         return super().handle_expect_100()
 
@@ -527,6 +527,15 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _event(self, body: dict) -> None:
         self.wfile.write(b"data: " + json.dumps(body, ensure_ascii=False).encode("utf-8") + b"\n\n")
         self.wfile.flush()
+
+    def _send_refusal(self, status: int, body: dict) -> None:
+        """An error's answer. A client that went away before it was written (a queued request's client that left
+        before the stop's 503) or stopped reading is let go, as after a failed write of an answer, rather than
+        the write's error reaching socketserver, which prints its traceback to the log."""
+        try:
+            self._send_json(status, body)
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
 
     def _send_json(self, status: int, body: dict | list) -> None:
         self._send_body(status, json.dumps(body, ensure_ascii=False).encode("utf-8"), "application/json")

@@ -1,0 +1,36 @@
+"""``edgesdk serve``: what a client meets over real HTTP against the tiny bundle (real sockets, real sessions)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from edgesdk.serve.completion import ServeDefaults
+from tests.unit.test_serve_review import PROMPT, RESET_ON_CLOSE, CountingHook, Served, post_bytes, wait_for
+
+
+def test_an_error_for_a_client_that_left_is_dropped_without_a_traceback(runtime, capfd):
+    """A queued request whose client reset its connection gets the stop's 503 at its turn: the write fails, and the
+    server lets the connection go as it does a failed write of an answer, without socketserver's traceback."""
+    hook = CountingHook(hold_at=1)
+    server = Served(runtime, ServeDefaults(max_tokens=4), hook=hook)
+    try:
+        first = server.raw(post_bytes({"prompt": PROMPT}))
+        assert hook.held.wait(30)
+        leaving = server.raw(post_bytes({"prompt": PROMPT, "max_tokens": 4}))
+        assert wait_for(lambda: server.completer.waiting == 1)
+        leaving.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
+        leaving.close()
+        stopper = threading.Thread(target=server.server.stop_answers, kwargs={"timeout": 30})
+        stopper.start()
+        assert wait_for(lambda: server.completer.stopping)
+        hook.release.set()
+        stopper.join(60)
+        assert first.recv(4096).startswith(b"HTTP/1.1 503")
+        first.close()
+        assert wait_for(lambda: server.server._answering == 0)
+    finally:
+        hook.release.set()
+        server.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
