@@ -110,7 +110,7 @@ def check_exportable(model_config, config: ExportConfig) -> None:
             f"{FUSED_HEAD_DIM_MULTIPLE}",
             "export it in the standard form (e.g. --recipe fp32-standard, or --set export.form=standard with "
             "fp32 or int8 weights)")
-    context = min(config.max_context, int(getattr(model_config, "max_position_embeddings", config.max_context)))
+    context = bundle_context(model_config, config)
     check_rope(model_config, context)
     window = sliding_window(model_config)
     if window is not None and window < context:
@@ -118,6 +118,23 @@ def check_exportable(model_config, config: ExportConfig) -> None:
             f"the model attends over a sliding window of {window} tokens, shorter than the bundle's context of "
             f"{context}; the exported graph attends over the whole context, so it would differ past {window} tokens",
             f"pass --max-context {window} (or less): within the window the two are the same")
+
+
+def bundle_context(model_config, config: ExportConfig) -> int:
+    """The context the graph is exported for: ``config.max_context``, bounded by the model's
+    ``max_position_embeddings`` (the rotary table's length); refused when under MIN_CONTEXT, naming which of the
+    two sets it."""
+    limit = int(getattr(model_config, "max_position_embeddings", config.max_context))
+    context = min(config.max_context, limit)
+    if context >= MIN_CONTEXT:
+        return context
+    if limit < config.max_context:
+        raise ExportError(
+            f"the model's max_position_embeddings is {limit}, which bounds the bundle's context (the graph's rotary "
+            f"table covers the model's positions only); a bundle needs a context of at least {MIN_CONTEXT} tokens",
+            f"use a model whose max_position_embeddings is {MIN_CONTEXT} or more")
+    raise ExportError(f"max_context {config.max_context} is too short: a bundle needs a context of at least "
+                      f"{MIN_CONTEXT} tokens", f"use --max-context {MIN_CONTEXT} or more")
 
 
 # Rotary types (transformers' rope_type) whose frequencies are fixed: the graph's cos/sin tables are theirs.
@@ -194,10 +211,7 @@ def sliding_window(model_config) -> int | None:
 def export_model(model, out_dir: Path, config: ExportConfig = ExportConfig()) -> GraphSpec:
     """Emit ``model.onnx`` + ``model.onnx.data`` into ``out_dir`` and return the graph spec."""
     check_exportable(model.config, config)
-    limit = int(getattr(model.config, "max_position_embeddings", config.max_context))
-    max_context = min(config.max_context, limit)
-    if max_context < MIN_CONTEXT:
-        raise ExportError(f"max_context {max_context} is too short", f"use --max-context {MIN_CONTEXT} or more")
+    max_context = bundle_context(model.config, config)
     weights = decoder_weights_from_hf(model)
     power = getattr(model.config, "edgesdk_power", None)  # power adapters (edgesdk/power): the gated graph
     if power and config.form == "standard":
