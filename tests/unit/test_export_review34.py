@@ -30,3 +30,24 @@ def test_a_context_option_under_the_minimum_still_names_the_option():
     with pytest.raises(ExportError, match="max_context 8 is too short") as refused:
         check_exportable(model.config, ExportConfig(max_context=8))
     assert "--max-context 16" in refused.value.fix
+
+
+def test_a_graph_giving_nan_where_the_model_is_finite_is_called_an_exporter_fault(tmp_path):
+    """NaN logits from the graph alone (the model's are finite) are not a diverged stage: the error says the
+    graph computes something else, where its fix told the user to check the stages' lr and rebuild."""
+    import numpy as np
+    import onnx
+
+    from edgesdk.export.validate import ValidationConfig, validate_export
+
+    model = tiny_llama()
+    spec = export_model(model, tmp_path, ExportConfig(max_context=32))
+    proto = onnx.load(str(tmp_path / MODEL_FILE), load_external_data=False)
+    norm = next(t for t in proto.graph.initializer if t.name == "final_norm.weight")
+    norm.CopyFrom(onnx.numpy_helper.from_array(np.full(model.config.hidden_size, np.nan, np.float32), norm.name))
+    onnx.save_model(proto, str(tmp_path / MODEL_FILE))
+    with pytest.raises(ExportError, match="the exported graph gives non-finite values") as raised:
+        validate_export(model, tmp_path / MODEL_FILE, spec, ValidationConfig(prompts=1, decode_steps=1))
+    assert "PyTorch model's are finite" in raised.value.problem
+    assert "exporter bug" in raised.value.fix
+    assert "--resume" not in raised.value.fix
