@@ -511,12 +511,15 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     @staticmethod
     def _in_stream_error(exc: Exception) -> ApiError:
-        """An error raised once a stream's headers are out, as the ApiError its last event carries."""
+        """An error raised once a stream's headers are out, as the ApiError its last event carries (an
+        EdgeSDKError's problem with its fix, as the project's errors give both)."""
         if not isinstance(exc, EdgeSDKError):
             traceback.print_exc(file=sys.stderr)
-        return exc if isinstance(exc, ApiError) else ApiError(
-            500, exc.problem if isinstance(exc, EdgeSDKError) else f"internal error: {type(exc).__name__}: {exc}",
-            kind="server_error")
+        if isinstance(exc, ApiError):
+            return exc
+        if isinstance(exc, EdgeSDKError):
+            return ApiError(500, exc.problem if exc.fix is None else f"{exc.problem}; {exc.fix}", kind="server_error")
+        return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
 
     def _named_event(self, name: str, body: dict) -> None:
         """A server-sent event with its name (Anthropic's streams name each event)."""

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 
+from edgesdk.errors import EdgeSDKError
 from edgesdk.serve.completion import ServeDefaults
-from tests.unit.test_serve_review import PROMPT, RESET_ON_CLOSE, CountingHook, Served, post_bytes, wait_for
+from tests.unit.test_serve_review import (
+    PROMPT,
+    RESET_ON_CLOSE,
+    CountingHook,
+    Served,
+    post_bytes,
+    read_until_closed,
+    wait_for,
+)
 
 
 def test_an_error_for_a_client_that_left_is_dropped_without_a_traceback(runtime, capfd):
@@ -34,3 +44,27 @@ def test_an_error_for_a_client_that_left_is_dropped_without_a_traceback(runtime,
         server.close()
     err = capfd.readouterr().err
     assert "Traceback" not in err, err
+
+
+class FailingHook(CountingHook):
+    """A StepHook whose decode steps fail with an EdgeSDKError that carries its fix, as the thermal watch's
+    BoardNeverCooled does."""
+
+    def before_step(self, kind):
+        if kind == "decode":
+            raise EdgeSDKError("the board never cooled below the guard's resume point", "lower --ambient")
+        return 0.0
+
+
+def test_an_error_in_a_stream_keeps_its_fix(runtime):
+    """An error raised once a stream's headers are out is its last event, with the fix the error names."""
+    server = Served(runtime, ServeDefaults(max_tokens=8), hook=FailingHook())
+    try:
+        client = server.raw(post_bytes({"prompt": PROMPT, "max_tokens": 8, "stream": True}))
+        reply = read_until_closed(client).decode()
+    finally:
+        server.close()
+    assert reply.startswith("HTTP/1.1 200"), reply
+    last = json.loads(reply.rstrip().rsplit("data: ", 1)[1])
+    assert "never cooled" in last["error"]["message"]
+    assert "lower --ambient" in last["error"]["message"], last
