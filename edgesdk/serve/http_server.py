@@ -195,10 +195,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_refusal(exc.status, self._error_body(exc))
         except (ConnectionError, TimeoutError):  # BrokenPipeError, ConnectionResetError, ClientGone; a stalled write
             self.close_connection = True  # the client went away (or stopped reading); nothing left to answer
-        except Exception as exc:  # a fault of this server: a 500 that says what, and the trace in its log
-            traceback.print_exc(file=sys.stderr)
-            self._send_refusal(500, self._error_body(ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
-                                                              kind="server_error")))
+        except Exception as exc:  # an edgesdk error (its problem and fix), or a fault of this server (traced in its log)
+            self._send_refusal(500, self._error_body(self._server_error(exc)))
         finally:
             if self._answering:
                 self.server.answer_ended()
@@ -485,7 +483,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         except Exception as exc:
             if not started:
                 raise
-            error_event(self._in_stream_error(exc))
+            error_event(self._server_error(exc))
             return None
 
     def _client_gone(self) -> bool:
@@ -510,9 +508,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     @staticmethod
-    def _in_stream_error(exc: Exception) -> ApiError:
-        """An error raised once a stream's headers are out, as the ApiError its last event carries (an
-        EdgeSDKError's problem with its fix, as the project's errors give both)."""
+    def _server_error(exc: Exception) -> ApiError:
+        """An error raised while answering, as the ApiError the 500 (or, once a stream's headers are out, its last
+        event) carries: an EdgeSDKError's problem with its fix, as the project's errors give both; any other
+        exception is a fault of this server, named as an internal error and traced in the log."""
         if not isinstance(exc, EdgeSDKError):
             traceback.print_exc(file=sys.stderr)
         if isinstance(exc, ApiError):

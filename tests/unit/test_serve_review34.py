@@ -68,3 +68,17 @@ def test_an_error_in_a_stream_keeps_its_fix(runtime):
     last = json.loads(reply.rstrip().rsplit("data: ", 1)[1])
     assert "never cooled" in last["error"]["message"]
     assert "lower --ambient" in last["error"]["message"], last
+
+
+def test_an_edgesdk_error_in_a_whole_answer_is_its_problem_and_fix_not_an_internal_error(runtime, capfd):
+    """The error a stream ends with is the whole answer's 500 too: the problem and its fix, not 'internal error:'
+    with the exception's class and a traceback in the log, which is for faults of the server."""
+    server = Served(runtime, ServeDefaults(max_tokens=8), hook=FailingHook())
+    try:
+        status, body = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 8})
+    finally:
+        server.close()
+    assert status == 500
+    assert body["error"]["message"] == "the board never cooled below the guard's resume point; lower --ambient"
+    assert body["error"]["type"] == "server_error"
+    assert "Traceback" not in capfd.readouterr().err
