@@ -89,6 +89,10 @@ def _function(tool: object, index: int) -> dict:
     parameters = function.get("parameters")
     if parameters is None or parameters == {}:  # absent, null or {}: a function that takes no arguments
         parameters = NO_PARAMETERS
+    if isinstance(parameters, str):  # compile_schema would read it as JSON text; here the schema is the object
+        raise ToolError(f"{param}.function.parameters must be a JSON schema object, got a string "
+                        f"{json.dumps(parameters)[:60]}; send the schema itself, not its JSON text",
+                        f"{param}.function.parameters")
     try:
         compile_schema(parameters)  # refused here, naming the tool, rather than inside the combined schema
     except SchemaError as exc:

@@ -82,3 +82,23 @@ def test_an_edgesdk_error_in_a_whole_answer_is_its_problem_and_fix_not_an_intern
     assert body["error"]["message"] == "the board never cooled below the guard's resume point; lower --ambient"
     assert body["error"]["type"] == "server_error"
     assert "Traceback" not in capfd.readouterr().err
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def test_a_tool_s_parameters_sent_as_json_text_are_refused_naming_the_field(served):
+    """A client that sends a tool's schema as its JSON text (json.dumps of the object) met a 500 AttributeError;
+    it is a 400 naming the field in the route's own terms, as OpenAI refuses a string there."""
+    chat = {"messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": json.dumps(SCHEMA)}}]}
+    status, body = served.post("/v1/chat/completions", chat)
+    assert status == 400, body
+    assert body["error"]["param"] == "tools[0].function.parameters"
+    assert "string" in body["error"]["message"]
+    message = {"max_tokens": 8, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+               "tools": [{"name": "get_weather", "input_schema": json.dumps(SCHEMA)}]}
+    status, body = served.post("/v1/messages", message)
+    assert status == 400, body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"].startswith("tools[0].input_schema ")
