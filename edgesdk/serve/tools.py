@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass
@@ -222,18 +223,27 @@ def tool_result_text(name: str | None, content: str) -> str:
 
 def read_answer(text: str, complete: bool) -> tuple[str | None, list[dict] | None]:
     """(content, tool_calls) of an answer written under a tools schema; an incomplete one (cut by max_tokens,
-    or by a stop string, whose answer also ends as "stop") is returned as text."""
+    or by a stop string, whose answer also ends as "stop") is returned as text, and so is one holding a number
+    the answer's JSON cannot carry on (the schema takes any digits: 1e999 is past a double, which JSON's text
+    has no Infinity for, and Python reads no integer past 4,300 digits)."""
     if not complete:
         return text, None
     try:
-        answer = json.loads(text)
-    except json.JSONDecodeError:  # a stop string cut the JSON: the schema lets only a whole answer parse
+        answer = json.loads(text, parse_float=_finite)
+    except ValueError:  # a stop string cut the JSON (the schema lets only a whole answer parse), or such a number
         return text, None
     if "response" in answer:
         return answer["response"], None
     call = answer["tool_call"]
     return None, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                    "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}]
+
+
+def _finite(number: str) -> float:
+    value = float(number)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {number[:40]} is past a double's range")
+    return value
 
 
 def answer_message(text: str, finish_reason: str) -> tuple[dict, str]:

@@ -6,8 +6,11 @@ import json
 import socket
 import threading
 
+import pytest
+
 from edgesdk.errors import EdgeSDKError
 from edgesdk.serve.completion import ServeDefaults
+from edgesdk.serve.tools import answer_message
 from tests.unit.test_serve_review import (
     PROMPT,
     RESET_ON_CLOSE,
@@ -102,3 +105,15 @@ def test_a_tool_s_parameters_sent_as_json_text_are_refused_naming_the_field(serv
     assert status == 400, body
     assert body["error"]["type"] == "invalid_request_error"
     assert body["error"]["message"].startswith("tools[0].input_schema ")
+
+
+@pytest.mark.parametrize("number", ["1e999", "-1e999", "9" * 5000])
+def test_a_call_holding_a_number_json_cannot_carry_comes_back_as_its_text(number):
+    """The tools schema takes a number of any digits. 1e999 became Infinity, which is no JSON, in the call's
+    arguments (and in a Messages answer's body); an integer past Python's 4,300 digits was a ValueError, a 500,
+    or in a stream a second status line after the events. The answer is its text, as a cut answer is."""
+    text = '{"tool_call": {"name": "f", "arguments": {"x": ' + number + "}}}"
+    assert answer_message(text, "stop") == ({"content": text}, "stop")
+    fields, finish = answer_message(text.replace(number, "1.5e300"), "stop")
+    assert finish == "tool_calls"
+    assert json.loads(fields["tool_calls"][0]["function"]["arguments"]) == {"x": 1.5e300}
