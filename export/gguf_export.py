@@ -58,6 +58,12 @@ HEAD_NORMED = {"qwen3", "gemma3_text"}
 GEMMA3_GLOBAL_EVERY = 6  # llama.cpp's gemma3: layer i attends globally when i % 6 == 5 (set_swa_pattern(6))
 GEMMA3_LOCAL_ROPE_BASE = 10_000.0  # and rotates its sliding layers at this base (rope_freq_base_train_swa)
 GEMMA3_27B_LAYERS = 62  # the one size whose softmax scale llama.cpp takes as 1/sqrt(width / heads)
+
+
+def gemma3_query_scalar(layers: int, width: int, heads: int, head_dim: int) -> float:
+    """The query_pre_attn_scalar llama.cpp's gemma3 computes with (softmax scale = its ** -1/2): the head size,
+    or width / heads for the 27B's 62 layers (``llama-model.cpp``, LLM_ARCH_GEMMA3)."""
+    return width / heads if layers == GEMMA3_27B_LAYERS else float(head_dim)
 PER_LAYER_ARCHITECTURE = ("deci", True)  # layers of different shapes, any of the model types above
 # GGUF architectures whose llama.cpp loader takes the query projection as (width x width), not heads x head size
 QUERY_AS_WIDE_AS_MODEL = {"qwen2"}
@@ -237,8 +243,7 @@ def check_gemma3_layout(decoder: BundleDecoder, bundle_dir: Path) -> None:
     if not math.isclose(decoder.embed_scale, math.sqrt(decoder.hidden_size), rel_tol=1e-6):
         problems.append(f"its embedding is scaled by {decoder.embed_scale:.6g}, where llama.cpp scales by "
                         f"sqrt({decoder.hidden_size})")
-    width_per_head = decoder.hidden_size / layers[0].heads
-    expected = width_per_head ** -0.5 if len(layers) == GEMMA3_27B_LAYERS else decoder.head_dim ** -0.5
+    expected = gemma3_query_scalar(len(layers), decoder.hidden_size, layers[0].heads, decoder.head_dim) ** -0.5
     scale = decoder.attention_scale if decoder.attention_scale is not None else decoder.head_dim ** -0.5
     if not math.isclose(scale, expected, rel_tol=1e-6):
         problems.append(f"its attention scale is {scale:.6g} (query_pre_attn_scalar {scale ** -2:.6g}), where "

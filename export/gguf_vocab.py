@@ -10,9 +10,9 @@ Two kinds are written:
   ``<0xNN>`` byte tokens. It is stored as llama.cpp's ``llama`` (SPM) tokenizer model, which merges the
   adjacent pair whose joined token has the highest score: a token's score is minus the rank of the
   first merge that makes it (below every merge for a token none makes), so llama.cpp merges in the
-  order the BPE ranks them. The byte tokens are
-  typed BYTE (llama.cpp's byte fallback), and ``add_space_prefix`` says whether a U+2581 is put in
-  front of the text (Llama 2's normalizer does, Gemma's does not).
+  order the BPE ranks them. The byte tokens are typed BYTE (llama.cpp's byte fallback), and
+  ``add_space_prefix`` says whether a U+2581 is put in front of the text (Llama 2's normalizer does,
+  Gemma's does not).
 
 For byte-level BPE: llama.cpp splits text before BPE with a regex chosen by
 ``tokenizer.ggml.pre``; the pre-tokenizers it is picked from here are those whose regexes are
@@ -62,25 +62,31 @@ def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str 
     """Read ``path``; ``vocab_size`` is the model's (rows of its embedding), which the vocabulary must fill."""
     spec = json.loads(Path(path).read_text(encoding="utf-8"))
     model = spec.get("model") or {}
-    if model.get("type") == "BPE" and model.get("byte_fallback") and _sentencepiece_spaces(spec) is not None:
-        return _sentencepiece_vocab(spec, path, bos_token, eos_token, vocab_size)
+    prefix_space = _sentencepiece_spaces(spec)
+    if model.get("type") == "BPE" and model.get("byte_fallback") and prefix_space is not None:
+        return _sentencepiece_vocab(spec, path, bos_token, eos_token, vocab_size, prefix_space)
     if model.get("type") != "BPE" or not _byte_level(spec.get("decoder")):
         raise ExportError(f"{path}: tokenizer model {model.get('type')!r} with decoder "
                           f"{(spec.get('decoder') or {}).get('type')!r}; GGUF export writes byte-level BPE and "
                           "SentencePiece BPE (byte fallback, spaces as U+2581) only",
                           "export a model with one of those tokenizers, or run the bundle with edgesdk")
     pre = _pre_tokenizer_name(spec.get("pre_tokenizer"), path)
-    tokens, types, missing = _tokens_by_id(spec, path, vocab_size)
+    tokens, types = _tokens_by_id(spec, path, vocab_size)
     merges = [" ".join(pair) if isinstance(pair, list) else pair for pair in model.get("merges", [])]
-    ids = {token: i for i, token in enumerate(tokens)}
     return GGUFVocab(tokens=tokens, token_types=types, merges=merges, pre=pre,
-                     bos_id=ids.get(bos_token) if bos_token else None, eos_id=ids.get(eos_token) if eos_token else None,
-                     unk_id=ids.get(model.get("unk_token")) if model.get("unk_token") else None,
-                     add_bos=_adds_bos(spec.get("post_processor"), bos_token))
+                     **_special_ids(spec, tokens, bos_token, eos_token))
 
 
-def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], list[int], set[int]]:
-    """The tokens in id order, llama.cpp's type of each, and the ids no token has (padding rows)."""
+def _special_ids(spec: dict, tokens: list[str], bos_token: str | None, eos_token: str | None) -> dict:
+    """GGUFVocab's bos_id, eos_id, unk_id (None where the tokenizer has none) and add_bos."""
+    ids = {token: i for i, token in enumerate(tokens)}
+    unk = spec["model"].get("unk_token")
+    return {"bos_id": ids.get(bos_token) if bos_token else None, "eos_id": ids.get(eos_token) if eos_token else None,
+            "unk_id": ids.get(unk) if unk else None, "add_bos": _adds_bos(spec.get("post_processor"), bos_token)}
+
+
+def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], list[int]]:
+    """The tokens in id order and llama.cpp's type of each (padding rows, which no token has: UNUSED)."""
     model = spec["model"]
     by_id = {int(index): token for token, index in model["vocab"].items()}
     special = set()
@@ -100,7 +106,7 @@ def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], l
     tokens = [by_id[i] for i in range(vocab_size)]
     types = [CONTROL if i in special else USER_DEFINED if i in user_defined else UNUSED if i in missing else NORMAL
              for i in range(vocab_size)]
-    return tokens, types, missing
+    return tokens, types
 
 
 def _sentencepiece_spaces(spec: dict) -> bool | None:
@@ -122,10 +128,10 @@ def _sentencepiece_spaces(spec: dict) -> bool | None:
 
 
 def _sentencepiece_vocab(spec: dict, path: Path, bos_token: str | None, eos_token: str | None,
-                         vocab_size: int) -> GGUFVocab:
+                         vocab_size: int, prefix_space: bool) -> GGUFVocab:
     """llama.cpp's ``llama`` tokenizer model for a SentencePiece BPE ``spec`` (module docstring)."""
     model = spec["model"]
-    tokens, types, missing = _tokens_by_id(spec, path, vocab_size)
+    tokens, types = _tokens_by_id(spec, path, vocab_size)
     rank_of: dict[str, int] = {}
     for rank, pair in enumerate(model.get("merges", [])):
         left, right = pair if isinstance(pair, list) else pair.split(" ", 1)
@@ -134,16 +140,13 @@ def _sentencepiece_vocab(spec: dict, path: Path, bos_token: str | None, eos_toke
     for i, token in enumerate(tokens):
         if types[i] == NORMAL and BYTE_TOKEN.fullmatch(token):
             types[i] = BYTE
-        elif token == unk and i not in missing:
+        elif token == unk:  # a padding row is named [PADn], never the unknown token
             types[i] = UNKNOWN
     # A NORMAL token no merge makes (a single character) ranks below every merge; the others are never merged.
     last = float(len(model.get("merges", [])))
     scores = [(-float(rank_of.get(token, last)) if types[i] == NORMAL else 0.0) for i, token in enumerate(tokens)]
-    ids = {token: i for i, token in enumerate(tokens)}
-    return GGUFVocab(tokens=tokens, token_types=types, merges=[], pre="default",
-                     bos_id=ids.get(bos_token) if bos_token else None, eos_id=ids.get(eos_token) if eos_token else None,
-                     unk_id=ids.get(unk) if unk else None, add_bos=_adds_bos(spec.get("post_processor"), bos_token),
-                     model="llama", scores=scores, add_space_prefix=bool(_sentencepiece_spaces(spec)))
+    return GGUFVocab(tokens=tokens, token_types=types, merges=[], pre="default", model="llama", scores=scores,
+                     add_space_prefix=prefix_space, **_special_ids(spec, tokens, bos_token, eos_token))
 
 
 def _byte_level(component) -> bool:

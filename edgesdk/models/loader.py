@@ -26,7 +26,6 @@ SUPPORTED_ARCHITECTURES = {
 }
 # the FFN activation each architecture's graphs compute (transformers' names)
 FFN_ACTIVATIONS = {"gemma3_text": ("gelu_pytorch_tanh",)}
-GEMMA3_27B_LAYERS = 62  # llama.cpp's Gemma 3 27B, whose softmax scale is 1/sqrt(width / heads)
 
 
 @dataclass
@@ -156,12 +155,14 @@ def _gemma3_overrides(path: Path, field, head_dim: dict) -> dict:
             raise ModelSourceError(f"the GGUF file {path} holds a Gemma 3 model that {what} ({key} = {value!r}), "
                                    "which edgesdk's graphs do not compute",
                                    "use Gemma 3 270M or 1B, whose files have neither")
+    from edgesdk.export.gguf_export import gemma3_query_scalar
+
     layers, width, heads = field("gemma3.block_count"), field("gemma3.embedding_length"), \
         field("gemma3.attention.head_count")
-    scalar = head_dim.get("head_dim")
-    if layers == GEMMA3_27B_LAYERS and isinstance(heads, int) and heads > 0:
-        scalar = int(width) // heads
-    return {**head_dim, **({"query_pre_attn_scalar": scalar} if scalar else {})}
+    if "head_dim" not in head_dim or not isinstance(heads, int) or heads <= 0:
+        return head_dim  # too little to tell: transformers' reader, and then the build's checks, decide
+    scalar = gemma3_query_scalar(int(layers), int(width), heads, head_dim["head_dim"])
+    return {**head_dim, "query_pre_attn_scalar": int(scalar) if scalar.is_integer() else scalar}
 
 
 def _gguf_head_dim(path: Path, arch: str, field) -> dict:
