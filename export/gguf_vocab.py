@@ -112,10 +112,8 @@ def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], l
 def _sentencepiece_spaces(spec: dict) -> bool | None:
     """For a tokenizer that writes spaces as U+2581 and decodes them back (SentencePiece converted by
     transformers): whether it also puts one in front of the text; None for any other tokenizer."""
-    normalizer = spec.get("normalizer") or {}
-    steps = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
-    replaces = any(step.get("type") == "Replace" and (step.get("pattern") or {}).get("String") == " "
-                   and step.get("content") == SPACE_MARK for step in steps)
+    steps = _normalizer_steps(spec)
+    replaces = any(_replaces_spaces(step) for step in steps)
     prepends = any(step.get("type") == "Prepend" and step.get("prepend") == SPACE_MARK for step in steps)
     pre = spec.get("pre_tokenizer") or {}
     metaspace = pre.get("type") == "Metaspace" and pre.get("replacement") == SPACE_MARK
@@ -127,10 +125,33 @@ def _sentencepiece_spaces(spec: dict) -> bool | None:
     return prepends or (metaspace and pre.get("prepend_scheme", "always") != "never")
 
 
+def _normalizer_steps(spec: dict) -> list[dict]:
+    normalizer = spec.get("normalizer") or {}
+    return normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
+
+
+def _replaces_spaces(step: dict) -> bool:
+    """A normalizer step that writes every space as U+2581."""
+    return step.get("type") == "Replace" and (step.get("pattern") or {}).get("String") == " " \
+        and step.get("content") == SPACE_MARK
+
+
 def _sentencepiece_vocab(spec: dict, path: Path, bos_token: str | None, eos_token: str | None,
                          vocab_size: int, prefix_space: bool) -> GGUFVocab:
     """llama.cpp's ``llama`` tokenizer model for a SentencePiece BPE ``spec`` (module docstring)."""
     model = spec["model"]
+    pre = spec.get("pre_tokenizer") or {}
+    # llama.cpp's SPM model splits nothing before merging: only a pre-tokenizer that splits nothing more is kept
+    # (Metaspace, whose words no SentencePiece piece crosses; Gemma's Split on " ", which its normalizer has
+    # already turned into U+2581). Any other would tokenize differently in llama.cpp without an error.
+    splits_nothing = pre.get("type") in (None, "Metaspace") or (
+        pre.get("type") == "Split" and (pre.get("pattern") or {}).get("String") == " "
+        and any(_replaces_spaces(step) for step in _normalizer_steps(spec)))
+    if not splits_nothing:
+        raise ExportError(f"{path}: pre-tokenizer {json.dumps(pre)[:200]} splits the text before a SentencePiece "
+                          "BPE, which llama.cpp's llama tokenizer model does not do",
+                          "run the bundle with edgesdk, or convert the original model with llama.cpp's "
+                          "convert_hf_to_gguf.py")
     tokens, types = _tokens_by_id(spec, path, vocab_size)
     rank_of: dict[str, int] = {}
     for rank, pair in enumerate(model.get("merges", [])):

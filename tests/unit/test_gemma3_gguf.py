@@ -259,3 +259,23 @@ def test_a_gemma3_bundle_pruned_to_uneven_layers_is_refused_for_gguf(tmp_path):
     with pytest.raises(ExportError, match="llama.cpp's gemma3 architecture reads one shape for every layer"):
         export_gguf(bundle.path, tmp_path / "model.gguf")
     assert not (tmp_path / "model.gguf").exists()
+
+
+def test_a_sentencepiece_tokenizer_that_splits_before_merging_is_refused(tmp_path):
+    """llama.cpp's llama tokenizer model splits nothing before merging: a pre-tokenizer that does (here digits
+    one by one) would tokenize differently there without an error, so it is refused; Gemma's Split on a space
+    its normalizer has already replaced is kept."""
+    from edgesdk.export.gguf_vocab import vocab_from_tokenizer_json
+
+    spec = {"model": {"type": "BPE", "byte_fallback": True, "vocab": {"a": 0, "1": 1}, "merges": []},
+            "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+            "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+                              "invert": False},
+            "decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}]}}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec))
+    assert vocab_from_tokenizer_json(path, None, None, 2).model == "llama"
+    spec["pre_tokenizer"] = {"type": "Digits", "individual_digits": True}
+    path.write_text(json.dumps(spec))
+    with pytest.raises(ExportError, match="splits the text before a SentencePiece BPE"):
+        vocab_from_tokenizer_json(path, None, None, 2)
