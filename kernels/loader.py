@@ -406,9 +406,13 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
     def block_sparse_matmul(self, x, weight, stream: Any = None):
         """``x (M, K) -> (M, N)`` on the compiled BSR kernel (torch CUDA tensors; x cast to the variant's dtype).
         GEMV variants compiled with ``ATOMIC`` split each block row over programs (``tuning.gemv_splits`` with
-        this device's SM count) and add into a zeroed float32 output."""
+        this device's SM count) and add into a zeroed float32 output. Raises ValueError for an x that is not
+        ``(M, K)``, as the twin and the Triton launcher do (the kernel would read past x)."""
         import torch
 
+        n, k = weight.shape
+        if x.dim() != 2 or x.shape[1] != k:
+            raise ValueError(f"x must be (M, K={k}), got {tuple(x.shape)}")
         m = x.shape[0]
         want_gemm = m >= 16
         layout = weight.layout == "transposed"
@@ -417,7 +421,6 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
                              and (md["constexprs"]["BLOCK_N"], md["constexprs"]["BLOCK_K"]) == tuple(weight.block))
         dtype = getattr(torch, _TORCH_DTYPES[variant.meta["act_dtype"]])
         x = x.to(dtype)
-        n, k = weight.shape
         atomic = bool(variant.meta["constexprs"].get("ATOMIC", False))  # bundles before split-K have none
         splits = 1
         if atomic:
