@@ -25,7 +25,7 @@ from edgesdk.build.checkpoint import (
 from edgesdk.build.package import write_bundle
 from edgesdk.build.recipes import load_recipe, pick_a_recipe_with
 from edgesdk.build.registry import BuildContext, stage_spec
-from edgesdk.bundle import Bundle, check_replaceable
+from edgesdk.bundle import Bundle, _bundle_holding, check_replaceable
 from edgesdk.compress.data import DataConfig
 from edgesdk.errors import BuildError, EdgeSDKError
 from edgesdk.export.onnx_export import MIN_CONTEXT, ExportConfig, check_exportable, export_model
@@ -86,6 +86,18 @@ def check_out_location(out: Path) -> None:
         raise BuildError(f"--out {out}: the directory {parent} is not writable, and the build writes the bundle "
                          f"and its work directory {out.name}.build there",
                          f"pass --out a path in a writable directory, or make {parent} writable")
+
+
+def check_out_outside_bundles(out: Path) -> None:
+    """The bundle ``out`` and its work directory ``<out>.build`` are not written inside another bundle, which
+    would then fail verification (files its manifest does not list); ``out`` itself may be a bundle (it is
+    replaced). Checked before the model is fetched or loaded."""
+    holder = _bundle_holding(out.parent)
+    if holder is not None:
+        raise BuildError(f"--out {out} lies in the bundle {holder}: the new bundle and its work directory "
+                         f"{out.name}.build would be files that bundle's manifest does not list, and it would "
+                         "then fail verification",
+                         f"pass --out a path outside every bundle, e.g. {holder.parent / out.name}")
 
 
 def recipe_for(recipe_name: str | None, profile):
@@ -229,6 +241,7 @@ def build(config: BuildConfig) -> Bundle:
              "training stages (pass a recipe with stages, e.g. --recipe default, to train on it)")
     out = (Path(config.out) if config.out else default_out(config.model, profile.name)).resolve()
     check_replaceable(out)
+    check_out_outside_bundles(out)
     check_out_location(out)
     check_work_dir(out.with_name(out.name + ".build"))
     source = resolve_model(config.model, progress=config.progress)

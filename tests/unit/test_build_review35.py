@@ -1,0 +1,34 @@
+"""Build pipeline, recipes, profiles and model sources: faults found in review."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgesdk.errors import BuildError
+
+
+def _build(model_dir: Path, out: Path, recipe: str = "fp32-fused", **kwargs):
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
+
+    return build(BuildConfig(target="host", model=str(model_dir), out=out, recipe=recipe,
+                             export=ExportConfig(max_context=64), progress=False, **kwargs))
+
+
+def test_a_build_into_a_folder_of_another_bundle_is_refused_and_leaves_that_bundle_whole(tiny_model_dir, tmp_path):
+    """--out OUTER/inner with OUTER a bundle wrote the new bundle (and its work directory) inside OUTER, which
+    then failed verification: files its manifest does not list."""
+    from edgesdk.bundle import verify_bundle
+
+    outer = _build(tiny_model_dir, tmp_path / "outer")
+    for out in (tmp_path / "outer" / "inner", tmp_path / "outer" / "deeper" / "inner"):
+        with pytest.raises(BuildError, match=r"lies in the bundle .*outer: the new bundle and its work directory "
+                                             r"inner\.build would be files") as refused:
+            _build(tiny_model_dir, out)
+        assert f"e.g. {tmp_path / 'inner'}" in refused.value.fix
+    assert sorted(p.name for p in outer.path.iterdir()) == sorted([*outer.manifest["files"], "manifest.json",
+                                                                   "manifest.sha256"])
+    assert verify_bundle(outer.path).bundle_id == outer.bundle_id
+    assert _build(tiny_model_dir, tmp_path / "outer").bundle_id == outer.bundle_id  # the bundle itself is replaced
