@@ -26,6 +26,9 @@ class TritonBackend:
     def __init__(self, decoder, mode: str):
         self.decoder, self.mode = decoder, mode
         self.max_context = decoder.max_context
+        # embedding rows: the ids the model reads (generate and serve refuse others before a prefill; the draft
+        # of --draft is checked against them), as the ONNX Runtime and TensorRT backends tell theirs
+        self.vocab_size = int(decoder.embed.shape[0])
 
     @property
     def position(self) -> int:

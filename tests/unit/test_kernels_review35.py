@@ -25,3 +25,40 @@ def test_compiled_matmul_refuses_an_activation_of_another_width(x_shape, shown):
     assert not driver.launches
     kernels.block_sparse_matmul(torch.randn(1, 64), w)
     assert len(driver.launches) == 1
+
+
+# ---------------------------------------------------------------------------------------------- triton backend
+@pytest.fixture(scope="module")
+def tiny_sparse(tmp_path_factory):
+    """(model, tensors, record): a tiny Llama exported block-sparse (vocabulary 320, max_context 64)."""
+    from tests._utils.tiny import export_tiny_sparse
+
+    return export_tiny_sparse(tmp_path_factory.mktemp("sparse"), max_context=64)
+
+
+def twin_backend(tiny_sparse):
+    from edgesdk.runtime.sparse_decoder import SparseDecoder
+    from edgesdk.runtime.triton_backend import TritonBackend
+
+    _, tensors, record = tiny_sparse
+    return TritonBackend(SparseDecoder(tensors, record, mode="reference"), "reference")
+
+
+def test_the_triton_backend_tells_its_vocabulary_so_an_id_past_it_is_refused_before_the_prefill(tiny_sparse):
+    """The backend had no ``vocab_size``: a prompt id past the embedding rows reached ``embed[ids]`` as an
+    IndexError (on a GPU a device-side assert that ends the CUDA context), and ``edgesdk run --draft`` on this
+    backend, which can rewind, stopped with an AttributeError reading it."""
+    import numpy as np
+
+    from edgesdk.errors import EdgeSDKError
+    from edgesdk.runtime.generate import SamplingConfig, generate
+    from edgesdk.runtime.speculative import DraftModel
+
+    backend = twin_backend(tiny_sparse)
+    assert backend.vocab_size == 320 == tiny_sparse[2]["vocab_size"]
+    with pytest.raises(EdgeSDKError, match="token id 320 at position 1; the bundle's model reads ids 0 to 319"):
+        generate(backend, [5, 320, 7], SamplingConfig(max_new_tokens=2), stop_ids=set())
+    assert backend.position == 0
+    assert DraftModel(twin_backend(tiny_sparse), vocab_size=backend.vocab_size).rows == 320
+    assert backend.decode(5).shape == (backend.vocab_size,)
+    assert np.isfinite(backend.prefill(np.array([7, 319]))).all()
