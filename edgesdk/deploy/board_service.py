@@ -9,6 +9,7 @@ counts as up once its ``/health`` answers 200. (systemd.service(5) "Command line
 loginctl(1).)
 """
 
+import contextlib
 import getpass
 import json
 import os
@@ -22,6 +23,9 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
 
 SERVICE_NAME = "edgesdk-serve"
 SERVICE_RECORD = "service.json"  # under the deploy root: the installed unit's scope, path and /health URL
+# Under the deploy root while an install is in flight: the unit file, record and state before it, so a
+# deploy whose service does not come up puts them back ("revert") and the server that ran before runs again.
+SERVICE_BEFORE = "service.before.json"
 HEALTH_POLL_S = 0.5
 JOURNAL_LINES = 15
 
@@ -179,12 +183,69 @@ def write_atomically(path, text):
     fsync_dir(os.path.dirname(path))
 
 
+def save_before(root, scope, path, record_path):
+    """Write ``service.before.json``: the unit file's text (None where there was none), the deploy
+    root's record and whether the unit was active, before an install changes any of them."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        text = None
+    code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
+    write_atomically(os.path.join(root, SERVICE_BEFORE), json.dumps(
+        {"scope": scope, "unit": path, "text": text, "record": read_record(record_path),
+         "active": text is not None and state.strip() == "active"}) + "\n")
+
+
+def revert_unit(root, record_path, timeout_s, fix):
+    """Put back what the last install changed (``action`` "revert", after its service did not come up):
+    the unit file as it was and the server that ran before, restarted on ``current`` and waited for; a
+    unit that was stopped stays stopped, and one this deploy wrote where there was none is stopped,
+    disabled and removed. Nothing to put back (the install refused before changing anything) is
+    ``{"reverted": False}``."""
+    before_path = os.path.join(root, SERVICE_BEFORE)
+    before = read_record(before_path)
+    if before is None:
+        return {"reverted": False}
+    scope, path = before["scope"], before["unit"]
+    with Lock(root):
+        if before["text"] is None:
+            systemctl(scope, "stop", SERVICE_NAME)
+            systemctl(scope, "disable", SERVICE_NAME)
+            if os.path.exists(path):
+                os.remove(path)
+                fsync_dir(os.path.dirname(path))
+            outcome = "removed"
+        else:
+            write_atomically(path, before["text"])
+            outcome = "restarted" if before["active"] else "stopped"
+        if before["record"] is None:
+            if os.path.exists(record_path):
+                os.remove(record_path)
+        else:
+            write_atomically(record_path, json.dumps(before["record"]) + "\n")
+        systemctl(scope, "daemon-reload")
+        code, out = systemctl(scope, "restart" if outcome == "restarted" else "stop", SERVICE_NAME)
+        os.remove(before_path)
+    url = (before["record"] or {}).get("health_url")
+    if outcome == "restarted" and (code != 0 or (url and not wait_until_healthy(scope, url, timeout_s))):
+        reason = out.strip()[-500:] if code != 0 else f"no answer from {url} within {timeout_s:.0f} s"
+        journal = journal_tail(scope).replace("\n", "\n      ")
+        raise Refused(f"the {scope} service {SERVICE_NAME}, put back as it was, did not come up again: "
+                      f"{reason}\n    its journal:\n      {journal}", fix)
+    return {"reverted": True, "scope": scope, "unit": path, "outcome": outcome}
+
+
 def op_service(params):
-    """Check that systemd answers (``action`` "check"), install (``action`` "install") or restart where
-    installed (``action`` "restart", after a rollback) the serving unit, then wait for its /health. The deploy root's ``service.json`` remembers the unit,
-    so a restart asks the address the unit was installed with."""
+    """Check that systemd answers (``action`` "check"), install (``action`` "install"), restart where
+    installed (``action`` "restart", after a rollback) or put back as before the last install (``action``
+    "revert", after a deploy whose service did not come up) the serving unit, then wait for its /health.
+    The deploy root's ``service.json`` remembers the unit, so a restart asks the address the unit was
+    installed with."""
     p, root = paths(params["root"])
     record_path = os.path.join(root, SERVICE_RECORD)
+    if params["action"] == "revert":
+        return revert_unit(root, record_path, float(params["timeout_s"]), params["fix"])
     if params["action"] == "restart":
         record = read_record(record_path) or {}
         try:
@@ -222,6 +283,7 @@ def op_service(params):
     with Lock(root):  # a concurrent deploy's unit, record and restart wait for this one's
         if params["action"] == "install":
             refuse_a_foreign_server(scope, url, read_record(record_path), params["fix"])
+            save_before(root, scope, path, record_path)
             text = render_unit(params["argv"], scope)
             try:
                 with open(path, encoding="utf-8") as handle:
@@ -253,4 +315,7 @@ def op_service(params):
         journal = journal_tail(scope).replace("\n", "\n      ")
         raise Refused(f"the {scope} service {SERVICE_NAME} did not come up: {reason}\n    its journal:\n      {journal}",
                       params["fix"])
+    if params["action"] == "install":
+        with contextlib.suppress(OSError):  # up: nothing to put back
+            os.remove(os.path.join(root, SERVICE_BEFORE))
     return {"installed": True, "restarted": True, "scope": scope, "unit": path, "changed": changed, "notes": notes}

@@ -18,7 +18,8 @@ Steps (each printed with its time):
 8. switch ``current`` atomically, check it, keep the newest releases; any failure after the
    switch switches back to the previous release;
 9. with ``--service``: install, enable and restart the systemd unit that serves ``current`` and wait
-   for its ``/health`` (deploy/service.py).
+   for its ``/health`` (deploy/service.py); a service that does not come up switches ``current``
+   back and puts the unit back as it was, so the server that ran before runs again.
 
 Nothing before step 8 touches ``current``, so a failure anywhere leaves the board running what
 it ran before.
@@ -92,6 +93,50 @@ def _budget_mb(bundle_manifest: dict, board_target: str | None) -> int:
         with contextlib.suppress(ProfileError):
             return get_profile(board_target).memory_budget_mb
     return int(bundle_manifest["target"]["memory_budget_mb"])
+
+
+def switch_back(board, failed: DeployError, previous: str, new_id: str, previous_before: str | None,
+                runtime_key: str | None) -> None:
+    """Point ``current`` (and ``runtime/current``) back at ``previous`` after ``failed``, restoring the
+    board's ``previous`` as it was before this deploy. Where the board does not answer, raise an error
+    that says both releases ``current`` may point to."""
+    try:
+        board.call("switch", {"bundle_id": previous, "action": "rollback after a failed deploy",
+                              "runtime_key": runtime_key, "previous": previous_before})
+    except DeployError as unreachable:
+        # The first switch may have happened on the board before its reply was lost.
+        raise DeployError(
+            f"{failed.problem}\nswitching back to releases/{previous} failed too "
+            f"({unreachable.problem.splitlines()[0]}), so the board's current release may be "
+            f"releases/{new_id} (smoke-tested) or releases/{previous}",
+            "once the board answers, 'edgesdk deploy --status' shows which; "
+            "'edgesdk deploy --rollback' goes back") from failed
+
+
+def undo_service(board, report: Reporter, failed: DeployError, switched_from: str | None, new_id: str,
+                 previous_before: str | None, runtime_key: str | None) -> DeployError:
+    """The service did not come up (``failed``) after ``current`` was switched from ``switched_from`` to
+    ``new_id``: switch back, put the unit back as it was and restart the server that ran before, so a
+    failed deploy leaves the board serving what it served. A first deploy keeps its smoke-tested release
+    as current. Returns the error to raise, which says what was undone."""
+    undone = []
+    if switched_from and switched_from != new_id:
+        switch_back(board, failed, switched_from, new_id, previous_before, runtime_key)
+        undone.append(f"current switched back to releases/{switched_from}")
+    try:
+        line = service.revert_service(board)
+    except DeployError as revert_failed:
+        raise DeployError(f"{failed.problem}\n{'; '.join(undone) or 'current stays releases/' + new_id}, but "
+                          f"putting the service back failed too: {revert_failed.problem}",
+                          revert_failed.fix) from failed
+    if line:
+        undone.append(line)
+    for line in undone:
+        report.info(line)
+    kept = "" if undone and undone[0].startswith("current switched") else (
+        f"\nreleases/{new_id} (smoke-tested) stays current: there is no earlier release to go back to")
+    return DeployError(f"{failed.problem}\nthe deploy was undone: {'; '.join(undone) or 'nothing had changed'}"
+                       f"{kept}", service.SERVICE_FIX)
 
 
 def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = None) -> DeployResult:
@@ -201,18 +246,8 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
                                                  "runtime_key": runtime_key})
             except DeployError as failed:
                 if previous and previous != bundle.bundle_id:
-                    try:
-                        board.call("switch", {"bundle_id": previous, "action": "rollback after a failed deploy",
-                                              "runtime_key": active_runtime if runtime_key else None,
-                                              "previous": facts.state.get("previous")})
-                    except DeployError as unreachable:
-                        # The first switch may have happened on the board before its reply was lost.
-                        raise DeployError(
-                            f"{failed.problem}\nswitching back to releases/{previous} failed too "
-                            f"({unreachable.problem.splitlines()[0]}), so the board's current release may be "
-                            f"releases/{bundle.bundle_id} (smoke-tested) or releases/{previous}",
-                            "once the board answers, 'edgesdk deploy --status' shows which; "
-                            "'edgesdk deploy --rollback' goes back") from failed
+                    switch_back(board, failed, previous, bundle.bundle_id, facts.state.get("previous"),
+                                active_runtime if runtime_key else None)
                     report.info(f"switched current back to releases/{previous}")
                 elif not previous and not isinstance(failed, BoardRefusal):
                     # No answer at all: the switch may have happened on the board before its reply was lost.
@@ -240,7 +275,12 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
         if options.service is not None:
             with report.step("service: edgesdk serve current"):
                 argv = service.serve_argv(live, board.path("current"), options.service, options.ignore_target)
-                for line in service.install_service(board, argv, options.service)[1]:
+                try:
+                    lines = service.install_service(board, argv, options.service)[1]
+                except DeployError as failed:
+                    raise undo_service(board, report, failed, switched["from"], bundle.bundle_id,
+                                       facts.state.get("previous"), active_runtime if runtime_key else None) from failed
+                for line in lines:
                     report.info(line)
         return DeployResult(bundle_id=bundle.bundle_id, where=where, root=board.root, bytes_sent=sent_bytes,
                             files_sent=len(plan.send), bytes_reused=plan.reused_bytes if not release_ok else total,

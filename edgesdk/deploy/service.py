@@ -3,7 +3,9 @@
 The board helper (``board_service.py``) writes and enables the unit, restarts it and waits for its
 ``/health``; this module builds the serve command line and turns the reply into report lines. The
 unit guards the board (``--watch-thermal``): a server runs for hours, which is when boards heat-soak.
-A rollback restarts an installed unit, so it serves the release rolled back to.
+A rollback restarts an installed unit, so it serves the release rolled back to; a deploy whose
+service does not come up switches back and puts the unit back as it was (``revert_service``), so the
+server that ran before runs again.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from edgesdk.deploy.remote import Board, BoardRefusal
 from edgesdk.deploy.transport import DeployError
 
 HEALTH_TIMEOUT_S = 180.0  # loading a bundle takes seconds; a TensorRT engine is built by deploy beforehand
+SERVICE_FIX = ("fix what the journal shows (a port in use: pass another --service-port) and deploy again, "
+               "which installs and restarts the service")
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,7 @@ def install_service(board: Board, argv: list[str], service: ServiceOptions) -> t
     """Write, enable and (re)start the unit; wait for /health. Returns the reply and lines to report."""
     reply = board.call("service", {"action": "install", "argv": argv, "health_url": service.health_url,
                                    "timeout_s": HEALTH_TIMEOUT_S,
-                                   "fix": "the new release is current and passed its smoke test; fix what the "
-                                          "journal shows (a port in use: pass another --service-port) and deploy "
-                                          "again, which restarts the service, or run 'edgesdk deploy --rollback' "
-                                          "to serve the previous release with the unit as now written"},
+                                   "fix": SERVICE_FIX},
                        timeout=HEALTH_TIMEOUT_S + 300)
     lines = [f"{reply['scope']} unit {reply['unit']} {'written and ' if reply['changed'] else ''}enabled; "
              f"serving on {service.health_url.removesuffix('/health')}/v1", *reply["notes"]]
@@ -87,3 +88,21 @@ def restart_service(board: Board) -> str | None:
     if not reply["restarted"]:
         return f"{reply['scope']} unit {reply['unit']} not restarted: {reply['why']}"
     return f"{reply['scope']} unit {reply['unit']} restarted; it serves the release rolled back to"
+
+
+def revert_service(board: Board) -> str | None:
+    """After a deploy whose service did not come up, and once ``current`` is switched back: put the unit
+    back as it was before the install and restart the server that ran before (a unit this deploy wrote
+    where there was none is removed). Returns a line to report, or None where the install changed
+    nothing."""
+    reply = board.call("service", {"action": "revert", "argv": [], "timeout_s": HEALTH_TIMEOUT_S,
+                                   "fix": "fix what the journal shows, then restart the unit (systemctl restart "
+                                          "edgesdk-serve, with --user for a user unit)"},
+                       timeout=HEALTH_TIMEOUT_S + 300)
+    if not reply["reverted"]:
+        return None
+    return {"restarted": f"{reply['scope']} unit {reply['unit']} put back as it was and restarted: it serves "
+                         "current again",
+            "stopped": f"{reply['scope']} unit {reply['unit']} put back as it was (stopped, as it was before)",
+            "removed": f"{reply['scope']} unit {reply['unit']} that this deploy wrote stopped, disabled and "
+                       "removed"}[reply["outcome"]]

@@ -93,7 +93,10 @@ def main(name: str, args: list[str]) -> int:
         print("\n".join(log_file.read_text().splitlines()[-15:]) if log_file.exists() else "-- No entries --")
         return 0
     command, unit = args[0], (args[1] if len(args) > 1 else "")
-    if command in ("show-environment", "daemon-reload", "enable"):
+    if command in ("show-environment", "daemon-reload", "enable", "disable"):
+        return 0
+    if command == "stop":
+        _stop(state / f"{unit}.pid")
         return 0
     if command == "restart":
         _stop(state / f"{unit}.pid")

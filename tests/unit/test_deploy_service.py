@@ -87,7 +87,7 @@ def test_service_serves_current_and_follows_deploys_and_rollbacks(tiny_bundle, t
 
 
 def test_service_that_does_not_come_up_is_reported_with_its_journal(tiny_bundle, tmp_path, systemd):
-    env, _ = systemd
+    env, state = systemd
     root = tmp_path / "board"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -97,9 +97,44 @@ def test_service_that_does_not_come_up_is_reported_with_its_journal(tiny_bundle,
     assert result.returncode == 8, result.stderr
     assert "service edgesdk-serve did not come up" in result.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr  # the journal's tail: the server's own error
-    assert "the new release is current and passed its smoke test" in result.stderr
-    assert "edgesdk deploy --rollback" in result.stderr  # the way back to the release served before
+    assert "pass another --service-port" in result.stderr
+    # A first deploy: the smoke-tested release stays current, and the unit it wrote is taken away again.
+    assert f"releases/{tiny_bundle.bundle_id} (smoke-tested) stays current" in result.stderr
+    assert "stopped, disabled and removed" in result.stderr
     assert current_id(root) == tiny_bundle.bundle_id
+    assert not (tmp_path / "units" / "edgesdk-serve.service").exists()
+    assert not (root / "service.json").exists() and not (root / "service.before.json").exists()
+    assert any(call[-2:] == ["disable", "edgesdk-serve"] for call in fake_systemd.calls(state))
+
+
+def test_a_deploy_whose_service_does_not_come_up_leaves_the_old_release_served(tiny_bundle, tmp_path, systemd):
+    """The new release passes its smoke test, but its service cannot listen: current is switched back, the
+    unit is written back as it was and restarted, and the server that ran before answers again."""
+    env, state = systemd
+    root, port = tmp_path / "board", free_port()
+    first = edgesdk("deploy", tiny_bundle.path, "--to", root, "--service", "--service-port", port, env=env)
+    assert first.returncode == 0, first.stderr
+    unit_path = tmp_path / "units" / "edgesdk-serve.service"
+    unit, record = unit_path.read_text(), (root / "service.json").read_text()
+    chat(port)
+
+    second_bundle = bundle_variant(tiny_bundle.path, tmp_path / "second", "second release")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        other_port = taken.getsockname()[1]
+        second = edgesdk("deploy", second_bundle.path, "--to", root, "--service", "--service-port", other_port,
+                         env=env)
+    assert second.returncode == 8, second.stderr
+    assert f"cannot listen on 127.0.0.1:{other_port}" in second.stderr
+    assert f"current switched back to releases/{tiny_bundle.bundle_id}" in second.stderr
+    assert "put back as it was and restarted: it serves current again" in second.stderr
+    assert current_id(root) == tiny_bundle.bundle_id
+    assert unit_path.read_text() == unit and (root / "service.json").read_text() == record
+    assert not (root / "service.before.json").exists()
+    restarts = [call for call in fake_systemd.calls(state) if call[-2:] == ["restart", "edgesdk-serve"]]
+    assert len(restarts) == 3  # the first deploy, the failed one, the one that put the old server back
+    assert chat(port)["model"] == "tiny-llama-host"
 
 
 def test_service_without_a_running_systemd_is_refused_before_anything_changes(tiny_bundle, tmp_path):
