@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,19 @@ def check_model_type(model_type: str | None, where: str) -> None:
             f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}",
             "use a Llama-family decoder (Llama, SmolLM2, TinyLlama, Qwen2, Qwen3, Mistral) or a Gemma 3 text model",
         )
+
+
+def check_model_type_declared(directory: Path) -> None:
+    """Refuse a Hugging Face directory whose config.json names an architecture edgesdk cannot export before
+    transformers reads it: one transformers does not know either it refuses as if the config were damaged, and
+    tells the user to upgrade transformers. A config.json that cannot be read is left to transformers' reader."""
+    try:
+        declared = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    model_type = declared.get("model_type") if isinstance(declared, dict) else None
+    if isinstance(model_type, str):
+        check_model_type(model_type, str(directory))
 
 
 def check_architecture(config: Any, where: str) -> None:
@@ -233,6 +247,7 @@ def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
         overrides = check_gguf_model(source.path)
         location, kwargs = str(source.path.parent), {"gguf_file": source.path.name}
     else:
+        check_model_type_declared(source.path)
         location, kwargs = str(source.path), {}
     try:
         config = AutoConfig.from_pretrained(location, **kwargs, **overrides)

@@ -32,3 +32,23 @@ def test_a_build_into_a_folder_of_another_bundle_is_refused_and_leaves_that_bund
                                                                    "manifest.sha256"])
     assert verify_bundle(outer.path).bundle_id == outer.bundle_id
     assert _build(tiny_model_dir, tmp_path / "outer").bundle_id == outer.bundle_id  # the bundle itself is replaced
+
+
+def test_a_model_directory_of_an_architecture_transformers_lacks_is_named_as_one_edgesdk_cannot_export(tmp_path):
+    """A config.json whose model_type transformers does not know was 'cannot read the model config ... check that
+    the file is a complete, uncorrupted ... model' with transformers' advice to upgrade it, where a known
+    architecture edgesdk cannot export is refused by name (a GGUF's architecture is checked before transformers)."""
+    import json
+
+    from edgesdk.errors import ModelSourceError
+    from edgesdk.models.loader import load_model
+    from edgesdk.models.sources import resolve_model
+
+    model_dir = tmp_path / "newarch"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "mamba9", "hidden_size": 64}))
+    with pytest.raises(ModelSourceError, match=r"newarch has architecture 'mamba9', which edgesdk cannot export; "
+                                               r"supported: gemma3_text, llama") as refused:
+        load_model(resolve_model(str(model_dir)))
+    assert "Llama-family decoder" in refused.value.fix
+    assert "uncorrupted" not in refused.value.fix
