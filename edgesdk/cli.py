@@ -1177,6 +1177,7 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, kl, last_wor
         raise EdgeSDKError(f"--text {text_file} has nothing to score: {where} are empty or whitespace",
                            "raise --max-chars (0 scores the whole file)" if cut else
                            "pass a plain-text file, e.g. wikitext-2-raw/wiki.valid.raw")
+    documents = _last_word_documents(text, text_file, config.max_chars) if last_word else None
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
     if context > runtime.backend.max_context:
@@ -1215,9 +1216,8 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, kl, last_wor
 
             result["divergence"] = bundle_divergence(runtime, model, text, config, progress=True).to_json()
     if last_word:
-        from edgesdk.evaluate import bundle_scorer, last_word_accuracy, last_word_documents, reference_scorer
+        from edgesdk.evaluate import bundle_scorer, last_word_accuracy, reference_scorer
 
-        documents = last_word_documents(text[: config.max_chars])
         encode = lambda t: runtime.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
         bos = leading_bos(runtime.tokenizer)
         result["last_word"] = last_word_accuracy(bundle_scorer(runtime), encode, documents, bos_id=bos).to_json()
@@ -1249,6 +1249,23 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, kl, last_wor
         for point in result["power"]["curve"]:
             click.echo(f"  budget {point['budget']:<5g} tau {point['tau']:.3f}  FFN blocks run "
                        f"{point['executed_fraction']:6.1%}  perplexity {point['perplexity']:.4f}")
+
+
+def _last_word_documents(text: str, text_file: Path, max_chars: int | None) -> list[tuple[str, str]]:
+    """``eval --last-word``: the paragraphs the task scores, found before any scoring, so that a text without
+    them is refused at once rather than after the perplexity windows (minutes on a board) were scored."""
+    from edgesdk.evaluate import LAST_WORD_MAX_WORDS, LAST_WORD_MIN_WORDS, last_word_documents
+
+    documents = last_word_documents(text[:max_chars])
+    if not documents:
+        cut = max_chars is not None and len(text) > max_chars
+        where = f"its first {max_chars:,} characters (--max-chars)" if cut else f"its {len(text):,} characters"
+        raise EdgeSDKError(f"--last-word: --text {text_file} has no paragraph to score in {where}: the task takes "
+                           f"paragraphs of {LAST_WORD_MIN_WORDS}-{LAST_WORD_MAX_WORDS} words ending in ' .', "
+                           "as WikiText's",
+                           ("raise --max-chars (0 scores the whole file), " if cut else "")
+                           + "pass WikiText-2 (wiki.valid.raw) or text of that form, or drop --last-word")
+    return documents
 
 
 def _reference_source(runtime, bundle: Path):

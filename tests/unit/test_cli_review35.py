@@ -1,0 +1,38 @@
+"""The command line as a user meets it: refusals that come before the work they would waste."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from edgesdk.cli import main
+from tests._utils.tiny import CORPUS
+
+
+def invoke(*args, **kwargs):
+    return CliRunner().invoke(main, [str(a) for a in args], prog_name="edgesdk", **kwargs)
+
+
+def test_last_word_on_a_text_without_paragraphs_is_refused_before_scoring(tiny_bundle, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(CORPUS), encoding="utf-8")  # short lines: no 40-150-word paragraph ending in ' .'
+    result = invoke("eval", tiny_bundle.path, "--text", text, "--context", "32", "--last-word")
+    assert result.exit_code == 1, result.output
+    assert f"--last-word: --text {text} has no paragraph to score" in result.stderr, result.stderr
+    assert "drop --last-word" in result.stderr.split("fix:", 1)[1]
+    assert "perplexity" not in result.stderr  # refused before the bundle was scored
+    assert result.stdout == ""
+
+
+def test_last_word_paragraphs_past_max_chars_name_max_chars(tiny_bundle, tmp_path):
+    paragraph = " ".join(["word"] * 50) + " ending ."
+    text = tmp_path / "text.txt"
+    text.write_text("short line\n" * 20 + paragraph + "\n", encoding="utf-8")
+    result = invoke("eval", tiny_bundle.path, "--text", text, "--context", "32", "--last-word", "--max-chars", "100")
+    assert result.exit_code == 1, result.output
+    assert "in its first 100 characters (--max-chars)" in result.stderr, result.stderr
+    assert "raise --max-chars" in result.stderr.split("fix:", 1)[1]
+    # the whole file holds one: scored
+    result = invoke("eval", tiny_bundle.path, "--text", text, "--context", "32", "--last-word", "--max-chars", "0",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    assert '"documents": 1' in result.stdout
