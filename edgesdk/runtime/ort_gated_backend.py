@@ -7,7 +7,8 @@ realised windowed entropy stays at the target and the executed-FFN fraction with
 budget. ``set_compute_budget`` (called by the thermal guard) lowers the budget.
 
 ``gating=False`` (the default, as on the command line) pins ``tau`` to 0: the same graph with
-every FFN running (the "gating off" reference of a benchmark); the controller then only measures.
+every FFN running (the "gating off" reference of a benchmark); the controller then only measures,
+as it does while ``fixed_tau`` holds the threshold.
 Prefill always runs at the effective ``tau``. A prompt's FFN runs for every token unless all of
 them are below ``tau`` (tokens below it only have its output zeroed), so the block counts in
 :meth:`stats` are those of decode steps, where a skipped block is never read.
@@ -95,7 +96,11 @@ class OrtGatedBackend(OrtFusedBackend):
     def _consume(self, outputs: list[np.ndarray]) -> np.ndarray:
         logits, gates, power = (output[0] for output in outputs)  # (keep, vocab), (S, L), (S,)
         self.last_gates, self.last_power = gates, power
-        self.controller.observe(power, gates >= self.tau, steer=self.gating, count=self._decoding)
+        # The controller steers only while its tau is the one in use: steering through a fixed threshold's steps
+        # wound its budget floor up (to tau_max where the fixed tau ran more blocks than the budget), so the
+        # controller, handed the gate back, skipped every FFN for tens of steps.
+        self.controller.observe(power, gates >= self.tau, steer=self.gating and self.fixed_tau is None,
+                                count=self._decoding)
         return logits
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
