@@ -29,6 +29,7 @@ Both hold the same bytes; which one reads faster is a question for the GPU bench
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +103,9 @@ class BlockSparseWeight:
             raise ValueError(f"weight_q must be a 2-D int8 tensor, got {weight_q.dtype} {tuple(weight_q.shape)}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if len(block) != 2 or any(isinstance(edge, bool) or not isinstance(edge, numbers.Integral) or edge <= 0
+                                  for edge in block):
+            raise ValueError(f"block must be two positive integers (block_n, block_k), got {tuple(block)!r}")
         n, k = weight_q.shape
         bn, bk = int(block[0]), int(block[1])
         nbr, nbc = _cdiv(n, bn), _cdiv(k, bk)

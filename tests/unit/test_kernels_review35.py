@@ -62,3 +62,15 @@ def test_the_triton_backend_tells_its_vocabulary_so_an_id_past_it_is_refused_bef
     assert DraftModel(twin_backend(tiny_sparse), vocab_size=backend.vocab_size).rows == 320
     assert backend.decode(5).shape == (backend.vocab_size,)
     assert np.isfinite(backend.prefill(np.array([7, 319]))).all()
+
+
+# ---------------------------------------------------------------------------------------------- BSR format
+@pytest.mark.parametrize("block", [(0, 32), (32, 0), (-32, 32), (32,), (32, 32, 1)])
+def test_from_dense_refuses_a_block_that_is_not_two_positive_sizes(block):
+    """A zero block edge was a ZeroDivisionError, a negative one torch's 'invalid shape dimension' RuntimeError,
+    before the constructor's own check could name the block."""
+    with pytest.raises(ValueError, match=r"block must be two positive integers \(block_n, block_k\), got "
+                                         + str(tuple(block)).replace("(", r"\(").replace(")", r"\)")):
+        BlockSparseWeight.from_dense(torch.ones(64, 64, dtype=torch.int8), torch.ones(64), block=block)
+    w = BlockSparseWeight.from_dense(torch.ones(64, 48, dtype=torch.int8), torch.ones(64), block=(32, 16))
+    assert (w.block_rows, w.block_cols, w.nnz_blocks) == (2, 3, 6)
