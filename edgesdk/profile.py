@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from edgesdk.errors import ProfileError, read_utf8
 from edgesdk.power.distribution import WINDOW
@@ -29,6 +29,16 @@ BACKENDS: tuple[str, ...] = get_args(Backend)
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_true_false_for_numbers(cls, value):
+        """YAML reads yes / no / on / off / true / false as booleans, which pydantic takes as the numbers 1 and 0
+        (``threads: yes`` one thread, ``sparsity_block: on`` blocks of 1); no profile key is a boolean."""
+        if isinstance(value, bool):
+            raise ValueError("a true/false value (YAML reads yes, no, on and off as one) where a number or a name "
+                             "is expected")
+        return value
 
 
 class CpuSpec(_Strict):

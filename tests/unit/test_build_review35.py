@@ -52,3 +52,23 @@ def test_a_model_directory_of_an_architecture_transformers_lacks_is_named_as_one
         load_model(resolve_model(str(model_dir)))
     assert "Llama-family decoder" in refused.value.fix
     assert "uncorrupted" not in refused.value.fix
+
+
+@pytest.mark.parametrize("key", ["cpu.cores", "cpu.max_ghz", "runtime.threads", "memory_budget_mb", "sparsity_block"])
+def test_a_profile_number_written_as_yes_or_on_is_refused_naming_the_key(key):
+    """YAML reads yes / on / true as a boolean, which pydantic took as the number 1: a profile with
+    'threads: on' ran one thread, 'sparsity_block: on' asked for blocks of 1, without a word."""
+    import yaml
+
+    from edgesdk.errors import ProfileError
+    from edgesdk.profile import parse_profile
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "targets" / "rpi5.yaml").read_text(encoding="utf-8"))
+    *sections, name = key.split(".")
+    place = data
+    for section in sections:
+        place = place[section]
+    place[name] = yaml.safe_load("on")
+    with pytest.raises(ProfileError, match=rf"{key}: .*a true/false value .* where a number or a name is expected "
+                                           r"\(got True\)"):
+        parse_profile(yaml.safe_dump(data), "mine.yaml")
