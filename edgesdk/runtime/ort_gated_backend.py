@@ -37,12 +37,14 @@ class OrtGatedBackend(OrtFusedBackend):
         self.power_settings = graph.get("power") or {}
         try:
             self.controller = TauController(controller or self.controller_config())
-        except ValueError as exc:  # settings the controller cannot use, recorded in the bundle's graph spec
-            given = ", ".join(f"{k}={self.power_settings.get(k)}" for k in ("entropy_target", "window", "smooth", "floor"))
+        except (TypeError, ValueError) as exc:  # settings the controller cannot use, recorded in the bundle's graph
+            # spec; a TypeError is one that is no number (null, a list), which float() and int() refuse
+            given = ", ".join(f"{k}={self.power_settings.get(k)!r}" for k in ("entropy_target", "window", "smooth",
+                                                                            "floor", "tau_init"))
             raise RuntimeBackendError(f"the bundle's power settings ({given}) are unusable: {exc}",
                                       "rebuild the bundle with edgesdk build (the power stage writes window 8, "
-                                      "smooth 2, floor 0.01) and a target profile whose power.entropy_target lies "
-                                      "in (0, ln 8)") from exc
+                                      "smooth 2, floor 0.01, tau_init in (0, 1)) and a target profile whose "
+                                      "power.entropy_target lies in (0, ln 8)") from exc
         self._decoding = False
         self.gating = False  # skip FFN blocks only when asked (run --gating, benchmarks, eval's gated points)
         self.fixed_tau: float | None = None  # a constant threshold instead of the controller (sweeps, eval)

@@ -42,3 +42,18 @@ def test_a_fixed_threshold_leaves_the_controller_where_it_was_for_when_it_takes_
         backend.decode(int(token))
         ran.append(float((backend.last_gates >= backend.controller.tau).mean()))
     assert np.mean(ran) > 0.2  # wound up, it ran none of them
+
+
+@pytest.mark.parametrize("field, value", [("window", None), ("entropy_target", [1.5]), ("tau_init", None),
+                                          ("tau_init", 1.5)])
+def test_bundle_power_settings_that_are_no_usable_number_are_named(gated, field, value):
+    """A setting that is no number (null in a hand-edited manifest) was float()'s or int()'s TypeError, a
+    traceback instead of the backend's failure to load; a tau_init outside [0, 1] went unnamed in the list."""
+    from edgesdk.errors import RuntimeBackendError
+
+    path, graph = gated
+    graph = {**graph, "power": {**graph["power"], field: value}}
+    with pytest.raises(RuntimeBackendError, match="power settings") as info:
+        OrtGatedBackend(path, graph, threads=1)
+    assert f"{field}={value!r}" in info.value.problem
+    assert "tau_init in (0, 1)" in info.value.fix
