@@ -41,12 +41,21 @@ def compile_kernels(profile, out_dir: Path, record: dict) -> dict:
     """AOT-compile the decode kernels for the profile's SM (Triton's compiler; no GPU needed), for what the
     exported model needs: ``record``'s block (the profile's sparsity_block) and layout, head_dim, and each
     layer's query heads per KV head (rounded up to a power of two, as the kernels' ``BLOCK_G``). Raises
-    BuildError when one of them does not compile, instead of shipping a bundle that fails at its first token."""
+    BuildError when one of them does not compile, instead of shipping a bundle that fails at its first token, and
+    when the SM is one the kernels have no launch settings for (:data:`edgesdk.kernels.tuning.SM_DEFAULTS`)."""
     import dataclasses
 
     from edgesdk.kernels.aot import compile_for_target, default_variants
-    from edgesdk.kernels.tuning import tuning_for
+    from edgesdk.kernels.tuning import SM_DEFAULTS, tuning_for
 
+    gpu = profile.gpu
+    if gpu.sm not in SM_DEFAULTS:  # a user's own board: the tuning's shared memory per SM is known per SM only
+        raise BuildError(
+            f"{profile.name}'s GPU is sm_{gpu.sm}, and the block-sparse kernels have launch settings only for "
+            f"{', '.join(f'sm_{sm}' for sm in sorted(SM_DEFAULTS))}, so they cannot be "
+            "compiled for it",
+            "set export.sparse=false (or use a recipe without the block-sparse export): the bundle then runs on "
+            "TensorRT or ONNX Runtime")
     try:
         import triton  # noqa: F401
     except ImportError as exc:
@@ -54,7 +63,6 @@ def compile_kernels(profile, out_dir: Path, record: dict) -> dict:
                          f"compiler is not importable ({exc})",
                          "pip install 'edgesdk[host]' (it pins triton), or set export.sparse=false") from exc
 
-    gpu = profile.gpu
     block = int(record["block"])  # the profile's sparsity_block: a power of two (checked when it is read)
     tuning = dataclasses.replace(tuning_for(gpu.sm), bsr_block=(block, block))
     groups = sorted({_next_pow2(int(layer["heads"]) // max(1, int(layer["kv_heads"]))) for layer in record["layers"]})

@@ -74,3 +74,23 @@ def test_from_dense_refuses_a_block_that_is_not_two_positive_sizes(block):
         BlockSparseWeight.from_dense(torch.ones(64, 64, dtype=torch.int8), torch.ones(64), block=block)
     w = BlockSparseWeight.from_dense(torch.ones(64, 48, dtype=torch.int8), torch.ones(64), block=(32, 16))
     assert (w.block_rows, w.block_cols, w.nnz_blocks) == (2, 3, 6)
+
+
+# ---------------------------------------------------------------------------------------------- AOT build step
+def test_a_board_of_an_sm_without_kernel_tuning_stops_the_build_with_a_build_error(tmp_path):
+    """A user's own board profile (targets/README.md, 'Adding your own board') with a GPU of an SM the kernels have
+    no tuning for (Jetson TX2's 62, Thor's 101) and a block-sparse recipe ended the build with tuning_for's
+    ValueError, whose fix ('pass sm_count and shared_memory_kb') no profile field can follow."""
+    from types import SimpleNamespace
+
+    from edgesdk.build.sparse_step import compile_kernels
+    from edgesdk.errors import BuildError
+
+    profile = SimpleNamespace(name="my-tx2", gpu=SimpleNamespace(sm=62), sparsity_block=32)
+    record = {"block": 32, "layout": "plain", "head_dim": 64, "layers": [{"heads": 9, "kv_heads": 3, "ffn": 64}]}
+    with pytest.raises(BuildError, match=r"my-tx2's GPU is sm_62, and the block-sparse kernels have launch "
+                                         r"settings only for sm_53, sm_72, sm_75, sm_80, sm_86, sm_87, sm_89, "
+                                         r"sm_90") as caught:
+        compile_kernels(profile, tmp_path / "kernels", record)
+    assert "export.sparse=false" in caught.value.fix
+    assert not (tmp_path / "kernels").exists()
