@@ -88,6 +88,17 @@ def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config
         if unused:
             raise click.BadParameter("works only with --service; add --service or drop it",
                                      param_hint=", ".join("--" + name.replace("_", "-") for name in unused))
+    if to is not None and host is None:  # a local directory: no ssh, and --to is itself the deploy root
+        typed = click.core.ParameterSource.COMMANDLINE  # $EDGESDK_SSH set for other deploys is no mistake
+        unused = [flag for name, flag in (("remote_root", "--remote-root"), ("identity", "-i"),
+                                          ("ssh_options", "--ssh-option"), ("ssh_config", "--ssh-config"),
+                                          ("ssh_command", "--ssh-command"),
+                                          ("accept_new_host_key", "--accept-new-host-key"))
+                  if ctx.get_parameter_source(name) == typed]
+        if unused:
+            raise click.BadParameter(f"works only with --host: --to {to} deploys into that directory itself, "
+                                     "without ssh; drop it, or deploy to a board with --host USER@BOARD",
+                                     param_hint=", ".join(unused))
     options = DeployOptions(
         host=host, to=to, remote_root=remote_root, remote_python=remote_python, ignore_target=ignore_target,
         install=not no_install, system_site_packages=system_site_packages, keep=keep, smoke_timeout=smoke_timeout,

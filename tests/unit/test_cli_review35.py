@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from edgesdk.cli import main
@@ -36,3 +37,24 @@ def test_last_word_paragraphs_past_max_chars_name_max_chars(tiny_bundle, tmp_pat
                     "--json")
     assert result.exit_code == 0, result.output
     assert '"documents": 1' in result.stdout
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--remote-root", "releases"], "--remote-root"), (["-i", "key"], "-i"), (["-o", "Port=2222"], "--ssh-option"),
+    (["--ssh-config", "config"], "--ssh-config"), (["--ssh-command", "ssh -v"], "--ssh-command"),
+    (["--accept-new-host-key"], "--accept-new-host-key"),
+], ids=lambda value: value if isinstance(value, str) else None)
+def test_deploy_to_a_directory_refuses_the_options_of_ssh(tmp_path, args, named):
+    root = tmp_path / "root"
+    result = invoke("deploy", "--status", "--to", root, *args)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for {named}: works only with --host: --to {root} deploys into that directory" \
+           in result.stderr, result.stderr
+    assert not root.exists()  # refused before the directory was probed
+
+
+def test_deploy_to_a_directory_takes_edgesdk_ssh_from_the_environment(tmp_path):
+    root = tmp_path / "root"
+    result = invoke("deploy", "--status", "--to", root, env={"EDGESDK_SSH": "ssh -v"})
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"board      local directory {root.resolve()}")
