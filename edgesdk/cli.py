@@ -480,6 +480,10 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     if seed is not None and temperature == 0:
         click.echo("edgesdk: --seed is not used: --temperature 0 decodes greedily (pass a temperature > 0 to sample)",
                    err=True)
+    if not sampling.penalizes and \
+            click.get_current_context().get_parameter_source("repeat_last_n") != click.core.ParameterSource.DEFAULT:
+        click.echo("edgesdk: --repeat-last-n is not used: it is the window of the penalties, and none is on (pass "
+                   "--repeat-penalty other than 1, or a --presence-penalty or --frequency-penalty)", err=True)
     _warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard,
                                  clock_cap=clock_cap, ambient=ambient, sim_speed=sim_speed,
                                  thermal_target=thermal_target)

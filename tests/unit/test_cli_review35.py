@@ -58,3 +58,15 @@ def test_deploy_to_a_directory_takes_edgesdk_ssh_from_the_environment(tmp_path):
     result = invoke("deploy", "--status", "--to", root, env={"EDGESDK_SSH": "ssh -v"})
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith(f"board      local directory {root.resolve()}")
+
+
+def test_repeat_last_n_without_a_penalty_is_named_as_unused(tiny_bundle):
+    plain = invoke("run", tiny_bundle.path, "-p", "hello", "-n", "3")
+    result = invoke("run", tiny_bundle.path, "-p", "hello", "-n", "3", "--repeat-last-n", "128")
+    assert result.exit_code == 0, result.output
+    assert "--repeat-last-n is not used: it is the window of the penalties, and none is on" in result.stderr
+    assert result.stdout == plain.stdout  # the answer is the same: nothing looked back over the 128 tokens
+    penalized = invoke("run", tiny_bundle.path, "-p", "hello", "-n", "3", "--repeat-last-n", "128",
+                       "--repeat-penalty", "1.1")
+    assert penalized.exit_code == 0, penalized.output
+    assert "--repeat-last-n" not in penalized.stderr
