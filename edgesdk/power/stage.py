@@ -68,6 +68,15 @@ class PowerConfig:
             raise ValueError("rank >= 1 and 0 < max_fraction <= 0.05 are required")
         if not 0 < self.tau_train < 1 or not 0 < self.budget <= 1:
             raise ValueError("tau_train must be in (0, 1) and budget in (0, 1]")
+        # A fresh adapter gives every token the gate sigmoid(gate_init); below tau_train every FFN is skipped from
+        # the first rollout, and Adam moves the gate logit by about lr a round, so the gates stay shut (tau_train
+        # 0.7 with the default gate_init: no FFN block ran in any round of a tiny model's training).
+        opened = 1.0 / (1.0 + math.exp(-self.gate_init)) if self.gate_init > -700 else 0.0
+        if opened < self.tau_train:
+            least = math.log(self.tau_train / (1.0 - self.tau_train))
+            raise ValueError(f"gate_init={self.gate_init} starts every gate at sigmoid({self.gate_init}) = {opened:.3f}, "
+                             f"below tau_train={self.tau_train}, so every FFN would be skipped from the first rollout; "
+                             f"set power.gate_init above {least:.3f} (the logit of tau_train), e.g. {least + 0.5:.2f}")
         if self.rounds < 0 or self.rollout < 1 or self.new_tokens < WINDOW:
             raise ValueError(f"rounds >= 0, rollout >= 1 and new_tokens >= {WINDOW} (one entropy window) are required")
         if not (math.isfinite(self.lr) and self.lr > 0):  # AdamW refused a negative one after the c_t profile

@@ -44,8 +44,8 @@ def test_a_fixed_threshold_leaves_the_controller_where_it_was_for_when_it_takes_
     assert np.mean(ran) > 0.2  # wound up, it ran none of them
 
 
-@pytest.mark.parametrize("field, value", [("window", None), ("entropy_target", [1.5]), ("tau_init", None),
-                                          ("tau_init", 1.5)])
+@pytest.mark.parametrize(("field", "value"), [("window", None), ("entropy_target", [1.5]), ("tau_init", None),
+                                            ("tau_init", 1.5)])
 def test_bundle_power_settings_that_are_no_usable_number_are_named(gated, field, value):
     """A setting that is no number (null in a hand-edited manifest) was float()'s or int()'s TypeError, a
     traceback instead of the backend's failure to load; a tau_init outside [0, 1] went unnamed in the list."""
@@ -57,3 +57,18 @@ def test_bundle_power_settings_that_are_no_usable_number_are_named(gated, field,
         OrtGatedBackend(path, graph, threads=1)
     assert f"{field}={value!r}" in info.value.problem
     assert "tau_init in (0, 1)" in info.value.fix
+
+
+@pytest.mark.parametrize(("overrides", "least"), [(["power.tau_train=0.7"], "0.847"),
+                                                  (["power.gate_init=-1.0"], "0.000")])
+def test_gates_that_would_start_closed_are_refused_before_the_build(overrides, least):
+    """sigmoid(gate_init) below tau_train skipped every FFN from the first rollout: tau_train 0.7 with the
+    default gate_init 0.5 trained round after round with no FFN block run."""
+    from edgesdk.build.recipes import load_recipe
+    from edgesdk.errors import BuildError
+
+    with pytest.raises(BuildError) as info:
+        load_recipe("power").with_overrides(overrides).validated()
+    assert "every FFN would be skipped from the first rollout" in str(info.value)
+    assert f"set power.gate_init above {least}" in str(info.value)
+    load_recipe("power").with_overrides([*overrides, "power.gate_init=1.5"]).validated()  # opened: taken
