@@ -224,8 +224,13 @@ def cuda_device_sm(device: int = 0) -> tuple[int | None, str]:
     lib = _cudart()
     if lib is not None:
         count = ctypes.c_int(0)
-        if lib.cudaGetDeviceCount(ctypes.byref(count)) != 0 or count.value <= device:
-            return None, "the CUDA runtime sees no CUDA device"
+        error = lib.cudaGetDeviceCount(ctypes.byref(count))
+        if error != 0:  # no driver, one older than this runtime, no device: the runtime's own words say which
+            lib.cudaGetErrorString.restype = ctypes.c_char_p
+            text = (lib.cudaGetErrorString(error) or b"").decode(errors="replace") or "unknown error"
+            return None, f"the CUDA runtime {getattr(lib, '_name', 'libcudart')} reports: {text} (error {error})"
+        if count.value <= device:
+            return None, f"the CUDA runtime sees {count.value} CUDA device(s), not device {device}"
         major, minor = ctypes.c_int(0), ctypes.c_int(0)
         # cudaDevAttrComputeCapabilityMajor = 75, ...Minor = 76 (CUDA runtime API, enum cudaDeviceAttr)
         if lib.cudaDeviceGetAttribute(ctypes.byref(major), 75, device) == 0 and \
@@ -258,7 +263,8 @@ def require_sm() -> int:
     if sm is None:
         raise RuntimeBackendError(f"no CUDA device is usable here ({how})",
                                   "build and run TensorRT engines on the board itself (engines are tied to its "
-                                  "GPU); check CUDA_VISIBLE_DEVICES and that the CUDA runtime is installed")
+                                  "GPU); check CUDA_VISIBLE_DEVICES, and that the CUDA runtime is installed and no "
+                                  "newer than the driver (JetPack's own CUDA)")
     return sm
 
 

@@ -94,3 +94,31 @@ def test_a_board_of_an_sm_without_kernel_tuning_stops_the_build_with_a_build_err
         compile_kernels(profile, tmp_path / "kernels", record)
     assert "export.sparse=false" in caught.value.fix
     assert not (tmp_path / "kernels").exists()
+
+
+# ---------------------------------------------------------------------------------------------- TensorRT
+def test_the_gpu_query_gives_the_cuda_runtimes_own_reason():
+    """Every failure of cudaGetDeviceCount read 'the CUDA runtime sees no CUDA device', also 'CUDA driver version
+    is insufficient for CUDA runtime version' (a runtime newer than the board's driver), which needs another fix
+    than a device to make visible. Runs against this machine's libcudart when it has one and no GPU answers."""
+    import ctypes
+
+    from edgesdk.errors import RuntimeBackendError
+    from edgesdk.runtime import tensorrt_engine as te
+
+    lib = te._cudart()
+    if lib is None:
+        pytest.skip("no libcudart here")
+    count = ctypes.c_int(0)
+    error = lib.cudaGetDeviceCount(ctypes.byref(count))
+    if error == 0:
+        pytest.skip("the CUDA runtime reaches a driver here")
+    lib.cudaGetErrorString.restype = ctypes.c_char_p
+    text = lib.cudaGetErrorString(error).decode()
+    sm, how = te.cuda_device_sm()
+    assert sm is None
+    assert how.startswith("the CUDA runtime libcudart")
+    assert how.endswith(f"reports: {text} (error {error})")
+    with pytest.raises(RuntimeBackendError, match="no CUDA device is usable here") as caught:
+        te.require_sm()
+    assert text in caught.value.problem
