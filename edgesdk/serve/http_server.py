@@ -63,6 +63,8 @@ from edgesdk.serve.completion import Completer, Completion
 from edgesdk.serve.reasoning import split_answer
 
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
+CHUNK_LINE_LIMIT = 4096  # a chunk-size line with its extensions, or one trailer field
+CHUNK_TRAILER_LINES = 100
 # How long one read or write on a connection may wait on its client: a request line, header or body that
 # stalls, an idle keep-alive connection, a stream nobody reads (which would hold the board's one turn)
 # (llama-server's read/write timeout; waiting for a turn or a thermal pause writes nothing and is not limited).
@@ -380,11 +382,20 @@ class ApiHandler(BaseHTTPRequestHandler):
                 return False
         return super().handle_expect_100()
 
-    def _body_size(self) -> int:
-        """The request body's size from its headers, or the ApiError that refuses it unread."""
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            raise ApiError(411, "chunked request bodies are not read here: send the body with a Content-Length")
+    def _body_size(self) -> int | None:
+        """The request body's size from its headers (None for a chunked body, whose size its chunks
+        tell), or the ApiError that refuses it unread."""
+        codings = [c.strip().lower() for v in self.headers.get_all("Transfer-Encoding", []) for c in v.split(",")]
+        if codings:
+            # RFC 9112 §6.1: Transfer-Encoding overrides a Content-Length sent beside it, and the connection
+            # closes after the answer; §6.3: a coding other than chunked alone leaves the body's end unknown.
+            if self.headers.get("Content-Length") is not None:
+                self.close_connection = True
+            if codings != ["chunked"]:
+                self.close_connection = True
+                raise ApiError(501, f"the request body's Transfer-Encoding is {', '.join(codings)!r}; this server "
+                               "reads 'chunked' alone: send the body plain (with a Content-Length) or chunked")
+            return None
         lengths = [value.strip() for value in self.headers.get_all("Content-Length", [])]
         if not lengths:
             self.close_connection = True
@@ -401,15 +412,53 @@ class ApiHandler(BaseHTTPRequestHandler):
             raise ApiError(413, f"the request body has {size:,} bytes; this server reads at most {MAX_BODY_BYTES:,}")
         return size
 
+    def _read_chunked(self) -> bytes:
+        """A chunked body (RFC 9112 §7.1): chunks of hexadecimal size, extensions ignored, up to the
+        last chunk and its trailer fields, which are read and dropped. Refused past ``MAX_BODY_BYTES``."""
+        body = bytearray()
+        while True:
+            line = self.rfile.readline(CHUNK_LINE_LIMIT)
+            if not line.endswith(b"\n"):
+                raise self._broken_chunk("ended" if len(line) < CHUNK_LINE_LIMIT else "has a chunk-size line "
+                                         f"longer than {CHUNK_LINE_LIMIT} bytes", body)
+            digits = line.split(b";", 1)[0].strip()
+            if not digits or any(c not in b"0123456789abcdefABCDEF" for c in digits):
+                raise self._broken_chunk(f"has a chunk size that is not hexadecimal: {digits[:40]!r}", body)
+            size = int(digits, 16)
+            if size == 0:
+                break
+            if len(body) + size > MAX_BODY_BYTES:
+                self.close_connection = True
+                raise ApiError(413, f"the chunked request body has more than {MAX_BODY_BYTES:,} bytes, the most "
+                               "this server reads")
+            chunk = self.rfile.read(size)
+            body += chunk
+            if len(chunk) < size or self.rfile.read(2) not in (b"\r\n", b"\n"):
+                raise self._broken_chunk("ended inside a chunk" if len(chunk) < size else
+                                         "has a chunk longer than its size", body)
+        for _ in range(CHUNK_TRAILER_LINES):  # trailer fields, then the empty line that ends the message
+            line = self.rfile.readline(CHUNK_LINE_LIMIT)
+            if line in (b"\r\n", b"\n"):
+                return bytes(body)
+            if not line.endswith(b"\n"):
+                raise self._broken_chunk("ended in its trailer fields", body)
+        raise self._broken_chunk(f"has more than {CHUNK_TRAILER_LINES} trailer fields", body)
+
+    def _broken_chunk(self, what: str, body: bytearray) -> ApiError:
+        self.close_connection = True  # the body's end is unknown: this connection cannot carry another request
+        return ApiError(400, f"the chunked request body {what} after {len(body):,} bytes: send chunks as RFC 9112 "
+                        "§7.1 frames them (hexadecimal size, CRLF, data, CRLF), ending with a 0-size chunk")
+
     def _read_json(self) -> object:
         size = self._body_size()
         try:
-            raw = self.rfile.read(size)
+            raw = self._read_chunked() if size is None else self.rfile.read(size)
         except TimeoutError:
             self.close_connection = True
-            raise ApiError(408, f"the request body stalled: its {size:,} bytes had not all come when none "
-                           f"came for {self.server.client_timeout_s:g} s; send the whole body at once") from None
-        if len(raw) < size:
+            total = "" if size is None else f"its {size:,} bytes "
+            raise ApiError(408, f"the request body stalled: {total}had not all come when none came for "
+                           f"{self.server.client_timeout_s:g} s; send the whole body at once") from None
+        if size is not None and len(raw) < size:
             self.close_connection = True
             raise ApiError(400, f"the request body ended after {len(raw):,} of the {size:,} bytes its Content-Length "
                            "announced")
