@@ -433,7 +433,10 @@ class ApiHandler(BaseHTTPRequestHandler):
                                "this server reads")
             chunk = self.rfile.read(size)
             body += chunk
-            if len(chunk) < size or self.rfile.read(2) not in (b"\r\n", b"\n"):
+            end = self.rfile.read(1)
+            if end == b"\r":
+                end += self.rfile.read(1)
+            if len(chunk) < size or end not in (b"\r\n", b"\n"):  # CRLF, or a bare LF (RFC 9112 §2.2)
                 raise self._broken_chunk("ended inside a chunk" if len(chunk) < size else
                                          "has a chunk longer than its size", body)
         for _ in range(CHUNK_TRAILER_LINES):  # trailer fields, then the empty line that ends the message
