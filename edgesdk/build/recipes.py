@@ -188,15 +188,31 @@ class Recipe(BaseModel):
 
 
 def _problems(exc: ValidationError) -> str:
-    """Each of a validation error's problems on one line: the key, the value given and what was wrong."""
+    """Each of a validation error's problems on one line: the key, the value given and what was wrong (an
+    unknown key with the keys allowed where it stands)."""
     problems = []
     for item in exc.errors():
-        key = ".".join(str(part) for part in item["loc"])
-        if item["type"] == "extra_forbidden":
-            problems.append(f"{key} is not a known key")
+        loc, kind, given = item["loc"], item["type"], item.get("input")
+        key = ".".join(str(part) for part in loc) or "the recipe"
+        if kind == "extra_forbidden":
+            problems.append(f"{key} is not a known key{_allowed_keys(loc[:-1])}")
+        elif kind == "missing":
+            problems.append(f"{key} is missing (a required key)")
+        elif kind == "model_type":
+            problems.append(f"{key}={given!r}: expected a mapping of keys{_allowed_keys(loc)}")
+        elif kind == "tuple_type":
+            problems.append(f"{key}={given!r}: expected a list")
         else:
-            problems.append(f"{key}={item.get('input')!r}: {item['msg'].removeprefix('Value error, ')}")
+            problems.append(f"{key}={given!r}: {item['msg'].removeprefix('Value error, ')}")
     return "; ".join(problems)
+
+
+def _allowed_keys(loc: tuple) -> str:
+    """" (allowed keys: a, b)" for the recipe model whose keys stand at ``loc`` (``()`` the recipe,
+    ``("export",)`` its export section, ``("stages", N)`` a stage entry); "" anywhere else."""
+    models = {(): Recipe, ("export",): ExportSection}
+    model = StageEntry if len(loc) == 2 and loc[0] == "stages" and isinstance(loc[1], int) else models.get(loc)
+    return f" (allowed keys: {', '.join(model.model_fields)})" if model else ""
 
 
 def shipped_recipes() -> list[str]:
@@ -228,9 +244,18 @@ def load_recipe(name_or_path: str) -> Recipe:
                              "pass one of those or the path of a recipe YAML (.yaml or .yml)")
         text = (resources.files("edgesdk.recipes") / f"{name_or_path}.yaml").read_text(encoding="utf-8")
         source = f"recipes/{name_or_path}.yaml"
+    shipped = resources.files("edgesdk.recipes") / "default.yaml"
     try:
-        return Recipe.model_validate(yaml.safe_load(text))
-    except (ValidationError, yaml.YAMLError) as exc:
-        shipped = resources.files("edgesdk.recipes") / "default.yaml"
-        raise BuildError(f"recipe {source} is invalid: {exc}", f"compare it with a shipped recipe, e.g. {shipped}") \
-            from exc
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise BuildError(f"recipe {source} is not valid YAML: {exc}",
+                         f"fix the YAML syntax; compare it with a shipped recipe, e.g. {shipped}") from exc
+    if not isinstance(data, dict):
+        raise BuildError(f"recipe {source} must be a YAML mapping of keys ({', '.join(Recipe.model_fields)}), "
+                         f"got {'an empty file' if data is None else f'a {type(data).__name__}: {data!r:.60}'}",
+                         f"start it with 'name: <recipe>'; compare it with a shipped recipe, e.g. {shipped}")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise BuildError(f"recipe {source} is invalid: {_problems(exc)}",
+                         f"fix those keys; compare it with a shipped recipe, e.g. {shipped}") from exc
