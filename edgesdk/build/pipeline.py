@@ -25,6 +25,7 @@ from edgesdk.build.checkpoint import (
 from edgesdk.build.package import write_bundle
 from edgesdk.build.recipes import load_recipe, pick_a_recipe_with
 from edgesdk.build.registry import BuildContext, stage_spec
+from edgesdk.build.sparse_step import check_kernel_sm
 from edgesdk.bundle import Bundle, _bundle_holding, check_replaceable
 from edgesdk.compress.data import DataConfig
 from edgesdk.errors import BuildError, EdgeSDKError
@@ -204,10 +205,12 @@ def check_gemma_stages(stages: list[tuple[str, object]], export_config: ExportCo
 
 
 def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportConfig, profile) -> None:
-    """A sparse export stores the profile's sparsity_block blocks; a sparsify stage that drops other blocks
-    would fail at export, after every stage. Checked before any."""
+    """A sparse export stores the profile's sparsity_block blocks, and compiles kernels for the profile's GPU SM;
+    a sparsify stage that drops other blocks, or an SM the kernels have no launch settings for, would fail at
+    export, after every stage. Checked before any."""
     if not export_config.sparse:
         return
+    check_kernel_sm(profile)
     for name, stage_config in stages:
         block = getattr(stage_config, "block_size", None) if name == "sparsify" else None
         if block is not None and block != profile.sparsity_block:

@@ -33,6 +33,22 @@ def export_sparse_parts(model, export_dir: Path, export_config, profile, validat
     return record
 
 
+def check_kernel_sm(profile) -> None:
+    """Raise BuildError when the profile's GPU has an SM the block-sparse kernels have no launch settings for
+    (:data:`edgesdk.kernels.tuning.SM_DEFAULTS`), so no kernels can be compiled for it; a profile without a GPU
+    needs none. The pipeline checks this before any stage runs, :func:`compile_kernels` again at export."""
+    from edgesdk.kernels.tuning import SM_DEFAULTS
+
+    gpu = profile.gpu
+    if gpu is not None and gpu.sm not in SM_DEFAULTS:  # a user's own board: the tuning is known per SM only
+        raise BuildError(
+            f"{profile.name}'s GPU is sm_{gpu.sm}, and the block-sparse kernels have launch settings only for "
+            f"{', '.join(f'sm_{sm}' for sm in sorted(SM_DEFAULTS))}, so they cannot be "
+            "compiled for it",
+            "set export.sparse=false (or use a recipe without the block-sparse export): the bundle then runs on "
+            "TensorRT or ONNX Runtime")
+
+
 def _next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
@@ -46,16 +62,10 @@ def compile_kernels(profile, out_dir: Path, record: dict) -> dict:
     import dataclasses
 
     from edgesdk.kernels.aot import compile_for_target, default_variants
-    from edgesdk.kernels.tuning import SM_DEFAULTS, tuning_for
+    from edgesdk.kernels.tuning import tuning_for
 
+    check_kernel_sm(profile)
     gpu = profile.gpu
-    if gpu.sm not in SM_DEFAULTS:  # a user's own board: the tuning's shared memory per SM is known per SM only
-        raise BuildError(
-            f"{profile.name}'s GPU is sm_{gpu.sm}, and the block-sparse kernels have launch settings only for "
-            f"{', '.join(f'sm_{sm}' for sm in sorted(SM_DEFAULTS))}, so they cannot be "
-            "compiled for it",
-            "set export.sparse=false (or use a recipe without the block-sparse export): the bundle then runs on "
-            "TensorRT or ONNX Runtime")
     try:
         import triton  # noqa: F401
     except ImportError as exc:

@@ -52,3 +52,31 @@ def test_a_recipe_file_of_the_wrong_shape_is_told_by_key(tmp_path, text, problem
     assert problem in str(refused.value)
     assert "errors.pydantic.dev" not in str(refused.value)
     assert Path(refused.value.fix.rsplit(" ", 1)[-1]).is_file()
+
+
+def test_a_block_sparse_build_for_a_gpu_sm_without_kernel_settings_is_refused_before_the_model_loads(
+        tiny_model_dir, tmp_path, capsys):
+    """A user's board whose GPU SM the kernels have no launch settings for (a TX2's sm_62) failed the jetson
+    recipe's block-sparse export only after every training stage had run; it is refused before the model loads,
+    with the export's message, and leaves no work directory behind."""
+    from importlib import resources
+
+    import yaml
+
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
+
+    profile = yaml.safe_load((resources.files("edgesdk.targets") / "xavier-nx.yaml").read_text(encoding="utf-8"))
+    profile["name"] = "my-tx2"
+    profile["gpu"]["sm"] = 62
+    board = tmp_path / "my-tx2.yaml"
+    board.write_text(yaml.safe_dump(profile, sort_keys=False), encoding="utf-8")
+    out = tmp_path / "bundle"
+    with pytest.raises(BuildError, match=r"my-tx2's GPU is sm_62, and the block-sparse kernels have launch settings "
+                                         r"only for sm_53, sm_72, .*so they cannot be compiled for it") as refused:
+        build(BuildConfig(target=str(board), model=str(tiny_model_dir), out=out, recipe="jetson",
+                          export=ExportConfig(max_context=64), progress=False))
+    assert refused.value.fix.startswith("set export.sparse=false")
+    assert "loading" not in capsys.readouterr().err  # no model loaded, no stage run
+    assert not out.exists()
+    assert not out.with_name("bundle.build").exists()
