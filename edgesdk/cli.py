@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -461,6 +462,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         prompt = _read_text_file(prompt_file, "--file", "'--file' / '-f'")
     schema = _read_json_schema(json_schema, json_object)
     rules = _read_grammar(grammar, grammar_file, json_object, json_schema)
+    if prompt_cache is not None:
+        _check_prompt_cache_location(prompt_cache)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
@@ -886,6 +889,38 @@ def _lookup(backend, draft: int):
                    err=True)
         return None
     return LookupConfig(max_draft=draft)
+
+
+def _check_prompt_cache_location(path: Path) -> None:
+    """``--prompt-cache FILE`` can be written: its directory exists and this user may write there. Checked before
+    the bundle loads; the first write comes only after the first answer, which a missing directory would waste."""
+    # The write renames a file in the directory of the file a symlink points to (edgesdk/runtime/cache_file.py).
+    # os.path's tests, not Path's: a directory this user may not search is False, not a PermissionError.
+    directory = Path(os.path.realpath(path)).parent if os.path.islink(path) else path.parent
+    writable = os.W_OK | os.X_OK
+    if os.path.isdir(directory):
+        if os.access(directory, writable):
+            return
+        problem = f"its directory {directory} is not writable by this user"
+        fix = f"pass a path in a directory this user may write to, or make {directory} writable"
+    elif os.path.exists(directory):
+        problem = f"{directory} is not a directory"
+        fix = "pass a path in an existing directory"
+    else:
+        above = directory.parent
+        while not os.path.exists(above) and above != above.parent:
+            above = above.parent
+        if not os.path.isdir(above):
+            problem = f"its directory {directory} cannot exist: {above} is a file"
+            fix = "pass a path in an existing directory"
+        elif not os.access(above, writable):
+            problem = f"its directory {directory} does not exist or cannot be reached, and {above} is not " \
+                      "writable by this user"
+            fix = "pass a path in a directory this user may write to"
+        else:
+            problem = f"its directory {directory} does not exist"
+            fix = f"create it first (mkdir -p {directory}) or pass a path in an existing directory"
+    raise click.BadParameter(f"cannot write the prompt cache {path}: {problem}; {fix}", param_hint="'--prompt-cache'")
 
 
 def _load_prompt_cache(path: Path | None, cache, runtime, stats: bool) -> Path | None:

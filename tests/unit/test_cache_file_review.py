@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import zipfile
 
 import numpy as np
@@ -138,6 +139,27 @@ class _Terminal(io.BytesIO):
         return True
 
 
+class _RemovingTerminal(_Terminal):
+    """A terminal at which ``directory`` is removed once the session reads its first line: a cache directory
+    that existed when the run started and is gone by the time the answer is written."""
+
+    def __init__(self, text: bytes, directory) -> None:
+        super().__init__(text)
+        self.directory = directory
+
+    def _remove(self, size) -> None:
+        if size != 0 and self.directory.exists():  # click probes the stream with read(0) before the run
+            shutil.rmtree(self.directory)
+
+    def read(self, size=-1):
+        self._remove(size)
+        return super().read(size)
+
+    def read1(self, size=-1):
+        self._remove(size)
+        return super().read1(size)
+
+
 def test_a_cache_that_cannot_be_written_keeps_the_answer_in_the_conversation(tiny_bundle, tmp_path):
     """At a terminal a failed write is reported and the session goes on, but the write came before the
     answer was ended: its last bytes and newline were not written and the exchange was left out of the
@@ -146,11 +168,13 @@ def test_a_cache_that_cannot_be_written_keeps_the_answer_in_the_conversation(tin
     from tests.unit.test_cli import invoke
     from tests.unit.test_cli_run_history import answer, turns
 
-    path = tmp_path / "none" / "prompt.cache"
+    path = tmp_path / "caches" / "prompt.cache"
+    path.parent.mkdir()  # there when the run starts (a missing one is refused then), removed during the session
     result = invoke("run", tiny_bundle.path, "-n", 6, "--threads", 1, "--stats", "--prompt-cache", path,
-                    input=_Terminal(b"hello there\nwhat next\n"))
+                    input=_RemovingTerminal(b"hello there\nwhat next\n", path.parent))
     assert result.exit_code == 0, result.output
-    assert result.stderr.count("cannot write the prompt cache") == 2
+    assert result.stderr.count(f"error: cannot write the prompt cache {path} (No such file or directory)") == 2
+    assert not path.parent.exists()
     runtime = open_runtime(tiny_bundle.path, threads=1)
     tokenizer = runtime.tokenizer
     first = answer(runtime, turns(("hello there", None)), 6)
