@@ -40,15 +40,20 @@ class BuildContext:
 
     def eval_ids(self):
         """Held-out tokens for the per-stage perplexity: the skipped head of the first data file
-        (never trained on), at most 8,192 tokens; None without data files."""
+        (never trained on), at most 8,192 tokens, in windows that start with BOS where the tokenizer
+        adds one (as ``edgesdk eval`` scores them); None without data files."""
         if self._eval_ids is None and self.data_config is not None and self.data_config.files:
             import torch
 
             from edgesdk.compress.data import heldout_text
+            from edgesdk.compress.measure import windows_after_bos
+            from edgesdk.evaluate import leading_bos
 
             text = heldout_text(self.data_config)
             if text:
-                self._eval_ids = torch.tensor(self.tokenizer(text)["input_ids"][:8192], dtype=torch.long)
+                ids = windows_after_bos(self.tokenizer(text, add_special_tokens=False)["input_ids"],
+                                        leading_bos(self.tokenizer))
+                self._eval_ids = torch.tensor(ids[:8192], dtype=torch.long)
         return self._eval_ids
 
 

@@ -49,10 +49,24 @@ def parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+HELDOUT_WINDOW = 256  # tokens per window of the per-stage held-out perplexity
+
+
+def windows_after_bos(ids: list[int], bos_id: int | None, length: int = HELDOUT_WINDOW) -> list[int]:
+    """``ids`` laid out as windows of ``length`` tokens that each start with ``bos_id`` and go on with the
+    next ``length - 1`` text tokens, as a model whose tokenizer puts BOS in front of every text (Gemma,
+    Llama 2) always sees it; ``ids`` as they are where ``bos_id`` is None."""
+    if bos_id is None:
+        return list(ids)
+    step = length - 1
+    return [token for start in range(0, len(ids), step) for token in (bos_id, *ids[start: start + step])]
+
+
 @torch.no_grad()
-def heldout_perplexity(model, ids: torch.Tensor, length: int = 256) -> float:
+def heldout_perplexity(model, ids: torch.Tensor, length: int = HELDOUT_WINDOW) -> float:
     """Perplexity over non-overlapping windows of ``ids`` (a quick per-stage figure; the bundle's
-    perplexity through the runtime is ``edgesdk eval``)."""
+    perplexity through the runtime is ``edgesdk eval``). Laid out by :func:`windows_after_bos`, each
+    window starts with the tokenizer's BOS where it adds one."""
     windows = ids[: (ids.numel() // length) * length].reshape(-1, length)  # (W, length)
     total, count = 0.0, 0
     for row in windows:
@@ -72,6 +86,6 @@ def stage_metrics(model, eval_ids: torch.Tensor | None) -> dict:
     scheme = QuantScheme.of(model)
     metrics = {"parameters": parameters(model), "weight_bytes": weight_bytes(model, scheme),
                "layers": structure_summary(model)}
-    if eval_ids is not None and eval_ids.numel() > 256:
+    if eval_ids is not None and eval_ids.numel() > HELDOUT_WINDOW:
         metrics["heldout_perplexity"] = round(heldout_perplexity(model, eval_ids), 4)
     return metrics
