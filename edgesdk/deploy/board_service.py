@@ -25,6 +25,8 @@ SERVICE_NAME = "edgesdk-serve"
 SERVICE_RECORD = "service.json"  # under the deploy root: the installed unit's scope, path and /health URL
 # Under the deploy root while an install is in flight: the unit file, record and state before it, so a
 # deploy whose service does not come up puts them back ("revert") and the server that ran before runs again.
+# It carries the deploy's token: a file left by a killed deploy, or written by a concurrent one, is not this
+# deploy's to put back or remove.
 SERVICE_BEFORE = "service.before.json"
 HEALTH_POLL_S = 0.5
 JOURNAL_LINES = 15
@@ -183,9 +185,9 @@ def write_atomically(path, text):
     fsync_dir(os.path.dirname(path))
 
 
-def save_before(root, scope, path, record_path):
-    """Write ``service.before.json``: the unit file's text (None where there was none), the deploy
-    root's record and whether the unit was active, before an install changes any of them."""
+def save_before(root, scope, path, record_path, token):
+    """Write ``service.before.json``: the install's ``token``, the unit file's text (None where there was
+    none), the deploy root's record and whether the unit was active, before an install changes any of them."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
@@ -193,22 +195,22 @@ def save_before(root, scope, path, record_path):
         text = None
     code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
     write_atomically(os.path.join(root, SERVICE_BEFORE), json.dumps(
-        {"scope": scope, "unit": path, "text": text, "record": read_record(record_path),
+        {"token": token, "scope": scope, "unit": path, "text": text, "record": read_record(record_path),
          "active": text is not None and state.strip() == "active"}) + "\n")
 
 
-def revert_unit(root, record_path, timeout_s, fix):
+def revert_unit(root, record_path, timeout_s, fix, token):
     """Put back what the last install changed (``action`` "revert", after its service did not come up):
     the unit file as it was and the server that ran before, restarted on ``current`` and waited for; a
     unit that was stopped stays stopped, and one this deploy wrote where there was none is stopped,
-    disabled and removed. Nothing to put back (the install refused before changing anything) is
-    ``{"reverted": False}``."""
+    disabled and removed. Nothing to put back (the install with ``token`` refused before changing anything,
+    whatever a killed or concurrent deploy left) is ``{"reverted": False}``."""
     before_path = os.path.join(root, SERVICE_BEFORE)
-    before = read_record(before_path)
-    if before is None:
-        return {"reverted": False}
-    scope, path = before["scope"], before["unit"]
     with Lock(root):
+        before = read_record(before_path)
+        if before is None or before.get("token") != token:
+            return {"reverted": False}
+        scope, path = before["scope"], before["unit"]
         if before["text"] is None:
             systemctl(scope, "stop", SERVICE_NAME)
             systemctl(scope, "disable", SERVICE_NAME)
@@ -245,7 +247,7 @@ def op_service(params):
     p, root = paths(params["root"])
     record_path = os.path.join(root, SERVICE_RECORD)
     if params["action"] == "revert":
-        return revert_unit(root, record_path, float(params["timeout_s"]), params["fix"])
+        return revert_unit(root, record_path, float(params["timeout_s"]), params["fix"], params["token"])
     if params["action"] == "restart":
         record = read_record(record_path) or {}
         try:
@@ -283,7 +285,7 @@ def op_service(params):
     with Lock(root):  # a concurrent deploy's unit, record and restart wait for this one's
         if params["action"] == "install":
             refuse_a_foreign_server(scope, url, read_record(record_path), params["fix"])
-            save_before(root, scope, path, record_path)
+            save_before(root, scope, path, record_path, params["token"])
             text = render_unit(params["argv"], scope)
             try:
                 with open(path, encoding="utf-8") as handle:
@@ -316,6 +318,9 @@ def op_service(params):
         raise Refused(f"the {scope} service {SERVICE_NAME} did not come up: {reason}\n    its journal:\n      {journal}",
                       params["fix"])
     if params["action"] == "install":
-        with contextlib.suppress(OSError):  # up: nothing to put back
-            os.remove(os.path.join(root, SERVICE_BEFORE))
+        with Lock(root):  # up: nothing to put back (a concurrent deploy's own file stays)
+            before_path = os.path.join(root, SERVICE_BEFORE)
+            if (read_record(before_path) or {}).get("token") == params["token"]:
+                with contextlib.suppress(OSError):
+                    os.remove(before_path)
     return {"installed": True, "restarted": True, "scope": scope, "unit": path, "changed": changed, "notes": notes}

@@ -28,6 +28,7 @@ it ran before.
 from __future__ import annotations
 
 import contextlib
+import secrets
 import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -113,18 +114,18 @@ def switch_back(board, failed: DeployError, previous: str, new_id: str, previous
             "'edgesdk deploy --rollback' goes back") from failed
 
 
-def undo_service(board, report: Reporter, failed: DeployError, switched_from: str | None, new_id: str,
+def undo_service(board, report: Reporter, failed: DeployError, token: str, switched_from: str | None, new_id: str,
                  previous_before: str | None, runtime_key: str | None) -> DeployError:
     """The service did not come up (``failed``) after ``current`` was switched from ``switched_from`` to
-    ``new_id``: switch back, put the unit back as it was and restart the server that ran before, so a
-    failed deploy leaves the board serving what it served. A first deploy keeps its smoke-tested release
-    as current. Returns the error to raise, which says what was undone."""
+    ``new_id``: switch back, put the unit back as it was before the install with ``token`` and restart the
+    server that ran before, so a failed deploy leaves the board serving what it served. A first deploy keeps
+    its smoke-tested release as current. Returns the error to raise, which says what was undone."""
     undone = []
     if switched_from and switched_from != new_id:
         switch_back(board, failed, switched_from, new_id, previous_before, runtime_key)
         undone.append(f"current switched back to releases/{switched_from}")
     try:
-        line = service.revert_service(board)
+        line = service.revert_service(board, token)
     except DeployError as revert_failed:
         raise DeployError(f"{failed.problem}\n{'; '.join(undone) or 'current stays releases/' + new_id}, but "
                           f"putting the service back failed too: {revert_failed.problem}",
@@ -275,10 +276,11 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
         if options.service is not None:
             with report.step("service: edgesdk serve current"):
                 argv = service.serve_argv(live, board.path("current"), options.service, options.ignore_target)
+                token = secrets.token_hex(8)  # names this install's saved state on the board
                 try:
-                    lines = service.install_service(board, argv, options.service)[1]
+                    lines = service.install_service(board, argv, options.service, token)[1]
                 except DeployError as failed:
-                    raise undo_service(board, report, failed, switched["from"], bundle.bundle_id,
+                    raise undo_service(board, report, failed, token, switched["from"], bundle.bundle_id,
                                        facts.state.get("previous"), active_runtime if runtime_key else None) from failed
                 for line in lines:
                     report.info(line)

@@ -55,10 +55,11 @@ def check_service(board: Board, service: ServiceOptions) -> str:
         " (installed already: it is restarted)" if reply["installed"] else "")
 
 
-def install_service(board: Board, argv: list[str], service: ServiceOptions) -> tuple[dict, list[str]]:
-    """Write, enable and (re)start the unit; wait for /health. Returns the reply and lines to report."""
+def install_service(board: Board, argv: list[str], service: ServiceOptions, token: str) -> tuple[dict, list[str]]:
+    """Write, enable and (re)start the unit; wait for /health. ``token`` names this install's saved state, which
+    ``revert_service`` puts back. Returns the reply and lines to report."""
     reply = board.call("service", {"action": "install", "argv": argv, "health_url": service.health_url,
-                                   "timeout_s": HEALTH_TIMEOUT_S,
+                                   "timeout_s": HEALTH_TIMEOUT_S, "token": token,
                                    "fix": SERVICE_FIX},
                        timeout=HEALTH_TIMEOUT_S + 300)
     lines = [f"{reply['scope']} unit {reply['unit']} {'written and ' if reply['changed'] else ''}enabled; "
@@ -90,12 +91,12 @@ def restart_service(board: Board) -> str | None:
     return f"{reply['scope']} unit {reply['unit']} restarted; it serves the release rolled back to"
 
 
-def revert_service(board: Board) -> str | None:
+def revert_service(board: Board, token: str) -> str | None:
     """After a deploy whose service did not come up, and once ``current`` is switched back: put the unit
-    back as it was before the install and restart the server that ran before (a unit this deploy wrote
-    where there was none is removed). Returns a line to report, or None where the install changed
-    nothing."""
-    reply = board.call("service", {"action": "revert", "argv": [], "timeout_s": HEALTH_TIMEOUT_S,
+    back as it was before the install with ``token`` and restart the server that ran before (a unit this
+    deploy wrote where there was none is removed). Returns a line to report, or None where the install
+    changed nothing."""
+    reply = board.call("service", {"action": "revert", "argv": [], "timeout_s": HEALTH_TIMEOUT_S, "token": token,
                                    "fix": "fix what the journal shows, then restart the unit (systemctl restart "
                                           "edgesdk-serve, with --user for a user unit)"},
                        timeout=HEALTH_TIMEOUT_S + 300)

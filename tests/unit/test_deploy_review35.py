@@ -1,0 +1,95 @@
+"""``deploy --service`` undoing itself: the board's ``service.before.json``, a stale one, the unit's enablement.
+
+The board side runs for real through a local transport; ``tests/_utils/fake_systemd.py`` stands in for
+systemctl only, and the unit's ExecStart it starts is a real process answering (or not) over HTTP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import socket
+import sys
+import threading
+
+import pytest
+
+from edgesdk.deploy.remote import Board, BoardRefusal
+from edgesdk.deploy.transport import LocalTransport
+from tests._utils import fake_systemd
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def board(tmp_path, monkeypatch):
+    """(board, unit dir, systemd state): a deploy root in tmp whose helper sees the stand-in systemctl."""
+    state = tmp_path / "systemd-state"
+    for key, value in fake_systemd.install(tmp_path / "bin", state).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("EDGESDK_UNIT_DIR", str(tmp_path / "units"))
+    root = tmp_path / "board"
+    yield Board(LocalTransport(str(root)), sys.executable, str(root)), tmp_path / "units", state
+    fake_systemd.stop_all(state)
+
+
+def good_argv(tmp_path, port: int) -> list[str]:
+    """A server whose /health answers 200."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "health").write_text("ok")
+    return [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(site)]
+
+
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def answering(port: int):
+    """Another server (not the unit's) answering 200 on ``port``."""
+    server = http.server.HTTPServer(("127.0.0.1", port), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+BAD_ARGV = [sys.executable, "-c", "raise SystemExit(3)"]
+
+
+def install(board: Board, argv: list[str], port: int, token: str) -> dict:
+    return board.call("service", {"action": "install", "argv": argv, "health_url": f"http://127.0.0.1:{port}/health",
+                                  "timeout_s": 20, "fix": "fix", "token": token})
+
+
+def revert(board: Board, token: str) -> dict:
+    return board.call("service", {"action": "revert", "argv": [], "timeout_s": 20, "fix": "fix", "token": token})
+
+
+def test_a_stale_before_file_is_not_put_back_by_a_later_deploy(board, tmp_path):
+    """A deploy killed after its install left service.before.json behind. A later deploy whose install was
+    refused before it changed anything ran the revert, which put back that stale state: here it stopped,
+    disabled and removed the unit the killed deploy had written. Only what this install saved is put back."""
+    board, units, state = board
+    port = free_port()
+    with pytest.raises(BoardRefusal, match="did not come up"):
+        install(board, BAD_ARGV, port, "killed")  # the deploy is killed here: no revert follows
+    unit = (units / "edgesdk-serve.service").read_text()
+    with answering(port):  # something else answers on the port: refused before any change
+        with pytest.raises(BoardRefusal, match="already answers"):
+            install(board, good_argv(tmp_path, port), port, "later")
+    assert revert(board, "later") == {"ok": True, "reverted": False}
+    assert (units / "edgesdk-serve.service").read_text() == unit
