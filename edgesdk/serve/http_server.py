@@ -385,14 +385,20 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _body_size(self) -> int | None:
         """The request body's size from its headers (None for a chunked body, whose size its chunks
         tell), or the ApiError that refuses it unread."""
-        codings = [c.strip().lower() for v in self.headers.get_all("Transfer-Encoding", []) for c in v.split(",")]
-        if codings:
+        fields = self.headers.get_all("Transfer-Encoding", [])
+        # empty list elements (', chunked') name no coding (RFC 9110 §5.6.1)
+        codings = [c.strip().lower() for v in fields for c in v.split(",") if c.strip()]
+        if fields:
             # RFC 9112 §6.1: Transfer-Encoding overrides a Content-Length sent beside it, and the connection
             # closes after the answer; §6.3: a coding other than chunked alone leaves the body's end unknown.
             if self.headers.get("Content-Length") is not None:
                 self.close_connection = True
             if codings != ["chunked"]:
                 self.close_connection = True
+                if codings.count("chunked") != 1 or codings[-1] != "chunked":  # §6.3: a 400, as its end is unknown
+                    raise ApiError(400, f"the request body's Transfer-Encoding is {', '.join(codings)!r}: a body's "
+                                   "end is known only where chunked is its last coding, named once (RFC 9112 §6.3); "
+                                   "send the body chunked (Transfer-Encoding: chunked) or plain with a Content-Length")
                 raise ApiError(501, f"the request body's Transfer-Encoding is {', '.join(codings)!r}; this server "
                                "reads 'chunked' alone: send the body plain (with a Content-Length) or chunked")
             return None

@@ -1,0 +1,32 @@
+"""``edgesdk serve``: chunked request bodies and the HTTP layer around them, as a client meets them over real
+sockets against the tiny bundle."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_serve_chunked import BODY, chunked, exchange, request
+
+
+@pytest.mark.parametrize("coding", [b"chunked, gzip", b"gzip", b"chunked, chunked", b"", b" , "])
+def test_a_transfer_encoding_whose_last_coding_is_not_chunked_once_is_a_400(served, coding):
+    """RFC 9112 §6.3: with chunked not the last coding of a request (or none, or chunked twice) the body's end
+    cannot be found; the server MUST answer 400 and close the connection (it answered 501, a coding it lacks)."""
+    (head, payload), = exchange(served.port, request(chunked(BODY, [len(BODY)]), b"Transfer-Encoding: %s\r\n" % coding))
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert b"Connection: close" in head
+    message = payload["error"]["message"]
+    assert "last coding" in message
+    assert "RFC 9112 §6.3" in message
+    assert "Transfer-Encoding: chunked" in message
+
+
+def test_empty_transfer_encoding_list_elements_are_no_coding(served):
+    """RFC 9110 §5.6.1: a recipient parses and ignores empty list elements; ', chunked' is a chunked body (it was
+    refused with 501 naming the coding ', chunked')."""
+    plain = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    framed = request(chunked(BODY, [len(BODY)]), b"Transfer-Encoding: , chunked\r\nTransfer-Encoding: \r\n")
+    (head, payload), (_, health) = exchange(served.port, framed + plain, 2)
+    assert head.startswith(b"HTTP/1.1 200"), (head, payload)
+    assert payload["choices"][0]["text"]
+    assert health["status"] == "ok"  # the connection goes on
