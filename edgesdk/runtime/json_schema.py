@@ -73,6 +73,9 @@ def compile_schema(schema) -> CompiledSchema:
             schema = json.loads(schema)
         except json.JSONDecodeError as exc:
             raise SchemaError(f"the JSON schema is not valid JSON ({exc})", "pass a JSON object") from exc
+        except ValueError as exc:  # an integer past Python's limit on the digits it reads (4,300 by default)
+            raise SchemaError(f"the JSON schema holds an integer longer than Python reads ({exc})",
+                              "shorten that integer or drop the value that holds it") from exc
     if not isinstance(schema, dict):
         raise SchemaError(f"the JSON schema must be an object, got {type(schema).__name__}",
                           'pass an object such as {"type": "object", "properties": {...}}')
@@ -272,7 +275,12 @@ def _json_text(value, path: str) -> bytes:
     try:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
     except ValueError as exc:  # UnicodeEncodeError is one
-        raise SchemaError(f"{path}: {json.dumps(value)[:60]} has no JSON text ({exc})",
+        try:
+            shown = json.dumps(value)[:60]
+        except ValueError:  # an integer past Python's limit on the digits it writes (4,300 by default)
+            raise SchemaError(f"{path}: a value holds an integer longer than Python writes as text ({exc})",
+                              "shorten that integer or drop the value that holds it") from exc
+        raise SchemaError(f"{path}: {shown} has no JSON text ({exc})",
                           "NaN and Infinity are not JSON numbers and a lone UTF-16 surrogate (\\ud800-\\udfff "
                           "without its pair) is no character: drop or fix that value") from exc
 
