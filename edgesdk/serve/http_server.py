@@ -450,7 +450,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             if line in (b"\r\n", b"\n"):
                 return bytes(body)
             if not line.endswith(b"\n"):
-                raise self._broken_chunk("ended in its trailer fields", body)
+                raise self._broken_chunk("ended in its trailer fields" if len(line) < CHUNK_LINE_LIMIT else
+                                         f"has a trailer field longer than {CHUNK_LINE_LIMIT} bytes", body)
         raise self._broken_chunk(f"has more than {CHUNK_TRAILER_LINES} trailer fields", body)
 
     def _broken_chunk(self, what: str, body: bytearray) -> ApiError:

@@ -30,3 +30,19 @@ def test_empty_transfer_encoding_list_elements_are_no_coding(served):
     assert head.startswith(b"HTTP/1.1 200"), (head, payload)
     assert payload["choices"][0]["text"]
     assert health["status"] == "ok"  # the connection goes on
+
+
+def test_a_trailer_field_past_the_line_limit_is_named_as_such(served):
+    """A trailer field longer than the limit was told 'ended in its trailer fields', as if the client had cut the
+    body short; it is named as too long, with the limit."""
+    from edgesdk.serve.http_server import CHUNK_LINE_LIMIT
+
+    framed = chunked(BODY, [len(BODY)], trailer=b"X-Checksum: " + b"a" * CHUNK_LINE_LIMIT + b"\r\n")
+    (head, payload), = exchange(served.port, request(framed))
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert b"Connection: close" in head
+    message = payload["error"]["message"]
+    assert f"has a trailer field longer than {CHUNK_LINE_LIMIT} bytes" in message
+    assert "ended" not in message
+    (head, payload), = exchange(served.port, request(chunked(BODY, [len(BODY)], trailer=b"X-Checksum: a")), end=True)
+    assert "ended in its trailer fields" in payload["error"]["message"]  # a trailer cut short is still told so
