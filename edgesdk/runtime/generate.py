@@ -471,10 +471,11 @@ def biased(logits: np.ndarray, config: SamplingConfig) -> np.ndarray:
     itself when there is none. A token id past the logits is refused by name."""
     if not config.logit_bias:
         return logits
-    tokens = np.fromiter((token for token, _ in config.logit_bias), np.int64, len(config.logit_bias))
-    if int(tokens.max()) >= logits.shape[0]:
-        raise LogitBiasError(f"logit_bias names token id {int(tokens.max())}; this model's vocabulary has ids 0 to "
+    highest = max(token for token, _ in config.logit_bias)  # before numpy, which cannot hold an id past 2**63
+    if highest >= logits.shape[0]:
+        raise LogitBiasError(f"logit_bias names token id {highest}; this model's vocabulary has ids 0 to "
                              f"{logits.shape[0] - 1}", "bias token ids of this model's tokenizer")
+    tokens = np.fromiter((token for token, _ in config.logit_bias), np.int64, len(config.logit_bias))
     out = logits.astype(np.float32, copy=True)
     np.add.at(out, tokens, np.fromiter((bias for _, bias in config.logit_bias), np.float32, len(tokens)))
     if np.all(out == -np.inf):

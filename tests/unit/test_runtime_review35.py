@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgesdk.cli import main
+from edgesdk.runtime.generate import LogitBiasError, SamplingConfig, generate
 from edgesdk.runtime.json_schema import SchemaError, compile_schema
 
 LONG = "1" + "0" * 5000  # past Python's 4,300-digit limit on integers read from or written as text
@@ -36,3 +37,10 @@ def test_run_refuses_such_a_schema_as_a_usage_error(tiny_bundle):
     assert result.exit_code == 2, result.output
     assert "--json-schema" in result.output
     assert "integer longer than Python reads" in result.output
+
+
+def test_a_logit_bias_id_past_a_64_bit_integer_is_named_as_past_the_vocabulary(runtime):
+    config = SamplingConfig(logit_bias={2**70: 5.0})
+    with pytest.raises(LogitBiasError, match=rf"logit_bias names token id {2**70}; this model's vocabulary has ids 0 "
+                                             rf"to {runtime.backend.vocab_size - 1}"):
+        generate(runtime.backend, runtime.tokenizer.encode("hi"), config, set())
