@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from edgesdk.cli import main
 from edgesdk.runtime.generate import LogitBiasError, SamplingConfig, generate
 from edgesdk.runtime.json_schema import SchemaError, compile_schema
+from edgesdk.runtime.speculative import DraftConfig
 
 LONG = "1" + "0" * 5000  # past Python's 4,300-digit limit on integers read from or written as text
 
@@ -44,3 +45,10 @@ def test_a_logit_bias_id_past_a_64_bit_integer_is_named_as_past_the_vocabulary(r
     with pytest.raises(LogitBiasError, match=rf"logit_bias names token id {2**70}; this model's vocabulary has ids 0 "
                                              rf"to {runtime.backend.vocab_size - 1}"):
         generate(runtime.backend, runtime.tokenizer.encode("hi"), config, set())
+
+
+@pytest.mark.parametrize("p_min", ["0.5", None, True, [0.5]])
+def test_a_draft_p_min_that_is_no_number_is_named(p_min):
+    with pytest.raises(ValueError, match=r"p_min must be in \[0, 1\), got "):
+        DraftConfig(p_min=p_min)
+    assert DraftConfig(p_min=0).p_min == 0
