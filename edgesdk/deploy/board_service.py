@@ -187,22 +187,26 @@ def write_atomically(path, text):
 
 def save_before(root, scope, path, record_path, token):
     """Write ``service.before.json``: the install's ``token``, the unit file's text (None where there was
-    none), the deploy root's record and whether the unit was active, before an install changes any of them."""
+    none), the deploy root's record and whether the unit was active and enabled, before an install changes any
+    of them."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except OSError:
         text = None
     code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
+    enabled = ""  # the install enables the unit: "disabled" is disabled again by a revert
+    if text is not None:
+        enabled = systemctl(scope, "is-enabled", SERVICE_NAME, timeout=30)[1]
     write_atomically(os.path.join(root, SERVICE_BEFORE), json.dumps(
         {"token": token, "scope": scope, "unit": path, "text": text, "record": read_record(record_path),
-         "active": text is not None and state.strip() == "active"}) + "\n")
+         "active": text is not None and state.strip() == "active", "enabled": enabled.strip()}) + "\n")
 
 
 def revert_unit(root, record_path, timeout_s, fix, token):
     """Put back what the last install changed (``action`` "revert", after its service did not come up):
     the unit file as it was and the server that ran before, restarted on ``current`` and waited for; a
-    unit that was stopped stays stopped, and one this deploy wrote where there was none is stopped,
+    unit that was stopped stays stopped, one that was disabled is disabled again, and one this deploy wrote where there was none is stopped,
     disabled and removed. Nothing to put back (the install with ``token`` refused before changing anything,
     whatever a killed or concurrent deploy left) is ``{"reverted": False}``."""
     before_path = os.path.join(root, SERVICE_BEFORE)
@@ -221,6 +225,8 @@ def revert_unit(root, record_path, timeout_s, fix, token):
         else:
             write_atomically(path, before["text"])
             outcome = "restarted" if before["active"] else "stopped"
+            if before.get("enabled") == "disabled":  # the install enabled it: it would start at boot
+                systemctl(scope, "disable", SERVICE_NAME)
         if before["record"] is None:
             if os.path.exists(record_path):
                 os.remove(record_path)

@@ -1,8 +1,8 @@
 """A stand-in for ``systemctl``, ``journalctl`` and ``loginctl`` on a machine without systemd as init.
 
 Tests install it under those three names in a directory put first on PATH (:func:`install`). It keeps
-its state in ``$FAKE_SYSTEMD_STATE``: ``calls.jsonl`` (every call), ``<unit>.pid`` and
-``<unit>.log``. ``restart`` really starts the unit's ExecStart (read from ``$EDGESDK_UNIT_DIR``,
+its state in ``$FAKE_SYSTEMD_STATE``: ``calls.jsonl`` (every call), ``<unit>.pid``, ``<unit>.enabled``
+and ``<unit>.log``. ``restart`` really starts the unit's ExecStart (read from ``$EDGESDK_UNIT_DIR``,
 unquoted as systemd does) as a detached process whose output is the unit's journal, so what runs is
 the real server; only the service manager is stood in for.
 """
@@ -93,8 +93,18 @@ def main(name: str, args: list[str]) -> int:
         print("\n".join(log_file.read_text().splitlines()[-15:]) if log_file.exists() else "-- No entries --")
         return 0
     command, unit = args[0], (args[1] if len(args) > 1 else "")
-    if command in ("show-environment", "daemon-reload", "enable", "disable"):
+    if command in ("show-environment", "daemon-reload"):
         return 0
+    if command == "enable":
+        (state / f"{unit}.enabled").touch()
+        return 0
+    if command == "disable":
+        (state / f"{unit}.enabled").unlink(missing_ok=True)
+        return 0
+    if command == "is-enabled":
+        enabled = (state / f"{unit}.enabled").exists()
+        print("enabled" if enabled else "disabled")
+        return 0 if enabled else 1
     if command == "stop":
         _stop(state / f"{unit}.pid")
         return 0

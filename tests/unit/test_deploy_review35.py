@@ -93,3 +93,27 @@ def test_a_stale_before_file_is_not_put_back_by_a_later_deploy(board, tmp_path):
             install(board, good_argv(tmp_path, port), port, "later")
     assert revert(board, "later") == {"ok": True, "reverted": False}
     assert (units / "edgesdk-serve.service").read_text() == unit
+
+
+def systemctl(*args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+def test_a_unit_stopped_and_disabled_before_is_put_back_disabled(board, tmp_path):
+    """The install enables the unit; the revert wrote its text back and left it stopped but still enabled, so a
+    unit its owner had stopped and disabled started at the next boot. It is disabled again, as it was."""
+    board, units, state = board
+    port = free_port()
+    assert install(board, good_argv(tmp_path, port), port, "first")["restarted"]
+    systemctl("stop", "edgesdk-serve")  # its owner stops and disables it by hand
+    systemctl("disable", "edgesdk-serve")
+    assert systemctl("is-enabled", "edgesdk-serve") == "disabled"
+    unit = (units / "edgesdk-serve.service").read_text()
+    with pytest.raises(BoardRefusal, match="did not come up"):
+        install(board, BAD_ARGV, port, "second")
+    assert revert(board, "second")["outcome"] == "stopped"
+    assert (units / "edgesdk-serve.service").read_text() == unit
+    assert systemctl("is-active", "edgesdk-serve") == "failed"
+    assert systemctl("is-enabled", "edgesdk-serve") == "disabled"
