@@ -391,7 +391,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         if fields:
             # RFC 9112 §6.1: Transfer-Encoding overrides a Content-Length sent beside it, and the connection
             # closes after the answer; §6.3: a coding other than chunked alone leaves the body's end unknown.
-            if self.headers.get("Content-Length") is not None:
+            # §6.1 too: in an HTTP/1.0 message it is faulty framing, and the connection closes after the message
+            if self.headers.get("Content-Length") is not None or self.request_version == "HTTP/1.0":
                 self.close_connection = True
             if codings != ["chunked"]:
                 self.close_connection = True

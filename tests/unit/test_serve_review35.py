@@ -46,3 +46,17 @@ def test_a_trailer_field_past_the_line_limit_is_named_as_such(served):
     assert "ended" not in message
     (head, payload), = exchange(served.port, request(chunked(BODY, [len(BODY)], trailer=b"X-Checksum: a")), end=True)
     assert "ended in its trailer fields" in payload["error"]["message"]  # a trailer cut short is still told so
+
+
+def test_an_http_1_0_request_with_transfer_encoding_closes_its_connection(served):
+    """RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 message is taken as faulty framing, and the connection closes
+    after the message is processed, keep-alive or not (it was kept open under 'Connection: keep-alive', the bytes
+    after the body read as the next request)."""
+    framed = chunked(BODY, [len(BODY)])
+    head = b"POST /v1/completions HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n"
+    answers = exchange(served.port, head + framed + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 2)
+    assert len(answers) == 1, answers
+    (head, payload), = answers
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert b"Connection: close" in head
+    assert payload["choices"][0]["text"]
