@@ -57,7 +57,7 @@ def parse_completion_request(body: object) -> CompletionRequest:
     for field, off in OFF_VALUES.items():
         value = body.get(field)
         if value is not None and value != off:
-            raise ApiError(400, f"'{field}' = {_shown(value)} is not supported: this server has no that sampler; "
+            raise ApiError(400, f"'{field}' = {_shown(value)} is not supported: this server does not have that sampler; "
                            f"leave '{field}' out or set it to {off}", param=field, code="unsupported_parameter")
     probs = _n_probs(body)
     text = {key: value for key, value in body.items()
