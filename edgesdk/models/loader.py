@@ -151,7 +151,28 @@ def check_gguf_model(path: Path) -> dict:
     if arch == "gemma3":
         return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
     check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
+    _check_gguf_rope(path, arch, field, tensors)
     return _gguf_head_dim(path, arch, field)
+
+
+def _check_gguf_rope(path: Path, arch: str, field, tensors: set[str]) -> None:
+    """Refuse a file whose rotary frequencies llama.cpp rescales, which transformers' GGUF reader loads as plain
+    RoPE (it reads rope scaling for gpt-oss only and has no mapping for ``rope_freqs.weight``): the bundle would
+    compute something else than the file does in llama.cpp. llama.cpp's converter writes Llama 3's scaling
+    (rope_type llama3) as the ``rope_freqs.weight`` tensor, which divides each frequency (``llama-model.cpp``,
+    LLM_TENSOR_ROPE_FREQS), and linear / YaRN scaling as ``{arch}.rope.scaling.type`` with its factor (gguf.md)."""
+    scaling = field(f"{arch}.rope.scaling.type")
+    if "rope_freqs.weight" in tensors:
+        what = "a rope_freqs.weight tensor (Llama 3's rope scaling, as llama.cpp's converter writes it)"
+    elif scaling is not None and scaling != "none":
+        what = f"{arch}.rope.scaling.type = {scaling!r} (factor {field(f'{arch}.rope.scaling.factor')})"
+    else:
+        return
+    raise ModelSourceError(
+        f"the GGUF file {path} rescales its rotary frequencies with {what}, which transformers' GGUF reader "
+        "drops: the model would load with plain RoPE and its bundle would compute something else than the file",
+        "build from the model's Hugging Face directory instead: its config.json carries the rope scaling "
+        "(llama3, linear, yarn), which the build exports")
 
 
 def _gemma3_overrides(path: Path, field, head_dim: dict) -> dict:
