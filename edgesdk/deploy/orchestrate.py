@@ -126,6 +126,9 @@ def undo_service(board, report: Reporter, failed: DeployError, token: str, switc
         undone.append(f"current switched back to releases/{switched_from}")
     try:
         line = service.revert_service(board, token)
+        if line is None and undone and not isinstance(failed, BoardRefusal):
+            # The install's reply was lost: it may have finished, its server running the release switched away from.
+            line = service.restart_after_lost_install(board)
     except DeployError as revert_failed:
         raise DeployError(f"{failed.problem}\n{'; '.join(undone) or 'current stays releases/' + new_id}, but "
                           f"putting the service back failed too: {revert_failed.problem}",

@@ -107,3 +107,18 @@ def revert_service(board: Board, token: str) -> str | None:
             "stopped": f"{reply['scope']} unit {reply['unit']} put back as it was (stopped, as it was before)",
             "removed": f"{reply['scope']} unit {reply['unit']} that this deploy wrote stopped, disabled and "
                        "removed"}[reply["outcome"]]
+
+
+def restart_after_lost_install(board: Board) -> str | None:
+    """After an install whose reply was lost and had nothing to put back (it may have run to the end, the unit
+    restarted on the release switched away from), once ``current`` is switched back: restart the unit this
+    root installed so it serves current. Returns a line to report, or None where there is no such unit."""
+    reply = board.call("service", {"action": "restart", "argv": [], "timeout_s": HEALTH_TIMEOUT_S,
+                                   "fix": "fix what the journal shows, then restart the unit (systemctl restart "
+                                          "edgesdk-serve, with --user for a user unit)"},
+                       timeout=HEALTH_TIMEOUT_S + 300)
+    if not reply["installed"]:
+        return None
+    if not reply["restarted"]:
+        return f"{reply['scope']} unit {reply['unit']} not restarted: {reply['why']}"
+    return f"{reply['scope']} unit {reply['unit']} restarted: it serves current again"

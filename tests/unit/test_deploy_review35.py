@@ -67,6 +67,17 @@ def answering(port: int):
         server.server_close()
 
 
+# A server that reads the release behind current once, at its start, and answers with it.
+LOADS_AT_START = """import http.server, sys
+which = open(sys.argv[1] + "/which", "rb").read()
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(which)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), Handler).serve_forever()
+"""
+
 BAD_ARGV = [sys.executable, "-c", "raise SystemExit(3)"]
 
 
@@ -117,3 +128,47 @@ def test_a_unit_stopped_and_disabled_before_is_put_back_disabled(board, tmp_path
     assert (units / "edgesdk-serve.service").read_text() == unit
     assert systemctl("is-active", "edgesdk-serve") == "failed"
     assert systemctl("is-enabled", "edgesdk-serve") == "disabled"
+
+
+def test_an_install_whose_reply_is_lost_leaves_the_server_on_current(board, tmp_path):
+    """The install ran to the end on the board (its unit restarted on the new release) but its reply was lost.
+    The undo switched current back and, finding nothing to put back, said the deploy was undone while the server
+    kept serving the release switched away from. The unit is restarted, so it serves current again."""
+    import subprocess
+    import urllib.request
+
+    from edgesdk.deploy.orchestrate import undo_service
+    from edgesdk.deploy.report import Reporter
+    from edgesdk.deploy.transport import DeployError
+    from tests.unit.test_deploy_helper import commit_by_hand, make_bundle
+
+    board, units, state = board
+    port, root = free_port(), board.root
+    old, new = (make_bundle(tmp_path / name, {"health": b"ok", "which": name.encode()}) for name in ("old", "new"))
+    for bundle in (old, new):
+        commit_by_hand(board, bundle)
+    board.call("switch", {"bundle_id": old.bundle_id})
+    (tmp_path / "server.py").write_text(LOADS_AT_START)
+    argv = [sys.executable, str(tmp_path / "server.py"), f"{root}/current", str(port)]  # as edgesdk serve loads
+    assert install(board, argv, port, "first")["restarted"]
+    board.call("switch", {"bundle_id": new.bundle_id})  # the deploy's switch
+
+    class LosesTheInstallReply(LocalTransport):
+        def run(self, argv, input=None, timeout=None, what=None):
+            proc = super().run(argv, input, timeout, what)
+            if '"action": "install"' in argv[-1]:  # done on the board; its answer never comes back
+                raise DeployError("Connection to board closed by remote host.", "run the same deploy again")
+            return proc
+
+    lossy = Board(LosesTheInstallReply(root), sys.executable, root)
+    with pytest.raises(DeployError) as lost:
+        install(lossy, argv, port, "second")
+    assert urllib.request.urlopen(f"http://127.0.0.1:{port}/which", timeout=30).read() == b"new"
+    lines: list[str] = []
+    error = undo_service(lossy, Reporter(9, write=lines.append), lost.value, "second", old.bundle_id, new.bundle_id,
+                         None, None)
+    assert f"current switched back to releases/{old.bundle_id}" in error.problem
+    assert subprocess.run(["readlink", f"{root}/current"], capture_output=True, text=True).stdout.strip().endswith(
+        old.bundle_id)
+    assert urllib.request.urlopen(f"http://127.0.0.1:{port}/which", timeout=30).read() == b"old"
+    assert "restarted: it serves current again" in error.problem
