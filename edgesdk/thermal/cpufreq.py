@@ -319,8 +319,12 @@ def recover(state_path: Path, holding_lock: bool = False) -> list[str]:
 
     A run still going (it holds the lock; ``holding_lock``: this process does) keeps its caps; a
     ceiling that cannot be written back (not root) stays in the state file, and the note says how
-    to give it back."""
-    if not state_path.exists():
+    to give it back. A state file this user may not look for (a cache directory it cannot search,
+    EACCES) holds no cap it could give back: nothing is done, as when there is none."""
+    try:
+        if not state_path.exists():
+            return []
+    except OSError:  # Path.exists raises EACCES (only a missing path or component is False)
         return []
     if not holding_lock and _held_elsewhere(state_path):
         if state_path in _LIVE_CAPS_NOTED:  # said once a process (edgesdk run asks twice)
