@@ -157,9 +157,11 @@ Runner = Callable[[list[str]], "str | None"]
 
 
 def run_command(args: list[str], timeout: float = 2.0) -> str | None:
-    """stdout of a short command, or None when it is missing, fails or hangs."""
+    """stdout of a short command, or None when it is missing, fails or hangs; bytes that are not text
+    in it are U+FFFD (a garbled line is no data to its parser, never a UnicodeDecodeError)."""
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=timeout,
+                              check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from edgesdk.thermal.sensors import Combined, Vcgencmd
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Runs as an ordinary user (root drops to nobody after the imports, since it searches any directory).
@@ -51,3 +53,17 @@ def test_a_cache_directory_this_user_cannot_search_is_no_left_cap(tmp_path):
     assert "error" not in result, result
     assert result["notes"] == []
     assert result["cap"].startswith("CPU clock cap unavailable: no cpufreq policies")
+
+
+def test_vcgencmd_output_that_is_not_text_is_no_data(tmp_path):
+    """run_command decoded vcgencmd's stdout strictly: a byte that is not UTF-8 in get_throttled's answer was a
+    UnicodeDecodeError out of Vcgencmd.read (the sensors' docstring: no data, never an exception), and the
+    combined reader dropped the good temperature read beside it."""
+    binary = tmp_path / "vcgencmd"
+    binary.write_text("#!/bin/sh\n"
+                      "if [ \"$1\" = measure_temp ]; then echo \"temp=61.2'C\"; else printf 'throttled=\\377\\n'; fi\n")
+    binary.chmod(0o755)
+    reading = Vcgencmd(binary=str(binary)).read()
+    assert reading.zones == {"vcgencmd": 61.2}
+    assert reading.throttled is None
+    assert Combined([Vcgencmd(binary=str(binary))], ["vcgencmd"]).read().max_c == 61.2
