@@ -56,6 +56,7 @@ class BundleDecoder:
     lm_head: Matrix | None  # (V, D); None when tied to the embedding
     layers: list[BundleLayer] = field(default_factory=list)
     rope_bases: list[float] = field(default_factory=list)  # theta of each rotary table (rope_base is table 0's)
+    rope_factors: list[np.ndarray | None] = field(default_factory=list)  # each table's RotaryFit.factors
     embed_scale: float = 1.0  # Gemma: the looked-up rows times sqrt(D)
     attention_scale: float | None = None  # softmax(q.k * this); None: 1/sqrt(head_dim)
     activation: str = "silu"  # the FFN's gate activation: silu (SwiGLU) | gelu_tanh (GeGLU)
@@ -97,47 +98,97 @@ def read_bundle_decoder(bundle_dir: Path, manifest: dict) -> BundleDecoder:
     tables: list[str] = []  # the rotary tables' cos names, in the order layers first use them
     layers = [_layer(store, nodes, i, tables) for i in range(graph_record["num_layers"])]
     eps = nodes.attribute("SimplifiedLayerNormalization", "layers.0.input_norm", "epsilon")
-    bases = [fit_rope_base(store.array(cos), store.array(cos[: -len("cos")] + "sin"), head_dim, bundle_dir)
-             for cos in tables]
+    fits = [fit_rope(store.array(cos), store.array(cos[: -len("cos")] + "sin"), head_dim, bundle_dir)
+            for cos in tables]
     scales = {_attributes(nodes.node("GroupQueryAttention", f"past_key_values.{i}.key")).get("scale", 0.0)
               for i in range(len(layers))}
     scale = float(scales.pop()) if len(scales) == 1 else None
     if scale is None or math.isclose(scale, 0.0) or math.isclose(scale, head_dim ** -0.5, rel_tol=1e-6):
         scale = None  # GroupQueryAttention's default, 1/sqrt(head size)
     gelu = any(node.op_type == "FastGelu" for node in model.graph.node)
-    return BundleDecoder(head_dim=head_dim, rms_eps=float(eps), rope_base=bases[0],
+    return BundleDecoder(head_dim=head_dim, rms_eps=float(eps), rope_base=fits[0].theta,
                          max_context=graph_record["max_context"], embed=embed, final_norm=final_norm,
-                         lm_head=lm_head, layers=layers, rope_bases=bases, embed_scale=_embed_scale(model.graph, store),
+                         lm_head=lm_head, layers=layers, rope_bases=[fit.theta for fit in fits],
+                         rope_factors=[fit.factors for fit in fits], embed_scale=_embed_scale(model.graph, store),
                          attention_scale=scale, activation="gelu_tanh" if gelu else "silu")
 
 
-def fit_rope_base(cos: np.ndarray, sin: np.ndarray, head_dim: int, bundle_dir) -> float:
-    """theta of the rotary tables (P, hd/2), refusing tables that are not plain RoPE (Su et al. 2021).
+@dataclass(frozen=True)
+class RotaryFit:
+    """A rotary table as llama.cpp computes it: ``inv_freq_j = theta^(-2j / hd) / factors[j]``."""
 
-    Each frequency is read from the angle at the furthest position where it has turned less than
-    half a circle (atan2 is exact there to float32's precision), then theta is the least-squares fit
-    of log inv_freq_j = -(2j / hd) log theta; the tables rebuilt from theta must match the stored ones.
+    theta: float
+    factors: np.ndarray | None = None  # (hd/2,) llama.cpp's rope_freqs (Llama 3's scaling); None: plain RoPE
+
+
+def _measured_inv_freq(cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Each frequency of the tables (P, hd/2), read from the angle at the furthest position where it has
+    turned less than half a circle (atan2 is exact there to float32's precision)."""
+    positions, half = cos.shape
+    first = np.arctan2(sin[1], cos[1]).astype(np.float64)  # inv_freq at position 1, each below pi
+    far = np.clip(np.floor(2.5 / np.maximum(first, 1e-12)), 1, positions - 1).astype(int)
+    return np.arctan2(sin[far, np.arange(half)], cos[far, np.arange(half)]) / far  # (hd/2,)
+
+
+def _rebuild_error(cos: np.ndarray, sin: np.ndarray, inv_freq: np.ndarray) -> float:
+    rebuilt = np.arange(cos.shape[0])[:, None] * inv_freq[None, :]  # (P, hd/2)
+    return max(float(np.abs(np.cos(rebuilt) - cos).max()), float(np.abs(np.sin(rebuilt) - sin).max()))
+
+
+def _theta_of(exponents: np.ndarray, inv_freq: np.ndarray) -> float:
+    """The least-squares theta of log inv_freq_j = -(2j / hd) log theta over the entries given, a whole number
+    where it lies within float32's reading of one (10,000, not 9,999.999)."""
+    theta = math.exp(-float(np.sum(exponents * np.log(inv_freq)) / np.sum(exponents ** 2)))
+    return float(round(theta)) if abs(theta - round(theta)) < 1e-6 * theta else theta
+
+
+def _scaled_fit(exponents: np.ndarray, inv_freq: np.ndarray) -> RotaryFit | None:
+    """Llama 3's scaling (Meta's rope_type llama3): the highest frequencies as plain RoPE, the rest divided
+    by factors from 1 up to its factor. theta comes from the longest run of leading frequencies that one
+    theta fits to within 1e-4 (at least 3), the factors from the rest."""
+    for count in range(len(exponents), 3, -1):
+        head = slice(1, count)  # exponent 0 (inv_freq 1) says nothing of theta
+        theta = _theta_of(exponents[head], inv_freq[head])
+        if np.abs(np.log(inv_freq[head]) + exponents[head] * math.log(theta)).max() < 1e-4:
+            factors = theta ** -exponents / inv_freq
+            factors[:count] = 1.0
+            if factors.min() >= 1.0 - 1e-4 and (np.diff(factors) >= -1e-3 * factors[1:]).all():
+                return RotaryFit(theta, factors.astype(np.float32))
+            return None
+    return None
+
+
+def fit_rope(cos: np.ndarray, sin: np.ndarray, head_dim: int, bundle_dir) -> RotaryFit:
+    """theta (and Llama 3's frequency factors, where the tables have them) of the rotary tables (P, hd/2),
+    refusing tables that are neither plain RoPE (Su et al. 2021) nor plain RoPE with slower low frequencies,
+    which llama.cpp computes from ``rope_freqs.weight`` (``llama-model.cpp``, LLM_TENSOR_ROPE_FREQS; its
+    converter writes Llama 3.1's and 3.2's scaling so).
+
+    theta is the least-squares fit of log inv_freq_j = -(2j / hd) log theta; the tables rebuilt from the
+    fit must match the stored ones.
     """
     positions, half = cos.shape
     if not np.allclose(cos[0], 1.0, atol=1e-6):
         raise ExportError(f"bundle {bundle_dir}: its rotary tables are scaled by {float(cos[0, 0]):.4f} "
-                          "(a YaRN / LongRoPE attention factor); GGUF export handles plain RoPE only",
-                          "export a model without rope_scaling")
-    first = np.arctan2(sin[1], cos[1]).astype(np.float64)  # inv_freq at position 1, each below pi
-    far = np.clip(np.floor(2.5 / np.maximum(first, 1e-12)), 1, positions - 1).astype(int)
-    inv_freq = np.arctan2(sin[far, np.arange(half)], cos[far, np.arange(half)]) / far  # (hd/2,)
+                          "(a YaRN / LongRoPE attention factor); GGUF export handles plain RoPE and Llama 3's "
+                          "frequency scaling only", "export a model without that rope_scaling")
+    inv_freq = _measured_inv_freq(cos, sin)
     exponents = 2.0 * np.arange(half) / head_dim
     mask = exponents > 0
-    log_theta = -float(np.sum(exponents[mask] * np.log(inv_freq[mask])) / np.sum(exponents[mask] ** 2))
-    theta = math.exp(log_theta)
-    rebuilt = np.arange(positions)[:, None] * theta ** -exponents[None, :]
-    error = max(float(np.abs(np.cos(rebuilt) - cos).max()), float(np.abs(np.sin(rebuilt) - sin).max()))
+    theta = _theta_of(exponents[mask], inv_freq[mask])
+    error = _rebuild_error(cos, sin, theta ** -exponents)
     # inv_freq rounded to float32 turns the angle at position p by up to p * 2^-24 (inv_freq <= 1)
-    if error > max(1e-4, 4 * positions * FLOAT32_EPSILON):
-        raise ExportError(f"bundle {bundle_dir}: its rotary tables are not plain RoPE (the best theta, {theta:.1f}, "
-                          f"rebuilds them only to within {error:.2e}; Llama 3 / YaRN frequency scaling?)",
-                          "GGUF export handles plain RoPE only; run the bundle with edgesdk instead")
-    return theta
+    tolerance = max(1e-4, 4 * positions * FLOAT32_EPSILON)
+    if error <= tolerance:
+        return RotaryFit(theta)
+    scaled = _scaled_fit(exponents, inv_freq)
+    if scaled is not None:
+        scaled_error = _rebuild_error(cos, sin, scaled.theta ** -exponents / scaled.factors.astype(np.float64))
+        if scaled_error <= tolerance:
+            return scaled
+    raise ExportError(f"bundle {bundle_dir}: its rotary tables are neither plain RoPE (the best theta, {theta:.1f}, "
+                      f"rebuilds them only to within {error:.2e}) nor plain RoPE with slower low frequencies "
+                      "(Llama 3's scaling)", "GGUF export handles those only; run the bundle with edgesdk instead")
 
 
 class _Initializers:

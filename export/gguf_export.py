@@ -146,6 +146,7 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
                 "(deci) has no query / key norms", "run this bundle with edgesdk, or build it without prune "
                 "(or with prune settings that keep every layer alike) for llama.cpp")
         architecture, pairwise_rope = PER_LAYER_ARCHITECTURE
+    check_rope_factors(decoder, architecture, bundle_dir)
     tokenizer = manifest["tokenizer"]
     vocab = vocab_from_tokenizer_json(bundle.file(tokenizer["file"]), tokenizer.get("bos_token"),
                                       tokenizer.get("eos_token"), matrix_rows(decoder.embed))
@@ -174,11 +175,28 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
                             seconds=time.perf_counter() - start)
 
 
+# GGUF architectures whose llama.cpp loader reads rope_freqs.weight (Llama 3's frequency factors)
+ROPE_FREQS_ARCHITECTURES = {"llama", "deci"}
+
+
+def check_rope_factors(decoder: BundleDecoder, architecture: str, bundle_dir: Path) -> None:
+    """Refuse rotary frequency factors (Llama 3's scaling) where llama.cpp's architecture does not read
+    ``rope_freqs.weight``: it would rotate with plain RoPE."""
+    if any(factors is not None for factors in decoder.rope_factors) and architecture not in ROPE_FREQS_ARCHITECTURES:
+        raise ExportError(f"bundle {bundle_dir} rotates with scaled frequencies (Llama 3's rope scaling), which "
+                          f"llama.cpp's {architecture} architecture does not read (only "
+                          f"{', '.join(sorted(ROPE_FREQS_ARCHITECTURES))} take rope_freqs.weight)",
+                          "run this bundle with edgesdk, or build it from a model without that rope scaling")
+
+
 def gguf_tensors(decoder: BundleDecoder, pairwise_rope: bool) -> dict[str, Matrix]:
     """GGUF tensor name -> the bundle's matrix (rows = outputs) or vector, query/key rows reordered
-    for pairwise RoPE when asked."""
+    for pairwise RoPE when asked; Llama 3's frequency factors as ``rope_freqs.weight`` (hd/2,), which
+    llama.cpp divides each rotary frequency by."""
     hd = decoder.head_dim
     tensors: dict[str, Matrix] = {"token_embd.weight": decoder.embed}
+    if decoder.rope_factors and decoder.rope_factors[0] is not None:
+        tensors["rope_freqs.weight"] = decoder.rope_factors[0]
     for i, layer in enumerate(decoder.layers):
         q_rows, kv_rows = layer.heads * hd, layer.kv_heads * hd
         qkv, gate_up = layer.units["attn.qkv"], layer.units["mlp.gate_up"]

@@ -124,7 +124,8 @@ def check_gguf_model(path: Path) -> dict:
     Returns the config values transformers' GGUF reader leaves out: the head size, as llama.cpp reads it
     (``{arch}.attention.key_length``, else width / heads), which Qwen3 sets apart from width / heads and
     transformers' Qwen3 mapping does not read (its config then takes Qwen3's default of 128, also for a
-    file whose head size is width / heads and so has no key_length)."""
+    file whose head size is width / heads and so has no key_length); and the rotary scaling it drops (Llama 3's
+    rope_freqs, linear), as transformers' ``rope_parameters``."""
     from gguf import GGUFReader
 
     try:
@@ -151,28 +152,91 @@ def check_gguf_model(path: Path) -> dict:
     if arch == "gemma3":
         return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
     check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
-    _check_gguf_rope(path, arch, field, tensors)
-    return _gguf_head_dim(path, arch, field)
+    head_dim = _gguf_head_dim(path, arch, field)
+    return {**head_dim, **_gguf_rope_overrides(path, arch, field, reader, head_dim)}
 
 
-def _check_gguf_rope(path: Path, arch: str, field, tensors: set[str]) -> None:
-    """Refuse a file whose rotary frequencies llama.cpp rescales, which transformers' GGUF reader loads as plain
-    RoPE (it reads rope scaling for gpt-oss only and has no mapping for ``rope_freqs.weight``): the bundle would
-    compute something else than the file does in llama.cpp. llama.cpp's converter writes Llama 3's scaling
-    (rope_type llama3) as the ``rope_freqs.weight`` tensor, which divides each frequency (``llama-model.cpp``,
-    LLM_TENSOR_ROPE_FREQS), and linear / YaRN scaling as ``{arch}.rope.scaling.type`` with its factor (gguf.md)."""
+def _gguf_rope_overrides(path: Path, arch: str, field, reader, head_dim: dict) -> dict:
+    """The rotary scaling of a file whose frequencies llama.cpp rescales, as the config values transformers
+    computes it from: its GGUF reader drops both ways llama.cpp stores it (it reads rope scaling for gpt-oss
+    only and has no mapping for ``rope_freqs.weight``), and the model would load with plain RoPE. llama.cpp's
+    converter writes Llama 3's scaling (rope_type llama3) as the ``rope_freqs.weight`` tensor, which divides
+    each frequency (``llama-model.cpp``, LLM_TENSOR_ROPE_FREQS), and linear / YaRN scaling as
+    ``{arch}.rope.scaling.type`` with its factor (gguf.md). Linear scaling and factors that Llama 3's rule
+    reproduces load; anything else (YaRN, other factors) is refused."""
     scaling = field(f"{arch}.rope.scaling.type")
-    if "rope_freqs.weight" in tensors:
-        what = "a rope_freqs.weight tensor (Llama 3's rope scaling, as llama.cpp's converter writes it)"
+    base = float(field(f"{arch}.rope.freq_base") or 10_000.0)
+    freqs = next((tensor for tensor in reader.tensors if tensor.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        import numpy as np
+
+        factors = np.asarray(freqs.data, dtype=np.float64).reshape(-1)
+        dims = int(field(f"{arch}.rope.dimension_count") or head_dim.get("head_dim") or 2 * factors.size)
+        fitted = llama3_rope_parameters(factors, base, dims)
+        if fitted is not None:
+            return {"rope_parameters": fitted}
+        what = (f"a rope_freqs.weight tensor whose {factors.size} factors ({factors.min():.4g} to "
+                f"{factors.max():.4g}) no Llama 3 rope scaling gives")
+    elif scaling == "linear" and float(field(f"{arch}.rope.scaling.factor") or 1.0) > 0:
+        return {"rope_parameters": {"rope_type": "linear", "rope_theta": base,
+                                    "factor": float(field(f"{arch}.rope.scaling.factor") or 1.0)}}
     elif scaling is not None and scaling != "none":
         what = f"{arch}.rope.scaling.type = {scaling!r} (factor {field(f'{arch}.rope.scaling.factor')})"
     else:
-        return
+        return {}
     raise ModelSourceError(
-        f"the GGUF file {path} rescales its rotary frequencies with {what}, which transformers' GGUF reader "
-        "drops: the model would load with plain RoPE and its bundle would compute something else than the file",
+        f"the GGUF file {path} rescales its rotary frequencies with {what}, which edgesdk cannot compute as "
+        "llama.cpp does (it loads Llama 3's and linear scaling)",
         "build from the model's Hugging Face directory instead: its config.json carries the rope scaling "
         "(llama3, linear, yarn), which the build exports")
+
+
+def llama3_rope_parameters(factors, base: float, dims: int) -> dict | None:
+    """transformers' ``rope_parameters`` of rope_type llama3 (Meta's scaling, ``_compute_llama3_parameters``)
+    whose frequency divisors are ``factors`` (llama.cpp's rope_freqs, (dims/2,)), or None where that rule
+    gives other divisors. The largest divisor is the factor. In the band between, the divisor is
+    1 / ((1 - s) / factor + s) with s linear in original_max_position_embeddings / wavelength, so only two
+    combinations of the three band settings show in the divisors: low_freq_factor is taken as 1 (Meta's),
+    and the other two follow from a least-squares line through the band."""
+    import numpy as np
+
+    wavelength = 2 * np.pi * base ** (np.arange(0, dims, 2) / dims)  # (dims/2,)
+    if factors.shape != wavelength.shape or not np.isfinite(factors).all() or factors.min() < 1 - 1e-6:
+        return None
+    factor = float(factors.max())
+    if abs(factor - round(factor, 3)) < 1e-5 * factor:  # a config's 8 or 32, not float32's 8.000001
+        factor = round(factor, 3)
+    if factor < 1 + 1e-6:
+        return {}  # every divisor 1: plain RoPE
+    band = (factors > 1 + 1e-5) & (factors < factor * (1 - 1e-5))
+    candidates = []
+    smooth = (1 / factors[band] - 1 / factor) / (1 - 1 / factor)  # s in (0, 1) inside the band
+    if band.sum() >= 2:
+        slope, intercept = np.polyfit(1 / wavelength[band], smooth, 1)  # s = slope / wavelength + intercept
+        if intercept < 0:
+            high = 1 - 1 / intercept  # intercept = -low / (high - low), low = 1
+            context = round(float(slope * (high - 1)))
+            candidates += [(round(float(high), 3), context), (float(high), context)]  # a config's 4, or as fitted
+    if band.any():  # Meta's high_freq_factor 4, the context from the band's first divisor
+        candidates.append((4.0, round(float(wavelength[band][0] * (1 + 3 * smooth[0])))))
+    candidates += [(4.0, context) for context in (8192, 4096, 2048, 16384, 32768, 65536, 131072)]
+    for high, context in candidates:
+        params = {"rope_type": "llama3", "rope_theta": base, "factor": factor, "low_freq_factor": 1.0,
+                  "high_freq_factor": float(high), "original_max_position_embeddings": int(context)}
+        if context > 0 and np.allclose(llama3_divisors(params, wavelength), factors, rtol=1e-4, atol=0):
+            return params
+    return None
+
+
+def llama3_divisors(params: dict, wavelength):
+    """The frequency divisors of Llama 3's scaling at each ``wavelength`` (transformers'
+    ``_compute_llama3_parameters``, llama.cpp's converter)."""
+    import numpy as np
+
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    context = params["original_max_position_embeddings"]
+    smooth = np.clip((context / wavelength - low) / (high - low), 0.0, 1.0)
+    return 1 / ((1 - smooth) / factor + smooth)
 
 
 def _gemma3_overrides(path: Path, field, head_dim: dict) -> dict:

@@ -80,8 +80,13 @@ def test_a_gguf_whose_rotary_frequencies_llama_cpp_rescales_is_refused_at_load(l
     linear = _copy(llama_gguf, tmp_path / "linear.gguf",
                    fields={"llama.rope.scaling.type": ("linear", gguf.GGUFValueType.STRING),
                            "llama.rope.scaling.factor": (4.0, gguf.GGUFValueType.FLOAT32)})
-    with pytest.raises(ModelSourceError, match=r"llama.rope.scaling.type = 'linear'"):
-        load_model(resolve_model(str(linear)), progress=False)
+    loaded = load_model(resolve_model(str(linear)), progress=False)  # linear scaling loads as itself
+    assert loaded.model.config.rope_parameters["rope_type"] == "linear"
+    yarn = _copy(llama_gguf, tmp_path / "yarn.gguf",
+                 fields={"llama.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING),
+                         "llama.rope.scaling.factor": (4.0, gguf.GGUFValueType.FLOAT32)})
+    with pytest.raises(ModelSourceError, match=r"llama.rope.scaling.type = 'yarn'"):
+        load_model(resolve_model(str(yarn)), progress=False)
 
     # a file that says its rotary is not scaled loads as before
     plain = _copy(llama_gguf, tmp_path / "plain.gguf",

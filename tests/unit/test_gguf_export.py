@@ -279,8 +279,8 @@ def test_a_pruned_export_runs_in_llama_cpp_with_the_bundles_logits(model_type, t
     assert diff < 1e-3
 
 
-def test_rope_theta_is_fitted_and_scaled_rope_is_refused(tmp_path):
-    from edgesdk.export.bundle_weights import fit_rope_base
+def test_rope_theta_is_fitted_llama3_factors_are_read_and_other_scaling_is_refused(tmp_path):
+    from edgesdk.export.bundle_weights import fit_rope
 
     head_dim, positions = 64, 2048
     exponents = np.arange(0, head_dim, 2) / head_dim
@@ -290,14 +290,21 @@ def test_rope_theta_is_fitted_and_scaled_rope_is_refused(tmp_path):
         return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
     for theta in (10_000.0, 100_000.0, 500_000.0):
-        assert fit_rope_base(*tables(theta ** -exponents), head_dim, tmp_path) == pytest.approx(theta, rel=1e-5)
+        fit = fit_rope(*tables(theta ** -exponents), head_dim, tmp_path)
+        assert fit.theta == pytest.approx(theta, rel=1e-5)
+        assert fit.factors is None
     llama3 = 500_000.0 ** -exponents
     llama3[exponents > 0.5] /= 8  # Llama 3's rope scaling slows the low frequencies
-    with pytest.raises(ExportError, match="not plain RoPE"):
-        fit_rope_base(*tables(llama3), head_dim, tmp_path)
+    fit = fit_rope(*tables(llama3), head_dim, tmp_path)
+    assert fit.theta == pytest.approx(500_000.0, rel=1e-5)
+    assert np.allclose(fit.factors, np.where(exponents > 0.5, 8.0, 1.0), rtol=1e-3)
+    faster = 500_000.0 ** -exponents
+    faster[exponents > 0.5] *= 2  # sped up: no llama.cpp rule gives it
+    with pytest.raises(ExportError, match="neither plain RoPE"):
+        fit_rope(*tables(faster), head_dim, tmp_path)
     cos, sin = tables(10_000.0 ** -exponents)
     with pytest.raises(ExportError, match="scaled by 1.2000"):
-        fit_rope_base(cos * 1.2, sin * 1.2, head_dim, tmp_path)
+        fit_rope(cos * 1.2, sin * 1.2, head_dim, tmp_path)
 
 
 @pytest.mark.parametrize(("pre_tokenizer", "name"), [
