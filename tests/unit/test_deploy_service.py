@@ -103,7 +103,8 @@ def test_service_that_does_not_come_up_is_reported_with_its_journal(tiny_bundle,
     assert "stopped, disabled and removed" in result.stderr
     assert current_id(root) == tiny_bundle.bundle_id
     assert not (tmp_path / "units" / "edgesdk-serve.service").exists()
-    assert not (root / "service.json").exists() and not (root / "service.before.json").exists()
+    assert not (root / "service.json").exists()
+    assert not (root / "service.before.json").exists()
     assert any(call[-2:] == ["disable", "edgesdk-serve"] for call in fake_systemd.calls(state))
 
 
@@ -130,7 +131,8 @@ def test_a_deploy_whose_service_does_not_come_up_leaves_the_old_release_served(t
     assert f"current switched back to releases/{tiny_bundle.bundle_id}" in second.stderr
     assert "put back as it was and restarted: it serves current again" in second.stderr
     assert current_id(root) == tiny_bundle.bundle_id
-    assert unit_path.read_text() == unit and (root / "service.json").read_text() == record
+    assert unit_path.read_text() == unit
+    assert (root / "service.json").read_text() == record
     assert not (root / "service.before.json").exists()
     restarts = [call for call in fake_systemd.calls(state) if call[-2:] == ["restart", "edgesdk-serve"]]
     assert len(restarts) == 3  # the first deploy, the failed one, the one that put the old server back
