@@ -121,6 +121,28 @@ class ApiServer(ThreadingHTTPServer):
         return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
+LINGER_S = 5.0  # how long a connection closed on an unread body keeps reading it
+LINGER_BYTES = 64 << 20
+
+
+def linger(connection: socket.socket, seconds: float = LINGER_S, limit: int = LINGER_BYTES) -> None:
+    """Close the sending side, then read and drop what the client still sends, for up to ``seconds`` or
+    ``limit`` bytes, before the socket is closed (RFC 9112 §9.6, "Tear-down": a server that closes with
+    unread data makes the kernel send a reset). A client still sending a body this server refused (a
+    413, a 401) would otherwise fail its write with "connection reset" and never read the refusal."""
+    drained, deadline = 0, time.monotonic() + seconds
+    try:
+        connection.shutdown(socket.SHUT_WR)
+        while drained < limit and (left := deadline - time.monotonic()) > 0:
+            connection.settimeout(left)
+            chunk = connection.recv(1 << 16)
+            if not chunk:
+                return
+            drained += len(chunk)
+    except OSError:  # a reset, the timeout: nothing more to wait for
+        pass
+
+
 class ApiHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive for whole answers; a streamed one closes its connection
     server_version = f"edgesdk/{__version__}"
@@ -129,6 +151,15 @@ class ApiHandler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.timeout = self.server.client_timeout_s  # the socket's, set by StreamRequestHandler.setup
         super().setup()
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            headers = getattr(self, "headers", None)
+            if self.close_connection and headers is not None and self._carries_body() and \
+                    not getattr(self, "_body_read", False):
+                linger(self.connection)
 
     # ------------------------------------------------------------------ routing
     def do_GET(self):  # noqa: N802 (BaseHTTPRequestHandler's naming)
