@@ -35,6 +35,16 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+def chat_template(tokenizer) -> str | None:
+    """The template transformers' ``apply_chat_template`` applies to a chat without tools: the tokenizer's
+    one template, or the one named "default" where it has several (a dict of named templates, as
+    ``chat_template`` is for a tokenizer_config that lists them); None where it has none of these."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    return template if isinstance(template, str) and template else None
+
+
 def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None) -> str:
     before, after = manifest["model"]["before"], manifest["model"]["after"]
     fp16_bytes = before["parameters"] * 2
@@ -113,8 +123,8 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
             # the same tokenizer, no indentation: 1.5 MB instead of 3.5 for SmolLM2
             compact = Tokenizer.from_file(str(Path(tmp) / "tokenizer.json"))
             compact.save(str(writer.staging / "tokenizer.json"), pretty=False)
-        template = getattr(tokenizer, "chat_template", None)
-        if isinstance(template, str) and template:
+        template = chat_template(tokenizer)
+        if template:
             writer.write_text("chat_template.jinja", template)
         manifest = {
             "target": profile.summary(),
