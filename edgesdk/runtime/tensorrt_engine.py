@@ -98,11 +98,12 @@ def default_out(bundle_path: Path, bundle_id: str, key: str) -> Path:
 
 
 def read_info(directory: Path) -> dict:
-    """``engine.json`` of an engine directory, or {} when absent or unreadable."""
+    """``engine.json`` of an engine directory, or {} when absent, unreadable or not an object."""
     try:
-        return json.loads((Path(directory) / INFO_FILE).read_text(encoding="utf-8"))
+        info = json.loads((Path(directory) / INFO_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+    return info if isinstance(info, dict) else {}
 
 
 def _mismatch(directory: Path, info: dict, bundle_id: str, tensorrt: str, sm: int) -> str | None:
@@ -121,8 +122,10 @@ def _mismatch(directory: Path, info: dict, bundle_id: str, tensorrt: str, sm: in
         return f"it was built for sm_{info.get('sm')}, this GPU is sm_{sm}"
     plan = Path(directory) / ENGINE_FILE
     size = plan.stat().st_size
-    if info.get("engine_bytes") is not None and size != info["engine_bytes"]:
-        return f"its {ENGINE_FILE} is damaged ({size:,} bytes, {INFO_FILE} says {info['engine_bytes']:,})"
+    recorded = info.get("engine_bytes")
+    if recorded is not None and size != recorded:
+        shown = f"{recorded:,}" if isinstance(recorded, int) else repr(recorded)
+        return f"its {ENGINE_FILE} is damaged ({size:,} bytes, {INFO_FILE} says {shown})"
     if info.get("engine_sha256") is not None and sha256_file(plan) != info["engine_sha256"]:
         return f"its {ENGINE_FILE} is damaged (sha256 differs from {INFO_FILE})"
     return None

@@ -126,6 +126,22 @@ def test_a_damaged_plan_is_refused_by_its_recorded_size_and_sha256(jetson_bundle
     assert "--force" in info.value.fix
 
 
+def test_an_engine_json_that_is_no_object_or_holds_text_sizes_is_a_reason_not_a_crash(jetson_bundle, cache, tmp_path,
+                                                                                     monkeypatch):
+    bundle_id = jetson_bundle.bundle_id
+    listed = tmp_path / "listed"
+    listed.mkdir()
+    (listed / te.ENGINE_FILE).write_bytes(b"plan")
+    (listed / te.INFO_FILE).write_text("[1, 2]")
+    monkeypatch.setenv(te.ENGINE_DIR_ENV, str(listed))
+    with pytest.raises(RuntimeBackendError, match="it has no readable engine.json"):
+        te.find_engine(jetson_bundle.path, bundle_id, "10.3.0", 87, "6.2")
+    texty = fake_engine_dir(tmp_path / "texty", bundle_id=bundle_id, tensorrt="10.3.0", sm=87, engine_bytes="4000")
+    monkeypatch.setenv(te.ENGINE_DIR_ENV, str(texty))
+    with pytest.raises(RuntimeBackendError, match=r"engine.plan is damaged \(4 bytes, engine.json says '4000'\)"):
+        te.find_engine(jetson_bundle.path, bundle_id, "10.3.0", 87, "6.2")
+
+
 def test_engine_dir_from_the_environment(jetson_bundle, cache, tmp_path, monkeypatch):
     bundle_id = jetson_bundle.bundle_id
     explicit = fake_engine_dir(tmp_path / "mine", bundle_id=bundle_id, tensorrt="10.3.0", sm=87)
