@@ -235,15 +235,16 @@ def _gated_pass(backend, ids: list[int], config: PerplexityConfig, tau: float | 
     return result, run / max(total, 1)
 
 
-def controlled_tau(backend, ids: list[int], steps: int = 256) -> float:
+def controlled_tau(backend, ids: list[int], steps: int = 256, bos_id: int | None = None) -> float:
     """The threshold the run-time controller settles at on ``ids``: token-by-token decode with the
-    controller in the loop, mean tau over the second half of ``steps`` steps."""
+    controller in the loop, mean tau over the second half of ``steps`` steps; the first token is
+    ``bos_id`` where one is given, as in the perplexity windows."""
     backend.reset()
     before = backend.gating, backend.fixed_tau
     backend.gating, backend.fixed_tau = True, None
     taus = []
     try:
-        backend.prefill(np.asarray(ids[:1], np.int64))
+        backend.prefill(_window(ids, 0, 1, bos_id))
         steps = min(steps, backend.max_context - 1)
         for token in ids[1: steps + 1]:
             taus.append(backend.tau)
@@ -268,14 +269,16 @@ def gated_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityCo
     ids = _scored_ids(runtime, text, config)
     bos = leading_bos(runtime.tokenizer)
     off, _ = _gated_pass(backend, ids, config, None, progress, bos)
-    tau_star = controlled_tau(backend, ids)
+    tau_star = controlled_tau(backend, ids, bos_id=bos)
     chosen, executed = _gated_pass(backend, ids, config, tau_star, progress, bos)
     backend.reset()
     before = backend.gating, backend.fixed_tau
     backend.gating, backend.fixed_tau = False, None
-    backend.prefill(np.asarray(ids[: config.context], np.int64), keep_logits=1)
-    gates = backend.last_gates.ravel()
-    backend.gating, backend.fixed_tau = before
+    try:  # the first window as the passes score it (BOS in front where the tokenizer adds one)
+        backend.prefill(_window(ids, 0, min(config.context, len(ids)), bos), keep_logits=1)
+        gates = backend.last_gates.ravel()
+    finally:
+        backend.gating, backend.fixed_tau = before
     curve = []
     for budget in budgets:
         tau = 0.0 if budget >= 1 else float(np.quantile(gates, 1 - budget))

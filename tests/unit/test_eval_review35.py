@@ -32,3 +32,65 @@ def test_a_tokenizer_with_named_chat_templates_gets_its_default_one_in_the_bundl
     written = write_bundle(tmp_path / "no-default", **args)
     assert written.manifest["tokenizer"]["chat_template"] is None
     assert not (written.path / "chat_template.jinja").exists()
+
+
+@pytest.fixture(scope="module")
+def bos_power_runtime(tmp_path_factory):
+    """A power-gated bundle of a tiny Llama whose tokenizer puts BOS (<s>, id 1) in front of a text, as Llama 2's
+    and Llama 3's do (Gemma 3 is refused by the power stage)."""
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.compress.data import DataConfig
+    from edgesdk.export.onnx_export import ExportConfig
+    from edgesdk.runtime.session import open_runtime
+    from tests._utils.tiny import CORPUS, tiny_llama, tiny_llama2_tokenizer
+    from tests.unit.test_power_export import TINY_POWER
+
+    root = tmp_path_factory.mktemp("bos-power")
+    model_dir = root / "model"
+    tiny_llama(vocab_size=384).save_pretrained(model_dir, safe_serialization=True)
+    tiny_llama2_tokenizer().save_pretrained(model_dir)
+    text = root / "train.txt"
+    text.write_text(" ".join(CORPUS), encoding="utf-8")
+    bundle = build(BuildConfig(target="rpi5", model=str(model_dir), out=root / "b", recipe="power", progress=False,
+                               export=ExportConfig(max_context=256), overrides=TINY_POWER,
+                               data=DataConfig(files=(str(text),), skip_chars=2000, generated_sequences=0)))
+    return open_runtime(bundle.path, threads=1, ignore_target=True)
+
+
+def test_the_gated_evaluation_chooses_its_thresholds_on_windows_with_bos(bos_power_runtime, monkeypatch):
+    """The gated points score windows that start with BOS, but the controller's tau was found decoding the text
+    from its first token and the budgets' taus from the first window's gates without BOS: thresholds read on
+    sequences such a model never sees. Every sequence the evaluation runs now starts with BOS, and a budget's tau
+    is the quantile of the gates of the first window as scored."""
+    import numpy as np
+
+    from edgesdk.evaluate import PerplexityConfig, gated_perplexity, leading_bos
+    from tests._utils.tiny import CORPUS
+
+    runtime = bos_power_runtime
+    backend = runtime.backend
+    bos = leading_bos(runtime.tokenizer)
+    assert bos == 1
+    text = " ".join(CORPUS)
+    config = PerplexityConfig(context=32, stride=32, max_chars=600)
+    ids = runtime.tokenizer.encode(text[:600], add_special_tokens=False)
+    assert ids[0] != bos
+
+    backend.reset()
+    backend.gating, backend.fixed_tau = False, None
+    backend.prefill(np.asarray([bos, *ids[1:32]], np.int64), keep_logits=1)
+    expected_tau = float(np.quantile(backend.last_gates.ravel(), 1 - 0.7))
+    backend.reset()
+
+    fed, prefill = [], backend.prefill
+
+    def recording(window, *args, **kwargs):
+        fed.append(np.asarray(window).copy())
+        return prefill(window, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "prefill", recording)
+    result = gated_perplexity(runtime, text, config, (0.7,))
+    assert fed
+    assert [int(window[0]) for window in fed] == [bos] * len(fed)
+    assert result["curve"][0]["tau"] == pytest.approx(expected_tau, abs=1e-5)
+    assert (backend.gating, backend.fixed_tau) == (False, None)
