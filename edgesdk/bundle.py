@@ -411,6 +411,11 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
                               "re-copy the archive, or re-create it with 'edgesdk pack'") from exc
         members = [m for m in members if PurePosixPath(m.name).parts]  # "./" names the archive's root
         tops = {PurePosixPath(m.name).parts[0] for m in members}
+        if any(m.isfile() and PurePosixPath(m.name).parts == (MANIFEST,) for m in members):  # tar -C BUNDLE -cf X .
+            raise BundleError(f"{archive} holds a bundle's files at its top level ({MANIFEST} among them), not in "
+                              "the one bundle directory 'edgesdk pack' writes",
+                              "re-create it with 'edgesdk pack BUNDLE ARCHIVE', or with tar from the directory "
+                              "above the bundle (tar -C PARENT -cf ARCHIVE NAME)")
         for member in members:
             pure = PurePosixPath(member.name)
             if (pure.is_absolute() or ".." in pure.parts or not (member.isfile() or member.isdir())

@@ -94,3 +94,23 @@ def test_the_gated_evaluation_chooses_its_thresholds_on_windows_with_bos(bos_pow
     assert [int(window[0]) for window in fed] == [bos] * len(fed)
     assert result["curve"][0]["tau"] == pytest.approx(expected_tau, abs=1e-5)
     assert (backend.gating, backend.fixed_tau) == (False, None)
+
+
+def test_an_archive_of_the_bundles_files_without_its_directory_is_named_as_such(tiny_bundle, tmp_path):
+    """'tar -C BUNDLE -cf X.tar .' puts manifest.json and the rest at the archive's top level; unpack said its
+    first member 'would escape the bundle or is not a plain file', which none of them does. It names the layout
+    and how to make the archive unpack takes; nothing is written."""
+    import tarfile
+
+    from edgesdk.bundle import unpack_bundle
+    from edgesdk.errors import BundleError
+
+    archive = tmp_path / "flat.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(tiny_bundle.path, arcname=".")
+    with pytest.raises(BundleError, match=r"holds a bundle's files at its top level \(manifest\.json") as info:
+        unpack_bundle(archive, tmp_path / "dest")
+    assert "escape" not in info.value.problem
+    assert "tar -C PARENT -cf ARCHIVE NAME" in info.value.fix
+    assert "edgesdk pack" in info.value.fix
+    assert not (tmp_path / "dest").exists()
