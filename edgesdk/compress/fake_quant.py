@@ -9,7 +9,8 @@ block of ``block_size`` at run time (what MatMulNBits ``accuracy_level=4`` does,
 summation order), or quantized per tensor with a static scale from an observer (the QDQ form). Norm weights are never quantized (seed §2.2).
 
 A linear is switched to fake quantization by swapping its class (``QuantLinear`` is an
-``nn.Linear``), so parameter names and checkpoints stay those of the original model. The scheme
+``nn.Linear``; a subclass such as the power stage's query projection keeps its own forward on
+top), so parameter names and checkpoints stay those of the original model. The scheme
 travels between stages in ``model.config.edgesdk_quant``.
 """
 
@@ -284,8 +285,24 @@ def attach(model, scheme: QuantScheme) -> None:
     setattr(model.config, CONFIG_KEY, scheme.to_json())
 
 
+_QUANT_CLASSES: dict[type, type] = {}
+
+
+def _quant_class(plain: type) -> type:
+    """QuantLinear for a plain ``nn.Linear``; for a subclass whose forward adds to the product (the power
+    stage's ScaledQueryProjection scales the query heads after ``super().forward``), that subclass over
+    QuantLinear, so its forward does its own work on the fake-quantized product."""
+    if plain is nn.Linear:
+        return QuantLinear
+    if plain not in _QUANT_CLASSES:
+        _QUANT_CLASSES[plain] = type(f"Quant{plain.__name__}", (plain, QuantLinear), {})
+    return _QUANT_CLASSES[plain]
+
+
 def _make_quant_linear(linear: nn.Linear, scheme: QuantScheme, bits: int, name: str) -> None:
-    linear.__class__ = QuantLinear
+    if not isinstance(linear, QuantLinear):  # attached already: its plain class is kept from then
+        linear.plain_class = type(linear)  # nn.Linear, or a subclass with work of its own (detach puts it back)
+        linear.__class__ = _quant_class(linear.plain_class)
     linear.scheme, linear.bits, linear.qualified_name = scheme, bits, name
     linear.observing, linear.input_absmax = False, None
 
@@ -313,7 +330,7 @@ def detach(model, bake: bool = True) -> QuantScheme:
                 if bake:
                     module.weight.copy_(quantize_weight(module.weight, module.bits, module.scheme.granularity,
                                                         module.scheme.block_size))
-                module.__class__ = nn.Linear
+                module.__class__ = module.__dict__.pop("plain_class", nn.Linear)
                 for cached in ("_cached", "_cached_version", "_scales", "_scale_age"):
                     module.__dict__.pop(cached, None)
             elif isinstance(module, QuantEmbedding):

@@ -1,0 +1,52 @@
+"""Compression stages, review 35: fake quantization on a power-gated model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgesdk.compress import fake_quant  # noqa: E402
+from tests._utils.tiny import tiny_llama  # noqa: E402
+
+
+def gated_model():
+    """A tiny model with power adapters whose head scales differ between heads (trained ones do)."""
+    from edgesdk.power import adapter
+
+    model = tiny_llama(seed=3, layers=3, heads=6, kv_heads=3, hidden=96)
+    adapter.install_adapters(model, 4, 0.5)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("power_adapter.proj2.weight"):
+                parameter.normal_(0, 0.5)
+    return model
+
+
+def test_fake_quantization_keeps_the_power_adapters_query_head_scales():
+    """The power stage swaps q_proj of every layer after the first to ScaledQueryProjection, which scales
+    each query head by the previous layer's adapter. attach swapped it to QuantLinear, so QAT (and the
+    fake-quantized passes of prune, sparsify and distill) ran without the head scales, and detach left a
+    plain nn.Linear: the model went on without them, until a resumed build reinstalled the adapters."""
+    from edgesdk.power.adapter import ScaledQueryProjection
+
+    model = gated_model()
+    scheme = fake_quant.QuantScheme(weight_bits=8, granularity="channel", activations="none", embedding_bits=None)
+    reference = copy.deepcopy(model)  # the gated model with the weights on the grid the bake puts them on
+    with torch.no_grad():
+        for linear in fake_quant.decoder_linears(reference).values():
+            linear.weight.copy_(fake_quant.quantize_weight(linear.weight, 8, "channel", scheme.block_size))
+    ids = torch.randint(0, model.config.vocab_size, (1, 14))
+    with torch.no_grad():
+        expected = reference(ids).logits
+        fake_quant.attach(model, scheme)
+        torch.testing.assert_close(model(ids).logits, expected, atol=1e-5, rtol=1e-5)
+        fake_quant.detach(model, bake=True)
+        torch.testing.assert_close(model(ids).logits, expected, atol=1e-5, rtol=1e-5)
+    assert [type(layer.self_attn.q_proj) for layer in model.model.layers] == \
+        [torch.nn.Linear, ScaledQueryProjection, ScaledQueryProjection]
+    assert all(type(linear) is torch.nn.Linear for name, linear in fake_quant.decoder_linears(model).items()
+               if not name.endswith("q_proj"))
