@@ -162,12 +162,20 @@ def _gguf_rope_overrides(path: Path, arch: str, field, reader, head_dim: dict) -
     only and has no mapping for ``rope_freqs.weight``), and the model would load with plain RoPE. llama.cpp's
     converter writes Llama 3's scaling (rope_type llama3) as the ``rope_freqs.weight`` tensor, which divides
     each frequency (``llama-model.cpp``, LLM_TENSOR_ROPE_FREQS), and linear / YaRN scaling as
-    ``{arch}.rope.scaling.type`` with its factor (gguf.md). Linear scaling and factors that Llama 3's rule
-    reproduces load; anything else (YaRN, other factors) is refused."""
-    scaling = field(f"{arch}.rope.scaling.type")
+    ``{arch}.rope.scaling.type`` with its factor (gguf.md; read as llama.cpp reads them, _gguf_linear_scaling).
+    Linear scaling and factors that Llama 3's rule reproduces load; anything else (YaRN, other factors, both
+    rope_freqs and a linear factor) is refused."""
+    scaling, factor = _gguf_linear_scaling(arch, field)
     base = float(field(f"{arch}.rope.freq_base") or 10_000.0)
     freqs = next((tensor for tensor in reader.tensors if tensor.name == "rope_freqs.weight"), None)
-    if freqs is not None:
+    if scaling not in ("linear", "none"):
+        what = f"{arch}.rope.scaling.type = {scaling!r} (factor {factor:g})"
+    elif factor <= 0:
+        what = f"a linear scaling factor ({arch}.rope.scaling.factor) of {factor:g}, where a factor is positive"
+    elif freqs is not None and factor != 1:
+        what = (f"a rope_freqs.weight tensor and a linear scaling factor of {factor:g} (llama.cpp applies both; "
+                "transformers' rope types give one of them)")
+    elif freqs is not None:
         import numpy as np
 
         factors = np.asarray(freqs.data, dtype=np.float64).reshape(-1)
@@ -177,11 +185,8 @@ def _gguf_rope_overrides(path: Path, arch: str, field, reader, head_dim: dict) -
             return {"rope_parameters": fitted}
         what = (f"a rope_freqs.weight tensor whose {factors.size} factors ({factors.min():.4g} to "
                 f"{factors.max():.4g}) no Llama 3 rope scaling gives")
-    elif scaling == "linear" and float(field(f"{arch}.rope.scaling.factor") or 1.0) > 0:
-        return {"rope_parameters": {"rope_type": "linear", "rope_theta": base,
-                                    "factor": float(field(f"{arch}.rope.scaling.factor") or 1.0)}}
-    elif scaling is not None and scaling != "none":
-        what = f"{arch}.rope.scaling.type = {scaling!r} (factor {field(f'{arch}.rope.scaling.factor')})"
+    elif factor != 1:
+        return {"rope_parameters": {"rope_type": "linear", "rope_theta": base, "factor": factor}}
     else:
         return {}
     raise ModelSourceError(
@@ -189,6 +194,20 @@ def _gguf_rope_overrides(path: Path, arch: str, field, reader, head_dim: dict) -
         "llama.cpp does (it loads Llama 3's and linear scaling)",
         "build from the model's Hugging Face directory instead: its config.json carries the rope scaling "
         "(llama3, linear, yarn), which the build exports")
+
+
+def _gguf_linear_scaling(arch: str, field) -> tuple[str, float]:
+    """(scaling type, factor) as llama.cpp's loader reads them (``llama-model.cpp``, load_hparams): the type
+    defaults to linear, the factor is ``{arch}.rope.scaling.factor``, else the older ``{arch}.rope.scale_linear``,
+    and 0 or absent means 1; type none scales by 1 whatever the factor (``llama-context.cpp``). So a file with a
+    factor and no type (as older converters wrote linear scaling) is linearly scaled."""
+    scaling = field(f"{arch}.rope.scaling.type")
+    scaling = "linear" if scaling is None else str(scaling)
+    factor = field(f"{arch}.rope.scaling.factor")
+    if factor is None:
+        factor = field(f"{arch}.rope.scale_linear")
+    factor = float(factor or 0.0)
+    return scaling, 1.0 if factor == 0 or scaling == "none" else factor
 
 
 def llama3_rope_parameters(factors, base: float, dims: int) -> dict | None:

@@ -1,0 +1,119 @@
+"""Review of GGUF rotary scaling (Llama 3's rope_freqs, linear scaling) both ways: faults found and fixed, each
+shown on real files, and where llama-cpp-python is installed, against llama.cpp itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgesdk.errors import ModelSourceError
+from tests._utils.builds import build_tiny_bundle
+from tests._utils.tiny import save_tiny_model_dir
+
+gguf = pytest.importorskip("gguf")
+torch = pytest.importorskip("torch")
+
+FUSED_FP32 = "name: r\nstages: []\nexport: {form: ort-fused, weights: fp32}\n"
+LLAMA_CPP_MISSING = "llama-cpp-python is not installed (pip install llama-cpp-python, which compiles llama.cpp)"
+TEXT = "The quick brown fox jumps over the lazy dog. Edge boards run small language models all day long."
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10_000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 512}
+F32, STRING = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING
+
+
+def _export(root, **model):
+    from edgesdk.export.gguf_export import export_gguf
+
+    model_dir = save_tiny_model_dir(root / "model", hidden=64, heads=2, kv_heads=1, intermediate=128, **model)
+    bundle = build_tiny_bundle(root, FUSED_FP32, "host", model_dir=model_dir)
+    return export_gguf(bundle.path, root / "model.gguf").path
+
+
+@pytest.fixture(scope="module")
+def plain_llama(tmp_path_factory):
+    """A tiny Llama's float32 GGUF (head size 32, plain RoPE at 10,000)."""
+    return _export(tmp_path_factory.mktemp("plain-llama"))
+
+
+def _rewrite(source, target, fields: dict | None = None, tensors: dict | None = None, drop: tuple = ()):
+    """``source`` written again as ``target``, ``fields`` (key -> (value, GGUFValueType)) and float32 ``tensors``
+    set (replacing any of that name) and the keys or tensors in ``drop`` left out."""
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(target), reader.fields["general.architecture"].contents())
+    fields, tensors = fields or {}, tensors or {}
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in fields or name in drop:
+            continue
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            writer.add_array(name, field.contents())
+        else:
+            writer.add_key_value(name, field.contents(), field.types[0])
+    for name, (value, kind) in fields.items():
+        writer.add_key_value(name, value, kind)
+    for tensor in reader.tensors:
+        if tensor.name not in tensors and tensor.name not in drop:
+            writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
+    for name, value in tensors.items():
+        writer.add_tensor(name, np.asarray(value, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target
+
+
+def _load(path):
+    from edgesdk.models.loader import load_model
+    from edgesdk.models.sources import resolve_model
+
+    return load_model(resolve_model(str(path)), progress=False)
+
+
+def _llama_cpp_logits(llama_cpp, path, ids):
+    model = llama_cpp.Llama(str(path), n_ctx=128, logits_all=True, n_threads=1, verbose=False)
+    model.eval(ids)
+    return np.array(model.scores[:len(ids)])
+
+
+def _llama3_divisors(head_dim: int = 32, base: float = 10_000.0) -> np.ndarray:
+    from edgesdk.models.loader import llama3_divisors
+
+    return llama3_divisors(LLAMA3_ROPE, 2 * np.pi * base ** (np.arange(0, head_dim, 2) / head_dim))
+
+
+def test_a_linear_factor_without_a_type_scales_the_rotary_as_in_llama_cpp(plain_llama, tmp_path):
+    """llama.cpp takes a missing rope.scaling.type as linear and the factor from rope.scaling.factor, else from
+    the older rope.scale_linear (``llama-model.cpp``, load_hparams), so a file with only a factor is linearly
+    scaled there; it loaded with plain RoPE. A file with rope_freqs and a linear factor is scaled by both in
+    llama.cpp, and loaded with the rope_freqs alone."""
+    only_factor = _rewrite(plain_llama, tmp_path / "factor.gguf", fields={"llama.rope.scaling.factor": (4.0, F32)})
+    old_key = _rewrite(plain_llama, tmp_path / "old.gguf", fields={"llama.rope.scale_linear": (4.0, F32)})
+    linear = {"rope_type": "linear", "rope_theta": 10_000.0, "factor": 4.0}
+    for path in (only_factor, old_key):
+        assert _load(path).model.config.rope_parameters == linear
+    none = _rewrite(plain_llama, tmp_path / "none.gguf", fields={"llama.rope.scaling.type": ("none", STRING),
+                                                                "llama.rope.scaling.factor": (4.0, F32)})
+    assert _load(none).model.config.rope_parameters["rope_type"] == "default"  # type none: llama.cpp never scales
+    both = _rewrite(plain_llama, tmp_path / "both.gguf", fields={"llama.rope.scaling.factor": (4.0, F32)},
+                    tensors={"rope_freqs.weight": _llama3_divisors()})
+    with pytest.raises(ModelSourceError, match="a rope_freqs.weight tensor and a linear scaling factor of 4"):
+        _load(both)
+
+    llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
+    loaded = _load(only_factor)
+    ids = loaded.tokenizer(TEXT)["input_ids"]
+    with torch.no_grad():
+        expected = loaded.model(torch.tensor([ids])).logits[0].numpy()
+    plain = _llama_cpp_logits(llama_cpp, plain_llama, ids)
+    for path in (only_factor, old_key):
+        got = _llama_cpp_logits(llama_cpp, path, ids)
+        diff = float(np.abs(got - expected).max())
+        print(f"{path.name} in llama.cpp: max abs logit difference {diff:.2e} (from plain RoPE "
+              f"{float(np.abs(got - plain).max()):.2e})")
+        assert diff < 1e-3
+        assert float(np.abs(got - plain).max()) > 5 * diff  # llama.cpp does scale it
+    with_freqs = _rewrite(plain_llama, tmp_path / "freqs.gguf", tensors={"rope_freqs.weight": _llama3_divisors()})
+    scaled_too = float(np.abs(_llama_cpp_logits(llama_cpp, both, ids) - _llama_cpp_logits(llama_cpp, with_freqs,
+                                                                                          ids)).max())
+    print(f"rope_freqs and a linear factor in llama.cpp: {scaled_too:.2e} from rope_freqs alone")
+    assert scaled_too > 1e-3  # llama.cpp applies both
