@@ -82,6 +82,9 @@ class SparsifyConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.importance not in IMPORTANCE:
             raise ValueError(f"importance must be one of {', '.join(IMPORTANCE)}, got '{self.importance}'")
+        if self.importance == "fisher" and self.sequence_length < 2:  # no next token: no gradient, every score 0
+            raise ValueError(f"importance fisher needs sequence_length >= 2 (its squared gradients come from "
+                             f"next-token targets), got {self.sequence_length}; or use importance wanda")
         if self.allocation not in ALLOCATION:
             raise ValueError(f"allocation must be one of {', '.join(ALLOCATION)}, got '{self.allocation}'")
         if not 0.0 < self.probe_fraction < 1.0:

@@ -50,3 +50,15 @@ def test_fake_quantization_keeps_the_power_adapters_query_head_scales():
         [torch.nn.Linear, ScaledQueryProjection, ScaledQueryProjection]
     assert all(type(linear) is torch.nn.Linear for name, linear in fake_quant.decoder_linears(model).items()
                if not name.endswith("q_proj"))
+
+
+def test_fisher_block_importance_on_one_token_sequences_is_refused_naming_the_option():
+    """One token has no next-token target: the Fisher scores of every block were 0, so the blocks dropped were
+    an arbitrary choice (prune refuses sequence_length 1 for the same reason). Wanda needs no target."""
+    from edgesdk.build.registry import make_config
+    from edgesdk.errors import BuildError
+
+    with pytest.raises(BuildError, match="importance fisher needs sequence_length >= 2") as error:
+        make_config("sparsify", {"importance": "fisher", "sequence_length": 1})
+    assert "--set" in str(error.value)
+    assert make_config("sparsify", {"importance": "wanda", "sequence_length": 1}).sequence_length == 1
