@@ -178,8 +178,23 @@ def _gguf_rope_overrides(path: Path, arch: str, field, reader, head_dim: dict) -
     elif freqs is not None:
         import numpy as np
 
+        from edgesdk.export.gguf_export import ROPE_FREQS_ARCHITECTURES
+
         factors = np.asarray(freqs.data, dtype=np.float64).reshape(-1)
-        dims = int(field(f"{arch}.rope.dimension_count") or head_dim.get("head_dim") or 2 * factors.size)
+        size = head_dim.get("head_dim")
+        dims = int(field(f"{arch}.rope.dimension_count") or size or 2 * factors.size)
+        if arch not in ROPE_FREQS_ARCHITECTURES:
+            raise ModelSourceError(
+                f"the GGUF file {path} holds a rope_freqs.weight tensor (Llama 3's rope scaling), which llama.cpp's "
+                f"{arch} architecture does not read (only {', '.join(sorted(ROPE_FREQS_ARCHITECTURES))} do; "
+                "llama.cpp refuses the file): what it computes is not defined",
+                "build from the model's Hugging Face directory instead, or use a GGUF file without rope_freqs.weight")
+        if size is not None and dims != size:
+            raise ModelSourceError(
+                f"the GGUF file {path} rotates {dims} of each head's {size} dimensions ({arch}.rope.dimension_count)"
+                " and scales them with rope_freqs.weight; llama.cpp's llama refuses a rotary dimension count other "
+                "than the head size, and edgesdk's graphs rotate the whole head",
+                f"use a file whose {arch}.rope.dimension_count is the head size ({size})")
         fitted = llama3_rope_parameters(factors, base, dims)
         if fitted is not None:
             return {"rope_parameters": fitted}

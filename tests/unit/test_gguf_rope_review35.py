@@ -117,3 +117,25 @@ def test_a_linear_factor_without_a_type_scales_the_rotary_as_in_llama_cpp(plain_
                                                                                           ids)).max())
     print(f"rope_freqs and a linear factor in llama.cpp: {scaled_too:.2e} from rope_freqs alone")
     assert scaled_too > 1e-3  # llama.cpp applies both
+
+
+def test_rope_freqs_is_refused_where_llama_cpp_reads_none_or_the_rotary_spans_part_of_the_head(plain_llama, tmp_path):
+    """llama.cpp reads rope_freqs.weight for llama (and deci) only: a Qwen2 file with one is refused there, and
+    loaded as Llama 3's scaling. A rotary dimension count below the head size (partial rotary, which llama.cpp's
+    llama refuses) had its factors fitted over the rotary dimensions and applied by transformers over the whole
+    head, which divides other frequencies."""
+    qwen2 = _export(tmp_path / "qwen2", model_type="qwen2")
+    scaled = _rewrite(qwen2, tmp_path / "qwen2-freqs.gguf", tensors={"rope_freqs.weight": _llama3_divisors()})
+    with pytest.raises(ModelSourceError, match="llama.cpp's qwen2 architecture does not read"):
+        _load(scaled)
+    partial = _rewrite(plain_llama, tmp_path / "partial.gguf",
+                       fields={"llama.rope.dimension_count": (16, gguf.GGUFValueType.UINT32)},
+                       tensors={"rope_freqs.weight": _llama3_divisors(head_dim=16)})
+    with pytest.raises(ModelSourceError, match=r"rotates 16 of each head's 32 dimensions") as refused:
+        _load(partial)
+    assert "(32)" in refused.value.fix
+
+    llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
+    for path in (scaled, partial):  # the premise: llama.cpp loads neither
+        with pytest.raises(ValueError, match="Failed to load model"):
+            llama_cpp.Llama(str(path), n_ctx=128, n_threads=1, verbose=False)
