@@ -195,6 +195,15 @@ def _gguf_rope_overrides(path: Path, arch: str, field, reader, head_dim: dict) -
                 " and scales them with rope_freqs.weight; llama.cpp's llama refuses a rotary dimension count other "
                 "than the head size, and edgesdk's graphs rotate the whole head",
                 f"use a file whose {arch}.rope.dimension_count is the head size ({size})")
+        bad = int(np.count_nonzero(~np.isfinite(factors)))
+        if factors.size != dims // 2 or bad:
+            raise ModelSourceError(
+                f"the GGUF file {path} holds a rope_freqs.weight tensor of {factors.size} values"
+                + (f", {bad} of them not finite (NaN or infinity)" if bad else
+                   f", where its {dims} rotary dimensions ({arch}.rope.dimension_count) take {dims // 2}")
+                + ": a damaged or wrongly converted file",
+                "convert the model again (llama.cpp's convert_hf_to_gguf.py) or build from its Hugging Face "
+                "directory instead")
         fitted = llama3_rope_parameters(factors, base, dims)
         if fitted is not None:
             return {"rope_parameters": fitted}

@@ -139,3 +139,18 @@ def test_rope_freqs_is_refused_where_llama_cpp_reads_none_or_the_rotary_spans_pa
     for path in (scaled, partial):  # the premise: llama.cpp loads neither
         with pytest.raises(ValueError, match="Failed to load model"):
             llama_cpp.Llama(str(path), n_ctx=128, n_threads=1, verbose=False)
+
+
+def test_a_rope_freqs_of_the_wrong_length_or_with_nan_is_named_as_such(plain_llama, tmp_path):
+    """Both were refused as factors "no Llama 3 rope scaling gives" (with a range of "nan to nan" for a NaN),
+    which sends the user after the scaling instead of the damaged tensor."""
+    divisors = _llama3_divisors()
+    short = _rewrite(plain_llama, tmp_path / "short.gguf", tensors={"rope_freqs.weight": divisors[:8]})
+    with pytest.raises(ModelSourceError, match=r"rope_freqs.weight tensor of 8 values, where its 32 rotary "
+                                               r"dimensions \(llama.rope.dimension_count\) take 16"):
+        _load(short)
+    nan = _rewrite(plain_llama, tmp_path / "nan.gguf",
+                   tensors={"rope_freqs.weight": np.where(np.arange(16) == 12, np.nan, divisors)})
+    with pytest.raises(ModelSourceError, match=r"16 values, 1 of them not finite \(NaN or infinity\)") as refused:
+        _load(nan)
+    assert "convert the model again" in refused.value.fix
