@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from edgesdk.compress.fake_quant import CONFIG_KEY as QUANT_KEY
+from edgesdk.power.adapter import CONFIG_KEY as POWER_KEY
 
 LAYERS_KEY = "edgesdk_layers"
 LINEAR_PREFIX = "model.layers."  # the quantization scheme names its per-linear settings model.layers.{i}.…
@@ -136,7 +137,9 @@ def apply_records(model, records: list[dict]) -> None:
 
 
 def load_pruned(path: Path):
-    """Load a checkpoint whose layers may have been pruned (``edgesdk_layers`` in its config)."""
+    """Load a checkpoint whose layers may have been pruned (``edgesdk_layers`` in its config). Power adapters
+    are left to ``edgesdk.power.adapter.restore_adapters`` (a checkpoint load hook), as ``from_pretrained``
+    leaves them for an unpruned one."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -149,6 +152,8 @@ def load_pruned(path: Path):
     state = {}
     for shard in sorted(Path(path).glob("*.safetensors")):
         state.update(load_file(shard))
+    if getattr(config, POWER_KEY, None):  # the power stage's adapters: its load hook reinstalls and loads them
+        state = {name: tensor for name, tensor in state.items() if ".power_adapter." not in name}
     missing, unexpected = model.load_state_dict(state, strict=False)
     allowed_missing = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     if set(missing) - allowed_missing or unexpected:

@@ -62,3 +62,26 @@ def test_fisher_block_importance_on_one_token_sequences_is_refused_naming_the_op
         make_config("sparsify", {"importance": "fisher", "sequence_length": 1})
     assert "--set" in str(error.value)
     assert make_config("sparsify", {"importance": "wanda", "sequence_length": 1}).sequence_length == 1
+
+
+def test_a_pruned_power_gated_checkpoint_loads_back_with_its_adapters(tmp_path):
+    """A build of power then prune, killed after prune, could not resume: the pruned checkpoint is rebuilt
+    from its records and loaded strictly, and the adapters' weights (which the power stage's load hook
+    reinstalls afterwards) were 'unexpected', a ValueError at every --resume."""
+    from edgesdk.build.checkpoint import load_checkpoint, save_checkpoint
+    from edgesdk.compress.prune import apply_plans
+    from edgesdk.power import stage  # noqa: F401  (registers the hook that reinstalls the adapters)
+    from edgesdk.power.adapter import ScaledQueryProjection, power_state
+    from tests._utils.tiny import tiny_tokenizer
+
+    model = gated_model()
+    ffn = [list(range(0, layer.mlp.gate_proj.out_features, 2)) for layer in model.model.layers]
+    apply_plans(model, ffn, [[0, 1, 2], [0, 2], [1]])
+    save_checkpoint(model, tiny_tokenizer(), tmp_path / "prune")
+    loaded = load_checkpoint(tmp_path / "prune")
+    assert power_state(loaded) is not None
+    assert isinstance(loaded.model.layers[2].self_attn.q_proj, ScaledQueryProjection)
+    assert [layer.mlp.power_adapter.next_heads for layer in loaded.model.layers] == [4, 2, 0]
+    ids = torch.randint(0, model.config.vocab_size, (1, 14))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-5)
