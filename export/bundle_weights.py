@@ -145,8 +145,10 @@ def _theta_of(exponents: np.ndarray, inv_freq: np.ndarray) -> float:
 def _scaled_fit(exponents: np.ndarray, inv_freq: np.ndarray) -> RotaryFit | None:
     """Llama 3's scaling (Meta's rope_type llama3): the highest frequencies as plain RoPE, the rest divided
     by factors from 1 up to its factor. theta comes from the longest run of leading frequencies that one
-    theta fits to within 1e-4 (at least 3), the factors from the rest."""
-    for count in range(len(exponents), 3, -1):
+    theta fits to within 1e-4 (the first, whose inv_freq is 1 at any theta, and at least one more: an original
+    context short against theta puts the band between at the second or third frequency), the factors from the
+    rest."""
+    for count in range(len(exponents), 1, -1):
         head = slice(1, count)  # exponent 0 (inv_freq 1) says nothing of theta
         theta = _theta_of(exponents[head], inv_freq[head])
         if np.abs(np.log(inv_freq[head]) + exponents[head] * math.log(theta)).max() < 1e-4:

@@ -154,3 +154,27 @@ def test_a_rope_freqs_of_the_wrong_length_or_with_nan_is_named_as_such(plain_lla
     with pytest.raises(ModelSourceError, match=r"16 values, 1 of them not finite \(NaN or infinity\)") as refused:
         _load(nan)
     assert "convert the model again" in refused.value.fix
+
+
+@pytest.mark.parametrize("context", [48, 100])
+def test_llama3_tables_whose_band_between_starts_at_the_second_or_third_frequency_export(context, tmp_path):
+    """theta was fitted from at least three leading frequencies besides the first, so a Llama 3 scaling whose
+    band between starts at the second or third (an original context short against theta: 48 and 100 at a
+    head size of 32 and theta 10,000) was refused as 'neither plain RoPE nor plain RoPE with slower low
+    frequencies (Llama 3's scaling)', which it is."""
+    from edgesdk.export.bundle_weights import fit_rope
+    from edgesdk.models.loader import llama3_divisors, llama3_rope_parameters
+
+    head_dim, positions = 32, 256
+    exponents = np.arange(0, head_dim, 2) / head_dim
+    rope = {**LLAMA3_ROPE, "original_max_position_embeddings": context}
+    divisors = llama3_divisors(rope, 2 * np.pi * 10_000.0 ** exponents)
+    first = 2 if context == 48 else 3  # the first slowed frequency
+    assert divisors[first - 1] == 1
+    assert divisors[first] > 1
+    angles = torch.arange(positions, dtype=torch.float32)[:, None] * torch.tensor(10_000.0 ** -exponents / divisors,
+                                                                                   dtype=torch.float32)
+    fit = fit_rope(angles.cos().numpy(), angles.sin().numpy(), head_dim, tmp_path)
+    assert fit.theta == 10_000.0
+    assert np.allclose(fit.factors, divisors, rtol=1e-5)
+    assert llama3_rope_parameters(fit.factors.astype(np.float64), fit.theta, head_dim) == rope
