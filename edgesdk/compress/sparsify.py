@@ -249,7 +249,7 @@ def keep_top(scores: torch.Tensor, count: int) -> torch.Tensor:
 def weight_sensitivity(model, scores: dict[str, torch.Tensor], batches: list[torch.Tensor], block: int,
                        fraction: float, progress: bool = False) -> dict[str, float]:
     """Per decoder linear, the mean KL(model || model with that weight's ``fraction`` least important
-    blocks dropped) over ``batches``: what losing blocks there really costs, all else intact."""
+    blocks dropped, one at least) over ``batches``: what losing blocks there really costs, all else intact."""
     from tqdm import tqdm
 
     linears = fake_quant.decoder_linears(model)
@@ -260,7 +260,9 @@ def weight_sensitivity(model, scores: dict[str, torch.Tensor], batches: list[tor
     for name in tqdm(list(scores), desc="sensitivity", disable=not progress, unit="weight"):
         weight = linears[name].weight
         saved = weight.detach().clone()
-        keep = keep_top(scores[name], scores[name].numel() - round(fraction * scores[name].numel()))
+        # at least one block: a probe dropping none measured cost 0, and the allocation took the weight for free
+        # and cut it to min_density unmeasured (a weight of 4 blocks at probe_fraction 0.1)
+        keep = keep_top(scores[name], scores[name].numel() - max(1, round(fraction * scores[name].numel())))
         weight.data.mul_(expand_mask(keep, tuple(weight.shape), block).to(weight.dtype))
         total = 0.0
         for ref, batch in zip(reference, batches, strict=True):

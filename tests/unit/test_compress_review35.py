@@ -85,3 +85,22 @@ def test_a_pruned_power_gated_checkpoint_loads_back_with_its_adapters(tmp_path):
     ids = torch.randint(0, model.config.vocab_size, (1, 14))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_every_weight_loses_a_block_in_its_sensitivity_probe():
+    """At probe_fraction 0.1 a weight of up to 5 blocks dropped round(0.1 n) = 0 of them: its cost was 0, so the
+    allocation took it as free and cut it to min_density without a measurement (every attention weight of
+    this model), leaving the FFN weights that were measured whole."""
+    from edgesdk.compress import sparsify
+
+    model = tiny_llama(seed=4)
+    batches = [torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(i))
+               for i in range(2)]
+    config = sparsify.SparsifyConfig(density=0.8, probe_fraction=0.1)
+    scores = sparsify.block_importance(model, batches, config, 32)
+    assert min(score.numel() for score in scores.values()) == 2  # k_proj and v_proj: 32 x 64
+    costs = sparsify.weight_sensitivity(model, scores, batches, 32, config.probe_fraction)
+    assert all(cost > 0 for cost in costs.values()), costs
+    densities = sparsify.density_summary(sparsify.plan(model, scores, batches, 32, config))["per_weight"]
+    costliest = max(costs, key=costs.get)
+    assert densities[costliest] == 1.0, (costliest, densities)
