@@ -7,6 +7,7 @@ import pytest
 
 from edgesdk.errors import ModelSourceError
 from tests._utils.builds import build_tiny_bundle
+from tests._utils.gguf_files import rewrite_gguf
 from tests._utils.tiny import save_tiny_model_dir
 
 pytest.importorskip("gguf")
@@ -28,34 +29,6 @@ def llama_gguf(tmp_path_factory):
     return export_gguf(bundle.path, root / "model.gguf").path
 
 
-def _copy(source, target, fields: dict | None = None, tensors: dict | None = None):
-    """``source`` rewritten as ``target`` with ``fields`` (key -> (value, GGUFValueType)) and float32 ``tensors``
-    added, as llama.cpp's converter writes them."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(source))
-    writer = gguf.GGUFWriter(str(target), reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        kind = field.types[0]
-        if kind == gguf.GGUFValueType.ARRAY:
-            writer.add_array(name, field.contents())
-        else:
-            writer.add_key_value(name, field.contents(), kind)
-    for name, (value, kind) in (fields or {}).items():
-        writer.add_key_value(name, value, kind)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-    for name, value in (tensors or {}).items():
-        writer.add_tensor(name, np.asarray(value, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return target
-
-
 def _llama3_factors(head_dim: int = 16) -> np.ndarray:
     """A ``rope_freqs.weight`` as llama.cpp's converter writes it for Llama 3.1 / 3.2 (rope_type llama3): the
     divisor of each rotary frequency, all but the fastest divided by 8 (a tiny model's few positions turn only
@@ -72,24 +45,24 @@ def test_a_gguf_whose_rotary_frequencies_llama_cpp_rescales_is_refused_at_load(l
     from edgesdk.models.loader import load_model
     from edgesdk.models.sources import resolve_model
 
-    freqs = _copy(llama_gguf, tmp_path / "freqs.gguf", tensors={"rope_freqs.weight": _llama3_factors()})
+    freqs = rewrite_gguf(llama_gguf, tmp_path / "freqs.gguf", tensors={"rope_freqs.weight": _llama3_factors()})
     with pytest.raises(ModelSourceError, match="rope_freqs.weight") as refused:
         load_model(resolve_model(str(freqs)), progress=False)
     assert "Hugging Face directory" in refused.value.fix
 
-    linear = _copy(llama_gguf, tmp_path / "linear.gguf",
+    linear = rewrite_gguf(llama_gguf, tmp_path / "linear.gguf",
                    fields={"llama.rope.scaling.type": ("linear", gguf.GGUFValueType.STRING),
                            "llama.rope.scaling.factor": (4.0, gguf.GGUFValueType.FLOAT32)})
     loaded = load_model(resolve_model(str(linear)), progress=False)  # linear scaling loads as itself
     assert loaded.model.config.rope_parameters["rope_type"] == "linear"
-    yarn = _copy(llama_gguf, tmp_path / "yarn.gguf",
+    yarn = rewrite_gguf(llama_gguf, tmp_path / "yarn.gguf",
                  fields={"llama.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING),
                          "llama.rope.scaling.factor": (4.0, gguf.GGUFValueType.FLOAT32)})
     with pytest.raises(ModelSourceError, match=r"llama.rope.scaling.type = 'yarn'"):
         load_model(resolve_model(str(yarn)), progress=False)
 
     # a file that says its rotary is not scaled loads as before
-    plain = _copy(llama_gguf, tmp_path / "plain.gguf",
+    plain = rewrite_gguf(llama_gguf, tmp_path / "plain.gguf",
                   fields={"llama.rope.scaling.type": ("none", gguf.GGUFValueType.STRING)})
     assert load_model(resolve_model(str(plain)), progress=False).model.config.model_type == "llama"
 
@@ -99,8 +72,8 @@ def test_llama_cpp_computes_a_rope_freqs_file_differently_from_plain_rope(llama_
     give other logits than the file without it (which is what transformers loads)."""
     llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
 
-    files = [llama_gguf, _copy(llama_gguf, tmp_path / "ones.gguf", tensors={"rope_freqs.weight": np.ones(8)}),
-             _copy(llama_gguf, tmp_path / "freqs.gguf", tensors={"rope_freqs.weight": _llama3_factors()})]
+    files = [llama_gguf, rewrite_gguf(llama_gguf, tmp_path / "ones.gguf", tensors={"rope_freqs.weight": np.ones(8)}),
+             rewrite_gguf(llama_gguf, tmp_path / "freqs.gguf", tensors={"rope_freqs.weight": _llama3_factors()})]
     scores = []
     for path in files:
         model = llama_cpp.Llama(str(path), n_ctx=64, logits_all=True, n_threads=1, verbose=False)

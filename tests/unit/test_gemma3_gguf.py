@@ -16,6 +16,7 @@ import pytest
 
 from edgesdk.errors import ExportError, ModelSourceError
 from tests._utils.builds import build_tiny_bundle
+from tests._utils.gguf_files import rewrite_gguf
 from tests._utils.tiny import save_tiny_model_dir
 
 torch = pytest.importorskip("torch")
@@ -164,24 +165,8 @@ def test_a_gemma3_gguf_with_soft_capped_logits_is_refused_at_load(tmp_path):
     from edgesdk.models.sources import resolve_model
 
     _, report = _exported(tmp_path)
-    reader = gguf.GGUFReader(str(report.path))
-    capped = tmp_path / "capped.gguf"
-    writer = gguf.GGUFWriter(str(capped), "gemma3")
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        kind = field.types[0]
-        if kind == gguf.GGUFValueType.ARRAY:
-            writer.add_array(name, field.contents())
-        else:
-            writer.add_key_value(name, field.contents(), kind)
-    writer.add_final_logit_softcapping(30.0)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    capped = rewrite_gguf(report.path, tmp_path / "capped.gguf",
+                          fields={"gemma3.final_logit_softcapping": (30.0, gguf.GGUFValueType.FLOAT32)})
     with pytest.raises(ModelSourceError, match=r"soft-caps its logits \(gemma3.final_logit_softcapping = 30"):
         load_model(resolve_model(str(capped)), progress=False)
 

@@ -132,7 +132,7 @@ def test_a_linear_scaled_gguf_loads_with_its_scaling(exported, tmp_path):
 
     from edgesdk.models.loader import load_model
     from edgesdk.models.sources import resolve_model
-    from tests.unit.test_export_review35 import _copy
+    from tests._utils.gguf_files import rewrite_gguf
 
     root, _, _ = exported
     plain = save_tiny_model_dir(tmp_path / "plain", hidden=64, heads=2, kv_heads=1, intermediate=128)
@@ -141,7 +141,7 @@ def test_a_linear_scaled_gguf_loads_with_its_scaling(exported, tmp_path):
     from edgesdk.export.gguf_export import export_gguf
 
     report = export_gguf(bundle.path, tmp_path / "plain.gguf")
-    linear = _copy(report.path, tmp_path / "linear.gguf",
+    linear = rewrite_gguf(report.path, tmp_path / "linear.gguf",
                    fields={"llama.rope.scaling.type": ("linear", gguf.GGUFValueType.STRING),
                            "llama.rope.scaling.factor": (4.0, gguf.GGUFValueType.FLOAT32)})
     loaded = load_model(resolve_model(str(linear)), progress=False)

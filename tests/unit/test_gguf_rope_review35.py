@@ -8,6 +8,7 @@ import pytest
 
 from edgesdk.errors import ModelSourceError
 from tests._utils.builds import build_tiny_bundle
+from tests._utils.gguf_files import rewrite_gguf
 from tests._utils.tiny import save_tiny_model_dir
 
 gguf = pytest.importorskip("gguf")
@@ -35,33 +36,6 @@ def plain_llama(tmp_path_factory):
     return _export(tmp_path_factory.mktemp("plain-llama"))
 
 
-def _rewrite(source, target, fields: dict | None = None, tensors: dict | None = None, drop: tuple = ()):
-    """``source`` written again as ``target``, ``fields`` (key -> (value, GGUFValueType)) and float32 ``tensors``
-    set (replacing any of that name) and the keys or tensors in ``drop`` left out."""
-    reader = gguf.GGUFReader(str(source))
-    writer = gguf.GGUFWriter(str(target), reader.fields["general.architecture"].contents())
-    fields, tensors = fields or {}, tensors or {}
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in fields or name in drop:
-            continue
-        if field.types[0] == gguf.GGUFValueType.ARRAY:
-            writer.add_array(name, field.contents())
-        else:
-            writer.add_key_value(name, field.contents(), field.types[0])
-    for name, (value, kind) in fields.items():
-        writer.add_key_value(name, value, kind)
-    for tensor in reader.tensors:
-        if tensor.name not in tensors and tensor.name not in drop:
-            writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-    for name, value in tensors.items():
-        writer.add_tensor(name, np.asarray(value, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return target
-
-
 def _load(path):
     from edgesdk.models.loader import load_model
     from edgesdk.models.sources import resolve_model
@@ -86,15 +60,15 @@ def test_a_linear_factor_without_a_type_scales_the_rotary_as_in_llama_cpp(plain_
     the older rope.scale_linear (``llama-model.cpp``, load_hparams), so a file with only a factor is linearly
     scaled there; it loaded with plain RoPE. A file with rope_freqs and a linear factor is scaled by both in
     llama.cpp, and loaded with the rope_freqs alone."""
-    only_factor = _rewrite(plain_llama, tmp_path / "factor.gguf", fields={"llama.rope.scaling.factor": (4.0, F32)})
-    old_key = _rewrite(plain_llama, tmp_path / "old.gguf", fields={"llama.rope.scale_linear": (4.0, F32)})
+    only_factor = rewrite_gguf(plain_llama, tmp_path / "factor.gguf", fields={"llama.rope.scaling.factor": (4.0, F32)})
+    old_key = rewrite_gguf(plain_llama, tmp_path / "old.gguf", fields={"llama.rope.scale_linear": (4.0, F32)})
     linear = {"rope_type": "linear", "rope_theta": 10_000.0, "factor": 4.0}
     for path in (only_factor, old_key):
         assert _load(path).model.config.rope_parameters == linear
-    none = _rewrite(plain_llama, tmp_path / "none.gguf", fields={"llama.rope.scaling.type": ("none", STRING),
+    none = rewrite_gguf(plain_llama, tmp_path / "none.gguf", fields={"llama.rope.scaling.type": ("none", STRING),
                                                                 "llama.rope.scaling.factor": (4.0, F32)})
     assert _load(none).model.config.rope_parameters["rope_type"] == "default"  # type none: llama.cpp never scales
-    both = _rewrite(plain_llama, tmp_path / "both.gguf", fields={"llama.rope.scaling.factor": (4.0, F32)},
+    both = rewrite_gguf(plain_llama, tmp_path / "both.gguf", fields={"llama.rope.scaling.factor": (4.0, F32)},
                     tensors={"rope_freqs.weight": _llama3_divisors()})
     with pytest.raises(ModelSourceError, match="a rope_freqs.weight tensor and a linear scaling factor of 4"):
         _load(both)
@@ -112,7 +86,7 @@ def test_a_linear_factor_without_a_type_scales_the_rotary_as_in_llama_cpp(plain_
               f"{float(np.abs(got - plain).max()):.2e})")
         assert diff < 1e-3
         assert float(np.abs(got - plain).max()) > 5 * diff  # llama.cpp does scale it
-    with_freqs = _rewrite(plain_llama, tmp_path / "freqs.gguf", tensors={"rope_freqs.weight": _llama3_divisors()})
+    with_freqs = rewrite_gguf(plain_llama, tmp_path / "freqs.gguf", tensors={"rope_freqs.weight": _llama3_divisors()})
     scaled_too = float(np.abs(_llama_cpp_logits(llama_cpp, both, ids) - _llama_cpp_logits(llama_cpp, with_freqs,
                                                                                           ids)).max())
     print(f"rope_freqs and a linear factor in llama.cpp: {scaled_too:.2e} from rope_freqs alone")
@@ -125,10 +99,10 @@ def test_rope_freqs_is_refused_where_llama_cpp_reads_none_or_the_rotary_spans_pa
     llama refuses) had its factors fitted over the rotary dimensions and applied by transformers over the whole
     head, which divides other frequencies."""
     qwen2 = _export(tmp_path / "qwen2", model_type="qwen2")
-    scaled = _rewrite(qwen2, tmp_path / "qwen2-freqs.gguf", tensors={"rope_freqs.weight": _llama3_divisors()})
+    scaled = rewrite_gguf(qwen2, tmp_path / "qwen2-freqs.gguf", tensors={"rope_freqs.weight": _llama3_divisors()})
     with pytest.raises(ModelSourceError, match="llama.cpp's qwen2 architecture does not read"):
         _load(scaled)
-    partial = _rewrite(plain_llama, tmp_path / "partial.gguf",
+    partial = rewrite_gguf(plain_llama, tmp_path / "partial.gguf",
                        fields={"llama.rope.dimension_count": (16, gguf.GGUFValueType.UINT32)},
                        tensors={"rope_freqs.weight": _llama3_divisors(head_dim=16)})
     with pytest.raises(ModelSourceError, match=r"rotates 16 of each head's 32 dimensions") as refused:
@@ -145,11 +119,11 @@ def test_a_rope_freqs_of_the_wrong_length_or_with_nan_is_named_as_such(plain_lla
     """Both were refused as factors "no Llama 3 rope scaling gives" (with a range of "nan to nan" for a NaN),
     which sends the user after the scaling instead of the damaged tensor."""
     divisors = _llama3_divisors()
-    short = _rewrite(plain_llama, tmp_path / "short.gguf", tensors={"rope_freqs.weight": divisors[:8]})
+    short = rewrite_gguf(plain_llama, tmp_path / "short.gguf", tensors={"rope_freqs.weight": divisors[:8]})
     with pytest.raises(ModelSourceError, match=r"rope_freqs.weight tensor of 8 values, where its 32 rotary "
                                                r"dimensions \(llama.rope.dimension_count\) take 16"):
         _load(short)
-    nan = _rewrite(plain_llama, tmp_path / "nan.gguf",
+    nan = rewrite_gguf(plain_llama, tmp_path / "nan.gguf",
                    tensors={"rope_freqs.weight": np.where(np.arange(16) == 12, np.nan, divisors)})
     with pytest.raises(ModelSourceError, match=r"16 values, 1 of them not finite \(NaN or infinity\)") as refused:
         _load(nan)
