@@ -182,6 +182,16 @@ class LocalTransport(Transport):
     def command(self, argv: list[str]) -> list[str]:
         return [str(a) for a in argv]
 
+    def run(self, argv: list[str], input: bytes | None = None, timeout: float | None = None,
+            what: str | None = None) -> subprocess.CompletedProcess:
+        """As :meth:`Transport.run`; a program that cannot be started (``--remote-python`` naming no program)
+        ends as a shell ends it, exit status 127 with the reason on stderr, as over ssh."""
+        try:
+            return super().run(argv, input, timeout, what)
+        except OSError as exc:
+            return subprocess.CompletedProcess(self.command(argv), 127, b"",
+                                               f"{exc.filename or argv[0]}: {exc.strerror or exc}".encode())
+
 
 @dataclass
 class SshOptions:
