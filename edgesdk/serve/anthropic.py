@@ -7,7 +7,9 @@ values and is refused the same way (the error naming Anthropic's field); the ans
 Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"):
 
 * request: ``model``, ``max_tokens`` (required), ``messages`` of ``user`` / ``assistant`` turns
-  whose content is a string or ``text``, ``tool_use`` and ``tool_result`` blocks, ``system``
+  whose content is a string or ``text``, ``tool_use`` and ``tool_result`` blocks (an assistant turn's
+  ``thinking`` and ``redacted_thinking`` blocks, an answer's as a client sends it back, are left out, as
+  Anthropic strips earlier turns' thinking from the context), ``system``
   (a string or text blocks), ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``,
   ``stream``, ``tools`` (``name``, ``description``, ``input_schema``), ``tool_choice``
   (``auto``, ``any``, ``tool``, ``none``), and llama-server's ``chat_template_kwargs`` (extra chat-template
@@ -196,6 +198,8 @@ def _turn(turn: object, index: int) -> list[dict]:
             calls.append({"id": block["id"], "type": "function",
                           "function": {"name": block["name"],
                                        "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False)}})
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue  # an answer's own reasoning sent back: Anthropic strips earlier turns' thinking from the context
         elif kind == "tool_result" and role == "user":
             if not isinstance(block.get("tool_use_id"), str):
                 raise ApiError(400, f"{where}.tool_use_id must be the string id of the tool_use block it answers, got "
@@ -204,7 +208,7 @@ def _turn(turn: object, index: int) -> list[dict]:
                             "content": _result_text(block.get("content"), where)})
         else:
             raise ApiError(400, f"{where} is a {_shown(kind or block)} block in a {role} turn; this server reads text, "
-                           "an assistant's tool_use and a user's tool_result blocks", param=where)
+                           "an assistant's tool_use and thinking and a user's tool_result blocks", param=where)
     messages = results + ([{"role": role, "content": "".join(texts)}] if texts or not (calls or results) else [])
     if calls:
         messages = [{"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls}]

@@ -1,0 +1,47 @@
+"""``edgesdk serve``: the Messages API's and the chat routes' answers against the tiny bundle, as clients meet them
+over real HTTP."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgesdk.serve.completion import ServeDefaults
+from tests.unit.test_serve import Served
+from tests.unit.test_serve_reasoning import ASK, THINKING_TEMPLATE
+
+
+@pytest.fixture
+def terse(tiny_bundle):
+    """A server whose chat template opens a <think> block for the model (Qwen3's way), without a newline after it,
+    so the tiny model thinks in text that stripping does not empty."""
+    from edgesdk.runtime.session import open_runtime
+
+    runtime = open_runtime(tiny_bundle.path, threads=1)
+    runtime.tokenizer.template_source = THINKING_TEMPLATE.replace("{% else %}<think>\n", "{% else %}<think>")
+    runtime.tokenizer._template = None
+    server = Served(runtime, ServeDefaults(max_tokens=10))
+    yield server
+    server.close()
+
+
+def test_an_answer_s_thinking_block_sent_back_in_the_next_turn_is_taken(terse):
+    """Anthropic's clients send an answer's content back whole as the assistant turn (the tool-use loop's
+    ``messages.append({"role": "assistant", "content": response.content})``), its thinking block included; that
+    turn was refused as a 'thinking' block this server does not read, though it wrote the block itself. Anthropic
+    strips earlier turns' thinking from the context, so the prompt is the one without the block."""
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{terse.port}", api_key="none", max_retries=0)
+    first = client.messages.create(model="m", max_tokens=10, messages=ASK)
+    assert [block.type for block in first.content] == ["thinking"]
+    sent_back = [block.model_dump() for block in first.content] + [{"type": "text", "text": "It runs."}]
+    redacted = {"type": "redacted_thinking", "data": "opaque"}
+    turns = [*ASK, {"role": "assistant", "content": [redacted, *sent_back]}, {"role": "user", "content": "And then?"}]
+    second = client.messages.create(model="m", max_tokens=10, messages=turns)
+    assert second.stop_reason in ("end_turn", "max_tokens")
+    plain = [*ASK, {"role": "assistant", "content": "It runs."}, {"role": "user", "content": "And then?"}]
+    assert client.messages.count_tokens(model="m", messages=turns).input_tokens == \
+        client.messages.count_tokens(model="m", messages=plain).input_tokens
+    status, body = terse.post("/v1/messages", {"max_tokens": 4, "messages": [
+        {"role": "user", "content": [{"type": "thinking", "thinking": "mine", "signature": ""}]}]})
+    assert status == 400, body  # a user's turn holds no thinking
+    assert "'thinking' block in a user turn" in body["error"]["message"]
