@@ -65,7 +65,9 @@ def parse_reply(proc: subprocess.CompletedProcess | tuple[int, bytes, bytes], la
             if reply.get("ok"):
                 return reply
             raise BoardRefusal(reply.get("error", "the board refused"), reply.get("fix"))
-    if returncode == 127 or "not found" in err or "No such file" in err:
+    # 127 / 126: the shell (or timeout) did not find the Python or could not execute it. Its words alone do not
+    # tell: a login shell without the client's locale prints 'No such file or directory' before every command.
+    if returncode in (126, 127):
         raise BoardRefusal(f"{python!r} cannot be started on {label}: {err[-300:] or f'exit {returncode}'}",
                           "install Python 3 on the board (edgesdk needs >= 3.10), or pass --remote-python PATH")
     tail = "\n    ".join(err.splitlines()[-8:]) or "(no output)"

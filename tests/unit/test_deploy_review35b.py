@@ -7,12 +7,13 @@ The board side runs for real through a local transport (``python -c BOOT OP JSON
 from __future__ import annotations
 
 import sys
+import textwrap
 
 import pytest
 
-from edgesdk.deploy.remote import Board
-from edgesdk.deploy.transport import LocalTransport
-from tests._utils.deploy import edgesdk
+from edgesdk.deploy.remote import Board, BoardRefusal, parse_reply
+from edgesdk.deploy.transport import DeployError, LocalTransport
+from tests._utils.deploy import bundle_variant, current_id, edgesdk
 
 
 @pytest.fixture
@@ -34,3 +35,43 @@ def test_a_remote_python_that_cannot_be_started_is_named_with_to(tmp_path):
         assert f"'{python}' cannot be started" in proc.stderr
         assert "--remote-python PATH" in proc.stderr
     assert not root.exists()
+
+
+LOCALE_WARNING = b"bash: warning: setlocale: LC_ALL: cannot change locale (de_DE.UTF-8): No such file or directory\n"
+
+
+def test_a_helper_killed_on_a_board_whose_shell_warns_about_its_locale_is_no_answer():
+    """A board without the client's locale has its login shell print 'No such file or directory' before every
+    command. A helper killed before it answered (exit 137, or 143) was then taken for a Python that never started:
+    a BoardRefusal, which tells deploy and --rollback that the operation did nothing."""
+    killed = (137, b"", LOCALE_WARNING + b"(exit status 137: the command was killed by SIGKILL)\n")
+    with pytest.raises(DeployError) as lost:
+        parse_reply(killed, "pi@board", "python3", "switch")
+    assert not isinstance(lost.value, BoardRefusal)
+    assert "cannot be started" not in lost.value.problem
+    assert "the deploy helper (switch) failed on pi@board with exit 137" in lost.value.problem
+    for code, said in ((127, b"sh: 1: python3: not found\n"), (126, b"sh: 1: python3: Permission denied\n")):
+        with pytest.raises(BoardRefusal, match="'python3' cannot be started"):
+            parse_reply((code, b"", LOCALE_WARNING + said), "pi@board", "python3", "switch")
+
+
+def test_a_rollback_whose_helper_dies_after_the_switch_says_the_switch_may_have_happened(tiny_bundle, tmp_path):
+    """The rollback took such a helper's end for the board's refusal and passed on 'python cannot be started',
+    though current had moved; it says current may already point to the release it rolled back to."""
+    root = tmp_path / "dir"
+    second = bundle_variant(tiny_bundle.path, tmp_path / "second", "second")
+    for bundle in (tiny_bundle, second):
+        assert edgesdk("deploy", bundle.path, "--to", root).returncode == 0
+    python = tmp_path / "python"
+    python.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        printf '%s\\n' '{LOCALE_WARNING.decode().strip()}' >&2
+        if [ "$3" = switch ]; then "{sys.executable}" "$@" >/dev/null; kill -9 $$; fi
+        exec "{sys.executable}" "$@"
+        """))
+    python.chmod(0o755)
+    back = edgesdk("deploy", "--rollback", "--to", root, "--remote-python", python)
+    assert back.returncode == 8
+    assert current_id(root) == tiny_bundle.bundle_id  # the switch happened; its answer did not come back
+    assert "cannot be started" not in back.stderr
+    assert f"current may already point to releases/{tiny_bundle.bundle_id}" in back.stderr
