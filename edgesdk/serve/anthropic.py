@@ -98,9 +98,10 @@ def chat_body(body: object) -> dict:
     for field in ("temperature", "top_p", "top_k", "chat_template_kwargs"):
         if field in body:
             chat[field] = body[field]
-    if thinking is not None and isinstance(chat.get("chat_template_kwargs", {}), dict):
+    kwargs = {} if chat.get("chat_template_kwargs") is None else chat["chat_template_kwargs"]  # null: none given
+    if thinking is not None and isinstance(kwargs, dict):
         # extended thinking on or off is the template's enable_thinking (Qwen3's), unless the request sets it itself
-        chat["chat_template_kwargs"] = {"enable_thinking": thinking, **chat.get("chat_template_kwargs", {})}
+        chat["chat_template_kwargs"] = {"enable_thinking": thinking, **kwargs}
     if body.get("stop_sequences") is not None:
         chat["stop"] = _stop_sequences(body["stop_sequences"])
     if body.get("tools"):

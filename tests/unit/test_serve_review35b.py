@@ -45,3 +45,16 @@ def test_an_answer_s_thinking_block_sent_back_in_the_next_turn_is_taken(terse):
         {"role": "user", "content": [{"type": "thinking", "thinking": "mine", "signature": ""}]}]})
     assert status == 400, body  # a user's turn holds no thinking
     assert "'thinking' block in a user turn" in body["error"]["message"]
+
+
+def test_the_thinking_switch_holds_beside_a_null_chat_template_kwargs(terse):
+    """``chat_template_kwargs`` null is none given, as for every other field; beside it ``thinking`` disabled was
+    dropped (the switch went only into an object), so the template opened its block and the model thought."""
+    base = {"model": "m", "max_tokens": 10, "messages": ASK, "thinking": {"type": "disabled"}}
+    status, counted = terse.post("/v1/messages/count_tokens", {**base, "chat_template_kwargs": None})
+    assert status == 200, counted
+    status, closed = terse.post("/v1/messages/count_tokens", base)
+    assert counted == closed
+    status, answer = terse.post("/v1/messages", {**base, "chat_template_kwargs": None})
+    assert status == 200, answer
+    assert [block["type"] for block in answer["content"]] == ["text"]
