@@ -42,6 +42,7 @@ def op_commit(params):
         if os.path.isdir(release) and not verify_dir(release, params["manifest_sha256"])[0]:
             # It may be current and in use, so it stays where it is and this transfer goes.
             shutil.rmtree(staging, ignore_errors=True)
+            os.utime(release)  # this deploy switches to it next: prune leaves it alone meanwhile
             return {"problems": [], "kept": True}
         for folder, _dirs, files in os.walk(staging):
             for file in files:
@@ -172,9 +173,19 @@ def restore_link(p, name, bundle_id):
         os.unlink(p[name])
 
 
+def committed_since_switch(p, bundle_id, switched):
+    """releases/<id> was committed less than IN_FLIGHT_MAX_AGE_S ago and current has not been switched to it
+    since: a deploy may still switch to it (a bundle deployed again after a prune has a switch from before)."""
+    try:
+        committed = os.path.getmtime(os.path.join(p["releases"], bundle_id))
+    except OSError:
+        return False
+    return switched.get(bundle_id, float("-inf")) < committed and time.time() - committed < IN_FLIGHT_MAX_AGE_S
+
+
 def op_prune(params):
     """Keep the newest ``keep`` releases, never current, previous or one that another deploy committed
-    and has not switched to yet (its engine build or smoke test may still be running: protected for
+    and has not switched to since (its engine build or smoke test may still be running: protected for
     IN_FLIGHT_MAX_AGE_S after its commit); drop staging dirs unused for a day."""
     p, root = paths(params["root"])
     keep = max(int(params["keep"]), 1)
@@ -182,8 +193,7 @@ def op_prune(params):
     with Lock(root):
         state = release_list(p)
         switched = switch_times(p)
-        in_flight = {r["id"] for r in state["releases"]
-                     if r["id"] not in switched and time.time() - r["mtime"] < IN_FLIGHT_MAX_AGE_S}
+        in_flight = {r["id"] for r in state["releases"] if committed_since_switch(p, r["id"], switched)}
         protected = {state["current"], state["previous"]} | in_flight
         newest = [r["id"] for r in reversed(state["releases"])]
         kept = [r for r in newest if r in protected]

@@ -6,6 +6,7 @@ The board side runs for real through a local transport (``python -c BOOT OP JSON
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 
@@ -75,3 +76,36 @@ def test_a_rollback_whose_helper_dies_after_the_switch_says_the_switch_may_have_
     assert current_id(root) == tiny_bundle.bundle_id  # the switch happened; its answer did not come back
     assert "cannot be started" not in back.stderr
     assert f"current may already point to releases/{tiny_bundle.bundle_id}" in back.stderr
+
+
+def test_prune_leaves_a_release_committed_again_after_it_was_pruned(board, tmp_path):
+    """A bundle deployed once (so history.jsonl has a switch to it), pruned since, and deployed again: while that
+    deploy builds its engine or smoke-tests, another deploy's prune took the release for an old one (switched to
+    before) and removed it, and the deploy failed at its switch. A release committed after its last switch is in
+    flight, as one never switched to is."""
+    from tests.unit.test_deploy_helper import commit_by_hand, deploy_by_hand, make_bundle
+
+    bundles = [make_bundle(tmp_path / f"b{i}", {"w": os.urandom(100)}, str(i)) for i in range(3)]
+    for bundle in bundles:
+        deploy_by_hand(board, bundle)
+    again = bundles[0]
+    assert board.call("prune", {"keep": 1})["removed"] == [again.bundle_id]
+
+    commit_by_hand(board, again)  # deployed again; its smoke test is running
+    assert board.call("prune", {"keep": 1})["removed"] == []  # another deploy finishes meanwhile
+    assert board.call("switch", {"bundle_id": again.bundle_id})["to"] == again.bundle_id
+
+    assert board.call("prune", {"keep": 1})["removed"] == [bundles[1].bundle_id]  # switched: no longer in flight
+
+
+def test_prune_leaves_an_old_release_another_deploy_of_its_bundle_just_committed(board, tmp_path):
+    """The same for a bundle whose old release is still there: the commit finds it sound and keeps it, and it
+    is in flight from then on."""
+    from tests.unit.test_deploy_helper import commit_by_hand, deploy_by_hand, make_bundle
+
+    bundles = [make_bundle(tmp_path / f"b{i}", {"w": os.urandom(100)}, str(i)) for i in range(3)]
+    for bundle in bundles:
+        deploy_by_hand(board, bundle)
+    assert commit_by_hand(board, bundles[0])["kept"] is True
+    assert board.call("prune", {"keep": 1})["removed"] == []
+    assert board.call("switch", {"bundle_id": bundles[0].bundle_id})["to"] == bundles[0].bundle_id
