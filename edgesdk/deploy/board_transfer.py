@@ -61,11 +61,21 @@ def runtime_facts(p):
     return {"stamp": stamp, "installed": installed, "edgesdk_on_path": on_path, "edgesdk_on_path_version": version}
 
 
+def plain_id(name):
+    try:
+        safe_id(name)
+    except Refused:
+        return False
+    return True
+
+
 def plan_files(p, bundle_id, files):
     """What the board already has of each file: complete in staging, partial, or in another release."""
     staging = os.path.join(p["staging"], bundle_id)
     by_release = release_list(p)
-    order = [r["id"] for r in reversed(by_release["releases"]) if r["id"] != bundle_id]
+    # Only releases deploy made: a directory someone put there ('my copy') is no release id, and the receive
+    # refuses to link from it.
+    order = [r["id"] for r in reversed(by_release["releases"]) if r["id"] != bundle_id and plain_id(r["id"])]
     if by_release["current"] in order:
         order.remove(by_release["current"])
         order.insert(0, by_release["current"])

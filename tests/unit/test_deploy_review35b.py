@@ -109,3 +109,31 @@ def test_prune_leaves_an_old_release_another_deploy_of_its_bundle_just_committed
     assert commit_by_hand(board, bundles[0])["kept"] is True
     assert board.call("prune", {"keep": 1})["removed"] == []
     assert board.call("switch", {"bundle_id": bundles[0].bundle_id})["to"] == bundles[0].bundle_id
+
+
+def test_a_foreign_directory_in_releases_is_not_linked_from(board, tmp_path):
+    """A directory under releases/ that no deploy made ('releases/my copy', a name with a space) holding a file of
+    the bundle was planned as the source of a hard link, and the receive refused it as 'bundle id 'my copy' is not
+    a plain name' with the fix to rebuild the bundle: every deploy of that bundle failed. Only releases are linked
+    from; the file is sent."""
+    import shutil
+
+    from edgesdk.deploy.report import Reporter
+    from edgesdk.deploy.transfer import bundle_files, make_plan, send
+    from tests.unit.test_deploy_helper import make_bundle
+
+    data = os.urandom(1000)
+    bundle = make_bundle(tmp_path / "b", {"w": data})
+    foreign = tmp_path / "board" / "releases" / "my copy"
+    foreign.mkdir(parents=True)
+    shutil.copy(bundle.path / "w", foreign / "w")
+    files = bundle_files(bundle)
+    facts = board.call("probe", {"bundle_id": bundle.bundle_id, "files": files,
+                                 "manifest_sha256": files["manifest.json"]["sha256"]})
+    assert "my copy" in {r["id"] for r in facts["state"]["releases"]}  # --status still lists it
+    plan = make_plan(files, facts["plan"])
+    assert plan.links == {}
+    send(board, bundle, files, plan, Reporter(1, write=lambda line: None))
+    sha = files["manifest.json"]["sha256"]
+    assert board.call("commit", {"bundle_id": bundle.bundle_id, "manifest_sha256": sha})["problems"] == []
+    assert (tmp_path / "board" / "releases" / bundle.bundle_id / "w").read_bytes() == data
