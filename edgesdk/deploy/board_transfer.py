@@ -133,8 +133,8 @@ def op_probe(params):
         safe_id(bundle_id)
         release = os.path.join(p["releases"], bundle_id)
         engines = os.path.join(p["engines"], bundle_id)
-        facts["engines"] = sorted(e for e in os.listdir(engines) if os.listdir(os.path.join(engines, e))) \
-            if os.path.isdir(engines) else []
+        facts["engines"] = sorted(e for e in os.listdir(engines) if os.path.isdir(os.path.join(engines, e))
+                                  and os.listdir(os.path.join(engines, e))) if os.path.isdir(engines) else []
         facts["release"] = None
         if os.path.isdir(release):
             problems, _bad = verify_dir(release, params.get("manifest_sha256"))

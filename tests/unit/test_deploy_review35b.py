@@ -137,3 +137,20 @@ def test_a_foreign_directory_in_releases_is_not_linked_from(board, tmp_path):
     sha = files["manifest.json"]["sha256"]
     assert board.call("commit", {"bundle_id": bundle.bundle_id, "manifest_sha256": sha})["problems"] == []
     assert (tmp_path / "board" / "releases" / bundle.bundle_id / "w").read_bytes() == data
+
+
+def test_a_file_beside_the_engine_directories_does_not_stop_the_probe(board, tmp_path):
+    """A file in engines/<bundle-id>/ (a note, a copied engine.plan) made the probe's listing of cached engines
+    fail with 'Not a directory', so every deploy of that bundle stopped at its probe; only directories are engines."""
+    from edgesdk.deploy.transfer import bundle_files
+    from tests.unit.test_deploy_helper import make_bundle
+
+    bundle = make_bundle(tmp_path / "b", {"w": os.urandom(100)})
+    engines = tmp_path / "board" / "engines" / bundle.bundle_id
+    (engines / "jp6.0-trt8.6-sm87").mkdir(parents=True)
+    (engines / "jp6.0-trt8.6-sm87" / "engine.plan").write_bytes(b"x")
+    (engines / "notes.txt").write_text("built by hand\n")
+    files = bundle_files(bundle)
+    facts = board.call("probe", {"bundle_id": bundle.bundle_id, "files": files,
+                                 "manifest_sha256": files["manifest.json"]["sha256"]})
+    assert facts["engines"] == ["jp6.0-trt8.6-sm87"]
