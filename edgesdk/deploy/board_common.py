@@ -194,7 +194,7 @@ def release_list(p):
                 entry["target"] = manifest["target"]["name"]
                 entry["bytes"] = sum(f["size"] for f in manifest["files"].values())
                 entry["created"] = manifest.get("created")
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):  # no manifest, or not a bundle's
                 entry["target"] = None
             releases.append(entry)
     releases.sort(key=lambda r: r["mtime"])

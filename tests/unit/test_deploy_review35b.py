@@ -154,3 +154,14 @@ def test_a_file_beside_the_engine_directories_does_not_stop_the_probe(board, tmp
     facts = board.call("probe", {"bundle_id": bundle.bundle_id, "files": files,
                                  "manifest_sha256": files["manifest.json"]["sha256"]})
     assert facts["engines"] == ["jp6.0-trt8.6-sm87"]
+
+
+def test_a_release_directory_with_a_foreign_manifest_is_listed_without_facts(board, tmp_path):
+    """A directory under releases/ whose manifest.json is some other tool's (its 'files' a list) failed the
+    listing of releases with 'AttributeError', so --status and every deploy stopped at the probe."""
+    foreign = tmp_path / "board" / "releases" / "other"
+    foreign.mkdir(parents=True)
+    (foreign / "manifest.json").write_text('{"target": {"name": "host"}, "files": ["model.bin"]}')
+    proc = edgesdk("deploy", "--status", "--to", tmp_path / "board")
+    assert proc.returncode == 0, proc.stderr
+    assert "  other  target ?" in proc.stdout
