@@ -454,8 +454,9 @@ class Completer:
         connection closed. A request whose client left while it waited in the queue never runs, and a
         whole (not streamed) answer, which writes nothing until its end, stops at the next token."""
         ids = self.prompt_ids(request)
-        if request.prompt_tokens:  # the text an echo returns and text_offset counts from
-            request = replace(request, prompt=self.runtime.tokenizer.decode(ids))
+        if request.prompt_tokens:  # the text an echo returns and text_offset counts from, its special tokens written
+            # out as the logprobs list them (and as the same prompt sent as text comes back)
+            request = replace(request, prompt=self.runtime.tokenizer.tokenizer.decode(ids, skip_special_tokens=False))
         sampling = self.sampling(request)
         # Refused before the turn, as a bad prompt is: a stream's headers go out when the turn comes.
         constraint = self._constraint(request)

@@ -58,3 +58,24 @@ def test_the_thinking_switch_holds_beside_a_null_chat_template_kwargs(terse):
     status, answer = terse.post("/v1/messages", {**base, "chat_template_kwargs": None})
     assert status == 200, answer
     assert [block["type"] for block in answer["content"]] == ["text"]
+
+
+def test_an_echoed_prompt_of_token_ids_keeps_its_special_tokens(served, runtime):
+    """A prompt sent as token ids came back from ``echo`` decoded with its special tokens left out, while its
+    logprobs listed them and ``text_offset`` counted them, so the offsets pointed past the text they index (a
+    harness' prompt starting with BOS); the text holds them, as the same prompt sent as text gives it back."""
+    text = "<|im_start|>user\nHello there"
+    ids = runtime.tokenizer.encode(text, add_special_tokens=False)
+    assert ids[0] == runtime.tokenizer.token_id("<|im_start|>")
+    base = {"max_tokens": 2, "echo": True, "logprobs": 0, "temperature": 0}
+    status, by_ids = served.post("/v1/completions", {**base, "prompt": ids})
+    assert status == 200, by_ids
+    status, by_text = served.post("/v1/completions", {**base, "prompt": text})
+    assert status == 200, by_text
+    choice = by_ids["choices"][0]
+    assert choice["text"].startswith(text)
+    assert choice["text"] == by_text["choices"][0]["text"]
+    assert choice["logprobs"] == by_text["choices"][0]["logprobs"]
+    listed = choice["logprobs"]
+    for token, offset in zip(listed["tokens"][:len(ids)], listed["text_offset"], strict=False):
+        assert choice["text"][offset:].startswith(token), (token, offset)
