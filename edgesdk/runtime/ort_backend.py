@@ -130,6 +130,10 @@ class OrtDecoderBase:
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
         ids = np.asarray(token_ids, dtype=np.int64).reshape(1, -1)  # (1, T)
+        if ids.shape[1] == 0:  # the graphs cannot run 0 tokens (onnxruntime's Reshape / GroupQueryAttention error)
+            raise RuntimeBackendError("prefill of 0 tokens: there is no position whose logits it could return",
+                                      "pass at least one token id (the prompt's last token gives the next "
+                                      "token's logits)")
         return self._run(ids, min(keep_logits, ids.shape[1]))
 
     def decode(self, token_id: int) -> np.ndarray:
