@@ -205,6 +205,13 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
             board_edgesdk(board, facts, options.local)
         with report.step("transfer and verify on the board"):
             if release_ok:
+                # committed again: verified under the root's lock and marked as this deploy's, so another
+                # deploy's prune leaves it alone while its engine build and smoke test run
+                kept = board.call("commit", {"bundle_id": bundle.bundle_id, "manifest_sha256": files[MANIFEST]["sha256"]})
+                if kept["problems"] or not kept.get("kept"):
+                    raise DeployError(f"releases/{bundle.bundle_id} on {where} changed after the probe found it "
+                                      "sound (another deploy or a prune at the same time?)",
+                                      "run the deploy again; the board keeps its current release")
                 report.info(f"the board already holds releases/{bundle.bundle_id}, and every sha256 checks: "
                             "nothing to send")
                 sent_bytes = 0
