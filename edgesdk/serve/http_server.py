@@ -298,8 +298,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._authorise()
         request = llama_native.parse_completion_request(self._read_json())
         completer = self.server.completer
-        if request.prompt_tokens:  # the answer's "prompt" is text, as llama-server gives it back
-            request = replace(request, prompt=completer.runtime.tokenizer.decode(list(request.prompt_tokens)))
+        if request.prompt_tokens:  # the answer's "prompt" is text, special tokens written out, as llama-server
+            # gives it back (server.cpp: the task's tokens detokenized with special = true)
+            request = replace(request, prompt=completer.runtime.tokenizer.tokenizer.decode(
+                list(request.prompt_tokens), skip_special_tokens=False))
         settings = llama_native.generation_settings(request, completer.sampling(request))
         self.server.answer_started()
         self._answering = True

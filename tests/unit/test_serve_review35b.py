@@ -79,3 +79,13 @@ def test_an_echoed_prompt_of_token_ids_keeps_its_special_tokens(served, runtime)
     listed = choice["logprobs"]
     for token, offset in zip(listed["tokens"][:len(ids)], listed["text_offset"], strict=False):
         assert choice["text"][offset:].startswith(token), (token, offset)
+
+
+def test_llama_server_s_completion_gives_a_prompt_of_token_ids_back_with_its_special_tokens(served, runtime):
+    """``POST /completion``'s "prompt" is the prompt's tokens detokenized with their special tokens, as
+    llama-server writes it (server.cpp: ``tokens.detokenize(ctx, true)``); a BOS sent as an id was dropped."""
+    text = "<|im_start|>user\nHello there"
+    ids = runtime.tokenizer.encode(text, add_special_tokens=False)
+    status, answer = served.post("/completion", {"prompt": ids, "n_predict": 1, "temperature": 0})
+    assert status == 200, answer
+    assert answer["prompt"] == text
