@@ -25,8 +25,8 @@ board had been idle (``T0 - R idle_w``). Its output feeds a token bucket whose d
 request, but never more tokens than the model says fit at full speed before the board is half a
 degree under the soft limit. A request starts when the bucket can pay for that depth, so waiting
 happens before the first token (time to first token) and the text streams at full speed; a request
-longer than the depth is paced token by token. With no sensor data for ``stale_s`` the guard warns
-once and paces steadily at ``fallback_fraction`` of the unpaced rate, or at the slower rate it was
+longer than the depth is paced token by token. With no sensor data (a poll that read no temperature,
+or a last reading older than ``stale_s``) the guard warns once and paces steadily at ``fallback_fraction`` of the unpaced rate, or at the slower rate it was
 pacing at when the data stopped (a bare Pi 5 held near 20 % at 35 °C ambient heats past its hard
 limit into the firmware throttle at 50 %).
 
