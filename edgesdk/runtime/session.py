@@ -6,7 +6,9 @@ the profile's ``runtime.backend`` then its ``fallbacks`` (or ``--backend``); the
 opens is used and every note says why each backend was or was not.
 
 * ``ort-cpu`` / ``ort-cuda`` / ``ort-trt``: ONNX Runtime with those execution providers; the
-  TensorRT EP caches its engines under the bundle's ``engines/<bundle-id>/ort-trt``.
+  TensorRT EP caches its engines in ``ort-trt`` under the first writable of the bundle's engine
+  directories (``tensorrt_engine.engine_bases``: the deploy root's ``engines/<bundle-id>``, else the
+  user cache's).
 * ``tensorrt``: the engine ``edgesdk engine build`` made (edgesdk/runtime/tensorrt_backend.py).
 * ``triton``: the block-sparse weights on the Triton kernels (edgesdk/runtime/triton_backend.py).
 """
