@@ -30,8 +30,8 @@ Layout follows llama.cpp's ``convert_hf_to_gguf.py`` conventions for the ``llama
   bias as the model width, so a Qwen2 model whose query heads span less (every layer keeping the same
   fewer GQA groups) is written as ``deci`` too.
 
-The file is written beside its destination and renamed into place once complete, then read back
-with the ``gguf`` package's own decoder and compared with the bundle's weights (bit-exact).
+The file is written beside its destination, read back with the ``gguf`` package's own decoder and
+compared with the bundle's weights (bit-exact), and only then renamed into place.
 """
 
 from __future__ import annotations
