@@ -176,7 +176,11 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         self.headers = None  # a request refused on its request line has no headers (not the previous request's)
-        super().handle_one_request()
+        try:
+            super().handle_one_request()
+        except ConnectionError:  # a reset while the request line or headers were read (a keep-alive client that left
+            # with an answer unread): nobody to answer, and no traceback of socketserver's in the log
+            self.close_connection = True
 
     def send_response(self, code: int, message: str | None = None) -> None:
         """The status line and the headers every answer carries: a browser on another origin may read any of
