@@ -151,6 +151,9 @@ class StopMatcher:
         return released
 
 
+DROPPED_WAIT_S = 5.0  # how long a request waits for the place a dropped waiter (its client gone) gives back
+
+
 class _StopString(Exception):  # noqa: N818 (a signal out of the token callback, not an error)
     pass
 
@@ -170,7 +173,7 @@ class FairTurn:
 
     def __init__(self):
         self._changed = threading.Condition(threading.Lock())
-        self._queue: deque[object] = deque()  # the holder first, then the waiters in arrival order
+        self._queue: deque[_Ticket] = deque()  # the holder first, then the waiters in arrival order
 
     @property
     def queued(self) -> int:
@@ -178,22 +181,51 @@ class FairTurn:
         with self._changed:
             return len(self._queue)
 
-    def __enter__(self) -> FairTurn:
-        ticket = object()
+    def acquire(self, gone: Callable[[], bool] | None = None) -> None:
+        """Wait for the turn; ``gone`` says whether the waiter's client left, asked by :meth:`drop_gone`."""
+        ticket = _Ticket(gone)
         with self._changed:
             self._queue.append(ticket)
             try:
-                self._changed.wait_for(lambda: self._queue[0] is ticket)
+                while self._queue[0] is not ticket:
+                    if ticket.dropped:
+                        raise ClientGone("the client closed the connection while the request waited")
+                    self._changed.wait()
             except BaseException:
                 self._queue.remove(ticket)
                 self._changed.notify_all()  # the next in line may now be first
                 raise
-        return self
 
-    def __exit__(self, *exc_info) -> None:
+    def drop_gone(self) -> int:
+        """Take the waiters whose client left out of the queue (each raises :class:`ClientGone` where it waits);
+        how many there were."""
+        with self._changed:
+            gone = [ticket for ticket in list(self._queue)[1:]
+                    if not ticket.dropped and ticket.gone is not None and ticket.gone()]
+            for ticket in gone:
+                ticket.dropped = True
+            if gone:
+                self._changed.notify_all()
+            return len(gone)
+
+    def release(self) -> None:
         with self._changed:
             self._queue.popleft()
             self._changed.notify_all()
+
+    def __enter__(self) -> FairTurn:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+
+class _Ticket:
+    """A place in :class:`FairTurn`'s queue: whether its client left (``gone``), and whether it was dropped."""
+
+    def __init__(self, gone: Callable[[], bool] | None):
+        self.gone, self.dropped = gone, False
 
 
 class _HeldTime:
@@ -451,7 +483,8 @@ class Completer:
 
         ``client_gone`` is asked when the turn comes and after every token: once it says the client
         left, :class:`ClientGone` ends the request there, as llama-server drops a request whose
-        connection closed. A request whose client left while it waited in the queue never runs, and a
+        connection closed. A request whose client left while it waited in the queue never runs (and gives
+        its place to a request that finds the queue full), and a
         whole (not streamed) answer, which writes nothing until its end, stops at the next token."""
         ids = self.prompt_ids(request)
         if request.prompt_tokens:  # the text an echo returns and text_offset counts from, its special tokens written
@@ -461,15 +494,20 @@ class Completer:
         # Refused before the turn, as a bad prompt is: a stream's headers go out when the turn comes.
         constraint = self._constraint(request)
         self._check_stopping()
-        if not self._admitted.acquire(blocking=False):
+        # A full queue first lets go of the waiters whose client left (they hold places until asked, never run)
+        if not self._admitted.acquire(blocking=False) and \
+                not (self._turn.drop_gone() and self._admitted.acquire(timeout=DROPPED_WAIT_S)):
             self.metrics.refuse_busy()
             raise ApiError(503, f"the server is busy: one request is generating and {self.defaults.max_waiting} are "
                            "waiting; retry later (edgesdk serve --max-queue raises the limit)",
                            code="server_busy", kind="server_error")
         self._count_waiting(+1)
         try:
-            with self._turn:
+            try:
+                self._turn.acquire(client_gone)
+            finally:
                 self._count_waiting(-1)
+            try:
                 self.busy = True
                 self.tasks += 1
                 self.slot = SlotState(self.tasks, request, sampling, len(ids))
@@ -487,6 +525,8 @@ class Completer:
                         raise ApiError(400, f"{exc.problem}; {exc.fix}", param="logit_bias") from exc
                 finally:
                     self.busy, self.slot = False, None
+            finally:
+                self._turn.release()
         finally:
             self._admitted.release()
 
