@@ -14,6 +14,8 @@ Layout under the deploy root::
     releases/<bundle-id>/   verified bundles, never modified after they are committed
     current -> releases/<id>    switched with rename(2) of a fresh symlink (atomic)
     previous -> releases/<id>   what ``current`` pointed to before the last switch
+    .switch.json            a switch in progress (board_ops.op_switch); the next switch or prune finishes
+                            or undoes one a kill cut short
     staging/<bundle-id>/    files being received; ``<name>.partial`` while incomplete (resumable)
     runtime/<key>/          edgesdk runtime virtual environments; runtime/current -> <key>
     engines/<bundle-id>/    TensorRT engines, one directory per JetPack / TensorRT / SM
@@ -74,7 +76,8 @@ def safe_id(bundle_id):
 def paths(root):
     root = os.path.abspath(os.path.expanduser(root))
     return {name: os.path.join(root, name) for name in
-            ("releases", "staging", "runtime", "engines", "current", "previous", "history.jsonl", ".trash")}, root
+            ("releases", "staging", "runtime", "engines", "current", "previous", "history.jsonl", ".trash",
+             ".switch.json")}, root
 
 
 class Lock:
@@ -178,6 +181,26 @@ def switch_times(p):
     return times
 
 
+def pending_switch(p):
+    """The journal of a switch a kill cut short (op_switch writes it before it moves a link), or None."""
+    text = read_text(p[".switch.json"])
+    try:
+        journal = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return journal if isinstance(journal, dict) and isinstance(journal.get("to"), str) else None
+
+
+def previous_of(p, current):
+    """What ``previous`` is: its link, or, when a switch was cut short after it moved ``current``, the
+    release that switch left (the next switch or prune points the link there)."""
+    journal = pending_switch(p)
+    if journal and current == journal["to"] and "previous_after" in journal:
+        after = journal["previous_after"]
+        return after if after and os.path.isdir(os.path.join(p["releases"], after)) else None
+    return link_target(p["previous"])
+
+
 def release_list(p):
     """current, previous, the releases (oldest first by last use) and leftover staging directories."""
     releases = []
@@ -199,8 +222,8 @@ def release_list(p):
             releases.append(entry)
     releases.sort(key=lambda r: r["mtime"])
     staging = sorted(os.listdir(p["staging"])) if os.path.isdir(p["staging"]) else []
-    return {"current": link_target(p["current"]), "previous": link_target(p["previous"]),
-            "releases": releases, "staging": staging}
+    current = link_target(p["current"])
+    return {"current": current, "previous": previous_of(p, current), "releases": releases, "staging": staging}
 
 
 def verify_dir(path, expected_manifest_sha=None):

@@ -15,6 +15,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         fsync_dir,
         link_target,
         paths,
+        pending_switch,
         release_list,
         safe_id,
         switch_times,
@@ -106,22 +107,87 @@ def op_switch(params):
 
     All or nothing: a switch that fails part-way (its history line or the check after it, on a full
     disk say) puts current, previous and runtime/current back as they were before it is refused, so a
-    refusal means the board runs what it ran."""
+    refusal means the board runs what it ran. A switch killed part-way (the helper, the connection or
+    the board's power cut) leaves its journal, .switch.json: the next switch or prune finishes it when
+    current had moved (previous -> the release it left, which prune would otherwise remove) and puts
+    the links back when it had not (runtime/current with them)."""
     p, root = paths(params["root"])
     bundle_id = safe_id(params["bundle_id"])
     with Lock(root):
+        settle_switch(p, root)
         if not os.path.isfile(os.path.join(p["releases"], bundle_id, MANIFEST)):
             raise Refused(f"release {bundle_id} is not on the board", "deploy it first")
-        links = (p["current"], p["previous"], os.path.join(p["runtime"], "current"))
-        before = {link: read_link(link) for link in links}
+        before = {name: read_link(os.path.join(root, name)) for name in SWITCH_LINKS}
+        write_journal(p, root, bundle_id, before, params)
         try:
-            return switch_links(p, root, bundle_id, params)
+            result = switch_links(p, root, bundle_id, params)
         except BaseException:
-            for link in links:
-                if read_link(link) != before[link]:
-                    put_link(link, before[link])
-            fsync_dir(root)
+            put_back(root, before)
+            drop_journal(p, root)
             raise
+        drop_journal(p, root)
+        return result
+
+
+SWITCH_LINKS = ("current", "previous", "runtime/current")
+
+
+def write_journal(p, root, bundle_id, before, params):
+    """What this switch is about to do, on disk before any link moves (written whole, or not at all)."""
+    journal = {"time": time.time(), "to": bundle_id, "from": link_target(p["current"]), "before": before,
+               "action": params.get("action", "deploy")}
+    if journal["from"] != bundle_id:
+        if "previous" in params:  # undoing a failed deploy: previous goes back to what it was
+            journal["previous_after"] = params["previous"]
+        elif journal["from"] and os.path.isdir(os.path.join(p["releases"], journal["from"])):
+            journal["previous_after"] = journal["from"]
+    tmp = p[".switch.json"] + ".partial"
+    with open(tmp, "w") as handle:
+        json.dump(journal, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, p[".switch.json"])
+    fsync_dir(root)
+
+
+def drop_journal(p, root):
+    try:
+        os.unlink(p[".switch.json"])
+    except FileNotFoundError:
+        pass
+    fsync_dir(root)
+
+
+def put_back(root, before):
+    """current, previous and runtime/current as they were before a switch (``before``: name -> raw link)."""
+    for name in SWITCH_LINKS:
+        link = os.path.join(root, name)
+        if read_link(link) != before.get(name):
+            put_link(link, before.get(name))
+    fsync_dir(root)
+
+
+def settle_switch(p, root):
+    """Finish or undo a switch that was killed part-way (its journal is still there): once current points to
+    the new release the switch counts as done, so previous moves to the release it left and its history line
+    is written if missing; before that, every link goes back as it was."""
+    journal = pending_switch(p)
+    if journal is None:
+        if os.path.lexists(p[".switch.json"]):  # unreadable: cut short while written, before any link moved
+            drop_journal(p, root)
+        return
+    bundle_id = journal["to"]
+    if link_target(p["current"]) == bundle_id:
+        if "previous_after" in journal:
+            restore_link(p, "previous", journal["previous_after"])
+        if switch_times(p).get(bundle_id, float("-inf")) < journal["time"]:
+            with open(p["history.jsonl"], "a") as handle:
+                handle.write(json.dumps({"time": journal["time"], "action": journal.get("action", "deploy"),
+                                         "from": journal["from"], "to": bundle_id}) + "\n")
+        fsync_dir(root)
+    else:
+        put_back(root, journal.get("before") or {})
+    drop_journal(p, root)
 
 
 def read_link(path):
@@ -191,6 +257,7 @@ def op_prune(params):
     keep = max(int(params["keep"]), 1)
     removed = []
     with Lock(root):
+        settle_switch(p, root)  # a switch a kill cut short: previous first points where it belongs
         state = release_list(p)
         switched = switch_times(p)
         in_flight = {r["id"] for r in state["releases"] if committed_since_switch(p, r["id"], switched)}
