@@ -180,7 +180,7 @@ def settle_switch(p, root):
     if link_target(p["current"]) == bundle_id:
         if "previous_after" in journal:
             restore_link(p, "previous", journal["previous_after"])
-        if switch_times(p).get(bundle_id, float("-inf")) < journal["time"]:
+        if journal["from"] != bundle_id and switch_times(p).get(bundle_id, float("-inf")) < journal["time"]:
             with open(p["history.jsonl"], "a") as handle:
                 handle.write(json.dumps({"time": journal["time"], "action": journal.get("action", "deploy"),
                                          "from": journal["from"], "to": bundle_id}) + "\n")

@@ -3,7 +3,8 @@ release that ran before is never lost.
 
 Where the moment matters, the board helper kills itself and the deploy that started it (its process group)
 at an exact point: a ``sitecustomize`` on PYTHONPATH adds an audit hook to the helper (a ``python -c``) that
-sends SIGKILL when it is about to create the link or file named in ``KILL_HELPER_AT``.
+sends SIGKILL when it is about to do what ``KILL_HELPER_AT`` names (``EVENT:PATH``, the audit event and the
+start of the path it acts on).
 """
 
 from __future__ import annotations
@@ -19,22 +20,22 @@ from tests._utils.deploy import bundle_variant, current_id, edgesdk
 
 HOOK = """
 import os, signal, sys
-_at = os.environ.get("KILL_HELPER_AT")
+_event, _, _at = os.environ.get("KILL_HELPER_AT", "").partition(":")
 if _at and sys.argv[:1] == ["-c"]:
     def _hook(event, args):
-        if event in ("os.symlink", "open") and str(args[1] if event == "os.symlink" else args[0]).startswith(_at):
+        if event == _event and str(args[1] if event == "os.symlink" else args[0]).startswith(_at):
             os.killpg(0, signal.SIGKILL)
     sys.addaudithook(_hook)
 """
 
 
-def killing_env(tmp_path: Path, at: Path) -> dict[str, str]:
-    """The environment of a deploy whose helper is killed, with the deploy, once it creates ``at*``."""
+def killing_env(tmp_path: Path, event: str, at: Path) -> dict[str, str]:
+    """The environment of a deploy whose helper is killed, with the deploy, at audit ``event`` on ``at*``."""
     hook = tmp_path / "hook"
     hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_text(HOOK)
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
-            "KILL_HELPER_AT": str(at)}
+            "KILL_HELPER_AT": f"{event}:{at}"}
 
 
 def killed_deploy(*args, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -56,7 +57,7 @@ def test_a_deploy_killed_between_current_and_previous_keeps_the_release_it_left(
     for bundle in (first, second):
         assert edgesdk("deploy", bundle.path, "--to", root).returncode == 0
     # current already points to the third release; previous still to the first, not the second it left
-    killed_deploy(third.path, "--to", root, env=killing_env(tmp_path, root / ".previous.tmp-"))
+    killed_deploy(third.path, "--to", root, env=killing_env(tmp_path, "os.symlink", root / ".previous.tmp-"))
     assert current_id(root) == third.bundle_id
     assert link(root, "previous") == first.bundle_id
 
@@ -93,7 +94,7 @@ def test_a_switch_killed_before_current_moved_puts_the_runtime_back(tiny_bundle,
                               capture_output=True, text=True, timeout=120, env=env, start_new_session=True)
 
     cut = helper("switch", {"bundle_id": tiny_bundle.bundle_id, "runtime_key": "new"},
-                 env=killing_env(tmp_path, root / ".current.tmp-"))
+                 env=killing_env(tmp_path, "os.symlink", root / ".current.tmp-"))
     assert cut.returncode == -9, cut.stdout + cut.stderr
     assert current_id(root) == second.bundle_id
     pruned = helper("prune", {"keep": 3})
@@ -101,4 +102,19 @@ def test_a_switch_killed_before_current_moved_puts_the_runtime_back(tiny_bundle,
     assert os.readlink(root / "runtime" / "current") == "old"  # the runtime that runs the current release
     assert current_id(root) == second.bundle_id
     assert link(root, "previous") == tiny_bundle.bundle_id
+    assert not (root / ".switch.json").exists()
+
+
+def test_a_killed_switch_to_the_current_release_adds_no_switch_to_the_history(tiny_bundle, tmp_path):
+    """The same bundle deployed again switches nothing (current already is it) and writes no history line;
+    killed before it dropped its journal, the next prune took it for a switch that moved current."""
+    root = tmp_path / "board"
+    assert edgesdk("deploy", tiny_bundle.path, "--to", root).returncode == 0
+    history = (root / "history.jsonl").read_text()
+    cut = edgesdk("deploy", tiny_bundle.path, "--to", root, timeout=300, start_new_session=True,
+                  env=killing_env(tmp_path, "os.remove", root / ".switch.json"))
+    assert cut.returncode == -9, cut.stderr
+    again = edgesdk("deploy", tiny_bundle.path, "--to", root)
+    assert again.returncode == 0, again.stderr
+    assert (root / "history.jsonl").read_text() == history
     assert not (root / ".switch.json").exists()
