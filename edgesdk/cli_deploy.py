@@ -71,18 +71,6 @@ def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config
     if release_id is not None and not rollback:
         raise click.BadParameter("--release names the release to roll back to; pass --rollback with it",
                                  param_hint="--release")
-    if show_status or rollback:  # neither sends a bundle, installs a runtime or prunes (rollback smoke-tests)
-        typed = click.core.ParameterSource.COMMANDLINE
-        flags = [("keep", "--keep"), ("no_install", "--no-install"),
-                 ("system_site_packages", "--runtime-venv-system-site-packages")]
-        if show_status:
-            flags += [("ignore_target", "--ignore-target"), ("smoke_timeout", "--smoke-timeout")]
-        unused = [flag for name, flag in flags if ctx.get_parameter_source(name) == typed]
-        if unused:
-            what = "--status only reads the board" if show_status else \
-                "--rollback switches to a release already on the board (it smoke-tests it first)"
-            raise click.BadParameter(f"works only with a deploy of a bundle: {what}; drop it",
-                                     param_hint=", ".join(unused))
     service_options = None
     if service:
         from edgesdk.deploy.service import ServiceOptions
