@@ -176,7 +176,7 @@ def test_the_unit_and_its_record_are_written_under_the_deploy_lock(tiny_bundle, 
     root, port = tmp_path / "board", free_port()
     argv = [sys.executable, "-m", "edgesdk.cli", "serve", str(tiny_bundle.path), "--port", str(port), "--threads", "1"]
     params = {"root": str(root), "action": "install", "argv": argv, "health_url": f"http://127.0.0.1:{port}/health",
-              "timeout_s": 120, "fix": "deploy again"}
+              "timeout_s": 120, "fix": "deploy again", "token": "0123456789abcdef"}
     code = ("import json, sys; from edgesdk.deploy.board_ops import main; "
             f"sys.exit(main(['service', json.dumps({params!r})]))")
     with Lock(str(root)):  # another deploy's step holds the root
