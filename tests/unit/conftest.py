@@ -1,5 +1,6 @@
 """Fixtures the serve and speculative-decoding tests share: the tiny bundle's runtime (one per test module), a
-real server over it, and the bundle opened twice as a target and a draft model of the same weights.
+real server over it (and one whose chat template thinks, `terse`), and the bundle opened twice as a target and a draft
+model of the same weights.
 
 A test module that needs other settings defines its own ``runtime`` or ``served``, which take precedence."""
 
@@ -39,3 +40,21 @@ def same_model(tiny_bundle):
     from edgesdk.runtime.session import open_runtime
 
     return open_runtime(tiny_bundle.path, threads=1)
+
+
+@pytest.fixture
+def terse(tiny_bundle):
+    """A server whose template opens the block without a newline after <think>: the tiny model then thinks in
+    characters that are not whitespace (after a newline it writes only newlines, which stripping empties), and the
+    Messages API has no logit_bias to ban them."""
+    from edgesdk.runtime.session import open_runtime
+    from edgesdk.serve.completion import ServeDefaults
+    from tests.unit.test_serve import Served
+    from tests.unit.test_serve_reasoning import THINKING_TEMPLATE
+
+    runtime = open_runtime(tiny_bundle.path, threads=1)
+    runtime.tokenizer.template_source = THINKING_TEMPLATE.replace("{% else %}<think>\n", "{% else %}<think>")
+    runtime.tokenizer._template = None
+    server = Served(runtime, ServeDefaults(max_tokens=10))
+    yield server
+    server.close()

@@ -158,21 +158,6 @@ def _message_events(server: Served, body: dict) -> list[tuple[str, dict]]:
     return events
 
 
-@pytest.fixture
-def terse(tiny_bundle):
-    """A server whose template opens the block without a newline after <think>: the tiny model then thinks in
-    characters that are not whitespace (after a newline it writes only newlines, which stripping empties), and the
-    Messages API has no logit_bias to ban them."""
-    from edgesdk.runtime.session import open_runtime
-
-    runtime = open_runtime(tiny_bundle.path, threads=1)
-    runtime.tokenizer.template_source = THINKING_TEMPLATE.replace("{% else %}<think>\n", "{% else %}<think>")
-    runtime.tokenizer._template = None
-    server = Served(runtime, ServeDefaults(max_tokens=10))
-    yield server
-    server.close()
-
-
 def test_the_messages_api_gives_the_reasoning_as_a_thinking_block_whole_and_streamed(terse):
     """Anthropic's extended-thinking shape: a thinking block (its signature empty: nothing here signs) before the
     text; streamed, thinking_delta events in block 0. The tiny model never closes the block in 10 tokens, so

@@ -5,23 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgesdk.serve.completion import ServeDefaults
-from tests.unit.test_serve import Served
-from tests.unit.test_serve_reasoning import ASK, THINKING_TEMPLATE
-
-
-@pytest.fixture
-def terse(tiny_bundle):
-    """A server whose chat template opens a <think> block for the model (Qwen3's way), without a newline after it,
-    so the tiny model thinks in text that stripping does not empty."""
-    from edgesdk.runtime.session import open_runtime
-
-    runtime = open_runtime(tiny_bundle.path, threads=1)
-    runtime.tokenizer.template_source = THINKING_TEMPLATE.replace("{% else %}<think>\n", "{% else %}<think>")
-    runtime.tokenizer._template = None
-    server = Served(runtime, ServeDefaults(max_tokens=10))
-    yield server
-    server.close()
+from tests.unit.test_serve_reasoning import ASK
 
 
 def test_an_answer_s_thinking_block_sent_back_in_the_next_turn_is_taken(terse):
