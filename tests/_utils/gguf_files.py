@@ -1,5 +1,6 @@
-"""A GGUF file written again with keys or tensors set or left out, as a converter would have written it:
-how the tests make files whose metadata edgesdk's loader must read as llama.cpp does."""
+"""A GGUF file written again with keys or tensors set or left out, as a converter would have written it (how
+the tests make files whose metadata edgesdk's loader must read as llama.cpp does), and llama.cpp's logits for
+a file (llama-cpp-python, which the tests that call it skip without)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,12 @@ def rewrite_gguf(source: Path, target: Path, fields: dict | None = None, tensors
     writer.write_tensors_to_file()
     writer.close()
     return target
+
+
+def llama_cpp_logits(path: Path, ids: list[int], context: int = 128) -> np.ndarray:
+    """llama.cpp's logits (len(ids), V) for ``ids`` evaluated from the start by the GGUF file at ``path``."""
+    import llama_cpp
+
+    model = llama_cpp.Llama(str(path), n_ctx=context, logits_all=True, n_threads=1, verbose=False)
+    model.eval(list(ids))
+    return np.array(model.scores[:len(ids)])

@@ -14,6 +14,7 @@ import pytest
 
 from edgesdk.errors import BundleError, ExportError
 from tests._utils.builds import build_tiny_bundle
+from tests._utils.gguf_files import llama_cpp_logits
 from tests._utils.tiny import save_tiny_model_dir
 
 pytest.importorskip("gguf")
@@ -261,7 +262,7 @@ def test_uniform_layers_keep_their_own_architecture_and_single_numbers(tmp_path)
 def test_a_pruned_export_runs_in_llama_cpp_with_the_bundles_logits(model_type, tmp_path):
     """The independent check of the per-layer export: llama.cpp itself loads the deci file and computes the
     bundle's logits from its float weights (qwen2: the Q/K/V biases and the RoPE reorder too)."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install "
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install "
                                     "llama-cpp-python, which compiles llama.cpp for several minutes)")
     from edgesdk.evaluate import bundle_scorer
     from edgesdk.runtime.session import open_runtime
@@ -271,10 +272,7 @@ def test_a_pruned_export_runs_in_llama_cpp_with_the_bundles_logits(model_type, t
     runtime = open_runtime(bundle.path, threads=1)
     ids = runtime.tokenizer.encode(PROMPT, add_special_tokens=False)
     expected = bundle_scorer(runtime)(np.array(ids))
-    model = llama_cpp.Llama(str(report.path), n_ctx=64, logits_all=True, n_threads=1, verbose=False)
-    model.eval(ids)
-    got = np.array(model.scores[:len(ids)])
-    diff = float(np.abs(got - expected).max())
+    diff = float(np.abs(llama_cpp_logits(report.path, ids, context=64) - expected).max())
     print(f"{model_type} pruned fp32 in llama.cpp: max abs logit difference {diff:.2e}")
     assert diff < 1e-3
 

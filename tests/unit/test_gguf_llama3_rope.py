@@ -14,6 +14,7 @@ import pytest
 
 from edgesdk.errors import ExportError
 from tests._utils.builds import build_tiny_bundle
+from tests._utils.gguf_files import llama_cpp_logits
 from tests._utils.tiny import save_tiny_model_dir
 
 torch = pytest.importorskip("torch")
@@ -108,7 +109,7 @@ def test_a_bundle_built_from_the_llama3_rope_gguf_scores_as_the_one_built_from_t
 
 
 def test_llama_cpp_computes_the_exported_llama3_rope_bundle_as_the_bundle_does(exported):
-    llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
+    pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
     from edgesdk.evaluate import bundle_scorer
     from edgesdk.runtime.session import open_runtime
 
@@ -117,10 +118,7 @@ def test_llama_cpp_computes_the_exported_llama3_rope_bundle_as_the_bundle_does(e
     ids = runtime.tokenizer.encode(TEXT, add_special_tokens=False)
     assert len(ids) >= 40
     expected = bundle_scorer(runtime)(np.array(ids))
-    model = llama_cpp.Llama(str(report.path), n_ctx=128, logits_all=True, n_threads=1, verbose=False)
-    model.eval(ids)
-    got = np.array(model.scores[:len(ids)])
-    diff = float(np.abs(got - expected).max())
+    diff = float(np.abs(llama_cpp_logits(report.path, ids) - expected).max())
     print(f"llama3 rope in llama.cpp: max abs logit difference {diff:.2e} over {len(ids)} positions")
     assert diff < 1e-3
 
@@ -146,13 +144,11 @@ def test_a_linear_scaled_gguf_loads_with_its_scaling(exported, tmp_path):
                            "llama.rope.scaling.factor": (4.0, gguf.GGUFValueType.FLOAT32)})
     loaded = load_model(resolve_model(str(linear)), progress=False)
     assert loaded.model.config.rope_parameters == {"rope_type": "linear", "rope_theta": 10_000.0, "factor": 4.0}
-    llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
+    pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
     ids = loaded.tokenizer(TEXT)["input_ids"]
-    model = llama_cpp.Llama(str(linear), n_ctx=128, logits_all=True, n_threads=1, verbose=False)
-    model.eval(ids)
     with torch.no_grad():
         expected = loaded.model(torch.tensor([ids])).logits[0].numpy()
-    diff = float(np.abs(np.array(model.scores[:len(ids)]) - expected).max())
+    diff = float(np.abs(llama_cpp_logits(linear, ids) - expected).max())
     print(f"linear rope in llama.cpp: max abs logit difference {diff:.2e} over {len(ids)} positions")
     assert diff < 1e-3
 

@@ -8,7 +8,7 @@ import pytest
 
 from edgesdk.errors import ModelSourceError
 from tests._utils.builds import build_tiny_bundle
-from tests._utils.gguf_files import rewrite_gguf
+from tests._utils.gguf_files import llama_cpp_logits, rewrite_gguf
 from tests._utils.tiny import save_tiny_model_dir
 
 gguf = pytest.importorskip("gguf")
@@ -43,12 +43,6 @@ def _load(path):
     return load_model(resolve_model(str(path)), progress=False)
 
 
-def _llama_cpp_logits(llama_cpp, path, ids):
-    model = llama_cpp.Llama(str(path), n_ctx=128, logits_all=True, n_threads=1, verbose=False)
-    model.eval(ids)
-    return np.array(model.scores[:len(ids)])
-
-
 def _llama3_divisors(head_dim: int = 32, base: float = 10_000.0) -> np.ndarray:
     from edgesdk.models.loader import llama3_divisors
 
@@ -73,21 +67,21 @@ def test_a_linear_factor_without_a_type_scales_the_rotary_as_in_llama_cpp(plain_
     with pytest.raises(ModelSourceError, match="a rope_freqs.weight tensor and a linear scaling factor of 4"):
         _load(both)
 
-    llama_cpp = pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
+    pytest.importorskip("llama_cpp", reason=LLAMA_CPP_MISSING)
     loaded = _load(only_factor)
     ids = loaded.tokenizer(TEXT)["input_ids"]
     with torch.no_grad():
         expected = loaded.model(torch.tensor([ids])).logits[0].numpy()
-    plain = _llama_cpp_logits(llama_cpp, plain_llama, ids)
+    plain = llama_cpp_logits(plain_llama, ids)
     for path in (only_factor, old_key):
-        got = _llama_cpp_logits(llama_cpp, path, ids)
+        got = llama_cpp_logits(path, ids)
         diff = float(np.abs(got - expected).max())
         print(f"{path.name} in llama.cpp: max abs logit difference {diff:.2e} (from plain RoPE "
               f"{float(np.abs(got - plain).max()):.2e})")
         assert diff < 1e-3
         assert float(np.abs(got - plain).max()) > 5 * diff  # llama.cpp does scale it
     with_freqs = rewrite_gguf(plain_llama, tmp_path / "freqs.gguf", tensors={"rope_freqs.weight": _llama3_divisors()})
-    scaled_too = float(np.abs(_llama_cpp_logits(llama_cpp, both, ids) - _llama_cpp_logits(llama_cpp, with_freqs,
+    scaled_too = float(np.abs(llama_cpp_logits(both, ids) - llama_cpp_logits(with_freqs,
                                                                                           ids)).max())
     print(f"rope_freqs and a linear factor in llama.cpp: {scaled_too:.2e} from rope_freqs alone")
     assert scaled_too > 1e-3  # llama.cpp applies both
