@@ -22,7 +22,9 @@ Rules, so the cap never fights the board's own tools and is never left behind:
 * a policy whose ``scaling_min_freq`` is pinned above the wanted clock (jetson_clocks pins the
   minimum to the maximum) is left alone;
 * if someone else writes the ceiling while it is capped, that value wins: the cap stops touching
-  that policy and does not restore over it;
+  that policy and does not restore over it. A value below the cap while a kernel cpufreq cooling
+  device limits the policy is the kernel's limit, not a write: the cap stays, and is given back;
+  a cap does not begin on a policy the kernel limits (its ceiling cannot be read then);
 * while capped, a state file records each policy's original and written values, so a run that
   is killed is undone by the next one (:func:`recover`); a cap that cannot be given back (not
   root, a failed write) stays recorded until one can;
@@ -60,6 +62,41 @@ def _read_list(path: Path) -> list[int]:
         return sorted(int(v) for v in path.read_text().split())
     except (OSError, ValueError):
         return []
+
+
+def _kernel_limiting(policy_dir: Path) -> bool:
+    """Does a kernel cpufreq cooling device hold this policy below its ceiling now?
+
+    Since freq QoS (Linux 5.4), ``scaling_max_freq`` reads the policy's effective maximum: the lowest
+    of the value written to it and the kernel's own limits, among them the cooling device a thermal
+    zone's passive trip drives (Jetson's ``cpu-thermal``, reference/targets-thermal.md §2a).
+    ``drivers/thermal/cpufreq_cooling.c`` adds that limit as a FREQ_QOS_MAX request and names the
+    device ``cpufreq-cpuN`` after the policy's first CPU (``thermal-cpufreq-N``, numbered in
+    registration order, before Linux 5.12: counted for every policy). ``cur_state`` above 0 is a
+    limit in force. The devices are under ``sys/class/thermal`` beside ``sys/devices``.
+    """
+    try:
+        thermal = policy_dir.parents[4] / "class" / "thermal"  # <root>/sys/devices/system/cpu/cpufreq/policyN
+        devices = [thermal / name for name in os.listdir(thermal) if name.startswith("cooling_device")]
+    except (IndexError, OSError):
+        return False
+    cpus = set(_read_list(policy_dir / "related_cpus"))
+    if policy_dir.name[len("policy"):].isdigit():
+        cpus.add(int(policy_dir.name[len("policy"):]))
+    for device in devices:
+        try:
+            kind = (device / "type").read_text().strip()
+            state = int((device / "cur_state").read_text())
+        except (OSError, ValueError):
+            continue
+        if state <= 0:
+            continue
+        if kind.startswith("thermal-cpufreq-"):
+            return True
+        number = kind[len("cpufreq-cpu"):]
+        if kind.startswith("cpufreq-cpu") and number.isdigit() and int(number) in cpus:
+            return True
+    return False
 
 
 @dataclass
@@ -126,7 +163,12 @@ class CpuFreqCap:
                 self.reason = "another edgesdk run that caps the clock is still going"
                 self.state_path = None  # its state file: never this object's to write
                 return
-            self._lock = _lock(lock_path(self.state_path))
+            try:
+                self._lock = _lock(lock_path(self.state_path))
+            except BlockingIOError:  # a run that started at the same instant took it after the check above
+                self.reason = "another edgesdk run that caps the clock is still going"
+                self.state_path = None
+                return
             self.notes += recover(self.state_path, holding_lock=self._lock is not None)
         self._discover()
         if not self.available and self._lock is not None:
@@ -135,7 +177,13 @@ class CpuFreqCap:
 
     def _discover(self) -> None:
         base = self.root / CPUFREQ_DIR
-        paths = sorted(base.glob("policy*")) if base.is_dir() else []
+        try:  # a root this user may not search (EACCES) has no policy it could cap: no data, as when there is none
+            paths = sorted(base / name for name in os.listdir(base) if name.startswith("policy"))
+        except (FileNotFoundError, NotADirectoryError):
+            paths = []
+        except OSError as error:
+            self.reason = f"cannot read {base} ({error.strerror or error})"
+            return
         if not paths:
             self.reason = f"no cpufreq policies under {base}"
             return
@@ -181,7 +229,9 @@ class CpuFreqCap:
         current = _read_khz(policy.max_file)
         if current is None:
             return  # unreadable now: no write that could raise it
-        if policy.written_khz is not None and current != policy.written_khz:
+        lowered = _kernel_limiting(policy.path)  # the file reads the kernel's lower limit, not a write
+        if policy.written_khz is not None and current != policy.written_khz and not (
+                current < policy.written_khz and lowered):
             policy.released = True  # nvpmodel, jetson_clocks or the user changed it: theirs now
             self._warn(f"{policy.path.name}: scaling_max_freq changed to {current} kHz by someone else; "
                        "the clock cap leaves it alone")
@@ -189,9 +239,12 @@ class CpuFreqCap:
         if ratio is None and policy.written_khz is None:
             return  # not capped: the ceiling in the file is the board's, whatever it is now
         if policy.written_khz is None:
+            if lowered:
+                return  # the kernel holds it lower already, and its ceiling cannot be read now: the next cap
             policy.rebase(current)  # a new cap: the ceiling as it is now, never the one of an earlier cap
         value = policy.ceiling_khz if ratio is None else min(policy.target(ratio), policy.ceiling_khz)
-        if value != current and not self._write(policy, value, restoring=ratio is None):
+        requested = current if policy.written_khz is None else policy.written_khz  # what the file was given
+        if value != requested and not self._write(policy, value, restoring=ratio is None):
             return
         policy.written_khz = None if ratio is None else value
 
@@ -272,8 +325,9 @@ def lock_path(state_path: Path) -> Path:
 
 def _lock(path: Path) -> IO[bytes] | None:
     """``path`` opened (created) with an exclusive ``flock`` held on it until the file is closed (the
-    kernel drops it however the process ends); None when another process holds it, or no lock can
-    be had here (directory not writable, no flock): then nothing stops a second capping run."""
+    kernel drops it however the process ends). BlockingIOError when another process holds it: taking
+    the lock is the one check two runs starting at the same instant cannot both pass. None when no
+    lock can be had here (directory not writable, no flock): then nothing stops a second capping run."""
     try:
         import fcntl
     except ImportError:
@@ -285,6 +339,9 @@ def _lock(path: Path) -> IO[bytes] | None:
         return None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise
     except OSError:
         lock.close()
         return None
@@ -335,8 +392,10 @@ def recover(state_path: Path, holding_lock: bool = False) -> list[str]:
     kept = {}
     for file, entry in _load_state(state_path).items():
         path, original = Path(file), entry["original"]
-        if _read_khz(path) != entry["written"]:
-            continue  # changed since: that setting wins
+        current = _read_khz(path)
+        if current != entry["written"] and not (
+                current is not None and current < entry["written"] and _kernel_limiting(path.parent)):
+            continue  # changed since: that setting wins (a kernel cooling limit below the cap is not a change)
         try:
             path.write_text(f"{original}\n")
             notes.append(f"restored {path.parent.name} scaling_max_freq to {original} kHz "
