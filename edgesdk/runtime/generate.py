@@ -26,6 +26,54 @@ if TYPE_CHECKING:
     from edgesdk.runtime.speculative import DraftModel
 
 
+# llama.cpp's sampler names (common/sampling.cpp ``common_sampler_types_from_names``): canonical name -> name here.
+# The ones carried are applied in the order given; dry, typ_p, top_n_sigma and xtc take parameters edgesdk does not
+# carry, whose llama.cpp defaults (dry_multiplier 0, typ_p 1, top_n_sigma -1, xtc_probability 0) leave the
+# candidates as they are, so they are taken and pass everything through.
+CARRIED_SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
+PASS_THROUGH_SAMPLERS = ("dry", "typ_p", "top_n_sigma", "xtc")
+# llama.cpp's default chain ("edskypmxt": penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature)
+# less the pass-through ones.
+DEFAULT_SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
+# llama.cpp's one-letter codes (``common_sampler_type_to_chr``), read by ``--sampling-seq`` and a ``samplers`` string.
+SAMPLER_LETTERS = {"e": "penalties", "d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma",
+                   "m": "min_p", "x": "xtc", "t": "temperature"}
+_SAMPLER_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
+
+
+def sampler_chain(names) -> tuple[str, ...]:
+    """llama.cpp's sampler list as canonical names: a list of names (any case; ``top-k`` and ``topk`` for
+    ``top_k``, ``nucleus``, ``temp`` and ``typ`` as llama.cpp reads them) or a string of one-letter codes
+    (``"kpmt"``). A name llama.cpp has but edgesdk cannot run (``infill``, ``adaptive_p``), or none llama.cpp
+    knows, is refused by name (llama.cpp skips an unknown one with a warning)."""
+    if isinstance(names, str):
+        unknown = [letter for letter in names if letter not in SAMPLER_LETTERS]
+        if unknown:
+            what = "is llama.cpp's infill or adaptive_p, not carried by edgesdk" if unknown[0] in "ia" else \
+                "is no sampler letter"
+            raise ValueError(f"samplers {names!r} holds {unknown[0]!r}, which {what}; the letters are "
+                             f"{''.join(SAMPLER_LETTERS)} ({', '.join(f'{k}={v}' for k, v in SAMPLER_LETTERS.items())})")
+        return tuple(SAMPLER_LETTERS[letter] for letter in names)
+    if isinstance(names, (bytes, Mapping)) or not hasattr(names, "__iter__"):
+        raise ValueError(f"samplers must be a list of sampler names or a string of sampler letters, got {names!r}")
+    known = {name: name for name in CARRIED_SAMPLERS + PASS_THROUGH_SAMPLERS}
+    for name in CARRIED_SAMPLERS + PASS_THROUGH_SAMPLERS:
+        known[name.replace("_", "-")] = known[name.replace("_", "")] = name
+    known.update(_SAMPLER_ALIASES)
+    chain = []
+    for name in names:
+        if not isinstance(name, str):
+            raise ValueError(f"samplers must be sampler names (strings), got {name!r}")
+        canonical = known.get(name.lower())
+        if canonical is None:
+            what = "is llama.cpp's but not carried by edgesdk" if name.lower() in ("infill", "adaptive_p", "adaptive-p",
+                                                                                 "adaptivep") else "is no sampler"
+            raise ValueError(f"samplers holds {name!r}, which {what}; the names are "
+                             f"{', '.join(CARRIED_SAMPLERS + PASS_THROUGH_SAMPLERS)}")
+        chain.append(canonical)
+    return tuple(chain)
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How the next token is picked."""
@@ -50,10 +98,16 @@ class SamplingConfig:
     # logit_bias; llama.cpp applies its logit-bias sampler first in the chain). A bias is in [-100, 100], or -inf
     # for a token never to be taken; pairs naming one token add up. Greedy decoding follows them too.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # The sampler chain, llama.cpp's ``--samplers`` / ``samplers``: which of penalties, top_k, top_p, min_p and
+    # temperature run, in which order (names or letters: :func:`sampler_chain`). One left out does not run
+    # (without "temperature" the draw is at temperature 1, as llama.cpp's). Temperature 0 decodes greedily
+    # whatever the chain; the penalties run first wherever they stand.
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
 
     @property
     def penalizes(self) -> bool:
-        return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        return "penalties" in self.samplers and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
 
     def __post_init__(self):
         # A fraction (1.5 gave 2 tokens) or NaN (never reached: the answer ran to the context) is no count,
@@ -87,6 +141,7 @@ class SamplingConfig:
             if not (math.isfinite(value) and -2.0 <= value <= 2.0):
                 raise ValueError(f"{name} must be a number in [-2, 2], got {value}")
         object.__setattr__(self, "logit_bias", _checked_logit_bias(self.logit_bias))
+        object.__setattr__(self, "samplers", sampler_chain(self.samplers))
 
 
 def _checked_logit_bias(pairs) -> tuple[tuple[int, float], ...]:
@@ -115,12 +170,18 @@ def _checked_logit_bias(pairs) -> tuple[tuple[int, float], ...]:
 class Sampler:
     """Picks the next token from logits already shaped by the logit bias and the penalties (:func:`shaped`).
 
-    Sampling follows llama.cpp's chain: top-k, then top-p, then min-p, then the temperature, then the draw.
-    top-k and min-p are llama.cpp's exactly: the ``top_k`` largest logits, and the logits at least
-    ``log(min_p)`` below the largest (probability >= ``min_p`` times the top one's before the temperature).
-    top-p keeps the smallest set of most likely tokens whose probability reaches ``top_p`` in the
-    temperature-scaled distribution (renormalised over what top-k kept), as it always has here (llama.cpp's
-    takes it before the temperature). Greedy decoding (temperature 0) takes the top token and ignores all three.
+    Sampling runs llama.cpp's chain (common/sampling.cpp ``common_sampler_init``) in the order of
+    ``config.samplers``, by default top-k, top-p, min-p, then the temperature, then the draw; each sampler works
+    on what the ones before it left:
+
+    - top-k keeps the ``top_k`` largest logits (ties at the k-th: the lowest ids);
+    - top-p keeps the smallest set of most likely tokens whose probability, softmax of the logits as they stand
+      (before the temperature in the default chain), reaches ``top_p``;
+    - min-p keeps the logits at least ``log(min_p)`` below the largest (probability >= ``min_p`` times the top
+      one's);
+    - the temperature divides the logits.
+
+    Greedy decoding (temperature 0) takes the top token whatever the chain.
     """
 
     def __init__(self, config: SamplingConfig):
@@ -129,18 +190,19 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, allowed: Callable[[int], bool] | None = None) -> int:
         """The next token. With ``allowed`` (a constraint such as JSON mode) only a token it accepts is
-        taken: greedy decoding takes the most likely one; sampling draws from the truncated distribution
-        and redraws without a refused token, which is exact sampling from that distribution restricted to
-        the accepted tokens."""
+        taken: greedy decoding takes the most likely one; sampling draws from the chain's distribution and
+        redraws without a refused token, which is exact sampling from that distribution restricted to the
+        accepted tokens. Where the chain kept no accepted token, the chain runs again over the accepted tokens
+        alone, as llama.cpp resamples a draw its grammar refuses (``common_sampler_sample``)."""
         best = int(np.argmax(logits))  # the first NaN when there is one
         _check_finite(float(logits[best]))
         if self.config.temperature == 0:
             return best if allowed is None or allowed(best) else _most_likely_allowed(logits, allowed)
         probs = self._distribution(logits, best)
         if allowed is None:
-            return int(self.rng.choice(probs.shape[0], p=probs))
+            return self._draw(probs)
         for _ in range(MAX_REDRAWS):
-            token = int(self.rng.choice(probs.shape[0], p=probs))
+            token = self._draw(probs)
             if allowed(token):
                 return token
             probs[token] = 0.0
@@ -154,34 +216,44 @@ class Sampler:
         if accepted:
             weights = probs[accepted]
             return accepted[int(self.rng.choice(len(accepted), p=weights / weights.sum()))]
-        return _most_likely_allowed(logits, allowed)  # the kept set held no accepted token
+        return self._draw_accepted(logits, allowed)
+
+    def _draw(self, probs: np.ndarray) -> int:
+        return int(self.rng.choice(probs.shape[0], p=probs))
+
+    def _draw_accepted(self, logits: np.ndarray, allowed: Callable[[int], bool]) -> int:
+        """A draw from the chain run over the tokens ``allowed`` accepts only (every other logit -inf)."""
+        best = _most_likely_allowed(logits, allowed)  # refuses, naming why, where no token is left
+        finite = np.flatnonzero(logits > -math.inf)
+        keep = np.fromiter((allowed(int(token)) for token in finite), bool, finite.shape[0])
+        masked = np.full(logits.shape, -np.inf, np.float32)
+        masked[finite[keep]] = logits[finite[keep]]
+        return self._draw(self._distribution(masked, best))
 
     def _distribution(self, logits: np.ndarray, best: int) -> np.ndarray:
-        """The probabilities the draw takes (float64, summing to 1): the temperature's over the tokens that
-        top-k, top-p and min-p keep, 0 elsewhere."""
+        """The probabilities the draw takes (float64, summing to 1): the chain's, 0 at every token a sampler
+        dropped. ``best`` is the index of the largest logit, which every sampler keeps."""
         config = self.config
-        # Shift before scaling: a tiny temperature turned the raw logits into inf (inf - inf is NaN);
-        # shifted, the top one is 0 and the others may overflow only to -inf, probability 0.
-        with np.errstate(over="ignore"):
-            scaled = (logits.astype(np.float64) - logits[best]) / config.temperature
-        probs = np.exp(scaled)
-        if 0 < config.top_k < probs.shape[0]:
-            probs[~_top_k_mask(logits, config.top_k)] = 0.0
-        probs /= probs.sum()
-        if config.top_p < 1.0:
-            order = np.argsort(-probs)
-            cumulative = np.cumsum(probs[order])
-            keep = order[: int(np.searchsorted(cumulative, config.top_p)) + 1]
-            mask = np.zeros_like(probs)
-            mask[keep] = probs[keep]
-            probs = mask / mask.sum()
-        if config.min_p > 0:
-            # llama.cpp's min-p: logit >= top logit + log(min_p), on the logits before the temperature. The top
-            # token always passes, and top-k and top-p always keep it, so the top is the kept set's top too.
-            floor = float(logits[best]) + math.log(config.min_p)
-            probs[logits.astype(np.float64) < floor] = 0.0
-            probs /= probs.sum()
-        return probs
+        # Shifted so the top logit is 0: a tiny temperature then overflows the others only to -inf (probability 0),
+        # where the raw logits scaled to inf and inf - inf was NaN.
+        work = logits.astype(np.float64) - float(logits[best])
+        for name in config.samplers:
+            if name == "top_k" and 0 < config.top_k < work.shape[0]:
+                work[~_top_k_mask(work, config.top_k)] = -np.inf
+            elif name == "top_p" and config.top_p < 1.0:
+                probs = np.exp(work)
+                probs /= probs.sum()
+                order = np.argsort(-probs)
+                cumulative = np.cumsum(probs[order])
+                dropped = order[int(np.searchsorted(cumulative, config.top_p)) + 1:]
+                work[dropped] = -np.inf
+            elif name == "min_p" and config.min_p > 0:
+                work[work < math.log(config.min_p)] = -np.inf  # the top is 0 here, and always kept
+            elif name == "temperature":
+                with np.errstate(over="ignore"):
+                    work = work / config.temperature
+        probs = np.exp(work)
+        return probs / probs.sum()
 
 
 def _top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:

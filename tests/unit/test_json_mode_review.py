@@ -69,10 +69,12 @@ def test_sampling_stays_exact_when_most_of_the_mass_is_refused(temperature, top_
     logits[accepted] = [1.0, 0.5, 0.0, -0.5, -1.0]
     sampler = Sampler(SamplingConfig(temperature=temperature, top_p=top_p, seed=7))
     seen = _frequencies(sampler, logits, lambda token: token in accepted, 1500)
-    scaled = np.exp(logits.astype(np.float64) / temperature)
-    probs = scaled / scaled.sum()
-    order = np.argsort(-probs, kind="stable")
-    nucleus = order[: int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1]
+    # llama.cpp's chain: top-p on the logits as they are, then the temperature over what it kept
+    plain = np.exp(logits.astype(np.float64))
+    plain /= plain.sum()
+    order = np.argsort(-plain, kind="stable")
+    nucleus = order[: int(np.searchsorted(np.cumsum(plain[order]), top_p)) + 1]
+    probs = np.exp(logits.astype(np.float64) / temperature)
     expected = np.zeros_like(probs)
     kept = [token for token in accepted if token in set(nucleus.tolist())]
     assert kept  # the test's nucleus holds accepted tokens

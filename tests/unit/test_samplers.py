@@ -127,9 +127,15 @@ def _old_sampler(config: SamplingConfig):
     return pick
 
 
-@pytest.mark.parametrize(("temperature", "top_p"), [(0.0, 1.0), (0.7, 1.0), (1.0, 0.9), (1.3, 0.5)])
-def test_the_defaults_draw_what_the_sampler_drew_before(temperature, top_p):
-    config = SamplingConfig(temperature=temperature, top_p=top_p, seed=11)
+@pytest.mark.parametrize(("temperature", "top_p", "samplers"), [
+    (0.0, 1.0, None), (0.7, 1.0, None), (1.0, 0.9, None),
+    (1.3, 0.5, "ktp"),  # the temperature before top-p, as it ran before llama.cpp's order (top-p first)
+])
+def test_the_defaults_draw_what_the_sampler_drew_before(temperature, top_p, samplers):
+    """Where the order of top-p and the temperature cannot matter (temperature 1, or no top-p) the default chain
+    draws what the sampler drew before it followed llama.cpp's order; elsewhere the chain "ktp" does."""
+    config = SamplingConfig(temperature=temperature, top_p=top_p, seed=11,
+                            **({} if samplers is None else {"samplers": samplers}))
     new, old = Sampler(config), _old_sampler(config)
     rng = np.random.default_rng(0)
     for _ in range(300):
