@@ -10,7 +10,8 @@ Transformers via Speculative Decoding", with the draft's distribution taken as a
 greedy token). On a board a decode step is bound by reading the weights, so a pass over ``k + 1``
 positions costs little more than one, and every accepted token saves a target step for the cost of a
 draft step. This is llama.cpp's ``--model-draft`` (``-md``) with ``--draft-max`` and
-``--draft-p-min``: drafting stops at a token the draft model gives less than ``p_min`` probability.
+``--draft-p-min``: drafting stops at a token the draft model gives less than ``p_min`` probability among its
+``DRAFT_TOP_K`` most likely tokens, as llama.cpp measures it (:func:`top_probability`).
 
 The draft model keeps its own KV cache across checks and answers: before each draft it is rewound to
 the longest prefix it shares with the text so far, and only what follows is prefilled.
@@ -27,6 +28,20 @@ from edgesdk.runtime.backend import DecoderBackend
 from edgesdk.runtime.lookup import MAX_DRAFT
 from edgesdk.runtime.prompt_cache import common_prefix_length
 
+# llama.cpp's LLAMA_DRAFT_TOP_K: the draft model's sampler chain keeps its 10 most likely tokens (common/speculative.cpp)
+DRAFT_TOP_K = 10
+
+
+def top_probability(logits: np.ndarray, top_k: int = DRAFT_TOP_K) -> float:
+    """The most likely token's probability in a softmax over the ``top_k`` largest logits alone: what llama.cpp's
+    drafting compares with ``p_min``. Its draft sampler chain is top-k then dist, whose softmax renormalises over
+    the candidates top-k kept, and the draft stops where ``cur_p->data[0].p < p_min`` (common/speculative.cpp,
+    the draft-simple drafter; ``common_speculative_gen_draft`` in older releases)."""
+    values = np.asarray(logits, np.float64)
+    if values.shape[0] > top_k:
+        values = np.partition(values, values.shape[0] - top_k)[values.shape[0] - top_k:]
+    return 1.0 / float(np.exp(values - values.max()).sum())
+
 
 @dataclass(frozen=True)
 class DraftConfig:
@@ -34,7 +49,8 @@ class DraftConfig:
 
     # draft tokens checked at once (llama.cpp's --draft-max; 2 gave the best rate of 2-8 on the SmolLM2 pair measured)
     max_draft: int = 2
-    # stop drafting at a token the draft model is less sure of (llama.cpp's --draft-p-min); 0: draft always
+    # stop drafting at a token the draft model is less sure of among its DRAFT_TOP_K most likely tokens (llama.cpp's
+    # --draft-p-min, measured as llama.cpp does: top_probability); 0: draft always
     p_min: float = 0.0
 
     def __post_init__(self):
@@ -99,7 +115,7 @@ class ModelDrafter:
 
     def draft(self, limit: int | None = None) -> list[int]:
         """Up to ``max_draft`` (and ``limit``) tokens the draft model decodes greedily after the text, stopping
-        at one it gives less than ``p_min``; empty where it has no room or no confidence, or the text holds an id
+        at one it gives less than ``p_min`` (:func:`top_probability`); empty where it has no room or no confidence, or the text holds an id
         it has no row for."""
         model, config = self.model, self.model.config
         backend = model.backend
@@ -113,10 +129,8 @@ class ModelDrafter:
             token = int(np.argmax(logits))
             if model.vocab_size is not None and token >= model.vocab_size:
                 break
-            if config.p_min > 0:  # the top token's probability (a softmax over the vocabulary: only when asked)
-                shifted = logits.astype(np.float64) - logits[token]
-                if 1.0 / float(np.exp(shifted).sum()) < config.p_min:
-                    break
+            if config.p_min > 0 and top_probability(logits) < config.p_min:
+                break
             drafted.append(token)
             if len(drafted) == room:
                 break
