@@ -1164,8 +1164,15 @@ def _rounded_mib(value: float | None) -> float | None:
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--text", "text_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Plain-text file to score (e.g. wikitext-2-raw/wiki.valid.raw).")
-@click.option("--context", default=512, show_default=True, help="Tokens per window.")
-@click.option("--stride", type=click.IntRange(min=1), help="Window step [--context: no overlap].")
+@click.option("--method", type=click.Choice(["windows", "llama-perplexity"]), default="windows", show_default=True,
+              help="windows: non-overlapping --context windows (or --stride), every token but each window's first "
+                   "scored. llama-perplexity: the figure llama.cpp's llama-perplexity -c CONTEXT prints: the text "
+                   "(BOS in front where the tokenizer adds one) cut into whole chunks of --context tokens, the tail "
+                   "dropped, each chunk's first token made BOS where the tokenizer adds one, only the second half "
+                   "of each chunk scored; it needs 2 x --context tokens. llama-perplexity reads the whole file: "
+                   "pass --max-chars 0 to score the same text.")
+@click.option("--context", default=512, show_default=True, help="Tokens per window (per chunk: llama-perplexity's -c).")
+@click.option("--stride", type=click.IntRange(min=1), help="Window step [--context: no overlap]; windows only.")
 @click.option("--max-chars", default=200_000, show_default=True, type=click.IntRange(min=0),
               help="Score the first N characters (0 = all).")
 @click.option("--reference", is_flag=True, help="Also score the PyTorch source model (host; needs edgesdk[host]).")
@@ -1180,9 +1187,17 @@ def _rounded_mib(value: float | None) -> float | None:
 @click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
               help="Power-gated bundles: compute budgets (fraction of FFN blocks run) for the perplexity curve.")
 @_runtime_options
-def eval_(bundle, text_file, context, stride, max_chars, reference, kl, last_word, as_json, budgets, threads, backend,
-          target, ignore_target):
-    """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference)."""
+def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, last_word, as_json, budgets, threads,
+          backend, target, ignore_target):
+    """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference).
+
+    --method llama-perplexity gives the figure of llama.cpp's llama-perplexity (its perplexity() in
+    tools/perplexity/perplexity.cpp): the text tokenized once, BOS in front where the tokenizer adds one;
+    len(tokens) // CONTEXT chunks, the tail dropped; each chunk's first token replaced by BOS where the
+    tokenizer adds one; positions CONTEXT/2 .. CONTEXT-2 of each chunk predict the tokens after them
+    (CONTEXT - CONTEXT/2 - 1 a chunk); exp of the mean negative log-likelihood over them all. Fewer than
+    2 x CONTEXT tokens are refused, as llama-perplexity refuses them.
+    """
     from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, leading_bos, reference_perplexity
     from edgesdk.runtime.session import open_runtime
 
@@ -1199,8 +1214,13 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, kl, last_wor
                 f"--reference scores the PyTorch source model and needs torch and transformers ({exc})",
                 "pip install 'edgesdk[host]' on the host, or drop --reference to score the bundle alone",
             ) from exc
+    if method == "llama-perplexity" and stride is not None:
+        raise click.BadParameter(f"--stride {stride} sets the step of --method windows; llama-perplexity cuts the "
+                                 "text into chunks of --context tokens with no overlap: drop --stride, or use "
+                                 "--method windows", param_hint="--stride")
     try:
-        config = PerplexityConfig(context=context, stride=stride or context, max_chars=max_chars or None)
+        config = PerplexityConfig(context=context, stride=stride or context, max_chars=max_chars or None,
+                                  method=method)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--context/--stride") from exc
     try:
@@ -1237,6 +1257,7 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, kl, last_wor
         result = {"bundle": power["gating_off"], "power": power}
     else:
         result = {"bundle": bundle_perplexity(runtime, text, config, progress=True).to_json()}
+    result = {"method": method, **result}
     if reference:
         import torch
 
@@ -1266,8 +1287,9 @@ def eval_(bundle, text_file, context, stride, max_chars, reference, kl, last_wor
     if as_json:  # strict JSON: a perplexity that overflowed (inf) or a broken bundle's NaN is null
         click.echo(json.dumps(_finite_or_null(result), indent=2, allow_nan=False))
         return
+    spans = "windows" if method == "windows" else f"chunks of {context}, llama-perplexity's rule"
     click.echo(f"bundle perplexity    {result['bundle']['perplexity']:.4f} "
-               f"({result['bundle']['tokens_scored']} tokens, {result['bundle']['windows']} windows)")
+               f"({result['bundle']['tokens_scored']} tokens, {result['bundle']['windows']} {spans})")
     if reference:
         click.echo(f"reference (PyTorch)  {result['reference']['perplexity']:.4f}")
         click.echo(f"relative difference  {result['relative_difference'] * 100:+.3f} %")

@@ -9,6 +9,25 @@ A model whose tokenizer puts a BOS token in front of every text (Gemma, Llama 2)
 start of each window, as ``llama-perplexity`` gives it: the window's first token, never scored, is
 replaced by BOS. Without it Gemma's perplexity is far off what it computes on the texts it is given
 (always after BOS); for a tokenizer that adds none (SmolLM2, Qwen) nothing changes.
+
+``method="llama-perplexity"`` follows llama.cpp's ``llama-perplexity`` instead (``perplexity()`` in
+tools/perplexity/perplexity.cpp, formerly examples/perplexity), so that the figure is the one it prints
+for the same model and text:
+
+- the text is tokenized once with the tokenizer's special tokens, so a BOS leads it where the
+  tokenizer adds one (``common_tokenize(ctx, text, true)``);
+- fewer than 2 x n_ctx tokens are refused ("you need at least 2*n_ctx tokens");
+- the tokens are cut into ``len(tokens) // n_ctx`` chunks of n_ctx: the tail that does not fill a
+  chunk is dropped;
+- each chunk is scored from an empty cache with its first token replaced by BOS where the
+  vocabulary adds one (``llama_vocab_get_add_bos``);
+- only the second half of each chunk is scored: with ``first = n_ctx / 2`` (integer division), the
+  logits at positions first .. n_ctx - 2 predict tokens first + 1 .. n_ctx - 1, n_ctx - first - 1 tokens
+  per chunk;
+- the perplexity is exp of the mean negative log-likelihood over all scored tokens.
+
+``--kl-divergence`` in llama.cpp scores the same positions of the same chunks, and so does
+:func:`divergence` under this method.
 """
 
 from __future__ import annotations
@@ -23,15 +42,28 @@ import numpy as np
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.logprobs import log_softmax
 
+WINDOWS, LLAMA_PERPLEXITY = "windows", "llama-perplexity"
+METHODS = (WINDOWS, LLAMA_PERPLEXITY)
+
 
 @dataclass(frozen=True)
 class PerplexityConfig:
-    context: int = 512  # tokens per window
+    context: int = 512  # tokens per window (llama-perplexity: per chunk, its n_ctx)
     stride: int = 512  # window step; equal to context means non-overlapping windows
     max_chars: int | None = 200_000  # evaluate the first N characters of the text (DESIGN.md measure)
+    method: str = WINDOWS  # or LLAMA_PERPLEXITY (module docstring)
 
     def __post_init__(self):
-        if self.context < 2 or self.stride < 1 or self.stride > self.context:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.method == LLAMA_PERPLEXITY:
+            if self.context < 3:  # n_ctx - n_ctx/2 - 1 scored tokens a chunk: none below 3
+                raise ValueError(f"llama-perplexity scores tokens n_ctx/2 + 1 .. n_ctx - 1 of each chunk, so it "
+                                 f"needs context >= 3, got {self.context}")
+            if self.stride != self.context:
+                raise ValueError(f"llama-perplexity cuts the text into chunks of context tokens, with no "
+                                 f"stride; got stride {self.stride} for context {self.context}")
+        elif self.context < 2 or self.stride < 1 or self.stride > self.context:
             raise ValueError(f"need context >= 2 and 1 <= stride <= context, got {self.context}/{self.stride}")
 
 
@@ -48,8 +80,13 @@ class PerplexityResult:
 def windows(ids: list[int], config: PerplexityConfig) -> list[tuple[int, int, int]]:
     """(start, end, first scored position within the window) for each window.
 
-    With stride < context, the overlap is context already scored by the previous window.
+    With stride < context, the overlap is context already scored by the previous window. Under
+    llama-perplexity's rule: ``len(ids) // context`` chunks, the tail dropped, each scored from
+    position ``context // 2 + 1`` (module docstring).
     """
+    if config.method == LLAMA_PERPLEXITY:
+        n = config.context
+        return [(i * n, (i + 1) * n, n // 2 + 1) for i in range(len(ids) // n)]
     spans, start, scored_until = [], 0, 1
     while start < len(ids) - 1:
         end = min(start + config.context, len(ids))
@@ -74,10 +111,7 @@ def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress:
     ``bos_id`` where one is given (module docstring)."""
     from tqdm import tqdm
 
-    if len(ids) < 2:
-        raise EdgeSDKError(f"the text gives {len(ids)} token(s); perplexity needs at least 2",
-                           "pass a longer --text file, or raise --max-chars")
-    spans = windows(ids, config)
+    spans = _checked_windows(ids, config, "perplexity")
     nll, count = 0.0, 0
     for start, end, first in tqdm(spans, desc=label, disable=not progress, unit="window"):
         window = _window(ids, start, end, bos_id)
@@ -86,6 +120,19 @@ def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress:
         nll += _log_softmax_nll(logits[first - 1:-1], targets)
         count += len(targets)
     return PerplexityResult(_exp_or_inf(nll / count), count, len(spans))
+
+
+def _checked_windows(ids: list[int], config: PerplexityConfig, measure: str) -> list[tuple[int, int, int]]:
+    """:func:`windows`, after refusing a text too short for ``measure`` under ``config.method``."""
+    if config.method == LLAMA_PERPLEXITY and len(ids) < 2 * config.context:
+        raise EdgeSDKError(f"the text gives {len(ids)} token(s); llama-perplexity's rule needs at least 2 x the "
+                           f"context, {2 * config.context} tokens, for --context {config.context} (llama-perplexity "
+                           "refuses fewer)", "pass a longer --text file, raise --max-chars (0 scores the whole "
+                                             "file) or lower --context")
+    if len(ids) < 2:
+        raise EdgeSDKError(f"the text gives {len(ids)} token(s); {measure} needs at least 2",
+                           "pass a longer --text file, or raise --max-chars")
+    return windows(ids, config)
 
 
 def _window(ids: list[int], start: int, end: int, bos_id: int | None) -> np.ndarray:
@@ -117,8 +164,10 @@ def bundle_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityC
 
 def reference_perplexity(model, tokenizer_encode, text: str, config: PerplexityConfig = PerplexityConfig(),
                          progress: bool = False, bos_id: int | None = None) -> PerplexityResult:
-    """The same measure with the PyTorch model (host only); ``bos_id`` as the bundle's (:func:`leading_bos`)."""
-    ids = tokenizer_encode(text[: config.max_chars] if config.max_chars else text)
+    """The same measure with the PyTorch model (host only); ``bos_id`` as the bundle's (:func:`leading_bos`).
+    ``tokenizer_encode`` adds no special tokens: under llama-perplexity's rule ``bos_id`` leads the text, as
+    :func:`bundle_perplexity` puts it."""
+    ids = _lead(tokenizer_encode(text[: config.max_chars] if config.max_chars else text), config, bos_id)
     return perplexity(reference_scorer(model), ids, config, progress, bos_id=bos_id)
 
 
@@ -153,11 +202,9 @@ def divergence(score_bundle, score_reference, ids: list[int], config: Perplexity
     its source model's tokenizer)."""
     from tqdm import tqdm
 
-    if len(ids) < 2:
-        raise EdgeSDKError(f"the text gives {len(ids)} token(s); a divergence needs at least 2",
-                           "pass a longer --text file, or raise --max-chars")
     klds, same = [], 0
-    for start, end, first in tqdm(windows(ids, config), desc="divergence", disable=not progress, unit="window"):
+    spans = _checked_windows(ids, config, "a divergence")
+    for start, end, first in tqdm(spans, desc="divergence", disable=not progress, unit="window"):
         window = _window(ids, start, end, bos_id)
         ours = score_bundle(window)[first - 1:-1]  # (T, V): row t predicts token t+1
         theirs = score_reference(window)[first - 1:-1]
@@ -208,7 +255,14 @@ DEFAULT_BUDGETS = (1.0, 0.8, 0.6)
 
 
 def _scored_ids(runtime, text: str, config: PerplexityConfig) -> list[int]:
-    return runtime.tokenizer.encode(text[: config.max_chars] if config.max_chars else text, add_special_tokens=False)
+    ids = runtime.tokenizer.encode(text[: config.max_chars] if config.max_chars else text, add_special_tokens=False)
+    return _lead(ids, config, leading_bos(runtime.tokenizer))
+
+
+def _lead(ids: list[int], config: PerplexityConfig, bos_id: int | None) -> list[int]:
+    """``ids`` with ``bos_id`` in front under llama-perplexity's rule, which tokenizes the text with its special
+    tokens (module docstring); as they are otherwise, where each window's first token becomes BOS."""
+    return [bos_id, *ids] if config.method == LLAMA_PERPLEXITY and bos_id is not None else ids
 
 
 def _gated_pass(backend, ids: list[int], config: PerplexityConfig, tau: float | None, progress: bool,
