@@ -17,7 +17,8 @@ class DecoderBackend(Protocol):
         """Drop the KV cache; the next call starts a new sequence."""
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
-        """Run ``token_ids`` (T,) after the current cache; returns logits (keep_logits, vocab)."""
+        """Run ``token_ids`` (T,) after the current cache; returns the logits of its last ``min(keep_logits, T)``
+        positions (rows, vocab). ``keep_logits`` is at least 1: the ONNX Runtime backends refuse a smaller one."""
 
     def decode(self, token_id: int) -> np.ndarray:
         """Append one token; returns its next-token logits (vocab,)."""
