@@ -184,7 +184,7 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
              telemetry_dir, clock_cap, as_json):
     """Predict sustained tok/s on a board: the same request stream simulated with and without the guard."""
     from edgesdk.thermal.guard import CLOCK_CAP_RATIO, GuardConfig
-    from edgesdk.thermal.plan import Workload, compare, decode_rate_estimate
+    from edgesdk.thermal.plan import PlanInterrupted, Workload, compare, decode_rate_estimate
 
     if bundle is None and target is None:
         from edgesdk.errors import EdgeSDKError
@@ -213,8 +213,15 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
     config = GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO) if clock_cap else None
     if telemetry_dir is not None:
         _make_telemetry_dir(telemetry_dir)
-    runs = compare(profile, minutes, ambient, decode_tok_s, prefill_tok_s, workload, config,
-                   telemetry_dir=str(telemetry_dir) if telemetry_dir else None)
+    try:
+        runs = compare(profile, minutes, ambient, decode_tok_s, prefill_tok_s, workload, config,
+                       telemetry_dir=str(telemetry_dir) if telemetry_dir else None)
+    except PlanInterrupted as stop:
+        for index, path in enumerate(stop.files):
+            click.echo(f"edgesdk thermal plan: stopped; {path} is closed with " + (
+                "every record written before the stop, each a whole line (that run is cut short)"
+                if index == len(stop.files) - 1 else "the whole run"), err=True)
+        raise
     guarded = runs["guarded"]
     result = {"profile": profile.name, "minutes": minutes, "ambient_c": ambient, "decode_tok_s": decode_tok_s,
               "decode_rate_source": how, "workload": workload.__dict__, "clock_cap": clock_cap,

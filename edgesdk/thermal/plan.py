@@ -28,6 +28,15 @@ BANDWIDTH_EFFICIENCY = 0.6 * 0.5
 PREFILL_TO_DECODE = 4.0  # llama.cpp on a Pi 5: TinyLlama prompt 35 vs generation 9 tok/s
 
 
+class PlanInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a plan. ``files``: the telemetry file of each run begun, the last one cut short;
+    each is closed, its meta record and every step record written before the stop a whole line."""
+
+    def __init__(self, files: tuple[str, ...] = ()):
+        super().__init__()
+        self.files = files
+
+
 @dataclass(frozen=True)
 class Workload:
     """Requests back to back: ``prompt_tokens`` in, ``new_tokens`` out, ``think_s`` idle between."""
@@ -121,7 +130,10 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
                 board.sleep(workload.think_s)
     except (HorizonReached, PastHorizon):
         pass  # time ran out inside a step, an idle wait or a guard's pause (one the board cannot cool out of)
-    telemetry.close()
+    except KeyboardInterrupt as stop:  # Ctrl-C: the file is closed below, every record in it whole
+        raise PlanInterrupted((telemetry_path,) if telemetry_path else ()) from stop
+    finally:
+        telemetry.close()
     paused = guard is not None and guard.paused
     # the board's own throttle time: the records only see the throttle flag at each step's end, so an idle
     # wait (--think-s) the board began throttled and ended cool would count as not throttled at all
@@ -132,9 +144,15 @@ def compare(profile: TargetProfile, minutes: float, ambient_c: float, decode_tok
             prefill_tok_s: float | None = None, workload: Workload | None = None,
             config: GuardConfig | None = None, telemetry_dir: str | None = None) -> dict[str, SimulatedRun]:
     """The same workload guarded and unguarded."""
-    runs = {}
+    runs: dict[str, SimulatedRun] = {}
+    done: tuple[str, ...] = ()  # the telemetry files of the runs finished
     for name, guarded in (("guarded", True), ("unguarded", False)):
         path = f"{telemetry_dir}/{profile.name}-{ambient_c:g}C-{name}.jsonl" if telemetry_dir else None
-        runs[name] = simulate(profile, minutes, ambient_c, guarded, decode_tok_s, prefill_tok_s, workload,
-                              config, path, name)
+        try:
+            runs[name] = simulate(profile, minutes, ambient_c, guarded, decode_tok_s, prefill_tok_s, workload,
+                                  config, path, name)
+        except PlanInterrupted as stop:
+            raise PlanInterrupted(done + stop.files) from stop.__cause__
+        if path:
+            done += (path,)
     return runs

@@ -1,0 +1,83 @@
+"""``edgesdk thermal plan``: what a Ctrl-C leaves behind, and the plan's answers at the edges."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edgesdk.cli import main
+from edgesdk.profile import get_profile
+from edgesdk.thermal.plan import PlanInterrupted, simulate
+
+
+def open_paths() -> set[str]:
+    """The files this process holds open."""
+    paths = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            paths.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return paths
+
+
+class CtrlC:
+    """Ctrl-C (KeyboardInterrupt in the main thread) once ``path`` holds more than ``size`` bytes."""
+
+    def __init__(self, path: Path, size: int = 20_000):
+        self.path, self.size = path, size
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self):
+        while not self.stopped.is_set():
+            if self.path.exists() and self.path.stat().st_size > self.size:
+                _thread.interrupt_main()
+                return
+            self.stopped.wait(0.01)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopped.set()
+        self.thread.join(timeout=30)
+
+
+def test_ctrl_c_mid_simulation_closes_the_telemetry_file_at_once(tmp_path):
+    """simulate() closed its telemetry file only on the way out of a finished run: a KeyboardInterrupt left
+    it open for as long as the traceback lived (an interactive session, a caller that catches it)."""
+    path = tmp_path / "run.jsonl"
+    with CtrlC(path), pytest.raises(KeyboardInterrupt) as caught:
+        simulate(get_profile("rpi5"), 30, 25, True, 35.0, telemetry_path=str(path))
+    assert isinstance(caught.value, PlanInterrupted)
+    assert caught.value.files == (str(path),)
+    assert str(path) not in open_paths()
+    assert all(json.loads(line) for line in path.read_text().splitlines())
+
+
+def test_ctrl_c_mid_plan_closes_the_telemetry_file_and_says_what_it_holds(tmp_path):
+    """A KeyboardInterrupt in a plan left its telemetry file open (closed only when the process ended) and
+    click said only "Aborted!". The file is now closed at once, every line in it a whole record, and the
+    plan names it."""
+    guarded = tmp_path / "rpi5-25C-guarded.jsonl"
+    with CtrlC(guarded):
+        result = CliRunner().invoke(main, ["thermal", "plan", "--target", "rpi5", "--decode-tok-s", "35",
+                                           "--ambient", "25", "--telemetry-dir", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert "Aborted!" in result.output
+    assert f"edgesdk thermal plan: stopped; {guarded} is closed with every record written before the stop" \
+        in result.stderr
+    assert str(guarded) not in open_paths()
+    lines = Path(guarded).read_text().splitlines()
+    assert len(lines) > 10
+    records = [json.loads(line) for line in lines]  # every line whole
+    assert records[0]["type"] == "meta"
+    assert {r["type"] for r in records[1:]} == {"step"}
