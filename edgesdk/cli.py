@@ -1281,9 +1281,10 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
         encode = lambda t: runtime.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
         bos = leading_bos(runtime.tokenizer)
         result["last_word"] = last_word_accuracy(bundle_scorer(runtime), encode, documents, bos_id=bos).to_json()
-        if reference:
-            result["reference_last_word"] = last_word_accuracy(reference_scorer(model.eval()), encode,
-                                                               documents, bos_id=bos).to_json()
+        if reference:  # a paragraph longer than the bundle is cut for both, so both score the same tokens
+            result["reference_last_word"] = last_word_accuracy(reference_scorer(model.eval()), encode, documents,
+                                                               max_tokens=runtime.backend.max_context,
+                                                               bos_id=bos).to_json()
     if as_json:  # strict JSON: a perplexity that overflowed (inf) or a broken bundle's NaN is null
         click.echo(json.dumps(_finite_or_null(result), indent=2, allow_nan=False))
         return
