@@ -356,18 +356,45 @@ def _safe_relative(name: str) -> bool:
 
 # An archive named for a compressor is written with it, as ``tar -a`` does: a plain tar under such a name fails
 # ``tar xzf`` and every other tool that trusts the name ('edgesdk unpack' reads them all).
-COMPRESSED_SUFFIXES = {".tar.gz": "gz", ".tgz": "gz", ".tar.bz2": "bz2", ".tbz2": "bz2", ".tar.xz": "xz",
-                       ".txz": "xz"}
+COMPRESSED_SUFFIXES = {".tar.gz": "gz", ".tgz": "gz", ".gz": "gz", ".tar.bz2": "bz2", ".tbz2": "bz2", ".bz2": "bz2",
+                       ".tar.xz": "xz", ".txz": "xz", ".xz": "xz"}
+
+# Names of compressors and archive formats the standard library's tarfile cannot write (GNU tar's suffix table for
+# ``tar -a``, plus zip and 7z): a plain tar under such a name would fail every tool that trusts the name.
+UNSUPPORTED_SUFFIXES = {".zst": "zstd", ".tzst": "zstd", ".zstd": "zstd", ".lz4": "lz4", ".lz": "lzip",
+                        ".tlz": "lzip", ".lzma": "lzma", ".lzo": "lzop", ".tzo": "lzop", ".z": "compress (.Z)",
+                        ".taz": "compress (.Z)", ".zip": "zip", ".7z": "7-Zip"}
+
+# Leading bytes of the compressed formats 'edgesdk unpack' cannot read, and the command that decompresses each
+# (zstd RFC 8878 §3.1.1, lz4 frame and legacy formats, lzip, compress, lzop, zip APPNOTE §4.3.7, 7z).
+_UNREADABLE_MAGIC = ((b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"), (b"\x04\x22\x4d\x18", "lz4", "lz4 -d"),
+                     (b"\x02\x21\x4c\x18", "lz4", "lz4 -d"), (b"LZIP", "lzip", "lzip -d"),
+                     (b"\x1f\x9d", "compress (.Z)", "gzip -d"), (b"\x89LZO", "lzop", "lzop -d"),
+                     (b"PK\x03\x04", "zip", "unzip"), (b"7z\xbc\xaf\x27\x1c", "7-Zip", "7z x"))
+
+SUPPORTED_ARCHIVES = ".tar, .tar.gz / .tgz, .tar.bz2 / .tbz2, .tar.xz / .txz"
 
 
 def pack_bundle(path: Path, archive: Path) -> Path:
     """Verify a bundle and write it to an uncompressed .tar (weights do not compress well), or compressed
     where the name asks for it (``.tar.gz`` / ``.tgz``, ``.tar.bz2``, ``.tar.xz``); an ``archive`` that is a
-    directory gets ``<bundle name>.tar`` in it, as ``cp`` does."""
+    directory gets ``<bundle name>.tar`` in it, as ``cp`` does. A name asking for a compressor tarfile lacks
+    (``.tar.zst``, ``.tar.lz4`` …) is refused."""
     bundle = verify_bundle(path)
     archive = Path(archive)
     if archive.is_dir():
         archive = archive / f"{Path(path).resolve().name}.tar"
+    unsupported = next(((suffix, kind) for suffix, kind in UNSUPPORTED_SUFFIXES.items()
+                        if archive.name.lower().endswith(suffix)), None)
+    if unsupported is not None:
+        suffix, kind = unsupported
+        stem = archive.name[:-len(suffix)]
+        stem = stem[:-len(".tar")] if stem.lower().endswith(".tar") else stem
+        raise BundleError(f"the archive name {archive} asks for {kind}, which edgesdk does not write (the boards' "
+                          f"Python 3.10 / 3.11 standard library has no {kind}); it writes {SUPPORTED_ARCHIVES}",
+                          f"name the archive {stem or 'bundle'}.tar.xz or {stem or 'bundle'}.tar.gz ('edgesdk unpack' "
+                          "reads those on every board; a .tar compressed by another tool must be decompressed "
+                          "before 'edgesdk unpack')")
     holder = _bundle_holding(archive.parent)
     if holder is not None:  # this bundle, or another one: either would then fail verification
         named = path if holder == Path(path).resolve() else holder
@@ -401,6 +428,18 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
     try:
         tar = tarfile.open(archive, "r:*")
     except UNREADABLE as exc:
+        try:
+            with open(archive, "rb") as file:
+                head = file.read(8)
+        except OSError:
+            head = b""
+        known = next(((kind, command) for magic, kind, command in _UNREADABLE_MAGIC if head.startswith(magic)), None)
+        if known is not None:
+            kind, command = known
+            raise BundleError(f"{archive} is {kind}-compressed, which edgesdk cannot read (this Python's tarfile "
+                              f"has no {kind}); it reads {SUPPORTED_ARCHIVES}",
+                              f"decompress it first ({command} {archive}) and unpack the .tar, or re-create it "
+                              "with 'edgesdk pack BUNDLE NAME.tar.xz'") from exc
         raise BundleError(f"{archive} is not a readable tar archive ({exc})", "re-create it with 'edgesdk pack'") \
             from exc
     with tar:

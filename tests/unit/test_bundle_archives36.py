@@ -1,0 +1,84 @@
+"""'edgesdk pack' / 'unpack' with archive names and formats tarfile cannot write or read (zstd, lz4 …),
+and hostile members: real tar files, a real bundle."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import shutil
+import struct
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from edgesdk.bundle import pack_bundle, unpack_bundle
+from edgesdk.errors import BundleError
+
+
+def copy_bundle(bundle, where: Path) -> Path:
+    destination = where / bundle.path.name
+    shutil.copytree(bundle.path, destination)
+    return destination
+
+
+def zstd_frame(data: bytes) -> bytes:
+    """A valid zstd frame of raw (stored) blocks, RFC 8878 §3.1.1: magic, a frame header with a 4-byte
+    content size, then blocks of at most 128 KiB, each with a 3-byte header (last flag, type 0 = raw, size)."""
+    out = bytearray(b"\x28\xb5\x2f\xfd")
+    out += bytes([0xA0]) + struct.pack("<I", len(data))  # single segment, 4-byte Frame_Content_Size
+    chunks = [data[i:i + (128 << 10)] for i in range(0, len(data), 128 << 10)] or [b""]
+    for index, chunk in enumerate(chunks):
+        last = index == len(chunks) - 1
+        out += (int(last) | (0 << 1) | (len(chunk) << 3)).to_bytes(3, "little") + chunk
+    return bytes(out)
+
+
+@pytest.mark.parametrize("name", ["b.tar.zst", "b.tzst", "b.zst", "b.tar.lz4", "b.tar.lz", "b.tar.Z", "b.zip"])
+def test_pack_refuses_a_name_asking_for_a_compressor_it_cannot_write(tiny_bundle, tmp_path, name):
+    """It wrote a plain tar under the name: 'tar --zstd -xf b.tar.zst' and every tool trusting the name failed."""
+    with pytest.raises(BundleError, match=r"asks for .*which edgesdk does not write.*\.tar\.gz / \.tgz") as info:
+        pack_bundle(tiny_bundle.path, tmp_path / name)
+    assert "b.tar.xz" in info.value.fix
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither the archive nor its .partial
+
+
+@pytest.mark.parametrize(("name", "opener"), [("b.gz", gzip.open), ("b.tar.gz", gzip.open)])
+def test_pack_compresses_a_bare_gz_name_as_tar_a_does(tiny_bundle, tmp_path, name, opener):
+    """'b.gz' was written as a plain tar, which 'gzip -d' and 'tar xzf' refuse."""
+    archive = pack_bundle(tiny_bundle.path, tmp_path / name)
+    assert archive.read_bytes()[:2] == b"\x1f\x8b"
+    with opener(archive) as stream:
+        assert tarfile.open(fileobj=io.BytesIO(stream.read())).getmember(f"{tiny_bundle.path.name}/manifest.json")
+    assert unpack_bundle(archive, tmp_path / "dest").bundle_id == tiny_bundle.bundle_id
+
+
+def test_unpack_of_a_zstd_archive_names_zstd_and_the_way_out(tiny_bundle, tmp_path):
+    plain = pack_bundle(tiny_bundle.path, tmp_path / "b.tar")
+    archive = tmp_path / "b.tar.zst"
+    archive.write_bytes(zstd_frame(plain.read_bytes()))
+    if shutil.which("zstd"):  # the frame is real zstd: the zstd tool restores the tar from it
+        restored = subprocess.run(["zstd", "-dc", str(archive)], capture_output=True, check=True).stdout
+        assert restored == plain.read_bytes()
+    with pytest.raises(BundleError, match=r"b\.tar\.zst is zstd-compressed, which edgesdk cannot read") as info:
+        unpack_bundle(archive, tmp_path / "dest")
+    assert f"zstd -d {archive}" in info.value.fix
+    assert not (tmp_path / "dest").exists()
+
+
+@pytest.mark.skipif(shutil.which("lz4") is None, reason="needs the lz4 tool to write an lz4 frame")
+def test_unpack_of_an_lz4_archive_names_lz4(tiny_bundle, tmp_path):
+    plain = pack_bundle(tiny_bundle.path, tmp_path / "b.tar")
+    archive = tmp_path / "b.tar.lz4"
+    subprocess.run(["lz4", "-q", str(plain), str(archive)], check=True)
+    with pytest.raises(BundleError, match=r"b\.tar\.lz4 is lz4-compressed") as info:
+        unpack_bundle(archive, tmp_path / "dest")
+    assert "lz4 -d" in info.value.fix
+
+
+def test_unpack_of_a_file_of_no_known_format_keeps_its_message(tmp_path):
+    archive = tmp_path / "b.tar"
+    archive.write_bytes(b"\x28\xb5 not quite zstd" * 64)
+    with pytest.raises(BundleError, match=r"b\.tar is not a readable tar archive"):
+        unpack_bundle(archive, tmp_path / "dest")
