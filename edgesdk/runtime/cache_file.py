@@ -7,10 +7,12 @@ run loads the KV cache the last run left and prefills only what follows the long
 prompt shares with it (edgesdk/runtime/prompt_cache.py), then writes the cache back after each
 answer (prompt and answer, as llama-cli's ``--prompt-cache-all``).
 
-The file is NumPy's ``.npz`` (read with ``allow_pickle=False``): the token ids, the bundle id, and
-one array per past tensor (B, Hkv, tokens, head_dim). A file from another bundle, a damaged one, or
-one whose arrays do not fit this backend's cache is not loaded (the reason is returned, and the
-next write replaces it). A write goes to a temporary file renamed over the old one, so a killed run
+The file is NumPy's ``.npz`` (read with ``allow_pickle=False``): the token ids, the bundle id, the
+edgesdk release and backend that wrote it, and one array per past tensor (B, Hkv, tokens, head_dim).
+A file from another bundle, another edgesdk release or another backend (whose keys and values may
+differ in layout or precision from what this one computes), a damaged one, or one whose arrays do not
+fit this backend's cache is not loaded (the reason is returned, and the next write replaces it), as
+llama.cpp refuses a session file of another format version. A write goes to a temporary file renamed over the old one, so a killed run
 leaves the previous cache whole.
 """
 
@@ -23,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from edgesdk import __version__
 from edgesdk.runtime.prompt_cache import PromptCache
 
-FORMAT = 1
+FORMAT = 2  # 2: the edgesdk release and the backend that wrote the file are recorded and checked
 
 
 def supported(backend) -> bool:
@@ -56,6 +59,11 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
                 return 0, f"it is format {int(data['format'])}, this edgesdk writes format {FORMAT}"
             if str(data["bundle_id"]) != bundle_id:
                 return 0, f"it was written with another bundle (id {str(data['bundle_id'])}, this one {bundle_id})"
+            if str(data["edgesdk_version"]) != __version__:
+                return 0, f"it was written by edgesdk {str(data['edgesdk_version'])}, this is edgesdk {__version__}"
+            backend = getattr(cache.backend, "name", None)
+            if str(data["backend"]) != str(backend):
+                return 0, f"it was written by the {str(data['backend'])} backend, this run uses {backend}"
             tokens = data["tokens"]
             state = [data[f"cache_{index}"] for index in range(len(template))]
             extra = len([name for name in data.files if name.startswith("cache_")]) - len(template)
@@ -94,6 +102,7 @@ def save(path: Path, cache: PromptCache, bundle_id: str) -> None:
     try:
         with open(partial, "xb") as out:
             np.savez(out, format=np.array(FORMAT), bundle_id=np.array(bundle_id),
+                     edgesdk_version=np.array(__version__), backend=np.array(str(getattr(cache.backend, "name", None))),
                      tokens=np.asarray(cache.tokens, np.int64), **arrays)
             out.flush()
             os.fsync(out.fileno())
