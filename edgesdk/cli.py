@@ -1291,6 +1291,9 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
     spans = "windows" if method == "windows" else f"chunks of {context}, llama-perplexity's rule"
     click.echo(f"bundle perplexity    {result['bundle']['perplexity']:.4f} "
                f"({result['bundle']['tokens_scored']} tokens, {result['bundle']['windows']} {spans})")
+    if method == "llama-perplexity" and config.max_chars is not None and len(text) > config.max_chars:
+        click.echo(f"  scored the first {config.max_chars:,} of {len(text):,} characters; llama-perplexity reads "
+                   "the whole file: pass --max-chars 0 for its figure")
     if reference:
         click.echo(f"reference (PyTorch)  {result['reference']['perplexity']:.4f}")
         click.echo(f"relative difference  {result['relative_difference'] * 100:+.3f} %")

@@ -153,6 +153,12 @@ def test_eval_method_llama_perplexity_on_the_command_line(bos_bundle, bos_runtim
                    "--threads", 1)
     assert_ok(plain)
     assert f"chunks of {CONTEXT}, llama-perplexity's rule" in plain.stdout
+    assert "--max-chars" not in plain.stdout  # the whole text fits the default 200,000 characters
+    cut = invoke("eval", bundle.path, "--text", text, "--method", "llama-perplexity", "--context", CONTEXT,
+                 "--max-chars", 600, "--threads", 1)
+    assert_ok(cut)
+    assert f"scored the first 600 of {len(TEXT):,} characters" in cut.stdout
+    assert "pass --max-chars 0 for its figure" in cut.stdout
     default = invoke("eval", bundle.path, "--text", text, "--context", CONTEXT, "--json", "--threads", 1)
     assert_ok(default)
     assert json.loads(default.stdout)["method"] == "windows"
