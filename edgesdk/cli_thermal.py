@@ -184,7 +184,13 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
              telemetry_dir, clock_cap, as_json):
     """Predict sustained tok/s on a board: the same request stream simulated with and without the guard."""
     from edgesdk.thermal.guard import CLOCK_CAP_RATIO, GuardConfig
-    from edgesdk.thermal.plan import PlanInterrupted, Workload, compare, decode_rate_estimate
+    from edgesdk.thermal.plan import (
+        PREFILL_TO_DECODE,
+        PlanInterrupted,
+        Workload,
+        compare,
+        decode_rate_estimate,
+    )
 
     if bundle is None and target is None:
         from edgesdk.errors import EdgeSDKError
@@ -228,7 +234,8 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
               **{name: run.summary.to_json() for name, run in runs.items()},
               "guarded_paused_at_end": guarded.paused_at_end,
               "notes": ([paused_note(guarded)] if guarded.paused_at_end else [])
-              + past_shutdown_notes(runs, profile.thermal.shutdown_c)}
+              + past_shutdown_notes(runs, profile.thermal.shutdown_c)
+              + too_short_notes(runs["unguarded"], minutes, workload, prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s)}
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -270,6 +277,17 @@ def paused_note(run: SimulatedRun) -> str:
     why = (f"at {run.board.ambient_c:g} °C ambient it idles at {run.idle_c:.1f} °C, above the guard's resume "
            f"point {resume:g} °C" if run.idle_c >= resume else f"it had not cooled below {resume:g} °C yet")
     return f"the guarded run was paused when the plan ended: the board never cooled below resume ({why})"
+
+
+def too_short_notes(unguarded: SimulatedRun, minutes: float, workload: Workload, prefill_tok_s: float) -> list[str]:
+    """A note when the plan ended before the unguarded run finished its first prefill: every figure is
+    0 or "-" because nothing was timed, not because the board is slow."""
+    if unguarded.summary.requests:
+        return []
+    prefill_s = workload.prompt_tokens / prefill_tok_s
+    return [f"the plan's {minutes * 60:.3g} simulated s end before the first request's prefill "
+            f"({workload.prompt_tokens} tokens, {prefill_s:.3g} s at full clock) finished: no step was timed; "
+            "pass a longer --minutes (e.g. --minutes 30: the board settles within minutes)"]
 
 
 def past_shutdown_notes(runs: dict[str, SimulatedRun], shutdown_c: float) -> list[str]:

@@ -5,13 +5,15 @@ ambient, mode), then ``{"type": "step", ...}`` records with ``t`` (s since start
 (``prefill`` | ``decode`` | ``wait``), ``tokens``, ``duration_s`` (compute), ``wait_s`` (guard wait
 before it), ``tok_s``, ``temp_c``, ``zones``, ``level``, ``budget``, ``rate_limit_tok_s``,
 ``sensor_ok``, ``firmware_limited`` (guarded: the firmware reports under-voltage or throttling now),
-``throttled``, ``clock`` (simulated clock fraction) and ``power_w`` when known.
+``throttled``, ``clock`` (simulated clock fraction) and ``power_w`` when known. Every line is strict
+JSON: a number that is not finite (NaN, an infinity) is written as ``null``.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import shutil
 import sys
@@ -28,6 +30,17 @@ from edgesdk.errors import EdgeSDKError
 class TelemetryWriteError(EdgeSDKError):
     """A step record could not be written (a full disk, a file-size limit): the file keeps the records
     written before it, and no further ones are written."""
+
+
+def _finite(value: object) -> object:
+    """``value`` with every NaN or infinite float (in dicts, lists and tuples) written as None (null)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 class Telemetry:
@@ -57,7 +70,11 @@ class Telemetry:
 
     def _write(self, record: dict) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+            try:
+                line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+            except ValueError:  # NaN or an infinity: JSON (RFC 8259) has no such number; jq and others refuse the line
+                line = json.dumps(_finite(record), separators=(",", ":"))
+            self._file.write(line + "\n")
 
     def _drop(self) -> None:
         """Close a file that failed a write; its buffer cannot be written either (close raises again)."""

@@ -81,3 +81,23 @@ def test_ctrl_c_mid_plan_closes_the_telemetry_file_and_says_what_it_holds(tmp_pa
     records = [json.loads(line) for line in lines]  # every line whole
     assert records[0]["type"] == "meta"
     assert {r["type"] for r in records[1:]} == {"step"}
+
+
+def test_a_plan_shorter_than_the_first_prefill_says_why_it_has_no_figures():
+    """--minutes 0.001 (0.06 s, less than one 128-token prefill) printed 0.00 tok/s and dashes for both runs
+    with no word why: it read as a board that makes no tokens. A note now says no step was timed."""
+    result = CliRunner().invoke(main, ["thermal", "plan", "--target", "rpi5", "--decode-tok-s", "35",
+                                       "--minutes", "0.001", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["unguarded"]["tokens"] == 0
+    assert plan["notes"] == [
+        "the plan's 0.06 simulated s end before the first request's prefill (128 tokens, 0.914 s at full clock) "
+        "finished: no step was timed; pass a longer --minutes (e.g. --minutes 30: the board settles within minutes)"]
+
+
+def test_a_plan_long_enough_for_one_request_has_no_such_note():
+    result = CliRunner().invoke(main, ["thermal", "plan", "--target", "rpi5", "--decode-tok-s", "35",
+                                       "--minutes", "0.5", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["notes"] == []
