@@ -419,6 +419,47 @@ def pack_bundle(path: Path, archive: Path) -> Path:
     return archive
 
 
+_MANIFEST_READ_LIMIT = 16 << 20  # far above any manifest 'edgesdk build' writes (a few kB)
+
+
+def _check_member_sizes(archive: Path, tar: tarfile.TarFile, members: list[tarfile.TarInfo], top: str) -> None:
+    """Refuse, before anything is written, a file the archive's own manifest does not list or lists with another
+    size: a tar header may claim any size (a few bytes of gzip unpack to gigabytes of zeros), and verification
+    would find it only after it filled the disk. Without a readable manifest, verification after unpacking
+    reports what is wrong."""
+    listed = next((m for m in members if m.isfile() and PurePosixPath(m.name).parts == (top, MANIFEST)), None)
+    if listed is None:
+        return
+    if listed.size > _MANIFEST_READ_LIMIT:
+        raise BundleError(f"{archive}: member '{listed.name}' is {listed.size} bytes, far more than a {MANIFEST} "
+                          "holds", "only unpack archives made by 'edgesdk pack'")
+    try:
+        with tar.extractfile(listed) as file:
+            manifest = json.loads(file.read())
+    except (*UNREADABLE, ValueError):  # verification names a damaged manifest
+        return
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        return
+    for member in members:
+        if not member.isfile():
+            continue
+        name = PurePosixPath(member.name).relative_to(top).as_posix()
+        if name in (MANIFEST, MANIFEST_DIGEST):
+            if member.size > (_MANIFEST_READ_LIMIT if name == MANIFEST else 1024):  # the digest: 64 hex digits
+                raise BundleError(f"{archive}: member '{member.name}' is {member.size} bytes, far more than a "
+                                  f"{name} holds", "only unpack archives made by 'edgesdk pack'")
+            continue
+        record = files.get(name)
+        if not isinstance(record, dict):
+            raise BundleError(f"{archive}: member '{member.name}' is not listed in the bundle's {MANIFEST}",
+                              "only unpack archives made by 'edgesdk pack'")
+        claimed = record.get("size")
+        if isinstance(claimed, int) and member.size != claimed:  # a size of another type: verification names it
+            raise BundleError(f"{archive}: member '{member.name}' is {member.size} bytes, but the bundle's "
+                              f"{MANIFEST} lists {claimed}", "re-copy the archive, or re-create it with 'edgesdk pack'")
+
+
 def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
     """Unpack a bundle .tar, refusing members that escape it, then verify.
 
@@ -468,6 +509,7 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
             raise BundleError(f"{archive} holds {len(tops)} top-level entries ({sorted(tops)[:5]}), expected one "
                               "bundle directory", "only unpack archives made by 'edgesdk pack'")
         top = tops.pop()
+        _check_member_sizes(archive, tar, members, top)
         blocking = next((parent for parent in (destination_dir, *destination_dir.parents)
                          if parent.exists() and not parent.is_dir()), None)
         if blocking is not None:

@@ -82,3 +82,52 @@ def test_unpack_of_a_file_of_no_known_format_keeps_its_message(tmp_path):
     archive.write_bytes(b"\x28\xb5 not quite zstd" * 64)
     with pytest.raises(BundleError, match=r"b\.tar is not a readable tar archive"):
         unpack_bundle(archive, tmp_path / "dest")
+
+
+def _gz_bundle_with(archive: Path, bundle: Path, replace: dict[str, bytes]) -> None:
+    """The bundle directory in a .tgz, with the members named in ``replace`` (or added) holding other bytes."""
+    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
+        tar.add(bundle, arcname=bundle.name, recursive=False)
+        names = sorted({p.name for p in bundle.iterdir()} | set(replace))
+        for name in names:
+            if name in replace:
+                info = tarfile.TarInfo(f"{bundle.name}/{name}")
+                info.size = len(replace[name])
+                tar.addfile(info, io.BytesIO(replace[name]))
+            else:
+                tar.add(bundle / name, arcname=f"{bundle.name}/{name}", recursive=False)
+
+
+@pytest.mark.parametrize(("replace", "match"), [
+    ({"tokenizer.json": bytes(4 << 20)}, r"member '[^']*/tokenizer\.json' is 4194304 bytes, but the bundle's "
+                                         r"manifest\.json lists \d+"),
+    ({"filler.bin": bytes(4 << 20)}, r"member '[^']*/filler\.bin' is not listed in the bundle's manifest\.json"),
+    ({"manifest.sha256": bytes(4 << 10)}, r"member '[^']*/manifest\.sha256' is 4096 bytes, far more than"),
+], ids=["larger-than-listed", "unlisted", "digest"])
+def test_unpack_refuses_members_its_manifest_does_not_claim_before_writing(tiny_bundle, tmp_path, replace, match):
+    """A few kB of gzip that unpack to megabytes (or gigabytes) of zeros were written out in full, and only
+    verification afterwards found the file too large or unlisted."""
+    bundle = copy_bundle(tiny_bundle, tmp_path / "work")
+    archive = tmp_path / "inflated.tgz"
+    _gz_bundle_with(archive, bundle, replace)
+    assert archive.stat().st_size < (1 << 20)
+    destination = tmp_path / "dest"
+    with pytest.raises(BundleError, match=match) as info:
+        unpack_bundle(archive, destination)
+    assert "edgesdk pack" in info.value.fix
+    assert not destination.exists()  # refused before the staging directory was made
+
+
+@pytest.mark.parametrize(("kind", "linkname"), [(tarfile.CHRTYPE, ""), (tarfile.BLKTYPE, ""),
+                                                (tarfile.SYMTYPE, "../../../etc/passwd")], ids=["chr", "blk", "sym"])
+def test_unpack_refuses_devices_and_relative_links_out(tiny_bundle, tmp_path, kind, linkname):
+    bundle = copy_bundle(tiny_bundle, tmp_path / "work")
+    archive = tmp_path / "hostile.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(bundle, arcname=bundle.name)
+        info = tarfile.TarInfo(f"{bundle.name}/model.onnx.data")
+        info.type, info.linkname, info.devmajor, info.devminor = kind, linkname, 1, 3
+        tar.addfile(info)
+    with pytest.raises(BundleError, match=r"'[^']*/model\.onnx\.data' would escape the bundle or is not a plain file"):
+        unpack_bundle(archive, tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
