@@ -1192,7 +1192,8 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
     """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference).
 
     --method llama-perplexity gives the figure of llama.cpp's llama-perplexity (its perplexity() in
-    tools/perplexity/perplexity.cpp): the text tokenized once, BOS in front where the tokenizer adds one;
+    tools/perplexity/perplexity.cpp): the file read as its -f reads it (the bytes as they are, one trailing
+    newline dropped) and tokenized once, BOS in front where the tokenizer adds one;
     len(tokens) // CONTEXT chunks, the tail dropped; each chunk's first token replaced by BOS where the
     tokenizer adds one; positions CONTEXT/2 .. CONTEXT-2 of each chunk predict the tokens after them
     (CONTEXT - CONTEXT/2 - 1 a chunk); exp of the mean negative log-likelihood over them all. Fewer than
@@ -1230,6 +1231,8 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
     if not levels or any(not 0 < b <= 1 for b in levels):
         raise click.BadParameter(f"must lie in (0, 1], got {budgets!r}", param_hint="--budgets")
     text = read_utf8(text_file, "--text")
+    if method == "llama-perplexity":
+        text = _text_as_llama_perplexity_reads(text_file)
     if not text[: config.max_chars].strip():
         cut = config.max_chars is not None and len(text) > config.max_chars
         where = f"its first {config.max_chars:,} characters (--max-chars)" if cut else f"its {len(text):,} characters"
@@ -1314,6 +1317,14 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
         for point in result["power"]["curve"]:
             click.echo(f"  budget {point['budget']:<5g} tau {point['tau']:.3f}  FFN blocks run "
                        f"{point['executed_fraction']:6.1%}  perplexity {point['perplexity']:.4f}")
+
+
+def _text_as_llama_perplexity_reads(text_file: Path) -> str:
+    """``eval --method llama-perplexity``: the text as ``llama-perplexity -f`` reads it (common/arg.cpp): the
+    file's bytes unchanged (no newline translation: a CRLF file keeps its CR) with one trailing newline dropped.
+    read_utf8 has already read the file once and named any byte that is not UTF-8."""
+    text = text_file.read_bytes().decode("utf-8")
+    return text[:-1] if text.endswith("\n") else text
 
 
 def _last_word_documents(text: str, text_file: Path, max_chars: int | None) -> list[tuple[str, str]]:

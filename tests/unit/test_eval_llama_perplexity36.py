@@ -184,3 +184,33 @@ def test_a_text_under_two_chunks_is_refused_by_the_library_too(runtime):
 
     with pytest.raises(EdgeSDKError, match="needs at least 2 x the context, 64 tokens"):
         bundle_perplexity(runtime, CORPUS[0], PerplexityConfig(context=32, stride=32, method=LLAMA_PERPLEXITY))
+
+
+def test_the_file_is_read_as_llama_perplexity_reads_it(bos_bundle, bos_runtime, tmp_path):
+    """llama-perplexity -f takes the file's bytes as they are, one trailing newline dropped (common/arg.cpp). The
+    newline kept made a text of 3 x 32 - 1 tokens 3 x 32, one chunk more than llama-perplexity scores; CRLF line
+    ends read as LF changed every token after the first line."""
+    from edgesdk.evaluate import LLAMA_PERPLEXITY, PerplexityConfig, bundle_perplexity
+
+    bundle, _ = bos_bundle
+    config = PerplexityConfig(context=CONTEXT, stride=CONTEXT, max_chars=None, method=LLAMA_PERPLEXITY)
+    words = TEXT.split()
+    body = next(" ".join(words[:n]) for n in range(len(words))
+                if len(bos_runtime.tokenizer.encode(" ".join(words[:n]), add_special_tokens=True)) == 3 * CONTEXT - 1)
+    assert len(bos_runtime.tokenizer.encode(body + "\n", add_special_tokens=True)) == 3 * CONTEXT
+    path = tmp_path / "text.txt"
+    path.write_bytes((body + "\n").encode())
+    answer = invoke("eval", bundle.path, "--text", path, "--method", "llama-perplexity", "--context", CONTEXT,
+                    "--max-chars", 0, "--json", "--threads", 1)
+    assert_ok(answer)
+    assert json.loads(answer.stdout)["bundle"] == bundle_perplexity(bos_runtime, body, config).to_json()
+    assert json.loads(answer.stdout)["bundle"]["windows"] == 2
+
+    crlf = "\r\n".join(CORPUS[:12])
+    path.write_bytes((crlf + "\r\n").encode())
+    answer = invoke("eval", bundle.path, "--text", path, "--method", "llama-perplexity", "--context", CONTEXT,
+                    "--max-chars", 0, "--json", "--threads", 1)
+    assert_ok(answer)
+    expected = bundle_perplexity(bos_runtime, crlf + "\r", config)
+    assert json.loads(answer.stdout)["bundle"] == expected.to_json()
+    assert expected.perplexity != bundle_perplexity(bos_runtime, crlf.replace("\r", ""), config).perplexity
