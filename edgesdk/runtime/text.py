@@ -203,21 +203,53 @@ def chat_environment():
     return env
 
 
+# Plain one-character tokens a stream is decoded after (the first the vocabulary has as itself).
+STREAM_ANCHORS = ("a", "x", "0", ".")
+
+
+def _stream_anchor(tokenizer) -> tuple[list[int], str]:
+    """A plain token to decode a stream after, and its text; ([], "") where the vocabulary has none that decodes
+    to itself alone and twice over (the stream is then decoded on its own)."""
+    inner = getattr(tokenizer, "tokenizer", None)
+    if inner is None or not hasattr(inner, "token_to_id"):
+        return [], ""
+    for text in STREAM_ANCHORS:
+        token = inner.token_to_id(text)
+        if token is not None and tokenizer.decode([token]) == text and tokenizer.decode([token, token]) == text * 2:
+            return [token], text
+    return [], ""
+
+
 class StreamDecoder:
     """Turns a growing list of token ids into text deltas without splitting UTF-8 characters.
 
     Re-decodes the generated ids each step (a few hundred tokens at most on a board), which keeps
     tokenizer-specific merging of spaces and byte pieces exactly as in a one-shot decode.
+
+    The ids are decoded after a plain anchor token whose text is then cut off: a SentencePiece
+    tokenizer's decoder (Llama 2's ``Strip``, the ``Metaspace`` decoder) drops the leading space of the
+    text it decodes, which for an answer is the space its first token begins with ("▁is" after "The
+    capital of France" gave "is"). llama.cpp hands out each token's piece with its space (``llama_token_to_piece``
+    without lstrip, as llama-server streams), so the answer's text continues its prompt's.
     """
 
     def __init__(self, tokenizer: ChatTokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self._emitted = 0  # characters of the decoded text already handed out
+        self._anchor, self._anchor_text = _stream_anchor(tokenizer)
+
+    def _text(self) -> str:
+        """The answer's text so far (the anchor's cut off)."""
+        if self._anchor:
+            text = self.tokenizer.decode(self._anchor + self.ids)
+            if text.startswith(self._anchor_text):
+                return text[len(self._anchor_text):]
+        return self.tokenizer.decode(self.ids)
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids)
+        text = self._text()
         if text.endswith("\ufffd"):  # an incomplete multi-byte character; wait for the next token
             return ""
         delta = text[self._emitted:]
@@ -226,7 +258,7 @@ class StreamDecoder:
 
     def flush(self) -> str:
         """The text held back at the end of the answer (a final character that decodes to U+FFFD)."""
-        text = self.tokenizer.decode(self.ids)
+        text = self._text()
         delta = text[self._emitted:]
         self._emitted = len(text)
         return delta
