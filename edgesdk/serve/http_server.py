@@ -31,6 +31,7 @@ a package beyond the board runtime's.
 from __future__ import annotations
 
 import hmac
+import io
 import json
 import select
 import socket
@@ -69,6 +70,12 @@ CHUNK_TRAILER_LINES = 100
 # stalls, an idle keep-alive connection, a stream nobody reads (which would hold the board's one turn)
 # (llama-server's read/write timeout; waiting for a turn or a thermal pause writes nothing and is not limited).
 CLIENT_TIMEOUT_S = 60.0
+# How long a whole request (its head and body) may take to come, from its first byte: a client that trickles it
+# a byte at a time, each within the client timeout, would hold its connection and thread for good (a slowloris).
+# Node.js's http server's requestTimeout (300 s by default); the head alone must come within the client timeout
+# of its first byte, as nginx's client_header_timeout and Node's headersTimeout (60 s) bound it. llama-server's
+# cpp-httplib bounds each read alone (its --timeout). 300 s lets a 1 MiB body come at 3.5 kB/s.
+REQUEST_TIMEOUT_S = 300.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
 TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's, answered at once (no turn on the board)
 ROUTES = ("GET /health, GET /v1/models, GET /props, GET /slots, POST /v1/chat/completions, POST /v1/completions, "
@@ -85,12 +92,17 @@ class ApiServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], completer: Completer, model: str, api_key: str | None = None,
-                 log: bool = True, client_timeout_s: float = CLIENT_TIMEOUT_S, metrics: bool = False):
+                 log: bool = True, client_timeout_s: float = CLIENT_TIMEOUT_S, metrics: bool = False,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S):
+        if not request_timeout_s > 0:
+            raise EdgeSDKError(f"the server's request timeout must be a number of seconds > 0, got {request_timeout_s!r}",
+                               "give the seconds a whole request (its head and body) may take to come, e.g. "
+                               f"{REQUEST_TIMEOUT_S:g}")
         host, port = address
         if ":" in host:  # an IPv6 address (``--host ::`` for every interface, ``[::1]``): the server's family is IPv4
             self.address_family, address = socket.AF_INET6, (host.strip("[]"), port)
         self.completer, self.model, self.api_key, self.log = completer, model, api_key, log
-        self.client_timeout_s = client_timeout_s
+        self.client_timeout_s, self.request_timeout_s = client_timeout_s, request_timeout_s
         self.metrics = metrics  # GET /metrics, as llama-server's --metrics turns it on
         self.started = int(time.time())
         self._answering = 0  # requests past their body: being answered or waiting for their turn
@@ -143,6 +155,61 @@ def linger(connection: socket.socket, seconds: float = LINGER_S, limit: int = LI
         pass
 
 
+class RequestDeadline(TimeoutError):
+    """The request being read did not come whole within its deadline."""
+
+
+class DeadlineReader(io.RawIOBase):
+    """A connection's reading side: each read waits at most ``timeout`` s for the client, and none past the
+    deadline of the request being read (:meth:`expect`, :meth:`until`), where it raises :class:`RequestDeadline`.
+    The socket keeps ``timeout`` for its writes."""
+
+    def __init__(self, connection: socket.socket, timeout: float | None):
+        self._connection, self._timeout = connection, timeout
+        self.deadline: float | None = None  # time.monotonic() past which no read waits
+        self.started: float | None = None  # when the request's first byte came
+        self._span: float | None = None  # the deadline, in seconds from the request's first byte
+
+    def readable(self) -> bool:
+        return True
+
+    def expect(self, seconds: float) -> None:
+        """A request's head comes next: it must be whole within ``seconds`` of its first byte (the wait for that
+        byte, an idle keep-alive connection, is the client timeout's)."""
+        self.deadline, self.started, self._span = None, None, seconds
+
+    def until(self, seconds: float) -> None:
+        """The request's rest must come within ``seconds`` of its first byte (of now, where its bytes came before)."""
+        self.deadline, self._span = (self.started or time.monotonic()) + seconds, None
+
+    def settled(self) -> None:
+        """The request is read: reads wait the client timeout alone."""
+        self.deadline = self._span = None
+
+    def readinto(self, buffer) -> int:
+        wait, capped = self._timeout, False
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise RequestDeadline("the request did not come whole within its deadline")
+            capped = wait is None or left < wait
+            wait = left if capped else wait
+        self._connection.settimeout(wait)
+        try:
+            count = self._connection.recv_into(buffer)
+        except TimeoutError:
+            if capped:
+                raise RequestDeadline("the request did not come whole within its deadline") from None
+            raise
+        finally:
+            self._connection.settimeout(self._timeout)
+        if count and self.started is None:
+            self.started = time.monotonic()
+            if self._span is not None:
+                self.deadline = self.started + self._span
+        return count
+
+
 class ApiHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive for whole answers; a streamed one closes its connection
     server_version = f"edgesdk/{__version__}"
@@ -151,6 +218,9 @@ class ApiHandler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.timeout = self.server.client_timeout_s  # the socket's, set by StreamRequestHandler.setup
         super().setup()
+        self.rfile.close()  # the reading side, read through the request deadline
+        self._reader = DeadlineReader(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self._reader)
 
     def finish(self) -> None:
         try:
@@ -176,6 +246,8 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         self.headers = None  # a request refused on its request line has no headers (not the previous request's)
+        server = self.server
+        self._reader.expect(min(server.request_timeout_s, server.client_timeout_s or server.request_timeout_s))
         try:
             super().handle_one_request()
         except ConnectionError:  # a reset while the request line or headers were read (a keep-alive client that left
@@ -220,6 +292,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _serve(self, handle) -> None:
         route = self.path.split("?", 1)[0]
         self._body_read = self._answering = False
+        self._reader.until(self.server.request_timeout_s)  # the head is in: the body comes within the request's time
         # A Messages API route: its errors in Anthropic's shape (also a 401 or 405 under another method)
         self._anthropic = _api_route(route) in anthropic.ROUTES
         if self.command != "POST" and self._carries_body():
@@ -501,11 +574,18 @@ class ApiHandler(BaseHTTPRequestHandler):
         size = self._body_size()
         try:
             raw = self._read_chunked() if size is None else self.rfile.read(size)
+        except RequestDeadline:
+            self.close_connection = True
+            raise ApiError(408, f"the request took too long to come: its body had not all come "
+                           f"{self.server.request_timeout_s:g} s after its first byte; send the whole request at "
+                           "once", code="request_timeout") from None
         except TimeoutError:
             self.close_connection = True
             total = "" if size is None else f"its {size:,} bytes "
             raise ApiError(408, f"the request body stalled: {total}had not all come when none came for "
                            f"{self.server.client_timeout_s:g} s; send the whole body at once") from None
+        finally:
+            self._reader.settled()
         if size is not None and len(raw) < size:
             self.close_connection = True
             raise ApiError(400, f"the request body ended after {len(raw):,} of the {size:,} bytes its Content-Length "

@@ -1,0 +1,137 @@
+"""``edgesdk serve`` against llama-server: a request that trickles in, ``seed`` -1, text parts of a message and the
+prompt ``POST /completion`` gives back. Real server on the tiny bundle, real sockets."""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+import time
+
+import pytest
+
+from edgesdk.serve.completion import Completer, ServeDefaults
+from edgesdk.serve.http_server import MAX_BODY_BYTES, ApiServer
+from tests.unit.test_serve_chunked import chunked, exchange, request
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture
+def deadline_server(runtime):
+    """A server whose requests must come whole within 1 s of their first byte, each read waiting up to 20 s."""
+    completer = Completer(runtime, ServeDefaults(max_tokens=2))
+    server = ApiServer(("127.0.0.1", 0), completer, "tiny-host", log=False, client_timeout_s=20.0,
+                       request_timeout_s=1.0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def trickle(port: int, head: bytes, slow: bytes, gap_s: float = 0.1) -> tuple[bytes, int]:
+    """Send ``head`` at once, then ``slow`` a byte every ``gap_s`` s, reading until the server closes the connection;
+    (what the server sent, how many of ``slow``'s bytes went out before it answered or closed)."""
+    received, sent = b"", 0
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as client:
+        client.sendall(head)
+        while True:
+            if select.select([client], [], [], gap_s)[0]:
+                try:
+                    chunk = client.recv(65536)
+                except ConnectionResetError:
+                    break
+                if not chunk:
+                    break
+                received += chunk
+                continue
+            if sent == len(slow):
+                continue  # all sent: wait for the answer
+            try:
+                client.sendall(slow[sent:sent + 1])
+            except OSError:  # closed by the server: a reset
+                break
+            sent += 1
+    return received, sent
+
+
+def test_a_body_sent_a_byte_at_a_time_gets_a_408_at_the_request_deadline(deadline_server):
+    """Each byte came within the per-read timeout, so the body never met the 408 and the server waited for a
+    slowloris client for as long as it kept sending; the whole request now has a deadline from its first byte."""
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 1, "padding": "x" * 200}).encode()
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+    received, sent = trickle(deadline_server.server_address[1], head, body)
+    assert sent < len(body), received  # cut off before the body was whole
+    answer, _, payload = received.partition(b"\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 408"), received
+    assert b"Connection: close" in answer
+    message = json.loads(payload)["error"]["message"]
+    assert "had not all come 1 s after its first byte" in message
+    assert "send the whole request at once" in message
+
+
+def test_a_chunked_body_sent_a_byte_at_a_time_gets_the_408_too(deadline_server):
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 1, "padding": "x" * 200}).encode()
+    framed = chunked(body, [1] * len(body))
+    received, sent = trickle(deadline_server.server_address[1], request(b""), framed)
+    assert sent < len(framed), received
+    assert received.startswith(b"HTTP/1.1 408"), received
+
+
+def test_a_head_sent_a_byte_at_a_time_is_let_go_at_its_deadline(runtime):
+    """The head had the same gap (each header line read byte by byte, each within the per-read timeout): it must
+    now come whole within the client timeout of its first byte, as nginx's client_header_timeout bounds it."""
+    completer = Completer(runtime, ServeDefaults(max_tokens=2))
+    server = ApiServer(("127.0.0.1", 0), completer, "tiny-host", log=False, client_timeout_s=1.0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        slow = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Padding: %s\r\n" % (b"y" * 300) + b"\r\n"
+        received, sent = trickle(server.server_address[1], b"", slow, gap_s=0.05)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert sent < len(slow)
+    assert received == b"", received  # closed unanswered, as a head that stalls is
+
+
+def test_honest_requests_of_the_largest_size_plain_and_chunked_still_pass(served):
+    """The deadline takes nothing from a body that comes at once: 1 MiB, plain and in 64 KiB chunks, and the
+    connection goes on to a next request."""
+    core = json.dumps({"prompt": PROMPT, "max_tokens": 2, "temperature": 0}).encode()
+    body = core + b" " * (MAX_BODY_BYTES - len(core))  # JSON's whitespace after the value
+    sizes = [65536] * (len(body) // 65536) + ([len(body) % 65536] if len(body) % 65536 else [])
+    plain = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    answers = exchange(served.port, plain + request(chunked(body, sizes)), 2)
+    assert [head.split(b"\r\n")[0] for head, _ in answers] == [b"HTTP/1.1 200 OK"] * 2
+    assert answers[0][1]["choices"][0]["text"] == answers[1][1]["choices"][0]["text"]
+
+
+def test_a_keep_alive_connection_idle_past_the_request_deadline_still_takes_a_request(runtime):
+    """The deadline runs from a request's first byte: the wait for it (an idle keep-alive connection) is the client
+    timeout's, so a client that sends its next request later than the request deadline is answered."""
+    completer = Completer(runtime, ServeDefaults(max_tokens=2))
+    server = ApiServer(("127.0.0.1", 0), completer, "tiny-host", log=False, client_timeout_s=30.0,
+                       request_timeout_s=0.3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=60) as client:
+            for _ in range(2):
+                client.sendall(health)
+                received = b""
+                while b"\r\n\r\n" not in received or not received.rstrip().endswith(b"}"):
+                    received += client.recv(65536)
+                assert received.startswith(b"HTTP/1.1 200"), received
+                time.sleep(0.6)  # idle for twice the request deadline
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_request_timeout_that_is_no_time_is_refused(runtime):
+    from edgesdk.errors import EdgeSDKError
+
+    with pytest.raises(EdgeSDKError) as caught:
+        ApiServer(("127.0.0.1", 0), Completer(runtime, ServeDefaults(max_tokens=2)), "m", request_timeout_s=0)
+    assert "request timeout must be a number of seconds > 0, got 0" in caught.value.problem
