@@ -291,6 +291,29 @@ def export(bundle, output, no_verify):
 # --- run and eval ---------------------------------------------------------------------------------
 
 
+def _sampler_chain_options(function):
+    """llama.cpp's options for the sampler chain's order (common/arg.cpp)."""
+    function = click.option(
+        "--sampling-seq", "--sampler-seq", "sampling_seq", metavar="LETTERS",
+        help="--samplers as llama.cpp's letters, e.g. 'kpmt' (e penalties, k top-k, p top-p, m min-p, t temperature; "
+             "d, y, s, x pass through).")(function)
+    return click.option(
+        "--samplers", metavar="NAMES",
+        help="The sampler chain in order, names separated by ';' as llama.cpp's --samplers [default: "
+             "penalties;top_k;top_p;min_p;temperature]; one left out does not run (without temperature the draw is "
+             "at 1). dry, typ_p, top_n_sigma and xtc pass everything through.")(function)
+
+
+def _sampler_chain(samplers: str | None, sampling_seq: str | None) -> dict:
+    """The ``samplers`` field of a SamplingConfig from ``--samplers`` or ``--sampling-seq`` (none: the default)."""
+    if samplers is not None and sampling_seq is not None:
+        raise click.BadParameter("--samplers and --sampling-seq both give the sampler chain; pass one",
+                                 param_hint="'--samplers' / '--sampling-seq'")
+    if samplers is not None:
+        return {"samplers": [name for name in samplers.split(";") if name]}
+    return {} if sampling_seq is None else {"samplers": sampling_seq}
+
+
 def _runtime_options(fn):
     options = [
         click.option("--threads", type=click.IntRange(min=1),
@@ -380,6 +403,7 @@ def _gate_options(fn):
 @click.option("--logit-bias", "logit_bias", multiple=True, metavar="ID=BIAS",
               help="Add BIAS (-100..100, or -inf: never) to token ID's logit, greedy or sampled (repeatable; "
                    "llama.cpp's ID+BIAS / ID-BIAS form works too).")
+@_sampler_chain_options
 @click.option("--seed", type=click.IntRange(min=0), help="Seed for sampling (unset: a random one).")
 @click.option("--repeat-penalty", default=1.0, show_default=True,
               help="Divide the logit of a token seen in the last --repeat-last-n tokens by this (1: off).")
@@ -423,7 +447,8 @@ def _gate_options(fn):
 @_thermal_options
 @_gate_options
 @_runtime_options
-def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias, seed, repeat_penalty,
+def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias, samplers,
+        sampling_seq, seed, repeat_penalty,
         repeat_last_n, presence_penalty, frequency_penalty, raw, system, template_kwargs, history, json_object, json_schema, grammar,
         grammar_file, lookup_draft, prompt_cache, stats, draft_bundle, draft_max, draft_p_min,
         watch_thermal, simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
@@ -448,9 +473,11 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                   min_p=min_p, seed=seed, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                                  logit_bias=[_logit_bias_option(text) for text in logit_bias])
+                                  logit_bias=[_logit_bias_option(text) for text in logit_bias],
+                                  **_sampler_chain(samplers, sampling_seq))
     except ValueError as exc:  # name the option the user typed, not the field
         options = {"max_new_tokens": "'--max-new-tokens' / '-n'", "temperature": "'--temperature'",
+                   "samplers": "'--samplers' / '--sampling-seq'",
                    "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'",
                    "repeat_penalty": "'--repeat-penalty'", "presence_penalty": "'--presence-penalty'",
                    "frequency_penalty": "'--frequency-penalty'", "logit_bias": "'--logit-bias'"}

@@ -130,3 +130,37 @@ def test_where_the_chain_keeps_no_accepted_token_it_runs_again_over_the_accepted
     expected = np.exp(np.array([1.0, 0.5]) / 0.9)
     expected /= expected.sum()
     assert abs(freq[5] - expected[0]) < 0.03, (freq[5], expected[0])
+
+
+def _answer(runtime, config: SamplingConfig) -> list[int]:
+    from edgesdk.runtime.generate import generate
+
+    ids = runtime.tokenizer.encode("hello")
+    tokens, _ = generate(runtime.backend, ids, config, stop_ids=set(runtime.tokenizer.eos_token_ids))
+    return [token for token in tokens if token not in runtime.tokenizer.eos_token_ids]
+
+
+def test_run_takes_llama_cpp_s_samplers_and_sampling_seq(tiny_bundle, runtime):
+    """``--samplers`` (names split by ';') and ``--sampling-seq`` (letters) reach the sampler: the answer equals
+    generate's with that chain, and a chain of top-k 1 alone at temperature 1 is the greedy answer."""
+    from tests.unit.test_cli import assert_ok, invoke
+
+    base = ("run", tiny_bundle.path, "--prompt", "hello", "--raw", "-n", 10, "--threads", 1)
+    greedy = invoke(*base)
+    assert_ok(greedy)
+    top_one = invoke(*base, "--temperature", 1.0, "--top-k", 1, "--seed", 5, "--samplers", "top_k;temperature")
+    assert_ok(top_one)
+    assert top_one.stdout == greedy.stdout
+    for options, chain in ((("--samplers", "temperature;top-p"), ("temperature", "top_p")),
+                           (("--sampling-seq", "tp"), ("temperature", "top_p"))):
+        result = invoke(*base, "--temperature", 0.7, "--top-p", 0.5, "--seed", 9, *options)
+        assert_ok(result)
+        config = SamplingConfig(max_new_tokens=10, temperature=0.7, top_p=0.5, seed=9, samplers=chain)
+        assert result.stdout == runtime.tokenizer.decode(_answer(runtime, config)) + "\n", options
+    bad = invoke(*base, "--samplers", "top_k;bogus")
+    assert bad.exit_code == 2, bad.output
+    assert "'--samplers' / '--sampling-seq'" in bad.output
+    assert "'bogus', which is no sampler" in bad.output
+    both = invoke(*base, "--samplers", "top_k", "--sampling-seq", "k")
+    assert both.exit_code == 2
+    assert "pass one" in both.output
