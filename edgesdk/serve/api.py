@@ -312,7 +312,7 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "top_p": _top_p(body.get("top_p")),
         "top_k": _integer(body.get("top_k"), "top_k", minimum=0, note=" (0: off)"),
         "min_p": _number(body.get("min_p"), "min_p", 0.0, 1.0, "[0, 1] (0: off)"),
-        "seed": _integer(body.get("seed"), "seed", minimum=0),
+        "seed": _seed(body.get("seed")),
         "presence_penalty": _default(_number(body.get("presence_penalty"), "presence_penalty", -2.0, 2.0, "[-2, 2]"), 0.0),
         "frequency_penalty": _default(_number(body.get("frequency_penalty"), "frequency_penalty", -2.0, 2.0, "[-2, 2]"),
                                       0.0),
@@ -415,6 +415,14 @@ def _integer(value: object, name: str, minimum: int, note: str = "") -> int | No
     if isinstance(value, bool) or not whole or value < minimum:
         raise ApiError(400, f"'{name}' must be a whole number >= {minimum}{note}, got {_shown(value)}", param=name)
     return int(value)
+
+
+def _seed(value: object) -> int | None:
+    """``seed``: a whole number >= 0, or -1, llama-server's default (LLAMA_DEFAULT_SEED), for a random seed (None),
+    as llama-server reads it on every route."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1:
+        return None
+    return _integer(value, "seed", minimum=0, note=", or -1 for a random seed")
 
 
 def _number(value: object, name: str, low: float, high: float, interval: str) -> float | None:

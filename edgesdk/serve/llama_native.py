@@ -10,7 +10,7 @@ translated into the OpenAI text request it means and checked there, so the field
 end-of-text token or a full context; ``max_tokens`` where it is not given, as llama-server
 reads it; 0 evaluates the prompt into the KV cache and generates nothing, as llama-server does, so
 a next request that starts with that prompt prefills only what follows); ``stop`` takes any number
-of strings; ``seed`` -1 is llama-server's default, a random seed. ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``) adds
+of strings; ``seed`` -1 is llama-server's default, a random seed (as on the OpenAI routes). ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``) adds
 ``completion_probabilities``: each answer token's ``id``, ``token``, ``bytes`` and ``logprob``
 with the N most likely tokens at its position as ``top_logprobs``, from the model's own
 distribution (before the samplers, as llama-server's without ``post_sampling_probs``, which is
@@ -62,8 +62,6 @@ def parse_completion_request(body: object) -> CompletionRequest:
     probs = _n_probs(body)
     text = {key: value for key, value in body.items()
             if key not in ("n_predict", "max_tokens", "logprobs", "echo", "n_probs", "post_sampling_probs")}
-    if body.get("seed") == -1 and not isinstance(body["seed"], bool):  # llama-server's default: a random seed
-        del text["seed"]
     name = "n_predict" if body.get("n_predict") is not None else "max_tokens"  # as llama-server reads the limit
     predict = body.get(name)
     if predict is not None:

@@ -135,3 +135,29 @@ def test_a_request_timeout_that_is_no_time_is_refused(runtime):
     with pytest.raises(EdgeSDKError) as caught:
         ApiServer(("127.0.0.1", 0), Completer(runtime, ServeDefaults(max_tokens=2)), "m", request_timeout_s=0)
     assert "request timeout must be a number of seconds > 0, got 0" in caught.value.problem
+
+
+# ------------------------------------------------------------------------------------------------ seed -1
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}]}),
+    ("/v1/completions", {"prompt": PROMPT}),
+    ("/completion", {"prompt": PROMPT}),
+])
+def test_seed_minus_one_is_a_random_seed_on_every_route(served, path, body):
+    """llama-server reads seed -1 (its LLAMA_DEFAULT_SEED, what its clients send by default) as a random seed on
+    every route; the OpenAI routes refused it as a seed below 0, while POST /completion took it."""
+    from edgesdk.serve.api import parse_chat_request, parse_text_request
+
+    status, answer = served.post(path, {**body, "max_tokens": 2, "seed": -1})
+    assert status == 200, answer
+    parse = parse_chat_request if "messages" in body else parse_text_request
+    assert parse({**body, "seed": -1}).seed is None  # no seed: the sampler draws one
+    assert parse({**body, "seed": -1.0}).seed is None
+    assert parse({**body, "seed": 7}).seed == 7
+    for wrong in (-2, True, "-1", 1.5):
+        status, refused = served.post(path, {**body, "max_tokens": 2, "seed": wrong})
+        assert status == 400, refused
+        assert refused["error"]["param"] == "seed"
+        assert "'seed' must be a whole number >= 0, or -1 for a random seed, got" in refused["error"]["message"]
