@@ -171,6 +171,7 @@ def check_rope(model_config, context: int) -> None:
 def _check_rope_setting(params: dict, model_config, context: int, where: str) -> None:
     """check_rope for one rotary setting; ``where`` names the layers it rotates (empty: all of them)."""
     kind = params.get("rope_type", params.get("type", "default"))
+    _check_whole_head_rotary(params, kind, model_config, where)
     if kind in FIXED_ROPE_TYPES or kind == "dynamic":
         return
     if kind == "longrope":
@@ -189,6 +190,31 @@ def _check_rope_setting(params: dict, model_config, context: int, where: str) ->
         f"the model's rotary embedding type{where} '{kind}' is not one the exporter implements "
         f"({', '.join(FIXED_ROPE_TYPES)}, dynamic, longrope)",
         "use a model whose rope type is one of those (rope_parameters / rope_scaling in its config.json)")
+
+
+def _check_whole_head_rotary(params: dict, kind: str, model_config, where: str) -> None:
+    """Refuse a rotary setting whose frequencies cover only part of each head.
+
+    transformers' rope functions for the scaled types (its ``ROPE_INIT_FUNCTIONS``: linear, dynamic, yarn,
+    longrope, llama3) give ``int(head_dim * partial_rotary_factor) / 2`` frequencies, while the attention of these
+    architectures (``apply_rotary_pos_emb``) multiplies the whole head by cos/sin: such a model fails in PyTorch at
+    its first forward, and the exported graph's rotary cannot be built over the head either. The families' own
+    default rotary ignores the factor and ``proportional`` pads the rest with zero frequencies: both cover the head.
+    """
+    factor = params.get("partial_rotary_factor", getattr(model_config, "partial_rotary_factor", None))
+    if kind in ("default", "proportional") or factor is None:
+        return
+    head_dim = getattr(model_config, "head_dim", None) or \
+        model_config.hidden_size // model_config.num_attention_heads
+    rotated = len(range(0, int(head_dim * float(factor)), 2))  # transformers' torch.arange(0, dim, 2)
+    if rotated != head_dim // 2:
+        raise ExportError(
+            f"the model's rotary embedding{where} ({kind}) sets partial_rotary_factor {factor}: its table has "
+            f"{rotated} frequencies for a head of {head_dim} dimensions ({head_dim // 2} needed), and transformers' "
+            f"{model_config.model_type} attention rotates the whole head, so the model fails in PyTorch too and no "
+            "graph can compute it",
+            "remove partial_rotary_factor from rope_parameters in the model's config.json (these architectures "
+            "rotate every dimension of the head)")
 
 
 def sliding_window(model_config) -> int | None:
