@@ -6,6 +6,8 @@ from typing import Protocol
 
 import numpy as np
 
+from edgesdk.errors import RuntimeBackendError
+
 
 class DecoderBackend(Protocol):
     """Prefill a prompt, then decode one token at a time against an internal KV cache."""
@@ -18,7 +20,7 @@ class DecoderBackend(Protocol):
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
         """Run ``token_ids`` (T,) after the current cache; returns the logits of its last ``min(keep_logits, T)``
-        positions (rows, vocab). ``keep_logits`` is at least 1: the ONNX Runtime backends refuse a smaller one."""
+        positions (rows, vocab). ``keep_logits`` is at least 1 (:func:`checked_keep_logits`)."""
 
     def decode(self, token_id: int) -> np.ndarray:
         """Append one token; returns its next-token logits (vocab,)."""
@@ -31,3 +33,15 @@ class DecoderBackend(Protocol):
     @property
     def position(self) -> int:
         """Tokens currently in the KV cache."""
+
+
+def checked_keep_logits(keep_logits: object) -> int:
+    """``keep_logits`` of a prefill as an int, or a RuntimeBackendError naming it where it is not a whole number of
+    at least 1 (the graphs slice the logits at -num_logits_to_keep: 0 gave every position's row, -1 all but the
+    first; TensorRT's backend took such a value as 1 and Triton's as every row)."""
+    if isinstance(keep_logits, bool) or not isinstance(keep_logits, (int, np.integer)) or keep_logits < 1:
+        raise RuntimeBackendError(f"prefill with keep_logits={keep_logits!r}: expected a whole number of at "
+                                  "least 1 (the rows of logits returned, counted back from the last position)",
+                                  "pass keep_logits=1 for the next token's logits, or the number of tokens "
+                                  "for every position's")
+    return int(keep_logits)

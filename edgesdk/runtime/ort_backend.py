@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError, RuntimeBackendError
+from edgesdk.runtime.backend import checked_keep_logits
 from edgesdk.weights_file import open_session
 
 # ONNX Runtime rewrites INT8 QDQ activations to UINT8 on x86 by default, and on a CPU with AVX2 but no
@@ -130,18 +131,13 @@ class OrtDecoderBase:
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
         """Run ``token_ids`` (T,) after the cache; the logits of the last ``min(keep_logits, T)`` positions."""
-        # The graphs slice the logits at -num_logits_to_keep: 0 gave every position's row and -1 all but the first.
-        if isinstance(keep_logits, bool) or not isinstance(keep_logits, (int, np.integer)) or keep_logits < 1:
-            raise RuntimeBackendError(f"prefill with keep_logits={keep_logits!r}: expected a whole number of at "
-                                      "least 1 (the rows of logits returned, counted back from the last position)",
-                                      "pass keep_logits=1 for the next token's logits, or the number of tokens "
-                                      "for every position's")
+        keep_logits = checked_keep_logits(keep_logits)
         ids = np.asarray(token_ids, dtype=np.int64).reshape(1, -1)  # (1, T)
         if ids.shape[1] == 0:  # the graphs cannot run 0 tokens (onnxruntime's Reshape / GroupQueryAttention error)
             raise RuntimeBackendError("prefill of 0 tokens: there is no position whose logits it could return",
                                       "pass at least one token id (the prompt's last token gives the next "
                                       "token's logits)")
-        return self._run(ids, min(int(keep_logits), ids.shape[1]))
+        return self._run(ids, min(keep_logits, ids.shape[1]))
 
     def decode(self, token_id: int) -> np.ndarray:
         return self._run(np.array([[token_id]], np.int64), 1)[0]

@@ -24,6 +24,7 @@ import numpy as np
 
 from edgesdk.errors import RuntimeBackendError
 from edgesdk.runtime import tensorrt_engine as te
+from edgesdk.runtime.backend import checked_keep_logits
 
 
 class _Buffer:
@@ -275,7 +276,7 @@ class TensorRTBackend:
         total = ids.shape[0]
         if total == 0:
             raise RuntimeBackendError("prefill got no tokens", "pass a non-empty prompt")
-        keep = max(1, min(int(keep_logits), total))
+        keep = min(checked_keep_logits(keep_logits), total)
         self._check_length(self._position + total)
         kept = []
         for start in range(0, total, self.max_seq):

@@ -14,6 +14,7 @@ import numpy as np
 
 from edgesdk.bundle import Bundle
 from edgesdk.errors import RuntimeBackendError
+from edgesdk.runtime.backend import checked_keep_logits
 
 KERNELS_ENV = "EDGESDK_KERNELS"
 
@@ -75,7 +76,7 @@ class TritonBackend:
         return logits.float().cpu().numpy()
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
-        return self._run(np.asarray(token_ids).reshape(-1), keep_logits)
+        return self._run(np.asarray(token_ids).reshape(-1), checked_keep_logits(keep_logits))
 
     def decode(self, token_id: int) -> np.ndarray:
         return self._run(np.array([token_id]), 1)[0]
