@@ -38,7 +38,14 @@ from dataclasses import replace
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.text import check_utf8
-from edgesdk.serve.api import ApiError, CompletionRequest, _object, _shown, parse_chat_request
+from edgesdk.serve.api import (
+    ApiError,
+    CompletionRequest,
+    _object,
+    _shown,
+    join_text_parts,
+    parse_chat_request,
+)
 from edgesdk.serve.tools import read_answer
 
 ROUTES = ("/messages", "/messages/count_tokens")
@@ -170,7 +177,7 @@ def _system(system: object) -> list[dict]:
             raise ApiError(400, f"system[{index}] must be a text block {{\"type\": \"text\", \"text\": ...}}, got "
                            f"{_shown(block)}", param=f"system[{index}]")
         _check_text(block["text"], f"system[{index}].text")
-    text = "".join(block["text"] for block in blocks)
+    text = "".join(block["text"] for block in blocks)  # joined as they are, as llama-server's Messages route joins them
     return [{"role": "system", "content": text}] if text else []
 
 
@@ -210,9 +217,12 @@ def _turn(turn: object, index: int) -> list[dict]:
         else:
             raise ApiError(400, f"{where} is a {_shown(kind or block)} block in a {role} turn; this server reads text, "
                            "an assistant's tool_use and thinking and a user's tool_result blocks", param=where)
-    messages = results + ([{"role": role, "content": "".join(texts)}] if texts or not (calls or results) else [])
+    # a turn's text blocks are its message's text parts, joined as on the chat route (llama-server's
+    # server_chat_convert_anthropic_to_oai passes them on as OpenAI text parts)
+    text = join_text_parts(texts)
+    messages = results + ([{"role": role, "content": text}] if texts or not (calls or results) else [])
     if calls:
-        messages = [{"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls}]
+        messages = [{"role": "assistant", "content": text or None, "tool_calls": calls}]
     return messages
 
 
@@ -225,7 +235,7 @@ def _result_text(content: object, where: str) -> str:
             raise ApiError(400, f"{where}.content holds {_shown(block)}; a tool result here is text",
                            param=f"{where}.content")
         texts.append(_check_text(block["text"], f"{where}.content"))
-    return "".join(texts)
+    return "".join(texts)  # joined as they are, as llama-server's Messages route joins a tool result's text blocks
 
 
 def _tool(tool: object, index: int) -> dict:

@@ -254,8 +254,19 @@ def _tool_call_names(messages: list) -> dict[str, str]:
     return names
 
 
+def join_text_parts(texts: list[str]) -> str:
+    """A message's text parts as one text, as llama.cpp gives them to a chat template that does not take typed
+    content (common/chat.cpp, ``common_chat_msgs_to_json_oaicompat``): each part after a line break, once the text
+    so far is not empty."""
+    joined = ""
+    for text in texts:
+        joined += ("\n" if joined else "") + text
+    return joined
+
+
 def _content(content: object, param: str) -> str:
-    """A message's text: a string, or an array of ``{"type": "text", "text": ...}`` parts joined."""
+    """A message's text: a string, or an array of ``{"type": "text", "text": ...}`` parts joined
+    (:func:`join_text_parts`)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -266,7 +277,7 @@ def _content(content: object, param: str) -> str:
                 raise ApiError(400, f"{param}[{index}] is a {_shown(kind)} part; this server reads only text parts "
                                "({\"type\": \"text\", \"text\": ...})", param=f"{param}[{index}]")
             texts.append(part["text"])
-        return "".join(texts)
+        return join_text_parts(texts)
     raise ApiError(400, f"{param} must be a string or an array of text parts, got {_shown(content)}", param=param)
 
 

@@ -41,7 +41,8 @@ def test_chat_request_normalises_roles_and_text_parts():
         "max_completion_tokens": 7, "max_tokens": 99, "temperature": 0.5, "top_p": 0.9, "seed": 3,
         "stop": "\n", "stream": True, "stream_options": {"include_usage": True}, "user": "someone",
         "presence_penalty": 0, "n": 1})
-    assert request.messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"})
+    # text parts joined by a line break, as llama.cpp joins them (tests/unit/test_serve_parity36.py)
+    assert request.messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello \nthere"})
     assert (request.max_tokens, request.temperature, request.top_p, request.seed) == (7, 0.5, 0.9, 3)
     assert request.stop == ("\n",)
     assert request.stream

@@ -161,3 +161,32 @@ def test_seed_minus_one_is_a_random_seed_on_every_route(served, path, body):
         assert status == 400, refused
         assert refused["error"]["param"] == "seed"
         assert "'seed' must be a whole number >= 0, or -1 for a random seed, got" in refused["error"]["message"]
+
+
+# ------------------------------------------------------------------------------------------- text parts
+
+
+def test_text_parts_are_joined_by_a_line_break_as_llama_cpp_joins_them(served):
+    """llama.cpp gives a template that does not take typed content a message's text parts joined by "\\n", none
+    before the first part that makes text (common/chat.cpp, common_chat_msgs_to_json_oaicompat); they were joined
+    with nothing, so "Hello" + "there" read "Hellothere". Anthropic's turns are joined alike (llama-server passes
+    their text blocks on as text parts); its system blocks and a tool result's blocks are joined as they are."""
+    from edgesdk.serve.anthropic import parse_messages_request
+    from edgesdk.serve.api import parse_chat_request
+
+    def part(text: str) -> dict:
+        return {"type": "text", "text": text}
+
+    cases = [(["Hello", "there"], "Hello\nthere"), (["", "a", "", "b"], "a\n\nb"), (["a", ""], "a\n"), ([], "")]
+    for texts, expected in cases:
+        request = parse_chat_request({"messages": [{"role": "user", "content": [part(t) for t in texts]}]})
+        assert request.messages[-1]["content"] == expected, texts
+    turn = {"role": "user", "content": [part("Say"), part("something.")]}
+    assert parse_messages_request({"max_tokens": 1, "messages": [turn]}).messages[-1]["content"] == "Say\nsomething."
+    system = parse_messages_request({"max_tokens": 1, "system": [part("Be "), part("brief.")], "messages": [turn]})
+    assert system.messages[0] == {"role": "system", "content": "Be brief."}
+    # over HTTP: the prompt of the parts is the prompt of their joined text
+    rendered = [served.post("/apply-template", {"messages": [{"role": "user", "content": content}]})[1]["prompt"]
+                for content in ([part("Hello"), part("there")], "Hello\nthere")]
+    assert rendered[0] == rendered[1]
+    assert "Hello\nthere" in rendered[0]
