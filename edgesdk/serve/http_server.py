@@ -375,16 +375,16 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._authorise()
         request = llama_native.parse_completion_request(self._read_json())
         completer = self.server.completer
-        if request.prompt_tokens:  # the answer's "prompt" is text, special tokens written out, as llama-server
-            # gives it back (server.cpp: the task's tokens detokenized with special = true)
-            request = replace(request, prompt=completer.runtime.tokenizer.tokenizer.decode(
-                list(request.prompt_tokens), skip_special_tokens=False))
+        # The answer's "prompt" is the prompt's tokens as text, special tokens written out (a text prompt's BOS too),
+        # as llama-server gives it back (server.cpp: the task's tokens detokenized with special = true)
+        prompt = completer.runtime.tokenizer.tokenizer.decode(completer.prompt_ids(request), skip_special_tokens=False)
         settings = llama_native.generation_settings(request, completer.sampling(request))
         self.server.answer_started()
         self._answering = True
         if not request.stream:
             completion = completer.complete(request, client_gone=self._client_gone)
-            self._send_json(200, llama_native.final_body(request, self.server.model, completion, settings))
+            self._send_json(200, llama_native.final_body(request, self.server.model, completion, settings,
+                                                         prompt=prompt))
             return
         def on_text(text: str, probabilities: list | None) -> None:
             if text or probabilities:  # a token that made no text still has its probabilities
@@ -393,7 +393,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         completion = self._complete_streamed(request, on_text, lambda: None, lambda error: self._event(error.body()))
         if completion is None:
             return
-        self._event(llama_native.final_body(request, self.server.model, completion, settings, content=""))
+        self._event(llama_native.final_body(request, self.server.model, completion, settings, content="",
+                                            prompt=prompt))
 
     def _messages(self, path: str) -> None:
         """Anthropic's Messages API (edgesdk/serve/anthropic.py): an answer, or a prompt's token count."""

@@ -145,13 +145,14 @@ def generation_settings(request: CompletionRequest, sampling: SamplingConfig) ->
 
 
 def final_body(request: CompletionRequest, model: str, completion: Completion, settings: dict,
-               content: str | None = None) -> dict:
-    """The whole answer (``content`` defaults to its text; a stream's last event carries "")."""
+               content: str | None = None, prompt: str | None = None) -> dict:
+    """The whole answer (``content`` defaults to its text; a stream's last event carries ""); ``prompt``: the
+    prompt's tokens as text, as llama-server gives it back (the request's prompt where not given)."""
     text = completion.text if content is None else content
     body = {"index": 0, "id_slot": 0, "content": text, "tokens": [], "stop": True, "model": model,
             "tokens_predicted": completion.completion_tokens, "tokens_evaluated": completion.prompt_tokens,
             "tokens_cached": completion.prompt_tokens + completion.completion_tokens,
-            "generation_settings": settings, "prompt": request.prompt, "has_new_line": "\n" in completion.text,
+            "generation_settings": settings, "prompt": request.prompt if prompt is None else prompt, "has_new_line": "\n" in completion.text,
             "truncated": False, "stop_type": stop_type(completion), "stopping_word": completion.stop_string or "",
             "timings": timings(completion)}
     if content is None and completion.logprobs:  # a stream's events carried them, as llama-server's do

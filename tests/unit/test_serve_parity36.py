@@ -190,3 +190,44 @@ def test_text_parts_are_joined_by_a_line_break_as_llama_cpp_joins_them(served):
                 for content in ([part("Hello"), part("there")], "Hello\nthere")]
     assert rendered[0] == rendered[1]
     assert "Hello\nthere" in rendered[0]
+
+
+# ------------------------------------------------------------------------------ POST /completion's prompt
+
+
+@pytest.fixture(scope="module")
+def bos_served(tiny_bundle):
+    """A server whose tokenizer puts a BOS (``<|im_start|>``) before a text, as Llama's and Gemma's do."""
+    from tokenizers.processors import TemplateProcessing
+
+    from edgesdk.runtime.session import open_runtime
+    from tests.unit.test_serve import Served
+
+    runtime = open_runtime(tiny_bundle.path, threads=1)
+    tokenizer = runtime.tokenizer.tokenizer
+    bos = tokenizer.token_to_id("<|im_start|>")
+    tokenizer.post_processor = TemplateProcessing(single="<|im_start|> $A", special_tokens=[("<|im_start|>", bos)])
+    server = Served(runtime, ServeDefaults(max_tokens=4))
+    yield server
+    server.close()
+
+
+def test_completion_gives_a_text_prompt_back_as_its_tokens_with_the_bos(bos_served):
+    """llama-server's POST /completion "prompt" is the prompt's tokens detokenized with their special tokens
+    (server.cpp: ``tokens.detokenize(ctx, true)``), a text prompt's BOS included; a text prompt came back as sent,
+    while the same prompt sent as token ids came back with its BOS."""
+    runtime = bos_served.completer.runtime
+    ids = runtime.tokenizer.encode(PROMPT)
+    assert ids[0] == runtime.tokenizer.tokenizer.token_to_id("<|im_start|>")
+    status, by_text = bos_served.post("/completion", {"prompt": PROMPT, "n_predict": 2, "temperature": 0})
+    assert status == 200, by_text
+    assert by_text["prompt"] == "<|im_start|>" + PROMPT
+    assert by_text["tokens_evaluated"] == len(ids)
+    status, by_ids = bos_served.post("/completion", {"prompt": ids, "n_predict": 2, "temperature": 0})
+    assert status == 200, by_ids
+    assert by_ids["prompt"] == by_text["prompt"]
+    assert by_ids["content"] == by_text["content"]
+    streamed = bos_served.request("POST", "/completion", {"prompt": PROMPT, "n_predict": 2, "stream": True})[2]
+    last = json.loads(streamed.decode().strip().split("\n\n")[-1][len("data: "):])
+    assert last["stop"] is True
+    assert last["prompt"] == by_text["prompt"]
