@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import sys
+import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,12 +118,34 @@ def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOp
 
 
 def unpack_if_archive(path: Path, stack) -> Path:
-    """A bundle archive from 'edgesdk pack' (.tar, or compressed as its name says: .tar.gz / .tgz, .tar.bz2,
-    .tar.xz) is unpacked into a temporary directory first."""
-    from edgesdk.bundle import COMPRESSED_SUFFIXES, unpack_bundle
+    """A bundle archive is unpacked into a temporary directory first: a file named as one (.tar, a compressed
+    tar such as .tar.gz / .tgz, .tar.bz2, .tar.xz, or a format edgesdk cannot read such as .tar.zst, which
+    'edgesdk unpack' then names with the command that decompresses it), or any file that is a tar archive
+    or starts as a compressed one ('edgesdk pack' writes a plain tar under any other name). Any other file
+    is refused by name; a directory is returned as it is."""
+    from edgesdk.bundle import (
+        _UNREADABLE_MAGIC,
+        COMPRESSED_SUFFIXES,
+        SUPPORTED_ARCHIVES,
+        UNSUPPORTED_SUFFIXES,
+        unpack_bundle,
+    )
 
-    if path.is_file() and path.name.lower().endswith((".tar", *COMPRESSED_SUFFIXES)):
-        tmp = Path(tempfile.mkdtemp(prefix="edgesdk-deploy-"))
-        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
-        return unpack_bundle(path, tmp).path
-    return path
+    if not path.is_file():
+        return path
+    archive = path.name.lower().endswith((".tar", *COMPRESSED_SUFFIXES, *UNSUPPORTED_SUFFIXES))
+    if not archive:
+        try:
+            with open(path, "rb") as file:
+                head = file.read(8)
+            archive = tarfile.is_tarfile(path) or any(head.startswith(magic) for magic, _, _ in _UNREADABLE_MAGIC)
+        except OSError as exc:
+            raise DeployError(f"cannot read the bundle archive {path} ({exc.strerror or exc})",
+                              "check that the file is readable, or pass the bundle directory") from exc
+    if not archive:
+        raise DeployError(f"{path} is a file, but neither a bundle directory nor a bundle archive (not a tar "
+                          f"archive; deploy reads {SUPPORTED_ARCHIVES} from 'edgesdk pack')",
+                          "pass the bundle directory 'edgesdk build' wrote, or its archive from 'edgesdk pack'")
+    tmp = Path(tempfile.mkdtemp(prefix="edgesdk-deploy-"))
+    stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+    return unpack_bundle(path, tmp).path
