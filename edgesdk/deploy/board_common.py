@@ -181,6 +181,19 @@ def switch_times(p):
     return times
 
 
+def switch_order(p):
+    """Release id -> the line of history.jsonl that last switched current to it: the order the switches
+    happened in, which a clock set back or forward (a board without a real-time clock that booted before
+    NTP synced) does not change."""
+    order = {}
+    for number, line in enumerate((read_text(p["history.jsonl"], 1 << 22) or "").splitlines()):
+        try:
+            order[json.loads(line)["to"]] = number
+        except (ValueError, KeyError, TypeError):
+            continue
+    return order
+
+
 def pending_switch(p):
     """The journal of a switch a kill cut short (op_switch writes it before it moves a link), or None."""
     text = read_text(p[".switch.json"])
@@ -202,9 +215,10 @@ def previous_of(p, current):
 
 
 def release_list(p):
-    """current, previous, the releases (oldest first by last use) and leftover staging directories."""
+    """current, previous, the releases (oldest first by last use: the order of their last switches in
+    history.jsonl, releases never switched to before them by mtime) and leftover staging directories."""
     releases = []
-    used = switch_times(p)
+    used, order = switch_times(p), switch_order(p)
     if os.path.isdir(p["releases"]):
         for name in sorted(os.listdir(p["releases"])):
             path = os.path.join(p["releases"], name)
@@ -220,7 +234,7 @@ def release_list(p):
             except (OSError, ValueError, KeyError, TypeError, AttributeError):  # no manifest, or not a bundle's
                 entry["target"] = None
             releases.append(entry)
-    releases.sort(key=lambda r: r["mtime"])
+    releases.sort(key=lambda r: (order.get(r["id"], -1), r["mtime"]))  # not by time: clocks jump
     staging = sorted(os.listdir(p["staging"])) if os.path.isdir(p["staging"]) else []
     current = link_target(p["current"])
     return {"current": current, "previous": previous_of(p, current), "releases": releases, "staging": staging}

@@ -241,12 +241,14 @@ def restore_link(p, name, bundle_id):
 
 def committed_since_switch(p, bundle_id, switched):
     """releases/<id> was committed less than IN_FLIGHT_MAX_AGE_S ago and current has not been switched to it
-    since: a deploy may still switch to it (a bundle deployed again after a prune has a switch from before)."""
+    since: a deploy may still switch to it (a bundle deployed again after a prune has a switch from before).
+    A commit time further in the future than that (the clock was set back since) is no deploy in flight."""
     try:
         committed = os.path.getmtime(os.path.join(p["releases"], bundle_id))
     except OSError:
         return False
-    return switched.get(bundle_id, float("-inf")) < committed and time.time() - committed < IN_FLIGHT_MAX_AGE_S
+    return (switched.get(bundle_id, float("-inf")) < committed
+            and abs(time.time() - committed) < IN_FLIGHT_MAX_AGE_S)
 
 
 def op_prune(params):
