@@ -21,9 +21,9 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         switch_times,
         verify_dir,
     )
-    from edgesdk.deploy.board_install import op_install
+    from edgesdk.deploy.board_install import op_install, write_stamp
     from edgesdk.deploy.board_service import op_service
-    from edgesdk.deploy.board_transfer import op_probe, op_receive
+    from edgesdk.deploy.board_transfer import op_probe, op_receive, read_stamp
 
 
 STAGING_MAX_AGE_S = 24 * 3600
@@ -87,7 +87,8 @@ def replace_link(link, target):
 
 
 def switch_runtime(p, key):
-    """runtime/current -> key; keep it and the one it replaces, drop older and unfinished runtimes."""
+    """runtime/current -> key; keep it, the one it replaces and any that a deploy in flight installed and has
+    not switched to yet; drop older and unfinished runtimes."""
     safe_id(key)
     if not os.path.isfile(os.path.join(p["runtime"], key, "edgesdk-runtime.json")):
         raise Refused(f"runtime {key} is not installed on the board", "deploy again without --no-install")
@@ -95,10 +96,34 @@ def switch_runtime(p, key):
     if old != key:
         replace_link(os.path.join(p["runtime"], "current"), key)
         fsync_dir(p["runtime"])
+    mark_switched(os.path.join(p["runtime"], key))
     for stale in os.listdir(p["runtime"]):
-        if stale not in (key, old, "current", "wheels") and not stale.startswith("."):
+        if (stale not in (key, old, "current", "wheels") and not stale.startswith(".")
+                and not runtime_in_flight(os.path.join(p["runtime"], stale))):
             shutil.rmtree(os.path.join(p["runtime"], stale), ignore_errors=True)
     return old
+
+
+def mark_switched(venv):
+    """Record in the runtime's stamp that it has been runtime/current: no deploy in flight waits for it any
+    more. Best effort: an unmarked runtime is only kept longer (runtime_in_flight)."""
+    stamp = read_stamp(venv)
+    if isinstance(stamp, dict) and "switched" not in stamp:
+        try:
+            write_stamp(venv, {**stamp, "switched": time.time()})
+        except OSError:
+            pass
+
+
+def runtime_in_flight(venv):
+    """The runtime was installed less than IN_FLIGHT_MAX_AGE_S ago (in either direction: a clock set back) and
+    has never been runtime/current: the deploy that installed it may still switch to it, as with a release
+    committed and not yet switched to (committed_since_switch)."""
+    stamp = read_stamp(venv)
+    if not isinstance(stamp, dict) or "switched" in stamp:
+        return False
+    installed = stamp.get("installed")
+    return isinstance(installed, (int, float)) and abs(time.time() - installed) < IN_FLIGHT_MAX_AGE_S
 
 
 def op_switch(params):
