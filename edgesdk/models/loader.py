@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,19 @@ def check_gguf_model(path: Path) -> dict:
         found = reader.fields.get(key)
         return None if found is None else found.contents()
 
+    parts = field("split.count")
+    if isinstance(parts, int) and parts > 1:  # llama.cpp's gguf-split (LLM_KV_SPLIT_COUNT, LLM_KV_SPLIT_NO 0-based)
+        from edgesdk.models.sources import SPLIT_GGUF_NAME
+
+        part = field("split.no")
+        first = SPLIT_GGUF_NAME.sub(f"-00001-of-{parts:05d}.gguf", path.name)
+        raise ModelSourceError(
+            f"the GGUF file {path} is "
+            + (f"part {part + 1}" if isinstance(part, int) else "a part")
+            + f" of a model split into {parts} files (split.count); transformers, which edgesdk loads GGUF "
+            "files with, reads one whole file",
+            f"merge the parts into one with llama.cpp's llama-gguf-split --merge {path.with_name(first)} "
+            "merged.gguf, and pass merged.gguf with --model")
     kind, arch = field("general.type"), field("general.architecture")
     tensors = {tensor.name for tensor in reader.tensors}
     missing = [key for key in (f"{arch}.block_count", f"{arch}.embedding_length") if field(key) is None]
@@ -364,6 +378,31 @@ def _progress_bars(enabled: bool):
             hf_logging.enable_progress_bar()
 
 
+# the files transformers builds a tokenizer from: the tokenizers serialisation, SentencePiece, tiktoken, Mistral's
+# tekken, BPE / WordPiece vocabularies
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tekken.json", "vocab.json", "vocab.txt", "merges.txt")
+
+
+def _explain_tokenizer_failure(directory: Path, exc: Exception) -> None:
+    """Refuse a Hugging Face directory whose tokenizer transformers could not load, saying why where the
+    files show it (transformers' own message then names sentencepiece for a directory without any tokenizer,
+    and tiktoken for a SentencePiece tokenizer.model it could not convert)."""
+    names = {entry.name for entry in directory.iterdir()}
+    if "tokenizer.json" not in names and "tokenizer.model" in names \
+            and importlib.util.find_spec("sentencepiece") is None:
+        raise ModelSourceError(
+            f"cannot load the tokenizer of {directory}: it has a SentencePiece tokenizer.model and no "
+            "tokenizer.json, and transformers converts tokenizer.model with the sentencepiece package, which is "
+            "not installed in this Python",
+            "install sentencepiece (pip install sentencepiece), or write tokenizer.json once where it is "
+            f"installed: AutoTokenizer.from_pretrained(dir).save_pretrained(dir), for dir {directory}") from exc
+    if not names.intersection(TOKENIZER_FILES) and not any(name.endswith(".tiktoken") for name in names):
+        raise ModelSourceError(
+            f"cannot load the tokenizer of {directory}: it has no tokenizer file ({', '.join(TOKENIZER_FILES)})",
+            "copy the model's tokenizer files (tokenizer.json with tokenizer_config.json) beside its config.json"
+        ) from exc
+
+
 def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
     """Load weights and tokenizer of a resolved source as float32 on the CPU (``progress``: show
     transformers' loading bars)."""
@@ -390,6 +429,16 @@ def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
             model, loading_info = AutoModelForCausalLM.from_pretrained(
                 location, config=config, dtype=torch.float32, output_loading_info=True, **kwargs)
     except Exception as exc:
+        if "Weights only load failed" in str(exc):  # torch.load(weights_only=True) met a pickled object
+            reason = next((line.strip() for line in str(exc).splitlines()
+                           if "GLOBAL" in line or line.strip().startswith("Unsupported")), None)
+            raise ModelSourceError(
+                f"cannot load the weights of {source.path}: its PyTorch pickle (.bin) holds what "
+                "torch.load(weights_only=True) does not read, objects other than tensors and plain containers, "
+                "which edgesdk does not unpickle (unpickling them can run any code)" + (f": {reason}" if reason else ""),
+                "use the model's safetensors weights, or, where you trust the file, convert it once: "
+                "AutoModelForCausalLM.from_pretrained(dir, weights_only=False).save_pretrained(dir)",
+            ) from exc
         raise ModelSourceError(
             f"cannot load the weights of {source.path}: {type(exc).__name__}: {exc}",
             "check that the file is a complete, uncorrupted GGUF or Hugging Face model",
@@ -399,6 +448,8 @@ def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
         with _progress_bars(progress):
             tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
     except Exception as exc:
+        if source.kind == "hf-dir":
+            _explain_tokenizer_failure(source.path, exc)
         raise ModelSourceError(
             f"cannot load the tokenizer of {source.path}: {type(exc).__name__}: {exc}",
             "the model needs its tokenizer: tokenizer.json (with tokenizer_config.json) beside config.json "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -98,12 +99,7 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True) -> Model
         return ModelSource("gguf", cached, spec)
     path = Path(spec).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelSourceError(
-                f"model directory {path} has no config.json",
-                "pass a Hugging Face model directory (save_pretrained output) or a .gguf file",
-            )
-        return ModelSource("hf-dir", path, str(path.resolve()))  # a path the manifest can be read from anywhere
+        return _resolve_directory(path)
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelSourceError(
@@ -111,11 +107,92 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True) -> Model
                 "pass a .gguf file or a Hugging Face model directory",
             )
         check_gguf_header(path)
-        return ModelSource("gguf", path, str(path.resolve()))
+        # the directory resolved, the file's own name kept: a GGUF in a Hugging Face cache snapshot is a link
+        # to blobs/<sha256>, a name without the suffix resolve_model reads the recorded source by
+        return ModelSource("gguf", path, str(path.parent.resolve() / path.name))
     raise ModelSourceError(
         f"unknown model '{spec}': not an alias ({', '.join(sorted(ALIASES))}), "
-        "and no such file or directory",
-        "run 'edgesdk models list', or pass a Hugging Face directory or a .gguf file",
+        "and no such file or directory" + _did_you_mean(spec),
+        _unknown_model_fix(spec),
+    )
+
+
+def _did_you_mean(spec: str) -> str:
+    """'; did you mean ...' naming the alias closest to a mistyped one, else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(spec.lower(), ALIASES, n=1, cutoff=0.75)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def hub_cache_dir() -> Path:
+    """huggingface_hub's model cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
+def _unknown_model_fix(spec: str) -> str:
+    fix = "run 'edgesdk models list', or pass a Hugging Face directory or a .gguf file"
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and not spec.endswith(".gguf"):  # a Hub id: nothing is downloaded
+        cached = hub_cache_dir() / f"models--{spec.replace('/', '--')}"
+        fix += (f"; '{spec}' looks like a Hugging Face Hub id, which edgesdk does not download: "
+                + (f"pass its cached copy {cached}" if cached.is_dir() else
+                   f"download it first (hf download {spec}) and pass the directory it prints"))
+    return fix
+
+
+def _resolve_directory(path: Path) -> ModelSource:
+    """A directory: a Hugging Face model directory (config.json), or a Hugging Face Hub cache entry
+    (``models--org--name``, the layout huggingface_hub writes: ``refs/main`` names the snapshot in
+    ``snapshots/<commit>/``, whose files link into ``blobs/``), taken as the snapshot it names. A directory
+    of GGUF files is refused naming them: which one to build is the user's choice."""
+    if (path / "config.json").is_file():
+        return ModelSource("hf-dir", path, str(path.resolve()))  # a path the manifest can be read from anywhere
+    if (path / "snapshots").is_dir() or (path.name.startswith("models--") and (path / "blobs").is_dir()):
+        return _resolve_directory(_hub_cache_snapshot(path))
+    ggufs = sorted(file for file in path.iterdir() if file.suffix.lower() == ".gguf" and file.is_file())
+    if ggufs:
+        shown = ", ".join(file.name for file in ggufs[:6]) + (", ..." if len(ggufs) > 6 else "")
+        whole = [file for file in ggufs if not SPLIT_GGUF_NAME.search(file.name)]
+        raise ModelSourceError(
+            f"model directory {path} has no config.json and holds {len(ggufs)} GGUF file(s) ({shown})",
+            f"pass one GGUF file with --model, e.g. --model {shlex.quote(str(whole[0]))}" if whole else
+            "the files are the parts of a split model: merge them into one with llama.cpp's "
+            f"llama-gguf-split --merge {shlex.quote(str(ggufs[0]))} merged.gguf, and pass merged.gguf with --model",
+        )
+    raise ModelSourceError(
+        f"model directory {path} has no config.json",
+        "pass a Hugging Face model directory (save_pretrained output) or a .gguf file",
+    )
+
+
+# a part of a GGUF split by llama.cpp's llama-gguf-split (llama_split_prefix: "<prefix>-%05d-of-%05d.gguf")
+SPLIT_GGUF_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+
+
+def _hub_cache_snapshot(entry: Path) -> Path:
+    """The snapshot directory of a Hugging Face Hub cache entry: the one ``refs/main`` names, else the only one."""
+    snapshots = entry / "snapshots"
+    ref = entry / "refs" / "main"
+    if ref.is_file():
+        commit = ref.read_text(encoding="utf-8", errors="replace").strip()
+        if (snapshots / commit).is_dir():
+            return snapshots / commit
+        raise ModelSourceError(
+            f"Hugging Face cache entry {entry}: refs/main names commit '{commit}', which is not in {snapshots}",
+            "download the model again (hf download <org>/<name>), or pass one of its snapshots/<commit> "
+            "directories with --model",
+        )
+    found = sorted(child for child in snapshots.iterdir() if child.is_dir()) if snapshots.is_dir() else []
+    if len(found) == 1:
+        return found[0]
+    raise ModelSourceError(
+        f"Hugging Face cache entry {entry} has no refs/main and "
+        + (f"{len(found)} snapshots ({', '.join(child.name for child in found)})" if found else "no snapshot"),
+        f"pass one snapshot directory with --model, e.g. --model {found[0]}" if found else
+        "download the model again (hf download <org>/<name>): the download did not finish",
     )
 
 
