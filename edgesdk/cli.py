@@ -757,6 +757,7 @@ def _logit_bias_option(text: str) -> tuple[int, float]:
 @click.option("--top-p", default=1.0, show_default=True, help="For a request that sets none.")
 @click.option("--top-k", default=0, show_default=True, help="For a request that sets none (0: off).")
 @click.option("--min-p", default=0.0, show_default=True, help="For a request that sets none (0: off).")
+@_sampler_chain_options
 @click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait while one generates; more get HTTP 503 at once.")
 @click.option("--quiet", is_flag=True, help="No request log on stderr.")
@@ -788,7 +789,8 @@ def _logit_bias_option(text: str) -> tuple[int, float]:
 @_thermal_options
 @_gate_options
 @_runtime_options
-def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, top_k, min_p, max_queue,
+def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, top_k, min_p, samplers,
+          sampling_seq, max_queue,
           quiet,
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
           draft_bundle, draft_max, draft_p_min,
@@ -808,14 +810,19 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
         defaults = ServeDefaults(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                  min_p=min_p, max_waiting=max_queue, prompt_cache=not no_prompt_cache,
                                  cache_ram_mib=cache_ram_mib, lookup=lookup_draft,
-                                 prefill_assistant=not no_prefill_assistant, reasoning_format=reasoning_format)
+                                 prefill_assistant=not no_prefill_assistant, reasoning_format=reasoning_format,
+                                 **_sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
-        options = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'"}
+        options = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'",
+                   "samplers": "'--samplers' / '--sampling-seq'"}
         hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
         raise click.BadParameter(str(exc), param_hint=hint) from exc
     if api_key is not None and not api_key.strip():
         raise click.BadParameter("is empty; pass a key, or leave --api-key out to serve without one",
                                  param_hint="'--api-key'")
+    if model_name is not None and not model_name.strip():
+        raise click.BadParameter("is empty; pass the id the API should report, or leave --model-name out for "
+                                 "<model>-<target> from the bundle's manifest", param_hint="'--model-name'")
     if api_key is not None and not (api_key.isascii() and api_key.isprintable() and " " not in api_key):
         # Clients send it in a header, whose value HTTP carries as ASCII (RFC 9110 §5.5): another key never matched.
         raise click.BadParameter("must be printable ASCII without spaces, as an HTTP header carries it; pick "

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgesdk.runtime.gbnf import Grammar, GrammarError, parse_grammar
+from edgesdk.runtime.generate import sampler_chain
 from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_schema
 from edgesdk.runtime.text import check_template_kwargs
 from edgesdk.serve.reasoning import FORMATS as REASONING_FORMATS
@@ -69,6 +70,7 @@ class CompletionRequest:
     top_p: float | None = None
     top_k: int | None = None  # llama-server's, >= 0 (0: off)
     min_p: float | None = None  # llama-server's, in [0, 1] (0: off)
+    samplers: tuple[str, ...] | None = None  # llama-server's sampler chain, canonical names in order
     seed: int | None = None
     presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]
     frequency_penalty: float = 0.0
@@ -323,6 +325,7 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "top_p": _top_p(body.get("top_p")),
         "top_k": _integer(body.get("top_k"), "top_k", minimum=0, note=" (0: off)"),
         "min_p": _number(body.get("min_p"), "min_p", 0.0, 1.0, "[0, 1] (0: off)"),
+        "samplers": _samplers(body.get("samplers")),
         "seed": _seed(body.get("seed")),
         "presence_penalty": _default(_number(body.get("presence_penalty"), "presence_penalty", -2.0, 2.0, "[-2, 2]"), 0.0),
         "frequency_penalty": _default(_number(body.get("frequency_penalty"), "frequency_penalty", -2.0, 2.0, "[-2, 2]"),
@@ -426,6 +429,17 @@ def _integer(value: object, name: str, minimum: int, note: str = "") -> int | No
     if isinstance(value, bool) or not whole or value < minimum:
         raise ApiError(400, f"'{name}' must be a whole number >= {minimum}{note}, got {_shown(value)}", param=name)
     return int(value)
+
+
+def _samplers(value: object) -> tuple[str, ...] | None:
+    """llama-server's ``samplers``: a list of sampler names or a string of their letters (``"kpmt"``), read as
+    :func:`~edgesdk.runtime.generate.sampler_chain` reads them; null: the server's chain."""
+    if value is None:
+        return None
+    try:
+        return sampler_chain(value)
+    except ValueError as exc:
+        raise ApiError(400, f"'samplers': {exc}", param="samplers") from None
 
 
 def _seed(value: object) -> int | None:

@@ -24,6 +24,7 @@ from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.cache_store import CacheStore
 from edgesdk.runtime.gbnf import GrammarError
 from edgesdk.runtime.generate import (
+    DEFAULT_SAMPLERS,
     GenerationStats,
     LogitBiasError,
     SamplingConfig,
@@ -40,7 +41,7 @@ from edgesdk.runtime.lookup import MAX_DRAFT, LookupConfig
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.speculative import DraftModel
-from edgesdk.runtime.text import StreamDecoder, check_utf8
+from edgesdk.runtime.text import StreamDecoder, check_utf8, pieces_text
 from edgesdk.serve.api import ApiError, CompletionRequest, TextOffsets, TokenizeRequest, logprobs_body
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
 from edgesdk.serve.reasoning import FORMATS as REASONING_FORMATS
@@ -56,6 +57,7 @@ class ServeDefaults:
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     min_p: float = 0.0  # 0: off
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS  # the sampler chain (llama.cpp's --samplers)
     max_waiting: int = 8  # requests queued behind the one generating; more are refused with 503
     prompt_cache: bool = True  # reuse the previous answer's KV cache for a prompt that repeats it
     cache_ram_mib: int = 256  # host memory for other conversations' saved KV caches (0: keep only the live one)
@@ -66,8 +68,9 @@ class ServeDefaults:
     reasoning_format: str = "auto"
 
     def __post_init__(self):
-        SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                       top_k=self.top_k, min_p=self.min_p)
+        chain = SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+                               top_k=self.top_k, min_p=self.min_p, samplers=self.samplers).samplers
+        object.__setattr__(self, "samplers", chain)  # names and letters as canonical names
         if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or not 0 <= self.lookup <= MAX_DRAFT:
             raise ValueError(f"lookup must be 0 (off) or a whole number of draft tokens up to {MAX_DRAFT}, "
                              f"got {self.lookup!r}")
@@ -288,7 +291,8 @@ class Completer:
         template and the special tokens (what llama.cpp's web UI and clients read at start)."""
         defaults, tokenizer = self.defaults, self.runtime.tokenizer
         params = {"n_predict": defaults.max_tokens, "temperature": defaults.temperature, "top_p": defaults.top_p,
-                  "top_k": defaults.top_k, "min_p": defaults.min_p, "repeat_penalty": 1.0, "repeat_last_n": 64,
+                  "top_k": defaults.top_k, "min_p": defaults.min_p, "samplers": list(defaults.samplers),
+                  "repeat_penalty": 1.0, "repeat_last_n": 64,
                   "presence_penalty": 0.0, "frequency_penalty": 0.0, "cache_prompt": defaults.prompt_cache,
                   "speculative.n_max": self._draft_limit()}
         return {"default_generation_settings": {"id": 0, "n_ctx": self.runtime.backend.max_context,
@@ -402,7 +406,8 @@ class Completer:
                               temperature=pick(request.temperature, self.defaults.temperature),
                               top_p=pick(request.top_p, self.defaults.top_p),
                               top_k=pick(request.top_k, self.defaults.top_k),
-                              min_p=pick(request.min_p, self.defaults.min_p), seed=request.seed,
+                              min_p=pick(request.min_p, self.defaults.min_p),
+                              samplers=pick(request.samplers, self.defaults.samplers), seed=request.seed,
                               presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
                               repeat_penalty=request.repeat_penalty, repeat_last_n=request.repeat_last_n,
                               logit_bias=self._logit_bias(request))
@@ -461,7 +466,7 @@ class Completer:
             if token >= vocabulary:
                 raise ApiError(400, f"tokens[{index}] is {token}; this model's vocabulary has ids 0 to "
                                f"{vocabulary - 1}", param=f"tokens[{index}]")
-        return {"content": self.runtime.tokenizer.tokenizer.decode(list(tokens), skip_special_tokens=False)}
+        return {"content": pieces_text(self.runtime.tokenizer, list(tokens))}
 
     def _plain_text_tokenizer(self):
         """A copy of the tokenizer that reads special tokens' text as plain text (``parse_special`` false)."""

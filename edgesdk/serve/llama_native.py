@@ -137,7 +137,8 @@ def timings(completion: Completion) -> dict:
 def generation_settings(request: CompletionRequest, sampling: SamplingConfig) -> dict:
     """The settings the answer was generated with, in llama-server's names (-1: no seed given)."""
     return {"n_predict": 0 if request.max_tokens == 0 else sampling.max_new_tokens, "temperature": sampling.temperature, "top_k": sampling.top_k,
-            "top_p": sampling.top_p, "min_p": sampling.min_p, "seed": -1 if sampling.seed is None else sampling.seed,
+            "top_p": sampling.top_p, "min_p": sampling.min_p, "samplers": list(sampling.samplers),
+            "seed": -1 if sampling.seed is None else sampling.seed,
             "repeat_penalty": sampling.repeat_penalty, "repeat_last_n": sampling.repeat_last_n,
             "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
             "stop": list(request.stop), "ignore_eos": request.ignore_eos, "stream": request.stream,

@@ -5,6 +5,7 @@ draw where the chain kept no accepted token."""
 from __future__ import annotations
 
 import ctypes
+import json
 
 import numpy as np
 import pytest
@@ -164,3 +165,55 @@ def test_run_takes_llama_cpp_s_samplers_and_sampling_seq(tiny_bundle, runtime):
     both = invoke(*base, "--samplers", "top_k", "--sampling-seq", "k")
     assert both.exit_code == 2
     assert "pass one" in both.output
+
+
+def test_serve_takes_llama_server_s_samplers_on_every_route(runtime):
+    """``samplers`` as names or letters on /v1/completions, /v1/chat/completions and /completion gives the answer
+    generate gives with that chain; a bad one is a 400 naming the field; /props and /completion's
+    generation_settings report the chain; the server's own chain comes from ServeDefaults."""
+    from edgesdk.serve.completion import ServeDefaults
+    from tests.unit.test_serve import Served
+
+    config = SamplingConfig(max_new_tokens=8, temperature=0.7, top_p=0.5, seed=3, samplers=("temperature", "top_p"))
+    expected = runtime.tokenizer.decode(_answer(runtime, config))
+    sampled = {"temperature": 0.7, "top_p": 0.5, "seed": 3, "max_tokens": 8}
+    server = Served(runtime, ServeDefaults(max_tokens=8, samplers="kt"))
+    try:
+        for chain in (["temperature", "top_p"], "tp", ["Temp", "nucleus"]):
+            status, answer = server.post("/v1/completions", {"prompt": "hello", **sampled, "samplers": chain})
+            assert status == 200, answer
+            assert answer["choices"][0]["text"] == expected, chain
+        status, native = server.post("/completion", {"prompt": "hello", "temperature": 0.7, "top_p": 0.5, "seed": 3,
+                                                     "n_predict": 8, "samplers": "tp"})
+        assert status == 200, native
+        assert native["generation_settings"]["samplers"] == ["temperature", "top_p"]
+        status, chat = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                            **sampled, "samplers": "edskypmxt"})
+        assert status == 200, chat
+        for bad in (["top_k", "bogus"], "kz", 5, ["infill"]):
+            status, answer = server.post("/v1/completions", {"prompt": "hello", "samplers": bad})
+            assert (status, answer["error"]["param"]) == (400, "samplers"), answer
+            assert "'samplers'" in answer["error"]["message"]
+        status, _, payload = server.request("GET", "/props")
+        assert status == 200
+        props = json.loads(payload)
+        assert props["default_generation_settings"]["params"]["samplers"] == ["top_k", "temperature"]
+        status, answer = server.post("/completion", {"prompt": "hello", "n_predict": 2, "samplers": None})
+        assert answer["generation_settings"]["samplers"] == ["top_k", "temperature"]
+    finally:
+        server.close()
+
+
+def test_serve_takes_the_chain_from_its_options(tiny_bundle):
+    from tests.unit.test_cli import invoke
+
+    both = invoke("serve", tiny_bundle.path, "--samplers", "top_k", "--sampling-seq", "k", "--port", 0)
+    assert both.exit_code == 2
+    assert "pass one" in both.output
+    bad = invoke("serve", tiny_bundle.path, "--sampling-seq", "kq", "--port", 0)
+    assert bad.exit_code == 2
+    assert "'--samplers' / '--sampling-seq'" in bad.output
+    empty = invoke("serve", tiny_bundle.path, "--model-name", " ", "--port", 0)
+    assert empty.exit_code == 2
+    assert "'--model-name'" in empty.output
+    assert "is empty" in empty.output
