@@ -220,6 +220,18 @@ def _stream_anchor(tokenizer) -> tuple[list[int], str]:
     return [], ""
 
 
+def pieces_text(tokenizer: ChatTokenizer, ids: list[int]) -> str:
+    """``ids`` as llama.cpp joins their pieces (llama-server's ``POST /detokenize``, ``tokens_to_str``): special
+    tokens written out, and the first token's leading space kept, by decoding after the stream anchor and cutting it
+    off (a SentencePiece decoder strips the leading space of the text it decodes)."""
+    anchor, anchor_text = _stream_anchor(tokenizer)
+    if anchor:
+        text = tokenizer.tokenizer.decode(anchor + list(ids), skip_special_tokens=False)
+        if text.startswith(anchor_text):
+            return text[len(anchor_text):]
+    return tokenizer.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
 class StreamDecoder:
     """Turns a growing list of token ids into text deltas without splitting UTF-8 characters.
 
