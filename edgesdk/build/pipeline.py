@@ -60,10 +60,19 @@ def default_out(model: str, target: str) -> Path:
     if model.lower().endswith(".gguf"):
         stem = path.stem
     elif "/" in model or path.is_dir():
-        stem = path.resolve().name
+        stem = _hub_cache_name(path.resolve()) or path.resolve().name
     else:
         stem = model
     return Path("bundles") / f"{stem}-{target}"
+
+
+def _hub_cache_name(path: Path) -> str | None:
+    """The model's name for a Hugging Face Hub cache entry (``models--org--name``) or one of its snapshots
+    (``models--org--name/snapshots/<commit>``), whose own names are no model's name; None for other paths."""
+    entry = path.parent.parent if path.parent.name == "snapshots" else path
+    if entry.name.startswith("models--") and entry.name.count("--") >= 2:
+        return entry.name.split("--", 2)[2]
+    return None
 
 
 def check_max_context(export_config: ExportConfig) -> None:
