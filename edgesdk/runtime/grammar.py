@@ -67,23 +67,34 @@ class GrammarMatcher:
         return frozenset(stacks), None
 
     def _expand(self, stack: tuple) -> frozenset:
-        """The stacks ``stack`` stands for with a terminal (or nothing) on top.
-
-        Walked with a list of pending stacks, as llama.cpp's ``llama_grammar_advance_stack`` does, so a
-        long run of rules that may match nothing (``w w w ...`` with ``w ::= "x"?``, ``("x"?){0,3000}``)
-        is not a Python recursion as deep as the run."""
+        """The stacks ``stack`` stands for with a terminal (or nothing) on top (cached)."""
         cached = self._expanded.get(stack)
         if cached is not None:
             return cached
+        result = self._walk((stack,), cached=True)
+        if len(self._expanded) < MAX_CACHED_STEPS:
+            self._expanded[stack] = result
+        return result
+
+    def _walk(self, starts, cached: bool) -> frozenset:
+        """The stacks ``starts`` stand for with a terminal (or nothing) on top, found in one walk.
+
+        Walked with a list of pending stacks and one set of those seen, as llama.cpp's
+        ``llama_grammar_advance_stack`` does, so a long run of rules that may match nothing
+        (``w w w ...`` with ``w ::= "x"?``, ``("x"?){0,3000}``) is not a Python recursion as deep as the
+        run, and the stacks several starts share are walked once: after an ``x`` of ``"x"? "x"? ...``
+        each of the n live stacks pops to a position from which the rest of the run is reachable, and
+        one walk over the run costs n where a walk per stack cost n each. Cached expansions are used
+        only by a walk from one stack: adding a cached set per start would cost its size again."""
         found: set = set()
         seen: set = set()
-        pending = [stack]
+        pending = list(starts)
         while pending:
             current = pending.pop()
             if current in seen:
                 continue
             seen.add(current)
-            known = self._expanded.get(current)
+            known = self._expanded.get(current) if cached else None
             if known is not None:
                 found |= known
                 continue
@@ -100,27 +111,32 @@ class GrammarMatcher:
                 rest = (*rest, (index, position + 1))
             for alternative in self.grammar.rules[element[1]]:
                 pending.append((*rest, (alternative, 0)) if self.alternatives[alternative] else rest)
-        result = frozenset(found)
-        if len(self._expanded) < MAX_CACHED_STEPS:
-            self._expanded[stack] = result
-        return result
+        return frozenset(found)
+
+    @staticmethod
+    def _rest(stack: tuple, alternatives) -> tuple:
+        """``stack`` with its top terminal read, before expansion."""
+        index, position = stack[-1]
+        rest = stack[:-1]
+        if position + 1 < len(alternatives[index]):
+            rest = (*rest, (index, position + 1))
+        return rest
 
     def _popped(self, stack: tuple) -> frozenset:
         """``stack`` after its top terminal has been read."""
-        index, position = stack[-1]
-        rest = stack[:-1]
-        if position + 1 < len(self.alternatives[index]):
-            rest = (*rest, (index, position + 1))
-        return self._expand(rest)
+        return self._expand(self._rest(stack, self.alternatives))
 
     def _read(self, stacks: frozenset, code_point: int) -> frozenset:
-        found: set = set()
+        """The stacks after ``code_point``: those whose top takes it, popped and expanded in one walk."""
+        rests = set()
         for stack in stacks:
             if stack:
                 element = self.alternatives[stack[-1][0]][stack[-1][1]]
                 if element[0] == CHAR and _char_matches(element, code_point):
-                    found |= self._popped(stack)
-        return frozenset(found)
+                    rests.add(self._rest(stack, self.alternatives))
+        if len(rests) <= 1:
+            return self._expand(rests.pop()) if rests else frozenset()
+        return self._walk(rests, cached=False)
 
     def step_byte(self, state: tuple, byte: int) -> tuple | None:
         """The state after one byte, or None where no stack can read it."""
