@@ -3,9 +3,11 @@
 The language is the one ``grammars/README.md`` of llama.cpp describes, so a ``.gbnf`` file written
 for ``llama-cli --grammar-file`` or llama-server's ``grammar`` field works here unchanged:
 
-* ``name ::= alternatives``; names are letters, digits, ``-`` and ``_``; ``root`` is the start.
+* ``name ::= alternatives``; names are ASCII letters, digits and ``-`` (llama.cpp's ``is_word_char``:
+  no ``_``); ``root`` is the start.
 * Terminals are Unicode code points: ``"literal"`` strings, ``[a-z0-9_]`` classes (``[^...]``
-  negated), ``.`` for any code point, with the escapes ``\\n \\r \\t \\\\ \\" \\[ \\] \\-``,
+  negated; ``[^]``, which llama.cpp reads as no symbol at all, is refused), ``.`` for any code point,
+  with the escapes ``\\n \\r \\t \\\\ \\" \\[ \\] \\-`` (llama.cpp's ``parse_char``; no ``\\/``),
   ``\\xHH``, ``\\uHHHH`` and ``\\UHHHHHHHH``.
 * ``|`` alternatives, ``( ... )`` groups, and the repetitions ``*``, ``+``, ``?``, ``{m}``,
   ``{m,}``, ``{m,n}`` after a symbol (a literal repeats whole).
@@ -32,7 +34,7 @@ MAX_REPETITION = 10_000  # an upper bound {m,n} beyond this is refused (each uni
 # symbols the repetitions of one grammar may write out in all: a repetition copies what it repeats,
 # so a repetition of a repetition ("a"{1000}{1000}) multiplies (llama.cpp bounds the product too)
 MAX_REPEATED_SYMBOLS = 1_000_000
-ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-", "/": "/"}
+ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-"}
 HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 
 # Elements of a compiled alternative (tuples, for speed in the matcher):
@@ -126,8 +128,16 @@ class _Builder:
 
     def name(self, pos: int) -> tuple[str, int]:
         end = pos
-        while end < len(self.src) and (self.src[end].isascii() and (self.src[end].isalnum() or self.src[end] in "-_")):
+        while end < len(self.src) and (self.src[end].isascii() and (self.src[end].isalnum() or self.src[end] == "-")):
             end += 1
+        if self.src.startswith("_", end):  # llama.cpp's parse_name stops there and the rule fails to parse
+            written = end
+            while written < len(self.src) and self.src[written].isascii() and (self.src[written].isalnum()
+                                                                               or self.src[written] in "-_"):
+                written += 1
+            name = self.src[pos:written]
+            raise self.fail(end, f"the rule name {name!r} has a '_'; rule names are letters, digits and '-' "
+                            "(llama.cpp refuses the grammar too)", f"write it {name.replace('_', '-')!r}")
         if end == pos:
             raise self.fail(pos, "expected a rule name (letters, digits, '-' or '_')",
                             "start each rule with its name, as in: root ::= \"yes\" | \"no\"; a rule goes on over "
@@ -270,6 +280,9 @@ class _Builder:
             ranges.append((low, high))
         if not ranges and not negated:
             raise self.fail(start, "the character class [] matches nothing", "list at least one character in it")
+        if not ranges:  # llama.cpp's parser writes no element for it: the grammar reads on as if it were not there
+            raise self.fail(start, "the character class [^] lists nothing to leave out (llama.cpp reads it as "
+                            "nothing at all, not as one character)", "write . for any one character, or drop it")
         elements.append((CHAR, tuple(_merged(ranges)), negated))
         return pos + 1
 
