@@ -139,7 +139,7 @@ class _Builder:
             raise self.fail(end, f"the rule name {name!r} has a '_'; rule names are letters, digits and '-' "
                             "(llama.cpp refuses the grammar too)", f"write it {name.replace('_', '-')!r}")
         if end == pos:
-            raise self.fail(pos, "expected a rule name (letters, digits, '-' or '_')",
+            raise self.fail(pos, "expected a rule name (letters, digits and '-')",
                             "start each rule with its name, as in: root ::= \"yes\" | \"no\"; a rule goes on over "
                             "the next line only inside parentheses or after a '|' that ends the line")
         return self.src[pos:end], end

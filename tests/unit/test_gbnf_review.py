@@ -59,7 +59,7 @@ def test_a_repetition_of_a_repetition_that_writes_out_millions_of_symbols_is_ref
     ("root ::= 'yes' | 'no'", "line 1, column 10: unexpected \"'\" in the rule 'root'", "double quotes"),
     ('root ::= "a" \\ "b"', "unexpected '\\\\'", 'write it in a string: "\\\\"'),
     # a continuation line that starts with '|', as in other BNF dialects, is not one in llama.cpp's
-    ('root ::= "a"\r\n  | "b"\r\n', "line 2, column 3: expected a rule name (letters, digits, '-' or '_') (at '| \"b\"')",
+    ('root ::= "a"\r\n  | "b"\r\n', "line 2, column 3: expected a rule name (letters, digits and '-') (at '| \"b\"')",
      "after a '|' that ends the line"),
     ('root\n  ::= "a"', "line 1, column 5: expected '::=' after the rule name 'root' (at the end of the line)", "::="),
     # a '|' at the end of the line goes on to the next, where the next rule is
