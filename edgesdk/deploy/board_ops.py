@@ -135,11 +135,18 @@ def op_switch(params):
     refusal means the board runs what it ran. A switch killed part-way (the helper, the connection or
     the board's power cut) leaves its journal, .switch.json: the next switch or prune finishes it when
     current had moved (previous -> the release it left, which prune would otherwise remove) and puts
-    the links back when it had not (runtime/current with them)."""
+    the links back when it had not (runtime/current with them).
+
+    With ``if_current`` (undoing a failed deploy), nothing moves unless current still points to that
+    release: a concurrent deploy that switched current since keeps its release and runtime, and the reply
+    says ``"skipped": true`` with the release current points to."""
     p, root = paths(params["root"])
     bundle_id = safe_id(params["bundle_id"])
     with Lock(root):
         settle_switch(p, root)
+        now = link_target(p["current"])
+        if "if_current" in params and now != params["if_current"]:
+            return {"from": now, "to": now, "runtime_from": None, "skipped": True}
         if not os.path.isfile(os.path.join(p["releases"], bundle_id, MANIFEST)):
             raise Refused(f"release {bundle_id} is not on the board", "deploy it first")
         before = {name: read_link(os.path.join(root, name)) for name in SWITCH_LINKS}

@@ -97,13 +97,16 @@ def _budget_mb(bundle_manifest: dict, board_target: str | None) -> int:
 
 
 def switch_back(board, failed: DeployError, previous: str, new_id: str, previous_before: str | None,
-                runtime_key: str | None) -> None:
+                runtime_key: str | None) -> str | None:
     """Point ``current`` (and ``runtime/current``) back at ``previous`` after ``failed``, restoring the
-    board's ``previous`` as it was before this deploy. Where the board does not answer, raise an error
-    that says both releases ``current`` may point to."""
+    board's ``previous`` as it was before this deploy, but only while ``current`` still points to ``new_id``:
+    a concurrent deploy that switched it since (or a switch of this deploy that did not happen) is left as
+    it is. Returns None once switched back, else the release ``current`` points to. Where the board does
+    not answer, raise an error that says both releases ``current`` may point to."""
     try:
-        board.call("switch", {"bundle_id": previous, "action": "rollback after a failed deploy",
-                              "runtime_key": runtime_key, "previous": previous_before})
+        reply = board.call("switch", {"bundle_id": previous, "action": "rollback after a failed deploy",
+                                      "runtime_key": runtime_key, "previous": previous_before,
+                                      "if_current": new_id})
     except DeployError as unreachable:
         # The first switch may have happened on the board before its reply was lost.
         raise DeployError(
@@ -112,6 +115,14 @@ def switch_back(board, failed: DeployError, previous: str, new_id: str, previous
             f"releases/{new_id} (smoke-tested) or releases/{previous}",
             "once the board answers, 'edgesdk deploy --status' shows which; "
             "'edgesdk deploy --rollback' goes back") from failed
+    return reply["to"] if reply.get("skipped") else None
+
+
+def other_deploy(current: str | None, new_id: str) -> str:
+    """Why ``current`` was not switched back from ``new_id``: another deploy (or a rollback) moved it since."""
+    return (f"current stays releases/{current}, which another deploy or rollback switched to since (not "
+            f"releases/{new_id}, so there was nothing of this deploy to switch back)") if current else \
+        "current stays unset"
 
 
 def undo_service(board, report: Reporter, failed: DeployError, token: str, switched_from: str | None, new_id: str,
@@ -120,24 +131,28 @@ def undo_service(board, report: Reporter, failed: DeployError, token: str, switc
     ``new_id``: switch back, put the unit back as it was before the install with ``token`` and restart the
     server that ran before, so a failed deploy leaves the board serving what it served. A first deploy keeps
     its smoke-tested release as current. Returns the error to raise, which says what was undone."""
-    undone = []
+    undone, overtaken = [], None
     if switched_from and switched_from != new_id:
-        switch_back(board, failed, switched_from, new_id, previous_before, runtime_key)
-        undone.append(f"current switched back to releases/{switched_from}")
+        now = switch_back(board, failed, switched_from, new_id, previous_before, runtime_key)
+        if now is None:
+            undone.append(f"current switched back to releases/{switched_from}")
+        else:
+            overtaken = other_deploy(now, new_id)
     try:
         line = service.revert_service(board, token)
         if line is None and undone and not isinstance(failed, BoardRefusal):
             # The install's reply was lost: it may have finished, its server running the release switched away from.
             line = service.restart_after_lost_install(board)
     except DeployError as revert_failed:
-        raise DeployError(f"{failed.problem}\n{'; '.join(undone) or 'current stays releases/' + new_id}, but "
+        left = '; '.join(undone) or overtaken or 'current stays releases/' + new_id
+        raise DeployError(f"{failed.problem}\n{left}, but "
                           f"putting the service back failed too: {revert_failed.problem}",
                           revert_failed.fix) from failed
     if line:
         undone.append(line)
     for line in undone:
         report.info(line)
-    kept = "" if undone and undone[0].startswith("current switched") else (
+    kept = "" if undone and undone[0].startswith("current switched") else f"\n{overtaken}" if overtaken else (
         f"\nreleases/{new_id} (smoke-tested) stays current: there is no earlier release to go back to")
     return DeployError(f"{failed.problem}\nthe deploy was undone: {'; '.join(undone) or 'nothing had changed'}"
                        f"{kept}", service.SERVICE_FIX)
@@ -257,9 +272,13 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
                                                  "runtime_key": runtime_key})
             except DeployError as failed:
                 if previous and previous != bundle.bundle_id:
-                    switch_back(board, failed, previous, bundle.bundle_id, facts.state.get("previous"),
-                                active_runtime if runtime_key else None)
-                    report.info(f"switched current back to releases/{previous}")
+                    now = switch_back(board, failed, previous, bundle.bundle_id, facts.state.get("previous"),
+                                      active_runtime if runtime_key else None)
+                    if now is None:
+                        report.info(f"switched current back to releases/{previous}")
+                    else:
+                        report.info(f"current stays releases/{previous}: the switch did not happen"
+                                    if now == previous else other_deploy(now, bundle.bundle_id))
                 elif not previous and not isinstance(failed, BoardRefusal):
                     # No answer at all: the switch may have happened on the board before its reply was lost.
                     raise DeployError(
