@@ -1,5 +1,6 @@
-"""``keep_logits`` of a prefill below 1 or not a whole number is refused by name on the Triton backend too (run here
-on the kernels' PyTorch twins), as on the ONNX Runtime ones; a valid one gives the last rows."""
+"""Checks the runtime makes before it runs: ``keep_logits`` of a prefill below 1 or not a whole number is refused by
+name on the Triton backend too (run here on the kernels' PyTorch twins), as on the ONNX Runtime ones, and a valid one
+gives the last rows; ``--target`` with ``--ignore-target`` is refused."""
 
 from __future__ import annotations
 
@@ -40,3 +41,13 @@ def test_the_triton_backend_keeps_the_last_rows(twin):
 def test_the_check_returns_an_int():
     assert checked_keep_logits(np.int32(3)) == 3
     assert type(checked_keep_logits(np.int32(3))) is int
+
+
+def test_target_and_ignore_target_together_are_refused(tiny_bundle):
+    """``--target T --ignore-target`` asked for the check and to skip it; the skip won without a word."""
+    from tests.unit.test_cli import invoke
+
+    both = invoke("run", tiny_bundle.path, "--prompt", "hello", "--target", "host", "--ignore-target", "-n", 1)
+    assert both.exit_code != 0
+    assert "--target host asks to check the bundle's target and --ignore-target to skip that check" in both.output
+    assert "pass one of them" in both.output
