@@ -58,3 +58,18 @@ def terse(tiny_bundle):
     server = Served(runtime, ServeDefaults(max_tokens=10))
     yield server
     server.close()
+
+
+@pytest.fixture(scope="module", params=["byte-level", "gemma", "llama2"])
+def kind_tokenizer(request, tmp_path_factory):
+    """A ChatTokenizer of each kind the bundles carry: byte-level BPE (SmolLM2's), Gemma's SentencePiece-style BPE and
+    Llama 2's SentencePiece, whose decoder strips the leading space of the text it decodes."""
+    pytest.importorskip("transformers")
+    from edgesdk.runtime.text import ChatTokenizer
+    from tests._utils import tiny
+
+    make = {"byte-level": tiny.tiny_tokenizer, "gemma": tiny.tiny_gemma_tokenizer,
+            "llama2": tiny.tiny_llama2_tokenizer}[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    make().save_pretrained(folder)
+    return ChatTokenizer(folder / "tokenizer.json", {}, None)

@@ -5,20 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from edgesdk.runtime.text import ChatTokenizer, pieces_text
+from edgesdk.runtime.text import pieces_text
 
 pytest.importorskip("transformers")
-
-
-@pytest.fixture(scope="module", params=["byte-level", "gemma", "llama2"])
-def tokenizer(request, tmp_path_factory):
-    from tests._utils import tiny
-
-    make = {"byte-level": tiny.tiny_tokenizer, "gemma": tiny.tiny_gemma_tokenizer,
-            "llama2": tiny.tiny_llama2_tokenizer}[request.param]
-    folder = tmp_path_factory.mktemp(request.param)
-    make().save_pretrained(folder)
-    return ChatTokenizer(folder / "tokenizer.json", {}, None)
 
 
 @pytest.mark.parametrize("text", ["The tower was built", "naïve café 東京 done", "x\n\ny  two  spaces"])
@@ -35,6 +24,11 @@ def test_the_text_is_the_tokens_pieces_joined(tokenizer, text):
         except UnicodeDecodeError:
             continue  # the suffix starts inside a character
         assert pieces_text(tokenizer, ids[start:]) == expected, (text, start)
+
+
+@pytest.fixture
+def tokenizer(kind_tokenizer):
+    return kind_tokenizer
 
 
 def test_special_tokens_are_written_out(tokenizer):

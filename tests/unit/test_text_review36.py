@@ -14,15 +14,9 @@ TEXTS = ["The tower was built for the fair", "naïve café 東京 🙂 done", "�
          "Ωmega ∑ 𝄞 clef and more"]
 
 
-@pytest.fixture(scope="module", params=["byte-level", "gemma", "llama2"])
-def tokenizer(request, tmp_path_factory):
-    from tests._utils import tiny
-
-    make = {"byte-level": tiny.tiny_tokenizer, "gemma": tiny.tiny_gemma_tokenizer,
-            "llama2": tiny.tiny_llama2_tokenizer}[request.param]
-    folder = tmp_path_factory.mktemp(request.param)
-    make().save_pretrained(folder)
-    return ChatTokenizer(folder / "tokenizer.json", {}, None)
+@pytest.fixture
+def tokenizer(kind_tokenizer):
+    return kind_tokenizer
 
 
 def _stream(tokenizer: ChatTokenizer, ids: list[int]) -> list[str]:
