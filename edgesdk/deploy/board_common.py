@@ -237,7 +237,26 @@ def release_list(p):
     releases.sort(key=lambda r: (order.get(r["id"], -1), r["mtime"]))  # not by time: clocks jump
     staging = sorted(os.listdir(p["staging"])) if os.path.isdir(p["staging"]) else []
     current = link_target(p["current"])
-    return {"current": current, "previous": previous_of(p, current), "releases": releases, "staging": staging}
+    state = {"current": current, "previous": previous_of(p, current), "releases": releases, "staging": staging}
+    problem = current_problem(p)
+    if problem:
+        state["current_problem"] = problem
+    return state
+
+
+def current_problem(p):
+    """What is wrong with ``current`` where it is not a link to a release directory, or None."""
+    link = p["current"]
+    if os.path.islink(link):
+        if os.path.isdir(link):
+            return None
+        return (f"current points to {os.readlink(link)}, which does not exist: deploy a bundle, or roll back to "
+                "a release listed here with --rollback --release ID")
+    if os.path.lexists(link):
+        kind = "directory" if os.path.isdir(link) else "file"
+        return (f"current is a {kind}, not the link to a release that deploy makes, so a switch cannot replace it: "
+                f"move {link} away, then deploy or roll back")
+    return None
 
 
 def verify_dir(path, expected_manifest_sha=None):

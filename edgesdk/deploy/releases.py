@@ -30,14 +30,16 @@ def format_status(info: dict) -> str:
     lines = [f"board      {info['where']} ({info['board']})",
              f"root       {info['root']}",
              f"runtime    {info['runtime']['key'] if info['runtime'] else 'none installed by deploy'}",
-             f"current    {info['current'] or 'none'}",
+             f"current    {info['current'] or 'none'}"
+             + (f" ({info['current_problem']})" if info.get("current_problem") else ""),
              f"previous   {info['previous'] or 'none'}",
              f"releases   {len(info['releases'])}"]
     for release in reversed(info["releases"]):
         mark = "*" if release["id"] == info["current"] else " "
         when = _dt.datetime.fromtimestamp(release["mtime"]).strftime("%Y-%m-%d %H:%M:%S")
         size = fmt_bytes(release["bytes"]) if release.get("bytes") is not None else "?"
-        lines.append(f"  {mark} {release['id']}  target {release.get('target') or '?':<14} {size:>10}  {when}")
+        target = str(release.get("target") or "?")  # a hand-written manifest may hold any JSON value there
+        lines.append(f"  {mark} {release['id']}  target {target:<14} {size:>10}  {when}")
     if info["staging"]:
         lines.append(f"staging    {', '.join(info['staging'])} (unfinished transfers; the next deploy resumes them)")
     return "\n".join(lines)
