@@ -367,10 +367,10 @@ UNSUPPORTED_SUFFIXES = {".zst": "zstd", ".tzst": "zstd", ".zstd": "zstd", ".lz4"
 
 # Leading bytes of the compressed formats 'edgesdk unpack' cannot read, and the command that decompresses each
 # (zstd RFC 8878 §3.1.1, lz4 frame and legacy formats, lzip, compress, lzop, zip APPNOTE §4.3.7, 7z).
-_UNREADABLE_MAGIC = ((b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"), (b"\x04\x22\x4d\x18", "lz4", "lz4 -d"),
-                     (b"\x02\x21\x4c\x18", "lz4", "lz4 -d"), (b"LZIP", "lzip", "lzip -d"),
-                     (b"\x1f\x9d", "compress (.Z)", "gzip -d"), (b"\x89LZO", "lzop", "lzop -d"),
-                     (b"PK\x03\x04", "zip", "unzip"), (b"7z\xbc\xaf\x27\x1c", "7-Zip", "7z x"))
+UNREADABLE_MAGIC = ((b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"), (b"\x04\x22\x4d\x18", "lz4", "lz4 -d"),
+                    (b"\x02\x21\x4c\x18", "lz4", "lz4 -d"), (b"LZIP", "lzip", "lzip -d"),
+                    (b"\x1f\x9d", "compress (.Z)", "gzip -d"), (b"\x89LZO", "lzop", "lzop -d"),
+                    (b"PK\x03\x04", "zip", "unzip"), (b"7z\xbc\xaf\x27\x1c", "7-Zip", "7z x"))
 
 SUPPORTED_ARCHIVES = ".tar, .tar.gz / .tgz, .tar.bz2 / .tbz2, .tar.xz / .txz"
 
@@ -474,7 +474,7 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
                 head = file.read(8)
         except OSError:
             head = b""
-        known = next(((kind, command) for magic, kind, command in _UNREADABLE_MAGIC if head.startswith(magic)), None)
+        known = next(((kind, command) for magic, kind, command in UNREADABLE_MAGIC if head.startswith(magic)), None)
         if known is not None:
             kind, command = known
             raise BundleError(f"{archive} is {kind}-compressed, which edgesdk cannot read (this Python's tarfile "

@@ -124,9 +124,9 @@ def unpack_if_archive(path: Path, stack) -> Path:
     or starts as a compressed one ('edgesdk pack' writes a plain tar under any other name). Any other file
     is refused by name; a directory is returned as it is."""
     from edgesdk.bundle import (
-        _UNREADABLE_MAGIC,
         COMPRESSED_SUFFIXES,
         SUPPORTED_ARCHIVES,
+        UNREADABLE_MAGIC,
         UNSUPPORTED_SUFFIXES,
         unpack_bundle,
     )
@@ -138,7 +138,7 @@ def unpack_if_archive(path: Path, stack) -> Path:
         try:
             with open(path, "rb") as file:
                 head = file.read(8)
-            archive = tarfile.is_tarfile(path) or any(head.startswith(magic) for magic, _, _ in _UNREADABLE_MAGIC)
+            archive = tarfile.is_tarfile(path) or any(head.startswith(magic) for magic, _, _ in UNREADABLE_MAGIC)
         except OSError as exc:
             raise DeployError(f"cannot read the bundle archive {path} ({exc.strerror or exc})",
                               "check that the file is readable, or pass the bundle directory") from exc
