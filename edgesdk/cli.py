@@ -1159,6 +1159,7 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
     from edgesdk.envinfo import package_version
     from edgesdk.runtime.bench import BenchConfig, format_table, peak_rss_mib, run_bench
     from edgesdk.runtime.bench_conditions import snapshot, summary, warnings
+    from edgesdk.runtime.huge_pages import huge_pages_state
     from edgesdk.runtime.session import open_runtime
 
     if prompt_tokens == 0 and new_tokens == 0:
@@ -1173,25 +1174,34 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
     after = snapshot(zones)
     board = detect_board()
     found = warnings(before, after, board.cpu_count or os.cpu_count() or 1, throttle_c)
+    huge_pages = huge_pages_state()
     if as_json:
         conditions = {"board": {"model": board.model, "family": board.family, "jetpack": board.jetpack,
                                 "cpu_count": board.cpu_count},
                       "versions": {"edgesdk": __version__, "python": platform.python_version(),
                                    "onnxruntime": package_version("onnxruntime", "onnxruntime-gpu")},
-                      "before": before, "after": after, "warnings": found}
-        click.echo(json.dumps({"bundle": str(bundle), "bundle_id": runtime.bundle.bundle_id,
-                               "backend": runtime.backend.name, "threads": runtime.threads,
-                               "results": [result.to_json() for result in results],
-                               "peak_rss_mib": _rounded_mib(peak_rss_mib()), "conditions": conditions}, indent=2))
+                      "huge_pages": huge_pages, "before": before, "after": after, "warnings": found}
+        body = {"bundle": str(bundle), "bundle_id": runtime.bundle.bundle_id, "backend": runtime.backend.name,
+                "threads": runtime.threads, "results": [result.to_json() for result in results],
+                "peak_rss_mib": _rounded_mib(peak_rss_mib()), "conditions": conditions}
+        click.echo(json.dumps(_finite_or_null(body), indent=2, allow_nan=False))
         return
     click.echo(format_table(results, runtime.backend.name, runtime.threads, Path(bundle).name, peak_rss_mib()))
     click.echo(summary(before, after))
+    click.echo(_huge_pages_line(huge_pages))
     for warning in found:
         click.echo(f"warning: {warning}")
 
 
 def _rounded_mib(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
+
+
+def _huge_pages_line(state: dict) -> str:
+    """Where the weights the tests streamed lay: on transparent huge pages or 4 KiB ones (runtime/huge_pages.py)."""
+    used = state["anon_huge_pages_mib"]
+    return (f"huge pages: {'unknown' if used is None else f'{used:g} MiB'} in use, THP "
+            f"{state['transparent_huge_pages'] or 'unknown'}, glibc.malloc.hugetlb {state['glibc_hugetlb'] or 'unset'}")
 
 
 @main.command("eval")

@@ -1,20 +1,34 @@
 """Prompt-processing and generation speed of a bundle on this board, as ``llama-bench`` measures it.
 
-Two tests, each repeated (after one untimed warm-up run):
+Two tests, each repeated after one untimed warm-up run:
 
 * ``ppN``: prefill of an N-token prompt from an empty cache, N / seconds;
 * ``tgN``: N decode steps after a one-token prompt, N / seconds of those steps, greedy, with no
   stop token so every repetition decodes all N (the generation loop of ``edgesdk run``, sampling
   included).
 
-The prompt is real text (a fixed English paragraph, repeated to length), not random ids: a
-tokenizer's rare tokens are no faster or slower, but real text is what a board sees. Results are
-mean and sample standard deviation of tok/s over the repetitions, as llama-bench prints them
-(ggml-org/llama.cpp, ``tools/llama-bench``).
+Results are the mean and sample standard deviation (0 for one repetition) of the repetitions' tok/s,
+not total tokens over total time, as llama-bench computes ``avg_ts`` and ``stddev_ts``
+(ggml-org/llama.cpp, ``tools/llama-bench/llama-bench.cpp``: ``get_ts``, ``avg``, ``stdev``). Where
+it differs from llama-bench:
+
+* the prompt is real text (a fixed English paragraph, repeated to length, no BOS), where llama-bench
+  feeds random ids after a BOS: a tokenizer's rare tokens are no faster or slower, but real text is
+  what a board sees;
+* llama-bench's ``test_gen`` decodes its N tokens from an empty cache (the first one BOS, each next
+  one a random id, no sampler); here the one-token prompt is prefilled untimed and the N timed steps
+  follow it, each picking its token greedily, so tgN needs N + 1 positions of the context;
+* llama-bench warms a tg test up with a single decode step; here the warm-up is a whole tgN run (a
+  ppN test's warm-up is the whole prompt in both).
+
+``--json`` carries llama-bench's per-test figures under its names (``n_prompt``, ``n_gen``,
+``avg_ns``, ``stddev_ns``, ``avg_ts``, ``stddev_ts``, ``samples_ns``, ``samples_ts``) beside
+edgesdk's own (``test``, ``tokens``, ``tok_s``, ``stdev``, ``samples``).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -54,6 +68,7 @@ class BenchResult:
     test: str  # "pp512", "tg128"
     tokens: int
     samples: tuple[float, ...]  # tok/s of each repetition
+    seconds: tuple[float, ...] = ()  # the timed seconds of each repetition
 
     @property
     def mean(self) -> float:
@@ -61,11 +76,34 @@ class BenchResult:
 
     @property
     def stdev(self) -> float:
-        return statistics.stdev(self.samples) if len(self.samples) > 1 else 0.0
+        """Sample standard deviation; 0 for one repetition (llama-bench's ``stdev``), NaN where a repetition's
+        rate is not finite (one too short for the clock to time), which ``statistics.stdev`` cannot take."""
+        if len(self.samples) < 2:
+            return 0.0
+        if not all(math.isfinite(sample) for sample in self.samples):
+            return math.nan
+        return statistics.stdev(self.samples)
 
     def to_json(self) -> dict:
-        return {"test": self.test, "tokens": self.tokens, "tok_s": round(self.mean, 3),
-                "stdev": round(self.stdev, 3), "samples": [round(s, 3) for s in self.samples]}
+        """edgesdk's figures, then llama-bench's per-test fields under its names; a figure that is not finite is
+        None (JSON has no infinity or NaN)."""
+        test_kind = "pp" if self.test.startswith("pp") else "tg"
+        nanoseconds = [round(s * 1e9) for s in self.seconds]
+        body = {"test": self.test, "tokens": self.tokens, "tok_s": _finite(round(self.mean, 3)),
+                "stdev": _finite(round(self.stdev, 3)), "samples": [_finite(round(s, 3)) for s in self.samples],
+                "n_prompt": self.tokens if test_kind == "pp" else 0,
+                "n_gen": self.tokens if test_kind == "tg" else 0,
+                "avg_ts": _finite(self.mean), "stddev_ts": _finite(self.stdev),
+                "samples_ts": [_finite(s) for s in self.samples]}
+        if nanoseconds:
+            body.update(avg_ns=round(statistics.fmean(nanoseconds)),
+                        stddev_ns=round(statistics.stdev(nanoseconds)) if len(nanoseconds) > 1 else 0,
+                        samples_ns=nanoseconds)
+        return body
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def prompt_ids(tokenizer, count: int) -> list[int]:
@@ -112,11 +150,12 @@ def run_bench(runtime, config: BenchConfig = BenchConfig()) -> list[BenchResult]
 def _repeat(test: str, tokens: int, timed, config: BenchConfig) -> BenchResult:
     if config.warmup:
         timed()
-    samples = []
+    samples, times = [], []
     for _ in range(config.repetitions):
         seconds = timed()
-        samples.append(tokens / seconds if seconds > 0 else float("inf"))
-    return BenchResult(test, tokens, tuple(samples))
+        times.append(seconds)
+        samples.append(tokens / seconds if seconds > 0 else math.inf)
+    return BenchResult(test, tokens, tuple(samples), tuple(times))
 
 
 def peak_rss_mib() -> float | None:

@@ -130,3 +130,12 @@ def huge_pages_in_use() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def huge_pages_state(environ: dict[str, str] | None = None, mode_path: Path = THP_MODE) -> dict:
+    """What ``bench`` records of huge pages: the kernel's THP mode, the ``glibc.malloc.hugetlb`` value this
+    process started with (None unset) and the MiB of its anonymous memory on huge pages (None unknown)."""
+    in_use = huge_pages_in_use()
+    tunables = (os.environ if environ is None else environ).get("GLIBC_TUNABLES", "")
+    return {"transparent_huge_pages": thp_mode(mode_path), "glibc_hugetlb": _hugetlb_value(tunables),
+            "anon_huge_pages_mib": None if in_use is None else round(in_use / 2**20, 1)}
