@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -100,6 +101,7 @@ class GGUFExportReport:
     tensor_types: dict[str, int] = field(default_factory=dict)  # ggml type -> tensors of it
     verified_tensors: int = 0
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # texts llama.cpp tokenizes differently from the bundle
 
 
 def gguf_destination(bundle_dir: Path, out: Path) -> Path:
@@ -153,6 +155,8 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     if vocab.eos_id is None and tokenizer.get("eos_token_ids"):  # a tokenizer without an EOS token: llama.cpp's
         # gpt2 vocabulary would then stop at its default id 11; any id that ends the bundle's generation is right
         vocab = replace(vocab, eos_id=int(tokenizer["eos_token_ids"][0]))
+    for note in vocab.notes:
+        warnings.warn(f"{destination}: llama.cpp tokenizes {note}", stacklevel=2)
     tensors = gguf_tensors(decoder, pairwise_rope)
     encoded = {name: encode_matrix(value) for name, value in tensors.items()}
     types = dict(Counter(data.quant or "F32" for data in encoded.values()))
@@ -172,7 +176,7 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
         partial.unlink(missing_ok=True)
     return GGUFExportReport(path=destination, size_bytes=destination.stat().st_size, architecture=architecture,
                             file_type=file_type, tensor_types=types, verified_tensors=verified,
-                            seconds=time.perf_counter() - start)
+                            seconds=time.perf_counter() - start, notes=list(vocab.notes))
 
 
 # GGUF architectures whose llama.cpp loader reads rope_freqs.weight (Llama 3's frequency factors)
@@ -342,6 +346,21 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
     else:
         writer.add_rope_freq_base(decoder.rope_base)
     writer.add_layer_norm_rms_eps(decoder.rms_eps)
+    add_tokenizer(writer, vocab, chat_template)
+    for name, data in encoded.items():
+        raw = None if data.quant is None else GGMLQuantizationType[data.quant]
+        writer.add_tensor(name, data.data, raw_dtype=raw)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:  # also when a write fails, so that the partial file is not left open
+        writer.close()
+
+
+def add_tokenizer(writer, vocab: GGUFVocab, chat_template: str | None) -> None:
+    """The ``tokenizer.ggml.*`` keys llama.cpp's vocabulary loader reads (``llama_vocab::impl::load``) and the
+    chat template, on the GGUF writer ``writer``."""
     writer.add_vocab_size(len(vocab.tokens))
     writer.add_tokenizer_model(vocab.model)
     writer.add_tokenizer_pre(vocab.pre)
@@ -357,14 +376,6 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
         if value is not None:
             add(value)
     writer.add_add_bos_token(vocab.add_bos)
+    writer.add_add_eos_token(vocab.add_eos)  # unwritten, llama.cpp adds none to a gpt2 or llama vocabulary
     if chat_template:
         writer.add_chat_template(chat_template)
-    for name, data in encoded.items():
-        raw = None if data.quant is None else GGMLQuantizationType[data.quant]
-        writer.add_tensor(name, data.data, raw_dtype=raw)
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:  # also when a write fails, so that the partial file is not left open
-        writer.close()

@@ -19,7 +19,13 @@ For byte-level BPE: llama.cpp splits text before BPE with a regex chosen by
 known to equal llama.cpp's (``llama-vocab.cpp``): ByteLevel alone (``gpt-2``), individual digits
 then ByteLevel (``smollm``), and a Split on Qwen2's or Llama 3's regex before a regex-free
 ByteLevel (``qwen2``, ``llama-bpe``). Any other is refused rather than guessed, since a wrong regex
-tokenizes differently without any error.
+tokenizes differently without any error. llama.cpp looks a whole word up before merging for ``llama-bpe``
+only (``ignore_merges``); a BPE model set the other way is refused where that changes a word.
+
+For both: BOS and EOS are added where the tokenizer's post-processor puts them around a text
+(``add_bos_token`` / ``add_eos_token``). llama.cpp takes no whitespace into an added token, so one with
+``lstrip``, ``rstrip`` or ``single_word`` is refused. A Metaspace pre-tokenizer's U+2581 in front differs
+from llama.cpp's ``add_space_prefix`` on two kinds of text, which the vocabulary's ``notes`` name.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ class GGUFVocab:
     model: str = "gpt2"  # tokenizer.ggml.model: gpt2 (byte-level BPE) | llama (SentencePiece)
     scores: list[float] | None = None  # llama: each token's merge priority (higher merges first)
     add_space_prefix: bool = False  # llama: a U+2581 in front of the text before it is tokenized
+    add_eos: bool = False  # encoding a text puts the EOS token after it (tokenizer.ggml.add_eos_token)
+    notes: tuple[str, ...] = ()  # texts llama.cpp tokenizes differently from the bundle, where it has no key to say so
 
 
 def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str | None, vocab_size: int) -> GGUFVocab:
@@ -73,16 +81,19 @@ def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str 
     pre = _pre_tokenizer_name(spec.get("pre_tokenizer"), path)
     tokens, types = _tokens_by_id(spec, path, vocab_size)
     merges = [" ".join(pair) if isinstance(pair, list) else pair for pair in model.get("merges", [])]
+    _check_ignore_merges(spec, pre, merges, path)
     return GGUFVocab(tokens=tokens, token_types=types, merges=merges, pre=pre,
                      **_special_ids(spec, tokens, bos_token, eos_token))
 
 
 def _special_ids(spec: dict, tokens: list[str], bos_token: str | None, eos_token: str | None) -> dict:
-    """GGUFVocab's bos_id, eos_id, unk_id (None where the tokenizer has none) and add_bos."""
+    """GGUFVocab's bos_id, eos_id, unk_id (None where the tokenizer has none), add_bos and add_eos."""
     ids = {token: i for i, token in enumerate(tokens)}
     unk = spec["model"].get("unk_token")
+    single = _single_template(spec.get("post_processor"))
     return {"bos_id": ids.get(bos_token) if bos_token else None, "eos_id": ids.get(eos_token) if eos_token else None,
-            "unk_id": ids.get(unk) if unk else None, "add_bos": _adds_bos(spec.get("post_processor"), bos_token)}
+            "unk_id": ids.get(unk) if unk else None, "add_bos": _template_special(single[:1], bos_token),
+            "add_eos": _template_special(single[-1:], eos_token)}
 
 
 def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], list[int]]:
@@ -92,6 +103,14 @@ def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], l
     special = set()
     user_defined = set()
     for added in spec.get("added_tokens", []):
+        stripping = [flag for flag in ("lstrip", "rstrip", "single_word") if added.get(flag)]
+        if stripping:  # llama.cpp sets LSTRIP / RSTRIP only by a model's name (llama-vocab.cpp), from no GGUF key
+            raise ExportError(f"{path}: added token {added['content']!r} (id {added['id']}) has "
+                              f"{' and '.join(stripping)} set, so the bundle's tokenizer takes the whitespace around "
+                              "it into the token (or matches it only as a whole word); llama.cpp has no GGUF key for "
+                              "that and would tokenize the text around it differently",
+                              "run the bundle with edgesdk, or build it from a tokenizer whose added tokens have "
+                              "lstrip, rstrip and single_word false")
         by_id[int(added["id"])] = added["content"]
         (special if added.get("special") else user_defined).add(int(added["id"]))
     missing = {i for i in range(vocab_size) if i not in by_id}
@@ -153,6 +172,13 @@ def _sentencepiece_vocab(spec: dict, path: Path, bos_token: str | None, eos_toke
                           "run the bundle with edgesdk, or convert the original model with llama.cpp's "
                           "convert_hf_to_gguf.py")
     tokens, types = _tokens_by_id(spec, path, vocab_size)
+    crossing = [token for i, token in enumerate(tokens) if types[i] == NORMAL and SPACE_MARK in token[1:]]
+    if pre.get("type") == "Metaspace" and pre.get("split", True) and crossing:
+        raise ExportError(f"{path}: the Metaspace pre-tokenizer splits the text before each U+2581, so the bundle "
+                          f"never makes the {len(crossing)} tokens with one inside (e.g. {crossing[0]!r}), which "
+                          "llama.cpp's llama tokenizer model, splitting nothing, does make",
+                          "run the bundle with edgesdk, or convert the original model with llama.cpp's "
+                          "convert_hf_to_gguf.py")
     rank_of: dict[str, int] = {}
     for rank, pair in enumerate(model.get("merges", [])):
         left, right = pair if isinstance(pair, list) else pair.split(" ", 1)
@@ -167,7 +193,23 @@ def _sentencepiece_vocab(spec: dict, path: Path, bos_token: str | None, eos_toke
     last = float(len(model.get("merges", [])))
     scores = [(-float(rank_of.get(token, last)) if types[i] == NORMAL else 0.0) for i, token in enumerate(tokens)]
     return GGUFVocab(tokens=tokens, token_types=types, merges=[], pre="default", model="llama", scores=scores,
-                     add_space_prefix=prefix_space, **_special_ids(spec, tokens, bos_token, eos_token))
+                     add_space_prefix=prefix_space, notes=_metaspace_notes(spec) if prefix_space else (),
+                     **_special_ids(spec, tokens, bos_token, eos_token))
+
+
+def _metaspace_notes(spec: dict) -> tuple[str, ...]:
+    """Where a U+2581 put in front by a Metaspace pre-tokenizer differs from llama.cpp's add_space_prefix, which
+    puts a space in front of the text and of each piece after a special token, whatever it starts with
+    (llama-vocab.cpp, LLAMA_VOCAB_TYPE_SPM in tokenize_impl); a Prepend normalizer does as llama.cpp does."""
+    pre = spec.get("pre_tokenizer") or {}
+    if any(step.get("type") == "Prepend" for step in _normalizer_steps(spec)) or pre.get("type") != "Metaspace":
+        return ()
+    notes = ["a text that begins with a space: the bundle's Metaspace pre-tokenizer puts no second U+2581 in front "
+             "of it, llama.cpp does (one more '\u2581' token)"]
+    if pre.get("prepend_scheme") == "first":
+        notes.append("text right after a special token (a chat template's '</s>\n'): the bundle's Metaspace "
+                     "(prepend_scheme 'first') puts no U+2581 in front of it, llama.cpp does")
+    return tuple(notes)
 
 
 def _byte_level(component) -> bool:
@@ -201,16 +243,65 @@ def _pre_tokenizer_name(pre_tokenizer, path) -> str:
                       "run the bundle with edgesdk, or convert the original model with llama.cpp's convert_hf_to_gguf.py")
 
 
-def _adds_bos(post_processor, bos_token: str | None) -> bool:
-    """Whether encoding a single sequence puts the BOS token in front (a TemplateProcessing rule)."""
-    if not post_processor or not bos_token:
-        return False
+def _single_template(post_processor) -> list[dict]:
+    """The pieces a TemplateProcessing rule puts around a single sequence ([] without one)."""
+    if not post_processor:
+        return []
     processors = post_processor.get("processors", [post_processor]) if post_processor.get("type") == "Sequence" \
         else [post_processor]
     for processor in processors:
-        if processor.get("type") != "TemplateProcessing":
-            continue
-        single = processor.get("single") or []
-        first = single[0] if single else {}
-        return "SpecialToken" in first and first["SpecialToken"].get("id") == bos_token
-    return False
+        if processor.get("type") == "TemplateProcessing":
+            return processor.get("single") or []
+    return []
+
+
+def _template_special(pieces: list[dict], token: str | None) -> bool:
+    """Whether ``pieces`` (the template's first or last) is the special token ``token``."""
+    return bool(token) and bool(pieces) and (pieces[0].get("SpecialToken") or {}).get("id") == token
+
+
+# the pre-tokenizer names for which llama.cpp looks a whole pre-tokenized word up in the vocabulary before merging
+# (llama-vocab.cpp: ignore_merges = true for LLAMA_VOCAB_PRE_TYPE_LLAMA3)
+IGNORES_MERGES = {"llama-bpe"}
+
+
+def _check_ignore_merges(spec: dict, pre: str, merges: list[str], path: Path) -> None:
+    """Refuse a byte-level BPE whose ``ignore_merges`` differs from what llama.cpp does for ``pre`` where it
+    changes a token: a vocabulary token the merges do not build back from its characters is one word in one
+    tokenizer and several in the other."""
+    model = spec["model"]
+    ignores = bool(model.get("ignore_merges"))
+    if ignores == (pre in IGNORES_MERGES):
+        return
+    ranks = {tuple(merge.split(" ", 1)): rank for rank, merge in enumerate(merges)}
+    added = {token["content"] for token in spec.get("added_tokens", [])}  # matched before any merging
+    unbuilt = [token for token in model["vocab"]
+               if len(token) > 1 and token not in added and _bpe(token, ranks) != [token]]
+    if unbuilt:
+        llama_cpp = "looks a whole word up first" if pre in IGNORES_MERGES else "always merges"
+        raise ExportError(f"{path}: the BPE model has ignore_merges {str(ignores).lower()}, but llama.cpp's "
+                          f"{pre} pre-tokenizer {llama_cpp}; {len(unbuilt)} vocabulary tokens (e.g. "
+                          f"{', '.join(repr(token) for token in unbuilt[:3])}) are not what the merges build from "
+                          "their characters, so the word is one token in one and several in the other",
+                          "run the bundle with edgesdk, or convert the original model with llama.cpp's "
+                          "convert_hf_to_gguf.py")
+
+
+def _bpe(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """``word``'s characters merged as BPE does: the lowest-ranked adjacent pair first, until none is ranked."""
+    parts = list(word)
+    while len(parts) > 1:
+        best = min(range(len(parts) - 1), key=lambda i: ranks.get((parts[i], parts[i + 1]), len(ranks)))
+        pair = (parts[best], parts[best + 1])
+        if pair not in ranks:
+            break
+        merged, i = [], 0
+        while i < len(parts):
+            if i < len(parts) - 1 and (parts[i], parts[i + 1]) == pair:
+                merged.append(pair[0] + pair[1])
+                i += 2
+            else:
+                merged.append(parts[i])
+                i += 1
+        parts = merged
+    return parts
