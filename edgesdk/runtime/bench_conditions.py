@@ -11,14 +11,18 @@ its tests:
 * the temperatures of the profile's thermal zones, Raspberry Pi's ``get_throttled`` bits and
   Jetson's nvpmodel mode where jetson-stats is installed (the thermal guard's sensors,
   ``$EDGESDK_THERMAL_ROOT`` moves the sysfs root);
-* the 1-minute load average, against the cores;
+* the 1-minute load average, against the cores, and the CPU time of the whole machine and of this
+  process (``/proc/stat``'s ``cpu`` line and ``/proc/self/stat``'s utime and stime, proc(5)): the
+  difference over the run is the other processes' work while the tests ran, which the load average
+  (a minute's decaying mean, taken before the run) misses when it starts during the run and counts
+  when it was a previous run that has ended;
 
 and turns what would make the figures low into warnings: a clock capped below the hardware's
 maximum or held by the ``powersave`` governor (the generic one: the ``powersave`` of intel_pstate and
 amd-pstate-epp in active mode picks the clock from the load, as schedutil does; kernel
 ``Documentation/admin-guide/pm/intel_pstate.rst``, ``amd-pstate.rst``), throttling or under-voltage
-during the run, a board that ended near its throttle point, and other work on the cores. A machine
-without these files (a container, a laptop) records them as unknown.
+during the run, a board that ended near its throttle point, and other work on the cores (before the run
+or during it). A machine without these files (a container, a laptop) records them as unknown.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from edgesdk.thermal.sensors import detect_sensors
 
 NEAR_THROTTLE_C = 5.0  # a hottest zone within this of the throttle point after the run is worth a warning
 BUSY_LOAD_PER_CORE = 0.5  # a 1-minute load average above this per core before the run: other work shares the cores
+OTHER_CPU_CORES = 0.5  # other processes busy on more than this many cores on average during the run
+# /proc/stat's cpu fields that are work (proc(5)); guest and guest_nice are already inside user and nice
+BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user, nice, system, irq, softirq, steal
 NOW_BITS = ("under_voltage", "arm_freq_capped", "throttled", "soft_temp_limit")
 # cpufreq drivers whose own "powersave" algorithm follows the load: only the generic governor holds the lowest clock
 DYNAMIC_POWERSAVE_DRIVERS = ("intel_pstate", "amd-pstate-epp")
@@ -78,8 +85,38 @@ def read_driver(root: str | os.PathLike | None = None) -> str | None:
     return next((driver for policy in policies if (driver := _read(policy / "scaling_driver"))), None)
 
 
+def _ticks_per_s() -> int:
+    try:
+        return os.sysconf("SC_CLK_TCK")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+        return 100  # USER_HZ on every Linux architecture
+
+
+def read_cpu_seconds(proc_root: str | os.PathLike = "/proc") -> tuple[float | None, float | None]:
+    """(CPU seconds every CPU has spent working since boot, CPU seconds of this process and its threads), each
+    None where unreadable: ``stat``'s aggregate ``cpu`` line and ``self/stat``'s utime and stime (proc(5))."""
+    hz = _ticks_per_s()
+    machine = own = None
+    text = _read(Path(proc_root) / "stat")
+    line = text.splitlines()[0].split() if text else []
+    if len(line) > max(BUSY_FIELDS) + 1 and line[0] == "cpu":
+        try:
+            machine = sum(int(line[1 + index]) for index in BUSY_FIELDS) / hz
+        except ValueError:
+            machine = None
+    text = _read(Path(proc_root) / "self" / "stat")
+    fields = text.rpartition(")")[2].split() if text and ")" in text else []  # the name may hold spaces
+    if len(fields) > 12:
+        try:
+            own = (int(fields[11]) + int(fields[12])) / hz  # utime and stime: fields 14 and 15 of the line
+        except ValueError:
+            own = None
+    return machine, own
+
+
 def snapshot(zones: Sequence[str], thermal_root: str | os.PathLike | None = None,
-             cpufreq_root_dir: str | os.PathLike | None = None, use_jtop: bool = True) -> dict:
+             cpufreq_root_dir: str | os.PathLike | None = None, use_jtop: bool = True,
+             proc_root: str | os.PathLike = "/proc") -> dict:
     """One reading of the conditions (see the module docstring)."""
     root = thermal_root or os.environ.get("EDGESDK_THERMAL_ROOT", "/sys/class/thermal")
     sensor, _, _ = detect_sensors(zones, root, use_jtop=use_jtop)
@@ -95,7 +132,9 @@ def snapshot(zones: Sequence[str], thermal_root: str | os.PathLike | None = None
         load = round(os.getloadavg()[0], 2)
     except OSError:  # not every platform keeps one
         load = None
-    return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_1min": load,
+    machine_s, own_s = read_cpu_seconds(proc_root)
+    return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "monotonic_s": time.monotonic(),
+            "cpu_busy_s": machine_s, "own_cpu_s": own_s, "load_1min": load,
             "clocks": read_clocks(cpufreq_root_dir), "cpufreq_driver": read_driver(cpufreq_root_dir),
             "temperatures_c": temperatures, "throttled": throttled,
             "nvpmodel": nvpmodel}
@@ -108,6 +147,10 @@ def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = N
     if load is not None and load > BUSY_LOAD_PER_CORE * cores:
         found.append(f"the 1-minute load average was {load} on {cores} cores before the run: other work may "
                      "have shared the cores (run nothing else heavy while benchmarking)")
+    others = other_cores(before, after)
+    if others is not None and others > OTHER_CPU_CORES:
+        found.append(f"other processes kept {others:.1f} cores busy on average while the tests ran: they shared "
+                     "the cores (run nothing else heavy while benchmarking)")
     for clock in after.get("clocks", []):
         name = f"{clock['policy']} (cpus {clock['cpus']})" if clock.get("cpus") else clock["policy"]
         if clock.get("governor") == "powersave" and after.get("cpufreq_driver") not in DYNAMIC_POWERSAVE_DRIVERS:
@@ -129,6 +172,18 @@ def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = N
     return found
 
 
+def other_cores(before: dict, after: dict) -> float | None:
+    """Cores the other processes kept busy on average between the two snapshots; None where unknown."""
+    keys = ("cpu_busy_s", "own_cpu_s", "monotonic_s")
+    if any(before.get(key) is None or after.get(key) is None for key in keys):
+        return None
+    wall = after["monotonic_s"] - before["monotonic_s"]
+    if wall <= 0:
+        return None
+    others = (after["cpu_busy_s"] - before["cpu_busy_s"]) - (after["own_cpu_s"] - before["own_cpu_s"])
+    return max(others, 0.0) / wall  # the two files are read a moment apart: a tick's skew is no negative work
+
+
 def summary(before: dict, after: dict) -> str:
     """One line for the table: clocks, temperatures before and after, load, throttling."""
     parts = []
@@ -145,6 +200,8 @@ def summary(before: dict, after: dict) -> str:
         parts.append("temperature unknown (no thermal zones)")
     if before.get("load_1min") is not None:
         parts.append(f"load {before['load_1min']}")
+    if (others := other_cores(before, after)) is not None:
+        parts.append(f"other processes {others:.2f} cores during the run")
     if after.get("nvpmodel"):
         parts.append(f"nvpmodel {after['nvpmodel']}")
     if after.get("throttled") is not None:
