@@ -143,11 +143,11 @@ def snapshot(zones: Sequence[str], thermal_root: str | os.PathLike | None = None
 def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = None) -> list[str]:
     """What in the conditions makes the figures lower than the board can do."""
     found = []
-    load = before.get("load_1min")
-    if load is not None and load > BUSY_LOAD_PER_CORE * cores:
+    load, others = before.get("load_1min"), other_cores(before, after)
+    # The load average is the fallback where the CPU times are unknown: it also counts work that ended before the run
+    if others is None and load is not None and load > BUSY_LOAD_PER_CORE * cores:
         found.append(f"the 1-minute load average was {load} on {cores} cores before the run: other work may "
                      "have shared the cores (run nothing else heavy while benchmarking)")
-    others = other_cores(before, after)
     if others is not None and others > OTHER_CPU_CORES:
         found.append(f"other processes kept {others:.1f} cores busy on average while the tests ran: they shared "
                      "the cores (run nothing else heavy while benchmarking)")

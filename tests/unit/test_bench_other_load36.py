@@ -49,6 +49,9 @@ def test_other_work_during_the_run_is_a_warning_a_finished_one_is_not():
     assert "other processes 2.00 cores during the run" in summary(before, shared)
     alone = {**QUIET, "monotonic_s": 110.0, "cpu_busy_s": 5039.0, "own_cpu_s": 48.9}
     assert warnings(before, alone, cores=4) == []
+    # a previous run's load still in the 1-minute average: no warning where the run itself had the cores
+    assert warnings({**before, "load_1min": 3.4}, alone, cores=4) == []
+    assert any("load average was 3.4" in w for w in warnings({**QUIET, "load_1min": 3.4}, QUIET, cores=4))
     assert other_cores(QUIET, QUIET) is None  # nothing read: unknown, no warning
 
 
