@@ -12,6 +12,7 @@ import math
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -277,7 +278,12 @@ def export(bundle, output, no_verify):
                            "pip install 'edgesdk[host]' (or: pip install onnx gguf)") from exc
     from edgesdk.export.gguf_export import PER_LAYER_ARCHITECTURE, GGUFExportConfig, export_gguf
 
-    report = export_gguf(bundle, output, GGUFExportConfig(verify=not no_verify))
+    with warnings.catch_warnings():  # the tokenizer notes are printed below, as the command's own lines
+        warnings.filterwarnings("ignore", message=".*: llama.cpp tokenizes ")
+        report = export_gguf(bundle, output, GGUFExportConfig(verify=not no_verify))
+    for note in report.notes:
+        shown = note.replace("\n", "\\n")  # one line each (a note may quote a template's "</s>\n")
+        click.echo(f"edgesdk: note: llama.cpp tokenizes {shown}", err=True)
     types = ", ".join(f"{count} {kind}" for kind, count in sorted(report.tensor_types.items()))
     checked = "not read back" if no_verify else f"{report.verified_tensors} tensors read back bit-exact"
     click.echo(f"{report.path}: {report.size_bytes / 1e6:.1f} MB, {report.architecture} {report.file_type} "
