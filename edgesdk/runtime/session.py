@@ -51,11 +51,9 @@ def check_target(bundle: Bundle, expected_target: str | None, ignore_target: boo
     from edgesdk.board import detect_board
     from edgesdk.profile import get_profile
 
-    if ignore_target and expected_target is not None:  # one asks for the check, the other to skip it
-        raise EdgeSDKError(f"--target {expected_target} asks to check the bundle's target and --ignore-target to "
-                           "skip that check", "pass one of them")
     if ignore_target:
-        return f"target check skipped (--ignore-target); bundle built for {bundle.target}"
+        unchecked = "" if expected_target is None else f", so --target {expected_target} is not checked"
+        return f"target check skipped (--ignore-target{unchecked}); bundle built for {bundle.target}"
     if expected_target is not None:
         verify_target = get_profile(expected_target).name
         if bundle.target != verify_target:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import _thread
 import json
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -43,12 +44,16 @@ class CtrlC:
             self.stopped.wait(0.01)
 
     def __enter__(self):
+        # interrupt_main does nothing where SIGINT is not Python's own handler (an earlier test in the process may
+        # have left it ignored), so the test puts Python's default back for its duration
+        self.previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         self.thread.start()
         return self
 
     def __exit__(self, *exc):
         self.stopped.set()
         self.thread.join(timeout=30)
+        signal.signal(signal.SIGINT, self.previous)
 
 
 def test_ctrl_c_mid_simulation_closes_the_telemetry_file_at_once(tmp_path):
