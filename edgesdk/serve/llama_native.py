@@ -3,7 +3,7 @@
 Scripts and tools written against llama.cpp's server (its README, "POST /completion") send this
 rather than OpenAI's ``/v1/completions``, and read its ``timings`` for speed. A request is
 translated into the OpenAI text request it means and checked there, so the fields both take
-(``prompt`` as text or token ids, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``,
+(``prompt`` as text or token ids, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``samplers``, ``seed``,
 ``stop``, ``stream``, ``grammar``, ``json_schema``, ``ignore_eos``, ``logit_bias``,
 ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``,
 ``cache_prompt``) take the same values. ``n_predict`` is the token limit (-1: until the
@@ -17,7 +17,7 @@ distribution (before the samplers, as llama-server's without ``post_sampling_pro
 refused: this runtime does not keep the distribution its samplers leave).
 Samplers this runtime does not have (mirostat, typical-p, dynamic temperature, XTC, DRY) are
 refused by name where set to anything but their off value; fields that only tune llama.cpp's own
-machinery (``n_keep``, ``id_slot``, ``samplers`` ...) are ignored as llama-server ignores fields
+machinery (``n_keep``, ``id_slot`` ...) are ignored as llama-server ignores fields
 it does not know.
 
 The answer is llama-server's: ``content``, ``stop``, ``stop_type`` (``eos``, ``limit`` or
