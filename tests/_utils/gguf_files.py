@@ -46,3 +46,25 @@ def llama_cpp_logits(path: Path, ids: list[int], context: int = 128) -> np.ndarr
     model = llama_cpp.Llama(str(path), n_ctx=context, logits_all=True, n_threads=1, verbose=False)
     model.eval(list(ids))
     return np.array(model.scores[:len(ids)])
+
+
+def vocab_only_gguf(target: Path, write_vocabulary) -> Path:
+    """A GGUF file with no tensors for llama.cpp to open with ``vocab_only``: a tiny llama architecture's keys and
+    whatever ``write_vocabulary(writer)`` adds (the ``tokenizer.ggml.*`` keys)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(target), "llama")
+    writer.add_context_length(64)
+    writer.add_embedding_length(8)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(16)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(4)
+    write_vocabulary(writer)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target

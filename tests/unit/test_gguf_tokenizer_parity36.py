@@ -215,27 +215,12 @@ def _tokenizer_json(tmp_path, spec: dict):
 def _written(tmp_path, path, bos: str, eos: str, size: int):
     """The vocabulary of ``path`` written by the export's own tokenizer keys into a GGUF file llama.cpp opens
     with ``vocab_only``."""
-    import gguf
-
     from edgesdk.export.gguf_export import add_tokenizer
     from edgesdk.export.gguf_vocab import vocab_from_tokenizer_json
+    from tests._utils.gguf_files import vocab_only_gguf
 
     vocab = vocab_from_tokenizer_json(path, bos, eos, size)
-    target = tmp_path / "vocab.gguf"
-    writer = gguf.GGUFWriter(str(target), "llama")
-    writer.add_context_length(64)
-    writer.add_embedding_length(8)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(16)
-    writer.add_head_count(2)
-    writer.add_head_count_kv(2)
-    writer.add_layer_norm_rms_eps(1e-5)
-    add_tokenizer(writer, vocab, None)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return vocab, target
+    return vocab, vocab_only_gguf(tmp_path / "vocab.gguf", lambda writer: add_tokenizer(writer, vocab, None))
 
 
 def test_an_eos_token_the_tokenizer_appends_is_appended_by_llama_cpp_too(tmp_path):

@@ -138,29 +138,20 @@ class LlamaGrammar:
     """llama.cpp's grammar sampler over a vocabulary of byte tokens."""
 
     def __init__(self, llama_cpp, path):
-        import gguf
+        from tests._utils.gguf_files import vocab_only_gguf
 
-        writer = gguf.GGUFWriter(str(path), "llama")
-        writer.add_context_length(64)
-        writer.add_embedding_length(8)
-        writer.add_block_count(1)
-        writer.add_feed_forward_length(16)
-        writer.add_head_count(2)
-        writer.add_head_count_kv(2)
-        writer.add_layer_norm_rms_eps(1e-5)
-        writer.add_rope_dimension_count(4)
         tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{byte:02X}>" for byte in range(256)] + ["<|tool|>"]
-        writer.add_tokenizer_model("llama")
-        writer.add_token_list(tokens)
-        writer.add_token_scores([0.0] * len(tokens))
-        writer.add_token_types([2, 3, 3] + [6] * 256 + [3])  # unknown, control, byte
-        writer.add_bos_token_id(1)
-        writer.add_eos_token_id(EOS)
-        writer.add_unk_token_id(0)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+
+        def vocabulary(writer):
+            writer.add_tokenizer_model("llama")
+            writer.add_token_list(tokens)
+            writer.add_token_scores([0.0] * len(tokens))
+            writer.add_token_types([2, 3, 3] + [6] * 256 + [3])  # unknown, control, byte
+            writer.add_bos_token_id(1)
+            writer.add_eos_token_id(EOS)
+            writer.add_unk_token_id(0)
+
+        vocab_only_gguf(path, vocabulary)
         self.lib = llama_cpp
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = True
