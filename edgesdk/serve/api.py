@@ -320,7 +320,7 @@ def _common_fields(body: dict, chat: bool) -> dict:
                        f"{_shown(body.get('stream_options'))}", param="stream_options")
     cache_prompt = _flag(body, "cache_prompt", True)  # null is the default, as for every other field (and in llama-server)
     return {
-        "max_tokens": _integer(body.get(name), name, minimum=1),
+        "max_tokens": _max_tokens(body.get(name), name),
         "temperature": _number(body.get("temperature"), "temperature", 0.0, 2.0, "[0, 2]"),
         "top_p": _top_p(body.get("top_p")),
         "top_k": _integer(body.get("top_k"), "top_k", minimum=0, note=" (0: off)"),
@@ -429,6 +429,17 @@ def _integer(value: object, name: str, minimum: int, note: str = "") -> int | No
     if isinstance(value, bool) or not whole or value < minimum:
         raise ApiError(400, f"'{name}' must be a whole number >= {minimum}{note}, got {_shown(value)}", param=name)
     return int(value)
+
+
+UNTIL_THE_CONTEXT_FILLS = 2**31 - 1  # a token limit of -1: the answer runs until it ends or the context is full
+
+
+def _max_tokens(value: object, name: str) -> int | None:
+    """``max_tokens`` / ``max_completion_tokens``: a whole number >= 1, or -1 for no limit but the context, as
+    llama-server reads it (its ``n_predict`` -1; llama.cpp's web UI sends ``max_tokens: -1`` by default)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1:
+        return UNTIL_THE_CONTEXT_FILLS
+    return _integer(value, name, minimum=1, note=", or -1 for no limit but the context")
 
 
 def _samplers(value: object) -> tuple[str, ...] | None:

@@ -36,6 +36,7 @@ from dataclasses import replace
 from edgesdk.runtime.generate import SamplingConfig
 from edgesdk.serve.api import (
     MAX_TOP_LOGPROBS,
+    UNTIL_THE_CONTEXT_FILLS,
     ApiError,
     CompletionRequest,
     _object,
@@ -45,7 +46,6 @@ from edgesdk.serve.api import (
 from edgesdk.serve.completion import Completion
 
 ROUTE = "/completion"
-UNTIL_THE_CONTEXT_FILLS = 2**31 - 1  # n_predict -1: the sampling limit is then the context
 # llama-server's samplers this runtime lacks -> the value that turns each off
 OFF_VALUES = {"mirostat": 0, "typical_p": 1.0, "dynatemp_range": 0.0, "xtc_probability": 0.0, "dry_multiplier": 0.0,
               "top_n_sigma": -1.0}

@@ -1,0 +1,32 @@
+"""The request llama.cpp's web UI sends by default (its settings: ``samplers: "edkypmxt"``, ``max_tokens: -1`` for no
+limit, every sampler it has at its off value) is answered as llama-server answers it; ``max_tokens: -1`` was a 400."""
+
+from __future__ import annotations
+
+WEB_UI_SETTINGS = {"samplers": "edkypmxt", "temperature": 0.8, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
+                   "top_k": 40, "top_p": 0.95, "min_p": 0.05, "xtc_probability": 0.0, "xtc_threshold": 0.1,
+                   "typical_p": 1.0, "repeat_last_n": 64, "repeat_penalty": 1.0, "presence_penalty": 0.0,
+                   "frequency_penalty": 0.0, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
+                   "dry_penalty_last_n": -1, "max_tokens": -1, "cache_prompt": True, "timings_per_token": False}
+
+
+def test_the_web_ui_s_default_request_runs_to_the_end_of_the_context(runtime, served):
+    status, answer = served.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                          **WEB_UI_SETTINGS, "seed": 1})
+    assert status == 200, answer
+    usage = answer["usage"]
+    # -1: no limit but the context (this model never ends its answer early), not the server's default of 16
+    assert answer["choices"][0]["finish_reason"] == "length"
+    # (the token predicted at the last position is kept, as llama.cpp keeps it at n_ctx)
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == runtime.backend.max_context + 1
+
+
+def test_max_tokens_below_minus_one_or_zero_is_still_refused(served):
+    for value in (0, -2, 1.5):
+        status, answer = served.post("/v1/completions", {"prompt": "hi", "max_tokens": value})
+        assert (status, answer["error"]["param"]) == (400, "max_tokens"), answer
+        assert "or -1 for no limit but the context" in answer["error"]["message"]
+    status, answer = served.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                          "max_completion_tokens": -1, "max_tokens": 3})
+    assert status == 200, answer
+    assert answer["usage"]["completion_tokens"] > 3
