@@ -286,8 +286,19 @@ def _content(content: object, param: str) -> str:
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
+# llama-server's samplers this runtime lacks -> the value that turns each off (llama.cpp's web UI sends each at it)
+SAMPLERS_OFF = {"mirostat": 0, "typical_p": 1.0, "dynatemp_range": 0.0, "xtc_probability": 0.0, "dry_multiplier": 0.0,
+                "top_n_sigma": -1.0}
+
+
 def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions") -> None:
-    """Name the first field whose meaning this server cannot honour."""
+    """Name the first field whose meaning this server cannot honour: a sampler it lacks set to anything but its
+    off value (on every route, as llama-server takes them on every route), then the OpenAI fields below."""
+    for field, off in SAMPLERS_OFF.items():
+        value = body.get(field)
+        if value is not None and value != off:
+            raise ApiError(400, f"'{field}' = {_shown(value)} is not supported: this server does not have that sampler; "
+                           f"leave '{field}' out or set it to {off}", param=field, code="unsupported_parameter")
     checks = [  # (field, is its value one we can honour, why not)
         ("n", lambda v: v in (None, 1), "one choice per request (n = 1)"),
         ("best_of", lambda v: v in (None, 1), "one choice per request (best_of = 1)"),

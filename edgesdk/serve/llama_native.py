@@ -46,19 +46,11 @@ from edgesdk.serve.api import (
 from edgesdk.serve.completion import Completion
 
 ROUTE = "/completion"
-# llama-server's samplers this runtime lacks -> the value that turns each off
-OFF_VALUES = {"mirostat": 0, "typical_p": 1.0, "dynatemp_range": 0.0, "xtc_probability": 0.0, "dry_multiplier": 0.0,
-              "top_n_sigma": -1.0}
 
 
 def parse_completion_request(body: object) -> CompletionRequest:
     """``POST /completion``: the request as the OpenAI text request it means, checked there."""
-    body = _object(body)
-    for field, off in OFF_VALUES.items():
-        value = body.get(field)
-        if value is not None and value != off:
-            raise ApiError(400, f"'{field}' = {_shown(value)} is not supported: this server does not have that sampler; "
-                           f"leave '{field}' out or set it to {off}", param=field, code="unsupported_parameter")
+    body = _object(body)  # the samplers this runtime lacks are refused by parse_text_request, as on every route
     probs = _n_probs(body)
     text = {key: value for key, value in body.items()
             if key not in ("n_predict", "max_tokens", "logprobs", "echo", "n_probs", "post_sampling_probs")}

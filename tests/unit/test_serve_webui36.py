@@ -30,3 +30,18 @@ def test_max_tokens_below_minus_one_or_zero_is_still_refused(served):
                                                           "max_completion_tokens": -1, "max_tokens": 3})
     assert status == 200, answer
     assert answer["usage"]["completion_tokens"] > 3
+
+
+def test_a_sampler_this_server_lacks_is_refused_on_every_route_when_set(served):
+    """A web UI user who turns DRY or XTC on gets a 400 naming it on the chat route too (it was ignored there and
+    refused only on /completion); at its off value it is taken, as the web UI sends it."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+                       ("/completion", {"prompt": "hi", "n_predict": 2})):
+        for field, value in (("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("typical_p", 0.9)):
+            status, answer = served.post(path, {**body, field: value})
+            assert status == 400, (path, field, answer)
+            message = answer["error"]["message"] if "error" in answer else str(answer)
+            assert f"'{field}' = {value} is not supported: this server does not have that sampler" in message
+        status, answer = served.post(path, {**body, "dry_multiplier": 0.0, "xtc_probability": 0.0})
+        assert status == 200, (path, answer)
