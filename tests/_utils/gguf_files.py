@@ -4,6 +4,11 @@ a file (llama-cpp-python, which the tests that call it skip without)."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +51,52 @@ def llama_cpp_logits(path: Path, ids: list[int], context: int = 128) -> np.ndarr
     model = llama_cpp.Llama(str(path), n_ctx=context, logits_all=True, n_threads=1, verbose=False)
     model.eval(list(ids))
     return np.array(model.scores[:len(ids)])
+
+
+# llama.cpp in a child process, its weights in plain CPU buffers. Its "extra" buffer types repack quantized
+# weights for other kernels; on a CPU with AMX that is the AMX buffer, whose kernel (as GCC 12 compiles it:
+# its _tile_loadconfig declares an 8-byte operand, so the stores to the rest of the 64-byte tile configuration
+# are dropped) loads a configuration holding stale stack bytes, and ldtilecfg faults (SIGSEGV) wherever those
+# make it invalid.
+_LLAMA_CPP_CHILD = """
+import json, sys
+import numpy as np
+import llama_cpp
+from llama_cpp import llama_cpp as api
+
+request = json.load(sys.stdin)
+default_params = api.llama_model_default_params
+
+def model_params():
+    params = default_params()
+    params.use_extra_bufts = False
+    return params
+
+api.llama_model_default_params = model_params
+model = llama_cpp.Llama(request["path"], n_ctx=request["context"], logits_all=True, n_threads=1, verbose=False)
+tokens = model.tokenize(request["text"].encode(), add_bos=True)
+model.eval(request["ids"])
+np.save(request["out"], np.array(model.scores[:len(request["ids"])]))
+json.dump(tokens, sys.stdout)
+"""
+
+
+def llama_cpp_tokens_and_logits(path: Path, text: str, ids: list[int], context: int = 64) -> tuple[list, np.ndarray]:
+    """llama.cpp's token ids for ``text`` (BOS added) and its logits (len(ids), V) for ``ids`` evaluated from the
+    start by the GGUF file at ``path``, computed in a child process with llama.cpp's plain CPU weight buffers
+    (see _LLAMA_CPP_CHILD): a crash there fails the caller with the child's exit and traceback instead of
+    ending the test run."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "logits.npy"
+        request = {"path": str(path), "text": text, "ids": list(ids), "context": context, "out": str(out)}
+        child = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _LLAMA_CPP_CHILD],
+                               input=json.dumps(request), capture_output=True, text=True)
+        if child.returncode != 0:
+            status = (signal.Signals(-child.returncode).name if child.returncode < 0
+                      else f"exit status {child.returncode}")
+            raise AssertionError(f"llama.cpp's child process for {path.name} ended with {status}:\n"
+                                 f"{child.stderr[-6000:]}")
+        return json.loads(child.stdout), np.load(out)
 
 
 def vocab_only_gguf(target: Path, write_vocabulary) -> Path:
