@@ -188,10 +188,14 @@ def read_manifest(path: Path) -> dict:
         raise BundleError(f"bundle {path}: {MANIFEST} has sha256 {actual}, {MANIFEST_DIGEST} says {expected}",
                           "the manifest was modified or corrupted; rebuild or re-copy the bundle")
     try:
-        manifest = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        manifest = json.loads(raw, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise BundleError(f"bundle {path}: {MANIFEST} gives the key {exc.args[0]!r} more than once in one object, so "
+                          "readers could take either value", "rebuild the bundle with 'edgesdk build'") from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, a 5000-digit number, deep nesting
         raise BundleError(f"bundle {path}: {MANIFEST} is not valid JSON ({exc})", "rebuild the bundle") from exc
-    if not isinstance(manifest, dict) or manifest.get("schema_version") not in READABLE_SCHEMAS:
+    schema = manifest.get("schema_version") if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict) or isinstance(schema, bool) or schema not in READABLE_SCHEMAS:
         found = manifest.get("schema_version") if isinstance(manifest, dict) else None
         built_by = manifest.get("edgesdk_version") if isinstance(manifest, dict) else None
         raise BundleError(
@@ -208,6 +212,19 @@ def read_manifest(path: Path) -> dict:
         raise BundleError(f"bundle {path}: {MANIFEST} is malformed:\n  - " + "\n  - ".join(problems),
                           "the manifest was edited by hand; rebuild the bundle with 'edgesdk build'")
     return manifest
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object that names one key twice (json keeps the last value silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
 
 
 def _bundles_inside(path: Path) -> list[Path]:
@@ -229,14 +246,22 @@ def _manifest_shape_problems(manifest: dict) -> list[str]:
     for name, facts in files.items():
         if not (isinstance(facts, dict) and isinstance(facts.get("size"), int)
                 and isinstance(facts.get("sha256"), str)):
-            problems.append(f"files[{name!r}] must be {{size: int, sha256: str}}, got {facts!r}")
+            problems.append(f"files[{name!r}] must be {{size: int, sha256: str}}, got {facts!r:.200}")
+    bundle_id = manifest["bundle_id"]
+    if not _plain_name(bundle_id):  # names the engine directories (engines/<bundle-id>) and the board's release
+        problems.append(f"'bundle_id' must be a plain name (letters, digits, '-', '_', '.'), got {bundle_id!r:.80}")
     for key, needed in (("target", "name"), ("graph", "file"), ("tokenizer", "file")):
         section = manifest[key]
         if not isinstance(section, dict) or not isinstance(section.get(needed), str):
             problems.append(f"'{key}' must be a mapping with a '{needed}' string, got {section!r:.80}")
     problems += _runtime_section_problems(manifest["runtime"])
     graph = manifest["graph"]
-    problems += _weights_record_problems(graph.get("weights") if isinstance(graph, dict) else None)
+    if isinstance(graph, dict):
+        problems += _graph_facts_problems(graph)
+        problems += _weights_record_problems(graph.get("weights"))
+    tokenizer = manifest["tokenizer"]
+    if isinstance(tokenizer, dict):
+        problems += _tokenizer_facts_problems(tokenizer)
     sparse = manifest.get("sparse")
     kernels = sparse.get("kernels") if isinstance(sparse, dict) else None
     if sparse is not None and not (isinstance(sparse, dict) and isinstance(sparse.get("weights"), str) and (
@@ -253,6 +278,66 @@ def _manifest_shape_problems(manifest: dict) -> list[str]:
               f"{PurePosixPath(kernels['dir']).as_posix()}/index.json" if kernels else None]
     return [f"'{name}' is opened by the runtime but not listed in 'files'" for name in opened
             if name is not None and name not in files]
+
+
+LARGEST_DIMENSION = (1 << 31) - 1  # the graphs take sequence lengths as int32 (seqlens_k, total_sequence_length)
+
+
+def _plain_name(name) -> bool:
+    """A directory or file name that names nothing else: the rule the board's deploy helper applies to bundle ids."""
+    return (isinstance(name, str) and name != "" and not name.startswith(".")
+            and all(char.isalnum() or char in "-_." for char in name))
+
+
+def _whole(value, least: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and least <= value <= LARGEST_DIMENSION
+
+
+GRAPH_FACTS = ("kv_heads", "head_dim", "max_context", "vocab_size")
+
+
+def _graph_facts_problems(graph: dict, required: bool = False) -> list[str]:
+    """The graph facts every backend sizes its KV cache and checks token ids with (kv_heads per layer, head_dim,
+    max_context, vocab_size), and the optional fields it reads: whole numbers in range, of the right types.
+    Verification checks those present; ``required`` (opening the bundle to run it) needs all four."""
+    problems = []
+    kv_heads = graph.get("kv_heads")
+    if (required or "kv_heads" in graph) and not (
+            isinstance(kv_heads, list) and kv_heads and all(_whole(kv) for kv in kv_heads)):
+        problems.append(f"'graph.kv_heads' must be a non-empty list of whole numbers from 1 to {LARGEST_DIMENSION} "
+                        f"(the KV heads of each layer), got {kv_heads!r:.80}")
+    for key in ("head_dim", "max_context", "vocab_size"):
+        if (required or key in graph) and not _whole(graph.get(key)):
+            problems.append(f"'graph.{key}' must be a whole number from 1 to {LARGEST_DIMENSION}, "
+                            f"got {graph.get(key)!r:.80}")
+    layers = graph.get("num_layers")
+    if layers is not None and isinstance(kv_heads, list) and (not _whole(layers) or layers != len(kv_heads)):
+        problems.append(f"'graph.num_layers' must be the number of layers 'graph.kv_heads' lists ({len(kv_heads)}), "
+                        f"got {layers!r:.80}")
+    for key in ("form", "dtype"):
+        if key in graph and not isinstance(graph[key], str):
+            problems.append(f"'graph.{key}' must be a string, got {graph[key]!r:.80}")
+    for key in ("inputs", "outputs", "power"):
+        if key in graph and not isinstance(graph[key], dict) and not (key == "power" and graph[key] is None):
+            problems.append(f"'graph.{key}' must be a mapping, got {graph[key]!r:.80}")
+    needed = graph.get("min_onnxruntime")
+    if needed and not (isinstance(needed, list) and len(needed) >= 2 and all(_whole(part, 0) for part in needed)):
+        problems.append(f"'graph.min_onnxruntime' must be a version as a list of whole numbers, e.g. [1, 22], "
+                        f"got {needed!r:.80}")
+    return problems
+
+
+def _tokenizer_facts_problems(tokenizer: dict) -> list[str]:
+    """The tokenizer facts the runtime reads besides its file: the ids that end generation and the
+    special tokens' text the chat template is given."""
+    problems = []
+    ids = tokenizer.get("eos_token_ids", [])
+    if not (isinstance(ids, list) and all(_whole(token, 0) for token in ids)):
+        problems.append(f"'tokenizer.eos_token_ids' must be a list of token ids (whole numbers >= 0), got {ids!r:.80}")
+    for key in ("chat_template", "bos_token", "eos_token"):
+        if tokenizer.get(key) is not None and not isinstance(tokenizer[key], str):
+            problems.append(f"'tokenizer.{key}' must be a string or null, got {tokenizer[key]!r:.80}")
+    return problems
 
 
 def _weights_record_problems(record) -> list[str]:
@@ -289,6 +374,15 @@ def _runtime_section_problems(runtime) -> list[str]:
     return problems
 
 
+def check_runnable(bundle: Bundle) -> None:
+    """Refuse a verified bundle whose manifest lacks a graph fact the runtime sizes its KV cache with
+    (verification accepts a manifest without them: deploy and pack need none)."""
+    problems = _graph_facts_problems(bundle.manifest["graph"], required=True)
+    if problems:
+        raise BundleError(f"bundle {bundle.path}: {MANIFEST} cannot be run:\n  - " + "\n  - ".join(problems),
+                          "the manifest was edited by hand; rebuild the bundle with 'edgesdk build'")
+
+
 def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:
     """Check every file's size and sha256, refuse unlisted files and a wrong target.
 
@@ -304,10 +398,16 @@ def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:
         if not _safe_relative(name):
             problems.append(f"{name}: path escapes the bundle")
             continue
+        if PurePosixPath(name).as_posix() != name:  # './a', 'a/' and 'a//b' would list a file a second time
+            problems.append(f"{name}: not a plain relative path (the writer lists '{PurePosixPath(name).as_posix()}')")
+            continue
         file = path / name
         try:
-            if not file.is_file():
-                problems.append(f"{name}: missing")
+            if file.is_dir():
+                problems.append(f"{name}: a directory, not a file")
+            elif not file.is_file():
+                problems.append(f"{name}: missing" if not os.path.lexists(file) else f"{name}: not a regular file "
+                                "(a link to nothing, a device or a pipe)")
             elif file.stat().st_size != facts["size"]:
                 problems.append(f"{name}: {file.stat().st_size} bytes, manifest says {facts['size']}")
             elif sha256_file(file) != facts["sha256"]:

@@ -35,6 +35,7 @@ from edgesdk.errors import BundleError, RuntimeBackendError
 CODECS = ("none", "zlib")
 CHUNK = 1 << 22  # bytes read per step while deflating (bounded memory)
 ZLIB_LEVEL = 9  # DEFLATE's smallest output; inflating costs the same at any level
+DEFLATE_MAX_RATIO = 1032  # the most bytes DEFLATE inflates one byte to (zlib's technical details: 1032:1)
 
 
 def store_weights(source: Path, destination_dir: Path, codec: str) -> tuple[str, dict | None]:
@@ -63,15 +64,25 @@ def inflate_weights(bundle_dir: Path, record: dict) -> bytes:
     """The weights file's bytes as the graph expects them; a damaged file is refused here."""
     path = Path(bundle_dir) / record["file"]
     if record.get("codec") != "zlib":
-        raise BundleError(f"{path} uses weights codec {record.get('codec')!r}; this edgesdk reads {CODECS}",
+        raise BundleError(f"{path} uses weights codec {record.get('codec')!r}; this edgesdk inflates 'zlib' (a plain "
+                          "weights file has no graph.weights record)",
                           "upgrade edgesdk on this machine, or rebuild the bundle with export.weights_codec: none")
+    inflater = zlib.decompressobj()
     try:
+        coded = path.read_bytes()
         # At most one byte past the manifest's length: a stream that would inflate further (a bundle whose
-        # manifest was rewritten to match it) is refused below instead of filling the memory first.
-        data = zlib.decompressobj().decompress(path.read_bytes(), max(int(record["bytes"]), 0) + 1)
+        # manifest was rewritten to match it) is refused below instead of filling the memory first. No stream
+        # inflates past DEFLATE's ratio either, which keeps a manifest's huge length within what zlib can count.
+        limit = min(max(int(record["bytes"]), 0), DEFLATE_MAX_RATIO * len(coded))
+        data = inflater.decompress(coded, limit + 1)
     except (OSError, zlib.error) as exc:
         raise BundleError(f"{path} could not be inflated ({exc})",
                           "run 'edgesdk verify' on the bundle, then re-copy or rebuild it") from exc
+    if len(data) == record["bytes"] and not (inflater.eof and not inflater.unused_data):
+        # store_weights writes one whole stream: one cut before its check value, or followed by other bytes, is not it
+        raise BundleError(f"{path} is not one whole zlib stream ("
+                          + ("bytes follow its end" if inflater.eof else "it ends before its check value") + ")",
+                          "re-copy the bundle from the host or rebuild it")
     if len(data) != record["bytes"] or hashlib.sha256(data).hexdigest() != record["sha256"]:
         raise BundleError(f"{path} inflates to bytes that differ from the manifest's (length {len(data):,}, "
                           f"expected {record['bytes']:,}, or a different sha256)",

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgesdk.bundle import Bundle, verify_bundle
+from edgesdk.bundle import Bundle, check_runnable, verify_bundle
 from edgesdk.errors import BundleError, EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import DecoderBackend
 from edgesdk.runtime.text import ChatTokenizer
@@ -138,11 +138,62 @@ def _ort_opener(name: str) -> Callable[[Bundle, int, bool], DecoderBackend]:
                                     provider_options=provider_options)
         except RuntimeBackendError as exc:
             raise RuntimeBackendError(f"failed to load ({exc.problem})", exc.fix) from exc
+        except MemoryError as exc:  # the first KV buffers, sized by the manifest's graph facts
+            raise BundleError(f"bundle {bundle.path}: the KV cache its manifest describes (kv_heads "
+                              f"{graph['kv_heads']!r:.60}, head_dim {graph['head_dim']}) does not fit in memory",
+                              "rebuild the bundle with 'edgesdk build' (the manifest's graph facts were edited)") from exc
+        check_graph_matches(bundle, backend)
         if name != "ort-cpu":
             backend.name = name
         return backend
 
     return open_ort
+
+
+def check_graph_matches(bundle: Bundle, backend) -> None:
+    """Refuse a manifest whose graph facts do not describe the ONNX graph an ONNX Runtime ``backend``
+    opened: the layers and their KV heads, head_dim, the vocabulary, and the form (the inputs the
+    backend feeds and the outputs it reads). The hashes matched, so the manifest was edited with them;
+    left alone, each of these is an onnxruntime error in the first step or logits read at the wrong width."""
+    from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
+    from edgesdk.runtime.ort_gated_backend import OrtGatedBackend
+
+    graph = bundle.manifest["graph"]
+    inputs = {value.name: value.shape for value in backend.session.get_inputs()}
+    outputs = {value.name: value.shape for value in backend.session.get_outputs()}
+    kv_heads, head_dim, vocab = graph["kv_heads"], graph["head_dim"], graph["vocab_size"]
+    problems = []
+    layers = sum(1 for name in inputs if name.startswith("past_key_values.") and name.endswith(".key"))
+    if layers != len(kv_heads):
+        problems.append(f"'graph.kv_heads' lists {len(kv_heads)} layers; the graph has {layers}")
+    for index, heads in enumerate(kv_heads):
+        shape = inputs.get(f"past_key_values.{index}.key") or []
+        if len(shape) == 4 and isinstance(shape[1], int) and shape[1] != heads:
+            problems.append(f"'graph.kv_heads[{index}]' is {heads}; the graph's layer {index} has {shape[1]}")
+    shapes = [shape for name, shape in inputs.items() if name.startswith("past_key_values.") and len(shape) == 4]
+    widths = sorted({shape[3] for shape in shapes if isinstance(shape[3], int)})
+    if widths and widths != [head_dim]:
+        problems.append(f"'graph.head_dim' is {head_dim}; the graph's KV cache has {', '.join(map(str, widths))}")
+    logits = outputs.get("logits") or []
+    if logits and isinstance(logits[-1], int) and logits[-1] != vocab:
+        problems.append(f"'graph.vocab_size' is {vocab}; the graph's logits have {logits[-1]}")
+    fused, gated = isinstance(backend, OrtFusedBackend), isinstance(backend, OrtGatedBackend)
+    fed = {"input_ids", "num_logits_to_keep"} | {name for name in inputs if name.startswith("past_key_values.")}
+    fed |= {"seqlens_k", "total_sequence_length"} if fused else set()
+    fed |= {"tau"} if gated or (fused and "tau" in (graph.get("inputs") or {})) else set()
+    read = {"logits"} | ({"gates", "power"} if gated else set())
+    form = graph.get("form", "standard")
+    for kind, names in (("input", fed - inputs.keys()), ("output", read - outputs.keys())):
+        if names:
+            problems.append(f"'graph.form' is {form!r}, whose backend needs the {kind} "
+                            f"{', '.join(map(repr, sorted(names)))} the graph lacks")
+    if inputs.keys() - fed:
+        problems.append(f"'graph.form' is {form!r}, whose backend does not feed the graph's input "
+                        f"{', '.join(map(repr, sorted(inputs.keys() - fed)))}")
+    if problems:
+        raise BundleError(f"bundle {bundle.path}: the manifest's graph facts do not describe {graph['file']}:\n  - "
+                          + "\n  - ".join(problems),
+                          "rebuild the bundle with 'edgesdk build' (its manifest was edited along with its hashes)")
 
 
 def _open_tensorrt(bundle: Bundle, threads: int, spinning: bool) -> DecoderBackend:
@@ -214,6 +265,7 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
         raise RuntimeBackendError(f"--backend {backend!r} is not a backend of this edgesdk",
                                   f"pick one of {', '.join(OPENERS)}, or leave it out to use the bundle's own")
     bundle = verify_bundle(Path(path))
+    check_runnable(bundle)
     notes = []
     target_note = check_target(bundle, expected_target, ignore_target)
     if target_note:
