@@ -18,9 +18,12 @@ for ``llama-cli --grammar-file`` or llama-server's ``grammar`` field works here 
   llama.cpp reads it (a grammar sent in JSON with ``"\\n"`` unescaped holds one).
 
 Like llama.cpp's parser, repetitions become generated rules (``x*`` is ``R ::= x R |``, ``x{2,4}``
-is ``x x (x (x)?)?``), a rule defined twice keeps its last definition, and left recursion (a rule
-that can reach itself before reading a code point, ``expr ::= expr "+" term``) is refused: a
-top-down matcher would never leave it.
+is ``x x (x (x)?)?``), a rule defined twice keeps its last definition, and left recursion is refused
+as llama.cpp refuses it: a rule that can reach itself first in an alternative, or after only rules
+with an empty alternative (``expr ::= expr "+" term``; ``x*`` with ``x ::= | "a"``). A rule that
+comes back to itself through rules that match the empty text only through other rules (``("a"?)*``)
+is taken, as llama.cpp takes it, where its matcher finishes expanding it, and refused where that
+expansion never ends (``a ::= b a "x" | "y"`` with ``b ::= "z"?``).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 
 # Elements of a compiled alternative (tuples, for speed in the matcher):
 CHAR = "c"  # (CHAR, ((lo, hi), ...), negated): one code point in (or, negated, outside) the ranges
-REF = "r"  # (REF, rule index)
+REF = "r"  # (REF, rule index); while parsing, (REF, rule index, where it is written)
 TOKEN = "t"  # (TOKEN, token id or its text, negated): one whole token
 
 
@@ -188,14 +191,19 @@ class _Builder:
             elif char == "<" or (char == "!" and src.startswith("!<", pos)):
                 pos = self.token(pos, elements)
             elif char == "(":
+                group_at = pos
                 body, pos = self.alternatives(self.space(pos + 1, True), name, nested=True)
                 if pos >= len(src) or src[pos] != ")":
                     raise self.fail(pos, "expected ')' to close the group", "close every '(' with a ')'")
-                elements.append((REF, self.generated(name, body)))
+                elements.append((REF, self.generated(name, body), group_at))
                 pos += 1
             elif char in "*+?{":
                 if last is None:
                     raise self.fail(pos, f"{char!r} repeats nothing", "put the repetition after a symbol, as in [0-9]+")
+                if last == len(elements):  # llama.cpp's handle_repetitions: "expecting preceding item to */+/?/{"
+                    raise self.fail(pos, f"{char!r} repeats a symbol that writes nothing (the empty string \"\" or "
+                                    "a repetition {0}), which llama.cpp refuses",
+                                    "drop the symbol that writes nothing and its repetition")
                 pos = self.repetition(pos, name, elements, last)
                 start = last  # a second repetition repeats the repeated symbol whole
             elif char.isascii() and (char.isalnum() or char in "-_"):
@@ -205,7 +213,7 @@ class _Builder:
                                     "end the previous rule on its line: close its parentheses, and end none of "
                                     "its lines with a '|', which goes on to the next line (an empty alternative "
                                     "is written \"\")")
-                elements.append((REF, self.rule_id(reference, pos)))
+                elements.append((REF, self.rule_id(reference, pos), pos))
                 pos = end
             elif char in "|)\r\n":  # the end of an alternative, a group or the rule
                 break
@@ -322,14 +330,14 @@ class _Builder:
         elements.extend(unit * low)
         if high is None:  # R ::= unit R |
             rule = self.generated(name, [])
-            self.bodies[rule] = [[*unit, (REF, rule)], []]
-            elements.append((REF, rule))
+            self.bodies[rule] = [[*unit, (REF, rule, start)], []]
+            elements.append((REF, rule, start))
         elif high > low:  # (unit (unit ...)?)? nested, so each count has one parse
             rule = None
             for _ in range(high - low):
-                tail = [*unit] if rule is None else [*unit, (REF, rule)]
+                tail = [*unit] if rule is None else [*unit, (REF, rule, start)]
                 rule = self.generated(name, [tail, []])
-            elements.append((REF, rule))
+            elements.append((REF, rule, start))
         return pos
 
     def bounds(self, pos: int) -> tuple[int, int | None, int]:
@@ -360,17 +368,127 @@ class _Builder:
         if "root" not in self.index or self.index["root"] not in self.bodies:
             raise GrammarError("the grammar has no root rule", "name the rule the whole answer follows 'root': "
                                "root ::= ...")
+        self.refuse_endless_expansion()
         alternatives: list[tuple[tuple, ...]] = []
         rules: list[tuple[int, ...]] = []
         for rule in range(len(self.names)):
             indices = []
             for body in self.bodies[rule]:
                 indices.append(len(alternatives))
-                alternatives.append(tuple(body))
+                # a reference keeps where it is written (its third item) only for the errors here
+                alternatives.append(tuple(element[:2] if element[0] == REF else element for element in body))
             rules.append(tuple(indices))
-        grammar = Grammar(tuple(alternatives), tuple(rules), tuple(self.names), self.index["root"])
-        _refuse_left_recursion(grammar)
-        return grammar
+        return Grammar(tuple(alternatives), tuple(rules), tuple(self.names), self.index["root"])
+
+    # ------------------------------------------------------------------------- left recursion
+
+    def refuse_endless_expansion(self) -> None:
+        """Refuse what llama.cpp refuses as left recursion, and what its parser takes but its matcher
+        never finishes expanding.
+
+        llama.cpp's ``llama_grammar_detect_left_recursion`` (src/llama-grammar.cpp) counts as matching
+        nothing only a rule with an empty alternative, and refuses a rule that can reach itself through
+        references each first in its alternative or after such rules only: ``x*`` with
+        ``x ::= | "a"`` is refused, ``("a"?)*`` is not (its group matches the empty text, but through
+        the rule ``"a"?`` makes, not by an empty alternative of its own).
+
+        Its matcher, ``llama_grammar_advance_stack``, expands a stack until a terminal is on top and
+        skips a stack it has seen before in that expansion. A rule that comes back to itself without
+        reading, through rules that match the empty text, is so expanded once where each reference on
+        the way back is the last of its alternative (the next round gives the same stack), as in
+        ``("a"?)*``; where something follows one of them, each round leaves it on the stack once more,
+        the stacks never repeat, and llama.cpp runs out of memory. Such a rule is refused where the
+        root can reach it (llama.cpp never expands a rule it cannot)."""
+        rules = range(len(self.names))
+        with_empty = {rule for rule in rules if any(not alternative for alternative in self.bodies[rule])}
+        graph = self.leading(with_empty)
+        component = _components(graph)
+        for rule in rules:
+            for target, pos, _ in graph[rule]:
+                if component[target] == component[rule]:
+                    raise self.left_recursion(rule, pos)
+        graph = self.leading(self.nullable())
+        component = _components(graph)
+        for rule in sorted(self.reachable()):
+            for target, pos, more in graph[rule]:
+                if more and component[target] == component[rule]:
+                    raise self.endless_expansion(rule, pos)
+
+    def leading(self, empty: set[int]) -> list[list[tuple[int, int, bool]]]:
+        """For each rule, the references that can come first in one of its alternatives (after only
+        references to rules in ``empty``): the rule referenced, where, and whether more follows it."""
+        graph = []
+        for rule in range(len(self.names)):
+            edges = []
+            for alternative in self.bodies[rule]:
+                for at, element in enumerate(alternative):
+                    if element[0] != REF:
+                        break
+                    edges.append((element[1], element[2], at + 1 < len(alternative)))
+                    if element[1] not in empty:
+                        break
+            graph.append(edges)
+        return graph
+
+    def nullable(self) -> set[int]:
+        """Rules that can match the empty text, by an empty alternative or through other rules."""
+        nullable: set[int] = set()
+        pending: list[int] = []
+        waiting: dict[int, list[list[int]]] = {}  # rule -> [references left, rule] of alternatives that use it
+        for rule in range(len(self.names)):
+            for alternative in self.bodies[rule]:
+                if not alternative:
+                    pending.append(rule)
+                elif all(element[0] == REF for element in alternative):
+                    counter = [len(alternative), rule]
+                    for element in alternative:
+                        waiting.setdefault(element[1], []).append(counter)
+        while pending:
+            rule = pending.pop()
+            if rule in nullable:
+                continue
+            nullable.add(rule)
+            for counter in waiting.get(rule, ()):
+                counter[0] -= 1
+                if counter[0] == 0:
+                    pending.append(counter[1])
+        return nullable
+
+    def reachable(self) -> set[int]:
+        root = self.index["root"]
+        seen, pending = {root}, [root]
+        while pending:
+            for alternative in self.bodies[pending.pop()]:
+                for element in alternative:
+                    if element[0] == REF and element[1] not in seen:
+                        seen.add(element[1])
+                        pending.append(element[1])
+        return seen
+
+    def left_recursion(self, rule: int, pos: int) -> GrammarError:
+        name = self.names[rule]
+        if "/" in name:  # a rule made for a repetition: x* is R ::= x R |, left-recursive where x has an empty alternative
+            return self.fail(pos, f"in the grammar's rule {name.split('/')[0]!r}, this repetition repeats something "
+                             "with an empty alternative (as in (\"a\" | )* or x* with x ::= | \"a\"), which "
+                             "llama.cpp refuses as left recursion: it could repeat forever without reading a character",
+                             "make the repeated part read at least one character: (\"a\")* rather than "
+                             "(\"a\" | )*, and x* with x ::= \"a\"")
+        return self.fail(pos, f"the grammar's rule {name!r} is left-recursive: it can reach itself here before "
+                         "reading a character (first in an alternative, or after only rules with an empty "
+                         "alternative), which llama.cpp refuses",
+                         f"rewrite it with a repetition: {name} ::= head (\"+\" head)* instead of "
+                         f"{name} ::= {name} \"+\" head | head")
+
+    def endless_expansion(self, rule: int, pos: int) -> GrammarError:
+        name = self.names[rule].split("/")[0]
+        return self.fail(pos, f"the grammar's rule {name!r} can come back to itself here without reading a "
+                         "character (the rules before this point can match the empty text) and has more to read "
+                         "after it, so expanding it never ends: each round leaves that rest to read once more "
+                         "(llama.cpp's parser takes the grammar, as none of those rules has an empty alternative, "
+                         "and its matcher runs out of memory on it)",
+                         "make the rules before this point read at least one character, and write the case where "
+                         "they read nothing without coming back: a ::= b a \"x\" | \"y\" with b ::= \"z\"? "
+                         "is a ::= \"z\" a \"x\" | \"y\" \"x\"*")
 
 
 def _unexpected_fix(char: str) -> str:
@@ -417,35 +535,46 @@ def nullable_rules(grammar: Grammar) -> set[int]:
     return nullable
 
 
-def _refuse_left_recursion(grammar: Grammar) -> None:
-    """A rule that can reach itself through references alone, each after only empty-matching ones."""
-    nullable = nullable_rules(grammar)
-    leading: dict[int, set[int]] = {}  # rule -> rules it can start with
-    for rule, indices in enumerate(grammar.rules):
-        firsts = set()
-        for index in indices:
-            for element in grammar.alternatives[index]:
-                if element[0] != REF:
-                    break
-                firsts.add(element[1])
-                if element[1] not in nullable:
-                    break
-        leading[rule] = firsts
-    for rule in range(len(grammar.rules)):
-        seen, pending = set(), list(leading[rule])
-        while pending:
-            other = pending.pop()
-            if other == rule:
-                name = grammar.names[rule]
-                if "/" in name:  # a rule made for a group or repetition
-                    raise GrammarError(f"in the grammar's rule {name.split('/')[0]!r}, a repetition repeats "
-                                       "something that can match the empty text (as in (x?)*), so it could "
-                                       "repeat forever without reading a character",
-                                       "make the repeated part read at least one character: (x)* rather than (x?)*")
-                raise GrammarError(f"the grammar's rule {name!r} is left-recursive (it can reach itself before "
-                                   "reading a character)",
-                                   f"rewrite it with a repetition: {name} ::= head (\"+\" head)* instead of "
-                                   f"{name} ::= {name} \"+\" head | head")
-            if other not in seen:
-                seen.add(other)
-                pending.extend(leading[other])
+def _components(graph: list[list[tuple]]) -> list[int]:
+    """The strongly connected components of a graph of rules (Tarjan's, without recursion, so a long
+    chain of rules is no deep Python recursion): rule -> its component's number."""
+    count = len(graph)
+    order, low, component = [-1] * count, [0] * count, [-1] * count
+    on_stack = [False] * count
+    stack: list[int] = []
+    visited = found = 0
+    for start in range(count):
+        if order[start] >= 0:
+            continue
+        order[start] = low[start] = visited
+        visited += 1
+        stack.append(start)
+        on_stack[start] = True
+        work = [(start, 0)]
+        while work:
+            node, edge = work[-1]
+            if edge < len(graph[node]):
+                work[-1] = (node, edge + 1)
+                target = graph[node][edge][0]
+                if order[target] < 0:
+                    order[target] = low[target] = visited
+                    visited += 1
+                    stack.append(target)
+                    on_stack[target] = True
+                    work.append((target, 0))
+                elif on_stack[target]:
+                    low[node] = min(low[node], order[target])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == order[node]:
+                while True:
+                    member = stack.pop()
+                    on_stack[member] = False
+                    component[member] = found
+                    if member == node:
+                        break
+                found += 1
+    return component
