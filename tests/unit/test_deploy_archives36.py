@@ -12,7 +12,7 @@ import pytest
 from edgesdk.bundle import COMPRESSED_SUFFIXES, pack_bundle
 from edgesdk.deploy.session import unpack_if_archive
 from edgesdk.deploy.transport import DeployError
-from tests._utils.deploy import current_id, edgesdk
+from tests._utils.deploy import edgesdk
 
 
 @pytest.mark.parametrize("name", ["b.tar", *(f"b{suffix}" for suffix in COMPRESSED_SUFFIXES), "b.bundle", "b"])
@@ -25,14 +25,6 @@ def test_every_archive_pack_writes_is_unpacked_for_deploy(tiny_bundle, tmp_path,
         assert unpacked.is_dir()
         assert (unpacked / "manifest.json").read_bytes() == (tiny_bundle.path / "manifest.json").read_bytes()
     assert not unpacked.exists()  # the temporary copy goes with the deploy
-
-
-def test_deploy_takes_a_plain_tar_under_any_name(tiny_bundle, tmp_path):
-    archive = tmp_path / "smollm.bundle"
-    assert edgesdk("pack", tiny_bundle.path, archive).returncode == 0
-    proc = edgesdk("deploy", archive, "--to", tmp_path / "board")
-    assert proc.returncode == 0, proc.stderr
-    assert current_id(tmp_path / "board") == tiny_bundle.bundle_id
 
 
 @pytest.mark.parametrize(("tool", "suffix", "kind"), [("zstd", ".tar.zst", "zstd"), ("zstd", ".zst", "zstd"),

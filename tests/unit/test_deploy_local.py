@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from click.testing import CliRunner
 
 from edgesdk.cli import main
@@ -80,8 +81,9 @@ def test_local_deploy_redeploy_and_rollback(tiny_bundle, tmp_path):
     assert ran.stdout.strip()
 
 
-def test_deploy_accepts_a_packed_bundle(tiny_bundle, tmp_path):
-    archive = tmp_path / "b.tar"
+@pytest.mark.parametrize("name", ["b.tar", "smollm.bundle"])  # pack writes a plain tar under any other name
+def test_deploy_accepts_a_packed_bundle(tiny_bundle, tmp_path, name):
+    archive = tmp_path / name
     assert edgesdk("pack", tiny_bundle.path, archive).returncode == 0
     proc = edgesdk("deploy", archive, "--to", tmp_path / "dir")
     assert proc.returncode == 0, proc.stderr
