@@ -322,7 +322,7 @@ def _sampler_chain(samplers: str | None, sampling_seq: str | None) -> dict:
 
 def _runtime_options(fn):
     options = [
-        click.option("--threads", type=click.IntRange(min=1),
+        click.option("--threads", "-t", type=click.IntRange(min=1),
                      help="Intra-op threads [from the target profile, at most the usable cores]."),
         click.option("--backend", help="Force a backend (ort-cpu, ort-cuda, ort-trt, tensorrt, triton) instead of the profile's chain."),
         click.option("--target", help="Refuse the bundle unless it was built for this board."),
@@ -399,7 +399,7 @@ def _gate_options(fn):
 @click.option("--ignore-eos", is_flag=True,
               help="Never end at an end-of-text or end-of-turn token (their logits set to -inf, as llama.cpp's "
                    "--ignore-eos): an answer runs to -n tokens, unless --json, --json-schema or --grammar ends it.")
-@click.option("--temperature", default=0.0, show_default=True, help="0 means greedy decoding.")
+@click.option("--temperature", "--temp", default=0.0, show_default=True, help="0 means greedy decoding.")
 @click.option("--top-p", default=1.0, show_default=True, help="Nucleus sampling mass (with --temperature > 0).")
 @click.option("--top-k", default=0, show_default=True,
               help="Sample from the K most likely tokens only (with --temperature > 0; 0: off).")
@@ -410,7 +410,7 @@ def _gate_options(fn):
               help="Add BIAS (-100..100, or -inf: never) to token ID's logit, greedy or sampled (repeatable; "
                    "llama.cpp's ID+BIAS / ID-BIAS form works too).")
 @_sampler_chain_options
-@click.option("--seed", type=click.IntRange(min=0), help="Seed for sampling (unset: a random one).")
+@click.option("--seed", "-s", type=click.IntRange(min=0), help="Seed for sampling (unset: a random one).")
 @click.option("--repeat-penalty", default=1.0, show_default=True,
               help="Divide the logit of a token seen in the last --repeat-last-n tokens by this (1: off).")
 @click.option("--repeat-last-n", default=64, show_default=True, type=click.IntRange(min=-1),
@@ -420,7 +420,7 @@ def _gate_options(fn):
 @click.option("--frequency-penalty", default=0.0, show_default=True,
               help="Lower a seen token's logit by this per occurrence (OpenAI's frequency penalty, -2..2).")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the model's chat template.")
-@click.option("--system", help="System message for the chat template.")
+@click.option("--system", "--system-prompt", "-sys", help="System message for the chat template.")
 @click.option("--chat-template-kwargs", "template_kwargs", metavar="JSON", callback=lambda ctx, param, value:
               _template_kwargs_option(value),
               help="Extra variables for the chat template, a JSON object (llama.cpp's --chat-template-kwargs), e.g. "
@@ -755,10 +755,11 @@ def _logit_bias_option(text: str) -> tuple[int, float]:
               help="TCP port (0: a free one, printed at start).")
 @click.option("--api-key", envvar="EDGESDK_API_KEY", show_envvar=True,
               help="Require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on every route but /health.")
-@click.option("--model-name", help="Model id the API reports [<model>-<target> from the manifest].")
+@click.option("--model-name", "--alias", "-a", "model_name",
+              help="Model id the API reports (llama-server's --alias) [<model>-<target> from the manifest].")
 @click.option("--max-new-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=1),
               help="Tokens per answer for a request that sets no max_tokens.")
-@click.option("--temperature", default=0.0, show_default=True,
+@click.option("--temperature", "--temp", default=0.0, show_default=True,
               help="For a request that sets none; 0 means greedy decoding.")
 @click.option("--top-p", default=1.0, show_default=True, help="For a request that sets none.")
 @click.option("--top-k", default=0, show_default=True, help="For a request that sets none (0: off).")

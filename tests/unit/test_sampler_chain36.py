@@ -217,3 +217,23 @@ def test_serve_takes_the_chain_from_its_options(tiny_bundle):
     assert empty.exit_code == 2
     assert "'--model-name'" in empty.output
     assert "is empty" in empty.output
+
+
+def test_llama_cli_s_short_names_work(tiny_bundle, runtime):
+    """A llama-cli command line (``--temp``, ``-s``, ``-t``, ``-sys`` / ``--system-prompt``) gives the answer the long
+    names give."""
+    from tests.unit.test_cli import assert_ok, invoke
+
+    long = invoke("run", tiny_bundle.path, "--prompt", "hello", "-n", 8, "--temperature", 0.9, "--seed", 4,
+                  "--threads", 1, "--system", "Be brief.")
+    short = invoke("run", tiny_bundle.path, "-p", "hello", "-n", 8, "--temp", 0.9, "-s", 4, "-t", 1,
+                   "-sys", "Be brief.")
+    prompt = invoke("run", tiny_bundle.path, "-p", "hello", "-n", 8, "--temp", 0.9, "-s", 4, "-t", 1,
+                    "--system-prompt", "Be brief.")
+    assert_ok(long)
+    assert_ok(short)
+    assert_ok(prompt)
+    assert long.stdout == short.stdout == prompt.stdout
+    alias = invoke("serve", tiny_bundle.path, "--alias", " ", "--port", 0)  # llama-server's name for --model-name
+    assert alias.exit_code == 2
+    assert "is empty" in alias.output
