@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -45,12 +46,22 @@ def chat_template(tokenizer) -> str | None:
     return template if isinstance(template, str) and template else None
 
 
-def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None) -> str:
+def _code_span(text: str) -> str:
+    """``text`` as a Markdown code span, so that a path's own characters (``*``, ``[``, ``|``, a backtick) show
+    as they are; a line break is written as ``\\n`` (it would end the heading the span is in)."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if "`" in text else ""  # a span that starts or ends with a backtick needs the space
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None,
+            plot_left_out: str | None = None) -> str:
     before, after = manifest["model"]["before"], manifest["model"]["after"]
     fp16_bytes = before["parameters"] * 2
     total = sum(sizes.values())
     lines = [
-        f"# edgesdk bundle: {before['source']} for {manifest['target']['name']}",
+        f"# edgesdk bundle: {_code_span(before['source'])} for {manifest['target']['name']}",
         "",
         f"- architecture: {before['architecture']}, {before['layers']} layers, hidden {before['hidden_size']}, "
         f"heads {before['attention_heads']} (kv {before['kv_heads']}), vocab {before['vocab_size']}",
@@ -77,7 +88,8 @@ def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None)
               "", "## Files", "", "| file | bytes |", "|---|---|"]
     lines += [f"| {name} | {size:,} |" for name, size in sorted(sizes.items())]
     lines += _sparse_lines(manifest.get("sparse"))
-    lines += report.markdown(report.stage_rows(manifest.get("baseline"), manifest["stages"]), plot_name)
+    lines += report.markdown(report.stage_rows(manifest.get("baseline"), manifest["stages"]), plot_name,
+                             plot_left_out)
     return "\n".join(lines) + "\n"
 
 
@@ -153,16 +165,18 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
             manifest["sparse"] = sparse
         sizes = {name: (writer.staging / name).stat().st_size
                  for name in (MODEL_FILE, data_name, "tokenizer.json", *extra)}
-        plot_name = None
+        plot_name = plot_left_out = None
         rows = report.stage_rows(baseline, stages)
         if rows:
             with tempfile.TemporaryDirectory() as tmp:
                 png = Path(tmp) / "report.png"
-                if report.plot(rows, png):
+                plot_left_out = report.plot(rows, png)
+                if plot_left_out is None:
                     writer.add_file(png)
                     plot_name = png.name
-        writer.write_text("report.md", _report(manifest, sizes, plot_name))
-        writer.commit(manifest)
+        writer.write_text("report.md", _report(manifest, sizes, plot_name, plot_left_out))
+        # the report states a non-finite figure as such; the manifest, JSON, holds null for it
+        writer.commit(report.finite_json(manifest))
     except BaseException:  # a full disk, Ctrl-C, an output directory taken meanwhile: no hidden copy is left
         writer.discard()
         raise

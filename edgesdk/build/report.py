@@ -3,7 +3,27 @@ held-out perplexity, per layer the heads and FFN channels kept, and a PNG plot o
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+
+def finite_json(value):
+    """``value`` with every float that is not finite (a diverged stage's perplexity of inf or NaN) as None:
+    JSON has no NaN or Infinity, and Python's json would write them as such."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(item) for item in value]
+    return value
+
+
+def figure(value, spec: str) -> str:
+    """A measured number for a table: '-' where nothing was measured, 'not finite' for inf or NaN."""
+    if value is None:
+        return "-"
+    return f"{value:{spec}}" if math.isfinite(value) else "not finite"
 
 
 def stage_rows(baseline: dict | None, stages: list[dict]) -> list[dict]:
@@ -13,7 +33,8 @@ def stage_rows(baseline: dict | None, stages: list[dict]) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], plot_name: str | None) -> list[str]:
+def markdown(rows: list[dict], plot_name: str | None, plot_left_out: str | None = None) -> list[str]:
+    """The report's stage section; ``plot_left_out`` says why there is no plot (from :func:`plot`)."""
     if not rows:
         return []
     lines = ["", "## Compression stages", "",
@@ -22,14 +43,15 @@ def markdown(rows: list[dict], plot_name: str | None) -> list[str]:
         ppl = row.get("heldout_perplexity")
         tokens = row.get("training", {}).get("tokens")
         lines.append(f"| {row['stage']} | {row['parameters']:,} | {row['weight_bytes'] / 1e6:.1f} MB | "
-                     f"{f'{ppl:.3f}' if ppl else '-'} | {f'{tokens:,}' if tokens else '-'} |")
+                     f"{figure(ppl, '.3f')} | {f'{tokens:,}' if tokens else '-'} |")
     lines += ["", "Held-out perplexity: the first 8,192 tokens of the evaluation slice left out of training "
               "(`--data-skip-chars`), PyTorch, windows of 256; `edgesdk eval` measures the bundle itself.", ""]
     for row in rows:  # the power stage's row is with gating off; its gated point follows
         gated = (row.get("heldout") or {}).get("at_tau_train")
         if gated:
             lines += [f"After {row['stage']}, with the FFN gates skipping below tau {gated['tau']:g}: held-out "
-                      f"perplexity {gated['perplexity']:.3f}, {gated['executed_fraction']:.1%} of the FFN blocks run.",
+                      f"perplexity {figure(gated['perplexity'], '.3f')}, {gated['executed_fraction']:.1%} of the FFN "
+                      "blocks run.",
                       ""]
     last = rows[-1].get("layers") or []
     if last:  # layers numbered as in the model as loaded (as the plot draws them): depth pruning leaves gaps
@@ -44,18 +66,23 @@ def markdown(rows: list[dict], plot_name: str | None) -> list[str]:
                       f"{', '.join(map(str, removed))} of the model as loaded."]
     if plot_name:
         lines += ["", f"![compression stages]({plot_name})", ""]
+    elif plot_left_out:
+        lines += ["", f"No plot of these figures: {plot_left_out}.", ""]
     return lines
 
 
-def plot(rows: list[dict], path: Path) -> bool:
-    """Write the PNG; False when matplotlib is missing (the report then has the tables only)."""
+def plot(rows: list[dict], path: Path) -> str | None:
+    """Write the PNG; where matplotlib cannot be imported, write nothing and return why (the report then
+    has the tables only, and says so)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "matplotlib":
+            return "matplotlib is not installed (`pip install edgesdk[report]` adds it)"
+        return f"matplotlib could not be imported ({exc})"
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     names = [row["stage"] for row in rows]
     sizes = [row["weight_bytes"] / 1e6 for row in rows]
@@ -83,4 +110,4 @@ def plot(rows: list[dict], path: Path) -> bool:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    return True
+    return None
