@@ -1,5 +1,8 @@
 """The compression part of a bundle's ``report.md``: per stage the parameters, weight bytes and
-held-out perplexity, per layer the heads and FFN channels kept, and a PNG plot of both."""
+held-out perplexity, per layer the heads and FFN channels kept, and a PNG plot of both; for a
+power-gated bundle also the power distribution of a sample text and the quality / compute curve
+over the gate threshold (issue: "the bundle report plots the power distribution of a sample text and
+the quality/speed curve")."""
 
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ def markdown(rows: list[dict], plot_name: str | None, plot_left_out: str | None 
                       f"perplexity {figure(gated['perplexity'], '.3f')}, {gated['executed_fraction']:.1%} of the FFN "
                       "blocks run.",
                       ""]
+        lines += _power_lines(row)
     last = rows[-1].get("layers") or []
     if last:  # layers numbered as in the model as loaded (as the plot draws them): depth pruning leaves gaps
         numbers = [int(layer.get("layer", i)) for i, layer in enumerate(last)]
@@ -71,6 +75,27 @@ def markdown(rows: list[dict], plot_name: str | None, plot_left_out: str | None 
     return lines
 
 
+def _power_lines(row: dict) -> list[str]:
+    """A power stage's quality / compute curve as a table and its sample text's windowed entropy."""
+    lines = []
+    curve = row.get("curve") or []
+    if curve:
+        lines += ["Quality against compute (PyTorch, the held-out tokens above; the speed follows the FFN blocks "
+                  "run, `edgesdk eval --budgets` measures the bundle):", "",
+                  "| gate threshold tau | FFN blocks run | held-out perplexity |", "|---|---|---|"]
+        lines += [f"| {point['tau']:g} | {point['executed_fraction']:.1%} | {figure(point['perplexity'], '.3f')} |"
+                  for point in curve]
+        lines.append("")
+    sample = row.get("sample_power")
+    if sample and sample.get("entropy"):
+        entropy = [h for h in sample["entropy"] if h is not None]
+        if entropy:
+            lines += [f"Power distribution of the first {len(sample['p'])} held-out tokens (every FFN running): "
+                      f"entropy per window of {sample['window']} tokens {min(entropy):.3f} to {max(entropy):.3f} "
+                      f"nats, mean {sum(entropy) / len(entropy):.3f}.", ""]
+    return lines
+
+
 def plot(rows: list[dict], path: Path) -> str | None:
     """Write the PNG; where matplotlib cannot be imported, write nothing and return why (the report then
     has the tables only, and says so)."""
@@ -83,7 +108,12 @@ def plot(rows: list[dict], path: Path) -> str | None:
         if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "matplotlib":
             return "matplotlib is not installed (`pip install edgesdk[report]` adds it)"
         return f"matplotlib could not be imported ({exc})"
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    power = next((row for row in reversed(rows) if row.get("curve") or row.get("sample_power")), None)
+    if power is None:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    else:
+        fig, ((left, right), (tokens, curve)) = plt.subplots(2, 2, figsize=(11, 8))
+        _plot_power(tokens, curve, power)
     names = [row["stage"] for row in rows]
     sizes = [row["weight_bytes"] / 1e6 for row in rows]
     left.bar(names, sizes, color="tab:blue")
@@ -111,3 +141,29 @@ def plot(rows: list[dict], path: Path) -> str | None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return None
+
+
+def _plot_power(tokens, curve, row: dict) -> None:
+    """The sample text's power distribution P (per token, within its window) and the quality / compute curve."""
+    sample = row.get("sample_power") or {}
+    probabilities = [p if p is not None else float("nan") for p in sample.get("P") or []]
+    if probabilities:
+        window = sample["window"]
+        tokens.bar(range(len(probabilities)), probabilities, width=1.0, color="tab:purple")
+        for edge in range(window, len(probabilities), window):
+            tokens.axvline(edge - 0.5, color="grey", linewidth=0.5)
+        tokens.set_xlabel(f"held-out token (windows of {window})")
+        tokens.set_ylabel("P (share of the window's power)")
+        tokens.set_title("power distribution of a sample text")
+    points = [point for point in row.get("curve") or [] if point.get("perplexity") is not None
+              and math.isfinite(point["perplexity"])]
+    if points:
+        curve.plot([p["executed_fraction"] for p in points], [p["perplexity"] for p in points], "o-", color="tab:green")
+        labels: dict[tuple, list[str]] = {}  # thresholds that gave the same point share one label
+        for point in points:
+            labels.setdefault((point["executed_fraction"], point["perplexity"]), []).append(f"{point['tau']:g}")
+        for at, taus in labels.items():
+            curve.annotate(f"tau {', '.join(taus)}", at, textcoords="offset points", xytext=(4, 4), fontsize=8)
+        curve.set_xlabel("FFN blocks run (compute)")
+        curve.set_ylabel("held-out perplexity")
+        curve.set_title("quality against compute")

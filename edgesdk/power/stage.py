@@ -28,6 +28,9 @@ from edgesdk.power.controller import ControllerConfig, TauController
 from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW, check_entropy_target
 from edgesdk.power.profiler import REPEATS, buckets_timeable, measure_kv_cost
 
+CURVE_TAUS = (0.3, 0.7, 0.9)  # the report's curve: these, tau_train and 0 (gating off)
+SAMPLE_TOKENS = 8 * WINDOW  # tokens of the held-out text whose power distribution the report plots
+
 
 @dataclass(frozen=True)
 class PowerConfig:
@@ -199,5 +202,10 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
         ctx.metrics["heldout"] = {"gating_off": train.gated_heldout(model, state, eval_ids, 0.0),
                                   "at_tau_train": train.gated_heldout(model, state, eval_ids, config.tau_train)}
         ctx.metrics["heldout_perplexity"] = ctx.metrics["heldout"]["gating_off"]["perplexity"]
+        # the report's quality / compute curve: held-out perplexity against the FFN blocks run, over tau
+        known = {config.tau_train: ctx.metrics["heldout"]["at_tau_train"], 0.0: ctx.metrics["heldout"]["gating_off"]}
+        ctx.metrics["curve"] = [known.get(tau) or train.gated_heldout(model, state, eval_ids, tau)
+                                for tau in sorted({0.0, config.tau_train, *CURVE_TAUS})]
+        ctx.metrics["sample_power"] = train.sample_power(model, state, info, eval_ids[:SAMPLE_TOKENS])
     return model
 

@@ -314,5 +314,22 @@ def gated_heldout(model, state: PowerState, ids: torch.Tensor, tau: float, lengt
             "executed_fraction": round(float(torch.stack(masks).mean()), 4) if masks else 1.0}
 
 
+def sample_power(model, state: PowerState, info: PowerModelInfo, ids: torch.Tensor) -> dict:
+    """The power vector of a sample text (``ids`` (T,), ungated, as the proxy is read in training): p_t per token,
+    its distribution P within each window of ``info.window`` tokens (seed §2.2: smoothed, min-max plus the floor,
+    L1) and each window's entropy in nats; what the bundle report plots."""
+    before = state.enabled, state.straight_through, state.record
+    with torch.no_grad():
+        _forward(model, state, ids[None], torch.ones_like(ids[None], dtype=torch.bool), gated=False)
+        positions = torch.arange(ids.shape[0])[None]  # (1, T)
+        p = info.power(state, positions)  # (1, T)
+        windows, _ = vector.windowed(p, torch.ones_like(p), info.window, info.smooth, info.floor)  # (1, T/W, W)
+    state.clear()
+    state.enabled, state.straight_through, state.record = before  # as the export finds it
+    return {"p": [round(float(x), 5) for x in p[0]],
+            "P": [round(float(x), 5) for x in windows[0].reshape(-1)],
+            "entropy": [round(float(h), 4) for h in vector.entropy(windows[0])], "window": info.window}
+
+
 def perplexity_of(nll: float) -> float:
     return math.exp(nll)
