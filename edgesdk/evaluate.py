@@ -119,7 +119,7 @@ def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress:
         targets = window[first:]
         nll += _log_softmax_nll(logits[first - 1:-1], targets)
         count += len(targets)
-    return PerplexityResult(_exp_or_inf(nll / count), count, len(spans))
+    return PerplexityResult(exp_or_inf(nll / count), count, len(spans))
 
 
 def _checked_windows(ids: list[int], config: PerplexityConfig, measure: str) -> list[tuple[int, int, int]]:
@@ -150,7 +150,7 @@ def leading_bos(tokenizer) -> int | None:
     return special[0] if len(special) == len(plain) + 1 and special[1:] == plain else None
 
 
-def _exp_or_inf(mean_nll: float) -> float:
+def exp_or_inf(mean_nll: float) -> float:
     """exp, with inf past the float range (a mean loss over 709.8 nats) where math.exp raises."""
     return math.inf if mean_nll > math.log(sys.float_info.max) else math.exp(mean_nll)  # NaN stays NaN
 
@@ -399,4 +399,4 @@ def last_word_accuracy(score_window, encode, documents: list[tuple[str, str]],
         rows = log_softmax(score_window(np.asarray(fed, np.int64))[last - len(targets): last])  # (n, V)
         likelihoods.append(float(rows[np.arange(len(targets)), targets].sum()))
         correct += bool((rows.argmax(axis=-1) == targets).all())
-    return LastWordResult(len(documents), correct / len(documents), _exp_or_inf(-float(np.mean(likelihoods))))
+    return LastWordResult(len(documents), correct / len(documents), exp_or_inf(-float(np.mean(likelihoods))))

@@ -3,12 +3,11 @@ will take, quick held-out perplexity, and the per-layer structure."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from edgesdk.compress.fake_quant import QuantScheme, decoder_linears, is_tied
 from edgesdk.compress.structure import layer_records
+from edgesdk.evaluate import exp_or_inf
 
 
 def weight_bytes(model, scheme: QuantScheme | None) -> int:
@@ -73,7 +72,7 @@ def heldout_perplexity(model, ids: torch.Tensor, length: int = HELDOUT_WINDOW) -
         logits = model(row[None]).logits[0, :-1]  # (length-1, V)
         total += float(torch.nn.functional.cross_entropy(logits.float(), row[1:], reduction="sum"))
         count += length - 1
-    return math.exp(total / max(count, 1))
+    return exp_or_inf(total / max(count, 1))  # a diverged stage's loss past 709.8 nats is inf, not an OverflowError
 
 
 def structure_summary(model) -> list[dict]:

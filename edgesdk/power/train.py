@@ -16,7 +16,6 @@ with gradient accumulation over micro-batches. Every stabiliser can be switched 
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -25,6 +24,7 @@ import torch
 
 from edgesdk.compress.measure import heldout_perplexity
 from edgesdk.errors import BuildError
+from edgesdk.evaluate import exp_or_inf
 from edgesdk.power import losses, vector
 from edgesdk.power.adapter import PowerState, adapter_parameters
 from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW
@@ -332,4 +332,4 @@ def sample_power(model, state: PowerState, info: PowerModelInfo, ids: torch.Tens
 
 
 def perplexity_of(nll: float) -> float:
-    return math.exp(nll)
+    return exp_or_inf(nll)

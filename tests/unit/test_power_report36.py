@@ -49,3 +49,18 @@ def test_the_report_tabulates_and_plots_them(power_bundle):  # noqa: F811
             f"window of {WINDOW} tokens {min(entropy):.3f} to {max(entropy):.3f} nats") in report
     width, height = Image.open(power_bundle.path / "report.png").size
     assert height > width / 2  # two rows of panels: the stages, and the power distribution with the curve
+
+
+def test_a_diverged_model_s_heldout_perplexity_is_inf_not_an_overflow():
+    """A stage whose model diverged (a mean loss past 709.8 nats) raised OverflowError in math.exp, ending the build;
+    the figure is inf, which the report shows as 'not finite' and the manifest as null."""
+    import torch
+
+    from edgesdk.compress.measure import heldout_perplexity
+    from tests._utils.tiny import tiny_llama
+
+    model = tiny_llama().eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1e6)  # logits of order 1e6: the wrong tokens lose by far more than 709.8 nats
+    ids = torch.randint(0, model.config.vocab_size, (64,), generator=torch.Generator().manual_seed(0))
+    assert heldout_perplexity(model, ids, 32) == math.inf
