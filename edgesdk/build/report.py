@@ -164,6 +164,7 @@ def _plot_power(tokens, curve, row: dict) -> None:
             labels.setdefault((point["executed_fraction"], point["perplexity"]), []).append(f"{point['tau']:g}")
         for at, taus in labels.items():
             curve.annotate(f"tau {', '.join(taus)}", at, textcoords="offset points", xytext=(4, 4), fontsize=8)
+        curve.set_yscale("log")  # skipping every FFN costs orders of magnitude: a linear axis flattens the rest
         curve.set_xlabel("FFN blocks run (compute)")
-        curve.set_ylabel("held-out perplexity")
+        curve.set_ylabel("held-out perplexity (log scale)")
         curve.set_title("quality against compute")
