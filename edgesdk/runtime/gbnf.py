@@ -521,20 +521,6 @@ def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-def nullable_rules(grammar: Grammar) -> set[int]:
-    """Rules that can match the empty text."""
-    nullable: set[int] = set()
-    changed = True
-    while changed:
-        changed = False
-        for rule, indices in enumerate(grammar.rules):
-            if rule not in nullable and any(all(el[0] == REF and el[1] in nullable for el in grammar.alternatives[i])
-                                            for i in indices):
-                nullable.add(rule)
-                changed = True
-    return nullable
-
-
 def _components(graph: list[list[tuple]]) -> list[int]:
     """The strongly connected components of a graph of rules (Tarjan's, without recursion, so a long
     chain of rules is no deep Python recursion): rule -> its component's number."""
