@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from edgesdk.errors import BundleError, EdgeSDKError
@@ -21,6 +22,7 @@ class ChatTokenizer:
         self.template_kwargs: dict = {}
         self._template = None
         self._token_bytes: list[bytes | None] | None = None
+        self._stream_anchor: tuple[list[int], str] | None = None  # found on first use (text._stream_anchor)
 
     def token_bytes(self) -> list[bytes | None]:
         """Each token id's bytes (None for special tokens and the ids that end generation, for JSON mode
@@ -209,27 +211,39 @@ STREAM_ANCHORS = ("a", "x", "0", ".")
 
 def _stream_anchor(tokenizer) -> tuple[list[int], str]:
     """A plain token to decode a stream after, and its text; ([], "") where the vocabulary has none that decodes
-    to itself alone and twice over (the stream is then decoded on its own)."""
+    to itself alone and twice over (the stream is then decoded on its own). Found once per tokenizer."""
+    cached = getattr(tokenizer, "_stream_anchor", None)
+    if cached is not None:
+        return cached
+    anchor: tuple[list[int], str] = ([], "")
     inner = getattr(tokenizer, "tokenizer", None)
-    if inner is None or not hasattr(inner, "token_to_id"):
-        return [], ""
-    for text in STREAM_ANCHORS:
-        token = inner.token_to_id(text)
-        if token is not None and tokenizer.decode([token]) == text and tokenizer.decode([token, token]) == text * 2:
-            return [token], text
-    return [], ""
+    if inner is not None and hasattr(inner, "token_to_id"):
+        for text in STREAM_ANCHORS:
+            token = inner.token_to_id(text)
+            if token is not None and tokenizer.decode([token]) == text and tokenizer.decode([token, token]) == text * 2:
+                anchor = ([token], text)
+                break
+    if isinstance(tokenizer, ChatTokenizer):
+        tokenizer._stream_anchor = anchor
+    return anchor
+
+
+def _decoded_after_anchor(tokenizer, decode: Callable[[list[int]], str], ids: list[int]) -> str:
+    """``decode(ids)`` keeping the first token's leading space: decoded after the stream anchor, which is then cut
+    off (a SentencePiece decoder strips the leading space of the text it decodes)."""
+    anchor, anchor_text = _stream_anchor(tokenizer)
+    if anchor:
+        text = decode(anchor + list(ids))
+        if text.startswith(anchor_text):
+            return text[len(anchor_text):]
+    return decode(list(ids))
 
 
 def pieces_text(tokenizer: ChatTokenizer, ids: list[int]) -> str:
     """``ids`` as llama.cpp joins their pieces (llama-server's ``POST /detokenize``, ``tokens_to_str``): special
-    tokens written out, and the first token's leading space kept, by decoding after the stream anchor and cutting it
-    off (a SentencePiece decoder strips the leading space of the text it decodes)."""
-    anchor, anchor_text = _stream_anchor(tokenizer)
-    if anchor:
-        text = tokenizer.tokenizer.decode(anchor + list(ids), skip_special_tokens=False)
-        if text.startswith(anchor_text):
-            return text[len(anchor_text):]
-    return tokenizer.tokenizer.decode(list(ids), skip_special_tokens=False)
+    tokens written out, and the first token's leading space kept."""
+    return _decoded_after_anchor(tokenizer, lambda some: tokenizer.tokenizer.decode(some, skip_special_tokens=False),
+                                 ids)
 
 
 class StreamDecoder:
@@ -249,15 +263,10 @@ class StreamDecoder:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self._emitted = 0  # characters of the decoded text already handed out
-        self._anchor, self._anchor_text = _stream_anchor(tokenizer)
 
     def _text(self) -> str:
         """The answer's text so far (the anchor's cut off)."""
-        if self._anchor:
-            text = self.tokenizer.decode(self._anchor + self.ids)
-            if text.startswith(self._anchor_text):
-                return text[len(self._anchor_text):]
-        return self.tokenizer.decode(self.ids)
+        return _decoded_after_anchor(self.tokenizer, self.tokenizer.decode, self.ids)
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
