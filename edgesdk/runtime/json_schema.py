@@ -12,23 +12,30 @@ The supported subset (JSON Schema 2020-12 keywords) is what structured-output AP
 ``type`` (one or a list), ``properties`` with ``required``, ``additionalProperties: false``
 (absent is read the same way: only the listed properties are written), ``items``, ``minItems``,
 ``maxItems``, ``enum``, ``const``, ``anyOf`` / ``oneOf``, ``allOf`` of one schema, ``$ref`` into
-``$defs`` / ``definitions`` (recursion included), ``true`` / ``{}`` for any value, and the
-annotations (``title``, ``description``, ``default``, ...). Properties are written in the
+``$defs`` / ``definitions`` (recursion included), ``true`` / ``{}`` for any value, a string's
+``minLength`` / ``maxLength`` (in characters: code points, an escape one, a ``\\u`` surrogate pair one),
+an integer's ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` (no ``-0``, no leading
+zero), and the annotations (``title``, ``description``, ``default``, ...). Properties are written in the
 schema's order, as OpenAI's strict mode and llama.cpp's converter write them. Between tokens the
 spacing is llama.cpp's schema grammar's: nothing, one space, or a newline and at most 20 spaces or
-tabs of indentation, so pretty-printed answers pass and a model cannot stall in blank lines. Every other keyword
-(``pattern``, ``minLength``, ``minimum``, ``format``, ...) is refused by name rather than ignored,
-so an answer never silently breaks a constraint the client asked for. The root must be an object or
-an array, whose closing bracket ends the answer.
+tabs of indentation, so pretty-printed answers pass and a model cannot stall in blank lines. Numbers
+follow llama.cpp's schema grammar too (common/json-schema-to-grammar.cpp, ``integral-part`` and
+``decimal-part``): at most 16 digits before the point (an integer range with a larger bound: that bound's
+digits), 16 after it and 16 in the exponent, which has no leading zero, so a model cannot stall in
+digits either. Every other keyword (``pattern``, ``format``, a ``number``'s ``minimum``, ...) is refused by
+name rather than ignored, so an answer never silently breaks a constraint the client asked for. The
+root must be an object or an array, whose closing bracket ends the answer.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.json_mode import _NUMBER_NEXT, AFTER_VALUE, NUMBER, VALUE, JsonState, step
+from edgesdk.runtime.json_mode import _NUMBER_NEXT, AFTER_VALUE, NUMBER, STRING, VALUE, JsonState, step
 from edgesdk.runtime.vocab_trie import tokens_accepted
 
 MAX_INDENT = 20  # spaces or tabs after a newline between tokens (llama.cpp's json-schema-to-grammar spacing)
@@ -36,9 +43,15 @@ ONE_SPACE = -1  # spacing state after a single space: nothing more may follow
 MAX_WAYS = 64  # live parses kept at once (a schema of nested anyOf could otherwise multiply them)
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
                          "readOnly", "writeOnly"})
+BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 TYPE_KEYWORDS = {"object": {"properties", "required", "additionalProperties"},
                  "array": {"items", "minItems", "maxItems"},
-                 "string": set(), "number": set(), "integer": set(), "boolean": set(), "null": set()}
+                 "string": {"minLength", "maxLength"}, "number": set(), "integer": set(BOUND_KEYWORDS),
+                 "boolean": set(), "null": set()}
+# llama.cpp's schema grammar (common/json-schema-to-grammar.cpp): integral-part ::= [0] | [1-9] [0-9]{0,15},
+# decimal-part ::= [0-9]{1,16}, and the exponent is an integral-part.
+NUMBER_DIGITS = 16
+_NUMBER_PARTS = re.compile(rb"(-?)([0-9]*)(?:\.([0-9]*))?(?:[eE][-+]?([0-9]*))?")
 _WHITESPACE = frozenset(b" \t\n\r")
 _NUMBER_START = frozenset(b"-0123456789")
 _INSIDE_ARRAY = ("[",)  # a scanned value sits in a one-level container so that its end is visible
@@ -58,6 +71,10 @@ class SchemaNode:
     literals: tuple[bytes, ...] = ()  # literal: the JSON texts allowed (enum, const, booleans, null)
     options: tuple = ()  # choice: SchemaNodes
     ref: str = ""  # ref: a key of the compiled definitions
+    min_length: int = 0  # string: characters
+    max_length: int | None = None
+    minimum: int | None = None  # integer: the bounds, inclusive
+    maximum: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +156,10 @@ class _Compiler:
                 self._refuse(schema, path, {"$defs", "definitions"})
                 return SchemaNode("any")
         kinds = _kinds(kinds, path)
+        bound = next((keyword for keyword in BOUND_KEYWORDS if keyword in schema), None)
+        if bound is not None and "number" in kinds:  # beside "integer" in a type list it would bound only those
+            raise SchemaError(f"{path}: keyword {bound!r} is supported on integers only, not on the type 'number'",
+                              "use the type 'integer', or drop it and check the answer yourself")
         allowed = {"type", "$defs", "definitions"}.union(*(TYPE_KEYWORDS[k] for k in kinds))
         self._refuse(schema, path, allowed)
         nodes = [self._typed(schema, kind, path) for kind in kinds]
@@ -188,7 +209,48 @@ class _Compiler:
             return self._array(schema, path)
         if kind == "object":
             return self._object(schema, path)
-        return SchemaNode(kind)  # string, number, integer
+        if kind == "string":
+            return self._string(schema, path)
+        if kind == "integer":
+            return self._integer(schema, path)
+        return SchemaNode(kind)  # number
+
+    @staticmethod
+    def _string(schema: dict, path: str) -> SchemaNode:
+        low, high = schema.get("minLength", 0), schema.get("maxLength")
+        for name, value in (("minLength", low), ("maxLength", high)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise SchemaError(f"{path}.{name} must be a non-negative integer, got {value!r}", "fix the schema")
+        if high is not None and high < low:
+            raise SchemaError(f"{path}: maxLength {high} is below minLength {low}", "fix the schema")
+        return SchemaNode("string", min_length=low, max_length=high)
+
+    @staticmethod
+    def _integer(schema: dict, path: str) -> SchemaNode:
+        """The integers the bounds leave (JSON Schema 2020-12 validation, section 6.2: every bound given applies;
+        a fractional bound keeps the integers on its side)."""
+        lows, highs = [], []
+        for name in BOUND_KEYWORDS:
+            if name not in schema:
+                continue
+            value = schema[name]
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise SchemaError(f"{path}.{name} must be a finite number, got {json.dumps(value, default=repr)[:60]}",
+                                  "fix the schema")
+            if name == "minimum":
+                lows.append(math.ceil(value))
+            elif name == "exclusiveMinimum":
+                lows.append(math.floor(value) + 1)
+            elif name == "maximum":
+                highs.append(math.floor(value))
+            else:
+                highs.append(math.ceil(value) - 1)
+        low, high = max(lows, default=None), min(highs, default=None)
+        if low is not None and high is not None and low > high:
+            raise SchemaError(f"{path}: no integer lies within its bounds "
+                              f"({', '.join(f'{k} {schema[k]}' for k in BOUND_KEYWORDS if k in schema)})",
+                              "fix the bounds")
+        return SchemaNode("integer", minimum=low, maximum=high)
 
     def _array(self, schema: dict, path: str) -> SchemaNode:
         low, high = schema.get("minItems", 0), schema.get("maxItems")
@@ -227,8 +289,9 @@ class _Compiler:
             if keyword not in allowed and keyword not in ANNOTATIONS:
                 raise SchemaError(f"{path}: keyword {keyword!r} is not supported by the JSON schema constraint here",
                                   "drop it from the schema (supported: type, properties, required, "
-                                  "additionalProperties false, items, minItems, maxItems, enum, const, anyOf, oneOf, "
-                                  "$ref to $defs) and check the answer yourself")
+                                  "additionalProperties false, items, minItems, maxItems, minLength, maxLength, "
+                                  "an integer's minimum, maximum, exclusiveMinimum and exclusiveMaximum, enum, const, "
+                                  "anyOf, oneOf, $ref to $defs) and check the answer yourself")
 
 
 def _not_a_container(node: SchemaNode, definitions: dict, option: bool = False) -> str:
@@ -351,7 +414,8 @@ def _resolve(node: SchemaNode, definitions: dict) -> SchemaNode:
 # A way through the schema is a stack of frames (tuples, the top last):
 #   ("value", node)                 a value of ``node`` comes next (whitespace may come first)
 #   ("literal", texts, position)    inside one of the literal ``texts``
-#   ("scan", kind, JsonState)       inside a string / number / integer / free-form value, scanned by JSON mode
+#   ("scan", node, JsonState, seen) inside a string / number / integer / free-form value, scanned by JSON mode;
+#                                   ``seen``: a string's characters so far, a number's bytes so far (None: free-form)
 #   ("object", node, index, phase)  phase open | key | colon | after; ``index``: the next property that may come
 #                                   (in colon: the one whose key was just written)
 #   ("key", node, candidates, position)  inside a key; candidates: property indices still matching
@@ -406,7 +470,10 @@ class _Parser:
         scanned = step(JsonState(VALUE, _INSIDE_ARRAY), byte)
         if scanned is None:
             return []
-        return [rest] if _scanned_whole(scanned) else [rest + (("scan", node.kind, scanned),)]
+        seen = 0 if node.kind == "string" else bytes((byte,)) if node.kind in ("number", "integer") else None
+        if isinstance(seen, bytes) and not _number_may_grow(node, seen):
+            return []
+        return [rest] if _scanned_whole(scanned) else [rest + (("scan", node, scanned, seen),)]
 
     def step(self, frames: tuple, byte: int) -> list[tuple]:
         """The ways ``frames`` continue with ``byte`` (none: it cannot)."""
@@ -434,17 +501,29 @@ class _Parser:
         return ways + ([rest + (("literal", longer, position + 1),)] if longer else [])
 
     def _scan(self, top: tuple, rest: tuple, byte: int) -> list[tuple]:
-        _, kind, state = top
+        _, node, state, seen = top
         if state.mode == NUMBER and state.stack == _INSIDE_ARRAY:
             following, may_end = _NUMBER_NEXT[state.detail]
             if byte not in following:  # the number ended before this byte, which belongs to the frame below
-                return self.step(rest, byte) if may_end else []
-            if kind == "integer" and byte in b".eE":
+                return self.step(rest, byte) if may_end and (seen is None or _number_whole(node, seen)) else []
+            if node.kind == "integer" and byte in b".eE":
                 return []
+            if seen is not None:  # a number of the schema (a free-form value's numbers are JSON mode's)
+                seen += bytes((byte,))
+                if not _number_may_grow(node, seen):
+                    return []
+        elif node.kind == "string" and state.mode == STRING and not state.detail[1]:  # between characters
+            if byte == ord('"'):
+                if seen < node.min_length:
+                    return []
+            elif node.max_length is not None and seen >= node.max_length:
+                return []
+            else:  # a character starts (an escape too; a \u surrogate pair's second half is not counted)
+                seen += 1
         scanned = step(state, byte)
         if scanned is None:
             return []
-        return [rest] if _scanned_whole(scanned) else [rest + (("scan", kind, scanned),)]
+        return [rest] if _scanned_whole(scanned) else [rest + (("scan", node, scanned, seen),)]
 
     def _key(self, top: tuple, rest: tuple, byte: int) -> list[tuple]:
         _, node, candidates, position = top
@@ -504,6 +583,49 @@ def _spacing_after(spacing: int, byte: int) -> int | None:
     if spacing >= 1 and byte in b" \t" and spacing <= MAX_INDENT:
         return spacing + 1
     return None
+
+
+def _magnitudes(node: SchemaNode, negative: bool) -> tuple[int, int | None]:
+    """The range of absolute values an integer ``node`` allows on one side of zero (no ``-0``)."""
+    if negative:
+        return (1 if node.maximum is None else max(1, -node.maximum)), (None if node.minimum is None
+                                                                        else -node.minimum)
+    return (0 if node.minimum is None else max(0, node.minimum)), node.maximum
+
+
+def _number_may_grow(node: SchemaNode, text: bytes) -> bool:
+    """``text``, the start of a JSON number, can still become a value of ``node``: within llama.cpp's digit
+    caps (NUMBER_DIGITS) and, for a bounded integer, with some digits to come putting it within the bounds."""
+    sign, integral, fraction, exponent = _NUMBER_PARTS.fullmatch(text).groups()
+    if fraction is not None and len(fraction) > NUMBER_DIGITS:
+        return False
+    if exponent is not None and (len(exponent) > NUMBER_DIGITS or exponent[:1] == b"0" and len(exponent) > 1):
+        return False
+    if node.kind != "integer" or (node.minimum is None and node.maximum is None):
+        return len(integral) <= NUMBER_DIGITS
+    low, high = _magnitudes(node, bool(sign))
+    longest = len(str(high)) if high is not None else max(NUMBER_DIGITS, len(str(low)))
+    if high is not None and low > high or len(integral) > longest:
+        return False
+    if not integral:
+        return True
+    start = int(integral)
+    if start == 0:
+        return low == 0
+    for more in range(longest - len(integral) + 1):  # the values that ``more`` further digits can make
+        scale = 10 ** more
+        if start * scale <= (high if high is not None else start * scale) and (start + 1) * scale - 1 >= low:
+            return True
+    return False
+
+
+def _number_whole(node: SchemaNode, text: bytes) -> bool:
+    """The number ``text`` is a value of ``node`` (its prefixes were checked by :func:`_number_may_grow`)."""
+    if node.kind != "integer" or (node.minimum is None and node.maximum is None):
+        return True
+    value = int(text)
+    return text != b"-0" and (node.minimum is None or value >= node.minimum) and (node.maximum is None
+                                                                                  or value <= node.maximum)
 
 
 def _number_ends(top: tuple) -> bool:

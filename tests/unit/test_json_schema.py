@@ -162,7 +162,7 @@ def test_multi_byte_tokens_and_completion_inside_a_token():
 @pytest.mark.parametrize(("schema", "message"), [
     ({"type": "string"}, "root is 'string'"),
     ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}, r"\$.properties.a: keyword 'pattern'"),
-    ({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}, "keyword 'minimum'"),
+    ({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}, "keyword 'multipleOf'"),
     ({"type": "object", "additionalProperties": True}, "additionalProperties is true"),
     ({"type": "object", "additionalProperties": {"type": "string"}}, "only false is supported"),
     ({"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}}, "only local definitions"),
