@@ -135,14 +135,26 @@ def quantize_weight(weight: torch.Tensor, bits: int, granularity: str, block_siz
                     scales: torch.Tensor | None = None) -> torch.Tensor:
     """The dequantized weight (same shape): what the exported graph multiplies by. No gradient.
     ``scales`` (from :func:`grouped_scales`) skips the scale choice."""
+    return quantize_weight_and_range(weight, bits, granularity, block_size, scales)[0]
+
+
+def quantize_weight_and_range(weight: torch.Tensor, bits: int, granularity: str, block_size: int,
+                              scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_weight`, and where each weight's rounded code lies inside the code range (not clamped):
+    the entries the straight-through gradient reaches (``torch.fake_quantize_per_channel_affine``'s mask)."""
     with torch.no_grad():
         grouped, in_features = _grouped(weight, granularity, block_size)
         qmax = 2 ** (bits - 1) - 1
         if scales is None:
             scales = weight_scales(grouped, bits, half=granularity == "block", symmetric=granularity == "channel")
         low = _lowest_code(qmax, symmetric=granularity == "channel")  # QDQ weights are symmetric [-127, 127]
-        codes = torch.clamp(torch.round(grouped / scales), low, qmax)
-        return (codes * scales).reshape(weight.shape[0], -1)[:, :in_features]
+        rounded = torch.round(grouped / scales)
+        codes = torch.clamp(rounded, low, qmax)
+
+        def ungrouped(values: torch.Tensor) -> torch.Tensor:
+            return values.reshape(weight.shape[0], -1)[:, :in_features]
+
+        return ungrouped(codes * scales), ungrouped((rounded >= low) & (rounded <= qmax))
 
 
 def grouped_scales(weight: torch.Tensor, bits: int, granularity: str, block_size: int) -> torch.Tensor:
@@ -151,8 +163,13 @@ def grouped_scales(weight: torch.Tensor, bits: int, granularity: str, block_size
                              symmetric=granularity == "channel")
 
 
-def straight_through(value: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:
-    """Forward: ``quantized``; backward: the identity to ``value`` (straight-through estimator)."""
+def straight_through(value: torch.Tensor, quantized: torch.Tensor, inside: torch.Tensor | None = None) -> torch.Tensor:
+    """Forward: ``quantized``; backward: the identity to ``value`` (straight-through estimator), and where
+    ``inside`` is given, zero on the entries it marks False: values the quantizer clamped to its end codes,
+    whose output does not move with them (PyTorch's ``fake_quantize_per_tensor_affine`` /
+    ``fake_quantize_per_channel_affine`` gradient; Jacob et al. 2018 §3)."""
+    if inside is not None:
+        value = torch.where(inside, value, value.detach())
     return value + (quantized - value).detach()
 
 
@@ -169,9 +186,16 @@ def quantize_activation_blocks(x: torch.Tensor, block_size: int = 32) -> torch.T
 
 
 def quantize_activation_tensor(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """Static per-tensor int8 (ONNX QuantizeLinear/DequantizeLinear, zero point 0)."""
+    """Static per-tensor int8 (ONNX QuantizeLinear/DequantizeLinear, zero point 0): round half to even of
+    x / scale, saturated to [-128, 127], times scale, in float32 as ONNX Runtime computes it."""
+    return quantize_activation_tensor_and_range(x, scale)[0]
+
+
+def quantize_activation_tensor_and_range(x: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_activation_tensor`, and where x's rounded code lies inside [-128, 127] (not saturated)."""
     with torch.no_grad():
-        return torch.clamp(torch.round(x / scale), -128, 127) * scale
+        rounded = torch.round(x / scale)
+        return torch.clamp(rounded, -128, 127) * scale, (rounded >= -128) & (rounded <= 127)
 
 
 class QuantLinear(nn.Linear):
@@ -197,8 +221,8 @@ class QuantLinear(nn.Linear):
                 self.observe(x)
             scale = self.activation_scale()
             if scale is not None:
-                x = straight_through(x, quantize_activation_tensor(x, scale))
-        return F.linear(x, straight_through(self.weight, self.quantized_weight()), self.bias)
+                x = straight_through(x, *quantize_activation_tensor_and_range(x, scale))
+        return F.linear(x, straight_through(self.weight, self.quantized_weight(), self._inside), self.bias)
 
     def observe(self, x: torch.Tensor) -> None:
         """Fold this input's absmax into the running one (EMA, the first input's absmax to start)."""
@@ -224,8 +248,8 @@ class QuantLinear(nn.Linear):
                 self._scales = grouped_scales(self.weight, self.bits, scheme.granularity, scheme.block_size)
                 age = 0
             self._scale_age = age + 1
-            self._cached = quantize_weight(self.weight, self.bits, scheme.granularity, scheme.block_size,
-                                           self._scales)
+            self._cached, self._inside = quantize_weight_and_range(self.weight, self.bits, scheme.granularity,
+                                                                  scheme.block_size, self._scales)
             self._cached_version = version
         return self._cached
 
@@ -245,8 +269,8 @@ class QuantEmbedding(nn.Embedding):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = nn.Embedding.forward(self, ids)  # (B, S, D), the table's rows as stored
         flat = rows.reshape(-1, rows.shape[-1])  # (B*S, D)
-        quantized = quantize_weight(flat, self.bits, "block", self.scheme.block_size).reshape(rows.shape)
-        rows = straight_through(rows, quantized)
+        quantized, inside = quantize_weight_and_range(flat, self.bits, "block", self.scheme.block_size)
+        rows = straight_through(rows, quantized.reshape(rows.shape), inside.reshape(rows.shape))
         # A scaled embedding (Gemma's, times sqrt(D)) scales the quantized rows, as the graph does after its Gather
         scale = getattr(self, "embed_scale", None)
         return rows if scale is None else rows * scale.to(rows.dtype)
@@ -331,7 +355,7 @@ def detach(model, bake: bool = True) -> QuantScheme:
                     module.weight.copy_(quantize_weight(module.weight, module.bits, module.scheme.granularity,
                                                         module.scheme.block_size))
                 module.__class__ = module.__dict__.pop("plain_class", nn.Linear)
-                for cached in ("_cached", "_cached_version", "_scales", "_scale_age"):
+                for cached in ("_cached", "_inside", "_cached_version", "_scales", "_scale_age"):
                     module.__dict__.pop(cached, None)
             elif isinstance(module, QuantEmbedding):
                 if bake and not tied:  # a tied table is baked once, as the LM head
