@@ -5,6 +5,11 @@ alternatives.
 They come from the model's own next-token distribution (log-softmax of the logits the backend
 returned), before temperature, top-p, penalties or a JSON-mode constraint shape the choice, as
 OpenAI's and llama-server's (without ``post_sampling_probs``) are.
+
+A token the model gives no chance (a logit of -inf, as a float16 engine's overflow leaves) has the log-probability
+-inf, which JSON cannot hold (Python writes ``-Infinity``, which JSON parsers refuse): it is reported as the lowest
+finite float32, -3.4028234663852886e+38, as llama-server reports a probability of 0 (``logarithm()`` in
+tools/server/server-task.h: "nlohmann::json converts -inf to null, so we need to prevent that").
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+NO_CHANCE = float(np.finfo(np.float32).min)  # llama-server's log-probability of a token with probability 0
 
 
 @dataclass(frozen=True)
@@ -40,13 +47,15 @@ class LogprobRecorder:
     end: TokenLogprob | None = None  # the end-of-text token the answer stopped at, if it did
 
     def entry(self, logits: np.ndarray, token: int) -> TokenLogprob:
-        """``logits`` (V,) at the position that ``token`` follows."""
-        scores = log_softmax(logits)
+        """``logits`` (V,) at the position that ``token`` follows. The alternatives are the ``top`` most likely,
+        equally likely ones in the order of their ids (the one greedy sampling takes, ``np.argmax``'s, first)."""
+        scores = np.maximum(log_softmax(logits), NO_CHANCE)  # -inf (no chance) as llama-server reports it
         top = ()
         if self.top:
             count = min(self.top, scores.shape[0])
-            best = np.argpartition(-scores, count - 1)[:count]
-            best = best[np.argsort(-scores[best], kind="stable")]
+            cut = np.partition(scores, scores.shape[0] - count)[scores.shape[0] - count]  # the count-th largest
+            near = np.flatnonzero(scores >= cut)  # in id order, with every token tied at the cut
+            best = near[np.argsort(-scores[near], kind="stable")[:count]]
             top = tuple((int(t), float(scores[t])) for t in best)
         return TokenLogprob(int(token), float(scores[token]), top)
 
