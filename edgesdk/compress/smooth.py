@@ -20,7 +20,8 @@ input, so the graph gains no op:
   (Gemma3RMSNorm), so the division goes into 1 + w: w' = (1 + w) / s - 1;
 * down's input (SiLU(gate)·up, Gemma 3's GELU(gate)·up): the rows of up (and up's bias, Llama ``mlp_bias``);
 * O's input (the attention output): the rows of V (and V's bias, Qwen2 / Llama ``attention_bias``). With grouped-query attention one V row feeds every query
-  head of its group, so that channel takes the largest scale the group's columns ask for.
+  head of its group, so the group's columns are one channel: s from the largest activation peak and the largest
+  weight peak over those columns.
 
 Qwen3's and Gemma 3's per-head q_norm / k_norm read Q's and K's outputs, which smoothing leaves as they were
 (only their input columns are scaled), and no model here normalises V, so nothing is folded across a norm.

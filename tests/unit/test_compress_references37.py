@@ -24,7 +24,7 @@ import torch.nn.functional as F  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from edgesdk.compress import fake_quant, smooth  # noqa: E402
-from edgesdk.compress.losses import logits_kl  # noqa: E402
+from edgesdk.compress.losses import layer_attention_kl, logits_kl, token_attention_kl  # noqa: E402
 from edgesdk.compress.prune import (  # noqa: E402
     PruneConfig,
     apply_plans,
@@ -353,6 +353,26 @@ def test_logits_kl_is_hintons_teacher_to_student_kl_times_t_squared(temperature)
     # d/dz_s of T^2 KL(p_t || softmax(z_s / T)) = T (q_s - p_t) per position, divided by the positions averaged
     analytic = temperature * (F.softmax(student.detach() / temperature, -1) - F.softmax(teacher / temperature, -1))
     torch.testing.assert_close(student.grad, analytic / 15, rtol=1e-4, atol=1e-6)
+
+
+def test_attention_kl_terms_are_the_seeds_student_to_teacher_kl_over_causal_rows():
+    """Seed 004 §4.1 L_token = KL(Attn_s || Attn_t) per kept head, L_layer the same on head-mean maps: against
+    ``kl_div(log Attn_t, Attn_s)`` summed over keys and averaged over rows. Causal rows hold exact zeros above
+    the diagonal (the masked keys), which add nothing."""
+    generator = torch.Generator().manual_seed(3)
+    causal = torch.full((6, 6), float("-inf")).triu(1)
+    student = [torch.softmax(torch.randn(2, 2, 6, 6, generator=generator) + causal, -1) for _ in range(2)]
+    teacher = [torch.softmax(torch.randn(2, 4, 6, 6, generator=generator) + causal, -1) for _ in range(2)]
+    kept = [[1, 3], [0, 2]]
+
+    def reference(s, t):  # 0 * log(0 / q) = 0 on the masked keys, where kl_div's pointwise form is 0 * inf
+        pointwise = F.kl_div(t.log(), s, reduction="none")
+        return torch.where(s > 0, pointwise, torch.zeros(())).sum(-1).mean()
+
+    expected = torch.stack([reference(s, t[:, k]) for s, t, k in zip(student, teacher, kept, strict=True)]).mean()
+    torch.testing.assert_close(token_attention_kl(student, teacher, kept), expected, rtol=1e-5, atol=1e-6)
+    expected = torch.stack([reference(s.mean(1), t.mean(1)) for s, t in zip(student, teacher, strict=True)]).mean()
+    torch.testing.assert_close(layer_attention_kl(student, teacher), expected, rtol=1e-5, atol=1e-6)
 
 
 # --- structured pruning vs the unpruned model ------------------------------------------------------------
