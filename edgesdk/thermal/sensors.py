@@ -156,12 +156,19 @@ def zone_type(name: str) -> str:
 Runner = Callable[[list[str]], "str | None"]
 
 
+class CommandHung(Exception):  # noqa: N818 (a sensor's "no data", never shown as an error)
+    """A sensor command ran past its timeout and was killed."""
+
+
 def run_command(args: list[str], timeout: float = 2.0) -> str | None:
-    """stdout of a short command, or None when it is missing, fails or hangs; bytes that are not text
-    in it are U+FFFD (a garbled line is no data to its parser, never a UnicodeDecodeError)."""
+    """stdout of a short command, or None when it is missing or fails; bytes that are not text in it
+    are U+FFFD (a garbled line is no data to its parser, never a UnicodeDecodeError). A command that
+    runs past ``timeout`` is killed and raises :class:`CommandHung`."""
     try:
         done = subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=timeout,
                               check=False)
+    except subprocess.TimeoutExpired as error:
+        raise CommandHung(f"{' '.join(args)} ran past {timeout:g} s") from error
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None
@@ -191,23 +198,39 @@ def parse_throttled(text: str | None) -> dict[str, bool] | None:
 
 
 class Vcgencmd:
-    """Raspberry Pi firmware readings through ``vcgencmd`` (``runner`` is injectable for tests)."""
+    """Raspberry Pi firmware readings through ``vcgencmd`` (``runner`` is injectable for tests).
+
+    A ``vcgencmd`` that hangs (the firmware mailbox does not answer) is killed after the runner's
+    timeout, and is not run again for ``retry_s``: its readings are no data meanwhile. Every poll
+    would otherwise block on it for the timeout of both commands, and the sysfs zones read beside it
+    in the same poll would reach the guard that much older (stale, at the defaults: a sensor failure
+    on a board whose sysfs reading is fine).
+    """
 
     zone = "vcgencmd"
 
     def __init__(self, runner: Runner = run_command, binary: str = "vcgencmd",
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, retry_s: float = 30.0):
         self.runner = runner
         self.binary = binary
         self.clock = clock
+        self.retry_s = retry_s
+        self.quiet_until: float | None = None  # clock time before which a hung vcgencmd is not run
 
     @classmethod
     def available(cls, which: Callable[[str], str | None] = shutil.which) -> bool:
         return which("vcgencmd") is not None
 
     def read(self) -> Reading:
-        temp = parse_measure_temp(self.runner([self.binary, "measure_temp"]))
-        throttled = parse_throttled(self.runner([self.binary, "get_throttled"]))
+        if self.quiet_until is not None and self.clock() < self.quiet_until:
+            return Reading(time=self.clock(), zones={self.zone: None}, source="vcgencmd")
+        try:
+            temp = parse_measure_temp(self.runner([self.binary, "measure_temp"]))
+            throttled = parse_throttled(self.runner([self.binary, "get_throttled"]))
+        except CommandHung:
+            self.quiet_until = self.clock() + self.retry_s
+            return Reading(time=self.clock(), zones={self.zone: None}, source="vcgencmd")
+        self.quiet_until = None
         return Reading(time=self.clock(), zones={self.zone: temp}, throttled=throttled, source="vcgencmd")
 
 
