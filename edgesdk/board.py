@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -69,6 +70,7 @@ _ARM_CPU_PARTS: dict[tuple[str, str], str] = {
 _L4T_RE = re.compile(r"#\s*R(\d+)\b.*?REVISION:\s*(\d+)(?:\.(\d+))?")
 _SIZE_RE = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
 _RPI_RE = re.compile(r"^Raspberry Pi (?:Compute Module )?(\d)")
+_GENERIC_ARM_NAME = re.compile(r"^ARMv\d+\S* Processor rev \d+ \(v\d+\S*\)$")
 
 
 @dataclass(frozen=True)
@@ -159,9 +161,11 @@ def read_cpu_model_name(root: str | os.PathLike = "/") -> str | None:
     values: dict[str, str] = {}
     for key, value in fields:
         values.setdefault(key, value)
-    if values.get("model name"):
-        return values["model name"]
     part = values.get("CPU part", "").lower()
+    # Vendor arm64 kernels (L4T R32, Android) and 32-bit task views print a generic "model name : ARMv8
+    # Processor rev 1 (v8l)" beside the MIDR fields; the part number names the core.
+    if values.get("model name") and not (part and _GENERIC_ARM_NAME.match(values["model name"])):
+        return values["model name"]
     if part:
         implementer = values.get("CPU implementer", "").lower()
         return _ARM_CPU_PARTS.get((implementer, part), f"CPU part {part}")
@@ -193,9 +197,23 @@ def _normalise_arch(machine: str) -> str | None:
     return machine or None
 
 
+# A 32-bit userland on a 64-bit kernel (32-bit Raspberry Pi OS boots a 64-bit kernel on the Pi 4 and 5): uname
+# still says the kernel's machine, so the interpreter's pointer size tells what the userland runs.
+_USERLAND_32 = {"aarch64": "armv7l", "x86_64": "i686"}
+
+
+def userland_arch(machine: str | None, pointer_bits: int | None) -> str | None:
+    """The architecture programs run as: ``machine`` (uname's, normalised), or its 32-bit userland when
+    the Python that looked is 32-bit (``pointer_bits`` 32)."""
+    arch = _normalise_arch(machine or "")
+    if pointer_bits == 32 and arch in _USERLAND_32:
+        return _USERLAND_32[arch]
+    return arch
+
+
 def _architecture(root: str | os.PathLike) -> str | None:
     if _is_local_root(root):
-        return _normalise_arch(platform.machine())
+        return userland_arch(platform.machine(), struct.calcsize("P") * 8)
     fields = dict(_cpuinfo_fields(root))
     if "flags" in fields or "vendor_id" in fields:
         return "x86_64"
@@ -230,8 +248,12 @@ def suggest_target(
     A Jetson module size comes from the model string ("Orin NX 16GB") when it says, else from
     MemTotal, which sits below the module size (carve-outs), so the cut is between the two sizes.
     With neither, the smaller variant is the safe guess (it has the smaller memory budget).
+    The Jetson and Raspberry Pi profiles are for 64-bit Arm userlands (JetPack, 64-bit Raspberry Pi OS):
+    a board known to run another (32-bit Raspberry Pi OS) matches none.
     """
     text = (model or "").lower()
+    if family in ("jetson", "rpi") and architecture not in (None, "aarch64"):
+        return None
     if family == "jetson":
         for words, small, small_gb, large, large_gb in _JETSON_SIZED:
             if words in text:

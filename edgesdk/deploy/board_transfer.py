@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import signal
+import struct
 import sys
 
 if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are concatenated
@@ -123,6 +124,7 @@ def op_probe(params):
         "memory": meminfo(),
         "disk": free_bytes(root),
         "python": {"version": list(sys.version_info[:3]), "executable": sys.executable,
+                   "bits": struct.calcsize("P") * 8,  # 32 on a 32-bit userland, where uname still says aarch64
                    "in_venv": sys.prefix != getattr(sys, "base_prefix", sys.prefix)},
         "tensorrt": tensorrt_version() if os.path.exists("/etc/nv_tegra_release") else None,
         "runtime": runtime_facts(p),
@@ -226,13 +228,32 @@ def receive_file(header, stream, staging):
     return {"name": name, "complete": True, "ok": True}
 
 
+def read_header(line, count):
+    """The JSON header before a file's bytes (or the end mark). Anything else means the stream is out of step
+    with its framing (a header's size that is not the byte count that followed it), so nothing after it can be
+    placed."""
+    try:
+        header = json.loads(line.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError and json.JSONDecodeError
+        header = None
+    if isinstance(header, dict) and (header.get("end") is True or (
+            isinstance(header.get("name"), str) and isinstance(header.get("sha256"), str)
+            and isinstance(header.get("offset"), int) and isinstance(header.get("size"), int)
+            and 0 <= header["offset"] <= header["size"])):
+        return header
+    raise Refused(f"the upload stream is out of step after {count} file(s): the board expected a file header "
+                  f"(one JSON line) and read {line[:48]!r}{'...' if len(line) > 48 else ''}",
+                  "run the deploy again: it resumes from what arrived intact, and the board keeps its current "
+                  "release")
+
+
 def receive_stream(stream, staging, results):
     """Files framed by JSON headers until the host's end mark (eof False) or a cut stream (eof True)."""
     while True:
         line = stream.readline(65536)
         if not line:
             return {"results": results, "eof": True}
-        header = json.loads(line.decode("utf-8"))
+        header = read_header(line, len(results))
         if header.get("end"):
             return {"results": results, "eof": False}
         result = receive_file(header, stream, staging)

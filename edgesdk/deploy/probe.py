@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from edgesdk.board import BoardInfo, detect_board, suggest_target
+from edgesdk.board import BoardInfo, detect_board, suggest_target, userland_arch
 from edgesdk.deploy.transport import DeployError
 
 MB = 1_000_000
@@ -51,7 +51,7 @@ class BoardFacts:
                     (root / rel).parent.mkdir(parents=True, exist_ok=True)
                     (root / rel).write_text(text, encoding="utf-8")
             detected = detect_board(root)
-        arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(raw.get("arch", ""), raw.get("arch") or None)
+        arch = userland_arch(raw.get("arch"), (raw.get("python") or {}).get("bits"))
         board = replace(detected, architecture=arch,
                         suggested_target=suggest_target(detected.model, detected.family, arch, detected.memory_gib))
         memory = raw.get("memory") or {}
@@ -89,6 +89,15 @@ def check_target(bundle_target: str, facts: BoardFacts, where: str, ignore: bool
     board_target = facts.board.suggested_target
     if ignore:
         return f"target check skipped (--ignore-target): bundle for '{bundle_target}', board is '{board_target}'"
+    b = facts.board
+    if b.family in ("jetson", "rpi") and b.architecture not in (None, "aarch64"):
+        raise DeployError(
+            f"{where} ({b.model or b.family}) runs an {b.architecture} userland (its Python "
+            f"{'.'.join(map(str, facts.python_version))} is {(facts.raw.get('python') or {}).get('bits', '?')}-bit), "
+            f"and the '{bundle_target}' bundle's runtime needs 64-bit Arm (aarch64): ONNX Runtime publishes no "
+            "wheels for 32-bit Arm",
+            "install the 64-bit OS on the board (64-bit Raspberry Pi OS, or JetPack), or pass --remote-python a "
+            "64-bit Python there; --ignore-target deploys anyway")
     if board_target is None:
         raise DeployError(
             f"cannot tell which target profile matches {where} (model {facts.board.model!r}, "

@@ -11,6 +11,7 @@ connection leaves ``.partial`` files that the next deploy continues; ``current``
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from edgesdk.deploy.transport import DeployError
 from edgesdk.hashing import sha256_file
 
 CHUNK = 1 << 18
+_CHANGED_FIX = ("leave the bundle alone while it deploys (is a build writing into the same --out?), then run the "
+                "deploy again: it verifies the bundle first, and the board keeps its current release")
 
 
 def bundle_files(bundle: Bundle) -> dict[str, dict]:
@@ -99,6 +102,7 @@ def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, repor
     readers = [_drain(proc.stdout, out), _drain(proc.stderr, err)]
     sent = 0
     current = None
+    changed = None  # (name, what it is now) for a bundle file that changed on this machine
     last_note = began
     try:
         for name, offset in plan.send:
@@ -106,16 +110,31 @@ def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, repor
             facts = files[name]
             header = {"name": name, "offset": offset, "size": facts["size"], "sha256": facts["sha256"]}
             proc.stdin.write(json.dumps(header).encode() + b"\n")
-            with open(Path(bundle.path) / name, "rb") as handle:
+            # Exactly the header's byte count: the board reads that many, then the next header. A file that
+            # is shorter or longer now than the manifest says (rewritten since the bundle was verified) ends
+            # the stream without the end mark, as a cut connection would.
+            try:
+                handle = open(Path(bundle.path) / name, "rb")  # noqa: SIM115 - closed by the with below
+            except OSError as exc:  # removed or made unreadable since the bundle was verified
+                changed = (name, f"it cannot be read now ({exc.strerror})")
+                break
+            with handle:
                 handle.seek(offset)
-                while block := handle.read(CHUNK):
+                remaining = facts["size"] - offset
+                while remaining > 0 and (block := handle.read(min(CHUNK, remaining))):
                     proc.stdin.write(block)
                     sent += len(block)
+                    remaining -= len(block)
                     if time.monotonic() - last_note > 2.0:
                         last_note = time.monotonic()
                         report.info(f"{fmt_bytes(sent)} of {fmt_bytes(plan.send_bytes)} sent")
-        current = None
-        proc.stdin.write(b'{"end": true}\n')
+                now = os.fstat(handle.fileno()).st_size
+            if remaining or now != facts["size"]:
+                changed = (name, f"it is {now} bytes now, the bundle's manifest says {facts['size']}")
+                break
+        else:
+            current = None
+            proc.stdin.write(b'{"end": true}\n')
         proc.stdin.close()
     except (BrokenPipeError, ConnectionResetError, ValueError):
         pass  # the connection or the board's side went away; the exit status below says why
@@ -123,10 +142,20 @@ def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, repor
     for thread in readers:
         thread.join(timeout=10)
     stderr = b"".join(err)
+    if changed is not None:
+        name, now = changed
+        raise DeployError(f"{name} in the bundle {bundle.path} changed on this machine while deploy sent it: {now}",
+                          _CHANGED_FIX)
     during = f"sending {current} (after {fmt_bytes(sent)})" if current else f"sending the bundle ({fmt_bytes(sent)} written)"
     board.transport.check_connection(returncode, stderr.decode("utf-8", "replace"), during)
     reply = parse_reply((returncode, b"".join(out), stderr), board.label, board.python, "receive")
     damaged = [r for r in reply["results"] if r.get("complete") and not r.get("ok")]
+    # The board hashes what arrived; when this machine's copy no longer has the manifest's sha256 either, the
+    # bundle changed here after it was verified, and the board and the link are not at fault.
+    here = [r["name"] for r in damaged if sha256_file(Path(bundle.path) / r["name"]) != files[r["name"]]["sha256"]]
+    if here:
+        raise DeployError(f"{', '.join(here)} in the bundle {bundle.path} changed on this machine while deploy sent "
+                          "it: its sha256 no longer matches the bundle's manifest", _CHANGED_FIX)
     if damaged:
         names = ", ".join(f"{r['name']} (sha256 {r['sha256'][:16]}…, expected {files[r['name']]['sha256'][:16]}…)"
                           for r in damaged)
