@@ -1,11 +1,15 @@
 """``GET /metrics`` of ``edgesdk serve --metrics``: counters in Prometheus' text format (0.0.4).
 
-The counters follow llama-server's (``llamacpp:prompt_tokens_total``, ``tokens_predicted_total``,
-``prompt_seconds_total``, ``tokens_predicted_seconds_total``, ``requests_processing``,
-``requests_deferred``) under the ``edgesdk_`` prefix, so a dashboard's rate queries carry over;
-the thermal guard's temperature, level and pause are added, which is what a fleet of boards needs
-watched. Step times are the backend's compute (as ``edgesdk run --stats`` counts them), not the
-time the guard held a step back; that is ``edgesdk_thermal_wait_seconds_total``.
+The counters and gauges follow llama-server's (``server_task_result_metrics::to_metrics`` in
+tools/server/server-task.cpp: ``llamacpp:prompt_tokens_total``, ``prompt_seconds_total``,
+``tokens_predicted_total``, ``tokens_predicted_seconds_total``, ``n_decode_total``, ``prompt_tokens_seconds``,
+``predicted_tokens_seconds``, ``requests_processing``, ``requests_deferred``, ``n_busy_slots_per_decode``) under
+the ``edgesdk_`` prefix, with what each counts: prompt tokens are those prefilled (the ones the KV cache held are
+not), predicted tokens every token picked (the prefill's first one included), a decode is one pass of the backend
+(a prefill or a decode step), and the two throughput gauges are the tokens per second since the previous scrape
+(llama-server resets their window at each scrape). The thermal guard's temperature, level and pause are added,
+which is what a fleet of boards needs watched. Step times are the backend's compute (as ``edgesdk run --stats``
+counts them), not the time the guard held a step back; that is ``edgesdk_thermal_wait_seconds_total``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ class ServeMetrics:
     predicted_tokens: int = 0  # tokens generated, the prefill's first one included
     predicted_seconds: float = 0.0  # decode steps' compute
     thermal_wait_seconds: float = 0.0
+    decodes: int = 0  # backend passes: prefills and decode steps (llama-server's n_decode_total)
+    # Since the previous scrape, for the throughput gauges: [prompt tokens, prompt seconds, predicted tokens,
+    # decode seconds]
+    window: list = field(default_factory=lambda: [0, 0.0, 0, 0.0])
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
     refused_busy: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -35,9 +43,14 @@ class ServeMetrics:
             if kind == "prefill":
                 self.prompt_tokens += prompt_tokens
                 self.prompt_seconds += compute_s
+                self.window[0] += prompt_tokens
+                self.window[1] += compute_s
             else:
                 self.predicted_seconds += compute_s
+                self.window[3] += compute_s
             self.predicted_tokens += tokens
+            self.window[2] += tokens
+            self.decodes += 1
             self.thermal_wait_seconds += waited_s
 
     def finish(self, reason: str) -> None:
@@ -49,15 +62,27 @@ class ServeMetrics:
             self.refused_busy += 1
 
     def render(self, processing: int, waiting: int, thermal: dict | None) -> str:
-        """The exposition text; ``thermal`` is /health's thermal part (None without a guard)."""
+        """The exposition text; ``thermal`` is /health's thermal part (None without a guard). A scrape starts the
+        throughput gauges' next window, as llama-server's does."""
         lines: list[str] = []
         metric = lambda *args: _metric(lines, *args)  # noqa: E731
         with self._lock:
-            metric("prompt_tokens_total", "counter", "Prompt tokens processed.", [("", self.prompt_tokens)])
-            metric("prompt_seconds_total", "counter", "Prefill compute time.", [("", self.prompt_seconds)])
-            metric("tokens_predicted_total", "counter", "Tokens generated.", [("", self.predicted_tokens)])
-            metric("tokens_predicted_seconds_total", "counter", "Decode compute time.",
+            prompt_n, prompt_s, predicted_n, predicted_s = self.window
+            self.window = [0, 0.0, 0, 0.0]
+            metric("prompt_tokens_total", "counter", "Prompt tokens prefilled (those the KV cache held excluded).",
+                   [("", self.prompt_tokens)])
+            metric("prompt_seconds_total", "counter", "Prefill compute time in seconds.", [("", self.prompt_seconds)])
+            metric("tokens_predicted_total", "counter", "Tokens generated (the prefill's first one included).",
+                   [("", self.predicted_tokens)])
+            metric("tokens_predicted_seconds_total", "counter", "Decode compute time in seconds.",
                    [("", self.predicted_seconds)])
+            metric("n_decode_total", "counter", "Backend passes (prefills and decode steps).", [("", self.decodes)])
+            metric("prompt_tokens_seconds", "gauge", "Prefill throughput in tokens/s since the previous scrape.",
+                   [("", prompt_n / prompt_s if prompt_s > 0 else 0.0)])
+            metric("predicted_tokens_seconds", "gauge", "Generation throughput in tokens/s since the previous scrape.",
+                   [("", predicted_n / predicted_s if predicted_s > 0 else 0.0)])
+            metric("n_busy_slots_per_decode", "gauge", "Requests in each backend pass, on average (one slot: 1).",
+                   [("", 1.0 if self.decodes else 0.0)])
             metric("requests_finished_total", "counter", "Answers ended, by finish reason (cancelled: the "
                    "client left or the server stopped).",
                    [(f'{{finish_reason="{reason}"}}', count) for reason, count in self.finished.items()])
