@@ -129,7 +129,9 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     for (_, _, steps), label in zip(runs, map(_plain, _labels(runs)), strict=True):
         t = np.array([r["t"] for r in steps]) / 60.0
         temp = np.array([np.nan if _number(r.get("temp_c")) is None else r["temp_c"] for r in steps], dtype=float)
-        (line,) = ax_t.plot(t, temp, lw=1.2, label=label)
+        # a run with no sensor (or one that never answered) draws no line: its legend entry says why
+        unread = " (no temperature recorded)" if np.isnan(temp).all() else ""
+        (line,) = ax_t.plot(t, temp, lw=1.2, label=label + unread)
         ax_l.step(t, [LEVELS.index(r["level"]) if r.get("level") in LEVELS else 0 for r in steps],
                   where="post", color=line.get_color(), lw=1.2)
         span = max((r["t"] for r in steps), default=1.0)
