@@ -32,9 +32,14 @@ def tensorrt_version():
     code, text = run_quiet([sys.executable, "-c", "import tensorrt; print(tensorrt.__version__)"])
     if code == 0 and text.strip():
         return {"version": text.strip().splitlines()[-1], "python": True}
-    code, text = run_quiet(["dpkg-query", "-W", "-f=${Version}", "tensorrt"])
-    if code == 0 and text.strip():
-        return {"version": text.strip(), "python": False}
+    # dpkg-query -W lists a package in any state it still records: removed with its configuration kept
+    # ("rc") or half-installed too. Only "ii" (installed, ok) counts.
+    code, text = run_quiet(["dpkg-query", "-W", "-f=${db:Status-Abbrev}|${Version}\n", "tensorrt"])
+    if code == 0:
+        for line in text.splitlines():
+            status, _, version = line.partition("|")
+            if status.strip() == "ii" and version.strip():
+                return {"version": version.strip(), "python": False}
     return None
 
 

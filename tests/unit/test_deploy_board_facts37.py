@@ -201,3 +201,40 @@ def test_a_killed_transfer_resumes_without_sending_again_what_arrived(ssh_server
     assert sent.bytes == files["w.bin"]["size"] - arrived  # the manifest and its digest arrived whole before
     assert board.call("commit", {"bundle_id": bundle.bundle_id,
                                  "manifest_sha256": files["manifest.json"]["sha256"]})["problems"] == []
+
+
+DPKG_ENTRY = """Package: tensorrt
+Status: {status}
+Priority: optional
+Section: multiverse/devel
+Installed-Size: 21
+Maintainer: NVIDIA Corporation
+Architecture: arm64
+Version: 10.3.0.30-1+cuda12.5
+Description: Meta package for TensorRT
+
+"""
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    ("install ok installed", {"version": "10.3.0.30-1+cuda12.5", "python": False}),
+    ("deinstall ok config-files", None),  # apt remove: dpkg-query -W still prints its Version
+    ("install reinstreq half-installed", None),
+])
+def test_tensorrt_counts_only_when_dpkg_has_it_installed(tmp_path, monkeypatch, status, expected):
+    """The real dpkg-query on a dpkg database (DPKG_ADMINDIR) holding the tensorrt package in each state."""
+    import importlib.util
+    import shutil
+
+    from edgesdk.deploy import board_transfer
+
+    if shutil.which("dpkg-query") is None:
+        pytest.skip("dpkg-query not installed")
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("this Python imports tensorrt, which the helper asks first")
+    admin = tmp_path / "dpkg"
+    (admin / "info").mkdir(parents=True)
+    (admin / "updates").mkdir()
+    (admin / "status").write_text(DPKG_ENTRY.format(status=status))
+    monkeypatch.setenv("DPKG_ADMINDIR", str(admin))
+    assert board_transfer.tensorrt_version() == expected
