@@ -42,9 +42,14 @@ def sqrt_clip(kl: torch.Tensor, at: float = CLIP_AT) -> torch.Tensor:
 
 
 def power_weights(p_student: torch.Tensor, mask: torch.Tensor, low: float = 0.3) -> torch.Tensor:
-    """1 where p_t >= mean(P) of the sequence, ``low`` below (B, T); 0 on padding."""
+    """1 where p_t >= mean(P) of the sequence, ``low`` below (B, T); 0 on padding.
+
+    The mean is over the valid tokens whatever the padding holds (``p * mask`` turned a NaN or inf
+    there into a NaN mean, and every valid token into a low-power one).
+    """
     valid = mask > 0
-    mean = (p_student * valid).sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp_min(1)
+    mean = torch.where(valid, p_student, torch.zeros_like(p_student)).sum(-1, keepdim=True) \
+        / valid.sum(-1, keepdim=True).clamp_min(1)
     return torch.where(p_student >= mean, torch.ones_like(p_student), torch.full_like(p_student, low)) * valid
 
 

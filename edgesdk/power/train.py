@@ -133,6 +133,19 @@ def power_windows(p_proxy: torch.Tensor, p_student: torch.Tensor, loss_mask: tor
     return P_proxy, P_student, wm
 
 
+def window_terms(P_proxy: torch.Tensor, P_student: torch.Tensor, window_mask: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL(P_proxy || P_student) and H(P_proxy) of the whole windows of :func:`power_windows` (each (n,)).
+
+    Whole windows only, for both terms, as the runtime measures its entropy. A rollout that ends
+    early is padded to the longest one in its micro-batch; its last window is then partial, and
+    the same rollout unpadded (alone, or in a batch it ends last) has that tail outside every
+    window. Counting partial windows would make a row's power KL depend on the rows beside it.
+    """
+    full = window_mask.sum(-1) == window_mask.shape[-1]  # (b, n)
+    return vector.power_kl(P_proxy, P_student, window_mask)[full], vector.entropy(P_proxy)[full]
+
+
 def _forward(model, state: PowerState, ids: torch.Tensor, valid: torch.Tensor, *, gated: bool):
     state.clear()
     state.enabled, state.record = gated, True
@@ -195,17 +208,13 @@ def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.T
             per_sample = (kl_tok * weights).sum(-1) / pred_mask.sum(-1).clamp_min(1)  # (b,)
             kl_term = running(per_sample).sum() if config.zscore else per_sample.sum()
             P_proxy, P_student, wm = power_windows(p_proxy, p_student, lm, prompts.shape[1], info)
-            counts = wm.sum(-1)
-            pair = counts >= 2  # windows with at least two valid tokens: the power KL means something
-            full = counts == info.window  # the entropy term: whole windows only, as the runtime measures
+            kl_pow, h = window_terms(P_proxy, P_student, wm)
             power_term = entropy_term = torch.zeros(())
-            if pair.any():
-                kl_pow = vector.power_kl(P_proxy, P_student, wm)[pair]
+            if kl_pow.numel():
                 kl_pow = losses.sqrt_clip(kl_pow) if config.clip else kl_pow
                 power_term = kl_pow.mean()
                 power_kls.append(kl_pow.detach())
-            if full.any():
-                h = vector.entropy(P_proxy)[full]
+            if h.numel():
                 entropy_term = losses.entropy_term(h, config.entropy_target).mean()
                 entropies.append(h.detach())
             executed = (masks * lm.unsqueeze(-1)).sum() / (lm.sum() * masks.shape[-1]).clamp_min(1)

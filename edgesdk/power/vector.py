@@ -57,8 +57,12 @@ def windowed(p: torch.Tensor, mask: torch.Tensor, window: int = WINDOW, width: i
 
 
 def power_kl(p_proxy: torch.Tensor, p_student: torch.Tensor, window_mask: torch.Tensor) -> torch.Tensor:
-    """KL(P_proxy || P_student) per window (B, T/W): both are floored, so it is finite."""
+    """KL(P_proxy || P_student) per window (B, T/W), >= 0: both are floored, so it is finite.
+
+    For two equal or nearly equal distributions the float sum of P ln(P/Q) can round to just below
+    0 (-2e-7 in float32); it is clamped at 0, as :func:`edgesdk.power.losses.token_kl` is.
+    """
     valid = window_mask > 0
     ratio = torch.where(valid, p_proxy / torch.where(valid, p_student, torch.ones_like(p_student)),
                         torch.ones_like(p_proxy))
-    return (p_proxy * ratio.log()).sum(-1)
+    return (p_proxy * ratio.log()).sum(-1).clamp_min(0.0)
