@@ -90,8 +90,8 @@ class SysfsThermal:
     """Thermal zones under ``root`` (``/sys/class/thermal``), picked by their ``type``.
 
     ``wanted`` are the profile's zone types; every zone of a wanted type is watched, the second
-    and later zones of one type too (named ``type#N``). When none of them exists every zone is
-    watched and :attr:`notes` says so. Tests pass a temporary directory as ``root``.
+    and later zones of one type too (named ``type#N``). When none of them exists every zone but a
+    PMIC's is watched and :attr:`notes` says so. Tests pass a temporary directory as ``root``.
     """
 
     def __init__(self, root: str | Path = "/sys/class/thermal", wanted: Sequence[str] = (),
@@ -102,9 +102,14 @@ class SysfsThermal:
         found = self.discover(self.root)
         picked = {name: path for name, path in found.items() if zone_type(name) in wanted}
         if wanted and not picked and found:
-            self.notes.append(f"none of the zones {list(wanted)} exist under {self.root}; "
-                              f"watching all of {sorted(found)}")
-            picked = found
+            # A Jetson's PMIC-Die zone reads a fixed value (tegrastats' "PMIC@100C" on the TX family and
+            # the Nano), not a die temperature: jetson-stats skips every zone whose type holds "PMIC"
+            # (jtop/core/temperature.py), and so does this fallback; watched, it would pause a cool board.
+            fixed = sorted(name for name in found if "PMIC" in zone_type(name))
+            picked = {name: path for name, path in found.items() if name not in fixed}
+            self.notes.append(f"none of the zones {list(wanted)} exist under {self.root}; watching all of "
+                              f"{sorted(picked)}" + (f" (not {', '.join(fixed)}: a PMIC zone reads a fixed "
+                                                     "value, not a temperature)" if fixed else ""))
         self.zones: dict[str, Path] = picked
 
     @staticmethod
