@@ -464,6 +464,13 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     The bundle is verified (hashes, target) before anything runs. Greedy by default. With
     --watch-thermal the thermal guard keeps the board under its throttle point (it says which
     sensors it found, or what it fell back to); --telemetry records every step.
+
+    \b
+    Without --prompt or --file each line on stdin is a prompt (at a terminal, a chat):
+      text\\     (a line ending in a backslash) the prompt goes on with the next line
+      /clear    forget the conversation (--history; the system message stays)
+      /exit     end the session; so do Ctrl-D and Ctrl-C at the prompt
+      Ctrl-C    stop the answer being written; the conversation keeps what it showed
     """
     from edgesdk.runtime.conversation import Conversation
     from edgesdk.runtime.gbnf import GrammarError
@@ -571,9 +578,16 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
 
         def emit(token: int) -> None:
             piece = stream.push(token)
-            written.append(piece)
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+            if conversation is None:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+                return
+            # The conversation keeps the answer as shown, as llama-cli keeps the text it printed: a Ctrl-C that
+            # comes while a piece is written takes effect once it is written (the second stops the write).
+            with _DeferredInterrupt():
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+                written.append(piece)
 
         constraint = None
         if rules is not None:
@@ -622,22 +636,33 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         if prompt is not None:
             one_turn(prompt)
             return
+        _stdin_keeps_bytes_not_utf8()
         while True:
-            if interactive:
-                click.echo("> ", nl=False, err=True)
-            line = sys.stdin.readline()
-            if not line:
-                if interactive:  # Ctrl-D at the prompt: the shell's prompt starts on a line of its own
-                    click.echo("", err=True)
-                break
-            if not line.strip():
-                continue
-            if conversation is not None and line.strip() == "/clear":
-                conversation.clear()
-                click.echo("edgesdk: conversation cleared", err=True)
-                continue
+            reading = True  # a Ctrl-C while reading ends the session, one in the answer stops that answer
             try:
-                one_turn(line.rstrip("\r\n"))
+                if interactive:
+                    click.echo("> ", nl=False, err=True)
+                text = _read_prompt()
+                if text is None:
+                    if interactive:  # Ctrl-D at the prompt: the shell's prompt starts on a line of its own
+                        click.echo("", err=True)
+                    break
+                command = text.strip()
+                if not command:
+                    continue
+                if command == "/exit":
+                    break
+                if command == "/clear":
+                    if conversation is None:
+                        click.echo("edgesdk: /clear does nothing: each line is answered on its own (there is no "
+                                   "conversation with --no-history, --raw or a bundle without a chat template)",
+                                   err=True)
+                    else:
+                        conversation.clear()
+                        click.echo("edgesdk: conversation cleared", err=True)
+                    continue
+                reading = False
+                one_turn(text)
             except EdgeSDKError as exc:
                 if not interactive:
                     raise
@@ -646,6 +671,9 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             except KeyboardInterrupt:
                 if not interactive:
                     raise
+                if reading:  # Ctrl-C at the prompt ends the session, as in llama-cli's conversation mode
+                    click.echo("", err=True)
+                    break
                 # As in llama.cpp's interactive mode: Ctrl-C stops the answer, not the session.
                 sys.stdout.write("\n")
                 sys.stdout.flush()
@@ -654,6 +682,60 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     finally:
         if thermal is not None:
             thermal.close()
+
+
+def _stdin_keeps_bytes_not_utf8() -> None:
+    """Bytes on stdin that are not UTF-8 reach the prompt check as lone surrogates, which it refuses by name,
+    instead of failing in the read: under a UTF-8 locale other than C.UTF-8 (en_GB.UTF-8 on Raspberry Pi OS)
+    Python decodes stdin strictly."""
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None and getattr(sys.stdin, "errors", None) == "strict":
+        reconfigure(errors="surrogateescape")
+
+
+def _read_prompt() -> str | None:
+    """The next prompt on stdin, None at its end. A line that ends in a backslash goes on with the next one
+    (the backslash left out, the line break kept), as llama-cli's console reads a line ending in '\\'; an end
+    of input after such a line ends the prompt."""
+    lines: list[str] = []
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return "\n".join(lines) if lines else None
+        line = line.rstrip("\r\n")
+        if not line.endswith("\\"):
+            return "\n".join([*lines, line])
+        lines.append(line[:-1])
+
+
+class _DeferredInterrupt:
+    """Within the block a SIGINT takes effect (KeyboardInterrupt) when the block ends rather than inside it; a
+    second one raises it at once, so a write to a stalled terminal can still be stopped. Outside the main
+    thread, where no handler can be set, the block runs as it is."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.interrupted, self.previous = False, None
+        # only over Python's own handler: a SIGINT the process was started ignoring stays ignored
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame) -> None:
+        if self.interrupted:
+            raise KeyboardInterrupt
+        self.interrupted = True
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        if self.interrupted and exc[0] is None:
+            raise KeyboardInterrupt
 
 
 def _answer_ended(thermal) -> None:
