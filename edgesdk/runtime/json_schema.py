@@ -15,15 +15,16 @@ The supported subset (JSON Schema 2020-12 keywords) is what structured-output AP
 ``$defs`` / ``definitions`` (recursion included), ``true`` / ``{}`` for any value, a string's
 ``minLength`` / ``maxLength`` (in characters: code points, an escape one, a ``\\u`` surrogate pair one),
 an integer's ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` (no ``-0``, no leading
-zero), and the annotations (``title``, ``description``, ``default``, ...). Properties are written in the
+zero), a string's ``pattern`` and ``format`` (``date``, ``time``, ``date-time``, ``uuid``; both followed as a
+grammar over its characters, edgesdk/runtime/json_pattern.py), and the annotations (``title``, ``description``, ``default``, ...). Properties are written in the
 schema's order, as OpenAI's strict mode and llama.cpp's converter write them. Between tokens the
 spacing is llama.cpp's schema grammar's: nothing, one space, or a newline and at most 20 spaces or
 tabs of indentation, so pretty-printed answers pass and a model cannot stall in blank lines. Numbers
 follow llama.cpp's schema grammar too (common/json-schema-to-grammar.cpp, ``integral-part`` and
 ``decimal-part``): at most 16 digits before the point (an integer range with a larger bound: that bound's
 digits), 16 after it and 16 in the exponent, which has no leading zero, so a model cannot stall in
-digits either. Every other keyword (``pattern``, ``format``, a ``number``'s ``minimum``, ...) is refused by
-name rather than ignored, so an answer never silently breaks a constraint the client asked for. The
+digits either. Every other keyword (``multipleOf``, ``uniqueItems``, another ``format``, a ``number``'s ``minimum``, ...) is
+refused by name rather than ignored, so an answer never silently breaks a constraint the client asked for. The
 root must be an object or an array, whose closing bracket ends the answer.
 """
 
@@ -35,7 +36,9 @@ import re
 from dataclasses import dataclass
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.grammar import GrammarMatcher
 from edgesdk.runtime.json_mode import _NUMBER_NEXT, AFTER_VALUE, NUMBER, STRING, VALUE, JsonState, step
+from edgesdk.runtime.json_pattern import FORMATS, PatternError, string_matcher
 from edgesdk.runtime.vocab_trie import tokens_accepted
 
 MAX_INDENT = 20  # spaces or tabs after a newline between tokens (llama.cpp's json-schema-to-grammar spacing)
@@ -46,7 +49,7 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
 BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 TYPE_KEYWORDS = {"object": {"properties", "required", "additionalProperties"},
                  "array": {"items", "minItems", "maxItems"},
-                 "string": {"minLength", "maxLength"}, "number": set(), "integer": set(BOUND_KEYWORDS),
+                 "string": {"minLength", "maxLength", "pattern", "format"}, "number": set(), "integer": set(BOUND_KEYWORDS),
                  "boolean": set(), "null": set()}
 # llama.cpp's schema grammar (common/json-schema-to-grammar.cpp): integral-part ::= [0] | [1-9] [0-9]{0,15},
 # decimal-part ::= [0-9]{1,16}, and the exponent is an integral-part.
@@ -73,6 +76,7 @@ class SchemaNode:
     ref: str = ""  # ref: a key of the compiled definitions
     min_length: int = 0  # string: characters
     max_length: int | None = None
+    content: GrammarMatcher | None = None  # string: its pattern or format, over its characters
     minimum: int | None = None  # integer: the bounds, inclusive
     maximum: int | None = None
 
@@ -223,7 +227,25 @@ class _Compiler:
                 raise SchemaError(f"{path}.{name} must be a non-negative integer, got {value!r}", "fix the schema")
         if high is not None and high < low:
             raise SchemaError(f"{path}: maxLength {high} is below minLength {low}", "fix the schema")
-        return SchemaNode("string", min_length=low, max_length=high)
+        if "pattern" in schema and "format" in schema:
+            raise SchemaError(f"{path}: pattern and format together are not supported (a string of both)",
+                              "keep one of them and check the other yourself")
+        if ("pattern" in schema or "format" in schema) and ("minLength" in schema or "maxLength" in schema):
+            raise SchemaError(f"{path}: minLength / maxLength beside {'pattern' if 'pattern' in schema else 'format'} "
+                              "are not supported", "write the length into the pattern, e.g. ^[a-z]{2,8}$")
+        pattern = schema.get("pattern")
+        if "format" in schema:
+            pattern = FORMATS.get(schema["format"]) if isinstance(schema["format"], str) else None
+            if pattern is None:
+                raise SchemaError(f"{path}.format {json.dumps(schema['format'], default=repr)[:60]} is not supported "
+                                  f"(supported: {', '.join(FORMATS)})", "drop it, or write a pattern for it")
+        try:
+            content = None if pattern is None else string_matcher(pattern)
+        except (PatternError, RecursionError) as exc:
+            where = "format" if "format" in schema else "pattern"
+            raise SchemaError(f"{path}.{where}: {getattr(exc, 'problem', 'nested too deeply')}",
+                              getattr(exc, "fix", None) or "simplify it") from exc
+        return SchemaNode("string", min_length=low, max_length=high, content=content)
 
     @staticmethod
     def _integer(schema: dict, path: str) -> SchemaNode:
@@ -290,7 +312,8 @@ class _Compiler:
                 raise SchemaError(f"{path}: keyword {keyword!r} is not supported by the JSON schema constraint here",
                                   "drop it from the schema (supported: type, properties, required, "
                                   "additionalProperties false, items, minItems, maxItems, minLength, maxLength, "
-                                  "an integer's minimum, maximum, exclusiveMinimum and exclusiveMaximum, enum, const, "
+                                  "pattern, format, an integer's minimum, maximum, exclusiveMinimum and "
+                                  "exclusiveMaximum, enum, const, "
                                   "anyOf, oneOf, $ref to $defs) and check the answer yourself")
 
 
@@ -470,7 +493,8 @@ class _Parser:
         scanned = step(JsonState(VALUE, _INSIDE_ARRAY), byte)
         if scanned is None:
             return []
-        seen = 0 if node.kind == "string" else bytes((byte,)) if node.kind in ("number", "integer") else None
+        seen = (0, node.content and node.content.start()) if node.kind == "string" else \
+            bytes((byte,)) if node.kind in ("number", "integer") else None
         if isinstance(seen, bytes) and not _number_may_grow(node, seen):
             return []
         return [rest] if _scanned_whole(scanned) else [rest + (("scan", node, scanned, seen),)]
@@ -512,14 +536,22 @@ class _Parser:
                 seen += bytes((byte,))
                 if not _number_may_grow(node, seen):
                     return []
-        elif node.kind == "string" and state.mode == STRING and not state.detail[1]:  # between characters
-            if byte == ord('"'):
-                if seen < node.min_length:
+        elif node.kind == "string" and state.mode == STRING:
+            count, content = seen
+            between = not state.detail[1]  # no UTF-8 continuation byte pending
+            if between and byte == ord('"'):
+                if count < node.min_length or (content is not None and not GrammarMatcher.accepts(content)):
                     return []
-            elif node.max_length is not None and seen >= node.max_length:
-                return []
-            else:  # a character starts (an escape too; a \u surrogate pair's second half is not counted)
-                seen += 1
+            else:
+                if between:  # a character starts (an escape too; a \u surrogate pair's second half is not counted)
+                    if node.max_length is not None and count >= node.max_length:
+                        return []
+                    count += 1
+                if content is not None:  # a pattern's string is written without escapes: it reads what is written
+                    content = None if byte == ord("\\") else node.content.step_byte(content, byte)
+                    if content is None:
+                        return []
+                seen = (count, content)
         scanned = step(state, byte)
         if scanned is None:
             return []

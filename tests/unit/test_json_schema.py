@@ -161,7 +161,7 @@ def test_multi_byte_tokens_and_completion_inside_a_token():
 
 @pytest.mark.parametrize(("schema", "message"), [
     ({"type": "string"}, "root is 'string'"),
-    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}, r"\$.properties.a: keyword 'pattern'"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^(?=x)"}}}, r"\$.properties.a.pattern: .*lookarounds"),
     ({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}, "keyword 'multipleOf'"),
     ({"type": "object", "additionalProperties": True}, "additionalProperties is true"),
     ({"type": "object", "additionalProperties": {"type": "string"}}, "only false is supported"),
@@ -262,7 +262,7 @@ def test_serve_follows_a_json_schema_in_each_of_its_three_spellings(runtime):
         status, answer = server.post("/v1/chat/completions", {"messages": messages, "response_format": {
             "type": "json_schema", "json_schema": {"name": "f", "schema": refused}}})
         assert (status, answer["error"]["param"]) == (400, "response_format")
-        assert "keyword 'format'" in answer["error"]["message"]
+        assert "format \"email\" is not supported" in answer["error"]["message"]
         status, answer = server.post("/v1/chat/completions", {"messages": messages, "json_schema": FINITE,
                                                               "response_format": {"type": "json_object",
                                                                                   "schema": FINITE}})

@@ -280,9 +280,17 @@ def _instance(schema: dict, draw):
     if kind == "array":
         low = schema.get("minItems", 0)
         return [_instance(schema["items"], draw) for _ in range(draw(st.integers(low, schema.get("maxItems", low + 3))))]
-    return draw({"string": st.text(max_size=5), "number": st.integers(-10**9, 10**9) | st.floats(allow_nan=False,
-                                                                                                  allow_infinity=False),
-                 "integer": st.integers(-10**20, 10**20), "boolean": st.booleans(), "null": st.none()}[kind])
+    return draw({"string": st.text(max_size=5), "number": st.integers(-10**9, 10**9) | st.floats(
+        allow_nan=False, allow_infinity=False).filter(_within_digit_caps),
+                 "integer": st.integers(-10**16 + 1, 10**16 - 1), "boolean": st.booleans(), "null": st.none()}[kind])
+
+
+def _within_digit_caps(number: float) -> bool:
+    """The number's JSON text keeps to llama.cpp's schema grammar, which the constraint follows: at most 16
+    digits before the point, 16 after it and 16 in an exponent without a leading zero."""
+    integral, fraction, exponent = re.fullmatch(r"-?(\d+)(?:\.(\d+))?(?:[eE][-+]?(\d+))?", json.dumps(number)).groups()
+    return len(integral) <= 16 and len(fraction or "") <= 16 and (exponent is None or len(exponent) <= 16
+                                                                  and (exponent == "0" or exponent[0] != "0"))
 
 
 def _compiled(schema):
