@@ -291,7 +291,7 @@ class _Builder:
         if not ranges:  # llama.cpp's parser writes no element for it: the grammar reads on as if it were not there
             raise self.fail(start, "the character class [^] lists nothing to leave out (llama.cpp reads it as "
                             "nothing at all, not as one character)", "write . for any one character, or drop it")
-        elements.append((CHAR, tuple(_merged(ranges)), negated))
+        elements.append((CHAR, tuple(merge_ranges(ranges)), negated))
         return pos + 1
 
     def token(self, pos: int, elements: list[tuple]) -> int:
@@ -304,7 +304,7 @@ class _Builder:
             raise self.fail(start, "a token is written <[id]> or <text>", "close it with '>' on the same line")
         inner = self.src[pos:end]
         if inner.startswith("[") and inner.endswith("]"):
-            if not _whole_number(inner[1:-1]):
+            if not whole_number(inner[1:-1]):
                 raise self.fail(start, f"the token id {inner[1:-1]!r} is not a whole number", "write it as <[1000]>")
             elements.append((TOKEN, int(inner[1:-1]), negated))
         else:  # the token's text is written with its angle brackets, as llama.cpp reads it
@@ -346,7 +346,7 @@ class _Builder:
         text = self.src[pos + 1:end] if end >= 0 else ""
         parts = [part.strip() for part in text.split(",")]
         fix = "write {m}, {m,}, {m,n} or {,n} with whole numbers m <= n"
-        if end < 0 or len(parts) > 2 or not all(_whole_number(part) or part == "" for part in parts) \
+        if end < 0 or len(parts) > 2 or not all(whole_number(part) or part == "" for part in parts) \
                 or (len(parts) == 1 and not parts[0]):
             raise self.fail(start, "a repetition count is not {m}, {m,}, {m,n} or {,n}", fix)
         low = int(parts[0]) if parts[0] else 0
@@ -506,12 +506,12 @@ def _unexpected_fix(char: str) -> str:
             f"with * + ? or {{m,n}} after it; to match {char!r}, write it in a string: \"{written}\"")
 
 
-def _whole_number(text: str) -> bool:
+def whole_number(text: str) -> bool:
     """ASCII digits only: str.isdigit also takes digits int() refuses, such as superscripts ('²')."""
     return text.isascii() and text.isdigit()
 
 
-def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     merged: list[tuple[int, int]] = []
     for low, high in sorted(ranges):
         if merged and low <= merged[-1][1] + 1:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.gbnf import parse_grammar
+from edgesdk.runtime.gbnf import merge_ranges, parse_grammar, whole_number
 from edgesdk.runtime.grammar import GrammarMatcher
 
 LAST_CODE_POINT = 0x10FFFF
@@ -59,19 +59,9 @@ class PatternError(EdgeSDKError):
     """A ``pattern`` this constraint cannot follow."""
 
 
-def _merged(ranges) -> tuple[tuple[int, int], ...]:
-    result: list[list[int]] = []
-    for low, high in sorted(ranges):
-        if result and low <= result[-1][1] + 1:
-            result[-1][1] = max(result[-1][1], high)
-        else:
-            result.append([low, high])
-    return tuple((low, high) for low, high in result)
-
-
 def _complement(ranges) -> tuple[tuple[int, int], ...]:
     result, start = [], 0
-    for low, high in _merged(ranges):
+    for low, high in merge_ranges(ranges):
         if low > start:
             result.append((start, low - 1))
         start = high + 1
@@ -82,7 +72,7 @@ def _complement(ranges) -> tuple[tuple[int, int], ...]:
 
 def _writable(ranges) -> tuple[tuple[int, int], ...]:
     """``ranges`` less what a JSON string cannot hold unescaped."""
-    return _complement(_merged(_complement(ranges) + _complement(WRITABLE)))
+    return _complement(merge_ranges(_complement(ranges) + _complement(WRITABLE)))
 
 
 class _Reader:
@@ -193,7 +183,7 @@ class _Reader:
             else:
                 ranges.extend(low)
         self.pos += 1
-        merged = _merged(ranges)
+        merged = merge_ranges(ranges)
         return ("set", _complement(merged) if negated else merged)
 
     def class_atom(self) -> tuple:
@@ -207,7 +197,7 @@ class _Reader:
         end = self.src.find("}", pos)
         body = self.src[pos + 1:end] if end > 0 else ""
         low, _, high = body.partition(",")
-        return low.isdigit() and (not high or high.isdigit())
+        return whole_number(low) and (not high or whole_number(high))
 
     def quantified(self, item: tuple) -> tuple:
         while self.peek():

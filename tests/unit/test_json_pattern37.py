@@ -169,3 +169,11 @@ def test_generated_strings_follow_their_pattern_and_format(runtime, temperature,
     answer = json.loads(text)
     assert re.fullmatch(r"[A-Z]{3}-\d{2}", answer["plate"]), answer
     assert re.fullmatch(FORMATS["date"][1:-1], answer["day"]), answer
+
+
+def test_braces_without_ascii_counts_are_literal_characters():
+    """``{`` opens a repetition only before ASCII digits (as ECMA-262's Annex B reads ``{`` otherwise); a
+    superscript digit, which str.isdigit takes and int() does not, is a character like any other."""
+    assert _complete({"type": "string", "pattern": "^a{²}$"}, "a{²}")
+    assert not _complete({"type": "string", "pattern": "^a{²}$"}, "aa")
+    assert _complete({"type": "string", "pattern": "^a{2}$"}, "aa")
