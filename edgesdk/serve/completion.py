@@ -541,7 +541,7 @@ class Completer:
         prefilled, so a next request that starts with it prefills only what follows; the answer is empty, its
         timings those of the prefill. The hook sees the prefill as a step that yielded no token."""
         backend, cache = self.runtime.backend, self.prompt_cache
-        hook = _HeldTime(MetricsHook(self.metrics, self.hook))
+        hook = _HeldTime(MetricsHook(self.metrics, self.hook, self.runtime.backend, self.prompt_cache))
         start = time.perf_counter()
         stats = GenerationStats(prompt_tokens=len(ids), stop_reason="max_new_tokens")
         try:
@@ -608,7 +608,7 @@ class Completer:
 
         # The answer's timings leave out the time the hook held its steps back (the thermal guard's pauses and
         # pacing), as the metrics' prefill and decode seconds do: the held time up to the first and last token.
-        hook = _HeldTime(MetricsHook(self.metrics, self.hook))
+        hook = _HeldTime(MetricsHook(self.metrics, self.hook, self.runtime.backend, self.prompt_cache))
         clock = {"start": time.perf_counter(), "first": None, "last": None, "held_first": 0.0, "held_last": 0.0}
 
         def on_token(token: int) -> None:

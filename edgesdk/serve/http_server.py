@@ -720,11 +720,13 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _send_json(self, status: int, body: dict | list) -> None:
         self._send_body(status, json.dumps(body, ensure_ascii=False).encode("utf-8"), "application/json")
 
-    def _send_body(self, status: int, data: bytes, content_type: str) -> None:
-        """A whole response with its length; HEAD gets the headers alone."""
+    def _send_body(self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        """A whole response with its length (and ``headers``); HEAD gets the headers alone."""
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         if status == 401:
             self.send_header("WWW-Authenticate", "Bearer")
         if status == 405:
@@ -751,7 +753,12 @@ class ApiHandler(BaseHTTPRequestHandler):
                            code="not_found")
         completer = self.server.completer
         text = completer.metrics.render(int(completer.busy), completer.waiting, self._health().get("thermal"))
-        self._send_body(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
+        # llama-server sends Process-Start-Time-Unix with /metrics (server_routes' get_metrics in
+        # tools/server/server-context.cpp), so a scraper can tell a restart from counters going down; its value there
+        # is ggml_time_us() at start, a monotonic clock's microseconds. Here it is what the name says and what
+        # Prometheus' client_golang sends: the server's start in whole seconds since the Unix epoch.
+        self._send_body(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8",
+                        {"Process-Start-Time-Unix": str(self.server.started)})
 
     def _model_card(self) -> dict:
         return {"id": self.server.model, "object": "model", "created": self.server.started, "owned_by": "edgesdk"}

@@ -2,12 +2,15 @@
 
 The counters and gauges follow llama-server's (``server_task_result_metrics::to_metrics`` in
 tools/server/server-task.cpp: ``llamacpp:prompt_tokens_total``, ``prompt_seconds_total``,
-``tokens_predicted_total``, ``tokens_predicted_seconds_total``, ``n_decode_total``, ``prompt_tokens_seconds``,
-``predicted_tokens_seconds``, ``requests_processing``, ``requests_deferred``, ``n_busy_slots_per_decode``) under
-the ``edgesdk_`` prefix, with what each counts: prompt tokens are those prefilled (the ones the KV cache held are
-not), predicted tokens every token picked (the prefill's first one included), a decode is one pass of the backend
-(a prefill or a decode step), and the two throughput gauges are the tokens per second since the previous scrape
-(llama-server resets their window at each scrape). The thermal guard's temperature, level and pause are added,
+``prompt_tokens_cached_total``, ``tokens_predicted_total``, ``tokens_predicted_seconds_total``, ``n_decode_total``,
+``n_tokens_max``, ``prompt_tokens_seconds``, ``predicted_tokens_seconds``, ``requests_processing``,
+``requests_deferred``, ``n_busy_slots_per_decode``) under the ``edgesdk_`` prefix, with what each counts: prompt
+tokens are those prefilled, cached prompt tokens those the KV cache held instead, predicted tokens every token
+picked (the prefill's first one included), a decode is one pass of the backend (a prefill or a decode step),
+``n_tokens_max`` the longest sequence (prompt and answer) the KV cache held after a pass, as llama-server's is
+after each ``llama_decode``, and the two throughput gauges are the tokens per second since the previous scrape
+(llama-server resets their window at each scrape). Each is counted as its step runs, so an answer counts whatever
+ended it: its last token, a stop string, the client leaving, the server stopping. The thermal guard's temperature, level and pause are added,
 which is what a fleet of boards needs watched. Step times are the backend's compute (as ``edgesdk run --stats``
 counts them), not the time the guard held a step back; that is ``edgesdk_thermal_wait_seconds_total``.
 """
@@ -26,11 +29,13 @@ class ServeMetrics:
     """Counters, updated from the handler thread that generates and read by the one that renders."""
 
     prompt_tokens: int = 0
+    prompt_cached_tokens: int = 0  # prompt tokens the KV cache held, not prefilled
     prompt_seconds: float = 0.0
     predicted_tokens: int = 0  # tokens generated, the prefill's first one included
     predicted_seconds: float = 0.0  # decode steps' compute
     thermal_wait_seconds: float = 0.0
     decodes: int = 0  # backend passes: prefills and decode steps (llama-server's n_decode_total)
+    tokens_max: int = 0  # the longest sequence the KV cache held after a pass (llama-server's n_tokens_max)
     # Since the previous scrape, for the throughput gauges: [prompt tokens, prompt seconds, predicted tokens,
     # decode seconds]
     window: list = field(default_factory=lambda: [0, 0.0, 0, 0.0])
@@ -38,10 +43,15 @@ class ServeMetrics:
     refused_busy: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def step(self, kind: str, prompt_tokens: int, tokens: int, compute_s: float, waited_s: float) -> None:
+    def step(self, kind: str, prompt_tokens: int, tokens: int, compute_s: float, waited_s: float,
+             cached_tokens: int = 0, sequence: int = 0) -> None:
+        """A pass of the backend: ``prompt_tokens`` prefilled after the ``cached_tokens`` the KV cache held (for a
+        prefill), ``tokens`` picked, ``sequence`` tokens in the KV cache after it."""
         with self._lock:
+            self.tokens_max = max(self.tokens_max, sequence)
             if kind == "prefill":
                 self.prompt_tokens += prompt_tokens
+                self.prompt_cached_tokens += cached_tokens
                 self.prompt_seconds += compute_s
                 self.window[0] += prompt_tokens
                 self.window[1] += compute_s
@@ -71,12 +81,17 @@ class ServeMetrics:
             self.window = [0, 0.0, 0, 0.0]
             metric("prompt_tokens_total", "counter", "Prompt tokens prefilled (those the KV cache held excluded).",
                    [("", self.prompt_tokens)])
+            metric("prompt_tokens_cached_total", "counter", "Prompt tokens taken from the KV cache, not prefilled.",
+                   [("", self.prompt_cached_tokens)])
             metric("prompt_seconds_total", "counter", "Prefill compute time in seconds.", [("", self.prompt_seconds)])
             metric("tokens_predicted_total", "counter", "Tokens generated (the prefill's first one included).",
                    [("", self.predicted_tokens)])
             metric("tokens_predicted_seconds_total", "counter", "Decode compute time in seconds.",
                    [("", self.predicted_seconds)])
             metric("n_decode_total", "counter", "Backend passes (prefills and decode steps).", [("", self.decodes)])
+            # A high-water mark, typed counter as llama-server types it (it never goes down).
+            metric("n_tokens_max", "counter", "Longest sequence (prompt and answer) the KV cache held after a pass.",
+                   [("", self.tokens_max)])
             metric("prompt_tokens_seconds", "gauge", "Prefill throughput in tokens/s since the previous scrape.",
                    [("", prompt_n / prompt_s if prompt_s > 0 else 0.0)])
             metric("predicted_tokens_seconds", "gauge", "Generation throughput in tokens/s since the previous scrape.",
@@ -113,15 +128,21 @@ def _number(value: float) -> str:
 
 
 class MetricsHook:
-    """A StepHook that counts each step into :class:`ServeMetrics` and passes it on to the thermal hook."""
+    """A StepHook that counts each step into :class:`ServeMetrics` and passes it on to the thermal hook.
 
-    def __init__(self, metrics: ServeMetrics, inner=None):
-        self.metrics, self.inner = metrics, inner
-        self.prompt_tokens = 0
+    ``backend`` gives the KV cache's length after each pass, and ``cache`` (the server's
+    :class:`~edgesdk.runtime.prompt_cache.PromptCache`, None without one) the prompt tokens it held: both
+    :func:`~edgesdk.runtime.generate.generate` and a prefill-only request call :meth:`begin` once the cache has
+    kept the prompt's prefix it serves."""
+
+    def __init__(self, metrics: ServeMetrics, inner=None, backend=None, cache=None):
+        self.metrics, self.inner, self.backend, self.cache = metrics, inner, backend, cache
+        self.prompt_tokens = self.cached_tokens = 0
         self._waited = 0.0
 
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
         self.prompt_tokens = prompt_tokens
+        self.cached_tokens = self.cache.reused if self.cache is not None else 0
         if self.inner is not None:
             self.inner.begin(prompt_tokens, max_new_tokens)
 
@@ -130,7 +151,8 @@ class MetricsHook:
         return self._waited
 
     def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
-        self.metrics.step(kind, self.prompt_tokens, tokens, compute_s, self._waited)
+        sequence = self.backend.position if self.backend is not None else 0
+        self.metrics.step(kind, self.prompt_tokens, tokens, compute_s, self._waited, self.cached_tokens, sequence)
         if self.inner is not None:
             self.inner.after_step(kind, tokens, compute_s)
 
