@@ -175,10 +175,28 @@ def reference_perplexity(model, tokenizer_encode, text: str, config: PerplexityC
 class DivergenceResult:
     """How far the bundle's next-token distributions are from the reference model's, token by token.
 
-    The measure llama.cpp's ``llama-perplexity --kl-divergence`` reports for its quantizations: the KL
-    divergence KL(P_reference || P_bundle) in nats per scored token (mean, median, 99th percentile,
-    maximum) and how often both put the same token on top. Perplexity can hide a shift that helps
-    some tokens and hurts others; these cannot.
+    The statistics llama.cpp's ``llama-perplexity --kl-divergence`` prints (``kl_divergence()`` in
+    tools/perplexity/perplexity.cpp), the bundle in the place of its Q and the reference model in that of
+    its base, computed as it computes them over the same scored positions:
+
+    - per scored token: the negative log-likelihood of the text's next token under each model, the KL
+      divergence KL(P_reference || P_bundle) = sum_i p_i (ln p_i - ln q_i) (nats; a token the reference
+      gives probability 0 adds nothing, as 0 ln 0 = 0), Δp = q(token) - p(token), and whether both put the
+      same token on top;
+    - a mean's uncertainty is llama.cpp's ``mean_and_uncertainty``: sqrt(var / (n - 1)) with var the
+      population variance, 0 for n <= 10; the covariance of the two models' losses is
+      cov(a, b) / (n - 1), 0 for n < 10;
+    - PPL(Q)/PPL(base) = exp(mean ln(PPL(Q)/PPL(base))), the uncertainty of the log ratio
+      sqrt(s_Q^2 + s_base^2 - 2 cov) and that of an exp(x) its value times x's;
+    - RMS Δp = sqrt(mean Δp^2), its uncertainty 0.5 / RMS times that of mean Δp^2;
+    - same top token: the fraction n_same / n, its uncertainty sqrt(f (1 - f) / (n - 1));
+    - percentiles interpolate linearly between sorted values at fraction x (n - 1) (numpy's default).
+
+    KL divergence and ln ratios are in nats; Δp, its RMS and the same-top fraction are fractions (llama.cpp
+    prints them x 100, as percent). llama.cpp reads the base model's log-probabilities from its
+    ``--kl-divergence-base`` file, stored as 16-bit steps over the top 16 nats, and leaves out of the KL sum
+    the tokens below e^-16 there; here both distributions are taken whole in float64, so its figures differ
+    from these in the last printed digits.
     """
 
     mean_kld: float
@@ -187,22 +205,75 @@ class DivergenceResult:
     max_kld: float
     same_top_token: float  # fraction of scored tokens where both models' most likely token agrees
     tokens_scored: int
+    mean_kld_uncertainty: float
+    min_kld: float
+    kld_percentiles: dict  # "99.9" .. "0.1" -> KL divergence at that percentile (llama.cpp's list)
+    same_top_token_uncertainty: float
+    ppl: float  # llama.cpp's Mean PPL(Q): the bundle's perplexity over the scored tokens
+    ppl_uncertainty: float
+    ppl_reference: float  # Mean PPL(base)
+    ppl_reference_uncertainty: float
+    ppl_correlation: float  # Cor(ln(PPL(Q)), ln(PPL(base))), a fraction
+    ln_ppl_ratio: float  # Mean ln(PPL(Q)/PPL(base))
+    ln_ppl_ratio_uncertainty: float
+    ppl_ratio: float  # Mean PPL(Q)/PPL(base)
+    ppl_ratio_uncertainty: float
+    ppl_difference: float  # Mean PPL(Q)-PPL(base)
+    ppl_difference_uncertainty: float
+    mean_dp: float  # mean of q(token) - p(token)
+    mean_dp_uncertainty: float
+    dp_percentiles: dict  # "max", "99.9" .. "0.1", "min" -> Δp (llama.cpp's list; "50.0" is the median)
+    rms_dp: float
+    rms_dp_uncertainty: float
 
     def to_json(self) -> dict:
-        return {"mean_kld": round(self.mean_kld, 6), "median_kld": round(self.median_kld, 6),
-                "p99_kld": round(self.p99_kld, 6), "max_kld": round(self.max_kld, 6),
-                "same_top_token": round(self.same_top_token, 6), "tokens_scored": self.tokens_scored}
+        def r(value: float) -> float:
+            return round(value, 6)
+
+        return {"mean_kld": r(self.mean_kld), "median_kld": r(self.median_kld),
+                "p99_kld": r(self.p99_kld), "max_kld": r(self.max_kld),
+                "same_top_token": r(self.same_top_token), "tokens_scored": self.tokens_scored,
+                "mean_kld_uncertainty": r(self.mean_kld_uncertainty), "min_kld": r(self.min_kld),
+                "kld_percentiles": {key: r(value) for key, value in self.kld_percentiles.items()},
+                "same_top_token_uncertainty": r(self.same_top_token_uncertainty),
+                "ppl": r(self.ppl), "ppl_uncertainty": r(self.ppl_uncertainty),
+                "ppl_reference": r(self.ppl_reference), "ppl_reference_uncertainty": r(self.ppl_reference_uncertainty),
+                "ppl_correlation": r(self.ppl_correlation),
+                "ln_ppl_ratio": r(self.ln_ppl_ratio), "ln_ppl_ratio_uncertainty": r(self.ln_ppl_ratio_uncertainty),
+                "ppl_ratio": r(self.ppl_ratio), "ppl_ratio_uncertainty": r(self.ppl_ratio_uncertainty),
+                "ppl_difference": r(self.ppl_difference),
+                "ppl_difference_uncertainty": r(self.ppl_difference_uncertainty),
+                "mean_dp": r(self.mean_dp), "mean_dp_uncertainty": r(self.mean_dp_uncertainty),
+                "dp_percentiles": {key: r(value) for key, value in self.dp_percentiles.items()},
+                "rms_dp": r(self.rms_dp), "rms_dp_uncertainty": r(self.rms_dp_uncertainty)}
+
+
+KLD_PERCENTILES = (99.9, 99.0, 95.0, 90.0, 10.0, 5.0, 1.0, 0.1)  # llama-perplexity's, beside max, median, min
+DP_PERCENTILES = (99.9, 99.0, 95.0, 90.0, 75.0, 50.0, 25.0, 10.0, 5.0, 1.0, 0.1)
+
+
+def _mean_and_uncertainty(values: np.ndarray) -> tuple[float, float]:
+    """llama.cpp's ``mean_and_uncertainty``: the mean and sqrt(var / (n - 1)), 0 where n <= 10."""
+    mean = float(values.mean())
+    variance = float(values.var())
+    return mean, math.sqrt(variance / (len(values) - 1)) if variance > 0 and len(values) > 10 else 0.0
+
+
+def _covariance(a: np.ndarray, b: np.ndarray) -> float:
+    """llama.cpp's ``covariance`` of two means: cov(a, b) / (n - 1), 0 where n < 10."""
+    return float(((a - a.mean()) * (b - b.mean())).mean()) / (len(a) - 1) if len(a) >= 10 else 0.0
 
 
 def divergence(score_bundle, score_reference, ids: list[int], config: PerplexityConfig,
                progress: bool = False, bos_id: int | None = None) -> DivergenceResult:
-    """KL(P_reference || P_bundle) over the positions :func:`perplexity` scores, window by window.
+    """KL(P_reference || P_bundle) and the other statistics of :class:`DivergenceResult` over the positions
+    :func:`perplexity` scores, window by window.
 
     Each ``score_*(window_ids) -> logits (len, vocab)``; the vocabularies must match (the bundle keeps
     its source model's tokenizer)."""
     from tqdm import tqdm
 
-    klds, same = [], 0
+    klds, nll, nll_reference, same = [], [], [], []
     spans = _checked_windows(ids, config, "a divergence")
     for start, end, first in tqdm(spans, desc="divergence", disable=not progress, unit="window"):
         window = _window(ids, start, end, bos_id)
@@ -212,11 +283,50 @@ def divergence(score_bundle, score_reference, ids: list[int], config: Perplexity
             raise EdgeSDKError(f"the bundle gives logits of shape {ours.shape} and the reference {theirs.shape}",
                                "compare a bundle with the model it was built from (eval --reference)")
         log_p, log_q = log_softmax(theirs), log_softmax(ours)
-        klds.append((np.exp(log_p) * (log_p - log_q)).sum(axis=-1))  # (T,)
-        same += int((ours.argmax(axis=-1) == theirs.argmax(axis=-1)).sum())
+        p = np.exp(log_p)
+        with np.errstate(invalid="ignore"):  # 0 * (-inf - ln q): a token the reference rules out adds 0
+            klds.append(np.where(p > 0, p * (log_p - log_q), 0.0).sum(axis=-1))  # (T,)
+        rows, targets = np.arange(len(ours)), window[first:]
+        nll.append(-log_q[rows, targets])
+        nll_reference.append(-log_p[rows, targets])
+        same.append(ours.argmax(axis=-1) == theirs.argmax(axis=-1))
     values = np.maximum(np.concatenate(klds), 0.0)  # rounding can leave -1e-16 where the two agree
-    return DivergenceResult(float(values.mean()), float(np.median(values)), float(np.percentile(values, 99)),
-                            float(values.max()), same / len(values), len(values))
+    nll, nll_reference, same = np.concatenate(nll), np.concatenate(nll_reference), np.concatenate(same)
+    n = len(values)
+
+    mean_kld, mean_kld_unc = _mean_and_uncertainty(values)
+    log_ppl, log_ppl_unc = _mean_and_uncertainty(nll)
+    log_ref, log_ref_unc = _mean_and_uncertainty(nll_reference)
+    cov = _covariance(nll, nll_reference)
+    ppl, ppl_ref = exp_or_inf(log_ppl), exp_or_inf(log_ref)
+    ppl_unc, ppl_ref_unc = ppl * log_ppl_unc, ppl_ref * log_ref_unc
+    with np.errstate(divide="ignore", invalid="ignore"):  # no spread in one model's losses: no correlation
+        correlation = float(np.float64(cov) / (log_ppl_unc * log_ref_unc))
+    ln_ratio = log_ppl - log_ref
+    ln_ratio_unc = math.sqrt(max(log_ppl_unc ** 2 + log_ref_unc ** 2 - 2 * cov, 0.0))
+    ratio = exp_or_inf(ln_ratio)
+    difference_unc = math.sqrt(max(ppl_unc ** 2 + ppl_ref_unc ** 2 - 2 * ppl * ppl_ref * cov, 0.0))
+
+    dp = np.exp(-nll) - np.exp(-nll_reference)
+    mean_dp, mean_dp_unc = _mean_and_uncertainty(dp)
+    mse, mse_unc = _mean_and_uncertainty(dp ** 2)
+    rms = math.sqrt(mse)
+    same_top = float(same.mean())
+    same_top_unc = math.sqrt(same_top * (1 - same_top) / (n - 1)) if n > 1 else math.nan
+    return DivergenceResult(
+        mean_kld=mean_kld, median_kld=float(np.median(values)), p99_kld=float(np.percentile(values, 99)),
+        max_kld=float(values.max()), same_top_token=same_top, tokens_scored=n,
+        mean_kld_uncertainty=mean_kld_unc, min_kld=float(values.min()),
+        kld_percentiles={f"{q:.1f}": float(np.percentile(values, q)) for q in KLD_PERCENTILES},
+        same_top_token_uncertainty=same_top_unc,
+        ppl=ppl, ppl_uncertainty=ppl_unc, ppl_reference=ppl_ref, ppl_reference_uncertainty=ppl_ref_unc,
+        ppl_correlation=correlation, ln_ppl_ratio=ln_ratio, ln_ppl_ratio_uncertainty=ln_ratio_unc,
+        ppl_ratio=ratio, ppl_ratio_uncertainty=ratio * ln_ratio_unc,
+        ppl_difference=ppl - ppl_ref, ppl_difference_uncertainty=difference_unc,
+        mean_dp=mean_dp, mean_dp_uncertainty=mean_dp_unc,
+        dp_percentiles={"max": float(dp.max()), **{f"{q:.1f}": float(np.percentile(dp, q)) for q in DP_PERCENTILES},
+                        "min": float(dp.min())},
+        rms_dp=rms, rms_dp_uncertainty=0.5 / rms * mse_unc if rms > 0 else 0.0)
 
 
 def bundle_divergence(runtime, model, text: str, config: PerplexityConfig = PerplexityConfig(),
