@@ -285,7 +285,7 @@ def divergence(score_bundle, score_reference, ids: list[int], config: Perplexity
         log_p, log_q = log_softmax(theirs), log_softmax(ours)
         p = np.exp(log_p)
         with np.errstate(invalid="ignore"):  # 0 * (-inf - ln q): a token the reference rules out adds 0
-            klds.append(np.where(p > 0, p * (log_p - log_q), 0.0).sum(axis=-1))  # (T,)
+            klds.append(np.where(p == 0, 0.0, p * (log_p - log_q)).sum(axis=-1))  # (T,); NaN stays NaN
         rows, targets = np.arange(len(ours)), window[first:]
         nll.append(-log_q[rows, targets])
         nll_reference.append(-log_p[rows, targets])

@@ -219,6 +219,9 @@ def test_a_token_the_reference_rules_out_adds_nothing_to_the_kl_divergence():
     assert result.mean_kld == pytest.approx(expected, rel=1e-12)
     assert result.max_kld == pytest.approx(expected, rel=1e-12)
     assert result.mean_kld_uncertainty == 0.0  # every token alike
+    broken = divergence(bundle, lambda window: np.full((len(window), 3), np.nan), [0, 1] * 10,
+                        PerplexityConfig(context=8, stride=8))
+    assert math.isnan(broken.mean_kld)  # a NaN reference is not a probability of 0
 
 
 def test_a_text_of_a_few_tokens_gives_strict_json(runtime, tiny_bundle, tmp_path):
