@@ -177,7 +177,8 @@ class DivergenceResult:
 
     The statistics llama.cpp's ``llama-perplexity --kl-divergence`` prints (``kl_divergence()`` in
     tools/perplexity/perplexity.cpp), the bundle in the place of its Q and the reference model in that of
-    its base, computed as it computes them over the same scored positions:
+    its base, computed as it computes them, over the positions :func:`perplexity` scores (llama.cpp's own
+    under ``method="llama-perplexity"``):
 
     - per scored token: the negative log-likelihood of the text's next token under each model, the KL
       divergence KL(P_reference || P_bundle) = sum_i p_i (ln p_i - ln q_i) (nats; a token the reference
@@ -195,8 +196,8 @@ class DivergenceResult:
     KL divergence and ln ratios are in nats; Δp, its RMS and the same-top fraction are fractions (llama.cpp
     prints them x 100, as percent). llama.cpp reads the base model's log-probabilities from its
     ``--kl-divergence-base`` file, stored as 16-bit steps over the top 16 nats, and leaves out of the KL sum
-    the tokens below e^-16 there; here both distributions are taken whole in float64, so its figures differ
-    from these in the last printed digits.
+    the tokens below e^-16 there; here both distributions are taken whole in float64, so its figures can
+    differ slightly from these.
     """
 
     mean_kld: float
