@@ -587,7 +587,8 @@ class TextOffsets:
 def logprobs_body(request: CompletionRequest, entries: list, piece: Callable[[int], bytes],
                   offset: int | TextOffsets = 0) -> dict | list[dict]:
     """OpenAI's ``logprobs`` object for ``entries`` (:class:`~edgesdk.runtime.logprobs.TokenLogprob`;
-    a prompt's first token has no log-probability): chat's ``content`` list, or the completions' parallel lists
+    a prompt's first token has no log-probability): chat's ``content`` list (each ``token`` cut before an unfinished
+    UTF-8 character at its end as llama-server cuts it, ``bytes`` whole), or the completions' parallel lists
     with each token's character offset in the returned text (from ``offset``, or where the
     :class:`TextOffsets` of the chunks before left off); for llama-server's ``POST /completion``, its
     :func:`completion_probabilities` list."""
@@ -597,9 +598,13 @@ def logprobs_body(request: CompletionRequest, entries: list, piece: Callable[[in
     if request.llama_probs:
         return completion_probabilities(entries, piece)
     if request.chat:
-        return {"content": [{"token": text(e.token), "logprob": e.logprob, "bytes": list(piece(e.token)),
-                             "top_logprobs": [{"token": text(t), "logprob": lp, "bytes": list(piece(t))}
-                                              for t, lp in e.top]} for e in entries], "refusal": None}
+        def shown(token: int) -> dict:
+            data = piece(token)
+            return {"token": _complete_characters(data), "bytes": list(data)}
+
+        return {"content": [{**shown(e.token), "logprob": e.logprob,
+                             "top_logprobs": [{**shown(t), "logprob": lp} for t, lp in e.top]}
+                            for e in entries], "refusal": None}
     offsets = (offset if isinstance(offset, TextOffsets) else TextOffsets(offset))([piece(e.token) for e in entries])
     return {"tokens": [text(e.token) for e in entries], "token_logprobs": [e.logprob for e in entries],
             "top_logprobs": [None if e.logprob is None else _by_text(e.top, text) for e in entries],
@@ -613,12 +618,26 @@ def completion_probabilities(entries: list, piece: Callable[[int], bytes]) -> li
     unfinished UTF-8 character at their end, as llama-server cuts it (``bytes`` holds them all)."""
     def shown(token: int) -> dict:
         data = piece(token)
-        return {"id": token, "token": codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data),
-                "bytes": list(data)}
+        return {"id": token, "token": _complete_characters(data), "bytes": list(data)}
 
     return [{**shown(entry.token), "logprob": entry.logprob,
              "top_logprobs": [{**shown(token), "logprob": logprob} for token, logprob in entry.top]}
             for entry in entries]
+
+
+def _complete_characters(data: bytes) -> str:
+    """A token's text as llama-server shows it (``completion_token_output::probs_vector_to_json`` in
+    tools/server/server-task.cpp): cut by ``validate_utf8`` (tools/server/server-common.cpp) before a multi-byte
+    character's lead byte among the last four bytes that has fewer bytes after it than its character needs; what
+    is left and not UTF-8 reads U+FFFD, as the server's JSON writer (``error_handler_t::replace``) writes it."""
+    size = len(data)
+    for back in range(1, min(4, size) + 1):
+        byte = data[size - back]
+        if ((byte & 0xE0) == 0xC0 and back < 2) or ((byte & 0xF0) == 0xE0 and back < 3) or \
+                ((byte & 0xF8) == 0xF0 and back < 4):
+            size -= back
+            break
+    return data[:size].decode("utf-8", errors="replace")
 
 
 def _by_text(top: tuple[tuple[int, float], ...], text: Callable[[int], str]) -> dict[str, float]:
