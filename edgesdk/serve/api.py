@@ -607,7 +607,8 @@ def logprobs_body(request: CompletionRequest, entries: list, piece: Callable[[in
                             for e in entries], "refusal": None}
     offsets = (offset if isinstance(offset, TextOffsets) else TextOffsets(offset))([piece(e.token) for e in entries])
     return {"tokens": [text(e.token) for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [None if e.logprob is None else _by_text(e.top, text) for e in entries],
+            "top_logprobs": [None if e.logprob is None else _by_text(e.top + ((e.token, e.logprob),), text)
+                             for e in entries],
             "text_offset": offsets}
 
 
@@ -641,8 +642,11 @@ def _complete_characters(data: bytes) -> str:
 
 
 def _by_text(top: tuple[tuple[int, float], ...], text: Callable[[int], str]) -> dict[str, float]:
-    """The completions' ``{token text: logprob}`` of a position's alternatives (most likely first): where
-    two tokens read alike (byte pieces of one character both read U+FFFD), the key keeps the likelier."""
+    """The completions' ``{token text: logprob}`` of a position's alternatives (most likely first) and, last,
+    the token taken there: OpenAI's legacy ``logprobs`` "will always return the logprob of the sampled token, so
+    there may be up to logprobs+1 elements" (llama-cpp-python adds it the same way). Where two tokens read alike
+    (the token taken is usually among the alternatives; byte pieces of one character both read U+FFFD), the key
+    keeps the likelier."""
     alternatives: dict[str, float] = {}
     for token, logprob in top:
         alternatives.setdefault(text(token), logprob)
