@@ -59,7 +59,7 @@ def test_chat_request_normalises_roles_and_text_parts():
     ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ({"grammar": "root ::= \"yes"}, "grammar"),
-    ({"json_schema": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}}}, "json_schema"),
+    ({"json_schema": {"type": "object", "properties": {"a": {"type": "string", "contentEncoding": "base64"}}}}, "json_schema"),
     ({"temperature": "hot"}, "temperature"),
     ({"temperature": 2.5}, "temperature"),
     ({"top_p": 0}, "top_p"),
