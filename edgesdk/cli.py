@@ -1293,6 +1293,13 @@ def _huge_pages_line(state: dict) -> str:
             f"{state['transparent_huge_pages'] or 'unknown'}, glibc.malloc.hugetlb {state['glibc_hugetlb'] or 'unset'}")
 
 
+def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> str:
+    """``value ± uncertainty`` as llama-perplexity prints it; a figure with no defined value (one token) reads n/a."""
+    if value is None:
+        return "n/a"
+    return format(value, spec) + ("" if uncertainty is None else f" ± {format(uncertainty, spec)}")
+
+
 @main.command("eval")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--text", "text_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -1311,7 +1318,8 @@ def _huge_pages_line(state: dict) -> str:
 @click.option("--reference", is_flag=True, help="Also score the PyTorch source model (host; needs edgesdk[host]).")
 @click.option("--kl-divergence", "kl", is_flag=True,
               help="With --reference: KL divergence of the bundle's next-token distributions from the source "
-                   "model's (mean, median, p99, max nats) and how often both pick the same top token.")
+                   "model's and llama-perplexity --kl-divergence's statistics (KLD mean with its uncertainty, "
+                   "percentiles, PPL ratio, Δp, same top token; all of them with --json).")
 @click.option("--last-word", is_flag=True,
               help="Also the last-word accuracy task: the last word of each 40-150-word paragraph ending in ' .' "
                    "(WikiText's form), scored as lm-evaluation-harness scores a loglikelihood task (with "
@@ -1438,6 +1446,12 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
         click.echo(f"KL divergence        mean {d['mean_kld']:.5f}, median {d['median_kld']:.5f}, p99 {d['p99_kld']:.4f}, "
                    f"max {d['max_kld']:.3f} nats; same top token {d['same_top_token']:.2%} "
                    f"({d['tokens_scored']} tokens)")
+        click.echo(f"                     mean KLD {_plus_minus(d['mean_kld'], d['mean_kld_uncertainty'], '.6f')} nats; "
+                   f"PPL(Q)/PPL(base) {_plus_minus(d['ppl_ratio'], d['ppl_ratio_uncertainty'], '.6f')}, ln ratio "
+                   f"{_plus_minus(d['ln_ppl_ratio'], d['ln_ppl_ratio_uncertainty'], '.6f')}; RMS Δp "
+                   f"{_plus_minus(d['rms_dp'], d['rms_dp_uncertainty'], '.3%')}; same top token "
+                   f"{_plus_minus(d['same_top_token'], d['same_top_token_uncertainty'], '.3%')} "
+                   "(llama-perplexity --kl-divergence's statistics; all of them with --json)")
     for key, label in (("last_word", "last word (bundle)"), ("reference_last_word", "last word (PyTorch)")):
         if key in result:
             found = result[key]

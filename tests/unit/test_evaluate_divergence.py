@@ -86,6 +86,12 @@ def test_eval_command_reports_the_divergence(tiny_bundle, tmp_path):
     assert body["divergence"]["tokens_scored"] == body["bundle"]["tokens_scored"]
     assert body["divergence"]["mean_kld"] < 1e-6  # the host bundle keeps float32 weights
     assert body["divergence"]["same_top_token"] == 1.0
+    shown = CliRunner().invoke(main, [*args, "--reference", "--kl-divergence"])
+    assert shown.exit_code == 0, shown.output
+    d = body["divergence"]
+    assert f"mean KLD {d['mean_kld']:.6f} ± {d['mean_kld_uncertainty']:.6f} nats" in shown.stdout
+    assert f"PPL(Q)/PPL(base) {d['ppl_ratio']:.6f} ± {d['ppl_ratio_uncertainty']:.6f}" in shown.stdout
+    assert f"RMS Δp {d['rms_dp']:.3%} ± {d['rms_dp_uncertainty']:.3%}" in shown.stdout
     alone = CliRunner().invoke(main, [*args, "--kl-divergence"])
     assert alone.exit_code == 2
     assert "add --reference" in alone.output
