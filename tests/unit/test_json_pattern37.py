@@ -12,6 +12,7 @@ import pytest
 
 from edgesdk.runtime.json_pattern import FORMATS
 from edgesdk.runtime.json_schema import SchemaConstraint, SchemaError, compile_schema
+from tests.unit.test_json_schema_bounds37 import generated_answer, runtime  # noqa: F401 (a fixture)
 
 BYTES = [bytes([b]) for b in range(256)]  # a "tokenizer" whose token i is byte i
 
@@ -143,37 +144,21 @@ def test_patterns_and_formats_it_cannot_follow_are_refused_by_name(schema, messa
         compile_schema(_wrapped(schema))
 
 
-PLATE = {"type": "object", "properties": {"plate": {"type": "string", "pattern": r"^[A-Z]{3}-\d{2}$"},
-                                          "day": {"type": "string", "format": "date"}},
-         "required": ["plate", "day"]}
-
-
-@pytest.fixture(scope="module")
-def runtime(tiny_bundle):
-    from edgesdk.runtime.session import open_runtime
-
-    return open_runtime(tiny_bundle.path, threads=1)
-
-
-@pytest.mark.parametrize(("temperature", "seed"), [(0.0, None), (1.0, 5)])
-def test_generated_strings_follow_their_pattern_and_format(runtime, temperature, seed):
-    from edgesdk.runtime.generate import SamplingConfig, generate
-
-    tokenizer = runtime.tokenizer
-    constraint = SchemaConstraint(tokenizer.token_bytes(), compile_schema(PLATE))
-    tokens, stats = generate(runtime.backend, tokenizer.prompt_ids("Give me JSON", raw=False),
-                             SamplingConfig(max_new_tokens=200, temperature=temperature, seed=seed),
-                             tokenizer.eos_token_ids, constraint=constraint)
-    text = b"".join(tokenizer.token_bytes()[t] for t in tokens)
-    assert stats.stop_reason == "complete", text
-    answer = json.loads(text)
-    assert re.fullmatch(r"[A-Z]{3}-\d{2}", answer["plate"]), answer
-    assert re.fullmatch(FORMATS["date"][1:-1], answer["day"]), answer
-
-
 def test_braces_without_ascii_counts_are_literal_characters():
     """``{`` opens a repetition only before ASCII digits (as ECMA-262's Annex B reads ``{`` otherwise); a
     superscript digit, which str.isdigit takes and int() does not, is a character like any other."""
     assert _complete({"type": "string", "pattern": "^a{²}$"}, "a{²}")
     assert not _complete({"type": "string", "pattern": "^a{²}$"}, "aa")
     assert _complete({"type": "string", "pattern": "^a{2}$"}, "aa")
+
+
+PLATE = {"type": "object", "properties": {"plate": {"type": "string", "pattern": r"^[A-Z]{3}-\d{2}$"},
+                                          "day": {"type": "string", "format": "date"}},
+         "required": ["plate", "day"]}
+
+
+@pytest.mark.parametrize(("temperature", "seed"), [(0.0, None), (1.0, 5)])
+def test_generated_strings_follow_their_pattern_and_format(runtime, temperature, seed):  # noqa: F811 (the fixture)
+    answer = generated_answer(runtime, PLATE, temperature, seed)
+    assert re.fullmatch(r"[A-Z]{3}-\d{2}", answer["plate"]), answer
+    assert re.fullmatch(FORMATS["date"][1:-1], answer["day"]), answer

@@ -169,18 +169,23 @@ def runtime(tiny_bundle):
     return open_runtime(tiny_bundle.path, threads=1)
 
 
-@pytest.mark.parametrize(("temperature", "seed"), [(0.0, None), (1.0, 3), (1.5, 4)])
-def test_generated_answers_keep_within_the_bounds(runtime, temperature, seed):
+def generated_answer(runtime, schema: dict, temperature: float, seed: int | None):
+    """The tiny bundle's answer under ``schema``, read as JSON (it must complete)."""
     from edgesdk.runtime.generate import SamplingConfig, generate
 
     tokenizer = runtime.tokenizer
-    constraint = SchemaConstraint(tokenizer.token_bytes(), compile_schema(BOUNDED))
+    constraint = SchemaConstraint(tokenizer.token_bytes(), compile_schema(schema))
     tokens, stats = generate(runtime.backend, tokenizer.prompt_ids("Give me JSON", raw=False),
                              SamplingConfig(max_new_tokens=200, temperature=temperature, seed=seed),
                              tokenizer.eos_token_ids, constraint=constraint)
     text = b"".join(tokenizer.token_bytes()[t] for t in tokens)
     assert stats.stop_reason == "complete", text
-    answer = json.loads(text)
+    return json.loads(text)
+
+
+@pytest.mark.parametrize(("temperature", "seed"), [(0.0, None), (1.0, 3), (1.5, 4)])
+def test_generated_answers_keep_within_the_bounds(runtime, temperature, seed):
+    answer = generated_answer(runtime, BOUNDED, temperature, seed)
     assert 3 <= answer["n"] <= 7, answer
     assert 2 <= len(answer["code"]) <= 4, answer
     assert len(answer["ids"]) <= 3, answer
