@@ -68,9 +68,13 @@ def lock_work_dir(path: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise BuildError(f"another edgesdk build is using the work directory {path} (the same --out) right now",
-                         "wait for it to finish, or pass --out another path") from None
+        raise _in_use(path) from None
     _HELD[key] = fd
+
+
+def _in_use(path: Path) -> BuildError:
+    return BuildError(f"another edgesdk build is using the work directory {path} (the same --out) right now",
+                      "wait for it to finish, or pass --out another path")
 
 
 def release_work_dir(path: Path) -> None:
@@ -136,7 +140,12 @@ class WorkDir:
         else:
             check_work_dir(self.path)
             remove_work_dir(self.path)
-            self.path.mkdir(parents=True)
+            try:
+                self.path.mkdir(parents=True)
+            except FileExistsError:  # made since it was removed: by a build on the same --out, which holds it
+                release_work_dir(self.path)
+                check_work_dir(self.path)  # anything else put there meanwhile is named as such
+                raise _in_use(self.path) from None
             lock_work_dir(self.path)
             self.state = {"build_key": self.key, "build_parts": self.parts, "done": {}}
             self._save()
