@@ -422,6 +422,11 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     starts over on a rewind), decodes token by token.
     """
     _check_prompt(prompt_ids, backend)
+    if lookup is not None and not callable(getattr(lookup, "drafter", None)):
+        # a count of draft tokens (serve's ``lookup`` setting, ``--lookup N``) is no drafter: refused by name, also
+        # where the backend decodes token by token and would not use it
+        raise EdgeSDKError(f"lookup must be a LookupConfig (prompt lookup) or a DraftModel (a draft bundle), got "
+                           f"{lookup!r}", "pass LookupConfig(max_draft=N) for up to N drafted tokens, or None")
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
     sampler = Sampler(sampling)
     scores_prompt = logprobs is not None and logprobs.prompt

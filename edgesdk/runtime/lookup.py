@@ -19,6 +19,7 @@ lookup costs a few dictionary reads however long the context.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 
 MAX_DRAFT = 64  # a pass keeps (draft + 1) rows of logits: 64 are 12.6 MB on SmolLM2's 49,152 tokens
 
@@ -34,8 +35,10 @@ class LookupConfig:
     def __post_init__(self):
         for name in ("max_draft", "ngram_max", "ngram_min"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            # any whole number (numpy's too, as SamplingConfig takes them), kept as a Python int
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+            object.__setattr__(self, name, int(value))
         if self.max_draft > MAX_DRAFT:
             raise ValueError(f"max_draft must be at most {MAX_DRAFT} (a pass keeps max_draft + 1 rows of logits), "
                              f"got {self.max_draft}")

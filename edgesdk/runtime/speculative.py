@@ -20,7 +20,7 @@ the longest prefix it shares with the text so far, and only what follows is pref
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Real
+from numbers import Integral, Real
 
 import numpy as np
 
@@ -54,12 +54,15 @@ class DraftConfig:
     p_min: float = 0.0
 
     def __post_init__(self):
-        if isinstance(self.max_draft, bool) or not isinstance(self.max_draft, int) or \
+        # any whole number (numpy's too, as SamplingConfig takes them), kept as a Python int
+        if isinstance(self.max_draft, bool) or not isinstance(self.max_draft, Integral) or \
                 not 1 <= self.max_draft <= MAX_DRAFT:
             raise ValueError(f"max_draft must be a whole number from 1 to {MAX_DRAFT}, got {self.max_draft!r}")
         # a value that is not a number ended in Python's own TypeError on the comparison, naming no field
         if isinstance(self.p_min, bool) or not isinstance(self.p_min, Real) or not 0.0 <= self.p_min < 1.0:
             raise ValueError(f"p_min must be in [0, 1), got {self.p_min!r}")  # NaN fails this too
+        object.__setattr__(self, "max_draft", int(self.max_draft))
+        object.__setattr__(self, "p_min", float(self.p_min))
 
 
 class DraftModel:
