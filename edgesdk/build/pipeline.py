@@ -317,6 +317,10 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         work.forget(*[f"stage:{name}" for name, _ in stages[finished:]], "export")
     stage_records = [work.done(f"stage:{name}") for name, _ in stages[:finished]]
     baseline = work.done("baseline")
+    if config.resume and (baseline is not None or finished):  # what the killed build left that this one takes
+        reused = (["the loaded model's figures (baseline)"] if baseline is not None else []) + \
+            [f"stage '{name}'" for name, _ in stages[:finished]]
+        _log(f"--resume: reusing {', '.join(reused)} from {work.path}")
     if stages and baseline is None:  # the loaded model's figures, for the report's first row
         from edgesdk.compress.measure import stage_metrics
 

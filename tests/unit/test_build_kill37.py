@@ -61,13 +61,15 @@ entry()
 
 
 class Setup:
-    def __init__(self, root: Path):
+    """A recipe's build for a target on a tiny random model, and the bundle of one run straight through."""
+
+    def __init__(self, root: Path, recipe: str = RECIPE, target: str = "host", model: Path | None = None):
         from tests._utils.tiny import CORPUS, save_tiny_model_dir
 
-        self.root = root
-        self.model = save_tiny_model_dir(root / "model", hidden=64, heads=4, kv_heads=2)
+        self.root, self.target = root, target
+        self.model = model or save_tiny_model_dir(root / "model", hidden=64, heads=4, kv_heads=2)
         self.recipe = root / "recipe.yaml"
-        self.recipe.write_text(RECIPE)
+        self.recipe.write_text(recipe)
         self.text = root / "train.txt"
         self.text.write_text("\n".join(CORPUS * 3))
         self.driver = root / "driver.py"
@@ -77,7 +79,7 @@ class Setup:
         self.straight = self.finish(root / "straight", resume=False)[1]
 
     def args(self, out: Path, resume: bool) -> list[str]:
-        return [sys.executable, str(self.driver), "build", "-t", "host", "-m", str(self.model), "-o", str(out),
+        return [sys.executable, str(self.driver), "build", "-t", self.target, "-m", str(self.model), "-o", str(out),
                 "--recipe", str(self.recipe), "--data", str(self.text), "--data-skip-chars", "2000",
                 "--generated-sequences", "0", "--max-context", "64", "--no-progress", *(["--resume"] if resume else [])]
 
@@ -133,9 +135,9 @@ def assert_same_bundle(setup: Setup, out: Path, manifest: dict) -> None:
     assert not out.with_name(f".{out.name}.partial").exists()
 
 
-def ran(stderr: str) -> list[str]:
+def ran(stderr: str, stages: tuple[str, ...] = ("smooth", "qat")) -> list[str]:
     """The stages a build ran, from its log."""
-    return [name for name in ("smooth", "qat") if f"] {name}: " in stderr]
+    return [name for name in stages if f"] {name}: " in stderr]
 
 
 def test_killed_while_a_stage_trains_resumes_at_that_stage(setup, tmp_path):
@@ -195,6 +197,8 @@ def test_killed_while_the_state_is_written_takes_no_unrecorded_checkpoint(setup,
 
     resumed, manifest = setup.finish(out)
     assert ran(resumed.stderr) == ["smooth", "qat"][index:]
+    reused = "the loaded model's figures (baseline)" + ", stage 'smooth'" * index
+    assert f"--resume: reusing {reused} from {work}\n" in resumed.stderr  # said, also where no stage is reused
     if index:
         assert "resuming after stage 'smooth' from its checkpoint (1 of 2 stages done)" in resumed.stderr
     assert_same_bundle(setup, out, manifest)
@@ -208,6 +212,8 @@ def test_killed_while_exporting_keeps_both_stages(setup, tmp_path):
     kill(build)
 
     resumed, manifest = setup.finish(out)
+    assert (f"--resume: reusing the loaded model's figures (baseline), stage 'smooth', stage 'qat' from {out}.build"
+            in resumed.stderr)
     assert "resuming after stage 'qat' from its checkpoint (2 of 2 stages done)" in resumed.stderr
     assert ran(resumed.stderr) == []
     assert "exporting ONNX" in resumed.stderr
@@ -240,10 +246,53 @@ def test_killed_after_the_bundle_is_in_place_resumes_to_the_same_bundle(setup, t
     verify_bundle(out)
     kill(build)
 
+    # Resumed again and killed between the two renames that put the new bundle in the old one's place: the old
+    # one waits aside as .b.old, and the next resumed build puts the bundle back and removes it.
+    build = setup.start(out, r"os.rename .*/\.b\.partial$", resume=True)
+    paused(build)
+    assert not out.exists()
+    verify_bundle(tmp_path / ".b.old")
+    kill(build)
+
     resumed, manifest = setup.finish(out)
     assert "export: done in an earlier run" in resumed.stderr
     assert ran(resumed.stderr) == []
     assert_same_bundle(setup, out, manifest)
+    assert not (tmp_path / ".b.old").exists()
+
+
+@pytest.fixture(scope="module")
+def jetson(setup):
+    """qat -> sparsify -> distill for orin-nx: block-sparse weights and Triton kernels compiled for sm_87."""
+    pytest.importorskip("triton")
+    from tests._utils.builds import JETSON_RECIPE
+
+    root = setup.root / "jetson"
+    root.mkdir()
+    return Setup(root, JETSON_RECIPE, "orin-nx", setup.model)
+
+
+@pytest.mark.parametrize("moment", ["distill-checkpoint", "kernels"])
+def test_a_killed_block_sparse_build_resumes_to_the_same_bundle(jetson, tmp_path, moment):
+    """Killed while distillation's checkpoint is written (after sparsify recorded its masks), or while the export
+    compiles the GPU kernels (two of the sm_87 kernel files written)."""
+    stages = ("qat", "sparsify", "distill")
+    out = tmp_path / "b"
+    if moment == "kernels":
+        build = jetson.start(out, r"open .*/b\.build/export/kernels/sm_87/[^/]+\.cubin$", count=2)
+    else:
+        build = jetson.start(out, r"open .*/stages/02-distill\.partial/tokenizer_config\.json$")
+    paused(build)
+    kill(build)
+
+    resumed, manifest = jetson.finish(out)
+    if moment == "kernels":
+        assert "resuming after stage 'distill' from its checkpoint (3 of 3 stages done)" in resumed.stderr
+        assert ran(resumed.stderr, stages) == []
+    else:
+        assert "resuming after stage 'sparsify' from its checkpoint (2 of 3 stages done)" in resumed.stderr
+        assert ran(resumed.stderr, stages) == ["distill"]
+    assert_same_bundle(jetson, out, manifest)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
