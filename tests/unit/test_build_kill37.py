@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs POSIX signals (SIGSTOP, SIGKILL)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs POSIX signals (SIGSTOP, SIGKILL)")]
 
 # smooth -> qat, exported as an INT8 QDQ graph; enough QAT steps that training is seen from outside.
 RECIPE = """name: tiny-kill
