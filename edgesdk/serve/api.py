@@ -2,7 +2,7 @@
 
 Requests follow OpenAI's API reference for ``POST /v1/chat/completions`` and ``POST /v1/completions``
 (the fields llama.cpp's ``llama-server`` also takes). A field this server cannot honour (``n`` > 1,
-``suffix``, legacy functions) is refused with a 400 that names it,
+``suffix``, legacy functions, audio output, web search) is refused with a 400 that names it,
 never silently ignored; fields that change nothing here (``user``, ``metadata``, ``store``) are
 accepted. Repetition penalties: OpenAI's ``presence_penalty`` and ``frequency_penalty`` and
 llama-server's ``repeat_penalty`` over the last ``repeat_last_n`` tokens; llama-server's ``top_k`` and
@@ -306,6 +306,11 @@ def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions") 
         ("functions", lambda v: not v, "no legacy functions (send them as 'tools')"),
         ("function_call", lambda v: v in (None, "none"), "no legacy function_call (send 'tool_choice' with 'tools')"),
         ("tools", lambda v: not v or chat, "no tools (they belong to /v1/chat/completions)"),
+        # OpenAI's audio output and web search: answers here are text the model writes
+        ("modalities", lambda v: v is None or (isinstance(v, list) and set(v) <= {"text"}),
+         "text answers only (modalities [\"text\"])"),
+        ("audio", lambda v: v is None, "no audio output"),
+        ("web_search_options", lambda v: v is None, "no web search"),
         ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") in RESPONSE_FORMATS),
          "plain text, one JSON object or an answer to a JSON schema (response_format type "
          f"{' / '.join(RESPONSE_FORMATS)})"),

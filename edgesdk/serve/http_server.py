@@ -42,7 +42,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError
@@ -324,10 +324,20 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_slots()
         elif _api_route(route) == "/models":
             self._send_json(200, {"object": "list", "data": [self._model_card()]})
-        elif _api_route(route) == f"/models/{self.server.model}":
-            self._send_json(200, self._model_card())
+        elif _api_route(route).startswith("/models/"):
+            self._send_model(_api_route(route)[len("/models/"):])
         else:
             self._not_found(route, self.command)
+
+    def _send_model(self, segment: str) -> None:
+        """``GET /v1/models/{model}``: the served model's card. The id comes percent-encoded, as clients write a path
+        segment (the OpenAI client's ``models.retrieve("org/name")`` asks for ``/v1/models/org%2Fname``); another
+        model's id is OpenAI's 404 ``model_not_found``, naming the one served."""
+        name = unquote(segment)
+        if name != self.server.model:
+            raise ApiError(404, f"the model {name!r} is not served here: this server serves {self.server.model!r} "
+                           "(GET /v1/models lists it)", param="model", code="model_not_found")
+        self._send_json(200, self._model_card())
 
     def _error_body(self, error: ApiError) -> dict:
         return anthropic.error_body(error) if self._anthropic else error.body()
@@ -449,8 +459,8 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _not_found(self, route: str, method: str) -> None:
         """404, or 405 with the methods it takes where the route is this server's under another method."""
         path = _api_route(route)
-        served_by_get = route in ("/health", "/metrics", "/props", "/slots") or \
-            path in ("/models", f"/models/{self.server.model}")
+        served_by_get = route in ("/health", "/metrics", "/props", "/slots") or path == "/models" or \
+            path.startswith("/models/")
         allowed = [name for name, known in (("GET", served_by_get), ("POST", _posted(path))) if known]
         if allowed:
             self._allow = ", ".join([*allowed, "HEAD"] if "GET" in allowed else allowed)
