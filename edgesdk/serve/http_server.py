@@ -700,10 +700,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         """An error raised while answering, as the ApiError the 500 (or, once a stream's headers are out, its last
         event) carries: an EdgeSDKError's problem with its fix, as the project's errors give both; any other
         exception is a fault of this server, named as an internal error and traced in the log."""
+        if isinstance(exc, ApiError):  # the request's own answer (the server stopping, a refusal): no fault to trace
+            return exc
         if not isinstance(exc, EdgeSDKError):
             traceback.print_exc(file=sys.stderr)
-        if isinstance(exc, ApiError):
-            return exc
         if isinstance(exc, EdgeSDKError):
             return ApiError(500, exc.problem if exc.fix is None else f"{exc.problem}; {exc.fix}", kind="server_error")
         return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")

@@ -406,3 +406,48 @@ def test_raw_responses_carry_the_headers_and_parse(client):
     with client.completions.with_streaming_response.create(model="tiny", prompt=PROMPT, max_tokens=2) as response:
         assert response.status_code == 200
         assert response.parse().usage.completion_tokens == 2
+
+
+class StopAfter:
+    """A StepHook that stops the server (as ``edgesdk serve`` does on SIGTERM) once the answer is under way."""
+
+    def __init__(self, steps: int):
+        self.steps, self.server = steps, None
+
+    def begin(self, prompt_tokens, max_new_tokens):
+        pass
+
+    def before_step(self, kind):
+        self.steps -= 1
+        if self.steps == 0:
+            self.server.completer.stop()
+        return 0.0
+
+    def after_step(self, kind, tokens, compute_s):
+        pass
+
+    def end(self, stats):
+        pass
+
+
+def test_a_server_stopping_mid_stream_is_the_client_s_api_error_and_no_traceback(runtime, capfd):
+    """The stream's last event is the 503 ``server_stopping`` error, which the client raises as ``APIError``; the
+    server's log names no fault of its own (a traceback there reads as a crash)."""
+    from tests.unit.test_serve import Served
+
+    hook = StopAfter(steps=4)
+    stopping = Served(runtime, ServeDefaults(max_tokens=20), hook=hook)
+    hook.server = stopping.server
+    try:
+        with _client(stopping.port) as client:
+            stream = client.chat.completions.create(model="tiny", messages=USER, stream=True)
+            received = []
+            with pytest.raises(openai.APIError) as ended:
+                received.extend(stream)
+        assert received[0].choices[0].delta.role == "assistant"
+        assert ended.value.body["code"] == "server_stopping"
+        assert "shutting down" in ended.value.message
+    finally:
+        stopping.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
