@@ -184,11 +184,12 @@ def test_tool_choice_none_and_auto(client, no_whitespace):
     plain = client.chat.completions.create(model="tiny", messages=USER, max_completion_tokens=4)
     assert none.choices[0].message.content == plain.choices[0].message.content  # no tools offered at all
 
+    # parallel_tool_calls allows more than one call; an answer here makes at most one
     auto = client.chat.completions.create(model="tiny", messages=USER, tools=[TIME], tool_choice="auto",
-                                          logit_bias=no_whitespace).choices[0]
+                                          parallel_tool_calls=True, logit_bias=no_whitespace).choices[0]
     assert auto.finish_reason in ("tool_calls", "stop")
     if auto.finish_reason == "tool_calls":
-        assert auto.message.tool_calls[0].function.name == "get_time"
+        assert [call.function.name for call in auto.message.tool_calls] == ["get_time"]
     else:
         assert isinstance(auto.message.content, str)  # the {"response": ...} text, unwrapped
 
