@@ -20,8 +20,9 @@ where it may be skipped, and a pattern that cannot do without one is refused. Ev
 non-empty, so every way into the pattern can be finished.
 
 ``format`` takes ``date``, ``time``, ``date-time`` (RFC 3339 section 5.6, as JSON Schema 2020-12
-section 7.3.1 names it; at most 9 digits of a second's fraction) and ``uuid`` (RFC 4122), each
-written as a pattern here.
+section 7.3.1 names it; at most 9 digits of a second's fraction; a date's day one its month has, February's
+29th in leap years only, section 5.7; years from 0001, the first that Python's ``date``, and so pydantic
+and the jsonschema package, read) and ``uuid`` (RFC 4122), each written as a pattern here.
 """
 
 from __future__ import annotations
@@ -46,11 +47,17 @@ CLASS_ESCAPES = {"d": (DIGIT, False), "D": (DIGIT, True), "w": (WORD, False), "W
 CHAR_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "0": "\0"}
 SYNTAX = set("^$\\.*+?()[]{}|/-")
 
+# RFC 3339 section 5.7: a day that its month has (February's 29th in leap years only, section 5.7's rule:
+# divisible by 4, and by 400 where by 100); years from 0001, as Python's date (so pydantic) reads them.
+_YEAR = r"(\d{3}[1-9]|\d\d[1-9]0|\d[1-9]00|[1-9]000)"
+_LEAP_YEAR = r"(\d\d(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+_DATE = (rf"({_YEAR}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])|{_YEAR}-(0[13-9]|1[0-2])-(29|30)"
+         rf"|{_YEAR}-(0[13578]|1[02])-31|{_LEAP_YEAR}-02-29)")
+_TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
 FORMATS = {
-    "date": r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$",
-    "time": r"^([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$",
-    "date-time": r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt]([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?"
-                 r"([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$",
+    "date": rf"^{_DATE}$",
+    "time": rf"^{_TIME}$",
+    "date-time": rf"^{_DATE}[Tt]{_TIME}$",
     "uuid": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
 }
 

@@ -8,24 +8,39 @@ here). Where a schema allows several ways on (``anyOf``, an optional property, e
 share a prefix), the constraint keeps every live way at once, so no choice is made before the bytes
 decide it.
 
-The supported subset (JSON Schema 2020-12 keywords) is what structured-output APIs use:
-``type`` (one or a list), ``properties`` with ``required``, ``additionalProperties: false``
-(absent is read the same way: only the listed properties are written), ``items``, ``minItems``,
-``maxItems``, ``enum``, ``const``, ``anyOf`` / ``oneOf``, ``allOf`` of one schema, ``$ref`` into
-``$defs`` / ``definitions`` (recursion included), ``true`` / ``{}`` for any value, a string's
-``minLength`` / ``maxLength`` (in characters: code points, an escape one, a ``\\u`` surrogate pair one),
-an integer's ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` (no ``-0``, no leading
-zero), a string's ``pattern`` and ``format`` (``date``, ``time``, ``date-time``, ``uuid``; both followed as a
-grammar over its characters, edgesdk/runtime/json_pattern.py), and the annotations (``title``, ``description``, ``default``, ...). Properties are written in the
-schema's order, as OpenAI's strict mode and llama.cpp's converter write them. Between tokens the
-spacing is llama.cpp's schema grammar's: nothing, one space, or a newline and at most 20 spaces or
-tabs of indentation, so pretty-printed answers pass and a model cannot stall in blank lines. Numbers
-follow llama.cpp's schema grammar too (common/json-schema-to-grammar.cpp, ``integral-part`` and
-``decimal-part``): at most 16 digits before the point (an integer range with a larger bound: that bound's
-digits), 16 after it and 16 in the exponent, which has no leading zero, so a model cannot stall in
-digits either. Every other keyword (``multipleOf``, ``uniqueItems``, another ``format``, a ``number``'s ``minimum``, ...) is
-refused by name rather than ignored, so an answer never silently breaks a constraint the client asked for. The
-root must be an object or an array, whose closing bracket ends the answer.
+The supported subset (JSON Schema 2020-12 keywords) is what structured-output APIs and pydantic's
+``model_json_schema()`` write: ``type`` (one or a list), ``properties`` with ``required``,
+``additionalProperties`` (``false``, or absent, read the same way: only the listed properties are written;
+``true`` or a schema: further keys, each a string that names no listed property, with values of that
+schema, after the listed ones, as llama.cpp's converter writes them and as pydantic writes a
+``dict[str, X]`` or a model's extra fields), ``items`` (a schema, or ``false``), ``prefixItems`` (a tuple's
+positions, before ``items``), ``minItems``, ``maxItems``, ``enum``, ``const``, ``anyOf`` / ``oneOf`` (with an
+OpenAPI ``discriminator`` beside it: an annotation of options that its ``const`` properties tell apart
+already), ``allOf`` of one schema, ``$ref`` into ``$defs`` / ``definitions`` (recursion included), ``true`` /
+``{}`` for any value, a string's ``minLength`` / ``maxLength`` (in characters: code points, an escape one, a
+``\\u`` surrogate pair one), ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` on an
+integer (no ``-0``, no leading zero) and on a number, a string's ``pattern`` and ``format`` (``date``,
+``time``, ``date-time``, ``uuid``, each followed as a grammar over its characters,
+edgesdk/runtime/json_pattern.py; ``binary`` and ``password``, which OpenAPI and pydantic write for bytes
+and secrets and which any string satisfies), and the annotations (``title``, ``description``,
+``default``, ...). Properties are written in the schema's order, as OpenAI's strict mode and llama.cpp's
+converter write them. Between tokens the spacing is llama.cpp's schema grammar's: nothing, one space, or a
+newline and at most 20 spaces or tabs of indentation, so pretty-printed answers pass and a model cannot
+stall in blank lines. Numbers follow llama.cpp's schema grammar too (common/json-schema-to-grammar.cpp,
+``integral-part`` and ``decimal-part``): at most 16 digits before the point (an integer range with a larger
+bound: that bound's digits), 16 after it and 16 in the exponent, which has no leading zero, so a model
+cannot stall in digits either.
+
+A bounded number is written without an exponent (a bound with an exponent's reach would make every
+digit an open question), so its values are the multiples of 10**-16 below 10**16 in magnitude; one of
+them is taken when it lies within the bounds both as the decimal it is (JSON Schema's reading) and
+as the double a JSON parser reads it as (Python's ``float``, pydantic, JavaScript: the nearest double,
+ties to even), so that neither kind of validator refuses what the constraint writes. Each digit is
+taken only where digits to come can still bring the number within its bounds, as for integers.
+
+Every other keyword (``multipleOf``, ``uniqueItems``, ``propertyNames``, another ``format``, ...) is
+refused by name rather than ignored, so an answer never silently breaks a constraint the client asked
+for. The root must be an object or an array, whose closing bracket ends the answer.
 """
 
 from __future__ import annotations
@@ -33,7 +48,11 @@ from __future__ import annotations
 import json
 import math
 import re
+import struct
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from functools import lru_cache
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.grammar import GrammarMatcher
@@ -44,16 +63,20 @@ from edgesdk.runtime.vocab_trie import tokens_accepted
 MAX_INDENT = 20  # spaces or tabs after a newline between tokens (llama.cpp's json-schema-to-grammar spacing)
 ONE_SPACE = -1  # spacing state after a single space: nothing more may follow
 MAX_WAYS = 64  # live parses kept at once (a schema of nested anyOf could otherwise multiply them)
+ANY_STRING_FORMATS = ("binary", "password")  # OpenAPI's formats for bytes and secrets: annotations of any string
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
                          "readOnly", "writeOnly"})
 BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 TYPE_KEYWORDS = {"object": {"properties", "required", "additionalProperties"},
-                 "array": {"items", "minItems", "maxItems"},
-                 "string": {"minLength", "maxLength", "pattern", "format"}, "number": set(), "integer": set(BOUND_KEYWORDS),
+                 "array": {"items", "prefixItems", "minItems", "maxItems"},
+                 "string": {"minLength", "maxLength", "pattern", "format"}, "number": set(BOUND_KEYWORDS),
+                 "integer": set(BOUND_KEYWORDS),
                  "boolean": set(), "null": set()}
 # llama.cpp's schema grammar (common/json-schema-to-grammar.cpp): integral-part ::= [0] | [1-9] [0-9]{0,15},
 # decimal-part ::= [0-9]{1,16}, and the exponent is an integral-part.
 NUMBER_DIGITS = 16
+STEP = 10 ** NUMBER_DIGITS  # a bounded number's values in units of its finest step, 10**-16
+LARGEST = 10 ** NUMBER_DIGITS * STEP - 1  # 16 nines before the point and 16 after it, in those units
 _NUMBER_PARTS = re.compile(rb"(-?)([0-9]*)(?:\.([0-9]*))?(?:[eE][-+]?([0-9]*))?")
 _WHITESPACE = frozenset(b" \t\n\r")
 _NUMBER_START = frozenset(b"-0123456789")
@@ -68,7 +91,10 @@ class SchemaError(EdgeSDKError):
 class SchemaNode:
     kind: str  # object | array | string | number | integer | any | literal | choice | ref
     properties: tuple = ()  # object: (key bytes as written between the quotes, SchemaNode, required)
-    items: SchemaNode | None = None  # array
+    additional: SchemaNode | None = None  # object: the value of a key not listed (None: no such keys)
+    names: frozenset = frozenset()  # object with additional keys: the listed keys (str), which they may not be
+    prefix: tuple = ()  # array: the SchemaNodes of its first items (prefixItems)
+    items: SchemaNode | None = None  # array: the items after them (None: none)
     min_items: int = 0
     max_items: int | None = None
     literals: tuple[bytes, ...] = ()  # literal: the JSON texts allowed (enum, const, booleans, null)
@@ -77,7 +103,7 @@ class SchemaNode:
     min_length: int = 0  # string: characters
     max_length: int | None = None
     content: GrammarMatcher | None = None  # string: its pattern or format, over its characters
-    minimum: int | None = None  # integer: the bounds, inclusive
+    minimum: int | None = None  # integer: the bounds, inclusive (number: in units of 10**-16, see _number)
     maximum: int | None = None
 
 
@@ -160,10 +186,6 @@ class _Compiler:
                 self._refuse(schema, path, {"$defs", "definitions"})
                 return SchemaNode("any")
         kinds = _kinds(kinds, path)
-        bound = next((keyword for keyword in BOUND_KEYWORDS if keyword in schema), None)
-        if bound is not None and "number" in kinds:  # beside "integer" in a type list it would bound only those
-            raise SchemaError(f"{path}: keyword {bound!r} is supported on integers only, not on the type 'number'",
-                              "use the type 'integer', or drop it and check the answer yourself")
         allowed = {"type", "$defs", "definitions"}.union(*(TYPE_KEYWORDS[k] for k in kinds))
         self._refuse(schema, path, allowed)
         nodes = [self._typed(schema, kind, path) for kind in kinds]
@@ -200,7 +222,8 @@ class _Compiler:
         if combiner == "allOf" and len(options) != 1:
             raise SchemaError(f"{path}.allOf of {len(options)} schemas is not supported (an intersection of schemas)",
                               "merge them into one schema")
-        self._refuse(schema, path, {combiner, "$defs", "definitions"})
+        self._refuse(schema, path, {combiner, "$defs", "definitions"} | ({"discriminator"} if combiner != "allOf"
+                                                                          else set()))
         nodes = tuple(self.node(option, f"{path}.{combiner}[{i}]") for i, option in enumerate(options))
         return nodes[0] if len(nodes) == 1 else SchemaNode("choice", options=nodes)
 
@@ -217,10 +240,12 @@ class _Compiler:
             return self._string(schema, path)
         if kind == "integer":
             return self._integer(schema, path)
-        return SchemaNode(kind)  # number
+        return self._number(schema, path)
 
     @staticmethod
     def _string(schema: dict, path: str) -> SchemaNode:
+        if schema.get("format") in ANY_STRING_FORMATS:  # any string has it: nothing to follow
+            schema = {keyword: value for keyword, value in schema.items() if keyword != "format"}
         low, high = schema.get("minLength", 0), schema.get("maxLength")
         for name, value in (("minLength", low), ("maxLength", high)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
@@ -238,7 +263,8 @@ class _Compiler:
             pattern = FORMATS.get(schema["format"]) if isinstance(schema["format"], str) else None
             if pattern is None:
                 raise SchemaError(f"{path}.format {json.dumps(schema['format'], default=repr)[:60]} is not supported "
-                                  f"(supported: {', '.join(FORMATS)})", "drop it, or write a pattern for it")
+                                  f"(supported: {', '.join((*FORMATS, *ANY_STRING_FORMATS))})",
+                                  "drop it, or write a pattern for it")
         try:
             content = None if pattern is None else string_matcher(pattern)
         except (PatternError, RecursionError) as exc:
@@ -248,6 +274,30 @@ class _Compiler:
         return SchemaNode("string", min_length=low, max_length=high, content=content)
 
     @staticmethod
+    def _number(schema: dict, path: str) -> SchemaNode:
+        """A number's bounds as the least and greatest multiple of 10**-16 (its finest step, in those units)
+        that every bound given leaves (JSON Schema 2020-12 validation, section 6.2), read both as the
+        decimals they are and as the doubles that a validator parsing JSON compares (see the module's
+        docstring)."""
+        lows, highs = [-LARGEST], [LARGEST]
+        for name in BOUND_KEYWORDS:
+            if name not in schema:
+                continue
+            value = _bound(schema, name, path)
+            lower, strict = name in ("minimum", "exclusiveMinimum"), name.startswith("exclusive")
+            decimal = Fraction(value) if isinstance(value, int) else Fraction(Decimal(repr(value)))
+            (lows if lower else highs).extend((_step_bound(decimal, lower, strict),
+                                               _double_bound(Fraction(value), lower, strict)))
+        if len(lows) == len(highs) == 1:
+            return SchemaNode("number")
+        low, high = max(lows), min(highs)
+        if low > high:
+            raise SchemaError(f"{path}: no number of at most {NUMBER_DIGITS} digits before and after the point "
+                              f"lies within its bounds ({', '.join(f'{k} {schema[k]}' for k in BOUND_KEYWORDS if k in schema)})",
+                              "fix the bounds")
+        return SchemaNode("number", minimum=low, maximum=high)
+
+    @staticmethod
     def _integer(schema: dict, path: str) -> SchemaNode:
         """The integers the bounds leave (JSON Schema 2020-12 validation, section 6.2: every bound given applies;
         a fractional bound keeps the integers on its side)."""
@@ -255,10 +305,7 @@ class _Compiler:
         for name in BOUND_KEYWORDS:
             if name not in schema:
                 continue
-            value = schema[name]
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                raise SchemaError(f"{path}.{name} must be a finite number, got {json.dumps(value, default=repr)[:60]}",
-                                  "fix the schema")
+            value = _bound(schema, name, path)
             if name == "minimum":
                 lows.append(math.ceil(value))
             elif name == "exclusiveMinimum":
@@ -281,14 +328,24 @@ class _Compiler:
                 raise SchemaError(f"{path}.{name} must be a non-negative integer, got {value!r}", "fix the schema")
         if high is not None and high < low:
             raise SchemaError(f"{path}: maxItems {high} is below minItems {low}", "fix the schema")
+        prefix = schema.get("prefixItems", [])
+        if not isinstance(prefix, list):
+            raise SchemaError(f"{path}.prefixItems must be an array of schemas, got "
+                              f"{json.dumps(prefix, default=repr)[:60]}", "fix the schema")
+        if isinstance(schema.get("items"), list):
+            raise SchemaError(f"{path}.items is an array (draft 2019-09's tuple form), which 2020-12 writes as "
+                              "prefixItems", 'write "prefixItems": [...] and "items": false (or the later items\' schema)')
+        prefix = tuple(self.node(each, f"{path}.prefixItems[{i}]") for i, each in enumerate(prefix))
+        if schema.get("items", True) is False:  # no items after the prefix (2020-12 validation, section 10.3.1.2)
+            if low > len(prefix):
+                raise SchemaError(f"{path}: minItems {low} asks for more items than its {len(prefix)} prefixItems, "
+                                  "and items is false", "lower minItems or give items a schema")
+            high = len(prefix) if high is None else min(high, len(prefix))
+            return SchemaNode("array", prefix=prefix, items=None, min_items=low, max_items=high)
         items = self.node(schema.get("items", True), f"{path}.items")
-        return SchemaNode("array", items=items, min_items=low, max_items=high)
+        return SchemaNode("array", prefix=prefix, items=items, min_items=low, max_items=high)
 
     def _object(self, schema: dict, path: str) -> SchemaNode:
-        extra = schema.get("additionalProperties", False)
-        if extra is not False:
-            raise SchemaError(f"{path}.additionalProperties is {json.dumps(extra)[:60]}; only false is supported "
-                              "(the answer holds the listed properties)", "set additionalProperties to false")
         properties = schema.get("properties", {})
         required = schema.get("required", [])
         if not isinstance(properties, dict):
@@ -301,9 +358,13 @@ class _Compiler:
         if unknown:
             raise SchemaError(f"{path}.required names {unknown}, which are not among its properties",
                               "add them to properties or drop them from required")
-        return SchemaNode("object", properties=tuple(
-            (_json_text(name, f"{path}.properties")[1:-1], self.node(value, f"{path}.properties.{name}"),
-             name in required) for name, value in properties.items()))
+        listed = tuple((_json_text(name, f"{path}.properties")[1:-1], self.node(value, f"{path}.properties.{name}"),
+                        name in required) for name, value in properties.items())
+        extra = schema.get("additionalProperties", False)
+        if extra is False:
+            return SchemaNode("object", properties=listed)
+        additional = self.node(extra, f"{path}.additionalProperties")
+        return SchemaNode("object", properties=listed, additional=additional, names=frozenset(properties))
 
     @staticmethod
     def _refuse(schema: dict, path: str, allowed: set) -> None:
@@ -311,10 +372,46 @@ class _Compiler:
             if keyword not in allowed and keyword not in ANNOTATIONS:
                 raise SchemaError(f"{path}: keyword {keyword!r} is not supported by the JSON schema constraint here",
                                   "drop it from the schema (supported: type, properties, required, "
-                                  "additionalProperties false, items, minItems, maxItems, minLength, maxLength, "
-                                  "pattern, format, an integer's minimum, maximum, exclusiveMinimum and "
-                                  "exclusiveMaximum, enum, const, "
-                                  "anyOf, oneOf, $ref to $defs) and check the answer yourself")
+                                  "additionalProperties, items, prefixItems, minItems, maxItems, minLength, "
+                                  "maxLength, pattern, format, minimum, maximum, exclusiveMinimum, "
+                                  "exclusiveMaximum, enum, const, anyOf, oneOf, $ref to $defs) and check the "
+                                  "answer yourself")
+
+
+def _bound(schema: dict, name: str, path: str) -> int | float:
+    value = schema[name]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise SchemaError(f"{path}.{name} must be a finite number, got {json.dumps(value, default=repr)[:60]}",
+                          "fix the schema")
+    return value
+
+
+def _step_bound(value: Fraction, lower: bool, strict: bool) -> int:
+    """The least (``lower``) or greatest multiple of 10**-16, in those units, on the allowed side of ``value``."""
+    scaled = value * STEP
+    if lower:
+        return math.floor(scaled) + 1 if strict else math.ceil(scaled)
+    return math.ceil(scaled) - 1 if strict else math.floor(scaled)
+
+
+def _even(double: float) -> bool:
+    """The double's significand is even (IEEE 754 rounds a tie to it)."""
+    return struct.unpack("<q", struct.pack("<d", double))[0] % 2 == 0
+
+
+def _double_bound(value: Fraction, lower: bool, strict: bool) -> int:
+    """The bound, in units of 10**-16, on the decimals whose nearest double (ties to even) lies on the allowed
+    side of ``value``: a validator that parses the number as a double (Python's ``float``, pydantic,
+    JavaScript) compares that double. Past 10**17 a bound leaves all or none of the writable numbers."""
+    limit = Fraction(10 ** (NUMBER_DIGITS + 1))
+    value = min(max(value, -limit), limit)
+    towards = math.inf if lower else -math.inf
+    edge = float(value)  # the nearest double; the first double on the allowed side is it or its neighbour
+    if (Fraction(edge) < value if lower else Fraction(edge) > value) or (strict and Fraction(edge) == value):
+        edge = math.nextafter(edge, towards)
+    outside = math.nextafter(edge, -towards)
+    middle = (Fraction(edge) + Fraction(outside)) / 2  # decimals beyond it read as ``edge`` or further in
+    return _step_bound(middle, lower, strict=not _even(edge))
 
 
 def _not_a_container(node: SchemaNode, definitions: dict, option: bool = False) -> str:
@@ -410,7 +507,8 @@ def _refuse_endless(definitions: dict) -> None:
         if node.kind == "object":
             return all(finite(value) for _, value, required in node.properties if required)
         if node.kind == "array":
-            return node.min_items == 0 or finite(node.items)
+            return all(finite(each) for each in node.prefix[:node.min_items]) and (
+                node.min_items <= len(node.prefix) or finite(node.items))
         return True  # any, literal (never empty), string, number, integer
 
     changed = True
@@ -530,12 +628,20 @@ class _Parser:
             following, may_end = _NUMBER_NEXT[state.detail]
             if byte not in following:  # the number ended before this byte, which belongs to the frame below
                 return self.step(rest, byte) if may_end and (seen is None or _number_whole(node, seen)) else []
-            if node.kind == "integer" and byte in b".eE":
+            if (node.kind == "integer" and byte in b".eE") or (byte in b"eE" and _bounded(node)):
                 return []
             if seen is not None:  # a number of the schema (a free-form value's numbers are JSON mode's)
                 seen += bytes((byte,))
                 if not _number_may_grow(node, seen):
                     return []
+        elif node.kind == "object":  # a key not listed: it may not read as a listed one (it would be that)
+            if state.mode == STRING and not state.detail[1] and byte == ord('"'):
+                if seen is not None and json.loads(b'"' + seen + b'"') in node.names:
+                    return []
+            elif seen is not None:  # its bytes as written, while it may still read as a listed key
+                seen += bytes((byte,))
+                if len(seen) > _longest_key(node.names):
+                    seen = None
         elif node.kind == "string" and state.mode == STRING:
             count, content = seen
             between = not state.detail[1]  # no UTF-8 continuation byte pending
@@ -573,12 +679,19 @@ class _Parser:
         if phase == "colon":
             if byte != ord(":"):
                 return []
+            if index == len(node.properties):  # after a key of its own
+                return [rest + (("object", node, index, "after"), ("value", node.additional))]
             return [rest + (("object", node, index + 1, "after"), ("value", node.properties[index][1]))]
         if phase in ("open", "key") and byte == ord('"'):
             candidates = _key_candidates(node, index)
-            return [rest + (top, ("key", node, candidates, 0))] if candidates else []
+            ways = [rest + (top, ("key", node, candidates, 0))] if candidates else []
+            if _more_keys(node, index):  # a key of its own: scanned as a string, the object node its schema
+                key = step(JsonState(VALUE, _INSIDE_ARRAY), byte)
+                ways.append(rest + (("object", node, len(node.properties), "colon"), ("scan", node, key, b"")))
+            return ways
         if phase == "after" and byte == ord(","):
-            return [rest + (("object", node, index, "key"),)] if _key_candidates(node, index) else []
+            return [rest + (("object", node, index, "key"),)] if _key_candidates(node, index) or \
+                _more_keys(node, index) else []
         if phase in ("open", "after") and byte == ord("}"):
             return [rest] if not any(required for _, _, required in node.properties[index:]) else []
         return []
@@ -594,7 +707,8 @@ class _Parser:
             return [rest] if node.min_items == 0 else []
         if node.max_items is not None and count >= node.max_items:
             return []
-        return self.start(node.items, rest + (("array", node, count + 1, "after"),), byte)
+        item = node.prefix[count] if count < len(node.prefix) else node.items
+        return self.start(item, rest + (("array", node, count + 1, "after"),), byte)
 
 
 def _key_candidates(node: SchemaNode, index: int) -> tuple[int, ...]:
@@ -605,6 +719,19 @@ def _key_candidates(node: SchemaNode, index: int) -> tuple[int, ...]:
         if node.properties[position][2]:
             break
     return tuple(candidates)
+
+
+@lru_cache(maxsize=256)
+def _longest_key(names: frozenset) -> int:
+    """The most bytes a JSON string can take to write one of ``names``: 6 per UTF-16 code unit (\\uXXXX),
+    more than a character takes unescaped (at most 4 UTF-8 bytes for 2 units)."""
+    return 6 * max((len(name.encode("utf-16-le")) // 2 for name in names), default=0)
+
+
+def _more_keys(node: SchemaNode, index: int) -> bool:
+    """Keys not listed may come: the object takes them, and no required property is left to come first
+    (they follow the listed properties, as llama.cpp's converter writes them)."""
+    return node.additional is not None and not any(required for _, _, required in node.properties[index:])
 
 
 def _spacing_after(spacing: int, byte: int) -> int | None:
@@ -633,8 +760,10 @@ def _number_may_grow(node: SchemaNode, text: bytes) -> bool:
         return False
     if exponent is not None and (len(exponent) > NUMBER_DIGITS or exponent[:1] == b"0" and len(exponent) > 1):
         return False
-    if node.kind != "integer" or (node.minimum is None and node.maximum is None):
+    if not _bounded(node):
         return len(integral) <= NUMBER_DIGITS
+    if node.kind == "number":
+        return len(integral) <= NUMBER_DIGITS and _number_reaches(node, bool(sign), integral, fraction)
     low, high = _magnitudes(node, bool(sign))
     longest = len(str(high)) if high is not None else max(NUMBER_DIGITS, len(str(low)))
     if high is not None and low > high or len(integral) > longest:
@@ -651,10 +780,38 @@ def _number_may_grow(node: SchemaNode, text: bytes) -> bool:
     return False
 
 
+def _bounded(node: SchemaNode) -> bool:
+    return node.kind in ("integer", "number") and (node.minimum is not None or node.maximum is not None)
+
+
+def _number_reaches(node: SchemaNode, negative: bool, integral: bytes, fraction: bytes | None) -> bool:
+    """Some digits to come make the number begun (its sign, integral digits and fraction digits so far,
+    no exponent) a value of the bounded number ``node``: one of the ranges of magnitudes, in units of
+    10**-16, that they can reach meets the magnitudes the bounds allow on the number's side of zero."""
+    low, high = (max(0, -node.maximum), -node.minimum) if negative else (max(0, node.minimum), node.maximum)
+    if fraction is not None:  # the integral part is done; the fraction's digits so far fix the rest's range
+        unit = 10 ** (NUMBER_DIGITS - len(fraction))
+        start = int(integral) * STEP + int(fraction or b"0") * unit
+        reached = [(start, start + unit - 1)]
+    elif not integral:
+        reached = [(0, LARGEST)]
+    elif integral == b"0":
+        reached = [(0, STEP - 1)]
+    else:  # ``more`` further integral digits, then any fraction
+        start = int(integral)
+        reached = [(start * 10 ** more * STEP, (start + 1) * 10 ** more * STEP - 1)
+                   for more in range(NUMBER_DIGITS - len(integral) + 1)]
+    return any(first <= high and last >= low for first, last in reached)
+
+
 def _number_whole(node: SchemaNode, text: bytes) -> bool:
     """The number ``text`` is a value of ``node`` (its prefixes were checked by :func:`_number_may_grow`)."""
-    if node.kind != "integer" or (node.minimum is None and node.maximum is None):
+    if not _bounded(node):
         return True
+    if node.kind == "number":
+        sign, integral, fraction, _ = _NUMBER_PARTS.fullmatch(text).groups()
+        value = int(integral) * STEP + int((fraction or b"").ljust(NUMBER_DIGITS, b"0"))
+        return node.minimum <= (-value if sign else value) <= node.maximum
     value = int(text)
     return text != b"-0" and (node.minimum is None or value >= node.minimum) and (node.maximum is None
                                                                                   or value <= node.maximum)
