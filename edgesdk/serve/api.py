@@ -15,6 +15,7 @@ and ``POST /detokenize`` bodies are read here too. Errors use OpenAI's shape:
 from __future__ import annotations
 
 import codecs
+import json
 import math
 import re
 import time
@@ -28,6 +29,7 @@ from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_sch
 from edgesdk.runtime.text import check_template_kwargs
 from edgesdk.serve.reasoning import FORMATS as REASONING_FORMATS
 from edgesdk.serve.tools import (
+    ANY_OBJECT,
     ToolError,
     Tools,
     answer_message,
@@ -109,14 +111,16 @@ def parse_chat_request(body: object) -> CompletionRequest:
     parsed = [_message(message, index, names) for index, message in enumerate(messages)]
     fields = _common_fields(body, chat=True)
     try:
-        tools = parse_tools(body)
+        # a response format beside tools shapes the {"response": ...} answer (edgesdk/serve/tools.py)
+        tools = parse_tools(body, _response_schema(body, fields))
     except ToolError as exc:
         raise ApiError(400, exc.message, param=exc.param) from exc
     if tools is not None:
-        if fields["json_schema"] is not None or fields["json_object"] or fields["grammar"] is not None:
-            given = "json_schema" if body.get("json_schema") is not None else "response_format"  # llama-server's
-            given = "grammar" if fields["grammar"] is not None else given
-            raise ApiError(400, f"'tools' and '{given}' both constrain the answer; send one of them", param=given)
+        if fields["grammar"] is not None:
+            raise ApiError(400, "'tools' and 'grammar' both constrain the answer, and a GBNF grammar cannot be joined "
+                           "to the tools' JSON answer ({\"tool_call\": ...} or {\"response\": ...}); send one of "
+                           "them, or shape the answer with a 'response_format' JSON schema beside the tools",
+                           param="grammar")
         parsed = with_instructions(parsed, tools)
     begun = messages[-1].get("role") == "assistant" and not messages[-1].get("tool_calls")
     return CompletionRequest(chat=True, messages=tuple(parsed), tools=tools, continue_final=begun,
@@ -379,10 +383,31 @@ def _grammar(body: dict) -> Grammar | None:
         raise ApiError(400, f"grammar: {exc.problem}; {exc.fix}", param="grammar") from exc
 
 
+def _response_schema(body: dict, fields: dict) -> dict | None:
+    """The JSON schema of the request's response format (:func:`_json_schema`, already compiled in ``fields``), as
+    the object it was given, or any JSON object for json_object; None for none."""
+    if fields["json_schema"] is not None:
+        _, schema = _given_schema(body)
+        return json.loads(schema) if isinstance(schema, str) else schema  # compile_schema reads text as JSON too
+    return ANY_OBJECT if fields["json_object"] else None
+
+
 def _json_schema(body: dict) -> CompiledSchema | None:
     """The schema the answer must follow: OpenAI's ``response_format {"type": "json_schema", "json_schema":
     {"name", "schema", "strict"}}`` (always enforced strictly here), or llama-server's top-level
     ``json_schema`` or ``response_format {"type": "json_object", "schema": ...}``."""
+    given = _given_schema(body)
+    if given is None:
+        return None
+    param, schema = given
+    try:
+        return compile_schema(schema)
+    except SchemaError as exc:
+        raise ApiError(400, f"{param}: {exc.problem}; {exc.fix}", param=param, code="unsupported_parameter") from exc
+
+
+def _given_schema(body: dict) -> tuple[str, object] | None:
+    """(the field that gave it, the schema as given) of :func:`_json_schema`, or None."""
     response_format = body.get("response_format")
     given = []
     if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
@@ -398,13 +423,7 @@ def _json_schema(body: dict) -> CompiledSchema | None:
     if len(given) > 1:
         raise ApiError(400, "both 'response_format' and 'json_schema' give a JSON schema; send one of them",
                        param="json_schema")
-    if not given:
-        return None
-    param, schema = given[0]
-    try:
-        return compile_schema(schema)
-    except SchemaError as exc:
-        raise ApiError(400, f"{param}: {exc.problem}; {exc.fix}", param=param, code="unsupported_parameter") from exc
+    return given[0] if given else None
 
 
 def _chat_logprobs(body: dict) -> dict:
@@ -667,7 +686,7 @@ def completion_body(request: CompletionRequest, ident: str, model: str, text: st
         if reasoning:
             fields["reasoning_content"] = reasoning
         if request.tools is not None:
-            fields, finish_reason = answer_message(text, finish_reason)
+            fields, finish_reason = answer_message(text, finish_reason, request.tools.structured)
         choice = {"index": 0, "message": {"role": "assistant", **fields}, "logprobs": logprobs,
                   "finish_reason": finish_reason}
     else:
@@ -702,7 +721,7 @@ def tool_answer_chunks(request: CompletionRequest, ident: str, model: str, text:
     """A streamed answer to a request with tools: its content or its tool calls in one delta once the answer
     is whole (the JSON it is written in is not the client's text), with the whole answer's ``logprobs``
     (as a request without ``stream`` gets them), then the finishing chunk."""
-    fields, finish_reason = answer_message(text, finish_reason)
+    fields, finish_reason = answer_message(text, finish_reason, request.tools.structured)
     if fields.get("tool_calls"):
         delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(fields["tool_calls"])]}
     else:

@@ -10,10 +10,20 @@ tools are described in the system message and the answer is constrained by a JSO
   ``tool_calls``;
 - ``{"response": "..."}``: an answer in text, offered only with ``tool_choice`` ``auto``.
 
-``tool_choice`` ``required`` leaves only calls, a named function only calls of it, ``none`` offers
-no tools. Earlier turns travel in the same form: an assistant message's ``tool_calls`` become its
-``{"tool_call": ...}`` text, and a ``tool`` message becomes a user message
-``{"tool_response": {"name", "content"}}``, which any template renders.
+A response format beside the tools (OpenAI's ``response_format`` json_schema or json_object, llama-server's
+``json_schema``) shapes that answer, as llama.cpp's generic format does (common/chat.cpp,
+``common_chat_params_init_generic``: the ``response`` property takes the request's JSON schema in place of a
+string): ``{"response": <an instance of the schema>}``, or with json_object ``{"response": {...}}``, any JSON
+object. Its content is the JSON text of that value as the model wrote it, so a client parses it as it parses a
+structured answer without tools (llama.cpp re-indents it, ``response.dump(2)``, which parses the same). The
+model so answers either with a call or in the schema, as OpenAI answers a request carrying both. A GBNF
+``grammar`` cannot be joined to this JSON envelope and is refused beside tools (edgesdk/serve/api.py).
+
+``tool_choice`` ``required`` leaves only calls, a named function only calls of it (there is no answer then, so
+a response format does not apply), ``none`` offers no tools (a response format then shapes the whole answer).
+Earlier turns travel in the same form: an assistant message's ``tool_calls`` become its ``{"tool_call": ...}``
+text, and a ``tool`` message becomes a user message ``{"tool_response": {"name", "content"}}``, which any
+template renders.
 """
 
 from __future__ import annotations
@@ -47,10 +57,17 @@ class Tools:
     choice: str  # "auto", "required", or the one tool's name that must be called
     schema: CompiledSchema  # what the answer must be
     instructions: str  # appended to the system message
+    # the {"response": ...} option's value is JSON of a response format, returned as its JSON text (not a string)
+    structured: bool = False
 
 
-def parse_tools(body: dict) -> Tools | None:
-    """``tools`` and ``tool_choice`` of a chat request (None: no tools offered, or ``tool_choice`` none)."""
+ANY_OBJECT = {"type": "object", "additionalProperties": True}  # response_format json_object: any JSON object
+
+
+def parse_tools(body: dict, response: dict | None = None) -> Tools | None:
+    """``tools`` and ``tool_choice`` of a chat request (None: no tools offered, or ``tool_choice`` none).
+    ``response``: the JSON schema of the request's response format (:data:`ANY_OBJECT` for json_object), which
+    the ``{"response": ...}`` option's value follows, or None for an answer in text."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if not tools:
         if choice not in (None, "none", "auto"):
@@ -68,8 +85,10 @@ def parse_tools(body: dict) -> Tools | None:
     if chosen == "none":
         return None
     offered = functions if chosen in ("auto", "required") else [f for f in functions if f["name"] == chosen]
-    return Tools(names=names, choice=chosen, schema=_answer_schema(offered, chosen == "auto"),
-                 instructions=_instructions(offered, chosen == "auto"))
+    may_answer = chosen == "auto"
+    response = response if may_answer else None  # only calls: no answer for a response format to shape
+    return Tools(names=names, choice=chosen, schema=_answer_schema(offered, may_answer, response),
+                 instructions=_instructions(offered, may_answer, response), structured=response is not None)
 
 
 def _function(tool: object, index: int) -> dict:
@@ -129,8 +148,9 @@ def _choice(choice: object, names: tuple[str, ...]) -> str:
                     f"\"function\": {{\"name\": ...}}}}, got {json.dumps(choice)[:60]}", "tool_choice")
 
 
-def _answer_schema(functions: list[dict], may_answer: bool) -> CompiledSchema:
-    """One call of one of ``functions`` (each tool's $defs moved under its own prefix), or a text answer."""
+def _answer_schema(functions: list[dict], may_answer: bool, response: dict | None = None) -> CompiledSchema:
+    """One call of one of ``functions`` (each tool's $defs moved under its own prefix), or an answer: text, or an
+    instance of the ``response`` schema (its $defs moved under the prefix ``response``)."""
     definitions, calls = {}, []
     for index, function in enumerate(functions):
         parameters = _hoisted(function["parameters"], f"tool{index}", definitions)
@@ -138,7 +158,8 @@ def _answer_schema(functions: list[dict], may_answer: bool) -> CompiledSchema:
                       "required": ["name", "arguments"]})
     call = {"type": "object", "properties": {"tool_call": calls[0] if len(calls) == 1 else {"anyOf": calls}},
             "required": ["tool_call"]}
-    options = [call, {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}]
+    answer = {"type": "string"} if response is None else _hoisted(response, "response", definitions)
+    options = [call, {"type": "object", "properties": {"response": answer}, "required": ["response"]}]
     root = {"anyOf": options} if may_answer else call
     return compile_schema({**root, "$defs": definitions})
 
@@ -178,10 +199,16 @@ def _hoisted(schema: dict, prefix: str, definitions: dict) -> dict:
     return schema
 
 
-def _instructions(functions: list[dict], may_answer: bool) -> str:
+def _instructions(functions: list[dict], may_answer: bool, response: dict | None = None) -> str:
     listed = json.dumps([{"name": f["name"], "description": f["description"], "parameters": f["parameters"]}
                          for f in functions], ensure_ascii=False)
-    answer = ' to call a tool, or {"response": "<your answer>"} to answer the user directly' if may_answer else \
+    if response == ANY_OBJECT:
+        value = "<your answer as one JSON object>"
+    elif response is not None:
+        value = f"<your answer as JSON of this schema: {json.dumps(response, ensure_ascii=False)}>"
+    else:
+        value = '"<your answer>"'
+    answer = f' to call a tool, or {{"response": {value}}} to answer the user directly' if may_answer else \
         " to call a tool"
     return (f"You can call these tools (each with the JSON schema of its arguments):\n{listed}\n"
             f'Reply with one JSON object: {{"tool_call": {{"name": "<tool name>", "arguments": {{...}}}}}}{answer}.')
@@ -221,11 +248,12 @@ def tool_result_text(name: str | None, content: str) -> str:
     return json.dumps({"tool_response": {"name": name, "content": content}}, ensure_ascii=False)
 
 
-def read_answer(text: str, complete: bool) -> tuple[str | None, list[dict] | None]:
+def read_answer(text: str, complete: bool, structured: bool = False) -> tuple[str | None, list[dict] | None]:
     """(content, tool_calls) of an answer written under a tools schema; an incomplete one (cut by max_tokens,
     or by a stop string, whose answer also ends as "stop") is returned as text, and so is one holding a number
     the answer's JSON cannot carry on (the schema takes any digits: 1e999 is past a double, which JSON's text
-    has no Infinity for, and Python reads no integer past 4,300 digits)."""
+    has no Infinity for, and Python reads no integer past 4,300 digits). ``structured``: the ``response``
+    option's value is JSON of a response format, whose text is the content."""
     if not complete:
         return text, None
     try:
@@ -233,10 +261,20 @@ def read_answer(text: str, complete: bool) -> tuple[str | None, list[dict] | Non
     except ValueError:  # a stop string cut the JSON (the schema lets only a whole answer parse), or such a number
         return text, None
     if "response" in answer:
-        return answer["response"], None
+        return (_response_text(text) if structured else answer["response"]), None
     call = answer["tool_call"]
     return None, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                    "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}]
+
+
+RESPONSE_KEY = re.compile(r'\s*\{\s*"response"\s*:\s*')  # the schema writes a listed key as it is named
+
+
+def _response_text(text: str) -> str:
+    """The JSON text of a whole answer's ``response`` value, as the model wrote it (``text`` parses)."""
+    start = RESPONSE_KEY.match(text).end()
+    _, end = json.JSONDecoder(parse_float=_finite).raw_decode(text, start)
+    return text[start:end]
 
 
 def _finite(number: str) -> float:
@@ -246,10 +284,11 @@ def _finite(number: str) -> float:
     return value
 
 
-def answer_message(text: str, finish_reason: str) -> tuple[dict, str]:
+def answer_message(text: str, finish_reason: str, structured: bool = False) -> tuple[dict, str]:
     """(the assistant message's fields, finish_reason) of an answer written under a tools schema: a call
-    gives ``tool_calls`` with no content and the finish reason ``tool_calls``."""
-    content, calls = read_answer(text, finish_reason == "stop")
+    gives ``tool_calls`` with no content and the finish reason ``tool_calls`` (``structured``: as for
+    :func:`read_answer`)."""
+    content, calls = read_answer(text, finish_reason == "stop", structured)
     if calls is None:
         return {"content": content}, finish_reason
     return {"content": None, "tool_calls": calls}, "tool_calls"

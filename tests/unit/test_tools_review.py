@@ -126,13 +126,19 @@ def test_each_tools_definitions_keep_the_meaning_compile_schema_gives_them(param
                                           separators=(",", ":"))) is taken, arguments
 
 
-@pytest.mark.parametrize(("extra", "param"), [
-    ({"json_schema": {"type": "object"}}, "json_schema"),  # llama-server's top-level field
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
-     "response_format"),
+@pytest.mark.parametrize(("extra", "instance", "other"), [
+    ({"json_schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}},  # llama-server's
+     {"n": 3}, {"m": 3}),
+    ({"response_format": {"type": "json_object"}}, {"any": [1, {"x": None}]}, [1]),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}}}}, {"ok": True}, {"ok": 1}),
 ])
-def test_tools_beside_a_schema_name_the_field_that_gave_it(extra, param):
-    with pytest.raises(ApiError, match=f"'tools' and '{param}' both constrain") as refused:
-        parse_chat_request({"messages": [{"role": "user", "content": "x"}], "tools": [PING], **extra})
-    assert (refused.value.status, refused.value.param) == (400, param)
+def test_tools_beside_a_schema_name_the_field_that_gave_it(extra, instance, other):
+    """Tools beside a response format are taken (OpenAI takes both; llama.cpp's generic format puts the schema in
+    the ``response`` option): the answer is a call, or ``{"response": <an instance>}``, no longer text."""
+    request = parse_chat_request({"messages": [{"role": "user", "content": "x"}], "tools": [PING], **extra})
+    assert request.tools.structured
+    assert _accepts(request.tools, json.dumps({"response": instance}))
+    assert not _accepts(request.tools, json.dumps({"response": other}))
+    assert not _accepts(request.tools, '{"response": "text"}')
+    assert _accepts(request.tools, '{"tool_call": {"name": "ping", "arguments": {}}}')
