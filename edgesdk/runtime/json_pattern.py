@@ -30,7 +30,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.gbnf import merge_ranges, parse_grammar, whole_number
+from edgesdk.runtime.gbnf import CHAR, merge_ranges, parse_grammar, whole_number
 from edgesdk.runtime.grammar import GrammarMatcher
 
 LAST_CODE_POINT = 0x10FFFF
@@ -54,12 +54,66 @@ _LEAP_YEAR = r"(\d\d(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][2
 _DATE = (rf"({_YEAR}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])|{_YEAR}-(0[13-9]|1[0-2])-(29|30)"
          rf"|{_YEAR}-(0[13578]|1[02])-31|{_LEAP_YEAR}-02-29)")
 _TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+# RFC 2673 / RFC 3986 section 3.2.2 dotted-quad: each octet 0-255, no leading zero (which Python's ipaddress,
+# and so pydantic, refuses).
+_OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
+# RFC 4291 section 2.2, as RFC 3986 section 3.2.2's IPv6address writes it: eight groups, "::" for one or more
+# groups of zeros, the last two groups as an IPv4 address.
+_H16 = r"[0-9a-fA-F]{1,4}"
+_LS32 = rf"({_H16}:{_H16}|{_IPV4})"
+_IPV6 = "(" + "|".join((
+    rf"({_H16}:){{6}}{_LS32}", rf"::({_H16}:){{5}}{_LS32}", rf"({_H16})?::({_H16}:){{4}}{_LS32}",
+    rf"(({_H16}:){{0,1}}{_H16})?::({_H16}:){{3}}{_LS32}", rf"(({_H16}:){{0,2}}{_H16})?::({_H16}:){{2}}{_LS32}",
+    rf"(({_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}", rf"(({_H16}:){{0,4}}{_H16})?::{_LS32}",
+    rf"(({_H16}:){{0,5}}{_H16})?::{_H16}", rf"(({_H16}:){{0,6}}{_H16})?::")) + ")"
+# RFC 1123 section 2.1: labels of letters, digits and inner hyphens, 1 to 63 characters (the whole name at most
+# 253, FORMAT_MAX_LENGTH).
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = rf"{_LABEL}(\.{_LABEL})*"
+# RFC 5321 section 4.1.2: a Dot-string local part (RFC 5322 atext) and a domain of RFC 1123 labels. A quoted
+# local part and an address literal are left out (a quoted one needs a quote or a backslash, which the answer
+# writes only escaped); what is written is a subset of what jsonschema's format checker takes (any string
+# with an @) and of RFC 5322's addr-spec.
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
+_EMAIL = rf"{_ATEXT}+(\.{_ATEXT}+)*@{_HOSTNAME}"
+# RFC 3986: scheme ":" hier-part ["?" query] ["#" fragment]. A host is an IPv6 literal or a reg-name (which
+# an IPv4 address also reads as); IPvFuture literals, which a WHATWG parser (pydantic's Url) refuses, are left
+# out, and a port is at most 65535, the most such a parser takes.
+_UNRESERVED = r"A-Za-z0-9._~\-"
+_SUB_DELIMS = r"!$&'()*+,;="
+_PCT = r"%[0-9A-Fa-f]{2}"
+_PCHAR = rf"([{_UNRESERVED}{_SUB_DELIMS}:@]|{_PCT})"
+_PORT = r"(\d{0,4}|[0-5]\d{4}|6[0-4]\d{3}|65[0-4]\d\d|655[0-2]\d|6553[0-5])"
+_AUTHORITY = (rf"(([{_UNRESERVED}{_SUB_DELIMS}:]|{_PCT})*@)?"
+              rf"(\[{_IPV6}\]|([{_UNRESERVED}{_SUB_DELIMS}]|{_PCT})*)"
+              rf"(:{_PORT})?")
+_URI = (rf"[A-Za-z][A-Za-z0-9+.\-]*:(//{_AUTHORITY}(/{_PCHAR}*)*|/({_PCHAR}+(/{_PCHAR}*)*)?|{_PCHAR}+(/{_PCHAR}*)*|)"
+        rf"(\?({_PCHAR}|[/?])*)?(#({_PCHAR}|[/?])*)?")
+# ISO 8601 durations as pydantic writes and reads them (timedelta: "P1DT2H", "-PT0.5S", "P2739726Y9D"): a sign,
+# then years, months, weeks and days, then T and hours, minutes and seconds (a fraction on seconds only), at
+# least one of them. The digits of each are capped so that no sum of them passes what pydantic reads (its
+# 999,999,999 days, and 2**32 seconds in the time part): at most 2,599,999 years, 9999 months, 9999 weeks,
+# 9,999,999 days, 99,999 hours, 999,999 minutes and 99,999,999 seconds.
+_SECONDS = r"\d{1,8}(\.\d{1,6})?S"
+_DURATION_TIME = rf"T(\d{{1,5}}H(\d{{1,6}}M)?({_SECONDS})?|\d{{1,6}}M({_SECONDS})?|{_SECONDS})"
+_DURATION_DATE = (r"((\d{1,6}|[01]\d{6}|2[0-5]\d{5})Y(\d{1,4}M)?(\d{1,4}W)?(\d{1,7}D)?|\d{1,4}M(\d{1,4}W)?(\d{1,7}D)?"
+                  r"|\d{1,4}W(\d{1,7}D)?|\d{1,7}D)")
 FORMATS = {
     "date": rf"^{_DATE}$",
     "time": rf"^{_TIME}$",
     "date-time": rf"^{_DATE}[Tt]{_TIME}$",
     "uuid": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+    "ipv4": rf"^{_IPV4}$",
+    "ipv6": rf"^{_IPV6}$",
+    "hostname": rf"^{_HOSTNAME}$",
+    "email": rf"^{_EMAIL}$",
+    "uri": rf"^{_URI}$",
+    "duration": rf"^-?P({_DURATION_DATE}({_DURATION_TIME})?|{_DURATION_TIME})$",
 }
+# Lengths a format bounds that its pattern does not: RFC 1123 section 2.1 and RFC 1035 section 2.3.4 (253
+# characters written without the final dot), RFC 5321 section 4.5.3.1.3 (a path of 256 octets with its < >).
+FORMAT_MAX_LENGTH = {"hostname": 253, "email": 254}
 
 
 class PatternError(EdgeSDKError):
@@ -282,3 +336,109 @@ def pattern_grammar(pattern: str) -> str:
 def string_matcher(pattern: str) -> GrammarMatcher:
     """A matcher over a string's characters for ``pattern`` (one per pattern: its steps are cached)."""
     return GrammarMatcher(parse_grammar(pattern_grammar(pattern)))
+
+
+UNREACHABLE = float("inf")
+
+
+class PatternLengths:
+    """Which matcher states of a pattern can still be finished within a string's ``minLength`` /
+    ``maxLength`` (JSON Schema 2020-12 validation, sections 6.3.1-6.3.2, counted in characters).
+
+    The pattern grammar is regular: from a state, the characters fall into classes that lead to the same
+    next state (the cells that the ranges on top of its stacks cut the code points into), so the states
+    form a finite graph that is walked here one character at a time. :meth:`fits` says whether some
+    completion's length lies within the bounds: the least completion of at least ``r`` more characters
+    is found exactly (``r`` the characters ``minLength`` still asks for), layer by layer, and cached."""
+
+    def __init__(self, matcher: GrammarMatcher, min_length: int, max_length: int | None):
+        self.matcher, self.min_length, self.max_length = matcher, min_length, max_length
+        self._next: dict = {}  # state -> ((low, high, state after a code point in [low, high]), ...)
+        self._least: dict = {}  # (state, r) -> least completion length of at least r characters
+
+    def _cells(self, state: tuple) -> tuple:
+        """(first, last, representative) for each run of writable code points that the tops of the stacks
+        treat alike."""
+        cuts = {0, LAST_CODE_POINT + 1}
+        for stack in state[0]:
+            if stack:
+                element = self.matcher.alternatives[stack[-1][0]][stack[-1][1]]
+                if element[0] == CHAR:
+                    for low, high in element[1]:
+                        cuts.update((low, high + 1))
+        bounds = sorted(cuts)
+        cells = []
+        for first, end in zip(bounds, bounds[1:], strict=False):
+            for low, high in WRITABLE:
+                if low <= end - 1 and first <= high:
+                    cells.append((first, end - 1, max(first, low)))
+                    break
+        return tuple(cells)
+
+    def successors(self, state: tuple) -> tuple:
+        """The states after one whole character from ``state`` (a state between characters)."""
+        found = self._next.get(state)
+        if found is None:
+            found = []
+            for first, last, code in self._cells(state):
+                after = self.matcher.feed(state, chr(code).encode())
+                if after is not None:
+                    found.append((first, last, after))
+            found = self._next[state] = tuple(found)
+        return found
+
+    def least(self, state: tuple, at_least: int) -> float:
+        """The fewest characters after ``state`` that finish the pattern, at least ``at_least`` of them."""
+        key = (state, at_least)
+        if key in self._least:
+            return self._least[key]
+        layers = [{state}]  # the states ``j`` characters on, for the lengths still to find
+        for _ in range(at_least):
+            layers.append({after for each in layers[-1] if (each, at_least - len(layers) + 1) not in self._least
+                           for _, _, after in self.successors(each)})
+        for depth in range(at_least, -1, -1):
+            more = at_least - depth
+            for each in layers[depth]:
+                if (each, more) not in self._least:
+                    self._least[(each, more)] = self._shortest(each) if more == 0 else \
+                        1 + min((self._least[(after, more - 1)] for _, _, after in self.successors(each)),
+                                default=UNREACHABLE)
+        return self._least[key]
+
+    def _shortest(self, state: tuple) -> float:
+        """The fewest characters that finish the pattern from ``state`` (breadth first)."""
+        frontier, seen, steps = [state], {state}, 0
+        while frontier:
+            if any(GrammarMatcher.accepts(each) for each in frontier):
+                return steps
+            frontier = [after for each in frontier for _, _, after in self.successors(each) if after not in seen
+                        and not seen.add(after)]
+            steps += 1
+        return UNREACHABLE
+
+    def fits(self, state: tuple, written: int) -> bool:
+        """After ``written`` characters the pattern, in ``state``, can still end within the bounds. In a
+        partial code point (a UTF-8 lead byte read, ``written`` counting it), some code point it can still
+        become must lead to such a state."""
+        if state[1] is not None:
+            value, remaining, lowest, highest = state[1]
+            shift = 6 * remaining
+            low, high = max(value << shift, lowest), min((value << shift) | ((1 << shift) - 1), highest)
+            whole = (frozenset(state[0]), None)
+            for first, last, _ in self._cells(whole):
+                for cell_low, cell_high in WRITABLE:
+                    code = max(first, low, cell_low)
+                    if code <= min(last, high, cell_high):
+                        after = self.matcher.feed(state, chr(code).encode()[-remaining:])
+                        if after is not None and self.fits(after, written):
+                            return True
+                        break
+            return False
+        more = self.least(state, max(0, self.min_length - written))
+        return more != UNREACHABLE and (self.max_length is None or written + more <= self.max_length)
+
+
+@lru_cache(maxsize=64)
+def pattern_lengths(pattern: str, min_length: int, max_length: int | None) -> PatternLengths:
+    """The length bounds of a string of ``pattern`` (one per pattern and bounds: its walks are cached)."""
+    return PatternLengths(string_matcher(pattern), min_length, max_length)

@@ -57,7 +57,14 @@ from functools import lru_cache
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.grammar import GrammarMatcher
 from edgesdk.runtime.json_mode import _NUMBER_NEXT, AFTER_VALUE, NUMBER, STRING, VALUE, JsonState, step
-from edgesdk.runtime.json_pattern import FORMATS, PatternError, string_matcher
+from edgesdk.runtime.json_pattern import (
+    FORMAT_MAX_LENGTH,
+    FORMATS,
+    PatternError,
+    PatternLengths,
+    pattern_lengths,
+    string_matcher,
+)
 from edgesdk.runtime.vocab_trie import tokens_accepted
 
 MAX_INDENT = 20  # spaces or tabs after a newline between tokens (llama.cpp's json-schema-to-grammar spacing)
@@ -103,6 +110,7 @@ class SchemaNode:
     min_length: int = 0  # string: characters
     max_length: int | None = None
     content: GrammarMatcher | None = None  # string: its pattern or format, over its characters
+    lengths: PatternLengths | None = None  # string with a pattern and a length bound: the states that fit it
     minimum: int | None = None  # integer: the bounds, inclusive (number: in units of 10**-16, see _number)
     maximum: int | None = None
 
@@ -255,9 +263,6 @@ class _Compiler:
         if "pattern" in schema and "format" in schema:
             raise SchemaError(f"{path}: pattern and format together are not supported (a string of both)",
                               "keep one of them and check the other yourself")
-        if ("pattern" in schema or "format" in schema) and ("minLength" in schema or "maxLength" in schema):
-            raise SchemaError(f"{path}: minLength / maxLength beside {'pattern' if 'pattern' in schema else 'format'} "
-                              "are not supported", "write the length into the pattern, e.g. ^[a-z]{2,8}$")
         pattern = schema.get("pattern")
         if "format" in schema:
             pattern = FORMATS.get(schema["format"]) if isinstance(schema["format"], str) else None
@@ -265,13 +270,22 @@ class _Compiler:
                 raise SchemaError(f"{path}.format {json.dumps(schema['format'], default=repr)[:60]} is not supported "
                                   f"(supported: {', '.join((*FORMATS, *ANY_STRING_FORMATS))})",
                                   "drop it, or write a pattern for it")
+            implied = FORMAT_MAX_LENGTH.get(schema["format"])
+            high = implied if high is None or implied is not None and implied < high else high
         try:
             content = None if pattern is None else string_matcher(pattern)
         except (PatternError, RecursionError) as exc:
             where = "format" if "format" in schema else "pattern"
             raise SchemaError(f"{path}.{where}: {getattr(exc, 'problem', 'nested too deeply')}",
                               getattr(exc, "fix", None) or "simplify it") from exc
-        return SchemaNode("string", min_length=low, max_length=high, content=content)
+        lengths = None
+        if content is not None and (low > 0 or high is not None):
+            lengths = pattern_lengths(pattern, low, high)
+            if not lengths.fits(content.start(), 0):
+                where = f"format {schema['format']!r}" if "format" in schema else f"pattern {pattern!r}"
+                raise SchemaError(f"{path}: no string of its {where} has a length within minLength {low} and "
+                                  f"maxLength {high}", "fix the bounds or the pattern")
+        return SchemaNode("string", min_length=low, max_length=high, content=content, lengths=lengths)
 
     @staticmethod
     def _number(schema: dict, path: str) -> SchemaNode:
@@ -655,7 +669,7 @@ class _Parser:
                     count += 1
                 if content is not None:  # a pattern's string is written without escapes: it reads what is written
                     content = None if byte == ord("\\") else node.content.step_byte(content, byte)
-                    if content is None:
+                    if content is None or (node.lengths is not None and not node.lengths.fits(content, count)):
                         return []
                 seen = (count, content)
         scanned = step(state, byte)
