@@ -70,19 +70,21 @@ from edgesdk.runtime.vocab_trie import tokens_accepted
 MAX_INDENT = 20  # spaces or tabs after a newline between tokens (llama.cpp's json-schema-to-grammar spacing)
 ONE_SPACE = -1  # spacing state after a single space: nothing more may follow
 MAX_WAYS = 64  # live parses kept at once (a schema of nested anyOf could otherwise multiply them)
-ANY_STRING_FORMATS = ("binary", "password")  # OpenAPI's formats for bytes and secrets: annotations of any string
+# OpenAPI's formats for bytes and secrets, and pydantic's for a Path: any string has them
+ANY_STRING_FORMATS = ("binary", "password", "path")
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
                          "readOnly", "writeOnly"})
 BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 TYPE_KEYWORDS = {"object": {"properties", "required", "additionalProperties"},
                  "array": {"items", "prefixItems", "minItems", "maxItems"},
-                 "string": {"minLength", "maxLength", "pattern", "format"}, "number": set(BOUND_KEYWORDS),
-                 "integer": set(BOUND_KEYWORDS),
+                 "string": {"minLength", "maxLength", "pattern", "format"},
+                 "number": {*BOUND_KEYWORDS, "multipleOf"}, "integer": {*BOUND_KEYWORDS, "multipleOf"},
                  "boolean": set(), "null": set()}
 # llama.cpp's schema grammar (common/json-schema-to-grammar.cpp): integral-part ::= [0] | [1-9] [0-9]{0,15},
 # decimal-part ::= [0-9]{1,16}, and the exponent is an integral-part.
 NUMBER_DIGITS = 16
 STEP = 10 ** NUMBER_DIGITS  # a bounded number's values in units of its finest step, 10**-16
+MULTIPLE_DIGITS = 15  # significant digits of a number's multipleOf (a double's repr beyond them is no short decimal)
 LARGEST = 10 ** NUMBER_DIGITS * STEP - 1  # 16 nines before the point and 16 after it, in those units
 _NUMBER_PARTS = re.compile(rb"(-?)([0-9]*)(?:\.([0-9]*))?(?:[eE][-+]?([0-9]*))?")
 _WHITESPACE = frozenset(b" \t\n\r")
@@ -113,6 +115,7 @@ class SchemaNode:
     lengths: PatternLengths | None = None  # string with a pattern and a length bound: the states that fit it
     minimum: int | None = None  # integer: the bounds, inclusive (number: in units of 10**-16, see _number)
     maximum: int | None = None
+    multiple: int | None = None  # integer, number: multipleOf, in the bounds' units (None: any value)
 
 
 @dataclass(frozen=True)
@@ -302,14 +305,16 @@ class _Compiler:
             decimal = Fraction(value) if isinstance(value, int) else Fraction(Decimal(repr(value)))
             (lows if lower else highs).extend((_step_bound(decimal, lower, strict),
                                                _double_bound(Fraction(value), lower, strict)))
-        if len(lows) == len(highs) == 1:
+        multiple = _multiple(schema, path, "number")
+        if len(lows) == len(highs) == 1 and multiple is None:
             return SchemaNode("number")
         low, high = max(lows), min(highs)
-        if low > high:
+        if not _has_multiple(low, high, multiple):
             raise SchemaError(f"{path}: no number of at most {NUMBER_DIGITS} digits before and after the point "
-                              f"lies within its bounds ({', '.join(f'{k} {schema[k]}' for k in BOUND_KEYWORDS if k in schema)})",
+                              f"lies within its bounds ({', '.join(f'{k} {schema[k]}' for k in BOUND_KEYWORDS if k in schema)})"
+                              + (f" and is a multiple of {schema['multipleOf']}" if multiple else ""),
                               "fix the bounds")
-        return SchemaNode("number", minimum=low, maximum=high)
+        return SchemaNode("number", minimum=low, maximum=high, multiple=multiple)
 
     @staticmethod
     def _integer(schema: dict, path: str) -> SchemaNode:
@@ -329,11 +334,13 @@ class _Compiler:
             else:
                 highs.append(math.ceil(value) - 1)
         low, high = max(lows, default=None), min(highs, default=None)
-        if low is not None and high is not None and low > high:
+        multiple = _multiple(schema, path, "integer")
+        if low is not None and high is not None and not _has_multiple(low, high, multiple):
             raise SchemaError(f"{path}: no integer lies within its bounds "
-                              f"({', '.join(f'{k} {schema[k]}' for k in BOUND_KEYWORDS if k in schema)})",
+                              f"({', '.join(f'{k} {schema[k]}' for k in BOUND_KEYWORDS if k in schema)})"
+                              + (f" and is a multiple of {schema['multipleOf']}" if multiple else ""),
                               "fix the bounds")
-        return SchemaNode("integer", minimum=low, maximum=high)
+        return SchemaNode("integer", minimum=low, maximum=high, multiple=multiple)
 
     def _array(self, schema: dict, path: str) -> SchemaNode:
         low, high = schema.get("minItems", 0), schema.get("maxItems")
@@ -398,6 +405,35 @@ def _bound(schema: dict, name: str, path: str) -> int | float:
         raise SchemaError(f"{path}.{name} must be a finite number, got {json.dumps(value, default=repr)[:60]}",
                           "fix the schema")
     return value
+
+
+def _multiple(schema: dict, path: str, kind: str) -> int | None:
+    """``multipleOf`` (JSON Schema 2020-12 validation, section 6.2.1: the value divided by it is an integer),
+    read as the decimal it is written as, in the units of the node's bounds: an integer ``n`` is a multiple of
+    ``p/q`` (lowest terms) exactly when ``p`` divides it; a number's values are counted in 10**-16, so its
+    factor must be a short decimal (a power of ten, 0.01, 2.5) that is a whole number of those units."""
+    if "multipleOf" not in schema:
+        return None
+    value = schema["multipleOf"]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise SchemaError(f"{path}.multipleOf must be a number greater than 0, got "
+                          f"{json.dumps(value, default=repr)[:60]}", "fix the schema")
+    decimal = Decimal(value) if isinstance(value, int) else Decimal(repr(value))
+    factor = Fraction(decimal)
+    if kind == "integer":
+        return factor.numerator
+    digits = decimal.normalize().as_tuple()
+    if (factor * STEP).denominator != 1 or len(digits.digits) > MULTIPLE_DIGITS:
+        raise SchemaError(f"{path}.multipleOf {value!r} is not supported on a number: only a decimal of at most "
+                          f"{MULTIPLE_DIGITS} significant digits and {NUMBER_DIGITS} after the point (such as 0.01, "
+                          "0.5 or 10) can be followed exactly", "write the factor as a short decimal, or use an "
+                          "integer type")
+    return int(factor * STEP)
+
+
+def _has_multiple(low: int, high: int, multiple: int | None) -> bool:
+    """Some integer in [low, high] is a multiple of ``multiple`` (None: any integer is)."""
+    return low <= high if multiple is None else -(-low // multiple) * multiple <= high
 
 
 def _step_bound(value: Fraction, lower: bool, strict: bool) -> int:
@@ -782,20 +818,22 @@ def _number_may_grow(node: SchemaNode, text: bytes) -> bool:
     longest = len(str(high)) if high is not None else max(NUMBER_DIGITS, len(str(low)))
     if high is not None and low > high or len(integral) > longest:
         return False
+    top = 10 ** longest - 1 if high is None else high
     if not integral:
-        return True
+        return _has_multiple(low, top, node.multiple)
     start = int(integral)
     if start == 0:
         return low == 0
     for more in range(longest - len(integral) + 1):  # the values that ``more`` further digits can make
         scale = 10 ** more
-        if start * scale <= (high if high is not None else start * scale) and (start + 1) * scale - 1 >= low:
+        if _has_multiple(max(start * scale, low), min((start + 1) * scale - 1, top), node.multiple):
             return True
     return False
 
 
 def _bounded(node: SchemaNode) -> bool:
-    return node.kind in ("integer", "number") and (node.minimum is not None or node.maximum is not None)
+    return node.kind in ("integer", "number") and (node.minimum is not None or node.maximum is not None
+                                                    or node.multiple is not None)
 
 
 def _number_reaches(node: SchemaNode, negative: bool, integral: bytes, fraction: bytes | None) -> bool:
@@ -815,7 +853,7 @@ def _number_reaches(node: SchemaNode, negative: bool, integral: bytes, fraction:
         start = int(integral)
         reached = [(start * 10 ** more * STEP, (start + 1) * 10 ** more * STEP - 1)
                    for more in range(NUMBER_DIGITS - len(integral) + 1)]
-    return any(first <= high and last >= low for first, last in reached)
+    return any(_has_multiple(max(first, low), min(last, high), node.multiple) for first, last in reached)
 
 
 def _number_whole(node: SchemaNode, text: bytes) -> bool:
@@ -825,10 +863,12 @@ def _number_whole(node: SchemaNode, text: bytes) -> bool:
     if node.kind == "number":
         sign, integral, fraction, _ = _NUMBER_PARTS.fullmatch(text).groups()
         value = int(integral) * STEP + int((fraction or b"").ljust(NUMBER_DIGITS, b"0"))
-        return node.minimum <= (-value if sign else value) <= node.maximum
+        return node.minimum <= (-value if sign else value) <= node.maximum and _has_multiple(value, value,
+                                                                                            node.multiple)
     value = int(text)
     return text != b"-0" and (node.minimum is None or value >= node.minimum) and (node.maximum is None
-                                                                                  or value <= node.maximum)
+                                                                                  or value <= node.maximum) \
+        and _has_multiple(value, value, node.multiple)
 
 
 def _number_ends(top: tuple) -> bool:
