@@ -210,7 +210,7 @@ def test_a_conversation_with_earlier_calls_and_their_results(server):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "function_call": "auto"},
      "function_call"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [PING],
-                              "response_format": {"type": "json_object"}}, "response_format"),
+                              "grammar": 'root ::= "x"'}, "grammar"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "tool_calls": []}, ], "tools": [PING],
                               "tool_choice": "sometimes"}, "tool_choice"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "a"}]}]},
