@@ -76,8 +76,8 @@ def test_required_and_named_choices_leave_only_calls():
     ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name", "1-64 letters"),
     ({"tools": [PING, PING]}, "tools", r"\['ping'\] more than once"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}}}]},
-     "tools[0].function.parameters", "keyword 'multipleOf'"),
+        "type": "object", "properties": {"n": {"type": "integer", "not": {"const": 2}}}}}}]},
+     "tools[0].function.parameters", "keyword 'not'"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
      "tools[0].function.parameters", "must describe an object"),
     ({"tools": [PING], "tool_choice": {"type": "function", "function": {"name": "pong"}}}, "tool_choice",
