@@ -76,7 +76,7 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
                          "readOnly", "writeOnly"})
 BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 TYPE_KEYWORDS = {"object": {"properties", "required", "additionalProperties"},
-                 "array": {"items", "prefixItems", "minItems", "maxItems"},
+                 "array": {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"},
                  "string": {"minLength", "maxLength", "pattern", "format"},
                  "number": {*BOUND_KEYWORDS, "multipleOf"}, "integer": {*BOUND_KEYWORDS, "multipleOf"},
                  "boolean": set(), "null": set()}
@@ -116,6 +116,7 @@ class SchemaNode:
     minimum: int | None = None  # integer: the bounds, inclusive (number: in units of 10**-16, see _number)
     maximum: int | None = None
     multiple: int | None = None  # integer, number: multipleOf, in the bounds' units (None: any value)
+    unique: bool = False  # array: uniqueItems true (its items scalars, see _Compiler._unique)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,8 @@ def compile_schema(schema) -> CompiledSchema:
         ref = next(ref for ref in compiler.pending if ref not in compiler.definitions)
         compiler.definitions[ref] = compiler.node(compiler.lookup(ref), ref)
     _refuse_cycles(root, compiler.definitions)
+    for node, path in compiler.unique:
+        _check_unique(node, compiler.definitions, path)
     _refuse_endless(compiler.definitions)
     other = _not_a_container(root, compiler.definitions)
     if other:
@@ -157,6 +160,7 @@ class _Compiler:
         self.root = root
         self.definitions: dict = {}
         self.pending: dict = {}  # refs seen, compiled after the tree (so recursion needs no look-ahead)
+        self.unique: list = []  # (array node, path) with uniqueItems true, checked once the definitions are in
 
     def lookup(self, ref: str) -> dict | bool:
         parts = ref.split("/")
@@ -364,7 +368,16 @@ class _Compiler:
             high = len(prefix) if high is None else min(high, len(prefix))
             return SchemaNode("array", prefix=prefix, items=None, min_items=low, max_items=high)
         items = self.node(schema.get("items", True), f"{path}.items")
-        return SchemaNode("array", prefix=prefix, items=items, min_items=low, max_items=high)
+        unique = schema.get("uniqueItems", False)
+        if not isinstance(unique, bool):
+            raise SchemaError(f"{path}.uniqueItems must be true or false, got {json.dumps(unique, default=repr)[:60]}",
+                              "fix the schema")
+        if unique and prefix:
+            raise SchemaError(f"{path}: uniqueItems beside prefixItems is not supported", "drop one of them")
+        node = SchemaNode("array", prefix=prefix, items=items, min_items=low, max_items=high, unique=unique)
+        if unique:
+            self.unique.append((node, path))
+        return node
 
     def _object(self, schema: dict, path: str) -> SchemaNode:
         properties = schema.get("properties", {})
@@ -462,6 +475,106 @@ def _double_bound(value: Fraction, lower: bool, strict: bool) -> int:
     outside = math.nextafter(edge, -towards)
     middle = (Fraction(edge) + Fraction(outside)) / 2  # decimals beyond it read as ``edge`` or further in
     return _step_bound(middle, lower, strict=not _even(edge))
+
+
+def _check_unique(node: SchemaNode, definitions: dict, path: str) -> None:
+    """uniqueItems (JSON Schema 2020-12 validation, section 6.4.3) is followed for scalar items: enum / const /
+    boolean / null values, integers, numbers and strings without a pattern, format or maxLength (which can
+    always take one more character, so a string is never forced into a duplicate). Items are compared as
+    JSON values (1 and 1.0 are equal, strings after unescaping). ``minItems`` beyond the distinct values the
+    items can take is refused."""
+    item = _resolve(node.items, definitions)
+    if item.kind == "literal" and all(text[:1] not in (b"{", b"[") for text in item.literals) or \
+            item.kind in ("integer", "number") or item.kind == "string" and item.content is None and \
+            item.max_length is None:
+        room = _capacity(item)
+        if room is not None and room < node.min_items:
+            raise SchemaError(f"{path}: minItems {node.min_items} asks for more distinct items than its items "
+                              f"allow ({room})", "lower minItems or widen the items' schema")
+        return
+    what = {"string": "strings with a pattern, format or maxLength", "literal": "objects or arrays",
+            "choice": "anyOf / oneOf / type lists", "any": "any value"}.get(item.kind, f"{item.kind}s")
+    raise SchemaError(f"{path}: uniqueItems over {what} is not supported (only scalar items: enum values, "
+                      "booleans, numbers, integers and strings without a pattern, format or maxLength)",
+                      "drop uniqueItems and remove duplicates yourself, or make the items scalars")
+
+
+def _capacity(item: SchemaNode) -> int | None:
+    """How many distinct values a unique array's item can take (None: more than any array holds here)."""
+    if item.kind == "literal":
+        return len({_item_key(text) for text in item.literals})
+    if item.kind in ("integer", "number") and item.minimum is not None and item.maximum is not None:
+        step = item.multiple or 1
+        return max(0, item.maximum // step - -(-item.minimum // step) + 1)
+    return None
+
+
+def _item_key(text: bytes) -> tuple:
+    """A scalar JSON text as uniqueItems compares it: numbers by value (1 equals 1.0), strings unescaped."""
+    value = json.loads(text)
+    if isinstance(value, bool) or value is None:
+        return ("literal", value)
+    if isinstance(value, (int, float)):
+        return ("number", Fraction(Decimal(text.decode())))
+    return ("string", value)
+
+
+def _unused_reachable(node: SchemaNode, text: bytes, used: frozenset) -> bool:
+    """Some value of the bounded integer or number ``node`` that digits after ``text`` can make is not in
+    ``used``: the multiples of its factor in the ranges its digits reach outnumber the used ones there."""
+    sign, integral, fraction, _ = _NUMBER_PARTS.fullmatch(text).groups()
+    negative = bool(sign)
+    if node.kind == "number":
+        low, high = (max(0, -node.maximum), -node.minimum) if negative else (max(0, node.minimum), node.maximum)
+        scale = STEP
+        if fraction is not None:
+            unit = 10 ** (NUMBER_DIGITS - len(fraction))
+            start = int(integral) * STEP + int(fraction or b"0") * unit
+            reached = [(start, start + unit - 1)]
+        elif not integral:
+            reached = [(0, LARGEST)]
+        elif integral == b"0":
+            reached = [(0, STEP - 1)]
+        else:
+            start = int(integral)
+            reached = [(start * 10 ** more * STEP, (start + 1) * 10 ** more * STEP - 1)
+                       for more in range(NUMBER_DIGITS - len(integral) + 1)]
+    else:
+        low, high = _magnitudes(node, negative)
+        longest = len(str(high)) if high is not None else max(NUMBER_DIGITS, len(str(low)))
+        high = 10 ** longest - 1 if high is None else high
+        scale = 1
+        if not integral:
+            reached = [(0, high)]
+        elif integral == b"0":
+            reached = [(0, 0)]
+        else:
+            start = int(integral)
+            reached = [(start * 10 ** more, (start + 1) * 10 ** more - 1)
+                       for more in range(longest - len(integral) + 1)]
+    step = node.multiple or 1
+    magnitudes = {abs(value) * scale for kind, value in used if kind == "number" and (value < 0) == negative
+                  or kind == "number" and value == 0}
+    for first, last in reached:
+        first, last = max(first, low), min(last, high)
+        if first > last:
+            continue
+        count = last // step - -(-first // step) + 1
+        if count > sum(1 for value in magnitudes if first <= value <= last):
+            return True
+    return False
+
+
+def _with_used(rest: tuple, key: tuple) -> tuple | None:
+    """``rest`` with the item ``key`` recorded in the unique array frame on top (None: a duplicate)."""
+    frame = rest[-1]
+    if key in frame[4]:
+        return None
+    return rest[:-1] + (frame[:4] + (frame[4] | {key},),)
+
+
+def _unique_parent(rest: tuple) -> bool:
+    return bool(rest) and rest[-1][0] == "array" and rest[-1][1].unique
 
 
 def _not_a_container(node: SchemaNode, definitions: dict, option: bool = False) -> str:
@@ -590,7 +703,7 @@ def _resolve(node: SchemaNode, definitions: dict) -> SchemaNode:
 #   ("object", node, index, phase)  phase open | key | colon | after; ``index``: the next property that may come
 #                                   (in colon: the one whose key was just written)
 #   ("key", node, candidates, position)  inside a key; candidates: property indices still matching
-#   ("array", node, count, phase)   phase open | value | after
+#   ("array", node, count, phase, used)  phase open | value | after; ``used``: uniqueItems' keys of the items
 
 
 class _Parser:
@@ -630,20 +743,25 @@ class _Parser:
         if node.kind == "choice":
             return [way for option in self._choice_options(node) for way in self.start(option, rest, byte)]
         if node.kind == "literal":
-            return self.step(rest + (("literal", node.literals, 0),), byte)
+            texts = node.literals
+            if _unique_parent(rest):  # only values not written yet (then every way in ends in a new one)
+                texts = tuple(text for text in texts if _item_key(text) not in rest[-1][4])
+            return self.step(rest + (("literal", texts, 0),), byte) if texts else []
         if node.kind == "object":
             return [rest + (("object", node, 0, "open"),)] if byte == ord("{") else []
         if node.kind == "array":
-            return [rest + (("array", node, 0, "open"),)] if byte == ord("[") else []
+            return [rest + (("array", node, 0, "open", frozenset()),)] if byte == ord("[") else []
         if (node.kind == "string" and byte != ord('"')) or (node.kind in ("number", "integer")
                                                            and byte not in _NUMBER_START):
             return []
         scanned = step(JsonState(VALUE, _INSIDE_ARRAY), byte)
         if scanned is None:
             return []
-        seen = (0, node.content and node.content.start()) if node.kind == "string" else \
+        unique = _unique_parent(rest)
+        seen = (0, node.content and node.content.start(), b"" if unique else None) if node.kind == "string" else \
             bytes((byte,)) if node.kind in ("number", "integer") else None
-        if isinstance(seen, bytes) and not _number_may_grow(node, seen):
+        if isinstance(seen, bytes) and (not _number_may_grow(node, seen) or unique and _bounded(node)
+                                        and not _unused_reachable(node, seen, rest[-1][4])):
             return []
         return [rest] if _scanned_whole(scanned) else [rest + (("scan", node, scanned, seen),)]
 
@@ -668,7 +786,9 @@ class _Parser:
     def _literal(self, top: tuple, rest: tuple, byte: int) -> list[tuple]:
         _, texts, position = top
         kept = [text for text in texts if text[position] == byte]
-        ways = [rest] if any(len(text) == position + 1 for text in kept) else []
+        done = next((text for text in kept if len(text) == position + 1), None)
+        ended = rest if done is None or not _unique_parent(rest) else _with_used(rest, _item_key(done))
+        ways = [ended] if done is not None and ended is not None else []
         longer = tuple(text for text in kept if len(text) > position + 1)
         return ways + ([rest + (("literal", longer, position + 1),)] if longer else [])
 
@@ -677,12 +797,17 @@ class _Parser:
         if state.mode == NUMBER and state.stack == _INSIDE_ARRAY:
             following, may_end = _NUMBER_NEXT[state.detail]
             if byte not in following:  # the number ended before this byte, which belongs to the frame below
-                return self.step(rest, byte) if may_end and (seen is None or _number_whole(node, seen)) else []
+                if not may_end or seen is not None and not _number_whole(node, seen):
+                    return []
+                if seen is not None and _unique_parent(rest):
+                    rest = _with_used(rest, _item_key(seen))
+                return [] if rest is None else self.step(rest, byte)
             if (node.kind == "integer" and byte in b".eE") or (byte in b"eE" and _bounded(node)):
                 return []
             if seen is not None:  # a number of the schema (a free-form value's numbers are JSON mode's)
                 seen += bytes((byte,))
-                if not _number_may_grow(node, seen):
+                if not _number_may_grow(node, seen) or _unique_parent(rest) and _bounded(node) and \
+                        not _unused_reachable(node, seen, rest[-1][4]):
                     return []
         elif node.kind == "object":  # a key not listed: it may not read as a listed one (it would be that)
             if state.mode == STRING and not state.detail[1] and byte == ord('"'):
@@ -693,11 +818,15 @@ class _Parser:
                 if len(seen) > _longest_key(node.names):
                     seen = None
         elif node.kind == "string" and state.mode == STRING:
-            count, content = seen
+            count, content, raw = seen
             between = not state.detail[1]  # no UTF-8 continuation byte pending
             if between and byte == ord('"'):
                 if count < node.min_length or (content is not None and not GrammarMatcher.accepts(content)):
                     return []
+                if raw is not None:  # an item of a unique array: a value not written yet
+                    rest = _with_used(rest, ("string", json.loads(b'"' + raw + b'"')))
+                    if rest is None:
+                        return []
             else:
                 if between:  # a character starts (an escape too; a \u surrogate pair's second half is not counted)
                     if node.max_length is not None and count >= node.max_length:
@@ -707,7 +836,9 @@ class _Parser:
                     content = None if byte == ord("\\") else node.content.step_byte(content, byte)
                     if content is None or (node.lengths is not None and not node.lengths.fits(content, count)):
                         return []
-                seen = (count, content)
+                seen = (count, content, None if raw is None else raw + bytes((byte,)))
+        elif node.kind == "string" and seen[2] is not None:  # inside an escape of a unique array's item
+            seen = seen[:2] + (seen[2] + bytes((byte,)),)
         scanned = step(state, byte)
         if scanned is None:
             return []
@@ -747,18 +878,20 @@ class _Parser:
         return []
 
     def _array(self, top: tuple, rest: tuple, byte: int) -> list[tuple]:
-        _, node, count, phase = top
+        _, node, count, phase, used = top
         if phase == "after":
             if byte == ord(","):
-                return [rest + (("array", node, count, "value"),)] if node.max_items is None or \
-                    count < node.max_items else []
+                room = _capacity(_resolve(node.items, self.definitions)) if node.unique else None
+                return [rest + (("array", node, count, "value", used),)] if (node.max_items is None or
+                                                                             count < node.max_items) and \
+                    (room is None or len(used) < room) else []
             return [rest] if byte == ord("]") and count >= node.min_items else []
         if phase == "open" and byte == ord("]"):
             return [rest] if node.min_items == 0 else []
         if node.max_items is not None and count >= node.max_items:
             return []
         item = node.prefix[count] if count < len(node.prefix) else node.items
-        return self.start(item, rest + (("array", node, count + 1, "after"),), byte)
+        return self.start(item, rest + (("array", node, count + 1, "after", used),), byte)
 
 
 def _key_candidates(node: SchemaNode, index: int) -> tuple[int, ...]:
