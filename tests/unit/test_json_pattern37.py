@@ -135,9 +135,8 @@ def test_a_pattern_string_is_written_without_escapes():
     ({"type": "string", "pattern": "^[]$"}, "holds only escaped"),
     ({"type": "string", "pattern": "^\\q$"}, "unknown escape"),
     ({"type": "string", "pattern": 5}, "a pattern must be a string"),
-    ({"type": "string", "format": "email"}, r"format \"email\" is not supported \(supported: date, time"),
+    ({"type": "string", "format": "json-pointer"}, r"format \"json-pointer\" is not supported \(supported: date, time"),
     ({"type": "string", "format": "date", "pattern": "^2"}, "pattern and format together"),
-    ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "write the length into the pattern"),
 ])
 def test_patterns_and_formats_it_cannot_follow_are_refused_by_name(schema, message):
     with pytest.raises(SchemaError, match=message):
