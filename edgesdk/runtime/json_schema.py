@@ -525,20 +525,9 @@ def _unused_reachable(node: SchemaNode, text: bytes, used: frozenset) -> bool:
     sign, integral, fraction, _ = _NUMBER_PARTS.fullmatch(text).groups()
     negative = bool(sign)
     if node.kind == "number":
-        low, high = (max(0, -node.maximum), -node.minimum) if negative else (max(0, node.minimum), node.maximum)
+        low, high = _number_side(node, negative)
         scale = STEP
-        if fraction is not None:
-            unit = 10 ** (NUMBER_DIGITS - len(fraction))
-            start = int(integral) * STEP + int(fraction or b"0") * unit
-            reached = [(start, start + unit - 1)]
-        elif not integral:
-            reached = [(0, LARGEST)]
-        elif integral == b"0":
-            reached = [(0, STEP - 1)]
-        else:
-            start = int(integral)
-            reached = [(start * 10 ** more * STEP, (start + 1) * 10 ** more * STEP - 1)
-                       for more in range(NUMBER_DIGITS - len(integral) + 1)]
+        reached = _number_magnitudes_reached(integral, fraction)
     else:
         low, high = _magnitudes(node, negative)
         longest = len(str(high)) if high is not None else max(NUMBER_DIGITS, len(str(low)))
@@ -973,20 +962,30 @@ def _number_reaches(node: SchemaNode, negative: bool, integral: bytes, fraction:
     """Some digits to come make the number begun (its sign, integral digits and fraction digits so far,
     no exponent) a value of the bounded number ``node``: one of the ranges of magnitudes, in units of
     10**-16, that they can reach meets the magnitudes the bounds allow on the number's side of zero."""
-    low, high = (max(0, -node.maximum), -node.minimum) if negative else (max(0, node.minimum), node.maximum)
+    low, high = _number_side(node, negative)
+    return any(_has_multiple(max(first, low), min(last, high), node.multiple)
+               for first, last in _number_magnitudes_reached(integral, fraction))
+
+
+def _number_side(node: SchemaNode, negative: bool) -> tuple[int, int]:
+    """The magnitudes, in units of 10**-16, the bounded number ``node`` allows on one side of zero."""
+    return (max(0, -node.maximum), -node.minimum) if negative else (max(0, node.minimum), node.maximum)
+
+
+def _number_magnitudes_reached(integral: bytes, fraction: bytes | None) -> list[tuple[int, int]]:
+    """The ranges of magnitudes, in units of 10**-16, that digits to come can make of a number begun with
+    these integral and fraction digits (no exponent)."""
     if fraction is not None:  # the integral part is done; the fraction's digits so far fix the rest's range
         unit = 10 ** (NUMBER_DIGITS - len(fraction))
         start = int(integral) * STEP + int(fraction or b"0") * unit
-        reached = [(start, start + unit - 1)]
-    elif not integral:
-        reached = [(0, LARGEST)]
-    elif integral == b"0":
-        reached = [(0, STEP - 1)]
-    else:  # ``more`` further integral digits, then any fraction
-        start = int(integral)
-        reached = [(start * 10 ** more * STEP, (start + 1) * 10 ** more * STEP - 1)
-                   for more in range(NUMBER_DIGITS - len(integral) + 1)]
-    return any(_has_multiple(max(first, low), min(last, high), node.multiple) for first, last in reached)
+        return [(start, start + unit - 1)]
+    if not integral:
+        return [(0, LARGEST)]
+    if integral == b"0":
+        return [(0, STEP - 1)]
+    start = int(integral)  # ``more`` further integral digits, then any fraction
+    return [(start * 10 ** more * STEP, (start + 1) * 10 ** more * STEP - 1)
+            for more in range(NUMBER_DIGITS - len(integral) + 1)]
 
 
 def _number_whole(node: SchemaNode, text: bytes) -> bool:
