@@ -1245,8 +1245,9 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
     import platform
 
     from edgesdk.board import detect_board
+    from edgesdk.bundle import read_manifest
     from edgesdk.envinfo import package_version
-    from edgesdk.runtime.bench import BenchConfig, format_table, peak_rss_mib, run_bench
+    from edgesdk.runtime.bench import BenchConfig, check_room, format_table, peak_rss_mib, run_bench
     from edgesdk.runtime.bench_conditions import snapshot, summary, warnings
     from edgesdk.runtime.huge_pages import huge_pages_state
     from edgesdk.runtime.session import open_runtime
@@ -1254,8 +1255,10 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
     if prompt_tokens == 0 and new_tokens == 0:
         raise click.BadParameter("both tests are off; give at least one of them tokens", param_hint="-p/-n")
     config = BenchConfig(prompt_tokens=prompt_tokens, new_tokens=new_tokens, repetitions=repetitions)
+    check_room(config, read_manifest(Path(bundle))["graph"]["max_context"])  # before the model loads
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=not as_json)
+    gating = getattr(runtime.backend, "gating", None)  # a power-gated bundle's FFN skipping (off unless asked)
     thermal = runtime.bundle.manifest["target"].get("thermal") or {}
     zones, throttle_c = thermal.get("zones") or (), thermal.get("firmware_throttle_c")
     before = snapshot(zones)
@@ -1271,12 +1274,14 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
                                    "onnxruntime": package_version("onnxruntime", "onnxruntime-gpu")},
                       "huge_pages": huge_pages, "before": before, "after": after, "warnings": found}
         body = {"bundle": str(bundle), "bundle_id": runtime.bundle.bundle_id, "backend": runtime.backend.name,
-                "threads": runtime.threads, "results": [result.to_json() for result in results],
+                "threads": runtime.threads, "power_gating": gating, "results": [result.to_json() for result in results],
                 "peak_rss_mib": _rounded_mib(peak_rss_mib()), "conditions": conditions}
         click.echo(json.dumps(_finite_or_null(body), indent=2, allow_nan=False))
         return
     click.echo(format_table(results, runtime.backend.name, runtime.threads, Path(bundle).name, peak_rss_mib()))
     click.echo(summary(before, after))
+    if gating is not None:
+        click.echo(f"power gates: {'on' if gating else 'off: every FFN block runs (the gated graph at tau 0)'}")
     click.echo(_huge_pages_line(huge_pages))
     for warning in found:
         click.echo(f"warning: {warning}")

@@ -115,14 +115,18 @@ def prompt_ids(tokenizer, count: int) -> list[int]:
     return ids[:count]
 
 
+def check_room(config: BenchConfig, max_context: int) -> None:
+    """Refuse tests that need more positions than ``max_context`` (the ppN prompt, or tgN's steps after one token)."""
+    needed = max(config.prompt_tokens, config.new_tokens + 1)
+    if needed > max_context:
+        raise EdgeSDKError(f"the bench needs {needed} positions; the bundle's max_context is {max_context}",
+                           f"lower -p / -n to at most {max_context} prompt tokens and {max_context - 1} new tokens")
+
+
 def run_bench(runtime, config: BenchConfig = BenchConfig()) -> list[BenchResult]:
     """The ppN and tgN results for the runtime's backend (see the module docstring)."""
     backend = runtime.backend
-    needed = max(config.prompt_tokens, config.new_tokens + 1)
-    if needed > backend.max_context:
-        raise EdgeSDKError(f"the bench needs {needed} positions; the bundle's max_context is {backend.max_context}",
-                           f"lower -p / -n to at most {backend.max_context} prompt tokens and "
-                           f"{backend.max_context - 1} new tokens")
+    check_room(config, backend.max_context)
     results = []
     if config.prompt_tokens:
         ids = np.asarray(prompt_ids(runtime.tokenizer, config.prompt_tokens), np.int64)
