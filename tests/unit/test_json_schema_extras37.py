@@ -23,22 +23,8 @@ from pydantic import AnyUrl, Field, HttpUrl, TypeAdapter
 
 from edgesdk.runtime.json_pattern import FORMATS
 from edgesdk.runtime.json_schema import SchemaConstraint, SchemaError, compile_schema
-
-BYTES = [bytes([b]) for b in range(256)]  # a "tokenizer" whose token i is byte i
-
-
-def _wrapped(schema: dict) -> dict:
-    return {"type": "object", "properties": {"v": schema}, "required": ["v"]}
-
-
-def _takes(schema: dict, value_text: str) -> bool:
-    """The constraint takes ``{"v":VALUE}`` whole and ends there."""
-    constraint = SchemaConstraint(BYTES, compile_schema(_wrapped(schema)))
-    for byte in f'{{"v":{value_text}}}'.encode():
-        if not constraint.allows(byte):
-            return False
-        constraint.advance(byte)
-    return constraint.complete
+from tests.unit.test_json_schema_bounds37 import BYTES, _wrapped
+from tests.unit.test_json_schema_bounds37 import _complete as _takes
 
 
 def _walk(schema: dict, rng: random.Random, limit: int = 500, end: float = 0.3):
