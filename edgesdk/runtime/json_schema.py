@@ -50,7 +50,7 @@ import math
 import re
 import struct
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal
 from fractions import Fraction
 from functools import lru_cache
 
@@ -85,7 +85,8 @@ TYPE_KEYWORDS = {"object": {"properties", "required", "additionalProperties"},
 NUMBER_DIGITS = 16
 STEP = 10 ** NUMBER_DIGITS  # a bounded number's values in units of its finest step, 10**-16
 MULTIPLE_DIGITS = 15  # significant digits of a number's multipleOf (a double's repr beyond them is no short decimal)
-LARGEST = 10 ** NUMBER_DIGITS * STEP - 1  # 16 nines before the point and 16 after it, in those units
+LARGEST = 10 ** NUMBER_DIGITS * STEP - 1
+EXACT_EXPONENT = 4 * NUMBER_DIGITS  # a unique item's number is compared as a Fraction within 10**±this  # 16 nines before the point and 16 after it, in those units
 _NUMBER_PARTS = re.compile(rb"(-?)([0-9]*)(?:\.([0-9]*))?(?:[eE][-+]?([0-9]*))?")
 _WHITESPACE = frozenset(b" \t\n\r")
 _NUMBER_START = frozenset(b"-0123456789")
@@ -515,7 +516,16 @@ def _item_key(text: bytes) -> tuple:
     if isinstance(value, bool) or value is None:
         return ("literal", value)
     if isinstance(value, (int, float)):
-        return ("number", Fraction(Decimal(text.decode())))
+        number = Decimal(text.decode())
+        if number.is_zero():
+            return ("number", Fraction(0))
+        if abs(number.adjusted()) <= EXACT_EXPONENT:
+            return ("number", Fraction(number))
+        # an exponent's reach (1e9999999999999999, within llama.cpp's 16 exponent digits) has no Fraction
+        # that fits in memory; equal numbers share their adjusted exponent, so they are compared here by
+        # their digits with the trailing zeros dropped
+        exact = Context(prec=max(1, len(number.as_tuple().digits)), Emax=MAX_EMAX, Emin=MIN_EMIN)
+        return ("number", number.normalize(exact).as_tuple())
     return ("string", value)
 
 
