@@ -37,8 +37,12 @@ them is taken when it lies within the bounds both as the decimal it is (JSON Sch
 as the double a JSON parser reads it as (Python's ``float``, pydantic, JavaScript: the nearest double,
 ties to even), so that neither kind of validator refuses what the constraint writes. Each digit is
 taken only where digits to come can still bring the number within its bounds, as for integers.
+``multipleOf`` is followed the same way (an integer's factor exactly, a number's where it is a short
+decimal), and ``uniqueItems`` over scalar items (see ``_Compiler._unique``); the other formats
+(``ipv4``, ``ipv6``, ``hostname``, ``email``, ``uri``, ``duration``; ``path`` takes any string) are
+json_pattern.FORMATS.
 
-Every other keyword (``multipleOf``, ``uniqueItems``, ``propertyNames``, another ``format``, ...) is
+Every other keyword (``not``, ``propertyNames``, ``if`` / ``then``, another ``format``, ...) is
 refused by name rather than ignored, so an answer never silently breaks a constraint the client asked
 for. The root must be an object or an array, whose closing bracket ends the answer.
 """
@@ -409,7 +413,8 @@ class _Compiler:
                                   "drop it from the schema (supported: type, properties, required, "
                                   "additionalProperties, items, prefixItems, minItems, maxItems, minLength, "
                                   "maxLength, pattern, format, minimum, maximum, exclusiveMinimum, "
-                                  "exclusiveMaximum, enum, const, anyOf, oneOf, $ref to $defs) and check the "
+                                  "exclusiveMaximum, multipleOf, uniqueItems, enum, const, anyOf, oneOf, "
+                                  "$ref to $defs) and check the "
                                   "answer yourself")
 
 
