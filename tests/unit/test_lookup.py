@@ -116,23 +116,7 @@ def test_drafts_stop_at_the_context_and_under_a_grammar(runtime):
 
 def test_a_backend_that_cannot_rewind_decodes_token_by_token(runtime):
     from edgesdk.runtime.generate import SamplingConfig, generate
-
-    class NoRewind:  # the real backend without its rewind
-        def __init__(self, inner):
-            self.inner, self.name, self.max_context = inner, inner.name, inner.max_context
-
-        def reset(self):
-            self.inner.reset()
-
-        def prefill(self, ids, keep_logits=1):
-            return self.inner.prefill(ids, keep_logits)
-
-        def decode(self, token):
-            return self.inner.decode(token)
-
-        @property
-        def position(self):
-            return self.inner.position
+    from tests._utils.backends import NoRewind
 
     tokens, stats = generate(NoRewind(runtime.backend), REPEATING, SamplingConfig(max_new_tokens=30),
                              runtime.tokenizer.eos_token_ids, lookup=LookupConfig())

@@ -15,6 +15,7 @@ from edgesdk.runtime.ort_backend import OrtBackend  # noqa: E402
 from edgesdk.runtime.ort_fused_backend import OrtFusedBackend  # noqa: E402
 from edgesdk.runtime.ort_gated_backend import OrtGatedBackend  # noqa: E402
 from edgesdk.runtime.prompt_cache import PromptCache, common_prefix_length  # noqa: E402
+from tests._utils.backends import NoRewind  # noqa: E402
 from tests._utils.tiny import tiny_llama  # noqa: E402
 
 VOCAB = 320  # tiny_llama's
@@ -161,20 +162,9 @@ def test_an_answer_cut_short_leaves_the_cache_consistent(backend):
     assert answer == _answer(backend, follow_up)[0]
 
 
-class _NoRewind:
-    """A backend as TensorRT's is: no ``rewind`` (the rest delegates to a real backend)."""
-
-    def __init__(self, inner):
-        self.inner, self.name, self.max_context = inner, inner.name, inner.max_context
-
-    def __getattr__(self, name):
-        if name == "rewind":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
 
 def test_a_backend_that_cannot_rewind_prefills_every_prompt_whole(tmp_path):
-    backend = _NoRewind(_fused(tmp_path))
+    backend = NoRewind(_fused(tmp_path))
     cache = PromptCache(backend)
     assert not cache.supported
     prompt = _ids(12, 10)

@@ -414,23 +414,7 @@ def test_a_lookup_that_is_no_drafter_is_refused_by_name(target):
     """``generate(lookup=8)`` (serve's ``lookup`` setting is such a count) failed with ``'int' object has no attribute
     'drafter'`` on a backend that drafts, and was passed over silently on one that cannot rewind."""
     from edgesdk.errors import EdgeSDKError
-
-    class NoRewind:  # the real backend without its rewind: it decodes token by token
-        def __init__(self, inner):
-            self.inner, self.name, self.max_context = inner, inner.name, inner.max_context
-
-        def reset(self):
-            self.inner.reset()
-
-        def prefill(self, ids, keep_logits=1):
-            return self.inner.prefill(ids, keep_logits)
-
-        def decode(self, token):
-            return self.inner.decode(token)
-
-        @property
-        def position(self):
-            return self.inner.position
+    from tests._utils.backends import NoRewind
 
     for backend in (target.backend, NoRewind(target.backend)):
         with pytest.raises(EdgeSDKError) as caught:
