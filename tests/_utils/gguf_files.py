@@ -74,21 +74,31 @@ def model_params():
 
 api.llama_model_default_params = model_params
 model = llama_cpp.Llama(request["path"], n_ctx=request["context"], logits_all=True, n_threads=1, verbose=False)
-tokens = model.tokenize(request["text"].encode(), add_bos=True)
+answer = {}
+if request["text"] is not None:
+    answer["tokens"] = model.tokenize(request["text"].encode(), add_bos=True)
 model.eval(request["ids"])
 np.save(request["out"], np.array(model.scores[:len(request["ids"])]))
-json.dump(tokens, sys.stdout)
+if request["pieces"]:  # each token's piece (llama_token_to_piece, special tokens rendered) as bytes
+    answer["pieces"] = []
+    for token in range(model.n_vocab()):
+        buffer = (api.ctypes.c_char * 64)()
+        size = api.llama_token_to_piece(model._model.vocab, token, buffer, 64, 0, True)
+        answer["pieces"].append(list(buffer.raw[:size]))
+json.dump(answer, sys.stdout)
 """
 
 
-def llama_cpp_tokens_and_logits(path: Path, text: str, ids: list[int], context: int = 64) -> tuple[list, np.ndarray]:
-    """llama.cpp's token ids for ``text`` (BOS added) and its logits (len(ids), V) for ``ids`` evaluated from the
-    start by the GGUF file at ``path``, computed in a child process with llama.cpp's plain CPU weight buffers
-    (see _LLAMA_CPP_CHILD): a crash there fails the caller with the child's exit and traceback instead of
-    ending the test run."""
+def llama_cpp_child(path: Path, ids: list[int], text: str | None = None, pieces: bool = False,
+                    context: int = 64) -> tuple[np.ndarray, dict]:
+    """llama.cpp's logits (len(ids), V) for ``ids`` evaluated from the start by the GGUF file at ``path``, and
+    as asked its token ids for ``text`` (BOS added, under "tokens") and every token's piece as bytes (under
+    "pieces"), computed in a child process with llama.cpp's plain CPU weight buffers (see _LLAMA_CPP_CHILD): a
+    crash there fails the caller with the child's exit and traceback instead of ending the test run."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "logits.npy"
-        request = {"path": str(path), "text": text, "ids": list(ids), "context": context, "out": str(out)}
+        request = {"path": str(path), "text": text, "ids": list(ids), "context": context, "out": str(out),
+                   "pieces": pieces}
         child = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _LLAMA_CPP_CHILD],
                                input=json.dumps(request), capture_output=True, text=True)
         if child.returncode != 0:
@@ -96,7 +106,16 @@ def llama_cpp_tokens_and_logits(path: Path, text: str, ids: list[int], context: 
                       else f"exit status {child.returncode}")
             raise AssertionError(f"llama.cpp's child process for {path.name} ended with {status}:\n"
                                  f"{child.stderr[-6000:]}")
-        return json.loads(child.stdout), np.load(out)
+        answer = json.loads(child.stdout)
+        if pieces:
+            answer["pieces"] = [bytes(piece) for piece in answer["pieces"]]
+        return np.load(out), answer
+
+
+def llama_cpp_tokens_and_logits(path: Path, text: str, ids: list[int], context: int = 64) -> tuple[list, np.ndarray]:
+    """llama.cpp's token ids for ``text`` (BOS added) and its logits for ``ids`` (:func:`llama_cpp_child`)."""
+    logits, answer = llama_cpp_child(path, ids, text=text, context=context)
+    return answer["tokens"], logits
 
 
 def vocab_only_gguf(target: Path, write_vocabulary) -> Path:

@@ -6,10 +6,6 @@ greedy sampling takes them; a token with no chance (-inf) written as llama-serve
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -24,44 +20,12 @@ RECIPE = "name: r\nstages: []\nexport: {form: ort-fused, weights: fp32}\n"
 TOP = 5
 ANSWER = 8
 
-# llama.cpp in a child process (its weights in plain CPU buffers, as tests/_utils/gguf_files.py explains): its
-# logits for the ids, and each token's piece (llama_token_to_piece, special tokens rendered) as bytes.
-_CHILD = """
-import json, sys
-import numpy as np
-import llama_cpp
-from llama_cpp import llama_cpp as api
-
-request = json.load(sys.stdin)
-default_params = api.llama_model_default_params
-
-def model_params():
-    params = default_params()
-    params.use_extra_bufts = False
-    return params
-
-api.llama_model_default_params = model_params
-model = llama_cpp.Llama(request["path"], n_ctx=64, logits_all=True, n_threads=1, verbose=False)
-model.eval(request["ids"])
-np.save(request["out"], np.array(model.scores[:len(request["ids"])]))
-pieces = []
-for token in range(model.n_vocab()):
-    buffer = (api.ctypes.c_char * 64)()
-    size = api.llama_token_to_piece(model._model.vocab, token, buffer, 64, 0, True)
-    pieces.append(list(buffer.raw[:size]))
-json.dump(pieces, sys.stdout)
-"""
-
-
 def _llama_cpp(path: Path, ids: list[int]) -> tuple[np.ndarray, list[bytes]]:
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "logits.npy"
-        child = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _CHILD], capture_output=True, text=True,
-                               input=json.dumps({"path": str(path), "ids": ids, "out": str(out)}))
-        if child.returncode != 0:
-            status = signal.Signals(-child.returncode).name if child.returncode < 0 else child.returncode
-            raise AssertionError(f"llama.cpp's child process ended with {status}:\n{child.stderr[-6000:]}")
-        return np.load(out), [bytes(piece) for piece in json.loads(child.stdout)]
+    """llama.cpp's logits for the ids and each token's piece as bytes, in a child process."""
+    from tests._utils.gguf_files import llama_cpp_child
+
+    logits, answer = llama_cpp_child(path, ids, pieces=True)
+    return logits, answer["pieces"]
 
 
 def _validate_utf8(data: bytes) -> int:
