@@ -14,6 +14,7 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
 * ``GET /metrics`` (with ``--metrics``, as llama-server): Prometheus counters (serve/metrics.py).
 * ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API, whole or
   streamed as named events, its errors in Anthropic's shape (serve/anthropic.py).
+* ``POST /v1/responses``: OpenAI's Responses API, whole or streamed as named events (serve/responses.py).
 * ``POST /tokenize``, ``POST /detokenize`` (llama-server's): a text's token ids (with ``with_pieces``
   each token's text), and the text of token ids. They run beside an answer, without waiting for its turn.
 
@@ -46,7 +47,7 @@ from urllib.parse import parse_qs, unquote
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError
-from edgesdk.serve import anthropic, llama_native
+from edgesdk.serve import anthropic, llama_native, responses
 from edgesdk.serve.api import (
     ApiError,
     CompletionRequest,
@@ -79,7 +80,7 @@ REQUEST_TIMEOUT_S = 300.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
 TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's, answered at once (no turn on the board)
 ROUTES = ("GET /health, GET /v1/models, GET /props, GET /slots, POST /v1/chat/completions, POST /v1/completions, "
-          "POST /completion, POST /v1/messages, "
+          "POST /completion, POST /v1/responses, POST /v1/messages, "
           "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template "
           "(GET /metrics with --metrics), OPTIONS on any path (a browser's CORS preflight)")
 CORS_METHODS = "GET, POST"  # llama-server's Access-Control-Allow-Methods
@@ -347,6 +348,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         if path in anthropic.ROUTES:
             self._messages(path)
             return
+        if path == responses.ROUTE:
+            self._responses()
+            return
         if path in TOKEN_ROUTES:
             self._authorise()
             body, completer = self._read_json(), self.server.completer
@@ -454,6 +458,39 @@ class ApiHandler(BaseHTTPRequestHandler):
             return
         closing = None if blocks is None else blocks.pieces(*splitter.flush()) + blocks.close()
         for name, data in anthropic.end_events(request, completion, text_block, closing):
+            self._named_event(name, data)
+
+    def _responses(self) -> None:
+        """OpenAI's Responses API (edgesdk/serve/responses.py): an answer, whole or streamed as named events."""
+        self._authorise()
+        asked, completer = responses.parse_responses_request(self._read_json()), self.server.completer
+        request = asked.request
+        sampling = completer.sampling(request)  # a bad logit_bias id is the request's 400, before any stream opens
+        tokenizer = completer.runtime.tokenizer
+        output = responses.Output(asked, self.server.model, sampling.temperature, sampling.top_p,
+                                  # a thinking model's reasoning as a reasoning item (never inside the text)
+                                  splitter=completer.reasoning_splitter(replace(request, stream=False)),
+                                  count_tokens=lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
+        self.server.answer_started()
+        self._answering = True
+        if not request.stream:
+            completion = completer.complete(request, client_gone=self._client_gone)
+            self._send_json(200, output.whole(completion))
+            return
+
+        def opened() -> None:
+            for name, data in output.start():
+                self._named_event(name, data)
+
+        def on_text(text: str, logprobs: dict | None) -> None:
+            for name, data in output.push(text):
+                self._named_event(name, data)
+
+        completion = self._complete_streamed(request, on_text, opened,
+                                             lambda error: self._named_event(*output.error(error)))
+        if completion is None:
+            return
+        for name, data in output.end(completion):
             self._named_event(name, data)
 
     def _not_found(self, route: str, method: str) -> None:
@@ -795,7 +832,8 @@ class ApiHandler(BaseHTTPRequestHandler):
 
 def _posted(path: str) -> bool:
     """Whether ``path`` (as :func:`_api_route` gives it) is a POST route of this server."""
-    return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE
+    return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE \
+        or path == responses.ROUTE
 
 
 def _api_route(route: str) -> str:

@@ -1,0 +1,546 @@
+"""OpenAI's Responses API on the same completer: ``POST /v1/responses``.
+
+The openai client's ``responses.create`` / ``responses.stream`` / ``responses.parse`` (and the agent tools built on
+them) speak this API; vLLM and LM Studio serve it beside chat completions. A request is translated into the chat
+request it means and checked there (edgesdk/serve/api.py), so every field takes the same values, is refused the same
+way (the error naming the Responses field) and renders the same prompt; the answer is written in the shapes of
+OpenAI's API reference ("Responses", "Streaming events"):
+
+* request: ``model``, ``input`` (a string, or a list of items: ``message`` items of role user / assistant / system /
+  developer whose content is a string or ``input_text`` / ``output_text`` parts, ``function_call`` and
+  ``function_call_output`` items; ``reasoning`` items a client sends back are left out, as Anthropic's route leaves
+  out thinking blocks), ``instructions`` (a system message first), ``max_output_tokens``, ``temperature``,
+  ``top_p``, ``stream``, ``tools`` (function tools in the flat form ``{"type": "function", "name", "description",
+  "parameters", "strict"}``), ``tool_choice`` (auto / none / required / ``{"type": "function", "name"}``),
+  ``text.format`` (text, json_object, json_schema), ``metadata``; ``parallel_tool_calls``, ``store``,
+  ``truncation``, ``reasoning``, ``include``, ``user``, ``service_tier``, ``safety_identifier``,
+  ``prompt_cache_key`` and ``text.verbosity`` change nothing here. llama-server's sampling fields (``top_k``,
+  ``min_p``, ``seed``, ``logit_bias``, ``stop``, ...) and ``chat_template_kwargs`` are read as on the chat route.
+  This server keeps no responses: ``previous_response_id``, ``conversation``, ``prompt`` (a stored prompt),
+  ``item_reference`` items and ``background`` are refused by name, the fix being the whole conversation in
+  ``input``; so are built-in tools, image / file / audio parts and logprobs.
+* answer: ``{"id": "resp_...", "object": "response", "status": "completed" | "incomplete", "output": [a
+  ``reasoning`` item where a thinking model's reasoning is split off (edgesdk/serve/reasoning.py), then a
+  ``message`` item with one ``output_text`` part, or ``function_call`` items], "usage": {"input_tokens",
+  "output_tokens", "total_tokens", ...}}`` and the request's settings. An answer cut by its token limit is
+  ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``.
+* stream: named server-sent events, each carrying its ``type`` and ``sequence_number``: ``response.created``,
+  ``response.in_progress``, per item ``response.output_item.added``, ``response.content_part.added``, the text's
+  ``response.output_text.delta`` (``response.reasoning_text.delta`` in a reasoning item, a call's arguments in one
+  ``response.function_call_arguments.delta``) and their ``.done``, ``response.content_part.done``,
+  ``response.output_item.done``; then ``response.completed`` or ``response.incomplete`` with the whole response,
+  the same as the answer without ``stream``. An error after the start is an ``error`` event.
+* errors: OpenAI's ``{"error": {"message", "type", "param", "code"}}``, as on the chat route.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass
+
+from edgesdk.serve.api import (
+    SAMPLERS_OFF,
+    ApiError,
+    CompletionRequest,
+    _object,
+    _shown,
+    join_text_parts,
+    parse_chat_request,
+)
+from edgesdk.serve.reasoning import CLOSE
+from edgesdk.serve.tools import read_answer
+
+ROUTE = "/responses"
+ROLES = ("user", "assistant", "system", "developer")
+TEXT_PARTS = ("input_text", "output_text")
+STATELESS = "this server keeps no responses or conversations: send the whole conversation in 'input' (earlier turns " \
+    "as message, function_call and function_call_output items) and leave '{field}' out"
+# llama-server's fields the chat route reads, read here the same way (the samplers this server lacks are refused there)
+CHAT_FIELDS = ("top_k", "min_p", "seed", "samplers", "presence_penalty", "frequency_penalty", "repeat_penalty",
+               "repeat_last_n", "logit_bias", "stop", "cache_prompt", "ignore_eos", "chat_template_kwargs",
+               "reasoning_format", "grammar", *SAMPLERS_OFF)
+# A chat field the error names -> the Responses field it came from
+TOOL_FIELD = re.compile(r"(tools\[\d+\])\.function\.(name|description|parameters)")
+RENAMED = {"max_tokens": "max_output_tokens", "response_format": "text.format"}
+FORMATS = ("text", "json_object", "json_schema")
+
+
+def _refuse(field: str, message: str) -> ApiError:
+    return ApiError(400, message, param=field, code="unsupported_parameter")
+
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    """A Responses request: the chat request it means, and the settings the response repeats."""
+
+    request: CompletionRequest
+    instructions: str | None
+    tools: list
+    tool_choice: object
+    text: dict
+    max_output_tokens: int | None
+    parallel_tool_calls: bool
+    metadata: dict
+    reasoning: dict | None
+    truncation: str
+
+
+def parse_responses_request(body: object) -> ResponsesRequest:
+    """``POST /v1/responses``: the request as the chat request it means, checked there."""
+    body = _object(body)
+    chat, origins = chat_body(body)
+    try:
+        request = parse_chat_request(chat)
+    except ApiError as exc:
+        raise _renamed(exc, origins) from None
+    tools = [_echoed_tool(tool) for tool in body.get("tools") or []]
+    text = dict(body.get("text") or {})
+    text["format"] = text.get("format") or {"type": "text"}
+    text.setdefault("verbosity", "medium")
+    return ResponsesRequest(request=request, instructions=body.get("instructions"), tools=tools,
+                            tool_choice=body.get("tool_choice") or "auto", text=text,
+                            max_output_tokens=body.get("max_output_tokens"),
+                            parallel_tool_calls=_flag(body, "parallel_tool_calls", True),
+                            metadata=_metadata(body.get("metadata")), reasoning=body.get("reasoning"),
+                            truncation=body.get("truncation") or "disabled")
+
+
+def _renamed(exc: ApiError, origins: list[str]) -> ApiError:
+    """A chat request's error naming the Responses field it came from (``messages[2]`` -> ``input[1]``,
+    ``tools[0].function.name`` -> ``tools[0].name``, ``max_tokens`` -> ``max_output_tokens``)."""
+    param = exc.param
+    if param is None:
+        return exc
+    field = None
+    if match := TOOL_FIELD.fullmatch(param):
+        field = f"{match[1]}.{match[2]}"
+    elif match := re.match(r"messages\[(\d+)\]", param):
+        index = int(match[1])
+        if index < len(origins):
+            field = origins[index] + param[match.end():]
+    elif param in RENAMED:
+        field = RENAMED[param]
+    if field is not None:
+        exc.message, exc.param = exc.message.replace(param, field), field
+    return exc
+
+
+def chat_body(body: dict) -> tuple[dict, list[str]]:
+    """The chat body a Responses body means, and for each of its messages the Responses field it came from."""
+    for field in ("previous_response_id", "conversation", "prompt"):
+        if body.get(field) is not None:
+            raise _refuse(field, f"'{field}' = {_shown(body[field])} is not supported: "
+                          + STATELESS.format(field=field))
+    if body.get("background") not in (None, False):
+        raise _refuse("background", f"'background' = {_shown(body['background'])} is not supported: this server "
+                      "answers while the request waits and keeps no responses to fetch later; leave 'background' out")
+    _check_include(body)
+    messages, origins = [], []
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise ApiError(400, f"'instructions' must be a string (the system message), got {_shown(instructions)}",
+                       param="instructions")
+    if instructions:  # "" is none, as Anthropic's route reads an empty 'system'
+        messages.append({"role": "system", "content": instructions})
+        origins.append("instructions")
+    for message, origin in _input(body.get("input")):
+        messages.append(message)
+        origins.append(origin)
+    chat = {"messages": messages, "stream": body.get("stream", False)}
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    for field in ("temperature", "top_p", *CHAT_FIELDS):
+        if field in body:
+            chat[field] = body[field]
+    if body.get("tools"):
+        if not isinstance(body["tools"], list):
+            raise ApiError(400, f"'tools' must be an array of function tools, got {_shown(body['tools'])}",
+                           param="tools")
+        chat["tools"] = [_tool(tool, index) for index, tool in enumerate(body["tools"])]
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    response_format = _text_format(body.get("text"))
+    if response_format is not None:
+        chat["response_format"] = response_format
+    _flag(body, "parallel_tool_calls", True)
+    _flag(body, "store", True)
+    if body.get("truncation") not in (None, "auto", "disabled"):
+        raise ApiError(400, f"'truncation' must be \"auto\" or \"disabled\", got {_shown(body['truncation'])}",
+                       param="truncation")
+    if body.get("reasoning") is not None and not isinstance(body["reasoning"], dict):
+        raise ApiError(400, f"'reasoning' must be an object such as {{\"effort\": \"low\"}}, got "
+                       f"{_shown(body['reasoning'])}", param="reasoning")
+    _metadata(body.get("metadata"))
+    return chat, origins
+
+
+def _check_include(body: dict) -> None:
+    """``include``: extra data a response may carry. Log-probabilities are refused (this route does not give
+    them); the rest names data of built-in tools and encrypted reasoning, which answers here never hold."""
+    if body.get("top_logprobs") not in (None, 0):
+        raise _refuse("top_logprobs", f"'top_logprobs' = {_shown(body['top_logprobs'])} is not supported: "
+                      "/v1/responses here gives no log-probabilities; leave it out, or ask /v1/chat/completions "
+                      "with 'logprobs': true and 'top_logprobs'")
+    include = body.get("include")
+    if include is None:
+        return
+    if not isinstance(include, list) or not all(isinstance(entry, str) for entry in include):
+        raise ApiError(400, f"'include' must be an array of strings, got {_shown(include)}", param="include")
+    if "message.output_text.logprobs" in include:
+        raise _refuse("include", "'include' = \"message.output_text.logprobs\" is not supported: /v1/responses here "
+                      "gives no log-probabilities; leave it out, or ask /v1/chat/completions with 'logprobs': true")
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false, got {_shown(value)}", param=name)
+    return default if value is None else value
+
+
+def _metadata(value: object) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(item, str) for item in value.values()):
+        raise ApiError(400, f"'metadata' must be an object of string values, got {_shown(value)}", param="metadata")
+    return value
+
+
+def _input(value: object) -> list[tuple[dict, str]]:
+    """(chat message, the Responses field it came from) of ``input``: a string is one user message."""
+    if isinstance(value, str):
+        return [({"role": "user", "content": value}, "input")]
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, f"'input' must be a string or a non-empty array of input items (messages, function_call "
+                       f"and function_call_output items), got {_shown(value)}", param="input")
+    messages: list[tuple[dict, str]] = []
+    for index, item in enumerate(value):
+        where = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise ApiError(400, f"{where} must be an input item object, got {_shown(item)}", param=where)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            messages.append((_message(item, where), where))
+        elif kind == "function_call":
+            call = _function_call(item, where)
+            previous = messages[-1][0] if messages else None
+            if previous is not None and previous["role"] == "assistant" and messages[-1][1] == f"input[{index - 1}]":
+                # an assistant turn's calls (parallel calls, or calls after its text) are one chat message
+                messages[-1] = ({**previous, "tool_calls": [*previous.get("tool_calls", []), call]}, messages[-1][1])
+            else:
+                messages.append(({"role": "assistant", "content": None, "tool_calls": [call]}, where))
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str):
+                raise ApiError(400, f"{where}.call_id must be the string call_id of the function_call it answers, got "
+                               f"{_shown(call_id)}", param=f"{where}.call_id")
+            messages.append(({"role": "tool", "tool_call_id": call_id,
+                              "content": _output_text(item.get("output"), f"{where}.output")}, where))
+        elif kind == "reasoning":
+            continue  # an earlier answer's reasoning sent back: earlier turns' reasoning is not in the context
+        elif kind == "item_reference":
+            raise _refuse(where, f"{where} is an item_reference ({_shown(item.get('id'))}): "
+                          + STATELESS.format(field=where).replace("leave '", "send the item itself in place of '"))
+        else:
+            raise _refuse(where, f"{where} is a {_shown(kind)} item; this server reads message, function_call, "
+                          "function_call_output and reasoning items (built-in tools' items have no tool here)")
+    if not messages:
+        raise ApiError(400, "'input' holds no message to answer (reasoning items alone are left out)", param="input")
+    return messages
+
+
+def _message(item: dict, where: str) -> dict:
+    role = item.get("role")
+    if role not in ROLES:
+        raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {_shown(role)}",
+                       param=f"{where}.role")
+    content = item.get("content")
+    if isinstance(content, str):
+        return {"role": role, "content": content}
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where}.content must be a string or an array of input_text / output_text parts, got "
+                       f"{_shown(content)}", param=f"{where}.content")
+    return {"role": role, "content": _parts(content, f"{where}.content")}
+
+
+def _parts(parts: list, where: str) -> str:
+    """Text parts as one text, joined as the chat route joins a message's text parts (:func:`join_text_parts`); an
+    assistant output's ``refusal`` part is its text."""
+    texts = []
+    for index, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        field = "refusal" if kind == "refusal" else "text"
+        if kind in (*TEXT_PARTS, "refusal") and isinstance(part.get(field), str):
+            texts.append(part[field])
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise _refuse(f"{where}[{index}]", f"{where}[{index}] is an {kind} part: the model served here reads text "
+                          "alone; send the content as input_text parts")
+        else:
+            raise ApiError(400, f"{where}[{index}] must be an input_text or output_text part ({{\"type\": "
+                           f"\"input_text\", \"text\": ...}}), got {_shown(part)}", param=f"{where}[{index}]")
+    return join_text_parts(texts)
+
+
+def _output_text(output: object, where: str) -> str:
+    """A function_call_output's ``output``: a string, or input_text parts (joined as they are)."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return _parts(output, where)
+    raise ApiError(400, f"{where} must be a string or an array of input_text parts, got {_shown(output)}",
+                   param=where)
+
+
+def _function_call(item: dict, where: str) -> dict:
+    for field in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(field), str):
+            raise ApiError(400, f"{where}.{field} must be a string, got {_shown(item.get(field))} (a function_call "
+                           "item as the response gave it: call_id, name and the arguments' JSON text)",
+                           param=f"{where}.{field}")
+    try:
+        json.loads(item["arguments"])
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"{where}.arguments is not JSON text ({exc})", param=f"{where}.arguments") from exc
+    return {"id": item["call_id"], "type": "function", "function": {"name": item["name"],
+                                                                    "arguments": item["arguments"]}}
+
+
+def _tool(tool: object, index: int) -> dict:
+    where = f"tools[{index}]"
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    if kind != "function":
+        raise _refuse(where, f"{where} is a {_shown(kind or tool)} tool; this server calls function tools only "
+                      "({\"type\": \"function\", \"name\", \"parameters\"}): built-in tools (web search, file search, "
+                      "code interpreter, computer use, MCP...) have nothing to run them here; leave it out")
+    if "function" in tool and "name" not in tool:
+        raise ApiError(400, f"{where} is a chat completions tool ({{\"function\": {{...}}}}); a Responses function "
+                       "tool is flat: {\"type\": \"function\", \"name\", \"description\", \"parameters\"}",
+                       param=f"{where}.name")
+    return {"type": "function", "function": {"name": tool.get("name"), "description": tool.get("description"),
+                                             "parameters": tool.get("parameters")}}
+
+
+def _echoed_tool(tool: dict) -> dict:
+    """A function tool as the response repeats it (OpenAI's: strict unless the request said otherwise)."""
+    strict = tool.get("strict")
+    return {"type": "function", "name": tool["name"], "description": tool.get("description"),
+            "parameters": tool.get("parameters"), "strict": True if strict is None else strict}
+
+
+def _tool_choice(choice: object) -> object:
+    if choice in ("auto", "none", "required"):
+        return choice
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    if kind == "allowed_tools":
+        raise _refuse("tool_choice", "'tool_choice' {\"type\": \"allowed_tools\"} is not supported: send only the "
+                      "allowed tools in 'tools', with tool_choice \"auto\" or \"required\"")
+    raise ApiError(400, f"'tool_choice' must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", "
+                   f"\"name\": ...}}, got {_shown(choice)}", param="tool_choice")
+
+
+def _text_format(text: object) -> dict | None:
+    """``text.format`` as the chat request's ``response_format`` (None for plain text)."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise ApiError(400, f"'text' must be an object such as {{\"format\": {{\"type\": \"text\"}}}}, got "
+                       f"{_shown(text)}", param="text")
+    if text.get("verbosity") not in (None, "low", "medium", "high"):
+        raise ApiError(400, f"'text.verbosity' must be \"low\", \"medium\" or \"high\", got "
+                       f"{_shown(text['verbosity'])}", param="text.verbosity")
+    given = text.get("format")
+    if given is None:
+        return None
+    kind = given.get("type") if isinstance(given, dict) else None
+    if kind not in FORMATS:
+        raise ApiError(400, f"'text.format' must be {{\"type\": \"text\" | \"json_object\" | \"json_schema\"}}, got "
+                       f"{_shown(given)}", param="text.format")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if not isinstance(given.get("schema"), dict):
+        raise ApiError(400, f"'text.format' json_schema must carry its JSON schema object ({{\"type\": \"json_schema\", "
+                       f"\"name\": ..., \"schema\": {{...}}}}), got schema = {_shown(given.get('schema'))}",
+                       param="text.format")
+    spec = {field: given[field] for field in ("name", "description", "schema", "strict") if field in given}
+    return {"type": "json_schema", "json_schema": spec}
+
+
+# ------------------------------------------------------------------------------------------ answers
+
+
+def new_response_id() -> str:
+    return f"resp_{uuid.uuid4().hex}"
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def usage(completion, reasoning_tokens: int = 0) -> dict:
+    return {"input_tokens": completion.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": completion.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": completion.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+            "total_tokens": completion.prompt_tokens + completion.completion_tokens}
+
+
+class Output:
+    """One response's output items and events, streamed or whole: the items a whole answer holds are built by
+    the same steps as a stream's events, so ``responses.stream(...)`` assembles the answer without ``stream``.
+
+    ``count_tokens``: a text's token count (the reasoning tokens of ``usage``, counted on the reasoning's text up
+    to its closing tag)."""
+
+    def __init__(self, asked: ResponsesRequest, model: str, temperature: float, top_p: float, splitter=None,
+                 count_tokens=None):
+        self.asked, self.model, self.splitter, self.count_tokens = asked, model, splitter, count_tokens
+        self.temperature, self.top_p = temperature, top_p
+        self.ident, self.created = new_response_id(), int(time.time())
+        self.items: list[dict] = []  # finished items
+        self.sequence = 0
+        self.kind: str | None = None  # the open item's kind ("reasoning", "message"), None when none is open
+        self.item: dict | None = None
+        self.text = ""
+
+    # -------------------------------------------------------------- the response object
+    def response(self, status: str, completion=None) -> dict:
+        asked = self.asked
+        body = {"id": self.ident, "object": "response", "created_at": self.created, "status": status,
+                "completed_at": int(time.time()) if status == "completed" else None, "error": None,
+                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                "instructions": asked.instructions, "max_output_tokens": asked.max_output_tokens,
+                "model": self.model, "output": list(self.items) if completion is not None else [],
+                "parallel_tool_calls": asked.parallel_tool_calls, "previous_response_id": None,
+                "reasoning": asked.reasoning, "temperature": self.temperature, "text": asked.text,
+                "tool_choice": asked.tool_choice, "tools": asked.tools, "top_p": self.top_p,
+                "truncation": asked.truncation, "usage": None, "metadata": asked.metadata, "background": False}
+        if completion is not None:
+            body["usage"] = usage(completion, self._reasoning_tokens(completion))
+        return body
+
+    def _reasoning_tokens(self, completion) -> int:
+        if self.count_tokens is None or not any(item["type"] == "reasoning" for item in self.items):
+            return 0
+        end = completion.text.find(CLOSE)
+        thought = completion.text if end < 0 else completion.text[:end + len(CLOSE)]
+        return min(self.count_tokens(thought), completion.completion_tokens)
+
+    # -------------------------------------------------------------- events
+    def _event(self, kind: str, **fields) -> tuple[str, dict]:
+        event = (kind, {"type": kind, "sequence_number": self.sequence, **fields})
+        self.sequence += 1
+        return event
+
+    def start(self) -> list:
+        """The stream's first events."""
+        return [self._event("response.created", response=self.response("in_progress")),
+                self._event("response.in_progress", response=self.response("in_progress"))]
+
+    def error(self, error: ApiError) -> tuple[str, dict]:
+        """An error after the stream's start, as OpenAI's ``error`` event."""
+        return self._event("error", code=error.code or error.kind, message=error.message, param=error.param)
+
+    def push(self, text: str) -> list:
+        """A piece of the answer's text (none under tools, whose JSON answer is read once whole)."""
+        if self.asked.request.tools is not None:
+            return []
+        if self.splitter is None:
+            return self._pieces("", text)
+        return self._pieces(*self.splitter.push(text))
+
+    def _pieces(self, reasoning: str, content: str) -> list:
+        events = []
+        for kind, text in (("reasoning", reasoning), ("message", content)):
+            if not text:
+                continue
+            if self.kind != kind:
+                events += self._close("completed") + self._open(kind)
+            self.text += text
+            delta = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
+            extra = {"logprobs": []} if kind == "message" else {}
+            events.append(self._event(delta, item_id=self.item["id"], output_index=len(self.items), content_index=0,
+                                      delta=text, **extra))
+        return events
+
+    def _open(self, kind: str) -> list:
+        self.kind, self.text = kind, ""
+        if kind == "message":
+            self.item = {"id": _item_id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
+                         "content": []}
+        else:
+            self.item = {"id": _item_id("rs"), "type": "reasoning", "summary": [], "content": [],
+                         "status": "in_progress"}
+        index = len(self.items)
+        return [self._event("response.output_item.added", output_index=index, item=dict(self.item, content=[])),
+                self._event("response.content_part.added", item_id=self.item["id"], output_index=index,
+                            content_index=0, part=self._part(""))]
+
+    def _part(self, text: str) -> dict:
+        if self.kind == "message":
+            return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        return {"type": "reasoning_text", "text": text}
+
+    def _close(self, status: str) -> list:
+        if self.kind is None:
+            return []
+        index, part = len(self.items), self._part(self.text)
+        done = "response.output_text.done" if self.kind == "message" else "response.reasoning_text.done"
+        extra = {"logprobs": []} if self.kind == "message" else {}
+        events = [self._event(done, item_id=self.item["id"], output_index=index, content_index=0, text=self.text,
+                              **extra),
+                  self._event("response.content_part.done", item_id=self.item["id"], output_index=index,
+                              content_index=0, part=part)]
+        self.item = {**self.item, "status": status, "content": [part]}
+        events.append(self._event("response.output_item.done", output_index=index, item=self.item))
+        self.items.append(self.item)
+        self.kind, self.item = None, None
+        return events
+
+    def end(self, completion) -> list:
+        """The stream's last events: the open item closed (a tools answer's items whole), then the response."""
+        status = "incomplete" if completion.finish_reason == "length" else "completed"
+        events = []
+        if self.asked.request.tools is not None:
+            events += self._tool_answer(completion, status)
+        else:
+            if self.splitter is not None:
+                events += self._pieces(*self.splitter.flush())
+            if self.kind is None and not self.items:
+                events += self._open("message")  # an answer with no text still has its message, as OpenAI's
+        events += self._close(status)
+        name = "response.completed" if status == "completed" else "response.incomplete"
+        return events + [self._event(name, response=self.response(status, completion))]
+
+    def whole(self, completion) -> dict:
+        """The response to a request without ``stream``: the stream's steps, their events dropped."""
+        self.push(completion.text)
+        self.end(completion)
+        return self.response("incomplete" if completion.finish_reason == "length" else "completed", completion)
+
+    def _tool_answer(self, completion, status: str) -> list:
+        """A tools answer, once whole: its text as a message, or its calls as function_call items."""
+        tools = self.asked.request.tools
+        content, calls = read_answer(completion.text, completion.finish_reason == "stop", tools.structured)
+        if calls is None:
+            return self._pieces("", content) or self._open("message")
+        events = []
+        for call in calls:
+            index, arguments = len(self.items), call["function"]["arguments"]
+            item = {"id": _item_id("fc"), "type": "function_call", "status": "in_progress", "call_id": call["id"],
+                    "name": call["function"]["name"], "arguments": ""}
+            events += [self._event("response.output_item.added", output_index=index, item=item),
+                       self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                                   delta=arguments),
+                       self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                   arguments=arguments)]
+            item = {**item, "arguments": arguments, "status": "completed"}
+            events.append(self._event("response.output_item.done", output_index=index, item=item))
+            self.items.append(item)
+        return events
