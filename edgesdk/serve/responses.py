@@ -217,30 +217,35 @@ def _input(value: object) -> list[tuple[dict, str]]:
         raise ApiError(400, f"'input' must be a string or a non-empty array of input items (messages, function_call "
                        f"and function_call_output items), got {_shown(value)}", param="input")
     messages: list[tuple[dict, str]] = []
+    joinable = False  # the last message is an assistant turn the next function_call items belong to
     for index, item in enumerate(value):
         where = f"input[{index}]"
         if not isinstance(item, dict):
             raise ApiError(400, f"{where} must be an input item object, got {_shown(item)}", param=where)
         kind = item.get("type", "message" if "role" in item else None)
+        if kind == "reasoning":
+            continue  # an earlier answer's reasoning sent back: earlier turns' reasoning is not in the context
         if kind == "message":
             messages.append((_message(item, where), where))
-        elif kind == "function_call":
+            joinable = messages[-1][0]["role"] == "assistant"
+            continue
+        if kind == "function_call":
             call = _function_call(item, where)
-            previous = messages[-1][0] if messages else None
-            if previous is not None and previous["role"] == "assistant" and messages[-1][1] == f"input[{index - 1}]":
-                # an assistant turn's calls (parallel calls, or calls after its text) are one chat message
-                messages[-1] = ({**previous, "tool_calls": [*previous.get("tool_calls", []), call]}, messages[-1][1])
+            if joinable:  # an assistant turn's calls (parallel calls, or calls after its text) are one chat message
+                previous, origin = messages[-1]
+                messages[-1] = ({**previous, "tool_calls": [*previous.get("tool_calls", []), call]}, origin)
             else:
                 messages.append(({"role": "assistant", "content": None, "tool_calls": [call]}, where))
-        elif kind == "function_call_output":
+            joinable = True
+            continue
+        joinable = False
+        if kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise ApiError(400, f"{where}.call_id must be the string call_id of the function_call it answers, got "
                                f"{_shown(call_id)}", param=f"{where}.call_id")
             messages.append(({"role": "tool", "tool_call_id": call_id,
                               "content": _output_text(item.get("output"), f"{where}.output")}, where))
-        elif kind == "reasoning":
-            continue  # an earlier answer's reasoning sent back: earlier turns' reasoning is not in the context
         elif kind == "item_reference":
             raise _refuse(where, f"{where} is an item_reference ({_shown(item.get('id'))}): "
                           + STATELESS.format(field=where).replace("leave '", "send the item itself in place of '"))

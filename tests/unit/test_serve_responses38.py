@@ -11,6 +11,8 @@ chat route), as tests/unit/test_openai_client37.py does.
 from __future__ import annotations
 
 import json
+import socket
+import threading
 
 import pytest
 
@@ -239,6 +241,27 @@ def test_a_tool_call_whole_streamed_and_sent_back_with_its_output(client, runtim
         completer.prompt_ids(parse_chat_request(chat))
 
 
+def test_parallel_function_calls_are_one_assistant_turn_as_in_the_chat_request():
+    """An answer's function_call items (after its reasoning and text) are the one assistant message of the chat
+    request, each call's output a tool message."""
+    calls = [{"type": "function_call", "call_id": f"call_{n}", "name": "get_time", "arguments": json.dumps(
+        {"city": city, "hour24": True})} for n, city in enumerate(["Oslo", "Rome", "Lima"])]
+    items = [{"role": "user", "content": QUESTION},
+             {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "x"}]},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+             *calls, *({"type": "function_call_output", "call_id": call["call_id"], "output": "12:00"}
+                       for call in calls)]
+    chat = {"messages": [{"role": "user", "content": QUESTION},
+                         {"role": "assistant", "content": "Checking.", "tool_calls": [
+                             {"id": call["call_id"], "type": "function",
+                              "function": {"name": call["name"], "arguments": call["arguments"]}} for call in calls]},
+                         *({"role": "tool", "tool_call_id": call["call_id"], "content": "12:00"} for call in calls)],
+            "tools": [CHAT_TIME]}
+    asked = parse_responses_request({"model": "m", "input": items, "tools": [TIME]})
+    assert asked.request.messages == parse_chat_request(chat).messages
+    assert len(asked.request.messages) == 6  # system (the tools), user, assistant, three tool results
+
+
 def test_a_stream_s_events_build_the_items_of_reasoning_then_text():
     """A thinking model's answer: a reasoning item (its reasoning_text deltas), closed when the text begins, then the
     message; the same steps without events give the whole response."""
@@ -357,3 +380,58 @@ def test_the_route_takes_the_api_key_and_only_post(runtime):
         assert (status, headers["Allow"]) == (405, "POST")
     finally:
         guarded.close()
+
+
+# ------------------------------------------------------------------------------------------- the handler's machinery
+
+
+def test_an_error_after_the_stream_started_is_openai_s_error_event(runtime):
+    """The server stopping mid-answer: the stream's last event is ``error`` (its code the reason), numbered on."""
+    from tests.unit.test_serve_review import CountingHook, Served, post_bytes, wait_for
+
+    hook = CountingHook(hold_at=4)
+    served = Served(runtime, ServeDefaults(max_tokens=200), hook=hook)
+    try:
+        streamed = served.raw(post_bytes({"model": "m", "input": QUESTION, "stream": True}, "/v1/responses"))
+        assert hook.held.wait(30)
+        stopper = threading.Thread(target=lambda: served.server.stop_answers(timeout=30))
+        stopper.start()
+        assert wait_for(lambda: served.completer.stopping)
+        hook.release.set()
+        stopper.join(60)
+        received = b""
+        while chunk := streamed.recv(65536):
+            received += chunk
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        events = [block.decode().split("\n", 1) for block in body.split(b"\n\n") if block]
+        names = [name for name, _ in events]
+        assert names[:2] == ["event: response.created", "event: response.in_progress"]
+        assert names[-1] == "event: error"
+        error = openai.types.responses.ResponseErrorEvent.model_validate_json(events[-1][1].removeprefix("data: "))
+        assert (error.type, error.code, error.sequence_number) == ("error", "server_stopping", len(events) - 1)
+        assert hook.ends == [None]  # ended early, through the hook's end of request
+    finally:
+        hook.release.set()
+        served.close()
+
+
+def test_a_streamed_answer_stops_when_its_client_leaves(runtime):
+    from tests.unit.test_serve_review import RESET_ON_CLOSE, CountingHook, Served, post_bytes, wait_for
+
+    hook = CountingHook(hold_at=4)
+    served = Served(runtime, ServeDefaults(max_tokens=200), hook=hook)
+    try:
+        leaving = served.raw(post_bytes({"model": "m", "input": QUESTION, "stream": True}, "/v1/responses"))
+        assert hook.held.wait(30)
+        leaving.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
+        leaving.close()
+        hook.release.set()
+        assert wait_for(lambda: hook.ends)
+        assert hook.ends == [None]
+        assert hook.steps <= 6
+        assert wait_for(lambda: not served.completer.busy)
+        assert served.post("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 2})[0] == 200
+    finally:
+        hook.release.set()
+        served.close()
