@@ -28,7 +28,8 @@ import math
 import shutil
 import tempfile
 import zlib
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
 from edgesdk.errors import BundleError, RuntimeBackendError
 
@@ -91,7 +92,8 @@ def inflate_weights(bundle_dir: Path, record: dict) -> bytes:
 
 
 def open_session(model_path: Path, options, providers: list[str], record: dict | None, in_memory: bool | None = None,
-                 provider_options: list[dict] | None = None):
+                 provider_options: list[dict] | None = None,
+                 graph_tensors: tuple[list[GraphTensor], list[tuple[str, str]]] | None = None):
     """An ``onnxruntime.InferenceSession`` for ``model_path`` whose external data is plain on disk
     (``record`` None) or stored by :func:`store_weights`. ``in_memory`` (default: when ONNX Runtime
     offers it) passes the inflated bytes without touching the disk; otherwise they go to a temporary
@@ -99,12 +101,17 @@ def open_session(model_path: Path, options, providers: list[str], record: dict |
     (``provider_options``, one dict per provider) must be final here: ``set_providers`` would
     reload the model from that directory. ``options`` are single-use with in-memory weights: ONNX
     Runtime keeps a pointer to bytes that are freed on return, so make fresh options for every
-    session (``edgesdk.runtime.ort_backend.make_session_options``)."""
+    session (``edgesdk.runtime.ort_backend.make_session_options``). The graph's initializers first meet
+    :func:`graph_data_problems` (``graph_tensors``: :func:`read_graph_tensors` of ``model_path``, read
+    here when not given), which names what onnxruntime would fail on or read wrongly."""
     import onnxruntime as ort
 
+    tensors, dangling = graph_tensors if graph_tensors is not None else read_graph_tensors(model_path)
     if record is None:
+        check_graph_data(model_path, graph_data_problems(model_path, tensors, dangling, None))
         return ort.InferenceSession(str(model_path), options, providers=providers, provider_options=provider_options)
     data = inflate_weights(model_path.parent, record)
+    check_graph_data(model_path, graph_data_problems(model_path, tensors, dangling, record, len(data)))
     if in_memory is None:
         in_memory = hasattr(options, "add_external_initializers_from_files_in_memory")
     if in_memory:
@@ -131,3 +138,252 @@ def _temporary_copy_error(model_path: Path, directory: str, size: int, exc: OSEr
         f"free {needed_mb} MB in {Path(directory).parent}, or point TMPDIR at a directory with that much room "
         "(e.g. TMPDIR=/var/tmp); onnxruntime >= 1.23 takes the weights from memory and needs no copy",
     )
+
+
+# --- the graph's initializers, read from model.onnx's protobuf wire format (onnx.proto3) ---------------
+# The board runtime has no ``onnx`` package, so the few fields checked before onnxruntime loads the graph
+# are read here: ModelProto.graph (7); GraphProto.node (1), initializer (5); NodeProto.attribute (5);
+# AttributeProto.g (6), graphs (11); TensorProto.dims (1), data_type (2), name (8), raw_data (9),
+# external_data (13: StringStringEntryProto key 1, value 2), data_location (14: 1 is EXTERNAL), and the
+# typed data fields float_data (4), int32_data (5), string_data (6), int64_data (7), double_data (10),
+# uint64_data (11).
+
+# TensorProto.DataType -> bytes per element (sub-byte types as a fraction: INT4, UINT4, FLOAT4E2M1)
+ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2,
+                 17: 1, 18: 1, 19: 1, 20: 1, 21: 0.5, 22: 0.5, 23: 0.5, 24: 1}
+_TYPED_DATA = (4, 5, 6, 7, 10, 11)
+
+
+class _Malformed(ValueError):
+    """model.onnx is not a protobuf message of the expected shape."""
+
+
+def _varint(data: memoryview, at: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise _Malformed(f"a number runs past byte {at}")
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _fields(data: memoryview):
+    """(field number, wire type, value) of one message: an int, or the bytes of a length-delimited field."""
+    at = 0
+    while at < len(data):
+        key, at = _varint(data, at)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, at = _varint(data, at)
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            if at + size > len(data):
+                raise _Malformed(f"a fixed-size field runs past byte {len(data)}")
+            value, at = int.from_bytes(data[at:at + size], "little"), at + size
+        elif wire == 2:
+            size, at = _varint(data, at)
+            if at + size > len(data):
+                raise _Malformed(f"field {number} of {size} bytes runs past byte {len(data)}")
+            value, at = data[at:at + size], at + size
+        else:
+            raise _Malformed(f"field {number} has wire type {wire}, which onnx.proto3 does not use")
+        yield number, wire, value
+
+
+@dataclass
+class GraphTensor:
+    """One initializer of the graph: its name, element type, shape, and where its bytes are."""
+
+    name: str
+    data_type: int
+    dims: list[int]
+    external: dict[str, str] | None  # location, offset, length ... when stored in an external file
+    inline_bytes: int | None  # raw_data's length; None when the tensor has no raw_data
+    typed_data: bool  # float_data, int32_data ... hold its values
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.dims)
+
+    def expected_bytes(self) -> int | None:
+        size = ELEMENT_BYTES.get(self.data_type)
+        return None if size is None or any(d < 0 for d in self.dims) else math.ceil(self.elements * size)
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _tensor(data: memoryview) -> GraphTensor:
+    name, data_type, dims, external, location, raw, typed = "", 0, [], {}, 0, None, False
+    for number, wire, value in _fields(data):
+        if number == 1 and wire == 0:
+            dims.append(_signed(value))
+        elif number == 1 and wire == 2:  # packed dims
+            at = 0
+            while at < len(value):
+                dim, at = _varint(value, at)
+                dims.append(_signed(dim))
+        elif number == 2 and wire == 0:
+            data_type = value
+        elif number == 8 and wire == 2:
+            name = bytes(value).decode("utf-8", "replace")
+        elif number == 9 and wire == 2:
+            raw = len(value)
+        elif number == 13 and wire == 2:
+            entry = {key: bytes(text).decode("utf-8", "replace") for key, kind, text in _fields(value) if kind == 2}
+            external[entry.get(1, "")] = entry.get(2, "")
+        elif number == 14 and wire == 0:
+            location = value
+        elif number in _TYPED_DATA:
+            typed = True
+    return GraphTensor(name, data_type, dims, external if location == 1 else None, raw, typed)
+
+
+def _graph(data: memoryview, tensors: list[GraphTensor], outer: set[str], dangling: list[tuple[str, str]]) -> None:
+    """Collect a graph's initializers (and its subgraphs'), and the node inputs that name no value in scope."""
+    nodes, names = [], set(outer)
+    for number, wire, value in _fields(data):
+        if number == 5 and wire == 2:
+            tensor = _tensor(value)
+            tensors.append(tensor)
+            names.add(tensor.name)
+        elif number in (1, 11) and wire == 2:  # a node, or a graph input (ValueInfoProto.name is field 1)
+            if number == 1:
+                nodes.append(value)
+            else:
+                names.update(bytes(v).decode("utf-8", "replace") for n, w, v in _fields(value) if n == 1 and w == 2)
+    parsed = []
+    for node in nodes:
+        inputs, subgraphs, name = [], [], ""
+        for number, wire, value in _fields(node):
+            if number == 1 and wire == 2:
+                inputs.append(bytes(value).decode("utf-8", "replace"))
+            elif number == 2 and wire == 2:
+                names.add(bytes(value).decode("utf-8", "replace"))
+            elif number == 3 and wire == 2:
+                name = bytes(value).decode("utf-8", "replace")
+            elif number == 5 and wire == 2:
+                subgraphs += [v for n, w, v in _fields(value) if n in (6, 11) and w == 2]
+        parsed.append((name, inputs, subgraphs))
+    for name, inputs, subgraphs in parsed:
+        dangling += [(name, value) for value in inputs if value and value not in names]
+        for subgraph in subgraphs:
+            _graph(subgraph, tensors, names, dangling)
+
+
+def read_graph_tensors(model_path: Path) -> tuple[list[GraphTensor], list[tuple[str, str]]]:
+    """The initializers of ``model_path`` (subgraphs' too) and the (node, input) pairs whose input names no
+    graph input, initializer or node output in scope; a file that is no ONNX model is refused by name."""
+    model_path = Path(model_path)
+    try:
+        data = memoryview(model_path.read_bytes())
+        tensors, dangling = [], []
+        graphs = [value for number, wire, value in _fields(data) if number == 7 and wire == 2]
+        if not graphs:
+            raise _Malformed("it holds no graph")
+        _graph(graphs[-1], tensors, set(), dangling)
+    except OSError as exc:
+        raise BundleError(f"bundle {model_path.parent}: {model_path.name} cannot be read ({exc.strerror or exc})",
+                          "run 'edgesdk verify' on the bundle, then re-copy or rebuild it") from exc
+    except (_Malformed, RecursionError) as exc:
+        raise BundleError(f"bundle {model_path.parent}: {model_path.name} is not a readable ONNX model ({exc})",
+                          REBUILD) from exc
+    return tensors, dangling
+
+
+def check_graph_data(model_path: Path, problems: list[str]) -> None:
+    """Refuse the graph with each of ``problems`` (graph_data_problems) named."""
+    if problems:
+        raise BundleError(f"bundle {model_path.parent}: {model_path.name} does not match its weights:\n  - "
+                          + "\n  - ".join(problems), REBUILD)
+
+
+REBUILD = ("the bundle was edited along with the hashes in its manifest; rebuild it with 'edgesdk build' (or re-copy "
+           "it from the host)")
+
+
+def graph_data_problems(model_path: Path, tensors: list[GraphTensor], dangling: list[tuple[str, str]],
+                        record: dict | None, inflated: int | None = None) -> list[str]:
+    """What in the graph's initializers onnxruntime would fail on, or read as other bytes than the export
+    wrote: a node input naming no value (a renamed initializer), an element type ONNX does not define, a
+    negative dimension, inline bytes or an external length that do not hold the shape, an external file
+    that is not the bundle's weights file, a range past its end, and ranges that overlap (the exporter
+    writes each tensor's bytes once, one after another: an offset moved within the file reads a
+    neighbour's bytes with no error). ``record`` is the manifest's 'graph.weights' (None: the file lies
+    beside the graph) and ``inflated`` the length of its inflated bytes."""
+    problems = [f"node {node!r} reads {value!r}, which no graph input, initializer or node output provides"
+                for node, value in dangling[:5]]
+    sizes: dict[str, int | None] = {}
+    ranges: dict[str, list[tuple[int, int, str]]] = {}
+    for tensor in tensors:
+        where = f"initializer {tensor.name!r}"
+        if tensor.data_type not in ELEMENT_BYTES:
+            problems.append(f"{where} has element type {tensor.data_type}, which is no ONNX tensor type this graph "
+                            f"can hold (TensorProto.DataType {min(ELEMENT_BYTES)}-{max(ELEMENT_BYTES)}, not 8)")
+            continue
+        if any(dim < 0 for dim in tensor.dims):
+            problems.append(f"{where} has shape {tensor.dims}: a dimension is negative")
+            continue
+        needed = tensor.expected_bytes()
+        if tensor.external is None:
+            if tensor.inline_bytes is not None and tensor.inline_bytes != needed:
+                problems.append(f"{where} holds {tensor.inline_bytes} bytes; its shape {tensor.dims} of type "
+                                f"{tensor.data_type} needs {needed}")
+            elif tensor.inline_bytes is None and not tensor.typed_data and tensor.elements:
+                problems.append(f"{where} of shape {tensor.dims} holds no data")
+            continue
+        location = tensor.external.get("location", "")
+        if location not in sizes:
+            sizes[location] = _external_size(model_path, location, record, inflated)
+        size = sizes[location]
+        if size is None:
+            continue  # named once below
+        try:
+            offset = int(tensor.external.get("offset", "0"))
+            length = int(tensor.external.get("length", str(needed)))
+        except ValueError:
+            problems.append(f"{where} has offset {tensor.external.get('offset')!r} and length "
+                            f"{tensor.external.get('length')!r} in {location}: expected whole numbers")
+            continue
+        if offset < 0 or length != needed:
+            problems.append(f"{where} reads {length} bytes at offset {offset} of {location}; its shape {tensor.dims} "
+                            f"of type {tensor.data_type} needs {needed} bytes at an offset >= 0")
+        elif offset + length > size:
+            problems.append(f"{where} reads bytes {offset}-{offset + length} of {location}, which holds {size}")
+        else:
+            ranges.setdefault(location, []).append((offset, offset + length, tensor.name))
+    for location, size in sizes.items():
+        if size is None:
+            problems.append(_missing_location(model_path, location, record))
+    for location, spans in ranges.items():
+        spans.sort()
+        for (start, end, name), (next_start, next_end, next_name) in zip(spans, spans[1:], strict=False):
+            if next_start < end:
+                problems.append(f"initializers {name!r} (bytes {start}-{end}) and {next_name!r} (bytes "
+                                f"{next_start}-{next_end}) overlap in {location}: each tensor's bytes are its own")
+    return problems
+
+
+def _external_size(model_path: Path, location: str, record: dict | None, inflated: int | None) -> int | None:
+    """The length of the external file ``location``, or None when it is not the bundle's weights file."""
+    if record is not None:
+        return inflated if location == record["external_name"] else None
+    if PurePosixPath(location).name != location or location in ("", ".", "..", model_path.name):
+        return None
+    path = model_path.parent / location
+    return path.stat().st_size if path.is_file() else None
+
+
+def _missing_location(model_path: Path, location: str, record: dict | None) -> str:
+    if record is not None:
+        return (f"initializers are stored in {location!r}, but the bundle's weights ('graph.weights.external_name') "
+                f"are {record['external_name']!r}")
+    if PurePosixPath(location).name != location or location in ("", ".", "..", model_path.name):
+        return f"initializers are stored in {location!r}, which is not a weights file in the bundle"
+    return (f"initializers are stored in {location!r}, which the bundle lacks (a bundle whose weights are "
+            "entropy-coded names them in 'graph.weights')")

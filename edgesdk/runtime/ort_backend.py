@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesdk.errors import EdgeSDKError, RuntimeBackendError
+from edgesdk.errors import BundleError, EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import checked_keep_logits
-from edgesdk.weights_file import open_session
+from edgesdk.weights_file import REBUILD, GraphTensor, open_session, read_graph_tensors
 
 # ONNX Runtime rewrites INT8 QDQ activations to UINT8 on x86 by default, and on a CPU with AVX2 but no
 # VNNI its U8S8 kernels add byte-pair products in saturating 16 bits (VPMADDUBSW). Measured on tiny
@@ -74,6 +74,31 @@ def check_providers_started(requested: list[str], started: list[str]) -> None:
         )
 
 
+def rotary_problems(tensors: list[GraphTensor], max_context: int) -> list[str]:
+    """What in the graph's rotary tables (the cos and sin initializers the exporter names ``rotary.cos`` and
+    ``rotary.sin``, or ``rotary.N.cos`` for a model's further rotary settings: export/llama_graph.py
+    ``rotary_name``) disagrees with the manifest: a table is (positions, columns), cos and sin alike (their
+    width against head_dim is the graph-facts check's, edgesdk/runtime/session.py, which names head_dim
+    by the KV cache), and holds every position up to ``max_context``. Past its last
+    row the step that reaches that position fails (GroupQueryAttention: "cos_cache dimension 0 shall not
+    be less than total_sequence_length"; the standard graph's Gather: an index out of bounds), so the
+    bundle is refused here, before any step."""
+    tables = {tensor.name: tensor.dims for tensor in tensors if tensor.name.startswith("rotary.")
+              and tensor.name.rsplit(".", 1)[-1] in ("cos", "sin")}
+    problems = []
+    for name, dims in sorted(tables.items()):
+        partner = name[:-3] + ("sin" if name.endswith("cos") else "cos")
+        if name.endswith("cos") and partner in tables and tables[partner] != dims:
+            problems.append(f"the rotary tables {name!r} {dims} and {partner!r} {tables[partner]} differ in shape")
+        if len(dims) != 2:
+            problems.append(f"the rotary table {name!r} has shape {dims}; expected (positions, columns)")
+        elif dims[0] < max_context:
+            problems.append(f"'graph.max_context' is {max_context}, but the rotary table {name!r} holds {dims[0]} "
+                            f"positions: a sequence longer than {dims[0]} tokens would fail in the step that reaches "
+                            "it")
+    return problems
+
+
 class OrtDecoderBase:
     """What both graph forms share: the session, the graph facts, prefill/decode on ``_run``."""
 
@@ -92,9 +117,15 @@ class OrtDecoderBase:
                 "min_onnxruntime_for", "a feature of this graph"))), graph.get("form", "standard"))
         self.providers = providers or ["CPUExecutionProvider"]
         self.name = "ort-cpu" if self.providers == ["CPUExecutionProvider"] else "ort-" + self.providers[0]
+        tensors = read_graph_tensors(model_path)
+        problems = rotary_problems(tensors[0], int(graph["max_context"]))
+        if problems:
+            raise BundleError(f"bundle {Path(model_path).parent}: the manifest's graph facts do not describe "
+                              f"{Path(model_path).name}:\n  - " + "\n  - ".join(problems), REBUILD)
         try:
             self.session = open_session(model_path, make_session_options(threads, spinning), self.providers,
-                                        graph.get("weights"), provider_options=provider_options)
+                                        graph.get("weights"), provider_options=provider_options,
+                                        graph_tensors=tensors)
         except EdgeSDKError:  # a damaged weights file, no room to inflate it: already named
             raise
         except Exception as exc:  # onnxruntime raises its own exception types per failure
