@@ -120,6 +120,11 @@ class StopMatcher:
 
     Text that could still turn into a stop string (a suffix that is a stop string's prefix) is
     held back until the next delta settles it, so a streamed answer equals the whole one.
+
+    Each stop string is followed by a Knuth-Morris-Pratt automaton (its failure function computed once): its
+    state is the length of the longest prefix of the stop string that ends the text so far, updated in constant
+    amortised time per character. The text is so read once, whatever the stop strings' lengths: checking every
+    prefix length of a stop string against the text's end on every delta costs the square of its length.
     """
 
     def __init__(self, stops: tuple[str, ...]):
@@ -127,31 +132,60 @@ class StopMatcher:
         self.pending = ""
         self.stopped = False
         self.matched: str | None = None  # the stop string that ended the text
+        self._failure = [_failure_function(stop) for stop in stops]
+        self._state = [0] * len(stops)  # per stop: the length of its longest prefix that ends the text so far
 
     def push(self, delta: str) -> str:
         """The text safe to hand out after ``delta``; sets :attr:`stopped` at a stop string."""
         if self.stopped:
             return ""
+        base = len(self.pending)
         self.pending += delta
-        # (end, start) of each stop's first occurrence: the stop that completes first wins, as it would
-        # token by token, so how the text is split into deltas never changes the answer; at one end, the
-        # longest stop is cut off whole.
-        hits = [(index + len(stop), index, stop) for stop in self.stops if (index := self.pending.find(stop)) >= 0]
-        if hits:
-            _, start, self.matched = min(hits)
-            self.stopped = True
-            released, self.pending = self.pending[:start], ""
-            return released
-        keep = max((length for stop in self.stops for length in range(1, len(stop))
-                    if self.pending.endswith(stop[:length])), default=0)
+        if "" in self.stops:  # an empty stop string ends the text where it starts
+            return self._stop(0, "")
+        # The stop that completes first wins, as it would token by token, so how the text is split into deltas
+        # never changes the answer; of those completing at one character, the longest is cut off whole.
+        for offset, char in enumerate(delta if self.stops else "", start=base + 1):
+            done = None
+            for index, stop in enumerate(self.stops):
+                state, failure = self._state[index], self._failure[index]
+                while state and stop[state] != char:  # state < len(stop): the text stops at a whole one
+                    state = failure[state - 1]
+                if stop[state] == char:
+                    state += 1
+                self._state[index] = state
+                if state == len(stop) and (done is None or len(stop) > len(done)):
+                    done = stop
+            if done is not None:
+                return self._stop(offset - len(done), done)
+        keep = max(self._state, default=0)
         released = self.pending[: len(self.pending) - keep]
         self.pending = self.pending[len(released):]
+        return released
+
+    def _stop(self, start: int, stop: str) -> str:
+        self.stopped, self.matched = True, stop
+        released, self.pending = self.pending[:start], ""
         return released
 
     def flush(self) -> str:
         """What is still held back once the answer has ended (it never became a stop string)."""
         released, self.pending = ("" if self.stopped else self.pending), ""
         return released
+
+
+def _failure_function(pattern: str) -> list[int]:
+    """Knuth-Morris-Pratt's failure function: for each prefix of ``pattern``, the length of its longest proper
+    prefix that is also its suffix."""
+    failure = [0] * len(pattern)
+    length = 0
+    for index in range(1, len(pattern)):
+        while length and pattern[index] != pattern[length]:
+            length = failure[length - 1]
+        if pattern[index] == pattern[length]:
+            length += 1
+        failure[index] = length
+    return failure
 
 
 DROPPED_WAIT_S = 5.0  # how long a request waits for the place a dropped waiter (its client gone) gives back
