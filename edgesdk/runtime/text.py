@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -141,19 +142,36 @@ CONTINUE_MARK = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
 def load_tokenizer(path: Path):
-    """``tokenizers.Tokenizer`` from the bundle's tokenizer.json, or a BundleError naming the installed
-    tokenizers: a release older than the one that wrote the file cannot parse it (tokenizers < 0.20
-    reads no BPE merges stored as pairs, and says only 'data did not match any variant')."""
+    """``tokenizers.Tokenizer`` from the bundle's tokenizer.json, or a BundleError that tells a file that is no
+    tokenizer.json (not JSON, or JSON without a ``model``) from one the installed tokenizers is too old for: a
+    release older than the one that wrote the file cannot parse it (tokenizers < 0.20 reads no BPE merges stored
+    as pairs, and says only 'data did not match any variant')."""
     import tokenizers
 
     try:
         return tokenizers.Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a plain Exception for a file it cannot parse
+        shape = _tokenizer_json_shape(path)
+        if shape:
+            raise BundleError(f"{path} is not a tokenizer.json: {shape}",
+                              "point the manifest's 'tokenizer.file' at the bundle's tokenizer.json, or rebuild "
+                              "the bundle with 'edgesdk build'") from exc
         raise BundleError(
             f"tokenizers {tokenizers.__version__} could not read {path} ({exc})",
             "a tokenizer.json written by a newer tokenizers needs that release here: pip install -U tokenizers "
             "(at least the version 'edgesdk env' shows on the host that built the bundle)",
         ) from exc
+
+
+def _tokenizer_json_shape(path: Path) -> str:
+    """What keeps ``path`` from being a tokenizer.json at all, or "" when it has the shape of one."""
+    try:
+        document = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        return f"it does not read as JSON ({exc})"
+    if not isinstance(document, dict) or not isinstance(document.get("model"), dict):
+        return "its JSON has no 'model' object (a tokenizer.json holds the tokenizer's model, vocabulary and merges)"
+    return ""
 
 
 def check_utf8(text: str, what: str) -> None:

@@ -292,3 +292,23 @@ def test_a_tokenizer_file_this_tokenizers_cannot_parse_is_a_bundle_error(tiny_bu
     with pytest.raises(BundleError, match=f"tokenizers {tokenizers.__version__} could not read {path}") as info:
         ChatTokenizer(path, {}, None)
     assert "pip install -U tokenizers" in info.value.fix
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    (b"# Bundle report\n\nperplexity 29.2\n", "it does not read as JSON"),
+    (b"\xff\xfe not text", "it does not read as JSON"),
+    (b'{"version": "1.0", "added_tokens": []}', "its JSON has no 'model' object"),
+    (b"[1, 2, 3]", "its JSON has no 'model' object"),
+])
+def test_a_file_that_is_no_tokenizer_json_is_named_as_such_not_as_an_old_tokenizers(tmp_path, content, reason):
+    """A manifest whose tokenizer.file names another file (the report, a config) was blamed on the installed
+    tokenizers' version; such a file is now called what it is, and the fix points at the manifest."""
+    from edgesdk.errors import BundleError
+    from edgesdk.runtime.text import ChatTokenizer
+
+    path = tmp_path / "report.md"
+    path.write_bytes(content)
+    with pytest.raises(BundleError, match=f"{path} is not a tokenizer.json: {reason}") as info:
+        ChatTokenizer(path, {}, None)
+    assert "'tokenizer.file'" in info.value.fix
+    assert "pip install" not in info.value.fix
