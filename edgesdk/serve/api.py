@@ -701,9 +701,15 @@ def chunk_body(request: CompletionRequest, ident: str, model: str, text: str | N
                reasoning: str = "") -> dict:
     """One server-sent event of a streamed answer: a text delta, or the last one with ``finish_reason``.
     With ``stream_options.include_usage`` it carries ``"usage": null`` ("All other chunks will also
-    include a usage field, but with a null value", OpenAI's reference for ``stream_options``)."""
+    include a usage field, but with a null value", OpenAI's reference for ``stream_options``).
+
+    The first delta (``role``) of an answer under tools carries ``"content": null``, as llama-server's first delta
+    does (tools/server/server-task.cpp, ``to_json_oaicompat_chat``) and as OpenAI's does for a tool call: a client
+    that accumulates the deltas (the openai package's stream helper) then ends with the ``content`` null of the
+    whole answer's tool-call message, not ``""``."""
     if request.chat:
-        delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+        opening = {"role": "assistant", "content": None if request.tools is not None else ""}
+        delta = opening if role else ({} if text is None else {"content": text})
         if reasoning:  # llama-server's delta for a thinking model's reasoning
             delta = {"reasoning_content": reasoning, **({"content": text} if text else {})}
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
