@@ -14,7 +14,8 @@ between its tags, as llama-server does (``reasoning_in_content``: common/chat-pa
 Following llama.cpp (common/chat.cpp, the DeepSeek-R1 parser): only a block at the start of the answer
 counts (whitespace before it is dropped), the reasoning is stripped of the whitespace around it (an empty
 block gives no ``reasoning_content``), whitespace after ``</think>`` is dropped, and a block that never
-closes (the token limit came first) is all reasoning.
+closes (the token limit came first) is all reasoning. Blocks that follow each other with only whitespace
+between are all reasoning, their stripped texts joined (common/chat-parser.cpp, ``try_parse_reasoning``).
 """
 
 from __future__ import annotations
@@ -47,60 +48,83 @@ class ReasoningSplitter:
     still be part of a tag is held back until the next piece decides it, so a streamed answer splits
     as the whole one does.
 
-    ``inline`` (deepseek-legacy's stream): the pieces come back as content alone, the block's text in it
-    between ``<think>`` and ``</think>``."""
+    A block that follows a closed one with only whitespace between (``<think>a</think>\n<think>b</think>``) is
+    reasoning too, each block stripped and their texts joined, as common/chat-parser.cpp's ``try_parse_reasoning``
+    goes on after ``</think>`` and its whitespace while another ``<think>`` opens there; a ``<think>`` after other
+    text is content.
+
+    ``inline`` (deepseek-legacy's stream): the pieces come back as content alone, each block's text in it
+    between ``<think>`` and ``</think>`` (a block with no text gives no tags, as ``try_parse_reasoning`` writes
+    none for it)."""
 
     def __init__(self, opened: bool = False, inline: bool = False):
-        self.state = "reasoning" if opened else "start"  # start -> reasoning -> content, or start -> content
+        # start -> reasoning -> after -> (reasoning again, for a block that follows) content, or start -> content
+        self.state = "reasoning" if opened else "start"
         self.pending = ""
         self.inline = inline
-        self.tagged = self.untagged = False  # inline: the block's <think> is out, its </think> is out
-        self.reasoning_started = False  # some of the block's text (not whitespace) is out
+        self.tagged = False  # inline: the open block's <think> is out (its text began), its </think> not yet
+        self.reasoning_started = False  # some of the open block's text (not whitespace) is out
 
     def push(self, text: str) -> tuple[str, str]:
-        return self._shaped(*self._push(text))
+        return self._shaped(self._push(text))
 
-    def _shaped(self, reasoning: str, content: str, final: bool = False) -> tuple[str, str]:
-        """(reasoning, content), or with ``inline`` ("", content) with the reasoning in it between its tags."""
+    def _shaped(self, pieces: list[tuple[str, str]], final: bool = False) -> tuple[str, str]:
+        """(reasoning, content) of ``pieces`` (("reasoning", text), ("close", ""), ("content", text) in the answer's
+        order), or with ``inline`` ("", content) with each block's reasoning in it between its tags."""
+        if final and self.state == "reasoning":  # a block the answer's end leaves open closes there
+            pieces = [*pieces, ("close", "")]
         if not self.inline:
-            return reasoning, content
-        text = ""
-        if reasoning:
-            text, self.tagged = ("" if self.tagged else OPEN) + reasoning, True
-        if self.tagged and not self.untagged and (final or self.state in ("after", "content")):
-            text, self.untagged = text + CLOSE, True
-        return "", text + content
+            return ("".join(text for kind, text in pieces if kind == "reasoning"),
+                    "".join(text for kind, text in pieces if kind == "content"))
+        out = []
+        for kind, text in pieces:
+            if kind == "reasoning" and text:
+                out.append(text if self.tagged else OPEN + text)
+                self.tagged = True
+            elif kind == "close":
+                if self.tagged:
+                    out.append(CLOSE)
+                self.tagged = False
+            elif kind == "content":
+                out.append(text)
+        return "", "".join(out)
 
-    def _push(self, text: str) -> tuple[str, str]:
+    def _push(self, text: str) -> list[tuple[str, str]]:
         self.pending += text
-        reasoning = content = ""
+        pieces = []
         if self.state == "start":
             stripped = self.pending.lstrip()
             if stripped.startswith(OPEN):
                 self.state, self.pending = "reasoning", stripped[len(OPEN):]
             elif OPEN.startswith(stripped):  # nothing but whitespace, or the tag's start so far: wait
-                return "", ""
+                return pieces
             else:
                 self.state = "content"
-        if self.state == "reasoning":
-            end = self.pending.find(CLOSE)
-            if end < 0:
-                # what could still be the tag's start waits, and so does trailing whitespace: llama.cpp strips the
-                # reasoning, so whitespace counts only once text follows it
-                keep = _held_back(self.pending, CLOSE)
-                settled = self.pending[: len(self.pending) - keep]
-                text = settled.rstrip()
-                self.pending = settled[len(text):] + self.pending[len(self.pending) - keep:]
-                return self._reasoning_text(text), ""
-            reasoning, self.pending = self._reasoning_text(self.pending[:end].rstrip()), self.pending[end + len(CLOSE):]
-            self.state = "after"
-        if self.state == "after":  # whitespace after </think> is dropped
+        while self.state in ("reasoning", "after"):
+            if self.state == "reasoning":
+                end = self.pending.find(CLOSE)
+                if end < 0:
+                    # what could still be the tag's start waits, and so does trailing whitespace: llama.cpp strips
+                    # the reasoning, so whitespace counts only once text follows it
+                    keep = _held_back(self.pending, CLOSE)
+                    settled = self.pending[: len(self.pending) - keep]
+                    text = settled.rstrip()
+                    self.pending = settled[len(text):] + self.pending[len(self.pending) - keep:]
+                    pieces.append(("reasoning", self._reasoning_text(text)))
+                    return pieces
+                pieces += [("reasoning", self._reasoning_text(self.pending[:end].rstrip())), ("close", "")]
+                self.pending, self.state = self.pending[end + len(CLOSE):], "after"
+            # after </think>: its whitespace is dropped, and a <think> there opens another block
             self.pending = self.pending.lstrip()
-            if not self.pending:
-                return reasoning, ""
-            self.state = "content"
-        content, self.pending = self.pending, ""
-        return reasoning, content
+            if self.pending.startswith(OPEN):
+                self.pending, self.state, self.reasoning_started = self.pending[len(OPEN):], "reasoning", False
+            elif OPEN.startswith(self.pending):  # nothing yet, or the tag's start so far: wait
+                return pieces
+            else:
+                self.state = "content"
+        pieces.append(("content", self.pending))
+        self.pending = ""
+        return pieces
 
     def _reasoning_text(self, text: str) -> str:
         """Reasoning text to hand out, its leading whitespace dropped until the block's first other character."""
@@ -115,14 +139,14 @@ class ReasoningSplitter:
         decides what the answer's first text is."""
         self.push(text)
         self.pending = ""
-        self.tagged, self.untagged = self.state != "start", self.state in ("after", "content")  # the client's text
+        self.tagged = self.state == "reasoning"  # the client's text opened the block: its <think> is theirs
         return self
 
     def flush(self) -> tuple[str, str]:
         """What is held back once the answer has ended: reasoning inside an unclosed block, else content."""
         rest, self.pending = self.pending, ""
         if self.state == "reasoning":  # a block the limit cut: its text so far, stripped like a closed one's
-            return self._shaped(self._reasoning_text(rest.rstrip()), "", final=True)
+            return self._shaped([("reasoning", self._reasoning_text(rest.rstrip()))], final=True)
         if self.state in ("start", "after"):
             return "", rest.strip() if self.state == "after" else rest
         return "", rest
