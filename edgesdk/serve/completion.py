@@ -44,8 +44,8 @@ from edgesdk.runtime.speculative import DraftModel
 from edgesdk.runtime.text import StreamDecoder, check_utf8, pieces_text
 from edgesdk.serve.api import ApiError, CompletionRequest, TextOffsets, TokenizeRequest, logprobs_body
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
+from edgesdk.serve.reasoning import CLOSE, ReasoningSplitter, prompt_opens_thinking, template_thinks
 from edgesdk.serve.reasoning import FORMATS as REASONING_FORMATS
-from edgesdk.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, template_thinks
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,9 @@ class ServeDefaults:
     # a thinking model's <think> block as reasoning_content: auto (where the template thinks) | none | deepseek |
     # deepseek-legacy (deepseek's, streamed in the content)
     reasoning_format: str = "auto"
+    # llama-server's --reasoning-budget: -1 thinks without limit, 0 renders chat templates with enable_thinking false
+    # unless a request's or the server's chat_template_kwargs set it
+    reasoning_budget: int = -1
 
     def __post_init__(self):
         chain = SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -79,6 +82,10 @@ class ServeDefaults:
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
                              f"{self.reasoning_format!r}")
+        if isinstance(self.reasoning_budget, bool) or self.reasoning_budget not in (-1, 0):
+            raise ValueError(f"reasoning_budget must be -1 (thinking without limit) or 0 (thinking off: the chat "
+                             f"template rendered with enable_thinking false), as llama-server takes it, got "
+                             f"{self.reasoning_budget!r}")
         if self.cache_ram_mib < 0:
             raise ValueError(f"cache_ram_mib must be >= 0, got {self.cache_ram_mib}")
 
@@ -408,8 +415,19 @@ class Completer:
     def chat_text(self, request: CompletionRequest) -> str:
         """The chat request's messages through the bundle's chat template: a generation prompt after them, or the
         last (assistant) message left open for the model to go on (:meth:`continues_final`)."""
-        return self.runtime.tokenizer.render_chat(list(request.messages), continue_final=self.continues_final(request),
-                                                  template_kwargs=request.template_kwargs)
+        tokenizer, kwargs = self.runtime.tokenizer, request.template_kwargs
+        given = {**tokenizer.template_kwargs, **(kwargs or {})}
+        if self.defaults.reasoning_budget == 0 and "enable_thinking" not in given:
+            kwargs = {**(kwargs or {}), "enable_thinking": False}
+        continues = self.continues_final(request)
+        text = tokenizer.render_chat(list(request.messages), continue_final=continues, template_kwargs=kwargs)
+        thinking = given.get("enable_thinking", self.defaults.reasoning_budget != 0)
+        if not continues and thinking is False and prompt_opens_thinking(text):
+            # a template that opens the block whatever enable_thinking says (DeepSeek-R1's): llama.cpp closes it in
+            # the prompt (common/chat.cpp, the DeepSeek-R1 handler: a prompt ending in "<think>\n" gets "</think>"
+            # where enable_thinking is false), so the answer is not thinking forced open
+            text += CLOSE
+        return text
 
     def reasoning_splitter(self, request: CompletionRequest) -> ReasoningSplitter | None:
         """A splitter of the answer's ``<think>`` block from its content (edgesdk/serve/reasoning.py), or None:
