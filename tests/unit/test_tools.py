@@ -162,7 +162,7 @@ def test_a_required_call_comes_back_as_tool_calls(server):
 
     events = server.stream("/v1/chat/completions", body)
     deltas = [event["choices"][0] for event in events[:-1]]
-    assert deltas[0]["delta"] == {"role": "assistant", "content": ""}
+    assert deltas[0]["delta"] == {"role": "assistant", "content": None}  # llama-server: null before a call
     (streamed,) = deltas[1]["delta"]["tool_calls"]
     assert streamed["index"] == 0
     assert streamed["function"] == call["function"]  # greedy: the same call
