@@ -6,6 +6,7 @@ Heavy imports (onnxruntime, torch, transformers) happen inside the commands that
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -429,6 +430,19 @@ def _gate_options(fn):
               help="Interactive input: keep the conversation, each line a new turn after the earlier ones "
                    "(their tokens stay in the KV cache; '/clear' starts over). On by default at a terminal, "
                    "off for piped input (each line its own conversation).")
+@click.option("--in-prefix", metavar="TEXT",
+              help="Put TEXT before each prompt read from stdin (llama-cli's --in-prefix): inside the user's turn of "
+                   "the chat template, or in the prompt's text with --raw or a bundle without a template (there "
+                   "shown before the input at a terminal, as llama-cli's raw interactive mode shows it). llama-cli "
+                   "turns its chat template off when given it: pass --raw for that. Escapes are processed as "
+                   "llama-cli's: \\n, \\r, \\t, \\', \\\", \\\\ and \\xHH.")
+@click.option("--in-suffix", metavar="TEXT",
+              help="Put TEXT after each prompt read from stdin (llama-cli's --in-suffix), as --in-prefix, e.g. --raw "
+                   "--in-prefix 'User: ' --in-suffix '\\nAssistant:' -r 'User:'.")
+@click.option("--reverse-prompt", "-r", "reverse_prompts", multiple=True, metavar="TEXT",
+              help="Stop the answer once its text holds TEXT (llama-cli's reverse prompt; repeatable): the answer "
+                   "keeps and shows TEXT, and the next prompt comes; with --prompt or --file it ends the answer, as "
+                   "a stop string. Escapes as in --in-prefix.")
 @click.option("--json", "json_object", is_flag=True,
               help="JSON mode: each answer is one JSON object (tokens that cannot continue one are never taken; "
                    "the answer ends when the object closes).")
@@ -455,7 +469,8 @@ def _gate_options(fn):
 @_runtime_options
 def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias, samplers,
         sampling_seq, seed, repeat_penalty,
-        repeat_last_n, presence_penalty, frequency_penalty, raw, system, template_kwargs, history, json_object, json_schema, grammar,
+        repeat_last_n, presence_penalty, frequency_penalty, raw, system, template_kwargs, history, in_prefix, in_suffix,
+        reverse_prompts, json_object, json_schema, grammar,
         grammar_file, lookup_draft, prompt_cache, stats, draft_bundle, draft_max, draft_p_min,
         watch_thermal, simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
         sim_speed, threads, backend, target, ignore_target):
@@ -469,6 +484,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     Without --prompt or --file each line on stdin is a prompt (at a terminal, a chat):
       text\\     (a line ending in a backslash) the prompt goes on with the next line
       /clear    forget the conversation (--history; the system message stays)
+      /regen    drop the last answer and generate it again (with --seed, the seed moved on by one each time)
+      /read F   the text of file F goes before the next prompt
       /exit     end the session; so do Ctrl-D and Ctrl-C at the prompt
       Ctrl-C    stop the answer being written; the conversation keeps what it showed
     """
@@ -500,6 +517,12 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         if prompt is not None:
             raise click.BadParameter("--prompt and --file both give the prompt; pass one", param_hint="'--file' / '-f'")
         prompt = _read_text_file(prompt_file, "--file", "'--file' / '-f'")
+    in_prefix, in_suffix = (_escaped(text, hint) if text is not None else "" for text, hint in
+                            ((in_prefix, "'--in-prefix'"), (in_suffix, "'--in-suffix'")))
+    reverse_prompts = tuple(_escaped(text, "'--reverse-prompt' / '-r'") for text in reverse_prompts)
+    if "" in reverse_prompts:  # llama-cli would find it after every token
+        raise click.BadParameter("is empty, so every answer would stop at its first token; give the text the "
+                                 "answer stops at, e.g. -r 'User:'", param_hint="'--reverse-prompt' / '-r'")
     schema = _read_json_schema(json_schema, json_object)
     rules = _read_grammar(grammar, grammar_file, json_object, json_schema)
     if prompt_cache is not None:
@@ -543,9 +566,20 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     elif asked_history and (raw or not tokenizer.has_chat_template):
         click.echo(f"edgesdk: --history is not used: {'--raw' if raw else 'the bundle has no chat template'} "
                    "feeds each line as it is", err=True)
+    for option, given in (("--in-prefix", in_prefix), ("--in-suffix", in_suffix)):
+        if given and prompt is not None:  # llama-cli adds them to interactive input only, never to -p
+            click.echo(f"edgesdk: {option} is not used: it goes with each prompt read from stdin, and "
+                       f"{'--file' if prompt_file is not None else '--prompt'} is answered as it is", err=True)
+    # shown with the input where the prompt is the text itself, as llama-cli's interactive mode without a chat
+    # template prints the prefix before reading and the suffix after (tools/main/main.cpp)
+    show_affixes = interactive and (raw or not tokenizer.has_chat_template)
     if template_kwargs and (raw or not tokenizer.has_chat_template):
         click.echo(f"edgesdk: --chat-template-kwargs is not used: {'--raw' if raw else 'the bundle has no chat template'} "
                    "feeds the prompt as it is", err=True)
+    # A reverse prompt that is one token also stops at that token, as llama-cli's single-token antiprompts do: a
+    # special token's name (<|im_start|>) is left out of the answer's text.
+    reverse_tokens = {ids[0]: text for text in reverse_prompts
+                      if len(ids := tokenizer.encode(text, add_special_tokens=False)) == 1}
     conversation = None
     if history and prompt is None and not raw and tokenizer.has_chat_template:
         conversation = Conversation(tokenizer, system, runtime.backend.max_context, answer_room=max_new_tokens)
@@ -565,7 +599,11 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
                             thermal_target, sim_speed, status=watch_thermal or simulate_thermal)
 
-    def one_turn(text: str) -> None:
+    last = {"prompt": None}  # the last prompt answered without a conversation, for /regen
+
+    def one_turn(text: str, regenerated: int = 0) -> None:
+        """Answer ``text``; ``regenerated`` counts the times this answer was asked for again (/regen), which
+        moves a --seed on by as many, so that each new answer is another draw, and still reproducible."""
         if conversation is None:
             ids = tokenizer.prompt_ids(text, raw=raw, system=system)
         else:
@@ -576,19 +614,6 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                            f"left out its {conversation.dropped - dropped} oldest exchange(s)", err=True)
         stream, written = StreamDecoder(tokenizer), []
 
-        def emit(token: int) -> None:
-            piece = stream.push(token)
-            if conversation is None:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-                return
-            # The conversation keeps the answer as shown, as llama-cli keeps the text it printed: a Ctrl-C that
-            # comes while a piece is written takes effect once it is written (the second stops the write).
-            with _DeferredInterrupt():
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-                written.append(piece)
-
         constraint = None
         if rules is not None:
             constraint = GrammarConstraint(token_bytes, rules, tokenizer.eos_token_ids, token_id_of=tokenizer.token_id)
@@ -596,19 +621,54 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             constraint = SchemaConstraint(token_bytes, schema)
         elif token_bytes is not None:
             constraint = JsonConstraint(token_bytes)
+        if reverse_prompts:
+            constraint = reverse = _ReversePrompts(reverse_prompts, reverse_tokens, constraint)
+        else:
+            reverse = None
+
+        def emit(token: int) -> None:
+            piece = stream.push(token)
+            # The conversation keeps the answer as shown, as llama-cli keeps the text it printed: a Ctrl-C that
+            # comes while a piece is written takes effect once it is written (the second stops the write).
+            with _DeferredInterrupt() if conversation is not None else contextlib.nullcontext():
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+                written.append(piece)
+            if reverse is not None:
+                reverse.shown(token, piece)
+
+        turn_sampling = sampling
+        if regenerated and sampling.seed is not None:
+            turn_sampling = dataclasses.replace(sampling, seed=sampling.seed + regenerated)
         try:
-            _, result = generate(runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=emit,
+            _, result = generate(runtime.backend, ids, turn_sampling, tokenizer.eos_token_ids, on_token=emit,
                                  hook=thermal.hook if thermal else None, cache=cache, constraint=constraint,
                                  lookup=lookup)
-        except KeyboardInterrupt:  # an answer stopped with Ctrl-C stays in the conversation as written
+        except KeyboardInterrupt:
+            # An answer stopped with Ctrl-C stays in the conversation as shown: whole characters only, never the
+            # replacement character of one whose bytes were still coming (the stream holds those back).
             if conversation is not None:
-                conversation.answered(text, "".join(written) + stream.flush())
+                conversation.answered(text, "".join(written))
+            last["prompt"] = text
             if prompt_cache is not None:  # the prefill paid for stays in the file, as llama-cli saves it
                 _save_interrupted_prompt_cache(prompt_cache, cache, runtime)
             raise
+        except Exception:
+            if any(written):
+                # The error is told on a line of its own, not after the answer's last piece; the conversation
+                # keeps what was shown, as llama-cli's conversation keeps the text an error cut short.
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+                if conversation is not None:
+                    conversation.answered(text, "".join(written))
+                last["prompt"] = text
+            raise
+        if reverse is not None and reverse.found is not None:
+            result.stop_reason = "reverse_prompt"
         tail = stream.flush()  # bytes held back for a character still incomplete
         if conversation is not None:
             conversation.answered(text, "".join(written) + tail)
+        last["prompt"] = text
         sys.stdout.write(tail + "\n")
         sys.stdout.flush()
         if thermal is not None and thermal.hook.status is not None:
@@ -637,11 +697,13 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             one_turn(prompt)
             return
         _stdin_keeps_bytes_not_utf8()
+        read_files: list[str] = []  # /read FILE: text that goes before the next prompt
+        regenerated = 0
         while True:
             reading = True  # a Ctrl-C while reading ends the session, one in the answer stops that answer
             try:
                 if interactive:
-                    click.echo("> ", nl=False, err=True)
+                    click.echo("> " + (in_prefix if show_affixes else ""), nl=False, err=True)
                 text = _read_prompt()
                 if text is None:
                     if interactive:  # Ctrl-D at the prompt: the shell's prompt starts on a line of its own
@@ -661,6 +723,23 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                         conversation.clear()
                         click.echo("edgesdk: conversation cleared", err=True)
                     continue
+                if command == "/regen":
+                    again = last["prompt"] if conversation is None else conversation.take_last()
+                    if again is None:
+                        click.echo("edgesdk: /regen does nothing: there is no answer yet to generate again", err=True)
+                        continue
+                    regenerated += 1
+                    reading = False
+                    one_turn(again, regenerated)
+                    continue
+                if command == "/read" or command.startswith("/read "):
+                    read_files.append(_read_for_prompt(command[len("/read"):].strip()))
+                    continue
+                if show_affixes and in_suffix:
+                    click.echo(in_suffix, nl=False, err=True)
+                text = in_prefix + "".join(read_files) + text + in_suffix
+                read_files.clear()
+                regenerated = 0
                 reading = False
                 one_turn(text)
             except EdgeSDKError as exc:
@@ -682,6 +761,71 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     finally:
         if thermal is not None:
             thermal.close()
+
+
+def _read_for_prompt(name: str) -> str:
+    """``/read FILE``: the file's text as it goes before the next prompt, under a ``--- File: FILE ---`` line as
+    llama-cli's tools/cli adds it (and ended with a line break, so the prompt starts on a line of its own)."""
+    if not name:
+        raise EdgeSDKError("/read names no file", "type /read FILE: the text of FILE goes before your next prompt")
+    content = read_utf8(Path(name).expanduser(), "the /read file")
+    click.echo(f"edgesdk: read {name} ({len(content):,} characters); it goes before your next prompt", err=True)
+    return f"--- File: {name} ---\n{content}" + ("" if content.endswith("\n") else "\n")
+
+
+def _escaped(text: str, hint: str) -> str:
+    """``text`` with llama.cpp's escape sequences processed, as llama-cli does to --in-prefix, --in-suffix and
+    --reverse-prompt (common.cpp ``string_process_escapes``, on by default with -e): \\n, \\r, \\t, \\', \\",
+    \\\\ and \\xHH (a byte); any other backslash, and one at the end, stays as it is."""
+    simple = {"n": b"\n", "r": b"\r", "t": b"\t", "'": b"'", '"': b'"', "\\": b"\\"}
+    out, index = bytearray(), 0
+    while index < len(text):
+        char = text[index]
+        following = text[index + 1] if index + 1 < len(text) else ""
+        if char == "\\" and following in simple:
+            out += simple[following]
+            index += 2
+        elif char == "\\" and following == "x" and re.fullmatch("[0-9a-fA-F]{2}", text[index + 2:index + 4]):
+            out.append(int(text[index + 2:index + 4], 16))
+            index += 4
+        else:
+            out += char.encode("utf-8", "surrogateescape")
+            index += 1
+    try:
+        return out.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(f"'{text}' gives bytes that are not UTF-8 once its escapes are processed ({exc.reason} "
+                                 f"at byte {exc.start}); write a character as itself, or all its bytes as \\xHH "
+                                 "escapes (\\xc3\\xa9 for é)", param_hint=hint) from exc
+
+
+class _ReversePrompts:
+    """``-r/--reverse-prompt``, llama-cli's reverse prompts, as a token constraint: it allows what the constraint
+    it wraps allows (every token, without one) and is complete once the answer's text shown so far holds one of
+    the texts, or its last token is one a text is tokenized to alone; generate then stops right after that
+    token, the reverse prompt shown, as llama-cli hands control back once its output holds a reverse prompt."""
+
+    def __init__(self, texts: tuple[str, ...], tokens: dict[int, str], inner):
+        self.texts, self.tokens, self.inner = texts, tokens, inner
+        self.text = ""  # the answer as shown
+        self.found: str | None = None
+
+    def allows(self, token_id: int) -> bool:
+        return self.inner is None or self.inner.allows(token_id)
+
+    def advance(self, token_id: int) -> None:
+        if self.inner is not None:
+            self.inner.advance(token_id)
+
+    @property
+    def complete(self) -> bool:
+        return self.found is not None or (self.inner is not None and self.inner.complete)
+
+    def shown(self, token: int, piece: str) -> None:
+        before, self.text = len(self.text), self.text + piece
+        # only occurrences the new piece ends: one within the earlier text was found then
+        self.found = self.tokens.get(token) or next(
+            (text for text in self.texts if self.text.find(text, max(0, before - len(text) + 1)) >= 0), None)
 
 
 def _stdin_keeps_bytes_not_utf8() -> None:

@@ -53,5 +53,13 @@ class Conversation:
         """Record an exchange (an answer cut short keeps the text it had written)."""
         self.exchanges.append((user_text, answer_text))
 
+    def take_last(self) -> str | None:
+        """Drop the last exchange and return its user text, to be answered again (``/regen``, as llama-cli's
+        tools/cli erases the last message and generates it again); None when there is no exchange."""
+        if not self.exchanges:
+            return None
+        user_text, _ = self.exchanges.pop()
+        return user_text
+
     def clear(self) -> None:
         self.exchanges = []
