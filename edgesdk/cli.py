@@ -484,7 +484,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     Without --prompt or --file each line on stdin is a prompt (at a terminal, a chat):
       text\\     (a line ending in a backslash) the prompt goes on with the next line
       /clear    forget the conversation (--history; the system message stays)
-      /regen    drop the last answer and generate it again (with --seed, the seed moved on by one each time)
+      /regen    drop the last answer and generate it again (a --seed moves on by one each time)
       /read F   the text of file F goes before the next prompt
       /exit     end the session; so do Ctrl-D and Ctrl-C at the prompt
       Ctrl-C    stop the answer being written; the conversation keeps what it showed
@@ -657,8 +657,9 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             if any(written):
                 # The error is told on a line of its own, not after the answer's last piece; the conversation
                 # keeps what was shown, as llama-cli's conversation keeps the text an error cut short.
-                sys.stdout.write("\n")
-                sys.stdout.flush()
+                with contextlib.suppress(OSError):  # where stdout itself failed, the error says so
+                    sys.stdout.write("\n")
+                    sys.stdout.flush()
                 if conversation is not None:
                     conversation.answered(text, "".join(written))
                 last["prompt"] = text
@@ -807,7 +808,8 @@ class _ReversePrompts:
 
     def __init__(self, texts: tuple[str, ...], tokens: dict[int, str], inner):
         self.texts, self.tokens, self.inner = texts, tokens, inner
-        self.text = ""  # the answer as shown
+        self.keep = max(map(len, texts)) - 1  # the shown text's end a reverse prompt can begin in
+        self.tail = ""
         self.found: str | None = None
 
     def allows(self, token_id: int) -> bool:
@@ -822,10 +824,10 @@ class _ReversePrompts:
         return self.found is not None or (self.inner is not None and self.inner.complete)
 
     def shown(self, token: int, piece: str) -> None:
-        before, self.text = len(self.text), self.text + piece
-        # only occurrences the new piece ends: one within the earlier text was found then
-        self.found = self.tokens.get(token) or next(
-            (text for text in self.texts if self.text.find(text, max(0, before - len(text) + 1)) >= 0), None)
+        # The text before the tail held no reverse prompt, or the answer would have stopped there.
+        window = self.tail + piece
+        self.found = self.tokens.get(token) or next((text for text in self.texts if text in window), None)
+        self.tail = window[-self.keep:] if self.keep else ""
 
 
 def _stdin_keeps_bytes_not_utf8() -> None:
