@@ -261,7 +261,8 @@ def _read_records(reader: int, count: int) -> None:
     while seen.count(b"\n") < count + 1:
         chunk = os.read(reader, 1)
         if not chunk:
-            assert not seen and time.monotonic() < deadline, seen  # the writer went away mid-record
+            assert not seen, seen  # the writer went away mid-record
+            assert time.monotonic() < deadline, "the run never opened the telemetry FIFO"
             time.sleep(0.05)
         seen += chunk
 
