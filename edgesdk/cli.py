@@ -1020,6 +1020,10 @@ def _logit_bias_option(text: str) -> tuple[int, float]:
               help="A thinking model's <think> block as the message's reasoning_content (deepseek; auto: where the "
                    "chat template writes one; deepseek-legacy: so, but streamed in the content), or left in the "
                    "content (none), as llama-server's option.")
+@click.option("--reasoning-budget", default=-1, show_default=True, type=click.Choice([-1, 0]), metavar="N",
+              help="Thinking allowed: -1 without limit, 0 off (the chat template rendered with enable_thinking "
+                   "false unless --chat-template-kwargs or a request's chat_template_kwargs set it), as "
+                   "llama-server's option; a token budget in between is not taken.")
 @_draft_options
 @_thermal_options
 @_gate_options
@@ -1028,11 +1032,11 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
           sampling_seq, max_queue,
           quiet,
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
-          draft_bundle, draft_max, draft_p_min,
+          reasoning_budget, draft_bundle, draft_max, draft_p_min,
           watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
-    Anthropic's POST /v1/messages and llama-server's POST /tokenize and /detokenize).
+    OpenAI's POST /v1/responses, Anthropic's POST /v1/messages and llama-server's POST /tokenize and /detokenize).
 
     One answer is generated at a time (a board decodes batch 1); --watch-thermal guards every step
     as in 'edgesdk run', across requests, and GET /health reports the guard's level.
@@ -1046,7 +1050,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                                  min_p=min_p, max_waiting=max_queue, prompt_cache=not no_prompt_cache,
                                  cache_ram_mib=cache_ram_mib, lookup=lookup_draft,
                                  prefill_assistant=not no_prefill_assistant, reasoning_format=reasoning_format,
-                                 **_sampler_chain(samplers, sampling_seq))
+                                 reasoning_budget=reasoning_budget, **_sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
         options = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'",
                    "samplers": "'--samplers' / '--sampling-seq'"}
