@@ -44,13 +44,8 @@ def _piped(bundle, stdin: str, *options) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-# --- --in-prefix and --in-suffix -----------------------------------------------------------------------------
-
-
-def test_in_prefix_and_suffix_go_inside_the_users_turn_unshown(tiny_bundle, runtime):
-    """With the chat template the prefix and suffix (escapes processed: '\\n') wrap each line inside the user's
-    turn, every turn; as in llama-cli's conversation mode they are not shown."""
-    argv = _argv(tiny_bundle.path, "-n", "4", "--stats", "--in-prefix", "Q: ", "--in-suffix", "\\nA:")
+def _two_turns(argv: list[str]) -> TerminalSession:
+    """A terminal session that says "hello", then "what next", each after its prompt, and ends with Ctrl-D."""
     with TerminalSession(argv, ENV, _default_signals) as terminal:
         terminal.read_until(lambda: b"> " in terminal.seen)
         terminal.type(b"hello\n")
@@ -59,6 +54,17 @@ def test_in_prefix_and_suffix_go_inside_the_users_turn_unshown(tiny_bundle, runt
         terminal.read_until(_at_prompt(terminal, 2))
         terminal.type(b"\x04")
         _finish(terminal)
+    return terminal
+
+
+# --- --in-prefix and --in-suffix -----------------------------------------------------------------------------
+
+
+def test_in_prefix_and_suffix_go_inside_the_users_turn_unshown(tiny_bundle, runtime):
+    """With the chat template the prefix and suffix (escapes processed: '\\n') wrap each line inside the user's
+    turn, every turn; as in llama-cli's conversation mode they are not shown."""
+    argv = _argv(tiny_bundle.path, "-n", "4", "--stats", "--in-prefix", "Q: ", "--in-suffix", "\\nA:")
+    terminal = _two_turns(argv)
     first = _answer(runtime, [_user("Q: hello\nA:")], 4)
     assert terminal.process.returncode == 0, terminal.text
     assert _stats_prompts(terminal.text) == [
@@ -118,14 +124,7 @@ def test_a_reverse_prompt_hands_control_back_with_the_reverse_prompt_shown_and_k
     comes, and the conversation keeps the answer as shown."""
     argv = _argv(tiny_bundle.path, "-n", "32", "--stats", "--grammar", 'root ::= "one two three four"',
                  "-r", "nothing", "-r", "two")
-    with TerminalSession(argv, ENV, _default_signals) as terminal:
-        terminal.read_until(lambda: b"> " in terminal.seen)
-        terminal.type(b"hello\n")
-        terminal.read_until(_at_prompt(terminal, 1))
-        terminal.type(b"what next\n")
-        terminal.read_until(_at_prompt(terminal, 2))
-        terminal.type(b"\x04")
-        _finish(terminal)
+    terminal = _two_turns(argv)
     text = terminal.text
     assert terminal.process.returncode == 0, text
     assert "hello\r\none two\r\n" in text, repr(text)
