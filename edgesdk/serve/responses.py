@@ -12,18 +12,22 @@ OpenAI's API reference ("Responses", "Streaming events"):
   out thinking blocks), ``instructions`` (a system message first), ``max_output_tokens``, ``temperature``,
   ``top_p``, ``stream``, ``tools`` (function tools in the flat form ``{"type": "function", "name", "description",
   "parameters", "strict"}``), ``tool_choice`` (auto / none / required / ``{"type": "function", "name"}``),
-  ``text.format`` (text, json_object, json_schema), ``metadata``; ``parallel_tool_calls``, ``store``,
-  ``truncation``, ``reasoning``, ``include``, ``user``, ``service_tier``, ``safety_identifier``,
-  ``prompt_cache_key`` and ``text.verbosity`` change nothing here. llama-server's sampling fields (``top_k``,
-  ``min_p``, ``seed``, ``logit_bias``, ``stop``, ...) and ``chat_template_kwargs`` are read as on the chat route.
+  ``text.format`` (text, json_object, json_schema), ``metadata`` (OpenAI's limits: 16 pairs, keys of 64
+  characters, values of 512), ``include`` ``"message.output_text.logprobs"`` with ``top_logprobs`` (0-20);
+  ``parallel_tool_calls``, ``store``, ``truncation``, ``reasoning``, ``include``'s other entries, ``user``,
+  ``service_tier``, ``safety_identifier``, ``prompt_cache_key`` and ``text.verbosity`` change nothing here. A
+  ``function_call_output`` answers a ``function_call`` earlier in ``input`` (OpenAI refuses one whose ``call_id``
+  matches none: "No tool call found for function call output with call_id ..."). llama-server's sampling fields
+  (``top_k``, ``min_p``, ``seed``, ``logit_bias``, ``stop``, ...) and ``chat_template_kwargs`` are read as on the
+  chat route.
   This server keeps no responses: ``previous_response_id``, ``conversation``, ``prompt`` (a stored prompt),
   ``item_reference`` items and ``background`` are refused by name, the fix being the whole conversation in
-  ``input``; so are built-in tools, image / file / audio parts and logprobs.
+  ``input``; so are built-in tools and image / file / audio parts.
 * answer: ``{"id": "resp_...", "object": "response", "status": "completed" | "incomplete", "output": [a
   ``reasoning`` item where a thinking model's reasoning is split off (edgesdk/serve/reasoning.py), then a
-  ``message`` item with one ``output_text`` part, or ``function_call`` items], "usage": {"input_tokens",
-  "output_tokens", "total_tokens", ...}}`` and the request's settings. An answer cut by its token limit is
-  ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``.
+  ``message`` item with one ``output_text`` part (its ``logprobs`` as asked), or ``function_call`` items],
+  "usage": {"input_tokens", "output_tokens", "total_tokens", ...}}`` and the request's settings. An answer cut
+  by its token limit is ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``.
 * stream: named server-sent events, each carrying its ``type`` and ``sequence_number``: ``response.created``,
   ``response.in_progress``, per item ``response.output_item.added``, ``response.content_part.added``, the text's
   ``response.output_text.delta`` (``response.reasoning_text.delta`` in a reasoning item, a call's arguments in one
@@ -42,9 +46,12 @@ import uuid
 from dataclasses import dataclass
 
 from edgesdk.serve.api import (
+    MAX_TOP_LOGPROBS,
     SAMPLERS_OFF,
     ApiError,
     CompletionRequest,
+    TextOffsets,
+    _integer,
     _object,
     _shown,
     join_text_parts,
@@ -66,6 +73,16 @@ CHAT_FIELDS = ("top_k", "min_p", "seed", "samplers", "presence_penalty", "freque
 TOOL_FIELD = re.compile(r"(tools\[\d+\])\.function\.(name|description|parameters)")
 RENAMED = {"max_tokens": "max_output_tokens", "response_format": "text.format"}
 FORMATS = ("text", "json_object", "json_schema")
+LOGPROBS = "message.output_text.logprobs"  # the ``include`` entry that asks for the output text's log-probabilities
+# OpenAI's limits on ``metadata`` (API reference, "metadata": "16 key-value pairs ... Keys are strings with a maximum
+# length of 64 characters. Values are strings with a maximum length of 512 characters.")
+METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
+# ``text.format`` json_schema ``name``: "Must be a-z, A-Z, 0-9, or contain underscores and dashes, with a maximum
+# length of 64" (API reference); the response repeats it, and the openai client requires it there
+FORMAT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# ``reasoning``'s fields the response repeats, with the values the openai client's ``Reasoning`` type takes
+REASONING = {"effort": ("none", "minimal", "low", "medium", "high", "xhigh", "max"),
+             "summary": ("auto", "concise", "detailed"), "generate_summary": ("auto", "concise", "detailed")}
 
 
 def _refuse(field: str, message: str) -> ApiError:
@@ -86,6 +103,7 @@ class ResponsesRequest:
     metadata: dict
     reasoning: dict | None
     truncation: str
+    top_logprobs: int  # as the request gave it (0 when it did not), repeated in the response
 
 
 def parse_responses_request(body: object) -> ResponsesRequest:
@@ -105,7 +123,8 @@ def parse_responses_request(body: object) -> ResponsesRequest:
                             max_output_tokens=body.get("max_output_tokens"),
                             parallel_tool_calls=_flag(body, "parallel_tool_calls", True),
                             metadata=_metadata(body.get("metadata")), reasoning=body.get("reasoning"),
-                            truncation=body.get("truncation") or "disabled")
+                            truncation=body.get("truncation") or "disabled",
+                            top_logprobs=_integer(body.get("top_logprobs"), "top_logprobs", minimum=0) or 0)
 
 
 def _renamed(exc: ApiError, origins: list[str]) -> ApiError:
@@ -121,6 +140,8 @@ def _renamed(exc: ApiError, origins: list[str]) -> ApiError:
         index = int(match[1])
         if index < len(origins):
             field = origins[index] + param[match.end():]
+    elif param == "response_format" and exc.message.startswith("response_format: "):
+        field = "text.format.schema"  # the schema's own fault (api.py's _json_schema): the constraint refused it
     elif param in RENAMED:
         field = RENAMED[param]
     if field is not None:
@@ -137,7 +158,7 @@ def chat_body(body: dict) -> tuple[dict, list[str]]:
     if body.get("background") not in (None, False):
         raise _refuse("background", f"'background' = {_shown(body['background'])} is not supported: this server "
                       "answers while the request waits and keeps no responses to fetch later; leave 'background' out")
-    _check_include(body)
+    logprobs = _logprobs(body)
     messages, origins = [], []
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
@@ -149,7 +170,7 @@ def chat_body(body: dict) -> tuple[dict, list[str]]:
     for message, origin in _input(body.get("input")):
         messages.append(message)
         origins.append(origin)
-    chat = {"messages": messages, "stream": body.get("stream", False)}
+    chat = {"messages": messages, "stream": body.get("stream", False), **logprobs}
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
     for field in ("temperature", "top_p", *CHAT_FIELDS):
@@ -170,28 +191,42 @@ def chat_body(body: dict) -> tuple[dict, list[str]]:
     if body.get("truncation") not in (None, "auto", "disabled"):
         raise ApiError(400, f"'truncation' must be \"auto\" or \"disabled\", got {_shown(body['truncation'])}",
                        param="truncation")
-    if body.get("reasoning") is not None and not isinstance(body["reasoning"], dict):
-        raise ApiError(400, f"'reasoning' must be an object such as {{\"effort\": \"low\"}}, got "
-                       f"{_shown(body['reasoning'])}", param="reasoning")
+    _reasoning(body.get("reasoning"))
     _metadata(body.get("metadata"))
     return chat, origins
 
 
-def _check_include(body: dict) -> None:
-    """``include``: extra data a response may carry. Log-probabilities are refused (this route does not give
-    them); the rest names data of built-in tools and encrypted reasoning, which answers here never hold."""
-    if body.get("top_logprobs") not in (None, 0):
-        raise _refuse("top_logprobs", f"'top_logprobs' = {_shown(body['top_logprobs'])} is not supported: "
-                      "/v1/responses here gives no log-probabilities; leave it out, or ask /v1/chat/completions "
-                      "with 'logprobs': true and 'top_logprobs'")
+def _logprobs(body: dict) -> dict:
+    """The chat request's ``logprobs`` / ``top_logprobs`` of ``include`` and ``top_logprobs``.
+
+    ``include`` ``"message.output_text.logprobs"`` asks for each output_text token's log-probability, with
+    ``top_logprobs`` (0-20) alternatives per token; ``top_logprobs`` alone gives none (OpenAI's output_text then
+    carries ``"logprobs": []``). The other ``include`` entries name data of built-in tools and encrypted reasoning,
+    which answers here never hold."""
+    top = _integer(body.get("top_logprobs"), "top_logprobs", minimum=0)
+    if top is not None and top > MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"'top_logprobs' must be at most {MAX_TOP_LOGPROBS}, got {top}", param="top_logprobs")
     include = body.get("include")
     if include is None:
-        return
+        return {}
     if not isinstance(include, list) or not all(isinstance(entry, str) for entry in include):
         raise ApiError(400, f"'include' must be an array of strings, got {_shown(include)}", param="include")
-    if "message.output_text.logprobs" in include:
-        raise _refuse("include", "'include' = \"message.output_text.logprobs\" is not supported: /v1/responses here "
-                      "gives no log-probabilities; leave it out, or ask /v1/chat/completions with 'logprobs': true")
+    if LOGPROBS not in include:
+        return {}
+    return {"logprobs": True, **({} if top is None else {"top_logprobs": top})}
+
+
+def _reasoning(value: object) -> None:
+    """``reasoning`` changes nothing here, and the response repeats it: its fields take OpenAI's values."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise ApiError(400, f"'reasoning' must be an object such as {{\"effort\": \"low\"}}, got {_shown(value)}",
+                       param="reasoning")
+    for field, allowed in REASONING.items():
+        if value.get(field) is not None and value[field] not in allowed:
+            raise ApiError(400, f"'reasoning.{field}' must be one of {', '.join(allowed)}, got "
+                           f"{_shown(value[field])}", param=f"reasoning.{field}")
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:
@@ -202,10 +237,22 @@ def _flag(body: dict, name: str, default: bool) -> bool:
 
 
 def _metadata(value: object) -> dict:
+    """``metadata``: at most 16 pairs of string keys (64 characters at most) and string values (512 at most),
+    OpenAI's limits, refused past them as OpenAI refuses them."""
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(item, str) for item in value.values()):
         raise ApiError(400, f"'metadata' must be an object of string values, got {_shown(value)}", param="metadata")
+    if len(value) > METADATA_PAIRS:
+        raise ApiError(400, f"'metadata' holds {len(value)} pairs, more than OpenAI's limit of {METADATA_PAIRS}; send "
+                       f"at most {METADATA_PAIRS}", param="metadata")
+    for key, item in value.items():
+        if len(key) > METADATA_KEY:
+            raise ApiError(400, f"'metadata' key {_shown(key)} is {len(key)} characters long, more than OpenAI's "
+                           f"limit of {METADATA_KEY}; use a shorter key", param="metadata")
+        if len(item) > METADATA_VALUE:
+            raise ApiError(400, f"'metadata.{key}' is {len(item)} characters long, more than OpenAI's limit of "
+                           f"{METADATA_VALUE}; send a shorter value", param=f"metadata.{key}")
     return value
 
 
@@ -217,6 +264,7 @@ def _input(value: object) -> list[tuple[dict, str]]:
         raise ApiError(400, f"'input' must be a string or a non-empty array of input items (messages, function_call "
                        f"and function_call_output items), got {_shown(value)}", param="input")
     messages: list[tuple[dict, str]] = []
+    calls: set[str] = set()  # the call_id of each function_call item so far
     joinable = False  # the last message is an assistant turn the next function_call items belong to
     for index, item in enumerate(value):
         where = f"input[{index}]"
@@ -231,6 +279,7 @@ def _input(value: object) -> list[tuple[dict, str]]:
             continue
         if kind == "function_call":
             call = _function_call(item, where)
+            calls.add(call["id"])
             if joinable:  # an assistant turn's calls (parallel calls, or calls after its text) are one chat message
                 previous, origin = messages[-1]
                 messages[-1] = ({**previous, "tool_calls": [*previous.get("tool_calls", []), call]}, origin)
@@ -244,6 +293,10 @@ def _input(value: object) -> list[tuple[dict, str]]:
             if not isinstance(call_id, str):
                 raise ApiError(400, f"{where}.call_id must be the string call_id of the function_call it answers, got "
                                f"{_shown(call_id)}", param=f"{where}.call_id")
+            if call_id not in calls:  # OpenAI: "No tool call found for function call output with call_id ..."
+                raise ApiError(400, f"{where}.call_id = {_shown(call_id)} answers no function_call earlier in 'input' "
+                               f"(its call_ids: {', '.join(sorted(calls)) or 'none'}); send the function_call item "
+                               "the output answers before it, as the response gave it", param=f"{where}.call_id")
             messages.append(({"role": "tool", "tool_call_id": call_id,
                               "content": _output_text(item.get("output"), f"{where}.output")}, where))
         elif kind == "item_reference":
@@ -324,6 +377,9 @@ def _tool(tool: object, index: int) -> dict:
         raise ApiError(400, f"{where} is a chat completions tool ({{\"function\": {{...}}}}); a Responses function "
                        "tool is flat: {\"type\": \"function\", \"name\", \"description\", \"parameters\"}",
                        param=f"{where}.name")
+    if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
+        raise ApiError(400, f"{where}.strict must be true or false, got {_shown(tool['strict'])}",
+                       param=f"{where}.strict")
     return {"type": "function", "function": {"name": tool.get("name"), "description": tool.get("description"),
                                              "parameters": tool.get("parameters")}}
 
@@ -373,6 +429,14 @@ def _text_format(text: object) -> dict | None:
         raise ApiError(400, f"'text.format' json_schema must carry its JSON schema object ({{\"type\": \"json_schema\", "
                        f"\"name\": ..., \"schema\": {{...}}}}), got schema = {_shown(given.get('schema'))}",
                        param="text.format")
+    name = given.get("name")
+    if not isinstance(name, str) or not FORMAT_NAME.fullmatch(name):
+        raise ApiError(400, f"'text.format.name' must name the schema with 1 to 64 letters, digits, '_' or '-' "
+                       f"({{\"type\": \"json_schema\", \"name\": \"reading\", \"schema\": {{...}}}}), got "
+                       f"{_shown(name)}", param="text.format.name")
+    if given.get("strict") is not None and not isinstance(given["strict"], bool):
+        raise ApiError(400, f"'text.format.strict' must be true or false, got {_shown(given['strict'])}",
+                       param="text.format.strict")
     spec = {field: given[field] for field in ("name", "description", "schema", "strict") if field in given}
     return {"type": "json_schema", "json_schema": spec}
 
@@ -401,7 +465,14 @@ class Output:
     the same steps as a stream's events, so ``responses.stream(...)`` assembles the answer without ``stream``.
 
     ``count_tokens``: a text's token count (the reasoning tokens of ``usage``, counted on the reasoning's text up
-    to its closing tag)."""
+    to its closing tag).
+
+    Log-probabilities (``include`` ``"message.output_text.logprobs"``) come as the chat route computes them (its
+    ``logprobs.content`` entries, handed with the text their tokens start in): the message's ``output_text`` part
+    carries them whole (``token``, ``logprob``, ``bytes``, ``top_logprobs``), each ``response.output_text.delta``
+    those it brings and ``response.output_text.done`` all of them, in the events' shape (``token``, ``logprob``,
+    ``top_logprobs`` of ``token`` and ``logprob``: the openai client's ``ResponseTextDeltaEvent``). The tokens of
+    a thinking model's reasoning, before the message's text, are the reasoning item's and are left out."""
 
     def __init__(self, asked: ResponsesRequest, model: str, temperature: float, top_p: float, splitter=None,
                  count_tokens=None):
@@ -413,6 +484,10 @@ class Output:
         self.kind: str | None = None  # the open item's kind ("reasoning", "message"), None when none is open
         self.item: dict | None = None
         self.text = ""
+        self.logprobs: list[dict] = []  # the open message's output_text logprobs so far
+        self.waiting: list[tuple[int, dict]] = []  # (where its token starts in the answer, entry) not yet given out
+        self.starts = TextOffsets()
+        self.pushed = 0  # characters of the answer's text pushed so far
 
     # -------------------------------------------------------------- the response object
     def response(self, status: str, completion=None) -> dict:
@@ -425,7 +500,8 @@ class Output:
                 "parallel_tool_calls": asked.parallel_tool_calls, "previous_response_id": None,
                 "reasoning": asked.reasoning, "temperature": self.temperature, "text": asked.text,
                 "tool_choice": asked.tool_choice, "tools": asked.tools, "top_p": self.top_p,
-                "truncation": asked.truncation, "usage": None, "metadata": asked.metadata, "background": False}
+                "truncation": asked.truncation, "usage": None, "metadata": asked.metadata, "background": False,
+                "top_logprobs": asked.top_logprobs}
         if completion is not None:
             body["usage"] = usage(completion, self._reasoning_tokens(completion))
         return body
@@ -452,13 +528,27 @@ class Output:
         """An error after the stream's start, as OpenAI's ``error`` event."""
         return self._event("error", code=error.code or error.kind, message=error.message, param=error.param)
 
-    def push(self, text: str) -> list:
-        """A piece of the answer's text (none under tools, whose JSON answer is read once whole)."""
+    def push(self, text: str, logprobs: dict | None = None) -> list:
+        """A piece of the answer's text (none under tools, whose JSON answer is read once whole), with the chat
+        logprobs object of the tokens that start in it."""
         if self.asked.request.tools is not None:
             return []
+        if logprobs:
+            entries = logprobs["content"]
+            self.waiting += zip(self.starts([bytes(entry["bytes"]) for entry in entries]), entries, strict=True)
+        self.pushed += len(text)
         if self.splitter is None:
             return self._pieces("", text)
         return self._pieces(*self.splitter.push(text))
+
+    def _given_logprobs(self) -> list[dict]:
+        """The waiting entries of the message's tokens, taken: the message's text is the end of the answer's (what
+        reasoning.py splits off comes before it), so a token starting before it is the reasoning's."""
+        begins = self.pushed - len(self.text)
+        given = [entry for start, entry in self.waiting if start >= begins]
+        self.waiting = []
+        self.logprobs += given
+        return _event_logprobs(given)
 
     def _pieces(self, reasoning: str, content: str) -> list:
         events = []
@@ -469,13 +559,13 @@ class Output:
                 events += self._close("completed") + self._open(kind)
             self.text += text
             delta = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
-            extra = {"logprobs": []} if kind == "message" else {}
+            extra = {"logprobs": self._given_logprobs()} if kind == "message" else {}
             events.append(self._event(delta, item_id=self.item["id"], output_index=len(self.items), content_index=0,
                                       delta=text, **extra))
         return events
 
     def _open(self, kind: str) -> list:
-        self.kind, self.text = kind, ""
+        self.kind, self.text, self.logprobs = kind, "", []
         if kind == "message":
             self.item = {"id": _item_id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
                          "content": []}
@@ -489,7 +579,7 @@ class Output:
 
     def _part(self, text: str) -> dict:
         if self.kind == "message":
-            return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            return {"type": "output_text", "text": text, "annotations": [], "logprobs": list(self.logprobs)}
         return {"type": "reasoning_text", "text": text}
 
     def _close(self, status: str) -> list:
@@ -497,7 +587,7 @@ class Output:
             return []
         index, part = len(self.items), self._part(self.text)
         done = "response.output_text.done" if self.kind == "message" else "response.reasoning_text.done"
-        extra = {"logprobs": []} if self.kind == "message" else {}
+        extra = {"logprobs": _event_logprobs(self.logprobs)} if self.kind == "message" else {}
         events = [self._event(done, item_id=self.item["id"], output_index=index, content_index=0, text=self.text,
                               **extra),
                   self._event("response.content_part.done", item_id=self.item["id"], output_index=index,
@@ -519,13 +609,18 @@ class Output:
                 events += self._pieces(*self.splitter.flush())
             if self.kind is None and not self.items:
                 events += self._open("message")  # an answer with no text still has its message, as OpenAI's
+        if self.kind == "message" and self.waiting:  # tokens that made no text (the chat route's last logprobs)
+            given = self._given_logprobs()
+            if given:
+                events.append(self._event("response.output_text.delta", item_id=self.item["id"],
+                                          output_index=len(self.items), content_index=0, delta="", logprobs=given))
         events += self._close(status)
         name = "response.completed" if status == "completed" else "response.incomplete"
         return events + [self._event(name, response=self.response(status, completion))]
 
     def whole(self, completion) -> dict:
         """The response to a request without ``stream``: the stream's steps, their events dropped."""
-        self.push(completion.text)
+        self.push(completion.text, completion.logprobs)
         self.end(completion)
         return self.response("incomplete" if completion.finish_reason == "length" else "completed", completion)
 
@@ -533,7 +628,8 @@ class Output:
         """A tools answer, once whole: its text as a message, or its calls as function_call items."""
         tools = self.asked.request.tools
         content, calls = read_answer(completion.text, completion.finish_reason == "stop", tools.structured)
-        if calls is None:
+        if calls is None:  # the message carries the whole answer's logprobs, as the chat route's message does
+            self.waiting = [(0, entry) for entry in (completion.logprobs or {}).get("content", [])]
             return self._pieces("", content) or self._open("message")
         events = []
         for call in calls:
@@ -549,3 +645,11 @@ class Output:
             events.append(self._event("response.output_item.done", output_index=index, item=item))
             self.items.append(item)
         return events
+
+
+def _event_logprobs(entries: list[dict]) -> list[dict]:
+    """Chat logprobs entries in the stream events' shape (the openai client's ``ResponseTextDeltaEvent.Logprob``:
+    ``token``, ``logprob`` and ``top_logprobs`` of ``token`` and ``logprob``, no ``bytes``)."""
+    return [{"token": entry["token"], "logprob": entry["logprob"],
+             "top_logprobs": [{"token": top["token"], "logprob": top["logprob"]} for top in entry["top_logprobs"]]}
+            for entry in entries]
