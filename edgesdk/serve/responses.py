@@ -437,6 +437,9 @@ def _text_format(text: object) -> dict | None:
     if given.get("strict") is not None and not isinstance(given["strict"], bool):
         raise ApiError(400, f"'text.format.strict' must be true or false, got {_shown(given['strict'])}",
                        param="text.format.strict")
+    if given.get("description") is not None and not isinstance(given["description"], str):
+        raise ApiError(400, f"'text.format.description' must be a string, got {_shown(given['description'])}",
+                       param="text.format.description")
     spec = {field: given[field] for field in ("name", "description", "schema", "strict") if field in given}
     return {"type": "json_schema", "json_schema": spec}
 

@@ -346,6 +346,8 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
      "'a reading'"),
     ({"text": {"format": {"type": "json_schema", "name": "r", "schema": SCHEMA, "strict": "yes"}}},
      "text.format.strict", "true or false"),
+    ({"text": {"format": {"type": "json_schema", "name": "r", "schema": SCHEMA, "description": 5}}},
+     "text.format.description", "must be a string"),
     ({"tools": [{**TIME, "strict": "yes"}]}, "tools[0].strict", "true or false"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "'extreme'"),
     ({"reasoning": {"summary": "long"}}, "reasoning.summary", "concise"),
