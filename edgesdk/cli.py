@@ -19,6 +19,15 @@ from pathlib import Path
 import click
 
 from edgesdk import __version__
+from edgesdk.cli_interactive import (
+    DeferredInterrupt,
+    ReversePrompts,
+    answer_ended,
+    process_escapes,
+    read_for_prompt,
+    read_prompt,
+    stdin_keeps_bytes_not_utf8,
+)
 from edgesdk.cli_thermal import AMBIENT, FiniteRange
 from edgesdk.errors import EdgeSDKError, read_utf8
 
@@ -517,9 +526,9 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         if prompt is not None:
             raise click.BadParameter("--prompt and --file both give the prompt; pass one", param_hint="'--file' / '-f'")
         prompt = _read_text_file(prompt_file, "--file", "'--file' / '-f'")
-    in_prefix, in_suffix = (_escaped(text, hint) if text is not None else "" for text, hint in
+    in_prefix, in_suffix = (process_escapes(text, hint) if text is not None else "" for text, hint in
                             ((in_prefix, "'--in-prefix'"), (in_suffix, "'--in-suffix'")))
-    reverse_prompts = tuple(_escaped(text, "'--reverse-prompt' / '-r'") for text in reverse_prompts)
+    reverse_prompts = tuple(process_escapes(text, "'--reverse-prompt' / '-r'") for text in reverse_prompts)
     if "" in reverse_prompts:  # llama-cli would find it after every token
         raise click.BadParameter("is empty, so every answer would stop at its first token; give the text the "
                                  "answer stops at, e.g. -r 'User:'", param_hint="'--reverse-prompt' / '-r'")
@@ -622,7 +631,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         elif token_bytes is not None:
             constraint = JsonConstraint(token_bytes)
         if reverse_prompts:
-            constraint = reverse = _ReversePrompts(reverse_prompts, reverse_tokens, constraint)
+            constraint = reverse = ReversePrompts(reverse_prompts, reverse_tokens, constraint)
         else:
             reverse = None
 
@@ -630,7 +639,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             piece = stream.push(token)
             # The conversation keeps the answer as shown, as llama-cli keeps the text it printed: a Ctrl-C that
             # comes while a piece is written takes effect once it is written (the second stops the write).
-            with _DeferredInterrupt() if conversation is not None else contextlib.nullcontext():
+            with DeferredInterrupt() if conversation is not None else contextlib.nullcontext():
                 sys.stdout.write(piece)
                 sys.stdout.flush()
                 written.append(piece)
@@ -697,7 +706,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         if prompt is not None:
             one_turn(prompt)
             return
-        _stdin_keeps_bytes_not_utf8()
+        stdin_keeps_bytes_not_utf8()
         read_files: list[str] = []  # /read FILE: text that goes before the next prompt
         regenerated = 0
         while True:
@@ -705,7 +714,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             try:
                 if interactive:
                     click.echo("> " + (in_prefix if show_affixes else ""), nl=False, err=True)
-                text = _read_prompt()
+                text = read_prompt()
                 if text is None:
                     if interactive:  # Ctrl-D at the prompt: the shell's prompt starts on a line of its own
                         click.echo("", err=True)
@@ -734,7 +743,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                     one_turn(again, regenerated)
                     continue
                 if command == "/read" or command.startswith("/read "):
-                    read_files.append(_read_for_prompt(command[len("/read"):].strip()))
+                    read_files.append(read_for_prompt(command[len("/read"):].strip()))
                     continue
                 if show_affixes and in_suffix:
                     click.echo(in_suffix, nl=False, err=True)
@@ -746,7 +755,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             except EdgeSDKError as exc:
                 if not interactive:
                     raise
-                _answer_ended(thermal)
+                answer_ended(thermal)
                 click.echo(f"error: {exc}", err=True)  # one bad line does not end the session
             except KeyboardInterrupt:
                 if not interactive:
@@ -757,140 +766,11 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                 # As in llama.cpp's interactive mode: Ctrl-C stops the answer, not the session.
                 sys.stdout.write("\n")
                 sys.stdout.flush()
-                _answer_ended(thermal)
+                answer_ended(thermal)
                 click.echo("edgesdk: answer stopped; Ctrl-C at the prompt or Ctrl-D ends the session", err=True)
     finally:
         if thermal is not None:
             thermal.close()
-
-
-def _read_for_prompt(name: str) -> str:
-    """``/read FILE``: the file's text as it goes before the next prompt, under a ``--- File: FILE ---`` line as
-    llama-cli's tools/cli adds it (and ended with a line break, so the prompt starts on a line of its own)."""
-    if not name:
-        raise EdgeSDKError("/read names no file", "type /read FILE: the text of FILE goes before your next prompt")
-    content = read_utf8(Path(name).expanduser(), "the /read file")
-    click.echo(f"edgesdk: read {name} ({len(content):,} characters); it goes before your next prompt", err=True)
-    return f"--- File: {name} ---\n{content}" + ("" if content.endswith("\n") else "\n")
-
-
-def _escaped(text: str, hint: str) -> str:
-    """``text`` with llama.cpp's escape sequences processed, as llama-cli does to --in-prefix, --in-suffix and
-    --reverse-prompt (common.cpp ``string_process_escapes``, on by default with -e): \\n, \\r, \\t, \\', \\",
-    \\\\ and \\xHH (a byte); any other backslash, and one at the end, stays as it is."""
-    simple = {"n": b"\n", "r": b"\r", "t": b"\t", "'": b"'", '"': b'"', "\\": b"\\"}
-    out, index = bytearray(), 0
-    while index < len(text):
-        char = text[index]
-        following = text[index + 1] if index + 1 < len(text) else ""
-        if char == "\\" and following in simple:
-            out += simple[following]
-            index += 2
-        elif char == "\\" and following == "x" and re.fullmatch("[0-9a-fA-F]{2}", text[index + 2:index + 4]):
-            out.append(int(text[index + 2:index + 4], 16))
-            index += 4
-        else:
-            out += char.encode("utf-8", "surrogateescape")
-            index += 1
-    try:
-        return out.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise click.BadParameter(f"'{text}' gives bytes that are not UTF-8 once its escapes are processed ({exc.reason} "
-                                 f"at byte {exc.start}); write a character as itself, or all its bytes as \\xHH "
-                                 "escapes (\\xc3\\xa9 for é)", param_hint=hint) from exc
-
-
-class _ReversePrompts:
-    """``-r/--reverse-prompt``, llama-cli's reverse prompts, as a token constraint: it allows what the constraint
-    it wraps allows (every token, without one) and is complete once the answer's text shown so far holds one of
-    the texts, or its last token is one a text is tokenized to alone; generate then stops right after that
-    token, the reverse prompt shown, as llama-cli hands control back once its output holds a reverse prompt."""
-
-    def __init__(self, texts: tuple[str, ...], tokens: dict[int, str], inner):
-        self.texts, self.tokens, self.inner = texts, tokens, inner
-        self.keep = max(map(len, texts)) - 1  # the shown text's end a reverse prompt can begin in
-        self.tail = ""
-        self.found: str | None = None
-
-    def allows(self, token_id: int) -> bool:
-        return self.inner is None or self.inner.allows(token_id)
-
-    def advance(self, token_id: int) -> None:
-        if self.inner is not None:
-            self.inner.advance(token_id)
-
-    @property
-    def complete(self) -> bool:
-        return self.found is not None or (self.inner is not None and self.inner.complete)
-
-    def shown(self, token: int, piece: str) -> None:
-        # The text before the tail held no reverse prompt, or the answer would have stopped there.
-        window = self.tail + piece
-        self.found = self.tokens.get(token) or next((text for text in self.texts if text in window), None)
-        self.tail = window[-self.keep:] if self.keep else ""
-
-
-def _stdin_keeps_bytes_not_utf8() -> None:
-    """Bytes on stdin that are not UTF-8 reach the prompt check as lone surrogates, which it refuses by name,
-    instead of failing in the read: under a UTF-8 locale other than C.UTF-8 (en_GB.UTF-8 on Raspberry Pi OS)
-    Python decodes stdin strictly."""
-    reconfigure = getattr(sys.stdin, "reconfigure", None)
-    if reconfigure is not None and getattr(sys.stdin, "errors", None) == "strict":
-        reconfigure(errors="surrogateescape")
-
-
-def _read_prompt() -> str | None:
-    """The next prompt on stdin, None at its end. A line that ends in a backslash goes on with the next one
-    (the backslash left out, the line break kept), as llama-cli's console reads a line ending in '\\'; an end
-    of input after such a line ends the prompt."""
-    lines: list[str] = []
-    while True:
-        line = sys.stdin.readline()
-        if not line:
-            return "\n".join(lines) if lines else None
-        line = line.rstrip("\r\n")
-        if not line.endswith("\\"):
-            return "\n".join([*lines, line])
-        lines.append(line[:-1])
-
-
-class _DeferredInterrupt:
-    """Within the block a SIGINT takes effect (KeyboardInterrupt) when the block ends rather than inside it; a
-    second one raises it at once, so a write to a stalled terminal can still be stopped. Outside the main
-    thread, where no handler can be set, the block runs as it is."""
-
-    def __enter__(self):
-        import signal
-        import threading
-
-        self.interrupted, self.previous = False, None
-        # only over Python's own handler: a SIGINT the process was started ignoring stays ignored
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self.previous = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def _handler(self, signum, frame) -> None:
-        if self.interrupted:
-            raise KeyboardInterrupt
-        self.interrupted = True
-
-    def __exit__(self, *exc) -> None:
-        import signal
-
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-        if self.interrupted and exc[0] is None:
-            raise KeyboardInterrupt
-
-
-def _answer_ended(thermal) -> None:
-    """An answer that ended early (Ctrl-C, or an error the session goes on after): the idle board gets its clock
-    back and the status line shows the prompt, as after an answer that ends normally."""
-    if thermal is not None:
-        thermal.hook.end(None)
-        if thermal.hook.status is not None:
-            thermal.hook.status.between_answers()
 
 
 def _draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min: float, threads, target,

@@ -1,0 +1,143 @@
+"""The interactive input of ``edgesdk run``, as llama-cli reads it: a prompt per line (a trailing backslash going on
+over the next), escapes in --in-prefix / --in-suffix / --reverse-prompt, reverse prompts that hand control back,
+``/read FILE``, and a Ctrl-C that lands between two writes of the answer rather than inside one.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from edgesdk.errors import EdgeSDKError, read_utf8
+
+
+def read_for_prompt(name: str) -> str:
+    """``/read FILE``: the file's text as it goes before the next prompt, under a ``--- File: FILE ---`` line as
+    llama-cli's tools/cli adds it (and ended with a line break, so the prompt starts on a line of its own)."""
+    if not name:
+        raise EdgeSDKError("/read names no file", "type /read FILE: the text of FILE goes before your next prompt")
+    content = read_utf8(Path(name).expanduser(), "the /read file")
+    click.echo(f"edgesdk: read {name} ({len(content):,} characters); it goes before your next prompt", err=True)
+    return f"--- File: {name} ---\n{content}" + ("" if content.endswith("\n") else "\n")
+
+
+def process_escapes(text: str, hint: str) -> str:
+    """``text`` with llama.cpp's escape sequences processed, as llama-cli does to --in-prefix, --in-suffix and
+    --reverse-prompt (common.cpp ``string_process_escapes``, on by default with -e): \\n, \\r, \\t, \\', \\",
+    \\\\ and \\xHH (a byte); any other backslash, and one at the end, stays as it is."""
+    simple = {"n": b"\n", "r": b"\r", "t": b"\t", "'": b"'", '"': b'"', "\\": b"\\"}
+    out, index = bytearray(), 0
+    while index < len(text):
+        char = text[index]
+        following = text[index + 1] if index + 1 < len(text) else ""
+        if char == "\\" and following in simple:
+            out += simple[following]
+            index += 2
+        elif char == "\\" and following == "x" and re.fullmatch("[0-9a-fA-F]{2}", text[index + 2:index + 4]):
+            out.append(int(text[index + 2:index + 4], 16))
+            index += 4
+        else:
+            out += char.encode("utf-8", "surrogateescape")
+            index += 1
+    try:
+        return out.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(f"'{text}' gives bytes that are not UTF-8 once its escapes are processed ({exc.reason} "
+                                 f"at byte {exc.start}); write a character as itself, or all its bytes as \\xHH "
+                                 "escapes (\\xc3\\xa9 for é)", param_hint=hint) from exc
+
+
+class ReversePrompts:
+    """``-r/--reverse-prompt``, llama-cli's reverse prompts, as a token constraint: it allows what the constraint
+    it wraps allows (every token, without one) and is complete once the answer's text shown so far holds one of
+    the texts, or its last token is one a text is tokenized to alone; generate then stops right after that
+    token, the reverse prompt shown, as llama-cli hands control back once its output holds a reverse prompt."""
+
+    def __init__(self, texts: tuple[str, ...], tokens: dict[int, str], inner):
+        self.texts, self.tokens, self.inner = texts, tokens, inner
+        self.keep = max(map(len, texts)) - 1  # the shown text's end a reverse prompt can begin in
+        self.tail = ""
+        self.found: str | None = None
+
+    def allows(self, token_id: int) -> bool:
+        return self.inner is None or self.inner.allows(token_id)
+
+    def advance(self, token_id: int) -> None:
+        if self.inner is not None:
+            self.inner.advance(token_id)
+
+    @property
+    def complete(self) -> bool:
+        return self.found is not None or (self.inner is not None and self.inner.complete)
+
+    def shown(self, token: int, piece: str) -> None:
+        # The text before the tail held no reverse prompt, or the answer would have stopped there.
+        window = self.tail + piece
+        self.found = self.tokens.get(token) or next((text for text in self.texts if text in window), None)
+        self.tail = window[-self.keep:] if self.keep else ""
+
+
+def stdin_keeps_bytes_not_utf8() -> None:
+    """Bytes on stdin that are not UTF-8 reach the prompt check as lone surrogates, which it refuses by name,
+    instead of failing in the read: under a UTF-8 locale other than C.UTF-8 (en_GB.UTF-8 on Raspberry Pi OS)
+    Python decodes stdin strictly."""
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None and getattr(sys.stdin, "errors", None) == "strict":
+        reconfigure(errors="surrogateescape")
+
+
+def read_prompt() -> str | None:
+    """The next prompt on stdin, None at its end. A line that ends in a backslash goes on with the next one
+    (the backslash left out, the line break kept), as llama-cli's console reads a line ending in '\\'; an end
+    of input after such a line ends the prompt."""
+    lines: list[str] = []
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return "\n".join(lines) if lines else None
+        line = line.rstrip("\r\n")
+        if not line.endswith("\\"):
+            return "\n".join([*lines, line])
+        lines.append(line[:-1])
+
+
+class DeferredInterrupt:
+    """Within the block a SIGINT takes effect (KeyboardInterrupt) when the block ends rather than inside it; a
+    second one raises it at once, so a write to a stalled terminal can still be stopped. Outside the main
+    thread, where no handler can be set, the block runs as it is."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.interrupted, self.previous = False, None
+        # only over Python's own handler: a SIGINT the process was started ignoring stays ignored
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame) -> None:
+        if self.interrupted:
+            raise KeyboardInterrupt
+        self.interrupted = True
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        if self.interrupted and exc[0] is None:
+            raise KeyboardInterrupt
+
+
+def answer_ended(thermal) -> None:
+    """An answer that ended early (Ctrl-C, or an error the session goes on after): the idle board gets its clock
+    back and the status line shows the prompt, as after an answer that ends normally."""
+    if thermal is not None:
+        thermal.hook.end(None)
+        if thermal.hook.status is not None:
+            thermal.hook.status.between_answers()
