@@ -58,11 +58,11 @@ from edgesdk.serve.api import (
     parse_detokenize_request,
     parse_text_request,
     parse_tokenize_request,
-    tool_answer_chunks,
     usage_chunk_body,
 )
 from edgesdk.serve.completion import Completer, Completion
 from edgesdk.serve.reasoning import split_answer
+from edgesdk.serve.tools import AnswerStream
 
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 CHUNK_LINE_LIMIT = 4096  # a chunk-size line with its extensions, or one trailer field
@@ -650,13 +650,20 @@ class ApiHandler(BaseHTTPRequestHandler):
         (busy, prompt too long) still gets a plain JSON error with its status."""
         ident, model = new_id(request.chat), self.server.model
         splitter = self.server.completer.reasoning_splitter(request)
+        # an answer under tools is JSON: its call or its text goes out as it settles (tools.AnswerStream)
+        answer = AnswerStream(request.tools.structured) if request.tools is not None else None
 
         def opened() -> None:
             if request.chat:
                 self._event(chunk_body(request, ident, model, None, role=True))
 
         def on_text(text: str, logprobs: dict | None) -> None:
-            if request.tools is not None:  # an answer under tools is JSON to read once whole (tool_answer_chunks)
+            if answer is not None:
+                deltas = answer.push(text)
+                if deltas or logprobs:  # a token whose text is held back still gives its logprobs (delta {})
+                    for delta in deltas or [{}]:
+                        self._event(self._delta_chunk(request, ident, model, delta, logprobs))
+                        logprobs = None
                 return
             if splitter is None:
                 self._event(chunk_body(request, ident, model, text, logprobs=logprobs))
@@ -669,22 +676,33 @@ class ApiHandler(BaseHTTPRequestHandler):
         completion = self._complete_streamed(request, on_text, opened, lambda error: self._event(error.body()))
         if completion is None:
             return
-        if request.tools is not None:  # the answer whole, then the finishing chunk
-            chunks = tool_answer_chunks(request, ident, model, completion.text, completion.finish_reason,
-                                        completion.logprobs)
+        if answer is not None:  # what the answer's end settles, then the finishing chunk
+            deltas, _, finish_reason = answer.finish(completion.finish_reason)
+            chunks = [self._delta_chunk(request, ident, model, delta) for delta in deltas]
+            chunks.append(chunk_body(request, ident, model, None, finish_reason=finish_reason))
         else:
             chunks = [chunk_body(request, ident, model, None, finish_reason=completion.finish_reason)]
             reasoning, content = splitter.flush() if splitter is not None else ("", "")
             if reasoning or content:  # what was held back, once the answer has ended
                 chunks.insert(0, chunk_body(request, ident, model, content, reasoning=reasoning))
-        chunks[-1] = {**chunks[-1], "timings": llama_native.timings(completion)}  # as llama-server's last chunk
+        if request.include_usage:
+            chunks.append(usage_chunk_body(request, ident, model, completion.prompt_tokens,
+                                           completion.completion_tokens, completion.cached_tokens))
+        # llama-server puts the timings on the stream's last event: the usage chunk where include_usage asks for
+        # one, else the finishing chunk (tools/server/server-task.cpp, to_json_oaicompat_chat_stream)
+        chunks[-1] = {**chunks[-1], "timings": llama_native.timings(completion)}
         for body in chunks:
             self._event(body)
-        if request.include_usage:
-            self._event(usage_chunk_body(request, ident, model, completion.prompt_tokens,
-                                         completion.completion_tokens, completion.cached_tokens))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+    @staticmethod
+    def _delta_chunk(request: CompletionRequest, ident: str, model: str, delta: dict,
+                     logprobs: dict | None = None) -> dict:
+        """A chunk of a streamed answer under tools carrying ``delta`` (content, or a piece of a tool call)."""
+        body = chunk_body(request, ident, model, None, logprobs=logprobs)
+        body["choices"][0]["delta"] = delta
+        return body
 
     def _complete_streamed(self, request: CompletionRequest, on_text: Callable[[str, dict | None], None],
                            opened: Callable[[], None], error_event: Callable[[ApiError], None]) -> Completion | None:

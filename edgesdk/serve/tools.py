@@ -24,6 +24,9 @@ a response format does not apply), ``none`` offers no tools (a response format t
 Earlier turns travel in the same form: an assistant message's ``tool_calls`` become its ``{"tool_call": ...}``
 text, and a ``tool`` message becomes a user message ``{"tool_response": {"name", "content"}}``, which any
 template renders.
+
+Streamed, the answer goes out as llama-server streams a call or a text (:class:`AnswerStream`): the call's name
+once whole, then its arguments in pieces; the text as it is written; the JSON around them never.
 """
 
 from __future__ import annotations
@@ -254,17 +257,24 @@ def read_answer(text: str, complete: bool, structured: bool = False) -> tuple[st
     the answer's JSON cannot carry on (the schema takes any digits: 1e999 is past a double, which JSON's text
     has no Infinity for, and Python reads no integer past 4,300 digits). ``structured``: the ``response``
     option's value is JSON of a response format, whose text is the content."""
+    content, calls, _ = _read(text, complete, structured)
+    return content, calls
+
+
+def _read(text: str, complete: bool, structured: bool) -> tuple[str | None, list[dict] | None, bool]:
+    """:func:`read_answer`'s (content, tool_calls), and whether the text was read as a whole answer."""
     if not complete:
-        return text, None
+        return text, None, False
     try:
         answer = json.loads(text, parse_float=_finite)
     except ValueError:  # a stop string cut the JSON (the schema lets only a whole answer parse), or such a number
-        return text, None
+        return text, None, False
     if "response" in answer:
-        return (_response_text(text) if structured else answer["response"]), None
+        return (_response_text(text) if structured else answer["response"]), None, True
     call = answer["tool_call"]
     return None, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                   "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}]
+                   "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}], \
+        True
 
 
 RESPONSE_KEY = re.compile(r'\s*\{\s*"response"\s*:\s*')  # the schema writes a listed key as it is named
@@ -287,8 +297,290 @@ def _finite(number: str) -> float:
 def answer_message(text: str, finish_reason: str, structured: bool = False) -> tuple[dict, str]:
     """(the assistant message's fields, finish_reason) of an answer written under a tools schema: a call
     gives ``tool_calls`` with no content and the finish reason ``tool_calls`` (``structured``: as for
-    :func:`read_answer`)."""
-    content, calls = read_answer(text, finish_reason == "stop", structured)
-    if calls is None:
-        return {"content": content}, finish_reason
-    return {"content": None, "tool_calls": calls}, "tool_calls"
+    :func:`read_answer`). It is the message a stream of the same answer (:class:`AnswerStream`) builds: an
+    answer cut (by max_tokens or a stop string) once its call's name or its text had begun keeps what was
+    written of them, as llama-server's answer cut by max_tokens keeps its partial call or text (it reads the
+    answer as partial unless it ended with the end-of-generation token: tools/server/server-context.cpp,
+    ``update_chat_msg``); one cut before that is its text, as before."""
+    stream = AnswerStream(structured)
+    stream.push(text)
+    _, fields, finish_reason = stream.finish(finish_reason)
+    return fields, finish_reason
+
+
+# --------------------------------------------------------------------------------- the answer as it streams
+
+# The envelope before the value, as the schema writes it (listed keys in order, as named; between tokens nothing,
+# one space, or a newline and indentation, edgesdk/runtime/json_schema.py): a value starts at its first character.
+RESPONSE_START = re.compile(r'\s*\{\s*"response"\s*:\s*(?=\S)')
+CALL_NAME = re.compile(r'\s*\{\s*"tool_call"\s*:\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
+ARGUMENTS_START = re.compile(r'\s*,\s*"arguments"\s*:\s*(?=\S)')
+# No envelope's text before its value is longer (a name of 64 characters, 8 gaps of at most 21 spacing
+# characters); an answer that has not begun one by then is read once whole.
+ENVELOPE_LIMIT = 400
+ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+WHITESPACE = " \t\n\r"
+NUMBER = set("0123456789+-.eE")
+LITERALS = ("true", "false", "null")
+CLOSES = {"}": "{", "]": "["}
+
+
+class _Value:
+    """One JSON value's text read piece by piece, giving out what of it is settled (held back: a number until
+    it ends, a literal until whole, an escape until its last character, a high surrogate until the escape that
+    may pair with it). ``mode``: ``dump``, the value as ``json.dumps(value, ensure_ascii=False)`` writes it
+    (a call's arguments as :func:`read_answer` gives them); ``text``, a string value's characters (a text
+    answer); ``raw``, the value's text as written (a structured answer's). ``done`` once the value is whole;
+    ``broken`` where the text is no JSON this reads, or holds a number JSON cannot carry on (the answer is
+    then read whole, :func:`read_answer`)."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.stack: list[str] = []  # the open containers, "{" or "["
+        self.expect = "value"  # value; key (or "}"); item (or "]"); colon; next ("," or the container's close)
+        self.token: str | None = None  # string, key, number, literal: the token being read
+        self.pending = ""  # a number's or a literal's text, or an escape's
+        self.high = ""  # a high surrogate read from an escape, held for a low one
+        self.done = self.broken = False
+
+    def feed(self, text: str) -> str:
+        out: list[str] = []
+        for char in text:
+            if self.done or self.broken:
+                break
+            self._char(char, out)
+        return "".join(out)
+
+    def _emit(self, out: list[str], char: str, dumped: str | None = None) -> None:
+        """``char`` of the value's structure, written ``dumped`` (itself by default) by json.dumps."""
+        if self.mode == "raw":
+            out.append(char)
+        elif self.mode == "dump":
+            out.append(char if dumped is None else dumped)
+
+    def _char(self, char: str, out: list[str]) -> None:
+        if self.token in ("string", "key"):
+            self._string_char(char, out)
+        elif self.token == "literal":
+            self.pending += char
+            self._emit(out, char, "")
+            if self.pending in LITERALS:
+                self._emit(out, "", self.pending)
+                self.token, self.pending = None, ""
+                self._after_value()
+            elif not any(word.startswith(self.pending) for word in LITERALS):
+                self.broken = True
+        elif self.token == "number" and char in NUMBER:
+            self.pending += char
+            self._emit(out, char, "")
+        else:
+            if self.token == "number":  # the number ends before this character
+                self._end_number(out)
+                if self.done or self.broken:
+                    return
+            self._structural(char, out)
+
+    def _structural(self, char: str, out: list[str]) -> None:
+        if char in WHITESPACE:
+            if self.stack:  # spacing inside the value is its raw text's, never json.dumps'
+                self._emit(out, char, "")
+            return
+        expect = self.expect
+        if (expect, char) in (("key", "}"), ("item", "]")):
+            self._close(out, char)
+        elif expect in ("value", "item"):
+            self._begin(char, out)
+        elif expect == "key" and char == '"':
+            self.token = "key"
+            self._emit(out, char)
+        elif expect == "colon" and char == ":":
+            self.expect = "value"
+            self._emit(out, char, ": ")
+        elif expect == "next" and char == ",":
+            self.expect = "key" if self.stack[-1] == "{" else "item"
+            self._emit(out, char, ", ")
+        elif expect == "next" and char in CLOSES and self.stack[-1] == CLOSES[char]:
+            self._close(out, char)
+        else:
+            self.broken = True
+
+    def _begin(self, char: str, out: list[str]) -> None:
+        """A value's first character."""
+        if self.mode == "text" and char != '"':
+            self.broken = True  # a text answer is one string
+        elif char in "{[":
+            self.stack.append(char)
+            self.expect = "key" if char == "{" else "item"
+            self._emit(out, char)
+        elif char == '"':
+            self.token = "string"
+            self._emit(out, char)
+        elif char in "-0123456789":
+            self.token, self.pending = "number", char
+            self._emit(out, char, "")
+        elif char in "tfn":
+            self.token, self.pending = "literal", ""
+            self._char(char, out)
+        else:
+            self.broken = True
+
+    def _close(self, out: list[str], char: str) -> None:
+        self.stack.pop()
+        self._emit(out, char)
+        self._after_value()
+
+    def _after_value(self) -> None:
+        self.expect = "next"
+        self.done = not self.stack
+
+    def _end_number(self, out: list[str]) -> None:
+        number, self.token, self.pending = self.pending, None, ""
+        try:  # read and written as read_answer reads and writes it
+            value = json.loads(number, parse_float=_finite)
+        except ValueError:
+            self.broken = True
+            return
+        self._emit(out, "", json.dumps(value))
+        self._after_value()
+
+    def _string_char(self, char: str, out: list[str]) -> None:
+        self._emit(out, char, "")  # raw: every character as written
+        if self.pending:  # an escape being read
+            self.pending += char
+            if self.pending[1] != "u":
+                self.pending = ""
+                if char not in ESCAPES:
+                    self.broken = True
+                    return
+                self._give_high(out)
+                self._give(ESCAPES[char], out)
+            elif len(self.pending) > 2 and char not in "0123456789abcdefABCDEF":
+                self.broken = True
+            elif len(self.pending) == 6:
+                code, self.pending = int(self.pending[2:], 16), ""
+                if 0xDC00 <= code < 0xE000 and self.high:  # a pair, read as one character (json.loads does)
+                    self.high, high = "", ord(self.high)
+                    self._give(chr(0x10000 + ((high - 0xD800) << 10) + code - 0xDC00), out)
+                    return
+                self._give_high(out)
+                if 0xD800 <= code < 0xDC00:
+                    self.high = chr(code)
+                else:
+                    self._give(chr(code), out)
+            return
+        if char == "\\":
+            self.pending = char
+            return
+        self._give_high(out)
+        if char == '"':
+            key, self.token = self.token == "key", None
+            self._emit(out, "", char)
+            if key:
+                self.expect = "colon"
+            else:
+                self._after_value()
+        elif char < " ":  # a control character is no JSON string's (json.loads refuses it)
+            self.broken = True
+        else:
+            self._give(char, out)
+
+    def _give_high(self, out: list[str]) -> None:
+        if self.high:  # not followed by a low surrogate's escape: a lone one, as json.loads reads it
+            char, self.high = self.high, ""
+            self._give(char, out)
+
+    def _give(self, char: str, out: list[str]) -> None:
+        """A string's character, as read."""
+        if self.mode == "dump":
+            out.append(json.dumps(char, ensure_ascii=False)[1:-1])
+        elif self.mode == "text":
+            out.append(char)
+
+
+class AnswerStream:
+    """An answer written under a tools schema, read as it is generated, giving out the deltas of OpenAI's
+    streamed chat completion chunks as llama-server gives them for its tool-call formats (common/chat.cpp,
+    ``common_chat_msg_diff::compute_diffs``; tools/server/server-task.cpp, ``to_json_oaicompat_chat_stream``):
+    a text answer's content as it is written; a call's ``id``, ``type`` and ``function.name`` in its first
+    delta once the name is whole, with ``arguments`` "", then the arguments' text in pieces, as
+    :func:`read_answer` writes them. Nothing is given out that the answer's message (:meth:`finish`,
+    :func:`answer_message`) does not hold: the JSON around the value, and what of the value is not settled,
+    wait (an answer that is neither form is given out whole once it ends)."""
+
+    def __init__(self, structured: bool = False):
+        self.structured = structured
+        self.text = ""
+        self.kind: str | None = None  # "response", "call", or "other" (read once whole)
+        self.name: str | None = None
+        self.value: _Value | None = None
+        self.read = 0  # how much of the text the value has been given
+        self.content: str | None = None  # the content given out so far
+        self.call: dict | None = None  # the call given out so far (its arguments so far)
+
+    def push(self, text: str) -> list[dict]:
+        """The deltas that the answer's next ``text`` settles (none, or one)."""
+        self.text += text
+        if self.value is None and self.kind != "other":
+            self._envelope()
+        delta: dict = {}
+        if self.kind == "call" and self.name is not None and self.call is None:
+            self.call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                         "function": {"name": self.name, "arguments": ""}}
+            delta = {"tool_calls": [{"index": 0, **copy.deepcopy(self.call)}]}
+        if self.value is not None and self.read < len(self.text):
+            piece, self.read = self.value.feed(self.text[self.read:]), len(self.text)
+            if piece and self.kind == "call":
+                self.call["function"]["arguments"] += piece
+                delta = delta or {"tool_calls": [{"index": 0, "function": {"arguments": ""}}]}
+                delta["tool_calls"][0]["function"]["arguments"] += piece
+            elif piece:
+                self.content = (self.content or "") + piece
+                delta = {"content": piece}
+        return [delta] if delta else []
+
+    def _envelope(self) -> None:
+        response = RESPONSE_START.match(self.text)
+        if response:
+            self.kind, self.read = "response", response.end()
+            self.value = _Value("raw" if self.structured else "text")
+            return
+        if self.name is None:
+            named = CALL_NAME.match(self.text)
+            if named:
+                self.kind, self.name, self.read = "call", named.group(1), named.end()
+        if self.name is not None:
+            arguments = ARGUMENTS_START.match(self.text, self.read)
+            if arguments:
+                self.read, self.value = arguments.end(), _Value("dump")
+            return
+        if len(self.text) > ENVELOPE_LIMIT:
+            self.kind = "other"
+
+    def finish(self, finish_reason: str) -> tuple[list[dict], dict, str]:
+        """Once the answer has ended (``finish_reason`` its generation's, "stop" or "length"): the deltas that
+        are still to go, the message's fields, and its finish reason. A whole answer is read as
+        :func:`read_answer` reads it. One cut short (by max_tokens or a stop string) keeps what was given out of
+        it, its finish reason the generation's; cut before anything was, it is its text."""
+        given = self.content is not None or self.call is not None
+        content, calls, whole = _read(self.text, finish_reason == "stop", self.structured)
+        if given and not whole and not (self.value is not None and self.value.broken):
+            if self.call is not None:
+                return [], {"content": None, "tool_calls": [copy.deepcopy(self.call)]}, finish_reason
+            return [], {"content": self.content}, finish_reason
+        if calls is not None:
+            call = calls[0]
+            if self.call is None:
+                delta = {"tool_calls": [{"index": 0, **call}]}
+            else:
+                arguments, sent = call["function"]["arguments"], self.call["function"]["arguments"]
+                call = {**self.call, "function": {**self.call["function"], "arguments": arguments}}
+                rest = arguments[len(sent):] if arguments.startswith(sent) else ""
+                delta = {"tool_calls": [{"index": 0, "function": {"arguments": rest}}]} if rest else {}
+            return [delta] if delta else [], {"content": None, "tool_calls": [call]}, "tool_calls"
+        if self.content is None and self.call is None:
+            delta = {"content": content}
+        else:
+            sent = self.content or ""
+            rest = content[len(sent):] if content.startswith(sent) else ""
+            delta = {"content": rest} if rest else {}
+        return [delta] if delta else [], {"content": content}, finish_reason

@@ -1,0 +1,288 @@
+"""A streamed answer under tools on /v1/chat/completions goes out as llama-server streams one (common/chat.cpp,
+``common_chat_msg_diff::compute_diffs``; tools/server/server-task.cpp, ``to_json_oaicompat_chat_stream``): a call's
+``id``, ``type`` and ``function.name`` in its first delta, then its arguments in pieces; a text answer's content as
+it is written. The deltas, accumulated, are the whole answer's message, and nothing else is ever sent. The stream's
+``timings`` ride on its last event, the usage chunk where ``stream_options.include_usage`` asks for one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgesdk.serve.tools import AnswerStream, answer_message, read_answer
+
+openai = pytest.importorskip("openai")
+
+from tests.unit.test_openai_client37 import TIME, USER, client, no_whitespace, runtime, server  # noqa: E402,F401
+from tests.unit.test_tools_response_format37 import FORMAT, TICK, answering, calling  # noqa: E402,F401
+
+LOOSE_TIME = {"type": "function", "function": {k: v for k, v in TIME["function"].items() if k != "strict"}}
+
+
+def _accumulate(deltas: list[dict]) -> dict:
+    """The message a client builds by joining the deltas' strings (content, each call's arguments by index)."""
+    message: dict = {"role": None, "content": None}
+    for delta in deltas:
+        if "role" in delta:
+            message["role"] = delta["role"]
+        if delta.get("content") is not None:
+            message["content"] = (message["content"] or "") + delta["content"]
+        for piece in delta.get("tool_calls") or []:
+            calls = message.setdefault("tool_calls", [])
+            if piece["index"] == len(calls):
+                calls.append({"id": piece["id"], "type": piece["type"],
+                              "function": {"name": piece["function"]["name"], "arguments": ""}})
+            calls[piece["index"]]["function"]["arguments"] += piece["function"].get("arguments", "")
+    return message
+
+
+def _without_ids(message: dict) -> dict:
+    calls = [{**call, "id": call["id"].startswith("call_")} for call in message.get("tool_calls") or []]
+    return {**message, **({"tool_calls": calls} if calls else {})}
+
+
+def _streamed(server, body: dict) -> tuple[list[dict], dict, str]:  # noqa: F811
+    """(the stream's chunks, the message its deltas build, its finish reason)."""
+    events = server.stream("/v1/chat/completions", body)
+    chunks = events[:-1]
+    choices = [chunk["choices"][0] for chunk in chunks if chunk["choices"]]
+    finishes = [choice["finish_reason"] for choice in choices if choice["finish_reason"]]
+    assert len(finishes) == 1
+    assert choices[-1]["finish_reason"] == finishes[0]
+    return chunks, _accumulate([choice["delta"] for choice in choices]), finishes[0]
+
+
+# ------------------------------------------------------------------------------------------- the reader
+
+
+WHOLE = [  # answers as the schema lets a model write them (escapes, pairs, numbers, spacing of any kind)
+    '{"tool_call": {"name": "get_time", "arguments": {"city": "Oslo", "hour24": true}}}',
+    '{"tool_call":{"name":"f","arguments":{"a":"x\\"y\\\\z\\n\\u00e9\\ud83d\\ude00\\ud83d\\/","b":[1,2.50,-0,'
+    '1E5,-0.0,true,null,{},[]],"c":{"d":[false]}}}}',
+    '{\n  "tool_call": {\n    "name": "ping",\n    "arguments": {}\n  }\n}',
+    '{"response": "Hel\\u006co \\"w\\"\\ud83d\\ude00\\t!"}',
+    '{"response": ""}',
+    ' {"response": "tool_call"} ',
+]
+STRUCTURED = ['{"response": {"answer": "yes",\n  "n": 4}\n}', '{"response":[1, {"a": "\\u00e9"}, -2.50e3]}',
+              '{"response": 12}', '{"response": "x\\"y"}']
+
+
+def _stream(text: str, finish_reason: str, cuts: list[int], structured: bool = False):
+    answer, deltas, start = AnswerStream(structured), [{"role": "assistant", "content": None}], 0
+    for cut in [*cuts, len(text)]:
+        deltas += answer.push(text[start:cut])
+        start = cut
+    rest, fields, finish = answer.finish(finish_reason)
+    return _accumulate(deltas + rest), {"role": "assistant", **fields}, finish
+
+
+@pytest.mark.parametrize(("text", "structured"), [(text, False) for text in WHOLE] +
+                         [(text, True) for text in STRUCTURED])
+def test_every_way_of_streaming_an_answer_builds_the_whole_answer_s_message(text, structured):
+    fields, finish = answer_message(text, "stop", structured)
+    content, calls = read_answer(text, True, structured)  # the whole answer as it has always been read
+    if calls is None:
+        assert (fields, finish) == ({"content": content}, "stop")
+    else:
+        assert (fields["content"], fields["tool_calls"][0]["function"], finish) == (
+            None, calls[0]["function"], "tool_calls")
+    whole = _without_ids({"role": "assistant", **fields})
+    for cuts in [[], list(range(1, len(text)))] + [list(range(step, len(text), step)) for step in (2, 3, 5, 7)]:
+        message, built, built_finish = _stream(text, "stop", cuts, structured)
+        assert (_without_ids(message), _without_ids(built), built_finish) == (whole, whole, finish), cuts
+
+
+@pytest.mark.parametrize(("text", "structured"), [(text, False) for text in WHOLE] +
+                         [(text, True) for text in STRUCTURED])
+def test_an_answer_cut_anywhere_streams_what_its_whole_answer_holds(text, structured):
+    """Cut by max_tokens (or a stop string) at any character: the stream, fed character by character, builds the
+    message the whole answer gives, and each chunk only adds to it."""
+    for end in range(len(text) + 1):
+        for reason in ("length", "stop"):
+            cut = text[:end]
+            message, built, _ = _stream(cut, reason, list(range(1, len(cut))), structured)
+            fields, finish = answer_message(cut, reason, structured)
+            assert _without_ids(message) == _without_ids(built) == _without_ids({"role": "assistant", **fields}), cut
+            if end < len(text.rstrip()):
+                assert finish == reason
+
+
+def test_a_cut_answer_keeps_what_was_streamed_and_before_that_is_its_text():
+    # llama-server reads an answer cut by max_tokens as partial (tools/server/server-context.cpp,
+    # update_chat_msg: is_partial unless the answer ended with end-of-generation): the call or text begun stands
+    head = '{"tool_call": {"name": "get_time", "arguments": {"city": "Os'
+    fields, finish = answer_message(head, "length")
+    assert (fields["content"], fields["tool_calls"][0]["function"], finish) == (
+        None, {"name": "get_time", "arguments": '{"city": "Os'}, "length")
+    fields, _ = answer_message('{"tool_call": {"name": "get_time"', "length")  # the name is whole: the call begun
+    assert fields["tool_calls"][0]["function"] == {"name": "get_time", "arguments": ""}
+    assert answer_message('{"response": "Hi th', "length") == ({"content": "Hi th"}, "length")
+    assert answer_message('{"response": "Hi"', "length") == ({"content": "Hi"}, "length")
+    # held back, so not in the message: a number that may go on, an escape, a high surrogate's pair
+    assert answer_message('{"tool_call": {"name": "f", "arguments": {"n": 12', "length")[0]["tool_calls"][0][
+        "function"]["arguments"] == '{"n": '
+    assert answer_message('{"response": "a\\u00e', "length") == ({"content": "a"}, "length")
+    assert answer_message('{"response": "a\\ud83d', "length") == ({"content": "a"}, "length")
+    # nothing of the call or the text begun yet: the text, as before (and as read_answer still gives it)
+    for text in ('{"tool_call": {"name": "get_ti', '{"response": ', '{"resp', ""):
+        assert answer_message(text, "length") == ({"content": text}, "length")
+    assert read_answer(head, False) == (head, None)
+
+
+def test_nothing_held_back_is_sent_until_it_is_settled():
+    answer = AnswerStream()
+    assert answer.push('{"tool_call": {"name": "get') == []  # "get" may be "get_time" yet
+    (first,) = answer.push('_time"')
+    (call,) = first["tool_calls"]
+    assert (call["index"], call["type"], call["function"]) == (0, "function", {"name": "get_time", "arguments": ""})
+    assert call["id"].startswith("call_")
+    assert answer.push(', "arguments": {"hour') == [{"tool_calls": [{"index": 0, "function": {"arguments": '{"hour'}}]}]
+    assert answer.push('24": tr') == [{"tool_calls": [{"index": 0, "function": {"arguments": '24": '}}]}]
+    assert answer.push('ue, "n": 1') == [{"tool_calls": [{"index": 0, "function": {"arguments": 'true, "n": '}}]}]
+    assert answer.push('0}}}') == [{"tool_calls": [{"index": 0, "function": {"arguments": '10}'}}]}]
+    assert answer.finish("stop")[0] == []
+    text = AnswerStream()
+    assert text.push('{"response": "') == []
+    assert text.push('a\\') == [{"content": "a"}]
+    assert text.push('"b"}') == [{"content": '"b'}]
+    assert text.finish("stop") == ([], {"content": 'a"b'}, "stop")
+    empty = AnswerStream()
+    assert empty.push('{"response": ""}') == []
+    assert empty.finish("stop") == ([{"content": ""}], {"content": ""}, "stop")
+
+
+# ------------------------------------------------------------------------------------------- served
+
+
+@pytest.fixture(scope="module")
+def unquoted(runtime, answering):  # noqa: F811
+    """``logit_bias`` that leaves the {"response": "..."} option, and no token holding a quote within its text:
+    the text goes on until max_tokens cuts it."""
+    tokenizer = runtime.tokenizer.tokenizer
+    return {**answering, **{str(token): -100 for token in range(tokenizer.get_vocab_size())
+                            if '"' in tokenizer.decode([token])}}
+
+
+FORMS = {  # each form the tiny model is led to answer in
+    "required call": lambda biases: {"tools": [TIME, TICK], "tool_choice": "required", "logit_bias": biases[0]},
+    "named call": lambda biases: {"tools": [TIME, TICK], "logit_bias": biases[0],
+                                  "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+    "call chosen": lambda biases: {"tools": [TICK], "logit_bias": biases[2]},
+    "empty text": lambda biases: {"tools": [TICK], "logit_bias": biases[1]},
+    "text cut": lambda biases: {"tools": [TICK], "logit_bias": biases[3], "max_tokens": 40},
+    "structured": lambda biases: {"tools": [TICK], "logit_bias": biases[1], "response_format": FORMAT},
+    "json_object": lambda biases: {"tools": [TICK], "logit_bias": biases[1], "max_tokens": 40,
+                                   "response_format": {"type": "json_object"}},
+}
+
+
+@pytest.mark.parametrize("parallel", [None, True, False])
+@pytest.mark.parametrize("form", list(FORMS))
+def test_the_stream_builds_the_whole_answer_s_message(server, client, no_whitespace, answering, calling,  # noqa: F811
+                                                      unquoted, form, parallel):
+    body = {"messages": USER, **FORMS[form]((no_whitespace, answering, calling, unquoted))}
+    if parallel is not None:
+        body["parallel_tool_calls"] = parallel
+    status, whole = server.post("/v1/chat/completions", body)
+    assert status == 200, whole
+    expected, finish = whole["choices"][0]["message"], whole["choices"][0]["finish_reason"]
+    assert ("tool_calls" in expected) == (form.endswith("call") or form == "call chosen")
+
+    chunks, message, streamed_finish = _streamed(server, body)
+    assert (_without_ids(message), streamed_finish) == (_without_ids(expected), finish)
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": None}
+    pieces = [piece for delta in deltas for piece in delta.get("tool_calls") or []]
+    if pieces:  # id, type and name in the call's first delta only, then the arguments in pieces
+        assert {"id", "type", "function"} <= set(pieces[0])
+        assert not any({"id", "type"} & set(piece) or "name" in piece["function"] for piece in pieces[1:])
+        assert len(pieces) > (2 if pieces[0]["function"]["name"] == "get_time" else 1)
+    elif form != "empty text":
+        assert len([delta for delta in deltas if delta.get("content")]) > 1  # the text as it is written
+
+    asked = {key: value for key, value in body.items() if key not in ("messages", "max_tokens")}
+    if "max_tokens" in body:
+        asked["max_completion_tokens"] = body["max_tokens"]
+    if asked.get("response_format") == FORMAT:  # the client's stream helper parses a json_schema format itself
+        asked.pop("response_format")
+        asked["extra_body"] = {"response_format": FORMAT}
+    expected = _without_ids({key: value for key, value in expected.items() if value is not None})
+    with client.chat.completions.stream(model="tiny", messages=USER, **asked) as stream:
+        for _ in stream:
+            pass
+        snapshot = stream.current_completion_snapshot.choices[0]  # the deltas as the helper accumulates them
+        built = [(snapshot.message, snapshot.finish_reason)]
+        if finish != "length":  # the helper refuses to finish a cut answer (LengthFinishReasonError)
+            final = stream.get_final_completion().choices[0]
+            built.append((final.message, final.finish_reason))
+    for message, reason in built:
+        helper = message.model_dump(exclude={"parsed"}, exclude_none=True)
+        for call in helper.get("tool_calls") or []:
+            call["function"].pop("parsed_arguments", None)
+            call.pop("index", None)
+        assert (_without_ids(helper), reason) == (expected, finish)
+
+
+def test_a_call_cut_by_max_tokens_ends_as_the_whole_answer_ends(server, no_whitespace):  # noqa: F811
+    body = {"messages": USER, "tools": [LOOSE_TIME], "tool_choice": "required", "logit_bias": no_whitespace,
+            "logprobs": True}
+    status, whole = server.post("/v1/chat/completions", body)
+    assert status == 200, whole
+    full = whole["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    written, cut_at = "", None
+    for count, entry in enumerate(whole["choices"][0]["logprobs"]["content"], 1):
+        written += bytes(entry["bytes"]).decode("utf-8", "replace")
+        if '"city":"' in written and cut_at is None:
+            cut_at = count + 1  # a token into the city's name: mid-arguments
+    cut = {**body, "max_tokens": cut_at}
+    status, answer = server.post("/v1/chat/completions", cut)
+    assert status == 200, answer
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_time"
+    assert full.startswith(call["function"]["arguments"])
+    assert '"city": "' in call["function"]["arguments"]
+    assert call["function"]["arguments"] != full
+    _, message, finish = _streamed(server, cut)
+    assert (_without_ids(message), finish) == (_without_ids(choice["message"]), "length")
+
+
+@pytest.mark.parametrize("tools", [False, True])
+@pytest.mark.parametrize("usage", [False, True])
+def test_the_timings_ride_on_the_stream_s_last_event(server, no_whitespace, usage, tools):  # noqa: F811
+    body = {"messages": USER, "max_tokens": 6}
+    if tools:
+        body.update(tools=[TIME], tool_choice="required", logit_bias=no_whitespace, max_tokens=60)
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    status, whole = server.post("/v1/chat/completions", body)
+    assert status == 200, whole
+    chunks = server.stream("/v1/chat/completions", body)[:-1]
+    timed = [index for index, chunk in enumerate(chunks) if "timings" in chunk]
+    assert timed == [len(chunks) - 1]  # the last event only
+    last = chunks[-1]
+    if usage:  # llama-server: the usage chunk is the last, and carries them
+        assert (last["choices"], last["usage"]["completion_tokens"]) == ([], whole["usage"]["completion_tokens"])
+        assert chunks[-2]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    else:
+        assert last["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert last["timings"]["predicted_n"] == whole["usage"]["completion_tokens"]
+    assert last["timings"]["prompt_n"] + last["timings"]["cache_n"] == whole["usage"]["prompt_tokens"]
+
+
+def test_every_token_s_logprobs_are_streamed_once(server, no_whitespace):  # noqa: F811
+    body = {"messages": USER, "tools": [TIME], "tool_choice": "required", "logit_bias": no_whitespace,
+            "logprobs": True, "top_logprobs": 2}
+    status, whole = server.post("/v1/chat/completions", body)
+    assert status == 200, whole
+    chunks = server.stream("/v1/chat/completions", body)[:-1]
+    entries = [entry for chunk in chunks for choice in chunk["choices"]
+               for entry in ((choice.get("logprobs") or {}).get("content") or [])]
+    assert entries == whole["choices"][0]["logprobs"]["content"]
+    call = whole["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert json.loads(b"".join(bytes(entry["bytes"]) for entry in entries)) == {
+        "tool_call": {"name": call["name"], "arguments": json.loads(call["arguments"])}}
