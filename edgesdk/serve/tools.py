@@ -571,6 +571,9 @@ class AnswerStream:
             call = calls[0]
             if self.call is None:
                 delta = {"tool_calls": [{"index": 0, **call}]}
+            elif self.value is not None and self.value.done:  # the arguments went out whole, as given here (a
+                # key written twice stays so: a JSON reader keeps its last value, as json.loads does)
+                call, delta = copy.deepcopy(self.call), {}
             else:
                 arguments, sent = call["function"]["arguments"], self.call["function"]["arguments"]
                 call = {**self.call, "function": {**self.call["function"], "arguments": arguments}}

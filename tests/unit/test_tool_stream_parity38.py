@@ -153,6 +153,17 @@ def test_nothing_held_back_is_sent_until_it_is_settled():
     assert empty.finish("stop") == ([{"content": ""}], {"content": ""}, "stop")
 
 
+def test_a_key_written_twice_streams_as_the_whole_answer_gives_it():
+    """A schema with additionalProperties lets a key be written twice; the arguments stay as written (JSON's
+    readers keep the last value, as json.loads does), whole and streamed alike."""
+    text = '{"tool_call": {"name": "f", "arguments": {"a": 1, "a": [2]}}}'
+    fields, _ = answer_message(text, "stop")
+    assert fields["tool_calls"][0]["function"]["arguments"] == '{"a": 1, "a": [2]}'
+    assert json.loads(fields["tool_calls"][0]["function"]["arguments"]) == {"a": [2]}
+    message, built, _ = _stream(text, "stop", list(range(1, len(text))))
+    assert _without_ids(message) == _without_ids(built) == _without_ids({"role": "assistant", **fields})
+
+
 # ------------------------------------------------------------------------------------------- served
 
 
@@ -249,6 +260,20 @@ def test_a_call_cut_by_max_tokens_ends_as_the_whole_answer_ends(server, no_white
     assert call["function"]["arguments"] != full
     _, message, finish = _streamed(server, cut)
     assert (_without_ids(message), finish) == (_without_ids(choice["message"]), "length")
+
+
+def test_a_call_cut_by_a_stop_string_ends_as_the_whole_answer_ends(server, no_whitespace):  # noqa: F811
+    body = {"messages": USER, "tools": [LOOSE_TIME], "tool_choice": "required", "logit_bias": no_whitespace,
+            "stop": ["hour24"]}
+    status, whole = server.post("/v1/chat/completions", body)
+    assert status == 200, whole
+    choice = whole["choices"][0]
+    (call,) = choice["message"]["tool_calls"]
+    assert (choice["finish_reason"], choice["message"]["content"]) == ("stop", None)
+    assert call["function"]["arguments"].startswith('{"city": "')
+    assert call["function"]["arguments"].endswith('", "')  # the key cut off; its opening quote was settled
+    _, message, finish = _streamed(server, body)
+    assert (_without_ids(message), finish) == (_without_ids(choice["message"]), "stop")
 
 
 @pytest.mark.parametrize("tools", [False, True])
