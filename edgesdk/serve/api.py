@@ -722,21 +722,6 @@ def chunk_body(request: CompletionRequest, ident: str, model: str, text: str | N
     return body
 
 
-def tool_answer_chunks(request: CompletionRequest, ident: str, model: str, text: str, finish_reason: str,
-                       logprobs: dict | None = None) -> list[dict]:
-    """A streamed answer to a request with tools: its content or its tool calls in one delta once the answer
-    is whole (the JSON it is written in is not the client's text), with the whole answer's ``logprobs``
-    (as a request without ``stream`` gets them), then the finishing chunk."""
-    fields, finish_reason = answer_message(text, finish_reason, request.tools.structured)
-    if fields.get("tool_calls"):
-        delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(fields["tool_calls"])]}
-    else:
-        delta = {"content": fields["content"]}
-    body = chunk_body(request, ident, model, None, logprobs=logprobs)
-    body["choices"][0]["delta"] = delta
-    return [body, chunk_body(request, ident, model, None, finish_reason=finish_reason)]
-
-
 def usage_chunk_body(request: CompletionRequest, ident: str, model: str, prompt_tokens: int,
                      completion_tokens: int, cached_tokens: int = 0) -> dict:
     """The extra last chunk ``stream_options.include_usage`` asks for: no choices, the usage."""

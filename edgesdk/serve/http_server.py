@@ -483,7 +483,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                 self._named_event(name, data)
 
         def on_text(text: str, logprobs: dict | None) -> None:
-            for name, data in output.push(text):
+            for name, data in output.push(text, logprobs):
                 self._named_event(name, data)
 
         completion = self._complete_streamed(request, on_text, opened,

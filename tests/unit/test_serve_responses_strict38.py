@@ -157,14 +157,7 @@ REQUESTS = {
 }
 
 
-# The handler hands Output.push each piece's logprobs once http_server.py's Responses on_text passes them on
-# (output.push(text, logprobs)); until then a stream's output_text carries none.
-HANDLER_PASSES_LOGPROBS = pytest.mark.xfail(strict=True, reason="http_server.py's Responses on_text calls "
-                                            "output.push(text) without the piece's logprobs")
-
-
-@pytest.mark.parametrize("name", [pytest.param(name, marks=HANDLER_PASSES_LOGPROBS) if name == "logprobs" else name
-                                  for name in REQUESTS])
+@pytest.mark.parametrize("name", list(REQUESTS))
 def test_every_response_and_event_is_the_client_s_type_strictly(server, no_whitespace, name):
     body = {"model": "tiny", **REQUESTS[name]}
     if "tools" in body or "text" in body:

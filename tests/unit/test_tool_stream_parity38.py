@@ -11,6 +11,7 @@ import json
 import pytest
 
 from edgesdk.serve.tools import AnswerStream, answer_message, read_answer
+from tests._utils.chat_stream import accumulated_message
 
 openai = pytest.importorskip("openai")
 
@@ -18,23 +19,6 @@ from tests.unit.test_openai_client37 import TIME, USER, client, no_whitespace, r
 from tests.unit.test_tools_response_format37 import FORMAT, TICK, answering, calling  # noqa: E402,F401
 
 LOOSE_TIME = {"type": "function", "function": {k: v for k, v in TIME["function"].items() if k != "strict"}}
-
-
-def _accumulate(deltas: list[dict]) -> dict:
-    """The message a client builds by joining the deltas' strings (content, each call's arguments by index)."""
-    message: dict = {"role": None, "content": None}
-    for delta in deltas:
-        if "role" in delta:
-            message["role"] = delta["role"]
-        if delta.get("content") is not None:
-            message["content"] = (message["content"] or "") + delta["content"]
-        for piece in delta.get("tool_calls") or []:
-            calls = message.setdefault("tool_calls", [])
-            if piece["index"] == len(calls):
-                calls.append({"id": piece["id"], "type": piece["type"],
-                              "function": {"name": piece["function"]["name"], "arguments": ""}})
-            calls[piece["index"]]["function"]["arguments"] += piece["function"].get("arguments", "")
-    return message
 
 
 def _without_ids(message: dict) -> dict:
@@ -50,7 +34,7 @@ def _streamed(server, body: dict) -> tuple[list[dict], dict, str]:  # noqa: F811
     finishes = [choice["finish_reason"] for choice in choices if choice["finish_reason"]]
     assert len(finishes) == 1
     assert choices[-1]["finish_reason"] == finishes[0]
-    return chunks, _accumulate([choice["delta"] for choice in choices]), finishes[0]
+    return chunks, accumulated_message([choice["delta"] for choice in choices]), finishes[0]
 
 
 # ------------------------------------------------------------------------------------------- the reader
@@ -75,7 +59,7 @@ def _stream(text: str, finish_reason: str, cuts: list[int], structured: bool = F
         deltas += answer.push(text[start:cut])
         start = cut
     rest, fields, finish = answer.finish(finish_reason)
-    return _accumulate(deltas + rest), {"role": "assistant", **fields}, finish
+    return accumulated_message(deltas + rest), {"role": "assistant", **fields}, finish
 
 
 @pytest.mark.parametrize(("text", "structured"), [(text, False) for text in WHOLE] +

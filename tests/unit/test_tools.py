@@ -16,6 +16,7 @@ from edgesdk.serve.tools import (
     tool_result_text,
     with_instructions,
 )
+from tests._utils.chat_stream import accumulated_message
 
 BYTES = [bytes([b]) for b in range(256)]
 WEATHER = {"type": "function", "function": {
@@ -163,8 +164,8 @@ def test_a_required_call_comes_back_as_tool_calls(server):
     events = server.stream("/v1/chat/completions", body)
     deltas = [event["choices"][0] for event in events[:-1]]
     assert deltas[0]["delta"] == {"role": "assistant", "content": None}  # llama-server: null before a call
-    (streamed,) = deltas[1]["delta"]["tool_calls"]
-    assert streamed["index"] == 0
+    assert deltas[1]["delta"]["tool_calls"][0]["index"] == 0
+    (streamed,) = accumulated_message([choice["delta"] for choice in deltas])["tool_calls"]  # arguments in pieces
     assert streamed["function"] == call["function"]  # greedy: the same call
     assert deltas[-1]["finish_reason"] == "tool_calls"
 

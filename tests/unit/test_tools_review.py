@@ -9,6 +9,7 @@ import pytest
 from edgesdk.runtime.json_schema import SchemaConstraint
 from edgesdk.serve.api import ApiError, parse_chat_request
 from edgesdk.serve.tools import ToolError, answer_message, parse_tools
+from tests._utils.chat_stream import accumulated_message
 from tests.unit.test_tools import LIGHT, PING, server  # noqa: F401 (the module-scoped server fixture)
 
 
@@ -86,7 +87,8 @@ def test_a_streamed_tool_answer_carries_its_logprobs_as_a_whole_one_does(server)
                for entry in ((choice.get("logprobs") or {}).get("content") or [])]
     assert entries
     assert all(len(entry["top_logprobs"]) == 2 for entry in entries)
-    (call,) = events[1]["choices"][0]["delta"]["tool_calls"]
+    (call,) = accumulated_message([choice["delta"] for event in events[:-1] for choice in event["choices"]])[
+        "tool_calls"]  # the call's arguments come in pieces, as llama-server streams them
     written = json.loads(b"".join(bytes(entry["bytes"]) for entry in entries))  # the answer's tokens, every one
     assert written == {"tool_call": {"name": call["function"]["name"],
                                      "arguments": json.loads(call["function"]["arguments"])}}
