@@ -3,15 +3,54 @@
 GGUF variants of the same model are made with llama.cpp's own quantizer from the source GGUF
 (``allow_requantize``: the source is SmolLM2's Q4_1 file, so every variant starts from those
 weights, as the bundles do) and cached beside it.
+
+On a CPU with AMX this llama-cpp-python build puts quantized weights in its AMX buffer, whose kernel faults
+(SIGSEGV at ``ldtilecfg``: GCC 12 drops the stores to most of the tile configuration, llama.cpp issue #20824);
+there every engine here keeps its weights in plain CPU buffers (``use_extra_bufts`` off, llama.cpp's
+``--no-extra-bufts``), which ``AMX_CPU`` says, and the benchmarks print.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import time
 from pathlib import Path
 
 import numpy as np
+
+
+def _amx_cpu() -> bool:
+    try:
+        return "amx_tile" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+AMX_CPU = _amx_cpu()
+
+
+@contextlib.contextmanager
+def plain_cpu_buffers(wanted: bool = AMX_CPU):
+    """Models loaded inside keep their weights in plain CPU buffers (no AMX or repacked copies) when ``wanted``."""
+    if not wanted:
+        yield
+        return
+    from llama_cpp import llama_cpp as api
+
+    default_params = api.llama_model_default_params
+
+    def model_params():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    api.llama_model_default_params = model_params
+    try:
+        yield
+    finally:
+        api.llama_model_default_params = default_params
+
 
 QUANT_TYPES = {"Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
                "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
@@ -47,8 +86,9 @@ class LlamaCppEngine:
         self.path = gguf
         # use_mmap=False reads the weights into malloc'd memory, which glibc's huge-page tunable
         # covers as it covers ONNX Runtime's; mapped from the file they stay on 4 KiB pages.
-        self.llm = llama_cpp.Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=context,
-                                   n_batch=context, logits_all=logits_all, use_mmap=use_mmap, verbose=False)
+        with plain_cpu_buffers():
+            self.llm = llama_cpp.Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=context,
+                                       n_batch=context, logits_all=logits_all, use_mmap=use_mmap, verbose=False)
         self.vocab = self.llm.n_vocab()
 
     def last_logits(self) -> np.ndarray:
