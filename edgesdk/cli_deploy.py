@@ -59,6 +59,23 @@ def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config
 
     A cut connection leaves the board on its previous release; run the same command again to resume.
     """
+    from edgesdk.deploy.orchestrate import Interrupted
+    from edgesdk.deploy.transport import DeployError
+
+    try:
+        _deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config, ssh_command,
+                accept_new_host_key, show_status, rollback, release_id, ignore_target, no_install,
+                system_site_packages, remote_python, keep, smoke_timeout, service, service_host, service_port,
+                as_json)
+    except Interrupted as stop:  # Ctrl-C: say what the board was left with, exit as a shell reports SIGINT
+        error = DeployError(stop.problem, stop.fix)
+        error.exit_code = 130
+        raise error from None
+
+
+def _deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config, ssh_command, accept_new_host_key,
+            show_status, rollback, release_id, ignore_target, no_install, system_site_packages, remote_python, keep,
+            smoke_timeout, service, service_host, service_port, as_json):
     from edgesdk.deploy.session import DeployOptions
     from edgesdk.deploy.transport import DeployError, SshOptions
 

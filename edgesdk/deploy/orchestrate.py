@@ -158,10 +158,57 @@ def undo_service(board, report: Reporter, failed: DeployError, token: str, switc
                        f"{kept}", service.SERVICE_FIX)
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a deploy or a rollback: still a KeyboardInterrupt, carrying what the board was left with
+    (``problem``) and what to do next (``fix``), so the command can say both instead of a bare abort."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__(problem)
+        self.problem = problem
+        self.fix = fix
+
+
+def interrupted(progress: dict) -> Interrupted:
+    """What a Ctrl-C at the point ``progress`` records (filled in by :func:`_deploy`) left on the board. Up to
+    the switch nothing touches ``current`` and a transfer resumes from its ``.partial`` files; during the
+    switch the board may or may not have switched (its reply may be what was cut); after it the new release
+    is live, and a cut ``--service`` step leaves the unit as far as it got."""
+    where, new_id, before = progress.get("where"), progress.get("bundle_id"), progress.get("current")
+    was = f"releases/{before}" if before else "no current release"
+    stage = progress.get("stage")
+    if where is None:
+        return Interrupted("deploy interrupted (Ctrl-C) before it reached the board: nothing was changed there",
+                           "run the same command again")
+    if stage == "switch":
+        return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where}: current may already "
+                           f"point to releases/{new_id} (smoke-tested) or still to {was}",
+                           "'edgesdk deploy --status' shows which; the same deploy again finishes the switch, "
+                           "'edgesdk deploy --rollback' goes back")
+    if stage in ("switched", "service"):
+        left = "" if stage == "switched" else "; the systemd unit may be half installed or not restarted"
+        return Interrupted(f"deploy interrupted (Ctrl-C) after switching {where} to releases/{new_id} "
+                           f"(was {was}){left}",
+                           "run the same deploy again to finish it (nothing is sent twice), or "
+                           "'edgesdk deploy --rollback' to go back")
+    return Interrupted(f"deploy interrupted (Ctrl-C): {where} keeps {was} as current; releases/{new_id} "
+                       "was not switched to", "run the same command again: it goes on from where this one "
+                       "stopped, and files that already arrived are not sent again")
+
+
 def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = None) -> DeployResult:
     """Deploy a bundle (directory, or archive from 'edgesdk pack') onto the board or directory named in
-    ``options``."""
+    ``options``. A Ctrl-C comes out as :class:`Interrupted`, saying what the board was left with."""
     report = report or Reporter(total=9 if options.service else 8)
+    progress: dict = {}
+    try:
+        return _deploy(bundle_path, options, report, progress)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt as stop:
+        raise interrupted(progress) from stop
+
+
+def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progress: dict) -> DeployResult:
     check_destination(options)
     with contextlib.ExitStack() as stack:
         with report.step(f"verify bundle {bundle_path} on this machine"):
@@ -176,6 +223,7 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
             facts = probe(board, {"bundle_id": bundle.bundle_id, "files": files,
                                   "manifest_sha256": files[MANIFEST]["sha256"]})
             report.info(facts.describe())
+        progress.update(where=where, bundle_id=bundle.bundle_id, current=facts.state.get("current"))
         release = facts.raw.get("release")
         release_ok = release is not None and not release["problems"]
         plan = Plan() if release_ok else make_plan(files, facts.raw["plan"])
@@ -267,6 +315,7 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
             generated = smoke_test(board, edgesdk, release_path, options, report)
         with report.step("switch current"):
             previous = facts.state.get("current")
+            progress["stage"] = "switch"
             try:
                 switched = board.call("switch", {"bundle_id": bundle.bundle_id, "action": "deploy",
                                                  "runtime_key": runtime_key})
@@ -288,6 +337,7 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
                         "once the board answers, 'edgesdk deploy --status' shows which; deploying the same "
                         "bundle again finishes the switch") from failed
                 raise
+            progress["stage"] = "switched"
             if switched["from"] == bundle.bundle_id:
                 report.info(f"current already is releases/{bundle.bundle_id}")
             else:
@@ -303,6 +353,7 @@ def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = 
                     report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {options.keep})")
         live = install.runtime_argv(board, options.local) if runtime_key else edgesdk  # runtime/current now
         if options.service is not None:
+            progress["stage"] = "service"
             with report.step("service: edgesdk serve current"):
                 argv = service.serve_argv(live, board.path("current"), options.service, options.ignore_target)
                 token = secrets.token_hex(8)  # names this install's saved state on the board

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 
+from edgesdk.deploy.orchestrate import Interrupted
 from edgesdk.deploy.remote import BoardRefusal
 from edgesdk.deploy.report import Reporter, fmt_bytes
 from edgesdk.deploy.service import restart_service
@@ -46,8 +47,36 @@ def format_status(info: dict) -> str:
 
 
 def rollback(options: DeployOptions, release: str | None = None, report: Reporter | None = None) -> dict:
-    """Switch ``current`` back to ``previous`` (or to ``release``) after verifying and smoke-testing it."""
+    """Switch ``current`` back to ``previous`` (or to ``release``) after verifying and smoke-testing it. A Ctrl-C
+    comes out as :class:`~edgesdk.deploy.orchestrate.Interrupted`, saying what the board was left with."""
     report = report or Reporter(total=4, prefix="rollback")
+    progress: dict = {}
+    try:
+        return _rollback(options, release, report, progress)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt as stop:
+        where, stage = progress.get("where"), progress.get("stage")
+        was = f"releases/{progress['current']}" if progress.get("current") else "no current release"
+        if where is None:
+            raise Interrupted("rollback interrupted (Ctrl-C) before it reached the board: nothing was changed there",
+                              "run the same command again") from stop
+        if stage == "switch":
+            target = progress["target"]
+            raise Interrupted(f"rollback interrupted (Ctrl-C) while switching current on {where}: current may "
+                              f"already point to releases/{target} or still to {was}",
+                              "'edgesdk deploy --status' shows which; if it did not switch, run 'edgesdk deploy "
+                              f"--rollback --release {target}'") from stop
+        if stage == "switched":
+            raise Interrupted(f"rollback interrupted (Ctrl-C) after switching {where} to releases/{progress['target']} "
+                              f"(was {was}): a unit deploy --service installed may not have been restarted",
+                              "restart it on the board (systemctl restart edgesdk-serve, --user for a user "
+                              "unit); without --service there is nothing left to do") from stop
+        raise Interrupted(f"rollback interrupted (Ctrl-C): {where} keeps {was} as current",
+                          "run the same command again") from stop
+
+
+def _rollback(options: DeployOptions, release: str | None, report: Reporter, progress: dict) -> dict:
     board = open_board(options)
     with contextlib.ExitStack() as stack:
         stack.callback(board.transport.close)
@@ -55,6 +84,7 @@ def rollback(options: DeployOptions, release: str | None = None, report: Reporte
             facts = probe(board)
             current, target = facts.state.get("current"), release or facts.state.get("previous")
             report.info(f"current {current or 'none'}, previous {facts.state.get('previous') or 'none'}")
+            progress.update(where=board.label, current=current, target=target)
         if not target:
             raise DeployError(f"{board.label} has no previous release to roll back to (current: {current or 'none'})",
                               "deploy another bundle first, or name a release from 'edgesdk deploy --status' "
@@ -75,6 +105,7 @@ def rollback(options: DeployOptions, release: str | None = None, report: Reporte
             smoke_test(board, board_edgesdk(board, facts, options.local), board.path("releases", target), options,
                        report)
         with report.step("switch current"):
+            progress["stage"] = "switch"
             try:
                 switched = board.call("switch", {"bundle_id": target, "action": "rollback"})
             except BoardRefusal:
@@ -92,6 +123,7 @@ def rollback(options: DeployOptions, release: str | None = None, report: Reporte
                     "unit that deploy --service installed (systemctl restart edgesdk-serve, --user for a "
                     "user unit)"
                 ) from lost
+            progress["stage"] = "switched"
             report.info(f"current -> releases/{target} (was {switched['from'] or 'none'})")
             restarted = restart_service(board)  # a unit deploy --service installed serves current
             if restarted:
