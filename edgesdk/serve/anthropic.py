@@ -23,9 +23,14 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
   "model_context_window_exceeded",
   "stop_sequence", "usage": {"input_tokens", "output_tokens", "cache_read_input_tokens"}}``.
 * stream: the events ``message_start``, ``content_block_start``, ``ping``,
-  ``content_block_delta`` (``text_delta``, ``thinking_delta`` in a thinking block, or one
-  ``input_json_delta`` with a call's whole input), ``content_block_stop``, ``message_delta`` (stop reason, the whole usage) and
+  ``content_block_delta`` (``text_delta``, ``thinking_delta`` in a thinking block, or ``input_json_delta`` pieces of
+  a call's input as they are written: its ``tool_use`` block starts with ``input`` {} once the name is whole,
+  "Streaming Messages"), ``content_block_stop``, ``message_delta`` (stop reason, the whole usage) and
   ``message_stop``; an error after the start is an ``error`` event.
+* a call cut by ``max_tokens`` (or a stop sequence) mid-input is the ``tool_use`` block written so far, its input
+  the object its JSON so far holds (:func:`partial_input`), with the stop reason of the cut (``max_tokens``:
+  Anthropic's "Handling stop reasons", a response cut by the limit may end in an incomplete tool_use block); whole
+  and streamed alike.
 * errors: ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's error types.
 """
 
@@ -46,7 +51,7 @@ from edgesdk.serve.api import (
     join_text_parts,
     parse_chat_request,
 )
-from edgesdk.serve.tools import read_answer
+from edgesdk.serve.tools import AnswerStream
 
 ROUTES = ("/messages", "/messages/count_tokens")
 ROLES = ("user", "assistant")
@@ -269,14 +274,80 @@ def new_message_id() -> str:
 
 
 def content_blocks(request: CompletionRequest, text: str, finish_reason: str) -> tuple[list[dict], str]:
-    """The answer's content blocks and its finish reason ("tool_calls" where a tool was called)."""
+    """The answer's content blocks and its finish reason ("tool_calls" where a tool was called): under tools the
+    blocks its stream builds (:class:`ToolStream`), a call cut short kept as written so far."""
     if request.tools is None:
         return [{"type": "text", "text": text}], finish_reason
-    content, calls = read_answer(text, finish_reason == "stop")
-    if calls is None:
-        return [{"type": "text", "text": content}], finish_reason
-    return [{"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": call["function"]["name"],
-             "input": json.loads(call["function"]["arguments"])} for call in calls], "tool_calls"
+    stream = ToolStream()
+    stream.push(text)
+    _, finish_reason = stream.close(finish_reason)
+    return stream.blocks, finish_reason
+
+
+def partial_input(arguments: str) -> dict:
+    """The input a call's arguments so far (the start of a JSON object, as :class:`AnswerStream` gives it out) hold,
+    as Anthropic's SDK reads the ``input_json_delta`` pieces it has accumulated (``jiter.from_json`` in partial
+    mode): what is whole is kept, objects and arrays left open are closed, and an unfinished string, a number or
+    literal that may go on, a key without its value are left out."""
+    value, _ = _partial_value(arguments, 0)
+    return value if isinstance(value, dict) else {}
+
+
+_UNFINISHED = object()  # a value the text ends inside of
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_LITERALS = {"true": True, "false": False, "null": None}
+
+
+def _skip(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\n\r":
+        at += 1
+    return at
+
+
+def _partial_value(text: str, at: int) -> tuple[object, int]:
+    """The value that starts at ``text[at]`` (``_UNFINISHED`` where the text ends before it is whole; an open
+    object or array is whole as far as it goes) and where it ends."""
+    at = _skip(text, at)
+    if at == len(text):
+        return _UNFINISHED, at
+    char = text[at]
+    if char in "{[":
+        container: dict | list = {} if char == "{" else []
+        at += 1
+        while True:
+            at = _skip(text, at)
+            if at == len(text):
+                return container, at
+            if text[at] in "}]":
+                return container, at + 1
+            if text[at] == ",":
+                at += 1
+            if isinstance(container, list):
+                value, at = _partial_value(text, at)
+                if value is _UNFINISHED:
+                    return container, len(text)
+                container.append(value)
+                continue
+            key, at = _partial_value(text, at)
+            at = _skip(text, at)
+            if not isinstance(key, str) or at == len(text):  # a key unfinished, or without its colon yet
+                return container, len(text)
+            value, at = _partial_value(text, at + 1)  # past the colon
+            if value is _UNFINISHED:
+                return container, len(text)
+            container[key] = value
+    if char == '"':
+        try:
+            return json.decoder.scanstring(text, at + 1)
+        except ValueError:  # the string goes on past the text
+            return _UNFINISHED, len(text)
+    number = _NUMBER.match(text, at)
+    if number and (number.end() == len(text) or text[number.end()] in ",]} \t\n\r"):  # else it goes on ("1." "1e")
+        return json.loads(number.group()), number.end()
+    for word, value in _LITERALS.items():
+        if text.startswith(word, at):
+            return value, at + len(word)
+    return _UNFINISHED, len(text)
 
 
 def stop_reason(request: CompletionRequest, finish_reason: str, completion) -> str:
@@ -361,31 +432,77 @@ class ThinkingStream:
                                                   "content_block": block})]
 
 
+class ToolStream:
+    """The content blocks of an answer under tools, read as it is generated (:class:`AnswerStream`, as the chat
+    route streams it): a ``tool_use`` block started once the call's name is whole (``input`` {}), its input's JSON
+    in ``input_json_delta`` pieces as it settles; a text answer's ``text`` block with its ``text_delta`` pieces
+    (Anthropic's "Streaming Messages"). ``blocks`` is the message's content the events build."""
+
+    def __init__(self):
+        self.answer = AnswerStream()
+        self.blocks: list[dict] = []
+
+    def push(self, text: str) -> list:
+        """The events that the answer's next ``text`` settles."""
+        return self._events(self.answer.push(text))
+
+    def close(self, finish_reason: str) -> tuple[list, str]:
+        """Once the answer has ended (``finish_reason`` its generation's): the events still to go, the last
+        block's end (an empty text block where nothing was written, as a whole answer has one), and the
+        answer's finish reason ("tool_calls" for a whole call)."""
+        deltas, fields, finish_reason = self.answer.finish(finish_reason)
+        events = self._events(deltas)
+        if not self.blocks:
+            events += self._start({"type": "text", "text": ""})
+        calls = fields.get("tool_calls")
+        if calls and self.blocks[-1]["type"] == "tool_use":
+            arguments = calls[0]["function"]["arguments"]  # the chat route's message's, which the pieces join into
+            self.blocks[-1]["input"] = json.loads(arguments) if finish_reason == "tool_calls" else \
+                partial_input(arguments)
+        return events + [("content_block_stop", {"type": "content_block_stop", "index": len(self.blocks) - 1})], \
+            finish_reason
+
+    def _events(self, deltas: list[dict]) -> list:
+        events = []
+        for delta in deltas:
+            if delta.get("content"):
+                if not self.blocks or self.blocks[-1]["type"] != "text":
+                    events += self._start({"type": "text", "text": ""})
+                self.blocks[-1]["text"] += delta["content"]
+                events.append(self._delta({"type": "text_delta", "text": delta["content"]}))
+            for piece in delta.get("tool_calls") or []:
+                function = piece["function"]
+                if "name" in function:
+                    events += self._start({"type": "tool_use", "id": "toolu_" + piece["id"].removeprefix("call_"),
+                                           "name": function["name"], "input": {}})
+                if function["arguments"]:
+                    events.append(self._delta({"type": "input_json_delta", "partial_json": function["arguments"]}))
+        return events
+
+    def _start(self, block: dict) -> list:
+        events = [("content_block_stop", {"type": "content_block_stop", "index": len(self.blocks) - 1})] \
+            if self.blocks else []
+        self.blocks.append(block)
+        return events + [("content_block_start", {"type": "content_block_start", "index": len(self.blocks) - 1,
+                                                  "content_block": dict(block)})]
+
+    def _delta(self, delta: dict) -> tuple[str, dict]:
+        return "content_block_delta", {"type": "content_block_delta", "index": len(self.blocks) - 1, "delta": delta}
+
+
 def text_event(text: str) -> tuple[str, dict]:
     return "content_block_delta", {"type": "content_block_delta", "index": 0,
                                    "delta": {"type": "text_delta", "text": text}}
 
 
-def end_events(request: CompletionRequest, completion, text_block: bool, closing: list | None = None) -> list:
-    """(event, data) pairs that close a stream: a tools answer's blocks whole, then the stop reason. ``closing``:
-    the blocks' ends where the caller opened them (ThinkingStream)."""
-    events = []
-    finish = completion.finish_reason
-    if closing is not None:
-        events += closing
-    elif text_block:
-        events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
-    else:  # an answer under tools is JSON to read once whole: its blocks go out now
-        blocks, finish = content_blocks(request, completion.text, completion.finish_reason)
-        for index, block in enumerate(blocks):
-            if block["type"] == "text":
-                opened, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
-            else:
-                opened = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-                delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
-            events += [("content_block_start", {"type": "content_block_start", "index": index, "content_block": opened}),
-                       ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}),
-                       ("content_block_stop", {"type": "content_block_stop", "index": index})]
+def end_events(request: CompletionRequest, completion, closing: list | None = None,
+               finish_reason: str | None = None) -> list:
+    """(event, data) pairs that close a stream: the blocks' ends (``closing`` where the caller opened them:
+    ThinkingStream, ToolStream; else the one text block's), then the stop reason (``finish_reason``: the answer's,
+    where it is not the generation's, as a tools answer's "tool_calls")."""
+    events = list(closing) if closing is not None else \
+        [("content_block_stop", {"type": "content_block_stop", "index": 0})]
+    finish = completion.finish_reason if finish_reason is None else finish_reason
     # The usage is cumulative (Anthropic's "Streaming Messages"): the prompt tokens taken from the cache are
     # known once the answer is made, and the client's message then reads as the answer without stream does.
     events.append(("message_delta", {"type": "message_delta",

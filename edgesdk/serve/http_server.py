@@ -437,27 +437,35 @@ class ApiHandler(BaseHTTPRequestHandler):
             reasoning, text = split_answer(splitter, completion.text) if splitter is not None else ("", None)
             self._send_json(200, anthropic.message_body(request, ident, self.server.model, completion, reasoning, text))
             return
-        text_block = request.tools is None  # an answer under tools is JSON, read once whole
+        # an answer under tools is JSON: its call's input or its text goes out as it settles (anthropic.ToolStream)
+        answer = anthropic.ToolStream() if request.tools is not None else None
         blocks = anthropic.ThinkingStream() if splitter is not None else None
         prompt_tokens = len(completer.prompt_ids(request))
         def opened() -> None:
             for name, data in anthropic.start_events(ident, self.server.model, prompt_tokens, 0,
-                                                     text_block and blocks is None):
+                                                     answer is None and blocks is None):
                 self._named_event(name, data)
 
         def on_text(text: str, logprobs: dict | None) -> None:
-            if blocks is not None:
-                for name, data in blocks.pieces(*splitter.push(text)):
-                    self._named_event(name, data)
-            elif text_block and text:
-                self._named_event(*anthropic.text_event(text))
+            if answer is not None:
+                events = answer.push(text)
+            elif blocks is not None:
+                events = blocks.pieces(*splitter.push(text))
+            else:
+                events = [anthropic.text_event(text)] if text else []
+            for name, data in events:
+                self._named_event(name, data)
 
         completion = self._complete_streamed(request, on_text, opened,
                                              lambda error: self._named_event("error", anthropic.error_body(error)))
         if completion is None:
             return
-        closing = None if blocks is None else blocks.pieces(*splitter.flush()) + blocks.close()
-        for name, data in anthropic.end_events(request, completion, text_block, closing):
+        closing, finish_reason = None, None
+        if answer is not None:
+            closing, finish_reason = answer.close(completion.finish_reason)
+        elif blocks is not None:
+            closing = blocks.pieces(*splitter.flush()) + blocks.close()
+        for name, data in anthropic.end_events(request, completion, closing, finish_reason):
             self._named_event(name, data)
 
     def _responses(self) -> None:

@@ -30,10 +30,13 @@ OpenAI's API reference ("Responses", "Streaming events"):
   by its token limit is ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``.
 * stream: named server-sent events, each carrying its ``type`` and ``sequence_number``: ``response.created``,
   ``response.in_progress``, per item ``response.output_item.added``, ``response.content_part.added``, the text's
-  ``response.output_text.delta`` (``response.reasoning_text.delta`` in a reasoning item, a call's arguments in one
-  ``response.function_call_arguments.delta``) and their ``.done``, ``response.content_part.done``,
-  ``response.output_item.done``; then ``response.completed`` or ``response.incomplete`` with the whole response,
-  the same as the answer without ``stream``. An error after the start is an ``error`` event.
+  ``response.output_text.delta`` (``response.reasoning_text.delta`` in a reasoning item) and their ``.done``,
+  ``response.content_part.done``, ``response.output_item.done``; a ``function_call`` item is added (``arguments``
+  "", ``in_progress``) once its name is whole, its arguments follow in ``response.function_call_arguments.delta``
+  pieces as they are written, then ``.done`` with them whole and ``response.output_item.done``; then
+  ``response.completed`` or ``response.incomplete`` with the whole response, the same as the answer without
+  ``stream``. An answer cut by ``max_output_tokens`` mid-call keeps the call as written so far (its arguments a
+  prefix of JSON), ``incomplete`` like the response. An error after the start is an ``error`` event.
 * errors: OpenAI's ``{"error": {"message", "type", "param", "code"}}``, as on the chat route.
 """
 
@@ -58,7 +61,7 @@ from edgesdk.serve.api import (
     parse_chat_request,
 )
 from edgesdk.serve.reasoning import CLOSE
-from edgesdk.serve.tools import read_answer
+from edgesdk.serve.tools import AnswerStream
 
 ROUTE = "/responses"
 ROLES = ("user", "assistant", "system", "developer")
@@ -491,6 +494,9 @@ class Output:
         self.waiting: list[tuple[int, dict]] = []  # (where its token starts in the answer, entry) not yet given out
         self.starts = TextOffsets()
         self.pushed = 0  # characters of the answer's text pushed so far
+        # an answer under tools is JSON: its call or its text goes out as it settles (tools.AnswerStream)
+        tools = asked.request.tools
+        self.answer = AnswerStream(tools.structured) if tools is not None else None
 
     # -------------------------------------------------------------- the response object
     def response(self, status: str, completion=None) -> dict:
@@ -532,10 +538,13 @@ class Output:
         return self._event("error", code=error.code or error.kind, message=error.message, param=error.param)
 
     def push(self, text: str, logprobs: dict | None = None) -> list:
-        """A piece of the answer's text (none under tools, whose JSON answer is read once whole), with the chat
-        logprobs object of the tokens that start in it."""
-        if self.asked.request.tools is not None:
-            return []
+        """A piece of the answer's text, with the chat logprobs object of the tokens that start in it. Under tools
+        the piece goes through :class:`AnswerStream`: what it settles of a call or a text goes out; a text
+        answer's message carries every token of the answer (its JSON too), as the chat route's message does."""
+        if self.answer is not None:
+            if logprobs:  # every token is the message's (offset 0): its text is read out of the answer's JSON
+                self.waiting += [(0, entry) for entry in logprobs["content"]]
+            return self._answer_events(self.answer.push(text))
         if logprobs:
             entries = logprobs["content"]
             self.waiting += zip(self.starts([bytes(entry["bytes"]) for entry in entries]), entries, strict=True)
@@ -567,6 +576,30 @@ class Output:
                                       delta=text, **extra))
         return events
 
+    def _answer_events(self, deltas: list[dict]) -> list:
+        """The events of :class:`AnswerStream`'s chat deltas: a text's pieces as the message's, a call's first
+        delta (its id and name) as a function_call item added, its arguments' pieces as
+        ``response.function_call_arguments.delta`` events."""
+        events = []
+        for delta in deltas:
+            if delta.get("content"):
+                events += self._pieces("", delta["content"])
+            for piece in delta.get("tool_calls") or []:
+                function = piece["function"]
+                if "name" in function:
+                    events += self._close("completed") + self._open_call(piece["id"], function["name"])
+                if function["arguments"]:
+                    self.item["arguments"] += function["arguments"]
+                    events.append(self._event("response.function_call_arguments.delta", item_id=self.item["id"],
+                                              output_index=len(self.items), delta=function["arguments"]))
+        return events
+
+    def _open_call(self, call_id: str, name: str) -> list:
+        self.kind, self.text, self.logprobs = "function_call", "", []
+        self.item = {"id": _item_id("fc"), "type": "function_call", "status": "in_progress", "call_id": call_id,
+                     "name": name, "arguments": ""}
+        return [self._event("response.output_item.added", output_index=len(self.items), item=dict(self.item))]
+
     def _open(self, kind: str) -> list:
         self.kind, self.text, self.logprobs = kind, "", []
         if kind == "message":
@@ -588,7 +621,16 @@ class Output:
     def _close(self, status: str) -> list:
         if self.kind is None:
             return []
-        index, part = len(self.items), self._part(self.text)
+        index = len(self.items)
+        if self.kind == "function_call":  # its arguments whole (as written so far, where the answer was cut)
+            self.item = {**self.item, "status": status}
+            events = [self._event("response.function_call_arguments.done", item_id=self.item["id"], output_index=index,
+                                  arguments=self.item["arguments"]),
+                      self._event("response.output_item.done", output_index=index, item=self.item)]
+            self.items.append(self.item)
+            self.kind, self.item = None, None
+            return events
+        part = self._part(self.text)
         done = "response.output_text.done" if self.kind == "message" else "response.reasoning_text.done"
         extra = {"logprobs": _event_logprobs(self.logprobs)} if self.kind == "message" else {}
         events = [self._event(done, item_id=self.item["id"], output_index=index, content_index=0, text=self.text,
@@ -602,16 +644,15 @@ class Output:
         return events
 
     def end(self, completion) -> list:
-        """The stream's last events: the open item closed (a tools answer's items whole), then the response."""
+        """The stream's last events: what the answer's end settles, the open item closed, then the response."""
         status = "incomplete" if completion.finish_reason == "length" else "completed"
         events = []
-        if self.asked.request.tools is not None:
-            events += self._tool_answer(completion, status)
-        else:
-            if self.splitter is not None:
-                events += self._pieces(*self.splitter.flush())
-            if self.kind is None and not self.items:
-                events += self._open("message")  # an answer with no text still has its message, as OpenAI's
+        if self.answer is not None:
+            events += self._answer_events(self.answer.finish(completion.finish_reason)[0])
+        elif self.splitter is not None:
+            events += self._pieces(*self.splitter.flush())
+        if self.kind is None and not self.items:
+            events += self._open("message")  # an answer with no text still has its message, as OpenAI's
         if self.kind == "message" and self.waiting:  # tokens that made no text (the chat route's last logprobs)
             given = self._given_logprobs()
             if given:
@@ -626,28 +667,6 @@ class Output:
         self.push(completion.text, completion.logprobs)
         self.end(completion)
         return self.response("incomplete" if completion.finish_reason == "length" else "completed", completion)
-
-    def _tool_answer(self, completion, status: str) -> list:
-        """A tools answer, once whole: its text as a message, or its calls as function_call items."""
-        tools = self.asked.request.tools
-        content, calls = read_answer(completion.text, completion.finish_reason == "stop", tools.structured)
-        if calls is None:  # the message carries the whole answer's logprobs, as the chat route's message does
-            self.waiting = [(0, entry) for entry in (completion.logprobs or {}).get("content", [])]
-            return self._pieces("", content) or self._open("message")
-        events = []
-        for call in calls:
-            index, arguments = len(self.items), call["function"]["arguments"]
-            item = {"id": _item_id("fc"), "type": "function_call", "status": "in_progress", "call_id": call["id"],
-                    "name": call["function"]["name"], "arguments": ""}
-            events += [self._event("response.output_item.added", output_index=index, item=item),
-                       self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                                   delta=arguments),
-                       self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                                   arguments=arguments)]
-            item = {**item, "arguments": arguments, "status": "completed"}
-            events.append(self._event("response.output_item.done", output_index=index, item=item))
-            self.items.append(item)
-        return events
 
 
 def _event_logprobs(entries: list[dict]) -> list[dict]:
