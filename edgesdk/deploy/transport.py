@@ -343,8 +343,11 @@ def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | Non
         if pattern in text:
             return DeployError(
                 f"cannot reach {spec}{when}: {why} ({last})",
-                "check that the board is powered and on the network, that sshd runs on it "
-                f"('sudo systemctl status ssh' on the board) and the port{f' {spec.port}' if spec.port else ''}")
+                "check that the board is powered and on the network, and that sshd runs on it ('sudo systemctl "
+                "status ssh' on the board) and listens on "
+                + (f"port {spec.port}" if spec.port else
+                   "the port ssh connects to (22, or the Port your ssh config gives the board; "
+                   "--host user@board:PORT picks another)"))
     return DeployError(
         f"the ssh connection to {spec} failed{when}: {last}",
         "check the network, then run the same deploy again: it resumes, and the board keeps its current release")
