@@ -152,9 +152,31 @@ def check_replaceable(path: Path, fix: str = "pass --out a new directory (or an 
                           "would replace them", fix)
 
 
+def model_not_bundle(path: Path) -> BundleError | None:
+    """``path`` is a model ``edgesdk build`` takes (a GGUF file by its magic, a Hugging Face directory by its
+    config.json) rather than a bundle: the error that says to build one from it, else None."""
+    if path.is_file():
+        try:
+            with open(path, "rb") as handle:
+                magic = handle.read(4)
+        except OSError:
+            return None
+        kind = "a GGUF model file" if magic == b"GGUF" else None
+    else:
+        kind = "a Hugging Face model directory (config.json)" if (path / "config.json").is_file() else None
+    if kind is None:
+        return None
+    return BundleError(f"{path} is {kind}, not an edgesdk bundle",
+                       f"build a bundle from it first: edgesdk build --model {path} --target TARGET "
+                       "('edgesdk targets list' names them), then pass the bundle directory it prints")
+
+
 def read_manifest(path: Path) -> dict:
     """Read and integrity-check manifest.json without checking the other files."""
     path = Path(path)
+    model = model_not_bundle(path) if not (path / MANIFEST).exists() else None
+    if model is not None:
+        raise model
     if path.is_file():
         raise BundleError(f"bundle {path} is a file, not a bundle directory",
                           f"if it is an archive made by 'edgesdk pack', unpack it first: edgesdk unpack {path} DIR")

@@ -128,6 +128,7 @@ def unpack_if_archive(path: Path, stack) -> Path:
         SUPPORTED_ARCHIVES,
         UNREADABLE_MAGIC,
         UNSUPPORTED_SUFFIXES,
+        model_not_bundle,
         unpack_bundle,
     )
 
@@ -143,6 +144,9 @@ def unpack_if_archive(path: Path, stack) -> Path:
             raise DeployError(f"cannot read the bundle archive {path} ({exc.strerror or exc})",
                               "check that the file is readable, or pass the bundle directory") from exc
     if not archive:
+        model = model_not_bundle(path)  # a GGUF file, which 'edgesdk build' takes
+        if model is not None:
+            raise model
         raise DeployError(f"{path} is a file, but neither a bundle directory nor a bundle archive (not a tar "
                           f"archive; deploy reads {SUPPORTED_ARCHIVES} from 'edgesdk pack')",
                           "pass the bundle directory 'edgesdk build' wrote, or its archive from 'edgesdk pack'")
