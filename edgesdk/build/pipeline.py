@@ -29,7 +29,13 @@ from edgesdk.build.sparse_step import check_kernel_sm
 from edgesdk.bundle import Bundle, _bundle_holding, check_replaceable
 from edgesdk.compress.data import DataConfig
 from edgesdk.errors import BuildError, EdgeSDKError
-from edgesdk.export.onnx_export import MIN_CONTEXT, ExportConfig, check_exportable, export_model
+from edgesdk.export.onnx_export import (
+    MIN_CONTEXT,
+    ExportConfig,
+    bundle_context,
+    check_exportable,
+    export_model,
+)
 from edgesdk.export.validate import ValidationConfig, validate_export, validate_fused
 from edgesdk.models.sources import DEFAULT_MODEL, resolve_model
 from edgesdk.profile import get_profile
@@ -290,6 +296,10 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     try:
         loaded = load_model(source, progress=config.progress)
         check_exportable(loaded.model.config, export_config)  # before any stage, not at export
+        context = bundle_context(loaded.model.config, export_config)
+        if context < export_config.max_context:  # the graph's rotary table covers the model's positions only
+            _log(f"  the bundle's context is {context} tokens, not --max-context {export_config.max_context}: the model's "
+                 f"max_position_embeddings is {context}")
         check_depth_pruning(stages, loaded.model.config.num_hidden_layers)
         check_power_stage(stages, loaded.model.config)
         check_gemma_stages(stages, export_config, loaded.model.config)
