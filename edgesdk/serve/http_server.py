@@ -138,6 +138,17 @@ LINGER_S = 5.0  # how long a connection closed on an unread body keeps reading i
 LINGER_BYTES = 64 << 20
 
 
+def json_bytes(body: object) -> bytes:
+    """``body`` as UTF-8 JSON text. A lone UTF-16 surrogate, which a request may carry as a ``\\ud83d`` escape into a
+    field the answer repeats (a Responses request's ``metadata``), has no UTF-8 form: then the whole text is written
+    with ``\\u`` escapes, as JSON allows (RFC 8259 section 7), instead of the answer failing."""
+    text = json.dumps(body, ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(body).encode("ascii")
+
+
 def linger(connection: socket.socket, seconds: float = LINGER_S, limit: int = LINGER_BYTES) -> None:
     """Close the sending side, then read and drop what the client still sends, for up to ``seconds`` or
     ``limit`` bytes, before the socket is closed (RFC 9112 §9.6, "Tear-down": a server that closes with
@@ -773,12 +784,11 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _named_event(self, name: str, body: dict) -> None:
         """A server-sent event with its name (Anthropic's streams name each event)."""
-        self.wfile.write(f"event: {name}\ndata: ".encode() + json.dumps(body, ensure_ascii=False).encode("utf-8")
-                         + b"\n\n")
+        self.wfile.write(f"event: {name}\ndata: ".encode() + json_bytes(body) + b"\n\n")
         self.wfile.flush()
 
     def _event(self, body: dict) -> None:
-        self.wfile.write(b"data: " + json.dumps(body, ensure_ascii=False).encode("utf-8") + b"\n\n")
+        self.wfile.write(b"data: " + json_bytes(body) + b"\n\n")
         self.wfile.flush()
 
     def _send_refusal(self, status: int, body: dict) -> None:
@@ -791,7 +801,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _send_json(self, status: int, body: dict | list) -> None:
-        self._send_body(status, json.dumps(body, ensure_ascii=False).encode("utf-8"), "application/json")
+        self._send_body(status, json_bytes(body), "application/json")
 
     def _send_body(self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
         """A whole response with its length (and ``headers``); HEAD gets the headers alone."""

@@ -48,6 +48,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.text import check_utf8
 from edgesdk.serve.api import (
     MAX_TOP_LOGPROBS,
     SAMPLERS_OFF,
@@ -117,6 +119,12 @@ def parse_responses_request(body: object) -> ResponsesRequest:
         request = parse_chat_request(chat)
     except ApiError as exc:
         raise _renamed(exc, origins) from None
+    for message, origin in zip(request.messages, origins, strict=False):
+        try:  # text the prompt cannot hold (a lone surrogate from a JSON escape), named as the Responses field
+            if isinstance(message.get("content"), str):
+                check_utf8(message["content"], origin)
+        except EdgeSDKError as exc:
+            raise ApiError(400, exc.problem, param=origin) from None
     tools = [_echoed_tool(tool) for tool in body.get("tools") or []]
     text = dict(body.get("text") or {})
     text["format"] = text.get("format") or {"type": "text"}
