@@ -368,7 +368,7 @@ def _thermal_options(fn):
         click.option("--no-guard", is_flag=True, help="Record (and simulate) only, never pace or pause."),
         click.option("--clock-cap", is_flag=True,
                      help="While pacing, the guard also caps the CPU clock (cpufreq scaling_max_freq, needs root; "
-                          "restored on exit): about 1.5x the tokens at the same temperature, each a little slower."),
+                          "restored on exit): about 1.4x the tokens at the same temperature, each a little slower."),
         click.option("--telemetry", type=click.Path(dir_okay=False, path_type=Path),
                      help="Write one JSONL record per step: temperatures, level, tok/s, budget, pacing, power."),
         click.option("--ambient", type=AMBIENT, help="Ambient °C of the simulated board [the profile's]."),
