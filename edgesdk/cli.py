@@ -457,7 +457,10 @@ def _gate_options(fn):
                    "the answer ends when the object closes).")
 @click.option("--json-schema", metavar="FILE|JSON",
               help="Each answer follows this JSON schema (a file holding it, or its JSON text): an object or array "
-                   "with typed properties, required, enum, const, anyOf, items, $defs; other keywords are refused.")
+                   "with typed properties, as pydantic and the openai client write them: required, enum, const, anyOf / "
+                   "oneOf, items / prefixItems, additionalProperties, $defs / $ref, string lengths, pattern and "
+                   "format, number bounds and multipleOf, uniqueItems; not, if / then and propertyNames are refused "
+                   "by name.")
 @click.option("--grammar", metavar="GBNF",
               help="Each answer follows this GBNF grammar (llama.cpp's language: rules, \"literals\", [classes], "
                    "groups, * + ? {m,n}); the end-of-text token only where the grammar accepts.")
