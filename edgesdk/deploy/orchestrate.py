@@ -158,6 +158,34 @@ def undo_service(board, report: Reporter, failed: DeployError, token: str, switc
                        f"{kept}", service.SERVICE_FIX)
 
 
+def restart_unit_after_switch(board, report: Reporter, switched_from: str | None, new_id: str,
+                              previous_before: str | None, runtime_key: str | None) -> None:
+    """A unit an earlier ``deploy --service`` installed serves ``current``, whose server still holds the release
+    it started with: restart it onto ``new_id``. Where it does not come up there, switch ``current`` back and
+    restart it onto the release it served, so the board serves what it served before the deploy."""
+    try:
+        line = service.restart_after_switch(board)
+    except BoardRefusal as failed:
+        if not switched_from:
+            raise DeployError(f"{failed.problem}\nreleases/{new_id} (smoke-tested) stays current: there is no "
+                              "earlier release to go back to", failed.fix) from failed
+        now = switch_back(board, failed, switched_from, new_id, previous_before, runtime_key)
+        undone = (f"current switched back to releases/{switched_from}" if now is None else
+                  other_deploy(now, new_id))
+        try:
+            again = service.restart_after_switch(board) or "the unit is gone, so no server was restarted"
+        except DeployError as restart_failed:
+            again = f"restarting the service onto it failed too: {restart_failed.problem}"
+        raise DeployError(f"{failed.problem}\nthe deploy was undone: {undone}; {again}", failed.fix) from failed
+    except DeployError as lost:  # no answer: the new release is live and smoke-tested, as after a failed prune
+        report.info(f"warning: the board did not answer the restart of the unit an earlier deploy --service may "
+                    f"have installed ({lost.problem.splitlines()[0]}); if one serves this root, restart it so it "
+                    "serves current (systemctl restart edgesdk-serve, with --user for a user unit)")
+        return
+    if line:
+        report.info(line)
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a deploy or a rollback: still a KeyboardInterrupt, carrying what the board was left with
     (``problem``) and what to do next (``fix``), so the command can say both instead of a bare abort."""
@@ -351,6 +379,9 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
             else:
                 if pruned["removed"]:
                     report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {options.keep})")
+            if options.service is None and switched["from"] != bundle.bundle_id:
+                restart_unit_after_switch(board, report, switched["from"], bundle.bundle_id,
+                                          facts.state.get("previous"), active_runtime if runtime_key else None)
         live = install.runtime_argv(board, options.local) if runtime_key else edgesdk  # runtime/current now
         if options.service is not None:
             progress["stage"] = "service"

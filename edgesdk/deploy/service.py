@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edgesdk.deploy.board_service import SERVICE_NAME
 from edgesdk.deploy.remote import Board, BoardRefusal
 from edgesdk.deploy.transport import DeployError
 
@@ -62,8 +63,11 @@ def install_service(board: Board, argv: list[str], service: ServiceOptions, toke
                                    "timeout_s": HEALTH_TIMEOUT_S, "token": token,
                                    "fix": SERVICE_FIX},
                        timeout=HEALTH_TIMEOUT_S + 300)
+    user = " --user" if reply["scope"] == "user" else ""
     lines = [f"{reply['scope']} unit {reply['unit']} {'written and ' if reply['changed'] else ''}enabled; "
-             f"serving on {service.health_url.removesuffix('/health')}/v1", *reply["notes"]]
+             f"serving on {service.health_url.removesuffix('/health')}/v1", *reply["notes"],
+             f"its log on the board: journalctl{user} -u {SERVICE_NAME} -f; to stop it and keep it stopped: "
+             f"systemctl{user} disable --now {SERVICE_NAME}"]
     return reply, lines
 
 
@@ -89,6 +93,20 @@ def restart_service(board: Board) -> str | None:
     if not reply["restarted"]:
         return f"{reply['scope']} unit {reply['unit']} not restarted: {reply['why']}"
     return f"{reply['scope']} unit {reply['unit']} restarted; it serves the release rolled back to"
+
+
+def restart_after_switch(board: Board) -> str | None:
+    """After a deploy without ``--service`` switched ``current``: restart the unit an earlier ``deploy --service``
+    into this root installed (the board's ``service.json`` names it), so its server loads the new release
+    instead of serving the old one from memory. None where there is none; a server that does not come up is a
+    :class:`BoardRefusal` with its journal."""
+    reply = board.call("service", {"action": "restart", "argv": [], "timeout_s": HEALTH_TIMEOUT_S,
+                                   "fix": SERVICE_FIX}, timeout=HEALTH_TIMEOUT_S + 300)
+    if not reply["installed"]:
+        return None
+    if not reply["restarted"]:
+        return f"{reply['scope']} unit {reply['unit']} not restarted: {reply['why']}"
+    return f"{reply['scope']} unit {reply['unit']} (from an earlier --service deploy) restarted; it serves current"
 
 
 def revert_service(board: Board, token: str) -> str | None:
