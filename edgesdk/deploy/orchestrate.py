@@ -212,12 +212,16 @@ def interrupted(progress: dict) -> Interrupted:
                            f"point to releases/{new_id} (smoke-tested) or still to {was}",
                            "'edgesdk deploy --status' shows which; the same deploy again finishes the switch, "
                            "'edgesdk deploy --rollback' goes back")
-    if stage in ("switched", "service"):
-        left = "" if stage == "switched" else "; the systemd unit may be half installed or not restarted"
-        return Interrupted(f"deploy interrupted (Ctrl-C) after switching {where} to releases/{new_id} "
-                           f"(was {was}){left}",
+    if stage == "service":
+        return Interrupted(f"deploy interrupted (Ctrl-C) after switching {where} to releases/{new_id} (was {was}); "
+                           "the systemd unit may be half installed or not restarted",
                            "run the same deploy again to finish it (nothing is sent twice), or "
                            "'edgesdk deploy --rollback' to go back")
+    if stage == "switched":
+        return Interrupted(f"deploy interrupted (Ctrl-C) after switching {where} to releases/{new_id} (was {was})",
+                           "the release is live; if an earlier deploy --service installed a unit for this root, "
+                           "restart it so it serves current (systemctl restart edgesdk-serve, with --user for a "
+                           "user unit); 'edgesdk deploy --rollback' goes back")
     return Interrupted(f"deploy interrupted (Ctrl-C): {where} keeps {was} as current; releases/{new_id} "
                        "was not switched to", "run the same command again: it goes on from where this one "
                        "stopped, and files that already arrived are not sent again")

@@ -112,3 +112,18 @@ def test_ctrl_c_while_a_rollback_switches_names_both_releases_current_may_be(ssh
             ) in cut.stderr
     assert f"--rollback --release {tiny_bundle.bundle_id}" in cut.stderr
     assert current_id(root) == newer.bundle_id  # held before the switch ran on the board
+
+
+def test_ctrl_c_after_the_switch_says_the_release_is_live(ssh_server, tiny_bundle, tmp_path):
+    root = tmp_path / "board"
+    first = edgesdk(*deploy_args(ssh_server, root, tiny_bundle.path))
+    assert first.returncode == 0, first.stderr
+    newer = bundle_variant(tiny_bundle.path, tmp_path / "newer", "newer")
+
+    cut = interrupt_when_held(tmp_path, deploy_args(ssh_server, root, newer.path), "prune", 0)
+    assert cut.returncode == 130, cut.stderr
+    assert "Traceback" not in cut.stderr
+    assert (f"error: deploy interrupted (Ctrl-C) after switching {ssh_server.destination} to "
+            f"releases/{newer.bundle_id} (was releases/{tiny_bundle.bundle_id})") in cut.stderr
+    assert "fix: the release is live" in cut.stderr
+    assert current_id(root) == newer.bundle_id
