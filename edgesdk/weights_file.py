@@ -140,18 +140,29 @@ def _temporary_copy_error(model_path: Path, directory: str, size: int, exc: OSEr
     )
 
 
-# --- the graph's initializers, read from model.onnx's protobuf wire format (onnx.proto3) ---------------
+# --- the graph's initializers, read from model.onnx's protobuf wire format -------------------------------
 # The board runtime has no ``onnx`` package, so the few fields checked before onnxruntime loads the graph
-# are read here: ModelProto.graph (7); GraphProto.node (1), initializer (5); NodeProto.attribute (5);
-# AttributeProto.g (6), graphs (11); TensorProto.dims (1), data_type (2), name (8), raw_data (9),
-# external_data (13: StringStringEntryProto key 1, value 2), data_location (14: 1 is EXTERNAL), and the
-# typed data fields float_data (4), int32_data (5), string_data (6), int64_data (7), double_data (10),
-# uint64_data (11).
+# are read here, as protobuf's encoding guide (protobuf.dev/programming-guides/encoding) lays them out and
+# with onnx/onnx.proto3's field numbers. Every other field is skipped by its wire type.
+VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5  # the wire types proto3 writes (3 and 4, groups: proto2's)
+VARINT_BITS = 64  # a varint carries at most 64 bits (10 bytes); bits past them are dropped, as protobuf drops them
+MODEL_GRAPH = 7
+GRAPH_NODE, GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_SPARSE_INITIALIZER = 1, 5, 11, 15
+NODE_INPUT, NODE_OUTPUT, NODE_NAME, NODE_ATTRIBUTE = 1, 2, 3, 5
+ATTRIBUTE_GRAPH, ATTRIBUTE_GRAPHS = 6, 11  # AttributeProto.g (one subgraph: If's branches) and .graphs
+VALUE_INFO_NAME = 1
+SPARSE_TENSOR_VALUES = 1  # SparseTensorProto.values: a TensorProto whose name is the sparse initializer's
+TENSOR_DIMS, TENSOR_DATA_TYPE, TENSOR_NAME, TENSOR_RAW_DATA = 1, 2, 8, 9
+TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION = 13, 14  # StringStringEntryProto: key 1, value 2
+ENTRY_KEY, ENTRY_VALUE = 1, 2
+DATA_LOCATION_EXTERNAL = 1
+# float_data, int32_data, string_data, int64_data, double_data, uint64_data: the tensor's values, typed
+TENSOR_TYPED_DATA = (4, 5, 6, 7, 10, 11)
 
-# TensorProto.DataType -> bytes per element (sub-byte types as a fraction: INT4, UINT4, FLOAT4E2M1)
+# TensorProto.DataType -> bytes per element (sub-byte types as a fraction, packed with no gaps: INT4, UINT4 and
+# FLOAT4E2M1 two to a byte, INT2 and UINT2 four, as onnxruntime sizes their raw data)
 ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2,
-                 17: 1, 18: 1, 19: 1, 20: 1, 21: 0.5, 22: 0.5, 23: 0.5, 24: 1}
-_TYPED_DATA = (4, 5, 6, 7, 10, 11)
+                 17: 1, 18: 1, 19: 1, 20: 1, 21: 0.5, 22: 0.5, 23: 0.5, 24: 1, 25: 0.25, 26: 0.25}
 
 
 class _Malformed(ValueError):
@@ -159,15 +170,19 @@ class _Malformed(ValueError):
 
 
 def _varint(data: memoryview, at: int) -> tuple[int, int]:
+    """The varint at ``at`` and the offset after it; one of more than 10 bytes is refused, and the bits of a
+    10th byte past the 64th are dropped (protobuf reads ``ff ff ff ff ff ff ff ff ff 7f`` as -1 too)."""
     value, shift = 0, 0
     while True:
-        if at >= len(data) or shift > 63:
+        if at >= len(data):
             raise _Malformed(f"a number runs past byte {at}")
+        if shift >= VARINT_BITS:
+            raise _Malformed(f"a number at byte {at} is longer than a varint's 10 bytes")
         byte = data[at]
         value |= (byte & 0x7F) << shift
         at += 1
         if byte < 0x80:
-            return value, at
+            return value & ((1 << VARINT_BITS) - 1), at
         shift += 7
 
 
@@ -177,14 +192,16 @@ def _fields(data: memoryview):
     while at < len(data):
         key, at = _varint(data, at)
         number, wire = key >> 3, key & 7
-        if wire == 0:
+        if number == 0:
+            raise _Malformed(f"a field before byte {at} has the number 0, which protobuf reserves")
+        if wire == VARINT:
             value, at = _varint(data, at)
-        elif wire in (1, 5):
-            size = 8 if wire == 1 else 4
+        elif wire in (FIXED64, FIXED32):
+            size = 8 if wire == FIXED64 else 4
             if at + size > len(data):
                 raise _Malformed(f"a fixed-size field runs past byte {len(data)}")
             value, at = int.from_bytes(data[at:at + size], "little"), at + size
-        elif wire == 2:
+        elif wire == LENGTH_DELIMITED:
             size, at = _varint(data, at)
             if at + size > len(data):
                 raise _Malformed(f"field {number} of {size} bytes runs past byte {len(data)}")
@@ -192,6 +209,27 @@ def _fields(data: memoryview):
         else:
             raise _Malformed(f"field {number} has wire type {wire}, which onnx.proto3 does not use")
         yield number, wire, value
+
+
+def _length_delimited(data: memoryview, number: int) -> list[memoryview]:
+    """The values of field ``number`` in ``data`` (embedded messages, strings), in order."""
+    return [value for field, wire, value in _fields(data) if field == number and wire == LENGTH_DELIMITED]
+
+
+def _merged(parts: list[memoryview]) -> memoryview:
+    """A singular message field written more than once: protobuf merges the parts, which reads as one
+    message of their bytes joined (encoding guide, "Last One Wins": embedded messages are merged)."""
+    return parts[0] if len(parts) == 1 else memoryview(b"".join(parts))
+
+
+def _text(value: memoryview) -> str:
+    return bytes(value).decode("utf-8", "replace")
+
+
+def _last_text(data: memoryview, number: int) -> str:
+    """A singular string field: its last value ("" when absent), as protobuf reads a field written twice."""
+    texts = _length_delimited(data, number)
+    return _text(texts[-1]) if texts else ""
 
 
 @dataclass
@@ -215,62 +253,77 @@ class GraphTensor:
 
 
 def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
+    """An int64 field's value: protobuf writes a negative one as its 64-bit two's complement."""
+    return value - (1 << VARINT_BITS) if value >= 1 << (VARINT_BITS - 1) else value
 
 
 def _tensor(data: memoryview) -> GraphTensor:
+    """The fields of one TensorProto that the checks read; a singular field written twice keeps its last value."""
     name, data_type, dims, external, location, raw, typed = "", 0, [], {}, 0, None, False
     for number, wire, value in _fields(data):
-        if number == 1 and wire == 0:
+        if number == TENSOR_DIMS and wire == VARINT:
             dims.append(_signed(value))
-        elif number == 1 and wire == 2:  # packed dims
+        elif number == TENSOR_DIMS and wire == LENGTH_DELIMITED:  # packed, as proto3 writes a repeated int64
             at = 0
             while at < len(value):
                 dim, at = _varint(value, at)
                 dims.append(_signed(dim))
-        elif number == 2 and wire == 0:
-            data_type = value
-        elif number == 8 and wire == 2:
-            name = bytes(value).decode("utf-8", "replace")
-        elif number == 9 and wire == 2:
+        elif number == TENSOR_DATA_TYPE and wire == VARINT:
+            data_type = _signed(value)  # an enum is an int32, written as int64 when negative
+        elif number == TENSOR_NAME and wire == LENGTH_DELIMITED:
+            name = _text(value)
+        elif number == TENSOR_RAW_DATA and wire == LENGTH_DELIMITED:
             raw = len(value)
-        elif number == 13 and wire == 2:
-            entry = {key: bytes(text).decode("utf-8", "replace") for key, kind, text in _fields(value) if kind == 2}
-            external[entry.get(1, "")] = entry.get(2, "")
-        elif number == 14 and wire == 0:
+        elif number == TENSOR_EXTERNAL_DATA and wire == LENGTH_DELIMITED:
+            external[_last_text(value, ENTRY_KEY)] = _last_text(value, ENTRY_VALUE)
+        elif number == TENSOR_DATA_LOCATION and wire == VARINT:
             location = value
-        elif number in _TYPED_DATA:
+        elif number in TENSOR_TYPED_DATA:
             typed = True
-    return GraphTensor(name, data_type, dims, external if location == 1 else None, raw, typed)
+    return GraphTensor(name, data_type, dims, external if location == DATA_LOCATION_EXTERNAL else None, raw, typed)
+
+
+def _node(data: memoryview) -> tuple[str, list[str], list[str], list[memoryview]]:
+    """A NodeProto's name, inputs, outputs, and the subgraphs its attributes hold."""
+    name, inputs, outputs, subgraphs = "", [], [], []
+    for number, wire, value in _fields(data):
+        if wire != LENGTH_DELIMITED:
+            continue
+        if number == NODE_INPUT:
+            inputs.append(_text(value))
+        elif number == NODE_OUTPUT:
+            outputs.append(_text(value))
+        elif number == NODE_NAME:
+            name = _text(value)
+        elif number == NODE_ATTRIBUTE:
+            graph = _length_delimited(value, ATTRIBUTE_GRAPH)
+            subgraphs += ([_merged(graph)] if graph else []) + _length_delimited(value, ATTRIBUTE_GRAPHS)
+    return name, inputs, outputs, subgraphs
 
 
 def _graph(data: memoryview, tensors: list[GraphTensor], outer: set[str], dangling: list[tuple[str, str]]) -> None:
-    """Collect a graph's initializers (and its subgraphs'), and the node inputs that name no value in scope."""
+    """Collect a graph's initializers (and its subgraphs'), and the node inputs that name no value in scope: a
+    graph input, an initializer (a sparse one too), a node output, or one of the enclosing graphs' (ONNX IR,
+    "Names Within a Graph": a subgraph may read the names of the graphs around it)."""
     nodes, names = [], set(outer)
     for number, wire, value in _fields(data):
-        if number == 5 and wire == 2:
+        if wire != LENGTH_DELIMITED:
+            continue
+        if number == GRAPH_INITIALIZER:
             tensor = _tensor(value)
             tensors.append(tensor)
             names.add(tensor.name)
-        elif number in (1, 11) and wire == 2:  # a node, or a graph input (ValueInfoProto.name is field 1)
-            if number == 1:
-                nodes.append(value)
-            else:
-                names.update(bytes(v).decode("utf-8", "replace") for n, w, v in _fields(value) if n == 1 and w == 2)
-    parsed = []
-    for node in nodes:
-        inputs, subgraphs, name = [], [], ""
-        for number, wire, value in _fields(node):
-            if number == 1 and wire == 2:
-                inputs.append(bytes(value).decode("utf-8", "replace"))
-            elif number == 2 and wire == 2:
-                names.add(bytes(value).decode("utf-8", "replace"))
-            elif number == 3 and wire == 2:
-                name = bytes(value).decode("utf-8", "replace")
-            elif number == 5 and wire == 2:
-                subgraphs += [v for n, w, v in _fields(value) if n in (6, 11) and w == 2]
-        parsed.append((name, inputs, subgraphs))
-    for name, inputs, subgraphs in parsed:
+        elif number == GRAPH_SPARSE_INITIALIZER:
+            values = _length_delimited(value, SPARSE_TENSOR_VALUES)
+            if values:
+                names.add(_last_text(_merged(values), TENSOR_NAME))
+        elif number == GRAPH_INPUT:
+            names.add(_last_text(value, VALUE_INFO_NAME))
+        elif number == GRAPH_NODE:
+            node = _node(value)
+            nodes.append(node)
+            names.update(node[2])
+    for name, inputs, _, subgraphs in nodes:
         dangling += [(name, value) for value in inputs if value and value not in names]
         for subgraph in subgraphs:
             _graph(subgraph, tensors, names, dangling)
@@ -283,10 +336,10 @@ def read_graph_tensors(model_path: Path) -> tuple[list[GraphTensor], list[tuple[
     try:
         data = memoryview(model_path.read_bytes())
         tensors, dangling = [], []
-        graphs = [value for number, wire, value in _fields(data) if number == 7 and wire == 2]
+        graphs = _length_delimited(data, MODEL_GRAPH)
         if not graphs:
             raise _Malformed("it holds no graph")
-        _graph(graphs[-1], tensors, set(), dangling)
+        _graph(_merged(graphs), tensors, set(), dangling)
     except OSError as exc:
         raise BundleError(f"bundle {model_path.parent}: {model_path.name} cannot be read ({exc.strerror or exc})",
                           "run 'edgesdk verify' on the bundle, then re-copy or rebuild it") from exc
@@ -373,7 +426,7 @@ def _external_size(model_path: Path, location: str, record: dict | None, inflate
     """The length of the external file ``location``, or None when it is not the bundle's weights file."""
     if record is not None:
         return inflated if location == record["external_name"] else None
-    if PurePosixPath(location).name != location or location in ("", ".", "..", model_path.name):
+    if not _names_a_file_beside(model_path, location):
         return None
     path = model_path.parent / location
     return path.stat().st_size if path.is_file() else None
@@ -383,7 +436,14 @@ def _missing_location(model_path: Path, location: str, record: dict | None) -> s
     if record is not None:
         return (f"initializers are stored in {location!r}, but the bundle's weights ('graph.weights.external_name') "
                 f"are {record['external_name']!r}")
-    if PurePosixPath(location).name != location or location in ("", ".", "..", model_path.name):
+    if not _names_a_file_beside(model_path, location):
         return f"initializers are stored in {location!r}, which is not a weights file in the bundle"
     return (f"initializers are stored in {location!r}, which the bundle lacks (a bundle whose weights are "
             "entropy-coded names them in 'graph.weights')")
+
+
+def _names_a_file_beside(model_path: Path, location: str) -> bool:
+    """``location`` is a plain file name in the graph's directory other than the graph's own: no path, no
+    ``..`` (ONNX's external data spec takes a location relative to the model's directory; onnxruntime refuses
+    one that leaves it)."""
+    return PurePosixPath(location).name == location and location not in ("", ".", "..", model_path.name)
