@@ -117,15 +117,15 @@ class OrtDecoderBase:
                 "min_onnxruntime_for", "a feature of this graph"))), graph.get("form", "standard"))
         self.providers = providers or ["CPUExecutionProvider"]
         self.name = "ort-cpu" if self.providers == ["CPUExecutionProvider"] else "ort-" + self.providers[0]
-        tensors = read_graph_tensors(model_path)
-        problems = rotary_problems(tensors[0], int(graph["max_context"]))
+        initializers, dangling_inputs = read_graph_tensors(model_path)
+        problems = rotary_problems(initializers, int(graph["max_context"]))
         if problems:
             raise BundleError(f"bundle {Path(model_path).parent}: the manifest's graph facts do not describe "
                               f"{Path(model_path).name}:\n  - " + "\n  - ".join(problems), REBUILD)
         try:
             self.session = open_session(model_path, make_session_options(threads, spinning), self.providers,
                                         graph.get("weights"), provider_options=provider_options,
-                                        graph_tensors=tensors)
+                                        graph_tensors=(initializers, dangling_inputs))
         except EdgeSDKError:  # a damaged weights file, no room to inflate it: already named
             raise
         except Exception as exc:  # onnxruntime raises its own exception types per failure
