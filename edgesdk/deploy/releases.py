@@ -42,7 +42,8 @@ def format_status(info: dict) -> str:
         target = str(release.get("target") or "?")  # a hand-written manifest may hold any JSON value there
         lines.append(f"  {mark} {release['id']}  target {target:<14} {size:>10}  {when}")
     if info["staging"]:
-        lines.append(f"staging    {', '.join(info['staging'])} (unfinished transfers; the next deploy resumes them)")
+        lines.append(f"staging    {', '.join(info['staging'])} (unfinished transfers: a deploy of the same bundle "
+                     "resumes one; the first deploy more than a day after one was last written removes it)")
     return "\n".join(lines)
 
 

@@ -90,6 +90,10 @@ def test_ctrl_c_during_the_transfer_says_the_board_keeps_its_release_and_the_rer
             f"as current; releases/{newer.bundle_id} was not switched to") in cut.stderr
     assert "fix: run the same command again" in cut.stderr
     assert current_id(root) == tiny_bundle.bundle_id
+    status = edgesdk(*deploy_args(ssh_server, root, "--status"))
+    assert status.returncode == 0, status.stderr
+    assert (f"staging    {newer.bundle_id} (unfinished transfers: a deploy of the same bundle resumes one; the first "
+            "deploy more than a day after one was last written removes it)") in status.stdout
 
     again = edgesdk(*deploy_args(ssh_server, root, newer.path))
     assert again.returncode == 0, again.stderr
