@@ -147,9 +147,7 @@ class ReasoningSplitter:
         rest, self.pending = self.pending, ""
         if self.state == "reasoning":  # a block the limit cut: its text so far, stripped like a closed one's
             return self._shaped([("reasoning", self._reasoning_text(rest.rstrip()))], final=True)
-        if self.state in ("start", "after"):
-            return "", rest.strip() if self.state == "after" else rest
-        return "", rest
+        return "", rest  # after </think>, what waits is the start of a <think> that never came: no whitespace
 
 
 def split_answer(splitter: ReasoningSplitter, text: str) -> tuple[str, str]:
