@@ -313,7 +313,7 @@ def answer_message(text: str, finish_reason: str, structured: bool = False) -> t
 # The envelope before the value, as the schema writes it (listed keys in order, as named; between tokens nothing,
 # one space, or a newline and indentation, edgesdk/runtime/json_schema.py): a value starts at its first character.
 RESPONSE_START = re.compile(r'\s*\{\s*"response"\s*:\s*(?=\S)')
-CALL_NAME = re.compile(r'\s*\{\s*"tool_call"\s*:\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
+CALL_NAME = re.compile(r'\s*\{\s*"tool_call"\s*:\s*\{\s*"name"\s*:\s*"(' + NAME.pattern[1:-1] + ')"')
 ARGUMENTS_START = re.compile(r'\s*,\s*"arguments"\s*:\s*(?=\S)')
 # No envelope's text before its value is longer (a name of 64 characters, 8 gaps of at most 21 spacing
 # characters); an answer that has not begun one by then is read once whole.
@@ -513,7 +513,7 @@ class AnswerStream:
         self.kind: str | None = None  # "response", "call", or "other" (read once whole)
         self.name: str | None = None
         self.value: _Value | None = None
-        self.read = 0  # how much of the text the value has been given
+        self.consumed = 0  # how much of the text is read: the envelope, then what the value has been fed
         self.content: str | None = None  # the content given out so far
         self.call: dict | None = None  # the call given out so far (its arguments so far)
 
@@ -521,14 +521,14 @@ class AnswerStream:
         """The deltas that the answer's next ``text`` settles (none, or one)."""
         self.text += text
         if self.value is None and self.kind != "other":
-            self._envelope()
+            self._read_envelope()
         delta: dict = {}
         if self.kind == "call" and self.name is not None and self.call is None:
             self.call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                          "function": {"name": self.name, "arguments": ""}}
             delta = {"tool_calls": [{"index": 0, **copy.deepcopy(self.call)}]}
-        if self.value is not None and self.read < len(self.text):
-            piece, self.read = self.value.feed(self.text[self.read:]), len(self.text)
+        if self.value is not None and self.consumed < len(self.text):
+            piece, self.consumed = self.value.feed(self.text[self.consumed:]), len(self.text)
             if piece and self.kind == "call":
                 self.call["function"]["arguments"] += piece
                 delta = delta or {"tool_calls": [{"index": 0, "function": {"arguments": ""}}]}
@@ -538,20 +538,23 @@ class AnswerStream:
                 delta = {"content": piece}
         return [delta] if delta else []
 
-    def _envelope(self) -> None:
+    def _read_envelope(self) -> None:
+        """The answer's form, from the JSON before its value: a text (``response``), or a call, named once its
+        name is whole, whose value starts after ``"arguments":``; an answer that has begun neither within
+        :data:`ENVELOPE_LIMIT` characters is "other", read once whole."""
         response = RESPONSE_START.match(self.text)
         if response:
-            self.kind, self.read = "response", response.end()
+            self.kind, self.consumed = "response", response.end()
             self.value = _Value("raw" if self.structured else "text")
             return
         if self.name is None:
             named = CALL_NAME.match(self.text)
             if named:
-                self.kind, self.name, self.read = "call", named.group(1), named.end()
+                self.kind, self.name, self.consumed = "call", named.group(1), named.end()
         if self.name is not None:
-            arguments = ARGUMENTS_START.match(self.text, self.read)
+            arguments = ARGUMENTS_START.match(self.text, self.consumed)
             if arguments:
-                self.read, self.value = arguments.end(), _Value("dump")
+                self.consumed, self.value = arguments.end(), _Value("dump")
             return
         if len(self.text) > ENVELOPE_LIMIT:
             self.kind = "other"
@@ -571,19 +574,24 @@ class AnswerStream:
             call = calls[0]
             if self.call is None:
                 delta = {"tool_calls": [{"index": 0, **call}]}
-            elif self.value is not None and self.value.done:  # the arguments went out whole, as given here (a
-                # key written twice stays so: a JSON reader keeps its last value, as json.loads does)
+            elif self.value is not None and self.value.done:
+                # the arguments went out whole and stay as given (a key written twice too: a JSON reader keeps
+                # its last value, as json.loads does)
                 call, delta = copy.deepcopy(self.call), {}
             else:
-                arguments, sent = call["function"]["arguments"], self.call["function"]["arguments"]
+                arguments = call["function"]["arguments"]
                 call = {**self.call, "function": {**self.call["function"], "arguments": arguments}}
-                rest = arguments[len(sent):] if arguments.startswith(sent) else ""
+                rest = _unsent(arguments, self.call["function"]["arguments"])
                 delta = {"tool_calls": [{"index": 0, "function": {"arguments": rest}}]} if rest else {}
             return [delta] if delta else [], {"content": None, "tool_calls": [call]}, "tool_calls"
         if self.content is None and self.call is None:
             delta = {"content": content}
         else:
-            sent = self.content or ""
-            rest = content[len(sent):] if content.startswith(sent) else ""
+            rest = _unsent(content, self.content or "")
             delta = {"content": rest} if rest else {}
         return [delta] if delta else [], {"content": content}, finish_reason
+
+
+def _unsent(whole: str, sent: str) -> str:
+    """What of ``whole`` is still to go after ``sent``; nothing where the two part ways (what went out stays)."""
+    return whole[len(sent):] if whole.startswith(sent) else ""
