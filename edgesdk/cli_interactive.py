@@ -24,17 +24,20 @@ def read_for_prompt(name: str) -> str:
     return f"--- File: {name} ---\n{content}" + ("" if content.endswith("\n") else "\n")
 
 
+# llama.cpp's escapes of one character after the backslash (common.cpp string_process_escapes)
+SIMPLE_ESCAPES = {"n": b"\n", "r": b"\r", "t": b"\t", "'": b"'", '"': b'"', "\\": b"\\"}
+
+
 def process_escapes(text: str, hint: str) -> str:
     """``text`` with llama.cpp's escape sequences processed, as llama-cli does to --in-prefix, --in-suffix and
     --reverse-prompt (common.cpp ``string_process_escapes``, on by default with -e): \\n, \\r, \\t, \\', \\",
     \\\\ and \\xHH (a byte); any other backslash, and one at the end, stays as it is."""
-    simple = {"n": b"\n", "r": b"\r", "t": b"\t", "'": b"'", '"': b'"', "\\": b"\\"}
     out, index = bytearray(), 0
     while index < len(text):
         char = text[index]
         following = text[index + 1] if index + 1 < len(text) else ""
-        if char == "\\" and following in simple:
-            out += simple[following]
+        if char == "\\" and following in SIMPLE_ESCAPES:
+            out += SIMPLE_ESCAPES[following]
             index += 2
         elif char == "\\" and following == "x" and re.fullmatch("[0-9a-fA-F]{2}", text[index + 2:index + 4]):
             out.append(int(text[index + 2:index + 4], 16))
@@ -56,9 +59,9 @@ class ReversePrompts:
     the texts, or its last token is one a text is tokenized to alone; generate then stops right after that
     token, the reverse prompt shown, as llama-cli hands control back once its output holds a reverse prompt."""
 
-    def __init__(self, texts: tuple[str, ...], tokens: dict[int, str], inner):
-        self.texts, self.tokens, self.inner = texts, tokens, inner
-        self.keep = max(map(len, texts)) - 1  # the shown text's end a reverse prompt can begin in
+    def __init__(self, texts: tuple[str, ...], single_tokens: dict[int, str], inner):
+        self.texts, self.single_tokens, self.inner = texts, single_tokens, inner  # single_tokens: id -> its text
+        self.tail_length = max(map(len, texts)) - 1  # the shown text's end a reverse prompt can begin in
         self.tail = ""
         self.found: str | None = None
 
@@ -76,8 +79,8 @@ class ReversePrompts:
     def shown(self, token: int, piece: str) -> None:
         # The text before the tail held no reverse prompt, or the answer would have stopped there.
         window = self.tail + piece
-        self.found = self.tokens.get(token) or next((text for text in self.texts if text in window), None)
-        self.tail = window[-self.keep:] if self.keep else ""
+        self.found = self.single_tokens.get(token) or next((text for text in self.texts if text in window), None)
+        self.tail = window[-self.tail_length:] if self.tail_length else ""
 
 
 def stdin_keeps_bytes_not_utf8() -> None:
