@@ -190,7 +190,6 @@ def chat_environment():
     """A sandboxed Jinja environment with what transformers gives chat templates: ``{% break %}`` and
     ``{% continue %}``, the ``{% generation %}`` block (rendered as its body), ``strftime_now``,
     ``raise_exception``, and a ``tojson`` that writes UTF-8 as it is (Jinja's own escapes HTML)."""
-    import json
     from datetime import datetime
 
     from jinja2 import ext, nodes
