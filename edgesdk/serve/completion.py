@@ -69,6 +69,10 @@ class ServeDefaults:
     # llama-server's --reasoning-budget: -1 thinks without limit, 0 renders chat templates with enable_thinking false
     # unless a request's or the server's chat_template_kwargs set it
     reasoning_budget: int = -1
+    # /v1/responses keeps finished responses in memory for previous_response_id and GET /v1/responses/{id}: at most
+    # this many (0: keep none), and at most this many bytes of their JSON with their input items; the oldest go first
+    responses_kept: int = 256
+    responses_kept_bytes: int = 16 << 20
 
     def __post_init__(self):
         chain = SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -88,6 +92,9 @@ class ServeDefaults:
                              f"{self.reasoning_budget!r}")
         if self.cache_ram_mib < 0:
             raise ValueError(f"cache_ram_mib must be >= 0, got {self.cache_ram_mib}")
+        for name in ("responses_kept", "responses_kept_bytes"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a whole number >= 0 (0: keep no responses), got {getattr(self, name)!r}")
 
 
 @dataclass

@@ -14,7 +14,9 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
 * ``GET /metrics`` (with ``--metrics``, as llama-server): Prometheus counters (serve/metrics.py).
 * ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API, whole or
   streamed as named events, its errors in Anthropic's shape (serve/anthropic.py).
-* ``POST /v1/responses``: OpenAI's Responses API, whole or streamed as named events (serve/responses.py).
+* ``POST /v1/responses``: OpenAI's Responses API, whole or streamed as named events (serve/responses.py);
+  ``GET`` / ``DELETE /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``: the responses it keeps in
+  memory (``store``), as OpenAI's API answers them.
 * ``POST /tokenize``, ``POST /detokenize`` (llama-server's): a text's token ids (with ``with_pieces``
   each token's text), and the text of token ids. They run beside an answer, without waiting for its turn.
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import hmac
 import io
 import json
+import re
 import select
 import socket
 import sys
@@ -80,10 +83,14 @@ REQUEST_TIMEOUT_S = 300.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
 TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's, answered at once (no turn on the board)
 ROUTES = ("GET /health, GET /v1/models, GET /props, GET /slots, POST /v1/chat/completions, POST /v1/completions, "
-          "POST /completion, POST /v1/responses, POST /v1/messages, "
+          "POST /completion, POST /v1/responses, GET and DELETE /v1/responses/{id}, "
+          "GET /v1/responses/{id}/input_items, POST /v1/messages, "
           "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template "
           "(GET /metrics with --metrics), OPTIONS on any path (a browser's CORS preflight)")
 CORS_METHODS = "GET, POST"  # llama-server's Access-Control-Allow-Methods
+# a kept response (``/responses/{id}``: GET, DELETE) and its input items (GET), as :func:`_api_route` gives the path
+KEPT_RESPONSE = re.compile(r"/responses/([^/]+)")
+KEPT_ITEMS = re.compile(r"/responses/([^/]+)/input_items")
 
 
 class ApiServer(ThreadingHTTPServer):
@@ -105,6 +112,8 @@ class ApiServer(ThreadingHTTPServer):
         self.completer, self.model, self.api_key, self.log = completer, model, api_key, log
         self.client_timeout_s, self.request_timeout_s = client_timeout_s, request_timeout_s
         self.metrics = metrics  # GET /metrics, as llama-server's --metrics turns it on
+        defaults = completer.defaults  # the responses /v1/responses keeps (``store``), in memory
+        self.responses = responses.ResponseStore(defaults.responses_kept, defaults.responses_kept_bytes)
         self.started = int(time.time())
         self._answering = 0  # requests past their body: being answered or waiting for their turn
         self._answers_done = threading.Condition()
@@ -253,6 +262,9 @@ class ApiHandler(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         self._serve(lambda route: self._post(route))
 
+    def do_DELETE(self):  # noqa: N802 (a kept response's removal)
+        self._serve(lambda route: self._delete(route))
+
     def do_OPTIONS(self):  # noqa: N802 (a browser's CORS preflight, on any path and without the API key)
         self._serve(lambda route: self._preflight())
 
@@ -338,8 +350,34 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_json(200, {"object": "list", "data": [self._model_card()]})
         elif _api_route(route).startswith("/models/"):
             self._send_model(_api_route(route)[len("/models/"):])
+        elif match := KEPT_ITEMS.fullmatch(_api_route(route)):
+            self._send_json(200, responses.input_items_page(self._kept(match[1]), self._query()))
+        elif match := KEPT_RESPONSE.fullmatch(_api_route(route)):
+            self._send_json(200, responses.retrieved(self._kept(match[1]), self._query()))
         else:
             self._not_found(route, self.command)
+
+    def _delete(self, route: str) -> None:
+        """``DELETE /v1/responses/{id}``: the kept response removed, answered as OpenAI answers it."""
+        self._authorise()
+        match = KEPT_RESPONSE.fullmatch(_api_route(route))
+        if match is None:
+            self._not_found(route, "DELETE")
+        ident = unquote(match[1])
+        if not self.server.responses.delete(ident):
+            raise responses.not_found(ident)
+        self._send_json(200, {"id": ident, "object": "response", "deleted": True})
+
+    def _kept(self, segment: str) -> responses.Kept:
+        """The kept response a path segment names (percent-encoded, as clients write it), or its 404."""
+        ident = unquote(segment)
+        kept = self.server.responses.get(ident)
+        if kept is None:
+            raise responses.not_found(ident)
+        return kept
+
+    def _query(self) -> dict[str, list[str]]:
+        return parse_qs(self.path.partition("?")[2], keep_blank_values=True)
 
     def _send_model(self, segment: str) -> None:
         """``GET /v1/models/{model}``: the served model's card. The id comes percent-encoded, as clients write a path
@@ -482,7 +520,8 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _responses(self) -> None:
         """OpenAI's Responses API (edgesdk/serve/responses.py): an answer, whole or streamed as named events."""
         self._authorise()
-        asked, completer = responses.parse_responses_request(self._read_json()), self.server.completer
+        kept = self.server.responses
+        asked, completer = responses.parse_responses_request(self._read_json(), kept), self.server.completer
         request = asked.request
         sampling = completer.sampling(request)  # a bad logit_bias id is the request's 400, before any stream opens
         tokenizer = completer.runtime.tokenizer
@@ -494,7 +533,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._answering = True
         if not request.stream:
             completion = completer.complete(request, client_gone=self._client_gone)
-            self._send_json(200, output.whole(completion))
+            answer = output.whole(completion)
+            if asked.store:  # kept before it is sent: a client may ask for it as soon as it has it
+                kept.put(answer, asked.items)
+            self._send_json(200, answer)
             return
 
         def opened() -> None:
@@ -509,17 +551,22 @@ class ApiHandler(BaseHTTPRequestHandler):
                                              lambda error: self._named_event(*output.error(error)))
         if completion is None:
             return
-        for name, data in output.end(completion):
+        events = output.end(completion)
+        if asked.store:  # the response the last event carries, kept before that event goes out
+            kept.put(events[-1][1]["response"], asked.items)
+        for name, data in events:
             self._named_event(name, data)
 
     def _not_found(self, route: str, method: str) -> None:
         """404, or 405 with the methods it takes where the route is this server's under another method."""
         path = _api_route(route)
+        kept = KEPT_RESPONSE.fullmatch(path) is not None
         served_by_get = route in ("/health", "/metrics", "/props", "/slots") or path == "/models" or \
-            path.startswith("/models/")
-        allowed = [name for name, known in (("GET", served_by_get), ("POST", _posted(path))) if known]
+            path.startswith("/models/") or kept or KEPT_ITEMS.fullmatch(path) is not None
+        allowed = [name for name, known in (("GET", served_by_get), ("HEAD", served_by_get), ("POST", _posted(path)),
+                                            ("DELETE", kept)) if known]
         if allowed:
-            self._allow = ", ".join([*allowed, "HEAD"] if "GET" in allowed else allowed)
+            self._allow = ", ".join(allowed)
             raise ApiError(405, f"{route} takes {self._allow}, not {method}: this server has {ROUTES}",
                            code="method_not_allowed")
         raise ApiError(404, f"no route {method} {route}: this server has {ROUTES}", code="not_found")

@@ -14,15 +14,24 @@ OpenAI's API reference ("Responses", "Streaming events"):
   "parameters", "strict"}``), ``tool_choice`` (auto / none / required / ``{"type": "function", "name"}``),
   ``text.format`` (text, json_object, json_schema), ``metadata`` (OpenAI's limits: 16 pairs, keys of 64
   characters, values of 512), ``include`` ``"message.output_text.logprobs"`` with ``top_logprobs`` (0-20);
-  ``parallel_tool_calls``, ``store``, ``truncation``, ``reasoning``, ``include``'s other entries, ``user``,
+  ``parallel_tool_calls``, ``truncation``, ``reasoning``, ``include``'s other entries, ``user``,
   ``service_tier``, ``safety_identifier``, ``prompt_cache_key`` and ``text.verbosity`` change nothing here. A
-  ``function_call_output`` answers a ``function_call`` earlier in ``input`` (OpenAI refuses one whose ``call_id``
-  matches none: "No tool call found for function call output with call_id ..."). llama-server's sampling fields
-  (``top_k``, ``min_p``, ``seed``, ``logit_bias``, ``stop``, ...) and ``chat_template_kwargs`` are read as on the
-  chat route.
-  This server keeps no responses: ``previous_response_id``, ``conversation``, ``prompt`` (a stored prompt),
-  ``item_reference`` items and ``background`` are refused by name, the fix being the whole conversation in
-  ``input``; so are built-in tools and image / file / audio parts.
+  ``function_call_output`` answers a ``function_call`` earlier in the conversation (OpenAI refuses one whose
+  ``call_id`` matches none: "No tool call found for function call output with call_id ..."). llama-server's
+  sampling fields (``top_k``, ``min_p``, ``seed``, ``logit_bias``, ``stop``, ...) and ``chat_template_kwargs`` are
+  read as on the chat route.
+* kept responses: ``store`` (true unless the request says false, OpenAI's default) keeps a finished response
+  (completed or incomplete, whole or streamed) in this process's memory with the input items that led to it
+  (:class:`ResponseStore`: the most recent ``ServeDefaults.responses_kept`` responses within
+  ``responses_kept_bytes`` of their JSON; nothing survives a restart). ``previous_response_id`` continues one: the
+  prompt is its input items, then its output items, then the request's ``input``, the prompt the whole
+  conversation sent in ``input`` renders; its ``instructions`` are not carried over (OpenAI's API reference,
+  "instructions": "When using along with previous_response_id, the instructions from a previous response will not
+  be carried over to the next response"). An id not kept is OpenAI's 404 ``previous_response_not_found``.
+  ``GET /v1/responses/{id}`` gives a kept response as it was answered, ``DELETE /v1/responses/{id}`` removes it,
+  ``GET /v1/responses/{id}/input_items`` lists its input items (:func:`input_items_page`).
+  ``conversation``, ``prompt`` (a stored prompt), ``item_reference`` items and ``background`` are refused by name;
+  so are built-in tools and image / file / audio parts.
 * answer: ``{"id": "resp_...", "object": "response", "status": "completed" | "incomplete", "output": [a
   ``reasoning`` item where a thinking model's reasoning is split off (edgesdk/serve/reasoning.py), then a
   ``message`` item with one ``output_text`` part (its ``logprobs`` as asked), or ``function_call`` items],
@@ -44,8 +53,10 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from edgesdk.errors import EdgeSDKError
@@ -68,8 +79,14 @@ from edgesdk.serve.tools import AnswerStream
 ROUTE = "/responses"
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text")
-STATELESS = "this server keeps no responses or conversations: send the whole conversation in 'input' (earlier turns " \
-    "as message, function_call and function_call_output items) and leave '{field}' out"
+STATELESS = "this server keeps no conversations or stored prompts: chain turns with 'previous_response_id', or send " \
+    "the whole conversation in 'input' (earlier turns as message, function_call and function_call_output items), " \
+    "and leave '{field}' out"
+WHOLE = "send the whole conversation in 'input' (earlier turns as message, function_call and function_call_output " \
+    "items) without 'previous_response_id'"
+# OpenAI's API reference, "List input items": ``limit`` "can range between 1 and 100, and the default is 20"; ``order``
+# "Default is desc"
+ITEMS_LIMIT, ITEMS_MAX = 20, 100
 # llama-server's fields the chat route reads, read here the same way (the samplers this server lacks are refused there)
 CHAT_FIELDS = ("top_k", "min_p", "seed", "samplers", "presence_penalty", "frequency_penalty", "repeat_penalty",
                "repeat_last_n", "logit_bias", "stop", "cache_prompt", "ignore_eos", "chat_template_kwargs",
@@ -109,12 +126,19 @@ class ResponsesRequest:
     reasoning: dict | None
     truncation: str
     top_logprobs: int  # as the request gave it (0 when it did not), repeated in the response
+    previous_response_id: str | None = None
+    store: bool = True
+    # the input items this response answers, each with its id: the previous response's input and output items
+    # (where it continues one), then the request's ``input``
+    items: tuple = ()
 
 
-def parse_responses_request(body: object) -> ResponsesRequest:
-    """``POST /v1/responses``: the request as the chat request it means, checked there."""
+def parse_responses_request(body: object, store: ResponseStore | None = None) -> ResponsesRequest:
+    """``POST /v1/responses``: the request as the chat request it means, checked there. ``previous_response_id``
+    is looked up in ``store`` (without one, none is kept)."""
     body = _object(body)
-    chat, origins = chat_body(body)
+    previous_id, earlier = _previous(body, store)
+    chat, origins = chat_body(body, earlier)
     try:
         request = parse_chat_request(chat)
     except ApiError as exc:
@@ -135,8 +159,29 @@ def parse_responses_request(body: object) -> ResponsesRequest:
                             parallel_tool_calls=_flag(body, "parallel_tool_calls", True),
                             metadata=_metadata(body.get("metadata")), reasoning=body.get("reasoning"),
                             truncation=body.get("truncation") or "disabled",
-                            top_logprobs=_integer(body.get("top_logprobs"), "top_logprobs", minimum=0) or 0)
+                            top_logprobs=_integer(body.get("top_logprobs"), "top_logprobs", minimum=0) or 0,
+                            previous_response_id=previous_id, store=_flag(body, "store", True),
+                            items=(*earlier, *_kept_items(body.get("input"))))
 
+
+def _previous(body: dict, store: ResponseStore | None) -> tuple[str | None, list[dict]]:
+    """``previous_response_id`` and the items it continues: the kept response's input items, then its output."""
+    ident = body.get("previous_response_id")
+    if ident is None:
+        return None, []
+    if not isinstance(ident, str) or not ident:
+        raise ApiError(400, f"'previous_response_id' must be the id of a response (\"resp_...\"), got {_shown(ident)}",
+                       param="previous_response_id")
+    if body.get("conversation") is not None:  # OpenAI: "Cannot be used in conjunction with conversation"
+        raise ApiError(400, "'previous_response_id' and 'conversation' cannot both be given: give one",
+                       param="previous_response_id")
+    kept = store.get(ident) if store is not None else None
+    if kept is None:  # OpenAI's answer, with the fix
+        raise ApiError(404, f"Previous response with id '{ident}' not found. This server keeps "
+                       f"{store.description() if store is not None else 'no responses'} in memory until it restarts, "
+                       f"and none made with 'store': false (or deleted); {WHOLE}",
+                       param="previous_response_id", code="previous_response_not_found")
+    return ident, [*kept.items, *kept.response["output"]]
 
 def _renamed(exc: ApiError, origins: list[str]) -> ApiError:
     """A chat request's error naming the Responses field it came from (``messages[2]`` -> ``input[1]``,
@@ -160,15 +205,16 @@ def _renamed(exc: ApiError, origins: list[str]) -> ApiError:
     return exc
 
 
-def chat_body(body: dict) -> tuple[dict, list[str]]:
-    """The chat body a Responses body means, and for each of its messages the Responses field it came from."""
-    for field in ("previous_response_id", "conversation", "prompt"):
-        if body.get(field) is not None:
-            raise _refuse(field, f"'{field}' = {_shown(body[field])} is not supported: "
-                          + STATELESS.format(field=field))
+def chat_body(body: dict, earlier: list[dict] | None = None) -> tuple[dict, list[str]]:
+    """The chat body a Responses body means, and for each of its messages the Responses field it came from.
+    ``earlier``: the items of the response ``previous_response_id`` continues, before ``input``."""
+    for name in ("conversation", "prompt"):
+        if body.get(name) is not None:
+            raise _refuse(name, f"'{name}' = {_shown(body[name])} is not supported: " + STATELESS.format(field=name))
     if body.get("background") not in (None, False):
         raise _refuse("background", f"'background' = {_shown(body['background'])} is not supported: this server "
-                      "answers while the request waits and keeps no responses to fetch later; leave 'background' out")
+                      "answers while the request waits, and a response is kept only once it is answered; leave "
+                      "'background' out")
     logprobs = _logprobs(body)
     messages, origins = [], []
     instructions = body.get("instructions")
@@ -178,7 +224,7 @@ def chat_body(body: dict) -> tuple[dict, list[str]]:
     if instructions:  # "" is none, as Anthropic's route reads an empty 'system'
         messages.append({"role": "system", "content": instructions})
         origins.append("instructions")
-    for message, origin in _input(body.get("input")):
+    for message, origin in _input(body.get("input"), earlier or []):
         messages.append(message)
         origins.append(origin)
     chat = {"messages": messages, "stream": body.get("stream", False), **logprobs}
@@ -267,18 +313,31 @@ def _metadata(value: object) -> dict:
     return value
 
 
-def _input(value: object) -> list[tuple[dict, str]]:
-    """(chat message, the Responses field it came from) of ``input``: a string is one user message."""
+def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
+    """(chat message, the Responses field it came from) of ``earlier`` (a kept response's items, named
+    ``previous_response_id``), then ``input``: a string is one user message."""
     if isinstance(value, str):
-        return [({"role": "user", "content": value}, "input")]
-    if not isinstance(value, list) or not value:
+        value = [{"role": "user", "content": value}]
+        named = ["input"]
+    elif not isinstance(value, list) or not value:
         raise ApiError(400, f"'input' must be a string or a non-empty array of input items (messages, function_call "
                        f"and function_call_output items), got {_shown(value)}", param="input")
+    else:
+        named = [f"input[{index}]" for index in range(len(value))]
     messages: list[tuple[dict, str]] = []
     calls: set[str] = set()  # the call_id of each function_call item so far
     joinable = False  # the last message is an assistant turn the next function_call items belong to
-    for index, item in enumerate(value):
-        where = f"input[{index}]"
+    for index, (item, where) in enumerate(zip([*earlier, *value], ["previous_response_id"] * len(earlier) + named,
+                                              strict=True)):
+        if index < len(earlier) and item.get("type") == "function_call":
+            try:
+                json.loads(item["arguments"])
+            except json.JSONDecodeError:  # a call cut by max_output_tokens: its arguments are a prefix of JSON
+                raise ApiError(400, f"the previous response's function_call {_shown(item['name'])} was cut by its "
+                               "token limit before its arguments were whole JSON, so the conversation cannot go on "
+                               "from it: ask that turn again with a larger max_output_tokens, or " + WHOLE
+                               + ", leaving the cut call out",
+                               param="previous_response_id") from None
         if not isinstance(item, dict):
             raise ApiError(400, f"{where} must be an input item object, got {_shown(item)}", param=where)
         kind = item.get("type", "message" if "role" in item else None)
@@ -305,14 +364,16 @@ def _input(value: object) -> list[tuple[dict, str]]:
                 raise ApiError(400, f"{where}.call_id must be the string call_id of the function_call it answers, got "
                                f"{_shown(call_id)}", param=f"{where}.call_id")
             if call_id not in calls:  # OpenAI: "No tool call found for function call output with call_id ..."
-                raise ApiError(400, f"{where}.call_id = {_shown(call_id)} answers no function_call earlier in 'input' "
+                before = "earlier in 'input' or the previous response" if earlier else "earlier in 'input'"
+                raise ApiError(400, f"{where}.call_id = {_shown(call_id)} answers no function_call {before} "
                                f"(its call_ids: {', '.join(sorted(calls)) or 'none'}); send the function_call item "
                                "the output answers before it, as the response gave it", param=f"{where}.call_id")
             messages.append(({"role": "tool", "tool_call_id": call_id,
                               "content": _output_text(item.get("output"), f"{where}.output")}, where))
         elif kind == "item_reference":
-            raise _refuse(where, f"{where} is an item_reference ({_shown(item.get('id'))}): "
-                          + STATELESS.format(field=where).replace("leave '", "send the item itself in place of '"))
+            raise _refuse(where, f"{where} is an item_reference ({_shown(item.get('id'))}), which this server does "
+                          "not resolve: send the item itself in its place, or continue the response it belongs to "
+                          "with 'previous_response_id'")
         else:
             raise _refuse(where, f"{where} is a {_shown(kind)} item; this server reads message, function_call, "
                           "function_call_output and reasoning items (built-in tools' items have no tool here)")
@@ -455,6 +516,151 @@ def _text_format(text: object) -> dict | None:
     return {"type": "json_schema", "json_schema": spec}
 
 
+# ------------------------------------------------------------------------------------------ kept responses
+
+
+def _kept_items(value: object) -> list[dict]:
+    """``input`` (already checked) as the items a kept response lists, each with an id (the one it came with, else a
+    new one): a string is one user message; a message's string content is one ``input_text`` part (``output_text``
+    in an assistant message), which the prompt reads as the string (:func:`join_text_parts` of one text)."""
+    if isinstance(value, str):
+        value = [{"role": "user", "content": value}]
+    items = []
+    for item in value:
+        kind = item.get("type", "message")
+        if kind == "message":
+            content = item["content"]
+            if isinstance(content, str):
+                part = "output_text" if item["role"] == "assistant" else "input_text"
+                content = [{"type": part, "text": content, **({"annotations": []} if part == "output_text" else {})}]
+            item = {"type": "message", "role": item["role"], "content": content, "status": "completed",
+                    "id": item.get("id") or _item_id("msg")}
+        elif kind == "function_call":
+            item = {"type": "function_call", "call_id": item["call_id"], "name": item["name"],
+                    "arguments": item["arguments"], "status": "completed", "id": item.get("id") or _item_id("fc")}
+        elif kind == "function_call_output":
+            item = {"type": "function_call_output", "call_id": item["call_id"], "output": item["output"],
+                    "status": "completed", "id": item.get("id") or _item_id("fco")}
+        else:  # reasoning: kept as given (left out of the prompt)
+            item = {**item, "id": item.get("id") or _item_id("rs")}
+        items.append(item)
+    return items
+
+
+def _json_size(value: object) -> int:
+    """The bytes of ``value`` as the server writes it (UTF-8 JSON; a lone surrogate counted as its 3 bytes)."""
+    return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A kept response: the response object as it was answered, and the input items that led to it."""
+
+    response: dict
+    items: tuple
+    size: int  # bytes of both as JSON
+
+
+class ResponseStore:
+    """The finished responses ``store`` keeps, in this process's memory (nothing survives a restart), for
+    ``previous_response_id`` and the ``/v1/responses/{id}`` routes: at most ``count`` responses and ``size`` bytes of
+    their JSON with their input items (each response keeps its whole conversation's items, so a long chain's later
+    responses are the larger); past either limit the least recently used go first, and a response larger than
+    ``size`` alone is not kept. Requests on the server's threads share it: a lock guards it."""
+
+    def __init__(self, count: int, size: int):
+        self.count, self.size = count, size
+        self._kept: OrderedDict[str, Kept] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def description(self) -> str:
+        if self.count == 0:
+            return "no responses (its limit is 0)"
+        return f"the last {self.count} responses (within {self.size:,} bytes)"
+
+    def put(self, response: dict, items: tuple) -> bool:
+        """Keep ``response`` (its ``id``) with its input items; False where it is larger than the store."""
+        kept = Kept(response, tuple(items), _json_size(response) + _json_size(list(items)))
+        with self._lock:
+            old = self._kept.pop(response["id"], None)
+            if old is not None:
+                self._bytes -= old.size
+            if self.count == 0 or kept.size > self.size:
+                return False
+            while self._kept and (len(self._kept) >= self.count or self._bytes + kept.size > self.size):
+                self._bytes -= self._kept.popitem(last=False)[1].size
+            self._kept[response["id"]] = kept
+            self._bytes += kept.size
+            return True
+
+    def get(self, ident: str) -> Kept | None:
+        """The kept response ``ident`` (now the most recently used), or None."""
+        with self._lock:
+            kept = self._kept.get(ident)
+            if kept is not None:
+                self._kept.move_to_end(ident)
+            return kept
+
+    def delete(self, ident: str) -> bool:
+        with self._lock:
+            kept = self._kept.pop(ident, None)
+            if kept is not None:
+                self._bytes -= kept.size
+            return kept is not None
+
+    def usage(self) -> tuple[int, int]:
+        """(responses kept, their bytes)."""
+        with self._lock:
+            return len(self._kept), self._bytes
+
+    def ids(self) -> list[str]:
+        """The kept responses' ids, least recently used first."""
+        with self._lock:
+            return list(self._kept)
+
+
+def not_found(ident: str) -> ApiError:
+    """A response id not kept, in OpenAI's words (``GET`` / ``DELETE /v1/responses/{id}``), with why and the fix."""
+    return ApiError(404, f"Response with id '{ident}' not found. This server keeps finished responses made with "
+                    "'store' true (the default) in memory, the most recent ones within its limits, until it restarts "
+                    "or they are deleted; create the response again", code="not_found")
+
+
+def retrieved(kept: Kept, query: dict[str, list[str]]) -> dict:
+    """``GET /v1/responses/{id}``: the response as it was answered. ``stream=true`` (which replays a background
+    response's events in OpenAI's API) is refused: no response here is made in the background."""
+    if query.get("stream", ["false"])[-1] not in ("", "false", "0"):
+        raise ApiError(400, "'stream' = true replays a background response's events; this server answers no "
+                       "background responses: retrieve the response without 'stream'", param="stream",
+                       code="unsupported_parameter")
+    return kept.response
+
+
+def input_items_page(kept: Kept, query: dict[str, list[str]]) -> dict:
+    """``GET /v1/responses/{id}/input_items``: the response's input items as OpenAI's list object, ``order`` ``desc``
+    (the default: the last item first) or ``asc``, ``limit`` items (1-100, 20 by default) after the item ``after``
+    names, ``has_more`` where more follow (OpenAI's API reference, "List input items")."""
+    order = query.get("order", ["desc"])[-1]
+    if order not in ("asc", "desc"):
+        raise ApiError(400, f"'order' must be \"asc\" or \"desc\", got {_shown(order)}", param="order")
+    given = query.get("limit", [str(ITEMS_LIMIT)])[-1]
+    if not given.isdigit() or not 1 <= int(given) <= ITEMS_MAX:
+        raise ApiError(400, f"'limit' must be a whole number from 1 to {ITEMS_MAX}, got {_shown(given)}",
+                       param="limit")
+    items = list(kept.items) if order == "asc" else list(reversed(kept.items))
+    after = query.get("after", [None])[-1]
+    if after:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise ApiError(400, f"'after' = {_shown(after)} is no input item of response {kept.response['id']}: "
+                           "give the id of an item a previous page listed (its last_id)", param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:int(given)]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > len(page)}
+
+
 # ------------------------------------------------------------------------------------------ answers
 
 
@@ -514,7 +720,8 @@ class Output:
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": asked.instructions, "max_output_tokens": asked.max_output_tokens,
                 "model": self.model, "output": list(self.items) if completion is not None else [],
-                "parallel_tool_calls": asked.parallel_tool_calls, "previous_response_id": None,
+                "parallel_tool_calls": asked.parallel_tool_calls,
+                "previous_response_id": asked.previous_response_id,
                 "reasoning": asked.reasoning, "temperature": self.temperature, "text": asked.text,
                 "tool_choice": asked.tool_choice, "tools": asked.tools, "top_p": self.top_p,
                 "truncation": asked.truncation, "usage": None, "metadata": asked.metadata, "background": False,
