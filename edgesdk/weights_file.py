@@ -145,7 +145,7 @@ def _temporary_copy_error(model_path: Path, directory: str, size: int, exc: OSEr
 # are read here, as protobuf's encoding guide (protobuf.dev/programming-guides/encoding) lays them out and
 # with onnx/onnx.proto3's field numbers. Every other field is skipped by its wire type.
 VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5  # the wire types proto3 writes (3 and 4, groups: proto2's)
-VARINT_BITS = 64  # a varint carries at most 64 bits (10 bytes); bits past them are dropped, as protobuf drops them
+VARINT_BITS = 64  # a varint's value: at most 64 bits, in up to 10 bytes of 7
 MODEL_GRAPH = 7
 GRAPH_NODE, GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_SPARSE_INITIALIZER = 1, 5, 11, 15
 NODE_INPUT, NODE_OUTPUT, NODE_NAME, NODE_ATTRIBUTE = 1, 2, 3, 5
@@ -153,9 +153,9 @@ ATTRIBUTE_GRAPH, ATTRIBUTE_GRAPHS = 6, 11  # AttributeProto.g (one subgraph: If'
 VALUE_INFO_NAME = 1
 SPARSE_TENSOR_VALUES = 1  # SparseTensorProto.values: a TensorProto whose name is the sparse initializer's
 TENSOR_DIMS, TENSOR_DATA_TYPE, TENSOR_NAME, TENSOR_RAW_DATA = 1, 2, 8, 9
-TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION = 13, 14  # StringStringEntryProto: key 1, value 2
-ENTRY_KEY, ENTRY_VALUE = 1, 2
-DATA_LOCATION_EXTERNAL = 1
+TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION = 13, 14
+ENTRY_KEY, ENTRY_VALUE = 1, 2  # StringStringEntryProto, an external_data entry
+DATA_LOCATION_EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 # float_data, int32_data, string_data, int64_data, double_data, uint64_data: the tensor's values, typed
 TENSOR_TYPED_DATA = (4, 5, 6, 7, 10, 11)
 
@@ -320,10 +320,10 @@ def _graph(data: memoryview, tensors: list[GraphTensor], outer: set[str], dangli
         elif number == GRAPH_INPUT:
             names.add(_last_text(value, VALUE_INFO_NAME))
         elif number == GRAPH_NODE:
-            node = _node(value)
-            nodes.append(node)
-            names.update(node[2])
-    for name, inputs, _, subgraphs in nodes:
+            name, inputs, outputs, subgraphs = _node(value)
+            nodes.append((name, inputs, subgraphs))
+            names.update(outputs)
+    for name, inputs, subgraphs in nodes:
         dangling += [(name, value) for value in inputs if value and value not in names]
         for subgraph in subgraphs:
             _graph(subgraph, tensors, names, dangling)
