@@ -222,9 +222,10 @@ def interrupted(progress: dict) -> Interrupted:
                            "the release is live; if an earlier deploy --service installed a unit for this root, "
                            "restart it so it serves current (systemctl restart edgesdk-serve, with --user for a "
                            "user unit); 'edgesdk deploy --rollback' goes back")
-    return Interrupted(f"deploy interrupted (Ctrl-C): {where} keeps {was} as current; releases/{new_id} "
-                       "was not switched to", "run the same command again: it goes on from where this one "
-                       "stopped, and files that already arrived are not sent again")
+    kept = f"keeps releases/{before} as current" if before else "still has no current release"
+    return Interrupted(f"deploy interrupted (Ctrl-C): {where} {kept}; releases/{new_id} was not switched to",
+                       "run the same command again: it goes on from where this one stopped, and files that already "
+                       "arrived are not sent again")
 
 
 def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = None) -> DeployResult:

@@ -73,7 +73,8 @@ def rollback(options: DeployOptions, release: str | None = None, report: Reporte
                               f"(was {was}): a unit deploy --service installed may not have been restarted",
                               "restart it on the board (systemctl restart edgesdk-serve, --user for a user "
                               "unit); without --service there is nothing left to do") from stop
-        raise Interrupted(f"rollback interrupted (Ctrl-C): {where} keeps {was} as current",
+        kept = f"keeps {was} as current" if progress.get("current") else "still has no current release"
+        raise Interrupted(f"rollback interrupted (Ctrl-C): {where} {kept}",
                           "run the same command again") from stop
 
 

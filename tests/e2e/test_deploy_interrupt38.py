@@ -131,3 +131,12 @@ def test_ctrl_c_after_the_switch_says_the_release_is_live(ssh_server, tiny_bundl
             f"releases/{newer.bundle_id} (was releases/{tiny_bundle.bundle_id})") in cut.stderr
     assert "fix: the release is live" in cut.stderr
     assert current_id(root) == newer.bundle_id
+
+
+def test_ctrl_c_during_a_first_deploy_says_the_board_still_has_no_release(ssh_server, tiny_bundle, tmp_path):
+    root = tmp_path / "board"
+    cut = interrupt_when_held(tmp_path, deploy_args(ssh_server, root, tiny_bundle.path), "receive", 1000)
+    assert cut.returncode == 130, cut.stderr
+    assert (f"error: deploy interrupted (Ctrl-C): {ssh_server.destination} still has no current release; "
+            f"releases/{tiny_bundle.bundle_id} was not switched to") in cut.stderr
+    assert current_id(root) is None
