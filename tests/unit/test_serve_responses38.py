@@ -317,7 +317,6 @@ FILE = {"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"background": True}, "background"),
