@@ -903,6 +903,11 @@ def _logit_bias_option(text: str) -> tuple[int, float]:
               help="A thinking model's <think> block as the message's reasoning_content (deepseek; auto: where the "
                    "chat template writes one; deepseek-legacy: so, but streamed in the content), or left in the "
                    "content (none), as llama-server's option.")
+@click.option("--responses-kept", default=256, show_default=True, type=click.IntRange(0), metavar="N",
+              help="Responses POST /v1/responses keeps in memory for previous_response_id and GET "
+                   "/v1/responses/{id} (the least recently used go first; 0 keeps none; none survive a restart).")
+@click.option("--responses-kept-mib", default=16, show_default=True, type=click.IntRange(0), metavar="MIB",
+              help="At most this much JSON of kept responses and their input items.")
 @click.option("--reasoning-budget", default=-1, show_default=True, type=click.Choice([-1, 0]), metavar="N",
               help="Thinking allowed: -1 without limit, 0 off (the chat template rendered with enable_thinking "
                    "false unless --chat-template-kwargs or a request's chat_template_kwargs set it), as "
@@ -915,7 +920,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
           sampling_seq, max_queue,
           quiet,
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
-          reasoning_budget, draft_bundle, draft_max, draft_p_min,
+          responses_kept, responses_kept_mib, reasoning_budget, draft_bundle, draft_max, draft_p_min,
           watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
@@ -933,7 +938,8 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                                  min_p=min_p, max_waiting=max_queue, prompt_cache=not no_prompt_cache,
                                  cache_ram_mib=cache_ram_mib, lookup=lookup_draft,
                                  prefill_assistant=not no_prefill_assistant, reasoning_format=reasoning_format,
-                                 reasoning_budget=reasoning_budget, **_sampler_chain(samplers, sampling_seq))
+                                 reasoning_budget=reasoning_budget, responses_kept=responses_kept,
+                                 responses_kept_bytes=responses_kept_mib << 20, **_sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
         options = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'",
                    "samplers": "'--samplers' / '--sampling-seq'"}
