@@ -44,7 +44,7 @@ from edgesdk.deploy.probe import (
     memory_bytes,
 )
 from edgesdk.deploy.remote import BoardRefusal
-from edgesdk.deploy.report import Reporter, fmt_bytes
+from edgesdk.deploy.report import Reporter, files_count, fmt_bytes
 from edgesdk.deploy.session import (
     DeployOptions,
     board_edgesdk,
@@ -81,7 +81,7 @@ class DeployResult:
         runtime = f" (+ {fmt_bytes(self.runtime_bytes_sent)} edgesdk wheel)" if self.runtime_bytes_sent else ""
         where = self.where if self.where.endswith(self.root) else f"{self.where} ({self.root})"  # --to DIR: once
         return (f"deployed bundle {self.bundle_id} to {where} in {self.seconds:.1f} s: "
-                f"{fmt_bytes(self.bytes_sent)} sent in {self.files_sent} files{runtime}{reused}; "
+                f"{fmt_bytes(self.bytes_sent)} sent in {files_count(self.files_sent)}{runtime}{reused}; "
                 f"current -> releases/{self.bundle_id} (previous: {self.previous or 'none'})"
                 + (f"\nrun it on the board: {self.run_command}" if self.run_command else ""))
 

@@ -19,6 +19,11 @@ def fmt_bytes(n: float) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def files_count(n: int) -> str:
+    """``1 file``, ``0 files``, ``7 files``."""
+    return f"{n} file" if n == 1 else f"{n} files"
+
+
 class Reporter:
     """Writes ``deploy [3/9] step ... (0.42 s)`` lines to stderr (or any writer)."""
 

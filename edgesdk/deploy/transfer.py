@@ -19,7 +19,7 @@ from pathlib import Path
 
 from edgesdk.bundle import MANIFEST, MANIFEST_DIGEST, Bundle
 from edgesdk.deploy.remote import Board, parse_reply
-from edgesdk.deploy.report import Reporter, fmt_bytes
+from edgesdk.deploy.report import Reporter, files_count, fmt_bytes
 from edgesdk.deploy.transport import DeployError
 from edgesdk.hashing import sha256_file
 
@@ -50,8 +50,8 @@ class Plan:
 
     def describe(self, files: dict[str, dict]) -> str:
         total = sum(f["size"] for f in files.values())
-        parts = [f"{len(files)} files, {fmt_bytes(total)}: {fmt_bytes(self.send_bytes)} to send "
-                 f"({len(self.send)} files)"]
+        parts = [f"{files_count(len(files))}, {fmt_bytes(total)}: {fmt_bytes(self.send_bytes)} to send "
+                 f"({files_count(len(self.send))})"]
         if self.links or self.in_staging:
             parts.append(f"{len(self.links) + len(self.in_staging)} already on the board "
                          f"({fmt_bytes(self.reused_bytes)})")
