@@ -1,5 +1,6 @@
-"""``edgesdk build --max-context N`` on a model trained for fewer positions: the bundle gets the model's
-``max_position_embeddings`` (the graph's rotary table covers those only), and the build says so."""
+"""What ``edgesdk build`` says: ``--max-context N`` on a model trained for fewer positions gives the bundle the
+model's ``max_position_embeddings`` (the graph's rotary table covers those only), and the build says so; a
+finished build names the commands that run and deploy the bundle."""
 
 from __future__ import annotations
 
@@ -20,3 +21,13 @@ def test_a_context_the_model_bounds_is_said_during_the_build(tiny_model_dir, tmp
     line = "the bundle's context is 512 tokens, not --max-context 2048: the model's max_position_embeddings is 512"
     assert (line in built.stderr) is said
     assert ("the bundle's context is" in built.stderr) is said
+
+
+def test_a_finished_build_names_the_commands_that_run_and_deploy_it(tiny_model_dir, tmp_path):
+    out = tmp_path / "my bundle"
+    built = edgesdk("build", "--model", tiny_model_dir, "--target", "rpi5", "--recipe", "fp32-fused", "--out", out,
+                    "--no-progress", timeout=300)
+    assert built.returncode == 0, built.stderr
+    assert built.stdout.strip() == str(out)  # stdout stays the bundle's path alone, for scripts
+    assert (f"edgesdk build: next: edgesdk run '{out}' --prompt Hello (tries it here); edgesdk deploy '{out}' "
+            "--host user@board (installs it on the board over ssh)") in built.stderr
