@@ -403,6 +403,17 @@ def _explain_tokenizer_failure(directory: Path, exc: Exception) -> None:
         ) from exc
 
 
+def incomplete_model_fix(source) -> str:
+    """The fix for a model file or directory transformers cannot read: a GGUF file is one file to fetch again; a
+    Hugging Face directory needs its config, every weights shard (with their index) and its tokenizer."""
+    if source.kind == "gguf":
+        return "check that the file is a complete, uncorrupted GGUF file (download it again if its size is off)"
+    return (f"check that {source.path} holds the model's complete files: config.json, the weights "
+            "(model.safetensors, or every model-*.safetensors shard with model.safetensors.index.json) and the "
+            "tokenizer; e.g. download them again with 'hf download ORG/NAME --local-dir "
+            f"{source.path}'")
+
+
 def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
     """Load weights and tokenizer of a resolved source as float32 on the CPU (``progress``: show
     transformers' loading bars)."""
@@ -421,7 +432,7 @@ def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
     except Exception as exc:  # transformers raises many types for unreadable or unknown files
         raise ModelSourceError(
             f"cannot read the model config of {source.path}: {type(exc).__name__}: {exc}",
-            "check that the file is a complete, uncorrupted GGUF or Hugging Face model",
+            incomplete_model_fix(source),
         ) from exc
     check_architecture(config, str(source.path))
     try:
@@ -441,7 +452,7 @@ def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
             ) from exc
         raise ModelSourceError(
             f"cannot load the weights of {source.path}: {type(exc).__name__}: {exc}",
-            "check that the file is a complete, uncorrupted GGUF or Hugging Face model",
+            incomplete_model_fix(source),
         ) from exc
     check_all_weights_loaded(loading_info["missing_keys"], source.path)
     try:
