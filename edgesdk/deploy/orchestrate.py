@@ -205,7 +205,7 @@ def interrupted(progress: dict) -> Interrupted:
     was = f"releases/{before}" if before else "no current release"
     stage = progress.get("stage")
     if where is None:
-        return Interrupted("deploy interrupted (Ctrl-C) before it reached the board: nothing was changed there",
+        return Interrupted("deploy interrupted (Ctrl-C) before it changed anything on the board",
                            "run the same command again")
     if stage == "switch":
         return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where}: current may already "

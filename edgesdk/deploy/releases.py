@@ -60,7 +60,7 @@ def rollback(options: DeployOptions, release: str | None = None, report: Reporte
         where, stage = progress.get("where"), progress.get("stage")
         was = f"releases/{progress['current']}" if progress.get("current") else "no current release"
         if where is None:
-            raise Interrupted("rollback interrupted (Ctrl-C) before it reached the board: nothing was changed there",
+            raise Interrupted("rollback interrupted (Ctrl-C) before it changed anything on the board",
                               "run the same command again") from stop
         if stage == "switch":
             target = progress["target"]

@@ -140,3 +140,11 @@ def test_ctrl_c_during_a_first_deploy_says_the_board_still_has_no_release(ssh_se
     assert (f"error: deploy interrupted (Ctrl-C): {ssh_server.destination} still has no current release; "
             f"releases/{tiny_bundle.bundle_id} was not switched to") in cut.stderr
     assert current_id(root) is None
+
+
+def test_ctrl_c_while_probing_says_nothing_changed(ssh_server, tiny_bundle, tmp_path):
+    root = tmp_path / "board"
+    cut = interrupt_when_held(tmp_path, deploy_args(ssh_server, root, tiny_bundle.path), "probe", 0)
+    assert cut.returncode == 130, cut.stderr
+    assert "error: deploy interrupted (Ctrl-C) before it changed anything on the board" in cut.stderr
+    assert not root.exists()
