@@ -16,7 +16,8 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   streamed as named events, its errors in Anthropic's shape (serve/anthropic.py).
 * ``POST /v1/responses``: OpenAI's Responses API, whole or streamed as named events (serve/responses.py);
   ``GET`` / ``DELETE /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``: the responses it keeps in
-  memory (``store``), as OpenAI's API answers them.
+  memory (``store``), as OpenAI's API answers them; ``POST /v1/responses/{id}/cancel`` refused (no response here is
+  a background one); ``POST /v1/responses/input_tokens``: a Responses request's prompt tokens, nothing generated.
 * ``POST /tokenize``, ``POST /detokenize`` (llama-server's): a text's token ids (with ``with_pieces``
   each token's text), and the text of token ids. They run beside an answer, without waiting for its turn.
 
@@ -83,14 +84,16 @@ REQUEST_TIMEOUT_S = 300.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
 TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's, answered at once (no turn on the board)
 ROUTES = ("GET /health, GET /v1/models, GET /props, GET /slots, POST /v1/chat/completions, POST /v1/completions, "
-          "POST /completion, POST /v1/responses, GET and DELETE /v1/responses/{id}, "
-          "GET /v1/responses/{id}/input_items, POST /v1/messages, "
+          "POST /completion, POST /v1/responses, POST /v1/responses/input_tokens, GET and DELETE /v1/responses/{id}, "
+          "GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel, POST /v1/messages, "
           "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template "
           "(GET /metrics with --metrics), OPTIONS on any path (a browser's CORS preflight)")
 CORS_METHODS = "GET, POST"  # llama-server's Access-Control-Allow-Methods
-# a kept response (``/responses/{id}``: GET, DELETE) and its input items (GET), as :func:`_api_route` gives the path
+# a kept response (``/responses/{id}``: GET, DELETE), its input items (GET) and its cancel (POST, refused), as
+# :func:`_api_route` gives the path
 KEPT_RESPONSE = re.compile(r"/responses/([^/]+)")
 KEPT_ITEMS = re.compile(r"/responses/([^/]+)/input_items")
+KEPT_CANCEL = re.compile(r"/responses/([^/]+)/cancel")
 
 
 class ApiServer(ThreadingHTTPServer):
@@ -400,6 +403,13 @@ class ApiHandler(BaseHTTPRequestHandler):
         if path == responses.ROUTE:
             self._responses()
             return
+        if path == responses.COUNT_ROUTE:
+            self._response_input_tokens()
+            return
+        if match := KEPT_CANCEL.fullmatch(path):
+            self._authorise()
+            self._body_read = not self._carries_body()  # the client's cancel has no body: nothing left to read
+            raise responses.not_cancelled(self._kept(match[1]))
         if path in TOKEN_ROUTES:
             self._authorise()
             body, completer = self._read_json(), self.server.completer
@@ -540,22 +550,48 @@ class ApiHandler(BaseHTTPRequestHandler):
             return
 
         def opened() -> None:
-            for name, data in output.start():
+            events = output.start()
+            if asked.store:  # kept in progress before its id goes out: a client may ask for it while it streams
+                kept.begin(events[0][1]["response"], asked.items)
+            for name, data in events:
                 self._named_event(name, data)
 
         def on_text(text: str, logprobs: dict | None) -> None:
             for name, data in output.push(text, logprobs):
                 self._named_event(name, data)
 
-        completion = self._complete_streamed(request, on_text, opened,
-                                             lambda error: self._named_event(*output.error(error)))
+        def failed(error: ApiError) -> None:
+            kept.abandon(output.ident)  # before the error event goes out, as the end is kept before its event
+            self._named_event(*output.error(error))
+
+        try:
+            completion = self._complete_streamed(request, on_text, opened, failed)
+        except BaseException:  # the client gone, or a fault: the response never finishes
+            kept.abandon(output.ident)
+            raise
         if completion is None:
             return
         events = output.end(completion)
         if asked.store:  # the response the last event carries, kept before that event goes out
-            kept.put(events[-1][1]["response"], asked.items)
+            kept.finish(events[-1][1]["response"], asked.items)
         for name, data in events:
             self._named_event(name, data)
+
+    def _response_input_tokens(self) -> None:
+        """``POST /v1/responses/input_tokens``: the prompt tokens the same ``POST /v1/responses`` body would use (its
+        ``usage.input_tokens``), nothing generated, answered at once. A prompt past the context is counted too, as
+        ``/v1/messages/count_tokens`` counts it: its text passed every other check, only its length is refused."""
+        self._authorise()
+        asked = responses.parse_responses_request(self._read_json(), self.server.responses)
+        completer = self.server.completer
+        try:
+            counted = len(completer.prompt_ids(asked.request))
+        except ApiError as exc:
+            if exc.code != "context_length_exceeded":
+                raise
+            counted = len(completer.runtime.tokenizer.encode(completer.chat_text(asked.request),
+                                                             add_special_tokens=False))
+        self._send_json(200, {"object": "response.input_tokens", "input_tokens": counted})
 
     def _not_found(self, route: str, method: str) -> None:
         """404, or 405 with the methods it takes where the route is this server's under another method."""
@@ -916,7 +952,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 def _posted(path: str) -> bool:
     """Whether ``path`` (as :func:`_api_route` gives it) is a POST route of this server."""
     return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE \
-        or path == responses.ROUTE
+        or path in (responses.ROUTE, responses.COUNT_ROUTE) or KEPT_CANCEL.fullmatch(path) is not None
 
 
 def _api_route(route: str) -> str:

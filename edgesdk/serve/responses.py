@@ -29,9 +29,22 @@ OpenAI's API reference ("Responses", "Streaming events"):
   "instructions": "When using along with previous_response_id, the instructions from a previous response will not
   be carried over to the next response"). An id not kept is OpenAI's 404 ``previous_response_not_found``.
   ``GET /v1/responses/{id}`` gives a kept response as it was answered, ``DELETE /v1/responses/{id}`` removes it,
-  ``GET /v1/responses/{id}/input_items`` lists its input items (:func:`input_items_page`).
-  ``conversation``, ``prompt`` (a stored prompt), ``item_reference`` items and ``background`` are refused by name;
-  so are built-in tools and image / file / audio parts.
+  ``GET /v1/responses/{id}/input_items`` lists its input items (:func:`input_items_page`). A streamed response is
+  kept from its first event on: while its stream runs, ``GET`` gives it ``in_progress`` as its
+  ``response.created`` event gave it (no output, ``usage`` null; OpenAI answers a response being generated so),
+  ``input_items`` lists its input, ``DELETE`` removes it and the finished response is then not kept, and
+  ``previous_response_id`` naming it is a 400 until it finishes; a stream that ends in an error, or whose client
+  leaves, keeps nothing. ``POST /v1/responses/{id}/cancel`` is refused (:func:`not_cancelled`): OpenAI cancels only
+  ``background`` responses, and none is made here.
+* ``item_reference`` input items (``{"type": "item_reference", "id"}``, the ``type`` optional as in the openai
+  client's ``ItemReference``) stand for a kept item (:func:`_referenced`): an output item of a kept response, or an
+  input item as ``input_items`` lists it; the prompt and the new response's input items hold the item itself. An id
+  kept nowhere is OpenAI's 404 "Item with id '...' not found", naming ``input[i].id``.
+* ``POST /v1/responses/input_tokens`` (the openai client's ``responses.input_tokens.count``): the prompt's tokens
+  the same body would use, nothing generated, as ``{"object": "response.input_tokens", "input_tokens": N}``; it is
+  the answer's ``usage.input_tokens``. A prompt longer than the context is counted too.
+* ``conversation``, ``prompt`` (a stored prompt) and ``background`` are refused by name; so are built-in tools and
+  image / file / audio parts.
 * answer: ``{"id": "resp_...", "object": "response", "status": "completed" | "incomplete", "output": [a
   ``reasoning`` item where a thinking model's reasoning is split off (edgesdk/serve/reasoning.py), then a
   ``message`` item with one ``output_text`` part (its ``logprobs`` as asked), or ``function_call`` items],
@@ -77,6 +90,7 @@ from edgesdk.serve.reasoning import CLOSE
 from edgesdk.serve.tools import AnswerStream
 
 ROUTE = "/responses"
+COUNT_ROUTE = "/responses/input_tokens"  # OpenAI's "Get input token counts" (``responses.input_tokens.count``)
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text")
 STATELESS = "this server keeps no conversations or stored prompts: chain turns with 'previous_response_id', or send " \
@@ -138,6 +152,7 @@ def parse_responses_request(body: object, store: ResponseStore | None = None) ->
     is looked up in ``store`` (without one, none is kept)."""
     body = _object(body)
     previous_id, earlier = _previous(body, store)
+    body = _referenced(body, store)
     chat, origins = chat_body(body, earlier)
     try:
         request = parse_chat_request(chat)
@@ -181,7 +196,48 @@ def _previous(body: dict, store: ResponseStore | None) -> tuple[str | None, list
                        f"{store.description() if store is not None else 'no responses'} in memory until it restarts, "
                        f"and none made with 'store': false (or deleted); {WHOLE}",
                        param="previous_response_id", code="previous_response_not_found")
+    if kept.response["status"] == "in_progress":  # its output is not written yet
+        raise ApiError(400, f"Previous response with id '{ident}' is still in progress: its stream has not ended, so "
+                       "its output is not whole; continue it once its response.completed (or response.incomplete) "
+                       "event has come", param="previous_response_id")
     return ident, [*kept.items, *kept.response["output"]]
+
+
+def _is_reference(item: object) -> bool:
+    """Whether an input item is an ``item_reference``: its ``type`` says so, or it holds an ``id`` alone (the openai
+    client's ``ItemReference``, whose ``type`` is optional)."""
+    if not isinstance(item, dict):
+        return False
+    return item.get("type") == "item_reference" or ("id" in item and set(item) <= {"id", "type"}
+                                                     and item.get("type") is None)
+
+
+def _referenced(body: dict, store: ResponseStore | None) -> dict:
+    """``body`` with each ``item_reference`` of ``input`` replaced by the kept item its ``id`` names: an output item
+    of a kept response, or one of its input items as ``GET /v1/responses/{id}/input_items`` lists them. An id kept
+    nowhere is OpenAI's 404 ("Item with id '...' not found"), naming ``input[i].id``."""
+    given = body.get("input")
+    if not isinstance(given, list) or not any(_is_reference(item) for item in given):
+        return body
+    resolved = []
+    for index, item in enumerate(given):
+        if not _is_reference(item):
+            resolved.append(item)
+            continue
+        where, ident = f"input[{index}].id", item.get("id")
+        if not isinstance(ident, str) or not ident:
+            raise ApiError(400, f"{where} must be the id of an item of a kept response (an output item's id, or an "
+                           f"input item's id as GET /v1/responses/{{id}}/input_items lists it), got {_shown(ident)}",
+                           param=where)
+        found = store.item(ident) if store is not None else None
+        if found is None:
+            raise ApiError(404, f"Item with id '{ident}' not found. This server keeps the items of "
+                           f"{store.description() if store is not None else 'no responses'} in memory until it "
+                           "restarts, and none of a response made with 'store': false (or deleted); send the item "
+                           "itself in its place, as the response gave it", param=where)
+        resolved.append(found)
+    return {**body, "input": resolved}
+
 
 def _renamed(exc: ApiError, origins: list[str]) -> ApiError:
     """A chat request's error naming the Responses field it came from (``messages[2]`` -> ``input[1]``,
@@ -370,10 +426,6 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
                                "the output answers before it, as the response gave it", param=f"{where}.call_id")
             messages.append(({"role": "tool", "tool_call_id": call_id,
                               "content": _output_text(item.get("output"), f"{where}.output")}, where))
-        elif kind == "item_reference":
-            raise _refuse(where, f"{where} is an item_reference ({_shown(item.get('id'))}), which this server does "
-                          "not resolve: send the item itself in its place, or continue the response it belongs to "
-                          "with 'previous_response_id'")
         else:
             raise _refuse(where, f"{where} is a {_shown(kind)} item; this server reads message, function_call, "
                           "function_call_output and reasoning items (built-in tools' items have no tool here)")
@@ -561,17 +613,24 @@ class Kept:
     size: int  # bytes of both as JSON
 
 
+def _kept(response: dict, items: tuple) -> Kept:
+    return Kept(response, tuple(items), _json_size(response) + _json_size(list(items)))
+
+
 class ResponseStore:
-    """The finished responses ``store`` keeps, in this process's memory (nothing survives a restart), for
+    """The responses ``store`` keeps, in this process's memory (nothing survives a restart), for
     ``previous_response_id`` and the ``/v1/responses/{id}`` routes: at most ``count`` responses and ``size`` bytes of
     their JSON with their input items (each response keeps its whole conversation's items, so a long chain's later
     responses are the larger); past either limit the least recently used go first, and a response larger than
-    ``size`` alone is not kept. Requests on the server's threads share it: a lock guards it."""
+    ``size`` alone is not kept. A streamed response is kept from its start (:meth:`begin`, ``in_progress``) and
+    replaced by the finished one (:meth:`finish`), unless it was deleted meanwhile; one that does not finish is
+    forgotten (:meth:`abandon`). Requests on the server's threads share it: a lock guards it."""
 
     def __init__(self, count: int, size: int):
         self.count, self.size = count, size
         self._kept: OrderedDict[str, Kept] = OrderedDict()
         self._bytes = 0
+        self._streaming: set[str] = set()  # streamed responses begun, not finished, not deleted
         self._lock = threading.Lock()
 
     def description(self) -> str:
@@ -581,18 +640,46 @@ class ResponseStore:
 
     def put(self, response: dict, items: tuple) -> bool:
         """Keep ``response`` (its ``id``) with its input items; False where it is larger than the store."""
-        kept = Kept(response, tuple(items), _json_size(response) + _json_size(list(items)))
+        kept = _kept(response, items)
         with self._lock:
-            old = self._kept.pop(response["id"], None)
-            if old is not None:
-                self._bytes -= old.size
-            if self.count == 0 or kept.size > self.size:
-                return False
-            while self._kept and (len(self._kept) >= self.count or self._bytes + kept.size > self.size):
-                self._bytes -= self._kept.popitem(last=False)[1].size
-            self._kept[response["id"]] = kept
-            self._bytes += kept.size
-            return True
+            return self._put(kept)
+
+    def begin(self, response: dict, items: tuple) -> None:
+        """Keep a streamed response as it begins (``in_progress``), until :meth:`finish` or :meth:`abandon`."""
+        kept = _kept(response, items)
+        with self._lock:
+            self._streaming.add(response["id"])
+            self._put(kept)
+
+    def finish(self, response: dict, items: tuple) -> None:
+        """Keep a streamed response as it ended in place of its beginning, unless it was deleted meanwhile."""
+        kept = _kept(response, items)
+        with self._lock:
+            if response["id"] in self._streaming:
+                self._streaming.discard(response["id"])
+                self._put(kept)
+
+    def abandon(self, ident: str) -> None:
+        """Forget a streamed response that did not finish (an error, its client gone)."""
+        with self._lock:
+            self._streaming.discard(ident)
+            kept = self._kept.get(ident)
+            if kept is not None and kept.response["status"] == "in_progress":
+                self._bytes -= self._kept.pop(ident).size
+
+    def _put(self, kept: Kept) -> bool:
+        """:meth:`put` under the lock."""
+        ident = kept.response["id"]
+        old = self._kept.pop(ident, None)
+        if old is not None:
+            self._bytes -= old.size
+        if self.count == 0 or kept.size > self.size:
+            return False
+        while self._kept and (len(self._kept) >= self.count or self._bytes + kept.size > self.size):
+            self._bytes -= self._kept.popitem(last=False)[1].size
+        self._kept[ident] = kept
+        self._bytes += kept.size
+        return True
 
     def get(self, ident: str) -> Kept | None:
         """The kept response ``ident`` (now the most recently used), or None."""
@@ -604,10 +691,21 @@ class ResponseStore:
 
     def delete(self, ident: str) -> bool:
         with self._lock:
+            self._streaming.discard(ident)  # a stream still running: its end is not kept either
             kept = self._kept.pop(ident, None)
             if kept is not None:
                 self._bytes -= kept.size
             return kept is not None
+
+    def item(self, ident: str) -> dict | None:
+        """The kept item ``ident`` names (``item_reference``): an output item or an input item of a kept response,
+        the most recently used response's first; None where none is kept."""
+        with self._lock:
+            for kept in reversed(self._kept.values()):
+                for item in (*kept.response["output"], *kept.items):
+                    if item.get("id") == ident:
+                        return item
+            return None
 
     def usage(self) -> tuple[int, int]:
         """(responses kept, their bytes)."""
@@ -625,6 +723,16 @@ def not_found(ident: str) -> ApiError:
     return ApiError(404, f"Response with id '{ident}' not found. This server keeps finished responses made with "
                     "'store' true (the default) in memory, the most recent ones within its limits, until it restarts "
                     "or they are deleted; create the response again", code="not_found")
+
+
+def not_cancelled(kept: Kept) -> ApiError:
+    """``POST /v1/responses/{id}/cancel`` of a kept response: OpenAI cancels only responses made with ``background``
+    (API reference, "Cancel a response": "Only responses created with the background parameter set to true can be
+    cancelled"), and this server makes none."""
+    return ApiError(400, f"Response with id '{kept.response['id']}' cannot be cancelled: only responses created with "
+                    "'background': true can be, and this server answers every response while its request waits; to "
+                    "stop a response still streaming, close its connection (the answer stops at its next token)",
+                    code="unsupported_parameter")
 
 
 def retrieved(kept: Kept, query: dict[str, list[str]]) -> dict:
