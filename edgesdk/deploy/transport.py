@@ -333,7 +333,8 @@ def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | Non
         return DeployError(
             f"{spec} refused the login of user {spec.user or '(from ~/.ssh/config)'}: {last}",
             "check the user name in --host user@board and the key: pass -i ~/.ssh/KEY, load it with 'ssh-add', "
-            f"or install it on the board with 'ssh-copy-id {spec.destination}'")
+            f"or install it on the board with 'ssh-copy-id {'-p ' + str(spec.port) + ' ' if spec.port else ''}"
+            f"{spec.destination}'")
     if "Could not resolve hostname" in text or "Name or service not known" in text:
         return DeployError(f"cannot resolve the board's name {host!r}: {last}",
                            "check the spelling, use the board's IP address, or define the name in ~/.ssh/config")

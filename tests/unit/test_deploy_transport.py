@@ -129,7 +129,7 @@ Host key verification failed."""
     (CHANGED, "has changed", "ssh-keygen -R \"[board]:2222\""),
     ("No ED25519 host key is known for [board]:2222 and you have requested strict checking.\n"
      "Host key verification failed.", "no host key in known_hosts", "--accept-new-host-key"),
-    ("pi@board: Permission denied (publickey).", "refused the login of user pi", "ssh-copy-id pi@board"),
+    ("pi@board: Permission denied (publickey).", "refused the login of user pi", "ssh-copy-id -p 2222 pi@board"),
     ("ssh: Could not resolve hostname board: Name or service not known", "cannot resolve", "IP address"),
     ("ssh: connect to host board port 2222: Connection timed out", "did not answer", "powered"),
     ("ssh: connect to host board port 2222: Connection refused", "nothing accepts ssh", "sshd runs"),
