@@ -184,11 +184,15 @@ def build(target, model, out, recipe, max_context, resume, keep_work, no_progres
                                                     "--distill-steps": distill_steps, "--density": density})
     data = DataConfig(files=tuple(str(f) for f in data_files), skip_chars=data_skip_chars,
                       generated_sequences=generated_sequences)
-    bundle = run_build(BuildConfig(target=target, model=model, out=out, recipe=recipe,
-                                   overrides=shortcuts + tuple(overrides), data=data,
-                                   weight_bits=int(weight_bits) if weight_bits else None,
-                                   export=ExportConfig(max_context=max_context), resume=resume,
-                                   keep_work=keep_work, progress=not no_progress))
+    try:
+        bundle = run_build(BuildConfig(target=target, model=model, out=out, recipe=recipe,
+                                       overrides=shortcuts + tuple(overrides), data=data,
+                                       weight_bits=int(weight_bits) if weight_bits else None,
+                                       export=ExportConfig(max_context=max_context), resume=resume,
+                                       keep_work=keep_work, progress=not no_progress))
+    except KeyboardInterrupt:  # the pipeline has said what it kept; exit as a shell reports a SIGINT, not click's 1
+        click.echo("edgesdk build: stopped (Ctrl-C)", err=True)
+        sys.exit(130)
     click.echo(str(bundle.path))
 
 

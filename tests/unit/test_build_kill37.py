@@ -163,6 +163,33 @@ def test_killed_while_a_stage_trains_resumes_at_that_stage(setup, tmp_path):
     assert_same_bundle(setup, out, manifest)
 
 
+def test_ctrl_c_while_a_stage_trains_says_what_is_kept_and_exits_130(setup, tmp_path):
+    """Ctrl-C (SIGINT) while QAT trains: the build says which finished steps it kept and how to go on, exits 130 as
+    a shell reports an interrupted command (it ended with click's bare 'Aborted!' and exit 1), and --resume
+    finishes the same bundle."""
+    out = tmp_path / "b"
+    build = setup.start(out)
+    state_file = tmp_path / "b.build" / "state.json"
+    while build.poll() is None:
+        if state_file.is_file() and "stage:smooth" in json.loads(state_file.read_text())["done"]:
+            break
+        time.sleep(0.002)
+    os.kill(build.pid, signal.SIGINT)
+    assert build.wait(timeout=120) == 130
+    build.log.seek(0)
+    log = build.log.read()
+    build.log.close()
+    assert "the finished steps (baseline, stage:smooth) are kept in" in log, log
+    assert "run the same command with --resume" in log
+    assert log.rstrip().endswith("edgesdk build: stopped (Ctrl-C)"), log
+    assert "Aborted!" not in log
+    assert "Traceback" not in log
+
+    resumed, manifest = setup.finish(out)
+    assert ran(resumed.stderr) == ["qat"]
+    assert_same_bundle(setup, out, manifest)
+
+
 def test_killed_while_a_checkpoint_is_written_redoes_that_stage_only(setup, tmp_path):
     """QAT's checkpoint half written (weights there, tokenizer files not yet, still under its .partial name)."""
     out = tmp_path / "b"
