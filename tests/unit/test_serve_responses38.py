@@ -328,7 +328,6 @@ FILE = {"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]
                  "environment": "linux"}]}, "tools[0]"),
     ({"input": [IMAGE]}, "input[0].content[0]"),
     ({"input": [{"role": "user", "content": "hi"}, FILE]}, "input[1].content[0]"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
     ({"tools": [TIME], "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}}, "tool_choice"),
 ])
 def test_what_this_server_cannot_honour_is_a_400_naming_the_field(client, fields, param):
