@@ -7,7 +7,8 @@ weights, as the bundles do) and cached beside it.
 On a CPU with AMX this llama-cpp-python build puts quantized weights in its AMX buffer, whose kernel faults
 (SIGSEGV at ``ldtilecfg``: GCC 12 drops the stores to most of the tile configuration, llama.cpp issue #20824);
 there every engine here keeps its weights in plain CPU buffers (``use_extra_bufts`` off, llama.cpp's
-``--no-extra-bufts``), which ``AMX_CPU`` says, and the benchmarks print.
+``--no-extra-bufts``), which :func:`amx_faults` says, and the benchmarks print. A llama-cpp-python built
+without AMX (``CMAKE_ARGS=-DGGML_AMX_INT8=OFF``, or by clang) runs with its repacked buffers.
 """
 
 from __future__ import annotations
@@ -20,20 +21,24 @@ from pathlib import Path
 import numpy as np
 
 
-def _amx_cpu() -> bool:
+def amx_faults() -> bool:
+    """This CPU has AMX and this llama.cpp build puts weights in its AMX buffer (``AMX_INT8 = 1`` in its system
+    info): the combination whose kernel faults. A build without AMX (clang's, or one built with GGML_AMX off)
+    keeps its repacked buffers."""
+    import llama_cpp
+
     try:
-        return "amx_tile" in Path("/proc/cpuinfo").read_text().split()
+        amx_cpu = "amx_tile" in Path("/proc/cpuinfo").read_text().split()
     except OSError:
         return False
-
-
-AMX_CPU = _amx_cpu()
+    return amx_cpu and b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
 
 
 @contextlib.contextmanager
-def plain_cpu_buffers(wanted: bool = AMX_CPU):
-    """Models loaded inside keep their weights in plain CPU buffers (no AMX or repacked copies) when ``wanted``."""
-    if not wanted:
+def plain_cpu_buffers(wanted: bool | None = None):
+    """Models loaded inside keep their weights in plain CPU buffers (no AMX or repacked copies) when ``wanted``
+    (by default where :func:`amx_faults`)."""
+    if not (amx_faults() if wanted is None else wanted):
         yield
         return
     from llama_cpp import llama_cpp as api

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.benchmarks.llamacpp import AMX_CPU, LlamaCppEngine, quantized_gguf
+from tests.benchmarks.llamacpp import LlamaCppEngine, amx_faults, quantized_gguf
 
 pytestmark = pytest.mark.benchmark
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -108,7 +108,7 @@ def test_decode_and_prefill_against_llamacpp_q8(bundles, source_gguf):
     print(f"\nhuge pages in this process: {0 if huge is None else huge >> 20} MiB "
           f"(GLIBC_TUNABLES=glibc.malloc.hugetlb=1 turns them on, as 'edgesdk run' does); baseline: {baseline}"
           + ("; llama.cpp's weights in plain CPU buffers (an AMX CPU: its AMX kernel faults in this build)"
-             if AMX_CPU else ""))
+             if amx_faults() else ""))
     print(f"{'engine':<24}{'prefill tok/s':>14}{'decode tok/s':>14}{'prefill x':>11}{'decode x':>10}")
     for name, values in runs.items():
         prefill, decode = statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
