@@ -4,14 +4,12 @@ enable_thinking false; -1 (the default) leaves the template's own default; other
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests._utils.serve_command import serve_command
 from tests.unit.test_cli import invoke
 from tests.unit.test_serve_reasoning import ASK, THINKING_TEMPLATE
 
@@ -33,23 +31,11 @@ def thinking_bundle(tiny_bundle, tmp_path_factory) -> Path:
 
 
 def _served_prompt(bundle: Path, cwd: Path, *options: str) -> str:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "edgesdk.cli", "serve", str(bundle), "--port", "0", "--threads", "1", *options],
-        stderr=subprocess.PIPE, text=True, cwd=cwd, env={**os.environ, "EDGESDK_HUGE_PAGES": "0"})
-    try:
-        url = None
-        for line in process.stderr:
-            if " on http://" in line:
-                url = line.split(" on ", 1)[1].split()[0].rstrip("/")
-                break
-        assert url, "the server did not start"
+    with serve_command(bundle, cwd, *options) as url:
         request = urllib.request.Request(url + "/apply-template", json.dumps({"messages": ASK}).encode(),
                                          {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as response:
             return json.loads(response.read())["prompt"]
-    finally:
-        process.terminate()
-        process.communicate(timeout=60)
 
 
 def test_reasoning_budget_0_serves_thinking_off_and_the_default_leaves_it_on(thinking_bundle, tmp_path):

@@ -4,25 +4,15 @@ previous_response_id and GET /v1/responses/{id}; 0 keeps none."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import urllib.error
 import urllib.request
+
+from tests._utils.serve_command import serve_command
 
 
 def _kept_after_one_answer(bundle, cwd, *options: str) -> int:
     """The status of GET /v1/responses/{id} for the response the real serve command has just answered."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "edgesdk.cli", "serve", str(bundle), "--port", "0", "--threads", "1", *options],
-        stderr=subprocess.PIPE, text=True, cwd=cwd, env={**os.environ, "EDGESDK_HUGE_PAGES": "0"})
-    try:
-        url = None
-        for line in process.stderr:
-            if " on http://" in line:
-                url = line.split(" on ", 1)[1].split()[0].rstrip("/").removesuffix("/v1")  # the line names the /v1 base
-                break
-        assert url, "the server did not start"
+    with serve_command(bundle, cwd, *options) as url:
         body = json.dumps({"model": "m", "input": "hi", "max_output_tokens": 2}).encode()
         request = urllib.request.Request(url + "/v1/responses", body, {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as response:
@@ -32,9 +22,6 @@ def _kept_after_one_answer(bundle, cwd, *options: str) -> int:
                 return response.status
         except urllib.error.HTTPError as exc:
             return exc.code
-    finally:
-        process.terminate()
-        process.communicate(timeout=60)
 
 
 def test_responses_kept_0_keeps_none_and_the_default_keeps_them(tiny_bundle, tmp_path):
