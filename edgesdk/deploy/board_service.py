@@ -244,6 +244,33 @@ def revert_unit(root, record_path, timeout_s, fix, token):
     return {"reverted": True, "scope": scope, "unit": path, "outcome": outcome}
 
 
+def why_not_restarted(scope):
+    """Why the installed unit is not to be restarted after a switch (None where it is): a board whose systemd
+    is gone since the install runs no unit to restart, and that is no fault of the release switched to; a
+    unit stopped on purpose stays stopped. ``systemctl stop`` leaves it "inactive" and ``systemctl disable
+    --now`` (what the install says to run to keep it stopped) "inactive" and "disabled", while a server that
+    crashed is "failed" and still enabled: that one is started, as ``restart`` starts any unit
+    (systemctl(1) "is-active", "is-enabled", "restart")."""
+    start = f"systemctl{' --user' if scope == 'user' else ''} start {SERVICE_NAME}"
+    if shutil.which("systemctl") is None:
+        return ("the board has no systemctl any more, so no unit runs there; start the server yourself "
+                "(edgesdk serve on current) or install systemd and deploy with --service again")
+    code, out = systemctl(scope, "show-environment", timeout=30)
+    if code != 0:
+        manager = "system manager" if scope == "system" else "manager of this user (systemctl --user)"
+        return (f"the systemd {manager} does not answer ({(out.strip() or f'exit {code}').splitlines()[-1]}), so the "
+                f"unit is not running under it; once systemd runs it serves current ({start})")
+    active = unit_state(scope)[0]
+    if active in ("active", "activating", "reloading"):
+        return None
+    enabled = systemctl(scope, "is-enabled", SERVICE_NAME, timeout=30)[1].strip()
+    if active == "inactive" or enabled == "disabled":
+        kept = f"{active or 'not running'}{', disabled' if enabled == 'disabled' else ''}"
+        return (f"it is stopped ({kept}), as it was left on the board, so it stays stopped; it serves current "
+                f"once started ({start})")
+    return None
+
+
 def op_service(params):
     """Check that systemd answers (``action`` "check"), install (``action`` "install"), restart where
     installed (``action`` "restart", after a rollback) or put back as before the last install (``action``
@@ -269,6 +296,9 @@ def op_service(params):
         owner = record.get("uid", os.geteuid())
         if owner != os.geteuid():
             refuse_another_owner(scope, path, owner)
+        why = why_not_restarted(scope)
+        if why:
+            return {"installed": True, "restarted": False, "scope": scope, "unit": path, "why": why}
     else:
         scope = unit_scope()
         path, url = unit_path(scope), params["health_url"]

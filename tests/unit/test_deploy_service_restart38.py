@@ -1,0 +1,80 @@
+"""The restart a deploy without ``--service`` (and a rollback) gives the unit an earlier ``deploy --service``
+installed: a unit its owner stopped on purpose stays stopped, and a board whose systemd is gone since keeps the
+new release instead of undoing the deploy.
+
+``tests/_utils/fake_systemd.py`` stands in for systemctl (systemd is not init here); the unit's ExecStart it
+starts is the real ``edgesdk serve``. The board without systemd gets a ``systemctl`` that answers as the real one
+does on a machine not booted with systemd.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests._utils import fake_systemd
+from tests._utils.deploy import bundle_variant, current_id, edgesdk
+from tests._utils.sshd import free_port
+
+NOT_BOOTED = """#!{python}
+import sys
+print("System has not been booted with systemd as init system (PID 1). Can't operate.", file=sys.stderr)
+print("Failed to connect to bus: Host is down", file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def restarts(state) -> int:
+    return sum(call[-2:] == ["restart", "edgesdk-serve"] for call in fake_systemd.calls(state))
+
+
+def systemctl(env, *args) -> None:
+    subprocess.run(["systemctl", *args], env=env, check=False, capture_output=True)
+
+
+def test_a_unit_stopped_and_disabled_on_purpose_stays_stopped_through_a_deploy_and_a_rollback(tiny_bundle,
+                                                                                              tmp_path, systemd):
+    env, state = systemd
+    root, port = tmp_path / "board", free_port()
+    first = edgesdk("deploy", tiny_bundle.path, "--to", root, "--service", "--service-port", port, env=env)
+    assert first.returncode == 0, first.stderr
+    systemctl(env, "stop", "edgesdk-serve")  # 'systemctl disable --now edgesdk-serve', as the deploy said
+    systemctl(env, "disable", "edgesdk-serve")
+    assert restarts(state) == 1
+
+    newer = bundle_variant(tiny_bundle.path, tmp_path / "newer", "newer")
+    second = edgesdk("deploy", newer.path, "--to", root, env=env)
+    assert second.returncode == 0, second.stderr
+    assert current_id(root) == newer.bundle_id
+    assert "not restarted: it is stopped" in second.stderr
+    assert "disabled), as it was left on the board, so it stays stopped" in second.stderr
+    assert "systemctl start edgesdk-serve" in second.stderr
+    assert restarts(state) == 1
+    assert not (state / "edgesdk-serve.pid").exists()
+
+    back = edgesdk("deploy", "--rollback", "--to", root, env=env)
+    assert back.returncode == 0, back.stderr
+    assert current_id(root) == tiny_bundle.bundle_id
+    assert "not restarted: it is stopped" in back.stderr
+    assert restarts(state) == 1
+
+
+def test_a_board_whose_systemd_is_gone_keeps_the_new_release(tiny_bundle, tmp_path, systemd):
+    env, state = systemd
+    root, port = tmp_path / "board", free_port()
+    first = edgesdk("deploy", tiny_bundle.path, "--to", root, "--service", "--service-port", port, env=env)
+    assert first.returncode == 0, first.stderr
+    fake_systemd.stop_all(state)  # systemd went, and the unit's server with it
+
+    gone = tmp_path / "no-systemd"
+    gone.mkdir()
+    (gone / "systemctl").write_text(NOT_BOOTED.format(python=sys.executable))
+    (gone / "systemctl").chmod(0o755)
+    newer = bundle_variant(tiny_bundle.path, tmp_path / "newer", "newer")
+    second = edgesdk("deploy", newer.path, "--to", root, env={**env, "PATH": f"{gone}:{env['PATH']}"})
+    assert second.returncode == 0, second.stderr
+    assert "Traceback" not in second.stderr
+    assert current_id(root) == newer.bundle_id
+    assert "not restarted: the systemd" in second.stderr
+    assert "does not answer (Failed to connect to bus: Host is down)" in second.stderr
+    assert "undone" not in second.stderr
