@@ -542,7 +542,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.server.answer_started()
         self._answering = True
         if not request.stream:
-            completion = completer.complete(request, client_gone=self._client_gone)
+            try:
+                completion = completer.complete(request, client_gone=self._client_gone)
+            except ApiError as exc:  # named as the Responses field (the messages as a whole are 'input')
+                raise responses.answering_error(exc, asked) from None
             answer = output.whole(completion)
             if asked.store:  # kept before it is sent: a client may ask for it as soon as it has it
                 kept.put(answer, asked.items)
@@ -562,10 +565,13 @@ class ApiHandler(BaseHTTPRequestHandler):
 
         def failed(error: ApiError) -> None:
             kept.abandon(output.ident)  # before the error event goes out, as the end is kept before its event
-            self._named_event(*output.error(error))
+            self._named_event(*output.error(responses.answering_error(error, asked)))
 
         try:
             completion = self._complete_streamed(request, on_text, opened, failed)
+        except ApiError as exc:  # refused before the stream opened
+            kept.abandon(output.ident)
+            raise responses.answering_error(exc, asked) from None
         except BaseException:  # the client gone, or a fault: the response never finishes
             kept.abandon(output.ident)
             raise
@@ -588,7 +594,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             counted = len(completer.prompt_ids(asked.request))
         except ApiError as exc:
             if exc.code != "context_length_exceeded":
-                raise
+                raise responses.answering_error(exc, asked) from None
             counted = len(completer.runtime.tokenizer.encode(completer.chat_text(asked.request),
                                                              add_special_tokens=False))
         self._send_json(200, {"object": "response.input_tokens", "input_tokens": counted})

@@ -145,6 +145,8 @@ class ResponsesRequest:
     # the input items this response answers, each with its id: the previous response's input and output items
     # (where it continues one), then the request's ``input``
     items: tuple = ()
+    # for each message of ``request``, the Responses field it came from (errors raised while answering name it)
+    origins: tuple = ()
 
 
 def parse_responses_request(body: object, store: ResponseStore | None = None) -> ResponsesRequest:
@@ -165,18 +167,31 @@ def parse_responses_request(body: object, store: ResponseStore | None = None) ->
         except EdgeSDKError as exc:
             raise ApiError(400, exc.problem, param=origin) from None
     tools = [_echoed_tool(tool) for tool in body.get("tools") or []]
-    text = dict(body.get("text") or {})
-    text["format"] = text.get("format") or {"type": "text"}
-    text.setdefault("verbosity", "medium")
+    limit = body.get("max_output_tokens")  # checked as the chat request's max_tokens: a whole number (4.0 is 4)
     return ResponsesRequest(request=request, instructions=body.get("instructions"), tools=tools,
-                            tool_choice=body.get("tool_choice") or "auto", text=text,
-                            max_output_tokens=body.get("max_output_tokens"),
+                            tool_choice=body.get("tool_choice") or "auto", text=_echoed_text(body.get("text")),
+                            max_output_tokens=None if limit is None else int(limit),
                             parallel_tool_calls=_flag(body, "parallel_tool_calls", True),
-                            metadata=_metadata(body.get("metadata")), reasoning=body.get("reasoning"),
+                            metadata=_metadata(body.get("metadata")), reasoning=_echoed_reasoning(body.get("reasoning")),
                             truncation=body.get("truncation") or "disabled",
                             top_logprobs=_integer(body.get("top_logprobs"), "top_logprobs", minimum=0) or 0,
                             previous_response_id=previous_id, store=_flag(body, "store", True),
-                            items=(*earlier, *_kept_items(body.get("input"))))
+                            items=(*earlier, *_kept_items(body.get("input"))), origins=tuple(origins))
+
+
+def _echoed_text(text: dict | None) -> dict:
+    """``text`` (already checked) as the response repeats it: the fields of the openai client's
+    ``ResponseTextConfig`` and of its format's type, and no others (the client reads the response's back)."""
+    text = text or {}
+    given = text.get("format") or {"type": "text"}
+    fields = ("type", "name", "description", "schema", "strict") if given["type"] == "json_schema" else ("type",)
+    return {"format": {field: given[field] for field in fields if field in given},
+            "verbosity": text.get("verbosity") or "medium"}
+
+
+def _echoed_reasoning(value: dict | None) -> dict | None:
+    """``reasoning`` (already checked) as the response repeats it: the openai client's ``Reasoning`` fields only."""
+    return None if value is None else {field: value[field] for field in REASONING if field in value}
 
 
 def _previous(body: dict, store: ResponseStore | None) -> tuple[str | None, list[dict]]:
@@ -259,6 +274,16 @@ def _renamed(exc: ApiError, origins: list[str]) -> ApiError:
     if field is not None:
         exc.message, exc.param = exc.message.replace(param, field), field
     return exc
+
+
+def answering_error(exc: ApiError, asked: ResponsesRequest) -> ApiError:
+    """An error raised while answering the chat request ``asked`` means (its prompt past the context, the chat
+    template refusing its messages), naming the Responses field as a refusal of the request itself does: the
+    messages as a whole are ``input``."""
+    if exc.param in ("messages", "prompt"):  # 'prompt' is a Responses field of its own (a stored prompt)
+        exc.param = "input"
+        return exc
+    return _renamed(exc, list(asked.origins))
 
 
 def chat_body(body: dict, earlier: list[dict] | None = None) -> tuple[dict, list[str]]:
@@ -382,6 +407,7 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
         named = [f"input[{index}]" for index in range(len(value))]
     messages: list[tuple[dict, str]] = []
     calls: set[str] = set()  # the call_id of each function_call item so far
+    ids: set[str] = set()  # the id of each item so far: a response's input items are listed (and paged) by id
     joinable = False  # the last message is an assistant turn the next function_call items belong to
     for index, (item, where) in enumerate(zip([*earlier, *value], ["previous_response_id"] * len(earlier) + named,
                                               strict=True)):
@@ -396,8 +422,10 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
                                param="previous_response_id") from None
         if not isinstance(item, dict):
             raise ApiError(400, f"{where} must be an input item object, got {_shown(item)}", param=where)
+        _item_ident(item, where, ids, earlier=index < len(earlier))
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "reasoning":
+            _reasoning_item(item, where)
             continue  # an earlier answer's reasoning sent back: earlier turns' reasoning is not in the context
         if kind == "message":
             messages.append((_message(item, where), where))
@@ -432,6 +460,40 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
     if not messages:
         raise ApiError(400, "'input' holds no message to answer (reasoning items alone are left out)", param="input")
     return messages
+
+
+def _item_ident(item: dict, where: str, ids: set[str], earlier: bool) -> None:
+    """An input item's ``id``: a string where given, and no other item's of the conversation. The response's input
+    items keep it, and ``GET /v1/responses/{id}/input_items`` pages them by it (``after``), so a repeated id would
+    page in a loop; OpenAI refuses one ("Duplicate item found with id ...")."""
+    ident = item.get("id")
+    if ident is None or ident == "":
+        return
+    if not isinstance(ident, str):
+        raise ApiError(400, f"{where}.id must be a string (the id a response gave the item), got {_shown(ident)}; "
+                       "leave it out for a new item", param=f"{where}.id")
+    if ident in ids and not earlier:
+        raise ApiError(400, f"Duplicate item found with id '{ident}': {where} repeats an item earlier in the "
+                       "conversation ('input', or the items of the response previous_response_id names); send each "
+                       "item once (with previous_response_id, send only the new items)", param=f"{where}.id")
+    ids.add(ident)
+
+
+def _reasoning_item(item: dict, where: str) -> None:
+    """A ``reasoning`` item sent back, left out of the prompt but kept with the response's input items: its fields
+    of the openai client's ``ResponseReasoningItem`` take their types there (``summary`` parts of ``summary_text``,
+    ``content`` parts of ``reasoning_text``), so the input items list reads back."""
+    for field, part in (("summary", "summary_text"), ("content", "reasoning_text")):
+        value = item.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, list) or not all(isinstance(entry, dict) and entry.get("type") == part
+                                                  and isinstance(entry.get("text"), str) for entry in value):
+            raise ApiError(400, f"{where}.{field} must be an array of {{\"type\": \"{part}\", \"text\": ...}} "
+                           f"parts, got {_shown(value)}", param=f"{where}.{field}")
+    if item.get("encrypted_content") is not None and not isinstance(item["encrypted_content"], str):
+        raise ApiError(400, f"{where}.encrypted_content must be a string, got {_shown(item['encrypted_content'])}",
+                       param=f"{where}.encrypted_content")
 
 
 def _message(item: dict, where: str) -> dict:
@@ -593,8 +655,10 @@ def _kept_items(value: object) -> list[dict]:
         elif kind == "function_call_output":
             item = {"type": "function_call_output", "call_id": item["call_id"], "output": item["output"],
                     "status": "completed", "id": item.get("id") or _item_id("fco")}
-        else:  # reasoning: kept as given (left out of the prompt)
-            item = {**item, "id": item.get("id") or _item_id("rs")}
+        else:  # reasoning: left out of the prompt, kept with the fields the client's ResponseReasoningItem reads
+            item = {"type": "reasoning", "summary": item.get("summary") or [],
+                    **{field: item[field] for field in ("content", "encrypted_content") if item.get(field) is not None},
+                    "id": item.get("id") or _item_id("rs")}
         items.append(item)
     return items
 
@@ -753,7 +817,7 @@ def input_items_page(kept: Kept, query: dict[str, list[str]]) -> dict:
     if order not in ("asc", "desc"):
         raise ApiError(400, f"'order' must be \"asc\" or \"desc\", got {_shown(order)}", param="order")
     given = query.get("limit", [str(ITEMS_LIMIT)])[-1]
-    if not given.isdigit() or not 1 <= int(given) <= ITEMS_MAX:
+    if not (given.isascii() and given.isdigit()) or not 1 <= int(given) <= ITEMS_MAX:  # not '²', which int() refuses
         raise ApiError(400, f"'limit' must be a whole number from 1 to {ITEMS_MAX}, got {_shown(given)}",
                        param="limit")
     items = list(kept.items) if order == "asc" else list(reversed(kept.items))
