@@ -194,6 +194,19 @@ def switch_order(p):
     return order
 
 
+def last_switch(p):
+    """The last line of history.jsonl that parses (``action``, ``from``, ``to``, ``time``), or None: what the
+    last switch did, such as a deploy switched back after its service did not come up."""
+    for line in reversed((read_text(p["history.jsonl"], 1 << 22) or "").splitlines()):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("to"), str):
+            return {key: entry.get(key) for key in ("action", "from", "to", "time")}
+    return None
+
+
 def pending_switch(p):
     """The journal of a switch a kill cut short (op_switch writes it before it moves a link), or None."""
     text = read_text(p[".switch.json"])
@@ -241,6 +254,9 @@ def release_list(p):
     problem = current_problem(p)
     if problem:
         state["current_problem"] = problem
+    last = last_switch(p)
+    if last:
+        state["last_switch"] = last
     return state
 
 

@@ -26,6 +26,18 @@ def status(options: DeployOptions) -> dict:
             "edgesdk_on_path": runtime.get("edgesdk_on_path"), **facts.state}
 
 
+def switched_line(last: dict | None) -> list[str]:
+    """The last switch of ``current`` (history.jsonl's last line): a deploy switched back after its service
+    did not come up reads "rollback after a failed deploy"."""
+    if not last:
+        return []
+    try:
+        when = _dt.datetime.fromtimestamp(float(last["time"])).strftime("%Y-%m-%d %H:%M:%S")
+    except (TypeError, ValueError, OverflowError, OSError):
+        when = "?"
+    return [f"switched   {when} {last.get('action') or 'switch'}: {last.get('from') or 'none'} -> {last['to']}"]
+
+
 def format_status(info: dict) -> str:
     """Human-readable ``--status``."""
     lines = [f"board      {info['where']} ({info['board']})",
@@ -34,6 +46,7 @@ def format_status(info: dict) -> str:
              f"current    {info['current'] or 'none'}"
              + (f" ({info['current_problem']})" if info.get("current_problem") else ""),
              f"previous   {info['previous'] or 'none'}",
+             *switched_line(info.get("last_switch")),
              f"releases   {len(info['releases'])}"]
     for release in reversed(info["releases"]):
         mark = "*" if release["id"] == info["current"] else " "

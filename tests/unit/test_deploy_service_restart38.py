@@ -78,3 +78,23 @@ def test_a_board_whose_systemd_is_gone_keeps_the_new_release(tiny_bundle, tmp_pa
     assert "not restarted: the systemd" in second.stderr
     assert "does not answer (Failed to connect to bus: Host is down)" in second.stderr
     assert "undone" not in second.stderr
+
+
+def test_status_after_a_deploy_switched_back_says_so(tiny_bundle, tmp_path, systemd):
+    """The restarted server exits on the new release (a blank EDGESDK_API_KEY, which 'edgesdk serve' refuses
+    and the smoke test's 'edgesdk run' never reads): current goes back, and --status names that switch."""
+    env, state = systemd
+    root, port = tmp_path / "board", free_port()
+    first = edgesdk("deploy", tiny_bundle.path, "--to", root, "--service", "--service-port", port, env=env)
+    assert first.returncode == 0, first.stderr
+    newer = bundle_variant(tiny_bundle.path, tmp_path / "newer", "newer")
+    failed = edgesdk("deploy", newer.path, "--to", root, env={**env, "EDGESDK_API_KEY": " "})
+    assert failed.returncode == 8, failed.stderr
+    assert current_id(root) == tiny_bundle.bundle_id
+
+    status = edgesdk("deploy", "--status", "--to", root, env=env)
+    assert status.returncode == 0, status.stderr
+    assert f"current    {tiny_bundle.bundle_id}\n" in status.stdout
+    assert (f" rollback after a failed deploy: {newer.bundle_id} -> {tiny_bundle.bundle_id}\n"
+            in status.stdout), status.stdout
+    assert "\nswitched   " in status.stdout
