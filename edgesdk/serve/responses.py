@@ -635,25 +635,22 @@ def _text_format(text: object) -> dict | None:
 
 def _kept_items(value: object) -> list[dict]:
     """``input`` (already checked) as the items a kept response lists, each with an id (the one it came with, else a
-    new one): a string is one user message; a message's string content is one ``input_text`` part (``output_text``
-    in an assistant message), which the prompt reads as the string (:func:`join_text_parts` of one text)."""
+    new one): a string is one user message; a message's content is kept as :func:`_kept_parts` gives it (a string
+    as one part, which the prompt reads as the string: :func:`join_text_parts` of one text)."""
     if isinstance(value, str):
         value = [{"role": "user", "content": value}]
     items = []
     for item in value:
         kind = item.get("type", "message")
         if kind == "message":
-            content = item["content"]
-            if isinstance(content, str):
-                part = "output_text" if item["role"] == "assistant" else "input_text"
-                content = [{"type": part, "text": content, **({"annotations": []} if part == "output_text" else {})}]
-            item = {"type": "message", "role": item["role"], "content": content, "status": "completed",
-                    "id": item.get("id") or _item_id("msg")}
+            item = {"type": "message", "role": item["role"], "content": _kept_parts(item["role"], item["content"]),
+                    "status": "completed", "id": item.get("id") or _item_id("msg")}
         elif kind == "function_call":
             item = {"type": "function_call", "call_id": item["call_id"], "name": item["name"],
                     "arguments": item["arguments"], "status": "completed", "id": item.get("id") or _item_id("fc")}
         elif kind == "function_call_output":
-            item = {"type": "function_call_output", "call_id": item["call_id"], "output": item["output"],
+            output = item["output"] if isinstance(item["output"], str) else _kept_parts("tool", item["output"])
+            item = {"type": "function_call_output", "call_id": item["call_id"], "output": output,
                     "status": "completed", "id": item.get("id") or _item_id("fco")}
         else:  # reasoning: left out of the prompt, kept with the fields the client's ResponseReasoningItem reads
             item = {"type": "reasoning", "summary": item.get("summary") or [],
@@ -661,6 +658,26 @@ def _kept_items(value: object) -> list[dict]:
                     "id": item.get("id") or _item_id("rs")}
         items.append(item)
     return items
+
+
+def _kept_parts(role: str, content: str | list) -> list[dict]:
+    """A message's content (already checked) as its kept item lists it, in the parts the openai client reads for
+    its role (``ResponseOutputMessage`` for an assistant's, ``ResponseInputMessageItem`` for the others'): an
+    assistant's text as ``output_text`` parts (with the annotations and logprobs they came with) or its ``refusal``
+    parts, another role's as ``input_text`` parts, whichever of the two text parts the request sent; the text the
+    prompt reads is the same."""
+    parts = [{"type": "output_text", "text": content}] if isinstance(content, str) else content
+    if role != "assistant":
+        return [{"type": "input_text", "text": part["refusal" if part["type"] == "refusal" else "text"]}
+                for part in parts]
+    kept = []
+    for part in parts:
+        if part["type"] == "refusal":
+            kept.append({"type": "refusal", "refusal": part["refusal"]})
+            continue
+        given = {field: part[field] for field in ("annotations", "logprobs") if isinstance(part.get(field), list)}
+        kept.append({"type": "output_text", "text": part["text"], "annotations": [], **given})
+    return kept
 
 
 def _json_size(value: object) -> int:

@@ -101,6 +101,24 @@ def test_a_reasoning_item_sent_back_reads_back_in_the_input_items(server):
         assert (status, error["param"]) == (400, f"input[1].{field}")
 
 
+@pytest.mark.parametrize("given", [
+    [{"role": "user", "content": [{"type": "output_text", "text": "x"}]}],
+    [{"role": "user", "content": "q"}, {"role": "assistant", "content": [{"type": "input_text", "text": "x"}]},
+     {"role": "user", "content": [{"type": "input_text", "text": "q", "cache": True}]}],
+    [{"role": "user", "content": "q"}, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+     {"type": "function_call_output", "call_id": "c", "output": [{"type": "output_text", "text": "r"}]}]])
+def test_text_parts_are_kept_as_the_client_reads_them_for_their_role(server, given):
+    status, answered = server.post("/v1/responses", {"input": given, "max_output_tokens": 1})
+    assert status == 200, answered
+    listed = _strict_items(server, answered["id"], "?order=asc")
+    for item, sent in zip(listed.data, given, strict=True):
+        if item.type == "message":
+            expected = "output_text" if item.role == "assistant" else "input_text"
+            assert [part.type for part in item.content] == [expected] * len(item.content)
+            texts = [sent["content"]] if isinstance(sent["content"], str) else [part["text"] for part in sent["content"]]
+            assert [part.text for part in item.content] == texts
+
+
 # ------------------------------------------------------------------------------------------- errors while answering
 
 
