@@ -159,17 +159,21 @@ def undo_service(board, report: Reporter, failed: DeployError, token: str, switc
 
 
 def restart_unit_after_switch(board, report: Reporter, switched_from: str | None, new_id: str,
-                              previous_before: str | None, runtime_key: str | None) -> None:
+                              previous_before: str | None, runtime_key: str | None, progress: dict) -> None:
     """A unit an earlier ``deploy --service`` installed serves ``current``, whose server still holds the release
     it started with: restart it onto ``new_id``. Where it does not come up there, switch ``current`` back and
-    restart it onto the release it served, so the board serves what it served before the deploy."""
+    restart it onto the release it served, so the board serves what it served before the deploy. ``progress``
+    records how far that got, for what a Ctrl-C says."""
     try:
         line = service.restart_after_switch(board)
     except BoardRefusal as failed:
         if not switched_from:
             raise DeployError(f"{failed.problem}\nreleases/{new_id} (smoke-tested) stays current: there is no "
                               "earlier release to go back to", failed.fix) from failed
+        progress["stage"] = "switch back"
         now = switch_back(board, failed, switched_from, new_id, previous_before, runtime_key)
+        if now is None:
+            progress["stage"] = "switched back"
         undone = (f"current switched back to releases/{switched_from}" if now is None else
                   other_deploy(now, new_id))
         try:
@@ -184,6 +188,9 @@ def restart_unit_after_switch(board, report: Reporter, switched_from: str | None
         return
     if line:
         report.info(line)
+
+
+RESTART_UNIT = "systemctl restart edgesdk-serve, with --user for a user unit"
 
 
 class Interrupted(KeyboardInterrupt):
@@ -212,6 +219,17 @@ def interrupted(progress: dict) -> Interrupted:
                            f"point to releases/{new_id} (smoke-tested) or still to {was}",
                            "'edgesdk deploy --status' shows which; the same deploy again finishes the switch, "
                            "'edgesdk deploy --rollback' goes back")
+    if stage == "switch back":
+        return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where} back to {was}, after "
+                           f"the unit an earlier deploy --service installed did not come up on releases/{new_id}: "
+                           f"current may point to either", "'edgesdk deploy --status' shows which; then restart "
+                           f"the unit so it serves current ({RESTART_UNIT})")
+    if stage == "switched back":
+        return Interrupted(f"deploy interrupted (Ctrl-C) after switching current on {where} back to {was}, as the "
+                           f"unit an earlier deploy --service installed did not come up on releases/{new_id}; the "
+                           "unit may not have been restarted onto it",
+                           f"restart the unit so it serves current ({RESTART_UNIT}); its journal says why the "
+                           "new release's server did not come up")
     if stage == "service":
         return Interrupted(f"deploy interrupted (Ctrl-C) after switching {where} to releases/{new_id} (was {was}); "
                            "the systemd unit may be half installed or not restarted",
@@ -386,7 +404,8 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                     report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {options.keep})")
             if options.service is None and switched["from"] != bundle.bundle_id:
                 restart_unit_after_switch(board, report, switched["from"], bundle.bundle_id,
-                                          facts.state.get("previous"), active_runtime if runtime_key else None)
+                                          facts.state.get("previous"), active_runtime if runtime_key else None,
+                                          progress)
         live = install.runtime_argv(board, options.local) if runtime_key else edgesdk  # runtime/current now
         if options.service is not None:
             progress["stage"] = "service"
