@@ -172,3 +172,55 @@ def test_an_item_of_an_evicted_response_is_a_404_naming_the_reference(runtime):
         assert (status, error["param"]) == (404, "input[1].id")
     finally:
         served.close()
+
+
+def test_a_chain_on_a_streamed_reasoning_answer_reads_back_strictly(terse):
+    from tests.unit.test_serve_responses_strict38 import events_of, strict_events
+
+    first = strict_events(events_of(terse, {"model": "m", "input": "Think.", "max_output_tokens": 10}))
+    assert first.output[0].type == "reasoning"
+    status, second = terse.post("/v1/responses", {"model": "m", "previous_response_id": first.id, "input": "And?",
+                                                  "max_output_tokens": 4})
+    assert status == 200, second
+    strict_response(second)
+    status, whole = terse.post("/v1/responses", {"model": "m", "store": False, "max_output_tokens": 4, "input": [
+        {"role": "user", "content": "Think."}, *[item.model_dump(exclude_none=True) for item in first.output],
+        {"role": "user", "content": "And?"}]})
+    assert (second["usage"]["input_tokens"], second["output"][-1]) == \
+        (whole["usage"]["input_tokens"], {**whole["output"][-1], "id": second["output"][-1]["id"]})
+    listed = _strict_items(terse, second["id"], "?order=asc")
+    assert [item.type for item in listed.data] == ["message", *[item.type for item in first.output], "message"]
+
+
+def test_one_previous_response_continued_by_requests_at_once(client):
+    """Four requests (two streamed) continue the same response at once: each is its own chain, none sees another's
+    turn, and the response they continue is unchanged."""
+    import threading
+
+    first = client.responses.create(model="tiny", input="Hello", max_output_tokens=3)
+    answered, failures = {}, []
+
+    def turn(text: str, stream: bool) -> None:
+        try:
+            asked = dict(model="tiny", previous_response_id=first.id, input=text, max_output_tokens=3)
+            answered[text] = list(client.responses.create(**asked, stream=True))[-1].response if stream else \
+                client.responses.create(**asked)
+        except Exception as exc:  # noqa: BLE001 (reported from the main thread)
+            failures.append(exc)
+
+    threads = [threading.Thread(target=turn, args=(f"turn {n}", n % 2 == 0)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not failures, failures
+    said = [item.model_dump(exclude_none=True) for item in first.output]
+    for text, response in answered.items():
+        listed = client.responses.input_items.list(response.id, order="asc").data
+        assert [item.id for item in listed[1:-1]] == [item.id for item in first.output]
+        assert listed[-1].content[0].text == text
+        alone = client.responses.create(model="tiny", input=[{"role": "user", "content": "Hello"}, *said,
+                                                             {"role": "user", "content": text}],
+                                        max_output_tokens=3, store=False)
+        assert (response.output_text, response.usage.input_tokens) == (alone.output_text, alone.usage.input_tokens)
+    assert client.responses.retrieve(first.id) == first
