@@ -169,7 +169,7 @@ def parse_responses_request(body: object, store: ResponseStore | None = None) ->
     tools = [_echoed_tool(tool) for tool in body.get("tools") or []]
     limit = body.get("max_output_tokens")  # checked as the chat request's max_tokens: a whole number (4.0 is 4)
     return ResponsesRequest(request=request, instructions=body.get("instructions"), tools=tools,
-                            tool_choice=body.get("tool_choice") or "auto", text=_echoed_text(body.get("text")),
+                            tool_choice=_echoed_choice(body.get("tool_choice")), text=_echoed_text(body.get("text")),
                             max_output_tokens=None if limit is None else int(limit),
                             parallel_tool_calls=_flag(body, "parallel_tool_calls", True),
                             metadata=_metadata(body.get("metadata")), reasoning=_echoed_reasoning(body.get("reasoning")),
@@ -187,6 +187,14 @@ def _echoed_text(text: dict | None) -> dict:
     fields = ("type", "name", "description", "schema", "strict") if given["type"] == "json_schema" else ("type",)
     return {"format": {field: given[field] for field in fields if field in given},
             "verbosity": text.get("verbosity") or "medium"}
+
+
+def _echoed_choice(choice: object) -> object:
+    """``tool_choice`` (already checked) as the response repeats it: a mode, or the client's
+    ``ToolChoiceFunction`` (``type`` and ``name`` alone)."""
+    if isinstance(choice, dict):
+        return {"type": "function", "name": choice["name"]}
+    return choice or "auto"
 
 
 def _echoed_reasoning(value: dict | None) -> dict | None:

@@ -149,7 +149,9 @@ def test_a_conversation_the_answer_cannot_go_on_from_names_input(server):
                                     {"text": {"format": {"type": "text", "strict": True}, "verbosity": "low",
                                               "other": 1}},
                                     {"text": {"format": {"type": "json_schema", "name": "reading", "strict": False,
-                                                         "schema": {"type": "object"}, "extra": "x"}}}])
+                                                         "schema": {"type": "object"}, "extra": "x"}}},
+                                    {"tools": [TOOL], "tool_choice": {"type": "function", "name": "get_time",
+                                                                      "function": {"name": "get_time"}}}])
 def test_the_settings_a_response_repeats_are_the_client_s_types_strictly(server, fields):
     status, answered = server.post("/v1/responses", {"input": "hi", "max_output_tokens": 1, **fields})
     assert status == 200, answered
