@@ -17,9 +17,10 @@ OpenAI's API reference ("Responses", "Streaming events"):
   ``parallel_tool_calls``, ``truncation``, ``reasoning``, ``include``'s other entries, ``user``,
   ``service_tier``, ``safety_identifier``, ``prompt_cache_key`` and ``text.verbosity`` change nothing here. A
   ``function_call_output`` answers a ``function_call`` earlier in the conversation (OpenAI refuses one whose
-  ``call_id`` matches none: "No tool call found for function call output with call_id ..."). llama-server's
-  sampling fields (``top_k``, ``min_p``, ``seed``, ``logit_bias``, ``stop``, ...) and ``chat_template_kwargs`` are
-  read as on the chat route.
+  ``call_id`` matches none: "No tool call found for function call output with call_id ..."). An item's ``id``, where
+  given, is a string that no other item of the conversation has (OpenAI: "Duplicate item found with id ..."): the
+  response's input items keep it and are paged by it. llama-server's sampling fields (``top_k``, ``min_p``,
+  ``seed``, ``logit_bias``, ``stop``, ...) and ``chat_template_kwargs`` are read as on the chat route.
 * kept responses: ``store`` (true unless the request says false, OpenAI's default) keeps a finished response
   (completed or incomplete, whole or streamed) in this process's memory with the input items that led to it
   (:class:`ResponseStore`: the most recent ``ServeDefaults.responses_kept`` responses within
