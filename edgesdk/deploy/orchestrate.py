@@ -126,15 +126,19 @@ def other_deploy(current: str | None, new_id: str) -> str:
 
 
 def undo_service(board, report: Reporter, failed: DeployError, token: str, switched_from: str | None, new_id: str,
-                 previous_before: str | None, runtime_key: str | None) -> DeployError:
+                 previous_before: str | None, runtime_key: str | None, progress: dict | None = None) -> DeployError:
     """The service did not come up (``failed``) after ``current`` was switched from ``switched_from`` to
     ``new_id``: switch back, put the unit back as it was before the install with ``token`` and restart the
     server that ran before, so a failed deploy leaves the board serving what it served. A first deploy keeps
-    its smoke-tested release as current. Returns the error to raise, which says what was undone."""
+    its smoke-tested release as current. Returns the error to raise, which says what was undone. ``progress``
+    records how far that got, for what a Ctrl-C says."""
     undone, overtaken = [], None
+    progress = {} if progress is None else progress
     if switched_from and switched_from != new_id:
+        progress["stage"] = "service switch back"
         now = switch_back(board, failed, switched_from, new_id, previous_before, runtime_key)
         if now is None:
+            progress["stage"] = "service switched back"
             undone.append(f"current switched back to releases/{switched_from}")
         else:
             overtaken = other_deploy(now, new_id)
@@ -230,6 +234,18 @@ def interrupted(progress: dict) -> Interrupted:
                            "unit may not have been restarted onto it",
                            f"restart the unit so it serves current ({RESTART_UNIT}); its journal says why the "
                            "new release's server did not come up")
+    if stage == "service switch back":
+        return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where} back to {was}, after "
+                           f"the service did not come up on releases/{new_id}: current may point to either, and the "
+                           "unit may still be the one this deploy wrote", "'edgesdk deploy --status' shows which; "
+                           "then deploy --service again with the bundle that is to serve, which rewrites and "
+                           "restarts the unit")
+    if stage == "service switched back":
+        return Interrupted(f"deploy interrupted (Ctrl-C) after switching current on {where} back to {was}, as the "
+                           f"service did not come up on releases/{new_id}; the unit may not have been put back as it "
+                           "was, or restarted onto current",
+                           f"restart the unit so it serves current ({RESTART_UNIT}), or run the deploy --service that "
+                           "installed it before; its journal says why the new release's server did not come up")
     if stage == "service":
         return Interrupted(f"deploy interrupted (Ctrl-C) after switching {where} to releases/{new_id} (was {was}); "
                            "the systemd unit may be half installed or not restarted",
@@ -416,7 +432,8 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                     lines = service.install_service(board, argv, options.service, token)[1]
                 except DeployError as failed:
                     raise undo_service(board, report, failed, token, switched["from"], bundle.bundle_id,
-                                       facts.state.get("previous"), active_runtime if runtime_key else None) from failed
+                                       facts.state.get("previous"), active_runtime if runtime_key else None,
+                                       progress) from failed
                 for line in lines:
                     report.info(line)
         return DeployResult(bundle_id=bundle.bundle_id, where=where, root=board.root, bytes_sent=sent_bytes,

@@ -102,3 +102,28 @@ def test_ctrl_c_while_the_unit_restarts_onto_the_new_release_says_it_is_live(tin
     assert (f"after switching local directory {root} to releases/{newer.bundle_id} (was releases/{tiny_bundle.bundle_id})"
             in cut.stderr)
     assert "fix: the release is live; if an earlier deploy --service installed a unit" in cut.stderr
+
+
+def test_ctrl_c_while_a_service_deploy_puts_the_unit_back_says_current_went_back(tiny_bundle, tmp_path, systemd):
+    env, _ = systemd
+    env, marker = holding(tmp_path, env)
+    root, port = tmp_path / "board", free_port()
+    service = ["--service", "--service-port", port]
+    first = edgesdk("deploy", tiny_bundle.path, "--to", root, *service, env=env)
+    assert first.returncode == 0, first.stderr  # restart 1
+    newer = bundle_variant(tiny_bundle.path, tmp_path / "newer", "newer")
+
+    # restart 2: the installed unit's server exits on the new release; current goes back, and restart 3, of
+    # the unit put back as it was, is held
+    cut = interrupt_when_held(["deploy", newer.path, "--to", root, *service],
+                              {**env, "EDGESDK_API_KEY": " ", "HOLD_RESTART": "3"}, marker)
+    assert cut.returncode == 130, cut.stderr
+    assert "Traceback" not in cut.stderr
+    assert current_id(root) == tiny_bundle.bundle_id
+    assert (f"after switching current on local directory {root} back to releases/{tiny_bundle.bundle_id}, as the "
+            f"service did not come up on releases/{newer.bundle_id}") in cut.stderr
+    assert "run the same deploy again to finish it" not in cut.stderr
+
+    again = edgesdk("deploy", tiny_bundle.path, "--to", root, *service, env=env)  # the next deploy works
+    assert again.returncode == 0, again.stderr
+    assert current_id(root) == tiny_bundle.bundle_id
