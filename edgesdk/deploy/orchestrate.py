@@ -221,8 +221,9 @@ def interrupted(progress: dict) -> Interrupted:
     if stage == "switch":
         return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where}: current may already "
                            f"point to releases/{new_id} (smoke-tested) or still to {was}",
-                           "'edgesdk deploy --status' shows which; the same deploy again finishes the switch, "
-                           "'edgesdk deploy --rollback' goes back")
+                           "'edgesdk deploy --status' shows which; the same deploy again finishes the switch "
+                           "(where it finds current already switched it restarts no unit: restart the one an earlier "
+                           f"deploy --service installed, {RESTART_UNIT}), 'edgesdk deploy --rollback' goes back")
     if stage == "switch back":
         return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where} back to {was}, after "
                            f"the unit an earlier deploy --service installed did not come up on releases/{new_id}: "
