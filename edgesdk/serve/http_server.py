@@ -51,7 +51,7 @@ from urllib.parse import parse_qs, unquote
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError
-from edgesdk.serve import anthropic, llama_native, responses
+from edgesdk.serve import anthropic, llama_native, response_events, response_store, responses
 from edgesdk.serve.api import (
     ApiError,
     CompletionRequest,
@@ -116,7 +116,7 @@ class ApiServer(ThreadingHTTPServer):
         self.client_timeout_s, self.request_timeout_s = client_timeout_s, request_timeout_s
         self.metrics = metrics  # GET /metrics, as llama-server's --metrics turns it on
         defaults = completer.defaults  # the responses /v1/responses keeps (``store``), in memory
-        self.responses = responses.ResponseStore(defaults.responses_kept, defaults.responses_kept_bytes)
+        self.responses = response_store.ResponseStore(defaults.responses_kept, defaults.responses_kept_bytes)
         self.started = int(time.time())
         self._answering = 0  # requests past their body: being answered or waiting for their turn
         self._answers_done = threading.Condition()
@@ -354,9 +354,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         elif _api_route(route).startswith("/models/"):
             self._send_model(_api_route(route)[len("/models/"):])
         elif match := KEPT_ITEMS.fullmatch(_api_route(route)):
-            self._send_json(200, responses.input_items_page(self._kept(match[1]), self._query()))
+            self._send_json(200, response_store.input_items_page(self._kept(match[1]), self._query()))
         elif match := KEPT_RESPONSE.fullmatch(_api_route(route)):
-            self._send_json(200, responses.retrieved(self._kept(match[1]), self._query()))
+            self._send_json(200, response_store.retrieved(self._kept(match[1]), self._query()))
         else:
             self._not_found(route, self.command)
 
@@ -368,15 +368,15 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._not_found(route, "DELETE")
         ident = unquote(match[1])
         if not self.server.responses.delete(ident):
-            raise responses.not_found(ident)
+            raise response_store.not_found(ident)
         self._send_json(200, {"id": ident, "object": "response", "deleted": True})
 
-    def _kept(self, segment: str) -> responses.Kept:
+    def _kept(self, segment: str) -> response_store.Kept:
         """The kept response a path segment names (percent-encoded, as clients write it), or its 404."""
         ident = unquote(segment)
         kept = self.server.responses.get(ident)
         if kept is None:
-            raise responses.not_found(ident)
+            raise response_store.not_found(ident)
         return kept
 
     def _query(self) -> dict[str, list[str]]:
@@ -409,7 +409,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if match := KEPT_CANCEL.fullmatch(path):
             self._authorise()
             self._body_read = not self._carries_body()  # the client's cancel has no body: nothing left to read
-            raise responses.not_cancelled(self._kept(match[1]))
+            raise response_store.not_cancelled(self._kept(match[1]))
         if path in TOKEN_ROUTES:
             self._authorise()
             body, completer = self._read_json(), self.server.completer
@@ -535,7 +535,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         request = asked.request
         sampling = completer.sampling(request)  # a bad logit_bias id is the request's 400, before any stream opens
         tokenizer = completer.runtime.tokenizer
-        output = responses.Output(asked, self.server.model, sampling.temperature, sampling.top_p,
+        output = response_events.Output(asked, self.server.model, sampling.temperature, sampling.top_p,
                                   # a thinking model's reasoning as a reasoning item (never inside the text)
                                   splitter=completer.reasoning_splitter(replace(request, stream=False)),
                                   count_tokens=lambda text: len(tokenizer.encode(text, add_special_tokens=False)))

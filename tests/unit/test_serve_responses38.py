@@ -21,7 +21,8 @@ pydantic = pytest.importorskip("pydantic")
 
 from edgesdk.serve.api import parse_chat_request  # noqa: E402 (after the skips)
 from edgesdk.serve.completion import ServeDefaults  # noqa: E402
-from edgesdk.serve.responses import Output, parse_responses_request  # noqa: E402
+from edgesdk.serve.response_events import Output  # noqa: E402
+from edgesdk.serve.responses import parse_responses_request  # noqa: E402
 from tests.unit import test_openai_client37 as shared  # noqa: E402
 from tests.unit.test_serve import Served  # noqa: E402
 

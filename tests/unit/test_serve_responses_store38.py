@@ -16,7 +16,8 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from edgesdk.serve.completion import Completer, ServeDefaults  # noqa: E402 (after the skips)
-from edgesdk.serve.responses import ResponseStore, parse_responses_request  # noqa: E402
+from edgesdk.serve.response_store import ResponseStore  # noqa: E402
+from edgesdk.serve.responses import parse_responses_request  # noqa: E402
 from tests.unit import test_openai_client37 as shared  # noqa: E402
 from tests.unit.test_serve import Served  # noqa: E402
 

@@ -23,7 +23,8 @@ from openai.types.responses import Response, ResponseStreamEvent  # noqa: E402 (
 from edgesdk.serve.api import TextOffsets, parse_chat_request  # noqa: E402
 from edgesdk.serve.completion import Completer, Completion, ServeDefaults  # noqa: E402
 from edgesdk.serve.reasoning import ReasoningSplitter  # noqa: E402
-from edgesdk.serve.responses import Output, parse_responses_request  # noqa: E402
+from edgesdk.serve.response_events import Output  # noqa: E402
+from edgesdk.serve.responses import parse_responses_request  # noqa: E402
 from tests.unit import test_openai_client37 as shared  # noqa: E402
 
 runtime, server, client, no_whitespace = shared.runtime, shared.server, shared.client, shared.no_whitespace

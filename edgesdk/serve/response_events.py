@@ -1,0 +1,246 @@
+"""The answer of ``POST /v1/responses`` (edgesdk/serve/responses.py) in OpenAI's shapes: the response object and
+its streamed events (OpenAI's API reference, "Responses" and "Streaming events"; the openai client's types are the
+ground truth), written by one :class:`Output` for both, so the events assemble into the whole response.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from edgesdk.serve.api import (
+    ApiError,
+    TextOffsets,
+)
+from edgesdk.serve.reasoning import CLOSE
+from edgesdk.serve.tools import AnswerStream
+
+if TYPE_CHECKING:
+    from edgesdk.serve.responses import ResponsesRequest
+def new_response_id() -> str:
+    return f"resp_{uuid.uuid4().hex}"
+
+
+def item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def usage(completion, reasoning_tokens: int = 0) -> dict:
+    return {"input_tokens": completion.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": completion.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": completion.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+            "total_tokens": completion.prompt_tokens + completion.completion_tokens}
+
+
+class Output:
+    """One response's output items and events, streamed or whole: the items a whole answer holds are built by
+    the same steps as a stream's events, so ``responses.stream(...)`` assembles the answer without ``stream``.
+
+    ``count_tokens``: a text's token count (the reasoning tokens of ``usage``, counted on the reasoning's text up
+    to its closing tag).
+
+    Log-probabilities (``include`` ``"message.output_text.logprobs"``) come as the chat route computes them (its
+    ``logprobs.content`` entries, handed with the text their tokens start in): the message's ``output_text`` part
+    carries them whole (``token``, ``logprob``, ``bytes``, ``top_logprobs``), each ``response.output_text.delta``
+    those it brings and ``response.output_text.done`` all of them, in the events' shape (``token``, ``logprob``,
+    ``top_logprobs`` of ``token`` and ``logprob``: the openai client's ``ResponseTextDeltaEvent``). The tokens of
+    a thinking model's reasoning, before the message's text, are the reasoning item's and are left out."""
+
+    def __init__(self, asked: ResponsesRequest, model: str, temperature: float, top_p: float, splitter=None,
+                 count_tokens=None):
+        self.asked, self.model, self.splitter, self.count_tokens = asked, model, splitter, count_tokens
+        self.temperature, self.top_p = temperature, top_p
+        self.ident, self.created = new_response_id(), int(time.time())
+        self.items: list[dict] = []  # finished items
+        self.sequence = 0
+        self.kind: str | None = None  # the open item's kind ("reasoning", "message"), None when none is open
+        self.item: dict | None = None
+        self.text = ""
+        self.logprobs: list[dict] = []  # the open message's output_text logprobs so far
+        self.waiting: list[tuple[int, dict]] = []  # (where its token starts in the answer, entry) not yet given out
+        self.starts = TextOffsets()
+        self.pushed = 0  # characters of the answer's text pushed so far
+        # an answer under tools is JSON: its call or its text goes out as it settles (tools.AnswerStream)
+        tools = asked.request.tools
+        self.answer = AnswerStream(tools.structured) if tools is not None else None
+
+    # -------------------------------------------------------------- the response object
+    def response(self, status: str, completion=None) -> dict:
+        asked = self.asked
+        body = {"id": self.ident, "object": "response", "created_at": self.created, "status": status,
+                "completed_at": int(time.time()) if status == "completed" else None, "error": None,
+                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                "instructions": asked.instructions, "max_output_tokens": asked.max_output_tokens,
+                "model": self.model, "output": list(self.items) if completion is not None else [],
+                "parallel_tool_calls": asked.parallel_tool_calls,
+                "previous_response_id": asked.previous_response_id,
+                "reasoning": asked.reasoning, "temperature": self.temperature, "text": asked.text,
+                "tool_choice": asked.tool_choice, "tools": asked.tools, "top_p": self.top_p,
+                "truncation": asked.truncation, "usage": None, "metadata": asked.metadata, "background": False,
+                "top_logprobs": asked.top_logprobs}
+        if completion is not None:
+            body["usage"] = usage(completion, self._reasoning_tokens(completion))
+        return body
+
+    def _reasoning_tokens(self, completion) -> int:
+        if self.count_tokens is None or not any(item["type"] == "reasoning" for item in self.items):
+            return 0
+        end = completion.text.find(CLOSE)
+        thought = completion.text if end < 0 else completion.text[:end + len(CLOSE)]
+        return min(self.count_tokens(thought), completion.completion_tokens)
+
+    # -------------------------------------------------------------- events
+    def _event(self, kind: str, **fields) -> tuple[str, dict]:
+        event = (kind, {"type": kind, "sequence_number": self.sequence, **fields})
+        self.sequence += 1
+        return event
+
+    def start(self) -> list:
+        """The stream's first events."""
+        return [self._event("response.created", response=self.response("in_progress")),
+                self._event("response.in_progress", response=self.response("in_progress"))]
+
+    def error(self, error: ApiError) -> tuple[str, dict]:
+        """An error after the stream's start, as OpenAI's ``error`` event."""
+        return self._event("error", code=error.code or error.kind, message=error.message, param=error.param)
+
+    def push(self, text: str, logprobs: dict | None = None) -> list:
+        """A piece of the answer's text, with the chat logprobs object of the tokens that start in it. Under tools
+        the piece goes through :class:`AnswerStream`: what it settles of a call or a text goes out; a text
+        answer's message carries every token of the answer (its JSON too), as the chat route's message does."""
+        if self.answer is not None:
+            if logprobs:  # every token is the message's (offset 0): its text is read out of the answer's JSON
+                self.waiting += [(0, entry) for entry in logprobs["content"]]
+            return self._answer_events(self.answer.push(text))
+        if logprobs:
+            entries = logprobs["content"]
+            self.waiting += zip(self.starts([bytes(entry["bytes"]) for entry in entries]), entries, strict=True)
+        self.pushed += len(text)
+        if self.splitter is None:
+            return self._pieces("", text)
+        return self._pieces(*self.splitter.push(text))
+
+    def _given_logprobs(self) -> list[dict]:
+        """The waiting entries of the message's tokens, taken: the message's text is the end of the answer's (what
+        reasoning.py splits off comes before it), so a token starting before it is the reasoning's."""
+        begins = self.pushed - len(self.text)
+        given = [entry for start, entry in self.waiting if start >= begins]
+        self.waiting = []
+        self.logprobs += given
+        return _event_logprobs(given)
+
+    def _pieces(self, reasoning: str, content: str) -> list:
+        events = []
+        for kind, text in (("reasoning", reasoning), ("message", content)):
+            if not text:
+                continue
+            if self.kind != kind:
+                events += self._close("completed") + self._open(kind)
+            self.text += text
+            delta = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
+            extra = {"logprobs": self._given_logprobs()} if kind == "message" else {}
+            events.append(self._event(delta, item_id=self.item["id"], output_index=len(self.items), content_index=0,
+                                      delta=text, **extra))
+        return events
+
+    def _answer_events(self, deltas: list[dict]) -> list:
+        """The events of :class:`AnswerStream`'s chat deltas: a text's pieces as the message's, a call's first
+        delta (its id and name) as a function_call item added, its arguments' pieces as
+        ``response.function_call_arguments.delta`` events."""
+        events = []
+        for delta in deltas:
+            if delta.get("content"):
+                events += self._pieces("", delta["content"])
+            for piece in delta.get("tool_calls") or []:
+                function = piece["function"]
+                if "name" in function:
+                    events += self._close("completed") + self._open_call(piece["id"], function["name"])
+                if function["arguments"]:
+                    self.item["arguments"] += function["arguments"]
+                    events.append(self._event("response.function_call_arguments.delta", item_id=self.item["id"],
+                                              output_index=len(self.items), delta=function["arguments"]))
+        return events
+
+    def _open_call(self, call_id: str, name: str) -> list:
+        self.kind, self.text, self.logprobs = "function_call", "", []
+        self.item = {"id": item_id("fc"), "type": "function_call", "status": "in_progress", "call_id": call_id,
+                     "name": name, "arguments": ""}
+        return [self._event("response.output_item.added", output_index=len(self.items), item=dict(self.item))]
+
+    def _open(self, kind: str) -> list:
+        self.kind, self.text, self.logprobs = kind, "", []
+        if kind == "message":
+            self.item = {"id": item_id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
+                         "content": []}
+        else:
+            self.item = {"id": item_id("rs"), "type": "reasoning", "summary": [], "content": [],
+                         "status": "in_progress"}
+        index = len(self.items)
+        return [self._event("response.output_item.added", output_index=index, item=dict(self.item, content=[])),
+                self._event("response.content_part.added", item_id=self.item["id"], output_index=index,
+                            content_index=0, part=self._part(""))]
+
+    def _part(self, text: str) -> dict:
+        if self.kind == "message":
+            return {"type": "output_text", "text": text, "annotations": [], "logprobs": list(self.logprobs)}
+        return {"type": "reasoning_text", "text": text}
+
+    def _close(self, status: str) -> list:
+        if self.kind is None:
+            return []
+        index = len(self.items)
+        if self.kind == "function_call":  # its arguments whole (as written so far, where the answer was cut)
+            self.item = {**self.item, "status": status}
+            events = [self._event("response.function_call_arguments.done", item_id=self.item["id"], output_index=index,
+                                  arguments=self.item["arguments"]),
+                      self._event("response.output_item.done", output_index=index, item=self.item)]
+            self.items.append(self.item)
+            self.kind, self.item = None, None
+            return events
+        part = self._part(self.text)
+        done = "response.output_text.done" if self.kind == "message" else "response.reasoning_text.done"
+        extra = {"logprobs": _event_logprobs(self.logprobs)} if self.kind == "message" else {}
+        events = [self._event(done, item_id=self.item["id"], output_index=index, content_index=0, text=self.text,
+                              **extra),
+                  self._event("response.content_part.done", item_id=self.item["id"], output_index=index,
+                              content_index=0, part=part)]
+        self.item = {**self.item, "status": status, "content": [part]}
+        events.append(self._event("response.output_item.done", output_index=index, item=self.item))
+        self.items.append(self.item)
+        self.kind, self.item = None, None
+        return events
+
+    def end(self, completion) -> list:
+        """The stream's last events: what the answer's end settles, the open item closed, then the response."""
+        status = "incomplete" if completion.finish_reason == "length" else "completed"
+        events = []
+        if self.answer is not None:
+            events += self._answer_events(self.answer.finish(completion.finish_reason)[0])
+        elif self.splitter is not None:
+            events += self._pieces(*self.splitter.flush())
+        if self.kind is None and not self.items:
+            events += self._open("message")  # an answer with no text still has its message, as OpenAI's
+        if self.kind == "message" and self.waiting:  # tokens that made no text (the chat route's last logprobs)
+            given = self._given_logprobs()
+            if given:
+                events.append(self._event("response.output_text.delta", item_id=self.item["id"],
+                                          output_index=len(self.items), content_index=0, delta="", logprobs=given))
+        events += self._close(status)
+        name = "response.completed" if status == "completed" else "response.incomplete"
+        return events + [self._event(name, response=self.response(status, completion))]
+
+    def whole(self, completion) -> dict:
+        """The response to a request without ``stream``: the stream's steps, their events dropped."""
+        self.push(completion.text, completion.logprobs)
+        self.end(completion)
+        return self.response("incomplete" if completion.finish_reason == "length" else "completed", completion)
+
+
+def _event_logprobs(entries: list[dict]) -> list[dict]:
+    """Chat logprobs entries in the stream events' shape (the openai client's ``ResponseTextDeltaEvent.Logprob``:
+    ``token``, ``logprob`` and ``top_logprobs`` of ``token`` and ``logprob``, no ``bytes``)."""
+    return [{"token": entry["token"], "logprob": entry["logprob"],
+             "top_logprobs": [{"token": top["token"], "logprob": top["logprob"]} for top in entry["top_logprobs"]]}
+            for entry in entries]
