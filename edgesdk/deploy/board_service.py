@@ -339,6 +339,10 @@ def op_service(params):
                                   f"check the unit {path} and the board's systemd, then deploy again")
             if scope == "user":
                 notes.append(enable_linger())
+        elif scope == "user":  # a restart: lingering may be off still (or again), and the unit stops with the session
+            note = enable_linger()
+            if not note.startswith("lingering is on"):
+                notes.append(note)
         code, out = systemctl(scope, "restart", SERVICE_NAME)
     if code != 0 or not wait_until_healthy(scope, url, timeout_s):
         active, sub = unit_state(scope) if code == 0 else ("", "")

@@ -92,7 +92,8 @@ def restart_service(board: Board) -> str | None:
         return None
     if not reply["restarted"]:
         return f"{reply['scope']} unit {reply['unit']} not restarted: {reply['why']}"
-    return f"{reply['scope']} unit {reply['unit']} restarted; it serves the release rolled back to"
+    return "\n".join([f"{reply['scope']} unit {reply['unit']} restarted; it serves the release rolled back to",
+                      *reply.get("notes", [])])
 
 
 def restart_after_switch(board: Board) -> str | None:
@@ -106,7 +107,8 @@ def restart_after_switch(board: Board) -> str | None:
         return None
     if not reply["restarted"]:
         return f"{reply['scope']} unit {reply['unit']} not restarted: {reply['why']}"
-    return f"{reply['scope']} unit {reply['unit']} (from an earlier --service deploy) restarted; it serves current"
+    return "\n".join([f"{reply['scope']} unit {reply['unit']} (from an earlier --service deploy) restarted; it serves "
+                      "current", *reply.get("notes", [])])
 
 
 def revert_service(board: Board, token: str) -> str | None:

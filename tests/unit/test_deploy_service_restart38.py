@@ -9,6 +9,7 @@ does on a machine not booted with systemd.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -98,3 +99,27 @@ def test_status_after_a_deploy_switched_back_says_so(tiny_bundle, tmp_path, syst
     assert (f" rollback after a failed deploy: {newer.bundle_id} -> {tiny_bundle.bundle_id}\n"
             in status.stdout), status.stdout
     assert "\nswitched   " in status.stdout
+
+
+def test_a_user_unit_restarted_without_lingering_says_it_stops_with_the_session(tiny_bundle, tmp_path, systemd):
+    """A user unit (what a non-root deploy user gets; service.json names its scope) whose user does not linger:
+    logind stops it with the user's last session, so the restart says so, as the install did."""
+    env, state = systemd
+    root, port = tmp_path / "board", free_port()
+    first = edgesdk("deploy", tiny_bundle.path, "--to", root, "--service", "--service-port", port, env=env)
+    assert first.returncode == 0, first.stderr
+    record = json.loads((root / "service.json").read_text())
+    (root / "service.json").write_text(json.dumps({**record, "scope": "user"}) + "\n")
+
+    newer = bundle_variant(tiny_bundle.path, tmp_path / "newer", "newer")
+    second = edgesdk("deploy", newer.path, "--to", root, env=env)
+    assert second.returncode == 0, second.stderr
+    assert "(from an earlier --service deploy) restarted; it serves current" in second.stderr
+    assert ("warning: lingering could not be turned on (Could not enable linger: Access denied), so the user "
+            "service stops when") in second.stderr
+    assert ["systemctl", "--user", "restart", "edgesdk-serve"] in fake_systemd.calls(state)
+
+    back = edgesdk("deploy", "--rollback", "--to", root, env=env)
+    assert back.returncode == 0, back.stderr
+    assert "restarted; it serves the release rolled back to" in back.stderr
+    assert "warning: lingering could not be turned on" in back.stderr
