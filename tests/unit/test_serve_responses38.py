@@ -25,6 +25,7 @@ from edgesdk.serve.response_events import Output  # noqa: E402
 from edgesdk.serve.responses import parse_responses_request  # noqa: E402
 from tests.unit import test_openai_client37 as shared  # noqa: E402
 from tests.unit.test_serve import Served  # noqa: E402
+from tests.unit.test_serve_responses_strict38 import events_of  # noqa: E402
 
 # the openai client on a real server over a tiny bundle with 2,048 tokens of context (room for the tools' description)
 runtime, server, client, no_whitespace = shared.runtime, shared.server, shared.client, shared.no_whitespace
@@ -52,18 +53,6 @@ def _without_ids(response) -> dict:
         for part in item.get("content", []):
             part.pop("parsed", None)
     return {"output": body["output"], "usage": body["usage"], "status": body["status"]}
-
-
-def _events(server, body: dict) -> list[tuple[str, dict]]:
-    status, headers, payload = server.request("POST", "/v1/responses", {**body, "stream": True})
-    assert status == 200, payload
-    assert headers["Content-Type"] == "text/event-stream"
-    events = []
-    for block in payload.decode().split("\n\n"):
-        if block:
-            name, data = block.split("\n", 1)
-            events.append((name.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
-    return events
 
 
 # ------------------------------------------------------------------------------------------- answers
@@ -122,7 +111,7 @@ def test_an_answer_cut_by_max_output_tokens_is_incomplete_whole_and_streamed(cli
     assert response.output[0].status == "incomplete"
     assert response.usage.output_tokens == 3
 
-    events = _events(server, {"model": "tiny", "input": QUESTION, "max_output_tokens": 3})
+    events = events_of(server, {"model": "tiny", "input": QUESTION, "max_output_tokens": 3})
     name, last = events[-1]
     assert name == last["type"] == "response.incomplete"
     assert last["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
@@ -138,7 +127,7 @@ def test_a_stream_carries_the_whole_response_in_openai_s_events(client, server, 
     whole = client.responses.create(**asked, extra_body=extra)
     assert whole.status == "completed"
     assert whole.output_text == first[:first.index(first[4:6])]
-    events = _events(server, body)
+    events = events_of(server, body)
     names = [name for name, _ in events]
     assert all(name == data["type"] for name, data in events)
     assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
@@ -304,7 +293,7 @@ def test_a_thinking_template_s_reasoning_is_a_reasoning_item(terse):
     assert [item["type"] for item in whole["output"]] == ["reasoning"]
     assert whole["status"] == "incomplete"
     assert whole["usage"]["output_tokens_details"]["reasoning_tokens"] == 10
-    events = _events(terse, body)
+    events = events_of(terse, body)
     thought = "".join(data["delta"] for name, data in events if name == "response.reasoning_text.delta")
     assert thought == whole["output"][0]["content"][0]["text"]
     assert [item["type"] for item in events[-1][1]["response"]["output"]] == ["reasoning"]
