@@ -412,6 +412,12 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                 report.info(f"current -> releases/{bundle.bundle_id} (was {switched['from'] or 'none'})")
             if runtime_key and switched.get("runtime_from") != runtime_key:
                 report.info(f"runtime/current -> {runtime_key} (was {switched.get('runtime_from') or 'none'})")
+            if options.service is None and switched["from"] != bundle.bundle_id:
+                # before the prune: a unit that does not come up switches current back, and previous back to
+                # the release it pointed to, which a prune with current moved on could have removed
+                restart_unit_after_switch(board, report, switched["from"], bundle.bundle_id,
+                                          facts.state.get("previous"), active_runtime if runtime_key else None,
+                                          progress)
             try:  # the new release is live and smoke-tested: failing to tidy up does not undo it
                 pruned = board.call("prune", {"keep": options.keep})
             except DeployError as exc:
@@ -419,10 +425,6 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
             else:
                 if pruned["removed"]:
                     report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {options.keep})")
-            if options.service is None and switched["from"] != bundle.bundle_id:
-                restart_unit_after_switch(board, report, switched["from"], bundle.bundle_id,
-                                          facts.state.get("previous"), active_runtime if runtime_key else None,
-                                          progress)
         live = install.runtime_argv(board, options.local) if runtime_key else edgesdk  # runtime/current now
         if options.service is not None:
             progress["stage"] = "service"

@@ -123,3 +123,22 @@ def test_a_user_unit_restarted_without_lingering_says_it_stops_with_the_session(
     assert back.returncode == 0, back.stderr
     assert "restarted; it serves the release rolled back to" in back.stderr
     assert "warning: lingering could not be turned on" in back.stderr
+
+
+def test_a_deploy_undone_after_its_unit_did_not_come_up_keeps_the_previous_release(tiny_bundle, tmp_path, systemd):
+    """--keep 1 after the switch keeps only current and previous: the release previous pointed to before the
+    deploy is still there (and previous again) once the deploy is undone."""
+    env, state = systemd
+    root, port = tmp_path / "board", free_port()
+    first = edgesdk("deploy", tiny_bundle.path, "--to", root, "--service", "--service-port", port, env=env)
+    assert first.returncode == 0, first.stderr
+    second_bundle = bundle_variant(tiny_bundle.path, tmp_path / "second", "second")
+    second = edgesdk("deploy", second_bundle.path, "--to", root, env=env)
+    assert second.returncode == 0, second.stderr
+
+    third_bundle = bundle_variant(tiny_bundle.path, tmp_path / "third", "third")
+    third = edgesdk("deploy", third_bundle.path, "--to", root, "--keep", "1", env={**env, "EDGESDK_API_KEY": " "})
+    assert third.returncode == 8, third.stderr
+    assert current_id(root) == second_bundle.bundle_id
+    assert (root / "releases" / tiny_bundle.bundle_id).is_dir()
+    assert (root / "previous").resolve().name == tiny_bundle.bundle_id
