@@ -19,6 +19,11 @@ from edgesdk.deploy.transport import DeployError
 HEALTH_TIMEOUT_S = 180.0  # loading a bundle takes seconds; a TensorRT engine is built by deploy beforehand
 SERVICE_FIX = ("fix what the journal shows (a port in use: pass another --service-port) and deploy again, "
                "which installs and restarts the service")
+# After a deploy without --service, whose restart of the unit an earlier --service deploy installed failed: a
+# plain deploy again restarts the unit but never rewrites it, so its port changes only with --service.
+RESTART_FIX = (f"fix what the unit's journal shows (journalctl -u {SERVICE_NAME}, with --user for a user unit), then "
+               "deploy again; where its port is in use, deploy with --service --service-port PORT, which rewrites "
+               "the unit")
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ def restart_after_switch(board: Board) -> str | None:
     instead of serving the old one from memory. None where there is none; a server that does not come up is a
     :class:`BoardRefusal` with its journal."""
     reply = board.call("service", {"action": "restart", "argv": [], "timeout_s": HEALTH_TIMEOUT_S,
-                                   "fix": SERVICE_FIX}, timeout=HEALTH_TIMEOUT_S + 300)
+                                   "fix": RESTART_FIX}, timeout=HEALTH_TIMEOUT_S + 300)
     if not reply["installed"]:
         return None
     if not reply["restarted"]:

@@ -92,6 +92,9 @@ def test_status_after_a_deploy_switched_back_says_so(tiny_bundle, tmp_path, syst
     failed = edgesdk("deploy", newer.path, "--to", root, env={**env, "EDGESDK_API_KEY": " "})
     assert failed.returncode == 8, failed.stderr
     assert current_id(root) == tiny_bundle.bundle_id
+    # a plain deploy never rewrites the unit: its fix does not say the plain deploy again installs it
+    assert "fix: fix what the unit's journal shows (journalctl -u edgesdk-serve" in failed.stderr
+    assert "which installs and restarts the service" not in failed.stderr
 
     status = edgesdk("deploy", "--status", "--to", root, env=env)
     assert status.returncode == 0, status.stderr
