@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from edgesdk.bundle import Bundle, BundleWriter, read_manifest
@@ -62,3 +64,23 @@ def edgesdk(*args, timeout: float = 300, **kwargs) -> subprocess.CompletedProces
 def faulty_ssh_command(mode: str, sshd_pid: int) -> str:
     """``--ssh-command`` value that runs :mod:`tests._utils.faulty_ssh` in ``mode``."""
     return f"{sys.executable} {FAULTY_SSH} {mode} {sshd_pid}"
+
+
+def interrupt_once_held(argv: list, marker: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``edgesdk ARGV`` in its own process group; once ``marker`` exists (a held step wrote it), SIGINT the
+    group, as a Ctrl-C at the terminal does, and return what the command did and said."""
+    proc = subprocess.Popen([sys.executable, "-m", "edgesdk.cli", *map(str, argv)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, f"the command never reached its held step ({marker.name})"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -7,16 +7,13 @@ operation about to run) and writes a marker file, so the signal lands there and 
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests._utils.deploy import bundle_variant, current_id, edgesdk
+from tests._utils.deploy import bundle_variant, current_id, edgesdk, interrupt_once_held
 from tests._utils.sshd import serve
 
 pytestmark = pytest.mark.slow
@@ -58,21 +55,7 @@ def interrupt_when_held(tmp_path: Path, argv: list, operation: str, forward: int
     hold.write_text(HOLD_SSH)
     marker = tmp_path / "held"
     command = f"{sys.executable} {hold} {operation} {forward} {marker}"
-    proc = subprocess.Popen([sys.executable, "-m", "edgesdk.cli", *map(str, argv), "--ssh-command", command],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the deploy never reached the held ssh command"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return interrupt_once_held([*argv, "--ssh-command", command], marker)
 
 
 def test_ctrl_c_during_the_transfer_says_the_board_keeps_its_release_and_the_rerun_finishes(

@@ -9,13 +9,11 @@ the SIGINT, sent to the command's process group as a terminal does, lands there.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests._utils.deploy import bundle_variant, current_id, edgesdk
+from tests._utils.deploy import bundle_variant, current_id, edgesdk, interrupt_once_held
 from tests._utils.sshd import free_port
 
 HOLD = """#!{python}
@@ -44,21 +42,7 @@ def holding(tmp_path: Path, env: dict) -> tuple[dict, Path]:
 
 
 def interrupt_when_held(argv: list, env: dict, marker: Path) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen([sys.executable, "-m", "edgesdk.cli", *map(str, argv)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the deploy never reached the held restart"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return interrupt_once_held(argv, marker, env)
 
 
 def test_ctrl_c_while_the_release_the_unit_served_is_put_back_says_current_went_back(tiny_bundle, tmp_path,
