@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from edgesdk.bundle import Bundle, BundleWriter, read_manifest
+from tests._utils.signals import default_signals
 
 FAULTY_SSH = Path(__file__).with_name("faulty_ssh.py")
 _OWN_KEYS = ("schema_version", "edgesdk_version", "created", "bundle_id", "files")
@@ -70,7 +71,8 @@ def interrupt_once_held(argv: list, marker: Path, env: dict | None = None) -> su
     """Run ``edgesdk ARGV`` in its own process group; once ``marker`` exists (a held step wrote it), SIGINT the
     group, as a Ctrl-C at the terminal does, and return what the command did and said."""
     proc = subprocess.Popen([sys.executable, "-m", "edgesdk.cli", *map(str, argv)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=default_signals)
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():

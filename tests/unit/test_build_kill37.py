@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._utils.signals import default_signals
+
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs POSIX signals (SIGSTOP, SIGKILL)")]
 
@@ -87,7 +89,8 @@ class Setup:
     def start(self, out: Path, stop_at: str | None = None, count: int = 1, resume: bool = False):
         env = {**self.env, "EDGESDK_TEST_STOP_AT": stop_at or "", "EDGESDK_TEST_STOP_COUNT": str(count)}
         log = open(out.with_name(out.name + f".{time.monotonic_ns()}.log"), "w+")
-        process = subprocess.Popen(self.args(out, resume), env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(self.args(out, resume), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   preexec_fn=default_signals)  # a Ctrl-C test's SIGINT must not arrive ignored
         process.log = log
         return process
 

@@ -15,15 +15,11 @@ import threading
 import pytest
 
 from edgesdk.runtime.generate import SamplingConfig, generate
+from tests._utils.signals import default_signals as _default_signals
 from tests.unit.test_cli import assert_error, assert_ok, invoke
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="pseudo-terminals and pipe sizes (Linux)")
 
-
-def _default_signals() -> None:
-    """SIGINT as a terminal's foreground process has it, also when the tests run under nohup or in the background."""
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
 
 
 def _argv(bundle, *options) -> list[str]:

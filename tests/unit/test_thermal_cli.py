@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from edgesdk.cli import main
 from edgesdk.thermal.telemetry import StatusLine, load
+from tests._utils.signals import default_signals as _default_signals
 from tests._utils.sysfs import make_cpufreq_policy, make_zone
 from tests.unit.test_lean_import import RUN_CLI
 
@@ -158,15 +159,6 @@ def test_clock_cap_without_cpufreq_says_so_and_only_paces(bundle, plain_text, tm
     assert {s["level"] for s in steps} == {"hot"}
     assert {s["clock_cap"] for s in steps} == {None}  # the guard asks for no cap it cannot get
 
-
-def _default_signals() -> None:
-    """In the child before exec: SIGINT and SIGHUP as a terminal's foreground process has them. A test run started
-    in the background (``&``) or under nohup inherits them ignored, and the run then keeps them ignored on purpose
-    (nohup's SIGHUP), so the signals these tests send would do nothing."""
-    import signal
-
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP"])
