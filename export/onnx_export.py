@@ -102,6 +102,10 @@ FUSED_HEAD_DIM_MULTIPLE = 16  # ONNX Runtime's GroupQueryAttention with its rota
 def check_exportable(model_config, config: ExportConfig) -> None:
     """Refuse a model the chosen form cannot run, from its config alone: the build calls this right after
     loading, before any stage, instead of failing in ONNX Runtime at validation."""
+    layers = getattr(model_config, "num_hidden_layers", None)
+    if isinstance(layers, int) and layers < 1:  # the graphs chain each layer's output into the next and the final norm
+        raise ExportError(f"the model's config has num_hidden_layers {layers}; an exported decoder needs at least "
+                          "one decoder layer", "build a model whose config has num_hidden_layers of 1 or more")
     head_dim = getattr(model_config, "head_dim", None) or \
         model_config.hidden_size // model_config.num_attention_heads
     if config.form == "ort-fused" and head_dim % FUSED_HEAD_DIM_MULTIPLE:
