@@ -1,0 +1,285 @@
+"""The options ``run`` and ``serve`` share (and ``--threads`` / ``--backend`` / ``--target``, which ``eval`` and
+``bench`` take too), with the code that acts on them: the sampler chain, a draft bundle or prompt lookup, the
+thermal guard, the power gates. The commands are registered in :mod:`edgesdk.cli`.
+
+Importing this module imports click only; the runtime loads inside the functions that use it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import click
+
+from edgesdk.cli_thermal import AMBIENT, FiniteRange
+from edgesdk.errors import EdgeSDKError
+
+
+def _sampler_chain_options(function):
+    """llama.cpp's options for the sampler chain's order (common/arg.cpp)."""
+    function = click.option(
+        "--sampling-seq", "--sampler-seq", "sampling_seq", metavar="LETTERS",
+        help="--samplers as llama.cpp's letters, e.g. 'kpmt' (e penalties, k top-k, p top-p, m min-p, t temperature; "
+             "d, y, s, x pass through).")(function)
+    return click.option(
+        "--samplers", metavar="NAMES",
+        help="The sampler chain in order, names separated by ';' as llama.cpp's --samplers [default: "
+             "penalties;top_k;top_p;min_p;temperature]; one left out does not run (without temperature the draw is "
+             "at 1). dry, typ_p, top_n_sigma and xtc pass everything through.")(function)
+
+
+def _sampler_chain(samplers: str | None, sampling_seq: str | None) -> dict:
+    """The ``samplers`` field of a SamplingConfig from ``--samplers`` or ``--sampling-seq`` (none: the default)."""
+    if samplers is not None and sampling_seq is not None:
+        raise click.BadParameter("--samplers and --sampling-seq both give the sampler chain; pass one",
+                                 param_hint="'--samplers' / '--sampling-seq'")
+    if samplers is not None:
+        return {"samplers": [name for name in samplers.split(";") if name]}
+    return {} if sampling_seq is None else {"samplers": sampling_seq}
+
+
+def _runtime_options(fn):
+    options = [
+        click.option("--threads", "-t", type=click.IntRange(min=1),
+                     help="Intra-op threads [from the target profile, at most the usable cores]."),
+        click.option("--backend", help="Force a backend (ort-cpu, ort-cuda, ort-trt, tensorrt, triton) instead of the profile's chain."),
+        click.option("--target", help="Refuse the bundle unless it was built for this board."),
+        click.option("--ignore-target", is_flag=True, help="Run a bundle built for another board anyway."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _draft_options(function):
+    """``--draft BUNDLE`` and its settings (llama.cpp's -md, --draft-max, --draft-p-min), for run and serve."""
+    function = click.option("--draft-p-min", "draft_p_min", default=0.0, show_default=True,
+                            type=click.FloatRange(0.0, 1.0, max_open=True), metavar="P",
+                            help="Stop a draft at a token the draft model gives less than this probability.")(function)
+    function = click.option("--draft-max", "draft_max", default=2, show_default=True, type=click.IntRange(1, 64),
+                            metavar="N", help="Draft tokens the bundle checks in one pass.")(function)
+    return click.option(
+        "--draft", "draft_bundle", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="BUNDLE",
+        help="Speculative decoding (llama.cpp's --model-draft): a smaller bundle with the same tokenizer drafts "
+             "tokens that this bundle checks several at a time; the answer is this bundle's own, greedy or "
+             "sampled.")(function)
+
+
+def _thermal_options(fn):
+    """The thermal guard's options, shared by ``run`` and ``serve``."""
+    options = [
+        click.option("--watch-thermal", is_flag=True,
+                     help="Thermal guard: pace or pause generation before the firmware throttles; live status on "
+                          "stderr (run; serve reports it at /health)."),
+        click.option("--simulate-thermal", is_flag=True,
+                     help="Read a simulated board (the target's thermal model driven by the real step times) "
+                          "instead of sensors; guards like --watch-thermal unless --no-guard."),
+        click.option("--no-guard", is_flag=True, help="Record (and simulate) only, never pace or pause."),
+        click.option("--clock-cap", is_flag=True,
+                     help="While pacing, the guard also caps the CPU clock (cpufreq scaling_max_freq, needs root; "
+                          "restored on exit): about 1.4x the tokens at the same temperature, each a little slower."),
+        click.option("--telemetry", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Write one JSONL record per step: temperatures, level, tok/s, budget, pacing, power."),
+        click.option("--ambient", type=AMBIENT, help="Ambient °C of the simulated board [the profile's]."),
+        click.option("--thermal-target", help="Profile for the thermal limits and model [the bundle's target]."),
+        click.option("--sim-speed", default=1.0, show_default=True,
+                     type=FiniteRange(1e-3, 1e6, what="how many times slower the simulated board is", example="1"),
+                     help="Simulated board is this many times slower than this machine."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _gate_options(fn):
+    """The power gates' options, shared by ``run`` and ``serve``."""
+    options = [
+        click.option("--entropy-target", type=float,
+                     help="Power-gated bundles: windowed power entropy (nats) the gate controller holds "
+                          "[the profile's]."),
+        click.option("--compute-budget", type=float,
+                     help="Power-gated bundles: largest mean fraction of FFN blocks run, in (0, 1] [1]."),
+        click.option("--gating/--no-gating", default=None,
+                     help="Power-gated bundles: skip FFN blocks by the gates. Off unless asked for (or "
+                          "--entropy-target / --compute-budget given): the trained gates still cost too much "
+                          "quality."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min: float, threads, target,
+                 ignore_target: bool, lookup_draft: int):
+    """``--draft BUNDLE``: the draft bundle opened and checked against the target's tokenizer (None without it,
+    or where the target's backend cannot check drafts, which is said)."""
+    from edgesdk.errors import RuntimeBackendError
+    from edgesdk.runtime.generate import can_draft
+    from edgesdk.runtime.session import open_runtime
+    from edgesdk.runtime.speculative import DraftConfig, DraftModel
+
+    if draft_bundle is None:
+        context, default = click.get_current_context(silent=True), click.core.ParameterSource.DEFAULT
+        for name, flag in (("draft_max", "--draft-max"), ("draft_p_min", "--draft-p-min")):  # as --top-p is named
+            if context is not None and context.get_parameter_source(name) not in (None, default):
+                click.echo(f"edgesdk: {flag} is not used: it works with --draft BUNDLE", err=True)
+        return None
+    if lookup_draft:
+        raise click.BadParameter("--draft and --lookup both draft tokens; pass one", param_hint="'--draft'")
+    if not can_draft(runtime.backend):
+        why = "steps a power controller with every decode" if hasattr(runtime.backend, "controller") \
+            else "cannot rewind its KV cache"
+        click.echo(f"edgesdk: --draft is not used: the {runtime.backend.name} backend {why}; it decodes token by "
+                   "token", err=True)
+        return None
+    # Both sessions run in turns on the same cores, and a pool spinning after its work starves the other: with both
+    # spinning a 2-core host decoded at 0.62x, so the draft's pool never spins (the target's, which does most of
+    # the work, still does).
+    # The draft runs on the bundle's backend, which can rewind (llama.cpp's draft takes the main model's devices):
+    # the draft bundle's own first backend may be one that cannot (a Jetson bundle's tensorrt, while the bundle runs
+    # with --backend ort-cuda), and no option picks another. Its own backends only where that one cannot open it.
+    try:
+        draft = open_runtime(draft_bundle, backend=runtime.backend.name, threads=threads, expected_target=target,
+                             ignore_target=ignore_target, spinning=False)
+    except RuntimeBackendError as exc:
+        elsewhere = exc
+        draft = open_runtime(draft_bundle, threads=threads, expected_target=target, ignore_target=ignore_target,
+                             spinning=False)
+    else:
+        elsewhere = None
+    ours, theirs = (rt.tokenizer.tokenizer.get_vocab(with_added_tokens=True) for rt in (runtime, draft))
+    if ours != theirs:
+        differ = sum(1 for token, index in ours.items() if theirs.get(token) != index) + len(set(theirs) - set(ours))
+        raise click.BadParameter(f"{draft_bundle} has another tokenizer than the bundle ({len(theirs):,} tokens against "
+                                 f"{len(ours):,}, {differ:,} differ), so its token ids mean other text; pass a "
+                                 "draft bundle built from a model with this bundle's tokenizer (a smaller model of "
+                                 "its family, or the same model quantized harder)", param_hint="'--draft'")
+    try:
+        return DraftModel(draft.backend, DraftConfig(max_draft=draft_max, p_min=draft_p_min), runtime.backend.vocab_size)
+    except ValueError as exc:  # a draft backend that cannot rewind: the bundle's backend could not open the draft
+        why = "" if elsewhere is None else f", and the bundle's {runtime.backend.name} backend cannot open it " \
+                                           f"({elsewhere.problem})"
+        raise click.BadParameter(f"{exc}{why}; pass a draft bundle that runs on the bundle's backend",
+                                 param_hint="'--draft'") from exc
+
+
+def _template_kwargs_option(text: str | None) -> dict:
+    """``--chat-template-kwargs JSON``: a JSON object of extra chat-template variables."""
+    from edgesdk.runtime.text import check_template_kwargs
+
+    if text is None:
+        return {}
+    try:
+        return check_template_kwargs(json.loads(text), "it")
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"is not JSON ({exc}); give an object, e.g. '{{\"enable_thinking\": false}}'",
+                                 param_hint="'--chat-template-kwargs'") from exc
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--chat-template-kwargs'") from exc
+
+
+def _lookup(backend, draft: int):
+    """``--lookup N``: the prompt lookup settings (None when off), and a word where the backend cannot draft."""
+    from edgesdk.runtime.generate import can_draft
+    from edgesdk.runtime.lookup import LookupConfig
+
+    if not draft:
+        return None
+    if not can_draft(backend):
+        why = "steps a power controller with every decode" if hasattr(backend, "controller") \
+            else "cannot rewind its KV cache"
+        click.echo(f"edgesdk: --lookup is not used: the {backend.name} backend {why}; it decodes token by token",
+                   err=True)
+        return None
+    return LookupConfig(max_draft=draft)
+
+
+def _open_thermal(runtime, watch_thermal: bool, simulate_thermal: bool, no_guard: bool, clock_cap: bool, telemetry,
+                  ambient, thermal_target, sim_speed: float, status: bool):
+    """The thermal session of ``run`` or ``serve`` (None without thermal options), its notes printed.
+
+    Every call first undoes a clock cap that a killed run left. SIGTERM and SIGHUP then end the process
+    through ``sys.exit`` so the caller's ``finally`` closes the session: the clock cap goes back, the
+    status line gives the terminal its scroll region back, the telemetry file is closed. A signal the
+    process was started ignoring (SIGHUP under nohup) stays ignored."""
+    from edgesdk.thermal.cpufreq import recover_left_cap
+
+    for note in recover_left_cap():
+        click.echo(f"edgesdk thermal: {note}", err=True)
+    if not (watch_thermal or simulate_thermal or telemetry):
+        return None
+    import signal
+
+    from edgesdk.cli_thermal import thermal_profile
+    from edgesdk.profile import TargetProfile
+    from edgesdk.thermal.watch import open_session
+
+    profile = (thermal_profile(None, thermal_target) if thermal_target
+               else TargetProfile.model_validate(runtime.bundle.manifest["target"]))
+    # The guard's compute-budget lever works only while the gates skip blocks.
+    gates_in_use = runtime.backend if getattr(runtime.backend, "gating", False) else None
+    if hasattr(runtime.backend, "configure") and gates_in_use is None and (watch_thermal or simulate_thermal) \
+            and not no_guard:
+        click.echo("edgesdk thermal: the bundle's power gates are off, so the guard paces instead of "
+                   "lowering the compute budget (--gating turns them on)", err=True)
+    thermal = open_session(profile, guard=(watch_thermal or simulate_thermal) and not no_guard,
+                           simulate=simulate_thermal, telemetry_path=telemetry, ambient_c=ambient,
+                           sim_speed=sim_speed, budget_target=gates_in_use, status=status, clock_cap=clock_cap,
+                           warn=lambda message: click.echo(f"edgesdk thermal: warning: {message}", err=True))
+    for note in thermal.notes:
+        click.echo(f"edgesdk thermal: {note}", err=True)
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(stop) is not signal.SIG_IGN:  # nohup's ignored SIGHUP stays ignored
+            signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
+    return thermal
+
+
+def _warn_unused_thermal_options(watch_thermal: bool, simulate_thermal: bool, telemetry, no_guard: bool,
+                                 clock_cap: bool, ambient, sim_speed: float, thermal_target) -> None:
+    """Name the thermal options that do nothing without the mode they belong to (as --top-p is named)."""
+    guarded = watch_thermal or simulate_thermal
+    modes = "--watch-thermal or --simulate-thermal"
+    options = [  # (flag, given, used in this run, what it works with)
+        ("--no-guard", no_guard, guarded, modes),
+        # beside --telemetry alone the thermal session itself says --clock-cap has no guard to cap for
+        ("--clock-cap", clock_cap, guarded or telemetry, modes),
+        ("--ambient", ambient is not None, simulate_thermal, "--simulate-thermal"),
+        ("--sim-speed", sim_speed != 1.0, simulate_thermal, "--simulate-thermal"),
+        ("--thermal-target", thermal_target is not None, guarded or telemetry,
+         "--watch-thermal, --simulate-thermal or --telemetry"),
+    ]
+    for flag, given, used, works_with in options:
+        if given and not used:
+            click.echo(f"edgesdk: {flag} is not used: it works with {works_with}", err=True)
+
+
+def _configure_gates(backend, entropy_target, compute_budget, gating) -> None:
+    """Apply the power-gate options to a gated backend; refuse them for a bundle without gates."""
+    asked = entropy_target is not None or compute_budget is not None
+    if not hasattr(backend, "configure"):
+        if asked or gating:  # --no-gating asks for what a bundle without gates does anyway
+            raise EdgeSDKError("--entropy-target, --compute-budget and --gating need a bundle with power gates",
+                               "build it with a recipe holding the power stage (e.g. --recipe power)")
+        return
+    if asked and gating is False:
+        raise click.BadParameter("--entropy-target and --compute-budget steer the gates, which --no-gating "
+                                 "turns off; drop one or the other", param_hint="--no-gating")
+    try:
+        backend.configure(backend.controller_config(entropy_target, compute_budget))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    backend.gating = asked if gating is None else gating
+
+
+def _finite_or_null(value):
+    """``value`` with every infinite or NaN float replaced by None (JSON has no such numbers)."""
+    if isinstance(value, dict):
+        return {key: _finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
