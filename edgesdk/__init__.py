@@ -1,5 +1,9 @@
 """edgesdk: compress small language models on a host and run them on Jetson and Raspberry Pi boards.
 
+From Python: ``edgesdk.load(bundle)`` opens a bundle and answers OpenAI-shaped requests
+(:class:`edgesdk.api.Model`); ``edgesdk.build_bundle(target)`` builds one on a host (:func:`edgesdk.api.build_bundle`; ``edgesdk.build`` is
+the build pipeline's package).
+
 Importing this package stays lean: it pulls in neither torch nor transformers nor onnxruntime.
 The host-side pieces (model loading, build stages, ONNX export) import their heavy dependencies
 inside the functions that need them; the board runtime needs only the base install.
@@ -9,4 +13,14 @@ __version__ = "0.1.0"
 
 from edgesdk.errors import EdgeSDKError
 
-__all__ = ["EdgeSDKError", "__version__"]
+__all__ = ["EdgeSDKError", "Model", "RequestError", "__version__", "build_bundle", "load"]
+
+_API = ("Model", "RequestError", "build_bundle", "load")  # edgesdk.api's, imported on first use (PEP 562)
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from edgesdk import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'edgesdk' has no attribute {name!r}")

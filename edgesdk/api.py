@@ -1,0 +1,312 @@
+"""edgesdk from Python: load a bundle and generate with it, or build one.
+
+:func:`load` opens a bundle as ``edgesdk run`` and ``edgesdk serve`` do (hashes and target checked first, the
+profile's backend chain) and gives a :class:`Model` shaped like llama-cpp-python's ``Llama``:
+``create_completion`` / ``__call__`` and ``create_chat_completion`` take the fields of OpenAI's Completions and
+Chat Completions requests (with llama-server's additions: ``grammar``, ``top_k``, ``min_p``, ``n_probs`` ...)
+and return the bodies ``edgesdk serve`` sends, or an iterator of its stream chunks with ``stream=True``.
+Requests go through the server's own engine (:class:`~edgesdk.serve.completion.Completer`), so a request answers
+the same in-process and over HTTP: chat template, stop strings, JSON schemas, tools, reasoning, logprobs, and the
+KV cache of the previous answer's prefix reused. A bad field raises :class:`RequestError` naming it.
+
+:func:`build_bundle` runs the host's build pipeline (``edgesdk build``) and returns the bundle's directory.
+
+Typical use on a board::
+
+    import edgesdk
+
+    with edgesdk.load("bundles/smollm2-135m-rpi5") as model:
+        answer = model.create_chat_completion([{"role": "user", "content": "What is the capital of France?"}],
+                                              max_tokens=64)
+        print(answer["choices"][0]["message"]["content"])
+        for chunk in model("Once upon a time", max_tokens=32, stream=True):
+            print(chunk["choices"][0]["text"], end="", flush=True)
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+
+from edgesdk.errors import EdgeSDKError
+
+MODEL_SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "samplers", "prompt_cache", "cache_ram_mib",
+                  "lookup", "prefill_assistant", "reasoning_format", "reasoning_budget")
+_END = object()  # the last item a streamed answer's worker puts in its queue
+
+
+class RequestError(EdgeSDKError, ValueError):
+    """A request field a :class:`Model` method cannot take (the HTTP API's 400), or a request it cannot answer
+    now (``status``: 503 while the model stops); ``param`` names the field at fault."""
+
+    def __init__(self, method: str, message: str, param: str | None = None, status: int = 400, fix: str | None = None):
+        self.method, self.param, self.status = method, param, status
+        field = f" ({param})" if param else ""
+        if fix is None and status == 400:
+            fix = ("correct the field named; the fields are those of OpenAI's request bodies, as 'edgesdk serve' "
+                   "takes them (README: Serving over HTTP)")
+        super().__init__(f"{method}{field}: {message}", fix)
+
+
+def load(path: str | Path, *, backend: str | None = None, threads: int | None = None, target: str | None = None,
+         ignore_target: bool = False, watch_thermal: bool = False, **settings) -> Model:
+    """Open the bundle at ``path`` for generation.
+
+    ``backend`` forces one backend (``ort-cpu``, ``ort-cuda``, ``ort-trt``, ``tensorrt``, ``triton``) instead of the
+    profile's chain; ``threads`` the intra-op threads (default: the profile's, at most the usable cores);
+    ``target`` refuses a bundle built for another board and ``ignore_target`` runs one anyway, as ``edgesdk run``'s
+    options of those names. ``watch_thermal`` guards the board's temperature around every step, as
+    ``edgesdk run --watch-thermal`` (the sensors it found, or what it fell back to, are in :attr:`Model.notes`).
+
+    ``settings`` are what a request that leaves a field out gets (``edgesdk serve``'s options): ``max_tokens``
+    (512), ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``, ``samplers``, ``prompt_cache`` (True),
+    ``cache_ram_mib``, ``lookup``, ``prefill_assistant``, ``reasoning_format``, ``reasoning_budget``.
+    """
+    return Model(path, backend=backend, threads=threads, target=target, ignore_target=ignore_target,
+                 watch_thermal=watch_thermal, **settings)
+
+
+class Model:
+    """A loaded bundle answering OpenAI-shaped requests in this process (llama-cpp-python's ``Llama`` for
+    edgesdk bundles). One answer is generated at a time; calls from several threads take turns in order.
+    Close it (or use it in a ``with`` block) to give back the thermal guard's sensors and clock cap."""
+
+    def __init__(self, path: str | Path, *, backend: str | None = None, threads: int | None = None,
+                 target: str | None = None, ignore_target: bool = False, watch_thermal: bool = False, **settings):
+        from edgesdk.runtime.session import open_runtime
+        from edgesdk.serve.completion import Completer, ServeDefaults
+        from edgesdk.serve.openai_answer import served_model_name
+
+        unknown = sorted(set(settings) - set(MODEL_SETTINGS))
+        if unknown:
+            raise EdgeSDKError(f"load() got the setting(s) {', '.join(map(repr, unknown))}, which it does not take",
+                               f"pass only {', '.join(MODEL_SETTINGS)} (a request's own fields go to "
+                               "create_completion / create_chat_completion)")
+        try:
+            defaults = ServeDefaults(**settings)
+        except (TypeError, ValueError) as exc:
+            raise EdgeSDKError(f"load(): {exc}", "pass settings of the kinds 'edgesdk serve --help' lists") from exc
+        self.runtime = open_runtime(Path(path), backend=backend, threads=threads, expected_target=target,
+                                    ignore_target=ignore_target)
+        self.notes: list[str] = list(self.runtime.notes)  # why each backend was or was not used, the thermal guard
+        self._thermal = _open_guard(self.runtime, self.notes) if watch_thermal else None
+        self._completer = Completer(self.runtime, defaults, hook=self._thermal.hook if self._thermal else None)
+        self.model_name = served_model_name(self.runtime.bundle.manifest)
+        self._closed = False
+
+    @property
+    def manifest(self) -> dict:
+        """The bundle's manifest (model, target, stages, graph, tokenizer)."""
+        return self.runtime.bundle.manifest
+
+    @property
+    def max_context(self) -> int:
+        """The longest sequence (prompt and answer) the bundle takes, in tokens."""
+        return self.runtime.backend.max_context
+
+    def create_completion(self, prompt: str | list[int], *, stream: bool = False, **fields) -> dict | Iterator[dict]:
+        """OpenAI's ``POST /v1/completions`` for ``prompt`` (text fed as it is, or token ids): its body, or an
+        iterator of its chunks with ``stream``. ``fields`` are the request's other fields (``max_tokens``,
+        ``temperature``, ``stop``, ``seed``, ``logprobs``, ``echo``, ``grammar``, ``response_format`` ...)."""
+        from edgesdk.serve.api import parse_text_request
+
+        return self._answer("create_completion", parse_text_request, {"prompt": prompt, **fields}, stream)
+
+    __call__ = create_completion
+
+    def create_chat_completion(self, messages: list[dict], *, stream: bool = False,
+                               **fields) -> dict | Iterator[dict]:
+        """OpenAI's ``POST /v1/chat/completions`` for ``messages`` through the bundle's chat template: its body,
+        or an iterator of its chunks with ``stream``. ``fields`` are the request's other fields (``max_tokens``,
+        ``temperature``, ``stop``, ``tools``, ``tool_choice``, ``response_format``, ``logprobs``,
+        ``chat_template_kwargs`` ...)."""
+        from edgesdk.serve.api import parse_chat_request
+
+        return self._answer("create_chat_completion", parse_chat_request, {"messages": messages, **fields}, stream)
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """The token ids of ``text``: with the tokenizer's special tokens added (a BOS where the model has one) by
+        default, and special tokens written in the text read as plain text unless ``parse_special``."""
+        from edgesdk.serve.api import TokenizeRequest
+
+        request = TokenizeRequest(content=text, add_special=add_special, parse_special=parse_special)
+        return self._call("tokenize", lambda: self._completer.tokenize(request)["tokens"])
+
+    def detokenize(self, ids: Iterable[int]) -> str:
+        """The text of token ids, special tokens written out (llama-server's ``POST /detokenize``)."""
+        tokens = tuple(ids)
+        for index, token in enumerate(tokens):
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise RequestError("detokenize", f"ids[{index}] is {token!r}; expected a token id (a whole number "
+                                   ">= 0)", param=f"ids[{index}]")
+        return self._call("detokenize", lambda: self._completer.detokenize(tokens)["content"])
+
+    def perplexity(self, text: str, *, context: int = 512, stride: int | None = None,
+                   max_chars: int | None = None) -> float:
+        """Perplexity of ``text`` through the bundle's runtime, as ``edgesdk eval --text`` measures it:
+        windows of ``context`` tokens every ``stride`` (default: not overlapping), every token but each window's
+        first scored; ``max_chars`` scores only the text's first characters (default: all of it)."""
+        from edgesdk.evaluate import PerplexityConfig, bundle_perplexity
+
+        if not isinstance(text, str):
+            raise RequestError("perplexity", f"expected the text to score (a string), got a {type(text).__name__}",
+                               param="text")
+        stride = context if stride is None else stride
+        for name, value, least, most in (("context", context, 2, None), ("stride", stride, 1, context)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least or (most and value > most):
+                bounds = f"from {least} to the context, {most}" if most else f"of at least {least}"
+                raise RequestError("perplexity", f"{name} is {value!r}; expected a whole number of tokens {bounds}",
+                                   param=name, fix="pass context >= 2 and 1 <= stride <= context (stride "
+                                   "left out: windows that do not overlap)")
+        config = PerplexityConfig(context=context, stride=stride, max_chars=max_chars)
+        self._check_open("perplexity")
+        with self._completer_turn():
+            try:
+                return bundle_perplexity(self.runtime, text, config).perplexity
+            finally:
+                self._forget_cache()
+
+    def close(self) -> None:
+        """Stop taking requests and give back the thermal guard's sensors and clock cap."""
+        if self._closed:
+            return
+        self._closed = True
+        self._completer.stop()
+        if self._thermal is not None:
+            self._thermal.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Model({str(self.runtime.bundle.path)!r}, backend={self.runtime.backend.name!r})"
+
+    # ---------------------------------------------------------------------------------------------------------
+
+    def _answer(self, method: str, parse: Callable[[object], object], body: dict, stream: bool):
+        from edgesdk.serve.openai_answer import whole_answer
+
+        self._check_open(method)
+        if not isinstance(stream, bool):
+            raise RequestError(method, f"'stream' must be true or false, got {stream!r}", param="stream")
+        request = self._call(method, lambda: parse({**body, "stream": stream}))
+        if stream:
+            return self._streamed(method, request)
+        return self._call(method, lambda: whole_answer(self._completer, request, self.model_name,
+                                                       self._completer.complete(request)))
+
+    def _streamed(self, method: str, request) -> Iterator[dict]:
+        """The chunks of a streamed answer, generated by a worker thread as they are read. Closing the iterator
+        (a ``break`` out of the loop that reads it) ends the generation at its next token, as a client that
+        disconnects ends llama-server's."""
+        from edgesdk.serve.openai_answer import StreamedAnswer
+
+        answer = StreamedAnswer(self._completer, request, self.model_name)
+        chunks: queue.Queue = queue.Queue()
+        abandoned = threading.Event()
+
+        def work() -> None:
+            try:
+                completion = self._completer.complete(
+                    request, on_text=lambda text, logprobs: chunks.put(answer.piece(text, logprobs)),
+                    on_start=lambda: chunks.put(answer.opening()), client_gone=abandoned.is_set)
+                chunks.put(answer.closing(completion))
+                chunks.put(_END)
+            except BaseException as exc:  # handed to the reader, who raises it
+                chunks.put(exc)
+
+        def read() -> Iterator[dict]:
+            worker = threading.Thread(target=work, name="edgesdk-answer", daemon=True)
+            worker.start()
+            try:
+                while (item := chunks.get()) is not _END:
+                    if isinstance(item, BaseException):
+                        raise _request_error(method, item) from item
+                    yield from item
+            finally:
+                abandoned.set()
+                worker.join()
+
+        return read()
+
+    def _call(self, method: str, action: Callable[[], object]):
+        """``action()``, its API errors raised as :class:`RequestError` naming ``method`` and the field."""
+        try:
+            return action()
+        except Exception as exc:
+            raise _request_error(method, exc) from exc
+
+    def _check_open(self, method: str) -> None:
+        if self._closed:
+            raise RequestError(method, "the model is closed", status=503)
+
+    def _forget_cache(self) -> None:
+        """The backend's KV cache no longer holds what the prompt cache lists (perplexity windows ran on it)."""
+        if self._completer.prompt_cache is not None:
+            self._completer.prompt_cache.tokens = []
+        self.runtime.backend.reset()
+
+    def _completer_turn(self):
+        """The board's one turn, for work outside a request (perplexity): it waits for the answer generating."""
+        return self._completer._turn
+
+
+def _request_error(method: str, exc: BaseException) -> BaseException:
+    """The error a :class:`Model` method raises for ``exc``: the HTTP API's errors (``ApiError``) as a
+    :class:`RequestError` naming ``method`` and the field, anything else as it is."""
+    from edgesdk.serve.api import ApiError
+
+    if isinstance(exc, ApiError):
+        return RequestError(method, exc.message, param=exc.param, status=exc.status)
+    return exc
+
+
+def _open_guard(runtime, notes: list[str]):
+    """The thermal guard of ``edgesdk run --watch-thermal`` for ``runtime``'s board: its notes go to ``notes``."""
+    from edgesdk.profile import TargetProfile
+    from edgesdk.thermal.cpufreq import recover_left_cap
+    from edgesdk.thermal.watch import open_session
+
+    notes += recover_left_cap()
+    profile = TargetProfile.model_validate(runtime.bundle.manifest["target"])
+    session = open_session(profile, guard=True, status=False, warn=notes.append)
+    notes += session.notes
+    return session
+
+
+def build_bundle(target: str, model: str | None = None, *, out: str | Path | None = None, recipe: str | None = None,
+          max_context: int = 4096, data: Iterable[str | Path] = (), data_skip_chars: int = 0,
+          generated_sequences: int = 32, overrides: Mapping[str, object] | Iterable[str] = (),
+          weight_bits: int | None = None, resume: bool = False, keep_work: bool = False,
+          progress: bool = True) -> Path:
+    """Build a bundle for the board ``target`` from ``model`` (an alias, a Hugging Face directory or a GGUF file;
+    default SmolLM2-135M-Instruct), as ``edgesdk build`` does with the options of the same names, and return its
+    directory. ``overrides`` change the recipe: ``{"prune.ffn_ratio": 0.5}`` or ``["prune.ffn_ratio=0.5"]``
+    (``--set``). Host only: it needs ``edgesdk[host]`` (torch, transformers)."""
+    from edgesdk.build.pipeline import BuildConfig
+    from edgesdk.build.pipeline import build as run_build
+    from edgesdk.compress.data import DataConfig
+    from edgesdk.export.onnx_export import ExportConfig
+    from edgesdk.models.sources import DEFAULT_MODEL
+
+    if isinstance(overrides, Mapping):
+        changes = tuple(f"{key}={value}" for key, value in overrides.items())
+    elif isinstance(overrides, str):
+        changes = (overrides,)
+    else:
+        changes = tuple(overrides)
+    data_config = DataConfig(files=tuple(str(file) for file in data), skip_chars=data_skip_chars,
+                             generated_sequences=generated_sequences)
+    config = BuildConfig(target=target, model=model or DEFAULT_MODEL, out=None if out is None else Path(out),
+                         recipe=recipe, overrides=changes, data=data_config, weight_bits=weight_bits,
+                         export=ExportConfig(max_context=max_context), resume=resume, keep_work=keep_work,
+                         progress=progress)
+    return run_build(config).path
+
+
+__all__ = ["Model", "RequestError", "build_bundle", "load"]
