@@ -1,0 +1,192 @@
+"""``edgesdk serve``: a bundle behind an OpenAI-compatible HTTP API, as llama-server serves one (registered in
+:mod:`edgesdk.cli`). The server is :mod:`edgesdk.serve`; the options serve shares with ``run`` are
+:mod:`edgesdk.cli_options`.
+
+Importing this module imports click only; the runtime and the server load when the command runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from edgesdk.cli_options import (
+    _configure_gates,
+    _draft_model,
+    _draft_options,
+    _gate_options,
+    _lookup,
+    _open_thermal,
+    _runtime_options,
+    _sampler_chain,
+    _sampler_chain_options,
+    _template_kwargs_option,
+    _thermal_options,
+    _warn_unused_thermal_options,
+)
+from edgesdk.errors import EdgeSDKError
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--host", "listen_host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 or :: for every interface).")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port (0: a free one, printed at start).")
+@click.option("--api-key", envvar="EDGESDK_API_KEY", show_envvar=True,
+              help="Require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on every route but /health.")
+@click.option("--model-name", "--alias", "-a", "model_name",
+              help="Model id the API reports (llama-server's --alias) [<model>-<target> from the manifest].")
+@click.option("--max-new-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=1),
+              help="Tokens per answer for a request that sets no max_tokens.")
+@click.option("--temperature", "--temp", default=0.0, show_default=True,
+              help="For a request that sets none; 0 means greedy decoding.")
+@click.option("--top-p", default=1.0, show_default=True, help="For a request that sets none.")
+@click.option("--top-k", default=0, show_default=True, help="For a request that sets none (0: off).")
+@click.option("--min-p", default=0.0, show_default=True, help="For a request that sets none (0: off).")
+@_sampler_chain_options
+@click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
+              help="Requests that may wait while one generates; more get HTTP 503 at once.")
+@click.option("--quiet", is_flag=True, help="No request log on stderr.")
+@click.option("--no-prompt-cache", is_flag=True,
+              help="Prefill every prompt whole, instead of reusing the previous answer's KV cache for the "
+                   "prefix a prompt repeats (a chat's earlier turns).")
+@click.option("--cache-ram", "cache_ram_mib", default=256, show_default=True, type=click.IntRange(min=0),
+              metavar="MIB", help="Host memory (MiB) for the KV caches of other conversations, so a chat gets its "
+                                  "cache back after the server answered another prompt (0: keep only the last one).")
+@click.option("--metrics", is_flag=True,
+              help="Serve GET /metrics: Prometheus counters (tokens, compute seconds, requests, thermal level).")
+@click.option("--lookup", "lookup_draft", default=0, show_default=True, type=click.IntRange(0, 64), metavar="N",
+              help="Prompt lookup decoding: where the last tokens occurred before in the prompt or answer, check up "
+                   "to N tokens of what followed them in one pass (fast where the answer copies, e.g. 2x when "
+                   "repeating a text; 0: off). Greedy answers can differ at near-ties of a quantized model.")
+@click.option("--no-prefill-assistant", is_flag=True,
+              help="A chat ending with an assistant message gets a new assistant turn after it, instead of the "
+                   "answer going on from that message's text (llama-server's option of the same name).")
+@click.option("--chat-template-kwargs", "template_kwargs", metavar="JSON", callback=lambda ctx, param, value:
+              _template_kwargs_option(value),
+              help="Extra variables for the chat template, a JSON object (llama-server's option); a request's "
+                   "chat_template_kwargs go over them. E.g. '{\"enable_thinking\": false}' for Qwen3.")
+@click.option("--reasoning-format", type=click.Choice(["auto", "none", "deepseek", "deepseek-legacy"]),
+              default="auto", show_default=True,
+              help="A thinking model's <think> block as the message's reasoning_content (deepseek; auto: where the "
+                   "chat template writes one; deepseek-legacy: so, but streamed in the content), or left in the "
+                   "content (none), as llama-server's option.")
+@click.option("--responses-kept", default=256, show_default=True, type=click.IntRange(0), metavar="N",
+              help="Responses POST /v1/responses keeps in memory for previous_response_id and GET "
+                   "/v1/responses/{id} (the least recently used go first; 0 keeps none; none survive a restart).")
+@click.option("--responses-kept-mib", default=16, show_default=True, type=click.IntRange(0), metavar="MIB",
+              help="At most this much JSON of kept responses and their input items.")
+@click.option("--reasoning-budget", default=-1, show_default=True, type=click.Choice([-1, 0]), metavar="N",
+              help="Thinking allowed: -1 without limit, 0 off (the chat template rendered with enable_thinking "
+                   "false unless --chat-template-kwargs or a request's chat_template_kwargs set it), as "
+                   "llama-server's option; a token budget in between is not taken.")
+@_draft_options
+@_thermal_options
+@_gate_options
+@_runtime_options
+def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, top_k, min_p, samplers,
+          sampling_seq, max_queue,
+          quiet,
+          no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
+          responses_kept, responses_kept_mib, reasoning_budget, draft_bundle, draft_max, draft_p_min,
+          watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
+          entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
+    """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
+    OpenAI's POST /v1/responses, Anthropic's POST /v1/messages and llama-server's POST /tokenize and /detokenize).
+
+    One answer is generated at a time (a board decodes batch 1); --watch-thermal guards every step
+    as in 'edgesdk run', across requests, and GET /health reports the guard's level.
+    """
+    from edgesdk.runtime.session import open_runtime
+    from edgesdk.serve.completion import Completer, ServeDefaults
+    from edgesdk.serve.http_server import ApiServer
+
+    try:
+        defaults = ServeDefaults(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                 min_p=min_p, max_waiting=max_queue, prompt_cache=not no_prompt_cache,
+                                 cache_ram_mib=cache_ram_mib, lookup=lookup_draft,
+                                 prefill_assistant=not no_prefill_assistant, reasoning_format=reasoning_format,
+                                 reasoning_budget=reasoning_budget, responses_kept=responses_kept,
+                                 responses_kept_bytes=responses_kept_mib << 20, **_sampler_chain(samplers, sampling_seq))
+    except ValueError as exc:
+        options = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'",
+                   "samplers": "'--samplers' / '--sampling-seq'"}
+        hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
+        raise click.BadParameter(str(exc), param_hint=hint) from exc
+    if api_key is not None and not api_key.strip():
+        raise click.BadParameter("is empty; pass a key, or leave --api-key out to serve without one",
+                                 param_hint="'--api-key'")
+    if model_name is not None and not model_name.strip():
+        raise click.BadParameter("is empty; pass the id the API should report, or leave --model-name out for "
+                                 "<model>-<target> from the bundle's manifest", param_hint="'--model-name'")
+    if api_key is not None and not (api_key.isascii() and api_key.isprintable() and " " not in api_key):
+        # Clients send it in a header, whose value HTTP carries as ASCII (RFC 9110 §5.5): another key never matched.
+        raise click.BadParameter("must be printable ASCII without spaces, as an HTTP header carries it; pick "
+                                 "another key, e.g. from: python -c 'import secrets; print(secrets.token_urlsafe())'",
+                                 param_hint="'--api-key'")
+    _warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard, clock_cap=clock_cap,
+                                 ambient=ambient, sim_speed=sim_speed, thermal_target=thermal_target)
+    if no_prompt_cache and \
+            click.get_current_context().get_parameter_source("cache_ram_mib") != click.core.ParameterSource.DEFAULT:
+        click.echo("edgesdk: --cache-ram is not used: --no-prompt-cache keeps no KV cache between requests", err=True)
+    import signal
+
+    # A service manager's stop (SIGTERM; SIGHUP unless nohup ignores it) ends the server as Ctrl-C does:
+    # through the finally below, which lets the answer being generated end and tell its client why.
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(stop) is not signal.SIG_IGN:
+            signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
+    runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
+                           ignore_target=ignore_target, verbose=True)
+    runtime.tokenizer.template_kwargs = template_kwargs
+    _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
+    draft = _draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target, lookup_draft)
+    _lookup(runtime.backend, lookup_draft)  # says so where the backend cannot draft (the completer decodes then)
+    thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
+                            thermal_target, sim_speed, status=False)
+    try:
+        completer = Completer(runtime, defaults, hook=thermal.hook if thermal else None, draft=draft)
+        name = model_name or _served_model_name(runtime.bundle.manifest)
+        try:
+            server = ApiServer((listen_host, port), completer, name, api_key=api_key, log=not quiet,
+                               metrics=metrics)
+        except OSError as exc:
+            import errno
+            import socket
+
+            shown = f"[{listen_host.strip('[]')}]" if ":" in listen_host else listen_host
+            fix = ("pass an address of this machine to --host (127.0.0.1; 0.0.0.0 or :: for every interface)"
+                   if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+                   else "pick another --port (0 takes a free one), or stop what listens there")
+            raise EdgeSDKError(f"cannot listen on {shown}:{port} ({exc.strerror or exc})", fix) from exc
+        click.echo(f"edgesdk serve: {name} on {server.url}/v1 ({runtime.backend.name}"
+                   f"{', API key required' if api_key else ''}); Ctrl-C stops", err=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            click.echo("edgesdk serve: stopped", err=True)
+        finally:
+            try:  # the answers end before the thermal session closes: no guard step after its clock cap is given back
+                if completer.busy:
+                    click.echo("edgesdk serve: stopping the answer being generated (Ctrl-C again stops at once)",
+                               err=True)
+                if not server.stop_answers(timeout=SERVE_STOP_WAIT_S):
+                    click.echo(f"edgesdk serve: an answer did not end within {SERVE_STOP_WAIT_S} s of the stop; "
+                               "its connection is cut", err=True)
+            finally:
+                server.server_close()
+    finally:
+        if thermal is not None:
+            thermal.close()
+
+
+SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in flight (a long prompt's prefill on a board)
+
+
+def _served_model_name(manifest: dict) -> str:
+    """``<model>-<target>``, e.g. smollm2-135m-rpi5: the same id across redeploys of one model."""
+    source = Path(str(manifest["model"]["before"]["source"]).rstrip("/")).name
+    return f"{source.removesuffix('.gguf')}-{manifest['target']['name']}"
