@@ -73,3 +73,34 @@ def test_streaming_through_serve_against_generate(smollm2_rpi5_bundle):
           f"wall time ratio median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}); "
           f"tok/s incl. prefill: generate {statistics.median(direct_rates):.1f}, serve "
           f"{statistics.median(served_rates):.1f}")
+
+
+def test_python_api_against_generate(smollm2_rpi5_bundle):
+    """The same answer through :class:`edgesdk.api.Model` (a streamed ``create_completion`` read chunk by chunk,
+    its worker thread and queue included) and through :func:`generate`, alternating, in one process."""
+    from edgesdk.api import Model
+
+    with Model(smollm2_rpi5_bundle.path) as model:
+        runtime = model.runtime
+        prompt = runtime.tokenizer.encode(PROMPT)
+        runtime.tokenizer.eos_token_ids.clear()  # every run decodes NEW_TOKENS tokens, through both paths
+        generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=8), set())  # warm-up, untimed
+        list(model.create_completion(PROMPT, max_tokens=8, stream=True))
+        ratios, direct_rates, api_rates = [], [], []
+        for _ in range(ROUNDS):
+            start = time.perf_counter()
+            tokens, _ = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=NEW_TOKENS), set())
+            direct = time.perf_counter() - start
+            time.sleep(0.5)
+            start = time.perf_counter()
+            chunks = list(model.create_completion(PROMPT, max_tokens=NEW_TOKENS, stream=True, cache_prompt=False,
+                                                  stream_options={"include_usage": True}))
+            through_api = time.perf_counter() - start
+            time.sleep(0.5)
+            assert chunks[-1]["usage"]["completion_tokens"] == len(tokens) == NEW_TOKENS
+            ratios.append(through_api / direct)
+            direct_rates.append(NEW_TOKENS / direct)
+            api_rates.append(NEW_TOKENS / through_api)
+    print(f"\nedgesdk.load(...).create_completion(stream=True) vs generate, {NEW_TOKENS} tokens, {ROUNDS} alternated "
+          f"pairs: wall time ratio median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}); "
+          f"tok/s incl. prefill: generate {statistics.median(direct_rates):.1f}, API {statistics.median(api_rates):.1f}")
