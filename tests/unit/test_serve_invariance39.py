@@ -1,0 +1,330 @@
+"""Serve's decoding options leave a greedy answer as it is: a draft bundle (``serve --draft``), prompt lookup
+decoding (``--lookup``), the prompt cache between requests (on by default) with other prompts' KV caches kept in
+host memory (``--cache-ram``) or not, and a simulated board's thermal guard, each against a plain server (no
+drafts, no prompt cache) over the same bundle.
+
+One real server per configuration answers one sequence of requests on every route (chat and text completions,
+llama-server's /completion, /v1/responses, /v1/messages; whole and streamed) with stop strings, token limits,
+logprobs, JSON schemas, grammars, tools, a thinking template's reasoning block, prompts that fill the context and
+requests that share a prefix or diverge inside a token, so the cache and the drafts meet what the requests before
+left. Each answer's text, finish reason, token counts, tool calls and logprobs (within 1e-4) equal the plain
+server's. The prompt tokens an answer took from the cache are the one documented difference (OpenAI's
+``cached_tokens``, Anthropic's ``cache_read_input_tokens``, llama-server's ``timings.cache_n``); the metrics count
+each request's prompt tokens as prefilled or cached as its answer reports them, and its predicted tokens as the
+plain server does."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+
+import pytest
+
+from edgesdk.profile import get_profile
+from edgesdk.runtime.session import open_runtime
+from edgesdk.runtime.speculative import DraftConfig, DraftModel
+from edgesdk.serve.completion import Completer, ServeDefaults
+from edgesdk.serve.http_server import ApiServer
+from edgesdk.thermal.watch import open_session
+from tests._utils.tiny import CORPUS
+from tests.unit.test_serve_reasoning import THINKING_TEMPLATE
+
+MAX_CONTEXT = 512  # room for the tools' prompt (about 300 tokens of the tiny tokenizer)
+
+
+def _lively_bundle(root, seed: int):
+    """A tiny model with untied embeddings whose output layer is scaled up: its greedy answers wander over the
+    vocabulary (the tied tiny model repeats its last token), so drafts are both taken and refused."""
+    import torch
+
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
+    from tests._utils.tiny import tiny_llama, tiny_tokenizer
+
+    model = tiny_llama(seed=seed, tie=False)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(12.0)
+    model_dir = root / "model"
+    model.save_pretrained(model_dir, safe_serialization=True)
+    tiny_tokenizer(model.config.vocab_size).save_pretrained(model_dir)
+    return build(BuildConfig(target="host", model=str(model_dir), out=root / "b",
+                             export=ExportConfig(max_context=MAX_CONTEXT), progress=False))
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    pytest.importorskip("torch")
+    return {"target": _lively_bundle(tmp_path_factory.mktemp("target39"), 11).path,
+            "other": _lively_bundle(tmp_path_factory.mktemp("other39"), 12).path}
+
+
+def _open(path):
+    runtime = open_runtime(path, threads=1)
+    # A template that opens a <think> block (Qwen3's way): chat answers are reasoning unless enable_thinking is false
+    runtime.tokenizer.template_source = THINKING_TEMPLATE
+    runtime.tokenizer._template = None
+    return runtime
+
+
+class Server:
+    """A real server over its own runtime (its KV cache is its prompt cache's), in a background thread."""
+
+    def __init__(self, bundles, defaults: ServeDefaults, draft: str | None = None, thermal=None):
+        runtime = _open(bundles["target"])
+        drafter = None
+        if draft is not None:
+            drafter = DraftModel(open_runtime(bundles[draft], threads=1).backend, DraftConfig(max_draft=3),
+                                 runtime.backend.vocab_size)
+        self.thermal = thermal
+        self.completer = Completer(runtime, defaults, hook=None if thermal is None else thermal.hook, draft=drafter)
+        self.server = ApiServer(("127.0.0.1", 0), self.completer, "tiny", log=False, metrics=True)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.server.server_address[1], timeout=120)
+        connection.request(method, path, None if body is None else json.dumps(body),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        text = response.read().decode()
+        connection.close()
+        return response.status, text
+
+    def metrics(self) -> dict[str, float]:
+        status, text = self.request("GET", "/metrics")
+        assert status == 200, text
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if not line.startswith("#")}
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        if self.thermal is not None:
+            self.thermal.close()
+
+
+def _thermal():
+    """A simulated Raspberry Pi 5 warm enough that the guard leaves its normal level (and paces) while it answers."""
+    return open_session(get_profile("rpi5"), guard=True, simulate=True, status=False, sim_speed=50.0, ambient_c=48.0)
+
+
+CONFIGS = {  # name -> (ServeDefaults fields, draft bundle, thermal session)
+    "prompt-cache": ({}, None, None),
+    "prompt-cache-no-ram": ({"cache_ram_mib": 0}, None, None),
+    "prompt-cache-1-mib": ({"cache_ram_mib": 1}, None, None),  # saved caches evicted as others come
+    "lookup": ({"lookup": 3, "prompt_cache": False}, None, None),
+    "lookup-cache": ({"lookup": 2}, None, None),
+    "draft-same-weights": ({}, "target", None),
+    "draft-other-model": ({"prompt_cache": False}, "other", None),
+    "thermal-lookup-cache": ({"lookup": 2}, None, _thermal),
+}
+
+LONG = " ".join(CORPUS[:4])
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+CLAUDE_TOOLS = [{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}]
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a", "b"]}
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+def _user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def _chat(messages: list, **fields) -> tuple[str, dict]:
+    return "/v1/chat/completions", {"messages": messages, **fields}
+
+
+# In order: later requests share prefixes with earlier ones (the cache), diverge inside a token ("fo" / "fox"),
+# come back to a conversation after another (a saved cache), and fill the context.
+REQUESTS = [
+    _chat([_user("The quick brown fox")], max_tokens=30),
+    _chat([_user("The quick brown fox")], max_tokens=30, stream=True),
+    _chat([_user("The quick brown fox")], max_tokens=7, **NO_THINKING),
+    _chat([_user("The quick brown fox")], max_tokens=30, logprobs=True, top_logprobs=3, **NO_THINKING),
+    _chat([_user("The quick brown fox")], max_tokens=30, logprobs=True, top_logprobs=3, stream=True, **NO_THINKING),
+    _chat([_user("Edge boards run")], max_tokens=40, stop=["e", "ab"], **NO_THINKING),
+    _chat([_user("Edge boards run")], max_tokens=40, stop=["g"], logprobs=True, top_logprobs=2, stream=True,
+          **NO_THINKING),
+    _chat([_user("Edge boards run"), {"role": "assistant", "content": "x"}, _user("go on")], max_tokens=25),
+    _chat([_user("Give JSON")], max_tokens=40, response_format={"type": "json_schema",
+                                                                "json_schema": {"name": "x", "schema": SCHEMA}}),
+    _chat([_user("Give JSON")], max_tokens=40, response_format={"type": "json_object"}, stream=True),
+    _chat([_user("weather")], max_tokens=80, tools=TOOLS, tool_choice="required"),  # a call cut inside its arguments
+    _chat([_user("weather")], max_tokens=80, tools=TOOLS, tool_choice="required", stream=True),
+    _chat([_user("weather")], max_tokens=40, tools=TOOLS),
+    _chat([_user("x")], max_tokens=12, logit_bias={"5": -100}, presence_penalty=1.5, frequency_penalty=0.5),
+    ("/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 30}),
+    ("/v1/completions", {"prompt": "The quick brown fo", "max_tokens": 30, "logprobs": 2}),
+    ("/v1/completions", {"prompt": "The quick brown fox jumps", "max_tokens": 30, "logprobs": 2, "stream": True,
+                         "stream_options": {"include_usage": True}}),
+    ("/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 30, "echo": True, "logprobs": 1}),
+    ("/v1/completions", {"prompt": LONG, "max_tokens": 60}),
+    ("/v1/completions", {"prompt": LONG[:200], "max_tokens": 23, "stop": ["o"]}),
+    ("/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 30, "cache_prompt": False}),
+    ("/completion", {"prompt": "The quick brown fox", "n_predict": 30, "n_probs": 3}),
+    ("/completion", {"prompt": "The quick brown fox", "n_predict": 30, "n_probs": 3, "stream": True}),
+    ("/completion", {"prompt": "Edge", "n_predict": 30, "grammar": 'root ::= ("ab" | "abc" | [0-9]+ " "){2,12} "."'}),
+    ("/completion", {"prompt": "Edge", "n_predict": 0}),
+    ("/completion", {"prompt": "Edge boards", "n_predict": 20, "stop": ["a"]}),
+    ("/completion", {"prompt": "Edge boards", "n_predict": 40, "repeat_penalty": 1.5, "repeat_last_n": 8}),
+    ("/completion", {"prompt": "Edge boards", "n_predict": 40, "ignore_eos": True}),
+    ("/completion", {"prompt": LONG + " " + LONG, "n_predict": 600, "n_keep": 5}),  # to the context's end
+    ("/v1/responses", {"input": "The quick brown fox", "max_output_tokens": 30}),
+    ("/v1/responses", {"input": "The quick brown fox", "max_output_tokens": 30, "stream": True}),
+    ("/v1/responses", {"input": "The quick brown fox", "max_output_tokens": 30, "top_logprobs": 2,
+                       "include": ["message.output_text.logprobs"], "reasoning": {"effort": "none"}}),
+    ("/v1/messages", {"messages": [_user("The quick brown fox")], "max_tokens": 30}),
+    ("/v1/messages", {"messages": [_user("The quick brown fox")], "max_tokens": 30, "stream": True}),
+    ("/v1/messages", {"messages": [_user("Edge boards")], "max_tokens": 30, "stop_sequences": ["a", "b"],
+                      "thinking": {"type": "disabled"}}),
+    ("/v1/messages", {"messages": [_user("weather")], "max_tokens": 80, "tools": CLAUDE_TOOLS,
+                      "tool_choice": {"type": "any"}}),
+    ("/v1/messages", {"messages": [_user("weather")], "max_tokens": 80, "tools": CLAUDE_TOOLS,
+                      "tool_choice": {"type": "any"}, "stream": True}),
+    _chat([_user(LONG[:150])], max_tokens=20),
+    _chat([_user("Another user here")], max_tokens=10),
+    _chat([_user(LONG[:150]), {"role": "assistant", "content": "ok"}, _user("more")], max_tokens=20),
+    _chat([_user("Another user here")], max_tokens=10, stream=True, stream_options={"include_usage": True}),
+    _chat([_user(LONG[:150]), {"role": "assistant", "content": "ok"}, _user("more")], max_tokens=20, logprobs=True,
+          top_logprobs=2, **NO_THINKING),
+    ("/v1/completions", {"prompt": LONG[:151], "max_tokens": 20, "logprobs": 3}),
+    ("/v1/completions", {"prompt": LONG[:149], "max_tokens": 20, "logprobs": 3, "stream": True}),
+    _chat([_user("The quick brown fox")], max_tokens=30),
+]
+
+# The prompt tokens an answer took from the KV cache: the one field the prompt cache changes (OpenAI's
+# prompt_tokens_details / input_tokens_details, Anthropic's split of the input, llama-server's timings)
+CACHED_FIELDS = ("cached_tokens", "cache_read_input_tokens", "cache_n")
+IDS = ("id", "created", "created_at", "system_fingerprint", "item_id", "call_id", "tool_call_id", "response_id",
+       "previous_response_id")
+ID_PREFIXES = ("chatcmpl-", "cmpl-", "resp_", "msg_", "call_", "fc_", "toolu_", "rs_")
+
+
+def _events(text: str) -> list:
+    return [json.loads(line[len("data: "):]) for line in text.split("\n")
+            if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def _normal(value, cached: list[int]):
+    """The answer without what differs by request (ids, times) and the prompt's cached part, which goes to
+    ``cached``; Anthropic's input tokens are counted whole (``input_tokens`` excludes the cached ones)."""
+    if isinstance(value, dict):
+        value = dict(value)
+        if "cache_read_input_tokens" in value:
+            value["input_tokens"] += value["cache_read_input_tokens"]
+        if "timings" in value:  # its counts; the milliseconds and rates are the clock's
+            timings = value.pop("timings")
+            value["timings_n"] = (timings["prompt_n"] + timings["cache_n"], timings["predicted_n"])
+            cached.append(timings["cache_n"])
+        for key in CACHED_FIELDS:
+            if key in value:
+                cached.append(value.pop(key))
+        return {key: _normal(item, cached) for key, item in value.items() if key not in IDS}
+    if isinstance(value, list):
+        return [_normal(item, cached) for item in value]
+    if isinstance(value, str) and value.startswith(ID_PREFIXES):
+        return "<id>"
+    return value
+
+
+def _mismatches(expected, got, path: str = "") -> list[str]:
+    if isinstance(expected, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        return [] if abs(expected - got) <= 1e-4 else [f"{path}: {expected!r} != {got!r}"]
+    if type(expected) is not type(got):
+        return [f"{path}: {expected!r} != {got!r}"]
+    if isinstance(expected, dict):
+        if expected.keys() != got.keys():
+            return [f"{path}: keys {sorted(expected)} != {sorted(got)}"]
+        return [line for key in expected for line in _mismatches(expected[key], got[key], f"{path}.{key}")]
+    if isinstance(expected, list):
+        if len(expected) != len(got):
+            return [f"{path}: {len(expected)} items != {len(got)}: {expected!r} != {got!r}"[:400]]
+        return [line for index, (a, b) in enumerate(zip(expected, got, strict=True)) for line in _mismatches(a, b, f"{path}[{index}]")]
+    return [] if expected == got else [f"{path}: {expected!r} != {got!r}"]
+
+
+COUNTERS = ("edgesdk_prompt_tokens_total", "edgesdk_prompt_tokens_cached_total", "edgesdk_tokens_predicted_total")
+
+
+def _answers(server: Server) -> list[dict]:
+    """Each request's status, answer (whole, or the stream's events) without ids and cached counts, the cached
+    counts it reported, and what the metrics counted for it."""
+    out = []
+    for path, body in REQUESTS:
+        before = server.metrics()
+        status, text = server.request("POST", path, body)
+        after = server.metrics()
+        cached: list[int] = []
+        answer = _normal(_events(text) if body.get("stream") else json.loads(text), cached)
+        out.append({"status": status, "answer": answer, "cached": cached,
+                    "counted": {name: after[name] - before[name] for name in COUNTERS}})
+    # a conversation by previous_response_id: each turn's prompt starts with the one before and its answer
+    previous = None
+    for index, text in enumerate(["The quick brown fox", "and then", "again"]):
+        body = {"input": text, "max_output_tokens": 15 + 10 * index, "stream": index == 2,
+                **({"previous_response_id": previous} if previous else {})}
+        status, answer = server.request("POST", "/v1/responses", body)
+        if index < 2:
+            previous = json.loads(answer)["id"]
+        cached = []
+        out.append({"status": status, "answer": _normal(_events(answer) if index == 2 else json.loads(answer), cached),
+                    "cached": cached, "counted": None})
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain(bundles):
+    server = Server(bundles, ServeDefaults(max_tokens=16, prompt_cache=False))
+    try:
+        return _answers(server), server.metrics()
+    finally:
+        server.close()
+
+
+def test_the_plain_server_answers_every_request_and_caches_nothing(plain):
+    answers, _ = plain
+    assert [answer["status"] for answer in answers] == [200] * len(answers)
+    assert not any(count for answer in answers for count in answer["cached"])
+    finishes = json.dumps([answer["answer"] for answer in answers])
+    for reason in ('"stop"', '"length"', '"tool_calls"', '"tool_use"', '"stop_sequence"', '"max_tokens"',
+                   '"reasoning_content"', '"thinking"', '"logprobs"'):
+        assert reason in finishes  # the matrix reaches each kind of answer
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_answers_are_the_plain_server_s_whatever_the_decoding_options(bundles, plain, name):
+    fields, draft, thermal = CONFIGS[name]
+    server = Server(bundles, ServeDefaults(max_tokens=16, **fields), draft=draft,
+                    thermal=None if thermal is None else thermal())
+    try:
+        answers = _answers(server)
+        metrics = server.metrics()
+        health = json.loads(server.request("GET", "/health")[1])
+    finally:
+        server.close()
+    expected_answers, expected_metrics = plain
+    requests = REQUESTS + [("/v1/responses", {"previous_response_id": "chain"})] * 3
+    for (path, body), expected, got in zip(requests, expected_answers, answers, strict=True):
+        problems = _mismatches({"status": expected["status"], "answer": expected["answer"]},
+                               {"status": got["status"], "answer": got["answer"]})
+        assert not problems, (path, body, problems[:5])
+        if got["counted"] is not None:
+            # every prompt token was prefilled or taken from the cache, as the answer says; predicted tokens as plain
+            counted = got["counted"]
+            assert counted["edgesdk_prompt_tokens_total"] + counted["edgesdk_prompt_tokens_cached_total"] == \
+                expected["counted"]["edgesdk_prompt_tokens_total"], (path, body)
+            assert counted["edgesdk_tokens_predicted_total"] == expected["counted"]["edgesdk_tokens_predicted_total"]
+            reported = [count for count in got["cached"] if count]
+            assert all(count == counted["edgesdk_prompt_tokens_cached_total"] for count in reported), (path, body)
+    caches = fields.get("prompt_cache", True)
+    reused = sum(max(answer["cached"], default=0) for answer in answers)
+    assert (reused > 0) == caches
+    assert metrics["edgesdk_prompt_tokens_total"] + metrics["edgesdk_prompt_tokens_cached_total"] == \
+        expected_metrics["edgesdk_prompt_tokens_total"]
+    assert metrics["edgesdk_tokens_predicted_total"] == expected_metrics["edgesdk_tokens_predicted_total"]
+    assert metrics["edgesdk_n_tokens_max"] == expected_metrics["edgesdk_n_tokens_max"] == MAX_CONTEXT
+    if draft or fields.get("lookup"):  # checked drafts save backend passes
+        assert metrics["edgesdk_n_decode_total"] < expected_metrics["edgesdk_n_decode_total"]
+    if thermal is not None:
+        assert health["thermal"]["level"] != "normal"
