@@ -1,0 +1,231 @@
+"""``edgesdk eval``: the perplexity of a bundle through its runtime, beside its PyTorch source model's, KL
+divergence and last-word accuracy (registered in :mod:`edgesdk.cli`; the scoring is :mod:`edgesdk.evaluate`).
+
+Importing this module imports click only; the runtime, torch and transformers load when the command runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from edgesdk.cli_options import _finite_or_null, _runtime_options
+from edgesdk.errors import EdgeSDKError, read_utf8
+
+
+def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> str:
+    """``value ± uncertainty`` as llama-perplexity prints it; a figure with no defined value (one token) reads n/a."""
+    if value is None:
+        return "n/a"
+    return format(value, spec) + ("" if uncertainty is None else f" ± {format(uncertainty, spec)}")
+
+
+@click.command("eval")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--text", "text_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Plain-text file to score (e.g. wikitext-2-raw/wiki.valid.raw).")
+@click.option("--method", type=click.Choice(["windows", "llama-perplexity"]), default="windows", show_default=True,
+              help="windows: non-overlapping --context windows (or --stride), every token but each window's first "
+                   "scored. llama-perplexity: the figure llama.cpp's llama-perplexity -c CONTEXT prints: the text "
+                   "(BOS in front where the tokenizer adds one) cut into whole chunks of --context tokens, the tail "
+                   "dropped, each chunk's first token made BOS where the tokenizer adds one, only the second half "
+                   "of each chunk scored; it needs 2 x --context tokens. llama-perplexity reads the whole file: "
+                   "pass --max-chars 0 to score the same text.")
+@click.option("--context", default=512, show_default=True, help="Tokens per window (per chunk: llama-perplexity's -c).")
+@click.option("--stride", type=click.IntRange(min=1), help="Window step [--context: no overlap]; windows only.")
+@click.option("--max-chars", default=200_000, show_default=True, type=click.IntRange(min=0),
+              help="Score the first N characters (0 = all).")
+@click.option("--reference", is_flag=True, help="Also score the PyTorch source model (host; needs edgesdk[host]).")
+@click.option("--kl-divergence", "kl", is_flag=True,
+              help="With --reference: KL divergence of the bundle's next-token distributions from the source "
+                   "model's and llama-perplexity --kl-divergence's statistics (KLD mean with its uncertainty, "
+                   "percentiles, PPL ratio, Δp, same top token; all of them with --json).")
+@click.option("--last-word", is_flag=True,
+              help="Also the last-word accuracy task: the last word of each 40-150-word paragraph ending in ' .' "
+                   "(WikiText's form), scored as lm-evaluation-harness scores a loglikelihood task (with "
+                   "--reference, the source model's too).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
+              help="Power-gated bundles: compute budgets (fraction of FFN blocks run) for the perplexity curve.")
+@_runtime_options
+def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, last_word, as_json, budgets, threads,
+          backend, target, ignore_target):
+    """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference).
+
+    --method llama-perplexity gives the figure of llama.cpp's llama-perplexity (its perplexity() in
+    tools/perplexity/perplexity.cpp): the file read as its -f reads it (the bytes as they are, one trailing
+    newline dropped) and tokenized once, BOS in front where the tokenizer adds one;
+    len(tokens) // CONTEXT chunks, the tail dropped; each chunk's first token replaced by BOS where the
+    tokenizer adds one; positions CONTEXT/2 .. CONTEXT-2 of each chunk predict the tokens after them
+    (CONTEXT - CONTEXT/2 - 1 a chunk); exp of the mean negative log-likelihood over them all. Fewer than
+    2 x CONTEXT tokens are refused, as llama-perplexity refuses them.
+    """
+    from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, leading_bos, reference_perplexity
+    from edgesdk.runtime.session import open_runtime
+
+    if kl and not reference:
+        raise click.BadParameter("compares the bundle with its source model, which --reference loads; add "
+                                 "--reference", param_hint="--kl-divergence")
+    if reference:
+        # Host-only dependencies: check them before scoring the bundle, and say how to get them.
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError as exc:
+            raise EdgeSDKError(
+                f"--reference scores the PyTorch source model and needs torch and transformers ({exc})",
+                "pip install 'edgesdk[host]' on the host, or drop --reference to score the bundle alone",
+            ) from exc
+    if method == "llama-perplexity" and stride is not None:
+        raise click.BadParameter(f"--stride {stride} sets the step of --method windows; llama-perplexity cuts the "
+                                 "text into chunks of --context tokens with no overlap: drop --stride, or use "
+                                 "--method windows", param_hint="--stride")
+    try:
+        config = PerplexityConfig(context=context, stride=stride or context, max_chars=max_chars or None,
+                                  method=method)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--context/--stride") from exc
+    try:
+        levels = tuple(float(b) for b in budgets.split(",") if b.strip())
+    except ValueError as exc:
+        raise click.BadParameter(f"must be comma-separated numbers, got {budgets!r}", param_hint="--budgets") from exc
+    if not levels or any(not 0 < b <= 1 for b in levels):
+        raise click.BadParameter(f"must lie in (0, 1], got {budgets!r}", param_hint="--budgets")
+    text = read_utf8(text_file, "--text")
+    if method == "llama-perplexity":
+        text = _text_as_llama_perplexity_reads(text_file)
+    if not text[: config.max_chars].strip():
+        cut = config.max_chars is not None and len(text) > config.max_chars
+        where = f"its first {config.max_chars:,} characters (--max-chars)" if cut else f"its {len(text):,} characters"
+        raise EdgeSDKError(f"--text {text_file} has nothing to score: {where} are empty or whitespace",
+                           "raise --max-chars (0 scores the whole file)" if cut else
+                           "pass a plain-text file, e.g. wikitext-2-raw/wiki.valid.raw")
+    documents = _last_word_documents(text, text_file, config.max_chars) if last_word else None
+    runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
+                           ignore_target=ignore_target)
+    if context > runtime.backend.max_context:
+        limit = runtime.backend.max_context
+        given = click.get_current_context().get_parameter_source("context") != click.core.ParameterSource.DEFAULT
+        raise click.BadParameter(f"{context}{'' if given else ' (the default)'} is longer than the bundle's "
+                                 f"max_context {limit}; pass --context {limit} or less", param_hint="--context")
+    source = _reference_source(runtime, bundle) if reference else None  # before the scoring, which takes minutes
+    gated = hasattr(runtime.backend, "configure")
+    budgets_given = click.get_current_context().get_parameter_source("budgets") != click.core.ParameterSource.DEFAULT
+    if budgets_given and not gated:
+        raise EdgeSDKError(f"--budgets needs a bundle with power gates; {bundle} has none",
+                           "drop --budgets, or build the bundle with a recipe holding the power stage (--recipe power)")
+    if gated:  # the bundle scored with every FFN running; the gated points follow
+        from edgesdk.evaluate import gated_perplexity
+
+        power = gated_perplexity(runtime, text, config, levels, progress=True)
+        result = {"bundle": power["gating_off"], "power": power}
+    else:
+        result = {"bundle": bundle_perplexity(runtime, text, config, progress=True).to_json()}
+    result = {"method": method, **result}
+    if reference:
+        import torch
+
+        from edgesdk.models.loader import load_model
+
+        if threads:  # as the bundle ran; PyTorch would otherwise take every core
+            torch.set_num_threads(threads)
+        model = load_model(source).model
+        encode = lambda t: runtime.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+        result["reference"] = reference_perplexity(model, encode, text, config, progress=True,
+                                                   bos_id=leading_bos(runtime.tokenizer)).to_json()
+        ours, ref = result["bundle"]["perplexity"], result["reference"]["perplexity"]
+        result["relative_difference"] = round(ours / ref - 1, 8)
+        if kl:
+            from edgesdk.evaluate import bundle_divergence
+
+            result["divergence"] = bundle_divergence(runtime, model, text, config, progress=True).to_json()
+    if last_word:
+        from edgesdk.evaluate import bundle_scorer, last_word_accuracy, reference_scorer
+
+        encode = lambda t: runtime.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+        bos = leading_bos(runtime.tokenizer)
+        result["last_word"] = last_word_accuracy(bundle_scorer(runtime), encode, documents, bos_id=bos).to_json()
+        if reference:  # a paragraph longer than the bundle is cut for both, so both score the same tokens
+            result["reference_last_word"] = last_word_accuracy(reference_scorer(model.eval()), encode, documents,
+                                                               max_tokens=runtime.backend.max_context,
+                                                               bos_id=bos).to_json()
+    if as_json:  # strict JSON: a perplexity that overflowed (inf) or a broken bundle's NaN is null
+        click.echo(json.dumps(_finite_or_null(result), indent=2, allow_nan=False))
+        return
+    spans = "windows" if method == "windows" else f"chunks of {context}, llama-perplexity's rule"
+    click.echo(f"bundle perplexity    {result['bundle']['perplexity']:.4f} "
+               f"({result['bundle']['tokens_scored']} tokens, {result['bundle']['windows']} {spans})")
+    if method == "llama-perplexity" and config.max_chars is not None and len(text) > config.max_chars:
+        click.echo(f"  scored the first {config.max_chars:,} of {len(text):,} characters; llama-perplexity reads "
+                   "the whole file: pass --max-chars 0 for its figure")
+    if reference:
+        click.echo(f"reference (PyTorch)  {result['reference']['perplexity']:.4f}")
+        click.echo(f"relative difference  {result['relative_difference'] * 100:+.3f} %")
+    if kl:
+        d = result["divergence"]
+        click.echo(f"KL divergence        mean {d['mean_kld']:.5f}, median {d['median_kld']:.5f}, p99 {d['p99_kld']:.4f}, "
+                   f"max {d['max_kld']:.3f} nats; same top token {d['same_top_token']:.2%} "
+                   f"({d['tokens_scored']} tokens)")
+        click.echo(f"                     mean KLD {_plus_minus(d['mean_kld'], d['mean_kld_uncertainty'], '.6f')} nats; "
+                   f"PPL(Q)/PPL(base) {_plus_minus(d['ppl_ratio'], d['ppl_ratio_uncertainty'], '.6f')}, ln ratio "
+                   f"{_plus_minus(d['ln_ppl_ratio'], d['ln_ppl_ratio_uncertainty'], '.6f')}; RMS Δp "
+                   f"{_plus_minus(d['rms_dp'], d['rms_dp_uncertainty'], '.3%')}; same top token "
+                   f"{_plus_minus(d['same_top_token'], d['same_top_token_uncertainty'], '.3%')} "
+                   "(llama-perplexity --kl-divergence's statistics; all of them with --json)")
+    for key, label in (("last_word", "last word (bundle)"), ("reference_last_word", "last word (PyTorch)")):
+        if key in result:
+            found = result[key]
+            click.echo(f"{label:<21}accuracy {found['accuracy']:.2%}, word perplexity {found['word_perplexity']:.2f} "
+                       f"({found['documents']} paragraphs)")
+    if gated:
+        chosen = result["power"]["chosen"]
+        click.echo(f"gated, controller    {chosen['perplexity']:.4f} ({chosen['relative_to_off'] * 100:+.2f} % vs "
+                   f"gating off; tau {chosen['tau']:.3f}, {chosen['executed_fraction']:.1%} of FFN blocks run)")
+        for point in result["power"]["curve"]:
+            click.echo(f"  budget {point['budget']:<5g} tau {point['tau']:.3f}  FFN blocks run "
+                       f"{point['executed_fraction']:6.1%}  perplexity {point['perplexity']:.4f}")
+
+
+def _text_as_llama_perplexity_reads(text_file: Path) -> str:
+    """``eval --method llama-perplexity``: the text as ``llama-perplexity -f`` reads it (common/arg.cpp): the
+    file's bytes unchanged (no newline translation: a CRLF file keeps its CR) with one trailing newline dropped.
+    read_utf8 has already read the file once and named any byte that is not UTF-8."""
+    text = text_file.read_bytes().decode("utf-8")
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _last_word_documents(text: str, text_file: Path, max_chars: int | None) -> list[tuple[str, str]]:
+    """``eval --last-word``: the paragraphs the task scores, found before any scoring, so that a text without
+    them is refused at once rather than after the perplexity windows (minutes on a board) were scored."""
+    from edgesdk.evaluate import LAST_WORD_MAX_WORDS, LAST_WORD_MIN_WORDS, last_word_documents
+
+    documents = last_word_documents(text[:max_chars])
+    if not documents:
+        cut = max_chars is not None and len(text) > max_chars
+        where = f"its first {max_chars:,} characters (--max-chars)" if cut else f"its {len(text):,} characters"
+        raise EdgeSDKError(f"--last-word: --text {text_file} has no paragraph to score in {where}: the task takes "
+                           f"paragraphs of {LAST_WORD_MIN_WORDS}-{LAST_WORD_MAX_WORDS} words ending in ' .', "
+                           "as WikiText's",
+                           ("raise --max-chars (0 scores the whole file), " if cut else "")
+                           + "pass WikiText-2 (wiki.valid.raw) or text of that form, or drop --last-word")
+    return documents
+
+
+def _reference_source(runtime, bundle: Path):
+    """The model the bundle was built from (its manifest's source), for --reference; an error naming
+    --reference and the recorded source where it is not here (a bundle copied off its build host)."""
+    from edgesdk.errors import ModelSourceError
+    from edgesdk.models.sources import ALIASES, resolve_model
+
+    recorded = runtime.bundle.manifest["model"]["before"]["source"]
+    try:
+        return resolve_model(recorded)
+    except ModelSourceError as exc:
+        fixes = [exc.fix] if recorded in ALIASES and exc.fix else \
+            [f"run it where {recorded} is (the machine that built the bundle)"]
+        raise ModelSourceError(
+            f"--reference scores the model {bundle} was built from, {recorded} (as its manifest records), "
+            f"and that model cannot be loaded here: {exc.problem}",
+            "; or ".join([*fixes, "drop --reference to score the bundle alone"])) from exc
