@@ -1,0 +1,106 @@
+"""``edgesdk build`` and ``edgesdk export``, the host's commands: compress a model into a bundle for a board, and
+write a bundle as a GGUF file for llama.cpp (registered in :mod:`edgesdk.cli`).
+
+Importing this module imports click only; torch, onnx and gguf load when a command runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import click
+
+from edgesdk.errors import EdgeSDKError
+
+
+@click.command()
+@click.option("--target", "-t", required=True, help="Board profile: name, alias (orin-nx, rpi5 …) or YAML path.")
+@click.option("--model", "-m", default="smollm2-135m", show_default=True,
+              help="Model alias, Hugging Face directory or .gguf file.")
+@click.option("--out", "-o", type=click.Path(path_type=Path), help="Bundle directory [bundles/<model>-<target>].")
+@click.option("--recipe", help="Recipe name or YAML path [the target's default_recipe].")
+@click.option("--max-context", default=4096, show_default=True, help="Longest sequence the bundle accepts.")
+@click.option("--resume", is_flag=True, help="Continue a killed build from its work directory (<out>.build).")
+@click.option("--keep-work", is_flag=True, help="Keep the work directory (checkpoints) after success.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+@click.option("--data", "data_files", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Plain-text file to train the compression stages on (repeatable).")
+@click.option("--data-skip-chars", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Leave out the first N characters of each --data file (keep evaluation text unseen).")
+@click.option("--generated-sequences", default=32, show_default=True, type=click.IntRange(min=0),
+              help="Teacher-generated sequences added to the training text (data-free distillation).")
+@click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
+              help="Change a recipe setting, e.g. --set prune.ffn_ratio=0.4 or --set export.weights=int4.")
+@click.option("--weight-bits", type=click.Choice(["4", "8"]),
+              help="The layers' weight bits: --set qat.weight_bits=N, and export.weights=intN where the recipe "
+                   "stores quantized fused weights.")
+@click.option("--ffn-ratio", type=float, help="Shortcut for --set prune.ffn_ratio=R.")
+@click.option("--prune-layers", type=int,
+              help="Shortcut for --set prune.layers_removed=N (whole decoder layers removed, least needed first).")
+@click.option("--distill-steps", type=int, help="Shortcut for --set distill.steps=N.")
+@click.option("--density", type=float, help="Shortcut for --set sparsify.density=D (fraction of weight blocks kept).")
+def build(target, model, out, recipe, max_context, resume, keep_work, no_progress, data_files, data_skip_chars,
+          generated_sequences, overrides, weight_bits, ffn_ratio, prune_layers, distill_steps, density):
+    """Build a bundle for a board: load, compress (recipe stages), export ONNX, verify, package.
+
+    A checkpoint is written after every stage; after a kill, run the same command with --resume.
+    """
+    from edgesdk.build.pipeline import BuildConfig, shortcut_overrides
+    from edgesdk.build.pipeline import build as run_build
+    from edgesdk.compress.data import DataConfig
+    from edgesdk.export.onnx_export import ExportConfig
+
+    if data_skip_chars and not data_files:
+        click.echo(f"edgesdk build: warning: --data-skip-chars {data_skip_chars} is not used: it leaves out the head "
+                   "of each --data file, and no --data is given", err=True)
+    shortcuts = shortcut_overrides(target, recipe, {"--ffn-ratio": ffn_ratio, "--prune-layers": prune_layers,
+                                                    "--distill-steps": distill_steps, "--density": density})
+    data = DataConfig(files=tuple(str(f) for f in data_files), skip_chars=data_skip_chars,
+                      generated_sequences=generated_sequences)
+    try:
+        bundle = run_build(BuildConfig(target=target, model=model, out=out, recipe=recipe,
+                                       overrides=shortcuts + tuple(overrides), data=data,
+                                       weight_bits=int(weight_bits) if weight_bits else None,
+                                       export=ExportConfig(max_context=max_context), resume=resume,
+                                       keep_work=keep_work, progress=not no_progress))
+    except KeyboardInterrupt:  # the pipeline has said what it kept; exit as a shell reports a SIGINT, not click's 1
+        click.echo("edgesdk build: stopped (Ctrl-C)", err=True)
+        sys.exit(130)
+    click.echo(str(bundle.path))
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option("--no-verify", is_flag=True, help="Skip reading the file back and comparing every tensor with the bundle.")
+def export(bundle, output, no_verify):
+    """Write BUNDLE as a GGUF file for llama.cpp and the tools built on it (OUTPUT: a .gguf file or a directory).
+
+    The weights are the bundle's own, re-encoded without rounding again: INT4 blocks become Q4_0,
+    INT8 blocks Q8_0, float weights F32. Needs the host extra (the gguf package) and an ort-fused
+    bundle of a llama / mistral / qwen2 / qwen3 model; layers pruned to different widths are written as
+    llama.cpp's deci architecture (not for qwen3, whose query / key norms deci lacks)."""
+    try:
+        import gguf  # noqa: F401
+        import onnx  # noqa: F401
+    except ImportError as exc:
+        raise EdgeSDKError(f"'edgesdk export' reads the bundle's graph with onnx and writes with gguf ({exc})",
+                           "pip install 'edgesdk[host]' (or: pip install onnx gguf)") from exc
+    from edgesdk.export.gguf_export import PER_LAYER_ARCHITECTURE, GGUFExportConfig, export_gguf
+
+    with warnings.catch_warnings():  # the tokenizer notes are printed below, as the command's own lines
+        warnings.filterwarnings("ignore", message=".*: llama.cpp tokenizes ")
+        report = export_gguf(bundle, output, GGUFExportConfig(verify=not no_verify))
+    for note in report.notes:
+        shown = note.replace("\n", "\\n")  # one line each (a note may quote a template's "</s>\n")
+        click.echo(f"edgesdk: note: llama.cpp tokenizes {shown}", err=True)
+    types = ", ".join(f"{count} {kind}" for kind, count in sorted(report.tensor_types.items()))
+    checked = "not read back" if no_verify else f"{report.verified_tensors} tensors read back bit-exact"
+    click.echo(f"{report.path}: {report.size_bytes / 1e6:.1f} MB, {report.architecture} {report.file_type} "
+               f"({types}; {checked}) in {report.seconds:.1f} s")
+    if report.architecture == PER_LAYER_ARCHITECTURE[0]:
+        click.echo(f"pruned layers: written as llama.cpp's {report.architecture} architecture (head counts and FFN "
+                   "widths per layer), which llama.cpp runs; transformers' GGUF loader does not")
+    click.echo(f"run it with llama.cpp: llama-cli -m {report.path}")
