@@ -114,6 +114,10 @@ class Completion:
     # to the last; neither counts the time the thermal guard held the steps back (its pauses and pacing)
     prompt_ms: float = 0.0
     predicted_ms: float = 0.0
+    # tokens drafted (prompt lookup or a draft bundle) and those of them the model took, as llama-server's timings
+    # count them (draft_n, draft_n_accepted)
+    draft_tokens: int = 0
+    draft_accepted: int = 0
 
 
 @dataclass
@@ -279,11 +283,39 @@ class _Ticket:
         self.gone, self.dropped = gone, False
 
 
+class _DraftCount:
+    """The server's drafter source (prompt lookup's settings or a draft model) for one answer, counting the tokens
+    its drafter drafts: :func:`~edgesdk.runtime.generate.generate` asks it for the answer's drafter."""
+
+    def __init__(self, source: LookupConfig | DraftModel):
+        self.source, self.drafted = source, 0
+
+    def drafter(self, prompt_ids) -> _CountedDrafter:
+        return _CountedDrafter(self, self.source.drafter(prompt_ids))
+
+
+class _CountedDrafter:
+    """A drafter (``push``, ``draft``) whose drafts are added to its :class:`_DraftCount`."""
+
+    def __init__(self, count: _DraftCount, inner):
+        self.count, self.inner = count, inner
+
+    def push(self, token: int) -> None:
+        self.inner.push(token)
+
+    def draft(self, limit: int | None = None) -> list[int]:
+        drafted = self.inner.draft(limit)
+        self.count.drafted += len(drafted)
+        return drafted
+
+
 class _HeldTime:
-    """A StepHook around another that adds up the wall time its :meth:`before_step` held steps back."""
+    """A StepHook around another that adds up the wall time its :meth:`before_step` held steps back, and the drafted
+    tokens the answer took: a decode pass is told the tokens picked from its logits, one more than the drafted
+    tokens it took (generate's ``draft_accepted``), also for an answer cut short (a stop string)."""
 
     def __init__(self, inner: StepHook):
-        self.inner, self.held_s = inner, 0.0
+        self.inner, self.held_s, self.draft_accepted = inner, 0.0, 0
 
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
         self.inner.begin(prompt_tokens, max_new_tokens)
@@ -296,6 +328,8 @@ class _HeldTime:
             self.held_s += time.perf_counter() - entered
 
     def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
+        if kind == "decode":
+            self.draft_accepted += max(tokens - 1, 0)
         self.inner.after_step(kind, tokens, compute_s)
 
     def end(self, stats) -> None:
@@ -685,11 +719,12 @@ class Completer:
                 raise ClientGone("the client closed the connection mid-answer")
             self._check_stopping()
 
+        drafts = None if self.lookup is None else _DraftCount(self.lookup)
         try:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
                                 hook=hook, cache=self.prompt_cache,
                                 reuse_cache=request.cache_prompt, constraint=constraint, logprobs=recorder,
-                                lookup=self.lookup)
+                                lookup=drafts)
             finish = "stop" if stats.stop_reason in ("eos", "complete") else "length"
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())
@@ -723,7 +758,8 @@ class Completer:
         prompt_ms = (first - clock["start"] - clock["held_first"]) * 1e3
         predicted_ms = ((clock["last"] or first) - first - (clock["held_last"] - clock["held_first"])) * 1e3
         return Completion("".join(pieces), finish, len(ids), count, cached, logprobs, matcher.matched,
-                          prompt_ms=max(prompt_ms, 0.0), predicted_ms=max(predicted_ms, 0.0))
+                          prompt_ms=max(prompt_ms, 0.0), predicted_ms=max(predicted_ms, 0.0),
+                          draft_tokens=0 if drafts is None else drafts.drafted, draft_accepted=hook.draft_accepted)
 
     def _token_piece(self, token: int) -> bytes:
         """A token's bytes, as the logprobs report them (a special token's name for one that has no text)."""

@@ -23,7 +23,8 @@ it does not know.
 The answer is llama-server's: ``content``, ``stop``, ``stop_type`` (``eos``, ``limit`` or
 ``word`` with ``stopping_word``), ``tokens_predicted``, ``tokens_evaluated``, ``tokens_cached``,
 ``truncated``, ``generation_settings`` and ``timings`` (``prompt_n``, ``prompt_ms``,
-``predicted_n``, ``predicted_ms``, their per-token and per-second forms, ``cache_n``). A stream
+``predicted_n``, ``predicted_ms``, their per-token and per-second forms, ``cache_n``, and ``draft_n`` with
+``draft_n_accepted`` where the answer drafted tokens). A stream
 sends ``data: {"content": ..., "stop": false}`` events (with the ``completion_probabilities`` of
 the tokens whose text they carry) and ends with one holding ``"stop": true`` and the whole
 answer's fields but the probabilities (no ``[DONE]``), as llama-server's stream does.
@@ -119,11 +120,14 @@ def timings(completion: Completion) -> dict:
     prompt_per_token, prompt_per_second = rates(prompt_n, completion.prompt_ms)
     # the first answer token ends the prompt's time: the generated tokens' time is spent on the rest
     predicted_per_token, predicted_per_second = rates(max(predicted_n - 1, 0), completion.predicted_ms)
-    return {"cache_n": completion.cached_tokens, "prompt_n": prompt_n, "prompt_ms": round(completion.prompt_ms, 3),
+    body = {"cache_n": completion.cached_tokens, "prompt_n": prompt_n, "prompt_ms": round(completion.prompt_ms, 3),
             "prompt_per_token_ms": round(prompt_per_token, 3), "prompt_per_second": round(prompt_per_second, 3),
             "predicted_n": predicted_n, "predicted_ms": round(completion.predicted_ms, 3),
             "predicted_per_token_ms": round(predicted_per_token, 3),
             "predicted_per_second": round(predicted_per_second, 3)}
+    if completion.draft_tokens > 0:  # as llama-server adds them: only where the answer drafted (result_timings::to_json)
+        body.update(draft_n=completion.draft_tokens, draft_n_accepted=completion.draft_accepted)
+    return body
 
 
 def generation_settings(request: CompletionRequest, sampling: SamplingConfig) -> dict:

@@ -328,3 +328,61 @@ def test_greedy_answers_are_the_plain_server_s_whatever_the_decoding_options(bun
         assert metrics["edgesdk_n_decode_total"] < expected_metrics["edgesdk_n_decode_total"]
     if thermal is not None:
         assert health["thermal"]["level"] != "normal"
+
+
+def _timings(server: Server, path: str, body: dict) -> dict:
+    status, text = server.request("POST", path, body)
+    assert status == 200, text
+    if body.get("stream"):
+        return next(event["timings"] for event in reversed(_events(text)) if "timings" in event)
+    return json.loads(text)["timings"]
+
+
+@pytest.mark.parametrize("kind", ["lookup", "target"])
+def test_timings_count_the_drafts_only_where_the_answer_drafted(bundles, kind):
+    """llama-server's timings carry ``draft_n`` and ``draft_n_accepted`` where an answer drafted tokens
+    (tools/server/server-task.cpp, result_timings::to_json: ``if (draft_n > 0)``): here generate's own counts
+    (an answer to its token limit) on every route that gives timings, also for an answer a stop string cut short
+    (generate then ends in the exception that stops it, without its stats); a plain server's timings have neither,
+    nor has an answer of one token."""
+    from edgesdk.runtime.generate import SamplingConfig, generate
+    from edgesdk.runtime.lookup import LookupConfig
+
+    prompt = "Grouped-query attention shares key and value heads"
+    fields, draft = ({"lookup": 3}, None) if kind == "lookup" else ({}, kind)
+    drafting, plain = Server(bundles, ServeDefaults(max_tokens=16, **fields), draft=draft), \
+        Server(bundles, ServeDefaults(max_tokens=16, prompt_cache=False))
+    try:
+        reference = open_runtime(bundles["target"], threads=1)
+        source = LookupConfig(max_draft=3) if kind == "lookup" else \
+            DraftModel(open_runtime(bundles[kind], threads=1).backend, DraftConfig(max_draft=3),
+                       reference.backend.vocab_size)
+        ids = reference.tokenizer.prompt_ids(prompt, raw=True)
+        tokens, stats = generate(reference.backend, ids, SamplingConfig(max_new_tokens=40),
+                                 reference.tokenizer.eos_token_ids, lookup=source)
+        assert len(tokens) == 40
+        assert 0 < stats.draft_accepted <= stats.draft_tokens
+        for path, body in [("/completion", {"prompt": prompt, "n_predict": 40}),
+                           ("/completion", {"prompt": prompt, "n_predict": 40, "stream": True}),
+                           ("/v1/completions", {"prompt": prompt, "max_tokens": 40, "cache_prompt": False}),
+                           ("/v1/completions", {"prompt": prompt, "max_tokens": 40, "stream": True,
+                                                "stream_options": {"include_usage": True}})]:
+            timings = _timings(drafting, path, body)
+            assert (timings["predicted_n"], timings["draft_n"], timings["draft_n_accepted"]) == \
+                (40, stats.draft_tokens, stats.draft_accepted), (path, body)
+            assert not {"draft_n", "draft_n_accepted"} & set(_timings(plain, path, body))
+        chat = _timings(drafting, "/v1/chat/completions", {"messages": [_user(prompt)], "max_tokens": 1})
+        assert "draft_n" not in chat  # one token: nothing to draft
+        if kind == "lookup":  # its answer repeats itself only past where a stop string could first be met
+            return
+        # a stop string first met past the answer's 24th token, once drafts were taken
+        text, start = reference.tokenizer.decode(tokens), len(reference.tokenizer.decode(tokens[:24]))
+        stop = next(text[at:at + 3] for at in range(start, len(text) - 3)
+                    if text.find(text[at:at + 3]) == at and "\ufffd" not in text[at:at + 3])
+        cut = _timings(drafting, "/completion", {"prompt": prompt, "n_predict": 40, "stop": [stop]})
+        assert 24 < cut["predicted_n"] < 40
+        assert 0 < cut["draft_n_accepted"] <= cut["draft_n"] <= stats.draft_tokens
+        assert cut["draft_n_accepted"] < cut["predicted_n"]
+    finally:
+        drafting.close()
+        plain.close()
