@@ -1,0 +1,515 @@
+"""Accuracy tasks scored as llama.cpp's ``llama-perplexity`` scores them: HellaSwag (``--hellaswag``), Winogrande
+(``--winogrande``) and multiple choice (``--multiple-choice``: ARC, MMLU, TruthfulQA, HellaSwag in its binary
+format), from the same task files, through the bundle's runtime or the PyTorch source model.
+
+The rules follow ``hellaswag_score``, ``load_winogrande_from_csv``/``winogrande_score`` and
+``multiple_choice_prepare_one_task``/``multiple_choice_score`` in tools/perplexity/perplexity.cpp:
+
+- every text is tokenized whole, as ``common_tokenize(ctx, text, true)`` does, BOS in front where the tokenizer
+  adds one: HellaSwag ``context + " " + ending``, multiple choice ``question + " " + answer``, Winogrande the
+  sentence with the blank ``_`` replaced by each choice;
+- the common prefix is the run of leading tokens all of a task's sequences share; an ending's score is the mean
+  log-probability of its tokens past that prefix (the first one predicted from the prefix's last token), the sum
+  divided by their count: llama.cpp's ``acc_norm`` normalisation;
+- Winogrande scores the words after the blank rather than the choice: when both sequences have more than 3 tokens
+  past the common prefix (``k_min_trailing_ctx``), the tokens after ``first + choice`` (``n_base1``/``n_base2``),
+  else those after the common prefix; either way the last token is left out where more than one would be
+  scored. Each token is predicted from its own sequence's preceding tokens; llama.cpp's code marks with a FIXME
+  that, when it scores from the common prefix, the second choice's first token is read from the wrong logits;
+  that slip is not copied;
+- the pick is the ending with the highest score, the first of equal ones (llama.cpp compares with ``>``); a
+  HellaSwag or multiple-choice task is right when the gold ending (multiple choice: an ``mc1`` answer labelled 1)
+  is picked, a Winogrande task when ``score_1 > score_2`` picks choice 1 and the answer is 1, or else the answer
+  is 2;
+- task selection: HellaSwag scores ``min(count, tasks)`` tasks (``--hellaswag-tasks``, 400 by default) in
+  llama.cpp's random order, drawn with ``std::mt19937 rng(1)`` and libstdc++'s
+  ``std::uniform_int_distribution`` (Lemire's method; other C++ libraries draw other numbers), each drawn task
+  removed from those left; Winogrande and multiple choice score every task in file order unless fewer are asked
+  for, then ``count`` drawn as llama.cpp draws them (``int(scale * rng() * n)`` in float32 with
+  ``scale = 2^-32``, swap-with-last removal);
+- the figures: accuracy ``p`` over the tasks; HellaSwag prints it with the Wilson score 95 % interval, Winogrande
+  and multiple choice with ``sqrt(p (1 - p) / (n - 1))``, multiple choice also the random-chance accuracy
+  ``tasks / answers`` (llama.cpp prints those final lines only from 100 tasks on; here they are always given).
+
+Each sequence is scored from an empty cache as its own window (llama.cpp packs a task's sequences into one batch
+sharing the prefix's cache: the same logits). A task with a sequence longer than the scorer takes is refused,
+naming it, before any scoring, where llama.cpp stops at it ("task %zu does not fit in the context window").
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.logprobs import log_softmax
+
+HELLASWAG, WINOGRANDE, MULTIPLE_CHOICE = "hellaswag", "winogrande", "multiple-choice"
+TASK_KINDS = (HELLASWAG, WINOGRANDE, MULTIPLE_CHOICE)
+HELLASWAG_DEFAULT_TASKS = 400  # common_params::hellaswag_tasks
+WINOGRANDE_MIN_TRAILING = 3  # k_min_trailing_ctx in winogrande_score
+MULTIPLE_CHOICE_MAX_ANSWERS = 100  # multiple_choice_answers::deserialize
+Z_95 = 1.95996398454  # hellaswag_score's za
+
+
+@dataclass(frozen=True)
+class ChoiceTask:
+    """A context continued by one of several endings (HellaSwag, multiple choice)."""
+
+    context: str
+    endings: tuple[str, ...]
+    labels: tuple[int, ...]  # 1 for an ending that counts as right (HellaSwag: the gold one)
+    where: str  # the task's place in its file, for errors: "line 7", "task 3"
+
+
+@dataclass(frozen=True)
+class WinograndeTask:
+    """A sentence split at its blank, the two choices that fill it and the right one (1 or 2)."""
+
+    first: str
+    second: str
+    choices: tuple[str, str]
+    answer: int
+    where: str
+
+
+@dataclass(frozen=True)
+class AccuracyResult:
+    task: str  # HELLASWAG, WINOGRANDE or MULTIPLE_CHOICE
+    tasks: int
+    correct: int
+    accuracy: float  # fraction of tasks right (llama.cpp prints it x 100)
+    uncertainty: float | None  # sqrt(p (1 - p) / (n - 1)); None for one task
+    interval: tuple[float, float]  # Wilson score 95 % interval of the accuracy (hellaswag_score's)
+    random_chance: float  # accuracy of a uniform guess: tasks / endings offered
+    picks: tuple[int, ...]  # the ending picked for each task, 0-based, in scored order
+    scores: tuple[tuple[float, ...], ...]  # each ending's mean token log-probability, per task
+
+    def to_json(self) -> dict:
+        def r(value: float | None) -> float | None:
+            return None if value is None else round(value, 6)
+
+        return {"task": self.task, "tasks": self.tasks, "correct": self.correct, "accuracy": r(self.accuracy),
+                "accuracy_uncertainty": r(self.uncertainty), "interval_95": [r(v) for v in self.interval],
+                "random_chance": r(self.random_chance)}
+
+
+def agreement(a: AccuracyResult, b: AccuracyResult) -> float:
+    """The fraction of tasks on which two runs over the same tasks (bundle and reference) pick the same ending."""
+    if a.task != b.task or a.tasks != b.tasks:
+        raise EdgeSDKError(f"cannot compare {a.task} over {a.tasks} tasks with {b.task} over {b.tasks}",
+                           "score the same task file with the same task count for both")
+    return sum(x == y for x, y in zip(a.picks, b.picks, strict=True)) / a.tasks
+
+
+# ------------------------------------------------------------------------------------------------ files
+
+
+def _prompt_lines(text: str) -> list[str]:
+    """The lines ``std::getline`` gives of ``text`` as ``-f`` reads it (one trailing newline dropped)."""
+    text = text[:-1] if text.endswith("\n") else text
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
+def parse_hellaswag(text: str, source: str = "the HellaSwag file") -> list[ChoiceTask]:
+    """llama.cpp's HellaSwag file (hellaswag_val_full.txt): 6 lines a task, the context (``activity_label + ": "
+    + ctx``), the gold ending's index 0-3, then the 4 endings. Lines are kept as they are (a CR stays)."""
+    lines = _prompt_lines(text)
+    fix = ("pass llama.cpp's HellaSwag file (hellaswag_val_full.txt): 6 lines a task, the context, the gold "
+           "ending 0-3, the 4 endings")
+    tasks = []
+    for start in range(0, len(lines) - len(lines) % 6, 6):
+        label = lines[start + 1].strip()
+        if label not in ("0", "1", "2", "3"):
+            raise EdgeSDKError(f"{source}, line {start + 2}: the gold ending of the task starting on line "
+                               f"{start + 1} must be 0, 1, 2 or 3, got {lines[start + 1]!r}", fix)
+        tasks.append(ChoiceTask(lines[start], tuple(lines[start + 2:start + 6]),
+                                tuple(int(i == int(label)) for i in range(4)), f"line {start + 1}"))
+    if len(lines) % 6:
+        raise EdgeSDKError(f"{source} has {len(lines)} lines, not a multiple of 6: the last task, from line "
+                           f"{len(lines) - len(lines) % 6 + 1}, has {len(lines) % 6} of its 6 lines", fix)
+    if not tasks:
+        raise EdgeSDKError(f"{source} holds no task", fix)
+    return tasks
+
+
+_CSV_ANSWER = re.compile(r"\s*[+-]?\d+")  # what ``std::istringstream >> int`` reads
+
+
+def parse_winogrande(text: str, source: str = "the Winogrande file") -> list[WinograndeTask]:
+    """llama.cpp's Winogrande CSV (winogrande-debiased-eval.csv): ``index,sentence,choice1,choice2,answer``, the
+    sentence in double quotes where it holds a comma, a ``_`` where a choice goes, the answer 1 or 2.
+
+    Fields are cut as ``load_winogrande_from_csv`` cuts them: at the first 4 commas outside double quotes, a quoted
+    sentence losing its first and last character, the choices taken as they are. A first line that is a header
+    (its answer field not a number) and blank lines are passed over; any other line llama.cpp would drop is
+    refused, naming it. Unlike llama.cpp, which stops before a last line that no newline ends, every line is read.
+    """
+    fix = ("pass llama.cpp's Winogrande CSV (winogrande-debiased-eval.csv): index,sentence,choice1,choice2,answer "
+           "with a _ in the sentence and the answer 1 or 2")
+    tasks = []
+    for number, line in enumerate(_prompt_lines(text), 1):
+        if not line.strip():
+            continue
+        commas, quoted = [], False
+        for i, char in enumerate(line):
+            if quoted:
+                quoted = char != '"'
+            elif char == ",":
+                commas.append(i)
+                if len(commas) == 4:
+                    break
+            elif char == '"':
+                quoted = True
+        if len(commas) != 4:
+            raise EdgeSDKError(f"{source}, line {number}: {len(commas)} of the 4 commas outside quotes that separate "
+                               f"index,sentence,choice1,choice2,answer in {line!r}", fix)
+        c0, c1, c2, c3 = commas
+        sentence = line[c0 + 2:c1 - 1] if line[c0 + 1] == '"' else line[c0 + 1:c1]
+        answer = _CSV_ANSWER.match(line[c3 + 1:])
+        if answer is None and number == 1:
+            continue  # the header row
+        if answer is None or int(answer.group()) not in (1, 2):
+            raise EdgeSDKError(f"{source}, line {number}: the answer (5th field) must be 1 or 2, got "
+                               f"{line[c3 + 1:]!r}", fix)
+        blank = sentence.find("_")
+        if blank < 0:
+            raise EdgeSDKError(f"{source}, line {number}: the sentence (2nd field) has no _ where a choice goes: "
+                               f"{sentence!r}", fix)
+        choices = (line[c1 + 1:c2], line[c2 + 1:c3])
+        if choices[0] == choices[1]:
+            raise EdgeSDKError(f"{source}, line {number}: the two choices are the same, {choices[0]!r}", fix)
+        tasks.append(WinograndeTask(sentence[:blank], sentence[blank + 1:], choices, int(answer.group()),
+                                    f"line {number}"))
+    if not tasks:
+        raise EdgeSDKError(f"{source} holds no task", fix)
+    return tasks
+
+
+class _Reader:
+    """Little-endian reads from ``data`` at ``at`` that name the field and offset where the data runs out."""
+
+    def __init__(self, data: bytes, source: str, at: int = 0):
+        self.data, self.source, self.at = data, source, at
+
+    def fail(self, what: str, at: int | None = None) -> EdgeSDKError:
+        return EdgeSDKError(f"{self.source}: {what} (byte {self.at if at is None else at} of {len(self.data)})",
+                            "pass a multiple-choice file in llama.cpp's binary format (e.g. arc-easy-validation.bin, "
+                            "mmlu-validation.bin, truthful-qa-validation.bin from "
+                            "huggingface.co/datasets/ikawrakow/validation-datasets-for-llama.cpp)")
+
+    def uint32s(self, count: int, what: str) -> tuple[int, ...]:
+        end = self.at + 4 * count
+        if end > len(self.data):
+            raise self.fail(f"the file ends inside {what}")
+        values = struct.unpack_from(f"<{count}I", self.data, self.at)
+        self.at = end
+        return values
+
+    def string(self, what: str) -> str:
+        (size,) = self.uint32s(1, f"the length of {what}")
+        if self.at + size > len(self.data):
+            raise self.fail(f"{what} is {size} bytes long, past the end of the file")
+        raw, start = self.data[self.at:self.at + size], self.at
+        self.at += size
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.fail(f"{what} is not UTF-8 ({exc.reason})", start + exc.start) from exc
+
+    def answers(self, what: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        (count,) = self.uint32s(1, f"the answer count of {what}")
+        if count > MULTIPLE_CHOICE_MAX_ANSWERS:
+            raise self.fail(f"{what} has {count} answers; llama.cpp reads at most {MULTIPLE_CHOICE_MAX_ANSWERS}",
+                            self.at - 4)
+        answers = tuple(self.string(f"answer {i + 1} of {what}") for i in range(count))
+        raw = self.uint32s(count, f"the labels of {what}")
+        labels = tuple(struct.unpack("<i", struct.pack("<I", value))[0] for value in raw)  # int32 each
+        return answers, labels
+
+
+def read_multiple_choice(data: bytes, source: str = "the multiple-choice file",
+                         count: int = 0) -> list[ChoiceTask]:
+    """llama.cpp's binary multiple-choice file, the tasks ``multiple_choice_score`` scores: ``uint32`` task count
+    n, n ``uint32`` byte offsets of the tasks, then each task: the question, the ``mc1`` answers (one right) and
+    the ``mc2`` answers (read, not scored); an answer list is a ``uint32`` count (at most 100), the strings and
+    an ``int32`` label each (1: right); a string is a ``uint32`` byte length and UTF-8 bytes. All in
+    little-endian order.
+
+    ``count`` 0 or at least n reads every task in order; fewer reads ``count`` tasks drawn as llama.cpp draws
+    them, each from its recorded offset. A task with an empty question, no answer or an empty answer is refused
+    (``multiple_choice_prepare_one_task``)."""
+    reader = _Reader(data, source)
+    (n_task,) = reader.uint32s(1, "the task count") if len(data) >= 4 else (0,)
+    if n_task == 0:
+        raise reader.fail("holds no task")
+    offsets = reader.uint32s(n_task, f"the {n_task} task offsets")
+    if count and count < n_task:
+        chosen = [(index, offsets[index]) for index in random_subset(n_task, count)]
+    else:
+        chosen = [(index, None) for index in range(n_task)]
+    tasks = []
+    for index, offset in chosen:
+        what = f"task {index + 1} of {n_task}"
+        if offset is not None:
+            if offset >= len(data):
+                raise reader.fail(f"{what} is recorded at byte {offset}, past the end of the file", 4 + 4 * index)
+            reader.at = offset
+        question = reader.string(f"the question of {what}")
+        answers, labels = reader.answers(f"the mc1 answers of {what}")
+        reader.answers(f"the mc2 answers of {what}")
+        if not question or not answers or not all(answers):
+            empty = "question" if not question else "answer list" if not answers else \
+                f"answer {[bool(a) for a in answers].index(False) + 1}"
+            raise reader.fail(f"{what} has an empty {empty}; llama.cpp refuses such a task")
+        tasks.append(ChoiceTask(question, answers, labels, f"task {index + 1}"))
+    return tasks
+
+
+def read_task_file(kind: str, path: Path, count: int | None = None) -> list[ChoiceTask] | list[WinograndeTask]:
+    """The tasks ``kind`` scores from ``path``, selected as llama-perplexity selects them: HellaSwag
+    ``min(count or 400, tasks)`` in its random order, the others all in file order (``count`` None or 0) or
+    ``count`` drawn at random. The file is read as llama-perplexity's ``-f`` (text) or ``-bf`` (binary) reads it."""
+    if kind not in TASK_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(TASK_KINDS)}, got {kind!r}")
+    if count is not None and count < (1 if kind == HELLASWAG else 0):
+        raise EdgeSDKError(f"--{kind}-tasks {count}: the number of tasks to score must be "
+                           f"{'at least 1' if kind == HELLASWAG else '0 (all) or more'}",
+                           f"pass --{kind}-tasks N with N >= 1")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise EdgeSDKError(f"the {kind} file {path} cannot be read ({exc.strerror or exc})",
+                           "pass a readable task file") from exc
+    source = f"the {kind} file {path}"
+    if kind == MULTIPLE_CHOICE:
+        return read_multiple_choice(data, source, count or 0)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EdgeSDKError(f"{source} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                           f"convert it first, e.g. iconv -f latin1 -t utf-8 {path} > {path}.utf8") from exc
+    if kind == HELLASWAG:
+        tasks = parse_hellaswag(text, source)
+        return [tasks[i] for i in hellaswag_order(len(tasks), HELLASWAG_DEFAULT_TASKS if count is None else count)]
+    tasks = parse_winogrande(text, source)
+    return [tasks[i] for i in random_subset(len(tasks), count)] if count and count < len(tasks) else tasks
+
+
+# ------------------------------------------------------------------------------------------- selection
+
+
+def _mt19937(seed: int) -> random.Random:
+    """A generator whose ``getrandbits(32)`` gives ``std::mt19937(seed)()``'s numbers: CPython's Random is the same
+    MT19937, given the state ``init_genrand`` (the C++ seeding) leaves."""
+    state = [seed & 0xFFFFFFFF]
+    for i in range(1, 624):
+        previous = state[-1]
+        state.append((1812433253 * (previous ^ (previous >> 30)) + i) & 0xFFFFFFFF)
+    rng = random.Random()
+    rng.setstate((3, (*state, 624), None))
+    return rng
+
+
+def _uniform_below(rng: random.Random, n: int) -> int:
+    """libstdc++'s ``std::uniform_int_distribution<size_t>(0, n - 1)(mt19937)``: Lemire's nearly divisionless
+    method on one 32-bit draw (bits/uniform_int_dist.h, ``_S_nd``)."""
+    product = rng.getrandbits(32) * n
+    if product & 0xFFFFFFFF < n:
+        threshold = (-n) % 2**32 % n
+        while product & 0xFFFFFFFF < threshold:
+            product = rng.getrandbits(32) * n
+    return product >> 32
+
+
+def hellaswag_order(total: int, count: int) -> list[int]:
+    """The file indices of the tasks ``hellaswag_score`` scores, in its order: ``min(count, total)`` draws from
+    ``std::mt19937 rng(1)``, each task drawn removed from those left."""
+    rng, left = _mt19937(1), list(range(total))
+    return [left.pop(_uniform_below(rng, len(left))) for _ in range(min(count, total))]
+
+
+def random_subset(total: int, count: int) -> list[int]:
+    """The file indices of the ``count`` tasks ``winogrande_score`` and ``multiple_choice_score`` draw from
+    ``total``: ``j = int(scale * rng() * n)`` computed in float32 (``scale = 1 / (1 + 2^32 - 1)``), the task at
+    ``aux[j]`` taken and replaced by the last one. A draw that float32 rounds up to n (llama.cpp then reads past
+    its array) takes the last task."""
+    rng, aux = _mt19937(1), list(range(total))
+    scale = np.float32(1) / (np.float32(1) + np.float32(2**32 - 1))
+    chosen = []
+    for _ in range(min(count, total)):
+        j = min(int(scale * np.float32(rng.getrandbits(32)) * np.float32(len(aux))), len(aux) - 1)
+        chosen.append(aux[j])
+        aux[j] = aux[-1]
+        aux.pop()
+    return chosen
+
+
+# --------------------------------------------------------------------------------------------- scoring
+
+
+def _sequence_logprobs(score_window, tokens: list[int]) -> np.ndarray:
+    """``lp[p]`` = log P(tokens[p] | tokens[:p]) for p >= 1 (lp[0] = 0: nothing predicts the first token)."""
+    logits = score_window(np.asarray(tokens, np.int64))
+    rows = log_softmax(logits[:-1])
+    return np.concatenate([[0.0], rows[np.arange(len(tokens) - 1), tokens[1:]]])
+
+
+def _common_prefix(sequences: list[list[int]]) -> int:
+    shortest = min(len(s) for s in sequences)
+    for k in range(shortest):
+        if any(s[k] != sequences[0][k] for s in sequences[1:]):
+            return k
+    return shortest
+
+
+def _first_max(values: list[float]) -> int:
+    """The index of the highest value, the first of equal ones, as llama.cpp's ``>`` scan finds it."""
+    best = 0
+    for i in range(1, len(values)):
+        if values[i] > values[best]:
+            best = i
+    return best
+
+
+def _check_length(tasks_tokens: list[tuple[str, list[list[int]]]], limit: int | None, name: str) -> None:
+    if limit is None:
+        return
+    for where, sequences in tasks_tokens:
+        longest = max(len(s) for s in sequences)
+        if longest > limit:
+            raise EdgeSDKError(f"{name} task at {where} needs {longest} tokens (BOS, context and its longest "
+                               f"ending), more than the {limit} the model takes (max_context); llama-perplexity "
+                               "stops at such a task too", "rebuild the bundle with a larger --max-context, or "
+                                                           "remove that task from the file")
+
+
+def _result(kind: str, correct: int, picks: list[int], scores: list[tuple[float, ...]], endings: int
+            ) -> AccuracyResult:
+    n = len(picks)
+    p = correct / n
+    uncertainty = math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else None
+    z = Z_95 * Z_95 / n  # hellaswag_score's Wilson score interval
+    spread = z * math.sqrt(n * (4 * p * (1 - p) + z)) / (2 * Z_95)
+    interval = ((p + z / 2 - spread) / (1 + z), (p + z / 2 + spread) / (1 + z))
+    return AccuracyResult(kind, n, correct, p, uncertainty, interval, n / endings, tuple(picks), tuple(scores))
+
+
+def choice_score(score_window, encode, tasks: list[ChoiceTask], bos_id: int | None = None,
+                 max_tokens: int | None = None, kind: str = HELLASWAG, progress: bool = False) -> AccuracyResult:
+    """HellaSwag (``hellaswag_score``) or multiple choice (``multiple_choice_score``) over ``tasks`` in their
+    order (module docstring). ``score_window(ids) -> logits (T, V)`` from an empty cache; ``encode(text)`` adds
+    no special token, ``bos_id`` leads every sequence where given; ``max_tokens`` (default:
+    ``score_window.max_tokens`` where the scorer has one) is the longest sequence taken."""
+    from tqdm import tqdm
+
+    if not tasks:
+        raise EdgeSDKError(f"no {kind} task to score", f"pass a {kind} task file with at least one task")
+    lead = [] if bos_id is None else [bos_id]
+    tokenized = [(task.where, [lead + list(encode(f"{task.context} {ending}")) for ending in task.endings])
+                 for task in tasks]
+    _check_length(tokenized, max_tokens if max_tokens is not None else getattr(score_window, "max_tokens", None),
+                  kind)
+    correct, picks, scores, endings = 0, [], [], 0
+    bar = tqdm(tokenized, desc=kind, disable=not progress, unit="task")
+    for task, (where, sequences) in zip(tasks, bar, strict=True):
+        prefix = _common_prefix(sequences)
+        if prefix == 0:
+            raise EdgeSDKError(f"{kind} task at {where}: its sequences share no first token, so nothing predicts "
+                               "their first one", "give the task a context (question) ahead of its endings")
+        short = [i for i, s in enumerate(sequences) if len(s) <= prefix]
+        if short:
+            raise EdgeSDKError(f"{kind} task at {where}: ending {short[0] + 1} adds no token past the "
+                               f"{prefix} all its endings share ({task.endings[short[0]]!r})",
+                               "remove or fix the task: every ending must differ from the others")
+        means = tuple(float(_sequence_logprobs(score_window, s)[prefix:].mean()) for s in sequences)
+        pick = _first_max(list(means))
+        correct += task.labels[pick] == 1
+        picks.append(pick)
+        scores.append(means)
+        endings += len(sequences)
+    return _result(kind, correct, picks, scores, endings)
+
+
+def hellaswag_score(score_window, encode, tasks: list[ChoiceTask], bos_id: int | None = None,
+                    max_tokens: int | None = None, progress: bool = False) -> AccuracyResult:
+    """:func:`choice_score` under HellaSwag's name (llama.cpp's ``hellaswag_score``)."""
+    return choice_score(score_window, encode, tasks, bos_id, max_tokens, HELLASWAG, progress)
+
+
+def multiple_choice_score(score_window, encode, tasks: list[ChoiceTask], bos_id: int | None = None,
+                          max_tokens: int | None = None, progress: bool = False) -> AccuracyResult:
+    """:func:`choice_score` under llama.cpp's ``multiple_choice_score``'s name."""
+    return choice_score(score_window, encode, tasks, bos_id, max_tokens, MULTIPLE_CHOICE, progress)
+
+
+def winogrande_spans(tokens: tuple[list[int], list[int]], bases: tuple[int, int]) -> tuple[range, range]:
+    """The positions ``winogrande_score`` scores in each of a task's two sequences (module docstring), given
+    the token counts of ``first + choice`` (``n_base1``, ``n_base2``)."""
+    prefix = _common_prefix(list(tokens))
+    skip_choice = all(len(s) - prefix > WINOGRANDE_MIN_TRAILING for s in tokens)
+    spans = []
+    for sequence, base in zip(tokens, bases, strict=True):
+        start = base if skip_choice else prefix
+        last = 1 if len(sequence) - start > 1 else 0
+        spans.append(range(start, len(sequence) - last))
+    return spans[0], spans[1]
+
+
+def winogrande_score(score_window, encode, tasks: list[WinograndeTask], bos_id: int | None = None,
+                     max_tokens: int | None = None, progress: bool = False) -> AccuracyResult:
+    """Winogrande (``winogrande_score``) over ``tasks`` in their order; arguments as :func:`choice_score`'s."""
+    from tqdm import tqdm
+
+    if not tasks:
+        raise EdgeSDKError("no winogrande task to score", "pass a Winogrande CSV with at least one task")
+    lead = [] if bos_id is None else [bos_id]
+    tokenized = [(task.where, [lead + list(encode(task.first + choice + task.second)) for choice in task.choices])
+                 for task in tasks]
+    _check_length(tokenized, max_tokens if max_tokens is not None else getattr(score_window, "max_tokens", None),
+                  WINOGRANDE)
+    correct, picks, scores = 0, [], []
+    bar = tqdm(tokenized, desc=WINOGRANDE, disable=not progress, unit="task")
+    for task, (where, sequences) in zip(tasks, bar, strict=True):
+        bases = tuple(len(lead) + len(encode(task.first + choice)) for choice in task.choices)
+        spans = winogrande_spans((sequences[0], sequences[1]), bases)
+        if not all(spans) or min(span.start for span in spans) < 1:
+            raise EdgeSDKError(f"winogrande task at {where}: a choice leaves no token to score "
+                               f"({task.choices[0]!r} / {task.choices[1]!r})",
+                               "remove or fix the task: the sentence needs words after the blank, or choices that "
+                               "differ")
+        means = tuple(float(_sequence_logprobs(score_window, s)[list(span)].mean())
+                      for s, span in zip(sequences, spans, strict=True))
+        pick = 0 if means[0] > means[1] else 1
+        correct += pick + 1 == task.answer
+        picks.append(pick)
+        scores.append(means)
+    return _result(WINOGRANDE, correct, picks, scores, 2 * len(tasks))
+
+
+SCORERS = {HELLASWAG: hellaswag_score, WINOGRANDE: winogrande_score, MULTIPLE_CHOICE: multiple_choice_score}
+
+
+def bundle_accuracy(runtime, kind: str, tasks, progress: bool = False) -> AccuracyResult:
+    """``kind`` over ``tasks`` through the bundle's runtime, BOS in front where its tokenizer adds one."""
+    from edgesdk.evaluate import bundle_scorer, leading_bos
+
+    encode = lambda text: runtime.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    return SCORERS[kind](bundle_scorer(runtime), encode, tasks, leading_bos(runtime.tokenizer), progress=progress)
+
+
+def reference_accuracy(model, runtime, kind: str, tasks, progress: bool = False) -> AccuracyResult:
+    """The same through the PyTorch source ``model`` (host only), with the bundle's tokenizer and BOS, refusing
+    what the bundle refuses (its max_context), so both score the same tasks."""
+    from edgesdk.evaluate import leading_bos, reference_scorer
+
+    encode = lambda text: runtime.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    return SCORERS[kind](reference_scorer(model.eval()), encode, tasks, leading_bos(runtime.tokenizer),
+                         max_tokens=runtime.backend.max_context, progress=progress)
