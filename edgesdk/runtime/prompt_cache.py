@@ -10,6 +10,11 @@ The cache is rewound to the common prefix (``rewind`` on the backend, which ever
 has but ``tensorrt``: the length of its past tensors is part of their layout) and the rest of
 the prompt is prefilled after it. At least the prompt's last token is always prefilled, since
 its logits give the first new token.
+
+A power-gated backend whose controller steers the gates (``--gating``) is not reused: its controller starts over
+on a rewind and then sees only the tokens prefilled after it, so the threshold, and which FFN blocks run, would
+depend on what the previous request left in the cache; a whole prefill gives every request the threshold a fresh
+sequence gets (as such a backend decodes without drafts, edgesdk/runtime/generate.py).
 """
 
 from __future__ import annotations
@@ -26,6 +31,13 @@ if TYPE_CHECKING:
 # chat's next turn keeps all but the few tokens whose text the template re-tokenizes, another
 # conversation cuts it back to the shared system prompt.
 SAVE_AT_LEAST = 64
+
+
+def steers_gates(backend: DecoderBackend) -> bool:
+    """Whether ``backend``'s power gates follow a controller's threshold (gating on, no fixed threshold): its
+    answer depends on the tokens the controller saw since it last started over."""
+    return getattr(backend, "controller", None) is not None and bool(getattr(backend, "gating", False)) \
+        and getattr(backend, "fixed_tau", None) is None
 
 
 def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
@@ -61,10 +73,12 @@ class PromptCache:
 
         With a ``store``, a saved cache that shares more of the prompt than the live one replaces it,
         and a live cache that would lose ``SAVE_AT_LEAST`` tokens or more is saved first.
-        With ``reuse`` False (or a backend that cannot rewind) the cache is emptied."""
+        With ``reuse`` False (or a backend that cannot rewind, or one that steers its gates) the cache is emptied."""
         if len(self.tokens) != self.backend.position:  # a step failed halfway: what the cache holds is unknown
             self.tokens = []
             self.backend.reset()
+        steering = steers_gates(self.backend)
+        reuse = reuse and not steering
         live = common_prefix_length(self.tokens, prompt_ids) if reuse and self.supported else 0
         saved, entry = self.store.best(prompt_ids) if reuse and self.store is not None else (0, None)
         if entry is not None and saved > live:
@@ -77,7 +91,7 @@ class PromptCache:
             self.tokens, live = list(entry.tokens), saved
             self._live_saved = any(other is entry for other in self.store.entries)
         kept = min(live, len(prompt_ids) - 1)
-        if self.store is not None and len(self.tokens) - kept >= SAVE_AT_LEAST:
+        if self.store is not None and not steering and len(self.tokens) - kept >= SAVE_AT_LEAST:
             self._save_live()
         if kept > 0:
             self.backend.rewind(kept)
