@@ -99,6 +99,18 @@ class AccuracyResult:
                 "accuracy_uncertainty": r(self.uncertainty), "interval_95": [r(v) for v in self.interval],
                 "random_chance": r(self.random_chance)}
 
+    def summary(self) -> str:
+        """The figure llama-perplexity prints at the end, in percent: HellaSwag's last ``acc_norm`` row with its
+        95 % interval, Winogrande's and multiple choice's accuracy +/- its uncertainty (multiple choice with the
+        random chance)."""
+        count = f"{self.tasks} task{'s' if self.tasks != 1 else ''}"
+        if self.task == HELLASWAG:
+            low, high = self.interval
+            return f"acc_norm {100 * self.accuracy:.4f} % [{100 * low:.4f} %, {100 * high:.4f} %] ({count}, 95 % interval)"
+        spread = "" if self.uncertainty is None else f" ± {100 * self.uncertainty:.4f}"
+        chance = f", random chance {100 * self.random_chance:.4f} %" if self.task == MULTIPLE_CHOICE else ""
+        return f"{100 * self.accuracy:.4f}{spread} % ({count}{chance})"
+
 
 def agreement(a: AccuracyResult, b: AccuracyResult) -> float:
     """The fraction of tasks on which two runs over the same tasks (bundle and reference) pick the same ending."""
@@ -355,11 +367,14 @@ def random_subset(total: int, count: int) -> list[int]:
 # --------------------------------------------------------------------------------------------- scoring
 
 
-def _sequence_logprobs(score_window, tokens: list[int]) -> np.ndarray:
-    """``lp[p]`` = log P(tokens[p] | tokens[:p]) for p >= 1 (lp[0] = 0: nothing predicts the first token)."""
+def _sequence_logprobs(score_window, tokens: list[int], start: int, end: int | None = None) -> np.ndarray:
+    """log P(tokens[p] | tokens[:p]) for p = start .. end - 1 (``end`` default: the whole sequence; start >= 1:
+    nothing predicts the first token), from the logits of the whole sequence; the log-softmax is taken over
+    those rows only."""
+    end = len(tokens) if end is None else end
     logits = score_window(np.asarray(tokens, np.int64))
-    rows = log_softmax(logits[:-1])
-    return np.concatenate([[0.0], rows[np.arange(len(tokens) - 1), tokens[1:]]])
+    rows = log_softmax(logits[start - 1:end - 1])
+    return rows[np.arange(len(rows)), tokens[start:end]]
 
 
 def _common_prefix(sequences: list[list[int]]) -> int:
@@ -429,7 +444,7 @@ def choice_score(score_window, encode, tasks: list[ChoiceTask], bos_id: int | No
             raise EdgeSDKError(f"{kind} task at {where}: ending {short[0] + 1} adds no token past the "
                                f"{prefix} all its endings share ({task.endings[short[0]]!r})",
                                "remove or fix the task: every ending must differ from the others")
-        means = tuple(float(_sequence_logprobs(score_window, s)[prefix:].mean()) for s in sequences)
+        means = tuple(float(_sequence_logprobs(score_window, s, prefix).mean()) for s in sequences)
         pick = _first_max(list(means))
         correct += task.labels[pick] == 1
         picks.append(pick)
@@ -485,7 +500,7 @@ def winogrande_score(score_window, encode, tasks: list[WinograndeTask], bos_id: 
                                f"({task.choices[0]!r} / {task.choices[1]!r})",
                                "remove or fix the task: the sentence needs words after the blank, or choices that "
                                "differ")
-        means = tuple(float(_sequence_logprobs(score_window, s)[list(span)].mean())
+        means = tuple(float(_sequence_logprobs(score_window, s, span.start, span.stop).mean())
                       for s, span in zip(sequences, spans, strict=True))
         pick = 0 if means[0] > means[1] else 1
         correct += pick + 1 == task.answer

@@ -230,3 +230,17 @@ def test_the_figures_llama_cpp_prints(runtime):
     one = hellaswag_score(bundle_scorer(runtime), _encode(runtime), tasks[:1])
     assert one.uncertainty is None
     assert one.to_json()["accuracy_uncertainty"] is None
+
+
+def test_the_summary_line_reads_as_llama_perplexitys_final_figure():
+    from edgesdk.accuracy import _result
+
+    hellaswag = _result(HELLASWAG, 3, [2, 0, 2, 0], [(0.0,) * 4] * 4, 16)
+    low, high = hellaswag.interval
+    assert hellaswag.summary() == (f"acc_norm 75.0000 % [{100 * low:.4f} %, {100 * high:.4f} %] "
+                                   "(4 tasks, 95 % interval)")
+    assert 0.0 < low < 0.75 < high < 1.0
+    winogrande = _result(WINOGRANDE, 2, [0, 1, 0, 1], [(0.0, 0.0)] * 4, 8)
+    assert winogrande.summary() == f"50.0000 ± {100 * math.sqrt(0.25 / 3):.4f} % (4 tasks)"
+    choice = _result(MULTIPLE_CHOICE, 1, [0], [(0.0, 0.0, 0.0)], 3)
+    assert choice.summary() == "100.0000 % (1 task, random chance 33.3333 %)"
