@@ -104,8 +104,9 @@ class Server:
 
 
 def _thermal():
-    """A simulated Raspberry Pi 5 warm enough that the guard leaves its normal level (and paces) while it answers."""
-    return open_session(get_profile("rpi5"), guard=True, simulate=True, status=False, sim_speed=50.0, ambient_c=48.0)
+    """A simulated Raspberry Pi 5 warm enough that the guard goes hot and paces the long answers (it waits on the
+    simulated board's clock)."""
+    return open_session(get_profile("rpi5"), guard=True, simulate=True, status=False, sim_speed=50.0, ambient_c=49.0)
 
 
 CONFIGS = {  # name -> (ServeDefaults fields, draft bundle, thermal session)
@@ -162,6 +163,8 @@ REQUESTS = [
     ("/v1/completions", {"prompt": LONG, "max_tokens": 60}),
     ("/v1/completions", {"prompt": LONG[:200], "max_tokens": 23, "stop": ["o"]}),
     ("/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 30, "cache_prompt": False}),
+    ("/v1/completions", {"prompt": "Grouped-query attention shares key and value heads", "max_tokens": 400}),
+    ("/completion", {"prompt": "Grouped-query attention shares", "n_predict": 300, "n_probs": 1, "stream": True}),
     ("/completion", {"prompt": "The quick brown fox", "n_predict": 30, "n_probs": 3}),
     ("/completion", {"prompt": "The quick brown fox", "n_predict": 30, "n_probs": 3, "stream": True}),
     ("/completion", {"prompt": "Edge", "n_predict": 30, "grammar": 'root ::= ("ab" | "abc" | [0-9]+ " "){2,12} "."'}),
@@ -326,8 +329,9 @@ def test_greedy_answers_are_the_plain_server_s_whatever_the_decoding_options(bun
     assert metrics["edgesdk_n_tokens_max"] == expected_metrics["edgesdk_n_tokens_max"] == MAX_CONTEXT
     if draft or fields.get("lookup"):  # checked drafts save backend passes
         assert metrics["edgesdk_n_decode_total"] < expected_metrics["edgesdk_n_decode_total"]
-    if thermal is not None:
+    if thermal is not None:  # the guard held steps back: its waits never reach the answers
         assert health["thermal"]["level"] != "normal"
+        assert metrics["edgesdk_thermal_wait_seconds_total"] > 0
 
 
 def _timings(server: Server, path: str, body: dict) -> dict:
