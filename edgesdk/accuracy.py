@@ -181,8 +181,8 @@ def parse_winogrande(text: str, source: str = "the Winogrande file") -> list[Win
             elif char == '"':
                 quoted = True
         if len(commas) != 4:
-            raise EdgeSDKError(f"{source}, line {number}: {len(commas)} of the 4 commas outside quotes that separate "
-                               f"index,sentence,choice1,choice2,answer in {line!r}", fix)
+            raise EdgeSDKError(f"{source}, line {number}: found {len(commas)} of the 4 commas outside quotes that "
+                               f"separate index,sentence,choice1,choice2,answer in {line!r}", fix)
         c0, c1, c2, c3 = commas
         sentence = line[c0 + 2:c1 - 1] if line[c0 + 1] == '"' else line[c0 + 1:c1]
         answer = _CSV_ANSWER.match(line[c3 + 1:])

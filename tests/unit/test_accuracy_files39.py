@@ -92,7 +92,7 @@ def test_winogrande_rows_are_cut_as_llama_cpp_cuts_them():
 
 
 @pytest.mark.parametrize(("line", "message"), [
-    ("7,No commas enough here,a,b", r"line 2: 3 of the 4 commas"),
+    ("7,No commas enough here,a,b", r"line 2: found 3 of the 4 commas"),
     ("7,There is no blank in this sentence.,a,b,1", r"line 2: the sentence \(2nd field\) has no _"),
     ("7,Pick _ please.,a,b,3", r"line 2: the answer \(5th field\) must be 1 or 2, got '3'"),
     ("7,Pick _ please.,a,b,x", r"line 2: the answer \(5th field\) must be 1 or 2, got 'x'"),
