@@ -106,7 +106,8 @@ class AccuracyResult:
         count = f"{self.tasks} task{'s' if self.tasks != 1 else ''}"
         if self.task == HELLASWAG:
             low, high = self.interval
-            return f"acc_norm {100 * self.accuracy:.4f} % [{100 * low:.4f} %, {100 * high:.4f} %] ({count}, 95 % interval)"
+            return (f"acc_norm {100 * self.accuracy:.4f} % [{100 * low:.4f} %, {100 * high:.4f} %] "
+                    f"({count}, 95 % interval)")
         spread = "" if self.uncertainty is None else f" ± {100 * self.uncertainty:.4f}"
         chance = f", random chance {100 * self.random_chance:.4f} %" if self.task == MULTIPLE_CHOICE else ""
         return f"{100 * self.accuracy:.4f}{spread} % ({count}{chance})"
@@ -287,7 +288,7 @@ def read_multiple_choice(data: bytes, source: str = "the multiple-choice file",
 
 def read_task_file(kind: str, path: Path, count: int | None = None) -> list[ChoiceTask] | list[WinograndeTask]:
     """The tasks ``kind`` scores from ``path``, selected as llama-perplexity selects them: HellaSwag
-    ``min(count or 400, tasks)`` in its random order, the others all in file order (``count`` None or 0) or
+    ``min(count, tasks)`` (``count`` None: 400) in its random order, the others all in file order (``count`` None or 0) or
     ``count`` drawn at random. The file is read as llama-perplexity's ``-f`` (text) or ``-bf`` (binary) reads it."""
     if kind not in TASK_KINDS:
         raise ValueError(f"kind must be one of {', '.join(TASK_KINDS)}, got {kind!r}")
