@@ -103,6 +103,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
     from edgesdk.runtime.session import open_runtime
     from edgesdk.serve.completion import Completer, ServeDefaults
     from edgesdk.serve.http_server import ApiServer
+    from edgesdk.serve.openai_answer import served_model_name
 
     try:
         defaults = ServeDefaults(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -149,7 +150,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                             thermal_target, sim_speed, status=False)
     try:
         completer = Completer(runtime, defaults, hook=thermal.hook if thermal else None, draft=draft)
-        name = model_name or _served_model_name(runtime.bundle.manifest)
+        name = model_name or served_model_name(runtime.bundle.manifest)
         try:
             server = ApiServer((listen_host, port), completer, name, api_key=api_key, log=not quiet,
                                metrics=metrics)
@@ -184,9 +185,3 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
 
 
 SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in flight (a long prompt's prefill on a board)
-
-
-def _served_model_name(manifest: dict) -> str:
-    """``<model>-<target>``, e.g. smollm2-135m-rpi5: the same id across redeploys of one model."""
-    source = Path(str(manifest["model"]["before"]["source"]).rstrip("/")).name
-    return f"{source.removesuffix('.gguf')}-{manifest['target']['name']}"
