@@ -3,11 +3,13 @@
 :func:`load` opens a bundle as ``edgesdk run`` and ``edgesdk serve`` do (hashes and target checked first, the
 profile's backend chain) and gives a :class:`Model` shaped like llama-cpp-python's ``Llama``:
 ``create_completion`` / ``__call__`` and ``create_chat_completion`` take the fields of OpenAI's Completions and
-Chat Completions requests (with llama-server's additions: ``grammar``, ``top_k``, ``min_p``, ``n_probs`` ...)
+Chat Completions requests (with llama-server's additions: ``grammar``, ``top_k``, ``min_p``, ``ignore_eos`` ...)
 and return the bodies ``edgesdk serve`` sends, or an iterator of its stream chunks with ``stream=True``.
 Requests go through the server's own engine (:class:`~edgesdk.serve.completion.Completer`), so a request answers
 the same in-process and over HTTP: chat template, stop strings, JSON schemas, tools, reasoning, logprobs, and the
-KV cache of the previous answer's prefix reused. A bad field raises :class:`RequestError` naming it.
+KV cache of the previous answer's prefix reused. A bad field raises :class:`RequestError` naming it, and so does a
+field the route does not read (where ``edgesdk serve`` ignores it, as HTTP servers ignore unknown JSON fields, a
+misspelt keyword here would otherwise change nothing without a word).
 
 :func:`build_bundle` runs the host's build pipeline (``edgesdk build``) and returns the bundle's directory.
 
@@ -25,8 +27,11 @@ Typical use on a board::
 
 from __future__ import annotations
 
+import difflib
+import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -34,6 +39,17 @@ from edgesdk.errors import EdgeSDKError
 
 MODEL_SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "samplers", "prompt_cache", "cache_ram_mib",
                   "lookup", "prefill_assistant", "reasoning_format", "reasoning_budget")
+# what each setting must be, checked before ServeDefaults reads it (whose own checks then bound the values)
+SETTING_KINDS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
+                 "samplers": list, "prompt_cache": bool, "cache_ram_mib": int, "lookup": int,
+                 "prefill_assistant": bool, "reasoning_format": str, "reasoning_budget": int}
+# Fields of OpenAI's request bodies that change nothing in an answer here: taken, as 'edgesdk serve' takes them
+NO_EFFECT_FIELDS = ("model", "user", "metadata", "store", "parallel_tool_calls")
+# llama-cpp-python's samplers this runtime lacks, at the values its Llama passes by default (off, or mirostat's
+# settings that only count with mirostat on): taken there, as serve takes llama-server's at their off values
+LLAMA_CPP_PYTHON_DEFAULTS = {"tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1}
+_KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False", str: "a string",
+               list: "a string of sampler letters or a list of sampler names"}
 _END = object()  # the last item a streamed answer's worker puts in its queue
 
 
@@ -84,6 +100,7 @@ class Model:
             raise EdgeSDKError(f"load() got the setting(s) {', '.join(map(repr, unknown))}, which it does not take",
                                f"pass only {', '.join(MODEL_SETTINGS)} (a request's own fields go to "
                                "create_completion / create_chat_completion)")
+        _check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings)
         try:
             defaults = ServeDefaults(**settings)
         except (TypeError, ValueError) as exc:
@@ -92,6 +109,9 @@ class Model:
                                     ignore_target=ignore_target)
         self.notes: list[str] = list(self.runtime.notes)  # why each backend was or was not used, the thermal guard
         self._thermal = _open_guard(self.runtime, self.notes) if watch_thermal else None
+        # The guard's sensors, poller thread and clock cap go back with close(), or when a model nobody closed is
+        # collected or the interpreter exits
+        self._release_guard = weakref.finalize(self, self._thermal.close) if self._thermal else None
         self._completer = Completer(self.runtime, defaults, hook=self._thermal.hook if self._thermal else None)
         self.model_name = served_model_name(self.runtime.bundle.manifest)
         self._closed = False
@@ -131,16 +151,36 @@ class Model:
         default, and special tokens written in the text read as plain text unless ``parse_special``."""
         from edgesdk.serve.api import TokenizeRequest
 
+        if not isinstance(text, str):
+            bytes_given = isinstance(text, (bytes, bytearray))
+            raise RequestError("tokenize", f"text is {_shown(text)}; expected the text to tokenize (a str)",
+                               param="text", fix="decode bytes first (text.decode('utf-8')): llama-cpp-python's "
+                               "tokenize takes bytes, this one takes a str" if bytes_given else "pass a str")
+        for name, flag in (("add_special", add_special), ("parse_special", parse_special)):
+            if not isinstance(flag, bool):
+                raise RequestError("tokenize", f"{name} is {_shown(flag)}; expected True or False", param=name,
+                                   fix=f"pass {name}=True or {name}=False")
+        self._check_open("tokenize")
         request = TokenizeRequest(content=text, add_special=add_special, parse_special=parse_special)
         return self._call("tokenize", lambda: self._completer.tokenize(request)["tokens"])
 
     def detokenize(self, ids: Iterable[int]) -> str:
         """The text of token ids, special tokens written out (llama-server's ``POST /detokenize``)."""
-        tokens = tuple(ids)
+        expected = "expected token ids (a list of whole numbers >= 0, as tokenize returns them)"
+        if isinstance(ids, (str, bytes, bytearray, Mapping)):
+            raise RequestError("detokenize", f"ids is {_shown(ids)}; {expected}", param="ids",
+                               fix="pass the list tokenize returned, e.g. model.detokenize(model.tokenize(text))")
+        try:
+            tokens = tuple(ids)
+        except TypeError:
+            raise RequestError("detokenize", f"ids is {_shown(ids)}; {expected}", param="ids",
+                               fix="pass the list tokenize returned, e.g. model.detokenize(model.tokenize(text))"
+                               ) from None
         for index, token in enumerate(tokens):
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
                 raise RequestError("detokenize", f"ids[{index}] is {token!r}; expected a token id (a whole number "
                                    ">= 0)", param=f"ids[{index}]")
+        self._check_open("detokenize")
         return self._call("detokenize", lambda: self._completer.detokenize(tokens)["content"])
 
     def perplexity(self, text: str, *, context: int = 512, stride: int | None = None,
@@ -160,22 +200,43 @@ class Model:
                 raise RequestError("perplexity", f"{name} is {value!r}; expected a whole number of tokens {bounds}",
                                    param=name, fix="pass context >= 2 and 1 <= stride <= context (stride "
                                    "left out: windows that do not overlap)")
-        config = PerplexityConfig(context=context, stride=stride, max_chars=max_chars)
+        if max_chars is not None and (isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1):
+            raise RequestError("perplexity", f"max_chars is {_shown(max_chars)}; expected a whole number of "
+                               "characters >= 1", param="max_chars",
+                               fix="pass max_chars >= 1, or leave it out to score the whole text")
         self._check_open("perplexity")
+        if context > self.max_context:  # as edgesdk eval refuses --context past the bundle's
+            raise RequestError("perplexity", f"context is {context}, longer than the bundle's max_context "
+                               f"{self.max_context}", param="context",
+                               fix=f"pass context={self.max_context} or less")
+        config = PerplexityConfig(context=context, stride=stride, max_chars=max_chars)
         with self._completer_turn():
+            self._check_open("perplexity")  # closed while it waited for its turn
             try:
                 return bundle_perplexity(self.runtime, text, config).perplexity
+            except EdgeSDKError as exc:
+                if type(exc) is not EdgeSDKError:  # a backend's failure (RuntimeBackendError ...), as it is
+                    raise
+                # evaluate's refusal of a text too short to score, whose fix names its command line's options
+                raise RequestError("perplexity", exc.problem, param="text",
+                                   fix="pass a longer text, or a larger max_chars") from exc
             finally:
                 self._forget_cache()
 
     def close(self) -> None:
-        """Stop taking requests and give back the thermal guard's sensors and clock cap."""
+        """Stop taking requests and give back the thermal guard's sensors and clock cap. An answer generating
+        (a stream read in another thread) ends at its next token and those waiting get a :class:`RequestError`
+        (503); close returns once they have, so no step of theirs runs after the guard is given back (as
+        ``edgesdk serve`` stops its answers before it closes its thermal session). A perplexity being measured
+        runs to its end first."""
         if self._closed:
             return
         self._closed = True
         self._completer.stop()
-        if self._thermal is not None:
-            self._thermal.close()
+        with self._completer_turn():  # the answers in flight and waiting end: their turns pass before this one
+            pass
+        if self._release_guard is not None:
+            self._release_guard()
 
     def __enter__(self) -> Model:
         return self
@@ -194,7 +255,9 @@ class Model:
         self._check_open(method)
         if not isinstance(stream, bool):
             raise RequestError(method, f"'stream' must be true or false, got {stream!r}", param="stream")
-        request = self._call(method, lambda: parse({**body, "stream": stream}))
+        fields = _ReadFields({**body, "stream": stream})
+        request = self._call(method, lambda: parse(fields))
+        _refuse_unread(method, fields)
         if stream:
             return self._streamed(method, request)
         return self._call(method, lambda: whole_answer(self._completer, request, self.model_name,
@@ -243,7 +306,7 @@ class Model:
 
     def _check_open(self, method: str) -> None:
         if self._closed:
-            raise RequestError(method, "the model is closed", status=503)
+            raise RequestError(method, "the model is closed", status=503, fix=CLOSED_FIX)
 
     def _forget_cache(self) -> None:
         """The backend's KV cache no longer holds what the prompt cache lists (perplexity windows ran on it)."""
@@ -261,9 +324,112 @@ def _request_error(method: str, exc: BaseException) -> BaseException:
     :class:`RequestError` naming ``method`` and the field, anything else as it is."""
     from edgesdk.serve.api import ApiError
 
+    if isinstance(exc, ApiError) and exc.code == "server_stopping":  # Completer.stop(): close() was called
+        return RequestError(method, "the model was closed while this request waited or generated", status=503,
+                            fix=CLOSED_FIX)
     if isinstance(exc, ApiError):
         return RequestError(method, exc.message, param=exc.param, status=exc.status)
     return exc
+
+
+CLOSED_FIX = "load the bundle again (edgesdk.load) to generate; a closed model stays closed"
+
+
+class _ReadFields(dict):
+    """A request body that records the fields its parser looks up (:func:`_refuse_unread`)."""
+
+    def __init__(self, body: dict):
+        super().__init__(body)
+        self.read: set[str] = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key) -> bool:
+        self.read.add(key)
+        return super().__contains__(key)
+
+
+_OTHER_METHODS_FIELDS = {
+    ("create_chat_completion", "prompt"): "create_completion's field: call create_completion(prompt) for raw text, "
+                                          "or send it as messages=[{'role': 'user', 'content': prompt}]",
+    ("create_completion", "messages"): "create_chat_completion's field: call create_chat_completion(messages)",
+}
+
+
+def _refuse_unread(method: str, fields: _ReadFields) -> None:
+    """Refuse a keyword the route's parser never read (a misspelt field, or one of another API such as
+    llama-cpp-python's ``stopping_criteria``): over HTTP it would be ignored, here it is named."""
+    def neutral(name: str, value: object) -> bool:
+        """None (every field's default, as a wrapper passing its own defaults sends it) or a llama-cpp-python
+        sampler's default."""
+        return value is None or (name in LLAMA_CPP_PYTHON_DEFAULTS and not isinstance(value, bool)
+                                 and value == LLAMA_CPP_PYTHON_DEFAULTS[name])
+
+    unread = [(name, value) for name, value in dict.items(fields)
+              if name not in fields.read and name not in NO_EFFECT_FIELDS and not neutral(name, value)]
+    if not unread:
+        return
+    name, value = unread[0]
+    if name in LLAMA_CPP_PYTHON_DEFAULTS:
+        raise RequestError(method, f"{name}={_shown(value)} sets a sampler of llama-cpp-python's that "
+                           "edgesdk's runtime does not have", param=name,
+                           fix=f"leave {name} out, or at {LLAMA_CPP_PYTHON_DEFAULTS[name]!r}")
+    known = sorted(field for field in fields.read | set(NO_EFFECT_FIELDS) if isinstance(field, str))
+    close = difflib.get_close_matches(str(name), known, n=1)
+    route = "Chat Completions" if method == "create_chat_completion" else "Completions"
+    other = _OTHER_METHODS_FIELDS.get((method, name))
+    note = f" ({other})" if other else f" (did you mean {close[0]!r}?)" if close else ""
+    raise RequestError(method, f"{method}() takes no field {name!r}{note}",
+                       param=str(name), fix=f"pass the fields of OpenAI's {route} request as 'edgesdk serve' "
+                       f"reads them ({', '.join(known)})")
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error message shows it: its repr, cut at 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings: dict) -> None:
+    """Refuse an argument of :func:`load` of the wrong kind before the bundle is opened, naming it."""
+    from edgesdk.runtime.session import OPENERS
+
+    def refuse(name: str, value: object, expected: str, fix: str) -> None:
+        raise EdgeSDKError(f"load(): {name}={_shown(value)}: expected {expected}", fix)
+
+    if not isinstance(path, (str, os.PathLike)):
+        refuse("path", path, "the bundle's directory (a str or a pathlib.Path)", "pass the folder 'edgesdk build' "
+               "wrote, e.g. edgesdk.load('bundles/smollm2-135m-rpi5')")
+    if backend is not None and backend not in OPENERS:
+        refuse("backend", backend, f"one of {', '.join(OPENERS)}",
+               "pass one of them, or leave backend out for the bundle's own chain")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        refuse("threads", threads, "a whole number of at least 1",
+               "pass threads=N with N >= 1, or leave it out for the profile's count")
+    if target is not None and not isinstance(target, str):
+        refuse("target", target, "a board's name (a str, as 'edgesdk targets' lists them)",
+               "pass the name of the board the bundle must be built for, e.g. target='rpi5'")
+    for name, flag in (("ignore_target", ignore_target), ("watch_thermal", watch_thermal)):
+        if not isinstance(flag, bool):
+            refuse(name, flag, "True or False", f"pass {name}=True or {name}=False")
+    for name, value in settings.items():
+        kind = SETTING_KINDS[name]
+        if kind is list:
+            fits = isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(item, str)
+                                                                                       for item in value))
+        elif kind is float:
+            fits = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            fits = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+        if not fits or (name == "max_tokens" and value < 1):
+            expected = _KIND_WORDS[kind] + (" of at least 1" if name == "max_tokens" else "")
+            refuse(name, value, expected, f"pass {name} as {expected}, or leave it out for edgesdk serve's default")
 
 
 def _open_guard(runtime, notes: list[str]):
