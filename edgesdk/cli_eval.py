@@ -1,5 +1,6 @@
 """``edgesdk eval``: the perplexity of a bundle through its runtime, beside its PyTorch source model's, KL
-divergence and last-word accuracy (registered in :mod:`edgesdk.cli`; the scoring is :mod:`edgesdk.evaluate`).
+divergence and last-word accuracy (registered in :mod:`edgesdk.cli`; the scoring is :mod:`edgesdk.evaluate`), or
+instead one of llama-perplexity's accuracy tasks on a task file (:mod:`edgesdk.accuracy`).
 
 Importing this module imports click only; the runtime, torch and transformers load when the command runs.
 """
@@ -24,8 +25,10 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
 
 @click.command("eval")
 @click.argument("bundle", type=click.Path(path_type=Path))
-@click.option("--text", "text_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Plain-text file to score (e.g. wikitext-2-raw/wiki.valid.raw).")
+@click.option("--text", "-f", "text_file", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Plain-text file to score (e.g. wikitext-2-raw/wiki.valid.raw); with an accuracy task, its task "
+                   "file.")
 @click.option("--method", type=click.Choice(["windows", "llama-perplexity"]), default="windows", show_default=True,
               help="windows: non-overlapping --context windows (or --stride), every token but each window's first "
                    "scored. llama-perplexity: the figure llama.cpp's llama-perplexity -c CONTEXT prints: the text "
@@ -46,12 +49,29 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
               help="Also the last-word accuracy task: the last word of each 40-150-word paragraph ending in ' .' "
                    "(WikiText's form), scored as lm-evaluation-harness scores a loglikelihood task (with "
                    "--reference, the source model's too).")
+@click.option("--hellaswag", is_flag=True,
+              help="Score HellaSwag from the --text file instead of perplexity, as llama-perplexity --hellaswag -f "
+                   "FILE: llama.cpp's 6-line file (hellaswag_val_full.txt); each ending's mean token log-probability "
+                   "past the prefix the 4 share picks (acc_norm), printed with its 95 % interval.")
+@click.option("--hellaswag-tasks", type=click.IntRange(min=1), default=400, show_default=True,
+              help="HellaSwag tasks scored, in llama-perplexity's random order.")
+@click.option("--winogrande", is_flag=True,
+              help="Score Winogrande from the --text file (llama.cpp's CSV, winogrande-debiased-eval.csv) instead of "
+                   "perplexity, as llama-perplexity --winogrande -f FILE.")
+@click.option("--winogrande-tasks", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Winogrande tasks scored: 0 all, in file order; N drawn as llama-perplexity draws them.")
+@click.option("--multiple-choice", is_flag=True,
+              help="Score the --text file in llama.cpp's binary multiple-choice format (ARC, MMLU, TruthfulQA) "
+                   "instead of perplexity, as llama-perplexity --multiple-choice -bf FILE.")
+@click.option("--multiple-choice-tasks", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Multiple-choice tasks scored: 0 all, in file order; N drawn as llama-perplexity draws them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
               help="Power-gated bundles: compute budgets (fraction of FFN blocks run) for the perplexity curve.")
 @_runtime_options
-def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, last_word, as_json, budgets, threads,
-          backend, target, ignore_target):
+def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, last_word, hellaswag, hellaswag_tasks,
+          winogrande, winogrande_tasks, multiple_choice, multiple_choice_tasks, as_json, budgets, threads, backend,
+          target, ignore_target):
     """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference).
 
     --method llama-perplexity gives the figure of llama.cpp's llama-perplexity (its perplexity() in
@@ -61,6 +81,9 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
     tokenizer adds one; positions CONTEXT/2 .. CONTEXT-2 of each chunk predict the tokens after them
     (CONTEXT - CONTEXT/2 - 1 a chunk); exp of the mean negative log-likelihood over them all. Fewer than
     2 x CONTEXT tokens are refused, as llama-perplexity refuses them.
+
+    --hellaswag, --winogrande and --multiple-choice score the --text file as llama-perplexity's task of that
+    name scores it, instead of perplexity (one task a run).
     """
     from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, leading_bos, reference_perplexity
     from edgesdk.runtime.session import open_runtime
@@ -78,6 +101,11 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
                 f"--reference scores the PyTorch source model and needs torch and transformers ({exc})",
                 "pip install 'edgesdk[host]' on the host, or drop --reference to score the bundle alone",
             ) from exc
+    task = _accuracy_task_asked({"hellaswag": (hellaswag, hellaswag_tasks), "winogrande": (winogrande, winogrande_tasks),
+                                 "multiple-choice": (multiple_choice, multiple_choice_tasks)})
+    if task is not None:
+        _score_accuracy_task(*task, bundle, text_file, reference, as_json, threads, backend, target, ignore_target)
+        return
     if method == "llama-perplexity" and stride is not None:
         raise click.BadParameter(f"--stride {stride} sets the step of --method windows; llama-perplexity cuts the "
                                  "text into chunks of --context tokens with no overlap: drop --stride, or use "
@@ -186,6 +214,67 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
         for point in result["power"]["curve"]:
             click.echo(f"  budget {point['budget']:<5g} tau {point['tau']:.3f}  FFN blocks run "
                        f"{point['executed_fraction']:6.1%}  perplexity {point['perplexity']:.4f}")
+
+
+PERPLEXITY_ONLY = {"method": "--method", "context": "--context", "stride": "--stride", "max_chars": "--max-chars",
+                   "kl": "--kl-divergence", "last_word": "--last-word", "budgets": "--budgets"}
+
+
+def _accuracy_task_asked(tasks: dict[str, tuple[bool, int]]) -> tuple[str, int] | None:
+    """The accuracy task this run scores (its name, as llama-perplexity's flag, and its task count), None for
+    perplexity. One task a run, as llama-perplexity takes one; a task count without its task, or a perplexity
+    option beside a task, is refused by name."""
+    context = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return context.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
+
+    chosen = [name for name, (asked, _) in tasks.items() if asked]
+    for name in tasks:
+        if given(f"{name.replace('-', '_')}_tasks") and name not in chosen:
+            raise click.BadParameter(f"sets how many {name} tasks to score; add --{name}",
+                                     param_hint=f"--{name}-tasks")
+    if len(chosen) > 1:
+        raise click.BadParameter(f"score one task file a run, as llama-perplexity does: pick one of --{chosen[0]} and "
+                                 f"--{chosen[1]}", param_hint=f"--{chosen[1]}")
+    if not chosen:
+        return None
+    for parameter, option in PERPLEXITY_ONLY.items():
+        if given(parameter):
+            raise click.BadParameter(f"applies to perplexity, and --{chosen[0]} scores the --text file as its task "
+                                     f"file instead: drop one", param_hint=option)
+    return chosen[0], tasks[chosen[0]][1]
+
+
+def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, reference: bool, as_json: bool,
+                         threads, backend, target, ignore_target) -> None:
+    """``eval --hellaswag/--winogrande/--multiple-choice``: the --text task file scored as llama-perplexity scores
+    it (edgesdk/accuracy.py), and with --reference by the PyTorch source model too."""
+    from edgesdk.accuracy import agreement, bundle_accuracy, read_task_file, reference_accuracy
+    from edgesdk.runtime.session import open_runtime
+
+    tasks = read_task_file(kind, text_file, count)  # a malformed file is named before the runtime loads
+    runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
+                           ignore_target=ignore_target)
+    source = _reference_source(runtime, bundle) if reference else None
+    ours = bundle_accuracy(runtime, kind, tasks, progress=True)
+    result = {"task": kind, "bundle": ours.to_json()}
+    if reference:
+        import torch
+
+        from edgesdk.models.loader import load_model
+
+        if threads:  # as the bundle ran; PyTorch would otherwise take every core
+            torch.set_num_threads(threads)
+        theirs = reference_accuracy(load_model(source).model, runtime, kind, tasks, progress=True)
+        result.update(reference=theirs.to_json(), same_pick=round(agreement(ours, theirs), 6))
+    if as_json:
+        click.echo(json.dumps(_finite_or_null(result), indent=2, allow_nan=False))
+        return
+    click.echo(f"{kind} (bundle)".ljust(28) + ours.summary())
+    if reference:
+        click.echo(f"{kind} (PyTorch)".ljust(28) + theirs.summary())
+        click.echo("same pick".ljust(28) + f"{result['same_pick']:.2%} of the tasks")
 
 
 def _text_as_llama_perplexity_reads(text_file: Path) -> str:
