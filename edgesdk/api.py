@@ -28,6 +28,7 @@ Typical use on a board::
 from __future__ import annotations
 
 import difflib
+import operator
 import os
 import queue
 import threading
@@ -132,7 +133,7 @@ class Model:
         ``temperature``, ``stop``, ``seed``, ``logprobs``, ``echo``, ``grammar``, ``response_format`` ...)."""
         from edgesdk.serve.api import parse_text_request
 
-        return self._answer("create_completion", parse_text_request, {"prompt": prompt, **fields}, stream)
+        return self._answer("create_completion", parse_text_request, {"prompt": _token_ids(prompt), **fields}, stream)
 
     __call__ = create_completion
 
@@ -144,6 +145,7 @@ class Model:
         ``chat_template_kwargs`` ...)."""
         from edgesdk.serve.api import parse_chat_request
 
+        messages = list(messages) if isinstance(messages, tuple) else messages
         return self._answer("create_chat_completion", parse_chat_request, {"messages": messages, **fields}, stream)
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -171,7 +173,7 @@ class Model:
             raise RequestError("detokenize", f"ids is {_shown(ids)}; {expected}", param="ids",
                                fix="pass the list tokenize returned, e.g. model.detokenize(model.tokenize(text))")
         try:
-            tokens = tuple(ids)
+            tokens = tuple(_token_ids(list(ids)))
         except TypeError:
             raise RequestError("detokenize", f"ids is {_shown(ids)}; {expected}", param="ids",
                                fix="pass the list tokenize returned, e.g. model.detokenize(model.tokenize(text))"
@@ -388,6 +390,19 @@ def _refuse_unread(method: str, fields: _ReadFields) -> None:
     raise RequestError(method, f"{method}() takes no field {name!r}{note}",
                        param=str(name), fix=f"pass the fields of OpenAI's {route} request as 'edgesdk serve' "
                        f"reads them ({', '.join(known)})")
+
+
+def _token_ids(value: object) -> object:
+    """Token ids given as Python holds them (a tuple, a numpy array, numpy integers) as the list of ints the HTTP
+    API's JSON carries; anything else as it is, for the request's parser to name."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()  # a numpy array (or integer)
+    if isinstance(value, tuple):
+        value = list(value)
+    if isinstance(value, list):
+        return [operator.index(item) if hasattr(type(item), "__index__") and not isinstance(item, bool) else item
+                for item in value]
+    return value
 
 
 def _shown(value: object) -> str:

@@ -108,6 +108,22 @@ def test_every_field_the_server_reads_is_taken(model):
     assert chat["usage"]["completion_tokens"] <= 2
 
 
+def test_token_ids_and_messages_as_python_holds_them(model):
+    """A tuple, a numpy array or numpy integers are token ids as much as a list of ints, and a tuple of messages
+    is messages: each answers as the list does."""
+    np = pytest.importorskip("numpy")
+    ids = model.tokenize("The sea", add_special=False)
+    expected = model(ids, max_tokens=3)["choices"]
+    assert model(tuple(ids), max_tokens=3)["choices"] == expected
+    assert model(np.array(ids), max_tokens=3)["choices"] == expected
+    assert model([np.int64(token) for token in ids], max_tokens=3)["choices"] == expected
+    assert model.detokenize(np.array(ids)) == "The sea"
+    chat = model.create_chat_completion(CHAT, max_tokens=3)["choices"]
+    assert model.create_chat_completion(tuple(CHAT), max_tokens=3)["choices"] == chat
+    with pytest.raises(RequestError, match=r"detokenize \(ids\[1\]\): ids\[1\] is 1.5"):
+        model.detokenize([np.int64(3), 1.5])
+
+
 def test_tokenize_and_detokenize_refuse_what_is_not_text_or_token_ids(model):
     with pytest.raises(RequestError, match=r"tokenize \(text\): text is b'Hello'; expected the text to tokenize "
                                            r"\(a str\)") as caught:
