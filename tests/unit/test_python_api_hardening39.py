@@ -322,3 +322,31 @@ def test_the_api_module_is_python_310_code():
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True (3, 10)"
     assert sys.version_info >= (3, 10)
+
+
+def test_whole_streamed_and_perplexity_from_several_threads_answer_as_alone(model):
+    text = " ".join(["the sea is blue and the sky is wide"] * 10)
+    alone = {"whole": model.create_chat_completion(CHAT, max_tokens=6)["choices"][0]["message"]["content"],
+             "streamed": model("The sea", max_tokens=6)["choices"][0]["text"],
+             "perplexity": model.perplexity(text, context=32)}
+    asks = {"whole": lambda: model.create_chat_completion(CHAT, max_tokens=6)["choices"][0]["message"]["content"],
+            "streamed": lambda: "".join(chunk["choices"][0]["text"]
+                                        for chunk in model("The sea", max_tokens=6, stream=True)),
+            "perplexity": lambda: model.perplexity(text, context=32)}
+    answers, errors = [], []
+
+    def ask(kind: str) -> None:
+        try:
+            answers.append((kind, asks[kind]()))
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    workers = [threading.Thread(target=ask, args=(kind,)) for kind in ["whole", "streamed", "perplexity"] * 2]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert not errors
+    assert len(answers) == 6
+    for kind, answer in answers:
+        assert answer == pytest.approx(alone[kind]) if kind == "perplexity" else answer == alone[kind], kind
