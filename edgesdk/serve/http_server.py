@@ -55,18 +55,14 @@ from edgesdk.serve import anthropic, llama_native, response_events, response_sto
 from edgesdk.serve.api import (
     ApiError,
     CompletionRequest,
-    chunk_body,
-    completion_body,
-    new_id,
     parse_chat_request,
     parse_detokenize_request,
     parse_text_request,
     parse_tokenize_request,
-    usage_chunk_body,
 )
 from edgesdk.serve.completion import Completer, Completion
+from edgesdk.serve.openai_answer import StreamedAnswer, whole_answer
 from edgesdk.serve.reasoning import split_answer
-from edgesdk.serve.tools import AnswerStream
 
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 CHUNK_LINE_LIMIT = 4096  # a chunk-size line with its extensions, or one trailer field
@@ -433,15 +429,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         if request.stream:
             self._stream(request)
         else:
-            completer = self.server.completer
-            completion = completer.complete(request, client_gone=self._client_gone)
-            splitter, reasoning, text = completer.reasoning_splitter(request), "", completion.text
-            if splitter is not None:
-                reasoning, text = split_answer(splitter, completion.text)
-            body = completion_body(request, new_id(request.chat), self.server.model, text,
-                                   completion.finish_reason, completion.prompt_tokens, completion.completion_tokens,
-                                   completion.cached_tokens, completion.logprobs, reasoning=reasoning)
-            self._send_json(200, {**body, "timings": llama_native.timings(completion)})  # llama-server adds them
+            completion = self.server.completer.complete(request, client_gone=self._client_gone)
+            self._send_json(200, whole_answer(self.server.completer, request, self.server.model, completion))
 
     def _native_completion(self) -> None:
         """llama-server's ``POST /completion`` (edgesdk/serve/llama_native.py), whole or streamed."""
@@ -756,61 +745,20 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _stream(self, request: CompletionRequest) -> None:
         """Server-sent events; the headers go out when the request's turn comes, so a refused request
         (busy, prompt too long) still gets a plain JSON error with its status."""
-        ident, model = new_id(request.chat), self.server.model
-        splitter = self.server.completer.reasoning_splitter(request)
-        # an answer under tools is JSON: its call or its text goes out as it settles (tools.AnswerStream)
-        answer = AnswerStream(request.tools.structured) if request.tools is not None else None
+        answer = StreamedAnswer(self.server.completer, request, self.server.model)
 
-        def opened() -> None:
-            if request.chat:
-                self._event(chunk_body(request, ident, model, None, role=True))
-
-        def on_text(text: str, logprobs: dict | None) -> None:
-            if answer is not None:
-                deltas = answer.push(text)
-                if deltas or logprobs:  # a token whose text is held back still gives its logprobs (delta {})
-                    for delta in deltas or [{}]:
-                        self._event(self._delta_chunk(request, ident, model, delta, logprobs))
-                        logprobs = None
-                return
-            if splitter is None:
-                self._event(chunk_body(request, ident, model, text, logprobs=logprobs))
-                return
-            reasoning, content = splitter.push(text)
-            if reasoning or content or logprobs:  # text held back as a tag's possible start waits for the next
-                self._event(chunk_body(request, ident, model, content, logprobs=logprobs, reasoning=reasoning))
+        def send(chunks: list[dict]) -> None:
+            for body in chunks:
+                self._event(body)
 
         # an error once the headers are out is in the stream, as llama-server does
-        completion = self._complete_streamed(request, on_text, opened, lambda error: self._event(error.body()))
+        completion = self._complete_streamed(request, lambda text, logprobs: send(answer.piece(text, logprobs)),
+                                             lambda: send(answer.opening()), lambda error: self._event(error.body()))
         if completion is None:
             return
-        if answer is not None:  # what the answer's end settles, then the finishing chunk
-            deltas, _, finish_reason = answer.finish(completion.finish_reason)
-            chunks = [self._delta_chunk(request, ident, model, delta) for delta in deltas]
-            chunks.append(chunk_body(request, ident, model, None, finish_reason=finish_reason))
-        else:
-            chunks = [chunk_body(request, ident, model, None, finish_reason=completion.finish_reason)]
-            reasoning, content = splitter.flush() if splitter is not None else ("", "")
-            if reasoning or content:  # what was held back, once the answer has ended
-                chunks.insert(0, chunk_body(request, ident, model, content, reasoning=reasoning))
-        if request.include_usage:
-            chunks.append(usage_chunk_body(request, ident, model, completion.prompt_tokens,
-                                           completion.completion_tokens, completion.cached_tokens))
-        # llama-server puts the timings on the stream's last event: the usage chunk where include_usage asks for
-        # one, else the finishing chunk (tools/server/server-task.cpp, to_json_oaicompat_chat_stream)
-        chunks[-1] = {**chunks[-1], "timings": llama_native.timings(completion)}
-        for body in chunks:
-            self._event(body)
+        send(answer.closing(completion))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
-
-    @staticmethod
-    def _delta_chunk(request: CompletionRequest, ident: str, model: str, delta: dict,
-                     logprobs: dict | None = None) -> dict:
-        """A chunk of a streamed answer under tools carrying ``delta`` (content, or a piece of a tool call)."""
-        body = chunk_body(request, ident, model, None, logprobs=logprobs)
-        body["choices"][0]["delta"] = delta
-        return body
 
     def _complete_streamed(self, request: CompletionRequest, on_text: Callable[[str, dict | None], None],
                            opened: Callable[[], None], error_event: Callable[[ApiError], None]) -> Completion | None:
