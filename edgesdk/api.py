@@ -212,7 +212,7 @@ class Model:
                                f"{self.max_context}", param="context",
                                fix=f"pass context={self.max_context} or less")
         config = PerplexityConfig(context=context, stride=stride, max_chars=max_chars)
-        with self._completer_turn():
+        with self._completer.exclusive():
             self._check_open("perplexity")  # closed while it waited for its turn
             try:
                 return bundle_perplexity(self.runtime, text, config).perplexity
@@ -222,8 +222,6 @@ class Model:
                 # evaluate's refusal of a text too short to score, whose fix names its command line's options
                 raise RequestError("perplexity", exc.problem, param="text",
                                    fix="pass a longer text, or a larger max_chars") from exc
-            finally:
-                self._forget_cache()
 
     def close(self) -> None:
         """Stop taking requests and give back the thermal guard's sensors and clock cap. An answer generating
@@ -235,7 +233,7 @@ class Model:
             return
         self._closed = True
         self._completer.stop()
-        with self._completer_turn():  # the answers in flight and waiting end: their turns pass before this one
+        with self._completer.exclusive():  # the answers in flight and waiting end: their turns pass before this one
             pass
         if self._release_guard is not None:
             self._release_guard()
@@ -309,16 +307,6 @@ class Model:
     def _check_open(self, method: str) -> None:
         if self._closed:
             raise RequestError(method, "the model is closed", status=503, fix=CLOSED_FIX)
-
-    def _forget_cache(self) -> None:
-        """The backend's KV cache no longer holds what the prompt cache lists (perplexity windows ran on it)."""
-        if self._completer.prompt_cache is not None:
-            self._completer.prompt_cache.tokens = []
-        self.runtime.backend.reset()
-
-    def _completer_turn(self):
-        """The board's one turn, for work outside a request (perplexity): it waits for the answer generating."""
-        return self._completer._turn
 
 
 def _request_error(method: str, exc: BaseException) -> BaseException:

@@ -108,6 +108,13 @@ class PromptCache:
             self.store.put(self.tokens, state, nbytes)
             self._live_saved = True
 
+    def forget(self) -> None:
+        """The backend ran something else (perplexity windows): its KV cache holds nothing the next prompt
+        may reuse, so the cache starts over empty (the saved caches of a store stay)."""
+        self.tokens = []
+        self._live_saved = False
+        self.backend.reset()
+
     def took(self, token_ids: Sequence[int]) -> None:
         """The backend has just added ``token_ids`` to its cache."""
         self.tokens.extend(int(token) for token in token_ids)

@@ -14,7 +14,8 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -383,6 +384,20 @@ class Completer:
                 "total_slots": 1, "model_path": model, "chat_template": tokenizer.template_source or "",
                 "bos_token": tokenizer.bos_token or "", "eos_token": tokenizer.eos_token or "",
                 "modalities": {"vision": False, "audio": False}, "build_info": f"edgesdk {__version__}"}
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The board's one turn for work on the backend outside a request (a perplexity measured through the
+        Python API): it waits for the request generating and those queued before it, and requests wait for it.
+        Afterwards the prompt cache starts over, as the backend's KV cache holds that work's tokens."""
+        with self._turn:
+            try:
+                yield
+            finally:
+                if self.prompt_cache is not None:
+                    self.prompt_cache.forget()
+                else:
+                    self.runtime.backend.reset()
 
     def stop(self) -> None:
         """Take no more requests: the one generating ends at its next token and those waiting when

@@ -275,3 +275,20 @@ def test_streamed_tool_call_equals_the_whole_answer_and_the_servers(built):
     assert [call["function"] for call in streamed["tool_calls"]] == [call["function"]
                                                                       for call in choice["message"]["tool_calls"]]
     assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_work_outside_requests_leaves_no_stale_prompt_cache(model):
+    """Work on the backend between requests (perplexity) may leave exactly as many tokens in the KV cache as the
+    prompt cache lists, but other ones: the next answer must not reuse them."""
+    import numpy as np
+
+    before = model.create_chat_completion(CHAT, max_tokens=6)
+    listed = list(model._completer.prompt_cache.tokens)
+    assert listed
+    with model._completer.exclusive():
+        backend = model.runtime.backend
+        backend.reset()
+        backend.prefill(np.asarray([(token + 7) % 50 for token in listed], np.int64))  # same length, other tokens
+    after = model.create_chat_completion(CHAT, max_tokens=6)
+    assert after["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert comparable(after)["choices"] == comparable(before)["choices"]
