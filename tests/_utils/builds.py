@@ -51,3 +51,24 @@ def build_tiny_bundle(root: Path, recipe_text: str, target: str, model_dir: Path
 def build_tiny_jetson_bundle(root: Path, target: str = "orin-nx"):
     """qat int8 -> sparsify (density 0.5) -> distill, exported as QDQ plus block-sparse weights and kernels."""
     return build_tiny_bundle(root, JETSON_RECIPE, target, generated_sequences=0)
+
+
+def build_lively_bundle(root: Path, seed: int, max_context: int = 128):
+    """A tiny model with untied embeddings built into a bundle: its greedy answers wander over the vocabulary and
+    fall into loops now and then, where the tied tiny model repeats its last token. Its output layer is scaled up
+    so that its next-token distributions are peaked (a random one's logits span half a nat), so a draft of another
+    seed's bundle is both taken and refused."""
+    import torch
+
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
+    from tests._utils.tiny import tiny_llama, tiny_tokenizer
+
+    model = tiny_llama(seed=seed, tie=False)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(12.0)
+    model_dir = root / "model"
+    model.save_pretrained(model_dir, safe_serialization=True)
+    tiny_tokenizer(model.config.vocab_size).save_pretrained(model_dir)
+    return build(BuildConfig(target="host", model=str(model_dir), out=root / "b",
+                             export=ExportConfig(max_context=max_context), progress=False))

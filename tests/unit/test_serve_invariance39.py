@@ -27,36 +27,18 @@ from edgesdk.runtime.speculative import DraftConfig, DraftModel
 from edgesdk.serve.completion import Completer, ServeDefaults
 from edgesdk.serve.http_server import ApiServer
 from edgesdk.thermal.watch import open_session
+from tests._utils.builds import build_lively_bundle
 from tests._utils.tiny import CORPUS
 from tests.unit.test_serve_reasoning import THINKING_TEMPLATE
 
 MAX_CONTEXT = 512  # room for the tools' prompt (about 300 tokens of the tiny tokenizer)
 
 
-def _lively_bundle(root, seed: int):
-    """A tiny model with untied embeddings whose output layer is scaled up: its greedy answers wander over the
-    vocabulary (the tied tiny model repeats its last token), so drafts are both taken and refused."""
-    import torch
-
-    from edgesdk.build.pipeline import BuildConfig, build
-    from edgesdk.export.onnx_export import ExportConfig
-    from tests._utils.tiny import tiny_llama, tiny_tokenizer
-
-    model = tiny_llama(seed=seed, tie=False)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(12.0)
-    model_dir = root / "model"
-    model.save_pretrained(model_dir, safe_serialization=True)
-    tiny_tokenizer(model.config.vocab_size).save_pretrained(model_dir)
-    return build(BuildConfig(target="host", model=str(model_dir), out=root / "b",
-                             export=ExportConfig(max_context=MAX_CONTEXT), progress=False))
-
-
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     pytest.importorskip("torch")
-    return {"target": _lively_bundle(tmp_path_factory.mktemp("target39"), 11).path,
-            "other": _lively_bundle(tmp_path_factory.mktemp("other39"), 12).path}
+    return {"target": build_lively_bundle(tmp_path_factory.mktemp("target39"), 11, MAX_CONTEXT).path,
+            "other": build_lively_bundle(tmp_path_factory.mktemp("other39"), 12, MAX_CONTEXT).path}
 
 
 def _open(path):

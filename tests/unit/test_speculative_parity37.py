@@ -16,6 +16,7 @@ from edgesdk.runtime.generate import Sampler, SamplingConfig, generate, shaped
 from edgesdk.runtime.lookup import LookupConfig
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.speculative import DraftConfig, DraftModel
+from tests._utils.builds import build_lively_bundle
 
 PROMPTS = [
     [5, 17, 120, 33, 250, 9, 64, 199],
@@ -27,29 +28,9 @@ PROMPTS = [
 ]
 
 
-def _lively_bundle(root, seed: int):
-    """A tiny model with untied embeddings built into a bundle: its greedy answers wander over the vocabulary and
-    fall into loops now and then, where the tied tiny model repeats its last token. Its output layer is scaled up
-    so that its next-token distributions are peaked (a random one's logits span half a nat)."""
-    import torch
-
-    from edgesdk.build.pipeline import BuildConfig, build
-    from edgesdk.export.onnx_export import ExportConfig
-    from tests._utils.tiny import tiny_llama, tiny_tokenizer
-
-    model = tiny_llama(seed=seed, tie=False)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(12.0)
-    model_dir = root / "model"
-    model.save_pretrained(model_dir, safe_serialization=True)
-    tiny_tokenizer(model.config.vocab_size).save_pretrained(model_dir)
-    return build(BuildConfig(target="host", model=str(model_dir), out=root / "b",
-                             export=ExportConfig(max_context=128), progress=False))
-
-
 @pytest.fixture(scope="module")
 def lively(tmp_path_factory):
-    return _lively_bundle(tmp_path_factory.mktemp("lively37"), 11)
+    return build_lively_bundle(tmp_path_factory.mktemp("lively37"), 11)
 
 
 def _open(bundle):
@@ -71,7 +52,7 @@ def same_model(lively):
 
 @pytest.fixture(scope="module")
 def other_bundle(tmp_path_factory):
-    return _lively_bundle(tmp_path_factory.mktemp("other37"), 12)
+    return build_lively_bundle(tmp_path_factory.mktemp("other37"), 12)
 
 
 @pytest.fixture(scope="module")
