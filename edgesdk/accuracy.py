@@ -6,8 +6,9 @@ The rules follow ``hellaswag_score``, ``load_winogrande_from_csv``/``winogrande_
 ``multiple_choice_prepare_one_task``/``multiple_choice_score`` in tools/perplexity/perplexity.cpp:
 
 - every text is tokenized whole, as ``common_tokenize(ctx, text, true)`` does, BOS in front where the tokenizer
-  adds one: HellaSwag ``context + " " + ending``, multiple choice ``question + " " + answer``, Winogrande the
-  sentence with the blank ``_`` replaced by each choice;
+  adds one, special tokens' text (``<|endoftext|>``) read as plain text (``parse_special`` false): HellaSwag
+  ``context + " " + ending``, multiple choice ``question + " " + answer``, Winogrande the sentence with the
+  blank ``_`` replaced by each choice;
 - the common prefix is the run of leading tokens all of a task's sequences share; an ending's score is the mean
   log-probability of its tokens past that prefix (the first one predicted from the prefix's last token), the sum
   divided by their count: llama.cpp's ``acc_norm`` normalisation;
@@ -510,6 +511,19 @@ def winogrande_score(score_window, encode, tasks: list[WinograndeTask], bos_id: 
     return _result(WINOGRANDE, correct, picks, scores, 2 * len(tasks))
 
 
+def plain_text_encoder(runtime):
+    """``encode(text) -> ids`` with the bundle's tokenizer as ``common_tokenize(ctx, text, true)`` tokenizes a task's
+    text: no special token added (the scorers put BOS in front), and special tokens' text written in it read as
+    plain text (``parse_special`` false: llama.cpp's tokenizer_st_partition leaves control tokens out of its split,
+    as the tokenizers library's ``encode_special_tokens`` does; user-defined added tokens are still split out).
+    The bundle's tokenizer is copied, not changed."""
+    import tokenizers
+
+    plain = tokenizers.Tokenizer.from_str(runtime.tokenizer.tokenizer.to_str())
+    plain.encode_special_tokens = True
+    return lambda text: plain.encode(text, add_special_tokens=False).ids
+
+
 SCORERS = {HELLASWAG: hellaswag_score, WINOGRANDE: winogrande_score, MULTIPLE_CHOICE: multiple_choice_score}
 
 
@@ -517,8 +531,8 @@ def bundle_accuracy(runtime, kind: str, tasks, progress: bool = False) -> Accura
     """``kind`` over ``tasks`` through the bundle's runtime, BOS in front where its tokenizer adds one."""
     from edgesdk.evaluate import bundle_scorer, leading_bos
 
-    encode = lambda text: runtime.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    return SCORERS[kind](bundle_scorer(runtime), encode, tasks, leading_bos(runtime.tokenizer), progress=progress)
+    return SCORERS[kind](bundle_scorer(runtime), plain_text_encoder(runtime), tasks, leading_bos(runtime.tokenizer),
+                         progress=progress)
 
 
 def reference_accuracy(model, runtime, kind: str, tasks, progress: bool = False) -> AccuracyResult:
@@ -526,6 +540,6 @@ def reference_accuracy(model, runtime, kind: str, tasks, progress: bool = False)
     what the bundle refuses (its max_context), so both score the same tasks."""
     from edgesdk.evaluate import leading_bos, reference_scorer
 
-    encode = lambda text: runtime.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    return SCORERS[kind](reference_scorer(model.eval()), encode, tasks, leading_bos(runtime.tokenizer),
+    return SCORERS[kind](reference_scorer(model.eval()), plain_text_encoder(runtime), tasks,
+                         leading_bos(runtime.tokenizer),
                          max_tokens=runtime.backend.max_context, progress=progress)
