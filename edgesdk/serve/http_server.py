@@ -18,10 +18,13 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   ``GET`` / ``DELETE /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``: the responses it keeps in
   memory (``store``), as OpenAI's API answers them; ``POST /v1/responses/{id}/cancel`` refused (no response here is
   a background one); ``POST /v1/responses/input_tokens``: a Responses request's prompt tokens, nothing generated.
+* Ollama's native API (serve/ollama.py): ``POST /api/chat`` and ``POST /api/generate``, whole or streamed as
+  newline-delimited JSON, ``GET /api/tags``, ``POST /api/show``, ``GET /api/ps``, ``GET /api/version``, its errors in
+  Ollama's shape; ``GET`` / ``HEAD /`` answers "Ollama is running", the probe Ollama's clients send first.
 * ``POST /tokenize``, ``POST /detokenize`` (llama-server's): a text's token ids (with ``with_pieces``
   each token's text), and the text of token ids. They run beside an answer, without waiting for its turn.
 
-With an API key every route but ``/health`` wants ``Authorization: Bearer KEY`` or, as Anthropic's
+With an API key every route but ``/health`` and ``/`` wants ``Authorization: Bearer KEY`` or, as Anthropic's
 clients send it, ``x-api-key: KEY`` (``/health`` stays open, as in llama-server).
 
 Browsers on another origin (llama.cpp's web UI served elsewhere, ``fetch()`` from a page) are answered
@@ -51,7 +54,7 @@ from urllib.parse import parse_qs, unquote
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError
-from edgesdk.serve import anthropic, llama_native, response_events, response_store, responses
+from edgesdk.serve import anthropic, llama_native, ollama, response_events, response_store, responses
 from edgesdk.serve.api import (
     ApiError,
     CompletionRequest,
@@ -82,7 +85,8 @@ TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's
 ROUTES = ("GET /health, GET /v1/models, GET /props, GET /slots, POST /v1/chat/completions, POST /v1/completions, "
           "POST /completion, POST /v1/responses, POST /v1/responses/input_tokens, GET and DELETE /v1/responses/{id}, "
           "GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel, POST /v1/messages, "
-          "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template "
+          "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template, "
+          "POST /api/chat, POST /api/generate, GET /api/tags, POST /api/show, GET /api/ps, GET /api/version, GET / "
           "(GET /metrics with --metrics), OPTIONS on any path (a browser's CORS preflight)")
 CORS_METHODS = "GET, POST"  # llama-server's Access-Control-Allow-Methods
 # a kept response (``/responses/{id}``: GET, DELETE), its input items (GET) and its cancel (POST, refused), as
@@ -318,6 +322,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._reader.until(self.server.request_timeout_s)  # the head is in: the body comes within the request's time
         # A Messages API route: its errors in Anthropic's shape (also a 401 or 405 under another method)
         self._anthropic = _api_route(route) in anthropic.ROUTES
+        self._ollama = route.rstrip("/") in ollama.ROUTES  # an Ollama route: its errors in Ollama's shape
         if self.command != "POST" and self._carries_body():
             self.close_connection = True  # no GET reads its body: left unread, it would be taken for the next request
         try:
@@ -338,8 +343,18 @@ class ApiHandler(BaseHTTPRequestHandler):
         if route == "/health":
             self._send_json(200, self._health())
             return
+        if route == "/":  # Ollama's liveness answer, which its clients probe before anything else (open, as /health)
+            self._send_body(200, ollama.RUNNING.encode(), "text/plain; charset=utf-8")
+            return
         self._authorise()
-        if route == "/metrics":
+        path = route.rstrip("/")
+        if path == "/api/tags":
+            self._send_json(200, ollama.tags(self.server.completer, self.server.model))
+        elif path == "/api/ps":
+            self._send_json(200, ollama.running(self.server.completer, self.server.model))
+        elif path == "/api/version":
+            self._send_json(200, ollama.version())
+        elif route == "/metrics":
             self._send_metrics()
         elif route == "/props":
             self._send_json(200, self.server.completer.props(self.server.model))
@@ -389,10 +404,15 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._send_json(200, self._model_card())
 
     def _error_body(self, error: ApiError) -> dict:
+        if getattr(self, "_ollama", False):
+            return ollama.error_body(error)
         return anthropic.error_body(error) if self._anthropic else error.body()
 
     def _post(self, route: str) -> None:
         path = _api_route(route)
+        if route.rstrip("/") in ollama.POST_ROUTES:
+            self._ollama_post(route.rstrip("/"))
+            return
         if path in anthropic.ROUTES:
             self._messages(path)
             return
@@ -516,6 +536,44 @@ class ApiHandler(BaseHTTPRequestHandler):
         for name, data in anthropic.end_events(request, completion, closing, finish_reason):
             self._named_event(name, data)
 
+    def _ollama_post(self, path: str) -> None:
+        """Ollama's ``/api/chat``, ``/api/generate`` (whole, or streamed as newline-delimited JSON: Ollama streams
+        unless ``stream`` is false) and ``/api/show`` (edgesdk/serve/ollama.py)."""
+        self._authorise()
+        body, completer, served = self._read_json(), self.server.completer, self.server.model
+        if path == ollama.SHOW_ROUTE:
+            self._send_json(200, ollama.show(completer, served, body))
+            return
+        asked = (ollama.parse_chat if path == ollama.CHAT_ROUTE else ollama.parse_generate)(body, served)
+        if asked.request is None:  # nothing to generate: the model is loaded already
+            self._send_json(200, ollama.loaded(asked))
+            return
+        request = ollama.windowed(completer, asked)
+        self.server.answer_started()
+        self._answering = True
+        answer = ollama.Answer(completer, asked, request)
+        if not request.stream:
+            completion = completer.complete(request, client_gone=self._client_gone)
+            self._send_json(200, answer.whole(completion))
+            return
+
+        def on_text(text: str, logprobs: dict | None) -> None:
+            for line in answer.piece(text):
+                self._json_line(line)
+
+        completion = self._complete_streamed(request, on_text, lambda: None,
+                                             lambda error: self._json_line(ollama.error_body(error)),
+                                             content_type=ollama.CONTENT_TYPE)
+        if completion is None:
+            return
+        for line in answer.closing(completion):
+            self._json_line(line)
+
+    def _json_line(self, body: dict) -> None:
+        """One object of a newline-delimited JSON stream (Ollama's streams)."""
+        self.wfile.write(json_bytes(body) + b"\n")
+        self.wfile.flush()
+
     def _responses(self) -> None:
         """OpenAI's Responses API (edgesdk/serve/responses.py): an answer, whole or streamed as named events."""
         self._authorise()
@@ -592,7 +650,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         """404, or 405 with the methods it takes where the route is this server's under another method."""
         path = _api_route(route)
         kept = KEPT_RESPONSE.fullmatch(path) is not None
-        served_by_get = route in ("/health", "/metrics", "/props", "/slots") or path == "/models" or \
+        served_by_get = route in ("/", "/health", "/metrics", "/props", "/slots") or path == "/models" or \
+            route.rstrip("/") in ollama.GET_ROUTES or \
             path.startswith("/models/") or kept or KEPT_ITEMS.fullmatch(path) is not None
         allowed = [name for name, known in (("GET", served_by_get), ("HEAD", served_by_get), ("POST", _posted(path)),
                                             ("DELETE", kept)) if known]
@@ -633,6 +692,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             except ApiError as exc:
                 self.close_connection = True
                 self._anthropic = _api_route(self.path.split("?", 1)[0]) in anthropic.ROUTES
+                self._ollama = self.path.split("?", 1)[0].rstrip("/") in ollama.ROUTES
                 self._send_refusal(exc.status, self._error_body(exc))
                 return False
         return super().handle_expect_100()
@@ -761,16 +821,17 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _complete_streamed(self, request: CompletionRequest, on_text: Callable[[str, dict | None], None],
-                           opened: Callable[[], None], error_event: Callable[[ApiError], None]) -> Completion | None:
+                           opened: Callable[[], None], error_event: Callable[[ApiError], None],
+                           content_type: str = "text/event-stream") -> Completion | None:
         """Generate ``request`` as a stream: its headers go out when its turn comes (then ``opened`` writes the
         route's first events), each piece of text goes to ``on_text``. An error before that is raised (the client
         gets a plain error with its status); after it, ``error_event`` writes it as the stream's last event and
-        None comes back."""
+        None comes back. ``content_type``: the stream's (Ollama's streams are newline-delimited JSON)."""
         started = False
 
         def on_start() -> None:
             nonlocal started
-            self._open_stream()
+            self._open_stream(content_type)
             started = True
             opened()
 
@@ -797,10 +858,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         except OSError:
             return True  # reset, or the socket is closed
 
-    def _open_stream(self) -> None:
-        """The headers of a server-sent event stream (sent when the request's turn comes)."""
+    def _open_stream(self, content_type: str = "text/event-stream") -> None:
+        """The headers of a stream, server-sent events unless ``content_type`` says otherwise (sent when the
+        request's turn comes)."""
         self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Type", content_type)
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
         self.end_headers()
@@ -906,6 +968,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 def _posted(path: str) -> bool:
     """Whether ``path`` (as :func:`_api_route` gives it) is a POST route of this server."""
     return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE \
+        or path in ollama.POST_ROUTES \
         or path in (responses.ROUTE, responses.COUNT_ROUTE) or KEPT_CANCEL.fullmatch(path) is not None
 
 

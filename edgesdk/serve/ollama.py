@@ -1,0 +1,528 @@
+"""Ollama's native API on the same completer: ``/api/chat``, ``/api/generate``, ``/api/tags``, ``/api/show``,
+``/api/ps``, ``/api/version`` and the ``GET /`` liveness probe.
+
+Home Assistant's Ollama integration, Open WebUI's Ollama connection, Continue and the ``ollama`` Python package
+speak this API rather than OpenAI's. A request is translated into the chat (or, ``raw``, text) request it means
+and checked there, so it renders the same prompt and gets the same answer as ``/v1/chat/completions``; an error
+names the Ollama field. Shapes follow Ollama's API reference (docs/api.md in ollama/ollama, "Generate a
+completion", "Generate a chat completion", "List Local Models", "Show Model Information", "List Running Models",
+"Version"):
+
+* ``POST /api/chat``: ``messages`` of ``system`` / ``user`` / ``assistant`` / ``tool`` turns (``content``, an
+  assistant's ``tool_calls`` with ``function.arguments`` an object, a tool turn's ``tool_name``; an assistant's
+  ``thinking`` is left out, as an earlier turn's reasoning is on the other routes; ``images`` are refused: the
+  model reads text), ``tools``, ``format`` (``"json"`` or a JSON schema), ``think``, ``options``, ``stream``
+  (true unless false, as in Ollama), ``keep_alive`` (accepted: the board keeps its one model loaded).
+  No messages: the model is loaded already, and the answer says so (``done_reason`` "load"), as Ollama answers.
+* ``POST /api/generate``: ``prompt`` with ``system`` through the chat template, or ``raw`` as given (``system``
+  unused then, as in Ollama); ``suffix``, ``images``, a ``template`` and the deprecated ``context`` are refused by
+  name (no fill-in-the-middle, text only, the bundle's chat template is the one rendered, and no token history is
+  answered to send back). An empty prompt answers done with ``done_reason`` "load", as Ollama's does.
+* ``options``: ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, ``repeat_penalty``,
+  ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``, ``num_predict`` (-1: no limit, -2: until the
+  context fills; here both run until the answer ends or the context is full), ``num_ctx`` (the request's context
+  window: above the bundle's it is the bundle's, as Ollama caps it at the model's trained context; below it, the
+  prompt and answer together stay within it). Samplers this runtime lacks (``mirostat``, ``typical_p``, ``tfs_z``)
+  are refused where set to anything but off; load settings (``num_gpu``, ``num_thread``, ``num_batch``, ``use_mmap``
+  ...), ``num_keep`` and ``penalize_newline`` change nothing here; an option Ollama does not know is ignored, as
+  Ollama ignores it (``Options.FromMap``: "invalid option provided", a warning). A value of the wrong type is
+  refused naming ``options.<name>``.
+* answers: ``model`` (as asked), ``created_at``, ``message`` (``content``, ``thinking`` where a thinking model's
+  reasoning is split off, ``tool_calls``) or ``response``, ``done``, ``done_reason`` ("stop" or "length"),
+  ``total_duration``, ``load_duration``, ``prompt_eval_count``, ``prompt_eval_duration``, ``eval_count``,
+  ``eval_duration`` (nanoseconds). A stream is newline-delimited JSON (``application/x-ndjson``), one object per
+  piece and a last one with ``done`` true; an error once it has begun is a last ``{"error": ...}`` line.
+* errors: ``{"error": "..."}`` with the status; a model name that is not the served one is Ollama's 404 "model
+  not found" (clients send the name ``/api/tags`` lists).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+
+from edgesdk.serve.anthropic import partial_input
+from edgesdk.serve.api import (
+    UNTIL_THE_CONTEXT_FILLS,
+    ApiError,
+    CompletionRequest,
+    _object,
+    _shown,
+    parse_chat_request,
+    parse_text_request,
+)
+from edgesdk.serve.completion import Completer, Completion
+from edgesdk.serve.reasoning import split_answer, template_thinks
+from edgesdk.serve.tools import AnswerStream, answer_message, tool_result_text
+
+CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE = "/api/chat", "/api/generate", "/api/show"
+POST_ROUTES = (CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE)
+GET_ROUTES = ("/api/tags", "/api/version", "/api/ps")
+ROUTES = POST_ROUTES + GET_ROUTES
+RUNNING = "Ollama is running"  # what Ollama answers GET / and HEAD / with, the probe clients send first
+# The Ollama release whose API these routes follow (thinking, tool_name): clients that check /api/version for a
+# feature's minimum read this.
+API_VERSION = "0.9.0"
+CONTENT_TYPE = "application/x-ndjson"
+ROLES = ("system", "user", "assistant", "tool")
+# options read as the chat route's fields of the same name
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "repeat_last_n", "presence_penalty",
+            "frequency_penalty")
+# Ollama's samplers this runtime lacks -> their off value
+SAMPLERS_OFF = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
+# Ollama's options that set how a model is loaded or kept, or that its own runner no longer reads: nothing here
+IGNORED = ("numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mmap",
+           "use_mlock", "embedding_only", "num_thread", "num_keep", "penalize_newline", "mirostat_tau", "mirostat_eta")
+# the chat route's field -> the Ollama field an error names
+FIELDS = {"max_tokens": "options.num_predict", "stop": "options.stop", "response_format": "format",
+          "json_schema": "format", "chat_template_kwargs": "think", **{name: f"options.{name}" for name in SAMPLING}}
+THINK_LEVELS = ("high", "medium", "low")  # gpt-oss's levels; any is thinking on here
+
+
+@dataclass(frozen=True)
+class Asked:
+    """An Ollama request, checked: the model name as the client gave it (answers echo it), the request it means
+    (None: nothing to generate, the model is only to be loaded), whether it came to /api/chat, its ``num_ctx``."""
+
+    model: str
+    request: CompletionRequest | None
+    chat: bool
+    num_ctx: int | None = None
+    think: bool | None = None
+
+
+def error_body(error: ApiError) -> dict:
+    """Ollama's error: ``{"error": "..."}``."""
+    return {"error": error.message}
+
+
+def served_names(served: str) -> tuple[str, ...]:
+    """The names the served model answers to: its own, and with Ollama's default tag (a name without a tag is
+    ``name:latest``, docs/api.md "Model names")."""
+    return (served,) if ":" in served else (served, f"{served}:latest")
+
+
+def _model(body: dict, served: str, field: str = "model") -> str:
+    name = body.get(field)
+    if name is None and field == "model":
+        name = body.get("name")  # older clients' field (/api/show, /api/delete)
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, f"'{field}' is required: the model's name, {served_names(served)[-1]!r} here "
+                       f"(GET /api/tags lists it), got {_shown(name)}", param=field)
+    if name not in served_names(served):
+        raise ApiError(404, f"model '{name}' not found: this server serves '{served_names(served)[-1]}' "
+                       "(GET /api/tags lists it)", param=field, code="model_not_found")
+    return name
+
+
+def _renamed(exc: ApiError) -> ApiError:
+    """The chat route's error with the Ollama field it came from named instead."""
+    field = FIELDS.get(exc.param or "")
+    if field is not None:
+        exc.message, exc.param = exc.message.replace(f"'{exc.param}'", f"'{field}'"), field
+    return exc
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false, got {_shown(value)}", param=name)
+    return value
+
+
+def _common(body: dict) -> dict:
+    """The chat route's fields that ``stream``, ``format``, ``keep_alive`` and ``options`` mean."""
+    keep = body.get("keep_alive")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (int, float, str))):
+        raise ApiError(400, f"'keep_alive' must be a duration (\"5m\", or seconds), got {_shown(keep)}",
+                       param="keep_alive")
+    fields: dict = {"stream": _flag(body, "stream", True)}
+    form = body.get("format")
+    if form == "json":
+        fields["response_format"] = {"type": "json_object"}
+    elif isinstance(form, dict):
+        fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": form}}
+    elif form not in (None, ""):
+        raise ApiError(400, f"'format' must be \"json\" or a JSON schema object, got {_shown(form)}", param="format")
+    return fields
+
+
+def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
+    """``options``: (the chat route's fields they set, the stop strings, ``num_ctx``)."""
+    options = body.get("options")
+    if options is None:
+        return {}, (), None
+    if not isinstance(options, dict):
+        raise ApiError(400, f"'options' must be an object of model parameters ({{\"temperature\": 0}}), got "
+                       f"{_shown(options)}", param="options")
+    fields = {name: options[name] for name in SAMPLING if options.get(name) is not None}
+    for name, off in SAMPLERS_OFF.items():
+        value = options.get(name)
+        if value is not None and value != off:
+            raise ApiError(400, f"'options.{name}' = {_shown(value)} is not supported: this server does not have that "
+                           f"sampler; leave it out or set it to {off}", param=f"options.{name}")
+    predict = options.get("num_predict")
+    if predict is not None:
+        if isinstance(predict, bool) or not isinstance(predict, int) or predict == 0 or predict < -2:
+            raise ApiError(400, f"'options.num_predict' must be the most tokens to generate (>= 1), -1 for no limit or "
+                           f"-2 until the context fills, got {_shown(predict)}", param="options.num_predict")
+        fields["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict < 0 else predict
+    stops = options.get("stop")
+    if stops is None:
+        stops = []
+    if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
+        raise ApiError(400, f"'options.stop' must be an array of strings, got {_shown(stops)}", param="options.stop")
+    window = options.get("num_ctx")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ApiError(400, f"'options.num_ctx' must be the context window in tokens (a whole number >= 1), got "
+                       f"{_shown(window)}", param="options.num_ctx")
+    return fields, tuple(stop for stop in stops if stop), window
+
+
+def _think(body: dict) -> bool | None:
+    """``think``: true or false, or gpt-oss's "high" / "medium" / "low" (thinking on); None when absent."""
+    value = body.get("think")
+    if value is None or isinstance(value, bool):
+        return value
+    if value in THINK_LEVELS:
+        return True
+    raise ApiError(400, f"'think' must be true, false or one of {', '.join(THINK_LEVELS)}, got {_shown(value)}",
+                   param="think")
+
+
+def _refused(body: dict, field: str, why: str) -> None:
+    if body.get(field) not in (None, "", [], {}):
+        raise ApiError(400, f"'{field}' is not supported: {why}; leave '{field}' out", param=field)
+
+
+def _checked(parse, chat: dict, stops: tuple[str, ...]) -> CompletionRequest:
+    try:
+        request = parse(chat)
+    except ApiError as exc:
+        raise _renamed(exc) from None
+    return replace(request, stop=stops) if stops else request  # any number of stop strings, as Ollama takes
+
+
+def parse_chat(body: object, served: str) -> Asked:
+    """``POST /api/chat``: the chat request it means, or none (no messages: the model is to be loaded)."""
+    body = _object(body)
+    model = _model(body, served)
+    fields = _common(body)
+    options, stops, window = _options(body)
+    think = _think(body)
+    messages = body.get("messages")
+    if messages is None or messages == []:
+        return Asked(model, None, chat=True)
+    if not isinstance(messages, list):
+        raise ApiError(400, f"'messages' must be an array of {{\"role\", \"content\"}} objects, got "
+                       f"{_shown(messages)}", param="messages")
+    chat = {**fields, **options, "messages": _messages(messages)}
+    if body.get("tools"):
+        chat["tools"] = body["tools"]  # Ollama's tools are OpenAI's ({"type": "function", "function": ...})
+    if think is not None:
+        chat["chat_template_kwargs"] = {"enable_thinking": think}
+    return Asked(model, _checked(parse_chat_request, chat, stops), chat=True, num_ctx=window, think=think)
+
+
+def _messages(messages: list) -> list[dict]:
+    """Ollama's messages as OpenAI's: an assistant's calls get ids, and a tool turn the id of the call it answers
+    (the latest call of its ``tool_name``, else the next call not yet answered), so it renders as on the chat
+    route, naming the tool."""
+    out: list[dict] = []
+    calls: list[tuple[str, str]] = []  # (id, name) of the calls made so far, in order
+    answered: set[str] = set()
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            role = message.get("role") if isinstance(message, dict) else message
+            raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {_shown(role)}",
+                           param=f"{where}.role")
+        if message.get("images"):
+            raise ApiError(400, f"{where}.images is not supported: this model reads text only; send the message "
+                           "without images", param=f"{where}.images")
+        role, content = message["role"], message.get("content")
+        content = "" if content is None else content
+        if not isinstance(content, str):
+            raise ApiError(400, f"{where}.content must be a string, got {_shown(content)}", param=f"{where}.content")
+        turn: dict = {"role": role, "content": content}
+        if message.get("tool_calls"):
+            if role != "assistant" or not isinstance(message["tool_calls"], list):
+                raise ApiError(400, f"{where}.tool_calls must be an assistant message's array of calls "
+                               "({\"function\": {\"name\", \"arguments\"}})", param=f"{where}.tool_calls")
+            turn["tool_calls"] = []
+            for number, call in enumerate(message["tool_calls"]):
+                function = call.get("function") if isinstance(call, dict) else None
+                arguments = function.get("arguments") if isinstance(function, dict) else None
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str) or \
+                        not isinstance(arguments, (dict, str, type(None))):
+                    raise ApiError(400, f"{where}.tool_calls[{number}] must be {{\"function\": {{\"name\": ..., "
+                                   f"\"arguments\": {{...}}}}}}, got {_shown(call)}",
+                                   param=f"{where}.tool_calls[{number}]")
+                ident = f"call_{index}_{number}"
+                calls.append((ident, function["name"]))
+                text = arguments if isinstance(arguments, str) else json.dumps(arguments or {}, ensure_ascii=False)
+                turn["tool_calls"].append({"id": ident, "type": "function",
+                                           "function": {"name": function["name"], "arguments": text}})
+        if role == "tool":
+            name = message.get("tool_name")
+            if name is not None and not isinstance(name, str):
+                raise ApiError(400, f"{where}.tool_name must be the name of the tool whose result this is, got "
+                               f"{_shown(name)}", param=f"{where}.tool_name")
+            ident = next((i for i, called in reversed(calls) if called == name), None) if name is not None else \
+                next((i for i, _ in calls if i not in answered), None)
+            if ident is None and name is not None:  # no call of it among the messages: its result still names it,
+                # as the chat route renders a tool result (edgesdk/serve/tools.py)
+                turn = {"role": "user", "content": tool_result_text(name, content)}
+            elif ident is not None:
+                answered.add(ident)
+                turn["tool_call_id"] = ident
+        out.append(turn)
+    return out
+
+
+def parse_generate(body: object, served: str) -> Asked:
+    """``POST /api/generate``: ``prompt`` (with ``system``) as the chat request it means, or with ``raw`` the text
+    request; an empty prompt asks for the model to be loaded, nothing generated."""
+    body = _object(body)
+    model = _model(body, served)
+    fields = _common(body)
+    options, stops, window = _options(body)
+    think = _think(body)
+    _refused(body, "suffix", "no fill-in-the-middle here")
+    _refused(body, "images", "this model reads text only")
+    _refused(body, "template", "the prompt renders through the bundle's chat template (send 'raw': true with a "
+             "prompt already templated)")
+    _refused(body, "context", "'context' is deprecated and no answer here returns one; send the conversation to "
+             "/api/chat as 'messages'")
+    raw = _flag(body, "raw", False)
+    prompt, system = body.get("prompt"), body.get("system")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ApiError(400, f"'prompt' must be a string, got {_shown(prompt)}", param="prompt")
+    if system is not None and not isinstance(system, str):
+        raise ApiError(400, f"'system' must be a string, got {_shown(system)}", param="system")
+    if not prompt:
+        return Asked(model, None, chat=False)
+    if raw:
+        return Asked(model, _checked(parse_text_request, {**fields, **options, "prompt": prompt}, stops), chat=False,
+                     num_ctx=window)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    chat = {**fields, **options, "messages": messages}
+    if think is not None:
+        chat["chat_template_kwargs"] = {"enable_thinking": think}
+    try:
+        request = _checked(parse_chat_request, chat, stops)
+    except ApiError as exc:
+        if exc.param and exc.param.startswith("messages"):
+            exc.param = "prompt" if exc.param.startswith(f"messages[{len(messages) - 1}]") else "system"
+        raise
+    return Asked(model, request, chat=False, num_ctx=window, think=think)
+
+
+def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
+    """The request to run: ``think`` true refused where the model's template does not think (Ollama's 400
+    "does not support thinking"), and a ``num_ctx`` below the bundle's context bounding prompt and answer."""
+    request = asked.request
+    if asked.think and request.chat and not template_thinks(completer.runtime.tokenizer.template_source):
+        raise ApiError(400, f"'think' is true but \"{asked.model}\" does not support thinking (its chat template "
+                       "writes no <think> block); leave 'think' out or send false", param="think")
+    limit = completer.runtime.backend.max_context
+    if asked.num_ctx is None or asked.num_ctx >= limit:  # above the model's context it is capped there, as Ollama's
+        return request
+    ids = completer.prompt_ids(request)
+    room = asked.num_ctx - len(ids)
+    if room < 1:
+        raise ApiError(400, f"the prompt has {len(ids)} tokens, leaving no room for an answer within "
+                       f"'options.num_ctx' {asked.num_ctx}; raise num_ctx (this model's context holds {limit}) or "
+                       "shorten the prompt", param="options.num_ctx", code="context_length_exceeded")
+    asked_for = completer.defaults.max_tokens if request.max_tokens is None else request.max_tokens
+    return replace(request, max_tokens=min(asked_for, room))
+
+
+def created_at() -> str:
+    """The time now as Ollama writes it (RFC 3339, UTC)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _nanoseconds(milliseconds: float) -> int:
+    return int(round(milliseconds * 1e6))
+
+
+def loaded(asked: Asked) -> dict:
+    """The answer to a request with nothing to generate: the model is loaded (docs/api.md, "Load a model")."""
+    body = {"model": asked.model, "created_at": created_at(), "done": True, "done_reason": "load"}
+    if asked.chat:
+        body["message"] = {"role": "assistant", "content": ""}
+    else:
+        body["response"] = ""
+    return body
+
+
+def _call(call: dict, index: int, whole: bool) -> dict:
+    """An OpenAI tool call as Ollama's: ``function.arguments`` an object (a call cut short: what its JSON so far
+    holds)."""
+    arguments = call["function"]["arguments"]
+    return {"id": call["id"], "function": {"index": index, "name": call["function"]["name"],
+                                           "arguments": json.loads(arguments) if whole else partial_input(arguments)}}
+
+
+class Answer:
+    """The bodies of one answer, whole or as the objects of its stream, for /api/chat or /api/generate."""
+
+    def __init__(self, completer: Completer, asked: Asked, request: CompletionRequest):
+        self.asked, self.request = asked, request
+        self.started = time.monotonic_ns()
+        self.splitter = completer.reasoning_splitter(replace(request, stream=False))
+        self.tools = AnswerStream(request.tools.structured) if request.tools is not None and request.stream else None
+
+    def _body(self, content: str, thinking: str = "", calls: list | None = None) -> dict:
+        body: dict = {"model": self.asked.model, "created_at": created_at()}
+        if self.asked.chat:
+            message: dict = {"role": "assistant", "content": content}
+            if thinking:
+                message["thinking"] = thinking
+            if calls:
+                message["tool_calls"] = calls
+            body["message"] = message
+        else:
+            body["response"] = content
+            if thinking:
+                body["thinking"] = thinking
+        return body
+
+    def _final(self, completion: Completion, content: str = "", thinking: str = "", calls: list | None = None) -> dict:
+        return {**self._body(content, thinking, calls), "done": True, "done_reason": completion.finish_reason,
+                "total_duration": time.monotonic_ns() - self.started, "load_duration": 0,
+                "prompt_eval_count": completion.prompt_tokens,
+                "prompt_eval_duration": _nanoseconds(completion.prompt_ms),
+                "eval_count": completion.completion_tokens, "eval_duration": _nanoseconds(completion.predicted_ms)}
+
+    def whole(self, completion: Completion) -> dict:
+        """The answer of a request with ``stream`` false."""
+        thinking, text = "", completion.text
+        if self.splitter is not None:
+            thinking, text = split_answer(self.splitter, text)
+        if self.request.tools is None:
+            return self._final(completion, text, thinking)
+        fields, finish = answer_message(text, completion.finish_reason, self.request.tools.structured)
+        calls = [_call(call, i, finish == "tool_calls") for i, call in enumerate(fields.get("tool_calls") or [])]
+        return self._final(completion, fields.get("content") or "", calls=calls)
+
+    def piece(self, text: str) -> list[dict]:
+        """The stream's objects that a settled piece of text gives."""
+        thinking, content = "", text
+        if self.tools is not None:
+            content = "".join(delta.get("content") or "" for delta in self.tools.push(text))
+        elif self.splitter is not None:
+            thinking, content = self.splitter.push(text)
+        return [{**self._body(content, thinking), "done": False}] if content or thinking else []
+
+    def closing(self, completion: Completion) -> list[dict]:
+        """The stream's last objects: what its end settles (a tool call once whole), then the one with ``done``."""
+        pieces = []
+        if self.tools is not None:
+            deltas, fields, finish = self.tools.finish(completion.finish_reason)
+            content = "".join(delta.get("content") or "" for delta in deltas)
+            calls = [_call(call, i, finish == "tool_calls") for i, call in enumerate(fields.get("tool_calls") or [])]
+            if content or calls:
+                pieces.append({**self._body(content, calls=calls), "done": False})
+        elif self.splitter is not None:
+            thinking, content = self.splitter.flush()
+            if thinking or content:
+                pieces.append({**self._body(content, thinking), "done": False})
+        return pieces + [self._final(completion)]
+
+
+# ------------------------------------------------------------------------------------------------ the model
+
+
+def _parameter_size(count: int) -> str:
+    """A parameter count as Ollama writes it (format.HumanNumber: "135M", "1.5B", "88K")."""
+    for size, unit, places in ((1e9, "B", 1), (1e6, "M", 2), (1e3, "K", 0)):
+        if count >= size:
+            number = count / size
+            return f"{number:.0f}{unit}" if number == int(number) else f"{number:.{places}f}{unit}"
+    return str(count)
+
+
+def _quantization(manifest: dict) -> str:
+    """The weights' precision: the fewest bits a quantization stage trained them to (``INT4``), else the graph's
+    type as Ollama names float types (``F32``, ``F16``)."""
+    bits = [stage.get("config", {}).get("weight_bits") for stage in manifest.get("stages", [])]
+    bits = [b for b in bits if isinstance(b, int)]
+    if bits:
+        return f"INT{min(bits)}"
+    dtype = str(manifest.get("graph", {}).get("dtype", "")).lower()
+    return {"fp32": "F32", "float32": "F32", "fp16": "F16", "float16": "F16", "bf16": "BF16"}.get(dtype, dtype.upper())
+
+
+def _facts(completer: Completer) -> dict:
+    return completer.runtime.bundle.manifest.get("model", {}).get("after", {})
+
+
+def details(completer: Completer) -> dict:
+    """The model's ``details`` (family, parameter size, quantization level) from the bundle's manifest."""
+    facts = _facts(completer)
+    family = str(facts.get("architecture", ""))
+    return {"parent_model": "", "format": "onnx", "family": family, "families": [family] if family else None,
+            "parameter_size": _parameter_size(int(facts.get("parameters") or 0)),
+            "quantization_level": _quantization(completer.runtime.bundle.manifest)}
+
+
+def _entry(completer: Completer, served: str) -> dict:
+    bundle = completer.runtime.bundle
+    manifest_file = bundle.path / "manifest.json"
+    digest = hashlib.sha256(manifest_file.read_bytes()).hexdigest() if manifest_file.is_file() else ""
+    size = sum(int(entry.get("size", 0)) for entry in bundle.manifest.get("files", {}).values())
+    name = served_names(served)[-1]
+    return {"name": name, "model": name, "modified_at": bundle.manifest.get("created"), "size": size,
+            "digest": digest, "details": details(completer)}
+
+
+def tags(completer: Completer, served: str) -> dict:
+    """``GET /api/tags``: the one model served."""
+    return {"models": [_entry(completer, served)]}
+
+
+def running(completer: Completer, served: str) -> dict:
+    """``GET /api/ps``: the served model, loaded for as long as the server runs (``expires_at`` far ahead, as
+    Ollama shows a model kept with ``keep_alive`` < 0)."""
+    entry = _entry(completer, served)
+    del entry["modified_at"]
+    return {"models": [{**entry, "expires_at": "2318-01-01T00:00:00Z", "size_vram": 0,
+                        "context_length": completer.runtime.backend.max_context}]}
+
+
+def capabilities(completer: Completer) -> list[str]:
+    """What the model does, as /api/show lists it: completion; tools (through the chat template, so where there is
+    one); thinking where the template writes a <think> block."""
+    source = completer.runtime.tokenizer.template_source
+    return ["completion"] + (["tools"] if source is not None else []) + (["thinking"] if template_thinks(source) else [])
+
+
+def show(completer: Completer, served: str, body: object) -> dict:
+    """``POST /api/show``: the model's details, template, parameters, ``model_info`` and capabilities."""
+    _model(_object(body), served)
+    facts, defaults = _facts(completer), completer.defaults
+    family = str(facts.get("architecture", "model"))
+    context = completer.runtime.backend.max_context
+    parameters = {"num_ctx": context, "num_predict": defaults.max_tokens, "temperature": defaults.temperature,
+                  "top_k": defaults.top_k, "top_p": defaults.top_p, "min_p": defaults.min_p}
+    text = "\n".join(f"{name:<30} {value}" for name, value in parameters.items())
+    info = {"general.architecture": family, "general.parameter_count": int(facts.get("parameters") or 0),
+            f"{family}.context_length": context, f"{family}.embedding_length": facts.get("hidden_size"),
+            f"{family}.block_count": facts.get("layers"), f"{family}.attention.head_count": facts.get("attention_heads"),
+            f"{family}.attention.head_count_kv": facts.get("kv_heads"), f"{family}.vocab_size": facts.get("vocab_size")}
+    template = completer.runtime.tokenizer.template_source or ""
+    modelfile = f"FROM {served_names(served)[-1]}\n" + "".join(f"PARAMETER {k} {v}\n" for k, v in parameters.items())
+    return {"license": "", "modelfile": modelfile, "parameters": text, "template": template,
+            "details": details(completer), "model_info": {k: v for k, v in info.items() if v is not None},
+            "capabilities": capabilities(completer), "modified_at": completer.runtime.bundle.manifest.get("created")}
+
+
+def version() -> dict:
+    return {"version": API_VERSION}
