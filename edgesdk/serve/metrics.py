@@ -43,8 +43,8 @@ class ServeMetrics:
     refused_busy: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def step(self, kind: str, prompt_tokens: int, tokens: int, compute_s: float, waited_s: float,
-             cached_tokens: int = 0, sequence: int = 0) -> None:
+    def step(self, kind: str, prompt_tokens: int, tokens: int, compute_s: float, cached_tokens: int = 0,
+             sequence: int = 0) -> None:
         """A pass of the backend: ``prompt_tokens`` prefilled after the ``cached_tokens`` the KV cache held (for a
         prefill), ``tokens`` picked, ``sequence`` tokens in the KV cache after it."""
         with self._lock:
@@ -61,7 +61,12 @@ class ServeMetrics:
             self.predicted_tokens += tokens
             self.window[2] += tokens
             self.decodes += 1
-            self.thermal_wait_seconds += waited_s
+
+    def waited(self, seconds: float) -> None:
+        """The thermal guard held a step back ``seconds``: counted once the wait ends, also when it ends in an error
+        (a board that never cooled) and no step follows."""
+        with self._lock:
+            self.thermal_wait_seconds += seconds
 
     def finish(self, reason: str) -> None:
         with self._lock:
@@ -138,7 +143,6 @@ class MetricsHook:
     def __init__(self, metrics: ServeMetrics, inner=None, backend=None, cache=None):
         self.metrics, self.inner, self.backend, self.cache = metrics, inner, backend, cache
         self.prompt_tokens = self.cached_tokens = 0
-        self._waited = 0.0
 
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
         self.prompt_tokens = prompt_tokens
@@ -147,12 +151,21 @@ class MetricsHook:
             self.inner.begin(prompt_tokens, max_new_tokens)
 
     def before_step(self, kind: str) -> float:
-        self._waited = self.inner.before_step(kind) if self.inner is not None else 0.0
-        return self._waited
+        """The inner hook's wait, counted as it ends: a wait the guard gave up on (the thermal watch's
+        BoardNeverCooled, which ends the answer before its step) by the seconds the hook says it waited."""
+        if self.inner is None:
+            return 0.0
+        try:
+            waited = self.inner.before_step(kind)
+        except BaseException:
+            self.metrics.waited(getattr(self.inner, "waited_s", 0.0))
+            raise
+        self.metrics.waited(waited)
+        return waited
 
     def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
         sequence = self.backend.position if self.backend is not None else 0
-        self.metrics.step(kind, self.prompt_tokens, tokens, compute_s, self._waited, self.cached_tokens, sequence)
+        self.metrics.step(kind, self.prompt_tokens, tokens, compute_s, self.cached_tokens, sequence)
         if self.inner is not None:
             self.inner.after_step(kind, tokens, compute_s)
 

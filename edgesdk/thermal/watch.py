@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.profile import TargetProfile
+from edgesdk.serve.api import ApiError
 from edgesdk.thermal.cpufreq import CpuFreqCap, recover, state_path
 from edgesdk.thermal.cpufreq import cpufreq_root as cpufreq_root_from_env
 from edgesdk.thermal.guard import CLOCK_CAP_RATIO, Guard, GuardConfig, Level, Limits
@@ -24,8 +25,17 @@ class HorizonReached(Exception):  # noqa: N818 (a stop signal, not an error)
     """The simulated clock passed the hook's ``horizon_s`` while the guard held generation back."""
 
 
-class BoardNeverCooled(EdgeSDKError):
-    """The guard paused a simulated board that cannot cool below the resume point."""
+class BoardNeverCooled(ApiError, EdgeSDKError):
+    """The guard paused a simulated board that cannot cool below the resume point.
+
+    Also the :class:`~edgesdk.serve.api.ApiError` ``edgesdk serve`` answers it with: a 503 with the code
+    ``board_too_hot`` (the server cannot take work now, as llama-server answers 503 while it loads its model; a
+    500 would be a fault of the server), which Anthropic's route gives as ``overloaded_error``. ``edgesdk run``
+    prints it with its fix and exits 1, as it does every EdgeSDKError."""
+
+    def __init__(self, problem: str, fix: str):
+        ApiError.__init__(self, 503, f"{problem}; {fix}", code="board_too_hot", kind="server_error")
+        EdgeSDKError.__init__(self, problem, fix)  # its problem, fix and str(), as the CLI prints them
 
 
 def settle_time_s(board: SimulatedBoard) -> float:
@@ -89,6 +99,12 @@ class ThermalHook:
             f"paused for {now - self._paused_since:.0f} simulated s{ambient}, still at {temp}",
             "lower --ambient, or pick a --thermal-target whose limits suit a board this warm")
 
+    @property
+    def waited_s(self) -> float:
+        """Seconds the guard has held the coming step back so far; after a :meth:`before_step` that raised
+        (:class:`BoardNeverCooled`), the wait it ended."""
+        return self._waited
+
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
         self.prompt_tokens = prompt_tokens
         if self.guard is not None:
@@ -109,14 +125,28 @@ class ThermalHook:
                 return self._waited
             chunk = min(wait, self.guard.config.poll_s)
             paused_state = (self.reading, self.guard.state()) if self.guard.paused else None
-            self.clock.sleep(chunk)
-            self._waited += chunk
-            unrecorded += chunk
-            if self.clock.now() - self._last_wait_record >= self.wait_record_s:
-                self._last_wait_record = self.clock.now()
-                self._record("wait", 0, 0.0, unrecorded)  # every chunk since the last record, not the last one
-                unrecorded = 0.0
-            self._check_wait_limits()
+            before, slept = self.clock.now(), False
+            try:
+                self.clock.sleep(chunk)
+                slept = True
+                self._waited += chunk
+                unrecorded += chunk
+                if self.clock.now() - self._last_wait_record >= self.wait_record_s:
+                    self._last_wait_record = self.clock.now()
+                    self._record("wait", 0, 0.0, unrecorded)  # every chunk since the last record, not the last one
+                    unrecorded = 0.0
+                self._check_wait_limits()
+            except BaseException:
+                # A wait that ends in the guard giving up (or Ctrl-C, a plan's horizon) has no step to carry it:
+                # its chunks since the last record get their own record, as a pause's last chunks do, with the
+                # part of a chunk slept before the sleep itself was cut short.
+                if not slept:
+                    part = min(max(self.clock.now() - before, 0.0), chunk)
+                    self._waited += part
+                    unrecorded += part
+                if unrecorded > 0:
+                    self._record("wait", 0, 0.0, unrecorded, state=paused_state)
+                raise
 
     def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
         count = self.prompt_tokens if kind == "prefill" else tokens
