@@ -26,9 +26,9 @@ SETTLE_S = 1187.5
 class HotServer:
     """A server whose guard watches a simulated board at ``ambient_c``, with /metrics and a telemetry file."""
 
-    def __init__(self, runtime, telemetry, ambient_c: float = HOT_AMBIENT_C):
+    def __init__(self, runtime, telemetry, ambient_c: float = HOT_AMBIENT_C, clock_cap: bool = False):
         self.thermal = open_session(get_profile("rpi5"), guard=True, simulate=True, status=False,
-                                    ambient_c=ambient_c, telemetry_path=str(telemetry))
+                                    ambient_c=ambient_c, telemetry_path=str(telemetry), clock_cap=clock_cap)
         self.completer = Completer(runtime, ServeDefaults(max_tokens=4), hook=self.thermal.hook)
         self.server = ApiServer(("127.0.0.1", 0), self.completer, "tiny", log=False, metrics=True)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -142,3 +142,18 @@ def test_a_pause_the_board_cools_out_of_is_counted_once(runtime, tmp_path):
     assert waited > 0
     assert waits_recorded(tmp_path / "cool.jsonl") == pytest.approx(waited)
     assert values['edgesdk_requests_finished_total{finish_reason="length"}'] == 1
+
+
+def test_the_clock_cap_is_given_back_when_the_guard_gives_up(runtime, tmp_path):
+    """With --clock-cap the guard caps the (simulated) clock while it pauses; the answer it gave up on gives the
+    idle board its clock back, as an answer that ends does."""
+    server = HotServer(runtime, tmp_path / "cap.jsonl", clock_cap=True)
+    try:
+        status, _ = server.request("POST", "/v1/completions", {"prompt": "hello", "max_tokens": 4})
+        board = server.thermal.hook.board
+    finally:
+        server.close()
+    assert status == 503
+    records = [json.loads(line) for line in (tmp_path / "cap.jsonl").read_text().splitlines()[1:]]
+    assert {record["clock_cap"] for record in records} == {0.625}
+    assert board.cap_ratio is None
