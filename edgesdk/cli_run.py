@@ -14,6 +14,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -41,6 +42,33 @@ from edgesdk.cli_options import (
     _warn_unused_thermal_options,
 )
 from edgesdk.errors import EdgeSDKError, read_utf8
+
+if TYPE_CHECKING:
+    from edgesdk.runtime.generate import SamplingConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """The options of ``edgesdk run`` that say what to answer and how, checked before the bundle loads (the
+    runtime's, the draft's, the thermal guard's and the gates' options go to :mod:`edgesdk.cli_options`)."""
+
+    sampling: SamplingConfig  # as typed; --ignore-eos and the vocabulary check come with the model
+    prompt: str | None  # --prompt, or the text of --file; None: the prompts come from stdin
+    prompt_option: str  # "--prompt" or "--file", as a warning names the prompt
+    in_prefix: str  # --in-prefix with its escapes processed ("" when not given)
+    in_suffix: str  # --in-suffix, likewise
+    reverse_prompts: tuple[str, ...]  # -r, escapes processed
+    json_object: bool  # --json
+    schema: object | None  # --json-schema, compiled
+    rules: object | None  # --grammar / --grammar-file, parsed
+    grammar_option: str  # the option that gave the grammar, as an error about its tokens names it
+    prompt_cache: Path | None  # --prompt-cache, its directory writable
+    ignore_eos: bool  # --ignore-eos
+    raw: bool  # --raw: the prompt as it is, without the chat template
+    system: str | None  # --system
+    template_kwargs: dict  # --chat-template-kwargs
+    history: bool | None  # --history / --no-history as typed (None: on at a terminal)
+    stats: bool  # --stats
 
 
 @click.command()
@@ -145,212 +173,57 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
       Ctrl-C    stop the answer being written; the conversation keeps what it showed
     """
     from edgesdk.runtime.conversation import Conversation
-    from edgesdk.runtime.gbnf import GrammarError
-    from edgesdk.runtime.generate import SamplingConfig, generate
-    from edgesdk.runtime.grammar import GrammarConstraint
-    from edgesdk.runtime.json_mode import JsonConstraint
-    from edgesdk.runtime.json_schema import SchemaConstraint
     from edgesdk.runtime.prompt_cache import PromptCache
     from edgesdk.runtime.session import open_runtime
-    from edgesdk.runtime.text import StreamDecoder
 
-    try:
-        sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+    # The options are checked in the order of these arguments, all before the bundle loads.
+    settings = RunSettings(
+        sampling=_sampling_config(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                   min_p=min_p, seed=seed, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                                  logit_bias=[_logit_bias_option(text) for text in logit_bias],
-                                  **_sampler_chain(samplers, sampling_seq))
-    except ValueError as exc:  # name the option the user typed, not the field
-        options = {"max_new_tokens": "'--max-new-tokens' / '-n'", "temperature": "'--temperature'",
-                   "samplers": "'--samplers' / '--sampling-seq'",
-                   "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'",
-                   "repeat_penalty": "'--repeat-penalty'", "presence_penalty": "'--presence-penalty'",
-                   "frequency_penalty": "'--frequency-penalty'", "logit_bias": "'--logit-bias'"}
-        hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
-        raise click.BadParameter(str(exc), param_hint=hint) from exc
-    if prompt_file is not None:
-        if prompt is not None:
-            raise click.BadParameter("--prompt and --file both give the prompt; pass one", param_hint="'--file' / '-f'")
-        prompt = _read_text_file(prompt_file, "--file", "'--file' / '-f'")
-    in_prefix, in_suffix = (process_escapes(text, hint) if text is not None else "" for text, hint in
-                            ((in_prefix, "'--in-prefix'"), (in_suffix, "'--in-suffix'")))
-    reverse_prompts = tuple(process_escapes(text, "'--reverse-prompt' / '-r'") for text in reverse_prompts)
-    if "" in reverse_prompts:  # llama-cli would find it after every token
-        raise click.BadParameter("is empty, so every answer would stop at its first token; give the text the "
-                                 "answer stops at, e.g. -r 'User:'", param_hint="'--reverse-prompt' / '-r'")
-    schema = _read_json_schema(json_schema, json_object)
-    rules = _read_grammar(grammar, grammar_file, json_object, json_schema)
-    if prompt_cache is not None:
-        _check_prompt_cache_location(prompt_cache)
+                                  logit_bias=logit_bias, samplers=samplers, sampling_seq=sampling_seq),
+        prompt=_one_prompt(prompt, prompt_file),
+        prompt_option="--file" if prompt_file is not None else "--prompt",
+        in_prefix=_escaped_affix(in_prefix, "'--in-prefix'"),
+        in_suffix=_escaped_affix(in_suffix, "'--in-suffix'"),
+        reverse_prompts=_reverse_prompts(reverse_prompts),
+        json_object=json_object,
+        schema=_read_json_schema(json_schema, json_object),
+        rules=_read_grammar(grammar, grammar_file, json_object, json_schema),
+        grammar_option="'--grammar-file'" if grammar_file else "'--grammar'",
+        prompt_cache=_writable_prompt_cache(prompt_cache),
+        ignore_eos=ignore_eos, raw=raw, system=system, template_kwargs=template_kwargs, history=history, stats=stats)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
     tokenizer.template_kwargs = template_kwargs
-    if ignore_eos:
-        never = tuple((token, -math.inf) for token in sorted(tokenizer.eos_token_ids))
-        sampling = dataclasses.replace(sampling, logit_bias=(*sampling.logit_bias, *never))
-    vocabulary = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
-    for token, _ in sampling.logit_bias:
-        if token >= vocabulary:
-            raise click.BadParameter(f"names token id {token}; this model's vocabulary has ids 0 to {vocabulary - 1}",
-                                     param_hint="'--logit-bias'")
-    for option, unused in (("--top-p", top_p < 1), ("--top-k", top_k > 0), ("--min-p", min_p > 0)):
-        if unused and temperature == 0:
-            click.echo(f"edgesdk: {option} is not used: --temperature 0 decodes greedily (pass a temperature > 0 to "
-                       "sample)", err=True)
-    if seed is not None and temperature == 0:
-        click.echo("edgesdk: --seed is not used: --temperature 0 decodes greedily (pass a temperature > 0 to sample)",
-                   err=True)
-    if not sampling.penalizes and \
-            click.get_current_context().get_parameter_source("repeat_last_n") != click.core.ParameterSource.DEFAULT:
-        click.echo("edgesdk: --repeat-last-n is not used: it is the window of the penalties, and none is on (pass "
-                   "--repeat-penalty other than 1, or a --presence-penalty or --frequency-penalty)", err=True)
-    _warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard,
-                                 clock_cap=clock_cap, ambient=ambient, sim_speed=sim_speed,
-                                 thermal_target=thermal_target)
-    if system is not None and (raw or not tokenizer.has_chat_template):
-        click.echo(f"edgesdk: --system is not used: {'--raw' if raw else 'the bundle has no chat template'} "
-                   "feeds the prompt as it is", err=True)
+    sampling = _sampling_for_model(settings, tokenizer)
+    thermal_options = {"watch_thermal": watch_thermal, "simulate_thermal": simulate_thermal, "telemetry": telemetry,
+                       "no_guard": no_guard, "clock_cap": clock_cap, "ambient": ambient, "sim_speed": sim_speed,
+                       "thermal_target": thermal_target}
+    _warn_unused_options(settings, tokenizer, thermal_options)
+    prompt, in_prefix, in_suffix = settings.prompt, settings.in_prefix, settings.in_suffix
     interactive = prompt is None and sys.stdin.isatty()
-    asked_history = history  # only a --history the user typed is worth a word when it cannot apply
     if history is None:
         history = interactive
-    if asked_history and prompt is not None:
-        given = "--file" if prompt_file is not None else "--prompt"
-        click.echo(f"edgesdk: --history is not used: {given} answers one prompt (leave it out to chat)", err=True)
-    elif asked_history and (raw or not tokenizer.has_chat_template):
-        click.echo(f"edgesdk: --history is not used: {'--raw' if raw else 'the bundle has no chat template'} "
-                   "feeds each line as it is", err=True)
-    for option, given in (("--in-prefix", in_prefix), ("--in-suffix", in_suffix)):
-        if given and prompt is not None:  # llama-cli adds them to interactive input only, never to -p
-            click.echo(f"edgesdk: {option} is not used: it goes with each prompt read from stdin, and "
-                       f"{'--file' if prompt_file is not None else '--prompt'} is answered as it is", err=True)
     # shown with the input where the prompt is the text itself, as llama-cli's interactive mode without a chat
     # template prints the prefix before reading and the suffix after (tools/main/main.cpp)
     show_affixes = interactive and (raw or not tokenizer.has_chat_template)
-    if template_kwargs and (raw or not tokenizer.has_chat_template):
-        click.echo(f"edgesdk: --chat-template-kwargs is not used: {'--raw' if raw else 'the bundle has no chat template'} "
-                   "feeds the prompt as it is", err=True)
-    # A reverse prompt that is one token also stops at that token, as llama-cli's single-token antiprompts do: a
-    # special token's name (<|im_start|>) is left out of the answer's text.
-    reverse_tokens = {ids[0]: text for text in reverse_prompts
-                      if len(ids := tokenizer.encode(text, add_special_tokens=False)) == 1}
     conversation = None
     if history and prompt is None and not raw and tokenizer.has_chat_template:
         conversation = Conversation(tokenizer, system, runtime.backend.max_context, answer_room=max_new_tokens)
     cache = PromptCache(runtime.backend)
-    prompt_cache = _load_prompt_cache(prompt_cache, cache, runtime, stats)
-    # JSON mode, schemas and grammars: refused here if the tokenizer's bytes cannot be read
-    token_bytes = tokenizer.token_bytes() if json_object or schema or rules else None
-    if rules is not None:  # a <token> the vocabulary lacks is refused before any prompt
-        try:
-            GrammarConstraint(token_bytes, rules, tokenizer.eos_token_ids, token_id_of=tokenizer.token_id)
-        except GrammarError as exc:
-            raise click.BadParameter(f"{exc.problem} ({exc.fix})",
-                                     param_hint="'--grammar-file'" if grammar_file else "'--grammar'") from exc
+    prompt_cache = _load_prompt_cache(settings.prompt_cache, cache, runtime, stats)
+    token_bytes = _check_constraint_tokens(settings, tokenizer)
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     lookup = _draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target,
                           lookup_draft) or _lookup(runtime.backend, lookup_draft)
-    thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
-                            thermal_target, sim_speed, status=watch_thermal or simulate_thermal)
-
-    last = {"prompt": None}  # the last prompt answered without a conversation, for /regen
-
-    def one_turn(text: str, regenerated: int = 0) -> None:
-        """Answer ``text``; ``regenerated`` counts the times this answer was asked for again (/regen), which
-        moves a --seed on by as many, so that each new answer is another draw, and still reproducible."""
-        if conversation is None:
-            ids = tokenizer.prompt_ids(text, raw=raw, system=system)
-        else:
-            dropped = conversation.dropped
-            ids = conversation.prompt_ids(text)
-            if conversation.dropped > dropped:
-                click.echo(f"edgesdk: the conversation outgrew the context ({runtime.backend.max_context} tokens): "
-                           f"left out its {conversation.dropped - dropped} oldest exchange(s)", err=True)
-        stream, written = StreamDecoder(tokenizer), []
-
-        constraint = None
-        if rules is not None:
-            constraint = GrammarConstraint(token_bytes, rules, tokenizer.eos_token_ids, token_id_of=tokenizer.token_id)
-        elif schema is not None:
-            constraint = SchemaConstraint(token_bytes, schema)
-        elif token_bytes is not None:
-            constraint = JsonConstraint(token_bytes)
-        if reverse_prompts:
-            constraint = reverse = ReversePrompts(reverse_prompts, reverse_tokens, constraint)
-        else:
-            reverse = None
-
-        def emit(token: int) -> None:
-            piece = stream.push(token)
-            # The conversation keeps the answer as shown, as llama-cli keeps the text it printed: a Ctrl-C that
-            # comes while a piece is written takes effect once it is written (the second stops the write).
-            with DeferredInterrupt() if conversation is not None else contextlib.nullcontext():
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-                written.append(piece)
-            if reverse is not None:
-                reverse.shown(token, piece)
-
-        turn_sampling = sampling
-        if regenerated and sampling.seed is not None:
-            turn_sampling = dataclasses.replace(sampling, seed=sampling.seed + regenerated)
-        try:
-            _, result = generate(runtime.backend, ids, turn_sampling, tokenizer.eos_token_ids, on_token=emit,
-                                 hook=thermal.hook if thermal else None, cache=cache, constraint=constraint,
-                                 lookup=lookup)
-        except KeyboardInterrupt:
-            # An answer stopped with Ctrl-C stays in the conversation as shown: whole characters only, never the
-            # replacement character of one whose bytes were still coming (the stream holds those back).
-            if conversation is not None:
-                conversation.answered(text, "".join(written))
-            last["prompt"] = text
-            if prompt_cache is not None:  # the prefill paid for stays in the file, as llama-cli saves it
-                _save_interrupted_prompt_cache(prompt_cache, cache, runtime)
-            raise
-        except Exception:
-            if any(written):
-                # The error is told on a line of its own, not after the answer's last piece; the conversation
-                # keeps what was shown, as llama-cli's conversation keeps the text an error cut short.
-                with contextlib.suppress(OSError):  # where stdout itself failed, the error says so
-                    sys.stdout.write("\n")
-                    sys.stdout.flush()
-                if conversation is not None:
-                    conversation.answered(text, "".join(written))
-                last["prompt"] = text
-            raise
-        if reverse is not None and reverse.found is not None:
-            result.stop_reason = "reverse_prompt"
-        tail = stream.flush()  # bytes held back for a character still incomplete
-        if conversation is not None:
-            conversation.answered(text, "".join(written) + tail)
-        last["prompt"] = text
-        sys.stdout.write(tail + "\n")
-        sys.stdout.flush()
-        if thermal is not None and thermal.hook.status is not None:
-            thermal.hook.status.between_answers()
-        if stats:
-            from edgesdk.runtime.bench import peak_rss_mib
-            from edgesdk.runtime.huge_pages import huge_pages_in_use
-
-            s = result.to_json()
-            huge = huge_pages_in_use()
-            cached = f" ({s['cached_tokens']} from the cache)" if s["cached_tokens"] else ""
-            click.echo(f"[{runtime.backend.name}] prompt {s['prompt_tokens']} tok{cached}, prefill {s['prefill_tok_s']} tok/s, "
-                       f"TTFT {s['time_to_first_token_ms']} ms, {s['new_tokens']} new tok, decode {_or_dash(s['decode_tok_s'])} "
-                       f"tok/s (steps after the first), p95 {_or_dash(s['p95_inter_token_ms'])} ms, "
-                       f"stop: {s['stop_reason']}"
-                       + (f", drafts {s['draft_accepted']}/{s['draft_tokens']} taken" if lookup else "")
-                       + (f", huge pages {huge / 2**20:.0f} MiB" if huge is not None else "")
-                       + (f", peak RSS {peak:.0f} MiB" if (peak := peak_rss_mib()) is not None else ""), err=True)
-            if hasattr(runtime.backend, "stats"):
-                click.echo(_power_line(runtime.backend), err=True)
-        if prompt_cache is not None:  # once the answer is whole: a failed write leaves it in the conversation
-            _save_prompt_cache(prompt_cache, cache, runtime)
-
+    thermal = _open_thermal(runtime, **thermal_options, status=watch_thermal or simulate_thermal)
     try:
+        answerer = Answerer(runtime, settings, sampling, conversation=conversation, cache=cache,
+                            prompt_cache=prompt_cache, token_bytes=token_bytes, lookup=lookup, thermal=thermal)
         if prompt is not None:
-            one_turn(prompt)
+            answerer.answer(prompt)
             return
         stdin_keeps_bytes_not_utf8()
         read_files: list[str] = []  # /read FILE: text that goes before the next prompt
@@ -380,13 +253,13 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                         click.echo("edgesdk: conversation cleared", err=True)
                     continue
                 if command == "/regen":
-                    again = last["prompt"] if conversation is None else conversation.take_last()
+                    again = answerer.take_back_last()
                     if again is None:
                         click.echo("edgesdk: /regen does nothing: there is no answer yet to generate again", err=True)
                         continue
                     regenerated += 1
                     reading = False
-                    one_turn(again, regenerated)
+                    answerer.answer(again, regenerated)
                     continue
                 if command == "/read" or command.startswith("/read "):
                     read_files.append(read_for_prompt(command[len("/read"):].strip()))
@@ -397,7 +270,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                 read_files.clear()
                 regenerated = 0
                 reading = False
-                one_turn(text)
+                answerer.answer(text)
             except EdgeSDKError as exc:
                 if not interactive:
                     raise
@@ -417,6 +290,260 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     finally:
         if thermal is not None:
             thermal.close()
+
+
+class Answerer:
+    """Answers one prompt at a time, as llama-cli does: the answer streamed to stdout as its characters complete,
+    kept by the conversation where there is one (--history), its KV cache reused by the next prompt that begins
+    the same way, and written to --prompt-cache once whole."""
+
+    def __init__(self, runtime, settings: RunSettings, sampling: SamplingConfig, *, conversation, cache,
+                 prompt_cache: Path | None, token_bytes, lookup, thermal):
+        self.runtime, self.tokenizer, self.settings, self.sampling = runtime, runtime.tokenizer, settings, sampling
+        self.conversation = conversation  # None: each prompt is answered on its own
+        self.cache = cache  # the KV cache's token list (runtime.prompt_cache.PromptCache)
+        self.prompt_cache = prompt_cache  # the file the cache is written to; None: not written
+        self.token_bytes = token_bytes  # each token's bytes, where --json, --json-schema or --grammar constrain
+        self.lookup, self.thermal = lookup, thermal  # the drafter (--draft, --lookup) and thermal session, or None
+        # A reverse prompt that is one token also stops at that token, as llama-cli's single-token antiprompts do:
+        # a special token's name (<|im_start|>) is left out of the answer's text.
+        self.reverse_tokens = {ids[0]: text for text in settings.reverse_prompts
+                               if len(ids := self.tokenizer.encode(text, add_special_tokens=False)) == 1}
+        self.last_prompt: str | None = None  # the last prompt answered, which /regen answers again
+
+    def answer(self, text: str, regenerated: int = 0) -> None:
+        """Answer ``text``; ``regenerated`` counts the times this answer was asked for again (/regen), which
+        moves a --seed on by as many, so that each new answer is another draw, and still reproducible."""
+        from edgesdk.runtime.generate import generate
+
+        ids = self._prompt_ids(text)
+        constraint, reverse = self._constraint()
+        shown = _ShownAnswer(self.tokenizer, reverse, defer_interrupts=self.conversation is not None)
+        sampling = self.sampling
+        if regenerated and sampling.seed is not None:
+            sampling = dataclasses.replace(sampling, seed=sampling.seed + regenerated)
+        try:
+            _, result = generate(self.runtime.backend, ids, sampling, self.tokenizer.eos_token_ids,
+                                 on_token=shown.emit, hook=self.thermal.hook if self.thermal else None,
+                                 cache=self.cache, constraint=constraint, lookup=self.lookup)
+        except KeyboardInterrupt:
+            self._keep_stopped(text, shown)
+            raise
+        except Exception:
+            self._keep_failed(text, shown)
+            raise
+        if reverse is not None and reverse.found is not None:
+            result.stop_reason = "reverse_prompt"
+        self._finish(text, shown, result)
+
+    def take_back_last(self) -> str | None:
+        """/regen: the prompt answered last (None before the first answer); a conversation gives its last
+        exchange back, so that the answer is generated again in its place."""
+        return self.last_prompt if self.conversation is None else self.conversation.take_last()
+
+    def _prompt_ids(self, text: str) -> list[int]:
+        if self.conversation is None:
+            return self.tokenizer.prompt_ids(text, raw=self.settings.raw, system=self.settings.system)
+        dropped = self.conversation.dropped
+        ids = self.conversation.prompt_ids(text)
+        if self.conversation.dropped > dropped:
+            click.echo(f"edgesdk: the conversation outgrew the context ({self.runtime.backend.max_context} tokens): "
+                       f"left out its {self.conversation.dropped - dropped} oldest exchange(s)", err=True)
+        return ids
+
+    def _constraint(self):
+        """A new constraint for the next answer (it keeps that answer's state) from --grammar, --json-schema or
+        --json, wrapped in the -r reverse prompts; and the reverse prompts' part, or None without -r."""
+        from edgesdk.runtime.grammar import GrammarConstraint
+        from edgesdk.runtime.json_mode import JsonConstraint
+        from edgesdk.runtime.json_schema import SchemaConstraint
+
+        settings, constraint = self.settings, None
+        if settings.rules is not None:
+            constraint = GrammarConstraint(self.token_bytes, settings.rules, self.tokenizer.eos_token_ids,
+                                           token_id_of=self.tokenizer.token_id)
+        elif settings.schema is not None:
+            constraint = SchemaConstraint(self.token_bytes, settings.schema)
+        elif self.token_bytes is not None:
+            constraint = JsonConstraint(self.token_bytes)
+        if not settings.reverse_prompts:
+            return constraint, None
+        reverse = ReversePrompts(settings.reverse_prompts, self.reverse_tokens, constraint)
+        return reverse, reverse
+
+    def _keep_stopped(self, text: str, shown: _ShownAnswer) -> None:
+        """An answer stopped with Ctrl-C stays in the conversation as shown: whole characters only, never the
+        replacement character of one whose bytes were still coming (the stream holds those back)."""
+        if self.conversation is not None:
+            self.conversation.answered(text, shown.text)
+        self.last_prompt = text
+        if self.prompt_cache is not None:  # the prefill paid for stays in the file, as llama-cli saves it
+            _save_interrupted_prompt_cache(self.prompt_cache, self.cache, self.runtime)
+
+    def _keep_failed(self, text: str, shown: _ShownAnswer) -> None:
+        """An answer an error cut short, once it showed something: the error is told on a line of its own, not
+        after the answer's last piece; the conversation keeps what was shown, as llama-cli's conversation keeps
+        the text an error cut short."""
+        if not any(shown.pieces):
+            return
+        with contextlib.suppress(OSError):  # where stdout itself failed, the error says so
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        if self.conversation is not None:
+            self.conversation.answered(text, shown.text)
+        self.last_prompt = text
+
+    def _finish(self, text: str, shown: _ShownAnswer, result) -> None:
+        """The answer's end: its last characters written, then the thermal status line, --stats and the prompt
+        cache's file."""
+        tail = shown.stream.flush()  # bytes held back for a character still incomplete
+        if self.conversation is not None:
+            self.conversation.answered(text, shown.text + tail)
+        self.last_prompt = text
+        sys.stdout.write(tail + "\n")
+        sys.stdout.flush()
+        if self.thermal is not None and self.thermal.hook.status is not None:
+            self.thermal.hook.status.between_answers()
+        if self.settings.stats:
+            _print_stats(self.runtime, result, drafting=bool(self.lookup))
+        if self.prompt_cache is not None:  # once the answer is whole: a failed write leaves it in the conversation
+            _save_prompt_cache(self.prompt_cache, self.cache, self.runtime)
+
+
+class _ShownAnswer:
+    """An answer as it is written to stdout, token by token: each token's text once its characters are whole
+    (runtime.text.StreamDecoder), and the text written so far."""
+
+    def __init__(self, tokenizer, reverse: ReversePrompts | None, defer_interrupts: bool):
+        from edgesdk.runtime.text import StreamDecoder
+
+        self.stream = StreamDecoder(tokenizer)
+        self.pieces: list[str] = []
+        self.reverse = reverse  # told each piece shown, to stop at a reverse prompt
+        self.defer_interrupts = defer_interrupts  # with a conversation, which keeps the text shown
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def emit(self, token: int) -> None:
+        piece = self.stream.push(token)
+        # The conversation keeps the answer as shown, as llama-cli keeps the text it printed: a Ctrl-C that
+        # comes while a piece is written takes effect once it is written (the second stops the write).
+        with DeferredInterrupt() if self.defer_interrupts else contextlib.nullcontext():
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            self.pieces.append(piece)
+        if self.reverse is not None:
+            self.reverse.shown(token, piece)
+
+
+def _sampling_config(*, logit_bias: tuple[str, ...], samplers: str | None, sampling_seq: str | None, **fields):
+    """The sampling options as a SamplingConfig; a value it refuses is told under the option the user typed."""
+    from edgesdk.runtime.generate import SamplingConfig
+
+    try:
+        return SamplingConfig(logit_bias=[_logit_bias_option(text) for text in logit_bias],
+                              **fields, **_sampler_chain(samplers, sampling_seq))
+    except ValueError as exc:  # name the option the user typed, not the field
+        options = {"max_new_tokens": "'--max-new-tokens' / '-n'", "temperature": "'--temperature'",
+                   "samplers": "'--samplers' / '--sampling-seq'",
+                   "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'",
+                   "repeat_penalty": "'--repeat-penalty'", "presence_penalty": "'--presence-penalty'",
+                   "frequency_penalty": "'--frequency-penalty'", "logit_bias": "'--logit-bias'"}
+        hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
+        raise click.BadParameter(str(exc), param_hint=hint) from exc
+
+
+def _one_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
+    """The prompt --prompt or --file gives (llama-cli's -p / -f), None when neither does."""
+    if prompt_file is None:
+        return prompt
+    if prompt is not None:
+        raise click.BadParameter("--prompt and --file both give the prompt; pass one", param_hint="'--file' / '-f'")
+    return _read_text_file(prompt_file, "--file", "'--file' / '-f'")
+
+
+def _escaped_affix(text: str | None, hint: str) -> str:
+    """--in-prefix / --in-suffix with llama-cli's escapes processed; "" when not given."""
+    return "" if text is None else process_escapes(text, hint)
+
+
+def _reverse_prompts(texts: tuple[str, ...]) -> tuple[str, ...]:
+    """-r texts with llama-cli's escapes processed; an empty one is refused."""
+    texts = tuple(process_escapes(text, "'--reverse-prompt' / '-r'") for text in texts)
+    if "" in texts:  # llama-cli would find it after every token
+        raise click.BadParameter("is empty, so every answer would stop at its first token; give the text the "
+                                 "answer stops at, e.g. -r 'User:'", param_hint="'--reverse-prompt' / '-r'")
+    return texts
+
+
+def _sampling_for_model(settings: RunSettings, tokenizer) -> SamplingConfig:
+    """The sampling settings against the model: --ignore-eos bans its end tokens (logit -inf, as llama.cpp's
+    --ignore-eos), and a --logit-bias id past its vocabulary is refused."""
+    sampling = settings.sampling
+    if settings.ignore_eos:
+        never = tuple((token, -math.inf) for token in sorted(tokenizer.eos_token_ids))
+        sampling = dataclasses.replace(sampling, logit_bias=(*sampling.logit_bias, *never))
+    vocabulary = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+    for token, _ in sampling.logit_bias:
+        if token >= vocabulary:
+            raise click.BadParameter(f"names token id {token}; this model's vocabulary has ids 0 to {vocabulary - 1}",
+                                     param_hint="'--logit-bias'")
+    return sampling
+
+
+def _warn_unused_options(settings: RunSettings, tokenizer, thermal_options: dict) -> None:
+    """Name each option given that does nothing in this run, and why, on stderr; the run goes on."""
+    sampling = settings.sampling
+    for option, unused in (("--top-p", sampling.top_p < 1), ("--top-k", sampling.top_k > 0),
+                           ("--min-p", sampling.min_p > 0)):
+        if unused and sampling.temperature == 0:
+            click.echo(f"edgesdk: {option} is not used: --temperature 0 decodes greedily (pass a temperature > 0 to "
+                       "sample)", err=True)
+    if sampling.seed is not None and sampling.temperature == 0:
+        click.echo("edgesdk: --seed is not used: --temperature 0 decodes greedily (pass a temperature > 0 to sample)",
+                   err=True)
+    if not sampling.penalizes and \
+            click.get_current_context().get_parameter_source("repeat_last_n") != click.core.ParameterSource.DEFAULT:
+        click.echo("edgesdk: --repeat-last-n is not used: it is the window of the penalties, and none is on (pass "
+                   "--repeat-penalty other than 1, or a --presence-penalty or --frequency-penalty)", err=True)
+    _warn_unused_thermal_options(**thermal_options)
+    as_it_is = None
+    if settings.raw or not tokenizer.has_chat_template:
+        as_it_is = "--raw" if settings.raw else "the bundle has no chat template"
+    if settings.system is not None and as_it_is:
+        click.echo(f"edgesdk: --system is not used: {as_it_is} feeds the prompt as it is", err=True)
+    if settings.history and settings.prompt is not None:  # only a --history the user typed is worth a word
+        click.echo(f"edgesdk: --history is not used: {settings.prompt_option} answers one prompt (leave it out to "
+                   "chat)", err=True)
+    elif settings.history and as_it_is:
+        click.echo(f"edgesdk: --history is not used: {as_it_is} feeds each line as it is", err=True)
+    for option, given in (("--in-prefix", settings.in_prefix), ("--in-suffix", settings.in_suffix)):
+        if given and settings.prompt is not None:  # llama-cli adds them to interactive input only, never to -p
+            click.echo(f"edgesdk: {option} is not used: it goes with each prompt read from stdin, and "
+                       f"{settings.prompt_option} is answered as it is", err=True)
+    if settings.template_kwargs and as_it_is:
+        click.echo(f"edgesdk: --chat-template-kwargs is not used: {as_it_is} feeds the prompt as it is", err=True)
+
+
+def _check_constraint_tokens(settings: RunSettings, tokenizer):
+    """The tokenizer's bytes where --json, --json-schema or --grammar constrain the answers (None otherwise): a
+    tokenizer whose bytes cannot be read, and a grammar's <token> the vocabulary lacks, are refused before any
+    prompt."""
+    from edgesdk.runtime.gbnf import GrammarError
+    from edgesdk.runtime.grammar import GrammarConstraint
+
+    if not (settings.json_object or settings.schema is not None or settings.rules is not None):
+        return None
+    token_bytes = tokenizer.token_bytes()
+    if settings.rules is None:
+        return token_bytes
+    try:
+        GrammarConstraint(token_bytes, settings.rules, tokenizer.eos_token_ids, token_id_of=tokenizer.token_id)
+    except GrammarError as exc:
+        raise click.BadParameter(f"{exc.problem} ({exc.fix})", param_hint=settings.grammar_option) from exc
+    return token_bytes
 
 
 def _logit_bias_option(text: str) -> tuple[int, float]:
@@ -454,16 +581,19 @@ def _read_json_schema(value: str | None, json_object: bool):
         raise click.BadParameter(f"{exc.problem} ({exc.fix})", param_hint="'--json-schema'") from exc
 
 
-def _check_prompt_cache_location(path: Path) -> None:
-    """``--prompt-cache FILE`` can be written: its directory exists and this user may write there. Checked before
-    the bundle loads; the first write comes only after the first answer, which a missing directory would waste."""
+def _writable_prompt_cache(path: Path | None) -> Path | None:
+    """``--prompt-cache FILE``, once it can be written: its directory exists and this user may write there.
+    Checked before the bundle loads; the first write comes only after the first answer, which a missing directory
+    would waste."""
+    if path is None:
+        return None
     # The write renames a file in the directory of the file a symlink points to (edgesdk/runtime/cache_file.py).
     # os.path's tests, not Path's: a directory this user may not search is False, not a PermissionError.
     directory = Path(os.path.realpath(path)).parent if os.path.islink(path) else path.parent
     writable = os.W_OK | os.X_OK
     if os.path.isdir(directory):
         if os.access(directory, writable):
-            return
+            return path
         problem = f"its directory {directory} is not writable by this user"
         fix = f"pass a path in a directory this user may write to, or make {directory} writable"
     elif os.path.exists(directory):
@@ -556,6 +686,31 @@ def _read_grammar(text: str | None, path: Path | None, json_object: bool, json_s
     except GrammarError as exc:
         raise click.BadParameter(f"{exc.problem} ({exc.fix})", param_hint=hint) from exc
 
+
+def _print_stats(runtime, result, drafting: bool) -> None:
+    """--stats: the answer's figures on a line of stderr, and the power gates' on another where the backend has
+    them."""
+    click.echo(_stats_line(runtime.backend.name, result.to_json(), drafting), err=True)
+    if hasattr(runtime.backend, "stats"):
+        click.echo(_power_line(runtime.backend), err=True)
+
+
+def _stats_line(backend_name: str, s: dict, drafting: bool) -> str:
+    """The answer's prompt tokens (and those from the cache), prefill and decode speeds, time to first token, p95
+    inter-token latency, why it stopped, the drafts taken (--draft, --lookup), and the process's huge pages and
+    peak RSS where known."""
+    from edgesdk.runtime.bench import peak_rss_mib
+    from edgesdk.runtime.huge_pages import huge_pages_in_use
+
+    huge = huge_pages_in_use()
+    cached = f" ({s['cached_tokens']} from the cache)" if s["cached_tokens"] else ""
+    return (f"[{backend_name}] prompt {s['prompt_tokens']} tok{cached}, prefill {s['prefill_tok_s']} tok/s, "
+            f"TTFT {s['time_to_first_token_ms']} ms, {s['new_tokens']} new tok, decode {_or_dash(s['decode_tok_s'])} "
+            f"tok/s (steps after the first), p95 {_or_dash(s['p95_inter_token_ms'])} ms, "
+            f"stop: {s['stop_reason']}"
+            + (f", drafts {s['draft_accepted']}/{s['draft_tokens']} taken" if drafting else "")
+            + (f", huge pages {huge / 2**20:.0f} MiB" if huge is not None else "")
+            + (f", peak RSS {peak:.0f} MiB" if (peak := peak_rss_mib()) is not None else ""))
 
 def _power_line(backend) -> str:
     s = backend.stats()
