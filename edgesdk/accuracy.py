@@ -30,7 +30,8 @@ The rules follow ``hellaswag_score``, ``load_winogrande_from_csv``/``winogrande_
   ``scale = 2^-32``, swap-with-last removal);
 - the figures: accuracy ``p`` over the tasks; HellaSwag prints it with the Wilson score 95 % interval, Winogrande
   and multiple choice with ``sqrt(p (1 - p) / (n - 1))``, multiple choice also the random-chance accuracy
-  ``tasks / answers`` (llama.cpp prints those final lines only from 100 tasks on; here they are always given).
+  ``tasks / answers`` (llama.cpp prints Winogrande's final line only from 100 tasks on, multiple choice's always:
+  its check for fewer than 100 drawn tasks compares the count with itself; here they are always given).
 
 Each sequence is scored from an empty cache as its own window (llama.cpp packs a task's sequences into one batch
 sharing the prefix's cache: the same logits). A task with a sequence longer than the scorer takes is refused,
@@ -164,7 +165,10 @@ def parse_winogrande(text: str, source: str = "the Winogrande file") -> list[Win
     Fields are cut as ``load_winogrande_from_csv`` cuts them: at the first 4 commas outside double quotes, a quoted
     sentence losing its first and last character, the choices taken as they are. A first line that is a header
     (its answer field not a number) and blank lines are passed over; any other line llama.cpp would drop is
-    refused, naming it. Unlike llama.cpp, which stops before a last line that no newline ends, every line is read.
+    refused, naming it. Every line is read, the last one too, where llama.cpp stops before a last line that no
+    newline ends: as its ``-f`` drops one trailing newline, that is the last row of any file ending in a single
+    newline (such a file gives llama-perplexity one task fewer, and a subset of ``count`` drawn from one task
+    fewer).
     """
     fix = ("pass llama.cpp's Winogrande CSV (winogrande-debiased-eval.csv): index,sentence,choice1,choice2,answer "
            "with a _ in the sentence and the answer 1 or 2")

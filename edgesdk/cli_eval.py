@@ -57,7 +57,8 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
               help="HellaSwag tasks scored, in llama-perplexity's random order.")
 @click.option("--winogrande", is_flag=True,
               help="Score Winogrande from the --text file (llama.cpp's CSV, winogrande-debiased-eval.csv) instead of "
-                   "perplexity, as llama-perplexity --winogrande -f FILE.")
+                   "perplexity, as llama-perplexity --winogrande -f FILE, except that every row is scored: "
+                   "llama-perplexity leaves out the last row of a file that ends in one newline.")
 @click.option("--winogrande-tasks", type=click.IntRange(min=0), default=0, show_default=True,
               help="Winogrande tasks scored: 0 all, in file order; N drawn as llama-perplexity draws them.")
 @click.option("--multiple-choice", is_flag=True,
