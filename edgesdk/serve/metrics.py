@@ -10,8 +10,9 @@ picked (the prefill's first one included), a decode is one pass of the backend (
 ``n_tokens_max`` the longest sequence (prompt and answer) the KV cache held after a pass, as llama-server's is
 after each ``llama_decode``, and the two throughput gauges are the tokens per second since the previous scrape
 (llama-server resets their window at each scrape). Each is counted as its step runs, so an answer counts whatever
-ended it: its last token, a stop string, the client leaving, the server stopping. The thermal guard's temperature, level and pause are added,
-which is what a fleet of boards needs watched. Step times are the backend's compute (as ``edgesdk run --stats``
+ended it: its last token, a stop string, the client leaving, the server stopping; the time the guard held a step
+back is counted as the wait ends, also a wait that ended the answer (a simulated board that never cooled). The
+thermal guard's temperature, level and pause are added, which is what a fleet of boards needs watched. Step times are the backend's compute (as ``edgesdk run --stats``
 counts them), not the time the guard held a step back; that is ``edgesdk_thermal_wait_seconds_total``.
 """
 
