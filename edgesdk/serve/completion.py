@@ -47,6 +47,7 @@ from edgesdk.serve.api import ApiError, CompletionRequest, TextOffsets, Tokenize
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
 from edgesdk.serve.reasoning import CLOSE, ReasoningSplitter, prompt_opens_thinking, template_thinks
 from edgesdk.serve.reasoning import FORMATS as REASONING_FORMATS
+from edgesdk.thermal.watch import BoardNeverCooled
 
 
 @dataclass(frozen=True)
@@ -636,6 +637,11 @@ class Completer:
                         return self._generate(request, ids, sampling, constraint, on_text, client_gone)
                     except LogitBiasError as exc:  # the request's bias left no token to take: its fault, not ours
                         raise ApiError(400, f"{exc.problem}; {exc.fix}", param="logit_bias") from exc
+                    except BoardNeverCooled as exc:
+                        # the board cannot take work now, as llama-server answers 503 while it loads its model; a
+                        # 500 would be a fault of the server (Anthropic's route gives it as overloaded_error)
+                        raise ApiError(503, f"{exc.problem}; {exc.fix}", code="board_too_hot",
+                                       kind="server_error") from exc
                 finally:
                     self.busy, self.slot = False, None
             finally:

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.profile import TargetProfile
-from edgesdk.serve.api import ApiError
 from edgesdk.thermal.cpufreq import CpuFreqCap, recover, state_path
 from edgesdk.thermal.cpufreq import cpufreq_root as cpufreq_root_from_env
 from edgesdk.thermal.guard import CLOCK_CAP_RATIO, Guard, GuardConfig, Level, Limits
@@ -25,17 +24,10 @@ class HorizonReached(Exception):  # noqa: N818 (a stop signal, not an error)
     """The simulated clock passed the hook's ``horizon_s`` while the guard held generation back."""
 
 
-class BoardNeverCooled(ApiError, EdgeSDKError):
-    """The guard paused a simulated board that cannot cool below the resume point.
-
-    Also the :class:`~edgesdk.serve.api.ApiError` ``edgesdk serve`` answers it with: a 503 with the code
-    ``board_too_hot`` (the server cannot take work now, as llama-server answers 503 while it loads its model; a
-    500 would be a fault of the server), which Anthropic's route gives as ``overloaded_error``. ``edgesdk run``
-    prints it with its fix and exits 1, as it does every EdgeSDKError."""
-
-    def __init__(self, problem: str, fix: str):
-        ApiError.__init__(self, 503, f"{problem}; {fix}", code="board_too_hot", kind="server_error")
-        EdgeSDKError.__init__(self, problem, fix)  # its problem, fix and str(), as the CLI prints them
+class BoardNeverCooled(EdgeSDKError):
+    """The guard paused a simulated board that cannot cool below the resume point. ``edgesdk run`` prints it with
+    its fix and exits 1, as it does every EdgeSDKError; ``edgesdk serve`` answers it 503 ``board_too_hot``
+    (:meth:`edgesdk.serve.completion.Completer.complete`)."""
 
 
 def settle_time_s(board: SimulatedBoard) -> float:
