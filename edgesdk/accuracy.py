@@ -517,15 +517,9 @@ def winogrande_score(score_window, encode, tasks: list[WinograndeTask], bos_id: 
 
 def plain_text_encoder(runtime):
     """``encode(text) -> ids`` with the bundle's tokenizer as ``common_tokenize(ctx, text, true)`` tokenizes a task's
-    text: no special token added (the scorers put BOS in front), and special tokens' text written in it read as
-    plain text (``parse_special`` false: llama.cpp's tokenizer_st_partition leaves control tokens out of its split,
-    as the tokenizers library's ``encode_special_tokens`` does; user-defined added tokens are still split out).
-    The bundle's tokenizer is copied, not changed."""
-    import tokenizers
-
-    plain = tokenizers.Tokenizer.from_str(runtime.tokenizer.tokenizer.to_str())
-    plain.encode_special_tokens = True
-    return lambda text: plain.encode(text, add_special_tokens=False).ids
+    text: no special token added (the scorers put BOS in front), special tokens' text read as plain text
+    (:meth:`~edgesdk.runtime.text.ChatTokenizer.plain_text`)."""
+    return runtime.tokenizer.encode_plain
 
 
 SCORERS = {HELLASWAG: hellaswag_score, WINOGRANDE: winogrande_score, MULTIPLE_CHOICE: multiple_choice_score}

@@ -161,8 +161,7 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
         if threads:  # as the bundle ran; PyTorch would otherwise take every core
             torch.set_num_threads(threads)
         model = load_model(source).model
-        encode = lambda t: runtime.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
-        result["reference"] = reference_perplexity(model, encode, text, config, progress=True,
+        result["reference"] = reference_perplexity(model, runtime.tokenizer.encode_plain, text, config, progress=True,
                                                    bos_id=leading_bos(runtime.tokenizer)).to_json()
         ours, ref = result["bundle"]["perplexity"], result["reference"]["perplexity"]
         result["relative_difference"] = round(ours / ref - 1, 8)

@@ -366,7 +366,9 @@ DEFAULT_BUDGETS = (1.0, 0.8, 0.6)
 
 
 def _scored_ids(runtime, text: str, config: PerplexityConfig) -> list[int]:
-    ids = runtime.tokenizer.encode(text[: config.max_chars] if config.max_chars else text, add_special_tokens=False)
+    """The ids a text is scored on: read as plain text, a special token's name written in it (``<|im_end|>``) as
+    the characters it is, as llama-perplexity's ``common_tokenize(ctx, text, true)`` reads it."""
+    ids = runtime.tokenizer.encode_plain(text[: config.max_chars] if config.max_chars else text)
     return _lead(ids, config, leading_bos(runtime.tokenizer))
 
 

@@ -24,6 +24,7 @@ class ChatTokenizer:
         self._template = None
         self._token_bytes: list[bytes | None] | None = None
         self._stream_anchor: tuple[list[int], str] | None = None  # found on first use (text._stream_anchor)
+        self._plain_text = None  # the tokenizer that reads special tokens' text as text, made on first use
 
     def token_bytes(self) -> list[bytes | None]:
         """Each token id's bytes (None for special tokens and the ids that end generation, for JSON mode
@@ -48,6 +49,24 @@ class ChatTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def plain_text(self):
+        """A copy of the tokenizer that reads special tokens' text written in a text as plain text (llama.cpp's
+        ``parse_special`` false: its tokenizer_st_partition leaves control tokens out of the split, as the tokenizers
+        library's ``encode_special_tokens`` does; user-defined added tokens are still split out), for the texts
+        llama.cpp tokenizes so: llama-perplexity's and its accuracy tasks', llama-server's ``/tokenize`` with
+        ``parse_special`` false. Made on first use; the bundle's own tokenizer is not changed."""
+        if self._plain_text is None:
+            import tokenizers
+
+            plain = tokenizers.Tokenizer.from_str(self.tokenizer.to_str())
+            plain.encode_special_tokens = True
+            self._plain_text = plain
+        return self._plain_text
+
+    def encode_plain(self, text: str) -> list[int]:
+        """The ids of ``text`` read as plain text (:meth:`plain_text`), no special token added."""
+        return self.plain_text().encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

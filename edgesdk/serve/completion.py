@@ -361,7 +361,6 @@ class Completer:
         self.waiting = 0  # admitted requests waiting for their turn
         self.tasks = 0  # requests that had their turn (llama-server's task ids, for GET /slots)
         self.slot: SlotState | None = None  # the request generating now
-        self._plain = None  # the tokenizer POST /tokenize uses with parse_special false, made on first use
         self._count_lock = threading.Lock()
 
     def _draft_limit(self) -> int:
@@ -554,7 +553,7 @@ class Completer:
             check_utf8(request.content, "'content'")
         except EdgeSDKError as exc:
             raise ApiError(400, exc.problem, param="content") from exc
-        tokenizer = self.runtime.tokenizer.tokenizer if request.parse_special else self._plain_text_tokenizer()
+        tokenizer = self.runtime.tokenizer.tokenizer if request.parse_special else self.runtime.tokenizer.plain_text()
         ids = tokenizer.encode(request.content, add_special_tokens=request.add_special).ids
         if not request.with_pieces:
             return {"tokens": ids}
@@ -576,16 +575,6 @@ class Completer:
                 raise ApiError(400, f"tokens[{index}] is {token}; this model's vocabulary has ids 0 to "
                                f"{vocabulary - 1}", param=f"tokens[{index}]")
         return {"content": pieces_text(self.runtime.tokenizer, list(tokens))}
-
-    def _plain_text_tokenizer(self):
-        """A copy of the tokenizer that reads special tokens' text as plain text (``parse_special`` false)."""
-        if self._plain is None:
-            import tokenizers
-
-            plain = tokenizers.Tokenizer.from_str(self.runtime.tokenizer.tokenizer.to_str())
-            plain.encode_special_tokens = True
-            self._plain = plain
-        return self._plain
 
     def complete(self, request: CompletionRequest, on_text: Callable[[str, dict | None], None] | None = None,
                  on_start: Callable[[], None] | None = None,

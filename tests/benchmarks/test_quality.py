@@ -30,7 +30,7 @@ def test_fp32_bundle_perplexity_within_half_percent_of_pytorch(smollm2_fp32_bund
     runtime = open_runtime(smollm2_fp32_bundle.path)
     ours = bundle_perplexity(runtime, text, config)
     model = load_model(resolve_model(smollm2_fp32_bundle.manifest["model"]["before"]["source"])).model
-    ref = reference_perplexity(model, lambda t: runtime.tokenizer.encode(t, add_special_tokens=False), text, config)
+    ref = reference_perplexity(model, runtime.tokenizer.encode_plain, text, config)
     relative = ours.perplexity / ref.perplexity - 1
     print(f"\nbundle {ours.perplexity:.4f}  PyTorch {ref.perplexity:.4f}  relative {relative * 100:+.4f} % "
           f"({ours.tokens_scored} tokens, {ours.windows} windows)")
