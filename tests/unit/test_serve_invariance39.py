@@ -15,9 +15,7 @@ plain server does."""
 
 from __future__ import annotations
 
-import http.client
 import json
-import threading
 
 import pytest
 
@@ -25,9 +23,9 @@ from edgesdk.profile import get_profile
 from edgesdk.runtime.session import open_runtime
 from edgesdk.runtime.speculative import DraftConfig, DraftModel
 from edgesdk.serve.completion import Completer, ServeDefaults
-from edgesdk.serve.http_server import ApiServer
 from edgesdk.thermal.watch import open_session
 from tests._utils.builds import build_lively_bundle
+from tests._utils.metrics_server import MetricsServer
 from tests._utils.tiny import CORPUS
 from tests.unit.test_serve_reasoning import THINKING_TEMPLATE
 
@@ -49,7 +47,7 @@ def _open(path):
     return runtime
 
 
-class Server:
+class Server(MetricsServer):
     """A real server over its own runtime (its KV cache is its prompt cache's), in a background thread."""
 
     def __init__(self, bundles, defaults: ServeDefaults, draft: str | None = None, thermal=None):
@@ -58,31 +56,8 @@ class Server:
         if draft is not None:
             drafter = DraftModel(open_runtime(bundles[draft], threads=1).backend, DraftConfig(max_draft=3),
                                  runtime.backend.vocab_size)
-        self.thermal = thermal
-        self.completer = Completer(runtime, defaults, hook=None if thermal is None else thermal.hook, draft=drafter)
-        self.server = ApiServer(("127.0.0.1", 0), self.completer, "tiny", log=False, metrics=True)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.server.server_address[1], timeout=120)
-        connection.request(method, path, None if body is None else json.dumps(body),
-                           {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        text = response.read().decode()
-        connection.close()
-        return response.status, text
-
-    def metrics(self) -> dict[str, float]:
-        status, text = self.request("GET", "/metrics")
-        assert status == 200, text
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines() if not line.startswith("#")}
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-        if self.thermal is not None:
-            self.thermal.close()
+        super().__init__(Completer(runtime, defaults, hook=None if thermal is None else thermal.hook, draft=drafter),
+                         thermal)
 
 
 def _thermal():

@@ -4,9 +4,7 @@ simulated Raspberry Pi 5, whose clock the guard's pause advances without sleepin
 
 from __future__ import annotations
 
-import http.client
 import json
-import threading
 
 import anthropic
 import openai
@@ -14,8 +12,8 @@ import pytest
 
 from edgesdk.profile import get_profile
 from edgesdk.serve.completion import Completer, ServeDefaults
-from edgesdk.serve.http_server import ApiServer
 from edgesdk.thermal.watch import open_session
+from tests._utils.metrics_server import MetricsServer
 
 # A Pi 5 at 55 °C ambient idles at 81.6 °C, past its 78 °C hard limit: the guard pauses at once and the board never
 # cools below the 70 °C resume point; the hook gives up after 5 of the profile's time constants (1187.5 s).
@@ -23,36 +21,13 @@ HOT_AMBIENT_C = 55.0
 SETTLE_S = 1187.5
 
 
-class HotServer:
+class HotServer(MetricsServer):
     """A server whose guard watches a simulated board at ``ambient_c``, with /metrics and a telemetry file."""
 
     def __init__(self, runtime, telemetry, ambient_c: float = HOT_AMBIENT_C, clock_cap: bool = False):
-        self.thermal = open_session(get_profile("rpi5"), guard=True, simulate=True, status=False,
-                                    ambient_c=ambient_c, telemetry_path=str(telemetry), clock_cap=clock_cap)
-        self.completer = Completer(runtime, ServeDefaults(max_tokens=4), hook=self.thermal.hook)
-        self.server = ApiServer(("127.0.0.1", 0), self.completer, "tiny", log=False, metrics=True)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.server.server_address[1], timeout=120)
-        connection.request(method, path, None if body is None else json.dumps(body),
-                           {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        text = response.read().decode()
-        connection.close()
-        return response.status, text
-
-    def metrics(self) -> dict[str, float]:
-        status, text = self.request("GET", "/metrics")
-        assert status == 200, text
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines() if not line.startswith("#")}
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thermal.close()
+        thermal = open_session(get_profile("rpi5"), guard=True, simulate=True, status=False,
+                               ambient_c=ambient_c, telemetry_path=str(telemetry), clock_cap=clock_cap)
+        super().__init__(Completer(runtime, ServeDefaults(max_tokens=4), hook=thermal.hook), thermal)
 
 
 @pytest.fixture
