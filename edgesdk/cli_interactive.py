@@ -1,6 +1,8 @@
 """The interactive input of ``edgesdk run``, as llama-cli reads it: a prompt per line (a trailing backslash going on
 over the next), escapes in --in-prefix / --in-suffix / --reverse-prompt, reverse prompts that hand control back,
-``/read FILE``, and a Ctrl-C that lands between two writes of the answer rather than inside one.
+``/read FILE``, a Ctrl-C that lands between two writes of the answer rather than inside one, and the loop
+(:class:`Chat`) that reads the lines, acts on the commands (/clear, /regen, /read, /exit) and has the others
+answered.
 """
 
 from __future__ import annotations
@@ -144,3 +146,113 @@ def answer_ended(thermal) -> None:
         thermal.hook.end(None)
         if thermal.hook.status is not None:
             thermal.hook.status.between_answers()
+
+
+class _SessionEnds(Exception):
+    """/exit, or the end of stdin (Ctrl-D at a terminal)."""
+
+
+class Chat:
+    """``edgesdk run`` without --prompt or --file: each line on stdin a prompt (:func:`read_prompt`), answered by
+    ``answerer`` (cli_run.Answerer), until /exit or the end of input. At a terminal (``interactive``) a '> '
+    prompt is shown, an error ends the line rather than the session, and Ctrl-C stops the answer being written;
+    at the prompt it ends the session, as in llama-cli's conversation mode. Piped input ends at the first error
+    or Ctrl-C, as a script expects."""
+
+    def __init__(self, answerer, thermal, *, interactive: bool, in_prefix: str, in_suffix: str, show_affixes: bool):
+        self.answerer, self.thermal, self.interactive = answerer, thermal, interactive
+        self.in_prefix, self.in_suffix = in_prefix, in_suffix  # --in-prefix / --in-suffix, escapes processed
+        self.show_affixes = show_affixes  # printed around the input (the prompt is its text: --raw, no template)
+        self.read_files: list[str] = []  # /read FILE: text that goes before the next prompt
+        self.regenerated = 0  # /regen in a row: the answer's draw (a --seed moves on by as many)
+
+    def run(self) -> None:
+        stdin_keeps_bytes_not_utf8()
+        while True:
+            try:  # a Ctrl-C while reading ends the session, one in the answer stops that answer
+                turn = self._next_turn()
+            except _SessionEnds:
+                return
+            except EdgeSDKError as exc:
+                if not self.interactive:
+                    raise
+                self._tell_error(exc)
+                continue
+            except KeyboardInterrupt:
+                if not self.interactive:
+                    raise
+                click.echo("", err=True)  # Ctrl-C at the prompt ends the session, as in llama-cli's conversation mode
+                return
+            if turn is None:
+                continue
+            try:
+                self.answerer.answer(*turn)
+            except EdgeSDKError as exc:
+                if not self.interactive:
+                    raise
+                self._tell_error(exc)
+            except KeyboardInterrupt:
+                if not self.interactive:
+                    raise
+                # As in llama.cpp's interactive mode: Ctrl-C stops the answer, not the session.
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+                answer_ended(self.thermal)
+                click.echo("edgesdk: answer stopped; Ctrl-C at the prompt or Ctrl-D ends the session", err=True)
+
+    def _next_turn(self) -> tuple[str, int] | None:
+        """Read a line and act on it: the prompt to answer and its /regen count, or None where the line was empty
+        or a command that answers nothing. Raises _SessionEnds at /exit and at the end of input."""
+        if self.interactive:
+            click.echo("> " + (self.in_prefix if self.show_affixes else ""), nl=False, err=True)
+        text = read_prompt()
+        if text is None:
+            if self.interactive:  # Ctrl-D at the prompt: the shell's prompt starts on a line of its own
+                click.echo("", err=True)
+            raise _SessionEnds
+        command = text.strip()
+        if not command:
+            return None
+        if command == "/exit":
+            raise _SessionEnds
+        if command == "/clear":
+            self._clear()
+            return None
+        if command == "/regen":
+            return self._regen()
+        if command == "/read" or command.startswith("/read "):
+            self.read_files.append(read_for_prompt(command[len("/read"):].strip()))
+            return None
+        return self._prompt(text), 0
+
+    def _clear(self) -> None:
+        conversation = self.answerer.conversation
+        if conversation is None:
+            click.echo("edgesdk: /clear does nothing: each line is answered on its own (there is no conversation "
+                       "with --no-history, --raw or a bundle without a chat template)", err=True)
+            return
+        conversation.clear()
+        click.echo("edgesdk: conversation cleared", err=True)
+
+    def _regen(self) -> tuple[str, int] | None:
+        again = self.answerer.take_back_last()
+        if again is None:
+            click.echo("edgesdk: /regen does nothing: there is no answer yet to generate again", err=True)
+            return None
+        self.regenerated += 1
+        return again, self.regenerated
+
+    def _prompt(self, text: str) -> str:
+        """The line as it is answered: --in-prefix, the /read files, the line, --in-suffix (the suffix shown after
+        the input where the prefix was shown before it, as llama-cli's tools/main/main.cpp prints them)."""
+        if self.show_affixes and self.in_suffix:
+            click.echo(self.in_suffix, nl=False, err=True)
+        text = self.in_prefix + "".join(self.read_files) + text + self.in_suffix
+        self.read_files.clear()
+        self.regenerated = 0
+        return text
+
+    def _tell_error(self, exc: EdgeSDKError) -> None:
+        """An error in an interactive session: one bad line does not end it."""
+        answer_ended(self.thermal)
+        click.echo(f"error: {exc}", err=True)

@@ -18,15 +18,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from edgesdk.cli_interactive import (
-    DeferredInterrupt,
-    ReversePrompts,
-    answer_ended,
-    process_escapes,
-    read_for_prompt,
-    read_prompt,
-    stdin_keeps_bytes_not_utf8,
-)
+from edgesdk.cli_interactive import Chat, DeferredInterrupt, ReversePrompts, process_escapes
 from edgesdk.cli_options import (
     _configure_gates,
     _draft_model,
@@ -172,7 +164,6 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
       /exit     end the session; so do Ctrl-D and Ctrl-C at the prompt
       Ctrl-C    stop the answer being written; the conversation keeps what it showed
     """
-    from edgesdk.runtime.conversation import Conversation
     from edgesdk.runtime.prompt_cache import PromptCache
     from edgesdk.runtime.session import open_runtime
 
@@ -202,18 +193,10 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                        "no_guard": no_guard, "clock_cap": clock_cap, "ambient": ambient, "sim_speed": sim_speed,
                        "thermal_target": thermal_target}
     _warn_unused_options(settings, tokenizer, thermal_options)
-    prompt, in_prefix, in_suffix = settings.prompt, settings.in_prefix, settings.in_suffix
-    interactive = prompt is None and sys.stdin.isatty()
-    if history is None:
-        history = interactive
-    # shown with the input where the prompt is the text itself, as llama-cli's interactive mode without a chat
-    # template prints the prefix before reading and the suffix after (tools/main/main.cpp)
-    show_affixes = interactive and (raw or not tokenizer.has_chat_template)
-    conversation = None
-    if history and prompt is None and not raw and tokenizer.has_chat_template:
-        conversation = Conversation(tokenizer, system, runtime.backend.max_context, answer_room=max_new_tokens)
+    interactive = settings.prompt is None and sys.stdin.isatty()
+    conversation = _open_conversation(settings, runtime, interactive)
     cache = PromptCache(runtime.backend)
-    prompt_cache = _load_prompt_cache(settings.prompt_cache, cache, runtime, stats)
+    cache_path = _load_prompt_cache(settings.prompt_cache, cache, runtime, settings.stats)
     token_bytes = _check_constraint_tokens(settings, tokenizer)
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     lookup = _draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target,
@@ -221,221 +204,18 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     thermal = _open_thermal(runtime, **thermal_options, status=watch_thermal or simulate_thermal)
     try:
         answerer = Answerer(runtime, settings, sampling, conversation=conversation, cache=cache,
-                            prompt_cache=prompt_cache, token_bytes=token_bytes, lookup=lookup, thermal=thermal)
-        if prompt is not None:
-            answerer.answer(prompt)
+                            cache_path=cache_path, token_bytes=token_bytes, lookup=lookup, thermal=thermal)
+        if settings.prompt is not None:
+            answerer.answer(settings.prompt)
             return
-        stdin_keeps_bytes_not_utf8()
-        read_files: list[str] = []  # /read FILE: text that goes before the next prompt
-        regenerated = 0
-        while True:
-            reading = True  # a Ctrl-C while reading ends the session, one in the answer stops that answer
-            try:
-                if interactive:
-                    click.echo("> " + (in_prefix if show_affixes else ""), nl=False, err=True)
-                text = read_prompt()
-                if text is None:
-                    if interactive:  # Ctrl-D at the prompt: the shell's prompt starts on a line of its own
-                        click.echo("", err=True)
-                    break
-                command = text.strip()
-                if not command:
-                    continue
-                if command == "/exit":
-                    break
-                if command == "/clear":
-                    if conversation is None:
-                        click.echo("edgesdk: /clear does nothing: each line is answered on its own (there is no "
-                                   "conversation with --no-history, --raw or a bundle without a chat template)",
-                                   err=True)
-                    else:
-                        conversation.clear()
-                        click.echo("edgesdk: conversation cleared", err=True)
-                    continue
-                if command == "/regen":
-                    again = answerer.take_back_last()
-                    if again is None:
-                        click.echo("edgesdk: /regen does nothing: there is no answer yet to generate again", err=True)
-                        continue
-                    regenerated += 1
-                    reading = False
-                    answerer.answer(again, regenerated)
-                    continue
-                if command == "/read" or command.startswith("/read "):
-                    read_files.append(read_for_prompt(command[len("/read"):].strip()))
-                    continue
-                if show_affixes and in_suffix:
-                    click.echo(in_suffix, nl=False, err=True)
-                text = in_prefix + "".join(read_files) + text + in_suffix
-                read_files.clear()
-                regenerated = 0
-                reading = False
-                answerer.answer(text)
-            except EdgeSDKError as exc:
-                if not interactive:
-                    raise
-                answer_ended(thermal)
-                click.echo(f"error: {exc}", err=True)  # one bad line does not end the session
-            except KeyboardInterrupt:
-                if not interactive:
-                    raise
-                if reading:  # Ctrl-C at the prompt ends the session, as in llama-cli's conversation mode
-                    click.echo("", err=True)
-                    break
-                # As in llama.cpp's interactive mode: Ctrl-C stops the answer, not the session.
-                sys.stdout.write("\n")
-                sys.stdout.flush()
-                answer_ended(thermal)
-                click.echo("edgesdk: answer stopped; Ctrl-C at the prompt or Ctrl-D ends the session", err=True)
+        # The affixes are shown with the input where the prompt is the text itself, as llama-cli's interactive
+        # mode without a chat template prints the prefix before reading and the suffix after (tools/main/main.cpp).
+        show_affixes = interactive and (settings.raw or not tokenizer.has_chat_template)
+        Chat(answerer, thermal, interactive=interactive, in_prefix=settings.in_prefix, in_suffix=settings.in_suffix,
+             show_affixes=show_affixes).run()
     finally:
         if thermal is not None:
             thermal.close()
-
-
-class Answerer:
-    """Answers one prompt at a time, as llama-cli does: the answer streamed to stdout as its characters complete,
-    kept by the conversation where there is one (--history), its KV cache reused by the next prompt that begins
-    the same way, and written to --prompt-cache once whole."""
-
-    def __init__(self, runtime, settings: RunSettings, sampling: SamplingConfig, *, conversation, cache,
-                 prompt_cache: Path | None, token_bytes, lookup, thermal):
-        self.runtime, self.tokenizer, self.settings, self.sampling = runtime, runtime.tokenizer, settings, sampling
-        self.conversation = conversation  # None: each prompt is answered on its own
-        self.cache = cache  # the KV cache's token list (runtime.prompt_cache.PromptCache)
-        self.prompt_cache = prompt_cache  # the file the cache is written to; None: not written
-        self.token_bytes = token_bytes  # each token's bytes, where --json, --json-schema or --grammar constrain
-        self.lookup, self.thermal = lookup, thermal  # the drafter (--draft, --lookup) and thermal session, or None
-        # A reverse prompt that is one token also stops at that token, as llama-cli's single-token antiprompts do:
-        # a special token's name (<|im_start|>) is left out of the answer's text.
-        self.reverse_tokens = {ids[0]: text for text in settings.reverse_prompts
-                               if len(ids := self.tokenizer.encode(text, add_special_tokens=False)) == 1}
-        self.last_prompt: str | None = None  # the last prompt answered, which /regen answers again
-
-    def answer(self, text: str, regenerated: int = 0) -> None:
-        """Answer ``text``; ``regenerated`` counts the times this answer was asked for again (/regen), which
-        moves a --seed on by as many, so that each new answer is another draw, and still reproducible."""
-        from edgesdk.runtime.generate import generate
-
-        ids = self._prompt_ids(text)
-        constraint, reverse = self._constraint()
-        shown = _ShownAnswer(self.tokenizer, reverse, defer_interrupts=self.conversation is not None)
-        sampling = self.sampling
-        if regenerated and sampling.seed is not None:
-            sampling = dataclasses.replace(sampling, seed=sampling.seed + regenerated)
-        try:
-            _, result = generate(self.runtime.backend, ids, sampling, self.tokenizer.eos_token_ids,
-                                 on_token=shown.emit, hook=self.thermal.hook if self.thermal else None,
-                                 cache=self.cache, constraint=constraint, lookup=self.lookup)
-        except KeyboardInterrupt:
-            self._keep_stopped(text, shown)
-            raise
-        except Exception:
-            self._keep_failed(text, shown)
-            raise
-        if reverse is not None and reverse.found is not None:
-            result.stop_reason = "reverse_prompt"
-        self._finish(text, shown, result)
-
-    def take_back_last(self) -> str | None:
-        """/regen: the prompt answered last (None before the first answer); a conversation gives its last
-        exchange back, so that the answer is generated again in its place."""
-        return self.last_prompt if self.conversation is None else self.conversation.take_last()
-
-    def _prompt_ids(self, text: str) -> list[int]:
-        if self.conversation is None:
-            return self.tokenizer.prompt_ids(text, raw=self.settings.raw, system=self.settings.system)
-        dropped = self.conversation.dropped
-        ids = self.conversation.prompt_ids(text)
-        if self.conversation.dropped > dropped:
-            click.echo(f"edgesdk: the conversation outgrew the context ({self.runtime.backend.max_context} tokens): "
-                       f"left out its {self.conversation.dropped - dropped} oldest exchange(s)", err=True)
-        return ids
-
-    def _constraint(self):
-        """A new constraint for the next answer (it keeps that answer's state) from --grammar, --json-schema or
-        --json, wrapped in the -r reverse prompts; and the reverse prompts' part, or None without -r."""
-        from edgesdk.runtime.grammar import GrammarConstraint
-        from edgesdk.runtime.json_mode import JsonConstraint
-        from edgesdk.runtime.json_schema import SchemaConstraint
-
-        settings, constraint = self.settings, None
-        if settings.rules is not None:
-            constraint = GrammarConstraint(self.token_bytes, settings.rules, self.tokenizer.eos_token_ids,
-                                           token_id_of=self.tokenizer.token_id)
-        elif settings.schema is not None:
-            constraint = SchemaConstraint(self.token_bytes, settings.schema)
-        elif self.token_bytes is not None:
-            constraint = JsonConstraint(self.token_bytes)
-        if not settings.reverse_prompts:
-            return constraint, None
-        reverse = ReversePrompts(settings.reverse_prompts, self.reverse_tokens, constraint)
-        return reverse, reverse
-
-    def _keep_stopped(self, text: str, shown: _ShownAnswer) -> None:
-        """An answer stopped with Ctrl-C stays in the conversation as shown: whole characters only, never the
-        replacement character of one whose bytes were still coming (the stream holds those back)."""
-        if self.conversation is not None:
-            self.conversation.answered(text, shown.text)
-        self.last_prompt = text
-        if self.prompt_cache is not None:  # the prefill paid for stays in the file, as llama-cli saves it
-            _save_interrupted_prompt_cache(self.prompt_cache, self.cache, self.runtime)
-
-    def _keep_failed(self, text: str, shown: _ShownAnswer) -> None:
-        """An answer an error cut short, once it showed something: the error is told on a line of its own, not
-        after the answer's last piece; the conversation keeps what was shown, as llama-cli's conversation keeps
-        the text an error cut short."""
-        if not any(shown.pieces):
-            return
-        with contextlib.suppress(OSError):  # where stdout itself failed, the error says so
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-        if self.conversation is not None:
-            self.conversation.answered(text, shown.text)
-        self.last_prompt = text
-
-    def _finish(self, text: str, shown: _ShownAnswer, result) -> None:
-        """The answer's end: its last characters written, then the thermal status line, --stats and the prompt
-        cache's file."""
-        tail = shown.stream.flush()  # bytes held back for a character still incomplete
-        if self.conversation is not None:
-            self.conversation.answered(text, shown.text + tail)
-        self.last_prompt = text
-        sys.stdout.write(tail + "\n")
-        sys.stdout.flush()
-        if self.thermal is not None and self.thermal.hook.status is not None:
-            self.thermal.hook.status.between_answers()
-        if self.settings.stats:
-            _print_stats(self.runtime, result, drafting=bool(self.lookup))
-        if self.prompt_cache is not None:  # once the answer is whole: a failed write leaves it in the conversation
-            _save_prompt_cache(self.prompt_cache, self.cache, self.runtime)
-
-
-class _ShownAnswer:
-    """An answer as it is written to stdout, token by token: each token's text once its characters are whole
-    (runtime.text.StreamDecoder), and the text written so far."""
-
-    def __init__(self, tokenizer, reverse: ReversePrompts | None, defer_interrupts: bool):
-        from edgesdk.runtime.text import StreamDecoder
-
-        self.stream = StreamDecoder(tokenizer)
-        self.pieces: list[str] = []
-        self.reverse = reverse  # told each piece shown, to stop at a reverse prompt
-        self.defer_interrupts = defer_interrupts  # with a conversation, which keeps the text shown
-
-    @property
-    def text(self) -> str:
-        return "".join(self.pieces)
-
-    def emit(self, token: int) -> None:
-        piece = self.stream.push(token)
-        # The conversation keeps the answer as shown, as llama-cli keeps the text it printed: a Ctrl-C that
-        # comes while a piece is written takes effect once it is written (the second stops the write).
-        with DeferredInterrupt() if self.defer_interrupts else contextlib.nullcontext():
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-            self.pieces.append(piece)
-        if self.reverse is not None:
-            self.reverse.shown(token, piece)
 
 
 def _sampling_config(*, logit_bias: tuple[str, ...], samplers: str | None, sampling_seq: str | None, **fields):
@@ -525,6 +305,20 @@ def _warn_unused_options(settings: RunSettings, tokenizer, thermal_options: dict
                        f"{settings.prompt_option} is answered as it is", err=True)
     if settings.template_kwargs and as_it_is:
         click.echo(f"edgesdk: --chat-template-kwargs is not used: {as_it_is} feeds the prompt as it is", err=True)
+
+
+def _open_conversation(settings: RunSettings, runtime, interactive: bool):
+    """The conversation kept over the prompts read from stdin (--history; on by default at a terminal), or None
+    where each prompt is answered on its own: --prompt / --file, --no-history, --raw, or a bundle without a chat
+    template."""
+    from edgesdk.runtime.conversation import Conversation
+
+    tokenizer = runtime.tokenizer
+    history = interactive if settings.history is None else settings.history
+    if not history or settings.prompt is not None or settings.raw or not tokenizer.has_chat_template:
+        return None
+    return Conversation(tokenizer, settings.system, runtime.backend.max_context,
+                        answer_room=settings.sampling.max_new_tokens)
 
 
 def _check_constraint_tokens(settings: RunSettings, tokenizer):
@@ -685,6 +479,152 @@ def _read_grammar(text: str | None, path: Path | None, json_object: bool, json_s
         return parse_grammar(text)
     except GrammarError as exc:
         raise click.BadParameter(f"{exc.problem} ({exc.fix})", param_hint=hint) from exc
+
+
+class Answerer:
+    """Answers one prompt at a time, as llama-cli does: the answer streamed to stdout as its characters complete,
+    kept by the conversation where there is one (--history), its KV cache reused by the next prompt that begins
+    the same way, and written to --prompt-cache once whole."""
+
+    def __init__(self, runtime, settings: RunSettings, sampling: SamplingConfig, *, conversation, cache,
+                 cache_path: Path | None, token_bytes, lookup, thermal):
+        self.runtime, self.tokenizer, self.settings, self.sampling = runtime, runtime.tokenizer, settings, sampling
+        self.conversation = conversation  # None: each prompt is answered on its own
+        self.cache = cache  # the KV cache's token list (runtime.prompt_cache.PromptCache)
+        self.cache_path = cache_path  # --prompt-cache's file, which the cache is written to; None: not written
+        self.token_bytes = token_bytes  # each token's bytes, where --json, --json-schema or --grammar constrain
+        self.lookup, self.thermal = lookup, thermal  # the drafter (--draft, --lookup) and thermal session, or None
+        # A reverse prompt that is one token also stops at that token, as llama-cli's single-token antiprompts do:
+        # a special token's name (<|im_start|>) is left out of the answer's text.
+        self.reverse_tokens = {ids[0]: text for text in settings.reverse_prompts
+                               if len(ids := self.tokenizer.encode(text, add_special_tokens=False)) == 1}
+        self.last_prompt: str | None = None  # the last prompt answered, which /regen answers again
+
+    def answer(self, text: str, regenerated: int = 0) -> None:
+        """Answer ``text``; ``regenerated`` counts the times this answer was asked for again (/regen), which
+        moves a --seed on by as many, so that each new answer is another draw, and still reproducible."""
+        from edgesdk.runtime.generate import generate
+
+        ids = self._prompt_ids(text)
+        constraint, reverse = self._constraint()
+        shown = _ShownAnswer(self.tokenizer, reverse, defer_interrupts=self.conversation is not None)
+        sampling = self.sampling
+        if regenerated and sampling.seed is not None:
+            sampling = dataclasses.replace(sampling, seed=sampling.seed + regenerated)
+        try:
+            _, result = generate(self.runtime.backend, ids, sampling, self.tokenizer.eos_token_ids,
+                                 on_token=shown.emit, hook=self.thermal.hook if self.thermal else None,
+                                 cache=self.cache, constraint=constraint, lookup=self.lookup)
+        except KeyboardInterrupt:
+            self._keep_stopped(text, shown)
+            raise
+        except Exception:
+            self._keep_failed(text, shown)
+            raise
+        if reverse is not None and reverse.found is not None:
+            result.stop_reason = "reverse_prompt"
+        self._finish(text, shown, result)
+
+    def take_back_last(self) -> str | None:
+        """/regen: the prompt answered last (None before the first answer); a conversation gives its last
+        exchange back, so that the answer is generated again in its place."""
+        return self.last_prompt if self.conversation is None else self.conversation.take_last()
+
+    def _prompt_ids(self, text: str) -> list[int]:
+        if self.conversation is None:
+            return self.tokenizer.prompt_ids(text, raw=self.settings.raw, system=self.settings.system)
+        dropped = self.conversation.dropped
+        ids = self.conversation.prompt_ids(text)
+        if self.conversation.dropped > dropped:
+            click.echo(f"edgesdk: the conversation outgrew the context ({self.runtime.backend.max_context} tokens): "
+                       f"left out its {self.conversation.dropped - dropped} oldest exchange(s)", err=True)
+        return ids
+
+    def _constraint(self):
+        """A new constraint for the next answer (it keeps that answer's state) from --grammar, --json-schema or
+        --json, wrapped in the -r reverse prompts; and the reverse prompts' part, or None without -r."""
+        from edgesdk.runtime.grammar import GrammarConstraint
+        from edgesdk.runtime.json_mode import JsonConstraint
+        from edgesdk.runtime.json_schema import SchemaConstraint
+
+        settings, constraint = self.settings, None
+        if settings.rules is not None:
+            constraint = GrammarConstraint(self.token_bytes, settings.rules, self.tokenizer.eos_token_ids,
+                                           token_id_of=self.tokenizer.token_id)
+        elif settings.schema is not None:
+            constraint = SchemaConstraint(self.token_bytes, settings.schema)
+        elif self.token_bytes is not None:
+            constraint = JsonConstraint(self.token_bytes)
+        if not settings.reverse_prompts:
+            return constraint, None
+        reverse = ReversePrompts(settings.reverse_prompts, self.reverse_tokens, constraint)
+        return reverse, reverse
+
+    def _keep_stopped(self, text: str, shown: _ShownAnswer) -> None:
+        """An answer stopped with Ctrl-C stays in the conversation as shown: whole characters only, never the
+        replacement character of one whose bytes were still coming (the stream holds those back)."""
+        if self.conversation is not None:
+            self.conversation.answered(text, shown.text)
+        self.last_prompt = text
+        if self.cache_path is not None:  # the prefill paid for stays in the file, as llama-cli saves it
+            _save_interrupted_prompt_cache(self.cache_path, self.cache, self.runtime)
+
+    def _keep_failed(self, text: str, shown: _ShownAnswer) -> None:
+        """An answer an error cut short, once it showed something: the error is told on a line of its own, not
+        after the answer's last piece; the conversation keeps what was shown, as llama-cli's conversation keeps
+        the text an error cut short."""
+        if not any(shown.pieces):
+            return
+        with contextlib.suppress(OSError):  # where stdout itself failed, the error says so
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        if self.conversation is not None:
+            self.conversation.answered(text, shown.text)
+        self.last_prompt = text
+
+    def _finish(self, text: str, shown: _ShownAnswer, result) -> None:
+        """The answer's end: its last characters written, then the thermal status line, --stats and the prompt
+        cache's file."""
+        tail = shown.stream.flush()  # bytes held back for a character still incomplete
+        if self.conversation is not None:
+            self.conversation.answered(text, shown.text + tail)
+        self.last_prompt = text
+        sys.stdout.write(tail + "\n")
+        sys.stdout.flush()
+        if self.thermal is not None and self.thermal.hook.status is not None:
+            self.thermal.hook.status.between_answers()
+        if self.settings.stats:
+            _print_stats(self.runtime, result, drafting=bool(self.lookup))
+        if self.cache_path is not None:  # once the answer is whole: a failed write leaves it in the conversation
+            _save_prompt_cache(self.cache_path, self.cache, self.runtime)
+
+
+class _ShownAnswer:
+    """An answer as it is written to stdout, token by token: each token's text once its characters are whole
+    (runtime.text.StreamDecoder), and the text written so far."""
+
+    def __init__(self, tokenizer, reverse: ReversePrompts | None, defer_interrupts: bool):
+        from edgesdk.runtime.text import StreamDecoder
+
+        self.stream = StreamDecoder(tokenizer)
+        self.pieces: list[str] = []
+        self.reverse = reverse  # told each piece shown, to stop at a reverse prompt
+        self.defer_interrupts = defer_interrupts  # with a conversation, which keeps the text shown
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def emit(self, token: int) -> None:
+        piece = self.stream.push(token)
+        # The conversation keeps the answer as shown, as llama-cli keeps the text it printed: a Ctrl-C that
+        # comes while a piece is written takes effect once it is written (the second stops the write).
+        with DeferredInterrupt() if self.defer_interrupts else contextlib.nullcontext():
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            self.pieces.append(piece)
+        if self.reverse is not None:
+            self.reverse.shown(token, piece)
 
 
 def _print_stats(runtime, result, drafting: bool) -> None:
