@@ -557,8 +557,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_json(200, answer.whole(completion))
             return
 
-        def on_text(text: str, logprobs: dict | None) -> None:
-            for line in answer.piece(text):
+        def on_text(text: str, logprobs: list | None) -> None:
+            for line in answer.piece(text, logprobs):
                 self._json_line(line)
 
         completion = self._complete_streamed(request, on_text, lambda: None,

@@ -12,7 +12,8 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   assistant's ``tool_calls`` with ``function.arguments`` an object, a tool turn's ``tool_name``; an assistant's
   ``thinking`` is left out, as an earlier turn's reasoning is on the other routes; ``images`` are refused: the
   model reads text), ``tools``, ``format`` (``"json"`` or a JSON schema), ``think``, ``options``, ``stream``
-  (true unless false, as in Ollama), ``keep_alive`` (accepted: the board keeps its one model loaded).
+  (true unless false, as in Ollama), ``keep_alive`` (accepted: the board keeps its one model loaded),
+  ``logprobs`` and ``top_logprobs`` (0-20; without ``logprobs`` true nothing is listed, as in Ollama).
   No messages: the model is loaded already, and the answer says so (``done_reason`` "load"), as Ollama answers.
 * ``POST /api/generate``: ``prompt`` with ``system`` through the chat template, or ``raw`` as given (``system``
   unused then, as in Ollama); ``suffix``, ``images``, a ``template`` and the deprecated ``context`` are refused by
@@ -28,7 +29,9 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   Ollama ignores it (``Options.FromMap``: "invalid option provided", a warning). A value of the wrong type is
   refused naming ``options.<name>``.
 * answers: ``model`` (as asked), ``created_at``, ``message`` (``content``, ``thinking`` where a thinking model's
-  reasoning is split off, ``tool_calls``) or ``response``, ``done``, ``done_reason`` ("stop" or "length"),
+  reasoning is split off, ``tool_calls``) or ``response``, ``logprobs`` where asked for (api/types.go ``Logprob``:
+  per token its ``token``, ``logprob``, ``bytes`` and ``top_logprobs``, left out when empty; a streamed object
+  carries those of its own tokens), ``done``, ``done_reason`` ("stop" or "length"),
   ``total_duration``, ``load_duration``, ``prompt_eval_count``, ``prompt_eval_duration``, ``eval_count``,
   ``eval_duration`` (nanoseconds). A stream is newline-delimited JSON (``application/x-ndjson``), one object per
   piece and a last one with ``done`` true; an error once it has begun is a last ``{"error": ...}`` line.
@@ -46,6 +49,7 @@ from datetime import datetime, timezone
 
 from edgesdk.serve.anthropic import partial_input
 from edgesdk.serve.api import (
+    MAX_TOP_LOGPROBS,
     UNTIL_THE_CONTEXT_FILLS,
     ApiError,
     CompletionRequest,
@@ -184,6 +188,19 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
     return fields, tuple(stop for stop in stops if stop), window
 
 
+def _logprobs(body: dict) -> int | None:
+    """``logprobs`` and ``top_logprobs``: how many alternatives to list per token (0-20), or None for no
+    log-probabilities. ``top_logprobs`` outside 0-20 is Ollama's 400; without ``logprobs`` true it lists nothing, as
+    Ollama's runner computes them only where ``logprobs`` is set (api/types.go, ``GenerateRequest`` and
+    ``ChatRequest``)."""
+    wanted = _flag(body, "logprobs", False)
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise ApiError(400, f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS} (the most likely tokens listed "
+                       f"beside each token), got {_shown(top)}", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
 def _think(body: dict) -> bool | None:
     """``think``: true or false, or gpt-oss's "high" / "medium" / "low" (thinking on); None when absent."""
     value = body.get("think")
@@ -205,6 +222,8 @@ def _checked(parse, chat: dict, stops: tuple[str, ...]) -> CompletionRequest:
         request = parse(chat)
     except ApiError as exc:
         raise _renamed(exc) from None
+    if request.logprobs is not None:  # listed per token as llama-server's completion_probabilities, for :func:`_listed`
+        request = replace(request, llama_probs=True)
     return replace(request, stop=stops) if stops else request  # any number of stop strings, as Ollama takes
 
 
@@ -214,7 +233,7 @@ def parse_chat(body: object, served: str) -> Asked:
     model = _model(body, served)
     fields = _common(body)
     options, stops, window = _options(body)
-    think = _think(body)
+    think, top = _think(body), _logprobs(body)
     messages = body.get("messages")
     if messages is None or messages == []:
         return Asked(model, None, chat=True)
@@ -222,6 +241,8 @@ def parse_chat(body: object, served: str) -> Asked:
         raise ApiError(400, f"'messages' must be an array of {{\"role\", \"content\"}} objects, got "
                        f"{_shown(messages)}", param="messages")
     chat = {**fields, **options, "messages": _messages(messages)}
+    if top is not None:
+        chat.update(logprobs=True, top_logprobs=top)
     if body.get("tools"):
         chat["tools"] = body["tools"]  # Ollama's tools are OpenAI's ({"type": "function", "function": ...})
     if think is not None:
@@ -292,7 +313,7 @@ def parse_generate(body: object, served: str) -> Asked:
     model = _model(body, served)
     fields = _common(body)
     options, stops, window = _options(body)
-    think = _think(body)
+    think, top = _think(body), _logprobs(body)
     _refused(body, "suffix", "no fill-in-the-middle here")
     _refused(body, "images", "this model reads text only")
     _refused(body, "template", "the prompt renders through the bundle's chat template (send 'raw': true with a "
@@ -308,10 +329,12 @@ def parse_generate(body: object, served: str) -> Asked:
     if not prompt:
         return Asked(model, None, chat=False)
     if raw:
-        return Asked(model, _checked(parse_text_request, {**fields, **options, "prompt": prompt}, stops), chat=False,
-                     num_ctx=window)
+        text = {**fields, **options, "prompt": prompt, **({} if top is None else {"logprobs": top})}
+        return Asked(model, _checked(parse_text_request, text, stops), chat=False, num_ctx=window)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     chat = {**fields, **options, "messages": messages}
+    if top is not None:
+        chat.update(logprobs=True, top_logprobs=top)
     if think is not None:
         chat["chat_template_kwargs"] = {"enable_thinking": think}
     try:
@@ -362,6 +385,17 @@ def loaded(asked: Asked) -> dict:
     return body
 
 
+def _listed(entries: list) -> list[dict]:
+    """llama-server's completion_probabilities entries (the same tokens and numbers as the chat route's
+    ``logprobs.content``) as Ollama's ``logprobs``: ``token``, ``logprob``, ``bytes`` and ``top_logprobs`` in the same
+    form, left out when empty as Ollama's ``omitempty`` leaves it (api/types.go, ``Logprob`` and ``TokenLogprob``)."""
+    def shown(entry: dict) -> dict:
+        return {"token": entry["token"], "logprob": entry["logprob"], "bytes": entry["bytes"]}
+
+    return [{**shown(entry), **({"top_logprobs": [shown(t) for t in entry["top_logprobs"]]}
+                                if entry["top_logprobs"] else {})} for entry in entries]
+
+
 def _call(call: dict, index: int, whole: bool) -> dict:
     """An OpenAI tool call as Ollama's: ``function.arguments`` an object (a call cut short: what its JSON so far
     holds)."""
@@ -379,7 +413,7 @@ class Answer:
         self.splitter = completer.reasoning_splitter(replace(request, stream=False))
         self.tools = AnswerStream(request.tools.structured) if request.tools is not None and request.stream else None
 
-    def _body(self, content: str, thinking: str = "", calls: list | None = None) -> dict:
+    def _body(self, content: str, thinking: str = "", calls: list | None = None, logprobs: list | None = None) -> dict:
         body: dict = {"model": self.asked.model, "created_at": created_at()}
         if self.asked.chat:
             message: dict = {"role": "assistant", "content": content}
@@ -392,6 +426,8 @@ class Answer:
             body["response"] = content
             if thinking:
                 body["thinking"] = thinking
+        if logprobs:
+            body["logprobs"] = _listed(logprobs)
         return body
 
     def _final(self, completion: Completion, content: str = "", thinking: str = "", calls: list | None = None) -> dict:
@@ -407,19 +443,26 @@ class Answer:
         if self.splitter is not None:
             thinking, text = split_answer(self.splitter, text)
         if self.request.tools is None:
-            return self._final(completion, text, thinking)
-        fields, finish = answer_message(text, completion.finish_reason, self.request.tools.structured)
-        calls = [_call(call, i, finish == "tool_calls") for i, call in enumerate(fields.get("tool_calls") or [])]
-        return self._final(completion, fields.get("content") or "", calls=calls)
+            body = self._final(completion, text, thinking)
+        else:
+            fields, finish = answer_message(text, completion.finish_reason, self.request.tools.structured)
+            calls = [_call(call, i, finish == "tool_calls") for i, call in enumerate(fields.get("tool_calls") or [])]
+            body = self._final(completion, fields.get("content") or "", calls=calls)
+        if self.request.logprobs is not None:
+            body["logprobs"] = _listed(completion.logprobs or [])
+        return body
 
-    def piece(self, text: str) -> list[dict]:
-        """The stream's objects that a settled piece of text gives."""
+    def piece(self, text: str, logprobs: list | None = None) -> list[dict]:
+        """The stream's objects that a settled piece of text gives; a token whose text is held back (a tag's or a
+        call's possible start) still gives its logprobs, in an object with no text."""
         thinking, content = "", text
         if self.tools is not None:
             content = "".join(delta.get("content") or "" for delta in self.tools.push(text))
         elif self.splitter is not None:
             thinking, content = self.splitter.push(text)
-        return [{**self._body(content, thinking), "done": False}] if content or thinking else []
+        if content or thinking or logprobs:
+            return [{**self._body(content, thinking, logprobs=logprobs), "done": False}]
+        return []
 
     def closing(self, completion: Completion) -> list[dict]:
         """The stream's last objects: what its end settles (a tool call once whole), then the one with ``done``."""
