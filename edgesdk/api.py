@@ -68,7 +68,8 @@ class RequestError(EdgeSDKError, ValueError):
 
 
 def load(path: str | Path, *, backend: str | None = None, threads: int | None = None, target: str | None = None,
-         ignore_target: bool = False, watch_thermal: bool = False, **settings) -> Model:
+         ignore_target: bool = False, watch_thermal: bool = False, draft: str | Path | None = None,
+         draft_max: int = 2, draft_p_min: float = 0.0, **settings) -> Model:
     """Open the bundle at ``path`` for generation.
 
     ``backend`` forces one backend (``ort-cpu``, ``ort-cuda``, ``ort-trt``, ``tensorrt``, ``triton``) instead of the
@@ -76,13 +77,15 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     ``target`` refuses a bundle built for another board and ``ignore_target`` runs one anyway, as ``edgesdk run``'s
     options of those names. ``watch_thermal`` guards the board's temperature around every step, as
     ``edgesdk run --watch-thermal`` (the sensors it found, or what it fell back to, are in :attr:`Model.notes`).
+    ``draft`` is a draft bundle for speculative decoding, as ``edgesdk serve --draft`` with ``draft_max`` and
+    ``draft_p_min`` (llama.cpp's ``--model-draft``, ``--draft-max``, ``--draft-p-min``): answers stay the same.
 
     ``settings`` are what a request that leaves a field out gets (``edgesdk serve``'s options): ``max_tokens``
     (512), ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``, ``samplers``, ``prompt_cache`` (True),
     ``cache_ram_mib``, ``lookup``, ``prefill_assistant``, ``reasoning_format``, ``reasoning_budget``.
     """
     return Model(path, backend=backend, threads=threads, target=target, ignore_target=ignore_target,
-                 watch_thermal=watch_thermal, **settings)
+                 watch_thermal=watch_thermal, draft=draft, draft_max=draft_max, draft_p_min=draft_p_min, **settings)
 
 
 class Model:
@@ -91,7 +94,8 @@ class Model:
     Close it (or use it in a ``with`` block) to give back the thermal guard's sensors and clock cap."""
 
     def __init__(self, path: str | Path, *, backend: str | None = None, threads: int | None = None,
-                 target: str | None = None, ignore_target: bool = False, watch_thermal: bool = False, **settings):
+                 target: str | None = None, ignore_target: bool = False, watch_thermal: bool = False,
+                 draft: str | Path | None = None, draft_max: int = 2, draft_p_min: float = 0.0, **settings):
         from edgesdk.runtime.session import open_runtime
         from edgesdk.serve.completion import Completer, ServeDefaults
         from edgesdk.serve.openai_answer import served_model_name
@@ -113,9 +117,34 @@ class Model:
         # The guard's sensors, poller thread and clock cap go back with close(), or when a model nobody closed is
         # collected or the interpreter exits
         self._release_guard = weakref.finalize(self, self._thermal.close) if self._thermal else None
-        self._completer = Completer(self.runtime, defaults, hook=self._thermal.hook if self._thermal else None)
+        drafter = None if draft is None else self._open_draft(draft, draft_max, draft_p_min, settings, threads, target,
+                                                              ignore_target)
+        self._completer = Completer(self.runtime, defaults, hook=self._thermal.hook if self._thermal else None,
+                                    draft=drafter)
         self.model_name = served_model_name(self.runtime.bundle.manifest)
         self._closed = False
+
+    def _open_draft(self, draft, draft_max, draft_p_min, settings: dict, threads, target, ignore_target):
+        """The draft model of ``load(draft=...)``, or None with a note where this backend cannot check drafts."""
+        from edgesdk.runtime.generate import can_draft
+        from edgesdk.runtime.speculative import DraftConfig, open_draft_model
+
+        if not isinstance(draft, (str, os.PathLike)):
+            raise EdgeSDKError(f"load(): draft={_shown(draft)}: expected a draft bundle's directory (a str or a "
+                               "pathlib.Path)", "pass the folder of a bundle built from a smaller model of this "
+                               "bundle's family, or leave draft out")
+        if settings.get("lookup"):
+            raise EdgeSDKError("load(): draft and lookup both draft tokens", "pass one of them")
+        try:
+            config = DraftConfig(max_draft=draft_max, p_min=draft_p_min)
+        except ValueError as exc:
+            raise EdgeSDKError(f"load(): {str(exc).replace('max_draft', 'draft_max').replace('p_min', 'draft_p_min')}",
+                               "pass draft_max and draft_p_min in those ranges, or leave them out") from exc
+        if not can_draft(self.runtime.backend):
+            self.notes.append(f"draft: not used: the {self.runtime.backend.name} backend cannot check drafts; it "
+                              "decodes token by token")
+            return None
+        return open_draft_model(self.runtime, Path(draft), config, threads, target, ignore_target)
 
     @property
     def manifest(self) -> dict:

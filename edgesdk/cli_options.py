@@ -116,10 +116,8 @@ def _draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min
                  ignore_target: bool, lookup_draft: int):
     """``--draft BUNDLE``: the draft bundle opened and checked against the target's tokenizer (None without it,
     or where the target's backend cannot check drafts, which is said)."""
-    from edgesdk.errors import RuntimeBackendError
     from edgesdk.runtime.generate import can_draft
-    from edgesdk.runtime.session import open_runtime
-    from edgesdk.runtime.speculative import DraftConfig, DraftModel
+    from edgesdk.runtime.speculative import DraftConfig, DraftError, open_draft_model
 
     if draft_bundle is None:
         context, default = click.get_current_context(silent=True), click.core.ParameterSource.DEFAULT
@@ -135,35 +133,11 @@ def _draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min
         click.echo(f"edgesdk: --draft is not used: the {runtime.backend.name} backend {why}; it decodes token by "
                    "token", err=True)
         return None
-    # Both sessions run in turns on the same cores, and a pool spinning after its work starves the other: with both
-    # spinning a 2-core host decoded at 0.62x, so the draft's pool never spins (the target's, which does most of
-    # the work, still does).
-    # The draft runs on the bundle's backend, which can rewind (llama.cpp's draft takes the main model's devices):
-    # the draft bundle's own first backend may be one that cannot (a Jetson bundle's tensorrt, while the bundle runs
-    # with --backend ort-cuda), and no option picks another. Its own backends only where that one cannot open it.
     try:
-        draft = open_runtime(draft_bundle, backend=runtime.backend.name, threads=threads, expected_target=target,
-                             ignore_target=ignore_target, spinning=False)
-    except RuntimeBackendError as exc:
-        elsewhere = exc
-        draft = open_runtime(draft_bundle, threads=threads, expected_target=target, ignore_target=ignore_target,
-                             spinning=False)
-    else:
-        elsewhere = None
-    ours, theirs = (rt.tokenizer.tokenizer.get_vocab(with_added_tokens=True) for rt in (runtime, draft))
-    if ours != theirs:
-        differ = sum(1 for token, index in ours.items() if theirs.get(token) != index) + len(set(theirs) - set(ours))
-        raise click.BadParameter(f"{draft_bundle} has another tokenizer than the bundle ({len(theirs):,} tokens against "
-                                 f"{len(ours):,}, {differ:,} differ), so its token ids mean other text; pass a "
-                                 "draft bundle built from a model with this bundle's tokenizer (a smaller model of "
-                                 "its family, or the same model quantized harder)", param_hint="'--draft'")
-    try:
-        return DraftModel(draft.backend, DraftConfig(max_draft=draft_max, p_min=draft_p_min), runtime.backend.vocab_size)
-    except ValueError as exc:  # a draft backend that cannot rewind: the bundle's backend could not open the draft
-        why = "" if elsewhere is None else f", and the bundle's {runtime.backend.name} backend cannot open it " \
-                                           f"({elsewhere.problem})"
-        raise click.BadParameter(f"{exc}{why}; pass a draft bundle that runs on the bundle's backend",
-                                 param_hint="'--draft'") from exc
+        return open_draft_model(runtime, draft_bundle, DraftConfig(max_draft=draft_max, p_min=draft_p_min), threads,
+                                target, ignore_target)
+    except DraftError as exc:
+        raise click.BadParameter(f"{exc.problem}; {exc.fix}", param_hint="'--draft'") from exc
 
 
 def _template_kwargs_option(text: str | None) -> dict:

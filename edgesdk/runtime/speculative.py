@@ -24,6 +24,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.backend import DecoderBackend
 from edgesdk.runtime.lookup import MAX_DRAFT
 from edgesdk.runtime.prompt_cache import common_prefix_length
@@ -141,3 +142,46 @@ class ModelDrafter:
             model.cached.append(token)
         model.drafted += len(drafted)
         return drafted
+
+
+class DraftError(EdgeSDKError):
+    """A bundle that cannot be the draft model of another: another tokenizer, or no backend that can rewind."""
+
+
+def open_draft_model(runtime, draft_bundle, config: DraftConfig, threads: int | None = None,
+                     target: str | None = None, ignore_target: bool = False) -> DraftModel:
+    """The draft bundle ``draft_bundle`` opened as the draft model of ``runtime`` (llama.cpp's ``--model-draft``),
+    checked against its tokenizer; a :class:`DraftError` naming the draft bundle where it cannot serve (the errors of
+    opening it, a damaged bundle or one built for another board, as :func:`~edgesdk.runtime.session.open_runtime`
+    raises them).
+
+    The draft runs on the target's backend, which can rewind (llama.cpp's draft takes the main model's devices): the
+    draft bundle's own first backend may be one that cannot (a Jetson bundle's tensorrt, while the target runs with
+    ort-cuda). Its own backends only where that one cannot open it. Both sessions run in turns on the same cores,
+    and a pool spinning after its work starves the other (a 2-core host decoded at 0.62x with both spinning), so the
+    draft's pool never spins; the target's, which does most of the work, still does."""
+    from edgesdk.errors import RuntimeBackendError
+    from edgesdk.runtime.session import open_runtime
+
+    try:
+        draft = open_runtime(draft_bundle, backend=runtime.backend.name, threads=threads, expected_target=target,
+                             ignore_target=ignore_target, spinning=False)
+    except RuntimeBackendError as exc:
+        elsewhere = exc
+        draft = open_runtime(draft_bundle, threads=threads, expected_target=target, ignore_target=ignore_target,
+                             spinning=False)
+    else:
+        elsewhere = None
+    ours, theirs = (rt.tokenizer.tokenizer.get_vocab(with_added_tokens=True) for rt in (runtime, draft))
+    if ours != theirs:
+        differ = sum(1 for token, index in ours.items() if theirs.get(token) != index) + len(set(theirs) - set(ours))
+        raise DraftError(f"{draft_bundle} has another tokenizer than the bundle ({len(theirs):,} tokens against "
+                           f"{len(ours):,}, {differ:,} differ), so its token ids mean other text",
+                           "pass a draft bundle built from a model with this bundle's tokenizer (a smaller model of "
+                           "its family, or the same model quantized harder)")
+    try:
+        return DraftModel(draft.backend, config, runtime.backend.vocab_size)
+    except ValueError as exc:  # a draft backend that cannot rewind: the bundle's backend could not open the draft
+        why = "" if elsewhere is None else f", and the bundle's {runtime.backend.name} backend cannot open it " \
+                                           f"({elsewhere.problem})"
+        raise DraftError(f"{exc}{why}", "pass a draft bundle that runs on the bundle's backend") from exc

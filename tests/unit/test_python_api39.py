@@ -292,3 +292,28 @@ def test_work_outside_requests_leaves_no_stale_prompt_cache(model):
     after = model.create_chat_completion(CHAT, max_tokens=6)
     assert after["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert comparable(after)["choices"] == comparable(before)["choices"]
+
+
+def test_a_draft_bundle_drafts_without_changing_the_answer(tiny_bundle):
+    """load(draft=...) is serve's --draft: the same answers, and timings counting what was drafted."""
+    with edgesdk.load(tiny_bundle.path, threads=1) as plain:
+        expected = plain.create_chat_completion(CHAT, max_tokens=12, ignore_eos=True)
+    with edgesdk.load(tiny_bundle.path, threads=1, draft=tiny_bundle.path, draft_max=3) as drafted:
+        answer = drafted.create_chat_completion(CHAT, max_tokens=12, ignore_eos=True)
+        streamed = list(drafted.create_chat_completion(CHAT, max_tokens=12, ignore_eos=True, stream=True))
+    assert comparable(answer)["choices"] == comparable(expected)["choices"]
+    assert answer["timings"]["draft_n"] > 0
+    assert answer["timings"]["draft_n_accepted"] == answer["timings"]["draft_n"]  # the same weights draft
+    text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in streamed if chunk["choices"])
+    assert text == expected["choices"][0]["message"]["content"]
+
+
+def test_a_draft_is_refused_where_it_cannot_serve(tiny_bundle, tmp_path):
+    with pytest.raises(edgesdk.EdgeSDKError, match="draft and lookup both draft tokens"):
+        edgesdk.load(tiny_bundle.path, draft=tiny_bundle.path, lookup=2)
+    with pytest.raises(edgesdk.EdgeSDKError, match=r"draft_max must be a whole number from 1 to"):
+        edgesdk.load(tiny_bundle.path, draft=tiny_bundle.path, draft_max=0)
+    with pytest.raises(edgesdk.EdgeSDKError, match=r"draft=5: expected a draft bundle's directory"):
+        edgesdk.load(tiny_bundle.path, draft=5)
+    with pytest.raises(edgesdk.EdgeSDKError, match="no-draft-here"):
+        edgesdk.load(tiny_bundle.path, draft=tmp_path / "no-draft-here")
