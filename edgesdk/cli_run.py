@@ -1,6 +1,6 @@
 """``edgesdk run``: generate text with a bundle, one prompt or a chat on stdin, as llama-cli does (registered in
-:mod:`edgesdk.cli`). The interactive input is :mod:`edgesdk.cli_interactive`; the options run shares with
-``serve`` are :mod:`edgesdk.cli_options`.
+:mod:`edgesdk.cli`). The interactive input is :mod:`edgesdk.cli_interactive`, ``--prompt-cache`` is
+:mod:`edgesdk.cli_prompt_cache`; the options run shares with ``serve`` are :mod:`edgesdk.cli_options`.
 
 Importing this module imports click only; the runtime loads when the command runs.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import re
 import sys
 from pathlib import Path
@@ -33,7 +32,13 @@ from edgesdk.cli_options import (
     _thermal_options,
     _warn_unused_thermal_options,
 )
-from edgesdk.errors import EdgeSDKError, read_utf8
+from edgesdk.cli_prompt_cache import (
+    load_prompt_cache,
+    save_interrupted_prompt_cache,
+    save_prompt_cache,
+    writable_prompt_cache,
+)
+from edgesdk.errors import read_utf8
 
 if TYPE_CHECKING:
     from edgesdk.runtime.generate import SamplingConfig
@@ -182,7 +187,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         schema=_read_json_schema(json_schema, json_object),
         rules=_read_grammar(grammar, grammar_file, json_object, json_schema),
         grammar_option="'--grammar-file'" if grammar_file else "'--grammar'",
-        prompt_cache=_writable_prompt_cache(prompt_cache),
+        prompt_cache=writable_prompt_cache(prompt_cache),
         ignore_eos=ignore_eos, raw=raw, system=system, template_kwargs=template_kwargs, history=history, stats=stats)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
@@ -196,7 +201,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     interactive = settings.prompt is None and sys.stdin.isatty()
     conversation = _open_conversation(settings, runtime, interactive)
     cache = PromptCache(runtime.backend)
-    cache_path = _load_prompt_cache(settings.prompt_cache, cache, runtime, settings.stats)
+    cache_path = load_prompt_cache(settings.prompt_cache, cache, runtime, settings.stats)
     token_bytes = _check_constraint_tokens(settings, tokenizer)
     _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     lookup = _draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target,
@@ -375,85 +380,6 @@ def _read_json_schema(value: str | None, json_object: bool):
         raise click.BadParameter(f"{exc.problem} ({exc.fix})", param_hint="'--json-schema'") from exc
 
 
-def _writable_prompt_cache(path: Path | None) -> Path | None:
-    """``--prompt-cache FILE``, once it can be written: its directory exists and this user may write there.
-    Checked before the bundle loads; the first write comes only after the first answer, which a missing directory
-    would waste."""
-    if path is None:
-        return None
-    # The write renames a file in the directory of the file a symlink points to (edgesdk/runtime/cache_file.py).
-    # os.path's tests, not Path's: a directory this user may not search is False, not a PermissionError.
-    directory = Path(os.path.realpath(path)).parent if os.path.islink(path) else path.parent
-    writable = os.W_OK | os.X_OK
-    if os.path.isdir(directory):
-        if os.access(directory, writable):
-            return path
-        problem = f"its directory {directory} is not writable by this user"
-        fix = f"pass a path in a directory this user may write to, or make {directory} writable"
-    elif os.path.exists(directory):
-        problem = f"{directory} is not a directory"
-        fix = "pass a path in an existing directory"
-    else:
-        above = directory.parent
-        while not os.path.exists(above) and above != above.parent:
-            above = above.parent
-        if not os.path.isdir(above):
-            problem = f"its directory {directory} cannot exist: {above} is a file"
-            fix = "pass a path in an existing directory"
-        elif not os.access(above, writable):
-            problem = f"its directory {directory} does not exist or cannot be reached, and {above} is not " \
-                      "writable by this user"
-            fix = "pass a path in a directory this user may write to"
-        else:
-            problem = f"its directory {directory} does not exist"
-            fix = f"create it first (mkdir -p {directory}) or pass a path in an existing directory"
-    raise click.BadParameter(f"cannot write the prompt cache {path}: {problem}; {fix}", param_hint="'--prompt-cache'")
-
-
-def _load_prompt_cache(path: Path | None, cache, runtime, stats: bool) -> Path | None:
-    """``--prompt-cache FILE``: its KV cache loaded into ``cache`` where it fits; the path to write back, or
-    None where the backend keeps no host copy of its cache."""
-    from edgesdk.runtime import cache_file
-
-    if path is None:
-        return None
-    if not cache_file.supported(runtime.backend):
-        click.echo(f"edgesdk: --prompt-cache is not used: the {runtime.backend.name} backend keeps no copy of its KV "
-                   "cache to write", err=True)
-        return None
-    loaded, why = cache_file.load(path, cache, runtime.bundle.bundle_id)
-    if why is not None:
-        click.echo(f"edgesdk: the prompt cache {path} is not loaded: {why}; the next answer rewrites it", err=True)
-    elif loaded and stats:
-        click.echo(f"edgesdk: prompt cache {path}: {loaded} tokens loaded", err=True)
-    return path
-
-
-def _save_prompt_cache(path: Path, cache, runtime) -> None:
-    from edgesdk.runtime import cache_file
-
-    try:
-        cache_file.save(path, cache, runtime.bundle.bundle_id)
-    except OSError as exc:
-        raise EdgeSDKError(f"cannot write the prompt cache {path} ({exc.strerror or exc})",
-                           "pass a --prompt-cache path in a directory this user may write to") from exc
-
-
-def _save_interrupted_prompt_cache(path: Path, cache, runtime) -> None:
-    """``--prompt-cache`` after Ctrl-C: the KV cache as the answer left it (prompt and the tokens so far), so the
-    next run does not prefill a long prompt again. llama-cli writes its session file once the prompt is
-    evaluated, before the first token, for the same reason. Skipped where the interrupt landed inside a step
-    (the cache's length no longer matches its token list): the previous file then stays as it was."""
-    if not cache.tokens or len(cache.tokens) != runtime.backend.position:
-        click.echo(f"edgesdk: the prompt cache {path} is not rewritten: the answer was stopped inside a step",
-                   err=True)
-        return
-    try:
-        _save_prompt_cache(path, cache, runtime)
-    except EdgeSDKError as exc:  # the Ctrl-C is what the user is told about; the write's failure is a warning
-        click.echo(f"edgesdk: {exc}", err=True)
-
-
 def _read_text_file(path: Path, option: str, hint: str) -> str:
     """A UTF-8 file an option names; a pipe is read too (``-f <(cmd)``, ``/dev/stdin``), as llama-cli reads them."""
     if not path.exists() or path.is_dir():
@@ -567,7 +493,7 @@ class Answerer:
             self.conversation.answered(text, shown.text)
         self.last_prompt = text
         if self.cache_path is not None:  # the prefill paid for stays in the file, as llama-cli saves it
-            _save_interrupted_prompt_cache(self.cache_path, self.cache, self.runtime)
+            save_interrupted_prompt_cache(self.cache_path, self.cache, self.runtime)
 
     def _keep_failed(self, text: str, shown: _ShownAnswer) -> None:
         """An answer an error cut short, once it showed something: the error is told on a line of its own, not
@@ -596,7 +522,7 @@ class Answerer:
         if self.settings.stats:
             _print_stats(self.runtime, result, drafting=bool(self.lookup))
         if self.cache_path is not None:  # once the answer is whole: a failed write leaves it in the conversation
-            _save_prompt_cache(self.cache_path, self.cache, self.runtime)
+            save_prompt_cache(self.cache_path, self.cache, self.runtime)
 
 
 class _ShownAnswer:
