@@ -11,7 +11,8 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
 * ``POST /api/chat``: ``messages`` of ``system`` / ``user`` / ``assistant`` / ``tool`` turns (``content``, an
   assistant's ``tool_calls`` with ``function.arguments`` an object, a tool turn's ``tool_name``; an assistant's
   ``thinking`` is left out, as an earlier turn's reasoning is on the other routes; ``images`` are refused: the
-  model reads text), ``tools``, ``format`` (``"json"`` or a JSON schema), ``think``, ``options``, ``stream``
+  model reads text), ``tools``, ``format`` (``"json"`` or a JSON schema; in both, OpenAPI 3.0's ``nullable`` as
+  JSON schema's ``null`` type), ``think``, ``options``, ``stream``
   (true unless false, as in Ollama), ``keep_alive`` (accepted: the board keeps its one model loaded),
   ``logprobs`` and ``top_logprobs`` (0-20; without ``logprobs`` true nothing is listed, as in Ollama).
   No messages: the model is loaded already, and the answer says so (``done_reason`` "load"), as Ollama answers.
@@ -126,7 +127,10 @@ def _renamed(exc: ApiError) -> ApiError:
     """The chat route's error with the Ollama field it came from named instead."""
     field = FIELDS.get(exc.param or "")
     if field is not None:
-        exc.message, exc.param = exc.message.replace(f"'{exc.param}'", f"'{field}'"), field
+        message = exc.message.replace(f"'{exc.param}'", f"'{field}'")
+        if message.startswith(f"{exc.param}:"):  # a JSON schema's own errors lead with the field ("response_format: $...")
+            message = f"'{field}'" + message[len(exc.param):]
+        exc.message, exc.param = message, field
     return exc
 
 
@@ -137,6 +141,61 @@ def _flag(body: dict, name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise ApiError(400, f"'{name}' must be true or false, got {_shown(value)}", param=name)
     return value
+
+
+# where a JSON schema holds schemas: one, an array of them, or an object of them by name
+ONE_SCHEMA = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
+SCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf", "allOf")
+SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def json_schema(schema: object) -> object:
+    """An OpenAPI 3.0 schema (what Home Assistant's Ollama integration sends as ``format`` and as its tools'
+    ``parameters``, written by voluptuous-openapi) as the JSON schema it means: ``"nullable": true`` (OpenAPI 3.0,
+    Schema Object: "a true value adds "null" to the allowed types") becomes ``null`` among the types, or a branch
+    of ``anyOf`` where the schema names no type; a JSON schema passes unchanged."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in ONE_SCHEMA:
+        if isinstance(out.get(key), dict):
+            out[key] = json_schema(out[key])
+    for key in SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [json_schema(item) for item in out[key]]
+    for key in SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: json_schema(item) for name, item in out[key].items()}
+    nullable = out.get("nullable")
+    if not isinstance(nullable, bool):
+        return out
+    del out["nullable"]
+    if not nullable:
+        return out
+    kind = out.get("type")
+    if isinstance(kind, str):
+        out["type"] = [kind, "null"] if kind != "null" else kind
+    elif isinstance(kind, list):
+        out["type"] = kind if "null" in kind else [*kind, "null"]
+    elif isinstance(out.get("enum"), list):
+        out["enum"] = out["enum"] if None in out["enum"] else [*out["enum"], None]
+    else:
+        out = {"anyOf": [out, {"type": "null"}]}
+    return out
+
+
+def _tools(tools: object) -> object:
+    """Ollama's tools (OpenAI's ``{"type": "function", "function": ...}``) with each ``parameters`` schema as
+    :func:`json_schema` reads it; anything else is left for the chat route to refuse by name."""
+    if not isinstance(tools, list):
+        return tools
+    out = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("parameters"), dict):
+            tool = {**tool, "function": {**function, "parameters": json_schema(function["parameters"])}}
+        out.append(tool)
+    return out
 
 
 def _common(body: dict) -> dict:
@@ -150,7 +209,8 @@ def _common(body: dict) -> dict:
     if form == "json":
         fields["response_format"] = {"type": "json_object"}
     elif isinstance(form, dict):
-        fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": form}}
+        fields["response_format"] = {"type": "json_schema",
+                                     "json_schema": {"name": "format", "schema": json_schema(form)}}
     elif form not in (None, ""):
         raise ApiError(400, f"'format' must be \"json\" or a JSON schema object, got {_shown(form)}", param="format")
     return fields
@@ -244,7 +304,7 @@ def parse_chat(body: object, served: str) -> Asked:
     if top is not None:
         chat.update(logprobs=True, top_logprobs=top)
     if body.get("tools"):
-        chat["tools"] = body["tools"]  # Ollama's tools are OpenAI's ({"type": "function", "function": ...})
+        chat["tools"] = _tools(body["tools"])  # Ollama's tools are OpenAI's ({"type": "function", "function": ...})
     if think is not None:
         chat["chat_template_kwargs"] = {"enable_thinking": think}
     return Asked(model, _checked(parse_chat_request, chat, stops), chat=True, num_ctx=window, think=think)
