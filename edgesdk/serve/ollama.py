@@ -311,9 +311,10 @@ def parse_chat(body: object, served: str) -> Asked:
 
 
 def _messages(messages: list) -> list[dict]:
-    """Ollama's messages as OpenAI's: an assistant's calls get ids, and a tool turn the id of the call it answers
-    (the latest call of its ``tool_name``, else the next call not yet answered), so it renders as on the chat
-    route, naming the tool."""
+    """Ollama's messages as OpenAI's: an assistant's calls keep the ``id`` a client sends back (the one this
+    server's answer gave them) or get one, and a tool turn the id of the call it answers (its ``tool_call_id`` where
+    that names a call, as Open WebUI sends it; else the latest call of its ``tool_name``; else the next call not yet
+    answered), so it renders as on the chat route, naming the tool."""
     out: list[dict] = []
     calls: list[tuple[str, str]] = []  # (id, name) of the calls made so far, in order
     answered: set[str] = set()
@@ -344,18 +345,27 @@ def _messages(messages: list) -> list[dict]:
                     raise ApiError(400, f"{where}.tool_calls[{number}] must be {{\"function\": {{\"name\": ..., "
                                    f"\"arguments\": {{...}}}}}}, got {_shown(call)}",
                                    param=f"{where}.tool_calls[{number}]")
-                ident = f"call_{index}_{number}"
+                given = call.get("id")
+                ident = given if isinstance(given, str) and given and given not in dict(calls) else \
+                    f"call_{index}_{number}"
                 calls.append((ident, function["name"]))
                 text = arguments if isinstance(arguments, str) else json.dumps(arguments or {}, ensure_ascii=False)
                 turn["tool_calls"].append({"id": ident, "type": "function",
                                            "function": {"name": function["name"], "arguments": text}})
         if role == "tool":
-            name = message.get("tool_name")
+            name, wanted = message.get("tool_name"), message.get("tool_call_id")
             if name is not None and not isinstance(name, str):
                 raise ApiError(400, f"{where}.tool_name must be the name of the tool whose result this is, got "
                                f"{_shown(name)}", param=f"{where}.tool_name")
-            ident = next((i for i, called in reversed(calls) if called == name), None) if name is not None else \
-                next((i for i, _ in calls if i not in answered), None)
+            if wanted is not None and not isinstance(wanted, str):
+                raise ApiError(400, f"{where}.tool_call_id must be the string id of the call it answers, got "
+                               f"{_shown(wanted)}", param=f"{where}.tool_call_id")
+            if wanted in dict(calls):
+                ident = wanted
+            elif name is not None:
+                ident = next((i for i, called in reversed(calls) if called == name), None)
+            else:
+                ident = next((i for i, _ in calls if i not in answered), None)
             if ident is None and name is not None:  # no call of it among the messages: its result still names it,
                 # as the chat route renders a tool result (edgesdk/serve/tools.py)
                 turn = {"role": "user", "content": tool_result_text(name, content)}

@@ -308,6 +308,44 @@ def test_open_webui_s_and_the_python_client_s_requests(tools_server):  # noqa: F
     assert len(generated.logprobs) == generated.eval_count
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+
+
+def test_a_tool_result_answers_the_call_its_tool_call_id_names(tools_server):  # noqa: F811
+    """Two calls answered in the other order, each result naming its call by ``tool_call_id`` (Open WebUI's form,
+    with the ids this server's answer gave the calls): each renders with its own tool's name, as on the chat route."""
+    calls = [{"id": "call_a", "function": {"name": "set_light", "arguments": {"on": True}}},
+             {"id": "call_b", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]
+    results = [{"role": "tool", "tool_call_id": "call_b", "content": "rain"},
+               {"role": "tool", "tool_call_id": "call_a", "content": "done"}]
+    messages = [{"role": "user", "content": "Lamp on, and the weather?"},
+                {"role": "assistant", "content": "", "tool_calls": calls}, *results]
+
+    def chat_route(answers: list[dict]) -> list[dict]:
+        openai_calls = [{"id": c["id"], "type": "function",
+                         "function": {"name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
+                        for c in calls]
+        status, body = tools_server.post("/v1/chat/completions", {
+            "messages": [messages[0], {"role": "assistant", "content": None, "tool_calls": openai_calls}, *answers],
+            "tools": [LIGHT, WEATHER], "max_tokens": 3, "logprobs": True})
+        assert status == 200, body
+        return _ollama_form(body["choices"][0]["logprobs"]["content"])
+
+    expected = chat_route(results)
+    swapped = chat_route([{**results[0], "tool_call_id": "call_a"}, {**results[1], "tool_call_id": "call_b"}])
+    assert [e["logprob"] for e in swapped] != pytest.approx([e["logprob"] for e in expected])  # the order tells
+    status, whole = tools_server.post("/api/chat", {"model": NAME, "messages": messages, "tools": [LIGHT, WEATHER],
+                                                    "stream": False, "logprobs": True, "options": {"num_predict": 3}})
+    assert status == 200, whole
+    _same(whole["logprobs"], expected)
+    status, payload = tools_server.post("/api/chat", {"model": NAME, "messages": [*messages[:2], {**results[0],
+                                                                                                  "tool_call_id": 7}]})
+    assert status == 400, payload
+    assert "messages[2].tool_call_id" in payload["error"]
+
+
 # ------------------------------------------------------------------------------------------------ the seams
 
 TEXT = st.text(max_size=8) | st.sampled_from(["", "\ud800", "<think>", "</think>", "<|im_end|>", "\x00", "\u2028"])
