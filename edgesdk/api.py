@@ -35,6 +35,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from edgesdk.errors import EdgeSDKError
 
@@ -52,6 +53,14 @@ LLAMA_CPP_PYTHON_DEFAULTS = {"tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5
 _KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False", str: "a string",
                list: "a string of sampler letters or a list of sampler names"}
 _END = object()  # the last item a streamed answer's worker puts in its queue
+
+
+class LoadedPromptCache(NamedTuple):
+    """What :meth:`Model.load_prompt_cache` loaded: ``tokens`` (0 where nothing was), and ``refused``, why a file
+    that exists was not loaded (None where it was, or where there was no file)."""
+
+    tokens: int
+    refused: str | None
 
 
 class RequestError(EdgeSDKError, ValueError):
@@ -91,11 +100,13 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
 class Model:
     """A loaded bundle answering OpenAI-shaped requests in this process (llama-cpp-python's ``Llama`` for
     edgesdk bundles). One answer is generated at a time; calls from several threads take turns in order.
+    :meth:`save_prompt_cache` and :meth:`load_prompt_cache` keep the KV cache in a file between processes.
     Close it (or use it in a ``with`` block) to give back the thermal guard's sensors and clock cap."""
 
     def __init__(self, path: str | Path, *, backend: str | None = None, threads: int | None = None,
                  target: str | None = None, ignore_target: bool = False, watch_thermal: bool = False,
                  draft: str | Path | None = None, draft_max: int = 2, draft_p_min: float = 0.0, **settings):
+        from edgesdk.runtime import cache_file
         from edgesdk.runtime.session import open_runtime
         from edgesdk.serve.completion import Completer, ServeDefaults
         from edgesdk.serve.openai_answer import served_model_name
@@ -122,6 +133,9 @@ class Model:
         self._completer = Completer(self.runtime, defaults, hook=self._thermal.hook if self._thermal else None,
                                     draft=drafter)
         self.model_name = served_model_name(self.runtime.bundle.manifest)
+        # Whether save_prompt_cache / load_prompt_cache can work here: asked now, as the question empties the
+        # backend's KV cache (edgesdk/runtime/cache_file.py)
+        self._cache_file_fits = self._completer.prompt_cache is not None and cache_file.supported(self.runtime.backend)
         self._closed = False
 
     def _open_draft(self, draft, draft_max, draft_p_min, settings: dict, threads, target, ignore_target):
@@ -251,6 +265,92 @@ class Model:
                 # evaluate's refusal of a text too short to score, whose fix names its command line's options
                 raise RequestError("perplexity", exc.problem, param="text",
                                    fix="pass a longer text, or a larger max_chars") from exc
+
+    def save_prompt_cache(self, path: str | os.PathLike) -> int:
+        """Write the KV cache the last answer left (its prompt and answer) and its token ids to ``path``; returns
+        the number of tokens written.
+
+        This is llama-cpp-python's ``Llama.save_state()`` kept in a file, and the file ``edgesdk run
+        --prompt-cache FILE`` writes after each answer (llama-cli's ``--prompt-cache`` with ``--prompt-cache-all``):
+        a later process (or another Model of the same bundle) loads it with :meth:`load_prompt_cache` and prefills
+        only what its next prompt adds to the tokens it holds, so a long system prompt is not prefilled again after
+        a restart. The two files are one format; each loads where the other was written. The write is atomic (a
+        temporary file renamed over ``path``): a process killed while it writes leaves the previous file whole.
+
+        It takes the model's turn, as an answer does: it waits for the answer generating (a stream read in another
+        thread) and those asked before it, and writes the cache as that answer left it; the cache stays live for
+        the next answer. Where the cache holds no tokens (nothing answered yet, or a :meth:`perplexity` since)
+        nothing is written and an existing file is left as it is, as ``edgesdk run`` writes only after an answer.
+        Refused (:class:`~edgesdk.errors.EdgeSDKError`) where the model keeps no prompt cache
+        (``load(..., prompt_cache=False)``) or its backend keeps no host copy of it, and for a closed model."""
+        from edgesdk.runtime import cache_file
+
+        path = self._cache_path("save_prompt_cache", path)
+        with self._completer.exclusive(keep_cache=True):
+            self._check_open("save_prompt_cache")  # closed while it waited for its turn
+            cache = self._completer.prompt_cache
+            # nothing answered, or a step that failed halfway (the backend's length is not the tokens listed, as
+            # edgesdk run checks before it writes the cache of an answer Ctrl-C stopped)
+            if not cache.tokens or len(cache.tokens) != self.runtime.backend.position:
+                return 0
+            try:
+                cache_file.save(path, cache, self.runtime.bundle.bundle_id)
+            except OSError as exc:
+                raise EdgeSDKError(f"save_prompt_cache: cannot write the prompt cache {path} ({exc.strerror or exc})",
+                                   "pass a path in an existing directory this user may write to") from exc
+            return len(cache.tokens)
+
+    def load_prompt_cache(self, path: str | os.PathLike) -> LoadedPromptCache:
+        """Put the KV cache :meth:`save_prompt_cache` (or ``edgesdk run --prompt-cache``) wrote at ``path`` into
+        this model, in place of the one it holds: the next prompt that starts with its tokens prefills only what
+        follows them (its answer's ``usage`` counts the rest as ``cached_tokens``), and answers as without it.
+
+        Returns :class:`LoadedPromptCache` ``(tokens, refused)``: the tokens loaded, and why nothing was loaded.
+        A missing file loads nothing and is no error (``refused`` None), as llama-cli's ``--prompt-cache`` takes
+        a file that does not exist yet ("session file does not exist, will create"). A file written with another
+        bundle, another edgesdk release or another backend, a damaged one, or one that does not fit this bundle's
+        context, is not loaded and ``refused`` says why: where llama-cpp-python's ``load_state`` raises and
+        llama-cli stops, this is what ``edgesdk run --prompt-cache`` does (it names the file and the next write
+        replaces it), so a service whose edgesdk was upgraded starts with an empty cache rather than not at all.
+        After a refusal the model's KV cache is empty.
+
+        It takes the model's turn as :meth:`save_prompt_cache` does. Refused
+        (:class:`~edgesdk.errors.EdgeSDKError`) where the model keeps no prompt cache or its backend keeps no host
+        copy of it, and for a closed model."""
+        from edgesdk.runtime import cache_file
+
+        path = self._cache_path("load_prompt_cache", path)
+        with self._completer.exclusive(keep_cache=True):
+            self._check_open("load_prompt_cache")  # closed while it waited for its turn
+            cache = self._completer.prompt_cache
+            cache.forget()  # the live cache is replaced, and stays empty where the file is refused
+            try:
+                tokens, refused = cache_file.load(path, cache, self.runtime.bundle.bundle_id)
+            except BaseException:  # a Ctrl-C inside the backend's load: what its cache holds is unknown
+                cache.forget()
+                raise
+            if not tokens:
+                cache.forget()  # cache_file.load resets the backend to learn its cache's layout
+            return LoadedPromptCache(tokens, refused)
+
+    def _cache_path(self, method: str, path: object) -> Path:
+        """``path`` of :meth:`save_prompt_cache` / :meth:`load_prompt_cache`, once this model can keep its cache
+        in a file."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise RequestError(method, f"path is {_shown(path)}; expected a file path (a str or a pathlib.Path)",
+                               param="path", fix=f"pass the cache file's path, e.g. model.{method}('prompt.cache')")
+        self._check_open(method)
+        backend = self.runtime.backend
+        if self._completer.prompt_cache is None:
+            raise EdgeSDKError(f"{method}: this model was loaded with prompt_cache=False: it keeps no KV cache "
+                               "between answers to write or to load into",
+                               "load the bundle without prompt_cache=False (edgesdk.load's default keeps it)")
+        if not self._cache_file_fits:
+            raise EdgeSDKError(f"{method}: the {backend.name} backend keeps no host copy of its KV cache (as NumPy "
+                               "arrays) to write or to load into",
+                               "load the bundle with an ONNX Runtime backend (backend='ort-cpu', 'ort-cuda' or "
+                               "'ort-trt') to keep its cache in a file")
+        return Path(path)
 
     def close(self) -> None:
         """Stop taking requests and give back the thermal guard's sensors and clock cap. An answer generating
@@ -507,4 +607,4 @@ def build_bundle(target: str, model: str | None = None, *, out: str | Path | Non
     return run_build(config).path
 
 
-__all__ = ["Model", "RequestError", "build_bundle", "load"]
+__all__ = ["LoadedPromptCache", "Model", "RequestError", "build_bundle", "load"]

@@ -386,17 +386,19 @@ class Completer:
                 "modalities": {"vision": False, "audio": False}, "build_info": f"edgesdk {__version__}"}
 
     @contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive(self, keep_cache: bool = False) -> Iterator[None]:
         """The board's one turn for work on the backend outside a request (a perplexity measured through the
         Python API): it waits for the request generating and those queued before it, and requests wait for it.
-        Afterwards the prompt cache starts over, as the backend's KV cache holds that work's tokens."""
+        Afterwards the prompt cache starts over, as the backend's KV cache holds that work's tokens; with
+        ``keep_cache`` it stays, for work that leaves the KV cache and the prompt cache's tokens agreeing, also
+        when it raises (the cache written to a file, or loaded from one)."""
         with self._turn:
             try:
                 yield
             finally:
-                if self.prompt_cache is not None:
+                if not keep_cache and self.prompt_cache is not None:
                     self.prompt_cache.forget()
-                else:
+                elif not keep_cache:
                     self.runtime.backend.reset()
 
     def stop(self) -> None:
