@@ -9,7 +9,8 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
 "Version"):
 
 * ``POST /api/chat``: ``messages`` of ``system`` / ``user`` / ``assistant`` / ``tool`` turns (``content``, an
-  assistant's ``tool_calls`` with ``function.arguments`` an object, a tool turn's ``tool_name``; an assistant's
+  assistant's ``tool_calls`` with ``function.arguments`` an object, a tool turn's ``tool_name`` or
+  ``tool_call_id``; an assistant's
   ``thinking`` is left out, as an earlier turn's reasoning is on the other routes; ``images`` are refused: the
   model reads text), ``tools``, ``format`` (``"json"`` or a JSON schema; in both, OpenAPI 3.0's ``nullable`` as
   JSON schema's ``null`` type), ``think``, ``options``, ``stream``
@@ -68,9 +69,9 @@ POST_ROUTES = (CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE)
 GET_ROUTES = ("/api/tags", "/api/version", "/api/ps")
 ROUTES = POST_ROUTES + GET_ROUTES
 RUNNING = "Ollama is running"  # what Ollama answers GET / and HEAD / with, the probe clients send first
-# The Ollama release whose API these routes follow (thinking, tool_name): clients that check /api/version for a
-# feature's minimum read this.
-API_VERSION = "0.9.0"
+# The Ollama release whose API these routes follow (thinking, tool_name; logprobs came in 0.12.11): clients that
+# check /api/version for a feature's minimum read this.
+API_VERSION = "0.12.11"
 CONTENT_TYPE = "application/x-ndjson"
 ROLES = ("system", "user", "assistant", "tool")
 # options read as the chat route's fields of the same name
