@@ -9,11 +9,10 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
 "Version"):
 
 * ``POST /api/chat``: ``messages`` of ``system`` / ``user`` / ``assistant`` / ``tool`` turns (``content``, an
-  assistant's ``tool_calls`` with ``function.arguments`` an object, a tool turn's ``tool_name`` or
-  ``tool_call_id``; an assistant's
-  ``thinking`` is left out, as an earlier turn's reasoning is on the other routes; ``images`` are refused: the
-  model reads text), ``tools``, ``format`` (``"json"`` or a JSON schema; in both, OpenAPI 3.0's ``nullable`` as
-  JSON schema's ``null`` type), ``think``, ``options``, ``stream``
+  assistant's ``tool_calls`` with ``function.arguments`` an object, a tool turn's ``tool_name`` or ``tool_call_id``;
+  an assistant's ``thinking`` is left out, as an earlier turn's reasoning is on the other routes; ``images`` are
+  refused: the model reads text), ``tools``, ``format`` (``"json"`` or a JSON schema; in both, OpenAPI 3.0's
+  ``nullable`` as JSON schema's ``null`` type), ``think``, ``options``, ``stream``
   (true unless false, as in Ollama), ``keep_alive`` (accepted: the board keeps its one model loaded),
   ``logprobs`` and ``top_logprobs`` (0-20; without ``logprobs`` true nothing is listed, as in Ollama).
   No messages: the model is loaded already, and the answer says so (``done_reason`` "load"), as Ollama answers.
