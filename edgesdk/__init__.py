@@ -13,9 +13,9 @@ __version__ = "0.1.0"
 
 from edgesdk.errors import EdgeSDKError
 
-__all__ = ["EdgeSDKError", "Model", "RequestError", "__version__", "build_bundle", "load"]
+__all__ = ["EdgeSDKError", "LoadedPromptCache", "Model", "RequestError", "__version__", "build_bundle", "load"]
 
-_API = ("Model", "RequestError", "build_bundle", "load")  # edgesdk.api's, imported on first use (PEP 562)
+_API = ("LoadedPromptCache", "Model", "RequestError", "build_bundle", "load")  # edgesdk.api's, imported on first use (PEP 562)
 
 
 def __getattr__(name: str):
