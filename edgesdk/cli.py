@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from edgesdk import __version__
-from edgesdk.cli_options import _finite_or_null  # noqa: F401  (importable from here, as it always was)
+from edgesdk.cli_options import finite_or_null as _finite_or_null  # noqa: F401  (importable from here, as it always was)
 from edgesdk.errors import EdgeSDKError
 
 

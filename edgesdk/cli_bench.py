@@ -7,13 +7,12 @@ Importing this module imports click only; the runtime loads when the command run
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from edgesdk import __version__
-from edgesdk.cli_options import _finite_or_null, _runtime_options
+from edgesdk.cli_options import echo_json, runtime_options
 
 
 @click.command()
@@ -25,7 +24,7 @@ from edgesdk.cli_options import _finite_or_null, _runtime_options
 @click.option("--repetitions", "-r", default=5, show_default=True, type=click.IntRange(min=1),
               help="Timed runs of each test, after one untimed warm-up.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-@_runtime_options
+@runtime_options
 def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, backend, target, ignore_target):
     """Prompt-processing (ppN) and generation (tgN) speed of a bundle here, as llama-bench reports them.
 
@@ -67,7 +66,7 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
         body = {"bundle": str(bundle), "bundle_id": runtime.bundle.bundle_id, "backend": runtime.backend.name,
                 "threads": runtime.threads, "power_gating": gating, "results": [result.to_json() for result in results],
                 "peak_rss_mib": _rounded_mib(peak_rss_mib()), "conditions": conditions}
-        click.echo(json.dumps(_finite_or_null(body), indent=2, allow_nan=False))
+        echo_json(body)
         return
     click.echo(format_table(results, runtime.backend.name, runtime.threads, Path(bundle).name, peak_rss_mib()))
     click.echo(summary(before, after))

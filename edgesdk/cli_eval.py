@@ -7,12 +7,11 @@ Importing this module imports click only; the runtime, torch and transformers lo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from edgesdk.cli_options import _finite_or_null, _runtime_options
+from edgesdk.cli_options import echo_json, option_given, runtime_options
 from edgesdk.errors import EdgeSDKError, read_utf8
 
 
@@ -69,7 +68,7 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
               help="Power-gated bundles: compute budgets (fraction of FFN blocks run) for the perplexity curve.")
-@_runtime_options
+@runtime_options
 def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, last_word, hellaswag, hellaswag_tasks,
           winogrande, winogrande_tasks, multiple_choice, multiple_choice_tasks, as_json, budgets, threads, backend,
           target, ignore_target):
@@ -126,8 +125,7 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
     if method == "llama-perplexity":
         text = _text_as_llama_perplexity_reads(text_file)
     if not text[: config.max_chars].strip():
-        cut = config.max_chars is not None and len(text) > config.max_chars
-        where = f"its first {config.max_chars:,} characters (--max-chars)" if cut else f"its {len(text):,} characters"
+        cut, where = _part_scored(text, config.max_chars)
         raise EdgeSDKError(f"--text {text_file} has nothing to score: {where} are empty or whitespace",
                            "raise --max-chars (0 scores the whole file)" if cut else
                            "pass a plain-text file, e.g. wikitext-2-raw/wiki.valid.raw")
@@ -135,14 +133,12 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
     if context > runtime.backend.max_context:
-        limit = runtime.backend.max_context
-        given = click.get_current_context().get_parameter_source("context") != click.core.ParameterSource.DEFAULT
+        limit, given = runtime.backend.max_context, option_given("context")
         raise click.BadParameter(f"{context}{'' if given else ' (the default)'} is longer than the bundle's "
                                  f"max_context {limit}; pass --context {limit} or less", param_hint="--context")
     source = _reference_source(runtime, bundle) if reference else None  # before the scoring, which takes minutes
     gated = hasattr(runtime.backend, "configure")
-    budgets_given = click.get_current_context().get_parameter_source("budgets") != click.core.ParameterSource.DEFAULT
-    if budgets_given and not gated:
+    if option_given("budgets") and not gated:
         raise EdgeSDKError(f"--budgets needs a bundle with power gates; {bundle} has none",
                            "drop --budgets, or build the bundle with a recipe holding the power stage (--recipe power)")
     if gated:  # the bundle scored with every FFN running; the gated points follow
@@ -154,13 +150,7 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
         result = {"bundle": bundle_perplexity(runtime, text, config, progress=True).to_json()}
     result = {"method": method, **result}
     if reference:
-        import torch
-
-        from edgesdk.models.loader import load_model
-
-        if threads:  # as the bundle ran; PyTorch would otherwise take every core
-            torch.set_num_threads(threads)
-        model = load_model(source).model
+        model = _load_reference_model(source, threads)
         result["reference"] = reference_perplexity(model, runtime.tokenizer.encode_plain, text, config, progress=True,
                                                    bos_id=leading_bos(runtime.tokenizer)).to_json()
         ours, ref = result["bundle"]["perplexity"], result["reference"]["perplexity"]
@@ -179,8 +169,8 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
             result["reference_last_word"] = last_word_accuracy(reference_scorer(model.eval()), encode, documents,
                                                                max_tokens=runtime.backend.max_context,
                                                                bos_id=bos).to_json()
-    if as_json:  # strict JSON: a perplexity that overflowed (inf) or a broken bundle's NaN is null
-        click.echo(json.dumps(_finite_or_null(result), indent=2, allow_nan=False))
+    if as_json:
+        echo_json(result)
         return
     spans = "windows" if method == "windows" else f"chunks of {context}, llama-perplexity's rule"
     click.echo(f"bundle perplexity    {result['bundle']['perplexity']:.4f} "
@@ -224,14 +214,9 @@ def _accuracy_task_asked(tasks: dict[str, tuple[bool, int]]) -> tuple[str, int] 
     """The accuracy task this run scores (its name, as llama-perplexity's flag, and its task count), None for
     perplexity. One task a run, as llama-perplexity takes one; a task count without its task, or a perplexity
     option beside a task, is refused by name."""
-    context = click.get_current_context()
-
-    def given(name: str) -> bool:
-        return context.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
-
     chosen = [name for name, (asked, _) in tasks.items() if asked]
     for name in tasks:
-        if given(f"{name.replace('-', '_')}_tasks") and name not in chosen:
+        if option_given(f"{name.replace('-', '_')}_tasks") and name not in chosen:
             raise click.BadParameter(f"sets how many {name} tasks to score; add --{name}",
                                      param_hint=f"--{name}-tasks")
     if len(chosen) > 1:
@@ -240,7 +225,7 @@ def _accuracy_task_asked(tasks: dict[str, tuple[bool, int]]) -> tuple[str, int] 
     if not chosen:
         return None
     for parameter, option in PERPLEXITY_ONLY.items():
-        if given(parameter):
+        if option_given(parameter):
             raise click.BadParameter(f"applies to perplexity, and --{chosen[0]} scores the --text file as its task "
                                      f"file instead: drop one", param_hint=option)
     return chosen[0], tasks[chosen[0]][1]
@@ -260,16 +245,10 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     ours = bundle_accuracy(runtime, kind, tasks, progress=True)
     result = {"task": kind, "bundle": ours.to_json()}
     if reference:
-        import torch
-
-        from edgesdk.models.loader import load_model
-
-        if threads:  # as the bundle ran; PyTorch would otherwise take every core
-            torch.set_num_threads(threads)
-        theirs = reference_accuracy(load_model(source).model, runtime, kind, tasks, progress=True)
+        theirs = reference_accuracy(_load_reference_model(source, threads), runtime, kind, tasks, progress=True)
         result.update(reference=theirs.to_json(), same_pick=round(agreement(ours, theirs), 6))
     if as_json:
-        click.echo(json.dumps(_finite_or_null(result), indent=2, allow_nan=False))
+        echo_json(result)
         return
     click.echo(f"{kind} (bundle)".ljust(28) + ours.summary())
     if reference:
@@ -292,14 +271,31 @@ def _last_word_documents(text: str, text_file: Path, max_chars: int | None) -> l
 
     documents = last_word_documents(text[:max_chars])
     if not documents:
-        cut = max_chars is not None and len(text) > max_chars
-        where = f"its first {max_chars:,} characters (--max-chars)" if cut else f"its {len(text):,} characters"
+        cut, where = _part_scored(text, max_chars)
         raise EdgeSDKError(f"--last-word: --text {text_file} has no paragraph to score in {where}: the task takes "
                            f"paragraphs of {LAST_WORD_MIN_WORDS}-{LAST_WORD_MAX_WORDS} words ending in ' .', "
                            "as WikiText's",
                            ("raise --max-chars (0 scores the whole file), " if cut else "")
                            + "pass WikiText-2 (wiki.valid.raw) or text of that form, or drop --last-word")
     return documents
+
+
+def _part_scored(text: str, max_chars: int | None) -> tuple[bool, str]:
+    """Whether --max-chars cuts ``text``, and the part scored as an error names it."""
+    cut = max_chars is not None and len(text) > max_chars
+    return cut, (f"its first {max_chars:,} characters (--max-chars)" if cut else f"its {len(text):,} characters")
+
+
+def _load_reference_model(source, threads: int | None):
+    """The PyTorch source model for --reference, on as many threads as the bundle ran on (``--threads``;
+    PyTorch would otherwise take every core)."""
+    import torch
+
+    from edgesdk.models.loader import load_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    return load_model(source).model
 
 
 def _reference_source(runtime, bundle: Path):

@@ -1,6 +1,7 @@
 """The options ``run`` and ``serve`` share (and ``--threads`` / ``--backend`` / ``--target``, which ``eval`` and
 ``bench`` take too), with the code that acts on them: the sampler chain, a draft bundle or prompt lookup, the
-thermal guard, the power gates. The commands are registered in :mod:`edgesdk.cli`.
+thermal guard, the power gates; and the small pieces several commands use (:func:`option_given`,
+:func:`exit_on_stop_signals`, :func:`echo_json`). The commands are registered in :mod:`edgesdk.cli`.
 
 Importing this module imports click only; the runtime loads inside the functions that use it.
 """
@@ -18,7 +19,7 @@ from edgesdk.cli_thermal import AMBIENT, FiniteRange
 from edgesdk.errors import EdgeSDKError
 
 
-def _sampler_chain_options(function):
+def sampler_chain_options(function):
     """llama.cpp's options for the sampler chain's order (common/arg.cpp)."""
     function = click.option(
         "--sampling-seq", "--sampler-seq", "sampling_seq", metavar="LETTERS",
@@ -31,7 +32,7 @@ def _sampler_chain_options(function):
              "at 1). dry, typ_p, top_n_sigma and xtc pass everything through.")(function)
 
 
-def _sampler_chain(samplers: str | None, sampling_seq: str | None) -> dict:
+def sampler_chain(samplers: str | None, sampling_seq: str | None) -> dict:
     """The ``samplers`` field of a SamplingConfig from ``--samplers`` or ``--sampling-seq`` (none: the default)."""
     if samplers is not None and sampling_seq is not None:
         raise click.BadParameter("--samplers and --sampling-seq both give the sampler chain; pass one",
@@ -41,20 +42,34 @@ def _sampler_chain(samplers: str | None, sampling_seq: str | None) -> dict:
     return {} if sampling_seq is None else {"samplers": sampling_seq}
 
 
-def _runtime_options(fn):
-    options = [
-        click.option("--threads", "-t", type=click.IntRange(min=1),
-                     help="Intra-op threads [from the target profile, at most the usable cores]."),
-        click.option("--backend", help="Force a backend (ort-cpu, ort-cuda, ort-trt, tensorrt, triton) instead of the profile's chain."),
-        click.option("--target", help="Refuse the bundle unless it was built for this board."),
-        click.option("--ignore-target", is_flag=True, help="Run a bundle built for another board anyway."),
-    ]
+def _stacked(fn, options: list):
+    """``fn`` under ``options`` in the order listed, as the same decorators written above it one by one would
+    put them (click lists a command's options from the top decorator down)."""
     for option in reversed(options):
         fn = option(fn)
     return fn
 
 
-def _draft_options(function):
+def option_given(name: str) -> bool:
+    """Whether the running command's option ``name`` (its parameter name) was given, on the command line or
+    through its environment variable, rather than left at its default."""
+    context = click.get_current_context(silent=True)
+    return context is not None and \
+        context.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+
+
+def runtime_options(fn):
+    """The runtime's options: threads, a forced backend and the target check, for run, serve, eval and bench."""
+    return _stacked(fn, [
+        click.option("--threads", "-t", type=click.IntRange(min=1),
+                     help="Intra-op threads [from the target profile, at most the usable cores]."),
+        click.option("--backend", help="Force a backend (ort-cpu, ort-cuda, ort-trt, tensorrt, triton) instead of the profile's chain."),
+        click.option("--target", help="Refuse the bundle unless it was built for this board."),
+        click.option("--ignore-target", is_flag=True, help="Run a bundle built for another board anyway."),
+    ])
+
+
+def draft_options(function):
     """``--draft BUNDLE`` and its settings (llama.cpp's -md, --draft-max, --draft-p-min), for run and serve."""
     function = click.option("--draft-p-min", "draft_p_min", default=0.0, show_default=True,
                             type=click.FloatRange(0.0, 1.0, max_open=True), metavar="P",
@@ -68,9 +83,9 @@ def _draft_options(function):
              "sampled.")(function)
 
 
-def _thermal_options(fn):
+def thermal_options(fn):
     """The thermal guard's options, shared by ``run`` and ``serve``."""
-    options = [
+    return _stacked(fn, [
         click.option("--watch-thermal", is_flag=True,
                      help="Thermal guard: pace or pause generation before the firmware throttles; live status on "
                           "stderr (run; serve reports it at /health)."),
@@ -88,15 +103,12 @@ def _thermal_options(fn):
         click.option("--sim-speed", default=1.0, show_default=True,
                      type=FiniteRange(1e-3, 1e6, what="how many times slower the simulated board is", example="1"),
                      help="Simulated board is this many times slower than this machine."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+    ])
 
 
-def _gate_options(fn):
+def gate_options(fn):
     """The power gates' options, shared by ``run`` and ``serve``."""
-    options = [
+    return _stacked(fn, [
         click.option("--entropy-target", type=float,
                      help="Power-gated bundles: windowed power entropy (nats) the gate controller holds "
                           "[the profile's]."),
@@ -106,30 +118,24 @@ def _gate_options(fn):
                      help="Power-gated bundles: skip FFN blocks by the gates. Off unless asked for (or "
                           "--entropy-target / --compute-budget given): the trained gates still cost too much "
                           "quality."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+    ])
 
 
-def _draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min: float, threads, target,
-                 ignore_target: bool, lookup_draft: int):
+def draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min: float, threads, target,
+                ignore_target: bool, lookup_draft: int):
     """``--draft BUNDLE``: the draft bundle opened and checked against the target's tokenizer (None without it,
     or where the target's backend cannot check drafts, which is said)."""
-    from edgesdk.runtime.generate import can_draft
     from edgesdk.runtime.speculative import DraftConfig, DraftError, open_draft_model
 
     if draft_bundle is None:
-        context, default = click.get_current_context(silent=True), click.core.ParameterSource.DEFAULT
         for name, flag in (("draft_max", "--draft-max"), ("draft_p_min", "--draft-p-min")):  # as --top-p is named
-            if context is not None and context.get_parameter_source(name) not in (None, default):
+            if option_given(name):
                 click.echo(f"edgesdk: {flag} is not used: it works with --draft BUNDLE", err=True)
         return None
     if lookup_draft:
         raise click.BadParameter("--draft and --lookup both draft tokens; pass one", param_hint="'--draft'")
-    if not can_draft(runtime.backend):
-        why = "steps a power controller with every decode" if hasattr(runtime.backend, "controller") \
-            else "cannot rewind its KV cache"
+    why = _why_no_drafting(runtime.backend)
+    if why is not None:
         click.echo(f"edgesdk: --draft is not used: the {runtime.backend.name} backend {why}; it decodes token by "
                    "token", err=True)
         return None
@@ -140,7 +146,7 @@ def _draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min
         raise click.BadParameter(f"{exc.problem}; {exc.fix}", param_hint="'--draft'") from exc
 
 
-def _template_kwargs_option(text: str | None) -> dict:
+def read_template_kwargs(text: str | None) -> dict:
     """``--chat-template-kwargs JSON``: a JSON object of extra chat-template variables."""
     from edgesdk.runtime.text import check_template_kwargs
 
@@ -155,24 +161,32 @@ def _template_kwargs_option(text: str | None) -> dict:
         raise click.BadParameter(str(exc), param_hint="'--chat-template-kwargs'") from exc
 
 
-def _lookup(backend, draft: int):
-    """``--lookup N``: the prompt lookup settings (None when off), and a word where the backend cannot draft."""
+def _why_no_drafting(backend) -> str | None:
+    """Why ``backend`` cannot check drafted tokens (runtime.generate.can_draft), None where it can."""
     from edgesdk.runtime.generate import can_draft
+
+    if can_draft(backend):
+        return None
+    return "steps a power controller with every decode" if hasattr(backend, "controller") \
+        else "cannot rewind its KV cache"
+
+
+def lookup_config(backend, draft: int):
+    """``--lookup N``: the prompt lookup settings (None when off), and a word where the backend cannot draft."""
     from edgesdk.runtime.lookup import LookupConfig
 
     if not draft:
         return None
-    if not can_draft(backend):
-        why = "steps a power controller with every decode" if hasattr(backend, "controller") \
-            else "cannot rewind its KV cache"
+    why = _why_no_drafting(backend)
+    if why is not None:
         click.echo(f"edgesdk: --lookup is not used: the {backend.name} backend {why}; it decodes token by token",
                    err=True)
         return None
     return LookupConfig(max_draft=draft)
 
 
-def _open_thermal(runtime, watch_thermal: bool, simulate_thermal: bool, no_guard: bool, clock_cap: bool, telemetry,
-                  ambient, thermal_target, sim_speed: float, status: bool):
+def open_thermal(runtime, watch_thermal: bool, simulate_thermal: bool, no_guard: bool, clock_cap: bool, telemetry,
+                 ambient, thermal_target, sim_speed: float, status: bool):
     """The thermal session of ``run`` or ``serve`` (None without thermal options), its notes printed.
 
     Every call first undoes a clock cap that a killed run left. SIGTERM and SIGHUP then end the process
@@ -185,8 +199,6 @@ def _open_thermal(runtime, watch_thermal: bool, simulate_thermal: bool, no_guard
         click.echo(f"edgesdk thermal: {note}", err=True)
     if not (watch_thermal or simulate_thermal or telemetry):
         return None
-    import signal
-
     from edgesdk.cli_thermal import thermal_profile
     from edgesdk.profile import TargetProfile
     from edgesdk.thermal.watch import open_session
@@ -205,14 +217,23 @@ def _open_thermal(runtime, watch_thermal: bool, simulate_thermal: bool, no_guard
                            warn=lambda message: click.echo(f"edgesdk thermal: warning: {message}", err=True))
     for note in thermal.notes:
         click.echo(f"edgesdk thermal: {note}", err=True)
-    for stop in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(stop) is not signal.SIG_IGN:  # nohup's ignored SIGHUP stays ignored
-            signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
+    exit_on_stop_signals()
     return thermal
 
 
-def _warn_unused_thermal_options(watch_thermal: bool, simulate_thermal: bool, telemetry, no_guard: bool,
-                                 clock_cap: bool, ambient, sim_speed: float, thermal_target) -> None:
+def exit_on_stop_signals() -> None:
+    """SIGTERM and SIGHUP (a service manager's stop, a closed terminal) end the process through ``sys.exit``
+    with the shell's 128 + signal number, so that the caller's ``finally`` runs. A signal the process was started
+    ignoring (SIGHUP under nohup) stays ignored."""
+    import signal
+
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(stop) is not signal.SIG_IGN:
+            signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
+
+
+def warn_unused_thermal_options(watch_thermal: bool, simulate_thermal: bool, telemetry, no_guard: bool,
+                                clock_cap: bool, ambient, sim_speed: float, thermal_target) -> None:
     """Name the thermal options that do nothing without the mode they belong to (as --top-p is named)."""
     guarded = watch_thermal or simulate_thermal
     modes = "--watch-thermal or --simulate-thermal"
@@ -230,7 +251,7 @@ def _warn_unused_thermal_options(watch_thermal: bool, simulate_thermal: bool, te
             click.echo(f"edgesdk: {flag} is not used: it works with {works_with}", err=True)
 
 
-def _configure_gates(backend, entropy_target, compute_budget, gating) -> None:
+def configure_gates(backend, entropy_target, compute_budget, gating) -> None:
     """Apply the power-gate options to a gated backend; refuse them for a bundle without gates."""
     asked = entropy_target is not None or compute_budget is not None
     if not hasattr(backend, "configure"):
@@ -248,12 +269,18 @@ def _configure_gates(backend, entropy_target, compute_budget, gating) -> None:
     backend.gating = asked if gating is None else gating
 
 
-def _finite_or_null(value):
+def finite_or_null(value):
     """``value`` with every infinite or NaN float replaced by None (JSON has no such numbers)."""
     if isinstance(value, dict):
-        return {key: _finite_or_null(item) for key, item in value.items()}
+        return {key: finite_or_null(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite_or_null(item) for item in value]
+        return [finite_or_null(item) for item in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def echo_json(value) -> None:
+    """``value`` printed as strict JSON (indented): a perplexity that overflowed (inf) or a broken bundle's NaN
+    is null, as JSON has no such numbers."""
+    click.echo(json.dumps(finite_or_null(value), indent=2, allow_nan=False))

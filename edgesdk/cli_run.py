@@ -19,18 +19,19 @@ import click
 
 from edgesdk.cli_interactive import Chat, DeferredInterrupt, ReversePrompts, process_escapes
 from edgesdk.cli_options import (
-    _configure_gates,
-    _draft_model,
-    _draft_options,
-    _gate_options,
-    _lookup,
-    _open_thermal,
-    _runtime_options,
-    _sampler_chain,
-    _sampler_chain_options,
-    _template_kwargs_option,
-    _thermal_options,
-    _warn_unused_thermal_options,
+    configure_gates,
+    draft_model,
+    draft_options,
+    gate_options,
+    lookup_config,
+    open_thermal,
+    option_given,
+    read_template_kwargs,
+    runtime_options,
+    sampler_chain,
+    sampler_chain_options,
+    thermal_options,
+    warn_unused_thermal_options,
 )
 from edgesdk.cli_prompt_cache import (
     load_prompt_cache,
@@ -87,7 +88,7 @@ class RunSettings:
 @click.option("--logit-bias", "logit_bias", multiple=True, metavar="ID=BIAS",
               help="Add BIAS (-100..100, or -inf: never) to token ID's logit, greedy or sampled (repeatable; "
                    "llama.cpp's ID+BIAS / ID-BIAS form works too).")
-@_sampler_chain_options
+@sampler_chain_options
 @click.option("--seed", "-s", type=click.IntRange(min=0), help="Seed for sampling (unset: a random one).")
 @click.option("--repeat-penalty", default=1.0, show_default=True,
               help="Divide the logit of a token seen in the last --repeat-last-n tokens by this (1: off).")
@@ -100,7 +101,7 @@ class RunSettings:
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the model's chat template.")
 @click.option("--system", "--system-prompt", "-sys", help="System message for the chat template.")
 @click.option("--chat-template-kwargs", "template_kwargs", metavar="JSON", callback=lambda ctx, param, value:
-              _template_kwargs_option(value),
+              read_template_kwargs(value),
               help="Extra variables for the chat template, a JSON object (llama.cpp's --chat-template-kwargs), e.g. "
                    "'{\"enable_thinking\": false}' for a Qwen3 answer without thinking.")
 @click.option("--history/--no-history", default=None,
@@ -143,10 +144,10 @@ class RunSettings:
                    "last run's did prefills only what follows; rewritten after each answer, and when Ctrl-C stops one.")
 @click.option("--stats", is_flag=True, help="Print prompt tokens (and those from the cache), prefill/decode tok/s, time "
                                            "to first token, p95 inter-token latency and peak RSS on stderr.")
-@_draft_options
-@_thermal_options
-@_gate_options
-@_runtime_options
+@draft_options
+@thermal_options
+@gate_options
+@runtime_options
 def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias, samplers,
         sampling_seq, seed, repeat_penalty,
         repeat_last_n, presence_penalty, frequency_penalty, raw, system, template_kwargs, history, in_prefix, in_suffix,
@@ -194,19 +195,19 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     tokenizer = runtime.tokenizer
     tokenizer.template_kwargs = template_kwargs
     sampling = _sampling_for_model(settings, tokenizer)
-    thermal_options = {"watch_thermal": watch_thermal, "simulate_thermal": simulate_thermal, "telemetry": telemetry,
+    thermal_settings = {"watch_thermal": watch_thermal, "simulate_thermal": simulate_thermal, "telemetry": telemetry,
                        "no_guard": no_guard, "clock_cap": clock_cap, "ambient": ambient, "sim_speed": sim_speed,
                        "thermal_target": thermal_target}
-    _warn_unused_options(settings, tokenizer, thermal_options)
+    _warn_unused_options(settings, tokenizer, thermal_settings)
     interactive = settings.prompt is None and sys.stdin.isatty()
     conversation = _open_conversation(settings, runtime, interactive)
     cache = PromptCache(runtime.backend)
     cache_path = load_prompt_cache(settings.prompt_cache, cache, runtime, settings.stats)
     token_bytes = _check_constraint_tokens(settings, tokenizer)
-    _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
-    lookup = _draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target,
-                          lookup_draft) or _lookup(runtime.backend, lookup_draft)
-    thermal = _open_thermal(runtime, **thermal_options, status=watch_thermal or simulate_thermal)
+    configure_gates(runtime.backend, entropy_target, compute_budget, gating)
+    lookup = draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target,
+                         lookup_draft) or lookup_config(runtime.backend, lookup_draft)
+    thermal = open_thermal(runtime, **thermal_settings, status=watch_thermal or simulate_thermal)
     try:
         answerer = Answerer(runtime, settings, sampling, conversation=conversation, cache=cache,
                             cache_path=cache_path, token_bytes=token_bytes, lookup=lookup, thermal=thermal)
@@ -229,7 +230,7 @@ def _sampling_config(*, logit_bias: tuple[str, ...], samplers: str | None, sampl
 
     try:
         return SamplingConfig(logit_bias=[_logit_bias_option(text) for text in logit_bias],
-                              **fields, **_sampler_chain(samplers, sampling_seq))
+                              **fields, **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:  # name the option the user typed, not the field
         options = {"max_new_tokens": "'--max-new-tokens' / '-n'", "temperature": "'--temperature'",
                    "samplers": "'--samplers' / '--sampling-seq'",
@@ -278,7 +279,7 @@ def _sampling_for_model(settings: RunSettings, tokenizer) -> SamplingConfig:
     return sampling
 
 
-def _warn_unused_options(settings: RunSettings, tokenizer, thermal_options: dict) -> None:
+def _warn_unused_options(settings: RunSettings, tokenizer, thermal_settings: dict) -> None:
     """Name each option given that does nothing in this run, and why, on stderr; the run goes on."""
     sampling = settings.sampling
     for option, unused in (("--top-p", sampling.top_p < 1), ("--top-k", sampling.top_k > 0),
@@ -289,11 +290,10 @@ def _warn_unused_options(settings: RunSettings, tokenizer, thermal_options: dict
     if sampling.seed is not None and sampling.temperature == 0:
         click.echo("edgesdk: --seed is not used: --temperature 0 decodes greedily (pass a temperature > 0 to sample)",
                    err=True)
-    if not sampling.penalizes and \
-            click.get_current_context().get_parameter_source("repeat_last_n") != click.core.ParameterSource.DEFAULT:
+    if not sampling.penalizes and option_given("repeat_last_n"):
         click.echo("edgesdk: --repeat-last-n is not used: it is the window of the penalties, and none is on (pass "
                    "--repeat-penalty other than 1, or a --presence-penalty or --frequency-penalty)", err=True)
-    _warn_unused_thermal_options(**thermal_options)
+    warn_unused_thermal_options(**thermal_settings)
     as_it_is = None
     if settings.raw or not tokenizer.has_chat_template:
         as_it_is = "--raw" if settings.raw else "the bundle has no chat template"

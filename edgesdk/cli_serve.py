@@ -7,26 +7,29 @@ Importing this module imports click only; the runtime and the server load when t
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
 from edgesdk.cli_options import (
-    _configure_gates,
-    _draft_model,
-    _draft_options,
-    _gate_options,
-    _lookup,
-    _open_thermal,
-    _runtime_options,
-    _sampler_chain,
-    _sampler_chain_options,
-    _template_kwargs_option,
-    _thermal_options,
-    _warn_unused_thermal_options,
+    configure_gates,
+    draft_model,
+    draft_options,
+    exit_on_stop_signals,
+    gate_options,
+    lookup_config,
+    open_thermal,
+    option_given,
+    read_template_kwargs,
+    runtime_options,
+    sampler_chain,
+    sampler_chain_options,
+    thermal_options,
+    warn_unused_thermal_options,
 )
 from edgesdk.errors import EdgeSDKError
+
+SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in flight (a long prompt's prefill on a board)
 
 
 @click.command()
@@ -46,7 +49,7 @@ from edgesdk.errors import EdgeSDKError
 @click.option("--top-p", default=1.0, show_default=True, help="For a request that sets none.")
 @click.option("--top-k", default=0, show_default=True, help="For a request that sets none (0: off).")
 @click.option("--min-p", default=0.0, show_default=True, help="For a request that sets none (0: off).")
-@_sampler_chain_options
+@sampler_chain_options
 @click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait while one generates; more get HTTP 503 at once.")
 @click.option("--quiet", is_flag=True, help="No request log on stderr.")
@@ -66,7 +69,7 @@ from edgesdk.errors import EdgeSDKError
               help="A chat ending with an assistant message gets a new assistant turn after it, instead of the "
                    "answer going on from that message's text (llama-server's option of the same name).")
 @click.option("--chat-template-kwargs", "template_kwargs", metavar="JSON", callback=lambda ctx, param, value:
-              _template_kwargs_option(value),
+              read_template_kwargs(value),
               help="Extra variables for the chat template, a JSON object (llama-server's option); a request's "
                    "chat_template_kwargs go over them. E.g. '{\"enable_thinking\": false}' for Qwen3.")
 @click.option("--reasoning-format", type=click.Choice(["auto", "none", "deepseek", "deepseek-legacy"]),
@@ -83,10 +86,10 @@ from edgesdk.errors import EdgeSDKError
               help="Thinking allowed: -1 without limit, 0 off (the chat template rendered with enable_thinking "
                    "false unless --chat-template-kwargs or a request's chat_template_kwargs set it), as "
                    "llama-server's option; a token budget in between is not taken.")
-@_draft_options
-@_thermal_options
-@_gate_options
-@_runtime_options
+@draft_options
+@thermal_options
+@gate_options
+@runtime_options
 def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, top_k, min_p, samplers,
           sampling_seq, max_queue,
           quiet,
@@ -111,7 +114,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                                  cache_ram_mib=cache_ram_mib, lookup=lookup_draft,
                                  prefill_assistant=not no_prefill_assistant, reasoning_format=reasoning_format,
                                  reasoning_budget=reasoning_budget, responses_kept=responses_kept,
-                                 responses_kept_bytes=responses_kept_mib << 20, **_sampler_chain(samplers, sampling_seq))
+                                 responses_kept_bytes=responses_kept_mib << 20, **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
         options = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'",
                    "samplers": "'--samplers' / '--sampling-seq'"}
@@ -128,26 +131,21 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
         raise click.BadParameter("must be printable ASCII without spaces, as an HTTP header carries it; pick "
                                  "another key, e.g. from: python -c 'import secrets; print(secrets.token_urlsafe())'",
                                  param_hint="'--api-key'")
-    _warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard, clock_cap=clock_cap,
-                                 ambient=ambient, sim_speed=sim_speed, thermal_target=thermal_target)
-    if no_prompt_cache and \
-            click.get_current_context().get_parameter_source("cache_ram_mib") != click.core.ParameterSource.DEFAULT:
+    warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard, clock_cap=clock_cap,
+                                ambient=ambient, sim_speed=sim_speed, thermal_target=thermal_target)
+    if no_prompt_cache and option_given("cache_ram_mib"):
         click.echo("edgesdk: --cache-ram is not used: --no-prompt-cache keeps no KV cache between requests", err=True)
-    import signal
-
     # A service manager's stop (SIGTERM; SIGHUP unless nohup ignores it) ends the server as Ctrl-C does:
     # through the finally below, which lets the answer being generated end and tell its client why.
-    for stop in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(stop) is not signal.SIG_IGN:
-            signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
+    exit_on_stop_signals()
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=True)
     runtime.tokenizer.template_kwargs = template_kwargs
-    _configure_gates(runtime.backend, entropy_target, compute_budget, gating)
-    draft = _draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target, lookup_draft)
-    _lookup(runtime.backend, lookup_draft)  # says so where the backend cannot draft (the completer decodes then)
-    thermal = _open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
-                            thermal_target, sim_speed, status=False)
+    configure_gates(runtime.backend, entropy_target, compute_budget, gating)
+    draft = draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target, lookup_draft)
+    lookup_config(runtime.backend, lookup_draft)  # says so where the backend cannot draft (the completer decodes then)
+    thermal = open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
+                           thermal_target, sim_speed, status=False)
     try:
         completer = Completer(runtime, defaults, hook=thermal.hook if thermal else None, draft=draft)
         name = model_name or served_model_name(runtime.bundle.manifest)
@@ -183,5 +181,3 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
         if thermal is not None:
             thermal.close()
 
-
-SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in flight (a long prompt's prefill on a board)
