@@ -43,20 +43,23 @@ def test_each_task_scores_its_file_as_edgesdk_accuracy_does(tiny_bundle, task_fi
     assert result == {"task": kind, "bundle": expected.to_json()}
     code, output = run_eval(tiny_bundle.path, flag, "--text", task_files / name, "-t", "1")
     assert code == 0, output
-    assert output.startswith(f"{kind} (bundle)") and expected.summary() in output
+    assert output.startswith(f"{kind} (bundle)")
+    assert expected.summary() in output
 
 
 def test_task_options_are_refused_where_they_do_nothing(tiny_bundle, task_files):
     hellaswag = task_files / "hellaswag.txt"
     code, output = run_eval(tiny_bundle.path, "--hellaswag", "--winogrande", "-f", hellaswag)
     assert code == 2
-    assert "--winogrande" in output and "one task file a run" in output
+    assert "--winogrande" in output
+    assert "one task file a run" in output
     code, output = run_eval(tiny_bundle.path, "--winogrande-tasks", "3", "-f", hellaswag)
     assert code == 2
     assert "add --winogrande" in output
     code, output = run_eval(tiny_bundle.path, "--hellaswag", "--context", "64", "-f", hellaswag)
     assert code == 2
-    assert "--context" in output and "applies to perplexity" in output
+    assert "--context" in output
+    assert "applies to perplexity" in output
 
 
 def test_a_malformed_task_file_is_named_before_the_bundle_loads(tmp_path, task_files):
@@ -64,4 +67,5 @@ def test_a_malformed_task_file_is_named_before_the_bundle_loads(tmp_path, task_f
     broken.write_text("a context\nonly one line\n", encoding="utf-8")
     code, output = run_eval(tmp_path / "no-bundle", "--hellaswag", "-f", broken)
     assert code != 0
-    assert str(broken) in output and "no-bundle" not in output
+    assert str(broken) in output
+    assert "no-bundle" not in output
