@@ -16,11 +16,11 @@ ollama = pytest.importorskip("ollama")
 
 from edgesdk.serve.completion import ServeDefaults  # noqa: E402
 from tests.unit.test_serve import HeldHook, Served  # noqa: E402
-from tests.unit.test_serve_reasoning import ASK  # noqa: E402
 from tests.unit.test_tools import LIGHT  # noqa: E402
 from tests.unit.test_tools import server as tools_server  # noqa: E402, F401 (a fixture: 2,048 tokens of context)
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}]
+ASK = [{"role": "user", "content": "Tell me about the fox."}]  # tests/unit/test_serve_reasoning.py's question
 NAME = "tiny-host:latest"
 
 
