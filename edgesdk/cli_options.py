@@ -32,6 +32,19 @@ def sampler_chain_options(function):
              "at 1). dry, typ_p, top_n_sigma and xtc pass everything through.")(function)
 
 
+# The sampling fields run and serve both take, and the option that sets each: a value SamplingConfig or
+# ServeDefaults refuses is a ValueError whose message starts with the field's name.
+SAMPLING_OPTIONS = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top_k": "'--top-k'",
+                    "min_p": "'--min-p'", "samplers": "'--samplers' / '--sampling-seq'"}
+
+
+def bad_sampling_option(exc: ValueError, options: dict[str, str] = SAMPLING_OPTIONS) -> click.BadParameter:
+    """A refused sampling value told under the option the user typed (``options``: field -> option), not the
+    field."""
+    hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
+    return click.BadParameter(str(exc), param_hint=hint)
+
+
 def sampler_chain(samplers: str | None, sampling_seq: str | None) -> dict:
     """The ``samplers`` field of a SamplingConfig from ``--samplers`` or ``--sampling-seq`` (none: the default)."""
     if samplers is not None and sampling_seq is not None:

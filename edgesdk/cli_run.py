@@ -19,6 +19,8 @@ import click
 
 from edgesdk.cli_interactive import Chat, DeferredInterrupt, ReversePrompts, process_escapes
 from edgesdk.cli_options import (
+    SAMPLING_OPTIONS,
+    bad_sampling_option,
     configure_gates,
     draft_model,
     draft_options,
@@ -58,7 +60,7 @@ class RunSettings:
     reverse_prompts: tuple[str, ...]  # -r, escapes processed
     json_object: bool  # --json
     schema: object | None  # --json-schema, compiled
-    rules: object | None  # --grammar / --grammar-file, parsed
+    grammar: object | None  # --grammar / --grammar-file, parsed (runtime.gbnf)
     grammar_option: str  # the option that gave the grammar, as an error about its tokens names it
     prompt_cache: Path | None  # --prompt-cache, its directory writable
     ignore_eos: bool  # --ignore-eos
@@ -148,13 +150,14 @@ class RunSettings:
 @thermal_options
 @gate_options
 @runtime_options
-def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias, samplers,
-        sampling_seq, seed, repeat_penalty,
-        repeat_last_n, presence_penalty, frequency_penalty, raw, system, template_kwargs, history, in_prefix, in_suffix,
-        reverse_prompts, json_object, json_schema, grammar,
-        grammar_file, lookup_draft, prompt_cache, stats, draft_bundle, draft_max, draft_p_min,
-        watch_thermal, simulate_thermal, no_guard, clock_cap, entropy_target, compute_budget, gating, telemetry, ambient, thermal_target,
-        sim_speed, threads, backend, target, ignore_target):
+def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias,
+        samplers, sampling_seq, seed, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
+        raw, system, template_kwargs, history, in_prefix, in_suffix, reverse_prompts,
+        json_object, json_schema, grammar, grammar_file, lookup_draft, prompt_cache, stats,
+        draft_bundle, draft_max, draft_p_min,
+        watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
+        entropy_target, compute_budget, gating,
+        threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
 
     The bundle is verified (hashes, target) before anything runs. Greedy by default. With
@@ -186,7 +189,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         reverse_prompts=_reverse_prompts(reverse_prompts),
         json_object=json_object,
         schema=_read_json_schema(json_schema, json_object),
-        rules=_read_grammar(grammar, grammar_file, json_object, json_schema),
+        grammar=_read_grammar(grammar, grammar_file, json_object, json_schema),
         grammar_option="'--grammar-file'" if grammar_file else "'--grammar'",
         prompt_cache=writable_prompt_cache(prompt_cache),
         ignore_eos=ignore_eos, raw=raw, system=system, template_kwargs=template_kwargs, history=history, stats=stats)
@@ -224,21 +227,20 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
             thermal.close()
 
 
+RUN_SAMPLING_OPTIONS = {**SAMPLING_OPTIONS, "max_new_tokens": "'--max-new-tokens' / '-n'",
+                        "repeat_penalty": "'--repeat-penalty'", "presence_penalty": "'--presence-penalty'",
+                        "frequency_penalty": "'--frequency-penalty'", "logit_bias": "'--logit-bias'"}
+
+
 def _sampling_config(*, logit_bias: tuple[str, ...], samplers: str | None, sampling_seq: str | None, **fields):
     """The sampling options as a SamplingConfig; a value it refuses is told under the option the user typed."""
     from edgesdk.runtime.generate import SamplingConfig
 
     try:
-        return SamplingConfig(logit_bias=[_logit_bias_option(text) for text in logit_bias],
+        return SamplingConfig(logit_bias=[_parse_logit_bias(text) for text in logit_bias],
                               **fields, **sampler_chain(samplers, sampling_seq))
-    except ValueError as exc:  # name the option the user typed, not the field
-        options = {"max_new_tokens": "'--max-new-tokens' / '-n'", "temperature": "'--temperature'",
-                   "samplers": "'--samplers' / '--sampling-seq'",
-                   "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'",
-                   "repeat_penalty": "'--repeat-penalty'", "presence_penalty": "'--presence-penalty'",
-                   "frequency_penalty": "'--frequency-penalty'", "logit_bias": "'--logit-bias'"}
-        hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
-        raise click.BadParameter(str(exc), param_hint=hint) from exc
+    except ValueError as exc:
+        raise bad_sampling_option(exc, RUN_SAMPLING_OPTIONS) from exc
 
 
 def _one_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
@@ -333,19 +335,19 @@ def _check_constraint_tokens(settings: RunSettings, tokenizer):
     from edgesdk.runtime.gbnf import GrammarError
     from edgesdk.runtime.grammar import GrammarConstraint
 
-    if not (settings.json_object or settings.schema is not None or settings.rules is not None):
+    if not (settings.json_object or settings.schema is not None or settings.grammar is not None):
         return None
     token_bytes = tokenizer.token_bytes()
-    if settings.rules is None:
+    if settings.grammar is None:
         return token_bytes
     try:
-        GrammarConstraint(token_bytes, settings.rules, tokenizer.eos_token_ids, token_id_of=tokenizer.token_id)
+        GrammarConstraint(token_bytes, settings.grammar, tokenizer.eos_token_ids, token_id_of=tokenizer.token_id)
     except GrammarError as exc:
         raise click.BadParameter(f"{exc.problem} ({exc.fix})", param_hint=settings.grammar_option) from exc
     return token_bytes
 
 
-def _logit_bias_option(text: str) -> tuple[int, float]:
+def _parse_logit_bias(text: str) -> tuple[int, float]:
     """``--logit-bias ID=BIAS`` (or llama.cpp's ``ID+BIAS`` / ``ID-BIAS``) as (id, bias); the range is
     SamplingConfig's to check."""
     match = re.fullmatch(r"\s*([0-9]+)\s*(?:=\s*(\S+)|([+-]\S+))\s*", text)
@@ -474,8 +476,8 @@ class Answerer:
         from edgesdk.runtime.json_schema import SchemaConstraint
 
         settings, constraint = self.settings, None
-        if settings.rules is not None:
-            constraint = GrammarConstraint(self.token_bytes, settings.rules, self.tokenizer.eos_token_ids,
+        if settings.grammar is not None:
+            constraint = GrammarConstraint(self.token_bytes, settings.grammar, self.tokenizer.eos_token_ids,
                                            token_id_of=self.tokenizer.token_id)
         elif settings.schema is not None:
             constraint = SchemaConstraint(self.token_bytes, settings.schema)
@@ -561,7 +563,7 @@ def _print_stats(runtime, result, drafting: bool) -> None:
         click.echo(_power_line(runtime.backend), err=True)
 
 
-def _stats_line(backend_name: str, s: dict, drafting: bool) -> str:
+def _stats_line(backend_name: str, figures: dict, drafting: bool) -> str:
     """The answer's prompt tokens (and those from the cache), prefill and decode speeds, time to first token, p95
     inter-token latency, why it stopped, the drafts taken (--draft, --lookup), and the process's huge pages and
     peak RSS where known."""
@@ -569,22 +571,27 @@ def _stats_line(backend_name: str, s: dict, drafting: bool) -> str:
     from edgesdk.runtime.huge_pages import huge_pages_in_use
 
     huge = huge_pages_in_use()
-    cached = f" ({s['cached_tokens']} from the cache)" if s["cached_tokens"] else ""
-    return (f"[{backend_name}] prompt {s['prompt_tokens']} tok{cached}, prefill {s['prefill_tok_s']} tok/s, "
-            f"TTFT {s['time_to_first_token_ms']} ms, {s['new_tokens']} new tok, decode {_or_dash(s['decode_tok_s'])} "
-            f"tok/s (steps after the first), p95 {_or_dash(s['p95_inter_token_ms'])} ms, "
-            f"stop: {s['stop_reason']}"
-            + (f", drafts {s['draft_accepted']}/{s['draft_tokens']} taken" if drafting else "")
+    cached = f" ({figures['cached_tokens']} from the cache)" if figures["cached_tokens"] else ""
+    return (f"[{backend_name}] prompt {figures['prompt_tokens']} tok{cached}, "
+            f"prefill {figures['prefill_tok_s']} tok/s, TTFT {figures['time_to_first_token_ms']} ms, "
+            f"{figures['new_tokens']} new tok, decode {_or_dash(figures['decode_tok_s'])} tok/s (steps after the "
+            f"first), p95 {_or_dash(figures['p95_inter_token_ms'])} ms, stop: {figures['stop_reason']}"
+            + (f", drafts {figures['draft_accepted']}/{figures['draft_tokens']} taken" if drafting else "")
             + (f", huge pages {huge / 2**20:.0f} MiB" if huge is not None else "")
             + (f", peak RSS {peak:.0f} MiB" if (peak := peak_rss_mib()) is not None else ""))
 
+
 def _power_line(backend) -> str:
-    s = backend.stats()
-    entropy = "n/a (shorter than one window)" if s["mean_entropy"] is None else f"{s['mean_entropy']:.3f} nats"
-    share = f" ({s['blocks_skipped'] / s['blocks_total']:.1%})" if s["blocks_total"] else ""
+    """A power-gated backend's figures (its ``stats()``): the realised windowed power entropy against the gate
+    controller's target, the decode FFN blocks skipped, the gates' threshold tau and the compute budget."""
+    figures = backend.stats()
+    entropy = ("n/a (shorter than one window)" if figures["mean_entropy"] is None
+               else f"{figures['mean_entropy']:.3f} nats")
+    skipped, total = figures["blocks_skipped"], figures["blocks_total"]
+    share = f" ({skipped / total:.1%})" if total else ""
     return (f"[power] realised entropy {entropy} (target {backend.controller.config.entropy_target:g}), "
-            f"decode FFN blocks skipped {s['blocks_skipped']}/{s['blocks_total']}{share}, tau {s['tau']:.3f}, "
-            f"compute budget {s['budget']:g}{'' if backend.gating else ', gating off'}")
+            f"decode FFN blocks skipped {skipped}/{total}{share}, tau {figures['tau']:.3f}, "
+            f"compute budget {figures['budget']:g}{'' if backend.gating else ', gating off'}")
 
 
 def _or_dash(value) -> str:

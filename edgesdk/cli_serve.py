@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from edgesdk.cli_options import (
+    bad_sampling_option,
     configure_gates,
     draft_model,
     draft_options,
@@ -116,10 +117,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                                  reasoning_budget=reasoning_budget, responses_kept=responses_kept,
                                  responses_kept_bytes=responses_kept_mib << 20, **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
-        options = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top_k": "'--top-k'", "min_p": "'--min-p'",
-                   "samplers": "'--samplers' / '--sampling-seq'"}
-        hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
-        raise click.BadParameter(str(exc), param_hint=hint) from exc
+        raise bad_sampling_option(exc) from exc
     if api_key is not None and not api_key.strip():
         raise click.BadParameter("is empty; pass a key, or leave --api-key out to serve without one",
                                  param_hint="'--api-key'")
