@@ -55,6 +55,8 @@ from edgesdk.runtime.logprobs import log_softmax
 HELLASWAG, WINOGRANDE, MULTIPLE_CHOICE = "hellaswag", "winogrande", "multiple-choice"
 TASK_KINDS = (HELLASWAG, WINOGRANDE, MULTIPLE_CHOICE)
 HELLASWAG_DEFAULT_TASKS = 400  # common_params::hellaswag_tasks
+HELLASWAG_ENDINGS = 4  # hellaswag_score: a task is its context, the gold ending's index and 4 endings
+HELLASWAG_LINES = 2 + HELLASWAG_ENDINGS  # lines a task takes in hellaswag_val_full.txt
 WINOGRANDE_MIN_TRAILING = 3  # k_min_trailing_ctx in winogrande_score
 MULTIPLE_CHOICE_MAX_ANSWERS = 100  # multiple_choice_answers::deserialize
 Z_95 = 1.95996398454  # hellaswag_score's za
@@ -83,6 +85,8 @@ class WinograndeTask:
 
 @dataclass(frozen=True)
 class AccuracyResult:
+    """One accuracy task scored: the figures llama-perplexity prints, with the pick and scores of every task."""
+
     task: str  # HELLASWAG, WINOGRANDE or MULTIPLE_CHOICE
     tasks: int
     correct: int
@@ -94,12 +98,15 @@ class AccuracyResult:
     scores: tuple[tuple[float, ...], ...]  # each ending's mean token log-probability, per task
 
     def to_json(self) -> dict:
-        def r(value: float | None) -> float | None:
+        """The figures (not the picks and scores) as JSON, rounded to 6 decimals."""
+
+        def rounded(value: float | None) -> float | None:
             return None if value is None else round(value, 6)
 
-        return {"task": self.task, "tasks": self.tasks, "correct": self.correct, "accuracy": r(self.accuracy),
-                "accuracy_uncertainty": r(self.uncertainty), "interval_95": [r(v) for v in self.interval],
-                "random_chance": r(self.random_chance)}
+        return {"task": self.task, "tasks": self.tasks, "correct": self.correct, "accuracy": rounded(self.accuracy),
+                "accuracy_uncertainty": rounded(self.uncertainty),
+                "interval_95": [rounded(bound) for bound in self.interval],
+                "random_chance": rounded(self.random_chance)}
 
     def summary(self) -> str:
         """The figure llama-perplexity prints at the end, in percent: HellaSwag's last ``acc_norm`` row with its
@@ -127,7 +134,8 @@ def agreement(a: AccuracyResult, b: AccuracyResult) -> float:
 
 
 def _prompt_lines(text: str) -> list[str]:
-    """The lines ``std::getline`` gives of ``text`` as ``-f`` reads it (one trailing newline dropped)."""
+    """The lines ``std::getline`` gives of ``text`` as ``-f`` reads it (one trailing newline dropped): the
+    ``prompt_lines`` that hellaswag_score and load_winogrande_from_csv read."""
     text = text[:-1] if text.endswith("\n") else text
     lines = text.split("\n")
     return lines[:-1] if lines[-1] == "" else lines
@@ -139,17 +147,18 @@ def parse_hellaswag(text: str, source: str = "the HellaSwag file") -> list[Choic
     lines = _prompt_lines(text)
     fix = ("pass llama.cpp's HellaSwag file (hellaswag_val_full.txt): 6 lines a task, the context, the gold "
            "ending 0-3, the 4 endings")
+    whole, left_over = divmod(len(lines), HELLASWAG_LINES)
     tasks = []
-    for start in range(0, len(lines) - len(lines) % 6, 6):
+    for start in range(0, whole * HELLASWAG_LINES, HELLASWAG_LINES):
         label = lines[start + 1].strip()
         if label not in ("0", "1", "2", "3"):
             raise EdgeSDKError(f"{source}, line {start + 2}: the gold ending of the task starting on line "
                                f"{start + 1} must be 0, 1, 2 or 3, got {lines[start + 1]!r}", fix)
-        tasks.append(ChoiceTask(lines[start], tuple(lines[start + 2:start + 6]),
-                                tuple(int(i == int(label)) for i in range(4)), f"line {start + 1}"))
-    if len(lines) % 6:
+        tasks.append(ChoiceTask(lines[start], tuple(lines[start + 2:start + HELLASWAG_LINES]),
+                                tuple(int(i == int(label)) for i in range(HELLASWAG_ENDINGS)), f"line {start + 1}"))
+    if left_over:
         raise EdgeSDKError(f"{source} has {len(lines)} lines, not a multiple of 6: the last task, from line "
-                           f"{len(lines) - len(lines) % 6 + 1}, has {len(lines) % 6} of its 6 lines", fix)
+                           f"{whole * HELLASWAG_LINES + 1}, has {left_over} of its 6 lines", fix)
     if not tasks:
         raise EdgeSDKError(f"{source} holds no task", fix)
     return tasks
@@ -243,6 +252,7 @@ class _Reader:
             raise self.fail(f"{what} is not UTF-8 ({exc.reason})", start + exc.start) from exc
 
     def answers(self, what: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """An answer list as ``multiple_choice_answers::deserialize`` reads it: the answers and their labels."""
         (count,) = self.uint32s(1, f"the answer count of {what}")
         if count > MULTIPLE_CHOICE_MAX_ANSWERS:
             raise self.fail(f"{what} has {count} answers; llama.cpp reads at most {MULTIPLE_CHOICE_MAX_ANSWERS}",
@@ -293,8 +303,9 @@ def read_multiple_choice(data: bytes, source: str = "the multiple-choice file",
 
 def read_task_file(kind: str, path: Path, count: int | None = None) -> list[ChoiceTask] | list[WinograndeTask]:
     """The tasks ``kind`` scores from ``path``, selected as llama-perplexity selects them: HellaSwag
-    ``min(count, tasks)`` (``count`` None: 400) in its random order, the others all in file order (``count`` None or 0) or
-    ``count`` drawn at random. The file is read as llama-perplexity's ``-f`` (text) or ``-bf`` (binary) reads it."""
+    ``min(count, tasks)`` (``count`` None: 400) in its random order, the others all in file order (``count`` None
+    or 0) or ``count`` drawn at random. The file is read as llama-perplexity's ``-f`` (text) or ``-bf`` (binary)
+    reads it."""
     if kind not in TASK_KINDS:
         raise ValueError(f"kind must be one of {', '.join(TASK_KINDS)}, got {kind!r}")
     if count is not None and count < (1 if kind == HELLASWAG else 0):
@@ -384,6 +395,7 @@ def _sequence_logprobs(score_window, tokens: list[int], start: int, end: int | N
 
 
 def _common_prefix(sequences: list[list[int]]) -> int:
+    """How many leading tokens all ``sequences`` share (llama.cpp's ``n_base`` / common prefix length)."""
     shortest = min(len(s) for s in sequences)
     for k in range(shortest):
         if any(s[k] != sequences[0][k] for s in sequences[1:]):
@@ -400,7 +412,11 @@ def _first_max(values: list[float]) -> int:
     return best
 
 
-def _check_length(tasks_tokens: list[tuple[str, list[list[int]]]], limit: int | None, name: str) -> None:
+def _check_length(tasks_tokens: list[tuple[str, list[list[int]]]], score_window, max_tokens: int | None,
+                  name: str) -> None:
+    """Refuse, naming it, the first task with a sequence longer than the scorer takes: ``max_tokens``, else
+    ``score_window.max_tokens`` where the scorer has one (none: no limit)."""
+    limit = max_tokens if max_tokens is not None else getattr(score_window, "max_tokens", None)
     if limit is None:
         return
     for where, sequences in tasks_tokens:
@@ -414,6 +430,9 @@ def _check_length(tasks_tokens: list[tuple[str, list[list[int]]]], limit: int | 
 
 def _result(kind: str, correct: int, picks: list[int], scores: list[tuple[float, ...]], endings: int
             ) -> AccuracyResult:
+    """The figures over the tasks scored: accuracy, its uncertainty ``sqrt(p (1 - p) / (n - 1))`` (winogrande_score,
+    multiple_choice_score) and the Wilson score 95 % interval (hellaswag_score); ``endings`` counts the endings
+    offered, for the random chance."""
     n = len(picks)
     p = correct / n
     uncertainty = math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else None
@@ -436,8 +455,7 @@ def choice_score(score_window, encode, tasks: list[ChoiceTask], bos_id: int | No
     lead = [] if bos_id is None else [bos_id]
     tokenized = [(task.where, [lead + list(encode(f"{task.context} {ending}")) for ending in task.endings])
                  for task in tasks]
-    _check_length(tokenized, max_tokens if max_tokens is not None else getattr(score_window, "max_tokens", None),
-                  kind)
+    _check_length(tokenized, score_window, max_tokens, kind)
     correct, picks, scores, endings = 0, [], [], 0
     bar = tqdm(tokenized, desc=kind, disable=not progress, unit="task")
     for task, (where, sequences) in zip(tasks, bar, strict=True):
@@ -494,8 +512,7 @@ def winogrande_score(score_window, encode, tasks: list[WinograndeTask], bos_id: 
     lead = [] if bos_id is None else [bos_id]
     tokenized = [(task.where, [lead + list(encode(task.first + choice + task.second)) for choice in task.choices])
                  for task in tasks]
-    _check_length(tokenized, max_tokens if max_tokens is not None else getattr(score_window, "max_tokens", None),
-                  WINOGRANDE)
+    _check_length(tokenized, score_window, max_tokens, WINOGRANDE)
     correct, picks, scores = 0, [], []
     bar = tqdm(tokenized, desc=WINOGRANDE, disable=not progress, unit="task")
     for task, (where, sequences) in zip(tasks, bar, strict=True):
