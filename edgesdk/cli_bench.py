@@ -78,6 +78,7 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
 
 
 def _rounded_mib(value: float | None) -> float | None:
+    """Peak RSS in MiB to one decimal for --json (None where the platform does not report it)."""
     return None if value is None else round(value, 1)
 
 

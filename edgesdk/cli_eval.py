@@ -172,40 +172,10 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
     if as_json:
         echo_json(result)
         return
-    spans = "windows" if method == "windows" else f"chunks of {context}, llama-perplexity's rule"
-    click.echo(f"bundle perplexity    {result['bundle']['perplexity']:.4f} "
-               f"({result['bundle']['tokens_scored']} tokens, {result['bundle']['windows']} {spans})")
-    if method == "llama-perplexity" and config.max_chars is not None and len(text) > config.max_chars:
-        click.echo(f"  scored the first {config.max_chars:,} of {len(text):,} characters; llama-perplexity reads "
-                   "the whole file: pass --max-chars 0 for its figure")
-    if reference:
-        click.echo(f"reference (PyTorch)  {result['reference']['perplexity']:.4f}")
-        click.echo(f"relative difference  {result['relative_difference'] * 100:+.3f} %")
-    if kl:
-        d = result["divergence"]
-        click.echo(f"KL divergence        mean {d['mean_kld']:.5f}, median {d['median_kld']:.5f}, p99 {d['p99_kld']:.4f}, "
-                   f"max {d['max_kld']:.3f} nats; same top token {d['same_top_token']:.2%} "
-                   f"({d['tokens_scored']} tokens)")
-        click.echo(f"                     mean KLD {_plus_minus(d['mean_kld'], d['mean_kld_uncertainty'], '.6f')} nats; "
-                   f"PPL(Q)/PPL(base) {_plus_minus(d['ppl_ratio'], d['ppl_ratio_uncertainty'], '.6f')}, ln ratio "
-                   f"{_plus_minus(d['ln_ppl_ratio'], d['ln_ppl_ratio_uncertainty'], '.6f')}; RMS Δp "
-                   f"{_plus_minus(d['rms_dp'], d['rms_dp_uncertainty'], '.3%')}; same top token "
-                   f"{_plus_minus(d['same_top_token'], d['same_top_token_uncertainty'], '.3%')} "
-                   "(llama-perplexity --kl-divergence's statistics; all of them with --json)")
-    for key, label in (("last_word", "last word (bundle)"), ("reference_last_word", "last word (PyTorch)")):
-        if key in result:
-            found = result[key]
-            click.echo(f"{label:<21}accuracy {found['accuracy']:.2%}, word perplexity {found['word_perplexity']:.2f} "
-                       f"({found['documents']} paragraphs)")
-    if gated:
-        chosen = result["power"]["chosen"]
-        click.echo(f"gated, controller    {chosen['perplexity']:.4f} ({chosen['relative_to_off'] * 100:+.2f} % vs "
-                   f"gating off; tau {chosen['tau']:.3f}, {chosen['executed_fraction']:.1%} of FFN blocks run)")
-        for point in result["power"]["curve"]:
-            click.echo(f"  budget {point['budget']:<5g} tau {point['tau']:.3f}  FFN blocks run "
-                       f"{point['executed_fraction']:6.1%}  perplexity {point['perplexity']:.4f}")
+    _print_perplexity(result, method, context, len(text), config.max_chars)
 
 
+# eval's options that only perplexity reads (parameter -> option), refused beside an accuracy task
 PERPLEXITY_ONLY = {"method": "--method", "context": "--context", "stride": "--stride", "max_chars": "--max-chars",
                    "kl": "--kl-divergence", "last_word": "--last-word", "budgets": "--budgets"}
 
@@ -231,6 +201,9 @@ def _accuracy_task_asked(tasks: dict[str, tuple[bool, int]]) -> tuple[str, int] 
     return chosen[0], tasks[chosen[0]][1]
 
 
+TASK_LABEL_WIDTH = 28  # an accuracy task's figures start in one column, after "multiple-choice (PyTorch)"
+
+
 def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, reference: bool, as_json: bool,
                          threads, backend, target, ignore_target) -> None:
     """``eval --hellaswag/--winogrande/--multiple-choice``: the --text task file scored as llama-perplexity scores
@@ -250,10 +223,47 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     if as_json:
         echo_json(result)
         return
-    click.echo(f"{kind} (bundle)".ljust(28) + ours.summary())
+    click.echo(f"{kind} (bundle)".ljust(TASK_LABEL_WIDTH) + ours.summary())
     if reference:
-        click.echo(f"{kind} (PyTorch)".ljust(28) + theirs.summary())
-        click.echo("same pick".ljust(28) + f"{result['same_pick']:.2%} of the tasks")
+        click.echo(f"{kind} (PyTorch)".ljust(TASK_LABEL_WIDTH) + theirs.summary())
+        click.echo("same pick".ljust(TASK_LABEL_WIDTH) + f"{result['same_pick']:.2%} of the tasks")
+
+
+def _print_perplexity(result: dict, method: str, context: int, text_length: int, max_chars: int | None) -> None:
+    """eval's perplexity result as text: the bundle's figure, and the reference's, the KL divergence, the last-word
+    accuracy and the power gates' curve where the run has them (--json prints every figure)."""
+    spans = "windows" if method == "windows" else f"chunks of {context}, llama-perplexity's rule"
+    click.echo(f"bundle perplexity    {result['bundle']['perplexity']:.4f} "
+               f"({result['bundle']['tokens_scored']} tokens, {result['bundle']['windows']} {spans})")
+    if method == "llama-perplexity" and max_chars is not None and text_length > max_chars:
+        click.echo(f"  scored the first {max_chars:,} of {text_length:,} characters; llama-perplexity reads "
+                   "the whole file: pass --max-chars 0 for its figure")
+    if "reference" in result:
+        click.echo(f"reference (PyTorch)  {result['reference']['perplexity']:.4f}")
+        click.echo(f"relative difference  {result['relative_difference'] * 100:+.3f} %")
+    if "divergence" in result:
+        d = result["divergence"]
+        click.echo(f"KL divergence        mean {d['mean_kld']:.5f}, median {d['median_kld']:.5f}, p99 {d['p99_kld']:.4f}, "
+                   f"max {d['max_kld']:.3f} nats; same top token {d['same_top_token']:.2%} "
+                   f"({d['tokens_scored']} tokens)")
+        click.echo(f"                     mean KLD {_plus_minus(d['mean_kld'], d['mean_kld_uncertainty'], '.6f')} nats; "
+                   f"PPL(Q)/PPL(base) {_plus_minus(d['ppl_ratio'], d['ppl_ratio_uncertainty'], '.6f')}, ln ratio "
+                   f"{_plus_minus(d['ln_ppl_ratio'], d['ln_ppl_ratio_uncertainty'], '.6f')}; RMS Δp "
+                   f"{_plus_minus(d['rms_dp'], d['rms_dp_uncertainty'], '.3%')}; same top token "
+                   f"{_plus_minus(d['same_top_token'], d['same_top_token_uncertainty'], '.3%')} "
+                   "(llama-perplexity --kl-divergence's statistics; all of them with --json)")
+    for key, label in (("last_word", "last word (bundle)"), ("reference_last_word", "last word (PyTorch)")):
+        if key in result:
+            found = result[key]
+            click.echo(f"{label:<21}accuracy {found['accuracy']:.2%}, word perplexity {found['word_perplexity']:.2f} "
+                       f"({found['documents']} paragraphs)")
+    if "power" in result:
+        chosen = result["power"]["chosen"]
+        click.echo(f"gated, controller    {chosen['perplexity']:.4f} ({chosen['relative_to_off'] * 100:+.2f} % vs "
+                   f"gating off; tau {chosen['tau']:.3f}, {chosen['executed_fraction']:.1%} of FFN blocks run)")
+        for point in result["power"]["curve"]:
+            click.echo(f"  budget {point['budget']:<5g} tau {point['tau']:.3f}  FFN blocks run "
+                       f"{point['executed_fraction']:6.1%}  perplexity {point['perplexity']:.4f}")
 
 
 def _text_as_llama_perplexity_reads(text_file: Path) -> str:
