@@ -19,17 +19,35 @@ from edgesdk.cli_thermal import AMBIENT, FiniteRange
 from edgesdk.errors import EdgeSDKError
 
 
-def sampler_chain_options(function):
+def _stacked(fn, options: list):
+    """``fn`` under ``options`` in the order listed, as the same decorators written above it one by one would
+    put them (click lists a command's options from the top decorator down)."""
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def option_given(name: str) -> bool:
+    """Whether the running command's option ``name`` (its parameter name) was given, on the command line or
+    through its environment variable, rather than left at its default."""
+    context = click.get_current_context(silent=True)
+    return context is not None and \
+        context.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+
+
+def sampler_chain_options(fn):
     """llama.cpp's options for the sampler chain's order (common/arg.cpp)."""
-    function = click.option(
-        "--sampling-seq", "--sampler-seq", "sampling_seq", metavar="LETTERS",
-        help="--samplers as llama.cpp's letters, e.g. 'kpmt' (e penalties, k top-k, p top-p, m min-p, t temperature; "
-             "d, y, s, x pass through).")(function)
-    return click.option(
-        "--samplers", metavar="NAMES",
-        help="The sampler chain in order, names separated by ';' as llama.cpp's --samplers [default: "
-             "penalties;top_k;top_p;min_p;temperature]; one left out does not run (without temperature the draw is "
-             "at 1). dry, typ_p, top_n_sigma and xtc pass everything through.")(function)
+    return _stacked(fn, [
+        click.option(
+            "--samplers", metavar="NAMES",
+            help="The sampler chain in order, names separated by ';' as llama.cpp's --samplers [default: "
+                 "penalties;top_k;top_p;min_p;temperature]; one left out does not run (without temperature the draw "
+                 "is at 1). dry, typ_p, top_n_sigma and xtc pass everything through."),
+        click.option(
+            "--sampling-seq", "--sampler-seq", "sampling_seq", metavar="LETTERS",
+            help="--samplers as llama.cpp's letters, e.g. 'kpmt' (e penalties, k top-k, p top-p, m min-p, t "
+                 "temperature; d, y, s, x pass through)."),
+    ])
 
 
 # The sampling fields run and serve both take, and the option that sets each: a value SamplingConfig or
@@ -55,22 +73,6 @@ def sampler_chain(samplers: str | None, sampling_seq: str | None) -> dict:
     return {} if sampling_seq is None else {"samplers": sampling_seq}
 
 
-def _stacked(fn, options: list):
-    """``fn`` under ``options`` in the order listed, as the same decorators written above it one by one would
-    put them (click lists a command's options from the top decorator down)."""
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-def option_given(name: str) -> bool:
-    """Whether the running command's option ``name`` (its parameter name) was given, on the command line or
-    through its environment variable, rather than left at its default."""
-    context = click.get_current_context(silent=True)
-    return context is not None and \
-        context.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
-
-
 def runtime_options(fn):
     """The runtime's options: threads, a forced backend and the target check, for run, serve, eval and bench."""
     return _stacked(fn, [
@@ -82,18 +84,20 @@ def runtime_options(fn):
     ])
 
 
-def draft_options(function):
+def draft_options(fn):
     """``--draft BUNDLE`` and its settings (llama.cpp's -md, --draft-max, --draft-p-min), for run and serve."""
-    function = click.option("--draft-p-min", "draft_p_min", default=0.0, show_default=True,
-                            type=click.FloatRange(0.0, 1.0, max_open=True), metavar="P",
-                            help="Stop a draft at a token the draft model gives less than this probability.")(function)
-    function = click.option("--draft-max", "draft_max", default=2, show_default=True, type=click.IntRange(1, 64),
-                            metavar="N", help="Draft tokens the bundle checks in one pass.")(function)
-    return click.option(
-        "--draft", "draft_bundle", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="BUNDLE",
-        help="Speculative decoding (llama.cpp's --model-draft): a smaller bundle with the same tokenizer drafts "
-             "tokens that this bundle checks several at a time; the answer is this bundle's own, greedy or "
-             "sampled.")(function)
+    return _stacked(fn, [
+        click.option(
+            "--draft", "draft_bundle", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="BUNDLE",
+            help="Speculative decoding (llama.cpp's --model-draft): a smaller bundle with the same tokenizer drafts "
+                 "tokens that this bundle checks several at a time; the answer is this bundle's own, greedy or "
+                 "sampled."),
+        click.option("--draft-max", "draft_max", default=2, show_default=True, type=click.IntRange(1, 64),
+                     metavar="N", help="Draft tokens the bundle checks in one pass."),
+        click.option("--draft-p-min", "draft_p_min", default=0.0, show_default=True,
+                     type=click.FloatRange(0.0, 1.0, max_open=True), metavar="P",
+                     help="Stop a draft at a token the draft model gives less than this probability."),
+    ])
 
 
 def thermal_options(fn):
