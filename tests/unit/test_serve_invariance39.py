@@ -4,14 +4,16 @@ host memory (``--cache-ram``) or not, and a simulated board's thermal guard, eac
 drafts, no prompt cache) over the same bundle.
 
 One real server per configuration answers one sequence of requests on every route (chat and text completions,
-llama-server's /completion, /v1/responses, /v1/messages; whole and streamed) with stop strings, token limits,
-logprobs, JSON schemas, grammars, tools, a thinking template's reasoning block, prompts that fill the context and
-requests that share a prefix or diverge inside a token, so the cache and the drafts meet what the requests before
-left. Each answer's text, finish reason, token counts, tool calls and logprobs (within 1e-4) equal the plain
-server's. The prompt tokens an answer took from the cache are the one documented difference (OpenAI's
-``cached_tokens``, Anthropic's ``cache_read_input_tokens``, llama-server's ``timings.cache_n``); the metrics count
-each request's prompt tokens as prefilled or cached as its answer reports them, and its predicted tokens as the
-plain server does."""
+llama-server's /completion, /v1/responses, /v1/messages, Ollama's /api/chat and /api/generate; whole and streamed)
+with stop strings, token limits, logprobs, JSON schemas, grammars, tools, a thinking template's reasoning block,
+prompts that fill the context and requests that share a prefix or diverge inside a token, so the cache and the
+drafts meet what the requests before left. Each answer's text, finish reason, token counts, tool calls and
+logprobs (within 1e-4) equal the plain server's. The prompt tokens an answer took from the cache are the one
+documented difference (OpenAI's ``cached_tokens``, Anthropic's ``cache_read_input_tokens``, llama-server's
+``timings.cache_n``); Ollama's ``prompt_eval_count`` is the prompt's tokens, cached or not, as its API reference
+defines it ("number of tokens in the prompt", docs/api.md), so it equals the plain server's, as its ``eval_count``
+and ``done_reason`` do; the metrics count each request's prompt tokens as prefilled or cached as its answer
+reports them, and its predicted tokens as the plain server does."""
 
 from __future__ import annotations
 
@@ -153,6 +155,60 @@ REQUESTS = [
     _chat([_user("The quick brown fox")], max_tokens=30),
 ]
 
+
+def _ollama_chat(messages: list, predict: int, options: dict | None = None, **fields) -> tuple[str, dict]:
+    return "/api/chat", {"model": "tiny", "messages": messages, "stream": False, **fields,
+                         "options": {"num_predict": predict, **(options or {})}}
+
+
+def _ollama_text(prompt: str, predict: int, options: dict | None = None, **fields) -> tuple[str, dict]:
+    return "/api/generate", {"model": "tiny", "prompt": prompt, "stream": False, **fields,
+                             "options": {"num_predict": predict, **(options or {})}}
+
+
+TOOL_TURNS = [_user("weather"), {"role": "assistant", "content": "", "tool_calls": [
+    {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "tool_name": "get_weather", "content": "sunny"}]
+
+# Ollama's routes in the same order of shared prefixes (the prompts above reach its answers through the cache):
+# whole and streamed (NDJSON, Ollama's default), thinking on and off, logprobs, tools, a format schema, stop
+# strings, num_predict cuts, num_ctx below the bundle's, and text as it is (raw)
+OLLAMA_REQUESTS = [
+    _ollama_chat([_user("The quick brown fox")], 30),
+    _ollama_chat([_user("The quick brown fox")], 30, stream=True),
+    _ollama_chat([_user("The quick brown fox")], 7, think=True),
+    _ollama_chat([_user("The quick brown fox")], 30, think=False, logprobs=True, top_logprobs=3),
+    _ollama_chat([_user("The quick brown fox")], 30, think=False, logprobs=True, top_logprobs=3, stream=True),
+    _ollama_chat([_user("The quick brown fox")], 30, logprobs=True, top_logprobs=1, stream=True),  # thinking
+    _ollama_chat([_user("Edge boards run")], 40, think=False, options={"stop": ["e", "ab"]}),
+    _ollama_chat([_user("Edge boards run")], 40, think=False, options={"stop": ["g"]}, stream=True, logprobs=True),
+    _ollama_chat([_user("Give JSON")], 40, format=SCHEMA),
+    _ollama_chat([_user("Give JSON")], 40, format=SCHEMA, stream=True),
+    _ollama_chat([_user("Give JSON")], 40, format="json", think=False, stream=True),
+    _ollama_chat([_user("weather")], 80, tools=TOOLS),
+    _ollama_chat([_user("weather")], 80, tools=TOOLS, stream=True),
+    _ollama_chat(TOOL_TURNS, 30, tools=TOOLS, think=False),
+    _ollama_chat(TOOL_TURNS, 30, tools=TOOLS, think=False, stream=True, logprobs=True),
+    _ollama_chat([_user("x")], 12, options={"repeat_penalty": 1.5, "repeat_last_n": 8, "presence_penalty": 1.5,
+                                            "frequency_penalty": 0.5}),
+    _ollama_chat([_user(LONG[:150]), {"role": "assistant", "content": "ok"}, _user("more")], 20, think=False,
+                 options={"num_ctx": 150}),  # room for 13 tokens
+    _ollama_chat([_user(LONG[:150]), {"role": "assistant", "content": "ok"}, _user("more")], 20, stream=True),
+    _ollama_text("The quick brown fox", 30),
+    _ollama_text("The quick brown fox", 30, system="Be brief.", think=False, logprobs=True, top_logprobs=2,
+                 stream=True),
+    _ollama_text("The quick brown fox", 30, raw=True),
+    _ollama_text("The quick brown fo", 30, raw=True, logprobs=True, top_logprobs=2),
+    _ollama_text("The quick brown fox jumps", 30, raw=True, logprobs=True, top_logprobs=2, stream=True),
+    _ollama_text(LONG[:200], 23, raw=True, options={"stop": ["o"]}, stream=True),
+    _ollama_text("Grouped-query attention shares", 300, raw=True, stream=True),
+    _ollama_text(LONG + " " + LONG, -1, raw=True),  # to the context's end
+    _ollama_text("Give JSON", 40, raw=True, format=SCHEMA, stream=True),
+    _ollama_text("", 30),  # nothing to generate: the model is loaded
+    _ollama_chat([_user("The quick brown fox")], 30),
+]
+OLLAMA_TIMES = ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration")
+
 # The prompt tokens an answer took from the KV cache: the one field the prompt cache changes (OpenAI's
 # prompt_tokens_details / input_tokens_details, Anthropic's split of the input, llama-server's timings)
 CACHED_FIELDS = ("cached_tokens", "cache_read_input_tokens", "cache_n")
@@ -164,6 +220,10 @@ ID_PREFIXES = ("chatcmpl-", "cmpl-", "resp_", "msg_", "call_", "fc_", "toolu_", 
 def _events(text: str) -> list:
     return [json.loads(line[len("data: "):]) for line in text.split("\n")
             if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def _ndjson(text: str) -> list:
+    return [json.loads(line) for line in text.split("\n") if line]
 
 
 def _normal(value, cached: list[int]):
@@ -180,7 +240,7 @@ def _normal(value, cached: list[int]):
         for key in CACHED_FIELDS:
             if key in value:
                 cached.append(value.pop(key))
-        return {key: _normal(item, cached) for key, item in value.items() if key not in IDS}
+        return {key: _normal(item, cached) for key, item in value.items() if key not in IDS + OLLAMA_TIMES}
     if isinstance(value, list):
         return [_normal(item, cached) for item in value]
     if isinstance(value, str) and value.startswith(ID_PREFIXES):
@@ -211,12 +271,15 @@ def _answers(server: Server) -> list[dict]:
     """Each request's status, answer (whole, or the stream's events) without ids and cached counts, the cached
     counts it reported, and what the metrics counted for it."""
     out = []
-    for path, body in REQUESTS:
+    for path, body in REQUESTS + OLLAMA_REQUESTS:
         before = server.metrics()
         status, text = server.request("POST", path, body)
         after = server.metrics()
         cached: list[int] = []
-        answer = _normal(_events(text) if body.get("stream") else json.loads(text), cached)
+        if path.startswith("/api/"):
+            answer = _normal(_ndjson(text) if body.get("stream") else json.loads(text), cached)
+        else:
+            answer = _normal(_events(text) if body.get("stream") else json.loads(text), cached)
         out.append({"status": status, "answer": answer, "cached": cached,
                     "counted": {name: after[name] - before[name] for name in COUNTERS}})
     # a conversation by previous_response_id: each turn's prompt starts with the one before and its answer
@@ -250,6 +313,10 @@ def test_the_plain_server_answers_every_request_and_caches_nothing(plain):
     for reason in ('"stop"', '"length"', '"tool_calls"', '"tool_use"', '"stop_sequence"', '"max_tokens"',
                    '"reasoning_content"', '"thinking"', '"logprobs"'):
         assert reason in finishes  # the matrix reaches each kind of answer
+    ollama = json.dumps([answer["answer"] for answer in answers[len(REQUESTS):len(REQUESTS) + len(OLLAMA_REQUESTS)]])
+    for reason in ('"done_reason": "stop"', '"done_reason": "length"', '"done_reason": "load"', '"thinking"',
+                   '"logprobs"', '"top_logprobs"', '"prompt_eval_count"', '"eval_count"'):
+        assert reason in ollama  # and each kind of Ollama answer
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -264,7 +331,7 @@ def test_greedy_answers_are_the_plain_server_s_whatever_the_decoding_options(bun
     finally:
         server.close()
     expected_answers, expected_metrics = plain
-    requests = REQUESTS + [("/v1/responses", {"previous_response_id": "chain"})] * 3
+    requests = REQUESTS + OLLAMA_REQUESTS + [("/v1/responses", {"previous_response_id": "chain"})] * 3
     for (path, body), expected, got in zip(requests, expected_answers, answers, strict=True):
         problems = _mismatches({"status": expected["status"], "answer": expected["answer"]},
                                {"status": got["status"], "answer": got["answer"]})
