@@ -132,6 +132,7 @@ class Model:
                                                               ignore_target)
         self._completer = Completer(self.runtime, defaults, hook=self._thermal.hook if self._thermal else None,
                                     draft=drafter)
+        self.notes += _unused_settings(settings, self.runtime.backend.name, self._completer)
         self.model_name = served_model_name(self.runtime.bundle.manifest)
         # Whether save_prompt_cache / load_prompt_cache can work here: asked now, as the question empties the
         # backend's KV cache (edgesdk/runtime/cache_file.py)
@@ -562,6 +563,18 @@ def _check_load_arguments(path, backend, threads, target, ignore_target, watch_t
         if not fits or (name == "max_tokens" and value < 1):
             expected = _KIND_WORDS[kind] + (" of at least 1" if name == "max_tokens" else "")
             refuse(name, value, expected, f"pass {name} as {expected}, or leave it out for edgesdk serve's default")
+
+
+def _unused_settings(settings: dict, backend: str, completer) -> list[str]:
+    """Notes for settings given that change nothing here, as ``edgesdk serve`` says of its options: ``lookup`` on
+    a backend that cannot check drafts (one that cannot rewind its KV cache, or steps a power controller with every
+    decode: it decodes token by token, as ``draft`` there notes), ``cache_ram_mib`` with ``prompt_cache=False``."""
+    notes = []
+    if settings.get("lookup") and completer.lookup is None:
+        notes.append(f"lookup: not used: the {backend} backend cannot check drafts; it decodes token by token")
+    if "cache_ram_mib" in settings and settings.get("prompt_cache") is False:
+        notes.append("cache_ram_mib: not used: prompt_cache=False keeps no KV cache between answers")
+    return notes
 
 
 def _open_guard(runtime, notes: list[str]):
