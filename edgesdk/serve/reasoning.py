@@ -24,6 +24,9 @@ import re
 
 OPEN, CLOSE = "<think>", "</think>"
 FORMATS = ("auto", "none", "deepseek", "deepseek-legacy")
+# what llama.cpp's string_strip trims around reasoning and content (common/common.cpp: std::isspace in the C locale);
+# Python's str.strip() also takes \x1c-\x1f, no-break and ideographic spaces, which a model may write as text
+WHITESPACE = " \t\n\v\f\r"
 
 
 def template_thinks(template_source: str | None) -> bool:
@@ -93,7 +96,7 @@ class ReasoningSplitter:
         self.pending += text
         pieces = []
         if self.state == "start":
-            stripped = self.pending.lstrip()
+            stripped = self.pending.lstrip(WHITESPACE)
             if stripped.startswith(OPEN):
                 self.state, self.pending = "reasoning", stripped[len(OPEN):]
             elif OPEN.startswith(stripped):  # nothing but whitespace, or the tag's start so far: wait
@@ -108,14 +111,14 @@ class ReasoningSplitter:
                     # the reasoning, so whitespace counts only once text follows it
                     keep = _held_back(self.pending, CLOSE)
                     settled = self.pending[: len(self.pending) - keep]
-                    text = settled.rstrip()
+                    text = settled.rstrip(WHITESPACE)
                     self.pending = settled[len(text):] + self.pending[len(self.pending) - keep:]
                     pieces.append(("reasoning", self._reasoning_text(text)))
                     return pieces
-                pieces += [("reasoning", self._reasoning_text(self.pending[:end].rstrip())), ("close", "")]
+                pieces += [("reasoning", self._reasoning_text(self.pending[:end].rstrip(WHITESPACE))), ("close", "")]
                 self.pending, self.state = self.pending[end + len(CLOSE):], "after"
             # after </think>: its whitespace is dropped, and a <think> there opens another block
-            self.pending = self.pending.lstrip()
+            self.pending = self.pending.lstrip(WHITESPACE)
             if self.pending.startswith(OPEN):
                 self.pending, self.state, self.reasoning_started = self.pending[len(OPEN):], "reasoning", False
             elif OPEN.startswith(self.pending):  # nothing yet, or the tag's start so far: wait
@@ -129,7 +132,7 @@ class ReasoningSplitter:
     def _reasoning_text(self, text: str) -> str:
         """Reasoning text to hand out, its leading whitespace dropped until the block's first other character."""
         if not self.reasoning_started:
-            text = text.lstrip()
+            text = text.lstrip(WHITESPACE)
             self.reasoning_started = bool(text)
         return text
 
@@ -146,7 +149,7 @@ class ReasoningSplitter:
         """What is held back once the answer has ended: reasoning inside an unclosed block, else content."""
         rest, self.pending = self.pending, ""
         if self.state == "reasoning":  # a block the limit cut: its text so far, stripped like a closed one's
-            return self._shaped([("reasoning", self._reasoning_text(rest.rstrip()))], final=True)
+            return self._shaped([("reasoning", self._reasoning_text(rest.rstrip(WHITESPACE)))], final=True)
         return "", rest  # after </think>, what waits is the start of a <think> that never came: no whitespace
 
 
