@@ -731,6 +731,14 @@ class Completer:
                 raise ClientGone("the client closed the connection mid-answer")
             self._check_stopping()
 
+        def abandon_wait() -> None:
+            """A thermal pause ends where the answer would end at its next token: the client left, the server stops."""
+            if client_gone is not None and client_gone():
+                raise ClientGone("the client closed the connection while the thermal guard held the answer")
+            self._check_stopping()
+
+        if hasattr(self.hook, "abandon_wait"):
+            self.hook.abandon_wait = abandon_wait
         drafts = None if self.lookup is None else _DraftCount(self.lookup)
         try:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
@@ -753,6 +761,9 @@ class Completer:
         except BaseException as exc:
             self._failed(exc)
             raise
+        finally:
+            if hasattr(self.hook, "abandon_wait"):
+                self.hook.abandon_wait = None
         self.metrics.finish(finish)
         cached = self.prompt_cache.reused if self.prompt_cache is not None else 0  # also for an answer cut short
         logprobs = None

@@ -66,6 +66,10 @@ class ThermalHook:
         self.reading: Reading | None = None
         self._waited = 0.0
         self._last_wait_record = -1e9
+        # Called after every chunk of a wait: an exception it raises ends the wait there. A server sets it for the
+        # request generating (its client left, the server stopping), so a pause on a board that stays hot does
+        # not hold the board's turn for nobody.
+        self.abandon_wait: Callable[[], None] | None = None
 
     def _observe(self) -> Reading | None:
         self.reading = self.read()
@@ -128,6 +132,8 @@ class ThermalHook:
                     self._record("wait", 0, 0.0, unrecorded)  # every chunk since the last record, not the last one
                     unrecorded = 0.0
                 self._check_wait_limits()
+                if self.abandon_wait is not None:
+                    self.abandon_wait()
             except BaseException:
                 # A wait that ends in the guard giving up (or Ctrl-C, a plan's horizon) has no step to carry it:
                 # its chunks since the last record get their own record, as a pause's last chunks do, with the
