@@ -12,6 +12,7 @@ field the route does not read (where ``edgesdk serve`` ignores it, as HTTP serve
 misspelt keyword here would otherwise change nothing without a word).
 
 :func:`build_bundle` runs the host's build pipeline (``edgesdk build``) and returns the bundle's directory.
+The arguments' checks are in :mod:`edgesdk.api_checks`.
 
 Typical use on a board::
 
@@ -27,8 +28,6 @@ Typical use on a board::
 
 from __future__ import annotations
 
-import difflib
-import operator
 import os
 import queue
 import threading
@@ -37,43 +36,20 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from edgesdk.api_checks import (
+    ReadFields,
+    check_load_arguments,
+    check_perplexity_arguments,
+    check_tokenize_arguments,
+    detokenize_ids,
+    refuse_unread,
+    shown,
+    token_ids,
+)
 from edgesdk.errors import EdgeSDKError
 
-MODEL_SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "samplers", "prompt_cache", "cache_ram_mib",
-                  "lookup", "prefill_assistant", "reasoning_format", "reasoning_budget")
-# what each setting must be, checked before ServeDefaults reads it (whose own checks then bound the values)
-SETTING_KINDS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
-                 "samplers": list, "prompt_cache": bool, "cache_ram_mib": int, "lookup": int,
-                 "prefill_assistant": bool, "reasoning_format": str, "reasoning_budget": int}
-# Fields of OpenAI's request bodies that change nothing in an answer here: taken, as 'edgesdk serve' takes them
-NO_EFFECT_FIELDS = ("model", "user", "metadata", "store", "parallel_tool_calls")
-# llama-cpp-python's samplers this runtime lacks, at the values its Llama passes by default (off, or mirostat's
-# settings that only count with mirostat on): taken there, as serve takes llama-server's at their off values
-LLAMA_CPP_PYTHON_DEFAULTS = {"tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1}
-_KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False", str: "a string",
-               list: "a string of sampler letters or a list of sampler names"}
+CLOSED_FIX = "load the bundle again (edgesdk.load) to generate; a closed model stays closed"
 _END = object()  # the last item a streamed answer's worker puts in its queue
-
-
-class LoadedPromptCache(NamedTuple):
-    """What :meth:`Model.load_prompt_cache` loaded: ``tokens`` (0 where nothing was), and ``refused``, why a file
-    that exists was not loaded (None where it was, or where there was no file)."""
-
-    tokens: int
-    refused: str | None
-
-
-class RequestError(EdgeSDKError, ValueError):
-    """A request field a :class:`Model` method cannot take (the HTTP API's 400), or a request it cannot answer
-    now (``status``: 503 while the model stops); ``param`` names the field at fault."""
-
-    def __init__(self, method: str, message: str, param: str | None = None, status: int = 400, fix: str | None = None):
-        self.method, self.param, self.status = method, param, status
-        field = f" ({param})" if param else ""
-        if fix is None and status == 400:
-            fix = ("correct the field named; the fields are those of OpenAI's request bodies, as 'edgesdk serve' "
-                   "takes them (README: Serving over HTTP)")
-        super().__init__(f"{method}{field}: {message}", fix)
 
 
 def load(path: str | Path, *, backend: str | None = None, threads: int | None = None, target: str | None = None,
@@ -111,12 +87,7 @@ class Model:
         from edgesdk.serve.completion import Completer, ServeDefaults
         from edgesdk.serve.openai_answer import served_model_name
 
-        unknown = sorted(set(settings) - set(MODEL_SETTINGS))
-        if unknown:
-            raise EdgeSDKError(f"load() got the setting(s) {', '.join(map(repr, unknown))}, which it does not take",
-                               f"pass only {', '.join(MODEL_SETTINGS)} (a request's own fields go to "
-                               "create_completion / create_chat_completion)")
-        _check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings)
+        check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings)
         try:
             defaults = ServeDefaults(**settings)
         except (TypeError, ValueError) as exc:
@@ -139,28 +110,6 @@ class Model:
         self._cache_file_fits = self._completer.prompt_cache is not None and cache_file.supported(self.runtime.backend)
         self._closed = False
 
-    def _open_draft(self, draft, draft_max, draft_p_min, settings: dict, threads, target, ignore_target):
-        """The draft model of ``load(draft=...)``, or None with a note where this backend cannot check drafts."""
-        from edgesdk.runtime.generate import can_draft
-        from edgesdk.runtime.speculative import DraftConfig, open_draft_model
-
-        if not isinstance(draft, (str, os.PathLike)):
-            raise EdgeSDKError(f"load(): draft={_shown(draft)}: expected a draft bundle's directory (a str or a "
-                               "pathlib.Path)", "pass the folder of a bundle built from a smaller model of this "
-                               "bundle's family, or leave draft out")
-        if settings.get("lookup"):
-            raise EdgeSDKError("load(): draft and lookup both draft tokens", "pass one of them")
-        try:
-            config = DraftConfig(max_draft=draft_max, p_min=draft_p_min)
-        except ValueError as exc:
-            raise EdgeSDKError(f"load(): {str(exc).replace('max_draft', 'draft_max').replace('p_min', 'draft_p_min')}",
-                               "pass draft_max and draft_p_min in those ranges, or leave them out") from exc
-        if not can_draft(self.runtime.backend):
-            self.notes.append(f"draft: not used: the {self.runtime.backend.name} backend cannot check drafts; it "
-                              "decodes token by token")
-            return None
-        return open_draft_model(self.runtime, Path(draft), config, threads, target, ignore_target)
-
     @property
     def manifest(self) -> dict:
         """The bundle's manifest (model, target, stages, graph, tokenizer)."""
@@ -177,7 +126,7 @@ class Model:
         ``temperature``, ``stop``, ``seed``, ``logprobs``, ``echo``, ``grammar``, ``response_format`` ...)."""
         from edgesdk.serve.api import parse_text_request
 
-        return self._answer("create_completion", parse_text_request, {"prompt": _token_ids(prompt), **fields}, stream)
+        return self._answer("create_completion", parse_text_request, {"prompt": token_ids(prompt), **fields}, stream)
 
     __call__ = create_completion
 
@@ -197,35 +146,14 @@ class Model:
         default, and special tokens written in the text read as plain text unless ``parse_special``."""
         from edgesdk.serve.api import TokenizeRequest
 
-        if not isinstance(text, str):
-            bytes_given = isinstance(text, (bytes, bytearray))
-            raise RequestError("tokenize", f"text is {_shown(text)}; expected the text to tokenize (a str)",
-                               param="text", fix="decode bytes first (text.decode('utf-8')): llama-cpp-python's "
-                               "tokenize takes bytes, this one takes a str" if bytes_given else "pass a str")
-        for name, flag in (("add_special", add_special), ("parse_special", parse_special)):
-            if not isinstance(flag, bool):
-                raise RequestError("tokenize", f"{name} is {_shown(flag)}; expected True or False", param=name,
-                                   fix=f"pass {name}=True or {name}=False")
+        check_tokenize_arguments(text, add_special, parse_special)
         self._check_open("tokenize")
         request = TokenizeRequest(content=text, add_special=add_special, parse_special=parse_special)
         return self._call("tokenize", lambda: self._completer.tokenize(request)["tokens"])
 
     def detokenize(self, ids: Iterable[int]) -> str:
         """The text of token ids, special tokens written out (llama-server's ``POST /detokenize``)."""
-        expected = "expected token ids (a list of whole numbers >= 0, as tokenize returns them)"
-        if isinstance(ids, (str, bytes, bytearray, Mapping)):
-            raise RequestError("detokenize", f"ids is {_shown(ids)}; {expected}", param="ids",
-                               fix="pass the list tokenize returned, e.g. model.detokenize(model.tokenize(text))")
-        try:
-            tokens = tuple(_token_ids(list(ids)))
-        except TypeError:
-            raise RequestError("detokenize", f"ids is {_shown(ids)}; {expected}", param="ids",
-                               fix="pass the list tokenize returned, e.g. model.detokenize(model.tokenize(text))"
-                               ) from None
-        for index, token in enumerate(tokens):
-            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                raise RequestError("detokenize", f"ids[{index}] is {token!r}; expected a token id (a whole number "
-                                   ">= 0)", param=f"ids[{index}]")
+        tokens = detokenize_ids(ids)
         self._check_open("detokenize")
         return self._call("detokenize", lambda: self._completer.detokenize(tokens)["content"])
 
@@ -236,20 +164,8 @@ class Model:
         first scored; ``max_chars`` scores only the text's first characters (default: all of it)."""
         from edgesdk.evaluate import PerplexityConfig, bundle_perplexity
 
-        if not isinstance(text, str):
-            raise RequestError("perplexity", f"expected the text to score (a string), got a {type(text).__name__}",
-                               param="text")
         stride = context if stride is None else stride
-        for name, value, least, most in (("context", context, 2, None), ("stride", stride, 1, context)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least or (most and value > most):
-                bounds = f"from {least} to the context, {most}" if most else f"of at least {least}"
-                raise RequestError("perplexity", f"{name} is {value!r}; expected a whole number of tokens {bounds}",
-                                   param=name, fix="pass context >= 2 and 1 <= stride <= context (stride "
-                                   "left out: windows that do not overlap)")
-        if max_chars is not None and (isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1):
-            raise RequestError("perplexity", f"max_chars is {_shown(max_chars)}; expected a whole number of "
-                               "characters >= 1", param="max_chars",
-                               fix="pass max_chars >= 1, or leave it out to score the whole text")
+        check_perplexity_arguments(text, context, stride, max_chars)
         self._check_open("perplexity")
         if context > self.max_context:  # as edgesdk eval refuses --context past the bundle's
             raise RequestError("perplexity", f"context is {context}, longer than the bundle's max_context "
@@ -334,25 +250,6 @@ class Model:
                 cache.forget()  # cache_file.load resets the backend to learn its cache's layout
             return LoadedPromptCache(tokens, refused)
 
-    def _cache_path(self, method: str, path: object) -> Path:
-        """``path`` of :meth:`save_prompt_cache` / :meth:`load_prompt_cache`, once this model can keep its cache
-        in a file."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise RequestError(method, f"path is {_shown(path)}; expected a file path (a str or a pathlib.Path)",
-                               param="path", fix=f"pass the cache file's path, e.g. model.{method}('prompt.cache')")
-        self._check_open(method)
-        backend = self.runtime.backend
-        if self._completer.prompt_cache is None:
-            raise EdgeSDKError(f"{method}: this model was loaded with prompt_cache=False: it keeps no KV cache "
-                               "between answers to write or to load into",
-                               "load the bundle without prompt_cache=False (edgesdk.load's default keeps it)")
-        if not self._cache_file_fits:
-            raise EdgeSDKError(f"{method}: the {backend.name} backend keeps no host copy of its KV cache (as NumPy "
-                               "arrays) to write or to load into",
-                               "load the bundle with an ONNX Runtime backend (backend='ort-cpu', 'ort-cuda' or "
-                               "'ort-trt') to keep its cache in a file")
-        return Path(path)
-
     def close(self) -> None:
         """Stop taking requests and give back the thermal guard's sensors and clock cap. An answer generating
         (a stream read in another thread) ends at its next token and those waiting get a :class:`RequestError`
@@ -379,15 +276,58 @@ class Model:
 
     # ---------------------------------------------------------------------------------------------------------
 
+    def _open_draft(self, draft, draft_max, draft_p_min, settings: dict, threads, target, ignore_target):
+        """The draft model of ``load(draft=...)``, or None with a note where this backend cannot check drafts."""
+        from edgesdk.runtime.generate import can_draft
+        from edgesdk.runtime.speculative import DraftConfig, open_draft_model
+
+        if not isinstance(draft, (str, os.PathLike)):
+            raise EdgeSDKError(f"load(): draft={shown(draft)}: expected a draft bundle's directory (a str or a "
+                               "pathlib.Path)", "pass the folder of a bundle built from a smaller model of this "
+                               "bundle's family, or leave draft out")
+        if settings.get("lookup"):
+            raise EdgeSDKError("load(): draft and lookup both draft tokens", "pass one of them")
+        try:
+            config = DraftConfig(max_draft=draft_max, p_min=draft_p_min)
+        except ValueError as exc:
+            raise EdgeSDKError(f"load(): {str(exc).replace('max_draft', 'draft_max').replace('p_min', 'draft_p_min')}",
+                               "pass draft_max and draft_p_min in those ranges, or leave them out") from exc
+        if not can_draft(self.runtime.backend):
+            self.notes.append(f"draft: not used: the {self.runtime.backend.name} backend cannot check drafts; it "
+                              "decodes token by token")
+            return None
+        return open_draft_model(self.runtime, Path(draft), config, threads, target, ignore_target)
+
+    def _cache_path(self, method: str, path: object) -> Path:
+        """``path`` of :meth:`save_prompt_cache` / :meth:`load_prompt_cache`, once this model can keep its cache
+        in a file."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise RequestError(method, f"path is {shown(path)}; expected a file path (a str or a pathlib.Path)",
+                               param="path", fix=f"pass the cache file's path, e.g. model.{method}('prompt.cache')")
+        self._check_open(method)
+        backend = self.runtime.backend
+        if self._completer.prompt_cache is None:
+            raise EdgeSDKError(f"{method}: this model was loaded with prompt_cache=False: it keeps no KV cache "
+                               "between answers to write or to load into",
+                               "load the bundle without prompt_cache=False (edgesdk.load's default keeps it)")
+        if not self._cache_file_fits:
+            raise EdgeSDKError(f"{method}: the {backend.name} backend keeps no host copy of its KV cache (as NumPy "
+                               "arrays) to write or to load into",
+                               "load the bundle with an ONNX Runtime backend (backend='ort-cpu', 'ort-cuda' or "
+                               "'ort-trt') to keep its cache in a file")
+        return Path(path)
+
     def _answer(self, method: str, parse: Callable[[object], object], body: dict, stream: bool):
+        """The answer to ``body`` as the HTTP route whose parser is ``parse`` gives it: its body, or its chunks
+        with ``stream``; a field the parser refuses or never reads is a :class:`RequestError` naming it."""
         from edgesdk.serve.openai_answer import whole_answer
 
         self._check_open(method)
         if not isinstance(stream, bool):
             raise RequestError(method, f"'stream' must be true or false, got {stream!r}", param="stream")
-        fields = _ReadFields({**body, "stream": stream})
+        fields = ReadFields({**body, "stream": stream})
         request = self._call(method, lambda: parse(fields))
-        _refuse_unread(method, fields)
+        refuse_unread(method, fields)
         if stream:
             return self._streamed(method, request)
         return self._call(method, lambda: whole_answer(self._completer, request, self.model_name,
@@ -435,8 +375,60 @@ class Model:
             raise _request_error(method, exc) from exc
 
     def _check_open(self, method: str) -> None:
+        """Refuse ``method`` on a closed model (503, as ``edgesdk serve`` answers once it stops)."""
         if self._closed:
             raise RequestError(method, "the model is closed", status=503, fix=CLOSED_FIX)
+
+
+class LoadedPromptCache(NamedTuple):
+    """What :meth:`Model.load_prompt_cache` loaded: ``tokens`` (0 where nothing was), and ``refused``, why a file
+    that exists was not loaded (None where it was, or where there was no file)."""
+
+    tokens: int
+    refused: str | None
+
+
+class RequestError(EdgeSDKError, ValueError):
+    """A request field a :class:`Model` method cannot take (the HTTP API's 400), or a request it cannot answer
+    now (``status``: 503 while the model stops); ``param`` names the field at fault."""
+
+    def __init__(self, method: str, message: str, param: str | None = None, status: int = 400, fix: str | None = None):
+        self.method, self.param, self.status = method, param, status
+        field = f" ({param})" if param else ""
+        if fix is None and status == 400:
+            fix = ("correct the field named; the fields are those of OpenAI's request bodies, as 'edgesdk serve' "
+                   "takes them (README: Serving over HTTP)")
+        super().__init__(f"{method}{field}: {message}", fix)
+
+
+def build_bundle(target: str, model: str | None = None, *, out: str | Path | None = None, recipe: str | None = None,
+                 max_context: int = 4096, data: Iterable[str | Path] = (), data_skip_chars: int = 0,
+                 generated_sequences: int = 32, overrides: Mapping[str, object] | Iterable[str] = (),
+                 weight_bits: int | None = None, resume: bool = False, keep_work: bool = False,
+                 progress: bool = True) -> Path:
+    """Build a bundle for the board ``target`` from ``model`` (an alias, a Hugging Face directory or a GGUF file;
+    default SmolLM2-135M-Instruct), as ``edgesdk build`` does with the options of the same names, and return its
+    directory. ``overrides`` change the recipe: ``{"prune.ffn_ratio": 0.5}`` or ``["prune.ffn_ratio=0.5"]``
+    (``--set``). Host only: it needs ``edgesdk[host]`` (torch, transformers)."""
+    from edgesdk.build.pipeline import BuildConfig
+    from edgesdk.build.pipeline import build as run_build
+    from edgesdk.compress.data import DataConfig
+    from edgesdk.export.onnx_export import ExportConfig
+    from edgesdk.models.sources import DEFAULT_MODEL
+
+    if isinstance(overrides, Mapping):
+        changes = tuple(f"{key}={value}" for key, value in overrides.items())
+    elif isinstance(overrides, str):
+        changes = (overrides,)
+    else:
+        changes = tuple(overrides)
+    data_config = DataConfig(files=tuple(str(file) for file in data), skip_chars=data_skip_chars,
+                             generated_sequences=generated_sequences)
+    config = BuildConfig(target=target, model=model or DEFAULT_MODEL, out=None if out is None else Path(out),
+                         recipe=recipe, overrides=changes, data=data_config, weight_bits=weight_bits,
+                         export=ExportConfig(max_context=max_context), resume=resume, keep_work=keep_work,
+                         progress=progress)
+    return run_build(config).path
 
 
 def _request_error(method: str, exc: BaseException) -> BaseException:
@@ -450,119 +442,6 @@ def _request_error(method: str, exc: BaseException) -> BaseException:
     if isinstance(exc, ApiError):
         return RequestError(method, exc.message, param=exc.param, status=exc.status)
     return exc
-
-
-CLOSED_FIX = "load the bundle again (edgesdk.load) to generate; a closed model stays closed"
-
-
-class _ReadFields(dict):
-    """A request body that records the fields its parser looks up (:func:`_refuse_unread`)."""
-
-    def __init__(self, body: dict):
-        super().__init__(body)
-        self.read: set[str] = set()
-
-    def get(self, key, default=None):
-        self.read.add(key)
-        return super().get(key, default)
-
-    def __getitem__(self, key):
-        self.read.add(key)
-        return super().__getitem__(key)
-
-    def __contains__(self, key) -> bool:
-        self.read.add(key)
-        return super().__contains__(key)
-
-
-_OTHER_METHODS_FIELDS = {
-    ("create_chat_completion", "prompt"): "create_completion's field: call create_completion(prompt) for raw text, "
-                                          "or send it as messages=[{'role': 'user', 'content': prompt}]",
-    ("create_completion", "messages"): "create_chat_completion's field: call create_chat_completion(messages)",
-}
-
-
-def _refuse_unread(method: str, fields: _ReadFields) -> None:
-    """Refuse a keyword the route's parser never read (a misspelt field, or one of another API such as
-    llama-cpp-python's ``stopping_criteria``): over HTTP it would be ignored, here it is named."""
-    def neutral(name: str, value: object) -> bool:
-        """None (every field's default, as a wrapper passing its own defaults sends it) or a llama-cpp-python
-        sampler's default."""
-        return value is None or (name in LLAMA_CPP_PYTHON_DEFAULTS and not isinstance(value, bool)
-                                 and value == LLAMA_CPP_PYTHON_DEFAULTS[name])
-
-    unread = [(name, value) for name, value in dict.items(fields)
-              if name not in fields.read and name not in NO_EFFECT_FIELDS and not neutral(name, value)]
-    if not unread:
-        return
-    name, value = unread[0]
-    if name in LLAMA_CPP_PYTHON_DEFAULTS:
-        raise RequestError(method, f"{name}={_shown(value)} sets a sampler of llama-cpp-python's that "
-                           "edgesdk's runtime does not have", param=name,
-                           fix=f"leave {name} out, or at {LLAMA_CPP_PYTHON_DEFAULTS[name]!r}")
-    known = sorted(field for field in fields.read | set(NO_EFFECT_FIELDS) if isinstance(field, str))
-    close = difflib.get_close_matches(str(name), known, n=1)
-    route = "Chat Completions" if method == "create_chat_completion" else "Completions"
-    other = _OTHER_METHODS_FIELDS.get((method, name))
-    note = f" ({other})" if other else f" (did you mean {close[0]!r}?)" if close else ""
-    raise RequestError(method, f"{method}() takes no field {name!r}{note}",
-                       param=str(name), fix=f"pass the fields of OpenAI's {route} request as 'edgesdk serve' "
-                       f"reads them ({', '.join(known)})")
-
-
-def _token_ids(value: object) -> object:
-    """Token ids given as Python holds them (a tuple, a numpy array, numpy integers) as the list of ints the HTTP
-    API's JSON carries; anything else as it is, for the request's parser to name."""
-    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
-        value = value.tolist()  # a numpy array (or integer)
-    if isinstance(value, tuple):
-        value = list(value)
-    if isinstance(value, list):
-        return [operator.index(item) if hasattr(type(item), "__index__") and not isinstance(item, bool) else item
-                for item in value]
-    return value
-
-
-def _shown(value: object) -> str:
-    """``value`` as an error message shows it: its repr, cut at 60 characters."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings: dict) -> None:
-    """Refuse an argument of :func:`load` of the wrong kind before the bundle is opened, naming it."""
-    from edgesdk.runtime.session import OPENERS
-
-    def refuse(name: str, value: object, expected: str, fix: str) -> None:
-        raise EdgeSDKError(f"load(): {name}={_shown(value)}: expected {expected}", fix)
-
-    if not isinstance(path, (str, os.PathLike)):
-        refuse("path", path, "the bundle's directory (a str or a pathlib.Path)", "pass the folder 'edgesdk build' "
-               "wrote, e.g. edgesdk.load('bundles/smollm2-135m-rpi5')")
-    if backend is not None and backend not in OPENERS:
-        refuse("backend", backend, f"one of {', '.join(OPENERS)}",
-               "pass one of them, or leave backend out for the bundle's own chain")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        refuse("threads", threads, "a whole number of at least 1",
-               "pass threads=N with N >= 1, or leave it out for the profile's count")
-    if target is not None and not isinstance(target, str):
-        refuse("target", target, "a board's name (a str, as 'edgesdk targets' lists them)",
-               "pass the name of the board the bundle must be built for, e.g. target='rpi5'")
-    for name, flag in (("ignore_target", ignore_target), ("watch_thermal", watch_thermal)):
-        if not isinstance(flag, bool):
-            refuse(name, flag, "True or False", f"pass {name}=True or {name}=False")
-    for name, value in settings.items():
-        kind = SETTING_KINDS[name]
-        if kind is list:
-            fits = isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(item, str)
-                                                                                       for item in value))
-        elif kind is float:
-            fits = isinstance(value, (int, float)) and not isinstance(value, bool)
-        else:
-            fits = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-        if not fits or (name == "max_tokens" and value < 1):
-            expected = _KIND_WORDS[kind] + (" of at least 1" if name == "max_tokens" else "")
-            refuse(name, value, expected, f"pass {name} as {expected}, or leave it out for edgesdk serve's default")
 
 
 def _unused_settings(settings: dict, backend: str, completer) -> list[str]:
@@ -588,36 +467,6 @@ def _open_guard(runtime, notes: list[str]):
     session = open_session(profile, guard=True, status=False, warn=notes.append)
     notes += session.notes
     return session
-
-
-def build_bundle(target: str, model: str | None = None, *, out: str | Path | None = None, recipe: str | None = None,
-          max_context: int = 4096, data: Iterable[str | Path] = (), data_skip_chars: int = 0,
-          generated_sequences: int = 32, overrides: Mapping[str, object] | Iterable[str] = (),
-          weight_bits: int | None = None, resume: bool = False, keep_work: bool = False,
-          progress: bool = True) -> Path:
-    """Build a bundle for the board ``target`` from ``model`` (an alias, a Hugging Face directory or a GGUF file;
-    default SmolLM2-135M-Instruct), as ``edgesdk build`` does with the options of the same names, and return its
-    directory. ``overrides`` change the recipe: ``{"prune.ffn_ratio": 0.5}`` or ``["prune.ffn_ratio=0.5"]``
-    (``--set``). Host only: it needs ``edgesdk[host]`` (torch, transformers)."""
-    from edgesdk.build.pipeline import BuildConfig
-    from edgesdk.build.pipeline import build as run_build
-    from edgesdk.compress.data import DataConfig
-    from edgesdk.export.onnx_export import ExportConfig
-    from edgesdk.models.sources import DEFAULT_MODEL
-
-    if isinstance(overrides, Mapping):
-        changes = tuple(f"{key}={value}" for key, value in overrides.items())
-    elif isinstance(overrides, str):
-        changes = (overrides,)
-    else:
-        changes = tuple(overrides)
-    data_config = DataConfig(files=tuple(str(file) for file in data), skip_chars=data_skip_chars,
-                             generated_sequences=generated_sequences)
-    config = BuildConfig(target=target, model=model or DEFAULT_MODEL, out=None if out is None else Path(out),
-                         recipe=recipe, overrides=changes, data=data_config, weight_bits=weight_bits,
-                         export=ExportConfig(max_context=max_context), resume=resume, keep_work=keep_work,
-                         progress=progress)
-    return run_build(config).path
 
 
 __all__ = ["LoadedPromptCache", "Model", "RequestError", "build_bundle", "load"]

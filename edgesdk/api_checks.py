@@ -1,0 +1,218 @@
+"""The argument checks of the Python API (:mod:`edgesdk.api`): each refuses a value of the wrong kind before any work
+starts, naming the argument, the value, what was expected and the fix.
+
+:func:`check_load_arguments` checks :func:`edgesdk.load`'s arguments (:class:`~edgesdk.errors.EdgeSDKError`).
+The request methods' own arguments (``tokenize``, ``detokenize``, ``perplexity``) and the request fields a route's
+parser never read (:class:`ReadFields`, :func:`refuse_unread`) are refused with :class:`edgesdk.api.RequestError`,
+the HTTP API's 400 named for the method. Token ids as Python holds them are read as the HTTP body's JSON carries
+them (:func:`token_ids`).
+
+This module imports nothing heavy, so ``import edgesdk.api`` stays lean.
+"""
+
+from __future__ import annotations
+
+import difflib
+import operator
+import os
+from collections.abc import Mapping
+
+from edgesdk.errors import EdgeSDKError
+
+# What each load() setting must be, checked before ServeDefaults reads it (whose own checks then bound the values)
+SETTING_KINDS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
+                 "samplers": list, "prompt_cache": bool, "cache_ram_mib": int, "lookup": int,
+                 "prefill_assistant": bool, "reasoning_format": str, "reasoning_budget": int}
+MODEL_SETTINGS = tuple(SETTING_KINDS)  # the settings load() takes: edgesdk serve's options of those names
+# Fields of OpenAI's request bodies that change nothing in an answer here: taken, as 'edgesdk serve' takes them
+NO_EFFECT_FIELDS = ("model", "user", "metadata", "store", "parallel_tool_calls")
+# llama-cpp-python's samplers this runtime lacks, at the values its Llama passes by default (off, or mirostat's
+# settings that only count with mirostat on): taken there, as serve takes llama-server's at their off values
+LLAMA_CPP_PYTHON_DEFAULTS = {"tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1}
+# A field of the other completion method -> how to send it (a call of llama-cpp-python's shape on the wrong method)
+OTHER_METHODS_FIELDS = {
+    ("create_chat_completion", "prompt"): "create_completion's field: call create_completion(prompt) for raw text, "
+                                          "or send it as messages=[{'role': 'user', 'content': prompt}]",
+    ("create_completion", "messages"): "create_chat_completion's field: call create_chat_completion(messages)",
+}
+SHOWN_CHARS = 60  # the longest repr an error message shows, as the HTTP API's messages cut theirs
+_KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False", str: "a string",
+               list: "a string of sampler letters or a list of sampler names"}
+_IDS_EXPECTED = "expected token ids (a list of whole numbers >= 0, as tokenize returns them)"
+_IDS_FIX = "pass the list tokenize returned, e.g. model.detokenize(model.tokenize(text))"
+
+
+def check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings: dict) -> None:
+    """Refuse an argument of :func:`edgesdk.load` of the wrong kind, or a setting it does not take, before the
+    bundle is opened, naming it."""
+    from edgesdk.runtime.session import OPENERS
+
+    unknown = sorted(set(settings) - set(MODEL_SETTINGS))
+    if unknown:
+        raise EdgeSDKError(f"load() got the setting(s) {', '.join(map(repr, unknown))}, which it does not take",
+                           f"pass only {', '.join(MODEL_SETTINGS)} (a request's own fields go to "
+                           "create_completion / create_chat_completion)")
+
+    def refuse(name: str, value: object, expected: str, fix: str) -> None:
+        raise EdgeSDKError(f"load(): {name}={shown(value)}: expected {expected}", fix)
+
+    if not isinstance(path, (str, os.PathLike)):
+        refuse("path", path, "the bundle's directory (a str or a pathlib.Path)", "pass the folder 'edgesdk build' "
+               "wrote, e.g. edgesdk.load('bundles/smollm2-135m-rpi5')")
+    if backend is not None and backend not in OPENERS:
+        refuse("backend", backend, f"one of {', '.join(OPENERS)}",
+               "pass one of them, or leave backend out for the bundle's own chain")
+    if threads is not None and not _whole_number(threads, least=1):
+        refuse("threads", threads, "a whole number of at least 1",
+               "pass threads=N with N >= 1, or leave it out for the profile's count")
+    if target is not None and not isinstance(target, str):
+        refuse("target", target, "a board's name (a str, as 'edgesdk targets' lists them)",
+               "pass the name of the board the bundle must be built for, e.g. target='rpi5'")
+    for name, flag in (("ignore_target", ignore_target), ("watch_thermal", watch_thermal)):
+        if not isinstance(flag, bool):
+            refuse(name, flag, "True or False", f"pass {name}=True or {name}=False")
+    for name, value in settings.items():
+        kind = SETTING_KINDS[name]
+        if not _of_kind(value, kind) or (name == "max_tokens" and value < 1):
+            expected = _KIND_WORDS[kind] + (" of at least 1" if name == "max_tokens" else "")
+            refuse(name, value, expected, f"pass {name} as {expected}, or leave it out for edgesdk serve's default")
+
+
+def check_tokenize_arguments(text: object, add_special: object, parse_special: object) -> None:
+    """Refuse :meth:`Model.tokenize <edgesdk.api.Model.tokenize>`'s arguments of the wrong kind: the text is a str
+    (llama-cpp-python's ``Llama.tokenize`` takes bytes: they are named), the flags True or False."""
+    from edgesdk.api import RequestError
+
+    if not isinstance(text, str):
+        bytes_given = isinstance(text, (bytes, bytearray))
+        raise RequestError("tokenize", f"text is {shown(text)}; expected the text to tokenize (a str)",
+                           param="text", fix="decode bytes first (text.decode('utf-8')): llama-cpp-python's "
+                           "tokenize takes bytes, this one takes a str" if bytes_given else "pass a str")
+    for name, flag in (("add_special", add_special), ("parse_special", parse_special)):
+        if not isinstance(flag, bool):
+            raise RequestError("tokenize", f"{name} is {shown(flag)}; expected True or False", param=name,
+                               fix=f"pass {name}=True or {name}=False")
+
+
+def detokenize_ids(ids: object) -> tuple[int, ...]:
+    """:meth:`Model.detokenize <edgesdk.api.Model.detokenize>`'s ``ids`` as the tuple of token ids they are (a list,
+    a tuple, a numpy array, numpy integers), or refused naming the first that is not a whole number >= 0."""
+    from edgesdk.api import RequestError
+
+    if isinstance(ids, (str, bytes, bytearray, Mapping)):
+        raise RequestError("detokenize", f"ids is {shown(ids)}; {_IDS_EXPECTED}", param="ids", fix=_IDS_FIX)
+    try:
+        tokens = tuple(token_ids(list(ids)))
+    except TypeError:
+        raise RequestError("detokenize", f"ids is {shown(ids)}; {_IDS_EXPECTED}", param="ids", fix=_IDS_FIX) from None
+    for index, token in enumerate(tokens):
+        if not _whole_number(token, least=0):
+            raise RequestError("detokenize", f"ids[{index}] is {token!r}; expected a token id (a whole number "
+                               ">= 0)", param=f"ids[{index}]")
+    return tokens
+
+
+def check_perplexity_arguments(text: object, context: object, stride: object, max_chars: object) -> None:
+    """Refuse :meth:`Model.perplexity <edgesdk.api.Model.perplexity>`'s arguments of the wrong kind or range
+    (``stride`` already defaulted to ``context``); the bundle's own bound on ``context`` is checked there."""
+    from edgesdk.api import RequestError
+
+    if not isinstance(text, str):
+        raise RequestError("perplexity", f"expected the text to score (a string), got a {type(text).__name__}",
+                           param="text")
+    for name, value, least, most in (("context", context, 2, None), ("stride", stride, 1, context)):
+        if not _whole_number(value, least) or (most and value > most):
+            bounds = f"from {least} to the context, {most}" if most else f"of at least {least}"
+            raise RequestError("perplexity", f"{name} is {value!r}; expected a whole number of tokens {bounds}",
+                               param=name, fix="pass context >= 2 and 1 <= stride <= context (stride "
+                               "left out: windows that do not overlap)")
+    if max_chars is not None and not _whole_number(max_chars, least=1):
+        raise RequestError("perplexity", f"max_chars is {shown(max_chars)}; expected a whole number of "
+                           "characters >= 1", param="max_chars",
+                           fix="pass max_chars >= 1, or leave it out to score the whole text")
+
+
+class ReadFields(dict):
+    """A request body that records the fields its parser looks up (:func:`refuse_unread`)."""
+
+    def __init__(self, body: dict):
+        super().__init__(body)
+        self.read: set[str] = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key) -> bool:
+        self.read.add(key)
+        return super().__contains__(key)
+
+
+def refuse_unread(method: str, fields: ReadFields) -> None:
+    """Refuse a keyword the route's parser never read (a misspelt field, or one of another API such as
+    llama-cpp-python's ``stopping_criteria``): over HTTP it would be ignored, here it is named. None (every field's
+    default, as a wrapper passing its own defaults sends it) and llama-cpp-python's sampler defaults pass."""
+    from edgesdk.api import RequestError
+
+    unread = [(name, value) for name, value in dict.items(fields)
+              if name not in fields.read and name not in NO_EFFECT_FIELDS and not _neutral(name, value)]
+    if not unread:
+        return
+    name, value = unread[0]
+    if name in LLAMA_CPP_PYTHON_DEFAULTS:
+        raise RequestError(method, f"{name}={shown(value)} sets a sampler of llama-cpp-python's that "
+                           "edgesdk's runtime does not have", param=name,
+                           fix=f"leave {name} out, or at {LLAMA_CPP_PYTHON_DEFAULTS[name]!r}")
+    known = sorted(field for field in fields.read | set(NO_EFFECT_FIELDS) if isinstance(field, str))
+    close = difflib.get_close_matches(str(name), known, n=1)
+    route = "Chat Completions" if method == "create_chat_completion" else "Completions"
+    other = OTHER_METHODS_FIELDS.get((method, name))
+    note = f" ({other})" if other else f" (did you mean {close[0]!r}?)" if close else ""
+    raise RequestError(method, f"{method}() takes no field {name!r}{note}",
+                       param=str(name), fix=f"pass the fields of OpenAI's {route} request as 'edgesdk serve' "
+                       f"reads them ({', '.join(known)})")
+
+
+def token_ids(value: object) -> object:
+    """Token ids given as Python holds them (a tuple, a numpy array, numpy integers) as the list of ints the HTTP
+    API's JSON carries; anything else as it is, for the request's parser to name."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()  # a numpy array (or integer)
+    if isinstance(value, tuple):
+        value = list(value)
+    if isinstance(value, list):
+        return [operator.index(item) if hasattr(type(item), "__index__") and not isinstance(item, bool) else item
+                for item in value]
+    return value
+
+
+def shown(value: object) -> str:
+    """``value`` as an error message shows it: its repr, cut at :data:`SHOWN_CHARS` characters."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+def _neutral(name: str, value: object) -> bool:
+    """Whether an unread field's value changes nothing: None, or a llama-cpp-python sampler at its default."""
+    return value is None or (name in LLAMA_CPP_PYTHON_DEFAULTS and not isinstance(value, bool)
+                             and value == LLAMA_CPP_PYTHON_DEFAULTS[name])
+
+
+def _whole_number(value: object, least: int) -> bool:
+    """Whether ``value`` is an int (not a bool) of at least ``least``."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= least
+
+
+def _of_kind(value: object, kind: type) -> bool:
+    """Whether a load() setting's ``value`` is of its ``kind`` (:data:`SETTING_KINDS`): a number for a float, a
+    string or a list of strings for the sampler chain, and a bool only where a bool is asked for."""
+    if kind is list:
+        return isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(item, str)
+                                                                                   for item in value))
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
