@@ -73,24 +73,37 @@ RUNNING = "Ollama is running"  # what Ollama answers GET / and HEAD / with, the 
 API_VERSION = "0.12.11"
 CONTENT_TYPE = "application/x-ndjson"
 ROLES = ("system", "user", "assistant", "tool")
-# options read as the chat route's fields of the same name
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "repeat_last_n", "presence_penalty",
-            "frequency_penalty")
+# options read as the chat route's fields of the same name; any other option Ollama knows (num_gpu, num_thread,
+# num_keep ...) sets how a model is loaded or kept and changes nothing here, and one it does not know Ollama ignores
+SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "repeat_last_n",
+                    "presence_penalty", "frequency_penalty")
 # Ollama's samplers this runtime lacks -> their off value
 SAMPLERS_OFF = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
-# Ollama's options that set how a model is loaded or kept, or that its own runner no longer reads: nothing here
-IGNORED = ("numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mmap",
-           "use_mlock", "embedding_only", "num_thread", "num_keep", "penalize_newline", "mirostat_tau", "mirostat_eta")
 # the chat route's field -> the Ollama field an error names
-FIELDS = {"max_tokens": "options.num_predict", "stop": "options.stop", "response_format": "format",
-          "json_schema": "format", "chat_template_kwargs": "think", **{name: f"options.{name}" for name in SAMPLING}}
+OLLAMA_FIELDS = {"max_tokens": "options.num_predict", "stop": "options.stop", "response_format": "format",
+                 "json_schema": "format", "chat_template_kwargs": "think",
+                 **{name: f"options.{name}" for name in SAMPLING_OPTIONS}}
 THINK_LEVELS = ("high", "medium", "low")  # gpt-oss's levels; any is thinking on here
+# where a JSON schema holds schemas: one, an array of them, or an object of them by name
+ONE_SCHEMA = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
+SCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf", "allOf")
+SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+# /api/ps's expires_at for a model kept loaded: Ollama's for keep_alive < 0 (now plus Go's longest time.Duration,
+# about 292 years), as the board keeps its one model for as long as the server runs
+KEPT_LOADED_UNTIL = "2318-01-01T00:00:00Z"
+NANOSECONDS_PER_MS = 1_000_000  # Ollama's durations are nanoseconds, the completer's timings milliseconds
+# the graph's float types as Ollama's quantization_level names them (ggml type names)
+FLOAT_TYPE_NAMES = {"fp32": "F32", "float32": "F32", "fp16": "F16", "float16": "F16", "bf16": "BF16"}
+
+
+# ------------------------------------------------------------------------------------------------ requests
 
 
 @dataclass(frozen=True)
 class Asked:
     """An Ollama request, checked: the model name as the client gave it (answers echo it), the request it means
-    (None: nothing to generate, the model is only to be loaded), whether it came to /api/chat, its ``num_ctx``."""
+    (None: nothing to generate, the model is only to be loaded), whether it came to /api/chat, its ``num_ctx``
+    and its ``think`` (None where absent)."""
 
     model: str
     request: CompletionRequest | None
@@ -99,42 +112,190 @@ class Asked:
     think: bool | None = None
 
 
-def error_body(error: ApiError) -> dict:
-    """Ollama's error: ``{"error": "..."}``."""
-    return {"error": error.message}
+def parse_chat(body: object, served: str) -> Asked:
+    """``POST /api/chat``: the chat request it means, or none (no messages: the model is to be loaded)."""
+    body = _object(body)
+    model = _model_name(body, served)
+    _check_keep_alive(body)
+    fields = _stream_and_format(body)
+    options, stops, window = _options(body)
+    think, top = _think(body), _logprobs(body)
+    messages = body.get("messages")
+    if messages is None or messages == []:
+        return Asked(model, None, chat=True)
+    if not isinstance(messages, list):
+        raise ApiError(400, f"'messages' must be an array of {{\"role\", \"content\"}} objects, got "
+                       f"{_shown(messages)}", param="messages")
+    chat = {**fields, **options, "messages": _messages(messages), **_logprobs_and_think(top, think)}
+    if body.get("tools"):
+        chat["tools"] = _tools(body["tools"])  # Ollama's tools are OpenAI's ({"type": "function", "function": ...})
+    return Asked(model, _parsed(parse_chat_request, chat, stops), chat=True, num_ctx=window, think=think)
 
 
-def served_names(served: str) -> tuple[str, ...]:
-    """The names the served model answers to: its own, and with Ollama's default tag (a name without a tag is
-    ``name:latest``, docs/api.md "Model names")."""
-    return (served,) if ":" in served else (served, f"{served}:latest")
+def parse_generate(body: object, served: str) -> Asked:
+    """``POST /api/generate``: ``prompt`` (with ``system``) as the chat request it means, or with ``raw`` the text
+    request; an empty prompt asks for the model to be loaded, nothing generated."""
+    body = _object(body)
+    model = _model_name(body, served)
+    _check_keep_alive(body)
+    fields = _stream_and_format(body)
+    options, stops, window = _options(body)
+    think, top = _think(body), _logprobs(body)
+    _refuse_if_set(body, "suffix", "no fill-in-the-middle here")
+    _refuse_if_set(body, "images", "this model reads text only")
+    _refuse_if_set(body, "template", "the prompt renders through the bundle's chat template (send 'raw': true with "
+                   "a prompt already templated)")
+    _refuse_if_set(body, "context", "'context' is deprecated and no answer here returns one; send the conversation "
+                   "to /api/chat as 'messages'")
+    raw = _bool_field(body, "raw", False)
+    prompt, system = body.get("prompt"), body.get("system")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ApiError(400, f"'prompt' must be a string, got {_shown(prompt)}", param="prompt")
+    if system is not None and not isinstance(system, str):
+        raise ApiError(400, f"'system' must be a string, got {_shown(system)}", param="system")
+    if not prompt:
+        return Asked(model, None, chat=False)
+    if raw:
+        text = {**fields, **options, "prompt": prompt, **({} if top is None else {"logprobs": top})}
+        return Asked(model, _parsed(parse_text_request, text, stops), chat=False, num_ctx=window)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    chat = {**fields, **options, "messages": messages, **_logprobs_and_think(top, think)}
+    try:
+        request = _parsed(parse_chat_request, chat, stops)
+    except ApiError as exc:
+        if exc.param and exc.param.startswith("messages"):
+            exc.param = "prompt" if exc.param.startswith(f"messages[{len(messages) - 1}]") else "system"
+        raise
+    return Asked(model, request, chat=False, num_ctx=window, think=think)
 
 
-def _model(body: dict, served: str, field: str = "model") -> str:
-    name = body.get(field)
-    if name is None and field == "model":
-        name = body.get("name")  # older clients' field (/api/show, /api/delete)
+def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
+    """The request to run: ``think`` true refused where the model's template does not think (Ollama's 400
+    "does not support thinking"), and a ``num_ctx`` below the bundle's context bounding prompt and answer."""
+    request = asked.request
+    if asked.think and request.chat and not template_thinks(completer.runtime.tokenizer.template_source):
+        raise ApiError(400, f"'think' is true but \"{asked.model}\" does not support thinking (its chat template "
+                       "writes no <think> block); leave 'think' out or send false", param="think")
+    limit = completer.runtime.backend.max_context
+    if asked.num_ctx is None or asked.num_ctx >= limit:  # above the model's context it is capped there, as Ollama's
+        return request
+    ids = completer.prompt_ids(request)
+    room = asked.num_ctx - len(ids)
+    if room < 1:
+        raise ApiError(400, f"the prompt has {len(ids)} tokens, leaving no room for an answer within "
+                       f"'options.num_ctx' {asked.num_ctx}; raise num_ctx (this model's context holds {limit}) or "
+                       "shorten the prompt", param="options.num_ctx", code="context_length_exceeded")
+    asked_for = completer.defaults.max_tokens if request.max_tokens is None else request.max_tokens
+    return replace(request, max_tokens=min(asked_for, room))
+
+
+def _model_name(body: dict, served: str) -> str:
+    """``model`` (older clients' ``name``, as /api/show and /api/delete took it), refused unless it is a name the
+    served model answers to (:func:`served_names`): Ollama's 404 "model not found"."""
+    name = body.get("model")
+    if name is None:
+        name = body.get("name")
     if not isinstance(name, str) or not name:
-        raise ApiError(400, f"'{field}' is required: the model's name, {served_names(served)[-1]!r} here "
-                       f"(GET /api/tags lists it), got {_shown(name)}", param=field)
+        raise ApiError(400, f"'model' is required: the model's name, {served_names(served)[-1]!r} here "
+                       f"(GET /api/tags lists it), got {_shown(name)}", param="model")
     if name not in served_names(served):
         raise ApiError(404, f"model '{name}' not found: this server serves '{served_names(served)[-1]}' "
-                       "(GET /api/tags lists it)", param=field, code="model_not_found")
+                       "(GET /api/tags lists it)", param="model", code="model_not_found")
     return name
 
 
-def _renamed(exc: ApiError) -> ApiError:
-    """The chat route's error with the Ollama field it came from named instead."""
-    field = FIELDS.get(exc.param or "")
-    if field is not None:
-        message = exc.message.replace(f"'{exc.param}'", f"'{field}'")
-        if message.startswith(f"{exc.param}:"):  # a JSON schema's own errors lead with the field ("response_format: $...")
-            message = f"'{field}'" + message[len(exc.param):]
-        exc.message, exc.param = message, field
-    return exc
+def _check_keep_alive(body: dict) -> None:
+    """``keep_alive``: a duration (``"5m"``) or seconds, taken and unused: the board keeps its one model loaded."""
+    keep = body.get("keep_alive")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (int, float, str))):
+        raise ApiError(400, f"'keep_alive' must be a duration (\"5m\", or seconds), got {_shown(keep)}",
+                       param="keep_alive")
 
 
-def _flag(body: dict, name: str, default: bool) -> bool:
+def _stream_and_format(body: dict) -> dict:
+    """The chat route's fields that ``stream`` (true unless false, as in Ollama) and ``format`` (``"json"``: a JSON
+    object; a JSON schema: an answer of that schema) mean."""
+    fields: dict = {"stream": _bool_field(body, "stream", True)}
+    form = body.get("format")
+    if form == "json":
+        fields["response_format"] = {"type": "json_object"}
+    elif isinstance(form, dict):
+        fields["response_format"] = {"type": "json_schema",
+                                     "json_schema": {"name": "format", "schema": json_schema(form)}}
+    elif form not in (None, ""):
+        raise ApiError(400, f"'format' must be \"json\" or a JSON schema object, got {_shown(form)}", param="format")
+    return fields
+
+
+def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
+    """``options``: (the chat route's fields they set, the stop strings, ``num_ctx``)."""
+    options = body.get("options")
+    if options is None:
+        return {}, (), None
+    if not isinstance(options, dict):
+        raise ApiError(400, f"'options' must be an object of model parameters ({{\"temperature\": 0}}), got "
+                       f"{_shown(options)}", param="options")
+    fields = {name: options[name] for name in SAMPLING_OPTIONS if options.get(name) is not None}
+    for name, off in SAMPLERS_OFF.items():
+        value = options.get(name)
+        if value is not None and value != off:
+            raise ApiError(400, f"'options.{name}' = {_shown(value)} is not supported: this server does not have that "
+                           f"sampler; leave it out or set it to {off}", param=f"options.{name}")
+    predict = options.get("num_predict")
+    if predict is not None:
+        if isinstance(predict, bool) or not isinstance(predict, int) or predict == 0 or predict < -2:
+            raise ApiError(400, f"'options.num_predict' must be the most tokens to generate (>= 1), -1 for no limit or "
+                           f"-2 until the context fills, got {_shown(predict)}", param="options.num_predict")
+        fields["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict < 0 else predict
+    stops = options.get("stop")
+    if stops is None:
+        stops = []
+    if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
+        raise ApiError(400, f"'options.stop' must be an array of strings, got {_shown(stops)}", param="options.stop")
+    window = options.get("num_ctx")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ApiError(400, f"'options.num_ctx' must be the context window in tokens (a whole number >= 1), got "
+                       f"{_shown(window)}", param="options.num_ctx")
+    return fields, tuple(stop for stop in stops if stop), window
+
+
+def _logprobs(body: dict) -> int | None:
+    """``logprobs`` and ``top_logprobs``: how many alternatives to list per token (0-20), or None for no
+    log-probabilities. ``top_logprobs`` outside 0-20 is Ollama's 400; without ``logprobs`` true it lists nothing, as
+    Ollama's runner computes them only where ``logprobs`` is set (api/types.go, ``GenerateRequest`` and
+    ``ChatRequest``)."""
+    wanted = _bool_field(body, "logprobs", False)
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise ApiError(400, f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS} (the most likely tokens listed "
+                       f"beside each token), got {_shown(top)}", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _think(body: dict) -> bool | None:
+    """``think``: true or false, or gpt-oss's "high" / "medium" / "low" (thinking on); None when absent."""
+    value = body.get("think")
+    if value is None or isinstance(value, bool):
+        return value
+    if value in THINK_LEVELS:
+        return True
+    raise ApiError(400, f"'think' must be true, false or one of {', '.join(THINK_LEVELS)}, got {_shown(value)}",
+                   param="think")
+
+
+def _logprobs_and_think(top: int | None, think: bool | None) -> dict:
+    """The chat route's fields for Ollama's ``logprobs`` / ``top_logprobs`` (:func:`_logprobs`) and ``think`` (the
+    chat template's ``enable_thinking``, as llama-server's ``chat_template_kwargs`` sets it)."""
+    fields: dict = {}
+    if top is not None:
+        fields.update(logprobs=True, top_logprobs=top)
+    if think is not None:
+        fields["chat_template_kwargs"] = {"enable_thinking": think}
+    return fields
+
+
+def _bool_field(body: dict, name: str, default: bool) -> bool:
+    """The JSON boolean ``name``, ``default`` where it is absent or null."""
     value = body.get(name)
     if value is None:
         return default
@@ -143,10 +304,130 @@ def _flag(body: dict, name: str, default: bool) -> bool:
     return value
 
 
-# where a JSON schema holds schemas: one, an array of them, or an object of them by name
-ONE_SCHEMA = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
-SCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf", "allOf")
-SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+def _refuse_if_set(body: dict, field: str, why: str) -> None:
+    """Refuse ``field`` where it is set to anything but empty, saying ``why`` it cannot be honoured."""
+    if body.get(field) not in (None, "", [], {}):
+        raise ApiError(400, f"'{field}' is not supported: {why}; leave '{field}' out", param=field)
+
+
+def _parsed(parse, fields: dict, stops: tuple[str, ...]) -> CompletionRequest:
+    """``fields`` parsed by the chat or text route's ``parse``, its errors naming the Ollama field
+    (:func:`_in_ollama_terms`), with log-probabilities listed per token and any number of ``stops``."""
+    try:
+        request = parse(fields)
+    except ApiError as exc:
+        raise _in_ollama_terms(exc) from None
+    if request.logprobs is not None:  # listed as llama-server's completion_probabilities (_ollama_logprobs)
+        request = replace(request, llama_probs=True)
+    return replace(request, stop=stops) if stops else request  # any number of stop strings, as Ollama takes
+
+
+def _in_ollama_terms(exc: ApiError) -> ApiError:
+    """The chat route's error with the Ollama field it came from named instead."""
+    field = OLLAMA_FIELDS.get(exc.param or "")
+    if field is not None:
+        message = exc.message.replace(f"'{exc.param}'", f"'{field}'")
+        # a JSON schema's own errors lead with the field ("response_format: $...")
+        if message.startswith(f"{exc.param}:"):
+            message = f"'{field}'" + message[len(exc.param):]
+        exc.message, exc.param = message, field
+    return exc
+
+
+def _messages(messages: list) -> list[dict]:
+    """Ollama's messages as OpenAI's: an assistant's calls keep the ``id`` a client sends back (the one this
+    server's answer gave them) or get one, and a tool turn the id of the call it answers (its ``tool_call_id`` where
+    that names a call, as Open WebUI sends it; else the latest call of its ``tool_name``; else the next call not yet
+    answered), so it renders as on the chat route, naming the tool."""
+    out: list[dict] = []
+    calls: list[tuple[str, str]] = []  # (id, name) of the calls made so far, in order
+    answered: set[str] = set()
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        role, content = _role_and_content(message, where)
+        turn: dict = {"role": role, "content": content}
+        if message.get("tool_calls"):
+            turn["tool_calls"] = _assistant_calls(message, role, index, calls)
+        if role == "tool":
+            turn = _tool_turn(message, where, turn, calls, answered)
+        out.append(turn)
+    return out
+
+
+def _role_and_content(message: object, where: str) -> tuple[str, str]:
+    """A message's ``role`` (one of :data:`ROLES`) and ``content`` (a string; null as empty); ``images`` refused."""
+    if not isinstance(message, dict) or message.get("role") not in ROLES:
+        role = message.get("role") if isinstance(message, dict) else message
+        raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {_shown(role)}",
+                       param=f"{where}.role")
+    if message.get("images"):
+        raise ApiError(400, f"{where}.images is not supported: this model reads text only; send the message "
+                       "without images", param=f"{where}.images")
+    role, content = message["role"], message.get("content")
+    content = "" if content is None else content
+    if not isinstance(content, str):
+        raise ApiError(400, f"{where}.content must be a string, got {_shown(content)}", param=f"{where}.content")
+    return role, content
+
+
+def _assistant_calls(message: dict, role: str, index: int, calls: list[tuple[str, str]]) -> list[dict]:
+    """An assistant message's ``tool_calls`` as OpenAI's (``arguments`` a JSON string), each keeping the ``id`` it
+    comes back with where that is new, else ``call_<message>_<call>``; each call's (id, name) is added to ``calls``."""
+    where = f"messages[{index}]"
+    if role != "assistant" or not isinstance(message["tool_calls"], list):
+        raise ApiError(400, f"{where}.tool_calls must be an assistant message's array of calls "
+                       "({\"function\": {\"name\", \"arguments\"}})", param=f"{where}.tool_calls")
+    out = []
+    for number, call in enumerate(message["tool_calls"]):
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or \
+                not isinstance(arguments, (dict, str, type(None))):
+            raise ApiError(400, f"{where}.tool_calls[{number}] must be {{\"function\": {{\"name\": ..., "
+                           f"\"arguments\": {{...}}}}}}, got {_shown(call)}", param=f"{where}.tool_calls[{number}]")
+        given = call.get("id")
+        ident = given if isinstance(given, str) and given and given not in dict(calls) else f"call_{index}_{number}"
+        calls.append((ident, function["name"]))
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments or {}, ensure_ascii=False)
+        out.append({"id": ident, "type": "function", "function": {"name": function["name"], "arguments": text}})
+    return out
+
+
+def _tool_turn(message: dict, where: str, turn: dict, calls: list[tuple[str, str]], answered: set[str]) -> dict:
+    """A tool message as the chat route's: with the ``tool_call_id`` of the call it answers (:func:`_messages`),
+    or, where no call of its ``tool_name`` was made, a user turn whose text names the tool, as the chat route
+    renders a tool result (edgesdk/serve/tools.py)."""
+    name, wanted = message.get("tool_name"), message.get("tool_call_id")
+    if name is not None and not isinstance(name, str):
+        raise ApiError(400, f"{where}.tool_name must be the name of the tool whose result this is, got "
+                       f"{_shown(name)}", param=f"{where}.tool_name")
+    if wanted is not None and not isinstance(wanted, str):
+        raise ApiError(400, f"{where}.tool_call_id must be the string id of the call it answers, got "
+                       f"{_shown(wanted)}", param=f"{where}.tool_call_id")
+    if wanted in dict(calls):
+        ident = wanted
+    elif name is not None:
+        ident = next((i for i, called in reversed(calls) if called == name), None)
+    else:
+        ident = next((i for i, _ in calls if i not in answered), None)
+    if ident is None:
+        return turn if name is None else {"role": "user", "content": tool_result_text(name, turn["content"])}
+    answered.add(ident)
+    return {**turn, "tool_call_id": ident}
+
+
+def _tools(tools: object) -> object:
+    """Ollama's tools (OpenAI's ``{"type": "function", "function": ...}``) with each ``parameters`` schema as
+    :func:`json_schema` reads it; anything else is left for the chat route to refuse by name."""
+    if not isinstance(tools, list):
+        return tools
+    out = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("parameters"), dict):
+            tool = {**tool, "function": {**function, "parameters": json_schema(function["parameters"])}}
+        out.append(tool)
+    return out
 
 
 def json_schema(schema: object) -> object:
@@ -184,265 +465,7 @@ def json_schema(schema: object) -> object:
     return out
 
 
-def _tools(tools: object) -> object:
-    """Ollama's tools (OpenAI's ``{"type": "function", "function": ...}``) with each ``parameters`` schema as
-    :func:`json_schema` reads it; anything else is left for the chat route to refuse by name."""
-    if not isinstance(tools, list):
-        return tools
-    out = []
-    for tool in tools:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("parameters"), dict):
-            tool = {**tool, "function": {**function, "parameters": json_schema(function["parameters"])}}
-        out.append(tool)
-    return out
-
-
-def _common(body: dict) -> dict:
-    """The chat route's fields that ``stream``, ``format``, ``keep_alive`` and ``options`` mean."""
-    keep = body.get("keep_alive")
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (int, float, str))):
-        raise ApiError(400, f"'keep_alive' must be a duration (\"5m\", or seconds), got {_shown(keep)}",
-                       param="keep_alive")
-    fields: dict = {"stream": _flag(body, "stream", True)}
-    form = body.get("format")
-    if form == "json":
-        fields["response_format"] = {"type": "json_object"}
-    elif isinstance(form, dict):
-        fields["response_format"] = {"type": "json_schema",
-                                     "json_schema": {"name": "format", "schema": json_schema(form)}}
-    elif form not in (None, ""):
-        raise ApiError(400, f"'format' must be \"json\" or a JSON schema object, got {_shown(form)}", param="format")
-    return fields
-
-
-def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
-    """``options``: (the chat route's fields they set, the stop strings, ``num_ctx``)."""
-    options = body.get("options")
-    if options is None:
-        return {}, (), None
-    if not isinstance(options, dict):
-        raise ApiError(400, f"'options' must be an object of model parameters ({{\"temperature\": 0}}), got "
-                       f"{_shown(options)}", param="options")
-    fields = {name: options[name] for name in SAMPLING if options.get(name) is not None}
-    for name, off in SAMPLERS_OFF.items():
-        value = options.get(name)
-        if value is not None and value != off:
-            raise ApiError(400, f"'options.{name}' = {_shown(value)} is not supported: this server does not have that "
-                           f"sampler; leave it out or set it to {off}", param=f"options.{name}")
-    predict = options.get("num_predict")
-    if predict is not None:
-        if isinstance(predict, bool) or not isinstance(predict, int) or predict == 0 or predict < -2:
-            raise ApiError(400, f"'options.num_predict' must be the most tokens to generate (>= 1), -1 for no limit or "
-                           f"-2 until the context fills, got {_shown(predict)}", param="options.num_predict")
-        fields["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict < 0 else predict
-    stops = options.get("stop")
-    if stops is None:
-        stops = []
-    if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
-        raise ApiError(400, f"'options.stop' must be an array of strings, got {_shown(stops)}", param="options.stop")
-    window = options.get("num_ctx")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ApiError(400, f"'options.num_ctx' must be the context window in tokens (a whole number >= 1), got "
-                       f"{_shown(window)}", param="options.num_ctx")
-    return fields, tuple(stop for stop in stops if stop), window
-
-
-def _logprobs(body: dict) -> int | None:
-    """``logprobs`` and ``top_logprobs``: how many alternatives to list per token (0-20), or None for no
-    log-probabilities. ``top_logprobs`` outside 0-20 is Ollama's 400; without ``logprobs`` true it lists nothing, as
-    Ollama's runner computes them only where ``logprobs`` is set (api/types.go, ``GenerateRequest`` and
-    ``ChatRequest``)."""
-    wanted = _flag(body, "logprobs", False)
-    top = body.get("top_logprobs")
-    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
-        raise ApiError(400, f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS} (the most likely tokens listed "
-                       f"beside each token), got {_shown(top)}", param="top_logprobs")
-    return (top or 0) if wanted else None
-
-
-def _think(body: dict) -> bool | None:
-    """``think``: true or false, or gpt-oss's "high" / "medium" / "low" (thinking on); None when absent."""
-    value = body.get("think")
-    if value is None or isinstance(value, bool):
-        return value
-    if value in THINK_LEVELS:
-        return True
-    raise ApiError(400, f"'think' must be true, false or one of {', '.join(THINK_LEVELS)}, got {_shown(value)}",
-                   param="think")
-
-
-def _refused(body: dict, field: str, why: str) -> None:
-    if body.get(field) not in (None, "", [], {}):
-        raise ApiError(400, f"'{field}' is not supported: {why}; leave '{field}' out", param=field)
-
-
-def _checked(parse, chat: dict, stops: tuple[str, ...]) -> CompletionRequest:
-    try:
-        request = parse(chat)
-    except ApiError as exc:
-        raise _renamed(exc) from None
-    if request.logprobs is not None:  # listed per token as llama-server's completion_probabilities, for :func:`_listed`
-        request = replace(request, llama_probs=True)
-    return replace(request, stop=stops) if stops else request  # any number of stop strings, as Ollama takes
-
-
-def parse_chat(body: object, served: str) -> Asked:
-    """``POST /api/chat``: the chat request it means, or none (no messages: the model is to be loaded)."""
-    body = _object(body)
-    model = _model(body, served)
-    fields = _common(body)
-    options, stops, window = _options(body)
-    think, top = _think(body), _logprobs(body)
-    messages = body.get("messages")
-    if messages is None or messages == []:
-        return Asked(model, None, chat=True)
-    if not isinstance(messages, list):
-        raise ApiError(400, f"'messages' must be an array of {{\"role\", \"content\"}} objects, got "
-                       f"{_shown(messages)}", param="messages")
-    chat = {**fields, **options, "messages": _messages(messages)}
-    if top is not None:
-        chat.update(logprobs=True, top_logprobs=top)
-    if body.get("tools"):
-        chat["tools"] = _tools(body["tools"])  # Ollama's tools are OpenAI's ({"type": "function", "function": ...})
-    if think is not None:
-        chat["chat_template_kwargs"] = {"enable_thinking": think}
-    return Asked(model, _checked(parse_chat_request, chat, stops), chat=True, num_ctx=window, think=think)
-
-
-def _messages(messages: list) -> list[dict]:
-    """Ollama's messages as OpenAI's: an assistant's calls keep the ``id`` a client sends back (the one this
-    server's answer gave them) or get one, and a tool turn the id of the call it answers (its ``tool_call_id`` where
-    that names a call, as Open WebUI sends it; else the latest call of its ``tool_name``; else the next call not yet
-    answered), so it renders as on the chat route, naming the tool."""
-    out: list[dict] = []
-    calls: list[tuple[str, str]] = []  # (id, name) of the calls made so far, in order
-    answered: set[str] = set()
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
-            role = message.get("role") if isinstance(message, dict) else message
-            raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {_shown(role)}",
-                           param=f"{where}.role")
-        if message.get("images"):
-            raise ApiError(400, f"{where}.images is not supported: this model reads text only; send the message "
-                           "without images", param=f"{where}.images")
-        role, content = message["role"], message.get("content")
-        content = "" if content is None else content
-        if not isinstance(content, str):
-            raise ApiError(400, f"{where}.content must be a string, got {_shown(content)}", param=f"{where}.content")
-        turn: dict = {"role": role, "content": content}
-        if message.get("tool_calls"):
-            if role != "assistant" or not isinstance(message["tool_calls"], list):
-                raise ApiError(400, f"{where}.tool_calls must be an assistant message's array of calls "
-                               "({\"function\": {\"name\", \"arguments\"}})", param=f"{where}.tool_calls")
-            turn["tool_calls"] = []
-            for number, call in enumerate(message["tool_calls"]):
-                function = call.get("function") if isinstance(call, dict) else None
-                arguments = function.get("arguments") if isinstance(function, dict) else None
-                if not isinstance(function, dict) or not isinstance(function.get("name"), str) or \
-                        not isinstance(arguments, (dict, str, type(None))):
-                    raise ApiError(400, f"{where}.tool_calls[{number}] must be {{\"function\": {{\"name\": ..., "
-                                   f"\"arguments\": {{...}}}}}}, got {_shown(call)}",
-                                   param=f"{where}.tool_calls[{number}]")
-                given = call.get("id")
-                ident = given if isinstance(given, str) and given and given not in dict(calls) else \
-                    f"call_{index}_{number}"
-                calls.append((ident, function["name"]))
-                text = arguments if isinstance(arguments, str) else json.dumps(arguments or {}, ensure_ascii=False)
-                turn["tool_calls"].append({"id": ident, "type": "function",
-                                           "function": {"name": function["name"], "arguments": text}})
-        if role == "tool":
-            name, wanted = message.get("tool_name"), message.get("tool_call_id")
-            if name is not None and not isinstance(name, str):
-                raise ApiError(400, f"{where}.tool_name must be the name of the tool whose result this is, got "
-                               f"{_shown(name)}", param=f"{where}.tool_name")
-            if wanted is not None and not isinstance(wanted, str):
-                raise ApiError(400, f"{where}.tool_call_id must be the string id of the call it answers, got "
-                               f"{_shown(wanted)}", param=f"{where}.tool_call_id")
-            if wanted in dict(calls):
-                ident = wanted
-            elif name is not None:
-                ident = next((i for i, called in reversed(calls) if called == name), None)
-            else:
-                ident = next((i for i, _ in calls if i not in answered), None)
-            if ident is None and name is not None:  # no call of it among the messages: its result still names it,
-                # as the chat route renders a tool result (edgesdk/serve/tools.py)
-                turn = {"role": "user", "content": tool_result_text(name, content)}
-            elif ident is not None:
-                answered.add(ident)
-                turn["tool_call_id"] = ident
-        out.append(turn)
-    return out
-
-
-def parse_generate(body: object, served: str) -> Asked:
-    """``POST /api/generate``: ``prompt`` (with ``system``) as the chat request it means, or with ``raw`` the text
-    request; an empty prompt asks for the model to be loaded, nothing generated."""
-    body = _object(body)
-    model = _model(body, served)
-    fields = _common(body)
-    options, stops, window = _options(body)
-    think, top = _think(body), _logprobs(body)
-    _refused(body, "suffix", "no fill-in-the-middle here")
-    _refused(body, "images", "this model reads text only")
-    _refused(body, "template", "the prompt renders through the bundle's chat template (send 'raw': true with a "
-             "prompt already templated)")
-    _refused(body, "context", "'context' is deprecated and no answer here returns one; send the conversation to "
-             "/api/chat as 'messages'")
-    raw = _flag(body, "raw", False)
-    prompt, system = body.get("prompt"), body.get("system")
-    if prompt is not None and not isinstance(prompt, str):
-        raise ApiError(400, f"'prompt' must be a string, got {_shown(prompt)}", param="prompt")
-    if system is not None and not isinstance(system, str):
-        raise ApiError(400, f"'system' must be a string, got {_shown(system)}", param="system")
-    if not prompt:
-        return Asked(model, None, chat=False)
-    if raw:
-        text = {**fields, **options, "prompt": prompt, **({} if top is None else {"logprobs": top})}
-        return Asked(model, _checked(parse_text_request, text, stops), chat=False, num_ctx=window)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    chat = {**fields, **options, "messages": messages}
-    if top is not None:
-        chat.update(logprobs=True, top_logprobs=top)
-    if think is not None:
-        chat["chat_template_kwargs"] = {"enable_thinking": think}
-    try:
-        request = _checked(parse_chat_request, chat, stops)
-    except ApiError as exc:
-        if exc.param and exc.param.startswith("messages"):
-            exc.param = "prompt" if exc.param.startswith(f"messages[{len(messages) - 1}]") else "system"
-        raise
-    return Asked(model, request, chat=False, num_ctx=window, think=think)
-
-
-def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
-    """The request to run: ``think`` true refused where the model's template does not think (Ollama's 400
-    "does not support thinking"), and a ``num_ctx`` below the bundle's context bounding prompt and answer."""
-    request = asked.request
-    if asked.think and request.chat and not template_thinks(completer.runtime.tokenizer.template_source):
-        raise ApiError(400, f"'think' is true but \"{asked.model}\" does not support thinking (its chat template "
-                       "writes no <think> block); leave 'think' out or send false", param="think")
-    limit = completer.runtime.backend.max_context
-    if asked.num_ctx is None or asked.num_ctx >= limit:  # above the model's context it is capped there, as Ollama's
-        return request
-    ids = completer.prompt_ids(request)
-    room = asked.num_ctx - len(ids)
-    if room < 1:
-        raise ApiError(400, f"the prompt has {len(ids)} tokens, leaving no room for an answer within "
-                       f"'options.num_ctx' {asked.num_ctx}; raise num_ctx (this model's context holds {limit}) or "
-                       "shorten the prompt", param="options.num_ctx", code="context_length_exceeded")
-    asked_for = completer.defaults.max_tokens if request.max_tokens is None else request.max_tokens
-    return replace(request, max_tokens=min(asked_for, room))
-
-
-def created_at() -> str:
-    """The time now as Ollama writes it (RFC 3339, UTC)."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _nanoseconds(milliseconds: float) -> int:
-    return int(round(milliseconds * 1e6))
+# ------------------------------------------------------------------------------------------------ answers
 
 
 def loaded(asked: Asked) -> dict:
@@ -455,25 +478,6 @@ def loaded(asked: Asked) -> dict:
     return body
 
 
-def _listed(entries: list) -> list[dict]:
-    """llama-server's completion_probabilities entries (the same tokens and numbers as the chat route's
-    ``logprobs.content``) as Ollama's ``logprobs``: ``token``, ``logprob``, ``bytes`` and ``top_logprobs`` in the same
-    form, left out when empty as Ollama's ``omitempty`` leaves it (api/types.go, ``Logprob`` and ``TokenLogprob``)."""
-    def shown(entry: dict) -> dict:
-        return {"token": entry["token"], "logprob": entry["logprob"], "bytes": entry["bytes"]}
-
-    return [{**shown(entry), **({"top_logprobs": [shown(t) for t in entry["top_logprobs"]]}
-                                if entry["top_logprobs"] else {})} for entry in entries]
-
-
-def _call(call: dict, index: int, whole: bool) -> dict:
-    """An OpenAI tool call as Ollama's: ``function.arguments`` an object (a call cut short: what its JSON so far
-    holds)."""
-    arguments = call["function"]["arguments"]
-    return {"id": call["id"], "function": {"index": index, "name": call["function"]["name"],
-                                           "arguments": json.loads(arguments) if whole else partial_input(arguments)}}
-
-
 class Answer:
     """The bodies of one answer, whole or as the objects of its stream, for /api/chat or /api/generate."""
 
@@ -484,6 +488,7 @@ class Answer:
         self.tools = AnswerStream(request.tools.structured) if request.tools is not None and request.stream else None
 
     def _body(self, content: str, thinking: str = "", calls: list | None = None, logprobs: list | None = None) -> dict:
+        """An object of the answer: ``message`` (/api/chat) or ``response`` (/api/generate), with what is given."""
         body: dict = {"model": self.asked.model, "created_at": created_at()}
         if self.asked.chat:
             message: dict = {"role": "assistant", "content": content}
@@ -497,10 +502,11 @@ class Answer:
             if thinking:
                 body["thinking"] = thinking
         if logprobs:
-            body["logprobs"] = _listed(logprobs)
+            body["logprobs"] = _ollama_logprobs(logprobs)
         return body
 
     def _final(self, completion: Completion, content: str = "", thinking: str = "", calls: list | None = None) -> dict:
+        """The object with ``done`` true: ``done_reason`` and the counts and durations (docs/api.md, "Response")."""
         return {**self._body(content, thinking, calls), "done": True, "done_reason": completion.finish_reason,
                 "total_duration": time.monotonic_ns() - self.started, "load_duration": 0,
                 "prompt_eval_count": completion.prompt_tokens,
@@ -516,10 +522,10 @@ class Answer:
             body = self._final(completion, text, thinking)
         else:
             fields, finish = answer_message(text, completion.finish_reason, self.request.tools.structured)
-            calls = [_call(call, i, finish == "tool_calls") for i, call in enumerate(fields.get("tool_calls") or [])]
+            calls = _ollama_calls(fields, finish)
             body = self._final(completion, fields.get("content") or "", calls=calls)
         if self.request.logprobs is not None:
-            body["logprobs"] = _listed(completion.logprobs or [])
+            body["logprobs"] = _ollama_logprobs(completion.logprobs or [])
         return body
 
     def piece(self, text: str, logprobs: list | None = None) -> list[dict]:
@@ -540,7 +546,7 @@ class Answer:
         if self.tools is not None:
             deltas, fields, finish = self.tools.finish(completion.finish_reason)
             content = "".join(delta.get("content") or "" for delta in deltas)
-            calls = [_call(call, i, finish == "tool_calls") for i, call in enumerate(fields.get("tool_calls") or [])]
+            calls = _ollama_calls(fields, finish)
             if content or calls:
                 pieces.append({**self._body(content, calls=calls), "done": False})
         elif self.splitter is not None:
@@ -550,7 +556,123 @@ class Answer:
         return pieces + [self._final(completion)]
 
 
+def error_body(error: ApiError) -> dict:
+    """Ollama's error: ``{"error": "..."}``."""
+    return {"error": error.message}
+
+
+def created_at() -> str:
+    """The time now as Ollama writes it (RFC 3339, UTC)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _ollama_logprobs(entries: list) -> list[dict]:
+    """llama-server's completion_probabilities entries (the same tokens and numbers as the chat route's
+    ``logprobs.content``) as Ollama's ``logprobs``: ``token``, ``logprob``, ``bytes`` and ``top_logprobs`` in the same
+    form, left out when empty as Ollama's ``omitempty`` leaves it (api/types.go, ``Logprob`` and ``TokenLogprob``)."""
+    def token_fields(entry: dict) -> dict:
+        return {"token": entry["token"], "logprob": entry["logprob"], "bytes": entry["bytes"]}
+
+    return [{**token_fields(entry), **({"top_logprobs": [token_fields(t) for t in entry["top_logprobs"]]}
+                                       if entry["top_logprobs"] else {})} for entry in entries]
+
+
+def _ollama_calls(fields: dict, finish: str) -> list[dict]:
+    """The OpenAI tool calls of an answer's message ``fields`` as Ollama's: ``function.arguments`` an object (where
+    ``finish`` is not "tool_calls", a call cut short: what its JSON so far holds)."""
+    whole = finish == "tool_calls"
+    calls = []
+    for index, call in enumerate(fields.get("tool_calls") or []):
+        arguments = call["function"]["arguments"]
+        calls.append({"id": call["id"], "function": {"index": index, "name": call["function"]["name"], "arguments":
+                                                     json.loads(arguments) if whole else partial_input(arguments)}})
+    return calls
+
+
+def _nanoseconds(milliseconds: float) -> int:
+    """A duration in milliseconds as Ollama's durations are written: whole nanoseconds."""
+    return int(round(milliseconds * NANOSECONDS_PER_MS))
+
+
 # ------------------------------------------------------------------------------------------------ the model
+
+
+def tags(completer: Completer, served: str) -> dict:
+    """``GET /api/tags``: the one model served."""
+    return {"models": [_model_entry(completer, served)]}
+
+
+def running(completer: Completer, served: str) -> dict:
+    """``GET /api/ps``: the served model, loaded for as long as the server runs (``expires_at`` far ahead, as
+    Ollama shows a model kept with ``keep_alive`` < 0)."""
+    entry = _model_entry(completer, served)
+    del entry["modified_at"]
+    return {"models": [{**entry, "expires_at": KEPT_LOADED_UNTIL, "size_vram": 0,
+                        "context_length": completer.runtime.backend.max_context}]}
+
+
+def show(completer: Completer, served: str, body: object) -> dict:
+    """``POST /api/show``: the model's details, template, parameters, ``model_info`` and capabilities."""
+    _model_name(_object(body), served)
+    facts, defaults = _model_facts(completer), completer.defaults
+    family = str(facts.get("architecture", "model"))
+    context = completer.runtime.backend.max_context
+    parameters = {"num_ctx": context, "num_predict": defaults.max_tokens, "temperature": defaults.temperature,
+                  "top_k": defaults.top_k, "top_p": defaults.top_p, "min_p": defaults.min_p}
+    text = "\n".join(f"{name:<30} {value}" for name, value in parameters.items())
+    info = {"general.architecture": family, "general.parameter_count": int(facts.get("parameters") or 0),
+            f"{family}.context_length": context, f"{family}.embedding_length": facts.get("hidden_size"),
+            f"{family}.block_count": facts.get("layers"), f"{family}.attention.head_count": facts.get("attention_heads"),
+            f"{family}.attention.head_count_kv": facts.get("kv_heads"), f"{family}.vocab_size": facts.get("vocab_size")}
+    template = completer.runtime.tokenizer.template_source or ""
+    modelfile = f"FROM {served_names(served)[-1]}\n" + "".join(f"PARAMETER {k} {v}\n" for k, v in parameters.items())
+    return {"license": "", "modelfile": modelfile, "parameters": text, "template": template,
+            "details": details(completer), "model_info": {k: v for k, v in info.items() if v is not None},
+            "capabilities": capabilities(completer), "modified_at": completer.runtime.bundle.manifest.get("created")}
+
+
+def version() -> dict:
+    """``GET /api/version``: the Ollama release whose API these routes follow (docs/api.md, "Version")."""
+    return {"version": API_VERSION}
+
+
+def details(completer: Completer) -> dict:
+    """The model's ``details`` (family, parameter size, quantization level) from the bundle's manifest."""
+    facts = _model_facts(completer)
+    family = str(facts.get("architecture", ""))
+    return {"parent_model": "", "format": "onnx", "family": family, "families": [family] if family else None,
+            "parameter_size": _parameter_size(int(facts.get("parameters") or 0)),
+            "quantization_level": _quantization(completer.runtime.bundle.manifest)}
+
+
+def capabilities(completer: Completer) -> list[str]:
+    """What the model does, as /api/show lists it: completion; tools (through the chat template, so where there is
+    one); thinking where the template writes a <think> block."""
+    source = completer.runtime.tokenizer.template_source
+    return ["completion"] + (["tools"] if source is not None else []) + (["thinking"] if template_thinks(source) else [])
+
+
+def served_names(served: str) -> tuple[str, ...]:
+    """The names the served model answers to: its own, and with Ollama's default tag (a name without a tag is
+    ``name:latest``, docs/api.md "Model names")."""
+    return (served,) if ":" in served else (served, f"{served}:latest")
+
+
+def _model_entry(completer: Completer, served: str) -> dict:
+    """The served model as /api/tags lists a model: its name, size (the bundle's files), digest (of the manifest,
+    which names every file's hash) and details."""
+    bundle = completer.runtime.bundle
+    manifest_file = bundle.path / "manifest.json"
+    digest = hashlib.sha256(manifest_file.read_bytes()).hexdigest() if manifest_file.is_file() else ""
+    size = sum(int(entry.get("size", 0)) for entry in bundle.manifest.get("files", {}).values())
+    name = served_names(served)[-1]
+    return {"name": name, "model": name, "modified_at": bundle.manifest.get("created"), "size": size,
+            "digest": digest, "details": details(completer)}
+
+
+def _model_facts(completer: Completer) -> dict:
+    """The model's facts as the bundle's manifest records them after the build (architecture, parameters, sizes)."""
+    return completer.runtime.bundle.manifest.get("model", {}).get("after", {})
 
 
 def _parameter_size(count: int) -> str:
@@ -570,72 +692,4 @@ def _quantization(manifest: dict) -> str:
     if bits:
         return f"INT{min(bits)}"
     dtype = str(manifest.get("graph", {}).get("dtype", "")).lower()
-    return {"fp32": "F32", "float32": "F32", "fp16": "F16", "float16": "F16", "bf16": "BF16"}.get(dtype, dtype.upper())
-
-
-def _facts(completer: Completer) -> dict:
-    return completer.runtime.bundle.manifest.get("model", {}).get("after", {})
-
-
-def details(completer: Completer) -> dict:
-    """The model's ``details`` (family, parameter size, quantization level) from the bundle's manifest."""
-    facts = _facts(completer)
-    family = str(facts.get("architecture", ""))
-    return {"parent_model": "", "format": "onnx", "family": family, "families": [family] if family else None,
-            "parameter_size": _parameter_size(int(facts.get("parameters") or 0)),
-            "quantization_level": _quantization(completer.runtime.bundle.manifest)}
-
-
-def _entry(completer: Completer, served: str) -> dict:
-    bundle = completer.runtime.bundle
-    manifest_file = bundle.path / "manifest.json"
-    digest = hashlib.sha256(manifest_file.read_bytes()).hexdigest() if manifest_file.is_file() else ""
-    size = sum(int(entry.get("size", 0)) for entry in bundle.manifest.get("files", {}).values())
-    name = served_names(served)[-1]
-    return {"name": name, "model": name, "modified_at": bundle.manifest.get("created"), "size": size,
-            "digest": digest, "details": details(completer)}
-
-
-def tags(completer: Completer, served: str) -> dict:
-    """``GET /api/tags``: the one model served."""
-    return {"models": [_entry(completer, served)]}
-
-
-def running(completer: Completer, served: str) -> dict:
-    """``GET /api/ps``: the served model, loaded for as long as the server runs (``expires_at`` far ahead, as
-    Ollama shows a model kept with ``keep_alive`` < 0)."""
-    entry = _entry(completer, served)
-    del entry["modified_at"]
-    return {"models": [{**entry, "expires_at": "2318-01-01T00:00:00Z", "size_vram": 0,
-                        "context_length": completer.runtime.backend.max_context}]}
-
-
-def capabilities(completer: Completer) -> list[str]:
-    """What the model does, as /api/show lists it: completion; tools (through the chat template, so where there is
-    one); thinking where the template writes a <think> block."""
-    source = completer.runtime.tokenizer.template_source
-    return ["completion"] + (["tools"] if source is not None else []) + (["thinking"] if template_thinks(source) else [])
-
-
-def show(completer: Completer, served: str, body: object) -> dict:
-    """``POST /api/show``: the model's details, template, parameters, ``model_info`` and capabilities."""
-    _model(_object(body), served)
-    facts, defaults = _facts(completer), completer.defaults
-    family = str(facts.get("architecture", "model"))
-    context = completer.runtime.backend.max_context
-    parameters = {"num_ctx": context, "num_predict": defaults.max_tokens, "temperature": defaults.temperature,
-                  "top_k": defaults.top_k, "top_p": defaults.top_p, "min_p": defaults.min_p}
-    text = "\n".join(f"{name:<30} {value}" for name, value in parameters.items())
-    info = {"general.architecture": family, "general.parameter_count": int(facts.get("parameters") or 0),
-            f"{family}.context_length": context, f"{family}.embedding_length": facts.get("hidden_size"),
-            f"{family}.block_count": facts.get("layers"), f"{family}.attention.head_count": facts.get("attention_heads"),
-            f"{family}.attention.head_count_kv": facts.get("kv_heads"), f"{family}.vocab_size": facts.get("vocab_size")}
-    template = completer.runtime.tokenizer.template_source or ""
-    modelfile = f"FROM {served_names(served)[-1]}\n" + "".join(f"PARAMETER {k} {v}\n" for k, v in parameters.items())
-    return {"license": "", "modelfile": modelfile, "parameters": text, "template": template,
-            "details": details(completer), "model_info": {k: v for k, v in info.items() if v is not None},
-            "capabilities": capabilities(completer), "modified_at": completer.runtime.bundle.manifest.get("created")}
-
-
-def version() -> dict:
-    return {"version": API_VERSION}
+    return FLOAT_TYPE_NAMES.get(dtype, dtype.upper())
