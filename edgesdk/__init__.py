@@ -1,8 +1,8 @@
 """edgesdk: compress small language models on a host and run them on Jetson and Raspberry Pi boards.
 
 From Python: ``edgesdk.load(bundle)`` opens a bundle and answers OpenAI-shaped requests
-(:class:`edgesdk.api.Model`); ``edgesdk.build_bundle(target)`` builds one on a host (:func:`edgesdk.api.build_bundle`; ``edgesdk.build`` is
-the build pipeline's package).
+(:class:`edgesdk.api.Model`); ``edgesdk.build_bundle(target)`` builds one on a host
+(:func:`edgesdk.api.build_bundle`; ``edgesdk.build`` is the build pipeline's package).
 
 Importing this package stays lean: it pulls in neither torch nor transformers nor onnxruntime.
 The host-side pieces (model loading, build stages, ONNX export) import their heavy dependencies
@@ -15,10 +15,12 @@ from edgesdk.errors import EdgeSDKError
 
 __all__ = ["EdgeSDKError", "LoadedPromptCache", "Model", "RequestError", "__version__", "build_bundle", "load"]
 
-_API = ("LoadedPromptCache", "Model", "RequestError", "build_bundle", "load")  # edgesdk.api's, imported on first use (PEP 562)
+# edgesdk.api's public names, imported on first use so that ``import edgesdk`` stays lean
+_API = ("LoadedPromptCache", "Model", "RequestError", "build_bundle", "load")
 
 
 def __getattr__(name: str):
+    """``edgesdk.load`` and the other names of :mod:`edgesdk.api`, imported when first asked for (PEP 562)."""
     if name in _API:
         from edgesdk import api
 
