@@ -175,9 +175,9 @@ def parse_winogrande(text: str, source: str = "the Winogrande file") -> list[Win
     sentence losing its first and last character, the choices taken as they are. A first line that is a header
     (its answer field not a number) and blank lines are passed over; any other line llama.cpp would drop is
     refused, naming it. Every line is read, the last one too, where llama.cpp stops before a last line that no
-    newline ends: as its ``-f`` drops one trailing newline, that is the last row of any file ending in a single
-    newline (such a file gives llama-perplexity one task fewer, and a subset of ``count`` drawn from one task
-    fewer).
+    newline ends: as its ``-f`` drops one trailing newline, that is the last row of a file ending in a single
+    newline or in none (such a file gives llama-perplexity one task fewer, and a subset of ``count`` drawn from
+    one task fewer).
     """
     fix = ("pass llama.cpp's Winogrande CSV (winogrande-debiased-eval.csv): index,sentence,choice1,choice2,answer "
            "with a _ in the sentence and the answer 1 or 2")

@@ -67,7 +67,8 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
 
     ``settings`` are what a request that leaves a field out gets (``edgesdk serve``'s options): ``max_tokens``
     (512), ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``, ``samplers``, ``prompt_cache`` (True),
-    ``cache_ram_mib``, ``lookup``, ``prefill_assistant``, ``reasoning_format``, ``reasoning_budget``.
+    ``cache_ram_mib``, ``lookup``, ``prefill_assistant``, ``reasoning_format``, ``reasoning_budget``, ``max_waiting``
+    (8: the calls that may wait behind the one generating; more are refused, as serve's ``--max-queue``).
     """
     return Model(path, backend=backend, threads=threads, target=target, ignore_target=ignore_target,
                  watch_thermal=watch_thermal, draft=draft, draft_max=draft_max, draft_p_min=draft_p_min, **settings)
@@ -439,6 +440,10 @@ def _request_error(method: str, exc: BaseException) -> BaseException:
     if isinstance(exc, ApiError) and exc.code == "server_stopping":  # Completer.stop(): close() was called
         return RequestError(method, "the model was closed while this request waited or generated", status=503,
                             fix=CLOSED_FIX)
+    if isinstance(exc, ApiError) and exc.code == "server_busy":  # its message names serve's option
+        return RequestError(method, "the model is busy: one answer is generating and as many calls as its "
+                            "max_waiting setting allows wait behind it", status=503,
+                            fix="retry later, or load the model with a larger max_waiting (8 by default)")
     if isinstance(exc, ApiError):
         return RequestError(method, exc.message, param=exc.param, status=exc.status)
     return exc

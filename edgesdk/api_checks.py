@@ -22,7 +22,8 @@ from edgesdk.errors import EdgeSDKError
 # What each load() setting must be, checked before ServeDefaults reads it (whose own checks then bound the values)
 SETTING_KINDS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
                  "samplers": list, "prompt_cache": bool, "cache_ram_mib": int, "lookup": int,
-                 "prefill_assistant": bool, "reasoning_format": str, "reasoning_budget": int}
+                 "prefill_assistant": bool, "reasoning_format": str, "reasoning_budget": int,
+                 "max_waiting": int}
 MODEL_SETTINGS = tuple(SETTING_KINDS)  # the settings load() takes: edgesdk serve's options of those names
 # Fields of OpenAI's request bodies that change nothing in an answer here: taken, as 'edgesdk serve' takes them
 NO_EFFECT_FIELDS = ("model", "user", "metadata", "store", "parallel_tool_calls")

@@ -57,7 +57,8 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
 @click.option("--winogrande", is_flag=True,
               help="Score Winogrande from the --text file (llama.cpp's CSV, winogrande-debiased-eval.csv) instead of "
                    "perplexity, as llama-perplexity --winogrande -f FILE, except that every row is scored: "
-                   "llama-perplexity leaves out the last row of a file that ends in one newline.")
+                   "llama-perplexity leaves out a file's last row (its -f drops one trailing newline, and its reader "
+                   "stops before a last line no newline ends).")
 @click.option("--winogrande-tasks", type=click.IntRange(min=0), default=0, show_default=True,
               help="Winogrande tasks scored: 0 all, in file order; N drawn as llama-perplexity draws them.")
 @click.option("--multiple-choice", is_flag=True,

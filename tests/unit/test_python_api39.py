@@ -317,3 +317,17 @@ def test_a_draft_is_refused_where_it_cannot_serve(tiny_bundle, tmp_path):
         edgesdk.load(tiny_bundle.path, draft=5)
     with pytest.raises(edgesdk.EdgeSDKError, match="no-draft-here"):
         edgesdk.load(tiny_bundle.path, draft=tmp_path / "no-draft-here")
+
+
+def test_calls_past_max_waiting_are_refused_and_the_limit_is_a_setting(tiny_bundle):
+    """At most max_waiting calls wait behind the one generating, as serve's --max-queue; more are a 503."""
+    with edgesdk.load(tiny_bundle.path, threads=1, max_waiting=0) as model:
+        stream = model.create_chat_completion(CHAT, stream=True, max_tokens=200, ignore_eos=True)
+        next(stream)  # generating now, holding the turn
+        with pytest.raises(RequestError, match="the model is busy") as caught:
+            model.create_chat_completion(CHAT, max_tokens=2)
+        stream.close()
+    assert caught.value.status == 503
+    assert "max_waiting" in caught.value.fix
+    with pytest.raises(edgesdk.EdgeSDKError, match="max_waiting"):
+        edgesdk.load(tiny_bundle.path, max_waiting=-1)
