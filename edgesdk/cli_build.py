@@ -6,6 +6,7 @@ Importing this module imports click only; torch, onnx and gguf load when a comma
 
 from __future__ import annotations
 
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -68,6 +69,9 @@ def build(target, model, out, recipe, max_context, resume, keep_work, no_progres
     except KeyboardInterrupt:  # the pipeline has said what it kept; exit as a shell reports a SIGINT, not click's 1
         click.echo("edgesdk build: stopped (Ctrl-C)", err=True)
         sys.exit(130)
+    where = shlex.quote(str(bundle.path))
+    click.echo(f"edgesdk build: next: edgesdk run {where} --prompt Hello (tries it here); edgesdk deploy {where} "
+               "--host user@board (installs it on the board over ssh)", err=True)
     click.echo(str(bundle.path))
 
 

@@ -7,7 +7,6 @@ already done.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import sys
 import time
@@ -398,7 +397,4 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     if not config.keep_work:
         remove_work_dir(work.path)
     _log(f"done in {time.perf_counter() - started:.0f}s: {out} (bundle id {bundle.bundle_id})")
-    where = shlex.quote(str(out))
-    _log(f"next: edgesdk run {where} --prompt Hello (tries it here); edgesdk deploy {where} --host user@board "
-         "(installs it on the board over ssh)")
     return bundle

@@ -331,3 +331,11 @@ def test_calls_past_max_waiting_are_refused_and_the_limit_is_a_setting(tiny_bund
     assert "max_waiting" in caught.value.fix
     with pytest.raises(edgesdk.EdgeSDKError, match="max_waiting"):
         edgesdk.load(tiny_bundle.path, max_waiting=-1)
+
+
+def test_build_bundle_names_no_command_line_next_steps(tiny_model_dir, tmp_path, capfd):
+    """The command line's 'next: edgesdk run ...' hint is the CLI's, not a Python caller's."""
+    out = edgesdk.build_bundle("host", str(tiny_model_dir), out=tmp_path / "quiet", max_context=64, progress=False,
+                               recipe="fp32-standard")
+    assert out == tmp_path / "quiet"
+    assert "next: edgesdk run" not in capfd.readouterr().err
