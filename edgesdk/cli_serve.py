@@ -99,7 +99,8 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
           watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
-    OpenAI's POST /v1/responses, Anthropic's POST /v1/messages and llama-server's POST /tokenize and /detokenize).
+    OpenAI's POST /v1/responses, Anthropic's POST /v1/messages, Ollama's POST /api/chat and /api/generate (serve
+    on --port 11434 for Ollama clients) and llama-server's POST /tokenize and /detokenize).
 
     One answer is generated at a time (a board decodes batch 1); --watch-thermal guards every step
     as in 'edgesdk run', across requests, and GET /health reports the guard's level.
