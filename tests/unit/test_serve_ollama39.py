@@ -19,13 +19,6 @@ NAME = "tiny-host:latest"
 
 
 @pytest.fixture(scope="module")
-def runtime(tiny_bundle):
-    from edgesdk.runtime.session import open_runtime
-
-    return open_runtime(tiny_bundle.path, threads=1)
-
-
-@pytest.fixture(scope="module")
 def served(runtime):
     server = Served(runtime, ServeDefaults(max_tokens=24))
     yield server

@@ -16,30 +16,19 @@ ollama = pytest.importorskip("ollama")
 
 from edgesdk.serve.completion import ServeDefaults  # noqa: E402
 from tests.unit.test_serve import HeldHook, Served  # noqa: E402
+from tests.unit.test_serve_ollama39 import MESSAGES, NAME, _client  # noqa: E402
 from tests.unit.test_tools import LIGHT  # noqa: E402
 from tests.unit.test_tools import server as tools_server  # noqa: E402, F401 (a fixture: 2,048 tokens of context)
 
-MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}]
 ASK = [{"role": "user", "content": "Tell me about the fox."}]  # tests/unit/test_serve_reasoning.py's question
-NAME = "tiny-host:latest"
-
-
-@pytest.fixture(scope="module")
-def runtime(tiny_bundle):
-    from edgesdk.runtime.session import open_runtime
-
-    return open_runtime(tiny_bundle.path, threads=1)
 
 
 @pytest.fixture(scope="module")
 def served(runtime):
+    """A server answering 24 tokens unless asked otherwise, over the tiny bundle's runtime (tests/unit/conftest.py)."""
     server = Served(runtime, ServeDefaults(max_tokens=24))
     yield server
     server.close()
-
-
-def _client(server: Served) -> ollama.Client:
-    return ollama.Client(host=f"http://127.0.0.1:{server.port}")
 
 
 def _lines(server: Served, path: str, body: dict) -> list[dict]:
