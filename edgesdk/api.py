@@ -93,8 +93,11 @@ class Model:
             defaults = ServeDefaults(**settings)
         except (TypeError, ValueError) as exc:
             raise EdgeSDKError(f"load(): {exc}", "pass settings of the kinds 'edgesdk serve --help' lists") from exc
-        self.runtime = open_runtime(Path(path), backend=backend, threads=threads, expected_target=target,
-                                    ignore_target=ignore_target)
+        try:
+            self.runtime = open_runtime(Path(path), backend=backend, threads=threads, expected_target=target,
+                                        ignore_target=ignore_target)
+        except EdgeSDKError as exc:  # its fix names run's options: the same choices are load()'s arguments here
+            raise _in_python_terms(exc) from exc
         self.notes: list[str] = list(self.runtime.notes)  # why each backend was or was not used, the thermal guard
         self._thermal = _open_guard(self.runtime, self.notes) if watch_thermal else None
         # The guard's sensors, poller thread and clock cap go back with close(), or when a model nobody closed is
@@ -430,6 +433,21 @@ def build_bundle(target: str, model: str | None = None, *, out: str | Path | Non
                          export=ExportConfig(max_context=max_context), resume=resume, keep_work=keep_work,
                          progress=progress)
     return run_build(config).path
+
+
+# a fix's words for run's command-line options -> the load() arguments that make the same choice
+PYTHON_TERMS = {"pass --ignore-target": "pass ignore_target=True", "pass --backend ort-cpu": "pass backend='ort-cpu'"}
+
+
+def _in_python_terms(exc: EdgeSDKError) -> EdgeSDKError:
+    """``exc`` with its fix naming load()'s arguments where it names the command line's options (a bundle built
+    for another board, no backend that runs here); the same error where it names none."""
+    fix = exc.fix or ""
+    for option, argument in PYTHON_TERMS.items():
+        fix = fix.replace(option, argument)
+    if fix == (exc.fix or ""):
+        return exc
+    return type(exc)(exc.problem, fix)
 
 
 def _request_error(method: str, exc: BaseException) -> BaseException:

@@ -14,6 +14,7 @@ import pytest
 
 import edgesdk
 from edgesdk.api import RequestError
+from edgesdk.errors import BundleError
 from tests._utils.chat_stream import accumulated_message
 from tests.unit.test_lean_import import BLOCKER
 
@@ -187,8 +188,12 @@ def test_load_refuses_what_it_cannot_take(tiny_bundle, tmp_path):
         edgesdk.load(tiny_bundle.path, temperature=-1.0)
     with pytest.raises(edgesdk.EdgeSDKError, match="bundle"):
         edgesdk.load(tmp_path / "nothing-here")
-    with pytest.raises(edgesdk.EdgeSDKError, match="built for target 'host', not 'rpi5'"):
+    with pytest.raises(BundleError, match="built for target 'host', not 'rpi5'") as mismatch:
         edgesdk.load(tiny_bundle.path, target="rpi5")
+    assert mismatch.value.fix.endswith("or pass ignore_target=True")  # load()'s argument, not run's option
+    with pytest.raises(edgesdk.EdgeSDKError, match="no backend could run") as no_backend:
+        edgesdk.load(tiny_bundle.path, backend="tensorrt")
+    assert "pass backend='ort-cpu'" in no_backend.value.fix
 
 
 def test_a_closed_model_says_so(tiny_bundle):
