@@ -16,6 +16,8 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   (true unless false, as in Ollama), ``keep_alive`` (accepted: the board keeps its one model loaded),
   ``logprobs`` and ``top_logprobs`` (0-20; without ``logprobs`` true nothing is listed, as in Ollama).
   No messages: the model is loaded already, and the answer says so (``done_reason`` "load"), as Ollama answers.
+  A conversation past the context (or ``num_ctx``) loses its oldest messages until it fits, its system messages
+  and its last message kept, as Ollama's ``chatPrompt`` keeps it (:func:`trimmed`).
 * ``POST /api/generate``: ``prompt`` with ``system`` through the chat template, or ``raw`` as given (``system``
   unused then, as in Ollama); ``suffix``, ``images``, a ``template`` and the deprecated ``context`` are refused by
   name (no fill-in-the-middle, text only, the bundle's chat template is the one rendered, and no token history is
@@ -103,13 +105,15 @@ FLOAT_TYPE_NAMES = {"fp32": "F32", "float32": "F32", "fp16": "F16", "float16": "
 class Asked:
     """An Ollama request, checked: the model name as the client gave it (answers echo it), the request it means
     (None: nothing to generate, the model is only to be loaded), whether it came to /api/chat, its ``num_ctx``
-    and its ``think`` (None where absent)."""
+    and its ``think`` (None where absent); for /api/chat, per message where a conversation cut there begins so that
+    no tool result is kept without its call (:func:`_cut_starts`)."""
 
     model: str
     request: CompletionRequest | None
     chat: bool
     num_ctx: int | None = None
     think: bool | None = None
+    cuts: tuple[int, ...] = ()
 
 
 def parse_chat(body: object, served: str) -> Asked:
@@ -126,10 +130,12 @@ def parse_chat(body: object, served: str) -> Asked:
     if not isinstance(messages, list):
         raise ApiError(400, f"'messages' must be an array of {{\"role\", \"content\"}} objects, got "
                        f"{_shown(messages)}", param="messages")
-    chat = {**fields, **options, "messages": _messages(messages), **_logprobs_and_think(top, think)}
+    turns = _messages(messages)
+    chat = {**fields, **options, "messages": turns, **_logprobs_and_think(top, think)}
     if body.get("tools"):
         chat["tools"] = _tools(body["tools"])  # Ollama's tools are OpenAI's ({"type": "function", "function": ...})
-    return Asked(model, _parsed(parse_chat_request, chat, stops), chat=True, num_ctx=window, think=think)
+    return Asked(model, _parsed(parse_chat_request, chat, stops), chat=True, num_ctx=window, think=think,
+                 cuts=_cut_starts(turns))
 
 
 def parse_generate(body: object, served: str) -> Asked:
@@ -177,6 +183,9 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
         raise ApiError(400, f"'think' is true but \"{asked.model}\" does not support thinking (its chat template "
                        "writes no <think> block); leave 'think' out or send false", param="think")
     limit = completer.runtime.backend.max_context
+    if request.chat:
+        request = trimmed(completer, request, limit if asked.num_ctx is None else min(asked.num_ctx, limit),
+                          asked.num_ctx, asked.cuts)
     if asked.num_ctx is None or asked.num_ctx >= limit:  # above the model's context it is capped there, as Ollama's
         return request
     ids = completer.prompt_ids(request)
@@ -187,6 +196,84 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
                        "shorten the prompt", param="options.num_ctx", code="context_length_exceeded")
     asked_for = completer.defaults.max_tokens if request.max_tokens is None else request.max_tokens
     return replace(request, max_tokens=min(asked_for, room))
+
+
+def trimmed(completer: Completer, request: CompletionRequest, window: int, num_ctx: int | None,
+            cuts: tuple[int, ...] = ()) -> CompletionRequest:
+    """The chat request with its oldest messages dropped, one at a time, until its prompt and the answer's room fit
+    in ``window`` tokens, as Ollama keeps a conversation that outgrows the context (server/prompt.go,
+    ``chatPrompt``: "truncates any messages that exceed the context window of the model, making sure to always
+    include 1) the latest message and 2) system messages"):
+
+    * each try renders the chat template over the system messages of the dropped part, then the rest in order
+      (``append(system, msgs[startIdx:]...)``), and counts its tokens as the chat route does
+      (:meth:`Completer.prompt_ids`);
+    * a tool result is never kept without the assistant turn whose call it answers: a cut that would land inside
+      the results of a call keeps that turn and its results together (``toolBlockStartIndex``), so the last
+      message, where it is a tool result, comes with its call. ``cuts`` holds, per message the client sent, where a
+      cut there begins (:func:`_cut_starts`): the request's messages are those as text, tool turns included, with
+      the tools' description as a system message put first where there was none (``with_instructions``);
+    * "fits": Ollama compares the prompt's tokens with ``num_ctx`` alone because its runner shifts the context when
+      the answer reaches it; this runtime does not, so the answer's room is kept too: the answer's limit
+      (``num_predict``, else the server's ``--max-new-tokens``), or one token where ``num_predict`` is -1 or -2;
+    * a try the chat template refuses (a template that wants the roles to alternate, where the kept part would
+      begin with an assistant turn) is passed over, dropping one more, as it could not be answered;
+    * where no try fits, the one with the fewest tokens is taken: the answer gets what room is left, and where none
+      is left, the request is refused naming the last message, the part only the client can shorten.
+
+    Nothing is dropped where the whole conversation fits; its errors (a message that is not UTF-8, a template that
+    refuses it) are the request's as before."""
+    messages = request.messages
+    sent = cuts or tuple(range(len(messages)))  # per message the client sent
+    extra = len(messages) - len(sent)  # a system message of the tools' description, put first
+    asked_for = completer.defaults.max_tokens if request.max_tokens is None else request.max_tokens
+    room = 1 if asked_for >= UNTIL_THE_CONTEXT_FILLS else max(asked_for, 1)
+    tried: list[dict] | None = None
+    fewest: tuple[int, CompletionRequest] | None = None
+    for index, start in enumerate(extra + cut for cut in sent):
+        kept = [message for message in messages[:start] if message["role"] == "system"] + list(messages[start:])
+        if kept == tried:  # a system message dropped is kept in front: the same prompt as the last try
+            continue
+        tried = kept
+        candidate = request if index == 0 else replace(request, messages=tuple(kept))
+        try:
+            count = len(completer.runtime.tokenizer.encode(completer.rendered_chat(candidate), add_special_tokens=False))
+        except ApiError:
+            if index == 0:
+                raise
+            continue
+        if count + room <= window:
+            return candidate
+        if fewest is None or count < fewest[0]:
+            fewest = (count, candidate)
+    count, candidate = fewest
+    dropped = len(messages) - len(candidate.messages)
+    if count >= window and dropped:
+        limit, last, start = completer.runtime.backend.max_context, len(sent) - 1, sent[-1]
+        named = f"messages[{last}]" if start == last else f"messages[{start}] to messages[{last}] (a tool call and its " \
+                                                          "results)"
+        shortened = num_ctx is not None and num_ctx < limit
+        within = f"'options.num_ctx' {window}" if shortened else f"this model's context of {window}"
+        fix = f"; raise num_ctx (this model's context holds {limit}), or shorten it" if shortened else "; shorten it"
+        raise ApiError(400, f"{named}, which is always kept, renders with any system messages to {count} tokens, "
+                       f"leaving no room for an answer within {within}, even with the {dropped} older messages "
+                       f"dropped{fix} or the system messages", param=f"messages[{last}]", code="context_length_exceeded")
+    return candidate
+
+
+def _cut_starts(turns: list[dict]) -> tuple[int, ...]:
+    """Per message, where a conversation cut there begins so that no tool result is kept without its call: a tool
+    result's cut begins at the assistant turn whose calls it and the results before it answer, any other's at
+    itself (Ollama's server/prompt.go, ``toolBlockStartIndex``)."""
+    starts = []
+    for index, turn in enumerate(turns):
+        start = index
+        if turn["role"] == "tool":
+            while start > 0 and turns[start - 1]["role"] == "tool":
+                start -= 1
+            start = start - 1 if start > 0 and turns[start - 1].get("tool_calls") else index
+        starts.append(start)
+    return tuple(starts)
 
 
 def _model_name(body: dict, served: str) -> str:
