@@ -549,6 +549,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_json(200, ollama.loaded(asked))
             return
         request = ollama.windowed(completer, asked)
+        dropped = len(asked.request.messages) - len(request.messages)
+        if dropped > 0:  # Ollama notes its truncation in its debug log; here the request log says it
+            self.log_message("%s: %d oldest message(s) dropped to fit the context", path, dropped)
         self.server.answer_started()
         self._answering = True
         answer = ollama.Answer(completer, asked, request)

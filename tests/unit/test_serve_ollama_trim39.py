@@ -194,3 +194,16 @@ def test_a_cut_the_template_refuses_drops_one_more_message(alternating, served):
     window = _count(served, [SYSTEM, said, LAST]) + PREDICT  # what that cut would render to, were it not refused
     assert _count(alternating, messages) + PREDICT > window
     _same_answer(alternating, messages, [SYSTEM, LAST], num_ctx=window)
+
+
+def test_the_request_log_says_how_many_messages_were_dropped(served, capfd):
+    """Ollama notes its truncation only in a debug log line; serve's request log says it."""
+    served.server.log = True
+    try:
+        _client(served).chat(model=NAME, messages=[SYSTEM, *EXCHANGES, LAST], stream=False,
+                             options={"num_predict": PREDICT})
+    finally:
+        served.server.log = False
+    kept = _kept(served, [SYSTEM, *EXCHANGES, LAST], 256, PREDICT)
+    dropped = len(EXCHANGES) + 2 - len(kept)
+    assert f"/api/chat: {dropped} oldest message(s) dropped to fit the context" in capfd.readouterr().err
