@@ -114,6 +114,7 @@ class Asked:
     num_ctx: int | None = None
     think: bool | None = None
     cuts: tuple[int, ...] = ()
+    truncate: bool = True  # /api/chat: drop the oldest messages that do not fit (Ollama's ``truncate``, on by default)
 
 
 def parse_chat(body: object, served: str) -> Asked:
@@ -135,7 +136,7 @@ def parse_chat(body: object, served: str) -> Asked:
     if body.get("tools"):
         chat["tools"] = _tools(body["tools"])  # Ollama's tools are OpenAI's ({"type": "function", "function": ...})
     return Asked(model, _parsed(parse_chat_request, chat, stops), chat=True, num_ctx=window, think=think,
-                 cuts=_cut_starts(turns))
+                 cuts=_cut_starts(turns), truncate=_bool_field(body, "truncate", True))
 
 
 def parse_generate(body: object, served: str) -> Asked:
@@ -177,13 +178,15 @@ def parse_generate(body: object, served: str) -> Asked:
 
 def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
     """The request to run: ``think`` true refused where the model's template does not think (Ollama's 400
-    "does not support thinking"), and a ``num_ctx`` below the bundle's context bounding prompt and answer."""
+    "does not support thinking"), a conversation that outgrows the context kept to what fits (:func:`trimmed`)
+    unless ``truncate`` is false (Ollama's routes.go: ``truncate := req.Truncate == nil || *req.Truncate``), and a
+    ``num_ctx`` below the bundle's context bounding prompt and answer."""
     request = asked.request
     if asked.think and request.chat and not template_thinks(completer.runtime.tokenizer.template_source):
         raise ApiError(400, f"'think' is true but \"{asked.model}\" does not support thinking (its chat template "
                        "writes no <think> block); leave 'think' out or send false", param="think")
     limit = completer.runtime.backend.max_context
-    if request.chat:
+    if request.chat and asked.truncate:  # truncate false: a conversation that does not fit is refused whole
         request = trimmed(completer, request, limit if asked.num_ctx is None else min(asked.num_ctx, limit),
                           asked.num_ctx, asked.cuts)
     if asked.num_ctx is None or asked.num_ctx >= limit:  # above the model's context it is capped there, as Ollama's

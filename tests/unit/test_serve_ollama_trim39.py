@@ -207,3 +207,22 @@ def test_the_request_log_says_how_many_messages_were_dropped(served, capfd):
     kept = _kept(served, [SYSTEM, *EXCHANGES, LAST], 256, PREDICT)
     dropped = len(EXCHANGES) + 2 - len(kept)
     assert f"/api/chat: {dropped} oldest message(s) dropped to fit the context" in capfd.readouterr().err
+
+
+def test_truncate_false_refuses_a_conversation_that_does_not_fit(served):
+    """Ollama's ``truncate``: on unless false (routes.go); false keeps every message, so one past the context is a
+    400, and a conversation that fits answers as with trimming on."""
+    messages = [SYSTEM, *EXCHANGES, LAST]
+    assert _count(served, messages) > 256
+    status, body = served.post("/api/chat", {"model": NAME, "messages": messages, "stream": False, "truncate": False,
+                                             "options": {"num_predict": PREDICT}})
+    assert status == 400, body
+    assert "256" in body["error"]
+    short = [SYSTEM, LAST]
+    answers = [served.post("/api/chat", {"model": NAME, "messages": short, "stream": False, "truncate": truncate,
+                                         "options": {"num_predict": PREDICT}}) for truncate in (False, True)]
+    assert [status for status, _ in answers] == [200, 200]
+    assert answers[0][1]["message"] == answers[1][1]["message"]
+    status, body = served.post("/api/chat", {"model": NAME, "messages": short, "truncate": "no"})
+    assert status == 400
+    assert "'truncate' must be true or false" in body["error"]
