@@ -25,6 +25,7 @@ Interface (runtime: edgesdk/runtime/ort_fused_backend.py):
              num_logits_to_keep         int64  (1,)
     outputs  logits                     float  (batch, kept, vocab)
              present.{i}.key / .value   bound to the same buffers as the past inputs
+             hidden_states              float  (batch, seq, hidden)  final-norm output (embeddings)
 
 References: ONNX Runtime contrib op schemas (GroupQueryAttention, MatMulNBits,
 SkipSimplifiedLayerNormalization, GatherBlockQuantized); Ainslie et al. 2023 (GQA).
@@ -42,6 +43,7 @@ from edgesdk.export.blockwise import quantize_blockwise
 from edgesdk.export.decoder_weights import DecoderWeights
 from edgesdk.export.graph_builder import FLOAT, INT64, GraphBuilder, tensor_input
 from edgesdk.export.llama_graph import GraphSpec, head_norm_weights, rotary_name
+from edgesdk.runtime.backend import HIDDEN_STATES
 
 OPSET = 17
 MS = "com.microsoft"
@@ -269,7 +271,8 @@ class _FusedEmitter:
             x = self.ffn(i, layer, h)
             if layer.ffn_out_norm is not None:
                 x = self.norm(x, layer.ffn_out_norm, f"layers.{i}.ffn_out_norm")
-        h, _ = self.skip_norm(x, residual, w.final_norm, "final_norm")
+        h, _ = self.skip_norm(x, residual, w.final_norm, "final_norm")  # (B, S, D)
+        g.op("Identity", [h], outputs=[HIDDEN_STATES])
 
         neg_keep = g.op("Neg", ["num_logits_to_keep"])
         h = g.op("Slice", [h, neg_keep, g.i64([np.iinfo(np.int64).max]), g.i64([1])])  # (B, K, D)
@@ -293,6 +296,7 @@ class _FusedEmitter:
         inputs += [tensor_input("seqlens_k", TensorProto.INT32, ["batch"]),
                    tensor_input("total_sequence_length", TensorProto.INT32, []),
                    tensor_input("num_logits_to_keep", INT64, [1])]
+        outputs.append(tensor_input(HIDDEN_STATES, FLOAT, ["batch", "seq", w.hidden_size]))
         extra_inputs, extra_outputs = self.extra_interface()
         inputs += extra_inputs
         outputs += extra_outputs
@@ -306,5 +310,6 @@ def emit_fused_decoder(weights: DecoderWeights, max_context: int, config: FusedC
     windowed = any(window_within(layer.window, max_context) is not None for layer in weights.layers)
     spec = GraphSpec(num_layers=len(weights.layers), kv_heads=tuple(weights.kv_heads()), head_dim=weights.head_dim,
                      vocab_size=weights.vocab_size, max_context=max_context, form="ort-fused",
-                     dtype=config.weights, min_onnxruntime=SLIDING_WINDOW_ONNXRUNTIME if windowed else None)
+                     dtype=config.weights, min_onnxruntime=SLIDING_WINDOW_ONNXRUNTIME if windowed else None,
+                     hidden_states=True)
     return model, spec

@@ -199,7 +199,7 @@ def emit_gated_decoder(weights: DecoderWeights, adapters: list[AdapterWeights], 
     model.graph.doc_string = "edgesdk fused decoder with power gates (seed 000): If-skipped FFNs, tau input"
     spec = GatedGraphSpec(num_layers=len(weights.layers), kv_heads=tuple(weights.kv_heads()),
                           head_dim=weights.head_dim, vocab_size=weights.vocab_size, max_context=max_context,
-                          form=GATED_FORM, dtype=config.weights, power=dict(power))
+                          form=GATED_FORM, dtype=config.weights, power=dict(power), hidden_states=True)
     return model, spec
 
 

@@ -12,6 +12,8 @@ Interface (the runtime relies on these names):
              num_logits_to_keep             int64  (1,)   last positions whose logits are computed
     outputs  logits                         float  (batch, kept, vocab)
              present.{i}.key / .value       float  (batch, kv_heads_i, past_seq + seq, head_dim)
+             hidden_states                  float  (batch, seq, hidden)   final-norm output, every position
+                                                   (embeddings; the QDQ form for TensorRT leaves it out)
 
 Design choices that keep the op count low (per-node overhead dominates small-model decode,
 see DESIGN.md):
@@ -34,6 +36,7 @@ import onnx
 
 from edgesdk.export.decoder_weights import DecoderWeights, LayerWeights
 from edgesdk.export.graph_builder import FLOAT, INT64, GraphBuilder, tensor_input
+from edgesdk.runtime.backend import HIDDEN_STATES
 
 OPSET = 17
 NEG_INF = np.float32(np.finfo(np.float32).min)
@@ -62,6 +65,7 @@ class GraphSpec:
     dtype: str = "float32"
     # ((major, minor), why): the oldest onnxruntime that computes this graph right, where the form's own is older
     min_onnxruntime: tuple[tuple[int, int], str] | None = None
+    hidden_states: bool = False  # the graph also outputs every position's final-norm hidden state (embeddings)
 
     def to_json(self) -> dict:
         extra = {} if self.min_onnxruntime is None else {
@@ -72,7 +76,8 @@ class GraphSpec:
             "vocab_size": self.vocab_size, "max_context": self.max_context,
             "inputs": {"ids": "input_ids", "past": "past_key_values.{i}.{kind}",
                        "keep": "num_logits_to_keep"},
-            "outputs": {"logits": "logits", "present": "present.{i}.{kind}"},
+            "outputs": {"logits": "logits", "present": "present.{i}.{kind}",
+                        **({"hidden": HIDDEN_STATES} if self.hidden_states else {})},
         }
 
 
@@ -100,6 +105,7 @@ def rotary_name(rope: int, kind: str) -> str:
 
 class _Emitter:
     DOC = "edgesdk decoder with KV cache"
+    HIDDEN_OUTPUT = True  # output the final-norm hidden states (the QDQ form, TensorRT's, leaves it out)
 
     def __init__(self, weights: DecoderWeights, max_context: int):
         self.w = weights
@@ -247,7 +253,9 @@ class _Emitter:
         for i, lw in enumerate(w.layers):
             cos, sin = rotations[lw.rope]
             x, _, _ = self.layer(i, x, cos, sin, mask_of(lw.window))
-        x = self.rms_norm(x, w.final_norm, "final_norm")
+        x = self.rms_norm(x, w.final_norm, "final_norm")  # (B, T, D)
+        if self.HIDDEN_OUTPUT:
+            g.op("Identity", [x], outputs=[HIDDEN_STATES])
 
         # Only the last num_logits_to_keep positions go through the LM head.
         neg_keep = g.op("Neg", ["num_logits_to_keep"])
@@ -265,6 +273,8 @@ class _Emitter:
                 inputs.append(tensor_input(f"past_key_values.{i}.{kind}", FLOAT, ["batch", kv, "past_seq", self.hd]))
                 outputs.append(tensor_input(f"present.{i}.{kind}", FLOAT, ["batch", kv, "total_seq", self.hd]))
         inputs.append(tensor_input("num_logits_to_keep", INT64, [1]))
+        if self.HIDDEN_OUTPUT:
+            outputs.append(tensor_input(HIDDEN_STATES, FLOAT, ["batch", "seq", w.hidden_size]))
         return g.model("edgesdk_decoder", inputs, outputs, OPSET, doc=self.DOC)
 
 
@@ -273,6 +283,6 @@ def emit_decoder(weights: DecoderWeights, max_context: int) -> tuple[onnx.ModelP
     model = _Emitter(weights, max_context).build()
     spec = GraphSpec(
         num_layers=len(weights.layers), kv_heads=tuple(weights.kv_heads()), head_dim=weights.head_dim,
-        vocab_size=weights.vocab_size, max_context=max_context,
+        vocab_size=weights.vocab_size, max_context=max_context, hidden_states=True,
     )
     return model, spec

@@ -95,6 +95,7 @@ def quantize_channels(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.nda
 
 class _QDQEmitter(_Emitter):
     DOC = "edgesdk decoder with KV cache, INT8 QDQ (explicit quantization)"
+    HIDDEN_OUTPUT = False  # TensorRT's engine needs an address for every output; its backend reads logits only
 
     def __init__(self, weights: DecoderWeights, max_context: int, config: QDQConfig):
         super().__init__(weights, max_context)

@@ -110,7 +110,7 @@ def _compare_standard(session, model, spec: GraphSpec, config: ValidationConfig,
         _update(diffs, "logits/prefill", ort_out[0], ref.logits.numpy())
         scale = max(scale, float(ref.logits.abs().max()))
         cache = ref.past_key_values
-        present = dict(zip(names[1:], ort_out[1:], strict=False))
+        present = _presents(names, ort_out)
         for _step in range(config.decode_steps):
             token = ref.logits[:, -1:].argmax(-1)
             agree += int(np.argmax(ort_out[0][0, -1]) == int(token))
@@ -119,7 +119,7 @@ def _compare_standard(session, model, spec: GraphSpec, config: ValidationConfig,
             for name, value in present.items():
                 feeds[name.replace("present", "past_key_values")] = value
             ort_out = session.run(None, feeds)
-            present = dict(zip(names[1:], ort_out[1:], strict=False))
+            present = _presents(names, ort_out)
             with torch.no_grad():
                 ref = model(token, use_cache=True, **{_cache_kwarg(model): cache})
             cache = ref.past_key_values
@@ -130,6 +130,11 @@ def _compare_standard(session, model, spec: GraphSpec, config: ValidationConfig,
             for kind, reference in (("key", layer.keys.numpy()), ("value", layer.values.numpy())):
                 _update(diffs, "present/kv", _cached_part(present[f"present.{i}.{kind}"], reference, model), reference)
     return diffs, agree / max(total, 1), scale
+
+
+def _presents(names: list[str], outputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The session's ``present.*`` outputs by name (the next step's past), without the hidden states."""
+    return {name: value for name, value in zip(names, outputs, strict=True) if name.startswith("present.")}
 
 
 def _cached_part(present: np.ndarray, reference: np.ndarray, model) -> np.ndarray:

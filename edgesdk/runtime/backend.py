@@ -8,6 +8,10 @@ import numpy as np
 
 from edgesdk.errors import RuntimeBackendError
 
+# The graphs' output of every position's final-norm hidden state (B, T, D): what embeddings pool, as
+# llama.cpp pools its ``result_norm`` tensor (export/llama_graph.py, export/fused_graph.py).
+HIDDEN_STATES = "hidden_states"
+
 
 class DecoderBackend(Protocol):
     """Prefill a prompt, then decode one token at a time against an internal KV cache."""
@@ -25,6 +29,8 @@ class DecoderBackend(Protocol):
     def decode(self, token_id: int) -> np.ndarray:
         """Append one token; returns its next-token logits (vocab,)."""
 
+    # Optional: ``hidden_states(token_ids) -> (T, hidden)`` runs the ids as a sequence of their own and returns
+    # their final-norm hidden states, leaving the KV cache as it was (embeddings, edgesdk.runtime.embedding).
     # Optional: ``rewind(length)`` keeps the first ``length`` tokens of the KV cache, so the next
     # prefill continues after them (``edgesdk.runtime.prompt_cache``). A backend without it starts
     # every answer from an empty cache. With it, ``save_cache() -> (state, nbytes)`` copies the cache

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk.errors import BundleError, EdgeSDKError, RuntimeBackendError
-from edgesdk.runtime.backend import checked_keep_logits
+from edgesdk.runtime.backend import HIDDEN_STATES, checked_keep_logits
 from edgesdk.weights_file import REBUILD, GraphTensor, open_session, read_graph_tensors
 
 # ONNX Runtime rewrites INT8 QDQ activations to UINT8 on x86 by default, and on a CPU with AVX2 but no
@@ -173,6 +173,25 @@ class OrtDecoderBase:
     def decode(self, token_id: int) -> np.ndarray:
         return self._run(np.array([[token_id]], np.int64), 1)[0]
 
+    def hidden_states(self, token_ids: np.ndarray) -> np.ndarray:
+        """The final-norm hidden states (T, hidden) of ``token_ids`` run as a sequence of their own: what
+        embeddings pool. The KV cache is left as it was (the sequence runs beside it, not after it)."""
+        ids = np.asarray(token_ids, dtype=np.int64).reshape(1, -1)  # (1, T)
+        if ids.shape[1] == 0:
+            raise RuntimeBackendError("hidden states of 0 tokens: there is no position to return",
+                                      "pass at least one token id")
+        if HIDDEN_STATES not in {value.name for value in self.session.get_outputs()}:
+            raise RuntimeBackendError(
+                "the bundle's graph has no 'hidden_states' output (it was exported before graphs gave one, or "
+                "in the QDQ form TensorRT builds from), so it cannot give embeddings",
+                "rebuild the bundle with 'edgesdk build' (a standard or fused graph form), or run it on "
+                "another bundle")
+        self._check_length(ids.shape[1])
+        return self._run_hidden(ids)[0]  # (1, T, D) -> (T, D)
+
+    def _run_hidden(self, ids: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
 
 class OrtBackend(OrtDecoderBase):
     """Drives the standard decoder graph (export/llama_graph.py interface) with IO binding."""
@@ -236,3 +255,11 @@ class OrtBackend(OrtDecoderBase):
         self._past = list(outputs[1:])  # present -> next past, no copy
         self._position += ids.shape[1]
         return outputs[0].numpy()[0]  # (keep, vocab)
+
+    def _run_hidden(self, ids: np.ndarray) -> np.ndarray:
+        """(1, T, D) hidden states of ``ids`` from the empty cache; the cache is not kept."""
+        feeds = {"input_ids": ids, "num_logits_to_keep": np.array([1], np.int64)}
+        feeds.update({name: np.zeros((1, kv, 0, self.head_dim), np.float32)
+                      for name, kv in zip(self._past_names, (kv for kv in self.kv_heads for _ in range(2)),
+                                          strict=True)})
+        return self.session.run([HIDDEN_STATES], feeds)[0]

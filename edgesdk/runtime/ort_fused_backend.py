@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgesdk.runtime.backend import HIDDEN_STATES
 from edgesdk.runtime.ort_backend import OrtDecoderBase
 
 INITIAL_CAPACITY = 256
@@ -102,21 +103,32 @@ class OrtFusedBackend(OrtDecoderBase):
         self._position = total
         return self._consume(outputs)
 
-    def _run_fresh(self, ids: np.ndarray, keep: int, total: int) -> list[np.ndarray]:
+    def _run_hidden(self, ids: np.ndarray) -> np.ndarray:
+        """(1, T, D) hidden states of ``ids`` as a sequence of their own, with the graph variants' inputs at their
+        neutral value (the gated graph's tau 0: every FFN runs). Their keys and values go to scratch buffers of
+        T entries, so the KV cache (and the decode step bound to it) is left as it was."""
+        total = ids.shape[1]
+        scratch = [self._ort.OrtValue.ortvalue_from_numpy(np.zeros((1, kv, total, self.head_dim), np.float32))
+                   for kv in self.kv_heads for _ in range(2)]  # (B, Hkv, T, hd) per layer and kind
+        return self._run_fresh(ids, 1, total, (HIDDEN_STATES,), self._neutral_inputs, scratch)[0]
+
+    def _run_fresh(self, ids: np.ndarray, keep: int, total: int, output_names: tuple[str, ...] | None = None,
+                   step_inputs: dict[str, float] | None = None, buffers: list | None = None) -> list[np.ndarray]:
         binding = self.session.io_binding()
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
         binding.bind_cpu_input("num_logits_to_keep", np.array([keep], np.int64))
-        for name, value in self._step_inputs().items():
+        for name, value in (self._step_inputs() if step_inputs is None else step_inputs).items():
             binding.bind_cpu_input(name, np.array(value, np.float32))
-        for name in self.output_names:  # bound first: get_outputs() lists them first, in order
+        output_names = self.output_names if output_names is None else output_names
+        for name in output_names:  # bound first: get_outputs() lists them first, in order
             binding.bind_output(name, "cpu")
-        for (past, present), value in zip(self._names, self._values, strict=True):
+        for (past, present), value in zip(self._names, self._values if buffers is None else buffers, strict=True):
             binding.bind_ortvalue_input(past, value)
             binding.bind_ortvalue_output(present, value)  # same buffer: updated in place
         self.session.run_with_iobinding(binding)
-        return [value.numpy() for value in binding.get_outputs()[: len(self.output_names)]]
+        return [value.numpy() for value in binding.get_outputs()[: len(output_names)]]
 
 
 class _DecodeStep:

@@ -23,6 +23,7 @@ import numpy as np
 from edgesdk import __version__
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.cache_store import CacheStore
+from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, EmbeddingError, can_embed, embed_tokens
 from edgesdk.runtime.gbnf import GrammarError
 from edgesdk.runtime.generate import (
     DEFAULT_SAMPLERS,
@@ -338,6 +339,12 @@ class _HeldTime:
         self.inner.end(stats)
 
 
+def _board_too_hot(exc: BoardNeverCooled) -> ApiError:
+    """The thermal guard gave up waiting for the board to cool: it cannot take work now, as llama-server answers 503
+    while it loads its model; a 500 would be a fault of the server (Anthropic's route gives it as overloaded_error)."""
+    return ApiError(503, f"{exc.problem}; {exc.fix}", code="board_too_hot", kind="server_error")
+
+
 class Completer:
     """Runs requests against one loaded bundle, one at a time."""
 
@@ -598,6 +605,31 @@ class Completer:
         sampling = self.sampling(request)
         # Refused before the turn, as a bad prompt is: a stream's headers go out when the turn comes.
         constraint = self._constraint(request)
+        with self._request_turn(client_gone):
+            self.busy = True
+            self.tasks += 1
+            self.slot = SlotState(self.tasks, request, sampling, len(ids))
+            try:
+                self._check_stopping()
+                if client_gone is not None and client_gone():
+                    raise ClientGone("the client closed the connection while the request waited")
+                if on_start is not None:
+                    on_start()
+                if request.max_tokens == 0:
+                    return self._prefill_only(request, ids)
+                try:
+                    return self._generate(request, ids, sampling, constraint, on_text, client_gone)
+                except LogitBiasError as exc:  # the request's bias left no token to take: its fault, not ours
+                    raise ApiError(400, f"{exc.problem}; {exc.fix}", param="logit_bias") from exc
+                except BoardNeverCooled as exc:
+                    raise _board_too_hot(exc) from exc
+            finally:
+                self.busy, self.slot = False, None
+
+    @contextmanager
+    def _request_turn(self, client_gone: Callable[[], bool] | None) -> Iterator[None]:
+        """A request's place in the queue, then its turn on the board: a 503 ``server_busy`` where
+        ``max_waiting`` requests already wait, ``server_stopping`` once :meth:`stop` was called."""
         self._check_stopping()
         # A full queue first lets go of the waiters whose client left (they hold places until asked, never run)
         if not self._admitted.acquire(blocking=False) and \
@@ -613,32 +645,77 @@ class Completer:
             finally:
                 self._count_waiting(-1)
             try:
-                self.busy = True
-                self.tasks += 1
-                self.slot = SlotState(self.tasks, request, sampling, len(ids))
-                try:
-                    self._check_stopping()
-                    if client_gone is not None and client_gone():
-                        raise ClientGone("the client closed the connection while the request waited")
-                    if on_start is not None:
-                        on_start()
-                    if request.max_tokens == 0:
-                        return self._prefill_only(request, ids)
-                    try:
-                        return self._generate(request, ids, sampling, constraint, on_text, client_gone)
-                    except LogitBiasError as exc:  # the request's bias left no token to take: its fault, not ours
-                        raise ApiError(400, f"{exc.problem}; {exc.fix}", param="logit_bias") from exc
-                    except BoardNeverCooled as exc:
-                        # the board cannot take work now, as llama-server answers 503 while it loads its model; a
-                        # 500 would be a fault of the server (Anthropic's route gives it as overloaded_error)
-                        raise ApiError(503, f"{exc.problem}; {exc.fix}", code="board_too_hot",
-                                       kind="server_error") from exc
-                finally:
-                    self.busy, self.slot = False, None
+                yield
             finally:
                 self._turn.release()
         finally:
             self._admitted.release()
+
+    def embed(self, inputs: list[str | list[int]], config: EmbeddingConfig, truncate: bool = False,
+              param: str = "input", client_gone: Callable[[], bool] | None = None) -> list[Embedding]:
+        """The embeddings of ``inputs`` (texts, tokenized with the model's special tokens as llama-server's
+        embedding route does, or token id lists) in one turn on the board. The sequences run beside the
+        conversation in the KV cache (:func:`edgesdk.runtime.embedding.embed_tokens`), so the prompt cache
+        stays; the thermal hook paces or pauses each as it does a prefill. Errors are 400s naming ``param``
+        (``input[2]`` for the third input)."""
+        backend = self.runtime.backend
+        if not can_embed(backend):
+            raise ApiError(501, f"the {backend.name} backend gives no hidden states, so this server cannot make "
+                           "embeddings; serve the bundle with --backend ort-cpu (or ort-cuda on a Jetson)",
+                           code="not_supported", kind="not_supported_error")
+        if not inputs:
+            raise ApiError(400, f"'{param}' holds no input to embed", param=param)
+        sequences = [self._embedding_ids(item, f"{param}[{index}]" if len(inputs) > 1 else param)
+                     for index, item in enumerate(inputs)]
+        with self._request_turn(client_gone):
+            self.tasks += 1
+            self.busy = True
+            try:
+                self._check_stopping()
+                if client_gone is not None and client_gone():
+                    raise ClientGone("the client closed the connection while the request waited")
+                return [self._embed_one(ids, config, truncate, name) for ids, name in sequences]
+            finally:
+                self.busy = False
+
+    def _embedding_ids(self, item: str | list[int], param: str) -> tuple[list[int], str]:
+        """(token ids, param) of one embedding input, or a 400 naming it."""
+        tokenizer = self.runtime.tokenizer
+        if isinstance(item, str):
+            try:
+                ids = tokenizer.encode(item) if item else []
+            except EdgeSDKError as exc:
+                raise ApiError(400, exc.problem, param=param) from exc
+        else:
+            ids = [int(token) for token in item]
+            vocabulary = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+            rows = getattr(self.runtime.backend, "vocab_size", None)
+            vocabulary = min(vocabulary, rows) if rows else vocabulary
+            bad = [token for token in ids if not 0 <= token < vocabulary]
+            if bad:
+                raise ApiError(400, f"'{param}' holds token id {bad[0]}; this model's vocabulary has ids 0 to "
+                               f"{vocabulary - 1}", param=param)
+        if not ids:
+            raise ApiError(400, f"'{param}' is empty: there is nothing to embed", param=param)
+        return ids, param
+
+    def _embed_one(self, ids: list[int], config: EmbeddingConfig, truncate: bool, param: str) -> Embedding:
+        hook = self.hook
+        try:
+            if hook is not None:
+                hook.begin(min(len(ids), self.runtime.backend.max_context), 0)
+                hook.before_step("prefill")
+            start = time.perf_counter()
+            embedding = embed_tokens(self.runtime.backend, ids, config, truncate)
+            if hook is not None:
+                hook.after_step("prefill", 0, time.perf_counter() - start)
+                hook.end(GenerationStats(prompt_tokens=embedding.tokens, stop_reason="embedding"))
+            return embedding
+        except EmbeddingError as exc:
+            code = "context_length_exceeded" if "more than the bundle's context" in exc.problem else None
+            raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param, code=code) from exc
+        except BoardNeverCooled as exc:
+            raise _board_too_hot(exc) from exc
 
     def _prefill_only(self, request: CompletionRequest, ids: list[int]) -> Completion:
         """llama-server's ``n_predict`` 0 (tools/server README, "POST /completion": "no tokens will be generated but
