@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -76,6 +76,8 @@ class ServeDefaults:
     # this many (0: keep none), and at most this many bytes of their JSON with their input items; the oldest go first
     responses_kept: int = 256
     responses_kept_bytes: int = 16 << 20
+    # how an embedding pools a text's hidden states (llama-server's --pooling): last | mean | cls | none
+    pooling: str = "last"
 
     def __post_init__(self):
         chain = SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -89,6 +91,7 @@ class ServeDefaults:
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
                              f"{self.reasoning_format!r}")
+        EmbeddingConfig(pooling=self.pooling)  # an EmbeddingError (a ValueError) naming a pooling it does not know
         if isinstance(self.reasoning_budget, bool) or self.reasoning_budget not in (-1, 0):
             raise ValueError(f"reasoning_budget must be -1 (thinking without limit) or 0 (thinking off: the chat "
                              f"template rendered with enable_thinking false), as llama-server takes it, got "
@@ -651,7 +654,7 @@ class Completer:
         finally:
             self._admitted.release()
 
-    def embed(self, inputs: list[str | list[int]], config: EmbeddingConfig, truncate: bool = False,
+    def embed(self, inputs: Sequence[str | Sequence[int]], config: EmbeddingConfig, truncate: bool = False,
               param: str = "input", client_gone: Callable[[], bool] | None = None) -> list[Embedding]:
         """The embeddings of ``inputs`` (texts, tokenized with the model's special tokens as llama-server's
         embedding route does, or token id lists) in one turn on the board. The sequences run beside the
@@ -678,7 +681,7 @@ class Completer:
             finally:
                 self.busy = False
 
-    def _embedding_ids(self, item: str | list[int], param: str) -> tuple[list[int], str]:
+    def _embedding_ids(self, item: str | Sequence[int], param: str) -> tuple[list[int], str]:
         """(token ids, param) of one embedding input, or a 400 naming it."""
         tokenizer = self.runtime.tokenizer
         if isinstance(item, str):

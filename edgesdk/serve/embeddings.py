@@ -1,0 +1,122 @@
+"""Embedding requests and answers in OpenAI's shape (``POST /v1/embeddings``), shared by ``edgesdk serve`` and the
+Python API's ``Model.create_embedding``.
+
+The request (OpenAI's API reference, "Create embeddings"): ``input`` is a string, an array of strings, an array
+of token ids or an array of such arrays; ``encoding_format`` is ``float`` (the default) or ``base64`` (each
+vector's little-endian float32 bytes, as OpenAI's client asks for by default and decodes itself);
+``dimensions`` keeps a vector's first N values, normalised again (what OpenAI's text-embedding-3 models and
+Ollama do). The answer: ``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
+"usage": {"prompt_tokens", "total_tokens"}}``. Vectors are normalised to unit length (llama-server's
+``/v1/embeddings``, ``embd_normalize`` 2), so a dot product is the cosine similarity.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize
+from edgesdk.serve.api import ApiError
+
+ENCODING_FORMATS = ("float", "base64")
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """One embeddings request, checked: its inputs (texts or token id lists), how to encode the vectors and the
+    dimensions to keep (None: all)."""
+
+    inputs: tuple[str | tuple[int, ...], ...]
+    encoding_format: str = "float"
+    dimensions: int | None = None
+
+
+def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[int, ...], ...]:
+    """OpenAI's ``input`` as a tuple of texts and token id tuples, or a 400 naming what is wrong."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and value and all(_is_token(item) for item in value):
+        return (tuple(int(item) for item in value),)
+    if isinstance(value, list) and value:
+        items = []
+        for index, item in enumerate(value):
+            if isinstance(item, str):
+                items.append(item)
+            elif isinstance(item, list) and item and all(_is_token(token) for token in item):
+                items.append(tuple(int(token) for token in item))
+            else:
+                raise ApiError(400, f"'{param}[{index}]' must be a string or a non-empty array of token ids, got "
+                               f"{_kind(item)}", param=param)
+        return tuple(items)
+    raise ApiError(400, f"'{param}' must be a string, an array of strings, an array of token ids or an array of such "
+                   f"arrays, got {_kind(value)}", param=param)
+
+
+def parse_embedding_request(body: dict) -> EmbeddingRequest:
+    """``POST /v1/embeddings``'s body checked (``model`` and ``user`` are taken and not used)."""
+    if "input" not in body:
+        raise ApiError(400, "'input' is required: the text (or texts, or token ids) to embed", param="input")
+    encoding = body.get("encoding_format", "float")
+    if encoding is None:
+        encoding = "float"
+    if encoding not in ENCODING_FORMATS:
+        raise ApiError(400, f"'encoding_format' must be float or base64, got {encoding!r}", param="encoding_format")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
+        raise ApiError(400, f"'dimensions' must be a whole number of at least 1, got {dimensions!r}",
+                       param="dimensions")
+    return EmbeddingRequest(embedding_inputs(body["input"]), encoding, dimensions)
+
+
+def shortened(vector: np.ndarray, dimensions: int | None, hidden: int, param: str = "dimensions") -> np.ndarray:
+    """The first ``dimensions`` values of a unit vector, normalised again; a 400 past the model's width."""
+    if dimensions is None:
+        return vector
+    if dimensions > hidden:
+        raise ApiError(400, f"'{param}' is {dimensions}; this model's embeddings have {hidden} values",
+                       param=param)
+    return normalize(vector[..., :dimensions], 2)
+
+
+def openai_embeddings_body(embeddings: list[Embedding], model: str, request: EmbeddingRequest) -> dict:
+    """The answer to ``request`` from its inputs' ``embeddings`` (pooled vectors, normalised)."""
+    data = []
+    for index, embedding in enumerate(embeddings):
+        vector = shortened(embedding.vectors, request.dimensions, embedding.vectors.shape[-1])
+        data.append({"object": "embedding", "index": index, "embedding": encoded(vector, request.encoding_format)})
+    tokens = sum(embedding.tokens for embedding in embeddings)
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    """A vector as a JSON list of floats, or base64 of its little-endian float32 bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return [float(value) for value in vector]
+
+
+def openai_embedding_config(pooling: str) -> EmbeddingConfig:
+    """The pooling the server was started with and OpenAI's unit vectors; a 400 for ``none`` (one vector per
+    token is not OpenAI's answer; llama-server refuses it too)."""
+    if pooling == "none":
+        raise ApiError(400, "this server pools embeddings with 'none' (a vector per token), which OpenAI's "
+                       "embeddings answer cannot carry; start edgesdk serve with --pooling last, mean or cls",
+                       code="not_supported", kind="not_supported_error")
+    return EmbeddingConfig(pooling=pooling, normalize=2)
+
+
+def _is_token(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, list):
+        return "an empty array" if not value else "an array of other things"
+    return type(value).__name__ if value is not None else "null"
+
+
+__all__ = ["ENCODING_FORMATS", "EmbeddingRequest", "embedding_inputs", "encoded", "openai_embedding_config",
+           "openai_embeddings_body", "parse_embedding_request", "shortened"]
