@@ -176,12 +176,33 @@ class SparseDecoder:
         self.position = total
         return self._head(hidden[-keep:])
 
-    def _layers(self, hidden, rotary, write, attend) -> torch.Tensor:
+    @torch.no_grad()
+    def hidden_states(self, ids: torch.Tensor) -> torch.Tensor:
+        """The final-norm hidden states (T, D) of ``ids`` (T,) as a sequence of their own (embeddings). Their keys
+        and values go to scratch buffers of T entries: the KV cache and its position are left as they were."""
+        count = int(ids.shape[0])
+        scratch = [tuple(torch.zeros(1, kv_heads, count, self.head_dim, device=self.device, dtype=self.cache_dtype)
+                         for _ in range(2)) for _, kv_heads in self.layer_heads]  # (B, Hkv, T, hd) per kind
+
+        def write(keys, values, k, v):  # k, v (Hkv, T, hd)
+            keys[0, :, :count] = k
+            values[0, :, :count] = v
+
+        def attend(q, keys, values, heads, kv_heads, window):
+            return self._attention(q, keys, values, 0, count, heads, kv_heads, window)
+
+        rotary = self._rotary(torch.arange(count, device=self.device))
+        hidden = self._layers(self._embed(ids.to(self.device)), rotary, write, attend, scratch)  # (T, D)
+        return rms_norm(hidden, self.final_norm, self.eps).float()
+
+    def _layers(self, hidden, rotary, write, attend, cache=None) -> torch.Tensor:
         """The decoder layers over ``hidden`` (T, D); ``rotary`` holds (cos, sin) of each table at the step's
-        positions, ``write`` stores the step's K/V, ``attend`` reads them."""
+        positions, ``write`` stores the step's K/V, ``attend`` reads them, in ``cache`` (the KV cache unless
+        given)."""
         count = hidden.shape[0]
         for layer, (heads, kv_heads), (keys, values), rope, window in zip(
-                self.layers, self.layer_heads, self.cache, self.layer_ropes, self.windows, strict=True):
+                self.layers, self.layer_heads, self.cache if cache is None else cache, self.layer_ropes,
+                self.windows, strict=True):
             cos, sin = rotary[rope]
             x = rms_norm(hidden, layer["input_norm"], self.eps)
             qkv = self._matmul(x, layer["qkv"])  # (T, (Hq + 2 Hkv) hd)

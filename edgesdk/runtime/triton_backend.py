@@ -78,6 +78,16 @@ class TritonBackend:
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
         return self._run(np.asarray(token_ids).reshape(-1), checked_keep_logits(keep_logits))
 
+    def hidden_states(self, token_ids: np.ndarray) -> np.ndarray:
+        """Final-norm hidden states (T, hidden) of ``token_ids`` run beside the KV cache, which stays as it was."""
+        import torch
+
+        ids = np.asarray(token_ids, np.int64).reshape(-1)
+        if not 0 < len(ids) <= self.max_context:
+            raise RuntimeBackendError(f"hidden states of {len(ids)} tokens: expected 1 to the bundle's max_context "
+                                      f"{self.max_context}", "pass a shorter, non-empty sequence")
+        return self.decoder.hidden_states(torch.as_tensor(ids)).cpu().numpy()
+
     def decode(self, token_id: int) -> np.ndarray:
         return self._run(np.array([token_id]), 1)[0]
 

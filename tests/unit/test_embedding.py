@@ -134,3 +134,29 @@ def test_embed_tokens_pools_normalises_counts_and_truncates_on_request(tmp_path)
 def test_a_bad_embedding_setting_is_refused_by_name(setting, value, message):
     with pytest.raises(EmbeddingError, match=message):
         EmbeddingConfig(**{setting: value})
+
+
+def test_the_sparse_decoder_gives_the_models_hidden_states_beside_its_cache(tmp_path, monkeypatch):
+    """The ``triton`` backend's decoder (its kernels' PyTorch twins here) over block-sparse weights that hold the
+    model's exactly: the hidden states are those its own prefill turns into logits, near transformers' (the twins
+    round as the kernels do), and the cache it was decoding in stays."""
+    from edgesdk.runtime.sparse_decoder import SparseDecoder
+    from edgesdk.runtime.triton_backend import TritonBackend
+    from tests._utils.tiny import export_tiny_sparse
+
+    monkeypatch.setenv("EDGESDK_KERNELS", "reference")
+    model, tensors, record = export_tiny_sparse(tmp_path, max_context=64)
+    backend = TritonBackend(SparseDecoder(tensors, record), "reference")
+    backend.prefill(IDS[:4])
+    got = backend.hidden_states(IDS)
+    np.testing.assert_allclose(got, _reference_hidden(model, IDS), atol=5e-3)
+    assert backend.position == 4
+    head = backend.decoder.lm_head.float().numpy()  # (V, D)
+    fresh = TritonBackend(SparseDecoder(tensors, record), "reference")
+    np.testing.assert_allclose(got @ head.T, fresh.prefill(IDS, keep_logits=len(IDS)), atol=1e-4)
+    continued = backend.decode(int(IDS[4]))
+    backend.reset()
+    backend.prefill(IDS[:4])
+    np.testing.assert_allclose(continued, backend.decode(int(IDS[4])), atol=1e-6)
+    with pytest.raises(RuntimeBackendError, match="hidden states of 0 tokens"):
+        backend.hidden_states(np.array([], np.int64))
