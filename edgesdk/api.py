@@ -38,10 +38,14 @@ from typing import NamedTuple
 
 from edgesdk.api_checks import (
     ReadFields,
+    check_embed_flags,
+    check_embedding_model,
     check_load_arguments,
     check_perplexity_arguments,
     check_tokenize_arguments,
     detokenize_ids,
+    embedding_input,
+    embedding_norm,
     refuse_unread,
     shown,
     token_ids,
@@ -68,7 +72,10 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     ``settings`` are what a request that leaves a field out gets (``edgesdk serve``'s options): ``max_tokens``
     (512), ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``, ``samplers``, ``prompt_cache`` (True),
     ``cache_ram_mib``, ``lookup``, ``prefill_assistant``, ``reasoning_format``, ``reasoning_budget``, ``max_waiting``
-    (8: the calls that may wait behind the one generating; more are refused, as serve's ``--max-queue``).
+    (8: the calls that may wait behind the one generating; more are refused, as serve's ``--max-queue``), and
+    ``pooling``, how :meth:`Model.embed` and :meth:`Model.create_embedding` pool a text's hidden states (llama.cpp's
+    ``--pooling``, llama-cpp-python's ``Llama(pooling_type=...)``): ``last`` (the default: the last token's, what
+    decoder embedding models are trained for), ``mean``, ``cls`` (the first token's) or ``none`` (every token's).
     """
     return Model(path, backend=backend, threads=threads, target=target, ignore_target=ignore_target,
                  watch_thermal=watch_thermal, draft=draft, draft_max=draft_max, draft_p_min=draft_p_min, **settings)
@@ -160,6 +167,74 @@ class Model:
         tokens = detokenize_ids(ids)
         self._check_open("detokenize")
         return self._call("detokenize", lambda: self._completer.detokenize(tokens)["content"])
+
+    def create_embedding(self, input: str | list, model: str | None = None, *, encoding_format: str = "float",
+                         dimensions: int | None = None) -> dict:
+        """OpenAI's ``POST /v1/embeddings`` for ``input`` (a text, a list of texts, token ids or a list of token id
+        lists): the body ``edgesdk serve`` answers, ``{"object": "list", "data": [{"object": "embedding", "index",
+        "embedding"}], "model", "usage"}``, as llama-cpp-python's ``create_embedding`` returns it. ``model`` names
+        the answer's model (default: the bundle's), ``encoding_format`` is ``float`` or ``base64``, ``dimensions``
+        keeps each vector's first N values, normalised again.
+
+        Each text is pooled as :func:`load`'s ``pooling`` says (``last`` by default) and the vectors have unit
+        length, as llama-server's and OpenAI's ``/v1/embeddings`` answer; an input longer than the bundle's context
+        is refused, as there. llama-cpp-python's ``create_embedding`` differs in both: it returns the vectors as
+        the model gives them and cuts a long input (its ``embed``'s defaults, which :meth:`embed` keeps)."""
+        from edgesdk.runtime.embedding import EmbeddingConfig
+        from edgesdk.serve.api import ApiError
+        from edgesdk.serve.embeddings import openai_embeddings_body, parse_embedding_request
+
+        method = "create_embedding"
+        inputs = embedding_input(input)
+        check_embedding_model(model)
+        self._check_open(method)
+        try:
+            request = parse_embedding_request({"input": inputs, "encoding_format": encoding_format,
+                                               "dimensions": dimensions})
+        except ApiError as exc:
+            raise _embedding_error(method, exc) from exc
+        pooling = self._completer.defaults.pooling
+        if pooling == "none":  # a vector per token is not OpenAI's answer (llama-server refuses it too)
+            raise RequestError(method, "this model pools embeddings with 'none' (a vector per token), which OpenAI's "
+                               "embeddings answer cannot carry", fix="load the bundle with pooling='last', 'mean' or "
+                               "'cls', or call embed() for every token's vector")
+        embeddings = self._embeddings(method, request.inputs, EmbeddingConfig(pooling=pooling, normalize=2),
+                                      truncate=False)
+        return self._call(method, lambda: openai_embeddings_body(embeddings, model or self.model_name, request))
+
+    def embed(self, input: str | list, normalize: bool | int = False, truncate: bool = True,
+              return_count: bool = False):
+        """The embedding of ``input``, as llama-cpp-python's ``Llama.embed``: a list of floats for one text (or one
+        list of token ids), a list of them for a list of texts; with ``load(..., pooling='none')`` each input gives
+        a list of its tokens' vectors instead. ``return_count`` returns ``(embeddings, tokens)``, the tokens read.
+
+        ``normalize`` is False by default, as llama-cpp-python's: the vectors are returned as the model gives them,
+        where llama-server and ``edgesdk embed`` (``--embd-normalize 2``) give unit vectors; True scales each to
+        unit length, and a number is llama.cpp's ``--embd-normalize`` (-1 none, 0 max-abs scaled to int16, 1
+        taxicab, 2 euclidean, > 2 p-norm). ``truncate`` (True, as llama-cpp-python's) embeds the first
+        ``max_context`` tokens of a longer input; False refuses it. Each text is tokenized with the model's
+        special tokens (a BOS where it has one) and pooled as :func:`load`'s ``pooling`` says (``last`` by
+        default)."""
+        from edgesdk.runtime.embedding import EmbeddingConfig
+        from edgesdk.serve.api import ApiError
+        from edgesdk.serve.embeddings import embedding_inputs
+
+        method = "embed"
+        inputs = embedding_input(input)
+        norm = embedding_norm(normalize)
+        check_embed_flags(truncate=truncate, return_count=return_count)
+        self._check_open(method)
+        try:
+            parsed = embedding_inputs(inputs)
+        except ApiError as exc:
+            raise _embedding_error(method, exc) from exc
+        embeddings = self._embeddings(method, parsed, EmbeddingConfig(pooling=self._completer.defaults.pooling,
+                                                                      normalize=norm), truncate)
+        vectors = [embedding.vectors.tolist() for embedding in embeddings]
+        one = isinstance(inputs, str) or (isinstance(inputs, list) and len(parsed) == 1 and
+                                          all(not isinstance(item, (str, list)) for item in inputs))
+        output = vectors[0] if one else vectors
+        return (output, sum(embedding.tokens for embedding in embeddings)) if return_count else output
 
     def perplexity(self, text: str, *, context: int = 512, stride: int | None = None,
                    max_chars: int | None = None) -> float:
@@ -371,6 +446,23 @@ class Model:
 
         return read()
 
+    def _embeddings(self, method: str, inputs: tuple, config, truncate: bool) -> list:
+        """The :class:`~edgesdk.runtime.embedding.Embedding` of each of ``inputs`` (texts or token id tuples), in
+        one turn on the model as ``edgesdk serve`` makes them; refused in Python's terms where the backend gives
+        no hidden states or an input is longer than the bundle's context."""
+        from edgesdk.runtime.embedding import can_embed
+        from edgesdk.serve.api import ApiError
+
+        backend = self.runtime.backend
+        if not can_embed(backend):
+            raise RequestError(method, f"the {backend.name} backend gives no hidden states, so this model cannot "
+                               "make embeddings", status=501, fix="load the bundle with backend='ort-cpu' (or "
+                               "'ort-cuda' on a Jetson)")
+        try:
+            return self._completer.embed(inputs, config, truncate=truncate)
+        except ApiError as exc:
+            raise _embedding_error(method, exc) from exc
+
     def _call(self, method: str, action: Callable[[], object]):
         """``action()``, its API errors raised as :class:`RequestError` naming ``method`` and the field."""
         try:
@@ -465,6 +557,27 @@ def _request_error(method: str, exc: BaseException) -> BaseException:
     if isinstance(exc, ApiError):
         return RequestError(method, exc.message, param=exc.param, status=exc.status)
     return exc
+
+
+EMBEDDING_INPUT_FIX = ("pass a str, a list of str, token ids (a list of ints, as tokenize returns them) or a list of "
+                       "such lists")
+
+
+def _embedding_error(method: str, exc: BaseException) -> BaseException:
+    """The error :meth:`Model.embed` / :meth:`Model.create_embedding` raise for ``exc``: an input past the bundle's
+    context names ``truncate``, another refused input names the input forms these methods take; anything else as
+    :func:`_request_error` gives it."""
+    from edgesdk.serve.api import ApiError
+
+    if not isinstance(exc, ApiError) or exc.status != 400 or not (exc.param or "").startswith("input"):
+        return _request_error(method, exc)
+    if exc.code == "context_length_exceeded":
+        fix = ("pass truncate=True to embed its first max_context tokens, or shorten it" if method == "embed" else
+               "shorten it or split it into passages, or call embed(..., truncate=True) for its first max_context "
+               "tokens")
+    else:
+        fix = EMBEDDING_INPUT_FIX
+    return RequestError(method, exc.message, param=exc.param, fix=fix)
 
 
 def _unused_settings(settings: dict, backend: str, completer) -> list[str]:

@@ -2,10 +2,11 @@
 starts, naming the argument, the value, what was expected and the fix.
 
 :func:`check_load_arguments` checks :func:`edgesdk.load`'s arguments (:class:`~edgesdk.errors.EdgeSDKError`).
-The request methods' own arguments (``tokenize``, ``detokenize``, ``perplexity``) and the request fields a route's
-parser never read (:class:`ReadFields`, :func:`refuse_unread`) are refused with :class:`edgesdk.api.RequestError`,
-the HTTP API's 400 named for the method. Token ids as Python holds them are read as the HTTP body's JSON carries
-them (:func:`token_ids`).
+The request methods' own arguments (``tokenize``, ``detokenize``, ``perplexity``, ``embed``,
+``create_embedding``) and the request fields a route's parser never read (:class:`ReadFields`,
+:func:`refuse_unread`) are refused with :class:`edgesdk.api.RequestError`, the HTTP API's 400 named for the method.
+Token ids as Python holds them are read as the HTTP body's JSON carries them (:func:`token_ids`,
+:func:`embedding_input`).
 
 This module imports nothing heavy, so ``import edgesdk.api`` stays lean.
 """
@@ -23,7 +24,7 @@ from edgesdk.errors import EdgeSDKError
 SETTING_KINDS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
                  "samplers": list, "prompt_cache": bool, "cache_ram_mib": int, "lookup": int,
                  "prefill_assistant": bool, "reasoning_format": str, "reasoning_budget": int,
-                 "max_waiting": int}
+                 "max_waiting": int, "pooling": str}
 MODEL_SETTINGS = tuple(SETTING_KINDS)  # the settings load() takes: edgesdk serve's options of those names
 # Fields of OpenAI's request bodies that change nothing in an answer here: taken, as 'edgesdk serve' takes them
 NO_EFFECT_FIELDS = ("model", "user", "metadata", "store", "parallel_tool_calls")
@@ -72,6 +73,13 @@ def check_load_arguments(path, backend, threads, target, ignore_target, watch_th
     for name, flag in (("ignore_target", ignore_target), ("watch_thermal", watch_thermal)):
         if not isinstance(flag, bool):
             refuse(name, flag, "True or False", f"pass {name}=True or {name}=False")
+    if "pooling" in settings and isinstance(settings["pooling"], str):
+        from edgesdk.runtime.embedding import POOLINGS
+
+        if settings["pooling"] not in POOLINGS:
+            refuse("pooling", settings["pooling"], f"one of {', '.join(POOLINGS)}",
+                   "pass pooling='last' (decoder embedding models), 'mean', 'cls' or 'none' (every token's vector), "
+                   "or leave it out for last")
     for name, value in settings.items():
         kind = SETTING_KINDS[name]
         if not _of_kind(value, kind) or (name == "max_tokens" and value < 1):
@@ -131,6 +139,52 @@ def check_perplexity_arguments(text: object, context: object, stride: object, ma
         raise RequestError("perplexity", f"max_chars is {shown(max_chars)}; expected a whole number of "
                            "characters >= 1", param="max_chars",
                            fix="pass max_chars >= 1, or leave it out to score the whole text")
+
+
+def embedding_input(value: object) -> object:
+    """The ``input`` of :meth:`Model.embed <edgesdk.api.Model.embed>` / ``create_embedding`` as the HTTP API's JSON
+    carries it: tuples and numpy arrays of token ids (one, or one per input) as lists of ints; anything else as it
+    is, for the request's parser to name."""
+    value = token_ids(value)
+    if isinstance(value, list):
+        return [item if isinstance(item, str) else token_ids(item) for item in value]
+    return value
+
+
+def embedding_norm(normalize: object) -> int:
+    """:meth:`Model.embed <edgesdk.api.Model.embed>`'s ``normalize`` as llama.cpp's ``--embd-normalize`` number:
+    False (llama-cpp-python's default) -1, the vectors as the model gives them; True 2, unit length (what
+    llama-cpp-python's ``normalize=True`` does); a whole number >= -1 as it is. A bool is read before a number, so
+    False is not 0 (0 scales the largest magnitude to the int16 range)."""
+    from edgesdk.api import RequestError
+
+    if isinstance(normalize, bool):
+        return 2 if normalize else -1
+    if _whole_number(normalize, least=-1):
+        return int(normalize)
+    raise RequestError("embed", f"normalize is {shown(normalize)}; expected True (unit length), False (the vectors "
+                       "as the model gives them) or llama.cpp's --embd-normalize number (-1 none, 0 max-abs scaled "
+                       "to int16, 1 taxicab, 2 euclidean, > 2 p-norm)", param="normalize",
+                       fix="pass normalize=True for unit vectors, or leave it out")
+
+
+def check_embed_flags(**flags: object) -> None:
+    """Refuse :meth:`Model.embed <edgesdk.api.Model.embed>`'s ``truncate`` or ``return_count`` when not a bool."""
+    from edgesdk.api import RequestError
+
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise RequestError("embed", f"{name} is {shown(flag)}; expected True or False", param=name,
+                               fix=f"pass {name}=True or {name}=False")
+
+
+def check_embedding_model(model: object) -> None:
+    """Refuse ``create_embedding``'s ``model`` (the name its answer carries) when not a str or None."""
+    from edgesdk.api import RequestError
+
+    if model is not None and not isinstance(model, str):
+        raise RequestError("create_embedding", f"model is {shown(model)}; expected the name the answer carries (a "
+                           "str)", param="model", fix="pass a str, or leave model out for the bundle's name")
 
 
 class ReadFields(dict):
