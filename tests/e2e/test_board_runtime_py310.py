@@ -105,17 +105,21 @@ def test_serve_on_python310(board_venv, tiny_bundle):
 
 
 def test_python_api_on_python310(board_venv, tiny_bundle):
-    """``edgesdk.load`` from the base install on Python 3.10: a chat answer whole and streamed, no torch."""
+    """``edgesdk.load`` from the base install on Python 3.10: a chat answer whole and streamed, and an embedding,
+    no torch."""
     script = ("import json, sys, edgesdk\n"
               f"with edgesdk.load({str(tiny_bundle.path)!r}, threads=1) as model:\n"
               "    whole = model.create_chat_completion([{'role': 'user', 'content': 'Hi'}], max_tokens=3)\n"
               "    chunks = list(model('The quick', max_tokens=3, stream=True))\n"
+              "    vector = model.embed('The quick', normalize=True)\n"
               "print(json.dumps([whole['object'], chunks[-1]['choices'][0]['finish_reason'],\n"
-              "                  sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))]))\n")
+              "                  sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')),\n"
+              "                  sum(value * value for value in vector)]))\n")
     done = subprocess.run([str(board_venv / "bin" / "python"), "-c", script], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
-    obj, finish, heavy = json.loads(done.stdout)
+    obj, finish, heavy, squared_norm = json.loads(done.stdout)
     assert obj == "chat.completion"
+    assert squared_norm == pytest.approx(1.0, rel=1e-5)
     assert finish in ("stop", "length")
     assert heavy == []
