@@ -30,6 +30,8 @@ from edgesdk.cli_options import (
 )
 from edgesdk.errors import EdgeSDKError
 
+# edgesdk.runtime.embedding.POOLINGS, named here so that importing the command loads no runtime
+POOLINGS = ("last", "mean", "cls", "none")
 SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in flight (a long prompt's prefill on a board)
 
 
@@ -87,6 +89,11 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
               help="Thinking allowed: -1 without limit, 0 off (the chat template rendered with enable_thinking "
                    "false unless --chat-template-kwargs or a request's chat_template_kwargs set it), as "
                    "llama-server's option; a token budget in between is not taken.")
+@click.option("--pooling", type=click.Choice(POOLINGS), default="last", show_default=True,
+              help="How an embedding pools a text's final hidden states (llama-server's option): last (the last "
+                   "token's, what decoder embedding models such as Qwen3-Embedding are trained for), mean (their "
+                   "average), cls (the first token's), or none (every token's vector: POST /embedding answers it; "
+                   "/v1/embeddings and Ollama's /api/embed refuse it).")
 @draft_options
 @thermal_options
 @gate_options
@@ -95,12 +102,13 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
           sampling_seq, max_queue,
           quiet,
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
-          responses_kept, responses_kept_mib, reasoning_budget, draft_bundle, draft_max, draft_p_min,
+          responses_kept, responses_kept_mib, reasoning_budget, pooling, draft_bundle, draft_max, draft_p_min,
           watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
-    OpenAI's POST /v1/responses, Anthropic's POST /v1/messages, Ollama's POST /api/chat and /api/generate (serve
-    on --port 11434 for Ollama clients) and llama-server's POST /tokenize and /detokenize).
+    OpenAI's POST /v1/responses and /v1/embeddings, Anthropic's POST /v1/messages, Ollama's POST /api/chat,
+    /api/generate and /api/embed (serve on --port 11434 for Ollama clients) and llama-server's POST /tokenize,
+    /detokenize and /embedding).
 
     One answer is generated at a time (a board decodes batch 1); --watch-thermal guards every step
     as in 'edgesdk run', across requests, and GET /health reports the guard's level.
@@ -116,7 +124,8 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                                  cache_ram_mib=cache_ram_mib, lookup=lookup_draft,
                                  prefill_assistant=not no_prefill_assistant, reasoning_format=reasoning_format,
                                  reasoning_budget=reasoning_budget, responses_kept=responses_kept,
-                                 responses_kept_bytes=responses_kept_mib << 20, **sampler_chain(samplers, sampling_seq))
+                                 responses_kept_bytes=responses_kept_mib << 20, pooling=pooling,
+                                 **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
         raise bad_sampling_option(exc) from exc
     if api_key is not None and not api_key.strip():

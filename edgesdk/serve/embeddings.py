@@ -1,5 +1,5 @@
 """Embedding requests and answers in OpenAI's shape (``POST /v1/embeddings``), shared by ``edgesdk serve`` and the
-Python API's ``Model.create_embedding``.
+Python API's ``Model.create_embedding``, and in llama-server's own (``POST /embedding``, ``POST /embeddings``).
 
 The request (OpenAI's API reference, "Create embeddings"): ``input`` is a string, an array of strings, an array
 of token ids or an array of such arrays; ``encoding_format`` is ``float`` (the default) or ``base64`` (each
@@ -8,6 +8,13 @@ vector's little-endian float32 bytes, as OpenAI's client asks for by default and
 Ollama do). The answer: ``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
 "usage": {"prompt_tokens", "total_tokens"}}``. Vectors are normalised to unit length (llama-server's
 ``/v1/embeddings``, ``embd_normalize`` 2), so a dot product is the cosine similarity.
+
+llama-server's native route (tools/server/server-context.cpp, ``handle_embeddings_impl`` with no OpenAI response
+type) reads ``input``, or ``content`` where there is no ``input``, in the same forms, and ``embd_normalize``
+(``common_embd_normalize``'s norm, 2 by default; not applied with pooling ``none``, whose vectors are every token's
+as the model gives them). Its answer is a list with one ``{"index", "embedding"}`` per input, ``embedding`` a list of
+vectors: one, the pooled vector, or with pooling ``none`` one per token (``server_task_result_embd::
+to_json_non_oaicompat``).
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize
-from edgesdk.serve.api import ApiError
+from edgesdk.runtime.embedding import NORMALIZE_HELP, Embedding, EmbeddingConfig, normalize
+from edgesdk.serve.api import ApiError, _object
 
 ENCODING_FORMATS = ("float", "base64")
 
@@ -48,7 +55,7 @@ def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[i
                 items.append(tuple(int(token) for token in item))
             else:
                 raise ApiError(400, f"'{param}[{index}]' must be a string or a non-empty array of token ids, got "
-                               f"{_kind(item)}", param=param)
+                               f"{_kind(item)}", param=f"{param}[{index}]")
         return tuple(items)
     raise ApiError(400, f"'{param}' must be a string, an array of strings, an array of token ids or an array of such "
                    f"arrays, got {_kind(value)}", param=param)
@@ -56,6 +63,7 @@ def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[i
 
 def parse_embedding_request(body: dict) -> EmbeddingRequest:
     """``POST /v1/embeddings``'s body checked (``model`` and ``user`` are taken and not used)."""
+    body = _object(body)
     if "input" not in body:
         raise ApiError(400, "'input' is required: the text (or texts, or token ids) to embed", param="input")
     encoding = body.get("encoding_format", "float")
@@ -108,6 +116,45 @@ def openai_embedding_config(pooling: str) -> EmbeddingConfig:
     return EmbeddingConfig(pooling=pooling, normalize=2)
 
 
+@dataclass(frozen=True)
+class NativeEmbeddingRequest:
+    """``POST /embedding``'s body, checked: its inputs, the field they came in (``input`` or ``content``: errors
+    name it) and how the vectors are normalised."""
+
+    inputs: tuple[str | tuple[int, ...], ...]
+    param: str
+    config: EmbeddingConfig
+
+
+def parse_native_embedding_request(body: object, pooling: str) -> NativeEmbeddingRequest:
+    """llama-server's ``POST /embedding`` (and ``/embeddings``) body checked for a server that pools with ``pooling``:
+    ``input`` (or ``content``), ``embd_normalize`` (2 unless given; -1 with pooling ``none``, as llama-server
+    normalises only pooled vectors) and ``encoding_format`` (checked as llama-server checks it; the answer is floats)."""
+    body = _object(body)
+    param = "input" if "input" in body else "content"
+    if param not in body:
+        raise ApiError(400, "'input' or 'content' is required: the text (or texts, or token ids) to embed",
+                       param="input")
+    encoding = body.get("encoding_format")
+    if encoding is not None and encoding not in ENCODING_FORMATS:
+        raise ApiError(400, f"'encoding_format' must be float or base64, got {encoding!r}", param="encoding_format")
+    norm = body.get("embd_normalize", 2)
+    if norm is None:
+        norm = 2
+    if isinstance(norm, bool) or not isinstance(norm, int) or norm < -1:
+        raise ApiError(400, f"'embd_normalize' must be a whole number of at least -1 ({NORMALIZE_HELP}), got "
+                       f"{norm!r}", param="embd_normalize")
+    config = EmbeddingConfig(pooling=pooling, normalize=-1 if pooling == "none" else norm)
+    return NativeEmbeddingRequest(embedding_inputs(body[param], param), param, config)
+
+
+def native_embeddings_body(embeddings: list[Embedding]) -> list[dict]:
+    """llama-server's answer: per input its ``index`` and ``embedding``, a list of vectors (the pooled one, or with
+    pooling ``none`` every token's)."""
+    return [{"index": index, "embedding": [encoded(row, "float") for row in np.atleast_2d(embedding.vectors)]}
+            for index, embedding in enumerate(embeddings)]
+
+
 def _is_token(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -118,5 +165,6 @@ def _kind(value: object) -> str:
     return type(value).__name__ if value is not None else "null"
 
 
-__all__ = ["ENCODING_FORMATS", "EmbeddingRequest", "embedding_inputs", "encoded", "openai_embedding_config",
-           "openai_embeddings_body", "parse_embedding_request", "shortened"]
+__all__ = ["ENCODING_FORMATS", "EmbeddingRequest", "NativeEmbeddingRequest", "embedding_inputs", "encoded",
+           "native_embeddings_body", "openai_embedding_config", "openai_embeddings_body",
+           "parse_embedding_request", "parse_native_embedding_request", "shortened"]

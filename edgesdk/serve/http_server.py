@@ -23,6 +23,11 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   Ollama's shape; ``GET`` / ``HEAD /`` answers "Ollama is running", the probe Ollama's clients send first.
 * ``POST /tokenize``, ``POST /detokenize`` (llama-server's): a text's token ids (with ``with_pieces``
   each token's text), and the text of token ids. They run beside an answer, without waiting for its turn.
+* Embeddings (serve/embeddings.py), pooled as ``--pooling`` says, each request in one turn on the board beside the
+  conversation in the KV cache, which stays: ``POST /v1/embeddings`` (OpenAI's; only with the prefix, as in
+  llama-server, whose ``/embedding`` and ``/embeddings`` are its own route), ``POST /embedding`` and
+  ``POST /embeddings`` (llama-server's: ``content`` or ``input``, ``embd_normalize``, every token's vector with pooling
+  ``none``), and Ollama's ``POST /api/embed`` and ``POST /api/embeddings`` (serve/ollama.py).
 
 With an API key every route but ``/health`` and ``/`` wants ``Authorization: Bearer KEY`` or, as Anthropic's
 clients send it, ``x-api-key: KEY`` (``/health`` stays open, as in llama-server).
@@ -64,6 +69,13 @@ from edgesdk.serve.api import (
     parse_tokenize_request,
 )
 from edgesdk.serve.completion import Completer, Completion
+from edgesdk.serve.embeddings import (
+    native_embeddings_body,
+    openai_embedding_config,
+    openai_embeddings_body,
+    parse_embedding_request,
+    parse_native_embedding_request,
+)
 from edgesdk.serve.openai_answer import StreamedAnswer, whole_answer
 from edgesdk.serve.reasoning import split_answer
 
@@ -82,10 +94,15 @@ CLIENT_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 300.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
 TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's, answered at once (no turn on the board)
+# llama-server's route table (tools/server/server.cpp): /v1/embeddings is OpenAI's; /embedding (its legacy name) and
+# /embeddings are its own, so these are told apart before the /v1 prefix is dropped
+OPENAI_EMBEDDINGS_ROUTE = "/v1/embeddings"
+NATIVE_EMBEDDINGS_ROUTES = ("/embedding", "/embeddings")
 ROUTES = ("GET /health, GET /v1/models, GET /props, GET /slots, POST /v1/chat/completions, POST /v1/completions, "
           "POST /completion, POST /v1/responses, POST /v1/responses/input_tokens, GET and DELETE /v1/responses/{id}, "
           "GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel, POST /v1/messages, "
           "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template, "
+          "POST /v1/embeddings, POST /embedding, POST /embeddings, POST /api/embed, POST /api/embeddings, "
           "POST /api/chat, POST /api/generate, GET /api/tags, POST /api/show, GET /api/ps, GET /api/version, GET / "
           "(GET /metrics with --metrics), OPTIONS on any path (a browser's CORS preflight)")
 CORS_METHODS = "GET, POST"  # llama-server's Access-Control-Allow-Methods
@@ -410,6 +427,9 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _post(self, route: str) -> None:
         path = _api_route(route)
+        if route.rstrip("/") == OPENAI_EMBEDDINGS_ROUTE or route.rstrip("/") in NATIVE_EMBEDDINGS_ROUTES:
+            self._embeddings(route.rstrip("/"))
+            return
         if route.rstrip("/") in ollama.POST_ROUTES:
             self._ollama_post(route.rstrip("/"))
             return
@@ -451,6 +471,33 @@ class ApiHandler(BaseHTTPRequestHandler):
         else:
             completion = self.server.completer.complete(request, client_gone=self._client_gone)
             self._send_json(200, whole_answer(self.server.completer, request, self.server.model, completion))
+
+    def _embeddings(self, route: str) -> None:
+        """OpenAI's ``POST /v1/embeddings`` or llama-server's ``POST /embedding`` (serve/embeddings.py)."""
+        self._authorise()
+        body, completer = self._read_json(), self.server.completer
+        pooling = completer.defaults.pooling
+        if route == OPENAI_EMBEDDINGS_ROUTE:  # pooling none refused first, as llama-server refuses it
+            config, request = openai_embedding_config(pooling), parse_embedding_request(body)
+            inputs, param = request.inputs, "input"
+        else:
+            native = parse_native_embedding_request(body, pooling)
+            inputs, param, config = native.inputs, native.param, native.config
+        self.server.answer_started()
+        self._answering = True
+        embeddings = completer.embed(inputs, config, param=param, client_gone=self._client_gone)
+        self._log_embedded(route, embeddings)
+        if route == OPENAI_EMBEDDINGS_ROUTE:
+            self._send_json(200, openai_embeddings_body(embeddings, self.server.model, request))
+        else:
+            self._send_json(200, native_embeddings_body(embeddings))
+
+    def _log_embedded(self, route: str, embeddings: list) -> None:
+        """The request log's line on an embedding: how many inputs, their tokens, and how many were cut to fit."""
+        cut = sum(embedding.truncated for embedding in embeddings)
+        self.log_message("%s: %d input(s) embedded, %d token(s)%s", route, len(embeddings),
+                         sum(embedding.tokens for embedding in embeddings),
+                         f", {cut} cut to the context" if cut else "")
 
     def _native_completion(self) -> None:
         """llama-server's ``POST /completion`` (edgesdk/serve/llama_native.py), whole or streamed."""
@@ -538,11 +585,21 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _ollama_post(self, path: str) -> None:
         """Ollama's ``/api/chat``, ``/api/generate`` (whole, or streamed as newline-delimited JSON: Ollama streams
-        unless ``stream`` is false) and ``/api/show`` (edgesdk/serve/ollama.py)."""
+        unless ``stream`` is false), ``/api/show``, ``/api/embed`` and ``/api/embeddings`` (edgesdk/serve/ollama.py)."""
         self._authorise()
         body, completer, served = self._read_json(), self.server.completer, self.server.model
         if path == ollama.SHOW_ROUTE:
             self._send_json(200, ollama.show(completer, served, body))
+            return
+        if path in (ollama.EMBED_ROUTE, ollama.EMBEDDINGS_ROUTE):
+            started = time.monotonic_ns()
+            to_embed = (ollama.parse_embed if path == ollama.EMBED_ROUTE else ollama.parse_embeddings)(body, served)
+            self.server.answer_started()
+            self._answering = True
+            embeddings = ollama.embed(completer, to_embed, client_gone=self._client_gone)
+            if embeddings:  # none: the model was only to be loaded
+                self._log_embedded(path, embeddings)
+            self._send_json(200, ollama.embed_body(to_embed, embeddings, started))
             return
         asked = (ollama.parse_chat if path == ollama.CHAT_ROUTE else ollama.parse_generate)(body, served)
         if asked.request is None:  # nothing to generate: the model is loaded already
@@ -656,7 +713,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         served_by_get = route in ("/", "/health", "/metrics", "/props", "/slots") or path == "/models" or \
             route.rstrip("/") in ollama.GET_ROUTES or \
             path.startswith("/models/") or kept or KEPT_ITEMS.fullmatch(path) is not None
-        allowed = [name for name, known in (("GET", served_by_get), ("HEAD", served_by_get), ("POST", _posted(path)),
+        allowed = [name for name, known in (("GET", served_by_get), ("HEAD", served_by_get), ("POST", _posted(route)),
                                             ("DELETE", kept)) if known]
         if allowed:
             self._allow = ", ".join(allowed)
@@ -688,7 +745,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         its final answer instead of a 100 that has the client send a body nobody reads (RFC 9110 §10.1.1)."""
         if self.command == "POST":
             try:
-                if not _posted(_api_route(self.path.split("?", 1)[0])):
+                if not _posted(self.path.split("?", 1)[0]):
                     self._not_found(self.path.split("?", 1)[0], "POST")
                 self._authorise()
                 self._body_size()
@@ -968,8 +1025,11 @@ class ApiHandler(BaseHTTPRequestHandler):
             sys.stderr.write(f"edgesdk serve: {self.address_string()} {format % args}\n")
 
 
-def _posted(path: str) -> bool:
-    """Whether ``path`` (as :func:`_api_route` gives it) is a POST route of this server."""
+def _posted(route: str) -> bool:
+    """Whether ``route`` (a request's path without its query) is a POST route of this server."""
+    path = _api_route(route)
+    if path in ("/embedding", "/embeddings"):  # /embedding has no /v1 form; /v1/embeddings is OpenAI's route
+        return route.rstrip("/") in (OPENAI_EMBEDDINGS_ROUTE, *NATIVE_EMBEDDINGS_ROUTES)
     return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE \
         or path in ollama.POST_ROUTES \
         or path in (responses.ROUTE, responses.COUNT_ROUTE) or KEPT_CANCEL.fullmatch(path) is not None

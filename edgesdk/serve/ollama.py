@@ -1,5 +1,5 @@
-"""Ollama's native API on the same completer: ``/api/chat``, ``/api/generate``, ``/api/tags``, ``/api/show``,
-``/api/ps``, ``/api/version`` and the ``GET /`` liveness probe.
+"""Ollama's native API on the same completer: ``/api/chat``, ``/api/generate``, ``/api/embed``, ``/api/embeddings``,
+``/api/tags``, ``/api/show``, ``/api/ps``, ``/api/version`` and the ``GET /`` liveness probe.
 
 Home Assistant's Ollama integration, Open WebUI's Ollama connection, Continue and the ``ollama`` Python package
 speak this API rather than OpenAI's. A request is translated into the chat (or, ``raw``, text) request it means
@@ -47,9 +47,12 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
+from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize
 from edgesdk.serve.anthropic import partial_input
 from edgesdk.serve.api import (
     MAX_TOP_LOGPROBS,
@@ -62,11 +65,13 @@ from edgesdk.serve.api import (
     parse_text_request,
 )
 from edgesdk.serve.completion import Completer, Completion
+from edgesdk.serve.embeddings import encoded
 from edgesdk.serve.reasoning import split_answer, template_thinks
 from edgesdk.serve.tools import AnswerStream, answer_message, tool_result_text
 
 CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE = "/api/chat", "/api/generate", "/api/show"
-POST_ROUTES = (CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE)
+EMBED_ROUTE, EMBEDDINGS_ROUTE = "/api/embed", "/api/embeddings"  # the second is Ollama's deprecated one
+POST_ROUTES = (CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE, EMBED_ROUTE, EMBEDDINGS_ROUTE)
 GET_ROUTES = ("/api/tags", "/api/version", "/api/ps")
 ROUTES = POST_ROUTES + GET_ROUTES
 RUNNING = "Ollama is running"  # what Ollama answers GET / and HEAD / with, the probe clients send first
@@ -342,11 +347,16 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
         stops = []
     if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
         raise ApiError(400, f"'options.stop' must be an array of strings, got {_shown(stops)}", param="options.stop")
+    return fields, tuple(stop for stop in stops if stop), _num_ctx(options)
+
+
+def _num_ctx(options: dict) -> int | None:
+    """``options.num_ctx``: the request's context window in tokens, None where it is not set."""
     window = options.get("num_ctx")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ApiError(400, f"'options.num_ctx' must be the context window in tokens (a whole number >= 1), got "
                        f"{_shown(window)}", param="options.num_ctx")
-    return fields, tuple(stop for stop in stops if stop), window
+    return window
 
 
 def _logprobs(body: dict) -> int | None:
@@ -682,6 +692,146 @@ def _ollama_calls(fields: dict, finish: str) -> list[dict]:
 def _nanoseconds(milliseconds: float) -> int:
     """A duration in milliseconds as Ollama's durations are written: whole nanoseconds."""
     return int(round(milliseconds * NANOSECONDS_PER_MS))
+
+
+# ------------------------------------------------------------------------------------------------ embeddings
+#
+# ``POST /api/embed`` (docs/api.md, "Generate Embeddings"; server/routes.go, ``EmbedHandler``): ``input`` a text or an
+# array of texts (nothing, or an empty text or array: the model is loaded and ``embeddings`` is empty); ``truncate``
+# (true unless false) cuts an input past the context to its first tokens, false refuses it; ``dimensions`` keeps a
+# vector's first N values where N is below its width; ``options.num_ctx`` narrows the context. Vectors are unit length
+# (Ollama normalises them, and again after ``dimensions``). ``POST /api/embeddings`` (``EmbeddingsHandler``, deprecated):
+# one ``prompt`` (empty: the model is loaded, ``embedding`` is empty), answered ``{"embedding": [...]}`` with the
+# vector as the model gives it, not normalised, and no truncation. Both pool as the server was started (--pooling):
+# ``none``, a vector per token, is neither answer's and is refused.
+
+
+@dataclass(frozen=True)
+class EmbedAsked:
+    """An /api/embed or /api/embeddings request, checked: the model name as the client gave it (answers echo it), the
+    texts (none: the model is only to be loaded), ``truncate``, ``dimensions`` (0: all), ``num_ctx`` and whether it
+    came to the deprecated /api/embeddings (``legacy``: one ``prompt``, its vector not normalised)."""
+
+    model: str
+    texts: tuple[str, ...]
+    truncate: bool = True
+    dimensions: int = 0
+    num_ctx: int | None = None
+    legacy: bool = False
+
+    @property
+    def param(self) -> str:
+        """The field the texts came in, which errors name."""
+        return "prompt" if self.legacy else "input"
+
+
+def parse_embed(body: object, served: str) -> EmbedAsked:
+    """``POST /api/embed``'s body checked."""
+    body = _object(body)
+    model, window = _model_name(body, served), _embedding_options(body)
+    value = body.get("input")
+    if value is None or value == "":
+        texts: tuple[str, ...] = ()
+    elif isinstance(value, str):
+        texts = (value,)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                raise ApiError(400, f"'input[{index}]' must be a string, got {_shown(item)}: /api/embed takes a text "
+                               "or an array of texts", param="input")
+        texts = tuple(value)
+    else:
+        raise ApiError(400, f"'input' must be a string or an array of strings, got {_shown(value)}", param="input")
+    dimensions = body.get("dimensions")
+    if dimensions is None:
+        dimensions = 0
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 0:
+        raise ApiError(400, f"'dimensions' must be the number of values to keep of each vector (a whole number >= 1; "
+                       f"0 or none: all), got {_shown(dimensions)}", param="dimensions")
+    return EmbedAsked(model, texts, _bool_field(body, "truncate", True), dimensions, window)
+
+
+def parse_embeddings(body: object, served: str) -> EmbedAsked:
+    """``POST /api/embeddings``' (deprecated) body checked."""
+    body = _object(body)
+    model, window = _model_name(body, served), _embedding_options(body)
+    prompt = body.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ApiError(400, f"'prompt' must be a string, got {_shown(prompt)}", param="prompt")
+    return EmbedAsked(model, (prompt,) if prompt else (), truncate=False, num_ctx=window, legacy=True)
+
+
+def _embedding_options(body: dict) -> int | None:
+    """``keep_alive`` checked, and ``options``' ``num_ctx``: the other options change nothing in an embedding."""
+    _check_keep_alive(body)
+    options = body.get("options")
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        raise ApiError(400, f"'options' must be an object of model parameters ({{\"num_ctx\": 2048}}), got "
+                       f"{_shown(options)}", param="options")
+    return _num_ctx(options)
+
+
+def embed(completer: Completer, asked: EmbedAsked,
+          client_gone: Callable[[], bool] | None = None) -> list[Embedding]:
+    """The embeddings of ``asked``'s texts: pooled as the server pools (``none`` refused), unit length for /api/embed
+    and as the model gives them for /api/embeddings. A ``num_ctx`` below the bundle's context is the window an input
+    must fit in, cut to it with ``truncate`` (its first tokens, as Ollama keeps them)."""
+    pooling = completer.defaults.pooling
+    if pooling == "none":
+        raise ApiError(400, "this server pools embeddings with 'none' (a vector per token), which Ollama's "
+                       f"{EMBEDDINGS_ROUTE if asked.legacy else EMBED_ROUTE} cannot answer; start edgesdk serve with "
+                       "--pooling last, mean or cls", param=asked.param)
+    if not asked.texts:
+        return []
+    config = EmbeddingConfig(pooling=pooling, normalize=-1 if asked.legacy else 2)
+    limit = completer.runtime.backend.max_context
+    if asked.num_ctx is None or asked.num_ctx >= limit:  # above the model's context it is capped there
+        return completer.embed(asked.texts, config, truncate=asked.truncate, param=asked.param,
+                               client_gone=client_gone)
+    inputs, cut = [], set()
+    for index, text in enumerate(asked.texts):
+        name = asked.param if len(asked.texts) == 1 else f"{asked.param}[{index}]"
+        ids = _embedding_tokens(completer, text, name)
+        if len(ids) > asked.num_ctx:
+            if not asked.truncate:
+                raise ApiError(400, f"'{name}' is {len(ids)} tokens, more than 'options.num_ctx' {asked.num_ctx}; "
+                               "shorten it, raise num_ctx (this model's context holds "
+                               f"{limit}){'' if asked.legacy else ' or leave truncate on to embed its first tokens'}",
+                               param=name, code="context_length_exceeded")
+            ids = ids[:asked.num_ctx]
+            cut.add(index)
+        inputs.append(tuple(ids) if ids else text)  # an empty text goes on as text, for the completer's own refusal
+    embeddings = completer.embed(inputs, config, param=asked.param, client_gone=client_gone)
+    return [replace(embedding, truncated=True) if index in cut else embedding
+            for index, embedding in enumerate(embeddings)]
+
+
+def _embedding_tokens(completer: Completer, text: str, param: str) -> list[int]:
+    """``text``'s tokens as the completer embeds them (with the model's special tokens), or a 400 naming ``param``."""
+    try:
+        return completer.runtime.tokenizer.encode(text) if text else []
+    except EdgeSDKError as exc:
+        raise ApiError(400, exc.problem, param=param) from exc
+
+
+def embed_body(asked: EmbedAsked, embeddings: list[Embedding], started_ns: int) -> dict:
+    """The answer: /api/embed's ``model``, ``embeddings`` (each cut to ``dimensions`` and normalised again where that
+    is below its width, as Ollama does), durations and ``prompt_eval_count``; /api/embeddings' ``embedding``. A
+    request with no texts gets the empty answer Ollama loads the model with."""
+    if asked.legacy:
+        return {"embedding": encoded(embeddings[0].vectors, "float") if embeddings else []}
+    if not embeddings:
+        return {"model": asked.model, "embeddings": []}
+    vectors = []
+    for embedding in embeddings:
+        vector = embedding.vectors
+        if 0 < asked.dimensions < vector.shape[-1]:
+            vector = normalize(vector[:asked.dimensions], 2)
+        vectors.append(encoded(vector, "float"))
+    return {"model": asked.model, "embeddings": vectors, "total_duration": time.monotonic_ns() - started_ns,
+            "load_duration": 0, "prompt_eval_count": sum(embedding.tokens for embedding in embeddings)}
 
 
 # ------------------------------------------------------------------------------------------------ the model
