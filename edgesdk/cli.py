@@ -5,8 +5,8 @@ Heavy imports (onnxruntime, torch, transformers) happen inside the commands that
 
 This module holds the group, the console script and the small commands (env, targets, models, verify,
 inspect, pack, unpack); the others live in ``edgesdk/cli_<name>.py`` (build and export, run, serve, eval,
-bench, deploy, engine, thermal) and are registered at the bottom. The options ``run`` and ``serve`` share
-are in :mod:`edgesdk.cli_options`.
+embed, bench, deploy, engine, thermal) and are registered at the bottom. The options ``run`` and ``serve``
+share are in :mod:`edgesdk.cli_options`.
 """
 
 from __future__ import annotations
@@ -208,6 +208,7 @@ def unpack(archive, directory):
 from edgesdk.cli_bench import bench  # noqa: E402
 from edgesdk.cli_build import build, export  # noqa: E402
 from edgesdk.cli_deploy import deploy  # noqa: E402
+from edgesdk.cli_embed import embed  # noqa: E402
 from edgesdk.cli_engine import engine  # noqa: E402
 from edgesdk.cli_eval import eval_  # noqa: E402
 from edgesdk.cli_run import run  # noqa: E402
@@ -220,6 +221,7 @@ main.add_command(run)
 main.add_command(serve)
 main.add_command(bench)
 main.add_command(eval_)
+main.add_command(embed)
 main.add_command(deploy)
 main.add_command(engine)
 main.add_command(thermal)

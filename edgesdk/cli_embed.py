@@ -1,0 +1,190 @@
+"""``edgesdk embed``: the embeddings of texts through a bundle's runtime, as llama.cpp's ``llama-embedding``
+(examples/embedding/embedding.cpp) takes them and prints them (registered in :mod:`edgesdk.cli`; the pooling and
+normalisation are :mod:`edgesdk.runtime.embedding`).
+
+The text of ``--prompt`` (each one given) and of ``--file`` (one trailing newline dropped, as llama.cpp's ``-f``
+reads a file) is split at ``--embd-separator`` (a newline by default) and each piece is one input, as
+llama-embedding's ``split_lines``. Each is tokenized with the model's special tokens and embedded on its own.
+
+``--embd-output-format`` prints as llama-embedding does:
+
+- ``""`` (the default): ``embedding N: v v v ...`` a line (``%9.6f`` each, ``%6.0f`` with ``--embd-normalize
+  0``), every value for one input, the first 16 for several, then the cosine similarity matrix; with pooling
+  ``none`` one line per token, its first 3 values ``...`` its last 3;
+- ``array``: ``[[v,v,...],[...]]`` on one line (``%1.7f``, ``%1.0f`` with ``--embd-normalize 0``);
+- ``json``: OpenAI's embeddings answer, ``{"object": "list", "data": [{"object": "embedding", "index",
+  "embedding"}], "model", "usage"}`` (llama-embedding writes ``object`` and ``data``; ``model`` and ``usage``
+  complete OpenAI's shape, so its client's types read it);
+- ``json+``: ``json`` with ``cosineSimilarity``, the matrix of every pair of vectors (``%6.2f``), where there
+  are several inputs.
+
+With pooling ``none`` the array and JSON forms hold every token's vector, the inputs' one after another.
+
+Importing this module imports click only; the runtime loads when the command runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from edgesdk.cli_options import runtime_options
+from edgesdk.errors import EdgeSDKError, read_utf8
+
+POOLINGS = ("last", "mean", "cls", "none")  # edgesdk.runtime.embedding.POOLINGS (not imported: it needs numpy)
+OUTPUT_FORMATS = ("", "array", "json", "json+")
+SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vector when there are several inputs
+
+
+@click.command("embed")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--prompt", "-p", "prompts", multiple=True, metavar="TEXT",
+              help="Text to embed; each piece between separators (each line by default) is one input. Repeat for "
+                   "more.")
+@click.option("--file", "-f", "text_file", type=click.Path(path_type=Path), metavar="FILE",
+              help="Embed a UTF-8 file's pieces too, after those of --prompt (llama-embedding's -f: one trailing "
+                   "newline dropped).")
+@click.option("--embd-separator", default="\n", show_default="a newline", metavar="STRING",
+              help="What separates the inputs in --prompt and --file, e.g. '<#sep#>'.")
+@click.option("--pooling", type=click.Choice(POOLINGS), default="last", show_default=True,
+              help="How a text's hidden states become its vector: last (the last token's: decoder embedding models, "
+                   "Qwen3-Embedding, e5-mistral), mean, cls (the first token's), none (every token's).")
+@click.option("--embd-normalize", type=click.IntRange(min=-1), default=2, show_default=True, metavar="N",
+              help="Normalisation of each vector: -1 none, 0 max-abs scaled to int16, 1 taxicab, 2 euclidean "
+                   "(unit length), > 2 p-norm.")
+@click.option("--embd-output-format", type=click.Choice(OUTPUT_FORMATS), default="", metavar="FORMAT",
+              help="'' (lines of values and the cosine similarity matrix, as llama-embedding prints them), array "
+                   "([[...],[...]]), json (OpenAI's embeddings answer), json+ (json and the cosine similarity "
+                   "matrix).")
+@click.option("--truncate", is_flag=True,
+              help="Embed the first max-context tokens of a longer input (a note on stderr says which) instead of "
+                   "refusing it.")
+@runtime_options
+def embed(bundle, prompts, text_file, embd_separator, pooling, embd_normalize, embd_output_format, truncate,
+          threads, backend, target, ignore_target):
+    """Embeddings of texts through the bundle's runtime, as llama.cpp's llama-embedding prints them.
+
+    \b
+    Examples:
+      edgesdk embed BUNDLE -p "Hello world"
+      edgesdk embed BUNDLE -f passages.txt --embd-output-format json > vectors.json
+      edgesdk embed BUNDLE -p "a cat" -p "a dog" -p "the stock market"   # and their cosine similarities
+    """
+    inputs = _inputs(prompts, text_file, embd_separator)
+    from edgesdk.runtime.embedding import EmbeddingConfig, EmbeddingError, embed_tokens
+    from edgesdk.runtime.session import open_runtime
+
+    runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
+                           ignore_target=ignore_target)
+    config = EmbeddingConfig(pooling=pooling, normalize=embd_normalize)
+    limit = runtime.backend.max_context
+    embeddings = []
+    for text, where in inputs:
+        ids = runtime.tokenizer.encode(text)
+        if not ids:
+            raise EdgeSDKError(f"{where} holds no tokens: there is nothing to embed", "give it some text")
+        try:
+            embedding = embed_tokens(runtime.backend, ids, config, truncate)
+        except EmbeddingError as exc:  # longer than the context
+            raise EdgeSDKError(f"{where}: {exc.problem}",
+                               f"pass --truncate to embed its first {limit} tokens, or shorten it") from exc
+        if embedding.truncated:
+            click.echo(f"note: {where} is {len(ids)} tokens: its first {embedding.tokens} were embedded", err=True)
+        embeddings.append(embedding)
+    rows = [row for embedding in embeddings
+            for row in (embedding.vectors if pooling == "none" else [embedding.vectors])]
+    texts = [text for text, _ in inputs]
+    if embd_output_format == "":
+        _print_lines(rows, texts, pooling, embd_normalize)
+        return
+    from edgesdk.serve.openai_answer import served_model_name
+
+    tokens = sum(embedding.tokens for embedding in embeddings)
+    click.echo(_json_text(rows, embd_output_format, embd_normalize, len(texts),
+                          served_model_name(runtime.bundle.manifest), tokens))
+
+
+def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str) -> list[tuple[str, str]]:
+    """(text, where) of each input: the pieces of each --prompt, then of --file, split at ``separator``."""
+    if separator == "":
+        raise click.BadParameter("an empty separator splits nothing; pass a string that is between the inputs, "
+                                 "or leave it out for a newline", param_hint="'--embd-separator'")
+    sources = [(prompt, "--prompt" if len(prompts) == 1 else f"--prompt {number}")
+               for number, prompt in enumerate(prompts, 1)]
+    if text_file is not None:
+        if not text_file.exists() or text_file.is_dir():
+            why = "it is a directory" if text_file.is_dir() else "nothing exists at that path"
+            raise click.BadParameter(f"{str(text_file)!r} is not a file ({why}); give a UTF-8 text file",
+                                     param_hint="'--file' / '-f'")
+        content = read_utf8(text_file, "--file")
+        sources.append((content[:-1] if content.endswith("\n") else content, f"--file {text_file}"))
+    if not sources:
+        raise click.UsageError("give the text to embed: --prompt TEXT (repeatable) or --file FILE")
+    piece = "line" if separator == "\n" else "piece"
+    inputs = []
+    for text, source in sources:
+        parts = text.split(separator)
+        for number, part in enumerate(parts, 1):
+            where = source if len(parts) == 1 else f"{piece} {number} of {source}"
+            if not part:
+                raise EdgeSDKError(f"{where} is empty: there is nothing to embed",
+                                   f"remove the empty {piece}, or pass --embd-separator with what separates the "
+                                   "inputs")
+            inputs.append((part, where))
+    return inputs
+
+
+def _value(value: float, norm: int) -> str:
+    """One value as llama-embedding's array and JSON forms write it."""
+    return f"{value:1.0f}" if norm == 0 else f"{value:1.7f}"
+
+
+def _similarities(rows):
+    """The cosine similarity of every pair of ``rows``, as llama.cpp's common_embd_similarity_cos gives it (in
+    double precision; 1 for two zero vectors, 0 where one of them is zero)."""
+    import numpy as np
+
+    vectors = np.asarray(rows, dtype=np.float64)
+    dots = vectors @ vectors.T
+    lengths = np.sqrt(np.diag(dots))
+    scale = np.outer(lengths, lengths)
+    zero = lengths == 0.0
+    similar = np.divide(dots, scale, out=np.zeros_like(dots), where=scale > 0)
+    similar[np.outer(zero, zero)] = 1.0
+    return similar
+
+
+def _print_lines(rows, texts: list[str], pooling: str, norm: int) -> None:
+    """llama-embedding's plain output (``--embd-output-format`` left empty)."""
+    spec = "{:6.0f} " if norm == 0 else "{:9.6f} "
+    values = lambda row: "".join(spec.format(float(value)) for value in row)  # noqa: E731
+    if pooling == "none":
+        for index, row in enumerate(rows):
+            click.echo(f"embedding {index}: {values(row[:3])} ... {values(row[max(0, len(row) - 3):])}")
+        return
+    shown = len(rows[0]) if len(texts) == 1 else SHOWN_VALUES
+    for index, row in enumerate(rows):
+        click.echo(f"embedding {index}: {values(row[:shown])}")
+    if len(texts) > 1:
+        click.echo("\ncosine similarity matrix:\n")
+        click.echo("".join(f"{text[:6]:>6} " for text in texts))
+        for text, similar in zip(texts, _similarities(rows), strict=True):
+            click.echo("".join(f"{value:6.2f} " for value in similar) + text[:10])
+
+
+def _json_text(rows, output_format: str, norm: int, inputs: int, model: str, tokens: int) -> str:
+    """The array, json or json+ form, written as llama-embedding writes it."""
+    vectors = ["[" + ",".join(_value(float(value), norm) for value in row) + "]" for row in rows]
+    if output_format == "array":
+        return "[" + ",".join(vectors) + "]"
+    items = ",\n".join(f'    {{\n      "object": "embedding",\n      "index": {index},\n      "embedding": {vector}\n'
+                       "    }" for index, vector in enumerate(vectors))
+    text = f'{{\n  "object": "list",\n  "data": [\n{items}\n  ]'
+    if output_format == "json+" and inputs > 1:
+        matrix = ",\n".join("    [" + ", ".join(f"{value:6.2f}" for value in similar) + " ]"
+                            for similar in _similarities(rows))
+        text += f',\n  "cosineSimilarity": [\n{matrix}\n  ]'
+    usage = json.dumps({"prompt_tokens": tokens, "total_tokens": tokens})
+    return text + f',\n  "model": {json.dumps(model)},\n  "usage": {usage}\n}}'
