@@ -48,7 +48,7 @@ def main():
     """
 
 
-HUGE_PAGE_COMMANDS = ("run", "eval", "serve", "bench")  # they stream a bundle's weights every token
+HUGE_PAGE_COMMANDS = ("run", "eval", "serve", "bench", "embed")  # they stream a bundle's weights every token
 
 
 def entry():

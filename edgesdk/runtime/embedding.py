@@ -99,8 +99,7 @@ def embed_tokens(backend, token_ids: Sequence[int], config: EmbeddingConfig = Em
     truncated = len(ids) > limit
     if truncated and not truncate:
         raise EmbeddingError(f"the input to embed is {len(ids)} tokens, more than the bundle's context of {limit}",
-                             "shorten the input, split it into passages, or ask for truncation (the first "
-                             f"{limit} tokens are embedded)")
+                             "shorten the input or split it into passages")
     ids = ids[:limit]
     hidden_states = getattr(backend, "hidden_states", None)
     if hidden_states is None:

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from edgesdk.cli import main
 
-COMMAND_MODULES = ["cli_bench", "cli_build", "cli_deploy", "cli_engine", "cli_eval", "cli_interactive",
+COMMAND_MODULES = ["cli_bench", "cli_build", "cli_deploy", "cli_embed", "cli_engine", "cli_eval", "cli_interactive",
                    "cli_options", "cli_prompt_cache", "cli_run", "cli_serve", "cli_thermal"]
-COMMANDS = ["bench", "build", "deploy", "engine", "env", "eval", "export", "inspect", "models", "pack", "run",
+COMMANDS = ["bench", "build", "deploy", "embed", "engine", "env", "eval", "export", "inspect", "models", "pack", "run",
             "serve", "targets", "thermal", "unpack", "verify"]
 
 

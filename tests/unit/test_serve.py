@@ -317,7 +317,7 @@ def test_defaults_fill_in_what_a_request_leaves_out(runtime):
 @pytest.mark.parametrize(("method", "path", "body", "status", "code"), [
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 3}, 400,
      "unsupported_parameter"),
-    ("POST", "/v1/embeddings", {"input": "hi"}, 404, "not_found"),
+    ("POST", "/v1/audio/speech", {"input": "hi"}, 404, "not_found"),
     ("GET", "/v2/anything", None, 404, "not_found"),
     ("POST", "/v1/completions", {"prompt": "word " * 400}, 400, "context_length_exceeded"),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "\udc80"}]}, 400, None),

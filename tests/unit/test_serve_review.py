@@ -386,7 +386,7 @@ def test_a_body_cut_short_is_named(idle_server):
 
 @pytest.mark.parametrize(("path", "headers", "status"), [
     ("/v1/completions", b"Content-Length: 2000000\r\nAuthorization: Bearer k\r\n", 413),
-    ("/v1/embeddings", b"Content-Length: 20\r\n", 404),
+    ("/v1/audio/speech", b"Content-Length: 20\r\n", 404),
     ("/v1/completions", b"Content-Length: 20\r\nAuthorization: Bearer wrong\r\n", 401),
 ])
 def test_expect_100_continue_gets_the_refusal_before_the_body_is_sent(runtime, path, headers, status):
