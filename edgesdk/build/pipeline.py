@@ -307,6 +307,10 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         if not work.state["done"]:  # nothing to resume: leave no empty work directory behind
             remove_work_dir(work.path)
         raise
+    if loaded.pooling:
+        _log(f"  the model declares {loaded.pooling} pooling for its embeddings; the bundle records it")
+    elif loaded.pooling_note:
+        _log(f"  note: {loaded.pooling_note}; embeddings pool with the runtime's default")
     facts_before = loaded.facts()
     model = teacher = loaded.model
     ctx = BuildContext(profile=profile, work_dir=work.path, tokenizer=loaded.tokenizer, teacher=teacher,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.errors import ModelSourceError
+from edgesdk.models.pooling import declared_pooling
 from edgesdk.models.sources import ModelSource
 
 # model_type -> why it is supported; the exporter (export/llama_graph.py) handles these.
@@ -37,6 +38,8 @@ class LoadedModel:
     model: Any  # transformers PreTrainedModel (torch.nn.Module), in eval mode, float32
     tokenizer: Any  # transformers PreTrainedTokenizerFast
     source: ModelSource
+    pooling: str | None = None  # the embeddings' pooling the source declares (edgesdk/models/pooling.py)
+    pooling_note: str | None = None  # why a pooling the source declares is not followed
 
     def facts(self) -> dict:
         """Facts recorded in the bundle manifest."""
@@ -53,6 +56,7 @@ class LoadedModel:
             "intermediate_size": config.intermediate_size,
             "vocab_size": config.vocab_size,
             "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+            **({"pooling": self.pooling} if self.pooling else {}),
         }
 
 
@@ -477,4 +481,5 @@ def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     model.eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, source=source)
+    pooling, note = declared_pooling(source.kind, source.path)
+    return LoadedModel(model=model, tokenizer=tokenizer, source=source, pooling=pooling, pooling_note=note)

@@ -1,0 +1,87 @@
+"""The pooling a model source declares for its embeddings, recorded in the bundle manifest.
+
+- A GGUF file: ``{arch}.pooling_type``, llama.cpp's ``llama_pooling_type`` (0 none, 1 mean, 2 cls, 3 last,
+  4 rank), which ``convert_hf_to_gguf.py`` writes for embedding models (Qwen3-Embedding: last).
+- A Hugging Face directory of a sentence-transformers model: ``modules.json`` lists a
+  ``sentence_transformers.models.Pooling`` module whose ``config.json`` (in its ``path``, usually
+  ``1_Pooling``) sets ``pooling_mode_lasttoken``, ``pooling_mode_mean_tokens`` or ``pooling_mode_cls_token``.
+
+Anything else (a chat model, which declares none) gives None: the runtime then pools with its default
+(``edgesdk.runtime.embedding.DEFAULT_POOLING``). A declaration edgesdk cannot follow (rank, max, weighted
+mean, several modes at once) also gives None, with the reason, so the build can say so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# llama.cpp's enum llama_pooling_type (include/llama.h)
+GGUF_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last"}
+GGUF_RANK = 4
+SENTENCE_TRANSFORMERS_MODES = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean",
+                               "pooling_mode_cls_token": "cls"}
+SENTENCE_TRANSFORMERS_OTHER = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+                               "pooling_mode_weightedmean_tokens")
+
+
+def gguf_pooling(field) -> tuple[str | None, str | None]:
+    """(pooling, why none) from a GGUF file's metadata, ``field(key)`` reading one value (None when absent)."""
+    arch = field("general.architecture")
+    value = field(f"{arch}.pooling_type") if arch else None
+    if value is None:
+        return None, None
+    if value in GGUF_POOLING:
+        return GGUF_POOLING[value], None
+    what = "rank (a reranker's classification head)" if value == GGUF_RANK else f"{value!r}"
+    return None, f"its GGUF declares pooling_type {what}, which edgesdk's embeddings do not compute"
+
+
+def sentence_transformers_pooling(directory: Path) -> tuple[str | None, str | None]:
+    """(pooling, why none) from a sentence-transformers model directory's ``modules.json``."""
+    try:
+        modules = json.loads((directory / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, None
+    if not isinstance(modules, list):
+        return None, None
+    pooling = next((module for module in modules if isinstance(module, dict)
+                    and str(module.get("type", "")).endswith("models.Pooling")), None)
+    if pooling is None:
+        return None, None
+    config_path = directory / str(pooling.get("path") or "") / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, f"its modules.json names a Pooling module whose {config_path.name} cannot be read"
+    if not isinstance(config, dict):
+        return None, None
+    chosen = [name for key, name in SENTENCE_TRANSFORMERS_MODES.items() if config.get(key) is True]
+    others = [key for key in SENTENCE_TRANSFORMERS_OTHER if config.get(key) is True]
+    if len(chosen) == 1 and not others:
+        return chosen[0], None
+    if chosen or others:
+        modes = ", ".join([key for key in SENTENCE_TRANSFORMERS_MODES if config.get(key) is True] + others)
+        return None, f"its sentence-transformers Pooling sets {modes}, which edgesdk's embeddings do not compute"
+    return None, None
+
+
+def declared_pooling(kind: str, path: Path) -> tuple[str | None, str | None]:
+    """(pooling, why none) of a resolved model source: ``kind`` ``gguf`` (``path`` the file) or ``hf-dir``."""
+    if kind != "gguf":
+        return sentence_transformers_pooling(path)
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception:  # noqa: BLE001 - the model check has named a damaged file already
+        return None, None
+
+    def field(key: str):
+        found = reader.fields.get(key)
+        return None if found is None else found.contents()
+
+    return gguf_pooling(field)
+
+
+__all__ = ["GGUF_POOLING", "declared_pooling", "gguf_pooling", "sentence_transformers_pooling"]
