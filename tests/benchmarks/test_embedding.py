@@ -8,6 +8,10 @@ costs a decode step.
   (``edgesdk export``, float32) and llama.cpp embeds the same texts from it (``Llama(embedding=True,
   pooling_type=...)``, ``embed(normalize=True)``) in a subprocess, one pooling at a time; the bundle's vectors
   must point the same way (cosine >= 0.9999) from the same token ids.
+- ``test_retrieval_by_pooling``: how well the chat model's vectors find a related passage: for each WikiText-2
+  validation article with two paragraphs of 300+ characters, the first paragraph (its first 128 tokens) is
+  the query and every article's second paragraph a candidate; reported is the share of queries whose own
+  article's paragraph is the most similar, per pooling, beside a TF-IDF baseline over the same tokens.
 - ``test_hidden_state_output_costs_no_decode_time``: the default bundle's graph with and without the
   ``hidden_states`` output (one added onnx edit), both over the same weights, decode the same greedy tokens,
   alternating; reported as the median ratio of their step times.
@@ -16,16 +20,22 @@ costs a decode step.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytestmark = pytest.mark.benchmark
+
+WIKITEXT = Path(__file__).resolve().parents[3] / "shared" / "data" / "wikitext-2-raw" / "wiki.valid.raw"
 
 TEXTS = ["The capital of France is Paris.", "Photosynthesis turns light into chemical energy in plants.",
          "def add(a, b):\n    return a + b", "Ein kleiner Hund läuft über die Straße."]
@@ -68,6 +78,52 @@ def test_embeddings_match_llama_cpp(smollm2_fp32_bundle, tmp_path):
                   f"max |difference| {gap:.2e}")
             assert ids == theirs["tokens"]
             assert cosine >= 0.9999
+
+
+def _article_paragraph_pairs(text: str) -> list[tuple[str, str]]:
+    """(first, second) paragraph of 300+ characters of each WikiText article (its `` = Title = `` lines)."""
+    pairs = []
+    for article in re.split(r"\n = (?!=)[^\n]*? = \n", text):
+        paragraphs = [line.strip() for line in article.split("\n")
+                      if len(line.strip()) > 300 and not line.strip().startswith("=")]
+        if len(paragraphs) >= 2:
+            pairs.append((paragraphs[0], paragraphs[1]))
+    return pairs
+
+
+def _tf_idf(texts: list[str]) -> np.ndarray:
+    """Unit rows of log-scaled term frequency times smoothed inverse document frequency (texts, terms)."""
+    counts = [Counter(re.findall(r"\w+", text.lower())) for text in texts]
+    frequency = Counter(word for count in counts for word in count)
+    columns = {word: index for index, word in enumerate(frequency)}
+    matrix = np.zeros((len(texts), len(columns)))
+    for row, count in enumerate(counts):
+        for word, n in count.items():
+            matrix[row, columns[word]] = (1 + math.log(n)) * math.log((1 + len(texts)) / (1 + frequency[word]))
+    return matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+
+
+def _top1(queries: np.ndarray, candidates: np.ndarray) -> float:
+    return float((np.argmax(queries @ candidates.T, axis=1) == np.arange(len(queries))).mean())
+
+
+def test_retrieval_by_pooling(smollm2_fp32_bundle):
+    if not WIKITEXT.is_file():
+        pytest.skip("WikiText-2 validation text not found beside the checkout")
+    from edgesdk.runtime.embedding import EmbeddingConfig, embed_tokens
+    from edgesdk.runtime.session import open_runtime
+
+    runtime = open_runtime(smollm2_fp32_bundle.path, threads=2)
+    pairs = _article_paragraph_pairs(WIKITEXT.read_text(encoding="utf-8"))
+    ids = [[runtime.tokenizer.encode(text)[:128] for text in side] for side in zip(*pairs, strict=True)]
+    texts = [runtime.tokenizer.decode(row) for side in ids for row in side]
+    lexical = _tf_idf(texts)
+    print(f"{len(pairs)} articles (chance {1 / len(pairs):.3f}); TF-IDF top-1 {_top1(lexical[:len(pairs)], lexical[len(pairs):]):.3f}")
+    for pooling in ("last", "mean", "cls"):
+        config = EmbeddingConfig(pooling=pooling)
+        queries, candidates = (np.stack([embed_tokens(runtime.backend, row, config).vectors for row in side])
+                               for side in ids)
+        print(f"pooling {pooling}: top-1 {_top1(queries, candidates):.3f}")
 
 
 def _graph_variants(bundle, root):
