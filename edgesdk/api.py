@@ -46,6 +46,7 @@ from edgesdk.api_checks import (
     detokenize_ids,
     embedding_input,
     embedding_norm,
+    numpy_int,
     refuse_unread,
     shown,
     token_ids,
@@ -190,7 +191,7 @@ class Model:
         self._check_open(method)
         try:
             request = parse_embedding_request({"input": inputs, "encoding_format": encoding_format,
-                                               "dimensions": dimensions})
+                                               "dimensions": numpy_int(dimensions)})
         except ApiError as exc:
             raise _embedding_error(method, exc) from exc
         pooling = self._completer.defaults.pooling
@@ -212,7 +213,8 @@ class Model:
         where llama-server and ``edgesdk embed`` (``--embd-normalize 2``) give unit vectors; True scales each to
         unit length, and a number is llama.cpp's ``--embd-normalize`` (-1 none, 0 max-abs scaled to int16, 1
         taxicab, 2 euclidean, > 2 p-norm). ``truncate`` (True, as llama-cpp-python's) embeds the first
-        ``max_context`` tokens of a longer input; False refuses it. Each text is tokenized with the model's
+        ``max_context`` tokens of a longer input, a text's end token that its tokenizer appends (an EOS or SEP) kept
+        last, as Ollama keeps it (llama-cpp-python cuts it off); False refuses it. Each text is tokenized with the model's
         special tokens (a BOS where it has one) and pooled as :func:`load`'s ``pooling`` says (``last`` by
         default)."""
         from edgesdk.runtime.embedding import EmbeddingConfig
@@ -456,8 +458,9 @@ class Model:
         backend = self.runtime.backend
         if not can_embed(backend):
             raise RequestError(method, f"the {backend.name} backend gives no hidden states, so this model cannot "
-                               "make embeddings", status=501, fix="load the bundle with backend='ort-cpu' (or "
-                               "'ort-cuda' on a Jetson)")
+                               "make embeddings", status=501, fix="load the bundle with backend='ort-cpu', or "
+                               "backend='triton' on a Jetson (its other backends run the QDQ graph, which has no "
+                               "hidden states)")
         try:
             return self._completer.embed(inputs, config, truncate=truncate)
         except ApiError as exc:

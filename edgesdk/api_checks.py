@@ -144,10 +144,20 @@ def check_perplexity_arguments(text: object, context: object, stride: object, ma
 def embedding_input(value: object) -> object:
     """The ``input`` of :meth:`Model.embed <edgesdk.api.Model.embed>` / ``create_embedding`` as the HTTP API's JSON
     carries it: tuples and numpy arrays of token ids (one, or one per input) as lists of ints; anything else as it
-    is, for the request's parser to name."""
-    value = token_ids(value)
-    if isinstance(value, list):
+    is, for the request's parser to name. A list may mix texts and token id arrays."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()  # a numpy array: token ids, or one row of them per input
+    if isinstance(value, (list, tuple)) and any(isinstance(item, (str, list, tuple)) or getattr(item, "ndim", 0)
+                                                for item in value):
         return [item if isinstance(item, str) else token_ids(item) for item in value]
+    return token_ids(value)
+
+
+def numpy_int(value: object) -> object:
+    """A numpy integer scalar (``np.int64(8)``) as the int it holds; anything else (a bool too) as it is."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and getattr(value, "ndim", None) == 0 and getattr(dtype, "kind", "") in ("i", "u"):
+        return int(value)
     return value
 
 
@@ -158,6 +168,7 @@ def embedding_norm(normalize: object) -> int:
     False is not 0 (0 scales the largest magnitude to the int16 range)."""
     from edgesdk.api import RequestError
 
+    normalize = numpy_int(normalize)
     if isinstance(normalize, bool):
         return 2 if normalize else -1
     if _whole_number(normalize, least=-1):

@@ -59,8 +59,8 @@ SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vec
                    "([[...],[...]]), json (OpenAI's embeddings answer), json+ (json and the cosine similarity "
                    "matrix).")
 @click.option("--truncate", is_flag=True,
-              help="Embed the first max-context tokens of a longer input (a note on stderr says which) instead of "
-                   "refusing it.")
+              help="Embed the first max-context tokens of a longer input, the end token its tokenizer appends kept "
+                   "(a note on stderr says which), instead of refusing it.")
 @runtime_options
 def embed(bundle, prompts, text_file, embd_separator, pooling, embd_normalize, embd_output_format, truncate,
           threads, backend, target, ignore_target):
@@ -73,7 +73,7 @@ def embed(bundle, prompts, text_file, embd_separator, pooling, embd_normalize, e
       edgesdk embed BUNDLE -p "a cat" -p "a dog" -p "the stock market"   # and their cosine similarities
     """
     inputs = _inputs(prompts, text_file, embd_separator)
-    from edgesdk.runtime.embedding import EmbeddingConfig, EmbeddingError, embed_tokens
+    from edgesdk.runtime.embedding import EmbeddingConfig, EmbeddingError, embed_tokens, text_ids
     from edgesdk.runtime.session import open_runtime
 
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
@@ -82,16 +82,21 @@ def embed(bundle, prompts, text_file, embd_separator, pooling, embd_normalize, e
     limit = runtime.backend.max_context
     embeddings = []
     for text, where in inputs:
-        ids = runtime.tokenizer.encode(text)
+        try:
+            ids, end = text_ids(runtime.tokenizer, text)
+        except EdgeSDKError as exc:  # bytes that are not UTF-8 in an argument (lone surrogates from the shell)
+            raise EdgeSDKError(f"{where}: {exc.problem}", exc.fix) from exc
         if not ids:
             raise EdgeSDKError(f"{where} holds no tokens: there is nothing to embed", "give it some text")
         try:
-            embedding = embed_tokens(runtime.backend, ids, config, truncate)
+            embedding = embed_tokens(runtime.backend, ids, config, truncate, end)
         except EmbeddingError as exc:  # longer than the context
             raise EdgeSDKError(f"{where}: {exc.problem}",
                                f"pass --truncate to embed its first {limit} tokens, or shorten it") from exc
         if embedding.truncated:
-            click.echo(f"note: {where} is {len(ids)} tokens: its first {embedding.tokens} were embedded", err=True)
+            kept = f"its first {embedding.tokens - end} and the {end} the tokenizer appends" if end else \
+                f"its first {embedding.tokens}"
+            click.echo(f"note: {where} is {len(ids)} tokens: {kept} were embedded", err=True)
         embeddings.append(embedding)
     rows = [row for embedding in embeddings
             for row in (embedding.vectors if pooling == "none" else [embedding.vectors])]

@@ -26,9 +26,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError, RuntimeBackendError
+from edgesdk.runtime.text import check_utf8
 
 POOLINGS = ("last", "mean", "cls", "none")
 NORMALIZE_HELP = "-1 none, 0 max-abs scaled to int16, 1 taxicab, 2 euclidean, > 2 p-norm"
+# the backends that give hidden states: ONNX Runtime's on a standard or fused graph, and triton (a Jetson bundle's
+# ort-cuda, ort-trt and tensorrt backends run its QDQ graph, which has no hidden-state output)
+NO_HIDDEN_STATES_FIX = "run the bundle with --backend ort-cpu, or --backend triton on a Jetson"
 
 
 class EmbeddingError(EdgeSDKError, ValueError):
@@ -82,32 +86,61 @@ def normalize(vectors: np.ndarray, norm: int) -> np.ndarray:
         scale = magnitudes.max(axis=-1, keepdims=True) / 32760.0
     elif norm == 2:
         scale = np.sqrt((values * values).sum(axis=-1, keepdims=True))
-    else:
-        scale = (magnitudes ** norm).sum(axis=-1, keepdims=True) ** (1.0 / norm)
+    else:  # the p-norm, computed on the values over their largest magnitude so a large p neither overflows nor
+        # underflows to 0 (common_embd_normalize sums pow(|x|, p) as it is, which gives zeros there)
+        largest = magnitudes.max(axis=-1, keepdims=True)
+        ratios = np.divide(magnitudes, largest, out=np.zeros_like(magnitudes), where=largest > 0)
+        scale = largest * (ratios ** norm).sum(axis=-1, keepdims=True) ** (1.0 / norm)
     factor = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
     return (values * factor).astype(np.float32)
 
 
+def text_ids(tokenizer, text: str) -> tuple[list[int], int]:
+    """(ids, end) of ``text`` tokenized with the model's special tokens (``tokenizer`` a
+    :class:`~edgesdk.runtime.text.ChatTokenizer`): ``end`` is how many of the last ids the tokenizer's post-processor
+    appended (an EOS or SEP, as the tokenizers of Qwen3-Embedding and of BERT-style embedding models add), which
+    :func:`truncated` keeps. A text that is not UTF-8 (lone surrogates) is an EdgeSDKError naming it."""
+    check_utf8(text, "the text to embed")
+    encoding = tokenizer.tokenizer.encode(text, add_special_tokens=True)
+    added = encoding.special_tokens_mask  # 1 for the tokens the post-processor added, 0 for the text's own
+    end = 0
+    while end < len(added) and added[len(added) - 1 - end]:
+        end += 1
+    return list(encoding.ids), end
+
+
+def truncated(ids: Sequence[int], limit: int, end: int = 0) -> list[int]:
+    """``ids`` cut to ``limit``: their first tokens, and their last ``end`` (the special tokens the tokenizer
+    appended, :func:`text_ids`) kept after them, as Ollama's ``/api/embed`` truncates (it cuts the text's tokens to
+    the context less the BOS and EOS its runner adds, and tokenizes the cut text again with them)."""
+    ids = list(ids)
+    if len(ids) <= limit:
+        return ids
+    if not 0 < end < limit:
+        return ids[:limit]
+    return ids[:limit - end] + ids[len(ids) - end:]
+
+
 def embed_tokens(backend, token_ids: Sequence[int], config: EmbeddingConfig = EmbeddingConfig(),
-                 truncate: bool = False) -> Embedding:
+                 truncate: bool = False, end: int = 0) -> Embedding:
     """The embedding of ``token_ids`` on ``backend``. A sequence longer than the bundle's context is refused, or
-    with ``truncate`` cut to its first ``max_context`` tokens (Ollama's ``/api/embed``, ``truncate`` on)."""
+    with ``truncate`` cut to its first tokens and its last ``end`` (the special tokens its tokenizer appended:
+    :func:`truncated`), ``max_context`` in all (Ollama's ``/api/embed``, ``truncate`` on)."""
     ids = [int(token) for token in token_ids]
     if not ids:
         raise EmbeddingError("the input to embed holds no tokens", "pass a non-empty text or token list")
     limit = int(backend.max_context)
-    truncated = len(ids) > limit
-    if truncated and not truncate:
+    cut = len(ids) > limit
+    if cut and not truncate:
         raise EmbeddingError(f"the input to embed is {len(ids)} tokens, more than the bundle's context of {limit}",
                              "shorten the input or split it into passages")
-    ids = ids[:limit]
+    ids = truncated(ids, limit, end)
     hidden_states = getattr(backend, "hidden_states", None)
     if hidden_states is None:
         raise RuntimeBackendError(f"the {backend.name} backend gives no hidden states, so it cannot make embeddings",
-                                  "run the bundle on an ONNX Runtime backend (--backend ort-cpu, or ort-cuda on a "
-                                  "Jetson)")
+                                  NO_HIDDEN_STATES_FIX)
     hidden = hidden_states(np.asarray(ids, dtype=np.int64))  # (T, D)
-    return Embedding(normalize(pool(hidden, config.pooling), config.normalize), len(ids), truncated)
+    return Embedding(normalize(pool(hidden, config.pooling), config.normalize), len(ids), cut)
 
 
 def can_embed(backend) -> bool:
@@ -115,5 +148,5 @@ def can_embed(backend) -> bool:
     return callable(getattr(backend, "hidden_states", None))
 
 
-__all__ = ["NORMALIZE_HELP", "POOLINGS", "Embedding", "EmbeddingConfig", "EmbeddingError", "can_embed",
-           "embed_tokens", "normalize", "pool"]
+__all__ = ["NORMALIZE_HELP", "NO_HIDDEN_STATES_FIX", "POOLINGS", "Embedding", "EmbeddingConfig", "EmbeddingError",
+           "can_embed", "embed_tokens", "normalize", "pool", "text_ids", "truncated"]

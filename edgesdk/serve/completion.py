@@ -23,7 +23,14 @@ import numpy as np
 from edgesdk import __version__
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.cache_store import CacheStore
-from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, EmbeddingError, can_embed, embed_tokens
+from edgesdk.runtime.embedding import (
+    Embedding,
+    EmbeddingConfig,
+    EmbeddingError,
+    can_embed,
+    embed_tokens,
+    text_ids,
+)
 from edgesdk.runtime.gbnf import GrammarError
 from edgesdk.runtime.generate import (
     DEFAULT_SAMPLERS,
@@ -664,7 +671,8 @@ class Completer:
         backend = self.runtime.backend
         if not can_embed(backend):
             raise ApiError(501, f"the {backend.name} backend gives no hidden states, so this server cannot make "
-                           "embeddings; serve the bundle with --backend ort-cpu (or ort-cuda on a Jetson)",
+                           "embeddings; serve the bundle with --backend ort-cpu, or --backend triton on a Jetson (its "
+                           "other backends run the QDQ graph, which has no hidden states)",
                            code="not_supported", kind="not_supported_error")
         if not inputs:
             raise ApiError(400, f"'{param}' holds no input to embed", param=param)
@@ -677,18 +685,21 @@ class Completer:
                 self._check_stopping()
                 if client_gone is not None and client_gone():
                     raise ClientGone("the client closed the connection while the request waited")
-                return [self._embed_one(ids, config, truncate, name) for ids, name in sequences]
+                return [self._embed_one(ids, end, config, truncate, name) for ids, end, name in sequences]
             finally:
                 self.busy = False
 
-    def _embedding_ids(self, item: str | Sequence[int], param: str) -> tuple[list[int], str]:
-        """(token ids, param) of one embedding input, or a 400 naming it."""
+    def _embedding_ids(self, item: str | Sequence[int], param: str) -> tuple[list[int], int, str]:
+        """(token ids, end, param) of one embedding input, or a 400 naming it: ``end`` counts the special tokens the
+        tokenizer appended to a text, which truncation keeps (:func:`edgesdk.runtime.embedding.truncated`); token
+        ids given as such are cut as they are."""
         tokenizer = self.runtime.tokenizer
+        end = 0
         if isinstance(item, str):
             try:
-                ids = tokenizer.encode(item) if item else []
-            except EdgeSDKError as exc:
-                raise ApiError(400, exc.problem, param=param) from exc
+                ids, end = text_ids(tokenizer, item) if item else ([], 0)
+            except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
+                raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param) from exc
         else:
             ids = [int(token) for token in item]
             vocabulary = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
@@ -700,16 +711,17 @@ class Completer:
                                f"{vocabulary - 1}", param=param)
         if not ids:
             raise ApiError(400, f"'{param}' is empty: there is nothing to embed", param=param)
-        return ids, param
+        return ids, end, param
 
-    def _embed_one(self, ids: list[int], config: EmbeddingConfig, truncate: bool, param: str) -> Embedding:
+    def _embed_one(self, ids: list[int], end: int, config: EmbeddingConfig, truncate: bool,
+                   param: str) -> Embedding:
         hook = self.hook
         try:
             if hook is not None:
                 hook.begin(min(len(ids), self.runtime.backend.max_context), 0)
                 hook.before_step("prefill")
             start = time.perf_counter()
-            embedding = embed_tokens(self.runtime.backend, ids, config, truncate)
+            embedding = embed_tokens(self.runtime.backend, ids, config, truncate, end)
             if hook is not None:
                 hook.after_step("prefill", 0, time.perf_counter() - start)
                 hook.end(GenerationStats(prompt_tokens=embedding.tokens, stop_reason="embedding"))

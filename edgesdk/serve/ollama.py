@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize
+from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize, text_ids, truncated
 from edgesdk.serve.anthropic import partial_input
 from edgesdk.serve.api import (
     MAX_TOP_LOGPROBS,
@@ -793,14 +793,14 @@ def embed(completer: Completer, asked: EmbedAsked,
     inputs, cut = [], set()
     for index, text in enumerate(asked.texts):
         name = asked.param if len(asked.texts) == 1 else f"{asked.param}[{index}]"
-        ids = _embedding_tokens(completer, text, name)
+        ids, end = _embedding_tokens(completer, text, name)
         if len(ids) > asked.num_ctx:
             if not asked.truncate:
                 raise ApiError(400, f"'{name}' is {len(ids)} tokens, more than 'options.num_ctx' {asked.num_ctx}; "
                                "shorten it, raise num_ctx (this model's context holds "
                                f"{limit}){'' if asked.legacy else ' or leave truncate on to embed its first tokens'}",
                                param=name, code="context_length_exceeded")
-            ids = ids[:asked.num_ctx]
+            ids = truncated(ids, asked.num_ctx, end)  # the tokenizer's end token kept, as Ollama keeps it
             cut.add(index)
         inputs.append(tuple(ids) if ids else text)  # an empty text goes on as text, for the completer's own refusal
     embeddings = completer.embed(inputs, config, param=asked.param, client_gone=client_gone)
@@ -808,12 +808,13 @@ def embed(completer: Completer, asked: EmbedAsked,
             for index, embedding in enumerate(embeddings)]
 
 
-def _embedding_tokens(completer: Completer, text: str, param: str) -> list[int]:
-    """``text``'s tokens as the completer embeds them (with the model's special tokens), or a 400 naming ``param``."""
+def _embedding_tokens(completer: Completer, text: str, param: str) -> tuple[list[int], int]:
+    """``text``'s tokens as the completer embeds them (with the model's special tokens) and how many of them the
+    tokenizer appended (:func:`edgesdk.runtime.embedding.text_ids`), or a 400 naming ``param``."""
     try:
-        return completer.runtime.tokenizer.encode(text) if text else []
-    except EdgeSDKError as exc:
-        raise ApiError(400, exc.problem, param=param) from exc
+        return text_ids(completer.runtime.tokenizer, text) if text else ([], 0)
+    except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
+        raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param) from exc
 
 
 def embed_body(asked: EmbedAsked, embeddings: list[Embedding], started_ns: int) -> dict:
