@@ -244,3 +244,45 @@ def test_an_embedding_while_a_stream_generates_waits_its_turn_and_changes_neithe
     assert text == alone
     for vector in embedded:
         _close(vector, want)
+
+
+# ------------------------------------------------------------------------------------------------ fuzzed bodies
+
+
+FIELDS = ("input", "content", "prompt", "model", "encoding_format", "dimensions", "embd_normalize", "truncate",
+          "options", "keep_alive", "user")
+
+
+def _json_values():
+    from hypothesis import strategies as st
+
+    text = st.text(alphabet=st.characters(codec=None, categories=("L", "N", "P", "Z", "Cs", "Cc")), max_size=12)
+    scalars = st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.floats() | text \
+        | st.sampled_from(["float", "base64", "tiny-host", "", "num_ctx"])
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                        | st.dictionaries(st.sampled_from(FIELDS + ("num_ctx",)), inner, max_size=3), max_leaves=8)
+
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/embedding", "/api/embed", "/api/embeddings"])
+def test_fuzzed_bodies_are_answered_or_refused_never_a_server_error(runtime, path):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    server = Served(runtime)
+    values = _json_values()
+    texts = st.text(alphabet=st.sampled_from(["a", " ", "\u00e9", "\U0001f642", "\ud800", "\udcff"]), max_size=6)
+    inputs = texts | st.lists(texts, max_size=3) | values  # lone surrogates, as JSON escapes carry them
+    bodies = st.fixed_dictionaries({}, optional={"model": st.just("tiny-host") | values,
+                                                 **{name: inputs for name in ("input", "content", "prompt")},
+                                                 **{name: values for name in FIELDS[4:]}}) | values
+
+    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(bodies)
+    def check(body):
+        status, _, payload = server.request("POST", path, raw=json.dumps(body).encode())
+        assert status in (200, 400, 404), (body, payload)
+
+    try:
+        check()
+    finally:
+        server.close()
