@@ -16,13 +16,17 @@ schema, after the listed ones, as llama.cpp's converter writes them and as pydan
 ``dict[str, X]`` or a model's extra fields), ``items`` (a schema, or ``false``), ``prefixItems`` (a tuple's
 positions, before ``items``), ``minItems``, ``maxItems``, ``enum``, ``const``, ``anyOf`` / ``oneOf`` (with an
 OpenAPI ``discriminator`` beside it: an annotation of options that its ``const`` properties tell apart
-already), ``allOf`` of one schema, ``$ref`` into ``$defs`` / ``definitions`` (recursion included), ``true`` /
-``{}`` for any value, a string's ``minLength`` / ``maxLength`` (in characters: code points, an escape one, a
+already, and other keywords beside it, which apply to every option), ``allOf`` (its schemas merged into one:
+properties and required lists joined, a ``$ref`` inlined, an ``anyOf`` distributed, the tighter bound and the
+common types and enum values kept, see ``_Compiler._intersection``), ``$ref`` into ``$defs`` /
+``definitions`` (recursion included), ``true`` / ``{}`` for any value, a string's ``minLength`` /
+``maxLength`` (in characters: code points, an escape one, a
 ``\\u`` surrogate pair one), ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` on an
 integer (no ``-0``, no leading zero) and on a number, a string's ``pattern`` and ``format`` (``date``,
 ``time``, ``date-time``, ``uuid``, each followed as a grammar over its characters,
-edgesdk/runtime/json_pattern.py; ``binary`` and ``password``, which OpenAPI and pydantic write for bytes
-and secrets and which any string satisfies), and the annotations (``title``, ``description``,
+edgesdk/runtime/json_pattern.py; pydantic's ``uuid1`` ... ``uuid8``, a uuid with that version digit;
+``binary`` and ``password``, which OpenAPI and pydantic write for bytes and secrets and which any string
+satisfies), and the annotations (``title``, ``description``,
 ``default``, ...). Properties are written in the schema's order, as OpenAI's strict mode and llama.cpp's
 converter write them. Between tokens the spacing is llama.cpp's schema grammar's: nothing, one space, or a
 newline and at most 20 spaces or tabs of indentation, so pretty-printed answers pass and a model cannot
@@ -74,8 +78,12 @@ from edgesdk.runtime.vocab_trie import tokens_accepted
 MAX_INDENT = 20  # spaces or tabs after a newline between tokens (llama.cpp's json-schema-to-grammar spacing)
 ONE_SPACE = -1  # spacing state after a single space: nothing more may follow
 MAX_WAYS = 64  # live parses kept at once (a schema of nested anyOf could otherwise multiply them)
+MAX_OPTIONS = 16  # options an allOf over anyOf spreads into (each an object is a live parse after its "{")
 # OpenAPI's formats for bytes and secrets, and pydantic's for a Path: any string has them
 ANY_STRING_FORMATS = ("binary", "password", "path")
+# pydantic's UUID1 ... UUID8 (llama.cpp's json-schema.cpp reads uuid1 ... uuid5 as uuid): a UUID of RFC 9562's
+# variant with that version digit, as Python's uuid.UUID(...).version and so pydantic check it
+VERSIONED_UUID = re.compile(r"uuid([1-8])")
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
                          "readOnly", "writeOnly"})
 BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
@@ -84,6 +92,10 @@ TYPE_KEYWORDS = {"object": {"properties", "required", "additionalProperties"},
                  "string": {"minLength", "maxLength", "pattern", "format"},
                  "number": {*BOUND_KEYWORDS, "multipleOf"}, "integer": {*BOUND_KEYWORDS, "multipleOf"},
                  "boolean": set(), "null": set()}
+OBJECT_KEYWORDS = ("properties", "required", "additionalProperties")
+COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems")
+LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems")  # two in an allOf: the greater holds
+UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems")  # the lesser
 # llama.cpp's schema grammar (common/json-schema-to-grammar.cpp): integral-part ::= [0] | [1-9] [0-9]{0,15},
 # decimal-part ::= [0-9]{1,16}, and the exponent is an integral-part.
 NUMBER_DIGITS = 16
@@ -99,6 +111,11 @@ _INSIDE_ARRAY = ("[",)  # a scanned value sits in a one-level container so that 
 
 class SchemaError(EdgeSDKError):
     """A JSON Schema uses something this constraint cannot enforce."""
+
+
+class _Empty(SchemaError):
+    """An intersection of schemas (allOf) that no value satisfies: an option of an anyOf holding it is
+    dropped, an optional property is left out; elsewhere the schema is refused with its reason."""
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: recursive schemas make cyclic trees
@@ -191,6 +208,8 @@ class _Compiler:
             self.lookup(ref)
             self.pending.setdefault(ref, None)
             return SchemaNode("ref", ref=ref)
+        if _intersected(schema):
+            return self.node(self._intersection([(path, schema, frozenset())], path), path)
         if "const" in schema or "enum" in schema:
             return self._literal(schema, path)
         for combiner in ("anyOf", "oneOf", "allOf"):
@@ -239,13 +258,221 @@ class _Compiler:
         options = schema[combiner]
         if not isinstance(options, list) or not options:
             raise SchemaError(f"{path}.{combiner} must be a non-empty array of schemas", "fix the schema")
-        if combiner == "allOf" and len(options) != 1:
-            raise SchemaError(f"{path}.allOf of {len(options)} schemas is not supported (an intersection of schemas)",
-                              "merge them into one schema")
         self._refuse(schema, path, {combiner, "$defs", "definitions"} | ({"discriminator"} if combiner != "allOf"
                                                                           else set()))
         nodes = tuple(self.node(option, f"{path}.{combiner}[{i}]") for i, option in enumerate(options))
         return nodes[0] if len(nodes) == 1 else SchemaNode("choice", options=nodes)
+
+    # ------------------------------------------------------------------ allOf: an intersection of schemas
+    def _intersection(self, components: list, path: str) -> dict:
+        """One schema whose instances are those of every component (``(where, schema, refs)``; ``refs``: the
+        definitions inlined on the way to it): ``allOf`` (JSON Schema 2020-12 core, section 10.2.1.1), and the
+        keywords beside an ``anyOf`` / ``oneOf``, which apply to the same instance. ``$ref`` components are
+        inlined and nested ``allOf`` flattened, as llama.cpp's converter does (``_visit_all_of``); an ``anyOf`` /
+        ``oneOf`` component is distributed (allOf[X, anyOf[A, B]] is anyOf[allOf[X, A], allOf[X, B]]), where
+        llama.cpp makes its options' properties optional ones of one object, which lets through an instance
+        with none of them. The components' keywords are merged by :meth:`_merge`; an option whose intersection
+        has no value is dropped, and where none is left :class:`_Empty` says why."""
+        ways: list = [[]]
+        for where, schema, refs in components:
+            ways = _conjoin(ways, self._dnf(schema, where, refs), path)
+        merged, empty = [], None
+        for way in ways:
+            try:
+                result = self._merge(way, path)
+            except _Empty as exc:
+                empty = empty or exc
+                continue
+            if all(not _same(result, other) for other in merged):
+                merged.append(result)
+        if not merged:
+            raise empty
+        return merged[0] if len(merged) == 1 else {"anyOf": merged}
+
+    def _dnf(self, schema, where: str, refs: frozenset) -> list:
+        """``schema`` as the options (anyOf) of conjunctions (allOf) of schemas with no ``$ref``, ``allOf``,
+        ``anyOf`` or ``oneOf`` of their own: a list of lists of ``(where, keywords, refs)``."""
+        if schema is True or schema == {}:
+            return [[]]
+        if schema is False:
+            raise _Empty(f"{where} is false, which no value satisfies", "drop it or give it a schema")
+        if not isinstance(schema, dict):
+            raise SchemaError(f"{where}: a schema must be an object or true, got {json.dumps(schema)[:60]}",
+                              "fix the schema")
+        rest = {keyword: value for keyword, value in schema.items()
+                if keyword not in ANNOTATIONS and keyword not in ("$defs", "definitions", "discriminator")}
+        ways: list = [[]]
+        if "$ref" in rest:
+            ref = rest.pop("$ref")
+            if not isinstance(ref, str):
+                raise SchemaError(f"{where}.$ref must be a string, got {ref!r}", "fix the schema")
+            if ref in refs:
+                raise SchemaError(f"{where}: $ref {ref!r} is intersected (allOf) with another schema inside its own "
+                                  "definition; such a recursive intersection is not supported",
+                                  "write the recursive definition without allOf")
+            ways = _conjoin(ways, self._dnf(self.lookup(ref), f"{where} ($ref {ref})", refs | {ref}), where)
+        combined = {combiner: rest.pop(combiner) for combiner in ("allOf", "anyOf", "oneOf") if combiner in rest}
+        for combiner, options in combined.items():
+            if not isinstance(options, list) or not options:
+                raise SchemaError(f"{where}.{combiner} must be a non-empty array of schemas", "fix the schema")
+        for i, option in enumerate(combined.get("allOf", ())):
+            ways = _conjoin(ways, self._dnf(option, f"{where}.allOf[{i}]", refs), where)
+        if rest:  # the schema's own keywords: after its $ref's and allOf's properties, before its options'
+            ways = _conjoin(ways, [[(where, rest, refs)]], where)
+        for combiner, options in combined.items():
+            if combiner == "allOf":
+                continue
+            alternatives, empty = [], None
+            for i, option in enumerate(options):  # oneOf is followed as anyOf, as elsewhere here
+                try:
+                    alternatives += self._dnf(option, f"{where}.{combiner}[{i}]", refs)
+                except _Empty as exc:
+                    empty = empty or exc
+            if not alternatives:
+                raise empty
+            ways = _conjoin(ways, alternatives, where)
+        return ways
+
+    def _merge(self, way: list, path: str) -> dict:
+        """The keywords of the schemas in ``way`` (``(where, keywords, refs)``, none with a ``$ref`` or a
+        combiner) as one schema that an instance satisfies exactly when it satisfies each of them: the tighter
+        of two bounds, the common types (an integer is a number), the common ``enum`` / ``const`` values, the
+        union of ``properties`` and of ``required``, a property given by several of them (or by one and
+        another's ``additionalProperties``) the intersection of their schemas. Keywords that cannot be
+        merged (two different patterns, formats or prefixItems) are refused by name."""
+        if not way:
+            return {}
+        if len(way) == 1:
+            return dict(way[0][1])
+        count, refs = len(way), frozenset().union(*(each[2] for each in way))
+        merged: dict = {}
+        given: dict = {}  # keyword -> where its merged value was first given
+        for where, keywords, _ in way:
+            for keyword, value in keywords.items():
+                if keyword in OBJECT_KEYWORDS or keyword in ("const", "enum"):
+                    continue
+                if keyword not in merged:
+                    merged[keyword], given[keyword] = value, where
+                elif not _same(merged[keyword], value):
+                    merged[keyword] = self._meet(keyword, (given[keyword], merged[keyword]), (where, value), path,
+                                                 count, refs)
+        literals = _common_literals(way, path, count)
+        if literals is not None:
+            merged["enum"] = literals
+        if any(keyword in keywords for _, keywords, _ in way for keyword in OBJECT_KEYWORDS):
+            self._merge_object(way, merged, path, count, refs)
+        return merged
+
+    def _meet(self, keyword: str, first: tuple, second: tuple, path: str, count: int, refs: frozenset):
+        """The value of ``keyword`` that two schemas giving it (``(where, value)`` each) leave together."""
+        (where_a, a), (where_b, b) = first, second
+        if keyword == "type":
+            kinds = _common_kinds(_kinds(a, where_a), _kinds(b, where_b))
+            if not kinds:
+                raise _Empty(f"{path}: an allOf of {count} schemas with no value in common: {where_a} has type "
+                             f"{a!r} and {where_b} type {b!r}", "make the schemas' types agree")
+            return kinds[0] if len(kinds) == 1 else kinds
+        if keyword in LOWER_BOUNDS or keyword in UPPER_BOUNDS:
+            for where, value in first, second:
+                if keyword in COUNT_KEYWORDS:
+                    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                        raise SchemaError(f"{where}.{keyword} must be a non-negative integer, got {value!r}",
+                                          "fix the schema")
+                else:
+                    _bound({keyword: value}, keyword, where)
+            return max(a, b) if keyword in LOWER_BOUNDS else min(a, b)
+        if keyword == "uniqueItems" and isinstance(a, bool) and isinstance(b, bool):
+            return a or b
+        if keyword == "multipleOf":
+            for where, value in first, second:
+                _multiple({keyword: value}, where, "integer")  # a number greater than 0
+            if isinstance(a, int) and isinstance(b, int):
+                return math.lcm(a, b)
+            ratio = Fraction(Decimal(repr(a))) / Fraction(Decimal(repr(b)))
+            if ratio.denominator == 1 or ratio.numerator == 1:  # one is a multiple of the other: it holds
+                return a if ratio.denominator == 1 else b
+        if keyword == "items":
+            if a is False or b is False:
+                return False
+            try:
+                return self._intersection([(f"{where_a}.items", a, refs), (f"{where_b}.items", b, refs)],
+                                          f"{path}.items")
+            except _Empty:  # no item can be written: only the items before them (prefixItems) may come
+                return False
+        what = {"pattern": "a string of both patterns", "format": "a string of both formats",
+                "multipleOf": "a multiple of both that is not one of the two",
+                "prefixItems": "an intersection of two tuples"}.get(keyword, "their intersection")
+        raise SchemaError(f"{path}: {where_a} and {where_b} both give {keyword!r}, as "
+                          f"{json.dumps(a, default=repr)[:60]} and {json.dumps(b, default=repr)[:60]}; "
+                          f"{what} is not supported",
+                          f"give {keyword!r} in one of them only, or make the two the same")
+
+    def _merge_object(self, way: list, merged: dict, path: str, count: int, refs: frozenset) -> None:
+        """``properties``, ``required`` and ``additionalProperties`` of the schemas in ``way``, into ``merged``.
+        A property's value must satisfy every schema that lists it and the ``additionalProperties`` of every
+        one that does not (JSON Schema 2020-12 core, section 10.3.2.3); a property that one of them forbids
+        (``additionalProperties: false`` without it) is left out, or has no value if it is required. Keys
+        beyond the properties are written only where each schema that says so allows them."""
+        given: dict = {}  # name -> [(where, schema)] of the schemas that list it
+        required: dict = {}  # name -> where it is required (first)
+        for where, keywords, _ in way:
+            listed = keywords.get("properties", {})
+            if not isinstance(listed, dict):
+                raise SchemaError(f"{where}.properties must be an object of property schemas, got "
+                                  f"{json.dumps(listed, default=repr)[:60]}", "fix the schema")
+            names = keywords.get("required", [])
+            if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+                raise SchemaError(f"{where}.required must be an array of property names, got "
+                                  f"{json.dumps(names, default=repr)[:60]}", "fix the schema")
+            for name, value in listed.items():
+                given.setdefault(name, []).append((f"{where}.properties.{name}", value))
+            for name in names:
+                required.setdefault(name, where)
+        others = [(where, keywords["additionalProperties"], keywords.get("properties", {}))
+                  for where, keywords, _ in way if "additionalProperties" in keywords]
+        properties = {}
+        for name, schemas in given.items():
+            for where, extra, listed in others:
+                if name in listed or extra is True or extra == {}:
+                    continue
+                if extra is False:
+                    if name in required:
+                        raise _Empty(f"{path}: an allOf of {count} schemas with no value in common: "
+                                     f"{required[name]} requires {name!r}, which {where} does not list and its "
+                                     "additionalProperties false forbids", f"list {name!r} in {where}'s properties")
+                    break
+                schemas = schemas + [(f"{where}.additionalProperties", extra)]
+            else:
+                distinct = []
+                for where, value in schemas:
+                    if value is not True and value != {} and all(not _same(value, seen) for _, seen in distinct):
+                        distinct.append((where, value))
+                if len(distinct) < 2:
+                    properties[name] = distinct[0][1] if distinct else {}
+                    continue
+                try:
+                    properties[name] = self._intersection([(where, value, refs) for where, value in distinct],
+                                                          f"{path}.properties.{name}")
+                except _Empty:
+                    if name in required:
+                        raise
+        merged["properties"] = properties
+        if required:
+            merged["required"] = list(required)
+        extras = [extra for _, extra, _ in others if extra is not True and extra != {}]
+        if not others:
+            return
+        if not extras:
+            merged["additionalProperties"] = True
+        elif any(extra is False for extra in extras) or len(extras) == 1:
+            merged["additionalProperties"] = False if any(extra is False for extra in extras) else extras[0]
+        else:
+            try:
+                merged["additionalProperties"] = self._intersection(
+                    [(f"{where}.additionalProperties", extra, refs) for where, extra, _ in others
+                     if extra is not True and extra != {}], f"{path}.additionalProperties")
+            except _Empty:
+                merged["additionalProperties"] = False
 
     def _typed(self, schema: dict, kind: str, path: str) -> SchemaNode:
         if kind == "boolean":
@@ -277,10 +504,10 @@ class _Compiler:
                               "keep one of them and check the other yourself")
         pattern = schema.get("pattern")
         if "format" in schema:
-            pattern = FORMATS.get(schema["format"]) if isinstance(schema["format"], str) else None
+            pattern = _format_pattern(schema["format"])
             if pattern is None:
                 raise SchemaError(f"{path}.format {json.dumps(schema['format'], default=repr)[:60]} is not supported "
-                                  f"(supported: {', '.join((*FORMATS, *ANY_STRING_FORMATS))})",
+                                  f"(supported: {', '.join((*FORMATS, *ANY_STRING_FORMATS))}, uuid1 ... uuid8)",
                                   "drop it, or write a pattern for it")
             implied = FORMAT_MAX_LENGTH.get(schema["format"])
             high = implied if high is None or implied is not None and implied < high else high
@@ -414,8 +641,93 @@ class _Compiler:
                                   "additionalProperties, items, prefixItems, minItems, maxItems, minLength, "
                                   "maxLength, pattern, format, minimum, maximum, exclusiveMinimum, "
                                   "exclusiveMaximum, multipleOf, uniqueItems, enum, const, anyOf, oneOf, "
-                                  "$ref to $defs) and check the "
+                                  "allOf, $ref to $defs) and check the "
                                   "answer yourself")
+
+
+def _format_pattern(name) -> str | None:
+    """The pattern a string of ``format`` ``name`` follows (None: a format not followed here)."""
+    if not isinstance(name, str):
+        return None
+    version = VERSIONED_UUID.fullmatch(name)
+    if version:
+        return (rf"^[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-{version[1]}[0-9a-fA-F]{{3}}-[89abAB][0-9a-fA-F]{{3}}-"
+                r"[0-9a-fA-F]{12}$")
+    return FORMATS.get(name)
+
+
+def _intersected(schema: dict) -> bool:
+    """``schema`` is an intersection: an ``allOf`` of several schemas, or a combiner beside other keywords
+    that apply to the same instance (an ``allOf`` of one with only annotations beside it is that schema)."""
+    combiners = [keyword for keyword in ("allOf", "anyOf", "oneOf") if keyword in schema]
+    if not combiners:
+        return False
+    if len(combiners) > 1 or isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        return True
+    return any(keyword not in ANNOTATIONS and keyword not in ("$defs", "definitions", "discriminator", *combiners)
+               for keyword in schema)
+
+
+def _conjoin(ways: list, options: list, path: str) -> list:
+    """Every conjunction of one of ``ways`` with one of ``options`` (allOf distributed over anyOf)."""
+    if len(ways) * len(options) > MAX_OPTIONS:
+        raise SchemaError(f"{path}: its allOf with anyOf / oneOf spreads into {len(ways) * len(options)} "
+                          f"options, more than the {MAX_OPTIONS} followed here",
+                          "write the alternatives as one anyOf, or fewer of them")
+    return [way + option for way in ways for option in options]
+
+
+def _same(a, b) -> bool:
+    """Two schemas or keyword values are the same JSON (``true`` is not ``1``)."""
+    return json.dumps(a, sort_keys=True, default=repr) == json.dumps(b, sort_keys=True, default=repr)
+
+
+def _common_kinds(a: list, b: list) -> list:
+    """The types an instance of both type lists has (an integer is a number: JSON Schema 2020-12 validation,
+    section 6.1.1)."""
+    kinds = []
+    for kind in a:
+        if kind in b or kind == "integer" and "number" in b:
+            kinds.append(kind)
+        elif kind == "number" and "integer" in b:
+            kinds.append("integer")
+    return list(dict.fromkeys(kinds))
+
+
+def _instance_key(value):
+    """A JSON value as JSON Schema compares instances (2020-12 core, section 4.2.2: 1 equals 1.0, ``true``
+    is no number, an object's keys in any order)."""
+    if isinstance(value, bool) or value is None:
+        return ("literal", value)
+    if isinstance(value, (int, float)):
+        return ("number", Fraction(value)) if math.isfinite(value) else ("number", repr(value))
+    if isinstance(value, list):
+        return ("array", tuple(_instance_key(each) for each in value))
+    if isinstance(value, dict):
+        return ("object", frozenset((key, _instance_key(each)) for key, each in value.items()))
+    return ("string", value)
+
+
+def _common_literals(way: list, path: str, count: int) -> list | None:
+    """The values the ``enum`` / ``const`` keywords of the schemas in ``way`` leave (None: none gives one)."""
+    common, first = None, ""
+    for where, keywords, _ in way:
+        for keyword in ("enum", "const"):
+            if keyword not in keywords:
+                continue
+            values = [keywords["const"]] if keyword == "const" else keywords["enum"]
+            if not isinstance(values, list) or not values:
+                raise SchemaError(f"{where}.enum must be a non-empty array, got "
+                                  f"{json.dumps(values, default=repr)[:60]}", "fix the schema")
+            if common is None:
+                common, first = values, f"{where}.{keyword}"
+                continue
+            keys = {_instance_key(value) for value in values}
+            common = [value for value in common if _instance_key(value) in keys]
+            if not common:
+                raise _Empty(f"{path}: an allOf of {count} schemas with no value in common: no value of {first} "
+                             f"is in {where}.{keyword}", "make the schemas' enum and const values agree")
+    return common
 
 
 def _bound(schema: dict, name: str, path: str) -> int | float:
