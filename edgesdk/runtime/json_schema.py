@@ -356,6 +356,12 @@ class _Compiler:
                 elif not _same(merged[keyword], value):
                     merged[keyword] = self._meet(keyword, (given[keyword], merged[keyword]), (where, value), path,
                                                  count, refs)
+        tuples = [where for where, keywords, _ in way if "prefixItems" in keywords]
+        items = [where for where, keywords, _ in way if "items" in keywords and "prefixItems" not in keywords]
+        if tuples and items:  # the other's items apply to the tuple's positions too, which prefixItems does not say
+            raise SchemaError(f"{path}: {tuples[0]} gives prefixItems and {items[0]} items for every position; "
+                              "an intersection of the two is not supported",
+                              f"give the items' schema in {tuples[0]}'s prefixItems and items")
         literals = _common_literals(way, path, count)
         if literals is not None:
             merged["enum"] = literals

@@ -16,6 +16,7 @@ import pytest
 from pydantic import TypeAdapter, types
 
 from edgesdk.runtime.json_schema import SchemaConstraint, SchemaError, compile_schema
+from tests.unit.test_json_schema_extras37 import _walk
 
 BYTES = [bytes([b]) for b in range(256)]  # a "tokenizer" whose token i is byte i
 
@@ -147,6 +148,18 @@ def test_every_valid_instance_is_taken_and_no_other(name):
     assert valid > 0
 
 
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_random_walks_over_the_allowed_bytes_end_in_instances(name):
+    """Beyond the pool: whatever bytes the constraint allows, a value it completes validates."""
+    schema, _ = SCHEMAS[name]
+    rng = random.Random(name)
+    values = [_walk(schema, rng, limit=300) for _ in range(25)]
+    done = [value for value in values if value is not None]
+    assert done
+    for value in done:
+        assert _valid(value, schema, schema), value
+
+
 def test_pretty_printed_and_recursive_answers():
     node = {"type": "object", "properties": {"v": {"type": "integer"},
                                              "kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
@@ -206,6 +219,9 @@ def test_a_single_allof_beside_a_type_is_that_schema():
      r"both give 'multipleOf', as 2 and 0.3; a multiple of both that is not one of the two is not supported"),
     ({"type": "object", "allOf": [{"properties": {"a": {"type": "string"}}}, {"required": ["b"]}]},
      r"\$.required names \['b'\], which are not among its properties"),
+    ({"type": "object", "properties": {"t": {"allOf": [{"type": "array", "prefixItems": [{"type": "string"}]},
+                                                        {"items": {"type": "integer"}}]}}},
+     r"\$.properties.t.allOf\[0\] gives prefixItems and \$.properties.t.allOf\[1\] items for every position"),
     ({"type": "object", "allOf": [{"properties": {"a": {"type": "string"}}}, {"not": {"required": ["a"]}}]},
      r"\$: keyword 'not' is not supported"),
 ])
