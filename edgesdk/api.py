@@ -75,8 +75,9 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     ``cache_ram_mib``, ``lookup``, ``prefill_assistant``, ``reasoning_format``, ``reasoning_budget``, ``max_waiting``
     (8: the calls that may wait behind the one generating; more are refused, as serve's ``--max-queue``), and
     ``pooling``, how :meth:`Model.embed` and :meth:`Model.create_embedding` pool a text's hidden states (llama.cpp's
-    ``--pooling``, llama-cpp-python's ``Llama(pooling_type=...)``): ``last`` (the default: the last token's, what
-    decoder embedding models are trained for), ``mean``, ``cls`` (the first token's) or ``none`` (every token's).
+    ``--pooling``, llama-cpp-python's ``Llama(pooling_type=...)``): ``last`` (the last token's, what decoder
+    embedding models are trained for), ``mean``, ``cls`` (the first token's) or ``none`` (every token's); left out,
+    the pooling the bundle's model declares, else ``mean`` (:func:`edgesdk.runtime.embedding.bundle_pooling`).
     """
     return Model(path, backend=backend, threads=threads, target=target, ignore_target=ignore_target,
                  watch_thermal=watch_thermal, draft=draft, draft_max=draft_max, draft_p_min=draft_p_min, **settings)
@@ -177,7 +178,8 @@ class Model:
         the answer's model (default: the bundle's), ``encoding_format`` is ``float`` or ``base64``, ``dimensions``
         keeps each vector's first N values, normalised again.
 
-        Each text is pooled as :func:`load`'s ``pooling`` says (``last`` by default) and the vectors have unit
+        Each text is pooled as :func:`load`'s ``pooling`` says (by default as the model declares, else mean) and the
+        vectors have unit
         length, as llama-server's and OpenAI's ``/v1/embeddings`` answer; an input longer than the bundle's context
         is refused, as there. llama-cpp-python's ``create_embedding`` differs in both: it returns the vectors as
         the model gives them and cuts a long input (its ``embed``'s defaults, which :meth:`embed` keeps)."""
@@ -215,8 +217,8 @@ class Model:
         taxicab, 2 euclidean, > 2 p-norm). ``truncate`` (True, as llama-cpp-python's) embeds the first
         ``max_context`` tokens of a longer input, a text's end token that its tokenizer appends (an EOS or SEP) kept
         last, as Ollama keeps it (llama-cpp-python cuts it off); False refuses it. Each text is tokenized with the model's
-        special tokens (a BOS where it has one) and pooled as :func:`load`'s ``pooling`` says (``last`` by
-        default)."""
+        special tokens (a BOS where it has one) and pooled as :func:`load`'s ``pooling`` says (by default as the
+        model declares, else mean)."""
         from edgesdk.runtime.embedding import EmbeddingConfig
         from edgesdk.serve.api import ApiError
         from edgesdk.serve.embeddings import embedding_inputs
@@ -452,13 +454,12 @@ class Model:
         """The :class:`~edgesdk.runtime.embedding.Embedding` of each of ``inputs`` (texts or token id tuples), in
         one turn on the model as ``edgesdk serve`` makes them; refused in Python's terms where the backend gives
         no hidden states or an input is longer than the bundle's context."""
-        from edgesdk.runtime.embedding import can_embed
+        from edgesdk.runtime.embedding import hidden_states_problem
         from edgesdk.serve.api import ApiError
 
-        backend = self.runtime.backend
-        if not can_embed(backend):
-            raise RequestError(method, f"the {backend.name} backend gives no hidden states, so this model cannot "
-                               "make embeddings", status=501, fix="load the bundle with backend='ort-cpu', or "
+        problem = hidden_states_problem(self.runtime.backend)
+        if problem is not None:
+            raise RequestError(method, problem, status=501, fix="load the bundle with backend='ort-cpu', or "
                                "backend='triton' on a Jetson (its other backends run the QDQ graph, which has no "
                                "hidden states)")
         try:

@@ -79,7 +79,7 @@ def check_load_arguments(path, backend, threads, target, ignore_target, watch_th
         if settings["pooling"] not in POOLINGS:
             refuse("pooling", settings["pooling"], f"one of {', '.join(POOLINGS)}",
                    "pass pooling='last' (decoder embedding models), 'mean', 'cls' or 'none' (every token's vector), "
-                   "or leave it out for last")
+                   "or leave it out for the pooling the model declares (else mean)")
     for name, value in settings.items():
         kind = SETTING_KINDS[name]
         if not _of_kind(value, kind) or (name == "max_tokens" and value < 1):

@@ -48,9 +48,10 @@ SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vec
                    "newline dropped).")
 @click.option("--embd-separator", default="\n", show_default="a newline", metavar="STRING",
               help="What separates the inputs in --prompt and --file, e.g. '<#sep#>'.")
-@click.option("--pooling", type=click.Choice(POOLINGS), default="last", show_default=True,
+@click.option("--pooling", type=click.Choice(POOLINGS), default=None,
               help="How a text's hidden states become its vector: last (the last token's: decoder embedding models, "
-                   "Qwen3-Embedding, e5-mistral), mean, cls (the first token's), none (every token's).")
+                   "Qwen3-Embedding, e5-mistral), mean, cls (the first token's), none (every token's).  [default: as "
+                   "the model declares, else mean]")
 @click.option("--embd-normalize", type=click.IntRange(min=-1), default=2, show_default=True, metavar="N",
               help="Normalisation of each vector: -1 none, 0 max-abs scaled to int16, 1 taxicab, 2 euclidean "
                    "(unit length), > 2 p-norm.")
@@ -73,11 +74,18 @@ def embed(bundle, prompts, text_file, embd_separator, pooling, embd_normalize, e
       edgesdk embed BUNDLE -p "a cat" -p "a dog" -p "the stock market"   # and their cosine similarities
     """
     inputs = _inputs(prompts, text_file, embd_separator)
-    from edgesdk.runtime.embedding import EmbeddingConfig, EmbeddingError, embed_tokens, text_ids
+    from edgesdk.runtime.embedding import (
+        EmbeddingConfig,
+        EmbeddingError,
+        bundle_pooling,
+        embed_tokens,
+        text_ids,
+    )
     from edgesdk.runtime.session import open_runtime
 
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
+    pooling = pooling or bundle_pooling(runtime.bundle.manifest)
     config = EmbeddingConfig(pooling=pooling, normalize=embd_normalize)
     limit = runtime.backend.max_context
     embeddings = []

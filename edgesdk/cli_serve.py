@@ -89,11 +89,11 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
               help="Thinking allowed: -1 without limit, 0 off (the chat template rendered with enable_thinking "
                    "false unless --chat-template-kwargs or a request's chat_template_kwargs set it), as "
                    "llama-server's option; a token budget in between is not taken.")
-@click.option("--pooling", type=click.Choice(POOLINGS), default="last", show_default=True,
+@click.option("--pooling", type=click.Choice(POOLINGS), default=None,
               help="How an embedding pools a text's final hidden states (llama-server's option): last (the last "
                    "token's, what decoder embedding models such as Qwen3-Embedding are trained for), mean (their "
                    "average), cls (the first token's), or none (every token's vector: POST /embedding answers it; "
-                   "/v1/embeddings and Ollama's /api/embed refuse it).")
+                   "/v1/embeddings and Ollama's /api/embed refuse it).  [default: as the model declares, else mean]")
 @draft_options
 @thermal_options
 @gate_options

@@ -11,6 +11,10 @@ from edgesdk.errors import RuntimeBackendError
 # The graphs' output of every position's final-norm hidden state (B, T, D): what embeddings pool, as
 # llama.cpp pools its ``result_norm`` tensor (export/llama_graph.py, export/fused_graph.py).
 HIDDEN_STATES = "hidden_states"
+NO_HIDDEN_STATES_OUTPUT = ("the bundle's graph has no 'hidden_states' output (it was exported before graphs gave one, "
+                           "or in the QDQ form TensorRT builds from), so it cannot give embeddings")
+REBUILD_FOR_HIDDEN_STATES = ("rebuild the bundle with 'edgesdk build' (a standard or fused graph form); a Jetson "
+                             "bundle embeds on the triton backend")
 
 
 class DecoderBackend(Protocol):
@@ -30,7 +34,8 @@ class DecoderBackend(Protocol):
         """Append one token; returns its next-token logits (vocab,)."""
 
     # Optional: ``hidden_states(token_ids) -> (T, hidden)`` runs the ids as a sequence of their own and returns
-    # their final-norm hidden states, leaving the KV cache as it was (embeddings, edgesdk.runtime.embedding).
+    # their final-norm hidden states, leaving the KV cache as it was (embeddings, edgesdk.runtime.embedding);
+    # ``gives_hidden_states`` says False where the method exists but the bundle's graph lacks them.
     # Optional: ``rewind(length)`` keeps the first ``length`` tokens of the KV cache, so the next
     # prefill continues after them (``edgesdk.runtime.prompt_cache``). A backend without it starts
     # every answer from an empty cache. With it, ``save_cache() -> (state, nbytes)`` copies the cache

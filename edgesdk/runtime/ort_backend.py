@@ -12,7 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk.errors import BundleError, EdgeSDKError, RuntimeBackendError
-from edgesdk.runtime.backend import HIDDEN_STATES, checked_keep_logits
+from edgesdk.runtime.backend import (
+    HIDDEN_STATES,
+    NO_HIDDEN_STATES_OUTPUT,
+    REBUILD_FOR_HIDDEN_STATES,
+    checked_keep_logits,
+)
 from edgesdk.weights_file import REBUILD, GraphTensor, open_session, read_graph_tensors
 
 # ONNX Runtime rewrites INT8 QDQ activations to UINT8 on x86 by default, and on a CPU with AVX2 but no
@@ -173,6 +178,12 @@ class OrtDecoderBase:
     def decode(self, token_id: int) -> np.ndarray:
         return self._run(np.array([[token_id]], np.int64), 1)[0]
 
+    @property
+    def gives_hidden_states(self) -> bool:
+        """Whether the graph outputs the hidden states (a bundle exported before graphs gave them, or the QDQ form
+        TensorRT builds from, does not)."""
+        return HIDDEN_STATES in {value.name for value in self.session.get_outputs()}
+
     def hidden_states(self, token_ids: np.ndarray) -> np.ndarray:
         """The final-norm hidden states (T, hidden) of ``token_ids`` run as a sequence of their own: what
         embeddings pool. The KV cache is left as it was (the sequence runs beside it, not after it)."""
@@ -180,12 +191,8 @@ class OrtDecoderBase:
         if ids.shape[1] == 0:
             raise RuntimeBackendError("hidden states of 0 tokens: there is no position to return",
                                       "pass at least one token id")
-        if HIDDEN_STATES not in {value.name for value in self.session.get_outputs()}:
-            raise RuntimeBackendError(
-                "the bundle's graph has no 'hidden_states' output (it was exported before graphs gave one, or "
-                "in the QDQ form TensorRT builds from), so it cannot give embeddings",
-                "rebuild the bundle with 'edgesdk build' (a standard or fused graph form), or run it on "
-                "another bundle")
+        if not self.gives_hidden_states:
+            raise RuntimeBackendError(NO_HIDDEN_STATES_OUTPUT, REBUILD_FOR_HIDDEN_STATES)
         self._check_length(ids.shape[1])
         return self._run_hidden(ids)[0]  # (1, T, D) -> (T, D)
 

@@ -27,8 +27,9 @@ from edgesdk.runtime.embedding import (
     Embedding,
     EmbeddingConfig,
     EmbeddingError,
-    can_embed,
+    bundle_pooling,
     embed_tokens,
+    hidden_states_problem,
     text_ids,
 )
 from edgesdk.runtime.gbnf import GrammarError
@@ -83,8 +84,9 @@ class ServeDefaults:
     # this many (0: keep none), and at most this many bytes of their JSON with their input items; the oldest go first
     responses_kept: int = 256
     responses_kept_bytes: int = 16 << 20
-    # how an embedding pools a text's hidden states (llama-server's --pooling): last | mean | cls | none
-    pooling: str = "last"
+    # how an embedding pools a text's hidden states (llama-server's --pooling): last | mean | cls | none; None: as the
+    # bundle's model declares, else mean (edgesdk.runtime.embedding.bundle_pooling), settled when the Completer opens
+    pooling: str | None = None
 
     def __post_init__(self):
         chain = SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -98,7 +100,8 @@ class ServeDefaults:
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
                              f"{self.reasoning_format!r}")
-        EmbeddingConfig(pooling=self.pooling)  # an EmbeddingError (a ValueError) naming a pooling it does not know
+        if self.pooling is not None:
+            EmbeddingConfig(pooling=self.pooling)  # an EmbeddingError (a ValueError) naming a pooling it does not know
         if isinstance(self.reasoning_budget, bool) or self.reasoning_budget not in (-1, 0):
             raise ValueError(f"reasoning_budget must be -1 (thinking without limit) or 0 (thinking off: the chat "
                              f"template rendered with enable_thinking false), as llama-server takes it, got "
@@ -360,7 +363,10 @@ class Completer:
 
     def __init__(self, runtime: Runtime, defaults: ServeDefaults | None = None, hook: StepHook | None = None,
                  draft: DraftModel | None = None):
-        self.runtime, self.defaults, self.hook = runtime, defaults or ServeDefaults(), hook
+        defaults = defaults or ServeDefaults()
+        if defaults.pooling is None:  # the bundle's model's pooling, else mean
+            defaults = replace(defaults, pooling=bundle_pooling(runtime.bundle.manifest))
+        self.runtime, self.defaults, self.hook = runtime, defaults, hook
         self._turn = FairTurn()  # held while a request generates, handed on in arrival order
         self._admitted = threading.BoundedSemaphore(self.defaults.max_waiting + 1)  # generating + waiting
         self.busy = False
@@ -668,11 +674,10 @@ class Completer:
         conversation in the KV cache (:func:`edgesdk.runtime.embedding.embed_tokens`), so the prompt cache
         stays; the thermal hook paces or pauses each as it does a prefill. Errors are 400s naming ``param``
         (``input[2]`` for the third input)."""
-        backend = self.runtime.backend
-        if not can_embed(backend):
-            raise ApiError(501, f"the {backend.name} backend gives no hidden states, so this server cannot make "
-                           "embeddings; serve the bundle with --backend ort-cpu, or --backend triton on a Jetson (its "
-                           "other backends run the QDQ graph, which has no hidden states)",
+        problem = hidden_states_problem(self.runtime.backend)
+        if problem is not None:
+            raise ApiError(501, f"{problem}; serve the bundle with --backend ort-cpu, or --backend triton on a Jetson "
+                           "(its other backends run the QDQ graph, which has no hidden states)",
                            code="not_supported", kind="not_supported_error")
         if not inputs:
             raise ApiError(400, f"'{param}' holds no input to embed", param=param)

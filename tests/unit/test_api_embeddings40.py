@@ -34,7 +34,7 @@ def reference(tiny_bundle):
     return open_runtime(tiny_bundle.path, threads=1)
 
 
-def runtime_vectors(runtime, text_or_ids, pooling="last", norm=-1, truncate=False) -> np.ndarray:
+def runtime_vectors(runtime, text_or_ids, pooling="mean", norm=-1, truncate=False) -> np.ndarray:
     ids = runtime.tokenizer.encode(text_or_ids) if isinstance(text_or_ids, str) else list(text_or_ids)
     return embed_tokens(runtime.backend, ids, EmbeddingConfig(pooling=pooling, normalize=norm), truncate).vectors
 
@@ -47,7 +47,8 @@ def test_one_text_gives_a_list_of_floats_equal_to_the_runtimes(model, reference)
 
 
 def test_the_vector_is_the_pytorch_models_last_hidden_state(model, tiny_model_dir):
-    """pooling last, normalize False: the final norm's output at the last position, as transformers gives it."""
+    """The default pooling (mean, the tiny model declaring none), normalize False: the final norm's output averaged
+    over the positions, as transformers gives it."""
     torch = pytest.importorskip("torch")
     from edgesdk.models.loader import load_model
     from edgesdk.models.sources import resolve_model
@@ -56,7 +57,7 @@ def test_the_vector_is_the_pytorch_models_last_hidden_state(model, tiny_model_di
     ids = model.tokenize(TEXT)
     with torch.no_grad():
         hidden = source(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0].numpy()
-    np.testing.assert_allclose(model.embed(ids), hidden[-1], atol=2e-5)
+    np.testing.assert_allclose(model.embed(ids), hidden.mean(0), atol=2e-5)
 
 
 def test_every_input_form(model):
@@ -98,8 +99,8 @@ def test_pooling_none_gives_every_tokens_vector_and_the_others_pool_them(tiny_bu
         with pytest.raises(RequestError, match="pooling='last'") as caught:
             unpooled.create_embedding(TEXT)
         assert caught.value.status == 400
-    np.testing.assert_allclose(model.embed(TEXT), rows[-1], rtol=1e-6, atol=1e-6)  # last
-    for pooling, want in (("mean", np.mean(rows, axis=0)), ("cls", rows[0])):
+    np.testing.assert_allclose(model.embed(TEXT), np.mean(rows, axis=0), rtol=1e-5, atol=1e-6)  # mean, the default
+    for pooling, want in (("last", rows[-1]), ("cls", rows[0])):
         with edgesdk.load(tiny_bundle.path, threads=1, pooling=pooling) as pooled:
             np.testing.assert_allclose(pooled.embed(TEXT), want, rtol=1e-5, atol=1e-6)
 

@@ -26,7 +26,7 @@ def reference(tiny_bundle):
     return open_runtime(tiny_bundle.path, threads=1)
 
 
-def vectors(runtime, texts, pooling="last", norm=2) -> np.ndarray:
+def vectors(runtime, texts, pooling="mean", norm=2) -> np.ndarray:
     """The runtime's embeddings of ``texts``: one row per text, or per token with pooling none."""
     rows = [embed_tokens(runtime.backend, runtime.tokenizer.encode(text), EmbeddingConfig(pooling, norm)).vectors
             for text in texts]

@@ -77,20 +77,31 @@ def test_a_gated_graph_embeds_with_every_ffn_run_and_leaves_its_controller_alone
     assert backend.controller.summary() == before
 
 
-def test_the_qdq_form_has_no_hidden_states_and_says_to_rebuild(tmp_path):
+def test_the_qdq_form_has_no_hidden_states_and_a_server_says_so_with_a_501(tmp_path, runtime):
+    import onnx
+
     from edgesdk.export.decoder_weights import decoder_weights_from_hf
     from edgesdk.export.qdq_graph import QDQConfig, emit_qdq_decoder
+    from edgesdk.runtime.embedding import can_embed
+    from edgesdk.runtime.session import Runtime
+    from edgesdk.serve.api import ApiError
+    from edgesdk.serve.completion import Completer
 
     model = tiny_llama(layers=1, heads=4, kv_heads=2)
     onnx_model, spec = emit_qdq_decoder(decoder_weights_from_hf(model), 32, QDQConfig())
-    import onnx
-
     onnx.save(onnx_model, str(tmp_path / "model.onnx"))
     backend = OrtBackend(tmp_path / "model.onnx", spec.to_json(), threads=1)
     assert "hidden" not in spec.to_json()["outputs"]
+    assert not backend.gives_hidden_states
+    assert not can_embed(backend)
     with pytest.raises(RuntimeBackendError, match="no 'hidden_states' output") as caught:
         backend.hidden_states(IDS)
     assert "rebuild" in caught.value.fix
+    completer = Completer(Runtime(bundle=runtime.bundle, backend=backend, tokenizer=runtime.tokenizer))
+    with pytest.raises(ApiError, match="no 'hidden_states' output") as refused:  # a 500 before
+        completer.embed(["the board"], EmbeddingConfig())
+    assert (refused.value.status, refused.value.code) == (501, "not_supported")
+    assert "rebuild the bundle" in refused.value.message
 
 
 def test_pooling_and_normalisation_follow_llama_cpp():
@@ -112,7 +123,7 @@ def test_pooling_and_normalisation_follow_llama_cpp():
 
 def test_embed_tokens_pools_normalises_counts_and_truncates_on_request(tmp_path):
     model, backend, _ = _exported(tmp_path, "ort-fused")
-    want = _reference_hidden(model, IDS)[-1]
+    want = _reference_hidden(model, IDS).mean(0)  # mean pooling: the default for a model that declares none
     got = embed_tokens(backend, IDS.tolist())
     np.testing.assert_allclose(got.vectors, want / np.linalg.norm(want), atol=1e-5)
     assert (got.tokens, got.truncated) == (len(IDS), False)

@@ -65,13 +65,48 @@ def test_a_pooling_edgesdk_does_not_compute_is_named_and_no_declaration_is_none(
     assert sentence_transformers_pooling(tmp_path) == (None, None)
 
 
-def test_the_bundle_records_the_declared_pooling(tmp_path):
+def test_a_bundle_pools_as_its_model_declares_unless_asked_otherwise(tmp_path, tiny_bundle):
+    """Built from a sentence-transformers directory with last-token pooling, the bundle records it, and the server,
+    the Python API and the command pool with it when no pooling is asked for; a bundle of a model that declares
+    none pools with mean."""
     pytest.importorskip("torch")
+    import numpy as np
+    from click.testing import CliRunner
+
+    import edgesdk
     from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.cli import main
     from edgesdk.export.onnx_export import ExportConfig
+    from edgesdk.runtime.embedding import EmbeddingConfig, embed_tokens
+    from edgesdk.runtime.session import open_runtime
+    from edgesdk.serve.completion import Completer, ServeDefaults
     from tests._utils.tiny import save_tiny_model_dir
 
     model_dir = _sentence_transformers(save_tiny_model_dir(tmp_path / "embedder"), pooling_mode_lasttoken=True)
     bundle = build(BuildConfig(target="host", model=str(model_dir), out=tmp_path / "b",
                                export=ExportConfig(max_context=64), progress=False))
     assert bundle.manifest["model"]["before"]["pooling"] == "last"
+    assert "pooling" not in tiny_bundle.manifest["model"]["before"]
+    runtime = open_runtime(bundle.path, threads=1)
+    ids = runtime.tokenizer.encode("the board runs cool")
+    last, mean = (embed_tokens(runtime.backend, ids, EmbeddingConfig(pooling=p)).vectors for p in ("last", "mean"))
+    assert not np.allclose(last, mean)
+    assert Completer(runtime).defaults.pooling == "last"
+    assert Completer(runtime, ServeDefaults(pooling="mean")).defaults.pooling == "mean"
+    assert Completer(open_runtime(tiny_bundle.path, threads=1)).defaults.pooling == "mean"
+    with edgesdk.load(bundle.path, threads=1) as model:
+        np.testing.assert_allclose(model.embed("the board runs cool", normalize=True), last, atol=1e-6)
+    result = CliRunner().invoke(main, ["embed", str(bundle.path), "-p", "the board runs cool",
+                                       "--embd-output-format", "array"])
+    assert result.exit_code == 0, result.output
+    np.testing.assert_allclose(json.loads(result.stdout)[0], last, atol=1e-6)
+
+
+def test_a_pooling_in_the_manifest_that_is_none_here_is_named():
+    from edgesdk.errors import BundleError
+    from edgesdk.runtime.embedding import bundle_pooling
+
+    assert bundle_pooling({"model": {"before": {"pooling": "cls"}}}) == "cls"
+    assert bundle_pooling({"model": {"before": {}}}) == "mean"
+    with pytest.raises(BundleError, match="'model.before.pooling' is 'max'"):
+        bundle_pooling({"model": {"before": {"pooling": "max"}}})

@@ -36,7 +36,7 @@ def _ids(runtime, text: str) -> list[int]:
     return runtime.tokenizer.encode(text)
 
 
-def _want(runtime, ids, pooling: str = "last", norm: int = 2, truncate: bool = False) -> np.ndarray:
+def _want(runtime, ids, pooling: str = "mean", norm: int = 2, truncate: bool = False) -> np.ndarray:
     """The embedding the runtime itself gives ``ids``."""
     return embed_tokens(runtime.backend, ids, EmbeddingConfig(pooling=pooling, normalize=norm), truncate).vectors
 
@@ -81,13 +81,14 @@ def test_base64_is_the_little_endian_float32_bytes_of_the_vector(served, runtime
     assert body["data"][0]["object"] == "embedding"
 
 
-def test_the_last_pooled_vector_is_transformers_final_hidden_state_normalised(served, tiny_model_dir, runtime):
+def test_the_pooled_vector_is_transformers_final_hidden_state_normalised(served, tiny_model_dir, runtime):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32).eval()
     ids = _ids(runtime, TEXTS[1])
     with torch.no_grad():
-        hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0, -1].numpy()
+        # mean pooling, the default of a model that declares none
+        hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0].mean(0).numpy()
     _, body = served.post("/v1/embeddings", {"input": TEXTS[1], "encoding_format": "float"})
     np.testing.assert_allclose(body["data"][0]["embedding"], hidden / np.linalg.norm(hidden), atol=1e-5)
 
@@ -383,7 +384,7 @@ def test_serve_pooling_is_the_runtime_s_poolings_and_reaches_the_server(tiny_bun
 
     option = next(param for param in serve.params if param.name == "pooling")
     assert tuple(option.type.choices) == POOLINGS
-    assert option.default == "last"
+    assert option.default is None  # the model's declared pooling, else mean
     with serve_command(tiny_bundle.path, tmp_path, "--pooling", "mean") as url:
         request = urllib.request.Request(url + "/embedding", json.dumps({"content": TEXTS[0]}).encode(),
                                          {"Content-Type": "application/json"})

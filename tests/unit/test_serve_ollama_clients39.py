@@ -251,7 +251,7 @@ def test_home_assistant_s_requests(tools_server):  # noqa: F811
 
 def test_a_schema_s_error_names_format(served):
     status, payload = served.post("/api/chat", {"model": NAME, "messages": MESSAGES, "stream": False,
-                                                "format": {"type": "object", "allOf": [{}, {}]}})
+                                                "format": {"type": "object", "not": {}}})
     assert status == 400, payload
     assert payload["error"].startswith("'format': "), payload
 
