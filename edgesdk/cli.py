@@ -165,6 +165,7 @@ def inspect(bundle, as_json):
     kv_text = str(kv[0]) if len(kv) == 1 else f"{kv[0]}-{kv[-1]} by layer"
     click.echo(f"graph      {graph['form']} {graph['dtype']}, {graph['num_layers']} layers, "
                f"kv heads {kv_text}, max context {graph['max_context']}")
+    click.echo(f"embeddings {_embeddings_summary(manifest)}")
     chain = [manifest["runtime"]["backend"], *manifest["runtime"].get("fallbacks", [])]  # optional, as in a run
     click.echo(f"runtime    {' -> '.join(chain)}, "
                f"{manifest['runtime']['threads']} threads")
@@ -177,6 +178,20 @@ def inspect(bundle, as_json):
                    f"{packed['bytes'] / 1e6:.1f} MB in memory")
     for name, facts in sorted(manifest["files"].items()):
         click.echo(f"  {name:<24} {facts['size']:>14,}  {facts['sha256'][:16]}")
+
+
+def _embeddings_summary(manifest: dict) -> str:
+    """Whether and how the bundle embeds (``edgesdk embed``, serve's embedding routes): the graph's hidden-state
+    output or the block-sparse weights, and the pooling used when none is asked for."""
+    from edgesdk.runtime.embedding import DEFAULT_POOLING
+
+    declared = manifest["model"]["before"].get("pooling")
+    pooling = f"{declared} pooling (the model's)" if declared else f"{DEFAULT_POOLING} pooling (the model declares none)"
+    if "hidden" in (manifest["graph"].get("outputs") or {}):
+        return pooling
+    if manifest.get("sparse"):
+        return f"{pooling}, on the triton backend only (the QDQ graph has no hidden-state output)"
+    return "none: the graph has no hidden-state output (built before graphs gave one); rebuild the bundle"
 
 
 @main.command()

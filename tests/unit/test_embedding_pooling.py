@@ -100,6 +100,10 @@ def test_a_bundle_pools_as_its_model_declares_unless_asked_otherwise(tmp_path, t
                                        "--embd-output-format", "array"])
     assert result.exit_code == 0, result.output
     np.testing.assert_allclose(json.loads(result.stdout)[0], last, atol=1e-6)
+    for path, line in ((bundle.path, "embeddings last pooling (the model's)"),
+                       (tiny_bundle.path, "embeddings mean pooling (the model declares none)")):
+        shown = CliRunner().invoke(main, ["inspect", str(path)])
+        assert line in shown.output.splitlines(), shown.output
 
 
 def test_a_pooling_in_the_manifest_that_is_none_here_is_named():
