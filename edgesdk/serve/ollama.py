@@ -13,15 +13,18 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   an assistant's ``thinking`` is left out, as an earlier turn's reasoning is on the other routes; ``images`` are
   refused: the model reads text), ``tools``, ``format`` (``"json"`` or a JSON schema; in both, OpenAPI 3.0's
   ``nullable`` as JSON schema's ``null`` type), ``think``, ``options``, ``stream``
-  (true unless false, as in Ollama), ``keep_alive`` (accepted: the board keeps its one model loaded),
+  (true unless false, as in Ollama), ``keep_alive`` (seconds or a Go duration, checked as Ollama checks it; the
+  board keeps its one model loaded whatever it says),
   ``logprobs`` and ``top_logprobs`` (0-20; without ``logprobs`` true nothing is listed, as in Ollama).
-  No messages: the model is loaded already, and the answer says so (``done_reason`` "load"), as Ollama answers.
+  No messages: the model is loaded already, and the answer says so (``done_reason`` "load"), as Ollama answers;
+  with ``keep_alive`` zero (``0``, ``"0"``, ``"0s"``), Ollama's unload answer (``done_reason`` "unload").
   A conversation past the context (or ``num_ctx``) loses its oldest messages until it fits, its system messages
   and its last message kept, as Ollama's ``chatPrompt`` keeps it (:func:`trimmed`).
 * ``POST /api/generate``: ``prompt`` with ``system`` through the chat template, or ``raw`` as given (``system``
   unused then, as in Ollama); ``suffix``, ``images``, a ``template`` and the deprecated ``context`` are refused by
   name (no fill-in-the-middle, text only, the bundle's chat template is the one rendered, and no token history is
-  answered to send back). An empty prompt answers done with ``done_reason`` "load", as Ollama's does.
+  answered to send back). An empty prompt answers done with ``done_reason`` "load", as Ollama's does ("unload"
+  with ``keep_alive`` zero).
 * ``options``: ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, ``repeat_penalty``,
   ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``, ``num_predict`` (-1: no limit, -2: until the
   context fills; here both run until the answer ends or the context is full), ``num_ctx`` (the request's context
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -95,6 +99,12 @@ THINK_LEVELS = ("high", "medium", "low")  # gpt-oss's levels; any is thinking on
 ONE_SCHEMA = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
 SCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf", "allOf")
 SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+# keep_alive as a string: Go's time.ParseDuration, which api/types.go's Duration.UnmarshalJSON calls: an optional sign,
+# then "0" alone or one or more decimal numbers each with its unit
+GO_DURATION = re.compile(r"([-+]?)(?:(0)|((?:(?:\d+\.?\d*|\.\d+)(?:ns|us|\u00b5s|\u03bcs|ms|s|m|h))+))")
+GO_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+GO_UNIT_NS = {"ns": 1, "us": 1e3, "\u00b5s": 1e3, "\u03bcs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9}
+GO_LONGEST_DURATION_NS = 2**63 - 1  # time.Duration is an int64 of nanoseconds
 # /api/ps's expires_at for a model kept loaded: Ollama's for keep_alive < 0 (now plus Go's longest time.Duration,
 # about 292 years), as the board keeps its one model for as long as the server runs
 KEPT_LOADED_UNTIL = "2318-01-01T00:00:00Z"
@@ -120,19 +130,20 @@ class Asked:
     think: bool | None = None
     cuts: tuple[int, ...] = ()
     truncate: bool = True  # /api/chat: drop the oldest messages that do not fit (Ollama's ``truncate``, on by default)
+    unload: bool = False  # nothing to generate and ``keep_alive`` zero: Ollama's request to unload the model
 
 
 def parse_chat(body: object, served: str) -> Asked:
     """``POST /api/chat``: the chat request it means, or none (no messages: the model is to be loaded)."""
     body = _object(body)
     model = _model_name(body, served)
-    _check_keep_alive(body)
+    unload = _check_keep_alive(body)
     fields = _stream_and_format(body)
     options, stops, window = _options(body)
     think, top = _think(body), _logprobs(body)
     messages = body.get("messages")
     if messages is None or messages == []:
-        return Asked(model, None, chat=True)
+        return Asked(model, None, chat=True, unload=unload)
     if not isinstance(messages, list):
         raise ApiError(400, f"'messages' must be an array of {{\"role\", \"content\"}} objects, got "
                        f"{_shown(messages)}", param="messages")
@@ -149,7 +160,7 @@ def parse_generate(body: object, served: str) -> Asked:
     request; an empty prompt asks for the model to be loaded, nothing generated."""
     body = _object(body)
     model = _model_name(body, served)
-    _check_keep_alive(body)
+    unload = _check_keep_alive(body)
     fields = _stream_and_format(body)
     options, stops, window = _options(body)
     think, top = _think(body), _logprobs(body)
@@ -166,7 +177,7 @@ def parse_generate(body: object, served: str) -> Asked:
     if system is not None and not isinstance(system, str):
         raise ApiError(400, f"'system' must be a string, got {_shown(system)}", param="system")
     if not prompt:
-        return Asked(model, None, chat=False)
+        return Asked(model, None, chat=False, unload=unload)
     if raw:
         text = {**fields, **options, "prompt": prompt, **({} if top is None else {"logprobs": top})}
         return Asked(model, _parsed(parse_text_request, text, stops), chat=False, num_ctx=window)
@@ -299,12 +310,27 @@ def _model_name(body: dict, served: str) -> str:
     return name
 
 
-def _check_keep_alive(body: dict) -> None:
-    """``keep_alive``: a duration (``"5m"``) or seconds, taken and unused: the board keeps its one model loaded."""
+def _check_keep_alive(body: dict) -> bool:
+    """``keep_alive``, read as api/types.go's ``Duration.UnmarshalJSON`` reads it: a number of seconds (below 0:
+    forever) or a Go duration string (``"5m"``, ``"1h30m"``, ``"0"``; a negative one: forever), anything else
+    refused as Ollama refuses it. Whether it is zero: with nothing to generate, Ollama unloads the model then
+    (:func:`loaded`); the board keeps its one model loaded whatever it says."""
     keep = body.get("keep_alive")
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (int, float, str))):
+    if keep is None:
+        return False
+    if isinstance(keep, str):
+        whole = GO_DURATION.fullmatch(keep)
+        nanoseconds = 0.0 if whole is None or whole.group(2) else \
+            sum(float(number) * GO_UNIT_NS[unit] for number, unit in GO_DURATION_PART.findall(whole.group(3)))
+        if whole is None or nanoseconds > GO_LONGEST_DURATION_NS:  # ParseDuration: "invalid duration" (overflow)
+            raise ApiError(400, f"'keep_alive' {_shown(keep)} is not a duration: send a number of seconds (-1: keep "
+                           "loaded) or a Go duration such as \"5m\", \"1h30m\" or \"0\" (units ns, us, ms, s, m, "
+                           "h; at most 2562047h)", param="keep_alive")
+        return nanoseconds < 1  # Go's time.Duration counts whole nanoseconds
+    if isinstance(keep, bool) or not isinstance(keep, (int, float)):
         raise ApiError(400, f"'keep_alive' must be a duration (\"5m\", or seconds), got {_shown(keep)}",
                        param="keep_alive")
+    return 0 <= keep < 1e-9  # time.Duration(t * float64(time.Second)) is 0 there; below 0 it is forever
 
 
 def _stream_and_format(body: dict) -> dict:
@@ -569,8 +595,13 @@ def json_schema(schema: object) -> object:
 
 
 def loaded(asked: Asked) -> dict:
-    """The answer to a request with nothing to generate: the model is loaded (docs/api.md, "Load a model")."""
-    body = {"model": asked.model, "created_at": created_at(), "done": True, "done_reason": "load"}
+    """The answer to a request with nothing to generate: the model is loaded (docs/api.md, "Load a model"), or, with
+    ``keep_alive`` zero, Ollama's answer to "Unload a model" (server/routes.go: ``done_reason`` "unload", the chat's
+    ``message`` an empty assistant turn, the generate route's ``response`` empty). The board's one model stays
+    loaded (the server serves no other, and loading it again would take the next request the time of a load), so
+    /api/ps goes on listing it: it is what answers the next request."""
+    body = {"model": asked.model, "created_at": created_at(), "done": True,
+            "done_reason": "unload" if asked.unload else "load"}
     if asked.chat:
         body["message"] = {"role": "assistant", "content": ""}
     else:
@@ -845,7 +876,8 @@ def tags(completer: Completer, served: str) -> dict:
 
 def running(completer: Completer, served: str) -> dict:
     """``GET /api/ps``: the served model, loaded for as long as the server runs (``expires_at`` far ahead, as
-    Ollama shows a model kept with ``keep_alive`` < 0)."""
+    Ollama shows a model kept with ``keep_alive`` < 0), also after a request to unload it, which it outlives
+    (:func:`loaded`)."""
     entry = _model_entry(completer, served)
     del entry["modified_at"]
     return {"models": [{**entry, "expires_at": KEPT_LOADED_UNTIL, "size_vram": 0,
@@ -887,10 +919,16 @@ def details(completer: Completer) -> dict:
 
 
 def capabilities(completer: Completer) -> list[str]:
-    """What the model does, as /api/show lists it: completion; tools (through the chat template, so where there is
-    one); thinking where the template writes a <think> block."""
+    """What the model does, as /api/show lists it (server/images.go, ``Model.Capabilities``): "embedding" for a
+    model that declares its pooling (the manifest's ``model.before.pooling``, from a GGUF's ``pooling_type`` or a
+    sentence-transformers Pooling module; Ollama lists "embedding" in place of "completion" for a GGUF with
+    ``pooling_type``), else "completion", not "embedding" too: Ollama lists a generative model (llama3.2) so, though
+    its /api/embed answers for it; tools (through the chat template, so where there is one); thinking where the
+    template writes a <think> block."""
     source = completer.runtime.tokenizer.template_source
-    return ["completion"] + (["tools"] if source is not None else []) + (["thinking"] if template_thinks(source) else [])
+    declared = completer.runtime.bundle.manifest.get("model", {}).get("before", {}).get("pooling")
+    return (["embedding" if declared else "completion"] + (["tools"] if source is not None else [])
+            + (["thinking"] if template_thinks(source) else []))
 
 
 def served_names(served: str) -> tuple[str, ...]:
