@@ -101,8 +101,8 @@ SCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf", "allOf")
 SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 # keep_alive as a string: Go's time.ParseDuration, which api/types.go's Duration.UnmarshalJSON calls: an optional sign,
 # then "0" alone or one or more decimal numbers each with its unit
-GO_DURATION = re.compile(r"([-+]?)(?:(0)|((?:(?:\d+\.?\d*|\.\d+)(?:ns|us|\u00b5s|\u03bcs|ms|s|m|h))+))")
-GO_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+GO_DURATION = re.compile(r"([-+]?)(?:(0)|((?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:ns|us|\u00b5s|\u03bcs|ms|s|m|h))+))")
+GO_DURATION_PART = re.compile(r"([0-9]+\.?[0-9]*|\.[0-9]+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
 GO_UNIT_NS = {"ns": 1, "us": 1e3, "\u00b5s": 1e3, "\u03bcs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9}
 GO_LONGEST_DURATION_NS = 2**63 - 1  # time.Duration is an int64 of nanoseconds
 # /api/ps's expires_at for a model kept loaded: Ollama's for keep_alive < 0 (now plus Go's longest time.Duration,
