@@ -69,11 +69,11 @@ def test_nothing_to_generate_without_keep_alive_zero_loads(served):
         assert (chatted.message.content, chatted.done_reason) == ("", "load"), keep_alive
 
 
-@pytest.mark.parametrize("keep_alive", ["5 minutes", "-1", "5", "", "1d", "m5", "2562048h"])
+@pytest.mark.parametrize("keep_alive", ["5 minutes", "-1", "5", "", "1d", "m5", "2562048h", "\u0663s"])
 def test_a_keep_alive_that_is_not_a_go_duration_is_refused_as_ollama_refuses_it(served, keep_alive):
     """api/types.go's Duration.UnmarshalJSON parses a string with Go's time.ParseDuration, which refuses a number
-    without its unit (other than "0"), unknown units and one past time.Duration's int64 of nanoseconds: Ollama's
-    400 before anything runs."""
+    without its unit (other than "0"), unknown units, digits other than ASCII 0-9 and one past time.Duration's int64
+    of nanoseconds: Ollama's 400 before anything runs."""
     for path, body in (("/api/chat", {"messages": MESSAGES}), ("/api/generate", {"prompt": "hi"}),
                        ("/api/generate", {})):
         status, payload = _post(served, path, {"model": NAME, **body, "keep_alive": keep_alive})
