@@ -348,8 +348,8 @@ def test_errors_map_to_the_client_s_exceptions(client, server):
     with pytest.raises(openai.BadRequestError) as long:
         client.completions.create(model="tiny", prompt="x" * 5000, max_tokens=1)
     assert long.value.code == "context_length_exceeded"
-    with pytest.raises(openai.NotFoundError):
-        client.embeddings.create(model="tiny", input="x")
+    with pytest.raises(openai.NotFoundError):  # a route this server does not have
+        client.images.generate(model="tiny", prompt="x")
     with _client(server.port) as other:
         with pytest.raises(openai.APIStatusError) as unknown:
             other.post("/nope", body={}, cast_to=object)
