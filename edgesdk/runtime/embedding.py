@@ -144,20 +144,26 @@ def truncated(ids: Sequence[int], limit: int, end: int = 0) -> list[int]:
     return ids[:limit - end] + ids[len(ids) - end:]
 
 
+def fitted(token_ids: Sequence[int], limit: int, truncate: bool = False, end: int = 0) -> tuple[list[int], bool]:
+    """(ids, cut): ``token_ids`` as they will run in a context of ``limit`` tokens, and whether they were cut. An empty
+    input is an EmbeddingError, and so is one longer than ``limit`` unless ``truncate`` (then :func:`truncated`
+    keeps its first tokens and its last ``end``)."""
+    ids = [int(token) for token in token_ids]
+    if not ids:
+        raise EmbeddingError("the input to embed holds no tokens", "pass a non-empty text or token list")
+    cut = len(ids) > limit
+    if cut and not truncate:
+        raise EmbeddingError(f"the input to embed is {len(ids)} tokens, more than the bundle's context of {limit}",
+                             "shorten the input or split it into passages")
+    return truncated(ids, limit, end), cut
+
+
 def embed_tokens(backend, token_ids: Sequence[int], config: EmbeddingConfig = EmbeddingConfig(),
                  truncate: bool = False, end: int = 0) -> Embedding:
     """The embedding of ``token_ids`` on ``backend``. A sequence longer than the bundle's context is refused, or
     with ``truncate`` cut to its first tokens and its last ``end`` (the special tokens its tokenizer appended:
     :func:`truncated`), ``max_context`` in all (Ollama's ``/api/embed``, ``truncate`` on)."""
-    ids = [int(token) for token in token_ids]
-    if not ids:
-        raise EmbeddingError("the input to embed holds no tokens", "pass a non-empty text or token list")
-    limit = int(backend.max_context)
-    cut = len(ids) > limit
-    if cut and not truncate:
-        raise EmbeddingError(f"the input to embed is {len(ids)} tokens, more than the bundle's context of {limit}",
-                             "shorten the input or split it into passages")
-    ids = truncated(ids, limit, end)
+    ids, cut = fitted(token_ids, int(backend.max_context), truncate, end)
     problem = hidden_states_problem(backend)
     if problem is not None:
         raise RuntimeBackendError(problem, NO_HIDDEN_STATES_FIX)
@@ -181,4 +187,4 @@ def can_embed(backend) -> bool:
 
 
 __all__ = ["NORMALIZE_HELP", "NO_HIDDEN_STATES_FIX", "POOLINGS", "Embedding", "EmbeddingConfig", "EmbeddingError",
-           "can_embed", "embed_tokens", "hidden_states_problem", "normalize", "pool", "text_ids", "truncated"]
+           "can_embed", "embed_tokens", "fitted", "hidden_states_problem", "normalize", "pool", "text_ids", "truncated"]

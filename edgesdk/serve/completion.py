@@ -29,6 +29,7 @@ from edgesdk.runtime.embedding import (
     EmbeddingError,
     bundle_pooling,
     embed_tokens,
+    fitted,
     hidden_states_problem,
     text_ids,
 )
@@ -681,23 +682,46 @@ class Completer:
                            code="not_supported", kind="not_supported_error")
         if not inputs:
             raise ApiError(400, f"'{param}' holds no input to embed", param=param)
-        sequences = [self._embedding_ids(item, f"{param}[{index}]" if len(inputs) > 1 else param)
+        # every input tokenized and checked against the context before the turn: a refused one waits for no turn
+        # or thermal pause, and runs none of the others
+        sequences = [self._embedding_ids(item, f"{param}[{index}]" if len(inputs) > 1 else param, truncate)
                      for index, item in enumerate(inputs)]
+
+        def abandon_wait() -> None:
+            """A thermal pause ends where the embedding would end before its next input: the client left, the
+            server stops (as a generation's pause does)."""
+            if client_gone is not None and client_gone():
+                raise ClientGone("the client closed the connection while the thermal guard held the embedding")
+            self._check_stopping()
+
         with self._request_turn(client_gone):
             self.tasks += 1
             self.busy = True
+            # GET /slots shows the slot processing, as llama-server's slot is while it runs an embedding task
+            # (no tokens to predict: n_predict 0)
+            idle = CompletionRequest(chat=False, max_tokens=0)
+            self.slot = SlotState(self.tasks, idle, self.sampling(idle), sum(len(ids) for ids, _ in sequences))
+            if hasattr(self.hook, "abandon_wait"):
+                self.hook.abandon_wait = abandon_wait
             try:
                 self._check_stopping()
                 if client_gone is not None and client_gone():
                     raise ClientGone("the client closed the connection while the request waited")
-                return [self._embed_one(ids, end, config, truncate, name) for ids, end, name in sequences]
+                embeddings = []
+                for index, (ids, cut) in enumerate(sequences):
+                    if index:  # the client left or the server stops between inputs: the rest do not run
+                        abandon_wait()
+                    embeddings.append(replace(self._embed_one(ids, config), truncated=cut))
+                return embeddings
             finally:
-                self.busy = False
+                if hasattr(self.hook, "abandon_wait"):
+                    self.hook.abandon_wait = None
+                self.busy, self.slot = False, None
 
-    def _embedding_ids(self, item: str | Sequence[int], param: str) -> tuple[list[int], int, str]:
-        """(token ids, end, param) of one embedding input, or a 400 naming it: ``end`` counts the special tokens the
-        tokenizer appended to a text, which truncation keeps (:func:`edgesdk.runtime.embedding.truncated`); token
-        ids given as such are cut as they are."""
+    def _embedding_ids(self, item: str | Sequence[int], param: str, truncate: bool) -> tuple[list[int], bool]:
+        """(token ids, cut) of one embedding input as it will run, or a 400 naming it: an input past the context is
+        refused, or with ``truncate`` cut to it keeping the special tokens the tokenizer appended to a text
+        (:func:`edgesdk.runtime.embedding.fitted`); token ids given as such are cut as they are."""
         tokenizer = self.runtime.tokenizer
         end = 0
         if isinstance(item, str):
@@ -716,26 +740,33 @@ class Completer:
                                f"{vocabulary - 1}", param=param)
         if not ids:
             raise ApiError(400, f"'{param}' is empty: there is nothing to embed", param=param)
-        return ids, end, param
-
-    def _embed_one(self, ids: list[int], end: int, config: EmbeddingConfig, truncate: bool,
-                   param: str) -> Embedding:
-        hook = self.hook
         try:
-            if hook is not None:
-                hook.begin(min(len(ids), self.runtime.backend.max_context), 0)
-                hook.before_step("prefill")
-            start = time.perf_counter()
-            embedding = embed_tokens(self.runtime.backend, ids, config, truncate, end)
-            if hook is not None:
-                hook.after_step("prefill", 0, time.perf_counter() - start)
-                hook.end(GenerationStats(prompt_tokens=embedding.tokens, stop_reason="embedding"))
-            return embedding
+            return fitted(ids, self.runtime.backend.max_context, truncate, end)
         except EmbeddingError as exc:
             code = "context_length_exceeded" if "more than the bundle's context" in exc.problem else None
             raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param, code=code) from exc
-        except BoardNeverCooled as exc:
-            raise _board_too_hot(exc) from exc
+
+    def _embed_one(self, ids: list[int], config: EmbeddingConfig) -> Embedding:
+        """The embedding of ``ids`` (checked by :meth:`_embedding_ids`), one pass that the thermal hook paces or
+        pauses as a prefill. The pass is counted in the metrics as llama-server counts an embedding task's: its tokens
+        as prompt tokens processed and one decode (tools/server/server-context.cpp, metrics_post_decode), none
+        predicted, no answer finished, none cached (an embedding reads no prompt cache); the guard's wait too. The
+        hook's end comes also for an embedding its wait ended (the client left, the server stopping, a board that
+        never cooled), which gives a capped clock back."""
+        hook = MetricsHook(self.metrics, self.hook)
+        hook.begin(len(ids), 0)
+        try:
+            hook.before_step("prefill")
+            start = time.perf_counter()
+            embedding = embed_tokens(self.runtime.backend, ids, config)
+            hook.after_step("prefill", 0, time.perf_counter() - start)
+        except BaseException as exc:
+            hook.end(None)
+            if isinstance(exc, BoardNeverCooled):
+                raise _board_too_hot(exc) from exc
+            raise
+        hook.end(GenerationStats(prompt_tokens=embedding.tokens, stop_reason="embedding"))
+        return embedding
 
     def _prefill_only(self, request: CompletionRequest, ids: list[int]) -> Completion:
         """llama-server's ``n_predict`` 0 (tools/server README, "POST /completion": "no tokens will be generated but

@@ -5,15 +5,19 @@ tools/server/server-task.cpp: ``llamacpp:prompt_tokens_total``, ``prompt_seconds
 ``prompt_tokens_cached_total``, ``tokens_predicted_total``, ``tokens_predicted_seconds_total``, ``n_decode_total``,
 ``n_tokens_max``, ``prompt_tokens_seconds``, ``predicted_tokens_seconds``, ``requests_processing``,
 ``requests_deferred``, ``n_busy_slots_per_decode``) under the ``edgesdk_`` prefix, with what each counts: prompt
-tokens are those prefilled, cached prompt tokens those the KV cache held instead, predicted tokens every token
-picked (the prefill's first one included), a decode is one pass of the backend (a prefill or a decode step),
-``n_tokens_max`` the longest sequence (prompt and answer) the KV cache held after a pass, as llama-server's is
-after each ``llama_decode``, and the two throughput gauges are the tokens per second since the previous scrape
-(llama-server resets their window at each scrape). Each is counted as its step runs, so an answer counts whatever
-ended it: its last token, a stop string, the client leaving, the server stopping; the time the guard held a step
-back is counted as the wait ends, also a wait that ended the answer (a simulated board that never cooled). The
-thermal guard's temperature, level and pause are added, which is what a fleet of boards needs watched. Step times are the backend's compute (as ``edgesdk run --stats``
-counts them), not the time the guard held a step back; that is ``edgesdk_thermal_wait_seconds_total``.
+tokens are those prefilled, an embedding's included (llama-server counts every prompt token of a batch it decodes, an
+embedding task's too: ``metrics_post_decode`` in tools/server/server-context.cpp), cached prompt tokens those the KV
+cache held instead, predicted tokens every token picked (the prefill's first one included), a decode is one pass of
+the backend (a prefill, a decode step or an embedding's input), ``n_tokens_max`` the longest sequence (prompt and
+answer) the KV cache held after a pass, as llama-server's is after each ``llama_decode`` (an embedding runs beside the
+KV cache and leaves it as it was), and the two throughput gauges are the tokens per second since the previous scrape
+(llama-server resets their window at each scrape). An embedding predicts no token and finishes no answer, so the
+request counters leave it out; ``requests_processing`` counts it while it runs, as llama-server's processing slots do.
+Each is counted as its step runs, so an answer counts whatever ended it: its last token, a stop string, the client
+leaving, the server stopping; the time the guard held a step back is counted as the wait ends, also a wait that ended
+the answer (a simulated board that never cooled). The thermal guard's temperature, level and pause are added, which is
+what a fleet of boards needs watched. Step times are the backend's compute (as ``edgesdk run --stats`` counts them),
+not the time the guard held a step back; that is ``edgesdk_thermal_wait_seconds_total``.
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ class ServeMetrics:
         with self._lock:
             prompt_n, prompt_s, predicted_n, predicted_s = self.window
             self.window = [0, 0.0, 0, 0.0]
-            metric("prompt_tokens_total", "counter", "Prompt tokens prefilled (those the KV cache held excluded).",
+            metric("prompt_tokens_total", "counter", "Prompt tokens prefilled (embeddings' included; those the KV cache held excluded).",
                    [("", self.prompt_tokens)])
             metric("prompt_tokens_cached_total", "counter", "Prompt tokens taken from the KV cache, not prefilled.",
                    [("", self.prompt_cached_tokens)])
@@ -109,7 +113,7 @@ class ServeMetrics:
                    [(f'{{finish_reason="{reason}"}}', count) for reason, count in self.finished.items()])
             metric("requests_refused_busy_total", "counter", "Requests refused with 503: the queue was full.",
                    [("", self.refused_busy)])
-            metric("requests_processing", "gauge", "Requests generating now (0 or 1).", [("", processing)])
+            metric("requests_processing", "gauge", "Requests generating or embedding now (0 or 1).", [("", processing)])
             metric("requests_deferred", "gauge", "Requests waiting for their turn.", [("", waiting)])
             metric("thermal_wait_seconds_total", "counter", "Time the thermal guard held steps back.",
                    [("", self.thermal_wait_seconds)])
