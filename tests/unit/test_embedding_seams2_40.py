@@ -27,7 +27,7 @@ from edgesdk.profile import get_profile
 from edgesdk.runtime.embedding import EmbeddingConfig, embed_tokens
 from edgesdk.runtime.session import open_runtime
 from edgesdk.runtime.speculative import DraftConfig, DraftModel
-from edgesdk.serve.api import ApiError
+from edgesdk.serve.api import ApiError, parse_text_request
 from edgesdk.serve.completion import ClientGone, Completer, ServeDefaults
 from edgesdk.thermal.guard import CLOCK_CAP_RATIO, Guard, GuardConfig, Limits
 from edgesdk.thermal.telemetry import Telemetry
@@ -297,6 +297,23 @@ def test_an_input_past_the_context_is_refused_before_the_guard_sees_it(runtime, 
         completer.embed([[5, 6]], EmbeddingConfig())
         assert board.caps[0] is not None
         assert board.cap_ratio is None
+
+
+def test_a_paced_embedding_its_client_leaves_gives_the_capped_clock_back(runtime, tmp_path):
+    """A hot board (below the hard limit) paces: the guard caps the clock and holds a step back for credit. An
+    embedding whose client leaves during that wait ends with the hook's end, which gives the clock back."""
+    gone = {"now": False, "armed": False}
+    hook, board = _paused_hook(tmp_path, lambda chunks: gone.update(now=gone["armed"]), temp_c=75.0)
+    completer = Completer(runtime, ServeDefaults(max_tokens=24), hook=hook)
+    completer.complete(parse_text_request({"prompt": "The quick brown fox", "max_tokens": 24}))  # learns the rate
+    assert board.cap_ratio is None
+    long_input = list(range(5, 5 + runtime.backend.max_context))
+    gone["armed"], chunks = True, board.chunks
+    with pytest.raises(ClientGone, match="while the thermal guard held the embedding"):
+        completer.embed([long_input], EmbeddingConfig(), client_gone=lambda: gone["now"])
+    assert board.chunks == chunks + 1
+    assert CLOCK_CAP_RATIO in board.caps
+    assert board.cap_ratio is None
 
 
 def _wait_for(condition, what: str) -> None:
