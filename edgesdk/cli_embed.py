@@ -102,7 +102,8 @@ def embed(bundle, prompts, text_file, embd_separator, pooling, embd_normalize, e
             raise EdgeSDKError(f"{where}: {exc.problem}",
                                f"pass --truncate to embed its first {limit} tokens, or shorten it") from exc
         if embedding.truncated:
-            kept = f"its first {embedding.tokens - end} and the {end} the tokenizer appends" if end else \
+            appended = "the end token" if end == 1 else f"the {end} end tokens"
+            kept = f"its first {embedding.tokens - end} and {appended} the tokenizer appends" if end else \
                 f"its first {embedding.tokens}"
             click.echo(f"note: {where} is {len(ids)} tokens: {kept} were embedded", err=True)
         embeddings.append(embedding)

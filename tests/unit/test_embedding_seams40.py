@@ -136,7 +136,7 @@ def test_truncation_keeps_the_end_token_the_tokenizer_appends_on_every_surface(e
     result = CliRunner().invoke(main, ["embed", str(eos_bundle.path), "--threads", "1", "-p", LONG, "--truncate",
                                        "--embd-output-format", "json"])
     assert result.exit_code == 0, result.output
-    assert "the 1 the tokenizer appends" in result.stderr
+    assert "and the end token the tokenizer appends were embedded" in result.stderr
     _close(json.loads(result.stdout)["data"][0]["embedding"], want)
 
 
