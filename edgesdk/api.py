@@ -29,9 +29,9 @@ Typical use on a board::
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -55,6 +55,11 @@ from edgesdk.errors import EdgeSDKError
 
 CLOSED_FIX = "load the bundle again (edgesdk.load) to generate; a closed model stays closed"
 _END = object()  # the last item a streamed answer's worker puts in its queue
+# Pieces of a streamed answer (a token's text, as chunks) its worker generates before the reader has taken them:
+# enough that a reader doing some work per chunk (printing it) never holds the answer back, few enough that a stream
+# nobody reads stops within a few tokens
+STREAM_AHEAD = 8
+READER_POLL_S = 0.1  # how often a worker waiting for its reader asks whether it should go on without it
 
 
 def load(path: str | Path, *, backend: str | None = None, threads: int | None = None, target: str | None = None,
@@ -244,7 +249,11 @@ class Model:
                    max_chars: int | None = None) -> float:
         """Perplexity of ``text`` through the bundle's runtime, as ``edgesdk eval --text`` measures it:
         windows of ``context`` tokens every ``stride`` (default: not overlapping), every token but each window's
-        first scored; ``max_chars`` scores only the text's first characters (default: all of it)."""
+        first scored; ``max_chars`` scores only the text's first characters (default: all of it).
+
+        With ``load(..., watch_thermal=True)`` each window is a step of the thermal guard, as a prompt's prefill is
+        in an answer: on a board past its hard limit the guard pauses before the next window until it has cooled
+        (the figure stays the same), and :meth:`close` ends such a wait at once (a :class:`RequestError`, 503)."""
         from edgesdk.evaluate import PerplexityConfig, bundle_perplexity
 
         stride = context if stride is None else stride
@@ -255,16 +264,30 @@ class Model:
                                f"{self.max_context}", param="context",
                                fix=f"pass context={self.max_context} or less")
         config = PerplexityConfig(context=context, stride=stride, max_chars=max_chars)
+        hook = self._completer.hook  # the thermal guard's, with watch_thermal
+        waits = hasattr(hook, "abandon_wait")
+
+        def end_wait_when_closed() -> None:  # the guard asks after every chunk of a wait
+            if self._completer.stopping:
+                raise _closed_midway("perplexity")
+
         with self._completer.exclusive():
             self._check_open("perplexity")  # closed while it waited for its turn
+            if waits:
+                hook.abandon_wait = end_wait_when_closed
             try:
-                return bundle_perplexity(self.runtime, text, config).perplexity
+                return bundle_perplexity(self.runtime, text, config, hook=hook).perplexity
             except EdgeSDKError as exc:
-                if type(exc) is not EdgeSDKError:  # a backend's failure (RuntimeBackendError ...), as it is
+                # a backend's failure (RuntimeBackendError ...), the model closed, a simulated board that never
+                # cooled: as it is
+                if type(exc) is not EdgeSDKError:
                     raise
                 # evaluate's refusal of a text too short to score, whose fix names its command line's options
                 raise RequestError("perplexity", exc.problem, param="text",
                                    fix="pass a longer text, or a larger max_chars") from exc
+            finally:
+                if waits:
+                    hook.abandon_wait = None
 
     def save_prompt_cache(self, path: str | os.PathLike) -> int:
         """Write the KV cache the last answer left (its prompt and answer) and its token ids to ``path``; returns
@@ -335,10 +358,14 @@ class Model:
 
     def close(self) -> None:
         """Stop taking requests and give back the thermal guard's sensors and clock cap. An answer generating
-        (a stream read in another thread) ends at its next token and those waiting get a :class:`RequestError`
-        (503); close returns once they have, so no step of theirs runs after the guard is given back (as
-        ``edgesdk serve`` stops its answers before it closes its thermal session). A perplexity being measured
-        runs to its end first."""
+        (a stream read in another thread, or one nobody reads) ends at its next token and those waiting get a
+        :class:`RequestError` (503); close returns once they have, so no step of theirs runs after the guard is given
+        back (as ``edgesdk serve`` stops its answers before it closes its thermal session). A wait of the thermal
+        guard (a pause on a board past its hard limit, which on a real board lasts until it has cooled, or pacing)
+        ends at once, within the guard's poll interval (0.5 s), for an answer and for a perplexity alike (their
+        callers get the 503), so close never waits for the board to cool. It does wait for the backend's step
+        running (a token, a prompt's prefill), and for a perplexity being measured, whose remaining windows run to
+        the end first unless the guard holds them."""
         if self._closed:
             return
         self._closed = True
@@ -419,22 +446,28 @@ class Model:
     def _streamed(self, method: str, request) -> Iterator[dict]:
         """The chunks of a streamed answer, generated by a worker thread as they are read. Closing the iterator
         (a ``break`` out of the loop that reads it) ends the generation at its next token, as a client that
-        disconnects ends llama-server's."""
+        disconnects ends llama-server's. The worker runs at most :data:`STREAM_AHEAD` pieces ahead of the reader
+        (:class:`_Chunks`): a stream whose reader stopped reading without closing it (a Ctrl-C in the loop's body
+        while a variable or the traceback holds the iterator) stops generating there, as llama-cpp-python's
+        generator does, until it is read, closed or collected, or until another call waits for the model's turn;
+        then it generates on to its end, so the kept iterator still holds the whole answer."""
         from edgesdk.serve.openai_answer import StreamedAnswer
 
         answer = StreamedAnswer(self._completer, request, self.model_name)
-        chunks: queue.Queue = queue.Queue()
         abandoned = threading.Event()
+        completer = self._completer
+        chunks = _Chunks(lambda: abandoned.is_set() or completer.stopping or completer._turn.queued > 1)
 
         def work() -> None:
             try:
-                completion = self._completer.complete(
+                completion = completer.complete(
                     request, on_text=lambda text, logprobs: chunks.put(answer.piece(text, logprobs)),
                     on_start=lambda: chunks.put(answer.opening()), client_gone=abandoned.is_set)
-                chunks.put(answer.closing(completion))
-                chunks.put(_END)
+                # the turn has passed on: the last items wait for nobody
+                chunks.put(answer.closing(completion), wait=False)
+                chunks.put(_END, wait=False)
             except BaseException as exc:  # handed to the reader, who raises it
-                chunks.put(exc)
+                chunks.put(exc, wait=False)
 
         def read() -> Iterator[dict]:
             worker = threading.Thread(target=work, name="edgesdk-answer", daemon=True)
@@ -446,6 +479,7 @@ class Model:
                     yield from item
             finally:
                 abandoned.set()
+                chunks.wake()  # a worker waiting for this reader goes on, and the answer ends at its next token
                 worker.join()
 
         return read()
@@ -478,6 +512,42 @@ class Model:
         """Refuse ``method`` on a closed model (503, as ``edgesdk serve`` answers once it stops)."""
         if self._closed:
             raise RequestError(method, "the model is closed", status=503, fix=CLOSED_FIX)
+
+
+class _Chunks:
+    """A streamed answer's items (lists of chunks, then the end or an error) passed from its worker to its reader.
+
+    :meth:`put` waits while :data:`STREAM_AHEAD` items are unread, so the answer generates no further than that
+    ahead of its reader (backpressure), unless ``go_on()`` says to generate without the reader: the iterator was
+    closed (the answer ends at its next token), the model is closing, or another call waits for the model's turn,
+    which the waiting worker holds (the caller may be the reader's own thread, which cannot read meanwhile)."""
+
+    def __init__(self, go_on: Callable[[], bool]):
+        self._items: deque = deque()
+        self._changed = threading.Condition()
+        self._go_on = go_on
+
+    def put(self, item: object, wait: bool = True) -> None:
+        if isinstance(item, list) and not item:  # text held back (a tag's or a tool call's possible start)
+            return
+        with self._changed:
+            while wait and len(self._items) >= STREAM_AHEAD and not self._go_on():
+                self._changed.wait(READER_POLL_S)  # go_on's causes notify nobody: asked again at each poll
+            self._items.append(item)
+            self._changed.notify_all()
+
+    def get(self) -> object:
+        with self._changed:
+            while not self._items:
+                self._changed.wait()
+            item = self._items.popleft()
+            self._changed.notify_all()
+            return item
+
+    def wake(self) -> None:
+        """Have a waiting :meth:`put` ask ``go_on()`` again now."""
+        with self._changed:
+            self._changed.notify_all()
 
 
 class LoadedPromptCache(NamedTuple):
@@ -552,8 +622,7 @@ def _request_error(method: str, exc: BaseException) -> BaseException:
     from edgesdk.serve.api import ApiError
 
     if isinstance(exc, ApiError) and exc.code == "server_stopping":  # Completer.stop(): close() was called
-        return RequestError(method, "the model was closed while this request waited or generated", status=503,
-                            fix=CLOSED_FIX)
+        return _closed_midway(method)
     if isinstance(exc, ApiError) and exc.code == "server_busy":  # its message names serve's option
         return RequestError(method, "the model is busy: one answer is generating and as many calls as its "
                             "max_waiting setting allows wait behind it", status=503,
@@ -561,6 +630,13 @@ def _request_error(method: str, exc: BaseException) -> BaseException:
     if isinstance(exc, ApiError):
         return RequestError(method, exc.message, param=exc.param, status=exc.status)
     return exc
+
+
+def _closed_midway(method: str) -> RequestError:
+    """The error of a call that :meth:`Model.close` ended while it waited or ran (503, as ``edgesdk serve``'s
+    ``server_stopping``)."""
+    return RequestError(method, "the model was closed while this request waited or generated", status=503,
+                        fix=CLOSED_FIX)
 
 
 EMBEDDING_INPUT_FIX = ("pass a str, a list of str, token ids (a list of ints, as tokenize returns them) or a list of "

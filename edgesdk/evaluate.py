@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -156,10 +157,16 @@ def exp_or_inf(mean_nll: float) -> float:
 
 
 def bundle_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityConfig(),
-                      progress: bool = False) -> PerplexityResult:
-    """Perplexity through the bundle's own runtime backend."""
-    return perplexity(bundle_scorer(runtime), _scored_ids(runtime, text, config), config, progress,
-                      bos_id=leading_bos(runtime.tokenizer))
+                      progress: bool = False, hook=None) -> PerplexityResult:
+    """Perplexity through the bundle's own runtime backend; ``hook`` (a
+    :class:`~edgesdk.runtime.generate.StepHook`: the thermal guard's) steps each window (:func:`bundle_scorer`) and is
+    told the measurement's end after the last, or after the window that failed."""
+    try:
+        return perplexity(bundle_scorer(runtime, hook), _scored_ids(runtime, text, config), config, progress,
+                          bos_id=leading_bos(runtime.tokenizer))
+    finally:
+        if hook is not None:
+            hook.end(None)  # as an answer cut short ends: a clock the guard capped is given back
 
 
 def reference_perplexity(model, tokenizer_encode, text: str, config: PerplexityConfig = PerplexityConfig(),
@@ -338,14 +345,24 @@ def bundle_divergence(runtime, model, text: str, config: PerplexityConfig = Perp
                       progress, bos_id=leading_bos(runtime.tokenizer))
 
 
-def bundle_scorer(runtime):
+def bundle_scorer(runtime, hook=None):
     """``score(window) -> logits`` through the bundle's runtime, each window from an empty cache;
-    ``score.max_tokens`` is the longest window it takes (the bundle's max_context)."""
+    ``score.max_tokens`` is the longest window it takes (the bundle's max_context). ``hook`` (a
+    :class:`~edgesdk.runtime.generate.StepHook`) sees each window as a prefill step that yields no token, as it sees
+    an embedding's pass in ``edgesdk serve``: the thermal guard may hold the window back (a pause on a board past its
+    hard limit) and is told its compute time after it."""
     backend = runtime.backend
 
     def score(window: np.ndarray) -> np.ndarray:
         backend.reset()
-        return backend.prefill(window, keep_logits=len(window))
+        if hook is None:
+            return backend.prefill(window, keep_logits=len(window))
+        hook.begin(len(window), 0)
+        hook.before_step("prefill")
+        start = time.perf_counter()
+        logits = backend.prefill(window, keep_logits=len(window))
+        hook.after_step("prefill", 0, time.perf_counter() - start)
+        return logits
 
     score.max_tokens = backend.max_context
     return score
