@@ -456,7 +456,7 @@ class Model:
         answer = StreamedAnswer(self._completer, request, self.model_name)
         abandoned = threading.Event()
         completer = self._completer
-        chunks = _Chunks(lambda: abandoned.is_set() or completer.stopping or completer._turn.queued > 1)
+        chunks = _Chunks(lambda: abandoned.is_set() or completer.stopping or completer.others_waiting)
 
         def work() -> None:
             try:

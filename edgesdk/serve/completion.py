@@ -425,6 +425,12 @@ class Completer:
                 elif not keep_cache:
                     self.runtime.backend.reset()
 
+    @property
+    def others_waiting(self) -> bool:
+        """Whether work waits for the board's turn behind the one holding it (a caller that holds the turn can
+        then hand it on sooner: the Python API's unread stream runs to its end instead of waiting for its reader)."""
+        return self._turn.queued > 1
+
     def stop(self) -> None:
         """Take no more requests: the one generating ends at its next token and those waiting when
         their turn comes, each with a 503 ``server_stopping`` (a streamed answer gets it as its last
