@@ -25,6 +25,7 @@ class ChatTokenizer:
         self._token_bytes: list[bytes | None] | None = None
         self._stream_anchor: tuple[list[int], str] | None = None  # found on first use (text._stream_anchor)
         self._plain_text = None  # the tokenizer that reads special tokens' text as text, made on first use
+        self._fim = None  # the fill-in-the-middle tokens (runtime/fim.py), found on first use
 
     def token_bytes(self) -> list[bytes | None]:
         """Each token id's bytes (None for special tokens and the ids that end generation, for JSON mode
@@ -42,6 +43,15 @@ class ChatTokenizer:
     def token_id(self, text: str) -> int | None:
         """The id of the one token whose text is ``text`` (``<|im_end|>``), None where none is."""
         return self.tokenizer.token_to_id(text)
+
+    def fim_tokens(self):
+        """The model's fill-in-the-middle tokens, found by their text as llama.cpp's vocab loader finds them
+        (:func:`edgesdk.runtime.fim.find_fim_tokens`); found on first use."""
+        if getattr(self, "_fim", None) is None:
+            from edgesdk.runtime.fim import find_fim_tokens
+
+            self._fim = find_fim_tokens(self.tokenizer.token_to_id)
+        return self._fim
 
     @property
     def has_chat_template(self) -> bool:

@@ -21,6 +21,8 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
 * Ollama's native API (serve/ollama.py): ``POST /api/chat`` and ``POST /api/generate``, whole or streamed as
   newline-delimited JSON, ``GET /api/tags``, ``POST /api/show``, ``GET /api/ps``, ``GET /api/version``, its errors in
   Ollama's shape; ``GET`` / ``HEAD /`` answers "Ollama is running", the probe Ollama's clients send first.
+* ``POST /infill`` (llama-server's code infill): ``input_prefix``, ``input_suffix``, ``input_extra`` and ``prompt``
+  built into the model's fill-in-the-middle prompt and answered as ``/completion`` (serve/infill.py).
 * ``POST /tokenize``, ``POST /detokenize`` (llama-server's): a text's token ids (with ``with_pieces``
   each token's text), and the text of token ids. They run beside an answer, without waiting for its turn.
 * Embeddings (serve/embeddings.py), pooled as ``--pooling`` says, each request in one turn on the board beside the
@@ -59,7 +61,7 @@ from urllib.parse import parse_qs, unquote
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError
-from edgesdk.serve import anthropic, llama_native, ollama, response_events, response_store, responses
+from edgesdk.serve import anthropic, infill, llama_native, ollama, response_events, response_store, responses
 from edgesdk.serve.api import (
     ApiError,
     CompletionRequest,
@@ -99,7 +101,7 @@ TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's
 OPENAI_EMBEDDINGS_ROUTE = "/v1/embeddings"
 NATIVE_EMBEDDINGS_ROUTES = ("/embedding", "/embeddings")
 ROUTES = ("GET /health, GET /v1/models, GET /props, GET /slots, POST /v1/chat/completions, POST /v1/completions, "
-          "POST /completion, POST /v1/responses, POST /v1/responses/input_tokens, GET and DELETE /v1/responses/{id}, "
+          "POST /completion, POST /infill, POST /v1/responses, POST /v1/responses/input_tokens, GET and DELETE /v1/responses/{id}, "
           "GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel, POST /v1/messages, "
           "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template, "
           "POST /v1/embeddings, POST /embedding, POST /embeddings, POST /api/embed, POST /api/embeddings, "
@@ -457,7 +459,10 @@ class ApiHandler(BaseHTTPRequestHandler):
                 self._send_json(200, completer.detokenize(parse_detokenize_request(body)))
             return
         if path == llama_native.ROUTE:
-            self._native_completion()
+            self._native_completion(llama_native.parse_completion_request)
+            return
+        if path == infill.ROUTE:  # the infill prompt's token ids, answered as /completion
+            self._native_completion(lambda body: infill.parse_infill_request(body, self.server.completer))
             return
         parse = PARSERS.get(path)
         if parse is None:
@@ -499,10 +504,11 @@ class ApiHandler(BaseHTTPRequestHandler):
                          sum(embedding.tokens for embedding in embeddings),
                          f", {cut} cut to the context" if cut else "")
 
-    def _native_completion(self) -> None:
-        """llama-server's ``POST /completion`` (edgesdk/serve/llama_native.py), whole or streamed."""
+    def _native_completion(self, parse: Callable[[object], CompletionRequest]) -> None:
+        """llama-server's ``POST /completion`` (edgesdk/serve/llama_native.py) or ``POST /infill``
+        (edgesdk/serve/infill.py), as ``parse`` reads the body, whole or streamed."""
         self._authorise()
-        request = llama_native.parse_completion_request(self._read_json())
+        request = parse(self._read_json())
         completer = self.server.completer
         # The answer's "prompt" is the prompt's tokens as text, special tokens written out (a text prompt's BOS too),
         # as llama-server gives it back (server.cpp: the task's tokens detokenized with special = true)
@@ -1031,7 +1037,7 @@ def _posted(route: str) -> bool:
     if path in ("/embedding", "/embeddings"):  # /embedding has no /v1 form; /v1/embeddings is OpenAI's route
         return route.rstrip("/") in (OPENAI_EMBEDDINGS_ROUTE, *NATIVE_EMBEDDINGS_ROUTES)
     return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE \
-        or path in ollama.POST_ROUTES \
+        or path == infill.ROUTE or path in ollama.POST_ROUTES \
         or path in (responses.ROUTE, responses.COUNT_ROUTE) or KEPT_CANCEL.fullmatch(path) is not None
 
 

@@ -21,9 +21,13 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   A conversation past the context (or ``num_ctx``) loses its oldest messages until it fits, its system messages
   and its last message kept, as Ollama's ``chatPrompt`` keeps it (:func:`trimmed`).
 * ``POST /api/generate``: ``prompt`` with ``system`` through the chat template, or ``raw`` as given (``system``
-  unused then, as in Ollama); ``suffix``, ``images``, a ``template`` and the deprecated ``context`` are refused by
-  name (no fill-in-the-middle, text only, the bundle's chat template is the one rendered, and no token history is
-  answered to send back). An empty prompt answers done with ``done_reason`` "load", as Ollama's does ("unload"
+  unused then, as in Ollama); with ``suffix``, fill-in-the-middle: where Ollama renders the model's template with
+  ``.Prompt`` and ``.Suffix`` (``system`` unused), the prompt is built as llama-server's ``/infill`` builds it with
+  ``prompt`` as the prefix and ``suffix`` as the suffix (serve/infill.py), and ``raw`` leaves the suffix out, as
+  Ollama's raw skips the template; a model without FIM tokens is refused as Ollama refuses a model without the
+  insert capability (400 "does not support insert"). ``images``, a ``template`` and the deprecated ``context`` are
+  refused by name (text only, the bundle's chat template is the one rendered, and no token history is answered to
+  send back). An empty prompt answers done with ``done_reason`` "load", as Ollama's does ("unload"
   with ``keep_alive`` zero).
 * ``options``: ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, ``repeat_penalty``,
   ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``, ``num_predict`` (-1: no limit, -2: until the
@@ -57,6 +61,7 @@ from datetime import datetime, timezone
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize, text_ids, truncated
+from edgesdk.serve import infill
 from edgesdk.serve.anthropic import partial_input
 from edgesdk.serve.api import (
     MAX_TOP_LOGPROBS,
@@ -131,6 +136,10 @@ class Asked:
     cuts: tuple[int, ...] = ()
     truncate: bool = True  # /api/chat: drop the oldest messages that do not fit (Ollama's ``truncate``, on by default)
     unload: bool = False  # nothing to generate and ``keep_alive`` zero: Ollama's request to unload the model
+    # /api/generate's ``suffix``: the model must have FIM tokens (Ollama's insert capability); ``infill``: the prompt is
+    # the prefix of a fill-in-the-middle prompt (not ``raw``, which leaves the suffix out)
+    suffix: str = ""
+    infill: bool = False
 
 
 def parse_chat(body: object, served: str) -> Asked:
@@ -164,7 +173,10 @@ def parse_generate(body: object, served: str) -> Asked:
     fields = _stream_and_format(body)
     options, stops, window = _options(body)
     think, top = _think(body), _logprobs(body)
-    _refuse_if_set(body, "suffix", "no fill-in-the-middle here")
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise ApiError(400, f"'suffix' must be a string (the text after the insertion), got {_shown(suffix)}",
+                       param="suffix")
     _refuse_if_set(body, "images", "this model reads text only")
     _refuse_if_set(body, "template", "the prompt renders through the bundle's chat template (send 'raw': true with "
                    "a prompt already templated)")
@@ -178,9 +190,10 @@ def parse_generate(body: object, served: str) -> Asked:
         raise ApiError(400, f"'system' must be a string, got {_shown(system)}", param="system")
     if not prompt:
         return Asked(model, None, chat=False, unload=unload)
-    if raw:
+    if raw or suffix:  # a suffix's prompt is built in windowed(), where the model's FIM tokens are known
         text = {**fields, **options, "prompt": prompt, **({} if top is None else {"logprobs": top})}
-        return Asked(model, _parsed(parse_text_request, text, stops), chat=False, num_ctx=window)
+        return Asked(model, _parsed(parse_text_request, text, stops), chat=False, num_ctx=window, suffix=suffix or "",
+                     infill=bool(suffix) and not raw)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     chat = {**fields, **options, "messages": messages, **_logprobs_and_think(top, think)}
     try:
@@ -198,6 +211,12 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
     unless ``truncate`` is false (Ollama's routes.go: ``truncate := req.Truncate == nil || *req.Truncate``), and a
     ``num_ctx`` below the bundle's context bounding prompt and answer."""
     request = asked.request
+    if asked.suffix:  # Ollama checks the insert capability first, raw or not
+        infill.require_fim(completer, GENERATE_ROUTE, param="suffix", status=400, model=asked.model)
+    if asked.infill:
+        ids = infill.prompt_ids(completer, infill.plain_ids(completer, request.prompt, "prompt"),
+                                infill.plain_ids(completer, asked.suffix, "suffix"), [], [])
+        request = replace(request, prompt_tokens=tuple(ids))
     if asked.think and request.chat and not template_thinks(completer.runtime.tokenizer.template_source):
         raise ApiError(400, f"'think' is true but \"{asked.model}\" does not support thinking (its chat template "
                        "writes no <think> block); leave 'think' out or send false", param="think")

@@ -1,0 +1,120 @@
+"""Fill-in-the-middle (code infill): the model's FIM tokens and the infill prompt, as llama.cpp builds them.
+
+The tokens are found by their text in the bundle's tokenizer, as llama.cpp's vocab loader finds them when the
+GGUF file names none (src/llama-vocab.cpp, ``llama_vocab::impl::load``, "auto-detect special tokens by text"): the
+texts below, per kind. llama.cpp walks its text-to-id map (an unordered map) and keeps the first match; a
+vocabulary holds at most one of each family in practice, and here the first text in llama.cpp's list that the
+vocabulary has is taken. StarCoder's and SmolLM2's ``<repo_name>`` and ``<file_sep>`` are in no list, so llama.cpp
+has no FIM_REP / FIM_SEP for those models, and neither has this.
+
+The prompt is llama-server's ``format_prompt_infill`` (tools/server/server-common.cpp): the repo-level pattern
+(arXiv:2409.12186) where the vocabulary has FIM_REP and FIM_SEP, the 3:1 token budget of prefix and suffix within a
+batch, the extra context filling what the context has left, and the BOS rule. Python 3.10, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# llama-vocab.cpp's texts per FIM token kind, in its order
+FIM_TEXTS = {
+    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+            "<|code_prefix|>", "<|prefix|>"),
+    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+            "<|code_suffix|>", "<|suffix|>"),
+    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+            "<|code_middle|>", "<|middle|>"),
+    "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "sep": ("<|file_sep|>",),
+}
+# llama-server's defaults (common/common.h, common_params): --batch-size 2048, --n-predict -1
+DEFAULT_BATCH = 2048
+# format_prompt_infill's fixed texts: the project name after FIM_REP, the current file's name after the last FIM_SEP,
+# and the separator before each extra chunk where the vocabulary has no FIM_SEP
+REPO_NAME = "myproject\n"
+CURRENT_FILE = "filename\n"
+CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"
+DEFAULT_CHUNK_FILE = "tmp"
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    """The model's FIM token ids (None where its vocabulary has none of that kind)."""
+
+    pre: int | None = None
+    suf: int | None = None
+    mid: int | None = None
+    pad: int | None = None
+    rep: int | None = None
+    sep: int | None = None
+
+    def missing(self) -> list[str]:
+        """The kinds an infill needs that the vocabulary lacks (prefix, suffix, middle), in llama-server's words."""
+        return [name for name, token in (("prefix", self.pre), ("suffix", self.suf), ("middle", self.mid))
+                if token is None]
+
+    @property
+    def can_infill(self) -> bool:
+        return not self.missing()
+
+
+def find_fim_tokens(token_id) -> FimTokens:
+    """The FIM tokens of a vocabulary, ``token_id(text)`` giving the id of the token whose text is ``text`` (None
+    where none is): for each kind, the first of llama.cpp's texts the vocabulary has."""
+    found = {}
+    for kind, texts in FIM_TEXTS.items():
+        found[kind] = next((token for token in map(token_id, texts) if token is not None), None)
+    return FimTokens(**found)
+
+
+def leading_bos(tokenizer) -> int | None:
+    """The token the tokenizer puts in front of a text it encodes with its special tokens (llama.cpp's
+    ``llama_vocab_get_add_bos`` with ``llama_vocab_bos``), None where it puts none."""
+    plain, special = tokenizer.encode("a", add_special_tokens=False), tokenizer.encode("a", add_special_tokens=True)
+    return special[0] if len(special) == len(plain) + 1 and special[1:] == plain else None
+
+
+def infill_ids(fim: FimTokens, prefix: list[int], suffix: list[int], prompt: list[int],
+               extra: list[tuple[str, str]], encode_plain, bos: int | None, n_ctx: int,
+               n_predict: int = -1, n_batch: int = DEFAULT_BATCH, spm_infill: bool = False) -> list[int]:
+    """The infill prompt's token ids, as llama-server's ``format_prompt_infill`` assembles them.
+
+    ``prefix`` and ``suffix``: the code before and after the cursor, ``prompt``: the text the model goes on from
+    (placed after the prefix, before FIM_SUF, where format_prompt_infill puts ``tokens_prompt``), ``extra``: per
+    chunk of other files its (file name, text), ``encode_plain(text)``: a text's ids, no special tokens added or
+    parsed (``common_tokenize(vocab, text, false, false)``, as the chunks are tokenized), ``bos``: the BOS the vocabulary adds
+    (None: none). ``n_predict`` -1 is llama-server's default (no limit). The layout::
+
+        [extra context] [BOS] FIM_PRE prefix prompt FIM_SUF suffix FIM_MID
+
+    (``spm_infill``: FIM_SUF suffix before FIM_PRE prefix prompt). The extra context is FIM_REP "myproject\\n"
+    where the vocabulary has FIM_REP, then per chunk FIM_SEP and its file name with a newline (without FIM_SEP the
+    "--- snippet ---" separator) and its text, then FIM_SEP "filename\\n" where it has FIM_SEP; only its last
+    ``max(0, n_ctx - n_batch - 2 * n_predict)`` tokens are kept. Of the prefix its last ``3 * (n_batch // 4)``
+    tokens are kept, of the suffix its first ``max(0, n_batch // 4 - (2 + len(prompt)))``."""
+    if not fim.can_infill:
+        raise ValueError(f"the vocabulary lacks the FIM {', '.join(fim.missing())} token(s)")
+    extra_tokens: list[int] = []
+    if fim.rep is not None:
+        extra_tokens += [fim.rep, *encode_plain(REPO_NAME)]
+    for filename, text in extra:
+        if fim.sep is not None:
+            extra_tokens += [fim.sep, *encode_plain(filename + "\n")]
+        else:
+            extra_tokens += encode_plain(CHUNK_SEPARATOR)
+        extra_tokens += encode_plain(text)
+    if fim.sep is not None:
+        extra_tokens += [fim.sep, *encode_plain(CURRENT_FILE)]
+
+    quarter = n_batch // 4
+    n_prefix_take = min(len(prefix), 3 * quarter)
+    n_suffix_take = min(len(suffix), max(0, quarter - (2 + len(prompt))))
+    n_extra_take = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra_tokens))
+
+    head = [fim.pre, *prefix[len(prefix) - n_prefix_take:], *prompt]
+    tail = [fim.suf, *suffix[:n_suffix_take]]
+    first, end = (tail, head) if spm_infill else (head, tail)
+    ids = ([bos] if bos is not None else []) + first
+    kept_extra = extra_tokens[len(extra_tokens) - n_extra_take:]
+    return kept_extra + ids + end + [fim.mid]

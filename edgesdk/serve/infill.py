@@ -1,0 +1,136 @@
+"""llama-server's code infill, ``POST /infill``, on the same completer as ``POST /completion``.
+
+Editor plugins (llama.vscode, llama.vim) send the code before the cursor as ``input_prefix``, the code after it as
+``input_suffix``, other files' chunks as ``input_extra`` (an array of ``{"filename", "text"}``; the file name is
+``tmp`` where left out) and the cursor line's text so far as ``prompt``, with any field ``/completion`` takes
+(``n_predict``, ``temperature``, ``stop``, ``stream``, ``n_probs`` ...). The prompt is built from them as
+llama-server builds it (tools/server/server-context.cpp, ``post_infill``, and server-common.cpp,
+``format_prompt_infill``; edgesdk/runtime/fim.py): ``input_prefix`` and ``input_suffix`` (a string, or an array of
+strings and token ids) and the chunks read as plain text, ``prompt`` with special tokens parsed, nothing added
+but the BOS the model's tokenizer adds; llama-server's default ``--batch-size`` (2048) sets the budget of prefix
+and suffix, its ``--n-predict`` here the server's ``--max-new-tokens``. The prompt goes on as a ``/completion``
+request of those token ids, and is answered as ``/completion`` answers (edgesdk/serve/llama_native.py).
+
+A model whose vocabulary lacks the FIM prefix, suffix or middle token is answered 501 ``not_supported_error``
+("Infill is not supported by this model"), as llama-server answers it.
+"""
+
+from __future__ import annotations
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.fim import DEFAULT_BATCH, DEFAULT_CHUNK_FILE, infill_ids, leading_bos
+from edgesdk.runtime.text import check_utf8
+from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS, ApiError, CompletionRequest, _object, _shown
+from edgesdk.serve.llama_native import parse_completion_request
+
+ROUTE = "/infill"
+INFILL_FIELDS = ("input_prefix", "input_suffix", "input_extra", "prompt")
+
+
+def parse_infill_request(body: object, completer) -> CompletionRequest:
+    """``POST /infill``: the ``/completion`` request of the infill prompt's token ids, or the error naming the
+    field at fault (a model without FIM tokens first, as llama-server checks the model before the request)."""
+    body = _object(body)
+    require_fim(completer, ROUTE)
+    prompt = body.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ApiError(400, f"'prompt' must be a string (the text the infill goes on from, after the prefix), got "
+                       f"{_shown(prompt)}", param="prompt")
+    for name, what in (("input_prefix", "the code before the cursor"), ("input_suffix", "the code after the cursor")):
+        if name not in body:
+            raise ApiError(400, f"'{name}' is required: {what}, a string (or an array of strings and token ids); "
+                           "send \"\" for none", param=name)
+    tokenizer = completer.runtime.tokenizer
+    prefix = _mixed(tokenizer, body["input_prefix"], "input_prefix")
+    suffix = _mixed(tokenizer, body["input_suffix"], "input_suffix")
+    extra = _extra(body.get("input_extra"))
+    for index, (filename, text) in enumerate(extra):
+        _check_text(filename, f"input_extra[{index}].filename")
+        _check_text(text, f"input_extra[{index}].text")
+    _check_text(prompt or "", "prompt")
+    ids = prompt_ids(completer, prefix, suffix, tokenizer.encode(prompt or "", add_special_tokens=False), extra)
+    rest = {key: value for key, value in body.items() if key not in INFILL_FIELDS}
+    return parse_completion_request({**rest, "prompt": ids})
+
+
+def require_fim(completer, route: str, param: str | None = None, status: int = 501, model: str | None = None):
+    """The model's FIM tokens, or the refusal naming the ones its vocabulary lacks: llama-server's 501
+    ``not_supported_error`` on /infill, Ollama's 400 "does not support insert" where ``model`` is given."""
+    fim = completer.runtime.tokenizer.fim_tokens()
+    missing = fim.missing()
+    if not missing:
+        return fim
+    lacks = f"its vocabulary has no FIM {', '.join(missing)} token{'s' if len(missing) > 1 else ''}"
+    texts = "<|fim_prefix|>, <fim_prefix>, <PRE> ..."
+    if model is not None:
+        raise ApiError(status, f"\"{model}\" does not support insert: {lacks} (a fill-in-the-middle model's "
+                       f"{texts}, found by their text as llama.cpp finds them); leave '{param}' out, or serve a "
+                       "code model built with them (Qwen2.5-Coder, StarCoder2, CodeLlama, SmolLM2)", param=param)
+    raise ApiError(status, f"Infill is not supported by this model: {lacks} (a fill-in-the-middle model's {texts}, "
+                   f"found by their text as llama.cpp finds them); {route} needs a code model built with them "
+                   "(Qwen2.5-Coder, StarCoder2, CodeLlama, SmolLM2), or send the prompt to /completion",
+                   param=param, code="not_supported", kind="not_supported_error")
+
+
+def prompt_ids(completer, prefix: list[int], suffix: list[int], prompt: list[int], extra: list[tuple[str, str]]):
+    """The infill prompt's token ids for this server's model (edgesdk/runtime/fim.py, ``infill_ids``): its context
+    as ``n_ctx``, the server's answer limit as llama-server's ``--n-predict``."""
+    tokenizer = completer.runtime.tokenizer
+    limit = completer.defaults.max_tokens
+    return infill_ids(tokenizer.fim_tokens(), prefix, suffix, prompt, extra, tokenizer.encode_plain,
+                      leading_bos(tokenizer), n_ctx=completer.runtime.backend.max_context,
+                      n_predict=-1 if limit >= UNTIL_THE_CONTEXT_FILLS else limit, n_batch=DEFAULT_BATCH)
+
+
+def plain_ids(completer, text: str, param: str) -> list[int]:
+    """``text`` as plain text's token ids (llama.cpp's ``common_tokenize(vocab, text, false, false)``)."""
+    _check_text(text, param)
+    return completer.runtime.tokenizer.encode_plain(text)
+
+
+def _mixed(tokenizer, value: object, name: str) -> list[int]:
+    """``input_prefix`` / ``input_suffix``: a string, or an array of strings and token ids, as llama-server's
+    ``tokenize_mixed`` reads it (the strings as plain text, no special token added)."""
+    parts = [value] if isinstance(value, str) else value
+    if not isinstance(parts, list) or not all(
+            isinstance(part, str) or (isinstance(part, int) and not isinstance(part, bool) and part >= 0)
+            for part in parts):
+        raise ApiError(400, f"'{name}' must be a string, or an array of strings and token ids (whole numbers >= 0), "
+                       f"got {_shown(value)}", param=name)
+    ids: list[int] = []
+    for part in parts:
+        if isinstance(part, str):
+            _check_text(part, name)
+            ids += tokenizer.encode_plain(part)
+        else:
+            ids.append(part)
+    return ids
+
+
+def _extra(value: object) -> list[tuple[str, str]]:
+    """``input_extra``: an array of ``{"filename": string, "text": string}`` (the file name ``tmp`` where left out),
+    as llama-server's post_infill checks it."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ApiError(400, f"'input_extra' must be an array of {{\"filename\": string, \"text\": string}} objects, "
+                       f"got {_shown(value)}", param="input_extra")
+    chunks = []
+    for index, chunk in enumerate(value):
+        where = f"input_extra[{index}]"
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
+            raise ApiError(400, f"'{where}' must be an object with a \"text\" string (and a \"filename\" string), got "
+                           f"{_shown(chunk)}", param=f"{where}.text")
+        filename = chunk.get("filename", DEFAULT_CHUNK_FILE)
+        if not isinstance(filename, str):
+            raise ApiError(400, f"'{where}.filename' must be a string (the chunk's file name), got "
+                           f"{_shown(filename)}", param=f"{where}.filename")
+        chunks.append((filename, chunk["text"]))
+    return chunks
+
+
+def _check_text(text: str, param: str) -> None:
+    try:
+        check_utf8(text, f"'{param}'")
+    except EdgeSDKError as exc:  # lone surrogates from JSON escapes
+        raise ApiError(400, exc.problem, param=param) from exc
