@@ -638,14 +638,15 @@ class Completer:
                     raise ClientGone("the client closed the connection while the request waited")
                 if on_start is not None:
                     on_start()
-                if request.max_tokens == 0:
-                    return self._prefill_only(request, ids)
-                try:
-                    return self._generate(request, ids, sampling, constraint, on_text, client_gone)
-                except LogitBiasError as exc:  # the request's bias left no token to take: its fault, not ours
-                    raise ApiError(400, f"{exc.problem}; {exc.fix}", param="logit_bias") from exc
-                except BoardNeverCooled as exc:
-                    raise _board_too_hot(exc) from exc
+                with self._thermal_wait_ends(client_gone, "the answer"):
+                    if request.max_tokens == 0:
+                        return self._prefill_only(request, ids)
+                    try:
+                        return self._generate(request, ids, sampling, constraint, on_text, client_gone)
+                    except LogitBiasError as exc:  # the request's bias left no token to take: its fault, not ours
+                        raise ApiError(400, f"{exc.problem}; {exc.fix}", param="logit_bias") from exc
+                    except BoardNeverCooled as exc:
+                        raise _board_too_hot(exc) from exc
             finally:
                 self.busy, self.slot = False, None
 
@@ -674,6 +675,26 @@ class Completer:
         finally:
             self._admitted.release()
 
+    @contextmanager
+    def _thermal_wait_ends(self, client_gone: Callable[[], bool] | None, what: str) -> Iterator[Callable[[], None]]:
+        """Inside, a thermal pause of the hook ends where the work would end at its next step: the client left
+        (:class:`ClientGone`) or the server stops (503 ``server_stopping``). Yields that check, for work that asks it
+        between its own steps (an embedding's inputs)."""
+
+        def abandon_wait() -> None:
+            if client_gone is not None and client_gone():
+                raise ClientGone(f"the client closed the connection while the thermal guard held {what}")
+            self._check_stopping()
+
+        wired = hasattr(self.hook, "abandon_wait")
+        if wired:
+            self.hook.abandon_wait = abandon_wait
+        try:
+            yield abandon_wait
+        finally:
+            if wired:
+                self.hook.abandon_wait = None
+
     def embed(self, inputs: Sequence[str | Sequence[int]], config: EmbeddingConfig, truncate: bool = False,
               param: str = "input", client_gone: Callable[[], bool] | None = None) -> list[Embedding]:
         """The embeddings of ``inputs`` (texts, tokenized with the model's special tokens as llama-server's
@@ -693,22 +714,13 @@ class Completer:
         sequences = [self._embedding_ids(item, f"{param}[{index}]" if len(inputs) > 1 else param, truncate)
                      for index, item in enumerate(inputs)]
 
-        def abandon_wait() -> None:
-            """A thermal pause ends where the embedding would end before its next input: the client left, the
-            server stops (as a generation's pause does)."""
-            if client_gone is not None and client_gone():
-                raise ClientGone("the client closed the connection while the thermal guard held the embedding")
-            self._check_stopping()
-
-        with self._request_turn(client_gone):
+        with self._request_turn(client_gone), self._thermal_wait_ends(client_gone, "the embedding") as abandon_wait:
             self.tasks += 1
             self.busy = True
             # GET /slots shows the slot processing, as llama-server's slot is while it runs an embedding task
             # (no tokens to predict: n_predict 0)
             idle = CompletionRequest(chat=False, max_tokens=0)
             self.slot = SlotState(self.tasks, idle, self.sampling(idle), sum(len(ids) for ids, _ in sequences))
-            if hasattr(self.hook, "abandon_wait"):
-                self.hook.abandon_wait = abandon_wait
             try:
                 self._check_stopping()
                 if client_gone is not None and client_gone():
@@ -720,8 +732,6 @@ class Completer:
                     embeddings.append(replace(self._embed_one(ids, config), truncated=cut))
                 return embeddings
             finally:
-                if hasattr(self.hook, "abandon_wait"):
-                    self.hook.abandon_wait = None
                 self.busy, self.slot = False, None
 
     def _embedding_ids(self, item: str | Sequence[int], param: str, truncate: bool) -> tuple[list[int], bool]:
@@ -865,14 +875,6 @@ class Completer:
                 raise ClientGone("the client closed the connection mid-answer")
             self._check_stopping()
 
-        def abandon_wait() -> None:
-            """A thermal pause ends where the answer would end at its next token: the client left, the server stops."""
-            if client_gone is not None and client_gone():
-                raise ClientGone("the client closed the connection while the thermal guard held the answer")
-            self._check_stopping()
-
-        if hasattr(self.hook, "abandon_wait"):
-            self.hook.abandon_wait = abandon_wait
         drafts = None if self.lookup is None else _DraftCount(self.lookup)
         try:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
@@ -895,9 +897,6 @@ class Completer:
         except BaseException as exc:
             self._failed(exc)
             raise
-        finally:
-            if hasattr(self.hook, "abandon_wait"):
-                self.hook.abandon_wait = None
         self.metrics.finish(finish)
         cached = self.prompt_cache.reused if self.prompt_cache is not None else 0  # also for an answer cut short
         logprobs = None

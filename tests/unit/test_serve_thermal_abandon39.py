@@ -70,3 +70,18 @@ def test_a_server_stopping_during_a_pause_ends_the_paused_answer(runtime, tmp_pa
     assert caught.value.code == "server_stopping"
     assert board.chunks == 3
     assert completer.metrics.finished["cancelled"] == 1
+
+
+def test_a_prefill_only_request_whose_client_leaves_during_a_pause_frees_the_board(runtime, tmp_path):
+    """llama-server's n_predict 0 (the prompt evaluated into the cache, nothing generated) is paused like any
+    prefill: its pause must end with its client too. It set no abandon check and waited for the board to cool."""
+    from edgesdk.serve.llama_native import parse_completion_request
+
+    gone = {"now": False}
+    completer, board, _ = paused_completer(runtime, tmp_path, lambda chunks: gone.update(now=chunks >= 4))
+    request = parse_completion_request({"prompt": "A fanless board in a warm cabinet", "n_predict": 0})
+    with pytest.raises(ClientGone, match="while the thermal guard held the answer"):
+        completer.complete(request, client_gone=lambda: gone["now"])
+    assert board.chunks == 4
+    assert not completer.busy
+    assert completer.hook.abandon_wait is None
