@@ -49,6 +49,12 @@ def parse_infill_request(body: object, completer) -> CompletionRequest:
         _check_text(text, f"input_extra[{index}].text")
     _check_text(prompt or "", "prompt")
     ids = prompt_ids(completer, prefix, suffix, tokenizer.encode(prompt or "", add_special_tokens=False), extra)
+    limit = completer.runtime.backend.max_context
+    if len(ids) > limit:
+        raise ApiError(400, f"the infill prompt has {len(ids)} tokens (of the prefix at most "
+                       f"{3 * (DEFAULT_BATCH // 4)}, of the suffix at most {DEFAULT_BATCH // 4 - 2} less the "
+                       f"prompt's, as llama-server takes them); this model's context holds {limit}: send a shorter "
+                       "'input_prefix' or 'input_suffix'", param="input_prefix", code="context_length_exceeded")
     rest = {key: value for key, value in body.items() if key not in INFILL_FIELDS}
     return parse_completion_request({**rest, "prompt": ids})
 
@@ -98,10 +104,14 @@ def _mixed(tokenizer, value: object, name: str) -> list[int]:
         raise ApiError(400, f"'{name}' must be a string, or an array of strings and token ids (whole numbers >= 0), "
                        f"got {_shown(value)}", param=name)
     ids: list[int] = []
+    vocabulary = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
     for part in parts:
         if isinstance(part, str):
             _check_text(part, name)
             ids += tokenizer.encode_plain(part)
+        elif part >= vocabulary:
+            raise ApiError(400, f"'{name}' holds token id {part}; this model's vocabulary has ids 0 to "
+                           f"{vocabulary - 1}", param=name)
         else:
             ids.append(part)
     return ids

@@ -209,7 +209,8 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
     """The request to run: ``think`` true refused where the model's template does not think (Ollama's 400
     "does not support thinking"), a conversation that outgrows the context kept to what fits (:func:`trimmed`)
     unless ``truncate`` is false (Ollama's routes.go: ``truncate := req.Truncate == nil || *req.Truncate``), and a
-    ``num_ctx`` below the bundle's context bounding prompt and answer."""
+    ``num_ctx`` below the bundle's context bounding prompt and answer. A ``suffix`` wants the model's FIM tokens
+    (Ollama's insert capability, checked raw or not) and, not raw, makes the prompt /infill's (serve/infill.py)."""
     request = asked.request
     if asked.suffix:  # Ollama checks the insert capability first, raw or not
         infill.require_fim(completer, GENERATE_ROUTE, param="suffix", status=400, model=asked.model)

@@ -250,7 +250,8 @@ def test_input_prefix_takes_token_ids_as_tokenize_mixed_reads_them(fim_served, q
      "input_extra[0].filename"),
     ({"input_prefix": "", "input_suffix": "\ud800"}, "input_suffix"),
     ({"input_prefix": "", "input_suffix": "", "n_predict": "many"}, "n_predict"),
-    ({"input_prefix": [99999], "input_suffix": ""}, "prompt"),
+    ({"input_prefix": [99999], "input_suffix": ""}, "input_prefix"),
+    ({"input_prefix": "x = 1\n" * 300, "input_suffix": ""}, "input_prefix"),
 ])
 def test_bad_infill_requests_are_refused_naming_the_field(fim_served, body, param):
     status, _, payload = fim_served.request("POST", "/infill", raw=json.dumps(body).encode())
