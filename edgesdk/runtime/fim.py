@@ -58,6 +58,12 @@ class FimTokens:
     def can_infill(self) -> bool:
         return not self.missing()
 
+    @property
+    def end_of_generation(self) -> set[int]:
+        """FIM_PAD, FIM_REP and FIM_SEP, which llama.cpp's vocab loader adds to the tokens that end generation
+        (``special_eog_ids``), so an answer, infill or not, stops at them."""
+        return {token for token in (self.pad, self.rep, self.sep) if token is not None}
+
 
 def find_fim_tokens(token_id) -> FimTokens:
     """The FIM tokens of a vocabulary, ``token_id(text)`` giving the id of the token whose text is ``text`` (None

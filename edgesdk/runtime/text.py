@@ -26,6 +26,8 @@ class ChatTokenizer:
         self._stream_anchor: tuple[list[int], str] | None = None  # found on first use (text._stream_anchor)
         self._plain_text = None  # the tokenizer that reads special tokens' text as text, made on first use
         self._fim = None  # the fill-in-the-middle tokens (runtime/fim.py), found on first use
+        # llama.cpp ends generation at the FIM pad, repo and file-separator tokens too (llama-vocab.cpp)
+        self.eos_token_ids |= self.fim_tokens().end_of_generation
 
     def token_bytes(self) -> list[bytes | None]:
         """Each token id's bytes (None for special tokens and the ids that end generation, for JSON mode
