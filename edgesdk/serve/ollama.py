@@ -943,11 +943,14 @@ def capabilities(completer: Completer) -> list[str]:
     model that declares its pooling (the manifest's ``model.before.pooling``, from a GGUF's ``pooling_type`` or a
     sentence-transformers Pooling module; Ollama lists "embedding" in place of "completion" for a GGUF with
     ``pooling_type``), else "completion", not "embedding" too: Ollama lists a generative model (llama3.2) so, though
-    its /api/embed answers for it; tools (through the chat template, so where there is one); thinking where the
-    template writes a <think> block."""
-    source = completer.runtime.tokenizer.template_source
+    its /api/embed answers for it; tools (through the chat template, so where there is one); insert where the
+    vocabulary has the fill-in-the-middle tokens a ``suffix`` needs (Ollama: where the template reads ``.Suffix``);
+    thinking where the template writes a <think> block. In Ollama's order."""
+    tokenizer = completer.runtime.tokenizer
+    source = tokenizer.template_source
     declared = completer.runtime.bundle.manifest.get("model", {}).get("before", {}).get("pooling")
     return (["embedding" if declared else "completion"] + (["tools"] if source is not None else [])
+            + (["insert"] if tokenizer.fim_tokens().can_infill else [])
             + (["thinking"] if template_thinks(source) else []))
 
 

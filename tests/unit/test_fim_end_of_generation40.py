@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.unit.test_serve_infill40 import QWEN, STARCODER, _chat_tokenizer  # noqa: E402
+from tests.unit.test_serve_infill40 import QWEN, STARCODER, _chat_tokenizer, qwen_bundle, qwen_runtime  # noqa: E402, F401
 
 
 def test_the_fim_pad_repo_and_file_separator_tokens_end_generation(tmp_path):
@@ -20,3 +20,13 @@ def test_the_fim_pad_repo_and_file_separator_tokens_end_generation(tmp_path):
     assert not {fim.pre, fim.suf, fim.mid} & qwen.eos_token_ids  # the infill markers are prompt tokens
     starcoder = _chat_tokenizer(tmp_path / "starcoder", STARCODER)  # <repo_name>, <file_sep>: in no list
     assert starcoder.eos_token_ids == {starcoder.fim_tokens().pad}
+
+
+def test_ollama_lists_insert_for_a_model_that_can_fill_in_the_middle(qwen_runtime, runtime):  # noqa: F811
+    """/api/show's capabilities name "insert" where a suffix is answered (Ollama: where the template reads
+    .Suffix), after tools, as server/images.go orders them; the tiny bundle without FIM tokens has none."""
+    from edgesdk.serve.completion import Completer
+    from edgesdk.serve.ollama import capabilities
+
+    assert "insert" in capabilities(Completer(qwen_runtime))
+    assert "insert" not in capabilities(Completer(runtime))
