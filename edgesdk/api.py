@@ -183,14 +183,19 @@ class Model:
         the answer's model (default: the bundle's), ``encoding_format`` is ``float`` or ``base64``, ``dimensions``
         keeps each vector's first N values, normalised again.
 
-        Each text is pooled as :func:`load`'s ``pooling`` says (by default as the model declares, else mean) and the
-        vectors have unit
-        length, as llama-server's and OpenAI's ``/v1/embeddings`` answer; an input longer than the bundle's context
-        is refused, as there. llama-cpp-python's ``create_embedding`` differs in both: it returns the vectors as
+        Each text is pooled as :func:`load`'s ``pooling`` says (by default as the model declares, else mean) and
+        the vectors have unit length, as llama-server's and OpenAI's ``/v1/embeddings`` answer; an input longer
+        than the bundle's context is refused, as there, and so is a ``dimensions`` past the model's width, before
+        any input runs. llama-cpp-python's ``create_embedding`` differs in both: it returns the vectors as
         the model gives them and cuts a long input (its ``embed``'s defaults, which :meth:`embed` keeps)."""
         from edgesdk.runtime.embedding import EmbeddingConfig
         from edgesdk.serve.api import ApiError
-        from edgesdk.serve.embeddings import openai_embeddings_body, parse_embedding_request
+        from edgesdk.serve.embeddings import (
+            check_dimensions,
+            embedding_width,
+            openai_embeddings_body,
+            parse_embedding_request,
+        )
 
         method = "create_embedding"
         inputs = embedding_input(input)
@@ -206,6 +211,10 @@ class Model:
             raise RequestError(method, "this model pools embeddings with 'none' (a vector per token), which OpenAI's "
                                "embeddings answer cannot carry", fix="load the bundle with pooling='last', 'mean' or "
                                "'cls', or call embed() for every token's vector")
+        try:
+            check_dimensions(request, embedding_width(self.manifest))  # before any input runs
+        except ApiError as exc:
+            raise _embedding_error(method, exc) from exc
         embeddings = self._embeddings(method, request.inputs, EmbeddingConfig(pooling=pooling, normalize=2),
                                       truncate=False)
         return self._call(method, lambda: openai_embeddings_body(embeddings, model or self.model_name, request))
@@ -493,9 +502,9 @@ class Model:
 
         problem = hidden_states_problem(self.runtime.backend)
         if problem is not None:
-            raise RequestError(method, problem, status=501, fix="load the bundle with backend='ort-cpu', or "
-                               "backend='triton' on a Jetson (its other backends run the QDQ graph, which has no "
-                               "hidden states)")
+            fix = ("load the bundle with backend='ort-cpu', or backend='triton' on a Jetson (its other backends run "
+                   "the QDQ graph, which has no hidden states)") if problem.cause == "backend" else problem.fix
+            raise RequestError(method, problem.problem, status=501, fix=fix)
         try:
             return self._completer.embed(inputs, config, truncate=truncate)
         except ApiError as exc:

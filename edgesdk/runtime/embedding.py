@@ -47,6 +47,20 @@ class EmbeddingError(EdgeSDKError, ValueError):
     """An embedding input or setting the runtime cannot use (empty, too long, an unknown pooling)."""
 
 
+class InputTooLong(EmbeddingError):
+    """An input longer than the bundle's context, not to be cut (the HTTP routes' ``context_length_exceeded``)."""
+
+
+@dataclass(frozen=True)
+class HiddenStatesProblem:
+    """Why a backend cannot give the hidden states embeddings pool: ``cause`` ``backend`` (this backend has none:
+    another backend of the same bundle may) or ``graph`` (the bundle's graph lacks the output: rebuild it)."""
+
+    cause: str
+    problem: str
+    fix: str  # in the command line's terms; the Python API words its own
+
+
 @dataclass(frozen=True)
 class EmbeddingConfig:
     """How a sequence's hidden states become its embedding (llama.cpp's ``--pooling`` and ``--embd-normalize``)."""
@@ -153,8 +167,8 @@ def fitted(token_ids: Sequence[int], limit: int, truncate: bool = False, end: in
         raise EmbeddingError("the input to embed holds no tokens", "pass a non-empty text or token list")
     cut = len(ids) > limit
     if cut and not truncate:
-        raise EmbeddingError(f"the input to embed is {len(ids)} tokens, more than the bundle's context of {limit}",
-                             "shorten the input or split it into passages")
+        raise InputTooLong(f"the input to embed is {len(ids)} tokens, more than the bundle's context of {limit}",
+                           "shorten the input or split it into passages")
     return truncated(ids, limit, end), cut
 
 
@@ -166,25 +180,21 @@ def embed_tokens(backend, token_ids: Sequence[int], config: EmbeddingConfig = Em
     ids, cut = fitted(token_ids, int(backend.max_context), truncate, end)
     problem = hidden_states_problem(backend)
     if problem is not None:
-        raise RuntimeBackendError(problem, NO_HIDDEN_STATES_FIX)
+        raise RuntimeBackendError(problem.problem, problem.fix)
     hidden = backend.hidden_states(np.asarray(ids, dtype=np.int64))  # (T, D)
     return Embedding(normalize(pool(hidden, config.pooling), config.normalize), len(ids), cut)
 
 
-def hidden_states_problem(backend) -> str | None:
+def hidden_states_problem(backend) -> HiddenStatesProblem | None:
     """Why ``backend`` cannot give the hidden states embeddings pool (None: it can): a backend without them, or an
     ONNX Runtime backend whose graph lacks the output."""
     if not callable(getattr(backend, "hidden_states", None)):
-        return f"the {backend.name} backend gives no hidden states, so it cannot make embeddings"
+        return HiddenStatesProblem("backend", f"the {backend.name} backend gives no hidden states, so it cannot make "
+                                   "embeddings", NO_HIDDEN_STATES_FIX)
     if not getattr(backend, "gives_hidden_states", True):
-        return f"{NO_HIDDEN_STATES_OUTPUT}; {REBUILD_FOR_HIDDEN_STATES}"
+        return HiddenStatesProblem("graph", NO_HIDDEN_STATES_OUTPUT, REBUILD_FOR_HIDDEN_STATES)
     return None
 
 
-def can_embed(backend) -> bool:
-    """Whether ``backend`` gives the hidden states embeddings pool (:func:`hidden_states_problem`)."""
-    return hidden_states_problem(backend) is None
-
-
 __all__ = ["NORMALIZE_HELP", "NO_HIDDEN_STATES_FIX", "POOLINGS", "Embedding", "EmbeddingConfig", "EmbeddingError",
-           "can_embed", "embed_tokens", "fitted", "hidden_states_problem", "normalize", "pool", "text_ids", "truncated"]
+           "HiddenStatesProblem", "InputTooLong", "embed_tokens", "fitted", "hidden_states_problem", "normalize", "pool", "text_ids", "truncated"]

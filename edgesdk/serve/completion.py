@@ -27,6 +27,7 @@ from edgesdk.runtime.embedding import (
     Embedding,
     EmbeddingConfig,
     EmbeddingError,
+    InputTooLong,
     bundle_pooling,
     embed_tokens,
     fitted,
@@ -704,9 +705,7 @@ class Completer:
         (``input[2]`` for the third input)."""
         problem = hidden_states_problem(self.runtime.backend)
         if problem is not None:
-            raise ApiError(501, f"{problem}; serve the bundle with --backend ort-cpu, or --backend triton on a Jetson "
-                           "(its other backends run the QDQ graph, which has no hidden states)",
-                           code="not_supported", kind="not_supported_error")
+            raise ApiError(501, f"{problem.problem}; {problem.fix}", code="not_supported", kind="not_supported_error")
         if not inputs:
             raise ApiError(400, f"'{param}' holds no input to embed", param=param)
         # every input tokenized and checked against the context before the turn: a refused one waits for no turn
@@ -759,7 +758,7 @@ class Completer:
         try:
             return fitted(ids, self.runtime.backend.max_context, truncate, end)
         except EmbeddingError as exc:
-            code = "context_length_exceeded" if "more than the bundle's context" in exc.problem else None
+            code = "context_length_exceeded" if isinstance(exc, InputTooLong) else None
             raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param, code=code) from exc
 
     def _embed_one(self, ids: list[int], config: EmbeddingConfig) -> Embedding:

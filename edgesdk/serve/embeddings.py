@@ -78,13 +78,24 @@ def parse_embedding_request(body: dict) -> EmbeddingRequest:
     return EmbeddingRequest(embedding_inputs(body["input"]), encoding, dimensions)
 
 
-def shortened(vector: np.ndarray, dimensions: int | None, hidden: int, param: str = "dimensions") -> np.ndarray:
-    """The first ``dimensions`` values of a unit vector, normalised again; a 400 past the model's width."""
+def embedding_width(manifest: dict) -> int:
+    """The values of one of the bundle's embeddings: its model's hidden size (the manifest's model facts)."""
+    model = manifest["model"]
+    return int((model.get("after") or model["before"])["hidden_size"])
+
+
+def check_dimensions(request: EmbeddingRequest, width: int) -> None:
+    """A 400 for ``dimensions`` past the model's ``width``, before any input runs."""
+    if request.dimensions is not None and request.dimensions > width:
+        raise ApiError(400, f"'dimensions' is {request.dimensions}; this model's embeddings have {width} values",
+                       param="dimensions")
+
+
+def shortened(vector: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """The first ``dimensions`` values of a unit vector, normalised again (:func:`check_dimensions` has bounded
+    them); all of it for None."""
     if dimensions is None:
         return vector
-    if dimensions > hidden:
-        raise ApiError(400, f"'{param}' is {dimensions}; this model's embeddings have {hidden} values",
-                       param=param)
     return normalize(vector[..., :dimensions], 2)
 
 
@@ -92,7 +103,8 @@ def openai_embeddings_body(embeddings: list[Embedding], model: str, request: Emb
     """The answer to ``request`` from its inputs' ``embeddings`` (pooled vectors, normalised)."""
     data = []
     for index, embedding in enumerate(embeddings):
-        vector = shortened(embedding.vectors, request.dimensions, embedding.vectors.shape[-1])
+        check_dimensions(request, embedding.vectors.shape[-1])
+        vector = shortened(embedding.vectors, request.dimensions)
         data.append({"object": "embedding", "index": index, "embedding": encoded(vector, request.encoding_format)})
     tokens = sum(embedding.tokens for embedding in embeddings)
     return {"object": "list", "data": data, "model": model,
@@ -165,6 +177,6 @@ def _kind(value: object) -> str:
     return type(value).__name__ if value is not None else "null"
 
 
-__all__ = ["ENCODING_FORMATS", "EmbeddingRequest", "NativeEmbeddingRequest", "embedding_inputs", "encoded",
-           "native_embeddings_body", "openai_embedding_config", "openai_embeddings_body",
+__all__ = ["ENCODING_FORMATS", "EmbeddingRequest", "NativeEmbeddingRequest", "check_dimensions", "embedding_inputs",
+           "embedding_width", "encoded", "native_embeddings_body", "openai_embedding_config", "openai_embeddings_body",
            "parse_embedding_request", "parse_native_embedding_request", "shortened"]

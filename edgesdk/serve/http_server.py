@@ -72,6 +72,8 @@ from edgesdk.serve.api import (
 )
 from edgesdk.serve.completion import Completer, Completion
 from edgesdk.serve.embeddings import (
+    check_dimensions,
+    embedding_width,
     native_embeddings_body,
     openai_embedding_config,
     openai_embeddings_body,
@@ -484,6 +486,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         pooling = completer.defaults.pooling
         if route == OPENAI_EMBEDDINGS_ROUTE:  # pooling none refused first, as llama-server refuses it
             config, request = openai_embedding_config(pooling), parse_embedding_request(body)
+            check_dimensions(request, embedding_width(completer.runtime.bundle.manifest))  # before any input runs
             inputs, param = request.inputs, "input"
         else:
             native = parse_native_embedding_request(body, pooling)

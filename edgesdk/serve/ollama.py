@@ -828,7 +828,8 @@ def embed(completer: Completer, asked: EmbedAsked,
           client_gone: Callable[[], bool] | None = None) -> list[Embedding]:
     """The embeddings of ``asked``'s texts: pooled as the server pools (``none`` refused), unit length for /api/embed
     and as the model gives them for /api/embeddings. A ``num_ctx`` below the bundle's context is the window an input
-    must fit in, cut to it with ``truncate`` (its first tokens, as Ollama keeps them)."""
+    must fit in, cut to it with ``truncate`` (its first tokens and the end token its tokenizer appends, as Ollama's
+    re-tokenized cut text keeps it)."""
     pooling = completer.defaults.pooling
     if pooling == "none":
         raise ApiError(400, "this server pools embeddings with 'none' (a vector per token), which Ollama's "

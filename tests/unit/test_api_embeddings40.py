@@ -144,6 +144,11 @@ def test_create_embedding_base64_and_dimensions(model):
     short = model.create_embedding(TEXT, dimensions=8)["data"][0]["embedding"]
     assert len(short) == 8
     np.testing.assert_allclose(short, np.array(floats[:8]) / np.linalg.norm(floats[:8]), rtol=1e-5)
+    before = model._completer.metrics.prompt_tokens
+    with pytest.raises(RequestError, match=f"this model's embeddings have {len(floats)} values") as caught:
+        model.create_embedding([TEXT, TEXT], dimensions=len(floats) + 1)
+    assert caught.value.param == "dimensions"
+    assert model._completer.metrics.prompt_tokens == before  # refused before any input ran
 
 
 def test_create_embedding_refuses_a_long_input_as_the_http_route_does(model):

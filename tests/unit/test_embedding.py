@@ -82,7 +82,7 @@ def test_the_qdq_form_has_no_hidden_states_and_a_server_says_so_with_a_501(tmp_p
 
     from edgesdk.export.decoder_weights import decoder_weights_from_hf
     from edgesdk.export.qdq_graph import QDQConfig, emit_qdq_decoder
-    from edgesdk.runtime.embedding import can_embed
+    from edgesdk.runtime.embedding import hidden_states_problem
     from edgesdk.runtime.session import Runtime
     from edgesdk.serve.api import ApiError
     from edgesdk.serve.completion import Completer
@@ -93,7 +93,7 @@ def test_the_qdq_form_has_no_hidden_states_and_a_server_says_so_with_a_501(tmp_p
     backend = OrtBackend(tmp_path / "model.onnx", spec.to_json(), threads=1)
     assert "hidden" not in spec.to_json()["outputs"]
     assert not backend.gives_hidden_states
-    assert not can_embed(backend)
+    assert hidden_states_problem(backend).cause == "graph"
     with pytest.raises(RuntimeBackendError, match="no 'hidden_states' output") as caught:
         backend.hidden_states(IDS)
     assert "rebuild" in caught.value.fix

@@ -111,10 +111,12 @@ def test_dimensions_keep_the_first_values_normalised_again_and_past_the_width_ar
     assert status == 200, body
     full = _want(runtime, _ids(runtime, TEXTS[0]))
     _close(body["data"][0]["embedding"], full[:8] / np.linalg.norm(full[:8]))
-    status, error = _openai_error(served, {"input": TEXTS[0], "dimensions": full.shape[0] + 1})
+    before = served.completer.metrics.prompt_tokens
+    status, error = _openai_error(served, {"input": TEXTS, "dimensions": full.shape[0] + 1})
     assert status == 400
     assert error["param"] == "dimensions"
     assert str(full.shape[0]) in error["message"]
+    assert served.completer.metrics.prompt_tokens == before  # refused before any input ran on the board
 
 
 @pytest.mark.parametrize(("given", "param", "words"), [
