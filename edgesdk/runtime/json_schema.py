@@ -237,7 +237,14 @@ class _Compiler:
         if "enum" in schema and (not isinstance(enum, list) or not enum):
             raise SchemaError(f"{path}.enum must be a non-empty array, got {json.dumps(enum, default=repr)[:60]}",
                               "fix the schema")
-        self._refuse(schema, path, {"const", "enum", "type", "$defs", "definitions"})
+        literal = "const" if "const" in schema else "enum"
+        beside = [keyword for keyword in schema if keyword not in {"const", "enum", "type", "$defs", "definitions"}
+                  and keyword not in ANNOTATIONS]
+        if beside:  # minimum, minLength ... beside the values: supported alone, not as a filter of an enum
+            raise SchemaError(f"{path}: keyword {beside[0]!r} beside {literal} is not supported by the JSON schema "
+                              f"constraint here (it writes the {literal}'s values and does not filter them by "
+                              f"{beside[0]!r})", f"keep only the {literal} values that satisfy {beside[0]!r} and drop "
+                              "it, or check the answer yourself")
         where = f"{path}.const" if "const" in schema else f"{path}.enum"
         texts = dict.fromkeys(_json_text(value, where) for value in ([schema["const"]] if "const" in schema
                                                                      else enum))

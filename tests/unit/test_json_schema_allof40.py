@@ -293,3 +293,17 @@ def test_a_greedy_answer_on_the_tiny_bundle_validates(runtime):
     value = json.loads(text)
     assert _valid(value, FINITE, FINITE), value
     assert list(value)[0] == "id"
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"enum": ["ab", "abcd"], "minLength": 3}}, "required": ["a"]},
+    {"type": "object", "properties": {"a": {"allOf": [{"type": "integer", "minimum": 5}, {"const": 3}]}}},
+])
+def test_a_keyword_beside_an_enum_is_refused_as_such_not_as_unsupported(schema):
+    """'minimum' / 'minLength' are supported on their own; beside an enum or const (also one an allOf merged) the
+    refusal said they were not supported at all, and its fix listed them as supported."""
+    from edgesdk.runtime.json_schema import SchemaError, compile_schema
+
+    with pytest.raises(SchemaError, match=r"keyword '(minLength|minimum)' beside enum is not supported") as caught:
+        compile_schema(schema)
+    assert "keep only the enum values that satisfy" in caught.value.fix
