@@ -302,8 +302,6 @@ def test_a_greedy_answer_on_the_tiny_bundle_validates(runtime):
 def test_a_keyword_beside_an_enum_is_refused_as_such_not_as_unsupported(schema):
     """'minimum' / 'minLength' are supported on their own; beside an enum or const (also one an allOf merged) the
     refusal said they were not supported at all, and its fix listed them as supported."""
-    from edgesdk.runtime.json_schema import SchemaError, compile_schema
-
     with pytest.raises(SchemaError, match=r"keyword '(minLength|minimum)' beside enum is not supported") as caught:
         compile_schema(schema)
     assert "keep only the enum values that satisfy" in caught.value.fix
