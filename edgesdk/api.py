@@ -657,6 +657,7 @@ def _embedding_error(method: str, exc: BaseException) -> BaseException:
     context names ``truncate``, another refused input names the input forms these methods take; anything else as
     :func:`_request_error` gives it."""
     from edgesdk.serve.api import ApiError
+    from edgesdk.serve.completion import EMPTY_INPUT, NOT_UTF8, TOKEN_OUT_OF_VOCABULARY
 
     if not isinstance(exc, ApiError) or exc.status != 400 or not (exc.param or "").startswith("input"):
         return _request_error(method, exc)
@@ -665,7 +666,9 @@ def _embedding_error(method: str, exc: BaseException) -> BaseException:
                "shorten it or split it into passages, or call embed(..., truncate=True) for its first max_context "
                "tokens")
     else:
-        fix = EMBEDDING_INPUT_FIX
+        fix = {EMPTY_INPUT: "pass a non-empty text or list of token ids",
+               TOKEN_OUT_OF_VOCABULARY: "pass token ids the model's vocabulary holds (tokenize() gives them)",
+               NOT_UTF8: "pass text that is valid UTF-8 (no lone surrogates)"}.get(exc.code, EMBEDDING_INPUT_FIX)
     return RequestError(method, exc.message, param=exc.param, fix=fix)
 
 

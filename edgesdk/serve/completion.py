@@ -354,6 +354,10 @@ class _HeldTime:
         self.inner.end(stats)
 
 
+# the error codes of an embedding input's 400s besides context_length_exceeded, so that the Python API can word each fix
+EMPTY_INPUT, TOKEN_OUT_OF_VOCABULARY, NOT_UTF8 = "empty_input", "token_out_of_vocabulary", "not_utf8"
+
+
 def _board_too_hot(exc: BoardNeverCooled) -> ApiError:
     """The thermal guard gave up waiting for the board to cool: it cannot take work now, as llama-server answers 503
     while it loads its model; a 500 would be a fault of the server (Anthropic's route gives it as overloaded_error)."""
@@ -743,7 +747,7 @@ class Completer:
             try:
                 ids, end = text_ids(tokenizer, item) if item else ([], 0)
             except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
-                raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param) from exc
+                raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param, code=NOT_UTF8) from exc
         else:
             ids = [int(token) for token in item]
             vocabulary = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
@@ -752,9 +756,9 @@ class Completer:
             bad = [token for token in ids if not 0 <= token < vocabulary]
             if bad:
                 raise ApiError(400, f"'{param}' holds token id {bad[0]}; this model's vocabulary has ids 0 to "
-                               f"{vocabulary - 1}", param=param)
+                               f"{vocabulary - 1}", param=param, code=TOKEN_OUT_OF_VOCABULARY)
         if not ids:
-            raise ApiError(400, f"'{param}' is empty: there is nothing to embed", param=param)
+            raise ApiError(400, f"'{param}' is empty: there is nothing to embed", param=param, code=EMPTY_INPUT)
         try:
             return fitted(ids, self.runtime.backend.max_context, truncate, end)
         except EmbeddingError as exc:

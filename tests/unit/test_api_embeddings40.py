@@ -221,3 +221,16 @@ def test_an_embedding_between_two_answers_keeps_the_prompt_cache(model):
     follow = chat + [first["choices"][0]["message"], {"role": "user", "content": "And the sky?"}]
     second = model.create_chat_completion(follow, max_tokens=4)
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+@pytest.mark.parametrize(("given", "fix"), [
+    ("", "pass a non-empty text or list of token ids"),
+    ([5, 10 ** 6], "pass token ids the model's vocabulary holds (tokenize() gives them)"),
+    ("\ud800", "pass text that is valid UTF-8 (no lone surrogates)"),
+])
+def test_each_refused_input_gets_its_own_fix(model, given, fix):
+    """An empty text, an id past the vocabulary and text that is not UTF-8 were told to 'pass a str, a list of str,
+    token ids ...', which they had done."""
+    with pytest.raises(RequestError) as caught:
+        model.embed(given)
+    assert caught.value.fix == fix
