@@ -94,6 +94,15 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
                    "token's, what decoder embedding models such as Qwen3-Embedding are trained for), mean (their "
                    "average), cls (the first token's), or none (every token's vector: POST /embedding answers it; "
                    "/v1/embeddings and Ollama's /api/embed refuse it).  [default: as the model declares, else mean]")
+@click.option("--batch-size", "-b", "batch_size", default=2048, show_default=True, type=click.IntRange(min=1),
+              metavar="N", help="llama-server's logical batch size, as its code infill (POST /infill, Ollama's "
+                                "suffix) uses it: of the code before the cursor the last 3N/4 tokens are kept, of "
+                                "the code after it the first N/4 (less the cursor line's and 2), and other files' "
+                                "chunks get what the context leaves beyond N and twice --max-new-tokens (prefill "
+                                "runs as the backend runs it, whatever N).")
+@click.option("--spm-infill", is_flag=True,
+              help="Code infill prompts put the suffix before the prefix (llama-server's option, for models "
+                   "trained on that order); default: the prefix first.")
 @draft_options
 @thermal_options
 @gate_options
@@ -102,7 +111,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
           sampling_seq, max_queue,
           quiet,
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
-          responses_kept, responses_kept_mib, reasoning_budget, pooling, draft_bundle, draft_max, draft_p_min,
+          responses_kept, responses_kept_mib, reasoning_budget, pooling, batch_size, spm_infill, draft_bundle, draft_max, draft_p_min,
           watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
@@ -116,6 +125,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
     from edgesdk.runtime.session import open_runtime
     from edgesdk.serve.completion import Completer, ServeDefaults
     from edgesdk.serve.http_server import ApiServer
+    from edgesdk.serve.infill import InfillSettings, configure
     from edgesdk.serve.openai_answer import served_model_name
 
     try:
@@ -156,6 +166,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                            thermal_target, sim_speed, status=False)
     try:
         completer = Completer(runtime, defaults, hook=thermal.hook if thermal else None, draft=draft)
+        configure(completer, InfillSettings(n_batch=batch_size, spm_infill=spm_infill))
         name = model_name or served_model_name(runtime.bundle.manifest)
         try:
             server = ApiServer((listen_host, port), completer, name, api_key=api_key, log=not quiet,

@@ -511,7 +511,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         """llama-server's ``POST /completion`` (edgesdk/serve/llama_native.py) or ``POST /infill``
         (edgesdk/serve/infill.py), as ``parse`` reads the body, whole or streamed."""
         self._authorise()
-        request = parse(self._read_json())
+        body = self._read_json()
+        request = parse(body)
+        fields = llama_native.response_fields(body)
         completer = self.server.completer
         # The answer's "prompt" is the prompt's tokens as text, special tokens written out (a text prompt's BOS too),
         # as llama-server gives it back (server.cpp: the task's tokens detokenized with special = true)
@@ -521,8 +523,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._answering = True
         if not request.stream:
             completion = completer.complete(request, client_gone=self._client_gone)
-            self._send_json(200, llama_native.final_body(request, self.server.model, completion, settings,
-                                                         prompt=prompt))
+            self._send_json(200, llama_native.only_fields(llama_native.final_body(
+                request, self.server.model, completion, settings, prompt=prompt), fields))
             return
         def on_text(text: str, probabilities: list | None) -> None:
             if text or probabilities:  # a token that made no text still has its probabilities
@@ -531,8 +533,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         completion = self._complete_streamed(request, on_text, lambda: None, lambda error: self._event(error.body()))
         if completion is None:
             return
-        self._event(llama_native.final_body(request, self.server.model, completion, settings, content="",
-                                            prompt=prompt))
+        self._event(llama_native.only_fields(llama_native.final_body(
+            request, self.server.model, completion, settings, content="", prompt=prompt), fields))
 
     def _messages(self, path: str) -> None:
         """Anthropic's Messages API (edgesdk/serve/anthropic.py): an answer, or a prompt's token count."""

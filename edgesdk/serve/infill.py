@@ -7,15 +7,27 @@ Editor plugins (llama.vscode, llama.vim) send the code before the cursor as ``in
 llama-server builds it (tools/server/server-context.cpp, ``post_infill``, and server-common.cpp,
 ``format_prompt_infill``; edgesdk/runtime/fim.py): ``input_prefix`` and ``input_suffix`` (a string, or an array of
 strings and token ids) and the chunks read as plain text, ``prompt`` with special tokens parsed, nothing added
-but the BOS the model's tokenizer adds; llama-server's default ``--batch-size`` (2048) sets the budget of prefix
-and suffix, its ``--n-predict`` here the server's ``--max-new-tokens``. The prompt goes on as a ``/completion``
+but the BOS the model's tokenizer adds; the server's ``-b/--batch-size`` (llama-server's, default 2048) sets the
+budget of prefix and suffix, ``--spm-infill`` puts the suffix first, and llama-server's ``--n-predict`` is here the
+server's ``--max-new-tokens``. The prompt goes on as a ``/completion``
 request of those token ids, and is answered as ``/completion`` answers (edgesdk/serve/llama_native.py).
+
+llama.vscode and llama.vim send more, answered as llama-server answers it: ``samplers`` with llama.cpp's
+``infill`` sampler, which runs without it here (:func:`without_infill_sampler`); ``response_fields``, the fields
+of the answer to send back (edgesdk/serve/llama_native.py); ``cache_prompt``, so a next request that starts with
+the same extra context and prefix prefills only what follows (``timings.cache_n``); ``t_max_prompt_ms`` (which
+llama-server does not apply either), ``t_max_predict_ms`` and ``n_indent``, taken and not applied: the answer
+ends at ``n_predict``, a stop string or the end of generation, not at a time limit after a new line nor at a
+line indented less than ``n_indent``; ``input_extra`` chunks' ``time`` (the plugins' own bookkeeping) is ignored,
+as llama-server ignores it.
 
 A model whose vocabulary lacks the FIM prefix, suffix or middle token is answered 501 ``not_supported_error``
 ("Infill is not supported by this model"), as llama-server answers it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.fim import DEFAULT_BATCH, DEFAULT_CHUNK_FILE, infill_ids, leading_bos
@@ -25,6 +37,26 @@ from edgesdk.serve.llama_native import parse_completion_request
 
 ROUTE = "/infill"
 INFILL_FIELDS = ("input_prefix", "input_suffix", "input_extra", "prompt")
+
+
+@dataclass(frozen=True)
+class InfillSettings:
+    """The server's settings of the infill prompt, llama-server's: ``n_batch`` (``-b/--batch-size``, default
+    2048), whose quarters set the budget of prefix and suffix, and ``spm_infill`` (``--spm-infill``: the suffix
+    before the prefix, for models trained on that order)."""
+
+    n_batch: int = DEFAULT_BATCH
+    spm_infill: bool = False
+
+
+def configure(completer, settings: InfillSettings) -> None:
+    """Give ``completer``'s infill prompts (``/infill`` and Ollama's ``suffix``) these settings."""
+    completer.infill_settings = settings
+
+
+def infill_settings(completer) -> InfillSettings:
+    """The infill settings ``completer`` was given (llama-server's defaults where none were)."""
+    return getattr(completer, "infill_settings", None) or InfillSettings()
 
 
 def parse_infill_request(body: object, completer) -> CompletionRequest:
@@ -49,14 +81,31 @@ def parse_infill_request(body: object, completer) -> CompletionRequest:
         _check_text(text, f"input_extra[{index}].text")
     _check_text(prompt or "", "prompt")
     ids = prompt_ids(completer, prefix, suffix, tokenizer.encode(prompt or "", add_special_tokens=False), extra)
-    limit = completer.runtime.backend.max_context
+    limit, quarter = completer.runtime.backend.max_context, infill_settings(completer).n_batch // 4
     if len(ids) > limit:
-        raise ApiError(400, f"the infill prompt has {len(ids)} tokens (of the prefix at most "
-                       f"{3 * (DEFAULT_BATCH // 4)}, of the suffix at most {DEFAULT_BATCH // 4 - 2} less the "
-                       f"prompt's, as llama-server takes them); this model's context holds {limit}: send a shorter "
-                       "'input_prefix' or 'input_suffix'", param="input_prefix", code="context_length_exceeded")
+        raise ApiError(400, f"the infill prompt has {len(ids)} tokens (of the prefix at most {3 * quarter}, of the "
+                       f"suffix at most {quarter - 2} less the prompt's, as llama-server takes them within its batch "
+                       f"of {4 * quarter}); this model's context holds {limit}: send a shorter 'input_prefix' or "
+                       "'input_suffix', or serve with a smaller --batch-size", param="input_prefix",
+                       code="context_length_exceeded")
     rest = {key: value for key, value in body.items() if key not in INFILL_FIELDS}
+    if "samplers" in rest:
+        rest["samplers"] = without_infill_sampler(rest["samplers"])
     return parse_completion_request({**rest, "prompt": ids})
+
+
+def without_infill_sampler(samplers: object) -> object:
+    """``samplers`` less llama.cpp's ``infill`` sampler (the name in a list, any case, or the letter ``i`` in a
+    string), which llama.vscode and llama.vim put in every chain they send (``["top_k", "top_p", "infill"]``).
+    This runtime does not carry that sampler (common/sampling.cpp, ``llama_sampler_init_infill``: it keeps only the
+    end-of-generation tokens where their probability outweighs the text's, and merges tokens that are prefixes of
+    one another), so the chain runs without it, as ``generation_settings.samplers`` shows; anything else is left
+    for the ``/completion`` checks."""
+    if isinstance(samplers, str):
+        return samplers.replace("i", "")
+    if isinstance(samplers, list):
+        return [name for name in samplers if not (isinstance(name, str) and name.lower() == "infill")]
+    return samplers
 
 
 def require_fim(completer, route: str, param: str | None = None, status: int = 501, model: str | None = None):
@@ -81,11 +130,27 @@ def require_fim(completer, route: str, param: str | None = None, status: int = 5
 def prompt_ids(completer, prefix: list[int], suffix: list[int], prompt: list[int], extra: list[tuple[str, str]]):
     """The infill prompt's token ids for this server's model (edgesdk/runtime/fim.py, ``infill_ids``): its context
     as ``n_ctx``, the server's answer limit as llama-server's ``--n-predict``."""
-    tokenizer = completer.runtime.tokenizer
+    tokenizer, settings = completer.runtime.tokenizer, infill_settings(completer)
     limit = completer.defaults.max_tokens
     return infill_ids(tokenizer.fim_tokens(), prefix, suffix, prompt, extra, tokenizer.encode_plain,
                       leading_bos(tokenizer), n_ctx=completer.runtime.backend.max_context,
-                      n_predict=-1 if limit >= UNTIL_THE_CONTEXT_FILLS else limit, n_batch=DEFAULT_BATCH)
+                      n_predict=-1 if limit >= UNTIL_THE_CONTEXT_FILLS else limit, n_batch=settings.n_batch,
+                      spm_infill=settings.spm_infill)
+
+
+def ollama_template(completer) -> str:
+    """The fill-in-the-middle prompt in Ollama's template language, as Ollama's code models' templates begin
+    (qwen2.5-coder's ``{{- if .Suffix }}<|fim_prefix|>{{ .Prompt }}<|fim_suffix|>{{ .Suffix }}<|fim_middle|>``,
+    the suffix first with ``--spm-infill``), for ``/api/show`` to put before the chat template: Continue's Ollama
+    provider sends a ``suffix`` only to a model whose template reads ``.Suffix``. "" for a model without FIM
+    tokens."""
+    fim = completer.runtime.tokenizer.fim_tokens()
+    if not fim.can_infill:
+        return ""
+    text = completer.runtime.tokenizer.tokenizer.id_to_token
+    head, tail = f"{text(fim.pre)}{{{{ .Prompt }}}}", f"{text(fim.suf)}{{{{ .Suffix }}}}"
+    first, end = (tail, head) if infill_settings(completer).spm_infill else (head, tail)
+    return f"{{{{- if .Suffix }}}}{first}{end}{text(fim.mid)}{{{{- end }}}}\n"
 
 
 def plain_ids(completer, text: str, param: str) -> list[int]:

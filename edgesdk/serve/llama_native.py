@@ -157,6 +157,35 @@ def final_body(request: CompletionRequest, model: str, completion: Completion, s
     return body
 
 
+def response_fields(body: dict) -> tuple[str, ...]:
+    """``response_fields``: the paths of the answer's fields to send back (``"timings/prompt_n"``), none: all."""
+    value = body.get("response_fields")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(path, str) for path in value):
+        raise ApiError(400, f"'response_fields' must be an array of field paths (strings such as \"content\" or "
+                       f"\"timings/prompt_n\"), got {_shown(value)}", param="response_fields")
+    return tuple(value)
+
+
+def only_fields(body: dict, paths: tuple[str, ...]) -> dict:
+    """The answer cut to ``paths``, as llama-server's ``json_get_nested_values`` cuts it: one flat key per path
+    (``"timings/prompt_n"`` as written), its value found by the path's "/"-separated keys; a path the answer does
+    not have is left out (llama.vim asks for ``[""]`` where it reads nothing: an empty object). No paths: all."""
+    if not paths:
+        return body
+    kept = {}
+    for path in paths:
+        value: object = body
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            kept[path] = value
+    return kept
+
+
 def partial_body(text: str, probabilities: list | None = None) -> dict:
     """A stream's event for a piece of the answer, with the probabilities of the tokens that made it."""
     body = {"index": 0, "id_slot": 0, "content": text, "tokens": [], "stop": False}

@@ -918,7 +918,8 @@ def show(completer: Completer, served: str, body: object) -> dict:
             f"{family}.context_length": context, f"{family}.embedding_length": facts.get("hidden_size"),
             f"{family}.block_count": facts.get("layers"), f"{family}.attention.head_count": facts.get("attention_heads"),
             f"{family}.attention.head_count_kv": facts.get("kv_heads"), f"{family}.vocab_size": facts.get("vocab_size")}
-    template = completer.runtime.tokenizer.template_source or ""
+    # where a suffix is answered, the template first writes the FIM prompt, as Ollama's code models' templates do
+    template = infill.ollama_template(completer) + (completer.runtime.tokenizer.template_source or "")
     modelfile = f"FROM {served_names(served)[-1]}\n" + "".join(f"PARAMETER {k} {v}\n" for k, v in parameters.items())
     return {"license": "", "modelfile": modelfile, "parameters": text, "template": template,
             "details": details(completer), "model_info": {k: v for k, v in info.items() if v is not None},
