@@ -12,7 +12,7 @@ budget of prefix and suffix, ``--spm-infill`` puts the suffix first, and llama-s
 server's ``--max-new-tokens``. The prompt goes on as a ``/completion``
 request of those token ids, and is answered as ``/completion`` answers (edgesdk/serve/llama_native.py).
 
-llama.vscode and llama.vim send more, answered as llama-server answers it: ``samplers`` with llama.cpp's
+llama.vscode and llama.vim send more, all taken: ``samplers`` with llama.cpp's
 ``infill`` sampler, which runs without it here (:func:`without_infill_sampler`); ``response_fields``, the fields
 of the answer to send back (edgesdk/serve/llama_native.py); ``cache_prompt``, so a next request that starts with
 the same extra context and prefix prefills only what follows (``timings.cache_n``); ``t_max_prompt_ms`` (which
