@@ -97,6 +97,11 @@ class CompletionRequest:
     template_kwargs: dict | None = None
     # chat: auto | none | deepseek | deepseek-legacy (edgesdk/serve/reasoning.py); None: the server's
     reasoning_format: str | None = None
+    # llama-server's /completion and /infill limits for code completion (edgesdk/serve/line_limits.py): a line after
+    # the first new line indented less than n_indent ends the answer; past t_max_predict_ms of generation a new line
+    # ends it (0: off)
+    n_indent: int = 0
+    t_max_predict_ms: float = 0.0
 
 
 def parse_chat_request(body: object) -> CompletionRequest:

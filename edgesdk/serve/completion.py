@@ -55,6 +55,7 @@ from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.speculative import DraftModel
 from edgesdk.runtime.text import StreamDecoder, check_utf8, pieces_text
 from edgesdk.serve.api import ApiError, CompletionRequest, TextOffsets, TokenizeRequest, logprobs_body
+from edgesdk.serve.line_limits import LineLimits
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
 from edgesdk.serve.reasoning import CLOSE, ReasoningSplitter, prompt_opens_thinking, template_thinks
 from edgesdk.serve.reasoning import FORMATS as REASONING_FORMATS
@@ -228,6 +229,10 @@ DROPPED_WAIT_S = 5.0  # how long a request waits for the place a dropped waiter 
 
 
 class _StopString(Exception):  # noqa: N818 (a signal out of the token callback, not an error)
+    pass
+
+
+class _LineLimit(Exception):  # noqa: N818 (a signal out of the token callback: n_indent, t_max_predict_ms)
     pass
 
 
@@ -823,6 +828,8 @@ class Completer:
                   client_gone: Callable[[], bool] | None) -> Completion:
         tokenizer, slot = self.runtime.tokenizer, self.slot
         decoder, matcher, pieces = StreamDecoder(tokenizer), StopMatcher(request.stop), []
+        answer: list[str] = []  # the answer's text handed out (pieces without an echoed prompt)
+        limits = LineLimits(request.n_indent, request.t_max_predict_ms)
         count = 0
         recorder = None if request.logprobs is None else LogprobRecorder(top=request.logprobs, prompt=request.echo)
         offsets = TextOffsets(0 if request.echo else len(request.prompt))  # the streamed chunks' text_offset
@@ -851,6 +858,7 @@ class Completer:
                             if recorder else None)
             if text:
                 pieces.append(text)
+                answer.append(text)
                 given["chars"] += len(text)
                 if "\n" in text and slot is not None:
                     slot.has_new_line = True
@@ -871,9 +879,18 @@ class Completer:
             clock["last"], clock["held_last"] = time.perf_counter(), hook.held_s
             if clock["first"] is None:
                 clock["first"], clock["held_first"] = clock["last"], clock["held_last"]
+            handed = len(answer)
             hand_out(matcher.push(decoder.push(token)))
             if matcher.stopped:
                 raise _StopString
+            if limits.active:
+                text = "".join(answer)
+                keep = limits.after_token(text, "".join(answer[handed:]), time.perf_counter())
+                if keep is not None:  # the answer ends here, cut before an under-indented line's text
+                    del pieces[len(pieces) - len(answer):]
+                    answer[:] = [text[:keep]]
+                    pieces.append(text[:keep])
+                    raise _LineLimit
             if client_gone is not None and client_gone():
                 raise ClientGone("the client closed the connection mid-answer")
             self._check_stopping()
@@ -896,6 +913,9 @@ class Completer:
                     on_text("", logprobs_body(request, rest, self._token_piece, offsets))
         except _StopString:
             finish = "stop"
+            self._end_early()
+        except _LineLimit:  # llama-server's stop_type limit, as the token limit ends an answer
+            finish = "length"
             self._end_early()
         except BaseException as exc:
             self._failed(exc)

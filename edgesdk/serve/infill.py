@@ -15,10 +15,10 @@ request of those token ids, and is answered as ``/completion`` answers (edgesdk/
 llama.vscode and llama.vim send more, all taken: ``samplers`` with llama.cpp's
 ``infill`` sampler, which runs without it here (:func:`without_infill_sampler`); ``response_fields``, the fields
 of the answer to send back (edgesdk/serve/llama_native.py); ``cache_prompt``, so a next request that starts with
-the same extra context and prefix prefills only what follows (``timings.cache_n``); ``t_max_prompt_ms`` (which
-llama-server does not apply either), ``t_max_predict_ms`` and ``n_indent``, taken and not applied: the answer
-ends at ``n_predict``, a stop string or the end of generation, not at a time limit after a new line nor at a
-line indented less than ``n_indent``; ``input_extra`` chunks' ``time`` (the plugins' own bookkeeping) is ignored,
+the same extra context and prefix prefills only what follows (``timings.cache_n``); ``t_max_predict_ms`` and
+``n_indent``, applied as llama-server applies them (edgesdk/serve/line_limits.py: a line indented less than
+``n_indent`` ends the answer, and past ``t_max_predict_ms`` a new line does); ``t_max_prompt_ms``, which
+llama-server does not apply either; ``input_extra`` chunks' ``time`` (the plugins' own bookkeeping) is ignored,
 as llama-server ignores it.
 
 A model whose vocabulary lacks the FIM prefix, suffix or middle token is answered 501 ``not_supported_error``

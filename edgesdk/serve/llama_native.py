@@ -53,8 +53,10 @@ def parse_completion_request(body: object) -> CompletionRequest:
     """``POST /completion``: the request as the OpenAI text request it means, checked there."""
     body = _object(body)  # the samplers this runtime lacks are refused by parse_text_request, as on every route
     probs = _n_probs(body)
+    limits = {name: _limit(body, name) for name in ("n_indent", "t_max_predict_ms")}
     text = {key: value for key, value in body.items()
-            if key not in ("n_predict", "max_tokens", "logprobs", "echo", "n_probs", "post_sampling_probs")}
+            if key not in ("n_predict", "max_tokens", "logprobs", "echo", "n_probs", "post_sampling_probs",
+                           "n_indent", "t_max_predict_ms")}
     name = "n_predict" if body.get("n_predict") is not None else "max_tokens"  # as llama-server reads the limit
     predict = body.get(name)
     if predict is not None:
@@ -66,7 +68,22 @@ def parse_completion_request(body: object) -> CompletionRequest:
     stops = _stop(text.pop("stop", None))  # set after the check: OpenAI's 'stop' takes at most 4, llama-server's any
     request = parse_text_request(text, route="/completion")
     return replace(request, stop=stops, logprobs=probs or None, llama_probs=bool(probs),
-                   max_tokens=0 if predict == 0 else request.max_tokens)
+                   max_tokens=0 if predict == 0 else request.max_tokens, n_indent=int(limits["n_indent"]),
+                   t_max_predict_ms=float(limits["t_max_predict_ms"]))
+
+
+def _limit(body: dict, name: str) -> float:
+    """``n_indent`` (a whole number of spaces or tabs) or ``t_max_predict_ms`` (milliseconds), >= 0; 0 when absent
+    or null (off)."""
+    value = body.get(name)
+    if value is None:
+        return 0
+    whole = name == "n_indent"
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or value < 0 \
+            or value != value:
+        what = "a whole number of spaces or tabs" if whole else "milliseconds"
+        raise ApiError(400, f"'{name}' must be {what} >= 0 (0: off), got {_shown(value)}", param=name)
+    return value
 
 
 def _n_probs(body: dict) -> int:
