@@ -158,7 +158,8 @@ def truncated(ids: Sequence[int], limit: int, end: int = 0) -> list[int]:
     return ids[:limit - end] + ids[len(ids) - end:]
 
 
-def fitted(token_ids: Sequence[int], limit: int, truncate: bool = False, end: int = 0) -> tuple[list[int], bool]:
+def fitted(token_ids: Sequence[int], limit: int, truncate: bool = False, end: int = 0,
+           window: str = "the bundle's context") -> tuple[list[int], bool]:
     """(ids, cut): ``token_ids`` as they will run in a context of ``limit`` tokens, and whether they were cut. An empty
     input is an EmbeddingError, and so is one longer than ``limit`` unless ``truncate`` (then :func:`truncated`
     keeps its first tokens and its last ``end``)."""
@@ -167,7 +168,7 @@ def fitted(token_ids: Sequence[int], limit: int, truncate: bool = False, end: in
         raise EmbeddingError("the input to embed holds no tokens", "pass a non-empty text or token list")
     cut = len(ids) > limit
     if cut and not truncate:
-        raise InputTooLong(f"the input to embed is {len(ids)} tokens, more than the bundle's context of {limit}",
+        raise InputTooLong(f"the input to embed is {len(ids)} tokens, more than {window} of {limit}",
                            "shorten the input or split it into passages")
     return truncated(ids, limit, end), cut
 

@@ -463,9 +463,7 @@ class Completer:
         try:
             if request.prompt_tokens:
                 ids = list(request.prompt_tokens)
-                vocabulary = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
-                rows = getattr(self.runtime.backend, "vocab_size", None)  # ids past the model's rows it cannot read
-                vocabulary = min(vocabulary, rows) if rows else vocabulary
+                vocabulary = self._vocabulary()
                 if max(ids) >= vocabulary:
                     raise ApiError(400, f"'prompt' holds token id {max(ids)}; this model's vocabulary has ids 0 to "
                                    f"{vocabulary - 1}", param="prompt")
@@ -482,6 +480,13 @@ class Completer:
             raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {limit}",
                            param="messages" if request.chat else "prompt", code="context_length_exceeded")
         return ids
+
+    def _vocabulary(self) -> int:
+        """The token ids a request may give: the tokenizer's, and no more than the model has rows for (ids past them
+        it cannot read)."""
+        vocabulary = self.runtime.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+        rows = getattr(self.runtime.backend, "vocab_size", None)
+        return min(vocabulary, rows) if rows else vocabulary
 
     def rendered_chat(self, request: CompletionRequest) -> str:
         """The chat request's prompt text (:meth:`chat_text`), or a 400 naming what the messages or template refused."""
@@ -706,12 +711,14 @@ class Completer:
                 self.hook.abandon_wait = None
 
     def embed(self, inputs: Sequence[str | Sequence[int]], config: EmbeddingConfig, truncate: bool = False,
-              param: str = "input", client_gone: Callable[[], bool] | None = None) -> list[Embedding]:
+              param: str = "input", client_gone: Callable[[], bool] | None = None, window: int | None = None,
+              window_name: str = "the bundle's context") -> list[Embedding]:
         """The embeddings of ``inputs`` (texts, tokenized with the model's special tokens as llama-server's
         embedding route does, or token id lists) in one turn on the board. The sequences run beside the
         conversation in the KV cache (:func:`edgesdk.runtime.embedding.embed_tokens`), so the prompt cache
-        stays; the thermal hook paces or pauses each as it does a prefill. Errors are 400s naming ``param``
-        (``input[2]`` for the third input)."""
+        stays; the thermal hook paces or pauses each as it does a prefill. Each must fit in ``window`` tokens
+        (Ollama's ``num_ctx``, named ``window_name`` in refusals; the bundle's context where None or larger), or with
+        ``truncate`` is cut to it. Errors are 400s naming ``param`` (``input[2]`` for the third input)."""
         problem = hidden_states_problem(self.runtime.backend)
         if problem is not None:
             raise ApiError(501, f"{problem.problem}; {problem.fix}", code="not_supported", kind="not_supported_error")
@@ -719,7 +726,9 @@ class Completer:
             raise ApiError(400, f"'{param}' holds no input to embed", param=param)
         # every input tokenized and checked against the context before the turn: a refused one waits for no turn
         # or thermal pause, and runs none of the others
-        sequences = [self._embedding_ids(item, f"{param}[{index}]" if len(inputs) > 1 else param, truncate)
+        limit = self.runtime.backend.max_context
+        fit = (limit, "the bundle's context") if window is None or window >= limit else (window, window_name)
+        sequences = [self._embedding_ids(item, f"{param}[{index}]" if len(inputs) > 1 else param, truncate, *fit)
                      for index, item in enumerate(inputs)]
 
         with self._request_turn(client_gone), self._thermal_wait_ends(client_gone, "the embedding") as abandon_wait:
@@ -742,10 +751,11 @@ class Completer:
             finally:
                 self.busy, self.slot = False, None
 
-    def _embedding_ids(self, item: str | Sequence[int], param: str, truncate: bool) -> tuple[list[int], bool]:
-        """(token ids, cut) of one embedding input as it will run, or a 400 naming it: an input past the context is
-        refused, or with ``truncate`` cut to it keeping the special tokens the tokenizer appended to a text
-        (:func:`edgesdk.runtime.embedding.fitted`); token ids given as such are cut as they are."""
+    def _embedding_ids(self, item: str | Sequence[int], param: str, truncate: bool, limit: int,
+                       window: str) -> tuple[list[int], bool]:
+        """(token ids, cut) of one embedding input as it will run, or a 400 naming it: an input past ``limit`` tokens
+        (``window``) is refused, or with ``truncate`` cut to it keeping the special tokens the tokenizer appended to
+        a text (:func:`edgesdk.runtime.embedding.fitted`); token ids given as such are cut as they are."""
         tokenizer = self.runtime.tokenizer
         end = 0
         if isinstance(item, str):
@@ -755,9 +765,7 @@ class Completer:
                 raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param, code=NOT_UTF8) from exc
         else:
             ids = [int(token) for token in item]
-            vocabulary = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
-            rows = getattr(self.runtime.backend, "vocab_size", None)
-            vocabulary = min(vocabulary, rows) if rows else vocabulary
+            vocabulary = self._vocabulary()
             bad = [token for token in ids if not 0 <= token < vocabulary]
             if bad:
                 raise ApiError(400, f"'{param}' holds token id {bad[0]}; this model's vocabulary has ids 0 to "
@@ -765,7 +773,7 @@ class Completer:
         if not ids:
             raise ApiError(400, f"'{param}' is empty: there is nothing to embed", param=param, code=EMPTY_INPUT)
         try:
-            return fitted(ids, self.runtime.backend.max_context, truncate, end)
+            return fitted(ids, limit, truncate, end, window)
         except EmbeddingError as exc:
             code = "context_length_exceeded" if isinstance(exc, InputTooLong) else None
             raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param, code=code) from exc

@@ -59,8 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
-from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize, text_ids, truncated
+from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize
 from edgesdk.serve import infill
 from edgesdk.serve.anthropic import partial_input
 from edgesdk.serve.api import (
@@ -838,35 +837,9 @@ def embed(completer: Completer, asked: EmbedAsked,
     if not asked.texts:
         return []
     config = EmbeddingConfig(pooling=pooling, normalize=-1 if asked.legacy else 2)
-    limit = completer.runtime.backend.max_context
-    if asked.num_ctx is None or asked.num_ctx >= limit:  # above the model's context it is capped there
-        return completer.embed(asked.texts, config, truncate=asked.truncate, param=asked.param,
-                               client_gone=client_gone)
-    inputs, cut = [], set()
-    for index, text in enumerate(asked.texts):
-        name = asked.param if len(asked.texts) == 1 else f"{asked.param}[{index}]"
-        ids, end = _embedding_tokens(completer, text, name)
-        if len(ids) > asked.num_ctx:
-            if not asked.truncate:
-                raise ApiError(400, f"'{name}' is {len(ids)} tokens, more than 'options.num_ctx' {asked.num_ctx}; "
-                               "shorten it, raise num_ctx (this model's context holds "
-                               f"{limit}){'' if asked.legacy else ' or leave truncate on to embed its first tokens'}",
-                               param=name, code="context_length_exceeded")
-            ids = truncated(ids, asked.num_ctx, end)  # the tokenizer's end token kept, as Ollama keeps it
-            cut.add(index)
-        inputs.append(tuple(ids) if ids else text)  # an empty text goes on as text, for the completer's own refusal
-    embeddings = completer.embed(inputs, config, param=asked.param, client_gone=client_gone)
-    return [replace(embedding, truncated=True) if index in cut else embedding
-            for index, embedding in enumerate(embeddings)]
-
-
-def _embedding_tokens(completer: Completer, text: str, param: str) -> tuple[list[int], int]:
-    """``text``'s tokens as the completer embeds them (with the model's special tokens) and how many of them the
-    tokenizer appended (:func:`edgesdk.runtime.embedding.text_ids`), or a 400 naming ``param``."""
-    try:
-        return text_ids(completer.runtime.tokenizer, text) if text else ([], 0)
-    except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
-        raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param) from exc
+    # a num_ctx at or above the model's context is capped there (the completer's own window)
+    return completer.embed(asked.texts, config, truncate=asked.truncate, param=asked.param, client_gone=client_gone,
+                           window=asked.num_ctx, window_name="'options.num_ctx'")
 
 
 def embed_body(asked: EmbedAsked, embeddings: list[Embedding], started_ns: int) -> dict:
