@@ -125,7 +125,6 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
     from edgesdk.runtime.session import open_runtime
     from edgesdk.serve.completion import Completer, ServeDefaults
     from edgesdk.serve.http_server import ApiServer
-    from edgesdk.serve.infill import InfillSettings, configure
     from edgesdk.serve.openai_answer import served_model_name
 
     try:
@@ -135,7 +134,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                                  prefill_assistant=not no_prefill_assistant, reasoning_format=reasoning_format,
                                  reasoning_budget=reasoning_budget, responses_kept=responses_kept,
                                  responses_kept_bytes=responses_kept_mib << 20, pooling=pooling,
-                                 **sampler_chain(samplers, sampling_seq))
+                                 batch_size=batch_size, spm_infill=spm_infill, **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
         raise bad_sampling_option(exc) from exc
     if api_key is not None and not api_key.strip():
@@ -166,7 +165,6 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                            thermal_target, sim_speed, status=False)
     try:
         completer = Completer(runtime, defaults, hook=thermal.hook if thermal else None, draft=draft)
-        configure(completer, InfillSettings(n_batch=batch_size, spm_infill=spm_infill))
         name = model_name or served_model_name(runtime.bundle.manifest)
         try:
             server = ApiServer((listen_host, port), completer, name, api_key=api_key, log=not quiet,

@@ -34,6 +34,7 @@ from edgesdk.runtime.embedding import (
     hidden_states_problem,
     text_ids,
 )
+from edgesdk.runtime.fim import DEFAULT_BATCH
 from edgesdk.runtime.gbnf import GrammarError
 from edgesdk.runtime.generate import (
     DEFAULT_SAMPLERS,
@@ -90,6 +91,10 @@ class ServeDefaults:
     # how an embedding pools a text's hidden states (llama-server's --pooling): last | mean | cls | none; None: as the
     # bundle's model declares, else mean (edgesdk.runtime.embedding.bundle_pooling), settled when the Completer opens
     pooling: str | None = None
+    # llama-server's -b/--batch-size, whose quarters set an infill prompt's budget of prefix and suffix, and
+    # --spm-infill, the suffix before the prefix (edgesdk/serve/infill.py)
+    batch_size: int = DEFAULT_BATCH
+    spm_infill: bool = False
 
     def __post_init__(self):
         chain = SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -103,6 +108,8 @@ class ServeDefaults:
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
                              f"{self.reasoning_format!r}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be a whole number >= 1, got {self.batch_size!r}")
         if self.pooling is not None:
             EmbeddingConfig(pooling=self.pooling)  # an EmbeddingError (a ValueError) naming a pooling it does not know
         if isinstance(self.reasoning_budget, bool) or self.reasoning_budget not in (-1, 0):
@@ -463,7 +470,7 @@ class Completer:
         try:
             if request.prompt_tokens:
                 ids = list(request.prompt_tokens)
-                vocabulary = self._vocabulary()
+                vocabulary = self.token_id_limit()
                 if max(ids) >= vocabulary:
                     raise ApiError(400, f"'prompt' holds token id {max(ids)}; this model's vocabulary has ids 0 to "
                                    f"{vocabulary - 1}", param="prompt")
@@ -481,7 +488,7 @@ class Completer:
                            param="messages" if request.chat else "prompt", code="context_length_exceeded")
         return ids
 
-    def _vocabulary(self) -> int:
+    def token_id_limit(self) -> int:
         """The token ids a request may give: the tokenizer's, and no more than the model has rows for (ids past them
         it cannot read)."""
         vocabulary = self.runtime.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
@@ -567,13 +574,13 @@ class Completer:
                               repeat_penalty=request.repeat_penalty, repeat_last_n=request.repeat_last_n,
                               logit_bias=self._logit_bias(request))
 
-    def _vocabulary(self) -> int:
+    def vocabulary(self) -> int:
         return self.runtime.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def _logit_bias(self, request: CompletionRequest) -> tuple[tuple[int, float], ...]:
         """The request's logit bias as (token id, bias) pairs: ids checked against the vocabulary, text keys
         tokenized (each of their tokens once), as llama-server reads them."""
-        vocabulary, pairs = self._vocabulary(), []
+        vocabulary, pairs = self.vocabulary(), []
         for key, bias in request.logit_bias:
             if isinstance(key, int):
                 if key >= vocabulary:
@@ -616,7 +623,7 @@ class Completer:
 
     def detokenize(self, tokens: tuple[int, ...]) -> dict:
         """llama-server's ``POST /detokenize`` answer: ``{"content": text}``, special tokens written out."""
-        vocabulary = self._vocabulary()
+        vocabulary = self.vocabulary()
         for index, token in enumerate(tokens):
             if token >= vocabulary:
                 raise ApiError(400, f"tokens[{index}] is {token}; this model's vocabulary has ids 0 to "
@@ -765,7 +772,7 @@ class Completer:
                 raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param, code=NOT_UTF8) from exc
         else:
             ids = [int(token) for token in item]
-            vocabulary = self._vocabulary()
+            vocabulary = self.token_id_limit()
             bad = [token for token in ids if not 0 <= token < vocabulary]
             if bad:
                 raise ApiError(400, f"'{param}' holds token id {bad[0]}; this model's vocabulary has ids 0 to "

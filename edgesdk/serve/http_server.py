@@ -1039,7 +1039,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 def _posted(route: str) -> bool:
     """Whether ``route`` (a request's path without its query) is a POST route of this server."""
     path = _api_route(route)
-    if path in ("/embedding", "/embeddings"):  # /embedding has no /v1 form; /v1/embeddings is OpenAI's route
+    if path in NATIVE_EMBEDDINGS_ROUTES:  # /embedding has no /v1 form; /v1/embeddings is OpenAI's route
         return route.rstrip("/") in (OPENAI_EMBEDDINGS_ROUTE, *NATIVE_EMBEDDINGS_ROUTES)
     return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE \
         or path == infill.ROUTE or path in ollama.POST_ROUTES \

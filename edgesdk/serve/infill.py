@@ -27,36 +27,14 @@ A model whose vocabulary lacks the FIM prefix, suffix or middle token is answere
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.fim import DEFAULT_BATCH, DEFAULT_CHUNK_FILE, infill_ids, leading_bos
+from edgesdk.runtime.fim import DEFAULT_CHUNK_FILE, infill_ids, leading_bos
 from edgesdk.runtime.text import check_utf8
 from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS, ApiError, CompletionRequest, _object, _shown
 from edgesdk.serve.llama_native import parse_completion_request
 
 ROUTE = "/infill"
 INFILL_FIELDS = ("input_prefix", "input_suffix", "input_extra", "prompt")
-
-
-@dataclass(frozen=True)
-class InfillSettings:
-    """The server's settings of the infill prompt, llama-server's: ``n_batch`` (``-b/--batch-size``, default
-    2048), whose quarters set the budget of prefix and suffix, and ``spm_infill`` (``--spm-infill``: the suffix
-    before the prefix, for models trained on that order)."""
-
-    n_batch: int = DEFAULT_BATCH
-    spm_infill: bool = False
-
-
-def configure(completer, settings: InfillSettings) -> None:
-    """Give ``completer``'s infill prompts (``/infill`` and Ollama's ``suffix``) these settings."""
-    completer.infill_settings = settings
-
-
-def infill_settings(completer) -> InfillSettings:
-    """The infill settings ``completer`` was given (llama-server's defaults where none were)."""
-    return getattr(completer, "infill_settings", None) or InfillSettings()
 
 
 def parse_infill_request(body: object, completer) -> CompletionRequest:
@@ -73,15 +51,15 @@ def parse_infill_request(body: object, completer) -> CompletionRequest:
             raise ApiError(400, f"'{name}' is required: {what}, a string (or an array of strings and token ids); "
                            "send \"\" for none", param=name)
     tokenizer = completer.runtime.tokenizer
-    prefix = _mixed(tokenizer, body["input_prefix"], "input_prefix")
-    suffix = _mixed(tokenizer, body["input_suffix"], "input_suffix")
+    prefix = _mixed(completer, body["input_prefix"], "input_prefix")
+    suffix = _mixed(completer, body["input_suffix"], "input_suffix")
     extra = _extra(body.get("input_extra"))
     for index, (filename, text) in enumerate(extra):
         _check_text(filename, f"input_extra[{index}].filename")
         _check_text(text, f"input_extra[{index}].text")
     _check_text(prompt or "", "prompt")
     ids = prompt_ids(completer, prefix, suffix, tokenizer.encode(prompt or "", add_special_tokens=False), extra)
-    limit, quarter = completer.runtime.backend.max_context, infill_settings(completer).n_batch // 4
+    limit, quarter = completer.runtime.backend.max_context, completer.defaults.batch_size // 4
     if len(ids) > limit:
         raise ApiError(400, f"the infill prompt has {len(ids)} tokens (of the prefix at most {3 * quarter}, of the "
                        f"suffix at most {quarter - 2} less the prompt's, as llama-server takes them within its batch "
@@ -130,11 +108,11 @@ def require_fim(completer, route: str, param: str | None = None, status: int = 5
 def prompt_ids(completer, prefix: list[int], suffix: list[int], prompt: list[int], extra: list[tuple[str, str]]):
     """The infill prompt's token ids for this server's model (edgesdk/runtime/fim.py, ``infill_ids``): its context
     as ``n_ctx``, the server's answer limit as llama-server's ``--n-predict``."""
-    tokenizer, settings = completer.runtime.tokenizer, infill_settings(completer)
-    limit = completer.defaults.max_tokens
+    tokenizer, settings = completer.runtime.tokenizer, completer.defaults
+    limit = settings.max_tokens
     return infill_ids(tokenizer.fim_tokens(), prefix, suffix, prompt, extra, tokenizer.encode_plain,
                       leading_bos(tokenizer), n_ctx=completer.runtime.backend.max_context,
-                      n_predict=-1 if limit >= UNTIL_THE_CONTEXT_FILLS else limit, n_batch=settings.n_batch,
+                      n_predict=-1 if limit >= UNTIL_THE_CONTEXT_FILLS else limit, n_batch=settings.batch_size,
                       spm_infill=settings.spm_infill)
 
 
@@ -149,7 +127,7 @@ def ollama_template(completer) -> str:
         return ""
     text = completer.runtime.tokenizer.tokenizer.id_to_token
     head, tail = f"{text(fim.pre)}{{{{ .Prompt }}}}", f"{text(fim.suf)}{{{{ .Suffix }}}}"
-    first, end = (tail, head) if infill_settings(completer).spm_infill else (head, tail)
+    first, end = (tail, head) if completer.defaults.spm_infill else (head, tail)
     return f"{{{{- if .Suffix }}}}{first}{end}{text(fim.mid)}{{{{- end }}}}\n"
 
 
@@ -159,7 +137,7 @@ def plain_ids(completer, text: str, param: str) -> list[int]:
     return completer.runtime.tokenizer.encode_plain(text)
 
 
-def _mixed(tokenizer, value: object, name: str) -> list[int]:
+def _mixed(completer, value: object, name: str) -> list[int]:
     """``input_prefix`` / ``input_suffix``: a string, or an array of strings and token ids, as llama-server's
     ``tokenize_mixed`` reads it (the strings as plain text, no special token added)."""
     parts = [value] if isinstance(value, str) else value
@@ -169,7 +147,7 @@ def _mixed(tokenizer, value: object, name: str) -> list[int]:
         raise ApiError(400, f"'{name}' must be a string, or an array of strings and token ids (whole numbers >= 0), "
                        f"got {_shown(value)}", param=name)
     ids: list[int] = []
-    vocabulary = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+    tokenizer, vocabulary = completer.runtime.tokenizer, completer.token_id_limit()
     for part in parts:
         if isinstance(part, str):
             _check_text(part, name)
