@@ -899,9 +899,9 @@ class Completer:
             if matcher.stopped:
                 raise _StopString
             if limits.active:
-                text = "".join(answer)
-                keep = limits.after_token(text, "".join(answer[handed:]), time.perf_counter())
+                keep = limits.push("".join(answer[handed:]), time.perf_counter())
                 if keep is not None:  # the answer ends here, cut before an under-indented line's text
+                    text = "".join(answer)
                     del pieces[len(pieces) - len(answer):]
                     answer[:] = [text[:keep]]
                     pieces.append(text[:keep])
