@@ -35,12 +35,12 @@ from __future__ import annotations
 import math
 import re
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.hooked_pass import hooked_pass
 from edgesdk.runtime.logprobs import log_softmax
 
 WINDOWS, LLAMA_PERPLEXITY = "windows", "llama-perplexity"
@@ -357,12 +357,7 @@ def bundle_scorer(runtime, hook=None):
         backend.reset()
         if hook is None:
             return backend.prefill(window, keep_logits=len(window))
-        hook.begin(len(window), 0)
-        hook.before_step("prefill")
-        start = time.perf_counter()
-        logits = backend.prefill(window, keep_logits=len(window))
-        hook.after_step("prefill", 0, time.perf_counter() - start)
-        return logits
+        return hooked_pass(hook, len(window), lambda: backend.prefill(window, keep_logits=len(window)))
 
     score.max_tokens = backend.max_context
     return score

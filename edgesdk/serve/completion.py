@@ -47,6 +47,7 @@ from edgesdk.runtime.generate import (
     generate,
 )
 from edgesdk.runtime.grammar import GrammarConstraint
+from edgesdk.runtime.hooked_pass import hooked_pass
 from edgesdk.runtime.json_mode import JsonConstraint
 from edgesdk.runtime.json_schema import SchemaConstraint
 from edgesdk.runtime.logprobs import LogprobRecorder
@@ -793,12 +794,8 @@ class Completer:
         hook's end comes also for an embedding its wait ended (the client left, the server stopping, a board that
         never cooled), which gives a capped clock back."""
         hook = MetricsHook(self.metrics, self.hook)
-        hook.begin(len(ids), 0)
         try:
-            hook.before_step("prefill")
-            start = time.perf_counter()
-            embedding = embed_tokens(self.runtime.backend, ids, config)
-            hook.after_step("prefill", 0, time.perf_counter() - start)
+            embedding = hooked_pass(hook, len(ids), lambda: embed_tokens(self.runtime.backend, ids, config))
         except BaseException as exc:
             hook.end(None)
             if isinstance(exc, BoardNeverCooled):
