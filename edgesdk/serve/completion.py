@@ -155,7 +155,7 @@ class SlotState:
     task: int
     request: CompletionRequest
     sampling: SamplingConfig
-    prompt_tokens: int
+    prompt_tokens: int  # the task's prompt tokens (an embedding task's: its input's)
     decoded: int = 0  # answer tokens so far
     has_new_line: bool = False  # the answer's text handed out so far holds a line break
 
@@ -401,7 +401,7 @@ class Completer:
         if draft is not None and can_draft(runtime.backend):  # a draft bundle (serve --draft) drafts instead
             self.lookup = draft
         self.waiting = 0  # admitted requests waiting for their turn
-        self.tasks = 0  # requests that had their turn (llama-server's task ids, for GET /slots)
+        self.tasks = 0  # task ids taken (llama-server's, for GET /slots): one a request, one an embedding input
         self.slot: SlotState | None = None  # the request generating now
         self._count_lock = threading.Lock()
 
@@ -740,20 +740,22 @@ class Completer:
                      for index, item in enumerate(inputs)]
 
         with self._request_turn(client_gone), self._thermal_wait_ends(client_gone, "the embedding") as abandon_wait:
-            self.tasks += 1
             self.busy = True
-            # GET /slots shows the slot processing, as llama-server's slot is while it runs an embedding task
-            # (no tokens to predict: n_predict 0)
+            # llama-server makes an embedding task of each input, its ids taken one after another
+            # (server-context.cpp handle_embeddings_impl), and its slot runs them in turn: GET /slots shows the
+            # slot processing the input being embedded now, under its own id_task (no tokens to predict: n_predict 0)
             idle = CompletionRequest(chat=False, max_tokens=0)
-            self.slot = SlotState(self.tasks, idle, self.sampling(idle), sum(len(ids) for ids, _ in sequences))
+            sampling = self.sampling(idle)
             try:
                 self._check_stopping()
                 if client_gone is not None and client_gone():
                     raise ClientGone("the client closed the connection while the request waited")
+                first, self.tasks = self.tasks + 1, self.tasks + len(sequences)
                 embeddings = []
                 for index, (ids, cut) in enumerate(sequences):
                     if index:  # the client left or the server stops between inputs: the rest do not run
                         abandon_wait()
+                    self.slot = SlotState(first + index, idle, sampling, len(ids))
                     embeddings.append(replace(self._embed_one(ids, config), truncated=cut))
                 return embeddings
             finally:
