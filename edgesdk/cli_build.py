@@ -21,6 +21,11 @@ from edgesdk.errors import EdgeSDKError
 @click.option("--model", "-m", default="smollm2-135m", show_default=True,
               help="Model alias, Hugging Face directory or .gguf file.")
 @click.option("--out", "-o", type=click.Path(path_type=Path), help="Bundle directory [bundles/<model>-<target>].")
+@click.option("--lora", "loras", multiple=True, metavar="ADAPTER",
+              help="LoRA adapter merged into the model before any stage, scale 1 (repeatable): a PEFT adapter "
+                   "directory or a GGUF LoRA adapter, as llama.cpp's --lora.")
+@click.option("--lora-scaled", "scaled_loras", multiple=True, nargs=2, type=(str, float), metavar="ADAPTER SCALE",
+              help="LoRA adapter merged with a user scale (repeatable), as llama.cpp's --lora-scaled.")
 @click.option("--recipe", help="Recipe name or YAML path [the target's default_recipe].")
 @click.option("--max-context", default=4096, show_default=True, help="Longest sequence the bundle accepts.")
 @click.option("--resume", is_flag=True, help="Continue a killed build from its work directory (<out>.build).")
@@ -42,16 +47,18 @@ from edgesdk.errors import EdgeSDKError
               help="Shortcut for --set prune.layers_removed=N (whole decoder layers removed, least needed first).")
 @click.option("--distill-steps", type=int, help="Shortcut for --set distill.steps=N.")
 @click.option("--density", type=float, help="Shortcut for --set sparsify.density=D (fraction of weight blocks kept).")
-def build(target, model, out, recipe, max_context, resume, keep_work, no_progress, data_files, data_skip_chars,
-          generated_sequences, overrides, weight_bits, ffn_ratio, prune_layers, distill_steps, density):
+def build(target, model, out, loras, scaled_loras, recipe, max_context, resume, keep_work, no_progress, data_files,
+          data_skip_chars, generated_sequences, overrides, weight_bits, ffn_ratio, prune_layers, distill_steps, density):
     """Build a bundle for a board: load, compress (recipe stages), export ONNX, verify, package.
 
-    A checkpoint is written after every stage; after a kill, run the same command with --resume.
+    A checkpoint is written after every stage; after a kill, run the same command with --resume. LoRA adapters
+    (--lora, --lora-scaled) are merged into the weights as W + scale * alpha / r * B @ A, --lora ones first.
     """
     from edgesdk.build.pipeline import BuildConfig, shortcut_overrides
     from edgesdk.build.pipeline import build as run_build
     from edgesdk.compress.data import DataConfig
     from edgesdk.export.onnx_export import ExportConfig
+    from edgesdk.models.lora import LoraAdapter
 
     if data_skip_chars and not data_files:
         click.echo(f"edgesdk build: warning: --data-skip-chars {data_skip_chars} is not used: it leaves out the head "
@@ -61,7 +68,9 @@ def build(target, model, out, recipe, max_context, resume, keep_work, no_progres
     data = DataConfig(files=tuple(str(f) for f in data_files), skip_chars=data_skip_chars,
                       generated_sequences=generated_sequences)
     try:
-        bundle = run_build(BuildConfig(target=target, model=model, out=out, recipe=recipe,
+        adapters = tuple(LoraAdapter(str(path)) for path in loras) + \
+            tuple(LoraAdapter(str(path), float(scale)) for path, scale in scaled_loras)
+        bundle = run_build(BuildConfig(target=target, model=model, adapters=adapters, out=out, recipe=recipe,
                                        overrides=shortcuts + tuple(overrides), data=data,
                                        weight_bits=int(weight_bits) if weight_bits else None,
                                        export=ExportConfig(max_context=max_context), resume=resume,

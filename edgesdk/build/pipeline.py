@@ -37,6 +37,7 @@ from edgesdk.export.onnx_export import (
     export_model,
 )
 from edgesdk.export.validate import ValidationConfig, validate_export, validate_fused
+from edgesdk.models.lora import LoraAdapter, check_adapter
 from edgesdk.models.sources import DEFAULT_MODEL, resolve_model
 from edgesdk.profile import get_profile
 
@@ -47,6 +48,8 @@ class BuildConfig:
 
     target: str  # profile name, alias or YAML path
     model: str = DEFAULT_MODEL  # alias, Hugging Face directory or .gguf file
+    # LoRA adapters merged into the model's weights right after it loads, before any stage (--lora, --lora-scaled)
+    adapters: tuple[LoraAdapter, ...] = ()
     out: Path | None = None  # bundle directory; default bundles/<model>-<target>
     recipe: str | None = None  # shipped recipe name or YAML path; None: the target's default recipe
     overrides: tuple[str, ...] = ()  # "stage.field=value" changes to the recipe (--set)
@@ -262,15 +265,21 @@ def build(config: BuildConfig) -> Bundle:
     check_out_outside_bundles(out)
     check_out_location(out)
     check_work_dir(out.with_name(out.name + ".build"))
+    for adapter in config.adapters:  # before the model is fetched or loaded
+        check_adapter(adapter)
     source = resolve_model(config.model, progress=config.progress)
     data_key = None
     if stages:
         data_key = {**asdict(config.data), "files": [file_fingerprint(f) for f in config.data.files]}
-    work = WorkDir(out.with_name(out.name + ".build"), {
+    build_key = {
         "model": file_fingerprint(source.path), "target": profile.model_dump(mode="json"),
         "recipe": recipe.model_dump(), "export": asdict(export_config), "data": data_key,
         "edgesdk": __version__,
-    }, config.resume)
+    }
+    if config.adapters:  # a checkpoint of the model with other adapters, or other scales, is not this build's
+        build_key["adapters"] = [{**file_fingerprint(Path(adapter.path).expanduser()), "scale": adapter.scale}
+                                 for adapter in config.adapters]
+    work = WorkDir(out.with_name(out.name + ".build"), build_key, config.resume)
     try:  # the lock is this build's while it runs, however it ends (a failed stage in a process that goes on)
         if config.resume and not work.state["done"]:
             _log(f"--resume: no finished step of this build in {work.path}; starting from the beginning")
@@ -284,6 +293,20 @@ def build(config: BuildConfig) -> Bundle:
         work.release()
 
 
+def _merge_adapters(adapters: tuple[LoraAdapter, ...], loaded, source) -> list[dict]:
+    """Merge the --lora / --lora-scaled adapters into the loaded model (edgesdk/models/lora.py) and log each;
+    the manifest's records of them."""
+    if not adapters:
+        return []
+    from edgesdk.models.lora import gguf_architecture, merge_adapters
+
+    records = merge_adapters(loaded.model, adapters, gguf_architecture(source, loaded.model))
+    for record in records:
+        _log(f"  merged LoRA adapter {record['path']} ({record['form']}, rank {record['rank']}, "
+             f"{record['modules']} modules, scale {record['scale']:g})")
+    return records
+
+
 def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config: ExportConfig, source,
                out: Path, work: WorkDir) -> Bundle:
     """Load, the stages not done yet, export and package: the build from its work directory on."""
@@ -295,6 +318,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     _log(f"[1/{steps}] loading {config.model} ({source.kind}: {source.path})")
     try:
         loaded = load_model(source, progress=config.progress)
+        adapters = _merge_adapters(config.adapters, loaded, source)
         check_exportable(loaded.model.config, export_config)  # before any stage, not at export
         context = bundle_context(loaded.model.config, export_config)
         if context < export_config.max_context:  # the graph's rotary table covers the model's positions only
@@ -312,6 +336,8 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     elif loaded.pooling_note:
         _log(f"  note: {loaded.pooling_note}; embeddings pool with the runtime's default")
     facts_before = loaded.facts()
+    if adapters:  # recorded beside the source they were merged into
+        facts_before["adapters"] = adapters
     model = teacher = loaded.model
     ctx = BuildContext(profile=profile, work_dir=work.path, tokenizer=loaded.tokenizer, teacher=teacher,
                        progress=config.progress, data_config=config.data)
@@ -391,7 +417,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         _log(f"[{steps - 1}/{steps}] export: done in an earlier run")
 
     _log(f"[{steps}/{steps}] writing bundle {out}")
-    facts_after = model_facts_after(model, facts_before)
+    facts_after = model_facts_after(model, {k: v for k, v in facts_before.items() if k != "adapters"})
     bundle = write_bundle(
         out, export_dir=export_dir, graph=record["graph"], validation=record["validation"], profile=profile,
         recipe=recipe, stages=stage_records, model=model, tokenizer=loaded.tokenizer,

@@ -160,13 +160,17 @@ def check_gguf_model(path: Path) -> dict:
     kind, arch = field("general.type"), field("general.architecture")
     tensors = {tensor.name for tensor in reader.tensors}
     missing = [key for key in (f"{arch}.block_count", f"{arch}.embedding_length") if field(key) is None]
-    if kind == "adapter" or arch is None or missing or "token_embd.weight" not in tensors:
-        what = ("a LoRA adapter" if kind == "adapter" else
-                f"no whole model (architecture {arch!r}, {len(tensors)} tensors"
+    if kind == "adapter":
+        raise ModelSourceError(
+            f"the GGUF file {path} holds a LoRA adapter (general.type adapter"
+            + (f", architecture {arch!r}" if arch else "") + "), not a whole model",
+            f"pass the base model it was made for with --model and the adapter with --lora: edgesdk build --model "
+            f"BASE --lora {path} (merged into the weights at build time, as llama.cpp's --lora applies it)")
+    if arch is None or missing or "token_embd.weight" not in tensors:
+        what = (f"no whole model (architecture {arch!r}, {len(tensors)} tensors"
                 + (f", no {', '.join(missing)}" if missing else "")
                 + (", no token_embd.weight" if "token_embd.weight" not in tensors else "") + ")")
-        raise ModelSourceError(f"the GGUF file {path} holds {what}",
-                               "pass the GGUF of a whole model (an adapter must be merged into its base model first)")
+        raise ModelSourceError(f"the GGUF file {path} holds {what}", "pass the GGUF of a whole model")
     if arch == "gemma3":
         return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
     check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged

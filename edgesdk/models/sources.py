@@ -152,6 +152,8 @@ def _resolve_directory(path: Path) -> ModelSource:
         return ModelSource("hf-dir", path, str(path.resolve()))  # a path the manifest can be read from anywhere
     if (path / "snapshots").is_dir() or (path.name.startswith("models--") and (path / "blobs").is_dir()):
         return _resolve_directory(_hub_cache_snapshot(path))
+    if (path / "adapter_config.json").is_file():
+        _refuse_peft_adapter(path)
     ggufs = sorted(file for file in path.iterdir() if file.suffix.lower() == ".gguf" and file.is_file())
     if ggufs:
         shown = ", ".join(file.name for file in ggufs[:6]) + (", ..." if len(ggufs) > 6 else "")
@@ -166,6 +168,24 @@ def _resolve_directory(path: Path) -> ModelSource:
         f"model directory {path} has no config.json",
         "pass a Hugging Face model directory (save_pretrained output) or a .gguf file",
     )
+
+
+def _refuse_peft_adapter(path: Path) -> None:
+    """Refuse a PEFT adapter directory (adapter_config.json, no config.json) given as the model, naming the base
+    model its config records (``base_model_name_or_path``) and --lora, which merges it into that base."""
+    import json
+
+    try:
+        base = json.loads((path / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        base = None
+    named = f", made for the base model {base} (its base_model_name_or_path)" if base else ""
+    raise ModelSourceError(
+        f"model directory {path} is a PEFT LoRA adapter (adapter_config.json, no config.json){named}, not a whole "
+        "model",
+        f"pass the base model with --model and the adapter with --lora: edgesdk build --model "
+        f"{shlex.quote(str(base)) if base else 'BASE'} --lora {shlex.quote(str(path))}"
+        + (" (the base as a local directory or .gguf file: edgesdk does not download Hub ids)" if base else ""))
 
 
 # a part of a GGUF split by llama.cpp's llama-gguf-split (llama_split_prefix: "<prefix>-%05d-of-%05d.gguf")

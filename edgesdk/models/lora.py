@@ -1,0 +1,481 @@
+"""LoRA adapters merged into a loaded model's weights (``edgesdk build --lora`` / ``--lora-scaled``), host only.
+
+A LoRA adapter of rank r stores, for a linear layer ``y = W x`` with W of shape (out, in), two factors
+A (r, in) and B (out, r); the fine-tuned layer computes ``W x + s * B (A x)``. Merging writes
+``W' = W + s * (B @ A)`` into the weight once, so the build's stages, the export and the board see the
+fine-tuned model and nothing of the adapter is left to run. The factor s is, as llama.cpp computes it
+(``llama_adapter_lora_weight::get_scale``, used by ``llm_build_lora_mm``), the user's scale (``--lora``: 1,
+``--lora-scaled FILE SCALE``: SCALE) times ``alpha / r``, and the user's scale alone where the adapter gives no
+alpha; PEFT's ``LoraLayer.update_layer`` sets ``scaling = lora_alpha / r`` (``lora_alpha / sqrt(r)`` with
+``use_rslora``), which is what ``merge_and_unload`` adds. Several adapters add their products one after
+another, as llama.cpp sums each adapter's term.
+
+Two forms are read:
+
+- a PEFT directory (``adapter_config.json`` and ``adapter_model.safetensors`` or ``adapter_model.bin``), its
+  keys ``base_model.model.<module>.lora_A.weight`` / ``.lora_B.weight`` (``.lora_A.<adapter>.weight`` in some
+  tools), ``.lora_embedding_A`` / ``.lora_embedding_B`` for an ``nn.Embedding``, and the whole modules
+  ``modules_to_save`` names (``<module>.modules_to_save[.<adapter>].weight`` or ``<module>.weight``), which
+  replace the base weights as PEFT's ``ModulesToSaveWrapper`` does;
+- a GGUF LoRA adapter as llama.cpp's ``convert_lora_to_gguf.py`` writes it: ``general.type`` adapter,
+  ``adapter.type`` lora, ``adapter.lora.alpha``, and per base tensor ``<name>.lora_a`` (r, in) and
+  ``<name>.lora_b`` (out, r) (numpy order), ``token_embd.weight.lora_a`` (vocab, r) and ``.lora_b`` (dim, r)
+  for the embedding (``llm_build_inp_embd``: its A and B are flipped). GGUF names are mapped back to the model's
+  modules with gguf-py's ``get_tensor_name_map``, as transformers' GGUF loader maps a model's tensors
+  (``get_gguf_hf_weights_map``), and for the llama architecture the rows of ``lora_b`` of attn_q / attn_k are
+  put back in Hugging Face order with transformers' ``LlamaTensorProcessor``: ``convert_hf_to_gguf.py``'s
+  ``LlamaModel.permute`` reorders them for llama.cpp's rotary layout, in the adapter as in the base model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgesdk.errors import ModelSourceError
+
+PEFT_CONFIG = "adapter_config.json"
+PEFT_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+# transformers' model_type -> the GGUF architecture llama.cpp's converter writes for it (convert_hf_to_gguf.py:
+# MistralForCausalLM is converted as llama; transformers' get_gguf_hf_weights_map maps gemma3_text to gemma3)
+GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+                      "gemma3_text": "gemma3"}
+# PEFT's init_lora_weights values that change the base weights when the adapter is made (the adapter then holds
+# the difference to that residual model, not to the base) unless PEFT converted it on saving
+BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq")
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """One adapter to merge: its file or directory and the user's scale (llama.cpp's ``--lora`` is 1.0,
+    ``--lora-scaled FNAME SCALE`` the given scale)."""
+
+    path: str
+    scale: float = 1.0
+
+
+@dataclass
+class _Update:
+    """One low-rank update: ``delta = left @ right`` (the weight's shape) times ``factor`` (alpha / r)."""
+
+    module: str  # the model's module name
+    key: str  # the adapter's tensor name, for messages
+    left: Any  # torch tensor (rows, r)
+    right: Any  # torch tensor (r, cols)
+    factor: float
+    rank: int
+
+
+@dataclass
+class ReadAdapter:
+    """An adapter read and checked against one model, ready to merge."""
+
+    adapter: LoraAdapter
+    form: str  # "peft" or "gguf"
+    weights_file: Path
+    updates: list[_Update] = field(default_factory=list)
+    replaced: dict[str, Any] = field(default_factory=dict)  # parameter name -> its new value
+    alpha: float | None = None
+
+    def record(self) -> dict:
+        """What the bundle manifest records of the adapter."""
+        from edgesdk.hashing import sha256_file
+
+        path = Path(self.adapter.path).expanduser().resolve()
+        return {"path": str(path), "form": self.form, "file": self.weights_file.name,
+                "sha256": sha256_file(self.weights_file), "scale": self.adapter.scale,
+                "rank": max((update.rank for update in self.updates), default=0),
+                **({"alpha": self.alpha} if self.alpha is not None else {}),
+                "modules": len({update.module for update in self.updates}),
+                **({"replaced": sorted(self.replaced)} if self.replaced else {})}
+
+
+def check_adapter(adapter: LoraAdapter) -> str:
+    """The form of ``adapter``'s path ("peft" or "gguf"), refusing a missing path, a whole model, a file of
+    another kind or a scale that is not a finite number: checked before the model is fetched or loaded."""
+    path = Path(adapter.path).expanduser()
+    where = f"--lora {adapter.path}"
+    if not isinstance(adapter.scale, (int, float)) or not math.isfinite(adapter.scale):
+        raise ModelSourceError(f"--lora-scaled {adapter.path} {adapter.scale}: the scale is not a finite number",
+                               "pass a number such as 0.5 or 1 (llama.cpp's --lora-scaled FNAME SCALE)")
+    if path.is_dir():
+        if (path / PEFT_CONFIG).is_file():
+            if not any((path / name).is_file() for name in PEFT_WEIGHTS):
+                raise ModelSourceError(f"{where}: the PEFT adapter directory has {PEFT_CONFIG} but no weights "
+                                       f"({' or '.join(PEFT_WEIGHTS)})",
+                                       "copy the adapter's weights file beside its adapter_config.json")
+            return "peft"
+        if (path / "config.json").is_file():
+            raise ModelSourceError(f"{where}: {path} is a whole model (config.json), not a LoRA adapter",
+                                   f"pass it with --model, or pass the adapter directory (with {PEFT_CONFIG}) with "
+                                   "--lora")
+        raise ModelSourceError(f"{where}: the directory has no {PEFT_CONFIG}, so it is no PEFT LoRA adapter",
+                               "pass a PEFT adapter directory (save_pretrained of a PeftModel) or a GGUF LoRA "
+                               "adapter (llama.cpp's convert_lora_to_gguf.py)")
+    if not path.is_file():
+        raise ModelSourceError(f"{where}: no such file or directory",
+                               "pass a PEFT adapter directory or a GGUF LoRA adapter file")
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if magic != b"GGUF":
+        raise ModelSourceError(f"{where}: the file is not GGUF (first bytes {magic!r}, expected b'GGUF')",
+                               "pass a GGUF LoRA adapter (llama.cpp's convert_lora_to_gguf.py writes one) or a PEFT "
+                               f"adapter directory (with {PEFT_CONFIG})")
+    return "gguf"
+
+
+def gguf_architecture(source, model) -> str | None:
+    """The GGUF architecture of the base model: a GGUF source's ``general.architecture``, else the one
+    llama.cpp's converter writes for the model's type (None for a type it has none for)."""
+    if source is not None and source.kind == "gguf":
+        from gguf import GGUFReader
+
+        found = GGUFReader(str(source.path)).fields.get("general.architecture")
+        if found is not None:
+            return str(found.contents())
+    return GGUF_ARCHITECTURES.get(getattr(model.config, "model_type", None))
+
+
+def merge_adapters(model, adapters, base_architecture: str | None = None) -> list[dict]:
+    """Merge each adapter into ``model``'s weights in place (float32, no autograd), in order, and return what
+    the manifest records of them. ``base_architecture``: the base's GGUF architecture (gguf_architecture),
+    which a GGUF adapter must name."""
+    import torch
+
+    records = []
+    for adapter in adapters:
+        form = check_adapter(adapter)
+        read = (_read_peft(adapter, model) if form == "peft" else
+                _read_gguf(adapter, model, base_architecture or gguf_architecture(None, model)))
+        with torch.no_grad():
+            _apply(model, read)
+        records.append(read.record())
+    return records
+
+
+def _apply(model, read: ReadAdapter) -> None:
+    import torch
+
+    touched = {f"{update.module}.weight" for update in read.updates} | set(read.replaced)
+    _untie_if_touched(model, touched)
+    parameters = dict(model.named_parameters(remove_duplicate=False))
+    for name, value in read.replaced.items():
+        parameters[name].copy_(value.to(torch.float32))
+    scale = float(read.adapter.scale)
+    for update in read.updates:
+        weight = parameters[f"{update.module}.weight"]
+        delta = update.left.to(torch.float32) @ update.right.to(torch.float32)
+        weight.add_(delta.to(weight.dtype), alpha=scale * update.factor)
+
+
+def _untie_if_touched(model, touched: set[str]) -> None:
+    """A model whose output layer shares the embedding's weight (tie_word_embeddings) gets its own output
+    weight where an adapter changes one of the two: a LoRA on ``lm_head`` (or a replaced ``embed_tokens``)
+    changes that module only in the fine-tuned model (PEFT wraps the module, not the shared tensor), while an
+    in-place merge into the shared tensor would change both."""
+    import torch
+
+    output, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if output is None or embedding is None or output.weight is not embedding.weight:
+        return
+    names = {name for name, parameter in model.named_parameters(remove_duplicate=False)
+             if parameter is embedding.weight}
+    if not names & touched:
+        return
+    output.weight = torch.nn.Parameter(embedding.weight.detach().clone(), requires_grad=False)
+    model.config.tie_word_embeddings = False
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    if text_config is not None and text_config is not model.config:
+        text_config.tie_word_embeddings = False
+
+
+# ---------------------------------------------------------------------------------------------------- PEFT
+
+
+_LORA_KEY = re.compile(r"^(?P<module>.+?)\.(?P<part>lora_A|lora_B)(?:\.(?P<name>[^.]+))?\.weight$")
+_EMBEDDING_KEY = re.compile(r"^(?P<module>.+?)\.(?P<part>lora_embedding_A|lora_embedding_B)(?:\.(?P<name>[^.]+))?$")
+_SAVED_KEY = re.compile(r"^(?P<module>.+?)\.modules_to_save(?:\.(?P<name>[^.]+))?\.(?P<param>weight|bias)$")
+_PLAIN_KEY = re.compile(r"^(?P<module>.+)\.(?P<param>weight|bias)$")
+
+
+def _pattern_value(patterns: dict | None, module: str, default):
+    """PEFT's ``get_pattern_key`` (peft/utils/other.py): the first key of ``rank_pattern`` / ``alpha_pattern``,
+    in their order, that the module name ends with as a regular expression after a dot
+    (``re.match(rf"(.*\\.)?({key})$", name)``), else the default."""
+    for key, value in (patterns or {}).items():
+        if re.match(rf"(.*\.)?({key})$", module):
+            return value
+    return default
+
+
+def _peft_config(adapter: LoraAdapter, directory: Path) -> dict:
+    where = f"--lora {adapter.path}"
+    try:
+        config = json.loads((directory / PEFT_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelSourceError(f"{where}: cannot read {directory / PEFT_CONFIG}: {exc}",
+                               "check that the file is complete JSON as PEFT writes it") from exc
+    if not isinstance(config, dict):
+        raise ModelSourceError(f"{where}: {PEFT_CONFIG} holds {type(config).__name__}, expected a JSON object",
+                               "pass the directory PeftModel.save_pretrained wrote")
+    peft_type = config.get("peft_type", "LORA")
+    refused = []
+    if peft_type != "LORA":
+        refused.append((f"peft_type {peft_type!r}", "only LoRA adapters (peft_type LORA) are merged"))
+    for option, why in (("use_dora", "DoRA rescales each merged row by a learned magnitude"),
+                        ("lora_bias", "its lora_B bias is not merged"),
+                        ("use_qalora", "QALoRA pools the input in groups before lora_A"),
+                        ("layer_replication", "it repeats decoder layers, changing the model's structure"),
+                        ("alora_invocation_tokens", "an activated LoRA applies only after its invocation tokens"),
+                        ("trainable_token_indices", "its trainable token rows are not merged"),
+                        ("target_parameters", "it adapts parameters, not nn.Linear modules")):
+        value = config.get(option)
+        if value:
+            refused.append((f"{option}: {json.dumps(value)[:60]}", why))
+    init = config.get("init_lora_weights")
+    if isinstance(init, str) and init.lower().startswith(BASE_CHANGING_INITS):
+        refused.append((f"init_lora_weights {init!r}", "the adapter is relative to a base model its initialisation "
+                        "changed, not to the base model"))
+    if refused:
+        what, why = refused[0]
+        raise ModelSourceError(
+            f"{where}: the adapter sets {what}, which edgesdk does not merge: {why}",
+            "merge it with PEFT on the host (PeftModel.from_pretrained(base, adapter).merge_and_unload()"
+            ".save_pretrained(dir)) and pass that directory with --model")
+    for name in ("r", "lora_alpha"):
+        value = config.get(name, 8)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ModelSourceError(f"{where}: {PEFT_CONFIG} gives {name} {value!r}, expected a positive number",
+                                   "pass the adapter_config.json PEFT wrote with the adapter")
+    return config
+
+
+def _peft_tensors(adapter: LoraAdapter, directory: Path) -> tuple[Path, dict]:
+    where = f"--lora {adapter.path}"
+    weights = next(directory / name for name in PEFT_WEIGHTS if (directory / name).is_file())
+    try:
+        if weights.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return weights, load_file(str(weights), device="cpu")
+        import torch
+
+        tensors = torch.load(str(weights), map_location="cpu", weights_only=True)
+    except Exception as exc:  # safetensors and torch raise many types for damaged files
+        raise ModelSourceError(f"{where}: cannot read {weights}: {type(exc).__name__}: {exc}",
+                               "check that the file is complete (save the adapter again), or use safetensors "
+                               "(PeftModel.save_pretrained(dir, safe_serialization=True))") from exc
+    if not isinstance(tensors, dict):
+        raise ModelSourceError(f"{where}: {weights} holds {type(tensors).__name__}, expected a state dict",
+                               "save the adapter with PeftModel.save_pretrained")
+    return weights, tensors
+
+
+def _find_module(model, name: str):
+    """The model's module ``name`` (a PEFT key's path under ``base_model.model.``), also where the adapter was
+    made on the decoder without its head (``layers.0...`` for ``model.layers.0...``); (None, None) if none."""
+    modules = dict(model.named_modules())
+    for candidate in (name, f"model.{name}"):
+        if candidate in modules and candidate:
+            return candidate, modules[candidate]
+    return None, None
+
+
+def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
+    """A PEFT LoRA adapter directory, checked against ``model``: each lora_A / lora_B pair on an nn.Linear
+    (lora_embedding_A / B on an nn.Embedding) of the shapes that module takes and the rank the config gives
+    it, and the modules_to_save weights of the module's shapes."""
+    import torch
+
+    directory = Path(adapter.path).expanduser()
+    where = f"--lora {adapter.path}"
+    config = _peft_config(adapter, directory)
+    weights_file, tensors = _peft_tensors(adapter, directory)
+    read = ReadAdapter(adapter=adapter, form="peft", weights_file=weights_file, alpha=float(config.get("lora_alpha", 8)))
+    saved_modules = config.get("modules_to_save") or []
+    if isinstance(saved_modules, str):
+        saved_modules = [saved_modules]
+    pairs: dict[str, dict[str, tuple[str, Any]]] = {}
+    fix_base = ("pass with --model the base model the adapter was trained on"
+                + (f" ({config['base_model_name_or_path']}, as its {PEFT_CONFIG} names it)"
+                   if config.get("base_model_name_or_path") else ""))
+
+    def module_of(key: str, path: str):
+        name, module = _find_module(model, path)
+        if module is None:
+            raise ModelSourceError(f"{where}: {weights_file.name} holds {key} for a module '{path}' the model has "
+                                   "not", fix_base)
+        return name, module
+
+    for key, tensor in tensors.items():
+        path = key[len("base_model.model."):] if key.startswith("base_model.model.") else key
+        lora = _LORA_KEY.match(path) or _EMBEDDING_KEY.match(path)
+        if lora:
+            pairs.setdefault(lora["module"], {})[lora["part"][-1]] = (key, tensor)
+            continue
+        if path.endswith(".base_layer.weight") or path.endswith(".base_layer.bias"):
+            continue  # the frozen base weight itself, which llama.cpp's convert_lora_to_gguf.py also skips
+        saved = _SAVED_KEY.match(path)
+        plain = _PLAIN_KEY.match(path)
+        target = saved or (plain if plain and (
+            any(plain["module"] == m or plain["module"].endswith(f".{m}") for m in saved_modules)
+            or (plain["param"] == "bias" and config.get("bias", "none") != "none")) else None)
+        if target is None:
+            raise ModelSourceError(
+                f"{where}: {weights_file.name} holds {key}, which is neither a LoRA factor (lora_A / lora_B) nor a "
+                f"module its {PEFT_CONFIG} saves whole (modules_to_save: {saved_modules or 'none'})",
+                "pass a PEFT LoRA adapter as PeftModel.save_pretrained writes it")
+        name, module = module_of(key, target["module"])
+        parameter = getattr(module, target["param"], None)
+        if not isinstance(parameter, torch.nn.Parameter):
+            raise ModelSourceError(f"{where}: {key} replaces the {target['param']} of '{name}', which has none",
+                                   fix_base)
+        if tuple(tensor.shape) != tuple(parameter.shape):
+            raise ModelSourceError(f"{where}: {key} has shape {tuple(tensor.shape)}, but '{name}.{target['param']}' "
+                                   f"of the model has shape {tuple(parameter.shape)}", fix_base)
+        read.replaced[f"{name}.{target['param']}"] = tensor
+
+    for path, pair in sorted(pairs.items()):
+        if len(pair) != 2:
+            (key, _), = pair.values()
+            missing = key.replace("lora_A", "lora_B") if "lora_A" in key else key.replace("lora_B", "lora_A")
+            missing = missing.replace("embedding_A", "embedding_B") if "embedding_A" in key else \
+                missing.replace("embedding_B", "embedding_A")
+            raise ModelSourceError(f"{where}: {weights_file.name} holds {key} but not {missing}",
+                                   "save the adapter again (both factors of every LoRA module are needed)")
+        (key_a, a), (key_b, b) = pair["A"], pair["B"]
+        name, module = module_of(key_a, path)
+        embedding = "lora_embedding" in key_a
+        expected_type = torch.nn.Embedding if embedding else torch.nn.Linear
+        if not isinstance(module, expected_type):
+            raise ModelSourceError(f"{where}: {key_a} adapts '{name}', a {type(module).__name__}, where its factors "
+                                   f"fit an nn.{expected_type.__name__}",
+                                   "edgesdk merges LoRA on the model's nn.Linear layers and its nn.Embedding")
+        out_size, in_size = module.weight.shape
+        rank = int(_pattern_value(config.get("rank_pattern"), name, config.get("r", 8)))
+        alpha = float(_pattern_value(config.get("alpha_pattern"), name, config.get("lora_alpha", 8)))
+        if embedding:  # PEFT's Embedding: lora_embedding_A (r, num_embeddings), lora_embedding_B (dim, r)
+            expected = {key_a: (rank, out_size), key_b: (in_size, rank)}
+        else:  # nn.Linear(in, r) and nn.Linear(r, out): A (r, in), B (out, r)
+            expected = {key_a: (rank, in_size), key_b: (out_size, rank)}
+        for key, tensor in ((key_a, a), (key_b, b)):
+            if tuple(tensor.shape) != expected[key]:
+                raise ModelSourceError(
+                    f"{where}: {key} has shape {tuple(tensor.shape)}, but '{name}' of the model "
+                    f"({tuple(module.weight.shape)}) with rank {rank} ({PEFT_CONFIG}'s r"
+                    + (", rank_pattern" if config.get("rank_pattern") else "") + f") takes {expected[key]}",
+                    fix_base)
+        factor = alpha / (math.sqrt(rank) if config.get("use_rslora") else rank)
+        # PEFT's Embedding.get_delta_weight: transpose(B @ A); its Linear: B @ A (fan_in_fan_out is set to False
+        # for an nn.Linear target when the adapter is made, so it does not transpose)
+        left, right = (a.T, b.T) if embedding else (b, a)
+        read.updates.append(_Update(module=name, key=key_a, left=left, right=right, factor=factor, rank=rank))
+    if not read.updates and not read.replaced:
+        raise ModelSourceError(f"{where}: {weights_file.name} holds no LoRA factors and no saved modules",
+                               "pass the directory PeftModel.save_pretrained wrote after training")
+    return read
+
+
+# ---------------------------------------------------------------------------------------------------- GGUF
+
+
+def _read_gguf(adapter: LoraAdapter, model, base_architecture: str | None) -> ReadAdapter:
+    """A GGUF LoRA adapter (llama.cpp's ``llama_adapter_lora_init_impl`` checks, in its order where they
+    overlap), checked against ``model``."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader, dequantize
+
+    path = Path(adapter.path).expanduser()
+    where = f"--lora {adapter.path}"
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # gguf raises ValueError and struct errors for damaged files
+        raise ModelSourceError(f"{where}: cannot read the GGUF file: {type(exc).__name__}: {exc}",
+                               "check that the file is complete (convert the adapter again)") from exc
+
+    def field(key: str):
+        found = reader.fields.get(key)
+        return None if found is None else found.contents()
+
+    kind, arch, adapter_type = field("general.type"), field("general.architecture"), field("adapter.type")
+    if kind != "adapter":
+        raise ModelSourceError(f"{where}: the GGUF file's general.type is {kind!r}, not 'adapter': it holds a model, "
+                               "not a LoRA adapter", "pass a whole model with --model, and a LoRA adapter (llama.cpp's "
+                               "convert_lora_to_gguf.py writes one) with --lora")
+    if arch != base_architecture:
+        raise ModelSourceError(f"{where}: the adapter's architecture is {arch!r} (general.architecture), the base "
+                               f"model's is {base_architecture!r}; llama.cpp refuses such an adapter too "
+                               "(model arch and LoRA arch mismatch)",
+                               "pass with --model the base model the adapter was converted for")
+    if adapter_type != "lora":
+        raise ModelSourceError(f"{where}: adapter.type is {adapter_type!r}, expected 'lora'",
+                               "pass a LoRA adapter (llama.cpp's convert_lora_to_gguf.py writes one)")
+    if field("adapter.alora.invocation_tokens") is not None:
+        raise ModelSourceError(f"{where}: the adapter is an activated LoRA (adapter.alora.invocation_tokens), which "
+                               "applies only after its invocation tokens and cannot be merged into the weights",
+                               "use a plain LoRA adapter")
+    alpha = float(field("adapter.lora.alpha") or 0.0)  # llama.cpp: absent reads as 0, and 0 means no alpha / r
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    arch_id = next(key for key, value in MODEL_ARCH_NAMES.items() if value == arch)
+    name_map = get_tensor_name_map(arch_id, model.config.num_hidden_layers)
+    modules = {}
+    for name, module in model.named_modules():
+        mapped = name_map.get_name(name) if name else None
+        if mapped is not None and isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            modules.setdefault(f"{mapped}.weight", (name, module))
+    pairs: dict[str, dict] = {}
+    for tensor in reader.tensors:
+        name = tensor.name
+        part = name.rsplit(".", 1)[-1]
+        if part not in ("lora_a", "lora_b"):
+            why = ("a norm weight (mergekit's extracted LoRA carries them), which llama.cpp's --lora skips and edgesdk "
+                   "does not merge" if name.endswith("_norm.weight") else "llama.cpp refuses this suffix too")
+            raise ModelSourceError(f"{where}: the adapter holds the tensor {name}, not a .lora_a / .lora_b factor: "
+                                   f"{why}", "convert the adapter with llama.cpp's convert_lora_to_gguf.py from a "
+                                   "PEFT LoRA adapter")
+        pairs.setdefault(name[:-len(".lora_a")], {})[part] = tensor
+    read = ReadAdapter(adapter=adapter, form="gguf", weights_file=path, alpha=alpha or None)
+    fix_base = "pass with --model the base model the adapter was converted for"
+    for base_name, pair in sorted(pairs.items()):
+        if len(pair) != 2:
+            raise ModelSourceError(f"{where}: the adapter holds {next(iter(pair.values())).name} without its "
+                                   f"{'lora_b' if 'lora_a' in pair else 'lora_a'}",
+                                   "convert the adapter again (llama.cpp refuses a pair missing one component)")
+        if base_name not in modules:
+            raise ModelSourceError(f"{where}: the adapter adapts {base_name}, which the base model does not have",
+                                   fix_base)
+        module_name, module = modules[base_name]
+        a = np.asarray(dequantize(pair["lora_a"].data, pair["lora_a"].tensor_type), dtype=np.float32)
+        b = np.asarray(dequantize(pair["lora_b"].data, pair["lora_b"].tensor_type), dtype=np.float32)
+        out_size, in_size = module.weight.shape
+        embedding = base_name == "token_embd.weight"
+        rank = b.shape[-1]  # llama.cpp's rank: lora_b's ne[0]
+        if embedding:  # llm_build_inp_embd: a (vocab, r) gathered by token, b (dim, r) applied after
+            expected = {"lora_a": (out_size, rank), "lora_b": (in_size, rank)}
+        else:
+            expected = {"lora_a": (rank, in_size), "lora_b": (out_size, rank)}
+        for part, value in (("lora_a", a), ("lora_b", b)):
+            if value.shape != expected[part]:
+                raise ModelSourceError(f"{where}: {base_name}.{part} has shape {value.shape}, but the base model's "
+                                       f"{base_name} ({module_name}, {tuple(module.weight.shape)}) with rank {rank} "
+                                       f"takes {expected[part]}", fix_base)
+        if arch == "llama" and (".attn_q." in base_name or ".attn_k." in base_name):
+            from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+            heads = {"num_attention_heads": model.config.num_attention_heads,
+                     "num_key_value_heads": model.config.num_key_value_heads}
+            b = LlamaTensorProcessor(config=heads).process(b, base_name).weights
+        left, right = (a, b.T) if embedding else (b, a)
+        read.updates.append(_Update(module=module_name, key=f"{base_name}.lora_a",
+                                    left=torch.from_numpy(np.ascontiguousarray(left)),
+                                    right=torch.from_numpy(np.ascontiguousarray(right)),
+                                    factor=alpha / rank if alpha else 1.0, rank=int(rank)))
+    if not read.updates:
+        raise ModelSourceError(f"{where}: the adapter holds no LoRA tensors", "convert the adapter again")
+    return read
