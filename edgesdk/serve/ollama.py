@@ -25,10 +25,19 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   ``.Prompt`` and ``.Suffix`` (``system`` unused), the prompt is built as llama-server's ``/infill`` builds it with
   ``prompt`` as the prefix and ``suffix`` as the suffix (serve/infill.py), and ``raw`` leaves the suffix out, as
   Ollama's raw skips the template; a model without FIM tokens is refused as Ollama refuses a model without the
-  insert capability (400 "does not support insert"). ``images``, a ``template`` and the deprecated ``context`` are
-  refused by name (text only, the bundle's chat template is the one rendered, and no token history is answered to
-  send back). An empty prompt answers done with ``done_reason`` "load", as Ollama's does ("unload"
-  with ``keep_alive`` zero).
+  insert capability (400 "does not support insert"). ``images`` and a ``template`` are refused by name (text only,
+  the bundle's chat template is the one rendered). The deprecated ``context`` as Ollama's GenerateHandler
+  (server/routes.go) has it: the last object of an answer that is not ``raw`` carries ``context``, the prompt's
+  text and the answer's tokenized as one (this bundle's token ids), and a request's ``context`` is detokenized and
+  its text put in front of the prompt rendered from ``prompt`` and ``system`` (an id outside the vocabulary is
+  refused naming it; with ``raw`` it is refused, as Ollama refuses it). An empty prompt answers done with
+  ``done_reason`` "load", as Ollama's does ("unload" with ``keep_alive`` zero).
+* what the model cannot do is refused before anything runs, as Ollama refuses it and in its order (routes.go,
+  before the model is loaded, so a load request too): ``think`` true where the chat template does not think
+  (400 "does not support thinking"), then /api/chat and /api/generate of an embedding model, a bundle whose model
+  declares its pooling, which /api/show lists as "embedding" in place of "completion" (400 ``"<model>" does not
+  support chat`` or ``generate``; llama-server's and OpenAI's routes answer it all the same), then a ``suffix``
+  without FIM tokens.
 * ``options``: ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, ``repeat_penalty``,
   ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``, ``num_predict`` (-1: no limit, -2: until the
   context fills; here both run until the answer ends or the context is full), ``num_ctx`` (the request's context
@@ -60,6 +69,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize
+from edgesdk.runtime.text import pieces_text
 from edgesdk.serve import infill
 from edgesdk.serve.anthropic import partial_input
 from edgesdk.serve.api import (
@@ -139,39 +149,64 @@ class Asked:
     # the prefix of a fill-in-the-middle prompt (not ``raw``, which leaves the suffix out)
     suffix: str = ""
     infill: bool = False
+    # /api/generate: ``raw`` (no template, and no ``context`` answered), and the ``context`` ids sent back, whose text
+    # goes in front of the prompt (:func:`_with_context`)
+    raw: bool = False
+    context: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Common:
+    """The fields /api/chat and /api/generate share, checked: the body as an object, the model name, whether
+    ``keep_alive`` is zero, the chat route's fields that ``stream``, ``format`` and ``options`` set, the stop
+    strings, ``num_ctx``, ``think`` and the number of ``top_logprobs`` (None: no log-probabilities)."""
+
+    body: dict
+    model: str
+    unload: bool
+    fields: dict
+    stops: tuple[str, ...]
+    window: int | None
+    think: bool | None
+    top: int | None
+
+
+def _common(body: object, served: str) -> _Common:
+    """The fields of an /api/chat or /api/generate body that both routes read the same way."""
+    body = _object(body)
+    model = _model_name(body, served)
+    unload = _check_keep_alive(body)
+    fields = _stream_and_format(body)
+    options, stops, window = _options(body)
+    return _Common(body, model, unload, {**fields, **options}, stops, window, _think(body), _logprobs(body))
 
 
 def parse_chat(body: object, served: str) -> Asked:
     """``POST /api/chat``: the chat request it means, or none (no messages: the model is to be loaded)."""
-    body = _object(body)
-    model = _model_name(body, served)
-    unload = _check_keep_alive(body)
-    fields = _stream_and_format(body)
-    options, stops, window = _options(body)
-    think, top = _think(body), _logprobs(body)
+    common = _common(body, served)
+    body, model = common.body, common.model
     messages = body.get("messages")
     if messages is None or messages == []:
-        return Asked(model, None, chat=True, unload=unload)
+        return Asked(model, None, chat=True, think=common.think, unload=common.unload)
     if not isinstance(messages, list):
         raise ApiError(400, f"'messages' must be an array of {{\"role\", \"content\"}} objects, got "
                        f"{_shown(messages)}", param="messages")
     turns = _messages(messages)
-    chat = {**fields, **options, "messages": turns, **_logprobs_and_think(top, think)}
+    chat = {**common.fields, "messages": turns, **_logprobs_and_think(common.top, common.think)}
     if body.get("tools"):
         chat["tools"] = _tools(body["tools"])  # Ollama's tools are OpenAI's ({"type": "function", "function": ...})
-    return Asked(model, _parsed(parse_chat_request, chat, stops), chat=True, num_ctx=window, think=think,
-                 cuts=_cut_starts(turns), truncate=_bool_field(body, "truncate", True))
+    return Asked(model, _parsed(parse_chat_request, chat, common.stops), chat=True, num_ctx=common.window,
+                 think=common.think, cuts=_cut_starts(turns), truncate=_bool_field(body, "truncate", True))
 
 
 def parse_generate(body: object, served: str) -> Asked:
     """``POST /api/generate``: ``prompt`` (with ``system``) as the chat request it means, or with ``raw`` the text
-    request; an empty prompt asks for the model to be loaded, nothing generated."""
-    body = _object(body)
-    model = _model_name(body, served)
-    unload = _check_keep_alive(body)
-    fields = _stream_and_format(body)
-    options, stops, window = _options(body)
-    think, top = _think(body), _logprobs(body)
+    request; an empty prompt asks for the model to be loaded, nothing generated. ``context`` is read as token ids
+    here and checked against the vocabulary in :func:`windowed`; with ``raw`` it is refused, as Ollama's
+    GenerateHandler refuses it ("raw mode does not support template, system, or context") after its unload answer,
+    which comes first."""
+    common = _common(body, served)
+    body, model, think, top = common.body, common.model, common.think, common.top
     suffix = body.get("suffix")
     if suffix is not None and not isinstance(suffix, str):
         raise ApiError(400, f"'suffix' must be a string (the text after the insertion), got {_shown(suffix)}",
@@ -179,51 +214,65 @@ def parse_generate(body: object, served: str) -> Asked:
     _refuse_if_set(body, "images", "this model reads text only")
     _refuse_if_set(body, "template", "the prompt renders through the bundle's chat template (send 'raw': true with "
                    "a prompt already templated)")
-    _refuse_if_set(body, "context", "'context' is deprecated and no answer here returns one; send the conversation "
-                   "to /api/chat as 'messages'")
+    context = _context(body)
     raw = _bool_field(body, "raw", False)
     prompt, system = body.get("prompt"), body.get("system")
     if prompt is not None and not isinstance(prompt, str):
         raise ApiError(400, f"'prompt' must be a string, got {_shown(prompt)}", param="prompt")
     if system is not None and not isinstance(system, str):
         raise ApiError(400, f"'system' must be a string, got {_shown(system)}", param="system")
+    if raw and context and (prompt or not common.unload):
+        raise ApiError(400, "'context' cannot be sent with 'raw': true: a raw prompt is sent as given, and Ollama's "
+                       "raw mode takes no context; leave 'context' out, or send 'raw': false", param="context")
     if not prompt:
-        return Asked(model, None, chat=False, unload=unload)
+        return Asked(model, None, chat=False, think=think, unload=common.unload, suffix=suffix or "")
     if raw or suffix:  # a suffix's prompt is built in windowed(), where the model's FIM tokens are known
-        text = {**fields, **options, "prompt": prompt, **({} if top is None else {"logprobs": top})}
-        return Asked(model, _parsed(parse_text_request, text, stops), chat=False, num_ctx=window, suffix=suffix or "",
-                     infill=bool(suffix) and not raw)
+        text = {**common.fields, "prompt": prompt, **({} if top is None else {"logprobs": top})}
+        return Asked(model, _parsed(parse_text_request, text, common.stops), chat=False, num_ctx=common.window,
+                     think=think, suffix=suffix or "", infill=bool(suffix) and not raw, raw=raw, context=context)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    chat = {**fields, **options, "messages": messages, **_logprobs_and_think(top, think)}
+    chat = {**common.fields, "messages": messages, **_logprobs_and_think(top, think)}
     try:
-        request = _parsed(parse_chat_request, chat, stops)
+        request = _parsed(parse_chat_request, chat, common.stops)
     except ApiError as exc:
         if exc.param and exc.param.startswith("messages"):
             exc.param = "prompt" if exc.param.startswith(f"messages[{len(messages) - 1}]") else "system"
         raise
-    return Asked(model, request, chat=False, num_ctx=window, think=think)
+    return Asked(model, request, chat=False, num_ctx=common.window, think=think, context=context)
+
+
+def _context(body: dict) -> tuple[int, ...]:
+    """``context``: the token ids an earlier /api/generate answer ended with (api/types.go,
+    ``GenerateRequest.Context []int``); none where absent, null or empty. Anything but an array of whole numbers is
+    refused, as Ollama's JSON decoding refuses it."""
+    value = body.get("context")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(token, int) and not isinstance(token, bool)
+                                              for token in value):
+        raise ApiError(400, f"'context' must be an array of token ids (whole numbers: the 'context' an earlier "
+                       f"/api/generate answer ended with), got {_shown(value)}", param="context")
+    return tuple(value)
 
 
 def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
-    """The request to run: ``think`` true refused where the model's template does not think (Ollama's 400
-    "does not support thinking"), a conversation that outgrows the context kept to what fits (:func:`trimmed`)
-    unless ``truncate`` is false (Ollama's routes.go: ``truncate := req.Truncate == nil || *req.Truncate``), and a
-    ``num_ctx`` below the bundle's context bounding prompt and answer. A ``suffix`` wants the model's FIM tokens
-    (Ollama's insert capability, checked raw or not) and, not raw, makes the prompt /infill's (serve/infill.py)."""
+    """The request to run: what the model cannot do refused first, in Ollama's order (:func:`check_capabilities`),
+    a conversation that outgrows the context kept to what fits (:func:`trimmed`) unless ``truncate`` is false
+    (Ollama's routes.go: ``truncate := req.Truncate == nil || *req.Truncate``), ``context`` put in front of the
+    prompt (:func:`_with_context`) and a ``num_ctx`` below the bundle's context bounding prompt and answer. A
+    ``suffix``, not raw, makes the prompt /infill's (serve/infill.py)."""
+    check_capabilities(completer, asked)
     request = asked.request
-    if asked.suffix:  # Ollama checks the insert capability first, raw or not
-        infill.require_fim(completer, GENERATE_ROUTE, param="suffix", status=400, model=asked.model)
     if asked.infill:
         ids = infill.prompt_ids(completer, infill.plain_ids(completer, request.prompt, "prompt"),
                                 infill.plain_ids(completer, asked.suffix, "suffix"), [], [])
         request = replace(request, prompt_tokens=tuple(ids))
-    if asked.think and request.chat and not template_thinks(completer.runtime.tokenizer.template_source):
-        raise ApiError(400, f"'think' is true but \"{asked.model}\" does not support thinking (its chat template "
-                       "writes no <think> block); leave 'think' out or send false", param="think")
     limit = completer.runtime.backend.max_context
     if request.chat and asked.truncate:  # truncate false: a conversation that does not fit is refused whole
         request = trimmed(completer, request, limit if asked.num_ctx is None else min(asked.num_ctx, limit),
                           asked.num_ctx, asked.cuts)
+    if asked.context:  # after the cut, as Ollama fits the messages (chatPrompt) before the context goes in front
+        request = _with_context(completer, asked, request)
     if asked.num_ctx is None or asked.num_ctx >= limit:  # above the model's context it is capped there, as Ollama's
         return request
     ids = completer.prompt_ids(request)
@@ -234,6 +283,65 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
                        "shorten the prompt", param="options.num_ctx", code="context_length_exceeded")
     asked_for = completer.defaults.max_tokens if request.max_tokens is None else request.max_tokens
     return replace(request, max_tokens=min(asked_for, room))
+
+
+def check_capabilities(completer: Completer, asked: Asked) -> None:
+    """Refuse what the model cannot do, in the order Ollama's GenerateHandler and ChatHandler check it (server/
+    routes.go), before the model is scheduled and so before a load answer, raw or not: ``think`` true where the model
+    does not think (its chat template writes no <think> block: 400 "does not support thinking"); then
+    ``scheduleRunner``'s ``Model.CheckCapabilities``: completion, which an embedding model lacks (a bundle whose model
+    declares its pooling, listed by /api/show as "embedding" in place of "completion", :func:`capabilities`: 400
+    ``"<model>" does not support chat`` or ``generate``), then insert where a ``suffix`` is given (FIM tokens: 400
+    "does not support insert")."""
+    if asked.think and not template_thinks(completer.runtime.tokenizer.template_source):
+        raise ApiError(400, f"'think' is true but \"{asked.model}\" does not support thinking (its chat template "
+                       "writes no <think> block); leave 'think' out or send false", param="think")
+    pooling = _declared_pooling(completer)
+    if pooling is not None:
+        route = CHAT_ROUTE if asked.chat else GENERATE_ROUTE
+        raise ApiError(400, f"\"{asked.model}\" does not support {'chat' if asked.chat else 'generate'}: it is an "
+                       f"embedding model (its bundle declares {pooling} pooling, and /api/show lists its capability "
+                       f"\"embedding\", not \"completion\"), which {route} cannot answer; send its texts to "
+                       f"{EMBED_ROUTE}, or serve a generative model", param="model")
+    if asked.suffix:
+        infill.require_fim(completer, GENERATE_ROUTE, param="suffix", status=400, model=asked.model)
+
+
+def _with_context(completer: Completer, asked: Asked, request: CompletionRequest) -> CompletionRequest:
+    """/api/generate's request with the text of its ``context`` in front of the prompt, as Ollama's GenerateHandler
+    builds it (server/routes.go: the ids detokenized, each token's piece joined with special tokens written out as
+    its runner's ``Detokenize`` joins them, :func:`pieces_text`; then the prompt rendered from ``prompt`` and
+    ``system`` written after them), tokenized as one text with special tokens read and none added, as the chat
+    route tokenizes a rendered prompt. With a ``suffix``, the context's text comes before the fill-in-the-middle
+    prompt's ids. An id outside the vocabulary, or a prompt the context pushes
+    past the model's context, is refused naming ``context``."""
+    vocabulary = completer.token_id_limit()
+    for index, token in enumerate(asked.context):
+        if not 0 <= token < vocabulary:
+            raise ApiError(400, f"'context[{index}]' is {token}, which is not a token id of this model: its "
+                           f"vocabulary has {vocabulary} ids, 0 to {vocabulary - 1}; send back the 'context' an "
+                           "answer of this server gave, or leave 'context' out", param="context")
+    tokenizer = completer.runtime.tokenizer
+    if request.chat:
+        ids = tokenizer.encode(_prompt_text(completer, asked, request), add_special_tokens=False)
+    else:
+        ids = tokenizer.encode(pieces_text(tokenizer, list(asked.context)), add_special_tokens=False) + \
+            list(request.prompt_tokens)
+    limit = completer.runtime.backend.max_context
+    if len(ids) >= limit:
+        raise ApiError(400, f"the prompt with 'context' in front has {len(ids)} tokens, leaving no room for an answer "
+                       f"in this model's context of {limit}; send a shorter 'context' (the start of the conversation "
+                       "cut off) or none", param="context", code="context_length_exceeded")
+    return replace(request, prompt_tokens=tuple(ids))
+
+
+def _prompt_text(completer: Completer, asked: Asked, request: CompletionRequest) -> str:
+    """The prompt of a non-raw /api/generate request as text, ``context`` in front: the messages through the chat
+    template, or the fill-in-the-middle prompt's ids joined as pieces."""
+    tokenizer = completer.runtime.tokenizer
+    if not request.chat:
+        return pieces_text(tokenizer, list(request.prompt_tokens))
+    return (pieces_text(tokenizer, list(asked.context)) if asked.context else "") + completer.rendered_chat(request)
 
 
 def trimmed(completer: Completer, request: CompletionRequest, window: int, num_ctx: int | None,
@@ -613,12 +721,19 @@ def json_schema(schema: object) -> object:
 # ------------------------------------------------------------------------------------------------ answers
 
 
-def loaded(asked: Asked) -> dict:
+def loaded(asked: Asked, completer: Completer | None = None) -> dict:
     """The answer to a request with nothing to generate: the model is loaded (docs/api.md, "Load a model"), or, with
     ``keep_alive`` zero, Ollama's answer to "Unload a model" (server/routes.go: ``done_reason`` "unload", the chat's
     ``message`` an empty assistant turn, the generate route's ``response`` empty). The board's one model stays
     loaded (the server serves no other, and loading it again would take the next request the time of a load), so
-    /api/ps goes on listing it: it is what answers the next request."""
+    /api/ps goes on listing it: it is what answers the next request.
+
+    Given the ``completer``, a load request is first checked as Ollama checks it before it loads the model
+    (:func:`check_capabilities`: ``think`` true for a model that does not think, /api/chat or /api/generate of an
+    embedding model, a ``suffix`` for a model without FIM tokens are 400s, not "load"); an unload request is not, as
+    Ollama answers it before those checks."""
+    if completer is not None and not asked.unload:
+        check_capabilities(completer, asked)
     body = {"model": asked.model, "created_at": created_at(), "done": True,
             "done_reason": "unload" if asked.unload else "load"}
     if asked.chat:
@@ -634,6 +749,9 @@ class Answer:
     def __init__(self, completer: Completer, asked: Asked, request: CompletionRequest):
         self.asked, self.request = asked, request
         self.started = time.monotonic_ns()
+        self.tokenizer = completer.runtime.tokenizer
+        # /api/generate not raw: the prompt as text, which the last object's ``context`` begins with
+        self.prompt = None if asked.chat or asked.raw else _prompt_text(completer, asked, request)
         self.splitter = completer.reasoning_splitter(replace(request, stream=False))
         self.tools = AnswerStream(request.tools.structured) if request.tools is not None and request.stream else None
 
@@ -656,9 +774,14 @@ class Answer:
         return body
 
     def _final(self, completion: Completion, content: str = "", thinking: str = "", calls: list | None = None) -> dict:
-        """The object with ``done`` true: ``done_reason`` and the counts and durations (docs/api.md, "Response")."""
+        """The object with ``done`` true: ``done_reason``, on /api/generate not raw the ``context`` (the prompt's
+        text and the answer's, thinking included, tokenized as one with special tokens read and none added, as
+        Ollama's GenerateHandler answers ``Tokenize(prompt + answer)`` in its last object), and the counts and
+        durations (docs/api.md, "Response")."""
+        context = {} if self.prompt is None else \
+            {"context": self.tokenizer.encode(self.prompt + completion.text, add_special_tokens=False)}
         return {**self._body(content, thinking, calls), "done": True, "done_reason": completion.finish_reason,
-                "total_duration": time.monotonic_ns() - self.started, "load_duration": 0,
+                **context, "total_duration": time.monotonic_ns() - self.started, "load_duration": 0,
                 "prompt_eval_count": completion.prompt_tokens,
                 "prompt_eval_duration": _nanoseconds(completion.prompt_ms),
                 "eval_count": completion.completion_tokens, "eval_duration": _nanoseconds(completion.predicted_ms)}
@@ -923,10 +1046,16 @@ def capabilities(completer: Completer) -> list[str]:
     thinking where the template writes a <think> block. In Ollama's order."""
     tokenizer = completer.runtime.tokenizer
     source = tokenizer.template_source
-    declared = completer.runtime.bundle.manifest.get("model", {}).get("before", {}).get("pooling")
-    return (["embedding" if declared else "completion"] + (["tools"] if source is not None else [])
-            + (["insert"] if tokenizer.fim_tokens().can_infill else [])
+    return (["completion" if _declared_pooling(completer) is None else "embedding"]
+            + (["tools"] if source is not None else []) + (["insert"] if tokenizer.fim_tokens().can_infill else [])
             + (["thinking"] if template_thinks(source) else []))
+
+
+def _declared_pooling(completer: Completer) -> str | None:
+    """The pooling the bundle's model declares (the manifest's ``model.before.pooling``, read as
+    edgesdk.runtime.embedding's ``bundle_pooling`` reads it): an embedding model's; None for a generative model."""
+    manifest = completer.runtime.bundle.manifest
+    return ((manifest.get("model") or {}).get("before") or {}).get("pooling")
 
 
 def served_names(served: str) -> tuple[str, ...]:

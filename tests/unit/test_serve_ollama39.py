@@ -86,7 +86,7 @@ def test_generate_renders_prompt_and_system_as_the_chat_route_and_raw_as_the_tex
     assert whole.response == reference["choices"][0]["message"]["content"]
     assert (whole.prompt_eval_count, whole.eval_count) == (reference["usage"]["prompt_tokens"],
                                                            reference["usage"]["completion_tokens"])
-    assert whole.context is None  # no token history is answered (the deprecated 'context' is refused)
+    assert whole.context  # the conversation's token ids, to send back (test_serve_ollama_context41.py)
     parts = list(client.generate(model=NAME, prompt="Say something.", system="Be brief.",
                                  options={"num_predict": 10}, stream=True))
     assert "".join(part.response for part in parts) == whole.response
@@ -97,6 +97,7 @@ def test_generate_renders_prompt_and_system_as_the_chat_route_and_raw_as_the_tex
     assert status == 200, text
     raw = client.generate(model=NAME, prompt="Once upon", raw=True, options={"num_predict": 8})
     assert raw.response == text["choices"][0]["text"]
+    assert raw.context is None  # a raw answer carries no context, as Ollama's
     assert raw.prompt_eval_count == text["usage"]["prompt_tokens"]
 
 
@@ -187,7 +188,8 @@ def test_tags_show_ps_version_and_the_root_probe(served, tiny_bundle):
     ("/api/chat", {"model": NAME, "messages": MESSAGES, "keep_alive": [5]}, 400, "'keep_alive'"),
     ("/api/generate", {"model": NAME, "prompt": "def f():", "suffix": "return 1"}, 400, "'suffix'"),
     ("/api/generate", {"model": NAME, "prompt": "hi", "images": ["aGk="]}, 400, "'images'"),
-    ("/api/generate", {"model": NAME, "prompt": "hi", "context": [1, 2, 3]}, 400, "'context'"),
+    ("/api/generate", {"model": NAME, "prompt": "hi", "context": [1, 2, 10**9]}, 400, "'context[2]' is 1000000000"),
+    ("/api/generate", {"model": NAME, "prompt": "hi", "context": "1 2"}, 400, "'context'"),
     ("/api/generate", {"model": NAME, "prompt": "hi", "template": "{{ .Prompt }}"}, 400, "'template'"),
     ("/api/generate", {"model": NAME, "prompt": 5}, 400, "'prompt'"),
 ])
