@@ -186,7 +186,8 @@ def _untie_if_touched(model, touched: set[str]) -> None:
              if parameter is embedding.weight}
     if not names & touched:
         return
-    output.weight = torch.nn.Parameter(embedding.weight.detach().clone(), requires_grad=False)
+    output.weight = torch.nn.Parameter(embedding.weight.detach().clone(),
+                                       requires_grad=embedding.weight.requires_grad)
     model.config.tie_word_embeddings = False
     text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
     if text_config is not None and text_config is not model.config:
@@ -404,8 +405,8 @@ def _read_gguf(adapter: LoraAdapter, model, base_architecture: str | None) -> Re
 
     kind, arch, adapter_type = field("general.type"), field("general.architecture"), field("adapter.type")
     if kind != "adapter":
-        raise ModelSourceError(f"{where}: the GGUF file's general.type is {kind!r}, not 'adapter': it holds a model, "
-                               "not a LoRA adapter", "pass a whole model with --model, and a LoRA adapter (llama.cpp's "
+        told = f"general.type is {kind!r}" if kind is not None else "has no general.type"
+        raise ModelSourceError(f"{where}: the GGUF file {told}, not 'adapter': it holds a model, not a LoRA adapter", "pass a whole model with --model, and a LoRA adapter (llama.cpp's "
                                "convert_lora_to_gguf.py writes one) with --lora")
     if arch != base_architecture:
         raise ModelSourceError(f"{where}: the adapter's architecture is {arch!r} (general.architecture), the base "
@@ -473,8 +474,8 @@ def _read_gguf(adapter: LoraAdapter, model, base_architecture: str | None) -> Re
             b = LlamaTensorProcessor(config=heads).process(b, base_name).weights
         left, right = (a, b.T) if embedding else (b, a)
         read.updates.append(_Update(module=module_name, key=f"{base_name}.lora_a",
-                                    left=torch.from_numpy(np.ascontiguousarray(left)),
-                                    right=torch.from_numpy(np.ascontiguousarray(right)),
+                                    left=torch.from_numpy(np.array(left, dtype=np.float32, order="C")),
+                                    right=torch.from_numpy(np.array(right, dtype=np.float32, order="C")),
                                     factor=alpha / rank if alpha else 1.0, rank=int(rank)))
     if not read.updates:
         raise ModelSourceError(f"{where}: the adapter holds no LoRA tensors", "convert the adapter again")

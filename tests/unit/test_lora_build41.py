@@ -1,0 +1,73 @@
+"""``edgesdk build --lora`` end to end on a tiny model: the adapter is merged before the stages, the bundle computes
+the fine-tuned model, the manifest records the adapter beside the source, and --resume with another scale does not
+take the checkpoints made with the first."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edgesdk.cli import main
+from tests._utils.tiny import CORPUS, save_tiny_model_dir
+
+torch = pytest.importorskip("torch")
+
+SMOOTH_RECIPE = """name: tiny-smooth
+stages:
+  - stage: smooth
+    config: {calibration_batches: 2, batch_size: 2, sequence_length: 24}
+export: {form: ort-fused, weights: fp32}
+"""
+IDS = [5, 17, 101, 3, 250, 42, 7, 99]
+
+
+def _build(root, model_dir, *extra):
+    return CliRunner().invoke(main, ["build", "--target", "host", "--model", str(model_dir), "--recipe",
+                                     str(root / "recipe.yaml"), "--max-context", "64", "--out", str(root / "b"),
+                                     "--no-progress", "--data", str(root / "train.txt"), "--generated-sequences", "0",
+                                     "--keep-work", *extra], prog_name="edgesdk")
+
+
+def test_a_build_with_lora_bundles_the_fine_tuned_model_and_resume_with_another_scale_starts_over(tmp_path):
+    from edgesdk.models.lora import LoraAdapter, merge_adapters
+    from edgesdk.runtime.session import open_runtime
+    from tests.unit._lora_files41 import random_factors, write_peft
+
+    model_dir = save_tiny_model_dir(tmp_path / "model", hidden=64, heads=4, kv_heads=2)
+    (tmp_path / "recipe.yaml").write_text(SMOOTH_RECIPE)
+    (tmp_path / "train.txt").write_text("\n".join(CORPUS * 3))
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    adapter = write_peft(tmp_path / "adapter", random_factors(base, rank=4), {"r": 4, "lora_alpha": 8})
+    with torch.no_grad():
+        base_logits = base(torch.tensor([IDS])).logits[0].numpy()
+    merge_adapters(base, [LoraAdapter(str(adapter), 0.5)], "llama")
+    with torch.no_grad():
+        expected = base(torch.tensor([IDS])).logits[0].numpy()
+
+    built = _build(tmp_path, model_dir, "--lora-scaled", str(adapter), "0.5")
+    assert built.exit_code == 0, built.output
+    assert f"merged LoRA adapter {adapter.resolve()} (peft, rank 4, 14 modules, scale 0.5)" in built.stderr
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    record, = manifest["model"]["before"]["adapters"]
+    assert record["scale"] == 0.5
+    assert record["form"] == "peft"
+    assert record["rank"] == 4
+    assert record["path"] == str(adapter.resolve())
+    assert len(record["sha256"]) == 64
+    assert "adapters" not in manifest["model"]["after"]
+    runtime = open_runtime(tmp_path / "b", threads=1)
+    logits = runtime.backend.prefill(np.asarray(IDS, np.int64), keep_logits=len(IDS)).reshape(len(IDS), -1)
+    assert float(np.abs(expected - base_logits).max()) > 1.0
+    assert float(np.abs(logits - expected).max()) < 2e-3
+
+    again = _build(tmp_path, model_dir, "--lora", str(adapter), "--resume")  # scale 1 now
+    assert again.exit_code != 0
+    assert "belongs to a different build: adapters changed since it was written" in again.stderr
+    same = _build(tmp_path, model_dir, "--lora-scaled", str(adapter), "0.5", "--resume")
+    assert same.exit_code == 0, same.output
+    assert "--resume: reusing" in same.stderr
