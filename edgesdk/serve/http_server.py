@@ -614,7 +614,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             return
         asked = (ollama.parse_chat if path == ollama.CHAT_ROUTE else ollama.parse_generate)(body, served)
         if asked.request is None:  # nothing to generate: the model is loaded already
-            self._send_json(200, ollama.loaded(asked))
+            self._send_json(200, ollama.loaded(asked, completer))
             return
         request = ollama.windowed(completer, asked)
         dropped = len(asked.request.messages) - len(request.messages)

@@ -721,18 +721,18 @@ def json_schema(schema: object) -> object:
 # ------------------------------------------------------------------------------------------------ answers
 
 
-def loaded(asked: Asked, completer: Completer | None = None) -> dict:
+def loaded(asked: Asked, completer: Completer) -> dict:
     """The answer to a request with nothing to generate: the model is loaded (docs/api.md, "Load a model"), or, with
     ``keep_alive`` zero, Ollama's answer to "Unload a model" (server/routes.go: ``done_reason`` "unload", the chat's
     ``message`` an empty assistant turn, the generate route's ``response`` empty). The board's one model stays
     loaded (the server serves no other, and loading it again would take the next request the time of a load), so
     /api/ps goes on listing it: it is what answers the next request.
 
-    Given the ``completer``, a load request is first checked as Ollama checks it before it loads the model
+    A load request is first checked as Ollama checks it before it loads the model
     (:func:`check_capabilities`: ``think`` true for a model that does not think, /api/chat or /api/generate of an
     embedding model, a ``suffix`` for a model without FIM tokens are 400s, not "load"); an unload request is not, as
     Ollama answers it before those checks."""
-    if completer is not None and not asked.unload:
+    if not asked.unload:
         check_capabilities(completer, asked)
     body = {"model": asked.model, "created_at": created_at(), "done": True,
             "done_reason": "unload" if asked.unload else "load"}

@@ -278,3 +278,12 @@ def test_an_embedding_model_does_not_answer_chat_or_generate(embedder):
         with pytest.raises(ApiError) as caught:
             ollama_api.loaded(parse({"model": NAME, **body}, "tiny-host"), embedder.completer)
         assert f'"{NAME}" does not support {route}' in caught.value.message
+
+
+def test_a_load_request_over_http_is_checked_before_the_load_answer(served):
+    """The server hands its completer to the load answer, so a client's load request (no messages, an empty prompt)
+    with ``think`` true meets the same 400 as Ollama's, not "load"."""
+    for path, body in (("/api/chat", {"messages": []}), ("/api/generate", {"prompt": ""})):
+        status, error = _error(served, path, {"model": NAME, **body, "think": True, "stream": False})
+        assert status == 400, (path, error)
+        assert f'"{NAME}" does not support thinking' in error
