@@ -62,17 +62,23 @@ class BuildConfig:
     progress: bool = True
 
 
-def default_out(model: str, target: str) -> Path:
+def default_out(model: str, target: str, adapters: tuple[LoraAdapter, ...] = ()) -> Path:
     """bundles/<model>-<target>: a GGUF file's name without its suffix, a directory's whole name (dots are part
-    of model names, as in Qwen2.5-0.5B: two models must not share one bundle directory), an alias as it is."""
+    of model names, as in Qwen2.5-0.5B: two models must not share one bundle directory), an alias as it is;
+    ``+<adapter>`` added for each merged LoRA adapter, so a fine-tuned build does not replace the base's bundle."""
+    stem = _model_stem(model)
+    for adapter in adapters:
+        stem += f"+{_model_stem(adapter.path)}"
+    return Path("bundles") / f"{stem}-{target}"
+
+
+def _model_stem(model: str) -> str:
     path = Path(model).expanduser()
     if model.lower().endswith(".gguf"):
-        stem = path.stem
-    elif "/" in model or path.is_dir():
-        stem = _hub_cache_name(path.resolve()) or path.resolve().name
-    else:
-        stem = model
-    return Path("bundles") / f"{stem}-{target}"
+        return path.stem
+    if "/" in model or path.is_dir():
+        return _hub_cache_name(path.resolve()) or path.resolve().name
+    return model
 
 
 def _hub_cache_name(path: Path) -> str | None:
@@ -260,7 +266,7 @@ def build(config: BuildConfig) -> Bundle:
     elif config.data.files:
         _log(f"warning: --data {', '.join(config.data.files)} is not used: recipe '{recipe.name}' has no "
              "training stages (pass a recipe with stages, e.g. --recipe default, to train on it)")
-    out = (Path(config.out) if config.out else default_out(config.model, profile.name)).resolve()
+    out = (Path(config.out) if config.out else default_out(config.model, profile.name, config.adapters)).resolve()
     check_replaceable(out)
     check_out_outside_bundles(out)
     check_out_location(out)

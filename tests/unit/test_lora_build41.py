@@ -71,3 +71,17 @@ def test_a_build_with_lora_bundles_the_fine_tuned_model_and_resume_with_another_
     same = _build(tmp_path, model_dir, "--lora-scaled", str(adapter), "0.5", "--resume")
     assert same.exit_code == 0, same.output
     assert "--resume: reusing" in same.stderr
+
+
+def test_the_default_bundle_of_a_build_with_adapters_is_named_after_them_too(tmp_path):
+    """Without --out, a fine-tuned build went to bundles/<model>-<target>, where it replaced the base model's
+    bundle (and a build with another adapter replaced it in turn)."""
+    from pathlib import Path
+
+    from edgesdk.build.pipeline import default_out
+    from edgesdk.models.lora import LoraAdapter
+
+    (tmp_path / "chat-lora").mkdir()
+    adapters = (LoraAdapter(str(tmp_path / "chat-lora")), LoraAdapter(str(tmp_path / "style.gguf"), 0.5))
+    assert default_out("smollm2-135m", "rpi5") == Path("bundles") / "smollm2-135m-rpi5"
+    assert default_out("smollm2-135m", "rpi5", adapters) == Path("bundles") / "smollm2-135m+chat-lora+style-rpi5"
