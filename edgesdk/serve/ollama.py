@@ -21,7 +21,7 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   A conversation past the context (or ``num_ctx``) loses its oldest messages until it fits, its system messages
   and its last message kept, as Ollama's ``chatPrompt`` keeps it (:func:`trimmed`).
 * ``POST /api/generate``: ``prompt`` with ``system`` through the chat template, or ``raw`` as given (``system``
-  unused then, as in Ollama); with ``suffix``, fill-in-the-middle: where Ollama renders the model's template with
+  or ``context`` with it refused, as Ollama's GenerateHandler refuses them); with ``suffix``, fill-in-the-middle: where Ollama renders the model's template with
   ``.Prompt`` and ``.Suffix`` (``system`` unused), the prompt is built as llama-server's ``/infill`` builds it with
   ``prompt`` as the prefix and ``suffix`` as the suffix (serve/infill.py), and ``raw`` leaves the suffix out, as
   Ollama's raw skips the template; a model without FIM tokens is refused as Ollama refuses a model without the
@@ -202,9 +202,9 @@ def parse_chat(body: object, served: str) -> Asked:
 def parse_generate(body: object, served: str) -> Asked:
     """``POST /api/generate``: ``prompt`` (with ``system``) as the chat request it means, or with ``raw`` the text
     request; an empty prompt asks for the model to be loaded, nothing generated. ``context`` is read as token ids
-    here and checked against the vocabulary in :func:`windowed`; with ``raw`` it is refused, as Ollama's
-    GenerateHandler refuses it ("raw mode does not support template, system, or context") after its unload answer,
-    which comes first."""
+    here and checked against the vocabulary in :func:`windowed`; with ``raw`` it and ``system`` are refused, as
+    Ollama's GenerateHandler refuses them ("raw mode does not support template, system, or context") after its
+    unload answer, which comes first."""
     common = _common(body, served)
     body, model, think, top = common.body, common.model, common.think, common.top
     suffix = body.get("suffix")
@@ -221,9 +221,11 @@ def parse_generate(body: object, served: str) -> Asked:
         raise ApiError(400, f"'prompt' must be a string, got {_shown(prompt)}", param="prompt")
     if system is not None and not isinstance(system, str):
         raise ApiError(400, f"'system' must be a string, got {_shown(system)}", param="system")
-    if raw and context and (prompt or not common.unload):
-        raise ApiError(400, "'context' cannot be sent with 'raw': true: a raw prompt is sent as given, and Ollama's "
-                       "raw mode takes no context; leave 'context' out, or send 'raw': false", param="context")
+    if raw and (context or system) and (prompt or not common.unload):
+        name = "context" if context else "system"
+        raise ApiError(400, f"raw mode does not support template, system, or context: '{name}' cannot be sent with "
+                       f"'raw': true, a raw prompt being sent as given; leave '{name}' out (put a system prompt in "
+                       "the raw text), or send 'raw': false", param=name)
     if not prompt:
         return Asked(model, None, chat=False, think=think, unload=common.unload, suffix=suffix or "")
     if raw or suffix:  # a suffix's prompt is built in windowed(), where the model's FIM tokens are known

@@ -131,16 +131,21 @@ def test_a_context_that_is_not_an_array_of_token_ids_is_refused(served, context)
     assert "'context' must be an array of token ids" in error
 
 
-def test_context_with_raw_is_refused_after_the_unload_answer_as_ollama_orders_them(served):
+def test_context_or_system_with_raw_is_refused_after_the_unload_answer_as_ollama_orders_them(served):
     """routes.go: "raw mode does not support template, system, or context", checked after the unload answer
     (an empty prompt and keep_alive 0) and before the load answer."""
-    for prompt in ("Once upon", ""):
-        status, error = _error(served, "/api/generate", {"model": NAME, "prompt": prompt, "raw": True,
-                                                         "context": [5, 6]})
-        assert status == 400
-        assert "'context' cannot be sent with 'raw': true" in error
-    unloaded = _ok(served, "/api/generate", {"model": NAME, "raw": True, "context": [5, 6], "keep_alive": 0})
-    assert unloaded["done_reason"] == "unload"
+    for field, value in (("context", [5, 6]), ("system", "Be brief.")):
+        for prompt in ("Once upon", ""):
+            status, error = _error(served, "/api/generate", {"model": NAME, "prompt": prompt, "raw": True,
+                                                             field: value})
+            assert status == 400
+            assert "raw mode does not support template, system, or context" in error
+            assert f"'{field}' cannot be sent with 'raw': true" in error
+        unloaded = _ok(served, "/api/generate", {"model": NAME, "raw": True, field: value, "keep_alive": 0})
+        assert unloaded["done_reason"] == "unload"
+    raw = _ok(served, "/api/generate", {"model": NAME, "prompt": "Once upon", "raw": True, "system": "",
+                                        "stream": False, "options": {"num_predict": 3}})
+    assert raw["done"]  # an empty system, as Go's empty string, is no system
     raw = _ok(served, "/api/generate", {"model": NAME, "prompt": "Once upon", "raw": True, "context": [],
                                         "stream": False, "options": {"num_predict": 3}})
     assert raw["done"]
