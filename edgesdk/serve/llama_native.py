@@ -213,7 +213,8 @@ def partial_body(text: str, probabilities: list | None = None) -> dict:
 
 def slots(completer) -> list[dict]:
     """llama-server's ``GET /slots`` (tools/server README): one slot here, as the board answers one request at a
-    time. ``id_task`` counts the requests that had their turn (-1 while none runs), ``params`` are the running
+    time. ``id_task`` is the running task's number, counting the tasks that had their turn, one a completion and one
+    each input of an embedding request, as llama-server makes them (-1 while none runs), ``params`` are the running
     request's settings (``generation_settings``; a request that sets none gets these while idle), ``next_token``
     how far its answer got: ``n_decoded`` tokens, ``n_remain`` left to its limit (-1 while idle)."""
     slot = completer.slot  # read once: the request may end meanwhile
