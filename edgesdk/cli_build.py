@@ -20,7 +20,8 @@ from edgesdk.errors import EdgeSDKError
 @click.option("--target", "-t", required=True, help="Board profile: name, alias (orin-nx, rpi5 …) or YAML path.")
 @click.option("--model", "-m", default="smollm2-135m", show_default=True,
               help="Model alias, Hugging Face directory or .gguf file.")
-@click.option("--out", "-o", type=click.Path(path_type=Path), help="Bundle directory [bundles/<model>[+<adapter>...]-<target>].")
+@click.option("--out", "-o", type=click.Path(path_type=Path),
+              help="Bundle directory [bundles/<model>[+<adapter>...]-<target>].")
 @click.option("--lora", "loras", multiple=True, metavar="ADAPTER",
               help="LoRA adapter merged into the model before any stage, scale 1 (repeatable): a PEFT adapter "
                    "directory or a GGUF LoRA adapter, as llama.cpp's --lora.")
