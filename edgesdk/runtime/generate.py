@@ -27,30 +27,29 @@ if TYPE_CHECKING:
 
 
 # llama.cpp's sampler names (common/sampling.cpp ``common_sampler_types_from_names``): canonical name -> name here.
-# The ones carried are applied in the order given; dry, typ_p, top_n_sigma and xtc take parameters edgesdk does not
-# carry, whose llama.cpp defaults (dry_multiplier 0, typ_p 1, top_n_sigma -1, xtc_probability 0) leave the
-# candidates as they are, so they are taken and pass everything through.
-CARRIED_SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
+# The ones carried are applied in the order given (``infill``: edgesdk/runtime/infill_sampler.py); dry, typ_p,
+# top_n_sigma and xtc take parameters edgesdk does not carry, whose llama.cpp defaults (dry_multiplier 0, typ_p 1,
+# top_n_sigma -1, xtc_probability 0) leave the candidates as they are, so they are taken and pass everything through.
+CARRIED_SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature", "infill")
 PASS_THROUGH_SAMPLERS = ("dry", "typ_p", "top_n_sigma", "xtc")
 # llama.cpp's default chain ("edskypmxt": penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature)
 # less the pass-through ones.
 DEFAULT_SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
 # llama.cpp's one-letter codes (``common_sampler_type_to_chr``), read by ``--sampling-seq`` and a ``samplers`` string.
 SAMPLER_LETTERS = {"e": "penalties", "d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma",
-                   "m": "min_p", "x": "xtc", "t": "temperature"}
+                   "m": "min_p", "x": "xtc", "t": "temperature", "i": "infill"}
 _SAMPLER_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
 
 
 def sampler_chain(names) -> tuple[str, ...]:
     """llama.cpp's sampler list as canonical names: a list of names (any case; ``top-k`` and ``topk`` for
     ``top_k``, ``nucleus``, ``temp`` and ``typ`` as llama.cpp reads them) or a string of one-letter codes
-    (``"kpmt"``). A name llama.cpp has but edgesdk cannot run (``infill``, ``adaptive_p``), or none llama.cpp
-    knows, is refused by name (llama.cpp skips an unknown one with a warning)."""
+    (``"kpmt"``). A name llama.cpp has but edgesdk cannot run (``adaptive_p``), or none llama.cpp knows, is
+    refused by name (llama.cpp skips an unknown one with a warning)."""
     if isinstance(names, str):
         unknown = [letter for letter in names if letter not in SAMPLER_LETTERS]
         if unknown:
-            what = "is llama.cpp's infill or adaptive_p, not carried by edgesdk" if unknown[0] in "ia" else \
-                "is no sampler letter"
+            what = "is llama.cpp's adaptive_p, not carried by edgesdk" if unknown[0] == "a" else "is no sampler letter"
             raise ValueError(f"samplers {names!r} holds {unknown[0]!r}, which {what}; the letters are "
                              f"{''.join(SAMPLER_LETTERS)} ({', '.join(f'{k}={v}' for k, v in SAMPLER_LETTERS.items())})")
         return tuple(SAMPLER_LETTERS[letter] for letter in names)
@@ -66,7 +65,7 @@ def sampler_chain(names) -> tuple[str, ...]:
             raise ValueError(f"samplers must be sampler names (strings), got {name!r}")
         canonical = known.get(name.lower())
         if canonical is None:
-            what = "is llama.cpp's but not carried by edgesdk" if name.lower() in ("infill", "adaptive_p", "adaptive-p",
+            what = "is llama.cpp's but not carried by edgesdk" if name.lower() in ("adaptive_p", "adaptive-p",
                                                                                  "adaptivep") else "is no sampler"
             raise ValueError(f"samplers holds {name!r}, which {what}; the names are "
                              f"{', '.join(CARRIED_SAMPLERS + PASS_THROUGH_SAMPLERS)}")
@@ -98,10 +97,11 @@ class SamplingConfig:
     # logit_bias; llama.cpp applies its logit-bias sampler first in the chain). A bias is in [-100, 100], or -inf
     # for a token never to be taken; pairs naming one token add up. Greedy decoding follows them too.
     logit_bias: tuple[tuple[int, float], ...] = ()
-    # The sampler chain, llama.cpp's ``--samplers`` / ``samplers``: which of penalties, top_k, top_p, min_p and
-    # temperature run, in which order (names or letters: :func:`sampler_chain`). One left out does not run
+    # The sampler chain, llama.cpp's ``--samplers`` / ``samplers``: which of penalties, top_k, top_p, min_p,
+    # temperature and infill run, in which order (names or letters: :func:`sampler_chain`). One left out does not run
     # (without "temperature" the draw is at temperature 1, as llama.cpp's). Temperature 0 decodes greedily
-    # whatever the chain; the penalties run first wherever they stand.
+    # whatever the chain (with "infill": the most likely token the chain keeps); the penalties run first wherever
+    # they stand.
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
 
     @property
@@ -179,14 +179,25 @@ class Sampler:
       (before the temperature in the default chain), reaches ``top_p``;
     - min-p keeps the logits at least ``log(min_p)`` below the largest (probability >= ``min_p`` times the top
       one's);
-    - the temperature divides the logits.
+    - the temperature divides the logits;
+    - infill, llama.cpp's infill sampler (:func:`edgesdk.runtime.infill_sampler.infill_apply`), keeps the
+      end-of-generation tokens where they are likely enough against the text, else merges tokens whose text is a
+      prefix of another's and keeps the likely ones; it reads ``vocabulary``
+      (:class:`~edgesdk.runtime.infill_sampler.InfillVocabulary`).
 
-    Greedy decoding (temperature 0) takes the top token whatever the chain.
+    Greedy decoding (temperature 0) takes the top token whatever the chain; with infill in the chain, the top
+    token of those the chain keeps (llama.cpp's temperature sampler at 0 keeps the top one of what it is given).
     """
 
-    def __init__(self, config: SamplingConfig):
+    def __init__(self, config: SamplingConfig, vocabulary=None):
         self.config = config
         self.rng = np.random.default_rng(config.seed)
+        self.vocabulary = vocabulary
+        if "infill" in config.samplers and vocabulary is None:
+            raise EdgeSDKError("the sampler chain holds llama.cpp's infill sampler, which reads the tokens' texts, "
+                               "and no vocabulary was given for it",
+                               "pass the bundle's tokenizer (generate(vocabulary=runtime.tokenizer)), or leave "
+                               "'infill' out of the samplers")
 
     def __call__(self, logits: np.ndarray, allowed: Callable[[int], bool] | None = None) -> int:
         """The next token. With ``allowed`` (a constraint such as JSON mode) only a token it accepts is
@@ -197,6 +208,8 @@ class Sampler:
         best = int(np.argmax(logits))  # the first NaN when there is one
         _check_finite(float(logits[best]))
         if self.config.temperature == 0:
+            if "infill" in self.config.samplers:
+                return self._greedy_kept(logits, best, allowed)
             return best if allowed is None or allowed(best) else _most_likely_allowed(logits, allowed)
         probs = self._distribution(logits, best)
         if allowed is None:
@@ -230,16 +243,44 @@ class Sampler:
         masked[finite[keep]] = logits[finite[keep]]
         return self._draw(self._distribution(masked, best))
 
+    def _greedy_kept(self, logits: np.ndarray, best: int, allowed: Callable[[int], bool] | None) -> int:
+        """Greedy decoding through a chain with the infill sampler: the most likely token the chain keeps (the
+        lowest id among equal ones); with ``allowed``, where it refuses that one, the most likely token the chain
+        keeps of the accepted tokens alone (llama.cpp's resampling of a refused token), else the most likely
+        accepted token."""
+        token = int(np.argmax(self._chain(logits, best)))
+        if allowed is None or allowed(token):
+            return token
+        best = _most_likely_allowed(logits, allowed)  # refuses, naming why, where no token is left
+        masked = np.full(logits.shape, -np.inf, np.float32)
+        finite = np.flatnonzero(logits > -math.inf)
+        keep = np.fromiter((allowed(int(index)) for index in finite), bool, finite.shape[0])
+        masked[finite[keep]] = logits[finite[keep]]
+        token = int(np.argmax(self._chain(masked, best)))
+        return token if allowed(token) else best
+
     def _distribution(self, logits: np.ndarray, best: int) -> np.ndarray:
         """The probabilities the draw takes (float64, summing to 1): the chain's, 0 at every token a sampler
-        dropped. ``best`` is the index of the largest logit, which every sampler keeps."""
+        dropped. ``best`` is the index of the largest logit."""
+        probs = np.exp(self._chain(logits, best))
+        return probs / probs.sum()
+
+    def _chain(self, logits: np.ndarray, best: int) -> np.ndarray:
+        """The logits less ``logits[best]`` (the largest) after the chain's samplers, -inf at every token a sampler
+        dropped. Every sampler but infill keeps the top one."""
         config = self.config
         # Shifted so the top logit is 0: a tiny temperature then overflows the others only to -inf (probability 0),
         # where the raw logits scaled to inf and inf - inf was NaN.
         work = logits.astype(np.float64) - float(logits[best])
+        # The infill sampler's candidates are llama.cpp's ``cur_p``: the tokens no sampler before it cut (top-k,
+        # top-p and min-p shorten ``cur_p``; a logit bias or a grammar's -inf leaves a token in it).
+        present = np.ones(work.shape[0], bool) if "infill" in config.samplers else None
         for name in config.samplers:
             if name == "top_k" and 0 < config.top_k < work.shape[0]:
-                work[~_top_k_mask(work, config.top_k)] = -np.inf
+                kept = _top_k_mask(work, config.top_k)
+                work[~kept] = -np.inf
+                if present is not None:
+                    present &= kept
             elif name == "top_p" and config.top_p < 1.0:
                 probs = np.exp(work)
                 probs /= probs.sum()
@@ -247,13 +288,45 @@ class Sampler:
                 cumulative = np.cumsum(probs[order])
                 dropped = order[int(np.searchsorted(cumulative, config.top_p)) + 1:]
                 work[dropped] = -np.inf
+                if present is not None:
+                    present[dropped] = False
             elif name == "min_p" and config.min_p > 0:
-                work[work < math.log(config.min_p)] = -np.inf  # the top is 0 here, and always kept
+                cut = work < math.log(config.min_p) + float(work.max())  # the top is kept
+                work[cut] = -np.inf
+                if present is not None:
+                    present &= ~cut
             elif name == "temperature":
-                with np.errstate(over="ignore"):
-                    work = work / config.temperature
-        probs = np.exp(work)
-        return probs / probs.sum()
+                if config.temperature > 0:
+                    with np.errstate(over="ignore"):
+                        work = work / config.temperature
+                else:  # llama.cpp's temperature sampler at 0 keeps the top token only (greedy through infill)
+                    top = int(np.argmax(work))
+                    work[np.arange(work.shape[0]) != top] = -np.inf
+            elif name == "infill":
+                work, present = self._infill(work, present)
+        return work
+
+    def _infill(self, work: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """llama.cpp's infill sampler over the ``present`` candidates: -inf at every token it dropped, and the
+        logits of the ones it kept as it leaves them (the EOT token it may fall back to at logit 1), less the
+        largest of them (which changes no sampler after it)."""
+        from edgesdk.runtime.infill_sampler import infill_apply
+
+        vocabulary = self.vocabulary
+        candidates = np.flatnonzero(present)
+        ids, kept_logits, _ = infill_apply(candidates, work[candidates], vocabulary.texts, vocabulary.eog,
+                                           vocabulary.eot)
+        if ids.size and int(ids.max()) >= work.shape[0]:
+            raise EdgeSDKError(f"the infill sampler fell back to token id {int(ids.max())}, past this model's "
+                               f"{work.shape[0]} logits", "leave 'infill' out of the samplers for this bundle")
+        out = np.full(work.shape, -np.inf)
+        out[ids] = kept_logits
+        top = out.max()
+        if math.isfinite(top):
+            out -= top
+        kept = np.zeros(work.shape[0], bool)
+        kept[ids] = True
+        return out, kept
 
 
 def _top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
@@ -394,7 +467,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
              hook: StepHook | None = None, cache: PromptCache | None = None,
              reuse_cache: bool = True, constraint: TokenConstraint | None = None,
              logprobs: LogprobRecorder | None = None,
-             lookup: LookupConfig | DraftModel | None = None) -> tuple[list[int], GenerationStats]:
+             lookup: LookupConfig | DraftModel | None = None, vocabulary=None) -> tuple[list[int], GenerationStats]:
     """Prefill ``prompt_ids`` then decode until a stop id, ``max_new_tokens`` or the context is full.
 
     The first new token comes from the prefill logits (time to first token = prefill time);
@@ -420,6 +493,10 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     (:class:`~edgesdk.runtime.speculative.DraftModel`) drafts the same way from its own greedy tokens. A backend
     that cannot rewind its cache, or a power-gated one (whose controller steps with every decode and
     starts over on a rewind), decodes token by token.
+
+    ``vocabulary``: the bundle's tokenizer (:class:`~edgesdk.runtime.text.ChatTokenizer`) or an
+    :class:`~edgesdk.runtime.infill_sampler.InfillVocabulary`, which a chain with llama.cpp's infill sampler reads;
+    None: the tokenizer :func:`edgesdk.runtime.infill_sampler.attach` recorded for ``backend``.
     """
     _check_prompt(prompt_ids, backend)
     if lookup is not None and not callable(getattr(lookup, "drafter", None)):
@@ -428,7 +505,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         raise EdgeSDKError(f"lookup must be a LookupConfig (prompt lookup) or a DraftModel (a draft bundle), got "
                            f"{lookup!r}", "pass LookupConfig(max_draft=N) for up to N drafted tokens, or None")
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
-    sampler = Sampler(sampling)
+    sampler = Sampler(sampling, _infill_vocabulary(sampling, backend, vocabulary))
     scores_prompt = logprobs is not None and logprobs.prompt
     if cache is None:
         backend.reset()
@@ -541,6 +618,17 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     if hook is not None:
         hook.end(stats)
     return generated, stats
+
+
+def _infill_vocabulary(sampling: SamplingConfig, backend: DecoderBackend, vocabulary):
+    """What the infill sampler reads, where the chain holds it: ``vocabulary``, else the tokenizer attached to
+    ``backend`` (None where neither is: :class:`Sampler` refuses the chain, naming the fix)."""
+    if "infill" not in sampling.samplers:
+        return None
+    from edgesdk.runtime import infill_sampler
+
+    source = vocabulary if vocabulary is not None else infill_sampler.attached(backend)
+    return None if source is None else infill_sampler.vocabulary_of(source)
 
 
 def biased(logits: np.ndarray, config: SamplingConfig) -> np.ndarray:

@@ -13,7 +13,9 @@ server's ``--max-new-tokens``. The prompt goes on as a ``/completion``
 request of those token ids, and is answered as ``/completion`` answers (edgesdk/serve/llama_native.py).
 
 llama.vscode and llama.vim send more, all taken: ``samplers`` with llama.cpp's
-``infill`` sampler, which runs without it here (:func:`without_infill_sampler`); ``response_fields``, the fields
+``infill`` sampler (``["top_k", "top_p", "infill"]``), run where the chain names it
+(edgesdk/runtime/infill_sampler.py: it keeps the end-of-generation tokens where they are likely enough against the
+text, and merges tokens whose text is a prefix of another's); ``response_fields``, the fields
 of the answer to send back (edgesdk/serve/llama_native.py); ``cache_prompt``, so a next request that starts with
 the same extra context and prefix prefills only what follows (``timings.cache_n``); ``t_max_predict_ms`` and
 ``n_indent``, applied as llama-server applies them (edgesdk/serve/line_limits.py: a line indented less than
@@ -67,23 +69,25 @@ def parse_infill_request(body: object, completer) -> CompletionRequest:
                        "'input_suffix', or serve with a smaller --batch-size", param="input_prefix",
                        code="context_length_exceeded")
     rest = {key: value for key, value in body.items() if key not in INFILL_FIELDS}
-    if "samplers" in rest:
-        rest["samplers"] = without_infill_sampler(rest["samplers"])
-    return parse_completion_request({**rest, "prompt": ids})
+    request = parse_completion_request({**rest, "prompt": ids})
+    infill_vocabulary(completer, request.samplers)
+    return request
 
 
-def without_infill_sampler(samplers: object) -> object:
-    """``samplers`` less llama.cpp's ``infill`` sampler (the name in a list, any case, or the letter ``i`` in a
-    string), which llama.vscode and llama.vim put in every chain they send (``["top_k", "top_p", "infill"]``).
-    This runtime does not carry that sampler (common/sampling.cpp, ``llama_sampler_init_infill``: it keeps only the
-    end-of-generation tokens where their probability outweighs the text's, and merges tokens that are prefixes of
-    one another), so the chain runs without it, as ``generation_settings.samplers`` shows; anything else is left
-    for the ``/completion`` checks."""
-    if isinstance(samplers, str):
-        return samplers.replace("i", "")
-    if isinstance(samplers, list):
-        return [name for name in samplers if not (isinstance(name, str) and name.lower() == "infill")]
-    return samplers
+def infill_vocabulary(completer, samplers: tuple[str, ...] | None) -> None:
+    """Record the served model's tokenizer as the vocabulary llama.cpp's infill sampler reads on its backend
+    (:func:`edgesdk.runtime.infill_sampler.attach`), and where the request's chain (else the server's) holds the
+    sampler, read it now (once per model: the token texts, the end-of-generation ids, the EOT token), so that a
+    vocabulary it cannot read is the request's 400 naming ``samplers``."""
+    from edgesdk.runtime import infill_sampler
+
+    runtime = completer.runtime
+    infill_sampler.attach(runtime.backend, runtime.tokenizer)
+    if "infill" in (completer.defaults.samplers if samplers is None else samplers):
+        try:
+            infill_sampler.vocabulary_of(runtime.tokenizer)
+        except EdgeSDKError as exc:
+            raise ApiError(400, f"'samplers': {exc.problem}; {exc.fix}", param="samplers") from exc
 
 
 def require_fim(completer, route: str, param: str | None = None, status: int = 501, model: str | None = None):
