@@ -299,25 +299,33 @@ def _part_scored(text: str, max_chars: int | None) -> tuple[bool, str]:
 
 def _load_reference_model(source, threads: int | None):
     """The PyTorch source model for --reference, on as many threads as the bundle ran on (``--threads``;
-    PyTorch would otherwise take every core)."""
+    PyTorch would otherwise take every core), with the LoRA adapters the build merged merged again (the
+    fine-tuned model is the one the bundle was made from)."""
     import torch
 
     from edgesdk.models.loader import load_model
+    from edgesdk.models.lora import gguf_architecture, merge_adapters
 
     if threads:
         torch.set_num_threads(threads)
-    return load_model(source).model
+    model_source, adapters = source
+    model = load_model(model_source).model
+    if adapters:
+        merge_adapters(model, adapters, gguf_architecture(model_source, model))
+    return model
 
 
 def _reference_source(runtime, bundle: Path):
-    """The model the bundle was built from (its manifest's source), for --reference; an error naming
-    --reference and the recorded source where it is not here (a bundle copied off its build host)."""
+    """The model the bundle was built from (its manifest's source) and the LoRA adapters merged into it (its
+    ``adapters``), for --reference; an error naming --reference and the recorded source or adapter where it is
+    not here (a bundle copied off its build host) or an adapter's weights changed since the build."""
     from edgesdk.errors import ModelSourceError
     from edgesdk.models.sources import ALIASES, resolve_model
 
-    recorded = runtime.bundle.manifest["model"]["before"]["source"]
+    before = runtime.bundle.manifest["model"]["before"]
+    recorded = before["source"]
     try:
-        return resolve_model(recorded)
+        source = resolve_model(recorded)
     except ModelSourceError as exc:
         fixes = [exc.fix] if recorded in ALIASES and exc.fix else \
             [f"run it where {recorded} is (the machine that built the bundle)"]
@@ -325,3 +333,26 @@ def _reference_source(runtime, bundle: Path):
             f"--reference scores the model {bundle} was built from, {recorded} (as its manifest records), "
             f"and that model cannot be loaded here: {exc.problem}",
             "; or ".join([*fixes, "drop --reference to score the bundle alone"])) from exc
+    return source, _recorded_adapters(before.get("adapters") or [], bundle)
+
+
+def _recorded_adapters(records: list, bundle: Path) -> tuple:
+    """The manifest's records of the merged LoRA adapters as adapters to merge again, each checked to be the
+    file the build merged (its sha256)."""
+    from edgesdk.errors import ModelSourceError
+    from edgesdk.hashing import sha256_file
+    from edgesdk.models.lora import LoraAdapter
+
+    adapters = []
+    for record in records:
+        path = Path(record["path"])
+        weights = path / record["file"] if path.is_dir() else path
+        if not weights.is_file() or sha256_file(weights) != record["sha256"]:
+            found = "is not here" if not weights.is_file() else "has changed since the build (another sha256)"
+            raise ModelSourceError(f"--reference scores the model {bundle} was built from, which has the LoRA "
+                                   f"adapter {path} merged in (as its manifest records), and the adapter's weights "
+                                   f"{weights} {found}",
+                                   f"put the adapter the build merged (sha256 {record['sha256'][:16]}...) back at "
+                                   f"{path}, or drop --reference to score the bundle alone")
+        adapters.append(LoraAdapter(str(path), float(record["scale"])))
+    return tuple(adapters)

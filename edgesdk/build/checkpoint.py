@@ -104,6 +104,7 @@ KEY_PARTS = {
     "recipe": "the recipe (--recipe or its file, --set, --weight-bits, --ffn-ratio, --prune-layers, --distill-steps, --density)",
     "export": "the export settings (--max-context, --set export.*)",
     "data": "the training text (--data or its files, --data-skip-chars, --generated-sequences)",
+    "adapters": "the LoRA adapters (--lora, --lora-scaled, their scales or their files)",
     "edgesdk": "the edgesdk version",
 }
 

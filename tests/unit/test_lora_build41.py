@@ -67,10 +67,25 @@ def test_a_build_with_lora_bundles_the_fine_tuned_model_and_resume_with_another_
 
     again = _build(tmp_path, model_dir, "--lora", str(adapter), "--resume")  # scale 1 now
     assert again.exit_code != 0
-    assert "belongs to a different build: adapters changed since it was written" in again.stderr
+    assert "belongs to a different build: the LoRA adapters (--lora, --lora-scaled, their scales or their files) changed" in again.stderr
     same = _build(tmp_path, model_dir, "--lora-scaled", str(adapter), "0.5", "--resume")
     assert same.exit_code == 0, same.output
     assert "--resume: reusing" in same.stderr
+
+    # eval --reference scores the model the bundle was made from: the base with the adapter merged again
+    scored = CliRunner().invoke(main, ["eval", str(tmp_path / "b"), "--text", str(tmp_path / "train.txt"),
+                                       "--context", "32", "--reference", "--json", "--threads", "1"],
+                                prog_name="edgesdk")
+    assert scored.exit_code == 0, scored.output
+    result = json.loads(scored.stdout)
+    assert abs(result["relative_difference"]) < 1e-3, result
+    weights = adapter / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes() + b" ")  # another file than the one merged
+    refused = CliRunner().invoke(main, ["eval", str(tmp_path / "b"), "--text", str(tmp_path / "train.txt"),
+                                        "--context", "32", "--reference", "--threads", "1"], prog_name="edgesdk")
+    assert refused.exit_code != 0
+    assert f"has the LoRA adapter {adapter.resolve()} merged in" in refused.stderr
+    assert "has changed since the build" in refused.stderr
 
 
 def test_the_default_bundle_of_a_build_with_adapters_is_named_after_them_too(tmp_path):
