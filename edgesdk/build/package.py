@@ -68,6 +68,9 @@ def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None,
         f"- parameters: {before['parameters']:,} before, {after['parameters']:,} after"
         + (f"; {after['layers']} of {before['layers']} layers kept" if after.get("layers", before["layers"])
            != before["layers"] else ""),
+        *(f"- LoRA adapter merged before the stages: {_code_span(Path(adapter['path']).name)} ({adapter['form']}, "
+          f"rank {adapter['rank']}, scale {adapter['scale']:g}, sha256 {adapter['sha256'][:12]})"
+          for adapter in before.get("adapters") or []),
         f"- recipe: {manifest['recipe']['name']}; stages: "
         + (", ".join(s["stage"] for s in manifest["stages"]) or f"none ({manifest['graph']['dtype']} export)"),
         f"- graph: {manifest['graph']['form']} form, {manifest['graph']['dtype']}, "

@@ -60,6 +60,9 @@ def test_a_build_with_lora_bundles_the_fine_tuned_model_and_resume_with_another_
     assert record["path"] == str(adapter.resolve())
     assert len(record["sha256"]) == 64
     assert "adapters" not in manifest["model"]["after"]
+    report = (tmp_path / "b" / "report.md").read_text()
+    assert f"- LoRA adapter merged before the stages: `adapter` (peft, rank 4, scale 0.5, sha256 {record['sha256'][:12]})" \
+        in report
     runtime = open_runtime(tmp_path / "b", threads=1)
     logits = runtime.backend.prefill(np.asarray(IDS, np.int64), keep_logits=len(IDS)).reshape(len(IDS), -1)
     assert float(np.abs(expected - base_logits).max()) > 1.0
