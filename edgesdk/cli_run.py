@@ -442,7 +442,8 @@ class Answerer:
         try:
             _, result = generate(self.runtime.backend, ids, sampling, self.tokenizer.eos_token_ids,
                                  on_token=shown.emit, hook=self.thermal.hook if self.thermal else None,
-                                 cache=self.cache, constraint=constraint, lookup=self.lookup)
+                                 cache=self.cache, constraint=constraint, lookup=self.lookup,
+                                 vocabulary=self.tokenizer)
         except KeyboardInterrupt:
             self._keep_stopped(text, shown)
             raise

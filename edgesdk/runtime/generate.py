@@ -495,8 +495,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     starts over on a rewind), decodes token by token.
 
     ``vocabulary``: the bundle's tokenizer (:class:`~edgesdk.runtime.text.ChatTokenizer`) or an
-    :class:`~edgesdk.runtime.infill_sampler.InfillVocabulary`, which a chain with llama.cpp's infill sampler reads;
-    None: the tokenizer :func:`edgesdk.runtime.infill_sampler.attach` recorded for ``backend``.
+    :class:`~edgesdk.runtime.infill_sampler.InfillVocabulary`, which a chain with llama.cpp's infill sampler reads
+    (a chain holding it without one is refused by name).
     """
     _check_prompt(prompt_ids, backend)
     if lookup is not None and not callable(getattr(lookup, "drafter", None)):
@@ -505,7 +505,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         raise EdgeSDKError(f"lookup must be a LookupConfig (prompt lookup) or a DraftModel (a draft bundle), got "
                            f"{lookup!r}", "pass LookupConfig(max_draft=N) for up to N drafted tokens, or None")
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
-    sampler = Sampler(sampling, _infill_vocabulary(sampling, backend, vocabulary))
+    sampler = Sampler(sampling, _infill_vocabulary(sampling, vocabulary))
     scores_prompt = logprobs is not None and logprobs.prompt
     if cache is None:
         backend.reset()
@@ -620,15 +620,14 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     return generated, stats
 
 
-def _infill_vocabulary(sampling: SamplingConfig, backend: DecoderBackend, vocabulary):
-    """What the infill sampler reads, where the chain holds it: ``vocabulary``, else the tokenizer attached to
-    ``backend`` (None where neither is: :class:`Sampler` refuses the chain, naming the fix)."""
-    if "infill" not in sampling.samplers:
+def _infill_vocabulary(sampling: SamplingConfig, vocabulary):
+    """What the infill sampler reads, where the chain holds it and ``vocabulary`` is given (None otherwise:
+    :class:`Sampler` refuses a chain holding it without one, naming the fix)."""
+    if "infill" not in sampling.samplers or vocabulary is None:
         return None
     from edgesdk.runtime import infill_sampler
 
-    source = vocabulary if vocabulary is not None else infill_sampler.attached(backend)
-    return None if source is None else infill_sampler.vocabulary_of(source)
+    return infill_sampler.vocabulary_of(vocabulary)
 
 
 def biased(logits: np.ndarray, config: SamplingConfig) -> np.ndarray:

@@ -48,7 +48,6 @@ class InfillVocabulary:
 
 
 _VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its InfillVocabulary
-_ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> the tokenizer of its model
 
 
 def vocabulary_of(tokenizer) -> InfillVocabulary:
@@ -79,20 +78,6 @@ def vocabulary_of(tokenizer) -> InfillVocabulary:
     found = InfillVocabulary(texts, frozenset(tokenizer.eos_token_ids), eot)
     _VOCABULARIES[tokenizer] = found
     return found
-
-
-def attach(backend, tokenizer) -> None:
-    """Record ``tokenizer`` as the vocabulary of ``backend``'s model, for generation on ``backend`` that runs the
-    infill sampler without being given a vocabulary (:func:`attached`). Held weakly: nothing is kept alive."""
-    _ATTACHED[backend] = tokenizer
-
-
-def attached(backend):
-    """The tokenizer :func:`attach` recorded for ``backend``, None where none was."""
-    try:
-        return _ATTACHED.get(backend)
-    except TypeError:  # a backend that cannot be referenced weakly was never attached
-        return None
 
 
 def infill_apply(ids, logits, texts: Sequence[bytes | None], eog: Collection[int],

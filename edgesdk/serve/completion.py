@@ -564,16 +564,30 @@ class Completer:
         ``n_predict`` 0: the prompt evaluated, nothing generated, :meth:`_prefill_only`) samples nothing; its
         settings are checked all the same, with a limit of 1."""
         pick = lambda value, default: default if value is None else value  # noqa: E731
-        return SamplingConfig(max_new_tokens=min(max(pick(request.max_tokens, self.defaults.max_tokens), 1),
-                                                 self.runtime.backend.max_context),
-                              temperature=pick(request.temperature, self.defaults.temperature),
-                              top_p=pick(request.top_p, self.defaults.top_p),
-                              top_k=pick(request.top_k, self.defaults.top_k),
-                              min_p=pick(request.min_p, self.defaults.min_p),
-                              samplers=pick(request.samplers, self.defaults.samplers), seed=request.seed,
-                              presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
-                              repeat_penalty=request.repeat_penalty, repeat_last_n=request.repeat_last_n,
-                              logit_bias=self._logit_bias(request))
+        config = SamplingConfig(max_new_tokens=min(max(pick(request.max_tokens, self.defaults.max_tokens), 1),
+                                                   self.runtime.backend.max_context),
+                                temperature=pick(request.temperature, self.defaults.temperature),
+                                top_p=pick(request.top_p, self.defaults.top_p),
+                                top_k=pick(request.top_k, self.defaults.top_k),
+                                min_p=pick(request.min_p, self.defaults.min_p),
+                                samplers=pick(request.samplers, self.defaults.samplers), seed=request.seed,
+                                presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
+                                repeat_penalty=request.repeat_penalty, repeat_last_n=request.repeat_last_n,
+                                logit_bias=self._logit_bias(request))
+        self._check_infill_vocabulary(config)
+        return config
+
+    def _check_infill_vocabulary(self, sampling: SamplingConfig) -> None:
+        """Where the chain holds llama.cpp's infill sampler, its view of the vocabulary is read first (once per
+        model: the token texts, the end-of-generation ids, the EOT token), so that a vocabulary it cannot read is
+        the request's 400 naming ``samplers``."""
+        if "infill" in sampling.samplers:
+            from edgesdk.runtime.infill_sampler import vocabulary_of
+
+            try:
+                vocabulary_of(self.runtime.tokenizer)
+            except EdgeSDKError as exc:
+                raise ApiError(400, f"'samplers': {exc.problem}; {exc.fix}", param="samplers") from exc
 
     def vocabulary(self) -> int:
         return self.runtime.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
@@ -914,7 +928,7 @@ class Completer:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
                                 hook=hook, cache=self.prompt_cache,
                                 reuse_cache=request.cache_prompt, constraint=constraint, logprobs=recorder,
-                                lookup=drafts)
+                                lookup=drafts, vocabulary=tokenizer)
             finish = "stop" if stats.stop_reason in ("eos", "complete") else "length"
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())

@@ -70,24 +70,7 @@ def parse_infill_request(body: object, completer) -> CompletionRequest:
                        code="context_length_exceeded")
     rest = {key: value for key, value in body.items() if key not in INFILL_FIELDS}
     request = parse_completion_request({**rest, "prompt": ids})
-    infill_vocabulary(completer, request.samplers)
     return request
-
-
-def infill_vocabulary(completer, samplers: tuple[str, ...] | None) -> None:
-    """Record the served model's tokenizer as the vocabulary llama.cpp's infill sampler reads on its backend
-    (:func:`edgesdk.runtime.infill_sampler.attach`), and where the request's chain (else the server's) holds the
-    sampler, read it now (once per model: the token texts, the end-of-generation ids, the EOT token), so that a
-    vocabulary it cannot read is the request's 400 naming ``samplers``."""
-    from edgesdk.runtime import infill_sampler
-
-    runtime = completer.runtime
-    infill_sampler.attach(runtime.backend, runtime.tokenizer)
-    if "infill" in (completer.defaults.samplers if samplers is None else samplers):
-        try:
-            infill_sampler.vocabulary_of(runtime.tokenizer)
-        except EdgeSDKError as exc:
-            raise ApiError(400, f"'samplers': {exc.problem}; {exc.fix}", param="samplers") from exc
 
 
 def require_fim(completer, route: str, param: str | None = None, status: int = 501, model: str | None = None):

@@ -95,9 +95,9 @@ def test_names_and_letters_read_as_llama_cpp_reads_them(given, chain):
 
 @pytest.mark.parametrize(("given", "shown"), [
     (["top_k", "bogus"], "'bogus', which is no sampler"),
-    (["infill"], "'infill', which is llama.cpp's but not carried"),
+    (["adaptive_p"], "'adaptive_p', which is llama.cpp's but not carried"),
     ("kpz", "'z', which is no sampler letter"),
-    ("ka", "'a', which is llama.cpp's infill or adaptive_p"),
+    ("ka", "'a', which is llama.cpp's adaptive_p, not carried"),
     (["top_k", 3], "sampler names (strings), got 3"),
     (7, "a list of sampler names or a string of sampler letters, got 7"),
 ])
@@ -190,7 +190,7 @@ def test_serve_takes_llama_server_s_samplers_on_every_route(runtime):
         status, chat = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                                             **sampled, "samplers": "edskypmxt"})
         assert status == 200, chat
-        for bad in (["top_k", "bogus"], "kz", 5, ["infill"]):
+        for bad in (["top_k", "bogus"], "kz", 5, ["adaptive_p"]):
             status, answer = server.post("/v1/completions", {"prompt": "hello", "samplers": bad})
             assert (status, answer["error"]["param"]) == (400, "samplers"), answer
             assert "'samplers'" in answer["error"]["message"]

@@ -62,8 +62,8 @@ def test_llama_vscode_s_infill_is_answered_with_what_it_reads(fim_served):
     for field in ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
                   "predicted_per_second"):
         assert field in answer["timings"], field
-    # llama.cpp's infill sampler is not run here: the chain runs without it
-    assert answer["generation_settings"]["samplers"] == ["top_k", "top_p"]
+    # the chain the plugin sends, llama.cpp's infill sampler last
+    assert answer["generation_settings"]["samplers"] == ["top_k", "top_p", "infill"]
 
 
 def test_llama_vscode_s_extra_context_warmup_is_cached_for_its_next_infill(fim_served):

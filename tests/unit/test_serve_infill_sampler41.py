@@ -135,3 +135,33 @@ def test_generate_without_a_vocabulary_refuses_the_infill_sampler_by_name(runtim
     vocabulary = vocabulary_of(runtime.tokenizer)
     kept, kept_logits, _ = infill_apply(np.arange(logits.shape[0]), logits, vocabulary.texts, stop, vocabulary.eot)
     assert picked == [int(kept[np.argmax(kept_logits)])]
+
+
+def test_every_route_runs_the_infill_sampler_it_is_given(fim_served, qwen_runtime):
+    """llama-server takes ``infill`` in the chain of any completion route; the completer hands the served tokenizer
+    to the chain, so /completion and /v1/completions run it too (not only /infill)."""
+    from edgesdk.serve.infill import parse_infill_request
+
+    bias, head, other = _prefix_bias(fim_served)
+    text = qwen_runtime.tokenizer.decode
+    ids = fim_served.completer.prompt_ids(parse_infill_request(_body(CHAIN, []), fim_served.completer))
+    common = {"prompt": ids, "top_k": 40, "top_p": 0.99, "temperature": 0.0, "cache_prompt": False,
+              "logit_bias": [[token, value] for token, value in bias]}
+    status, native = fim_served.post("/completion", {**common, "n_predict": 1, "samplers": CHAIN})
+    assert status == 200, native
+    assert native["content"] == text([head])
+    status, plain = fim_served.post("/completion", {**common, "n_predict": 1, "samplers": ["top_k", "top_p"]})
+    assert (status, plain["content"]) == (200, text([other]))
+    status, openai = fim_served.post("/v1/completions", {**common, "max_tokens": 1, "samplers": "kpi"})
+    assert status == 200, openai
+    assert openai["choices"][0]["text"] == text([head])
+
+
+def test_run_takes_the_infill_sampler(qwen_bundle):
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+
+    result = CliRunner().invoke(main, ["run", str(qwen_bundle.path), "--prompt", "def add(a, b):", "-n", "3",
+                                       "--sampling-seq", "kpi", "--temperature", "0", "--raw"], prog_name="edgesdk")
+    assert result.exit_code == 0, result.output
