@@ -16,7 +16,7 @@ from typing import Any
 
 from edgesdk.errors import ModelSourceError
 from edgesdk.models.pooling import declared_pooling
-from edgesdk.models.sources import ModelSource
+from edgesdk.models.sources import DEQUANTIZED_METHODS, ModelSource
 
 # model_type -> why it is supported; the exporter (export/llama_graph.py) handles these.
 SUPPORTED_ARCHITECTURES = {
@@ -443,6 +443,12 @@ def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
             incomplete_model_fix(source),
         ) from exc
     check_architecture(config, str(source.path))
+    declared = getattr(config, "quantization_config", None)
+    if isinstance(declared, dict) and str(declared.get("quant_method")).lower() in DEQUANTIZED_METHODS:
+        # FineGrainedFP8 (the one quantized form sources.check_not_quantized lets through): weights times their
+        # weight_scale_inv in float32, plain nn.Linear layers, the quantization config dropped; without
+        # dequantize, transformers does this on a CPU-only host but keeps FP8Linear layers where CUDA is present
+        config.quantization_config = {**declared, "dequantize": True}
     try:
         with _progress_bars(progress):
             model, loading_info = AutoModelForCausalLM.from_pretrained(

@@ -149,6 +149,7 @@ def _resolve_directory(path: Path) -> ModelSource:
     ``snapshots/<commit>/``, whose files link into ``blobs/``), taken as the snapshot it names. A directory
     of GGUF files is refused naming them: which one to build is the user's choice."""
     if (path / "config.json").is_file():
+        check_not_quantized(path)
         return ModelSource("hf-dir", path, str(path.resolve()))  # a path the manifest can be read from anywhere
     if (path / "snapshots").is_dir() or (path.name.startswith("models--") and (path / "blobs").is_dir()):
         return _resolve_directory(_hub_cache_snapshot(path))
@@ -186,6 +187,126 @@ def _refuse_peft_adapter(path: Path) -> None:
         f"pass the base model with --model and the adapter with --lora: edgesdk build --model "
         f"{shlex.quote(str(base)) if base else 'BASE'} --lora {shlex.quote(str(path))}"
         + (" (the base as a local directory or .gguf file: edgesdk does not download Hub ids)" if base else ""))
+
+
+# quant_method (transformers' QuantizationMethod, config.json's quantization_config) -> what the weights are
+QUANTIZED_FORMS = {
+    "awq": ("AWQ", "4-bit integers packed into int32 with per-group scales and zero points, which transformers "
+            "loads only into AWQ kernel layers (gptqmodel)"),
+    "gptq": ("GPTQ", "low-bit integers packed into int32 with per-group scales and zero points, which transformers "
+             "loads only into GPTQ kernel layers (optimum, gptqmodel)"),
+    "bitsandbytes": ("bitsandbytes", "bitsandbytes' 4-bit (NF4 / FP4) or 8-bit tensors, which need the bitsandbytes "
+                     "package and its kernels"),
+    "aqlm": ("AQLM", "additive codebook indices, which need the aqlm package"),
+    "eetq": ("EETQ", "int8 tensors for EETQ's CUDA kernels"),
+    "hqq": ("HQQ", "HQQ's packed low-bit tensors, which need the hqq package"),
+    "compressed-tensors": ("compressed-tensors", "integer or FP8 tensors packed by llm-compressor, which need the "
+                           "compressed-tensors package"),
+    "torchao": ("torchao", "torchao's quantized tensor subclasses, which need the torchao package"),
+    "quanto": ("optimum-quanto", "optimum-quanto's quantized tensors, which need the optimum-quanto package"),
+    "fbgemm_fp8": ("FBGEMM FP8", "FP8 tensors for FBGEMM's CUDA kernels"),
+    "bitnet": ("BitNet", "ternary weights packed four to a byte"),
+    "mxfp4": ("MXFP4", "MXFP4 blocks (4-bit floats with shared 8-bit exponents)"),
+}
+# quant_methods whose checkpoints transformers de-quantizes to float on the CPU with what edgesdk installs:
+# FineGrainedFP8 (quant_method "fp8": float8_e4m3fn weights times their per-block weight_scale_inv), which
+# load_model loads with dequantize=True
+DEQUANTIZED_METHODS = ("fp8",)
+# what a quantized checkpoint's name adds to its base model's: -AWQ, -GPTQ-Int4, -bnb-4bit, -unsloth-bnb-4bit,
+# -FP8-Dynamic, -quantized.w4a16, -W8A8, -4bit (mlx-community), -MLX-8bit, ...
+QUANTIZED_NAME_SUFFIX = re.compile(
+    r"[-_.](?:unsloth[-_])?(?:bnb[-_]?\d+bit|awq(?:[-_]int\d+)?|gptq(?:[-_]int\d+)?|aqlm(?:[-_][\w.-]+)?|eetq|"
+    r"hqq(?:[-_]\w+)?|fp8(?:[-_]dynamic)?|quantized\.w\d+a\d+|w\d+a\d+(?:[-_]fp8)?|int\d+|mlx(?:[-_]\d+[-_]?bits?)?|"
+    r"\d+[-_]?bits?)$", re.IGNORECASE)
+
+
+def check_not_quantized(path: Path) -> None:
+    """Refuse a Hugging Face directory whose config.json declares a quantized checkpoint edgesdk cannot de-quantize
+    (``quantization_config`` with a ``quant_method`` other than :data:`DEQUANTIZED_METHODS`, or mlx-lm's
+    ``quantization`` {group_size, bits}), before any weights load: transformers would stop deep inside with an
+    import error for a kernel package or a CUDA requirement, or load the packed integers into float layers. The
+    fix names the unquantized checkpoint it was likely made from. A config.json that cannot be read is left to
+    transformers' reader."""
+    import json
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(config, dict):
+        return
+    mlx = config.get("quantization")
+    declared = config.get("quantization_config")
+    if isinstance(mlx, dict) and ("bits" in mlx or "group_size" in mlx):
+        problem = (f"model directory {path} holds an MLX checkpoint quantized to {mlx.get('bits', '?')} bits "
+                   f"(config.json quantization: group_size {mlx.get('group_size', '?')}, bits {mlx.get('bits', '?')}, "
+                   "as mlx-lm writes it): its weights are integers packed into uint32 with per-group scales and "
+                   "biases, which neither transformers nor edgesdk turns back into the float weights edgesdk's "
+                   "stages and exporter read")
+    elif declared is not None:
+        method = declared.get("quant_method") if isinstance(declared, dict) else None
+        declared_as = f"quantization_config.quant_method {method!r}"
+        if method is None:
+            bits = next((key for key in ("load_in_4bit", "load_in_8bit")
+                         if isinstance(declared, dict) and declared.get(key)), None)
+            # older bitsandbytes configs name no quant_method; transformers' AutoQuantizationConfig reads these keys
+            method, declared_as = ("bitsandbytes", f"quantization_config.{bits}") if bits else \
+                (None, "quantization_config, with no quant_method")
+        if isinstance(method, str) and method.lower() in DEQUANTIZED_METHODS:
+            return
+        label, form = QUANTIZED_FORMS.get(method.lower() if isinstance(method, str) else method,
+                                          (None, "in that method's quantized form"))
+        problem = (f"model directory {path} holds a checkpoint quantized with {label or 'a method edgesdk does not know'} "
+                   f"(config.json {declared_as}"
+                   + f"): its weights are {form}; edgesdk cannot turn them back into the float weights its stages "
+                   "and exporter read (it de-quantizes GGUF files and FP8 checkpoints only)")
+    else:
+        return
+    raise ModelSourceError(problem, _quantized_fix(path))
+
+
+def _quantized_fix(path: Path) -> str:
+    """The fix for a quantized checkpoint: the unquantized one it was likely made from (its model card's
+    ``base_model``, else its name without the quantization suffix), or a GGUF file of the model."""
+    base, why = _likely_base_model(path)
+    gguf = ("or pass a GGUF file of the model with --model (F16, Q8_0, or a k-quant such as Q4_K_M: edgesdk reads "
+            "GGUF and de-quantizes it to float32)")
+    if base is None:
+        return f"build from the unquantized checkpoint this one was made from (pass its directory with --model), {gguf}"
+    download = f"hf download {base}" if "/" in base else f"hf download ORG/{base}"
+    return (f"build from the unquantized checkpoint this one was made from, likely {base} ({why}): download it "
+            f"({download}) and pass the directory it prints with --model, {gguf}")
+
+
+def _likely_base_model(path: Path) -> tuple[str | None, str]:
+    """(the unquantized model a quantized checkpoint was made from, how it was found), or (None, "")."""
+    card = path / "README.md"
+    try:
+        text = card.read_text(encoding="utf-8", errors="replace") if card.is_file() else ""
+    except OSError:
+        text = ""
+    if text.startswith("---"):  # the model card's YAML metadata (the Hub's base_model / base_model_relation)
+        import yaml
+
+        front = text[3:].split("\n---", 1)[0]
+        try:
+            metadata = yaml.safe_load(front)
+        except yaml.YAMLError:
+            metadata = None
+        base = metadata.get("base_model") if isinstance(metadata, dict) else None
+        if isinstance(base, list) and len(base) == 1:
+            base = base[0]
+        if isinstance(base, str) and base.strip():
+            return base.strip(), "its model card's base_model"
+    name = path.name
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):  # a Hub cache snapshot
+        name = path.parent.parent.name[len("models--"):].replace("--", "/", 1)
+    stripped = name
+    while QUANTIZED_NAME_SUFFIX.search(stripped):
+        stripped = QUANTIZED_NAME_SUFFIX.sub("", stripped)
+    if stripped == name or not stripped.rsplit("/", 1)[-1]:
+        return None, ""
+    return stripped, f"the name {name} without {name[len(stripped):]!r}"
 
 
 # a part of a GGUF split by llama.cpp's llama-gguf-split (llama_split_prefix: "<prefix>-%05d-of-%05d.gguf")
