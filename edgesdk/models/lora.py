@@ -40,6 +40,7 @@ from edgesdk.errors import ModelSourceError
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+MLX_WEIGHTS = "adapters.safetensors"  # mlx-lm's adapter weights (mlx_lm.lora --adapter-path DIR)
 # transformers' model_type -> the GGUF architecture llama.cpp's converter writes for it (convert_hf_to_gguf.py:
 # MistralForCausalLM is converted as llama; transformers' get_gguf_hf_weights_map maps gemma3_text to gemma3)
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -103,6 +104,12 @@ def check_adapter(adapter: LoraAdapter) -> str:
         raise ModelSourceError(f"--lora-scaled {adapter.path} {adapter.scale}: the scale is not a finite number",
                                "pass a number such as 0.5 or 1 (llama.cpp's --lora-scaled FNAME SCALE)")
     if path.is_dir():
+        if (path / MLX_WEIGHTS).is_file() or _mlx_config(path):
+            raise ModelSourceError(
+                f"{where}: {path} is an mlx-lm adapter ({MLX_WEIGHTS}, lora_parameters in {PEFT_CONFIG}), not a PEFT "
+                "or GGUF LoRA adapter: its tensor names, factor layout and scale are mlx-lm's own",
+                f"fuse it into its base with mlx-lm (mlx_lm.fuse --model BASE --adapter-path {adapter.path} "
+                "--save-path fused --de-quantize) and pass the fused directory with --model")
         if (path / PEFT_CONFIG).is_file():
             if not any((path / name).is_file() for name in PEFT_WEIGHTS):
                 raise ModelSourceError(f"{where}: the PEFT adapter directory has {PEFT_CONFIG} but no weights "
@@ -113,6 +120,13 @@ def check_adapter(adapter: LoraAdapter) -> str:
             raise ModelSourceError(f"{where}: {path} is a whole model (config.json), not a LoRA adapter",
                                    f"pass it with --model, or pass the adapter directory (with {PEFT_CONFIG}) with "
                                    "--lora")
+        inside = sorted((found.parent.name for found in path.glob(f"*/{PEFT_CONFIG}")),  # checkpoint-500 first
+                        key=lambda name: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)])
+        if inside:  # PeftModel.save_pretrained writes an adapter not named "default" to <dir>/<name>/, a Trainer
+            # its checkpoints to <dir>/checkpoint-<step>/
+            raise ModelSourceError(f"{where}: the directory has no {PEFT_CONFIG} itself, but its subdirectories "
+                                   f"{', '.join(inside[:6])}{' ...' if len(inside) > 6 else ''} hold PEFT adapters",
+                                   f"pass the adapter's own directory, e.g. --lora {path / inside[-1]}")
         raise ModelSourceError(f"{where}: the directory has no {PEFT_CONFIG}, so it is no PEFT LoRA adapter",
                                "pass a PEFT adapter directory (save_pretrained of a PeftModel) or a GGUF LoRA "
                                "adapter (llama.cpp's convert_lora_to_gguf.py)")
@@ -126,6 +140,17 @@ def check_adapter(adapter: LoraAdapter) -> str:
                                "pass a GGUF LoRA adapter (llama.cpp's convert_lora_to_gguf.py writes one) or a PEFT "
                                f"adapter directory (with {PEFT_CONFIG})")
     return "gguf"
+
+
+def _mlx_config(directory: Path) -> bool:
+    """Whether ``directory``'s adapter_config.json is mlx-lm's (``mlx_lm.lora`` writes ``fine_tune_type`` and
+    ``lora_parameters`` {rank, scale, dropout, keys}; PEFT's LoraConfig has neither)."""
+    try:
+        config = json.loads((directory / PEFT_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "peft_type" not in config and (
+        "lora_parameters" in config or "fine_tune_type" in config)
 
 
 def gguf_architecture(source, model) -> str | None:
@@ -167,9 +192,14 @@ def _apply(model, read: ReadAdapter) -> None:
         parameters[name].copy_(value.to(torch.float32))
     scale = float(read.adapter.scale)
     for update in read.updates:
+        # W + s * (left @ right) in float32 by one addmm (no dense delta is made), rounded once to the weight's
+        # dtype: a bfloat16 / float16 weight is widened for the sum and written back, one module at a time
         weight = parameters[f"{update.module}.weight"]
-        delta = update.left.to(torch.float32) @ update.right.to(torch.float32)
-        weight.add_(delta.to(weight.dtype), alpha=scale * update.factor)
+        merged = weight if weight.dtype == torch.float32 else weight.to(torch.float32)
+        merged.addmm_(update.left.to(torch.float32), update.right.to(torch.float32), alpha=scale * update.factor)
+        if merged is not weight:
+            weight.copy_(merged)
+        del merged
 
 
 def _untie_if_touched(model, touched: set[str]) -> None:
@@ -318,7 +348,11 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
         if lora:
             pairs.setdefault(lora["module"], {})[lora["part"][-1]] = (key, tensor)
             continue
-        if path.endswith(".base_layer.weight") or path.endswith(".base_layer.bias"):
+        if path.endswith(".base_layer.bias") and config.get("bias", "none") != "none":
+            # bias "all" / "lora_only": PEFT trains the biases and get_peft_model_state_dict saves the bias of an
+            # adapted layer under the layer it wraps (<module>.base_layer.bias); loading it replaces the bias
+            path = path[:-len(".base_layer.bias")] + ".bias"
+        elif path.endswith(".base_layer.weight") or path.endswith(".base_layer.bias"):
             continue  # the frozen base weight itself, which llama.cpp's convert_lora_to_gguf.py also skips
         saved = _SAVED_KEY.match(path)
         plain = _PLAIN_KEY.match(path)

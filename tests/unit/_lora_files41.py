@@ -88,10 +88,13 @@ def llama_cpp_permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -
             .swapaxes(1, 2).reshape(weights.shape))
 
 
-def write_gguf_adapter(path: Path, arch: str, pairs: dict, alpha: float | None, fields: dict | None = None) -> Path:
+def write_gguf_adapter(path: Path, arch: str, pairs: dict, alpha: float | None, fields: dict | None = None,
+                       outtype: str = "f32") -> Path:
     """A GGUF LoRA adapter in convert_lora_to_gguf.py's layout: general.type adapter, adapter.type lora,
-    adapter.lora.alpha (left out for None), float32 tensors ``<gguf name>.lora_a`` / ``.lora_b`` from ``pairs``
-    (gguf tensor name -> (lora_a, lora_b) as numpy arrays, already in the file's layout)."""
+    adapter.lora.alpha (left out for None), tensors ``<gguf name>.lora_a`` / ``.lora_b`` from ``pairs``
+    (gguf tensor name -> (lora_a, lora_b) as numpy arrays, already in the file's layout) of ``outtype`` (the
+    converter's --outtype: f32, f16, bf16 or q8_0, quantized with gguf-py's quants.quantize as the converter
+    does; a tensor whose rows q8_0's 32-value blocks do not divide is written f16, as the converter falls back)."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
@@ -101,9 +104,20 @@ def write_gguf_adapter(path: Path, arch: str, pairs: dict, alpha: float | None, 
         writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
     for key, (value, kind) in (fields or {}).items():
         writer.add_key_value(key, value, kind)
-    for name, (a, b) in pairs.items():
-        writer.add_tensor(f"{name}.lora_a", np.ascontiguousarray(a, dtype=np.float32))
-        writer.add_tensor(f"{name}.lora_b", np.ascontiguousarray(b, dtype=np.float32))
+    kinds = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
+    for name, factors in pairs.items():
+        for part, value in zip(("lora_a", "lora_b"), factors, strict=True):
+            value = np.ascontiguousarray(value, dtype=np.float32)
+            kind = kinds[outtype]
+            if kind == gguf.GGMLQuantizationType.Q8_0 and value.shape[-1] % 32:
+                kind = gguf.GGMLQuantizationType.F16
+            if kind == gguf.GGMLQuantizationType.F32:
+                writer.add_tensor(f"{name}.{part}", value)
+            elif kind == gguf.GGMLQuantizationType.F16:
+                writer.add_tensor(f"{name}.{part}", value.astype(np.float16))
+            else:
+                writer.add_tensor(f"{name}.{part}", gguf.quants.quantize(value, kind), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
