@@ -28,6 +28,7 @@ Typical use on a board::
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import weakref
@@ -583,12 +584,19 @@ class RequestError(EdgeSDKError, ValueError):
 def build_bundle(target: str, model: str | None = None, *, out: str | Path | None = None, recipe: str | None = None,
                  max_context: int = 4096, data: Iterable[str | Path] = (), data_skip_chars: int = 0,
                  generated_sequences: int = 32, overrides: Mapping[str, object] | Iterable[str] = (),
-                 weight_bits: int | None = None, resume: bool = False, keep_work: bool = False,
-                 progress: bool = True) -> Path:
+                 weight_bits: int | None = None, lora: str | os.PathLike | tuple | Mapping | Iterable | None = None,
+                 resume: bool = False, keep_work: bool = False, progress: bool = True) -> Path:
     """Build a bundle for the board ``target`` from ``model`` (an alias, a Hugging Face directory or a GGUF file;
     default SmolLM2-135M-Instruct), as ``edgesdk build`` does with the options of the same names, and return its
     directory. ``overrides`` change the recipe: ``{"prune.ffn_ratio": 0.5}`` or ``["prune.ffn_ratio=0.5"]``
-    (``--set``). Host only: it needs ``edgesdk[host]`` (torch, transformers)."""
+    (``--set``). Host only: it needs ``edgesdk[host]`` (torch, transformers).
+
+    ``lora``: LoRA adapters (a PEFT adapter directory or a GGUF LoRA adapter each) merged into the model's weights
+    at build time, before any stage, as ``--lora`` / ``--lora-scaled`` do: the bundle computes the fine-tuned model
+    and runs no adapter (llama-cpp-python's ``lora_path`` / ``lora_scale`` apply one when the model loads). One
+    path (scale 1), a ``(path, scale)`` pair, a mapping ``{path: scale}``, or a list whose items are paths or
+    ``(path, scale)`` pairs; a path is a str or a ``pathlib.Path``, a scale a finite number. The adapters merge in
+    the order given, and the manifest records each with its scale."""
     from edgesdk.build.pipeline import BuildConfig
     from edgesdk.build.pipeline import build as run_build
     from edgesdk.compress.data import DataConfig
@@ -601,13 +609,80 @@ def build_bundle(target: str, model: str | None = None, *, out: str | Path | Non
         changes = (overrides,)
     else:
         changes = tuple(overrides)
+    adapters = _lora_adapters(lora)
     data_config = DataConfig(files=tuple(str(file) for file in data), skip_chars=data_skip_chars,
                              generated_sequences=generated_sequences)
     config = BuildConfig(target=target, model=model or DEFAULT_MODEL, out=None if out is None else Path(out),
                          recipe=recipe, overrides=changes, data=data_config, weight_bits=weight_bits,
                          export=ExportConfig(max_context=max_context), resume=resume, keep_work=keep_work,
-                         progress=progress)
+                         progress=progress, adapters=adapters)
     return run_build(config).path
+
+
+LORA_FORMS = ("a path (a str or a pathlib.Path) to a PEFT adapter directory or a GGUF LoRA adapter, a (path, scale) "
+              "pair, a mapping {path: scale}, or a list of paths and (path, scale) pairs")
+
+
+def _lora_adapters(lora) -> tuple:
+    """build_bundle's ``lora`` as the build's adapters (edgesdk.models.lora.LoraAdapter), in the order given, each
+    path checked as ``--lora`` checks it (edgesdk.models.lora.check_adapter) before the model loads; a form or a
+    scale it cannot take raises naming ``lora``, the value and the forms it takes."""
+    from numbers import Real
+
+    from edgesdk.errors import ModelSourceError
+    from edgesdk.models.lora import LoraAdapter, check_adapter
+
+    def path_of(value, where: str) -> str:
+        if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
+            text = os.fspath(value)
+            if isinstance(text, str) and text:
+                return text
+        raise EdgeSDKError(f"build_bundle(): {where} is {shown(value)}; expected a path (a non-empty str or a "
+                           "pathlib.Path) to a PEFT adapter directory or a GGUF LoRA adapter",
+                           f"pass lora as {LORA_FORMS}")
+
+    def scale_of(value, where: str) -> float:
+        if isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise EdgeSDKError(f"build_bundle(): {where} is {shown(value)}; expected a finite number (the adapter's "
+                           "scale, as --lora-scaled ADAPTER SCALE takes it; 1 merges the adapter as trained)",
+                           f"pass lora as {LORA_FORMS}")
+
+    def pair(value, where: str) -> LoraAdapter:
+        return LoraAdapter(path_of(value[0], f"{where}[0]"), scale_of(value[1], f"{where}[1]"))
+
+    if lora is None:
+        return ()
+    if isinstance(lora, (str, os.PathLike)):
+        adapters = [LoraAdapter(path_of(lora, "lora"))]
+    elif isinstance(lora, tuple) and len(lora) == 2 and isinstance(lora[1], Real) and not isinstance(lora[1], bool):
+        adapters = [pair(lora, "lora")]  # one (path, scale) pair: llama-cpp-python's lora_path with lora_scale
+    elif isinstance(lora, Mapping):
+        adapters = [LoraAdapter(path_of(path, f"lora key {shown(path)}"), scale_of(scale, f"lora[{shown(path)}]"))
+                    for path, scale in lora.items()]
+    elif isinstance(lora, Iterable) and not isinstance(lora, bytes):
+        adapters = []
+        for index, item in enumerate(lora):
+            where = f"lora[{index}]"
+            if isinstance(item, (tuple, list)):
+                if len(item) != 2:
+                    raise EdgeSDKError(f"build_bundle(): {where} is {shown(item)}; expected a path or a (path, "
+                                       f"scale) pair, not {len(item)} items", f"pass lora as {LORA_FORMS}")
+                adapters.append(pair(item, where))
+            else:
+                adapters.append(LoraAdapter(path_of(item, where)))
+    else:
+        raise EdgeSDKError(f"build_bundle(): lora is {shown(lora)}; expected {LORA_FORMS}",
+                           "pass e.g. lora='adapter-dir', lora=('adapter.gguf', 0.5) or "
+                           "lora=['a-dir', ('b.gguf', 0.5)]")
+    for adapter in adapters:  # --lora's checks, in build_bundle's words
+        try:
+            check_adapter(adapter)
+        except ModelSourceError as exc:
+            problem = exc.problem.replace(f"--lora {adapter.path}", f"build_bundle(): lora {adapter.path!r}", 1)
+            fix = (exc.fix or "").replace("with --model", "as model").replace("with --lora", "in lora")
+            raise ModelSourceError(problem, fix) from exc
+    return tuple(adapters)
 
 
 # a fix's words for run's command-line options -> the load() arguments that make the same choice
