@@ -335,6 +335,20 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
                 + (f" ({config['base_model_name_or_path']}, as its {PEFT_CONFIG} names it)"
                    if config.get("base_model_name_or_path") else ""))
 
+    embeddings = {name for name, module in model.named_modules()
+                  if module is model.get_input_embeddings() or module is model.get_output_embeddings()}
+
+    def check_vocabulary(key: str, name: str, module, rows: int) -> None:
+        vocabulary = module.weight.shape[0]
+        if rows != vocabulary:
+            raise ModelSourceError(
+                f"{where}: {key} has {rows} token rows, but '{name}' of the model has {vocabulary}: the adapter was "
+                "trained on the base with its vocabulary resized (tokens added, e.g. by TRL's setup_chat_format or "
+                "tokenizer.add_tokens and resize_token_embeddings)",
+                f"resize the base and merge with PEFT on the host (base.resize_token_embeddings({rows}); "
+                "PeftModel.from_pretrained(base, adapter).merge_and_unload().save_pretrained(dir), the fine-tuned "
+                "tokenizer saved to dir too) and pass that directory with --model")
+
     def module_of(key: str, path: str):
         name, module = _find_module(model, path)
         if module is None:
@@ -353,12 +367,20 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
             # adapted layer under the layer it wraps (<module>.base_layer.bias); loading it replaces the bias
             path = path[:-len(".base_layer.bias")] + ".bias"
         elif path.endswith(".base_layer.weight") or path.endswith(".base_layer.bias"):
-            continue  # the frozen base weight itself, which llama.cpp's convert_lora_to_gguf.py also skips
+            # the frozen base weight itself, which llama.cpp's convert_lora_to_gguf.py also skips; PEFT saves it
+            # for a LoRA-adapted embedding or lm_head (save_embedding_layers), whose rows tell a resized vocabulary
+            name, module = _find_module(model, path.rsplit(".base_layer.", 1)[0])
+            if name in embeddings and path.endswith(".weight"):
+                check_vocabulary(key, name, module, tensor.shape[0])
+            continue
         saved = _SAVED_KEY.match(path)
         plain = _PLAIN_KEY.match(path)
+        # a plain weight of the input or output embedding: PEFT's save_embedding_layers ("auto" where the
+        # vocabulary was resized, or True) saves them whole, and loading the adapter puts them in the model
         target = saved or (plain if plain and (
             any(plain["module"] == m or plain["module"].endswith(f".{m}") for m in saved_modules)
-            or (plain["param"] == "bias" and config.get("bias", "none") != "none")) else None)
+            or (plain["param"] == "bias" and config.get("bias", "none") != "none")
+            or (plain["param"] == "weight" and _find_module(model, plain["module"])[0] in embeddings)) else None)
         if target is None:
             raise ModelSourceError(
                 f"{where}: {weights_file.name} holds {key}, which is neither a LoRA factor (lora_A / lora_B) nor a "
@@ -369,9 +391,13 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
         if not isinstance(parameter, torch.nn.Parameter):
             raise ModelSourceError(f"{where}: {key} replaces the {target['param']} of '{name}', which has none",
                                    fix_base)
+        if name in embeddings and target["param"] == "weight":
+            check_vocabulary(key, name, module, tensor.shape[0])
         if tuple(tensor.shape) != tuple(parameter.shape):
             raise ModelSourceError(f"{where}: {key} has shape {tuple(tensor.shape)}, but '{name}.{target['param']}' "
                                    f"of the model has shape {tuple(parameter.shape)}", fix_base)
+        if torch.equal(tensor.to(parameter.dtype), parameter.detach()):
+            continue  # the base's own value (an embedding saved unchanged): nothing to replace, nothing to untie
         read.replaced[f"{name}.{target['param']}"] = tensor
 
     for path, pair in sorted(pairs.items()):
@@ -391,6 +417,8 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
                                    f"fit an nn.{expected_type.__name__}",
                                    "edgesdk merges LoRA on the model's nn.Linear layers and its nn.Embedding")
         out_size, in_size = module.weight.shape
+        if embedding:
+            check_vocabulary(key_a, name, module, a.shape[-1])
         rank = int(_pattern_value(config.get("rank_pattern"), name, config.get("r", 8)))
         alpha = float(_pattern_value(config.get("alpha_pattern"), name, config.get("lora_alpha", 8)))
         if embedding:  # PEFT's Embedding: lora_embedding_A (r, num_embeddings), lora_embedding_B (dim, r)

@@ -162,3 +162,45 @@ def test_a_directory_holding_adapters_in_subdirectories_names_them(tmp_path):
     assert "its subdirectories checkpoint-500, checkpoint-1000 hold PEFT adapters" in refused.value.problem
     assert f"--lora {tmp_path / 'out' / 'checkpoint-1000'}" in refused.value.fix
     merge_adapters(model, [LoraAdapter(str(tmp_path / "out" / "checkpoint-500"))], "llama")
+
+
+def test_embedding_layers_peft_saves_whole_are_merged_or_their_resized_vocabulary_named(tmp_path):
+    """save_embedding_layers (PEFT's "auto" where the vocabulary was resized, or True) saves the input and output
+    embeddings under their own names; loading the adapter puts them in the model. They were refused as "neither a
+    LoRA factor nor a module saved whole" with the fix to save the adapter as PeftModel.save_pretrained does, which
+    had written them: now a weight of the model's shape replaces the base's (one equal to the base's changes nothing,
+    so a tied output layer stays tied), and one of another vocabulary names the resize."""
+    model = tiny_llama(seed=16, tie=False)
+    factors = random_factors(model, targets=("q_proj",), rank=2)
+    head = torch.randn_like(model.lm_head.weight)
+    reference = tiny_llama(seed=16, tie=False)
+    reference.lm_head.weight = torch.nn.Parameter(head.clone())
+    expected = lora_forward_logits(reference, IDS, factors, {name: 4.0 for name in factors})
+    saved = {"base_model.model.model.embed_tokens.weight": model.model.embed_tokens.weight.detach().clone(),
+             "base_model.model.lm_head.weight": head}
+    adapter = write_peft(tmp_path / "whole", factors, {"r": 2}, extra=saved)
+    records = merge_adapters(model, [LoraAdapter(str(adapter))], "llama")
+    assert records[0]["replaced"] == ["lm_head.weight"]
+    with torch.no_grad():
+        assert float((model(IDS).logits - expected).abs().max()) < 1e-3
+
+    tied = tiny_llama(seed=16)
+    same = {"base_model.model.model.embed_tokens.weight": tied.model.embed_tokens.weight.detach().clone(),
+            "base_model.model.lm_head.weight": tied.lm_head.weight.detach().clone()}
+    merge_adapters(tied, [LoraAdapter(str(write_peft(tmp_path / "same", factors, {"r": 2}, extra=same)))], "llama")
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+
+    resized = torch.randn(322, 64)
+    for index, (extra, embedding, key) in enumerate([
+            ({"base_model.model.model.embed_tokens.weight": resized}, None, "model.embed_tokens.weight"),
+            ({"base_model.model.model.embed_tokens.base_layer.weight": resized},
+             {"model.embed_tokens": (torch.randn(2, 322), torch.randn(64, 2))}, "model.embed_tokens.base_layer.weight"),
+            ({}, {"model.embed_tokens": (torch.randn(2, 322), torch.randn(64, 2))},
+             "model.embed_tokens.lora_embedding_A")]):
+        path = write_peft(tmp_path / f"resized{index}", factors, {"r": 2}, extra=extra, embedding=embedding)
+        with pytest.raises(ModelSourceError) as refused:
+            merge_adapters(tiny_llama(seed=16), [LoraAdapter(str(path))], "llama")
+        assert f"base_model.model.{key} has 322 token rows, but 'model.embed_tokens' of the model has 320" \
+            in refused.value.problem
+        assert "vocabulary resized" in refused.value.problem
+        assert "base.resize_token_embeddings(322)" in refused.value.fix
