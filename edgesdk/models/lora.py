@@ -83,12 +83,16 @@ class ReadAdapter:
     alpha: float | None = None
 
     def record(self) -> dict:
-        """What the bundle manifest records of the adapter."""
+        """What the bundle manifest records of the adapter: of a PEFT adapter also the sha256 of its
+        adapter_config.json, whose lora_alpha, use_rslora and rank / alpha patterns set each module's scale."""
         from edgesdk.hashing import sha256_file
 
         path = Path(self.adapter.path).expanduser().resolve()
+        config = self.weights_file.parent / PEFT_CONFIG if self.form == "peft" else None
         return {"path": str(path), "form": self.form, "file": self.weights_file.name,
-                "sha256": sha256_file(self.weights_file), "scale": self.adapter.scale,
+                "sha256": sha256_file(self.weights_file),
+                **({"config_sha256": sha256_file(config)} if config is not None else {}),
+                "scale": self.adapter.scale,
                 "rank": max((update.rank for update in self.updates), default=0),
                 **({"alpha": self.alpha} if self.alpha is not None else {}),
                 "modules": len({update.module for update in self.updates}),

@@ -204,3 +204,21 @@ def test_embedding_layers_peft_saves_whole_are_merged_or_their_resized_vocabular
             in refused.value.problem
         assert "vocabulary resized" in refused.value.problem
         assert "base.resize_token_embeddings(322)" in refused.value.fix
+
+
+def test_the_record_of_a_peft_adapter_names_its_config_too(tmp_path):
+    """The merge reads lora_alpha, use_rslora and the rank / alpha patterns from adapter_config.json: the manifest's
+    record carries its sha256 beside the weights', so an adapter whose config was edited is told apart."""
+    from edgesdk.hashing import sha256_file
+
+    factors = random_factors(tiny_llama(seed=17), targets=("q_proj",), rank=2)
+    adapter = write_peft(tmp_path / "adapter", factors, {"r": 2, "lora_alpha": 4})
+    first = merge_adapters(tiny_llama(seed=17), [LoraAdapter(str(adapter))], "llama")[0]
+    assert first["config_sha256"] == sha256_file(adapter / "adapter_config.json")
+    write_peft(adapter, factors, {"r": 2, "lora_alpha": 16})  # same weights, four times the scale
+    second = merge_adapters(tiny_llama(seed=17), [LoraAdapter(str(adapter))], "llama")[0]
+    assert second["sha256"] == first["sha256"]
+    assert second["config_sha256"] != first["config_sha256"]
+    gguf_record = merge_adapters(tiny_llama(seed=17), [LoraAdapter(str(write_gguf_adapter(
+        tmp_path / "a.gguf", "llama", _gguf_pairs(tiny_llama(seed=17), factors), 4)))], "llama")[0]
+    assert "config_sha256" not in gguf_record
