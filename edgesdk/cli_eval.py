@@ -338,21 +338,25 @@ def _reference_source(runtime, bundle: Path):
 
 def _recorded_adapters(records: list, bundle: Path) -> tuple:
     """The manifest's records of the merged LoRA adapters as adapters to merge again, each checked to be the
-    file the build merged (its sha256)."""
+    files the build merged (the weights' sha256, and a PEFT adapter's adapter_config.json's, whose alpha and
+    patterns decide the merge)."""
     from edgesdk.errors import ModelSourceError
     from edgesdk.hashing import sha256_file
-    from edgesdk.models.lora import LoraAdapter
+    from edgesdk.models.lora import PEFT_CONFIG, LoraAdapter
 
     adapters = []
     for record in records:
         path = Path(record["path"])
-        weights = path / record["file"] if path.is_dir() else path
-        if not weights.is_file() or sha256_file(weights) != record["sha256"]:
-            found = "is not here" if not weights.is_file() else "has changed since the build (another sha256)"
-            raise ModelSourceError(f"--reference scores the model {bundle} was built from, which has the LoRA "
-                                   f"adapter {path} merged in (as its manifest records), and the adapter's weights "
-                                   f"{weights} {found}",
-                                   f"put the adapter the build merged (sha256 {record['sha256'][:16]}...) back at "
-                                   f"{path}, or drop --reference to score the bundle alone")
+        checked = [(path / record["file"] if path.is_dir() else path, record["sha256"], "weights")]
+        if record.get("config_sha256"):
+            checked.append((path / PEFT_CONFIG, record["config_sha256"], "configuration"))
+        for file, digest, what in checked:
+            if not file.is_file() or sha256_file(file) != digest:
+                found = "is not here" if not file.is_file() else "has changed since the build (another sha256)"
+                raise ModelSourceError(f"--reference scores the model {bundle} was built from, which has the LoRA "
+                                       f"adapter {path} merged in (as its manifest records), and the adapter's "
+                                       f"{what} {file} {found}",
+                                       f"put the adapter the build merged ({file.name} of sha256 {digest[:16]}...) "
+                                       f"back at {path}, or drop --reference to score the bundle alone")
         adapters.append(LoraAdapter(str(path), float(record["scale"])))
     return tuple(adapters)

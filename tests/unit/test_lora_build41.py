@@ -89,6 +89,13 @@ def test_a_build_with_lora_bundles_the_fine_tuned_model_and_resume_with_another_
     assert refused.exit_code != 0
     assert f"has the LoRA adapter {adapter.resolve()} merged in" in refused.stderr
     assert "has changed since the build" in refused.stderr
+    weights.write_bytes(weights.read_bytes()[:-1])  # the weights merged, back
+    config = adapter / "adapter_config.json"
+    config.write_text(config.read_text().replace('"lora_alpha": 8', '"lora_alpha": 16'))  # another merge
+    refused = CliRunner().invoke(main, ["eval", str(tmp_path / "b"), "--text", str(tmp_path / "train.txt"),
+                                        "--context", "32", "--reference", "--threads", "1"], prog_name="edgesdk")
+    assert refused.exit_code != 0
+    assert f"the adapter's configuration {config} has changed since the build" in refused.stderr
 
 
 def test_the_default_bundle_of_a_build_with_adapters_is_named_after_them_too(tmp_path):
