@@ -12,14 +12,24 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   assistant's ``tool_calls`` with ``function.arguments`` an object, a tool turn's ``tool_name`` or ``tool_call_id``;
   an assistant's ``thinking`` is left out, as an earlier turn's reasoning is on the other routes; ``images`` are
   refused: the model reads text), ``tools``, ``format`` (``"json"`` or a JSON schema; in both, OpenAPI 3.0's
-  ``nullable`` as JSON schema's ``null`` type), ``think``, ``options``, ``stream``
-  (true unless false, as in Ollama), ``keep_alive`` (seconds or a Go duration, checked as Ollama checks it; the
-  board keeps its one model loaded whatever it says),
+  ``nullable`` as JSON schema's ``null`` type; anything else Ollama's "invalid format: ...; expected "json" or a
+  valid JSON Schema object", a 400 here where Ollama, finding it after loading the model, answers 500), ``think``
+  (left out on a model that thinks: thinking on, as Ollama's ChatHandler and GenerateHandler set it, and not the
+  chat template's own default), ``options``, ``stream`` (true unless false, as in Ollama), ``keep_alive`` (seconds
+  or a Go duration, checked as Ollama checks it; the board keeps its one model loaded whatever it says),
   ``logprobs`` and ``top_logprobs`` (0-20; without ``logprobs`` true nothing is listed, as in Ollama).
   No messages: the model is loaded already, and the answer says so (``done_reason`` "load"), as Ollama answers;
   with ``keep_alive`` zero (``0``, ``"0"``, ``"0s"``), Ollama's unload answer (``done_reason`` "unload").
   A conversation past the context (or ``num_ctx``) loses its oldest messages until it fits, its system messages
   and its last message kept, as Ollama's ``chatPrompt`` keeps it (:func:`trimmed`).
+* ``truncate`` and ``shift`` (api/types.go, both requests; true where absent; anything but a boolean a 400 naming
+  the field): ``truncate`` false keeps every message, and a prompt that leaves no room for an answer within the
+  context (or ``num_ctx``) is Ollama's 400 "the input length exceeds the context length" (its runner refuses a
+  prompt longer than the context). ``shift`` false: Ollama stops the answer when the context fills, done_reason
+  "length"; true, it drops the oldest half of what follows ``num_keep`` from its cache and goes on. This runtime
+  never shifts: an answer stops when the context is full, done_reason "length", whatever ``shift`` says, so
+  ``shift`` true answers as Ollama's ``shift`` false does (a ``num_predict`` of -1 or -2 runs to the full context
+  and stops there, where Ollama shifts and goes on, up to ten times ``num_ctx`` tokens, llm/server.go).
 * ``POST /api/generate``: ``prompt`` with ``system`` through the chat template, or ``raw`` as given (``system``
   or ``context`` with it refused, as Ollama's GenerateHandler refuses them); with ``suffix``, fill-in-the-middle: where Ollama renders the model's template with
   ``.Prompt`` and ``.Suffix`` (``system`` unused), the prompt is built as llama-server's ``/infill`` builds it with
@@ -36,8 +46,10 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   before the model is loaded, so a load request too): ``think`` true where the chat template does not think
   (400 "does not support thinking"), then /api/chat and /api/generate of an embedding model, a bundle whose model
   declares its pooling, which /api/show lists as "embedding" in place of "completion" (400 ``"<model>" does not
-  support chat`` or ``generate``; llama-server's and OpenAI's routes answer it all the same), then a ``suffix``
-  without FIM tokens.
+  support chat`` or ``generate``; llama-server's and OpenAI's routes answer it all the same), then ``tools`` where
+  the bundle has no chat template (400 ``<model> does not support tools``; any chat template renders tools here, in
+  llama.cpp's generic tool-call form, so /api/show lists "tools" for every bundle with one, where Ollama lists it
+  only for a template that reads ``.Tools``), then a ``suffix`` without FIM tokens.
 * ``options``: ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, ``repeat_penalty``,
   ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``, ``num_predict`` (-1: no limit, -2: until the
   context fills; here both run until the answer ends or the context is full), ``num_ctx`` (the request's context
@@ -143,7 +155,12 @@ class Asked:
     num_ctx: int | None = None
     think: bool | None = None
     cuts: tuple[int, ...] = ()
-    truncate: bool = True  # /api/chat: drop the oldest messages that do not fit (Ollama's ``truncate``, on by default)
+    # Ollama's ``truncate`` (on unless false): /api/chat drops the oldest messages that do not fit; false refuses a
+    # prompt past the context on both routes. ``shift`` (on unless false) is checked and changes nothing here: the
+    # answer stops where the context is full either way (done_reason "length")
+    truncate: bool = True
+    shift: bool = True
+    tools: bool = False  # /api/chat: ``tools`` given, which the model's chat template must render (Ollama's capability)
     unload: bool = False  # nothing to generate and ``keep_alive`` zero: Ollama's request to unload the model
     # /api/generate's ``suffix``: the model must have FIM tokens (Ollama's insert capability); ``infill``: the prompt is
     # the prefix of a fill-in-the-middle prompt (not ``raw``, which leaves the suffix out)
@@ -159,7 +176,8 @@ class Asked:
 class _Common:
     """The fields /api/chat and /api/generate share, checked: the body as an object, the model name, whether
     ``keep_alive`` is zero, the chat route's fields that ``stream``, ``format`` and ``options`` set, the stop
-    strings, ``num_ctx``, ``think`` and the number of ``top_logprobs`` (None: no log-probabilities)."""
+    strings, ``num_ctx``, ``think``, the number of ``top_logprobs`` (None: no log-probabilities), ``truncate`` and
+    ``shift`` (api/types.go, ``*bool`` on both requests: true where absent, as routes.go reads them)."""
 
     body: dict
     model: str
@@ -169,6 +187,8 @@ class _Common:
     window: int | None
     think: bool | None
     top: int | None
+    truncate: bool = True
+    shift: bool = True
 
 
 def _common(body: object, served: str) -> _Common:
@@ -178,7 +198,8 @@ def _common(body: object, served: str) -> _Common:
     unload = _check_keep_alive(body)
     fields = _stream_and_format(body)
     options, stops, window = _options(body)
-    return _Common(body, model, unload, {**fields, **options}, stops, window, _think(body), _logprobs(body))
+    return _Common(body, model, unload, {**fields, **options}, stops, window, _think(body), _logprobs(body),
+                   _bool_field(body, "truncate", True), _bool_field(body, "shift", True))
 
 
 def parse_chat(body: object, served: str) -> Asked:
@@ -186,17 +207,19 @@ def parse_chat(body: object, served: str) -> Asked:
     common = _common(body, served)
     body, model = common.body, common.model
     messages = body.get("messages")
+    tools = bool(body.get("tools"))
     if messages is None or messages == []:
-        return Asked(model, None, chat=True, think=common.think, unload=common.unload)
+        return Asked(model, None, chat=True, think=common.think, unload=common.unload, tools=tools)
     if not isinstance(messages, list):
         raise ApiError(400, f"'messages' must be an array of {{\"role\", \"content\"}} objects, got "
                        f"{_shown(messages)}", param="messages")
     turns = _messages(messages)
     chat = {**common.fields, "messages": turns, **_logprobs_and_think(common.top, common.think)}
-    if body.get("tools"):
+    if tools:
         chat["tools"] = _tools(body["tools"])  # Ollama's tools are OpenAI's ({"type": "function", "function": ...})
     return Asked(model, _parsed(parse_chat_request, chat, common.stops), chat=True, num_ctx=common.window,
-                 think=common.think, cuts=_cut_starts(turns), truncate=_bool_field(body, "truncate", True))
+                 think=common.think, cuts=_cut_starts(turns), truncate=common.truncate, shift=common.shift,
+                 tools=tools)
 
 
 def parse_generate(body: object, served: str) -> Asked:
@@ -227,11 +250,13 @@ def parse_generate(body: object, served: str) -> Asked:
                        f"'raw': true, a raw prompt being sent as given; leave '{name}' out (put a system prompt in "
                        "the raw text), or send 'raw': false", param=name)
     if not prompt:
-        return Asked(model, None, chat=False, think=think, unload=common.unload, suffix=suffix or "")
+        return Asked(model, None, chat=False, think=think, unload=common.unload, suffix=suffix or "",
+                     truncate=common.truncate, shift=common.shift)
     if raw or suffix:  # a suffix's prompt is built in windowed(), where the model's FIM tokens are known
         text = {**common.fields, "prompt": prompt, **({} if top is None else {"logprobs": top})}
         return Asked(model, _parsed(parse_text_request, text, common.stops), chat=False, num_ctx=common.window,
-                     think=think, suffix=suffix or "", infill=bool(suffix) and not raw, raw=raw, context=context)
+                     think=think, suffix=suffix or "", infill=bool(suffix) and not raw, raw=raw, context=context,
+                     truncate=common.truncate, shift=common.shift)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     chat = {**common.fields, "messages": messages, **_logprobs_and_think(top, think)}
     try:
@@ -240,7 +265,8 @@ def parse_generate(body: object, served: str) -> Asked:
         if exc.param and exc.param.startswith("messages"):
             exc.param = "prompt" if exc.param.startswith(f"messages[{len(messages) - 1}]") else "system"
         raise
-    return Asked(model, request, chat=False, num_ctx=common.window, think=think, context=context)
+    return Asked(model, request, chat=False, num_ctx=common.window, think=think, context=context,
+                 truncate=common.truncate, shift=common.shift)
 
 
 def _context(body: dict) -> tuple[int, ...]:
@@ -259,22 +285,26 @@ def _context(body: dict) -> tuple[int, ...]:
 
 def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
     """The request to run: what the model cannot do refused first, in Ollama's order (:func:`check_capabilities`),
-    a conversation that outgrows the context kept to what fits (:func:`trimmed`) unless ``truncate`` is false
-    (Ollama's routes.go: ``truncate := req.Truncate == nil || *req.Truncate``), ``context`` put in front of the
-    prompt (:func:`_with_context`) and a ``num_ctx`` below the bundle's context bounding prompt and answer. A
-    ``suffix``, not raw, makes the prompt /infill's (serve/infill.py)."""
+    ``think`` left out on a model that thinks rendered as thinking on (:func:`_thinking_by_default`), a conversation
+    that outgrows the context kept to what fits (:func:`trimmed`) unless ``truncate`` is false (Ollama's routes.go:
+    ``truncate := req.Truncate == nil || *req.Truncate``; false: a prompt past the context is Ollama's 400,
+    :func:`_refuse_past_the_context`), ``context`` put in front of the prompt (:func:`_with_context`) and a
+    ``num_ctx`` below the bundle's context bounding prompt and answer. A ``suffix``, not raw, makes the prompt
+    /infill's (serve/infill.py)."""
     check_capabilities(completer, asked)
-    request = asked.request
+    request = _thinking_by_default(completer, asked, asked.request)
     if asked.infill:
         ids = infill.prompt_ids(completer, infill.plain_ids(completer, request.prompt, "prompt"),
                                 infill.plain_ids(completer, asked.suffix, "suffix"), [], [])
         request = replace(request, prompt_tokens=tuple(ids))
     limit = completer.runtime.backend.max_context
+    window = limit if asked.num_ctx is None else min(asked.num_ctx, limit)
     if request.chat and asked.truncate:  # truncate false: a conversation that does not fit is refused whole
-        request = trimmed(completer, request, limit if asked.num_ctx is None else min(asked.num_ctx, limit),
-                          asked.num_ctx, asked.cuts)
+        request = trimmed(completer, request, window, asked.num_ctx, asked.cuts)
     if asked.context:  # after the cut, as Ollama fits the messages (chatPrompt) before the context goes in front
         request = _with_context(completer, asked, request)
+    if not asked.truncate:
+        _refuse_past_the_context(completer, asked, request, window)
     if asked.num_ctx is None or asked.num_ctx >= limit:  # above the model's context it is capped there, as Ollama's
         return request
     ids = completer.prompt_ids(request)
@@ -287,14 +317,60 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
     return replace(request, max_tokens=min(asked_for, room))
 
 
+def _thinking_by_default(completer: Completer, asked: Asked, request: CompletionRequest) -> CompletionRequest:
+    """The request with its chat template rendered thinking on where ``think`` is left out and the model thinks (its
+    chat template writes a <think> block, /api/show's "thinking"), as Ollama renders it: its ChatHandler and
+    GenerateHandler (server/routes.go, newest read: commit 00188139) set ``req.Think = true`` when the model has the
+    thinking capability and the request has no ``think``, so the template's ``.Think`` is true, not the template's
+    own default; the ``ollama`` CLI does the same from /api/show's capabilities (cmd/cmd.go,
+    ``inferThinkingOption``). Here that is the chat template's ``enable_thinking`` true, as ``think: true`` sets it.
+    ``think`` false, a raw prompt or a suffix's is left as it is."""
+    if asked.think is not None or not request.chat or \
+            not template_thinks(completer.runtime.tokenizer.template_source):
+        return request
+    return replace(request, template_kwargs={**(request.template_kwargs or {}), "enable_thinking": True})
+
+
+def _refuse_past_the_context(completer: Completer, asked: Asked, request: CompletionRequest, window: int) -> None:
+    """``truncate`` false: a prompt that does not leave room for an answer in ``window`` tokens is refused with
+    Ollama's 400 (its runner, runner/ollamarunner/runner.go ``NewSequence``: ``if !params.truncate { return nil,
+    errorInputTooLong }``, "the input length exceeds the context length", answered with status 400 and passed on by
+    routes.go). Ollama refuses only a prompt longer than the context; here a prompt of ``window`` tokens is refused
+    too, as it leaves no room for one token of answer in a runtime that does not shift the context."""
+    try:
+        count = len(completer.prompt_ids(request))
+    except ApiError as exc:  # past the model's context: counted here, for Ollama's message
+        if exc.code != "context_length_exceeded":
+            raise
+        tokenizer = completer.runtime.tokenizer
+        count = len(request.prompt_tokens) if request.prompt_tokens else \
+            len(tokenizer.encode(completer.rendered_chat(request), add_special_tokens=False)) if request.chat else \
+            len(tokenizer.prompt_ids(request.prompt, raw=True))
+    if count < window:
+        return
+    limit = completer.runtime.backend.max_context
+    within = f"'options.num_ctx' {window}" if window < limit else f"this model's context of {window}"
+    fixes = (["send 'truncate': true (or leave it out) to drop the oldest messages until the rest fits"]
+             if asked.chat else []) + \
+        ([f"raise num_ctx (this model's context holds {limit})"] if window < limit else []) + \
+        [f"shorten the {'conversation' if asked.chat else 'prompt'}"]
+    raise ApiError(400, f"the input length exceeds the context length: the prompt has {count} tokens, leaving no "
+                   f"room for an answer within {within}, and 'truncate' is false, so nothing is cut; "
+                   + ", or ".join(fixes), param="messages" if asked.chat else "prompt", code="context_length_exceeded")
+
+
 def check_capabilities(completer: Completer, asked: Asked) -> None:
     """Refuse what the model cannot do, in the order Ollama's GenerateHandler and ChatHandler check it (server/
     routes.go), before the model is scheduled and so before a load answer, raw or not: ``think`` true where the model
     does not think (its chat template writes no <think> block: 400 "does not support thinking"); then
     ``scheduleRunner``'s ``Model.CheckCapabilities``: completion, which an embedding model lacks (a bundle whose model
     declares its pooling, listed by /api/show as "embedding" in place of "completion", :func:`capabilities`: 400
-    ``"<model>" does not support chat`` or ``generate``), then insert where a ``suffix`` is given (FIM tokens: 400
-    "does not support insert")."""
+    ``"<model>" does not support chat`` or ``generate``), then tools where /api/chat is given ``tools`` (Ollama: where
+    the template reads ``.Tools``; here any chat template renders them, the tools described in the system message as
+    llama.cpp's generic tool-call format does (serve/tools.py), so only a bundle without a chat template, which
+    /api/show lists without "tools", is refused: 400 ``<model> does not support tools``, as images.go's
+    ``errCapabilities`` reads, the name unquoted), then insert where a ``suffix`` is given (FIM tokens: 400 "does not
+    support insert")."""
     if asked.think and not template_thinks(completer.runtime.tokenizer.template_source):
         raise ApiError(400, f"'think' is true but \"{asked.model}\" does not support thinking (its chat template "
                        "writes no <think> block); leave 'think' out or send false", param="think")
@@ -305,6 +381,10 @@ def check_capabilities(completer: Completer, asked: Asked) -> None:
                        f"embedding model (its bundle declares {pooling} pooling, and /api/show lists its capability "
                        f"\"embedding\", not \"completion\"), which {route} cannot answer; send its texts to "
                        f"{EMBED_ROUTE}, or serve a generative model", param="model")
+    if asked.tools and completer.runtime.tokenizer.template_source is None:
+        raise ApiError(400, f"{asked.model} does not support tools: this bundle's model has no chat template to "
+                       "render them and the messages through (/api/show lists no \"tools\"); send the request "
+                       "without 'tools', or serve a bundle with a chat template", param="tools")
     if asked.suffix:
         infill.require_fim(completer, GENERATE_ROUTE, param="suffix", status=400, model=asked.model)
 
@@ -330,7 +410,7 @@ def _with_context(completer: Completer, asked: Asked, request: CompletionRequest
         ids = tokenizer.encode(pieces_text(tokenizer, list(asked.context)), add_special_tokens=False) + \
             list(request.prompt_tokens)
     limit = completer.runtime.backend.max_context
-    if len(ids) >= limit:
+    if len(ids) >= limit and asked.truncate:  # truncate false: Ollama's own refusal, _refuse_past_the_context
         raise ApiError(400, f"the prompt with 'context' in front has {len(ids)} tokens, leaving no room for an answer "
                        f"in this model's context of {limit}; send a shorter 'context' (the start of the conversation "
                        "cut off) or none", param="context", code="context_length_exceeded")
@@ -464,7 +544,11 @@ def _check_keep_alive(body: dict) -> bool:
 
 def _stream_and_format(body: dict) -> dict:
     """The chat route's fields that ``stream`` (true unless false, as in Ollama) and ``format`` (``"json"``: a JSON
-    object; a JSON schema: an answer of that schema) mean."""
+    object; a JSON schema: an answer of that schema; null or ``""``: none) mean. Any other ``format`` (another string,
+    a number, an array, a boolean) is refused with Ollama's message (llm/server.go, ``Completion``: ``invalid
+    format: %q; expected "json" or a valid JSON Schema object``, the format's JSON quoted as Go's %q quotes it).
+    Ollama finds it only once the model is loaded and answers it 500 (an error without a status, which routes.go
+    answers 500); here it is the client's 400, found before anything runs."""
     fields: dict = {"stream": _bool_field(body, "stream", True)}
     form = body.get("format")
     if form == "json":
@@ -473,8 +557,18 @@ def _stream_and_format(body: dict) -> dict:
         fields["response_format"] = {"type": "json_schema",
                                      "json_schema": {"name": "format", "schema": json_schema(form)}}
     elif form not in (None, ""):
-        raise ApiError(400, f"'format' must be \"json\" or a JSON schema object, got {_shown(form)}", param="format")
+        sent = json.dumps(form, ensure_ascii=False, separators=(",", ":"))
+        raise ApiError(400, f"invalid format: {_go_quoted(sent)}; expected \"json\" or a valid JSON Schema object: "
+                       f"'format' is {_shown(form)}; send \"json\" for any JSON object, a JSON schema object "
+                       "({\"type\": \"object\", \"properties\": {...}}) for an answer of that schema, or leave "
+                       "'format' out", param="format")
     return fields
+
+
+def _go_quoted(text: str) -> str:
+    """JSON text as Go's ``%q`` (strconv.Quote) writes it: in double quotes, with ``\\`` and ``"`` escaped (JSON
+    text writes its control characters escaped already)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
