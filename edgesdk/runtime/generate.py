@@ -20,7 +20,7 @@ from edgesdk.errors import EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import DecoderBackend
 from edgesdk.runtime.logprobs import LogprobRecorder
 from edgesdk.runtime.lookup import LookupConfig
-from edgesdk.runtime.prompt_cache import PromptCache
+from edgesdk.runtime.prompt_cache import PromptCache, steers_gates
 
 if TYPE_CHECKING:
     from edgesdk.runtime.speculative import DraftModel
@@ -165,6 +165,59 @@ def _checked_logit_bias(pairs) -> tuple[tuple[int, float], ...]:
                              f"got {bias!r}")
         checked.append((int(token), float(bias)))
     return tuple(checked)
+
+
+@dataclass(frozen=True)
+class ContextShift:
+    """llama.cpp's context shift (``--context-shift`` with ``--keep``; llama-server's ``n_keep`` and ``n_discard``;
+    Ollama's ``shift`` with ``num_keep``): when the next token would not fit in the KV cache, the first ``n_keep``
+    tokens stay, the ``n_discard`` after them go, the rest move down, and the answer goes on.
+
+    ``keep``: -1 keeps the whole prompt; N keeps the prompt's first N tokens, and with ``bos`` (the prompt starts with
+    a BOS token the tokenizer adds) the BOS on top of them, as llama-cli resolves ``--keep`` (tools/main/main.cpp:
+    ``n_keep < 0 || n_keep > prompt size`` keeps the prompt, else ``n_keep += add_bos``). ``discard``: 0 discards
+    half of what follows the kept tokens, ``(n_past - n_keep) / 2`` as llama.cpp's default, at least one token as
+    Ollama's ``ShiftDiscard`` (runner/ollamarunner/cache.go); N discards N (llama-server's ``n_discard``).
+    """
+
+    keep: int = 0
+    discard: int = 0
+    bos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.keep, bool) or not isinstance(self.keep, Integral) or self.keep < -1:
+            raise ValueError(f"context shift keep (n_keep) must be -1 (the whole prompt) or a whole number of the "
+                             f"prompt's tokens >= 0, got {self.keep!r}")
+        if isinstance(self.discard, bool) or not isinstance(self.discard, Integral) or self.discard < 0:
+            raise ValueError(f"context shift discard (n_discard) must be a whole number >= 0 (0: half of what "
+                             f"follows the kept tokens), got {self.discard!r}")
+        object.__setattr__(self, "keep", int(self.keep))
+        object.__setattr__(self, "discard", int(self.discard))
+
+    def kept(self, prompt_tokens: int) -> int:
+        """The tokens kept at the start of the context, for a prompt of ``prompt_tokens`` tokens."""
+        if self.keep < 0 or self.keep > prompt_tokens:
+            return prompt_tokens
+        return self.keep + int(self.bos)
+
+    def spans(self, prompt_tokens: int, max_context: int) -> tuple[int, int]:
+        """(tokens kept, tokens discarded) at a shift of a full context of ``max_context`` tokens, or an
+        EdgeSDKError naming the setting where it leaves nothing to discard."""
+        n_keep = self.kept(prompt_tokens)
+        whole = self.keep < 0 or self.keep > prompt_tokens
+        what = f"keep {self.keep}" + (f" (the whole prompt of {prompt_tokens} tokens)" if whole else "")
+        if n_keep >= max_context:
+            raise EdgeSDKError(f"the context shift's {what} keeps {n_keep} tokens, which leaves nothing to discard "
+                               f"in the bundle's max_context of {max_context}",
+                               f"keep fewer tokens (--keep / n_keep below {max_context - 1}; 0 keeps only the BOS), "
+                               "or turn the context shift off")
+        left = max_context - n_keep
+        n_discard = self.discard or max(left // 2, 1)
+        if n_discard > left:
+            raise EdgeSDKError(f"the context shift's discard {self.discard} is more than the {left} tokens that "
+                               f"follow the {n_keep} kept of the bundle's max_context of {max_context}",
+                               f"discard at most {left} (n_discard), or 0 for half of them")
+        return n_keep, n_discard
 
 
 class Sampler:
@@ -425,6 +478,7 @@ class GenerationStats:
     waited_s: float = 0.0  # time a StepHook held generation back (pacing, thermal pauses)
     draft_tokens: int = 0  # prompt lookup: tokens drafted and checked
     draft_accepted: int = 0  # of those, the ones the model's own choice equalled (each saved a decode step)
+    context_shifts: int = 0  # times a full context was shifted (:class:`ContextShift`)
 
     @property
     def time_to_first_token_s(self) -> float:
@@ -467,13 +521,32 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
              hook: StepHook | None = None, cache: PromptCache | None = None,
              reuse_cache: bool = True, constraint: TokenConstraint | None = None,
              logprobs: LogprobRecorder | None = None,
-             lookup: LookupConfig | DraftModel | None = None, vocabulary=None) -> tuple[list[int], GenerationStats]:
+             lookup: LookupConfig | DraftModel | None = None, vocabulary=None,
+             shift: ContextShift | None = None) -> tuple[list[int], GenerationStats]:
     """Prefill ``prompt_ids`` then decode until a stop id, ``max_new_tokens`` or the context is full.
 
     The first new token comes from the prefill logits (time to first token = prefill time);
     each later token costs one decode step. A prompt of ``max_context`` tokens still yields the
     token its prefill predicts; the answer then stops with ``stop_reason = "max_context"``, keeping
-    every token produced, as llama.cpp's ``n_ctx`` limit does. ``hook`` (optional) is called
+    every token produced, as llama.cpp's ``n_ctx`` limit does without ``--context-shift``.
+
+    With ``shift`` (:class:`ContextShift`) a full context is shifted instead, and the answer goes on: where the
+    next token would not fit, the context keeps its first ``n_keep`` tokens and the ones after the ``n_discard``
+    that follow them, and the token is fed after those (llama.cpp's ``--context-shift``, tools/server
+    ``update_slots``; Ollama's ``ShiftCacheSlot``). llama.cpp and Ollama remove the discarded entries from the KV
+    cache and rotate the positions of the moved keys; here the backend is rewound to the kept tokens (reset where it
+    cannot rewind, or steers its power gates) and the moved tokens are prefilled again after them with the token,
+    one pass that costs a prefill of up to ``max_context - n_discard`` tokens at each shift (the ONNX Runtime,
+    TensorRT, triton and gated backends keep their caches in different places, and none rotates them). The kept
+    text's cache is then exactly what a prompt of those tokens gives: the discarded tokens no longer influence it,
+    where llama.cpp's rotated entries still carry what they saw of them. The answer's tokens are all counted
+    (``new_tokens``, ``max_new_tokens``), and the penalties' history, a constraint, the log-probabilities and what
+    ``on_token`` sees go on across a shift as llama.cpp's do; only the context loses tokens. The shift's pass is
+    told to the hook as the decode step it stands for (one token, its measured compute). A prompt cache holds the
+    shifted tokens afterwards, and a drafter drafts from them. A ``keep`` that leaves nothing to discard is refused
+    before anything runs, where the answer could reach the full context (:meth:`ContextShift.spans`).
+
+    ``hook`` (optional) is called
     around every step; the time it waits is in ``stats.waited_s`` (on the simulated clock for a
     simulated board), and the wall time spent in it is left out of the decode speed.
 
@@ -504,6 +577,9 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         # where the backend decodes token by token and would not use it
         raise EdgeSDKError(f"lookup must be a LookupConfig (prompt lookup) or a DraftModel (a draft bundle), got "
                            f"{lookup!r}", "pass LookupConfig(max_draft=N) for up to N drafted tokens, or None")
+    spans = None
+    if shift is not None and len(prompt_ids) + sampling.max_new_tokens - 1 > backend.max_context:
+        spans = shift.spans(len(prompt_ids), backend.max_context)  # refused here where it cannot shift
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
     sampler = Sampler(sampling, _infill_vocabulary(sampling, vocabulary))
     scores_prompt = logprobs is not None and logprobs.prompt
@@ -527,6 +603,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     if hook is not None:
         hook.after_step("prefill", 1, stats.prefill_s)
     generated: list[int] = []
+    # What the KV cache holds before ``token`` (read at a shift): the prompt, then each token the backend takes.
+    held_ids = list(prompt_ids) if spans is not None else None
     context = list(prompt_ids) if sampling.penalizes else None  # what the penalties look back over
     token = _pick(sampler, logits, constraint, context, logprobs)
     drafter = lookup.drafter(prompt_ids) if lookup is not None and can_draft(backend) else None
@@ -565,7 +643,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                 stats.stop_reason = "max_new_tokens"
                 break
             held = backend.position - len(pending)  # cache entries before ``token``
-            if held >= backend.max_context:  # no room in the KV cache for ``token``
+            full = held >= backend.max_context  # no room in the KV cache for ``token`` (no draft is pending then)
+            if full and spans is None:
                 stats.stop_reason = "max_context"
                 break
             stepped = not (pending and pending[0][0] == token)
@@ -586,9 +665,14 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                 step = time.perf_counter()
                 # Drafting is part of the step: a draft model's decodes are compute the hook paces and is told of
                 # (the thermal guard's rate, a simulated board's heat), and wait while the guard holds a step back.
-                draft = [] if drafter is None else drafter.draft(min(backend.max_context - held - 1,
-                                                                     sampling.max_new_tokens - len(generated) - 1))
-                if draft:
+                draft = [] if drafter is None or full else \
+                    drafter.draft(min(backend.max_context - held - 1, sampling.max_new_tokens - len(generated) - 1))
+                if full:
+                    logits, held_ids = _shift(backend, held_ids, token, spans, cache)
+                    stats.context_shifts += 1
+                    if drafter is not None:  # drafts read the text the context holds, as llama-server's do
+                        drafter = lookup.drafter([*held_ids, token])
+                elif draft:
                     rows = backend.prefill(np.asarray([token, *draft], np.int64), keep_logits=len(draft) + 1)
                     logits, pending = rows[0], list(zip(draft, rows[1:], strict=True))  # rows: (1 + draft, vocab)
                     stats.draft_tokens += len(draft)
@@ -597,6 +681,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                 compute = time.perf_counter() - step
             if cache is not None:
                 cache.took((token,))
+            if held_ids is not None:
+                held_ids.append(token)
             if context is not None:
                 context.append(token)
             token = _pick(sampler, logits, constraint, context, logprobs)
@@ -618,6 +704,27 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     if hook is not None:
         hook.end(stats)
     return generated, stats
+
+
+def _shift(backend: DecoderBackend, held_ids: list[int], token: int, spans: tuple[int, int],
+           cache: PromptCache | None) -> tuple[np.ndarray, list[int]]:
+    """Shift the full context ``held_ids`` and feed ``token`` after what it keeps: the logits that follow ``token``,
+    and the ids the KV cache holds before it (:func:`generate`). The kept start stays in the cache where the backend
+    can rewind to it; the moved tokens and ``token`` are prefilled after it in one pass."""
+    n_keep, n_discard = spans
+    kept = held_ids[:n_keep] + held_ids[n_keep + n_discard:]
+    start = n_keep if n_keep > 0 and callable(getattr(backend, "rewind", None)) and not steers_gates(backend) else 0
+    if start:
+        backend.rewind(start)
+    else:
+        backend.reset()
+    if cache is not None:  # what the cache holds from here on: the kept start, then each token the backend takes
+        cache.tokens = list(kept[:start])
+    feed = [*kept[start:], token]
+    rows = backend.prefill(np.asarray(feed, np.int64), keep_logits=1)  # (1, vocab)
+    if cache is not None:
+        cache.took(feed[:-1])  # ``token`` is added where every step adds it
+    return rows[-1], kept
 
 
 def _infill_vocabulary(sampling: SamplingConfig, vocabulary):
