@@ -139,13 +139,19 @@ class Model:
         """The longest sequence (prompt and answer) the bundle takes, in tokens."""
         return self.runtime.backend.max_context
 
-    def create_completion(self, prompt: str | list[int], *, stream: bool = False, **fields) -> dict | Iterator[dict]:
+    def create_completion(self, prompt: str | list[int], suffix: str | None = None, *, stream: bool = False,
+                          **fields) -> dict | Iterator[dict]:
         """OpenAI's ``POST /v1/completions`` for ``prompt`` (text fed as it is, or token ids): its body, or an
-        iterator of its chunks with ``stream``. ``fields`` are the request's other fields (``max_tokens``,
-        ``temperature``, ``stop``, ``seed``, ``logprobs``, ``echo``, ``grammar``, ``response_format`` ...)."""
+        iterator of its chunks with ``stream``. ``suffix`` (second, as llama-cpp-python's ``create_completion``
+        takes it): the text after the completion, for a model with fill-in-the-middle tokens; the answer is the
+        middle (:func:`edgesdk.serve.api.suffix_request`). ``fields`` are the request's other fields
+        (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``logprobs``, ``echo``, ``grammar``,
+        ``response_format`` ...)."""
         from edgesdk.serve.api import parse_text_request
 
-        return self._answer("create_completion", parse_text_request, {"prompt": token_ids(prompt), **fields}, stream)
+        body = {"prompt": token_ids(prompt), **({} if suffix is None else {"suffix": suffix}), **fields}
+        return self._answer("create_completion", lambda request: parse_text_request(request, completer=self._completer),
+                            body, stream)
 
     __call__ = create_completion
 

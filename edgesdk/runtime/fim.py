@@ -9,7 +9,9 @@ has no FIM_REP / FIM_SEP for those models, and neither has this.
 
 The prompt is llama-server's ``format_prompt_infill`` (tools/server/server-common.cpp): the repo-level pattern
 (arXiv:2409.12186) where the vocabulary has FIM_REP and FIM_SEP, the 3:1 token budget of prefix and suffix within a
-batch, the extra context filling what the context has left, and the BOS rule. Python 3.10, no torch.
+batch, the extra context filling what the context has left, and the BOS rule. OpenAI's ``suffix`` on
+``/v1/completions`` takes the same prompt without the extra context and the budget (:func:`fim_ids`), as
+llama-cpp-python builds it. Python 3.10, no torch.
 """
 
 from __future__ import annotations
@@ -118,9 +120,20 @@ def infill_ids(fim: FimTokens, prefix: list[int], suffix: list[int], prompt: lis
     n_suffix_take = min(len(suffix), max(0, quarter - (2 + len(prompt))))
     n_extra_take = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra_tokens))
 
-    head = [fim.pre, *prefix[len(prefix) - n_prefix_take:], *prompt]
-    tail = [fim.suf, *suffix[:n_suffix_take]]
-    first, end = (tail, head) if spm_infill else (head, tail)
-    ids = ([bos] if bos is not None else []) + first
     kept_extra = extra_tokens[len(extra_tokens) - n_extra_take:]
-    return kept_extra + ids + end + [fim.mid]
+    return kept_extra + fim_ids(fim, [*prefix[len(prefix) - n_prefix_take:], *prompt], suffix[:n_suffix_take], bos,
+                                spm_infill)
+
+
+def fim_ids(fim: FimTokens, prefix: list[int], suffix: list[int], bos: int | None,
+            spm_infill: bool = False) -> list[int]:
+    """The fill-in-the-middle prompt of ``prefix`` and ``suffix`` as they are, ``[BOS] FIM_PRE prefix FIM_SUF suffix
+    FIM_MID`` (``spm_infill``: ``[BOS] FIM_SUF suffix FIM_PRE prefix FIM_MID``): the part of llama-server's
+    ``format_prompt_infill`` after the extra context, and the prompt llama-cpp-python's ``Llama._create_completion``
+    builds for a ``suffix`` (its ``bos_tokens``, then prefix, suffix and middle tokens, suffix first with
+    ``spm_infill``)."""
+    if not fim.can_infill:
+        raise ValueError(f"the vocabulary lacks the FIM {', '.join(fim.missing())} token(s)")
+    head, tail = [fim.pre, *prefix], [fim.suf, *suffix]
+    first, end = (tail, head) if spm_infill else (head, tail)
+    return ([bos] if bos is not None else []) + first + end + [fim.mid]

@@ -2,8 +2,9 @@
 
 Requests follow OpenAI's API reference for ``POST /v1/chat/completions`` and ``POST /v1/completions``
 (the fields llama.cpp's ``llama-server`` also takes). A field this server cannot honour (``n`` > 1,
-``suffix``, legacy functions, audio output, web search) is refused with a 400 that names it,
-never silently ignored; fields that change nothing here (``user``, ``metadata``, ``store``) are
+legacy functions, audio output, web search) is refused with a 400 that names it,
+never silently ignored; ``suffix`` on ``/v1/completions`` builds a fill-in-the-middle prompt
+(:func:`parse_text_request`); fields that change nothing here (``user``, ``metadata``, ``store``) are
 accepted. Repetition penalties: OpenAI's ``presence_penalty`` and ``frequency_penalty`` and
 llama-server's ``repeat_penalty`` over the last ``repeat_last_n`` tokens; llama-server's ``top_k`` and
 ``min_p``; ``logit_bias`` as OpenAI's object or llama-server's list of pairs; llama-server's GBNF
@@ -21,12 +22,14 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.fim import fim_ids, leading_bos
 from edgesdk.runtime.gbnf import Grammar, GrammarError, parse_grammar
 from edgesdk.runtime.generate import sampler_chain
 from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_schema
-from edgesdk.runtime.text import check_template_kwargs
+from edgesdk.runtime.text import check_template_kwargs, check_utf8
 from edgesdk.serve.reasoning import FORMATS as REASONING_FORMATS
 from edgesdk.serve.tools import (
     ANY_OBJECT,
@@ -152,22 +155,82 @@ def _reasoning_format(body: dict) -> str | None:
     return value
 
 
-def parse_text_request(body: object, route: str = "/v1/completions") -> CompletionRequest:
+def parse_text_request(body: object, route: str = "/v1/completions", completer=None) -> CompletionRequest:
     """``POST /v1/completions`` (or llama-server's ``route`` /completion, which refusals name): one raw prompt
-    string, fed to the model without a chat template."""
+    string, fed to the model without a chat template.
+
+    With the ``completer`` of the model that answers, a non-empty ``suffix`` (OpenAI's insert mode: the text after
+    the completion) makes the prompt a fill-in-the-middle one (:func:`suffix_request`); without one, a ``suffix``
+    is refused as a field this route does not take."""
     body = _object(body)
-    _refuse_unsupported(body, chat=False, route=route)
+    _refuse_unsupported(body, chat=False, route=route, takes_suffix=completer is not None)
+    suffix = _suffix(body) if completer is not None else ""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
                                                    for t in prompt):
         # Token ids, as OpenAI takes them (lm-evaluation-harness sends its prompts so by default).
-        return CompletionRequest(chat=False, prompt_tokens=tuple(prompt), **_common_fields(body, chat=False))
-    if not isinstance(prompt, str) or not prompt:
+        request = CompletionRequest(chat=False, prompt_tokens=tuple(prompt), **_common_fields(body, chat=False))
+    elif not isinstance(prompt, str) or not prompt:
         raise ApiError(400, f"'prompt' must be a non-empty string or array of token ids, got {_shown(prompt)} "
                        "(this server takes one prompt per request)", param="prompt")
-    return CompletionRequest(chat=False, prompt=prompt, **_common_fields(body, chat=False))
+    else:
+        request = CompletionRequest(chat=False, prompt=prompt, **_common_fields(body, chat=False))
+    return suffix_request(request, suffix, completer) if suffix else request
+
+
+def _suffix(body: dict) -> str:
+    """``suffix``: a string, or null; "" is no suffix, as Ollama's ``/api/generate`` reads its ``suffix``
+    (llama-cpp-python builds a fill-in-the-middle prompt for "" too). ``echo`` and ``logprobs`` beside a suffix are
+    refused by name."""
+    suffix = body.get("suffix")
+    if suffix is None:
+        return ""
+    if not isinstance(suffix, str):
+        raise ApiError(400, f"'suffix' must be a string (the text that comes after the completion), got "
+                       f"{_shown(suffix)}", param="suffix")
+    why = {"echo": "an echo gives back the prompt the model read, which with a suffix is the fill-in-the-middle "
+                   "prompt (FIM tokens and the suffix around 'prompt'), not 'prompt' as sent",
+           "logprobs": "each token's text_offset counts from the prompt the model read, which with a suffix is the "
+                       "fill-in-the-middle prompt, not 'prompt' as sent"}
+    for name, reason in why.items():
+        if suffix and body.get(name) is not None and body.get(name) is not False:  # logprobs 0 asks for them
+            raise ApiError(400, f"'{name}' with a 'suffix' is not supported: {reason}; leave '{name}' out, or the "
+                           "'suffix'", param=name, code="unsupported_parameter")
+    return suffix
+
+
+# the FIM tokens' texts a refusal names (edgesdk/runtime/fim.py lists all of them)
+FIM_TEXTS_SHOWN = "<|fim_prefix|>, <fim_prefix>, <PRE> ..."
+
+
+def suffix_request(request: CompletionRequest, suffix: str, completer) -> CompletionRequest:
+    """``request`` with a ``suffix``: its prompt becomes the token ids of the fill-in-the-middle prompt
+    ``[BOS] FIM_PRE prompt FIM_SUF suffix FIM_MID`` (``--spm-infill``: the suffix first), as llama-cpp-python's
+    ``Llama._create_completion`` builds it for its ``suffix`` and its server's ``/v1/completions`` (the prompt and
+    the suffix read as plain text, token ids taken as they are, the BOS where the tokenizer adds one; no extra
+    context and no budget, which are ``/infill``'s: edgesdk/runtime/fim.py, ``fim_ids``). The answer is the
+    middle alone, as llama-cpp-python's. A model without FIM tokens is a 400 naming ``suffix``: llama-cpp-python
+    0.3 puts token 0 where each FIM token goes there, and Ollama answers "does not support insert"."""
+    tokenizer = completer.runtime.tokenizer
+    fim = tokenizer.fim_tokens()
+    missing = fim.missing()
+    if missing:
+        raise ApiError(400, f"'suffix' needs a fill-in-the-middle model, and this model's vocabulary has no FIM "
+                       f"{', '.join(missing)} token{'s' if len(missing) > 1 else ''} ({FIM_TEXTS_SHOWN}, found by "
+                       "their text as llama.cpp finds them); leave 'suffix' out, or serve a code model built with "
+                       "them (Qwen2.5-Coder, StarCoder2, CodeLlama, SmolLM2)", param="suffix",
+                       code="unsupported_parameter")
+    for text, param in ((request.prompt, "prompt"), (suffix, "suffix")):
+        try:
+            check_utf8(text, f"'{param}'")
+        except EdgeSDKError as exc:  # lone surrogates from JSON escapes
+            raise ApiError(400, exc.problem, param=param) from exc
+    prefix = list(request.prompt_tokens) or tokenizer.encode_plain(request.prompt)
+    ids = fim_ids(fim, prefix, tokenizer.encode_plain(suffix), leading_bos(tokenizer),
+                  spm_infill=completer.defaults.spm_infill)
+    return replace(request, prompt="", prompt_tokens=tuple(ids))
 
 
 @dataclass(frozen=True)
@@ -300,9 +363,10 @@ SAMPLERS_OFF = {"mirostat": 0, "typical_p": 1.0, "dynatemp_range": 0.0, "xtc_pro
                 "top_n_sigma": -1.0}
 
 
-def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions") -> None:
+def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions", takes_suffix: bool = False) -> None:
     """Name the first field whose meaning this server cannot honour: a sampler it lacks set to anything but its
-    off value (on every route, as llama-server takes them on every route), then the OpenAI fields below."""
+    off value (on every route, as llama-server takes them on every route), then the OpenAI fields below
+    (``suffix`` but where ``takes_suffix``: the route builds a fill-in-the-middle prompt from it)."""
     for field, off in SAMPLERS_OFF.items():
         value = body.get(field)
         if value is not None and value != off:
@@ -311,7 +375,8 @@ def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions") 
     checks = [  # (field, is its value one we can honour, why not)
         ("n", lambda v: v in (None, 1), "one choice per request (n = 1)"),
         ("best_of", lambda v: v in (None, 1), "one choice per request (best_of = 1)"),
-        ("suffix", lambda v: v in (None, ""), "no suffix (fill-in-the-middle)"),
+        ("suffix", lambda v: takes_suffix or v in (None, ""),
+         "no suffix (fill-in-the-middle: send the text after the cursor to /infill as 'input_suffix')"),
         ("functions", lambda v: not v, "no legacy functions (send them as 'tools')"),
         ("function_call", lambda v: v in (None, "none"), "no legacy function_call (send 'tool_choice' with 'tools')"),
         ("tools", lambda v: not v or chat, "no tools (they belong to /v1/chat/completions)"),
