@@ -470,7 +470,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         if parse is None:
             self._not_found(route, "POST")
         self._authorise()
-        request = parse(self._read_json())
+        body = self._read_json()
+        # a suffix on /v1/completions builds its fill-in-the-middle prompt from the served model's FIM tokens
+        request = parse(body, completer=self.server.completer) if parse is parse_text_request else parse(body)
         self.server.answer_started()
         self._answering = True
         if request.stream:

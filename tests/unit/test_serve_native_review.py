@@ -138,4 +138,5 @@ def test_a_refusal_on_completion_names_that_route_not_the_openai_one(served):
     assert status == 400, body
     assert "/completion here gives no suffix" in body["error"]["message"]
     status, body = served.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "suffix": "end"})
-    assert "/v1/completions here gives no suffix" in body["error"]["message"]
+    assert status == 400, body
+    assert "'suffix' needs a fill-in-the-middle model" in body["error"]["message"]

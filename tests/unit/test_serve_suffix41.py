@@ -30,12 +30,6 @@ from tests.unit.test_serve_infill40 import (  # noqa: F401  (fixtures)
 )
 
 PRE, MID, SUF, PAD = 320, 321, 322, 323
-# edgesdk/serve/http_server.py reads /v1/completions with parse_text_request(body) and no completer, so the route
-# refuses 'suffix' until it passes the server's completer (parse_text_request(body, completer=...)) as
-# Model.create_completion does
-NOT_WIRED = pytest.mark.xfail(strict=True, reason="http_server.py's /v1/completions does not pass the completer to "
-                                                  "parse_text_request yet")
-
 
 @pytest.fixture(scope="module")
 def completer(qwen_runtime):  # noqa: F811
@@ -176,7 +170,6 @@ def test_create_completion_refuses_a_suffix_by_name(fim_model, tiny_bundle):  # 
 # ------------------------------------------------------------------------------------------------ over HTTP
 
 
-@NOT_WIRED
 def test_v1_completions_suffix_answers_what_infill_answers(fim_served):  # noqa: F811
     status, infilled = fim_served.post("/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 6,
                                                    "temperature": 0})
@@ -191,7 +184,6 @@ def test_v1_completions_suffix_answers_what_infill_answers(fim_served):  # noqa:
     assert "".join(chunk["choices"][0]["text"] for chunk in chunks if chunk["choices"]) == infilled["content"]
 
 
-@NOT_WIRED
 def test_the_openai_client_s_suffix(fim_served, fim_model):  # noqa: F811
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{fim_served.port}/v1", api_key="none", max_retries=0)
@@ -206,7 +198,6 @@ def test_the_openai_client_s_suffix(fim_served, fim_model):  # noqa: F811
     assert refused.value.param == "echo"
 
 
-@NOT_WIRED
 def test_v1_completions_suffix_on_a_model_without_fim_tokens_is_a_400_naming_it(served):
     status, _, payload = served.request("POST", "/v1/completions", raw=json.dumps(
         {"prompt": PREFIX, "suffix": SUFFIX, "max_tokens": 2}).encode())
