@@ -38,6 +38,7 @@ from edgesdk.runtime.fim import DEFAULT_BATCH
 from edgesdk.runtime.gbnf import GrammarError
 from edgesdk.runtime.generate import (
     DEFAULT_SAMPLERS,
+    ContextShift,
     GenerationStats,
     LogitBiasError,
     SamplingConfig,
@@ -56,7 +57,14 @@ from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.speculative import DraftModel
 from edgesdk.runtime.text import StreamDecoder, check_utf8, pieces_text
-from edgesdk.serve.api import ApiError, CompletionRequest, TextOffsets, TokenizeRequest, logprobs_body
+from edgesdk.serve.api import (
+    UNTIL_THE_CONTEXT_FILLS,
+    ApiError,
+    CompletionRequest,
+    TextOffsets,
+    TokenizeRequest,
+    logprobs_body,
+)
 from edgesdk.serve.line_limits import LineLimits
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
 from edgesdk.serve.reasoning import CLOSE, ReasoningSplitter, prompt_opens_thinking, template_thinks
@@ -96,6 +104,11 @@ class ServeDefaults:
     # --spm-infill, the suffix before the prefix (edgesdk/serve/infill.py)
     batch_size: int = DEFAULT_BATCH
     spm_infill: bool = False
+    # llama-server's --context-shift (off by default, as in current llama.cpp: common/arg.cpp) and --keep: a full
+    # context keeps its first n_keep tokens (-1: the prompt), drops half of the rest and the answer goes on
+    # (edgesdk.runtime.generate.ContextShift); a request's n_keep (POST /completion) or Ollama's shift goes over them
+    context_shift: bool = False
+    n_keep: int = 0
 
     def __post_init__(self):
         chain = SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -119,9 +132,30 @@ class ServeDefaults:
                              f"{self.reasoning_budget!r}")
         if self.cache_ram_mib < 0:
             raise ValueError(f"cache_ram_mib must be >= 0, got {self.cache_ram_mib}")
+        if isinstance(self.n_keep, bool) or not isinstance(self.n_keep, int) or self.n_keep < -1:
+            raise ValueError(f"n_keep (--keep) must be -1 (the whole prompt) or a whole number of the prompt's tokens "
+                             f">= 0, got {self.n_keep!r}")
         for name in ("responses_kept", "responses_kept_bytes"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a whole number >= 0 (0: keep no responses), got {getattr(self, name)!r}")
+
+
+# An answer without a token limit (-1) that shifts its context stops after this many times the context, as Ollama
+# limits it (llm/server.go: "only allow maximum 10 context shifts to avoid infinite generation"); llama-server stops
+# such an answer at the model's trained context (n_ctx_train), which a bundle does not record.
+SHIFTED_LIMIT_CONTEXTS = 10
+
+
+@dataclass(frozen=True)
+class ShiftRequest(CompletionRequest):
+    """A request that sets its own context shift: llama-server's ``n_keep`` and ``n_discard`` (POST /completion), or
+    Ollama's ``shift`` and ``num_keep``. A plain :class:`CompletionRequest` takes the server's (``--context-shift``,
+    ``--keep``)."""
+
+    context_shift: bool | None = None  # None: the server's --context-shift
+    n_keep: int | None = None  # None: the server's --keep
+    n_discard: int = 0  # 0: half of what follows the kept tokens
+    keep_param: str = "n_keep"  # the field an error names
 
 
 @dataclass
@@ -145,6 +179,7 @@ class Completion:
     # count them (draft_n, draft_n_accepted)
     draft_tokens: int = 0
     draft_accepted: int = 0
+    context_shifts: int = 0  # times the full context was shifted (llama-server's truncated answer)
 
 
 @dataclass
@@ -564,8 +599,12 @@ class Completer:
         ``n_predict`` 0: the prompt evaluated, nothing generated, :meth:`_prefill_only`) samples nothing; its
         settings are checked all the same, with a limit of 1."""
         pick = lambda value, default: default if value is None else value  # noqa: E731
-        config = SamplingConfig(max_new_tokens=min(max(pick(request.max_tokens, self.defaults.max_tokens), 1),
-                                                   self.runtime.backend.max_context),
+        limit, context = max(pick(request.max_tokens, self.defaults.max_tokens), 1), self.runtime.backend.max_context
+        if not self.shifts(request):
+            limit = min(limit, context)
+        elif limit >= UNTIL_THE_CONTEXT_FILLS:
+            limit = SHIFTED_LIMIT_CONTEXTS * context
+        config = SamplingConfig(max_new_tokens=limit,
                                 temperature=pick(request.temperature, self.defaults.temperature),
                                 top_p=pick(request.top_p, self.defaults.top_p),
                                 top_k=pick(request.top_k, self.defaults.top_k),
@@ -576,6 +615,32 @@ class Completer:
                                 logit_bias=self._logit_bias(request))
         self._check_infill_vocabulary(config)
         return config
+
+    def shifts(self, request: CompletionRequest) -> bool:
+        """Whether the request's answer shifts a full context and goes on (its own setting, else the server's)."""
+        asked = getattr(request, "context_shift", None)
+        return self.defaults.context_shift if asked is None else asked
+
+    def context_shift(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig) -> ContextShift | None:
+        """The request's context shift (None: the answer stops at the full context), or a 400 naming ``n_keep`` where
+        what it keeps leaves nothing to discard in a context the answer can reach. ``n_keep`` counts the BOS the
+        prompt starts with on top, as llama.cpp adds it to the tokens kept where the vocabulary adds one."""
+        if not self.shifts(request):
+            return None
+        keep = getattr(request, "n_keep", None)
+        tokenizer = self.runtime.tokenizer
+        bos = tokenizer.bos_token is not None and ids[0] == tokenizer.tokenizer.token_to_id(tokenizer.bos_token)
+        param = getattr(request, "keep_param", "n_keep")
+        try:
+            shift = ContextShift(keep=self.defaults.n_keep if keep is None else keep,
+                                 discard=getattr(request, "n_discard", 0), bos=bos)
+            if len(ids) + sampling.max_new_tokens - 1 > self.runtime.backend.max_context:
+                shift.spans(len(ids), self.runtime.backend.max_context)
+        except ValueError as exc:
+            raise ApiError(400, f"'{param}': {exc}", param=param) from exc
+        except EdgeSDKError as exc:
+            raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param) from exc
+        return shift
 
     def _check_infill_vocabulary(self, sampling: SamplingConfig) -> None:
         """Where the chain holds llama.cpp's infill sampler, its view of the vocabulary is read first (once per
@@ -665,6 +730,7 @@ class Completer:
         sampling = self.sampling(request)
         # Refused before the turn, as a bad prompt is: a stream's headers go out when the turn comes.
         constraint = self._constraint(request)
+        shift = self.context_shift(request, ids, sampling)
         with self._request_turn(client_gone):
             self.busy = True
             self.tasks += 1
@@ -679,7 +745,7 @@ class Completer:
                     if request.max_tokens == 0:
                         return self._prefill_only(request, ids)
                     try:
-                        return self._generate(request, ids, sampling, constraint, on_text, client_gone)
+                        return self._generate(request, ids, sampling, constraint, on_text, client_gone, shift)
                     except LogitBiasError as exc:  # the request's bias left no token to take: its fault, not ours
                         raise ApiError(400, f"{exc.problem}; {exc.fix}", param="logit_bias") from exc
                     except BoardNeverCooled as exc:
@@ -853,7 +919,7 @@ class Completer:
 
     def _generate(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig,
                   constraint: TokenConstraint | None, on_text: Callable[[str, dict | None], None] | None,
-                  client_gone: Callable[[], bool] | None) -> Completion:
+                  client_gone: Callable[[], bool] | None, shift: ContextShift | None = None) -> Completion:
         tokenizer, slot = self.runtime.tokenizer, self.slot
         decoder, matcher, pieces = StreamDecoder(tokenizer), StopMatcher(request.stop), []
         answer: list[str] = []  # the answer's text handed out (pieces without an echoed prompt)
@@ -924,12 +990,14 @@ class Completer:
             self._check_stopping()
 
         drafts = None if self.lookup is None else _DraftCount(self.lookup)
+        shifts = 0
         try:
             _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
                                 hook=hook, cache=self.prompt_cache,
                                 reuse_cache=request.cache_prompt, constraint=constraint, logprobs=recorder,
-                                lookup=drafts, vocabulary=tokenizer)
+                                lookup=drafts, vocabulary=tokenizer, shift=shift)
             finish = "stop" if stats.stop_reason in ("eos", "complete") else "length"
+            shifts = stats.context_shifts
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())
             hand_out("")  # an echo whose answer made no text
@@ -966,7 +1034,8 @@ class Completer:
         predicted_ms = ((clock["last"] or first) - first - (clock["held_last"] - clock["held_first"])) * 1e3
         return Completion("".join(pieces), finish, len(ids), count, cached, logprobs, matcher.matched,
                           prompt_ms=max(prompt_ms, 0.0), predicted_ms=max(predicted_ms, 0.0),
-                          draft_tokens=0 if drafts is None else drafts.drafted, draft_accepted=hook.draft_accepted)
+                          draft_tokens=0 if drafts is None else drafts.drafted, draft_accepted=hook.draft_accepted,
+                          context_shifts=shifts)
 
     def _token_piece(self, token: int) -> bytes:
         """A token's bytes, as the logprobs report them (a special token's name for one that has no text)."""

@@ -15,14 +15,19 @@ of strings; ``seed`` -1 is llama-server's default, a random seed (as on the Open
 with the N most likely tokens at its position as ``top_logprobs``, from the model's own
 distribution (before the samplers, as llama-server's without ``post_sampling_probs``, which is
 refused: this runtime does not keep the distribution its samplers leave).
+``n_keep`` and ``n_discard`` set the context shift of a server started with ``--context-shift`` (llama-server's
+``update_slots``): a full context keeps its first ``n_keep`` tokens (-1: the prompt; the BOS the prompt starts with
+on top), drops ``n_discard`` after them (0: half of the rest) and the answer goes on; without ``--context-shift``
+they change nothing, as in llama-server. With the shift on, ``n_predict`` -1 runs until the end-of-text token or
+ten contexts of tokens (edgesdk/serve/completion.py, ``SHIFTED_LIMIT_CONTEXTS``).
 Samplers this runtime does not have (mirostat, typical-p, dynamic temperature, XTC, DRY) are
 refused by name where set to anything but their off value; fields that only tune llama.cpp's own
-machinery (``n_keep``, ``id_slot`` ...) are ignored as llama-server ignores fields
-it does not know.
+machinery (``id_slot`` ...) are ignored as llama-server ignores fields it does not know.
 
 The answer is llama-server's: ``content``, ``stop``, ``stop_type`` (``eos``, ``limit`` or
 ``word`` with ``stopping_word``), ``tokens_predicted``, ``tokens_evaluated``, ``tokens_cached``,
-``truncated``, ``generation_settings`` and ``timings`` (``prompt_n``, ``prompt_ms``,
+``truncated`` (true where the context shifted, as llama-server marks a shifted slot), ``generation_settings`` and
+``timings`` (``prompt_n``, ``prompt_ms``,
 ``predicted_n``, ``predicted_ms``, their per-token and per-second forms, ``cache_n``, and ``draft_n`` with
 ``draft_n_accepted`` where the answer drafted tokens). A stream
 sends ``data: {"content": ..., "stop": false}`` events (with the ``completion_probabilities`` of
@@ -32,7 +37,7 @@ answer's fields but the probabilities (no ``[DONE]``), as llama-server's stream 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from edgesdk.runtime.generate import SamplingConfig
 from edgesdk.serve.api import (
@@ -44,7 +49,7 @@ from edgesdk.serve.api import (
     _shown,
     parse_text_request,
 )
-from edgesdk.serve.completion import Completion
+from edgesdk.serve.completion import Completion, ShiftRequest
 
 ROUTE = "/completion"
 
@@ -54,6 +59,7 @@ def parse_completion_request(body: object) -> CompletionRequest:
     body = _object(body)  # the samplers this runtime lacks are refused by parse_text_request, as on every route
     probs = _n_probs(body)
     limits = {name: _limit(body, name) for name in ("n_indent", "t_max_predict_ms")}
+    keep, discard = _shift_field(body, "n_keep", -1), _shift_field(body, "n_discard", 0)
     text = {key: value for key, value in body.items()
             if key not in ("n_predict", "max_tokens", "logprobs", "echo", "n_probs", "post_sampling_probs",
                            "n_indent", "t_max_predict_ms")}
@@ -67,9 +73,26 @@ def parse_completion_request(body: object) -> CompletionRequest:
         text["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict == -1 else max(predict, 1)  # 0 is set after the check
     stops = _stop(text.pop("stop", None))  # set after the check: OpenAI's 'stop' takes at most 4, llama-server's any
     request = parse_text_request(text, route="/completion")
-    return replace(request, stop=stops, logprobs=probs or None, llama_probs=bool(probs),
-                   max_tokens=0 if predict == 0 else request.max_tokens, n_indent=int(limits["n_indent"]),
-                   t_max_predict_ms=float(limits["t_max_predict_ms"]))
+    request = replace(request, stop=stops, logprobs=probs or None, llama_probs=bool(probs),
+                      max_tokens=0 if predict == 0 else request.max_tokens, n_indent=int(limits["n_indent"]),
+                      t_max_predict_ms=float(limits["t_max_predict_ms"]))
+    values = {field.name: getattr(request, field.name) for field in fields(request)}
+    values.update(n_keep=keep, n_discard=discard or 0)
+    return ShiftRequest(**values)
+
+
+def _shift_field(body: dict, name: str, minimum: int) -> int | None:
+    """``n_keep`` (-1: the whole prompt) or ``n_discard`` (0: half of what follows the kept tokens), a whole number;
+    None where absent or null (the server's)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "tokens of the prompt kept when the context shifts (-1: all of it)" if name == "n_keep" else \
+            "tokens dropped after the kept ones when the context shifts (0: half of them)"
+        raise ApiError(400, f"'{name}' must be a whole number of {what}, >= {minimum}, got {_shown(value)}",
+                       param=name)
+    return value
 
 
 def _limit(body: dict, name: str) -> float:
@@ -167,7 +190,7 @@ def final_body(request: CompletionRequest, model: str, completion: Completion, s
             "tokens_predicted": completion.completion_tokens, "tokens_evaluated": completion.prompt_tokens,
             "tokens_cached": completion.prompt_tokens + completion.completion_tokens,
             "generation_settings": settings, "prompt": request.prompt if prompt is None else prompt, "has_new_line": "\n" in completion.text,
-            "truncated": False, "stop_type": stop_type(completion), "stopping_word": completion.stop_string or "",
+            "truncated": completion.context_shifts > 0, "stop_type": stop_type(completion), "stopping_word": completion.stop_string or "",
             "timings": timings(completion)}
     if content is None and completion.logprobs:  # a stream's events carried them, as llama-server's do
         body["completion_probabilities"] = completion.logprobs

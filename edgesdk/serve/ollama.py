@@ -25,11 +25,14 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
 * ``truncate`` and ``shift`` (api/types.go, both requests; true where absent; anything but a boolean a 400 naming
   the field): ``truncate`` false keeps every message, and a prompt that leaves no room for an answer within the
   context (or ``num_ctx``) is Ollama's 400 "the input length exceeds the context length" (its runner refuses a
-  prompt longer than the context). ``shift`` false: Ollama stops the answer when the context fills, done_reason
-  "length"; true, it drops the oldest half of what follows ``num_keep`` from its cache and goes on. This runtime
-  never shifts: an answer stops when the context is full, done_reason "length", whatever ``shift`` says, so
-  ``shift`` true answers as Ollama's ``shift`` false does (a ``num_predict`` of -1 or -2 runs to the full context
-  and stops there, where Ollama shifts and goes on, up to ten times ``num_ctx`` tokens, llm/server.go).
+  prompt longer than the context). ``shift`` false: the answer stops when the context fills, done_reason
+  "length", as Ollama's runner stops it; true (the default, whatever ``edgesdk serve --context-shift`` says), a full
+  context keeps its first ``options.num_keep`` tokens (Ollama's default 4; -1: the prompt), drops half of what
+  follows them and the answer goes on (runner/ollamarunner/cache.go ``ShiftCacheSlot``;
+  edgesdk.runtime.generate.ContextShift), with a ``num_predict`` of -1 or -2, or above ten times the context, run to
+  ten times the context's tokens as llm/server.go limits it ("only allow maximum 10 context shifts"). The shift
+  happens where the bundle's context is full: a ``num_ctx`` below it still bounds prompt and answer together (the
+  answer stops at it, done_reason "length"), where Ollama's runner shifts at ``num_ctx``.
 * ``POST /api/generate``: ``prompt`` with ``system`` through the chat template, or ``raw`` as given (``system``
   or ``context`` with it refused, as Ollama's GenerateHandler refuses them); with ``suffix``, fill-in-the-middle: where Ollama renders the model's template with
   ``.Prompt`` and ``.Suffix`` (``system`` unused), the prompt is built as llama-server's ``/infill`` builds it with
@@ -56,7 +59,8 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   window: above the bundle's it is the bundle's, as Ollama caps it at the model's trained context; below it, the
   prompt and answer together stay within it). Samplers this runtime lacks (``mirostat``, ``typical_p``, ``tfs_z``)
   are refused where set to anything but off; load settings (``num_gpu``, ``num_thread``, ``num_batch``, ``use_mmap``
-  ...), ``num_keep`` and ``penalize_newline`` change nothing here; an option Ollama does not know is ignored, as
+  ...) and ``penalize_newline`` change nothing here (``num_keep``: the tokens kept where the context shifts, a whole
+  number >= -1); an option Ollama does not know is ignored, as
   Ollama ignores it (``Options.FromMap``: "invalid option provided", a warning). A value of the wrong type is
   refused naming ``options.<name>``.
 * answers: ``model`` (as asked), ``created_at``, ``message`` (``content``, ``thinking`` where a thinking model's
@@ -77,7 +81,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 
 from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize
@@ -94,7 +98,7 @@ from edgesdk.serve.api import (
     parse_chat_request,
     parse_text_request,
 )
-from edgesdk.serve.completion import Completer, Completion
+from edgesdk.serve.completion import SHIFTED_LIMIT_CONTEXTS, Completer, Completion, ShiftRequest
 from edgesdk.serve.embeddings import encoded
 from edgesdk.serve.reasoning import split_answer, template_thinks
 from edgesdk.serve.tools import AnswerStream, answer_message, tool_result_text
@@ -110,8 +114,9 @@ RUNNING = "Ollama is running"  # what Ollama answers GET / and HEAD / with, the 
 API_VERSION = "0.12.11"
 CONTENT_TYPE = "application/x-ndjson"
 ROLES = ("system", "user", "assistant", "tool")
-# options read as the chat route's fields of the same name; any other option Ollama knows (num_gpu, num_thread,
-# num_keep ...) sets how a model is loaded or kept and changes nothing here, and one it does not know Ollama ignores
+# options read as the chat route's fields of the same name; any other option Ollama knows (num_gpu, num_thread ...)
+# but num_keep (the context shift's) sets how a model is loaded or kept and changes nothing here, and one it does
+# not know Ollama ignores
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "repeat_last_n",
                     "presence_penalty", "frequency_penalty")
 # Ollama's samplers this runtime lacks -> their off value
@@ -156,10 +161,11 @@ class Asked:
     think: bool | None = None
     cuts: tuple[int, ...] = ()
     # Ollama's ``truncate`` (on unless false): /api/chat drops the oldest messages that do not fit; false refuses a
-    # prompt past the context on both routes. ``shift`` (on unless false) is checked and changes nothing here: the
-    # answer stops where the context is full either way (done_reason "length")
+    # prompt past the context on both routes. ``shift`` (on unless false): a full context shifts and the answer goes
+    # on; false, the answer stops there (done_reason "length")
     truncate: bool = True
     shift: bool = True
+    num_keep: int = 4  # options.num_keep: the tokens kept where the context shifts (Ollama's DefaultOptions: 4)
     tools: bool = False  # /api/chat: ``tools`` given, which the model's chat template must render (Ollama's capability)
     unload: bool = False  # nothing to generate and ``keep_alive`` zero: Ollama's request to unload the model
     # /api/generate's ``suffix``: the model must have FIM tokens (Ollama's insert capability); ``infill``: the prompt is
@@ -189,6 +195,7 @@ class _Common:
     top: int | None
     truncate: bool = True
     shift: bool = True
+    num_keep: int = 4
 
 
 def _common(body: object, served: str) -> _Common:
@@ -199,7 +206,7 @@ def _common(body: object, served: str) -> _Common:
     fields = _stream_and_format(body)
     options, stops, window = _options(body)
     return _Common(body, model, unload, {**fields, **options}, stops, window, _think(body), _logprobs(body),
-                   _bool_field(body, "truncate", True), _bool_field(body, "shift", True))
+                   _bool_field(body, "truncate", True), _bool_field(body, "shift", True), _num_keep(body))
 
 
 def parse_chat(body: object, served: str) -> Asked:
@@ -218,7 +225,7 @@ def parse_chat(body: object, served: str) -> Asked:
     if tools:
         chat["tools"] = _tools(body["tools"])  # Ollama's tools are OpenAI's ({"type": "function", "function": ...})
     return Asked(model, _parsed(parse_chat_request, chat, common.stops), chat=True, num_ctx=common.window,
-                 think=common.think, cuts=_cut_starts(turns), truncate=common.truncate, shift=common.shift,
+                 think=common.think, cuts=_cut_starts(turns), truncate=common.truncate, shift=common.shift, num_keep=common.num_keep,
                  tools=tools)
 
 
@@ -251,12 +258,12 @@ def parse_generate(body: object, served: str) -> Asked:
                        "the raw text), or send 'raw': false", param=name)
     if not prompt:
         return Asked(model, None, chat=False, think=think, unload=common.unload, suffix=suffix or "",
-                     truncate=common.truncate, shift=common.shift)
+                     truncate=common.truncate, shift=common.shift, num_keep=common.num_keep)
     if raw or suffix:  # a suffix's prompt is built in windowed(), where the model's FIM tokens are known
         text = {**common.fields, "prompt": prompt, **({} if top is None else {"logprobs": top})}
         return Asked(model, _parsed(parse_text_request, text, common.stops), chat=False, num_ctx=common.window,
                      think=think, suffix=suffix or "", infill=bool(suffix) and not raw, raw=raw, context=context,
-                     truncate=common.truncate, shift=common.shift)
+                     truncate=common.truncate, shift=common.shift, num_keep=common.num_keep)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     chat = {**common.fields, "messages": messages, **_logprobs_and_think(top, think)}
     try:
@@ -266,7 +273,7 @@ def parse_generate(body: object, served: str) -> Asked:
             exc.param = "prompt" if exc.param.startswith(f"messages[{len(messages) - 1}]") else "system"
         raise
     return Asked(model, request, chat=False, num_ctx=common.window, think=think, context=context,
-                 truncate=common.truncate, shift=common.shift)
+                 truncate=common.truncate, shift=common.shift, num_keep=common.num_keep)
 
 
 def _context(body: dict) -> tuple[int, ...]:
@@ -305,6 +312,7 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
         request = _with_context(completer, asked, request)
     if not asked.truncate:
         _refuse_past_the_context(completer, asked, request, window)
+    request = _shifting(asked, request, window)
     if asked.num_ctx is None or asked.num_ctx >= limit:  # above the model's context it is capped there, as Ollama's
         return request
     ids = completer.prompt_ids(request)
@@ -315,6 +323,18 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
                        "shorten the prompt", param="options.num_ctx", code="context_length_exceeded")
     asked_for = completer.defaults.max_tokens if request.max_tokens is None else request.max_tokens
     return replace(request, max_tokens=min(asked_for, room))
+
+
+def _shifting(asked: Asked, request: CompletionRequest, window: int) -> ShiftRequest:
+    """The request with Ollama's context shift: ``shift`` (on unless false) and ``options.num_keep``, whatever the
+    server's ``--context-shift``; shifting, a token limit above ten times the context is cut to it, as llm/server.go
+    cuts ``num_predict`` (-1 and -2 are, in the completer: ``SHIFTED_LIMIT_CONTEXTS``)."""
+    limit = request.max_tokens
+    if asked.shift and limit is not None and limit < UNTIL_THE_CONTEXT_FILLS:
+        limit = min(limit, SHIFTED_LIMIT_CONTEXTS * window)
+    values = {name.name: getattr(request, name.name) for name in fields(request)}
+    values.update(max_tokens=limit, context_shift=asked.shift, n_keep=asked.num_keep, keep_param="options.num_keep")
+    return ShiftRequest(**values)
 
 
 def _thinking_by_default(completer: Completer, asked: Asked, request: CompletionRequest) -> CompletionRequest:
@@ -336,7 +356,8 @@ def _refuse_past_the_context(completer: Completer, asked: Asked, request: Comple
     Ollama's 400 (its runner, runner/ollamarunner/runner.go ``NewSequence``: ``if !params.truncate { return nil,
     errorInputTooLong }``, "the input length exceeds the context length", answered with status 400 and passed on by
     routes.go). Ollama refuses only a prompt longer than the context; here a prompt of ``window`` tokens is refused
-    too, as it leaves no room for one token of answer in a runtime that does not shift the context."""
+    too, as it leaves no room for one token of answer before a shift (and none within a ``num_ctx`` below the
+    bundle's context, where no shift happens)."""
     try:
         count = len(completer.prompt_ids(request))
     except ApiError as exc:  # past the model's context: counted here, for Ollama's message
@@ -442,7 +463,8 @@ def trimmed(completer: Completer, request: CompletionRequest, window: int, num_c
       cut there begins (:func:`_cut_starts`): the request's messages are those as text, tool turns included, with
       the tools' description as a system message put first where there was none (``with_instructions``);
     * "fits": Ollama compares the prompt's tokens with ``num_ctx`` alone because its runner shifts the context when
-      the answer reaches it; this runtime does not, so the answer's room is kept too: the answer's limit
+      the answer reaches it; here the answer's room is kept too, so the kept conversation is answered before any
+      shift (and within a ``num_ctx`` below the bundle's context, where no shift happens): the answer's limit
       (``num_predict``, else the server's ``--max-new-tokens``), or one token where ``num_predict`` is -1 or -2;
     * a try the chat template refuses (a template that wants the roles to alternate, where the kept part would
       begin with an assistant turn) is passed over, dropping one more, as it could not be answered;
@@ -597,6 +619,19 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
     if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
         raise ApiError(400, f"'options.stop' must be an array of strings, got {_shown(stops)}", param="options.stop")
     return fields, tuple(stop for stop in stops if stop), _num_ctx(options)
+
+
+def _num_keep(body: dict) -> int:
+    """``options.num_keep``: the prompt's tokens kept where the context shifts (-1: all of them); Ollama's default 4
+    where absent or null."""
+    options = body.get("options")
+    value = options.get("num_keep") if isinstance(options, dict) else None
+    if value is None:
+        return 4
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ApiError(400, f"'options.num_keep' must be the prompt's tokens kept when the context shifts (a whole "
+                       f"number >= 0, or -1 for all of them), got {_shown(value)}", param="options.num_keep")
+    return value
 
 
 def _num_ctx(options: dict) -> int | None:
