@@ -69,6 +69,8 @@ class RunSettings:
     template_kwargs: dict  # --chat-template-kwargs
     history: bool | None  # --history / --no-history as typed (None: on at a terminal)
     stats: bool  # --stats
+    context_shift: bool = False  # --context-shift: a full context shifts and the answer goes on
+    keep: int = 0  # --keep: the prompt's tokens a shift keeps (-1: all of them)
 
 
 @click.command()
@@ -146,6 +148,13 @@ class RunSettings:
                    "last run's did prefills only what follows; rewritten after each answer, and when Ctrl-C stops one.")
 @click.option("--stats", is_flag=True, help="Print prompt tokens (and those from the cache), prefill/decode tok/s, time "
                                            "to first token, p95 inter-token latency and peak RSS on stderr.")
+@click.option("--context-shift/--no-context-shift", default=False, show_default=True,
+              help="Where the answer fills the context, keep its first --keep tokens, drop half of the rest and go on "
+                   "(llama-cli's option; off: the answer stops at the full context). Each shift prefills the tokens "
+                   "kept again.")
+@click.option("--keep", default=0, show_default=True, type=click.IntRange(min=-1), metavar="N",
+              help="With --context-shift: the prompt's first N tokens (and its BOS) stay in the context at a shift "
+                   "(-1: the whole prompt), as llama-cli's --keep.")
 @draft_options
 @thermal_options
 @gate_options
@@ -153,7 +162,7 @@ class RunSettings:
 def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias,
         samplers, sampling_seq, seed, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
         raw, system, template_kwargs, history, in_prefix, in_suffix, reverse_prompts,
-        json_object, json_schema, grammar, grammar_file, lookup_draft, prompt_cache, stats,
+        json_object, json_schema, grammar, grammar_file, lookup_draft, prompt_cache, stats, context_shift, keep,
         draft_bundle, draft_max, draft_p_min,
         watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
         entropy_target, compute_budget, gating,
@@ -192,7 +201,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         grammar=_read_grammar(grammar, grammar_file, json_object, json_schema),
         grammar_option="'--grammar-file'" if grammar_file else "'--grammar'",
         prompt_cache=writable_prompt_cache(prompt_cache),
-        ignore_eos=ignore_eos, raw=raw, system=system, template_kwargs=template_kwargs, history=history, stats=stats)
+        ignore_eos=ignore_eos, raw=raw, system=system, template_kwargs=template_kwargs, history=history, stats=stats,
+        context_shift=context_shift, keep=keep)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
@@ -431,9 +441,14 @@ class Answerer:
     def answer(self, text: str, regenerated: int = 0) -> None:
         """Answer ``text``; ``regenerated`` counts the times this answer was asked for again (/regen), which
         moves a --seed on by as many, so that each new answer is another draw, and still reproducible."""
-        from edgesdk.runtime.generate import generate
+        from edgesdk.runtime.generate import ContextShift, generate
 
         ids = self._prompt_ids(text)
+        shift = None
+        if self.settings.context_shift:  # llama-cli keeps the BOS on top of --keep where the vocabulary adds one
+            bos = self.tokenizer.bos_token
+            shift = ContextShift(keep=self.settings.keep,
+                                 bos=bos is not None and ids[0] == self.tokenizer.tokenizer.token_to_id(bos))
         constraint, reverse = self._constraint()
         shown = _ShownAnswer(self.tokenizer, reverse, defer_interrupts=self.conversation is not None)
         sampling = self.sampling
@@ -443,7 +458,7 @@ class Answerer:
             _, result = generate(self.runtime.backend, ids, sampling, self.tokenizer.eos_token_ids,
                                  on_token=shown.emit, hook=self.thermal.hook if self.thermal else None,
                                  cache=self.cache, constraint=constraint, lookup=self.lookup,
-                                 vocabulary=self.tokenizer)
+                                 vocabulary=self.tokenizer, shift=shift)
         except KeyboardInterrupt:
             self._keep_stopped(text, shown)
             raise

@@ -55,6 +55,13 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
 @sampler_chain_options
 @click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait while one generates; more get HTTP 503 at once.")
+@click.option("--context-shift/--no-context-shift", default=False, show_default=True,
+              help="Where an answer fills the context, keep its first --keep tokens, drop half of the rest and go on "
+                   "(llama-server's option; off: the answer stops at the full context). A request's n_keep and "
+                   "n_discard (POST /completion) set it per answer; Ollama's routes shift unless 'shift' is false.")
+@click.option("--keep", default=0, show_default=True, type=click.IntRange(min=-1), metavar="N",
+              help="With --context-shift: the prompt's first N tokens (and its BOS) stay at a shift (-1: the whole "
+                   "prompt), for a request that sends no n_keep (llama-server's --keep).")
 @click.option("--quiet", is_flag=True, help="No request log on stderr.")
 @click.option("--no-prompt-cache", is_flag=True,
               help="Prefill every prompt whole, instead of reusing the previous answer's KV cache for the "
@@ -108,7 +115,7 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
 @gate_options
 @runtime_options
 def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, top_k, min_p, samplers,
-          sampling_seq, max_queue,
+          sampling_seq, max_queue, context_shift, keep,
           quiet,
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
           responses_kept, responses_kept_mib, reasoning_budget, pooling, batch_size, spm_infill, draft_bundle, draft_max, draft_p_min,
@@ -134,7 +141,8 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                                  prefill_assistant=not no_prefill_assistant, reasoning_format=reasoning_format,
                                  reasoning_budget=reasoning_budget, responses_kept=responses_kept,
                                  responses_kept_bytes=responses_kept_mib << 20, pooling=pooling,
-                                 batch_size=batch_size, spm_infill=spm_infill, **sampler_chain(samplers, sampling_seq))
+                                 batch_size=batch_size, spm_infill=spm_infill, context_shift=context_shift,
+                                 n_keep=keep, **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
         raise bad_sampling_option(exc) from exc
     if api_key is not None and not api_key.strip():
