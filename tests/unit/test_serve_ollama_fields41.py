@@ -179,8 +179,8 @@ def test_truncate_and_shift_must_be_booleans(plain, route, field, value):
 @pytest.mark.parametrize("shift", [None, True, False])
 def test_a_full_context_ends_the_answer_with_done_reason_length_whatever_shift_says(plain, shift):
     """Ollama's runner with ``shift`` false ends the answer when the context fills, ``DoneReasonLength`` ("length");
-    this runtime never shifts, so every answer that reaches the end of its context (here ``num_ctx``, with
-    ``num_predict`` -1) ends there with "length", the same answer whatever ``shift`` says."""
+    this runtime shifts only at the bundle's own context, so an answer that reaches the end of a ``num_ctx`` below
+    it (``num_predict`` -1) ends there with "length", the same answer whatever ``shift`` says."""
     prompt = _count(plain, ASK)
     body = {"model": NAME, "messages": ASK, "stream": False, "options": {"num_ctx": prompt + 6, "num_predict": -1},
             **({} if shift is None else {"shift": shift})}
