@@ -581,8 +581,8 @@ def _print_stats(runtime, result, drafting: bool) -> None:
 
 def _stats_line(backend_name: str, figures: dict, drafting: bool) -> str:
     """The answer's prompt tokens (and those from the cache), prefill and decode speeds, time to first token, p95
-    inter-token latency, why it stopped, the drafts taken (--draft, --lookup), and the process's huge pages and
-    peak RSS where known."""
+    inter-token latency, why it stopped, the drafts taken (--draft, --lookup), the context shifts
+    (--context-shift), and the process's huge pages and peak RSS where known."""
     from edgesdk.runtime.bench import peak_rss_mib
     from edgesdk.runtime.huge_pages import huge_pages_in_use
 
@@ -593,6 +593,7 @@ def _stats_line(backend_name: str, figures: dict, drafting: bool) -> str:
             f"{figures['new_tokens']} new tok, decode {_or_dash(figures['decode_tok_s'])} tok/s (steps after the "
             f"first), p95 {_or_dash(figures['p95_inter_token_ms'])} ms, stop: {figures['stop_reason']}"
             + (f", drafts {figures['draft_accepted']}/{figures['draft_tokens']} taken" if drafting else "")
+            + (f", context shifted {figures['context_shifts']}x" if figures["context_shifts"] else "")
             + (f", huge pages {huge / 2**20:.0f} MiB" if huge is not None else "")
             + (f", peak RSS {peak:.0f} MiB" if (peak := peak_rss_mib()) is not None else ""))
 

@@ -508,7 +508,7 @@ class GenerationStats:
             "prefill_tok_s": round(self.prefill_tok_s, 2), "decode_tok_s": _rounded(self.decode_tok_s),
             "p95_inter_token_ms": _rounded(self.p95_latency_ms), "stop_reason": self.stop_reason,
             "waited_ms": round(self.waited_s * 1e3, 2), "draft_tokens": self.draft_tokens,
-            "draft_accepted": self.draft_accepted,
+            "draft_accepted": self.draft_accepted, "context_shifts": self.context_shifts,
         }
 
 

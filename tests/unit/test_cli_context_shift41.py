@@ -26,21 +26,23 @@ def bundle_path(tmp_path_factory):
     return build_lively_bundle(tmp_path_factory.mktemp("cli-shift41"), seed=5, max_context=MAX_CONTEXT).path
 
 
-def _run(bundle_path, *options) -> tuple[str, int, str]:
-    """The answer's text, its new tokens and stop reason (from --stats)."""
+def _run(bundle_path, *options) -> tuple[str, int, str, int]:
+    """The answer's text, its new tokens, stop reason and context shifts (from --stats)."""
     result = CliRunner().invoke(main, ["run", str(bundle_path), "--prompt", PROMPT, "--raw", "--ignore-eos",
                                        "--threads", "1", "--stats", *options], prog_name="edgesdk")
     assert result.exit_code == 0, result.output
     found = re.search(r"(\d+) new tok, .* stop: (\w+)", result.stderr)
-    return result.stdout, int(found[1]), found[2]
+    shifts = re.search(r", context shifted (\d+)x", result.stderr)
+    return result.stdout, int(found[1]), found[2], int(shifts[1]) if shifts else 0
 
 
 def test_run_with_context_shift_answers_past_the_context_and_without_it_stops(bundle_path):
-    stopped, stopped_tokens, stopped_reason = _run(bundle_path, "-n", str(3 * MAX_CONTEXT))
-    assert stopped_reason == "max_context"
+    stopped, stopped_tokens, stopped_reason, none = _run(bundle_path, "-n", str(3 * MAX_CONTEXT))
+    assert (stopped_reason, none) == ("max_context", 0)
     assert stopped_tokens < MAX_CONTEXT
-    shifted, tokens, reason = _run(bundle_path, "-n", str(3 * MAX_CONTEXT), "--context-shift", "--keep", "4")
+    shifted, tokens, reason, shifts = _run(bundle_path, "-n", str(3 * MAX_CONTEXT), "--context-shift", "--keep", "4")
     assert (tokens, reason) == (3 * MAX_CONTEXT, "max_new_tokens")
+    assert shifts >= 2  # three contexts of answer: --stats counts the shifts
     assert shifted.startswith(stopped.rstrip("\n"))  # the same answer up to the first shift
     assert len(shifted) > len(stopped)
 
