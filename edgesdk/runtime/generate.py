@@ -178,11 +178,14 @@ class ContextShift:
     ``n_keep < 0 || n_keep > prompt size`` keeps the prompt, else ``n_keep += add_bos``). ``discard``: 0 discards
     half of what follows the kept tokens, ``(n_past - n_keep) / 2`` as llama.cpp's default, at least one token as
     Ollama's ``ShiftDiscard`` (runner/ollamarunner/cache.go); N discards N (llama-server's ``n_discard``).
+    ``window``: the context the answer shifts within, where it is smaller than the bundle's (Ollama's ``num_ctx``,
+    the context its runner shifts at); None: the bundle's ``max_context``.
     """
 
     keep: int = 0
     discard: int = 0
     bos: bool = False
+    window: int | None = None
 
     def __post_init__(self):
         if isinstance(self.keep, bool) or not isinstance(self.keep, Integral) or self.keep < -1:
@@ -191,8 +194,16 @@ class ContextShift:
         if isinstance(self.discard, bool) or not isinstance(self.discard, Integral) or self.discard < 0:
             raise ValueError(f"context shift discard (n_discard) must be a whole number >= 0 (0: half of what "
                              f"follows the kept tokens), got {self.discard!r}")
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, Integral)
+                                        or self.window < 2):
+            raise ValueError(f"context shift window must be a whole number of tokens >= 2, or None for the bundle's "
+                             f"max_context, got {self.window!r}")
         object.__setattr__(self, "keep", int(self.keep))
         object.__setattr__(self, "discard", int(self.discard))
+
+    def context(self, max_context: int) -> int:
+        """The context the answer shifts within, on a backend of ``max_context`` tokens."""
+        return max_context if self.window is None else min(self.window, max_context)
 
     def kept(self, prompt_tokens: int) -> int:
         """The tokens kept at the start of the context, for a prompt of ``prompt_tokens`` tokens."""
@@ -201,21 +212,24 @@ class ContextShift:
         return self.keep + int(self.bos)
 
     def spans(self, prompt_tokens: int, max_context: int) -> tuple[int, int]:
-        """(tokens kept, tokens discarded) at a shift of a full context of ``max_context`` tokens, or an
-        EdgeSDKError naming the setting where it leaves nothing to discard."""
+        """(tokens kept, tokens discarded) at a shift of a full context (:meth:`context` of a backend of
+        ``max_context`` tokens), or an EdgeSDKError naming the setting where it leaves nothing to discard."""
+        context = self.context(max_context)
+        where = (f"the bundle's max_context of {context}" if context == max_context else
+                 f"the context window of {context}")
         n_keep = self.kept(prompt_tokens)
         whole = self.keep < 0 or self.keep > prompt_tokens
         what = f"keep {self.keep}" + (f" (the whole prompt of {prompt_tokens} tokens)" if whole else "")
-        if n_keep >= max_context:
+        if n_keep >= context:
             raise EdgeSDKError(f"the context shift's {what} keeps {n_keep} tokens, which leaves nothing to discard "
-                               f"in the bundle's max_context of {max_context}",
-                               f"keep fewer tokens (--keep / n_keep below {max_context - 1}; 0 keeps only the BOS), "
+                               f"in {where}",
+                               f"keep fewer tokens (--keep / n_keep below {context - 1}; 0 keeps only the BOS), "
                                "or turn the context shift off")
-        left = max_context - n_keep
+        left = context - n_keep
         n_discard = self.discard or max(left // 2, 1)
         if n_discard > left:
             raise EdgeSDKError(f"the context shift's discard {self.discard} is more than the {left} tokens that "
-                               f"follow the {n_keep} kept of the bundle's max_context of {max_context}",
+                               f"follow the {n_keep} kept of {where}",
                                f"discard at most {left} (n_discard), or 0 for half of them")
         return n_keep, n_discard
 
@@ -577,9 +591,11 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         # where the backend decodes token by token and would not use it
         raise EdgeSDKError(f"lookup must be a LookupConfig (prompt lookup) or a DraftModel (a draft bundle), got "
                            f"{lookup!r}", "pass LookupConfig(max_draft=N) for up to N drafted tokens, or None")
-    spans = None
-    if shift is not None and len(prompt_ids) + sampling.max_new_tokens - 1 > backend.max_context:
-        spans = shift.spans(len(prompt_ids), backend.max_context)  # refused here where it cannot shift
+    spans, context_size = None, backend.max_context  # the context the answer stops or shifts at
+    if shift is not None:
+        context_size = shift.context(backend.max_context)
+        if len(prompt_ids) + sampling.max_new_tokens - 1 > context_size:
+            spans = shift.spans(len(prompt_ids), backend.max_context)  # refused here where it cannot shift
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
     sampler = Sampler(sampling, _infill_vocabulary(sampling, vocabulary))
     scores_prompt = logprobs is not None and logprobs.prompt
@@ -643,7 +659,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                 stats.stop_reason = "max_new_tokens"
                 break
             held = backend.position - len(pending)  # cache entries before ``token``
-            full = held >= backend.max_context  # no room in the KV cache for ``token`` (no draft is pending then)
+            full = held >= context_size  # no room in the context for ``token`` (no draft is pending then)
             if full and spans is None:
                 stats.stop_reason = "max_context"
                 break
@@ -666,7 +682,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                 # Drafting is part of the step: a draft model's decodes are compute the hook paces and is told of
                 # (the thermal guard's rate, a simulated board's heat), and wait while the guard holds a step back.
                 draft = [] if drafter is None or full else \
-                    drafter.draft(min(backend.max_context - held - 1, sampling.max_new_tokens - len(generated) - 1))
+                    drafter.draft(min(context_size - held - 1, sampling.max_new_tokens - len(generated) - 1))
                 if full:
                     logits, held_ids = _shift(backend, held_ids, token, spans, cache)
                     stats.context_shifts += 1

@@ -156,6 +156,7 @@ class ShiftRequest(CompletionRequest):
     n_keep: int | None = None  # None: the server's --keep
     n_discard: int = 0  # 0: half of what follows the kept tokens
     keep_param: str = "n_keep"  # the field an error names
+    shift_window: int | None = None  # the context the answer shifts within (Ollama's num_ctx); None: the bundle's
 
 
 @dataclass
@@ -602,8 +603,8 @@ class Completer:
         limit, context = max(pick(request.max_tokens, self.defaults.max_tokens), 1), self.runtime.backend.max_context
         if not self.shifts(request):
             limit = min(limit, context)
-        elif limit >= UNTIL_THE_CONTEXT_FILLS:
-            limit = SHIFTED_LIMIT_CONTEXTS * context
+        elif limit >= UNTIL_THE_CONTEXT_FILLS:  # ten of the contexts the answer shifts within
+            limit = SHIFTED_LIMIT_CONTEXTS * min(getattr(request, "shift_window", None) or context, context)
         config = SamplingConfig(max_new_tokens=limit,
                                 temperature=pick(request.temperature, self.defaults.temperature),
                                 top_p=pick(request.top_p, self.defaults.top_p),
@@ -633,8 +634,9 @@ class Completer:
         param = getattr(request, "keep_param", "n_keep")
         try:
             shift = ContextShift(keep=self.defaults.n_keep if keep is None else keep,
-                                 discard=getattr(request, "n_discard", 0), bos=bos)
-            if len(ids) + sampling.max_new_tokens - 1 > self.runtime.backend.max_context:
+                                 discard=getattr(request, "n_discard", 0), bos=bos,
+                                 window=getattr(request, "shift_window", None))
+            if len(ids) + sampling.max_new_tokens - 1 > shift.context(self.runtime.backend.max_context):
                 shift.spans(len(ids), self.runtime.backend.max_context)
         except ValueError as exc:
             raise ApiError(400, f"'{param}': {exc}", param=param) from exc

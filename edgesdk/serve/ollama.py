@@ -30,9 +30,9 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   context keeps its first ``options.num_keep`` tokens (Ollama's default 4; -1: the prompt), drops half of what
   follows them and the answer goes on (runner/ollamarunner/cache.go ``ShiftCacheSlot``;
   edgesdk.runtime.generate.ContextShift), with a ``num_predict`` of -1 or -2, or above ten times the context, run to
-  ten times the context's tokens as llm/server.go limits it ("only allow maximum 10 context shifts"). The shift
-  happens where the bundle's context is full: a ``num_ctx`` below it still bounds prompt and answer together (the
-  answer stops at it, done_reason "length"), where Ollama's runner shifts at ``num_ctx``.
+  ten times the context's tokens as llm/server.go limits it ("only allow maximum 10 context shifts"). A
+  ``num_ctx`` below the bundle's context is the context the answer shifts within, as Ollama's runner shifts its
+  ``num_ctx``-long cache (with ``shift`` false it stops there).
 * ``POST /api/generate``: ``prompt`` with ``system`` through the chat template, or ``raw`` as given (``system``
   or ``context`` with it refused, as Ollama's GenerateHandler refuses them); with ``suffix``, fill-in-the-middle: where Ollama renders the model's template with
   ``.Prompt`` and ``.Suffix`` (``system`` unused), the prompt is built as llama-server's ``/infill`` builds it with
@@ -321,6 +321,8 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
         raise ApiError(400, f"the prompt has {len(ids)} tokens, leaving no room for an answer within "
                        f"'options.num_ctx' {asked.num_ctx}; raise num_ctx (this model's context holds {limit}) or "
                        "shorten the prompt", param="options.num_ctx", code="context_length_exceeded")
+    if asked.shift:  # the answer shifts within num_ctx, as Ollama's runner shifts its num_ctx-long cache
+        return replace(request, shift_window=asked.num_ctx)
     asked_for = completer.defaults.max_tokens if request.max_tokens is None else request.max_tokens
     return replace(request, max_tokens=min(asked_for, room))
 

@@ -160,3 +160,34 @@ def test_the_whole_prompt_kept_is_refused_only_where_the_answer_reaches_the_full
 def test_a_context_shift_setting_that_is_no_count_is_refused_by_name(field, value):
     with pytest.raises(ValueError, match=f"context shift {field}"):
         ContextShift(**{field: value})
+
+
+def _window_twin(backend, prompt: list[int], tokens: int, window: int, n_keep: int, n_discard: int) -> list[int]:
+    """:func:`_twin` within a context ``window`` smaller than the bundle's: each greedy run is cut where the tokens
+    the cache holds reach the window."""
+    answer, _ = generate(backend, prompt, SamplingConfig(max_new_tokens=min(tokens, window - len(prompt) + 1)), set())
+    held = list(prompt) + answer[:-1]
+    while len(answer) < tokens:
+        assert len(held) == window
+        held = held[:n_keep] + held[n_keep + n_discard:]
+        more, _ = generate(backend, [*held, answer[-1]],
+                           SamplingConfig(max_new_tokens=min(tokens - len(answer), window - len(held))), set())
+        held = [*held, answer[-1], *more[:-1]]
+        answer += more
+    return answer
+
+
+def test_a_window_below_the_bundle_s_context_shifts_within_it(lively):
+    """Ollama's ``num_ctx`` below the bundle's context: the answer shifts when the tokens held reach the window."""
+    backend, window = lively.backend, 20
+    tokens = 3 * MAX_CONTEXT
+    answer, stats = generate(backend, PROMPT, SamplingConfig(max_new_tokens=tokens), set(),
+                             shift=ContextShift(keep=4, window=window))
+    assert answer == _window_twin(backend, PROMPT, tokens, window, 4, (window - 4) // 2)
+    assert stats.context_shifts > 3 * MAX_CONTEXT // window
+    assert backend.position <= window
+    with pytest.raises(ValueError, match="window must be a whole number of tokens >= 2"):
+        ContextShift(window=1)
+    with pytest.raises(EdgeSDKError, match="leaves nothing to discard in the context window of 10"):
+        generate(backend, PROMPT, SamplingConfig(max_new_tokens=tokens), set(),
+                 shift=ContextShift(keep=-1, window=len(PROMPT)))

@@ -158,8 +158,11 @@ def test_truncate_false_past_the_context_is_ollamas_input_length_error(plain):
     assert f"'options.num_ctx' {fits}" in error
     assert "raise num_ctx" in error
     answered = _ok(plain, "/api/chat", {"model": NAME, "messages": short, "truncate": False, "stream": False,
-                                        "options": {"num_ctx": fits + 3, "num_predict": 8}})
+                                        "shift": False, "options": {"num_ctx": fits + 3, "num_predict": 8}})
     assert (answered["prompt_eval_count"], answered["eval_count"]) == (fits, 3)
+    shifted = _ok(plain, "/api/chat", {"model": NAME, "messages": short, "truncate": False, "stream": False,
+                                       "options": {"num_ctx": fits + 3, "num_predict": 8}})
+    assert (shifted["prompt_eval_count"], shifted["eval_count"]) == (fits, 8)  # shifted within num_ctx
 
 
 @pytest.mark.parametrize("route", ["/api/chat", "/api/generate"])
@@ -177,15 +180,18 @@ def test_truncate_and_shift_must_be_booleans(plain, route, field, value):
 
 
 @pytest.mark.parametrize("shift", [None, True, False])
-def test_a_full_context_ends_the_answer_with_done_reason_length_whatever_shift_says(plain, shift):
-    """Ollama's runner with ``shift`` false ends the answer when the context fills, ``DoneReasonLength`` ("length");
-    this runtime shifts only at the bundle's own context, so an answer that reaches the end of a ``num_ctx`` below
-    it (``num_predict`` -1) ends there with "length", the same answer whatever ``shift`` says."""
+def test_a_full_num_ctx_shifts_unless_shift_is_false(plain, shift):
+    """Ollama's runner shifts a full ``num_ctx``-long cache and goes on unless ``shift`` is false, when the answer
+    ends there with ``DoneReasonLength`` ("length"); ``num_predict`` -1 runs to ten times ``num_ctx`` shifting
+    (llm/server.go), and the answer, shifted or not, is whole in a stream too."""
     prompt = _count(plain, ASK)
-    body = {"model": NAME, "messages": ASK, "stream": False, "options": {"num_ctx": prompt + 6, "num_predict": -1},
+    window = prompt + 6
+    body = {"model": NAME, "messages": ASK, "stream": False, "options": {"num_ctx": window, "num_predict": -1},
             **({} if shift is None else {"shift": shift})}
     answered = _ok(plain, "/api/chat", body)
-    assert (answered["done_reason"], answered["prompt_eval_count"], answered["eval_count"]) == ("length", prompt, 6)
+    tokens = 6 if shift is False else 10 * window
+    assert (answered["done_reason"], answered["prompt_eval_count"], answered["eval_count"]) == \
+        ("length", prompt, tokens)
     _, _, payload = plain.request("POST", "/api/chat", {**body, "stream": True})
     streamed = [json.loads(line) for line in payload.splitlines()]
     assert streamed[-1]["done_reason"] == "length"
