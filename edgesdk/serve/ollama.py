@@ -346,9 +346,13 @@ def _thinking_by_default(completer: Completer, asked: Asked, request: Completion
     thinking capability and the request has no ``think``, so the template's ``.Think`` is true, not the template's
     own default; the ``ollama`` CLI does the same from /api/show's capabilities (cmd/cmd.go,
     ``inferThinkingOption``). Here that is the chat template's ``enable_thinking`` true, as ``think: true`` sets it.
-    ``think`` false, a raw prompt or a suffix's is left as it is."""
-    if asked.think is not None or not request.chat or \
-            not template_thinks(completer.runtime.tokenizer.template_source):
+    ``think`` false, a raw prompt or a suffix's is left as it is, and so is a server whose operator turned thinking
+    off (``serve --reasoning-budget 0``) or set ``enable_thinking`` (``--chat-template-kwargs``): Ollama's default
+    stands in for the client's choice, not the operator's."""
+    tokenizer = completer.runtime.tokenizer
+    if asked.think is not None or not request.chat or not template_thinks(tokenizer.template_source) or \
+            completer.defaults.reasoning_budget == 0 or \
+            "enable_thinking" in {**tokenizer.template_kwargs, **(request.template_kwargs or {})}:
         return request
     return replace(request, template_kwargs={**(request.template_kwargs or {}), "enable_thinking": True})
 

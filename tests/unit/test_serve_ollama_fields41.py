@@ -112,6 +112,29 @@ def test_think_left_out_on_a_model_that_thinks_renders_thinking_on_not_the_templ
     assert off.message.thinking is None
 
 
+@pytest.mark.parametrize("operator", ["reasoning_budget", "chat_template_kwargs"])
+def test_think_left_out_keeps_the_operator_s_thinking_off(tiny_bundle, operator):
+    """Ollama's default (``think`` nil on a thinking model: on) stands in for the client, not for the operator:
+    ``serve --reasoning-budget 0`` or ``--chat-template-kwargs '{"enable_thinking": false}'`` keep the Ollama routes'
+    template rendered thinking off, as they keep the OpenAI route's."""
+    runtime = open_runtime(tiny_bundle.path, threads=1)
+    runtime.tokenizer.template_source, runtime.tokenizer._template = OFF_BY_DEFAULT, None
+    if operator == "chat_template_kwargs":
+        runtime.tokenizer.template_kwargs = {**runtime.tokenizer.template_kwargs, "enable_thinking": False}
+    server = Served(runtime, ServeDefaults(max_tokens=8, reasoning_budget=0 if operator == "reasoning_budget" else -1))
+    try:
+        openai = _ok(server, "/v1/chat/completions", {"messages": ASK, "max_tokens": 4})
+        chatted = _ok(server, "/api/chat", {"model": NAME, "messages": ASK, "stream": False,
+                                            "options": {"num_predict": 4}})
+        assert chatted["prompt_eval_count"] == openai["usage"]["prompt_tokens"]
+        assert "thinking" not in chatted["message"]
+        on = _ok(server, "/api/chat", {"model": NAME, "messages": ASK, "stream": False, "think": True,
+                                       "options": {"num_predict": 4}})  # the client's own choice still counts
+        assert on["prompt_eval_count"] != chatted["prompt_eval_count"]
+    finally:
+        server.close()
+
+
 def test_think_left_out_on_a_model_that_does_not_think_changes_nothing(plain):
     """Without the thinking capability Ollama leaves ``think`` nil: the template renders as it is, no thinking."""
     chatted = _client(plain).chat(model=NAME, messages=ASK, stream=False, options={"num_predict": 4})
