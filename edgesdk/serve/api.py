@@ -172,9 +172,10 @@ def parse_text_request(body: object, route: str = "/v1/completions", completer=N
                                                    for t in prompt):
         # Token ids, as OpenAI takes them (lm-evaluation-harness sends its prompts so by default).
         request = CompletionRequest(chat=False, prompt_tokens=tuple(prompt), **_common_fields(body, chat=False))
-    elif not isinstance(prompt, str) or not prompt:
+    elif not isinstance(prompt, str) or not (prompt or suffix):  # "" before a suffix: completing a file's start
         raise ApiError(400, f"'prompt' must be a non-empty string or array of token ids, got {_shown(prompt)} "
-                       "(this server takes one prompt per request)", param="prompt")
+                       "(this server takes one prompt per request; an empty one only before a 'suffix')",
+                       param="prompt")
     else:
         request = CompletionRequest(chat=False, prompt=prompt, **_common_fields(body, chat=False))
     return suffix_request(request, suffix, completer) if suffix else request

@@ -205,3 +205,18 @@ def test_v1_completions_suffix_on_a_model_without_fim_tokens_is_a_400_naming_it(
     assert status == 400, error
     assert error["param"] == "suffix"
     assert "'suffix' needs a fill-in-the-middle model" in error["message"]
+
+
+def test_an_empty_prompt_before_a_suffix_completes_the_start_of_a_file(fim_served):  # noqa: F811
+    """Completing at a file's very start: llama-cpp-python leaves the prefix empty (``if prompt != ""``), as /infill
+    takes an empty ``input_prefix``; an empty prompt without a suffix is still refused."""
+    status, infilled = fim_served.post("/infill", {"input_prefix": "", "input_suffix": SUFFIX, "n_predict": 4,
+                                                   "temperature": 0})
+    assert status == 200, infilled
+    status, completed = fim_served.post("/v1/completions", {"prompt": "", "suffix": SUFFIX, "max_tokens": 4,
+                                                            "temperature": 0})
+    assert status == 200, completed
+    assert completed["choices"][0]["text"] == infilled["content"]
+    assert completed["usage"]["prompt_tokens"] == infilled["tokens_evaluated"]
+    status, refused = fim_served.post("/v1/completions", {"prompt": "", "max_tokens": 4})
+    assert (status, refused["error"]["param"]) == (400, "prompt")
