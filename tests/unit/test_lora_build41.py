@@ -31,7 +31,7 @@ def _build(root, model_dir, *extra):
                                      "--keep-work", *extra], prog_name="edgesdk")
 
 
-def test_a_build_with_lora_bundles_the_fine_tuned_model_and_resume_with_another_scale_starts_over(tmp_path):
+def test_a_build_with_lora_bundles_the_fine_tuned_model_and_resume_with_another_scale_is_refused(tmp_path):
     from edgesdk.models.lora import LoraAdapter, merge_adapters
     from edgesdk.runtime.session import open_runtime
     from tests.unit._lora_files41 import random_factors, write_peft
