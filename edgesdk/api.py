@@ -657,11 +657,21 @@ def _lora_adapters(lora) -> tuple:
     def pair(value, where: str) -> LoraAdapter:
         return LoraAdapter(path_of(value[0], f"{where}[0]"), scale_of(value[1], f"{where}[1]"))
 
+    def a_scale(value) -> bool:
+        """A number, or a str that reads as one ("0.5": a scale given as text, refused as a scale by scale_of)."""
+        if isinstance(value, str):
+            try:
+                float(value)
+            except ValueError:
+                return False
+            return True
+        return isinstance(value, Real) and not isinstance(value, bool)
+
     if lora is None:
         return ()
     if isinstance(lora, (str, os.PathLike)):
         adapters = [LoraAdapter(path_of(lora, "lora"))]
-    elif isinstance(lora, tuple) and len(lora) == 2 and isinstance(lora[1], Real) and not isinstance(lora[1], bool):
+    elif isinstance(lora, tuple) and len(lora) == 2 and a_scale(lora[1]):
         adapters = [pair(lora, "lora")]  # one (path, scale) pair: llama-cpp-python's lora_path with lora_scale
     elif isinstance(lora, Mapping):
         adapters = [LoraAdapter(path_of(path, f"lora key {shown(path)}"), scale_of(scale, f"lora[{shown(path)}]"))

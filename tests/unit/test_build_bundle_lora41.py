@@ -78,6 +78,7 @@ def test_a_mapping_and_a_single_pair_are_taken_in_their_order(tiny, tmp_path):
     (b"adapter", "lora is b'adapter'; expected a path"),
     ([("{first}",)], "lora[0] is ('{first}',); expected a path or a (path, scale) pair, not 1 items"),
     ([("{first}", "0.5")], "lora[0][1] is '0.5'; expected a finite number"),
+    (("{first}", "0.5"), "lora[1] is '0.5'; expected a finite number"),  # one pair, its scale given as text
     ({"{first}": math.nan}, "lora['{first}'] is nan; expected a finite number"),
     ([("{first}", True)], "lora[0][1] is True; expected a finite number"),
     (["{first}", ""], "lora[1] is ''; expected a path (a non-empty str or a pathlib.Path)"),
