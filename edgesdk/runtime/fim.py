@@ -56,6 +56,14 @@ class FimTokens:
         return [name for name, token in (("prefix", self.pre), ("suffix", self.suf), ("middle", self.mid))
                 if token is None]
 
+    def lacking(self) -> str:
+        """What a refusal says of a vocabulary without all three (:meth:`missing` not empty): the FIM tokens it lacks
+        and how they are found."""
+        missing = self.missing()
+        return (f"its vocabulary has no FIM {', '.join(missing)} token{'s' if len(missing) > 1 else ''} (a "
+                "fill-in-the-middle model's <|fim_prefix|>, <fim_prefix>, <PRE> ..., found by their text as llama.cpp "
+                "finds them)")
+
     @property
     def can_infill(self) -> bool:
         return not self.missing()

@@ -202,10 +202,6 @@ def _suffix(body: dict) -> str:
     return suffix
 
 
-# the FIM tokens' texts a refusal names (edgesdk/runtime/fim.py lists all of them)
-FIM_TEXTS_SHOWN = "<|fim_prefix|>, <fim_prefix>, <PRE> ..."
-
-
 def suffix_request(request: CompletionRequest, suffix: str, completer) -> CompletionRequest:
     """``request`` with a ``suffix``: its prompt becomes the token ids of the fill-in-the-middle prompt
     ``[BOS] FIM_PRE prompt FIM_SUF suffix FIM_MID`` (``--spm-infill``: the suffix first), as llama-cpp-python's
@@ -214,15 +210,13 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
     context and no budget, which are ``/infill``'s: edgesdk/runtime/fim.py, ``fim_ids``). The answer is the
     middle alone, as llama-cpp-python's. A model without FIM tokens is a 400 naming ``suffix``: llama-cpp-python
     0.3 puts token 0 where each FIM token goes there, and Ollama answers "does not support insert"."""
+    from edgesdk.serve.infill import FIM_MODELS
+
     tokenizer = completer.runtime.tokenizer
     fim = tokenizer.fim_tokens()
-    missing = fim.missing()
-    if missing:
-        raise ApiError(400, f"'suffix' needs a fill-in-the-middle model, and this model's vocabulary has no FIM "
-                       f"{', '.join(missing)} token{'s' if len(missing) > 1 else ''} ({FIM_TEXTS_SHOWN}, found by "
-                       "their text as llama.cpp finds them); leave 'suffix' out, or serve a code model built with "
-                       "them (Qwen2.5-Coder, StarCoder2, CodeLlama, SmolLM2)", param="suffix",
-                       code="unsupported_parameter")
+    if not fim.can_infill:
+        raise ApiError(400, f"'suffix' needs a fill-in-the-middle model, and {fim.lacking()}; leave 'suffix' out, or "
+                       f"serve {FIM_MODELS}", param="suffix", code="unsupported_parameter")
     for text, param in ((request.prompt, "prompt"), (suffix, "suffix")):
         try:
             check_utf8(text, f"'{param}'")

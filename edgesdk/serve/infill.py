@@ -69,27 +69,23 @@ def parse_infill_request(body: object, completer) -> CompletionRequest:
                        "'input_suffix', or serve with a smaller --batch-size", param="input_prefix",
                        code="context_length_exceeded")
     rest = {key: value for key, value in body.items() if key not in INFILL_FIELDS}
-    request = parse_completion_request({**rest, "prompt": ids})
-    return request
+    return parse_completion_request({**rest, "prompt": ids})
 
 
 def require_fim(completer, route: str, param: str | None = None, status: int = 501, model: str | None = None):
     """The model's FIM tokens, or the refusal naming the ones its vocabulary lacks: llama-server's 501
     ``not_supported_error`` on /infill, Ollama's 400 "does not support insert" where ``model`` is given."""
     fim = completer.runtime.tokenizer.fim_tokens()
-    missing = fim.missing()
-    if not missing:
+    if fim.can_infill:
         return fim
-    lacks = f"its vocabulary has no FIM {', '.join(missing)} token{'s' if len(missing) > 1 else ''}"
-    texts = "<|fim_prefix|>, <fim_prefix>, <PRE> ..."
     if model is not None:
-        raise ApiError(status, f"\"{model}\" does not support insert: {lacks} (a fill-in-the-middle model's "
-                       f"{texts}, found by their text as llama.cpp finds them); leave '{param}' out, or serve a "
-                       "code model built with them (Qwen2.5-Coder, StarCoder2, CodeLlama, SmolLM2)", param=param)
-    raise ApiError(status, f"Infill is not supported by this model: {lacks} (a fill-in-the-middle model's {texts}, "
-                   f"found by their text as llama.cpp finds them); {route} needs a code model built with them "
-                   "(Qwen2.5-Coder, StarCoder2, CodeLlama, SmolLM2), or send the prompt to /completion",
-                   param=param, code="not_supported", kind="not_supported_error")
+        raise ApiError(status, f"\"{model}\" does not support insert: {fim.lacking()}; leave '{param}' out, or "
+                       f"serve {FIM_MODELS}", param=param)
+    raise ApiError(status, f"Infill is not supported by this model: {fim.lacking()}; {route} needs {FIM_MODELS}, or "
+                   "send the prompt to /completion", param=param, code="not_supported", kind="not_supported_error")
+
+
+FIM_MODELS = "a code model built with them (Qwen2.5-Coder, StarCoder2, CodeLlama, SmolLM2)"
 
 
 def prompt_ids(completer, prefix: list[int], suffix: list[int], prompt: list[int], extra: list[tuple[str, str]]):

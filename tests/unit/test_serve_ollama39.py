@@ -217,15 +217,22 @@ def test_num_ctx_above_the_context_is_capped_and_below_it_bounds_the_answer(serv
     capped = client.chat(model=NAME, messages=MESSAGES, stream=False, options={"num_predict": 12, "num_ctx": 8192})
     assert capped.message.content == whole.message.content
     window = whole.prompt_eval_count + 3
-    short = client.chat(model=NAME, messages=MESSAGES, stream=False, options={"num_predict": 12, "num_ctx": window})
-    assert (short.eval_count, short.done_reason) == (3, "length")
-    assert whole.message.content.startswith(short.message.content)
+    # Ollama's runner shifts a full num_ctx and goes on (the default); with shift false the answer ends there
+    shifted = client.chat(model=NAME, messages=MESSAGES, stream=False, options={"num_predict": 12, "num_ctx": window})
+    assert (shifted.eval_count, shifted.done_reason) == (12, "length")
+    status, short = served.post("/api/chat", {"model": NAME, "messages": MESSAGES, "stream": False, "shift": False,
+                                              "options": {"num_predict": 12, "num_ctx": window}})
+    assert status == 200, short
+    assert (short["eval_count"], short["done_reason"]) == (3, "length")
+    assert whole.message.content.startswith(short["message"]["content"])
+    assert shifted.message.content.startswith(short["message"]["content"])
     status, payload = _error(served, "/api/chat", {"model": NAME, "messages": MESSAGES,
                                                    "options": {"num_ctx": whole.prompt_eval_count}})
     assert status == 400
     assert "'options.num_ctx'" in payload["error"]
-    until_full = client.chat(model=NAME, messages=MESSAGES, stream=False, options={"num_predict": -2, "num_ctx": window})
-    assert until_full.eval_count == 3
+    status, until_full = served.post("/api/chat", {"model": NAME, "messages": MESSAGES, "stream": False,
+                                                   "shift": False, "options": {"num_predict": -2, "num_ctx": window}})
+    assert (status, until_full["eval_count"]) == (200, 3)
 
 
 def test_the_api_key_applies_and_the_root_probe_stays_open(runtime):
