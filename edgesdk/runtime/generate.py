@@ -304,11 +304,7 @@ class Sampler:
     def _draw_accepted(self, logits: np.ndarray, allowed: Callable[[int], bool]) -> int:
         """A draw from the chain run over the tokens ``allowed`` accepts only (every other logit -inf)."""
         best = _most_likely_allowed(logits, allowed)  # refuses, naming why, where no token is left
-        finite = np.flatnonzero(logits > -math.inf)
-        keep = np.fromiter((allowed(int(token)) for token in finite), bool, finite.shape[0])
-        masked = np.full(logits.shape, -np.inf, np.float32)
-        masked[finite[keep]] = logits[finite[keep]]
-        return self._draw(self._distribution(masked, best))
+        return self._draw(self._distribution(_allowed_only(logits, allowed), best))
 
     def _greedy_kept(self, logits: np.ndarray, best: int, allowed: Callable[[int], bool] | None) -> int:
         """Greedy decoding through a chain with the infill sampler: the most likely token the chain keeps (the
@@ -319,11 +315,7 @@ class Sampler:
         if allowed is None or allowed(token):
             return token
         best = _most_likely_allowed(logits, allowed)  # refuses, naming why, where no token is left
-        masked = np.full(logits.shape, -np.inf, np.float32)
-        finite = np.flatnonzero(logits > -math.inf)
-        keep = np.fromiter((allowed(int(index)) for index in finite), bool, finite.shape[0])
-        masked[finite[keep]] = logits[finite[keep]]
-        token = int(np.argmax(self._chain(masked, best)))
+        token = int(np.argmax(self._chain(_allowed_only(logits, allowed), best)))
         return token if allowed(token) else best
 
     def _distribution(self, logits: np.ndarray, best: int) -> np.ndarray:
@@ -741,6 +733,15 @@ def _shift(backend: DecoderBackend, held_ids: list[int], token: int, spans: tupl
     if cache is not None:
         cache.took(feed[:-1])  # ``token`` is added where every step adds it
     return rows[-1], kept
+
+
+def _allowed_only(logits: np.ndarray, allowed: Callable[[int], bool]) -> np.ndarray:
+    """``logits`` (float32) with every token ``allowed`` refuses, and every one already at -inf, at -inf."""
+    finite = np.flatnonzero(logits > -math.inf)
+    keep = np.fromiter((allowed(int(token)) for token in finite), bool, finite.shape[0])
+    masked = np.full(logits.shape, -np.inf, np.float32)
+    masked[finite[keep]] = logits[finite[keep]]
+    return masked
 
 
 def _infill_vocabulary(sampling: SamplingConfig, vocabulary):
