@@ -108,10 +108,12 @@ def test_the_answer_s_num_predict_has_its_room_and_without_a_limit_one_token(ser
     _same_answer(served, messages, [SYSTEM, LAST], num_ctx=window)
     client = _client(served)
     for predict in (-1, -2):  # no limit (here: until the context fills): the fuller cut, as Ollama's prompt-only fit
-        answer = client.chat(model=NAME, messages=messages, stream=False,
-                             options={"num_predict": predict, "num_ctx": window})
-        assert answer.prompt_eval_count == _count(served, fuller)
-        assert answer.eval_count <= 4
+        status, answer = served.post("/api/chat", {"model": NAME, "messages": messages, "stream": False,
+                                                   "shift": False, "options": {"num_predict": predict,
+                                                                               "num_ctx": window}})
+        assert status == 200, answer
+        assert answer["prompt_eval_count"] == _count(served, fuller)
+        assert answer["eval_count"] <= 4  # without the shift (Ollama's default) it stops where num_ctx fills
     # no num_predict: the server's limit for an answer (--max-new-tokens, 24 here) has its room
     answer = client.chat(model=NAME, messages=messages, stream=False, options={"num_ctx": window})
     assert answer.prompt_eval_count == _count(served, [SYSTEM, LAST])
@@ -159,10 +161,11 @@ def test_a_tool_result_is_never_kept_without_its_call(served):
     window = _count(served, block) + 2
     assert _count(served, [SYSTEM, {"role": "user", "content": tool_result_text("set_light", "done")}]) + PREDICT \
         <= window  # the result alone would have left num_predict its room
-    answer = _client(served).chat(model=NAME, messages=messages, stream=False,
-                                  options={"num_predict": PREDICT, "num_ctx": window})
-    assert answer.prompt_eval_count == _count(served, block)
-    assert answer.eval_count <= 2
+    status, answer = served.post("/api/chat", {"model": NAME, "messages": messages, "stream": False, "shift": False,
+                                               "options": {"num_predict": PREDICT, "num_ctx": window}})
+    assert status == 200, answer
+    assert answer["prompt_eval_count"] == _count(served, block)
+    assert answer["eval_count"] <= 2  # without the shift (Ollama's default) it stops where num_ctx fills
 
 
 ALTERNATING = ("{% set rest = messages[1:] if messages[0]['role'] == 'system' else messages %}"
