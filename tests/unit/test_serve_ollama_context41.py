@@ -16,6 +16,9 @@ ollama = pytest.importorskip("ollama")
 from edgesdk.serve import ollama as ollama_api  # noqa: E402
 from edgesdk.serve.api import ApiError  # noqa: E402
 from edgesdk.serve.completion import ServeDefaults  # noqa: E402
+from tests._utils.ollama_calls import ollama_client as _client  # noqa: E402
+from tests._utils.ollama_calls import post_error as _error  # noqa: E402
+from tests._utils.ollama_calls import post_ok as _ok  # noqa: E402
 from tests.unit.test_serve import Served  # noqa: E402
 
 NAME = "tiny-host:latest"
@@ -27,22 +30,6 @@ def served(runtime):
     server = Served(runtime, ServeDefaults(max_tokens=12))
     yield server
     server.close()
-
-
-def _client(server: Served) -> ollama.Client:
-    return ollama.Client(host=f"http://127.0.0.1:{server.port}")
-
-
-def _ok(server: Served, path: str, body: dict) -> dict:
-    status, payload = server.post(path, body)
-    assert status == 200, payload
-    return payload
-
-
-def _error(server: Served, path: str, body: dict) -> tuple[int, str]:
-    status, payload = server.post(path, body)
-    assert set(payload) == {"error"}, payload  # Ollama's shape
-    return status, payload["error"]
 
 
 def _rendered(server: Served, prompt: str, system: str | None = None) -> str:

@@ -17,6 +17,9 @@ ollama = pytest.importorskip("ollama")
 
 from edgesdk.runtime.session import open_runtime  # noqa: E402
 from edgesdk.serve.completion import ServeDefaults  # noqa: E402
+from tests._utils.ollama_calls import ollama_client as _client  # noqa: E402
+from tests._utils.ollama_calls import post_error as _error  # noqa: E402
+from tests._utils.ollama_calls import post_ok as _ok  # noqa: E402
 from tests._utils.tiny import CHAT_TEMPLATE  # noqa: E402
 from tests.unit.test_serve import Served  # noqa: E402
 
@@ -59,22 +62,6 @@ def templateless(tiny_bundle):
     server = _server(tiny_bundle, None)
     yield server
     server.close()
-
-
-def _client(server: Served) -> ollama.Client:
-    return ollama.Client(host=f"http://127.0.0.1:{server.port}")
-
-
-def _ok(server: Served, path: str, body: dict) -> dict:
-    status, payload = server.post(path, body)
-    assert status == 200, payload
-    return payload
-
-
-def _error(server: Served, path: str, body: dict) -> tuple[int, str]:
-    status, payload = server.post(path, body)
-    assert set(payload) == {"error"}, payload  # Ollama's shape
-    return status, payload["error"]
 
 
 def _count(server: Served, messages: list, **fields) -> int:
