@@ -695,7 +695,7 @@ def _lora_adapters(lora) -> tuple:
         try:
             check_adapter(adapter)
         except ModelSourceError as exc:
-            problem = exc.problem.replace(f"--lora {adapter.path}", f"build_bundle(): lora {adapter.path!r}", 1)
+            problem = exc.problem.replace(adapter.named, f"build_bundle(): lora {adapter.path!r}", 1)
             fix = (exc.fix or "").replace("with --model", "as model").replace("with --lora", "in lora")
             raise ModelSourceError(problem, fix) from exc
     return tuple(adapters)

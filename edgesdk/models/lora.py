@@ -58,6 +58,11 @@ class LoraAdapter:
     path: str
     scale: float = 1.0
 
+    @property
+    def named(self) -> str:
+        """How an error names the adapter: the option and path it came with."""
+        return f"--lora {self.path}"
+
 
 @dataclass
 class _Update:
@@ -103,7 +108,7 @@ def check_adapter(adapter: LoraAdapter) -> str:
     """The form of ``adapter``'s path ("peft" or "gguf"), refusing a missing path, a whole model, a file of
     another kind or a scale that is not a finite number: checked before the model is fetched or loaded."""
     path = Path(adapter.path).expanduser()
-    where = f"--lora {adapter.path}"
+    where = adapter.named
     if not isinstance(adapter.scale, (int, float)) or not math.isfinite(adapter.scale):
         raise ModelSourceError(f"--lora-scaled {adapter.path} {adapter.scale}: the scale is not a finite number",
                                "pass a number such as 0.5 or 1 (llama.cpp's --lora-scaled FNAME SCALE)")
@@ -248,7 +253,7 @@ def _pattern_value(patterns: dict | None, module: str, default):
 
 
 def _peft_config(adapter: LoraAdapter, directory: Path) -> dict:
-    where = f"--lora {adapter.path}"
+    where = adapter.named
     try:
         config = json.loads((directory / PEFT_CONFIG).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -290,7 +295,7 @@ def _peft_config(adapter: LoraAdapter, directory: Path) -> dict:
 
 
 def _peft_tensors(adapter: LoraAdapter, directory: Path) -> tuple[Path, dict]:
-    where = f"--lora {adapter.path}"
+    where = adapter.named
     weights = next(directory / name for name in PEFT_WEIGHTS if (directory / name).is_file())
     try:
         if weights.suffix == ".safetensors":
@@ -327,7 +332,7 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
     import torch
 
     directory = Path(adapter.path).expanduser()
-    where = f"--lora {adapter.path}"
+    where = adapter.named
     config = _peft_config(adapter, directory)
     weights_file, tensors = _peft_tensors(adapter, directory)
     read = ReadAdapter(adapter=adapter, form="peft", weights_file=weights_file, alpha=float(config.get("lora_alpha", 8)))
@@ -458,7 +463,7 @@ def _read_gguf(adapter: LoraAdapter, model, base_architecture: str | None) -> Re
     from gguf import GGUFReader, dequantize
 
     path = Path(adapter.path).expanduser()
-    where = f"--lora {adapter.path}"
+    where = adapter.named
     try:
         reader = GGUFReader(str(path))
     except Exception as exc:  # gguf raises ValueError and struct errors for damaged files
