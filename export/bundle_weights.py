@@ -39,7 +39,7 @@ class BundleLayer:
     k_norm: np.ndarray | None = None  # (hd,) and of every key head
     attn_out_norm: np.ndarray | None = None  # (D,) Gemma 3: the norm of the attention's output
     ffn_out_norm: np.ndarray | None = None  # (D,) Gemma 3: and of the FFN's output
-    rope: int = 0  # which of BundleDecoder.rope_bases rotates this layer
+    rope: int | None = 0  # which of BundleDecoder.rope_bases rotates this layer; None: none (do_rotary 0, NoPE)
     window: int | None = None  # sliding attention: each query sees the last `window` positions (None: all)
 
 
@@ -333,8 +333,9 @@ def _layer(store: _Initializers, nodes: _NodeIndex, i: int, tables: list[str]) -
         raise ExportError(f"the fused graph has no GroupQueryAttention for layer {i}",
                           "the bundle was not written by this edgesdk's fused exporter; rebuild it")
     attributes = _attributes(attention)
-    cos = attention.input[7]
-    if cos not in tables:
+    rotary = int(attributes.get("do_rotary", 0)) == 1 and len(attention.input) > 7 and attention.input[7]
+    cos = attention.input[7] if rotary else None  # a layer without rotary (SmolLM3's NoPE layers) reads none
+    if cos is not None and cos not in tables:
         tables.append(cos)
     window = attributes.get("local_window_size", -1)
     optional = {name: store.array(f"{prefix}.{name}").astype(np.float32)
@@ -347,7 +348,7 @@ def _layer(store: _Initializers, nodes: _NodeIndex, i: int, tables: list[str]) -
         post_attention_norm=store.array(f"{prefix}.post_attention_norm").astype(np.float32),
         heads=heads, kv_heads=int(attributes["kv_num_heads"]),
         units={unit: _unit(store, nodes, f"{prefix}.{unit}") for unit in UNITS},
-        qkv_bias=bias, q_norm=q_norm, k_norm=k_norm, rope=tables.index(cos),
+        qkv_bias=bias, q_norm=q_norm, k_norm=k_norm, rope=None if cos is None else tables.index(cos),
         window=int(window) if window > 0 else None, **optional,
     )
 

@@ -31,7 +31,8 @@ class LayerWeights:
     k_norm: np.ndarray | None = None  # (hd,) and of every key head
     attn_out_norm: np.ndarray | None = None  # (D,) Gemma 3: RMSNorm of the attention's output before the residual add
     ffn_out_norm: np.ndarray | None = None  # (D,) Gemma 3: and of the FFN's output
-    rope: int = 0  # which of DecoderWeights.ropes() rotates this layer (Gemma 3: local and global bases)
+    rope: int | None = 0  # which of DecoderWeights.ropes() rotates this layer (Gemma 3: local and global bases);
+    # None: the layer rotates neither query nor key (SmolLM3's NoPE layers)
     window: int | None = None  # sliding attention: each query sees the last `window` positions, itself included
 
     def heads(self, head_dim: int) -> tuple[int, int]:
@@ -88,7 +89,12 @@ def _np(tensor) -> np.ndarray:
 
 
 def decoder_weights_from_hf(model) -> DecoderWeights:
-    """Read a transformers Llama/Mistral/Qwen2/Qwen3/Gemma 3 causal LM into DecoderWeights."""
+    """Read a transformers Llama/Mistral/Qwen2/Qwen3/SmolLM3/Gemma 3 causal LM into DecoderWeights.
+
+    SmolLM3's layers whose ``no_rope_layers`` entry is 0 (every fourth by default) apply no rotary embedding:
+    transformers' SmolLM3Attention skips ``apply_rotary_pos_emb`` where its ``use_rope`` is false (llama.cpp's
+    smollm3: ``(il + 1) % 4 == 0``). It is read from each attention module, which keeps it when layers are
+    removed, rather than from the config's per-layer list."""
     config = model.config
     if config.model_type == "gemma3_text":
         return _gemma3_weights(model)
@@ -124,6 +130,7 @@ def decoder_weights_from_hf(model) -> DecoderWeights:
             gate=_np(mlp.gate_proj.weight).T, up=_np(mlp.up_proj.weight).T, down=_np(mlp.down_proj.weight).T,
             q_bias=bias(attn.q_proj), k_bias=bias(attn.k_proj), v_bias=bias(attn.v_proj),
             q_norm=norm(getattr(attn, "q_norm", None)), k_norm=norm(getattr(attn, "k_norm", None)),
+            rope=0 if getattr(attn, "use_rope", True) else None,
         ))
     return weights
 

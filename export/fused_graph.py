@@ -8,7 +8,8 @@ Per decode step the plain graph (export/llama_graph.py) runs ~40 small ops per l
     KV cache updated in place) -> MatMul(O) -> SkipSimplifiedLayerNormalization ->
     MatMul(gate|up) -> Split -> QuickGelu(alpha=1) = SiLU -> Mul -> MatMul(down)
 
-(Qwen3 adds 6 small ops before the attention: each query and key head's RMSNorm.)
+(Qwen3 adds 6 small ops before the attention: each query and key head's RMSNorm. SmolLM3's NoPE layers
+run GroupQueryAttention with do_rotary=0 and no cos / sin caches.)
 
 MatMul is ``com.microsoft.MatMulNBits`` (block-wise 8- or 4-bit weights, int8 compute with
 accuracy_level 4) for quantized bundles, or a plain MatMul for float32. A tied embedding is
@@ -184,8 +185,9 @@ class _FusedEmitter:
         return self._matmul_nbits(h, quantize_blockwise(weight.astype(np.float32), bits, self.config.block_size),
                                   "lm_head")
 
-    def attention(self, i: int, layer, h: str, cos: str, sin: str) -> str:
-        """Layer ``i``'s attention on the normalized input ``h``, through the output projection."""
+    def attention(self, i: int, layer, h: str, cos: str | None, sin: str | None) -> str:
+        """Layer ``i``'s attention on the normalized input ``h``, through the output projection; ``cos`` and
+        ``sin`` are its rotary tables, None for a layer without rotary."""
         g, hd = self.g, self.hd
         n_q, n_kv = layer.heads(hd)
         qkv_w = np.concatenate([layer.q, layer.k, layer.v], axis=1)
@@ -203,11 +205,13 @@ class _FusedEmitter:
         window = window_within(layer.window, self.max_context)
         if window is not None:  # sliding attention (Gemma 3's local layers) shorter than the context
             extra = {**extra, "local_window_size": local_window_size(window)}
+        # A layer without rotary (cos None: SmolLM3's NoPE layers) runs do_rotary=0 with the optional cos_cache and
+        # sin_cache inputs left out (onnxruntime's contrib op schema: they are read only when do_rotary is 1).
         attn = g.op("GroupQueryAttention", [
             query, key, value, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
-            "total_sequence_length", cos, sin,
-        ], outputs=outputs, domain=MS, num_heads=n_q, kv_num_heads=n_kv, do_rotary=1, rotary_interleaved=0,
-            scale=float(self.w.scale), **extra)[0]  # (B, S, Hq*hd)
+            "total_sequence_length", *((cos, sin) if cos is not None else ()),
+        ], outputs=outputs, domain=MS, num_heads=n_q, kv_num_heads=n_kv, do_rotary=int(cos is not None),
+            rotary_interleaved=0, scale=float(self.w.scale), **extra)[0]  # (B, S, Hq*hd)
         return self.linear(attn, layer.o, f"layers.{i}.attn.o")
 
     def head_norms(self, i: int, layer, qkv: str) -> str:
@@ -264,7 +268,7 @@ class _FusedEmitter:
                 h, residual = self.norm(x, layer.input_norm, f"layers.{i}.input_norm"), x
             else:
                 h, residual = self.skip_norm(x, residual, layer.input_norm, f"layers.{i}.input_norm")
-            attn = self.attention(i, layer, h, *rotations[layer.rope])
+            attn = self.attention(i, layer, h, *((None, None) if layer.rope is None else rotations[layer.rope]))
             if layer.attn_out_norm is not None:  # Gemma 3 normalises the attention's and the FFN's outputs
                 attn = self.norm(attn, layer.attn_out_norm, f"layers.{i}.attn_out_norm")
             h, residual = self.skip_norm(attn, residual, layer.post_attention_norm, f"layers.{i}.post_attention_norm")

@@ -108,7 +108,7 @@ class _GatedEmitter(_FusedEmitter):
     def attention_attributes(self, i: int) -> dict:
         return {"qk_output": 2} if i in self.peak_layers else {}  # probabilities after softmax
 
-    def attention(self, i: int, layer, h: str, cos: str, sin: str) -> str:
+    def attention(self, i: int, layer, h: str, cos: str | None, sin: str | None) -> str:
         out = super().attention(i, layer, h, cos, sin)
         if i in self.peak_layers:
             probs = f"layers.{i}.attn.qk"  # (B, Hq, S, total)

@@ -20,7 +20,8 @@ see DESIGN.md):
   * Q, K, V are one MatMul (weights concatenated); gate and up are one MatMul.
   * 1/sqrt(head_dim) is folded into the Q weights (rotary is linear, so it commutes); into the query
     norm's weight where the model normalises each head's query and key (Qwen3).
-  * Rotary is applied once to the concatenated Q|K heads.
+  * Rotary is applied once to the concatenated Q|K heads (not at all in a layer without it: SmolLM3's NoPE
+    layers).
   * Grouped-query attention reshapes Q to (B, Hkv, rep, T, hd) and broadcasts K/V instead of
     repeating them, so the cache is never expanded.
   * The LM head of a tied model is a Gemm with transB on the embedding matrix: no second copy.
@@ -131,7 +132,7 @@ class _Emitter:
         rotated = g.op("Concat", [g.op("Neg", [x2]), x1], axis=-1)
         return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rotated, sin])])
 
-    def layer(self, i: int, x: str, cos: str, sin: str, mask: str) -> tuple[str, str, str]:
+    def layer(self, i: int, x: str, cos: str | None, sin: str | None, mask: str) -> tuple[str, str, str]:
         g, hd, lw = self.g, self.hd, self.w.layers[i]
         n_q, n_kv = lw.heads(hd)
         rep = n_q // n_kv
@@ -150,7 +151,8 @@ class _Emitter:
         qk = g.op("Reshape", [qk, g.i64([0, 0, n_q + n_kv, hd])])  # (B, T, Hq+Hkv, hd)
         if lw.q_norm is not None:
             qk = self.rms_norm(qk, head_norm_weights(lw, n_q, n_kv, scale), f"{prefix}.attn.qk_norm")
-        qk = self.rotary(qk, cos, sin)
+        if cos is not None:  # None: a layer without rotary (SmolLM3's NoPE layers, transformers' use_rope false)
+            qk = self.rotary(qk, cos, sin)
         q, k = g.op("Split", [qk, g.i64([n_q, n_kv])], outputs=2, axis=2)
         k = g.op("Transpose", [k], perm=[0, 2, 1, 3])  # (B, Hkv, T, hd)
         v = g.op("Transpose", [g.op("Reshape", [v, g.i64([0, 0, n_kv, hd])])], perm=[0, 2, 1, 3])
@@ -251,7 +253,7 @@ class _Emitter:
         if w.embed_scale != 1.0:  # Gemma: the looked-up rows times sqrt(D), the table itself unscaled
             x = g.op("Mul", [x, g.const(np.array(w.embed_scale, np.float32))])
         for i, lw in enumerate(w.layers):
-            cos, sin = rotations[lw.rope]
+            cos, sin = (None, None) if lw.rope is None else rotations[lw.rope]
             x, _, _ = self.layer(i, x, cos, sin, mask_of(lw.window))
         x = self.rms_norm(x, w.final_norm, "final_norm")  # (B, T, D)
         if self.HIDDEN_OUTPUT:

@@ -222,20 +222,25 @@ def _check_whole_head_rotary(params: dict, kind: str, model_config, where: str) 
 
 
 def sliding_window(model_config) -> int | None:
-    """The attention window of a Mistral (``sliding_window``) or Qwen2 / Qwen3 (``use_sliding_window``) config,
-    or None.
+    """The attention window of a Mistral (``sliding_window``) or Qwen2 / Qwen3 / SmolLM3 (``use_sliding_window``)
+    config, or None.
 
-    Where the config lists its ``layer_types`` (Qwen2 and Qwen3 derive them from ``max_window_layers``), the
-    window counts only when some layer is ``sliding_attention`` (transformers' Qwen3Attention).
+    Where the config lists its ``layer_types`` (Qwen2 and Qwen3 derive them from ``max_window_layers``, SmolLM3
+    makes its NoPE layers sliding), the window counts only when some layer is ``sliding_attention``
+    (transformers' Qwen3Attention, SmolLM3Attention).
     """
     model_type = getattr(model_config, "model_type", None)
     window = getattr(model_config, "sliding_window", None)
-    if model_type in ("qwen2", "qwen3") and not getattr(model_config, "use_sliding_window", False):
+    if model_type in USE_SLIDING_WINDOW and not getattr(model_config, "use_sliding_window", False):
         return None
     layer_types = getattr(model_config, "layer_types", None)
     if layer_types is not None and "sliding_attention" not in layer_types:
         return None
-    return int(window) if model_type in ("mistral", "qwen2", "qwen3") and window else None
+    return int(window) if model_type in ("mistral", *USE_SLIDING_WINDOW) and window else None
+
+
+# model types whose sliding_window applies only where use_sliding_window is true
+USE_SLIDING_WINDOW = ("qwen2", "qwen3", "smollm3")
 
 
 def export_model(model, out_dir: Path, config: ExportConfig = ExportConfig()) -> GraphSpec:

@@ -11,6 +11,7 @@ each layer's ``attn_out_norm`` and ``ffn_out_norm`` (its norms as the 1 + w they
 norms) and, past the first rotary table ``inv_freq``, the next ones as ``inv_freq.1``, ...; the record adds
 ``embed_scale``, ``attention_scale``, ``activation`` and ``other_rope_scalings``, and per layer its rotary table
 ``rope`` and its sliding ``window``. A Llama / Qwen record has none of these, so what it holds is unchanged.
+SmolLM3's layers without rotary (NoPE) carry ``"rope": null``.
 
 Files (all listed in the bundle manifest, so hashed and verified):
     sparse/weights.safetensors   the tensors above
@@ -133,7 +134,9 @@ def export_sparse(model, out_dir: Path, config: SparseExportConfig, max_context:
                                                                           for row in mask]}
         heads, kv_heads = layer.heads(weights.head_dim)
         layers.append({"heads": heads, "kv_heads": kv_heads, "ffn": layer.ffn_width})
-        if layer.rope:  # Gemma 3: a layer rotating by another table than the first layer's
+        if layer.rope is None:  # SmolLM3's NoPE layers: no rotary at all (null)
+            layers[-1]["rope"] = None
+        elif layer.rope:  # Gemma 3: a layer rotating by another table than the first layer's
             layers[-1]["rope"] = layer.rope
         if layer.window is not None:  # Gemma 3's sliding layers: a query sees the last `window` positions
             layers[-1]["window"] = int(layer.window)

@@ -24,6 +24,8 @@ SUPPORTED_ARCHITECTURES = {
     "mistral": "Llama layout; sliding window must be off or longer than the context",
     "qwen2": "Llama layout with q/k/v biases",
     "qwen3": "Llama layout with an RMSNorm on each head's query and key (q_norm, k_norm) before rotary",
+    "smollm3": "SmolLM3: Llama layout whose no_rope_layers (every fourth layer) apply no rotary (NoPE); "
+               "sliding window must be off or longer than the context",
     "gemma3_text": "Gemma 3 (270M, 1B): query/key norms, norms around attention and FFN, sliding-window "
                    "layers, GeGLU FFN, embedding scaled by sqrt(width)",
 }
@@ -65,7 +67,8 @@ def check_model_type(model_type: str | None, where: str) -> None:
         raise ModelSourceError(
             f"model {where} has architecture '{model_type}', which edgesdk cannot export; "
             f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}",
-            "use a Llama-family decoder (Llama, SmolLM2, TinyLlama, Qwen2, Qwen3, Mistral) or a Gemma 3 text model",
+            "use a Llama-family decoder (Llama, SmolLM2, SmolLM3, TinyLlama, Qwen2, Qwen3, Mistral) or a Gemma 3 "
+            "text model",
         )
 
 
@@ -173,6 +176,13 @@ def check_gguf_model(path: Path) -> dict:
         raise ModelSourceError(f"the GGUF file {path} holds {what}", "pass the GGUF of a whole model")
     if arch == "gemma3":
         return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
+    if arch == "smollm3":
+        raise ModelSourceError(
+            f"the GGUF file {path} holds a SmolLM3 model (general.architecture smollm3), which transformers' GGUF "
+            "reader, through which edgesdk loads GGUF files, does not read (it has no smollm3 mapping; llama.cpp "
+            "reads it as Llama's tensors with no rotary in every fourth layer)",
+            "build from the model's Hugging Face directory instead (e.g. hf download HuggingFaceTB/SmolLM3-3B "
+            "--local-dir SmolLM3-3B, then edgesdk build --model SmolLM3-3B), which edgesdk exports")
     check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
     head_dim = _gguf_head_dim(path, arch, field)
     return {**head_dim, **_gguf_rope_overrides(path, arch, field, reader, head_dim)}

@@ -21,6 +21,10 @@ families), the per-head query / key norms, GeGLU with tanh GELU (``activation``)
 (``rope``: the sliding layers' local base, the full layers' global one) and each sliding layer's ``window``: a
 query at position p reads keys p - window + 1 .. p, in prefill's mask and in the decode kernel alike.
 
+SmolLM3 (transformers' SmolLM3ForCausalLM) is Llama's layout with no rotary in the layers whose ``no_rope_layers``
+entry is 0 (every fourth): their record's ``rope`` is null, and their queries and keys go into the cache and the
+decode kernel unrotated (the kernel never rotates: rotary is applied here, before it).
+
 On a CUDA device single-token decode runs a static step (token, position and length in device
 tensors) captured once as a CUDA graph and replayed, so a step costs one launch from Python
 instead of about a thousand.
@@ -89,7 +93,8 @@ class SparseDecoder:
                 f"compute (it computes {', '.join(ACTIVATIONS)})",
                 "run the bundle with the edgesdk that built it, or rebuild it with this edgesdk")
         self.activation = ACTIVATIONS[activation]
-        self.layer_ropes = [int(r.get("rope", 0)) for r in record["layers"]]
+        # each layer's rotary table; None (the record's null): the layer rotates nothing (SmolLM3's NoPE layers)
+        self.layer_ropes = [None if r.get("rope", 0) is None else int(r.get("rope", 0)) for r in record["layers"]]
         self.windows = [int(r["window"]) if r.get("window") else None for r in record["layers"]]
         rope_scalings = [self.rope_scaling, *(float(v) for v in record.get("other_rope_scalings", []))]
         # compiled attention reads the cache in its own dtype: held in it, no step copies the whole cache
@@ -203,7 +208,6 @@ class SparseDecoder:
         for layer, (heads, kv_heads), (keys, values), rope, window in zip(
                 self.layers, self.layer_heads, self.cache if cache is None else cache, self.layer_ropes,
                 self.windows, strict=True):
-            cos, sin = rotary[rope]
             x = rms_norm(hidden, layer["input_norm"], self.eps)
             qkv = self._matmul(x, layer["qkv"])  # (T, (Hq + 2 Hkv) hd)
             if layer["qkv_bias"] is not None:
@@ -213,8 +217,10 @@ class SparseDecoder:
             k = k.reshape(count, kv_heads, self.head_dim).transpose(0, 1)  # (Hkv, T, hd)
             if layer["q_norm"] is not None:
                 q, k = rms_norm(q, layer["q_norm"], self.eps), rms_norm(k, layer["k_norm"], self.eps)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            if rope is not None:  # SmolLM3's NoPE layers skip rotary (transformers' use_rope false)
+                cos, sin = rotary[rope]
+                q = q * cos + rotate_half(q) * sin
+                k = k * cos + rotate_half(k) * sin
             write(keys, values, k, v.reshape(count, kv_heads, self.head_dim).transpose(0, 1))
             attended = attend(q, keys, values, heads, kv_heads, window)  # (T, Hq*hd)
             out = self._matmul(attended, layer["o"])
