@@ -5,6 +5,7 @@ Importing this module imports click only; the deploy machinery loads when the co
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -13,7 +14,19 @@ import click
 
 @click.command("deploy")
 @click.argument("bundle", required=False, type=click.Path(path_type=Path))
-@click.option("--host", "-H", metavar="USER@BOARD[:PORT]", help="Deploy over ssh to this board (or ~/.ssh/config alias).")
+@click.option("--host", "-H", multiple=True, metavar="USER@BOARD[:PORT]",
+              help="Deploy over ssh to this board (or ~/.ssh/config alias); repeat it for several boards.")
+@click.option("--hosts", "hosts_file", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Deploy to every board of this inventory: one USER@BOARD[:PORT] (or alias) per line, optionally "
+                   "followed by remote_root=, remote_python=, identity= for that board; # starts a comment.")
+@click.option("--limit", multiple=True, metavar="BOARD",
+              help="With --hosts: only the inventory's boards named here (repeatable), as the line starts.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=4, show_default=True, metavar="N",
+              help="With several boards: how many are deployed at once. Each sends the bundle from this machine "
+                   "and checks its sha256 here, so more at once share this machine's uplink and disk without "
+                   "finishing sooner; raise it for small bundles on a fast network.")
+@click.option("--fail-fast", is_flag=True,
+              help="With several boards: start no further board after the first failure (running ones finish).")
 @click.option("--to", "to", type=click.Path(path_type=Path), help="Deploy into this local directory instead.")
 @click.option("--remote-root", default="~/edgesdk", show_default=True, help="Deploy root on the board.")
 @click.option("-i", "identity", type=click.Path(dir_okay=False), help="ssh private key (ssh -i).")
@@ -46,9 +59,9 @@ import click
               help="With --service: the server's TCP port.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
-def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config, ssh_command, accept_new_host_key,
-           show_status, rollback, release_id, ignore_target, no_install, system_site_packages, remote_python, keep,
-           smoke_timeout, service, service_host, service_port, as_json):
+def deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_root, identity, ssh_options, ssh_config,
+           ssh_command, accept_new_host_key, show_status, rollback, release_id, ignore_target, no_install,
+           system_site_packages, remote_python, keep, smoke_timeout, service, service_host, service_port, as_json):
     """Ship BUNDLE to a board over ssh and switch to it: verified, smoke-tested, atomic, with rollback.
 
     \b
@@ -56,6 +69,7 @@ def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config
       edgesdk deploy BUNDLE --to /mnt/sdcard/edgesdk        # same release logic, no ssh
       edgesdk deploy --status --host nvidia@orin.local
       edgesdk deploy --rollback --host nvidia@orin.local
+      edgesdk deploy BUNDLE --hosts boards.txt --jobs 8     # a fleet: concurrent, one summary
 
     A cut connection leaves the board on its previous release; run the same command again to resume.
     """
@@ -63,22 +77,31 @@ def deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config
     from edgesdk.deploy.transport import DeployError
 
     try:
-        _deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config, ssh_command,
-                accept_new_host_key, show_status, rollback, release_id, ignore_target, no_install,
-                system_site_packages, remote_python, keep, smoke_timeout, service, service_host, service_port,
-                as_json)
+        _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_root, identity, ssh_options,
+                ssh_config, ssh_command, accept_new_host_key, show_status, rollback, release_id, ignore_target,
+                no_install, system_site_packages, remote_python, keep, smoke_timeout, service, service_host,
+                service_port, as_json)
     except Interrupted as stop:  # Ctrl-C: say what the board was left with, exit as a shell reports SIGINT
         error = DeployError(stop.problem, stop.fix)
         error.exit_code = 130
         raise error from None
 
 
-def _deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_config, ssh_command, accept_new_host_key,
-            show_status, rollback, release_id, ignore_target, no_install, system_site_packages, remote_python, keep,
-            smoke_timeout, service, service_host, service_port, as_json):
+def _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_root, identity, ssh_options, ssh_config,
+            ssh_command, accept_new_host_key, show_status, rollback, release_id, ignore_target, no_install,
+            system_site_packages, remote_python, keep, smoke_timeout, service, service_host, service_port, as_json):
     from edgesdk.deploy.session import DeployOptions
     from edgesdk.deploy.transport import DeployError, SshOptions
 
+    fleet = hosts_file is not None or len(host) > 1
+    if fleet and to is not None:
+        given = f"--hosts {hosts_file}" if hosts_file else f"--host given {len(host)} times"
+        raise click.BadParameter(f"deploys into one local directory, so it takes no fleet ({given}); drop --to to "
+                                 "deploy to the boards, or the boards to deploy into the directory", param_hint="--to")
+    if limit and hosts_file is None:
+        raise click.BadParameter("picks boards of an inventory; pass --hosts FILE with it, or name the boards with "
+                                 "--host", param_hint="--limit")
+    host = host[0] if host and not fleet else None
     if keep < 1:
         raise click.BadParameter("--keep must be at least 1", param_hint="--keep")
     if show_status and rollback:
@@ -125,6 +148,14 @@ def _deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_confi
     if show_status or rollback:
         if bundle is not None:
             raise DeployError(f"--status and --rollback take no BUNDLE (got {bundle})", "drop the bundle argument")
+    elif bundle is None:
+        raise DeployError("no BUNDLE given", "pass the bundle directory (or its archive from 'edgesdk pack') to "
+                          "deploy, or --status / --rollback")
+    if fleet:
+        _fleet(ctx, bundle, options, host_args(ctx), hosts_file, limit, jobs, fail_fast, show_status, rollback,
+               release_id, as_json)
+        return
+    if show_status or rollback:
         from edgesdk.deploy.releases import format_status, status
         from edgesdk.deploy.releases import rollback as do_rollback
 
@@ -137,10 +168,112 @@ def _deploy(ctx, bundle, host, to, remote_root, identity, ssh_options, ssh_confi
             info = status(options)
             click.echo(json.dumps(info, indent=2) if as_json else format_status(info))
         return
-    if bundle is None:
-        raise DeployError("no BUNDLE given", "pass the bundle directory (or its archive from 'edgesdk pack') to deploy, "
-                          "or --status / --rollback")
     from edgesdk.deploy.orchestrate import deploy as do_deploy
 
     result = do_deploy(bundle, options)
     click.echo(json.dumps(result.__dict__) if as_json else result.summary())
+
+
+def host_args(ctx) -> tuple[str, ...]:
+    """The --host values as given (``_deploy`` reduces ``host`` to one board or None)."""
+    return tuple(ctx.params.get("host") or ())
+
+
+def command_words(ctx, leave_out: tuple[str, ...]) -> list[str]:
+    """``edgesdk deploy`` with the arguments and options given on the command line, less ``leave_out``
+    (parameter names): the command to run again. Options from the environment ($EDGESDK_SSH) stay there."""
+    typed = click.core.ParameterSource.COMMANDLINE
+    words = ["edgesdk", "deploy"]
+    for param in ctx.command.params:
+        if param.name in leave_out or ctx.get_parameter_source(param.name) != typed:
+            continue
+        value = ctx.params[param.name]
+        if isinstance(param, click.Argument):
+            words.append(str(value))
+        elif param.is_flag:
+            words.append(max(param.opts if value or not param.secondary_opts else param.secondary_opts, key=len))
+        else:
+            for one in value if param.multiple else (value,):
+                words += [max(param.opts, key=len), str(one)]
+    return words
+
+
+def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show_status, rollback, release_id,
+           as_json):
+    """Deploy (roll back, show the status of) every board of ``--host`` and ``--hosts`` (edgesdk/deploy/fleet.py)."""
+    import shlex
+    import time
+
+    from edgesdk.deploy import fleet
+    from edgesdk.deploy.report import Reporter
+    from edgesdk.deploy.transport import DeployError
+
+    boards = fleet.fleet_boards(hosts, hosts_file, limit, options.remote_root)
+    console = fleet.Console()
+    on_interrupt = None
+    if show_status:
+        from edgesdk.deploy.releases import format_status, status
+
+        what = "status"
+
+        def work(board, report, progress):
+            info = status(fleet.board_options(options, board))
+            return info, info.get("current") or "none"
+
+        def make_report(board):
+            return None
+    elif rollback:
+        from edgesdk.deploy.releases import rollback as do_rollback
+
+        what = "rollback"
+
+        def work(board, report, progress):
+            result = do_rollback(fleet.board_options(options, board), release_id, report, progress)
+            return result, result["to"]
+
+        def make_report(board):
+            return Reporter(total=4, prefix="rollback", write=console.board_writer(board.label))
+    else:
+        from edgesdk.deploy import install
+        from edgesdk.deploy.orchestrate import deploy as do_deploy
+        from edgesdk.deploy.orchestrate import interrupted
+
+        what = "deploy"
+        if options.install:
+            # the runtime wheel is built (and cached) once here, not by every board's thread at the same time;
+            # a failure is each board's to report
+            with contextlib.suppress(DeployError):
+                install.runtime_source()
+
+        def work(board, report, progress):
+            result = do_deploy(bundle, fleet.board_options(options, board), report, progress)
+            return result.__dict__, result.bundle_id
+
+        def make_report(board):
+            return Reporter(total=9 if options.service else 8, write=console.board_writer(board.label))
+
+        def on_interrupt(progress, error):
+            said = interrupted(progress)
+            last = getattr(error, "problem", None) or str(error)
+            said.problem += f"\n(the board's last answer: {last.splitlines()[0]})"
+            return said
+
+    began = time.monotonic()
+    outcomes, stopped = fleet.run_fleet(boards, work, make_report, console, jobs=jobs, fail_fast=fail_fast,
+                                        on_interrupt=on_interrupt)
+    lines = fleet.summary(f"{what} of {len(boards)} boards", outcomes, time.monotonic() - began)
+    again = fleet.retry_boards(outcomes)
+    if again:
+        words = command_words(ctx, ("host", "hosts_file", "limit")) + fleet.retry_arguments(again)
+        lines.append(f"retry the {len(again)} board{'s' if len(again) > 1 else ''} that did not finish: "
+                     + shlex.join(words))
+    if as_json:
+        click.echo(json.dumps([o.as_json() for o in outcomes], indent=2 if show_status else None))
+    elif show_status:
+        blocks = [format_status(o.result) if o.state == fleet.OK else
+                  f"board      {o.board.label}: {o.state}" + (f": {o.problem.splitlines()[0]}" if o.problem else "")
+                  for o in outcomes]
+        click.echo("\n\n".join(blocks))
+    for line in lines:
+        click.echo(line, err=as_json or show_status)
+    ctx.exit(130 if stopped else 0 if all(o.state == fleet.OK for o in outcomes) else 1)

@@ -263,11 +263,14 @@ def interrupted(progress: dict) -> Interrupted:
                        "arrived are not sent again")
 
 
-def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = None) -> DeployResult:
+def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = None,
+           progress: dict | None = None) -> DeployResult:
     """Deploy a bundle (directory, or archive from 'edgesdk pack') onto the board or directory named in
-    ``options``. A Ctrl-C comes out as :class:`Interrupted`, saying what the board was left with."""
+    ``options``. A Ctrl-C comes out as :class:`Interrupted`, saying what the board was left with. ``progress``
+    (filled in as the deploy goes: the board, the release current was on, the stage) lets a caller say the
+    same for a deploy that ended otherwise."""
     report = report or Reporter(total=9 if options.service else 8)
-    progress: dict = {}
+    progress = {} if progress is None else progress
     try:
         return _deploy(bundle_path, options, report, progress)
     except Interrupted:

@@ -60,11 +60,13 @@ def format_status(info: dict) -> str:
     return "\n".join(lines)
 
 
-def rollback(options: DeployOptions, release: str | None = None, report: Reporter | None = None) -> dict:
+def rollback(options: DeployOptions, release: str | None = None, report: Reporter | None = None,
+             progress: dict | None = None) -> dict:
     """Switch ``current`` back to ``previous`` (or to ``release``) after verifying and smoke-testing it. A Ctrl-C
-    comes out as :class:`~edgesdk.deploy.orchestrate.Interrupted`, saying what the board was left with."""
+    comes out as :class:`~edgesdk.deploy.orchestrate.Interrupted`, saying what the board was left with.
+    ``progress`` (filled in as it goes: the board, its current release, the stage) is for the caller."""
     report = report or Reporter(total=4, prefix="rollback")
-    progress: dict = {}
+    progress = {} if progress is None else progress
     try:
         return _rollback(options, release, report, progress)
     except Interrupted:

@@ -1,0 +1,361 @@
+"""``edgesdk deploy`` to several boards: an inventory, concurrent deploys, one summary.
+
+Each board goes through the single-board code path (:func:`~edgesdk.deploy.orchestrate.deploy`,
+:func:`~edgesdk.deploy.releases.rollback`, :func:`~edgesdk.deploy.releases.status`) in a thread of
+its own: the work is ssh subprocesses, so threads overlap it. At most ``jobs`` boards run at once;
+a board that fails does not stop the others (their releases are independent) unless ``fail_fast``,
+which starts no board after the first failure. Every progress line carries the board's name and is
+written whole, under one lock, so lines of two boards never mix.
+
+Ctrl-C reaches the main thread only (Python delivers signals there), so the main thread stops
+starting boards and raises KeyboardInterrupt in every board still running, where the single-board
+interrupt handling turns it into what that board was left with. A terminal's Ctrl-C also stops the
+board's ssh client (same process group), so the board's thread wakes at once; a SIGINT sent to this
+process alone reaches a board's thread once its current ssh command returns.
+
+The inventory (``--hosts FILE``) has one board per line, as ``--host`` takes it, with settings that
+differ between boards after it::
+
+    # lab boards
+    nvidia@orin-1.local
+    nvidia@orin-2.local:2222   remote_root=/data/edgesdk
+    pi@192.168.1.40            remote_python=/usr/bin/python3.11 identity=~/.ssh/pi_fleet
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+import shlex
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from edgesdk.deploy.report import Reporter
+from edgesdk.deploy.session import DeployOptions
+from edgesdk.deploy.transport import DeployError, HostSpec
+from edgesdk.errors import EdgeSDKError
+
+INVENTORY_KEYS = ("remote_root", "remote_python", "identity")
+DEFAULT_JOBS = 4
+
+OK, FAILED, INTERRUPTED, NOT_STARTED = "ok", "failed", "interrupted", "not started"
+
+
+@dataclass
+class FleetBoard:
+    """One board of a fleet: the host as written, the per-board settings, and where it was given."""
+
+    host: str
+    remote_root: str | None = None
+    remote_python: str | None = None
+    identity: str | None = None
+    origin: str = "--host"  # "--host", or "FILE:LINE" for an inventory line
+    inventory: Path | None = None
+    label: str = ""  # the name its output lines and the summary carry (set by :func:`fleet_boards`)
+
+
+def _inventory_error(path: Path, number: int, text: str, problem: str, fix: str) -> DeployError:
+    return DeployError(f"--hosts {path} line {number} ({text.strip()!r}): {problem}", fix)
+
+
+def read_inventory(path: Path) -> list[FleetBoard]:
+    """The boards of an inventory file (see the module docstring); any line that is not one is refused with
+    the file, its line number and text, before any board is touched."""
+    from edgesdk.errors import read_utf8
+
+    text = read_utf8(Path(path), "the inventory (--hosts)", DeployError)
+    boards = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as exc:  # an unclosed quote
+            raise _inventory_error(path, number, line, f"cannot be split into words ({exc})",
+                                   "close the quote, or write the value without quotes") from exc
+        if not words:
+            continue
+        host, settings = words[0], {}
+        if "=" in host:
+            raise _inventory_error(path, number, line, f"starts with the setting {host!r} instead of a board",
+                                   "start the line with the board (USER@BOARD[:PORT] or an ssh config alias), "
+                                   "then its settings, e.g. pi@192.168.1.40 remote_root=/data/edgesdk")
+        try:
+            HostSpec.parse(host)
+        except DeployError as exc:
+            raise _inventory_error(path, number, line, exc.problem, exc.fix or "") from exc
+        for word in words[1:]:
+            key, equals, value = word.partition("=")
+            if not equals:
+                raise _inventory_error(path, number, line, f"{word!r} is not a KEY=VALUE setting",
+                                       "put one board per line; after it only " + ", ".join(
+                                           f"{k}=..." for k in INVENTORY_KEYS))
+            if key not in INVENTORY_KEYS:
+                raise _inventory_error(path, number, line, f"unknown setting {key!r}",
+                                       f"use one of {', '.join(INVENTORY_KEYS)} (other options apply to every "
+                                       "board: pass them on the command line)")
+            if key in settings:
+                raise _inventory_error(path, number, line, f"{key} is given twice", "keep one of them")
+            if not value:
+                raise _inventory_error(path, number, line, f"{key} is empty",
+                                       f"give it a value, e.g. {key}=" + {"remote_root": "/data/edgesdk",
+                                                                           "remote_python": "/usr/bin/python3",
+                                                                           "identity": "~/.ssh/id_ed25519"}[key])
+            settings[key] = value
+        boards.append(FleetBoard(host=host, origin=f"{path}:{number}", inventory=Path(path), **settings))
+    if not boards:
+        raise DeployError(f"--hosts {path} lists no board (only comments and blank lines)",
+                          "add one board per line, e.g. nvidia@orin.local")
+    return boards
+
+
+def fleet_boards(hosts: tuple[str, ...], inventory: Path | None, limit: tuple[str, ...],
+                 remote_root: str) -> list[FleetBoard]:
+    """The boards of ``--host`` (each as given) and ``--hosts``, narrowed by ``--limit``; a board named twice
+    (the same host and deploy root) is refused, naming both places."""
+    boards = []
+    for host in hosts:
+        HostSpec.parse(host)
+        boards.append(FleetBoard(host=host))
+    listed = read_inventory(inventory) if inventory is not None else []
+    if limit:
+        if inventory is None:
+            raise DeployError(f"--limit {limit[0]} picks boards of an inventory, but no --hosts FILE was given",
+                              "pass --hosts FILE with it, or name the boards with --host")
+    seen: dict[tuple, FleetBoard] = {}
+    for board in [*boards, *listed]:
+        spec = HostSpec.parse(board.host)
+        key = (spec, board.remote_root or remote_root)
+        if key in seen:
+            first = seen[key]
+            raise DeployError(f"board {board.host} (deploy root {key[1]}) is given twice: at {first.origin} and "
+                              f"at {board.origin}",
+                              "drop one of them; to deploy twice to one board, give each a remote_root= of its own")
+        seen[key] = board
+    twice = {b.host for b in [*boards, *listed]
+             if sum(o.host == b.host for o in [*boards, *listed]) > 1}
+    for board in [*boards, *listed]:
+        board.label = f"{board.host} {board.remote_root or remote_root}" if board.host in twice else board.host
+    if limit:
+        unknown = [name for name in limit if not any(name in (b.host, b.label) for b in listed)]
+        if unknown:
+            raise DeployError(f"--limit {unknown[0]} names no board of {inventory} (it lists "
+                              f"{', '.join(b.label for b in listed)})",
+                              "pass a board as its line in the inventory starts")
+        listed = [b for b in listed if b.host in limit or b.label in limit]
+    return [*boards, *listed]
+
+
+def board_options(options: DeployOptions, board: FleetBoard) -> DeployOptions:
+    """The single-board options for ``board``: the command line's, with the board's own settings over them."""
+    ssh = replace(options.ssh, identity=board.identity) if board.identity else options.ssh
+    return replace(options, host=board.host, remote_root=board.remote_root or options.remote_root,
+                   remote_python=board.remote_python or options.remote_python, ssh=ssh)
+
+
+@dataclass
+class Outcome:
+    """How one board's deploy (rollback, status) ended."""
+
+    board: FleetBoard
+    state: str = NOT_STARTED
+    release: str | None = None  # the release the board is on, where known
+    seconds: float | None = None
+    problem: str | None = None
+    fix: str | None = None
+    result: dict = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        """The single-board ``--json`` object with ``host`` and ``ok`` (or ``error``) added."""
+        if self.state == OK:
+            return {**self.result, "host": self.board.host, "ok": True}
+        return {"host": self.board.host, "ok": False, "state": self.state, "error": self.problem, "fix": self.fix,
+                "release": self.release, "seconds": self.seconds}
+
+
+class Console:
+    """Writes whole lines, each prefixed with its board, under one lock (stderr by default)."""
+
+    def __init__(self, write: Callable[[str], None] | None = None):
+        import click
+
+        self._lock = threading.Lock()
+        self._write = write or (lambda line: click.echo(line, err=True))
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            self._write(text)
+
+    def board_writer(self, label: str) -> Callable[[str], None]:
+        return lambda line: self.line(f"{label}: {line}")
+
+
+def _raise_in(thread_id: int, exception: type[BaseException] | None) -> None:
+    """Raise ``exception`` in the thread ``thread_id`` at its next Python instruction (None clears a pending one);
+    CPython's PyThreadState_SetAsyncExc."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
+                                               ctypes.py_object(exception) if exception else ctypes.c_void_p(0))
+
+
+class _Slot:
+    """A running board: its thread, and whether a Ctrl-C may still be raised in it."""
+
+    def __init__(self, outcome: Outcome):
+        self.outcome = outcome
+        self.lock = threading.Lock()
+        self.armed = False
+        self.interrupted = False
+        self.thread_id: int | None = None
+
+    def interrupt(self) -> None:
+        with self.lock:
+            if self.armed and not self.interrupted and self.thread_id is not None:
+                self.interrupted = True
+                _raise_in(self.thread_id, KeyboardInterrupt)
+
+    def disarm(self) -> None:
+        """No Ctrl-C is raised in this thread after this returns (one raised before is caught here)."""
+        while True:
+            try:
+                with self.lock:
+                    self.armed = False
+                    _raise_in(threading.get_ident(), None)
+                return
+            except KeyboardInterrupt:
+                continue
+
+
+Work = Callable[[FleetBoard, Reporter | None, dict], tuple[dict, str | None]]
+
+
+def _attempt(slot: _Slot, work: Work, make_report: Callable[[FleetBoard], Reporter | None], console: Console,
+             stopping: threading.Event, on_interrupt: Callable[[dict, BaseException], EdgeSDKError] | None) -> None:
+    outcome, progress, ended = slot.outcome, {}, {}
+    began = time.monotonic()
+    try:
+        try:
+            ended["value"] = work(outcome.board, make_report(outcome.board), progress)
+        except BaseException as stop:  # noqa: BLE001 - one board's failure, whatever it is, must not stop the fleet
+            ended.setdefault("error", stop)
+    except KeyboardInterrupt as late:  # the Ctrl-C landed as the work ended: a result that came back stands
+        ended.setdefault("error", late)
+    slot.disarm()
+    outcome.seconds = time.monotonic() - began
+    error = ended.get("error")
+    if "value" in ended:
+        outcome.state = OK
+        outcome.result, outcome.release = ended["value"]
+    elif isinstance(error, KeyboardInterrupt):  # the single-board code's Interrupted, or a bare Ctrl-C
+        outcome.state, outcome.problem = INTERRUPTED, getattr(error, "problem", None) or "interrupted (Ctrl-C)"
+        outcome.fix = getattr(error, "fix", None) or "run the same command again"
+    elif stopping.is_set():
+        # the Ctrl-C stopped this board's ssh client, which ended the work as an error before the interrupt
+        # reached this thread: say what the board was left with, as the single-board Ctrl-C does
+        said = on_interrupt(progress, error) if on_interrupt is not None else None
+        outcome.state = INTERRUPTED
+        outcome.problem = said.problem if said else getattr(error, "problem", None) or str(error)
+        outcome.fix = said.fix if said else getattr(error, "fix", None)
+    elif isinstance(error, EdgeSDKError):
+        outcome.state, outcome.problem, outcome.fix = FAILED, error.problem, error.fix
+    elif isinstance(error, Exception):
+        outcome.state, outcome.problem = FAILED, f"{type(error).__name__}: {error}"
+        outcome.fix = "this is a bug in edgesdk; report it with the output above"
+    else:  # SystemExit and the like end the board's thread as they would end the command
+        outcome.state, outcome.problem, outcome.fix = FAILED, f"{type(error).__name__}: {error}", None
+    if outcome.state != OK:
+        if progress.get("where") is not None and progress.get("stage") is None:
+            outcome.release = progress.get("current") or "none"  # nothing switched yet: the board is where it was
+        write = console.board_writer(outcome.board.label)
+        for line in f"error: {outcome.problem}".splitlines():
+            write(line)
+        if outcome.fix:
+            write(f"  fix: {outcome.fix}")
+
+
+def run_fleet(boards: list[FleetBoard], work: Work, make_report: Callable[[FleetBoard], Reporter | None],
+              console: Console, jobs: int = DEFAULT_JOBS, fail_fast: bool = False,
+              on_interrupt: Callable[[dict, BaseException], EdgeSDKError] | None = None
+              ) -> tuple[list[Outcome], bool]:
+    """Run ``work`` for every board, at most ``jobs`` at once; returns each board's outcome (in the order given)
+    and whether a Ctrl-C stopped the fleet. ``work(board, report, progress)`` returns the board's JSON result
+    and the release it is on; ``on_interrupt(progress, error)`` says what a board was left with when the
+    Ctrl-C ended its work as an error instead of an interrupt."""
+    outcomes = [Outcome(board) for board in boards]
+    waiting = list(reversed(outcomes))
+    done: queue.Queue[_Slot] = queue.Queue()
+    running: list[_Slot] = []
+    stopping, interrupted, failed = threading.Event(), False, False
+
+    def start(slot: _Slot) -> None:
+        with slot.lock:
+            slot.thread_id = threading.get_ident()
+            slot.armed = True
+        try:
+            _attempt(slot, work, make_report, console, stopping, on_interrupt)
+        finally:
+            done.put(slot)
+
+    while waiting or running:
+        try:
+            while waiting and len(running) < jobs and not stopping.is_set() and not (fail_fast and failed):
+                slot = _Slot(waiting.pop())
+                running.append(slot)
+                threading.Thread(target=start, args=(slot,), name=f"deploy {slot.outcome.board.label}",
+                                 daemon=True).start()
+            if not running:
+                break
+            finished = done.get()
+            running.remove(finished)
+            failed = failed or finished.outcome.state != OK
+        except KeyboardInterrupt:
+            if not interrupted:
+                interrupted = True
+                stopping.set()
+                console.line(f"interrupted (Ctrl-C): no further board starts; stopping {len(running)} running")
+            for slot in running:
+                slot.interrupt()
+    return outcomes, interrupted
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    """Columns padded to their widest cell; the last column (the reason) is not padded."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = []
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
+        lines.append(("  " + "  ".join([*cells, row[-1]])).rstrip())
+    return lines
+
+
+def summary(what: str, outcomes: list[Outcome], seconds: float) -> list[str]:
+    """The lines after a fleet run: a count, then per board its state, release, seconds and reason."""
+    counts = {state: sum(o.state == state for o in outcomes) for state in (OK, FAILED, INTERRUPTED, NOT_STARTED)}
+    head = f"{what}: {counts[OK]} of {len(outcomes)} boards ok" + "".join(
+        f", {counts[state]} {state}" for state in (FAILED, INTERRUPTED, NOT_STARTED) if counts[state])
+    rows = [["BOARD", "RESULT", "RELEASE", "SECONDS", ""]]
+    for outcome in outcomes:
+        reason = (outcome.problem or "").splitlines()[0] if outcome.state in (FAILED, INTERRUPTED) else ""
+        rows.append([outcome.board.label, outcome.state, outcome.release or "-",
+                     f"{outcome.seconds:.1f}" if outcome.seconds is not None else "-", reason])
+    return [f"{head} ({seconds:.1f} s)", *_table(rows)]
+
+
+def retry_boards(outcomes: list[Outcome]) -> list[FleetBoard]:
+    """The boards a retry takes: those that failed, were interrupted or never started."""
+    return [o.board for o in outcomes if o.state != OK]
+
+
+def retry_arguments(boards: list[FleetBoard]) -> list[str]:
+    """``--host`` for each board given so, ``--hosts FILE --limit BOARD`` for each from an inventory."""
+    words: list[str] = []
+    for board in boards:
+        if board.inventory is None:
+            words += ["--host", board.host]
+    inventories = list(dict.fromkeys(b.inventory for b in boards if b.inventory is not None))
+    for inventory in inventories:
+        words += ["--hosts", str(inventory)]
+        for board in boards:
+            if board.inventory == inventory:
+                words += ["--limit", board.label]
+    return words
