@@ -114,6 +114,7 @@ class Model:
         except EdgeSDKError as exc:  # its fix names run's options: the same choices are load()'s arguments here
             raise _in_python_terms(exc) from exc
         self.notes: list[str] = list(self.runtime.notes)  # why each backend was or was not used, the thermal guard
+        defaults = _with_model_defaults(defaults, settings, self.runtime.bundle.manifest, self.notes)
         self._thermal = _open_guard(self.runtime, self.notes) if watch_thermal else None
         # The guard's sensors, poller thread and clock cap go back with close(), or when a model nobody closed is
         # collected or the interpreter exits
@@ -773,6 +774,22 @@ def _unused_settings(settings: dict, backend: str, completer) -> list[str]:
     if "cache_ram_mib" in settings and settings.get("prompt_cache") is False:
         notes.append("cache_ram_mib: not used: prompt_cache=False keeps no KV cache between answers")
     return notes
+
+
+def _with_model_defaults(defaults, settings: dict, manifest: dict, notes: list[str]):
+    """``defaults`` with the model's own sampling settings (the bundle's ``generation`` section) for each of
+    temperature, top_p, top_k, min_p and samplers not among ``settings``, as ``edgesdk serve`` takes them for the
+    options not given (llama.cpp's common_init_sampler_from_model); a note says which."""
+    import dataclasses
+
+    from edgesdk.models.generation_defaults import applied_line, model_defaults
+
+    applied, source = model_defaults(manifest, lambda name: name in settings,
+                                     ("temperature", "top_p", "top_k", "min_p", "samplers"))
+    if not applied:
+        return defaults
+    notes.append(applied_line(applied, source).replace("--temperature 0", "temperature=0"))
+    return dataclasses.replace(defaults, **applied)
 
 
 def _open_guard(runtime, notes: list[str]):

@@ -290,6 +290,7 @@ def _manifest_shape_problems(manifest: dict) -> list[str]:
             not kernels or (isinstance(kernels, dict) and isinstance(kernels.get("dir"), str)))):
         problems.append(f"'sparse' must be a mapping with a 'weights' string (and 'kernels', when present, a "
                         f"mapping with a 'dir' string), got {sparse!r:.120}")
+    problems += _generation_section_problems(manifest.get("generation"))
     if problems:
         return problems
     weights = manifest["graph"].get("weights") or {}
@@ -393,6 +394,27 @@ def _runtime_section_problems(runtime) -> list[str]:
     threads = runtime.get("threads")
     if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
         problems.append(f"'runtime.threads' must be a whole number of at least 1, got {threads!r:.80}")
+    return problems
+
+
+def _generation_section_problems(section) -> list[str]:
+    """The optional 'generation' section: the sampling settings the model's authors publish (its
+    generation_config.json or GGUF general.sampling keys, edgesdk/models/generation_defaults.py), which run, serve
+    and load() take for every option not given. Absent: none (bundles built before it stay valid)."""
+    if section is None:
+        return []
+    if not (isinstance(section, dict) and isinstance(section.get("sampling"), dict)
+            and isinstance(section.get("source"), str)):
+        return [f"'generation' must be a mapping with a 'sampling' mapping (temperature, top_p, ...) and a 'source' "
+                f"string, got {section!r:.120}"]
+    from edgesdk.models.generation_defaults import sampling_value_problem
+
+    problems = []
+    for name, value in section["sampling"].items():
+        problem = sampling_value_problem(name, value)
+        if problem is not None:
+            problems.append(f"'generation.sampling.{name}' {problem}" if problem.startswith(("is ", "must "))
+                            else f"'generation.sampling.{name}': {problem}")
     return problems
 
 

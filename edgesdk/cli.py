@@ -166,6 +166,12 @@ def inspect(bundle, as_json):
     click.echo(f"graph      {graph['form']} {graph['dtype']}, {graph['num_layers']} layers, "
                f"kv heads {kv_text}, max context {graph['max_context']}")
     click.echo(f"embeddings {_embeddings_summary(manifest)}")
+    generation = manifest.get("generation")
+    if generation:  # the model's own sampling settings, which run, serve and load() take for what is not given
+        from edgesdk.models.generation_defaults import describe, source_words
+
+        click.echo(f"sampling   {describe(generation['sampling'])} (from {source_words(generation['source'])}; "
+                   "used where a run or request sets none)")
     chain = [manifest["runtime"]["backend"], *manifest["runtime"].get("fallbacks", [])]  # optional, as in a run
     click.echo(f"runtime    {' -> '.join(chain)}, "
                f"{manifest['runtime']['threads']} threads")

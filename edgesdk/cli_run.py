@@ -207,11 +207,11 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
     tokenizer.template_kwargs = template_kwargs
-    sampling = _sampling_for_model(settings, tokenizer)
+    sampling = _with_model_defaults(_sampling_for_model(settings, tokenizer), runtime.bundle.manifest)
     thermal_settings = {"watch_thermal": watch_thermal, "simulate_thermal": simulate_thermal, "telemetry": telemetry,
                        "no_guard": no_guard, "clock_cap": clock_cap, "ambient": ambient, "sim_speed": sim_speed,
                        "thermal_target": thermal_target}
-    _warn_unused_options(settings, tokenizer, thermal_settings)
+    _warn_unused_options(settings, sampling, tokenizer, thermal_settings)
     interactive = settings.prompt is None and sys.stdin.isatty()
     conversation = _open_conversation(settings, runtime, interactive)
     cache = PromptCache(runtime.backend)
@@ -291,11 +291,26 @@ def _sampling_for_model(settings: RunSettings, tokenizer) -> SamplingConfig:
     return sampling
 
 
-def _warn_unused_options(settings: RunSettings, tokenizer, thermal_settings: dict) -> None:
-    """Name each option given that does nothing in this run, and why, on stderr; the run goes on."""
-    sampling = settings.sampling
-    for option, unused in (("--top-p", sampling.top_p < 1), ("--top-k", sampling.top_k > 0),
-                           ("--min-p", sampling.min_p > 0)):
+def _with_model_defaults(sampling: SamplingConfig, manifest: dict) -> SamplingConfig:
+    """``sampling`` with the model's own settings (the bundle's ``generation`` section: its generation_config.json
+    or GGUF general.sampling keys) for each sampling option not given, as llama-cli takes a GGUF file's
+    general.sampling keys (common/common.cpp, common_init_sampler_from_model); said on stderr."""
+    from edgesdk.models.generation_defaults import applied_line, model_defaults
+
+    chain_given = option_given("samplers") or option_given("sampling_seq")
+    applied, source = model_defaults(manifest, lambda name: chain_given if name == "samplers" else option_given(name))
+    if not applied:
+        return sampling
+    click.echo(f"edgesdk: {applied_line(applied, source)}", err=True)
+    return dataclasses.replace(sampling, **applied)
+
+
+def _warn_unused_options(settings: RunSettings, sampling: SamplingConfig, tokenizer, thermal_settings: dict) -> None:
+    """Name each option given that does nothing in this run, and why, on stderr; the run goes on. ``sampling`` is
+    the run's (the options with the model's defaults for those not given, :func:`_with_model_defaults`)."""
+    typed = settings.sampling
+    for option, unused in (("--top-p", typed.top_p < 1), ("--top-k", typed.top_k > 0),
+                           ("--min-p", typed.min_p > 0)):
         if unused and sampling.temperature == 0:
             click.echo(f"edgesdk: {option} is not used: --temperature 0 decodes greedily (pass a temperature > 0 to "
                        "sample)", err=True)

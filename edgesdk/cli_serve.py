@@ -166,6 +166,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=True)
     runtime.tokenizer.template_kwargs = template_kwargs
+    defaults = _with_model_defaults(defaults, runtime.bundle.manifest)
     configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     draft = draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target, lookup_draft)
     lookup_config(runtime.backend, lookup_draft)  # says so where the backend cannot draft (the completer decodes then)
@@ -206,3 +207,26 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
         if thermal is not None:
             thermal.close()
 
+
+# the sampling settings a request that leaves them out takes from ServeDefaults
+SERVED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "samplers")
+
+
+def _with_model_defaults(defaults, manifest: dict):
+    """``defaults`` with the model's own sampling settings (the bundle's ``generation`` section) for each option not
+    given, as llama-server takes a GGUF file's general.sampling keys for its defaults (common/common.cpp,
+    common_init_sampler_from_model); said on stderr. A request's fields go over either."""
+    import dataclasses
+
+    from edgesdk.models.generation_defaults import applied_line, describe, model_defaults
+
+    chain_given = option_given("samplers") or option_given("sampling_seq")
+    applied, source = model_defaults(manifest, lambda name: chain_given if name == "samplers" else option_given(name),
+                                     SERVED_FIELDS)
+    penalties, _ = model_defaults(manifest, lambda name: False, ("repeat_penalty", "repeat_last_n"))
+    if applied:
+        click.echo(f"edgesdk serve: {applied_line(applied, source)}", err=True)
+    if penalties:  # a request's repeat_penalty and repeat_last_n default to llama-server's 1 and 64
+        click.echo(f"edgesdk serve: the model's {describe(penalties)} is not applied to requests (they default to "
+                   "repeat_penalty 1, repeat_last_n 64); a request sets its own", err=True)
+    return dataclasses.replace(defaults, **applied) if applied else defaults

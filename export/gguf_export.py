@@ -347,6 +347,7 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
         writer.add_rope_freq_base(decoder.rope_base)
     writer.add_layer_norm_rms_eps(decoder.rms_eps)
     add_tokenizer(writer, vocab, chat_template)
+    add_sampling(writer, (manifest.get("generation") or {}).get("sampling") or {})
     for name, data in encoded.items():
         raw = None if data.quant is None else GGMLQuantizationType[data.quant]
         writer.add_tensor(name, data.data, raw_dtype=raw)
@@ -356,6 +357,22 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
         writer.write_tensors_to_file()
     finally:  # also when a write fails, so that the partial file is not left open
         writer.close()
+
+
+def add_sampling(writer, sampling: dict) -> None:
+    """The model's own sampling settings (the manifest's ``generation.sampling``) as the ``general.sampling.*`` keys
+    llama.cpp reads for every option its user does not set (common/common.cpp, common_init_sampler_from_model), of the
+    types gguf-py's ``add_sampling_*`` write: temp, top_p, min_p and penalty_repeat FLOAT32, top_k and
+    penalty_last_n INT32, sequence a string of sampler names separated by ';'."""
+    adders = {"temperature": writer.add_sampling_temp, "top_p": writer.add_sampling_top_p,
+              "top_k": writer.add_sampling_top_k, "min_p": writer.add_sampling_min_p,
+              "repeat_penalty": writer.add_sampling_penalty_repeat,
+              "repeat_last_n": writer.add_sampling_penalty_last_n}
+    for name, add in adders.items():
+        if name in sampling:
+            add(sampling[name])
+    if "samplers" in sampling:
+        writer.add_sampling_sequence(";".join(sampling["samplers"]))
 
 
 def add_tokenizer(writer, vocab: GGUFVocab, chat_template: str | None) -> None:

@@ -79,6 +79,7 @@ def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None,
         f"({total / fp16_bytes:.2f}x)",
         f"- default backend: {manifest['runtime']['backend']} (fallbacks: "
         f"{', '.join(manifest['runtime']['fallbacks']) or 'none'}), {manifest['runtime']['threads']} threads",
+        *_generation_lines(manifest.get("generation")),
         "",
         "## Export check (ONNX Runtime vs PyTorch, max |diff|)",
         "",
@@ -94,6 +95,16 @@ def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None,
     lines += report.markdown(report.stage_rows(manifest.get("baseline"), manifest["stages"]), plot_name,
                              plot_left_out)
     return "\n".join(lines) + "\n"
+
+
+def _generation_lines(record: dict | None) -> list[str]:
+    """The model's own sampling settings, which run, serve and load() use for every option not given."""
+    if not record:
+        return []
+    from edgesdk.models.generation_defaults import describe, source_words
+
+    return [f"- sampling defaults: {describe(record['sampling'])} (from {source_words(record['source'])}; used "
+            "where a run or request sets none)"]
 
 
 def _sparse_lines(record: dict | None) -> list[str]:
@@ -121,7 +132,7 @@ def _sparse_lines(record: dict | None) -> list[str]:
 
 def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, profile, recipe, stages: list,
                  model, tokenizer, facts_before: dict, facts_after: dict, baseline: dict | None = None,
-                 sparse: dict | None = None, weights_codec: str = "none") -> Bundle:
+                 sparse: dict | None = None, weights_codec: str = "none", generation: dict | None = None) -> Bundle:
     from edgesdk.build.sparse_step import bundle_files
 
     writer = BundleWriter(out)
@@ -166,6 +177,8 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
         }
         if sparse:
             manifest["sparse"] = sparse
+        if generation:  # the model's own sampling settings (edgesdk/models/generation_defaults.py)
+            manifest["generation"] = generation
         sizes = {name: (writer.staging / name).stat().st_size
                  for name in (MODEL_FILE, data_name, "tokenizer.json", *extra)}
         plot_name = plot_left_out = None

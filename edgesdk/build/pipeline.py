@@ -313,6 +313,23 @@ def _merge_adapters(adapters: tuple[LoraAdapter, ...], loaded, source) -> list[d
     return records
 
 
+def _model_sampling(source) -> dict | None:
+    """The model's own sampling settings (its generation_config.json, or a GGUF file's general.sampling keys), logged:
+    what the bundle records, what it leaves out and why; the manifest's ``generation`` section, or None."""
+    from edgesdk.models.generation_defaults import describe, read_model_sampling, source_words
+
+    sampling = read_model_sampling(source.kind, source.path)
+    for warning in sampling.warnings:
+        _log(f"  warning: {warning}")
+    if sampling.values:
+        _log(f"  sampling defaults from {source_words(sampling.source)}: {describe(sampling.values)} (run, serve and "
+             "load() use them where an option or request sets none)")
+    if sampling.not_applied:
+        shown = ", ".join(f"{key} {value!r}" for key, value in sampling.not_applied.items())
+        _log(f"  not applied (edgesdk has no such sampler): {shown}")
+    return sampling.record()
+
+
 def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config: ExportConfig, source,
                out: Path, work: WorkDir) -> Bundle:
     """Load, the stages not done yet, export and package: the build from its work directory on."""
@@ -337,6 +354,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         if not work.state["done"]:  # nothing to resume: leave no empty work directory behind
             remove_work_dir(work.path)
         raise
+    generation = _model_sampling(source)
     if loaded.pooling:
         _log(f"  the model declares {loaded.pooling} pooling for its embeddings; the bundle records it")
     elif loaded.pooling_note:
@@ -428,7 +446,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         out, export_dir=export_dir, graph=record["graph"], validation=record["validation"], profile=profile,
         recipe=recipe, stages=stage_records, model=model, tokenizer=loaded.tokenizer,
         facts_before=facts_before, facts_after=facts_after, baseline=baseline, sparse=record.get("sparse"),
-        weights_codec=export_config.weights_codec,
+        weights_codec=export_config.weights_codec, generation=generation,
     )
     if not config.keep_work:
         remove_work_dir(work.path)
