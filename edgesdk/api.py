@@ -77,7 +77,8 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     ``draft_p_min`` (llama.cpp's ``--model-draft``, ``--draft-max``, ``--draft-p-min``): answers stay the same.
 
     ``settings`` are what a request that leaves a field out gets (``edgesdk serve``'s options): ``max_tokens``
-    (512), ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``, ``samplers``, ``prompt_cache`` (True),
+    (512), ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``, ``samplers`` (each not given: the model's own
+    setting where its bundle records one, as ``edgesdk serve`` takes them; :attr:`Model.notes` says which), ``prompt_cache`` (True),
     ``cache_ram_mib``, ``lookup``, ``prefill_assistant``, ``reasoning_format``, ``reasoning_budget``, ``max_waiting``
     (8: the calls that may wait behind the one generating; more are refused, as serve's ``--max-queue``), and
     ``pooling``, how :meth:`Model.embed` and :meth:`Model.create_embedding` pool a text's hidden states (llama.cpp's

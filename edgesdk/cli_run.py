@@ -82,7 +82,9 @@ class RunSettings:
 @click.option("--ignore-eos", is_flag=True,
               help="Never end at an end-of-text or end-of-turn token (their logits set to -inf, as llama.cpp's "
                    "--ignore-eos): an answer runs to -n tokens, unless --json, --json-schema or --grammar ends it.")
-@click.option("--temperature", "--temp", default=0.0, show_default=True, help="0 means greedy decoding.")
+@click.option("--temperature", "--temp", default=0.0, show_default=True,
+              help="0 means greedy decoding. Not given: the model's own, where its bundle records one (as every "
+                   "sampling option; 'edgesdk inspect' shows them).")
 @click.option("--top-p", default=1.0, show_default=True, help="Nucleus sampling mass (with --temperature > 0).")
 @click.option("--top-k", default=0, show_default=True,
               help="Sample from the K most likely tokens only (with --temperature > 0; 0: off).")
@@ -169,7 +171,9 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
 
-    The bundle is verified (hashes, target) before anything runs. Greedy by default. With
+    The bundle is verified (hashes, target) before anything runs. Greedy by default, unless the model publishes
+    sampling settings (its generation_config.json or GGUF general.sampling keys, which 'edgesdk inspect' shows):
+    those apply to each sampling option not given, as llama-cli takes them, and a line on stderr says so. With
     --watch-thermal the thermal guard keeps the board under its throttle point (it says which
     sensors it found, or what it fell back to); --telemetry records every step.
 

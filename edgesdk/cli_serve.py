@@ -48,7 +48,8 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
 @click.option("--max-new-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=1),
               help="Tokens per answer for a request that sets no max_tokens.")
 @click.option("--temperature", "--temp", default=0.0, show_default=True,
-              help="For a request that sets none; 0 means greedy decoding.")
+              help="For a request that sets none; 0 means greedy decoding. Not given: the model's own, where its "
+                   "bundle records one (as --top-p, --top-k, --min-p and --samplers; 'edgesdk inspect' shows them).")
 @click.option("--top-p", default=1.0, show_default=True, help="For a request that sets none.")
 @click.option("--top-k", default=0, show_default=True, help="For a request that sets none (0: off).")
 @click.option("--min-p", default=0.0, show_default=True, help="For a request that sets none (0: off).")
