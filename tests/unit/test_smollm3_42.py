@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import ExportError, ModelSourceError
-from tests._utils.builds import QDQ_RECIPE, build_tiny_bundle
+from tests._utils.builds import JETSON_RECIPE, QDQ_RECIPE, build_tiny_bundle
 from tests._utils.tiny import save_tiny_model_dir, tiny_llama
 
 torch = pytest.importorskip("torch")
@@ -170,7 +170,25 @@ def test_gguf_export_of_a_smollm3_bundle_is_refused_by_name(tmp_path):
     assert not (tmp_path / "model.gguf").exists()
 
 
+def test_the_jetson_recipe_builds_and_its_sparse_weights_validate(tmp_path):
+    """QAT, sparsify (with its reorder) and distill, exported as QDQ plus block-sparse weights: the build validates
+    both the graph and the sparse decoder (its PyTorch twins) against the PyTorch model."""
+    bundle = build_tiny_bundle(tmp_path, JETSON_RECIPE, "orin-nx", model_dir=_model_dir(tmp_path),
+                               generated_sequences=0)
+    assert [layer.get("rope", 0) for layer in bundle.manifest["sparse"]["layers"]] == [0, 0, 0, None]
+
+
 # ---------------------------------------------------------------------------------------------- power gates
+def test_the_power_recipe_builds_the_gated_graph(tmp_path):
+    """The power stage's adapters scale each head's query before rotary, which SmolLM3 (no per-head query norm)
+    keeps: the stage runs and the build validates the gated graph against the gated PyTorch model."""
+    recipe = ("name: power\nstages:\n  - stage: power\n    config: {rounds: 2, rollout: 2, new_tokens: 8, "
+              "prompt_tokens: 8, sweep_tokens: 40, bucket_size: 16, profile_up_to: 64, profile_buckets: 2}\n"
+              "export: {form: ort-fused, weights: fp32}\n")
+    bundle = build_tiny_bundle(tmp_path, recipe, "host", model_dir=_model_dir(tmp_path))
+    assert bundle.manifest["graph"]["form"] == "ort-fused-gated"
+
+
 def test_the_gated_graph_matches_the_pytorch_gated_smollm3(tmp_path, record_property):
     """The power stage's gated graph (export/gated_graph.py) over the fused one: the adapters' query scales go in
     before GroupQueryAttention, whose NoPE layer rotates nothing; prefill and decode equal the gated model."""
