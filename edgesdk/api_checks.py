@@ -22,6 +22,7 @@ from edgesdk.errors import EdgeSDKError
 
 # What each load() setting must be, checked before ServeDefaults reads it (whose own checks then bound the values)
 SETTING_KINDS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
+                 "repeat_penalty": float, "repeat_last_n": int,
                  "samplers": list, "prompt_cache": bool, "cache_ram_mib": int, "lookup": int,
                  "prefill_assistant": bool, "reasoning_format": str, "reasoning_budget": int,
                  "max_waiting": int, "pooling": str}

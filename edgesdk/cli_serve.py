@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from edgesdk.cli_options import (
+    SAMPLING_OPTIONS,
     bad_sampling_option,
     configure_gates,
     draft_model,
@@ -53,6 +54,11 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
 @click.option("--top-p", default=1.0, show_default=True, help="For a request that sets none.")
 @click.option("--top-k", default=0, show_default=True, help="For a request that sets none (0: off).")
 @click.option("--min-p", default=0.0, show_default=True, help="For a request that sets none (0: off).")
+@click.option("--repeat-penalty", default=1.0, show_default=True,
+              help="For a request that sets none: divide the logit of a token seen in the last --repeat-last-n "
+                   "tokens by this (1: off), as llama-server's.")
+@click.option("--repeat-last-n", default=64, show_default=True, type=click.IntRange(min=-1),
+              help="For a request that sets none: the tokens --repeat-penalty looks back over (-1: the context).")
 @sampler_chain_options
 @click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait while one generates; more get HTTP 503 at once.")
@@ -115,8 +121,8 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
 @thermal_options
 @gate_options
 @runtime_options
-def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, top_k, min_p, samplers,
-          sampling_seq, max_queue, context_shift, keep,
+def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, top_k, min_p,
+          repeat_penalty, repeat_last_n, samplers, sampling_seq, max_queue, context_shift, keep,
           quiet,
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
           responses_kept, responses_kept_mib, reasoning_budget, pooling, batch_size, spm_infill, draft_bundle, draft_max, draft_p_min,
@@ -137,7 +143,8 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
 
     try:
         defaults = ServeDefaults(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                 min_p=min_p, max_waiting=max_queue, prompt_cache=not no_prompt_cache,
+                                 min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                 max_waiting=max_queue, prompt_cache=not no_prompt_cache,
                                  cache_ram_mib=cache_ram_mib, lookup=lookup_draft,
                                  prefill_assistant=not no_prefill_assistant, reasoning_format=reasoning_format,
                                  reasoning_budget=reasoning_budget, responses_kept=responses_kept,
@@ -145,7 +152,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                                  batch_size=batch_size, spm_infill=spm_infill, context_shift=context_shift,
                                  n_keep=keep, **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
-        raise bad_sampling_option(exc) from exc
+        raise bad_sampling_option(exc, {**SAMPLING_OPTIONS, "repeat_penalty": "'--repeat-penalty'"}) from exc
     if api_key is not None and not api_key.strip():
         raise click.BadParameter("is empty; pass a key, or leave --api-key out to serve without one",
                                  param_hint="'--api-key'")
@@ -210,7 +217,7 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
 
 
 # the sampling settings a request that leaves them out takes from ServeDefaults
-SERVED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "samplers")
+SERVED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "samplers")
 
 
 def _with_model_defaults(defaults, manifest: dict):
@@ -219,15 +226,11 @@ def _with_model_defaults(defaults, manifest: dict):
     common_init_sampler_from_model); said on stderr. A request's fields go over either."""
     import dataclasses
 
-    from edgesdk.models.generation_defaults import applied_line, describe, model_defaults
+    from edgesdk.models.generation_defaults import applied_line, model_defaults
 
     chain_given = option_given("samplers") or option_given("sampling_seq")
     applied, source = model_defaults(manifest, lambda name: chain_given if name == "samplers" else option_given(name),
                                      SERVED_FIELDS)
-    penalties, _ = model_defaults(manifest, lambda name: False, ("repeat_penalty", "repeat_last_n"))
     if applied:
         click.echo(f"edgesdk serve: {applied_line(applied, source)}", err=True)
-    if penalties:  # a request's repeat_penalty and repeat_last_n default to llama-server's 1 and 64
-        click.echo(f"edgesdk serve: the model's {describe(penalties)} is not applied to requests (they default to "
-                   "repeat_penalty 1, repeat_last_n 64); a request sets its own", err=True)
     return dataclasses.replace(defaults, **applied) if applied else defaults

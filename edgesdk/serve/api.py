@@ -79,8 +79,8 @@ class CompletionRequest:
     seed: int | None = None
     presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]
     frequency_penalty: float = 0.0
-    repeat_penalty: float = 1.0  # llama-server's, > 0, over the last repeat_last_n tokens
-    repeat_last_n: int = 64
+    repeat_penalty: float | None = None  # llama-server's, > 0, over the last repeat_last_n tokens
+    repeat_last_n: int | None = None  # -1: the whole context
     # (token id, or text whose tokens all take the bias, as llama-server reads it; bias, -inf for never)
     logit_bias: tuple[tuple[int | str, float], ...] = ()
     stop: tuple[str, ...] = ()
@@ -415,8 +415,8 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "presence_penalty": _default(_number(body.get("presence_penalty"), "presence_penalty", -2.0, 2.0, "[-2, 2]"), 0.0),
         "frequency_penalty": _default(_number(body.get("frequency_penalty"), "frequency_penalty", -2.0, 2.0, "[-2, 2]"),
                                       0.0),
-        "repeat_penalty": _default(_repeat_penalty(body.get("repeat_penalty")), 1.0),
-        "repeat_last_n": _default(_integer(body.get("repeat_last_n"), "repeat_last_n", minimum=-1), 64),
+        "repeat_penalty": _repeat_penalty(body.get("repeat_penalty")),
+        "repeat_last_n": _integer(body.get("repeat_last_n"), "repeat_last_n", minimum=-1),
         "logit_bias": _logit_bias(body.get("logit_bias")),
         "stop": _stop(body.get("stop")),
         "stream": stream,

@@ -82,6 +82,8 @@ class ServeDefaults:
     top_k: int = 0  # 0: off
     min_p: float = 0.0  # 0: off
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS  # the sampler chain (llama.cpp's --samplers)
+    repeat_penalty: float = 1.0  # llama-server's --repeat-penalty (1: off) over the last repeat_last_n tokens
+    repeat_last_n: int = 64  # llama-server's --repeat-last-n (-1: the whole context)
     max_waiting: int = 8  # requests queued behind the one generating; more are refused with 503
     prompt_cache: bool = True  # reuse the previous answer's KV cache for a prompt that repeats it
     cache_ram_mib: int = 256  # host memory for other conversations' saved KV caches (0: keep only the live one)
@@ -112,7 +114,8 @@ class ServeDefaults:
 
     def __post_init__(self):
         chain = SamplingConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                               top_k=self.top_k, min_p=self.min_p, samplers=self.samplers).samplers
+                               top_k=self.top_k, min_p=self.min_p, samplers=self.samplers,
+                               repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n).samplers
         object.__setattr__(self, "samplers", chain)  # names and letters as canonical names
         if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or not 0 <= self.lookup <= MAX_DRAFT:
             raise ValueError(f"lookup must be 0 (off) or a whole number of draft tokens up to {MAX_DRAFT}, "
@@ -453,7 +456,7 @@ class Completer:
         defaults, tokenizer = self.defaults, self.runtime.tokenizer
         params = {"n_predict": defaults.max_tokens, "temperature": defaults.temperature, "top_p": defaults.top_p,
                   "top_k": defaults.top_k, "min_p": defaults.min_p, "samplers": list(defaults.samplers),
-                  "repeat_penalty": 1.0, "repeat_last_n": 64,
+                  "repeat_penalty": defaults.repeat_penalty, "repeat_last_n": defaults.repeat_last_n,
                   "presence_penalty": 0.0, "frequency_penalty": 0.0, "cache_prompt": defaults.prompt_cache,
                   "speculative.n_max": self._draft_limit()}
         return {"default_generation_settings": {"id": 0, "n_ctx": self.runtime.backend.max_context,
@@ -612,7 +615,8 @@ class Completer:
                                 min_p=pick(request.min_p, self.defaults.min_p),
                                 samplers=pick(request.samplers, self.defaults.samplers), seed=request.seed,
                                 presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
-                                repeat_penalty=request.repeat_penalty, repeat_last_n=request.repeat_last_n,
+                                repeat_penalty=pick(request.repeat_penalty, self.defaults.repeat_penalty),
+                                repeat_last_n=pick(request.repeat_last_n, self.defaults.repeat_last_n),
                                 logit_bias=self._logit_bias(request))
         self._check_infill_vocabulary(config)
         return config

@@ -248,16 +248,18 @@ def _call(url: str, path: str, body: dict | None = None) -> dict:
 
 def test_serve_makes_them_the_defaults_a_request_goes_over(bundle, tmp_path):
     with _serving(bundle.path, tmp_path) as (url, lines):
-        assert "edgesdk serve: sampling: temperature 0.6, top_p 0.95, top_k 20 from the model's " \
-               "generation_config.json; --temperature 0 for greedy" in lines
-        assert any("repeat_penalty 1.05 is not applied to requests" in line for line in lines)
+        assert "edgesdk serve: sampling: temperature 0.6, top_p 0.95, top_k 20, repeat_penalty 1.05 from the " \
+               "model's generation_config.json; --temperature 0 for greedy" in lines
         params = _call(url, "/props")["default_generation_settings"]["params"]
         assert (params["temperature"], params["top_p"], params["top_k"], params["min_p"]) == (0.6, 0.95, 20, 0.0)
+        assert (params["repeat_penalty"], params["repeat_last_n"]) == (1.05, 64)
         settings = _call(url, "/completion", {"prompt": "hello", "n_predict": 2})["generation_settings"]
         assert (settings["temperature"], settings["top_p"], settings["top_k"]) == (0.6, 0.95, 20)
-        settings = _call(url, "/completion", {"prompt": "hello", "n_predict": 2, "temperature": 0,
-                                              "top_k": 5})["generation_settings"]
+        assert (settings["repeat_penalty"], settings["repeat_last_n"]) == (1.05, 64)
+        settings = _call(url, "/completion", {"prompt": "hello", "n_predict": 2, "temperature": 0, "top_k": 5,
+                                              "repeat_penalty": 1.0, "repeat_last_n": 8})["generation_settings"]
         assert (settings["temperature"], settings["top_p"], settings["top_k"]) == (0.0, 0.95, 5)
+        assert (settings["repeat_penalty"], settings["repeat_last_n"]) == (1.0, 8)
         shown = _call(url, "/api/show", {"model": _call(url, "/api/tags")["models"][0]["name"]})
         parameters = dict(line.split(None, 1) for line in shown["parameters"].splitlines())
         assert (parameters["temperature"], parameters["top_p"], parameters["top_k"]) == ("0.6", "0.95", "20")
@@ -265,10 +267,12 @@ def test_serve_makes_them_the_defaults_a_request_goes_over(bundle, tmp_path):
 
 
 def test_serve_options_go_over_the_models_settings(bundle, tmp_path):
-    with _serving(bundle.path, tmp_path, "--temperature", "0.2", "--samplers", "top_k;temperature") as (url, lines):
+    with _serving(bundle.path, tmp_path, "--temperature", "0.2", "--samplers", "top_k;temperature",
+                  "--repeat-penalty", "1.3") as (url, lines):
         assert "edgesdk serve: sampling: top_p 0.95, top_k 20 from the model's generation_config.json" in lines
         params = _call(url, "/props")["default_generation_settings"]["params"]
         assert (params["temperature"], params["top_p"], params["top_k"]) == (0.2, 0.95, 20)
+        assert params["repeat_penalty"] == 1.3
         assert params["samplers"] == ["top_k", "temperature"]
 
 
@@ -277,11 +281,12 @@ def test_load_takes_them_unless_a_setting_is_given(bundle):
 
     with edgesdk.load(bundle.path, threads=1) as model:
         assert (model._completer.defaults.temperature, model._completer.defaults.top_k) == (0.6, 20)
-        assert "sampling: temperature 0.6, top_p 0.95, top_k 20 from the model's generation_config.json; " \
-               "temperature=0 for greedy" in model.notes
-    with edgesdk.load(bundle.path, threads=1, temperature=0.0) as model:
+        assert "sampling: temperature 0.6, top_p 0.95, top_k 20, repeat_penalty 1.05 from the model's " \
+               "generation_config.json; temperature=0 for greedy" in model.notes
+        assert model._completer.defaults.repeat_penalty == 1.05
+    with edgesdk.load(bundle.path, threads=1, temperature=0.0, repeat_penalty=1.0) as model:
         defaults = model._completer.defaults
-        assert (defaults.temperature, defaults.top_p, defaults.top_k) == (0.0, 0.95, 20)
+        assert (defaults.temperature, defaults.top_p, defaults.top_k, defaults.repeat_penalty) == (0.0, 0.95, 20, 1.0)
 
 
 # ------------------------------------------------------------------------------------------------------ export
