@@ -1145,7 +1145,8 @@ def show(completer: Completer, served: str, body: object) -> dict:
     family = str(facts.get("architecture", "model"))
     context = completer.runtime.backend.max_context
     parameters = {"num_ctx": context, "num_predict": defaults.max_tokens, "temperature": defaults.temperature,
-                  "top_k": defaults.top_k, "top_p": defaults.top_p, "min_p": defaults.min_p}
+                  "top_k": defaults.top_k, "top_p": defaults.top_p, "min_p": defaults.min_p,
+                  "repeat_penalty": defaults.repeat_penalty, "repeat_last_n": defaults.repeat_last_n}
     text = "\n".join(f"{name:<30} {value}" for name, value in parameters.items())
     info = {"general.architecture": family, "general.parameter_count": int(facts.get("parameters") or 0),
             f"{family}.context_length": context, f"{family}.embedding_length": facts.get("hidden_size"),

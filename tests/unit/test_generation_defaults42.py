@@ -263,6 +263,7 @@ def test_serve_makes_them_the_defaults_a_request_goes_over(bundle, tmp_path):
         shown = _call(url, "/api/show", {"model": _call(url, "/api/tags")["models"][0]["name"]})
         parameters = dict(line.split(None, 1) for line in shown["parameters"].splitlines())
         assert (parameters["temperature"], parameters["top_p"], parameters["top_k"]) == ("0.6", "0.95", "20")
+        assert (parameters["repeat_penalty"], parameters["repeat_last_n"]) == ("1.05", "64")
         assert "PARAMETER temperature 0.6\n" in shown["modelfile"]
 
 
