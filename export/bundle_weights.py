@@ -49,7 +49,8 @@ class BundleDecoder:
 
     head_dim: int
     rms_eps: float
-    rope_base: float  # theta of inv_freq_j = theta^(-2j / head_dim), fitted to the rotary tables
+    rope_base: float | None  # theta of inv_freq_j = theta^(-2j / head_dim), fitted to the rotary tables; None
+    # where no layer rotates (every layer NoPE)
     max_context: int
     embed: Matrix  # (V, D)
     final_norm: np.ndarray  # (D,)
@@ -106,7 +107,7 @@ def read_bundle_decoder(bundle_dir: Path, manifest: dict) -> BundleDecoder:
     if scale is None or math.isclose(scale, 0.0) or math.isclose(scale, head_dim ** -0.5, rel_tol=1e-6):
         scale = None  # GroupQueryAttention's default, 1/sqrt(head size)
     gelu = any(node.op_type == "FastGelu" for node in model.graph.node)
-    return BundleDecoder(head_dim=head_dim, rms_eps=float(eps), rope_base=fits[0].theta,
+    return BundleDecoder(head_dim=head_dim, rms_eps=float(eps), rope_base=fits[0].theta if fits else None,
                          max_context=graph_record["max_context"], embed=embed, final_norm=final_norm,
                          lm_head=lm_head, layers=layers, rope_bases=[fit.theta for fit in fits],
                          rope_factors=[fit.factors for fit in fits], embed_scale=_embed_scale(model.graph, store),

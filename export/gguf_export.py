@@ -7,7 +7,7 @@ float weights. This is the GGUF fallback of the deployment plan (reference: anch
 for boards where ONNX Runtime has no wheel.
 
 Layout follows llama.cpp's ``convert_hf_to_gguf.py`` conventions for the ``llama``, ``qwen2``,
-``qwen3`` and ``gemma3`` architectures (GGUF spec: github.com/ggml-org/ggml/blob/master/docs/gguf.md):
+``qwen3``, ``smollm3`` and ``gemma3`` architectures (GGUF spec: github.com/ggml-org/ggml/blob/master/docs/gguf.md):
 
 - tensor names ``token_embd``, ``blk.{i}.attn_{q,k,v,output}``, ``blk.{i}.ffn_{gate,up,down}``,
   ``blk.{i}.{attn,ffn}_norm``, ``output_norm``, ``output`` (absent when tied), Qwen3's and Gemma 3's
@@ -16,6 +16,11 @@ Layout follows llama.cpp's ``convert_hf_to_gguf.py`` conventions for the ``llama
   (``rotary_interleaved=0``), so the query and key rows of each head are reordered: row
   ``h·hd + a·hd/2 + j`` moves to ``h·hd + 2j + a``. ``qwen2``, ``qwen3`` and ``gemma3`` rotate halves
   and keep them.
+- ``smollm3`` is Llama's layout (tensors, pairwise row order: ``SmolLM3Model(LlamaModel)`` in the converter)
+  whose layers ``il`` with ``(il + 1) % 4 == 0`` apply no rotary (NoPE); llama.cpp fixes that step at 4
+  (``n_no_rope_layer_step``) and reads no per-layer list from the file. A bundle whose NoPE layers are
+  others (a config with another interval, layers removed by depth pruning), or NoPE layers in any other
+  architecture (``deci`` included), which rotates every layer, is refused.
 - ``gemma3``'s norm weights are stored as the factor they scale by (1 + the Hugging Face weight), which
   the bundle already holds. llama.cpp fixes what the file does not say: every sixth layer attends
   globally at ``rope.freq_base`` and the others over ``attention.sliding_window`` at a rotary base of
@@ -53,12 +58,13 @@ from edgesdk.export.gguf_vocab import GGUFVocab, vocab_from_tokenizer_json
 
 # model type in the bundle's manifest -> (GGUF architecture, query/key rows reordered for pairwise RoPE)
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False),
-                 "qwen3": ("qwen3", False), "gemma3_text": ("gemma3", False)}
+                 "qwen3": ("qwen3", False), "smollm3": ("smollm3", True), "gemma3_text": ("gemma3", False)}
 # model types with per-head query / key norms, which llama.cpp's deci architecture does not have
 HEAD_NORMED = {"qwen3", "gemma3_text"}
 GEMMA3_GLOBAL_EVERY = 6  # llama.cpp's gemma3: layer i attends globally when i % 6 == 5 (set_swa_pattern(6))
 GEMMA3_LOCAL_ROPE_BASE = 10_000.0  # and rotates its sliding layers at this base (rope_freq_base_train_swa)
 GEMMA3_27B_LAYERS = 62  # the one size whose softmax scale llama.cpp takes as 1/sqrt(width / heads)
+SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp's smollm3: layer il applies no rotary where (il + 1) % 4 == 0
 
 
 def gemma3_query_scalar(layers: int, width: int, heads: int, head_dim: int) -> float:
@@ -148,6 +154,7 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
                 "(deci) has no query / key norms", "run this bundle with edgesdk, or build it without prune "
                 "(or with prune settings that keep every layer alike) for llama.cpp")
         architecture, pairwise_rope = PER_LAYER_ARCHITECTURE
+    check_rotary_layers(decoder, architecture, bundle_dir)
     check_rope_factors(decoder, architecture, bundle_dir)
     tokenizer = manifest["tokenizer"]
     vocab = vocab_from_tokenizer_json(bundle.file(tokenizer["file"]), tokenizer.get("bos_token"),
@@ -177,6 +184,32 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     return GGUFExportReport(path=destination, size_bytes=destination.stat().st_size, architecture=architecture,
                             file_type=file_type, tensor_types=types, verified_tensors=verified,
                             seconds=time.perf_counter() - start, notes=list(vocab.notes))
+
+
+def check_rotary_layers(decoder: BundleDecoder, architecture: str, bundle_dir: Path) -> None:
+    """Refuse layers without rotary (NoPE, ``rope`` None) where llama.cpp's architecture would rotate them:
+    ``smollm3`` skips rotary in exactly the layers ``il`` with ``(il + 1) % 4 == 0`` (src/models/smollm3.cpp,
+    ``n_no_rope_layer_step`` fixed at 4), every other architecture (``deci`` included) rotates every layer."""
+    count = len(decoder.layers)
+    nope = [i for i, layer in enumerate(decoder.layers) if layer.rope is None]
+    if architecture == "smollm3":
+        expected = [i for i in range(count) if (i + 1) % SMOLLM3_NO_ROPE_STEP == 0]
+        if nope != expected:
+            raise ExportError(
+                f"bundle {bundle_dir} holds a SmolLM3 model of {count} layers whose layers without rotary (NoPE) "
+                f"are {nope}, where llama.cpp's smollm3 skips rotary in exactly layers {expected} (every fourth, "
+                "(il + 1) % 4 == 0, fixed in llama.cpp) and rotates the rest; the file would compute other logits",
+                "run this bundle with edgesdk (run / serve follow the model's own NoPE layers); for llama.cpp, "
+                "build from a model whose no_rope_layers are 0 in layers 3, 7, 11, ... and 1 elsewhere (SmolLM3's "
+                "default, no_rope_layer_interval 4), without depth pruning (prune's layers_removed 0)")
+    elif nope:
+        why = (" (its layers were pruned to different shapes, which only the per-layer deci architecture holds)"
+               if architecture == PER_LAYER_ARCHITECTURE[0] else "")
+        raise ExportError(
+            f"bundle {bundle_dir}: its layers {nope} apply no rotary (NoPE), where llama.cpp's {architecture} "
+            f"architecture{why} rotates every layer; the file would compute other logits",
+            "run this bundle with edgesdk, or build it without prune (or with prune settings that keep every "
+            "layer alike) for llama.cpp")
 
 
 # GGUF architectures whose llama.cpp loader reads rope_freqs.weight (Llama 3's frequency factors)
