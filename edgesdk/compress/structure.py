@@ -45,9 +45,10 @@ def teacher_layers(model) -> list[int]:
 
 def keep_layers(model, kept: list[int]) -> None:
     """Keep decoder layers ``kept`` (positions in the current model, ascending), in place: the module list,
-    the layer count and per-layer settings of the config (the quantization scheme's per-linear ones renamed
-    with their layers), each attention's KV-cache index, and the record. Call it with the fake quantization
-    detached: an attached linear keeps the name it was attached under."""
+    the layer count and per-layer settings of the config (``layer_types``, SmolLM3's ``no_rope_layers``, the
+    quantization scheme's per-linear ones renamed with their layers), each attention's KV-cache index, and the
+    record. Call it with the fake quantization detached: an attached linear keeps the name it was attached
+    under."""
     records = layer_records(model)
     layers = model.model.layers
     model.model.layers = nn.ModuleList([layers[i] for i in kept])
@@ -57,6 +58,8 @@ def keep_layers(model, kept: list[int]) -> None:
     config.num_hidden_layers = len(kept)
     if getattr(config, "layer_types", None):
         config.layer_types = [config.layer_types[i] for i in kept]
+    if getattr(config, "no_rope_layers", None):  # SmolLM3: SmolLM3Attention reads use_rope from its layer's entry
+        config.no_rope_layers = [config.no_rope_layers[i] for i in kept]
     setattr(config, LAYERS_KEY, [records[i] for i in kept])
     _rename_quant_settings(config, kept)
 
