@@ -83,8 +83,10 @@ def read_inventory(path: Path) -> list[FleetBoard]:
                                    "then its settings, e.g. pi@192.168.1.40 remote_root=/data/edgesdk")
         try:
             HostSpec.parse(host)
-        except DeployError as exc:
-            raise _inventory_error(path, number, line, exc.problem, exc.fix or "") from exc
+        except DeployError as exc:  # HostSpec names "--host 'TEXT'"; here the line says which board
+            rest = exc.problem.removeprefix(f"--host {host!r}")
+            rest = rest[2:] if rest.startswith(": ") else f"the board{rest}"
+            raise _inventory_error(path, number, line, rest, exc.fix or "") from exc
         for word in words[1:]:
             key, equals, value = word.partition("=")
             if not equals:
@@ -305,7 +307,12 @@ def run_fleet(boards: list[FleetBoard], work: Work, make_report: Callable[[Fleet
                                  daemon=True).start()
             if not running:
                 break
-            finished = done.get()
+            # a timeout, not a bare wait: the kernel may deliver a Ctrl-C to a board's thread, and the main
+            # thread runs Python's handler (KeyboardInterrupt) only once it wakes
+            try:
+                finished = done.get(timeout=0.2)
+            except queue.Empty:
+                continue
             running.remove(finished)
             failed = failed or finished.outcome.state != OK
         except KeyboardInterrupt:
