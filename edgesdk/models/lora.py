@@ -22,9 +22,10 @@ Two forms are read:
   ``<name>.lora_b`` (out, r) (numpy order), ``token_embd.weight.lora_a`` (vocab, r) and ``.lora_b`` (dim, r)
   for the embedding (``llm_build_inp_embd``: its A and B are flipped). GGUF names are mapped back to the model's
   modules with gguf-py's ``get_tensor_name_map``, as transformers' GGUF loader maps a model's tensors
-  (``get_gguf_hf_weights_map``), and for the llama architecture the rows of ``lora_b`` of attn_q / attn_k are
-  put back in Hugging Face order with transformers' ``LlamaTensorProcessor``: ``convert_hf_to_gguf.py``'s
-  ``LlamaModel.permute`` reorders them for llama.cpp's rotary layout, in the adapter as in the base model.
+  (``get_gguf_hf_weights_map``), and for the llama and smollm3 architectures the rows of ``lora_b`` of attn_q /
+  attn_k are put back in Hugging Face order with transformers' ``LlamaTensorProcessor``: ``convert_hf_to_gguf.py``'s
+  ``LlamaModel.permute`` (which ``SmolLM3Model(LlamaModel)`` inherits) reorders them for llama.cpp's rotary
+  layout, in the adapter as in the base model.
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ MLX_WEIGHTS = "adapters.safetensors"  # mlx-lm's adapter weights (mlx_lm.lora --
 # transformers' model_type -> the GGUF architecture llama.cpp's converter writes for it (convert_hf_to_gguf.py:
 # MistralForCausalLM is converted as llama; transformers' get_gguf_hf_weights_map maps gemma3_text to gemma3)
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                      "gemma3_text": "gemma3"}
+                      "smollm3": "smollm3", "gemma3_text": "gemma3"}
+# GGUF architectures whose converter reorders the attn_q / attn_k rows for llama.cpp's pairwise rotary
+# (convert_hf_to_gguf.py: LlamaModel.permute, which SmolLM3Model(LlamaModel) inherits)
+PAIRWISE_ROPE_ARCHITECTURES = {"llama", "smollm3"}
 # PEFT's init_lora_weights values that change the base weights when the adapter is made (the adapter then holds
 # the difference to that residual model, not to the base) unless PEFT converted it on saving
 BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq")
@@ -537,7 +541,7 @@ def _read_gguf(adapter: LoraAdapter, model, base_architecture: str | None) -> Re
                 raise ModelSourceError(f"{where}: {base_name}.{part} has shape {value.shape}, but the base model's "
                                        f"{base_name} ({module_name}, {tuple(module.weight.shape)}) with rank {rank} "
                                        f"takes {expected[part]}", fix_base)
-        if arch == "llama" and (".attn_q." in base_name or ".attn_k." in base_name):
+        if arch in PAIRWISE_ROPE_ARCHITECTURES and (".attn_q." in base_name or ".attn_k." in base_name):
             from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
             heads = {"num_attention_heads": model.config.num_attention_heads,

@@ -223,3 +223,29 @@ def test_layers_pruned_to_different_shapes_are_refused_as_deci_rotates_every_lay
     with pytest.raises(ExportError, match="its layers \\[3\\] apply no rotary \\(NoPE\\), where llama.cpp's deci "
                                           "architecture \\(its layers were pruned to different shapes"):
         _export(bundle, tmp_path)
+
+
+@needs_llama_cpp
+def test_llama_cpp_with_a_smollm3_lora_adapter_computes_the_merged_model(eight_layers, tmp_path, record_property):
+    """A GGUF LoRA adapter in convert_lora_to_gguf.py's smollm3 layout (attn_q / attn_k lora_b rows in llama.cpp's
+    pairwise order), applied by llama.cpp at run time over the exported base (--lora-scaled 0.5), against edgesdk's
+    build-time merge of it into the Hugging Face model the bundle was built from."""
+    from edgesdk.models.loader import load_model
+    from edgesdk.models.lora import LoraAdapter, gguf_architecture, merge_adapters
+    from edgesdk.models.sources import resolve_model
+    from tests.unit._lora_files41 import random_factors, write_gguf_adapter
+    from tests.unit.test_lora_gguf41 import _gguf_pairs
+
+    bundle, report = eight_layers
+    source = resolve_model(str(report.path.parent / "model"))
+    model = load_model(source, progress=False).model
+    adapter = write_gguf_adapter(tmp_path / "adapter.gguf", "smollm3",
+                                 _gguf_pairs(model, random_factors(model, rank=4)), alpha=8)
+    merge_adapters(model, [LoraAdapter(str(adapter), 0.5)], gguf_architecture(source, model))
+    with torch.no_grad():
+        merged = model(torch.tensor([IDS])).logits[0].numpy()
+    adapted = llama_cpp_logits(report.path, adapter, 0.5)
+    assert float(np.abs(adapted - _bundle_logits(bundle)).max()) > 1.0  # the adapter changes llama.cpp's answer
+    scale = float(np.abs(merged).max())
+    _report(f"llama.cpp smollm3 with the adapter vs edgesdk's merge, logit scale {scale:.1f}",
+            float(np.abs(adapted - merged).max()), 1e-4 * max(scale, 1.0), record_property)
