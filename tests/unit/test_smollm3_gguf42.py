@@ -173,6 +173,21 @@ def _renamed_architecture(source: Path, target: Path, architecture: str) -> Path
     return target
 
 
+def test_an_int4_bundle_with_smollm3_3b_s_rotary_base_exports_as_q4_0(tmp_path):
+    """SmolLM3-3B rotates at a base of 5,000,000: the base fitted to the bundle's tables is written as
+    rope.freq_base, and the INT4 weights as Q4_0 blocks read back bit-exactly."""
+    from gguf import GGUFReader
+
+    int4 = "name: q\nstages: []\nexport: {form: ort-fused, weights: int4, block_size: 32}\n"
+    model_dir = save_tiny_model_dir(tmp_path / "model", **SMOLLM3, layers=4, config_overrides={"rope_theta": 5e6})
+    bundle = build_tiny_bundle(tmp_path, int4, "host", model_dir=model_dir, generated_sequences=0)
+    report = _export(bundle, tmp_path)
+    assert (report.architecture, report.file_type) == ("smollm3", "Q4_0")
+    assert report.verified_tensors == len(GGUFReader(str(report.path)).tensors)
+    fields = {name: field.contents() for name, field in GGUFReader(str(report.path)).fields.items()}
+    assert fields["smollm3.rope.freq_base"] == 5e6
+
+
 # ---------------------------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize(("layers", "no_rope", "found", "expected"), [
     (4, [0, 1, 1, 1], [0], [3]),  # another pattern
