@@ -5,7 +5,6 @@ Importing this module imports click only; the deploy machinery loads when the co
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
@@ -235,15 +234,20 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
             return Reporter(total=4, prefix="rollback", write=console.board_writer(board.label))
     else:
         from edgesdk.deploy import install
+        from edgesdk.deploy.orchestrate import Interrupted, interrupted
         from edgesdk.deploy.orchestrate import deploy as do_deploy
-        from edgesdk.deploy.orchestrate import interrupted
 
         what = "deploy"
         if options.install:
             # the runtime wheel is built (and cached) once here, not by every board's thread at the same time;
             # a failure is each board's to report
-            with contextlib.suppress(DeployError):
+            try:
                 install.runtime_source()
+            except DeployError:
+                pass
+            except KeyboardInterrupt:
+                raise Interrupted("deploy interrupted (Ctrl-C) before it changed anything on any board",
+                                  "run the same command again") from None
 
         def work(board, report, progress):
             result = do_deploy(bundle, fleet.board_options(options, board), report, progress)

@@ -222,3 +222,32 @@ def test_lines_of_boards_written_at_once_stay_whole(capfd):
     assert len(err) == 1200
     expected = {f"board{n}: line {i} " + "x" * 200 for n in range(4) for i in range(300)}
     assert set(err) == expected
+
+
+def test_a_board_whose_ssh_the_ctrl_c_ended_as_an_error_says_what_it_was_left_with():
+    """A terminal's Ctrl-C stops the board's ssh client too: the work can end in the connection's error before
+    the interrupt reaches its thread, and the fleet still reports the board as interrupted, in deploy's words."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT does not raise KeyboardInterrupt in this test process")
+
+    def work(board, report, progress):
+        progress.update(where=board.host, bundle_id="r1", current="r0")
+        os.kill(os.getpid(), signal.SIGINT)
+        try:
+            for _ in range(1200):
+                threading.Event().wait(0.05)
+        except KeyboardInterrupt:
+            pass
+        raise DeployError("the ssh connection to b1 failed: killed by signal", "run it again")
+
+    def said(progress, error):
+        from edgesdk.deploy.orchestrate import interrupted
+
+        return interrupted(progress)
+
+    outcomes, stopped = fleet.run_fleet(boards("b1"), work, lambda b: None, quiet(), on_interrupt=said)
+    assert stopped
+    assert outcomes[0].state == fleet.INTERRUPTED
+    assert outcomes[0].problem == "deploy interrupted (Ctrl-C): b1 keeps releases/r0 as current; releases/r1 was " \
+                                  "not switched to"
+    assert outcomes[0].release == "r0"
