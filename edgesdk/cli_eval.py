@@ -300,19 +300,20 @@ def _part_scored(text: str, max_chars: int | None) -> tuple[bool, str]:
 def _load_reference_model(source, threads: int | None):
     """The PyTorch source model for --reference, on as many threads as the bundle ran on (``--threads``;
     PyTorch would otherwise take every core), with the LoRA adapters the build merged merged again (the
-    fine-tuned model is the one the bundle was made from)."""
+    fine-tuned model is the one the bundle was made from), loaded as the build loads it: a Phi-3 or Granite model
+    as the Llama it computes, after the adapters are merged into its own modules."""
     import torch
 
-    from edgesdk.models.loader import load_model
+    from edgesdk.models.loader import load_as_llama, load_model
     from edgesdk.models.lora import gguf_architecture, merge_adapters
 
     if threads:
         torch.set_num_threads(threads)
     model_source, adapters = source
-    model = load_model(model_source).model
+    loaded = load_model(model_source, as_llama=False)
     if adapters:
-        merge_adapters(model, adapters, gguf_architecture(model_source, model))
-    return model
+        merge_adapters(loaded.model, adapters, gguf_architecture(model_source, loaded.model))
+    return load_as_llama(loaded).model
 
 
 def _reference_source(runtime, bundle: Path):

@@ -228,8 +228,15 @@ def sliding_window(model_config) -> int | None:
     Where the config lists its ``layer_types`` (Qwen2 and Qwen3 derive them from ``max_window_layers``, SmolLM3
     makes its NoPE layers sliding), the window counts only when some layer is ``sliding_attention``
     (transformers' Qwen3Attention, SmolLM3Attention).
+
+    A Llama config converted from a Phi-3 model (edgesdk/models/as_llama.py) holds Phi-3's window as
+    ``edgesdk_source_sliding_window``: Phi3Model masks every layer with it (create_sliding_window_causal_mask), the
+    converted Llama and the graphs attend over the whole context.
     """
     model_type = getattr(model_config, "model_type", None)
+    source_window = getattr(model_config, "edgesdk_source_sliding_window", None)
+    if model_type == "llama" and source_window:
+        return int(source_window)
     window = getattr(model_config, "sliding_window", None)
     if model_type in USE_SLIDING_WINDOW and not getattr(model_config, "use_sliding_window", False):
         return None

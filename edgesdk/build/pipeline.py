@@ -163,14 +163,18 @@ def shortcut_overrides(target: str, recipe_name: str | None, values: dict[str, o
 def model_facts_after(model, facts_before: dict) -> dict:
     """The loaded model's facts with what the stages changed: parameters, and the FFN widths, query
     heads and KV heads that pruning leaves per layer (the largest, plus the per-layer list where they differ),
-    and the layers that depth pruning leaves."""
+    and the layers that depth pruning leaves. ``architecture`` is the model the bundle holds: for a model loaded as
+    the Llama it computes (a Phi-3, a Granite; ``loaded_as`` in the facts before) that Llama, which GGUF export
+    writes as llama.cpp's llama."""
     layers = list(model.model.layers)
     head_dim = facts_before["hidden_size"] // facts_before["attention_heads"]
     head_dim = getattr(model.config, "head_dim", None) or head_dim
     widths = [layer.mlp.up_proj.out_features for layer in layers]
     kv_heads = [layer.self_attn.k_proj.out_features // head_dim for layer in layers]
     heads = [layer.self_attn.q_proj.out_features // head_dim for layer in layers]
-    facts = {**facts_before, "parameters": sum(p.numel() for p in model.parameters()), "layers": len(layers),
+    facts = {**{key: value for key, value in facts_before.items() if key != "loaded_as"},
+             "architecture": model.config.model_type,
+             "parameters": sum(p.numel() for p in model.parameters()), "layers": len(layers),
              "intermediate_size": max(widths), "attention_heads": max(heads), "kv_heads": max(kv_heads)}
     if len(set(widths)) > 1:
         facts["intermediate_sizes"] = widths
@@ -336,12 +340,19 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     steps = len(stages) + 3
     started = time.perf_counter()
 
-    from edgesdk.models.loader import _progress_bars, load_model
+    from edgesdk.models.as_llama import CONVERTED_ARCHITECTURES
+    from edgesdk.models.loader import _progress_bars, load_as_llama, load_model
 
     _log(f"[1/{steps}] loading {config.model} ({source.kind}: {source.path})")
     try:
-        loaded = load_model(source, progress=config.progress)
+        # adapters are merged into the model's own modules (Phi-3's qkv_proj), before it is loaded as a Llama
+        loaded = load_model(source, progress=config.progress, as_llama=False)
         adapters = _merge_adapters(config.adapters, loaded, source)
+        architecture = loaded.model.config.model_type
+        loaded = load_as_llama(loaded)
+        if loaded.model.config.model_type != architecture:
+            _log(f"  loaded the {architecture} model as the {loaded.model.config.model_type} decoder it computes "
+                 f"({CONVERTED_ARCHITECTURES[architecture]})")
         check_exportable(loaded.model.config, export_config)  # before any stage, not at export
         context = bundle_context(loaded.model.config, export_config)
         if context < export_config.max_context:  # the graph's rotary table covers the model's positions only

@@ -28,6 +28,11 @@ SUPPORTED_ARCHITECTURES = {
                "sliding window must be off or longer than the context",
     "gemma3_text": "Gemma 3 (270M, 1B): query/key norms, norms around attention and FFN, sliding-window "
                    "layers, GeGLU FFN, embedding scaled by sqrt(width)",
+    # loaded as the Llama they compute (edgesdk/models/as_llama.py)
+    "phi3": "Phi-3 / Phi-3.5-mini: Llama with fused qkv_proj and gate_up_proj, loaded as Llama; rotary over the "
+            "whole head; sliding window must be off or longer than the context",
+    "granite": "Granite 3 dense: Llama with attention, residual, embedding and logits multipliers, folded into the "
+               "weights of the Llama it is loaded as",
 }
 # the FFN activation each architecture's graphs compute (transformers' names)
 FFN_ACTIVATIONS = {"gemma3_text": ("gelu_pytorch_tanh",)}
@@ -44,12 +49,17 @@ class LoadedModel:
     pooling_note: str | None = None  # why a pooling the source declares is not followed
 
     def facts(self) -> dict:
-        """Facts recorded in the bundle manifest."""
+        """Facts recorded in the bundle manifest: a model loaded as the Llama it computes (as_llama) keeps its own
+        architecture, and says what it was built as (``loaded_as``)."""
+        from edgesdk.models.as_llama import SOURCE_ARCHITECTURE
+
         config = self.model.config
+        source_architecture = getattr(config, SOURCE_ARCHITECTURE, None)
         return {
             "source": self.source.name,
             "format": self.source.kind,
-            "architecture": config.model_type,
+            "architecture": source_architecture or config.model_type,
+            **({"loaded_as": config.model_type} if source_architecture else {}),
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "layers": config.num_hidden_layers,
             "hidden_size": config.hidden_size,
@@ -67,8 +77,8 @@ def check_model_type(model_type: str | None, where: str) -> None:
         raise ModelSourceError(
             f"model {where} has architecture '{model_type}', which edgesdk cannot export; "
             f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}",
-            "use a Llama-family decoder (Llama, SmolLM2, SmolLM3, TinyLlama, Qwen2, Qwen3, Mistral) or a Gemma 3 "
-            "text model",
+            "use a Llama-family decoder (Llama, SmolLM2, SmolLM3, TinyLlama, Qwen2, Qwen3, Mistral, Phi-3, Granite 3) "
+            "or a Gemma 3 text model",
         )
 
 
@@ -86,10 +96,13 @@ def check_model_type_declared(directory: Path) -> None:
 
 
 def check_architecture(config: Any, where: str) -> None:
+    from edgesdk.models.as_llama import check_convertible
+
     model_type = getattr(config, "model_type", None)
     check_model_type(model_type, where)
-    # Llama's attention_bias adds a bias to o_proj as well as q/k/v, mlp_bias one to gate/up/down; the
-    # exporter (export/decoder_weights.py) carries only q/k/v biases (Qwen2's layout).
+    check_convertible(config, where)
+    # Llama's attention_bias adds a bias to o_proj as well as q/k/v, mlp_bias one to gate/up/down (Granite's too);
+    # the exporter (export/decoder_weights.py) carries only q/k/v biases (Qwen2's layout).
     biased = [name for name in ("attention_bias", "mlp_bias") if getattr(config, name, False)]
     if model_type != "qwen2" and biased:
         raise ModelSourceError(
@@ -183,9 +196,42 @@ def check_gguf_model(path: Path) -> dict:
             "reads it as Llama's tensors with no rotary in every fourth layer)",
             "build from the model's Hugging Face directory instead (e.g. hf download HuggingFaceTB/SmolLM3-3B "
             "--local-dir SmolLM3-3B, then edgesdk build --model SmolLM3-3B), which edgesdk exports")
+    if arch == "granite":
+        raise ModelSourceError(
+            f"the GGUF file {path} holds a Granite model (general.architecture granite), which transformers' GGUF "
+            "reader, through which edgesdk loads GGUF files, does not read (it has no granite mapping, and would "
+            "drop the attention, residual, embedding and logit scales llama.cpp reads from granite.*_scale)",
+            "build from the model's Hugging Face directory instead (e.g. hf download ibm-granite/granite-3.3-2b-instruct "
+            "--local-dir granite-3.3-2b-instruct, then edgesdk build --model granite-3.3-2b-instruct)")
     check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
     head_dim = _gguf_head_dim(path, arch, field)
-    return {**head_dim, **_gguf_rope_overrides(path, arch, field, reader, head_dim)}
+    phi3 = _phi3_overrides(path, field, tensors, head_dim) if arch == "phi3" else {}
+    return {**head_dim, **phi3, **_gguf_rope_overrides(path, arch, field, reader, head_dim)}
+
+
+def _phi3_overrides(path: Path, field, tensors: set[str], head_dim: dict) -> dict:
+    """What transformers' GGUF reader leaves out of a Phi-3 file, as llama.cpp's converter writes it
+    (convert_hf_to_gguf.py's Phi3MiniModel): its sliding window (``phi3.attention.sliding_window``; 0 for none),
+    taken so the export refuses a context longer than it. A file whose rotary covers part of each head
+    (``phi3.rope.dimension_count`` below the head size: Phi-4-mini) or that holds longrope's factors
+    (``rope_factors_long.weight`` / ``rope_factors_short.weight``: Phi-3.5, Phi-3-128k), which the reader drops, is
+    refused: the model would load with plain RoPE over the whole head."""
+    size = head_dim.get("head_dim")
+    dims = field("phi3.rope.dimension_count")
+    if size is not None and dims is not None and int(dims) != size:
+        raise ModelSourceError(
+            f"the GGUF file {path} rotates {dims} of each head's {size} dimensions (phi3.rope.dimension_count, a "
+            "partial rotary factor below 1 as Phi-4-mini's); edgesdk computes Phi-3 as a Llama decoder, which rotates "
+            "the whole head", "use a Phi-3 / Phi-3.5 model, whose rotary covers the whole head")
+    factors = sorted(tensors & {"rope_factors_long.weight", "rope_factors_short.weight"})
+    if factors:
+        raise ModelSourceError(
+            f"the GGUF file {path} holds longrope's rotary factors ({', '.join(factors)}), which transformers' GGUF "
+            "reader, through which edgesdk loads GGUF files, does not read: the model would load with plain RoPE",
+            "build from the model's Hugging Face directory instead (e.g. hf download microsoft/Phi-3.5-mini-instruct "
+            "--local-dir Phi-3.5-mini-instruct, then edgesdk build --model Phi-3.5-mini-instruct)")
+    window = field("phi3.attention.sliding_window")
+    return {"sliding_window": int(window)} if window else {}
 
 
 def _gguf_rope_overrides(path: Path, arch: str, field, reader, head_dim: dict) -> dict:
@@ -432,9 +478,11 @@ def incomplete_model_fix(source) -> str:
             f"{source.path}'")
 
 
-def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
+def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True) -> LoadedModel:
     """Load weights and tokenizer of a resolved source as float32 on the CPU (``progress``: show
-    transformers' loading bars)."""
+    transformers' loading bars). A Phi-3 or Granite model is loaded as the Llama it computes
+    (edgesdk/models/as_llama.py) unless ``as_llama`` is False: a caller that merges LoRA adapters trained on the
+    source's own modules (Phi-3's qkv_proj) merges them first, then calls :func:`load_as_llama`."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -502,4 +550,15 @@ def load_model(source: ModelSource, progress: bool = True) -> LoadedModel:
             del model.config.quantization_config
     model.eval()
     pooling, note = declared_pooling(source.kind, source.path)
-    return LoadedModel(model=model, tokenizer=tokenizer, source=source, pooling=pooling, pooling_note=note)
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, source=source, pooling=pooling, pooling_note=note)
+    return load_as_llama(loaded) if as_llama else loaded
+
+
+def load_as_llama(loaded: LoadedModel) -> LoadedModel:
+    """``loaded`` with a Phi-3 or Granite model replaced by the Llama it computes (edgesdk/models/as_llama.py);
+    any other model as it is."""
+    from edgesdk.models.as_llama import as_llama, converts_to_llama
+
+    if converts_to_llama(loaded.model.config):
+        loaded.model = as_llama(loaded.model)
+    return loaded
