@@ -105,6 +105,14 @@ class CompletionRequest:
     # ends it (0: off)
     n_indent: int = 0
     t_max_predict_ms: float = 0.0
+    # The context shift where the answer fills the context (edgesdk.runtime.generate.ContextShift): llama-server's
+    # n_keep and n_discard on every completion route, or Ollama's shift and num_keep; None: the server's
+    # --context-shift and --keep
+    context_shift: bool | None = None
+    n_keep: int | None = None  # -1: the whole prompt
+    n_discard: int = 0  # 0: half of what follows the kept tokens
+    keep_param: str = "n_keep"  # the field an error about the kept tokens names
+    shift_window: int | None = None  # the context the answer shifts within (Ollama's num_ctx); None: the bundle's
 
 
 def parse_chat_request(body: object) -> CompletionRequest:
@@ -426,8 +434,25 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "json_object": (body.get("response_format") or {}).get("type") == "json_object",
         "json_schema": _json_schema(body),
         "grammar": _grammar(body),
+        "n_keep": _shift_field(body, "n_keep", -1),
+        "n_discard": _shift_field(body, "n_discard", 0) or 0,
         **(_chat_logprobs(body) if chat else _text_logprobs(body)),
     }
+
+
+def _shift_field(body: dict, name: str, minimum: int) -> int | None:
+    """``n_keep`` (-1: the whole prompt) or ``n_discard`` (0: half of what follows the kept tokens), a whole number,
+    as llama-server reads them on every completion route (tools/server/server-schema.cpp); None where absent or null
+    (the server's)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "tokens of the prompt kept when the context shifts (-1: all of it)" if name == "n_keep" else \
+            "tokens dropped after the kept ones when the context shifts (0: half of them)"
+        raise ApiError(400, f"'{name}' must be a whole number of {what}, >= {minimum}, got {_shown(value)}",
+                       param=name)
+    return value
 
 
 def _grammar(body: dict) -> Grammar | None:

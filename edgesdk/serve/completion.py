@@ -149,19 +149,6 @@ class ServeDefaults:
 SHIFTED_LIMIT_CONTEXTS = 10
 
 
-@dataclass(frozen=True)
-class ShiftRequest(CompletionRequest):
-    """A request that sets its own context shift: llama-server's ``n_keep`` and ``n_discard`` (POST /completion), or
-    Ollama's ``shift`` and ``num_keep``. A plain :class:`CompletionRequest` takes the server's (``--context-shift``,
-    ``--keep``)."""
-
-    context_shift: bool | None = None  # None: the server's --context-shift
-    n_keep: int | None = None  # None: the server's --keep
-    n_discard: int = 0  # 0: half of what follows the kept tokens
-    keep_param: str = "n_keep"  # the field an error names
-    shift_window: int | None = None  # the context the answer shifts within (Ollama's num_ctx); None: the bundle's
-
-
 @dataclass
 class Completion:
     """A finished answer. ``finish_reason``: "stop" (end of turn or a stop string) or "length"
@@ -458,6 +445,7 @@ class Completer:
                   "top_k": defaults.top_k, "min_p": defaults.min_p, "samplers": list(defaults.samplers),
                   "repeat_penalty": defaults.repeat_penalty, "repeat_last_n": defaults.repeat_last_n,
                   "presence_penalty": 0.0, "frequency_penalty": 0.0, "cache_prompt": defaults.prompt_cache,
+                  "n_keep": defaults.n_keep, "n_discard": 0,
                   "speculative.n_max": self._draft_limit()}
         return {"default_generation_settings": {"id": 0, "n_ctx": self.runtime.backend.max_context,
                                                 "is_processing": self.busy, "speculative": self.lookup is not None,
@@ -607,7 +595,7 @@ class Completer:
         if not self.shifts(request):
             limit = min(limit, context)
         elif limit >= UNTIL_THE_CONTEXT_FILLS:  # ten of the contexts the answer shifts within
-            limit = SHIFTED_LIMIT_CONTEXTS * min(getattr(request, "shift_window", None) or context, context)
+            limit = SHIFTED_LIMIT_CONTEXTS * min(request.shift_window or context, context)
         config = SamplingConfig(max_new_tokens=limit,
                                 temperature=pick(request.temperature, self.defaults.temperature),
                                 top_p=pick(request.top_p, self.defaults.top_p),
@@ -623,7 +611,7 @@ class Completer:
 
     def shifts(self, request: CompletionRequest) -> bool:
         """Whether the request's answer shifts a full context and goes on (its own setting, else the server's)."""
-        asked = getattr(request, "context_shift", None)
+        asked = request.context_shift
         return self.defaults.context_shift if asked is None else asked
 
     def context_shift(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig) -> ContextShift | None:
@@ -632,14 +620,14 @@ class Completer:
         prompt starts with on top, as llama.cpp adds it to the tokens kept where the vocabulary adds one."""
         if not self.shifts(request):
             return None
-        keep = getattr(request, "n_keep", None)
+        keep = request.n_keep
         tokenizer = self.runtime.tokenizer
         bos = tokenizer.bos_token is not None and ids[0] == tokenizer.tokenizer.token_to_id(tokenizer.bos_token)
-        param = getattr(request, "keep_param", "n_keep")
+        param = request.keep_param
         try:
             shift = ContextShift(keep=self.defaults.n_keep if keep is None else keep,
-                                 discard=getattr(request, "n_discard", 0), bos=bos,
-                                 window=getattr(request, "shift_window", None))
+                                 discard=request.n_discard, bos=bos,
+                                 window=request.shift_window)
             if len(ids) + sampling.max_new_tokens - 1 > shift.context(self.runtime.backend.max_context):
                 shift.spans(len(ids), self.runtime.backend.max_context)
         except ValueError as exc:

@@ -520,7 +520,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         # The answer's "prompt" is the prompt's tokens as text, special tokens written out (a text prompt's BOS too),
         # as llama-server gives it back (server.cpp: the task's tokens detokenized with special = true)
         prompt = completer.runtime.tokenizer.tokenizer.decode(completer.prompt_ids(request), skip_special_tokens=False)
-        settings = llama_native.generation_settings(request, completer.sampling(request))
+        settings = llama_native.generation_settings(request, completer.sampling(request),
+                                                       completer.defaults.n_keep)
         self.server.answer_started()
         self._answering = True
         if not request.stream:

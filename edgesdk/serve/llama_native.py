@@ -37,7 +37,7 @@ answer's fields but the probabilities (no ``[DONE]``), as llama-server's stream 
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from edgesdk.runtime.generate import SamplingConfig
 from edgesdk.serve.api import (
@@ -49,7 +49,7 @@ from edgesdk.serve.api import (
     _shown,
     parse_text_request,
 )
-from edgesdk.serve.completion import Completion, ShiftRequest
+from edgesdk.serve.completion import Completion
 
 ROUTE = "/completion"
 
@@ -59,7 +59,6 @@ def parse_completion_request(body: object) -> CompletionRequest:
     body = _object(body)  # the samplers this runtime lacks are refused by parse_text_request, as on every route
     probs = _n_probs(body)
     limits = {name: _limit(body, name) for name in ("n_indent", "t_max_predict_ms")}
-    keep, discard = _shift_field(body, "n_keep", -1), _shift_field(body, "n_discard", 0)
     text = {key: value for key, value in body.items()
             if key not in ("n_predict", "max_tokens", "logprobs", "echo", "n_probs", "post_sampling_probs",
                            "n_indent", "t_max_predict_ms")}
@@ -76,23 +75,7 @@ def parse_completion_request(body: object) -> CompletionRequest:
     request = replace(request, stop=stops, logprobs=probs or None, llama_probs=bool(probs),
                       max_tokens=0 if predict == 0 else request.max_tokens, n_indent=int(limits["n_indent"]),
                       t_max_predict_ms=float(limits["t_max_predict_ms"]))
-    values = {field.name: getattr(request, field.name) for field in fields(request)}
-    values.update(n_keep=keep, n_discard=discard or 0)
-    return ShiftRequest(**values)
-
-
-def _shift_field(body: dict, name: str, minimum: int) -> int | None:
-    """``n_keep`` (-1: the whole prompt) or ``n_discard`` (0: half of what follows the kept tokens), a whole number;
-    None where absent or null (the server's)."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        what = "tokens of the prompt kept when the context shifts (-1: all of it)" if name == "n_keep" else \
-            "tokens dropped after the kept ones when the context shifts (0: half of them)"
-        raise ApiError(400, f"'{name}' must be a whole number of {what}, >= {minimum}, got {_shown(value)}",
-                       param=name)
-    return value
+    return request
 
 
 def _limit(body: dict, name: str) -> float:
@@ -170,15 +153,17 @@ def timings(completion: Completion) -> dict:
     return body
 
 
-def generation_settings(request: CompletionRequest, sampling: SamplingConfig) -> dict:
-    """The settings the answer was generated with, in llama-server's names (-1: no seed given)."""
+def generation_settings(request: CompletionRequest, sampling: SamplingConfig, server_keep: int = 0) -> dict:
+    """The settings the answer was generated with, in llama-server's names (-1: no seed given); ``n_keep`` the
+    request's, else the server's ``--keep`` (``server_keep``), as llama-server's slot params show them."""
     return {"n_predict": 0 if request.max_tokens == 0 else sampling.max_new_tokens, "temperature": sampling.temperature, "top_k": sampling.top_k,
             "top_p": sampling.top_p, "min_p": sampling.min_p, "samplers": list(sampling.samplers),
             "seed": -1 if sampling.seed is None else sampling.seed,
             "repeat_penalty": sampling.repeat_penalty, "repeat_last_n": sampling.repeat_last_n,
             "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
             "stop": list(request.stop), "ignore_eos": request.ignore_eos, "stream": request.stream,
-            "n_probs": request.logprobs or 0, "post_sampling_probs": False}
+            "n_probs": request.logprobs or 0, "post_sampling_probs": False,
+            "n_keep": server_keep if request.n_keep is None else request.n_keep, "n_discard": request.n_discard}
 
 
 def final_body(request: CompletionRequest, model: str, completion: Completion, settings: dict,
@@ -243,9 +228,11 @@ def slots(completer) -> list[dict]:
     slot = completer.slot  # read once: the request may end meanwhile
     if slot is None:
         idle = CompletionRequest(chat=False)
-        params, task, decoded, remain, new_line = generation_settings(idle, completer.sampling(idle)), -1, 0, -1, False
+        params = generation_settings(idle, completer.sampling(idle), completer.defaults.n_keep)
+        task, decoded, remain, new_line = -1, 0, -1, False
     else:
-        params, task, decoded = generation_settings(slot.request, slot.sampling), slot.task, slot.decoded
+        params = generation_settings(slot.request, slot.sampling, completer.defaults.n_keep)
+        task, decoded = slot.task, slot.decoded
         remain, new_line = max(params["n_predict"] - decoded, 0), slot.has_new_line
     return [{"id": 0, "id_task": task, "n_ctx": completer.runtime.backend.max_context,
              "speculative": completer.lookup is not None, "is_processing": slot is not None, "params": params,

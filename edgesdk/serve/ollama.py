@@ -81,7 +81,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize
@@ -98,7 +98,7 @@ from edgesdk.serve.api import (
     parse_chat_request,
     parse_text_request,
 )
-from edgesdk.serve.completion import SHIFTED_LIMIT_CONTEXTS, Completer, Completion, ShiftRequest
+from edgesdk.serve.completion import SHIFTED_LIMIT_CONTEXTS, Completer, Completion
 from edgesdk.serve.embeddings import encoded
 from edgesdk.serve.reasoning import split_answer, template_thinks
 from edgesdk.serve.tools import AnswerStream, answer_message, tool_result_text
@@ -327,16 +327,15 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
     return replace(request, max_tokens=min(asked_for, room))
 
 
-def _shifting(asked: Asked, request: CompletionRequest, window: int) -> ShiftRequest:
+def _shifting(asked: Asked, request: CompletionRequest, window: int) -> CompletionRequest:
     """The request with Ollama's context shift: ``shift`` (on unless false) and ``options.num_keep``, whatever the
     server's ``--context-shift``; shifting, a token limit above ten times the context is cut to it, as llm/server.go
     cuts ``num_predict`` (-1 and -2 are, in the completer: ``SHIFTED_LIMIT_CONTEXTS``)."""
     limit = request.max_tokens
     if asked.shift and limit is not None and limit < UNTIL_THE_CONTEXT_FILLS:
         limit = min(limit, SHIFTED_LIMIT_CONTEXTS * window)
-    values = {name.name: getattr(request, name.name) for name in fields(request)}
-    values.update(max_tokens=limit, context_shift=asked.shift, n_keep=asked.num_keep, keep_param="options.num_keep")
-    return ShiftRequest(**values)
+    return replace(request, max_tokens=limit, context_shift=asked.shift, n_keep=asked.num_keep,
+                   keep_param="options.num_keep")
 
 
 def _thinking_by_default(completer: Completer, asked: Asked, request: CompletionRequest) -> CompletionRequest:
