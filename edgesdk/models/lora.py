@@ -43,12 +43,15 @@ PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 MLX_WEIGHTS = "adapters.safetensors"  # mlx-lm's adapter weights (mlx_lm.lora --adapter-path DIR)
 # transformers' model_type -> the GGUF architecture llama.cpp's converter writes for it (convert_hf_to_gguf.py:
-# MistralForCausalLM is converted as llama; transformers' get_gguf_hf_weights_map maps gemma3_text to gemma3)
+# MistralForCausalLM is converted as llama; transformers' get_gguf_hf_weights_map maps gemma3_text to gemma3).
+# Phi-3 and Granite adapters are merged into the model's own modules (Phi-3's attn_qkv is qkv_proj, its ffn_up
+# gate_up_proj, gate rows first as in Phi3MLP) before the model is loaded as the Llama it computes.
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                      "smollm3": "smollm3", "gemma3_text": "gemma3"}
+                      "smollm3": "smollm3", "gemma3_text": "gemma3", "phi3": "phi3", "granite": "granite"}
 # GGUF architectures whose converter reorders the attn_q / attn_k rows for llama.cpp's pairwise rotary
-# (convert_hf_to_gguf.py: LlamaModel.permute, which SmolLM3Model(LlamaModel) inherits)
-PAIRWISE_ROPE_ARCHITECTURES = {"llama", "smollm3"}
+# (convert_hf_to_gguf.py: LlamaModel.permute, which SmolLM3Model(LlamaModel) and GraniteModel(LlamaModel) inherit;
+# Phi3MiniModel keeps attn_qkv's rows as they are)
+PAIRWISE_ROPE_ARCHITECTURES = {"llama", "smollm3", "granite"}
 # PEFT's init_lora_weights values that change the base weights when the adapter is made (the adapter then holds
 # the difference to that residual model, not to the base) unless PEFT converted it on saving
 BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq")

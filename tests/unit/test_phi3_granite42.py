@@ -272,3 +272,39 @@ def test_eval_reference_loads_the_merged_model_as_the_build_did(tmp_path):
             modules[name].weight.add_(delta)
         ids = torch.tensor([PROMPT])
         assert float((reference(ids).logits - model(ids).logits).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize(("overrides", "targets"), [
+    ({"model_type": "phi3"}, {"qkv_proj": "attn_qkv", "gate_up_proj": "ffn_up"}),
+    (GRANITE, {"q_proj": "attn_q", "k_proj": "attn_k", "up_proj": "ffn_up"}),
+], ids=["phi3", "granite"])
+def test_a_gguf_adapter_merges_as_the_peft_adapter_of_the_same_factors(overrides, targets, tmp_path):
+    """convert_lora_to_gguf.py's layout for each base: Phi3MiniModel keeps attn_qkv's and ffn_up's rows (gate
+    first) as they are, GraniteModel(LlamaModel) permutes attn_q / attn_k's lora_b for llama.cpp's rotary. Merged
+    into the source's modules and loaded as Llama, both adapters give the same weights."""
+    from edgesdk.models.loader import load_as_llama
+    from edgesdk.models.lora import LoraAdapter, gguf_architecture, merge_adapters
+    from edgesdk.models.sources import resolve_model
+    from tests.unit._lora_files41 import llama_cpp_permute, random_factors, write_gguf_adapter, write_peft
+
+    path = _model_dir(tmp_path, **overrides)
+    source = resolve_model(str(path))
+    peft_loaded, gguf_loaded = _load(path, as_llama=False), _load(path, as_llama=False)
+    architecture = gguf_architecture(source, gguf_loaded.model)
+    assert architecture == overrides["model_type"]
+    factors = random_factors(gguf_loaded.model, targets=tuple(targets))
+    config = gguf_loaded.model.config
+    pairs = {}
+    for name, (a, b) in factors.items():
+        kind = name.rsplit(".", 1)[-1]
+        b = b.numpy()
+        if kind in ("q_proj", "k_proj"):
+            b = llama_cpp_permute(b, config.num_attention_heads,
+                                  config.num_attention_heads if kind == "q_proj" else config.num_key_value_heads)
+        pairs[f"blk.{name.split('.')[2]}.{targets[kind]}.weight"] = (a.numpy(), b)
+    adapter = write_gguf_adapter(tmp_path / "adapter.gguf", architecture, pairs, alpha=8)
+    merge_adapters(gguf_loaded.model, [LoraAdapter(str(adapter))], architecture)
+    merge_adapters(peft_loaded.model, [LoraAdapter(str(write_peft(tmp_path / "peft", factors)))], architecture)
+    merged = load_as_llama(gguf_loaded).model.state_dict()
+    for name, value in load_as_llama(peft_loaded).model.state_dict().items():
+        torch.testing.assert_close(merged[name], value, rtol=0, atol=1e-6)
