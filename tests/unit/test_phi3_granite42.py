@@ -308,3 +308,51 @@ def test_a_gguf_adapter_merges_as_the_peft_adapter_of_the_same_factors(overrides
     merged = load_as_llama(gguf_loaded).model.state_dict()
     for name, value in load_as_llama(peft_loaded).model.state_dict().items():
         torch.testing.assert_close(merged[name], value, rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- GGUF files
+def _gguf_header(path, arch: str, fields: dict | None = None, tensors: tuple = ()):
+    """A GGUF file with the architecture's sizes (1 layer, width 64, 4 heads) and the given keys and tensors."""
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    for key, (value, kind) in (fields or {}).items():
+        writer.add_key_value(key, value, kind)
+    for name in ("token_embd.weight", *tensors):
+        writer.add_tensor(name, np.ones((8, 64) if name == "token_embd.weight" else (8,), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gguf_files_whose_scales_or_rotary_the_reader_drops_are_refused_before_it_reads_them(tmp_path):
+    """transformers' GGUF reader has no granite mapping (it would drop granite.*_scale), reads no Phi-3 longrope
+    factors and no phi3.rope.dimension_count: each file is refused naming what, with the Hugging Face directory or
+    another model as the fix."""
+    from gguf import GGUFValueType
+
+    from edgesdk.models.loader import check_gguf_model
+
+    with pytest.raises(ModelSourceError, match="holds a Granite model \\(general.architecture granite\\)") as info:
+        check_gguf_model(_gguf_header(tmp_path / "granite.gguf", "granite"))
+    assert "Hugging Face directory" in info.value.fix
+    longrope = _gguf_header(tmp_path / "phi35.gguf", "phi3", tensors=("rope_factors_long.weight",
+                                                                      "rope_factors_short.weight"))
+    with pytest.raises(ModelSourceError, match="longrope's rotary factors \\(rope_factors_long.weight, "
+                                               "rope_factors_short.weight\\)"):
+        check_gguf_model(longrope)
+    partial = _gguf_header(tmp_path / "phi4.gguf", "phi3",
+                           {"phi3.rope.dimension_count": (12, GGUFValueType.UINT32)})
+    with pytest.raises(ModelSourceError, match="rotates 12 of each head's 16 dimensions"):
+        check_gguf_model(partial)
+    windowed = _gguf_header(tmp_path / "phi3.gguf", "phi3", {"phi3.attention.sliding_window": (2047, GGUFValueType.UINT32),
+                                                             "phi3.rope.dimension_count": (16, GGUFValueType.UINT32)})
+    assert check_gguf_model(windowed) == {"head_dim": 16, "sliding_window": 2047}
+    none = _gguf_header(tmp_path / "phi4-window.gguf", "phi3", {"phi3.attention.sliding_window": (0, GGUFValueType.UINT32)})
+    assert check_gguf_model(none) == {"head_dim": 16}  # the converter writes 0 for no window
