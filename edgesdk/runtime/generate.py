@@ -528,7 +528,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
              reuse_cache: bool = True, constraint: TokenConstraint | None = None,
              logprobs: LogprobRecorder | None = None,
              lookup: LookupConfig | DraftModel | None = None, vocabulary=None,
-             shift: ContextShift | None = None) -> tuple[list[int], GenerationStats]:
+             shift: ContextShift | None = None, stats: GenerationStats | None = None,
+             ) -> tuple[list[int], GenerationStats]:
     """Prefill ``prompt_ids`` then decode until a stop id, ``max_new_tokens`` or the context is full.
 
     The first new token comes from the prefill logits (time to first token = prefill time);
@@ -576,6 +577,9 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     ``vocabulary``: the bundle's tokenizer (:class:`~edgesdk.runtime.text.ChatTokenizer`) or an
     :class:`~edgesdk.runtime.infill_sampler.InfillVocabulary`, which a chain with llama.cpp's infill sampler reads
     (a chain holding it without one is refused by name).
+
+    ``stats``: a fresh :class:`GenerationStats` to fill in as the answer goes (returned too), so that a caller whose
+    ``on_token`` raises to end the answer (a stop string) still reads what happened, e.g. its context shifts.
     """
     _check_prompt(prompt_ids, backend)
     if lookup is not None and not callable(getattr(lookup, "drafter", None)):
@@ -588,7 +592,9 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         context_size = shift.context(backend.max_context)
         if len(prompt_ids) + sampling.max_new_tokens - 1 > context_size:
             spans = shift.spans(len(prompt_ids), backend.max_context)  # refused here where it cannot shift
-    stats = GenerationStats(prompt_tokens=len(prompt_ids))
+    if stats is None:
+        stats = GenerationStats()
+    stats.prompt_tokens = len(prompt_ids)
     sampler = Sampler(sampling, _infill_vocabulary(sampling, vocabulary))
     scores_prompt = logprobs is not None and logprobs.prompt
     if cache is None:

@@ -984,14 +984,12 @@ class Completer:
             self._check_stopping()
 
         drafts = None if self.lookup is None else _DraftCount(self.lookup)
-        shifts = 0
+        stats = GenerationStats()  # read after a stop string too, which ends generate() from on_token
         try:
-            _, stats = generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token,
-                                hook=hook, cache=self.prompt_cache,
-                                reuse_cache=request.cache_prompt, constraint=constraint, logprobs=recorder,
-                                lookup=drafts, vocabulary=tokenizer, shift=shift)
+            generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token, hook=hook,
+                     cache=self.prompt_cache, reuse_cache=request.cache_prompt, constraint=constraint,
+                     logprobs=recorder, lookup=drafts, vocabulary=tokenizer, shift=shift, stats=stats)
             finish = "stop" if stats.stop_reason in ("eos", "complete") else "length"
-            shifts = stats.context_shifts
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())
             hand_out("")  # an echo whose answer made no text
@@ -1029,7 +1027,7 @@ class Completer:
         return Completion("".join(pieces), finish, len(ids), count, cached, logprobs, matcher.matched,
                           prompt_ms=max(prompt_ms, 0.0), predicted_ms=max(predicted_ms, 0.0),
                           draft_tokens=0 if drafts is None else drafts.drafted, draft_accepted=hook.draft_accepted,
-                          context_shifts=shifts)
+                          context_shifts=stats.context_shifts)
 
     def _token_piece(self, token: int) -> bytes:
         """A token's bytes, as the logprobs report them (a special token's name for one that has no text)."""

@@ -92,3 +92,20 @@ def test_generation_settings_slots_and_props_show_n_keep_and_n_discard(shifting)
     props = json.loads(shifting.request("GET", "/props")[2])
     params = props["default_generation_settings"]["params"]
     assert (params["n_keep"], params["n_discard"]) == (2, 0)
+
+
+def test_a_stop_string_after_a_shift_still_says_truncated(shifting, reference):
+    """llama-server marks a slot truncated once its context shifted, whatever then ends the answer: a stop string
+    met after the shift gives ``truncated: true``, one met before it ``false``."""
+    answer = _expected(reference, 2 * MAX_CONTEXT, 2)
+    text = reference.tokenizer.decode(answer)
+    after = len(reference.tokenizer.decode(answer[:MAX_CONTEXT]))  # past the first shift: the prompt is 10 tokens
+    stop = next(text[start:start + 4] for start in range(after, len(text) - 4)
+                if text.find(text[start:start + 4]) == start and text[start:start + 4].strip())
+    body = {"prompt": PROMPT, "n_predict": 2 * MAX_CONTEXT, "ignore_eos": True}
+    status, shifted = shifting.post("/completion", {**body, "stop": [stop]})
+    assert status == 200, shifted
+    assert (shifted["stop_type"], shifted["stopping_word"], shifted["truncated"]) == ("word", stop, True)
+    early = text[:4] if text[:4].strip() else text[1:5]
+    status, unshifted = shifting.post("/completion", {**body, "stop": [early]})
+    assert (unshifted["stop_type"], unshifted["truncated"]) == ("word", False)
