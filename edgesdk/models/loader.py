@@ -28,12 +28,9 @@ SUPPORTED_ARCHITECTURES = {
                "sliding window must be off or longer than the context",
     "gemma3_text": "Gemma 3 (270M, 1B): query/key norms, norms around attention and FFN, sliding-window "
                    "layers, GeGLU FFN, embedding scaled by sqrt(width)",
-    # loaded as the Llama they compute (edgesdk/models/as_llama.py)
-    "phi3": "Phi-3 / Phi-3.5-mini: Llama with fused qkv_proj and gate_up_proj, loaded as Llama; rotary over the "
-            "whole head; sliding window must be off or longer than the context",
-    "granite": "Granite 3 dense: Llama with attention, residual, embedding and logits multipliers, folded into the "
-               "weights of the Llama it is loaded as",
 }
+# and the architectures loaded as the Llama they compute (edgesdk/models/as_llama.py: CONVERTED_ARCHITECTURES):
+# Phi-3 / Phi-3.5-mini (rotary over the whole head; sliding window off or longer than the context) and Granite 3
 # the FFN activation each architecture's graphs compute (transformers' names)
 FFN_ACTIVATIONS = {"gemma3_text": ("gelu_pytorch_tanh",)}
 
@@ -73,10 +70,13 @@ class LoadedModel:
 
 
 def check_model_type(model_type: str | None, where: str) -> None:
-    if model_type not in SUPPORTED_ARCHITECTURES:
+    from edgesdk.models.as_llama import CONVERTED_ARCHITECTURES
+
+    if model_type not in SUPPORTED_ARCHITECTURES and model_type not in CONVERTED_ARCHITECTURES:
         raise ModelSourceError(
             f"model {where} has architecture '{model_type}', which edgesdk cannot export; "
-            f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}",
+            f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}; loaded as the Llama they compute: "
+            f"{', '.join(sorted(CONVERTED_ARCHITECTURES))}",
             "use a Llama-family decoder (Llama, SmolLM2, SmolLM3, TinyLlama, Qwen2, Qwen3, Mistral, Phi-3, Granite 3) "
             "or a Gemma 3 text model",
         )
