@@ -73,7 +73,10 @@ def model_params():
     return params
 
 api.llama_model_default_params = model_params
-model = llama_cpp.Llama(request["path"], n_ctx=request["context"], logits_all=True, n_threads=1, verbose=False)
+# a float32 KV cache (GGML_TYPE_F32 = 0) where asked: llama.cpp's default F16 cache rounds keys and values
+cache = {"type_k": 0, "type_v": 0} if request["f32_cache"] else {}
+model = llama_cpp.Llama(request["path"], n_ctx=request["context"], logits_all=True, n_threads=1, verbose=False,
+                        lora_path=request["lora"], lora_scale=request["lora_scale"], **cache)
 answer = {}
 if request["text"] is not None:
     answer["tokens"] = model.tokenize(request["text"].encode(), add_bos=True)
@@ -90,15 +93,18 @@ json.dump(answer, sys.stdout)
 
 
 def llama_cpp_child(path: Path, ids: list[int], text: str | None = None, pieces: bool = False,
-                    context: int = 64) -> tuple[np.ndarray, dict]:
+                    context: int = 64, lora: Path | None = None, lora_scale: float = 1.0,
+                    f32_cache: bool = False) -> tuple[np.ndarray, dict]:
     """llama.cpp's logits (len(ids), V) for ``ids`` evaluated from the start by the GGUF file at ``path``, and
     as asked its token ids for ``text`` (BOS added, under "tokens") and every token's piece as bytes (under
     "pieces"), computed in a child process with llama.cpp's plain CPU weight buffers (see _LLAMA_CPP_CHILD): a
-    crash there fails the caller with the child's exit and traceback instead of ending the test run."""
+    crash there fails the caller with the child's exit and traceback instead of ending the test run. ``lora``: a
+    GGUF LoRA adapter applied at ``lora_scale`` (llama.cpp's --lora-scaled); ``f32_cache``: a float32 KV cache."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "logits.npy"
         request = {"path": str(path), "text": text, "ids": list(ids), "context": context, "out": str(out),
-                   "pieces": pieces}
+                   "pieces": pieces, "lora": None if lora is None else str(lora), "lora_scale": lora_scale,
+                   "f32_cache": f32_cache}
         child = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _LLAMA_CPP_CHILD],
                                input=json.dumps(request), capture_output=True, text=True)
         if child.returncode != 0:

@@ -4,11 +4,6 @@ the logits agree. llama.cpp runs in a child process with plain CPU weight buffer
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -21,40 +16,14 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip 
 pytestmark = pytest.mark.benchmark
 
 IDS = [1, 5, 17, 101, 3, 250, 42, 7, 99, 12]
-_CHILD = """
-import json, sys
-import numpy as np
-import llama_cpp
-from llama_cpp import llama_cpp as api
-
-request = json.load(sys.stdin)
-default_params = api.llama_model_default_params
-
-def model_params():
-    params = default_params()
-    params.use_extra_bufts = False
-    return params
-
-api.llama_model_default_params = model_params
-# a float32 KV cache (GGML_TYPE_F32 = 0): llama.cpp's default F16 cache rounds the values the adapter enlarges
-model = llama_cpp.Llama(request["path"], lora_path=request["lora"], lora_scale=request["scale"], n_ctx=64,
-                        logits_all=True, n_threads=1, verbose=False, type_k=0, type_v=0)
-model.eval(request["ids"])
-np.save(request["out"], np.array(model.scores[:len(request["ids"])]))
-"""
 
 
 def _llama_cpp_logits(base: Path, adapter: Path | None, scale: float) -> np.ndarray:
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "logits.npy"
-        request = {"path": str(base), "lora": str(adapter) if adapter else None, "scale": scale, "ids": IDS,
-                   "out": str(out)}
-        child = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _CHILD], input=json.dumps(request),
-                               capture_output=True, text=True)
-        if child.returncode != 0:
-            status = signal.Signals(-child.returncode).name if child.returncode < 0 else child.returncode
-            raise AssertionError(f"llama.cpp's child process ended with {status}:\n{child.stderr[-6000:]}")
-        return np.load(out)
+    """llama.cpp's logits for IDS, the adapter applied at ``scale``, with a float32 KV cache: llama.cpp's default
+    F16 cache rounds the values the adapter enlarges."""
+    from tests._utils.gguf_files import llama_cpp_child
+
+    return llama_cpp_child(base, IDS, lora=adapter, lora_scale=scale, f32_cache=True)[0]
 
 
 @pytest.mark.parametrize("alpha", [8.0, None])

@@ -12,12 +12,7 @@ logit difference (``-s``) and records it as ``max_abs_diff``.
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
-import signal
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -37,41 +32,12 @@ needs_llama_cpp = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None,
     reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
 
-_CHILD = """
-import json, sys
-import numpy as np
-import llama_cpp
-from llama_cpp import llama_cpp as api
-
-request = json.load(sys.stdin)
-default_params = api.llama_model_default_params
-
-def model_params():
-    params = default_params()
-    params.use_extra_bufts = False
-    return params
-
-api.llama_model_default_params = model_params
-model = llama_cpp.Llama(request["path"], lora_path=request["lora"], lora_scale=request["scale"], n_ctx=64,
-                        logits_all=True, n_threads=1, verbose=False, type_k=0, type_v=0)
-model.eval(request["ids"])
-np.save(request["out"], np.array(model.scores[:len(request["ids"])]))
-"""
-
-
 def llama_cpp_logits(path: Path, lora: Path | None = None, scale: float = 1.0) -> np.ndarray:
     """llama.cpp's logits (len(IDS), V) for IDS from the GGUF file ``path`` (with the LoRA adapter ``lora`` at
-    ``scale``: llama.cpp's --lora-scaled), F32 KV cache (GGML_TYPE_F32 = 0), in a child process."""
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "logits.npy"
-        request = {"path": str(path), "lora": None if lora is None else str(lora), "scale": scale, "ids": IDS,
-                   "out": str(out)}
-        child = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _CHILD], input=json.dumps(request),
-                               capture_output=True, text=True)
-        if child.returncode != 0:
-            status = signal.Signals(-child.returncode).name if child.returncode < 0 else child.returncode
-            raise AssertionError(f"llama.cpp's child process ended with {status}:\n{child.stderr[-6000:]}")
-        return np.load(out)
+    ``scale``: llama.cpp's --lora-scaled), F32 KV cache, in a child process."""
+    from tests._utils.gguf_files import llama_cpp_child
+
+    return llama_cpp_child(path, IDS, lora=lora, lora_scale=scale, f32_cache=True)[0]
 
 
 def _report(label: str, diff: float, bound: float, record_property) -> None:
