@@ -77,8 +77,8 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     ``draft_p_min`` (llama.cpp's ``--model-draft``, ``--draft-max``, ``--draft-p-min``): answers stay the same.
 
     ``settings`` are what a request that leaves a field out gets (``edgesdk serve``'s options): ``max_tokens``
-    (512), ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``, ``repeat_penalty`` (1: off),
-    ``repeat_last_n`` (64), ``samplers`` (each not given: the model's own
+    (512), and the sampling settings ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``, ``repeat_penalty``
+    (1: off), ``repeat_last_n`` (64) and ``samplers`` (each of these seven not given: the model's own
     setting where its bundle records one, as ``edgesdk serve`` takes them; :attr:`Model.notes` says which), ``prompt_cache`` (True),
     ``cache_ram_mib``, ``lookup``, ``prefill_assistant``, ``reasoning_format``, ``reasoning_budget``, ``max_waiting``
     (8: the calls that may wait behind the one generating; more are refused, as serve's ``--max-queue``), and
@@ -109,7 +109,8 @@ class Model:
         try:
             defaults = ServeDefaults(**settings)
         except (TypeError, ValueError) as exc:
-            raise EdgeSDKError(f"load(): {exc}", "pass settings of the kinds 'edgesdk serve --help' lists") from exc
+            raise EdgeSDKError(f"load(): {exc}", "pass a value the message allows, or leave the setting out for "
+                               "edgesdk serve's default (the model's own where its bundle records one)") from exc
         try:
             self.runtime = open_runtime(Path(path), backend=backend, threads=threads, expected_target=target,
                                         ignore_target=ignore_target)
@@ -779,18 +780,15 @@ def _unused_settings(settings: dict, backend: str, completer) -> list[str]:
 
 
 def _with_model_defaults(defaults, settings: dict, manifest: dict, notes: list[str]):
-    """``defaults`` with the model's own sampling settings (the bundle's ``generation`` section) for each of
-    temperature, top_p, top_k, min_p, repeat_penalty, repeat_last_n and samplers not among ``settings``, as ``edgesdk serve`` takes them for the
-    options not given (llama.cpp's common_init_sampler_from_model); a note says which."""
-    import dataclasses
+    """``defaults`` with the model's own sampling settings (the bundle's ``generation`` section) for each sampling
+    setting not among ``settings``, as ``edgesdk serve`` takes them for the options not given (llama.cpp's
+    common_init_sampler_from_model); a note says which."""
+    from edgesdk.models.generation_defaults import with_model_defaults
 
-    from edgesdk.models.generation_defaults import applied_line, model_defaults
-
-    applied, source = model_defaults(manifest, lambda name: name in settings)
-    if not applied:
-        return defaults
-    notes.append(applied_line(applied, source).replace("--temperature 0", "temperature=0"))
-    return dataclasses.replace(defaults, **applied)
+    defaults, line = with_model_defaults(defaults, manifest, lambda name: name in settings, "temperature=0")
+    if line is not None:
+        notes.append(line)
+    return defaults
 
 
 def _open_guard(runtime, notes: list[str]):

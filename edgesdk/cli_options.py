@@ -35,6 +35,14 @@ def option_given(name: str) -> bool:
         context.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
 
 
+def sampling_option_given(name: str) -> bool:
+    """Whether the sampling field ``name`` was set by an option of the running command (``samplers``: by
+    --samplers or --sampling-seq), for :func:`edgesdk.models.generation_defaults.with_model_defaults`."""
+    if name == "samplers":
+        return option_given("samplers") or option_given("sampling_seq")
+    return option_given(name)
+
+
 def sampler_chain_options(fn):
     """llama.cpp's options for the sampler chain's order (common/arg.cpp)."""
     return _stacked(fn, [

@@ -32,6 +32,7 @@ from edgesdk.cli_options import (
     runtime_options,
     sampler_chain,
     sampler_chain_options,
+    sampling_option_given,
     thermal_options,
     warn_unused_thermal_options,
 )
@@ -83,8 +84,9 @@ class RunSettings:
               help="Never end at an end-of-text or end-of-turn token (their logits set to -inf, as llama.cpp's "
                    "--ignore-eos): an answer runs to -n tokens, unless --json, --json-schema or --grammar ends it.")
 @click.option("--temperature", "--temp", default=0.0, show_default=True,
-              help="0 means greedy decoding. Not given: the model's own, where its bundle records one (as every "
-                   "sampling option; 'edgesdk inspect' shows them).")
+              help="0 means greedy decoding. Not given: the model's own, where its bundle records one (as --top-p, "
+                   "--top-k, --min-p, --repeat-penalty, --repeat-last-n and --samplers; 'edgesdk inspect' shows "
+                   "them).")
 @click.option("--top-p", default=1.0, show_default=True, help="Nucleus sampling mass (with --temperature > 0).")
 @click.option("--top-k", default=0, show_default=True,
               help="Sample from the K most likely tokens only (with --temperature > 0; 0: off).")
@@ -299,14 +301,12 @@ def _with_model_defaults(sampling: SamplingConfig, manifest: dict) -> SamplingCo
     """``sampling`` with the model's own settings (the bundle's ``generation`` section: its generation_config.json
     or GGUF general.sampling keys) for each sampling option not given, as llama-cli takes a GGUF file's
     general.sampling keys (common/common.cpp, common_init_sampler_from_model); said on stderr."""
-    from edgesdk.models.generation_defaults import applied_line, model_defaults
+    from edgesdk.models.generation_defaults import with_model_defaults
 
-    chain_given = option_given("samplers") or option_given("sampling_seq")
-    applied, source = model_defaults(manifest, lambda name: chain_given if name == "samplers" else option_given(name))
-    if not applied:
-        return sampling
-    click.echo(f"edgesdk: {applied_line(applied, source)}", err=True)
-    return dataclasses.replace(sampling, **applied)
+    sampling, line = with_model_defaults(sampling, manifest, sampling_option_given)
+    if line is not None:
+        click.echo(f"edgesdk: {line}", err=True)
+    return sampling
 
 
 def _warn_unused_options(settings: RunSettings, sampling: SamplingConfig, tokenizer, thermal_settings: dict) -> None:

@@ -26,6 +26,7 @@ from edgesdk.cli_options import (
     runtime_options,
     sampler_chain,
     sampler_chain_options,
+    sampling_option_given,
     thermal_options,
     warn_unused_thermal_options,
 )
@@ -50,7 +51,8 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
               help="Tokens per answer for a request that sets no max_tokens.")
 @click.option("--temperature", "--temp", default=0.0, show_default=True,
               help="For a request that sets none; 0 means greedy decoding. Not given: the model's own, where its "
-                   "bundle records one (as --top-p, --top-k, --min-p and --samplers; 'edgesdk inspect' shows them).")
+                   "bundle records one (as --top-p, --top-k, --min-p, --repeat-penalty, --repeat-last-n and --samplers; "
+                   "'edgesdk inspect' shows them).")
 @click.option("--top-p", default=1.0, show_default=True, help="For a request that sets none.")
 @click.option("--top-k", default=0, show_default=True, help="For a request that sets none (0: off).")
 @click.option("--min-p", default=0.0, show_default=True, help="For a request that sets none (0: off).")
@@ -216,21 +218,13 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
             thermal.close()
 
 
-# the sampling settings a request that leaves them out takes from ServeDefaults
-SERVED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "samplers")
-
-
 def _with_model_defaults(defaults, manifest: dict):
     """``defaults`` with the model's own sampling settings (the bundle's ``generation`` section) for each option not
     given, as llama-server takes a GGUF file's general.sampling keys for its defaults (common/common.cpp,
     common_init_sampler_from_model); said on stderr. A request's fields go over either."""
-    import dataclasses
+    from edgesdk.models.generation_defaults import with_model_defaults
 
-    from edgesdk.models.generation_defaults import applied_line, model_defaults
-
-    chain_given = option_given("samplers") or option_given("sampling_seq")
-    applied, source = model_defaults(manifest, lambda name: chain_given if name == "samplers" else option_given(name),
-                                     SERVED_FIELDS)
-    if applied:
-        click.echo(f"edgesdk serve: {applied_line(applied, source)}", err=True)
-    return dataclasses.replace(defaults, **applied) if applied else defaults
+    defaults, line = with_model_defaults(defaults, manifest, sampling_option_given)
+    if line is not None:
+        click.echo(f"edgesdk serve: {line}", err=True)
+    return defaults

@@ -42,6 +42,12 @@ NOT_CARRIED = {"mirostat": 0, "mirostat_tau": None, "mirostat_eta": None, "xtc_p
 ENABLED_BY = {"mirostat_tau": "mirostat", "mirostat_eta": "mirostat", "xtc_threshold": "xtc_probability"}
 # the sampling settings that do_sample false leaves unused: transformers' generate() then decodes greedily
 DRAW_FIELDS = ("temperature", "top_p", "top_k", "min_p")
+# the temperature transformers' generate() samples at where do_sample is true and no temperature is set
+TRANSFORMERS_TEMPERATURE = 1.0
+FLOAT32_FIELDS = ("temperature", "top_p", "min_p", "repeat_penalty")
+INT32_FIELDS = ("top_k", "repeat_last_n")
+FLOAT32_MAX = 3.4028234663852886e38
+INT32_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ class ModelSampling:
 def sampling_value_problem(name: str, value) -> str | None:
     """Why ``value`` cannot be the sampling field ``name`` (SamplingConfig's own refusal), None where it can."""
     if name not in FIELDS:
-        return f"is not a sampling setting edgesdk carries ({', '.join(FIELDS)})"
+        return f"is not a sampling setting edgesdk carries ({', '.join(FIELDS)}), got {value!r:.80}"
     if name == "samplers" and not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
         return f"must be a list of sampler names, got {value!r:.80}"
     from edgesdk.runtime.generate import SamplingConfig
@@ -72,6 +78,11 @@ def sampling_value_problem(name: str, value) -> str | None:
         SamplingConfig(**{name: value})
     except ValueError as exc:
         return str(exc)
+    # the bounds of the GGUF types llama.cpp reads them as (general.sampling.*: FLOAT32, INT32), which export writes
+    if name in FLOAT32_FIELDS and abs(value) > FLOAT32_MAX:
+        return f"{name} must be at most {FLOAT32_MAX:g} (a float32, as a GGUF file holds it), got {value!r}"
+    if name in INT32_FIELDS and value > INT32_MAX:
+        return f"{name} must be at most {INT32_MAX} (an int32, as a GGUF file holds it), got {value!r}"
     return None
 
 
@@ -99,13 +110,13 @@ def _collect(found: dict[str, tuple[str, object]], source: str, shown: str) -> t
         try:
             value = _canonical(name, raw)
         except (ValueError, TypeError) as exc:
-            warnings.append(f"{shown} {key} {raw!r:.80} is not used: {exc}")
+            warnings.append(f"{shown} {key} {raw!r:.80} is not used: {exc}; edgesdk's default stays")
             continue
         problem = sampling_value_problem(name, value)
         if problem is not None:
             warnings.append(f"{shown} {key} {raw!r:.80} is not used: {problem}; edgesdk's default stays")
             continue
-        values[name] = float(value) if name in ("temperature", "top_p", "min_p", "repeat_penalty") else value
+        values[name] = float(value) if name in FLOAT32_FIELDS else value
     return values, warnings
 
 
@@ -128,11 +139,16 @@ def from_generation_config(config: dict) -> ModelSampling:
     """The sampling settings of a ``generation_config.json`` object, as llama.cpp's converter takes them; where it
     says ``"do_sample": false``, transformers' ``generate()`` decodes greedily and ignores temperature, top_p,
     top_k and min_p, so they are left out and the bundle stays greedy (llama.cpp's converter would still copy
-    them into the GGUF file)."""
+    them into the GGUF file); where it says ``"do_sample": true`` and sets no temperature, the temperature is the 1
+    ``generate()`` samples at."""
     found = {}
     for key, name in CONFIG_KEYS:
         if name not in found and config.get(key) is not None:
             found[name] = (key, config[key])
+    if config.get("do_sample") is True and "temperature" not in found:
+        # transformers' generate() samples such a config at temperature 1 (Gemma 3's: do_sample, top_k 64, top_p
+        # 0.95 and no temperature); left out, edgesdk's greedy default would make top_k and top_p change nothing
+        found["temperature"] = ("do_sample true", TRANSFORMERS_TEMPERATURE)
     warnings = []
     greedy = config.get("do_sample") is False
     if greedy:
@@ -229,13 +245,35 @@ def model_defaults(manifest: dict, given, fields: tuple[str, ...] = FIELDS) -> t
     return applied, record["source"]
 
 
-def applied_line(applied: dict, source: str) -> str:
+def applied_line(applied: dict, source: str, temperature: float, greedy_hint: str = "--temperature 0") -> str:
     """The line that says which of the model's settings a run or server took: "sampling: temperature 0.6, top_p
-    0.95 from the model's generation_config.json; --temperature 0 for greedy"."""
-    greedy = "; --temperature 0 for greedy" if applied.get("temperature", 0) > 0 else ""
-    return f"sampling: {describe(applied)} from {source_words(source)}{greedy}"
+    0.95 from the model's generation_config.json; --temperature 0 for greedy". ``temperature``: the one the run or
+    server then samples at; at 0 (greedy) the line says that the draw's settings wait for a temperature above 0.
+    ``greedy_hint``: how the user asks for greedy decoding (the option, or load()'s keyword)."""
+    line = f"sampling: {describe(applied)} from {source_words(source)}"
+    if temperature > 0:
+        return f"{line}; {greedy_hint} for greedy"
+    waiting = [name for name in DRAW_FIELDS if name in applied and name != "temperature"]
+    if waiting:
+        verb = "apply" if len(waiting) > 1 else "applies"
+        return f"{line}; greedy at temperature 0, so {', '.join(waiting)} {verb} only with a temperature above 0"
+    return line
 
 
-__all__ = ["applied_line", "model_defaults", "FIELDS", "GENERATION_CONFIG", "GGUF_SOURCE", "ModelSampling", "describe", "from_gguf_fields",
+def with_model_defaults(settings, manifest: dict, given, greedy_hint: str = "--temperature 0"):
+    """(``settings`` with the bundle's recorded sampling settings for each field ``given(name)`` says the user did
+    not set, the line that says so or None where none applied). ``settings``: a frozen dataclass holding the
+    sampling fields (:class:`~edgesdk.runtime.generate.SamplingConfig` for ``run``, ``ServeDefaults`` for ``serve``
+    and ``load()``), as llama.cpp's ``common_init_sampler_from_model`` fills the options not given."""
+    import dataclasses
+
+    applied, source = model_defaults(manifest, given)
+    if not applied:
+        return settings, None
+    settings = dataclasses.replace(settings, **applied)
+    return settings, applied_line(applied, source, settings.temperature, greedy_hint)
+
+
+__all__ = ["applied_line", "model_defaults", "with_model_defaults", "FIELDS", "GENERATION_CONFIG", "GGUF_SOURCE", "ModelSampling", "describe", "from_gguf_fields",
            "from_generation_config", "read_gguf_sampling", "read_model_sampling", "sampling_value_problem",
            "source_words"]

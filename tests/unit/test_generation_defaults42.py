@@ -110,6 +110,45 @@ def test_values_out_of_range_are_warnings_and_left_out():
     assert "general.sampling.top_k -5 is not used" in "\n".join(read.warnings)
 
 
+
+def test_do_sample_true_without_a_temperature_samples_at_transformers_1():
+    """Gemma 3's generation_config.json: do_sample true, top_k 64, top_p 0.95 and no temperature, which
+    transformers' generate() samples at temperature 1; left at edgesdk's greedy 0, top_k and top_p would change
+    nothing while the run said they applied."""
+    from edgesdk.models.generation_defaults import from_generation_config
+
+    read = from_generation_config({"do_sample": True, "top_k": 64, "top_p": 0.95, "cache_implementation": "hybrid"})
+    assert read.values == {"temperature": 1.0, "top_p": 0.95, "top_k": 64}
+    # without do_sample the file's own keys only, as llama.cpp's converter copies them
+    assert from_generation_config({"top_k": 64, "top_p": 0.95}).values == {"top_p": 0.95, "top_k": 64}
+
+
+def test_the_line_says_when_the_draws_settings_wait_for_a_temperature():
+    from edgesdk.models.generation_defaults import applied_line
+
+    assert applied_line({"top_k": 64}, "generation_config.json", 0.0) == (
+        "sampling: top_k 64 from the model's generation_config.json; greedy at temperature 0, so top_k applies only "
+        "with a temperature above 0")
+    assert applied_line({"top_k": 64}, "generation_config.json", 0.7, "temperature=0").endswith(
+        "; temperature=0 for greedy")
+    assert applied_line({"repeat_penalty": 1.1}, "generation_config.json", 0.0) == (
+        "sampling: repeat_penalty 1.1 from the model's generation_config.json")
+
+
+def test_values_a_gguf_file_cannot_hold_are_left_out():
+    """general.sampling.* are FLOAT32 and INT32 keys: a value past those bounds is a build warning, not an
+    OverflowError when the bundle is exported."""
+    from edgesdk.models.generation_defaults import from_generation_config, sampling_value_problem
+
+    read = from_generation_config({"temperature": 1e39, "top_k": 3_000_000_000, "top_p": 0.9})
+    assert read.values == {"top_p": 0.9}
+    shown = "\n".join(read.warnings)
+    assert "temperature must be at most 3.40282e+38 (a float32, as a GGUF file holds it), got 1e+39" in shown
+    assert "top_k must be at most 2147483647 (an int32, as a GGUF file holds it), got 3000000000" in shown
+    assert sampling_value_problem("mirostat", 2) == (
+        "is not a sampling setting edgesdk carries (temperature, top_p, top_k, min_p, repeat_penalty, "
+        "repeat_last_n, samplers), got 2")
+
 def test_an_unreadable_generation_config_is_a_warning(tmp_path):
     from edgesdk.models.generation_defaults import read_model_sampling
 
@@ -188,8 +227,8 @@ def test_run_with_temperature_0_decodes_greedily(bundle):
     result = invoke("run", bundle.path, "-p", "hello", "-n", "3", "--temperature", "0", "--seed", "3",
                     "--threads", "1")
     assert_ok(result)
-    assert "edgesdk: sampling: top_p 0.95, top_k 20, repeat_penalty 1.05 from the model's generation_config.json" \
-        in _stderr_lines(result)
+    assert "edgesdk: sampling: top_p 0.95, top_k 20, repeat_penalty 1.05 from the model's generation_config.json; " \
+        "greedy at temperature 0, so top_p, top_k apply only with a temperature above 0" in _stderr_lines(result)
     assert "--seed is not used: --temperature 0 decodes greedily" in result.stderr
     given = invoke("run", bundle.path, "-p", "hello", "-n", "3", "--temperature", "0", "--top-p", "1",
                    "--top-k", "0", "--repeat-penalty", "1", "--threads", "1")
@@ -270,7 +309,8 @@ def test_serve_makes_them_the_defaults_a_request_goes_over(bundle, tmp_path):
 def test_serve_options_go_over_the_models_settings(bundle, tmp_path):
     with _serving(bundle.path, tmp_path, "--temperature", "0.2", "--samplers", "top_k;temperature",
                   "--repeat-penalty", "1.3") as (url, lines):
-        assert "edgesdk serve: sampling: top_p 0.95, top_k 20 from the model's generation_config.json" in lines
+        assert "edgesdk serve: sampling: top_p 0.95, top_k 20 from the model's generation_config.json; " \
+               "--temperature 0 for greedy" in lines
         params = _call(url, "/props")["default_generation_settings"]["params"]
         assert (params["temperature"], params["top_p"], params["top_k"]) == (0.2, 0.95, 20)
         assert params["repeat_penalty"] == 1.3
