@@ -1,7 +1,7 @@
 """Load a resolved model source into a PyTorch causal LM and its tokenizer (host only).
 
 GGUF files are read with transformers' GGUF support (``gguf_file=``), which de-quantizes the
-weights to float32. Only decoder architectures the ONNX exporter knows are accepted.
+weights to float32; SmolLM3 files, for which it has no mapping, are read here with gguf-py (_read_smollm3_gguf). Only decoder architectures the ONNX exporter knows are accepted.
 """
 
 from __future__ import annotations
@@ -190,12 +190,7 @@ def check_gguf_model(path: Path) -> dict:
     if arch == "gemma3":
         return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
     if arch == "smollm3":
-        raise ModelSourceError(
-            f"the GGUF file {path} holds a SmolLM3 model (general.architecture smollm3), which transformers' GGUF "
-            "reader, through which edgesdk loads GGUF files, does not read (it has no smollm3 mapping; llama.cpp "
-            "reads it as Llama's tensors with no rotary in every fourth layer)",
-            "build from the model's Hugging Face directory instead (e.g. hf download HuggingFaceTB/SmolLM3-3B "
-            "--local-dir SmolLM3-3B, then edgesdk build --model SmolLM3-3B), which edgesdk exports")
+        return _smollm3_config(path, field, reader, _gguf_head_dim(path, arch, field))
     if arch == "granite":
         raise ModelSourceError(
             f"the GGUF file {path} holds a Granite model (general.architecture granite), which transformers' GGUF "
@@ -207,6 +202,155 @@ def check_gguf_model(path: Path) -> dict:
     head_dim = _gguf_head_dim(path, arch, field)
     phi3 = _phi3_overrides(path, field, tensors, head_dim) if arch == "phi3" else {}
     return {**head_dim, **phi3, **_gguf_rope_overrides(path, arch, field, reader, head_dim)}
+
+
+# llama.cpp's tensor names (gguf-py's MODEL_TENSORS for MODEL_ARCH.SMOLLM3, the converter's LlamaModel layout)
+# -> SmolLM3ForCausalLM's parameter names, the per-layer ones under blk.N. / model.layers.N.
+SMOLLM3_TENSORS = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                   "output.weight": "lm_head.weight"}
+SMOLLM3_LAYER_TENSORS = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                         "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                         "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                         "ffn_down": "mlp.down_proj"}
+# the marker of a config check_gguf_model read itself: transformers' GGUF reader has no mapping for the file
+READ_BY_EDGESDK = "edgesdk_gguf_reader"
+
+
+def _smollm3_hf_name(name: str, layers: int) -> str | None:
+    """SmolLM3ForCausalLM's name for the GGUF tensor ``name``; None for a tensor llama.cpp's smollm3 does not read."""
+    if name in SMOLLM3_TENSORS:
+        return SMOLLM3_TENSORS[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < layers \
+            and parts[2] in SMOLLM3_LAYER_TENSORS and parts[3] == "weight":
+        return f"model.layers.{parts[1]}.{SMOLLM3_LAYER_TENSORS[parts[2]]}.weight"
+    return None
+
+
+def _smollm3_config(path: Path, field, reader, head_dim: dict) -> dict:
+    """The SmolLM3Config values of a SmolLM3 GGUF file, read as llama.cpp reads it (``src/models/smollm3.cpp``,
+    ``llama_model::load_hparams``): transformers' GGUF reader has no smollm3 mapping, so edgesdk reads the file
+    itself (:func:`_read_smollm3_gguf`). The ``smollm3.*`` keys mean what transformers' llama mapping reads from
+    ``llama.*`` (context_length, embedding_length, feed_forward_length, block_count, head counts, rms epsilon,
+    rope.freq_base, 10,000 where absent as in llama.cpp); the head size is attention.key_length, else width / heads;
+    the embedding is tied where the file has no output.weight. llama.cpp's smollm3 applies no rotary in layer ``il``
+    where ``(il + 1) % 4 == 0`` (n_no_rope_layer_step 4, nothing read from the file): ``no_rope_layers`` says so.
+    Refused: keys llama.cpp requires missing, per-layer sizes that differ, a rotary dimension count other than the
+    head size (llama.cpp asserts n_rot == head size), tensors llama.cpp's smollm3 does not read (biases, a fused
+    attn_qkv), and a vocabulary whose token count is not the embedding's."""
+    def size(key: str, required: bool = True):
+        value = field(f"smollm3.{key}")
+        if isinstance(value, list):  # llama.cpp's get_key_or_arr: one value per layer
+            if len(set(value)) > 1:
+                raise ModelSourceError(
+                    f"the GGUF file {path} gives a different smollm3.{key} per layer ({value}); edgesdk's SmolLM3 "
+                    "decoder has one for every layer", "use a SmolLM3 file whose layers are all the same size")
+            value = value[0] if value else None
+        if value is None and required:
+            raise ModelSourceError(f"the GGUF file {path} holds a SmolLM3 model (general.architecture smollm3) "
+                                   f"without smollm3.{key}, which llama.cpp requires: a damaged or incompletely "
+                                   "converted file",
+                                   "convert the model again (llama.cpp's convert_hf_to_gguf.py) or build from its "
+                                   "Hugging Face directory instead")
+        return value
+
+    layers, width = int(size("block_count")), int(size("embedding_length"))
+    heads = int(size("attention.head_count"))
+    if heads <= 0 or layers <= 0:
+        raise ModelSourceError(f"the GGUF file {path} gives {layers} layers (smollm3.block_count) and {heads} attention "
+                               "heads (smollm3.attention.head_count), where a SmolLM3 model has at least one of each",
+                               "convert the model again (llama.cpp's convert_hf_to_gguf.py)")
+    kv_heads = size("attention.head_count_kv", required=False)
+    values = {
+        "model_type": "smollm3", READ_BY_EDGESDK: True,
+        "num_hidden_layers": layers, "hidden_size": width, "intermediate_size": int(size("feed_forward_length")),
+        "num_attention_heads": heads, "num_key_value_heads": heads if kv_heads is None else int(kv_heads),
+        "max_position_embeddings": int(size("context_length")),
+        "rms_norm_eps": float(size("attention.layer_norm_rms_epsilon")),
+        "head_dim": head_dim.get("head_dim") or width // heads,
+        "no_rope_layers": [0 if (index + 1) % 4 == 0 else 1 for index in range(layers)],
+        "use_sliding_window": False, "sliding_window": None, "attention_bias": False, "mlp_bias": False,
+        "hidden_act": "silu",
+    }
+    dims = size("rope.dimension_count", required=False)
+    if dims is not None and int(dims) != values["head_dim"]:
+        raise ModelSourceError(
+            f"the GGUF file {path} rotates {dims} of each head's {values['head_dim']} dimensions "
+            "(smollm3.rope.dimension_count); llama.cpp's smollm3 requires the whole head (it asserts n_rot == head "
+            "size) and refuses the file", f"use a file whose smollm3.rope.dimension_count is {values['head_dim']}")
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    unread = sorted(name for name in tensors if name != "rope_freqs.weight" and _smollm3_hf_name(name, layers) is None)
+    if unread:
+        raise ModelSourceError(
+            f"the GGUF file {path} holds {len(unread)} tensor(s) llama.cpp's smollm3 does not read into the model "
+            f"edgesdk builds: {', '.join(unread[:5])}{', ...' if len(unread) > 5 else ''} (SmolLM3's layers have "
+            "separate attn_q / attn_k / attn_v and no biases)",
+            "use a SmolLM3 file as llama.cpp's convert_hf_to_gguf.py writes it, or build from the model's Hugging "
+            "Face directory instead")
+    tokens = field("tokenizer.ggml.tokens")
+    vocab = int(tensors["token_embd.weight"].shape[-1])  # gguf's shape is ggml's: {width, vocabulary}
+    if tokens is not None and len(tokens) != vocab:
+        raise ModelSourceError(
+            f"the GGUF file {path} has {len(tokens)} tokens (tokenizer.ggml.tokens) for an embedding of {vocab} rows "
+            "(token_embd.weight); llama.cpp refuses a file whose vocabulary and embedding differ",
+            "convert the model again (llama.cpp's convert_hf_to_gguf.py)")
+    values["vocab_size"] = vocab
+    values["tie_word_embeddings"] = "output.weight" not in tensors
+    for name, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                      ("pad_token_id", "padding_token_id")):
+        token = field(f"tokenizer.ggml.{key}")
+        values[name] = None if token is None else int(token)
+    rope = _gguf_rope_overrides(path, "smollm3", field, reader, {"head_dim": values["head_dim"]})
+    base = float(field("smollm3.rope.freq_base") or 10_000.0)  # llama.cpp's default where absent
+    values["rope_parameters"] = rope.get("rope_parameters") or {"rope_type": "default", "rope_theta": base}
+    return values
+
+
+def _unpermute_llama_cpp_rows(weights, heads: int):
+    """The rows of a query or key weight put back from llama.cpp's pairwise rotary order: the inverse of
+    convert_hf_to_gguf.py's ``LlamaModel.permute`` (which SmolLM3Model inherits), as transformers' llama GGUF reader
+    undoes it (``LlamaTensorProcessor._reverse_permute_weights``)."""
+    return (weights.reshape(heads, weights.shape[0] // heads // 2, 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def _read_smollm3_gguf(path: Path, config):
+    """A float32 ``SmolLM3ForCausalLM`` of ``config`` (a SmolLM3Config of :func:`_smollm3_config`'s values) holding
+    the SmolLM3 GGUF file's weights, de-quantized with gguf-py's ``quants.dequantize`` as transformers' GGUF reader does,
+    the query / key rows put back in Hugging Face order; and the names of parameters the file lacks."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from transformers import GenerationConfig, SmolLM3ForCausalLM
+    from transformers.models.smollm3.modeling_smollm3 import SmolLM3RotaryEmbedding
+
+    with torch.device("meta"):  # no random weights: the file's tensors are assigned below
+        model = SmolLM3ForCausalLM(config)
+    expected = dict(model.state_dict())
+    state = {}
+    for tensor in GGUFReader(str(path)).tensors:
+        name = _smollm3_hf_name(tensor.name, config.num_hidden_layers)
+        if name is None:
+            continue
+        weights = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)  # a copy, writable
+        if ".attn_q." in tensor.name or ".attn_k." in tensor.name:
+            heads = config.num_attention_heads if ".attn_q." in tensor.name else config.num_key_value_heads
+            weights = _unpermute_llama_cpp_rows(weights, heads)
+        if tuple(weights.shape) != tuple(expected[name].shape):
+            raise ModelSourceError(
+                f"the GGUF file {path} holds {tensor.name} of shape {tuple(weights.shape)}, where its smollm3.* sizes "
+                f"make it {tuple(expected[name].shape)}: a damaged or wrongly converted file",
+                "convert the model again (llama.cpp's convert_hf_to_gguf.py)")
+        state[name] = torch.from_numpy(weights)
+    missing, _ = model.load_state_dict(state, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+        missing = [name for name in missing if name != "lm_head.weight"]
+    model.model.rotary_emb = SmolLM3RotaryEmbedding(config=config)  # its buffers are not weights: built here
+    model.config.dtype = torch.float32  # as from_pretrained(dtype=torch.float32) records it
+    model.generation_config = GenerationConfig.from_model_config(config)
+    return model, missing
 
 
 def _phi3_overrides(path: Path, field, tensors: set[str], head_dim: dict) -> dict:
@@ -484,7 +628,7 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
     (edgesdk/models/as_llama.py) unless ``as_llama`` is False: a caller that merges LoRA adapters trained on the
     source's own modules (Phi-3's qkv_proj) merges them first, then calls :func:`load_as_llama`."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
     overrides = {}
     if source.kind == "gguf":
@@ -493,8 +637,15 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
     else:
         check_model_type_declared(source.path)
         location, kwargs = str(source.path), {}
+    read_here = overrides.get(READ_BY_EDGESDK, False)  # a SmolLM3 file, which transformers' reader has no mapping for
     try:
-        config = AutoConfig.from_pretrained(location, **kwargs, **overrides)
+        if read_here:
+            from transformers import SmolLM3Config
+
+            config = SmolLM3Config(**{key: value for key, value in overrides.items() if key != READ_BY_EDGESDK})
+            config._name_or_path = location
+        else:
+            config = AutoConfig.from_pretrained(location, **kwargs, **overrides)
     except Exception as exc:  # transformers raises many types for unreadable or unknown files
         raise ModelSourceError(
             f"cannot read the model config of {source.path}: {type(exc).__name__}: {exc}",
@@ -508,9 +659,15 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
         # dequantize, transformers does this on a CPU-only host but keeps FP8Linear layers where CUDA is present
         config.quantization_config = {**declared, "dequantize": True}
     try:
-        with _progress_bars(progress):
-            model, loading_info = AutoModelForCausalLM.from_pretrained(
-                location, config=config, dtype=torch.float32, output_loading_info=True, **kwargs)
+        if read_here:
+            model, missing = _read_smollm3_gguf(source.path, config)
+            loading_info = {"missing_keys": missing}
+        else:
+            with _progress_bars(progress):
+                model, loading_info = AutoModelForCausalLM.from_pretrained(
+                    location, config=config, dtype=torch.float32, output_loading_info=True, **kwargs)
+    except ModelSourceError:
+        raise
     except Exception as exc:
         if "Weights only load failed" in str(exc):  # torch.load(weights_only=True) met a pickled object
             reason = next((line.strip() for line in str(exc).splitlines()
@@ -529,7 +686,10 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
     check_all_weights_loaded(loading_info["missing_keys"], source.path)
     try:
         with _progress_bars(progress):
-            tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+            # AutoTokenizer reads the GGUF file's config through transformers' reader first, which refuses a SmolLM3
+            # file; the fast tokenizer class builds it from the tokenizer.ggml.* keys alone, as it does for a llama
+            # file (integrations/gguf: get_gguf_tokenizer, convert_gguf_tokenizer)
+            tokenizer = (PreTrainedTokenizerFast if read_here else AutoTokenizer).from_pretrained(location, **kwargs)
     except Exception as exc:
         if source.kind == "hf-dir":
             _explain_tokenizer_failure(source.path, exc)
