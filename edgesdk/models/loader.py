@@ -550,6 +550,12 @@ def _gguf_head_dim(path: Path, arch: str, field) -> dict:
     return {} if size is None else {"head_dim": size}
 
 
+def _gguf_has_field(path: Path, key: str) -> bool:
+    from gguf import GGUFReader
+
+    return key in GGUFReader(str(path)).fields
+
+
 def check_all_weights_loaded(missing: Any, where: Path) -> None:
     """Refuse a model some of whose weights the checkpoint lacks: transformers fills them with random
     values and only logs it."""
@@ -651,6 +657,12 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
             f"cannot read the model config of {source.path}: {type(exc).__name__}: {exc}",
             incomplete_model_fix(source),
         ) from exc
+    if source.kind == "gguf" and not read_here and getattr(config, "pad_token_id", None) is not None \
+            and not _gguf_has_field(source.path, "tokenizer.ggml.padding_token_id"):
+        # transformers' reader sets pad_token_id from tokenizer.ggml.padding_token_id only, and the config class's
+        # default (Phi3Config's 32000) stands for a file without one, where llama.cpp has no padding token; a default
+        # past a small vocabulary fails the embedding's padding_idx check
+        config.pad_token_id = None
     check_architecture(config, str(source.path))
     declared = getattr(config, "quantization_config", None)
     if isinstance(declared, dict) and str(declared.get("quant_method")).lower() in DEQUANTIZED_METHODS:
