@@ -81,9 +81,10 @@ def test_a_sliding_window_shorter_than_the_context_is_refused_before_any_stage(t
     assert sliding_window(off.config) is None
 
 
-def test_a_smollm3_gguf_file_is_refused_with_the_hugging_face_directory_as_the_fix(tmp_path):
-    """transformers' GGUF reader has no smollm3 mapping: the file is refused before transformers reads it,
-    naming the architecture and the fix."""
+def test_a_smollm3_gguf_file_lacking_a_key_llama_cpp_requires_is_refused_by_name(tmp_path):
+    """edgesdk reads a smollm3 GGUF file itself (transformers' GGUF reader has none); one without
+    smollm3.feed_forward_length, which llama.cpp requires, is refused naming the key, the architecture and the fix
+    (tests/unit/test_smollm3_gguf_in42.py builds from whole files)."""
     from gguf import GGUFWriter
 
     from edgesdk.models.loader import load_model
@@ -100,7 +101,8 @@ def test_a_smollm3_gguf_file_is_refused_with_the_hugging_face_directory_as_the_f
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ModelSourceError, match="holds a SmolLM3 model \\(general.architecture smollm3\\)") as info:
+    with pytest.raises(ModelSourceError, match="holds a SmolLM3 model \\(general.architecture smollm3\\) without "
+                       "smollm3.feed_forward_length, which llama.cpp requires") as info:
         load_model(resolve_model(str(path)), progress=False)
     assert "Hugging Face directory" in info.value.fix
 
