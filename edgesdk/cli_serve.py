@@ -1,6 +1,7 @@
 """``edgesdk serve``: a bundle behind an OpenAI-compatible HTTP API, as llama-server serves one (registered in
 :mod:`edgesdk.cli`). The server is :mod:`edgesdk.serve`; the options serve shares with ``run`` are
-:mod:`edgesdk.cli_options`.
+:mod:`edgesdk.cli_options`. Several bundles (``BUNDLE...``, ``--models-dir``) are served one loaded at a time and
+swapped when a request names another, as Ollama does on a small machine (:mod:`edgesdk.serve.model_pool`).
 
 Importing this module imports click only; the runtime and the server load when the command runs.
 """
@@ -38,15 +39,19 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("bundles", metavar="BUNDLE...", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--models-dir", type=click.Path(path_type=Path), metavar="DIR",
+              help="Serve every bundle directory directly in DIR too (llama-server's router option): one model is "
+                   "loaded at a time, the first given at start, and a request naming another swaps it in.")
 @click.option("--host", "listen_host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0 or :: for every interface).")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="TCP port (0: a free one, printed at start).")
 @click.option("--api-key", envvar="EDGESDK_API_KEY", show_envvar=True,
               help="Require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on every route but /health.")
-@click.option("--model-name", "--alias", "-a", "model_name",
-              help="Model id the API reports (llama-server's --alias) [<model>-<target> from the manifest].")
+@click.option("--model-name", "--alias", "-a", "model_names", multiple=True, metavar="NAME",
+              help="Model id the API reports (llama-server's --alias) [<model>-<target> from the manifest]. With "
+                   "several bundles: NAME=BUNDLE, once for each bundle to rename.")
 @click.option("--max-new-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=1),
               help="Tokens per answer for a request that sets no max_tokens.")
 @click.option("--temperature", "--temp", default=0.0, show_default=True,
@@ -123,7 +128,7 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
 @thermal_options
 @gate_options
 @runtime_options
-def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temperature, top_p, top_k, min_p,
+def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_tokens, temperature, top_p, top_k, min_p,
           repeat_penalty, repeat_last_n, samplers, sampling_seq, max_queue, context_shift, keep,
           quiet,
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
@@ -137,6 +142,9 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
 
     One answer is generated at a time (a board decodes batch 1); --watch-thermal guards every step
     as in 'edgesdk run', across requests, and GET /health reports the guard's level.
+
+    Several bundles (or --models-dir) are served one loaded at a time: a request naming another model ('model' in
+    its body) waits for the answers before it, then that model is loaded in place of the idle one.
     """
     from edgesdk.runtime.session import open_runtime
     from edgesdk.serve.completion import Completer, ServeDefaults
@@ -158,7 +166,11 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
     if api_key is not None and not api_key.strip():
         raise click.BadParameter("is empty; pass a key, or leave --api-key out to serve without one",
                                  param_hint="'--api-key'")
-    if model_name is not None and not model_name.strip():
+    paths = [*bundles, *(_bundles_in(models_dir) if models_dir is not None else [])]
+    if not paths:
+        raise click.UsageError("give the BUNDLE to serve (several are served one loaded at a time), or --models-dir "
+                               "DIR holding bundles")
+    if any(not name.strip() for name in model_names):
         raise click.BadParameter("is empty; pass the id the API should report, or leave --model-name out for "
                                  "<model>-<target> from the bundle's manifest", param_hint="'--model-name'")
     if api_key is not None and not (api_key.isascii() and api_key.isprintable() and " " not in api_key):
@@ -166,6 +178,10 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
         raise click.BadParameter("must be printable ASCII without spaces, as an HTTP header carries it; pick "
                                  "another key, e.g. from: python -c 'import secrets; print(secrets.token_urlsafe())'",
                                  param_hint="'--api-key'")
+    several = None
+    if len(paths) > 1:
+        _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating)
+        several = _served_models(paths, model_names)
     warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard, clock_cap=clock_cap,
                                 ambient=ambient, sim_speed=sim_speed, thermal_target=thermal_target)
     if no_prompt_cache and option_given("cache_ram_mib"):
@@ -173,21 +189,30 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
     # A service manager's stop (SIGTERM; SIGHUP unless nohup ignores it) ends the server as Ctrl-C does:
     # through the finally below, which lets the answer being generated end and tell its client why.
     exit_on_stop_signals()
+    bundle = paths[0]
+    model_name = model_names[-1] if model_names and several is None else None  # one bundle: the last given, as before
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=True)
     runtime.tokenizer.template_kwargs = template_kwargs
-    defaults = _with_model_defaults(defaults, runtime.bundle.manifest)
+    server_defaults, defaults = defaults, _with_model_defaults(defaults, runtime.bundle.manifest,
+                                                               several[0][0] if several else None)
     configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     draft = draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target, lookup_draft)
     lookup_config(runtime.backend, lookup_draft)  # says so where the backend cannot draft (the completer decodes then)
     thermal = open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
                            thermal_target, sim_speed, status=False)
     try:
-        completer = Completer(runtime, defaults, hook=thermal.hook if thermal else None, draft=draft)
+        hook = thermal.hook if thermal else None
+        completer = Completer(runtime, defaults, hook=hook, draft=draft)
         name = model_name or served_model_name(runtime.bundle.manifest)
+        pool = None
+        if several is not None:
+            name = several[0][0]
+            pool = _model_pool(several, runtime, completer, server_defaults, hook, template_kwargs, lookup_draft,
+                               backend=backend, threads=threads, target=target, ignore_target=ignore_target)
         try:
             server = ApiServer((listen_host, port), completer, name, api_key=api_key, log=not quiet,
-                               metrics=metrics)
+                               metrics=metrics, pool=pool)
         except OSError as exc:
             import errno
             import socket
@@ -197,7 +222,9 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
                    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
                    else "pick another --port (0 takes a free one), or stop what listens there")
             raise EdgeSDKError(f"cannot listen on {shown}:{port} ({exc.strerror or exc})", fix) from exc
-        click.echo(f"edgesdk serve: {name} on {server.url}/v1 ({runtime.backend.name}"
+        served = name if pool is None else ", ".join(pool.models)
+        loaded = "" if pool is None else f"; {name} loaded, one model at a time"
+        click.echo(f"edgesdk serve: {served} on {server.url}/v1 ({runtime.backend.name}{loaded}"
                    f"{', API key required' if api_key else ''}); Ctrl-C stops", err=True)
         try:
             server.serve_forever()
@@ -205,7 +232,8 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
             click.echo("edgesdk serve: stopped", err=True)
         finally:
             try:  # the answers end before the thermal session closes: no guard step after its clock cap is given back
-                if completer.busy:
+                answering = server.completer
+                if answering is not None and answering.busy:
                     click.echo("edgesdk serve: stopping the answer being generated (Ctrl-C again stops at once)",
                                err=True)
                 if not server.stop_answers(timeout=SERVE_STOP_WAIT_S):
@@ -218,13 +246,122 @@ def serve(bundle, listen_host, port, api_key, model_name, max_new_tokens, temper
             thermal.close()
 
 
-def _with_model_defaults(defaults, manifest: dict):
+def _with_model_defaults(defaults, manifest: dict, name: str | None = None):
     """``defaults`` with the model's own sampling settings (the bundle's ``generation`` section) for each option not
     given, as llama-server takes a GGUF file's general.sampling keys for its defaults (common/common.cpp,
-    common_init_sampler_from_model); said on stderr. A request's fields go over either."""
+    common_init_sampler_from_model); said on stderr (with several bundles, after the model's ``name``). A request's
+    fields go over either."""
     from edgesdk.models.generation_defaults import with_model_defaults
 
     defaults, line = with_model_defaults(defaults, manifest, sampling_option_given)
     if line is not None:
-        click.echo(f"edgesdk serve: {line}", err=True)
+        click.echo(f"edgesdk serve: {f'{name}: ' if name else ''}{line}", err=True)
     return defaults
+
+
+def _bundles_in(directory: Path) -> list[Path]:
+    """``--models-dir DIR``: the bundle directories directly in DIR (a directory holding a manifest.json, as 'edgesdk
+    verify' reads one), by name; anything else there is skipped with a note (names starting with a dot silently)."""
+    from edgesdk.bundle import MANIFEST
+
+    if not directory.is_dir():
+        raise click.BadParameter(f"{directory} is not a directory; pass the folder whose subdirectories are bundles",
+                                 param_hint="'--models-dir'")
+    found = []
+    for entry in sorted(directory.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir() and (entry / MANIFEST).is_file():
+            found.append(entry)
+            continue
+        why = "an archive: unpack it with 'edgesdk unpack ARCHIVE DIR' to serve it" if entry.is_file() and \
+            ".tar" in entry.name else f"not a bundle directory (no {MANIFEST})"
+        click.echo(f"edgesdk serve: --models-dir: {entry} skipped: {why}", err=True)
+    if not found:
+        raise EdgeSDKError(f"--models-dir {directory} holds no bundle (a directory with a {MANIFEST})",
+                           f"build or deploy bundles into it (edgesdk build --out {directory}/NAME), or pass a bundle's "
+                           "path as BUNDLE")
+    return found
+
+
+def _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating) -> None:
+    """The options that work with one bundle only."""
+    if draft_bundle is not None:
+        # a draft model is checked against one target's tokenizer, and would take a second model's memory beside
+        # each one swapped in
+        raise click.BadParameter("drafts for one model, whose tokenizer it must share: serve that bundle alone with "
+                                 "--draft, or leave --draft out (--lookup N drafts for every model)",
+                                 param_hint="'--draft'")
+    if entropy_target is not None or compute_budget is not None or gating is not None:
+        raise click.BadParameter("steer one bundle's power gates: serve that bundle alone with them, or leave them "
+                                 "out to serve several (each model's gates are then off)",
+                                 param_hint="'--entropy-target', '--compute-budget', '--gating'")
+
+
+def _served_models(paths: list[Path], aliases: tuple[str, ...]) -> list[tuple[str, Path]]:
+    """Each bundle's served name (``<model>-<target>``, or an ``--alias NAME=BUNDLE``) and path, from its manifest
+    (checked; the files are verified when it is loaded, the first at start): two bundles under one name are
+    refused."""
+    from edgesdk.bundle import read_manifest
+    from edgesdk.serve.openai_answer import served_model_name
+
+    names = [served_model_name(read_manifest(path)) for path in paths]
+    resolved = [path.resolve() for path in paths]
+    renamed: dict[int, str] = {}
+    for alias in aliases:
+        name, equals, where = alias.partition("=")
+        if not equals or not name.strip() or not where:
+            raise click.BadParameter(f"{alias!r}: with several bundles each --alias is NAME=BUNDLE, the name one "
+                                     "bundle is served under, e.g. --alias "
+                                     f"'mymodel={paths[0]}'", param_hint="'--alias'")
+        matches = [index for index, path in enumerate(resolved) if path == Path(where).resolve()] or \
+            [index for index, path in enumerate(paths) if "/" not in where and path.name == where]
+        if len(matches) != 1:
+            raise click.BadParameter(f"{alias!r}: {where!r} is {'none' if not matches else 'more than one'} of the "
+                                     f"bundles served ({', '.join(map(str, paths))}); give its path as served, or the "
+                                     "name of its directory in --models-dir", param_hint="'--alias'")
+        if matches[0] in renamed:
+            raise click.BadParameter(f"{alias!r}: {paths[matches[0]]} is renamed twice (as "
+                                     f"{renamed[matches[0]]!r} first); give one --alias for it",
+                                     param_hint="'--alias'")
+        renamed[matches[0]] = name.strip()
+    names = [renamed.get(index, name) for index, name in enumerate(names)]
+    for index, name in enumerate(names):
+        first = names.index(name)
+        if first != index:
+            raise EdgeSDKError(f"two bundles are served as {name!r}: {paths[first]} and {paths[index]} (a request "
+                               "names the model it wants by that name)",
+                               f"rename one with --alias NAME={paths[index]}, or serve only one of them")
+    return list(zip(names, paths, strict=True))
+
+
+def _model_pool(several: list[tuple[str, Path]], runtime, completer, defaults, hook, template_kwargs, lookup_draft: int,
+                backend, threads, target, ignore_target):
+    """The models of a server with several bundles: the first loaded (``runtime``, ``completer``), the others verified
+    now (hashes, target) and loaded when a request names one, each with its own sampling defaults and the server's
+    options; one thermal hook for all."""
+    from edgesdk.bundle import check_runnable, verify_bundle
+    from edgesdk.runtime.session import check_target, open_runtime
+    from edgesdk.serve.completion import Completer
+    from edgesdk.serve.model_pool import ModelPool, ServedModel
+
+    models = [ServedModel(several[0][0], runtime.bundle)]
+    settings = {several[0][0]: completer.defaults}
+    for name, path in several[1:]:
+        bundle = verify_bundle(path)
+        check_runnable(bundle)
+        note = check_target(bundle, target, ignore_target)
+        if note:
+            click.echo(f"edgesdk: {name}: {note}", err=True)
+        models.append(ServedModel(name, bundle))
+        settings[name] = _with_model_defaults(defaults, bundle.manifest, name)
+
+    def load(model: ServedModel) -> Completer:
+        opened = open_runtime(model.bundle.path, backend=backend, threads=threads, expected_target=target,
+                              ignore_target=ignore_target)
+        opened.tokenizer.template_kwargs = template_kwargs
+        configure_gates(opened.backend, None, None, None)  # the gates off: their options take one bundle only
+        lookup_config(opened.backend, lookup_draft)  # says so where this backend cannot draft
+        return Completer(opened, settings[model.name], hook=hook)
+
+    return ModelPool(models, load, completer)

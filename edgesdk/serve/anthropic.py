@@ -69,6 +69,13 @@ def error_body(error: ApiError) -> dict:
     return {"type": "error", "error": {"type": kind, "message": error.message}}
 
 
+def model_not_found(name: str, served: list[str]) -> ApiError:
+    """Anthropic's 404 ``not_found_error`` for a model it does not have (its message: ``model: NAME``), naming the
+    models served here."""
+    return ApiError(404, f"model: {name} (this server serves {', '.join(served)}; GET /v1/models lists them)",
+                    param="model", code="model_not_found")
+
+
 def parse_messages_request(body: object) -> CompletionRequest:
     """``POST /v1/messages``: the request as the OpenAI chat request it means, checked there. The
     stop sequences are set after that check: OpenAI's ``stop`` takes at most 4, Anthropic's

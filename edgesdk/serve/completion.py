@@ -483,6 +483,26 @@ class Completer:
         answers are out, so no step of theirs runs after it."""
         self.stopping = True
 
+    def close(self) -> None:
+        """Give back what the model holds, for a server that loads another bundle in its place (``edgesdk serve``
+        with several bundles, edgesdk/serve/model_pool.py): once the answers in flight and queued have had their
+        turn, the prompt cache and the host copies of other conversations' KV caches are dropped, the backend's KV
+        cache is reset and the backend closed where it has a ``close`` (TensorRT's device buffers and stream); an
+        ONNX Runtime session goes with the last reference to it. A request after it gets the 503 of :meth:`stop`."""
+        self.stopping = True
+        with self._turn:
+            backend = self.runtime.backend
+            if self.prompt_cache is not None:
+                if self.prompt_cache.store is not None:
+                    self.prompt_cache.store.entries.clear()
+                self.prompt_cache.forget()
+                self.prompt_cache = None
+            else:
+                backend.reset()
+            closing = getattr(backend, "close", None)
+            if callable(closing):
+                closing()
+
     def _count_waiting(self, change: int) -> None:
         with self._count_lock:
             self.waiting += change

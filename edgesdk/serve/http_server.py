@@ -80,7 +80,8 @@ from edgesdk.serve.embeddings import (
     parse_embedding_request,
     parse_native_embedding_request,
 )
-from edgesdk.serve.openai_answer import StreamedAnswer, whole_answer
+from edgesdk.serve.model_pool import Lease, ModelPool
+from edgesdk.serve.openai_answer import StreamedAnswer, model_not_found, whole_answer
 from edgesdk.serve.reasoning import split_answer
 
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
@@ -125,7 +126,7 @@ class ApiServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], completer: Completer, model: str, api_key: str | None = None,
                  log: bool = True, client_timeout_s: float = CLIENT_TIMEOUT_S, metrics: bool = False,
-                 request_timeout_s: float = REQUEST_TIMEOUT_S):
+                 request_timeout_s: float = REQUEST_TIMEOUT_S, pool: ModelPool | None = None):
         if not request_timeout_s > 0:
             raise EdgeSDKError(f"the server's request timeout must be a number of seconds > 0, got {request_timeout_s!r}",
                                "give the seconds a whole request (its head and body) may take to come, e.g. "
@@ -133,7 +134,11 @@ class ApiServer(ThreadingHTTPServer):
         host, port = address
         if ":" in host:  # an IPv6 address (``--host ::`` for every interface, ``[::1]``): the server's family is IPv4
             self.address_family, address = socket.AF_INET6, (host.strip("[]"), port)
-        self.completer, self.model, self.api_key, self.log = completer, model, api_key, log
+        # ``pool``: several bundles, one loaded at a time (serve/model_pool.py); ``completer`` and ``model`` are then
+        # the first one's, loaded at start, and each request answers through the model it names (the pool holds the
+        # loaded one's completer, so that nothing here keeps a model it unloads)
+        self._completer = completer if pool is None else None
+        self.model, self.api_key, self.log, self.pool = model, api_key, log, pool
         self.client_timeout_s, self.request_timeout_s = client_timeout_s, request_timeout_s
         self.metrics = metrics  # GET /metrics, as llama-server's --metrics turns it on
         defaults = completer.defaults  # the responses /v1/responses keeps (``store``), in memory
@@ -142,6 +147,11 @@ class ApiServer(ThreadingHTTPServer):
         self._answering = 0  # requests past their body: being answered or waiting for their turn
         self._answers_done = threading.Condition()
         super().__init__(address, ApiHandler)
+
+    @property
+    def completer(self) -> Completer | None:
+        """The served model's completer; with several bundles the loaded one's (None while none is)."""
+        return self._completer if self.pool is None else self.pool.completer
 
     def answer_started(self) -> None:
         with self._answers_done:
@@ -157,7 +167,10 @@ class ApiServer(ThreadingHTTPServer):
         and wait, at most ``timeout`` s, until every answer is written; False if some were not. Run
         before the thermal session closes: a handler thread still generating would step the guard,
         and cap the clock again, after the session gave it back."""
-        self.completer.stop()
+        if self.pool is not None:
+            self.pool.stop()
+        else:
+            self.completer.stop()
         with self._answers_done:
             return self._answers_done.wait_for(lambda: self._answering == 0, timeout)
 
@@ -340,6 +353,11 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _serve(self, handle) -> None:
         route = self.path.split("?", 1)[0]
         self._body_read = self._answering = False
+        # the model answering: the one served, or with several the one the request's lease holds (see _use)
+        self._completer, self._model = (self.server.completer, self.server.model) if self.server.pool is None else \
+            (None, None)
+        self._lease: Lease | None = None
+        self._unload_after = False  # Ollama's keep_alive 0 on an answer, with several bundles served
         self._reader.until(self.server.request_timeout_s)  # the head is in: the body comes within the request's time
         # A Messages API route: its errors in Anthropic's shape (also a 401 or 405 under another method)
         self._anthropic = _api_route(route) in anthropic.ROUTES
@@ -359,6 +377,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         finally:
             if self._answering:
                 self.server.answer_ended()
+            if self._lease is not None:
+                self.server.pool.release(self._lease, unload=self._unload_after)
+            self._lease = self._completer = None  # a kept-alive connection holds no unloaded model
 
     def _get(self, route: str) -> None:
         if route == "/health":
@@ -368,21 +389,23 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_body(200, ollama.RUNNING.encode(), "text/plain; charset=utf-8")
             return
         self._authorise()
-        path = route.rstrip("/")
+        path, pool = route.rstrip("/"), self.server.pool
         if path == "/api/tags":
-            self._send_json(200, ollama.tags(self.server.completer, self.server.model))
+            self._send_json(200, ollama.tags(self.server.completer, self.server.model) if pool is None else
+                            ollama.listed([(model.bundle, model.name) for model in pool.models.values()]))
         elif path == "/api/ps":
-            self._send_json(200, ollama.running(self.server.completer, self.server.model))
+            self._send_ps()
         elif path == "/api/version":
             self._send_json(200, ollama.version())
         elif route == "/metrics":
             self._send_metrics()
         elif route == "/props":
-            self._send_json(200, self.server.completer.props(self.server.model))
+            self._send_props()
         elif route == "/slots":
             self._send_slots()
         elif _api_route(route) == "/models":
-            self._send_json(200, {"object": "list", "data": [self._model_card()]})
+            names = [self.server.model] if pool is None else list(pool.models)
+            self._send_json(200, {"object": "list", "data": [self._model_card(name) for name in names]})
         elif _api_route(route).startswith("/models/"):
             self._send_model(_api_route(route)[len("/models/"):])
         elif match := KEPT_ITEMS.fullmatch(_api_route(route)):
@@ -417,12 +440,76 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _send_model(self, segment: str) -> None:
         """``GET /v1/models/{model}``: the served model's card. The id comes percent-encoded, as clients write a path
         segment (the OpenAI client's ``models.retrieve("org/name")`` asks for ``/v1/models/org%2Fname``); another
-        model's id is OpenAI's 404 ``model_not_found``, naming the one served."""
+        model's id is OpenAI's 404 ``model_not_found``, naming the one served (with several bundles, OpenAI's own
+        message)."""
         name = unquote(segment)
+        if self.server.pool is not None:
+            self._send_json(200, self._model_card(self.server.pool.resolve(name, model_not_found) or name))
+            return
         if name != self.server.model:
             raise ApiError(404, f"the model {name!r} is not served here: this server serves {self.server.model!r} "
                            "(GET /v1/models lists it)", param="model", code="model_not_found")
-        self._send_json(200, self._model_card())
+        self._send_json(200, self._model_card(name))
+
+    # ------------------------------------------------------------------ the model a request names
+    def _use(self, body: object, named: bool = True) -> Completer:
+        """The completer that answers a request whose JSON ``body`` is read: the served model's; with several
+        bundles (serve/model_pool.py) the one the body's ``model`` names (Ollama's older ``name`` too), loaded if it
+        is not, once the requests before it are answered; the loaded one where it names none, or where the route
+        names none (``named`` False: /tokenize, /detokenize, /apply-template). An unknown name is a 404 in the
+        route's API's words. The request holds its model until its answer is written (:meth:`_serve`)."""
+        pool = self.server.pool
+        if pool is None:
+            return self._completer
+        name = self._named_model(body) if named else None
+        self._lease = pool.acquire(name, self._client_gone)
+        self._completer, self._model = self._lease.completer, self._lease.name
+        return self._completer
+
+    def _named_model(self, body: object) -> str | None:
+        """The served name the request's body names (None: none), or the 404 of a name not served."""
+        name = body.get("model") if isinstance(body, dict) else None
+        if self._ollama and name is None and isinstance(body, dict):
+            name = body.get("name")  # older Ollama clients' field
+        if self._ollama:
+            unknown = ollama.model_not_found
+        elif self._anthropic:
+            unknown = lambda missing: anthropic.model_not_found(missing, list(self.server.pool.models))  # noqa: E731
+        else:
+            unknown = model_not_found
+        return self.server.pool.resolve(name, unknown)
+
+    def _loaded(self) -> tuple[str, Completer]:
+        """The loaded model's name and completer, for a route that describes it without a turn of its own (/slots,
+        /props, /api/ps, /metrics); with several bundles a 503 while none is, as llama-server answers while it loads
+        its model."""
+        if self.server.pool is None:
+            return self.server.model, self.server.completer
+        name, completer = self.server.pool.loaded
+        if completer is None:
+            raise ApiError(503, "no model is loaded now (one is being loaded, or the last was unloaded or failed to "
+                           "load); a request naming a model loads it (GET /v1/models lists them)",
+                           code="model_not_loaded", kind="unavailable_error")
+        return name, completer
+
+    def _send_props(self) -> None:
+        """llama-server's ``GET /props``: the loaded model's; with several bundles ``?model=NAME`` asks for that
+        model's (loaded for it where it is not, as llama-server's router forwards it to that model's server)."""
+        pool, asked = self.server.pool, self._query().get("model", [""])[-1]
+        if pool is not None and (asked or pool.completer is None):
+            completer = self._use({"model": asked})
+            self._send_json(200, completer.props(self._model))
+            return
+        name, completer = self._loaded()
+        self._send_json(200, completer.props(name))
+
+    def _send_ps(self) -> None:
+        """Ollama's ``GET /api/ps``: the loaded model (none while none is, as Ollama lists none after an unload)."""
+        if self.server.pool is not None and self.server.pool.completer is None:
+            self._send_json(200, {"models": []})
+            return
+        name, completer = self._loaded()
+        self._send_json(200, ollama.running(completer, name))
 
     def _error_body(self, error: ApiError) -> dict:
         if getattr(self, "_ollama", False):
@@ -452,7 +539,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             raise response_store.not_cancelled(self._kept(match[1]))
         if path in TOKEN_ROUTES:
             self._authorise()
-            body, completer = self._read_json(), self.server.completer
+            body = self._read_json()
+            completer = self._use(body, named=False)
             if path == "/tokenize":
                 self._send_json(200, completer.tokenize(parse_tokenize_request(body)))
             elif path == "/apply-template":  # the prompt a chat request renders to, nothing generated
@@ -464,27 +552,29 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._native_completion(llama_native.parse_completion_request)
             return
         if path == infill.ROUTE:  # the infill prompt's token ids, answered as /completion
-            self._native_completion(lambda body: infill.parse_infill_request(body, self.server.completer))
+            self._native_completion(lambda body: infill.parse_infill_request(body, self._completer))
             return
         parse = PARSERS.get(path)
         if parse is None:
             self._not_found(route, "POST")
         self._authorise()
         body = self._read_json()
+        completer = self._use(body)
         # a suffix on /v1/completions builds its fill-in-the-middle prompt from the served model's FIM tokens
-        request = parse(body, completer=self.server.completer) if parse is parse_text_request else parse(body)
+        request = parse(body, completer=completer) if parse is parse_text_request else parse(body)
         self.server.answer_started()
         self._answering = True
         if request.stream:
             self._stream(request)
         else:
-            completion = self.server.completer.complete(request, client_gone=self._client_gone)
-            self._send_json(200, whole_answer(self.server.completer, request, self.server.model, completion))
+            completion = completer.complete(request, client_gone=self._client_gone)
+            self._send_json(200, whole_answer(completer, request, self._model, completion))
 
     def _embeddings(self, route: str) -> None:
         """OpenAI's ``POST /v1/embeddings`` or llama-server's ``POST /embedding`` (serve/embeddings.py)."""
         self._authorise()
-        body, completer = self._read_json(), self.server.completer
+        body = self._read_json()
+        completer = self._use(body)
         pooling = completer.defaults.pooling
         if route == OPENAI_EMBEDDINGS_ROUTE:  # pooling none refused first, as llama-server refuses it
             config, request = openai_embedding_config(pooling), parse_embedding_request(body)
@@ -498,7 +588,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         embeddings = completer.embed(inputs, config, param=param, client_gone=self._client_gone)
         self._log_embedded(route, embeddings)
         if route == OPENAI_EMBEDDINGS_ROUTE:
-            self._send_json(200, openai_embeddings_body(embeddings, self.server.model, request))
+            self._send_json(200, openai_embeddings_body(embeddings, self._model, request))
         else:
             self._send_json(200, native_embeddings_body(embeddings))
 
@@ -514,9 +604,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         (edgesdk/serve/infill.py), as ``parse`` reads the body, whole or streamed."""
         self._authorise()
         body = self._read_json()
+        completer = self._use(body)  # llama-server's router reads 'model' on /completion and /infill too
         request = parse(body)
         fields = llama_native.response_fields(body)
-        completer = self.server.completer
         # The answer's "prompt" is the prompt's tokens as text, special tokens written out (a text prompt's BOS too),
         # as llama-server gives it back (server.cpp: the task's tokens detokenized with special = true)
         prompt = completer.runtime.tokenizer.tokenizer.decode(completer.prompt_ids(request), skip_special_tokens=False)
@@ -527,7 +617,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if not request.stream:
             completion = completer.complete(request, client_gone=self._client_gone)
             self._send_json(200, llama_native.only_fields(llama_native.final_body(
-                request, self.server.model, completion, settings, prompt=prompt), fields))
+                request, self._model, completion, settings, prompt=prompt), fields))
             return
         def on_text(text: str, probabilities: list | None) -> None:
             if text or probabilities:  # a token that made no text still has its probabilities
@@ -537,12 +627,13 @@ class ApiHandler(BaseHTTPRequestHandler):
         if completion is None:
             return
         self._event(llama_native.only_fields(llama_native.final_body(
-            request, self.server.model, completion, settings, content="", prompt=prompt), fields))
+            request, self._model, completion, settings, content="", prompt=prompt), fields))
 
     def _messages(self, path: str) -> None:
         """Anthropic's Messages API (edgesdk/serve/anthropic.py): an answer, or a prompt's token count."""
         self._authorise()
-        body, completer = self._read_json(), self.server.completer
+        body = self._read_json()
+        completer = self._use(body)
         if path == "/messages/count_tokens":  # no max_tokens there: the prompt alone is counted
             request = anthropic.parse_messages_request({**body, "max_tokens": 1} if isinstance(body, dict) else body)
             try:
@@ -564,14 +655,14 @@ class ApiHandler(BaseHTTPRequestHandler):
         if not request.stream:
             completion = completer.complete(request, client_gone=self._client_gone)
             reasoning, text = split_answer(splitter, completion.text) if splitter is not None else ("", None)
-            self._send_json(200, anthropic.message_body(request, ident, self.server.model, completion, reasoning, text))
+            self._send_json(200, anthropic.message_body(request, ident, self._model, completion, reasoning, text))
             return
         # an answer under tools is JSON: its call's input or its text goes out as it settles (anthropic.ToolStream)
         answer = anthropic.ToolStream() if request.tools is not None else None
         blocks = anthropic.ThinkingStream() if splitter is not None else None
         prompt_tokens = len(completer.prompt_ids(request))
         def opened() -> None:
-            for name, data in anthropic.start_events(ident, self.server.model, prompt_tokens, 0,
+            for name, data in anthropic.start_events(ident, self._model, prompt_tokens, 0,
                                                      answer is None and blocks is None):
                 self._named_event(name, data)
 
@@ -601,13 +692,19 @@ class ApiHandler(BaseHTTPRequestHandler):
         """Ollama's ``/api/chat``, ``/api/generate`` (whole, or streamed as newline-delimited JSON: Ollama streams
         unless ``stream`` is false), ``/api/show``, ``/api/embed`` and ``/api/embeddings`` (edgesdk/serve/ollama.py)."""
         self._authorise()
-        body, completer, served = self._read_json(), self.server.completer, self.server.model
+        body, pool = self._read_json(), self.server.pool
+        # with several bundles the name the body gives (checked by the parsers below), else the loaded model's
+        served = self.server.model if pool is None else self._named_model(body) or pool.loaded[0] or pool.default
         if path == ollama.SHOW_ROUTE:
+            completer = self._use(body)
             self._send_json(200, ollama.show(completer, served, body))
             return
+        # Ollama unloads a model once an answer with keep_alive 0 is written; a board serving one bundle keeps it
+        self._unload_after = pool is not None and ollama.keep_alive_zero(body)
         if path in (ollama.EMBED_ROUTE, ollama.EMBEDDINGS_ROUTE):
             started = time.monotonic_ns()
             to_embed = (ollama.parse_embed if path == ollama.EMBED_ROUTE else ollama.parse_embeddings)(body, served)
+            completer = self._use(body)
             self.server.answer_started()
             self._answering = True
             embeddings = ollama.embed(completer, to_embed, client_gone=self._client_gone)
@@ -616,7 +713,12 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_json(200, ollama.embed_body(to_embed, embeddings, started))
             return
         asked = (ollama.parse_chat if path == ollama.CHAT_ROUTE else ollama.parse_generate)(body, served)
-        if asked.request is None:  # nothing to generate: the model is loaded already
+        if asked.request is None and asked.unload and pool is not None:  # Ollama's unload request: nothing is loaded
+            pool.unload(served, self._client_gone)
+            self._send_json(200, ollama.loaded(asked, None))
+            return
+        completer = self._use(body)
+        if asked.request is None:  # nothing to generate: the model is loaded (with several bundles, loaded for it)
             self._send_json(200, ollama.loaded(asked, completer))
             return
         request = ollama.windowed(completer, asked)
@@ -652,11 +754,13 @@ class ApiHandler(BaseHTTPRequestHandler):
         """OpenAI's Responses API (edgesdk/serve/responses.py): an answer, whole or streamed as named events."""
         self._authorise()
         kept = self.server.responses
-        asked, completer = responses.parse_responses_request(self._read_json(), kept), self.server.completer
+        body = self._read_json()
+        completer = self._use(body)
+        asked = responses.parse_responses_request(body, kept)
         request = asked.request
         sampling = completer.sampling(request)  # a bad logit_bias id is the request's 400, before any stream opens
         tokenizer = completer.runtime.tokenizer
-        output = response_events.Output(asked, self.server.model, sampling.temperature, sampling.top_p,
+        output = response_events.Output(asked, self._model, sampling.temperature, sampling.top_p,
                                   # a thinking model's reasoning as a reasoning item (never inside the text)
                                   splitter=completer.reasoning_splitter(replace(request, stream=False)),
                                   count_tokens=lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
@@ -709,8 +813,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         ``usage.input_tokens``), nothing generated, answered at once. A prompt past the context is counted too, as
         ``/v1/messages/count_tokens`` counts it: its text passed every other check, only its length is refused."""
         self._authorise()
-        asked = responses.parse_responses_request(self._read_json(), self.server.responses)
-        completer = self.server.completer
+        body = self._read_json()
+        completer = self._use(body)
+        asked = responses.parse_responses_request(body, self.server.responses)
         try:
             counted = len(completer.prompt_ids(asked.request))
         except ApiError as exc:
@@ -879,7 +984,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _stream(self, request: CompletionRequest) -> None:
         """Server-sent events; the headers go out when the request's turn comes, so a refused request
         (busy, prompt too long) still gets a plain JSON error with its status."""
-        answer = StreamedAnswer(self.server.completer, request, self.server.model)
+        answer = StreamedAnswer(self._completer, request, self._model)
 
         def send(chunks: list[dict]) -> None:
             for body in chunks:
@@ -910,7 +1015,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             opened()
 
         try:
-            return self.server.completer.complete(request, on_text=on_text, on_start=on_start,
+            return self._completer.complete(request, on_text=on_text, on_start=on_start,
                                                   client_gone=self._client_gone)
         except (ConnectionError, TimeoutError):
             raise
@@ -996,7 +1101,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _send_slots(self) -> None:
         """llama-server's ``GET /slots``; with ``?fail_on_no_slot=1`` a 503 while the one slot is busy, as there."""
-        slots = llama_native.slots(self.server.completer)
+        slots = llama_native.slots(self._loaded()[1])
         query = parse_qs(self.path.partition("?")[2])
         if query.get("fail_on_no_slot", ["0"])[-1] not in ("", "0", "false") and slots[0]["is_processing"]:
             raise ApiError(503, "no slot available: the one slot is answering a request (GET /slots without "
@@ -1007,8 +1112,12 @@ class ApiHandler(BaseHTTPRequestHandler):
         if not self.server.metrics:
             raise ApiError(404, "GET /metrics is off: start edgesdk serve with --metrics to turn it on",
                            code="not_found")
-        completer = self.server.completer
-        text = completer.metrics.render(int(completer.busy), completer.waiting, self._health().get("thermal"))
+        completer, pool = self.server.completer, self.server.pool
+        if pool is None:
+            text = completer.metrics.render(int(completer.busy), completer.waiting, self._health().get("thermal"))
+        else:  # one set of counters for every model; the requests waiting for their model to load are deferred too
+            busy, waiting = (completer.busy, completer.waiting) if completer is not None else (False, 0)
+            text = pool.metrics.render(int(busy), waiting + pool.queued, self._health().get("thermal"))
         # llama-server sends Process-Start-Time-Unix with /metrics (server_routes' get_metrics in
         # tools/server/server-context.cpp), so a scraper can tell a restart from counters going down; its value there
         # is ggml_time_us() at start, a monotonic clock's microseconds. Here it is what the name says and what
@@ -1016,14 +1125,15 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._send_body(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8",
                         {"Process-Start-Time-Unix": str(self.server.started)})
 
-    def _model_card(self) -> dict:
-        return {"id": self.server.model, "object": "model", "created": self.server.started, "owned_by": "edgesdk"}
+    def _model_card(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": self.server.started, "owned_by": "edgesdk"}
 
     def _health(self) -> dict:
-        completer = self.server.completer
-        body = {"status": "ok", "model": self.server.model, "backend": completer.runtime.backend.name,
-                "busy": completer.busy}
-        hook = completer.hook
+        pool = self.server.pool
+        name, completer = (self.server.model, self.server.completer) if pool is None else pool.loaded
+        body = {"status": "ok", "model": name, "backend": completer.runtime.backend.name if completer else None,
+                "busy": bool(completer and completer.busy)}
+        hook = completer.hook if completer is not None else pool.hook
         guard = getattr(hook, "guard", None)
         if hook is not None and hasattr(hook, "reading"):
             reading = hook.reading

@@ -84,6 +84,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
+from edgesdk.bundle import Bundle
 from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize
 from edgesdk.runtime.text import pieces_text
 from edgesdk.serve import infill
@@ -544,6 +545,18 @@ def _model_name(body: dict, served: str) -> str:
         raise ApiError(404, f"model '{name}' not found: this server serves '{served_names(served)[-1]}' "
                        "(GET /api/tags lists it)", param="model", code="model_not_found")
     return name
+
+
+def keep_alive_zero(body: object) -> bool:
+    """Whether a request's ``keep_alive`` is zero (a value that is not a duration is the 400 of
+    :func:`_check_keep_alive`): Ollama unloads the model once such a request's answer is written."""
+    return isinstance(body, dict) and _check_keep_alive(body)
+
+
+def model_not_found(name: str) -> ApiError:
+    """Ollama's 404 for a model it does not have (server/routes.go: ``model %q not found, try pulling it first``)."""
+    return ApiError(404, f"model {_go_quoted(name)} not found, try pulling it first", param="model",
+                    code="model_not_found")
 
 
 def _check_keep_alive(body: dict) -> bool:
@@ -1127,6 +1140,12 @@ def tags(completer: Completer, served: str) -> dict:
     return {"models": [_model_entry(completer, served)]}
 
 
+def listed(models: list[tuple[Bundle, str]]) -> dict:
+    """``GET /api/tags`` of a server with several bundles: each (bundle, served name), from its manifest, loaded or
+    not."""
+    return {"models": [_bundle_entry(bundle, served) for bundle, served in models]}
+
+
 def running(completer: Completer, served: str) -> dict:
     """``GET /api/ps``: the served model, loaded for as long as the server runs (``expires_at`` far ahead, as
     Ollama shows a model kept with ``keep_alive`` < 0), also after a request to unload it, which it outlives
@@ -1166,11 +1185,15 @@ def version() -> dict:
 
 def details(completer: Completer) -> dict:
     """The model's ``details`` (family, parameter size, quantization level) from the bundle's manifest."""
-    facts = _model_facts(completer)
+    return _manifest_details(completer.runtime.bundle.manifest)
+
+
+def _manifest_details(manifest: dict) -> dict:
+    facts = manifest.get("model", {}).get("after", {})
     family = str(facts.get("architecture", ""))
     return {"parent_model": "", "format": "onnx", "family": family, "families": [family] if family else None,
             "parameter_size": _parameter_size(int(facts.get("parameters") or 0)),
-            "quantization_level": _quantization(completer.runtime.bundle.manifest)}
+            "quantization_level": _quantization(manifest)}
 
 
 def capabilities(completer: Completer) -> list[str]:
@@ -1204,13 +1227,17 @@ def served_names(served: str) -> tuple[str, ...]:
 def _model_entry(completer: Completer, served: str) -> dict:
     """The served model as /api/tags lists a model: its name, size (the bundle's files), digest (of the manifest,
     which names every file's hash) and details."""
-    bundle = completer.runtime.bundle
+    return _bundle_entry(completer.runtime.bundle, served)
+
+
+def _bundle_entry(bundle: Bundle, served: str) -> dict:
+    """A bundle as /api/tags lists a model (:func:`_model_entry`), from its manifest."""
     manifest_file = bundle.path / "manifest.json"
     digest = hashlib.sha256(manifest_file.read_bytes()).hexdigest() if manifest_file.is_file() else ""
     size = sum(int(entry.get("size", 0)) for entry in bundle.manifest.get("files", {}).values())
     name = served_names(served)[-1]
     return {"name": name, "model": name, "modified_at": bundle.manifest.get("created"), "size": size,
-            "digest": digest, "details": details(completer)}
+            "digest": digest, "details": _manifest_details(bundle.manifest)}
 
 
 def _model_facts(completer: Completer) -> dict:

@@ -16,7 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgesdk.serve import llama_native
-from edgesdk.serve.api import CompletionRequest, chunk_body, completion_body, new_id, usage_chunk_body
+from edgesdk.serve.api import (
+    ApiError,
+    CompletionRequest,
+    chunk_body,
+    completion_body,
+    new_id,
+    usage_chunk_body,
+)
 from edgesdk.serve.completion import Completer, Completion
 from edgesdk.serve.reasoning import split_answer
 from edgesdk.serve.tools import AnswerStream
@@ -26,6 +33,12 @@ def served_model_name(manifest: dict) -> str:
     """``<model>-<target>``, e.g. smollm2-135m-rpi5: the id answers carry, the same across redeploys of one model."""
     source = Path(str(manifest["model"]["before"]["source"]).rstrip("/")).name
     return f"{source.removesuffix('.gguf')}-{manifest['target']['name']}"
+
+
+def model_not_found(name: str) -> ApiError:
+    """OpenAI's 404 for a model it does not have, in its error shape (``param`` "model", ``code``
+    "model_not_found")."""
+    return ApiError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
 
 
 def whole_answer(completer: Completer, request: CompletionRequest, model: str, completion: Completion) -> dict:

@@ -1,0 +1,266 @@
+"""Several bundles behind one ``edgesdk serve``, one of them loaded at a time and swapped on demand.
+
+A request names its model where its API puts it (``model``; Ollama's older ``name``); the model it names is loaded
+if it is not, as Ollama's scheduler loads it (server/sched.go) and llama-server's router mode (``--models-dir``)
+starts it. A board's memory holds one model, so, as Ollama on a small machine (``OLLAMA_MAX_LOADED_MODELS=1``),
+the idle one is unloaded first: its :class:`~edgesdk.serve.completion.Completer` closed (its prompt cache, the host
+copies of other conversations' KV caches and the backend's KV cache dropped, the backend closed where it can be),
+then the other loaded. A line on stderr names both and the load's seconds.
+
+Requests are answered one at a time in the order they came, whatever model they name (the board's one turn,
+:class:`~edgesdk.serve.completion.FairTurn`, within a model): a request holds a :class:`Lease` on its model from
+when its body is read until its answer is written. A request for the loaded model is granted its lease at once
+while nothing waits for another; a request for another model, and every request behind it, waits in this pool's
+queue, so a swap waits for the answer in progress and the requests queued before it, and no request cuts in
+before one that came earlier. A request that names no model (or a route that names none: /tokenize, /props,
+/slots) gets the model loaded when its turn comes.
+
+A model that fails to load is a 500 naming its bundle and the error; the server goes on answering for the others
+(with nothing loaded until a request names one, as Ollama is after a failed load). The thermal guard's hook and
+the metrics are the server's, shared by every model's completer.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from edgesdk.bundle import Bundle
+from edgesdk.errors import EdgeSDKError
+from edgesdk.serve.api import ApiError, _shown
+from edgesdk.serve.completion import ClientGone, Completer
+
+WAIT_POLL_S = 0.5  # how often a request waiting for its model asks whether its client left
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A bundle the server answers for: the name requests give, and the bundle, verified at start."""
+
+    name: str
+    bundle: Bundle
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A request's hold on its model, loaded: the completer that answers it and the model's served name."""
+
+    completer: Completer
+    name: str
+
+
+class _Waiter:
+    """A place in the pool's queue: the model it waits for (None: whichever is loaded when its turn comes), or an
+    unload of that model (Ollama's ``keep_alive`` 0 with nothing to generate)."""
+
+    def __init__(self, name: str | None, unload: bool = False):
+        self.name, self.unload = name, unload
+
+
+class ModelPool:
+    """The served models, one loaded. ``load`` opens a model's completer (the CLI's settings, the shared thermal
+    hook); ``loaded`` is the first model's, opened at start."""
+
+    def __init__(self, models: Sequence[ServedModel], load: Callable[[ServedModel], Completer], loaded: Completer,
+                 max_waiting: int | None = None, log: Callable[[str], None] | None = None):
+        if not models:
+            raise EdgeSDKError("a model pool needs at least one model", "pass the bundles to serve")
+        self.models = {model.name: model for model in models}
+        self._load = load
+        self.metrics = loaded.metrics  # one set of counters for the server, whichever model answers
+        self.hook = loaded.hook  # the thermal guard's, one per board
+        self.max_waiting = loaded.defaults.max_waiting if max_waiting is None else max_waiting
+        self._log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._changed = threading.Condition(threading.Lock())
+        self._queue: deque[_Waiter] = deque()
+        self._holders = 0  # leases on the loaded model not yet released
+        self._unload_idle = False  # keep_alive 0 on an answer: unload the model once nobody holds it
+        self._swapping = False
+        self._name: str | None = models[0].name
+        self._completer: Completer | None = loaded
+        self.default = models[0].name  # the last model loaded: what a request naming none loads when none is
+        self.stopping = False
+
+    # ---------------------------------------------------------------------------------------------------- reads
+    @property
+    def loaded(self) -> tuple[str | None, Completer | None]:
+        """The loaded model's name and completer (None, None while none is: during a swap, after an unload or a
+        failed load), read together."""
+        with self._changed:
+            return self._name, self._completer
+
+    @property
+    def completer(self) -> Completer | None:
+        return self.loaded[1]
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting in the pool's queue for their model (not those in the loaded completer's)."""
+        with self._changed:
+            return len(self._queue)
+
+    def resolve(self, name: object, unknown: Callable[[str], ApiError]) -> str | None:
+        """The served name a request's ``name`` means (None where it names none: the loaded model answers),
+        ``name:latest`` being ``name`` as Ollama reads a name without a tag; ``unknown(name)`` is the 404 raised for
+        a name not served, in the request's API's words."""
+        if name is None or name == "":
+            return None
+        if not isinstance(name, str):
+            raise ApiError(400, f"'model' must be the name of a served model, got {_shown(name)}: one of "
+                           f"{', '.join(self.models)} (GET /v1/models lists them)", param="model")
+        if name in self.models:
+            return name
+        if name.endswith(":latest") and name.removesuffix(":latest") in self.models:
+            return name.removesuffix(":latest")
+        raise unknown(name)
+
+    # ---------------------------------------------------------------------------------------------------- leases
+    def acquire(self, name: str | None, client_gone: Callable[[], bool] | None = None) -> Lease:
+        """A lease on model ``name`` (a served name; None: the one loaded when the request's turn comes), loaded
+        for it where it is not, once the requests before it have been answered. A 503 where ``max_waiting``
+        requests wait already or the server stops; :class:`ClientGone` where the client leaves while it waits; a
+        500 naming the bundle where the model fails to load."""
+        waiter = _Waiter(name)
+        with self._changed:
+            self._check_stopping()
+            if not self._queue and not self._swapping and self._completer is not None and name in (None, self._name):
+                return self._grant()
+            if len(self._queue) >= self.max_waiting:
+                self.metrics.refuse_busy()
+                raise ApiError(503, f"the server is busy: {len(self._queue)} requests wait for their model to be "
+                               "loaded; retry later (edgesdk serve --max-queue raises the limit)",
+                               code="server_busy", kind="server_error")
+            self._queue.append(waiter)
+            try:
+                wanted = self._wait_for_turn(waiter, client_gone)
+                if wanted is None:  # the model is loaded: the lease is granted
+                    self._queue.popleft()
+                    self._changed.notify_all()
+                    return self._grant()
+                self._swapping = True
+            except BaseException:
+                self._queue.remove(waiter)
+                self._changed.notify_all()
+                raise
+        return self._swap_for(waiter, wanted)
+
+    def release(self, lease: Lease, unload: bool = False) -> None:
+        """The request's answer is written. With ``unload`` (Ollama's ``keep_alive`` 0), its model is unloaded once
+        nobody holds it and no request waits for it, as Ollama unloads such a model after the answer."""
+        with self._changed:
+            self._holders -= 1
+            if unload and self._name == lease.name:
+                self._unload_idle = True
+            if self._unload_idle and self._holders == 0 and not self._swapping and \
+                    not any(waiter.name in (None, self._name) and not waiter.unload for waiter in self._queue):
+                self._unload_now("keep_alive 0")
+            self._changed.notify_all()
+
+    def unload(self, name: str, client_gone: Callable[[], bool] | None = None) -> None:
+        """Ollama's unload request (nothing to generate, ``keep_alive`` 0): once the requests before it are answered,
+        model ``name`` is unloaded where it is loaded (nothing is loaded for it where it is not)."""
+        waiter = _Waiter(name, unload=True)
+        with self._changed:
+            self._check_stopping()
+            self._queue.append(waiter)
+            try:
+                while not (self._queue[0] is waiter and not self._swapping and
+                           (self._name != name or self._holders == 0)):
+                    self._wait(client_gone)
+                if self._name == name:
+                    self._unload_now("an unload request")
+            finally:
+                self._queue.remove(waiter)
+                self._changed.notify_all()
+
+    def stop(self) -> None:
+        """Take no more requests: those waiting for their model get a 503, and the loaded model's completer stops
+        (:meth:`Completer.stop`)."""
+        with self._changed:
+            self.stopping = True
+            completer = self._completer
+            self._changed.notify_all()
+        if completer is not None:
+            completer.stop()
+
+    # ---------------------------------------------------------------------------------------------------- inside
+    def _grant(self) -> Lease:
+        self._holders += 1
+        self._unload_idle = False  # a request for the model since keeps it, as a later keep_alive does in Ollama
+        return Lease(self._completer, self._name)
+
+    def _wait_for_turn(self, waiter: _Waiter, client_gone: Callable[[], bool] | None) -> str | None:
+        """Wait (the lock held) until ``waiter`` is first in the queue and its model is loaded (None comes back), or
+        the model loaded is another that nobody holds (the name of the model to load comes back)."""
+        while True:
+            if self._queue[0] is waiter and not self._swapping:
+                if self._completer is not None and waiter.name in (None, self._name):
+                    return None
+                if self._holders == 0:
+                    return waiter.name or self.default
+            self._wait(client_gone)
+
+    def _wait(self, client_gone: Callable[[], bool] | None) -> None:
+        self._check_stopping()
+        if client_gone is not None and client_gone():
+            raise ClientGone("the client closed the connection while the request waited for its model")
+        self._changed.wait(WAIT_POLL_S if client_gone is not None else None)
+        self._check_stopping()
+
+    def _check_stopping(self) -> None:
+        if self.stopping:
+            raise ApiError(503, "the server is shutting down (edgesdk serve was stopped); retry once it runs "
+                           "again", code="server_stopping", kind="server_error")
+
+    def _unload_now(self, why: str) -> None:
+        """Close the loaded model (the lock held, nobody holding it)."""
+        name, completer = self._name, self._completer
+        self._name, self._completer, self._unload_idle = None, None, False
+        if completer is not None:
+            completer.close()
+            self._log(f"edgesdk serve: unloaded {name} ({why})")
+
+    def _swap_for(self, waiter: _Waiter, name: str) -> Lease:
+        """Unload the idle model and load ``name`` for ``waiter``, first in the queue (``_swapping`` set, so
+        nobody else is granted a lease meanwhile), then grant it its lease."""
+        with self._changed:
+            old, completer = self._name, self._completer
+            self._name, self._completer, self._unload_idle = None, None, False
+        try:
+            if completer is not None:
+                completer.close()
+            model = self.models[name]
+            started = time.monotonic()
+            try:
+                loaded = self._load(model)
+            except Exception as exc:
+                why = exc.problem if isinstance(exc, EdgeSDKError) else f"{type(exc).__name__}: {exc}"
+                fix = exc.fix if isinstance(exc, EdgeSDKError) and exc.fix else \
+                    "check the bundle with 'edgesdk verify', or rebuild it with 'edgesdk build'"
+                self._log(f"edgesdk serve: {f'unloaded {old}; ' if completer is not None else ''}loading {name} "
+                          f"from {model.bundle.path} failed: {why}")
+                raise ApiError(500, f"the model '{name}' (bundle {model.bundle.path}) failed to load: {why}; {fix}; "
+                               "the other models served here still answer", code="model_load_failed",
+                               kind="server_error") from exc
+            seconds = time.monotonic() - started
+            loaded.metrics = self.metrics
+            self._log(f"edgesdk serve: {f'unloaded {old}; ' if completer is not None else ''}loaded {name} "
+                      f"in {seconds:.2f} s")
+        except BaseException:
+            with self._changed:
+                self._swapping = False
+                self._queue.remove(waiter)
+                self._changed.notify_all()
+            raise
+        with self._changed:
+            self._swapping = False
+            self._name, self._completer, self.default = name, loaded, name
+            self._queue.remove(waiter)
+            if self.stopping:  # stopped while it loaded: its requests get the 503 too
+                loaded.stop()
+            self._changed.notify_all()
+            return self._grant()
