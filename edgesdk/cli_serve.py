@@ -39,7 +39,7 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
 
 
 @click.command()
-@click.argument("bundles", metavar="BUNDLE...", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("bundles", metavar="[BUNDLE]...", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--models-dir", type=click.Path(path_type=Path), metavar="DIR",
               help="Serve every bundle directory directly in DIR too (llama-server's router option): one model is "
                    "loaded at a time, the first given at start, and a request naming another swaps it in.")

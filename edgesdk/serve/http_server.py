@@ -6,7 +6,8 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   server-sent events (``data: {chunk}`` lines, then ``data: [DONE]``; WHATWG HTML, "Server-sent
   events"). A streamed answer's connection closes at its end, which delimits the body (RFC 9112
   §6.3); a client that goes away mid-answer stops the generation.
-* ``GET /v1/models``: the one model served. ``GET /health``: liveness, whether a request is
+* ``GET /v1/models``: the one model served (with several bundles, each; serve/model_pool.py: a request's ``model``
+  picks the one that answers, loaded in place of the idle one). ``GET /health``: liveness, whether a request is
   generating, and the thermal guard's level and temperature when it runs. ``GET /props``
   (llama-server's): the context, the default settings, the chat template and special tokens.
   ``GET /slots`` (llama-server's slot monitoring, on by default there too): the one slot, and the

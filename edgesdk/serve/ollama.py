@@ -16,7 +16,8 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   valid JSON Schema object", a 400 here where Ollama, finding it after loading the model, answers 500), ``think``
   (left out on a model that thinks: thinking on, as Ollama's ChatHandler and GenerateHandler set it, and not the
   chat template's own default), ``options``, ``stream`` (true unless false, as in Ollama), ``keep_alive`` (seconds
-  or a Go duration, checked as Ollama checks it; the board keeps its one model loaded whatever it says),
+  or a Go duration, checked as Ollama checks it; a board serving one bundle keeps it loaded whatever it says, one
+  serving several unloads the model after an answer with ``keep_alive`` zero, as Ollama does: serve/model_pool.py),
   ``logprobs`` and ``top_logprobs`` (0-20; without ``logprobs`` true nothing is listed, as in Ollama).
   No messages: the model is loaded already, and the answer says so (``done_reason`` "load"), as Ollama answers;
   with ``keep_alive`` zero (``0``, ``"0"``, ``"0s"``), Ollama's unload answer (``done_reason`` "unload").
@@ -71,7 +72,8 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   ``eval_duration`` (nanoseconds). A stream is newline-delimited JSON (``application/x-ndjson``), one object per
   piece and a last one with ``done`` true; an error once it has begun is a last ``{"error": ...}`` line.
 * errors: ``{"error": "..."}`` with the status; a model name that is not the served one is Ollama's 404 "model
-  not found" (clients send the name ``/api/tags`` lists).
+  not found" (clients send the name ``/api/tags`` lists; with several bundles, Ollama's own words:
+  :func:`model_not_found`).
 """
 
 from __future__ import annotations
@@ -870,12 +872,13 @@ def json_schema(schema: object) -> object:
 # ------------------------------------------------------------------------------------------------ answers
 
 
-def loaded(asked: Asked, completer: Completer) -> dict:
+def loaded(asked: Asked, completer: Completer | None) -> dict:
     """The answer to a request with nothing to generate: the model is loaded (docs/api.md, "Load a model"), or, with
     ``keep_alive`` zero, Ollama's answer to "Unload a model" (server/routes.go: ``done_reason`` "unload", the chat's
-    ``message`` an empty assistant turn, the generate route's ``response`` empty). The board's one model stays
-    loaded (the server serves no other, and loading it again would take the next request the time of a load), so
-    /api/ps goes on listing it: it is what answers the next request.
+    ``message`` an empty assistant turn, the generate route's ``response`` empty). A server of one bundle keeps its
+    model loaded (it serves no other, and loading it again would take the next request the time of a load), so
+    /api/ps goes on listing it: it is what answers the next request; a server of several has unloaded it (its
+    ``completer`` is then None: serve/model_pool.py).
 
     A load request is first checked as Ollama checks it before it loads the model
     (:func:`check_capabilities`: ``think`` true for a model that does not think, /api/chat or /api/generate of an

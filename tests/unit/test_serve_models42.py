@@ -113,6 +113,11 @@ def answers(server: Server, model: str | None) -> dict[str, str]:
     status, body = server.post("/v1/chat/completions", {**named, "messages": CHAT})
     assert status == 200, body
     texts["openai chat"] = body["choices"][0]["message"]["content"]
+    status, text = server.post("/v1/chat/completions", {**named, "messages": CHAT, "stream": True})
+    assert status == 200, text
+    events = [json.loads(line[len("data: "):]) for line in text.split("\n\n") if line and line != "data: [DONE]"]
+    texts["openai chat streamed"] = "".join(event["choices"][0]["delta"].get("content") or "" for event in events
+                                            if event["choices"])
     status, body = server.post("/v1/completions", {**named, "prompt": "Once upon"})
     assert status == 200, body
     texts["openai text"] = body["choices"][0]["text"]
