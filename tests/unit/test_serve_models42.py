@@ -380,3 +380,30 @@ def test_serve_models_dir_answers_for_each_bundle_under_its_name_or_alias(bundle
     finally:
         process.terminate()
         process.communicate(timeout=60)
+
+
+def test_a_stop_refuses_the_requests_waiting_for_their_model(bundles):
+    """The server stopping (Ctrl-C, a service manager's stop): the answer generating ends, and a request waiting
+    for its model to be swapped in gets the 503 server_stopping instead of a load."""
+    hook = CountingHook(hold_at=1)
+    server = Server(bundles, hook=hook)
+    try:
+        first = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        first.sendall(post_bytes({"model": A, "prompt": "Once"}))
+        assert hook.held.wait(30)
+        waiting = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        waiting.sendall(post_bytes({"model": B, "prompt": "Once"}))
+        assert wait_for(lambda: server.pool.queued == 1)
+        stopped = threading.Thread(target=server.server.stop_answers, kwargs={"timeout": 30})
+        stopped.start()
+        reply = waiting.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 503")
+        assert b"server_stopping" in reply
+        hook.release.set()
+        stopped.join(30)
+        assert server.get("/api/ps")[1]["models"][0]["name"] == f"{A}:latest"  # nothing was loaded for it
+        first.close()
+        waiting.close()
+    finally:
+        hook.release.set()
+        server.close()
