@@ -396,9 +396,10 @@ def test_a_stop_refuses_the_requests_waiting_for_their_model(bundles):
         assert wait_for(lambda: server.pool.queued == 1)
         stopped = threading.Thread(target=server.server.stop_answers, kwargs={"timeout": 30})
         stopped.start()
-        reply = waiting.recv(4096)
-        assert reply.startswith(b"HTTP/1.1 503")
-        assert b"server_stopping" in reply
+        response = http.client.HTTPResponse(waiting)
+        response.begin()
+        assert response.status == 503
+        assert json.loads(response.read())["error"]["code"] == "server_stopping"
         hook.release.set()
         stopped.join(30)
         assert server.get("/api/ps")[1]["models"][0]["name"] == f"{A}:latest"  # nothing was loaded for it
