@@ -178,10 +178,14 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
         raise click.BadParameter("must be printable ASCII without spaces, as an HTTP header carries it; pick "
                                  "another key, e.g. from: python -c 'import secrets; print(secrets.token_urlsafe())'",
                                  param_hint="'--api-key'")
-    several = None
+    several, model_name = None, None
     if len(paths) > 1:
         _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating)
         several = _served_models(paths, model_names)
+    elif model_names:  # one bundle: the last name given, as before; NAME=BUNDLE where it names that bundle
+        model_name = model_names[-1]
+        if "=" in model_name:
+            model_name = _aliased(model_name, paths, [path.resolve() for path in paths])[0]
     warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard, clock_cap=clock_cap,
                                 ambient=ambient, sim_speed=sim_speed, thermal_target=thermal_target)
     if no_prompt_cache and option_given("cache_ram_mib"):
@@ -190,7 +194,6 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     # through the finally below, which lets the answer being generated end and tell its client why.
     exit_on_stop_signals()
     bundle = paths[0]
-    model_name = model_names[-1] if model_names and several is None else None  # one bundle: the last given, as before
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=True)
     runtime.tokenizer.template_kwargs = template_kwargs
@@ -205,7 +208,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
         hook = thermal.hook if thermal else None
         completer = Completer(runtime, defaults, hook=hook, draft=draft)
         name = model_name or served_model_name(runtime.bundle.manifest)
-        pool = None
+        pool, backend_name = None, runtime.backend.name
         if several is not None:
             name = several[0][0]
             pool = _model_pool(several, runtime, completer, server_defaults, hook, template_kwargs, lookup_draft,
@@ -222,9 +225,11 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
                    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
                    else "pick another --port (0 takes a free one), or stop what listens there")
             raise EdgeSDKError(f"cannot listen on {shown}:{port} ({exc.strerror or exc})", fix) from exc
+        if pool is not None:  # the pool holds the first model from here on: a swap gives back its ONNX Runtime
+            runtime = completer = None  # session and weights only where nothing else keeps it
         served = name if pool is None else ", ".join(pool.models)
         loaded = "" if pool is None else f"; {name} loaded, one model at a time"
-        click.echo(f"edgesdk serve: {served} on {server.url}/v1 ({runtime.backend.name}{loaded}"
+        click.echo(f"edgesdk serve: {served} on {server.url}/v1 ({backend_name}{loaded}"
                    f"{', API key required' if api_key else ''}); Ctrl-C stops", err=True)
         try:
             server.serve_forever()
@@ -309,22 +314,11 @@ def _served_models(paths: list[Path], aliases: tuple[str, ...]) -> list[tuple[st
     resolved = [path.resolve() for path in paths]
     renamed: dict[int, str] = {}
     for alias in aliases:
-        name, equals, where = alias.partition("=")
-        if not equals or not name.strip() or not where:
-            raise click.BadParameter(f"{alias!r}: with several bundles each --alias is NAME=BUNDLE, the name one "
-                                     "bundle is served under, e.g. --alias "
-                                     f"'mymodel={paths[0]}'", param_hint="'--alias'")
-        matches = [index for index, path in enumerate(resolved) if path == Path(where).resolve()] or \
-            [index for index, path in enumerate(paths) if "/" not in where and path.name == where]
-        if len(matches) != 1:
-            raise click.BadParameter(f"{alias!r}: {where!r} is {'none' if not matches else 'more than one'} of the "
-                                     f"bundles served ({', '.join(map(str, paths))}); give its path as served, or the "
-                                     "name of its directory in --models-dir", param_hint="'--alias'")
-        if matches[0] in renamed:
-            raise click.BadParameter(f"{alias!r}: {paths[matches[0]]} is renamed twice (as "
-                                     f"{renamed[matches[0]]!r} first); give one --alias for it",
-                                     param_hint="'--alias'")
-        renamed[matches[0]] = name.strip()
+        name, index = _aliased(alias, paths, resolved)
+        if index in renamed:
+            raise click.BadParameter(f"{alias!r}: {paths[index]} is renamed twice (as {renamed[index]!r} first); "
+                                     "give one --alias for it", param_hint="'--alias'")
+        renamed[index] = name
     names = [renamed.get(index, name) for index, name in enumerate(names)]
     for index, name in enumerate(names):
         first = names.index(name)
@@ -335,6 +329,23 @@ def _served_models(paths: list[Path], aliases: tuple[str, ...]) -> list[tuple[st
     return list(zip(names, paths, strict=True))
 
 
+def _aliased(alias: str, paths: list[Path], resolved: list[Path]) -> tuple[str, int]:
+    """An ``--alias NAME=BUNDLE``'s name and the index of the bundle it names among ``paths`` (``resolved``: theirs
+    resolved), by its path or, without a slash, by its directory's name (a bundle in --models-dir)."""
+    name, equals, where = alias.partition("=")
+    if not equals or not name.strip() or not where:
+        raise click.BadParameter(f"{alias!r}: with several bundles each --alias is NAME=BUNDLE (and with one, an "
+                                 "--alias holding '=' is), the name one bundle is served under, e.g. --alias "
+                                 f"'mymodel={paths[0]}'", param_hint="'--alias'")
+    matches = [index for index, path in enumerate(resolved) if path == Path(where).resolve()] or \
+        [index for index, path in enumerate(paths) if "/" not in where and path.name == where]
+    if len(matches) != 1:
+        raise click.BadParameter(f"{alias!r}: {where!r} is {'none' if not matches else 'more than one'} of the "
+                                 f"bundles served ({', '.join(map(str, paths))}); give its path as served, or the "
+                                 "name of its directory in --models-dir", param_hint="'--alias'")
+    return name.strip(), matches[0]
+
+
 def _model_pool(several: list[tuple[str, Path]], runtime, completer, defaults, hook, template_kwargs, lookup_draft: int,
                 backend, threads, target, ignore_target):
     """The models of a server with several bundles: the first loaded (``runtime``, ``completer``), the others verified
@@ -343,7 +354,7 @@ def _model_pool(several: list[tuple[str, Path]], runtime, completer, defaults, h
     from edgesdk.bundle import check_runnable, verify_bundle
     from edgesdk.runtime.session import check_target, open_runtime
     from edgesdk.serve.completion import Completer
-    from edgesdk.serve.model_pool import ModelPool, ServedModel
+    from edgesdk.serve.model_pool import ModelPool, ServedModel, described
 
     models = [ServedModel(several[0][0], runtime.bundle)]
     settings = {several[0][0]: completer.defaults}
@@ -364,4 +375,7 @@ def _model_pool(several: list[tuple[str, Path]], runtime, completer, defaults, h
         lookup_config(opened.backend, lookup_draft)  # says so where this backend cannot draft
         return Completer(opened, settings[model.name], hook=hook)
 
-    return ModelPool(models, load, completer)
+    def describe(model: ServedModel) -> Completer:  # the model's tokenizer and settings, nothing loaded
+        return described(model.bundle, settings[model.name], template_kwargs)
+
+    return ModelPool(models, load, completer, describe=describe)

@@ -397,6 +397,13 @@ class _HeldTime:
 EMPTY_INPUT, TOKEN_OUT_OF_VOCABULARY, NOT_UTF8 = "empty_input", "token_out_of_vocabulary", "not_utf8"
 
 
+def server_stopping() -> ApiError:
+    """The 503 of a request the stopping server does not answer (Ctrl-C, a service manager's stop): one waiting for
+    its turn, or for its model to be loaded where several bundles are served (serve/model_pool.py)."""
+    return ApiError(503, "the server is shutting down (edgesdk serve was stopped); retry once it runs again",
+                    code="server_stopping", kind="server_error")
+
+
 def _board_too_hot(exc: BoardNeverCooled) -> ApiError:
     """The thermal guard gave up waiting for the board to cool: it cannot take work now, as llama-server answers 503
     while it loads its model; a 500 would be a fault of the server (Anthropic's route gives it as overloaded_error)."""
@@ -509,8 +516,7 @@ class Completer:
 
     def _check_stopping(self) -> None:
         if self.stopping:
-            raise ApiError(503, "the server is shutting down (edgesdk serve was stopped); retry once it runs "
-                           "again", code="server_stopping", kind="server_error")
+            raise server_stopping()
 
     def prompt_ids(self, request: CompletionRequest) -> list[int]:
         """The request's token ids, or a 400 naming what is wrong with its text."""

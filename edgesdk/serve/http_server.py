@@ -376,11 +376,28 @@ class ApiHandler(BaseHTTPRequestHandler):
         except Exception as exc:  # an edgesdk error (its problem and fix), or a fault of this server (traced in its log)
             self._send_refusal(500, self._error_body(self._server_error(exc)))
         finally:
-            if self._answering:
-                self.server.answer_ended()
             if self._lease is not None:
                 self.server.pool.release(self._lease, unload=self._unload_after)
             self._lease = self._completer = None  # a kept-alive connection holds no unloaded model
+            if self._answering:
+                self.server.answer_ended()
+
+    def _answer_started(self) -> None:
+        """The request is counted among those a stopping server waits for (:meth:`ApiServer.stop_answers`), once:
+        from its turn on, or, with several bundles, from when it enters the model pool, so that a stop during a
+        swap waits for it and its client gets the 503 ``server_stopping``."""
+        if not self._answering:
+            self.server.answer_started()
+            self._answering = True
+
+    def _end_lease(self) -> None:
+        """The answer is made and about to be written: where its model is to be unloaded with it (Ollama's
+        ``keep_alive`` 0, several bundles served), the request's lease ends now, so that the unload is decided
+        against the requests there are before its client reads the answer (and can ask again), as Ollama has
+        unloaded such a model once the answer is out."""
+        if self._lease is not None and self._unload_after:
+            lease, self._lease = self._lease, None
+            self.server.pool.release(lease, unload=True)
 
     def _get(self, route: str) -> None:
         if route == "/health":
@@ -445,7 +462,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         message)."""
         name = unquote(segment)
         if self.server.pool is not None:
-            self._send_json(200, self._model_card(self.server.pool.resolve(name, model_not_found) or name))
+            served = list(self.server.pool.models)
+            self._send_json(200, self._model_card(self.server.pool.resolve(
+                name, lambda missing: model_not_found(missing, served)) or name))
             return
         if name != self.server.model:
             raise ApiError(404, f"the model {name!r} is not served here: this server serves {self.server.model!r} "
@@ -463,6 +482,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if pool is None:
             return self._completer
         name = self._named_model(body) if named else None
+        self._answer_started()  # a stop waits for a request waiting for its model, or loading it
         self._lease = pool.acquire(name, self._client_gone)
         self._completer, self._model = self._lease.completer, self._lease.name
         return self._completer
@@ -472,13 +492,23 @@ class ApiHandler(BaseHTTPRequestHandler):
         name = body.get("model") if isinstance(body, dict) else None
         if self._ollama and name is None and isinstance(body, dict):
             name = body.get("name")  # older Ollama clients' field
-        if self._ollama:
-            unknown = ollama.model_not_found
-        elif self._anthropic:
-            unknown = lambda missing: anthropic.model_not_found(missing, list(self.server.pool.models))  # noqa: E731
-        else:
-            unknown = model_not_found
-        return self.server.pool.resolve(name, unknown)
+        pool = self.server.pool
+        served = list(pool.models)  # named in the 404, in the route's API's words
+        not_found = ollama.model_not_found if self._ollama else \
+            anthropic.model_not_found if self._anthropic else model_not_found
+        return pool.resolve(name, lambda missing: not_found(missing, served))
+
+    def _described(self, body: object) -> Completer:
+        """The completer that describes the model a request names without running it (/api/show, a prompt's token
+        count): the served model's; with several bundles the named one's tokenizer and settings
+        (:meth:`ModelPool.described`), loaded or not (the loaded one where the request names none), with no turn
+        in the queue and no swap."""
+        pool = self.server.pool
+        if pool is None:
+            return self._completer
+        name = self._named_model(body) or pool.loaded[0] or pool.default
+        self._model = name
+        return pool.described(name)
 
     def _loaded(self) -> tuple[str, Completer]:
         """The loaded model's name and completer, for a route that describes it without a turn of its own (/slots,
@@ -563,8 +593,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         completer = self._use(body)
         # a suffix on /v1/completions builds its fill-in-the-middle prompt from the served model's FIM tokens
         request = parse(body, completer=completer) if parse is parse_text_request else parse(body)
-        self.server.answer_started()
-        self._answering = True
+        self._answer_started()
         if request.stream:
             self._stream(request)
         else:
@@ -584,8 +613,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         else:
             native = parse_native_embedding_request(body, pooling)
             inputs, param, config = native.inputs, native.param, native.config
-        self.server.answer_started()
-        self._answering = True
+        self._answer_started()
         embeddings = completer.embed(inputs, config, param=param, client_gone=self._client_gone)
         self._log_embedded(route, embeddings)
         if route == OPENAI_EMBEDDINGS_ROUTE:
@@ -613,8 +641,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         prompt = completer.runtime.tokenizer.tokenizer.decode(completer.prompt_ids(request), skip_special_tokens=False)
         settings = llama_native.generation_settings(request, completer.sampling(request),
                                                        completer.defaults.n_keep)
-        self.server.answer_started()
-        self._answering = True
+        self._answer_started()
         if not request.stream:
             completion = completer.complete(request, client_gone=self._client_gone)
             self._send_json(200, llama_native.only_fields(llama_native.final_body(
@@ -634,8 +661,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         """Anthropic's Messages API (edgesdk/serve/anthropic.py): an answer, or a prompt's token count."""
         self._authorise()
         body = self._read_json()
-        completer = self._use(body)
         if path == "/messages/count_tokens":  # no max_tokens there: the prompt alone is counted
+            completer = self._described(body)
             request = anthropic.parse_messages_request({**body, "max_tokens": 1} if isinstance(body, dict) else body)
             try:
                 counted = len(completer.prompt_ids(request))
@@ -647,9 +674,9 @@ class ApiHandler(BaseHTTPRequestHandler):
                 counted = len(completer.runtime.tokenizer.encode(completer.chat_text(request), add_special_tokens=False))
             self._send_json(200, {"input_tokens": counted})
             return
+        completer = self._use(body)
         request = anthropic.parse_messages_request(body)
-        self.server.answer_started()
-        self._answering = True
+        self._answer_started()
         ident = anthropic.new_message_id()
         # a thinking model's reasoning as a thinking block (never inside the text, as deepseek-legacy streams it)
         splitter = completer.reasoning_splitter(replace(request, stream=False))
@@ -694,11 +721,14 @@ class ApiHandler(BaseHTTPRequestHandler):
         unless ``stream`` is false), ``/api/show``, ``/api/embed`` and ``/api/embeddings`` (edgesdk/serve/ollama.py)."""
         self._authorise()
         body, pool = self._read_json(), self.server.pool
-        # with several bundles the name the body gives (checked by the parsers below), else the loaded model's
-        served = self.server.model if pool is None else self._named_model(body) or pool.loaded[0] or pool.default
-        if path == ollama.SHOW_ROUTE:
-            completer = self._use(body)
-            self._send_json(200, ollama.show(completer, served, body))
+        # with several bundles the name the body gives (checked by the parsers below), which every route needs
+        served = self.server.model if pool is None else self._named_model(body)
+        if served is None:
+            if isinstance(body, dict):
+                raise ollama.model_required(body.get("model", body.get("name")), list(pool.models))
+            served = pool.loaded[0] or pool.default  # not an object: the parsers below refuse it
+        if path == ollama.SHOW_ROUTE:  # the model's files described, nothing loaded (Ollama's show handler)
+            self._send_json(200, ollama.show(self._described(body), served, body))
             return
         # Ollama unloads a model once an answer with keep_alive 0 is written; a board serving one bundle keeps it
         self._unload_after = pool is not None and ollama.keep_alive_zero(body)
@@ -706,15 +736,17 @@ class ApiHandler(BaseHTTPRequestHandler):
             started = time.monotonic_ns()
             to_embed = (ollama.parse_embed if path == ollama.EMBED_ROUTE else ollama.parse_embeddings)(body, served)
             completer = self._use(body)
-            self.server.answer_started()
-            self._answering = True
+            self._answer_started()
             embeddings = ollama.embed(completer, to_embed, client_gone=self._client_gone)
             if embeddings:  # none: the model was only to be loaded
                 self._log_embedded(path, embeddings)
-            self._send_json(200, ollama.embed_body(to_embed, embeddings, started))
+            answered = ollama.embed_body(to_embed, embeddings, started)
+            self._end_lease()
+            self._send_json(200, answered)
             return
         asked = (ollama.parse_chat if path == ollama.CHAT_ROUTE else ollama.parse_generate)(body, served)
         if asked.request is None and asked.unload and pool is not None:  # Ollama's unload request: nothing is loaded
+            self._answer_started()  # a stop waits for it, as for a request waiting for its model
             pool.unload(served, self._client_gone)
             self._send_json(200, ollama.loaded(asked, None))
             return
@@ -726,12 +758,13 @@ class ApiHandler(BaseHTTPRequestHandler):
         dropped = len(asked.request.messages) - len(request.messages)
         if dropped > 0:  # Ollama notes its truncation in its debug log; here the request log says it
             self.log_message("%s: %d oldest message(s) dropped to fit the context", path, dropped)
-        self.server.answer_started()
-        self._answering = True
+        self._answer_started()
         answer = ollama.Answer(completer, asked, request)
         if not request.stream:
             completion = completer.complete(request, client_gone=self._client_gone)
-            self._send_json(200, answer.whole(completion))
+            answered = answer.whole(completion)
+            self._end_lease()
+            self._send_json(200, answered)
             return
 
         def on_text(text: str, logprobs: list | None) -> None:
@@ -743,7 +776,9 @@ class ApiHandler(BaseHTTPRequestHandler):
                                              content_type=ollama.CONTENT_TYPE)
         if completion is None:
             return
-        for line in answer.closing(completion):
+        lines = answer.closing(completion)
+        self._end_lease()
+        for line in lines:
             self._json_line(line)
 
     def _json_line(self, body: dict) -> None:
@@ -765,8 +800,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                                   # a thinking model's reasoning as a reasoning item (never inside the text)
                                   splitter=completer.reasoning_splitter(replace(request, stream=False)),
                                   count_tokens=lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
-        self.server.answer_started()
-        self._answering = True
+        self._answer_started()
         if not request.stream:
             try:
                 completion = completer.complete(request, client_gone=self._client_gone)
@@ -815,7 +849,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         ``/v1/messages/count_tokens`` counts it: its text passed every other check, only its length is refused."""
         self._authorise()
         body = self._read_json()
-        completer = self._use(body)
+        completer = self._described(body)
         asked = responses.parse_responses_request(body, self.server.responses)
         try:
             counted = len(completer.prompt_ids(asked.request))

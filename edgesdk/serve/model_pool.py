@@ -18,6 +18,11 @@ before one that came earlier. A request that names no model (or a route that nam
 A model that fails to load is a 500 naming its bundle and the error; the server goes on answering for the others
 (with nothing loaded until a request names one, as Ollama is after a failed load). The thermal guard's hook and
 the metrics are the server's, shared by every model's completer.
+
+What describes a model without running it (Ollama's /api/show, a prompt's token count) reads the bundle's manifest
+and tokenizer alone, as Ollama's show handler reads the model's files and loads nothing (server/routes.go,
+``GetModelInfo``): :meth:`ModelPool.described` keeps these light pieces per bundle, and such a request neither
+waits in the queue nor swaps the loaded model.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ from dataclasses import dataclass
 
 from edgesdk.bundle import Bundle
 from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.session import Runtime
+from edgesdk.runtime.text import ChatTokenizer
 from edgesdk.serve.api import ApiError, _shown
-from edgesdk.serve.completion import ClientGone, Completer
+from edgesdk.serve.completion import ClientGone, Completer, ServeDefaults, server_stopping
 
 WAIT_POLL_S = 0.5  # how often a request waiting for its model asks whether its client left
 
@@ -47,10 +54,35 @@ class ServedModel:
 
 @dataclass(frozen=True)
 class Lease:
-    """A request's hold on its model, loaded: the completer that answers it and the model's served name."""
+    """A request's hold on its model, loaded: the completer that answers it, the model's served name, and the
+    lease's place in the order leases were granted."""
 
     completer: Completer
     name: str
+    number: int = 0
+
+
+class GraphFacts:
+    """The facts of a bundle's graph that a prompt is checked against (its context, its vocabulary), from the
+    manifest, in place of a loaded backend: what a :func:`described` completer reads. It runs nothing."""
+
+    name = "none (not loaded)"
+
+    def __init__(self, bundle: Bundle):
+        graph = bundle.manifest["graph"]
+        self.max_context, self.vocab_size = int(graph["max_context"]), int(graph["vocab_size"])
+
+
+def described(bundle: Bundle, defaults: ServeDefaults, template_kwargs: dict | None) -> Completer:
+    """A completer that describes ``bundle``'s model without loading it: its tokenizer and chat template opened from
+    the bundle's files as :func:`edgesdk.runtime.session.open_runtime` opens them, its graph's facts from the
+    manifest (:class:`GraphFacts`), no ONNX Runtime session. Its prompts' token ids and rendered chats, its
+    ``/api/show`` and ``/props`` facts are the loaded model's; it generates nothing."""
+    facts = bundle.manifest["tokenizer"]
+    template = facts.get("chat_template")
+    tokenizer = ChatTokenizer(bundle.file(facts["file"]), facts, bundle.file(template) if template else None)
+    tokenizer.template_kwargs = template_kwargs or {}
+    return Completer(Runtime(bundle=bundle, backend=GraphFacts(bundle), tokenizer=tokenizer), defaults)
 
 
 class _Waiter:
@@ -66,11 +98,18 @@ class ModelPool:
     hook); ``loaded`` is the first model's, opened at start."""
 
     def __init__(self, models: Sequence[ServedModel], load: Callable[[ServedModel], Completer], loaded: Completer,
-                 max_waiting: int | None = None, log: Callable[[str], None] | None = None):
+                 max_waiting: int | None = None, log: Callable[[str], None] | None = None,
+                 describe: Callable[[ServedModel], Completer] | None = None):
         if not models:
             raise EdgeSDKError("a model pool needs at least one model", "pass the bundles to serve")
         self.models = {model.name: model for model in models}
         self._load = load
+        # what describes a model without loading it (:func:`described`), made once per model on first use; by
+        # default with the first model's settings (nothing here keeps its completer, which a swap gives back)
+        settings, template_kwargs = loaded.defaults, loaded.runtime.tokenizer.template_kwargs
+        self._describe = describe or (lambda model: described(model.bundle, settings, template_kwargs))
+        self._described: dict[str, Completer] = {}
+        self._describing = threading.Lock()
         self.metrics = loaded.metrics  # one set of counters for the server, whichever model answers
         self.hook = loaded.hook  # the thermal guard's, one per board
         self.max_waiting = loaded.defaults.max_waiting if max_waiting is None else max_waiting
@@ -78,6 +117,7 @@ class ModelPool:
         self._changed = threading.Condition(threading.Lock())
         self._queue: deque[_Waiter] = deque()
         self._holders = 0  # leases on the loaded model not yet released
+        self._granted = 0  # leases granted so far: a lease's number is its place in that order
         self._unload_idle = False  # keep_alive 0 on an answer: unload the model once nobody holds it
         self._swapping = False
         self._name: str | None = models[0].name
@@ -103,6 +143,15 @@ class ModelPool:
         with self._changed:
             return len(self._queue)
 
+    def described(self, name: str) -> Completer:
+        """Served model ``name``'s :func:`described` completer (its tokenizer, chat template and settings; no
+        session), loaded or not, made on first use and kept: no lease, no wait for the requests before it, no
+        swap."""
+        with self._describing:
+            if name not in self._described:
+                self._described[name] = self._describe(self.models[name])
+            return self._described[name]
+
     def resolve(self, name: object, unknown: Callable[[str], ApiError]) -> str | None:
         """The served name a request's ``name`` means (None where it names none: the loaded model answers),
         ``name:latest`` being ``name`` as Ollama reads a name without a tag; ``unknown(name)`` is the 404 raised for
@@ -123,15 +172,18 @@ class ModelPool:
         """A lease on model ``name`` (a served name; None: the one loaded when the request's turn comes), loaded
         for it where it is not, once the requests before it have been answered. A 503 where ``max_waiting``
         requests wait already or the server stops; :class:`ClientGone` where the client leaves while it waits; a
-        500 naming the bundle where the model fails to load."""
+        500 naming the bundle where the model fails to load. As a single bundle's queue counts them (the
+        completer's ``max_waiting``), only requests waiting behind other work count against the limit: not the
+        one whose model is being loaded, and none on a server with nothing to do."""
         waiter = _Waiter(name)
         with self._changed:
             self._check_stopping()
             if not self._queue and not self._swapping and self._completer is not None and name in (None, self._name):
                 return self._grant()
-            if len(self._queue) >= self.max_waiting:
+            waiting = len(self._queue) - int(self._swapping)  # the one being loaded for is not waiting
+            if (waiting or self._swapping or self._holders) and waiting >= self.max_waiting:
                 self.metrics.refuse_busy()
-                raise ApiError(503, f"the server is busy: {len(self._queue)} requests wait for their model to be "
+                raise ApiError(503, f"the server is busy: {waiting} requests wait for their model to be "
                                "loaded; retry later (edgesdk serve --max-queue raises the limit)",
                                code="server_busy", kind="server_error")
             self._queue.append(waiter)
@@ -149,11 +201,14 @@ class ModelPool:
         return self._swap_for(waiter, wanted)
 
     def release(self, lease: Lease, unload: bool = False) -> None:
-        """The request's answer is written. With ``unload`` (Ollama's ``keep_alive`` 0), its model is unloaded once
-        nobody holds it and no request waits for it, as Ollama unloads such a model after the answer."""
+        """The request is answered. With ``unload`` (Ollama's ``keep_alive`` 0), its model is unloaded once nobody
+        holds it and no request waits for it, as Ollama unloads such a model after the answer; a request for the
+        model granted after this lease keeps it (decided here, as the lease ends, and undone by a lease granted
+        before the earlier holders are done), as a later request's keep_alive replaces an earlier one's in
+        Ollama's scheduler."""
         with self._changed:
             self._holders -= 1
-            if unload and self._name == lease.name:
+            if unload and self._name == lease.name and self._granted == lease.number:  # granted none since
                 self._unload_idle = True
             if self._unload_idle and self._holders == 0 and not self._swapping and \
                     not any(waiter.name in (None, self._name) and not waiter.unload for waiter in self._queue):
@@ -190,8 +245,9 @@ class ModelPool:
     # ---------------------------------------------------------------------------------------------------- inside
     def _grant(self) -> Lease:
         self._holders += 1
+        self._granted += 1
         self._unload_idle = False  # a request for the model since keeps it, as a later keep_alive does in Ollama
-        return Lease(self._completer, self._name)
+        return Lease(self._completer, self._name, self._granted)
 
     def _wait_for_turn(self, waiter: _Waiter, client_gone: Callable[[], bool] | None) -> str | None:
         """Wait (the lock held) until ``waiter`` is first in the queue and its model is loaded (None comes back), or
@@ -213,8 +269,7 @@ class ModelPool:
 
     def _check_stopping(self) -> None:
         if self.stopping:
-            raise ApiError(503, "the server is shutting down (edgesdk serve was stopped); retry once it runs "
-                           "again", code="server_stopping", kind="server_error")
+            raise server_stopping()
 
     def _unload_now(self, why: str) -> None:
         """Close the loaded model (the lock held, nobody holding it)."""
@@ -260,7 +315,8 @@ class ModelPool:
             self._swapping = False
             self._name, self._completer, self.default = name, loaded, name
             self._queue.remove(waiter)
-            if self.stopping:  # stopped while it loaded: its requests get the 503 too
-                loaded.stop()
             self._changed.notify_all()
+            if self.stopping:  # stopped while it loaded: this request and those after it get the 503
+                loaded.stop()
+                raise server_stopping()
             return self._grant()

@@ -82,7 +82,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
@@ -541,8 +541,7 @@ def _model_name(body: dict, served: str) -> str:
     if name is None:
         name = body.get("name")
     if not isinstance(name, str) or not name:
-        raise ApiError(400, f"'model' is required: the model's name, {served_names(served)[-1]!r} here "
-                       f"(GET /api/tags lists it), got {_shown(name)}", param="model")
+        raise model_required(name, [served])
     if name not in served_names(served):
         raise ApiError(404, f"model '{name}' not found: this server serves '{served_names(served)[-1]}' "
                        "(GET /api/tags lists it)", param="model", code="model_not_found")
@@ -555,9 +554,22 @@ def keep_alive_zero(body: object) -> bool:
     return isinstance(body, dict) and _check_keep_alive(body)
 
 
-def model_not_found(name: str) -> ApiError:
-    """Ollama's 404 for a model it does not have (server/routes.go: ``model %q not found, try pulling it first``)."""
-    return ApiError(404, f"model {_go_quoted(name)} not found, try pulling it first", param="model",
+def model_required(name: object, served: Sequence[str]) -> ApiError:
+    """The 400 of a body without a model's name (``name``: what it gave instead), naming the models ``served``."""
+    if len(served) == 1:
+        return ApiError(400, f"'model' is required: the model's name, {served_names(served[0])[-1]!r} here "
+                        f"(GET /api/tags lists it), got {_shown(name)}", param="model")
+    listed = ", ".join(repr(served_names(model)[-1]) for model in served)
+    return ApiError(400, f"'model' is required: the name of one of the models served here, {listed} (GET "
+                    f"/api/tags lists them), got {_shown(name)}", param="model")
+
+
+def model_not_found(name: str, served: Sequence[str] = ()) -> ApiError:
+    """Ollama's 404 for a model it does not have (server/routes.go: ``model %q not found, try pulling it first``),
+    the models ``served`` named after Ollama's text (its clients read the status, 404, to offer a pull)."""
+    listed = ", ".join(_go_quoted(served_names(model)[-1]) for model in served)
+    after = f" (this server serves {listed}; GET /api/tags lists them)" if served else ""
+    return ApiError(404, f"model {_go_quoted(name)} not found, try pulling it first{after}", param="model",
                     code="model_not_found")
 
 

@@ -13,6 +13,7 @@ pieces as they settle (:class:`~edgesdk.serve.tools.AnswerStream`) and ``timings
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from edgesdk.serve import llama_native
@@ -35,10 +36,11 @@ def served_model_name(manifest: dict) -> str:
     return f"{source.removesuffix('.gguf')}-{manifest['target']['name']}"
 
 
-def model_not_found(name: str) -> ApiError:
+def model_not_found(name: str, served: Sequence[str] = ()) -> ApiError:
     """OpenAI's 404 for a model it does not have, in its error shape (``param`` "model", ``code``
-    "model_not_found")."""
-    return ApiError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
+    "model_not_found"), its message followed by the models ``served`` here."""
+    after = f"; this server serves {', '.join(served)} (GET /v1/models lists them)" if served else ""
+    return ApiError(404, f"The model '{name}' does not exist{after}", param="model", code="model_not_found")
 
 
 def whole_answer(completer: Completer, request: CompletionRequest, model: str, completion: Completion) -> dict:

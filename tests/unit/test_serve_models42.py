@@ -9,10 +9,12 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from edgesdk.cli_serve import _model_pool, _served_models
 from edgesdk.runtime.session import open_runtime
 from edgesdk.serve.completion import Completer, ServeDefaults
 from edgesdk.serve.http_server import ApiServer
+from edgesdk.serve.model_pool import ModelPool
 from tests.unit.test_serve_review import CountingHook, post_bytes, wait_for
 
 pytest.importorskip("torch")
@@ -169,13 +172,17 @@ def test_the_answer_names_the_model_that_gave_it_and_a_request_naming_none_gets_
 
 def test_an_unknown_model_is_a_404_in_each_api_s_own_shape(several):
     status, body = several.post("/v1/chat/completions", {"model": "x", "messages": CHAT})
-    assert (status, body) == (404, {"error": {"message": "The model 'x' does not exist", "type": "invalid_request_error",
-                                              "param": "model", "code": "model_not_found"}})
+    assert (status, body) == (404, {"error": {"message": f"The model 'x' does not exist; this server serves {A}, {B} "
+                                                         "(GET /v1/models lists them)",
+                                              "type": "invalid_request_error", "param": "model",
+                                              "code": "model_not_found"}})
     assert several.post("/completion", {"model": "x", "prompt": "a"})[1]["error"]["code"] == "model_not_found"
     assert several.get("/v1/models/x")[0] == 404
     assert several.get("/props?model=x")[0] == 404
     status, body = several.post("/api/chat", {"model": "x", "messages": CHAT})
-    assert (status, body) == (404, {"error": 'model "x" not found, try pulling it first'})
+    assert (status, body) == (404, {"error": f'model "x" not found, try pulling it first (this server serves '
+                                             f'"{A}:latest", "{B}:latest"; GET /api/tags lists them)'})
+    assert several.get("/v1/models/x")[1]["error"]["message"].endswith(f"serves {A}, {B} (GET /v1/models lists them)")
     status, body = several.post("/v1/messages", {"model": "x", "max_tokens": 4, "messages": CHAT})
     assert status == 404
     assert body["type"] == "error"
@@ -408,3 +415,259 @@ def test_a_stop_refuses_the_requests_waiting_for_their_model(bundles):
     finally:
         hook.release.set()
         server.close()
+
+
+def test_an_ollama_request_naming_no_model_is_refused_naming_every_served_model(several):
+    for path, body in (("/api/chat", {"messages": CHAT}), ("/api/generate", {"prompt": "Once"}), ("/api/show", {}),
+                       ("/api/embed", {"input": "Once"})):
+        status, answer = several.post(path, body)
+        assert status == 400, (path, answer)
+        assert answer["error"] == (f"'model' is required: the name of one of the models served here, "
+                                   f"'{A}:latest', '{B}:latest' (GET /api/tags lists them), got None"), path
+
+
+def test_max_queue_0_loads_another_model_on_an_idle_server(bundles):
+    """--max-queue 0 lets no request wait behind another, as with one bundle; a request on an idle server waits
+    behind nothing, so the model it names is loaded for it."""
+    server = Server(bundles, defaults=ServeDefaults(max_tokens=2, max_waiting=0))
+    try:
+        status, body = server.post("/v1/chat/completions", {"model": B, "messages": CHAT})
+        assert (status, body.get("model")) == (200, B), body
+        assert server.post("/api/generate", {"model": A, "prompt": "x", "stream": False, "keep_alive": 0})[0] == 200
+        assert server.get("/api/ps")[1] == {"models": []}
+        status, body = server.post("/v1/chat/completions", {"messages": CHAT})  # none named, none loaded: A again
+        assert (status, body.get("model")) == (200, A), body
+    finally:
+        server.close()
+
+
+class HeldLoad:
+    """The pool's own load of a model, held at its start until :attr:`release` is set (:attr:`loading` says it got
+    there): a swap in progress for as long as a test needs one."""
+
+    def __init__(self, pool: ModelPool):
+        self.loading, self.release, self._load = threading.Event(), threading.Event(), pool._load
+        pool._load = self
+
+    def __call__(self, model):
+        self.loading.set()
+        assert self.release.wait(60)
+        return self._load(model)
+
+
+def reply_on(server: Server, body: dict) -> tuple[socket.socket, http.client.HTTPResponse]:
+    """A request sent on its own connection; its answer read with ``.begin()`` when the test wants it."""
+    client = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    client.sendall(post_bytes(body))
+    return client, http.client.HTTPResponse(client)
+
+
+def test_max_queue_counts_the_requests_waiting_behind_a_load_not_the_one_it_is_for(bundles):
+    server = Server(bundles, defaults=ServeDefaults(max_tokens=2, max_waiting=1))
+    held = HeldLoad(server.pool)
+    try:
+        loading = reply_on(server, {"model": B, "prompt": "Once"})
+        assert held.loading.wait(30)
+        waiting = reply_on(server, {"model": B, "prompt": "Once"})  # one waits behind the load: --max-queue 1
+        assert wait_for(lambda: server.pool.queued == 2)
+        status, body = server.post("/v1/completions", {"model": B, "prompt": "Once"})  # a second would wait
+        assert (status, body["error"]["code"]) == (503, "server_busy")
+        assert "1 requests wait" in body["error"]["message"]
+        held.release.set()
+        for client, response in (loading, waiting):
+            response.begin()
+            assert (response.status, json.loads(response.read())["model"]) == (200, B)
+            client.close()
+    finally:
+        held.release.set()
+        server.close()
+
+
+def test_a_stop_during_a_swap_waits_for_the_request_and_answers_it_503(bundles):
+    """Ctrl-C while a request's model loads: the stop waits for that request, which gets the 503 server_stopping
+    (not a cut connection), and nothing answers from the model loaded for it."""
+    server = Server(bundles)
+    held = HeldLoad(server.pool)
+    try:
+        client, response = reply_on(server, {"model": B, "prompt": "Once"})
+        assert held.loading.wait(30)
+        assert server.server.stop_answers(timeout=0.1) is False  # the request being loaded for is not answered
+        held.release.set()
+        response.begin()
+        assert (response.status, json.loads(response.read())["error"]["code"]) == (503, "server_stopping")
+        assert server.server.stop_answers(timeout=30) is True
+        client.close()
+    finally:
+        held.release.set()
+        server.close()
+
+
+def test_a_stop_waits_for_a_request_waiting_behind_a_swap(bundles):
+    server = Server(bundles)
+    held = HeldLoad(server.pool)
+    try:
+        loading = reply_on(server, {"model": B, "prompt": "Once"})
+        assert held.loading.wait(30)
+        waiting = reply_on(server, {"model": A, "prompt": "Once"})
+        assert wait_for(lambda: server.pool.queued == 2)
+        stopped = threading.Thread(target=server.server.stop_answers, kwargs={"timeout": 30})
+        stopped.start()
+        client, response = waiting
+        response.begin()  # the waiting request's 503 comes while the load still runs
+        assert (response.status, json.loads(response.read())["error"]["code"]) == (503, "server_stopping")
+        held.release.set()
+        client, response = loading
+        response.begin()
+        assert (response.status, json.loads(response.read())["error"]["code"]) == (503, "server_stopping")
+        stopped.join(30)
+        assert not stopped.is_alive()
+    finally:
+        held.release.set()
+        server.close()
+
+
+def show_without(body: dict) -> dict:
+    """/api/show's answer without what names the model (its modelfile's FROM line)."""
+    return {key: value for key, value in body.items() if key != "modelfile"}
+
+
+def test_show_and_token_counts_describe_a_model_without_loading_it_or_waiting(bundles, capsys):
+    """Ollama's /api/show loads nothing (its show handler reads the model's files); Anthropic's count_tokens and
+    OpenAI's input_tokens need the tokenizer alone. With A generating (held), each answers at once for B as a
+    server of B alone answers, and A stays loaded."""
+    single = Server([bundles[1]])
+    try:
+        alone = {"show": show_without(single.post("/api/show", {"model": "single"})[1]),
+                 "count": single.post("/v1/messages/count_tokens", {"model": "single", "messages": CHAT})[1],
+                 "input": single.post("/v1/responses/input_tokens", {"model": "single", "input": "Once upon"})[1]}
+    finally:
+        single.close()
+    hook = CountingHook(hold_at=1)
+    server = Server(bundles, hook=hook)
+    try:
+        generating = reply_on(server, {"model": A, "prompt": "Once"})
+        assert hook.held.wait(30)
+        status, shown = server.post("/api/show", {"model": B})
+        assert (status, show_without(shown)) == (200, alone["show"])
+        assert f"FROM {B}:latest" in shown["modelfile"]
+        assert server.post("/v1/messages/count_tokens", {"model": B, "messages": CHAT}) == (200, alone["count"])
+        assert server.post("/v1/responses/input_tokens", {"model": B, "input": "Once upon"}) == (200, alone["input"])
+        assert server.pool.queued == 0
+        hook.release.set()
+        client, response = generating
+        response.begin()
+        assert (response.status, json.loads(response.read())["model"]) == (200, A)
+        client.close()
+        assert [entry["name"] for entry in server.get("/api/ps")[1]["models"]] == [f"{A}:latest"]
+        assert server.post("/api/show", {"model": "x"})[0] == 404
+        assert "loaded " not in capsys.readouterr().err  # nothing was swapped in
+    finally:
+        hook.release.set()
+        server.close()
+
+
+def test_keep_alive_0_does_not_unload_after_a_request_granted_after_it(several):
+    """A request for the model granted before the keep_alive 0 request's lease ends keeps the model: it is not
+    unloaded once that later request is answered (Ollama: a later request's keep_alive replaces an earlier one's)."""
+    pool = several.pool
+    earlier = pool.acquire(A)
+    later = pool.acquire(A)
+    pool.release(earlier, unload=True)
+    pool.release(later)
+    assert pool.loaded[0] == A
+    alone = pool.acquire(A)  # with nothing granted after it, keep_alive 0 unloads
+    pool.release(alone, unload=True)
+    assert pool.loaded == (None, None)
+
+
+# ------------------------------------------------------------------------------------------------ the command
+
+
+def serve_in_process(args: list[str], check):
+    """``edgesdk serve ARGS`` as the command runs (in this thread, its locals and all), ``check(port)`` run in another
+    thread once it listens; then stopped as Ctrl-C stops it. What ``check`` returns, or raises."""
+    import _thread
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    outcome, ended = {}, threading.Event()
+
+    def run():
+        try:
+            while not ended.is_set():
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            else:
+                return
+            outcome["checked"] = check(port)
+        except BaseException as exc:  # noqa: BLE001 (raised in the test's thread)
+            outcome["error"] = exc
+        finally:
+            if not ended.is_set():
+                _thread.interrupt_main()  # Ctrl-C
+
+    handlers = {stop: signal.getsignal(stop) for stop in (signal.SIGTERM, signal.SIGHUP)}
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        main(["serve", *args, "--port", str(port), "--threads", "1", "-n", "4", "--quiet"], standalone_mode=False)
+    finally:
+        ended.set()
+        for stop, handler in handlers.items():
+            signal.signal(stop, handler)
+    thread.join(60)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["checked"]
+
+
+def ask(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request(method, path, None if body is None else json.dumps(body))
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    connection.close()
+    return response.status, answer
+
+
+def sessions_of(bundle: Path) -> int:
+    """The ONNX Runtime sessions alive on ``bundle``'s graph."""
+    import onnxruntime
+
+    gc.collect()
+    return sum(type(thing) is onnxruntime.InferenceSession and
+               Path(str(thing._model_path)).resolve().is_relative_to(bundle.resolve()) for thing in gc.get_objects())
+
+
+def test_the_command_gives_back_the_first_model_when_a_request_swaps_in_another(bundles):
+    """``edgesdk serve A B``: once B is swapped in, no ONNX Runtime session on A's graph is alive (the command's
+    own locals kept A's runtime and completer before), and swapping back to A holds one session of it, not two."""
+
+    def check(port):
+        seen = {"start": (sessions_of(bundles[0]), sessions_of(bundles[1]))}
+        assert ask(port, "POST", "/v1/completions", {"model": B, "prompt": "Once"})[0] == 200
+        seen["B"] = (sessions_of(bundles[0]), sessions_of(bundles[1]))
+        assert ask(port, "POST", "/v1/completions", {"model": A, "prompt": "Once"})[0] == 200
+        seen["A again"] = (sessions_of(bundles[0]), sessions_of(bundles[1]))
+        return seen
+
+    assert serve_in_process([*map(str, bundles)], check) == {"start": (1, 0), "B": (0, 1), "A again": (1, 0)}
+
+
+def test_one_bundle_takes_the_name_of_an_alias_naming_it_and_refuses_one_naming_another(bundles, tmp_path):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    os.symlink(bundles[0], folder / "one")
+    listed = serve_in_process(["--models-dir", str(folder), "--alias", "mymodel=one"],
+                              lambda port: [card["id"] for card in ask(port, "GET", "/v1/models")[1]["data"]])
+    assert listed == ["mymodel"]
+    listed = serve_in_process([str(bundles[0]), "--alias", f"mine={bundles[0]}"],
+                              lambda port: [card["id"] for card in ask(port, "GET", "/v1/models")[1]["data"]])
+    assert listed == ["mine"]
+    result = CliRunner().invoke(main, ["serve", str(bundles[0]), "--alias", f"other={bundles[1]}", "--port", "0"])
+    assert result.exit_code == 2, result.output
+    assert f"'other={bundles[1]}': '{bundles[1]}' is none of the bundles served ({bundles[0]})" in result.output
