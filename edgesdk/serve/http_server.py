@@ -145,7 +145,7 @@ class ApiServer(ThreadingHTTPServer):
         defaults = completer.defaults  # the responses /v1/responses keeps (``store``), in memory
         self.responses = response_store.ResponseStore(defaults.responses_kept, defaults.responses_kept_bytes)
         self.started = int(time.time())
-        self._answering = 0  # requests past their body: being answered or waiting for their turn
+        self._answering = 0  # requests past their body: being answered, waiting for their turn or for their model
         self._answers_done = threading.Condition()
         super().__init__(address, ApiHandler)
 

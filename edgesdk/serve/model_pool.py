@@ -9,10 +9,10 @@ then the other loaded. A line on stderr names both and the load's seconds.
 
 Requests are answered one at a time in the order they came, whatever model they name (the board's one turn,
 :class:`~edgesdk.serve.completion.FairTurn`, within a model): a request holds a :class:`Lease` on its model from
-when its body is read until its answer is written. A request for the loaded model is granted its lease at once
-while nothing waits for another; a request for another model, and every request behind it, waits in this pool's
-queue, so a swap waits for the answer in progress and the requests queued before it, and no request cuts in
-before one that came earlier. A request that names no model (or a route that names none: /tokenize, /props,
+when its body is read until its answer is written (made, where Ollama's ``keep_alive`` 0 unloads the model with
+it). A request for the loaded model is granted its lease at once while nothing waits for another; a request for
+another model, and every request behind it, waits in this pool's queue, so a swap waits for the answer in progress
+and the requests queued before it, and no request cuts in before one that came earlier. A request that names no model (or a route that names none: /tokenize, /props,
 /slots) gets the model loaded when its turn comes.
 
 A model that fails to load is a 500 naming its bundle and the error; the server goes on answering for the others
