@@ -610,7 +610,10 @@ def serve_in_process(args: list[str], check):
             if not ended.is_set():
                 _thread.interrupt_main()  # Ctrl-C
 
-    handlers = {stop: signal.getsignal(stop) for stop in (signal.SIGTERM, signal.SIGHUP)}
+    handlers = {stop: signal.getsignal(stop) for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    # interrupt_main() raises KeyboardInterrupt only under Python's own SIGINT handler: a process started in the
+    # background by a non-interactive shell (CI) inherits SIGINT ignored, and the Ctrl-C would never come
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
