@@ -10,6 +10,14 @@ import pytest
 from tests.benchmarks.bench_bundles import FP32_RECIPE, FP32_VARIABLE, fp32_build_config, fp32_problem
 
 
+def pytest_collection_modifyitems(items):
+    """Benchmarks build and time real models for as long as they need: the default run's per-test timeout
+    (pyproject.toml) does not hold them."""
+    for item in items:
+        if "tests/benchmarks/" in item.nodeid:
+            item.add_marker(pytest.mark.timeout(0))
+
+
 @pytest.fixture(scope="session")
 def smollm2_rpi5_bundle(tmp_path_factory):
     """The rpi5 target's default build ($EDGESDK_BENCH_BUNDLE reuses any bundle)."""
