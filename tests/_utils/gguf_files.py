@@ -15,28 +15,62 @@ import numpy as np
 
 
 def rewrite_gguf(source: Path, target: Path, fields: dict | None = None, tensors: dict | None = None,
-                 drop: tuple = ()) -> Path:
-    """``source`` written again as ``target``, ``fields`` (key -> (value, GGUFValueType)) and float32 ``tensors``
-    set (replacing any of that name) and the keys or tensors in ``drop`` left out."""
+                 drop: tuple = (), arrays: dict | None = None, architecture: str | None = None,
+                 quantize=None) -> Path:
+    """``source`` written again as ``target``, ``fields`` (key -> (value, GGUFValueType)), ``arrays`` (key ->
+    list) and float32 ``tensors`` set (replacing any of that name) and the keys or tensors in ``drop`` left out.
+
+    ``architecture``: another general.architecture, the ``<arch>.*`` keys renamed to it. ``quantize``: a
+    GGMLQuantizationType for the 2-D tensors, through gguf-py's quants.quantize as llama.cpp's converter does for
+    ``--outtype q8_0``."""
     import gguf
 
     reader = gguf.GGUFReader(str(source))
-    writer = gguf.GGUFWriter(str(target), reader.fields["general.architecture"].contents())
-    fields, tensors = fields or {}, tensors or {}
+    old = reader.fields["general.architecture"].contents()
+    architecture = architecture or old
+    writer = gguf.GGUFWriter(str(target), architecture)
+    fields, tensors, arrays = fields or {}, tensors or {}, arrays or {}
     for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in fields or name in drop:
+        if (name.startswith("GGUF.") or name == "general.architecture" or name in fields or name in arrays
+                or name in drop):
             continue
+        key = architecture + name[len(old):] if name.startswith(old + ".") else name
         if field.types[0] == gguf.GGUFValueType.ARRAY:
-            writer.add_array(name, field.contents())
+            writer.add_array(key, field.contents())
         else:
-            writer.add_key_value(name, field.contents(), field.types[0])
+            writer.add_key_value(key, field.contents(), field.types[0])
     for name, (value, kind) in fields.items():
         writer.add_key_value(name, value, kind)
+    for name, values in arrays.items():
+        writer.add_array(name, values)
     for tensor in reader.tensors:
-        if tensor.name not in tensors and tensor.name not in drop:
-            writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
+        if tensor.name in tensors or tensor.name in drop:
+            continue
+        data = np.asarray(tensor.data)
+        if quantize is not None and data.ndim == 2:
+            quantized = gguf.quants.quantize(data.astype(np.float32), quantize)
+            writer.add_tensor(tensor.name, quantized, raw_shape=quantized.shape, raw_dtype=quantize)
+        else:
+            writer.add_tensor(tensor.name, data, raw_dtype=tensor.tensor_type)
     for name, value in tensors.items():
         writer.add_tensor(name, np.asarray(value, np.float32))
+    return close_gguf(writer, target)
+
+
+def add_tokenizer_keys(writer, tokenizer_from: Path) -> None:
+    """The ``tokenizer.*`` keys of the GGUF file ``tokenizer_from`` added to ``writer``."""
+    import gguf
+
+    for name, field in gguf.GGUFReader(str(tokenizer_from)).fields.items():
+        if name.startswith("tokenizer."):
+            if field.types[0] == gguf.GGUFValueType.ARRAY:
+                writer.add_array(name, field.contents())
+            else:
+                writer.add_key_value(name, field.contents(), field.types[0])
+
+
+def close_gguf(writer, target: Path) -> Path:
+    """``writer``'s header, keys and tensors written to its file, which is closed; ``target`` returned."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -139,8 +173,4 @@ def vocab_only_gguf(target: Path, write_vocabulary) -> Path:
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(4)
     write_vocabulary(writer)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return target
+    return close_gguf(writer, target)

@@ -130,19 +130,29 @@ def save_tiny_model_dir(path: Path, tokenizer: str = "byte-level", **kwargs) -> 
     return path
 
 
+def on_sparse_grid(model, embedding_in_half: bool = False):
+    """``model`` with its linears (all but ``lm_head``) rounded onto the per-row INT8 grid, and with
+    ``embedding_in_half`` its embedding rounded to float16: what the block-sparse weights store, so that an export
+    holds its weights exactly. Changed in place and returned."""
+    import torch
+
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
+                scale = module.weight.abs().amax(1, keepdim=True) / 127  # [out, 1]: one scale per row
+                module.weight.copy_((module.weight / scale).round().clamp(-127, 127) * scale)
+        if embedding_in_half:
+            model.model.embed_tokens.weight.copy_(model.model.embed_tokens.weight.half().float())
+    return model
+
+
 def export_tiny_sparse(out: Path, max_context: int):
     """(model, tensors, record): a tiny Llama whose linears sit on the per-row INT8 grid, exported
     block-sparse into ``out`` (so the INT8 blocks hold its weights exactly)."""
-    import torch
     from safetensors.torch import load_file
 
     from edgesdk.export.sparse_export import SparseExportConfig, export_sparse
 
-    model = tiny_llama(hidden=64, heads=4, kv_heads=2)
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
-                scale = module.weight.abs().amax(1, keepdim=True) / 127
-                module.weight.copy_((module.weight / scale).round().clamp(-127, 127) * scale)
+    model = on_sparse_grid(tiny_llama(hidden=64, heads=4, kv_heads=2))
     record = export_sparse(model, out, SparseExportConfig(), max_context=max_context)
     return model, load_file(str(out / record["weights"])), record

@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 from edgesdk.kernels.ops import gqa_decode_attention  # noqa: E402
 from edgesdk.kernels.reference import gqa_decode_attention_reference  # noqa: E402
 from edgesdk.kernels.tuning import tuning_for  # noqa: E402
-from tests._utils.tiny import tiny_llama  # noqa: E402
+from tests._utils.tiny import on_sparse_grid, tiny_llama  # noqa: E402
 from tests.unit.test_gemma3 import GEMMA3  # noqa: E402
 from tests.unit.test_kernels import attention_inputs  # noqa: E402
 
@@ -189,13 +189,7 @@ def gemma_sparse(tmp_path_factory):
     rounded to float16 (what the sparse weights store), exported block-sparse."""
     from edgesdk.export.sparse_export import SparseExportConfig, export_sparse
 
-    model = tiny_llama(**GEMMA3)
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
-                scale = module.weight.abs().amax(1, keepdim=True) / 127
-                module.weight.copy_((module.weight / scale).round().clamp(-127, 127) * scale)
-        model.model.embed_tokens.weight.copy_(model.model.embed_tokens.weight.half().float())
+    model = on_sparse_grid(tiny_llama(**GEMMA3), embedding_in_half=True)
     out = tmp_path_factory.mktemp("gemma_sparse")
     record = export_sparse(model, out, SparseExportConfig(), max_context=64)
     return model, out, record

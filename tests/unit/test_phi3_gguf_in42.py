@@ -19,6 +19,7 @@ import pytest
 
 from edgesdk.errors import ExportError
 from tests._utils.builds import build_tiny_bundle
+from tests._utils.gguf_files import add_tokenizer_keys, close_gguf
 from tests._utils.tiny import tiny_llama, tiny_llama2_tokenizer
 
 torch = pytest.importorskip("torch")
@@ -70,12 +71,7 @@ def write_phi3_gguf(model, target: Path, tokenizer_from: Path, window: int = 0, 
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_sliding_window(window)
-    for name, field in gguf.GGUFReader(str(tokenizer_from)).fields.items():
-        if name.startswith("tokenizer."):
-            if field.types[0] == gguf.GGUFValueType.ARRAY:
-                writer.add_array(name, field.contents())
-            else:
-                writer.add_key_value(name, field.contents(), field.types[0])
+    add_tokenizer_keys(writer, tokenizer_from)
     for name, (value, kind) in (fields or {}).items():
         writer.add_key_value(name, value, kind)
     writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
@@ -87,11 +83,7 @@ def write_phi3_gguf(model, target: Path, tokenizer_from: Path, window: int = 0, 
             writer.add_tensor(f"blk.{index}.{gguf_name}.weight", np.ascontiguousarray(state[prefix + hf_name + ".weight"]))
     writer.add_tensor("output_norm.weight", state["model.norm.weight"])
     writer.add_tensor("output.weight", state["lm_head.weight"])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return target
+    return close_gguf(writer, target)
 
 
 @pytest.fixture(scope="module")

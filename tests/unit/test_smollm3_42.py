@@ -18,7 +18,7 @@ import pytest
 
 from edgesdk.errors import ExportError, ModelSourceError
 from tests._utils.builds import JETSON_RECIPE, QDQ_RECIPE, build_tiny_bundle
-from tests._utils.tiny import save_tiny_model_dir, tiny_llama
+from tests._utils.tiny import on_sparse_grid, save_tiny_model_dir, tiny_llama
 
 torch = pytest.importorskip("torch")
 
@@ -232,13 +232,7 @@ def smollm3_sparse(tmp_path_factory):
     rounded to float16 (what the sparse weights store), exported block-sparse."""
     from edgesdk.export.sparse_export import SparseExportConfig, export_sparse
 
-    model = tiny_llama(**SMOLLM3)
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
-                scale = module.weight.abs().amax(1, keepdim=True) / 127
-                module.weight.copy_((module.weight / scale).round().clamp(-127, 127) * scale)
-        model.model.embed_tokens.weight.copy_(model.model.embed_tokens.weight.half().float())
+    model = on_sparse_grid(tiny_llama(**SMOLLM3), embedding_in_half=True)
     out = tmp_path_factory.mktemp("smollm3_sparse")
     record = export_sparse(model, out, SparseExportConfig(), max_context=64)
     return model, out, record

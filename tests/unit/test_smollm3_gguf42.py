@@ -20,6 +20,7 @@ import pytest
 
 from edgesdk.errors import ExportError
 from tests._utils.builds import build_tiny_bundle
+from tests._utils.gguf_files import rewrite_gguf
 from tests._utils.tiny import save_tiny_model_dir
 
 torch = pytest.importorskip("torch")
@@ -109,34 +110,10 @@ def test_llama_cpp_computes_the_bundle_s_logits(eight_layers, record_property):
     scale = float(np.abs(expected).max())
     _report(f"llama.cpp smollm3 vs the bundle runtime, logit scale {scale:.1f}",
             float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
-    as_llama = _renamed_architecture(report.path, report.path.with_name("as-llama.gguf"), "llama")
+    as_llama = rewrite_gguf(report.path, report.path.with_name("as-llama.gguf"), architecture="llama")
     rotated = float(np.abs(llama_cpp_logits(as_llama) - expected).max())
     print(f"[max abs diff] the same file as llama (every layer rotated) vs the bundle runtime: {rotated:.3e}")
     assert rotated > 1e-2 * max(scale, 1.0)
-
-
-def _renamed_architecture(source: Path, target: Path, architecture: str) -> Path:
-    """``source`` written again as ``target`` under another general.architecture, its ``<arch>.*`` keys renamed."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(source))
-    old = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(str(target), architecture)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        key = architecture + name[len(old):] if name.startswith(old + ".") else name
-        if field.types[0] == gguf.GGUFValueType.ARRAY:
-            writer.add_array(key, field.contents())
-        else:
-            writer.add_key_value(key, field.contents(), field.types[0])
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return target
 
 
 def test_an_int4_bundle_with_smollm3_3b_s_rotary_base_exports_as_q4_0(tmp_path):

@@ -22,7 +22,7 @@ import pytest
 
 from edgesdk.errors import ModelSourceError
 from tests._utils.builds import build_tiny_bundle
-from tests._utils.gguf_files import rewrite_gguf
+from tests._utils.gguf_files import add_tokenizer_keys, close_gguf, rewrite_gguf
 from tests._utils.tiny import save_tiny_model_dir
 
 torch = pytest.importorskip("torch")
@@ -63,35 +63,6 @@ def _load(path: Path):
     return load_model(resolve_model(str(path)), progress=False)
 
 
-def _as_architecture(source: Path, target: Path, architecture: str, quantize=None) -> Path:
-    """``source`` written again as ``target`` under another general.architecture (its ``<arch>.*`` keys renamed),
-    its 2-D tensors quantized to ``quantize`` (a GGMLQuantizationType) with gguf-py's quants.quantize, as
-    llama.cpp's converter does for --outtype q8_0."""
-    reader = gguf.GGUFReader(str(source))
-    old = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(str(target), architecture)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        key = architecture + name[len(old):] if name.startswith(old + ".") else name
-        if field.types[0] == gguf.GGUFValueType.ARRAY:
-            writer.add_array(key, field.contents())
-        else:
-            writer.add_key_value(key, field.contents(), field.types[0])
-    for tensor in reader.tensors:
-        data = np.asarray(tensor.data)
-        if quantize is not None and data.ndim == 2:
-            quantized = gguf.quants.quantize(data.astype(np.float32), quantize)
-            writer.add_tensor(tensor.name, quantized, raw_shape=quantized.shape, raw_dtype=quantize)
-        else:
-            writer.add_tensor(tensor.name, data, raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return target
-
-
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """A float32 SmolLM3 bundle of 8 layers (NoPE at 3 and 7, untied, weights at 10x transformers' spread so that
@@ -129,8 +100,8 @@ def test_the_loaded_model_is_what_transformers_llama_reader_takes_from_the_same_
     weights bit for bit, the same config values and the same tokenizer; only the NoPE layers are SmolLM3's."""
     _, path, _ = exported
     kind = None if quantize is None else getattr(gguf.GGMLQuantizationType, quantize)
-    source = path if kind is None else _as_architecture(path, tmp_path / "q8.gguf", "smollm3", kind)
-    as_llama = _as_architecture(path, tmp_path / "as-llama.gguf", "llama", kind)
+    source = path if kind is None else rewrite_gguf(path, tmp_path / "q8.gguf", architecture="smollm3", quantize=kind)
+    as_llama = rewrite_gguf(path, tmp_path / "as-llama.gguf", architecture="llama", quantize=kind)
     smollm3, llama = _load(source), _load(as_llama)
     assert type(smollm3.model).__name__ == "SmolLM3ForCausalLM"
     assert smollm3.model.config.no_rope_layers == [1, 1, 1, 0, 1, 1, 1, 0]
@@ -178,12 +149,7 @@ def _converter_file(model_dir: Path, target: Path, tokenizer_from: Path) -> Path
     writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
     writer.add_vocab_size(config.vocab_size)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    for name, field in gguf.GGUFReader(str(tokenizer_from)).fields.items():
-        if name.startswith("tokenizer."):
-            if field.types[0] == gguf.GGUFValueType.ARRAY:
-                writer.add_array(name, field.contents())
-            else:
-                writer.add_key_value(name, field.contents(), field.types[0])
+    add_tokenizer_keys(writer, tokenizer_from)
     writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
     for index in range(config.num_hidden_layers):
         prefix = f"model.layers.{index}."
@@ -202,11 +168,7 @@ def _converter_file(model_dir: Path, target: Path, tokenizer_from: Path) -> Path
     writer.add_tensor("output_norm.weight", state["model.norm.weight"])
     if not config.tie_word_embeddings:
         writer.add_tensor("output.weight", state["lm_head.weight"])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return target
+    return close_gguf(writer, target)
 
 
 @pytest.fixture(scope="module")
@@ -277,36 +239,15 @@ def test_files_llama_cpp_refuses_or_reads_otherwise_are_refused_by_name(exported
     assert refused.value.fix
 
 
-def _with_array(source: Path, target: Path, key: str, values: list) -> Path:
-    """``source`` written again as ``target`` with the array key ``key`` set to ``values``."""
-    reader = gguf.GGUFReader(str(source))
-    writer = gguf.GGUFWriter(str(target), reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", key):
-            continue
-        if field.types[0] == gguf.GGUFValueType.ARRAY:
-            writer.add_array(name, field.contents())
-        else:
-            writer.add_key_value(name, field.contents(), field.types[0])
-    writer.add_array(key, values)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return target
-
-
 def test_per_layer_head_counts_that_differ_are_refused(exported, tmp_path):
     """llama.cpp reads a head count per layer (get_key_or_arr); edgesdk's decoder has one for every layer."""
     from edgesdk.models.loader import check_gguf_model
 
-    changed = _with_array(exported[1], tmp_path / "per-layer.gguf", "smollm3.attention.head_count_kv",
-                          [2, 2, 2, 1, 2, 2, 2, 2])
+    changed = rewrite_gguf(exported[1], tmp_path / "per-layer.gguf",
+                           arrays={"smollm3.attention.head_count_kv": [2, 2, 2, 1, 2, 2, 2, 2]})
     with pytest.raises(ModelSourceError, match="gives a different smollm3.attention.head_count_kv per layer"):
         check_gguf_model(changed)
-    same = _with_array(exported[1], tmp_path / "same.gguf", "smollm3.attention.head_count_kv", [2] * 8)
+    same = rewrite_gguf(exported[1], tmp_path / "same.gguf", arrays={"smollm3.attention.head_count_kv": [2] * 8})
     assert check_gguf_model(same)["num_key_value_heads"] == 2
 
 
@@ -314,7 +255,7 @@ def test_a_token_count_other_than_the_embedding_s_is_refused(exported, tmp_path)
     from edgesdk.models.loader import check_gguf_model
 
     tokens = gguf.GGUFReader(str(exported[1])).fields["tokenizer.ggml.tokens"].contents()
-    changed = _with_array(exported[1], tmp_path / "short-vocab.gguf", "tokenizer.ggml.tokens", tokens[:-1])
+    changed = rewrite_gguf(exported[1], tmp_path / "short-vocab.gguf", arrays={"tokenizer.ggml.tokens": tokens[:-1]})
     with pytest.raises(ModelSourceError, match="has 319 tokens \\(tokenizer.ggml.tokens\\) for an embedding of 320 rows"):
         check_gguf_model(changed)
 
