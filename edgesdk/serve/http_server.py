@@ -472,16 +472,15 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._send_json(200, self._model_card(name))
 
     # ------------------------------------------------------------------ the model a request names
-    def _use(self, body: object, named: bool = True) -> Completer:
+    def _use(self, body: object) -> Completer:
         """The completer that answers a request whose JSON ``body`` is read: the served model's; with several
         bundles (serve/model_pool.py) the one the body's ``model`` names (Ollama's older ``name`` too), loaded if it
-        is not, once the requests before it are answered; the loaded one where it names none, or where the route
-        names none (``named`` False: /tokenize, /detokenize, /apply-template). An unknown name is a 404 in the
-        route's API's words. The request holds its model until its answer is written (:meth:`_serve`)."""
+        is not, once the requests before it are answered; the loaded one where it names none. An unknown name is a
+        404 in the route's API's words. The request holds its model until its answer is written (:meth:`_serve`)."""
         pool = self.server.pool
         if pool is None:
             return self._completer
-        name = self._named_model(body) if named else None
+        name = self._named_model(body)
         self._answer_started()  # a stop waits for a request waiting for its model, or loading it
         self._lease = pool.acquire(name, self._client_gone)
         self._completer, self._model = self._lease.completer, self._lease.name
@@ -500,9 +499,9 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _described(self, body: object) -> Completer:
         """The completer that describes the model a request names without running it (/api/show, a prompt's token
-        count): the served model's; with several bundles the named one's tokenizer and settings
-        (:meth:`ModelPool.described`), loaded or not (the loaded one where the request names none), with no turn
-        in the queue and no swap."""
+        count, /tokenize, /detokenize, /apply-template): the served model's; with several bundles the named one's
+        tokenizer and settings (:meth:`ModelPool.described`), loaded or not (the loaded one where the request names
+        none), with no turn in the queue and no swap."""
         pool = self.server.pool
         if pool is None:
             return self._completer
@@ -571,7 +570,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if path in TOKEN_ROUTES:
             self._authorise()
             body = self._read_json()
-            completer = self._use(body, named=False)
+            completer = self._described(body)  # the tokenizer and template alone: no turn, no swap
             if path == "/tokenize":
                 self._send_json(200, completer.tokenize(parse_tokenize_request(body)))
             elif path == "/apply-template":  # the prompt a chat request renders to, nothing generated

@@ -531,15 +531,21 @@ def show_without(body: dict) -> dict:
     return {key: value for key, value in body.items() if key != "modelfile"}
 
 
+TOKEN_CALLS = {"/tokenize": {"content": "Once upon a time", "with_pieces": True},
+               "/detokenize": {"tokens": [40, 41, 42, 43]},
+               "/apply-template": {"messages": CHAT}}
+
+
 def test_show_and_token_counts_describe_a_model_without_loading_it_or_waiting(bundles, capsys):
-    """Ollama's /api/show loads nothing (its show handler reads the model's files); Anthropic's count_tokens and
-    OpenAI's input_tokens need the tokenizer alone. With A generating (held), each answers at once for B as a
-    server of B alone answers, and A stays loaded."""
+    """Ollama's /api/show loads nothing (its show handler reads the model's files); Anthropic's count_tokens,
+    OpenAI's input_tokens and llama-server's /tokenize, /detokenize and /apply-template need the tokenizer alone.
+    With A generating (held), each answers at once for B as a server of B alone answers, and A stays loaded."""
     single = Server([bundles[1]])
     try:
         alone = {"show": show_without(single.post("/api/show", {"model": "single"})[1]),
                  "count": single.post("/v1/messages/count_tokens", {"model": "single", "messages": CHAT})[1],
                  "input": single.post("/v1/responses/input_tokens", {"model": "single", "input": "Once upon"})[1]}
+        alone.update({route: single.post(route, body) for route, body in TOKEN_CALLS.items()})
     finally:
         single.close()
     hook = CountingHook(hold_at=1)
@@ -552,6 +558,10 @@ def test_show_and_token_counts_describe_a_model_without_loading_it_or_waiting(bu
         assert f"FROM {B}:latest" in shown["modelfile"]
         assert server.post("/v1/messages/count_tokens", {"model": B, "messages": CHAT}) == (200, alone["count"])
         assert server.post("/v1/responses/input_tokens", {"model": B, "input": "Once upon"}) == (200, alone["input"])
+        for route, body in TOKEN_CALLS.items():
+            assert server.post(route, {**body, "model": B}) == alone[route], route
+            assert server.post(route, body) == alone[route], route  # no model named: the loaded A's, the same tokenizer
+            assert server.post(route, {**body, "model": "x"})[0] == 404, route
         assert server.pool.queued == 0
         hook.release.set()
         client, response = generating
