@@ -26,6 +26,7 @@ torch = pytest.importorskip("torch")
 from edgesdk.kernels.ops import gqa_decode_attention  # noqa: E402
 from edgesdk.kernels.reference import gqa_decode_attention_reference  # noqa: E402
 from edgesdk.kernels.tuning import tuning_for  # noqa: E402
+from tests._utils.parity import report_max_abs_diff  # noqa: E402
 from tests._utils.tiny import on_sparse_grid, tiny_llama  # noqa: E402
 from tests.unit.test_gemma3 import GEMMA3  # noqa: E402
 from tests.unit.test_kernels import attention_inputs  # noqa: E402
@@ -33,12 +34,6 @@ from tests.unit.test_kernels import attention_inputs  # noqa: E402
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="the interpreted kernel needs triton (pip install edgesdk[kernels])")
 TILE_16 = dataclasses.replace(tuning_for(87), attn_block_t=16)  # several online-softmax tiles on short caches
-
-
-def _report(label: str, diff: float, bound: float, record_property) -> None:
-    record_property("max_abs_diff", diff)
-    print(f"\n[max abs diff] {label}: {diff:.3e} (bound {bound:.1e})")
-    assert diff <= bound, f"{label}: max abs diff {diff} > {bound}"
 
 
 # ---------------------------------------------------------------------------------------------- the kernel
@@ -60,7 +55,7 @@ def test_the_windowed_decode_kernel_matches_its_twin_under_the_interpreter(hq, h
     out = gqa_decode_attention(q, k, v, lens, 0.2, mode="emulated", tuning=TILE_16, window=window)
     ref = gqa_decode_attention(q, k, v, lens, 0.2, mode="reference", window=window)
     assert out.shape == (len(lengths), hq, d)
-    _report(f"gqa window {window} Hq={hq} Hkv={hkv} D={d} lengths={lengths}", float((out - ref).abs().max()),
+    report_max_abs_diff(f"gqa window {window} Hq={hq} Hkv={hkv} D={d} lengths={lengths}", float((out - ref).abs().max()),
             1e-5, record_property)
     if any(length > window for length in lengths):  # the window changed the answer: it was applied, not ignored
         full = gqa_decode_attention_reference(q, k, v, lens, 0.2)
@@ -87,7 +82,7 @@ def test_positions_before_the_window_are_never_part_of_the_output(mode, record_p
     k[:, :, :14], v[:, :, :14] = float("nan"), float("inf")  # positions 0..13; the window is 14..19
     out = gqa_decode_attention(q, k, v, lens, 0.25, mode=mode, tuning=TILE_16, window=6)
     assert torch.isfinite(out).all()
-    _report(f"gqa {mode} window 6 with NaN/inf before it", float((out - clean).abs().max()), 1e-5, record_property)
+    report_max_abs_diff(f"gqa {mode} window 6 with NaN/inf before it", float((out - clean).abs().max()), 1e-5, record_property)
 
 
 @pytest.mark.parametrize("mode", ["reference", pytest.param("emulated", marks=needs_triton)])
@@ -245,7 +240,7 @@ def test_the_sparse_decoder_gives_transformers_logits_far_past_the_window(mode, 
     got = _decode_in_chunks(decoder, ids)
     assert decoder.position == 33
     scale = float(expected.abs().max())
-    _report(f"sparse decoder ({mode}, static steps {graphs}) vs transformers, logit scale {scale:.1f}",
+    report_max_abs_diff(f"sparse decoder ({mode}, static steps {graphs}) vs transformers, logit scale {scale:.1f}",
             float((got - expected).abs().max()), 1e-4 * max(scale, 1.0), record_property)
     if mode == "reference" and not graphs:  # the comparison sees the window: without it the logits differ
         unwindowed = {**record, "layers": [{k: v for k, v in layer.items() if k != "window"}

@@ -20,6 +20,7 @@ import pytest
 from edgesdk.errors import ExportError
 from tests._utils.builds import build_tiny_bundle
 from tests._utils.gguf_files import add_tokenizer_keys, close_gguf
+from tests._utils.parity import report_max_abs_diff
 from tests._utils.tiny import tiny_llama, tiny_llama2_tokenizer
 
 torch = pytest.importorskip("torch")
@@ -30,12 +31,6 @@ IDS = [5, 17, 120, 33, 250, 9, 101, 3, 42, 7, 99, 12]
 needs_llama_cpp = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None,
     reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
-
-
-def _report(label: str, diff: float, bound: float, record_property) -> None:
-    record_property("max_abs_diff", diff)
-    print(f"\n[max abs diff] {label}: {diff:.3e} (bound {bound:.1e})")
-    assert diff <= bound, f"{label}: max abs diff {diff} > {bound}"
 
 
 def _load(path: Path):
@@ -125,7 +120,7 @@ def test_the_loaded_file_computes_transformers_phi3_model(phi3, record_property)
     with torch.no_grad():
         got = loaded.model(torch.tensor([IDS])).logits[0].numpy()
     scale = float(np.abs(expected).max())
-    _report(f"Phi-3 GGUF loaded as Llama vs transformers' Phi3ForCausalLM, logit scale {scale:.1f}",
+    report_max_abs_diff(f"Phi-3 GGUF loaded as Llama vs transformers' Phi3ForCausalLM, logit scale {scale:.1f}",
             float(np.abs(got - expected).max()), 1e-5 * max(scale, 1.0), record_property)
 
 
@@ -146,7 +141,7 @@ def test_the_bundle_built_from_the_file_computes_transformers_phi3_model(phi3, r
     before = bundle.manifest["model"]["before"]
     assert (before["architecture"], before["loaded_as"], before["format"]) == ("phi3", "llama", "gguf")
     scale = float(np.abs(expected).max())
-    _report(f"bundle built from the Phi-3 GGUF vs transformers' Phi3ForCausalLM, logit scale {scale:.1f}",
+    report_max_abs_diff(f"bundle built from the Phi-3 GGUF vs transformers' Phi3ForCausalLM, logit scale {scale:.1f}",
             float(np.abs(_bundle_logits(bundle) - expected).max()), 1e-5 * max(scale, 1.0), record_property)
 
 
@@ -162,7 +157,7 @@ def test_llama_cpp_computes_and_tokenizes_as_the_bundle_built_from_the_file(phi3
     assert answer["tokens"] == _load(path).tokenizer.encode(text)
     expected = _bundle_logits(bundle)
     scale = float(np.abs(expected).max())
-    _report(f"llama.cpp phi3 vs the bundle built from the file, logit scale {scale:.1f}",
+    report_max_abs_diff(f"llama.cpp phi3 vs the bundle built from the file, logit scale {scale:.1f}",
             float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from edgesdk.errors import ExportError, ModelSourceError
 from tests._utils.builds import build_tiny_bundle
+from tests._utils.parity import penalised_greedy_tokens, report_max_abs_diff
 from tests._utils.tiny import save_tiny_model_dir
 
 torch = pytest.importorskip("torch")
@@ -29,12 +30,6 @@ LONGROPE = {"model_type": "phi3", "max_positions": 64, "config_overrides": {
                         "short_factor": [1.0 + 0.1 * i for i in range(8)],
                         "long_factor": [2.0 + 0.3 * i for i in range(8)]}}}
 PROMPT = [5, 17, 120, 33, 250, 9]
-
-
-def _report(label: str, diff: float, bound: float, record_property) -> None:
-    record_property("max_abs_diff", diff)
-    print(f"\n[max abs diff] {label}: {diff:.3e} (bound {bound:.1e})")
-    assert diff <= bound, f"{label}: max abs diff {diff} > {bound}"
 
 
 def _recipe(form: str, weights: str) -> str:
@@ -58,12 +53,6 @@ def _load(path, **kwargs):
     return load_model(resolve_model(str(path)), progress=False, **kwargs)
 
 
-def _expected_tokens(model, count: int = 24) -> list[int]:
-    with torch.no_grad():
-        return model.generate(torch.tensor([PROMPT]), max_new_tokens=count, do_sample=False, min_new_tokens=count,
-                              pad_token_id=0, repetition_penalty=10.0)[0, len(PROMPT):].tolist()
-
-
 # ---------------------------------------------------------------------------------------------- loading
 @pytest.mark.parametrize("overrides", [
     {"model_type": "phi3"},
@@ -84,7 +73,7 @@ def test_the_loaded_llama_gives_the_original_models_logits(overrides, tmp_path, 
         expected = _original(path)(ids).logits
         got = loaded.model(ids).logits
     scale = float(expected.abs().max())
-    _report(f"{'/'.join(str(v) for v in overrides.values() if not isinstance(v, dict))} as Llama, logit scale "
+    report_max_abs_diff(f"{'/'.join(str(v) for v in overrides.values() if not isinstance(v, dict))} as Llama, logit scale "
             f"{scale:.2f}", float((got - expected).abs().max()), 1e-5 * max(scale, 1.0), record_property)
 
 
@@ -138,7 +127,7 @@ def test_phi3_s_sliding_window_bounds_the_bundle_context(tmp_path, record_proper
     ids = torch.tensor([(PROMPT * 6)[:30]])
     with torch.no_grad():
         expected, got = _original(path)(ids).logits[0], model(ids).logits[0]
-    _report("phi3 window 20 vs Llama, first 20 positions", float((got[:20] - expected[:20]).abs().max()), 1e-5,
+    report_max_abs_diff("phi3 window 20 vs Llama, first 20 positions", float((got[:20] - expected[:20]).abs().max()), 1e-5,
             record_property)
     assert float((got[20:] - expected[20:]).abs().max()) > 1e-3
 
@@ -165,7 +154,7 @@ def test_greedy_tokens_through_the_bundle_are_the_original_models_generate(form,
     sampling = SamplingConfig(max_new_tokens=24, repeat_penalty=10.0, repeat_last_n=-1)
     tokens, _ = generate(runtime.backend, PROMPT, sampling, stop_ids=set())
     model = _original(path)
-    assert tokens == _expected_tokens(model)
+    assert tokens == penalised_greedy_tokens(model, PROMPT)
     assert len(set(tokens)) > 12
     ids = PROMPT + tokens
     with torch.no_grad():
@@ -173,7 +162,7 @@ def test_greedy_tokens_through_the_bundle_are_the_original_models_generate(form,
     runtime.backend.reset()
     got = bundle_scorer(runtime)(np.array(ids))
     scale = float(np.abs(expected).max())
-    _report(f"{form} {overrides['model_type']} bundle vs transformers, logit scale {scale:.2f}",
+    report_max_abs_diff(f"{form} {overrides['model_type']} bundle vs transformers, logit scale {scale:.2f}",
             float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
 
 
@@ -251,7 +240,7 @@ def test_a_lora_on_phi3_s_fused_projections_is_merged_before_the_conversion(tmp_
         expected = model(torch.tensor([ids])).logits[0].numpy()
     got = bundle_scorer(open_runtime(bundle.path, threads=1))(np.array(ids))
     scale = float(np.abs(expected).max())
-    _report("phi3 + LoRA on qkv_proj / gate_up_proj bundle vs merged transformers model",
+    report_max_abs_diff("phi3 + LoRA on qkv_proj / gate_up_proj bundle vs merged transformers model",
             float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from edgesdk.errors import ExportError, ModelSourceError
 from tests._utils.builds import JETSON_RECIPE, QDQ_RECIPE, build_tiny_bundle
+from tests._utils.parity import penalised_greedy_tokens, report_max_abs_diff
 from tests._utils.tiny import on_sparse_grid, save_tiny_model_dir, tiny_llama
 
 torch = pytest.importorskip("torch")
@@ -26,12 +27,6 @@ SMOLLM3 = {"model_type": "smollm3", "hidden": 64, "heads": 4, "kv_heads": 2, "la
 PROMPT = [5, 17, 120, 33, 250, 9]
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="the interpreted kernels need triton (pip install edgesdk[kernels])")
-
-
-def _report(label: str, diff: float, bound: float, record_property) -> None:
-    record_property("max_abs_diff", diff)
-    print(f"\n[max abs diff] {label}: {diff:.3e} (bound {bound:.1e})")
-    assert diff <= bound, f"{label}: max abs diff {diff} > {bound}"
 
 
 def _recipe(form: str, weights: str) -> str:
@@ -46,12 +41,6 @@ def _source(tmp_path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"), dtype=torch.float32).eval()
-
-
-def _expected_tokens(model, count: int = 24) -> list[int]:
-    with torch.no_grad():
-        return model.generate(torch.tensor([PROMPT]), max_new_tokens=count, do_sample=False, min_new_tokens=count,
-                              pad_token_id=0, repetition_penalty=10.0)[0, len(PROMPT):].tolist()
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -128,7 +117,7 @@ def test_greedy_tokens_through_the_bundle_are_transformers_generate(form, overri
     sampling = SamplingConfig(max_new_tokens=24, repeat_penalty=10.0, repeat_last_n=-1)
     tokens, _ = generate(runtime.backend, PROMPT, sampling, stop_ids=set())
     model = _source(tmp_path)
-    assert tokens == _expected_tokens(model)
+    assert tokens == penalised_greedy_tokens(model, PROMPT)
     assert len(set(tokens)) > 12
     ids = PROMPT + tokens
     with torch.no_grad():
@@ -136,7 +125,7 @@ def test_greedy_tokens_through_the_bundle_are_transformers_generate(form, overri
     runtime.backend.reset()
     got = bundle_scorer(runtime)(np.array(ids))
     scale = float(np.abs(expected).max())
-    _report(f"{form} graph {overrides or 'tied'} vs transformers, logit scale {scale:.1f}",
+    report_max_abs_diff(f"{form} graph {overrides or 'tied'} vs transformers, logit scale {scale:.1f}",
             float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
 
 
@@ -221,7 +210,7 @@ def test_the_gated_graph_matches_the_pytorch_gated_smollm3(tmp_path, record_prop
     backend.gating, backend.fixed_tau = True, 0.5
     got = [backend.prefill(ids[:8].numpy(), keep_logits=8)]
     got += [backend.decode(int(ids[t]))[None] for t in range(8, len(ids))]
-    _report("gated graph vs the gated PyTorch model", float(np.abs(np.concatenate(got) - expected).max()), 2e-4,
+    report_max_abs_diff("gated graph vs the gated PyTorch model", float(np.abs(np.concatenate(got) - expected).max()), 2e-4,
             record_property)
 
 
@@ -270,7 +259,7 @@ def test_the_sparse_decoder_gives_transformers_logits(mode, graphs, smollm3_spar
         expected = model(ids[None]).logits[0]
     got = _decode_in_chunks(SparseDecoder(_tensors(out, record), record, mode=mode, graphs=graphs), ids)
     scale = float(expected.abs().max())
-    _report(f"sparse decoder ({mode}, static steps {graphs}) vs transformers, logit scale {scale:.1f}",
+    report_max_abs_diff(f"sparse decoder ({mode}, static steps {graphs}) vs transformers, logit scale {scale:.1f}",
             float((got - expected).abs().max()), 1e-4 * max(scale, 1.0), record_property)
     if mode == "reference" and not graphs:
         rotated = {**record, "layers": [{k: v for k, v in layer.items() if k != "rope"} for layer in record["layers"]]}
@@ -298,4 +287,4 @@ def test_greedy_tokens_through_the_triton_backend_are_transformers_generate(smol
                                   threads=1)
     sampling = SamplingConfig(max_new_tokens=24, repeat_penalty=10.0, repeat_last_n=-1)
     tokens, _ = generate(backend, PROMPT, sampling, stop_ids=set())
-    assert tokens == _expected_tokens(model)
+    assert tokens == penalised_greedy_tokens(model, PROMPT)

@@ -21,6 +21,7 @@ import pytest
 from edgesdk.errors import ExportError
 from tests._utils.builds import build_tiny_bundle
 from tests._utils.gguf_files import rewrite_gguf
+from tests._utils.parity import report_max_abs_diff
 from tests._utils.tiny import save_tiny_model_dir
 
 torch = pytest.importorskip("torch")
@@ -39,12 +40,6 @@ def llama_cpp_logits(path: Path, lora: Path | None = None, scale: float = 1.0) -
     from tests._utils.gguf_files import llama_cpp_child
 
     return llama_cpp_child(path, IDS, lora=lora, lora_scale=scale, f32_cache=True)[0]
-
-
-def _report(label: str, diff: float, bound: float, record_property) -> None:
-    record_property("max_abs_diff", diff)
-    print(f"\n[max abs diff] {label}: {diff:.3e} (bound {bound:.1e})")
-    assert diff <= bound, f"{label}: max abs diff {diff} > {bound}"
 
 
 def _bundle(tmp_path, **model):
@@ -108,7 +103,7 @@ def test_llama_cpp_computes_the_bundle_s_logits(eight_layers, record_property):
     expected = _bundle_logits(bundle)
     got = llama_cpp_logits(report.path)
     scale = float(np.abs(expected).max())
-    _report(f"llama.cpp smollm3 vs the bundle runtime, logit scale {scale:.1f}",
+    report_max_abs_diff(f"llama.cpp smollm3 vs the bundle runtime, logit scale {scale:.1f}",
             float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
     as_llama = rewrite_gguf(report.path, report.path.with_name("as-llama.gguf"), architecture="llama")
     rotated = float(np.abs(llama_cpp_logits(as_llama) - expected).max())
@@ -205,5 +200,5 @@ def test_llama_cpp_with_a_smollm3_lora_adapter_computes_the_merged_model(eight_l
     adapted = llama_cpp_logits(report.path, adapter, 0.5)
     assert float(np.abs(adapted - _bundle_logits(bundle)).max()) > 1.0  # the adapter changes llama.cpp's answer
     scale = float(np.abs(merged).max())
-    _report(f"llama.cpp smollm3 with the adapter vs edgesdk's merge, logit scale {scale:.1f}",
+    report_max_abs_diff(f"llama.cpp smollm3 with the adapter vs edgesdk's merge, logit scale {scale:.1f}",
             float(np.abs(adapted - merged).max()), 1e-4 * max(scale, 1.0), record_property)

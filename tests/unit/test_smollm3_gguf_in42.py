@@ -23,6 +23,7 @@ import pytest
 from edgesdk.errors import ModelSourceError
 from tests._utils.builds import build_tiny_bundle
 from tests._utils.gguf_files import add_tokenizer_keys, close_gguf, rewrite_gguf
+from tests._utils.parity import report_max_abs_diff
 from tests._utils.tiny import save_tiny_model_dir
 
 torch = pytest.importorskip("torch")
@@ -34,12 +35,6 @@ IDS = [5, 17, 120, 33, 250, 9, 101, 3, 42, 7, 99, 12]
 needs_llama_cpp = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None,
     reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
-
-
-def _report(label: str, diff: float, bound: float, record_property) -> None:
-    record_property("max_abs_diff", diff)
-    print(f"\n[max abs diff] {label}: {diff:.3e} (bound {bound:.1e})")
-    assert diff <= bound, f"{label}: max abs diff {diff} > {bound}"
 
 
 def _bundle_logits(bundle) -> np.ndarray:
@@ -89,7 +84,7 @@ def test_a_bundle_built_from_its_smollm3_gguf_computes_the_original_bundle_s_log
     assert _nope_layers(original) == _nope_layers(rebuilt) == [3, 7]
     expected = _bundle_logits(original)
     scale = float(np.abs(expected).max())
-    _report(f"bundle rebuilt from its smollm3 GGUF vs the original bundle, logit scale {scale:.1f}",
+    report_max_abs_diff(f"bundle rebuilt from its smollm3 GGUF vs the original bundle, logit scale {scale:.1f}",
             float(np.abs(_bundle_logits(rebuilt) - expected).max()), 1e-5 * max(scale, 1.0), record_property)
 
 
@@ -194,7 +189,7 @@ def test_a_six_layer_file_in_llama_cpp_s_layout_computes_the_hugging_face_model(
     assert _nope_layers(bundle) == [3]
     assert bundle.manifest["model"]["before"]["tie_word_embeddings"] is True
     scale = float(np.abs(expected).max())
-    _report(f"bundle built from a 6-layer smollm3 file vs transformers' SmolLM3, logit scale {scale:.1f}",
+    report_max_abs_diff(f"bundle built from a 6-layer smollm3 file vs transformers' SmolLM3, logit scale {scale:.1f}",
             float(np.abs(_bundle_logits(bundle) - expected).max()), 1e-5 * max(scale, 1.0), record_property)
 
 
@@ -207,7 +202,7 @@ def test_llama_cpp_computes_what_the_bundle_built_from_its_file_does(converter_l
     expected = _bundle_logits(bundle)
     got = llama_cpp_child(path, IDS, f32_cache=True)[0]
     scale = float(np.abs(expected).max())
-    _report(f"llama.cpp smollm3 vs the bundle built from the file, logit scale {scale:.1f}",
+    report_max_abs_diff(f"llama.cpp smollm3 vs the bundle built from the file, logit scale {scale:.1f}",
             float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
 
 
