@@ -56,7 +56,7 @@ def test_the_windowed_decode_kernel_matches_its_twin_under_the_interpreter(hq, h
     ref = gqa_decode_attention(q, k, v, lens, 0.2, mode="reference", window=window)
     assert out.shape == (len(lengths), hq, d)
     report_max_abs_diff(f"gqa window {window} Hq={hq} Hkv={hkv} D={d} lengths={lengths}", float((out - ref).abs().max()),
-            1e-5, record_property)
+                        1e-5, record_property)
     if any(length > window for length in lengths):  # the window changed the answer: it was applied, not ignored
         full = gqa_decode_attention_reference(q, k, v, lens, 0.2)
         assert float((full - ref).abs().max()) > 1e-2
@@ -241,7 +241,7 @@ def test_the_sparse_decoder_gives_transformers_logits_far_past_the_window(mode, 
     assert decoder.position == 33
     scale = float(expected.abs().max())
     report_max_abs_diff(f"sparse decoder ({mode}, static steps {graphs}) vs transformers, logit scale {scale:.1f}",
-            float((got - expected).abs().max()), 1e-4 * max(scale, 1.0), record_property)
+                        float((got - expected).abs().max()), 1e-4 * max(scale, 1.0), record_property)
     if mode == "reference" and not graphs:  # the comparison sees the window: without it the logits differ
         unwindowed = {**record, "layers": [{k: v for k, v in layer.items() if k != "window"}
                                            for layer in record["layers"]]}

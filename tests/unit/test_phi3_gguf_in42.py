@@ -121,7 +121,7 @@ def test_the_loaded_file_computes_transformers_phi3_model(phi3, record_property)
         got = loaded.model(torch.tensor([IDS])).logits[0].numpy()
     scale = float(np.abs(expected).max())
     report_max_abs_diff(f"Phi-3 GGUF loaded as Llama vs transformers' Phi3ForCausalLM, logit scale {scale:.1f}",
-            float(np.abs(got - expected).max()), 1e-5 * max(scale, 1.0), record_property)
+                        float(np.abs(got - expected).max()), 1e-5 * max(scale, 1.0), record_property)
 
 
 def test_a_file_without_a_padding_token_has_none(phi3, tmp_path):
@@ -142,7 +142,7 @@ def test_the_bundle_built_from_the_file_computes_transformers_phi3_model(phi3, r
     assert (before["architecture"], before["loaded_as"], before["format"]) == ("phi3", "llama", "gguf")
     scale = float(np.abs(expected).max())
     report_max_abs_diff(f"bundle built from the Phi-3 GGUF vs transformers' Phi3ForCausalLM, logit scale {scale:.1f}",
-            float(np.abs(_bundle_logits(bundle) - expected).max()), 1e-5 * max(scale, 1.0), record_property)
+                        float(np.abs(_bundle_logits(bundle) - expected).max()), 1e-5 * max(scale, 1.0), record_property)
 
 
 @needs_llama_cpp
@@ -158,7 +158,7 @@ def test_llama_cpp_computes_and_tokenizes_as_the_bundle_built_from_the_file(phi3
     expected = _bundle_logits(bundle)
     scale = float(np.abs(expected).max())
     report_max_abs_diff(f"llama.cpp phi3 vs the bundle built from the file, logit scale {scale:.1f}",
-            float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
+                        float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
 
 
 def test_the_file_s_sliding_window_bounds_the_bundle_context(phi3, tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from edgesdk.errors import ExportError, ModelSourceError
 from tests._utils.builds import build_tiny_bundle
-from tests._utils.parity import penalised_greedy_tokens, report_max_abs_diff
+from tests._utils.parity import bundle_follows_transformers, report_max_abs_diff
 from tests._utils.tiny import save_tiny_model_dir
 
 torch = pytest.importorskip("torch")
@@ -74,7 +74,7 @@ def test_the_loaded_llama_gives_the_original_models_logits(overrides, tmp_path, 
         got = loaded.model(ids).logits
     scale = float(expected.abs().max())
     report_max_abs_diff(f"{'/'.join(str(v) for v in overrides.values() if not isinstance(v, dict))} as Llama, logit scale "
-            f"{scale:.2f}", float((got - expected).abs().max()), 1e-5 * max(scale, 1.0), record_property)
+                        f"{scale:.2f}", float((got - expected).abs().max()), 1e-5 * max(scale, 1.0), record_property)
 
 
 def test_a_tied_granite_with_other_embedding_and_logit_factors_is_untied(tmp_path):
@@ -128,7 +128,7 @@ def test_phi3_s_sliding_window_bounds_the_bundle_context(tmp_path, record_proper
     with torch.no_grad():
         expected, got = _original(path)(ids).logits[0], model(ids).logits[0]
     report_max_abs_diff("phi3 window 20 vs Llama, first 20 positions", float((got[:20] - expected[:20]).abs().max()), 1e-5,
-            record_property)
+                        record_property)
     assert float((got[20:] - expected[20:]).abs().max()) > 1e-3
 
 
@@ -141,29 +141,13 @@ def test_phi3_s_sliding_window_bounds_the_bundle_context(tmp_path, record_proper
 def test_greedy_tokens_through_the_bundle_are_the_original_models_generate(form, overrides, tmp_path, record_property):
     """24 greedy tokens after a 6-token prompt through the bundle's runtime equal the original transformers model's
     generate (a repetition penalty over the whole context makes each step pick a new token); the logits too."""
-    from edgesdk.evaluate import bundle_scorer
-    from edgesdk.runtime.generate import SamplingConfig, generate
-    from edgesdk.runtime.session import open_runtime
-
     path = _model_dir(tmp_path, **overrides)
     bundle = build_tiny_bundle(tmp_path, _recipe(form, "fp32"), "host", model_dir=path)
     before, after = bundle.manifest["model"]["before"], bundle.manifest["model"]["after"]
     assert (before["architecture"], before["loaded_as"], after["architecture"]) == \
         (overrides["model_type"], "llama", "llama")
-    runtime = open_runtime(bundle.path, threads=1)
-    sampling = SamplingConfig(max_new_tokens=24, repeat_penalty=10.0, repeat_last_n=-1)
-    tokens, _ = generate(runtime.backend, PROMPT, sampling, stop_ids=set())
-    model = _original(path)
-    assert tokens == penalised_greedy_tokens(model, PROMPT)
-    assert len(set(tokens)) > 12
-    ids = PROMPT + tokens
-    with torch.no_grad():
-        expected = model(torch.tensor([ids])).logits[0].numpy()
-    runtime.backend.reset()
-    got = bundle_scorer(runtime)(np.array(ids))
-    scale = float(np.abs(expected).max())
-    report_max_abs_diff(f"{form} {overrides['model_type']} bundle vs transformers, logit scale {scale:.2f}",
-            float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
+    bundle_follows_transformers(bundle.path, _original(path), PROMPT,
+                                f"{form} {overrides['model_type']} bundle vs transformers", record_property)
 
 
 def test_the_default_recipe_builds_a_phi3(tmp_path):
@@ -241,7 +225,7 @@ def test_a_lora_on_phi3_s_fused_projections_is_merged_before_the_conversion(tmp_
     got = bundle_scorer(open_runtime(bundle.path, threads=1))(np.array(ids))
     scale = float(np.abs(expected).max())
     report_max_abs_diff("phi3 + LoRA on qkv_proj / gate_up_proj bundle vs merged transformers model",
-            float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
+                        float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
 
 
 def test_eval_reference_loads_the_merged_model_as_the_build_did(tmp_path):

@@ -18,7 +18,7 @@ import pytest
 
 from edgesdk.errors import ExportError, ModelSourceError
 from tests._utils.builds import JETSON_RECIPE, QDQ_RECIPE, build_tiny_bundle
-from tests._utils.parity import penalised_greedy_tokens, report_max_abs_diff
+from tests._utils.parity import bundle_follows_transformers, penalised_greedy_tokens, report_max_abs_diff
 from tests._utils.tiny import on_sparse_grid, save_tiny_model_dir, tiny_llama
 
 torch = pytest.importorskip("torch")
@@ -108,25 +108,9 @@ def test_greedy_tokens_through_the_bundle_are_transformers_generate(form, overri
     with do_rotary 0 on the NoPE layer, or the standard graph without its rotary) equal transformers' generate;
     a repetition penalty over the whole context makes each step pick a new token, so every step's logits count.
     The prompt's logits are compared too."""
-    from edgesdk.evaluate import bundle_scorer
-    from edgesdk.runtime.generate import SamplingConfig, generate
-    from edgesdk.runtime.session import open_runtime
-
     bundle = build_tiny_bundle(tmp_path, _recipe(form, "fp32"), "host", model_dir=_model_dir(tmp_path, **overrides))
-    runtime = open_runtime(bundle.path, threads=1)
-    sampling = SamplingConfig(max_new_tokens=24, repeat_penalty=10.0, repeat_last_n=-1)
-    tokens, _ = generate(runtime.backend, PROMPT, sampling, stop_ids=set())
-    model = _source(tmp_path)
-    assert tokens == penalised_greedy_tokens(model, PROMPT)
-    assert len(set(tokens)) > 12
-    ids = PROMPT + tokens
-    with torch.no_grad():
-        expected = model(torch.tensor([ids])).logits[0].numpy()
-    runtime.backend.reset()
-    got = bundle_scorer(runtime)(np.array(ids))
-    scale = float(np.abs(expected).max())
-    report_max_abs_diff(f"{form} graph {overrides or 'tied'} vs transformers, logit scale {scale:.1f}",
-            float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
+    bundle_follows_transformers(bundle.path, _source(tmp_path), PROMPT,
+                                f"{form} graph {overrides or 'tied'} vs transformers", record_property)
 
 
 def test_the_fused_graph_rotates_in_every_layer_but_the_nope_one(tmp_path):
@@ -211,7 +195,7 @@ def test_the_gated_graph_matches_the_pytorch_gated_smollm3(tmp_path, record_prop
     got = [backend.prefill(ids[:8].numpy(), keep_logits=8)]
     got += [backend.decode(int(ids[t]))[None] for t in range(8, len(ids))]
     report_max_abs_diff("gated graph vs the gated PyTorch model", float(np.abs(np.concatenate(got) - expected).max()), 2e-4,
-            record_property)
+                        record_property)
 
 
 # ---------------------------------------------------------------------------------------------- block-sparse path
@@ -260,7 +244,7 @@ def test_the_sparse_decoder_gives_transformers_logits(mode, graphs, smollm3_spar
     got = _decode_in_chunks(SparseDecoder(_tensors(out, record), record, mode=mode, graphs=graphs), ids)
     scale = float(expected.abs().max())
     report_max_abs_diff(f"sparse decoder ({mode}, static steps {graphs}) vs transformers, logit scale {scale:.1f}",
-            float((got - expected).abs().max()), 1e-4 * max(scale, 1.0), record_property)
+                        float((got - expected).abs().max()), 1e-4 * max(scale, 1.0), record_property)
     if mode == "reference" and not graphs:
         rotated = {**record, "layers": [{k: v for k, v in layer.items() if k != "rope"} for layer in record["layers"]]}
         wrong = _decode_in_chunks(SparseDecoder(_tensors(out, record), rotated, mode="reference"), ids)

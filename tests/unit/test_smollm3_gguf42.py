@@ -104,7 +104,7 @@ def test_llama_cpp_computes_the_bundle_s_logits(eight_layers, record_property):
     got = llama_cpp_logits(report.path)
     scale = float(np.abs(expected).max())
     report_max_abs_diff(f"llama.cpp smollm3 vs the bundle runtime, logit scale {scale:.1f}",
-            float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
+                        float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
     as_llama = rewrite_gguf(report.path, report.path.with_name("as-llama.gguf"), architecture="llama")
     rotated = float(np.abs(llama_cpp_logits(as_llama) - expected).max())
     print(f"[max abs diff] the same file as llama (every layer rotated) vs the bundle runtime: {rotated:.3e}")
@@ -201,4 +201,4 @@ def test_llama_cpp_with_a_smollm3_lora_adapter_computes_the_merged_model(eight_l
     assert float(np.abs(adapted - _bundle_logits(bundle)).max()) > 1.0  # the adapter changes llama.cpp's answer
     scale = float(np.abs(merged).max())
     report_max_abs_diff(f"llama.cpp smollm3 with the adapter vs edgesdk's merge, logit scale {scale:.1f}",
-            float(np.abs(adapted - merged).max()), 1e-4 * max(scale, 1.0), record_property)
+                        float(np.abs(adapted - merged).max()), 1e-4 * max(scale, 1.0), record_property)

@@ -84,8 +84,9 @@ def test_a_bundle_built_from_its_smollm3_gguf_computes_the_original_bundle_s_log
     assert _nope_layers(original) == _nope_layers(rebuilt) == [3, 7]
     expected = _bundle_logits(original)
     scale = float(np.abs(expected).max())
+    diff = float(np.abs(_bundle_logits(rebuilt) - expected).max())
     report_max_abs_diff(f"bundle rebuilt from its smollm3 GGUF vs the original bundle, logit scale {scale:.1f}",
-            float(np.abs(_bundle_logits(rebuilt) - expected).max()), 1e-5 * max(scale, 1.0), record_property)
+                        diff, 1e-5 * max(scale, 1.0), record_property)
 
 
 @pytest.mark.parametrize("quantize", [None, "Q8_0"])
@@ -190,7 +191,7 @@ def test_a_six_layer_file_in_llama_cpp_s_layout_computes_the_hugging_face_model(
     assert bundle.manifest["model"]["before"]["tie_word_embeddings"] is True
     scale = float(np.abs(expected).max())
     report_max_abs_diff(f"bundle built from a 6-layer smollm3 file vs transformers' SmolLM3, logit scale {scale:.1f}",
-            float(np.abs(_bundle_logits(bundle) - expected).max()), 1e-5 * max(scale, 1.0), record_property)
+                        float(np.abs(_bundle_logits(bundle) - expected).max()), 1e-5 * max(scale, 1.0), record_property)
 
 
 @needs_llama_cpp
@@ -203,7 +204,7 @@ def test_llama_cpp_computes_what_the_bundle_built_from_its_file_does(converter_l
     got = llama_cpp_child(path, IDS, f32_cache=True)[0]
     scale = float(np.abs(expected).max())
     report_max_abs_diff(f"llama.cpp smollm3 vs the bundle built from the file, logit scale {scale:.1f}",
-            float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
+                        float(np.abs(got - expected).max()), 1e-4 * max(scale, 1.0), record_property)
 
 
 # ---------------------------------------------------------------------------------------------- refusals
