@@ -117,8 +117,9 @@ def _traced_lines(stop_length: int) -> int:
     """Python lines run in edgesdk/serve/completion.py while a stop string of ``stop_length`` characters
     arrives one character at a time (all held back until its last character).
 
-    Counted in a fresh interpreter: in a long pytest run, ``sys.settrace`` over code the run had already
-    specialised spun in ``push`` forever (CPython 3.11), where the same count in its own process takes a second."""
+    Counted in a fresh interpreter: at the end of the whole suite, tracing ``push`` after the run had called it
+    thousands of times did not finish in 20 minutes (CPython 3.11.7), where the same count in its own process
+    takes a second."""
     result = subprocess.run([sys.executable, "-c", _TRACE_SCRIPT, str(stop_length)], capture_output=True,
                             text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
