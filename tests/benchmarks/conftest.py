@@ -12,10 +12,15 @@ from tests.benchmarks.bench_bundles import FP32_RECIPE, FP32_VARIABLE, fp32_buil
 
 def pytest_collection_modifyitems(items):
     """Benchmarks build and time real models for as long as they need: the default run's per-test timeout
-    (pyproject.toml) does not hold them."""
+    (pyproject.toml) does not hold them. Under ``-n`` (pytest-xdist) another worker would share the cores
+    with the engine being timed, so they are skipped there."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
     for item in items:
         if "tests/benchmarks/" in item.nodeid:
             item.add_marker(pytest.mark.timeout(0))
+            if worker:
+                item.add_marker(pytest.mark.skip(reason=f"benchmarks time one engine at a time, and this is "
+                                                        f"pytest-xdist worker {worker}: run them without -n"))
 
 
 @pytest.fixture(scope="session")

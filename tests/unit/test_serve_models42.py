@@ -559,6 +559,7 @@ def test_show_and_token_counts_describe_a_model_without_loading_it_or_waiting(bu
         assert server.post("/v1/messages/count_tokens", {"model": B, "messages": CHAT}) == (200, alone["count"])
         assert server.post("/v1/responses/input_tokens", {"model": B, "input": "Once upon"}) == (200, alone["input"])
         for route, body in TOKEN_CALLS.items():
+            assert alone[route][0] == 200, (route, alone[route])
             assert server.post(route, {**body, "model": B}) == alone[route], route
             assert server.post(route, body) == alone[route], route  # no model named: the loaded A's, the same tokenizer
             assert server.post(route, {**body, "model": "x"})[0] == 404, route
