@@ -209,11 +209,23 @@ def kill_sshd_sessions(listener: int) -> int:
     return killed
 
 
-def start_server(root: Path) -> SshServer:
-    """Prepare and start a server whose files live under ``root``, and check that a login works."""
-    server = SshServer(root=root)
+def start_server(root: Path, port: int | None = None) -> SshServer:
+    """Prepare and start a server whose files live under ``root``, and check that a login works; on ``port``, or
+    a free one (another one where that was taken before sshd could bind it)."""
+    server = SshServer(root=root, port=port or free_port())
     server.prepare()
-    server.start()
+    for attempt in range(3):
+        try:
+            server.start()
+            break
+        except RuntimeError as error:
+            # The port was free when picked; a connection made since (another pytest-xdist worker's ssh or HTTP
+            # client) may have taken it as its local port. Pick another one.
+            if "Address already in use" not in str(error) or attempt == 2:
+                raise
+            server.port = free_port()
+            server.write_known_hosts()
+            server.write_config()
     login = subprocess.run(["ssh", "-F", "/dev/null", "-i", str(server.user_key), "-o", "IdentitiesOnly=yes",
                             "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={server.known_hosts}",
                             "-o", "StrictHostKeyChecking=yes", "-p", str(server.port), "--",
