@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import socket
 
-import pytest
-
 from tests._utils import sshd
 
 
 def test_a_port_taken_after_it_was_picked_is_replaced(tmp_path):
-    if sshd.find_sshd() is None:
-        pytest.skip("needs OpenSSH's sshd")
+    sshd._require_openssh()
     # A client connection's local port, as a connection made by another worker takes it (no listener there, so
     # nothing answers on it: the start must see sshd's bind fail, not a connection).
     with socket.create_server(("127.0.0.1", 0)) as listener, socket.socket() as client:
