@@ -8,7 +8,7 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   §6.3); a client that goes away mid-answer stops the generation.
 * ``GET /v1/models``: the one model served (with several bundles, each; serve/model_pool.py: a request's ``model``
   picks the one that answers, loaded in place of the idle one). ``GET /health``: liveness, whether a request is
-  generating, and the thermal guard's level and temperature when it runs. ``GET /props``
+  generating (or a model loading, named in ``loading``), and the thermal guard's level and temperature when it runs. ``GET /props``
   (llama-server's): the context, the default settings, the chat template and special tokens.
   ``GET /slots`` (llama-server's slot monitoring, on by default there too): the one slot, and the
   request it runs (``?fail_on_no_slot=1``: 503 while it is busy).
@@ -1167,6 +1167,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         name, completer = (self.server.model, self.server.completer) if pool is None else pool.loaded
         body = {"status": "ok", "model": name, "backend": completer.runtime.backend.name if completer else None,
                 "busy": bool(completer and completer.busy)}
+        loading = pool.loading if pool is not None else None
+        if loading is not None:  # a swap: no model answers until it is loaded, and a request waits for it
+            body["loading"], body["busy"] = loading, True
         hook = completer.hook if completer is not None else pool.hook
         guard = getattr(hook, "guard", None)
         if hook is not None and hasattr(hook, "reading"):

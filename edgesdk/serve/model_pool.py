@@ -120,6 +120,7 @@ class ModelPool:
         self._granted = 0  # leases granted so far: a lease's number is its place in that order
         self._unload_idle = False  # keep_alive 0 on an answer: unload the model once nobody holds it
         self._swapping = False
+        self._loading: str | None = None  # the model a swap loads, from the idle one's unload to its answer
         self._name: str | None = models[0].name
         self._completer: Completer | None = loaded
         self.default = models[0].name  # the last model loaded: what a request naming none loads when none is
@@ -136,6 +137,13 @@ class ModelPool:
     @property
     def completer(self) -> Completer | None:
         return self.loaded[1]
+
+    @property
+    def loading(self) -> str | None:
+        """The name of the model a swap is loading now (its idle one unloaded, the new one not yet answering), or
+        None: what /health says beside the loaded model, which is none meanwhile."""
+        with self._changed:
+            return self._loading
 
     @property
     def queued(self) -> int:
@@ -284,7 +292,7 @@ class ModelPool:
         nobody else is granted a lease meanwhile), then grant it its lease."""
         with self._changed:
             old, completer = self._name, self._completer
-            self._name, self._completer, self._unload_idle = None, None, False
+            self._name, self._completer, self._unload_idle, self._loading = None, None, False, name
         try:
             if completer is not None:
                 completer.close()
@@ -307,12 +315,12 @@ class ModelPool:
                       f"in {seconds:.2f} s")
         except BaseException:
             with self._changed:
-                self._swapping = False
+                self._swapping, self._loading = False, None
                 self._queue.remove(waiter)
                 self._changed.notify_all()
             raise
         with self._changed:
-            self._swapping = False
+            self._swapping, self._loading = False, None
             self._name, self._completer, self.default = name, loaded, name
             self._queue.remove(waiter)
             self._changed.notify_all()

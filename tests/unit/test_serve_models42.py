@@ -483,6 +483,56 @@ def test_max_queue_counts_the_requests_waiting_behind_a_load_not_the_one_it_is_f
         server.close()
 
 
+def test_health_names_the_model_a_swap_loads_and_says_busy_until_it_answers(bundles):
+    """/health during a swap: no model is loaded (the idle one is closed), but the server is not idle either: it
+    names the model loading and says busy, and once that model answers, it is the loaded one and nothing loads."""
+    server = Server(bundles)
+    held = HeldLoad(server.pool)
+    try:
+        status, body = server.get("/health")
+        assert (status, body["model"], body["busy"], "loading" in body) == (200, A, False, False)
+        client, response = reply_on(server, {"model": B, "prompt": "Once"})
+        assert held.loading.wait(30)
+        status, body = server.get("/health")
+        assert status == 200
+        assert (body["status"], body["model"], body["backend"], body["busy"], body["loading"]) == \
+            ("ok", None, None, True, B)
+        held.release.set()
+        response.begin()
+        assert (response.status, json.loads(response.read())["model"]) == (200, B)
+        client.close()
+        status, body = server.get("/health")
+        assert (status, body["model"], body["busy"], "loading" in body) == (200, B, False, False)
+    finally:
+        held.release.set()
+        server.close()
+
+
+def test_health_stops_naming_a_model_whose_load_failed(bundles):
+    server = Server(bundles)
+    held = HeldLoad(server.pool)
+
+    def fails(model):
+        held.loading.set()
+        assert held.release.wait(60)
+        raise OSError("the bundle's disk went away")
+
+    server.pool._load = fails
+    try:
+        client, response = reply_on(server, {"model": B, "prompt": "Once"})
+        assert held.loading.wait(30)
+        assert server.get("/health")[1]["loading"] == B
+        held.release.set()
+        response.begin()
+        assert (response.status, json.loads(response.read())["error"]["code"]) == (500, "model_load_failed")
+        client.close()
+        status, body = server.get("/health")
+        assert (status, body["model"], body["busy"], "loading" in body) == (200, None, False, False)
+    finally:
+        held.release.set()
+        server.close()
+
+
 def test_a_stop_during_a_swap_waits_for_the_request_and_answers_it_503(bundles):
     """Ctrl-C while a request's model loads: the stop waits for that request, which gets the 503 server_stopping
     (not a cut connection), and nothing answers from the model loaded for it."""
