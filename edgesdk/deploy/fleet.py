@@ -42,6 +42,10 @@ INVENTORY_KEYS = ("remote_root", "remote_python", "identity")
 DEFAULT_JOBS = 4
 
 OK, FAILED, INTERRUPTED, NOT_STARTED = "ok", "failed", "interrupted", "not started"
+# A terminal's Ctrl-C reaches the boards' ssh clients as it reaches this process: a board whose ssh it ended can
+# fail before the main thread has taken the KeyboardInterrupt. A failed board waits this long for that interrupt
+# before it is reported as failed rather than interrupted.
+INTERRUPT_GRACE_S = 0.5
 
 
 @dataclass
@@ -245,6 +249,8 @@ def _attempt(slot: _Slot, work: Work, make_report: Callable[[FleetBoard], Report
     slot.disarm()
     outcome.seconds = time.monotonic() - began
     error = ended.get("error")
+    if "value" not in ended and not isinstance(error, KeyboardInterrupt):
+        stopping.wait(INTERRUPT_GRACE_S)  # disarmed: the main thread's interrupt() no longer raises in this thread
     if "value" in ended:
         outcome.state = OK
         outcome.result, outcome.release = ended["value"]

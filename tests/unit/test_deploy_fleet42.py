@@ -251,3 +251,43 @@ def test_a_board_whose_ssh_the_ctrl_c_ended_as_an_error_says_what_it_was_left_wi
     assert outcomes[0].problem == "deploy interrupted (Ctrl-C): b1 keeps releases/r0 as current; releases/r1 was " \
                                   "not switched to"
     assert outcomes[0].release == "r0"
+
+
+def test_a_board_that_failed_just_before_the_ctrl_c_was_taken_is_reported_interrupted():
+    """The terminal's Ctrl-C ends the board's ssh, whose error ends the work before this process has taken the
+    SIGINT (here the error comes first and the SIGINT 50 ms later): the board is still reported interrupted, with
+    what deploy says it was left with, not failed."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT does not raise KeyboardInterrupt in this test process")
+
+    ctrl_c = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+
+    def work(board, report, progress):
+        progress.update(where=board.host, bundle_id="r1", current="r0")
+        ctrl_c.start()
+        raise DeployError("the ssh connection to b1 failed: killed by signal", "run it again")
+
+    def said(progress, error):
+        from edgesdk.deploy.orchestrate import interrupted
+
+        return interrupted(progress)
+
+    try:
+        outcomes, stopped = fleet.run_fleet(boards("b1"), work, lambda b: None, quiet(), on_interrupt=said)
+        ctrl_c.join()
+        threading.Event().wait(0.2)  # a SIGINT the run did not take is raised here, not in a later test
+    except KeyboardInterrupt:
+        pytest.fail("the fleet run ended, its board reported, before the Ctrl-C was taken")
+    assert stopped
+    assert outcomes[0].state == fleet.INTERRUPTED
+    assert outcomes[0].problem.startswith("deploy interrupted (Ctrl-C): b1 keeps releases/r0 as current")
+
+
+def test_a_board_that_fails_with_no_ctrl_c_is_reported_failed():
+    def work(board, report, progress):
+        raise DeployError("the ssh connection to b1 failed: Connection refused", "check the board is on")
+
+    outcomes, stopped = fleet.run_fleet(boards("b1"), work, lambda b: None, quiet())
+    assert not stopped
+    assert (outcomes[0].state, outcomes[0].problem) == (fleet.FAILED, "the ssh connection to b1 failed: "
+                                                                       "Connection refused")
