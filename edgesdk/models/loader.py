@@ -306,10 +306,11 @@ def _smollm3_config(path: Path, field, reader, head_dim: dict) -> dict:
     return values
 
 
-def _unpermute_llama_cpp_rows(weights, heads: int):
+def unpermute_llama_cpp_rows(weights, heads: int):
     """The rows of a query or key weight put back from llama.cpp's pairwise rotary order: the inverse of
     convert_hf_to_gguf.py's ``LlamaModel.permute`` (which SmolLM3Model inherits), as transformers' llama GGUF reader
-    undoes it (``LlamaTensorProcessor._reverse_permute_weights``)."""
+    undoes it (``LlamaTensorProcessor._reverse_permute_weights``). ``weights``: (rows, ...), a numpy array, rows a
+    multiple of 2 * ``heads``; a LoRA's ``lora_b`` (rows, rank) as well as a weight."""
     return (weights.reshape(heads, weights.shape[0] // heads // 2, 2, *weights.shape[1:])
             .swapaxes(1, 2).reshape(weights.shape))
 
@@ -336,7 +337,7 @@ def _read_smollm3_gguf(path: Path, config):
         weights = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)  # a copy, writable
         if ".attn_q." in tensor.name or ".attn_k." in tensor.name:
             heads = config.num_attention_heads if ".attn_q." in tensor.name else config.num_key_value_heads
-            weights = _unpermute_llama_cpp_rows(weights, heads)
+            weights = unpermute_llama_cpp_rows(weights, heads)
         if tuple(weights.shape) != tuple(expected[name].shape):
             raise ModelSourceError(
                 f"the GGUF file {path} holds {tensor.name} of shape {tuple(weights.shape)}, where its smollm3.* sizes "

@@ -23,7 +23,8 @@ Two forms are read:
   for the embedding (``llm_build_inp_embd``: its A and B are flipped). GGUF names are mapped back to the model's
   modules with gguf-py's ``get_tensor_name_map``, as transformers' GGUF loader maps a model's tensors
   (``get_gguf_hf_weights_map``), and for the llama and smollm3 architectures the rows of ``lora_b`` of attn_q /
-  attn_k are put back in Hugging Face order with transformers' ``LlamaTensorProcessor``: ``convert_hf_to_gguf.py``'s
+  attn_k are put back in Hugging Face order (:func:`edgesdk.models.loader.unpermute_llama_cpp_rows`, the inverse
+  transformers' ``LlamaTensorProcessor`` applies to a GGUF model's weights): ``convert_hf_to_gguf.py``'s
   ``LlamaModel.permute`` (which ``SmolLM3Model(LlamaModel)`` inherits) reorders them for llama.cpp's rotary
   layout, in the adapter as in the base model.
 """
@@ -545,11 +546,10 @@ def _read_gguf(adapter: LoraAdapter, model, base_architecture: str | None) -> Re
                                        f"{base_name} ({module_name}, {tuple(module.weight.shape)}) with rank {rank} "
                                        f"takes {expected[part]}", fix_base)
         if arch in PAIRWISE_ROPE_ARCHITECTURES and (".attn_q." in base_name or ".attn_k." in base_name):
-            from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+            from edgesdk.models.loader import unpermute_llama_cpp_rows
 
-            heads = {"num_attention_heads": model.config.num_attention_heads,
-                     "num_key_value_heads": model.config.num_key_value_heads}
-            b = LlamaTensorProcessor(config=heads).process(b, base_name).weights
+            heads = model.config.num_attention_heads if ".attn_q." in base_name else model.config.num_key_value_heads
+            b = unpermute_llama_cpp_rows(b, heads)
         left, right = (a, b.T) if embedding else (b, a)
         read.updates.append(_Update(module=module_name, key=f"{base_name}.lora_a",
                                     left=torch.from_numpy(np.array(left, dtype=np.float32, order="C")),
