@@ -483,11 +483,18 @@ def test_max_queue_counts_the_requests_waiting_behind_a_load_not_the_one_it_is_f
         server.close()
 
 
-def test_health_names_the_model_a_swap_loads_and_says_busy_until_it_answers(bundles):
+@pytest.mark.parametrize("load", ["succeeds", "fails"])
+def test_health_names_the_model_a_swap_loads_and_says_busy_until_the_load_ends(bundles, load):
     """/health during a swap: no model is loaded (the idle one is closed), but the server is not idle either: it
-    names the model loading and says busy, and once that model answers, it is the loaded one and nothing loads."""
+    names the model loading and says busy. Once the load ends, that model is the loaded one, or, where its load
+    failed, none is; either way nothing loads any more."""
     server = Server(bundles)
     held = HeldLoad(server.pool)
+    if load == "fails":
+        def failing(model):
+            raise OSError("the bundle's disk went away")
+
+        held._load = failing
     try:
         status, body = server.get("/health")
         assert (status, body["model"], body["busy"], "loading" in body) == (200, A, False, False)
@@ -499,35 +506,15 @@ def test_health_names_the_model_a_swap_loads_and_says_busy_until_it_answers(bund
             ("ok", None, None, True, B)
         held.release.set()
         response.begin()
-        assert (response.status, json.loads(response.read())["model"]) == (200, B)
+        answer = json.loads(response.read())
         client.close()
+        if load == "succeeds":
+            assert (response.status, answer["model"]) == (200, B)
+        else:
+            assert (response.status, answer["error"]["code"]) == (500, "model_load_failed")
         status, body = server.get("/health")
-        assert (status, body["model"], body["busy"], "loading" in body) == (200, B, False, False)
-    finally:
-        held.release.set()
-        server.close()
-
-
-def test_health_stops_naming_a_model_whose_load_failed(bundles):
-    server = Server(bundles)
-    held = HeldLoad(server.pool)
-
-    def fails(model):
-        held.loading.set()
-        assert held.release.wait(60)
-        raise OSError("the bundle's disk went away")
-
-    server.pool._load = fails
-    try:
-        client, response = reply_on(server, {"model": B, "prompt": "Once"})
-        assert held.loading.wait(30)
-        assert server.get("/health")[1]["loading"] == B
-        held.release.set()
-        response.begin()
-        assert (response.status, json.loads(response.read())["error"]["code"]) == (500, "model_load_failed")
-        client.close()
-        status, body = server.get("/health")
-        assert (status, body["model"], body["busy"], "loading" in body) == (200, None, False, False)
+        assert (status, body["model"], body["busy"], "loading" in body) == \
+            (200, B if load == "succeeds" else None, False, False)
     finally:
         held.release.set()
         server.close()
