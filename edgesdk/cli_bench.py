@@ -71,7 +71,7 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
     click.echo(format_table(results, runtime.backend.name, runtime.threads, Path(bundle).name, peak_rss_mib()))
     click.echo(summary(before, after))
     if gating is not None:
-        click.echo(f"power gates: {'on' if gating else 'off: every FFN block runs (the gated graph at tau 0)'}")
+        click.echo(f"power gates: {'on' if gating else 'off: every FFN block runs and no adapter scale acts (the loaded model)'}")
     click.echo(_huge_pages_line(huge_pages))
     for warning in found:
         click.echo(f"warning: {warning}")

@@ -625,9 +625,10 @@ def _power_line(backend) -> str:
                else f"{figures['mean_entropy']:.3f} nats")
     skipped, total = figures["blocks_skipped"], figures["blocks_total"]
     share = f" ({skipped / total:.1%})" if total else ""
+    threshold = f"tau {figures['tau']:.3f}" if backend.gating else "gating off (no adapter acts)"
     return (f"[power] realised entropy {entropy} (target {backend.controller.config.entropy_target:g}), "
-            f"decode FFN blocks skipped {skipped}/{total}{share}, tau {figures['tau']:.3f}, "
-            f"compute budget {figures['budget']:g}{'' if backend.gating else ', gating off'}")
+            f"decode FFN blocks skipped {skipped}/{total}{share}, {threshold}, "
+            f"compute budget {figures['budget']:g}")
 
 
 def _or_dash(value) -> str:

@@ -6,7 +6,8 @@ edgesdk/power/adapter.py on the normalized post-attention state ``h``:
     z = Sigmoid(h W1 + b1); o = z W2 + b2 -> Split -> scales (D) | query scales of layer l+1 | gate
     gate = Sigmoid(gate logit)                                  (B, S, 1)
     keep = Cast(gate >= tau)                                    (B, S, 1)
-    y = If(ReduceMax(gate) < tau, then: 0, else: FFN(h) * scales * keep)
+    y = If(ReduceMax(gate) < tau, then: 0, else: FFN(h) * scales' * keep)
+    scales' = Where(tau >= 0, scales, 1)                        gating off (tau < 0): no scale acts
 
 At decode (S = 1) the ``If`` condition is exactly "this token's gate is below tau", so a skipped
 FFN's weights are never read; at prefill the FFN runs unless every token skips, and ``keep``
@@ -17,8 +18,10 @@ scores of that head.
 
 Extra interface (beside the fused graph's):
 
-    inputs   tau      float ()            threshold; 0 = every FFN runs (the plain fused backend
-                                          feeds 0, so export validation checks that function)
+    inputs   tau      float ()            threshold; 0 = every FFN runs with the adapters' scales (the
+                                          plain fused backend feeds 0, so export validation checks that
+                                          function); below 0 (``ADAPTERS_OFF_TAU``) gating is off and
+                                          neither the channel nor the query scales act: the loaded model
     outputs  gates    float (batch, seq, layers)   per-token layer gates
              power    float (batch, seq)           p_t = alpha a_t/â + beta f_t + gamma c_t/ĉ
 
@@ -95,6 +98,9 @@ class _GatedEmitter(_FusedEmitter):
         self.gates: list[str] = []
         self.norms: list[str] = []
         self.peaks: list[str] = []
+        # tau >= 0: the adapters' scales act; below 0 gating is off (ADAPTERS_OFF_TAU) and they do not
+        self.adapters_on = self.g.op("GreaterOrEqual", ["tau", self.g.const(np.zeros((), np.float32))])  # () bool
+        self.unscaled = self.g.const(np.ones((), np.float32))
 
     # -- attention: scaled queries and the attention peak ---------------------------------------
     def attention_inputs(self, i: int, layer, qkv: str) -> tuple[str, str, str]:
@@ -103,7 +109,11 @@ class _GatedEmitter(_FusedEmitter):
         n_q, n_kv = layer.heads(self.hd)
         q, k, v = self.g.op("Split", [qkv, self.g.i64([n_q * self.hd, n_kv * self.hd, n_kv * self.hd])],
                             outputs=3, axis=-1)
-        return self.g.op("Mul", [q, self.query_scales[i]]), k, v
+        return self.g.op("Mul", [q, self._acting(self.query_scales[i])]), k, v
+
+    def _acting(self, scales: str) -> str:
+        """``scales`` where the adapters act (tau >= 0), else 1 (gating off)."""
+        return self.g.op("Where", [self.adapters_on, scales, self.unscaled])
 
     def attention_attributes(self, i: int) -> dict:
         return {"qk_output": 2} if i in self.peak_layers else {}  # probabilities after softmax
@@ -129,7 +139,7 @@ class _GatedEmitter(_FusedEmitter):
                          g.const(b2.astype(np.float32), f"layers.{i}.power.b2")])  # (B, S, D + H'hd + 1)
         sizes = [d, a.next_heads * self.hd, 1] if a.next_heads else [d, 1]
         parts = g.op("Split", [o, g.i64(sizes)], outputs=len(sizes), axis=-1)
-        scales, gate_logit = parts[0], parts[-1]
+        scales, gate_logit = self._acting(parts[0]), parts[-1]
         if a.next_heads:
             self.query_scales[i + 1] = parts[1]
         gate = g.op("Sigmoid", [gate_logit])  # (B, S, 1)

@@ -19,7 +19,11 @@ leaves the model unchanged and its gates open.
 
 Gating semantics (identical in PyTorch and in the exported graph):
 
-    y_l = FFN_l(h) * scales * m,   m = 1[gate >= tau]
+    y_l = FFN_l(h) * scales * m,   m = 1[gate >= tau]          (tau >= 0)
+    y_l = FFN_l(h)                                              (tau < 0: gating off, no scale acts)
+
+so with gating off (the runtime's default) the model is the loaded one, not one whose channel and head scales were
+trained for skipped FFNs.
 
 During training ``m`` is the straight-through estimate ``1[gate >= tau] + gate - stopgrad(gate)``:
 the forward value is the hard decision the runtime makes, the gradient reaches the gate.
@@ -76,7 +80,7 @@ class PowerState:
     head_dim: int
     num_layers: int
     peak_layers: tuple[int, ...]
-    tau: float | torch.Tensor = 0.0  # threshold; 0 = every FFN runs ("gating off")
+    tau: float | torch.Tensor = 0.0  # threshold; 0 = every FFN runs (scales act); < 0 = gating off (none acts)
     enabled: bool = True  # False: the adapters are bypassed (the ungated model, the distillation target)
     straight_through: bool = False  # training: hard forward, gradient to the gate
     record: bool = False  # keep gates, masks, FFN norms and attention peaks of the next forward
@@ -105,6 +109,12 @@ class GatedMLP(nn.Module):
                 state.ffn_norms.append(y.norm(dim=-1))
             return y
         gate, scales, heads = self.power_adapter(x)
+        if bool(state.tau < 0):  # gating off (ADAPTERS_OFF_TAU): the gates are read, nothing acts
+            if state.record:
+                state.gates.append(gate)
+                state.masks.append(torch.ones_like(gate))
+                state.ffn_norms.append(y.norm(dim=-1))
+            return y
         y = y * scales
         hard = (gate >= state.tau).to(y.dtype)  # (B, S)
         mask = hard + gate - gate.detach() if state.straight_through else hard

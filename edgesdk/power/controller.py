@@ -27,6 +27,11 @@ import numpy as np
 
 from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW, check_entropy_target, window_entropy
 
+# The threshold that turns the adapters off: below 0 no gate skips and neither the FFN channel scales nor the query
+# head scales act, so the gated graph computes the loaded model (gating off). Gates lie in (0, 1): tau 0 still runs
+# every FFN, with the adapters' scales.
+ADAPTERS_OFF_TAU = -1.0
+
 
 @dataclass(frozen=True)
 class ControllerConfig:

@@ -311,8 +311,8 @@ def sweep_weights(model, state: PowerState, info: PowerModelInfo, ids: torch.Ten
 @torch.no_grad()
 def gated_heldout(model, state: PowerState, ids: torch.Tensor, tau: float, length: int = 256) -> dict:
     """Held-out perplexity (windows of ``length``) with every gate below ``tau`` skipping its FFN,
-    and the share of FFN blocks that ran; ``tau`` 0 is "gating off" (the adapters' channel and
-    head scales still act)."""
+    and the share of FFN blocks that ran; ``tau`` 0 runs every FFN with the adapters' channel and head scales,
+    ``ADAPTERS_OFF_TAU`` (below 0) is gating off: the loaded model."""
     state.clear()
     state.enabled, state.straight_through, state.record, state.tau = True, False, True, tau
     perplexity = heldout_perplexity(model, ids, length)

@@ -6,9 +6,10 @@ gates and power p_t go to the :class:`TauController`, which sets the next step's
 realised windowed entropy stays at the target and the executed-FFN fraction within the compute
 budget. ``set_compute_budget`` (called by the thermal guard) lowers the budget.
 
-``gating=False`` (the default, as on the command line) pins ``tau`` to 0: the same graph with
-every FFN running (the "gating off" reference of a benchmark); the controller then only measures,
-as it does while ``fixed_tau`` holds the threshold.
+``gating=False`` (the default, as on the command line) pins ``tau`` to ``ADAPTERS_OFF_TAU``: every
+FFN runs and no adapter scale acts, so the graph computes the loaded model (the "gating off"
+reference of a benchmark); the controller then only measures, as it does while ``fixed_tau`` holds
+the threshold.
 Prefill always runs at the effective ``tau``. A prompt's FFN runs for every token unless all of
 them are below ``tau`` (tokens below it only have its output zeroed), so the block counts in
 :meth:`stats` are those of decode steps, where a skipped block is never read.
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk.errors import RuntimeBackendError
-from edgesdk.power.controller import ControllerConfig, TauController
+from edgesdk.power.controller import ADAPTERS_OFF_TAU, ControllerConfig, TauController
 from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW
 from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
 
@@ -89,7 +90,7 @@ class OrtGatedBackend(OrtFusedBackend):
     @property
     def tau(self) -> float:
         if not self.gating:
-            return 0.0
+            return ADAPTERS_OFF_TAU
         return self.controller.tau if self.fixed_tau is None else self.fixed_tau
 
     def _step_inputs(self) -> dict[str, float]:

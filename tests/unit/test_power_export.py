@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from edgesdk.export.onnx_export import ExportConfig, export_model  # noqa: E402
 from edgesdk.power import adapter, train  # noqa: E402
+from edgesdk.power.controller import ADAPTERS_OFF_TAU  # noqa: E402
 from edgesdk.power.profiler import CostStats  # noqa: E402
 from edgesdk.runtime.ort_gated_backend import OrtGatedBackend  # noqa: E402
 from tests._utils.tiny import CORPUS, tiny_llama  # noqa: E402
@@ -69,9 +70,9 @@ def test_exported_gated_graph_matches_the_pytorch_gated_model(arch, weights, tmp
     backend = OrtGatedBackend(onnx_path, spec.to_json(), threads=1)
     ids = torch.randint(0, 320, (TOKENS,), generator=torch.Generator().manual_seed(5))
     prompt = 10
-    for tau in (0.0, 0.5):
+    for tau in (ADAPTERS_OFF_TAU, 0.0, 0.5):
         logits, gates, power = _reference(model, state, info, ids, tau)
-        assert tau == 0 or 0 < (gates < tau).mean() < 1  # some FFN blocks skipped, not all
+        assert tau <= 0 or 0 < (gates < tau).mean() < 1  # some FFN blocks skipped, not all
         backend.reset()
         backend.gating, backend.fixed_tau = True, tau
         got = backend.prefill(ids[:prompt].numpy(), keep_logits=prompt)
@@ -83,6 +84,28 @@ def test_exported_gated_graph_matches_the_pytorch_gated_model(arch, weights, tmp
             np.testing.assert_allclose(got, logits[t], atol=2e-4)
             np.testing.assert_allclose(backend.last_gates[0], gates[t], atol=1e-5)
             np.testing.assert_allclose(backend.last_power[0], power[t], atol=1e-4)
+
+
+def test_gating_off_is_the_loaded_model_where_tau_0_still_has_the_adapters_scales(tmp_path):
+    """Below 0 (the runtime's gating off) the graph computes the model without its adapters, as the PyTorch model
+    with the adapters disabled; at tau 0 every FFN runs too, but the channel and query scales act."""
+    model, state, _ = _gated_model("llama-gqa")
+    spec = export_model(model, tmp_path, ExportConfig(form="ort-fused", weights="fp32", max_context=64))
+    ids = torch.randint(0, 320, (TOKENS,), generator=torch.Generator().manual_seed(7))
+    state.clear()
+    state.enabled = False
+    with torch.no_grad():
+        loaded = model(ids[None], use_cache=False).logits[0].numpy()
+    state.enabled = True
+    backend = OrtGatedBackend(tmp_path / "model.onnx", spec.to_json(), threads=1)
+    assert (backend.gating, backend.tau) == (False, ADAPTERS_OFF_TAU)  # off unless asked for
+    off = backend.prefill(ids.numpy(), keep_logits=TOKENS)
+    np.testing.assert_allclose(off, loaded, atol=2e-4)
+    backend.reset()
+    backend.gating, backend.fixed_tau = True, 0.0
+    scaled = backend.prefill(ids.numpy(), keep_logits=TOKENS)
+    assert np.abs(scaled - loaded).max() > 1e-2  # the adapters' scales (made far from 1 here) act at tau 0
+    assert backend.stats()["blocks_skipped"] == 0
 
 
 def test_skipped_ffn_weights_live_only_inside_the_if(tmp_path):
@@ -216,8 +239,7 @@ def test_gating_off_reports_the_tau_in_use_and_the_guard_does_not_claim_the_gate
     proc = run_blocked("run", power_bundle.path, "--prompt", "hello there", "-n", 12, "--stats", "--raw",
                        "--simulate-thermal", "--ambient", 50, "--ignore-target", cwd=tmp_path)
     assert_ok(proc)
-    assert "tau 0.000" in proc.stderr
-    assert "gating off" in proc.stderr
+    assert "gating off (no adapter acts)" in proc.stderr
     assert "the bundle's power gates are off, so the guard paces" in proc.stderr
     assert "compute budget not adjustable (no power gate in use)" in proc.stderr
     gated = run_blocked("run", power_bundle.path, "--prompt", "hello there", "-n", 12, "--stats", "--raw",

@@ -18,7 +18,11 @@ def test_the_power_stage_records_a_sample_s_distribution_and_a_curve(power_bundl
     metrics = power_bundle.manifest["stages"][0]["metrics"]
     curve = metrics["curve"]
     assert [point["tau"] for point in curve] == sorted({0.0, 0.5, *CURVE_TAUS})
-    assert curve[0] == metrics["heldout"]["gating_off"]  # the points measured already are not measured again
+    assert curve[0] == metrics["heldout"]["every_ffn"]  # the points measured already are not measured again
+    # gating off is the loaded model: the baseline's figure on the same held-out tokens
+    baseline = power_bundle.manifest["baseline"]["heldout_perplexity"]
+    assert metrics["heldout"]["gating_off"]["perplexity"] == pytest.approx(baseline, rel=1e-4)
+    assert metrics["heldout_perplexity"] == metrics["heldout"]["gating_off"]["perplexity"]
     assert metrics["heldout"]["at_tau_train"] in curve
     assert all(0.0 <= point["executed_fraction"] <= 1.0 for point in curve)
     fractions = [point["executed_fraction"] for point in curve]
