@@ -27,6 +27,15 @@ def ssh_spy(tmp_path):
     return f"{sys.executable} {script}", called
 
 
+@pytest.fixture
+def python_handles_sigint():
+    """SIGINT raises KeyboardInterrupt, as in an edgesdk started from a terminal, also where this test process
+    inherited SIGINT ignored (a CI job started in the background); the handler before is put back after."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def deploy_cli(tmp_path, spy, *args):
     bundle = tmp_path / "bundle"
     bundle.mkdir(exist_ok=True)
@@ -176,9 +185,7 @@ def test_a_failure_stops_no_other_board_unless_fail_fast():
     assert row.endswith("  cannot reach bad: nothing accepts ssh connections")
 
 
-def test_ctrl_c_starts_no_further_board_and_stops_the_running_ones(monkeypatch):
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        pytest.skip("SIGINT does not raise KeyboardInterrupt in this test process")
+def test_ctrl_c_starts_no_further_board_and_stops_the_running_ones(monkeypatch, python_handles_sigint):
     both = threading.Barrier(2, timeout=60)
     never = threading.Event()
 
@@ -224,11 +231,9 @@ def test_lines_of_boards_written_at_once_stay_whole(capfd):
     assert set(err) == expected
 
 
-def test_a_board_whose_ssh_the_ctrl_c_ended_as_an_error_says_what_it_was_left_with():
+def test_a_board_whose_ssh_the_ctrl_c_ended_as_an_error_says_what_it_was_left_with(python_handles_sigint):
     """A terminal's Ctrl-C stops the board's ssh client too: the work can end in the connection's error before
     the interrupt reaches its thread, and the fleet still reports the board as interrupted, in deploy's words."""
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        pytest.skip("SIGINT does not raise KeyboardInterrupt in this test process")
 
     def work(board, report, progress):
         progress.update(where=board.host, bundle_id="r1", current="r0")
@@ -253,12 +258,10 @@ def test_a_board_whose_ssh_the_ctrl_c_ended_as_an_error_says_what_it_was_left_wi
     assert outcomes[0].release == "r0"
 
 
-def test_a_board_that_failed_just_before_the_ctrl_c_was_taken_is_reported_interrupted():
+def test_a_board_that_failed_just_before_the_ctrl_c_was_taken_is_reported_interrupted(python_handles_sigint):
     """The terminal's Ctrl-C ends the board's ssh, whose error ends the work before this process has taken the
     SIGINT (here the error comes first and the SIGINT 50 ms later): the board is still reported interrupted, with
     what deploy says it was left with, not failed."""
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        pytest.skip("SIGINT does not raise KeyboardInterrupt in this test process")
 
     ctrl_c = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
 
