@@ -119,8 +119,9 @@ class ModelPool:
         self._holders = 0  # leases on the loaded model not yet released
         self._granted = 0  # leases granted so far: a lease's number is its place in that order
         self._unload_idle = False  # keep_alive 0 on an answer: unload the model once nobody holds it
-        self._swapping = False
-        self._loading: str | None = None  # the model a swap loads, from the idle one's unload to its answer
+        # the model a swap loads (None: no swap), from the turn of the request it loads for to that model's answer:
+        # meanwhile nobody else is granted a lease
+        self._loading: str | None = None
         self._name: str | None = models[0].name
         self._completer: Completer | None = loaded
         self.default = models[0].name  # the last model loaded: what a request naming none loads when none is
@@ -140,8 +141,8 @@ class ModelPool:
 
     @property
     def loading(self) -> str | None:
-        """The name of the model a swap is loading now (its idle one unloaded, the new one not yet answering), or
-        None: what /health says beside the loaded model, which is none meanwhile."""
+        """The name of the model a swap is loading now (the idle one being unloaded, or the new one not yet
+        answering), or None: what /health says beside the loaded model, which is none meanwhile."""
         with self._changed:
             return self._loading
 
@@ -186,10 +187,10 @@ class ModelPool:
         waiter = _Waiter(name)
         with self._changed:
             self._check_stopping()
-            if not self._queue and not self._swapping and self._completer is not None and name in (None, self._name):
+            if not self._queue and self._loading is None and self._completer is not None and name in (None, self._name):
                 return self._grant()
-            waiting = len(self._queue) - int(self._swapping)  # the one being loaded for is not waiting
-            if (waiting or self._swapping or self._holders) and waiting >= self.max_waiting:
+            waiting = len(self._queue) - int(self._loading is not None)  # the one being loaded for is not waiting
+            if (waiting or self._loading is not None or self._holders) and waiting >= self.max_waiting:
                 self.metrics.refuse_busy()
                 raise ApiError(503, f"the server is busy: {waiting} requests wait for their model to be "
                                "loaded; retry later (edgesdk serve --max-queue raises the limit)",
@@ -201,7 +202,7 @@ class ModelPool:
                     self._queue.popleft()
                     self._changed.notify_all()
                     return self._grant()
-                self._swapping = True
+                self._loading = wanted
             except BaseException:
                 self._queue.remove(waiter)
                 self._changed.notify_all()
@@ -218,7 +219,7 @@ class ModelPool:
             self._holders -= 1
             if unload and self._name == lease.name and self._granted == lease.number:  # granted none since
                 self._unload_idle = True
-            if self._unload_idle and self._holders == 0 and not self._swapping and \
+            if self._unload_idle and self._holders == 0 and self._loading is None and \
                     not any(waiter.name in (None, self._name) and not waiter.unload for waiter in self._queue):
                 self._unload_now("keep_alive 0")
             self._changed.notify_all()
@@ -231,7 +232,7 @@ class ModelPool:
             self._check_stopping()
             self._queue.append(waiter)
             try:
-                while not (self._queue[0] is waiter and not self._swapping and
+                while not (self._queue[0] is waiter and self._loading is None and
                            (self._name != name or self._holders == 0)):
                     self._wait(client_gone)
                 if self._name == name:
@@ -261,7 +262,7 @@ class ModelPool:
         """Wait (the lock held) until ``waiter`` is first in the queue and its model is loaded (None comes back), or
         the model loaded is another that nobody holds (the name of the model to load comes back)."""
         while True:
-            if self._queue[0] is waiter and not self._swapping:
+            if self._queue[0] is waiter and self._loading is None:
                 if self._completer is not None and waiter.name in (None, self._name):
                     return None
                 if self._holders == 0:
@@ -288,11 +289,11 @@ class ModelPool:
             self._log(f"edgesdk serve: unloaded {name} ({why})")
 
     def _swap_for(self, waiter: _Waiter, name: str) -> Lease:
-        """Unload the idle model and load ``name`` for ``waiter``, first in the queue (``_swapping`` set, so
+        """Unload the idle model and load ``name`` for ``waiter``, first in the queue (``_loading`` set, so
         nobody else is granted a lease meanwhile), then grant it its lease."""
         with self._changed:
             old, completer = self._name, self._completer
-            self._name, self._completer, self._unload_idle, self._loading = None, None, False, name
+            self._name, self._completer, self._unload_idle = None, None, False
         try:
             if completer is not None:
                 completer.close()
@@ -315,12 +316,12 @@ class ModelPool:
                       f"in {seconds:.2f} s")
         except BaseException:
             with self._changed:
-                self._swapping, self._loading = False, None
+                self._loading = None
                 self._queue.remove(waiter)
                 self._changed.notify_all()
             raise
         with self._changed:
-            self._swapping, self._loading = False, None
+            self._loading = None
             self._name, self._completer, self.default = name, loaded, name
             self._queue.remove(waiter)
             self._changed.notify_all()
