@@ -235,7 +235,7 @@ def test_gate_options_that_cannot_apply_are_refused(power_bundle, tmp_path, opti
     assert message in proc.stderr
 
 
-def test_gating_off_reports_the_tau_in_use_and_the_guard_does_not_claim_the_gate(power_bundle, tmp_path):
+def test_gating_off_is_said_and_the_guard_does_not_claim_the_gate(power_bundle, tmp_path):
     proc = run_blocked("run", power_bundle.path, "--prompt", "hello there", "-n", 12, "--stats", "--raw",
                        "--simulate-thermal", "--ambient", 50, "--ignore-target", cwd=tmp_path)
     assert_ok(proc)
