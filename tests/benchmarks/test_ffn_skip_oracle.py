@@ -109,70 +109,74 @@ def fit_stand_ins(pairs: dict[int, list[tuple[torch.Tensor, torch.Tensor]]], ran
     return maps
 
 
-def load_smollm2():
-    if not WIKITEXT.is_file():
-        pytest.skip("WikiText-2 validation text not found beside the checkout")
-    from edgesdk.models.loader import load_model
-    from edgesdk.models.sources import resolve_model
+class Measured:
+    """SmolLM2-135M loaded once for the module, its oracle hooks installed, the evaluated tokens and the dense
+    perplexity; :meth:`perplexity` scores the tokens with whatever the oracle is set to."""
 
-    loaded = load_model(resolve_model("smollm2-135m"))
-    return loaded.model.eval(), loaded.tokenizer, WIKITEXT.read_text(encoding="utf-8")
+    def __init__(self):
+        if not WIKITEXT.is_file():
+            pytest.skip("WikiText-2 validation text not found beside the checkout")
+        from edgesdk.models.loader import load_model
+        from edgesdk.models.sources import resolve_model
 
+        loaded = load_model(resolve_model("smollm2-135m"))
+        self.model, self.tokenizer = loaded.model.eval(), loaded.tokenizer
+        self.text = WIKITEXT.read_text(encoding="utf-8")
+        self.ids = torch.tensor(self.tokenizer(self.text[:30_000])["input_ids"][:TOKENS])
+        self.oracle = NormRatioOracle(self.model.model.layers)
+        self.dense = self.perplexity()
 
-def print_rows(label: str, rows: list[tuple[float, float]], dense: float) -> None:
-    for skipped, value in rows:
-        print(f"{label:>14}   {skipped:17.1%}   {value:10.3f}   {value / dense - 1:+8.1%}")
+    def perplexity(self) -> float:
+        from edgesdk.compress.measure import heldout_perplexity
 
-
-def test_oracle_ffn_skipping_cost():
-    from edgesdk.compress.measure import heldout_perplexity
-
-    model, tokenizer, text = load_smollm2()
-    ids = torch.tensor(tokenizer(text[:30_000])["input_ids"][:TOKENS])
-    oracle = NormRatioOracle(model.model.layers)
-
-    def perplexity() -> float:
         with torch.inference_mode():
-            return heldout_perplexity(model, ids, WINDOW)
+            return heldout_perplexity(self.model, self.ids, WINDOW)
 
-    dense = perplexity()
-    print(f"\ndense perplexity {dense:.3f} ({TOKENS} tokens)")
+    def rows(self, label: str, rows: list[tuple[float, float]]) -> None:
+        for skipped, value in rows:
+            print(f"{label:>14}   {skipped:17.1%}   {value:10.3f}   {value / self.dense - 1:+8.1%}")
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Measured:
+    return Measured()
+
+
+@pytest.fixture(scope="module")
+def nothing_in_place(smollm2) -> list[tuple[float, float]]:
+    """The oracle's (skipped, perplexity) rows with nothing in place of a skipped FFN, measured once."""
+    smollm2.oracle.stand_ins = {}
+    return smollm2.oracle.measure(smollm2.perplexity)
+
+
+def test_oracle_ffn_skipping_cost(smollm2, nothing_in_place):
+    print(f"\ndense perplexity {smollm2.dense:.3f} ({TOKENS} tokens)")
     print("FFN blocks skipped   perplexity   vs dense")
-    rows = oracle.measure(perplexity)
-    print_rows("nothing", rows, dense)
-    assert all(value > dense for _, value in rows)  # removing FFN output never helped on average
+    smollm2.rows("nothing", nothing_in_place)
+    assert all(value > smollm2.dense for _, value in nothing_in_place)  # removing FFN output never helped on average
 
 
-def test_oracle_ffn_skipping_with_a_linear_stand_in():
-    from edgesdk.compress.measure import heldout_perplexity
-
-    model, tokenizer, text = load_smollm2()
-    ids = torch.tensor(tokenizer(text[:30_000])["input_ids"][:TOKENS])
-    fit_ids = torch.tensor(tokenizer(text[200_000:330_000])["input_ids"][:FIT_TOKENS])
-    oracle = NormRatioOracle(model.model.layers)
+def test_oracle_ffn_skipping_with_a_linear_stand_in(smollm2, nothing_in_place):
+    model, oracle = smollm2.model, smollm2.oracle
+    fit_ids = torch.tensor(smollm2.tokenizer(smollm2.text[200_000:330_000])["input_ids"][:FIT_TOKENS])
     oracle.calibrating = True
     with torch.inference_mode():
         for window in fit_ids.reshape(-1, WINDOW):  # (FIT_TOKENS / WINDOW, WINDOW)
             model(window[None])
     oracle.calibrating = False
-
-    def perplexity() -> float:
-        with torch.inference_mode():
-            return heldout_perplexity(model, ids, WINDOW)
-
-    dense = perplexity()
     hidden = model.config.hidden_size
     ffn = 3 * hidden * model.config.intermediate_size
-    print(f"\ndense perplexity {dense:.3f} ({TOKENS} tokens; stand-ins fitted on {FIT_TOKENS} other tokens)")
+    print(f"\ndense perplexity {smollm2.dense:.3f} ({TOKENS} tokens; stand-ins fitted on {FIT_TOKENS} other tokens)")
     print("     stand-in   FFN blocks skipped   perplexity   vs dense")
     measured = {}
-    for rank in STAND_IN_RANKS:
-        oracle.stand_ins = fit_stand_ins(oracle.pairs, rank)
-        measured[rank] = oracle.measure(perplexity)
-        weights = min(2 * hidden * rank, hidden * hidden)  # two factors, or the one square map at full rank
-        print_rows(f"rank {rank} ({weights / ffn:.1%})", measured[rank], dense)
-    oracle.stand_ins = {}
-    nothing = oracle.measure(perplexity)
-    print_rows("nothing", nothing, dense)
+    try:
+        for rank in STAND_IN_RANKS:
+            oracle.stand_ins = fit_stand_ins(oracle.pairs, rank)
+            measured[rank] = oracle.measure(smollm2.perplexity)
+            weights = min(2 * hidden * rank, hidden * hidden)  # two factors, or the one square map at full rank
+            smollm2.rows(f"rank {rank} ({weights / ffn:.1%})", measured[rank])
+    finally:
+        oracle.stand_ins, oracle.pairs = {}, {}
+    smollm2.rows("nothing", nothing_in_place)
     # At its lowest threshold the full-rank stand-in costs less than skipping with nothing in place.
-    assert measured[STAND_IN_RANKS[-1]][0][1] < nothing[0][1]
+    assert measured[STAND_IN_RANKS[-1]][0][1] < nothing_in_place[0][1]
