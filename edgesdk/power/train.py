@@ -292,12 +292,14 @@ def sweep_weights(model, state: PowerState, info: PowerModelInfo, ids: torch.Ten
     """Latency-quality sweep of (alpha, beta, gamma) on validation tokens ``ids`` (T,).
 
     Each setting runs :func:`controlled_decode`; the chosen one executes the fewest FFN blocks
-    among those within ``max_nll_increase`` nats of the ungated NLL (else the lowest NLL).
+    among those within ``max_nll_increase`` nats of the ungated NLL (else the lowest NLL). Ungated is
+    gating off, the loaded model (``ADAPTERS_OFF_TAU``), as the runtime runs it: ``tau`` 0 would keep
+    the adapters' channel and head scales, a reference that already carries their cost.
     """
-    from edgesdk.power.controller import ControllerConfig, TauController
+    from edgesdk.power.controller import ADAPTERS_OFF_TAU, ControllerConfig, TauController
 
-    base = controlled_decode(model, state, info, ids, TauController(ControllerConfig(tau_init=0.0, tau_max=0.0,
-                                                                                     tau_min=0.0)))
+    off = ControllerConfig(tau_init=ADAPTERS_OFF_TAU, tau_min=ADAPTERS_OFF_TAU, tau_max=ADAPTERS_OFF_TAU)
+    base = controlled_decode(model, state, info, ids, TauController(off))
     points = []
     for weights in grid:
         point = controlled_decode(model, state, info, ids, make_controller(), weights)
