@@ -58,6 +58,22 @@ def sampler_chain_options(fn):
     ])
 
 
+def repeat_penalty_options(per_request: bool):
+    """llama.cpp's --repeat-penalty and --repeat-last-n (common/arg.cpp); ``per_request``: the server's
+    defaults, for a request that sets neither."""
+    def said(text: str) -> str:
+        return f"For a request that sets none: {text}" if per_request else text[0].upper() + text[1:]
+
+    return lambda fn: _stacked(fn, [
+        click.option("--repeat-penalty", default=1.0, show_default=True,
+                     help=said("divide the logit of a token seen in the last --repeat-last-n tokens by this (1: off), "
+                               "as llama.cpp's.")),
+        click.option("--repeat-last-n", default=64, show_default=True, type=click.IntRange(min=-1),
+                     help=said("the tokens the penalties look back over (prompt and answer; -1: the whole "
+                               "context).")),
+    ])
+
+
 # The sampling fields run and serve both take, and the option that sets each: a value SamplingConfig or
 # ServeDefaults refuses is a ValueError whose message starts with the field's name.
 SAMPLING_OPTIONS = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top_k": "'--top-k'",

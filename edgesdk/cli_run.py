@@ -29,6 +29,7 @@ from edgesdk.cli_options import (
     open_thermal,
     option_given,
     read_template_kwargs,
+    repeat_penalty_options,
     runtime_options,
     sampler_chain,
     sampler_chain_options,
@@ -98,10 +99,7 @@ class RunSettings:
                    "llama.cpp's ID+BIAS / ID-BIAS form works too).")
 @sampler_chain_options
 @click.option("--seed", "-s", type=click.IntRange(min=0), help="Seed for sampling (unset: a random one).")
-@click.option("--repeat-penalty", default=1.0, show_default=True,
-              help="Divide the logit of a token seen in the last --repeat-last-n tokens by this (1: off).")
-@click.option("--repeat-last-n", default=64, show_default=True, type=click.IntRange(min=-1),
-              help="Tokens the penalties look back over (prompt and answer; -1: the whole context).")
+@repeat_penalty_options(per_request=False)
 @click.option("--presence-penalty", default=0.0, show_default=True,
               help="Lower a seen token's logit by this, once (OpenAI's presence penalty, -2..2).")
 @click.option("--frequency-penalty", default=0.0, show_default=True,

@@ -24,6 +24,7 @@ from edgesdk.cli_options import (
     open_thermal,
     option_given,
     read_template_kwargs,
+    repeat_penalty_options,
     runtime_options,
     sampler_chain,
     sampler_chain_options,
@@ -61,11 +62,7 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
 @click.option("--top-p", default=1.0, show_default=True, help="For a request that sets none.")
 @click.option("--top-k", default=0, show_default=True, help="For a request that sets none (0: off).")
 @click.option("--min-p", default=0.0, show_default=True, help="For a request that sets none (0: off).")
-@click.option("--repeat-penalty", default=1.0, show_default=True,
-              help="For a request that sets none: divide the logit of a token seen in the last --repeat-last-n "
-                   "tokens by this (1: off), as llama-server's.")
-@click.option("--repeat-last-n", default=64, show_default=True, type=click.IntRange(min=-1),
-              help="For a request that sets none: the tokens --repeat-penalty looks back over (-1: the context).")
+@repeat_penalty_options(per_request=True)
 @sampler_chain_options
 @click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait while one generates; more get HTTP 503 at once.")
