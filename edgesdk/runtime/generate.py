@@ -38,12 +38,14 @@ DEFAULT_SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
 # llama.cpp's one-letter codes (``common_sampler_type_to_chr``), read by ``--sampling-seq`` and a ``samplers`` string.
 SAMPLER_LETTERS = {"e": "penalties", "d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma",
                    "m": "min_p", "x": "xtc", "t": "temperature", "i": "infill"}
-_SAMPLER_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
+# llama.cpp's other names for samplers (common/sampling.cpp, common_sampler_types_from_names)
+_SAMPLER_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical": "typ_p",
+                    "typical-p": "typ_p"}
 
 
 def sampler_chain(names) -> tuple[str, ...]:
     """llama.cpp's sampler list as canonical names: a list of names (any case; ``top-k`` and ``topk`` for
-    ``top_k``, ``nucleus``, ``temp`` and ``typ`` as llama.cpp reads them) or a string of one-letter codes
+    ``top_k``, ``nucleus``, ``temp``, ``typ`` and ``typical`` as llama.cpp reads them) or a string of one-letter codes
     (``"kpmt"``). A name llama.cpp has but edgesdk cannot run (``adaptive_p``), or none llama.cpp knows, is
     refused by name (llama.cpp skips an unknown one with a warning)."""
     if isinstance(names, str):
@@ -90,7 +92,7 @@ class SamplingConfig:
     # ``repeat_penalty`` (multiplied when negative), then lowered by ``frequency_penalty`` per occurrence
     # and ``presence_penalty`` once (OpenAI's two terms). The defaults change nothing.
     repeat_penalty: float = 1.0
-    repeat_last_n: int = 64  # -1: the whole context
+    repeat_last_n: int = 64  # -1: the context's size (llama.cpp's n_ctx), over prompt and answer
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     # (token id, bias) pairs added to the logits before the penalties and sampling (OpenAI's and llama-server's
@@ -619,7 +621,10 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     generated: list[int] = []
     # What the KV cache holds before ``token`` (read at a shift): the prompt, then each token the backend takes.
     held_ids = list(prompt_ids) if spans is not None else None
-    context = list(prompt_ids) if sampling.penalizes else None  # what the penalties look back over
+    # What the penalties look back over: the last repeat_last_n tokens of prompt and answer, -1 the context's size
+    # as llama.cpp resolves it (penalty_last_n = n_ctx), a ring that also holds the tokens a context shift dropped.
+    looked_back = context_size if sampling.repeat_last_n == -1 else sampling.repeat_last_n
+    context = list(prompt_ids[max(len(prompt_ids) - looked_back, 0):]) if sampling.penalizes else None
     token = _pick(sampler, logits, constraint, context, logprobs)
     drafter = lookup.drafter(prompt_ids) if lookup is not None and can_draft(backend) else None
     # Drafted tokens in the KV cache from ``token``'s position on, each with the logits that follow it.
@@ -699,6 +704,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                 held_ids.append(token)
             if context is not None:
                 context.append(token)
+                if len(context) > looked_back:  # no token past the penalties' window is kept
+                    del context[: len(context) - looked_back]
             token = _pick(sampler, logits, constraint, context, logprobs)
             stats.token_latencies_s.append(compute)
             if hook is not None:
@@ -790,7 +797,7 @@ def penalized(logits: np.ndarray, context: list[int], config: SamplingConfig) ->
     (llama.cpp's ``llama_sampler_penalties``: repeat, then frequency and presence)."""
     if not config.penalizes:
         return logits
-    window = context if config.repeat_last_n == -1 else context[len(context) - config.repeat_last_n:]
+    window = context if config.repeat_last_n == -1 else context[max(len(context) - config.repeat_last_n, 0):]
     if not window:
         return logits
     tokens, counts = np.unique(np.asarray(window, np.int64), return_counts=True)

@@ -106,13 +106,13 @@ def test_drafts_go_on_after_a_shift_and_change_no_token(lively):
 
 def _stepwise(backend, prompt: list[int], sampling: SamplingConfig, n_keep: int, n_discard: int) -> list[int]:
     """The greedy answer picked step by step from a whole prefill of what the context holds, shifted by hand where it
-    is full, the penalties looking back over the whole prompt and answer (llama.cpp's penalty sampler keeps its own
-    history, which a shift of the KV cache leaves as it is)."""
+    is full, the penalties (repeat_last_n -1) looking back over the last n_ctx tokens of prompt and answer (llama.cpp's
+    penalty sampler keeps its own ring of them, which a shift of the KV cache leaves as it is)."""
     held, history, answer = list(prompt), list(prompt), []
     while len(answer) < sampling.max_new_tokens:
         backend.reset()
         logits = backend.prefill(np.asarray(held, np.int64), keep_logits=1)[-1]
-        token = int(np.argmax(shaped(logits, history, sampling)))
+        token = int(np.argmax(shaped(logits, history[-MAX_CONTEXT:], sampling)))  # -1: the last n_ctx
         answer.append(token)
         history.append(token)
         if len(held) == MAX_CONTEXT:

@@ -25,6 +25,17 @@ def test_the_window_is_the_last_repeat_last_n_tokens():
     assert penalized(logits, [0, 1], SamplingConfig()) is logits  # the defaults change nothing
 
 
+@pytest.mark.parametrize(("history", "last_n", "penalised"), [
+    ([0, 1, 2, 3, 4], 8, [0, 1, 2, 3, 4]),  # fewer tokens than the window: every one (it cut to the last 3)
+    ([0, 1, 2, 3, 4], 5, [0, 1, 2, 3, 4]),
+    ([0, 1, 2, 3, 4], 11, [0, 1, 2, 3, 4]),
+    ([0, 1, 2, 3, 4], 3, [2, 3, 4]),
+])
+def test_a_window_longer_than_the_history_penalises_all_of_it(history, last_n, penalised):
+    out = penalized(np.zeros(8, np.float32), history, SamplingConfig(presence_penalty=1.0, repeat_last_n=last_n))
+    assert np.flatnonzero(out).tolist() == penalised
+
+
 @pytest.mark.parametrize(("field", "value"), [("repeat_penalty", 0.0), ("repeat_penalty", float("nan")),
                                               ("presence_penalty", 2.5), ("frequency_penalty", -3.0),
                                               ("repeat_last_n", -2), ("repeat_last_n", 1.5)])

@@ -86,6 +86,7 @@ def test_a_chain_without_penalties_applies_none():
     ("edskypmxt", ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")),
     (["Top-K", "nucleus", "minp", "temp"], ("top_k", "top_p", "min_p", "temperature")),
     (["typ", "TOP_N_SIGMA", "xtc"], ("typ_p", "top_n_sigma", "xtc")),
+    (["typical", "Typical-P", "typ-p"], ("typ_p", "typ_p", "typ_p")),
     ("", ()),
     ([], ()),
 ])
