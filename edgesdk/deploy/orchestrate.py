@@ -96,6 +96,18 @@ def _budget_mb(bundle_manifest: dict, board_target: str | None) -> int:
     return int(bundle_manifest["target"]["memory_budget_mb"])
 
 
+def prune_old_releases(board, report, keep: int) -> None:
+    """Remove the releases past the newest ``keep`` (current and previous always stay). The new release is live
+    and smoke-tested by then: failing to tidy up is a warning, not a failed deploy."""
+    try:
+        pruned = board.call("prune", {"keep": keep})
+    except DeployError as exc:
+        report.info(f"warning: old releases were not pruned ({exc.problem}); the next deploy tries again")
+    else:
+        if pruned["removed"]:
+            report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {keep})")
+
+
 def switch_back(board, failed: DeployError, previous: str, new_id: str, previous_before: str | None,
                 runtime_key: str | None) -> str | None:
     """Point ``current`` (and ``runtime/current``) back at ``previous`` after ``failed``, restoring the
@@ -421,13 +433,8 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                 restart_unit_after_switch(board, report, switched["from"], bundle.bundle_id,
                                           facts.state.get("previous"), active_runtime if runtime_key else None,
                                           progress)
-            try:  # the new release is live and smoke-tested: failing to tidy up does not undo it
-                pruned = board.call("prune", {"keep": options.keep})
-            except DeployError as exc:
-                report.info(f"warning: old releases were not pruned ({exc.problem}); the next deploy tries again")
-            else:
-                if pruned["removed"]:
-                    report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {options.keep})")
+            if options.service is None:
+                prune_old_releases(board, report, options.keep)
         live = install.runtime_argv(board, options.local) if runtime_key else edgesdk  # runtime/current now
         if options.service is not None:
             progress["stage"] = "service"
@@ -442,6 +449,10 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                                        progress) from failed
                 for line in lines:
                     report.info(line)
+                # after the unit came up, as a deploy without --service prunes after its restart: a unit that
+                # did not come up switched previous back to the release it pointed to, which the prune would
+                # have removed
+                prune_old_releases(board, report, options.keep)
         return DeployResult(bundle_id=bundle.bundle_id, where=where, root=board.root, bytes_sent=sent_bytes,
                             files_sent=len(plan.send), bytes_reused=plan.reused_bytes if not release_ok else total,
                             runtime_bytes_sent=runtime_sent, seconds=report.elapsed(),

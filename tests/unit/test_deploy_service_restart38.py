@@ -13,6 +13,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests._utils import fake_systemd
 from tests._utils.deploy import bundle_variant, current_id, edgesdk
 from tests._utils.sshd import free_port
@@ -128,9 +130,12 @@ def test_a_user_unit_restarted_without_lingering_says_it_stops_with_the_session(
     assert "warning: lingering could not be turned on" in back.stderr
 
 
-def test_a_deploy_undone_after_its_unit_did_not_come_up_keeps_the_previous_release(tiny_bundle, tmp_path, systemd):
+@pytest.mark.parametrize("service", [False, True], ids=["restarted-unit", "service-deploy"])
+def test_a_deploy_undone_after_its_unit_did_not_come_up_keeps_the_previous_release(tiny_bundle, tmp_path, systemd,
+                                                                                 service):
     """--keep 1 after the switch keeps only current and previous: the release previous pointed to before the
-    deploy is still there (and previous again) once the deploy is undone."""
+    deploy is still there (and previous again) once the deploy is undone, whether the unit that did not come up
+    was an earlier one restarted or the one this deploy installs (--service: the prune waits for it too)."""
     env, state = systemd
     root, port = tmp_path / "board", free_port()
     first = edgesdk("deploy", tiny_bundle.path, "--to", root, "--service", "--service-port", port, env=env)
@@ -140,8 +145,11 @@ def test_a_deploy_undone_after_its_unit_did_not_come_up_keeps_the_previous_relea
     assert second.returncode == 0, second.stderr
 
     third_bundle = bundle_variant(tiny_bundle.path, tmp_path / "third", "third")
-    third = edgesdk("deploy", third_bundle.path, "--to", root, "--keep", "1", env={**env, "EDGESDK_API_KEY": " "})
+    again = ("--service", "--service-port", port) if service else ()
+    third = edgesdk("deploy", third_bundle.path, "--to", root, "--keep", "1", *again,
+                    env={**env, "EDGESDK_API_KEY": " "})
     assert third.returncode == 8, third.stderr
     assert current_id(root) == second_bundle.bundle_id
     assert (root / "releases" / tiny_bundle.bundle_id).is_dir()
     assert (root / "previous").resolve().name == tiny_bundle.bundle_id
+    assert "removed old releases" not in third.stderr
