@@ -93,6 +93,15 @@ def _drain(stream, sink: list[bytes]) -> threading.Thread:
     return thread
 
 
+def _read(handle, size: int) -> bytes | OSError:
+    """Up to ``size`` bytes of the bundle file ``handle``, or the OSError reading it raised; apart from the
+    writes to the board, whose OSErrors (a broken pipe) mean the connection went away."""
+    try:
+        return handle.read(size)
+    except OSError as exc:
+        return exc
+
+
 def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, report: Reporter) -> Sent:
     """Stream the planned files to the board; raise DeployError if anything did not arrive intact."""
     began = time.monotonic()
@@ -121,7 +130,10 @@ def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, repor
             with handle:
                 handle.seek(offset)
                 remaining = facts["size"] - offset
-                while remaining > 0 and (block := handle.read(min(CHUNK, remaining))):
+                while remaining > 0 and (block := _read(handle, min(CHUNK, remaining))):
+                    if isinstance(block, OSError):  # the disk failed under it (EIO): the board gets no end mark
+                        changed = (name, f"reading it failed ({block.strerror or block})")
+                        break
                     proc.stdin.write(block)
                     sent += len(block)
                     remaining -= len(block)
@@ -129,8 +141,9 @@ def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, repor
                         last_note = time.monotonic()
                         report.info(f"{fmt_bytes(sent)} of {fmt_bytes(plan.send_bytes)} sent")
                 now = os.fstat(handle.fileno()).st_size
-            if remaining or now != facts["size"]:
+            if changed is None and (remaining or now != facts["size"]):
                 changed = (name, f"it is {now} bytes now, the bundle's manifest says {facts['size']}")
+            if changed is not None:
                 break
         else:
             current = None

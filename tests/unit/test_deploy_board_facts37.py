@@ -107,7 +107,7 @@ def quiet() -> Reporter:
     return Reporter(1, write=lambda line: None)
 
 
-@pytest.mark.parametrize("change", ["grown", "shrunk", "rewritten"])
+@pytest.mark.parametrize("change", ["grown", "shrunk", "rewritten", "unreadable"])
 def test_a_bundle_file_that_changes_during_the_copy_is_named(ssh_server, tmp_path, change):
     """The host sent a file to its end, whatever the manifest said: a longer one put its extra bytes where the
     board reads the next header, a shorter one made the next header part of the file. The board failed with
@@ -119,16 +119,22 @@ def test_a_bundle_file_that_changes_during_the_copy_is_named(ssh_server, tmp_pat
     bundle = make_bundle(tmp_path / "b", {"a.bin": data, "b.bin": os.urandom(3000)})
     files, plan = planned(board, bundle)
     path = bundle.path / "a.bin"
-    path.write_bytes({"grown": data + b"x" * 100, "shrunk": data[:4000], "rewritten": os.urandom(5000)}[change])
+    if change == "unreadable":  # a read that fails with EIO, as a failing disk's: /proc/self/mem at address 0
+        path.unlink()
+        path.symlink_to("/proc/self/mem")
+    else:
+        path.write_bytes({"grown": data + b"x" * 100, "shrunk": data[:4000], "rewritten": os.urandom(5000)}[change])
     with pytest.raises(DeployError) as failed:
         send(board, bundle, files, plan, quiet())
     problem = failed.value.problem
     assert problem.startswith(f"a.bin in the bundle {bundle.path} changed on this machine while deploy sent it: ")
     assert {"grown": "it is 5100 bytes now, the bundle's manifest says 5000",
             "shrunk": "it is 4000 bytes now, the bundle's manifest says 5000",
-            "rewritten": "its sha256 no longer matches the bundle's manifest"}[change] in problem
+            "rewritten": "its sha256 no longer matches the bundle's manifest",
+            "unreadable": "reading it failed (Input/output error)"}[change] in problem
     assert "leave the bundle alone while it deploys" in failed.value.fix
     # Put back, the same bundle goes through: what arrived intact stays, the rest follows.
+    path.unlink()
     path.write_bytes(data)
     files, plan = planned(board, bundle)
     send(board, bundle, files, plan, quiet())
