@@ -377,7 +377,7 @@ class Guard:
     def state(self) -> dict:
         """A JSON-friendly summary for telemetry and the status line."""
         limit = self.rate_limit_tok_s
-        return {"level": self.level.value, "budget": self.budget, "sensor_ok": self.sensor_ok,
+        return {"level": self.level.value, "paused": self.paused, "budget": self.budget, "sensor_ok": self.sensor_ok,
                 "firmware_limited": self.firmware_limited,
                 "rate_limit_tok_s": None if limit is None else round(limit, 3),
                 "fraction": round(self.fraction, 4), "clock_cap": self.clock_ratio}

@@ -176,8 +176,10 @@ def summarize(records: list[dict], horizon_s: float | None = None, throttle_s: f
         for r in inside:
             throttle_s += (r["t"] - previous_t) if r.get("throttled") else 0.0
             previous_t = r["t"]
-    # A pause is booked in its "wait" records; the step after it carries the same wait again.
-    paused = sum(r["wait_s"] for r in inside if r["kind"] == "wait" and r["level"] == "critical")
+    # A pause is booked in its "wait" records; the step after it carries the same wait again. Critical with a failed
+    # sensor paces instead of pausing (records without "paused", older ones, read it from level and sensor).
+    paused = sum(r["wait_s"] for r in inside if r["kind"] == "wait"
+                 and r.get("paused", r["level"] == "critical" and r.get("sensor_ok", True)))
     return RunSummary(
         seconds=end, tokens=tokens, requests=len(ttft), max_temp_c=max(temps) if temps else None,
         throttle_s=throttle_s,

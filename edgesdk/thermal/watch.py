@@ -111,16 +111,22 @@ class ThermalHook:
         self._waited = 0.0
         if self.guard is None:
             return 0.0
-        unrecorded, paused_state = 0.0, None  # waited since the last "wait" record; the state it paused in
+        # Waited since the last "wait" record, and the state (reading, guard state) and pause flag of those chunks:
+        # a run of chunks is booked in one state, so pacing and a pause never share a record.
+        unrecorded, run_state, run_paused = 0.0, None, None
         while True:
             self._observe()
             wait = self.guard.wait_s(kind)
             if wait <= 0.0:
-                if unrecorded > 0 and paused_state is not None:  # a pause's last chunks, at its own level
-                    self._record("wait", 0, 0.0, unrecorded, state=paused_state)
+                if unrecorded > 0 and run_paused:  # a pause's last chunks, at its own level
+                    self._record("wait", 0, 0.0, unrecorded, state=run_state)
                 return self._waited
             chunk = min(wait, self.guard.config.poll_s)
-            paused_state = (self.reading, self.guard.state()) if self.guard.paused else None
+            paused = self.guard.paused
+            if unrecorded > 0 and paused != run_paused:  # pacing turned into a pause, or a pause into pacing
+                self._record("wait", 0, 0.0, unrecorded, state=run_state)
+                unrecorded, self._last_wait_record = 0.0, self.clock.now()
+            run_state, run_paused = (self.reading, self.guard.state()), paused
             before, slept = self.clock.now(), False
             try:
                 self.clock.sleep(chunk)
@@ -143,7 +149,7 @@ class ThermalHook:
                     self._waited += part
                     unrecorded += part
                 if unrecorded > 0:
-                    self._record("wait", 0, 0.0, unrecorded, state=paused_state)
+                    self._record("wait", 0, 0.0, unrecorded, state=run_state)
                 raise
 
     def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
