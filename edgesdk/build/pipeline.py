@@ -6,6 +6,7 @@ already done.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -429,6 +430,14 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         _log(f"--resume: the exported files in {export_dir} are damaged ({problem}); exporting again")
         work.forget("export")
         record = None
+    # The export's check is not part of the build key (it changes no stage): a resumed build with other validation
+    # settings exports and checks again, rather than take the earlier check's figures for its own.
+    checked_with = json.loads(json.dumps(asdict(config.validation)))
+    if record is not None and record.get("validation_settings") != checked_with:
+        _log("--resume: the export was validated with other settings "
+             f"({record.get('validation_settings')} -> {checked_with}); exporting and validating again")
+        work.forget("export")
+        record = None
     if record is None:
         if export_dir.exists():  # what a killed or damaged export left: none of it is this export's
             shutil.rmtree(export_dir)
@@ -439,7 +448,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         else:
             report = validate_fused(model, export_dir / "model.onnx", spec, export_config.fused(model),
                                     config.validation, config.progress)
-        record = {"graph": spec.to_json(), "validation": report.to_json()}
+        record = {"graph": spec.to_json(), "validation": report.to_json(), "validation_settings": checked_with}
         if export_config.sparse:
             from edgesdk.build.sparse_step import export_sparse_parts
 

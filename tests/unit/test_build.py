@@ -177,6 +177,27 @@ def test_a_build_killed_after_export_resumes_to_the_same_bundle_id(recipe_name, 
     assert resumed.bundle_id == straight.bundle_id
 
 
+def test_a_resume_with_other_validation_settings_validates_the_export_again(tiny_model_dir, tmp_path, capsys):
+    """The validation settings are not in the build key (they change no stage): a resumed build that asks for
+    another check exported and validated again instead of taking the earlier check's figures as its own."""
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.errors import EdgeSDKError
+    from edgesdk.export.onnx_export import ExportConfig
+    from edgesdk.export.validate import ValidationConfig
+
+    def built(validation: ValidationConfig, resume: bool):
+        return build(BuildConfig(target="host", model=str(tiny_model_dir), out=tmp_path / "b", recipe="fp32-fused",
+                                 export=ExportConfig(max_context=64), validation=validation, resume=resume,
+                                 keep_work=True, progress=False))
+
+    built(ValidationConfig(), resume=False)
+    built(ValidationConfig(), resume=True)
+    assert "[2/3] export: done in an earlier run" in capsys.readouterr().err
+    with pytest.raises(EdgeSDKError, match="differs from PyTorch by more than atol=1e-30"):
+        built(ValidationConfig(prompts=1, atol=1e-30), resume=True)  # no float32 graph passes that
+    assert "the export was validated with other settings" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("change", "named"), [
     ("recipe", "the recipe (--recipe or its file, --set"),
     ("edgesdk-version", "the edgesdk version"),
