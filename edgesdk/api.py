@@ -28,6 +28,7 @@ Typical use on a board::
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -591,6 +592,16 @@ class RequestError(EdgeSDKError, ValueError):
         super().__init__(f"{method}{field}: {message}", fix)
 
 
+def override_items(overrides: Mapping[str, object] | Iterable[str] | str) -> tuple[str, ...]:
+    """``build_bundle``'s ``overrides`` as ``--set`` items: a mapping's values written as JSON, which the recipe
+    reads as YAML, so None, tuples and strings keep their meaning (``str()`` gave 'None' and '(1, 2)')."""
+    if isinstance(overrides, Mapping):
+        return tuple(f"{key}={json.dumps(value, default=str)}" for key, value in overrides.items())
+    if isinstance(overrides, str):
+        return (overrides,)
+    return tuple(overrides)
+
+
 def build_bundle(target: str, model: str | None = None, *, out: str | Path | None = None, recipe: str | None = None,
                  max_context: int = 4096, data: Iterable[str | Path] = (), data_skip_chars: int = 0,
                  generated_sequences: int = 32, overrides: Mapping[str, object] | Iterable[str] = (),
@@ -613,12 +624,7 @@ def build_bundle(target: str, model: str | None = None, *, out: str | Path | Non
     from edgesdk.export.onnx_export import ExportConfig
     from edgesdk.models.sources import DEFAULT_MODEL
 
-    if isinstance(overrides, Mapping):
-        changes = tuple(f"{key}={value}" for key, value in overrides.items())
-    elif isinstance(overrides, str):
-        changes = (overrides,)
-    else:
-        changes = tuple(overrides)
+    changes = override_items(overrides)
     adapters = _lora_adapters(lora)
     data_config = DataConfig(files=tuple(str(file) for file in data), skip_chars=data_skip_chars,
                              generated_sequences=generated_sequences)

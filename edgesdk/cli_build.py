@@ -65,7 +65,8 @@ def build(target, model, out, loras, scaled_loras, recipe, max_context, resume, 
         click.echo(f"edgesdk build: warning: --data-skip-chars {data_skip_chars} is not used: it leaves out the head "
                    "of each --data file, and no --data is given", err=True)
     shortcuts = shortcut_overrides(target, recipe, {"--ffn-ratio": ffn_ratio, "--prune-layers": prune_layers,
-                                                    "--distill-steps": distill_steps, "--density": density})
+                                                    "--distill-steps": distill_steps, "--density": density},
+                                   tuple(overrides))
     data = DataConfig(files=tuple(str(f) for f in data_files), skip_chars=data_skip_chars,
                       generated_sequences=generated_sequences)
     try:

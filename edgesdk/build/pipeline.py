@@ -144,13 +144,20 @@ SHORTCUTS = {"--ffn-ratio": "prune.ffn_ratio", "--prune-layers": "prune.layers_r
              "--density": "sparsify.density"}
 
 
-def shortcut_overrides(target: str, recipe_name: str | None, values: dict[str, object]) -> tuple[str, ...]:
+def shortcut_overrides(target: str, recipe_name: str | None, values: dict[str, object],
+                       sets: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The ``stage.field=value`` overrides that the shortcut options given (``values``: option -> value or
     None) stand for. A shortcut whose stage the recipe lacks is refused naming the option, and the shipped
-    recipes that have that stage."""
+    recipes that have that stage; so is one that an override of ``sets`` (``--set``) sets too, which would
+    silently win over it."""
     given = {option: value for option, value in values.items() if value is not None}
     if not given:
         return ()
+    for option, value in given.items():
+        for item in sets:
+            if item.partition("=")[0].strip() == SHORTCUTS[option]:
+                raise BuildError(f"{option} {value} and --set {item} both set {SHORTCUTS[option]}",
+                                 f"give one of them (--set {SHORTCUTS[option]}=... or {option} ...)")
     recipe = recipe_for(recipe_name, get_profile(target))
     stages = [entry.stage for entry in recipe.stages]
     for option, value in given.items():

@@ -91,7 +91,7 @@ def make_config(name: str, values: dict | None) -> Any:
     spec = stage_spec(name)
     values = dict(values or {})
     allowed = {f.name for f in fields(spec.config_class)}
-    unknown = sorted(set(values) - allowed)
+    unknown = sorted(set(values) - allowed, key=str)  # YAML reads a bare 1 or yes as an int or a bool key
     if unknown:
         raise BuildError(f"stage '{name}' has no option(s) {unknown}; allowed: {sorted(allowed)}",
                          "fix the recipe or the --set override")

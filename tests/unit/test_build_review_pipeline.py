@@ -244,3 +244,41 @@ def test_a_sound_sparse_record_is_accepted(tiny_bundle, tmp_path):
     (path / "kernels" / "sm_87").mkdir(parents=True)
     (path / "kernels" / "sm_87" / "index.json").write_bytes(index)
     assert verify_bundle(path).manifest["sparse"]["kernels"]["dir"] == "kernels/sm_87/"
+
+
+def test_build_bundle_overrides_keep_none_tuples_and_strings():
+    """A mapping's values went through str(): None became the text 'None' and a tuple '(0.3, 0.4, 0.3)', both
+    refused by the stage's config for the very values its defaults hold."""
+    from edgesdk.api import override_items
+    from edgesdk.build.recipes import load_recipe
+    from edgesdk.build.registry import make_config
+    from edgesdk.power import stage as _power  # noqa: F401  (registers the stage)
+
+    items = override_items({"power.weights": (0.3, 0.4, 0.3), "power.entropy_target": None,
+                            "power.peak_layers": (-1,), "power.rounds": 3})
+    entry = load_recipe("power").with_overrides(items).stages[0]
+    config = make_config(entry.stage, entry.config)
+    assert (config.weights, config.entropy_target, config.peak_layers, config.rounds) == ((0.3, 0.4, 0.3), None,
+                                                                                         (-1,), 3)
+    assert override_items("power.rounds=3") == ("power.rounds=3",)
+    assert override_items(["power.rounds=3"]) == ("power.rounds=3",)
+
+
+def test_a_shortcut_and_a_set_of_the_same_key_are_refused_naming_both(tmp_path):
+    """--ffn-ratio 0.3 --set prune.ffn_ratio=0.5 pruned at 0.5: the last override won without a word."""
+    from edgesdk.build.pipeline import shortcut_overrides
+
+    with pytest.raises(BuildError) as refused:
+        shortcut_overrides("rpi5", "int4-prune", {"--ffn-ratio": 0.3}, ("prune.ffn_ratio=0.5",))
+    assert refused.value.problem == "--ffn-ratio 0.3 and --set prune.ffn_ratio=0.5 both set prune.ffn_ratio"
+    assert shortcut_overrides("rpi5", "int4-prune", {"--ffn-ratio": 0.3}, ("prune.kv_group_ratio=0.5",)) == \
+        ("prune.ffn_ratio=0.3",)
+
+
+def test_unknown_stage_options_of_mixed_key_types_are_named():
+    """YAML reads a bare 1 or yes as an int or a bool key: sorting them beside names raised a TypeError."""
+    from edgesdk.build.registry import make_config
+    from edgesdk.compress import qat as _qat  # noqa: F401  (registers the stage)
+
+    with pytest.raises(BuildError, match=r"stage 'qat' has no option\(s\) \[1, 'foo'\]"):
+        make_config("qat", {1: 2, "foo": 3})
