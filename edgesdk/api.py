@@ -386,13 +386,13 @@ class Model:
         ends at once, within the guard's poll interval (0.5 s), for an answer and for a perplexity alike (their
         callers get the 503), so close never waits for the board to cool. It does wait for the backend's step
         running (a token, a prompt's prefill), and for a perplexity being measured, whose remaining windows run to
-        the end first unless the guard holds them."""
+        the end first unless the guard holds them. Then what the model holds is given back, as ``edgesdk serve``
+        unloading a bundle gives it back: the prompt cache and the saved KV caches of other conversations, and the
+        backend's (and a draft bundle's) buffers where it has a ``close`` (TensorRT's device memory)."""
         if self._closed:
             return
         self._closed = True
-        self._completer.stop()
-        with self._completer.exclusive():  # the answers in flight and waiting end: their turns pass before this one
-            pass
+        self._completer.close()  # the answers in flight and waiting end: their turns pass before this one
         if self._release_guard is not None:
             self._release_guard()
 

@@ -494,8 +494,8 @@ class Completer:
         """Give back what the model holds, for a server that loads another bundle in its place (``edgesdk serve``
         with several bundles, edgesdk/serve/model_pool.py): once the answers in flight and queued have had their
         turn, the prompt cache and the host copies of other conversations' KV caches are dropped, the backend's KV
-        cache is reset and the backend closed where it has a ``close`` (TensorRT's device buffers and stream); an
-        ONNX Runtime session goes with the last reference to it. A request after it gets the 503 of :meth:`stop`."""
+        cache is reset and the backend (and a draft bundle's) closed where it has a ``close`` (TensorRT's device
+        buffers and stream); an ONNX Runtime session goes with the last reference to it. A request after it gets the 503 of :meth:`stop`."""
         self.stopping = True
         with self._turn:
             backend = self.runtime.backend
@@ -506,9 +506,11 @@ class Completer:
                 self.prompt_cache = None
             else:
                 backend.reset()
-            closing = getattr(backend, "close", None)
-            if callable(closing):
-                closing()
+            backends = [backend] + ([self.lookup.backend] if isinstance(self.lookup, DraftModel) else [])
+            for each in backends:  # the draft bundle's backend too, TensorRT's buffers as the model's own
+                closing = getattr(each, "close", None)
+                if callable(closing):
+                    closing()
 
     def _count_waiting(self, change: int) -> None:
         with self._count_lock:

@@ -209,6 +209,21 @@ def test_a_closed_model_says_so(tiny_bundle):
     assert caught.value.status == 503
 
 
+def test_close_gives_back_the_saved_kv_caches_and_the_prompt_cache(tiny_bundle):
+    """close() stopped the model but kept what it held: the host copies of other conversations' KV caches (up to
+    cache_ram_mib, 256 MiB by default) and the backend's buffers (TensorRT's device memory) until the process
+    ended, so a program loading and closing bundles in turn ran out of memory."""
+    model = edgesdk.load(tiny_bundle.path, threads=1, max_tokens=4)
+    for prompt in ("the quick brown fox " * 6, "edge boards run small models " * 6):
+        model(prompt)
+    store = model._completer.prompt_cache.store
+    assert store.entries  # the first conversation's cache, saved when the second came
+    model.close()
+    assert not store.entries
+    assert model._completer.prompt_cache is None
+    assert model.runtime.backend.position == 0
+
+
 def test_watch_thermal_on_a_machine_without_sensors_says_what_it_fell_back_to(tiny_bundle, tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESDK_THERMAL_ROOT", str(tmp_path / "no-thermal-zones"))
     monkeypatch.setenv("EDGESDK_CPUFREQ_ROOT", str(tmp_path / "no-cpufreq"))
