@@ -51,6 +51,9 @@ class OrtGatedBackend(OrtFusedBackend):
         self.fixed_tau: float | None = None  # a constant threshold instead of the controller (sweeps, eval)
         self.last_gates: np.ndarray | None = None
         self.last_power: np.ndarray | None = None
+        # Hidden states (embeddings) of the function the bundle generates with by default, gating off: the loaded
+        # model. The fused backend's neutral tau 0 would keep the adapters' channel and head scales acting.
+        self._neutral_inputs = {"tau": ADAPTERS_OFF_TAU}
 
     def controller_config(self, entropy_target: float | None = None, compute_budget: float | None = None
                           ) -> ControllerConfig:

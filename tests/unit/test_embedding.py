@@ -61,7 +61,10 @@ def test_an_embedding_leaves_the_conversation_in_the_kv_cache_as_it_was(form, tm
     np.testing.assert_array_equal(continued, backend.decode(int(IDS[5])))
 
 
-def test_a_gated_graph_embeds_with_every_ffn_run_and_leaves_its_controller_alone(tmp_path):
+def test_a_gated_graph_embeds_the_loaded_model_and_leaves_its_controller_alone(tmp_path):
+    """Embeddings come from the function the bundle generates with by default, gating off: every FFN run and no
+    adapter scale acting (at tau 0 the adapters' channel and head scales acted)."""
+    from edgesdk.power.controller import ADAPTERS_OFF_TAU
     from tests.unit.test_power_export import _gated_model
 
     model, state, _ = _gated_model("llama-gqa")
@@ -69,7 +72,7 @@ def test_a_gated_graph_embeds_with_every_ffn_run_and_leaves_its_controller_alone
     backend = OrtGatedBackend(tmp_path / "model.onnx", spec.to_json(), threads=1)
     backend.gating, backend.fixed_tau = True, 1.01  # every FFN skipped while generating
     state.clear()
-    state.enabled, state.tau = True, 0.0  # the reference: tau 0, every FFN run
+    state.enabled, state.tau = True, ADAPTERS_OFF_TAU  # the reference: gating off, the loaded model
     want = _reference_hidden(model, IDS)
     state.clear()
     before = backend.controller.summary()
