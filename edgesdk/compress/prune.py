@@ -137,12 +137,24 @@ def layer_removal_costs(model, batches: list[torch.Tensor], reference: list[torc
 
 def block_influence(model, batches: list[torch.Tensor]) -> list[float]:
     """Per current decoder layer: ShortGPT's Block Influence (Men et al. 2024), 1 - the mean cosine between the
-    hidden states entering and leaving it; a layer that changes its input little scores near 0."""
+    hidden states entering and leaving it; a layer that changes its input little scores near 0. transformers'
+    last hidden state is the final norm's output, so the last layer's own output is taken by a hook."""
     totals = [0.0] * len(model.model.layers)
-    for batch in batches:
-        states = model(batch, output_hidden_states=True, use_cache=False).hidden_states  # L+1 x (B, S, D)
-        for index, (entering, leaving) in enumerate(zip(states[:-1], states[1:], strict=True)):
-            totals[index] += 1.0 - float(F.cosine_similarity(entering.float(), leaving.float(), dim=-1).mean())
+    last: list[torch.Tensor] = []
+
+    def keep_output(module, args, output) -> None:
+        last.append(output[0] if isinstance(output, tuple) else output)
+
+    handle = model.model.layers[-1].register_forward_hook(keep_output)
+    try:
+        for batch in batches:
+            last.clear()
+            states = model(batch, output_hidden_states=True, use_cache=False).hidden_states  # L+1 x (B, S, D)
+            leaving_each = [*states[1:-1], last[-1]]  # each layer's output; the last one's before the final norm
+            for index, (entering, leaving) in enumerate(zip(states[:-1], leaving_each, strict=True)):
+                totals[index] += 1.0 - float(F.cosine_similarity(entering.float(), leaving.float(), dim=-1).mean())
+    finally:
+        handle.remove()
     return [total / len(batches) for total in totals]
 
 

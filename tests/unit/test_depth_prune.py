@@ -61,6 +61,19 @@ def test_block_influence_removes_the_layer_that_changes_its_input_least():
         PruneConfig(depth_criterion="cosine")
 
 
+def test_block_influence_scores_the_last_layer_by_its_own_output_not_the_final_norms():
+    """transformers' last hidden state is the final norm's output: the last layer was scored against it, so a
+    silent last layer scored high (never removed) and its score moved with the norm's weights."""
+    from edgesdk.compress.prune import block_influence
+
+    model = tiny_llama(layers=3)
+    _silence(model.model.layers[-1])
+    with torch.no_grad():
+        model.model.norm.weight.copy_(torch.linspace(0.2, 3.0, model.model.norm.weight.numel()))
+        scores = block_influence(model, _batches())
+    assert scores[-1] < 1e-6 < min(scores[:-1])
+
+
 def test_removal_is_one_shot_or_greedy_scoring_what_remains_after_each_removal():
     model = tiny_llama(layers=4)
     _silence(model.model.layers[1])
