@@ -55,7 +55,7 @@ class DistillConfig:
     schedule: bool = True  # seed §4.1 weight schedule (token -> layer -> global emphasis)
     soft_prompt_tokens: int = 0  # seed §4.2 frozen random prefix; off: +0.5 % perplexity (test_stage_options)
     train_embedding: bool = False  # keep the tied embedding / LM head as QAT left it
-    seed: int = 2  # batch sampling (differs from QAT and pruning)
+    seed: int = 2  # batch sampling (blocks of one shape drawn with the same seed are the same in every stage)
 
     def __post_init__(self):
         for name, least in (("steps", 0), ("batch_size", 1), ("sequence_length", 2), ("soft_prompt_tokens", 0)):

@@ -77,7 +77,7 @@ class PruneConfig:
     calibration_batches: int = 32  # batches of squared gradients (32 x 2 x 256 = 16k tokens)
     batch_size: int = 2  # sequences per calibration batch (memory)
     sequence_length: int = 256  # tokens per sequence
-    seed: int = 1  # batch sampling (differs from QAT's so calibration text is not the QAT text)
+    seed: int = 1  # batch sampling (blocks of one shape drawn with the same seed are the same in every stage)
 
     def __post_init__(self):
         for name in ("ffn_ratio", "kv_group_ratio"):
