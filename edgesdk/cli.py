@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from edgesdk import __version__
+from edgesdk.cli_options import echo_json
 from edgesdk.cli_options import finite_or_null as _finite_or_null  # noqa: F401  (importable from here, as it always was)
 from edgesdk.errors import EdgeSDKError
 
@@ -151,8 +152,8 @@ def inspect(bundle, as_json):
     from edgesdk.bundle import read_manifest
 
     manifest = read_manifest(bundle)
-    if as_json:
-        click.echo(json.dumps(manifest, indent=2))
+    if as_json:  # strict JSON: a diverged stage's inf perplexity is null
+        echo_json(manifest)
         return
     before, graph = manifest["model"]["before"], manifest["graph"]
     click.echo(f"bundle     {manifest['bundle_id']} (schema {manifest['schema_version']}, "

@@ -258,6 +258,24 @@ def test_inspect_json_is_the_manifest(bundle):
     assert json.loads(result.stdout) == read_manifest(bundle)
 
 
+def test_inspect_json_is_strict_json_where_a_stage_diverged(bundle, tmp_path):
+    """A diverged stage's perplexity is inf in the manifest; inspect --json printed the bare word Infinity, which
+    jq and other strict JSON readers refuse. It is null, as in eval's and bench's JSON."""
+    import hashlib
+
+    copy = tmp_path / "diverged"
+    shutil.copytree(bundle, copy)
+    manifest = read_manifest(copy)
+    manifest["baseline"] = {"heldout_perplexity": float("inf")}
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"  # as the bundle writer writes it: Infinity
+    (copy / "manifest.json").write_text(text, encoding="utf-8")
+    (copy / "manifest.sha256").write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
+    result = invoke("inspect", copy, "--json")
+    assert_ok(result)
+    assert json.loads(result.stdout, parse_constant=lambda word: pytest.fail(f"{word} is not JSON"))["baseline"] \
+        == {"heldout_perplexity": None}
+
+
 # --- run ------------------------------------------------------------------------------------------
 
 
