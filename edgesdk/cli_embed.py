@@ -30,7 +30,8 @@ from pathlib import Path
 
 import click
 
-from edgesdk.cli_options import runtime_options
+from edgesdk.cli_interactive import process_escapes
+from edgesdk.cli_options import escape_option, runtime_options
 from edgesdk.errors import EdgeSDKError, read_utf8
 
 POOLINGS = ("last", "mean", "cls", "none")  # edgesdk.runtime.embedding.POOLINGS (not imported: it needs numpy)
@@ -48,6 +49,7 @@ SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vec
                    "newline dropped).")
 @click.option("--embd-separator", default="\n", show_default="a newline", metavar="STRING",
               help="What separates the inputs in --prompt and --file, e.g. '<#sep#>'.")
+@escape_option
 @click.option("--pooling", type=click.Choice(POOLINGS), default=None,
               help="How a text's hidden states become its vector: last (the last token's: decoder embedding models, "
                    "Qwen3-Embedding, e5-mistral), mean, cls (the first token's), none (every token's).  [default: as "
@@ -63,7 +65,7 @@ SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vec
               help="Embed the first max-context tokens of a longer input, the end token its tokenizer appends kept "
                    "(a note on stderr says which), instead of refusing it.")
 @runtime_options
-def embed(bundle, prompts, text_file, embd_separator, pooling, embd_normalize, embd_output_format, truncate,
+def embed(bundle, prompts, text_file, embd_separator, escape, pooling, embd_normalize, embd_output_format, truncate,
           threads, backend, target, ignore_target):
     """Embeddings of texts through the bundle's runtime, as llama.cpp's llama-embedding prints them.
 
@@ -73,7 +75,7 @@ def embed(bundle, prompts, text_file, embd_separator, pooling, embd_normalize, e
       edgesdk embed BUNDLE -f passages.txt --embd-output-format json > vectors.json
       edgesdk embed BUNDLE -p "a cat" -p "a dog" -p "the stock market"   # and their cosine similarities
     """
-    inputs = _inputs(prompts, text_file, embd_separator)
+    inputs = _inputs(prompts, text_file, embd_separator, escape)
     from edgesdk.runtime.embedding import (
         EmbeddingConfig,
         EmbeddingError,
@@ -120,8 +122,11 @@ def embed(bundle, prompts, text_file, embd_separator, pooling, embd_normalize, e
                           served_model_name(runtime.bundle.manifest), tokens))
 
 
-def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str) -> list[tuple[str, str]]:
-    """(text, where) of each input: the pieces of each --prompt, then of --file, split at ``separator``."""
+def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,
+            escape: bool = True) -> list[tuple[str, str]]:
+    """(text, where) of each input: the pieces of each --prompt, then of --file, split at ``separator``; with
+    ``escape`` (-e, on by default) their escapes processed before the split, as llama-embedding processes its
+    prompt's (the separator itself is taken as written)."""
     if separator == "":
         raise click.BadParameter("an empty separator splits nothing; pass a string that is between the inputs, "
                                  "or leave it out for a newline", param_hint="'--embd-separator'")
@@ -134,6 +139,9 @@ def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str) ->
                                      param_hint="'--file' / '-f'")
         content = read_utf8(text_file, "--file")
         sources.append((content[:-1] if content.endswith("\n") else content, f"--file {text_file}"))
+    if escape:
+        sources = [(process_escapes(text, "'--file' / '-f'" if source.startswith("--file") else "'--prompt' / '-p'"),
+                    source) for text, source in sources]
     if not sources:
         raise click.UsageError("give the text to embed: --prompt TEXT (repeatable) or --file FILE")
     piece = "line" if separator == "\n" else "piece"

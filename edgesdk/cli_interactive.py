@@ -31,9 +31,14 @@ SIMPLE_ESCAPES = {"n": b"\n", "r": b"\r", "t": b"\t", "'": b"'", '"': b'"', "\\"
 
 
 def process_escapes(text: str, hint: str) -> str:
-    """``text`` with llama.cpp's escape sequences processed, as llama-cli does to --in-prefix, --in-suffix and
+    """``text`` with llama.cpp's escape sequences processed, as llama-cli does to its prompt, --in-prefix, --in-suffix and
     --reverse-prompt (common.cpp ``string_process_escapes``, on by default with -e): \\n, \\r, \\t, \\', \\",
-    \\\\ and \\xHH (a byte); any other backslash, and one at the end, stays as it is."""
+    \\\\ and \\xHH (a byte); any other backslash, and one at the end, stays as it is. A text that was not UTF-8
+    to begin with (bytes Python holds as lone surrogates) comes back as it is, for the caller's own check to name."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text
     out, index = bytearray(), 0
     while index < len(text):
         char = text[index]

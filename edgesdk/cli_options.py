@@ -58,6 +58,15 @@ def sampler_chain_options(fn):
     ])
 
 
+def escape_option(fn):
+    """llama.cpp's -e/--escape, on by default, and --no-escape (common/arg.cpp: ``string_process_escapes`` on the
+    prompt, -p's or -f's, and on --in-prefix, --in-suffix and each -r)."""
+    return click.option(
+        "-e", "--escape/--no-escape", "escape", default=True,
+        help="Read \\n, \\r, \\t, \\', \\\", \\\\ and \\xHH in the text given on the command line and in --file "
+             "as llama.cpp does (its -e, on by default); --no-escape takes them as written.")(fn)
+
+
 def repeat_penalty_options(per_request: bool):
     """llama.cpp's --repeat-penalty and --repeat-last-n (common/arg.cpp); ``per_request``: the server's
     defaults, for a request that sets neither."""

@@ -24,6 +24,7 @@ from edgesdk.cli_options import (
     configure_gates,
     draft_model,
     draft_options,
+    escape_option,
     gate_options,
     lookup_config,
     open_thermal,
@@ -127,6 +128,7 @@ class RunSettings:
               help="Stop the answer once its text holds TEXT (llama-cli's reverse prompt; repeatable): the answer "
                    "keeps and shows TEXT, and the next prompt comes; with --prompt or --file it ends the answer, as "
                    "a stop string. Escapes as in --in-prefix.")
+@escape_option
 @click.option("--json", "json_object", is_flag=True,
               help="JSON mode: each answer is one JSON object (tokens that cannot continue one are never taken; "
                    "the answer ends when the object closes).")
@@ -163,7 +165,7 @@ class RunSettings:
 @runtime_options
 def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias,
         samplers, sampling_seq, seed, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
-        raw, system, template_kwargs, history, in_prefix, in_suffix, reverse_prompts,
+        raw, system, template_kwargs, history, in_prefix, in_suffix, reverse_prompts, escape,
         json_object, json_schema, grammar, grammar_file, lookup_draft, prompt_cache, stats, context_shift, keep,
         draft_bundle, draft_max, draft_p_min,
         watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
@@ -195,11 +197,11 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                                   min_p=min_p, seed=seed, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                   logit_bias=logit_bias, samplers=samplers, sampling_seq=sampling_seq),
-        prompt=_one_prompt(prompt, prompt_file),
+        prompt=_one_prompt(prompt, prompt_file, escape),
         prompt_option="--file" if prompt_file is not None else "--prompt",
-        in_prefix=_escaped_affix(in_prefix, "'--in-prefix'"),
-        in_suffix=_escaped_affix(in_suffix, "'--in-suffix'"),
-        reverse_prompts=_reverse_prompts(reverse_prompts),
+        in_prefix=_escaped_affix(in_prefix, "'--in-prefix'", escape),
+        in_suffix=_escaped_affix(in_suffix, "'--in-suffix'", escape),
+        reverse_prompts=_reverse_prompts(reverse_prompts, escape),
         json_object=json_object,
         schema=_read_json_schema(json_schema, json_object),
         grammar=_read_grammar(grammar, grammar_file, json_object, json_schema),
@@ -257,23 +259,26 @@ def _sampling_config(*, logit_bias: tuple[str, ...], samplers: str | None, sampl
         raise bad_sampling_option(exc, RUN_SAMPLING_OPTIONS) from exc
 
 
-def _one_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
-    """The prompt --prompt or --file gives (llama-cli's -p / -f), None when neither does."""
+def _one_prompt(prompt: str | None, prompt_file: Path | None, escape: bool = True) -> str | None:
+    """The prompt --prompt or --file gives (llama-cli's -p / -f), None when neither does; with ``escape`` (-e, on
+    by default) its escapes processed, as llama-cli processes its prompt's, from -p or -f alike."""
     if prompt_file is None:
-        return prompt
+        return prompt if prompt is None or not escape else process_escapes(prompt, "'--prompt' / '-p'")
     if prompt is not None:
         raise click.BadParameter("--prompt and --file both give the prompt; pass one", param_hint="'--file' / '-f'")
-    return _read_text_file(prompt_file, "--file", "'--file' / '-f'")
+    text = _read_text_file(prompt_file, "--file", "'--file' / '-f'")
+    return process_escapes(text, "'--file' / '-f'") if escape else text
 
 
-def _escaped_affix(text: str | None, hint: str) -> str:
-    """--in-prefix / --in-suffix with llama-cli's escapes processed; "" when not given."""
-    return "" if text is None else process_escapes(text, hint)
+def _escaped_affix(text: str | None, hint: str, escape: bool = True) -> str:
+    """--in-prefix / --in-suffix with llama-cli's escapes processed (unless --no-escape); "" when not given."""
+    return "" if text is None else process_escapes(text, hint) if escape else text
 
 
-def _reverse_prompts(texts: tuple[str, ...]) -> tuple[str, ...]:
-    """-r texts with llama-cli's escapes processed; an empty one is refused."""
-    texts = tuple(process_escapes(text, "'--reverse-prompt' / '-r'") for text in texts)
+def _reverse_prompts(texts: tuple[str, ...], escape: bool = True) -> tuple[str, ...]:
+    """-r texts with llama-cli's escapes processed (unless --no-escape); an empty one is refused."""
+    if escape:
+        texts = tuple(process_escapes(text, "'--reverse-prompt' / '-r'") for text in texts)
     if "" in texts:  # llama-cli would find it after every token
         raise click.BadParameter("is empty, so every answer would stop at its first token; give the text the "
                                  "answer stops at, e.g. -r 'User:'", param_hint="'--reverse-prompt' / '-r'")
