@@ -428,8 +428,8 @@ def _gguf_rope_overrides(path: Path, arch: str, field, reader, head_dim: dict) -
                 "convert the model again (llama.cpp's convert_hf_to_gguf.py) or build from its Hugging Face "
                 "directory instead")
         fitted = llama3_rope_parameters(factors, base, dims)
-        if fitted is not None:
-            return {"rope_parameters": fitted}
+        if fitted is not None:  # {}: every factor 1, plain RoPE, whose base the config read from rope.freq_base
+            return {"rope_parameters": fitted} if fitted else {}
         what = (f"a rope_freqs.weight tensor whose {factors.size} factors ({factors.min():.4g} to "
                 f"{factors.max():.4g}) no Llama 3 rope scaling gives")
     elif factor != 1:

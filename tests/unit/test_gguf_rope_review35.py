@@ -146,3 +146,15 @@ def test_llama3_tables_whose_band_between_starts_at_the_second_or_third_frequenc
     assert fit.theta == 10_000.0
     assert np.allclose(fit.factors, divisors, rtol=1e-5)
     assert llama3_rope_parameters(fit.factors.astype(np.float64), fit.theta, head_dim) == rope
+
+
+def test_a_rope_freqs_tensor_of_ones_is_plain_rope_at_the_files_base(plain_llama, tmp_path):
+    """llama.cpp divides each frequency by its factor, so factors all 1 are plain RoPE (its converter writes them
+    for a llama3 rope setting of factor 1). The empty rope parameters fitted to them replaced the config's, rope
+    type and base with them, and the load failed with KeyError 'rope_type', blamed on a damaged file."""
+    freq_base = rewrite_gguf(plain_llama, tmp_path / "base.gguf", fields={"llama.rope.freq_base": (500_000.0, F32)})
+    ones = rewrite_gguf(freq_base, tmp_path / "ones.gguf", tensors={"rope_freqs.weight": np.ones(16, np.float32)})
+    plain, loaded = _load(freq_base).model, _load(ones).model
+    assert loaded.config.rope_parameters == plain.config.rope_parameters
+    assert loaded.config.rope_parameters["rope_theta"] == 500_000.0
+    torch.testing.assert_close(loaded.model.rotary_emb.inv_freq, plain.model.rotary_emb.inv_freq)
