@@ -376,8 +376,8 @@ def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions", 
             raise ApiError(400, f"'{field}' = {_shown(value)} is not supported: this server does not have that sampler; "
                            f"leave '{field}' out or set it to {off}", param=field, code="unsupported_parameter")
     checks = [  # (field, is its value one we can honour, why not)
-        ("n", lambda v: v in (None, 1), "one choice per request (n = 1)"),
-        ("best_of", lambda v: v in (None, 1), "one choice per request (best_of = 1)"),
+        ("n", lambda v: v is None or (v == 1 and not isinstance(v, bool)), "one choice per request (n = 1)"),
+        ("best_of", lambda v: v is None or (v == 1 and not isinstance(v, bool)), "one choice per request (best_of = 1)"),
         ("suffix", lambda v: takes_suffix or v in (None, ""),
          "no suffix (fill-in-the-middle: send the text after the cursor to /infill as 'input_suffix')"),
         ("functions", lambda v: not v, "no legacy functions (send them as 'tools')"),

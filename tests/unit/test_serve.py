@@ -51,6 +51,7 @@ def test_chat_request_normalises_roles_and_text_parts():
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"n": 2}, "n"),
+    ({"n": True}, "n"),  # True == 1 in Python: it was taken for n = 1
     ({"logprobs": "yes"}, "logprobs"),
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
