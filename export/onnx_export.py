@@ -67,6 +67,11 @@ class ExportConfig:
                 "(export.weights: int8 or int4)")
         if self.form == "standard" and self.weights == "int8":
             self.qdq(None)  # validates embedding_bits
+        if not self.sparse and self.sparse_layout != "plain":
+            raise ExportError(
+                f"export sparse_layout={self.sparse_layout} with sparse=false: the layout orders the stored "
+                "block-compressed weights, which only export.sparse stores, so the setting would be ignored",
+                "set export.sparse: true (a recipe with a sparsify stage), or leave sparse_layout out")
         if self.weights_codec not in WEIGHTS_CODECS:
             raise ExportError(f"export weights_codec '{self.weights_codec}' is unknown; choose one of "
                               f"{', '.join(WEIGHTS_CODECS)}", "set export.weights_codec in the recipe")

@@ -154,6 +154,15 @@ def test_standard_form_refuses_quantized_weights():
         ExportConfig(form="fast")
 
 
+def test_a_sparse_layout_without_sparse_weights_is_refused_as_ignored():
+    """export.sparse_layout=transposed was taken and ignored where export.sparse is off, which stores no blocks."""
+    from edgesdk.errors import ExportError
+
+    with pytest.raises(ExportError, match="sparse_layout=transposed with sparse=false.*would be ignored"):
+        ExportConfig(form="ort-fused", weights="int8", sparse_layout="transposed")
+    assert ExportConfig(form="standard", weights="int8", sparse=True, sparse_layout="transposed").sparse
+
+
 def test_scales_are_float16_values_and_tiny_blocks_stay_finite():
     """Scales are exactly float16 values (the bundle stores them as float16); a block of weights
     far below float16's range quantizes to zeros, never to NaN."""
