@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -39,6 +40,22 @@ class ExportSection(BaseModel):
         return value
 
 
+# YAML 1.1 forms PyYAML reads that YAML 1.2 (and a reader of the command line) does not: 010 as octal 8, 1:00 as 60
+_LEADING_ZERO_INT = re.compile(r"[-+]?0[0-9]+")
+_SEXAGESIMAL = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")
+
+
+def _override_value(raw: str):
+    """A --set value as YAML 1.2's core schema reads it: 010 is ten and 1:00 is text, where PyYAML's YAML 1.1
+    read them as octal 8 and sexagesimal 60."""
+    text = raw.strip()
+    if _LEADING_ZERO_INT.fullmatch(text):
+        return int(text, 10)
+    if _SEXAGESIMAL.fullmatch(text):
+        return text
+    return yaml.safe_load(raw)
+
+
 class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str
@@ -56,7 +73,7 @@ class Recipe(BaseModel):
                 raise BuildError(f"override '{item}' is not of the form stage.field=value",
                                  "write e.g. --set prune.ffn_ratio=0.4 or --set export.weights=int4")
             try:
-                value = yaml.safe_load(raw)
+                value = _override_value(raw)
             except yaml.YAMLError as exc:
                 raise BuildError(f"override '{item}': the value {raw!r} is not valid YAML "
                                  f"({str(exc).splitlines()[0]})", "quote it, e.g. --set 'stage.field=\"text\"'") \

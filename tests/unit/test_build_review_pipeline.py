@@ -282,3 +282,19 @@ def test_unknown_stage_options_of_mixed_key_types_are_named():
 
     with pytest.raises(BuildError, match=r"stage 'qat' has no option\(s\) \[1, 'foo'\]"):
         make_config("qat", {1: 2, "foo": 3})
+
+
+def test_set_values_are_read_as_yaml_1_2_reads_them():
+    """PyYAML's YAML 1.1 read --set power.rounds=010 as octal 8 and qat.block_size=1:00 as 60 (the error then
+    showed 60, not what was typed)."""
+    from edgesdk.build.recipes import load_recipe
+
+    recipe = load_recipe("power").with_overrides(["power.rounds=010", "power.new_tokens=0x10"])
+    config = recipe.stages[0].config
+    assert (config["rounds"], config["new_tokens"]) == (10, 16)  # 0x10 is hexadecimal in both
+    from edgesdk.build.registry import make_config
+    from edgesdk.compress import qat as _qat  # noqa: F401  (registers the stage)
+
+    entry = load_recipe("int4-prune").with_overrides(["qat.block_size=1:00"]).stages[0]
+    with pytest.raises(BuildError, match="'1:00'"):
+        make_config(entry.stage, entry.config)
