@@ -81,6 +81,7 @@ class TauController:
         self.reset()
 
     def reset(self) -> None:
+        """Start over, for a new sequence: the control state and the statistics of :meth:`summary`."""
         c = self.config
         self._entropy_tau = c.tau_init
         self._floor = c.tau_min
@@ -88,9 +89,19 @@ class TauController:
         self.tau = c.tau_init
         self.powers: deque[float] = deque(maxlen=c.window + c.smooth)
         self.executed: deque[float] = deque(maxlen=c.window)
-        self.entropies: list[float] = []
+        self.last_entropy: float | None = None  # the last window's, a prompt's too
+        self.entropies: list[float] = []  # of the windows that ended at a counted (decode) step
         self.blocks_run = 0
         self.blocks_total = 0
+
+    def statistics(self) -> tuple[list[float], int, int]:
+        """What :meth:`summary` counts (entropies, blocks run, blocks in all), for :meth:`restore_statistics` after a
+        reset that does not start a new answer (a context shift starts the sequence over, not the answer)."""
+        return list(self.entropies), self.blocks_run, self.blocks_total
+
+    def restore_statistics(self, statistics: tuple[list[float], int, int]) -> None:
+        entropies, self.blocks_run, self.blocks_total = statistics
+        self.entropies = list(entropies)
 
     def set_compute_budget(self, budget: float) -> None:
         """Lower (or restore) the mean executed-FFN fraction allowed; the thermal guard calls this."""
@@ -102,14 +113,15 @@ class TauController:
     @property
     def entropy(self) -> float | None:
         """Realised entropy of the last window (None until a window has been seen)."""
-        return self.entropies[-1] if self.entropies else None
+        return self.last_entropy
 
     def observe(self, power: float | np.ndarray, executed: np.ndarray, steer: bool = True, count: bool = True
                 ) -> float:
         """Tokens' power p_t (S,) and per-layer executed flags (S, L); returns the next step's tau.
 
         ``steer=False`` only measures (gating off: tau stays where it is); ``count=False`` leaves the
-        rows out of the block counts (a prompt, whose FFNs ran whatever the gates said).
+        rows out of the block counts and their window out of the realised entropy (a prompt, whose FFNs ran
+        whatever the gates said).
         """
         c = self.config
         fresh = False
@@ -128,7 +140,9 @@ class TauController:
                 self.blocks_total += row.size
         if fresh and len(self.powers) >= c.window:
             h = window_entropy(np.fromiter(self.powers, np.float64), c.window, c.smooth, c.floor)
-            self.entropies.append(h)
+            self.last_entropy = h
+            if count:  # a prompt's window steers, but the realised entropy is the answer's
+                self.entropies.append(h)
             step = c.gain_entropy * (h - c.entropy_target)
             # While the budget floor holds tau above the entropy loop's value, lowering that value
             # changes nothing now but winds it down (toward tau_min): when the floor let go, tau fell

@@ -81,7 +81,8 @@ def distribution(s: np.ndarray, mask: np.ndarray, floor: float = FLOOR) -> np.nd
     low = np.where(valid, s, np.inf).min(axis=-1, keepdims=True)
     top = np.where(valid, s, -np.inf).max(axis=-1, keepdims=True)
     span = top - low
-    scaled = np.where(span > 1e-12, (s - low) / np.where(span > 1e-12, span, 1.0), 0.0)
+    # equal powers: every entry 1, so P is uniform (ln W) whatever the floor; 0 gave P all 0 (H 0) at floor 0
+    scaled = np.where(span > 1e-12, (s - low) / np.where(span > 1e-12, span, 1.0), 1.0)
     x = np.where(valid, scaled + floor, 0.0)
     total = x.sum(axis=-1, keepdims=True)
     return np.where(total > 0, x / np.where(total > 0, total, 1.0), 0.0)

@@ -35,7 +35,8 @@ def distribution(s: torch.Tensor, mask: torch.Tensor, floor: float = FLOOR) -> t
     high = torch.where(valid, s, torch.full_like(s, float("-inf"))).amax(-1, keepdim=True)
     span = high - low
     ok = span > 1e-12
-    scaled = torch.where(ok, (s - low) / torch.where(ok, span, torch.ones_like(span)), torch.zeros_like(s))
+    # equal powers: every entry 1, so P is uniform (ln W) whatever the floor, as in distribution.py
+    scaled = torch.where(ok, (s - low) / torch.where(ok, span, torch.ones_like(span)), torch.ones_like(s))
     x = torch.where(valid, scaled + floor, torch.zeros_like(s))
     total = x.sum(-1, keepdim=True)
     return torch.where(total > 0, x / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(x))

@@ -735,10 +735,14 @@ def _shift(backend: DecoderBackend, held_ids: list[int], token: int, spans: tupl
     n_keep, n_discard = spans
     kept = held_ids[:n_keep] + held_ids[n_keep + n_discard:]
     start = n_keep if n_keep > 0 and callable(getattr(backend, "rewind", None)) and not steers_gates(backend) else 0
+    controller = getattr(backend, "controller", None)  # a power-gated backend's: its --stats go on over the shift
+    statistics = controller.statistics() if controller is not None else None
     if start:
         backend.rewind(start)
     else:
         backend.reset()
+    if statistics is not None:
+        controller.restore_statistics(statistics)
     if cache is not None:  # what the cache holds from here on: the kept start, then each token the backend takes
         cache.tokens = list(kept[:start])
     feed = [*kept[start:], token]

@@ -100,6 +100,36 @@ def test_measuring_only_leaves_tau_alone_and_uncounted_rows_out_of_the_block_cou
     assert controller.summary()["blocks_total"] == 32 * 4
 
 
+def test_a_prompts_window_steers_but_is_not_part_of_the_answers_realised_entropy():
+    """The realised entropy --stats prints averaged in the window a prompt ended with, whose FFNs ran whatever the
+    gates said: with -n 3 it was a third of the figure."""
+    controller = TauController(ControllerConfig())
+    controller.observe(np.r_[np.full(9, 0.1), 5.0], np.ones((10, 12)), count=False)  # the prefill
+    prompt_window = controller.entropy
+    assert prompt_window is not None
+    assert controller.summary()["mean_entropy"] is None
+    decode_windows = []
+    for _ in range(2):
+        controller.observe(np.array([1.0]), np.ones((1, 12)))
+        decode_windows.append(controller.entropy)
+    assert controller.summary()["mean_entropy"] == pytest.approx(np.mean(decode_windows), abs=1e-4)
+    assert prompt_window not in decode_windows
+
+
+def test_statistics_kept_over_a_reset_that_does_not_start_an_answer():
+    controller = TauController(ControllerConfig())
+    for value in np.linspace(0.1, 2.0, 12):
+        controller.observe(np.array([value]), np.ones((1, 4)))
+    before = controller.summary()
+    kept = controller.statistics()
+    controller.reset()  # a context shift starts the sequence over
+    assert controller.summary()["blocks_total"] == 0
+    controller.restore_statistics(kept)
+    after = controller.summary()
+    assert after.pop("tau") == 0.5  # the control state starts over, tau at tau_init
+    assert after == {key: value for key, value in before.items() if key != "tau"}
+
+
 def test_config_is_validated():
     with pytest.raises(ValueError, match="compute_budget"):
         ControllerConfig(compute_budget=1.5)

@@ -41,11 +41,19 @@ def test_min_max_makes_p_invariant_to_offset_and_scale():
     np.testing.assert_allclose(D.windowed(p, mask)[0], D.windowed(3.0 * p + 7.0, mask)[0], atol=1e-12)
 
 
-def test_constant_power_is_uniform_and_entropy_reaches_ln_window():
+@pytest.mark.parametrize("floor", [D.FLOOR, 0.0])
+def test_constant_power_is_uniform_and_entropy_reaches_ln_window(floor):
+    """Also without a floor (a bundle's power.json may hold 0): P was all zeros there and the entropy 0."""
     p = np.full((1, 16), 2.5)
-    prob, _ = D.windowed(p, np.ones_like(p))
+    prob, _ = D.windowed(p, np.ones_like(p), floor=floor)
     np.testing.assert_allclose(prob, 1 / D.WINDOW)
     np.testing.assert_allclose(D.entropy(prob), np.log(D.WINDOW))
+    assert D.window_entropy(np.ones(10), floor=floor) == pytest.approx(np.log(D.WINDOW))
+    torch = pytest.importorskip("torch")
+    from edgesdk.power import vector
+
+    ours, _ = vector.windowed(torch.from_numpy(p), torch.ones(1, 16, dtype=torch.float64), floor=floor)
+    np.testing.assert_allclose(ours.numpy(), 1 / D.WINDOW)
 
 
 def test_entropy_bounds_and_a_spike_lowers_it():
