@@ -28,3 +28,14 @@ def test_int8_rows_refuses_non_finite_weights(bad):
     weight[2, 3] = bad
     with pytest.raises(ExportError, match=r"weight layers.0.o holds 1 non-finite values.*\[2, 3\]"):
         int8_rows(weight, "layers.0.o")
+
+
+def test_a_row_of_small_values_off_its_own_grid_is_refused():
+    """The error was measured against the matrix's largest value, so a row of values small beside it could hold
+    any floats and pass, quantized with up to half a step of error instead of sent back to QAT."""
+    weight = _on_grid()
+    weight[3] = np.random.default_rng(1).uniform(-0.02, 0.02, weight.shape[1]).astype(np.float32)  # off any grid
+    with pytest.raises(ExportError, match="not on a per-row INT8 grid"):
+        int8_rows(weight, "w")
+    weight[3] = _on_grid()[3] * np.float32(0.01)  # the same row scaled onto its own (small) grid
+    int8_rows(weight, "w")
