@@ -221,8 +221,10 @@ def _marginals(distribution: dict, length: int) -> list[dict]:
 SAMPLED = [
     SamplingConfig(max_new_tokens=3, temperature=0.5),
     SamplingConfig(max_new_tokens=3, temperature=0.8, top_k=12, top_p=0.9, min_p=0.05),
+    # the penalties over the last 12 tokens: over the whole 52-token prompt they push every token the prompt holds
+    # out of reach, and prompt lookup (which drafts what followed a token earlier in the text) has nothing to draft
     SamplingConfig(max_new_tokens=3, temperature=1.3, top_k=8, top_p=0.8, min_p=0.02, samplers="tpmke",
-                   repeat_penalty=1.3, frequency_penalty=0.4, logit_bias=((20, 2.0), (212, -1.0))),
+                   repeat_penalty=1.3, frequency_penalty=0.4, repeat_last_n=12, logit_bias=((20, 2.0), (212, -1.0))),
 ]
 
 
