@@ -80,7 +80,8 @@ class RunSettings:
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--prompt", "-p", help="Prompt text; without it, read prompts interactively from stdin.")
 @click.option("--file", "-f", "prompt_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, newlines included.")
+              help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, newlines included; its escapes are "
+                   "read as --prompt's (--no-escape: as written).")
 @click.option("--max-new-tokens", "-n", default=128, show_default=True)
 @click.option("--ignore-eos", is_flag=True,
               help="Never end at an end-of-text or end-of-turn token (their logits set to -inf, as llama.cpp's "
