@@ -130,7 +130,11 @@ def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,
     if separator == "":
         raise click.BadParameter("an empty separator splits nothing; pass a string that is between the inputs, "
                                  "or leave it out for a newline", param_hint="'--embd-separator'")
-    sources = [(prompt, "--prompt" if len(prompts) == 1 else f"--prompt {number}")
+
+    def escaped(text: str, hint: str) -> str:
+        return process_escapes(text, hint) if escape else text
+
+    sources = [(escaped(prompt, "'--prompt' / '-p'"), "--prompt" if len(prompts) == 1 else f"--prompt {number}")
                for number, prompt in enumerate(prompts, 1)]
     if text_file is not None:
         if not text_file.exists() or text_file.is_dir():
@@ -138,10 +142,8 @@ def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,
             raise click.BadParameter(f"{str(text_file)!r} is not a file ({why}); give a UTF-8 text file",
                                      param_hint="'--file' / '-f'")
         content = read_utf8(text_file, "--file")
-        sources.append((content[:-1] if content.endswith("\n") else content, f"--file {text_file}"))
-    if escape:
-        sources = [(process_escapes(text, "'--file' / '-f'" if source.startswith("--file") else "'--prompt' / '-p'"),
-                    source) for text, source in sources]
+        content = content[:-1] if content.endswith("\n") else content
+        sources.append((escaped(content, "'--file' / '-f'"), f"--file {text_file}"))
     if not sources:
         raise click.UsageError("give the text to embed: --prompt TEXT (repeatable) or --file FILE")
     piece = "line" if separator == "\n" else "piece"

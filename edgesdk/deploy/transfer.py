@@ -93,15 +93,6 @@ def _drain(stream, sink: list[bytes]) -> threading.Thread:
     return thread
 
 
-def _read(handle, size: int) -> bytes | OSError:
-    """Up to ``size`` bytes of the bundle file ``handle``, or the OSError reading it raised; apart from the
-    writes to the board, whose OSErrors (a broken pipe) mean the connection went away."""
-    try:
-        return handle.read(size)
-    except OSError as exc:
-        return exc
-
-
 def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, report: Reporter) -> Sent:
     """Stream the planned files to the board; raise DeployError if anything did not arrive intact."""
     began = time.monotonic()
@@ -130,9 +121,13 @@ def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, repor
             with handle:
                 handle.seek(offset)
                 remaining = facts["size"] - offset
-                while remaining > 0 and (block := _read(handle, min(CHUNK, remaining))):
-                    if isinstance(block, OSError):  # the disk failed under it (EIO): the board gets no end mark
-                        changed = (name, f"reading it failed ({block.strerror or block})")
+                while remaining > 0:
+                    try:  # the read alone: a write's OSError (a broken pipe) means the connection went away
+                        block = handle.read(min(CHUNK, remaining))
+                    except OSError as exc:  # the disk failed under it (EIO): the board gets no end mark
+                        changed = (name, f"reading it failed ({exc.strerror or exc})")
+                        break
+                    if not block:
                         break
                     proc.stdin.write(block)
                     sent += len(block)
