@@ -152,7 +152,9 @@ def parse_responses_request(body: object, store: ResponseStore | None = None) ->
         request = parse_chat_request(chat)
     except ApiError as exc:
         raise _renamed(exc, origins) from None
-    for message, origin in zip(request.messages, origins, strict=False):
+    if len(request.messages) > len(origins):  # the tools' description, put first as a system message of its own
+        origins = ["tools", *origins]  # (edgesdk.serve.tools.with_instructions): the input's messages follow it
+    for message, origin in zip(request.messages, origins, strict=True):
         try:  # text the prompt cannot hold (a lone surrogate from a JSON escape), named as the Responses field
             if isinstance(message.get("content"), str):
                 check_utf8(message["content"], origin)
