@@ -29,7 +29,11 @@ Rules, so the cap never fights the board's own tools and is never left behind:
   is killed is undone by the next one (:func:`recover`); a cap that cannot be given back (not
   root, a failed write) stays recorded until one can;
 * a capping run holds a lock beside the state file for as long as it runs (the kernel drops it
-  however the process ends): other runs leave its caps alone, and do not cap themselves.
+  however the process ends): other runs leave its caps alone, and do not cap themselves;
+* each record names the boot it was written in (``/proc/sys/kernel/random/boot_id``, a UUID the
+  kernel draws anew at every boot, ``Documentation/admin-guide/sysctl/kernel.rst``): after a
+  restart the ceilings are the ones the board set at boot (nvpmodel's mode, config.txt), not the
+  cap, so a record of an earlier boot is dropped unread, even where a ceiling happens to equal it.
 """
 
 from __future__ import annotations
@@ -55,6 +59,27 @@ def _read_khz(path: Path) -> int | None:
         return int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
+
+
+BOOT_ID = "proc/sys/kernel/random/boot_id"  # under the root directory: this boot's UUID
+
+
+def _boot_id(root: Path | None) -> str | None:
+    """This boot's ``boot_id`` under ``root`` ("/" on a board), or None where it cannot be read."""
+    if root is None:
+        return None
+    try:
+        return (root / BOOT_ID).read_text().strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def _root_of(max_file: Path) -> Path | None:
+    """The root directory of ``<root>/sys/devices/system/cpu/cpufreq/policyN/scaling_max_freq``."""
+    parents = max_file.parents
+    if len(parents) < 7 or parents[1].relative_to(parents[6]).as_posix() != CPUFREQ_DIR:
+        return None
+    return parents[6]
 
 
 def _read_list(path: Path) -> list[int]:
@@ -99,6 +124,23 @@ def _kernel_limiting(policy_dir: Path) -> bool:
     return False
 
 
+def _offline(policy_dir: Path) -> bool:
+    """Are all the CPUs of this policy offline? An nvpmodel mode with fewer cores takes whole clusters
+    down (a 4-core mode on an 8-core Orin NX leaves the policy of CPUs 4-7 without an online CPU).
+
+    ``affected_cpus`` lists the policy's online CPUs (kernel ``Documentation/admin-guide/pm/cpufreq.rst``);
+    it reads empty for such an inactive policy. Since Linux 5.19 ("cpufreq: Abort show/store for half
+    initialized policy") every read of an inactive policy's files fails (EBUSY); before it (L4T R35's
+    5.10, R36's 5.15 unless patched) ``scaling_max_freq`` still shows a value but a write fails with
+    EINVAL (``store()`` checks ``cpu_online(policy->cpu)``), which would read as a failed cap. A
+    missing or unreadable file says nothing.
+    """
+    try:
+        return not (policy_dir / "affected_cpus").read_text().split()
+    except (OSError, ValueError):
+        return False
+
+
 @dataclass
 class Policy:
     """One cpufreq policy: its directory, the board's ceiling and the frequencies it offers."""
@@ -111,6 +153,7 @@ class Policy:
     written_khz: int | None = None  # what the cap last wrote (None: not capped)
     released: bool = False  # someone else changed the ceiling, or a write failed: hands off
     stuck: bool = False  # capped, and writing the ceiling back failed: the state file keeps it
+    pinned_said: bool = False  # the warning that scaling_min_freq holds the clock up was given
 
     @property
     def max_file(self) -> Path:
@@ -193,6 +236,9 @@ class CpuFreqCap:
             if ceiling is None:
                 skipped.append(f"{path.name}: scaling_max_freq unreadable")
                 continue
+            if _offline(path):
+                skipped.append(f"{path.name}: none of its CPUs is online (affected_cpus is empty)")
+                continue
             if not os.access(path / "scaling_max_freq", os.W_OK):
                 skipped.append(f"{path.name}: scaling_max_freq not writable (run as root)")
                 continue
@@ -209,7 +255,9 @@ class CpuFreqCap:
     def describe(self) -> str:
         if not self.available:
             return f"CPU clock cap unavailable: {self.reason}"
-        parts = [f"{p.path.name} {p.ceiling_khz / 1e6:g} GHz" for p in self.policies]
+        parts = [f"{p.path.name} {p.ceiling_khz / 1e6:g} GHz"
+                 + (" pinned by scaling_min_freq, as jetson_clocks pins it: cannot be capped"
+                    if p.floor_khz >= p.ceiling_khz else "") for p in self.policies]
         return "CPU clock cap via cpufreq scaling_max_freq (" + ", ".join(parts) + ")"
 
     def set_ratio(self, ratio: float | None) -> None:
@@ -244,6 +292,13 @@ class CpuFreqCap:
             policy.rebase(current)  # a new cap: the ceiling as it is now, never the one of an earlier cap
         value = policy.ceiling_khz if ratio is None else min(policy.target(ratio), policy.ceiling_khz)
         requested = current if policy.written_khz is None else policy.written_khz  # what the file was given
+        if ratio is not None and value >= current and policy.floor_khz >= current and not policy.pinned_said:
+            policy.pinned_said = True  # jetson_clocks pins the minimum to the maximum: said, never fought
+            self._warn(f"{policy.path.name}: scaling_min_freq is pinned at {policy.floor_khz} kHz, at its "
+                       f"scaling_max_freq {current} kHz (as jetson_clocks pins it), so the clock cap cannot lower "
+                       "the clock and leaves it alone; for --clock-cap to act, undo that (sudo jetson_clocks "
+                       "--restore after a --store, or re-apply the power mode: sudo nvpmodel -m <mode>) or lower "
+                       "scaling_min_freq")
         if value != requested and not self._write(policy, value, restoring=ratio is None):
             return
         policy.written_khz = None if ratio is None else value
@@ -273,7 +328,8 @@ class CpuFreqCap:
     def _save_state(self) -> None:
         if self.state_path is None:
             return
-        capped = {str(p.max_file): {"original": p.ceiling_khz, "written": p.written_khz}
+        boot = {"boot": boot} if (boot := _boot_id(self.root)) else {}
+        capped = {str(p.max_file): {"original": p.ceiling_khz, "written": p.written_khz, **boot}
                   for p in self.policies if p.written_khz is not None and (p.stuck or not p.released)}
         try:  # a cache directory that cannot be written must not stop generation mid-answer
             if capped:
@@ -306,8 +362,9 @@ def recover_left_cap() -> list[str]:
 
 
 def _load_state(state_path: Path) -> dict[str, dict]:
-    """The state file's records (scaling_max_freq path -> original and written kHz); a missing or
-    garbled file, and records this code did not write, count as none."""
+    """The state file's records (scaling_max_freq path -> original and written kHz, and the boot they
+    were written in when known); a missing or garbled file, and records this code did not write,
+    count as none."""
     try:
         state = json.loads(state_path.read_text())
     except (OSError, ValueError):
@@ -315,7 +372,8 @@ def _load_state(state_path: Path) -> dict[str, dict]:
     if not isinstance(state, dict):
         return {}
     return {file: entry for file, entry in state.items()
-            if isinstance(entry, dict) and all(isinstance(entry.get(key), int) for key in ("original", "written"))}
+            if isinstance(entry, dict) and all(isinstance(entry.get(key), int) for key in ("original", "written"))
+            and isinstance(entry.get("boot", ""), str)}
 
 
 def lock_path(state_path: Path) -> Path:
@@ -392,6 +450,9 @@ def recover(state_path: Path, holding_lock: bool = False) -> list[str]:
     kept = {}
     for file, entry in _load_state(state_path).items():
         path, original = Path(file), entry["original"]
+        boot = _boot_id(_root_of(path))
+        if entry.get("boot") and boot and entry["boot"] != boot:
+            continue  # written before the board restarted: the ceiling now is the one it set at boot
         current = _read_khz(path)
         if current != entry["written"] and not (
                 current is not None and current < entry["written"] and _kernel_limiting(path.parent)):
