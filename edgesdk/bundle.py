@@ -21,6 +21,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import re
 import shutil
 import tarfile
 import zlib
@@ -122,13 +123,56 @@ class BundleWriter:
 def _move_into_place(staging: Path, destination: Path) -> None:
     """Rename the complete bundle ``staging`` to ``destination``. An earlier bundle there is first
     renamed aside to ``.NAME.old`` (read_manifest points to it if a kill comes between the two
-    renames) and removed last, so a kill at any step leaves a whole bundle at one of the two names."""
+    renames) and removed last, so a kill at any step leaves a whole bundle at one of the two names.
+
+    A power cut is a kill too: the staged files are flushed to the disk before the renames, and the
+    renames before the earlier bundle is removed (fsync(2); ext4 and most file systems may otherwise
+    write a rename before the data of the files renamed, leaving empty files at the new name with the
+    earlier bundle already gone)."""
+    _sync_tree(staging)
     old = destination.with_name(f".{destination.name}.old")
     if destination.exists() or destination.is_symlink():
         _remove(old)  # what a commit killed while removing it left
-        os.replace(destination, old)
+        try:
+            os.replace(destination, old)
+        except OSError as exc:  # EBUSY: a mount point check_replaceable could not see (no /proc/self/mountinfo)
+            raise BundleError(f"cannot replace {destination} with the new bundle: renaming it aside to {old.name} "
+                              f"failed ({exc.strerror or exc}); it is left as it was",
+                              f"write the bundle to a new directory (e.g. {destination / 'bundle'} when "
+                              f"{destination} is a mount point)") from exc
     os.replace(staging, destination)
+    _sync_directory(destination.parent)
     _remove(old)  # this commit's earlier bundle, or one a commit killed between its renames left
+
+
+def _sync_tree(root: Path) -> None:
+    """Flush every regular file under ``root``, then each directory, to the disk."""
+    for directory, _, names in os.walk(root):
+        for name in names:
+            file = os.path.join(directory, name)
+            if os.path.islink(file) or not os.path.isfile(file):  # only the regular files staged here
+                continue
+            handle = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(handle)
+            finally:
+                os.close(handle)
+        _sync_directory(Path(directory))
+
+
+def _sync_directory(path: Path) -> None:
+    """Flush a directory's entries (the names renamed or written in it); a file system that cannot sync a
+    directory (EINVAL on some network and FUSE file systems) is left to its own order."""
+    try:
+        handle = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
 
 
 def _remove(path: Path) -> None:
@@ -139,17 +183,47 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def check_replaceable(path: Path, fix: str = "pass --out a new directory (or an earlier bundle to replace)") -> None:
+REPLACE_FIX = "pass --out a new directory (or an earlier bundle to replace)"
+
+
+def check_replaceable(path: Path, fix: str = REPLACE_FIX) -> None:
     """A bundle may be written at ``path``: nothing is there, an empty directory, or an earlier
-    bundle (which it replaces). Anything else is the user's and is refused before any work."""
+    bundle (which it replaces). Anything else is the user's and is refused before any work.
+
+    An earlier bundle is a directory with both ``manifest.json`` and ``manifest.sha256`` (every bundle
+    BundleWriter commits has both; a file left in it by hand goes with it, as verification refuses it): a
+    directory with only a ``manifest.json`` (a web app's, a browser extension's, a project's) is the user's,
+    and the replace would delete it whole. A mount point (an SD card, a container's volume) cannot be renamed,
+    which the replace does, so it is refused here too rather than after the build."""
     path = Path(path)
     if not path.exists():
         return
     if not path.is_dir():
         raise BundleError(f"the output path {path} is a file, not a bundle directory", fix)
-    if any(path.iterdir()) and not (path / MANIFEST).is_file():
+    if _is_mount_point(path):
+        raise BundleError(f"the output directory {path} is a mount point (a file system is mounted there: an SD "
+                          "card, a USB drive, a container volume); a bundle is written beside its directory and "
+                          "renamed into place, and a mount point cannot be renamed",
+                          f"pass --out a directory inside it instead, e.g. {path / 'bundle'}" if fix == REPLACE_FIX
+                          else fix)
+    if any(path.iterdir()) and not ((path / MANIFEST).is_file() and (path / MANIFEST_DIGEST).is_file()):
         raise BundleError(f"the output directory {path} holds files and is not a bundle: writing the bundle there "
                           "would replace them", fix)
+
+
+def _is_mount_point(path: Path) -> bool:
+    """``path`` has a file system mounted on it: os.path.ismount, and on Linux also a bind mount of a directory
+    of the same file system, which only /proc/self/mountinfo names (field 5, octal-escaped: proc(5))."""
+    if os.path.ismount(path):
+        return True
+    try:
+        lines = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+    except OSError:
+        return False
+    resolved = os.path.realpath(path)
+    unescape = re.compile(r"\\([0-7]{3})")
+    return any(len(fields) > 4 and unescape.sub(lambda m: chr(int(m[1], 8)), fields[4]) == resolved
+               for fields in (line.split(" ") for line in lines))
 
 
 def model_not_bundle(path: Path) -> BundleError | None:
@@ -694,5 +768,9 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
             return text and text.replace(f"bundle {staging}", named).replace(str(staging), named)
 
         raise BundleError(rename(exc.problem), rename(exc.fix)) from exc
-    _move_into_place(staging, final)
+    try:
+        _move_into_place(staging, final)
+    except BaseException:  # the unpacked copy is not left hidden beside the destination
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return verify_bundle(final)

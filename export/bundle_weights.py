@@ -91,8 +91,10 @@ def read_bundle_decoder(bundle_dir: Path, manifest: dict) -> BundleDecoder:
                           "bundles can be read back layer by layer",
                           "rebuild it with a recipe whose export form is ort-fused (default, int8-head, int4, "
                           "fp32-fused, ...): edgesdk build --recipe default")
-    model = onnx.load(str(Path(bundle_dir) / graph_record["file"]), load_external_data=False)
+    model_path = Path(bundle_dir) / graph_record["file"]
+    model = onnx.load(str(model_path), load_external_data=False)
     store = _Initializers(model.graph, Path(bundle_dir), graph_record.get("weights"))
+    store.check(model_path)
     nodes = _NodeIndex(model.graph)
     embed, final_norm, lm_head = _embedding_and_head(store, nodes)
     head_dim = graph_record["head_dim"]
@@ -202,7 +204,21 @@ class _Initializers:
     def __init__(self, graph, bundle_dir: Path, weights_record: dict | None):
         self.tensors = {t.name: t for t in graph.initializer}
         self.bundle_dir, self.record = bundle_dir, weights_record
-        self._external: bytes | None = None
+        self._external: dict[str, bytes] = {}  # by location: a coded bundle's one inflated file under its name
+
+    def check(self, model_path: Path) -> None:
+        """Refuse what the runtime refuses before onnxruntime reads the graph (edgesdk/weights_file.py,
+        ``graph_data_problems``): an initializer stored outside the bundle's weights file, past its end, over
+        another's bytes, or with a length its shape does not take. Verification matched the files to the
+        manifest only; a graph rewritten with the manifest's hashes would otherwise export a neighbour's bytes
+        (or another file's) as weights without a word."""
+        from edgesdk.weights_file import check_graph_data, graph_data_problems, read_graph_tensors
+
+        tensors, dangling = read_graph_tensors(model_path)
+        inflated = None
+        if self.record is not None:
+            inflated = len(self._external_bytes(self.record["external_name"]))
+        check_graph_data(model_path, graph_data_problems(model_path, tensors, dangling, self.record, inflated))
 
     def has(self, name: str) -> bool:
         return name in self.tensors
@@ -223,14 +239,16 @@ class _Initializers:
         return np.frombuffer(data, dtype, count, int(where.get("offset", 0))).reshape(tuple(tensor.dims))
 
     def _external_bytes(self, location: str) -> bytes:
-        if self._external is None:
+        """The bytes of the external file ``location`` (checked by :meth:`check` to be the bundle's weights
+        file, or a plain file beside the graph), read once."""
+        if location not in self._external:
             if self.record is not None:
                 from edgesdk.weights_file import inflate_weights
 
-                self._external = inflate_weights(self.bundle_dir, self.record)
+                self._external[location] = inflate_weights(self.bundle_dir, self.record)
             else:
-                self._external = (self.bundle_dir / location).read_bytes()
-        return self._external
+                self._external[location] = (self.bundle_dir / location).read_bytes()
+        return self._external[location]
 
 
 class _NodeIndex:
