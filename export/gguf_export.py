@@ -162,6 +162,8 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     if vocab.eos_id is None and tokenizer.get("eos_token_ids"):  # a tokenizer without an EOS token: llama.cpp's
         # gpt2 vocabulary would then stop at its default id 11; any id that ends the bundle's generation is right
         vocab = replace(vocab, eos_id=int(tokenizer["eos_token_ids"][0]))
+    vocab = replace(vocab, eos_ids=tuple(int(i) for i in tokenizer.get("eos_token_ids") or ()
+                                         if 0 <= int(i) < len(vocab.tokens)))
     for note in vocab.notes:
         warnings.warn(f"{destination}: llama.cpp tokenizes {note}", stacklevel=2)
     tensors = gguf_tensors(decoder, pairwise_rope)
@@ -425,6 +427,13 @@ def add_tokenizer(writer, vocab: GGUFVocab, chat_template: str | None) -> None:
                        (vocab.unk_id, writer.add_unk_token_id)):
         if value is not None:
             add(value)
+    if set(vocab.eos_ids) - {vocab.eos_id}:
+        # Every id the bundle stops at, where there are others than the EOS token (Gemma 3's <end_of_turn> beside
+        # <eos>; a ChatML model's <|endoftext|> beside <|im_end|>): Ollama's converter writes generation_config's
+        # eos_token_id list under this key (convert/tokenizer.go, SpecialVocabulary.IDs; INT32 array) and its
+        # engine stops at tokenizer.ggml.eos_token_id and each of these. llama.cpp reads no such key (it takes its
+        # end-of-generation set from eos_token_id and the tokens' texts) and passes over it.
+        writer.add_array("tokenizer.ggml.eos_token_ids", sorted(vocab.eos_ids))
     writer.add_add_bos_token(vocab.add_bos)
     writer.add_add_eos_token(vocab.add_eos)  # unwritten, llama.cpp adds none to a gpt2 or llama vocabulary
     if chat_template:

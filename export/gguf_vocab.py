@@ -63,6 +63,8 @@ class GGUFVocab:
     scores: list[float] | None = None  # llama: each token's merge priority (higher merges first)
     add_space_prefix: bool = False  # llama: a U+2581 in front of the text before it is tokenized
     add_eos: bool = False  # encoding a text puts the EOS token after it (tokenizer.ggml.add_eos_token)
+    # every id that ends the bundle's generation (its manifest's eos_token_ids): tokenizer.ggml.eos_token_ids
+    eos_ids: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()  # texts llama.cpp tokenizes differently from the bundle, where it has no key to say so
 
 
