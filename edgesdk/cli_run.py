@@ -222,9 +222,10 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     interactive = settings.prompt is None and sys.stdin.isatty()
     conversation = _open_conversation(settings, runtime, interactive)
     cache = PromptCache(runtime.backend)
+    # the gates first: a cache file is loaded only where it was computed with the gates this run computes with
+    configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     cache_path = load_prompt_cache(settings.prompt_cache, cache, runtime, settings.stats)
     token_bytes = _check_constraint_tokens(settings, tokenizer)
-    configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     lookup = draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target,
                          lookup_draft) or lookup_config(runtime.backend, lookup_draft)
     thermal = open_thermal(runtime, **thermal_settings, status=watch_thermal or simulate_thermal)

@@ -9,11 +9,15 @@ answer (prompt and answer, as llama-cli's ``--prompt-cache-all``).
 
 The file is NumPy's ``.npz`` (read with ``allow_pickle=False``): the token ids, the bundle id, the
 edgesdk release and backend that wrote it, and one array per past tensor (B, Hkv, tokens, head_dim).
-A file from another bundle, another edgesdk release or another backend (whose keys and values may
-differ in layout or precision from what this one computes), a damaged one, or one whose arrays do not
-fit this backend's cache is not loaded (the reason is returned, and the next write replaces it), as
-llama.cpp refuses a session file of another format version. A write goes to a temporary file renamed over the old one, so a killed run
-leaves the previous cache whole.
+The power gates of a gated bundle are recorded too (off, a fixed threshold, or steered by the controller):
+a gated FFN block that is skipped changes the keys and values of every later layer, so a cache computed with the
+gates on is not what a run with them off computes (``edgesdk run --gating`` then ``edgesdk run``), and one computed
+with them steered depends on the controller's path, which no later run retraces (such a run never reuses its cache,
+edgesdk/runtime/prompt_cache.py). A file from another bundle, another edgesdk release or another backend (whose
+keys and values may differ in layout or precision from what this one computes), with other gates, a damaged one,
+or one whose arrays do not fit this backend's cache is not loaded (the reason is returned, and the next write
+replaces it), as llama.cpp refuses a session file of another format version. A write goes to a temporary file
+renamed over the old one, so a killed run leaves the previous cache whole.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ import numpy as np
 from edgesdk import __version__
 from edgesdk.runtime.prompt_cache import PromptCache
 
-FORMAT = 2  # 2: the edgesdk release and the backend that wrote the file are recorded and checked
+# 2: the edgesdk release and the backend that wrote the file are recorded and checked; 3: and the power gates
+FORMAT = 3
 
 
 def supported(backend) -> bool:
@@ -36,6 +41,18 @@ def supported(backend) -> bool:
     if not all(callable(getattr(backend, name, None)) for name in ("save_cache", "load_cache", "rewind")):
         return False
     return all(isinstance(array, np.ndarray) for array in _template(backend))
+
+
+def gates(backend) -> str:
+    """What a power-gated backend's gates do to the keys and values it computes: ``none`` (no gates), ``off``
+    (every FFN block runs, the loaded model: the default), ``tau T`` (a fixed threshold) or ``steered`` (the
+    controller's threshold, edgesdk/runtime/ort_gated_backend.py)."""
+    if getattr(backend, "controller", None) is None or not hasattr(backend, "gating"):
+        return "none"
+    if not backend.gating:
+        return "off"
+    fixed = getattr(backend, "fixed_tau", None)
+    return "steered" if fixed is None else f"tau {float(fixed)!r}"
 
 
 def _template(backend) -> list:
@@ -64,6 +81,12 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
             backend = getattr(cache.backend, "name", None)
             if str(data["backend"]) != str(backend):
                 return 0, f"it was written by the {str(data['backend'])} backend, this run uses {backend}"
+            written, now = str(data["gates"]), gates(cache.backend)
+            if written == "steered":
+                return 0, ("its keys and values were computed with the power gates steered by the controller "
+                           "(--gating), which depend on the path the controller took and are reused by no run")
+            if written != now:
+                return 0, f"it was written with the power gates {written}, this run computes with them {now}"
             tokens = data["tokens"]
             state = [data[f"cache_{index}"] for index in range(len(template))]
             extra = len([name for name in data.files if name.startswith("cache_")]) - len(template)
@@ -103,6 +126,7 @@ def save(path: Path, cache: PromptCache, bundle_id: str) -> None:
         with open(partial, "xb") as out:
             np.savez(out, format=np.array(FORMAT), bundle_id=np.array(bundle_id),
                      edgesdk_version=np.array(__version__), backend=np.array(str(getattr(cache.backend, "name", None))),
+                     gates=np.array(gates(cache.backend)),
                      tokens=np.asarray(cache.tokens, np.int64), **arrays)
             out.flush()
             os.fsync(out.fileno())

@@ -26,7 +26,7 @@ def _rewrite(path, **changes):
 @pytest.mark.parametrize(("changes", "reason"), [
     ({"edgesdk_version": "0.0.1"}, "it was written by edgesdk 0.0.1, this is edgesdk "),
     ({"backend": "ort-trt"}, "it was written by the ort-trt backend, this run uses ort-cpu"),
-    ({"format": 1, "edgesdk_version": None, "backend": None}, "it is format 1, this edgesdk writes format 2"),
+    ({"format": 1, "edgesdk_version": None, "backend": None}, "it is format 1, this edgesdk writes format 3"),
 ])
 def test_a_cache_of_another_release_or_backend_is_not_loaded_and_is_rewritten(tiny_bundle, tmp_path, changes, reason):
     """The file held only the bundle id beside the arrays: a cache written by another edgesdk release, or by a GPU
