@@ -8,6 +8,7 @@ import pytest
 
 from edgesdk.runtime import cache_file
 from edgesdk.runtime.prompt_cache import PromptCache
+from tests.unit.test_power_export import power_bundle  # noqa: F401 (a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +79,25 @@ def test_a_cache_file_of_the_same_gates_is_loaded_and_answers_as_a_fresh_run(gat
             np.testing.assert_allclose(got, _fresh_logits(gated, prompt), atol=1e-4)
         finally:
             gated.gating, gated.fixed_tau = False, None
+
+
+def test_run_with_gating_does_not_load_a_cache_file_written_with_the_gates_off(power_bundle, tmp_path):  # noqa: F811
+    """``edgesdk run`` sets the gates before it loads ``--prompt-cache``: the file of a run with the gates off is
+    checked against ``--gating``'s steered gates and refused, not loaded as if this run had them off too."""
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+
+    cache = tmp_path / "prompt.cache"
+    args = ["run", str(power_bundle.path), "--prompt", "hello world, this is a test", "-n", "4",
+            "--ignore-target", "--prompt-cache", str(cache), "--stats"]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    assert cache.is_file()
+    again = CliRunner().invoke(main, args)  # gates off again: the file is loaded
+    assert again.exit_code == 0, again.output
+    assert "tokens loaded" in again.output
+    steered = CliRunner().invoke(main, [*args, "--gating"])
+    assert steered.exit_code == 0, steered.output
+    assert "this run computes with them steered" in steered.output
+    assert "tokens loaded" not in steered.output
