@@ -48,6 +48,7 @@ from edgesdk.api_checks import (
     detokenize_ids,
     embedding_input,
     embedding_norm,
+    logit_bias_keys,
     numpy_int,
     refuse_unread,
     shown,
@@ -66,7 +67,7 @@ READER_POLL_S = 0.1  # how often a worker waiting for its reader asks whether it
 
 def load(path: str | Path, *, backend: str | None = None, threads: int | None = None, target: str | None = None,
          ignore_target: bool = False, watch_thermal: bool = False, draft: str | Path | None = None,
-         draft_max: int = 2, draft_p_min: float = 0.0, **settings) -> Model:
+         draft_max: int | None = None, draft_p_min: float | None = None, **settings) -> Model:
     """Open the bundle at ``path`` for generation.
 
     ``backend`` forces one backend (``ort-cpu``, ``ort-cuda``, ``ort-trt``, ``tensorrt``, ``triton``) instead of the
@@ -75,7 +76,9 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     options of those names. ``watch_thermal`` guards the board's temperature around every step, as
     ``edgesdk run --watch-thermal`` (the sensors it found, or what it fell back to, are in :attr:`Model.notes`).
     ``draft`` is a draft bundle for speculative decoding, as ``edgesdk serve --draft`` with ``draft_max`` and
-    ``draft_p_min`` (llama.cpp's ``--model-draft``, ``--draft-max``, ``--draft-p-min``): answers stay the same.
+    ``draft_p_min`` (llama.cpp's ``--model-draft``, ``--draft-max``, ``--draft-p-min``; left out, 2 and 0): answers
+    stay the same. Given without ``draft`` they change nothing, which :attr:`Model.notes` says, as ``edgesdk serve``
+    says of ``--draft-max`` without ``--draft``.
 
     ``settings`` are what a request that leaves a field out gets (``edgesdk serve``'s options): ``max_tokens``
     (512), and the sampling settings ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``, ``repeat_penalty``
@@ -100,7 +103,8 @@ class Model:
 
     def __init__(self, path: str | Path, *, backend: str | None = None, threads: int | None = None,
                  target: str | None = None, ignore_target: bool = False, watch_thermal: bool = False,
-                 draft: str | Path | None = None, draft_max: int = 2, draft_p_min: float = 0.0, **settings):
+                 draft: str | Path | None = None, draft_max: int | None = None, draft_p_min: float | None = None,
+                 **settings):
         from edgesdk.runtime import cache_file
         from edgesdk.runtime.session import open_runtime
         from edgesdk.serve.completion import Completer, ServeDefaults
@@ -128,6 +132,9 @@ class Model:
         self._completer = Completer(self.runtime, defaults, hook=self._thermal.hook if self._thermal else None,
                                     draft=drafter)
         self.notes += _unused_settings(settings, self.runtime.backend.name, self._completer)
+        if draft is None:  # as edgesdk serve's --draft-max and --draft-p-min without --draft (cli_options.draft_model)
+            self.notes += [f"{name}: not used: it works with draft=BUNDLE" for name, value in
+                           (("draft_max", draft_max), ("draft_p_min", draft_p_min)) if value is not None]
         self.model_name = served_model_name(self.runtime.bundle.manifest)
         # Whether save_prompt_cache / load_prompt_cache can work here: asked now, as the question empties the
         # backend's KV cache (edgesdk/runtime/cache_file.py)
@@ -270,7 +277,8 @@ class Model:
                    max_chars: int | None = None) -> float:
         """Perplexity of ``text`` through the bundle's runtime, as ``edgesdk eval --text`` measures it:
         windows of ``context`` tokens every ``stride`` (default: not overlapping), every token but each window's
-        first scored; ``max_chars`` scores only the text's first characters (default: all of it).
+        first scored, once (where windows overlap, the overlap is the later window's context, not scored again:
+        edgesdk/evaluate.py ``windows``); ``max_chars`` scores only the text's first characters (default: all of it).
 
         With ``load(..., watch_thermal=True)`` each window is a step of the thermal guard, as a prompt's prefill is
         in an answer: on a board past its hard limit the guard pauses before the next window until it has cooled
@@ -419,7 +427,8 @@ class Model:
         if settings.get("lookup"):
             raise EdgeSDKError("load(): draft and lookup both draft tokens", "pass one of them")
         try:
-            config = DraftConfig(max_draft=draft_max, p_min=draft_p_min)
+            config = DraftConfig(**({} if draft_max is None else {"max_draft": draft_max}),
+                                 **({} if draft_p_min is None else {"p_min": draft_p_min}))
         except ValueError as exc:
             raise EdgeSDKError(f"load(): {str(exc).replace('max_draft', 'draft_max').replace('p_min', 'draft_p_min')}",
                                "pass draft_max and draft_p_min in those ranges, or leave them out") from exc
@@ -456,7 +465,7 @@ class Model:
         self._check_open(method)
         if not isinstance(stream, bool):
             raise RequestError(method, f"'stream' must be true or false, got {stream!r}", param="stream")
-        fields = ReadFields({**body, "stream": stream})
+        fields = ReadFields({**logit_bias_keys(method, body), "stream": stream})
         request = self._call(method, lambda: parse(fields))
         refuse_unread(method, fields)
         if stream:

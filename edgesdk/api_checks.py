@@ -14,6 +14,7 @@ This module imports nothing heavy, so ``import edgesdk.api`` stays lean.
 from __future__ import annotations
 
 import difflib
+import json
 import operator
 import os
 from collections.abc import Mapping
@@ -255,6 +256,31 @@ def token_ids(value: object) -> object:
         return [operator.index(item) if hasattr(type(item), "__index__") and not isinstance(item, bool) else item
                 for item in value]
     return value
+
+
+def logit_bias_keys(method: str, fields: dict) -> dict:
+    """``fields`` with a ``logit_bias`` mapping's keys as the HTTP body's JSON carries them: a JSON object's keys are
+    strings, so ``{15043: -100}`` (llama-cpp-python's ``logit_bias: Dict[int, float]``; numpy integers too) is
+    ``{"15043": -100}``, and a float, bool or None key the string ``json.dumps`` writes for it, for the route to read
+    as a token id or text, or refuse by name. A key JSON cannot write (a tuple ...) is refused here, naming it."""
+    from edgesdk.api import RequestError
+
+    bias = fields.get("logit_bias")
+    if not isinstance(bias, Mapping):
+        return fields
+
+    def json_key(key: object) -> str:
+        if isinstance(key, str):
+            return key
+        if hasattr(type(key), "__index__") and not isinstance(key, bool):
+            return str(operator.index(key))
+        if key is None or isinstance(key, (bool, float)):
+            return json.dumps(key)
+        raise RequestError(method, f"logit_bias key {shown(key)} is not a token id; expected token ids (whole "
+                           "numbers >= 0) or text", param="logit_bias",
+                           fix="pass logit_bias as {token_id: bias}, e.g. {15043: -100}")
+
+    return {**fields, "logit_bias": {json_key(key): value for key, value in bias.items()}}
 
 
 def shown(value: object) -> str:
