@@ -1,7 +1,9 @@
 """A JSON schema string's ``pattern`` and ``format``, as a grammar over its characters.
 
 ``pattern`` is an ECMA-262 regular expression (JSON Schema 2020-12 validation, section 6.3.3) that
-the string must contain a match of; ``^`` and ``$`` anchor it, as usual. It is read into
+the string must contain a match of; ``^`` and ``$`` anchor it, as usual, at the ends of the pattern and of
+each of its top-level ``|`` alternatives (``^$|^[0-9]{5}$``: empty or five digits; ``^a|b$``: starts with
+``a`` or ends with ``b``). It is read into
 character sets, sequences, alternatives and repetitions and written as GBNF, which
 :class:`~edgesdk.runtime.grammar.GrammarMatcher` follows character by character while the JSON
 string is written. llama.cpp's converter (common/json-schema-to-grammar.cpp, ``_visit_pattern``)
@@ -155,12 +157,33 @@ class _Reader:
             options.append(self.sequence())
         return options[0] if len(options) == 1 else ("alt", tuple(options))
 
-    def sequence(self) -> tuple:
+    def anchored_alternatives(self) -> list[tuple[tuple, bool, bool]]:
+        """The pattern's top-level alternatives, each with whether ``^`` starts it and ``$`` ends it: in
+        ECMA-262 ``^a|b$`` is a string that starts with ``a`` or one that ends with ``b``, and ``^$|^[0-9]{5}$``
+        the empty string or five digits."""
+        options = []
+        while True:
+            start = self.peek("^")
+            self.pos += start
+            tree = self.sequence(top=True)
+            end = self.peek("$")
+            self.pos += end
+            options.append((tree, start, end))
+            if not self.peek("|"):
+                return options
+            self.pos += 1
+
+    def sequence(self, top: bool = False) -> tuple:
         items = []
         while self.peek() and not self.peek("|") and not self.peek(")"):
+            if top and self.peek("$") and (self.pos + 1 == len(self.src) or self.src[self.pos + 1] == "|"):
+                break  # the end anchor of a top-level alternative
+            if not top and self.peek("$") and self.pos + 1 == len(self.src):  # "^(ab$"
+                raise self.fail("a group is not closed", "end it with )")
             if self.peek("^") or self.peek("$"):
-                raise self.fail(f"{self.src[self.pos]} inside the pattern (anchors are taken at its ends only)",
-                                "anchor the whole pattern: ^ first, $ last")
+                raise self.fail(f"{self.src[self.pos]} inside the pattern (anchors are taken only at the ends of "
+                                "the pattern and of its top-level | alternatives)",
+                                "anchor the whole pattern or each of its alternatives: ^ first, $ last")
             items.append(self.quantified(self.atom()))
         return ("seq", tuple(items))
 
@@ -193,9 +216,9 @@ class _Reader:
             if char == "{" and not self._bounds_ahead(self.pos - 1):
                 return ("set", ((ord(char), ord(char)),))
             raise self.fail(f"{char} repeats nothing", f"write \\{char} for the character itself")
-        if char in ")]":
+        if char == ")":
             raise self.fail(f"an unmatched {char}", f"write \\{char} for the character itself")
-        return ("set", ((ord(char), ord(char)),))
+        return ("set", ((ord(char), ord(char)),))  # "]" and "}" too (ECMA-262 Annex B.1.2, as browsers read them)
 
     def escape(self, in_class: bool) -> tuple:
         if not self.peek():
@@ -235,6 +258,8 @@ class _Reader:
             low = self.class_atom()
             if self.peek("-") and not self.peek("-]") and low is not None and len(low) == 1 and low[0][0] == low[0][1]:
                 self.pos += 1
+                if not self.peek():  # "[a-" ends the pattern
+                    raise self.fail("a character class is not closed", "end it with ]")
                 high = self.class_atom()
                 if high is None or len(high) != 1 or high[0][0] != high[0][1]:
                     raise self.fail("a range in a class ends in a class escape", "list that escape apart")
@@ -313,23 +338,22 @@ def pattern_grammar(pattern: str) -> str:
     unless ``^`` / ``$`` say so)."""
     if not isinstance(pattern, str):
         raise PatternError(f"a pattern must be a string, got {pattern!r}", "write the regular expression as a string")
-    body = pattern
-    backslashes = len(body[:-1]) - len(body[:-1].rstrip("\\"))  # before a final $: odd escapes it
-    anchored_start, anchored_end = body.startswith("^"), body.endswith("$") and backslashes % 2 == 0
-    body = body[1 if anchored_start else 0:len(body) - 1 if anchored_end else len(body)]
-    reader = _Reader(body)
-    tree = reader.alternatives()
+    reader = _Reader(pattern)
+    options = reader.anchored_alternatives()
     if reader.peek():
         raise reader.fail("an unmatched )", "write \\) for the character itself")
-    text = _gbnf(tree)
-    if text is None:
+    anything = _class_text(WRITABLE) + "*"
+    written = []
+    for tree, anchored_start, anchored_end in options:
+        text = _gbnf(tree)
+        if text is not None:  # an alternative left with nothing to match is dropped, as in an alternation
+            parts = ([] if anchored_start else [anything]) + [f"({text})"] + ([] if anchored_end else [anything])
+            written.append(" ".join(parts))
+    if not written:
         raise PatternError(f"pattern {pattern!r} needs a character a JSON string holds only escaped (a quote, a "
                            "backslash or a control character), which the answer does not write",
                            "leave such characters out of the pattern, or make them optional")
-    anything = _class_text(WRITABLE) + "*"
-    parts = ([] if anchored_start else [anything]) + [f"({text})"] + \
-        ([] if anchored_end else [anything])
-    return "root ::= " + " ".join(parts) + "\n"
+    return "root ::= " + " | ".join(f"({each})" for each in written) + "\n"
 
 
 @lru_cache(maxsize=64)

@@ -10,11 +10,14 @@ decide it.
 
 The supported subset (JSON Schema 2020-12 keywords) is what structured-output APIs and pydantic's
 ``model_json_schema()`` write: ``type`` (one or a list), ``properties`` with ``required``,
-``additionalProperties`` (``false``, or absent, read the same way: only the listed properties are written;
-``true`` or a schema: further keys, each a string that names no listed property, with values of that
-schema, after the listed ones, as llama.cpp's converter writes them and as pydantic writes a
-``dict[str, X]`` or a model's extra fields), ``items`` (a schema, or ``false``), ``prefixItems`` (a tuple's
-positions, before ``items``), ``minItems``, ``maxItems``, ``enum``, ``const``, ``anyOf`` / ``oneOf`` (with an
+``additionalProperties`` (``false``, or absent beside ``properties``, read the same way: only the listed
+properties are written; ``true`` or a schema, or absent with no ``properties`` (``{"type": "object"}``, any
+object, as llama.cpp's converter reads it): further keys, each a string that names no listed property, with
+values of that schema, after the listed ones, as llama.cpp's converter writes them and as pydantic writes a
+``dict[str, X]`` or a model's extra fields; a required key not among ``properties`` is written first of
+them), ``items`` (a schema, or ``false``), ``prefixItems`` (a tuple's
+positions, before ``items``; draft 2019-09's array ``items`` with ``additionalItems``, as pydantic v1 and
+zod-to-json-schema write a tuple, read the same way), ``minItems``, ``maxItems``, ``enum``, ``const``, ``anyOf`` / ``oneOf`` (with an
 OpenAPI ``discriminator`` beside it: an annotation of options that its ``const`` properties tell apart
 already, and other keywords beside it, which apply to every option), ``allOf`` (its schemas merged into one:
 properties and required lists joined, a ``$ref`` inlined, an ``anyOf`` distributed, the tighter bound and the
@@ -22,13 +25,14 @@ common types and enum values kept, see ``_Compiler._intersection``), ``$ref`` in
 ``definitions`` (recursion included), ``true`` / ``{}`` for any value, a string's ``minLength`` /
 ``maxLength`` (in characters: code points, an escape one, a
 ``\\u`` surrogate pair one), ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` on an
-integer (no ``-0``, no leading zero) and on a number, a string's ``pattern`` and ``format`` (``date``,
+integer (no ``-0``, no leading zero) and on a number (and OpenAPI's number ``format``: ``int32`` and ``int64``
+bound the value, ``float`` and ``double`` nothing), a string's ``pattern`` and ``format`` (``date``,
 ``time``, ``date-time``, ``uuid``, each followed as a grammar over its characters,
 edgesdk/runtime/json_pattern.py; pydantic's ``uuid1`` ... ``uuid8``, a uuid with that version digit;
 ``binary`` and ``password``, which OpenAPI and pydantic write for bytes and secrets and which any string
 satisfies), and the annotations (``title``, ``description``,
-``default``, ...). Properties are written in the schema's order, as OpenAI's strict mode and llama.cpp's
-converter write them. Between tokens the spacing is llama.cpp's schema grammar's: nothing, one space, or a
+``default``, ...). Properties are written in the schema's order, as OpenAI's strict mode writes them
+(llama.cpp's converter writes the required ones first, then the optional ones). Between tokens the spacing is llama.cpp's schema grammar's: nothing, one space, or a
 newline and at most 20 spaces or tabs of indentation, so pretty-printed answers pass and a model cannot
 stall in blank lines. Numbers follow llama.cpp's schema grammar too (common/json-schema-to-grammar.cpp,
 ``integral-part`` and ``decimal-part``): at most 16 digits before the point (an integer range with a larger
@@ -88,11 +92,14 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
                          "readOnly", "writeOnly"})
 BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 TYPE_KEYWORDS = {"object": {"properties", "required", "additionalProperties"},
-                 "array": {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"},
+                 "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
                  "string": {"minLength", "maxLength", "pattern", "format"},
-                 "number": {*BOUND_KEYWORDS, "multipleOf"}, "integer": {*BOUND_KEYWORDS, "multipleOf"},
+                 "number": {*BOUND_KEYWORDS, "multipleOf", "format"}, "integer": {*BOUND_KEYWORDS, "multipleOf", "format"},
                  "boolean": set(), "null": set()}
 OBJECT_KEYWORDS = ("properties", "required", "additionalProperties")
+# OpenAPI 3's formats of numbers (its "Data Types"), which OpenAPI-derived tool schemas carry and llama.cpp's converter
+# takes: int32 and int64 bound the value to that signed range; float and double bound nothing a JSON text can write
+NUMBER_FORMATS = {"int32": (-2 ** 31, 2 ** 31 - 1), "int64": (-2 ** 63, 2 ** 63 - 1), "float": None, "double": None}
 COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems")
 LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems")  # two in an allOf: the greater holds
 UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems")  # the lesser
@@ -216,10 +223,11 @@ class _Compiler:
             if combiner in schema:
                 return self._combined(schema, combiner, path)
         kinds = schema.get("type")
-        if kinds is None:
-            if "properties" in schema:
+        if kinds is None:  # read as llama.cpp's converter reads them (visit: properties / additionalProperties,
+            # items / prefixItems without a type)
+            if any(keyword in schema for keyword in OBJECT_KEYWORDS):
                 kinds = "object"
-            elif "items" in schema:
+            elif "items" in schema or "prefixItems" in schema:
                 kinds = "array"
             else:
                 self._refuse(schema, path, {"$defs", "definitions"})
@@ -227,6 +235,11 @@ class _Compiler:
         kinds = _kinds(kinds, path)
         allowed = {"type", "$defs", "definitions"}.union(*(TYPE_KEYWORDS[k] for k in kinds))
         self._refuse(schema, path, allowed)
+        if "format" in schema and "string" not in kinds and not (isinstance(schema["format"], str)
+                                                               and schema["format"] in NUMBER_FORMATS):
+            raise SchemaError(f"{path}.format {json.dumps(schema['format'], default=repr)[:60]} is not supported on "
+                              f"{' / '.join(kinds)} (supported: {', '.join(NUMBER_FORMATS)}, OpenAPI's)",
+                              "drop it, or express it with minimum / maximum")
         nodes = [self._typed(schema, kind, path) for kind in kinds]
         return nodes[0] if len(nodes) == 1 else SchemaNode("choice", options=tuple(nodes))
 
@@ -507,8 +520,9 @@ class _Compiler:
         if schema.get("format") in ANY_STRING_FORMATS:  # any string has it: nothing to follow
             schema = {keyword: value for keyword, value in schema.items() if keyword != "format"}
         low, high = schema.get("minLength", 0), schema.get("maxLength")
-        for name, value in (("minLength", low), ("maxLength", high)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        for name, value in (("minLength", low), ("maxLength", high)):  # a null minLength is no count
+            if (value is not None or name == "minLength") and (not isinstance(value, int) or isinstance(value, bool)
+                                                             or value < 0):
                 raise SchemaError(f"{path}.{name} must be a non-negative integer, got {value!r}", "fix the schema")
         if high is not None and high < low:
             raise SchemaError(f"{path}: maxLength {high} is below minLength {low}", "fix the schema")
@@ -516,6 +530,9 @@ class _Compiler:
             raise SchemaError(f"{path}: pattern and format together are not supported (a string of both)",
                               "keep one of them and check the other yourself")
         pattern = schema.get("pattern")
+        if "pattern" in schema and not isinstance(pattern, str):
+            raise SchemaError(f"{path}.pattern: a pattern must be a string (an ECMA-262 regular expression), got "
+                              f"{json.dumps(pattern, default=repr)[:60]}", "write the pattern as a string")
         if "format" in schema:
             pattern = _format_pattern(schema["format"])
             if pattern is None:
@@ -546,10 +563,7 @@ class _Compiler:
         decimals they are and as the doubles that a validator parsing JSON compares (see the module's
         docstring)."""
         lows, highs = [-LARGEST], [LARGEST]
-        for name in BOUND_KEYWORDS:
-            if name not in schema:
-                continue
-            value = _bound(schema, name, path)
+        for name, value in _bounds(schema, path):
             lower, strict = name in ("minimum", "exclusiveMinimum"), name.startswith("exclusive")
             decimal = Fraction(value) if isinstance(value, int) else Fraction(Decimal(repr(value)))
             (lows if lower else highs).extend((_step_bound(decimal, lower, strict),
@@ -560,7 +574,7 @@ class _Compiler:
         low, high = max(lows), min(highs)
         if not _has_multiple(low, high, multiple):
             raise SchemaError(f"{path}: no number of at most {NUMBER_DIGITS} digits before and after the point "
-                              f"lies within its bounds ({', '.join(f'{k} {schema[k]}' for k in BOUND_KEYWORDS if k in schema)})"
+                              f"lies within its bounds ({_bounds_text(schema)})"
                               + (f" and is a multiple of {schema['multipleOf']}" if multiple else ""),
                               "fix the bounds")
         return SchemaNode("number", minimum=low, maximum=high, multiple=multiple)
@@ -570,10 +584,7 @@ class _Compiler:
         """The integers the bounds leave (JSON Schema 2020-12 validation, section 6.2: every bound given applies;
         a fractional bound keeps the integers on its side)."""
         lows, highs = [], []
-        for name in BOUND_KEYWORDS:
-            if name not in schema:
-                continue
-            value = _bound(schema, name, path)
+        for name, value in _bounds(schema, path):
             if name == "minimum":
                 lows.append(math.ceil(value))
             elif name == "exclusiveMinimum":
@@ -586,15 +597,16 @@ class _Compiler:
         multiple = _multiple(schema, path, "integer")
         if low is not None and high is not None and not _has_multiple(low, high, multiple):
             raise SchemaError(f"{path}: no integer lies within its bounds "
-                              f"({', '.join(f'{k} {schema[k]}' for k in BOUND_KEYWORDS if k in schema)})"
+                              f"({_bounds_text(schema)})"
                               + (f" and is a multiple of {schema['multipleOf']}" if multiple else ""),
                               "fix the bounds")
         return SchemaNode("integer", minimum=low, maximum=high, multiple=multiple)
 
     def _array(self, schema: dict, path: str) -> SchemaNode:
         low, high = schema.get("minItems", 0), schema.get("maxItems")
-        for name, value in (("minItems", low), ("maxItems", high)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        for name, value in (("minItems", low), ("maxItems", high)):  # a null minItems is no count
+            if (value is not None or name == "minItems") and (not isinstance(value, int) or isinstance(value, bool)
+                                                             or value < 0):
                 raise SchemaError(f"{path}.{name} must be a non-negative integer, got {value!r}", "fix the schema")
         if high is not None and high < low:
             raise SchemaError(f"{path}: maxItems {high} is below minItems {low}", "fix the schema")
@@ -602,23 +614,30 @@ class _Compiler:
         if not isinstance(prefix, list):
             raise SchemaError(f"{path}.prefixItems must be an array of schemas, got "
                               f"{json.dumps(prefix, default=repr)[:60]}", "fix the schema")
-        if isinstance(schema.get("items"), list):
-            raise SchemaError(f"{path}.items is an array (draft 2019-09's tuple form), which 2020-12 writes as "
-                              "prefixItems", 'write "prefixItems": [...] and "items": false (or the later items\' schema)')
-        prefix = tuple(self.node(each, f"{path}.prefixItems[{i}]") for i, each in enumerate(prefix))
-        if schema.get("items", True) is False:  # no items after the prefix (2020-12 validation, section 10.3.1.2)
+        after = schema.get("items", True)
+        where = "prefixItems"
+        if isinstance(after, list):  # draft 2019-09 / draft-07's tuple, as pydantic v1 and zod-to-json-schema write
+            if "prefixItems" in schema:  # it: items' positions, then additionalItems (llama.cpp takes it too)
+                raise SchemaError(f"{path}: prefixItems beside an array items (draft 2019-09's tuple form) is not "
+                                  "supported", 'write the tuple once: "prefixItems": [...] and "items": the later '
+                                  "items' schema")
+            prefix, after, where = after, schema.get("additionalItems", True), "items"
+        # (additionalItems beside no array items constrains nothing: draft 2019-09 core, section 9.3.1.2)
+        prefix = tuple(self.node(each, f"{path}.{where}[{i}]") for i, each in enumerate(prefix))
+        if after is False:  # no items after the prefix (2020-12 validation, section 10.3.1.2)
             if low > len(prefix):
-                raise SchemaError(f"{path}: minItems {low} asks for more items than its {len(prefix)} prefixItems, "
-                                  "and items is false", "lower minItems or give items a schema")
+                later = "items" if where == "prefixItems" else "additionalItems"
+                raise SchemaError(f"{path}: minItems {low} asks for more items than its {len(prefix)} {where}, "
+                                  f"and {later} is false", f"lower minItems or give {later} a schema")
             high = len(prefix) if high is None else min(high, len(prefix))
             return SchemaNode("array", prefix=prefix, items=None, min_items=low, max_items=high)
-        items = self.node(schema.get("items", True), f"{path}.items")
+        items = self.node(after, f"{path}.{'items' if where == 'prefixItems' else 'additionalItems'}")
         unique = schema.get("uniqueItems", False)
         if not isinstance(unique, bool):
             raise SchemaError(f"{path}.uniqueItems must be true or false, got {json.dumps(unique, default=repr)[:60]}",
                               "fix the schema")
         if unique and prefix:
-            raise SchemaError(f"{path}: uniqueItems beside prefixItems is not supported", "drop one of them")
+            raise SchemaError(f"{path}: uniqueItems beside {where} is not supported", "drop one of them")
         node = SchemaNode("array", prefix=prefix, items=items, min_items=low, max_items=high, unique=unique)
         if unique:
             self.unique.append((node, path))
@@ -633,17 +652,24 @@ class _Compiler:
         if not isinstance(required, list) or not all(isinstance(name, str) for name in required):
             raise SchemaError(f"{path}.required must be an array of property names, got "
                               f"{json.dumps(required, default=repr)[:60]}", "fix the schema")
-        unknown = [name for name in required if name not in properties]
-        if unknown:
+        # An object with neither properties nor additionalProperties ({"type": "object"}) is any object, as JSON
+        # Schema and llama.cpp's converter read it (visit: its "object" primitive); with properties, an absent
+        # additionalProperties is read as false (see the module's docstring).
+        extra = schema.get("additionalProperties", "properties" not in schema)
+        unknown = [name for name in dict.fromkeys(required) if name not in properties]
+        if unknown and extra is False:
             raise SchemaError(f"{path}.required names {unknown}, which are not among its properties",
                               "add them to properties or drop them from required")
         listed = tuple((_json_text(name, f"{path}.properties")[1:-1], self.node(value, f"{path}.properties.{name}"),
                         name in required) for name, value in properties.items())
-        extra = schema.get("additionalProperties", False)
         if extra is False:
             return SchemaNode("object", properties=listed)
         additional = self.node(extra, f"{path}.additionalProperties")
-        return SchemaNode("object", properties=listed, additional=additional, names=frozenset(properties))
+        # a required key that properties does not list: present, with a value of additionalProperties (JSON
+        # Schema 2020-12 validation, section 6.5.3, and core, section 10.3.2.3)
+        listed += tuple((_json_text(name, f"{path}.required")[1:-1], additional, True) for name in unknown)
+        return SchemaNode("object", properties=listed, additional=additional,
+                          names=frozenset(properties) | frozenset(unknown))
 
     @staticmethod
     def _refuse(schema: dict, path: str, allowed: set) -> None:
@@ -749,6 +775,19 @@ def _bound(schema: dict, name: str, path: str) -> int | float:
         raise SchemaError(f"{path}.{name} must be a finite number, got {json.dumps(value, default=repr)[:60]}",
                           "fix the schema")
     return value
+
+
+def _bounds(schema: dict, path: str) -> list[tuple[str, int | float]]:
+    """The bounds of a number or integer: its bound keywords, and the range its OpenAPI ``format`` int32 or
+    int64 names (NUMBER_FORMATS)."""
+    bounds = [(name, _bound(schema, name, path)) for name in BOUND_KEYWORDS if name in schema]
+    implied = NUMBER_FORMATS.get(schema.get("format")) if isinstance(schema.get("format"), str) else None
+    return bounds + ([("minimum", implied[0]), ("maximum", implied[1])] if implied else [])
+
+
+def _bounds_text(schema: dict) -> str:
+    """The bounds a schema gives, as written, for an error message."""
+    return ", ".join(f"{k} {schema[k]}" for k in (*BOUND_KEYWORDS, "format") if k in schema)
 
 
 def _multiple(schema: dict, path: str, kind: str) -> int | None:

@@ -124,7 +124,7 @@ def test_a_pattern_string_is_written_without_escapes():
     ({"type": "string", "pattern": "(?<!a)b"}, "lookarounds"),
     ({"type": "string", "pattern": r"^(a)\1$"}, "back-references"),
     ({"type": "string", "pattern": r"\bword"}, "word boundaries"),
-    ({"type": "string", "pattern": "^a^b$"}, "anchors are taken at its ends only"),
+    ({"type": "string", "pattern": "^a^b$"}, r"inside the pattern \(anchors are taken only at the ends"),
     ({"type": "string", "pattern": "^(ab$"}, "a group is not closed"),
     ({"type": "string", "pattern": "^ab)$"}, "an unmatched \\)"),
     ({"type": "string", "pattern": "^[ab$"}, "a character class is not closed"),

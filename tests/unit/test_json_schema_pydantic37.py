@@ -445,7 +445,8 @@ def test_prefix_items_type_a_tuple_s_positions():
 @pytest.mark.parametrize(("schema", "message"), [
     ({"type": "array", "prefixItems": [{"type": "integer"}], "items": False, "minItems": 2},
      "minItems 2 asks for more items than its 1 prefixItems"),
-    ({"type": "array", "items": [{"type": "integer"}]}, "items is an array"),
+    # draft 2019-09's tuple (items an array) is read as prefixItems (tests/unit/test_grammar45.py); both at once not
+    ({"type": "array", "items": [{"type": "integer"}], "prefixItems": []}, "prefixItems beside an array items"),
     ({"type": "array", "prefixItems": {"type": "integer"}}, "prefixItems must be an array of schemas"),
 ])
 def test_arrays_that_cannot_be_followed_are_refused_by_name(schema, message):
