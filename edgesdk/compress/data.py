@@ -57,11 +57,16 @@ def read_training_text(path: Path, skip_chars: int = 0) -> str:
 
 
 class TokenData:
-    """A pool of token ids to cut (batch, length) training blocks from."""
+    """A pool of token ids to cut (batch, length) training blocks from.
 
-    def __init__(self, ids: torch.Tensor, generated: int):
+    ``bos_id`` is the token the tokenizer puts in front of every text (Gemma, Llama 2 / TinyLlama: the
+    runtime always decodes after it), and every block :meth:`batches` cuts starts with it; None where
+    the tokenizer adds none (SmolLM2, Qwen)."""
+
+    def __init__(self, ids: torch.Tensor, generated: int, bos_id: int | None = None):
         self.ids = ids  # (N,) int64
         self.generated_tokens = generated
+        self.bos_id = bos_id
 
     @classmethod
     def load(cls, config: DataConfig, tokenizer, teacher=None, progress: bool = False) -> TokenData:
@@ -79,14 +84,26 @@ class TokenData:
                              "pass --data FILE (plain text), or --generated-sequences N with N > 0 for "
                              "teacher-generated text")
         ids = torch.cat(pieces)
-        return cls(ids, generated)
+        from edgesdk.evaluate import leading_bos
+
+        return cls(ids, generated, leading_bos(tokenizer))
 
     def batches(self, count: int, batch_size: int, length: int, seed: int,
                 stage: str | None = None) -> list[torch.Tensor]:
         """``count`` random (batch_size, length) blocks, reproducible for a seed. A block is the model's
         input and (shifted by one inside it) its targets, so ``length`` tokens make one block and every
         start from 0 to ``N - length`` is drawn: the last token of the pool is trained on too.
-        ``stage`` (whose ``sequence_length`` is ``length``) names the setting a refusal points to."""
+        ``stage`` (whose ``sequence_length`` is ``length``) names the setting a refusal points to.
+
+        Where the tokenizer adds a BOS (``bos_id``), a block's first token is replaced by it, as
+        llama.cpp's imatrix and perplexity tools do for every chunk when the vocab adds BOS
+        (``tokens[batch_start] = llama_vocab_bos(vocab)``): the runtime always has BOS at position 0,
+        and its activations (often a model's largest: Sun et al. 2024, "Massive Activations in Large
+        Language Models") belong in SmoothQuant's peaks, the static activation scales, the Fisher
+        batches and the teacher KL. Replaced rather than prepended: the starts, the length and the
+        targets (positions 1 on, so BOS is never a target) stay as drawn, and a block that starts at a
+        file's own BOS is unchanged (prepending would make it BOS BOS). A one-token block keeps its token
+        (a block of only BOS calibrates on no text). Without ``bos_id`` the blocks are the drawn slices."""
         tokens = self.ids.numel()
         if tokens < length:
             setting = f"{stage}.sequence_length" if stage else "sequence_length"
@@ -95,7 +112,11 @@ class TokenData:
                              f"pass more text with --data (or more teacher text, --generated-sequences), or {shorter}")
         generator = torch.Generator().manual_seed(seed)
         starts = torch.randint(0, tokens - length + 1, (count, batch_size), generator=generator)
-        return [torch.stack([self.ids[s: s + length] for s in row.tolist()]) for row in starts]
+        blocks = [torch.stack([self.ids[s: s + length] for s in row.tolist()]) for row in starts]
+        if self.bos_id is not None and length > 1:
+            for block in blocks:  # torch.stack made copies: the pool is left as it was
+                block[:, 0] = self.bos_id
+        return blocks
 
 
 def heldout_text(config: DataConfig, limit: int = 40_000) -> str:
