@@ -14,8 +14,8 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
   ``stream``, ``tools`` (``name``, ``description``, ``input_schema``), ``tool_choice``
   (``auto``, ``any``, ``tool``, ``none``), and llama-server's ``chat_template_kwargs`` (extra chat-template
   variables, as on the chat route); ``metadata`` and ``service_tier`` change nothing.
-  ``thinking`` (``enabled`` with its ``budget_tokens``, or ``disabled``) sets the chat template's
-  ``enable_thinking`` (Qwen3's switch) unless ``chat_template_kwargs`` sets it; the budget is not
+  ``thinking`` (``enabled`` with its ``budget_tokens``, ``adaptive``, ``between_tools``, or ``disabled``) sets the
+  chat template's ``enable_thinking`` (Qwen3's switch) unless ``chat_template_kwargs`` sets it; the budget is not
   enforced. Images, documents and server tools are refused by name.
 * answer: ``{"id": "msg_...", "type": "message", "role": "assistant", "content": [text or
   tool_use blocks, after a ``thinking`` block where a thinking model's reasoning is split off
@@ -131,18 +131,24 @@ def chat_body(body: object) -> dict:
 
 
 def _thinking(value: object) -> bool | None:
-    """``thinking``: ``{"type": "enabled", "budget_tokens": N}`` (True) or ``{"type": "disabled"}`` (False), None
-    when absent. The budget is checked as Anthropic states it (a whole number >= 1024) but not enforced: a model
-    thinks until it closes its block, and ``max_tokens`` bounds the whole answer."""
+    """``thinking``: ``{"type": "enabled", "budget_tokens": N}``, ``{"type": "adaptive"}`` or ``{"type":
+    "between_tools"}`` (True), or ``{"type": "disabled"}`` (False), None when absent. Anthropic's ``thinking``
+    takes these four (its SDK's ``ThinkingConfigParam``; "adaptive", the model choosing when and how much to think,
+    is the one Claude Opus 4.7 and later accept, and what clients send for them). The budget is checked as Anthropic
+    states it (a whole number >= 1024) but not enforced: a model thinks until it closes its block, and
+    ``max_tokens`` bounds the whole answer."""
     if value is None:
         return None
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "disabled":
         return False
+    if kind in ("adaptive", "between_tools"):
+        return True
     budget = value.get("budget_tokens") if isinstance(value, dict) else None
     if kind != "enabled" or isinstance(budget, bool) or not isinstance(budget, int) or budget < 1024:
-        raise ApiError(400, f"'thinking' must be {{\"type\": \"enabled\", \"budget_tokens\": N}} with N >= 1024, or "
-                       f"{{\"type\": \"disabled\"}}; got {_shown(value)}", param="thinking")
+        raise ApiError(400, f"'thinking' must be {{\"type\": \"enabled\", \"budget_tokens\": N}} with N >= 1024, "
+                       f"{{\"type\": \"adaptive\"}}, {{\"type\": \"between_tools\"}} or {{\"type\": \"disabled\"}}; "
+                       f"got {_shown(value)}", param="thinking")
     return True
 
 

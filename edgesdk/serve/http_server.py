@@ -8,11 +8,13 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   §6.3); a client that goes away mid-answer stops the generation.
 * ``GET /v1/models``: the one model served (with several bundles, each; serve/model_pool.py: a request's ``model``
   picks the one that answers, loaded in place of the idle one). ``GET /health``: liveness, whether a request is
-  generating (or a model loading, named in ``loading``), and the thermal guard's level and temperature when it runs. ``GET /props``
+  generating (or a model loading, named in ``loading``), and the thermal guard's level and temperature when it runs
+  (also ``GET /v1/health``, as llama-server takes it). ``GET /props``
   (llama-server's): the context, the default settings, the chat template and special tokens.
   ``GET /slots`` (llama-server's slot monitoring, on by default there too): the one slot, and the
   request it runs (``?fail_on_no_slot=1``: 503 while it is busy).
-* ``GET /metrics`` (with ``--metrics``, as llama-server): Prometheus counters (serve/metrics.py).
+* ``GET /metrics`` (with ``--metrics``, as llama-server): Prometheus counters (serve/metrics.py); without it,
+  llama-server's 501 ``not_supported_error`` ("This server does not support metrics endpoint").
 * ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API, whole or
   streamed as named events, its errors in Anthropic's shape (serve/anthropic.py).
 * ``POST /v1/responses``: OpenAI's Responses API, whole or streamed as named events (serve/responses.py);
@@ -32,8 +34,8 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   ``POST /embeddings`` (llama-server's: ``content`` or ``input``, ``embd_normalize``, every token's vector with pooling
   ``none``), and Ollama's ``POST /api/embed`` and ``POST /api/embeddings`` (serve/ollama.py).
 
-With an API key every route but ``/health`` and ``/`` wants ``Authorization: Bearer KEY`` or, as Anthropic's
-clients send it, ``x-api-key: KEY`` (``/health`` stays open, as in llama-server).
+With an API key every route but ``/health`` (``/v1/health``) and ``/`` wants ``Authorization: Bearer KEY`` or, as
+Anthropic's clients send it, ``x-api-key: KEY`` (``/health`` stays open, as in llama-server).
 
 Browsers on another origin (llama.cpp's web UI served elsewhere, ``fetch()`` from a page) are answered
 as llama-server answers them (tools/server/server-http.cpp, its pre-routing handler): every answer,
@@ -99,12 +101,14 @@ CLIENT_TIMEOUT_S = 60.0
 # cpp-httplib bounds each read alone (its --timeout). 300 s lets a 1 MiB body come at 3.5 kB/s.
 REQUEST_TIMEOUT_S = 300.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
+# llama-server's liveness route and its /v1 alias (tools/server/server.cpp: both public, no API key check)
+HEALTH_ROUTES = ("/health", "/v1/health")
 TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's, answered at once (no turn on the board)
 # llama-server's route table (tools/server/server.cpp): /v1/embeddings is OpenAI's; /embedding (its legacy name) and
 # /embeddings are its own, so these are told apart before the /v1 prefix is dropped
 OPENAI_EMBEDDINGS_ROUTE = "/v1/embeddings"
 NATIVE_EMBEDDINGS_ROUTES = ("/embedding", "/embeddings")
-ROUTES = ("GET /health, GET /v1/models, GET /props, GET /slots, POST /v1/chat/completions, POST /v1/completions, "
+ROUTES = ("GET /health (and /v1/health), GET /v1/models, GET /props, GET /slots, POST /v1/chat/completions, POST /v1/completions, "
           "POST /completion, POST /infill, POST /v1/responses, POST /v1/responses/input_tokens, GET and DELETE /v1/responses/{id}, "
           "GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel, POST /v1/messages, "
           "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template, "
@@ -400,7 +404,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             self.server.pool.release(lease, unload=True)
 
     def _get(self, route: str) -> None:
-        if route == "/health":
+        if route in HEALTH_ROUTES:
             self._send_json(200, self._health())
             return
         if route == "/":  # Ollama's liveness answer, which its clients probe before anything else (open, as /health)
@@ -673,8 +677,12 @@ class ApiHandler(BaseHTTPRequestHandler):
                 counted = len(completer.runtime.tokenizer.encode(completer.chat_text(request), add_special_tokens=False))
             self._send_json(200, {"input_tokens": counted})
             return
-        completer = self._use(body)
+        if self.server.pool is not None:
+            self._named_model(body)  # a model not served is the 404, before the body's own checks
+        # checked before the model is: a request refused whole swaps no model in (Ollama's handlers check theirs
+        # before scheduleRunner, as /api/chat does here)
         request = anthropic.parse_messages_request(body)
+        completer = self._use(body)
         self._answer_started()
         ident = anthropic.new_message_id()
         # a thinking model's reasoning as a thinking block (never inside the text, as deepseek-legacy streams it)
@@ -734,12 +742,12 @@ class ApiHandler(BaseHTTPRequestHandler):
         if path in (ollama.EMBED_ROUTE, ollama.EMBEDDINGS_ROUTE):
             started = time.monotonic_ns()
             to_embed = (ollama.parse_embed if path == ollama.EMBED_ROUTE else ollama.parse_embeddings)(body, served)
-            completer = self._use(body)
+            completer, load_ns = self._use_timed(body)
             self._answer_started()
             embeddings = ollama.embed(completer, to_embed, client_gone=self._client_gone)
             if embeddings:  # none: the model was only to be loaded
                 self._log_embedded(path, embeddings)
-            answered = ollama.embed_body(to_embed, embeddings, started)
+            answered = ollama.embed_body(to_embed, embeddings, started, load_ns)
             self._end_lease()
             self._send_json(200, answered)
             return
@@ -749,7 +757,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             pool.unload(served, self._client_gone)
             self._send_json(200, ollama.loaded(asked, None))
             return
-        completer = self._use(body)
+        started = time.monotonic_ns()
+        completer, load_ns = self._use_timed(body)
         if asked.request is None:  # nothing to generate: the model is loaded (with several bundles, loaded for it)
             self._send_json(200, ollama.loaded(asked, completer))
             return
@@ -758,7 +767,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if dropped > 0:  # Ollama notes its truncation in its debug log; here the request log says it
             self.log_message("%s: %d oldest message(s) dropped to fit the context", path, dropped)
         self._answer_started()
-        answer = ollama.Answer(completer, asked, request)
+        answer = ollama.Answer(completer, asked, request, started_ns=started, load_ns=load_ns)
         if not request.stream:
             completion = completer.complete(request, client_gone=self._client_gone)
             answered = answer.whole(completion)
@@ -779,6 +788,15 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._end_lease()
         for line in lines:
             self._json_line(line)
+
+    def _use_timed(self, body: object) -> tuple[Completer, int]:
+        """:meth:`_use`, and the nanoseconds it took where several bundles are served: Ollama's ``load_duration``,
+        the time from the request's start until its model was scheduled (server/routes.go: ``checkpointLoaded.Sub(
+        checkpointStart)`` around ``scheduleRunner``), the model's load and any wait for it included. A single
+        bundle is loaded before the server starts: 0."""
+        scheduled = time.monotonic_ns()
+        completer = self._use(body)
+        return completer, 0 if self.server.pool is None else time.monotonic_ns() - scheduled
 
     def _json_line(self, body: dict) -> None:
         """One object of a newline-delimited JSON stream (Ollama's streams)."""
@@ -863,7 +881,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         """404, or 405 with the methods it takes where the route is this server's under another method."""
         path = _api_route(route)
         kept = KEPT_RESPONSE.fullmatch(path) is not None
-        served_by_get = route in ("/", "/health", "/metrics", "/props", "/slots") or path == "/models" or \
+        served_by_get = route in ("/", *HEALTH_ROUTES, "/metrics", "/props", "/slots") or path == "/models" or \
             route.rstrip("/") in ollama.GET_ROUTES or \
             path.startswith("/models/") or kept or KEPT_ITEMS.fullmatch(path) is not None
         allowed = [name for name, known in (("GET", served_by_get), ("HEAD", served_by_get), ("POST", _posted(route)),
@@ -1143,9 +1161,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._send_json(200, slots)
 
     def _send_metrics(self) -> None:
-        if not self.server.metrics:
-            raise ApiError(404, "GET /metrics is off: start edgesdk serve with --metrics to turn it on",
-                           code="not_found")
+        if not self.server.metrics:  # llama-server's answer with its endpoint off: 501 not_supported_error
+            raise ApiError(501, "This server does not support metrics endpoint: GET /metrics is off; start edgesdk "
+                           "serve with --metrics to turn it on", code="not_supported", kind="not_supported_error")
         completer, pool = self.server.completer, self.server.pool
         if pool is None:
             text = completer.metrics.render(int(completer.busy), completer.waiting, self._health().get("thermal"))
@@ -1191,8 +1209,9 @@ def _posted(route: str) -> bool:
     path = _api_route(route)
     if path in NATIVE_EMBEDDINGS_ROUTES:  # /embedding has no /v1 form; /v1/embeddings is OpenAI's route
         return route.rstrip("/") in (OPENAI_EMBEDDINGS_ROUTE, *NATIVE_EMBEDDINGS_ROUTES)
+    # Ollama's routes have no /v1 form (its /v1 is OpenAI's API): /v1/api/chat is no route, as :meth:`_post` routes it
     return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE \
-        or path == infill.ROUTE or path in ollama.POST_ROUTES \
+        or path == infill.ROUTE or route.rstrip("/") in ollama.POST_ROUTES \
         or path in (responses.ROUTE, responses.COUNT_ROUTE) or KEPT_CANCEL.fullmatch(path) is not None
 
 

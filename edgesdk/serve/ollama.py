@@ -55,8 +55,8 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   llama.cpp's generic tool-call form, so /api/show lists "tools" for every bundle with one, where Ollama lists it
   only for a template that reads ``.Tools``), then a ``suffix`` without FIM tokens.
 * ``options``: ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, ``repeat_penalty``,
-  ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``, ``num_predict`` (-1: no limit, -2: until the
-  context fills; here both run until the answer ends or the context is full), ``num_ctx`` (the request's context
+  ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``, ``num_predict`` (-1, or 0 as Ollama's runners read
+  it: no limit; -2: until the context fills; here all run until the answer ends or the context is full), ``num_ctx`` (the request's context
   window: above the bundle's it is the bundle's, as Ollama caps it at the model's trained context; below it, the
   prompt and answer together stay within it). Samplers this runtime lacks (``mirostat``, ``typical_p``, ``tfs_z``)
   are refused where set to anything but off; load settings (``num_gpu``, ``num_thread``, ``num_batch``, ``use_mmap``
@@ -68,8 +68,9 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   reasoning is split off, ``tool_calls``) or ``response``, ``logprobs`` where asked for (api/types.go ``Logprob``:
   per token its ``token``, ``logprob``, ``bytes`` and ``top_logprobs``, left out when empty; a streamed object
   carries those of its own tokens), ``done``, ``done_reason`` ("stop" or "length"),
-  ``total_duration``, ``load_duration``, ``prompt_eval_count``, ``prompt_eval_duration``, ``eval_count``,
-  ``eval_duration`` (nanoseconds). A stream is newline-delimited JSON (``application/x-ndjson``), one object per
+  ``total_duration``, ``load_duration`` (the time the model took to be scheduled, loaded for the request where
+  several bundles are served; 0 for one bundle, loaded at start), ``prompt_eval_count``, ``prompt_eval_duration``,
+  ``eval_count``, ``eval_duration`` (nanoseconds). A stream is newline-delimited JSON (``application/x-ndjson``), one object per
   piece and a last one with ``done`` true; an error once it has begun is a last ``{"error": ...}`` line.
 * errors: ``{"error": "..."}`` with the status; a model name that is not the served one is Ollama's 404 "model
   not found" (clients send the name ``/api/tags`` lists; with several bundles, Ollama's own words:
@@ -143,6 +144,7 @@ GO_LONGEST_DURATION_NS = 2**63 - 1  # time.Duration is an int64 of nanoseconds
 # about 292 years), as the board keeps its one model for as long as the server runs
 KEPT_LOADED_UNTIL = "2318-01-01T00:00:00Z"
 NANOSECONDS_PER_MS = 1_000_000  # Ollama's durations are nanoseconds, the completer's timings milliseconds
+CPU_BACKENDS = ("ort-cpu",)  # the backends (edgesdk.runtime.session) whose model is not in the GPU's memory
 # the graph's float types as Ollama's quantization_level names them (ggml type names)
 FLOAT_TYPE_NAMES = {"fp32": "F32", "float32": "F32", "fp16": "F16", "float16": "F16", "bf16": "BF16"}
 
@@ -641,10 +643,12 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
                            f"sampler; leave it out or set it to {off}", param=f"options.{name}")
     predict = options.get("num_predict")
     if predict is not None:
-        if isinstance(predict, bool) or not isinstance(predict, int) or predict == 0 or predict < -2:
-            raise ApiError(400, f"'options.num_predict' must be the most tokens to generate (>= 1), -1 for no limit or "
-                           f"-2 until the context fills, got {_shown(predict)}", param="options.num_predict")
-        fields["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict < 0 else predict
+        if isinstance(predict, bool) or not isinstance(predict, int) or predict < -2:
+            raise ApiError(400, f"'options.num_predict' must be the most tokens to generate (>= 1), -1 (or 0) for no "
+                           f"limit or -2 until the context fills, got {_shown(predict)}", param="options.num_predict")
+        # 0 is no limit too: Ollama's runners stop at num_predict only where it is > 0 (runner/ollamarunner/runner.go:
+        # ``seq.numPredict > 0 && seq.numPredicted >= seq.numPredict``)
+        fields["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict <= 0 else predict
     stops = options.get("stop")
     if stops is None:
         stops = []
@@ -910,9 +914,14 @@ def loaded(asked: Asked, completer: Completer | None) -> dict:
 class Answer:
     """The bodies of one answer, whole or as the objects of its stream, for /api/chat or /api/generate."""
 
-    def __init__(self, completer: Completer, asked: Asked, request: CompletionRequest):
+    def __init__(self, completer: Completer, asked: Asked, request: CompletionRequest, started_ns: int | None = None,
+                 load_ns: int = 0):
+        """``started_ns``: when the request began (``time.monotonic_ns()``, before its model was scheduled: Ollama's
+        ``total_duration`` counts from there); ``load_ns``: its ``load_duration``, the time its model took to be
+        scheduled (loaded, where it was not)."""
         self.asked, self.request = asked, request
-        self.started = time.monotonic_ns()
+        self.started = time.monotonic_ns() if started_ns is None else started_ns
+        self.load_ns = load_ns
         self.tokenizer = completer.runtime.tokenizer
         # /api/generate not raw: the prompt as text, which the last object's ``context`` begins with
         self.prompt = None if asked.chat or asked.raw else _prompt_text(completer, asked, request)
@@ -945,7 +954,7 @@ class Answer:
         context = {} if self.prompt is None else \
             {"context": self.tokenizer.encode(self.prompt + completion.text, add_special_tokens=False)}
         return {**self._body(content, thinking, calls), "done": True, "done_reason": completion.finish_reason,
-                **context, "total_duration": time.monotonic_ns() - self.started, "load_duration": 0,
+                **context, "total_duration": time.monotonic_ns() - self.started, "load_duration": self.load_ns,
                 "prompt_eval_count": completion.prompt_tokens,
                 "prompt_eval_duration": _nanoseconds(completion.prompt_ms),
                 "eval_count": completion.completion_tokens, "eval_duration": _nanoseconds(completion.predicted_ms)}
@@ -1129,10 +1138,11 @@ def embed(completer: Completer, asked: EmbedAsked,
                            window=asked.num_ctx, window_name="'options.num_ctx'")
 
 
-def embed_body(asked: EmbedAsked, embeddings: list[Embedding], started_ns: int) -> dict:
+def embed_body(asked: EmbedAsked, embeddings: list[Embedding], started_ns: int, load_ns: int = 0) -> dict:
     """The answer: /api/embed's ``model``, ``embeddings`` (each cut to ``dimensions`` and normalised again where that
-    is below its width, as Ollama does), durations and ``prompt_eval_count``; /api/embeddings' ``embedding``. A
-    request with no texts gets the empty answer Ollama loads the model with."""
+    is below its width, as Ollama does), durations (``load_ns``: the time the model took to be scheduled, Ollama's
+    ``load_duration``) and ``prompt_eval_count``; /api/embeddings' ``embedding``. A request with no texts gets the
+    empty answer Ollama loads the model with."""
     if asked.legacy:
         return {"embedding": encoded(embeddings[0].vectors, "float") if embeddings else []}
     if not embeddings:
@@ -1144,7 +1154,7 @@ def embed_body(asked: EmbedAsked, embeddings: list[Embedding], started_ns: int) 
             vector = normalize(vector[:asked.dimensions], 2)
         vectors.append(encoded(vector, "float"))
     return {"model": asked.model, "embeddings": vectors, "total_duration": time.monotonic_ns() - started_ns,
-            "load_duration": 0, "prompt_eval_count": sum(embedding.tokens for embedding in embeddings)}
+            "load_duration": load_ns, "prompt_eval_count": sum(embedding.tokens for embedding in embeddings)}
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -1164,10 +1174,15 @@ def listed(models: list[tuple[Bundle, str]]) -> dict:
 def running(completer: Completer, served: str) -> dict:
     """``GET /api/ps``: the served model, loaded for as long as the server runs (``expires_at`` far ahead, as
     Ollama shows a model kept with ``keep_alive`` < 0), also after a request to unload it, which it outlives
-    (:func:`loaded`)."""
+    (:func:`loaded`). ``size_vram`` is the part of ``size`` in the GPU's memory: all of it on a GPU backend
+    (TensorRT, ONNX Runtime's CUDA or TensorRT provider, Triton), none on the CPU, as ``ollama ps`` reads it
+    ("100% GPU" where it equals ``size``, "100% CPU" where it is 0)."""
     entry = _model_entry(completer, served)
     del entry["modified_at"]
-    return {"models": [{**entry, "expires_at": KEPT_LOADED_UNTIL, "size_vram": 0,
+    backend = completer.runtime.backend
+    device = getattr(getattr(backend, "decoder", None), "device", None)  # Triton's: its reference twin runs on the CPU
+    on_gpu = backend.name not in CPU_BACKENDS and getattr(device, "type", "cuda") == "cuda"
+    return {"models": [{**entry, "expires_at": KEPT_LOADED_UNTIL, "size_vram": entry["size"] if on_gpu else 0,
                         "context_length": completer.runtime.backend.max_context}]}
 
 

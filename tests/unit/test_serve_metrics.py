@@ -94,5 +94,6 @@ def test_metrics_are_off_unless_asked_for(runtime):
     finally:
         server.shutdown()
         server.server_close()
-    assert status == 404
+    assert status == 501  # llama-server's answer with its metrics endpoint off
+    assert json.loads(text)["error"]["type"] == "not_supported_error"
     assert "--metrics" in json.loads(text)["error"]["message"]
