@@ -144,7 +144,8 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
     torch.manual_seed(config.seed)
     _drop_gguf_marker(model)
     target = config.entropy_target or float(ctx.profile.power.entropy_target)
-    ids = ctx.training_data().ids
+    data = ctx.training_data()
+    ids, bos = data.ids, data.bos_id  # bos: None where the tokenizer puts no BOS first (SmolLM2)
     held = min(max(config.sweep_tokens + 1, 64), ids.numel() // 5)
     pool, heldout = ids[:-held], ids[-held:]  # the sweep's tokens are never trained on
     if pool.numel() < config.prompt_tokens + 1 or held < WINDOW + 2:
@@ -163,6 +164,9 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
     state = adapter.install_adapters(model, rank, config.gate_init, config.peak_layers)
     backbone = sum(p.numel() for n, p in model.named_parameters() if ".power_adapter." not in n)
     calib = pool[: 4 * 128].reshape(-1, 128) if pool.numel() >= 512 else pool[None, : min(pool.numel(), 128)]
+    if bos is not None:  # each row as the runtime reads a text: after BOS
+        calib = calib.clone()
+        calib[:, 0] = bos
     peak_scale, ffn_scales = train.calibrate_scales(model, state, calib)
     span = min(config.profile_up_to, max_context)
     cost_scale = max(float(cost.cost(torch.arange(span).numpy()).mean()), 1e-6)
@@ -174,7 +178,8 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
         prompt_tokens=config.prompt_tokens, new_tokens=config.new_tokens, lr=config.lr, tau_train=config.tau_train,
         budget=config.budget, entropy_target=target, weight_power_kl=config.weight_power_kl,
         weight_budget=config.weight_budget, entropy_start=config.entropy_start, entropy_end=config.entropy_end,
-        low_power_scale=config.low_power_scale, zscore=config.zscore, clip=config.clip, seed=config.seed)
+        low_power_scale=config.low_power_scale, zscore=config.zscore, clip=config.clip, seed=config.seed,
+        bos_id=bos)
     eos = sorted(eos_ids(model, ctx.tokenizer))
     pad = ctx.tokenizer.pad_token_id if ctx.tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     log = train.train_adapters(model, state, info, pool, train_config, eos, pad, ctx.progress)
@@ -183,6 +188,8 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
         return TauController(ControllerConfig(entropy_target=target, tau_init=config.tau_train))
 
     sweep_ids = heldout[: config.sweep_tokens + 1]
+    if bos is not None:  # the sweep decodes its text after BOS, as the runtime does
+        sweep_ids = torch.cat([torch.tensor([bos], dtype=sweep_ids.dtype), sweep_ids[:-1]])
     chosen, points = train.sweep_weights(model, state, info, sweep_ids, make_controller, list(config.sweep),
                                          config.max_nll_increase)
     info.weights = chosen

@@ -79,6 +79,7 @@ class PowerTrainConfig:
     zscore: bool = True
     clip: bool = True
     seed: int = 0
+    bos_id: int | None = None  # the token the tokenizer puts first (Gemma, Llama 2): every prompt starts with it
 
 
 @dataclass
@@ -90,12 +91,19 @@ class TrainLog:
         return float(np.mean(values)) if values else float("nan")
 
 
-def sample_prompts(pool: torch.Tensor, count: int, length: int, generator: torch.Generator) -> torch.Tensor:
+def sample_prompts(pool: torch.Tensor, count: int, length: int, generator: torch.Generator,
+                   bos_id: int | None = None) -> torch.Tensor:
+    """``count`` prompts of ``length`` tokens cut from ``pool`` at random starts, (N, prompt). With ``bos_id``
+    (a tokenizer that puts BOS first) each prompt's first token is replaced by it, as the runtime always decodes
+    after BOS (edgesdk/compress/data.py ``TokenData.batches``, llama.cpp's chunks)."""
     if pool.numel() < length + 1:
         raise BuildError(f"the power stage's text has {pool.numel()} tokens, fewer than one prompt of {length}",
                          "pass more --data text or lower power.prompt_tokens")
     starts = torch.randint(0, pool.numel() - length, (count,), generator=generator)
-    return torch.stack([pool[s: s + length] for s in starts.tolist()])  # (N, prompt)
+    prompts = torch.stack([pool[s: s + length] for s in starts.tolist()])  # (N, prompt): copies of the pool
+    if bos_id is not None and length > 1:
+        prompts[:, 0] = bos_id
+    return prompts
 
 
 @torch.no_grad()
@@ -175,7 +183,7 @@ def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.T
         progress_frac = round_index / max(config.rounds - 1, 1)
         w_entropy = losses.entropy_weight(progress_frac, config.entropy_start, config.entropy_end)
         model.eval()
-        prompts = sample_prompts(pool, config.rollout, config.prompt_tokens, generator)
+        prompts = sample_prompts(pool, config.rollout, config.prompt_tokens, generator, config.bos_id)
         ids, loss_mask = rollout(model, state, prompts, config, eos_ids, pad_id)
         valid = torch.ones_like(loss_mask)
         if eos_ids:  # attention sees prompt + generated tokens up to and including the first EOS

@@ -119,3 +119,35 @@ def test_the_stages_feed_the_models_bos_led_blocks(tmp_path):
     for ids in seen:
         assert ids.shape[-1] == 16
         assert (ids[:, 0] == bos).all()
+
+
+def test_the_power_stage_feeds_the_model_bos_led_text(tmp_path):
+    """The power stage's calibration rows, its rollout prompts and its sweep's teacher-forced text all start
+    with BOS where the tokenizer puts one first: every forward that starts a sequence (no cache, or an empty
+    one) reads BOS at position 0. The cost profiler's export traces the model on its own inputs, left out."""
+    from edgesdk.power.stage import PowerConfig, power_stage
+
+    tokenizer = tiny_llama2_tokenizer()
+    bos = tokenizer.bos_token_id
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    model = tiny_llama(vocab_size=len(tokenizer))
+    ctx = BuildContext(profile=None, work_dir=tmp_path, tokenizer=tokenizer, teacher=None, progress=False,
+                       data_config=DataConfig(files=(str(path),), generated_sequences=0))
+    starts: list[torch.Tensor] = []
+
+    def record(_module, args, kwargs):
+        if torch.onnx.is_in_onnx_export() or torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return
+        ids = args[0] if args else kwargs.get("input_ids")
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))
+        if ids is not None and (cache is None or cache.get_seq_length() == 0):
+            starts.append(ids[:, 0].detach().clone())
+
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    config = PowerConfig(rounds=1, rollout=2, micro_batch=2, prompt_tokens=8, new_tokens=8, sweep_tokens=12,
+                         sweep=((0.5, 0.5, 0.0),), profile_up_to=128, profile_buckets=3, entropy_target=1.5)
+    power_stage(model, config, ctx)
+    assert len(starts) >= 3  # calibration, a rollout's prompts, the sweep's decode (and training, evaluation)
+    for first in starts:
+        assert (first == bos).all(), first
