@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.fim import leading_bos
 from edgesdk.runtime.hooked_pass import hooked_pass
 from edgesdk.runtime.logprobs import log_softmax
 
@@ -142,13 +143,6 @@ def _window(ids: list[int], start: int, end: int, bos_id: int | None) -> np.ndar
     if bos_id is not None:
         window[0] = bos_id
     return window
-
-
-def leading_bos(tokenizer) -> int | None:
-    """The token ``tokenizer`` (the bundle's, with ``encode(text, add_special_tokens)``) puts in front of a
-    text, None where it puts none."""
-    plain, special = tokenizer.encode("a", add_special_tokens=False), tokenizer.encode("a", add_special_tokens=True)
-    return special[0] if len(special) == len(plain) + 1 and special[1:] == plain else None
 
 
 def exp_or_inf(mean_nll: float) -> float:

@@ -86,9 +86,11 @@ def find_fim_tokens(token_id) -> FimTokens:
 
 def leading_bos(tokenizer) -> int | None:
     """The token the tokenizer puts in front of a text it encodes with its special tokens (llama.cpp's
-    ``llama_vocab_get_add_bos`` with ``llama_vocab_bos``), None where it puts none."""
+    ``llama_vocab_get_add_bos`` with ``llama_vocab_bos``), None where it puts none. A tokenizer that also puts
+    EOS after the text (Llama's ``add_eos_token``) still puts BOS first: llama.cpp reads the two apart."""
     plain, special = tokenizer.encode("a", add_special_tokens=False), tokenizer.encode("a", add_special_tokens=True)
-    return special[0] if len(special) == len(plain) + 1 and special[1:] == plain else None
+    after = special[len(plain) + 1:]  # EOS, where the tokenizer adds one after the text
+    return special[0] if len(special) > len(plain) and special[1:len(plain) + 1] == plain and len(after) <= 1 else None
 
 
 def infill_ids(fim: FimTokens, prefix: list[int], suffix: list[int], prompt: list[int],
