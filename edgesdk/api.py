@@ -637,6 +637,11 @@ def build_bundle(target: str, model: str | None = None, *, out: str | Path | Non
     adapters = _lora_adapters(lora)
     data_config = DataConfig(files=tuple(str(file) for file in data), skip_chars=data_skip_chars,
                              generated_sequences=generated_sequences)
+    if data_skip_chars and not data_config.files:  # as edgesdk build warns of --data-skip-chars without --data
+        import warnings
+
+        warnings.warn(f"build_bundle(): data_skip_chars={data_skip_chars} is not used: it leaves out the head of "
+                      "each data file, and no data is given", UserWarning, stacklevel=2)
     config = BuildConfig(target=target, model=model or DEFAULT_MODEL, out=None if out is None else Path(out),
                          recipe=recipe, overrides=changes, data=data_config, weight_bits=weight_bits,
                          export=ExportConfig(max_context=max_context), resume=resume, keep_work=keep_work,

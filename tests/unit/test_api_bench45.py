@@ -48,3 +48,11 @@ def test_draft_settings_without_a_draft_are_noted_not_silently_dropped(tiny_bund
         assert "draft_p_min: not used: it works with draft=BUNDLE" in loaded.notes
     with edgesdk.load(tiny_bundle.path, threads=1) as loaded:
         assert not any(note.startswith("draft") for note in loaded.notes)
+
+
+def test_build_bundle_warns_of_data_skip_chars_without_data(tmp_path):
+    """``edgesdk build --data-skip-chars N`` without ``--data`` warns that it is not used; build_bundle said
+    nothing. The target is one no board has, so the build stops right after the warning, naming it."""
+    with pytest.warns(UserWarning, match="data_skip_chars=100 is not used"), \
+            pytest.raises(edgesdk.EdgeSDKError, match="no-such-board"):
+        edgesdk.build_bundle("no-such-board", data_skip_chars=100, out=tmp_path / "bundle", progress=False)
