@@ -7,7 +7,9 @@ vector's little-endian float32 bytes, as OpenAI's client asks for by default and
 ``dimensions`` keeps a vector's first N values, normalised again (what OpenAI's text-embedding-3 models and
 Ollama do). The answer: ``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
 "usage": {"prompt_tokens", "total_tokens"}}``. Vectors are normalised to unit length (llama-server's
-``/v1/embeddings``, ``embd_normalize`` 2), so a dot product is the cosine similarity.
+``/v1/embeddings``, ``embd_normalize`` 2), so a dot product is the cosine similarity, unless the request sets
+llama-server's ``embd_normalize``, which its ``handle_embeddings_impl`` reads on ``/v1/embeddings`` as on
+``/embedding`` (-1 leaves the vectors as the model gives them).
 
 llama-server's native route (tools/server/server-context.cpp, ``handle_embeddings_impl`` with no OpenAI response
 type) reads ``input``, or ``content`` where there is no ``input``, in the same forms, and ``embd_normalize``
@@ -38,6 +40,7 @@ class EmbeddingRequest:
     inputs: tuple[str | tuple[int, ...], ...]
     encoding_format: str = "float"
     dimensions: int | None = None
+    normalize: int = 2  # llama-server's embd_normalize (common_embd_normalize's norm)
 
 
 def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[int, ...], ...]:
@@ -62,7 +65,8 @@ def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[i
 
 
 def parse_embedding_request(body: dict) -> EmbeddingRequest:
-    """``POST /v1/embeddings``'s body checked (``model`` and ``user`` are taken and not used)."""
+    """``POST /v1/embeddings``'s body checked (``model`` and ``user`` are taken and not used); llama-server's
+    ``embd_normalize`` too, as its ``handle_embeddings_impl`` reads it on this route (2 unless given)."""
     body = _object(body)
     if "input" not in body:
         raise ApiError(400, "'input' is required: the text (or texts, or token ids) to embed", param="input")
@@ -75,7 +79,18 @@ def parse_embedding_request(body: dict) -> EmbeddingRequest:
     if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
         raise ApiError(400, f"'dimensions' must be a whole number of at least 1, got {dimensions!r}",
                        param="dimensions")
-    return EmbeddingRequest(embedding_inputs(body["input"]), encoding, dimensions)
+    return EmbeddingRequest(embedding_inputs(body["input"]), encoding, dimensions, _embd_normalize(body))
+
+
+def _embd_normalize(body: dict) -> int:
+    """llama-server's ``embd_normalize``: 2 (Euclidean) where absent or null, else a whole number >= -1."""
+    norm = body.get("embd_normalize", 2)
+    if norm is None:
+        return 2
+    if isinstance(norm, bool) or not isinstance(norm, int) or norm < -1:
+        raise ApiError(400, f"'embd_normalize' must be a whole number of at least -1 ({NORMALIZE_HELP}), got "
+                       f"{norm!r}", param="embd_normalize")
+    return norm
 
 
 def embedding_width(manifest: dict) -> int:
@@ -91,20 +106,22 @@ def check_dimensions(request: EmbeddingRequest, width: int) -> None:
                        param="dimensions")
 
 
-def shortened(vector: np.ndarray, dimensions: int | None) -> np.ndarray:
-    """The first ``dimensions`` values of a unit vector, normalised again (:func:`check_dimensions` has bounded
-    them); all of it for None."""
-    if dimensions is None:
-        return vector
-    return normalize(vector[..., :dimensions], 2)
+def shortened(vector: np.ndarray, dimensions: int | None, norm: int = 2) -> np.ndarray:
+    """The first ``dimensions`` values of a vector (:func:`check_dimensions` has bounded them), all of it for None,
+    normalised with ``norm`` (:func:`edgesdk.runtime.embedding.normalize`)."""
+    if dimensions is not None:
+        vector = vector[..., :dimensions]
+    return normalize(vector, norm)
 
 
 def openai_embeddings_body(embeddings: list[Embedding], model: str, request: EmbeddingRequest) -> dict:
-    """The answer to ``request`` from its inputs' ``embeddings`` (pooled vectors, normalised)."""
+    """The answer to ``request`` from its inputs' ``embeddings`` (pooled vectors, as the model gives them or
+    normalised already: each norm but -1 gives the same vector for any positive multiple of it), normalised with the
+    request's ``embd_normalize``."""
     data = []
     for index, embedding in enumerate(embeddings):
         check_dimensions(request, embedding.vectors.shape[-1])
-        vector = shortened(embedding.vectors, request.dimensions)
+        vector = shortened(embedding.vectors, request.dimensions, request.normalize)
         data.append({"object": "embedding", "index": index, "embedding": encoded(vector, request.encoding_format)})
     tokens = sum(embedding.tokens for embedding in embeddings)
     return {"object": "list", "data": data, "model": model,
@@ -119,13 +136,14 @@ def encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
 
 
 def openai_embedding_config(pooling: str) -> EmbeddingConfig:
-    """The pooling the server was started with and OpenAI's unit vectors; a 400 for ``none`` (one vector per
-    token is not OpenAI's answer; llama-server refuses it too)."""
+    """The pooling the server was started with, the vectors as the model gives them (:func:`openai_embeddings_body`
+    normalises them as the request's ``embd_normalize`` says: OpenAI's unit vectors unless it is given); a 400 for
+    ``none`` (one vector per token is not OpenAI's answer; llama-server refuses it too)."""
     if pooling == "none":
         raise ApiError(400, "this server pools embeddings with 'none' (a vector per token), which OpenAI's "
                        "embeddings answer cannot carry; start edgesdk serve with --pooling last, mean or cls",
                        code="not_supported", kind="not_supported_error")
-    return EmbeddingConfig(pooling=pooling, normalize=2)
+    return EmbeddingConfig(pooling=pooling, normalize=-1)
 
 
 @dataclass(frozen=True)
@@ -150,12 +168,7 @@ def parse_native_embedding_request(body: object, pooling: str) -> NativeEmbeddin
     encoding = body.get("encoding_format")
     if encoding is not None and encoding not in ENCODING_FORMATS:
         raise ApiError(400, f"'encoding_format' must be float or base64, got {encoding!r}", param="encoding_format")
-    norm = body.get("embd_normalize", 2)
-    if norm is None:
-        norm = 2
-    if isinstance(norm, bool) or not isinstance(norm, int) or norm < -1:
-        raise ApiError(400, f"'embd_normalize' must be a whole number of at least -1 ({NORMALIZE_HELP}), got "
-                       f"{norm!r}", param="embd_normalize")
+    norm = _embd_normalize(body)
     config = EmbeddingConfig(pooling=pooling, normalize=-1 if pooling == "none" else norm)
     return NativeEmbeddingRequest(embedding_inputs(body[param], param), param, config)
 
