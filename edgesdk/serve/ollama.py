@@ -203,9 +203,34 @@ class _Common:
     num_keep: int = 4
 
 
+# Ollama's options of Go's int type: its ``Options.FromMap`` (api/types.go) sets them from the JSON's numbers, which
+# Go decodes as float64, so 4096.0 is 4096 there
+WHOLE_OPTIONS = ("num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "num_ctx", "num_batch", "num_gpu",
+                 "main_gpu", "num_thread", "mirostat")
+
+
+def _as_ollama_reads(body: dict) -> dict:
+    """``body`` with its ``options`` as Ollama reads them: a whole number written as a float (4096.0, which Python
+    and JavaScript clients send for a float variable) is that number, and a ``top_k`` below 0 is 0, the top-k
+    sampler off, as llama.cpp's sampler Ollama hands it to reads any k <= 0 (``llama_sampler_top_k_impl``). Other
+    values are left for the checks that name them."""
+    options = body.get("options")
+    if not isinstance(options, dict):
+        return body
+    read = dict(options)
+    for name in WHOLE_OPTIONS:
+        value = read.get(name)
+        if isinstance(value, float) and value.is_integer():
+            read[name] = int(value)
+    top_k = read.get("top_k")
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k < 0:
+        read["top_k"] = 0
+    return {**body, "options": read}
+
+
 def _common(body: object, served: str) -> _Common:
     """The fields of an /api/chat or /api/generate body that both routes read the same way."""
-    body = _object(body)
+    body = _as_ollama_reads(_object(body))
     model = _model_name(body, served)
     unload = _check_keep_alive(body)
     fields = _stream_and_format(body)
@@ -1110,7 +1135,7 @@ def parse_embeddings(body: object, served: str) -> EmbedAsked:
 def _embedding_options(body: dict) -> int | None:
     """``keep_alive`` checked, and ``options``' ``num_ctx``: the other options change nothing in an embedding."""
     _check_keep_alive(body)
-    options = body.get("options")
+    options = _as_ollama_reads(body).get("options")
     if options is None:
         return None
     if not isinstance(options, dict):
