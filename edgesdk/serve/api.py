@@ -37,6 +37,7 @@ from edgesdk.serve.tools import (
     Tools,
     answer_message,
     call_text,
+    parallel_calls,
     parse_tools,
     tool_result_text,
     with_instructions,
@@ -124,7 +125,11 @@ def parse_chat_request(body: object) -> CompletionRequest:
         raise ApiError(400, "'messages' must be a non-empty array of {\"role\", \"content\"} objects",
                        param="messages")
     names = _tool_call_names(messages)
-    parsed = [_message(message, index, names) for index, message in enumerate(messages)]
+    try:  # earlier calls are written in the form the answer's calls take (one, or a list)
+        parallel = parallel_calls(body) and bool(body.get("tools")) and body.get("tool_choice") != "none"
+    except ToolError as exc:
+        raise ApiError(400, exc.message, param=exc.param) from exc
+    parsed = [_message(message, index, names, parallel) for index, message in enumerate(messages)]
     fields = _common_fields(body, chat=True)
     try:
         # a response format beside tools shapes the {"response": ...} answer (edgesdk/serve/tools.py)
@@ -289,9 +294,10 @@ def _shown(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _message(message: object, index: int, call_names: dict[str, str]) -> dict:
+def _message(message: object, index: int, call_names: dict[str, str], parallel: bool = False) -> dict:
     """A message with its role and text normalised; tool turns become the text of llama.cpp's generic tool
-    format (edgesdk/serve/tools.py), which any chat template renders."""
+    format (edgesdk/serve/tools.py), which any chat template renders (an assistant turn's calls in the list form
+    where ``parallel``: the request's ``parallel_tool_calls`` with tools offered)."""
     param = f"messages[{index}]"
     if not isinstance(message, dict):
         raise ApiError(400, f"{param} must be an object with 'role' and 'content', got {_shown(message)}", param=param)
@@ -305,7 +311,7 @@ def _message(message: object, index: int, call_names: dict[str, str]) -> dict:
                                f"{_shown(call_id)}", param=f"{param}.tool_call_id")
             return {"role": "user", "content": tool_result_text(call_names.get(call_id), content)}
         if role == "assistant" and message.get("tool_calls"):
-            text = call_text(message["tool_calls"], f"{param}.tool_calls")
+            text = call_text(message["tool_calls"], f"{param}.tool_calls", parallel)
             content = message.get("content")
             spoken = _content(content, f"{param}.content") if content is not None else ""
             return {"role": "assistant", "content": f"{spoken}\n{text}" if spoken else text}
@@ -413,7 +419,7 @@ def _common_fields(body: dict, chat: bool) -> dict:
                        f"{_shown(body.get('stream_options'))}", param="stream_options")
     cache_prompt = _flag(body, "cache_prompt", True)  # null is the default, as for every other field (and in llama-server)
     return {
-        "max_tokens": _max_tokens(body.get(name), name),
+        "max_tokens": _max_tokens(body.get(name), name, zero=not chat),
         "temperature": _number(body.get("temperature"), "temperature", 0.0, 2.0, "[0, 2]"),
         "top_p": _top_p(body.get("top_p")),
         "top_k": _integer(body.get("top_k"), "top_k", minimum=0, note=" (0: off)"),
@@ -559,11 +565,17 @@ def _integer(value: object, name: str, minimum: int, note: str = "") -> int | No
 UNTIL_THE_CONTEXT_FILLS = 2**31 - 1  # a token limit of -1: the answer runs until it ends or the context is full
 
 
-def _max_tokens(value: object, name: str) -> int | None:
+def _max_tokens(value: object, name: str, zero: bool = False) -> int | None:
     """``max_tokens`` / ``max_completion_tokens``: a whole number >= 1, or -1 for no limit but the context, as
-    llama-server reads it (its ``n_predict`` -1; llama.cpp's web UI sends ``max_tokens: -1`` by default)."""
+    llama-server reads it (its ``n_predict`` -1; llama.cpp's web UI sends ``max_tokens: -1`` by default). With
+    ``zero`` (``/v1/completions``) also 0, which OpenAI's completions take: nothing is generated, the prompt is
+    evaluated (llama-server's ``n_predict`` 0), and with ``echo`` and ``logprobs`` scored
+    (edgesdk/serve/completion.py, ``Completer._prefill_only``)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1:
         return UNTIL_THE_CONTEXT_FILLS
+    if zero:
+        return _integer(value, name, minimum=0, note=" (0: the prompt only, scored with echo and logprobs), or -1 "
+                        "for no limit but the context")
     return _integer(value, name, minimum=1, note=", or -1 for no limit but the context")
 
 

@@ -765,7 +765,7 @@ class Completer:
                     on_start()
                 with self._thermal_wait_ends(client_gone, "the answer"):
                     if request.max_tokens == 0:
-                        return self._prefill_only(request, ids)
+                        return self._prefill_only(request, ids, on_text)
                     try:
                         return self._generate(request, ids, sampling, constraint, on_text, client_gone, shift)
                     except LogitBiasError as exc:  # the request's bias left no token to take: its fault, not ours
@@ -908,12 +908,21 @@ class Completer:
         hook.end(GenerationStats(prompt_tokens=embedding.tokens, stop_reason="embedding"))
         return embedding
 
-    def _prefill_only(self, request: CompletionRequest, ids: list[int]) -> Completion:
+    def _prefill_only(self, request: CompletionRequest, ids: list[int],
+                      on_text: Callable[[str, dict | None], None] | None = None) -> Completion:
         """llama-server's ``n_predict`` 0 (tools/server README, "POST /completion": "no tokens will be generated but
         the prompt is evaluated into the cache"): the prompt's part that the KV cache does not hold yet is
         prefilled, so a next request that starts with it prefills only what follows; the answer is empty, its
-        timings those of the prefill. The hook sees the prefill as a step that yielded no token."""
+        timings those of the prefill. The hook sees the prefill as a step that yielded no token.
+
+        ``/v1/completions`` with ``max_tokens`` 0 (OpenAI takes 0) is the same; with ``echo`` its answer is the
+        prompt, and with ``logprobs`` too each prompt token's log-probability (the first's null: nothing predicts
+        it), as OpenAI scores a prompt (``echo: true, logprobs: N, max_tokens: 0``, lm-evaluation-harness's
+        loglikelihood): the whole prompt is prefilled then, none of it taken from the cache, as :meth:`_generate`
+        does for an echo's log-probabilities. With ``logprobs`` and no echo, the lists are empty."""
         backend, cache = self.runtime.backend, self.prompt_cache
+        openai_logprobs = request.logprobs is not None and not request.llama_probs
+        recorder = LogprobRecorder(top=request.logprobs, prompt=True) if openai_logprobs and request.echo else None
         hook = _HeldTime(MetricsHook(self.metrics, self.hook, self.runtime.backend, self.prompt_cache))
         start = time.perf_counter()
         stats = GenerationStats(prompt_tokens=len(ids), stop_reason="max_new_tokens")
@@ -921,13 +930,15 @@ class Completer:
             if cache is None:
                 backend.reset()
             else:
-                stats.cached_tokens = cache.start(ids, reuse=request.cache_prompt)
+                stats.cached_tokens = cache.start(ids, reuse=request.cache_prompt and recorder is None)
             fresh = ids[stats.cached_tokens:]
             hook.begin(len(fresh), 0)
             stats.waited_s = hook.before_step("prefill")
             step = time.perf_counter()
-            backend.prefill(np.asarray(fresh, np.int64), keep_logits=1)
+            rows = backend.prefill(np.asarray(fresh, np.int64), keep_logits=len(fresh) if recorder else 1)
             stats.prefill_s = time.perf_counter() - step
+            if recorder is not None:  # also a one-token prompt, whose one entry has no log-probability
+                recorder.record_prompt(rows, list(ids))
             if cache is not None:
                 cache.took(fresh)
             hook.after_step("prefill", 0, stats.prefill_s)
@@ -937,7 +948,14 @@ class Completer:
             raise
         self.metrics.finish("length")
         prompt_ms = (time.perf_counter() - start - hook.held_s) * 1e3
-        return Completion("", "length", len(ids), 0, stats.cached_tokens, prompt_ms=max(prompt_ms, 0.0))
+        text = request.prompt if request.echo else ""
+        logprobs = None
+        if openai_logprobs:
+            logprobs = logprobs_body(request, recorder.prompt_entries if recorder else [], self._token_piece,
+                                     0 if request.echo else len(request.prompt))
+        if text and on_text is not None:  # a stream's one piece: the echoed prompt, with its logprobs
+            on_text(text, logprobs)
+        return Completion(text, "length", len(ids), 0, stats.cached_tokens, logprobs, prompt_ms=max(prompt_ms, 0.0))
 
     def _generate(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig,
                   constraint: TokenConstraint | None, on_text: Callable[[str, dict | None], None] | None,

@@ -13,8 +13,10 @@ OpenAI's API reference ("Responses", "Streaming events"):
   ``top_p``, ``stream``, ``tools`` (function tools in the flat form ``{"type": "function", "name", "description",
   "parameters", "strict"}``), ``tool_choice`` (auto / none / required / ``{"type": "function", "name"}``),
   ``text.format`` (text, json_object, json_schema), ``metadata`` (OpenAI's limits: 16 pairs, keys of 64
-  characters, values of 512), ``include`` ``"message.output_text.logprobs"`` with ``top_logprobs`` (0-20);
-  ``parallel_tool_calls``, ``truncation``, ``reasoning``, ``include``'s other entries, ``user``,
+  characters, values of 512), ``include`` ``"message.output_text.logprobs"`` with ``top_logprobs`` (0-20),
+  ``parallel_tool_calls`` (true: an answer may make several calls, each its own ``function_call`` item; absent,
+  the chat route's default, llama-server's false, edgesdk/serve/tools.py, which the response repeats: OpenAI
+  defaults it to true); ``truncation``, ``reasoning``, ``include``'s other entries, ``user``,
   ``service_tier``, ``safety_identifier``, ``prompt_cache_key`` and ``text.verbosity`` change nothing here. A
   ``function_call_output`` answers a ``function_call`` earlier in the conversation (OpenAI refuses one whose
   ``call_id`` matches none: "No tool call found for function call output with call_id ..."). An item's ``id``, where
@@ -165,7 +167,7 @@ def parse_responses_request(body: object, store: ResponseStore | None = None) ->
     return ResponsesRequest(request=request, instructions=body.get("instructions"), tools=tools,
                             tool_choice=_echoed_choice(body.get("tool_choice")), text=_echoed_text(body.get("text")),
                             max_output_tokens=None if limit is None else int(limit),
-                            parallel_tool_calls=_flag(body, "parallel_tool_calls", True),
+                            parallel_tool_calls=_flag(body, "parallel_tool_calls", False),
                             metadata=_metadata(body.get("metadata")), reasoning=_echoed_reasoning(body.get("reasoning")),
                             truncation=body.get("truncation") or "disabled",
                             top_logprobs=_integer(body.get("top_logprobs"), "top_logprobs", minimum=0) or 0,
@@ -326,7 +328,7 @@ def chat_body(body: dict, earlier: list[dict] | None = None) -> tuple[dict, list
     response_format = _text_format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
-    _flag(body, "parallel_tool_calls", True)
+    chat["parallel_tool_calls"] = _flag(body, "parallel_tool_calls", False)  # the chat route's default
     _flag(body, "store", True)
     if body.get("truncation") not in (None, "auto", "disabled"):
         raise ApiError(400, f"'truncation' must be \"auto\" or \"disabled\", got {_shown(body['truncation'])}",

@@ -19,14 +19,24 @@ structured answer without tools (llama.cpp re-indents it, ``response.dump(2)``, 
 model so answers either with a call or in the schema, as OpenAI answers a request carrying both. A GBNF
 ``grammar`` cannot be joined to this JSON envelope and is refused beside tools (edgesdk/serve/api.py).
 
+``parallel_tool_calls`` true (OpenAI's field) lets one answer make several calls, in the list form llama.cpp's
+generic format takes then (``common_chat_params_init_generic``): ``{"tool_calls": [{"name": NAME, "arguments":
+{...}}, ...]}``, at least one call; each comes back as its own entry of ``tool_calls``, with its own ``id`` and
+``index``. Its default here is llama-server's, false (``oaicompat_chat_params_parse`` reads
+``parallel_tool_calls`` as false when absent), so an answer makes one call unless the request asks for more; OpenAI
+defaults it to true. The Responses route (edgesdk/serve/responses.py) passes on its own field with the same
+default, and repeats what it applied. llama.cpp also asks the model for an ``id`` of each call in the list form;
+the ids here are the server's (``call_...``), as for one call, so the model writes none.
+
 ``tool_choice`` ``required`` leaves only calls, a named function only calls of it (there is no answer then, so
 a response format does not apply), ``none`` offers no tools (a response format then shapes the whole answer).
 Earlier turns travel in the same form: an assistant message's ``tool_calls`` become its ``{"tool_call": ...}``
-text, and a ``tool`` message becomes a user message ``{"tool_response": {"name", "content"}}``, which any
+text (with ``parallel_tool_calls``, one ``{"tool_calls": [...]}`` of them all), and a ``tool`` message becomes a user message ``{"tool_response": {"name", "content"}}``, which any
 template renders.
 
-Streamed, the answer goes out as llama-server streams a call or a text (:class:`AnswerStream`): the call's name
-once whole, then its arguments in pieces; the text as it is written; the JSON around them never.
+Streamed, the answer goes out as llama-server streams a call or a text (:class:`AnswerStream`): each call's name
+once whole, then its arguments in pieces, under the call's own ``index``; the text as it is written; the JSON
+around them never.
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ class Tools:
     instructions: str  # appended to the system message
     # the {"response": ...} option's value is JSON of a response format, returned as its JSON text (not a string)
     structured: bool = False
+    parallel: bool = False  # parallel_tool_calls: the answer may hold several calls ({"tool_calls": [...]})
 
 
 ANY_OBJECT = {"type": "object", "additionalProperties": True}  # response_format json_object: any JSON object
@@ -72,6 +83,7 @@ def parse_tools(body: dict, response: dict | None = None) -> Tools | None:
     ``response``: the JSON schema of the request's response format (:data:`ANY_OBJECT` for json_object), which
     the ``{"response": ...}`` option's value follows, or None for an answer in text."""
     tools, choice = body.get("tools"), body.get("tool_choice")
+    parallel = parallel_calls(body)
     if not tools:
         if choice not in (None, "none", "auto"):
             raise ToolError(f"'tool_choice' {json.dumps(choice)[:60]} needs 'tools' to choose from", "tool_choice")
@@ -90,8 +102,21 @@ def parse_tools(body: dict, response: dict | None = None) -> Tools | None:
     offered = functions if chosen in ("auto", "required") else [f for f in functions if f["name"] == chosen]
     may_answer = chosen == "auto"
     response = response if may_answer else None  # only calls: no answer for a response format to shape
-    return Tools(names=names, choice=chosen, schema=_answer_schema(offered, may_answer, response),
-                 instructions=_instructions(offered, may_answer, response), structured=response is not None)
+    return Tools(names=names, choice=chosen, schema=_answer_schema(offered, may_answer, response, parallel),
+                 instructions=_instructions(offered, may_answer, response, parallel), structured=response is not None,
+                 parallel=parallel)
+
+
+def parallel_calls(body: dict) -> bool:
+    """``parallel_tool_calls``: true, false, or absent / null for llama-server's default, false (one call per
+    answer; OpenAI's default is true)."""
+    value = body.get("parallel_tool_calls")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ToolError(f"'parallel_tool_calls' must be true (an answer may make several tool calls) or false (one "
+                        f"at most), got {json.dumps(value)[:60]}", "parallel_tool_calls")
+    return value
 
 
 def _function(tool: object, index: int) -> dict:
@@ -151,16 +176,22 @@ def _choice(choice: object, names: tuple[str, ...]) -> str:
                     f"\"function\": {{\"name\": ...}}}}, got {json.dumps(choice)[:60]}", "tool_choice")
 
 
-def _answer_schema(functions: list[dict], may_answer: bool, response: dict | None = None) -> CompiledSchema:
-    """One call of one of ``functions`` (each tool's $defs moved under its own prefix), or an answer: text, or an
-    instance of the ``response`` schema (its $defs moved under the prefix ``response``)."""
+def _answer_schema(functions: list[dict], may_answer: bool, response: dict | None = None,
+                   parallel: bool = False) -> CompiledSchema:
+    """One call of one of ``functions`` (each tool's $defs moved under its own prefix), or with ``parallel`` a
+    list of one or more such calls (llama.cpp's generic format's ``{"tool_calls": [...]}``, ``minItems`` 1), or
+    an answer: text, or an instance of the ``response`` schema (its $defs moved under the prefix ``response``)."""
     definitions, calls = {}, []
     for index, function in enumerate(functions):
         parameters = _hoisted(function["parameters"], f"tool{index}", definitions)
         calls.append({"type": "object", "properties": {"name": {"const": function["name"]}, "arguments": parameters},
                       "required": ["name", "arguments"]})
-    call = {"type": "object", "properties": {"tool_call": calls[0] if len(calls) == 1 else {"anyOf": calls}},
-            "required": ["tool_call"]}
+    one = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if parallel:
+        call = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": one, "minItems": 1}},
+                "required": ["tool_calls"]}
+    else:
+        call = {"type": "object", "properties": {"tool_call": one}, "required": ["tool_call"]}
     answer = {"type": "string"} if response is None else _hoisted(response, "response", definitions)
     options = [call, {"type": "object", "properties": {"response": answer}, "required": ["response"]}]
     root = {"anyOf": options} if may_answer else call
@@ -202,7 +233,8 @@ def _hoisted(schema: dict, prefix: str, definitions: dict) -> dict:
     return schema
 
 
-def _instructions(functions: list[dict], may_answer: bool, response: dict | None = None) -> str:
+def _instructions(functions: list[dict], may_answer: bool, response: dict | None = None,
+                  parallel: bool = False) -> str:
     listed = json.dumps([{"name": f["name"], "description": f["description"], "parameters": f["parameters"]}
                          for f in functions], ensure_ascii=False)
     if response == ANY_OBJECT:
@@ -211,10 +243,12 @@ def _instructions(functions: list[dict], may_answer: bool, response: dict | None
         value = f"<your answer as JSON of this schema: {json.dumps(response, ensure_ascii=False)}>"
     else:
         value = '"<your answer>"'
-    answer = f' to call a tool, or {{"response": {value}}} to answer the user directly' if may_answer else \
-        " to call a tool"
+    calling = " to call one or more tools" if parallel else " to call a tool"
+    answer = f'{calling}, or {{"response": {value}}} to answer the user directly' if may_answer else calling
+    call = '{"name": "<tool name>", "arguments": {...}}'
+    form = f'{{"tool_calls": [{call}, ...]}}' if parallel else f'{{"tool_call": {call}}}'
     return (f"You can call these tools (each with the JSON schema of its arguments):\n{listed}\n"
-            f'Reply with one JSON object: {{"tool_call": {{"name": "<tool name>", "arguments": {{...}}}}}}{answer}.')
+            f"Reply with one JSON object: {form}{answer}.")
 
 
 def with_instructions(messages: list[dict], tools: Tools) -> list[dict]:
@@ -226,11 +260,13 @@ def with_instructions(messages: list[dict], tools: Tools) -> list[dict]:
     return [{"role": "system", "content": tools.instructions}, *messages]
 
 
-def call_text(tool_calls: object, param: str) -> str:
-    """An earlier assistant turn's ``tool_calls`` as the text the model writes for them."""
+def call_text(tool_calls: object, param: str, parallel: bool = False) -> str:
+    """An earlier assistant turn's ``tool_calls`` as the text the model writes for them: a ``{"tool_call": ...}``
+    line each, or with ``parallel`` (the request's ``parallel_tool_calls``) one ``{"tool_calls": [...]}``, the
+    form the model is asked to answer in."""
     if not isinstance(tool_calls, list):
         raise ToolError(f"{param} must be an array of tool calls", param)
-    texts = []
+    calls = []
     for index, call in enumerate(tool_calls):
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
@@ -242,8 +278,10 @@ def call_text(tool_calls: object, param: str) -> str:
         except json.JSONDecodeError as exc:
             raise ToolError(f"{param}[{index}].function.arguments is not JSON text ({exc})",
                             f"{param}[{index}].function.arguments") from exc
-        texts.append(json.dumps({"tool_call": {"name": function["name"], "arguments": arguments}}, ensure_ascii=False))
-    return "\n".join(texts)
+        calls.append({"name": function["name"], "arguments": arguments})
+    if parallel:
+        return json.dumps({"tool_calls": calls}, ensure_ascii=False)
+    return "\n".join(json.dumps({"tool_call": call}, ensure_ascii=False) for call in calls)
 
 
 def tool_result_text(name: str | None, content: str) -> str:
@@ -271,10 +309,14 @@ def _read(text: str, complete: bool, structured: bool) -> tuple[str | None, list
         return text, None, False
     if "response" in answer:
         return (_response_text(text) if structured else answer["response"]), None, True
-    call = answer["tool_call"]
-    return None, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                   "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}], \
-        True
+    calls = answer["tool_calls"] if "tool_calls" in answer else [answer["tool_call"]]
+    return None, [{"id": _call_id(), "type": "function",
+                   "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
+                  for call in calls], True
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 RESPONSE_KEY = re.compile(r'\s*\{\s*"response"\s*:\s*')  # the schema writes a listed key as it is named
@@ -315,6 +357,10 @@ def answer_message(text: str, finish_reason: str, structured: bool = False) -> t
 RESPONSE_START = re.compile(r'\s*\{\s*"response"\s*:\s*(?=\S)')
 CALL_NAME = re.compile(r'\s*\{\s*"tool_call"\s*:\s*\{\s*"name"\s*:\s*"(' + NAME.pattern[1:-1] + ')"')
 ARGUMENTS_START = re.compile(r'\s*,\s*"arguments"\s*:\s*(?=\S)')
+# parallel_tool_calls' list form: {"tool_calls": [{"name": ..., "arguments": ...}, ...]}
+CALLS_START = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[')
+ITEM_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"(' + NAME.pattern[1:-1] + ')"')
+ITEM_END = re.compile(r'\s*\}\s*([,\]])')  # a call's object closed, then the next call or the list's end
 # No envelope's text before its value is longer (a name of 64 characters, 8 gaps of at most 21 spacing
 # characters); an answer that has not begun one by then is read once whole.
 ENVELOPE_LIMIT = 400
@@ -342,12 +388,14 @@ class _Value:
         self.pending = ""  # a number's or a literal's text, or an escape's
         self.high = ""  # a high surrogate read from an escape, held for a low one
         self.done = self.broken = False
+        self.used = 0  # characters read (the value's text, once done)
 
     def feed(self, text: str) -> str:
         out: list[str] = []
         for char in text:
             if self.done or self.broken:
                 break
+            self.used += 1
             self._char(char, out)
         return "".join(out)
 
@@ -501,90 +549,136 @@ class AnswerStream:
     """An answer written under a tools schema, read as it is generated, giving out the deltas of OpenAI's
     streamed chat completion chunks as llama-server gives them for its tool-call formats (common/chat.cpp,
     ``common_chat_msg_diff::compute_diffs``; tools/server/server-task.cpp, ``to_json_oaicompat_chat_stream``):
-    a text answer's content as it is written; a call's ``id``, ``type`` and ``function.name`` in its first
+    a text answer's content as it is written; each call's ``id``, ``type`` and ``function.name`` in its first
     delta once the name is whole, with ``arguments`` "", then the arguments' text in pieces, as
-    :func:`read_answer` writes them. Nothing is given out that the answer's message (:meth:`finish`,
-    :func:`answer_message`) does not hold: the JSON around the value, and what of the value is not settled,
-    wait (an answer that is neither form is given out whole once it ends)."""
+    :func:`read_answer` writes them, every piece under its call's ``index`` (0, 1, ... in the order of the list
+    form's calls, as OpenAI's chunks number parallel calls). Nothing is given out that the answer's message
+    (:meth:`finish`, :func:`answer_message`) does not hold: the JSON around the value, and what of the value is
+    not settled, wait (an answer that is neither form is given out whole once it ends)."""
 
     def __init__(self, structured: bool = False):
         self.structured = structured
         self.text = ""
-        self.kind: str | None = None  # "response", "call", or "other" (read once whole)
-        self.name: str | None = None
+        # "response", "call" ({"tool_call": ...}), "calls" ({"tool_calls": [...]}), or "other" (read once whole)
+        self.kind: str | None = None
+        self.name: str | None = None  # the name of the call being read
         self.value: _Value | None = None
-        self.consumed = 0  # how much of the text is read: the envelope, then what the value has been fed
+        self.consumed = 0  # how much of the text is read: the envelope, then what the value has read
         self.content: str | None = None  # the content given out so far
-        self.call: dict | None = None  # the call given out so far (its arguments so far)
+        self.calls: list[dict] = []  # the calls given out so far (the last one's arguments so far)
+        self.settled = 0  # how many of them went out whole (their arguments' value ended)
+        self.ended = False  # the list form's "]" is read: no call follows
 
     def push(self, text: str) -> list[dict]:
-        """The deltas that the answer's next ``text`` settles (none, or one)."""
+        """The deltas that the answer's next ``text`` settles (none, or one a call, or one of text)."""
         self.text += text
-        if self.value is None and self.kind != "other":
-            self._read_envelope()
-        delta: dict = {}
-        if self.kind == "call" and self.name is not None and self.call is None:
-            self.call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                         "function": {"name": self.name, "arguments": ""}}
-            delta = {"tool_calls": [{"index": 0, **copy.deepcopy(self.call)}]}
-        if self.value is not None and self.consumed < len(self.text):
-            piece, self.consumed = self.value.feed(self.text[self.consumed:]), len(self.text)
-            if piece and self.kind == "call":
-                self.call["function"]["arguments"] += piece
-                delta = delta or {"tool_calls": [{"index": 0, "function": {"arguments": ""}}]}
-                delta["tool_calls"][0]["function"]["arguments"] += piece
+        deltas: list[dict] = []
+        while self._read_envelope(deltas) or self._read_value(deltas):
+            pass
+        return deltas
+
+    def _read_value(self, deltas: list[dict]) -> bool:
+        """Feed the value what is unread of the text; whether a call of the list form ended (more may follow)."""
+        value = self.value
+        if value is None:
+            return False
+        if not (value.done or value.broken) and self.consumed < len(self.text):
+            used = value.used
+            piece = value.feed(self.text[self.consumed:])
+            self.consumed += value.used - used
+            if piece and self.kind in ("call", "calls"):
+                index = len(self.calls) - 1
+                self.calls[-1]["function"]["arguments"] += piece
+                last = deltas[-1]["tool_calls"][0] if deltas and deltas[-1].get("tool_calls") else None
+                if last is not None and last["index"] == index:  # the call's first delta: its name and this
+                    last["function"]["arguments"] += piece
+                else:
+                    deltas.append({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
             elif piece:
                 self.content = (self.content or "") + piece
-                delta = {"content": piece}
-        return [delta] if delta else []
+                deltas.append({"content": piece})
+            if value.done and self.kind in ("call", "calls"):
+                self.settled = len(self.calls)
+        if value.done and self.kind == "calls":
+            end = ITEM_END.match(self.text, self.consumed)
+            if end:
+                self.consumed, self.value, self.name = end.end(), None, None
+                self.ended = end.group(1) == "]"
+                return not self.ended
+        return False
 
-    def _read_envelope(self) -> None:
-        """The answer's form, from the JSON before its value: a text (``response``), or a call, named once its
-        name is whole, whose value starts after ``"arguments":``; an answer that has begun neither within
-        :data:`ENVELOPE_LIMIT` characters is "other", read once whole."""
-        response = RESPONSE_START.match(self.text)
-        if response:
-            self.kind, self.consumed = "response", response.end()
-            self.value = _Value("raw" if self.structured else "text")
-            return
-        if self.name is None:
-            named = CALL_NAME.match(self.text)
-            if named:
-                self.kind, self.name, self.consumed = "call", named.group(1), named.end()
-        if self.name is not None:
-            arguments = ARGUMENTS_START.match(self.text, self.consumed)
-            if arguments:
-                self.consumed, self.value = arguments.end(), _Value("dump")
-            return
-        if len(self.text) > ENVELOPE_LIMIT:
-            self.kind = "other"
+    def _read_envelope(self, deltas: list[dict]) -> bool:
+        """The answer's form, from the JSON before its value: a text (``response``), or a call (or the list form's
+        next call), given out once its name is whole, whose value starts after ``"arguments":``; an answer that
+        has begun neither within :data:`ENVELOPE_LIMIT` characters is "other", read once whole. Whether a value
+        has begun."""
+        if self.value is not None or self.kind == "other" or self.ended:
+            return False
+        if self.kind is None:
+            response = RESPONSE_START.match(self.text)
+            if response:
+                self.kind, self.consumed = "response", response.end()
+                self.value = _Value("raw" if self.structured else "text")
+                return True
+            listed = CALLS_START.match(self.text)
+            named = None if listed else CALL_NAME.match(self.text)
+            if listed:
+                self.kind, self.consumed = "calls", listed.end()
+            elif named:
+                self.kind, self.consumed = "call", named.end()
+                self._open_call(named.group(1), deltas)
+            elif len(self.text) > ENVELOPE_LIMIT:
+                self.kind = "other"
+                return False
+            else:
+                return False
+        if self.kind == "calls" and self.name is None:
+            named = ITEM_NAME.match(self.text, self.consumed)
+            if not named:
+                return False
+            self.consumed = named.end()
+            self._open_call(named.group(1), deltas)
+        arguments = ARGUMENTS_START.match(self.text, self.consumed)
+        if arguments:
+            self.consumed, self.value = arguments.end(), _Value("dump")
+            return True
+        return False
+
+    def _open_call(self, name: str, deltas: list[dict]) -> None:
+        """A call whose name is whole: its first delta (id, type, name, ``arguments`` "")."""
+        self.name = name
+        self.calls.append({"id": _call_id(), "type": "function", "function": {"name": name, "arguments": ""}})
+        deltas.append({"tool_calls": [{"index": len(self.calls) - 1, **copy.deepcopy(self.calls[-1])}]})
 
     def finish(self, finish_reason: str) -> tuple[list[dict], dict, str]:
         """Once the answer has ended (``finish_reason`` its generation's, "stop" or "length"): the deltas that
         are still to go, the message's fields, and its finish reason. A whole answer is read as
         :func:`read_answer` reads it. One cut short (by max_tokens or a stop string) keeps what was given out of
         it, its finish reason the generation's; cut before anything was, it is its text."""
-        given = self.content is not None or self.call is not None
+        given = self.content is not None or bool(self.calls)
         content, calls, whole = _read(self.text, finish_reason == "stop", self.structured)
         if given and not whole and not (self.value is not None and self.value.broken):
-            if self.call is not None:
-                return [], {"content": None, "tool_calls": [copy.deepcopy(self.call)]}, finish_reason
+            if self.calls:
+                return [], {"content": None, "tool_calls": copy.deepcopy(self.calls)}, finish_reason
             return [], {"content": self.content}, finish_reason
         if calls is not None:
-            call = calls[0]
-            if self.call is None:
-                delta = {"tool_calls": [{"index": 0, **call}]}
-            elif self.value is not None and self.value.done:
-                # the arguments went out whole and stay as given (a key written twice too: a JSON reader keeps
-                # its last value, as json.loads does)
-                call, delta = copy.deepcopy(self.call), {}
-            else:
-                arguments = call["function"]["arguments"]
-                call = {**self.call, "function": {**self.call["function"], "arguments": arguments}}
-                rest = _unsent(arguments, self.call["function"]["arguments"])
-                delta = {"tool_calls": [{"index": 0, "function": {"arguments": rest}}]} if rest else {}
-            return [delta] if delta else [], {"content": None, "tool_calls": [call]}, "tool_calls"
-        if self.content is None and self.call is None:
+            deltas, message = [], []
+            for index, call in enumerate(calls):
+                if index >= len(self.calls):  # not begun in the stream: it goes out whole
+                    deltas.append({"tool_calls": [{"index": index, **call}]})
+                    message.append(call)
+                elif index < self.settled:
+                    # the arguments went out whole and stay as given (a key written twice too: a JSON reader keeps
+                    # its last value, as json.loads does)
+                    message.append(copy.deepcopy(self.calls[index]))
+                else:
+                    sent, arguments = self.calls[index], call["function"]["arguments"]
+                    message.append({**sent, "function": {**sent["function"], "arguments": arguments}})
+                    rest = _unsent(arguments, sent["function"]["arguments"])
+                    if rest:
+                        deltas.append({"tool_calls": [{"index": index, "function": {"arguments": rest}}]})
+            return deltas, {"content": None, "tool_calls": message}, "tool_calls"
+        if self.content is None and not self.calls:
             delta = {"content": content}
         else:
             rest = _unsent(content, self.content or "")

@@ -74,9 +74,10 @@ def test_a_string_input_is_the_chat_answer_in_the_responses_shape(client):
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
     assert usage.input_tokens_details.cached_tokens >= 0
     assert usage.output_tokens_details.reasoning_tokens == 0
-    # the request's settings come back: the server's greedy default, the given limit, no tools
+    # the request's settings come back: the server's greedy default, the given limit, no tools, and one call at most
+    # (parallel_tool_calls: llama-server's default, false; OpenAI's is true)
     assert (response.temperature, response.top_p, response.max_output_tokens) == (0.0, 1.0, 6)
-    assert (response.tools, response.tool_choice, response.parallel_tool_calls) == ([], "auto", True)
+    assert (response.tools, response.tool_choice, response.parallel_tool_calls) == ([], "auto", False)
     assert response.text.format.type == "text"
 
 
