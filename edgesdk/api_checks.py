@@ -29,7 +29,7 @@ SETTING_KINDS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k
                  "max_waiting": int, "pooling": str}
 MODEL_SETTINGS = tuple(SETTING_KINDS)  # the settings load() takes: edgesdk serve's options of those names
 # Fields of OpenAI's request bodies that change nothing in an answer here: taken, as 'edgesdk serve' takes them
-NO_EFFECT_FIELDS = ("model", "user", "metadata", "store", "parallel_tool_calls")
+NO_EFFECT_FIELDS = ("model", "user", "metadata", "store")
 # llama-cpp-python's samplers this runtime lacks, at the values its Llama passes by default (off, or mirostat's
 # settings that only count with mirostat on): taken there, as serve takes llama-server's at their off values
 LLAMA_CPP_PYTHON_DEFAULTS = {"tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1}

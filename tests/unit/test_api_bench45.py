@@ -56,3 +56,12 @@ def test_build_bundle_warns_of_data_skip_chars_without_data(tmp_path):
     with pytest.warns(UserWarning, match="data_skip_chars=100 is not used"), \
             pytest.raises(edgesdk.EdgeSDKError, match="no-such-board"):
         edgesdk.build_bundle("no-such-board", data_skip_chars=100, out=tmp_path / "bundle", progress=False)
+
+
+def test_parallel_tool_calls_is_read_by_chat_and_refused_by_completions(model):
+    """``parallel_tool_calls`` lets a chat answer make several tool calls (edgesdk/serve/tools.py), so it is no
+    longer a field taken and left unread: a plain completion, which has no tools, names it as unused."""
+    chat = model.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=2, parallel_tool_calls=False)
+    assert chat["usage"]["completion_tokens"] <= 2
+    with pytest.raises(edgesdk.EdgeSDKError, match="parallel_tool_calls"):
+        model.create_completion("The sea", max_tokens=2, parallel_tool_calls=True)
