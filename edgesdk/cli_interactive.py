@@ -16,14 +16,26 @@ import click
 from edgesdk.errors import EdgeSDKError, read_utf8
 
 
-def read_for_prompt(name: str) -> str:
+def read_for_prompt(name: str, file_separator: str | None = None) -> str:
     """``/read FILE``: the file's text as it goes before the next prompt, under a ``--- File: FILE ---`` line as
-    llama-cli's tools/cli adds it (and ended with a line break, so the prompt starts on a line of its own)."""
+    llama-cli's tools/cli adds it (and ended with a line break, so the prompt starts on a line of its own). A model
+    with a file-separator token (``file_separator``: its text, ``<|file_sep|>`` in Qwen2.5-Coder's vocabulary) gets
+    the file as it was trained on files, ``<|file_sep|>FILE`` and a line break before the text, as llama-cli's
+    tools/cli writes it where the vocabulary has FIM_SEP."""
     if not name:
         raise EdgeSDKError("/read names no file", "type /read FILE: the text of FILE goes before your next prompt")
     content = read_utf8(Path(name).expanduser(), "the /read file")
     click.echo(f"edgesdk: read {name} ({len(content):,} characters); it goes before your next prompt", err=True)
-    return f"--- File: {name} ---\n{content}" + ("" if content.endswith("\n") else "\n")
+    header = f"--- File: {name} ---\n" if file_separator is None else f"{file_separator}{name}\n"
+    return header + content + ("" if content.endswith("\n") else "\n")
+
+
+def file_separator(tokenizer) -> str | None:
+    """The text of the model's FIM_SEP token (llama.cpp's, found by its text: :mod:`edgesdk.runtime.fim`), None
+    where its vocabulary has none or ``tokenizer`` is no ChatTokenizer."""
+    fim_tokens = getattr(tokenizer, "fim_tokens", None)
+    separator = fim_tokens().sep if fim_tokens is not None else None
+    return None if separator is None else tokenizer.tokenizer.id_to_token(separator)
 
 
 # llama.cpp's escapes of one character after the backslash (common.cpp string_process_escapes)
@@ -226,7 +238,8 @@ class Chat:
         if command == "/regen":
             return self._regen()
         if command == "/read" or command.startswith("/read "):
-            self.read_files.append(read_for_prompt(command[len("/read"):].strip()))
+            separator = file_separator(getattr(self.answerer, "tokenizer", None))
+            self.read_files.append(read_for_prompt(command[len("/read"):].strip(), separator))
             return None
         return self._prompt(text), 0
 
