@@ -89,8 +89,8 @@ def _power_lines(row: dict) -> list[str]:
     sample = row.get("sample_power")
     if sample and sample.get("entropy"):
         entropy = [h for h in sample["entropy"] if h is not None]
-        if entropy:
-            lines += [f"Power distribution of the first {len(sample['p'])} held-out tokens (every FFN running): "
+        if entropy:  # P (and the entropies) cover whole windows only: a slice's last part window has none
+            lines += [f"Power distribution of the first {len(sample['P'])} held-out tokens (every FFN running): "
                       f"entropy per window of {sample['window']} tokens {min(entropy):.3f} to {max(entropy):.3f} "
                       f"nats, mean {sum(entropy) / len(entropy):.3f}.", ""]
     return lines

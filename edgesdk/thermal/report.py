@@ -5,6 +5,8 @@ matplotlib is imported here only (extra ``[report]``); the board runtime never i
 
 from __future__ import annotations
 
+import os
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -125,13 +127,15 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     fig, (ax_t, ax_l, ax_r) = plt.subplots(3, 1, figsize=(11, 8), sharex=True,
                                            gridspec_kw={"height_ratios": [3, 1.2, 2]})
     runs = [run for run in runs if run[2]]  # a file with no step record draws nothing
-    meta0 = runs[0][1]
-    for (_, _, steps), label in zip(runs, map(_plain, _labels(runs)), strict=True):
+    colors = []
+    labels = list(map(_plain, _labels(runs)))
+    for (_, _, steps), label in zip(runs, labels, strict=True):
         t = np.array([r["t"] for r in steps]) / 60.0
         temp = np.array([np.nan if _number(r.get("temp_c")) is None else r["temp_c"] for r in steps], dtype=float)
         # a run with no sensor (or one that never answered) draws no line: its legend entry says why
         unread = " (no temperature recorded)" if np.isnan(temp).all() else ""
         (line,) = ax_t.plot(t, temp, lw=1.2, label=label + unread)
+        colors.append(line.get_color())
         ax_l.step(t, [LEVELS.index(r["level"]) if r.get("level") in LEVELS else 0 for r in steps],
                   where="post", color=line.get_color(), lw=1.2)
         span = max((r["t"] for r in steps), default=1.0)
@@ -139,12 +143,7 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
         # a run shorter than two bins (a first 'run -n 8') has one rate: a line of one point draws nothing
         ax_r.plot(centers, rate, color=line.get_color(), lw=1.2, label=label,
                   marker="o" if len(rate) == 1 else None)
-    limits = meta0.get("limits") if isinstance(meta0.get("limits"), dict) else {}
-    for key, name, style in (("throttle_c", "firmware throttle", "r--"), ("hard_c", "hard (pause)", "m:"),
-                             ("soft_c", "soft limit", "k--")):
-        value = _number(limits.get(key))
-        if value is not None:
-            ax_t.axhline(value, color=style[0], ls=style[1:], lw=0.9, label=f"{name} {value:g} °C")
+    _limit_lines(ax_t, [meta for _, meta, _ in runs], labels, colors)
     ax_t.set_ylabel("temperature (°C)")
     ax_t.legend(loc="lower right", fontsize=8)
     ax_t.grid(alpha=0.3)
@@ -157,10 +156,48 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     fig.suptitle(_plain(title or _heading([meta for _, meta, _ in runs])))
     fig.tight_layout()
     try:
-        fig.savefig(out, dpi=110)
+        _save_atomically(fig, out)
     except OSError as error:
-        raise EdgeSDKError(f"--out {out}: cannot write the figure ({error.strerror or error})",
-                           "pass a path in a writable directory, e.g. -o run.png") from error
+        raise EdgeSDKError(f"--out {out}: cannot write the figure ({error.strerror or error}); "
+                           + ("the file there is left as it was" if out.exists() else "no file was written"),
+                           "pass a path in a writable directory with free space, e.g. -o run.png") from error
     finally:
         plt.close(fig)
     return out
+
+
+LIMIT_LINES = (("throttle_c", "firmware throttle", "r", "--"), ("hard_c", "hard (pause)", "m", ":"),
+               ("soft_c", "soft limit", "k", "--"))
+
+
+def _limit_lines(ax, metas: list[dict], labels: list[str], colors: list[str]) -> None:
+    """Each run's limits (its meta ``limits``) as horizontal lines. A limit every run shares is one line
+    in its own colour; where the runs' limits differ (two boards' profiles, a board whose trips lowered
+    the profile's), each run's line is drawn in that run's colour and named after it: the first file's
+    limits are not those of the others."""
+    for key, name, color, style in LIMIT_LINES:
+        values = [_number(meta["limits"].get(key)) if isinstance(meta.get("limits"), dict) else None
+                  for meta in metas]
+        if all(value is None for value in values):
+            continue
+        if len(set(values)) == 1:
+            ax.axhline(values[0], color=color, ls=style, lw=0.9, label=f"{name} {values[0]:g} °C")
+            continue
+        for value, label, run_color in zip(values, labels, colors, strict=True):
+            if value is not None:
+                ax.axhline(value, color=run_color, ls=style, lw=0.9, label=f"{label}: {name} {value:g} °C")
+
+
+def _save_atomically(fig, out: Path) -> None:
+    """Write the figure to a new file beside ``out`` and rename it over ``out`` once whole (POSIX
+    ``rename(2)``, :func:`os.replace`): a full disk, a file-size limit or Ctrl-C while writing leaves
+    ``out`` as it was (a report rendered before stays whole), never a truncated image. The new file is
+    created as ``open(..., "x")`` creates any file, so it gets the usual permissions (0666 less the umask)."""
+    partial = out.with_name(f".{out.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+    try:
+        with open(partial, "xb") as handle:
+            fig.savefig(handle, dpi=110, format=out.suffix[1:].lower())
+        os.replace(partial, out)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
