@@ -483,6 +483,7 @@ class GenerationStats:
     decode_s: float = 0.0
     token_latencies_s: list[float] = field(default_factory=list)
     stop_reason: str = ""
+    stop_token: int | None = None  # the end-of-text token the answer stopped at (stop_reason "eos")
     waited_s: float = 0.0  # time a StepHook held generation back (pacing, thermal pauses)
     draft_tokens: int = 0  # prompt lookup: tokens drafted and checked
     draft_accepted: int = 0  # of those, the ones the model's own choice equalled (each saved a decode step)
@@ -646,7 +647,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     try:
         while True:
             if token in stop_ids:
-                stats.stop_reason = "eos"
+                stats.stop_reason, stats.stop_token = "eos", int(token)
                 if logprobs is not None:
                     logprobs.end = logprobs.answer.pop()  # the end-of-text token is not part of the answer
                 break

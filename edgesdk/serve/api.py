@@ -168,30 +168,66 @@ def _reasoning_format(body: dict) -> str | None:
     return value
 
 
-def parse_text_request(body: object, route: str = "/v1/completions", completer=None) -> CompletionRequest:
+def parse_text_request(body: object, route: str = "/v1/completions", completer=None,
+                       takes_suffix: bool | None = None) -> CompletionRequest:
     """``POST /v1/completions`` (or llama-server's ``route`` /completion, which refusals name): one raw prompt
     string, fed to the model without a chat template.
 
     With the ``completer`` of the model that answers, a non-empty ``suffix`` (OpenAI's insert mode: the text after
-    the completion) makes the prompt a fill-in-the-middle one (:func:`suffix_request`); without one, a ``suffix``
-    is refused as a field this route does not take."""
+    the completion) makes the prompt a fill-in-the-middle one (:func:`suffix_request`); without one (or with
+    ``takes_suffix`` false), a ``suffix`` is refused as a field this route does not take. With the ``completer``, a
+    prompt that mixes token ids and strings (``[12, 34, "text", 56]``) is read as llama-server's
+    ``tokenize_mixed`` reads it (:func:`mixed_prompt_ids`)."""
     body = _object(body)
-    _refuse_unsupported(body, chat=False, route=route, takes_suffix=completer is not None)
-    suffix = _suffix(body) if completer is not None else ""
+    takes_suffix = completer is not None if takes_suffix is None else takes_suffix
+    _refuse_unsupported(body, chat=False, route=route, takes_suffix=takes_suffix)
+    suffix = _suffix(body) if takes_suffix else ""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one prompt
+    if is_mixed_prompt(prompt) and completer is not None:
+        prompt = mixed_prompt_ids(completer.runtime.tokenizer, prompt, "prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
                                                    for t in prompt):
         # Token ids, as OpenAI takes them (lm-evaluation-harness sends its prompts so by default).
         request = CompletionRequest(chat=False, prompt_tokens=tuple(prompt), **_common_fields(body, chat=False))
     elif not isinstance(prompt, str) or not (prompt or suffix):  # "" before a suffix: completing a file's start
-        raise ApiError(400, f"'prompt' must be a non-empty string or array of token ids, got {_shown(prompt)} "
-                       "(this server takes one prompt per request; an empty one only before a 'suffix')",
-                       param="prompt")
+        raise ApiError(400, f"'prompt' must be a non-empty string, an array of token ids or an array mixing token "
+                       f"ids and strings, got {_shown(prompt)} (this route takes one prompt per request; an empty one "
+                       "only before a 'suffix')", param="prompt")
     else:
         request = CompletionRequest(chat=False, prompt=prompt, **_common_fields(body, chat=False))
     return suffix_request(request, suffix, completer) if suffix else request
+
+
+def is_mixed_prompt(value: object) -> bool:
+    """llama-server's ``json_is_array_of_mixed_numbers_strings`` (tools/server/utils.hpp): an array of token ids and
+    strings holding at least one of each (``[12, 34, "text"]``: one prompt, not a batch)."""
+    return isinstance(value, list) and all(isinstance(item, (str, int)) for item in value) \
+        and any(isinstance(item, str) for item in value) \
+        and any(isinstance(item, int) and not isinstance(item, bool) for item in value)
+
+
+def mixed_prompt_ids(tokenizer, parts: list, param: str) -> list[int]:
+    """The token ids of a prompt mixing ids and strings, as llama-server's ``tokenize_mixed`` (tools/server/utils.hpp)
+    builds them: ids as they are, each string tokenized with special tokens read from its text, the tokenizer's
+    special tokens (BOS) added to a string only where it is the prompt's first part. ``param`` names the field in a
+    400 (a negative id, a boolean, text that is not UTF-8); ids past the vocabulary are refused where the prompt
+    runs."""
+    ids: list[int] = []
+    for index, part in enumerate(parts):
+        if isinstance(part, str):
+            try:
+                check_utf8(part, f"'{param}[{index}]'")
+            except EdgeSDKError as exc:  # lone surrogates from JSON escapes
+                raise ApiError(400, exc.problem, param=param) from exc
+            ids.extend(tokenizer.encode(part, add_special_tokens=index == 0))
+        elif isinstance(part, bool) or not isinstance(part, int) or part < 0:
+            raise ApiError(400, f"'{param}[{index}]' must be a token id (a whole number >= 0) or a string, got "
+                           f"{_shown(part)}", param=param)
+        else:
+            ids.append(part)
+    return ids
 
 
 def _suffix(body: dict) -> str:

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -64,6 +64,7 @@ from edgesdk.serve.api import (
     TextOffsets,
     TokenizeRequest,
     logprobs_body,
+    mixed_prompt_ids,
 )
 from edgesdk.serve.line_limits import LineLimits
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
@@ -171,6 +172,10 @@ class Completion:
     draft_tokens: int = 0
     draft_accepted: int = 0
     context_shifts: int = 0  # times the full context was shifted (llama-server's truncated answer)
+    # The ids of every token the answer sampled, in order: those of a stop string and what follows it in its token
+    # too, and the end-of-text token it stopped at, as llama-server's slot keeps them (server-context.cpp
+    # process_token: generated_tokens, all sampled tokens; POST /completion's 'tokens' with return_tokens)
+    tokens: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -734,7 +739,8 @@ class Completer:
 
     def complete(self, request: CompletionRequest, on_text: Callable[[str, dict | None], None] | None = None,
                  on_start: Callable[[], None] | None = None,
-                 client_gone: Callable[[], bool] | None = None) -> Completion:
+                 client_gone: Callable[[], bool] | None = None,
+                 on_ids: Callable[[list[int]], None] | None = None) -> Completion:
         """Generate the answer; ``on_text`` gets each piece of text as it is settled (and the logprobs
         object of the tokens that made it, when the request asked for them), ``on_start`` is
         called when the request's turn comes (before its prefill). An exception from either (a client
@@ -744,7 +750,12 @@ class Completer:
         left, :class:`ClientGone` ends the request there, as llama-server drops a request whose
         connection closed. A request whose client left while it waited in the queue never runs (and gives
         its place to a request that finds the queue full), and a
-        whole (not streamed) answer, which writes nothing until its end, stops at the next token."""
+        whole (not streamed) answer, which writes nothing until its end, stops at the next token.
+
+        ``on_ids`` (llama-server's stream, whose every partial result carries the ids of its token: server-context.cpp
+        send_partial_response) gets, just before each ``on_text`` of the answer's text, the ids of the tokens sampled
+        since the last one; ids that made no text handed out (a stop string's, the end-of-text token) come at the
+        end with an ``on_text`` of ""."""
         ids = self.prompt_ids(request)
         if request.prompt_tokens:  # the text an echo returns and text_offset counts from, its special tokens written
             # out as the logprobs list them (and as the same prompt sent as text comes back)
@@ -767,7 +778,8 @@ class Completer:
                     if request.max_tokens == 0:
                         return self._prefill_only(request, ids, on_text)
                     try:
-                        return self._generate(request, ids, sampling, constraint, on_text, client_gone, shift)
+                        return self._generate(request, ids, sampling, constraint, on_text, client_gone, shift,
+                                              on_ids)
                     except LogitBiasError as exc:  # the request's bias left no token to take: its fault, not ours
                         raise ApiError(400, f"{exc.problem}; {exc.fix}", param="logit_bias") from exc
                     except BoardNeverCooled as exc:
@@ -863,13 +875,20 @@ class Completer:
             finally:
                 self.busy, self.slot = False, None
 
-    def _embedding_ids(self, item: str | Sequence[int], param: str, truncate: bool, limit: int,
+    def _embedding_ids(self, item: str | Sequence[int | str], param: str, truncate: bool, limit: int,
                        window: str) -> tuple[list[int], bool]:
         """(token ids, cut) of one embedding input as it will run, or a 400 naming it: an input past ``limit`` tokens
         (``window``) is refused, or with ``truncate`` cut to it keeping the special tokens the tokenizer appended to
-        a text (:func:`edgesdk.runtime.embedding.fitted`); token ids given as such are cut as they are."""
+        a text (:func:`edgesdk.runtime.embedding.fitted`); token ids given as such are cut as they are. An input
+        mixing ids and strings takes its strings' ids as llama-server's ``tokenize_mixed`` does: the special tokens
+        (BOS) added to a string only where it comes first."""
         tokenizer = self.runtime.tokenizer
         end = 0
+        if not isinstance(item, str) and any(isinstance(part, str) for part in item):
+            try:
+                item = mixed_prompt_ids(tokenizer, list(item), param)
+            except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
+                raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param, code=NOT_UTF8) from exc
         if isinstance(item, str):
             try:
                 ids, end = text_ids(tokenizer, item) if item else ([], 0)
@@ -959,8 +978,11 @@ class Completer:
 
     def _generate(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig,
                   constraint: TokenConstraint | None, on_text: Callable[[str, dict | None], None] | None,
-                  client_gone: Callable[[], bool] | None, shift: ContextShift | None = None) -> Completion:
+                  client_gone: Callable[[], bool] | None, shift: ContextShift | None = None,
+                  on_ids: Callable[[list[int]], None] | None = None) -> Completion:
         tokenizer, slot = self.runtime.tokenizer, self.slot
+        sampled: list[int] = []  # every token sampled (Completion.tokens)
+        unsent: list[int] = []  # those not yet handed to on_ids
         decoder, matcher, pieces = StreamDecoder(tokenizer), StopMatcher(request.stop), []
         answer: list[str] = []  # the answer's text handed out (pieces without an echoed prompt)
         limits = LineLimits(request.n_indent, request.t_max_predict_ms)
@@ -997,6 +1019,9 @@ class Completer:
                 if "\n" in text and slot is not None:
                     slot.has_new_line = True
                 fresh = settle(final=False) if recorder else None
+                if on_ids is not None:
+                    on_ids(unsent[:])
+                    unsent.clear()
                 if on_text is not None:
                     on_text(text, None if fresh is None else logprobs_body(request, fresh, self._token_piece, offsets))
 
@@ -1013,6 +1038,8 @@ class Completer:
             clock["last"], clock["held_last"] = time.perf_counter(), hook.held_s
             if clock["first"] is None:
                 clock["first"], clock["held_first"] = clock["last"], clock["held_last"]
+            sampled.append(token)
+            unsent.append(token)
             handed = len(answer)
             hand_out(matcher.push(decoder.push(token)))
             if matcher.stopped:
@@ -1029,6 +1056,14 @@ class Completer:
                 raise ClientGone("the client closed the connection mid-answer")
             self._check_stopping()
 
+        def rest_ids() -> None:
+            """The ids of tokens whose text was cut off or is none, in an event of their own (llama-server sends
+            each token's partial result, its content "" for these)."""
+            if on_ids is not None and unsent and on_text is not None:
+                on_ids(unsent[:])
+                unsent.clear()
+                on_text("", None)
+
         drafts = None if self.lookup is None else _DraftCount(self.lookup)
         stats = GenerationStats()  # read after a stop string too, which ends generate() from on_token
         try:
@@ -1036,6 +1071,9 @@ class Completer:
                      cache=self.prompt_cache, reuse_cache=request.cache_prompt, constraint=constraint,
                      logprobs=recorder, lookup=drafts, vocabulary=tokenizer, shift=shift, stats=stats)
             finish = "stop" if stats.stop_reason in ("eos", "complete") else "length"
+            if stats.stop_token is not None:  # llama-server samples it as any token and lists it with the answer's
+                sampled.append(stats.stop_token)  # ids (``tokens``), though its text is not the answer's
+                unsent.append(stats.stop_token)
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())
             hand_out("")  # an echo whose answer made no text
@@ -1044,12 +1082,18 @@ class Completer:
             elif recorder is not None:  # the entries of tokens that made no text, and an echo's end-of-text
                 rest = settle(final=True) + ([recorder.end] if request.echo and recorder.end is not None else [])
                 if rest and on_text is not None:
+                    if on_ids is not None:
+                        on_ids(unsent[:])
+                        unsent.clear()
                     on_text("", logprobs_body(request, rest, self._token_piece, offsets))
-        except _StopString:
-            finish = "stop"
-            self._end_early()
-        except _LineLimit:  # llama-server's stop_type limit, as the token limit ends an answer
-            finish = "length"
+            rest_ids()
+        except (_StopString, _LineLimit) as signal:  # _LineLimit: llama-server's stop_type limit, as the token limit
+            finish = "stop" if isinstance(signal, _StopString) else "length"
+            try:
+                rest_ids()
+            except BaseException as exc:
+                self._failed(exc)
+                raise
             self._end_early()
         except BaseException as exc:
             self._failed(exc)
@@ -1073,7 +1117,7 @@ class Completer:
         return Completion("".join(pieces), finish, len(ids), count, cached, logprobs, matcher.matched,
                           prompt_ms=max(prompt_ms, 0.0), predicted_ms=max(predicted_ms, 0.0),
                           draft_tokens=0 if drafts is None else drafts.drafted, draft_accepted=hook.draft_accepted,
-                          context_shifts=stats.context_shifts)
+                          context_shifts=stats.context_shifts, tokens=sampled)
 
     def _token_piece(self, token: int) -> bytes:
         """A token's bytes, as the logprobs report them (a special token's name for one that has no text)."""

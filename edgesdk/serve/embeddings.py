@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesdk.runtime.embedding import NORMALIZE_HELP, Embedding, EmbeddingConfig, normalize
-from edgesdk.serve.api import ApiError, _object
+from edgesdk.serve.api import ApiError, _object, _shown, is_mixed_prompt
 
 ENCODING_FORMATS = ("float", "base64")
 
@@ -43,12 +43,17 @@ class EmbeddingRequest:
     normalize: int = 2  # llama-server's embd_normalize (common_embd_normalize's norm)
 
 
-def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[int, ...], ...]:
-    """OpenAI's ``input`` as a tuple of texts and token id tuples, or a 400 naming what is wrong."""
+def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[int | str, ...], ...]:
+    """OpenAI's ``input`` as a tuple of texts and token id tuples, or a 400 naming what is wrong. As llama-server's
+    ``tokenize_input_prompts`` (tools/server/utils.hpp) reads it, an array mixing token ids and strings
+    (``[12, 34, "text"]``) is one input, and so is such an array among the inputs; its tuple keeps the strings, which
+    the completer tokenizes (``Completer._embedding_ids``)."""
     if isinstance(value, str):
         return (value,)
     if isinstance(value, list) and value and all(_is_token(item) for item in value):
         return (tuple(int(item) for item in value),)
+    if is_mixed_prompt(value):
+        return (_mixed(value, param),)
     if isinstance(value, list) and value:
         items = []
         for index, item in enumerate(value):
@@ -56,12 +61,23 @@ def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[i
                 items.append(item)
             elif isinstance(item, list) and item and all(_is_token(token) for token in item):
                 items.append(tuple(int(token) for token in item))
+            elif is_mixed_prompt(item):
+                items.append(_mixed(item, f"{param}[{index}]"))
             else:
-                raise ApiError(400, f"'{param}[{index}]' must be a string or a non-empty array of token ids, got "
-                               f"{_kind(item)}", param=f"{param}[{index}]")
+                raise ApiError(400, f"'{param}[{index}]' must be a string or a non-empty array of token ids (or an "
+                               f"array mixing token ids and strings), got {_kind(item)}", param=f"{param}[{index}]")
         return tuple(items)
-    raise ApiError(400, f"'{param}' must be a string, an array of strings, an array of token ids or an array of such "
-                   f"arrays, got {_kind(value)}", param=param)
+    raise ApiError(400, f"'{param}' must be a string, an array of strings, an array of token ids, an array mixing "
+                   f"token ids and strings, or an array of such arrays, got {_kind(value)}", param=param)
+
+
+def _mixed(value: list, param: str) -> tuple[int | str, ...]:
+    """An input mixing token ids and strings, its ids checked to be whole numbers (not true or false)."""
+    for index, item in enumerate(value):
+        if isinstance(item, bool):
+            raise ApiError(400, f"'{param}[{index}]' must be a token id or a string, got {_shown(item)}",
+                           param=param)
+    return tuple(value)
 
 
 def parse_embedding_request(body: dict) -> EmbeddingRequest:

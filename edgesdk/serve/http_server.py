@@ -583,7 +583,8 @@ class ApiHandler(BaseHTTPRequestHandler):
                 self._send_json(200, completer.detokenize(parse_detokenize_request(body)))
             return
         if path == llama_native.ROUTE:
-            self._native_completion(llama_native.parse_completion_request)
+            self._native_completion(lambda body: llama_native.parse_completion_request(body, self._completer),
+                                    several=True)
             return
         if path == infill.ROUTE:  # the infill prompt's token ids, answered as /completion
             self._native_completion(lambda body: infill.parse_infill_request(body, self._completer))
@@ -631,34 +632,56 @@ class ApiHandler(BaseHTTPRequestHandler):
                          sum(embedding.tokens for embedding in embeddings),
                          f", {cut} cut to the context" if cut else "")
 
-    def _native_completion(self, parse: Callable[[object], CompletionRequest]) -> None:
+    def _native_completion(self, parse: Callable[[object], CompletionRequest], several: bool = False) -> None:
         """llama-server's ``POST /completion`` (edgesdk/serve/llama_native.py) or ``POST /infill``
-        (edgesdk/serve/infill.py), as ``parse`` reads the body, whole or streamed."""
+        (edgesdk/serve/infill.py), as ``parse`` reads the body, whole or streamed.
+
+        With ``several`` (/completion), a ``prompt`` of several prompts (``["a", "b"]``, llama_native.prompts) is a
+        task each, as llama-server's
+        ``handle_completions_impl`` makes them: every prompt is checked before any runs, the answers come whole as an
+        array in the prompts' order, each with its ``index``; streamed, each prompt's events (its ``index`` in each)
+        end with its own ``"stop": true`` event, the prompts one after another (the board answers one at a time)."""
         self._authorise()
         body = self._read_json()
         completer = self._use(body)  # llama-server's router reads 'model' on /completion and /infill too
-        request = parse(body)
         fields = llama_native.response_fields(body)
-        # The answer's "prompt" is the prompt's tokens as text, special tokens written out (a text prompt's BOS too),
-        # as llama-server gives it back (server.cpp: the task's tokens detokenized with special = true)
-        prompt = completer.runtime.tokenizer.tokenizer.decode(completer.prompt_ids(request), skip_special_tokens=False)
-        settings = llama_native.generation_settings(request, completer.sampling(request),
-                                                       completer.defaults.n_keep)
+        ids = llama_native.return_tokens(body)
+        requests = [parse(one) for one in (llama_native.prompts(body) if several else [body])]
+        tasks = []
+        for request in requests:
+            # The answer's "prompt" is the prompt's tokens as text, special tokens written out (a text prompt's BOS
+            # too), as llama-server gives it back (server.cpp: the task's tokens detokenized with special = true)
+            prompt = completer.runtime.tokenizer.tokenizer.decode(completer.prompt_ids(request),
+                                                                  skip_special_tokens=False)
+            tasks.append((request, prompt, llama_native.generation_settings(request, completer.sampling(request),
+                                                                            completer.defaults.n_keep)))
         self._answer_started()
-        if not request.stream:
-            completion = completer.complete(request, client_gone=self._client_gone)
-            self._send_json(200, llama_native.only_fields(llama_native.final_body(
-                request, self._model, completion, settings, prompt=prompt), fields))
+        if not requests[0].stream:
+            answers = []
+            for index, (request, prompt, settings) in enumerate(tasks):
+                completion = completer.complete(request, client_gone=self._client_gone)
+                answers.append(llama_native.only_fields(llama_native.final_body(
+                    request, self._model, completion, settings, prompt=prompt, tokens=ids, index=index), fields))
+            self._send_json(200, answers[0] if len(answers) == 1 else answers)
             return
-        def on_text(text: str, probabilities: list | None) -> None:
-            if text or probabilities:  # a token that made no text still has its probabilities
-                self._event(llama_native.partial_body(text, probabilities))
+        for index, (request, prompt, settings) in enumerate(tasks):
+            given: list[int] = []
 
-        completion = self._complete_streamed(request, on_text, lambda: None, lambda error: self._event(error.body()))
-        if completion is None:
-            return
-        self._event(llama_native.only_fields(llama_native.final_body(
-            request, self._model, completion, settings, content="", prompt=prompt), fields))
+            def on_ids(tokens: list[int], given: list[int] = given) -> None:
+                given[:] = tokens
+
+            def on_text(text: str, probabilities: list | None, given: list[int] = given, index: int = index) -> None:
+                if text or probabilities or given:  # a token that made no text still has its id and probabilities
+                    self._event(llama_native.partial_body(text, probabilities, given, index))
+                given.clear()
+
+            completion = self._complete_streamed(request, on_text, lambda: None,
+                                                 lambda error: self._event(error.body()), headers_out=index > 0,
+                                                 on_ids=on_ids)
+            if completion is None:
+                return
+            self._event(llama_native.only_fields(llama_native.final_body(
+                request, self._model, completion, settings, content="", prompt=prompt, index=index), fields))
 
     def _messages(self, path: str) -> None:
         """Anthropic's Messages API (edgesdk/serve/anthropic.py): an answer, or a prompt's token count."""
@@ -1053,22 +1076,26 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _complete_streamed(self, request: CompletionRequest, on_text: Callable[[str, dict | None], None],
                            opened: Callable[[], None], error_event: Callable[[ApiError], None],
-                           content_type: str = "text/event-stream") -> Completion | None:
+                           content_type: str = "text/event-stream", headers_out: bool = False,
+                           on_ids: Callable[[list[int]], None] | None = None) -> Completion | None:
         """Generate ``request`` as a stream: its headers go out when its turn comes (then ``opened`` writes the
         route's first events), each piece of text goes to ``on_text``. An error before that is raised (the client
         gets a plain error with its status); after it, ``error_event`` writes it as the stream's last event and
-        None comes back. ``content_type``: the stream's (Ollama's streams are newline-delimited JSON)."""
-        started = False
+        None comes back. ``content_type``: the stream's (Ollama's streams are newline-delimited JSON); ``headers_out``:
+        the stream is open already (a later prompt of several on /completion), so any error is its last event.
+        ``on_ids``: the ids of each piece's tokens (Completer.complete)."""
+        started = headers_out
 
         def on_start() -> None:
             nonlocal started
-            self._open_stream(content_type)
+            if not headers_out:
+                self._open_stream(content_type)
             started = True
             opened()
 
         try:
             return self._completer.complete(request, on_text=on_text, on_start=on_start,
-                                                  client_gone=self._client_gone)
+                                                  client_gone=self._client_gone, on_ids=on_ids)
         except (ConnectionError, TimeoutError):
             raise
         except Exception as exc:

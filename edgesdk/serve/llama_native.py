@@ -32,7 +32,14 @@ The answer is llama-server's: ``content``, ``stop``, ``stop_type`` (``eos``, ``l
 ``draft_n_accepted`` where the answer drafted tokens). A stream
 sends ``data: {"content": ..., "stop": false}`` events (with the ``completion_probabilities`` of
 the tokens whose text they carry) and ends with one holding ``"stop": true`` and the whole
-answer's fields but the probabilities (no ``[DONE]``), as llama-server's stream does.
+answer's fields but the probabilities (no ``[DONE]``), as llama-server's stream does. Each event names the ids
+of the tokens it carries in ``tokens`` (the end-of-text token and a stop string's tokens in an event of "" of their
+own), as llama-server's partial results do; the whole answer lists them all only with ``return_tokens: true``.
+
+``prompt`` takes llama-server's forms (tools/server/utils.hpp ``tokenize_input_prompts``): a string, token ids, ids
+mixed with strings (``[12, 34, "text"]``: one prompt, a string's BOS only where it comes first), or several prompts
+(``["a", [12, 34]]``), each answered in turn: an array of answers, or one stream of each prompt's events and last
+event, all with the prompt's ``index``.
 """
 
 from __future__ import annotations
@@ -45,8 +52,10 @@ from edgesdk.serve.api import (
     UNTIL_THE_CONTEXT_FILLS,
     ApiError,
     CompletionRequest,
+    _flag,
     _object,
     _shown,
+    is_mixed_prompt,
     parse_text_request,
 )
 from edgesdk.serve.completion import Completion
@@ -54,8 +63,38 @@ from edgesdk.serve.completion import Completion
 ROUTE = "/completion"
 
 
-def parse_completion_request(body: object) -> CompletionRequest:
-    """``POST /completion``: the request as the OpenAI text request it means, checked there."""
+def prompts(body: object) -> list[object]:
+    """The bodies of the prompts one ``POST /completion`` asks for, as llama-server's ``tokenize_input_prompts``
+    (tools/server/utils.hpp) tells one prompt from several: a string, an array of token ids, or an array mixing ids
+    and strings (``[12, 34, "text"]``) is one prompt; any other array is one prompt per element (``["a", "b"]``,
+    ``[[12, 34], "text"]``), each a string, an array of ids or a mixed array, answered by a task of its own. A body
+    of one prompt comes back as it is; each of several is the body with that prompt."""
+    if not isinstance(body, dict):
+        return [body]
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list) or len(prompt) < 2 or is_mixed_prompt(prompt) \
+            or all(isinstance(item, int) for item in prompt):
+        return [body]
+    for index, item in enumerate(prompt):
+        one = isinstance(item, str) or (isinstance(item, list) and item and (
+            is_mixed_prompt(item) or all(isinstance(t, int) and not isinstance(t, bool) for t in item)))
+        if not one:
+            raise ApiError(400, f"'prompt[{index}]' must be a string, an array of token ids or an array mixing token "
+                           f"ids and strings (each element of 'prompt' is a prompt of its own), got {_shown(item)}",
+                           param="prompt")
+    return [{**body, "prompt": item} for item in prompt]
+
+
+def return_tokens(body: object) -> bool:
+    """``return_tokens``: the whole answer lists the ids of the tokens it generated in ``tokens`` (false: ``[]``),
+    as llama-server's ``params_from_json_cmpl`` reads it."""
+    return _flag(body, "return_tokens", False) if isinstance(body, dict) else False
+
+
+def parse_completion_request(body: object, completer=None) -> CompletionRequest:
+    """``POST /completion``: the request as the OpenAI text request it means, checked there (with the
+    ``completer`` of the model that answers, a prompt mixing token ids and strings is tokenized as llama-server
+    does; ``suffix`` stays /infill's)."""
     body = _object(body)  # the samplers this runtime lacks are refused by parse_text_request, as on every route
     probs = _n_probs(body)
     limits = {name: _limit(body, name) for name in ("n_indent", "t_max_predict_ms")}
@@ -71,7 +110,7 @@ def parse_completion_request(body: object) -> CompletionRequest:
                            f"{_shown(predict)}", param=name)
         text["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict == -1 else max(predict, 1)  # 0 is set after the check
     stops = _stop(text.pop("stop", None))  # set after the check: OpenAI's 'stop' takes at most 4, llama-server's any
-    request = parse_text_request(text, route="/completion")
+    request = parse_text_request(text, route="/completion", completer=completer, takes_suffix=False)
     request = replace(request, stop=stops, logprobs=probs or None, llama_probs=bool(probs),
                       max_tokens=0 if predict == 0 else request.max_tokens, n_indent=int(limits["n_indent"]),
                       t_max_predict_ms=float(limits["t_max_predict_ms"]))
@@ -167,11 +206,16 @@ def generation_settings(request: CompletionRequest, sampling: SamplingConfig, se
 
 
 def final_body(request: CompletionRequest, model: str, completion: Completion, settings: dict,
-               content: str | None = None, prompt: str | None = None) -> dict:
+               content: str | None = None, prompt: str | None = None, tokens: bool = False, index: int = 0) -> dict:
     """The whole answer (``content`` defaults to its text; a stream's last event carries ""); ``prompt``: the
-    prompt's tokens as text, as llama-server gives it back (the request's prompt where not given)."""
+    prompt's tokens as text, as llama-server gives it back (the request's prompt where not given). ``tokens``
+    (``return_tokens``): ``tokens`` lists the ids of every token the answer sampled, a stop string's and the
+    end-of-text token it stopped at too, as llama-server's ``generated_tokens`` holds them (a stream's last event
+    lists none: its partial events carried them, as llama-server's ``send_final_response`` leaves them out there).
+    ``index``: the prompt's place among the request's prompts."""
     text = completion.text if content is None else content
-    body = {"index": 0, "id_slot": 0, "content": text, "tokens": [], "stop": True, "model": model,
+    ids = list(completion.tokens) if tokens and content is None else []
+    body = {"index": index, "id_slot": 0, "content": text, "tokens": ids, "stop": True, "model": model,
             "tokens_predicted": completion.completion_tokens, "tokens_evaluated": completion.prompt_tokens,
             "tokens_cached": completion.prompt_tokens + completion.completion_tokens,
             "generation_settings": settings, "prompt": request.prompt if prompt is None else prompt, "has_new_line": "\n" in completion.text,
@@ -211,9 +255,12 @@ def only_fields(body: dict, paths: tuple[str, ...]) -> dict:
     return kept
 
 
-def partial_body(text: str, probabilities: list | None = None) -> dict:
-    """A stream's event for a piece of the answer, with the probabilities of the tokens that made it."""
-    body = {"index": 0, "id_slot": 0, "content": text, "tokens": [], "stop": False}
+def partial_body(text: str, probabilities: list | None = None, tokens: list[int] | None = None,
+                 index: int = 0) -> dict:
+    """A stream's event for a piece of the answer, with the probabilities and the ids of the tokens that made it
+    (llama-server's partial results carry their token's id whether or not ``return_tokens`` is set:
+    server-context.cpp ``send_partial_response``); ``index``: the prompt's place among the request's prompts."""
+    body = {"index": index, "id_slot": 0, "content": text, "tokens": list(tokens or []), "stop": False}
     if probabilities:
         body["completion_probabilities"] = probabilities
     return body
