@@ -21,8 +21,10 @@ zod-to-json-schema write a tuple, read the same way), ``minItems``, ``maxItems``
 OpenAPI ``discriminator`` beside it: an annotation of options that its ``const`` properties tell apart
 already, and other keywords beside it, which apply to every option), ``allOf`` (its schemas merged into one:
 properties and required lists joined, a ``$ref`` inlined, an ``anyOf`` distributed, the tighter bound and the
-common types and enum values kept, see ``_Compiler._intersection``), ``$ref`` into ``$defs`` /
-``definitions`` (recursion included), ``true`` / ``{}`` for any value, a string's ``minLength`` /
+common types and enum values kept, see ``_Compiler._intersection``), a local ``$ref``, any JSON
+pointer into the schema (``#/$defs/NAME``, ``#/definitions/NAME``, ``#/properties/NAME``, ``#`` for the whole
+schema, nested ``$defs``; RFC 6901's ``~0`` / ``~1`` and percent-encoding, see :func:`ref_tokens`; recursion
+included; a remote ref is refused), ``true`` / ``{}`` for any value, a string's ``minLength`` /
 ``maxLength`` (in characters: code points, an escape one, a
 ``\\u`` surrogate pair one), ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` on an
 integer (no ``-0``, no leading zero) and on a number (and OpenAPI's number ``format``: ``int32`` and ``int64``
@@ -57,10 +59,12 @@ for. The root must be an object or an array, whose closing bracket ends the answ
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
 import struct
+import urllib.parse
 from dataclasses import dataclass
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal
 from fractions import Fraction
@@ -184,6 +188,114 @@ def compile_schema(schema) -> CompiledSchema:
     return CompiledSchema(root, compiler.definitions)
 
 
+# keywords whose values are JSON data, not schemas: a "$ref" inside one is data, never followed or renamed
+SCHEMA_DATA = ("const", "enum", "default", "examples")
+_ARRAY_INDEX = re.compile(r"0|[1-9][0-9]*")  # RFC 6901 section 4: an array index, no leading zero
+
+
+def ref_tokens(ref: str) -> tuple[str, ...]:
+    """The reference tokens of a local ``$ref``: JSON Schema 2020-12 core 8.2.3.1 reads ``$ref`` as a URI
+    reference, whose fragment is a JSON Pointer (RFC 6901 section 6: percent-decoded first, then each token's
+    ``~1`` read as ``/`` and ``~0`` as ``~``, section 4). ``#`` is the whole schema (``()``), ``#/$defs/A``
+    ``("$defs", "A")``, ``#/properties/home`` (zod-to-json-schema's ref to a reused schema) ``("properties",
+    "home")``, as llama.cpp's converter (examples/json_schema_to_grammar.py, ``resolve_refs``) follows any
+    ``#/...`` pointer. A remote or relative ref and a plain-name fragment (``#anchor``) are refused by name."""
+    if not ref.startswith("#"):
+        raise SchemaError(f"$ref {ref!r} is not supported: only local definitions and other local references "
+                          "into this schema (#, #/$defs/NAME, #/definitions/NAME, #/properties/NAME, any JSON "
+                          "pointer starting with #/) are", "inline the referenced schema")
+    try:
+        fragment = urllib.parse.unquote(ref[1:], errors="strict")
+    except UnicodeDecodeError as exc:
+        raise SchemaError(f"$ref {ref!r} percent-encodes bytes that are not UTF-8 ({exc.reason})",
+                          "percent-encode the pointer's UTF-8 bytes") from exc
+    if fragment and not fragment.startswith("/"):
+        raise SchemaError(f"$ref {ref!r} names a plain-name fragment ($anchor), which is not supported: only JSON "
+                          "pointers (#, #/$defs/NAME, #/properties/NAME, ...) are",
+                          "refer to the schema by its JSON pointer, e.g. #/$defs/NAME")
+    # ~1 before ~0 (RFC 6901 section 4: "~01" is "~1"); a "~" followed by neither is read as itself, as
+    # llama.cpp's converter and python-jsonschema's resolver read it, rather than refused
+    return tuple(token.replace("~1", "/").replace("~0", "~") for token in fragment.split("/")[1:])
+
+
+def ref_text(tokens: tuple[str, ...]) -> str:
+    """The ``$ref`` that :func:`ref_tokens` reads as ``tokens``: ``~`` written ``~0``, ``/`` ``~1`` (RFC 6901)
+    and ``%`` ``%25`` (a URI fragment's percent sign, RFC 3986)."""
+    return "#" + "".join("/" + token.replace("~", "~0").replace("/", "~1").replace("%", "%25") for token in tokens)
+
+
+def canonical_ref(ref: str) -> str:
+    """One spelling of a local ``$ref`` (``#/$defs/a%20b`` and ``#/$defs/a b`` are the same pointer)."""
+    return ref_text(ref_tokens(ref))
+
+
+def resolve_ref(root, ref: str):
+    """The schema a local ``$ref`` points at inside ``root`` (the whole schema: JSON Schema 2020-12 reads
+    ``#`` against the document, nested ``$defs`` included); :class:`SchemaError` where it points at nothing."""
+    tokens, target = ref_tokens(ref), root
+    for depth, token in enumerate(tokens):
+        if isinstance(target, dict) and token in target:
+            target = target[token]
+        elif isinstance(target, list) and _ARRAY_INDEX.fullmatch(token) and int(token) < len(target):
+            target = target[int(token)]
+        elif depth <= 1 and len(tokens) > 1 and tokens[0] in ("$defs", "definitions"):
+            raise SchemaError(f"$ref {ref!r} points at no definition", f"add {tokens[1]!r} under {tokens[0]!r}")
+        else:
+            where = ref_text(tokens[:depth])
+            raise SchemaError(f"$ref {ref!r} points at nothing: {where!r} holds no {token!r}",
+                              "point the $ref at a schema inside this one")
+    return target
+
+
+def hoist_refs(schema: dict, prefix: str, definitions: dict) -> dict:
+    """``schema`` (a whole schema, such as a tool's parameters) made ready to nest inside another whose
+    ``$defs`` is ``definitions``: a copy whose every local ``$ref`` is ``#/$defs/KEY``, each schema such a ref
+    reaches added to ``definitions`` under a key of its own: ``PREFIX.NAME`` for ``#/$defs/NAME``,
+    ``PREFIX:NAME`` for ``#/definitions/NAME`` (two tables, as compile_schema reads them) and ``PREFIX#POINTER``
+    for any other pointer (``PREFIX#`` for ``#``, the schema itself: nested, ``#`` would mean the outer one).
+    Refs are read as :func:`resolve_ref` reads them; one that is not local is left for compile_schema to refuse
+    by name. Definitions no ref reaches are left out; a ``$ref`` inside a const or enum value is data."""
+    keys: dict = {}  # tokens -> key in definitions
+    waiting: list = []
+
+    def key(ref: str) -> str:
+        tokens = ref_tokens(ref)
+        if tokens not in keys:
+            resolve_ref(schema, ref)  # points at something
+            if len(tokens) == 2 and tokens[0] in ("$defs", "definitions"):
+                keys[tokens] = f"{prefix}{'.' if tokens[0] == '$defs' else ':'}{tokens[1]}"
+            else:
+                keys[tokens] = f"{prefix}{ref_text(tokens)}"
+            waiting.append((tokens, ref))
+        return keys[tokens]
+
+    def rename(node):
+        if isinstance(node, dict):
+            node.pop("$defs", None)  # reached through the refs, moved into definitions
+            node.pop("definitions", None)
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                node["$ref"] = ref_text(("$defs", key(ref)))
+            for name, value in node.items():
+                if name == "properties" and isinstance(value, dict):  # names (maybe "const") -> schemas
+                    for subschema in value.values():
+                        rename(subschema)
+                elif name not in SCHEMA_DATA:
+                    rename(value)
+        elif isinstance(node, list):
+            for value in node:
+                rename(value)
+
+    hoisted = copy.deepcopy(schema)
+    rename(hoisted)
+    while waiting:
+        tokens, ref = waiting.pop()
+        target = copy.deepcopy(resolve_ref(schema, ref))
+        rename(target)
+        definitions[keys[tokens]] = target
+    return hoisted
+
+
 class _Compiler:
     def __init__(self, root: dict):
         self.root = root
@@ -192,14 +304,7 @@ class _Compiler:
         self.unique: list = []  # (array node, path) with uniqueItems true, checked once the definitions are in
 
     def lookup(self, ref: str) -> dict | bool:
-        parts = ref.split("/")
-        if len(parts) != 3 or parts[0] != "#" or parts[1] not in ("$defs", "definitions"):
-            raise SchemaError(f"$ref {ref!r} is not supported: only local definitions (#/$defs/NAME or "
-                              "#/definitions/NAME) are", "inline the referenced schema")
-        table = self.root.get(parts[1])
-        if not isinstance(table, dict) or parts[2] not in table:
-            raise SchemaError(f"$ref {ref!r} points at no definition", f"add {parts[2]!r} under {parts[1]!r}")
-        return table[parts[2]]
+        return resolve_ref(self.root, ref)
 
     def node(self, schema, path: str) -> SchemaNode:
         if schema is True or schema == {}:
@@ -213,6 +318,7 @@ class _Compiler:
                 raise SchemaError(f"{path}.$ref must be a string, got {ref!r}", "fix the schema")
             self._refuse(schema, path, {"$ref", "$defs", "definitions"})  # 2020-12 applies $ref's siblings too
             self.lookup(ref)
+            ref = canonical_ref(ref)  # "#/$defs/a%20b" and "#/$defs/a b" are one definition
             self.pending.setdefault(ref, None)
             return SchemaNode("ref", ref=ref)
         if _intersected(schema):
@@ -326,11 +432,12 @@ class _Compiler:
             ref = rest.pop("$ref")
             if not isinstance(ref, str):
                 raise SchemaError(f"{where}.$ref must be a string, got {ref!r}", "fix the schema")
+            target, ref = self.lookup(ref), canonical_ref(ref)
             if ref in refs:
                 raise SchemaError(f"{where}: $ref {ref!r} is intersected (allOf) with another schema inside its own "
                                   "definition; such a recursive intersection is not supported",
                                   "write the recursive definition without allOf")
-            ways = _conjoin(ways, self._dnf(self.lookup(ref), f"{where} ($ref {ref})", refs | {ref}), where)
+            ways = _conjoin(ways, self._dnf(target, f"{where} ($ref {ref})", refs | {ref}), where)
         combined = {combiner: rest.pop(combiner) for combiner in ("allOf", "anyOf", "oneOf") if combiner in rest}
         for combiner, options in combined.items():
             if not isinstance(options, list) or not options:

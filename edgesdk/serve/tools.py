@@ -48,7 +48,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_schema
+from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_schema, hoist_refs, resolve_ref
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 NO_PARAMETERS = {"type": "object", "properties": {}}
@@ -155,9 +155,10 @@ def _function(tool: object, index: int) -> dict:
 def _resolved_type(schema: dict, root: dict) -> str | None:
     """The type a schema's root stands for, following its local ``$ref`` (compile_schema has checked that each
     resolves, to an object or an array, and that no chain of them comes back to itself)."""
-    while isinstance(schema.get("$ref"), str):
-        _, section, name = schema["$ref"].split("/", 2)
-        schema = root[section][name]
+    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
+        schema = resolve_ref(root, schema["$ref"])  # any local JSON pointer, as compile_schema reads it
+    if not isinstance(schema, dict):
+        return None
     return schema.get("type", "object" if "properties" in schema else None)
 
 
@@ -198,39 +199,12 @@ def _answer_schema(functions: list[dict], may_answer: bool, response: dict | Non
     return compile_schema({**root, "$defs": definitions})
 
 
-DATA = ("const", "enum", "default", "examples")  # keywords whose values are JSON data, not schemas
-
-
 def _hoisted(schema: dict, prefix: str, definitions: dict) -> dict:
-    """``schema`` with its local definitions moved into ``definitions`` under ``prefix`` and its refs renamed.
-    ``$defs`` and ``definitions`` are two tables, as compile_schema reads them (a name in both is two
-    definitions), and one that is no object holds nothing; a ``$ref`` inside a const or enum value is data."""
-    schema = copy.deepcopy(schema)
-    tables = {"$defs": f"{prefix}.", "definitions": f"{prefix}:"}  # "tool0." and "tool0:" never meet
-    local = {section: schema.pop(section, None) for section in tables}
-
-    def rename(node):
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.count("/") == 2 and ref.split("/")[1] in tables:
-                _, section, name = ref.split("/")
-                node["$ref"] = f"#/$defs/{tables[section]}{name}"
-            for key, value in node.items():
-                if key == "properties" and isinstance(value, dict):  # names (maybe "const") -> schemas
-                    for subschema in value.values():
-                        rename(subschema)
-                elif key not in DATA:
-                    rename(value)
-        elif isinstance(node, list):
-            for value in node:
-                rename(value)
-
-    rename(schema)
-    for section, table in local.items():
-        for name, value in (table.items() if isinstance(table, dict) else ()):
-            rename(value)
-            definitions[f"{tables[section]}{name}"] = value
-    return schema
+    """``schema`` with the schemas its local refs reach moved into ``definitions`` under ``prefix`` and its refs
+    renamed to match (json_schema.hoist_refs: ``#/$defs/NAME``, ``#/definitions/NAME``, ``#/properties/...``,
+    ``#``, any JSON pointer, read as compile_schema reads it), so that nested in the answer's schema each still
+    means what it meant in the tool's own schema."""
+    return hoist_refs(schema, prefix, definitions)
 
 
 def _instructions(functions: list[dict], may_answer: bool, response: dict | None = None,
