@@ -27,6 +27,44 @@ Backend = Literal["ort-cpu", "ort-cuda", "ort-trt", "tensorrt", "triton"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that gives one key twice.
+
+    YAML requires the keys of a mapping to be unique (YAML 1.2.2 §3.2.1.1, "The content of a mapping node is an
+    unordered set of key/value node pairs, with the restriction that each of the keys is unique"; YAML 1.1 says
+    the same), but PyYAML keeps the last value without a word: a profile with two ``soft_limit_c`` lines, or a
+    recipe with two ``export`` sections, would load with one of them silently dropped. Keys brought in by a merge
+    (``<<: *anchor``) may still be overridden, as YAML's merge-key type allows.
+    """
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.setdefault(key, key_node.start_mark)
+        except TypeError:  # an unhashable key: construct_mapping below reports it
+            continue
+        if first is not key_node.start_mark:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark,
+                f"found the key {key!r} twice (first on line {first.line + 1}); YAML keys must be unique and only "
+                "one value can hold, so remove or rename one of them", key_node.start_mark)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def load_yaml_unique(text: str):
+    """``yaml.safe_load(text)``, but a mapping with a duplicate key raises :class:`yaml.YAMLError` (see
+    :class:`_UniqueKeyLoader`) instead of silently keeping the last value. Used for profiles and recipes."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -150,6 +188,15 @@ class TargetProfile(_Strict):
             )
         if "ort-cpu" not in used:
             raise ValueError("runtime must list 'ort-cpu' as backend or fallback: it is the backend of last resort")
+        if self.runtime.threads > self.cpu.cores:
+            raise ValueError(f"runtime.threads ({self.runtime.threads}) exceeds cpu.cores ({self.cpu.cores}): more "
+                             "intra-op threads than cores oversubscribe the CPU and slow every step; set "
+                             f"runtime.threads to at most {self.cpu.cores}")
+        ram_mb = self.memory.total_gb * 1024
+        if self.memory_budget_mb >= ram_mb:
+            raise ValueError(f"memory_budget_mb ({self.memory_budget_mb}) is not below the board's RAM "
+                             f"(memory.total_gb {self.memory.total_gb:g} = {ram_mb:.0f} MB), which the OS, the runtime "
+                             f"and the KV cache share; set it to about half of that ({ram_mb * 0.5:.0f})")
         if self.sparsity_block & (self.sparsity_block - 1):
             raise ValueError(f"sparsity_block must be a power of two (the block-sparse kernels tile by it), "
                              f"got {self.sparsity_block}")
@@ -187,9 +234,10 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
 def parse_profile(text: str, source: str = "<string>") -> TargetProfile:
     """Parse and validate one profile's YAML text."""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml_unique(text)
     except yaml.YAMLError as exc:
-        raise ProfileError(f"target profile {source} is not valid YAML: {exc}", "fix the YAML syntax") from exc
+        raise ProfileError(f"target profile {source} is not valid YAML: {exc}",
+                           "fix the YAML syntax (each key once per section)") from exc
     if not isinstance(data, dict):
         raise ProfileError(
             f"target profile {source} must be a YAML mapping, got {type(data).__name__}",

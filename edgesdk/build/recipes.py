@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from edgesdk.build.registry import check_order, make_config
 from edgesdk.errors import BuildError, read_utf8
+from edgesdk.profile import load_yaml_unique
 
 
 class StageEntry(BaseModel):
@@ -263,10 +264,10 @@ def load_recipe(name_or_path: str) -> Recipe:
         source = f"recipes/{name_or_path}.yaml"
     shipped = resources.files("edgesdk.recipes") / "default.yaml"
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml_unique(text)
     except yaml.YAMLError as exc:
         raise BuildError(f"recipe {source} is not valid YAML: {exc}",
-                         f"fix the YAML syntax; compare it with a shipped recipe, e.g. {shipped}") from exc
+                         f"fix the YAML syntax (each key once per mapping); compare it with a shipped recipe, e.g. {shipped}") from exc
     if not isinstance(data, dict):
         raise BuildError(f"recipe {source} must be a YAML mapping of keys ({', '.join(Recipe.model_fields)}), "
                          f"got {'an empty file' if data is None else f'a {type(data).__name__}: {data!r:.60}'}",
