@@ -1,6 +1,22 @@
-"""``edgesdk run --prompt-cache FILE`` (llama-cli's ``--prompt-cache``): the file's directory checked before the
-bundle loads, the KV cache loaded from it, and written back after each answer and after a Ctrl-C. The file itself
-is :mod:`edgesdk.runtime.cache_file`.
+"""``edgesdk run --prompt-cache FILE`` (llama-cli's ``--prompt-cache``, with its ``--prompt-cache-all`` and
+``--prompt-cache-ro``): the options checked and the file's directory checked before the bundle loads, the KV cache
+loaded from it, and written back as llama-cli writes it (tools/main/main.cpp):
+
+- ``--prompt-cache FILE``: the prompt's cache alone, where the file did not hold the whole prompt already
+  (llama-cli's ``need_to_save_session``, ``n_matching_session_tokens < embd_inp.size()``). llama-cli writes it on
+  the first sample, before the answer; here the prompt's cache is copied there (in memory, a few milliseconds) and
+  written once the answer ends or Ctrl-C stops it, so the first token does not wait for the disk. Each prompt of a
+  run that answers several (lines on stdin) is checked and written so.
+- ``--prompt-cache-all``: the prompt and the answer, after each answer (llama-cli's "saving final output to
+  session file"; the answer's last token is not in it, as it was never fed back), and after Ctrl-C what the
+  answer had reached. llama-cli refuses it in interactive mode ("not supported in interactive mode yet"); here a
+  chat writes it after each answer.
+- ``--prompt-cache-ro``: the file is loaded and never written (llama-cli's ``prompt_cache_ro``), so its directory
+  need not be writable; a missing file is said on stderr and the prompt is prefilled whole, as llama-cli runs on
+  (it logs "will create" but does not). With ``--prompt-cache-all`` it still writes nothing, as llama-cli.
+
+The first prompt that shares less than half its tokens with the file loaded is said on stderr, as llama-cli warns
+"session file has low similarity to prompt". The file itself is :mod:`edgesdk.runtime.cache_file`.
 
 Importing this module imports click only; the runtime loads inside the functions that use it.
 """
@@ -17,12 +33,32 @@ from edgesdk.errors import EdgeSDKError
 _WRITABLE = os.W_OK | os.X_OK  # a file can be created in a directory this user may write to and search
 
 
-def writable_prompt_cache(path: Path | None) -> Path | None:
+def prompt_cache_mode(path: Path | None, cache_all: bool, read_only: bool) -> str | None:
+    """How ``--prompt-cache FILE`` is written: ``prompt`` (the prompt's cache, llama-cli's default), ``all``
+    (``--prompt-cache-all``: prompt and answer) or ``ro`` (``--prompt-cache-ro``: never); None without a FILE.
+    ``--prompt-cache-all`` or ``--prompt-cache-ro`` without ``--prompt-cache`` is refused by name (llama-cli passes
+    over them silently, and the run would keep no cache the user asked for)."""
+    if path is None:
+        for option, given in (("--prompt-cache-all", cache_all), ("--prompt-cache-ro", read_only)):
+            if given:
+                raise click.BadParameter(f"says how to use the prompt cache file, and no --prompt-cache FILE names "
+                                         f"one; pass --prompt-cache FILE with {option}, or leave {option} out",
+                                         param_hint=f"'{option}'")
+        return None
+    if read_only:
+        if cache_all:
+            click.echo("edgesdk: --prompt-cache-all is not used: --prompt-cache-ro never writes the file (as in "
+                       "llama-cli; leave --prompt-cache-ro out to write the prompt and answer)", err=True)
+        return "ro"
+    return "all" if cache_all else "prompt"
+
+
+def writable_prompt_cache(path: Path | None, read_only: bool = False) -> Path | None:
     """``--prompt-cache FILE``, once it can be written: its directory exists and this user may write there.
     Checked before the bundle loads; the first write comes only after the first answer, which a missing directory
-    would waste."""
-    if path is None:
-        return None
+    would waste. ``read_only`` (``--prompt-cache-ro``): never written, so not checked."""
+    if path is None or read_only:
+        return path
     # The write renames a file in the directory of the file a symlink points to (edgesdk/runtime/cache_file.py).
     # os.path's tests, not Path's: a directory this user may not search is False, not a PermissionError.
     directory = Path(os.path.realpath(path)).parent if os.path.islink(path) else path.parent
@@ -52,9 +88,9 @@ def _why_not_writable(directory: Path) -> tuple[str, str]:
             f"create it first (mkdir -p {directory}) or pass a path in an existing directory")
 
 
-def load_prompt_cache(path: Path | None, cache, runtime, stats: bool) -> Path | None:
-    """``--prompt-cache FILE``: its KV cache loaded into ``cache`` where it fits; the path to write back, or
-    None where the backend keeps no host copy of its cache."""
+def load_prompt_cache(path: Path | None, cache, runtime, stats: bool, mode: str = "prompt") -> PromptCacheFile | None:
+    """``--prompt-cache FILE``: its KV cache loaded into ``cache`` where it fits; the file as the run writes it
+    (``mode``: :func:`prompt_cache_mode`), or None where the backend keeps no host copy of its cache."""
     from edgesdk.runtime import cache_file
 
     if path is None:
@@ -64,35 +100,99 @@ def load_prompt_cache(path: Path | None, cache, runtime, stats: bool) -> Path | 
                    "cache to write", err=True)
         return None
     loaded, why = cache_file.load(path, cache, runtime.bundle.bundle_id)
+    after = "--prompt-cache-ro leaves it as it is" if mode == "ro" else "the next answer rewrites it"
     if why is not None:
-        click.echo(f"edgesdk: the prompt cache {path} is not loaded: {why}; the next answer rewrites it", err=True)
+        click.echo(f"edgesdk: the prompt cache {path} is not loaded: {why}; {after}", err=True)
     elif loaded and stats:
         click.echo(f"edgesdk: prompt cache {path}: {loaded} tokens loaded", err=True)
-    return path
+    elif mode == "ro" and not os.path.exists(path):
+        click.echo(f"edgesdk: the prompt cache {path} does not exist, and --prompt-cache-ro does not create it: each "
+                   "prompt is prefilled whole (run once without --prompt-cache-ro to write it)", err=True)
+    return PromptCacheFile(path, mode, cache, runtime, list(cache.tokens) if loaded else [])
 
 
-def save_prompt_cache(path: Path, cache, runtime) -> None:
-    """The KV cache written to ``path`` after an answer (prompt and answer, as llama-cli's
-    ``--prompt-cache-all``); a write that fails is an EdgeSDKError naming the file."""
-    from edgesdk.runtime import cache_file
+class PromptCacheFile:
+    """``--prompt-cache FILE`` as a run writes it, answer by answer (the module's docstring says when)."""
 
-    try:
-        cache_file.save(path, cache, runtime.bundle.bundle_id)
-    except OSError as exc:
-        raise EdgeSDKError(f"cannot write the prompt cache {path} ({exc.strerror or exc})",
-                           "pass a --prompt-cache path in a directory this user may write to") from exc
+    def __init__(self, path: Path, mode: str, cache, runtime, held: list[int]):
+        self.path, self.mode, self.cache, self.runtime = path, mode, cache, runtime
+        self.held = held  # the token ids the file holds, as loaded or last written ([]: none, or a file refused)
+        self._first = bool(held)  # the first prompt, which the file loaded is compared with
+        self._prompt: list[int] = []
+        self._write_prompt = False  # the prompt's cache is to be written (mode "prompt")
+        self._snapshot: tuple[list[int], list] | None = None  # the prompt's cache, copied at the first token
 
+    def begin(self, prompt_ids: list[int]) -> None:
+        """Before an answer to ``prompt_ids``: whether its cache is to be written (the file does not hold the whole
+        prompt), and llama-cli's warning where the file loaded shares less than half of the first prompt."""
+        from edgesdk.runtime.prompt_cache import common_prefix_length
 
-def save_interrupted_prompt_cache(path: Path, cache, runtime) -> None:
-    """``--prompt-cache`` after Ctrl-C: the KV cache as the answer left it (prompt and the tokens so far), so the
-    next run does not prefill a long prompt again. llama-cli writes its session file once the prompt is
-    evaluated, before the first token, for the same reason. Skipped where the interrupt landed inside a step
-    (the cache's length no longer matches its token list): the previous file then stays as it was."""
-    if not cache.tokens or len(cache.tokens) != runtime.backend.position:
-        click.echo(f"edgesdk: the prompt cache {path} is not rewritten: the answer was stopped inside a step",
-                   err=True)
-        return
-    try:
-        save_prompt_cache(path, cache, runtime)
-    except EdgeSDKError as exc:  # the Ctrl-C is what the user is told about; the write's failure is a warning
-        click.echo(f"edgesdk: {exc}", err=True)
+        matching = common_prefix_length(self.held, prompt_ids)
+        if self._first and matching < len(prompt_ids) // 2:
+            click.echo(f"edgesdk: the prompt cache {self.path} has low similarity to the prompt ({matching} / "
+                       f"{len(prompt_ids)} tokens); the rest is prefilled", err=True)
+        self._first = False
+        self._prompt, self._snapshot = list(prompt_ids), None
+        self._write_prompt = self.mode == "prompt" and matching < len(prompt_ids)
+
+    def watch(self, on_token):
+        """``on_token`` that first copies the prompt's cache, where it is to be written: the prompt is prefilled
+        and its first token picked, where llama-cli writes the file."""
+        if not self._write_prompt:
+            return on_token
+
+        def first_then(token: int) -> None:
+            if self._snapshot is None:
+                self._snapshot = self._live_prompt()
+            on_token(token)
+
+        return first_then
+
+    def finished(self) -> None:
+        """After the answer: the prompt's cache, or with ``--prompt-cache-all`` the prompt and answer, written; a
+        write that fails is an EdgeSDKError naming the file."""
+        if self.mode == "all":
+            self._save(None)
+        elif self._write_prompt:
+            snapshot = self._snapshot or self._live_prompt()
+            if snapshot is not None:
+                self._save(snapshot)
+
+    def interrupted(self) -> None:
+        """After Ctrl-C: the prompt's cache (copied at the first token, or the live one where the answer had none
+        yet), or with ``--prompt-cache-all`` the KV cache as the answer left it (prompt and the tokens so far), so
+        the next run does not prefill a long prompt again, as llama-cli's file holds it then. Skipped where the
+        interrupt landed inside a step (the cache's length no longer matches its token list): the previous file
+        then stays as it was. A failed write is a warning: the Ctrl-C is what the user is told about."""
+        if self.mode == "ro" or (self.mode == "prompt" and not self._write_prompt):
+            return
+        if self.mode == "prompt":
+            snapshot = self._snapshot or self._live_prompt()
+            whole = snapshot is not None
+        else:
+            snapshot, whole = None, bool(self.cache.tokens) and len(self.cache.tokens) == self.runtime.backend.position
+        if not whole:
+            click.echo(f"edgesdk: the prompt cache {self.path} is not rewritten: the answer was stopped inside a "
+                       "step", err=True)
+            return
+        try:
+            self._save(snapshot)
+        except EdgeSDKError as exc:
+            click.echo(f"edgesdk: {exc}", err=True)
+
+    def _live_prompt(self) -> tuple[list[int], list] | None:
+        """A copy of the KV cache where it holds the prompt, and nothing more or less (None otherwise)."""
+        tokens = self.cache.tokens
+        if tokens != self._prompt or len(tokens) != self.runtime.backend.position:
+            return None
+        return list(tokens), self.runtime.backend.save_cache()[0]
+
+    def _save(self, snapshot: tuple[list[int], list] | None) -> None:
+        from edgesdk.runtime import cache_file
+
+        try:
+            cache_file.save(self.path, self.cache, self.runtime.bundle.bundle_id, snapshot)
+        except OSError as exc:
+            raise EdgeSDKError(f"cannot write the prompt cache {self.path} ({exc.strerror or exc})",
+                               "pass a --prompt-cache path in a directory this user may write to") from exc
+        self.held = list(self.cache.tokens if snapshot is None else snapshot[0])

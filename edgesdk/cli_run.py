@@ -38,12 +38,7 @@ from edgesdk.cli_options import (
     thermal_options,
     warn_unused_thermal_options,
 )
-from edgesdk.cli_prompt_cache import (
-    load_prompt_cache,
-    save_interrupted_prompt_cache,
-    save_prompt_cache,
-    writable_prompt_cache,
-)
+from edgesdk.cli_prompt_cache import load_prompt_cache, prompt_cache_mode, writable_prompt_cache
 from edgesdk.errors import read_utf8
 
 if TYPE_CHECKING:
@@ -65,7 +60,7 @@ class RunSettings:
     schema: object | None  # --json-schema, compiled
     grammar: object | None  # --grammar / --grammar-file, parsed (runtime.gbnf)
     grammar_option: str  # the option that gave the grammar, as an error about its tokens names it
-    prompt_cache: Path | None  # --prompt-cache, its directory writable
+    prompt_cache: Path | None  # --prompt-cache, its directory writable (unless --prompt-cache-ro)
     ignore_eos: bool  # --ignore-eos
     raw: bool  # --raw: the prompt as it is, without the chat template
     system: str | None  # --system
@@ -74,6 +69,7 @@ class RunSettings:
     stats: bool  # --stats
     context_shift: bool = False  # --context-shift: a full context shifts and the answer goes on
     keep: int = 0  # --keep: the prompt's tokens a shift keeps (-1: all of them)
+    prompt_cache_mode: str | None = None  # "prompt", "all" (--prompt-cache-all), "ro" (--prompt-cache-ro); None: none
 
 
 @click.command()
@@ -150,7 +146,14 @@ class RunSettings:
                    "repeating a text; 0: off). Greedy answers can differ at near-ties of a quantized model.")
 @click.option("--prompt-cache", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Keep the KV cache in FILE between runs (llama-cli's --prompt-cache): a prompt that begins as the "
-                   "last run's did prefills only what follows; rewritten after each answer, and when Ctrl-C stops one.")
+                   "one the file holds prefills only what follows; the prompt's cache is written where the file did "
+                   "not hold the whole prompt (once the answer ends, or Ctrl-C stops it).")
+@click.option("--prompt-cache-all", is_flag=True,
+              help="With --prompt-cache: write the prompt and the answer to FILE after each answer, and what it "
+                   "reached at a Ctrl-C (llama-cli's --prompt-cache-all; here in a chat too).")
+@click.option("--prompt-cache-ro", is_flag=True,
+              help="With --prompt-cache: use FILE but never write it (llama-cli's --prompt-cache-ro), e.g. a shared "
+                   "cache of a long system prompt; a missing FILE is said and the prompt prefilled whole.")
 @click.option("--stats", is_flag=True, help="Print prompt tokens (and those from the cache), prefill/decode tok/s, time "
                                            "to first token, p95 inter-token latency and peak RSS on stderr.")
 @click.option("--context-shift/--no-context-shift", default=False, show_default=True,
@@ -167,7 +170,8 @@ class RunSettings:
 def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias,
         samplers, sampling_seq, seed, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
         raw, system, template_kwargs, history, in_prefix, in_suffix, reverse_prompts, escape,
-        json_object, json_schema, grammar, grammar_file, lookup_draft, prompt_cache, stats, context_shift, keep,
+        json_object, json_schema, grammar, grammar_file, lookup_draft, prompt_cache, prompt_cache_all, prompt_cache_ro,
+        stats, context_shift, keep,
         draft_bundle, draft_max, draft_p_min,
         watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
         entropy_target, compute_budget, gating,
@@ -207,9 +211,10 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         schema=_read_json_schema(json_schema, json_object),
         grammar=_read_grammar(grammar, grammar_file, json_object, json_schema),
         grammar_option="'--grammar-file'" if grammar_file else "'--grammar'",
-        prompt_cache=writable_prompt_cache(prompt_cache),
+        prompt_cache=writable_prompt_cache(prompt_cache, read_only=prompt_cache_ro),
         ignore_eos=ignore_eos, raw=raw, system=system, template_kwargs=template_kwargs, history=history, stats=stats,
-        context_shift=context_shift, keep=keep)
+        context_shift=context_shift, keep=keep,
+        prompt_cache_mode=prompt_cache_mode(prompt_cache, prompt_cache_all, prompt_cache_ro))
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     tokenizer = runtime.tokenizer
@@ -224,14 +229,14 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     cache = PromptCache(runtime.backend)
     # the gates first: a cache file is loaded only where it was computed with the gates this run computes with
     configure_gates(runtime.backend, entropy_target, compute_budget, gating)
-    cache_path = load_prompt_cache(settings.prompt_cache, cache, runtime, settings.stats)
+    cache_file = load_prompt_cache(settings.prompt_cache, cache, runtime, settings.stats, settings.prompt_cache_mode)
     token_bytes = _check_constraint_tokens(settings, tokenizer)
     lookup = draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target,
                          lookup_draft) or lookup_config(runtime.backend, lookup_draft)
     thermal = open_thermal(runtime, **thermal_settings, status=watch_thermal or simulate_thermal)
     try:
         answerer = Answerer(runtime, settings, sampling, conversation=conversation, cache=cache,
-                            cache_path=cache_path, token_bytes=token_bytes, lookup=lookup, thermal=thermal)
+                            cache_file=cache_file, token_bytes=token_bytes, lookup=lookup, thermal=thermal)
         if settings.prompt is not None:
             answerer.answer(settings.prompt)
             return
@@ -446,14 +451,14 @@ def _read_grammar(text: str | None, path: Path | None, json_object: bool, json_s
 class Answerer:
     """Answers one prompt at a time, as llama-cli does: the answer streamed to stdout as its characters complete,
     kept by the conversation where there is one (--history), its KV cache reused by the next prompt that begins
-    the same way, and written to --prompt-cache once whole."""
+    the same way, and written to --prompt-cache once whole (cli_prompt_cache.PromptCacheFile says what)."""
 
     def __init__(self, runtime, settings: RunSettings, sampling: SamplingConfig, *, conversation, cache,
-                 cache_path: Path | None, token_bytes, lookup, thermal):
+                 cache_file, token_bytes, lookup, thermal):
         self.runtime, self.tokenizer, self.settings, self.sampling = runtime, runtime.tokenizer, settings, sampling
         self.conversation = conversation  # None: each prompt is answered on its own
         self.cache = cache  # the KV cache's token list (runtime.prompt_cache.PromptCache)
-        self.cache_path = cache_path  # --prompt-cache's file, which the cache is written to; None: not written
+        self.cache_file = cache_file  # --prompt-cache's file (cli_prompt_cache.PromptCacheFile); None: not kept
         self.token_bytes = token_bytes  # each token's bytes, where --json, --json-schema or --grammar constrain
         self.lookup, self.thermal = lookup, thermal  # the drafter (--draft, --lookup) and thermal session, or None
         # A reverse prompt that is one token also stops at that token, as llama-cli's single-token antiprompts do:
@@ -468,6 +473,8 @@ class Answerer:
         from edgesdk.runtime.generate import ContextShift, generate
 
         ids = self._prompt_ids(text)
+        if self.cache_file is not None:
+            self.cache_file.begin(ids)
         shift = None
         if self.settings.context_shift:  # llama-cli keeps the BOS on top of --keep where the vocabulary adds one
             bos = self.tokenizer.bos_token
@@ -480,7 +487,8 @@ class Answerer:
             sampling = dataclasses.replace(sampling, seed=sampling.seed + regenerated)
         try:
             _, result = generate(self.runtime.backend, ids, sampling, self.tokenizer.eos_token_ids,
-                                 on_token=shown.emit, hook=self.thermal.hook if self.thermal else None,
+                                 on_token=shown.emit if self.cache_file is None else self.cache_file.watch(shown.emit),
+                                 hook=self.thermal.hook if self.thermal else None,
                                  cache=self.cache, constraint=constraint, lookup=self.lookup,
                                  vocabulary=self.tokenizer, shift=shift)
         except KeyboardInterrupt:
@@ -534,8 +542,8 @@ class Answerer:
         if self.conversation is not None:
             self.conversation.answered(text, shown.text)
         self.last_prompt = text
-        if self.cache_path is not None:  # the prefill paid for stays in the file, as llama-cli saves it
-            save_interrupted_prompt_cache(self.cache_path, self.cache, self.runtime)
+        if self.cache_file is not None:  # the prefill paid for stays in the file, as llama-cli saves it
+            self.cache_file.interrupted()
 
     def _keep_failed(self, text: str, shown: _ShownAnswer) -> None:
         """An answer an error cut short, once it showed something: the error is told on a line of its own, not
@@ -563,8 +571,8 @@ class Answerer:
             self.thermal.hook.status.between_answers()
         if self.settings.stats:
             _print_stats(self.runtime, result, drafting=bool(self.lookup))
-        if self.cache_path is not None:  # once the answer is whole: a failed write leaves it in the conversation
-            save_prompt_cache(self.cache_path, self.cache, self.runtime)
+        if self.cache_file is not None:  # once the answer is whole: a failed write leaves it in the conversation
+            self.cache_file.finished()
 
 
 class _ShownAnswer:

@@ -4,8 +4,9 @@ A script that runs ``edgesdk run`` again and again with the same long system pro
 document to ask about) prefills that prompt each time; on a board a prompt token costs a few
 milliseconds, so a 500-token prompt costs seconds before the first token. With a cache file the
 run loads the KV cache the last run left and prefills only what follows the longest prefix the new
-prompt shares with it (edgesdk/runtime/prompt_cache.py), then writes the cache back after each
-answer (prompt and answer, as llama-cli's ``--prompt-cache-all``).
+prompt shares with it (edgesdk/runtime/prompt_cache.py), then writes the cache back: the prompt's alone by
+default, as llama-cli's ``--prompt-cache``, or the prompt and answer with ``--prompt-cache-all``
+(edgesdk/cli_prompt_cache.py says when).
 
 The file is NumPy's ``.npz`` (read with ``allow_pickle=False``): the token ids, the bundle id, the
 edgesdk release and backend that wrote it, and one array per past tensor (B, Hkv, tokens, head_dim).
@@ -113,11 +114,12 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
     return length, None
 
 
-def save(path: Path, cache: PromptCache, bundle_id: str) -> None:
+def save(path: Path, cache: PromptCache, bundle_id: str, snapshot: tuple[list[int], list] | None = None) -> None:
     """Write the backend's KV cache and ``cache.tokens`` to ``path`` (atomically; through a symlink, the
-    file it points to)."""
+    file it points to). ``snapshot``: (token ids, ``backend.save_cache()`` state) taken earlier, written in their
+    place (the prompt's cache, taken before the answer's tokens were added to it)."""
     path = Path(os.path.realpath(path))  # a rename over the link itself would turn it into a file
-    state, _ = cache.backend.save_cache()
+    tokens, state = (cache.tokens, cache.backend.save_cache()[0]) if snapshot is None else snapshot
     arrays = {f"cache_{index}": array for index, array in enumerate(state)}
     # A temporary file of this write's own: runs that write the same cache at once each rename a whole file
     # (the last one stays) rather than truncating and renaming each other's.
@@ -127,7 +129,7 @@ def save(path: Path, cache: PromptCache, bundle_id: str) -> None:
             np.savez(out, format=np.array(FORMAT), bundle_id=np.array(bundle_id),
                      edgesdk_version=np.array(__version__), backend=np.array(str(getattr(cache.backend, "name", None))),
                      gates=np.array(gates(cache.backend)),
-                     tokens=np.asarray(cache.tokens, np.int64), **arrays)
+                     tokens=np.asarray(tokens, np.int64), **arrays)
             out.flush()
             os.fsync(out.fileno())
         os.replace(partial, path)

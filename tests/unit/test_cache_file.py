@@ -27,11 +27,11 @@ def _cached(stderr: str) -> int:
 def test_a_second_run_takes_the_prompt_from_the_file_and_answers_the_same(tiny_bundle, tmp_path):
     path = tmp_path / "prompt.cache"
     plain = _run(tiny_bundle)
-    first = _run(tiny_bundle, "--prompt-cache", path)
+    first = _run(tiny_bundle, "--prompt-cache", path, "--prompt-cache-all")
     assert _cached(first.stderr) == 0
     assert path.is_file()
     assert not path.with_name(path.name + ".partial").exists()
-    second = _run(tiny_bundle, "--prompt-cache", path)
+    second = _run(tiny_bundle, "--prompt-cache", path, "--prompt-cache-all")
     prompt_tokens = int(re.search(r"prompt (\d+) tok", second.stderr).group(1))
     assert _cached(second.stderr) == prompt_tokens - 1  # all but the last prompt token, whose logits are needed
     assert "tokens loaded" in second.stderr

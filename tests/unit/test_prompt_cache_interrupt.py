@@ -51,7 +51,7 @@ def _run(bundle, *extra):
 def test_ctrl_c_keeps_the_prompt_and_the_answer_so_far_in_the_cache_file(tiny_bundle, tmp_path, monkeypatch):
     path = tmp_path / "prompt.cache"
     _interrupt_at_decode(monkeypatch, step=6, inside=False)
-    stopped = _run(tiny_bundle, "--prompt-cache", path)
+    stopped = _run(tiny_bundle, "--prompt-cache", path, "--prompt-cache-all")  # the default keeps the prompt alone
     assert stopped.exit_code != 0  # the Ctrl-C still ends the run
     assert path.is_file(), stopped.stderr
     monkeypatch.undo()
@@ -70,7 +70,8 @@ def test_ctrl_c_inside_a_step_leaves_the_previous_cache_file_as_it_was(tiny_bund
                      "--prompt-cache", path))
     before = path.read_bytes()
     _interrupt_at_decode(monkeypatch, step=4, inside=True)
-    stopped = _run(tiny_bundle, "--prompt-cache", path)
+    # the default writes the prompt's cache, copied at the first token, whole (test_prompt_cache_modes45.py)
+    stopped = _run(tiny_bundle, "--prompt-cache", path, "--prompt-cache-all")
     assert stopped.exit_code != 0
     assert "is not rewritten: the answer was stopped inside a step" in stopped.stderr
     assert path.read_bytes() == before
