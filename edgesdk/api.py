@@ -158,12 +158,24 @@ class Model:
         takes it): the text after the completion, for a model with fill-in-the-middle tokens; the answer is the
         middle (:func:`edgesdk.serve.api.suffix_request`). ``fields`` are the request's other fields
         (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``logprobs``, ``echo``, ``grammar``,
-        ``response_format`` ...)."""
-        from edgesdk.serve.api import parse_text_request
+        ``response_format`` ...).
+
+        One prompt per call, as llama-cpp-python's ``create_completion`` takes it: an array of several prompts
+        (``["a", "b"]``, ``[[1, 2], [3, 4]]``), which ``edgesdk serve``'s ``POST /v1/completions`` answers with a
+        choice each, is refused naming ``prompt``; a one-prompt array (``["a"]``) is that prompt."""
+        from edgesdk.serve import llama_native
+        from edgesdk.serve.api import ApiError, parse_text_request
+
+        def parse(request: dict):
+            count = len(llama_native.prompts(request))  # as the HTTP route tells one prompt from several
+            if count > 1:
+                raise ApiError(400, f"'prompt' holds {count} prompts; create_completion answers one prompt per call "
+                               "(as llama-cpp-python's does): call it once per prompt, or send them together to "
+                               "'edgesdk serve' (POST /v1/completions answers a choice per prompt)", param="prompt")
+            return parse_text_request(request, completer=self._completer)
 
         body = {"prompt": token_ids(prompt), **({} if suffix is None else {"suffix": suffix}), **fields}
-        return self._answer("create_completion", lambda request: parse_text_request(request, completer=self._completer),
-                            body, stream)
+        return self._answer("create_completion", parse, body, stream)
 
     __call__ = create_completion
 
@@ -323,7 +335,8 @@ class Model:
         the number of tokens written.
 
         This is llama-cpp-python's ``Llama.save_state()`` kept in a file, and the file ``edgesdk run
-        --prompt-cache FILE`` writes after each answer (llama-cli's ``--prompt-cache`` with ``--prompt-cache-all``):
+        --prompt-cache FILE --prompt-cache-all`` writes after each answer (llama-cli's options of those names; without
+        ``--prompt-cache-all`` run writes the prompt's cache alone, as llama-cli does):
         a later process (or another Model of the same bundle) loads it with :meth:`load_prompt_cache` and prefills
         only what its next prompt adds to the tokens it holds, so a long system prompt is not prefilled again after
         a restart. The two files are one format; each loads where the other was written. The write is atomic (a

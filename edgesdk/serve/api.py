@@ -193,8 +193,8 @@ def parse_text_request(body: object, route: str = "/v1/completions", completer=N
         request = CompletionRequest(chat=False, prompt_tokens=tuple(prompt), **_common_fields(body, chat=False))
     elif not isinstance(prompt, str) or not (prompt or suffix):  # "" before a suffix: completing a file's start
         raise ApiError(400, f"'prompt' must be a non-empty string, an array of token ids or an array mixing token "
-                       f"ids and strings, got {_shown(prompt)} (this route takes one prompt per request; an empty one "
-                       "only before a 'suffix')", param="prompt")
+                       f"ids and strings, got {_shown(prompt)} (an empty one only before a 'suffix'; several prompts "
+                       "as an array of them, one choice each, on POST /v1/completions)", param="prompt")
     else:
         request = CompletionRequest(chat=False, prompt=prompt, **_common_fields(body, chat=False))
     return suffix_request(request, suffix, completer) if suffix else request
@@ -228,6 +228,16 @@ def mixed_prompt_ids(tokenizer, parts: list, param: str) -> list[int]:
         else:
             ids.append(part)
     return ids
+
+
+def prompt_refusal(error: ApiError, index: int) -> ApiError:
+    """``error``, a refusal of the ``index``-th of a request's several prompts, naming that prompt: ``'prompt'`` in
+    its message reads ``'prompt[1]'`` (``'prompt[2]'``, a part of a mixed prompt, ``'prompt[1][2]'``), and a message
+    that does not name it starts with it, as OpenAI names a field inside an array (``param`` stays the field)."""
+    named = re.sub(r"'prompt(?=['\[])", f"'prompt[{index}]", error.message)
+    if named == error.message:
+        named = f"'prompt[{index}]': {error.message}"
+    return ApiError(error.status, named, param=error.param, code=error.code, kind=error.kind)
 
 
 def _suffix(body: dict) -> str:
@@ -836,7 +846,7 @@ def completion_body(request: CompletionRequest, ident: str, model: str, text: st
 
 def chunk_body(request: CompletionRequest, ident: str, model: str, text: str | None,
                finish_reason: str | None = None, role: bool = False, logprobs: dict | None = None,
-               reasoning: str = "") -> dict:
+               reasoning: str = "", index: int = 0) -> dict:
     """One server-sent event of a streamed answer: a text delta, or the last one with ``finish_reason``.
     With ``stream_options.include_usage`` it carries ``"usage": null`` ("All other chunks will also
     include a usage field, but with a null value", OpenAI's reference for ``stream_options``).
@@ -844,15 +854,16 @@ def chunk_body(request: CompletionRequest, ident: str, model: str, text: str | N
     The first delta (``role``) of an answer under tools carries ``"content": null``, as llama-server's first delta
     does (tools/server/server-task.cpp, ``to_json_oaicompat_chat``) and as OpenAI's does for a tool call: a client
     that accumulates the deltas (the openai package's stream helper) then ends with the ``content`` null of the
-    whole answer's tool-call message, not ``""``."""
+    whole answer's tool-call message, not ``""``. ``index``: the choice's, the prompt's place among a text request's
+    several prompts (llama-server's chunks carry their task's ``index``)."""
     if request.chat:
         opening = {"role": "assistant", "content": None if request.tools is not None else ""}
         delta = opening if role else ({} if text is None else {"content": text})
         if reasoning:  # llama-server's delta for a thinking model's reasoning
             delta = {"reasoning_content": reasoning, **({"content": text} if text else {})}
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
     body = {"id": ident, "object": "chat.completion.chunk" if request.chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice]}
     if request.include_usage:

@@ -5,7 +5,8 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
 * ``POST /v1/chat/completions``, ``POST /v1/completions``: answers, whole or streamed as
   server-sent events (``data: {chunk}`` lines, then ``data: [DONE]``; WHATWG HTML, "Server-sent
   events"). A streamed answer's connection closes at its end, which delimits the body (RFC 9112
-  §6.3); a client that goes away mid-answer stops the generation.
+  §6.3); a client that goes away mid-answer stops the generation. ``/v1/completions`` takes several prompts (an
+  array of strings or of token-id arrays) and answers a choice per prompt, usage summed (``_prompt_requests``).
 * ``GET /v1/models``: the one model served (with several bundles, each; serve/model_pool.py: a request's ``model``
   picks the one that answers, loaded in place of the idle one). ``GET /health``: liveness, whether a request is
   generating (or a model loading, named in ``loading``), and the thermal guard's level and temperature when it runs
@@ -72,6 +73,7 @@ from edgesdk.serve.api import (
     parse_detokenize_request,
     parse_text_request,
     parse_tokenize_request,
+    prompt_refusal,
 )
 from edgesdk.serve.completion import Completer, Completion
 from edgesdk.serve.embeddings import (
@@ -84,7 +86,7 @@ from edgesdk.serve.embeddings import (
     parse_native_embedding_request,
 )
 from edgesdk.serve.model_pool import Lease, ModelPool
-from edgesdk.serve.openai_answer import StreamedAnswer, model_not_found, whole_answer
+from edgesdk.serve.openai_answer import StreamedAnswer, model_not_found, whole_answers
 from edgesdk.serve.reasoning import split_answer
 
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
@@ -595,14 +597,44 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._authorise()
         body = self._read_json()
         completer = self._use(body)
-        # a suffix on /v1/completions builds its fill-in-the-middle prompt from the served model's FIM tokens
-        request = parse(body, completer=completer) if parse is parse_text_request else parse(body)
-        self._answer_started()
-        if request.stream:
-            self._stream(request)
+        if parse is parse_text_request:
+            # a suffix on /v1/completions builds its fill-in-the-middle prompt from the served model's FIM tokens;
+            # several prompts are a task each, checked before any runs
+            requests = self._prompt_requests(body, lambda one: parse(one, completer=completer), completer)
         else:
-            completion = completer.complete(request, client_gone=self._client_gone)
-            self._send_json(200, whole_answer(completer, request, self._model, completion))
+            requests = [parse(body)]
+        self._answer_started()
+        if requests[0].stream:
+            self._stream(requests)
+        else:
+            completions = [completer.complete(request, client_gone=self._client_gone) for request in requests]
+            self._send_json(200, whole_answers(completer, requests, self._model, completions))
+
+    @staticmethod
+    def _prompt_requests(body: object, parse: Callable[[object], CompletionRequest],
+                         completer: Completer) -> list[CompletionRequest]:
+        """The requests of ``body``'s prompts, as llama-server's ``handle_completions_impl`` makes a task of each of
+        the prompts ``tokenize_input_prompts`` finds (:func:`llama_native.prompts`: a string, token ids, ids mixed
+        with strings, or an array of those) on ``/v1/completions`` and ``/completion``. Of several, every prompt is
+        checked before any runs (its fields, its tokens against the vocabulary and the context, its context shift),
+        and a refusal names the prompt (``'prompt[1]'``: :func:`prompt_refusal`)."""
+        bodies = llama_native.prompts(body)
+        if len(bodies) == 1:
+            return [parse(bodies[0])]
+        requests = []
+        for index, one in enumerate(bodies):
+            try:
+                request = parse(one)
+            except ApiError as exc:
+                if exc.param != "prompt":  # a field all the prompts share: refused as it is
+                    raise
+                raise prompt_refusal(exc, index) from exc
+            try:  # what Completer.complete checks before the turn, for this prompt
+                completer.context_shift(request, completer.prompt_ids(request), completer.sampling(request))
+            except ApiError as exc:
+                raise prompt_refusal(exc, index) from exc
+            requests.append(request)
+        return requests
 
     def _embeddings(self, route: str) -> None:
         """OpenAI's ``POST /v1/embeddings`` or llama-server's ``POST /embedding`` (serve/embeddings.py)."""
@@ -646,7 +678,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         completer = self._use(body)  # llama-server's router reads 'model' on /completion and /infill too
         fields = llama_native.response_fields(body)
         ids = llama_native.return_tokens(body)
-        requests = [parse(one) for one in (llama_native.prompts(body) if several else [body])]
+        requests = self._prompt_requests(body, parse, completer) if several else [parse(body)]
         tasks = []
         for request in requests:
             # The answer's "prompt" is the prompt's tokens as text, special tokens written out (a text prompt's BOS
@@ -1056,21 +1088,34 @@ class ApiHandler(BaseHTTPRequestHandler):
             raise ApiError(400, f"the request body is not JSON in UTF-8: {exc}") from exc
 
     # ------------------------------------------------------------------ answers
-    def _stream(self, request: CompletionRequest) -> None:
+    def _stream(self, requests: list[CompletionRequest]) -> None:
         """Server-sent events; the headers go out when the request's turn comes, so a refused request
-        (busy, prompt too long) still gets a plain JSON error with its status."""
-        answer = StreamedAnswer(self._completer, request, self._model)
+        (busy, prompt too long) still gets a plain JSON error with its status.
+
+        Several prompts (``requests``: one each) are answered one after another (the board answers one at a time;
+        llama-server runs them in parallel slots, its chunks interleaved) in one stream under one id, each chunk
+        with its prompt's choice ``index`` and each prompt's last chunk its ``finish_reason``; the usage chunk
+        ``stream_options.include_usage`` asks for comes once, summed, then the one ``data: [DONE]``."""
+        ident, completions = None, []
 
         def send(chunks: list[dict]) -> None:
             for body in chunks:
                 self._event(body)
 
-        # an error once the headers are out is in the stream, as llama-server does
-        completion = self._complete_streamed(request, lambda text, logprobs: send(answer.piece(text, logprobs)),
-                                             lambda: send(answer.opening()), lambda error: self._event(error.body()))
-        if completion is None:
-            return
-        send(answer.closing(completion))
+        for index, request in enumerate(requests):
+            answer = StreamedAnswer(self._completer, request, self._model, index=index, ident=ident)
+            ident = answer.ident
+            # an error once the headers are out is in the stream, as llama-server does
+            completion = self._complete_streamed(
+                request, lambda text, logprobs, answer=answer: send(answer.piece(text, logprobs)),
+                lambda answer=answer: send(answer.opening()), lambda error: self._event(error.body()),
+                headers_out=index > 0)
+            if completion is None:
+                return
+            completions.append(completion)
+            send(answer.closing(completion, with_usage=len(requests) == 1))
+        if len(requests) > 1:
+            send(answer.usage_chunk(completions))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 

@@ -23,6 +23,7 @@ from edgesdk.serve.api import (
     chunk_body,
     completion_body,
     new_id,
+    usage,
     usage_chunk_body,
 )
 from edgesdk.serve.completion import Completer, Completion
@@ -55,20 +56,49 @@ def whole_answer(completer: Completer, request: CompletionRequest, model: str, c
     return {**body, "timings": llama_native.timings(completion)}
 
 
+def whole_answers(completer: Completer, requests: Sequence[CompletionRequest], model: str,
+                  completions: Sequence[Completion]) -> dict:
+    """The body of a text request of several prompts without ``stream``: one choice per prompt in their order, each
+    with its ``index`` (OpenAI's "Create completion": ``prompt`` "can be ... an array of strings, array of tokens, or
+    array of token arrays"), under one id, ``usage`` summed over the prompts, as OpenAI counts a request. llama-server
+    (tools/server/server-context.cpp, ``handle_completions_impl``) gathers the choices the same way but keeps the
+    first prompt's ``usage``; the ``timings`` here are the first prompt's, as there. One prompt: :func:`whole_answer`."""
+    bodies = [whole_answer(completer, request, model, completion)
+              for request, completion in zip(requests, completions, strict=True)]
+    body = bodies[0]
+    if len(bodies) == 1:
+        return body
+    choices = [{**each["choices"][0], "index": index} for index, each in enumerate(bodies)]
+    return {**body, "choices": choices, "usage": summed_usage(completions)}
+
+
+def summed_usage(completions: Sequence[Completion]) -> dict:
+    """OpenAI's ``usage`` of a request of several prompts: each count summed over them."""
+    return usage(sum(c.prompt_tokens for c in completions), sum(c.completion_tokens for c in completions),
+                 sum(c.cached_tokens for c in completions))
+
+
 class StreamedAnswer:
     """The chunks of one streamed answer, in order: :meth:`opening` when the request's turn comes, :meth:`piece` for
-    each piece of text the completer settles, :meth:`closing` once it has ended. Every chunk carries one id."""
+    each piece of text the completer settles, :meth:`closing` once it has ended. Every chunk carries one id.
 
-    def __init__(self, completer: Completer, request: CompletionRequest, model: str):
-        self.request, self.model = request, model
-        self.ident = new_id(request.chat)
+    The answer to one of a text request's several prompts carries that prompt's ``index`` in its choices and the
+    request's ``ident`` (one id for the whole stream, as OpenAI's and llama-server's chunks share theirs); its
+    :meth:`closing` then leaves the usage chunk to :meth:`usage_chunk`, sent once after the last prompt's."""
+
+    def __init__(self, completer: Completer, request: CompletionRequest, model: str, index: int = 0,
+                 ident: str | None = None):
+        self.request, self.model, self.index = request, model, index
+        self.ident = new_id(request.chat) if ident is None else ident
         self._splitter = completer.reasoning_splitter(request)
         # an answer under tools is JSON: its call or its text goes out as it settles
         self._tools = AnswerStream(request.tools.structured) if request.tools is not None else None
 
     def opening(self) -> list[dict]:
         """The first delta of a chat answer: the assistant's role (nothing for a text completion)."""
-        return [chunk_body(self.request, self.ident, self.model, None, role=True)] if self.request.chat else []
+        if not self.request.chat:
+            return []
+        return [chunk_body(self.request, self.ident, self.model, None, role=True, index=self.index)]
 
     def piece(self, text: str, logprobs: dict | None) -> list[dict]:
         """The chunks that settled text gives; a token whose text is held back (a tag's or a call's possible
@@ -81,33 +111,46 @@ class StreamedAnswer:
                 logprobs = None
             return chunks
         if self._splitter is None:
-            return [chunk_body(request, ident, model, text, logprobs=logprobs)]
+            return [chunk_body(request, ident, model, text, logprobs=logprobs, index=self.index)]
         reasoning, content = self._splitter.push(text)
         if reasoning or content or logprobs:
-            return [chunk_body(request, ident, model, content, logprobs=logprobs, reasoning=reasoning)]
+            return [chunk_body(request, ident, model, content, logprobs=logprobs, reasoning=reasoning,
+                               index=self.index)]
         return []
 
-    def closing(self, completion: Completion) -> list[dict]:
-        """What the answer's end settles, the chunk with ``finish_reason``, the usage chunk where asked for;
+    def closing(self, completion: Completion, with_usage: bool = True) -> list[dict]:
+        """What the answer's end settles, the chunk with ``finish_reason``, the usage chunk where asked for (and
+        ``with_usage``: false for each of several prompts, whose request sends one :meth:`usage_chunk` at its end);
         the last of them carries the ``timings``."""
         request, ident, model = self.request, self.ident, self.model
         if self._tools is not None:
             deltas, _, finish_reason = self._tools.finish(completion.finish_reason)
             chunks = [self._delta_chunk(delta) for delta in deltas]
-            chunks.append(chunk_body(request, ident, model, None, finish_reason=finish_reason))
+            chunks.append(chunk_body(request, ident, model, None, finish_reason=finish_reason, index=self.index))
         else:
-            chunks = [chunk_body(request, ident, model, None, finish_reason=completion.finish_reason)]
+            chunks = [chunk_body(request, ident, model, None, finish_reason=completion.finish_reason,
+                                 index=self.index)]
             reasoning, content = self._splitter.flush() if self._splitter is not None else ("", "")
             if reasoning or content:  # what was held back, once the answer has ended
-                chunks.insert(0, chunk_body(request, ident, model, content, reasoning=reasoning))
-        if request.include_usage:
+                chunks.insert(0, chunk_body(request, ident, model, content, reasoning=reasoning, index=self.index))
+        if request.include_usage and with_usage:
             chunks.append(usage_chunk_body(request, ident, model, completion.prompt_tokens,
                                            completion.completion_tokens, completion.cached_tokens))
         chunks[-1] = {**chunks[-1], "timings": llama_native.timings(completion)}
         return chunks
 
+    def usage_chunk(self, completions: Sequence[Completion]) -> list[dict]:
+        """The one usage chunk of a request of several prompts where ``stream_options.include_usage`` asks for it
+        (OpenAI: "an additional chunk ... before the data: [DONE] message", the usage "for the entire request"):
+        the counts summed over the prompts. llama-server puts each prompt's own ``usage`` on its last chunk instead."""
+        if not self.request.include_usage:
+            return []
+        total = summed_usage(completions)
+        return [usage_chunk_body(self.request, self.ident, self.model, total["prompt_tokens"],
+                                 total["completion_tokens"], total["prompt_tokens_details"]["cached_tokens"])]
+
     def _delta_chunk(self, delta: dict, logprobs: dict | None = None) -> dict:
         """A chunk of an answer under tools carrying ``delta`` (content, or a piece of a tool call)."""
-        body = chunk_body(self.request, self.ident, self.model, None, logprobs=logprobs)
+        body = chunk_body(self.request, self.ident, self.model, None, logprobs=logprobs, index=self.index)
         body["choices"][0]["delta"] = delta
         return body
