@@ -12,20 +12,22 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
   Anthropic strips earlier turns' thinking from the context), ``system``
   (a string or text blocks), ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``,
   ``stream``, ``tools`` (``name``, ``description``, ``input_schema``), ``tool_choice``
-  (``auto``, ``any``, ``tool``, ``none``), and llama-server's ``chat_template_kwargs`` (extra chat-template
-  variables, as on the chat route); ``metadata`` and ``service_tier`` change nothing.
+  (``auto``, ``any``, ``tool``, ``none``; with ``disable_parallel_tool_use`` false an answer may make several
+  calls, the chat route's ``parallel_tool_calls``; true or absent, one: llama-server's Messages route passes no
+  parallel setting on, and the list form lets a small model go on calling, see :func:`_parallel`), and
+  llama-server's ``chat_template_kwargs`` (extra chat-template variables, as on the chat route); ``metadata`` and ``service_tier`` change nothing.
   ``thinking`` (``enabled`` with its ``budget_tokens``, ``adaptive``, ``between_tools``, or ``disabled``) sets the
   chat template's ``enable_thinking`` (Qwen3's switch) unless ``chat_template_kwargs`` sets it; the budget is not
   enforced. Images, documents and server tools are refused by name.
 * answer: ``{"id": "msg_...", "type": "message", "role": "assistant", "content": [text or
-  tool_use blocks, after a ``thinking`` block where a thinking model's reasoning is split off
+  tool_use blocks (one per call, each with its own ``id``), after a ``thinking`` block where a thinking model's reasoning is split off
   (edgesdk/serve/reasoning.py; its ``signature`` empty)], "stop_reason": "end_turn" | "max_tokens" | "stop_sequence" | "tool_use" |
   "model_context_window_exceeded",
   "stop_sequence", "usage": {"input_tokens", "output_tokens", "cache_read_input_tokens"}}``.
 * stream: the events ``message_start``, ``content_block_start``, ``ping``,
   ``content_block_delta`` (``text_delta``, ``thinking_delta`` in a thinking block, or ``input_json_delta`` pieces of
-  a call's input as they are written: its ``tool_use`` block starts with ``input`` {} once the name is whole,
-  "Streaming Messages"), ``content_block_stop``, ``message_delta`` (stop reason, the whole usage) and
+  a call's input as they are written: its ``tool_use`` block starts with ``input`` {} once the name is whole, and
+  each call of an answer of several is its own block, under its own ``index``, "Streaming Messages"), ``content_block_stop``, ``message_delta`` (stop reason, the whole usage) and
   ``message_stop``; an error after the start is an ``error`` event.
 * a call cut by ``max_tokens`` (or a stop sequence) mid-input is the ``tool_use`` block written so far, its input
   the object its JSON so far holds (:func:`partial_input`), with the stop reason of the cut (``max_tokens``:
@@ -125,9 +127,23 @@ def chat_body(body: object) -> dict:
         chat["stop"] = _stop_sequences(body["stop_sequences"])
     if body.get("tools"):
         chat["tools"] = [_tool(tool, index) for index, tool in enumerate(_list(body["tools"], "tools"))]
+        chat["parallel_tool_calls"] = _parallel(body.get("tool_choice"))
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"], bool(body.get("tools")))
     return chat
+
+
+def _parallel(choice: object) -> bool:
+    """Whether an answer may make several calls (each its own ``tool_use`` block): where ``tool_choice``'s
+    ``disable_parallel_tool_use`` (auto, any and tool take it) is false. Absent, one call, as llama-server's Messages
+    route answers (server_chat_convert_anthropic_to_oai passes no parallel_tool_calls on), where Anthropic's default
+    is several: a constrained answer in the list form lets a small model go on calling (SmolLM2-135M added an unasked
+    second call to every one of 5 requests and ran one to max_tokens with 10 calls)."""
+    value = choice.get("disable_parallel_tool_use") if isinstance(choice, dict) else None
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"'tool_choice.disable_parallel_tool_use' must be true (one tool_use block at most) or "
+                       f"false (several may come), got {_shown(value)}", param="tool_choice.disable_parallel_tool_use")
+    return value is False
 
 
 def _thinking(value: object) -> bool | None:
@@ -467,11 +483,12 @@ class ToolStream:
         events = self._events(deltas)
         if not self.blocks:
             events += self._start({"type": "text", "text": ""})
-        calls = fields.get("tool_calls")
-        if calls and self.blocks[-1]["type"] == "tool_use":
-            arguments = calls[0]["function"]["arguments"]  # the chat route's message's, which the pieces join into
-            self.blocks[-1]["input"] = json.loads(arguments) if finish_reason == "tool_calls" else \
-                partial_input(arguments)
+        # each call's tool_use block, in order, takes its input from the chat route's message, which its pieces join
+        # into (a call cut short: what its JSON so far holds)
+        uses = [block for block in self.blocks if block["type"] == "tool_use"]
+        for block, call in zip(uses, fields.get("tool_calls") or [], strict=False):
+            arguments = call["function"]["arguments"]
+            block["input"] = json.loads(arguments) if finish_reason == "tool_calls" else partial_input(arguments)
         return events + [("content_block_stop", {"type": "content_block_stop", "index": len(self.blocks) - 1})], \
             finish_reason
 

@@ -65,7 +65,9 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   Ollama ignores it (``Options.FromMap``: "invalid option provided", a warning). A value of the wrong type is
   refused naming ``options.<name>``.
 * answers: ``model`` (as asked), ``created_at``, ``message`` (``content``, ``thinking`` where a thinking model's
-  reasoning is split off, ``tool_calls``) or ``response``, ``logprobs`` where asked for (api/types.go ``Logprob``:
+  reasoning is split off, ``tool_calls``: one call, with its ``function.index``; streamed, once whole, in an object
+  of its own, as Ollama's ChatHandler gives a call out where its tool parser finds it) or ``response``,
+  ``logprobs`` where asked for (api/types.go ``Logprob``:
   per token its ``token``, ``logprob``, ``bytes`` and ``top_logprobs``, left out when empty; a streamed object
   carries those of its own tokens), ``done``, ``done_reason`` ("stop" or "length"),
   ``total_duration``, ``load_duration`` (the time the model took to be scheduled, loaded for the request where
@@ -254,6 +256,10 @@ def parse_chat(body: object, served: str) -> Asked:
     chat = {**common.fields, "messages": turns, **_logprobs_and_think(common.top, common.think)}
     if tools:
         chat["tools"] = _tools(body["tools"])  # Ollama's tools are OpenAI's ({"type": "function", "function": ...})
+        # Ollama has no parallel flag: its tool parser takes every call an unconstrained model writes (tools/tools.go,
+        # Parser.Add). Here the answer is constrained, and the list form lets a small model go on calling: SmolLM2-135M
+        # added an unasked second call to every one of 5 requests and ran one to max_tokens with 10 calls, where the
+        # one-call form gave one call each. So an answer makes one call, as on the chat route by default.
     return Asked(model, _parsed(parse_chat_request, chat, common.stops), chat=True, num_ctx=common.window,
                  think=common.think, cuts=_cut_starts(turns), truncate=common.truncate, shift=common.shift, num_keep=common.num_keep,
                  tools=tools)
@@ -952,6 +958,7 @@ class Answer:
         self.prompt = None if asked.chat or asked.raw else _prompt_text(completer, asked, request)
         self.splitter = completer.reasoning_splitter(replace(request, stream=False))
         self.tools = AnswerStream(request.tools.structured) if request.tools is not None and request.stream else None
+        self.calls_sent = 0  # a stream's calls given out so far (each once whole)
 
     def _body(self, content: str, thinking: str = "", calls: list | None = None, logprobs: list | None = None) -> dict:
         """An object of the answer: ``message`` (/api/chat) or ``response`` (/api/generate), with what is given."""
@@ -1002,14 +1009,24 @@ class Answer:
     def piece(self, text: str, logprobs: list | None = None) -> list[dict]:
         """The stream's objects that a settled piece of text gives; a token whose text is held back (a tag's or a
         call's possible start) still gives its logprobs, in an object with no text."""
-        thinking, content = "", text
+        thinking, content, calls = "", text, None
         if self.tools is not None:
             content = "".join(delta.get("content") or "" for delta in self.tools.push(text))
+            calls = self._settled_calls()
         elif self.splitter is not None:
             thinking, content = self.splitter.push(text)
-        if content or thinking or logprobs:
-            return [{**self._body(content, thinking, logprobs=logprobs), "done": False}]
+        if content or thinking or calls or logprobs:
+            return [{**self._body(content, thinking, calls, logprobs=logprobs), "done": False}]
         return []
+
+    def _settled_calls(self) -> list[dict]:
+        """The stream's calls whose arguments have ended since the last object, each given out once whole, as
+        Ollama's ChatHandler gives out a call in the object where its tool parser finds it (server/routes.go,
+        ``toolParser.Add``), its ``function.index`` its place among the answer's calls."""
+        settled = self.tools.calls[self.calls_sent:self.tools.settled]
+        calls = _ollama_calls({"tool_calls": settled}, "tool_calls", first=self.calls_sent)
+        self.calls_sent += len(calls)
+        return calls
 
     def closing(self, completion: Completion) -> list[dict]:
         """The stream's last objects: what its end settles (a tool call once whole), then the one with ``done``."""
@@ -1017,7 +1034,8 @@ class Answer:
         if self.tools is not None:
             deltas, fields, finish = self.tools.finish(completion.finish_reason)
             content = "".join(delta.get("content") or "" for delta in deltas)
-            calls = _ollama_calls(fields, finish)
+            rest = (fields.get("tool_calls") or [])[self.calls_sent:]  # those not given out whole already
+            calls = _ollama_calls({"tool_calls": rest}, finish, first=self.calls_sent)
             if content or calls:
                 pieces.append({**self._body(content, calls=calls), "done": False})
         elif self.splitter is not None:
@@ -1048,12 +1066,13 @@ def _ollama_logprobs(entries: list) -> list[dict]:
                                        if entry["top_logprobs"] else {})} for entry in entries]
 
 
-def _ollama_calls(fields: dict, finish: str) -> list[dict]:
+def _ollama_calls(fields: dict, finish: str, first: int = 0) -> list[dict]:
     """The OpenAI tool calls of an answer's message ``fields`` as Ollama's: ``function.arguments`` an object (where
-    ``finish`` is not "tool_calls", a call cut short: what its JSON so far holds)."""
+    ``finish`` is not "tool_calls", a call cut short: what its JSON so far holds), ``function.index`` each call's
+    place in the answer (``first``: the first one's)."""
     whole = finish == "tool_calls"
     calls = []
-    for index, call in enumerate(fields.get("tool_calls") or []):
+    for index, call in enumerate(fields.get("tool_calls") or [], start=first):
         arguments = call["function"]["arguments"]
         calls.append({"id": call["id"], "function": {"index": index, "name": call["function"]["name"], "arguments":
                                                      json.loads(arguments) if whole else partial_input(arguments)}})
