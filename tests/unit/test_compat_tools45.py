@@ -25,6 +25,7 @@ from edgesdk.serve import anthropic
 from edgesdk.serve.api import ApiError
 from edgesdk.serve.ollama import parse_chat
 from tests.unit.test_openai_client37 import runtime, server  # noqa: F401 (fixtures: 2,048 tokens of context)
+from tests.unit.test_serve_reasoning import _message_events as _events
 
 TRIES = range(24)
 TICK = {"name": "tick", "description": "A clock's tick", "input_schema": {"type": "object", "properties": {}}}
@@ -35,17 +36,6 @@ SEVERAL = {"type": "any", "disable_parallel_tool_use": False}
 
 def _anthropic(**fields) -> dict:
     return {"max_tokens": 600, "messages": USER, "tools": [TICK, PING], "temperature": 1.0, "top_k": 40, **fields}
-
-
-def _events(server, body: dict) -> list[tuple[str, dict]]:  # noqa: F811
-    status, headers, payload = server.request("POST", "/v1/messages", {**body, "stream": True})
-    assert status == 200, payload
-    events = []
-    for chunk in payload.decode().split("\n\n"):
-        if chunk:
-            name, data = chunk.split("\n", 1)
-            events.append((name.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
-    return events
 
 
 # ------------------------------------------------------------------------------------------------ Anthropic

@@ -144,6 +144,12 @@ def test_api_ps_says_where_the_model_is_as_ollama_ps_reads_it(tiny_bundle, backe
 
     runtime = open_runtime(tiny_bundle.path, threads=1)
     runtime.backend.name = backend
+    model = _running(runtime)
+    assert model["size_vram"] == (model["size"] if on_gpu else 0)
+
+
+def _running(runtime) -> dict:
+    """The one model ``GET /api/ps`` lists on a server over ``runtime``."""
     server = Served(runtime, ServeDefaults(max_tokens=4))
     try:
         status, _, payload = server.request("GET", "/api/ps")
@@ -152,7 +158,7 @@ def test_api_ps_says_where_the_model_is_as_ollama_ps_reads_it(tiny_bundle, backe
     assert status == 200, payload
     model = json.loads(payload)["models"][0]
     assert model["size"] > 0
-    assert model["size_vram"] == (model["size"] if on_gpu else 0)
+    return model
 
 
 @pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
@@ -208,15 +214,7 @@ def test_api_ps_says_a_triton_backend_on_the_cpu_is_on_the_cpu(tiny_bundle, tmp_
     runtime = open_runtime(tiny_bundle.path, threads=1)
     _, tensors, record = export_tiny_sparse(tmp_path, max_context=128)
     runtime.backend = TritonBackend(SparseDecoder(tensors, record, mode="reference"), "reference")
-    server = Served(runtime, ServeDefaults(max_tokens=4))
-    try:
-        status, _, payload = server.request("GET", "/api/ps")
-    finally:
-        server.close()
-    assert status == 200, payload
-    model = json.loads(payload)["models"][0]
-    assert model["size"] > 0
-    assert model["size_vram"] == 0
+    assert _running(runtime)["size_vram"] == 0
 
 
 def test_ollama_reads_whole_number_options_written_as_floats_and_a_negative_top_k(served):
