@@ -1,8 +1,14 @@
 """The interactive input of ``edgesdk run``, as llama-cli reads it: a prompt per line (a trailing backslash going on
-over the next), escapes in --in-prefix / --in-suffix / --reverse-prompt, reverse prompts that hand control back,
-``/read FILE``, a Ctrl-C that lands between two writes of the answer rather than inside one, and the loop
+over the next, a trailing '/' ending it without a line break; with --multiline-input each line going on and a
+trailing backslash ending it), escapes in --in-prefix / --in-suffix / --reverse-prompt, reverse prompts that hand
+control back, ``/read FILE``, a Ctrl-C that lands between two writes of the answer rather than inside one, and the loop
 (:class:`Chat`) that reads the lines, acts on the commands (/clear, /regen, /read, /exit) and has the others
 answered.
+
+Typed text is taken as written: a \\n typed in a prompt stays a backslash and an 'n', as llama-cli's tools/cli/cli.cpp
+(the chat this one follows: /regen, /read, /clear) passes its input on; -e/--escape is for the text on the command
+line. (The older tools/main/main.cpp, now llama-completion, also runs ``string_process_escapes`` on each typed line
+when -e is on, so that a Windows path or pasted code with \\t or \\n in it changes.)
 """
 
 from __future__ import annotations
@@ -111,19 +117,29 @@ def stdin_keeps_bytes_not_utf8() -> None:
         reconfigure(errors="surrogateescape")
 
 
-def read_prompt() -> str | None:
-    """The next prompt on stdin, None at its end. A line that ends in a backslash goes on with the next one
-    (the backslash left out, the line break kept), as llama-cli's console reads a line ending in '\\'; an end
-    of input after such a line ends the prompt."""
-    lines: list[str] = []
-    while True:
+def read_prompt(multiline: bool = False) -> str | None:
+    """The next prompt on stdin, None at its end, read as llama.cpp's console reads one (common/console.cpp
+    ``readline``, line by line as its simple I/O does; tools/cli/cli.cpp and tools/main/main.cpp alike): a line
+    that ends in '\\' goes on with the next one, the backslash left out and the line break kept; a line that ends
+    in '/' ends the prompt there, the '/' left out ("return control without starting a new line"). With
+    ``multiline`` (``--multiline-input``) a line goes on with the next one by itself, and ending it in '\\' ends
+    the prompt instead. The end of input ends the prompt with the lines read so far. The prompt's last line break
+    is left out, as both tools pop it."""
+    buffer, more = "", True
+    while more:
         line = sys.stdin.readline()
         if not line:
-            return "\n".join(lines) if lines else None
-        line = line.rstrip("\r\n")
-        if not line.endswith("\\"):
-            return "\n".join([*lines, line])
-        lines.append(line[:-1])
+            if not buffer:
+                return None
+            break
+        line, more = line.rstrip("\r\n"), multiline
+        if line.endswith("/"):  # always ends the prompt, without a line break
+            buffer += line[:-1]
+            break
+        if line.endswith("\\"):  # turns the line's own action around
+            line, more = line[:-1], not multiline
+        buffer += line + "\n"
+    return buffer[:-1] if buffer.endswith("\n") else buffer
 
 
 class DeferredInterrupt:
@@ -176,12 +192,17 @@ class Chat:
     at the prompt it ends the session, as in llama-cli's conversation mode. Piped input ends at the first error
     or Ctrl-C, as a script expects."""
 
-    def __init__(self, answerer, thermal, *, interactive: bool, in_prefix: str, in_suffix: str, show_affixes: bool):
+    def __init__(self, answerer, thermal, *, interactive: bool, in_prefix: str, in_suffix: str, show_affixes: bool,
+                 multiline: bool = False):
         self.answerer, self.thermal, self.interactive = answerer, thermal, interactive
+        self.multiline = multiline  # --multiline-input (llama-cli's -mli): a prompt ends at a line ending in '\\'
         self.in_prefix, self.in_suffix = in_prefix, in_suffix  # --in-prefix / --in-suffix, escapes processed
         self.show_affixes = show_affixes  # printed around the input (the prompt is its text: --raw, no template)
         self.read_files: list[str] = []  # /read FILE: text that goes before the next prompt
         self.regenerated = 0  # /regen in a row: the answer's draw (a --seed moves on by as many)
+        # /regen's conversation as it was before its last exchange was taken back, to give back where the new
+        # answer fails before it shows anything: (exchanges, dropped, regenerated), or None
+        self.taken_back: tuple[list, int, int] | None = None
 
     def run(self) -> None:
         stdin_keeps_bytes_not_utf8()
@@ -202,9 +223,12 @@ class Chat:
                 return
             if turn is None:
                 continue
+            taken_back, self.taken_back = self.taken_back, None
             try:
                 self.answerer.answer(*turn)
             except EdgeSDKError as exc:
+                if taken_back is not None:
+                    self._give_back(taken_back)
                 if not self.interactive:
                     raise
                 self._tell_error(exc)
@@ -222,7 +246,7 @@ class Chat:
         or a command that answers nothing. Raises _SessionEnds at /exit and at the end of input."""
         if self.interactive:
             click.echo("> " + (self.in_prefix if self.show_affixes else ""), nl=False, err=True)
-        text = read_prompt()
+        text = read_prompt(self.multiline)
         if text is None:
             if self.interactive:  # Ctrl-D at the prompt: the shell's prompt starts on a line of its own
                 click.echo("", err=True)
@@ -253,12 +277,32 @@ class Chat:
         click.echo("edgesdk: conversation cleared", err=True)
 
     def _regen(self) -> tuple[str, int] | None:
+        """/regen: the last exchange taken back (llama-cli's tools/cli/cli.cpp erases the last message and
+        generates it again), the conversation before it kept aside for :meth:`_give_back`."""
+        conversation = self.answerer.conversation
+        before = None if conversation is None else (list(conversation.exchanges), conversation.dropped,
+                                                    self.regenerated)
         again = self.answerer.take_back_last()
         if again is None:
             click.echo("edgesdk: /regen does nothing: there is no answer yet to generate again", err=True)
             return None
+        self.taken_back = before
         self.regenerated += 1
         return again, self.regenerated
+
+    def _give_back(self, before: tuple[list, int, int]) -> None:
+        """A /regen whose answer failed (an error) before it showed anything, so that the conversation recorded
+        no exchange for it: the conversation is given back as it was before /regen, its last exchange and answer
+        included, and the next /regen makes the draw this one would have. (Where the answer showed something the
+        conversation keeps that, as after any answer an error cuts short. llama-cli's tools/cli/cli.cpp, which
+        erases the last answer before it generates again, keeps the failed answer's text in its place, an empty
+        answer where it showed nothing: the exchange the user asked to regenerate is lost.)"""
+        conversation = self.answerer.conversation
+        exchanges, dropped, regenerated = before
+        # taken back: one exchange; left out to fit the context meanwhile: conversation.dropped - dropped
+        recorded = len(conversation.exchanges) + conversation.dropped - dropped > len(exchanges) - 1
+        if not recorded:
+            conversation.exchanges, conversation.dropped, self.regenerated = exchanges, dropped, regenerated
 
     def _prompt(self, text: str) -> str:
         """The line as it is answered: --in-prefix, the /read files, the line, --in-suffix (the suffix shown after

@@ -70,6 +70,7 @@ class RunSettings:
     context_shift: bool = False  # --context-shift: a full context shifts and the answer goes on
     keep: int = 0  # --keep: the prompt's tokens a shift keeps (-1: all of them)
     prompt_cache_mode: str | None = None  # "prompt", "all" (--prompt-cache-all), "ro" (--prompt-cache-ro); None: none
+    multiline_input: bool = False  # --multiline-input: a prompt read from stdin ends at a line ending in '\\' or '/'
 
 
 @click.command()
@@ -125,6 +126,10 @@ class RunSettings:
               help="Stop the answer once its text holds TEXT (llama-cli's reverse prompt; repeatable): the answer "
                    "keeps and shows TEXT, and the next prompt comes; with --prompt or --file it ends the answer, as "
                    "a stop string. Escapes as in --in-prefix.")
+@click.option("--multiline-input", "-mli", "multiline_input", is_flag=True,
+              help="Prompts read from stdin go on over the lines typed or pasted, without a '\\' at each line's end "
+                   "(llama-cli's -mli): end a prompt with a line ending in '\\' (or in '/': no line break at the "
+                   "end), or with Ctrl-D.")
 @escape_option
 @click.option("--json", "json_object", is_flag=True,
               help="JSON mode: each answer is one JSON object (tokens that cannot continue one are never taken; "
@@ -169,7 +174,7 @@ class RunSettings:
 @runtime_options
 def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias,
         samplers, sampling_seq, seed, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
-        raw, system, template_kwargs, history, in_prefix, in_suffix, reverse_prompts, escape,
+        raw, system, template_kwargs, history, in_prefix, in_suffix, reverse_prompts, multiline_input, escape,
         json_object, json_schema, grammar, grammar_file, lookup_draft, prompt_cache, prompt_cache_all, prompt_cache_ro,
         stats, context_shift, keep,
         draft_bundle, draft_max, draft_p_min,
@@ -185,8 +190,11 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     sensors it found, or what it fell back to); --telemetry records every step.
 
     \b
-    Without --prompt or --file each line on stdin is a prompt (at a terminal, a chat):
+    Without --prompt or --file each line on stdin is a prompt (at a terminal, a chat), taken as typed (no escapes,
+    as llama-cli's chat; -e is for the command line):
       text\\     (a line ending in a backslash) the prompt goes on with the next line
+                (with --multiline-input every line does, and this one ends the prompt)
+      text/     (a line ending in a slash) the prompt ends here, the slash left out
       /clear    forget the conversation (--history; the system message stays)
       /regen    drop the last answer and generate it again (a --seed moves on by one each time)
       /read F   the text of file F goes before the next prompt
@@ -213,7 +221,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         grammar_option="'--grammar-file'" if grammar_file else "'--grammar'",
         prompt_cache=writable_prompt_cache(prompt_cache, read_only=prompt_cache_ro),
         ignore_eos=ignore_eos, raw=raw, system=system, template_kwargs=template_kwargs, history=history, stats=stats,
-        context_shift=context_shift, keep=keep,
+        context_shift=context_shift, keep=keep, multiline_input=multiline_input,
         prompt_cache_mode=prompt_cache_mode(prompt_cache, prompt_cache_all, prompt_cache_ro))
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
@@ -244,7 +252,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         # mode without a chat template prints the prefix before reading and the suffix after (tools/main/main.cpp).
         show_affixes = interactive and (settings.raw or not tokenizer.has_chat_template)
         Chat(answerer, thermal, interactive=interactive, in_prefix=settings.in_prefix, in_suffix=settings.in_suffix,
-             show_affixes=show_affixes).run()
+             show_affixes=show_affixes, multiline=settings.multiline_input).run()
     finally:
         if thermal is not None:
             thermal.close()
@@ -349,6 +357,9 @@ def _warn_unused_options(settings: RunSettings, sampling: SamplingConfig, tokeni
         if given and settings.prompt is not None:  # llama-cli adds them to interactive input only, never to -p
             click.echo(f"edgesdk: {option} is not used: it goes with each prompt read from stdin, and "
                        f"{settings.prompt_option} is answered as it is", err=True)
+    if settings.multiline_input and settings.prompt is not None:
+        click.echo(f"edgesdk: --multiline-input is not used: it is how prompts are read from stdin, and "
+                   f"{settings.prompt_option} is answered as it is", err=True)
     if settings.template_kwargs and as_it_is:
         click.echo(f"edgesdk: --chat-template-kwargs is not used: {as_it_is} feeds the prompt as it is", err=True)
 
