@@ -64,6 +64,17 @@ def _rate_series(steps: list[dict], bin_s: float) -> tuple[np.ndarray, np.ndarra
     return (edges[:-1] + edges[1:]) / 2 / 60.0, tokens / np.diff(edges)
 
 
+def _level_steps(steps: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """The guard level (index in ``LEVELS``) to draw with ``where="pre"``: each record's level over the
+    interval it books, from the record before it (the run's start for the first) up to its ``t``, as
+    :func:`~edgesdk.thermal.telemetry.summarize` charges it. Times in seconds."""
+    times = [r["t"] for r in steps]
+    level = [LEVELS.index(r["level"]) if r.get("level") in LEVELS else 0 for r in steps]
+    if times and times[0] > 0:  # the first record's interval starts with the run
+        times, level = [0.0, *times], [level[0], *level]
+    return np.array(times, dtype=float), np.array(level, dtype=float)
+
+
 def _output_path(out: str | Path, formats: dict[str, str]) -> Path:
     """``--out`` checked before plotting: ``.png`` added when it has no suffix; a format matplotlib
     cannot write, or a directory, is an EdgeSDKError."""
@@ -136,8 +147,8 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
         unread = " (no temperature recorded)" if np.isnan(temp).all() else ""
         (line,) = ax_t.plot(t, temp, lw=1.2, label=label + unread)
         colors.append(line.get_color())
-        ax_l.step(t, [LEVELS.index(r["level"]) if r.get("level") in LEVELS else 0 for r in steps],
-                  where="post", color=line.get_color(), lw=1.2)
+        level_t, level = _level_steps(steps)
+        ax_l.step(level_t / 60.0, level, where="pre", color=line.get_color(), lw=1.2)
         span = max((r["t"] for r in steps), default=1.0)
         centers, rate = _rate_series(steps, bin_s or max(span / 150.0, 1.0))
         # a run shorter than two bins (a first 'run -n 8') has one rate: a line of one point draws nothing

@@ -7,6 +7,17 @@ before it), ``tok_s``, ``temp_c``, ``zones``, ``level``, ``budget``, ``rate_limi
 ``sensor_ok``, ``firmware_limited`` (guarded: the firmware reports under-voltage or throttling now),
 ``throttled``, ``clock`` (simulated clock fraction) and ``power_w`` when known. Every line is strict
 JSON: a number that is not finite (NaN, an infinity) is written as ``null``.
+
+A step record books the interval since the record before it (the run's start for the first), up to
+its ``t``: its tokens, compute and wait, and the guard state that interval passed in (``level``,
+``paused``, ``budget``, ``rate_limit_tok_s`` ...: for a prefill or decode record the state read
+before the step, for a "wait" record the state of the chunks it books); ``temp_c``, ``zones`` and
+``throttled`` are the last reading (for a prefill or decode, the one taken after the step).
+:func:`summarize` charges each interval to its record's level and ``thermal report`` draws the level
+the same way (a step drawn back to the record before), as it bins each record's tokens ``(start,
+end]``. Meta ``version`` 2; version 1 files wrote a prefill or decode record's guard state read after
+the step, so their time at level is off by that step where the level changed during it (a long
+prefill counted at the level it led to), and they read as they did before.
 """
 
 from __future__ import annotations
@@ -56,7 +67,7 @@ class Telemetry:
         self.keep = keep
         self.records: list[dict] = []
         self._file: IO[str] | None = None
-        self.meta = {"type": "meta", "version": 1, **(meta or {})}
+        self.meta = {"type": "meta", "version": 2, **(meta or {})}
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # line-buffered: a killed run (SIGKILL, power cut) keeps every record it wrote
@@ -154,7 +165,12 @@ class RunSummary:
 
 
 def summarize(records: list[dict], horizon_s: float | None = None, throttle_s: float | None = None) -> RunSummary:
-    """Summary of step records up to ``horizon_s`` (default: the last record)."""
+    """Summary of step records up to ``horizon_s`` (default: the last record).
+
+    ``levels_s``: each record's interval (from the record before it) at the record's level (see the
+    module docstring); time past the last record up to the horizon at the last record's level. An idle
+    gap between requests, when the hook reads nothing, counts at the level of the next request's first
+    record."""
     steps = [r for r in records if r.get("type", "step") == "step"]
     end = horizon_s if horizon_s is not None else (steps[-1]["t"] if steps else 0.0)
     inside = [r for r in steps if r["t"] <= end + 1e-9]
@@ -285,11 +301,14 @@ class StatusLine:
             self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K{self._fit(text)}\x1b8")
 
     def warn(self, message: str) -> None:
-        """A warning: printed at once in a log, else shown in the live line and printed between answers."""
+        """A warning: printed at once in a log, else shown in the live line and printed between answers
+        (once: "between" has no live line, and the status it prints there stays the thermal status)."""
         if self.mode == "log":
             self._emit(f"edgesdk thermal: warning: {message}\n")
             return
         self._warnings.append(message)
+        if self.mode == "between":
+            return
         answering = self._answering  # a warning is not streamed text
         self.update(f"warning: {message}", force=True)
         self._answering = answering

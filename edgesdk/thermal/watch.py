@@ -111,22 +111,25 @@ class ThermalHook:
         self._waited = 0.0
         if self.guard is None:
             return 0.0
-        # Waited since the last "wait" record, and the state (reading, guard state) and pause flag of those chunks:
-        # a run of chunks is booked in one state, so pacing and a pause never share a record.
-        unrecorded, run_state, run_paused = 0.0, None, None
+        # Waited since the last "wait" record, and the state (reading, guard state) and (level, pause flag) of those
+        # chunks: a run of chunks is booked in one state, so pacing and a pause, or two levels, never share a record
+        # (a record's level is the level its interval passed at; see _record).
+        unrecorded, run_state, run_key = 0.0, None, None
         while True:
             self._observe()
             wait = self.guard.wait_s(kind)
+            key = (self.guard.level, self.guard.paused)
             if wait <= 0.0:
-                if unrecorded > 0 and run_paused:  # a pause's last chunks, at its own level
+                # the chunks not yet booked, at a level (or pause) the step that follows does not run at: a pause's
+                # last chunks, pacing the guard left during the wait, booked in their own state
+                if unrecorded > 0 and key != run_key:
                     self._record("wait", 0, 0.0, unrecorded, state=run_state)
                 return self._waited
             chunk = min(wait, self.guard.config.poll_s)
-            paused = self.guard.paused
-            if unrecorded > 0 and paused != run_paused:  # pacing turned into a pause, or a pause into pacing
+            if unrecorded > 0 and key != run_key:  # pacing turned into a pause (or back), or the level changed
                 self._record("wait", 0, 0.0, unrecorded, state=run_state)
                 unrecorded, self._last_wait_record = 0.0, self.clock.now()
-            run_state, run_paused = (self.reading, self.guard.state()), paused
+            run_state, run_key = (self.reading, self.guard.state()), key
             before, slept = self.clock.now(), False
             try:
                 self.clock.sleep(chunk)
@@ -155,10 +158,14 @@ class ThermalHook:
     def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
         count = self.prompt_tokens if kind == "prefill" else tokens
         seconds = self.board.compute(kind, count, compute_s) if self.board is not None else compute_s
+        # The guard's state the step ran in (as of the last reading before it): the record books the step's time
+        # at that level; the reading taken after the step (its temperature) goes with it, the level read then
+        # starts the next record's interval (see _record).
+        ran_in = self.guard.state() if self.guard is not None else None
         if self.guard is not None:
             self.guard.spend(kind, tokens, seconds)
         self._observe()
-        self._record(kind, tokens, seconds, self._waited)
+        self._record(kind, tokens, seconds, self._waited, guard_state=ran_in)
         self._waited = 0.0
 
     def end(self, stats: object) -> None:
@@ -168,11 +175,20 @@ class ThermalHook:
             self.status.update(self.status_text(), force=True)
 
     def _record(self, kind: str, tokens: int, seconds: float, waited: float,
-                state: tuple[Reading | None, dict] | None = None) -> None:
-        """One step record; ``state`` (reading, guard state) when it is not the current one."""
+                state: tuple[Reading | None, dict] | None = None, guard_state: dict | None = None) -> None:
+        """One step record; ``state`` (reading, guard state) when it is not the current one, ``guard_state`` when
+        only the guard's is not.
+
+        A record books the interval since the record before it (up to its ``t``): its tokens, compute and wait,
+        and the guard state (``level``, ``paused``, ``budget``, ...) that interval passed in, the state read
+        before it; ``temp_c`` and the zones are the last reading (a step's, the one after it). The telemetry
+        summary charges each interval to its record's level and ``thermal report`` draws the level back to the
+        record before (``where="pre"``), as it bins tokens ``(start, end]``.
+        """
         if self.telemetry is None and self.status is None:
             return
         reading = self.reading if state is None else state[0]
+        guard_state = guard_state if state is None else state[1]
         elapsed = seconds + waited
         record = {
             "t": round(self.clock.now() - self.start, 6), "kind": kind, "tokens": tokens,
@@ -182,7 +198,7 @@ class ThermalHook:
             "zones": {} if reading is None else reading.zones,
         }
         if self.guard is not None:
-            record.update(self.guard.state() if state is None else state[1])
+            record.update(self.guard.state() if guard_state is None else guard_state)
         else:
             record.update(level="unguarded", budget=1.0, sensor_ok=bool(reading and reading.max_c is not None))
         if reading is not None and reading.throttled is not None:
@@ -194,7 +210,8 @@ class ThermalHook:
         if self.telemetry is not None:
             self.telemetry.step(**record)
         if self.status is not None:
-            self.status.update(self.status_text(record), level=record["level"])
+            # the level now (the text shows it): a log's status line is printed when the guard changes level
+            self.status.update(self.status_text(record), level=self.guard.level.value if self.guard else record["level"])
 
     def status_text(self, record: dict | None = None) -> str:
         guard, reading = self.guard, self.reading
