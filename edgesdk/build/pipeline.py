@@ -257,6 +257,37 @@ def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportCo
                 "profile whose sparsity_block matches")
 
 
+def check_target_support(recipe, stages: list[tuple[str, object]], export_config: ExportConfig, profile) -> None:
+    """A recipe may only export what the target profile says its board runs: the precisions of its stored weights
+    (``export.weights``, ``export.embedding_bits``, and the INT8 blocks of ``export.sparse``) must be in the
+    profile's ``precisions``, and a block-sparse layout (a ``sparsify`` stage, ``export.sparse``) needs "block" in
+    its ``sparsity`` (targets/README.md; reference targets-thermal.md §1d and §4: a Pi's CPU runs no fp16, and no
+    2:4 kernel exists for the CPU). Checked before the model is loaded."""
+    precisions, sparsity = set(profile.precisions), set(profile.sparsity)
+    used: list[tuple[str, str, str]] = [("export.weights", export_config.weights, "precision")]
+    if export_config.embedding_bits is not None:
+        used.append(("export.embedding_bits", f"int{export_config.embedding_bits}", "precision"))
+    if export_config.sparse:
+        used += [("export.sparse", "int8", "precision"), ("export.sparse", "block", "sparsity")]
+    used += [(f"the {name} stage", "block", "sparsity") for name, _ in stages if name == "sparsify"]
+    for setting, value, kind in used:
+        offered = precisions if kind == "precision" else sparsity
+        if value in offered:
+            continue
+        listed = ", ".join(getattr(profile, "precisions" if kind == "precision" else "sparsity")) or "none"
+        if kind == "precision":
+            fix = (f"pick a recipe that exports {' or '.join(sorted(precisions & {'fp32', 'int8', 'int4'}))} "
+                   f"weights (--recipe; the target's default is {profile.default_recipe}), change the setting "
+                   f"(--set {setting}=...), or add {value} to the profile's precisions if the board runs it")
+        else:
+            fix = (f"pick a recipe without block sparsity (no sparsify stage, export.sparse false; the target's "
+                   f"default is {profile.default_recipe}), or add {value} to the profile's sparsity if the board "
+                   "runs it")
+        raise BuildError(f"recipe '{recipe.name}' {setting} uses {value} {kind}"
+                         f"{' weights' if kind == 'precision' else ''}, which target '{profile.name}' does not "
+                         f"support (its {'precisions' if kind == 'precision' else 'sparsity'}: {listed})", fix)
+
+
 def _log(message: str) -> None:
     print(f"edgesdk build: {message}", file=sys.stderr, flush=True)
 
@@ -270,6 +301,7 @@ def build(config: BuildConfig) -> Bundle:
     recipe = recipe.with_overrides(config.overrides)
     stages = recipe.validated()  # order and configs checked before any compute
     export_config = replace(config.export, **recipe.export.model_dump())
+    check_target_support(recipe, stages, export_config, profile)
     check_max_context(export_config)
     check_sparse_block(stages, export_config, profile)
     check_depth_pruning(stages)

@@ -1,8 +1,11 @@
 """The TensorRT engine step: built on the board, because engines are tied to the exact TensorRT
 version, GPU and module that built them (reference/targets-thermal.md §3, "Engine portability").
 
-Engines are cached under ``<root>/engines/<bundle-id>/jp<JetPack>-trt<TensorRT>-sm<SM>/``, so a
-JetPack upgrade (new TensorRT) builds a new one and a redeploy of the same bundle reuses it. The
+Engines are cached under ``<root>/engines/<bundle-id>/jp<JetPack>-trt<TensorRT>-sm<SM>-<module>/``, so a
+JetPack upgrade (new TensorRT) builds a new one, a root moved to another module of the same SM (an Orin NX
+and an Orin Nano are both sm_87; reference §3: engines are not to be shared across device models) builds
+its own, and a redeploy of the same bundle reuses it. A directory an older edgesdk named without the module
+is not taken for this key: the engine is built again. The
 builder is ``edgesdk engine build RELEASE --out CACHE_DIR`` run by the board's edgesdk
 (edgesdk/runtime/tensorrt_engine.py); it writes ``engine.plan`` and ``engine.json`` and renames
 the directory into place only when complete. A key directory found there is still handed to the
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from edgesdk.deploy.probe import BoardFacts
 from edgesdk.deploy.remote import Board
 from edgesdk.deploy.transport import DeployError
-from edgesdk.runtime.tensorrt_engine import cache_key
+from edgesdk.runtime.tensorrt_engine import cache_key, engine_module
 
 __all__ = ["NO_BUILDER", "BuilderStatus", "EngineDecision", "build_engine", "builder_status", "cache_key",
            "decide"]
@@ -48,19 +51,21 @@ def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, 
     if not (facts.raw.get("tensorrt") or {}).get("python"):
         return EngineDecision(False, f"skipped: TensorRT {facts.tensorrt} is installed but its Python bindings are "
                                      "not importable (JetPack's python3-libnvinfer)")
-    key = cache_key(facts.board.jetpack, facts.tensorrt, gpu_sm)
+    module = engine_module(facts.board)
+    key = cache_key(facts.board.jetpack, facts.tensorrt, gpu_sm, module)
+    same = f"JetPack, TensorRT, SM and module ({module})" if module else "JetPack, TensorRT and SM"
     cache = board.path("engines", bundle_id, key)
     cached = key in (facts.raw.get("engines") or [])
     if not builder.available:
         if cached:
             return EngineDecision(False, f"cached: engines/{bundle_id}/{key} was built on this board for the same "
-                                         f"JetPack, TensorRT and SM (not checked: {builder.reason})", cache)
+                                         f"{same} (not checked: {builder.reason})", cache)
         return EngineDecision(False, f"skipped: TensorRT {facts.tensorrt} is present, but {builder.reason}; the "
                                      f"engine would be cached as engines/{bundle_id}/{key}", cache)
     if cached:  # the probe sees a directory; the builder checks the engine in it and rebuilds one that is not whole
         return EngineDecision(True, f"cached: engines/{bundle_id}/{key} was built on this board for the same "
-                                    "JetPack, TensorRT and SM; 'edgesdk engine build' checks it (and rebuilds it "
-                                    "if it is damaged)", cache)
+                                    f"{same}; 'edgesdk engine build' checks it (and rebuilds it if it is damaged)",
+                              cache)
     return EngineDecision(True, f"building the TensorRT engine into engines/{bundle_id}/{key}", cache)
 
 
@@ -95,7 +100,7 @@ def builder_status(board: Board, edgesdk: list[str]) -> BuilderStatus:
 
 
 def build_engine(board: Board, edgesdk: list[str], release: str, decision: EngineDecision) -> None:
-    """Run the board's engine builder, writing into the cache directory for this JetPack/TensorRT/SM."""
+    """Run the board's engine builder, writing into the cache directory for this JetPack/TensorRT/SM/module."""
     proc = board.transport.run([*edgesdk, "engine", "build", release, "--out", decision.cache_dir], timeout=7200,
                                what="the TensorRT engine build")
     if proc.returncode != 0:

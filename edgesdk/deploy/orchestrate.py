@@ -28,6 +28,7 @@ it ran before.
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
 import shlex
 from dataclasses import dataclass, replace
@@ -38,6 +39,7 @@ from edgesdk.deploy import engine, install, service
 from edgesdk.deploy.probe import (
     RUNTIME_BYTES_FULL,
     RUNTIME_BYTES_INHERITED,
+    BoardFacts,
     check_disk,
     check_memory,
     check_target,
@@ -86,14 +88,40 @@ class DeployResult:
                 + (f"\nrun it on the board: {self.run_command}" if self.run_command else ""))
 
 
-def _budget_mb(bundle_manifest: dict, board_target: str | None) -> int:
+def _budget_mb(bundle_manifest: dict, facts: BoardFacts) -> tuple[int, str]:
+    """The memory budget for the board in hand, and the words that say where it comes from.
+
+    The budget is the board's profile's ``memory_budget_mb`` (the bundle's own profile where the board matches
+    none), made for the RAM that profile names (``memory.total_gb``). The board is matched to a profile by its
+    model alone for a Raspberry Pi, so a Pi 5 with 2 or 4 GB is ``rpi5`` (made for the 8 GB board, 4500 MB) and a
+    Pi 4 with 1 or 2 GB is ``rpi4`` (4 GB, 2000 MB); reference targets-thermal.md §1d lists those SKUs. Where
+    the board's RAM (``MemTotal`` of its /proc/meminfo, which sits a little below the size on the box: the
+    kernel and the firmware keep some) says it is a smaller board than the profile's, the budget shrinks by the
+    same share, rounding ``MemTotal`` up to the power-of-two size boards are sold in: 4500 MB x 2/8 = 1125 MB
+    on a 2 GB Pi 5. A board with as much RAM as its profile, or more, keeps the profile's budget.
+    """
     from edgesdk.errors import ProfileError
     from edgesdk.profile import get_profile
 
-    if board_target:
+    target, budget, total_gb = None, None, None
+    if facts.board.suggested_target:
         with contextlib.suppress(ProfileError):
-            return get_profile(board_target).memory_budget_mb
-    return int(bundle_manifest["target"]["memory_budget_mb"])
+            profile = get_profile(facts.board.suggested_target)
+            target, budget, total_gb = profile.name, profile.memory_budget_mb, profile.memory.total_gb
+    if budget is None:
+        summary = bundle_manifest["target"]
+        target, budget = summary.get("name", "?"), int(summary["memory_budget_mb"])
+        total_gb = (summary.get("memory") or {}).get("total_gb")
+    basis = f"the {budget} MB memory budget of the board's profile '{target}'"
+    if not facts.mem_total or not total_gb:
+        return budget, basis
+    board_gib = facts.mem_total / 2**30
+    size_gb = 2 ** max(0, math.ceil(math.log2(board_gib) - 1e-9))  # MemTotal 1.9 GiB -> a 2 GB board
+    if size_gb >= total_gb:
+        return budget, basis
+    scaled = int(budget * size_gb / total_gb)
+    return scaled, (f"the {scaled} MB memory budget for this board's RAM ({board_gib:.1f} GiB, a {size_gb} GB "
+                    f"board): profile '{target}' is made for {total_gb:g} GB with a {budget} MB budget")
 
 
 def prune_old_releases(board, report, keep: int) -> None:
@@ -312,8 +340,8 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
         plan = Plan() if release_ok else make_plan(files, facts.raw["plan"])
         with report.step("check target, memory and disk"):
             report.info(check_target(bundle.target, facts, where, options.ignore_target))
-            budget = _budget_mb(bundle.manifest, facts.board.suggested_target)
-            for note in check_memory(memory_bytes(bundle.manifest, files), budget, facts, where):
+            budget, basis = _budget_mb(bundle.manifest, facts)
+            for note in check_memory(memory_bytes(bundle.manifest, files), budget, facts, where, basis):
                 report.info(note)
             source, runtime_key, runtime_bytes = None, None, 0
             # JetPack installs TensorRT's bindings (and NVIDIA's onnxruntime-gpu wheels go) into the system

@@ -122,14 +122,16 @@ def memory_bytes(manifest: dict, files: dict[str, dict]) -> int:
     return total
 
 
-def check_memory(bundle_bytes: int, budget_mb: int, facts: BoardFacts, where: str) -> list[str]:
-    """Refuse a bundle that takes more memory (:func:`memory_bytes`) than the profile's budget or the
-    board's RAM; warn when RAM is short now."""
+def check_memory(bundle_bytes: int, budget_mb: int, facts: BoardFacts, where: str,
+                 basis: str | None = None) -> list[str]:
+    """Refuse a bundle that takes more memory (:func:`memory_bytes`) than the budget or the board's RAM; warn
+    when RAM is short now. ``basis`` says where ``budget_mb`` comes from (the profile's budget, or that budget
+    cut to the board's RAM: orchestrate._budget_mb)."""
     notes = []
     if bundle_bytes > budget_mb * MB:
+        basis = basis or f"the {budget_mb} MB memory budget of the board's profile"
         raise DeployError(
-            f"the bundle takes {bundle_bytes / MB:.0f} MB in memory, more than the {budget_mb} MB memory budget of "
-            f"the board's profile ({where})",
+            f"the bundle takes {bundle_bytes / MB:.0f} MB in memory, more than {basis} ({where})",
             "build a smaller bundle (a smaller model, or a recipe that prunes or quantises more)")
     if facts.mem_total is not None and bundle_bytes > facts.mem_total:
         raise DeployError(

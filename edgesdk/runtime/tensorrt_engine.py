@@ -3,10 +3,20 @@
 ``edgesdk engine build BUNDLE`` runs :func:`build_engine` on the board (engines are tied to the
 TensorRT version, GPU and SM that built them: TensorRT developer guide, "Engine Compatibility").
 It writes ``engine.plan`` (the serialized engine) and ``engine.json`` (TensorRT version, SM,
-bundle id, build time, flags, profile and I/O shapes) into one directory per bundle and key::
+module, bundle id, build time, flags, profile and I/O shapes) into one directory per bundle and key::
 
-    <deploy root>/engines/<bundle-id>/jp<JetPack>-trt<TensorRT>-sm<SM>/   bundle under <root>/releases/
-    $EDGESDK_CACHE/engines/<bundle-id>/jp…-trt…-sm…/                       any other bundle
+    <deploy root>/engines/<bundle-id>/jp<JetPack>-trt<TensorRT>-sm<SM>-<module>/   bundle under <root>/releases/
+    $EDGESDK_CACHE/engines/<bundle-id>/jp…-trt…-sm…-<module>/                      any other bundle
+
+The module is part of the key because the SM is not enough: AGX Orin, Orin NX and Orin Nano are
+all sm_87, and TensorRT warns that "Using an engine plan file across different models of devices
+is not recommended and is likely to affect performance or even cause errors" (an INT8 engine built
+on an AGX Orin 64GB failed on an Orin NX 16GB with "Cask unknown internal error"): one engine per
+(module SKU, JetPack), reference targets-thermal.md §3, "Engine portability". The module is the
+board's target profile (``orin-nx-16gb``: the device-tree model, sized by MemTotal), or the
+device-tree model itself for a Jetson no profile matches. Engines written before the module was
+recorded (``engine.json`` format 1, a key without it) are refused by name on a board whose module
+is known, and rebuilt.
 
 The directory appears complete or not at all (written beside it, flushed to the disk, then
 renamed), so the deploy probe never mistakes a half-written build for a cached engine, even after
@@ -61,7 +71,7 @@ QDQ_DTYPE = "int8-qdq"  # GraphSpec.dtype of export/qdq_graph.py
 DEFAULT_MAX_SEQ = 512  # longest prefill chunk the profile allows; bounds activation memory
 DEFAULT_WORKSPACE_MB = 1024  # TensorRT's default is all device memory, shared with the OS on a Jetson
 MIN_TENSORRT = (8, 5)  # name-based tensor API, set_input_shape, execute_async_v3
-INFO_FORMAT = 1
+INFO_FORMAT = 2  # 2: records the module the engine was built on
 
 TENSORRT_FIX = ("on a Jetson: sudo apt install python3-libnvinfer (JetPack's bindings for the system Python 3.10; "
                 "a virtual environment sees them only with --system-site-packages); on an x86 machine with an "
@@ -71,10 +81,28 @@ TENSORRT_FIX = ("on a Jetson: sudo apt install python3-libnvinfer (JetPack's bin
 # --- where engines live ------------------------------------------------------------------------
 
 
-def cache_key(jetpack: str | None, tensorrt: str | None, sm: int | str | None) -> str:
-    """``jp6.2-trt10.3.0-sm87``: what an engine is valid for."""
-    clean = lambda text: "".join(c if c.isalnum() or c in ".-" else "_" for c in str(text))  # noqa: E731
-    return f"jp{clean(jetpack or 'unknown')}-trt{clean(tensorrt or 'unknown')}-sm{clean(sm or 'unknown')}"
+def _clean(text) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "_" for c in str(text))
+
+
+def cache_key(jetpack: str | None, tensorrt: str | None, sm: int | str | None, module: str | None = None) -> str:
+    """``jp6.2-trt10.3.0-sm87-orin-nx-16gb``: what an engine is valid for (module docstring). Without a
+    module (a machine that cannot tell its own) the key is ``jp6.2-trt10.3.0-sm87``."""
+    key = f"jp{_clean(jetpack or 'unknown')}-trt{_clean(tensorrt or 'unknown')}-sm{_clean(sm or 'unknown')}"
+    return f"{key}-{_clean(module)}" if module else key
+
+
+def engine_module(board) -> str | None:
+    """The module an engine built on ``board`` (an :class:`edgesdk.board.BoardInfo`) is tied to: its target
+    profile name on a Jetson (``orin-nano-8gb``: the device-tree model, sized by MemTotal), else the cleaned
+    device-tree model of a Jetson no profile matches; None where the board cannot be told (not a Jetson, or a
+    container that hides the device tree)."""
+    if board.family != "jetson":
+        return None
+    if board.suggested_target:
+        return board.suggested_target
+    model = (board.model or "").strip().strip("\x00").strip()
+    return _clean(model.replace(" ", "-")) if model else None
 
 
 def engine_bases(bundle_path: Path, bundle_id: str) -> list[Path]:
@@ -106,8 +134,12 @@ def read_info(directory: Path) -> dict:
     return info if isinstance(info, dict) else {}
 
 
-def _mismatch(directory: Path, info: dict, bundle_id: str, tensorrt: str, sm: int) -> str | None:
+def _mismatch(directory: Path, info: dict, bundle_id: str, tensorrt: str, sm: int,
+              module: str | None = None) -> str | None:
     """Why the engine in ``directory`` (described by ``info``) cannot run here, or None when it can.
+
+    ``module`` is this board's (:func:`engine_module`); where it is None (this machine cannot tell) the
+    engine's module is not checked, as the JetPack is not where /etc/nv_tegra_release is missing.
 
     The plan is checked against the size and sha256 its ``engine.json`` recorded, as a bundle's
     files are against its manifest: a damaged plan either fails to deserialize or runs wrong weights.
@@ -120,6 +152,13 @@ def _mismatch(directory: Path, info: dict, bundle_id: str, tensorrt: str, sm: in
         return f"it was built by TensorRT {info.get('tensorrt')}, this is TensorRT {tensorrt}"
     if str(info.get("sm")) != str(sm):
         return f"it was built for sm_{info.get('sm')}, this GPU is sm_{sm}"
+    if module is not None and info.get("module") != module:
+        if info.get("module") is None:
+            return (f"it does not record the module it was built on (an engine.json of format "
+                    f"{info.get('format', '?')}, before edgesdk keyed engines by module), and engines are not to be "
+                    f"shared across modules of one SM; this board is {module}")
+        return (f"it was built on {info.get('module')}, this board is {module} (same sm_{sm}, but TensorRT engines "
+                "are not to be shared across device models)")
     plan = Path(directory) / ENGINE_FILE
     size = plan.stat().st_size
     recorded = info.get("engine_bytes")
@@ -131,14 +170,17 @@ def _mismatch(directory: Path, info: dict, bundle_id: str, tensorrt: str, sm: in
     return None
 
 
-def find_engine(bundle_path: Path, bundle_id: str, tensorrt: str, sm: int, jetpack: str | None
-                ) -> tuple[Path, dict]:
-    """The engine directory for this bundle, TensorRT version and SM, with its ``engine.json``.
+def find_engine(bundle_path: Path, bundle_id: str, tensorrt: str, sm: int, jetpack: str | None,
+                module: str | None = None) -> tuple[Path, dict]:
+    """The engine directory for this bundle, TensorRT version, SM and module, with its ``engine.json``.
 
+    ``module`` is this board's (:func:`engine_module`); None asks :func:`board_module`.
     ``$EDGESDK_ENGINE_DIR`` names the directory outright. Otherwise the exact cache key is tried
     under each of :func:`engine_bases`, then any sibling directory whose ``engine.json`` matches
     (the JetPack part of the key comes from /etc/nv_tegra_release, which a container may lack).
     """
+    if module is None:
+        module = board_module()
     explicit = os.environ.get(ENGINE_DIR_ENV)
     build_hint = f"build one with 'edgesdk engine build {bundle_path}'"
     if explicit:
@@ -147,18 +189,18 @@ def find_engine(bundle_path: Path, bundle_id: str, tensorrt: str, sm: int, jetpa
             raise RuntimeBackendError(f"${ENGINE_DIR_ENV}={explicit} holds no {ENGINE_FILE}",
                                       f"{build_hint} --out {explicit}, or unset {ENGINE_DIR_ENV}")
         info = read_info(directory)
-        why = _mismatch(directory, info, bundle_id, tensorrt, sm)
+        why = _mismatch(directory, info, bundle_id, tensorrt, sm, module)
         if why:
             raise RuntimeBackendError(f"the engine in ${ENGINE_DIR_ENV}={explicit} does not fit: {why}",
                                       f"{build_hint} --out {explicit} --force")
         return directory, info
-    key = cache_key(jetpack, tensorrt, sm)
+    key = cache_key(jetpack, tensorrt, sm, module)
     bases = engine_bases(bundle_path, bundle_id)
     rejected = []
     for base in bases:
         if (base / key / ENGINE_FILE).is_file():
             info = read_info(base / key)
-            why = _mismatch(base / key, info, bundle_id, tensorrt, sm)
+            why = _mismatch(base / key, info, bundle_id, tensorrt, sm, module)
             if why is None:
                 return base / key, info
             rejected.append(f"{base / key} ({why})")
@@ -167,10 +209,15 @@ def find_engine(bundle_path: Path, bundle_id: str, tensorrt: str, sm: int, jetpa
                                 and not p.name.startswith(".")):
             if (directory / ENGINE_FILE).is_file():
                 info = read_info(directory)
-                if _mismatch(directory, info, bundle_id, tensorrt, sm) is None:
+                why = _mismatch(directory, info, bundle_id, tensorrt, sm, module)
+                if why is None:
                     return directory, info
+                if module is not None and info.get("tensorrt") == tensorrt and str(info.get("sm")) == str(sm) \
+                        and info.get("bundle_id") == bundle_id:  # fits but for its module: say so
+                    rejected.append(f"{directory} ({why})")
     looked = " or ".join(str(base / key) for base in bases)
-    problem = f"no TensorRT engine for bundle {bundle_id} (TensorRT {tensorrt}, sm_{sm}) in {looked}"
+    on = f", {module}" if module else ""
+    problem = f"no TensorRT engine for bundle {bundle_id} (TensorRT {tensorrt}, sm_{sm}{on}) in {looked}"
     if rejected:
         problem += "; rejected " + "; ".join(rejected)
     raise RuntimeBackendError(problem, f"{build_hint} (deploy builds it on a Jetson), or set ${ENGINE_DIR_ENV}")
@@ -275,6 +322,13 @@ def board_jetpack() -> str | None:
     from edgesdk.board import detect_board
 
     return detect_board().jetpack
+
+
+def board_module() -> str | None:
+    """This board's module for the engine key (:func:`engine_module`), or None."""
+    from edgesdk.board import detect_board
+
+    return engine_module(detect_board())
 
 
 # --- what to build -----------------------------------------------------------------------------
@@ -397,8 +451,9 @@ def _dtype_name(dtype) -> str:
     return str(getattr(dtype, "name", dtype)).lower()
 
 
-def _timing_cache_path(tensorrt_version: str, sm: int) -> Path:
-    return cache_dir() / "tensorrt" / f"timing-trt{tensorrt_version}-sm{sm}.cache"
+def _timing_cache_path(tensorrt_version: str, sm: int, module: str | None = None) -> Path:
+    """Tactic timings are measured on this module's clocks and SM count: one cache per module too."""
+    return cache_dir() / "tensorrt" / f"timing-{cache_key(None, tensorrt_version, sm, module).split('-', 1)[1]}.cache"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -472,14 +527,16 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     trt = import_tensorrt()
     sm = require_sm()
     jetpack = board_jetpack()
-    key = cache_key(jetpack, trt.__version__, sm)
+    module = board_module()
+    key = cache_key(jetpack, trt.__version__, sm, module)
     out = Path(out) if out else default_out(bundle.path, bundle.bundle_id, key)
     _refuse_foreign_out(out)
     plan = plan_build(trt.__version__, graph, bundle.manifest["target"], strongly_typed)
     shapes = profile_shapes(graph, max_seq)
     info = read_info(out)
     if not force and (out / ENGINE_FILE).is_file():
-        why = _mismatch(out, info, bundle.bundle_id, trt.__version__, sm) or _built_otherwise(info, plan, shapes)
+        why = _mismatch(out, info, bundle.bundle_id, trt.__version__, sm, module) or \
+            _built_otherwise(info, plan, shapes)
         if why is None:
             log(f"cached: {out / ENGINE_FILE} (built {info.get('built')}); --force rebuilds it")
             return {**info, "path": str(out / ENGINE_FILE), "cached": True}
@@ -505,10 +562,10 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     for flag in plan.flags:
         config.set_flag(getattr(trt.BuilderFlag, flag))
     _apply_profile(trt, builder, network, config, shapes)
-    cache_path = Path(timing_cache) if timing_cache else _timing_cache_path(trt.__version__, sm)
+    cache_path = Path(timing_cache) if timing_cache else _timing_cache_path(trt.__version__, sm, module)
     _load_timing_cache(config, cache_path, log)
 
-    log(f"building for sm_{sm} with TensorRT {trt.__version__} (flags: {', '.join(plan.flags) or 'none'}, "
+    log(f"building for sm_{sm}{f' ({module})' if module else ''} with TensorRT {trt.__version__} (flags: {', '.join(plan.flags) or 'none'}, "
         f"workspace {workspace_mb} MB); this takes minutes on a Jetson")
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
@@ -524,7 +581,7 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
                       for t in (network.get_output(i) for i in range(network.num_outputs))]}
     info = {"format": INFO_FORMAT, "bundle_id": bundle.bundle_id, "bundle": str(bundle.path),
             "target": bundle.target, "graph": {"form": graph.get("form", "standard"), "dtype": graph.get("dtype")},
-            "tensorrt": trt.__version__, "sm": sm, "jetpack": jetpack, "key": key,
+            "tensorrt": trt.__version__, "sm": sm, "jetpack": jetpack, "module": module, "key": key,
             "built": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "build_seconds": round(time.monotonic() - started, 1),
             "strongly_typed": plan.strongly_typed, "flags": list(plan.flags), "reasons": list(plan.reasons),

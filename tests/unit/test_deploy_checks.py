@@ -118,8 +118,8 @@ def test_engine_decisions(tmp_path):
     assert "present, but the runtime cannot import it" in isolated.message
     ready = engine.decide(facts, 87, "abc", board, ready_builder)
     assert ready.build
-    assert ready.cache_dir == "/root/engines/abc/jp6.2-trt10.3.0-sm87"
-    cached = BoardFacts.from_probe({**ORIN, "engines": ["jp6.2-trt10.3.0-sm87"]})
+    assert ready.cache_dir == "/root/engines/abc/jp6.2-trt10.3.0-sm87-orin-nx-16gb"  # keyed by module too
+    cached = BoardFacts.from_probe({**ORIN, "engines": ["jp6.2-trt10.3.0-sm87-orin-nx-16gb"]})
     checked = engine.decide(cached, 87, "abc", board, ready_builder)
     assert checked.message.startswith("cached:")
     assert checked.build  # the builder checks a cached engine (a damaged one is rebuilt) instead of trusting its name
