@@ -39,8 +39,7 @@ class Conversation:
         check_utf8(user_text, "the prompt")
         kept = self.exchanges
         while True:
-            ids = self.tokenizer.encode(self.tokenizer.render_chat(self._messages(user_text, kept)),
-                                        add_special_tokens=False)
+            ids = self.tokenizer.chat_ids(self.tokenizer.render_chat(self._messages(user_text, kept)))
             if len(ids) + self.answer_room <= self.max_context or not kept:
                 break
             kept = kept[1:]

@@ -26,6 +26,7 @@ class ChatTokenizer:
         self._stream_anchor: tuple[list[int], str] | None = None  # found on first use (text._stream_anchor)
         self._plain_text = None  # the tokenizer that reads special tokens' text as text, made on first use
         self._fim = None  # the fill-in-the-middle tokens (runtime/fim.py), found on first use
+        self._added_bos: tuple[int | None] | None = None  # the BOS the tokenizer adds (added_bos), found on first use
         # llama.cpp ends generation at the FIM pad, repo and file-separator tokens too (llama-vocab.cpp)
         self.eos_token_ids |= self.fim_tokens().end_of_generation
 
@@ -82,6 +83,38 @@ class ChatTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def added_bos(self) -> int | None:
+        """The BOS id the tokenizer puts in front of a text it encodes with its special tokens (llama.cpp's
+        ``llama_vocab_get_add_bos``; :func:`edgesdk.runtime.fim.leading_bos`), None where it puts none (SmolLM2's,
+        Qwen's); found on first use."""
+        if getattr(self, "_added_bos", None) is None:
+            from edgesdk.runtime.fim import leading_bos
+
+            self._added_bos = (leading_bos(self),)
+        return self._added_bos[0]
+
+    def chat_ids(self, rendered: str) -> list[int]:
+        """The token ids of a rendered chat (:meth:`render_chat`'s text): special tokens' text read as the tokens,
+        and exactly one BOS in front where the tokenizer adds BOS, as llama.cpp tokenizes a chat prompt. Every
+        place that encodes a rendered chat goes through here.
+
+        llama.cpp (common/chat.cpp, ``common_chat_template_direct_apply``: "to avoid double BOS / EOS tokens")
+        cuts the BOS token's text off the front of the rendering where the vocabulary adds BOS, then llama-server
+        and llama-cli tokenize it with ``add_special`` and ``parse_special`` true, so the BOS goes in front
+        whether the template writes ``{{ bos_token }}`` (Gemma's, Llama 3's) or not (TinyLlama's Zephyr-style
+        template, which the model was still trained with BOS in front of); Ollama's runner too encodes the
+        prompt with ``addSpecial`` (runner.go ``inputs``: ``Encode(part, i == 0)``). transformers'
+        ``apply_chat_template`` tokenizes with ``add_special_tokens=False``, which leaves such a prompt without
+        BOS. A tokenizer that adds no BOS (SmolLM2's) gets the rendering's ids as they are. Only BOS is put in:
+        an EOS the tokenizer adds after a text (``add_eos_token``) would end the prompt before the answer."""
+        bos = self.added_bos()
+        if bos is None:
+            return self.encode(rendered, add_special_tokens=False)
+        written = self.tokenizer.id_to_token(bos)
+        if written and rendered.startswith(written):
+            rendered = rendered[len(written):]
+        return [bos, *self.encode(rendered, add_special_tokens=False)]
 
     def render_chat(self, messages: list[dict], continue_final: bool = False, template_kwargs: dict | None = None) -> str:
         """Render messages with the chat template and the assistant's generation prompt, in the
@@ -147,7 +180,7 @@ class ChatTokenizer:
             return self.encode(prompt)
         messages = ([] if system is None else [{"role": "system", "content": system}]) + [
             {"role": "user", "content": prompt}]
-        return self.encode(self.render_chat(messages), add_special_tokens=False)
+        return self.chat_ids(self.render_chat(messages))
 
 
 # the variables every rendering sets itself: template kwargs cannot replace them

@@ -729,7 +729,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                     raise
                 # A prompt past the context is counted too (what the route is asked for, as llama-server's
                 # counts it): its text passed every other check, only its length is refused.
-                counted = len(completer.runtime.tokenizer.encode(completer.chat_text(request), add_special_tokens=False))
+                counted = len(completer.runtime.tokenizer.chat_ids(completer.chat_text(request)))
             self._send_json(200, {"input_tokens": counted})
             return
         if self.server.pool is not None:
@@ -928,8 +928,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         except ApiError as exc:
             if exc.code != "context_length_exceeded":
                 raise responses.answering_error(exc, asked) from None
-            counted = len(completer.runtime.tokenizer.encode(completer.chat_text(asked.request),
-                                                             add_special_tokens=False))
+            counted = len(completer.runtime.tokenizer.chat_ids(completer.chat_text(asked.request)))
         self._send_json(200, {"object": "response.input_tokens", "input_tokens": counted})
 
     def _not_found(self, route: str, method: str) -> None:

@@ -406,7 +406,7 @@ def _refuse_past_the_context(completer: Completer, asked: Asked, request: Comple
             raise
         tokenizer = completer.runtime.tokenizer
         count = len(request.prompt_tokens) if request.prompt_tokens else \
-            len(tokenizer.encode(completer.rendered_chat(request), add_special_tokens=False)) if request.chat else \
+            len(tokenizer.chat_ids(completer.rendered_chat(request))) if request.chat else \
             len(tokenizer.prompt_ids(request.prompt, raw=True))
     if count < window:
         return
@@ -455,9 +455,10 @@ def _with_context(completer: Completer, asked: Asked, request: CompletionRequest
     """/api/generate's request with the text of its ``context`` in front of the prompt, as Ollama's GenerateHandler
     builds it (server/routes.go: the ids detokenized, each token's piece joined with special tokens written out as
     its runner's ``Detokenize`` joins them, :func:`pieces_text`; then the prompt rendered from ``prompt`` and
-    ``system`` written after them), tokenized as one text with special tokens read and none added, as the chat
-    route tokenizes a rendered prompt. With a ``suffix``, the context's text comes before the fill-in-the-middle
-    prompt's ids. An id outside the vocabulary, or a prompt the context pushes
+    ``system`` written after them), tokenized as one text with special tokens read and BOS in front where the
+    tokenizer adds it, as the chat route tokenizes a rendered prompt (``ChatTokenizer.chat_ids``; Ollama's runner
+    encodes the prompt with ``addSpecial``). With a ``suffix``, the context's text comes before the
+    fill-in-the-middle prompt's ids. An id outside the vocabulary, or a prompt the context pushes
     past the model's context, is refused naming ``context``."""
     vocabulary = completer.token_id_limit()
     for index, token in enumerate(asked.context):
@@ -467,7 +468,7 @@ def _with_context(completer: Completer, asked: Asked, request: CompletionRequest
                            "answer of this server gave, or leave 'context' out", param="context")
     tokenizer = completer.runtime.tokenizer
     if request.chat:
-        ids = tokenizer.encode(_prompt_text(completer, asked, request), add_special_tokens=False)
+        ids = tokenizer.chat_ids(_prompt_text(completer, asked, request))
     else:
         ids = tokenizer.encode(pieces_text(tokenizer, list(asked.context)), add_special_tokens=False) + \
             list(request.prompt_tokens)
@@ -528,7 +529,7 @@ def trimmed(completer: Completer, request: CompletionRequest, window: int, num_c
         tried = kept
         candidate = request if index == 0 else replace(request, messages=tuple(kept))
         try:
-            count = len(completer.runtime.tokenizer.encode(completer.rendered_chat(candidate), add_special_tokens=False))
+            count = len(completer.runtime.tokenizer.chat_ids(completer.rendered_chat(candidate)))
         except ApiError:
             if index == 0:
                 raise
