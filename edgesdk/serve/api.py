@@ -37,6 +37,7 @@ from edgesdk.serve.tools import (
     Tools,
     answer_message,
     call_text,
+    is_tool_result,
     parallel_calls,
     parse_tools,
     tool_result_text,
@@ -370,6 +371,34 @@ def _message(message: object, index: int, call_names: dict[str, str], parallel: 
         raise ApiError(400, f"{param} is a {role} message carrying tool_calls; only assistant messages make calls",
                        param=f"{param}.tool_calls")
     return {"role": CHAT_ROLES[role], "content": _content(message.get("content"), f"{param}.content")}
+
+
+def chat_turns(messages: tuple[dict, ...] | list[dict]) -> list[dict]:
+    """The parsed messages as the chat template's turns: a run of user turns that holds a tool result (the
+    ``{"tool_response": ...}`` text a ``tool`` message becomes, :func:`edgesdk.serve.tools.is_tool_result`) is one
+    user turn, its texts in order, a line each (as :func:`call_text` writes several calls), so that the roles
+    still alternate.
+
+    llama.cpp turns each ``tool`` message into a user message of its own where the template has no tool role
+    (minja's ``chat_template::apply``, ``polyfill_tool_responses``) and merges none, so an answer of several calls
+    gives several user turns in a row, and a user message after them one more; Llama 2's and Mistral's templates
+    refuse that ("Conversation roles must alternate user/assistant/user/assistant/..."), and Anthropic's Messages
+    API (one user turn of several ``tool_result`` blocks and text), Ollama's /api/chat (a ``tool`` message per
+    result) and the Responses API (a ``function_call_output`` item per call) all send that shape. Joined, the
+    conversation reads as Anthropic's one user turn of results does. User turns that hold no tool result are left
+    apart, as llama-server leaves them."""
+    turns: list[dict] = []
+    joined = False  # the last turn is a user turn that holds a tool result
+    for message in messages:
+        result = message["role"] == "user" and is_tool_result(message["content"])
+        if message["role"] == "user" and turns and turns[-1]["role"] == "user" and (result or joined):
+            texts = [text for text in (turns[-1]["content"], message["content"]) if text]
+            turns[-1] = {**turns[-1], "content": "\n".join(texts)}
+            joined = True
+        else:
+            turns.append(dict(message))
+            joined = result
+    return turns
 
 
 def _tool_call_names(messages: list) -> dict[str, str]:

@@ -63,6 +63,7 @@ from edgesdk.serve.api import (
     CompletionRequest,
     TextOffsets,
     TokenizeRequest,
+    chat_turns,
     logprobs_body,
     mixed_prompt_ids,
 )
@@ -538,7 +539,7 @@ class Completer:
             elif not request.chat:
                 ids = tokenizer.prompt_ids(request.prompt, raw=True)
             else:
-                ids = tokenizer.encode(self.rendered_chat(request), add_special_tokens=False)
+                ids = tokenizer.chat_ids(self.rendered_chat(request))
         except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
             raise ApiError(400, exc.problem, param="prompt") from exc
         limit = self.runtime.backend.max_context
@@ -591,7 +592,9 @@ class Completer:
         if self.defaults.reasoning_budget == 0 and "enable_thinking" not in given:
             kwargs = {**(kwargs or {}), "enable_thinking": False}
         continues = self.continues_final(request)
-        text = tokenizer.render_chat(list(request.messages), continue_final=continues, template_kwargs=kwargs)
+        # tool results in a row and the user's words after them are one user turn (serve/api.py chat_turns): a
+        # template that makes roles alternate (Llama 2's, Mistral's) refuses several user turns in a row
+        text = tokenizer.render_chat(chat_turns(request.messages), continue_final=continues, template_kwargs=kwargs)
         thinking = given.get("enable_thinking", self.defaults.reasoning_budget != 0)
         if not continues and thinking is False and prompt_opens_thinking(text):
             # a template that opens the block whatever enable_thinking says (DeepSeek-R1's): llama.cpp closes it in

@@ -32,7 +32,8 @@ the ids here are the server's (``call_...``), as for one call, so the model writ
 a response format does not apply), ``none`` offers no tools (a response format then shapes the whole answer).
 Earlier turns travel in the same form: an assistant message's ``tool_calls`` become its ``{"tool_call": ...}``
 text (with ``parallel_tool_calls``, one ``{"tool_calls": [...]}`` of them all), and a ``tool`` message becomes a user message ``{"tool_response": {"name", "content"}}``, which any
-template renders.
+template renders; several results in a row, and a user message after them, are one user turn when the template
+renders them (edgesdk/serve/api.py, ``chat_turns``), so templates that want the roles to alternate take them.
 
 Streamed, the answer goes out as llama-server streams a call or a text (:class:`AnswerStream`): each call's name
 once whole, then its arguments in pieces, under the call's own ``index``; the text as it is written; the JSON
@@ -261,6 +262,18 @@ def call_text(tool_calls: object, param: str, parallel: bool = False) -> str:
 def tool_result_text(name: str | None, content: str) -> str:
     """A ``tool`` message's content as the user-turn text the model reads."""
     return json.dumps({"tool_response": {"name": name, "content": content}}, ensure_ascii=False)
+
+
+def is_tool_result(text: str) -> bool:
+    """Whether ``text`` is a tool result's user-turn text (:func:`tool_result_text`), one ``{"tool_response":
+    {...}}`` object."""
+    if not text.startswith('{"tool_response": {'):
+        return False
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(value, dict) and list(value) == ["tool_response"] and isinstance(value["tool_response"], dict)
 
 
 def read_answer(text: str, complete: bool, structured: bool = False) -> tuple[str | None, list[dict] | None]:
