@@ -46,3 +46,34 @@ def test_what_the_model_calls(smollm2_rpi5_bundle):
                   f"{usage['prompt_tokens']} prompt tokens, {usage['prompt_tokens_details']['cached_tokens']} cached)")
     finally:
         server.close()
+
+
+TWO_CITIES = ("What's the weather in Oslo and in Paris?", "required")
+
+
+def test_one_call_against_the_list_of_calls(smollm2_fp32_bundle):
+    """The same requests with ``parallel_tool_calls`` false (one call) and true (llama.cpp's ``{"tool_calls": [...]}``
+    list): how many calls the model makes and how many tokens it spends. A small model given the list form may go on
+    calling, which is why only the chat route's explicit ``parallel_tool_calls: true`` (and the Messages route's
+    ``disable_parallel_tool_use: false``) asks for it."""
+    from edgesdk.runtime.session import open_runtime
+    from edgesdk.serve.completion import ServeDefaults
+    from tests.unit.test_serve import Served
+
+    server = Served(open_runtime(smollm2_fp32_bundle.path, threads=2), ServeDefaults(max_tokens=200))
+    try:
+        print()
+        for parallel in (False, True):
+            for content, choice in (*ASKED, TWO_CITIES):
+                status, answer = server.post("/v1/chat/completions", {
+                    "messages": [{"role": "user", "content": content}], "tools": [WEATHER, LIGHT],
+                    "tool_choice": choice, "parallel_tool_calls": parallel})
+                assert status == 200, answer
+                choice_body, usage = answer["choices"][0], answer["usage"]
+                calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]) if
+                          choice_body["finish_reason"] == "tool_calls" else c["function"]["arguments"])
+                         for c in choice_body["message"].get("tool_calls") or []]
+                print(f"parallel_tool_calls={parallel} {content!r} [{choice}]: {len(calls)} calls {calls[:3]} "
+                      f"finish {choice_body['finish_reason']}, {usage['completion_tokens']} tokens")
+    finally:
+        server.close()
