@@ -171,8 +171,9 @@ def _reasoning_format(body: dict) -> str | None:
 
 def parse_text_request(body: object, route: str = "/v1/completions", completer=None,
                        takes_suffix: bool | None = None) -> CompletionRequest:
-    """``POST /v1/completions`` (or llama-server's ``route`` /completion, which refusals name): one raw prompt
-    string, fed to the model without a chat template.
+    """``POST /v1/completions`` (or llama-server's ``route`` /completion, which refusals name): one raw prompt (a
+    string, token ids, or, with the ``completer``, the two mixed), fed to the model without a chat template; several
+    prompts are split off before this (:func:`edgesdk.serve.llama_native.prompts`).
 
     With the ``completer`` of the model that answers, a non-empty ``suffix`` (OpenAI's insert mode: the text after
     the completion) makes the prompt a fill-in-the-middle one (:func:`suffix_request`); without one (or with
@@ -221,7 +222,7 @@ def mixed_prompt_ids(tokenizer, parts: list, param: str) -> list[int]:
             try:
                 check_utf8(part, f"'{param}[{index}]'")
             except EdgeSDKError as exc:  # lone surrogates from JSON escapes
-                raise ApiError(400, exc.problem, param=param) from exc
+                raise ApiError(400, exc.problem, param=param, code="not_utf8") from exc
             ids.extend(tokenizer.encode(part, add_special_tokens=index == 0))
         elif isinstance(part, bool) or not isinstance(part, int) or part < 0:
             raise ApiError(400, f"'{param}[{index}]' must be a token id (a whole number >= 0) or a string, got "

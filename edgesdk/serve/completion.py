@@ -888,10 +888,7 @@ class Completer:
         tokenizer = self.runtime.tokenizer
         end = 0
         if not isinstance(item, str) and any(isinstance(part, str) for part in item):
-            try:
-                item = mixed_prompt_ids(tokenizer, list(item), param)
-            except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
-                raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param, code=NOT_UTF8) from exc
+            item = mixed_prompt_ids(tokenizer, list(item), param)  # a 400 naming the part (not_utf8 for bad text)
         if isinstance(item, str):
             try:
                 ids, end = text_ids(tokenizer, item) if item else ([], 0)

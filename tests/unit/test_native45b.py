@@ -139,3 +139,12 @@ def test_embedding_inputs_mixing_token_ids_and_strings(served):
     assert np.allclose(body["data"][1]["embedding"], plain[0]["embedding"][0], atol=1e-5) or \
         np.allclose(np.asarray(body["data"][1]["embedding"]),
                     np.asarray(plain[0]["embedding"][0]) / np.linalg.norm(plain[0]["embedding"][0]), atol=1e-5)
+
+
+def test_text_that_is_not_utf8_in_a_mixed_embedding_input_is_named_as_plain_text_is(served):
+    """A lone surrogate (a JSON escape no UTF-8 can hold) in a mixed input gets the code a plain text's gets."""
+    status, plain = served.post("/v1/embeddings", {"input": ["\ud800"]})
+    assert status == 400, plain
+    status, mixed = served.post("/v1/embeddings", {"input": [[5, "\ud800"]]})
+    assert status == 400, mixed
+    assert mixed["error"]["code"] == plain["error"]["code"] == "not_utf8"
