@@ -22,10 +22,14 @@ def test_the_web_ui_s_default_request_runs_to_the_end_of_the_context(runtime, se
 
 
 def test_max_tokens_below_minus_one_or_zero_is_still_refused(served):
-    for value in (0, -2, 1.5):
-        status, answer = served.post("/v1/completions", {"prompt": "hi", "max_tokens": value})
-        assert (status, answer["error"]["param"]) == (400, "max_tokens"), answer
-        assert "or -1 for no limit but the context" in answer["error"]["message"]
+    """Below -1, or not a whole number, is refused on both routes; 0 only on chat (OpenAI's completions take 0, the
+    prompt scored alone: tests/unit/test_serve_openai45b.py)."""
+    for path, prompt in (("/v1/completions", {"prompt": "hi"}),
+                         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        for value in (0, -2, 1.5) if path == "/v1/chat/completions" else (-2, 1.5):
+            status, answer = served.post(path, {**prompt, "max_tokens": value})
+            assert (status, answer["error"]["param"]) == (400, "max_tokens"), answer
+            assert "or -1 for no limit but the context" in answer["error"]["message"]
     status, answer = served.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                                           "max_completion_tokens": -1, "max_tokens": 3})
     assert status == 200, answer
