@@ -1019,9 +1019,7 @@ class Completer:
                 if "\n" in text and slot is not None:
                     slot.has_new_line = True
                 fresh = settle(final=False) if recorder else None
-                if on_ids is not None:
-                    on_ids(unsent[:])
-                    unsent.clear()
+                send_ids()
                 if on_text is not None:
                     on_text(text, None if fresh is None else logprobs_body(request, fresh, self._token_piece, offsets))
 
@@ -1056,12 +1054,17 @@ class Completer:
                 raise ClientGone("the client closed the connection mid-answer")
             self._check_stopping()
 
+        def send_ids() -> None:
+            """Hand ``on_ids`` the ids sampled since it was last called."""
+            if on_ids is not None:
+                on_ids(unsent[:])
+                unsent.clear()
+
         def rest_ids() -> None:
             """The ids of tokens whose text was cut off or is none, in an event of their own (llama-server sends
             each token's partial result, its content "" for these)."""
             if on_ids is not None and unsent and on_text is not None:
-                on_ids(unsent[:])
-                unsent.clear()
+                send_ids()
                 on_text("", None)
 
         drafts = None if self.lookup is None else _DraftCount(self.lookup)
@@ -1082,9 +1085,7 @@ class Completer:
             elif recorder is not None:  # the entries of tokens that made no text, and an echo's end-of-text
                 rest = settle(final=True) + ([recorder.end] if request.echo and recorder.end is not None else [])
                 if rest and on_text is not None:
-                    if on_ids is not None:
-                        on_ids(unsent[:])
-                        unsent.clear()
+                    send_ids()
                     on_text("", logprobs_body(request, rest, self._token_piece, offsets))
             rest_ids()
         except (_StopString, _LineLimit) as signal:  # _LineLimit: llama-server's stop_type limit, as the token limit
