@@ -284,9 +284,26 @@ def logit_bias_keys(method: str, fields: dict) -> dict:
 
 
 def shown(value: object) -> str:
-    """``value`` as an error message shows it: its repr, cut at :data:`SHOWN_CHARS` characters."""
+    """``value`` as an error message shows it: its repr, cut at :data:`SHOWN_CHARS` characters.
+
+    Two kinds are never cut, so the caller sees what to fix: a str or path naming a file or directory that exists
+    is shown whole (a temporary or home directory's path is often longer than the cut), and a tuple or list of at
+    most two items, a (path, scale) pair, shows each item as it would be shown alone."""
+    if type(value) in (tuple, list) and len(value) <= 2:
+        items = ", ".join(shown(item) for item in value) + ("," if len(value) == 1 and isinstance(value, tuple) else "")
+        return f"({items})" if isinstance(value, tuple) else f"[{items}]"
     text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+    if len(text) <= SHOWN_CHARS or (isinstance(value, (str, os.PathLike)) and _existing_path(value)):
+        return text
+    return text[:SHOWN_CHARS - 3] + "..."
+
+
+def _existing_path(value: str | os.PathLike) -> bool:
+    """Whether ``value`` names a file or directory that exists (False for text no path can be, e.g. with a NUL)."""
+    try:
+        return os.path.exists(value)
+    except (OSError, TypeError, ValueError):
+        return False
 
 
 def _neutral(name: str, value: object) -> bool:
