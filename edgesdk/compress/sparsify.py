@@ -299,22 +299,41 @@ def allocate_densities(costs: dict[str, float], sizes: dict[str, int], config: S
     return {n: 1.0 - r for n, r in removed(high).items()}
 
 
-def plan_masks_by_density(scores: dict[str, torch.Tensor], densities: dict[str, float]) -> dict[str, torch.Tensor]:
-    return {n: keep_top(s, max(1, round(densities[n] * s.numel()))) for n, s in scores.items()}
+def floor_blocks(min_density: float, blocks: int) -> int:
+    """The fewest blocks a weight of ``blocks`` blocks keeps under ``min_density``: ceil(min_density x blocks),
+    computed so that float error does not add a block (0.55 x 100 is 55.00000000000001 in binary floating point,
+    whose plain ceil is 56)."""
+    return min(blocks, math.ceil(round(min_density * blocks, 9)))
+
+
+def plan_masks_by_density(scores: dict[str, torch.Tensor], densities: dict[str, float],
+                          min_density: float = 0.0) -> dict[str, torch.Tensor]:
+    """Each weight's ``densities[name]`` share of its best blocks (rounded, one at least), and never fewer than
+    its ``min_density`` floor (:func:`floor_blocks`): rounding 0.25 x 10 blocks to 2 would starve it below the
+    floor the allocation clipped it to."""
+    return {n: keep_top(s, max(1, floor_blocks(min_density, s.numel()), round(densities[n] * s.numel())))
+            for n, s in scores.items()}
 
 
 def plan_masks(scores: dict[str, torch.Tensor], config: SparsifyConfig) -> dict[str, torch.Tensor]:
-    """Blocks each weight keeps: one global threshold, then each weight's ``min_density`` floor."""
+    """Blocks each weight keeps: the ``density`` share of all blocks with the highest scores, then each weight's
+    ``min_density`` floor.
+
+    The blocks are picked by rank (``topk``), not by a score threshold: a threshold keeps every block tied with
+    the last one kept, so equal scores (all-zero blocks score 0 under either measure) kept far more blocks than
+    asked, up to all of them. The prune stage breaks equal saliencies by rank for the same reason."""
     flat = torch.cat([s.flatten() for s in scores.values()])
     keep_total = max(1, int(round(config.density * flat.numel())))
-    threshold = flat.sort(descending=True).values[keep_total - 1]
+    chosen = torch.zeros(flat.numel(), dtype=torch.bool)
+    chosen[flat.topk(keep_total).indices] = True
     masks = {}
+    start = 0
     for name, s in scores.items():
-        mask = s >= threshold
-        floor = math.ceil(config.min_density * s.numel())
+        mask = chosen[start:start + s.numel()].reshape(s.shape).clone()
+        start += s.numel()
+        floor = floor_blocks(config.min_density, s.numel())
         if int(mask.sum()) < floor:
-            mask = torch.zeros_like(mask)
-            mask.view(-1)[s.flatten().topk(floor).indices] = True
+            mask = keep_top(s, floor)
         masks[name] = mask
     return masks
 
@@ -429,7 +448,7 @@ def plan(model, scores: dict[str, torch.Tensor], batches: list[torch.Tensor], bl
         return plan_masks(scores, config)
     costs = weight_sensitivity(model, scores, batches[: config.probe_batches], block, config.probe_fraction, progress)
     densities = allocate_densities(costs, {n: s.numel() for n, s in scores.items()}, config)
-    return plan_masks_by_density(scores, densities)
+    return plan_masks_by_density(scores, densities, config.min_density)
 
 
 @register_stage("sparsify", SparsifyConfig, after=("qat", "prune"),

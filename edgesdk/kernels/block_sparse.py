@@ -58,7 +58,8 @@ class BlockSparseWeight:
     def __post_init__(self) -> None:
         """Checks what the kernels rely on and cannot check per launch: dtypes (int8 values, int32 indices,
         float32 scales), shapes, CSR offsets that start at 0, never decrease and end at nnz, block columns within
-        ``ceil(K / block_k)``. The four tensors are made contiguous (the kernels index them as flat arrays).
+        ``ceil(K / block_k)``, strictly increasing within each block row (sorted, no tile stored twice). The four
+        tensors are made contiguous (the kernels index them as flat arrays).
         Raises ValueError naming the tensor, what it holds and what was expected."""
         for name in ("values", "col_index", "row_offsets", "scales"):
             object.__setattr__(self, name, getattr(self, name).contiguous())
@@ -89,6 +90,18 @@ class BlockSparseWeight:
         if nnz and (int(self.col_index.min()) < 0 or int(self.col_index.max()) >= _cdiv(k, bk)):
             raise ValueError(f"col_index must lie in [0, {_cdiv(k, bk)}) (block columns of K={k} in blocks of "
                              f"{bk}), got values in [{int(self.col_index.min())}, {int(self.col_index.max())}]")
+        if nnz > 1:  # BSR's canonical form (scipy's has_canonical_format): sorted, no duplicate within a block row
+            cols = self.col_index.reshape(-1).long().cpu()
+            rows = torch.repeat_interleave(torch.arange(len(steps)), torch.tensor(steps, dtype=torch.long))
+            bad = ((rows[1:] == rows[:-1]) & (cols[1:] <= cols[:-1])).nonzero().flatten()
+            if bad.numel():
+                i = int(bad[0]) + 1
+                raise ValueError(
+                    f"col_index must increase strictly within a block row (the sorted, duplicate-free BSR form; the "
+                    f"kernels add every stored tile, so a repeated block column would count twice while to_dense "
+                    f"keeps one), got block column {int(cols[i])} after {int(cols[i - 1])} in block row "
+                    f"{int(rows[i])} (stored tiles {i - 1} and {i}); sort each block row's tiles by column and merge "
+                    f"repeats, or build the weight with BlockSparseWeight.from_dense")
 
     # ------------------------------------------------------------------ construction
     @classmethod
