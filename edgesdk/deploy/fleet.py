@@ -25,6 +25,7 @@ differ between boards after it::
 from __future__ import annotations
 
 import ctypes
+import posixpath
 import queue
 import shlex
 import threading
@@ -116,6 +117,15 @@ def read_inventory(path: Path) -> list[FleetBoard]:
     return boards
 
 
+def same_root(root: str) -> str:
+    """``root`` as the board resolves it, so that two spellings of one deploy root compare equal: ssh starts
+    remote commands in the home directory, so ``~/edgesdk``, ``edgesdk`` and ``~/edgesdk/`` are one directory
+    (session.open_board)."""
+    if root == "~" or root.startswith("~/"):
+        root = root[2:] or "."
+    return posixpath.normpath(root)
+
+
 def fleet_boards(hosts: tuple[str, ...], inventory: Path | None, limit: tuple[str, ...],
                  remote_root: str) -> list[FleetBoard]:
     """The boards of ``--host`` (each as given) and ``--hosts``, narrowed by ``--limit``; a board named twice
@@ -132,10 +142,11 @@ def fleet_boards(hosts: tuple[str, ...], inventory: Path | None, limit: tuple[st
     seen: dict[tuple, FleetBoard] = {}
     for board in [*boards, *listed]:
         spec = HostSpec.parse(board.host)
-        key = (spec, board.remote_root or remote_root)
+        root = board.remote_root or remote_root
+        key = (spec, same_root(root))
         if key in seen:
             first = seen[key]
-            raise DeployError(f"board {board.host} (deploy root {key[1]}) is given twice: at {first.origin} and "
+            raise DeployError(f"board {board.host} (deploy root {root}) is given twice: at {first.origin} and "
                               f"at {board.origin}",
                               "drop one of them; to deploy twice to one board, give each a remote_root= of its own")
         seen[key] = board
@@ -144,12 +155,17 @@ def fleet_boards(hosts: tuple[str, ...], inventory: Path | None, limit: tuple[st
     for board in [*boards, *listed]:
         board.label = f"{board.host} {board.remote_root or remote_root}" if board.host in twice else board.host
     if limit:
-        unknown = [name for name in limit if not any(name in (b.host, b.label) for b in listed)]
+        # a board is picked by its host, its label, or "HOST ROOT" also where its host is given once in this
+        # run: the retry line names it so when a --host of the run before shared its host (retry_arguments)
+        def names(b: FleetBoard) -> tuple[str, ...]:
+            return b.host, b.label, f"{b.host} {b.remote_root or remote_root}"
+
+        unknown = [name for name in limit if not any(name in names(b) for b in listed)]
         if unknown:
             raise DeployError(f"--limit {unknown[0]} names no board of {inventory} (it lists "
                               f"{', '.join(b.label for b in listed)})",
                               "pass a board as its line in the inventory starts")
-        listed = [b for b in listed if b.host in limit or b.label in limit]
+        listed = [b for b in listed if any(name in limit for name in names(b))]
     return [*boards, *listed]
 
 

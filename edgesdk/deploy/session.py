@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
@@ -60,7 +61,14 @@ def open_board(options: DeployOptions) -> Board:
     check_destination(options)
     if options.local:
         root = str(Path(options.to).expanduser().resolve())
-        return Board(LocalTransport(root), options.remote_python or sys.executable, root)
+        python = os.path.expanduser(options.remote_python) if options.remote_python else sys.executable
+        return Board(LocalTransport(root), python, root)
+    python = options.remote_python or "python3"
+    if python.startswith("~/"):
+        # Every argument reaches the board's shell quoted (transport.remote_command), and a quoted ~ is not
+        # expanded (POSIX 2.6.1), so remote_python=~/venv/bin/python3 of an inventory (where no local shell
+        # expanded it) named no program. ssh starts remote commands in the home directory, as for --remote-root.
+        python = "./" + python[2:]
     root = options.remote_root
     if root.startswith("~/"):
         root = root[2:] or "."  # ssh starts remote commands in the home directory
@@ -68,7 +76,7 @@ def open_board(options: DeployOptions) -> Board:
         root = "."
     if not root:
         raise DeployError("--remote-root is empty", "pass a directory on the board, e.g. --remote-root ~/edgesdk")
-    return Board(SshTransport(HostSpec.parse(options.host), options.ssh), options.remote_python or "python3", root)
+    return Board(SshTransport(HostSpec.parse(options.host), options.ssh), python, root)
 
 
 def probe(board: Board, params: dict | None = None) -> BoardFacts:

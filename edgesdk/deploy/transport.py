@@ -34,8 +34,10 @@ class DeployError(EdgeSDKError):
     exit_code = 8
 
 
-_HOST_RE = re.compile(r"^(?:(?P<user>[^@\s/]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.%\w-]+)\]|(?P<name>[^@\s:/\[\]]+))"
-                      r"(?::(?P<port>\d{1,5}))?$")
+# The user may hold '@' (a directory user such as alice@corp.example): ssh splits user from host at the last
+# '@' (ssh.c: strrchr(p, '@')).
+_HOST_RE = re.compile(r"^(?:(?P<user>[^@\s/]+(?:@[^@\s/]+)*)@)?"
+                      r"(?:\[(?P<v6>[0-9A-Fa-f:.%\w-]+)\]|(?P<name>[^@\s:/\[\]]+))(?::(?P<port>\d{1,5}))?$")
 
 
 # What OpenSSH >= 9.6 refuses in a user or host name from the command line (CVE-2023-51385).
@@ -193,6 +195,10 @@ class LocalTransport(Transport):
                                                f"{exc.filename or argv[0]}: {exc.strerror or exc}".encode())
 
 
+# sun_path of a unix socket: 104 bytes on macOS and the BSDs, 108 on Linux, the final NUL included.
+SOCKET_PATH_MAX = 103
+
+
 @dataclass
 class SshOptions:
     """What the user said about ssh on the command line."""
@@ -228,8 +234,12 @@ class SshTransport(Transport):
                               "install the OpenSSH client (Debian/Ubuntu: sudo apt install openssh-client), "
                               "or point --ssh-command / $EDGESDK_SSH at it")
         if self.opts.multiplex:
-            # A unix socket path holds at most ~104 bytes; %C adds 40, so keep the directory short.
-            parent = tempfile.gettempdir() if len(tempfile.gettempdir()) <= 48 else "/tmp"
+            # A unix socket path holds at most SOCKET_PATH_MAX bytes, and the master binds its socket first as
+            # "ControlPath.<16 random letters>" (OpenSSH mux.c muxserver_listen) with %C 40 hex digits: a longer
+            # one fails every connection ('ControlPath too long', 'path ... too long for Unix domain socket').
+            parent = tempfile.gettempdir()
+            if len(parent) + len("/edgesdk-ssh-12345678/") + 40 + len(".") + 16 > SOCKET_PATH_MAX:
+                parent = "/tmp"
             self._control_dir = tempfile.mkdtemp(prefix="edgesdk-ssh-", dir=parent)
 
     def ssh_args(self) -> list[str]:
@@ -307,6 +317,25 @@ def config_failure(spec: HostSpec, text: str, config: str | None) -> DeployError
     return None
 
 
+def remove_known_host(spec: HostSpec, text: str) -> str:
+    """The command that removes the stale key of ``spec`` from known_hosts, given ssh's stderr ``text``.
+
+    ssh names the key under the name it looked it up by, which is not always what ``--host`` says: the HostName
+    (or HostKeyAlias) of an ssh config alias, and a bare name for port 22 (misc.c put_host_port: ``[host]:port``
+    only for a port other than 22). OpenSSH prints the exact command itself ("remove with:" then
+    ``ssh-keygen -f "FILE" -R "NAME"``, sshconnect.c), naming the known_hosts file too: its name and file are
+    used where present, else the name of its "Host key for NAME has changed" line, else the name put_host_port
+    gives ``spec``."""
+    printed = re.search(r'^\s*ssh-keygen -f "(.+)" -R "(.+)"\s*$', text, re.MULTILINE)
+    if printed:
+        return f'ssh-keygen -R "{printed[2]}" -f "{printed[1]}"'
+    named = re.search(r"^Host key for (\S+) has changed", text, re.MULTILINE)
+    if named:
+        return f'ssh-keygen -R "{named[1]}"'
+    known = f"[{spec.host}]:{spec.port}" if spec.port and spec.port != 22 else spec.host
+    return f'ssh-keygen -R "{known}"'
+
+
 def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | None = None) -> DeployError:
     """Turn ssh's exit 255 and its stderr into a message naming the problem and the fix (``config``: the file
     given to ``--ssh-config``)."""
@@ -316,22 +345,26 @@ def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | Non
         return refused
     last = "\n    ".join(line for line in text.splitlines()[-6:] if line.strip()) or "(ssh printed nothing)"
     host = spec.host
-    known = f"[{host}]:{spec.port}" if spec.port else host
     when = f" while {during}" if during else ""
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or ("Host key for" in text and "has changed" in text):
         return DeployError(
             f"refused: the host key of {spec} has changed since it was stored in known_hosts (a re-flashed board, "
             "or someone in the middle)",
             f"if you re-flashed the board, check its new key fingerprint on its console, remove the old one with "
-            f"'ssh-keygen -R \"{known}\"', then deploy again with --accept-new-host-key")
+            f"'{remove_known_host(spec, text)}', then deploy again with --accept-new-host-key")
     if "Host key verification failed" in text or "host key is known" in text:
         return DeployError(
             f"refused: {spec} has no host key in known_hosts, and deploy checks host keys strictly",
             f"connect once with 'ssh {'-p ' + str(spec.port) + ' ' if spec.port else ''}{spec.destination}' and "
             "check the fingerprint, or pass --accept-new-host-key to store the key on first use")
     if "Permission denied" in text or "Too many authentication failures" in text:
+        # Without user@ in --host, ssh logs in as the User of its config, else as the local user; its own
+        # message names whom (sshconnect2.c: "%s@%s: Permission denied (%s).", server_user and host).
+        said = re.search(r"^(.+)@[^@\s]+: Permission denied", text, re.MULTILINE)
+        user = spec.user or (said[1] if said else "(ssh's default: the User of your ssh config, else your local "
+                                                   "user name)")
         return DeployError(
-            f"{spec} refused the login of user {spec.user or '(from ~/.ssh/config)'}: {last}",
+            f"{spec} refused the login of user {user}: {last}",
             "check the user name in --host user@board and the key: pass -i ~/.ssh/KEY, load it with 'ssh-add', "
             f"or install it on the board with 'ssh-copy-id {'-p ' + str(spec.port) + ' ' if spec.port else ''}"
             f"{spec.destination}'")

@@ -126,7 +126,7 @@ Host key verification failed."""
 
 
 @pytest.mark.parametrize(("stderr", "problem", "fix"), [
-    (CHANGED, "has changed", "ssh-keygen -R \"[board]:2222\""),
+    (CHANGED, "has changed", "ssh-keygen -R \"[127.0.0.1]:2222\""),  # the name ssh says it stored
     ("No ED25519 host key is known for [board]:2222 and you have requested strict checking.\n"
      "Host key verification failed.", "no host key in known_hosts", "--accept-new-host-key"),
     ("pi@board: Permission denied (publickey).", "refused the login of user pi", "ssh-copy-id -p 2222 pi@board"),
