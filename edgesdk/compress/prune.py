@@ -9,13 +9,16 @@ gradient alone would rank a large, rarely-moving weight below a small, noisy one
 * FFN channels (a row of gate and up, a column of down) are ranked globally across layers, so each
   layer's ratio follows the importance distribution (seed §3.2, not a hard-coded table); a layer
   keeps at least ``min_ffn_keep`` (rounded up) and a multiple of ``ffn_multiple`` channels (the
-  MatMulNBits block, so no block is padded); equal saliencies are broken by rank, never by a threshold
+  MatMulNBits block, so no block is padded where it is a multiple of qat.block_size); the floors come out
+  of the global budget, so ``ffn_ratio`` of all channels goes even where a layer is held at its floor, and
+  a ratio the floors cannot allow is refused; equal saliencies are broken by rank, never by a threshold
   that keeps all or none of them.
 * Attention is pruned by whole grouped-query groups (one KV head and the query heads that read
   it): removing single query heads would leave groups of unequal size, which GQA cannot express.
   The seed's cooperative rule (§3.3) picks among neighbours: the least salient remaining group
   (layer i, group g) puts (i-1, g), (i, g) and (i+1, g) into a pool, the least salient of the pool
-  is removed and the pool is closed for this pass.
+  is removed and the pool is closed for this pass. Each layer keeps one group: a ratio that asks for more,
+  or that removes none (one KV head per layer, multi-query attention), is refused, not cut short.
 
 * Whole decoder layers (depth pruning, ``layers_removed``) go first, before the channels are ranked
   on what remains. A layer's importance is what the model loses without it: the mean per-token
@@ -233,23 +236,37 @@ def _ranked(scores: torch.Tensor) -> torch.Tensor:
     return torch.argsort(scores, descending=True, stable=True)
 
 
+def ffn_floor(width: int, config: PruneConfig) -> int:
+    """The fewest FFN channels a layer of ``width`` keeps: ``min_ffn_keep`` of it rounded up to ``ffn_multiple``
+    (1 for a layer narrower than the multiple), at least one multiple, at most the width."""
+    multiple = config.ffn_multiple if width >= config.ffn_multiple else 1
+    floor = math.ceil(math.ceil(config.min_ffn_keep * width - 1e-9) / multiple) * multiple  # never below it
+    return min(width, max(multiple, floor))
+
+
 def plan_ffn(scores: list[torch.Tensor], config: PruneConfig) -> list[list[int]]:
-    """Channels each layer keeps: the globally most salient ``total - remove`` (ties broken by rank), then
-    per layer rounded to ``ffn_multiple`` and raised to the ``min_ffn_keep`` floor, itself rounded up."""
+    """Channels each layer keeps: its ``min_ffn_keep`` floor (rounded up) of most salient channels, then the
+    globally most salient of the others up to ``total - remove`` (ties broken by rank), per layer rounded to
+    ``ffn_multiple``. The floor's channels come out of the global budget, so a layer held at its floor leaves its
+    share of the removal to the others and ``ffn_ratio`` of all channels still goes; only a ratio past what the
+    floors allow keeps the floors (:func:`check_width_ratios` refuses that in the stage)."""
     total = sum(s.numel() for s in scores)
     remove = int(round(config.ffn_ratio * total))
     if remove == 0:
         return [list(range(s.numel())) for s in scores]
-    layer_of = torch.cat([torch.full((s.numel(),), i) for i, s in enumerate(scores)])
-    chosen = layer_of[_ranked(torch.cat(scores))[: total - remove]]
+    floors = [ffn_floor(s.numel(), config) for s in scores]
+    orders = [_ranked(s) for s in scores]
+    spare = torch.cat([s[order[floor:]] for s, order, floor in zip(scores, orders, floors, strict=True)])
+    layer_of = torch.cat([torch.full((s.numel() - floor,), i)
+                          for i, (s, floor) in enumerate(zip(scores, floors, strict=True))])
+    chosen = layer_of[_ranked(spare)[: max(0, total - remove - sum(floors))]]
     plans = []
-    for index, s in enumerate(scores):
+    for index, (s, order, floor) in enumerate(zip(scores, orders, floors, strict=True)):
         width = s.numel()
         multiple = config.ffn_multiple if width >= config.ffn_multiple else 1
-        keep = int(round(int((chosen == index).sum()) / multiple)) * multiple
-        floor = math.ceil(math.ceil(config.min_ffn_keep * width - 1e-9) / multiple) * multiple  # never below it
+        keep = int(round((floor + int((chosen == index).sum())) / multiple)) * multiple
         keep = min(width, max(multiple, keep, floor))
-        plans.append(sorted(_ranked(s)[:keep].tolist()))
+        plans.append(sorted(order[:keep].tolist()))
     return plans
 
 
@@ -350,8 +367,49 @@ def prune_stage(model, config: PruneConfig, ctx: BuildContext):
     return model
 
 
+def check_width_ratios(model, config: PruneConfig) -> None:
+    """Refuse, before any calibration, a width ratio the model's structure cannot carry out: ``ffn_ratio`` past
+    what the layers' ``min_ffn_keep`` floors let go (:func:`plan_ffn` would keep the floors and remove less than
+    asked), and a ``kv_group_ratio`` that removes no GQA group (one KV head per layer, as Gemma 3's multi-query
+    attention, or a ratio of the groups that rounds to none) or more than all but one group of every layer
+    (each layer keeps one: :func:`plan_groups` would stop short). Either way the pruned model would not be the
+    one the recipe asked for, and nothing said so."""
+    widths = [layer.mlp.gate_proj.out_features for layer in model.model.layers]
+    total = sum(widths)
+    remove = int(round(config.ffn_ratio * total))
+    floors = sum(ffn_floor(width, config) for width in widths)
+    if remove > total - floors:
+        most = math.floor((total - floors) / total * 1e4) / 1e4  # a ratio that removes no more than that
+        raise BuildError(f"prune.ffn_ratio is {config.ffn_ratio}, but min_ffn_keep {config.min_ffn_keep} keeps at "
+                         f"least {floors} of the {total} FFN channels (each layer's floor rounded up to ffn_multiple "
+                         f"{config.ffn_multiple}), so at most {most} of them can go",
+                         f"lower prune.ffn_ratio to {most} or less (--ffn-ratio), or lower "
+                         "prune.min_ffn_keep (--set prune.min_ffn_keep=...)")
+    if not config.kv_group_ratio:
+        return
+    dim = head_dim(model)
+    groups = [layer.self_attn.k_proj.out_features // dim for layer in model.model.layers]
+    total, removable = sum(groups), sum(count - 1 for count in groups)
+    remove = int(round(config.kv_group_ratio * total))
+    where = f"the model has {total} GQA groups (KV heads) in {len(groups)} layers"
+    if removable == 0:
+        raise BuildError(f"prune.kv_group_ratio is {config.kv_group_ratio}, but {where}, one per layer "
+                         "(multi-query attention), and each layer keeps one: no group can be removed",
+                         "set prune.kv_group_ratio to 0 (--set prune.kv_group_ratio=0) and prune FFN channels or "
+                         "layers instead")
+    if remove == 0:
+        raise BuildError(f"prune.kv_group_ratio is {config.kv_group_ratio}, but {where}: "
+                         f"{config.kv_group_ratio} of them rounds to no group removed",
+                         f"set prune.kv_group_ratio to at least {math.ceil(1e4 / total) / 1e4} (one group), or to 0")
+    if remove > removable:
+        raise BuildError(f"prune.kv_group_ratio is {config.kv_group_ratio} ({remove} groups), but {where} and each "
+                         f"layer keeps at least one, so at most {removable} can go",
+                         f"lower prune.kv_group_ratio to {math.floor(removable / total * 1e4) / 1e4} or less")
+
+
 def _prune_width(model, config: PruneConfig, ctx: BuildContext, scheme) -> dict:
     """FFN channels and GQA groups by Fisher saliency; returns what the build record keeps of it."""
+    check_width_ratios(model, config)
     batches = ctx.training_data().batches(config.calibration_batches, config.batch_size, config.sequence_length,
                                           config.seed, "prune")
     fisher = fisher_diagonal(model, batches, ctx.progress)
