@@ -16,7 +16,9 @@ Two forms are read:
   keys ``base_model.model.<module>.lora_A.weight`` / ``.lora_B.weight`` (``.lora_A.<adapter>.weight`` in some
   tools), ``.lora_embedding_A`` / ``.lora_embedding_B`` for an ``nn.Embedding``, and the whole modules
   ``modules_to_save`` names (``<module>.modules_to_save[.<adapter>].weight`` or ``<module>.weight``), which
-  replace the base weights as PEFT's ``ModulesToSaveWrapper`` does;
+  replace the base weights as PEFT's ``ModulesToSaveWrapper`` does; of PEFT's LoRA variants, block-diagonal LoRA
+  (``use_bdlora``: its stacked blocks are put on the diagonal) and VeLoRA / MonteCLoRA (whose extra state is used only
+  in training) merge as plain LoRA, as PEFT merges them, and the others (DoRA, KaSA, ...) are refused;
 - a GGUF LoRA adapter as llama.cpp's ``convert_lora_to_gguf.py`` writes it: ``general.type`` adapter,
   ``adapter.type`` lora, ``adapter.lora.alpha``, and per base tensor ``<name>.lora_a`` (r, in) and
   ``<name>.lora_b`` (out, r) (numpy order), ``token_embd.weight.lora_a`` (vocab, r) and ``.lora_b`` (dim, r)
@@ -54,8 +56,15 @@ GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "q
 # Phi3MiniModel keeps attn_qkv's rows as they are)
 PAIRWISE_ROPE_ARCHITECTURES = {"llama", "smollm3", "granite"}
 # PEFT's init_lora_weights values that change the base weights when the adapter is made (the adapter then holds
-# the difference to that residual model, not to the base) unless PEFT converted it on saving
-BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq")
+# the difference to that residual model, not to the base) unless PEFT converted it on saving (save_pretrained's
+# path_initial_model_for_weight_conversion writes init_lora_weights true): PiSSA, OLoRA, CorDA and LoftQ, and
+# LoRA-GA, whose LoraLayer.lora_ga_init subtracts scaling * B @ A from the base weight (PEFT 0.21)
+BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
+# Parameters PEFT's LoRA variants keep for training only, saved beside the factors but not used by their inference
+# forward or their merge (peft/tuners/lora/variants.py: VeloraLinearVariant's lora_velora_embed buffer, read only
+# while training; MontecloraLinearVariant's lora_monteclora_sampler, which perturbs lora_A only while training;
+# both merge B @ A * scaling as a plain LoRA), and the config option that adds each
+TRAINING_ONLY_STATE = {"lora_velora_embed": "velora_config", "lora_monteclora_sampler": "monteclora_config"}
 
 
 @dataclass(frozen=True)
@@ -280,20 +289,26 @@ def _peft_config(adapter: LoraAdapter, directory: Path) -> dict:
                         ("layer_replication", "it repeats decoder layers, changing the model's structure"),
                         ("alora_invocation_tokens", "an activated LoRA applies only after its invocation tokens"),
                         ("trainable_token_indices", "its trainable token rows are not merged"),
-                        ("target_parameters", "it adapts parameters, not nn.Linear modules")):
+                        ("target_parameters", "it adapts parameters, not nn.Linear modules"),
+                        ("kasa_config", "KaSA truncates the base weight's smallest singular components and scales "
+                         "B @ A by a learned diagonal (lora_diag)")):
         value = config.get(option)
         if value:
             refused.append((f"{option}: {json.dumps(value)[:60]}", why))
     init = config.get("init_lora_weights")
     if isinstance(init, str) and init.lower().startswith(BASE_CHANGING_INITS):
         refused.append((f"init_lora_weights {init!r}", "the adapter is relative to a base model its initialisation "
-                        "changed, not to the base model"))
+                        "changed, not to the base model",
+                        "save it converted to a plain LoRA (PEFT's peft_model.save_pretrained(dir, "
+                        "path_initial_model_for_weight_conversion=<the adapter saved before training>)) and pass dir "
+                        "with --lora, or merge it in the session that trained it (peft_model.merge_and_unload()"
+                        ".save_pretrained(dir)) and pass that directory with --model"))
     if refused:
-        what, why = refused[0]
+        what, why, *fix = refused[0]
         raise ModelSourceError(
             f"{where}: the adapter sets {what}, which edgesdk does not merge: {why}",
-            "merge it with PEFT on the host (PeftModel.from_pretrained(base, adapter).merge_and_unload()"
-            ".save_pretrained(dir)) and pass that directory with --model")
+            fix[0] if fix else "merge it with PEFT on the host (PeftModel.from_pretrained(base, adapter)"
+            ".merge_and_unload().save_pretrained(dir)) and pass that directory with --model")
     for name in ("r", "lora_alpha"):
         value = config.get(name, 8)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -331,6 +346,29 @@ def _find_module(model, name: str):
         if candidate in modules and candidate:
             return candidate, modules[candidate]
     return None, None
+
+
+def _bdlora_blocks(config: dict, name: str, a, b, rank: int, in_size: int, out_size: int):
+    """A block-diagonal LoRA's factors (PEFT's ``use_bdlora``, BdLoraLinearVariant) as the full (r, in) A and
+    (out, r) B: the module whose name holds a ``target_modules_bd_a`` pattern stores A's ``nblocks`` diagonal blocks
+    stacked, (r, in / nblocks), one holding a ``target_modules_bd_b`` pattern B's, (out, r / nblocks); PEFT's
+    ``BlockDiagonalLinear.weight_as_blockdiagonal_matrix`` puts them back on the diagonal (``torch.block_diag`` of
+    the row chunks) for its merge. Other factors are returned as they are."""
+    import torch
+
+    settings = config.get("use_bdlora")
+    if not isinstance(settings, dict) or not isinstance(settings.get("nblocks"), int) or settings["nblocks"] < 1:
+        return a, b
+    blocks = settings["nblocks"]
+
+    def matches(option: str) -> bool:  # BdLoraLinearVariant.init: `pattern in target_name`
+        return any(isinstance(pattern, str) and pattern in name for pattern in settings.get(option) or [])
+
+    if matches("target_modules_bd_a") and in_size % blocks == 0 and tuple(a.shape) == (rank, in_size // blocks):
+        a = torch.block_diag(*torch.chunk(a, blocks, dim=0))
+    elif matches("target_modules_bd_b") and rank % blocks == 0 and tuple(b.shape) == (out_size, rank // blocks):
+        b = torch.block_diag(*torch.chunk(b, blocks, dim=0))
+    return a, b
 
 
 def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
@@ -377,7 +415,18 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
         path = key[len("base_model.model."):] if key.startswith("base_model.model.") else key
         lora = _LORA_KEY.match(path) or _EMBEDDING_KEY.match(path)
         if lora:
-            pairs.setdefault(lora["module"], {})[lora["part"][-1]] = (key, tensor)
+            pair = pairs.setdefault(lora["module"], {})
+            if lora["part"][-1] in pair:  # one factor twice: factors of several adapters (lora_A.<name>) in one file
+                raise ModelSourceError(
+                    f"{where}: {weights_file.name} holds two {lora['part']} factors of '{lora['module']}': "
+                    f"{pair[lora['part'][-1]][0]} and {key}, the factors of more than one adapter",
+                    "save each adapter on its own (PeftModel.save_pretrained(dir, selected_adapters=[name])) and pass "
+                    "each with its own --lora")
+            pair[lora["part"][-1]] = (key, tensor)
+            continue
+        state = next((option for part, option in TRAINING_ONLY_STATE.items()
+                      if f".{part}" in path and config.get(option)), None)
+        if state:  # a training-only parameter of a LoRA variant the config sets: not part of the merged model
             continue
         if path.endswith(".base_layer.bias") and config.get("bias", "none") != "none":
             # bias "all" / "lora_only": PEFT trains the biases and get_peft_model_state_dict saves the bias of an
@@ -438,6 +487,8 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
             check_vocabulary(key_a, name, module, a.shape[-1])
         rank = int(_pattern_value(config.get("rank_pattern"), name, config.get("r", 8)))
         alpha = float(_pattern_value(config.get("alpha_pattern"), name, config.get("lora_alpha", 8)))
+        if not embedding:
+            a, b = _bdlora_blocks(config, name, a, b, rank, in_size, out_size)
         if embedding:  # PEFT's Embedding: lora_embedding_A (r, num_embeddings), lora_embedding_B (dim, r)
             expected = {key_a: (rank, out_size), key_b: (in_size, rank)}
         else:  # nn.Linear(in, r) and nn.Linear(r, out): A (r, in), B (out, r)
