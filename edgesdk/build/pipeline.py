@@ -211,6 +211,18 @@ def check_depth_pruning(stages: list[tuple[str, object]], layer_count: int | Non
                          f"prune.layers_removed={layer_count - 1})")
 
 
+def check_width_pruning(stages: list[tuple[str, object]], model) -> None:
+    """Width ratios the loaded model's structure cannot carry out (edgesdk.compress.prune.check_width_ratios),
+    refused before any stage runs rather than when the prune stage starts, after QAT's training. With layers
+    removed first the widths are those of the shortened model, which the prune stage checks itself."""
+    prune = next((config for name, config in stages if name == "prune"), None)
+    if prune is None or prune.layers_removed:
+        return
+    from edgesdk.compress.prune import check_width_ratios
+
+    check_width_ratios(model, prune)
+
+
 def check_power_stage(stages: list[tuple[str, object]], model_config) -> None:
     """The power stage's adapters scale each attention head's query before softmax (edgesdk/power/adapter.py);
     a model that normalises every query head (Qwen3's q_norm) would divide that factor out again, so its
@@ -399,6 +411,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
             _log(f"  the bundle's context is {context} tokens, not --max-context {export_config.max_context}: the model's "
                  f"max_position_embeddings is {context}")
         check_depth_pruning(stages, loaded.model.config.num_hidden_layers)
+        check_width_pruning(stages, loaded.model)
         check_power_stage(stages, loaded.model.config)
         check_gemma_stages(stages, export_config, loaded.model.config)
     except EdgeSDKError:

@@ -87,3 +87,18 @@ def test_a_group_pruned_build_still_removes_the_asked_groups(tmp_path):
     layers = bundle.manifest["stages"][0]["metrics"]["layers"]
     assert sum(layer["kv_heads"] for layer in layers) == 2
     assert sum(layer["ffn"] for layer in layers) == 128
+
+
+def test_a_width_ratio_is_refused_before_any_stage_runs(tmp_path, capsys):
+    """After a QAT stage the refusal used to come only when prune started, after QAT's training; the pipeline now
+    checks the loaded model's widths before the first stage, and leaves no work directory behind."""
+    from edgesdk.errors import BuildError
+
+    recipe = ("name: r\nstages:\n  - stage: qat\n    config: {steps: 2, batch_size: 2, sequence_length: 24}\n"
+              "  - stage: prune\n    config: {ffn_ratio: 0.0, kv_group_ratio: 0.5}\n"
+              "export: {form: ort-fused, weights: fp32}\n")
+    model_dir = save_tiny_model_dir(tmp_path / "model", hidden=64, heads=4, layers=2, intermediate=128, kv_heads=1)
+    with pytest.raises(BuildError, match="multi-query attention"):
+        build_tiny_bundle(tmp_path, recipe, "host", model_dir=model_dir)
+    assert "[2/" not in capsys.readouterr().err  # no stage started
+    assert not (tmp_path / "b.build").exists()
