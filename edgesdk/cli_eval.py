@@ -234,13 +234,16 @@ def _print_perplexity(result: dict, method: str, context: int, text_length: int,
     """eval's perplexity result as text: the bundle's figure, and the reference's, the KL divergence, the last-word
     accuracy and the power gates' curve where the run has them (--json prints every figure)."""
     spans = "windows" if method == "windows" else f"chunks of {context}, llama-perplexity's rule"
-    click.echo(f"bundle perplexity    {result['bundle']['perplexity']:.4f} "
-               f"({result['bundle']['tokens_scored']} tokens, {result['bundle']['windows']} {spans})")
+    bundle = result["bundle"]  # the figure ± its uncertainty, as llama-perplexity's "Final estimate" prints it
+    click.echo(f"bundle perplexity    {_plus_minus(bundle['perplexity'], bundle['perplexity_uncertainty'], '.4f')} "
+               f"({bundle['tokens_scored']} tokens, {bundle['windows']} {spans})")
     if method == "llama-perplexity" and max_chars is not None and text_length > max_chars:
         click.echo(f"  scored the first {max_chars:,} of {text_length:,} characters; llama-perplexity reads "
                    "the whole file: pass --max-chars 0 for its figure")
     if "reference" in result:
-        click.echo(f"reference (PyTorch)  {result['reference']['perplexity']:.4f}")
+        reference = result["reference"]
+        click.echo("reference (PyTorch)  "
+                   + _plus_minus(reference["perplexity"], reference["perplexity_uncertainty"], ".4f"))
         click.echo(f"relative difference  {result['relative_difference'] * 100:+.3f} %")
     if "divergence" in result:
         d = result["divergence"]

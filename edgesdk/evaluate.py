@@ -24,7 +24,9 @@ for the same model and text:
 - only the second half of each chunk is scored: with ``first = n_ctx / 2`` (integer division), the
   logits at positions first .. n_ctx - 2 predict tokens first + 1 .. n_ctx - 1, n_ctx - first - 1 tokens
   per chunk;
-- the perplexity is exp of the mean negative log-likelihood over all scored tokens.
+- the perplexity is exp of the mean negative log-likelihood over all scored tokens, and its uncertainty (its
+  "Final estimate: PPL = X +/- Y") the perplexity times sqrt(var / (n - 1)), var the population variance of
+  the n tokens' negative log-likelihoods (:class:`PerplexityResult`; given under either method).
 
 ``--kl-divergence`` in llama.cpp scores the same positions of the same chunks, and so does
 :func:`divergence` under this method.
@@ -51,11 +53,15 @@ METHODS = (WINDOWS, LLAMA_PERPLEXITY)
 @dataclass(frozen=True)
 class PerplexityConfig:
     context: int = 512  # tokens per window (llama-perplexity: per chunk, its n_ctx)
-    stride: int = 512  # window step; equal to context means non-overlapping windows
+    # window step; equal to context means non-overlapping windows, as DESIGN.md measures and llama-perplexity
+    # chunks; None (the default): the context, whatever context is given
+    stride: int | None = None
     max_chars: int | None = 200_000  # evaluate the first N characters of the text (DESIGN.md measure)
     method: str = WINDOWS  # or LLAMA_PERPLEXITY (module docstring)
 
     def __post_init__(self):
+        if self.stride is None:  # a fixed default of 512 overlapped the windows of a longer context and refused a
+            object.__setattr__(self, "stride", self.context)  # shorter one, llama-perplexity's chunks too
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if self.method == LLAMA_PERPLEXITY:
@@ -74,9 +80,15 @@ class PerplexityResult:
     perplexity: float
     tokens_scored: int
     windows: int
+    # llama-perplexity's "Final estimate: PPL = X +/- Y" (perplexity() in tools/perplexity/perplexity.cpp): the
+    # perplexity times sqrt(var / (n - 1)), var the population variance of the n scored tokens' negative
+    # log-likelihoods; None where var is not positive (one token), where llama-perplexity prints no estimate
+    uncertainty: float | None = None
 
     def to_json(self) -> dict:
-        return {"perplexity": round(self.perplexity, 6), "tokens_scored": self.tokens_scored, "windows": self.windows}
+        return {"perplexity": round(self.perplexity, 6),
+                "perplexity_uncertainty": None if self.uncertainty is None else round(self.uncertainty, 6),
+                "tokens_scored": self.tokens_scored, "windows": self.windows}
 
 
 def windows(ids: list[int], config: PerplexityConfig) -> list[tuple[int, int, int]]:
@@ -100,11 +112,12 @@ def windows(ids: list[int], config: PerplexityConfig) -> list[tuple[int, int, in
     return spans
 
 
-def _log_softmax_nll(logits: np.ndarray, targets: np.ndarray) -> float:
+def _log_softmax_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """The negative log-likelihood of each target, in float64."""
     logits = logits.astype(np.float64)
     peak = logits.max(axis=-1, keepdims=True)
     log_z = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=-1))
-    return float((log_z - logits[np.arange(len(targets)), targets]).sum())
+    return log_z - logits[np.arange(len(targets)), targets]
 
 
 def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress: bool = False,
@@ -114,14 +127,16 @@ def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress:
     from tqdm import tqdm
 
     spans = _checked_windows(ids, config, "perplexity")
-    nll, count = 0.0, 0
+    losses = []
     for start, end, first in tqdm(spans, desc=label, disable=not progress, unit="window"):
         window = _window(ids, start, end, bos_id)
         logits = score_window(window)  # (T, V); row t predicts token t+1
-        targets = window[first:]
-        nll += _log_softmax_nll(logits[first - 1:-1], targets)
-        count += len(targets)
-    return PerplexityResult(exp_or_inf(nll / count), count, len(spans))
+        losses.append(_log_softmax_nll(logits[first - 1:-1], window[first:]))
+    nll = np.concatenate(losses)
+    count, ppl = len(nll), exp_or_inf(float(nll.mean()))
+    variance = float(nll.var())  # llama-perplexity: nll2 / count - (nll / count)^2, an estimate only where > 0
+    uncertainty = ppl * math.sqrt(variance / (count - 1)) if variance > 0 and count > 1 else None
+    return PerplexityResult(ppl, count, len(spans), uncertainty)
 
 
 def _checked_windows(ids: list[int], config: PerplexityConfig, measure: str) -> list[tuple[int, int, int]]:
