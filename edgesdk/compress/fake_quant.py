@@ -303,8 +303,9 @@ def attach(model, scheme: QuantScheme) -> None:
         head_scheme = QuantScheme(**{**scheme.to_json(), "granularity": "block", "activations": head_activations})
         _make_quant_linear(model.lm_head, head_scheme, scheme.embedding_bits, "lm_head")
         embedding = model.model.embed_tokens
-        embedding.plain_class = type(embedding)  # nn.Embedding, or a subclass that scales (detach puts it back)
-        embedding.__class__ = QuantEmbedding
+        if not isinstance(embedding, QuantEmbedding):  # attached already: its plain class is kept from then
+            embedding.plain_class = type(embedding)  # nn.Embedding, or a subclass that scales (detach puts it back)
+            embedding.__class__ = QuantEmbedding
         embedding.scheme, embedding.bits = head_scheme, scheme.embedding_bits
     setattr(model.config, CONFIG_KEY, scheme.to_json())
 

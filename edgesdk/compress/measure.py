@@ -1,11 +1,20 @@
 """What the build report records after each stage: parameters, the bytes the exported weights
-will take, quick held-out perplexity, and the per-layer structure."""
+will take, quick held-out perplexity (with the recorded fake quantization on, as the export computes), and the
+per-layer structure."""
 
 from __future__ import annotations
 
 import torch
 
-from edgesdk.compress.fake_quant import QuantScheme, decoder_linears, is_tied
+from edgesdk.compress.fake_quant import (
+    CONFIG_KEY,
+    QuantLinear,
+    QuantScheme,
+    attach,
+    decoder_linears,
+    detach,
+    is_tied,
+)
 from edgesdk.compress.structure import layer_records
 from edgesdk.evaluate import exp_or_inf
 
@@ -75,6 +84,24 @@ def heldout_perplexity(model, ids: torch.Tensor, length: int = HELDOUT_WINDOW) -
     return exp_or_inf(total / max(count, 1))  # a diverged stage's loss past 709.8 nats is inf, not an OverflowError
 
 
+def quantized_heldout_perplexity(model, ids: torch.Tensor, scheme: QuantScheme | None) -> float:
+    """:func:`heldout_perplexity` of the model the export computes: with ``scheme``'s fake quantization on, so
+    the inputs of the linears are quantized as the exported graph quantizes them (per tensor with the observed
+    scales for the QDQ / TensorRT form, per block at run time for MatMulNBits accuracy level 4). A stage leaves
+    its weights baked on the integer grid, which re-quantizing leaves as they are, but its activations in float:
+    measured plain, a W8A8 build's figure would be that of a weight-only model. Fake quantization is switched
+    off again afterwards (weights untouched); a model that carries it already is measured as it is."""
+    if scheme is None or any(isinstance(module, QuantLinear) for module in model.modules()):
+        return heldout_perplexity(model, ids)
+    recorded = getattr(model.config, CONFIG_KEY)
+    attach(model, scheme)
+    try:
+        return heldout_perplexity(model, ids)
+    finally:
+        detach(model, bake=False)
+        setattr(model.config, CONFIG_KEY, recorded)  # the scheme as the stage left it
+
+
 def structure_summary(model) -> list[dict]:
     """Per remaining layer: its index in the unpruned model, query heads, KV heads and FFN channels kept."""
     return [{"layer": int(r.get("layer", i)), "heads": len(r["heads"]), "kv_heads": len(r["kv_heads"]),
@@ -86,5 +113,5 @@ def stage_metrics(model, eval_ids: torch.Tensor | None) -> dict:
     metrics = {"parameters": parameters(model), "weight_bytes": weight_bytes(model, scheme),
                "layers": structure_summary(model)}
     if eval_ids is not None and eval_ids.numel() > HELDOUT_WINDOW:
-        metrics["heldout_perplexity"] = round(heldout_perplexity(model, eval_ids), 4)
+        metrics["heldout_perplexity"] = round(quantized_heldout_perplexity(model, eval_ids, scheme), 4)
     return metrics
