@@ -187,6 +187,14 @@ def check_gguf_model(path: Path) -> dict:
                 + (f", no {', '.join(missing)}" if missing else "")
                 + (", no token_embd.weight" if "token_embd.weight" not in tensors else "") + ")")
         raise ModelSourceError(f"the GGUF file {path} holds {what}", "pass the GGUF of a whole model")
+    experts = field(f"{arch}.expert_count")  # llama.cpp's LLM_KV_EXPERT_COUNT: Mixtral's files are llama ones with it
+    if isinstance(experts, int) and experts > 0:
+        used = field(f"{arch}.expert_used_count")
+        raise ModelSourceError(
+            f"the GGUF file {path} holds a mixture-of-experts model ({arch}.expert_count {experts}"
+            + (f", {used} used per token" if isinstance(used, int) else "") + ", as Mixtral's files are written): "
+            "edgesdk's decoders have one dense FFN per layer and do not compute its expert FFNs (blk.N.ffn_*_exps)",
+            "use a dense model (Llama, SmolLM2, TinyLlama, Qwen2, Qwen3, Mistral 7B, Phi-3, Granite 3, Gemma 3)")
     if arch == "gemma3":
         return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
     if arch == "smollm3":
@@ -201,6 +209,9 @@ def check_gguf_model(path: Path) -> dict:
     check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
     head_dim = _gguf_head_dim(path, arch, field)
     phi3 = _phi3_overrides(path, field, tensors, head_dim) if arch == "phi3" else {}
+    _check_whole_head_rotary(path, arch, field, head_dim)
+    if arch != "phi3":
+        _check_tensors_read(path, arch, field, tensors)
     return {**head_dim, **phi3, **_gguf_rope_overrides(path, arch, field, reader, head_dim)}
 
 
@@ -551,6 +562,78 @@ def _gguf_head_dim(path: Path, arch: str, field) -> dict:
     return {} if size is None else {"head_dim": size}
 
 
+# the per-layer bias tensors transformers' GGUF reader loads, per architecture (Qwen2's q/k/v biases); it drops any
+# other bias without a word
+GGUF_READ_BIASES = {"qwen2": ("attn_q", "attn_k", "attn_v")}
+
+
+def _check_tensors_read(path: Path, arch: str, field, tensors: set[str]) -> None:
+    """Refuse per-layer tensors transformers' GGUF reader leaves out without a word: layers past
+    ``{arch}.block_count``, and biases its config for ``arch`` has no place for (all but Qwen2's q/k/v biases).
+    llama.cpp applies what it reads (its llama adds the optional attn_q / attn_k / attn_v / attn_output and FFN
+    biases where a file holds them, TENSOR_NOT_REQUIRED) and refuses a file holding tensors it does not read
+    (``llama_model_loader::done_getting_tensors``: "wrong number of tensors"), so the model loaded without them
+    would answer otherwise."""
+    layers, kept = int(field(f"{arch}.block_count")), GGUF_READ_BIASES.get(arch, ())
+    dropped = []
+    for name in tensors:
+        parts = name.split(".")
+        if len(parts) >= 3 and parts[0] == "blk" and parts[1].isdigit() \
+                and (int(parts[1]) >= layers or (parts[-1] == "bias" and parts[2] not in kept)):
+            dropped.append(name)
+    if dropped:
+        dropped.sort(key=lambda name: (int(name.split(".")[1]), name))
+        raise ModelSourceError(
+            f"the GGUF file {path} holds {len(dropped)} tensor(s) that transformers' GGUF reader, through which "
+            f"edgesdk loads GGUF files, drops without a word: {', '.join(dropped[:5])}"
+            + (", ..." if len(dropped) > 5 else "")
+            + f" ({arch}.block_count is {layers}; a {arch} model "
+            + (f"has biases on {', '.join(kept)} only" if kept else "has no biases") + "); llama.cpp applies such "
+            "biases or refuses the file, so the model loaded without them would answer otherwise",
+            "convert the model again with llama.cpp's convert_hf_to_gguf.py, or build from its Hugging Face "
+            "directory")
+
+
+def _check_whole_head_rotary(path: Path, arch: str, field, head_dim: dict) -> None:
+    """Refuse a file whose ``{arch}.rope.dimension_count`` (llama.cpp's ``n_rot``, the head size where absent) is
+    not the head size: llama.cpp's ``load_hparams`` refuses such a llama file ("invalid n_rot: %u, expected %u"),
+    and its qwen2 / qwen3 graphs rotate only the first ``n_rot`` dimensions of each head, where the
+    config edgesdk loads (head_dim, the key size) and its graphs rotate the whole head: the answers would differ."""
+    size, dims = head_dim.get("head_dim"), field(f"{arch}.rope.dimension_count")
+    if size is None or dims is None or int(dims) == size:
+        return
+    what = ("llama.cpp refuses the file (invalid n_rot)" if arch == "llama" else
+            f"llama.cpp's {arch} rotates only those, and edgesdk's graphs rotate the whole head")
+    raise ModelSourceError(
+        f"the GGUF file {path} rotates {dims} of each head's {size} dimensions ({arch}.rope.dimension_count "
+        f"{dims}, head size {size} from {arch}.attention.key_length or width / heads): {what}",
+        f"use a file whose {arch}.rope.dimension_count is the head size ({size}), e.g. convert the model again "
+        "with llama.cpp's convert_hf_to_gguf.py, or build from its Hugging Face directory")
+
+
+# tokenizer.ggml.pre values llama.cpp reads as LLAMA_VOCAB_PRE_TYPE_LLAMA3, whose vocabulary adds a BOS token where
+# the file has no tokenizer.ggml.add_bos_token (src/llama-vocab.cpp, llama_vocab::impl::load: add_bos = true)
+LLAMA3_PRE_TOKENIZERS = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2")
+
+
+def gguf_adds_bos_by_default(path: Path) -> bool:
+    """Whether llama.cpp adds a BOS token to the text of the GGUF file at ``path`` although the file does not say so:
+    a BPE vocabulary (``tokenizer.ggml.model`` gpt2) with a Llama 3 pre-tokenizer (:data:`LLAMA3_PRE_TOKENIZERS`)
+    and no ``tokenizer.ggml.add_bos_token`` (Llama 3 files written before the converter read the BOS from
+    tokenizer.json's post-processor). transformers' GGUF tokenizer then adds none, where a SentencePiece vocabulary
+    (``llama``) gets one in both; the key, where present, decides in both."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+
+    def value(key: str):
+        found = fields.get(key)
+        return None if found is None else found.contents()
+
+    return value("tokenizer.ggml.add_bos_token") is None and value("tokenizer.ggml.model") == "gpt2" \
+        and value("tokenizer.ggml.pre") in LLAMA3_PRE_TOKENIZERS
+
+
 def _gguf_has_field(path: Path, key: str) -> bool:
     from gguf import GGUFReader
 
@@ -567,6 +650,43 @@ def check_all_weights_loaded(missing: Any, where: Path) -> None:
             + ", ".join(names[:5]) + (", ..." if len(names) > 5 else ""),
             "check that every weight file of the model is complete (an untied model needs lm_head.weight)",
         )
+
+
+def check_all_weights_used(unexpected: Any, where: Path) -> None:
+    """Refuse a Hugging Face directory whose weight files hold tensors its config.json gives no place to (more
+    layers than ``num_hidden_layers``, biases where ``attention_bias`` / ``mlp_bias`` are off): transformers drops
+    them and only logs it ("UNEXPECTED"), so the model computes something other than its checkpoint. llama.cpp's
+    loader refuses a file with tensors its model does not read ("wrong number of tensors",
+    ``llama_model_loader::done_getting_tensors``). The keys transformers itself ignores (old checkpoints'
+    ``rotary_emb.inv_freq``, ``position_ids``) are not in ``unexpected``."""
+    if unexpected:
+        names = sorted(unexpected)
+        raise ModelSourceError(
+            f"model {where} holds {len(names)} weight(s) its config.json has no place for, which transformers would "
+            "drop: " + ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+            + "; the model would then compute something other than its checkpoint",
+            "use the config.json that came with these weights (its num_hidden_layers, attention_bias, mlp_bias and "
+            "architecture must match the weight files)",
+        )
+
+
+def config_tied_as_loaded(model) -> None:
+    """Set ``tie_word_embeddings`` false where the loaded model's LM head is not its embedding: transformers leaves
+    a model untied whose config.json says tie_word_embeddings but whose weights hold an lm_head.weight of other
+    values (it warns "... both are present in the checkpoints with different values, so we will NOT tie them. You
+    should update the config with `tie_word_embeddings=False`"), and its config saying tied. The manifest then
+    recorded a tied model, and whatever rebuilds the model from its config (``tie_weights()``; a pruned checkpoint
+    read back by compress/structure.py, ``from_config`` then ``load_state_dict``) shared one table for both,
+    losing the head or the embedding."""
+    config = model.config
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if not getattr(config, "tie_word_embeddings", False) or head is None or embedding is None \
+            or head.weight is embedding.weight:
+        return
+    config.tie_word_embeddings = False
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text_config is not config:
+        text_config.tie_word_embeddings = False
 
 
 @contextlib.contextmanager
@@ -697,6 +817,9 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
             incomplete_model_fix(source),
         ) from exc
     check_all_weights_loaded(loading_info["missing_keys"], source.path)
+    if source.kind == "hf-dir":
+        check_all_weights_used(loading_info.get("unexpected_keys"), source.path)
+        config_tied_as_loaded(model)
     try:
         with _progress_bars(progress):
             # AutoTokenizer reads the GGUF file's config through transformers' reader first, which refuses a SmolLM3
@@ -711,6 +834,9 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
             "the model needs its tokenizer: tokenizer.json (with tokenizer_config.json) beside config.json "
             "in a Hugging Face directory, the tokenizer metadata in a GGUF file",
         ) from exc
+    if source.kind == "gguf" and gguf_adds_bos_by_default(source.path) and not getattr(tokenizer, "add_bos_token", True) \
+            and getattr(tokenizer, "bos_token", None) is not None:
+        tokenizer.add_bos_token = True  # transformers' setter rebuilds the post-processor with the BOS in front
     if not getattr(tokenizer, "is_fast", False):
         raise ModelSourceError(
             f"the tokenizer of {source.path} has no fast (tokenizers) version",
