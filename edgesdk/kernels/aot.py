@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,6 +43,10 @@ _ATTN_PARAMS = (
     ("stride_ob", "i32"), ("stride_oh", "i32"), ("stride_od", "i32"),
 )
 _ATTN_CONSTEXPRS = ("BLOCK_G", "BLOCK_D", "BLOCK_T", "WINDOW")
+
+# Triton's hidden kernel parameters, after the runtime ones (triton 3.9 ``backends/nvidia/driver.py`` launcher:
+# global scratch, then profile scratch); what the board's loader appends to every launch
+TRAILING_PARAMS = (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
 
 _DOT_MIN = 16  # smallest tile edge tl.dot takes (triton_kernels.DOT_MIN; this module imports no triton)
 POINTER_ALIGNMENT = 16  # bytes; every pointer parameter of an AOT kernel must be a multiple of this
@@ -148,6 +153,28 @@ def compile_variant(variant: KernelVariant, sm: int):
     return triton.compile(src, target=GPUTarget("cuda", sm, 32), options=options)
 
 
+def ptx_entry_params(ptx: str, kernel_name: str) -> int | None:
+    """How many parameters the PTX declares for ``.entry kernel_name`` (PTX ISA, "Kernel Function Declarations":
+    ``.entry name ( .param ..., ... )``); None when the entry or its parameter list is not there to read."""
+    found = re.search(r"\.entry\s+" + re.escape(kernel_name) + r"\s*\(([^)]*)\)", ptx)
+    return None if found is None else len(re.findall(r"\.param\b", found.group(1)))
+
+
+def abi_mismatch(variant: KernelVariant, ptx: str, kernel_name: str, triton_version: str) -> str | None:
+    """Why the board's loader would launch this compiled kernel wrongly, or None. The loader passes the variant's
+    runtime parameters and then :data:`TRAILING_PARAMS`, Triton 3.9's launcher ABI; a Triton that adds, drops or
+    renames a hidden parameter compiles a kernel that takes another count, and the driver would read the missing
+    ones from whatever memory follows (CUDA Driver API, ``cuLaunchKernel``: the count comes from the image)."""
+    declared = ptx_entry_params(ptx, kernel_name)
+    passed = len(variant.params()) + len(TRAILING_PARAMS)
+    if declared is None or declared == passed:
+        return None
+    return (f"triton {triton_version} compiled {kernel_name} with {declared} kernel parameters, but the board's "
+            f"loader passes {passed} ({len(variant.params())} runtime ones, then "
+            f"{', '.join(name for name, _ in TRAILING_PARAMS)}: the launcher ABI of triton 3.9): compile with "
+            f"triton==3.9.0 (pip install 'triton==3.9.0'), the version this edgesdk's kernels are written for")
+
+
 def ptxas_release(sm: int) -> str | None:
     """``"12.9, V12.9.86"`` for the ptxas Triton uses for ``sm``: a board driver older than this CUDA release may
     refuse the cubin (and needs a driver at least as new for the PTX)."""
@@ -179,7 +206,7 @@ def _metadata(variant: KernelVariant, sm: int, compiled, tuning: KernelTuning, f
         "ptxas_release": ptxas_release(sm),
         "signature": [[name, ty] for name, ty in variant.signature().items()],  # kernel argument order
         "params": [[name, ty] for name, ty in variant.params()],
-        "trailing_params": [["global_scratch", "*i8"], ["profile_scratch", "*i8"]],
+        "trailing_params": [list(p) for p in TRAILING_PARAMS],
         "pointer_alignment": POINTER_ALIGNMENT,
         "constexprs": variant.constexprs,
         "act_dtype": variant.act_dtype,
@@ -225,6 +252,14 @@ def compile_for_target(sm: int, out_dir: Path, tuning: KernelTuning | None = Non
             results.append(CompiledKernel(variant.name, sm, None, None, None, shared_memory_bytes=shared,
                                           num_warps=variant.num_warps, num_stages=variant.num_stages, ok=False,
                                           error=message))
+            continue
+        import triton
+
+        abi = abi_mismatch(variant, compiled.asm["ptx"], compiled.metadata.name, triton.__version__)
+        if abi is not None:
+            results.append(CompiledKernel(variant.name, sm, None, None, None, shared_memory_bytes=shared,
+                                          num_warps=variant.num_warps, num_stages=variant.num_stages, ok=False,
+                                          error=abi))
             continue
         cubin_path = target_dir / f"{variant.name}.cubin"
         ptx_path = target_dir / f"{variant.name}.ptx"

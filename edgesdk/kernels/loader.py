@@ -10,7 +10,8 @@ Everything goes through the CUDA driver API (CUDA Driver API reference: ``cuModu
 and otherwise :func:`load_compiled` raises a ``RuntimeError`` naming both. Kernel parameters follow Triton's
 launcher (``triton/backends/nvidia/driver.c``): the runtime parameters in signature order (constexprs are baked
 into the cubin), then the global-scratch and profile-scratch pointers. A cubin is loaded when its SM equals the
-device's; otherwise the PTX is loaded, which the driver JIT-compiles for a newer device (PTX is forward-compatible).
+device's; otherwise the PTX is loaded, which the driver JIT-compiles for a newer device (PTX is forward-compatible,
+except arch-specific ``sm_90a`` code, what Triton writes for sm_90 and later: that is refused by name).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def _missing_backend_message(detail: str) -> str:
 # ---------------------------------------------------------------------------------------------- driver backends
 class _CudaPythonDriver:
     name = "cuda-python"
+    host_memory = False  # kernels read device memory only (see LoadedKernel.launch)
 
     def __init__(self, driver: Any, device: int) -> None:
         self.d = driver
@@ -101,6 +103,7 @@ class _LibcudaDriver:
     """The driver library PyTorch loaded, through ctypes (used when cuda-python is absent)."""
 
     name = "libcuda (torch)"
+    host_memory = False
 
     def __init__(self, device: int) -> None:
         import torch
@@ -232,7 +235,10 @@ def _stream_handle(stream: Any) -> int:
 
 @dataclass
 class LoadedKernel:
-    """One compiled variant, loaded: ``launch(grid, *params)`` with params in ``meta["params"]`` order."""
+    """One compiled variant, loaded: ``launch(grid, *params)`` with params in ``meta["params"]`` order. A launch
+    refuses, naming the parameter: a tensor of another dtype than compiled, an unaligned pointer, an integer
+    outside its compiled type, a grid past CUDA's limits, and (on a CUDA driver, ``host_memory`` False) a tensor
+    that is not on the GPU, as Triton's launcher does ("cannot be accessed from Triton (cpu tensor?)")."""
 
     meta: dict
     driver: Any
@@ -277,8 +283,14 @@ class LoadedKernel:
         grid3 = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         holders: list[Any] = []
         alignment = int(self.meta.get("pointer_alignment", 1))
+        device_only = not getattr(self.driver, "host_memory", True)
         for (name, ty), value in zip(specs, params, strict=True):
             if ty.startswith("*"):
+                where = getattr(getattr(value, "device", None), "type", None)
+                if device_only and where is not None and where != "cuda":
+                    raise ValueError(f"{self.name}: {name} is a {where} tensor, which the GPU cannot read (the "
+                                     f"kernel would fault and leave the CUDA context unusable): move it to the GPU "
+                                     f"(.cuda()); Triton's own launcher refuses it too")
                 expected = _POINTEE_DTYPES.get(ty[1:])
                 got = getattr(value, "dtype", None)
                 if expected is not None and got is not None and str(got) != expected:
@@ -587,6 +599,51 @@ def _cubin_sm(image: bytes) -> int | None:
     return None
 
 
+def _ptx_target(image: bytes) -> tuple[int, str] | None:
+    """``(90, "a")`` for a PTX module whose ``.target`` directive is ``sm_90a`` (PTX ISA, "Target Directives");
+    None when it names no ``sm_NN`` target."""
+    import re
+
+    found = re.search(rb"^\s*\.target\s+sm_(\d+)([af]?)\b", image, re.MULTILINE)
+    return None if found is None else (int(found.group(1)), found.group(2).decode())
+
+
+def _ptx_refusal(image: bytes, meta: dict, sm: int, capability: int) -> str | None:
+    """Why this GPU's driver cannot JIT the PTX of a variant, or the loader would launch it wrongly; None when
+    neither. (1) A ``.target`` other than the metadata's SM: the files were mixed. (2) Arch-specific code
+    (``sm_90a``; PTX ISA, "Target Directives": arch-accelerated features are not forward-compatible, so
+    ``sm_XYa`` runs only on compute capability X.Y; family-specific ``sm_XYf`` only on X.z, z >= Y) for another
+    GPU: Triton compiles every target from sm_90 as ``sm_90a`` (``backends/nvidia/compiler.py``,
+    ``sm_arch_from_capability``), so an sm_90 bundle's PTX does not run on a newer GPU. (3) An entry with another
+    parameter count than the metadata's parameters and the scratch pointers this loader appends: a kernel compiled
+    by a Triton with another launcher ABI (``cuLaunchKernel`` reads as many parameters as the image declares)."""
+    from .aot import ptx_entry_params
+
+    target = _ptx_target(image)
+    if target is not None:
+        target_sm, suffix = target
+        if target_sm != sm:
+            return (f"holds sm_{target_sm}{suffix} code, but its metadata says sm_{sm}: the bundle's kernel files "
+                    "were mixed; copy the whole bundle again or rebuild it")
+        if suffix == "a" and capability != target_sm:
+            runs_on = f"arch-specific PTX that runs only on sm_{target_sm} GPUs"
+        elif suffix == "f" and (capability // 10 != target_sm // 10 or capability < target_sm):
+            runs_on = f"family-specific PTX that runs only on sm_{target_sm // 10}x GPUs from sm_{target_sm}"
+        else:
+            runs_on = None
+        if runs_on is not None:
+            return (f"is sm_{target_sm}{suffix} code, {runs_on}, and this GPU is sm_{capability}: the driver "
+                    "cannot JIT it here; build the bundle for this GPU's target (edgesdk build --target ...)")
+    declared = ptx_entry_params(image.decode("utf-8", "replace"), str(meta["kernel_name"]))
+    passed = len(meta["params"]) + len(_SCRATCH_PARAMS)  # what LoadedKernel.launch packs
+    if declared is not None and declared != passed:
+        return (f"declares {declared} kernel parameters for {meta['kernel_name']}, but this loader passes {passed} "
+                f"(its {len(meta['params'])} parameters, then Triton's scratch pointers): it was compiled by a "
+                f"Triton with another launcher ABI (triton {meta.get('triton_version', 'unknown')}); rebuild the "
+                "bundle with this edgesdk and triton==3.9.0")
+    return None
+
+
 def _has_entry(image: bytes, source: str, kernel_name: str) -> bool:
     """Whether a PTX image declares ``.entry kernel_name`` or a cubin's string table holds the symbol."""
     import re
@@ -601,7 +658,9 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
     """Load every compiled variant of ``kernel_dir`` (a bundle's ``kernels/sm_XX``) onto GPU ``device``.
 
     Raises :class:`KernelLoadError` when neither cuda-python nor a CUDA torch is there, when the device is older
-    than the kernels' SM, when the driver refuses an image, and when the directory is damaged: ``index.json`` or
+    than the kernels' SM, when the PTX a newer device would JIT cannot run on it (arch-specific ``sm_90a`` code,
+    what Triton writes for every target from sm_90) or was compiled for another launcher ABI (another Triton;
+    :func:`_ptx_refusal`), when the driver refuses an image, and when the directory is damaged: ``index.json`` or
     a variant's metadata missing or not JSON, a listed cubin / PTX missing, a cubin whose SHA-256 is not the
     one recorded at compile time, or metadata for another SM than the index. Each names the file and the fix.
     """
@@ -669,6 +728,9 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
                 raise KernelLoadError(f"cubin {image_path} holds sm_{image_sm} code, but {meta_path} and {index_path} "
                                       f"say sm_{sm}: the bundle's kernels were compiled for another target; rebuild "
                                       f"the bundle for this board (edgesdk build --target ...)")
+        refusal = _ptx_refusal(image, meta, sm, capability) if source == "ptx" else None
+        if refusal is not None:
+            raise KernelLoadError(f"ptx {image_path} of kernel {meta['name']} {refusal}")
         if not _has_entry(image, source, str(meta["kernel_name"])):
             raise KernelLoadError(f"{source} {image_path} has no kernel named {meta['kernel_name']!r}, the "
                                   f"kernel_name in {meta_path}: the files do not belong together; copy the bundle "

@@ -309,17 +309,32 @@ def block_sparse_matmul_triton(x: torch.Tensor, weight: BlockSparseWeight, emula
     """x ``(M, K)`` -> ``(M, N)`` (float32 when x is float32, else x's dtype), by the BSR kernel.
 
     Batch 1 (``M == 1``) takes the GEMV path: ``tuning.gemv_unroll`` blocks a step and, where
-    :func:`gemv_splits` says the block rows alone leave SMs idle, split-K with atomic float32 adds."""
+    :func:`gemv_splits` says the block rows alone leave SMs idle, split-K with atomic float32 adds.
+
+    Emulated bfloat16 runs the GEMM (``M >= 16``) without ``tl.dot``, by the broadcast multiply: Triton 3.9's
+    interpreter stores bfloat16 as its uint16 bits, casts int8 to bfloat16 with numpy's ``astype(uint16)`` (the
+    integer, not its bfloat16 encoding) and multiplies those bits in ``create_dot`` (``np.matmul``), so a
+    bfloat16 ``tl.dot`` there returns numbers ~1e8 times off. The GPU path is unchanged.
+
+    Raises ValueError for a block edge that is not a power of two (``tl.arange`` takes only those; Triton
+    language docs), which the twin computes but no Triton tile can hold."""
     tuning = tuning or _default_tuning()
     n, k = weight.shape
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"x must be (M, K={k}), got {tuple(x.shape)}")
     _check_device(emulated, x, weight.values, weight.col_index, weight.row_offsets, weight.scales)
     m = x.shape[0]
+    bn, bk = weight.block
+    if bn & (bn - 1) or bk & (bk - 1):
+        raise ValueError(f"the Triton kernel tiles by the weight's block, and tl.arange takes powers of two only: "
+                         f"block {tuple(weight.block)} of a {n}x{k} weight is not; build the weight with a "
+                         f"power-of-two block (16, 32, 64; the profile's sparsity_block is one) or use mode "
+                         f"'reference'")
     if m == 0 or n == 0:
         return torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bn, bk = weight.block
     block_m, use_dot, num_warps = bsr_launch_params(m, tuning, weight.block)
+    if emulated and x.dtype == torch.bfloat16:
+        use_dot = False  # see the docstring: Triton's interpreter computes a bfloat16 tl.dot wrongly
     unroll, splits = 1, 1
     if m == 1:
         unroll = max(1, tuning.gemv_unroll)
