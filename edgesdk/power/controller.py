@@ -62,7 +62,7 @@ class ControllerConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-        check_entropy_target(self.entropy_target, self.window)
+        check_entropy_target(self.entropy_target, self.window, self.floor)  # the floor sets the lowest entropy
         if not 0 < self.compute_budget <= 1:
             raise ValueError(f"compute_budget must be in (0, 1], got {self.compute_budget}")
         if not 0 <= self.min_compute <= 1:

@@ -18,9 +18,10 @@ with like). Turning a stretch of p into a distribution:
 4. L1 normalisation over the valid tokens: P sums to 1 per window;
 5. entropy H = -sum P ln P in nats.
 
-Window choice. H over W tokens lies in [0, ln W], and e^H is the number of tokens that
-effectively carry the window's power. With W = 8 the targets read "power on e^1.2 = 3.3 of 8
-tokens" (host) and "on e^1.5 = 4.5 of 8 tokens" (boards). Measured on SmolLM2-135M ungated
+Window choice. H over W tokens lies in [least_entropy(W, floor), ln W] (0.366 nats over 8 tokens at
+the floor 0.01: all the power on one token, the others at the floor; 0 without a floor), and e^H is
+the number of tokens that effectively carry the window's power. With W = 8 the targets read
+"power on e^1.2 = 3.3 of 8 tokens" (host) and "on e^1.5 = 4.5 of 8 tokens" (boards). Measured on SmolLM2-135M ungated
 (WikiText-2, k = 2, floor 0.01), H is 1.75 +- 0.16 nats over 8 tokens: both targets lie below
 it, so they ask for gating that differs between tokens, the host's more than the boards'. Over
 6 tokens the ungated model already sits at 1.43 (below 1.5: the board target would mean nothing)
@@ -44,13 +45,37 @@ SMOOTH = 2  # causal moving-average width (this token and the previous one)
 FLOOR = 0.01  # mass floor after min-max, in units of the window's range
 
 
-def check_entropy_target(target: float, window: int = WINDOW) -> None:
-    """A target the windowed entropy can reach: finite, above 0 and below ln ``window`` (a window of
-    equal powers); past it the controller would drive tau to a bound and gating quietly stop."""
-    most = math.log(window)
-    if not (math.isfinite(target) and 0 < target < most):
-        raise ValueError(f"entropy_target must lie in (0, {most:.3f}) nats, the range a window of {window} tokens "
-                         f"can hold, got {target}")
+def least_entropy(window: int = WINDOW, floor: float = FLOOR) -> float:
+    """The lowest entropy (nats) :func:`distribution` can give a window of ``window`` tokens with ``floor``.
+
+    Min-max puts every token's smoothed power in [0, 1], the lowest at 0 and the highest at 1 (equal powers give
+    the uniform P, ln ``window``), and each token gets ``floor`` on top before the L1 normalisation. P is a
+    linear-fractional map of those values, so the set of P is a polytope whose corners are k tokens at 1 and the
+    others at 0, and the entropy, concave, is lowest at a corner: the least over k of k tokens holding
+    (1 + floor) / Z each and ``window - k`` holding floor / Z. With k = 1 (all the power on one token), 8 tokens
+    and the floor 0.01 it is 0.366 nats, not 0: the floor keeps every token's mass at 0.9 % or more.
+    """
+    ratio = floor / (1.0 + floor)  # a floor token's mass over a top token's, in [0, 1) (no overflow for a big floor)
+    least = math.log(window)
+    for k in range(1, window):
+        z = k + (window - k) * ratio
+        top, low = 1.0 / z, ratio / z
+        h = -k * top * math.log(top) - ((window - k) * low * math.log(low) if low > 0 else 0.0)
+        least = min(least, h)
+    return least
+
+
+def check_entropy_target(target: float, window: int = WINDOW, floor: float = FLOOR) -> None:
+    """A target the windowed entropy can reach: finite, above :func:`least_entropy` (all the power on one token,
+    the others at the floor: 0.366 nats over 8 tokens at the floor 0.01) and below ln ``window`` (a window of equal
+    powers); past either bound the controller would drive tau to a bound and gating quietly stop (below: tau to its
+    ceiling, as few FFN blocks run as the quality floor allows, whatever the text)."""
+    most, least = math.log(window), least_entropy(window, floor)
+    if not (math.isfinite(target) and least < target < most):
+        raise ValueError(f"entropy_target must lie in ({least:.3f}, {most:.3f}) nats, the range a window of {window} "
+                         f"tokens can hold (the lowest: all the power on one token, the rest at the floor {floor:g} of "
+                         f"the window's range), got {target}; set it inside that range (the profiles use 1.5 on "
+                         "boards, 1.2 on the host)")
 
 
 def combine(peak: np.ndarray, ffn_norm: np.ndarray, cost: np.ndarray, weights: tuple[float, float, float],

@@ -85,6 +85,14 @@ class PowerConfig:
                              f"set power.gate_init above {least:.3f} (the logit of tau_train), e.g. {least + 0.5:.2f}")
         if self.rounds < 0 or self.rollout < 1 or self.new_tokens < WINDOW:
             raise ValueError(f"rounds >= 0, rollout >= 1 and new_tokens >= {WINDOW} (one entropy window) are required")
+        if self.micro_batch < 1:  # train.train_adapters took max(1, ...): 0 or -4 quietly ran micro-batches of 1
+            raise ValueError(f"micro_batch={self.micro_batch}: the sequences per backward pass (gradient accumulation "
+                             f"over the rollout of {self.rollout}) must be at least 1; set power.micro_batch to 1 or "
+                             "more (default 2)")
+        if not self.max_nll_increase >= 0:  # NaN or below 0: no sweep point within it, the lowest NLL chosen unsaid
+            raise ValueError(f"max_nll_increase={self.max_nll_increase}: the sweep's quality bound (nats of held-out "
+                             "NLL over gating off) must be a number >= 0; set power.max_nll_increase to e.g. 0.049 "
+                             "(+5 % perplexity, the default), or a large number for no bound")
         if not (math.isfinite(self.lr) and self.lr > 0):  # AdamW refused a negative one after the c_t profile
             raise ValueError(f"lr must be a positive finite number (the adapters' learning rate), got {self.lr}")
         # A negative loss weight ascends its term (moves the gates away from the target, over the budget);
@@ -144,6 +152,12 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
     torch.manual_seed(config.seed)
     _drop_gguf_marker(model)
     target = config.entropy_target or float(ctx.profile.power.entropy_target)
+    try:  # the profile's schema only asks for (0, ln 8): refused here, not by the sweep's controller after training
+        check_entropy_target(target)
+    except ValueError as exc:
+        raise BuildError(f"{ctx.profile.name}'s power.entropy_target: {exc}",
+                         "set power.entropy_target in the target profile (or --set power.entropy_target=...) "
+                         "inside that range") from exc
     data = ctx.training_data()
     ids, bos = data.ids, data.bos_id  # bos: None where the tokenizer puts no BOS first (SmolLM2)
     held = min(max(config.sweep_tokens + 1, 64), ids.numel() // 5)

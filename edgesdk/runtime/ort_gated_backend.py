@@ -45,7 +45,8 @@ class OrtGatedBackend(OrtFusedBackend):
             raise RuntimeBackendError(f"the bundle's power settings ({given}) are unusable: {exc}",
                                       "rebuild the bundle with edgesdk build (the power stage writes window 8, "
                                       "smooth 2, floor 0.01, tau_init in (0, 1)) and a target profile whose "
-                                      "power.entropy_target lies in (0, ln 8)") from exc
+                                      "power.entropy_target lies between the least entropy its floor lets a window hold "
+                                      "(0.366 nats for window 8, floor 0.01) and ln 8 = 2.079") from exc
         self._decoding = False
         self.gating = False  # skip FFN blocks only when asked (run --gating, benchmarks, eval's gated points)
         self.fixed_tau: float | None = None  # a constant threshold instead of the controller (sweeps, eval)

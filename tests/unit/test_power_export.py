@@ -224,8 +224,8 @@ def test_cli_run_and_eval_on_a_gated_bundle_without_torch(power_bundle, tmp_path
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    (("--entropy-target", 5), "entropy_target must lie in (0, 2.079) nats"),
-    (("--entropy-target", "nan"), "entropy_target must lie in (0, 2.079) nats"),
+    (("--entropy-target", 5), "entropy_target must lie in (0.366, 2.079) nats"),
+    (("--entropy-target", "nan"), "entropy_target must lie in (0.366, 2.079) nats"),
     (("--no-gating", "--compute-budget", 0.5), "which --no-gating turns off"),
 ], ids=["above-ln-window", "nan", "no-gating-with-budget"])
 def test_gate_options_that_cannot_apply_are_refused(power_bundle, tmp_path, options, message):
@@ -289,7 +289,7 @@ def test_a_gated_bundle_on_an_onnxruntime_too_old_names_the_version_and_the_fix(
     ("power.sweep=[]", "sweep needs at least one"),
     ("power.weights=[1.0, -1.0, 0.5]", "power weights (alpha, beta, gamma) must be three finite numbers >= 0"),
     ("power.sweep=[[0, 0, 0]]", "with a positive sum"),
-    ("power.entropy_target=2.5", "entropy_target must lie in (0, 2.079) nats"),
+    ("power.entropy_target=2.5", "entropy_target must lie in (0.366, 2.079) nats"),
     ("power.bucket_size=0", "bucket_size=0: each must be at least 1"),
     ("power.profile_buckets=0", "profile_buckets=0: each must be at least 1"),
     ("power.prompt_tokens=0", "prompt_tokens=0: each must be at least 1"),
