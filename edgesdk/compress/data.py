@@ -134,8 +134,10 @@ PROMPTS = (
 
 
 # continuations end at their first EOS (no padding runs), sampled with SAMPLING whatever the model's own
-# generation config asks (older text took its top_k, repetition penalty ...)
-TEACHER_TEXT_FORMAT = "cut-after-eos/sampling-pinned"
+# generation config asks (older text took its top_k, repetition penalty ...), each prompt encoded as the
+# runtime encodes one: BOS where the tokenizer adds it, never a trailing EOS (older text of an add_eos_token
+# tokenizer continued after "prompt EOS")
+TEACHER_TEXT_FORMAT = "cut-after-eos/sampling-pinned/prompt-without-eos"
 # temperature 1, top-p 0.95 and transformers' default top-k 50, pinned; no penalty or other filter
 SAMPLING = {"do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 50}
 
@@ -225,12 +227,25 @@ def cut_after_eos(sequence: torch.Tensor, start: int, stops: set[int]) -> torch.
     return sequence if hits.numel() == 0 else sequence[: start + int(hits[0, 0]) + 1]
 
 
+def prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """A teacher-text prompt's ids as the runtime and llama.cpp encode a prompt to continue: the BOS the
+    tokenizer puts first (:func:`edgesdk.runtime.fim.leading_bos`; none for SmolLM2, Qwen), then the text,
+    never the EOS a tokenizer with ``add_eos_token`` puts after it. With that EOS the prompt is a finished
+    document, so the "continuation" was sampled after an end of text, not conditioned on the prompt
+    (llama-cli and llama-perplexity refuse such a vocabulary: ``GGML_ASSERT(!llama_vocab_get_add_eos(vocab))``)."""
+    from edgesdk.evaluate import leading_bos
+
+    bos = leading_bos(tokenizer)
+    return ([] if bos is None else [bos]) + list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+
 def generate_text(teacher, tokenizer, config: DataConfig, progress: bool, batch: int = 8) -> torch.Tensor:
     """Sampled teacher continuations of short prompts (``SAMPLING``: temperature 1, top-p 0.95, top-k
-    50), ``batch`` per prompt at once (batched decoding is several times faster per token on a CPU),
-    each cut after its first EOS, concatenated. The model's own generation config gives only its
-    token ids: transformers fills every setting a call leaves out from it, so Qwen3's top_k 20 or
-    a repetition penalty would shape the text (and the cache, keyed by the weights, would not say so).
+    50; each prompt encoded by :func:`prompt_ids`), ``batch`` per prompt at once (batched decoding is
+    several times faster per token on a CPU), each cut after its first EOS, concatenated. The model's own
+    generation config gives only its token ids: transformers fills every setting a call leaves out from it,
+    so Qwen3's top_k 20 or a repetition penalty would shape the text (and the cache, keyed by the weights,
+    would not say so).
 
     The sampling seeds the global RNG (``generate`` draws from it) inside a fork, so the caller's
     stream is left as it was: the power stage initialises its adapters from that stream after
@@ -254,7 +269,7 @@ def _generate_text(teacher, tokenizer, config: DataConfig, progress: bool, batch
         for index in tqdm(range(rounds), desc="teacher text", disable=not progress, unit="batch"):
             count = min(batch, config.generated_sequences - index * batch)
             prompt = PROMPTS[int(torch.randint(len(PROMPTS), (1,), generator=generator))]
-            ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+            ids = torch.tensor([prompt_ids(tokenizer, prompt)], dtype=torch.long)
             torch.manual_seed(config.seed * 100_003 + index)
             with torch.no_grad():
                 out = teacher.generate(ids, max_new_tokens=config.generated_tokens, num_return_sequences=count,

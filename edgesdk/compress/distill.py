@@ -64,6 +64,10 @@ class DistillConfig:
         for name in ("logits_weight", "attention_weight"):
             if not getattr(self, name) >= 0:  # NaN too
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.steps and not (self.logits_weight or self.attention_weight):  # a loss of 0 x KL: zero gradients
+            raise ValueError(f"logits_weight and attention_weight are both 0 with steps {self.steps}: the loss is 0, "
+                             "so the training changes no weight; give either term a weight > 0, or set steps 0 "
+                             "to skip the training")
         check_optimiser_settings(self.lr, self.temperature, self.grad_accumulation)
 
 
