@@ -298,7 +298,9 @@ def config_failure(spec: HostSpec, text: str, config: str | None) -> DeployError
     files = {name for name in (config, os.path.expanduser("~/.ssh/config"), "/etc/ssh/ssh_config") if name}
     for line in text.splitlines():
         if line.startswith("Can't open user config file "):
-            return DeployError(f"ssh cannot read its config file, so it did not connect to {spec}: {line}",
+            # ssh prints the path cut to its own buffer (a long one loses its end), so the file is named as given
+            named = f" {config}" if config else ""
+            return DeployError(f"ssh cannot read its config file{named}, so it did not connect to {spec}: {line}",
                                "pass an existing file to --ssh-config (ssh does not expand ~ in it)")
         where, found, _ = line.partition(" line ")
         where = where.rstrip(":")
