@@ -25,14 +25,20 @@ STATE = "state.json"
 LOAD_HOOKS: list = []
 
 
+# The files of a model (or adapter) directory a build reads: config and weights, and every tokenizer file
+# transformers builds a tokenizer from (edgesdk/models/loader.py TOKENIZER_FILES): tokenizer.json, SentencePiece's
+# tokenizer.model, a BPE vocabulary's vocab.json and merges.txt, WordPiece's vocab.txt, tiktoken's *.tiktoken. A
+# changed merges.txt tokenizes the training text otherwise: the stages' checkpoints are not this build's.
+FINGERPRINT_SUFFIXES = (".json", ".safetensors", ".bin", ".gguf", ".model", ".txt", ".tiktoken")
+
+
 def file_fingerprint(path: str | Path) -> dict:
     """What a build read from ``path``: its absolute location, and size and modification time of
-    each file (of a model directory: its config and weight files), so a resumed build notices an
-    input that changed under the same name."""
+    each file (of a model directory: its config, weight and tokenizer files, FINGERPRINT_SUFFIXES), so a
+    resumed build notices an input that changed under the same name."""
     path = Path(path).resolve()
     files = [path] if path.is_file() else sorted(
-        f for f in path.iterdir() if f.suffix in (".json", ".safetensors", ".bin", ".gguf", ".model")) \
-        if path.is_dir() else []
+        f for f in path.iterdir() if f.suffix in FINGERPRINT_SUFFIXES) if path.is_dir() else []
     return {"path": str(path), "files": {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}}
 
 
@@ -114,9 +120,12 @@ def _digest(value) -> str:
 
 
 def _changed_parts(recorded: dict | None, parts: dict) -> str:
-    """The parts of the build key whose digest differs from the one a work directory recorded; all of
+    """The parts of the build key whose digest differs from the one a work directory recorded, a part that
+    only one of the two builds has included (the killed build merged --lora adapters, this one none); all of
     them, as a list of candidates, for a work directory that recorded none (an older edgesdk wrote it)."""
     changed = [name for name, digest in parts.items() if isinstance(recorded, dict) and recorded.get(name) != digest]
+    if isinstance(recorded, dict):
+        changed += [name for name in recorded if name not in parts]
     names = [KEY_PARTS.get(name, name) for name in changed or parts]
     return " and ".join(names) if changed else "one of " + ", ".join(names)
 

@@ -130,11 +130,20 @@ class Recipe(BaseModel):
     def _check_reorder(self, stages: list[tuple[str, object]]) -> None:
         """``sparsify.reorder`` permutes the hidden channels, which regroups the channels sharing a scale when QAT
         before it quantized in blocks along them (granularity block, or a block-quantized embedding and head):
-        the stage refuses that (edgesdk/compress/sparsify.py), and so does the recipe, before any stage runs."""
+        the stage refuses that (edgesdk/compress/sparsify.py), and so does the recipe, before any stage runs. It also
+        refuses a reorder after the power stage, whose adapters read the hidden channels in their own order: the
+        stage refuses that as well (``reorder_channels``), but only once the power stage has trained."""
         qat = None
+        power = False
         for name, config in stages:
             if name == "qat":
                 qat = config
+            power = power or name == "power"
+            if name == "sparsify" and config.reorder and power:
+                raise BuildError(
+                    f"recipe '{self.name}': sparsify.reorder cannot follow the power stage: it permutes the hidden "
+                    "channels, which the power adapters read in their own order",
+                    "--set sparsify.reorder=false, or list sparsify before power in the recipe")
             if name == "sparsify" and config.reorder and qat is not None and qat.scheme().groups_hidden_channels:
                 raise BuildError(
                     f"recipe '{self.name}': sparsify.reorder cannot follow a qat stage that quantizes in blocks along "
@@ -246,7 +255,7 @@ def pick_a_recipe_with(stage: str) -> str:
 
 
 def load_recipe(name_or_path: str) -> Recipe:
-    if name_or_path.endswith((".yaml", ".yml")):
+    if name_or_path.lower().endswith((".yaml", ".yml")):  # r.YAML is a YAML file too (a name has no suffix)
         path = Path(name_or_path)
         if not path.is_file():
             state = "is a directory, not a file" if path.is_dir() else "does not exist"

@@ -157,17 +157,19 @@ def stage_spec(name: str) -> StageSpec:
 
 
 def check_order(names: list[str]) -> None:
-    """Refuse duplicates, unknown stages and order violations before any compute."""
+    """Refuse unknown stages, duplicates and order violations before any compute. A duplicate is named before
+    any order rule: in ``[qat, smooth, qat]`` the problem is the second qat, not that smooth follows the first."""
     seen: set[str] = set()
-    for position, name in enumerate(names):
-        spec = stage_spec(name)
+    for name in names:
+        stage_spec(name)
         if name in seen:
             raise BuildError(f"stage '{name}' appears twice in the recipe {names}", "list each stage once")
+        seen.add(name)
+    for position, name in enumerate(names):
         later = set(names[position + 1:])
-        for required in spec.after:
+        for required in stage_spec(name).after:
             if required in later:
                 raise BuildError(
                     f"stage '{name}' must come after '{required}', but the recipe orders {names}",
                     f"move '{required}' before '{name}'",
                 )
-        seen.add(name)

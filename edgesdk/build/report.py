@@ -47,8 +47,12 @@ def markdown(rows: list[dict], plot_name: str | None, plot_left_out: str | None 
         tokens = row.get("training", {}).get("tokens")
         lines.append(f"| {row['stage']} | {row['parameters']:,} | {row['weight_bytes'] / 1e6:.1f} MB | "
                      f"{figure(ppl, '.3f')} | {f'{tokens:,}' if tokens else '-'} |")
-    lines += ["", "Held-out perplexity: the first 8,192 tokens of the evaluation slice left out of training "
-              "(`--data-skip-chars`), PyTorch, windows of 256; `edgesdk eval` measures the bundle itself.", ""]
+    # what BuildContext.eval_ids() and compress/measure.py score: at most 8,192 tokens, whole windows only; a short
+    # --data-skip-chars slice gives fewer, so the sentence states the bound, not a count the rows do not carry
+    lines += ["", "Held-out perplexity: PyTorch, with the recipe's fake quantization on (weights and activations, "
+              "as the exported graph quantizes them), in whole windows of 256 over at most the first 8,192 tokens of the "
+              "evaluation slice left out of training (`--data-skip-chars`; a shorter slice is scored up to its last "
+              "whole window); `edgesdk eval` measures the bundle itself.", ""]
     for row in rows:  # the power stage's row is with gating off; its gated point follows
         gated = (row.get("heldout") or {}).get("at_tau_train")
         if gated:
