@@ -2,9 +2,10 @@
 (examples/embedding/embedding.cpp) takes them and prints them (registered in :mod:`edgesdk.cli`; the pooling and
 normalisation are :mod:`edgesdk.runtime.embedding`).
 
-The text of ``--prompt`` (each one given) and of ``--file`` (one trailing newline dropped, as llama.cpp's ``-f``
-reads a file) is split at ``--embd-separator`` (a newline by default) and each piece is one input, as
-llama-embedding's ``split_lines``. Each is tokenized with the model's special tokens and embedded on its own.
+The text of ``--prompt`` (each one given) and of ``--file`` (its line ends as they are, one trailing newline
+dropped, as llama.cpp's ``-f`` reads a file) is split at ``--embd-separator`` (a newline by default) and each piece
+is one input, as llama-embedding's ``split_lines``. Each is tokenized with the model's special tokens and embedded
+on its own.
 
 ``--embd-output-format`` prints as llama-embedding does:
 
@@ -141,7 +142,7 @@ def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,
             why = "it is a directory" if text_file.is_dir() else "nothing exists at that path"
             raise click.BadParameter(f"{str(text_file)!r} is not a file ({why}); give a UTF-8 text file",
                                      param_hint="'--file' / '-f'")
-        content = read_utf8(text_file, "--file")
+        content = _file_text(text_file)
         content = content[:-1] if content.endswith("\n") else content
         sources.append((escaped(content, "'--file' / '-f'"), f"--file {text_file}"))
     if not sources:
@@ -158,6 +159,17 @@ def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,
                                    "inputs")
             inputs.append((part, where))
     return inputs
+
+
+def _file_text(path: Path) -> str:
+    """The UTF-8 text of ``path`` with its line ends as they are, as llama.cpp's ``-f`` reads it (an ifstream, no
+    newline translation on Linux): a CRLF file split at ``--embd-separator $'\\r\\n'`` gives its lines, and a lone
+    carriage return is no line end (Python's text mode would turn both into newlines). A file that cannot be read
+    or is not UTF-8 is refused as :func:`~edgesdk.errors.read_utf8` refuses it."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return read_utf8(path, "--file")  # raises, naming the file, the bad byte or why it cannot be read, the fix
 
 
 def _value(value: float, norm: int) -> str:

@@ -21,7 +21,7 @@ it differs from llama-bench:
 * llama-bench warms a tg test up with a single decode step; here the warm-up is a whole tgN run (a
   ppN test's warm-up is the whole prompt in both).
 
-``--json`` carries llama-bench's per-test figures under its names (``n_prompt``, ``n_gen``,
+``--json`` carries llama-bench's per-test figures under its names (``n_prompt``, ``n_gen``, ``n_depth``,
 ``avg_ns``, ``stddev_ns``, ``avg_ts``, ``stddev_ts``, ``samples_ns``, ``samples_ts``) beside
 edgesdk's own (``test``, ``tokens``, ``tok_s``, ``stdev``, ``samples``).
 """
@@ -93,6 +93,7 @@ class BenchResult:
                 "stdev": _finite(round(self.stdev, 3)), "samples": [_finite(round(s, 3)) for s in self.samples],
                 "n_prompt": self.tokens if test_kind == "pp" else 0,
                 "n_gen": self.tokens if test_kind == "tg" else 0,
+                "n_depth": 0,  # llama-bench's -d: tokens in the cache before the test; each test here starts empty
                 "avg_ts": _finite(self.mean), "stddev_ts": _finite(self.stdev),
                 "samples_ts": [_finite(s) for s in self.samples]}
         if nanoseconds:
