@@ -501,6 +501,22 @@ def check_runnable(bundle: Bundle) -> None:
                           "the manifest was edited by hand; rebuild the bundle with 'edgesdk build'")
 
 
+def _entries(root: Path) -> list[tuple[str, str]]:
+    """Every entry under ``root`` but its real directories, as (relative name, kind): kind "" for a file (or a link
+    to one: a listed file may be a link, which pack stores as the file it names), else what it is. A link to a
+    directory and a link to nothing are entries of their own, and a linked directory is not entered: ``rglob``
+    (what the writer lists with) yields neither, so an unlisted file behind a linked directory, or an unlisted
+    dangling link, passed the check for unlisted files. BundleWriter never writes either."""
+    entries = []
+    for directory, subdirectories, names in os.walk(root):  # followlinks=False: a linked directory is not entered
+        for name in [*names, *(sub for sub in subdirectories if os.path.islink(os.path.join(directory, sub)))]:
+            full = os.path.join(directory, name)
+            kind = ("" if os.path.isfile(full) else "a link to a directory" if os.path.isdir(full)
+                    else "a link to nothing" if os.path.islink(full) else "not a regular file")
+            entries.append((Path(full).relative_to(root).as_posix(), kind))
+    return sorted(entries)
+
+
 def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:
     """Check every file's size and sha256, refuse unlisted files and a wrong target.
 
@@ -533,8 +549,9 @@ def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:
         except OSError as exc:  # not this user's to read, or a failing disk or card (EIO)
             problems.append(f"{name}: cannot be read ({exc.strerror or exc})")
             denied += isinstance(exc, PermissionError)
-    extra = [name for name in _relative_files(path) if name not in listed and name not in (MANIFEST, MANIFEST_DIGEST)]
-    problems += [f"{name}: not listed in the manifest" for name in extra]
+    extra = [(name, kind) for name, kind in _entries(path)
+             if name not in listed and name not in (MANIFEST, MANIFEST_DIGEST)]
+    problems += [f"{name}: not listed in the manifest" + (f" ({kind})" if kind else "") for name, kind in extra]
     if problems:
         fix = "rebuild the bundle with 'edgesdk build', or re-copy it (deploy checks hashes on the board)"
         if denied:

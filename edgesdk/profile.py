@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from edgesdk.errors import ProfileError, read_utf8
-from edgesdk.power.distribution import WINDOW
+from edgesdk.power.distribution import FLOOR, WINDOW, check_entropy_target
 
 Family = Literal["jetson", "rpi", "host"]
 Precision = Literal["fp32", "fp16", "bf16", "int8", "int4"]
@@ -119,6 +119,16 @@ class PowerSpec(_Strict):
         gt=0, lt=math.log(WINDOW), description="target power entropy in nats (1.5 on boards, 1.2 on the host; "
                                                "DESIGN.md), below ln 8 = 2.079, the most an 8-token window holds"
     )
+
+    @field_validator("entropy_target")
+    @classmethod
+    def _reachable(cls, value: float) -> float:
+        """Above :func:`edgesdk.power.distribution.least_entropy` too (0.366 nats at the window of 8 and the floor
+        0.01), as :func:`edgesdk.power.distribution.check_entropy_target` asks: the power controller and the build's
+        power stage refuse a lower target, so the profile is refused when it loads, naming its file, rather than
+        by a build after the model has loaded (and never by the commands that run no power stage)."""
+        check_entropy_target(value, WINDOW, FLOOR)
+        return value
 
 
 class ThermalLimits(_Strict):

@@ -152,7 +152,7 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
     torch.manual_seed(config.seed)
     _drop_gguf_marker(model)
     target = config.entropy_target or float(ctx.profile.power.entropy_target)
-    try:  # the profile's schema only asks for (0, ln 8): refused here, not by the sweep's controller after training
+    try:  # a profile written before its schema checked the floor: refused here, not by the sweep after training
         check_entropy_target(target)
     except ValueError as exc:
         raise BuildError(f"{ctx.profile.name}'s power.entropy_target: {exc}",
