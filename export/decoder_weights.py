@@ -88,6 +88,34 @@ def _np(tensor) -> np.ndarray:
     return tensor.detach().to("cpu").float().numpy().copy()
 
 
+def check_carried(model) -> None:
+    """Refuse what the graphs would drop without a word: a bias on a linear other than Qwen2's q/k/v (Llama's
+    ``attention_bias`` puts one on o_proj too, ``mlp_bias`` on gate/up/down: transformers' LlamaAttention and
+    LlamaMLP; Gemma 3's ``attention_bias`` on all four attention linears), and Gemma's ``final_logit_softcapping``
+    (transformers' Gemma3ForCausalLM: ``logits = tanh(logits / cap) * cap``). The model loader refuses such configs
+    (edgesdk/models/loader.py, check_architecture); this holds for a model handed to the exporter directly."""
+    from edgesdk.errors import ExportError
+
+    config = model.config
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap is not None:
+        raise ExportError(f"the model's config sets final_logit_softcapping {cap}, which the exported graphs do not "
+                          "apply (transformers' Gemma3ForCausalLM does): its logits would differ from the model's",
+                          "set final_logit_softcapping to null in the model's config, or use a model without it")
+    carried = ("q_proj", "k_proj", "v_proj") if config.model_type != "gemma3_text" else ()
+    for index, layer in enumerate(model.model.layers):
+        for part, names in (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
+                            ("mlp", ("gate_proj", "up_proj", "down_proj"))):
+            for name in names:
+                if getattr(getattr(getattr(layer, part), name), "bias", None) is not None and name not in carried:
+                    raise ExportError(
+                        f"model.layers.{index}.{part}.{name} has a bias, which the exported graphs do not add "
+                        f"(they carry {'/'.join(carried) + ' biases' if carried else 'no biases'} for a "
+                        f"{config.model_type} model): its outputs would differ from the model's",
+                        "use a model without those biases (config.json attention_bias and mlp_bias false; Qwen2's "
+                        "q/k/v biases are exported)")
+
+
 def decoder_weights_from_hf(model) -> DecoderWeights:
     """Read a transformers Llama/Mistral/Qwen2/Qwen3/SmolLM3/Gemma 3 causal LM into DecoderWeights.
 
@@ -96,6 +124,7 @@ def decoder_weights_from_hf(model) -> DecoderWeights:
     smollm3: ``(il + 1) % 4 == 0``). It is read from each attention module, which keeps it when layers are
     removed, rather than from the config's per-layer list."""
     config = model.config
+    check_carried(model)
     if config.model_type == "gemma3_text":
         return _gemma3_weights(model)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
