@@ -625,14 +625,16 @@ def override_items(overrides: Mapping[str, object] | Iterable[str] | str) -> tup
 
 
 def build_bundle(target: str, model: str | None = None, *, out: str | Path | None = None, recipe: str | None = None,
-                 max_context: int = 4096, data: Iterable[str | Path] = (), data_skip_chars: int = 0,
+                 max_context: int = 4096, data: str | os.PathLike | Iterable[str | os.PathLike] = (),
+                 data_skip_chars: int = 0,
                  generated_sequences: int = 32, overrides: Mapping[str, object] | Iterable[str] = (),
                  weight_bits: int | None = None, lora: str | os.PathLike | tuple | Mapping | Iterable | None = None,
                  resume: bool = False, keep_work: bool = False, progress: bool = True) -> Path:
     """Build a bundle for the board ``target`` from ``model`` (an alias, a Hugging Face directory or a GGUF file;
     default SmolLM2-135M-Instruct), as ``edgesdk build`` does with the options of the same names, and return its
     directory. ``overrides`` change the recipe: ``{"prune.ffn_ratio": 0.5}`` or ``["prune.ffn_ratio=0.5"]``
-    (``--set``). Host only: it needs ``edgesdk[host]`` (torch, transformers).
+    (``--set``). ``data``: the training text, one file or several (``--data``). Host only: it needs
+    ``edgesdk[host]`` (torch, transformers).
 
     ``lora``: LoRA adapters (a PEFT adapter directory or a GGUF LoRA adapter each) merged into the model's weights
     at build time, before any stage, as ``--lora`` / ``--lora-scaled`` do: the bundle computes the fine-tuned model
@@ -648,7 +650,9 @@ def build_bundle(target: str, model: str | None = None, *, out: str | Path | Non
 
     changes = override_items(overrides)
     adapters = _lora_adapters(lora)
-    data_config = DataConfig(files=tuple(str(file) for file in data), skip_chars=data_skip_chars,
+    # one file given alone is that file, as --data FILE: a str iterated gave a "file" per character
+    files = (data,) if isinstance(data, (str, os.PathLike)) else tuple(data)
+    data_config = DataConfig(files=tuple(os.fspath(file) for file in files), skip_chars=data_skip_chars,
                              generated_sequences=generated_sequences)
     if data_skip_chars and not data_config.files:  # as edgesdk build warns of --data-skip-chars without --data
         import warnings
