@@ -169,10 +169,27 @@ def run_quiet(argv, timeout=60):
         return 127, str(exc)
 
 
+HISTORY_READ = 1 << 22
+
+
+def history_lines(p, limit=HISTORY_READ):
+    """The lines of history.jsonl, from its last ``limit`` bytes: the file only grows (a line per switch, never
+    trimmed), and the newest lines are the ones that count: the last switch, and the order and times of the
+    latest uses. Its first ``limit`` bytes held the oldest switches only once the file outgrew them."""
+    try:
+        with open(p["history.jsonl"], "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - limit))
+            lines = handle.read(limit).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    return lines[1:] if size > limit else lines  # the first line read is cut when the file is longer
+
+
 def switch_times(p):
     """Release id -> the last time current was switched to it (from history.jsonl)."""
     times = {}
-    for line in (read_text(p["history.jsonl"], 1 << 22) or "").splitlines():
+    for line in history_lines(p):
         try:
             entry = json.loads(line)
             times[entry["to"]] = float(entry["time"])
@@ -186,7 +203,7 @@ def switch_order(p):
     happened in, which a clock set back or forward (a board without a real-time clock that booted before
     NTP synced) does not change."""
     order = {}
-    for number, line in enumerate((read_text(p["history.jsonl"], 1 << 22) or "").splitlines()):
+    for number, line in enumerate(history_lines(p)):
         try:
             order[json.loads(line)["to"]] = number
         except (ValueError, KeyError, TypeError):
@@ -197,7 +214,7 @@ def switch_order(p):
 def last_switch(p):
     """The last line of history.jsonl that parses (``action``, ``from``, ``to``, ``time``), or None: what the
     last switch did, such as a deploy switched back after its service did not come up."""
-    for line in reversed((read_text(p["history.jsonl"], 1 << 22) or "").splitlines()):
+    for line in reversed(history_lines(p)):
         try:
             entry = json.loads(line)
         except ValueError:

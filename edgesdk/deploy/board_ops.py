@@ -83,7 +83,11 @@ def replace_link(link, target):
     if os.path.lexists(tmp):
         os.unlink(tmp)
     os.symlink(target, tmp)
-    os.replace(tmp, link)
+    try:
+        os.replace(tmp, link)
+    except OSError:  # ``link`` is a directory, say: no stray link is left for each try
+        os.unlink(tmp)
+        raise
 
 
 def switch_runtime(p, key):
@@ -149,6 +153,12 @@ def op_switch(params):
             return {"from": now, "to": now, "runtime_from": None, "skipped": True}
         if not os.path.isfile(os.path.join(p["releases"], bundle_id, MANIFEST)):
             raise Refused(f"release {bundle_id} is not on the board", "deploy it first")
+        if os.path.lexists(p["current"]) and not os.path.islink(p["current"]):
+            # rename(2) of a link onto a directory fails (EISDIR), and no link may replace a file not deploy's
+            kind = "directory" if os.path.isdir(p["current"]) else "file"
+            raise Refused(f"{p['current']} on the board is a {kind}, not the link to a release that deploy makes, "
+                          "so the switch cannot replace it; nothing was switched",
+                          f"move that {kind} away (it is not deploy's), then deploy or roll back again")
         before = {name: read_link(os.path.join(root, name)) for name in SWITCH_LINKS}
         write_journal(p, root, bundle_id, before, params)
         try:

@@ -59,11 +59,35 @@ def systemd_quote(argument):
     return '"' + quoted + '"'
 
 
+# What systemd refuses in the program of a command line: quotes, backslashes and control characters
+# (src/basic/string-util.c string_is_safe, checked by src/core/load-fragment.c config_parse_exec).
+UNSAFE_IN_PROGRAM = "\"'\\\x7f"
+
+
+def systemd_program(path):
+    """ExecStart's first word, the program: double-quoted with ``%`` doubled, as systemd expands specifiers in
+    it, but ``$`` left alone, as it substitutes variables only in the arguments (a ``$$`` there would name a
+    file that does not exist). systemd refuses a program path holding a quote, an apostrophe, a backslash or a
+    control character ("Executable name contains special characters", a fatal unit error), so that is refused
+    here, before the unit is written (systemd.service(5) "Command lines"; config_parse_exec)."""
+    unsafe = sorted({c for c in path if c in UNSAFE_IN_PROGRAM or c < " "})
+    if unsafe or not path.startswith("/"):
+        why = (f"holds {', '.join(repr(c) for c in unsafe)}, which systemd refuses in the program of a unit's "
+               "ExecStart (\"Executable name contains special characters\")" if unsafe else
+               "is not an absolute path, which systemd needs for the program of a unit's ExecStart")
+        raise Refused(f"the service's program {path!r} {why}",
+                      "deploy into a --remote-root whose path has no quote, apostrophe, backslash or control "
+                      "character (with --no-install: install edgesdk on the board under such a path), then "
+                      "deploy with --service again")
+    return '"' + path.replace("%", "%%") + '"'
+
+
 def render_unit(argv, scope):
     """The unit file text for ``argv`` (the serve command line)."""
+    command = " ".join([systemd_program(argv[0]), *(systemd_quote(a) for a in argv[1:])])
     lines = ["[Unit]", "Description=edgesdk model server (the deployed bundle behind current)",
              "After=network-online.target", "Wants=network-online.target", "",
-             "[Service]", "Type=simple", f"ExecStart={' '.join(systemd_quote(a) for a in argv)}",
+             "[Service]", "Type=simple", f"ExecStart={command}",
              "Restart=on-failure", "RestartSec=5",
              # serve ends SIGTERM / SIGHUP with exit 128 + the signal once its answers and thermal session are
              # closed; without this a 'systemctl stop' would leave the unit failed (systemd.service(5)).
@@ -320,9 +344,9 @@ def op_service(params):
     notes, changed = [], False
     with Lock(root):  # a concurrent deploy's unit, record and restart wait for this one's
         if params["action"] == "install":
+            text = render_unit(params["argv"], scope)  # refuses a program systemd would not start: nothing changed
             refuse_a_foreign_server(scope, url, read_record(record_path), params["fix"])
             save_before(root, scope, path, record_path, params["token"])
-            text = render_unit(params["argv"], scope)
             try:
                 with open(path, encoding="utf-8") as handle:
                     changed = handle.read() != text

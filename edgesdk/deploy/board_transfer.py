@@ -277,6 +277,11 @@ def op_receive(params):
             os.makedirs(staging, exist_ok=True)
             for name, release in sorted(params.get("links", {}).items()):
                 source = os.path.join(p["releases"], safe_id(release), safe_name(name))
+                if not os.path.isfile(source):  # the probe is not under the lock: a prune may have run since
+                    raise Refused(f"{name} was to be reused from releases/{release} on the board, which no longer "
+                                  "holds it (another deploy's prune removed that release since this deploy's probe)",
+                                  "run the deploy again: it plans afresh and sends that file; the board keeps its "
+                                  "current release")
                 target = os.path.join(staging, name)
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 if os.path.exists(target):
