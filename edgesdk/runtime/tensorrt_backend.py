@@ -205,7 +205,32 @@ class TensorRTBackend:
         self._kv = [[self.device.alloc(kv * self.max_context * self.head_dim * self._dtype[past].itemsize)
                      for kv, past in zip(kv_per_tensor, self.names["past"], strict=True)] for _ in range(2)]
         self._kv_heads_per_tensor = kv_per_tensor
+        self._extra = self._extra_outputs()
         self.reset()
+
+    def _extra_outputs(self) -> dict[str, _Buffer]:
+        """A scratch buffer for every engine output the backend does not read.
+
+        ``execute_async_v3`` refuses to run while any output tensor has neither an address nor an output
+        allocator (TensorRT 8.x -> 10.x migration guide: call setTensorAddress for each I/O tensor before
+        enqueueV3; TensorRT logs "Neither address or allocator is set for output tensor ..."). The standard
+        graph of an fp32-standard bundle also outputs ``hidden_states`` (batch, seq, hidden) for embeddings
+        (export/llama_graph.py), so its engine has one more output than logits and the present cache. Each
+        dynamic dimension of such an output is batch (1) or a count of tokens (at most max_context), which
+        bounds the buffer."""
+        known = {self.names["logits"], *self.names["present"]}
+        extra = {}
+        for index in range(self.engine.num_io_tensors):
+            name = self.engine.get_tensor_name(index)
+            if name in known or self.engine.get_tensor_mode(name) != self._trt.TensorIOMode.OUTPUT:
+                continue
+            dims = [int(d) for d in self.engine.get_tensor_shape(name)]
+            count = 1
+            for axis, dim in enumerate(dims):
+                count *= dim if dim >= 0 else (1 if axis == 0 else self.max_context)
+            itemsize = np.dtype(self._trt.nptype(self.engine.get_tensor_dtype(name))).itemsize
+            extra[name] = self.device.alloc(count * itemsize)
+        return extra
 
     def _check_io(self, engine_path: Path) -> None:
         trt = self._trt
@@ -262,6 +287,8 @@ class TensorRTBackend:
             context.set_tensor_address(past_name, past[index].ptr)
             context.set_tensor_address(present_name, present[index].ptr)
         context.set_tensor_address(names["logits"], self._logits.ptr)
+        for name, buffer in self._extra.items():  # written, never read (hidden_states)
+            context.set_tensor_address(name, buffer.ptr)
         if not context.execute_async_v3(self.device.handle):
             raise RuntimeBackendError(f"TensorRT failed to run the engine at position {past_len} (+{steps} tokens)",
                                       "see TensorRT's log above; rebuild the engine with --force if it persists")

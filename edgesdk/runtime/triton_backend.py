@@ -76,7 +76,17 @@ class TritonBackend:
         return logits.float().cpu().numpy()
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
-        return self._run(np.asarray(token_ids).reshape(-1), checked_keep_logits(keep_logits))
+        """Run ``token_ids`` (T,) after the cache; the logits of the last ``min(keep_logits, T)`` positions
+        (the DecoderBackend contract, edgesdk/runtime/backend.py). 0 tokens is refused, as the ONNX Runtime and
+        TensorRT backends refuse it: the decoder returned an empty (0, vocab) array, with no row for the
+        next token."""
+        keep = checked_keep_logits(keep_logits)
+        ids = np.asarray(token_ids).reshape(-1)
+        if ids.shape[0] == 0:
+            raise RuntimeBackendError("prefill of 0 tokens: there is no position whose logits it could return",
+                                      "pass at least one token id (the prompt's last token gives the next "
+                                      "token's logits)")
+        return self._run(ids, min(keep, ids.shape[0]))
 
     def hidden_states(self, token_ids: np.ndarray) -> np.ndarray:
         """Final-norm hidden states (T, hidden) of ``token_ids`` run beside the KV cache, which stays as it was."""
