@@ -14,7 +14,8 @@ FFN's weights are never read; at prefill the FFN runs unless every token skips, 
 zeroes the skipped tokens: both paths compute the same function as the PyTorch gated model.
 The adapter's query scales (one per head, repeated over the head's channels in the exported
 weights) multiply layer l+1's query before GroupQueryAttention: a soft mask on the pre-softmax
-scores of that head.
+scores of that head. Where the model normalizes each query head (Qwen3, Gemma 3) they multiply the
+projected query before that norm, as the PyTorch model's scaled ``q_proj`` does.
 
 Extra interface (beside the fused graph's):
 
@@ -104,12 +105,22 @@ class _GatedEmitter(_FusedEmitter):
 
     # -- attention: scaled queries and the attention peak ---------------------------------------
     def attention_inputs(self, i: int, layer, qkv: str) -> tuple[str, str, str]:
-        if i not in self.query_scales:
+        if i not in self.query_scales or layer.q_norm is not None:  # with head norms: scaled in head_norms
             return qkv, "", ""
         n_q, n_kv = layer.heads(self.hd)
         q, k, v = self.g.op("Split", [qkv, self.g.i64([n_q * self.hd, n_kv * self.hd, n_kv * self.hd])],
                             outputs=3, axis=-1)
         return self.g.op("Mul", [q, self._acting(self.query_scales[i])]), k, v
+
+    def head_norms(self, i: int, layer, qkv: str) -> str:
+        """Qwen3's and Gemma 3's per-head query / key RMSNorm, after the query scales: the PyTorch model scales
+        ``q_proj``'s output (edgesdk/power/adapter.py ``ScaledQueryProjection``), and transformers' attention
+        normalizes that (``q_norm(q_proj(x))``), so the scales act before the norm, not on the normalized query."""
+        if i in self.query_scales:
+            n_q, n_kv = layer.heads(self.hd)
+            q, kv = self.g.op("Split", [qkv, self.g.i64([n_q * self.hd, 2 * n_kv * self.hd])], outputs=2, axis=-1)
+            qkv = self.g.op("Concat", [self.g.op("Mul", [q, self._acting(self.query_scales[i])]), kv], axis=-1)
+        return super().head_norms(i, layer, qkv)
 
     def _acting(self, scales: str) -> str:
         """``scales`` where the adapters act (tau >= 0), else 1 (gating off)."""

@@ -178,7 +178,12 @@ def _block_mask(codes: np.ndarray, block: int) -> np.ndarray:
 
 def validate_sparse(model, out_dir: Path, record: dict, config) -> dict:
     """The kernels' decoder (PyTorch twins, on the CPU) against the PyTorch model carrying the same
-    float16 embedding: same weights, so only float32 summation order may differ."""
+    float16 embedding: same weights, so only float32 summation order may differ.
+
+    The block-sparse weights hold no power adapters (the ``triton`` backend has no gates, and ``run
+    --gating`` is refused for it), so they compute the model with its adapters off: the comparison
+    bypasses them (edgesdk/power/adapter.py ``PowerState.enabled``) rather than hold the weights to the
+    gated model, whose channel and query scales act at the build's threshold."""
     from types import SimpleNamespace
 
     import torch
@@ -191,13 +196,19 @@ def validate_sparse(model, out_dir: Path, record: dict, config) -> dict:
     decoder = SparseDecoder(load_file(str(out_dir / record["weights"])), record, device="cpu", mode="reference")
     heads = list({id(m): m for m in (model.model.embed_tokens, model.lm_head)}.values())  # one when tied
     saved = [module.weight.detach().clone() for module in heads]
+    power = getattr(model, "_power_state", None)  # edgesdk.power.adapter.power_state, without importing it
+    adapters_on = power.enabled if power is not None else None
     try:  # the model with the stored float16 embedding / head, in place (no copy of the model)
+        if power is not None:
+            power.enabled = False
         with torch.no_grad():
             for module in heads:
                 module.weight.copy_(module.weight.half().float())
         diffs, agree, scale = compare_backend(TritonBackend(decoder, "reference"), model.eval(),
                                               SimpleNamespace(vocab_size=record["vocab_size"]), config, False)
     finally:
+        if power is not None:
+            power.enabled = adapters_on
         with torch.no_grad():
             for module, weight in zip(heads, saved, strict=True):
                 module.weight.copy_(weight)

@@ -161,8 +161,14 @@ class SparseDecoder:
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
-        """Run ``ids`` (T,) after the cache; returns the last ``keep`` positions' logits (keep, V)."""
+        """Run ``ids`` (T,) after the cache; returns the last ``keep`` positions' logits (keep, V). No tokens is
+        an error, as for the ONNX Runtime backends (edgesdk/runtime/ort_backend.py) and llama.cpp's ``llama_decode``
+        ("n_tokens == 0"): it returned a (0, V) array, no next token's logits, and the caller failed later."""
         count = int(ids.shape[0])
+        if count == 0:
+            raise RuntimeBackendError("a step of 0 tokens: there is no position whose logits it could return",
+                                      "pass at least one token id (the prompt's last token gives the next "
+                                      "token's logits)")
         start, total = self.position, self.position + count
         if total > self.capacity:
             self._grow(min(self.max_context, max(2 * self.capacity, total)))
