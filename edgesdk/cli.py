@@ -24,7 +24,9 @@ from edgesdk.errors import EdgeSDKError
 
 
 class _Group(click.Group):
-    """Turns EdgeSDKError into a two-line message and a non-zero exit code, no traceback."""
+    """Turns EdgeSDKError into a two-line message and a non-zero exit code, no traceback; and Ctrl-C
+    (KeyboardInterrupt) that a command leaves to it into exit 130, as a shell reports SIGINT and as llama.cpp's
+    tools exit on it (tools/main/main.cpp ``sigint_handler``: ``_exit(130)``), not click's "Aborted!" and 1."""
 
     def invoke(self, ctx):
         try:
@@ -32,6 +34,9 @@ class _Group(click.Group):
         except EdgeSDKError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except KeyboardInterrupt:  # the blank line closes the terminal's ^C echo, as click's own handler does
+            click.echo(f"\nedgesdk {ctx.invoked_subcommand or ''}: stopped (Ctrl-C)".replace(" :", ":"), err=True)
+            sys.exit(130)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -118,4 +118,4 @@ def export(bundle, output, no_verify):
     if report.architecture == PER_LAYER_ARCHITECTURE[0]:
         click.echo(f"pruned layers: written as llama.cpp's {report.architecture} architecture (head counts and FFN "
                    "widths per layer), which llama.cpp runs; transformers' GGUF loader does not")
-    click.echo(f"run it with llama.cpp: llama-cli -m {report.path}")
+    click.echo(f"run it with llama.cpp: llama-cli -m {shlex.quote(str(report.path))}")  # as build's "next:" line

@@ -10,6 +10,13 @@ from pathlib import Path
 
 import click
 
+from edgesdk.cli_thermal import FiniteRange
+
+# A finite number of seconds up to a week: click's FloatRange lets nan and inf through, which end the deploy in
+# Python's ValueError / OverflowError once the bundle is on the board (subprocess's timeout, the board-side
+# deadline's round()), as does a timeout past what poll() takes (about 24.8 days: "timeout is too large").
+SMOKE_TIMEOUT = FiniteRange(1, 7 * 24 * 3600.0, what="seconds the smoke test may take", example="900")
+
 
 @click.command("deploy")
 @click.argument("bundle", required=False, type=click.Path(path_type=Path))
@@ -46,7 +53,7 @@ import click
                                  "[on a Jetson, else off].")
 @click.option("--remote-python", help="Python on the board [python3; this interpreter with --to].")
 @click.option("--keep", default=3, show_default=True, help="Releases kept on the board (current and previous always).")
-@click.option("--smoke-timeout", type=click.FloatRange(min=1), default=900.0, show_default=True, metavar="SECONDS",
+@click.option("--smoke-timeout", type=SMOKE_TIMEOUT, default=900.0, show_default=True, metavar="SECONDS",
               help="Seconds the smoke test ('edgesdk run' of the new release on the board, and of the release a "
                    "--rollback goes to) may take.")
 @click.option("--service", is_flag=True,
@@ -127,6 +134,7 @@ def _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_ro
         if unused:
             raise click.BadParameter("works only with --service; add --service or drop it",
                                      param_hint=", ".join("--" + name.replace("_", "-") for name in unused))
+    _warn_unused(ctx, fleet, show_status, rollback)
     if to is not None and host is None:  # a local directory: no ssh, and --to is itself the deploy root
         typed = click.core.ParameterSource.COMMANDLINE  # $EDGESDK_SSH set for other deploys is no mistake
         unused = [flag for name, flag in (("remote_root", "--remote-root"), ("identity", "-i"),
@@ -171,6 +179,28 @@ def _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_ro
 
     result = do_deploy(bundle, options)
     click.echo(json.dumps(result.__dict__) if as_json else result.summary())
+
+
+def _warn_unused(ctx, fleet: bool, show_status: bool, rollback: bool) -> None:
+    """Name the options typed on the command line that this deploy does not use, as ``run`` names an unused
+    --top-p: --jobs and --fail-fast beside a single board; what only a deploy of a BUNDLE uses (pruning to --keep,
+    the runtime's install, and for --status the smoke test and the target check) beside --status or --rollback."""
+    typed = click.core.ParameterSource.COMMANDLINE
+    unused = []
+    if not fleet:
+        unused += [(flag, "it works with several boards (--host repeated, or --hosts FILE)")
+                   for name, flag in (("jobs", "--jobs"), ("fail_fast", "--fail-fast"))
+                   if ctx.get_parameter_source(name) == typed]
+    if show_status or rollback:
+        mode = "--status" if show_status else "--rollback"
+        options = [("keep", "--keep"), ("no_install", "--no-install"),
+                   ("system_site_packages", "--[no-]runtime-venv-system-site-packages")]
+        if show_status:  # a rollback smoke-tests the release it goes to, checking its target
+            options += [("smoke_timeout", "--smoke-timeout"), ("ignore_target", "--ignore-target")]
+        unused += [(flag, f"it works with a deploy of a BUNDLE, not {mode}") for name, flag in options
+                   if ctx.get_parameter_source(name) == typed]
+    for flag, why in unused:
+        click.echo(f"edgesdk deploy: {flag} is not used: {why}", err=True)
 
 
 def host_args(ctx) -> tuple[str, ...]:

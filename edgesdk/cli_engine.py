@@ -28,7 +28,8 @@ def engine():
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Engine directory [<deploy root>/engines/<bundle-id>/<key> for a deployed release, else "
-                   "$EDGESDK_CACHE/engines/<bundle-id>/<key>].")
+                   "$EDGESDK_CACHE/engines/<bundle-id>/<key>]. run, serve, eval and bench look in those two places; "
+                   "one elsewhere they use only when $EDGESDK_ENGINE_DIR names it.")
 @click.option("--workspace-mb", type=click.IntRange(min=16), default=1024, show_default=True,
               help="TensorRT builder workspace (tactic scratch memory) in MB.")
 @click.option("--max-seq", type=click.IntRange(min=1), default=None,

@@ -127,8 +127,9 @@ def draft_options(fn):
                  "sampled."),
         click.option("--draft-max", "draft_max", default=2, show_default=True, type=click.IntRange(1, 64),
                      metavar="N", help="Draft tokens the bundle checks in one pass."),
-        click.option("--draft-p-min", "draft_p_min", default=0.0, show_default=True,
-                     type=click.FloatRange(0.0, 1.0, max_open=True), metavar="P",
+        click.option("--draft-p-min", "draft_p_min", default=0.0, show_default=True,  # click's FloatRange passes nan
+                     type=FiniteRange(0.0, 1.0, max_open=True, what="a draft token's probability", example="0.75"),
+                     metavar="P",
                      help="Stop a draft at a token the draft model gives less than this probability."),
     ])
 

@@ -6,6 +6,7 @@ user input.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 
@@ -71,8 +72,10 @@ def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
+        quoted = shlex.quote(str(path))  # the fix is a command to paste: a path with a space stays one word
         raise error(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                    f"convert it first, e.g. iconv -f latin1 -t utf-8 {path} > {path}.utf8") from exc
+                    f"convert it first, e.g. iconv -f latin1 -t utf-8 {quoted} > {shlex.quote(f'{path}.utf8')}") \
+            from exc
     except OSError as exc:  # unreadable (permissions), a directory, gone since it was checked
         raise error(f"{what} {path} cannot be read ({exc.strerror or exc})",
                     f"pass a readable text file (check that {path} exists and that this user may read it)") from exc
