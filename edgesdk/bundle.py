@@ -17,6 +17,7 @@ Loading verifies every hash and the target before anything runs; nothing is unpi
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -648,7 +649,8 @@ def pack_bundle(path: Path, archive: Path) -> Path:
                 tar.add(path / name, arcname=f"{top}/{name}", recursive=False)
         os.replace(partial, archive)
     except (tarfile.TarError, OSError) as exc:
-        partial.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # where a parent is a file, unlink fails too (NotADirectoryError)
+            partial.unlink(missing_ok=True)
         raise BundleError(f"cannot write the archive {archive} ({exc})",
                           "pick a path in an existing, writable directory with room for the bundle") from exc
     return archive

@@ -93,3 +93,16 @@ def test_links_that_stay_inside_still_verify(tmp_path):
     (bundle / "sub" / "copy.md").symlink_to("../report.md")  # a link to another listed file of the bundle
     (tmp_path / "current").symlink_to("bundle")  # the deploy root's 'current' link names the bundle itself
     assert verify_bundle(tmp_path / "current").bundle_id == verify_bundle(bundle).bundle_id
+
+
+def test_pack_under_a_path_whose_parent_is_a_file_is_refused_with_the_fix(tmp_path):
+    """The cleanup of the partial archive raised NotADirectoryError too and hid the real error in a traceback."""
+    from edgesdk.bundle import pack_bundle
+    from edgesdk.errors import BundleError
+    from tests._utils.builds import build_tiny_bundle
+
+    bundle = build_tiny_bundle(tmp_path, "name: r\nstages: []\nexport: {form: ort-fused, weights: fp32}\n", "host")
+    (tmp_path / "somefile").write_text("not a directory")
+    with pytest.raises(BundleError, match="cannot write the archive") as caught:
+        pack_bundle(bundle.path, tmp_path / "somefile" / "x.tar")
+    assert "existing, writable directory" in caught.value.fix
