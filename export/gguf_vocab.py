@@ -26,6 +26,8 @@ For both: BOS and EOS are added where the tokenizer's post-processor puts them a
 (``add_bos_token`` / ``add_eos_token``). llama.cpp takes no whitespace into an added token, so one with
 ``lstrip``, ``rstrip`` or ``single_word`` is refused. A Metaspace pre-tokenizer's U+2581 in front differs
 from llama.cpp's ``add_space_prefix`` on two kinds of text, which the vocabulary's ``notes`` name.
+llama.cpp normalizes no text, so a normalizer step other than the SentencePiece space handling is refused,
+but NFC (Qwen2's), which changes only text not already composed, is written with a note.
 """
 
 from __future__ import annotations
@@ -81,11 +83,37 @@ def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str 
                           "SentencePiece BPE (byte fallback, spaces as U+2581) only",
                           "export a model with one of those tokenizers, or run the bundle with edgesdk")
     pre = _pre_tokenizer_name(spec.get("pre_tokenizer"), path)
+    notes = _normalizer_notes(spec, path, ())
     tokens, types = _tokens_by_id(spec, path, vocab_size)
     merges = [" ".join(pair) if isinstance(pair, list) else pair for pair in model.get("merges", [])]
     _check_ignore_merges(spec, pre, merges, path)
-    return GGUFVocab(tokens=tokens, token_types=types, merges=merges, pre=pre,
+    return GGUFVocab(tokens=tokens, token_types=types, merges=merges, pre=pre, notes=notes,
                      **_special_ids(spec, tokens, bos_token, eos_token))
+
+
+def _normalizer_notes(spec: dict, path: Path, kept: tuple[str, ...]) -> tuple[str, ...]:
+    """Refuse a normalizer llama.cpp does not apply; the notes for one it does not apply but that changes only
+    rare text. llama.cpp's BPE and SPM tokenizers normalize nothing (llama-vocab.cpp: ``llm_tokenizer_bpe_session``
+    splits the raw text with its regex, ``llm_tokenizer_spm_session`` only writes spaces as U+2581), and its
+    converter refuses a BPE tokenizer whose output on its test text it does not know (``get_vocab_base_pre``), as a
+    Lowercase or Replace normalizer makes it. Steps of type ``kept`` (the SentencePiece space handling, which
+    llama.cpp does itself) are llama.cpp's; NFC (Qwen2's, which llama.cpp's converter accepts) only changes text
+    that is not already composed."""
+    steps = [step for step in _normalizer_steps(spec) if step]
+    other = [step for step in steps if step.get("type") not in ("NFC", *kept)
+             or (step.get("type") == "Replace" and not _replaces_spaces(step))
+             or (step.get("type") == "Prepend" and step.get("prepend") != SPACE_MARK)]
+    if other:
+        allowed = "NFC or SentencePiece's space handling (Prepend / Replace of ' ' by U+2581)" if kept else "NFC"
+        raise ExportError(f"{path}: normalizer {json.dumps(other[0])[:200]} changes the text before it is "
+                          "tokenized, which llama.cpp does not do (it normalizes nothing), so llama.cpp would "
+                          "tokenize such text differently from the bundle without any error; GGUF export takes "
+                          f"no normalizer or {allowed} only",
+                          "run the bundle with edgesdk, or build it from a tokenizer without that normalizer")
+    if any(step.get("type") == "NFC" for step in steps):
+        return ("a text not in Unicode NFC (a letter followed by a combining accent, 'e' + U+0301): the bundle's "
+                "NFC normalizer composes it first (into U+00E9), llama.cpp tokenizes it as written",)
+    return ()
 
 
 def _special_ids(spec: dict, tokens: list[str], bos_token: str | None, eos_token: str | None) -> dict:
@@ -194,8 +222,9 @@ def _sentencepiece_vocab(spec: dict, path: Path, bos_token: str | None, eos_toke
     # A NORMAL token no merge makes (a single character) ranks below every merge; the others are never merged.
     last = float(len(model.get("merges", [])))
     scores = [(-float(rank_of.get(token, last)) if types[i] == NORMAL else 0.0) for i, token in enumerate(tokens)]
+    notes = (_metaspace_notes(spec) if prefix_space else ()) + _normalizer_notes(spec, path, ("Prepend", "Replace"))
     return GGUFVocab(tokens=tokens, token_types=types, merges=[], pre="default", model="llama", scores=scores,
-                     add_space_prefix=prefix_space, notes=_metaspace_notes(spec) if prefix_space else (),
+                     add_space_prefix=prefix_space, notes=notes,
                      **_special_ids(spec, tokens, bos_token, eos_token))
 
 
