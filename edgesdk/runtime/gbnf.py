@@ -9,7 +9,7 @@ for ``llama-cli --grammar-file`` or llama-server's ``grammar`` field works here 
   negated; ``[^]``, which llama.cpp reads as no symbol at all, is refused), ``.`` for any code point,
   with the escapes ``\\n \\r \\t \\\\ \\" \\[ \\] \\-`` (llama.cpp's ``parse_char``; no ``\\/``),
   ``\\xHH``, ``\\uHHHH`` and ``\\UHHHHHHHH``.
-* ``|`` alternatives, ``( ... )`` groups, and the repetitions ``*``, ``+``, ``?``, ``{m}``,
+* ``|`` alternatives, ``( ... )`` groups (nested up to 256 deep), and the repetitions ``*``, ``+``, ``?``, ``{m}``,
   ``{m,}``, ``{m,n}`` after a symbol (a literal repeats whole).
 * Tokens: ``<[id]>`` matches the token with that id, ``<text>`` the one token whose text that is,
   and ``!<...>`` any one token but it.
@@ -37,6 +37,9 @@ MAX_REPETITION = 10_000  # an upper bound {m,n} beyond this is refused (each uni
 # symbols the repetitions of one grammar may write out in all: a repetition copies what it repeats,
 # so a repetition of a repetition ("a"{1000}{1000}) multiplies (llama.cpp bounds the product too)
 MAX_REPEATED_SYMBOLS = 1_000_000
+# parentheses inside parentheses: the parser reads each level by two nested Python calls, so far past this a
+# grammar (valid for llama.cpp, whose parser recurses in C++) ended in a RecursionError rather than a GrammarError
+MAX_GROUP_DEPTH = 256
 ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-"}
 HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 
@@ -82,12 +85,16 @@ class _Builder:
         self.first_use: dict[int, int] = {}  # rule -> position of its first reference (for errors)
         self.repeated = 0  # symbols the repetitions have written out so far
         self.spanning: int | None = None  # where the first string or class that runs over a line end starts
+        self.depth = 0  # the groups open around the symbol read now
 
     # ----------------------------------------------------------------------------------- errors
 
     def where(self, pos: int) -> str:
-        line = self.src.count("\n", 0, pos) + 1
-        column = pos - (self.src.rfind("\n", 0, pos) + 1) + 1
+        """The line and column of ``pos``, counting a line end as llama.cpp's parser reads one (``parse_space``
+        and ``parse_rule``): ``\\r\\n``, ``\\n`` or a lone ``\\r``."""
+        before = self.src[:pos]
+        line = before.count("\n") + before.count("\r") - before.count("\r\n") + 1
+        column = pos - (max(before.rfind("\n"), before.rfind("\r")) + 1) + 1
         return f"line {line}, column {column}"
 
     def fail(self, pos: int, problem: str, fix: str) -> GrammarError:
@@ -192,7 +199,13 @@ class _Builder:
                 pos = self.token(pos, elements)
             elif char == "(":
                 group_at = pos
+                if self.depth >= MAX_GROUP_DEPTH:
+                    raise self.fail(pos, f"groups are nested more than {MAX_GROUP_DEPTH} deep in the rule {name!r}",
+                                    "write an inner group as a rule of its own (inner ::= ...) and use its name "
+                                    "where the group was")
+                self.depth += 1
                 body, pos = self.alternatives(self.space(pos + 1, True), name, nested=True)
+                self.depth -= 1
                 if pos >= len(src) or src[pos] != ")":
                     raise self.fail(pos, "expected ')' to close the group", "close every '(' with a ')'")
                 elements.append((REF, self.generated(name, body), group_at))

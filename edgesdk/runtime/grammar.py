@@ -170,10 +170,12 @@ class GrammarMatcher:
                 return (after, None) if after else None
         shift = 6 * remaining
         low, high = max(value << shift, lowest), min((value << shift) | ((1 << shift) - 1), highest)
-        if low > high or (SURROGATES[0] <= low and high <= SURROGATES[1]):
-            return None
+        # the code points the bytes so far can still become, less the surrogates UTF-8 never writes (RFC 3629
+        # section 3): after the lead byte ED they are D000-DFFF, of which only D000-D7FF can be written
+        spans = [(a, b) for a, b in ((low, min(high, SURROGATES[0] - 1)), (max(low, SURROGATES[1] + 1), high))
+                 if a <= b]
         live = frozenset(stack for stack in stacks if stack and self._top(stack)[0] == CHAR
-                         and _char_may_match(self._top(stack), low, high))
+                         and any(_char_may_match(self._top(stack), a, b) for a, b in spans))
         return (live, (value, remaining, lowest, highest)) if live else None
 
     def _top(self, stack: tuple) -> tuple:
@@ -279,6 +281,8 @@ class GrammarConstraint:
     def allows(self, token_id: int) -> bool:
         if token_id in self.stop_ids:
             return self.matcher.accepts(self.state)
+        if not 0 <= token_id < len(self.token_bytes):  # an id past the tokenizer (a model's padding rows) has no
+            return False  # text: llama.cpp's grammar sampler refuses a token with an empty piece, !<[id]> too
         if self._allowed is not None:
             return token_id in self._allowed or self._any_token_but(token_id)
         self._asked += 1
@@ -305,7 +309,8 @@ class GrammarConstraint:
                 raise ValueError(f"token {token_id} ends the answer where the grammar does not accept it")
             self._ended = True
             return
-        state = self.matcher.step_token(self.state, token_id, self._bytes(token_id))
+        state = self.matcher.step_token(self.state, token_id, self._bytes(token_id)) \
+            if 0 <= token_id < len(self.token_bytes) else None
         if state is None:
             raise ValueError(f"token {token_id} does not continue the answer the grammar allows")
         self.state, self._asked, self._allowed, self._refused_tokens = state, 0, None, set()
