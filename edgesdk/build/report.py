@@ -49,8 +49,11 @@ def markdown(rows: list[dict], plot_name: str | None, plot_left_out: str | None 
                      f"{figure(ppl, '.3f')} | {f'{tokens:,}' if tokens else '-'} |")
     # what BuildContext.eval_ids() and compress/measure.py score: at most 8,192 tokens, whole windows only; a short
     # --data-skip-chars slice gives fewer, so the sentence states the bound, not a count the rows do not carry
-    lines += ["", "Held-out perplexity: PyTorch, with the recipe's fake quantization on (weights and activations, "
-              "as the exported graph quantizes them), in whole windows of 256 over at most the first 8,192 tokens of the "
+    # compress/measure.py stage_metrics: the fake quantization a stage has recorded (QuantScheme.of) is switched on;
+    # the loaded model and a stage before QAT (smooth, prune without QAT, power alone) record none and run in float
+    lines += ["", "Held-out perplexity: PyTorch, with the fake quantization recorded by then on (the weights, and the "
+              "activations where the recipe quantizes them, as the exported graph does; the loaded model and any stage "
+              "before QAT in float), in whole windows of 256 over at most the first 8,192 tokens of the "
               "evaluation slice left out of training (`--data-skip-chars`; a shorter slice is scored up to its last "
               "whole window); `edgesdk eval` measures the bundle itself.", ""]
     for row in rows:  # the power stage's row is with gating off; its gated point follows
