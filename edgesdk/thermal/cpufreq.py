@@ -39,6 +39,7 @@ Rules, so the cap never fights the board's own tools and is never left behind:
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -174,8 +175,17 @@ class Policy:
         self.floor_khz = self.floor_khz if floor is None else floor
 
     def target(self, ratio: float) -> int:
-        """The lowest offered frequency at or above ``ratio`` x the ceiling (never below the floor)."""
+        """The lowest offered frequency at or above ``ratio`` x the ceiling (never below the floor).
+
+        A driver without a frequency table (``intel_pstate``, ``amd-pstate``, ``cppc_cpufreq``: no
+        ``scaling_available_frequencies``) takes any kHz value between ``cpuinfo_min_freq`` and the
+        ceiling as its ``scaling_max_freq`` (kernel ``Documentation/admin-guide/pm/cpufreq.rst``; as
+        ``cpupower frequency-set -u`` writes it): the cap is ``ratio`` x the ceiling itself, never the
+        ceiling, which would cap nothing.
+        """
         wanted = ratio * self.ceiling_khz
+        if not self.offered:
+            return max(self.floor_khz, min(self.ceiling_khz, max(self.lowest_khz, math.ceil(wanted))))
         above = [f for f in self.frequencies if f >= wanted - 1]
         return max(self.floor_khz, above[0] if above else self.ceiling_khz)
 

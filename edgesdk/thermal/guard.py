@@ -25,7 +25,9 @@ board had been idle (``T0 - R idle_w``). Its output feeds a token bucket whose d
 request, but never more tokens than the model says fit at full speed before the board is half a
 degree under the soft limit. A request starts when the bucket can pay for that depth, so waiting
 happens before the first token (time to first token) and the text streams at full speed; a request
-longer than the depth is paced token by token. With no sensor data (a poll that read no temperature,
+longer than the depth is paced token by token. A hottest zone more than ``max_drop_c`` below the last
+reading taken, in one new reading, is a bad read (a sensor's 0 °C) until a second reading confirms it
+(:meth:`Guard._screen`). With no sensor data (a poll that read no temperature,
 or a last reading older than ``stale_s``) the guard warns once and paces steadily at ``fallback_fraction`` of the unpaced rate, or at the slower rate it was
 pacing at when the data stopped (a bare Pi 5 held near 20 % at 35 °C ambient heats past its hard
 limit into the firmware throttle at 50 %).
@@ -162,6 +164,9 @@ class GuardConfig:
     fallback_fraction: float = 0.5  # largest token rate, as a fraction of the unpaced rate, without sensor data
     min_fraction: float = 0.02
     stale_s: float = 5.0
+    # A hottest zone this far below the last one the guard took, in a single new reading, is held as a bad
+    # read (the last temperature stands) until a second reading confirms it: see Guard._screen.
+    max_drop_c: float = 20.0
     response_s: float = 30.0  # closed-loop time constant of the rate controller
     max_burst_tokens: int = 512
     poll_s: float = 0.5  # longest single wait; the guard re-reads the sensor after each
@@ -205,6 +210,8 @@ class Guard:
         self.has_sensor = has_sensor
         self._warned = not has_sensor
         self.firmware_limited = False  # the firmware reports under-voltage or throttling right now
+        self._suspect: tuple[float, float] | None = None  # (reading time, °C) of a drop not yet confirmed
+        self._drop_warned = False
         self._firmware_warned = False
         self._dynamic_w = dynamic_w = max(plant.active_w - plant.idle_w, 1e-6)  # a profile may have active_w == idle_w
         self._gain_c = plant.resistance_c_per_w * dynamic_w  # °C of steady-state rise per unit of rate
@@ -217,6 +224,8 @@ class Guard:
         dt = 0.0 if self.now is None else max(now - self.now, 0.0)
         self.now = now
         temp = reading.max_c if reading is not None and now - reading.time <= self.config.stale_s else None
+        if temp is not None:
+            temp = self._screen(reading, temp)
         if temp is None:
             self._sensor_failed(reading)
         else:
@@ -230,6 +239,32 @@ class Guard:
             self.credit = min(self._depth, self.credit + self.fraction * self.unpaced_tok_s * dt)
         self._apply_budget()
         return self.level
+
+    def _screen(self, reading: Reading, temp: float) -> float:
+        """The temperature to act on: ``temp``, or the last one taken when ``temp`` is a bad read.
+
+        A sensor that answers with a wrong value (an I2C or firmware-mailbox read of 0 °C, a rail-gated
+        zone's garbage) is no data, not a cold board: one such value would lift a critical pause, drop a
+        hot level to normal and wind the rate controller's integral up, so that a sensor glitching every
+        few polls leaves the board unpaced until it reaches the hard limit. A board cannot cool by
+        ``max_drop_c`` between two polls (Raspberry Pi 5 bare board: RC = 238 s; Jetson: 180-200 s), so
+        a drop that large is held: the last temperature stands until a later reading (another poll, not
+        the same reading observed again) confirms the new value within ``max_drop_c``. A real drop costs
+        one poll at the hotter value, the safe side. Rises are taken at once (hot is the safe side).
+        """
+        last = self.temp_c
+        suspect, self._suspect = self._suspect, None
+        if last is None or temp >= last - self.config.max_drop_c:
+            return temp
+        if suspect is not None and reading.time > suspect[0] and abs(temp - suspect[1]) <= self.config.max_drop_c:
+            return temp  # a second reading agrees: the board really is that much cooler
+        self._suspect = suspect if suspect is not None and reading.time <= suspect[0] else (reading.time, temp)
+        if not self._drop_warned:
+            self._drop_warned = True
+            self._warn(f"thermal sensor read {temp:g} °C, {last - temp:g} °C below the last reading {last:g} °C "
+                       f"(more than max_drop_c {self.config.max_drop_c:g} °C in one poll): held as a bad read; "
+                       "the guard keeps acting on the last temperature until a second reading confirms it")
+        return last
 
     def _observe_firmware(self, reading: Reading | None) -> None:
         """Raspberry Pi firmware flags (``vcgencmd get_throttled``): under-voltage, a capped ARM clock,

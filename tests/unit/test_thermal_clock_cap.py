@@ -83,7 +83,9 @@ def test_driver_without_a_table_caps_between_its_limits(tmp_path):
     policy = make_cpufreq_policy(tmp_path, 0, 2_000_000, 400_000)
     cap = CpuFreqCap(tmp_path)
     cap.set_ratio(0.5)
-    assert ceiling(policy) == 2_000_000  # the only offered values are the limits: 0.4 < 1.0 GHz -> next up
+    # no scaling_available_frequencies (intel_pstate, amd-pstate, cppc_cpufreq): any kHz value between the limits
+    # is a ceiling the driver honours, so the cap is the ratio itself (it used to round up to the maximum: no cap)
+    assert ceiling(policy) == 1_000_000
     cap.set_ratio(0.1)  # 0.2 GHz wanted: the hardware minimum
     assert ceiling(policy) == 400_000
     cap.close()
