@@ -74,11 +74,17 @@ def systemd_program(path):
     if unsafe or not path.startswith("/"):
         why = (f"holds {', '.join(repr(c) for c in unsafe)}, which systemd refuses in the program of a unit's "
                "ExecStart (\"Executable name contains special characters\")" if unsafe else
-               "is not an absolute path, which systemd needs for the program of a unit's ExecStart")
-        raise Refused(f"the service's program {path!r} {why}",
-                      "deploy into a --remote-root whose path has no quote, apostrophe, backslash or control "
-                      "character (with --no-install: install edgesdk on the board under such a path), then "
-                      "deploy with --service again")
+               "is not an absolute path (for a unit's ExecStart systemd refuses a relative one and looks a bare "
+               "name up in its own search path, not where the deploy's ssh session found it)")
+        # The program is the runtime deploy installs under the deploy root, the edgesdk on the board's PATH
+        # (--no-install), or for --to DIR the Python running deploy (install.runtime_argv, session.board_edgesdk).
+        fix = ("put the program under a path with no quote, apostrophe, backslash or control character: deploy "
+               "into such a --remote-root (the runtime deploy installs lies under it); with --no-install, install "
+               "edgesdk on the board under such a path; with --to DIR, run deploy with a Python installed under "
+               "such a path (the unit runs that one)") if unsafe else \
+            ("with --no-install, name edgesdk on the board's PATH by an absolute directory (ssh sessions' PATH "
+             "holds a relative one), or deploy without --no-install: it installs the runtime under the deploy root")
+        raise Refused(f"the service's program {path!r} {why}", fix + "; then deploy with --service again")
     return '"' + path.replace("%", "%%") + '"'
 
 

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgesdk.cli import main
+from tests._utils.signals import default_signals
 
 
 def test_ctrl_c_in_a_command_exits_130_without_click_aborted(tmp_path):
@@ -22,7 +23,8 @@ def test_ctrl_c_in_a_command_exits_130_without_click_aborted(tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "edgesdk.cli", "thermal", "plan", "--target", "rpi5", "--decode-tok-s", "20",
          "--minutes", "230", "--telemetry-dir", str(telemetry)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_signals)  # a suite started in the background passes SIGINT on ignored
     guarded = telemetry / "rpi5-25C-guarded.jsonl"
     began = time.monotonic()
     try:
