@@ -238,7 +238,7 @@ class SshTransport(Transport):
             # "ControlPath.<16 random letters>" (OpenSSH mux.c muxserver_listen) with %C 40 hex digits: a longer
             # one fails every connection ('ControlPath too long', 'path ... too long for Unix domain socket').
             parent = tempfile.gettempdir()
-            if len(parent) + len("/edgesdk-ssh-12345678/") + 40 + len(".") + 16 > SOCKET_PATH_MAX:
+            if len(os.fsencode(parent)) + len("/edgesdk-ssh-12345678/") + 40 + len(".") + 16 > SOCKET_PATH_MAX:
                 parent = "/tmp"
             self._control_dir = tempfile.mkdtemp(prefix="edgesdk-ssh-", dir=parent)
 

@@ -108,17 +108,18 @@ def test_a_refused_login_without_a_user_in_host_names_the_user_ssh_tried(ssh_ser
         assert "ssh-copy-id" in refused.value.fix
 
 
-@pytest.mark.parametrize("length", [30, 48])
-def test_a_temporary_directory_of_30_to_48_characters_still_connects(ssh_server, monkeypatch, length):
+@pytest.mark.parametrize(("letter", "length"), [("t", 30), ("t", 48), ("é", 24)])
+def test_a_temporary_directory_of_30_to_48_characters_still_connects(ssh_server, monkeypatch, letter, length):
     """The ssh master's socket lives under the temporary directory, which was used up to 48 characters. ssh
     first binds 'ControlPath.<16 letters>' (mux.c), so from 29 characters on (Linux) every connection failed:
-    'ControlPath too long' or 'path ... too long for Unix domain socket'."""
+    'ControlPath too long' or 'path ... too long for Unix domain socket'. A socket path's limit is in bytes:
+    24 characters of which some are 'é' (two bytes in UTF-8) are too many too."""
     import os
     import shutil
     import tempfile
 
     parent = f"/tmp/e46-{os.getpid()}-"
-    parent += "t" * (length - len(parent))
+    parent += letter * (length - len(parent))
     os.makedirs(parent, exist_ok=True)
     monkeypatch.setattr(tempfile, "tempdir", parent)
     transport = SshTransport(HostSpec.parse(ssh_server.destination), ssh_options(ssh_server))
