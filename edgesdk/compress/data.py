@@ -152,13 +152,22 @@ def hash_weights(digest, model) -> None:
             digest.update(raw.numpy())  # read through the buffer protocol, no copy
 
 
-def teacher_key(teacher, config: DataConfig) -> str:
+def teacher_key(teacher, config: DataConfig, tokenizer=None) -> str:
     """Names the teacher text: the model (config and a fingerprint of every weight, not only the
-    embedding: a fine-tune often leaves that untouched) and the sampling settings."""
+    embedding: a fine-tune often leaves that untouched), the tokenizer that encodes its prompts and
+    whose ids the text holds (its vocabulary, merges, normalizer and whether it adds BOS), and the
+    sampling settings."""
     import hashlib
+
+    from edgesdk.evaluate import leading_bos
 
     digest = hashlib.sha256(teacher.config.to_json_string().encode())
     hash_weights(digest, teacher)
+    if tokenizer is not None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        digest.update((backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items())))
+                      .encode())
+        digest.update(f"{leading_bos(tokenizer)}".encode())
     digest.update(f"{config.generated_sequences}/{config.generated_tokens}/{config.seed}/{PROMPTS}".encode())
     digest.update(TEACHER_TEXT_FORMAT.encode())  # a cache written in an older format is not reused
     return digest.hexdigest()[:20]
@@ -177,7 +186,7 @@ def cached_teacher_text(teacher, tokenizer, config: DataConfig, progress: bool) 
 
     from edgesdk.models.sources import cache_dir
 
-    path = cache_dir() / "teacher-text" / f"{teacher_key(teacher, config)}.pt"
+    path = cache_dir() / "teacher-text" / f"{teacher_key(teacher, config, tokenizer)}.pt"
     if path.is_file():
         try:
             cached = torch.load(path)
@@ -189,7 +198,7 @@ def cached_teacher_text(teacher, tokenizer, config: DataConfig, progress: bool) 
         print(f"edgesdk build: warning: the cached teacher text {path} is damaged ({found}, not a tensor of token "
               "ids); sampling it again", file=sys.stderr)
     sample = generate_text(teacher, tokenizer, config, progress)
-    partial = path.with_name(path.name + ".partial")
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")  # two builds at once write a file each
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(sample, partial)

@@ -62,7 +62,7 @@ def test_a_damaged_cached_teacher_text_is_sampled_again(tmp_path, monkeypatch, c
     monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path / "cache"))
     tokenizer, config, teacher = tiny_tokenizer(), DataConfig(generated_sequences=2, generated_tokens=4), flat_teacher()
     expected = TokenData.load(config, tokenizer, teacher).ids  # sampled and cached
-    path = cache_dir() / "teacher-text" / f"{teacher_key(teacher, config)}.pt"
+    path = cache_dir() / "teacher-text" / f"{teacher_key(teacher, config, tokenizer)}.pt"
     if damage == "truncated":
         path.write_bytes(path.read_bytes()[:40])
     elif damage == "wrong tensor":

@@ -58,3 +58,18 @@ def test_distillation_with_both_loss_weights_zero_is_refused_naming_the_fix():
     assert "set steps 0" in str(caught.value)
     make_config("distill", {"steps": 0, "logits_weight": 0, "attention_weight": 0})  # nothing trained, nothing asked
     make_config("distill", {"steps": 16, "logits_weight": 0, "attention_weight": 0.5})  # attention alone trains
+
+
+def test_the_teacher_text_key_changes_with_the_tokenizer_that_encodes_its_prompts():
+    """The cached text holds the tokenizer's ids: the same weights under an edited tokenizer (another merge, BOS
+    switched on) sampled from other prompt ids, and the old text was reused."""
+    from edgesdk.compress.data import DataConfig, teacher_key
+    from tests._utils.tiny import tiny_llama, tiny_llama2_tokenizer, tiny_tokenizer
+
+    model, config = tiny_llama(seed=0), DataConfig()
+    first, again, other = tiny_tokenizer(), tiny_tokenizer(), tiny_llama2_tokenizer()
+    assert teacher_key(model, config, first) == teacher_key(model, config, again)
+    assert teacher_key(model, config, first) != teacher_key(model, config, other)
+    with_bos = tiny_llama2_tokenizer()
+    with_bos.add_bos_token, other.add_bos_token = True, False
+    assert teacher_key(model, config, with_bos) != teacher_key(model, config, other)
