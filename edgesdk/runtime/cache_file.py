@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import zipfile
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from edgesdk.runtime.prompt_cache import PromptCache
 
 # 2: the edgesdk release and the backend that wrote the file are recorded and checked; 3: and the power gates
 FORMAT = 3
+NAME_MAX = 255  # bytes in a file name (Linux's ext4, xfs, btrfs, tmpfs)
 
 
 def supported(backend) -> bool:
@@ -93,7 +95,9 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
             extra = len([name for name in data.files if name.startswith("cache_")]) - len(template)
     # MemoryError: a damaged header that gives an array billions of entries
     except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile, EOFError, MemoryError) as exc:
-        return 0, f"it cannot be read as a cache file ({type(exc).__name__}: {exc})"
+        told = f"({type(exc).__name__}: {exc})"
+        damage = _damage(path, exc)  # said in place of numpy's and zipfile's words, which mislead there
+        return 0, f"it cannot be read as a cache file{damage or ' ' + told}"
     context, vocabulary = cache.backend.max_context, getattr(cache.backend, "vocab_size", None)
     if tokens.dtype.kind not in "iu" or tokens.ndim != 1 or tokens.shape[0] < 1:
         return 0, f"its token ids are {tokens.dtype} of shape {tokens.shape}, not a list of integer ids"
@@ -114,6 +118,40 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
     return length, None
 
 
+def _damage(path: Path, exc: BaseException) -> str:
+    """What is wrong with a file numpy cannot read, where it can be told: an empty file, an .npz cut short (the
+    zip archive's start without the directory at its end, which a copy or download that did not finish leaves, and
+    which zipfile calls "not a zip file"), one whose data fail their CRC-32 (damaged on disk or in a copy), or a
+    file of another kind (numpy, finding neither of its own formats, says it "contains pickled (object) data" and
+    suggests loading it unsafely). "" where nothing more can be told."""
+    if isinstance(exc, zipfile.BadZipFile) and "CRC" in str(exc):
+        return f": its data fail their checksum, damaged on disk or in a copy ({exc})"
+    if not isinstance(exc, (zipfile.BadZipFile, EOFError, ValueError)):
+        return ""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(8)
+    except OSError:
+        return ""
+    if not head:
+        return ": it is empty"
+    if head.startswith(b"PK\x03\x04"):
+        if isinstance(exc, zipfile.BadZipFile):
+            return ": it is cut short (the archive's end is missing, as a copy or download that did not finish leaves)"
+        return ""
+    if not head.startswith(b"\x93NUMPY"):
+        return f": it is not a NumPy .npz archive (it starts with {head!r}, an .npz with b'PK\\x03\\x04')"
+    return ""
+
+
+def _mode_of(path: Path) -> int | None:
+    """The permission bits of the file at ``path``; None where there is none (or it cannot be read)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+
+
 def save(path: Path, cache: PromptCache, bundle_id: str, snapshot: tuple[list[int], list] | None = None) -> None:
     """Write the backend's KV cache and ``cache.tokens`` to ``path`` (atomically; through a symlink, the
     file it points to). ``snapshot``: (token ids, ``backend.save_cache()`` state) taken earlier, written in their
@@ -122,10 +160,20 @@ def save(path: Path, cache: PromptCache, bundle_id: str, snapshot: tuple[list[in
     tokens, state = (cache.tokens, cache.backend.save_cache()[0]) if snapshot is None else snapshot
     arrays = {f"cache_{index}": array for index, array in enumerate(state)}
     # A temporary file of this write's own: runs that write the same cache at once each rename a whole file
-    # (the last one stays) rather than truncating and renaming each other's.
-    partial = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+    # (the last one stays) rather than truncating and renaming each other's. Its name is the file's cut to leave
+    # room for the suffix within NAME_MAX: a valid name of 230 bytes and more failed "File name too long" after the
+    # answer, where llama-cli writes its --prompt-cache file in place.
+    suffix = f".{os.getpid()}-{secrets.token_hex(4)}.partial"
+    partial = path.with_name(os.fsdecode(os.fsencode(path.name)[: NAME_MAX - len(suffix)]) + suffix)
+    # A file that exists keeps its permissions, as llama-cli's fopen("wb") over it keeps them: a cache made
+    # private (chmod 600; its token ids are the prompt's text) came back world-readable (0644 under umask 022).
+    # Created private, given the old file's mode before the rename; a new file as open() creates one.
+    mode = _mode_of(path)
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if mode is not None else 0o666)
     try:
-        with open(partial, "xb") as out:
+        with os.fdopen(descriptor, "wb") as out:
+            if mode is not None:
+                os.fchmod(out.fileno(), mode)
             np.savez(out, format=np.array(FORMAT), bundle_id=np.array(bundle_id),
                      edgesdk_version=np.array(__version__), backend=np.array(str(getattr(cache.backend, "name", None))),
                      gates=np.array(gates(cache.backend)),
