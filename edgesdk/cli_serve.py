@@ -49,7 +49,8 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="TCP port (0: a free one, printed at start).")
 @click.option("--api-key", envvar="EDGESDK_API_KEY", show_envvar=True,
-              help="Require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on every route but /health.")
+              help="Require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on every route but /health; "
+                   "several keys as a comma-separated list (KEY1,KEY2), as llama-server's --api-key takes them.")
 @click.option("--model-name", "--alias", "-a", "model_names", multiple=True, metavar="NAME",
               help="Model id the API reports (llama-server's --alias) [<model>-<target> from the manifest]. With "
                    "several bundles: NAME=BUNDLE, once for each bundle to rename.")
@@ -160,9 +161,15 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
                                  n_keep=keep, **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
         raise bad_sampling_option(exc, {**SAMPLING_OPTIONS, "repeat_penalty": "'--repeat-penalty'"}) from exc
-    if api_key is not None and not api_key.strip():
-        raise click.BadParameter("is empty; pass a key, or leave --api-key out to serve without one",
-                                 param_hint="'--api-key'")
+    api_keys = None
+    if api_key is not None:
+        # llama-server's --api-key is a comma-separated list of keys, any of which a request may send (common/arg.cpp:
+        # "multiple keys can be provided as a comma-separated list", empty entries dropped); 'a,b' was taken for the
+        # one key 'a,b', which no client sends, so every request of a llama-server setup was refused with a 401
+        api_keys = tuple(key.strip() for key in api_key.split(",") if key.strip())
+        if not api_keys:
+            raise click.BadParameter("is empty; pass a key (or several, comma-separated), or leave --api-key out to "
+                                     "serve without one", param_hint="'--api-key'")
     paths = [*bundles, *(_bundles_in(models_dir) if models_dir is not None else [])]
     if not paths:
         raise click.UsageError("give the BUNDLE to serve (several are served one loaded at a time), or --models-dir "
@@ -170,7 +177,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     if any(not name.strip() for name in model_names):
         raise click.BadParameter("is empty; pass the id the API should report, or leave --model-name out for "
                                  "<model>-<target> from the bundle's manifest", param_hint="'--model-name'")
-    if api_key is not None and not (api_key.isascii() and api_key.isprintable() and " " not in api_key):
+    if api_keys is not None and not all(key.isascii() and key.isprintable() and " " not in key for key in api_keys):
         # Clients send it in a header, whose value HTTP carries as ASCII (RFC 9110 §5.5): another key never matched.
         raise click.BadParameter("must be printable ASCII without spaces, as an HTTP header carries it; pick "
                                  "another key, e.g. from: python -c 'import secrets; print(secrets.token_urlsafe())'",
@@ -211,7 +218,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
             pool = _model_pool(several, runtime, completer, server_defaults, hook, template_kwargs, lookup_draft,
                                backend=backend, threads=threads, target=target, ignore_target=ignore_target)
         try:
-            server = ApiServer((listen_host, port), completer, name, api_key=api_key, log=not quiet,
+            server = ApiServer((listen_host, port), completer, name, api_key=api_keys, log=not quiet,
                                metrics=metrics, pool=pool)
         except OSError as exc:
             import errno

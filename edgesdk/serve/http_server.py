@@ -48,6 +48,7 @@ a package beyond the board runtime's.
 
 from __future__ import annotations
 
+import email.errors
 import hmac
 import io
 import json
@@ -123,15 +124,19 @@ CORS_METHODS = "GET, POST"  # llama-server's Access-Control-Allow-Methods
 KEPT_RESPONSE = re.compile(r"/responses/([^/]+)")
 KEPT_ITEMS = re.compile(r"/responses/([^/]+)/input_items")
 KEPT_CANCEL = re.compile(r"/responses/([^/]+)/cancel")
+# a request-target in absolute-form (RFC 9112 §3.2.2): its scheme and authority, before the path and query
+ABSOLUTE_FORM = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
 
 
 class ApiServer(ThreadingHTTPServer):
-    """Holds what the handlers share: the completer, the model's name, the key, the thermal hook."""
+    """Holds what the handlers share: the completer, the model's name, the key (or keys: a request may send any of
+    them), the thermal hook."""
 
     daemon_threads = True  # a client that stalls mid-request does not hold the process at exit
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], completer: Completer, model: str, api_key: str | None = None,
+    def __init__(self, address: tuple[str, int], completer: Completer, model: str,
+                 api_key: str | tuple[str, ...] | None = None,
                  log: bool = True, client_timeout_s: float = CLIENT_TIMEOUT_S, metrics: bool = False,
                  request_timeout_s: float = REQUEST_TIMEOUT_S, pool: ModelPool | None = None):
         if not request_timeout_s > 0:
@@ -292,7 +297,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             super().finish()
         finally:
             headers = getattr(self, "headers", None)
-            if self.close_connection and headers is not None and self._carries_body() and \
+            if self.close_connection and headers is not None and (self._carries_body() or self._broken_head) and \
                     not getattr(self, "_body_read", False):
                 linger(self.connection)
 
@@ -310,10 +315,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._serve(lambda route: self._delete(route))
 
     def do_OPTIONS(self):  # noqa: N802 (a browser's CORS preflight, on any path and without the API key)
-        self._serve(lambda route: self._preflight())
+        self._serve(lambda route: self._preflight(route))
 
     def handle_one_request(self) -> None:
         self.headers = None  # a request refused on its request line has no headers (not the previous request's)
+        self._broken_head = False  # a header line refused (its body, if any, unknown: read and dropped at the close)
         server = self.server
         self._reader.expect(min(server.request_timeout_s, server.client_timeout_s or server.request_timeout_s))
         try:
@@ -331,14 +337,23 @@ class ApiHandler(BaseHTTPRequestHandler):
             self.send_header("Access-Control-Allow-Origin", origin)
             self.send_header("Vary", "Origin")  # the answer depends on it: a cache keeps one per origin
 
-    def _preflight(self) -> None:
+    def _preflight(self, route: str) -> None:
         """``OPTIONS``: what a browser asks before a request that is not a simple one (JSON, an Authorization
         header). Allowed: credentials, GET and POST, and the headers asked for (``*`` is no wildcard for a
-        request with credentials, and never covers Authorization: Fetch standard, CORS protocol)."""
+        request with credentials, and never covers Authorization: Fetch standard, CORS protocol).
+
+        llama-server has no DELETE route and allows ``GET, POST`` alone; this server's ``DELETE /v1/responses/{id}``
+        is allowed too where a preflight asks for it there: a browser sends a cross-origin request only with a
+        method the preflight's ``Access-Control-Allow-Methods`` lists (Fetch standard, CORS-preflight fetch), so
+        "GET, POST" alone made every such DELETE fail in the browser before it was sent."""
         asked = (self.headers.get("Access-Control-Request-Headers") or "").strip()
+        method = (self.headers.get("Access-Control-Request-Method") or "").strip()
+        methods = CORS_METHODS
+        if method == "DELETE" and KEPT_RESPONSE.fullmatch(_api_route(route)) is not None:
+            methods += ", DELETE"
         self.send_response(200)
         self.send_header("Access-Control-Allow-Credentials", "true")
-        self.send_header("Access-Control-Allow-Methods", CORS_METHODS)
+        self.send_header("Access-Control-Allow-Methods", methods)
         self.send_header("Access-Control-Allow-Headers", asked or "*")
         self.send_header("Content-Length", "0")
         if self.close_connection:
@@ -352,8 +367,17 @@ class ApiHandler(BaseHTTPRequestHandler):
         text = message or self.responses.get(code, ("error",))[0]
         self.log_error("code %d, message %s", code, text)
         self.close_connection = True
+        if self.request_version == "HTTP/0.9":
+            # A request line refused before its version was taken (not three words, a version that is not
+            # HTTP/1.x: the HTTP/2 preface 'PRI * HTTP/2.0' of a client with prior knowledge) leaves the base class's
+            # HTTP/0.9 default, whose answers have no status line or headers: the client read a bare JSON text as
+            # the response. An HTTP/1.1 server answers such a request with its status line (RFC 9112 §2.3, §3;
+            # RFC 9110 §15.6.6 for the 505), as llama-server's cpp-httplib answers its 400.
+            self.request_version = self.protocol_version
         if code == 501:
             text += f"; this server has {ROUTES}"
+        elif code == 505:
+            text += "; this server speaks HTTP/1.1 (and 1.0): send the request over HTTP/1.1, not HTTP/2"
         self._send_refusal(code, ApiError(code, text, code="unsupported_method" if code == 501 else None,
                                           kind="invalid_request_error").body())
 
@@ -955,7 +979,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         scheme, _, token = given.partition(" ")
         if scheme.lower() != "bearer":  # Anthropic's clients send the key as x-api-key
             token = self.headers.get("x-api-key", "")
-        if not hmac.compare_digest(token.strip().encode(), key.encode()):
+        # one key, or several (llama-server's --api-key KEY1,KEY2), any of which opens every route; each compared
+        # in full, so that the time taken does not tell which one nearly matched
+        sent = token.strip().encode()
+        if not any([hmac.compare_digest(sent, one.encode()) for one in ((key,) if isinstance(key, str) else key)]):
             raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY') "
                            "with the key edgesdk serve was started with (--api-key or EDGESDK_API_KEY)",
                            code="invalid_api_key", kind="authentication_error")
@@ -964,10 +991,50 @@ class ApiHandler(BaseHTTPRequestHandler):
         return bool(self.headers.get("Transfer-Encoding")) or \
             any(value.strip() != "0" for value in self.headers.get_all("Content-Length", []))
 
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        broken = self._broken_field_line()
+        if broken is not None:
+            self._broken_head = True
+            self.send_error(400, f"the request's header line {broken[:80]!r} is not a header field: send each as "
+                            "NAME: value, with no space in the name or before its colon (RFC 9112 §5.1)")
+            return False
+        self._origin_form()
+        return True
+
+    def _broken_field_line(self) -> str | None:
+        """The first header line that is no field line (``Content-Length : 5``, a name with a space, no colon, no
+        name), or None. The standard library's parser ends the header section there without a word, so every field
+        after it was dropped: a Content-Length (a 411), an Authorization (a 401), a ``Connection: close``, a
+        ``Transfer-Encoding`` beside a Content-Length read before it (the body framed otherwise than the client
+        framed it). RFC 9112 §5.1: a server MUST reject whitespace between a field name and its colon with a 400; a
+        line before the fields that starts with whitespace is dropped, as §2.2 lets a recipient do."""
+        payload = self.headers.get_payload()
+        if payload:
+            return payload.split("\r\n", 1)[0].split("\n", 1)[0]
+        for defect in self.headers.defects:
+            if not isinstance(defect, email.errors.FirstHeaderLineIsContinuationDefect):
+                return str(defect)
+        return None
+
+    def _origin_form(self) -> None:
+        """A request-target in absolute-form (``GET http://host:8080/v1/models HTTP/1.1``, as a client sends it
+        through a proxy that passes it on as is) as its path and query: RFC 9112 §3.2.2, "a server MUST accept the
+        absolute-form in requests". It was taken for a path: a 404 for every route (and a 401 for /health under an
+        API key)."""
+        match = ABSOLUTE_FORM.match(self.path)
+        if match is not None:
+            rest = self.path[match.end():]
+            self.path = rest if rest.startswith("/") else "/" + rest
+
     def handle_expect_100(self) -> bool:
         """``Expect: 100-continue`` (curl sends it with a large body and waits for the 100 before sending
         it): a request refused on its headers alone (no such route, no API key, a body too large) gets
         its final answer instead of a 100 that has the client send a body nobody reads (RFC 9110 §10.1.1)."""
+        if self._broken_field_line() is not None:  # refused with its 400 once parse_request returns: no 100
+            return True
+        self._origin_form()  # asked from within parse_request, before it returns
         if self.command == "POST":
             try:
                 if not _posted(self.path.split("?", 1)[0]):
@@ -1082,7 +1149,10 @@ class ApiHandler(BaseHTTPRequestHandler):
                            "announced")
         self._body_read = True
         try:
-            return json.loads(raw.decode("utf-8"))
+            # A UTF-8 byte order mark before the text (a file saved by Windows Notepad or PowerShell 5, sent with
+            # curl -d @file) is skipped, as RFC 8259 §8.1 lets a parser do and llama-server's JSON parser does
+            # (nlohmann's lexer, skip_bom); json.loads refused it ("Unexpected UTF-8 BOM") with a 400.
+            return json.loads(raw.decode("utf-8-sig"))
         except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, an integer past 4,300 digits, deep nesting
             raise ApiError(400, f"the request body is not JSON in UTF-8: {exc}") from exc
 
