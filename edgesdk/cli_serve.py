@@ -78,9 +78,10 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
 @click.option("--no-prompt-cache", is_flag=True,
               help="Prefill every prompt whole, instead of reusing the previous answer's KV cache for the "
                    "prefix a prompt repeats (a chat's earlier turns).")
-@click.option("--cache-ram", "cache_ram_mib", default=256, show_default=True, type=click.IntRange(min=0),
+@click.option("--cache-ram", "cache_ram_mib", default=256, show_default=True, type=click.IntRange(min=-1),
               metavar="MIB", help="Host memory (MiB) for the KV caches of other conversations, so a chat gets its "
-                                  "cache back after the server answered another prompt (0: keep only the last one).")
+                                  "cache back after the server answered another prompt (0: keep only the last one; "
+                                  "-1: no limit, as llama-server's).")
 @click.option("--metrics", is_flag=True,
               help="Serve GET /metrics: Prometheus counters (tokens, compute seconds, requests, thermal level).")
 @click.option("--lookup", "lookup_draft", default=0, show_default=True, type=click.IntRange(0, 64), metavar="N",

@@ -11,6 +11,7 @@ guard's state lives across requests: the board's temperature does not start over
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 from collections import deque
@@ -88,7 +89,9 @@ class ServeDefaults:
     repeat_last_n: int = 64  # llama-server's --repeat-last-n (-1: the whole context)
     max_waiting: int = 8  # requests queued behind the one generating; more are refused with 503
     prompt_cache: bool = True  # reuse the previous answer's KV cache for a prompt that repeats it
-    cache_ram_mib: int = 256  # host memory for other conversations' saved KV caches (0: keep only the live one)
+    # host memory for other conversations' saved KV caches (0: keep only the live one; -1: no limit, as
+    # llama-server's --cache-ram -1)
+    cache_ram_mib: int = 256
     lookup: int = 0  # prompt lookup decoding: draft tokens checked at once (0: off; edgesdk/runtime/lookup.py)
     prefill_assistant: bool = True  # a chat ending with an assistant message continues it (llama-server's default)
     # a thinking model's <think> block as reasoning_content: auto (where the template thinks) | none | deepseek |
@@ -135,8 +138,9 @@ class ServeDefaults:
             raise ValueError(f"reasoning_budget must be -1 (thinking without limit) or 0 (thinking off: the chat "
                              f"template rendered with enable_thinking false), as llama-server takes it, got "
                              f"{self.reasoning_budget!r}")
-        if self.cache_ram_mib < 0:
-            raise ValueError(f"cache_ram_mib must be >= 0, got {self.cache_ram_mib}")
+        if self.cache_ram_mib < -1:
+            raise ValueError(f"cache_ram_mib must be -1 (no limit), 0 (keep only the live cache) or a size in MiB, "
+                             f"got {self.cache_ram_mib}")
         if isinstance(self.n_keep, bool) or not isinstance(self.n_keep, int) or self.n_keep < -1:
             raise ValueError(f"n_keep (--keep) must be -1 (the whole prompt) or a whole number of the prompt's tokens "
                              f">= 0, got {self.n_keep!r}")
@@ -433,7 +437,8 @@ class Completer:
         # The conversation so far stays in the KV cache between requests (llama-server's cache_prompt).
         # Other conversations' caches wait in host memory (llama-server's --cache-ram), so the title and tag
         # requests a chat client sends between turns do not cost the chat its cache.
-        store = CacheStore(self.defaults.cache_ram_mib * 2**20) if self.defaults.cache_ram_mib else None
+        mib = self.defaults.cache_ram_mib
+        store = CacheStore(sys.maxsize if mib == -1 else mib * 2**20) if mib else None
         self.prompt_cache = PromptCache(runtime.backend, store) if self.defaults.prompt_cache else None
         drafts = self.defaults.lookup and can_draft(runtime.backend)
         self.lookup = LookupConfig(max_draft=self.defaults.lookup) if drafts else None
