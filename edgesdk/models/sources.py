@@ -126,11 +126,17 @@ def _did_you_mean(spec: str) -> str:
 
 
 def hub_cache_dir() -> Path:
-    """huggingface_hub's model cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    """huggingface_hub's model cache as its ``constants.HF_HUB_CACHE`` finds it: $HF_HUB_CACHE, else the legacy
+    $HUGGINGFACE_HUB_CACHE (which huggingface_hub still reads, and older setups still set), else $HF_HOME/hub,
+    else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub; ``~`` and ``$VARS`` expanded as there."""
+    def expanded(value) -> Path:
+        return Path(os.path.expandvars(os.path.expanduser(str(value))))
+
+    for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(variable):
+            return expanded(os.environ[variable])
     home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
-    return Path(home).expanduser() / "hub"
+    return expanded(home) / "hub"
 
 
 def _unknown_model_fix(spec: str) -> str:
@@ -319,7 +325,8 @@ def _hub_cache_snapshot(entry: Path) -> Path:
     ref = entry / "refs" / "main"
     if ref.is_file():
         commit = ref.read_text(encoding="utf-8", errors="replace").strip()
-        if (snapshots / commit).is_dir():
+        # an empty refs/main (a write cut short) names no commit: snapshots / "" is the snapshots folder itself
+        if commit and "/" not in commit and (snapshots / commit).is_dir():
             return snapshots / commit
         raise ModelSourceError(
             f"Hugging Face cache entry {entry}: refs/main names commit '{commit}', which is not in {snapshots}",
