@@ -168,15 +168,40 @@ class OrtDecoderBase:
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
         """Run ``token_ids`` (T,) after the cache; the logits of the last ``min(keep_logits, T)`` positions."""
         keep_logits = checked_keep_logits(keep_logits)
-        ids = np.asarray(token_ids, dtype=np.int64).reshape(1, -1)  # (1, T)
-        if ids.shape[1] == 0:  # the graphs cannot run 0 tokens (onnxruntime's Reshape / GroupQueryAttention error)
+        given = np.asarray(token_ids)
+        if given.size == 0:  # the graphs cannot run 0 tokens (onnxruntime's Reshape / GroupQueryAttention error)
             raise RuntimeBackendError("prefill of 0 tokens: there is no position whose logits it could return",
                                       "pass at least one token id (the prompt's last token gives the next "
                                       "token's logits)")
+        ids = self._checked_ids(given, "prefill")
         return self._run(ids, min(keep_logits, ids.shape[1]))
 
     def decode(self, token_id: int) -> np.ndarray:
-        return self._run(np.array([[token_id]], np.int64), 1)[0]
+        ids = np.array([[token_id]])
+        if not (ids.dtype.kind in "iu" and 0 <= ids[0, 0] < self.vocab_size):  # the hot path: one comparison
+            ids = self._checked_ids(ids, "decode")
+        return self._run(ids.astype(np.int64, copy=False), 1)[0]
+
+    def _checked_ids(self, given: np.ndarray, call: str) -> np.ndarray:
+        """``given`` token ids as (1, T) int64, or a RuntimeBackendError naming the first that is not an id of the
+        graph's vocabulary, or a batch of several sequences. The embedding Gather takes a negative id as counted from
+        the end (ONNX ``Gather``: indices in [-s, s-1]), a silently wrong row, and fails on one past it with
+        onnxruntime's own RuntimeError; a float was cut to an int, a (2, T) batch run as one sequence of 2T tokens.
+        llama.cpp's ``llama_decode`` refuses such a batch ("invalid token[i] = id")."""
+        if given.dtype.kind not in "iu":
+            raise RuntimeBackendError(f"{call} with token ids of dtype {given.dtype} ({given.ravel()[:4].tolist()!r:.80}"
+                                      "): expected whole numbers", "pass the integer ids the bundle's tokenizer gives")
+        if given.ndim > 2 or (given.ndim == 2 and given.shape[0] != 1):  # was flattened into one sequence
+            raise RuntimeBackendError(f"{call} with token ids of shape {given.shape}: expected one sequence, (T,) or "
+                                      "(1, T)", "pass the sequences one at a time (the backends run batch 1)")
+        ids = given.astype(np.int64, copy=False).reshape(1, -1)  # (1, T)
+        bad = np.flatnonzero((ids[0] < 0) | (ids[0] >= self.vocab_size))
+        if bad.size:
+            at = int(bad[0])
+            raise RuntimeBackendError(f"{call} with token id {int(ids[0, at])} at position {at}: expected an id from 0 "
+                                      f"to {self.vocab_size - 1} (the rows of the bundle's embedding)",
+                                      "pass ids the bundle's tokenizer gives that the model has embedding rows for")
+        return ids
 
     @property
     def gives_hidden_states(self) -> bool:
@@ -187,10 +212,11 @@ class OrtDecoderBase:
     def hidden_states(self, token_ids: np.ndarray) -> np.ndarray:
         """The final-norm hidden states (T, hidden) of ``token_ids`` run as a sequence of their own: what
         embeddings pool. The KV cache is left as it was (the sequence runs beside it, not after it)."""
-        ids = np.asarray(token_ids, dtype=np.int64).reshape(1, -1)  # (1, T)
-        if ids.shape[1] == 0:
+        given = np.asarray(token_ids)
+        if given.size == 0:
             raise RuntimeBackendError("hidden states of 0 tokens: there is no position to return",
                                       "pass at least one token id")
+        ids = self._checked_ids(given, "hidden states")
         if not self.gives_hidden_states:
             raise RuntimeBackendError(NO_HIDDEN_STATES_OUTPUT, REBUILD_FOR_HIDDEN_STATES)
         self._check_length(ids.shape[1])

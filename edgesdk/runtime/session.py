@@ -15,6 +15,7 @@ opens is used and every note says why each backend was or was not.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -74,11 +75,67 @@ def check_target(bundle: Bundle, expected_target: str | None, ignore_target: boo
     return None
 
 
-def usable_cores() -> int:
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+
+
+def _cgroup_quota(directory: Path) -> float | None:
+    """The CPUs the cgroup ``directory`` may use, or None where it sets no limit (or has no cpu controller files):
+    cgroup v2's ``cpu.max`` "$MAX $PERIOD" ("max" unlimited; Linux Documentation/admin-guide/cgroup-v2.rst),
+    cgroup v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1 unlimited; Documentation/scheduler/sched-bwc.rst)."""
     try:
-        return len(os.sched_getaffinity(0))
+        quota, _, period = (directory / "cpu.max").read_text().strip().partition(" ")
+    except OSError:
+        try:
+            quota = (directory / "cpu.cfs_quota_us").read_text().strip()
+            period = (directory / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    try:
+        quota_us, period_us = int(quota), int(period or 100000)
+    except ValueError:  # "max": no limit
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def cgroup_cpu_limit(proc_cgroup: Path | None = None, root: Path | None = None) -> float | None:
+    """The CPUs this process's cgroups allow (``docker run --cpus``, a systemd ``CPUQuota=``, a Kubernetes CPU limit):
+    the tightest quota on the path of each hierarchy ``/proc/self/cgroup`` names and on its ancestors, as a limit on
+    a parent holds for its children; None where none is set. Inside a container its own cgroup is mounted at the
+    root, so a path not there is read from the root. Affinity does not show a quota: ``docker --cpus 2`` on an
+    8-core Orin leaves ``sched_getaffinity`` at 8, and 8 spinning threads then run throttled a quarter of the time."""
+    proc_cgroup = PROC_CGROUP if proc_cgroup is None else proc_cgroup
+    root = CGROUP_ROOT if root is None else root
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers and "cpu" not in controllers.split(","):
+            continue
+        bases = [root] if not controllers else [root / controllers, root / "cpu"]  # v2 unified; v1 cpu controller
+        parts = [part for part in path.split("/") if part]
+        for base in bases:
+            for depth in range(len(parts), -1, -1):
+                limit = _cgroup_quota(base.joinpath(*parts[:depth]))
+                if limit is not None:
+                    limits.append(limit)
+    return min(limits) if limits else None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (``taskset``, a cpuset), at most its cgroup CPU quota
+    rounded up (:func:`cgroup_cpu_limit`; the JVM and .NET count a quota so), at least 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        cores = min(cores, math.ceil(limit))
+    return max(cores, 1)
 
 
 def _available_providers() -> list[str]:
