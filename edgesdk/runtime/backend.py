@@ -56,3 +56,26 @@ def checked_keep_logits(keep_logits: object) -> int:
                                   "pass keep_logits=1 for the next token's logits, or the number of tokens "
                                   "for every position's")
     return int(keep_logits)
+
+
+def checked_token_ids(given: object, vocab_size: int, call: str) -> np.ndarray:
+    """``given`` token ids as (1, T) int64, or a RuntimeBackendError naming the first that is not an id of the
+    bundle's vocabulary, or a batch of several sequences. An embedding lookup takes a negative id as counted from
+    the end (ONNX ``Gather``: indices in [-s, s-1]), a silently wrong row, and a GPU one past the table reads
+    memory it should not; a float was cut to an int, a (2, T) batch run as one sequence of 2T tokens. llama.cpp's
+    ``llama_decode`` refuses such a batch ("invalid token[i] = id")."""
+    given = np.asarray(given)
+    if given.dtype.kind not in "iu":
+        raise RuntimeBackendError(f"{call} with token ids of dtype {given.dtype} ({given.ravel()[:4].tolist()!r:.80}"
+                                  "): expected whole numbers", "pass the integer ids the bundle's tokenizer gives")
+    if given.ndim > 2 or (given.ndim == 2 and given.shape[0] != 1):  # was flattened into one sequence
+        raise RuntimeBackendError(f"{call} with token ids of shape {given.shape}: expected one sequence, (T,) or "
+                                  "(1, T)", "pass the sequences one at a time (the backends run batch 1)")
+    ids = given.astype(np.int64, copy=False).reshape(1, -1)  # (1, T)
+    bad = np.flatnonzero((ids[0] < 0) | (ids[0] >= vocab_size))
+    if bad.size:
+        at = int(bad[0])
+        raise RuntimeBackendError(f"{call} with token id {int(ids[0, at])} at position {at}: expected an id from 0 "
+                                  f"to {vocab_size - 1} (the rows of the bundle's embedding)",
+                                  "pass ids the bundle's tokenizer gives that the model has embedding rows for")
+    return ids

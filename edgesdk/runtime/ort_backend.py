@@ -17,6 +17,7 @@ from edgesdk.runtime.backend import (
     NO_HIDDEN_STATES_OUTPUT,
     REBUILD_FOR_HIDDEN_STATES,
     checked_keep_logits,
+    checked_token_ids,
 )
 from edgesdk.weights_file import REBUILD, GraphTensor, open_session, read_graph_tensors
 
@@ -183,25 +184,8 @@ class OrtDecoderBase:
         return self._run(ids.astype(np.int64, copy=False), 1)[0]
 
     def _checked_ids(self, given: np.ndarray, call: str) -> np.ndarray:
-        """``given`` token ids as (1, T) int64, or a RuntimeBackendError naming the first that is not an id of the
-        graph's vocabulary, or a batch of several sequences. The embedding Gather takes a negative id as counted from
-        the end (ONNX ``Gather``: indices in [-s, s-1]), a silently wrong row, and fails on one past it with
-        onnxruntime's own RuntimeError; a float was cut to an int, a (2, T) batch run as one sequence of 2T tokens.
-        llama.cpp's ``llama_decode`` refuses such a batch ("invalid token[i] = id")."""
-        if given.dtype.kind not in "iu":
-            raise RuntimeBackendError(f"{call} with token ids of dtype {given.dtype} ({given.ravel()[:4].tolist()!r:.80}"
-                                      "): expected whole numbers", "pass the integer ids the bundle's tokenizer gives")
-        if given.ndim > 2 or (given.ndim == 2 and given.shape[0] != 1):  # was flattened into one sequence
-            raise RuntimeBackendError(f"{call} with token ids of shape {given.shape}: expected one sequence, (T,) or "
-                                      "(1, T)", "pass the sequences one at a time (the backends run batch 1)")
-        ids = given.astype(np.int64, copy=False).reshape(1, -1)  # (1, T)
-        bad = np.flatnonzero((ids[0] < 0) | (ids[0] >= self.vocab_size))
-        if bad.size:
-            at = int(bad[0])
-            raise RuntimeBackendError(f"{call} with token id {int(ids[0, at])} at position {at}: expected an id from 0 "
-                                      f"to {self.vocab_size - 1} (the rows of the bundle's embedding)",
-                                      "pass ids the bundle's tokenizer gives that the model has embedding rows for")
-        return ids
+        """``given`` as (1, T) int64 ids of this graph's vocabulary (:func:`checked_token_ids`)."""
+        return checked_token_ids(given, self.vocab_size, call)
 
     @property
     def gives_hidden_states(self) -> bool:

@@ -24,7 +24,7 @@ import numpy as np
 
 from edgesdk.errors import RuntimeBackendError
 from edgesdk.runtime import tensorrt_engine as te
-from edgesdk.runtime.backend import checked_keep_logits
+from edgesdk.runtime.backend import checked_keep_logits, checked_token_ids
 
 
 class _Buffer:
@@ -299,7 +299,7 @@ class TensorRTBackend:
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
         """Run ``token_ids`` (T,) after the cache in chunks of max_seq; logits of the last ``keep_logits``."""
-        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        ids = checked_token_ids(token_ids, self.vocab_size, "prefill")[0]  # (T,): a GPU Gather past the table reads stray memory
         total = ids.shape[0]
         if total == 0:
             raise RuntimeBackendError("prefill got no tokens", "pass a non-empty prompt")
@@ -316,7 +316,7 @@ class TensorRTBackend:
 
     def decode(self, token_id: int) -> np.ndarray:
         self._check_length(self._position + 1)
-        return self._step(np.array([token_id], np.int64), 1)[0]
+        return self._step(checked_token_ids([token_id], self.vocab_size, "decode")[0], 1)[0]
 
 
 def open_tensorrt_backend(bundle, threads: int | None = None) -> TensorRTBackend:

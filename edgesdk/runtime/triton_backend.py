@@ -14,7 +14,7 @@ import numpy as np
 
 from edgesdk.bundle import Bundle
 from edgesdk.errors import RuntimeBackendError
-from edgesdk.runtime.backend import checked_keep_logits
+from edgesdk.runtime.backend import checked_keep_logits, checked_token_ids
 
 KERNELS_ENV = "EDGESDK_KERNELS"
 
@@ -81,7 +81,7 @@ class TritonBackend:
         TensorRT backends refuse it: the decoder returned an empty (0, vocab) array, with no row for the
         next token."""
         keep = checked_keep_logits(keep_logits)
-        ids = np.asarray(token_ids).reshape(-1)
+        ids = checked_token_ids(token_ids, self.vocab_size, "prefill")[0]  # (T,)
         if ids.shape[0] == 0:
             raise RuntimeBackendError("prefill of 0 tokens: there is no position whose logits it could return",
                                       "pass at least one token id (the prompt's last token gives the next "
@@ -92,14 +92,14 @@ class TritonBackend:
         """Final-norm hidden states (T, hidden) of ``token_ids`` run beside the KV cache, which stays as it was."""
         import torch
 
-        ids = np.asarray(token_ids, np.int64).reshape(-1)
+        ids = checked_token_ids(token_ids, self.vocab_size, "hidden states")[0]  # (T,)
         if not 0 < len(ids) <= self.max_context:
             raise RuntimeBackendError(f"hidden states of {len(ids)} tokens: expected 1 to the bundle's max_context "
                                       f"{self.max_context}", "pass a shorter, non-empty sequence")
         return self.decoder.hidden_states(torch.as_tensor(ids)).cpu().numpy()
 
     def decode(self, token_id: int) -> np.ndarray:
-        return self._run(np.array([token_id]), 1)[0]
+        return self._run(checked_token_ids([token_id], self.vocab_size, "decode")[0], 1)[0]
 
 
 def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:

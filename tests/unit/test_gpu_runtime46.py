@@ -222,3 +222,27 @@ def test_a_triton_prefill_of_no_tokens_is_refused_as_the_other_backends_refuse_i
     assert triton_backend.position == 0
     logits = triton_backend.prefill(np.arange(1, 4), keep_logits=5)  # keep beyond T: every position's row
     assert logits.shape == (3, triton_backend.vocab_size)
+
+
+@pytest.mark.parametrize("bad", [-1, "vocab"])
+def test_token_ids_outside_the_vocabulary_are_refused_by_the_gpu_backends_too(triton_backend, standard_bundle,
+                                                                             monkeypatch, tmp_path, bad):
+    """A GPU embedding lookup past its table reads memory it should not (the triton twin raised torch's
+    IndexError, a negative id read the last row); the ONNX Runtime backends refuse these ids by name, and now
+    TensorRT's and Triton's do too, leaving the cache as it was."""
+    from edgesdk.errors import RuntimeBackendError
+
+    tensorrt = _tensorrt_backend(standard_bundle, monkeypatch, tmp_path, max_seq=4)
+    for backend in (triton_backend, tensorrt):
+        token = backend.vocab_size if bad == "vocab" else bad
+        backend.reset()
+        backend.prefill(np.array([5, 6]))
+        with pytest.raises(RuntimeBackendError, match=rf"prefill with token id {token} at position 1"):
+            backend.prefill(np.array([7, token]))
+        with pytest.raises(RuntimeBackendError, match=rf"decode with token id {token} at position 0"):
+            backend.decode(token)
+        with pytest.raises(RuntimeBackendError, match="expected whole numbers"):
+            backend.prefill(np.array([1.0, 7.9]))
+        assert backend.position == 2
+    with pytest.raises(RuntimeBackendError, match=rf"hidden states with token id {token} at position 0"):
+        triton_backend.hidden_states(np.array([token]))
