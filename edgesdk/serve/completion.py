@@ -772,16 +772,20 @@ class Completer:
         # Refused before the turn, as a bad prompt is: a stream's headers go out when the turn comes.
         constraint = self._constraint(request)
         shift = self.context_shift(request, ids, sampling)
-        with self._request_turn(client_gone):
+        with self._request_turn(client_gone, answer=True):
             self.busy = True
             self.tasks += 1
             self.slot = SlotState(self.tasks, request, sampling, len(ids))
             try:
-                self._check_stopping()
-                if client_gone is not None and client_gone():
-                    raise ClientGone("the client closed the connection while the request waited")
-                if on_start is not None:
-                    on_start()
+                try:
+                    self._check_stopping()
+                    if client_gone is not None and client_gone():
+                        raise ClientGone("the client closed the connection while the request waited")
+                    if on_start is not None:  # a stream's headers and first events: a client gone fails the write
+                        on_start()
+                except BaseException as exc:  # ended before its first step: counted, no hook to tell
+                    self._count_ended(exc)
+                    raise
                 with self._thermal_wait_ends(client_gone, "the answer"):
                     if request.max_tokens == 0:
                         return self._prefill_only(request, ids, on_text)
@@ -796,9 +800,11 @@ class Completer:
                 self.busy, self.slot = False, None
 
     @contextmanager
-    def _request_turn(self, client_gone: Callable[[], bool] | None) -> Iterator[None]:
+    def _request_turn(self, client_gone: Callable[[], bool] | None, answer: bool = False) -> Iterator[None]:
         """A request's place in the queue, then its turn on the board: a 503 ``server_busy`` where
-        ``max_waiting`` requests already wait, ``server_stopping`` once :meth:`stop` was called."""
+        ``max_waiting`` requests already wait, ``server_stopping`` once :meth:`stop` was called. An ``answer`` (not an
+        embedding, which the request counters leave out) whose client left while it waited is counted cancelled, as
+        one whose client leaves once its turn came."""
         self._check_stopping()
         # A full queue first lets go of the waiters whose client left (they hold places until asked, never run)
         if not self._admitted.acquire(blocking=False) and \
@@ -811,6 +817,10 @@ class Completer:
         try:
             try:
                 self._turn.acquire(client_gone)
+            except ClientGone:
+                if answer:
+                    self.metrics.finish("cancelled")
+                raise
             finally:
                 self._count_waiting(-1)
             try:
@@ -1157,6 +1167,12 @@ class Completer:
         """An answer that ended in ``exc``: the hook told, and the metrics count it cancelled (the client left, the
         server stopping) or failed."""
         self._end_early()
+        self._count_ended(exc)
+
+    def _count_ended(self, exc: BaseException) -> None:
+        """An answer that ended in ``exc``, counted in the metrics: cancelled where the client left (also a write that
+        found its connection gone: a broken pipe, a reset) or the server stopped, else failed. Each answer that got
+        its turn is counted once, whatever point it ended at, as its steps are."""
         cancelled = isinstance(exc, (ClientGone, ConnectionError)) or \
             (isinstance(exc, ApiError) and exc.code == "server_stopping")
         self.metrics.finish("cancelled" if cancelled else "error")
