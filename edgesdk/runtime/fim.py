@@ -5,7 +5,9 @@ GGUF file names none (src/llama-vocab.cpp, ``llama_vocab::impl::load``, "auto-de
 texts below, per kind. llama.cpp walks its text-to-id map (an unordered map) and keeps the first match; a
 vocabulary holds at most one of each family in practice, and here the first text in llama.cpp's list that the
 vocabulary has is taken. StarCoder's and SmolLM2's ``<repo_name>`` and ``<file_sep>`` are in no list, so llama.cpp
-has no FIM_REP / FIM_SEP for those models, and neither has this.
+takes neither as FIM_REP / FIM_SEP, and neither does this; SmolLM2's ``<reponame>`` (id 4) is in the FIM_REP list
+(Granite's), so it is SmolLM2's FIM_REP and ends generation, in llama.cpp and here. SmolLM2 has no FIM prefix, suffix
+or middle token: it cannot infill.
 
 The prompt is llama-server's ``format_prompt_infill`` (tools/server/server-common.cpp): the repo-level pattern
 (arXiv:2409.12186) where the vocabulary has FIM_REP and FIM_SEP, the 3:1 token budget of prefix and suffix within a

@@ -54,8 +54,9 @@ def vocabulary_of(tokenizer) -> InfillVocabulary:
     """The infill sampler's view of a :class:`~edgesdk.runtime.text.ChatTokenizer`, built on first use and kept
     with it: the token bytes table (``ChatTokenizer.token_bytes``: special tokens and the ids that end generation
     render as nothing, as control tokens do with ``special`` false), the ids that end generation
-    (``eos_token_ids``, with the FIM pad, repo and file-separator tokens llama.cpp adds) and the EOT token: the
-    first of llama.cpp's EOT texts the vocabulary holds, else the EOS token."""
+    (``eos_token_ids``, with the FIM pad, repo and file-separator tokens llama.cpp adds, and the EOT token, which
+    llama.cpp's vocab loader adds where they lack it) and the EOT token: the first of llama.cpp's EOT texts the
+    vocabulary holds, else the EOS token."""
     if isinstance(tokenizer, InfillVocabulary):
         return tokenizer
     found = _VOCABULARIES.get(tokenizer)
@@ -75,7 +76,10 @@ def vocabulary_of(tokenizer) -> InfillVocabulary:
         raise EdgeSDKError("the infill sampler needs an end-of-text token to fall back to, and this bundle's "
                            f"vocabulary has none (no EOS token, none of {', '.join(EOT_TEXTS)})",
                            "leave 'infill' out of the samplers for this bundle")
-    found = InfillVocabulary(texts, frozenset(tokenizer.eos_token_ids), eot)
+    # llama.cpp's vocab loader puts the EOT token among the ids that end generation where they lack it ("special_eot_id
+    # is not in special_eog_ids - the tokenizer config may be incorrect"): DeepSeek-Coder-Instruct's EOS is <|EOT|>,
+    # its <｜end▁of▁sentence｜> the EOT found by text, both EOG to llama_vocab_is_eog
+    found = InfillVocabulary(texts, frozenset({*tokenizer.eos_token_ids, eot}), eot)
     _VOCABULARIES[tokenizer] = found
     return found
 

@@ -85,7 +85,10 @@ def require_fim(completer, route: str, param: str | None = None, status: int = 5
                    "send the prompt to /completion", param=param, code="not_supported", kind="not_supported_error")
 
 
-FIM_MODELS = "a code model built with them (Qwen2.5-Coder, StarCoder2, CodeLlama, SmolLM2)"
+# models whose vocabularies hold the FIM prefix, suffix and middle tokens; SmolLM2's holds none of them (its only
+# FIM-looking token, <reponame>, is llama.cpp's FIM_REP, which an infill does not need)
+FIM_MODELS = ("a code model built with them (Qwen2.5-Coder, StarCoder2, CodeLlama, DeepSeek-Coder, Granite Code; "
+              "SmolLM2 has none)")
 
 
 def prompt_ids(completer, prefix: list[int], suffix: list[int], prompt: list[int], extra: list[tuple[str, str]]):
