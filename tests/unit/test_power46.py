@@ -53,8 +53,9 @@ def test_the_bound_follows_the_bundles_floor():
 
 
 def test_a_profiles_target_no_window_can_hold_is_refused_before_the_power_stage_works(tmp_path):
-    """The profile's schema takes any target in (0, ln 8); the stage used it as it was, profiled c_t, trained the
-    adapters, and only the sweep's controller refused it, with a traceback after the whole training."""
+    """The profile's schema took any target in (0, ln 8); the stage used it as it was, profiled c_t, trained the
+    adapters, and only the sweep's controller refused it, with a traceback after the whole training. A profile
+    file is now refused when it loads; the stage still refuses one that reached it unchecked."""
     torch = pytest.importorskip("torch")
     from importlib import resources
 
@@ -62,7 +63,7 @@ def test_a_profiles_target_no_window_can_hold_is_refused_before_the_power_stage_
 
     from edgesdk.build.registry import BuildContext, make_config, stage_spec
     from edgesdk.compress.data import DataConfig
-    from edgesdk.errors import BuildError
+    from edgesdk.errors import BuildError, ProfileError
     from edgesdk.profile import get_profile
     from tests._utils.tiny import CORPUS, tiny_llama, tiny_tokenizer
 
@@ -70,8 +71,12 @@ def test_a_profiles_target_no_window_can_hold_is_refused_before_the_power_stage_
     data["name"], data["aliases"] = "low-entropy-host", []
     data["power"]["entropy_target"] = 0.2
     (tmp_path / "low.yaml").write_text(yaml.safe_dump(data))
-    profile = get_profile(str(tmp_path / "low.yaml"))
-    assert profile.power.entropy_target == 0.2  # the schema takes it
+    with pytest.raises(ProfileError, match=r"entropy_target must lie in \(0.366, 2.079\)"):
+        get_profile(str(tmp_path / "low.yaml"))  # a profile file is refused when it loads
+    # one built in Python without validation (model_copy) still reaches the stage, which refuses it before work
+    host = get_profile("host")
+    profile = host.model_copy(update={"name": "low-entropy-host",
+                                      "power": host.power.model_copy(update={"entropy_target": 0.2})})
     text = tmp_path / "train.txt"
     text.write_text("\n".join(CORPUS * 3))
     torch.manual_seed(0)
