@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgesdk import __version__
@@ -120,13 +120,24 @@ def build_wheel(root: Path, digest: str) -> Path:
         return target / built[0].name
 
 
-def runtime_source() -> RuntimeSource:
-    """A wheel of this checkout, or this version from PyPI when edgesdk was installed from a wheel."""
+def runtime_source(python_version: tuple[int, ...] | None = None, inherit: bool = False) -> RuntimeSource:
+    """A wheel of this checkout, or this version from PyPI when edgesdk was installed from a wheel.
+
+    With ``python_version`` (the probe's: the board's Python, ``--remote-python``, that builds the venv) the key
+    ends in ``-py<major><minor>``, and with ``inherit`` (a venv made with ``--system-site-packages``) in
+    ``-site``: the venv runs that interpreter and the dependencies pip resolved for it (wheels are tagged per
+    CPython minor, PEP 425), so a runtime installed under Python 3.10 is not "up to date" for a deploy run with
+    another ``--remote-python``, nor after the board's Python was upgraded (the venv's ``bin/python`` points to
+    the old interpreter, python -m venv, "How venvs work")."""
     root = checkout_root()
     if root is None:
-        return RuntimeSource(key=f"{__version__}-pypi", pip_spec=f"edgesdk=={__version__}")
-    digest = source_digest(root)
-    return RuntimeSource(key=f"{__version__}-{digest[:12]}", wheel=build_wheel(root, digest))
+        source = RuntimeSource(key=f"{__version__}-pypi", pip_spec=f"edgesdk=={__version__}")
+    else:
+        digest = source_digest(root)
+        source = RuntimeSource(key=f"{__version__}-{digest[:12]}", wheel=build_wheel(root, digest))
+    if python_version:
+        source = replace(source, key=f"{source.key}-py{python_version[0]}{python_version[1]}")
+    return replace(source, key=f"{source.key}-site") if inherit else source
 
 
 def installed_key(probe_raw: dict) -> str | None:

@@ -31,7 +31,7 @@ import contextlib
 import math
 import secrets
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgesdk.bundle import MANIFEST, verify_bundle
@@ -350,15 +350,18 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
             if inherit is None:
                 inherit = facts.board.family == "jetson"
             if not options.local and options.install:
-                source = install.runtime_source()
-                if inherit:  # a venv that sees the system's packages is another runtime than one that does not
-                    source = replace(source, key=f"{source.key}-site")
+                # keyed by the board's Python (a venv is bound to its interpreter) and by whether it sees the
+                # system's packages (another runtime than one that does not)
+                source = install.runtime_source(facts.python_version, inherit)
                 runtime_key = source.key
                 if runtime_key not in install.installed_keys(facts.raw):
                     runtime_bytes = RUNTIME_BYTES_INHERITED if inherit else RUNTIME_BYTES_FULL
             report.info(check_disk(plan.send_bytes, runtime_bytes, facts, where))
-            if options.service is not None:
-                report.info(service.check_service(board, options.service))
+            if options.service is not None:  # the unit's command line as the service step installs it
+                unit_edgesdk = install.runtime_argv(board, options.local) if runtime_key else \
+                    board_edgesdk(board, facts, options.local)
+                report.info(service.check_service(board, options.service, service.serve_argv(
+                    unit_edgesdk, board.path("current"), options.service, options.ignore_target)))
         runtime_sent, active_runtime = 0, install.installed_key(facts.raw)
         with report.step("edgesdk runtime on the board"):
             if options.local:

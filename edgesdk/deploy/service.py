@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgesdk.deploy.board_service import SERVICE_NAME
+from edgesdk.deploy.board_common import Refused
+from edgesdk.deploy.board_service import SERVICE_NAME, systemd_program
 from edgesdk.deploy.remote import Board, BoardRefusal
 from edgesdk.deploy.transport import DeployError
 
@@ -52,10 +53,21 @@ def serve_argv(edgesdk: list[str], current: str, service: ServiceOptions, ignore
             *(["--ignore-target"] if ignore_target else [])]
 
 
-def check_service(board: Board, service: ServiceOptions) -> str:
+def check_service(board: Board, service: ServiceOptions, argv: list[str] | None = None) -> str:
     """Refuse --service before anything changes where the board has no systemd that answers, or where
-    something other than the unit already answers on the service's address."""
-    reply = board.call("service", {"action": "check", "argv": [], "health_url": service.health_url,
+    something other than the unit already answers on the service's address.
+
+    ``argv`` is the unit's command line (:func:`serve_argv`, as the service step will install it): a program
+    that systemd refuses in ExecStart (a quote, an apostrophe, a backslash or a control character in its path,
+    or a relative path; systemd.service(5) "Command lines", src/core/load-fragment.c config_parse_exec) is
+    refused here, by the same check the board's install applies (``board_service.systemd_program``), instead of
+    after ``current`` was switched, when the failed install has to switch it back."""
+    if argv:
+        try:
+            systemd_program(argv[0])
+        except Refused as exc:
+            raise DeployError(exc.problem, exc.fix) from None
+    reply = board.call("service", {"action": "check", "argv": list(argv or []), "health_url": service.health_url,
                                    "timeout_s": 0, "fix": ""})
     return f"systemd answers; the {reply['scope']} unit goes to {reply['unit']}" + (
         " (installed already: it is restarted)" if reply["installed"] else "")
