@@ -11,18 +11,20 @@ from tokenizers import Tokenizer
 from edgesdk.build import report
 from edgesdk.bundle import Bundle, BundleWriter, verify_bundle
 from edgesdk.export.onnx_export import DATA_FILE, MODEL_FILE
+from edgesdk.runtime.text import END_OF_GENERATION_TEXTS, end_of_generation_ids
 from edgesdk.weights_file import store_weights
 
-# Special tokens that end a turn or a document in the common chat formats (ChatML, Llama 3, Gemma,
-# Phi, Mistral): like llama.cpp's end-of-generation set, any of them in the vocabulary stops generation,
+# The texts of the tokens that end generation, as llama.cpp's vocab loader finds them (src/llama-vocab.cpp,
+# ``special_eog_ids``; edgesdk.runtime.text.END_OF_GENERATION_TEXTS): any of them in the vocabulary stops generation,
 # so a raw prompt (no chat template) stops at the end of a document as a chat turn stops at its end.
-END_OF_GENERATION_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|end|>",
-                            "<end_of_turn>", "</s>")
+END_OF_GENERATION_TOKENS = END_OF_GENERATION_TEXTS
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
-    """Every id that ends generation: config, generation config and tokenizer EOS, and the
-    end-of-turn / end-of-text special tokens the tokenizer has (END_OF_GENERATION_TOKENS)."""
+    """Every id that ends generation: config, generation config and tokenizer EOS, and the tokens of the whole
+    vocabulary whose text is one of END_OF_GENERATION_TOKENS, less those llama.cpp takes out again
+    (:func:`edgesdk.runtime.text.end_of_generation_ids`: gpt-oss's ``<|end|>``, Gemma 4's ``</s>``). The FIM pad,
+    repo and file-separator tokens, which llama.cpp ends generation at as well, the runtime adds itself."""
     ids: set[int] = set()
     for value in (getattr(model.config, "eos_token_id", None),
                   getattr(getattr(model, "generation_config", None), "eos_token_id", None),
@@ -31,9 +33,8 @@ def eos_token_ids(model, tokenizer) -> list[int]:
             ids.add(value)
         elif isinstance(value, (list, tuple)):
             ids.update(int(v) for v in value)
-    special = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
-    ids.update(special[name] for name in END_OF_GENERATION_TOKENS if name in special)
-    return sorted(ids)
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    return sorted(end_of_generation_ids(vocab.get, ids))
 
 
 def chat_template(tokenizer) -> str | None:

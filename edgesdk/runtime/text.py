@@ -27,8 +27,10 @@ class ChatTokenizer:
         self._plain_text = None  # the tokenizer that reads special tokens' text as text, made on first use
         self._fim = None  # the fill-in-the-middle tokens (runtime/fim.py), found on first use
         self._added_bos: tuple[int | None] | None = None  # the BOS the tokenizer adds (added_bos), found on first use
-        # llama.cpp ends generation at the FIM pad, repo and file-separator tokens too (llama-vocab.cpp)
-        self.eos_token_ids |= self.fim_tokens().end_of_generation
+        # llama.cpp ends generation at the FIM pad, repo and file-separator tokens too (llama-vocab.cpp), and at the
+        # end-of-turn tokens it finds by their text, whatever the build recorded (a bundle built before the list grew)
+        self.eos_token_ids = end_of_generation_ids(self.tokenizer.token_to_id,
+                                                   self.eos_token_ids | self.fim_tokens().end_of_generation)
 
     def token_bytes(self) -> list[bytes | None]:
         """Each token id's bytes (None for special tokens and the ids that end generation, for JSON mode
@@ -181,6 +183,37 @@ class ChatTokenizer:
         messages = ([] if system is None else [{"role": "system", "content": system}]) + [
             {"role": "user", "content": prompt}]
         return self.chat_ids(self.render_chat(messages))
+
+
+# The texts of the tokens llama.cpp's vocab loader puts among the ids that end generation (src/llama-vocab.cpp,
+# ``llama_vocab::impl::load``: "maintain a list of tokens that cause end-of-generation", ``special_eog_ids``), in its
+# order. Its EOT texts ("find EOT token") are all among them; DeepSeek's <｜end▁of▁sentence｜> is one, so
+# DeepSeek-Coder-Instruct, whose EOS is <|EOT|>, stops at it too.
+END_OF_GENERATION_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+                           "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+                           "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+                           "<｜end▁of▁sentence｜>", "[e~[")
+
+
+def end_of_generation_ids(token_id: Callable[[str], int | None], ids) -> set[int]:
+    """The ids that end generation as llama.cpp's vocab loader finds them: ``ids`` (the model's EOS ids) and each
+    token whose text is one of END_OF_GENERATION_TEXTS (``token_id(text)``: its id in the whole vocabulary, None
+    where there is none), less the two it takes out again (src/llama-vocab.cpp): ``<|end|>`` where ``<|return|>``
+    and ``<|call|>`` (gpt-oss's o200k_harmony), or ``<|calls|>``/``<|call|>`` and ``<|flush|>`` (Solar Open), end
+    generation too, since there it ends a message, not the answer (gpt-oss's analysis before its final answer); and
+    ``</s>`` where ``<|tool_response>`` (Gemma 4) does."""
+    found = set(ids) | {token for token in map(token_id, END_OF_GENERATION_TEXTS) if token is not None}
+
+    def held(text: str) -> bool:
+        token = token_id(text)
+        return token is not None and token in found
+
+    call = held("<|call|>") or held("<|calls|>")
+    if held("<|end|>") and call and (held("<|return|>") or held("<|flush|>")):
+        found.discard(token_id("<|end|>"))
+    if held("</s>") and held("<|tool_response>"):
+        found.discard(token_id("</s>"))
+    return found
 
 
 # the variables every rendering sets itself: template kwargs cannot replace them
