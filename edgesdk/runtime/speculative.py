@@ -117,17 +117,36 @@ class ModelDrafter:
         if self.model.rows is not None and token >= self.model.rows:
             self.unreadable = True
 
+    def window(self, room: int) -> list[int]:
+        """The latest tokens of the text that fit in the draft model's cache with a draft of ``room`` tokens (it holds
+        the text and all but the last drafted token): the whole text while it fits.
+
+        Past the draft's context llama.cpp drafts from the text's last ``n_ctx_dft - n_draft`` tokens
+        (common/speculative.cpp, ``common_speculative_gen_draft``: ``i_start``) rather than stop drafting for the
+        rest of the answer. That window slides a token at a step, and llama.cpp shifts its draft cache's positions
+        to reuse it; these backends rewind but do not shift, so the window's start moves in strides of half the
+        draft's context instead and the cache is reused between them (a window prefilled once a stride, not at every
+        step). The drafts are the draft model's guesses from a shorter text; the bundle checks them as any others."""
+        max_context = self.model.backend.max_context
+        over = len(self.tokens) + room - 1 - max_context  # tokens that do not fit
+        if over <= 0:
+            return self.tokens
+        stride = max(1, min(max_context // 2, max_context - room))  # keeps at least 2 tokens where room allows
+        start = -(-over // stride) * stride  # ``over`` rounded up to a whole number of strides
+        return self.tokens[start:]
+
     def draft(self, limit: int | None = None) -> list[int]:
-        """Up to ``max_draft`` (and ``limit``) tokens the draft model decodes greedily after the text, stopping
+        """Up to ``max_draft`` (and ``limit``) tokens the draft model decodes greedily after the text (its latest
+        tokens where it outgrows the draft's context: :meth:`window`), stopping
         at one it gives less than ``p_min`` (:func:`top_probability`); empty where it has no room or no confidence, or the text holds an id
         it has no row for."""
         model, config = self.model, self.model.config
         backend = model.backend
         room = config.max_draft if limit is None else min(limit, config.max_draft)
-        room = min(room, backend.max_context - len(self.tokens))  # the draft's cache holds the text and the draft
+        room = min(room, backend.max_context)
         if room <= 0 or not self.tokens or self.unreadable:
             return []
-        logits = model.logits_after(self.tokens)
+        logits = model.logits_after(self.window(room))
         drafted: list[int] = []
         while True:
             token = int(np.argmax(logits))
