@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.text import end_of_generation_ids
 
 # The texts llama.cpp's vocab loader takes for the EOT token where the model's metadata names none (src/llama-vocab.cpp,
 # "find EOT token"), in its order.
@@ -79,7 +80,9 @@ def vocabulary_of(tokenizer) -> InfillVocabulary:
     # llama.cpp's vocab loader puts the EOT token among the ids that end generation where they lack it ("special_eot_id
     # is not in special_eog_ids - the tokenizer config may be incorrect"): DeepSeek-Coder-Instruct's EOS is <|EOT|>,
     # its <｜end▁of▁sentence｜> the EOT found by text, both EOG to llama_vocab_is_eog
-    found = InfillVocabulary(texts, frozenset({*tokenizer.eos_token_ids, eot}), eot)
+    # and then takes out, as for the ids it stops at, <|end|> where gpt-oss's <|return|> and <|call|> end the answer
+    ends = end_of_generation_ids(tokenizer.token_id, {*tokenizer.eos_token_ids, eot})
+    found = InfillVocabulary(texts, frozenset(ends), eot)
     _VOCABULARIES[tokenizer] = found
     return found
 

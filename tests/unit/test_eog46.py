@@ -61,12 +61,13 @@ def test_deepseek_coder_instruct_stops_at_end_of_sentence_as_well_as_at_its_eos(
 def test_the_build_finds_end_of_generation_texts_in_the_whole_vocabulary(tmp_path):
     """llama.cpp matches the texts over the whole vocabulary (``token_to_id``), not only the added tokens: a
     SentencePiece model's </s> held in its base vocabulary ends generation too."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "a": 1, "b": 2, "</s>": 3, "<|eot_id|>": 4}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
     assert tokenizer.get_added_vocab().keys() <= {"<unk>"}  # neither is an added token
     assert _recorded(tokenizer, None) == [3, 4]
@@ -141,3 +142,25 @@ def test_smollm2_ends_where_llama_cpp_ends_it():
     eos = int(fields["tokenizer.ggml.eos_token_id"].contents())
     found = end_of_generation_ids(ids.get, {eos} | find_fim_tokens(ids.get).end_of_generation)
     assert found == {0, 2, 4}
+
+
+def test_the_infill_samplers_end_of_generation_ids_leave_out_gpt_oss_end_too(tmp_path):
+    """The infill sampler adds its fallback EOT to the ids that end generation, as llama.cpp's vocab loader does;
+    where that EOT is gpt-oss's <|end|> (no <|eot_id|> or <|im_end|>), llama.cpp takes it out again afterwards,
+    and so does the sampler now (it kept it, and an answer ended at the end of its analysis)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from edgesdk.runtime.infill_sampler import vocabulary_of
+    from edgesdk.runtime.text import ChatTokenizer
+
+    vocab = {"<|endoftext|>": 0, **{text: 1 + index for index, text in enumerate(HARMONY)}, "a": 7, "b": 8}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<|endoftext|>", *HARMONY])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = ChatTokenizer(tmp_path / "tokenizer.json", {"eos_token_ids": [vocab["<|return|>"]]}, None)
+    found = vocabulary_of(tokenizer)
+    assert found.eot == vocab["<|end|>"]  # the first of llama.cpp's EOT texts this vocabulary holds
+    assert vocab["<|end|>"] not in found.eog
+    assert {vocab["<|return|>"], vocab["<|call|>"]} <= set(found.eog)
