@@ -137,6 +137,21 @@ def check_architecture(config: Any, where: str) -> None:
     # A sliding attention window is checked against the bundle's context at export (check_exportable).
 
 
+def gguf_reader(path: Path):
+    """The GGUF file at ``path`` read with gguf's GGUFReader, once per file version (its size and mtime): parsing
+    the header and the vocabulary's arrays costs about 2 s for SmolLM2, and a load reads the metadata up to three
+    times (:func:`check_gguf_model`, the padding token, :func:`gguf_adds_bos_by_default`)."""
+    stat = Path(path).stat()
+    return _gguf_reader(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _gguf_reader(path: str, size: int, mtime_ns: int):
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
 def check_gguf_model(path: Path) -> dict:
     """Refuse a GGUF that holds no whole model (a LoRA adapter, metadata only), or a model of an
     architecture edgesdk cannot export, before transformers reads it: for a file without its
@@ -147,10 +162,8 @@ def check_gguf_model(path: Path) -> dict:
     transformers' Qwen3 mapping does not read (its config then takes Qwen3's default of 128, also for a
     file whose head size is width / heads and so has no key_length); and the rotary scaling it drops (Llama 3's
     rope_freqs, linear), as transformers' ``rope_parameters``."""
-    from gguf import GGUFReader
-
     try:
-        reader = GGUFReader(str(path))
+        reader = gguf_reader(path)
     except Exception as exc:  # gguf raises ValueError and struct errors for damaged files
         raise ModelSourceError(f"cannot read the GGUF file {path}: {type(exc).__name__}: {exc}",
                                "check that the file is complete (compare its size and sha256 with the source)") \
@@ -332,7 +345,6 @@ def _read_smollm3_gguf(path: Path, config):
     the query / key rows put back in Hugging Face order; and the names of parameters the file lacks."""
     import numpy as np
     import torch
-    from gguf import GGUFReader
     from gguf.quants import dequantize
     from transformers import GenerationConfig, SmolLM3ForCausalLM
     from transformers.models.smollm3.modeling_smollm3 import SmolLM3RotaryEmbedding
@@ -341,7 +353,7 @@ def _read_smollm3_gguf(path: Path, config):
         model = SmolLM3ForCausalLM(config)
     expected = dict(model.state_dict())
     state = {}
-    for tensor in GGUFReader(str(path)).tensors:
+    for tensor in gguf_reader(path).tensors:
         name = _smollm3_hf_name(tensor.name, config.num_hidden_layers)
         if name is None:
             continue
@@ -622,9 +634,7 @@ def gguf_adds_bos_by_default(path: Path) -> bool:
     and no ``tokenizer.ggml.add_bos_token`` (Llama 3 files written before the converter read the BOS from
     tokenizer.json's post-processor). transformers' GGUF tokenizer then adds none, where a SentencePiece vocabulary
     (``llama``) gets one in both; the key, where present, decides in both."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(str(path)).fields
+    fields = gguf_reader(path).fields
 
     def value(key: str):
         found = fields.get(key)
@@ -635,9 +645,7 @@ def gguf_adds_bos_by_default(path: Path) -> bool:
 
 
 def _gguf_has_field(path: Path, key: str) -> bool:
-    from gguf import GGUFReader
-
-    return key in GGUFReader(str(path)).fields
+    return key in gguf_reader(path).fields
 
 
 def check_all_weights_loaded(missing: Any, where: Path) -> None:
