@@ -11,18 +11,14 @@ from tokenizers import Tokenizer
 from edgesdk.build import report
 from edgesdk.bundle import Bundle, BundleWriter, verify_bundle
 from edgesdk.export.onnx_export import DATA_FILE, MODEL_FILE
-from edgesdk.runtime.text import END_OF_GENERATION_TEXTS, end_of_generation_ids
+from edgesdk.runtime.text import end_of_generation_ids
 from edgesdk.weights_file import store_weights
-
-# The texts of the tokens that end generation, as llama.cpp's vocab loader finds them (src/llama-vocab.cpp,
-# ``special_eog_ids``; edgesdk.runtime.text.END_OF_GENERATION_TEXTS): any of them in the vocabulary stops generation,
-# so a raw prompt (no chat template) stops at the end of a document as a chat turn stops at its end.
-END_OF_GENERATION_TOKENS = END_OF_GENERATION_TEXTS
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every id that ends generation: config, generation config and tokenizer EOS, and the tokens of the whole
-    vocabulary whose text is one of END_OF_GENERATION_TOKENS, less those llama.cpp takes out again
+    vocabulary whose text is one of edgesdk.runtime.text.END_OF_GENERATION_TEXTS (as llama.cpp's vocab loader finds
+    them: a raw prompt stops at the end of a document as a chat turn at its end), less those llama.cpp takes out again
     (:func:`edgesdk.runtime.text.end_of_generation_ids`: gpt-oss's ``<|end|>``, Gemma 4's ``</s>``). The FIM pad,
     repo and file-separator tokens, which llama.cpp ends generation at as well, the runtime adds itself."""
     ids: set[int] = set()

@@ -817,9 +817,9 @@ class Completer:
         try:
             try:
                 self._turn.acquire(client_gone)
-            except ClientGone:
+            except ClientGone as exc:
                 if answer:
-                    self.metrics.finish("cancelled")
+                    self._count_ended(exc)
                 raise
             finally:
                 self._count_waiting(-1)
