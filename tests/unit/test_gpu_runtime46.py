@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from edgesdk.runtime import tensorrt_engine as te
+from tests._utils.tensorrt_standin import TensorRTModule
 
 ORT_TYPES = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(float16)": "float16"}
 
@@ -58,19 +59,8 @@ class HostDevice:
         pass
 
 
-class OrtTensorRT:
+class OrtTensorRT(TensorRTModule):
     """``tensorrt`` for one engine: the ONNX graph at ``model`` with the profile edgesdk builds for it."""
-
-    __version__ = "10.3.0"
-
-    class Logger:
-        WARNING = 2
-
-        def __init__(self, severity):
-            self.severity = severity
-
-    class TensorIOMode:
-        INPUT, OUTPUT = "input", "output"
 
     def __init__(self, model, graph: dict, device: HostDevice, max_seq: int):
         import onnxruntime as ort
@@ -148,10 +138,6 @@ class OrtTensorRT:
                 return Engine()
 
         self.Runtime = Runtime
-
-    @staticmethod
-    def nptype(dtype):
-        return np.dtype(dtype).type
 
 
 @pytest.fixture(scope="module")

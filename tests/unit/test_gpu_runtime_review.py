@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._utils.tensorrt_standin import TensorRTModule
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -179,21 +181,10 @@ def test_the_cache_grows_to_max_context_and_a_prompt_of_exactly_max_context_runs
 # --- the tensorrt backend, on a stand-in for TensorRT (not installed here) --------------------------
 
 
-class StandInTensorRT:
+class StandInTensorRT(TensorRTModule):
     """The part of the ``tensorrt`` module TensorRTBackend uses, for an engine of the standard decoder graph
     (``deserialize_cuda_engine`` gives None for a plan TensorRT cannot read). Real engines:
     tests/gpu/test_tensorrt.py."""
-
-    __version__ = "10.3.0"
-
-    class Logger:
-        WARNING = 2
-
-        def __init__(self, severity):
-            self.severity = severity
-
-    class TensorIOMode:
-        INPUT, OUTPUT = "input", "output"
 
     def __init__(self, graph: dict, readable: bool = True):
         from edgesdk.runtime import tensorrt_engine as te
@@ -232,12 +223,6 @@ class StandInTensorRT:
                 return Engine() if readable else None
 
         self.Runtime = Runtime
-
-    @staticmethod
-    def nptype(dtype):
-        import numpy as np
-
-        return np.dtype(dtype).type
 
 
 class CountingDevice:
