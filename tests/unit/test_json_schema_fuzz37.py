@@ -40,6 +40,12 @@ def _number(value) -> bool:
     return isinstance(value, (int, float, Decimal)) and not isinstance(value, bool)
 
 
+def _exact(value) -> Decimal:
+    """A number's exact value as a Decimal (a float's binary value, digit for digit): compared as Fraction compares,
+    without making the Fraction of a walked 1E-99999999, whose denominator has a hundred million digits."""
+    return value if isinstance(value, Decimal) else Decimal(value)
+
+
 def _readings(value) -> list[Fraction]:
     """A number as JSON Schema reads it (the decimal) and as a double-parsing validator does."""
     double = float(value)  # an unbounded number's exponent may take it past the doubles
@@ -93,7 +99,7 @@ def _valid(schema, value, root: dict) -> bool:  # noqa: C901, PLR0911, PLR0912 (
     if "const" in schema and value != schema["const"]:
         return False
     if "enum" in schema and not any(value == each and type(value) is type(each) or _number(value) and _number(each)
-                                    and Fraction(value) == Fraction(each) for each in schema["enum"]):
+                                    and _exact(value) == _exact(each) for each in schema["enum"]):
         return False
     if "anyOf" in schema:
         return any(_valid(option, value, root) for option in schema["anyOf"])
@@ -148,7 +154,7 @@ def _valid(schema, value, root: dict) -> bool:  # noqa: C901, PLR0911, PLR0912 (
 def _of_type(value, kind: str) -> bool:
     if kind == "integer":
         return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, Decimal) and (
-            value.as_tuple().exponent >= 0 or Fraction(value).denominator == 1)
+            value.as_tuple().exponent >= 0 or value == value.to_integral_value())
     if kind == "number":
         return _number(value)
     types = {"string": str, "boolean": bool, "object": dict, "array": list, "null": type(None)}
