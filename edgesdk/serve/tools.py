@@ -68,7 +68,7 @@ class Tools:
     """The tools offered to one request."""
 
     names: tuple[str, ...]  # every tool's name, in the request's order
-    choice: str  # "auto", "required", or the one tool's name that must be called
+    choice: str  # "auto", "required", or the one tool's name that must be called (which may be "auto" too)
     schema: CompiledSchema  # what the answer must be
     instructions: str  # appended to the system message
     # the {"response": ...} option's value is JSON of a response format, returned as its JSON text (not a string)
@@ -85,23 +85,24 @@ def parse_tools(body: dict, response: dict | None = None) -> Tools | None:
     the ``{"response": ...}`` option's value follows, or None for an answer in text."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     parallel = parallel_calls(body)
+    if tools is not None and not isinstance(tools, list):  # {}, "" or false too: no JSON array is no tools
+        raise ToolError(f"'tools' must be an array of {{\"type\": \"function\", \"function\": ...}}, got "
+                        f"{type(tools).__name__} {json.dumps(tools)[:60]}; send null or [] for no tools", "tools")
     if not tools:
         if choice not in (None, "none", "auto"):
             raise ToolError(f"'tool_choice' {json.dumps(choice)[:60]} needs 'tools' to choose from", "tool_choice")
         return None
-    if not isinstance(tools, list):
-        raise ToolError(f"'tools' must be an array of {{\"type\": \"function\", \"function\": ...}}, got "
-                        f"{type(tools).__name__}", "tools")
     functions = [_function(tool, index) for index, tool in enumerate(tools)]
     names = tuple(function["name"] for function in functions)
     duplicated = sorted({name for name in names if names.count(name) > 1})
     if duplicated:
         raise ToolError(f"'tools' names {duplicated} more than once", "tools")
-    chosen = _choice(choice, names)
-    if chosen == "none":
+    mode, named = _choice(choice, names)
+    if mode == "none":
         return None
-    offered = functions if chosen in ("auto", "required") else [f for f in functions if f["name"] == chosen]
-    may_answer = chosen == "auto"
+    offered = functions if named is None else [f for f in functions if f["name"] == named]
+    may_answer = mode == "auto"
+    chosen = mode if named is None else named
     response = response if may_answer else None  # only calls: no answer for a response format to shape
     return Tools(names=names, choice=chosen, schema=_answer_schema(offered, may_answer, response, parallel),
                  instructions=_instructions(offered, may_answer, response, parallel), structured=response is not None,
@@ -163,15 +164,18 @@ def _resolved_type(schema: dict, root: dict) -> str | None:
     return schema.get("type", "object" if "properties" in schema else None)
 
 
-def _choice(choice: object, names: tuple[str, ...]) -> str:
+def _choice(choice: object, names: tuple[str, ...]) -> tuple[str, str | None]:
+    """(mode, function): ``tool_choice``'s mode, "auto", "required", "none" or "function", and with "function"
+    the name of the one tool to call. A function may be named "none", "auto" or "required" (OpenAI's rule for a
+    name allows it), and ``{"type": "function", "function": {"name": "none"}}`` still forces a call of it."""
     if choice is None:
-        return "auto"
+        return "auto", None
     if choice in ("auto", "required", "none"):
-        return choice
+        return choice, None
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         if name in names:
-            return name
+            return "function", name
         raise ToolError(f"'tool_choice' names the function {json.dumps(name)[:60]}, which 'tools' does not offer "
                         f"(offered: {', '.join(names)})", "tool_choice")
     raise ToolError(f"'tool_choice' must be \"auto\", \"required\", \"none\" or {{\"type\": \"function\", "
