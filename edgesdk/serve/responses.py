@@ -47,7 +47,12 @@ OpenAI's API reference ("Responses", "Streaming events"):
   the same body would use, nothing generated, as ``{"object": "response.input_tokens", "input_tokens": N}``; it is
   the answer's ``usage.input_tokens``. A prompt longer than the context is counted too.
 * ``conversation``, ``prompt`` (a stored prompt) and ``background`` are refused by name; so are built-in tools and
-  image / file / audio parts.
+  image / file / audio parts, an ``include`` entry that is none of OpenAI's (its ``invalid_value``), and the chat
+  fields the Responses API has moved (``max_tokens`` / ``max_completion_tokens`` to ``max_output_tokens``,
+  ``response_format`` to ``text.format``, ``reasoning_effort`` to ``reasoning.effort``, ``messages`` to ``input``,
+  ``logprobs`` to ``include``), as OpenAI refuses them ("Unsupported parameter: 'response_format'. In the Responses
+  API, this parameter has moved to 'text.format'."): read as nothing, they would leave the answer unbounded or
+  unshaped without a word.
 * answer: ``{"id": "resp_...", "object": "response", "status": "completed" | "incomplete", "output": [a
   ``reasoning`` item where a thinking model's reasoning is split off (edgesdk/serve/reasoning.py), then a
   ``message`` item with one ``output_text`` part (its ``logprobs`` as asked), or ``function_call`` items],
@@ -104,6 +109,17 @@ TOOL_FIELD = re.compile(r"(tools\[\d+\])\.function\.(name|description|parameters
 RENAMED = {"max_tokens": "max_output_tokens", "response_format": "text.format"}
 FORMATS = ("text", "json_object", "json_schema")
 LOGPROBS = "message.output_text.logprobs"  # the ``include`` entry that asks for the output text's log-probabilities
+# ``include``'s values (the openai client's ``ResponseIncludable``); OpenAI refuses any other ("Invalid value: ...
+# Supported values are: ...", code ``invalid_value``), so a misspelt entry is not an answer without what it asked for
+INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+              "message.input_image.image_url", "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+              "reasoning.encrypted_content", LOGPROBS)
+# Chat completions fields the Responses API names otherwise: OpenAI refuses them ("Unsupported parameter:
+# 'response_format'. In the Responses API, this parameter has moved to 'text.format'."; "Unknown parameter:
+# 'max_tokens'."), and read as nothing here they would leave the answer unshaped or unbounded without a word
+MOVED = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
+         "response_format": "text.format", "reasoning_effort": "reasoning.effort", "messages": "input",
+         "logprobs": "include"}
 # OpenAI's limits on ``metadata`` (API reference, "metadata": "16 key-value pairs ... Keys are strings with a maximum
 # length of 64 characters. Values are strings with a maximum length of 512 characters.")
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
@@ -300,6 +316,11 @@ def chat_body(body: dict, earlier: list[dict] | None = None) -> tuple[dict, list
         raise _refuse("background", f"'background' = {_shown(body['background'])} is not supported: this server "
                       "answers while the request waits, and a response is kept only once it is answered; leave "
                       "'background' out")
+    for name, moved in MOVED.items():
+        if body.get(name) is not None:
+            how = f'["{LOGPROBS}"]' if moved == "include" else "its value"
+            raise _refuse(name, f"Unsupported parameter: '{name}' (got {_shown(body[name])}). In the Responses API, "
+                          f"this parameter has moved to '{moved}': send {how} there and leave '{name}' out")
     logprobs = _logprobs(body)
     messages, origins = [], []
     instructions = body.get("instructions")
@@ -344,7 +365,8 @@ def _logprobs(body: dict) -> dict:
     ``include`` ``"message.output_text.logprobs"`` asks for each output_text token's log-probability, with
     ``top_logprobs`` (0-20) alternatives per token; ``top_logprobs`` alone gives none (OpenAI's output_text then
     carries ``"logprobs": []``). The other ``include`` entries name data of built-in tools and encrypted reasoning,
-    which answers here never hold."""
+    which answers here never hold; an entry that is none of OpenAI's is refused as OpenAI refuses it (a misspelt
+    ``message.output_text.logprob`` would otherwise answer without the log-probabilities it asked for)."""
     top = _integer(body.get("top_logprobs"), "top_logprobs", minimum=0)
     if top is not None and top > MAX_TOP_LOGPROBS:
         raise ApiError(400, f"'top_logprobs' must be at most {MAX_TOP_LOGPROBS}, got {top}", param="top_logprobs")
@@ -353,6 +375,11 @@ def _logprobs(body: dict) -> dict:
         return {}
     if not isinstance(include, list) or not all(isinstance(entry, str) for entry in include):
         raise ApiError(400, f"'include' must be an array of strings, got {_shown(include)}", param="include")
+    for index, entry in enumerate(include):
+        if entry not in INCLUDABLE:
+            raise ApiError(400, f"Invalid value: {_shown(entry)}. Supported values are: {', '.join(INCLUDABLE)} "
+                           f"(this server gives {LOGPROBS}; the others name data answers here never hold)",
+                           param=f"include[{index}]", code="invalid_value")
     if LOGPROBS not in include:
         return {}
     return {"logprobs": True, **({} if top is None else {"top_logprobs": top})}
