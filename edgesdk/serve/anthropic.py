@@ -6,11 +6,13 @@ translated into the OpenAI chat request it means and checked there, so every fie
 values and is refused the same way (the error naming Anthropic's field); the answer is written in
 Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"):
 
-* request: ``model``, ``max_tokens`` (required), ``messages`` of ``user`` / ``assistant`` turns
+* request: ``model``, ``max_tokens`` (required, >= 0: 0 evaluates the prompt into the cache and generates nothing,
+  Anthropic's cache pre-warming), ``messages`` of ``user`` / ``assistant`` turns (consecutive turns of one role
+  combined into one, as Anthropic combines them)
   whose content is a string or ``text``, ``tool_use`` and ``tool_result`` blocks (an assistant turn's
   ``thinking`` and ``redacted_thinking`` blocks, an answer's as a client sends it back, are left out, as
   Anthropic strips earlier turns' thinking from the context), ``system``
-  (a string or text blocks), ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``,
+  (a string or text blocks), ``stop_sequences``, ``temperature`` (0 to 1, Anthropic's range), ``top_p``, ``top_k``,
   ``stream``, ``tools`` (``name``, ``description``, ``input_schema``), ``tool_choice``
   (``auto``, ``any``, ``tool``, ``none``; with ``disable_parallel_tool_use`` false an answer may make several
   calls, the chat route's ``parallel_tool_calls``; true or absent, one: llama-server's Messages route passes no
@@ -91,6 +93,8 @@ def parse_messages_request(body: object) -> CompletionRequest:
             field = f"{match[1]}.{TOOL_FIELDS[match[2]]}"
             exc.message, exc.param = exc.message.replace(exc.param, field), field
         raise
+    if body["max_tokens"] == 0:  # checked with 1 above: the prompt evaluated into the cache, nothing generated
+        request = replace(request, max_tokens=0)
     return replace(request, stop=stops) if stops else request
 
 
@@ -99,7 +103,13 @@ def chat_body(body: object) -> dict:
     body = _object(body)
     if body.get("max_tokens") is None:
         raise ApiError(400, "'max_tokens' is required: the most tokens the answer may have", param="max_tokens")
+    limit = _max_tokens(body["max_tokens"])
     thinking = _thinking(body.get("thinking"))
+    if limit == 0 and (body.get("stream") is True or thinking):
+        raise ApiError(400, f"'max_tokens' 0 (the prompt evaluated into the cache, nothing generated) takes no "
+                       f"{'stream' if body.get('stream') is True else 'extended thinking'}: send 'max_tokens' >= 1 "
+                       "for an answer", param="max_tokens")
+    _temperature(body.get("temperature"))
     messages = _system(body.get("system"))
     turns = body.get("messages")
     if not isinstance(turns, list) or not turns:
@@ -108,13 +118,13 @@ def chat_body(body: object) -> dict:
     for index, turn in enumerate(turns):
         for message in _turn(turn, index):
             previous = messages[-1] if messages else None
-            if _plain(message) and previous is not None and _plain(previous) and previous["role"] == message["role"]:
+            if message["role"] in ROLES and previous is not None and previous["role"] == message["role"]:
                 # Anthropic combines consecutive turns of one role into one turn; chat templates that require
                 # the roles to alternate (Llama 2's, Mistral's) would refuse them apart
-                messages[-1] = {**previous, "content": f"{previous['content']}\n\n{message['content']}"}
+                messages[-1] = _combined(previous, message)
             else:
                 messages.append(message)
-    chat = {"messages": messages, "max_tokens": body["max_tokens"], "stream": body.get("stream", False)}
+    chat = {"messages": messages, "max_tokens": max(limit, 1), "stream": body.get("stream", False)}
     # chat_template_kwargs: llama-server's Messages route passes them on too (enable_thinking false for Qwen3)
     for field in ("temperature", "top_p", "top_k", "chat_template_kwargs"):
         if field in body:
@@ -168,9 +178,38 @@ def _thinking(value: object) -> bool | None:
     return True
 
 
-def _plain(message: dict) -> bool:
-    """A user or assistant message of text alone (no tool call or result)."""
-    return message["role"] in ROLES and "tool_calls" not in message
+def _combined(previous: dict, message: dict) -> dict:
+    """Two consecutive messages of one role as the one turn Anthropic makes of them ("Consecutive user or
+    assistant turns in your request will be combined into a single turn", Messages API, ``messages``): their
+    texts joined by a blank line (a text left empty, as an assistant turn of thinking alone, adds none), an
+    assistant's tool calls kept, in order (an assistant's text then its tool_use in the next turn is one turn
+    that writes and then calls)."""
+    text = "\n\n".join(part for part in (previous.get("content"), message.get("content")) if part)
+    calls = [*previous.get("tool_calls", ()), *message.get("tool_calls", ())]
+    if not calls:
+        return {**previous, "content": text}
+    return {"role": previous["role"], "content": text or None, "tool_calls": calls}
+
+
+def _max_tokens(value: object) -> int:
+    """``max_tokens``: a whole number >= 0 (Anthropic's minimum; 0 pre-warms the prompt cache: the prompt is
+    processed, no answer generated, and takes no stream or extended thinking, Anthropic's "Prompt caching",
+    pre-warming the cache). No -1: the chat route's "no limit but the context" is llama-server's, not
+    Anthropic's, which requires a limit."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # not inf, not NaN
+    if isinstance(value, bool) or not whole or value < 0:
+        raise ApiError(400, f"'max_tokens' must be a whole number >= 0: the most tokens the answer may have (0: the "
+                       f"prompt evaluated into the cache, nothing generated), got {_shown(value)}", param="max_tokens")
+    return int(value)
+
+
+def _temperature(value: object) -> None:
+    """``temperature``: Anthropic's ranges from 0.0 to 1.0 (Messages API, ``temperature``), where the chat route's
+    (OpenAI's) takes up to 2; a larger one is refused as Anthropic refuses it, not sampled hotter than any
+    Anthropic client meant."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
+        raise ApiError(400, f"'temperature' must be a number in [0, 1] (Anthropic's range), got {_shown(value)}; "
+                       "send 1 or less", param="temperature")
 
 
 def _stop_sequences(value: object) -> tuple[str, ...]:
@@ -237,9 +276,12 @@ def _turn(turn: object, index: int) -> list[dict]:
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise ApiError(400, f"{where} must carry the call's string 'id' and 'name'", param=where)
+            arguments = {} if block.get("input") is None else block["input"]
+            if not isinstance(arguments, dict):  # Anthropic: a tool_use block's input is an object
+                raise ApiError(400, f"{where}.input must be the call's arguments as an object, got "
+                               f"{_shown(arguments)}", param=f"{where}.input")
             calls.append({"id": block["id"], "type": "function",
-                          "function": {"name": block["name"],
-                                       "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False)}})
+                          "function": {"name": block["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}})
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # an answer's own reasoning sent back: Anthropic strips earlier turns' thinking from the context
         elif kind == "tool_result" and role == "user":
