@@ -158,10 +158,40 @@ def sensors_cmd(target, root, as_json):
         click.echo(f"  {zone:<20} {'no data' if value is None else f'{value:.1f} °C'}")
     for trip in trips:
         click.echo(f"  trip {trip.zone}[{trip.index}] {trip.kind:<8} {trip.temp_c:g} °C")
+    if reading is not None:
+        for line in reading_lines(reading.throttled, reading.power_w, reading.nvpmodel):
+            click.echo(line)
     click.echo("limits   " + ", ".join(f"{k} {v:g}" for k, v in limits.__dict__.items()))
     click.echo(f"clock    {clock_cap}")
     for note in result["notes"]:
         click.echo(f"note     {note}")
+
+
+def reading_lines(throttled: dict[str, bool] | None, power_w: dict[str, float], nvpmodel: str | None) -> list[str]:
+    """The rest of a reading as ``thermal sensors`` prints it: what ``--json`` holds beside the zones.
+
+    * ``throttled``: the ``vcgencmd get_throttled`` value, rebuilt from its decoded bits, then the bits set
+      (Raspberry Pi documentation, ``get_throttled``: bits 0-3 now, bits 16-19 since boot). The guard paces
+      while one of bits 0-3 is set, so a board that the firmware slows (a weak supply) must say so here.
+    * ``power_w``: jetson-stats' rails (its mW as W) and total.
+    * ``nvpmodel``: the Jetson power mode's name, as jtop shows it.
+    """
+    from edgesdk.thermal.sensors import THROTTLED_BITS
+
+    lines = []
+    if throttled is not None:
+        value = sum(1 << bit for bit, name in THROTTLED_BITS.items() if throttled.get(name))
+        now = [name for bit, name in THROTTLED_BITS.items() if bit < 16 and throttled.get(name)]
+        since = [name for bit, name in THROTTLED_BITS.items() if bit >= 16 and throttled.get(name)]
+        lines.append(f"firmware get_throttled {value:#x}: "
+                     + ("; ".join(part for part in (f"now {', '.join(now)}" if now else "",
+                                                    f"since boot {', '.join(since)}" if since else "") if part)
+                        or "no under-voltage, frequency capping, throttling or soft temperature limit"))
+    if power_w:
+        lines.append("power    " + ", ".join(f"{name} {watts:.2f} W" for name, watts in power_w.items()))
+    if nvpmodel:
+        lines.append(f"nvpmodel {nvpmodel}")
+    return lines
 
 
 @thermal.command("plan")

@@ -1332,7 +1332,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         hook = completer.hook if completer is not None else pool.hook
         guard = getattr(hook, "guard", None)
         if hook is not None and hasattr(hook, "reading"):
-            reading = hook.reading
+            reading = hook.current() if hasattr(hook, "current") else hook.reading  # not the last request's
             body["thermal"] = {
                 "level": guard.level.value if guard is not None else "unguarded",
                 "temperature_c": None if reading is None or reading.max_c is None else round(reading.max_c, 2),

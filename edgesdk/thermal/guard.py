@@ -223,7 +223,8 @@ class Guard:
         """Take a reading at ``now`` (same time base as the reading): level, controller, bucket."""
         dt = 0.0 if self.now is None else max(now - self.now, 0.0)
         self.now = now
-        temp = reading.max_c if reading is not None and now - reading.time <= self.config.stale_s else None
+        fresh = reading is not None and now - reading.time <= self.config.stale_s
+        temp = reading.max_c if fresh else None
         if temp is not None:
             temp = self._screen(reading, temp)
         if temp is None:
@@ -234,7 +235,7 @@ class Guard:
                 self.ambient_c = temp - self.plant.resistance_c_per_w * self.plant.idle_w
             self._update_level(now, temp)
             self._update_rate(dt, temp)
-        self._observe_firmware(reading)
+        self._observe_firmware(reading if fresh else None)  # a stale poll's flags are no longer "now"
         if self.pacing and self.unpaced_tok_s:
             self.credit = min(self._depth, self.credit + self.fraction * self.unpaced_tok_s * dt)
         self._apply_budget()

@@ -72,14 +72,37 @@ class ThermalHook:
         self.abandon_wait: Callable[[], None] | None = None
 
     def _observe(self) -> Reading | None:
-        self.reading = self.read()
+        reading = self.read()
         if self.guard is not None:
-            self.guard.observe(self.clock.now(), self.reading)
+            self.guard.observe(self.clock.now(), reading)
+        self.reading = self._fresh(reading)
+        if self.guard is not None:
             if self.clock_cap is not None:
                 self.clock_cap.set_ratio(self.guard.clock_ratio)
             self._paused_since = (self._paused_since if self._paused_since is not None else self.clock.now()
                                   ) if self.guard.paused else None
         return self.reading
+
+    def current(self) -> Reading | None:
+        """The sensor's reading now, for ``/health`` and ``/metrics`` between requests: :attr:`reading` is
+        renewed only while steps run, so an idle server would report a temperature hours old as current.
+        ``read`` is the poller's latest reading (or the simulated board's), never a blocking sensor read; a
+        reading older than ``stale_s`` is no data, as in :meth:`_fresh`."""
+        return self._fresh(self.read())
+
+    def _fresh(self, reading: Reading | None) -> Reading | None:
+        """``reading``, or a copy with no data in it when it is older than the guard's ``stale_s``.
+
+        A poller whose sensor hangs (a blocked sysfs read) or fails (a read that raises) keeps its last
+        reading: the guard takes such a reading as no data (:meth:`Guard.observe`), and so do the records,
+        the status line and ``/health``, which would show its temperature, throttle flags and power as
+        current (a flat line in ``thermal report``, and ``sensor_ok`` on an unguarded run)."""
+        if reading is None:
+            return None
+        stale_s = (self.guard.config if self.guard is not None else GuardConfig()).stale_s
+        if self.clock.now() - reading.time <= stale_s:
+            return reading
+        return replace(reading, zones=dict.fromkeys(reading.zones), throttled=None, power_w={}, nvpmodel=None)
 
     def _check_wait_limits(self) -> None:
         """Stop a wait on a simulated clock at the horizon, or when the board has stopped cooling."""
