@@ -82,10 +82,17 @@ class ReversePrompts:
     """``-r/--reverse-prompt``, llama-cli's reverse prompts, as a token constraint: it allows what the constraint
     it wraps allows (every token, without one) and is complete once the answer's text shown so far holds one of
     the texts, or its last token is one a text is tokenized to alone; generate then stops right after that
-    token, the reverse prompt shown, as llama-cli hands control back once its output holds a reverse prompt."""
+    token, the reverse prompt shown, as llama-cli hands control back once its output holds a reverse prompt.
 
-    def __init__(self, texts: tuple[str, ...], single_tokens: dict[int, str], inner):
+    The text searched has the special tokens' text in it (``special_texts``: id -> text, e.g. ``<|im_start|>``),
+    which the answer shown leaves out: llama-cli searches ``common_sampler_prev_str``, whose pieces are
+    ``common_token_to_piece(ctx, id)`` with ``special = true``, so ``-r '<|im_start|>user'`` stops a raw answer where
+    the model starts the next user turn."""
+
+    def __init__(self, texts: tuple[str, ...], single_tokens: dict[int, str], inner,
+                 special_texts: dict[int, str] | None = None):
         self.texts, self.single_tokens, self.inner = texts, single_tokens, inner  # single_tokens: id -> its text
+        self.special_texts = special_texts or {}  # special tokens' ids -> their text, left out of the answer shown
         self.tail_length = max(map(len, texts)) - 1  # the shown text's end a reverse prompt can begin in
         self.tail = ""
         self.found: str | None = None
@@ -103,7 +110,7 @@ class ReversePrompts:
 
     def shown(self, token: int, piece: str) -> None:
         # The text before the tail held no reverse prompt, or the answer would have stopped there.
-        window = self.tail + piece
+        window = self.tail + piece + self.special_texts.get(token, "")
         self.found = self.single_tokens.get(token) or next((text for text in self.texts if text in window), None)
         self.tail = window[-self.tail_length:] if self.tail_length else ""
 

@@ -71,6 +71,7 @@ class RunSettings:
     keep: int = 0  # --keep: the prompt's tokens a shift keeps (-1: all of them)
     prompt_cache_mode: str | None = None  # "prompt", "all" (--prompt-cache-all), "ro" (--prompt-cache-ro); None: none
     multiline_input: bool = False  # --multiline-input: a prompt read from stdin ends at a line ending in '\\' or '/'
+    shift_refused: bool = False  # --context-shift given with -n -2, which stops at the full context instead
 
 
 @click.command()
@@ -79,7 +80,9 @@ class RunSettings:
 @click.option("--file", "-f", "prompt_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, newlines included; its escapes are "
                    "read as --prompt's (--no-escape: as written).")
-@click.option("--max-new-tokens", "-n", default=128, show_default=True)
+@click.option("--max-new-tokens", "-n", default=128, show_default=True,
+              help="The answer's token limit: -1 no limit but the context (with --context-shift none at all), -2 "
+                   "until the context is full (also with --context-shift), as llama-cli's -n.")
 @click.option("--ignore-eos", is_flag=True,
               help="Never end at an end-of-text or end-of-turn token (their logits set to -inf, as llama.cpp's "
                    "--ignore-eos): an answer runs to -n tokens, unless --json, --json-schema or --grammar ends it.")
@@ -123,8 +126,8 @@ class RunSettings:
               help="Put TEXT after each prompt read from stdin (llama-cli's --in-suffix), as --in-prefix, e.g. --raw "
                    "--in-prefix 'User: ' --in-suffix '\\nAssistant:' -r 'User:'.")
 @click.option("--reverse-prompt", "-r", "reverse_prompts", multiple=True, metavar="TEXT",
-              help="Stop the answer once its text holds TEXT (llama-cli's reverse prompt; repeatable): the answer "
-                   "keeps and shows TEXT, and the next prompt comes; with --prompt or --file it ends the answer, as "
+              help="Stop the answer once its text holds TEXT (llama-cli's reverse prompt; repeatable; special tokens "
+                   "such as <|im_start|> count as their text, as in llama-cli): the answer keeps and shows TEXT, and the next prompt comes; with --prompt or --file it ends the answer, as "
                    "a stop string. Escapes as in --in-prefix.")
 @click.option("--multiline-input", "-mli", "multiline_input", is_flag=True,
               help="Prompts read from stdin go on over the lines typed or pasted, without a '\\' at each line's end "
@@ -206,8 +209,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
 
     # The options are checked in the order of these arguments, all before the bundle loads.
     settings = RunSettings(
-        sampling=_sampling_config(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                  min_p=min_p, seed=seed, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+        sampling=_sampling_config(max_new_tokens=_token_limit(max_new_tokens), temperature=temperature, top_p=top_p,
+                                  top_k=top_k, min_p=min_p, seed=seed, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                   logit_bias=logit_bias, samplers=samplers, sampling_seq=sampling_seq),
         prompt=_one_prompt(prompt, prompt_file, escape),
@@ -221,7 +224,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         grammar_option="'--grammar-file'" if grammar_file else "'--grammar'",
         prompt_cache=writable_prompt_cache(prompt_cache, read_only=prompt_cache_ro),
         ignore_eos=ignore_eos, raw=raw, system=system, template_kwargs=template_kwargs, history=history, stats=stats,
-        context_shift=context_shift, keep=keep, multiline_input=multiline_input,
+        context_shift=context_shift and max_new_tokens != UNTIL_THE_CONTEXT_IS_FULL, keep=keep,
+        multiline_input=multiline_input, shift_refused=context_shift and max_new_tokens == UNTIL_THE_CONTEXT_IS_FULL,
         prompt_cache_mode=prompt_cache_mode(prompt_cache, prompt_cache_all, prompt_cache_ro))
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
@@ -261,6 +265,24 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
 RUN_SAMPLING_OPTIONS = {**SAMPLING_OPTIONS, "max_new_tokens": "'--max-new-tokens' / '-n'",
                         "repeat_penalty": "'--repeat-penalty'", "presence_penalty": "'--presence-penalty'",
                         "frequency_penalty": "'--frequency-penalty'", "logit_bias": "'--logit-bias'"}
+
+
+NO_LIMIT = -1  # -n -1: llama-cli's "infinity", the answer ends at an end token or the full context (or never, shifted)
+UNTIL_THE_CONTEXT_IS_FULL = -2  # -n -2: llama-cli's "until context filled", also with --context-shift
+UNLIMITED_TOKENS = 2**31 - 1  # the token limit either stands for: no count ends the answer
+
+
+def _token_limit(value: int) -> int:
+    """``-n``, as llama-cli reads it (common/arg.cpp: "-1 = infinity, -2 = until context filled"; tools/main/main.cpp
+    stops at a full context where ``n_predict == -2`` even with context shifting on): a count >= 1 as it is, -1 and
+    -2 no count at all (the full context then ends the answer, unless --context-shift goes on past it with -1)."""
+    if value in (NO_LIMIT, UNTIL_THE_CONTEXT_IS_FULL):
+        return UNLIMITED_TOKENS
+    if value < 1:
+        raise click.BadParameter(f"is {value}; give the most tokens an answer may have (a number >= 1), or -1 for no "
+                                 "limit but the context, or -2 to stop when the context is full, as llama-cli's -n",
+                                 param_hint="'--max-new-tokens' / '-n'")
+    return value
 
 
 def _sampling_config(*, logit_bias: tuple[str, ...], samplers: str | None, sampling_seq: str | None, **fields):
@@ -343,6 +365,12 @@ def _warn_unused_options(settings: RunSettings, sampling: SamplingConfig, tokeni
         click.echo("edgesdk: --repeat-last-n is not used: it is the window of the penalties, and none is on (pass "
                    "--repeat-penalty other than 1, or a --presence-penalty or --frequency-penalty)", err=True)
     warn_unused_thermal_options(**thermal_settings)
+    if settings.shift_refused:
+        click.echo("edgesdk: --context-shift is not used: -n -2 ends the answer when the context is full, as in "
+                   "llama-cli (pass -n -1 to shift the context and go on)", err=True)
+    elif settings.keep and not settings.context_shift:
+        click.echo("edgesdk: --keep is not used: it is the tokens a context shift keeps, and the context does not "
+                   "shift (pass --context-shift)", err=True)
     as_it_is = None
     if settings.raw or not tokenizer.has_chat_template:
         as_it_is = "--raw" if settings.raw else "the bundle has no chat template"
@@ -477,6 +505,7 @@ class Answerer:
         self.reverse_tokens = {ids[0]: text for text in settings.reverse_prompts
                                if len(ids := self.tokenizer.encode(text, add_special_tokens=False)) == 1}
         self.last_prompt: str | None = None  # the last prompt answered, which /regen answers again
+        self.special_texts = _special_texts(self.tokenizer) if settings.reverse_prompts else {}
 
     def answer(self, text: str, regenerated: int = 0) -> None:
         """Answer ``text``; ``regenerated`` counts the times this answer was asked for again (/regen), which
@@ -544,7 +573,7 @@ class Answerer:
             constraint = JsonConstraint(self.token_bytes)
         if not settings.reverse_prompts:
             return constraint, None
-        reverse = ReversePrompts(settings.reverse_prompts, self.reverse_tokens, constraint)
+        reverse = ReversePrompts(settings.reverse_prompts, self.reverse_tokens, constraint, self.special_texts)
         return reverse, reverse
 
     def _keep_stopped(self, text: str, shown: _ShownAnswer) -> None:
@@ -584,6 +613,15 @@ class Answerer:
             _print_stats(self.runtime, result, drafting=bool(self.lookup))
         if self.cache_file is not None:  # once the answer is whole: a failed write leaves it in the conversation
             self.cache_file.finished()
+
+
+def _special_texts(tokenizer) -> dict[int, str]:
+    """The special tokens' ids and text (``<|im_start|>``, ``<|im_end|>``): the answer shown leaves them out (they
+    decode to nothing), and the -r reverse prompts are searched with them in, as llama-cli renders them there."""
+    decoder = getattr(tokenizer.tokenizer, "get_added_tokens_decoder", None)
+    if decoder is None:
+        return {}
+    return {int(token): added.content for token, added in decoder().items() if added.special}
 
 
 class _ShownAnswer:
