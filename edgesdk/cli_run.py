@@ -78,7 +78,8 @@ class RunSettings:
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--prompt", "-p", help="Prompt text; without it, read prompts interactively from stdin.")
 @click.option("--file", "-f", "prompt_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, newlines included; its escapes are "
+              help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, newlines included but for one at its "
+                   "end, as llama-cli drops it; its escapes are "
                    "read as --prompt's (--no-escape: as written).")
 @click.option("--max-new-tokens", "-n", default=128, show_default=True,
               help="The answer's token limit: -1 no limit but the context (with --context-shift none at all), -2 "
@@ -100,7 +101,8 @@ class RunSettings:
               help="Add BIAS (-100..100, or -inf: never) to token ID's logit, greedy or sampled (repeatable; "
                    "llama.cpp's ID+BIAS / ID-BIAS form works too).")
 @sampler_chain_options
-@click.option("--seed", "-s", type=click.IntRange(min=0), help="Seed for sampling (unset: a random one).")
+@click.option("--seed", "-s", type=click.IntRange(min=-1),
+              help="Seed for sampling (unset or -1: a random one, as llama-cli's default -1).")
 @repeat_penalty_options(per_request=False)
 @click.option("--presence-penalty", default=0.0, show_default=True,
               help="Lower a seen token's logit by this, once (OpenAI's presence penalty, -2..2).")
@@ -210,7 +212,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     # The options are checked in the order of these arguments, all before the bundle loads.
     settings = RunSettings(
         sampling=_sampling_config(max_new_tokens=_token_limit(max_new_tokens), temperature=temperature, top_p=top_p,
-                                  top_k=top_k, min_p=min_p, seed=seed, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                  top_k=top_k, min_p=min_p, seed=None if seed == -1 else seed, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                   logit_bias=logit_bias, samplers=samplers, sampling_seq=sampling_seq),
         prompt=_one_prompt(prompt, prompt_file, escape),
@@ -304,6 +306,7 @@ def _one_prompt(prompt: str | None, prompt_file: Path | None, escape: bool = Tru
     if prompt is not None:
         raise click.BadParameter("--prompt and --file both give the prompt; pass one", param_hint="'--file' / '-f'")
     text = _read_text_file(prompt_file, "--file", "'--file' / '-f'")
+    text = text.removesuffix("\n")  # the file's last line end, which an editor adds: llama-cli's -f drops it too
     return process_escapes(text, "'--file' / '-f'") if escape else text
 
 
