@@ -1,8 +1,8 @@
 """The OpenAI-compatible bodies ``edgesdk serve`` reads and writes.
 
 Requests follow OpenAI's API reference for ``POST /v1/chat/completions`` and ``POST /v1/completions``
-(the fields llama.cpp's ``llama-server`` also takes). A field this server cannot honour (``n`` > 1,
-legacy functions, audio output, web search) is refused with a 400 that names it,
+(the fields llama.cpp's ``llama-server`` also takes). A field this server cannot honour (``n`` or
+llama-server's ``n_cmpl`` > 1, legacy functions, audio output, web search) is refused with a 400 that names it,
 never silently ignored; ``suffix`` on ``/v1/completions`` builds a fill-in-the-middle prompt
 (:func:`parse_text_request`); fields that change nothing here (``user``, ``metadata``, ``store``) are
 accepted. Repetition penalties: OpenAI's ``presence_penalty`` and ``frequency_penalty`` and
@@ -459,6 +459,10 @@ def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions", 
                            f"leave '{field}' out or set it to {off}", param=field, code="unsupported_parameter")
     checks = [  # (field, is its value one we can honour, why not)
         ("n", lambda v: v is None or (v == 1 and not isinstance(v, bool)), "one choice per request (n = 1)"),
+        # llama-server's own name for n on every completion route (tools/server/server-schema.cpp: "n_cmpl", alias
+        # "n", "Number of completions to generate"): a client asking for several must not get one without a word
+        ("n_cmpl", lambda v: v is None or (v == 1 and not isinstance(v, bool)),
+         "one completion per prompt (n_cmpl = 1)"),
         ("best_of", lambda v: v is None or (v == 1 and not isinstance(v, bool)), "one choice per request (best_of = 1)"),
         ("suffix", lambda v: takes_suffix or v in (None, ""),
          "no suffix (fill-in-the-middle: send the text after the cursor to /infill as 'input_suffix')"),

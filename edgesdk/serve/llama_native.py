@@ -6,11 +6,13 @@ translated into the OpenAI text request it means and checked there, so the field
 (``prompt`` as text or token ids, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``samplers``, ``seed``,
 ``stop``, ``stream``, ``grammar``, ``json_schema``, ``ignore_eos``, ``logit_bias``,
 ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``,
-``cache_prompt``) take the same values. ``n_predict`` is the token limit (-1: until the
+``cache_prompt``) take the same values, but for ``temperature``, which takes any finite number >= 0 here, as in
+llama-server, not OpenAI's [0, 2]. ``n_predict`` is the token limit (-1: until the
 end-of-text token or a full context; ``max_tokens`` where it is not given, as llama-server
 reads it; 0 evaluates the prompt into the KV cache and generates nothing, as llama-server does, so
 a next request that starts with that prompt prefills only what follows); ``stop`` takes any number
-of strings; ``seed`` -1 is llama-server's default, a random seed (as on the OpenAI routes). ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``) adds
+of strings; ``seed`` -1 is llama-server's default, a random seed (as on the OpenAI routes). ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``;
+OpenAI's ``logprobs`` N where ``n_probs`` is not given, as llama-server reads it) adds
 ``completion_probabilities``: each answer token's ``id``, ``token``, ``bytes`` and ``logprob``
 with the N most likely tokens at its position as ``top_logprobs``, from the model's own
 distribution (before the samplers, as llama-server's without ``post_sampling_probs``, which is
@@ -44,6 +46,7 @@ event, all with the prompt's ``index``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from edgesdk.runtime.generate import SamplingConfig
@@ -110,11 +113,24 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
                            f"{_shown(predict)}", param=name)
         text["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict == -1 else max(predict, 1)  # 0 is set after the check
     stops = _stop(text.pop("stop", None))  # set after the check: OpenAI's 'stop' takes at most 4, llama-server's any
+    temperature = _temperature(text.pop("temperature", None))  # OpenAI's [0, 2] is its routes', not llama-server's
     request = parse_text_request(text, route="/completion", completer=completer, takes_suffix=False)
-    request = replace(request, stop=stops, logprobs=probs or None, llama_probs=bool(probs),
+    request = replace(request, stop=stops, temperature=temperature, logprobs=probs or None, llama_probs=bool(probs),
                       max_tokens=0 if predict == 0 else request.max_tokens, n_indent=int(limits["n_indent"]),
                       t_max_predict_ms=float(limits["t_max_predict_ms"]))
     return request
+
+
+def _temperature(value: object) -> float | None:
+    """``temperature``: any finite number >= 0 (0: greedy), None where absent or null (the server's). llama-server
+    takes it without OpenAI's upper bound of 2 (tools/server/server-schema.cpp: limits 0 to infinity; its README,
+    "POST /completion"); creative-writing clients of this route send more than 2 beside min-p."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ApiError(400, f"'temperature' must be a finite number >= 0 (0: greedy), got {_shown(value)}",
+                       param="temperature")
+    return float(value)
 
 
 def _limit(body: dict, name: str) -> float:
@@ -132,17 +148,25 @@ def _limit(body: dict, name: str) -> float:
 
 
 def _n_probs(body: dict) -> int:
-    """``n_probs``: how many of the most likely tokens to list at each answer token (0: no probabilities)."""
-    value = body.get("n_probs")
-    if value is None:
+    """``n_probs``: how many of the most likely tokens to list at each answer token (0: no probabilities). Where
+    ``n_probs`` is not given (absent, null or its default 0), OpenAI's ``logprobs`` (a whole number; false or null:
+    none; true: 1, as llama-server's JSON reader turns a boolean into a number) is read in its place, as
+    llama-server's ``params_from_json_cmpl`` reads it (tools/server/server-task.cpp: "Use OpenAI API logprobs only if
+    n_probs wasn't provided"; server-schema.cpp: ``n_probs`` with the alias ``logprobs``); errors name the field that
+    gave the value."""
+    name, value = "n_probs", body.get("n_probs")
+    if value is None or (value == 0 and not isinstance(value, bool)):
         value = 0
+        given = body.get("logprobs")
+        if given is not None and given is not False:
+            name, value = "logprobs", 1 if given is True else given
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ApiError(400, f"'n_probs' must be how many of the most likely tokens to list per answer token (a whole "
-                       f"number >= 0, 0 for none), got {_shown(value)}", param="n_probs")
+        raise ApiError(400, f"'{name}' must be how many of the most likely tokens to list per answer token (a whole "
+                       f"number >= 0, 0 for none), got {_shown(value)}", param=name)
     if value > MAX_TOP_LOGPROBS:
-        raise ApiError(400, f"'n_probs' = {value} is more than this server lists: at most {MAX_TOP_LOGPROBS} tokens "
+        raise ApiError(400, f"'{name}' = {value} is more than this server lists: at most {MAX_TOP_LOGPROBS} tokens "
                        f"per answer token (the limit of OpenAI's top_logprobs, which both routes share); ask for "
-                       f"{MAX_TOP_LOGPROBS} or fewer", param="n_probs", code="unsupported_parameter")
+                       f"{MAX_TOP_LOGPROBS} or fewer", param=name, code="unsupported_parameter")
     post = body.get("post_sampling_probs")
     if post not in (None, False):
         raise ApiError(400, f"'post_sampling_probs' = {_shown(post)} is not supported: this server lists the model's "
