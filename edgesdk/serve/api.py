@@ -357,7 +357,10 @@ def _message(message: object, index: int, call_names: dict[str, str], parallel: 
             if call_id is not None and not isinstance(call_id, str):
                 raise ApiError(400, f"{param}.tool_call_id must be the string id of the call it answers, got "
                                f"{_shown(call_id)}", param=f"{param}.tool_call_id")
-            return {"role": "user", "content": tool_result_text(call_names.get(call_id), content)}
+            name = call_names.get(call_id)
+            if name is None and isinstance(message.get("name"), str):  # the message names its tool itself, as
+                name = message["name"]  # llama.cpp's common_chat_msgs_parse_oaicompat reads it (tool_name)
+            return {"role": "user", "content": tool_result_text(name, content)}
         if role == "assistant" and message.get("tool_calls"):
             text = call_text(message["tool_calls"], f"{param}.tool_calls", parallel)
             content = message.get("content")
