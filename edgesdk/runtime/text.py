@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +23,7 @@ class ChatTokenizer:
         # {"enable_thinking": false} for Qwen3; a call's own template_kwargs go over them
         self.template_kwargs: dict = {}
         self._template = None
+        self._system_role: tuple[str, bool] | None = None  # (template, whether it takes a system role), probed on first use
         self._token_bytes: list[bytes | None] | None = None
         self._stream_anchor: tuple[list[int], str] | None = None  # found on first use (text._stream_anchor)
         self._plain_text = None  # the tokenizer that reads special tokens' text as text, made on first use
@@ -126,7 +128,9 @@ class ChatTokenizer:
         llama-server and Anthropic's Messages API take it), rendered as transformers' ``continue_final_message``
         does: the conversation without a generation prompt, its last message's text marked at its end and the
         rendering cut at the mark, so the model goes on from there; the text's trailing whitespace stays where
-        the template keeps it. An empty one leaves the generation prompt.
+        the template keeps it. An empty one leaves the generation prompt, and so does one of whitespace alone where
+        the template trims it (transformers would cut the rendering back over the turn's header there); where the
+        template keeps it, the whitespace is kept, as transformers keeps it.
 
         ``template_kwargs``: variables for the template beside :attr:`template_kwargs` (over them), as
         transformers' ``apply_chat_template(**kwargs)`` and llama-server's ``chat_template_kwargs`` pass them."""
@@ -136,10 +140,13 @@ class ChatTokenizer:
         if not continue_final:
             return self._render(messages, add_generation_prompt=True, extra=extra)
         begun = messages[-1]["content"]
-        if not begun.strip():
-            return self.render_chat(messages[:-1], template_kwargs=template_kwargs)
         marked = self._render([*messages[:-1], {**messages[-1], "content": begun + CONTINUE_MARK}],
-                              add_generation_prompt=False, extra=extra)
+                              add_generation_prompt=False, extra=extra) if begun else ""
+        if not begun.strip():
+            kept = marked.rfind(begun + CONTINUE_MARK) if begun else -1
+            if kept >= 0:  # whitespace the template writes as given ("\n" to begin the answer on a new line)
+                return marked[:kept + len(begun)]
+            return self.render_chat(messages[:-1], template_kwargs=template_kwargs)
         at = marked.rfind(CONTINUE_MARK.strip())
         if at < 0 or begun.strip() not in marked[:at]:
             raise BundleError("the chat template does not write the final assistant message's text as given, so "
@@ -153,6 +160,8 @@ class ChatTokenizer:
         try:
             if self._template is None:
                 self._template = chat_environment().from_string(self.template_source)
+            if messages and messages[0].get("role") == "system" and not self._takes_system_role():
+                messages = merged_system_message(messages)
             return self._template.render(**(extra or {}), messages=messages, tools=None, documents=None,
                                          add_generation_prompt=add_generation_prompt,
                                          bos_token=self.bos_token or "", eos_token=self.eos_token or "")
@@ -169,6 +178,26 @@ class ChatTokenizer:
                               f"{', '.join(sorted(extra))} (chat_template_kwargs): {failed}",
                               "give those variables values of the kind the template expects, or leave them "
                               "out") from exc
+
+    def _takes_system_role(self) -> bool:
+        """Whether the chat template writes a system message's text, probed once per template as llama.cpp probes
+        it (minja's ``chat_template`` constructor, ``supports_system_role``: a system message and a user message,
+        each a needle, rendered without a generation prompt; a template that raises on them (Gemma 2's "System role
+        not supported", Mistral v0.2's "Conversation roles must alternate") or leaves the system text out takes
+        none; llama.cpp's own engine, common/jinja/caps.cpp, asks the same of the same two messages)."""
+        known = getattr(self, "_system_role", None)
+        if known is not None and known[0] == self.template_source:
+            return known[1]
+        needle = "<System Needle>"
+        try:
+            probe = self._template.render(messages=[{"role": "system", "content": needle},
+                                                    {"role": "user", "content": "<User Needle>"}],
+                                          tools=None, documents=None, add_generation_prompt=False,
+                                          bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except Exception:  # the template refused the system message (raise_exception) or failed on it
+            probe = ""
+        self._system_role = (self.template_source, needle in probe)
+        return self._system_role[1]
 
     def prompt_ids(self, prompt: str, raw: bool, system: str | None = None) -> list[int]:
         """Token ids for a user prompt: through the chat template unless ``raw`` or there is none.
@@ -214,6 +243,26 @@ def end_of_generation_ids(token_id: Callable[[str], int | None], ids) -> set[int
     if held("</s>") and held("<|tool_response>"):
         found.discard(token_id("</s>"))
     return found
+
+
+def merged_system_message(messages: list[dict]) -> list[dict]:
+    """The messages for a chat template that takes no system role (:meth:`ChatTokenizer._takes_system_role`), as
+    llama.cpp hands them to it (common/chat.cpp, ``workaround::system_message_not_supported``, applied where the
+    template's caps say ``supports_system_role`` false): the leading system message's text goes in front of the
+    next message's, a line break between them, and the system message is dropped; one with no text is dropped
+    and the next message left as it is (minja's ``polyfill_system_role``, which merges only a system text that is
+    not empty, as llama-cli adds no system message for an empty ``-sys``). transformers'
+    ``apply_chat_template`` renders the messages as given, so such a template raises. A system message alone is
+    left as it is, for the template to refuse (a 400 that names why) where llama.cpp drops it with a warning in its
+    log and renders no message at all."""
+    if len(messages) < 2:
+        return list(messages)
+    system, following = messages[0], messages[1]
+    if not (isinstance(system.get("content"), str) and isinstance(following.get("content"), str)):
+        return list(messages)  # typed content: rendered as given, for the template to take or refuse
+    if not system["content"]:
+        return list(messages[1:])
+    return [{**following, "content": system["content"] + "\n" + following["content"]}, *messages[2:]]
 
 
 # the variables every rendering sets itself: template kwargs cannot replace them
@@ -283,14 +332,31 @@ def check_utf8(text: str, what: str) -> None:
                            "pass UTF-8 text (iconv -f latin1 -t utf-8 converts Latin-1)") from exc
 
 
+# the oldest Jinja whose sandbox has no known escape (transformers refuses older ones for chat templates)
+SAFE_JINJA = (3, 1, 6)
+
+
 def chat_environment():
     """A sandboxed Jinja environment with what transformers gives chat templates: ``{% break %}`` and
     ``{% continue %}``, the ``{% generation %}`` block (rendered as its body), ``strftime_now``,
-    ``raise_exception``, and a ``tojson`` that writes UTF-8 as it is (Jinja's own escapes HTML)."""
+    ``raise_exception``, and a ``tojson`` that writes UTF-8 as it is (Jinja's own escapes HTML).
+
+    A chat template is code from the model's repository, run in the sandbox: as transformers does
+    (chat_template_utils.py, ``_cached_compile_jinja_template``: "Older versions have known sandbox escapes"), a
+    Jinja older than 3.1.6 is refused, whose sandbox a template escapes through ``str.format`` (CVE-2024-56326) or
+    the ``attr`` filter (CVE-2025-27516)."""
     from datetime import datetime
 
+    import jinja2
     from jinja2 import ext, nodes
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    installed = tuple(int(re.match(r"\d*", part).group() or 0) for part in jinja2.__version__.split(".")[:3])
+    if installed < SAFE_JINJA:
+        raise EdgeSDKError(f"jinja2 {jinja2.__version__} is installed, and chat templates need jinja2 >= "
+                           f"{'.'.join(map(str, SAFE_JINJA))}: older releases' sandbox lets a template run code "
+                           "outside it (CVE-2024-56326, CVE-2025-27516)",
+                           "pip install -U 'jinja2>=3.1.6' (or pass --raw to feed the prompt without the template)")
 
     class GenerationBlock(ext.Extension):
         """``{% generation %}...{% endgeneration %}`` marks the assistant's tokens for training masks."""
