@@ -102,14 +102,27 @@ class SamplingConfig:
     # The sampler chain, llama.cpp's ``--samplers`` / ``samplers``: which of penalties, top_k, top_p, min_p,
     # temperature and infill run, in which order (names or letters: :func:`sampler_chain`). One left out does not run
     # (without "temperature" the draw is at temperature 1, as llama.cpp's). Temperature 0 decodes greedily
-    # whatever the chain (with "infill": the most likely token the chain keeps); the penalties run first wherever
-    # they stand.
+    # whatever the chain (with "infill", or penalties after another sampler: the most likely token the chain keeps).
+    # The penalties run where they stand, as llama.cpp's (common/sampling.cpp ``common_sampler_init`` adds each
+    # sampler in this order): after top-k they lower only the tokens top-k kept, after the temperature they work on
+    # the tempered logits, and named twice they apply twice.
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
 
     @property
     def penalizes(self) -> bool:
         return "penalties" in self.samplers and (
             self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
+
+    @property
+    def penalizes_in_chain(self) -> bool:
+        """The penalties run inside the chain (:meth:`Sampler._chain`), not on the logits before it (:func:`shaped`):
+        a sampler that changes the candidates or the logits (top-k, top-p, min-p, the temperature, infill) comes
+        before them, or they are named more than once."""
+        if not self.penalizes:
+            return False
+        first = self.samplers.index("penalties")
+        return self.samplers.count("penalties") > 1 or any(name in CARRIED_SAMPLERS
+                                                           for name in self.samplers[:first])
 
     def __post_init__(self):
         # A fraction (1.5 gave 2 tokens) or NaN (never reached: the answer ran to the context) is no count,
@@ -254,30 +267,41 @@ class Sampler:
       prefix of another's and keeps the likely ones; it reads ``vocabulary``
       (:class:`~edgesdk.runtime.infill_sampler.InfillVocabulary`).
 
-    Greedy decoding (temperature 0) takes the top token whatever the chain; with infill in the chain, the top
-    token of those the chain keeps (llama.cpp's temperature sampler at 0 keeps the top one of what it is given).
+    - penalties, where they come after one of these (``config.penalizes_in_chain``), lower the logits the samplers
+      before them left, over ``context`` (llama.cpp's penalties sampler where it stands in the chain); where they
+      come first, :func:`shaped` has applied them already.
+
+    Greedy decoding (temperature 0) takes the top token whatever the chain; with infill in the chain, or penalties
+    after another sampler, the top token of those the chain keeps (llama.cpp's temperature sampler at 0 keeps the
+    top one of what it is given).
     """
 
     def __init__(self, config: SamplingConfig, vocabulary=None):
         self.config = config
         self.rng = np.random.default_rng(config.seed)
         self.vocabulary = vocabulary
+        self._context: list[int] | None = None  # the penalties' tokens, where they run inside the chain
         if "infill" in config.samplers and vocabulary is None:
             raise EdgeSDKError("the sampler chain holds llama.cpp's infill sampler, which reads the tokens' texts, "
                                "and no vocabulary was given for it",
                                "pass the bundle's tokenizer (generate(vocabulary=runtime.tokenizer)), or leave "
                                "'infill' out of the samplers")
 
-    def __call__(self, logits: np.ndarray, allowed: Callable[[int], bool] | None = None) -> int:
+    def __call__(self, logits: np.ndarray, allowed: Callable[[int], bool] | None = None,
+                 context: list[int] | None = None) -> int:
         """The next token. With ``allowed`` (a constraint such as JSON mode) only a token it accepts is
         taken: greedy decoding takes the most likely one; sampling draws from the chain's distribution and
         redraws without a refused token, which is exact sampling from that distribution restricted to the
         accepted tokens. Where the chain kept no accepted token, the chain runs again over the accepted tokens
-        alone, as llama.cpp resamples a draw its grammar refuses (``common_sampler_sample``)."""
+        alone, as llama.cpp resamples a draw its grammar refuses (``common_sampler_sample``).
+
+        ``context``: the tokens the penalties look back over, read where they run inside the chain
+        (``config.penalizes_in_chain``; elsewhere :func:`shaped` applied them to ``logits``)."""
+        self._context = context if context is not None and self.config.penalizes_in_chain else None
         best = int(np.argmax(logits))  # the first NaN when there is one
         _check_finite(float(logits[best]))
         if self.config.temperature == 0:
-            if "infill" in self.config.samplers:
+            if "infill" in self.config.samplers or self._context is not None:
                 return self._greedy_kept(logits, best, allowed)
             return best if allowed is None or allowed(best) else _most_likely_allowed(logits, allowed)
         probs = self._distribution(logits, best)
@@ -309,7 +333,8 @@ class Sampler:
         return self._draw(self._distribution(_allowed_only(logits, allowed), best))
 
     def _greedy_kept(self, logits: np.ndarray, best: int, allowed: Callable[[int], bool] | None) -> int:
-        """Greedy decoding through a chain with the infill sampler: the most likely token the chain keeps (the
+        """Greedy decoding through a chain with the infill sampler or penalties inside it: the most likely token the
+        chain keeps (the
         lowest id among equal ones); with ``allowed``, where it refuses that one, the most likely token the chain
         keeps of the accepted tokens alone (llama.cpp's resampling of a refused token), else the most likely
         accepted token."""
@@ -328,11 +353,13 @@ class Sampler:
 
     def _chain(self, logits: np.ndarray, best: int) -> np.ndarray:
         """The logits less ``logits[best]`` (the largest) after the chain's samplers, -inf at every token a sampler
-        dropped. Every sampler but infill keeps the top one."""
+        dropped. Every sampler but infill and penalties inside the chain keeps the top one."""
         config = self.config
         # Shifted so the top logit is 0: a tiny temperature then overflows the others only to -inf (probability 0),
-        # where the raw logits scaled to inf and inf - inf was NaN.
-        work = logits.astype(np.float64) - float(logits[best])
+        # where the raw logits scaled to inf and inf - inf was NaN. ``offset``: what the logits as llama.cpp's chain
+        # holds them are less ``work`` (the penalties read their sign).
+        offset = float(logits[best])
+        work = logits.astype(np.float64) - offset
         # The infill sampler's candidates are llama.cpp's ``cur_p``: the tokens no sampler before it cut (top-k,
         # top-p and min-p shorten ``cur_p``; a logit bias or a grammar's -inf leaves a token in it).
         present = np.ones(work.shape[0], bool) if "infill" in config.samplers else None
@@ -356,21 +383,25 @@ class Sampler:
                 work[cut] = -np.inf
                 if present is not None:
                     present &= ~cut
+            elif name == "penalties" and self._context is not None:
+                work, offset = _penalized_shifted(work, offset, self._context, config)
             elif name == "temperature":
                 if config.temperature > 0:
                     with np.errstate(over="ignore"):
                         work = work / config.temperature
+                        offset = offset / config.temperature
                 else:  # llama.cpp's temperature sampler at 0 keeps the top token only (greedy through infill)
                     top = int(np.argmax(work))
                     work[np.arange(work.shape[0]) != top] = -np.inf
             elif name == "infill":
-                work, present = self._infill(work, present)
+                work, present, top = self._infill(work, present)
+                offset += top
         return work
 
-    def _infill(self, work: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _infill(self, work: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
         """llama.cpp's infill sampler over the ``present`` candidates: -inf at every token it dropped, and the
         logits of the ones it kept as it leaves them (the EOT token it may fall back to at logit 1), less the
-        largest of them (which changes no sampler after it)."""
+        largest of them (which changes no sampler after it but penalties, told it as the third value)."""
         from edgesdk.runtime.infill_sampler import infill_apply
 
         vocabulary = self.vocabulary
@@ -382,12 +413,13 @@ class Sampler:
                                f"{work.shape[0]} logits", "leave 'infill' out of the samplers for this bundle")
         out = np.full(work.shape, -np.inf)
         out[ids] = kept_logits
-        top = out.max()
-        if math.isfinite(top):
-            out -= top
+        top = float(out.max())
+        if not math.isfinite(top):
+            top = 0.0
+        out -= top
         kept = np.zeros(work.shape[0], bool)
         kept[ids] = True
-        return out, kept
+        return out, kept, top
 
 
 def _top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
@@ -792,9 +824,10 @@ def biased(logits: np.ndarray, config: SamplingConfig) -> np.ndarray:
 
 def shaped(logits: np.ndarray, context: list[int] | None, config: SamplingConfig) -> np.ndarray:
     """The logits the sampler picks from: the logit bias, then the repetition penalties over ``context``, in
-    llama.cpp's chain order (its logit-bias sampler comes before the penalties)."""
+    llama.cpp's chain order (its logit-bias sampler comes before the penalties). Penalties that come after another
+    sampler (``config.penalizes_in_chain``) are left to the sampler, which applies them where they stand."""
     out = biased(logits, config)
-    return out if context is None else penalized(out, context, config)
+    return out if context is None or config.penalizes_in_chain else penalized(out, context, config)
 
 
 def penalized(logits: np.ndarray, context: list[int], config: SamplingConfig) -> np.ndarray:
@@ -802,26 +835,59 @@ def penalized(logits: np.ndarray, context: list[int], config: SamplingConfig) ->
     (llama.cpp's ``llama_sampler_penalties``: repeat, then frequency and presence)."""
     if not config.penalizes:
         return logits
+    seen = _seen(context, config, logits.shape[0])
+    if seen is None:
+        return logits
+    tokens, counts = seen
+    out = logits.astype(np.float32, copy=True)
+    out[tokens] = _penalty(out[tokens], counts, config)
+    return out
+
+
+def _seen(context: list[int], config: SamplingConfig, vocab: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The distinct tokens of the penalties' window (the last ``repeat_last_n`` of ``context``, -1 all of it) that
+    have a logit, and how often each is there; None where the window is empty."""
     window = context if config.repeat_last_n == -1 else context[max(len(context) - config.repeat_last_n, 0):]
     if not window:
-        return logits
+        return None
     tokens, counts = np.unique(np.asarray(window, np.int64), return_counts=True)
-    inside = tokens < logits.shape[0]
-    tokens, counts = tokens[inside], counts[inside]
-    out = logits.astype(np.float32, copy=True)
-    seen = out[tokens]
+    inside = tokens < vocab
+    return tokens[inside], counts[inside]
+
+
+def _penalty(seen: np.ndarray, counts: np.ndarray, config: SamplingConfig) -> np.ndarray:
+    """llama.cpp's ``llama_sampler_penalties_apply`` on the logits ``seen`` of tokens seen ``counts`` times: a
+    positive logit divided by ``repeat_penalty``, another multiplied, then ``count * frequency_penalty +
+    presence_penalty`` taken off (OpenAI's formula)."""
     seen = np.where(seen > 0, seen / config.repeat_penalty, seen * config.repeat_penalty)
-    out[tokens] = seen - counts * config.frequency_penalty - config.presence_penalty
-    return out
+    return seen - counts * config.frequency_penalty - config.presence_penalty
+
+
+def _penalized_shifted(work: np.ndarray, offset: float, context: list[int],
+                       config: SamplingConfig) -> tuple[np.ndarray, float]:
+    """The penalties inside the chain, on ``work``, the logits as the samplers before them left them less
+    ``offset``; a token a sampler dropped (-inf) stays dropped, as llama.cpp's penalties see only the candidates
+    left. Returned shifted again so that the largest is 0 (the draw's softmax cannot underflow to all zeros), with
+    the new offset."""
+    seen = _seen(context, config, work.shape[0])
+    if seen is None:
+        return work, offset
+    tokens, counts = seen
+    live = work[tokens] > -np.inf
+    tokens, counts = tokens[live], counts[live]
+    out = work.copy()
+    out[tokens] = _penalty(work[tokens] + offset, counts, config) - offset
+    top = float(out.max())
+    return out - top, offset + top
 
 
 def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | None, context: list[int] | None,
           logprobs: LogprobRecorder | None) -> int:
     picked_from = shaped(logits, context, sampler.config)
     if constraint is None:
-        token = sampler(picked_from)
+        token = sampler(picked_from, context=context)
     else:
-        token = sampler(picked_from, constraint.allows)
+        token = sampler(picked_from, constraint.allows, context=context)
         constraint.advance(token)
     if logprobs is not None:
         logprobs.record(logits, token)  # the model's own distribution, as OpenAI reports it
