@@ -88,12 +88,12 @@ class RunSettings:
               help="Never end at an end-of-text or end-of-turn token (their logits set to -inf, as llama.cpp's "
                    "--ignore-eos): an answer runs to -n tokens, unless --json, --json-schema or --grammar ends it.")
 @click.option("--temperature", "--temp", default=0.0, show_default=True,
-              help="0 means greedy decoding. Not given: the model's own, where its bundle records one (as --top-p, "
+              help="0 (or below, as llama-cli) means greedy decoding. Not given: the model's own, where its bundle records one (as --top-p, "
                    "--top-k, --min-p, --repeat-penalty, --repeat-last-n and --samplers; 'edgesdk inspect' shows "
                    "them).")
 @click.option("--top-p", default=1.0, show_default=True, help="Nucleus sampling mass (with --temperature > 0).")
 @click.option("--top-k", default=0, show_default=True,
-              help="Sample from the K most likely tokens only (with --temperature > 0; 0: off).")
+              help="Sample from the K most likely tokens only (with --temperature > 0; 0 or below: off, as llama-cli).")
 @click.option("--min-p", default=0.0, show_default=True,
               help="Sample only tokens at least this fraction as likely as the top one (with --temperature > 0; "
                    "0: off).")
@@ -211,8 +211,10 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
 
     # The options are checked in the order of these arguments, all before the bundle loads.
     settings = RunSettings(
-        sampling=_sampling_config(max_new_tokens=_token_limit(max_new_tokens), temperature=temperature, top_p=top_p,
-                                  top_k=top_k, min_p=min_p, seed=None if seed == -1 else seed, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+        sampling=_sampling_config(max_new_tokens=_token_limit(max_new_tokens),
+                                  temperature=_llama_temperature(temperature), top_p=top_p,
+                                  top_k=max(top_k, 0), min_p=min_p, seed=None if seed == -1 else seed,
+                                  repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                   logit_bias=logit_bias, samplers=samplers, sampling_seq=sampling_seq),
         prompt=_one_prompt(prompt, prompt_file, escape),
@@ -272,6 +274,12 @@ RUN_SAMPLING_OPTIONS = {**SAMPLING_OPTIONS, "max_new_tokens": "'--max-new-tokens
 NO_LIMIT = -1  # -n -1: llama-cli's "infinity", the answer ends at an end token or the full context (or never, shifted)
 UNTIL_THE_CONTEXT_IS_FULL = -2  # -n -2: llama-cli's "until context filled", also with --context-shift
 UNLIMITED_TOKENS = 2**31 - 1  # the token limit either stands for: no count ends the answer
+
+
+def _llama_temperature(value: float) -> float:
+    """``--temperature`` as llama-cli reads it (common/arg.cpp: ``temp = std::max(temp, 0.0f)``): below 0 is greedy,
+    as 0 is; NaN stays NaN, for SamplingConfig to refuse by name."""
+    return 0.0 if value < 0 else value
 
 
 def _token_limit(value: int) -> int:
@@ -358,7 +366,9 @@ def _warn_unused_options(settings: RunSettings, sampling: SamplingConfig, tokeni
     typed = settings.sampling
     for option, unused in (("--top-p", typed.top_p < 1), ("--top-k", typed.top_k > 0),
                            ("--min-p", typed.min_p > 0)):
-        if unused and sampling.temperature == 0:
+        # greedy through infill or in-chain penalties takes the top token the chain keeps: the cuts change it
+        cuts_matter = "infill" in sampling.samplers or sampling.penalizes_in_chain
+        if unused and sampling.temperature == 0 and not cuts_matter:
             click.echo(f"edgesdk: {option} is not used: --temperature 0 decodes greedily (pass a temperature > 0 to "
                        "sample)", err=True)
     if sampling.seed is not None and sampling.temperature == 0:

@@ -24,3 +24,25 @@ def test_seed_minus_one_is_a_random_seed_as_llama_cli_s_default(tiny_bundle):
                     "--temperature", 0.8)
     assert_ok(result)
     assert "--seed" not in result.output
+
+
+def test_negative_temperature_and_top_k_read_as_llama_cli_reads_them(tiny_bundle):
+    """llama-cli clamps --temp below 0 to 0 (greedy) and takes --top-k <= 0 as off (common/arg.cpp,
+    llama_sampler_top_k_impl): the same run as with 0 and 0, not a usage error."""
+    base = ("run", tiny_bundle.path, "--prompt", "hello", "-n", 4, "--threads", 1, "--raw")
+    clamped = invoke(*base, "--temp", -1, "--top-k", -1)
+    plain = invoke(*base, "--temp", 0, "--top-k", 0)
+    assert_ok(clamped)
+    assert_ok(plain)
+    assert clamped.stdout == plain.stdout
+
+
+def test_top_k_before_in_chain_penalties_is_not_called_unused_when_greedy(tiny_bundle):
+    """Greedy decoding through penalties placed after top-k takes the top token top-k kept (llama.cpp's chain), so
+    --top-k changes the answer and must not be reported as not used."""
+    result = invoke("run", tiny_bundle.path, "--prompt", "hello", "-n", 2, "--threads", 1, "--temp", 0, "--top-k", 2,
+                    "--samplers", "top_k;penalties;temperature", "--repeat-penalty", 1.5)
+    assert_ok(result)
+    assert "--top-k is not used" not in result.stderr, result.stderr
+    greedy = invoke("run", tiny_bundle.path, "--prompt", "hello", "-n", 2, "--threads", 1, "--temp", 0, "--top-k", 2)
+    assert "--top-k is not used" in greedy.stderr
