@@ -34,7 +34,8 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   ten times the context's tokens as llm/server.go limits it ("only allow maximum 10 context shifts"). A
   ``num_ctx`` below the bundle's context is the context the answer shifts within, as Ollama's runner shifts its
   ``num_ctx``-long cache (with ``shift`` false it stops there).
-* ``POST /api/generate``: ``prompt`` with ``system`` through the chat template, or ``raw`` as given (``system``
+* ``POST /api/generate``: ``prompt`` with ``system`` through the chat template (on a bundle without one, the prompt
+  as given, as Ollama's default template ``{{ .Prompt }}`` renders it), or ``raw`` as given (``system``
   or ``context`` with it refused, as Ollama's GenerateHandler refuses them); with ``suffix``, fill-in-the-middle: where Ollama renders the model's template with
   ``.Prompt`` and ``.Suffix`` (``system`` unused), the prompt is built as llama-server's ``/infill`` builds it with
   ``prompt`` as the prefix and ``suffix`` as the suffix (serve/infill.py), and ``raw`` leaves the suffix out, as
@@ -55,15 +56,18 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   llama.cpp's generic tool-call form, so /api/show lists "tools" for every bundle with one, where Ollama lists it
   only for a template that reads ``.Tools``), then a ``suffix`` without FIM tokens.
 * ``options``: ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, ``repeat_penalty``,
-  ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``, ``num_predict`` (-1, or 0 as Ollama's runners read
-  it: no limit; -2: until the context fills; here all run until the answer ends or the context is full), ``num_ctx`` (the request's context
+  ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``, ``num_predict`` (-1, any number below 0, or 0 as
+  Ollama's runners read it: no limit; -2: until the context fills; here all run until the answer ends or the context
+  is full), ``num_ctx`` (the request's context
   window: above the bundle's it is the bundle's, as Ollama caps it at the model's trained context; below it, the
   prompt and answer together stay within it). Samplers this runtime lacks (``mirostat``, ``typical_p``, ``tfs_z``)
   are refused where set to anything but off; load settings (``num_gpu``, ``num_thread``, ``num_batch``, ``use_mmap``
-  ...) and ``penalize_newline`` change nothing here (``num_keep``: the tokens kept where the context shifts, a whole
-  number >= -1); an option Ollama does not know is ignored, as
-  Ollama ignores it (``Options.FromMap``: "invalid option provided", a warning). A value of the wrong type is
-  refused naming ``options.<name>``.
+  ...) and ``penalize_newline`` change nothing here, though a load setting of the wrong type is refused as Ollama
+  refuses it (``num_keep``: the tokens kept where the context shifts, below 0 the whole prompt); an option Ollama
+  does not know is ignored, as Ollama ignores it (``Options.FromMap``: "invalid option provided", a warning). A
+  value of the wrong type is refused naming ``options.<name>``; a number is read as Ollama reads it, a whole number
+  written as a float (4096.0) as that number and the sampler's values clamped as its sampler clamps them
+  (:func:`_as_ollama_reads`).
 * answers: ``model`` (as asked), ``created_at``, ``message`` (``content``, ``thinking`` where a thinking model's
   reasoning is split off, ``tool_calls``: one call, with its ``function.index``; streamed, once whole, in an object
   of its own, as Ollama's ChatHandler gives a call out where its tool parser finds it) or ``response``,
@@ -83,6 +87,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -106,7 +111,7 @@ from edgesdk.serve.api import (
 )
 from edgesdk.serve.completion import SHIFTED_LIMIT_CONTEXTS, Completer, Completion
 from edgesdk.serve.embeddings import encoded
-from edgesdk.serve.reasoning import split_answer, template_thinks
+from edgesdk.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, split_answer, template_thinks
 from edgesdk.serve.tools import AnswerStream, answer_message, tool_result_text
 
 CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE = "/api/chat", "/api/generate", "/api/show"
@@ -206,27 +211,65 @@ class _Common:
 
 
 # Ollama's options of Go's int type: its ``Options.FromMap`` (api/types.go) sets them from the JSON's numbers, which
-# Go decodes as float64, so 4096.0 is 4096 there
+# Go decodes as float64, with ``field.SetInt(int64(t))``: 4096.0 is 4096 there
 WHOLE_OPTIONS = ("num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "num_ctx", "num_batch", "num_gpu",
                  "main_gpu", "num_thread", "mirostat")
+# Ollama's load options (api/types.go, ``Runner``), which change nothing here but which its ``Options.FromMap`` still
+# refuses where a value is not of the field's type ("option %q must be of type integer" / "boolean")
+LOAD_OPTIONS = {"num_batch": "integer", "num_gpu": "integer", "main_gpu": "integer", "num_thread": "integer",
+                "use_mmap": "boolean"}
 
 
 def _as_ollama_reads(body: dict) -> dict:
-    """``body`` with its ``options`` as Ollama reads them: a whole number written as a float (4096.0, which Python
-    and JavaScript clients send for a float variable) is that number, and a ``top_k`` below 0 is 0, the top-k
-    sampler off, as llama.cpp's sampler Ollama hands it to reads any k <= 0 (``llama_sampler_top_k_impl``). Other
-    values are left for the checks that name them."""
+    """``body`` with its ``options`` as Ollama reads them. Values of other types are left for the checks that name
+    them; numbers are read as Ollama reads them before they reach its sampler:
+
+    * an option of Go's int type given as a whole number written as a float (4096.0, which Python and JavaScript
+      clients send for a float variable) is that number, as ``Options.FromMap`` sets it (``int64(t)``; a fraction,
+      which Go cuts off, is refused here);
+    * ``top_k`` below 0 is 0, the top-k sampler off, as llama.cpp's sampler reads any k <= 0
+      (``llama_sampler_top_k_impl``);
+    * ``num_predict`` below 0 is -1, no limit (llm/server.go: ``if req.Options.NumPredict < 0`` it runs to ten times
+      the context), and ``num_keep`` below 0 is -1, the whole prompt (runner.go ``NewSequence``: ``if
+      params.numKeep < 0 { params.numKeep = len(inputs) }``);
+    * the sampler's ranges as Ollama's ``sample.NewSampler`` (sample/samplers.go) clamps them: ``temperature``
+      below 0 is 0 (greedy), ``top_p`` above 1 is 1 (off) and at or below 0 keeps the likeliest token alone (its
+      ``topP`` transform, like llama.cpp's ``llama_sampler_top_p``, keeps tokens until their sum passes p: here
+      ``top_k`` 1), ``min_p`` below 0 is 0 and above 1 is 1, and a
+      ``repeat_penalty`` of 0 or less is 1 (off); a ``seed`` below -1 is a fixed seed, not a random one, as
+      ``NewSampler`` seeds its generator with any seed but -1 (``uint64(seed)``: here the same number modulo
+      2**64)."""
     options = body.get("options")
     if not isinstance(options, dict):
         return body
     read = dict(options)
-    for name in WHOLE_OPTIONS:
+
+    def number(name: str) -> float | None:
         value = read.get(name)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            math.isfinite(value) else None
+
+    for name in WHOLE_OPTIONS:
+        value = number(name)
         if isinstance(value, float) and value.is_integer():
             read[name] = int(value)
-    top_k = read.get("top_k")
-    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k < 0:
-        read["top_k"] = 0
+    clamps = {"top_k": (0, None), "num_predict": (-1, None), "num_keep": (-1, None), "temperature": (0, None),
+              "top_p": (None, 1), "min_p": (0, 1)}
+    for name, (low, high) in clamps.items():
+        value = number(name)
+        if value is not None and low is not None and value < low:
+            read[name] = low
+        elif value is not None and high is not None and value > high:
+            read[name] = high
+    penalty = number("repeat_penalty")
+    if penalty is not None and penalty <= 0:
+        read["repeat_penalty"] = 1.0
+    top_p = number("top_p")
+    if top_p is not None and top_p <= 0:  # the nucleus of p 0 is the likeliest token alone: top-k 1, top-p off
+        read.update(top_p=1.0, top_k=1)
+    seed = read.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool) and seed < -1:
+        read["seed"] = seed % 2**64  # NewSampler: any seed but -1 is fixed, ``uint64(seed)``
     return {**body, "options": read}
 
 
@@ -336,6 +379,8 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
     /infill's (serve/infill.py)."""
     check_capabilities(completer, asked)
     request = _thinking_by_default(completer, asked, asked.request)
+    if not asked.chat and request.chat and not completer.runtime.tokenizer.has_chat_template:
+        request = _through_the_default_template(request)
     if asked.infill:
         ids = infill.prompt_ids(completer, infill.plain_ids(completer, request.prompt, "prompt"),
                                 infill.plain_ids(completer, asked.suffix, "suffix"), [], [])
@@ -361,6 +406,17 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
         return replace(request, shift_window=asked.num_ctx)
     asked_for = completer.defaults.max_tokens if request.max_tokens is None else request.max_tokens
     return replace(request, max_tokens=min(asked_for, room))
+
+
+def _through_the_default_template(request: CompletionRequest) -> CompletionRequest:
+    """/api/generate's prompt on a bundle without a chat template, as Ollama renders it for a model without one:
+    through its default template ``{{ .Prompt }}`` (template/template.go, ``DefaultTemplate``, which
+    server/images.go ``GetModel`` gives a model whose files carry no template), the prompt as given and ``system``
+    left out, as that template does not read ``.System``; tokenized as a raw prompt is, BOS in front where the
+    tokenizer adds it, as Ollama's runner encodes it (``addSpecial``). The client's messages stay on the request
+    for the request log; a text request reads only its prompt."""
+    return replace(request, chat=False, prompt=request.messages[-1]["content"], template_kwargs=None,
+                   continue_final=False)
 
 
 def _shifting(asked: Asked, request: CompletionRequest, window: int) -> CompletionRequest:
@@ -467,11 +523,11 @@ def _with_context(completer: Completer, asked: Asked, request: CompletionRequest
                            f"vocabulary has {vocabulary} ids, 0 to {vocabulary - 1}; send back the 'context' an "
                            "answer of this server gave, or leave 'context' out", param="context")
     tokenizer = completer.runtime.tokenizer
-    if request.chat:
-        ids = tokenizer.chat_ids(_prompt_text(completer, asked, request))
-    else:
+    if asked.infill:
         ids = tokenizer.encode(pieces_text(tokenizer, list(asked.context)), add_special_tokens=False) + \
             list(request.prompt_tokens)
+    else:  # the messages through the chat template, or the prompt through Ollama's default one
+        ids = tokenizer.chat_ids(_prompt_text(completer, asked, request))
     limit = completer.runtime.backend.max_context
     if len(ids) >= limit and asked.truncate:  # truncate false: Ollama's own refusal, _refuse_past_the_context
         raise ApiError(400, f"the prompt with 'context' in front has {len(ids)} tokens, leaving no room for an answer "
@@ -482,11 +538,13 @@ def _with_context(completer: Completer, asked: Asked, request: CompletionRequest
 
 def _prompt_text(completer: Completer, asked: Asked, request: CompletionRequest) -> str:
     """The prompt of a non-raw /api/generate request as text, ``context`` in front: the messages through the chat
-    template, or the fill-in-the-middle prompt's ids joined as pieces."""
+    template, the prompt as given on a bundle without one (:func:`_through_the_default_template`), or the
+    fill-in-the-middle prompt's ids joined as pieces."""
     tokenizer = completer.runtime.tokenizer
-    if not request.chat:
+    if asked.infill:
         return pieces_text(tokenizer, list(request.prompt_tokens))
-    return (pieces_text(tokenizer, list(asked.context)) if asked.context else "") + completer.rendered_chat(request)
+    return (pieces_text(tokenizer, list(asked.context)) if asked.context else "") + \
+        (completer.rendered_chat(request) if request.chat else request.prompt)
 
 
 def trimmed(completer: Completer, request: CompletionRequest, window: int, num_ctx: int | None,
@@ -569,11 +627,14 @@ def _cut_starts(turns: list[dict]) -> tuple[int, ...]:
 
 
 def _model_name(body: dict, served: str) -> str:
-    """``model`` (older clients' ``name``, as /api/show and /api/delete took it), refused unless it is a name the
-    served model answers to (:func:`served_names`): Ollama's 404 "model not found"."""
+    """``model`` (older clients' ``name``, as /api/show and /api/delete took it, read where ``model`` is absent or
+    empty as Ollama's ShowHandler reads it: ``if req.Model != "" {} else if req.Name != "" { req.Model = req.Name }``;
+    a Go client filling the deprecated ``Name`` sends ``"model": ""`` beside it, the field having no omitempty),
+    refused unless it is a name the served model answers to (:func:`served_names`): Ollama's 404 "model not
+    found"."""
     name = body.get("model")
-    if name is None:
-        name = body.get("name")
+    if name is None or name == "":  # Go's clients send both fields, "model": "" beside the deprecated "name"
+        name = body.get("name", name)
     if not isinstance(name, str) or not name:
         raise model_required(name, [served])
     if name not in served_names(served):
@@ -673,6 +734,15 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
         if value is not None and value != off:
             raise ApiError(400, f"'options.{name}' = {_shown(value)} is not supported: this server does not have that "
                            f"sampler; leave it out or set it to {off}", param=f"options.{name}")
+    for name, kind in LOAD_OPTIONS.items():
+        value = options.get(name)
+        if value is None or (isinstance(value, bool) if kind == "boolean" else
+                             isinstance(value, int) and not isinstance(value, bool)):
+            continue
+        example = "true or false" if kind == "boolean" else "a whole number"
+        raise ApiError(400, f"option \"{name}\" must be of type {kind} (as Ollama's Options.FromMap reads it): "
+                       f"'options.{name}' is {_shown(value)}; send {example}, or leave it out (it sets how Ollama "
+                       "loads a model and changes nothing here)", param=f"options.{name}")
     predict = options.get("num_predict")
     if predict is not None:
         if isinstance(predict, bool) or not isinstance(predict, int) or predict < -2:
@@ -957,7 +1027,8 @@ class Answer:
         self.tokenizer = completer.runtime.tokenizer
         # /api/generate not raw: the prompt as text, which the last object's ``context`` begins with
         self.prompt = None if asked.chat or asked.raw else _prompt_text(completer, asked, request)
-        self.splitter = completer.reasoning_splitter(replace(request, stream=False))
+        self.splitter = completer.reasoning_splitter(replace(request, stream=False)) if not asked.raw else \
+            _raw_splitter(completer, asked, request)
         self.tools = AnswerStream(request.tools.structured) if request.tools is not None and request.stream else None
         self.calls_sent = 0  # a stream's calls given out so far (each once whole)
 
@@ -1044,6 +1115,21 @@ class Answer:
             if thinking or content:
                 pieces.append({**self._body(content, thinking), "done": False})
         return pieces + [self._final(completion)]
+
+
+def _raw_splitter(completer: Completer, asked: Asked, request: CompletionRequest) -> ReasoningSplitter | None:
+    """A raw /api/generate prompt's answer split into ``thinking`` and ``response`` as Ollama's GenerateHandler
+    splits it (server/routes.go): raw skips the template and the model's built-in parser, not the generic thinking
+    parser, which runs where ``think`` is true (left out, it is true on a model that thinks, as for a templated
+    prompt) and the template has thinking tags (``thinking.InferTags``: here its <think> block), opened where the
+    prompt ends with the opening tag (``strings.HasSuffix(strings.TrimSpace(prompt), openingTag)``). None where
+    ``think`` is false, the template writes no <think> block, the operator asked for no split (``--reasoning-format
+    none``) or a constraint shapes the answer from its start (``format``), as on the other routes."""
+    if asked.think is False or not template_thinks(completer.runtime.tokenizer.template_source) or \
+            (request.reasoning_format or completer.defaults.reasoning_format) == "none" or \
+            request.grammar is not None or request.json_schema is not None or request.json_object:
+        return None
+    return ReasoningSplitter(opened=prompt_opens_thinking(request.prompt))
 
 
 def error_body(error: ApiError) -> dict:

@@ -176,7 +176,7 @@ def test_tags_show_ps_version_and_the_root_probe(served, tiny_bundle):
     ("/api/chat", {"messages": MESSAGES}, 400, "'model' is required"),
     ("/api/chat", {"model": NAME, "messages": MESSAGES, "options": {"temperature": "hot"}}, 400,
      "'options.temperature'"),
-    ("/api/chat", {"model": NAME, "messages": MESSAGES, "options": {"num_predict": -3}}, 400, "'options.num_predict'"),
+    ("/api/chat", {"model": NAME, "messages": MESSAGES, "options": {"num_predict": "3"}}, 400, "'options.num_predict'"),
     ("/api/chat", {"model": NAME, "messages": MESSAGES, "options": {"mirostat": 2}}, 400, "'options.mirostat'"),
     ("/api/chat", {"model": NAME, "messages": MESSAGES, "options": {"stop": "x"}}, 400, "'options.stop'"),
     ("/api/chat", {"model": NAME, "messages": MESSAGES, "options": {"num_ctx": 0}}, 400, "'options.num_ctx'"),
@@ -206,7 +206,7 @@ def test_the_client_raises_ollama_s_errors(served):
     assert caught.value.status_code == 404
     assert "not found" in caught.value.error
     with pytest.raises(ollama.ResponseError) as caught:
-        client.generate(model=NAME, prompt="hi", options={"top_p": 7}, stream=False)
+        client.generate(model=NAME, prompt="hi", options={"top_p": "high"}, stream=False)
     assert caught.value.status_code == 400
     assert "'options.top_p'" in caught.value.error
 
