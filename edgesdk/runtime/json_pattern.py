@@ -22,9 +22,10 @@ where it may be skipped, and a pattern that cannot do without one is refused. Ev
 non-empty, so every way into the pattern can be finished.
 
 ``format`` takes ``date``, ``time``, ``date-time`` (RFC 3339 section 5.6, as JSON Schema 2020-12
-section 7.3.1 names it; at most 9 digits of a second's fraction; a date's day one its month has, February's
-29th in leap years only, section 5.7; years from 0001, the first that Python's ``date``, and so pydantic
-and the jsonschema package, read) and ``uuid`` (RFC 4122), each written as a pattern here.
+section 7.3.1 names it; at most 9 digits of a second's fraction; a leap second at 23:59:60 UTC only, section
+5.7; a date's day one its month has, February's 29th in leap years only, section 5.7; years from 0001, the
+first that Python's ``date``, and so pydantic and the jsonschema package, read) and ``uuid`` (RFC 4122), each
+written as a pattern here.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.gbnf import CHAR, merge_ranges, parse_grammar, whole_number
+from edgesdk.runtime.gbnf import CHAR, MAX_REPETITION, GrammarError, merge_ranges, parse_grammar, whole_number
 from edgesdk.runtime.grammar import GrammarMatcher
 
 LAST_CODE_POINT = 0x10FFFF
@@ -55,7 +56,13 @@ _YEAR = r"(\d{3}[1-9]|\d\d[1-9]0|\d[1-9]00|[1-9]000)"
 _LEAP_YEAR = r"(\d\d(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
 _DATE = (rf"({_YEAR}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])|{_YEAR}-(0[13-9]|1[0-2])-(29|30)"
          rf"|{_YEAR}-(0[13578]|1[02])-31|{_LEAP_YEAR}-02-29)")
-_TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+# RFC 3339 section 5.7 and appendix D: a leap second (:60) comes only at the end of a UTC day, 23:59:60 UTC; the
+# JSON Schema Test Suite (optional/format/time.json) takes "23:59:60Z" and refuses "22:59:60Z" and "23:58:60Z". It is
+# written here in UTC only (Z, +00:00, -00:00), where the time as written is the UTC one (a time at another offset
+# is a leap second only at the local time that offset makes of 23:59 UTC, 2,880 of them).
+_FRACTION = r"(\.\d{1,9})?"
+_TIME = (rf"(([01]\d|2[0-3]):[0-5]\d:[0-5]\d{_FRACTION}([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+         rf"|23:59:60{_FRACTION}([Zz]|[+-]00:00))")
 # RFC 2673 / RFC 3986 section 3.2.2 dotted-quad: each octet 0-255, no leading zero (which Python's ipaddress,
 # and so pydantic, refuses).
 _OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
@@ -202,9 +209,14 @@ class _Reader:
                 if end < 0:
                     raise self.fail("a named group's name is not closed", "end the name with >")
                 self.pos = end + 1
-            elif self.peek("?"):
+            elif self.peek("?=") or self.peek("?!") or self.peek("?<=") or self.peek("?<!"):
                 raise self.fail("lookarounds ((?=, (?!, (?<=, (?<!) are not supported",
                                 "write the pattern without them")
+            elif self.peek("?"):  # Python's inline flags (?i) and named groups (?P<name>...), which pydantic passes on
+                raise self.fail(f"the group {self.src[self.pos - 1:self.pos + 3]!r}... is not ECMA-262 syntax (its groups "
+                                "are (...), (?:...) and (?<name>...); inline flags such as (?i) and Python's "
+                                "(?P<name>...) are not)", "write the group as (?:...) or (?<name>...), and a letter "
+                                "in either case as a class such as [Aa]")
             inner = self.alternatives()
             if not self.peek(")"):
                 raise self.fail("a group is not closed", "end it with )")
@@ -297,14 +309,21 @@ class _Reader:
                 low, high = int(low_text), (int(high_text) if high_text else None) if comma else int(low_text)
                 if high is not None and high < low:
                     raise self.fail(f"{{{low},{high}}} runs backwards", "write the smaller count first")
+                if max(low, high or 0) > MAX_REPETITION:  # the grammar's limit (llama.cpp's parser has one too)
+                    raise self.fail(f"the count {max(low, high or 0)} in {self.src[self.pos:end + 1]} is past the "
+                                    f"{MAX_REPETITION} repetitions followed here",
+                                    "write * or + for a long run and bound the string's length with minLength / "
+                                    "maxLength")
                 self.pos = end + 1
                 item = ("repeat", item, low, high)
             else:
                 return item
             if self.peek("?"):  # a lazy quantifier matches the same strings
                 self.pos += 1
-            if self.peek() and self.src[self.pos] in "*+":
-                raise self.fail("a quantifier follows a quantifier", "group the repeated part: (x+)*")
+            # ECMA-262 (22.2.1, Term :: Atom Quantifier) takes one quantifier, and its lazy "?", per atom: "a{2}{3}"
+            # and "a???" are SyntaxErrors ("Nothing to repeat"), as they are for Python's re ("multiple repeat")
+            if self.peek() and (self.src[self.pos] in "*+?" or self.peek("{") and self._bounds_ahead(self.pos)):
+                raise self.fail("a quantifier follows a quantifier", "group the repeated part: (x+)*, (x{2}){3}")
         return item
 
 
@@ -358,11 +377,26 @@ def pattern_grammar(pattern: str) -> str:
 
 @lru_cache(maxsize=64)
 def string_matcher(pattern: str) -> GrammarMatcher:
-    """A matcher over a string's characters for ``pattern`` (one per pattern: its steps are cached)."""
-    return GrammarMatcher(parse_grammar(pattern_grammar(pattern)))
+    """A matcher over a string's characters for ``pattern`` (one per pattern: its steps are cached). A
+    pattern whose grammar passes the grammar's limits (groups nested past its depth, repetitions of repetitions
+    that write out too many symbols; llama.cpp's grammar parser refuses such grammars too, llama-grammar.cpp's
+    MAX_REPETITION_THRESHOLD) is refused as a :class:`PatternError` that names the pattern, not the grammar
+    written for it."""
+    grammar = pattern_grammar(pattern)
+    try:
+        return GrammarMatcher(parse_grammar(grammar))
+    except GrammarError as exc:
+        problem = exc.problem.split(": ", 1)[-1]  # "grammar line 1, column N: ..." is the GBNF written here
+        raise PatternError(f"pattern {pattern!r} is too large to follow: its grammar {problem}",
+                           "simplify it: fewer nested groups, smaller counts {m,n}, or * / + with minLength / "
+                           "maxLength") from exc
 
 
 UNREACHABLE = float("inf")
+# The most characters a pattern's minLength may ask for: PatternLengths.least walks one layer of states a character
+# (a minLength of 10**9 walked 10**9 layers and kept an entry for each, stalling the request until memory ran out).
+# The same limit as a count {m,n} in a pattern; llama.cpp's grammar refuses any minLength past 2,000.
+MAX_MIN_LENGTH = MAX_REPETITION
 
 
 class PatternLengths:

@@ -26,7 +26,8 @@ pointer into the schema (``#/$defs/NAME``, ``#/definitions/NAME``, ``#/propertie
 schema, nested ``$defs``; RFC 6901's ``~0`` / ``~1`` and percent-encoding, see :func:`ref_tokens`; recursion
 included; a remote ref is refused), ``true`` / ``{}`` for any value, a string's ``minLength`` /
 ``maxLength`` (in characters: code points, an escape one, a
-``\\u`` surrogate pair one), ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` on an
+``\\u`` surrogate pair one; beside a pattern or format, a minLength of at most 10,000, json_pattern.MAX_MIN_LENGTH),
+``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` on an
 integer (no ``-0``, no leading zero) and on a number (and OpenAPI's number ``format``: ``int32`` and ``int64``
 bound the value, ``float`` and ``double`` nothing), a string's ``pattern`` and ``format`` (``date``,
 ``time``, ``date-time``, ``uuid``, each followed as a grammar over its characters,
@@ -76,6 +77,7 @@ from edgesdk.runtime.json_mode import _NUMBER_NEXT, AFTER_VALUE, NUMBER, STRING,
 from edgesdk.runtime.json_pattern import (
     FORMAT_MAX_LENGTH,
     FORMATS,
+    MAX_MIN_LENGTH,
     PatternError,
     PatternLengths,
     pattern_lengths,
@@ -86,6 +88,8 @@ from edgesdk.runtime.vocab_trie import tokens_accepted
 MAX_INDENT = 20  # spaces or tabs after a newline between tokens (llama.cpp's json-schema-to-grammar spacing)
 ONE_SPACE = -1  # spacing state after a single space: nothing more may follow
 MAX_WAYS = 64  # live parses kept at once (a schema of nested anyOf could otherwise multiply them)
+# ... and at least this many per option of the schema's widest anyOf / oneOf / type list (see _widest_choice)
+WAYS_PER_OPTION = 4
 MAX_OPTIONS = 16  # options an allOf over anyOf spreads into (each an object is a live parse after its "{")
 # OpenAPI's formats for bytes and secrets, and pydantic's for a Path: any string has them
 ANY_STRING_FORMATS = ("binary", "password", "path")
@@ -656,9 +660,14 @@ class _Compiler:
                               getattr(exc, "fix", None) or "simplify it") from exc
         lengths = None
         if content is not None and (low > 0 or high is not None):
+            where = f"format {schema['format']!r}" if "format" in schema else f"pattern {pattern!r}"
+            if low > MAX_MIN_LENGTH:
+                raise SchemaError(f"{path}: minLength {low} beside its {where} is past the {MAX_MIN_LENGTH:,} characters "
+                                  "followed there (llama.cpp's grammar refuses any minLength past 2,000)",
+                                  f"lower minLength to at most {MAX_MIN_LENGTH:,}, or drop the "
+                                  f"{'format' if 'format' in schema else 'pattern'} and check it yourself")
             lengths = pattern_lengths(pattern, low, high)
             if not lengths.fits(content.start(), 0):
-                where = f"format {schema['format']!r}" if "format" in schema else f"pattern {pattern!r}"
                 raise SchemaError(f"{path}: no string of its {where} has a length within minLength {low} and "
                                   f"maxLength {high}", "fix the bounds or the pattern")
         return SchemaNode("string", min_length=low, max_length=high, content=content, lengths=lengths)
@@ -846,7 +855,7 @@ def _instance_key(value):
     if isinstance(value, bool) or value is None:
         return ("literal", value)
     if isinstance(value, (int, float)):
-        return ("number", Fraction(value)) if math.isfinite(value) else ("number", repr(value))
+        return ("number", Fraction(value)) if _finite(value) else ("number", repr(value))
     if isinstance(value, list):
         return ("array", tuple(_instance_key(each) for each in value))
     if isinstance(value, dict):
@@ -876,9 +885,16 @@ def _common_literals(way: list, path: str, count: int) -> list | None:
     return common
 
 
+def _finite(value: int | float) -> bool:
+    """A JSON number that is no NaN or infinity. A JSON integer is read by Python as an int of any size
+    (RFC 8259 section 6 sets numbers no range; ``"minimum": 1e400`` written as its 401 digits is one), which
+    ``math.isfinite`` cannot convert to a float: it raised OverflowError rather than take it."""
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 def _bound(schema: dict, name: str, path: str) -> int | float:
     value = schema[name]
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not _finite(value):
         raise SchemaError(f"{path}.{name} must be a finite number, got {json.dumps(value, default=repr)[:60]}",
                           "fix the schema")
     return value
@@ -905,7 +921,7 @@ def _multiple(schema: dict, path: str, kind: str) -> int | None:
     if "multipleOf" not in schema:
         return None
     value = schema["multipleOf"]
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not _finite(value) or value <= 0:
         raise SchemaError(f"{path}.multipleOf must be a number greater than 0, got "
                           f"{json.dumps(value, default=repr)[:60]}", "fix the schema")
     decimal = Decimal(value) if isinstance(value, int) else Decimal(repr(value))
@@ -1499,6 +1515,28 @@ def _scanned_whole(state: JsonState) -> bool:
     return state.mode == AFTER_VALUE and state.stack == _INSIDE_ARRAY
 
 
+def _widest_choice(parser: _Parser, compiled: CompiledSchema) -> int:
+    """The most options one choice (anyOf / oneOf / type list) of the schema spreads into, its nested choices
+    and $refs followed and its literals one option (``_Parser._choice_options``). Each is a live parse while
+    the bytes written so far fit several of them: a union of objects keeps one per object after its ``{``
+    until a key or a const tells them apart. The cap on live parses is kept above it (``WAYS_PER_OPTION`` per
+    option), for past the cap the last options were dropped without a word: of tool calls to 70 tools
+    (``edgesdk/serve/tools.py``, an anyOf of one object a tool), the last 6 could never be called, where
+    llama.cpp's grammar keeps every alternative."""
+    widest, seen, stack = 0, set(), [compiled.root, *compiled.definitions.values()]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node.kind == "choice":
+            widest = max(widest, len(parser._choice_options(node)))
+            stack.extend(node.options)
+        stack.extend(value for _, value, _ in node.properties)
+        stack.extend((node.additional, node.items, *node.prefix))
+    return widest
+
+
 class SchemaConstraint:
     """One answer's parser over the bytes of the tokens taken so far (a ``TokenConstraint``).
 
@@ -1513,6 +1551,7 @@ class SchemaConstraint:
     def __init__(self, token_bytes: list[bytes | None], compiled: CompiledSchema):
         self.token_bytes = token_bytes
         self.parser = _Parser(compiled)
+        self.max_ways = max(MAX_WAYS, WAYS_PER_OPTION * _widest_choice(self.parser, compiled))
         self.ways: list[tuple[tuple, int]] = [((("value", compiled.root),), 0)]  # (frames, spacing state)
         self._asked = 0
         self._allowed: set[int] | None = None
@@ -1529,7 +1568,7 @@ class SchemaConstraint:
                         continue
                 for way in self.parser.step(frames, byte):
                     following.setdefault(way, spacing if structural else 0)
-            ways = list(following.items())[:MAX_WAYS]
+            ways = list(following.items())[:self.max_ways]
             if not ways:
                 return []
         return ways

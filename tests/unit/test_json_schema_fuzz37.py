@@ -57,8 +57,9 @@ def _format_ok(fmt: str, text: str) -> bool:
         return re.fullmatch(r"\d{4}-\d\d-\d\d", text, re.ASCII) is not None and _parses(datetime.date.fromisoformat,
                                                                                           text)
     if fmt == "time":
-        return re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)",
-                            text, re.ASCII) is not None
+        # a leap second only at 23:59:60 UTC (RFC 3339 section 5.7, the JSON Schema Test Suite's time.json)
+        return re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+                            r"|23:59:60(\.\d+)?([Zz]|[+-]00:00)", text, re.ASCII) is not None
     if fmt == "uuid":
         return re.fullmatch(r"[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}", text) is not None
     if fmt == "ipv4":
@@ -180,6 +181,15 @@ def _date(rng) -> str:
     return (datetime.date(2000, 1, 1) + datetime.timedelta(days=rng.randint(-700000, 20000))).isoformat()
 
 
+def _time(rng) -> str:
+    """An RFC 3339 full-time; now and then a leap second, which comes at the end of a UTC day only (section 5.7)."""
+    fraction = rng.choice(["", ".5", ".123456789"])
+    if rng.random() < 0.1:
+        return "23:59:60" + fraction + rng.choice(["Z", "z", "+00:00", "-00:00"])
+    return f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}" + fraction \
+        + rng.choice(["Z", "z", "+05:30", "-23:59"])
+
+
 def _label(rng) -> str:
     return rng.choice("ab7") + "".join(rng.choice("xy-9") for _ in range(rng.randint(0, 4))) + rng.choice("cZ0") \
         if rng.random() < 0.7 else rng.choice("q4")
@@ -187,8 +197,7 @@ def _label(rng) -> str:
 
 FORMAT_TEXTS = {
     "date": _date,
-    "time": lambda rng: f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 60):02d}"
-                        + rng.choice(["", ".5", ".123456789"]) + rng.choice(["Z", "z", "+05:30", "-23:59"]),
+    "time": lambda rng: _time(rng),
     "uuid": lambda rng: str(__import__("uuid").UUID(int=rng.getrandbits(128))),
     "ipv4": lambda rng: ".".join(str(rng.randint(0, 255)) for _ in range(4)),
     "ipv6": lambda rng: str(ipaddress.IPv6Address(rng.getrandbits(128) >> rng.choice([0, 64, 100]))),
