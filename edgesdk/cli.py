@@ -58,7 +58,7 @@ HUGE_PAGE_COMMANDS = ("run", "eval", "serve", "bench", "embed")  # they stream a
 
 
 def entry():
-    """The console script. ``run``, ``eval``, ``serve`` and ``bench`` first re-execute themselves with
+    """The console script. ``run``, ``eval``, ``serve``, ``bench`` and ``embed`` first re-execute themselves with
     glibc's huge-page tunable set, where the kernel and C library support it (edgesdk/runtime/huge_pages.py)."""
     if len(sys.argv) > 1 and sys.argv[1] in HUGE_PAGE_COMMANDS:
         from edgesdk.runtime.huge_pages import reexec_with_huge_pages
@@ -212,7 +212,8 @@ def _embeddings_summary(manifest: dict) -> str:
 def pack(bundle, archive):
     """Verify BUNDLE and write it to a .tar ARCHIVE for transport (a directory: ARCHIVE/<bundle name>.tar).
 
-    An ARCHIVE named .tar.gz / .tgz, .tar.bz2 or .tar.xz is compressed as its name says."""
+    An ARCHIVE named .tar.gz / .tgz / .gz, .tar.bz2 / .tbz2 / .bz2 or .tar.xz / .txz / .xz is compressed as its
+    name says."""
     from edgesdk.bundle import pack_bundle
 
     click.echo(str(pack_bundle(bundle, archive)))

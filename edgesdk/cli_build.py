@@ -95,8 +95,10 @@ def export(bundle, output, no_verify):
 
     The weights are the bundle's own, re-encoded without rounding again: INT4 blocks become Q4_0,
     INT8 blocks Q8_0, float weights F32. Needs the host extra (the gguf package) and an ort-fused
-    bundle of a llama / mistral / qwen2 / qwen3 model; layers pruned to different widths are written as
-    llama.cpp's deci architecture (not for qwen3, whose query / key norms deci lacks)."""
+    bundle of a llama / mistral / smollm3 / qwen2 / qwen3 / gemma3 model (Phi-3 and Granite bundles are
+    llama); layers pruned to different widths are written as llama.cpp's deci architecture (llama,
+    mistral and qwen2 only: deci lacks qwen3's and gemma3's query / key norms and smollm3's layers
+    without rotary)."""
     try:
         import gguf  # noqa: F401
         import onnx  # noqa: F401

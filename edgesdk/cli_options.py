@@ -50,11 +50,12 @@ def sampler_chain_options(fn):
             "--samplers", metavar="NAMES",
             help="The sampler chain in order, names separated by ';' as llama.cpp's --samplers [default: "
                  "penalties;top_k;top_p;min_p;temperature]; one left out does not run (without temperature the draw "
-                 "is at 1). dry, typ_p, top_n_sigma and xtc pass everything through."),
+                 "is at 1). infill is llama.cpp's infill sampler; dry, typ_p, top_n_sigma and xtc pass everything "
+                 "through."),
         click.option(
             "--sampling-seq", "--sampler-seq", "sampling_seq", metavar="LETTERS",
             help="--samplers as llama.cpp's letters, e.g. 'kpmt' (e penalties, k top-k, p top-p, m min-p, t "
-                 "temperature; d, y, s, x pass through)."),
+                 "temperature, i infill; d, y, s, x pass through)."),
     ])
 
 
