@@ -603,12 +603,23 @@ UNSUPPORTED_SUFFIXES = {".zst": "zstd", ".tzst": "zstd", ".zstd": "zstd", ".lz4"
 
 # Leading bytes of the compressed formats 'edgesdk unpack' cannot read, and the command that decompresses each
 # (zstd RFC 8878 §3.1.1, lz4 frame and legacy formats, lzip, compress, lzop, zip APPNOTE §4.3.7, 7z).
-UNREADABLE_MAGIC = ((b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"), (b"\x04\x22\x4d\x18", "lz4", "lz4 -d"),
-                    (b"\x02\x21\x4c\x18", "lz4", "lz4 -d"), (b"LZIP", "lzip", "lzip -d"),
-                    (b"\x1f\x9d", "compress (.Z)", "gzip -d"), (b"\x89LZO", "lzop", "lzop -d"),
+# A stream decompressor's command ends in "-dc": it writes to stdout, so it needs no suffix it knows on the file's name
+# (``zstd -d mystery`` refuses "unknown suffix"); the archive formats extract as they are.
+UNREADABLE_MAGIC = ((b"\x28\xb5\x2f\xfd", "zstd", "zstd -dc"), (b"\x04\x22\x4d\x18", "lz4", "lz4 -dc"),
+                    (b"\x02\x21\x4c\x18", "lz4", "lz4 -dc"), (b"LZIP", "lzip", "lzip -dc"),
+                    (b"\x1f\x9d", "compress (.Z)", "gzip -dc"), (b"\x89LZO", "lzop", "lzop -dc"),
                     (b"PK\x03\x04", "zip", "unzip"), (b"7z\xbc\xaf\x27\x1c", "7-Zip", "7z x"))
 
 SUPPORTED_ARCHIVES = ".tar, .tar.gz / .tgz, .tar.bz2 / .tbz2, .tar.xz / .txz"
+
+
+def _decompressed_name(archive: Path) -> Path:
+    """Where the decompressed tar of ``archive`` goes: its name less a compressor's suffix, ending in ``.tar``
+    (``b.tar.zst`` -> ``b.tar``, ``b.tzst`` -> ``b.tar``, ``mystery`` -> ``mystery.tar``)."""
+    name = archive.name
+    suffix = next((suffix for suffix in UNSUPPORTED_SUFFIXES if name.lower().endswith(suffix)), "")
+    name = name[:len(name) - len(suffix)]
+    return archive.with_name(name if name.lower().endswith(".tar") else f"{name or 'bundle'}.tar")
 
 
 def pack_bundle(path: Path, archive: Path) -> Path:
@@ -714,9 +725,12 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
         known = next(((kind, command) for magic, kind, command in UNREADABLE_MAGIC if head.startswith(magic)), None)
         if known is not None:
             kind, command = known
+            decompress = f"{command} {archive}"
+            if command.endswith("-dc"):  # to stdout: the .tar's name is given, whatever the archive's suffix
+                decompress += f" > {_decompressed_name(Path(archive))}"
             raise BundleError(f"{archive} is {kind}-compressed, which edgesdk cannot read (this Python's tarfile "
                               f"has no {kind}); it reads {SUPPORTED_ARCHIVES}",
-                              f"decompress it first ({command} {archive}) and unpack the .tar, or re-create it "
+                              f"decompress it first ({decompress}) and unpack the .tar, or re-create it "
                               "with 'edgesdk pack BUNDLE NAME.tar.xz'") from exc
         raise BundleError(f"{archive} is not a readable tar archive ({exc})", "re-create it with 'edgesdk pack'") \
             from exc

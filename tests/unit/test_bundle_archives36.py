@@ -63,8 +63,23 @@ def test_unpack_of_a_zstd_archive_names_zstd_and_the_way_out(tiny_bundle, tmp_pa
         assert restored == plain.read_bytes()
     with pytest.raises(BundleError, match=r"b\.tar\.zst is zstd-compressed, which edgesdk cannot read") as info:
         unpack_bundle(archive, tmp_path / "dest")
-    assert f"zstd -d {archive}" in info.value.fix
+    assert f"zstd -dc {archive} > {tmp_path / 'b.tar'}" in info.value.fix
     assert not (tmp_path / "dest").exists()
+
+
+def test_the_way_out_of_a_zstd_archive_without_its_suffix_is_a_command_that_works(tiny_bundle, tmp_path):
+    """``zstd -d mystery`` refuses a name without a suffix it knows ("unknown suffix"): the command given writes to
+    stdout, into a .tar that 'edgesdk unpack' then reads."""
+    plain = pack_bundle(tiny_bundle.path, tmp_path / "b.tar")
+    archive = tmp_path / "mystery"
+    archive.write_bytes(zstd_frame(plain.read_bytes()))
+    with pytest.raises(BundleError) as info:
+        unpack_bundle(archive, tmp_path / "dest")
+    command = f"zstd -dc {archive} > {tmp_path / 'mystery.tar'}"
+    assert command in info.value.fix
+    if shutil.which("zstd"):
+        subprocess.run(command, shell=True, check=True, capture_output=True)
+        assert (tmp_path / "mystery.tar").read_bytes() == plain.read_bytes()
 
 
 @pytest.mark.skipif(shutil.which("lz4") is None, reason="needs the lz4 tool to write an lz4 frame")
@@ -74,7 +89,7 @@ def test_unpack_of_an_lz4_archive_names_lz4(tiny_bundle, tmp_path):
     subprocess.run(["lz4", "-q", str(plain), str(archive)], check=True)
     with pytest.raises(BundleError, match=r"b\.tar\.lz4 is lz4-compressed") as info:
         unpack_bundle(archive, tmp_path / "dest")
-    assert "lz4 -d" in info.value.fix
+    assert f"lz4 -dc {archive} > {tmp_path / 'b.tar'}" in info.value.fix
 
 
 def test_unpack_of_a_file_of_no_known_format_keeps_its_message(tmp_path):
