@@ -26,3 +26,9 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     raise AttributeError(f"module 'edgesdk' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names with :mod:`edgesdk.api`'s lazy ones, so ``dir(edgesdk)`` and a REPL's tab completion
+    (``edgesdk.lo<Tab>``) offer ``load`` before it is first used (PEP 562)."""
+    return sorted(set(globals()) | set(_API))

@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 from edgesdk.api_checks import (
     ReadFields,
+    build_arguments,
     check_embed_flags,
     check_embedding_model,
     check_load_arguments,
@@ -48,6 +49,7 @@ from edgesdk.api_checks import (
     detokenize_ids,
     embedding_input,
     embedding_norm,
+    json_arrays,
     logit_bias_keys,
     numpy_int,
     refuse_unread,
@@ -107,7 +109,7 @@ class Model:
                  **settings):
         from edgesdk.runtime import cache_file
         from edgesdk.runtime.session import open_runtime
-        from edgesdk.serve.completion import Completer, ServeDefaults
+        from edgesdk.serve.completion import ServeDefaults
         from edgesdk.serve.openai_answer import served_model_name
 
         check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings)
@@ -116,22 +118,19 @@ class Model:
         except (TypeError, ValueError) as exc:
             raise EdgeSDKError(f"load(): {exc}", "pass a value the message allows, or leave the setting out for "
                                "edgesdk serve's default (the model's own where its bundle records one)") from exc
+        # the draft's arguments are checked before anything opens, as the others are
+        draft_config = None if draft is None else _draft_config(draft, draft_max, draft_p_min, settings)
         try:
             self.runtime = open_runtime(Path(path), backend=backend, threads=threads, expected_target=target,
                                         ignore_target=ignore_target)
         except EdgeSDKError as exc:  # its fix names run's options: the same choices are load()'s arguments here
             raise _in_python_terms(exc) from exc
-        self.notes: list[str] = list(self.runtime.notes)  # why each backend was or was not used, the thermal guard
-        defaults = _with_model_defaults(defaults, settings, self.runtime.bundle.manifest, self.notes)
-        self._thermal = _open_guard(self.runtime, self.notes) if watch_thermal else None
-        # The guard's sensors, poller thread and clock cap go back with close(), or when a model nobody closed is
-        # collected or the interpreter exits
-        self._release_guard = weakref.finalize(self, self._thermal.close) if self._thermal else None
-        drafter = None if draft is None else self._open_draft(draft, draft_max, draft_p_min, settings, threads, target,
-                                                              ignore_target)
-        self._completer = Completer(self.runtime, defaults, hook=self._thermal.hook if self._thermal else None,
-                                    draft=drafter)
-        self.notes += _unused_settings(settings, self.runtime.backend.name, self._completer)
+        self._thermal = self._release_guard = self._completer = None
+        try:
+            self._open(settings, defaults, watch_thermal, draft, draft_config, threads, target, ignore_target)
+        except BaseException:  # a draft bundle that cannot serve ...: what was opened goes back now, not when the
+            self._give_back()  # traceback (kept at a REPL) lets this half-made model go
+            raise
         if draft is None:  # as edgesdk serve's --draft-max and --draft-p-min without --draft (cli_options.draft_model)
             self.notes += [f"{name}: not used: it works with draft=BUNDLE" for name, value in
                            (("draft_max", draft_max), ("draft_p_min", draft_p_min)) if value is not None]
@@ -140,6 +139,35 @@ class Model:
         # backend's KV cache (edgesdk/runtime/cache_file.py)
         self._cache_file_fits = self._completer.prompt_cache is not None and cache_file.supported(self.runtime.backend)
         self._closed = False
+
+    def _open(self, settings: dict, defaults, watch_thermal: bool, draft, draft_config, threads, target,
+              ignore_target: bool) -> None:
+        """What :func:`load` opens once the bundle's runtime is open: the thermal guard, the draft bundle and the
+        engine answering requests, with the notes on each."""
+        from edgesdk.serve.completion import Completer
+
+        self.notes: list[str] = list(self.runtime.notes)  # why each backend was or was not used, the thermal guard
+        defaults = _with_model_defaults(defaults, settings, self.runtime.bundle.manifest, self.notes)
+        self._thermal = _open_guard(self.runtime, self.notes) if watch_thermal else None
+        # The guard's sensors, poller thread and clock cap go back with close(), or when a model nobody closed is
+        # collected or the interpreter exits
+        self._release_guard = weakref.finalize(self, self._thermal.close) if self._thermal else None
+        drafter = None if draft is None else self._open_draft(draft, draft_config, threads, target, ignore_target)
+        self._completer = Completer(self.runtime, defaults, hook=self._thermal.hook if self._thermal else None,
+                                    draft=drafter)
+        self.notes += _unused_settings(settings, self.runtime.backend.name, self._completer)
+
+    def _give_back(self) -> None:
+        """Give back what a :func:`load` that failed halfway had opened: the engine (the backend's buffers with it)
+        or the backend alone, and the thermal guard."""
+        try:
+            if self._completer is not None:
+                self._completer.close()
+            elif callable(getattr(self.runtime.backend, "close", None)):
+                self.runtime.backend.close()
+        finally:
+            if self._release_guard is not None:
+                self._release_guard()
 
     @property
     def manifest(self) -> dict:
@@ -413,7 +441,11 @@ class Model:
         if self._closed:
             return
         self._closed = True
-        self._completer.close()  # the answers in flight and waiting end: their turns pass before this one
+        try:
+            self._completer.close()  # the answers in flight and waiting end: their turns pass before this one
+        except BaseException:  # a Ctrl-C while it waited for them: the guard is still held, and close() may be
+            self._closed = False  # called again to give it back (new calls get the 503 of a model stopping)
+            raise
         if self._release_guard is not None:
             self._release_guard()
 
@@ -428,23 +460,11 @@ class Model:
 
     # ---------------------------------------------------------------------------------------------------------
 
-    def _open_draft(self, draft, draft_max, draft_p_min, settings: dict, threads, target, ignore_target):
+    def _open_draft(self, draft, config, threads, target, ignore_target):
         """The draft model of ``load(draft=...)``, or None with a note where this backend cannot check drafts."""
         from edgesdk.runtime.generate import can_draft
-        from edgesdk.runtime.speculative import DraftConfig, open_draft_model
+        from edgesdk.runtime.speculative import open_draft_model
 
-        if not isinstance(draft, (str, os.PathLike)):
-            raise EdgeSDKError(f"load(): draft={shown(draft)}: expected a draft bundle's directory (a str or a "
-                               "pathlib.Path)", "pass the folder of a bundle built from a smaller model of this "
-                               "bundle's family, or leave draft out")
-        if settings.get("lookup"):
-            raise EdgeSDKError("load(): draft and lookup both draft tokens", "pass one of them")
-        try:
-            config = DraftConfig(**({} if draft_max is None else {"max_draft": draft_max}),
-                                 **({} if draft_p_min is None else {"p_min": draft_p_min}))
-        except ValueError as exc:
-            raise EdgeSDKError(f"load(): {str(exc).replace('max_draft', 'draft_max').replace('p_min', 'draft_p_min')}",
-                               "pass draft_max and draft_p_min in those ranges, or leave them out") from exc
         if not can_draft(self.runtime.backend):
             self.notes.append(f"draft: not used: the {self.runtime.backend.name} backend cannot check drafts; it "
                               "decodes token by token")
@@ -478,7 +498,7 @@ class Model:
         self._check_open(method)
         if not isinstance(stream, bool):
             raise RequestError(method, f"'stream' must be true or false, got {stream!r}", param="stream")
-        fields = ReadFields({**logit_bias_keys(method, body), "stream": stream})
+        fields = ReadFields({**logit_bias_keys(method, json_arrays(body)), "stream": stream})
         request = self._call(method, lambda: parse(fields))
         refuse_unread(method, fields)
         if stream:
@@ -618,10 +638,18 @@ def override_items(overrides: Mapping[str, object] | Iterable[str] | str) -> tup
     """``build_bundle``'s ``overrides`` as ``--set`` items: a mapping's values written as JSON, which the recipe
     reads as YAML, so None, tuples and strings keep their meaning (``str()`` gave 'None' and '(1, 2)')."""
     if isinstance(overrides, Mapping):
-        return tuple(f"{key}={json.dumps(value, default=str)}" for key, value in overrides.items())
-    if isinstance(overrides, str):
-        return (overrides,)
-    return tuple(overrides)
+        items = tuple(f"{key}={json.dumps(value, default=str)}" for key, value in overrides.items())
+    elif isinstance(overrides, str):
+        items = (overrides,)
+    else:
+        items = tuple(overrides) if isinstance(overrides, Iterable) and not isinstance(overrides, bytes) else None
+    if items is None or not all(isinstance(item, str) for item in items):
+        wrong = (f"is {shown(overrides)}" if items is None else
+                 f"holds {shown(next(item for item in items if not isinstance(item, str)))}")
+        raise EdgeSDKError(f"build_bundle(): overrides {wrong}; expected a mapping "
+                           "{'stage.field': value} or --set's 'stage.field=value' strings",
+                           "pass e.g. overrides={'prune.ffn_ratio': 0.5} or overrides=['prune.ffn_ratio=0.5']")
+    return items
 
 
 def build_bundle(target: str, model: str | None = None, *, out: str | Path | None = None, recipe: str | None = None,
@@ -648,11 +676,14 @@ def build_bundle(target: str, model: str | None = None, *, out: str | Path | Non
     from edgesdk.export.onnx_export import ExportConfig
     from edgesdk.models.sources import DEFAULT_MODEL
 
+    # one file given alone is that file, as --data FILE: a str iterated gave a "file" per character
+    target, model, recipe, files = build_arguments(
+        target, model, out, recipe, data,
+        {"max_context": max_context, "data_skip_chars": data_skip_chars, "generated_sequences": generated_sequences,
+         "weight_bits": weight_bits}, {"resume": resume, "keep_work": keep_work, "progress": progress})
     changes = override_items(overrides)
     adapters = _lora_adapters(lora)
-    # one file given alone is that file, as --data FILE: a str iterated gave a "file" per character
-    files = (data,) if isinstance(data, (str, os.PathLike)) else tuple(data)
-    data_config = DataConfig(files=tuple(os.fspath(file) for file in files), skip_chars=data_skip_chars,
+    data_config = DataConfig(files=files, skip_chars=data_skip_chars,
                              generated_sequences=generated_sequences)
     if data_skip_chars and not data_config.files:  # as edgesdk build warns of --data-skip-chars without --data
         import warnings
@@ -740,6 +771,25 @@ def _lora_adapters(lora) -> tuple:
             fix = (exc.fix or "").replace("with --model", "as model").replace("with --lora", "in lora")
             raise ModelSourceError(problem, fix) from exc
     return tuple(adapters)
+
+
+def _draft_config(draft, draft_max, draft_p_min, settings: dict):
+    """:func:`load`'s ``draft``, ``draft_max`` and ``draft_p_min`` as the draft's configuration
+    (:class:`~edgesdk.runtime.speculative.DraftConfig`), or refused naming the argument."""
+    from edgesdk.runtime.speculative import DraftConfig
+
+    if not isinstance(draft, (str, os.PathLike)):
+        raise EdgeSDKError(f"load(): draft={shown(draft)}: expected a draft bundle's directory (a str or a "
+                           "pathlib.Path)", "pass the folder of a bundle built from a smaller model of this "
+                           "bundle's family, or leave draft out")
+    if settings.get("lookup"):
+        raise EdgeSDKError("load(): draft and lookup both draft tokens", "pass one of them")
+    try:
+        return DraftConfig(**({} if draft_max is None else {"max_draft": draft_max}),
+                           **({} if draft_p_min is None else {"p_min": draft_p_min}))
+    except ValueError as exc:
+        raise EdgeSDKError(f"load(): {str(exc).replace('max_draft', 'draft_max').replace('p_min', 'draft_p_min')}",
+                           "pass draft_max and draft_p_min in those ranges, or leave them out") from exc
 
 
 # a fix's words for run's command-line options -> the load() arguments that make the same choice

@@ -17,7 +17,7 @@ import difflib
 import json
 import operator
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from edgesdk.errors import EdgeSDKError
 
@@ -39,6 +39,19 @@ OTHER_METHODS_FIELDS = {
                                           "or send it as messages=[{'role': 'user', 'content': prompt}]",
     ("create_completion", "messages"): "create_chat_completion's field: call create_chat_completion(messages)",
 }
+# load()'s own arguments, then its settings: a misspelt one is named with the closest
+LOAD_ARGUMENTS = ("path", "backend", "threads", "target", "ignore_target", "watch_thermal", "draft", "draft_max",
+                  "draft_p_min", *MODEL_SETTINGS)
+# llama-cpp-python's Llama(...) arguments -> what load() or the bundle does in their place
+LLAMA_ARGUMENTS = {
+    "n_threads": "pass threads=N", "n_threads_batch": "pass threads=N (one count for prefill and decode)",
+    "pooling_type": "pass pooling='last', 'mean', 'cls' or 'none'", "draft_model": "pass draft=DRAFT_BUNDLE",
+    "n_ctx": "the bundle's context is fixed when it is built (build_bundle(max_context=N)); model.max_context says it",
+    "lora_path": "a bundle carries its adapters merged: build_bundle(lora=PATH)",
+    "lora_scale": "a bundle carries its adapters merged: build_bundle(lora=(PATH, SCALE))",
+    "seed": "pass seed=N to create_completion / create_chat_completion",
+    "verbose": "load() prints nothing; model.notes says which backend and thermal guard it uses",
+}
 SHOWN_CHARS = 60  # the longest repr an error message shows, as the HTTP API's messages cut theirs
 _KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False", str: "a string",
                list: "a string of sampler letters or a list of sampler names"}
@@ -53,9 +66,14 @@ def check_load_arguments(path, backend, threads, target, ignore_target, watch_th
 
     unknown = sorted(set(settings) - set(MODEL_SETTINGS))
     if unknown:
-        raise EdgeSDKError(f"load() got the setting(s) {', '.join(map(repr, unknown))}, which it does not take",
-                           f"pass only {', '.join(MODEL_SETTINGS)} (a request's own fields go to "
-                           "create_completion / create_chat_completion)")
+        hints = [f"{name}: {LLAMA_ARGUMENTS[name]}" if name in LLAMA_ARGUMENTS else f"{name}: did you mean {close[0]}?"
+                 for name in unknown
+                 if name in LLAMA_ARGUMENTS or (close := difflib.get_close_matches(name, LOAD_ARGUMENTS, n=1))]
+        raise EdgeSDKError(f"load() got the setting(s) {', '.join(map(repr, unknown))}, which it does not take"
+                           + "".join(f"; {hint}" for hint in hints),
+                           f"pass only load()'s arguments ({', '.join(LOAD_ARGUMENTS[:9])}) and the settings "
+                           f"{', '.join(MODEL_SETTINGS)} (a request's own fields go to create_completion / "
+                           "create_chat_completion)")
 
     def refuse(name: str, value: object, expected: str, fix: str) -> None:
         raise EdgeSDKError(f"load(): {name}={shown(value)}: expected {expected}", fix)
@@ -87,6 +105,52 @@ def check_load_arguments(path, backend, threads, target, ignore_target, watch_th
         if not _of_kind(value, kind) or (name == "max_tokens" and value < 1):
             expected = _KIND_WORDS[kind] + (" of at least 1" if name == "max_tokens" else "")
             refuse(name, value, expected, f"pass {name} as {expected}, or leave it out for edgesdk serve's default")
+
+
+def build_arguments(target: object, model: object, out: object, recipe: object, data: object, numbers: dict,
+                    flags: dict) -> tuple[str, str | None, str | None, tuple[str, ...]]:
+    """:func:`edgesdk.build_bundle`'s ``target``, ``model`` and ``recipe`` as the str the build reads (each may be a
+    ``pathlib.Path``: a profile's or a recipe's YAML file, a model's directory or GGUF file) and ``data`` as its
+    files, once every argument is of its kind: ``out`` a path, ``numbers`` whole numbers (``weight_bits`` or None),
+    ``flags`` True or False; refused (:class:`~edgesdk.errors.EdgeSDKError`) naming the argument before any work."""
+
+    def refuse(name: str, value: object, expected: str, fix: str) -> None:
+        raise EdgeSDKError(f"build_bundle(): {name}={shown(value)}: expected {expected}", fix)
+
+    def a_path(value: object) -> bool:  # "" too is refused: the build read it as left out (the default model)
+        return isinstance(value, (str, os.PathLike)) and isinstance(os.fspath(value), str) and os.fspath(value) != ""
+
+    if not a_path(target):
+        refuse("target", target, "a board's name or a profile's YAML file (a str or a pathlib.Path)",
+               "pass the board's name as 'edgesdk targets' lists it, e.g. build_bundle('rpi5')")
+    for name, value, expected, fix in (
+            ("model", model, "an alias, a Hugging Face directory or a GGUF file (a str or a pathlib.Path)",
+             "pass e.g. model='smollm2-135m' or model=pathlib.Path('my-model'), or leave it out for the default"),
+            ("out", out, "the bundle's directory (a str or a pathlib.Path)",
+             "pass the folder to write, or leave out for bundles/<model>-<target>"),
+            ("recipe", recipe, "a shipped recipe's name or a recipe's YAML file (a str or a pathlib.Path)",
+             "pass e.g. recipe='default', or leave it out for the target's default recipe")):
+        if value is not None and not a_path(value):
+            refuse(name, value, expected, fix)
+    single = isinstance(data, (str, os.PathLike))  # one file given alone, as --data FILE
+    files = (data,) if single else data
+    if isinstance(data, (bytes, bytearray, Mapping)) or not isinstance(files, Iterable):
+        refuse("data", data, "a text file's path, or a list of them (each a str or a pathlib.Path)",
+               "pass data='train.txt' or data=['a.txt', pathlib.Path('b.txt')]")
+    files = tuple(files)
+    for index, file in enumerate(files):
+        if not a_path(file):
+            refuse("data" if single else f"data[{index}]", file, "a text file's path (a str or a pathlib.Path)",
+                   "pass data='train.txt' or data=['a.txt', pathlib.Path('b.txt')]")
+    for name, value in numbers.items():
+        if not (value is None and name == "weight_bits") and (isinstance(value, bool) or not isinstance(value, int)):
+            refuse(name, value, "a whole number" + (" or None" if name == "weight_bits" else ""),
+                   f"pass {name} as an int" + (", or leave it out" if name == "weight_bits" else ""))
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            refuse(name, flag, "True or False", f"pass {name}=True or {name}=False")
+    return (os.fspath(target), None if model is None else os.fspath(model),
+            None if recipe is None else os.fspath(recipe), tuple(os.fspath(file) for file in files))
 
 
 def check_tokenize_arguments(text: object, add_special: object, parse_special: object) -> None:
@@ -255,6 +319,17 @@ def token_ids(value: object) -> object:
     if isinstance(value, list):
         return [operator.index(item) if hasattr(type(item), "__index__") and not isinstance(item, bool) else item
                 for item in value]
+    return value
+
+
+def json_arrays(value: object) -> object:
+    """``value`` with every tuple in it (in dict values and lists, at any depth) a list, as the HTTP body's JSON
+    carries it (``json.dumps`` writes a tuple as an array): ``stop=("Q:",)``, ``tools=(tool,)``, a message's
+    content parts or a schema's ``enum`` given as a tuple are read as over HTTP, not refused as "not an array"."""
+    if isinstance(value, (list, tuple)):
+        return [json_arrays(item) for item in value]
+    if isinstance(value, dict):
+        return {key: json_arrays(item) for key, item in value.items()}
     return value
 
 
