@@ -311,8 +311,11 @@ def _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating) ->
 def _served_models(paths: list[Path], aliases: tuple[str, ...]) -> list[tuple[str, Path]]:
     """Each bundle's served name (``<model>-<target>``, or an ``--alias NAME=BUNDLE``) and path, from its manifest
     (checked; the files are verified when it is loaded, the first at start): two bundles under one name are
-    refused."""
+    refused, also under two names a request cannot tell apart (:func:`~edgesdk.serve.model_pool.ollama_key`: ones
+    that differ in case alone, or ``NAME`` and ``NAME:latest``), as Ollama keeps one model per such name (server/
+    routes.go ``getExistingName``)."""
     from edgesdk.bundle import read_manifest
+    from edgesdk.serve.model_pool import ollama_key
     from edgesdk.serve.openai_answer import served_model_name
 
     names = [served_model_name(read_manifest(path)) for path in paths]
@@ -325,10 +328,14 @@ def _served_models(paths: list[Path], aliases: tuple[str, ...]) -> list[tuple[st
                                      "give one --alias for it", param_hint="'--alias'")
         renamed[index] = name
     names = [renamed.get(index, name) for index, name in enumerate(names)]
+    keys = [ollama_key(name) for name in names]  # names a request matches as Ollama does (any case, name:latest)
     for index, name in enumerate(names):
-        first = names.index(name)
+        first = keys.index(keys[index])
         if first != index:
-            raise EdgeSDKError(f"two bundles are served as {name!r}: {paths[first]} and {paths[index]} (a request "
+            same = f"as {name!r}" if names[first] == name else \
+                f"as {names[first]!r} and {name!r}, one name to a client (Ollama matches a model's name in any case " \
+                "and reads NAME as NAME:latest)"
+            raise EdgeSDKError(f"two bundles are served {same}: {paths[first]} and {paths[index]} (a request "
                                "names the model it wants by that name)",
                                f"rename one with --alias NAME={paths[index]}, or serve only one of them")
     return list(zip(names, paths, strict=True))

@@ -516,11 +516,19 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._completer, self._model = self._lease.completer, self._lease.name
         return self._completer
 
+    def _asked_name(self, body: object) -> object:
+        """The model's name as the request's body gives it (None: none): ``model``; on Ollama's routes the older
+        ``name`` where ``model`` is absent or empty, as Ollama's ShowHandler reads it (server/routes.go: ``if
+        req.Model != "" {} else if req.Name != "" { req.Model = req.Name }``; a Go client filling the deprecated
+        ``Name`` sends ``"model": ""`` beside it) and as ollama.py's parsers read it."""
+        name = body.get("model") if isinstance(body, dict) else None
+        if self._ollama and name in (None, "") and isinstance(body, dict):
+            name = body.get("name", name)  # older Ollama clients' field
+        return name
+
     def _named_model(self, body: object) -> str | None:
         """The served name the request's body names (None: none), or the 404 of a name not served."""
-        name = body.get("model") if isinstance(body, dict) else None
-        if self._ollama and name is None and isinstance(body, dict):
-            name = body.get("name")  # older Ollama clients' field
+        name = self._asked_name(body)
         pool = self.server.pool
         served = list(pool.models)  # named in the 404, in the route's API's words
         not_found = ollama.model_not_found if self._ollama else \
@@ -620,13 +628,19 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._not_found(route, "POST")
         self._authorise()
         body = self._read_json()
+        if parse is not parse_text_request:
+            # With several bundles, a chat request refused whole swaps no model in: its model's name is checked (the
+            # 404 first), then its body, and only then is its model loaded, as /v1/messages and Ollama's routes do
+            # here and as Ollama's OpenAI middleware refuses a body before ChatHandler schedules the model
+            # (middleware/openai.go ChatMiddleware, then server/routes.go ChatHandler's scheduleRunner).
+            if self.server.pool is not None:
+                self._named_model(body)
+            requests = [parse(body)]
         completer = self._use(body)
         if parse is parse_text_request:
             # a suffix on /v1/completions builds its fill-in-the-middle prompt from the served model's FIM tokens;
             # several prompts are a task each, checked before any runs
             requests = self._prompt_requests(body, lambda one: parse(one, completer=completer), completer)
-        else:
-            requests = [parse(body)]
         self._answer_started()
         if requests[0].stream:
             self._stream(requests)
@@ -813,14 +827,21 @@ class ApiHandler(BaseHTTPRequestHandler):
             if isinstance(body, dict):
                 raise ollama.model_required(body.get("model", body.get("name")), list(pool.models))
             served = pool.loaded[0] or pool.default  # not an object: the parsers below refuse it
+        # The parsers check the body's name against the one given them and answer with the body's (Ollama answers
+        # with req.Model): with several bundles, the name as the request wrote it, which the pool matched to
+        # ``served`` as Ollama matches a name (any case; name:latest for name, ModelPool.resolve).
+        asked_as = self._asked_name(body) if pool is not None else served
+        asked_as = asked_as if isinstance(asked_as, str) and asked_as else served
         if path == ollama.SHOW_ROUTE:  # the model's files described, nothing loaded (Ollama's show handler)
-            self._send_json(200, ollama.show(self._described(body), served, body))
+            self._send_json(200, ollama.show(self._described(body), served,
+                                             {**body, "model": served} if pool is not None and isinstance(body, dict)
+                                             else body))
             return
         # Ollama unloads a model once an answer with keep_alive 0 is written; a board serving one bundle keeps it
         self._unload_after = pool is not None and ollama.keep_alive_zero(body)
         if path in (ollama.EMBED_ROUTE, ollama.EMBEDDINGS_ROUTE):
             started = time.monotonic_ns()
-            to_embed = (ollama.parse_embed if path == ollama.EMBED_ROUTE else ollama.parse_embeddings)(body, served)
+            to_embed = (ollama.parse_embed if path == ollama.EMBED_ROUTE else ollama.parse_embeddings)(body, asked_as)
             completer, load_ns = self._use_timed(body)
             self._answer_started()
             embeddings = ollama.embed(completer, to_embed, client_gone=self._client_gone)
@@ -830,7 +851,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._end_lease()
             self._send_json(200, answered)
             return
-        asked = (ollama.parse_chat if path == ollama.CHAT_ROUTE else ollama.parse_generate)(body, served)
+        asked = (ollama.parse_chat if path == ollama.CHAT_ROUTE else ollama.parse_generate)(body, asked_as)
         if asked.request is None and asked.unload and pool is not None:  # Ollama's unload request: nothing is loaded
             self._answer_started()  # a stop waits for it, as for a request waiting for its model
             pool.unload(served, self._client_gone)

@@ -1,6 +1,7 @@
 """Several bundles behind one ``edgesdk serve``, one of them loaded at a time and swapped on demand.
 
-A request names its model where its API puts it (``model``; Ollama's older ``name``); the model it names is loaded
+A request names its model where its API puts it (``model``; Ollama's older ``name``), matched as Ollama matches a
+model's name (:func:`ollama_key`: in any case, ``name`` and ``name:latest`` alike); the model it names is loaded
 if it is not, as Ollama's scheduler loads it (server/sched.go) and llama-server's router mode (``--models-dir``)
 starts it. A board's memory holds one model, so, as Ollama on a small machine (``OLLAMA_MAX_LOADED_MODELS=1``),
 the idle one is unloaded first: its :class:`~edgesdk.serve.completion.Completer` closed (its prompt cache, the host
@@ -85,6 +86,15 @@ def described(bundle: Bundle, defaults: ServeDefaults, template_kwargs: dict | N
     return Completer(Runtime(bundle=bundle, backend=GraphFacts(bundle), tokenizer=tokenizer), defaults)
 
 
+def ollama_key(name: str) -> str:
+    """What Ollama compares of a model's name: its parts case-folded (types/model/name.go ``Name.EqualFold``, which
+    server/routes.go ``getExistingName`` matches a request's name with, so that ``Qwen`` finds ``qwen``), with the
+    default tag ``latest`` where the name has none (``ParseName``: ``qwen`` is ``qwen:latest``). Two served names
+    with one key are one name to an Ollama client."""
+    tagged = name if ":" in name.rpartition("/")[2] else f"{name}:latest"
+    return tagged.casefold()
+
+
 class _Waiter:
     """A place in the pool's queue: the model it waits for (None: whichever is loaded when its turn comes), or an
     unload of that model (Ollama's ``keep_alive`` 0 with nothing to generate)."""
@@ -162,9 +172,10 @@ class ModelPool:
             return self._described[name]
 
     def resolve(self, name: object, unknown: Callable[[str], ApiError]) -> str | None:
-        """The served name a request's ``name`` means (None where it names none: the loaded model answers),
-        ``name:latest`` being ``name`` as Ollama reads a name without a tag; ``unknown(name)`` is the 404 raised for
-        a name not served, in the request's API's words."""
+        """The served name a request's ``name`` means (None where it names none: the loaded model answers): the
+        served name itself, or one Ollama takes for it (:func:`ollama_key`: in any case, ``name:latest`` for
+        ``name`` and ``name`` for ``name:latest``); ``unknown(name)`` is the 404 raised for a name not served, in the
+        request's API's words."""
         if name is None or name == "":
             return None
         if not isinstance(name, str):
@@ -172,8 +183,11 @@ class ModelPool:
                            f"{', '.join(self.models)} (GET /v1/models lists them)", param="model")
         if name in self.models:
             return name
-        if name.endswith(":latest") and name.removesuffix(":latest") in self.models:
-            return name.removesuffix(":latest")
+        # as Ollama's handlers find a model (server/routes.go: ``getExistingName`` compares each part of the name
+        # with ``strings.EqualFold``; types/model/name.go: a name without a tag is ``name:latest``)
+        matches = [served for served in self.models if ollama_key(served) == ollama_key(name)]
+        if len(matches) == 1:
+            return matches[0]
         raise unknown(name)
 
     # ---------------------------------------------------------------------------------------------------- leases
