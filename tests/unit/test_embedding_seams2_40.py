@@ -132,8 +132,15 @@ def _embedded_tokens(answers: list) -> tuple[int, int]:
 
 
 def _hot_board():
-    """A simulated Raspberry Pi 5 warm enough that the guard goes hot and paces (on the simulated board's clock)."""
-    return open_session(get_profile("rpi5"), guard=True, simulate=True, status=False, sim_speed=50.0, ambient_c=49.0)
+    """A simulated Raspberry Pi 5 warm enough that the guard goes hot and paces (on the simulated board's clock): it
+    starts at 74 °C (past the 71.5 °C the guard paces from, below the 78 °C hard limit) in a 42 °C room, where it idles
+    at 68.6 °C, below the 70 °C resume point, so a pause at the hard limit ends. At 49 °C ambient (idling at 75.6 °C,
+    hot from the start) a loaded machine, where each step takes longer and heats the board more, took an answer past
+    78 °C into a pause that never ended: a 503 board_too_hot (as tests/unit/test_serve_invariance39.py's board)."""
+    session = open_session(get_profile("rpi5"), guard=True, simulate=True, status=False, sim_speed=50.0,
+                           ambient_c=42.0)
+    session.hook.board.temp_c = 74.0
+    return session
 
 
 CONFIGS = {  # name -> (ServeDefaults fields, draft, thermal)

@@ -106,9 +106,12 @@ def test_timings_leave_out_the_time_the_guard_held_the_steps_back(runtime):
         assert elapsed_ms > 2000
         timings = body["timings"]
         assert timings["predicted_n"] == 8
-        assert 0 < timings["prompt_ms"] < 500
-        assert 0 < timings["predicted_ms"] < 500
-        assert timings["predicted_per_second"] > 7 / 0.5
+        # each phase's own time stays under the 1 s of one hold, which it would pass had a hold been counted (a
+        # 500 ms bound also measured the machine: a loaded one can take that long for the steps themselves)
+        held_ms = hook.hold_s * 1e3
+        assert 0 < timings["prompt_ms"] < held_ms
+        assert 0 < timings["predicted_ms"] < held_ms
+        assert timings["predicted_per_second"] > 7 / hook.hold_s
     finally:
         server.close()
 

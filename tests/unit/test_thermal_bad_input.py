@@ -22,8 +22,10 @@ def invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args], prog_name="edgesdk")
 
 
-def edgesdk_cli(*args, timeout=20) -> subprocess.CompletedProcess:
-    """``edgesdk ARGS`` in a fresh interpreter, killed after ``timeout`` s (a plan that never ends fails)."""
+def edgesdk_cli(*args, timeout=120) -> subprocess.CompletedProcess:
+    """``edgesdk ARGS`` in a fresh interpreter, killed after ``timeout`` s (a plan that never ends fails). A fresh
+    interpreter compiling edgesdk's modules took 5 s on one core shared nine ways: 20 s left too little room on a
+    loaded CI host; these commands answer in under a second, and a plan that hangs still fails."""
     return subprocess.run([sys.executable, "-m", "edgesdk", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ))
 

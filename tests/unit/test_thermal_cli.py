@@ -385,6 +385,13 @@ def test_report_of_an_empty_file_is_a_clear_error(tmp_path):
     assert "fix:" in result.stderr
 
 
+def wide_terminal(monkeypatch) -> None:
+    """A FakeTTY has no size: the status line's width came from $COLUMNS or the terminal pytest runs in (the live
+    line is cut to width - 1), so a narrow one cut what these tests read. An 80-column terminal, as the tests that
+    cut on purpose set one."""
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback=None: os.terminal_size((80, 24)))
+
+
 class FakeTTY(io.StringIO):
     def __init__(self, tty: bool):
         super().__init__()
@@ -405,7 +412,8 @@ def test_status_line_in_a_log_prints_level_changes_only():
     assert out.getvalue() == ""
 
 
-def test_status_line_redraws_in_place_when_stdout_is_elsewhere():
+def test_status_line_redraws_in_place_when_stdout_is_elsewhere(monkeypatch):
+    wide_terminal(monkeypatch)
     err, out = FakeTTY(True), FakeTTY(False)
     status = StatusLine(err, out, min_interval_s=0.0)
     assert status.mode == "inplace"
@@ -433,7 +441,8 @@ def test_status_line_keeps_the_bottom_row_when_sharing_a_terminal(monkeypatch):
     assert plain.mode == "between"
 
 
-def test_warnings_never_land_inside_the_streamed_text():
+def test_warnings_never_land_inside_the_streamed_text(monkeypatch):
+    wide_terminal(monkeypatch)
     err, out = FakeTTY(True), FakeTTY(False)
     status = StatusLine(err, out, min_interval_s=0.0)
     status.warn("thermal sensor failed")
@@ -462,7 +471,8 @@ def test_a_status_wider_than_the_terminal_is_cut_to_its_width(monkeypatch):
         assert drawn == LONG_STATUS[:39], status.mode
 
 
-def test_in_place_status_is_cleared_before_what_prints_between_answers():
+def test_in_place_status_is_cleared_before_what_prints_between_answers(monkeypatch):
+    wide_terminal(monkeypatch)
     err, out = FakeTTY(True), FakeTTY(False)
     status = StatusLine(err, out, min_interval_s=0.0)
     status.update("71.2 °C  hot  limit 4.2 tok/s", force=True)

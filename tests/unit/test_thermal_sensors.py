@@ -284,15 +284,29 @@ def test_poller_reads_in_the_background_and_keeps_the_last_good_reading(pi5_tree
     try:
         assert poller.latest.max_c == 45.123
         (pi5_tree / "thermal_zone0" / "temp").write_text("70500\n")
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while poller.latest.max_c != 70.5 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert poller.latest.max_c == 70.5
-        sysfs.read = lambda: (_ for _ in ()).throw(OSError("sensor gone"))  # reads now raise
-        time.sleep(0.05)  # a good read already under way when the sensor went lands first
+        failed = []
+
+        def gone():
+            failed.append(time.monotonic())
+            raise OSError("sensor gone")
+
+        def wait_for_failed_reads(count: int) -> None:
+            deadline = time.monotonic() + 60
+            while len(failed) < count and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(failed) >= count, failed
+
+        sysfs.read = gone  # reads now raise
+        # One thread reads in turn: once a read has failed, a good read already under way when the sensor went has
+        # landed (a fixed sleep lost that race on a loaded machine, the late read landing after it)
+        wait_for_failed_reads(1)
         good = poller.latest
         assert good.max_c == 70.5
-        time.sleep(0.05)
+        wait_for_failed_reads(len(failed) + 3)
         assert poller.latest is good  # the guard sees its age grow and treats it as stale
     finally:
         poller.stop()
