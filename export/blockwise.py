@@ -58,11 +58,43 @@ def quantize_blockwise(weight: np.ndarray, bits: int, block_size: int) -> BlockQ
     grouped = padded.T.reshape(n, blocks, block_size)  # (N, blocks, block)
     qmax = 2 ** (bits - 1) - 1
     absmax = np.abs(grouped).max(axis=-1, keepdims=True)
-    scales = half_scales(np.where(absmax > 0, absmax / qmax, 1.0).astype(np.float32))
+    with np.errstate(over="ignore"):  # an overflow to infinity is reported below, by name
+        scales = half_scales(np.where(absmax > 0, absmax / qmax, 1.0).astype(np.float32))
+    _check_representable(padded, absmax, scales, bits)
     if bits == 4:
         scales = _search_scales(grouped, absmax, scales, qmax)
     codes = np.clip(np.rint(grouped / scales), -qmax - 1, qmax).astype(np.int16) + 2 ** (bits - 1)
     return BlockQuantized(pack_codes(codes.astype(np.uint8), bits), scales.reshape(-1), bits, block_size, k, n)
+
+
+def _check_representable(padded: np.ndarray, absmax: np.ndarray, scales: np.ndarray, bits: int) -> None:
+    """Refuse a weight whose blocks have no finite float16 scale.
+
+    MatMulNBits and GatherBlockQuantized (ONNX Runtime contrib ops) compute ``(code - zero point) *
+    scale`` and this layout stores each scale as float16 (largest finite value 65504): a NaN or
+    infinite weight, or a block whose absmax / qmax rounds past 65504 in float16 (|w| above about
+    458,000 at 4 bits, 8.3 million at 8), would get an infinite scale and dequantize to NaN
+    (0 * inf), silently, in the graph and in this reference alike.
+    """
+    from edgesdk.errors import ExportError
+
+    k, n = padded.shape
+    if not np.isfinite(padded).all():
+        row, column = np.argwhere(~np.isfinite(padded))[0]
+        raise ExportError(
+            f"the ({k}, {n}) weight being quantized to {bits}-bit blocks holds {padded[row, column]} at input "
+            f"{row}, output {column}; block scales need finite weights",
+            "the model's weights are not finite: check the checkpoint (and that the compress stages did not "
+            "diverge), or export it with weights: fp32 to find where")
+    if not np.isfinite(scales).all():
+        column, block = np.argwhere(~np.isfinite(scales[..., 0]))[0]
+        qmax = 2 ** (bits - 1) - 1
+        raise ExportError(
+            f"a block of the ({k}, {n}) weight (output {column}, block {block}) has absmax "
+            f"{float(absmax[column, block, 0]):.6g}; its {bits}-bit scale absmax / {qmax} exceeds float16's "
+            f"largest value 65504, which the block layout stores scales in",
+            "such weights are far outside a trained language model's range: check the checkpoint, or "
+            "export with weights: fp32")
 
 
 def _search_scales(grouped: np.ndarray, absmax: np.ndarray, absmax_scales: np.ndarray, qmax: int) -> np.ndarray:
@@ -76,17 +108,26 @@ def _search_scales(grouped: np.ndarray, absmax: np.ndarray, absmax_scales: np.nd
     best_error = _rounding_error(grouped, best_scale, qmax)
     for divisor in INT4_SCALE_DIVISORS:
         for sign in (1.0, -1.0):
-            candidate = half_scales(np.where(absmax > 0, sign * absmax / divisor, 1.0).astype(np.float32))
-            error = _rounding_error(grouped, candidate, qmax)
-            better = error < best_error
+            with np.errstate(over="ignore", invalid="ignore"):  # absmax / 6 may pass float16's 65504: error NaN
+                candidate = half_scales(np.where(absmax > 0, sign * absmax / divisor, 1.0).astype(np.float32))
+                error = _rounding_error(grouped, candidate, qmax)
+            better = error < best_error  # False for a NaN error: an infinite candidate is never taken
             best_scale = np.where(better, candidate, best_scale)
-            best_error = np.minimum(error, best_error)
+            best_error = np.where(better, error, best_error)  # not np.minimum, which would keep a NaN
     return best_scale
 
 
 def _rounding_error(grouped: np.ndarray, scales: np.ndarray, qmax: int) -> np.ndarray:
+    """Per block, the sum of squared rounding errors: float32 terms summed in float64.
+
+    The terms are the same float32 values torch computes (``compress.fake_quant._rounding_error``),
+    but a float32 sum depends on the summation order (numpy sums pairwise, torch in vector lanes), so
+    near ties between candidates (a block symmetric about 0 ties +s and -s exactly) went different
+    ways and the exported codes differed from the fake-quantized weights the build measured. Summed
+    in float64 the float32 terms add up exactly (or nearly), in any order, and ties break alike.
+    """
     codes = np.clip(np.rint(grouped / scales), -qmax - 1, qmax)
-    return ((codes * scales - grouped) ** 2).sum(axis=-1, keepdims=True)
+    return ((codes * scales - grouped) ** 2).sum(axis=-1, keepdims=True, dtype=np.float64)
 
 
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:

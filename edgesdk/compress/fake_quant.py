@@ -109,9 +109,9 @@ def weight_scales(grouped: torch.Tensor, bits: int, half: bool = False, symmetri
             for sign in (1.0, -1.0):
                 candidate = rounded(torch.where(absmax > 0, sign * absmax / divisor, torch.ones_like(absmax)))
                 error = _rounding_error(grouped, candidate, low, qmax)
-                better = error < best_error
+                better = error < best_error  # False for a NaN error (an infinite float16 candidate)
                 scales = torch.where(better, candidate, scales)
-                best_error = torch.minimum(error, best_error)
+                best_error = torch.where(better, error, best_error)  # torch.minimum would keep a NaN
     return scales
 
 
@@ -121,8 +121,11 @@ def _lowest_code(qmax: int, symmetric: bool) -> int:
 
 
 def _rounding_error(grouped: torch.Tensor, scales: torch.Tensor, low: int, qmax: int) -> torch.Tensor:
+    """Per group, the squared rounding error: float32 terms summed in float64, as
+    ``export.blockwise._rounding_error`` sums them, so near ties between candidate scales break the
+    same way in training and in the export (a float32 sum depends on the summation order)."""
     codes = torch.clamp(torch.round(grouped / scales), low, qmax)
-    return ((codes * scales - grouped) ** 2).sum(dim=-1, keepdim=True)
+    return ((codes * scales - grouped) ** 2).sum(dim=-1, keepdim=True, dtype=torch.float64)
 
 
 def _grouped(weight: torch.Tensor, granularity: str, block_size: int) -> tuple[torch.Tensor, int]:
