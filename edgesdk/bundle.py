@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import tarfile
 import zlib
@@ -615,11 +616,16 @@ SUPPORTED_ARCHIVES = ".tar, .tar.gz / .tgz, .tar.bz2 / .tbz2, .tar.xz / .txz"
 
 def _decompressed_name(archive: Path) -> Path:
     """Where the decompressed tar of ``archive`` goes: its name less a compressor's suffix, ending in ``.tar``
-    (``b.tar.zst`` -> ``b.tar``, ``b.tzst`` -> ``b.tar``, ``mystery`` -> ``mystery.tar``)."""
+    (``b.tar.zst`` -> ``b.tar``, ``b.tzst`` -> ``b.tar``, ``mystery`` -> ``mystery.tar``), never the archive itself
+    (a zstd stream named ``b.tar``, as ``tar --zstd -cf b.tar`` writes it, goes to ``b.decompressed.tar``: the
+    shell's ``> b.tar`` would empty the archive before it is read)."""
     name = archive.name
     suffix = next((suffix for suffix in UNSUPPORTED_SUFFIXES if name.lower().endswith(suffix)), "")
     name = name[:len(name) - len(suffix)]
-    return archive.with_name(name if name.lower().endswith(".tar") else f"{name or 'bundle'}.tar")
+    name = name if name.lower().endswith(".tar") else f"{name or 'bundle'}.tar"
+    if name.lower() == archive.name.lower():  # compared as a case-insensitive file system compares them
+        name = f"{name[:-len('.tar')]}.decompressed.tar"
+    return archive.with_name(name)
 
 
 def pack_bundle(path: Path, archive: Path) -> Path:
@@ -725,9 +731,9 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
         known = next(((kind, command) for magic, kind, command in UNREADABLE_MAGIC if head.startswith(magic)), None)
         if known is not None:
             kind, command = known
-            decompress = f"{command} {archive}"
+            decompress = f"{command} {shlex.quote(str(archive))}"  # quoted: a name with a space still works
             if command.endswith("-dc"):  # to stdout: the .tar's name is given, whatever the archive's suffix
-                decompress += f" > {_decompressed_name(Path(archive))}"
+                decompress += f" > {shlex.quote(str(_decompressed_name(Path(archive))))}"
             raise BundleError(f"{archive} is {kind}-compressed, which edgesdk cannot read (this Python's tarfile "
                               f"has no {kind}); it reads {SUPPORTED_ARCHIVES}",
                               f"decompress it first ({decompress}) and unpack the .tar, or re-create it "

@@ -681,11 +681,21 @@ def _seed(value: object) -> int | None:
     return _integer(value, "seed", minimum=0, note=", or -1 for a random seed")
 
 
+def finite_number(value: object) -> bool:
+    """A JSON number that is a double's finite value: no NaN, no infinity, and no integer past a double (a JSON
+    integer of 400 digits is a Python int, on which math.isfinite raised OverflowError: a 500, not a 400)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _number(value: object, name: str, low: float, high: float, interval: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not low <= value <= high:
+    if not finite_number(value) or not low <= value <= high:
         raise ApiError(400, f"'{name}' must be a number in {interval}, got {_shown(value)}", param=name)
     return float(value)
 

@@ -46,7 +46,6 @@ event, all with the prompt's ``index``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from edgesdk.runtime.generate import SamplingConfig
@@ -58,6 +57,7 @@ from edgesdk.serve.api import (
     _flag,
     _object,
     _shown,
+    finite_number,
     is_mixed_prompt,
     parse_text_request,
 )
@@ -127,7 +127,7 @@ def _temperature(value: object) -> float | None:
     "POST /completion"); creative-writing clients of this route send more than 2 beside min-p."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if not finite_number(value) or value < 0:
         raise ApiError(400, f"'temperature' must be a finite number >= 0 (0: greedy), got {_shown(value)}",
                        param="temperature")
     return float(value)

@@ -245,9 +245,10 @@ def _as_ollama_reads(body: dict) -> dict:
     read = dict(options)
 
     def number(name: str) -> float | None:
+        # an int is finite whatever its size (math.isfinite raised OverflowError on a JSON integer past a double)
         value = read.get(name)
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) and \
-            math.isfinite(value) else None
+        finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+        return value if finite and not isinstance(value, bool) else None
 
     for name in WHOLE_OPTIONS:
         value = number(name)

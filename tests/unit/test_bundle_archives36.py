@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import shlex
 import shutil
 import struct
 import subprocess
@@ -63,7 +64,7 @@ def test_unpack_of_a_zstd_archive_names_zstd_and_the_way_out(tiny_bundle, tmp_pa
         assert restored == plain.read_bytes()
     with pytest.raises(BundleError, match=r"b\.tar\.zst is zstd-compressed, which edgesdk cannot read") as info:
         unpack_bundle(archive, tmp_path / "dest")
-    assert f"zstd -dc {archive} > {tmp_path / 'b.tar'}" in info.value.fix
+    assert f"zstd -dc {shlex.quote(str(archive))} > {shlex.quote(str(tmp_path / 'b.tar'))}" in info.value.fix
     assert not (tmp_path / "dest").exists()
 
 
@@ -75,7 +76,7 @@ def test_the_way_out_of_a_zstd_archive_without_its_suffix_is_a_command_that_work
     archive.write_bytes(zstd_frame(plain.read_bytes()))
     with pytest.raises(BundleError) as info:
         unpack_bundle(archive, tmp_path / "dest")
-    command = f"zstd -dc {archive} > {tmp_path / 'mystery.tar'}"
+    command = f"zstd -dc {shlex.quote(str(archive))} > {shlex.quote(str(tmp_path / 'mystery.tar'))}"
     assert command in info.value.fix
     if shutil.which("zstd"):
         subprocess.run(command, shell=True, check=True, capture_output=True)
@@ -89,7 +90,7 @@ def test_unpack_of_an_lz4_archive_names_lz4(tiny_bundle, tmp_path):
     subprocess.run(["lz4", "-q", str(plain), str(archive)], check=True)
     with pytest.raises(BundleError, match=r"b\.tar\.lz4 is lz4-compressed") as info:
         unpack_bundle(archive, tmp_path / "dest")
-    assert f"lz4 -dc {archive} > {tmp_path / 'b.tar'}" in info.value.fix
+    assert f"lz4 -dc {shlex.quote(str(archive))} > {shlex.quote(str(tmp_path / 'b.tar'))}" in info.value.fix
 
 
 def test_unpack_of_a_file_of_no_known_format_keeps_its_message(tmp_path):
