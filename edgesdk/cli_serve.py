@@ -39,6 +39,18 @@ POOLINGS = ("last", "mean", "cls", "none")
 SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in flight (a long prompt's prefill on a board)
 
 
+def _token_limit(value: int) -> int:
+    """``-n``: a count >= 1, or -1 / -2 for no limit but the context (llama-server's "-1 = infinity")."""
+    from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS
+
+    if value in (-1, -2):
+        return UNTIL_THE_CONTEXT_FILLS
+    if value == 0:
+        raise click.BadParameter("is 0; give the most tokens an answer may have (a number >= 1), or -1 for no limit "
+                                 "but the context", param_hint="'--max-new-tokens' / '-n'")
+    return value
+
+
 @click.command()
 @click.argument("bundles", metavar="[BUNDLE]...", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--models-dir", type=click.Path(path_type=Path), metavar="DIR",
@@ -54,14 +66,15 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
 @click.option("--model-name", "--alias", "-a", "model_names", multiple=True, metavar="NAME",
               help="Model id the API reports (llama-server's --alias) [<model>-<target> from the manifest]. With "
                    "several bundles: NAME=BUNDLE, once for each bundle to rename.")
-@click.option("--max-new-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=1),
-              help="Tokens per answer for a request that sets no max_tokens.")
+@click.option("--max-new-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=-2),
+              help="Tokens per answer for a request that sets no max_tokens (-1 or -2: until the answer ends or the "
+                   "context is full, as llama-server's -n).")
 @click.option("--temperature", "--temp", default=0.0, show_default=True,
-              help="For a request that sets none; 0 means greedy decoding. Not given: the model's own, where its "
+              help="For a request that sets none; 0 (or below, as llama-server) means greedy decoding. Not given: the model's own, where its "
                    "bundle records one (as --top-p, --top-k, --min-p, --repeat-penalty, --repeat-last-n and --samplers; "
                    "'edgesdk inspect' shows them).")
 @click.option("--top-p", default=1.0, show_default=True, help="For a request that sets none.")
-@click.option("--top-k", default=0, show_default=True, help="For a request that sets none (0: off).")
+@click.option("--top-k", default=0, show_default=True, help="For a request that sets none (0 or below: off).")
 @click.option("--min-p", default=0.0, show_default=True, help="For a request that sets none (0: off).")
 @repeat_penalty_options(per_request=True)
 @sampler_chain_options
@@ -151,7 +164,10 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     from edgesdk.serve.openai_answer import served_model_name
 
     try:
-        defaults = ServeDefaults(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        # as llama-server's common/arg.cpp reads them: -n -1 (and -2) no limit but the context, --temp below 0
+        # greedy (std::max(temp, 0)), --top-k below 0 off (llama_sampler_top_k: k <= 0 keeps every token)
+        defaults = ServeDefaults(max_tokens=_token_limit(max_new_tokens),
+                                 temperature=0.0 if temperature < 0 else temperature, top_p=top_p, top_k=max(top_k, 0),
                                  min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                  max_waiting=max_queue, prompt_cache=not no_prompt_cache,
                                  cache_ram_mib=cache_ram_mib, lookup=lookup_draft,
