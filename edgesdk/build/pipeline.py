@@ -6,10 +6,13 @@ already done.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -24,7 +27,7 @@ from edgesdk.build.checkpoint import (
     save_checkpoint,
 )
 from edgesdk.build.package import write_bundle
-from edgesdk.build.recipes import load_recipe, pick_a_recipe_with
+from edgesdk.build.recipes import ExportSection, load_recipe, pick_a_recipe_with
 from edgesdk.build.registry import BuildContext, stage_spec
 from edgesdk.build.sparse_step import check_kernel_sm
 from edgesdk.bundle import Bundle, _bundle_holding, check_replaceable
@@ -56,6 +59,8 @@ class BuildConfig:
     overrides: tuple[str, ...] = ()  # "stage.field=value" changes to the recipe (--set)
     weight_bits: int | None = None  # the layers' weight bits (--weight-bits): QAT and a quantized export
     data: DataConfig = field(default_factory=DataConfig)  # training text for the compression stages
+    # max_context; every other field set to other than its default is the recipe's export setting of that name, as
+    # --set export.FIELD=VALUE (applied before weight_bits and ``overrides``, which may still change it)
     export: ExportConfig = field(default_factory=ExportConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     resume: bool = False  # continue a killed build from its work directory
@@ -71,6 +76,23 @@ def default_out(model: str, target: str, adapters: tuple[LoraAdapter, ...] = ())
     for adapter in adapters:
         stem += f"+{_model_stem(adapter.path)}"
     return Path("bundles") / f"{stem}-{target}"
+
+
+def check_default_out(out: Path, source) -> None:
+    """Without --out, the bundle directory ``out`` (:func:`default_out`) is named after the model directory's name
+    alone, so two models in directories of the same name (``runs/a/checkpoint-500`` and ``runs/b/checkpoint-500``,
+    two ``merged`` or ``output`` folders) share it, and the second build replaced the first one's bundle unasked.
+    A bundle there whose manifest records another model source (``model.before.source``: the alias, or the
+    absolute path) is refused, before the model loads; --out given replaces a bundle as it always did."""
+    try:
+        recorded = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["model"]["before"]["source"]
+    except (OSError, ValueError, KeyError, TypeError):  # no bundle there (check_replaceable refused anything else)
+        return
+    if recorded != source.name:
+        raise BuildError(f"no --out given, and the default bundle directory {out} holds the bundle of another model, "
+                         f"{recorded}, not {source.name} (their directories have the same name): the build would "
+                         "replace it",
+                         f"pass --out a directory for this model's bundle, or --out {out} to replace that bundle")
 
 
 def _model_stem(model: str) -> str:
@@ -89,6 +111,17 @@ def _hub_cache_name(path: Path) -> str | None:
     if entry.name.startswith("models--") and entry.name.count("--") >= 2:
         return entry.name.split("--", 2)[2]
     return None
+
+
+def export_overrides(export_config: ExportConfig) -> tuple[str, ...]:
+    """The ``export.FIELD=VALUE`` recipe overrides that ``BuildConfig.export`` stands for: each field of a recipe's
+    export section (every one but max_context) that is set to other than its default. The recipe's export section
+    replaces those fields whole (``replace(config.export, **recipe.export...)`` in :func:`build`), so without these
+    a caller's ``ExportConfig(weights="int8")`` built fp32 weights, saying nothing. Values are written as JSON, which the
+    override's YAML reads back as they were (a string quoted, None as null)."""
+    defaults = ExportConfig()
+    return tuple(f"export.{name}={json.dumps(value)}" for name, value in asdict(export_config).items()
+                 if name in ExportSection.model_fields and value != getattr(defaults, name))
 
 
 def check_max_context(export_config: ExportConfig) -> None:
@@ -308,6 +341,7 @@ def build(config: BuildConfig) -> Bundle:
     """Run the whole pipeline and return the verified bundle."""
     profile = get_profile(config.target)
     recipe = recipe_for(config.recipe, profile)
+    recipe = recipe.with_overrides(export_overrides(config.export))
     if config.weight_bits is not None:  # before --set, which may still change either setting
         recipe = recipe.with_overrides(recipe.weight_bits_overrides(config.weight_bits))
     recipe = recipe.with_overrides(config.overrides)
@@ -330,6 +364,8 @@ def build(config: BuildConfig) -> Bundle:
     for adapter in config.adapters:  # before the model is fetched or loaded
         check_adapter(adapter)
     source = resolve_model(config.model, progress=config.progress)
+    if not config.out:
+        check_default_out(out, source)
     data_key = None
     if stages:
         data_key = {**asdict(config.data), "files": [file_fingerprint(f) for f in config.data.files]}
@@ -343,16 +379,53 @@ def build(config: BuildConfig) -> Bundle:
                                  for adapter in config.adapters]
     work = WorkDir(out.with_name(out.name + ".build"), build_key, config.resume)
     try:  # the lock is this build's while it runs, however it ends (a failed stage in a process that goes on)
-        if config.resume and not work.state["done"]:
-            _log(f"--resume: no finished step of this build in {work.path}; starting from the beginning")
-        return _run_steps(config, profile, recipe, stages, export_config, source, out, work)
-    except (Exception, KeyboardInterrupt):
+        with _stop_signals_unwind():
+            if config.resume and not work.state["done"]:
+                _log(f"--resume: no finished step of this build in {work.path}; starting from the beginning")
+            return _run_steps(config, profile, recipe, stages, export_config, source, out, work)
+    except (Exception, KeyboardInterrupt, SystemExit) as exc:
+        if not work.state["done"]:  # nothing to resume: a half-written export is no one's (it may be GBs)
+            remove_work_dir(work.path)
+        if isinstance(exc, BuildStopped):
+            _log(f"stopped ({exc.signal_name})")
         if work.state["done"] and work.path.is_dir():  # say how not to lose them
             _log(f"the finished steps ({', '.join(work.state['done'])}) are kept in {work.path}: run the same "
                  "command with --resume to go on from there")
         raise
     finally:
         work.release()
+
+
+class BuildStopped(SystemExit):
+    """A build ended by SIGTERM or SIGHUP (a service manager's or ``timeout``'s stop, ``docker stop``, a closed
+    terminal); its code is the shell's 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signal_name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def _stop_signals_unwind():
+    """While the build runs, SIGTERM and SIGHUP unwind it as Ctrl-C (SIGINT) does, raising :class:`BuildStopped`,
+    instead of ending the process where it stands: the bundle being staged (``.<out>.partial``, a copy of the
+    weights) is discarded, and the finished steps are named for --resume, as edgesdk run and serve do on the same
+    signals (edgesdk/cli_options.py ``exit_on_stop_signals``). Only a signal at its default action is taken over
+    (one ignored, as SIGHUP under nohup, or one the calling program handles stays so), only in the main thread
+    (Python runs signal handlers there), and the handlers are put back when the build ends."""
+    def stop(signum, frame):
+        raise BuildStopped(signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if signum is not None and signal.getsignal(signum) is signal.SIG_DFL:
+                previous[signum] = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _merge_adapters(adapters: tuple[LoraAdapter, ...], loaded, source) -> list[dict]:
