@@ -111,6 +111,7 @@ from edgesdk.serve.api import (
 )
 from edgesdk.serve.completion import SHIFTED_LIMIT_CONTEXTS, Completer, Completion
 from edgesdk.serve.embeddings import encoded
+from edgesdk.serve.model_pool import ollama_key
 from edgesdk.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, split_answer, template_thinks
 from edgesdk.serve.tools import AnswerStream, answer_message, tool_result_text
 
@@ -631,14 +632,15 @@ def _model_name(body: dict, served: str) -> str:
     """``model`` (older clients' ``name``, as /api/show and /api/delete took it, read where ``model`` is absent or
     empty as Ollama's ShowHandler reads it: ``if req.Model != "" {} else if req.Name != "" { req.Model = req.Name }``;
     a Go client filling the deprecated ``Name`` sends ``"model": ""`` beside it, the field having no omitempty),
-    refused unless it is a name the served model answers to (:func:`served_names`): Ollama's 404 "model not
-    found"."""
+    refused unless it is a name the served model answers to (:func:`served_names`, compared as Ollama compares
+    names, :func:`~edgesdk.serve.model_pool.ollama_key`: case-folded, ``latest`` the default tag): Ollama's 404
+    "model not found"."""
     name = body.get("model")
     if name is None or name == "":  # Go's clients send both fields, "model": "" beside the deprecated "name"
         name = body.get("name", name)
     if not isinstance(name, str) or not name:
         raise model_required(name, [served])
-    if name not in served_names(served):
+    if ollama_key(name) != ollama_key(served):  # Qwen finds qwen, and qwen:latest: Ollama's getExistingName
         raise ApiError(404, f"model '{name}' not found: this server serves '{served_names(served)[-1]}' "
                        "(GET /api/tags lists it)", param="model", code="model_not_found")
     return name
