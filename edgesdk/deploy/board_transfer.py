@@ -75,13 +75,47 @@ def plain_id(name):
     return True
 
 
+def same_file(path, facts):
+    """Whether ``path`` is a regular file with the size and sha256 ``facts`` give (the size first: no read).
+    The probe runs without the lock: a file another deploy's commit or prune moves away is not there."""
+    try:
+        return (os.path.isfile(path) and os.path.getsize(path) == facts["size"]
+                and sha256_file(path) == facts["sha256"])
+    except OSError:
+        return False
+
+
+def hash_prefix(path, limit):
+    """(bytes, sha256) of what ``path`` holds, up to ``limit`` bytes, from one read: the host compares it with
+    its own file's first bytes before it resumes there (a .partial may hold other bytes: the host's file
+    changed while an earlier transfer read it, or the board lost power as it wrote). A transfer that was cut
+    may still be appending to it; the receive truncates it to the bytes counted here."""
+    digest, count = hashlib.sha256(), 0
+    with open(path, "rb") as handle:
+        while count < limit:
+            block = handle.read(min(CHUNK, limit - count))
+            if not block:
+                break
+            digest.update(block)
+            count += len(block)
+    return count, digest.hexdigest()
+
+
 def plan_files(p, bundle_id, files):
-    """What the board already has of each file: complete in staging, partial, or in another release."""
+    """What the board already has of each file: complete in staging, in a release, or partial.
+
+    A file counts as there only with the manifest's sha256, not by its size alone: the bundle id names the
+    content, but manifest.json and manifest.sha256 also hold when the bundle was built, so another build of
+    the same content (same id) leaves ones of the same size and other bytes in staging/<id> or releases/<id>.
+    Nor is a .partial taken on trust: the plan's entry ``NAME.partial`` gives the sha256 of what it holds, for
+    the host to check against its own file's first bytes before it resumes there. A copy in a release goes
+    before a .partial: linking it sends nothing."""
     staging = os.path.join(p["staging"], bundle_id)
     by_release = release_list(p)
     # Only releases deploy made: a directory someone put there ('my copy') is no release id, and the receive
-    # refuses to link from it.
-    order = [r["id"] for r in reversed(by_release["releases"]) if r["id"] != bundle_id and plain_id(r["id"])]
+    # refuses to link from it. This bundle's own release too: the probe found it damaged, or from another
+    # build of the same content; what in it still has its sha256 need not be sent again.
+    order = [r["id"] for r in reversed(by_release["releases"]) if plain_id(r["id"])]
     if by_release["current"] in order:
         order.remove(by_release["current"])
         order.insert(0, by_release["current"])
@@ -90,20 +124,24 @@ def plan_files(p, bundle_id, files):
         facts = files[name]
         safe_name(name)
         target = os.path.join(staging, name)
-        if os.path.isfile(target) and os.path.getsize(target) == facts["size"]:
+        if same_file(target, facts):
             plan[name] = {"state": "staging"}
             continue
+        release = next((r for r in order if same_file(os.path.join(p["releases"], r, name), facts)), None)
+        if release is not None:
+            plan[name] = {"state": "link", "from": release}
+            continue
         partial = target + ".partial"
-        if os.path.isfile(partial) and 0 < os.path.getsize(partial) <= facts["size"]:
-            plan[name] = {"state": "partial", "offset": os.path.getsize(partial)}
+        try:
+            offset, sha256 = hash_prefix(partial, facts["size"]) if (
+                os.path.isfile(partial) and 0 < os.path.getsize(partial) <= facts["size"]) else (0, None)
+        except OSError:  # moved away since (as in same_file)
+            offset = 0
+        if offset:
+            plan[name] = {"state": "partial", "offset": offset}
+            plan[name + ".partial"] = {"state": "prefix", "sha256": sha256}  # no bundle file has that name
             continue
         plan[name] = {"state": "send", "offset": 0}
-        for release in order:
-            candidate = os.path.join(p["releases"], release, name)
-            if (os.path.isfile(candidate) and os.path.getsize(candidate) == facts["size"]
-                    and sha256_file(candidate) == facts["sha256"]):
-                plan[name] = {"state": "link", "from": release}
-                break
     return plan
 
 

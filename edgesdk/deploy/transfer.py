@@ -1,8 +1,8 @@
 """Sending a bundle into ``staging/<bundle-id>`` on the board: only what it lacks, resumably.
 
-The board's probe says, per file, whether it already has it (complete in staging, or the same
-sha256 in another release, which is hard-linked), has a ``.partial`` prefix of it (the transfer
-resumes at that byte), or needs it whole. Everything still needed goes in one stream through one
+The board's probe says, per file, whether it already has it (in staging, or in a release, which is
+hard-linked; either with the manifest's sha256), has a ``.partial`` prefix of it (the transfer resumes
+at that byte when the sha256 of those bytes is that of this file's first ones), or needs it whole. Everything still needed goes in one stream through one
 ssh command: a JSON header line per file, then its bytes. The board hashes as it writes, renames
 ``name.partial`` to ``name`` only when the sha256 matches, and discards a damaged file. A cut
 connection leaves ``.partial`` files that the next deploy continues; ``current`` is never touched.
@@ -10,6 +10,7 @@ connection leaves ``.partial`` files that the next deploy continues; ``current``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -44,6 +45,7 @@ class Plan:
     send: list[tuple[str, int]] = field(default_factory=list)  # (name, resume offset)
     links: dict[str, str] = field(default_factory=dict)  # name -> release id it is hard-linked from
     in_staging: list[str] = field(default_factory=list)
+    prefixes: dict[str, str] = field(default_factory=dict)  # name -> sha256 of the board's .partial to resume
     send_bytes: int = 0
     resumed_bytes: int = 0
     reused_bytes: int = 0
@@ -75,6 +77,9 @@ def make_plan(files: dict[str, dict], board_plan: dict) -> Plan:
             plan.reused_bytes += size
         else:
             offset = int(entry.get("offset", 0)) if state == "partial" else 0
+            prefix = board_plan.get(name + ".partial", {}).get("sha256") if offset else None
+            if prefix:
+                plan.prefixes[name] = prefix
             plan.send.append((name, offset))
             plan.send_bytes += size - offset
             plan.resumed_bytes += offset
@@ -93,9 +98,25 @@ def _drain(stream, sink: list[bytes]) -> threading.Thread:
     return thread
 
 
+def _prefix_sha256(handle, offset: int) -> str:
+    """The sha256 of the first ``offset`` bytes of the open file ``handle``, which is left at ``offset``."""
+    digest = hashlib.sha256()
+    handle.seek(0)
+    while handle.tell() < offset:
+        block = handle.read(min(CHUNK, offset - handle.tell()))
+        if not block:
+            break
+        digest.update(block)
+    return digest.hexdigest()
+
+
 def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, report: Reporter) -> Sent:
-    """Stream the planned files to the board; raise DeployError if anything did not arrive intact."""
+    """Stream the planned files to the board; raise DeployError if anything did not arrive intact.
+
+    A file the board holds a ``.partial`` of resumes after it only when those bytes are this file's first
+    ones (the sha256 the board's plan gives); otherwise it is sent whole and the board starts it afresh."""
     began = time.monotonic()
+    total = plan.send_bytes
     proc = board.start("receive", {"bundle_id": bundle.bundle_id, "links": plan.links})
     out: list[bytes] = []
     err: list[bytes] = []
@@ -108,17 +129,28 @@ def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, repor
         for name, offset in plan.send:
             current = name
             facts = files[name]
-            header = {"name": name, "offset": offset, "size": facts["size"], "sha256": facts["sha256"]}
-            proc.stdin.write(json.dumps(header).encode() + b"\n")
-            # Exactly the header's byte count: the board reads that many, then the next header. A file that
-            # is shorter or longer now than the manifest says (rewritten since the bundle was verified) ends
-            # the stream without the end mark, as a cut connection would.
             try:
                 handle = open(Path(bundle.path) / name, "rb")  # noqa: SIM115 - closed by the with below
             except OSError as exc:  # removed or made unreadable since the bundle was verified
                 changed = (name, f"it cannot be read now ({exc.strerror})")
                 break
             with handle:
+                if name in plan.prefixes:
+                    try:
+                        resumable = _prefix_sha256(handle, offset) == plan.prefixes[name]
+                    except OSError as exc:  # as a read below: the board gets no header, the stream no end mark
+                        changed = (name, f"reading it failed ({exc.strerror or exc})")
+                        break
+                    if not resumable:
+                        report.info(f"{name}: the {fmt_bytes(offset)} an earlier transfer left on {board.label} "
+                                    "are not this file's first bytes; sending it whole")
+                        total += offset
+                        offset = 0
+                header = {"name": name, "offset": offset, "size": facts["size"], "sha256": facts["sha256"]}
+                proc.stdin.write(json.dumps(header).encode() + b"\n")
+                # Exactly the header's byte count: the board reads that many, then the next header. A file that
+                # is shorter or longer now than the manifest says (rewritten since the bundle was verified) ends
+                # the stream without the end mark, as a cut connection would.
                 handle.seek(offset)
                 remaining = facts["size"] - offset
                 while remaining > 0:
@@ -134,7 +166,7 @@ def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, repor
                     remaining -= len(block)
                     if time.monotonic() - last_note > 2.0:
                         last_note = time.monotonic()
-                        report.info(f"{fmt_bytes(sent)} of {fmt_bytes(plan.send_bytes)} sent")
+                        report.info(f"{fmt_bytes(sent)} of {fmt_bytes(total)} sent")
                 now = os.fstat(handle.fileno()).st_size
             if changed is None and (remaining or now != facts["size"]):
                 changed = (name, f"it is {now} bytes now, the bundle's manifest says {facts['size']}")
