@@ -393,7 +393,12 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                             "nothing to send")
                 sent_bytes = 0
             else:
-                if release is not None:
+                if release is not None and "the host's bundle has" in release["problems"][0]:
+                    # the id hashes the content; the manifest also records when the bundle was built
+                    report.info(f"releases/{bundle.bundle_id} on the board holds another build of this bundle "
+                                "(the same content, another manifest); replacing it, its files linked where they "
+                                "match")
+                elif release is not None:
                     report.info(f"releases/{bundle.bundle_id} on the board is damaged ({release['problems'][0]}); "
                                 "replacing it")
                 report.info(plan.describe(files))
