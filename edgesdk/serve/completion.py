@@ -177,6 +177,10 @@ class Completion:
     draft_tokens: int = 0
     draft_accepted: int = 0
     context_shifts: int = 0  # times the full context was shifted (llama-server's truncated answer)
+    # The answer stopped because the context was full (no context shift): llama-server's ``truncated`` too, as it sets
+    # it where a slot runs out of context ("stopped due to running out of context capacity",
+    # tools/server/server-context.cpp process_token), not only at a shift
+    context_full: bool = False
     # The ids of every token the answer sampled, in order: those of a stop string and what follows it in its token
     # too, and the end-of-text token it stopped at, as llama-server's slot keeps them (server-context.cpp
     # process_token: generated_tokens, all sampled tokens; POST /completion's 'tokens' with return_tokens)
@@ -420,6 +424,22 @@ def _board_too_hot(exc: BoardNeverCooled) -> ApiError:
     return ApiError(503, f"{exc.problem}; {exc.fix}", code="board_too_hot", kind="server_error")
 
 
+def _template_syntax_error(exc: BundleError) -> bool:
+    """Whether the chat template failed to compile (a syntax error in the bundle's template, not its messages)."""
+    import jinja2
+
+    return isinstance(exc.__cause__, jinja2.TemplateSyntaxError)
+
+
+def _template_unavailable(exc: EdgeSDKError, fix: str | None = None) -> ApiError:
+    """The 500 of a chat request that no request could get rendered (the server's jinja2, or the bundle's template),
+    with ``fix`` (else the error's own) and the route that takes a prompt without the template."""
+    fix = fix or exc.fix or "fix the server's chat template setup"
+    return ApiError(500, f"the chat template cannot be rendered on this server: {exc.problem}; {fix}; until then "
+                    "/v1/completions takes a prompt already rendered", code="chat_template_unavailable",
+                    kind="server_error")
+
+
 class Completer:
     """Runs requests against one loaded bundle, one at a time."""
 
@@ -551,8 +571,12 @@ class Completer:
         if not ids:
             raise ApiError(400, "the prompt encodes to 0 tokens", param="prompt")
         if len(ids) > limit:
-            raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {limit}",
-                           param="messages" if request.chat else "prompt", code="context_length_exceeded")
+            # llama-server's exceed_context_size_error ("request (N tokens) exceeds the available context size (C
+            # tokens), try increasing it": tools/server/server-context.cpp), with the fix a bundle's context takes
+            what = "messages" if request.chat else "prompt"
+            raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {limit}: shorten the "
+                           f"{what} to fewer tokens (POST /tokenize counts them), or rebuild the bundle with a larger "
+                           "max_context", param=what, code="context_length_exceeded")
         return ids
 
     def token_id_limit(self) -> int:
@@ -563,18 +587,30 @@ class Completer:
         return min(vocabulary, rows) if rows else vocabulary
 
     def rendered_chat(self, request: CompletionRequest) -> str:
-        """The chat request's prompt text (:meth:`chat_text`), or a 400 naming what the messages or template refused."""
+        """The chat request's prompt text (:meth:`chat_text`), or a 400 naming what the messages or template refused.
+
+        What no change to the request can mend is the server's 500 (``chat_template_unavailable``), its fix named: a
+        jinja2 too old to run chat templates in a safe sandbox (edgesdk.runtime.text.chat_environment), and a bundle
+        whose template does not compile (a syntax error). llama-server tells the two apart the same way: an
+        invalid_argument from the request's parsing is its 400, any other failure its 500 (tools/server/server.cpp,
+        ``ex_wrapper``); a 400 here told the client to change messages that were never at fault."""
         if not self.runtime.tokenizer.has_chat_template:
             raise ApiError(400, "this bundle's model has no chat template, so it cannot take messages",
                            param="messages", code="no_chat_template")
         try:
             for index, message in enumerate(request.messages):
                 check_utf8(message["content"], f"messages[{index}].content")
-            return self.chat_text(request)
-        except BundleError as exc:  # the template refused the messages (roles, order)
-            raise ApiError(400, exc.problem, param="messages") from exc
         except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
             raise ApiError(400, exc.problem, param="messages") from exc
+        try:
+            return self.chat_text(request)
+        except BundleError as exc:
+            if _template_syntax_error(exc):  # the bundle's template, whatever the messages
+                raise _template_unavailable(exc, "correct the model's chat template (its chat_template.jinja or "
+                                            "tokenizer_config.json) and rebuild the bundle") from exc
+            raise ApiError(400, exc.problem, param="messages") from exc  # the template refused the messages
+        except EdgeSDKError as exc:  # the server's setup (jinja2 too old): no request renders
+            raise _template_unavailable(exc) from exc
 
     def continues_final(self, request: CompletionRequest) -> bool:
         """Whether the request's last message (an assistant's) is continued, or a 400 where a constraint would
@@ -1133,7 +1169,8 @@ class Completer:
         return Completion("".join(pieces), finish, len(ids), count, cached, logprobs, matcher.matched,
                           prompt_ms=max(prompt_ms, 0.0), predicted_ms=max(predicted_ms, 0.0),
                           draft_tokens=0 if drafts is None else drafts.drafted, draft_accepted=hook.draft_accepted,
-                          context_shifts=stats.context_shifts, tokens=sampled)
+                          context_shifts=stats.context_shifts, context_full=stats.stop_reason == "max_context",
+                          tokens=sampled)
 
     def _token_piece(self, token: int) -> bytes:
         """A token's bytes, as the logprobs report them (a special token's name for one that has no text)."""
