@@ -28,7 +28,8 @@ machinery (``id_slot`` ...) are ignored as llama-server ignores fields it does n
 
 The answer is llama-server's: ``content``, ``stop``, ``stop_type`` (``eos``, ``limit`` or
 ``word`` with ``stopping_word``), ``tokens_predicted``, ``tokens_evaluated``, ``tokens_cached``,
-``truncated`` (true where the context shifted, as llama-server marks a shifted slot), ``generation_settings`` and
+``truncated`` (true where the context shifted, or the answer stopped at a full context, as llama-server's
+``process_token`` marks a slot that ran out of context), ``generation_settings`` and
 ``timings`` (``prompt_n``, ``prompt_ms``,
 ``predicted_n``, ``predicted_ms``, their per-token and per-second forms, ``cache_n``, and ``draft_n`` with
 ``draft_n_accepted`` where the answer drafted tokens). A stream
@@ -243,7 +244,8 @@ def final_body(request: CompletionRequest, model: str, completion: Completion, s
             "tokens_predicted": completion.completion_tokens, "tokens_evaluated": completion.prompt_tokens,
             "tokens_cached": completion.prompt_tokens + completion.completion_tokens,
             "generation_settings": settings, "prompt": request.prompt if prompt is None else prompt, "has_new_line": "\n" in completion.text,
-            "truncated": completion.context_shifts > 0, "stop_type": stop_type(completion), "stopping_word": completion.stop_string or "",
+            "truncated": completion.context_shifts > 0 or completion.context_full,
+            "stop_type": stop_type(completion), "stopping_word": completion.stop_string or "",
             "timings": timings(completion)}
     if content is None and completion.logprobs:  # a stream's events carried them, as llama-server's do
         body["completion_probabilities"] = completion.logprobs

@@ -120,3 +120,16 @@ def test_openai_answers_carry_llama_server_s_timings_too(served):
     assert len(finished) == 1
     assert finished[0]["timings"]["predicted_n"] == chat["usage"]["completion_tokens"]
     assert all("timings" not in chunk for chunk in chunks[:-1] if chunk is not finished[0])
+
+
+def test_an_answer_stopped_by_a_full_context_is_truncated(served):
+    """llama-server's process_token marks a slot that ran out of context ``truncated``, not only a shifted one."""
+    context = served.completer.runtime.backend.max_context
+    ids = [served.completer.runtime.tokenizer.encode("a", add_special_tokens=False)[0]] * (context - 3)
+    status, body = served.post("/completion", {"prompt": ids, "n_predict": 50, "ignore_eos": True})
+    assert status == 200, body
+    assert body["truncated"] is True
+    assert body["tokens_predicted"] < 50
+    status, body = served.post("/completion", {"prompt": ids, "n_predict": 2, "ignore_eos": True})
+    assert status == 200, body
+    assert body["truncated"] is False
