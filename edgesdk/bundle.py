@@ -580,6 +580,49 @@ except ImportError:  # a Python built without liblzma reads no .tar.xz at all (t
 UNREADABLE = (tarfile.TarError, OSError, EOFError, zlib.error, LZMAError)
 
 
+# What a bundle archive's headers may claim (_BoundedTarInfo): a pax header or a GNU long name holds a path and a
+# few numbers (a few hundred bytes); a bundle has tens of files, each with at most a few headers.
+EXTENDED_HEADER_LIMIT = 1 << 20
+ARCHIVE_HEADER_LIMIT = 10_000
+_EXTENDED_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+                   tarfile.GNUTYPE_LONGLINK)
+
+
+class _ArchiveRefused(tarfile.TarError):
+    """An archive refused while its headers are read (its message names what and why)."""
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile's member reader, bounded. tarfile reads into memory, whole and whatever size its header claims, the
+    data of a pax header or GNU long name, an old GNU sparse member's extension blocks and a pax 1.0 sparse member's
+    map, and it keeps every member it lists: a few kB of gzip unpack to gigabytes of any of them, which filled the
+    memory while 'edgesdk unpack' (or deploy of an archive) listed the members, before any check ran. Each is
+    refused here as its header is read (a sparse member is refused by unpack anyway)."""
+
+    @classmethod
+    def fromtarfile(cls, tar):
+        count = getattr(tar, "_edgesdk_headers", 0) + 1
+        if count > ARCHIVE_HEADER_LIMIT:
+            raise _ArchiveRefused(f"it holds more than {ARCHIVE_HEADER_LIMIT:,} members and extended headers, where a "
+                                  "bundle holds tens of files")
+        tar._edgesdk_headers = count
+        return super().fromtarfile(tar)
+
+    @classmethod
+    def frombuf(cls, buf, encoding, errors):
+        info = super().frombuf(buf, encoding, errors)
+        if info.type in _EXTENDED_TYPES and info.size > EXTENDED_HEADER_LIMIT:
+            raise _ArchiveRefused(f"an extended header (pax, or a GNU long name) claims {info.size:,} bytes; one "
+                                  f"holds a path and a few numbers, at most {EXTENDED_HEADER_LIMIT:,} bytes here")
+        if info.type == tarfile.GNUTYPE_SPARSE:  # its extension blocks would be read before the member is refused
+            raise _ArchiveRefused(f"sparse member {info.name!r} would escape the bundle or is not a plain file")
+        return info
+
+    def _proc_gnusparse_10(self, next, pax_headers, tar):  # noqa: A002 - tarfile's reader of a pax 1.0 sparse map
+        raise _ArchiveRefused(f"sparse member {pax_headers.get('GNU.sparse.name', next.name)!r} would escape the "
+                              "bundle or is not a plain file")
+
+
 def _bundle_holding(directory: Path) -> Path | None:
     """The bundle that ``directory`` is or lies in (resolved), if any: what is written there breaks it."""
     resolved = Path(directory).resolve()
@@ -659,8 +702,13 @@ def pack_bundle(path: Path, archive: Path) -> Path:
     try:
         compression = next((kind for suffix, kind in COMPRESSED_SUFFIXES.items()
                             if archive.name.lower().endswith(suffix)), "")
-        # written to the partial file under the archive's name (a gzip header records it, not '.partial')
-        with open(partial, "wb") as raw, tarfile.open(archive.name, f"w:{compression}", fileobj=raw,
+        # written to the partial file under the archive's name (a gzip header records it, not '.partial'). The name
+        # is predictable: what is there (a killed pack's, or a link someone put in a shared directory such as /tmp
+        # to have the archive written over a file of this user's) is removed, and the file is created anew, never
+        # opened through a link (O_EXCL: a link made again in between fails the open instead).
+        partial.unlink(missing_ok=True)
+        created = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        with open(created, "wb") as raw, tarfile.open(archive.name, f"w:{compression}", fileobj=raw,
                                                       dereference=True) as tar:  # a link goes in as its file
             for name in [MANIFEST, MANIFEST_DIGEST, *sorted(bundle.manifest["files"])]:
                 tar.add(path / name, arcname=f"{top}/{name}", recursive=False)
@@ -721,7 +769,9 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
     """
     archive, destination_dir = Path(archive), Path(destination_dir)
     try:
-        tar = tarfile.open(archive, "r:*")
+        tar = tarfile.open(archive, "r:*", tarinfo=_BoundedTarInfo)
+    except _ArchiveRefused as exc:
+        raise BundleError(f"{archive}: {exc}", "only unpack archives made by 'edgesdk pack'") from exc
     except UNREADABLE as exc:
         try:
             with open(archive, "rb") as file:
@@ -743,6 +793,8 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
     with tar:
         try:
             members = tar.getmembers()
+        except _ArchiveRefused as exc:
+            raise BundleError(f"{archive}: {exc}", "only unpack archives made by 'edgesdk pack'") from exc
         except UNREADABLE as exc:  # a truncated archive fails here, not in open()
             raise BundleError(f"{archive} is truncated or corrupt ({exc})",
                               "re-copy the archive, or re-create it with 'edgesdk pack'") from exc

@@ -80,11 +80,47 @@ def paths(root):
              ".switch.json")}, root
 
 
+def check_root_is_private(root):
+    """Refuse a deploy root that another user could change: one that is, or lies in, a directory owned by a user
+    other than this one and root, or one every user may write without the sticky bit (as ssh's StrictModes refuses
+    such a home). That user could replace what deploy installs (the runtime a service runs as this user, or as root
+    for a system unit) and plant links where deploy writes (its lock file, truncated when taken, pointing to any
+    file of this user's). Both the path as given and the one its links resolve to are checked."""
+    uid = os.geteuid()
+    for start in (os.path.abspath(root), os.path.realpath(root)):
+        path = start
+        while True:
+            facts = os.lstat(path)
+            is_link = facts.st_mode & 0o170000 == 0o120000  # S_IFLNK: a link's own mode bits say nothing
+            shared = not is_link and facts.st_mode & 0o002 and not facts.st_mode & 0o1000  # S_IWOTH, no S_ISVTX
+            if facts.st_uid not in (uid, 0) or shared:
+                try:
+                    import pwd
+
+                    owner = pwd.getpwuid(facts.st_uid).pw_name
+                except (ImportError, KeyError):
+                    owner = f"uid {facts.st_uid}"
+                why = (f"{path} is writable by every user (mode {facts.st_mode & 0o7777:o}, no sticky bit)" if shared
+                       else f"{path} belongs to {owner}, not to this user (uid {uid}) or root")
+                raise Refused(f"the deploy root {root} on the board is not private: {why}, so another user could "
+                              "replace what deploy installs there (the runtime and releases a service runs) or make "
+                              "deploy write through a link to any file of this user's",
+                              "deploy into a directory only this user (and root) can write, e.g. --remote-root "
+                              "~/edgesdk (the default)" + (f", or take the other users' write permission away: "
+                                                           f"chmod o-w {path}" if shared else
+                                                           f", or deploy as {owner}, who owns {path}"))
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+
+
 class Lock:
     """An exclusive flock on ROOT/.deploy.lock, so two deploys never interleave their writes."""
 
     def __init__(self, root, timeout=120.0):
         os.makedirs(root, exist_ok=True)
+        check_root_is_private(root)
         path = os.path.join(root, ".deploy.lock")
         self.handle = open(path, "a+")
         deadline = time.monotonic() + timeout
