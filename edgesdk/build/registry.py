@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 from edgesdk.errors import BuildError
 
@@ -117,8 +117,11 @@ def _typed_value(stage: str, config_class: type, key: str, value: Any) -> Any:
         adapter = TypeAdapter(annotation)
     except PydanticSchemaGenerationError:  # a type pydantic cannot check: the stage checks it
         return value
-    expected = getattr(annotation, "__name__", None) or str(annotation)
+    # a generic alias's __name__ is its origin's alone ("tuple"): the whole type says what the items must be
+    expected = (getattr(annotation, "__name__", None) if not get_args(annotation) else None) or str(annotation)
     fix = f"fix the recipe or the override, e.g. --set {stage}.{key}=<{expected}>"
+    if get_origin(annotation) in (tuple, list):  # a YAML list, quoted on a shell's command line
+        fix += f" (a YAML list: --set '{stage}.{key}=[...]')"
     try:
         checked = adapter.validate_python(value)
     except ValidationError as exc:

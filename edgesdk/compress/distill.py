@@ -38,6 +38,7 @@ from edgesdk.compress.train import (
     run_training,
     trains_with_the_backbone,
 )
+from edgesdk.errors import BuildError
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,24 @@ class DistillConfig:
                              "so the training changes no weight; give either term a weight > 0, or set steps 0 "
                              "to skip the training")
         check_optimiser_settings(self.lr, self.temperature, self.grad_accumulation)
+
+
+def check_soft_prompt(config: DistillConfig, model_config) -> None:
+    """The teacher reads ``soft_prompt_tokens`` random embeddings before each block of ``sequence_length``
+    tokens: both must fit the model's positions, or the teacher computes past its trained context (and 100,000
+    prefix tokens asked for a 40 GB attention mask, failing inside torch with an out-of-memory RuntimeError).
+    Checked before the stage trains; build pipelines call it before any stage runs."""
+    positions = getattr(model_config, "max_position_embeddings", None)
+    prefix, length = config.soft_prompt_tokens, config.sequence_length
+    if not prefix or not isinstance(positions, int) or prefix + length <= positions:
+        return
+    room = positions - length
+    raise BuildError(
+        f"distill.soft_prompt_tokens is {prefix}: with distill.sequence_length {length} the teacher reads "
+        f"{prefix + length} positions, more than the model's max_position_embeddings {positions}",
+        (f"--set distill.soft_prompt_tokens={room} or less" if room > 0 else
+         f"--set distill.sequence_length={positions // 2} or less with a shorter prefix")
+        + ", or --set distill.soft_prompt_tokens=0 (no prefix, the default)")
 
 
 def _use_eager_attention(model) -> None:
@@ -127,6 +146,7 @@ def distillation_loss(student, teacher: TeacherWithPrefix, kept_heads, config: D
 @register_stage("distill", DistillConfig, after=("qat", "prune", "sparsify"),
                 description="attention-aligned distillation from the uncompressed teacher")
 def distill_stage(model, config: DistillConfig, ctx: BuildContext):
+    check_soft_prompt(config, ctx.teacher.config)
     teacher = ctx.teacher.eval()
     for p in teacher.parameters():
         p.requires_grad_(False)

@@ -451,11 +451,35 @@ def plan(model, scores: dict[str, torch.Tensor], batches: list[torch.Tensor], bl
     return plan_masks_by_density(scores, densities, config.min_density)
 
 
+def check_block_fits(model, block: int, from_profile: str | None = None) -> None:
+    """Refuse a block edge that makes a decoder weight one single (padded) block: the density cannot choose among
+    its blocks (the whole weight stays or goes), and a block of 100,000 padded each weight to 100,000 x 100,000 (a
+    40 GB allocation failing inside torch). A weight shorter than the block on one side only (a KV projection that
+    pruning left one group) is padded as the export pads it. ``from_profile``: the name of the target profile whose
+    sparsity_block gave the edge (no sparsify.block_size set). Checked before the stage measures anything; build
+    pipelines call it before any stage runs."""
+    linears = fake_quant.decoder_linears(model)
+    if not linears:
+        return
+    name, longest = min(((name, max(linear.weight.shape)) for name, linear in linears.items()), key=lambda x: x[1])
+    if block < longest:
+        return
+    shape = "x".join(map(str, linears[name].weight.shape))
+    given = (f"the target profile {from_profile}'s sparsity_block is {block} (no sparsify.block_size set)"
+             if from_profile else f"sparsify.block_size is {block}")
+    raise BuildError(f"{given}, but the model's decoder weight {name} is {shape}, so one block of {block} x {block} "
+                     f"covers it whole and the density cannot choose among its blocks: the block edge must be below "
+                     f"{longest}",
+                     f"--set sparsify.block_size={1 << ((longest - 1).bit_length() - 1)} or less (a power of two; the "
+                     "board's kernels use its profile's sparsity_block)")
+
+
 @register_stage("sparsify", SparsifyConfig, after=("qat", "prune"),
                 description="block sparsity (blocks ranked per weight, measured per-weight density, refit)")
 def sparsify_stage(model, config: SparsifyConfig, ctx: BuildContext):
     model.eval()
     block = config.block_size or ctx.profile.sparsity_block
+    check_block_fits(model, block, None if config.block_size else ctx.profile.name)
     batches = ctx.training_data().batches(config.calibration_batches, config.batch_size, config.sequence_length,
                                           config.seed, "sparsify")
     if config.reorder:

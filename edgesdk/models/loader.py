@@ -10,6 +10,8 @@ import contextlib
 import functools
 import importlib.util
 import json
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,11 +88,18 @@ def check_model_type_declared(directory: Path) -> None:
     """Refuse a Hugging Face directory whose config.json names an architecture edgesdk cannot export before
     transformers reads it: one transformers does not know either it refuses as if the config were damaged, and
     tells the user to upgrade transformers. A config.json that cannot be read is left to transformers' reader."""
+    path = Path(directory) / "config.json"
     try:
-        declared = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        declared = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # transformers' reader names the file and says it is not valid JSON
         return
-    model_type = declared.get("model_type") if isinstance(declared, dict) else None
+    if not isinstance(declared, dict):  # transformers' "Unrecognized model ... Should have a `model_type` key"
+        raise ModelSourceError(f"cannot read the model config of {directory}: {path.name} holds a JSON "
+                               f"{type(declared).__name__}, expected an object of the model's settings (model_type, "
+                               "hidden_size, num_hidden_layers ...)",
+                               "use the config.json that came with the weights (e.g. download it again with "
+                               f"'hf download ORG/NAME config.json --local-dir {directory}')")
+    model_type = declared.get("model_type")
     if isinstance(model_type, str):
         check_model_type(model_type, str(directory))
 
@@ -165,8 +174,15 @@ def check_gguf_model(path: Path) -> dict:
     try:
         reader = gguf_reader(path)
     except Exception as exc:  # gguf raises ValueError and struct errors for damaged files
-        raise ModelSourceError(f"cannot read the GGUF file {path}: {type(exc).__name__}: {exc}",
-                               "check that the file is complete (compare its size and sha256 with the source)") \
+        try:
+            size = f"{path.stat().st_size:,} bytes"
+        except OSError:
+            size = "size unknown"
+        why = (f"{exc.strerror or exc}" if isinstance(exc, OSError) else "its header, metadata or tensor table does "
+               f"not fit the file, as in a truncated or damaged download ({type(exc).__name__}: {exc})")
+        raise ModelSourceError(f"cannot read the GGUF file {path} ({size}): {why}",
+                               "check that the file is complete: compare its size and sha256 with the source's, "
+                               "and download it again if they differ") \
             from exc
 
     def field(key: str):
@@ -660,6 +676,97 @@ def check_all_weights_loaded(missing: Any, where: Path) -> None:
         )
 
 
+# the config.json sizes that set the weights' shapes, named in the refusal of weights that do not fit them
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim")
+
+
+def _file_shapes(directory: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """tensor name -> (shape, file name) for every tensor of the directory's safetensors files (headers only)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        with contextlib.suppress(Exception), safe_open(str(file), "pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 - safe_open is no mapping
+                shapes[key] = (tuple(handle.get_slice(key).get_shape()), file.name)
+    return shapes
+
+
+def _explain_mismatched_weights(directory: Path, config: Any, exc: Exception) -> None:
+    """Refuse a Hugging Face directory whose weights have other shapes than its config.json makes (a config.json of
+    another model, a size edited or missing, so that the config class's default stands): transformers' own error
+    ("You set `ignore_mismatched_sizes` to `False` ... look at the above report") names no tensor and no size.
+    Names the first tensors that differ, both shapes, and config.json's sizes (those it does not set, whose
+    default was taken, marked). Returns where nothing can be compared (no readable safetensors header)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    found = _file_shapes(directory)
+    if not found:
+        return
+    try:
+        with torch.device("meta"):
+            empty = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 - only the explanation is lost: the caller raises its own error
+        return
+    expected = {name: tuple(tensor.shape) for name, tensor in empty.state_dict().items()}
+    differ = [(name, shape, file, expected[name]) for name, (shape, file) in found.items()
+              if name in expected and shape != expected[name]]
+    if not differ:
+        return
+    try:
+        declared = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        declared = {}
+    declared = declared if isinstance(declared, dict) else {}
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    sizes = []
+    for name in SHAPE_FIELDS:
+        value = getattr(text_config, name, None)
+        if value is not None:
+            sizes.append(f"{name} {value}" + ("" if name in declared or name in declared.get("text_config", {})
+                                              else " (not in config.json: the default)"))
+    shown = "; ".join(f"{name} is {list(shape)} in {file}, but config.json makes it {list(wanted)}"
+                      for name, shape, file, wanted in differ[:3])
+    raise ModelSourceError(
+        f"the weights of {directory} do not fit its config.json: {len(differ)} tensor(s) have other shapes: {shown}"
+        + (", ..." if len(differ) > 3 else "") + f" (config.json: {', '.join(sizes)})",
+        "use the config.json that came with these weights: its sizes (hidden_size, intermediate_size, "
+        "num_attention_heads, num_key_value_heads, head_dim, vocab_size) must match the weight files; e.g. download "
+        f"it again with 'hf download ORG/NAME config.json --local-dir {directory}'") from exc
+
+
+def check_rope_parameters(config: Any, directory: Path) -> None:
+    """Refuse a config.json whose rotary settings transformers cannot build the model from: a rope_theta given as
+    text or null failed while the weights loaded ("TypeError: unsupported operand type(s) for ** or pow(): 'str' and
+    'Tensor'"), an unknown rope_type with "KeyError: 'weird'", both reported as weights that could not be loaded.
+    ``rope_parameters`` is one mapping, or one per attention kind (Gemma 3: full_attention, sliding_attention)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    parameters = getattr(text_config, "rope_parameters", None)
+    if not isinstance(parameters, dict):
+        return
+    nested = parameters and all(isinstance(value, dict) for value in parameters.values())
+    groups = parameters.items() if nested else [(None, parameters)]
+    known = ["default", *ROPE_INIT_FUNCTIONS]
+    fix = ("use the config.json that came with the model (rope_parameters: {\"rope_type\": \"default\", "
+           "\"rope_theta\": 10000.0} is the plain form; older configs write rope_theta and rope_scaling at the top)")
+    for kind, group in groups:
+        where = f"rope_parameters{f'.{kind}' if kind else ''}"
+        theta = group.get("rope_theta")
+        if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float))
+                                  or not math.isfinite(theta) or theta <= 0):
+            raise ModelSourceError(f"the model config {directory / 'config.json'} gives {where}.rope_theta "
+                                   f"{theta!r:.60}, expected a number > 0 (the rotary base, e.g. 10000.0)", fix)
+        rope_type = group.get("rope_type", group.get("type", "default"))
+        if rope_type not in known:
+            raise ModelSourceError(f"the model config {directory / 'config.json'} gives {where}.rope_type "
+                                   f"{rope_type!r:.60}, which transformers does not know; expected one of "
+                                   f"{', '.join(known)}", fix)
+
+
 def check_all_weights_used(unexpected: Any, where: Path) -> None:
     """Refuse a Hugging Face directory whose weight files hold tensors its config.json gives no place to (more
     layers than ``num_hidden_layers``, biases where ``attention_bias`` / ``mlp_bias`` are off): transformers drops
@@ -739,6 +846,25 @@ def _explain_tokenizer_failure(directory: Path, exc: Exception) -> None:
             "not installed in this Python",
             "install sentencepiece (pip install sentencepiece), or write tokenizer.json once where it is "
             f"installed: AutoTokenizer.from_pretrained(dir).save_pretrained(dir), for dir {directory}") from exc
+    fix = ("copy the model's tokenizer files again (tokenizer.json with tokenizer_config.json, as the model's "
+           f"repository has them), e.g. hf download ORG/NAME tokenizer.json tokenizer_config.json --local-dir {directory}")
+    for name, keys in (("tokenizer_config.json", ()), ("tokenizer.json", ("model", "added_tokens"))):
+        if name not in names:
+            continue
+        try:
+            data = json.loads((directory / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as read_exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            raise ModelSourceError(f"cannot load the tokenizer of {directory}: its {name} is not readable JSON "
+                                   f"({read_exc})", fix) from exc
+        if not isinstance(data, dict):
+            raise ModelSourceError(f"cannot load the tokenizer of {directory}: its {name} holds a JSON "
+                                   f"{type(data).__name__}, expected an object of keys", fix) from exc
+        lacking = [key for key in keys if key not in data]
+        if lacking:
+            raise ModelSourceError(
+                f"cannot load the tokenizer of {directory}: its {name} lacks the key(s) {', '.join(lacking)}, which "
+                "the tokenizers library's serialisation has (version, added_tokens, normalizer, pre_tokenizer, "
+                "post_processor, decoder, model)", fix) from exc
     if not names.intersection(TOKENIZER_FILES) and not any(name.endswith(".tiktoken") for name in names):
         raise ModelSourceError(
             f"cannot load the tokenizer of {directory}: it has no tokenizer file ({', '.join(TOKENIZER_FILES)})",
@@ -782,6 +908,14 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
         else:
             config = AutoConfig.from_pretrained(location, **kwargs, **overrides)
     except Exception as exc:  # transformers raises many types for unreadable or unknown files
+        wrong = re.search(r"Field '(\w+)' expected (.+?), got (\w+) \(value: (.*?)\)", str(exc))
+        if wrong and source.kind == "hf-dir":  # transformers' strict config classes: a size given as text or null
+            field_name, expected, got, value = wrong.groups()
+            raise ModelSourceError(
+                f"the model config {source.path / 'config.json'} gives {field_name} {value[:60]} "
+                f"({'null' if got == 'NoneType' else f'a {got}'}), expected {expected}",
+                f"set {field_name} in config.json to a value of type {expected} (a number is written without "
+                "quotes), or use the config.json that came with the weights") from exc
         raise ModelSourceError(
             f"cannot read the model config of {source.path}: {type(exc).__name__}: {exc}",
             incomplete_model_fix(source),
@@ -793,6 +927,8 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
         # past a small vocabulary fails the embedding's padding_idx check
         config.pad_token_id = None
     check_architecture(config, str(source.path))
+    if source.kind == "hf-dir":
+        check_rope_parameters(config, source.path)
     declared = getattr(config, "quantization_config", None)
     if isinstance(declared, dict) and str(declared.get("quant_method")).lower() in DEQUANTIZED_METHODS:
         # FineGrainedFP8 (the one quantized form sources.check_not_quantized lets through): weights times their
@@ -820,6 +956,8 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
                 "use the model's safetensors weights, or, where you trust the file, convert it once: "
                 "AutoModelForCausalLM.from_pretrained(dir, weights_only=False).save_pretrained(dir)",
             ) from exc
+        if source.kind == "hf-dir" and "mismatched" in str(exc):  # transformers: "ignore_mismatched_sizes"
+            _explain_mismatched_weights(source.path, config, exc)
         raise ModelSourceError(
             f"cannot load the weights of {source.path}: {type(exc).__name__}: {exc}",
             incomplete_model_fix(source),

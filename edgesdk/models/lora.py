@@ -314,7 +314,51 @@ def _peft_config(adapter: LoraAdapter, directory: Path) -> dict:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ModelSourceError(f"{where}: {PEFT_CONFIG} gives {name} {value!r}, expected a positive number",
                                    "pass the adapter_config.json PEFT wrote with the adapter")
+    for name, what in (("r", "rank"), ("lora_alpha", "alpha")):
+        _check_setting(where, name, config.get(name, 8), what)
+    for name, what in (("rank_pattern", "rank"), ("alpha_pattern", "alpha")):
+        patterns = config.get(name)
+        if patterns is None:
+            continue
+        if not isinstance(patterns, dict):
+            raise ModelSourceError(
+                f"{where}: {PEFT_CONFIG} gives {name} {json.dumps(patterns)[:60]}, expected a JSON object of module "
+                f"name patterns and their {what}s, e.g. {{\"q_proj\": 8}}",
+                "pass the adapter_config.json PEFT wrote with the adapter ({} where no module has its own)")
+        for key, value in patterns.items():
+            _check_setting(where, f"{name}[{key!r}]", value, what)
     return config
+
+
+def _check_setting(where: str, name: str, value, what: str) -> None:
+    """A rank (a whole number >= 1) or an alpha (a finite number > 0) of adapter_config.json, or the refusal naming
+    it: ``int()`` and ``float()`` failed on a text or null value with a bare ValueError or TypeError, a NaN alpha
+    merged NaN weights, and a rank of 4.5 was read as 4."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if number and value > 0 and (what != "rank" or float(value).is_integer()):
+        return
+    expected = "a whole number >= 1" if what == "rank" else "a finite number > 0"
+    raise ModelSourceError(f"{where}: {PEFT_CONFIG} gives {name} {json.dumps(value)[:60]}, expected {expected} "
+                           f"(the LoRA {what})", "pass the adapter_config.json PEFT wrote with the adapter")
+
+
+def _check_finite(where: str, key: str, tensor) -> None:
+    """Refuse an adapter tensor holding NaN or infinity: merged, it made the model's logits NaN, which the export
+    then blamed on a compression stage."""
+    import numpy as np
+    import torch
+
+    if isinstance(tensor, np.ndarray):  # a GGUF adapter's dequantized factor (read-only: no torch view of it)
+        finite = np.isfinite(tensor) if np.issubdtype(tensor.dtype, np.floating) else None
+        bad, total = (int((~finite).sum()) if finite is not None else 0), int(tensor.size)
+    else:
+        finite = torch.isfinite(tensor) if tensor.is_floating_point() else None
+        bad, total = (int((~finite).sum()) if finite is not None else 0), tensor.numel()
+    if bad:
+        raise ModelSourceError(f"{where}: {key} holds {bad} NaN or infinite value(s) of {total}: merged, "
+                               "they would make every output NaN",
+                               "pass an adapter saved from a training run that did not diverge (check its loss), "
+                               "or save it again")
 
 
 def _peft_tensors(adapter: LoraAdapter, directory: Path) -> tuple[Path, dict]:
@@ -464,6 +508,7 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
                                    f"of the model has shape {tuple(parameter.shape)}", fix_base)
         if torch.equal(tensor.to(parameter.dtype), parameter.detach()):
             continue  # the base's own value (an embedding saved unchanged): nothing to replace, nothing to untie
+        _check_finite(where, key, tensor)
         read.replaced[f"{name}.{target['param']}"] = tensor
 
     for path, pair in sorted(pairs.items()):
@@ -500,6 +545,8 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
                     f"({tuple(module.weight.shape)}) with rank {rank} ({PEFT_CONFIG}'s r"
                     + (", rank_pattern" if config.get("rank_pattern") else "") + f") takes {expected[key]}",
                     fix_base)
+        for key, tensor in ((key_a, a), (key_b, b)):
+            _check_finite(where, key, tensor)
         factor = alpha / (math.sqrt(rank) if config.get("use_rslora") else rank)
         # PEFT's Embedding.get_delta_weight: transpose(B @ A); its Linear: B @ A (fan_in_fan_out is set to False
         # for an nn.Linear target when the adapter is made, so it does not transpose)
@@ -550,7 +597,12 @@ def _read_gguf(adapter: LoraAdapter, model, base_architecture: str | None) -> Re
         raise ModelSourceError(f"{where}: the adapter is an activated LoRA (adapter.alora.invocation_tokens), which "
                                "applies only after its invocation tokens and cannot be merged into the weights",
                                "use a plain LoRA adapter")
-    alpha = float(field("adapter.lora.alpha") or 0.0)  # llama.cpp: absent reads as 0, and 0 means no alpha / r
+    alpha = field("adapter.lora.alpha") or 0.0  # llama.cpp: absent reads as 0, and 0 means no alpha / r
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
+        raise ModelSourceError(f"{where}: adapter.lora.alpha is {alpha!r:.60}, expected a finite number >= 0 (0 or "
+                               "absent: no alpha / r scaling, as llama.cpp reads it)",
+                               "convert the adapter again with llama.cpp's convert_lora_to_gguf.py")
+    alpha = float(alpha)
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
     arch_id = next(key for key, value in MODEL_ARCH_NAMES.items() if value == arch)
@@ -592,6 +644,7 @@ def _read_gguf(adapter: LoraAdapter, model, base_architecture: str | None) -> Re
         else:
             expected = {"lora_a": (rank, in_size), "lora_b": (out_size, rank)}
         for part, value in (("lora_a", a), ("lora_b", b)):
+            _check_finite(where, f"{base_name}.{part}", value)
             if value.shape != expected[part]:
                 raise ModelSourceError(f"{where}: {base_name}.{part} has shape {value.shape}, but the base model's "
                                        f"{base_name} ({module_name}, {tuple(module.weight.shape)}) with rank {rank} "

@@ -70,10 +70,19 @@ class PowerConfig:
     seed: int = 0  # prompts and sampling
 
     def __post_init__(self):
-        if self.rank < 1 or not 0 < self.max_fraction <= 0.05:
-            raise ValueError("rank >= 1 and 0 < max_fraction <= 0.05 are required")
-        if not 0 < self.tau_train < 1 or not 0 < self.budget <= 1:
-            raise ValueError("tau_train must be in (0, 1) and budget in (0, 1]")
+        # each refusal names the setting and its value (the registry adds the stage and the fix's --set form)
+        if self.rank < 1:
+            raise ValueError(f"rank={self.rank}: the adapters' bottleneck width must be at least 1; set power.rank "
+                             "to 1 or more (default 32)")
+        if not 0 < self.max_fraction <= 0.05:
+            raise ValueError(f"max_fraction={self.max_fraction}: the adapters' largest share of the model must be in "
+                             "(0, 0.05]; set power.max_fraction to e.g. 0.01 (the default)")
+        if not 0 < self.tau_train < 1:
+            raise ValueError(f"tau_train={self.tau_train}: the gates' threshold must be in (0, 1) (gates are "
+                             "sigmoids); set power.tau_train to e.g. 0.5 (the default)")
+        if not 0 < self.budget <= 1:
+            raise ValueError(f"budget={self.budget}: the executed-FFN fraction allowed must be in (0, 1]; set "
+                             "power.budget to e.g. 0.75 (the default)")
         # A fresh adapter gives every token the gate sigmoid(gate_init); below tau_train every FFN is skipped from
         # the first rollout, and Adam moves the gate logit by about lr a round, so the gates stay shut (tau_train
         # 0.7 with the default gate_init: no FFN block ran in any round of a tiny model's training).
@@ -83,8 +92,12 @@ class PowerConfig:
             raise ValueError(f"gate_init={self.gate_init} starts every gate at sigmoid({self.gate_init}) = {opened:.3f}, "
                              f"below tau_train={self.tau_train}, so every FFN would be skipped from the first rollout; "
                              f"set power.gate_init above {least:.3f} (the logit of tau_train), e.g. {least + 0.5:.2f}")
-        if self.rounds < 0 or self.rollout < 1 or self.new_tokens < WINDOW:
-            raise ValueError(f"rounds >= 0, rollout >= 1 and new_tokens >= {WINDOW} (one entropy window) are required")
+        for name, least, what, why in (("rounds", 0, "on-policy rounds", " (0: no training)"),
+                                       ("rollout", 1, "continuations sampled per round", ""),
+                                       ("new_tokens", WINDOW, "tokens per continuation", " (one entropy window)")):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name}={getattr(self, name)}: the {what} must be at least {least}{why}; set "
+                                 f"power.{name} to {least} or more")
         if self.micro_batch < 1:  # train.train_adapters took max(1, ...): 0 or -4 quietly ran micro-batches of 1
             raise ValueError(f"micro_batch={self.micro_batch}: the sequences per backward pass (gradient accumulation "
                              f"over the rollout of {self.rollout}) must be at least 1; set power.micro_batch to 1 or "
