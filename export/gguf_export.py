@@ -174,6 +174,8 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
 
     partial = destination.with_name(destination.name + ".partial")
     try:
+        # a link planted at the partial's predictable name would be written through (gguf's writer opens by path)
+        partial.unlink(missing_ok=True)
         _write(partial, architecture, decoder, shape, vocab, encoded, file_type, manifest,
                _chat_template(bundle, tokenizer))
         verified = verify_gguf(partial, tensors) if config.verify else 0

@@ -189,7 +189,7 @@ def cached_teacher_text(teacher, tokenizer, config: DataConfig, progress: bool) 
     path = cache_dir() / "teacher-text" / f"{teacher_key(teacher, config, tokenizer)}.pt"
     if path.is_file():
         try:
-            cached = torch.load(path)
+            cached = torch.load(path, weights_only=True)  # a tensor; a planted pickle must not run (torch < 2.6)
         except Exception as exc:  # torch.load fails in many ways on a damaged file (EOFError, RuntimeError, KeyError)
             cached = exc
         if isinstance(cached, torch.Tensor) and cached.dtype == torch.long and cached.dim() == 1 and cached.numel():
