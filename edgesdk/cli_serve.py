@@ -62,7 +62,8 @@ def _token_limit(value: int) -> int:
               help="TCP port (0: a free one, printed at start).")
 @click.option("--api-key", envvar="EDGESDK_API_KEY", show_envvar=True,
               help="Require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on every route but /health; "
-                   "several keys as a comma-separated list (KEY1,KEY2), as llama-server's --api-key takes them.")
+                   "several keys as a comma-separated list (KEY1,KEY2), as llama-server's --api-key takes them. A key on the "
+                   "command line shows in 'ps' to every user of the board: prefer the environment variable.")
 @click.option("--model-name", "--alias", "-a", "model_names", multiple=True, metavar="NAME",
               help="Model id the API reports (llama-server's --alias) [<model>-<target> from the manifest]. With "
                    "several bundles: NAME=BUNDLE, once for each bundle to rename.")
