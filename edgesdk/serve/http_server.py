@@ -1101,10 +1101,15 @@ class ApiHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             raise ApiError(400, f"the Content-Length header must be one whole number of bytes, got "
                            f"{', '.join(map(repr, lengths))}")
-        size = int(lengths[0])
+        digits = lengths[0].lstrip("0") or "0"
+        # more digits than the limit has is past it, unread: int() refuses a text past 4300 digits (CPython's
+        # int_max_str_digits, a ValueError that was a 500)
+        too_long = len(digits) > len(str(MAX_BODY_BYTES))
+        size = MAX_BODY_BYTES + 1 if too_long else int(digits)
         if size > MAX_BODY_BYTES:
             self.close_connection = True  # the body is left unread: this connection cannot carry another request
-            raise ApiError(413, f"the request body has {size:,} bytes; this server reads at most {MAX_BODY_BYTES:,}")
+            said = f"a {len(digits):,}-digit number of" if too_long else f"{size:,}"
+            raise ApiError(413, f"the request body has {said} bytes; this server reads at most {MAX_BODY_BYTES:,}")
         return size
 
     def _read_chunked(self) -> bytes:
