@@ -60,15 +60,15 @@ def quantize_blockwise(weight: np.ndarray, bits: int, block_size: int) -> BlockQ
     absmax = np.abs(grouped).max(axis=-1, keepdims=True)
     with np.errstate(over="ignore"):  # an overflow to infinity is reported below, by name
         scales = half_scales(np.where(absmax > 0, absmax / qmax, 1.0).astype(np.float32))
-    _check_representable(padded, absmax, scales, bits)
+    _check_representable(padded, k, absmax, scales, bits)
     if bits == 4:
         scales = _search_scales(grouped, absmax, scales, qmax)
     codes = np.clip(np.rint(grouped / scales), -qmax - 1, qmax).astype(np.int16) + 2 ** (bits - 1)
     return BlockQuantized(pack_codes(codes.astype(np.uint8), bits), scales.reshape(-1), bits, block_size, k, n)
 
 
-def _check_representable(padded: np.ndarray, absmax: np.ndarray, scales: np.ndarray, bits: int) -> None:
-    """Refuse a weight whose blocks have no finite float16 scale.
+def _check_representable(padded: np.ndarray, k: int, absmax: np.ndarray, scales: np.ndarray, bits: int) -> None:
+    """Refuse a weight whose blocks have no finite float16 scale (``k``: its rows before the zero padding, as named).
 
     MatMulNBits and GatherBlockQuantized (ONNX Runtime contrib ops) compute ``(code - zero point) *
     scale`` and this layout stores each scale as float16 (largest finite value 65504): a NaN or
@@ -78,7 +78,7 @@ def _check_representable(padded: np.ndarray, absmax: np.ndarray, scales: np.ndar
     """
     from edgesdk.errors import ExportError
 
-    k, n = padded.shape
+    n = padded.shape[1]
     if not np.isfinite(padded).all():
         row, column = np.argwhere(~np.isfinite(padded))[0]
         raise ExportError(

@@ -378,6 +378,7 @@ def build(config: BuildConfig) -> Bundle:
         build_key["adapters"] = [{**file_fingerprint(Path(adapter.path).expanduser()), "scale": adapter.scale}
                                  for adapter in config.adapters]
     work = WorkDir(out.with_name(out.name + ".build"), build_key, config.resume)
+    stopped_by = None  # the signal that stopped the build, delivered again once it has unwound
     try:  # the lock is this build's while it runs, however it ends (a failed stage in a process that goes on)
         with _stop_signals_unwind():
             if config.resume and not work.state["done"]:
@@ -388,20 +389,32 @@ def build(config: BuildConfig) -> Bundle:
             remove_work_dir(work.path)
         if isinstance(exc, BuildStopped):
             _log(f"stopped ({exc.signal_name})")
+            stopped_by = exc.signum
         if work.state["done"] and work.path.is_dir():  # say how not to lose them
             _log(f"the finished steps ({', '.join(work.state['done'])}) are kept in {work.path}: run the same "
                  "command with --resume to go on from there")
         raise
     finally:
         work.release()
+        if stopped_by is not None:
+            # The process ends by the signal, at its default action (restored as the build unwound), as it did
+            # before the build took the signal over: the parent sees SIGTERM (systemd a clean stop, a shell 143),
+            # and a Python API caller's own handlers and non-daemon threads do not keep it running.
+            for stream in (sys.stdout, sys.stderr):  # what was printed is not lost with the process
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os.kill(os.getpid(), stopped_by)
 
 
 class BuildStopped(SystemExit):
     """A build ended by SIGTERM or SIGHUP (a service manager's or ``timeout``'s stop, ``docker stop``, a closed
-    terminal); its code is the shell's 128 + the signal's number."""
+    terminal), raised to unwind it; once it has, :func:`build` delivers the signal again at its default action, so
+    the process ends by it (a shell reports 128 + the signal's number). Its code is that number too, for a process
+    where the signal does not end it."""
 
     def __init__(self, signum: int):
         super().__init__(128 + signum)
+        self.signum = signum
         self.signal_name = signal.Signals(signum).name
 
 

@@ -479,8 +479,11 @@ class Completer:
         """llama-server's ``GET /props``: the context, the settings a request that sets none gets, the chat
         template and the special tokens (what llama.cpp's web UI and clients read at start)."""
         defaults, tokenizer = self.defaults, self.runtime.tokenizer
-        params = {"n_predict": defaults.max_tokens, "temperature": defaults.temperature, "top_p": defaults.top_p,
-                  "top_k": defaults.top_k, "min_p": defaults.min_p, "samplers": list(defaults.samplers),
+        # serve -n -1 (no limit but the context) is -1 here, as llama-server's "-1 = infinity" reads
+        unlimited = defaults.max_tokens >= UNTIL_THE_CONTEXT_FILLS
+        params = {"n_predict": -1 if unlimited else defaults.max_tokens, "temperature": defaults.temperature,
+                  "top_p": defaults.top_p, "top_k": defaults.top_k, "min_p": defaults.min_p,
+                  "samplers": list(defaults.samplers),
                   "repeat_penalty": defaults.repeat_penalty, "repeat_last_n": defaults.repeat_last_n,
                   "presence_penalty": 0.0, "frequency_penalty": 0.0, "cache_prompt": defaults.prompt_cache,
                   "n_keep": defaults.n_keep, "n_discard": 0,

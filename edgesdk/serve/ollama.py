@@ -1326,7 +1326,9 @@ def show(completer: Completer, served: str, body: object) -> dict:
     facts, defaults = _model_facts(completer), completer.defaults
     family = str(facts.get("architecture", "model"))
     context = completer.runtime.backend.max_context
-    parameters = {"num_ctx": context, "num_predict": defaults.max_tokens, "temperature": defaults.temperature,
+    # serve -n -1 (no limit but the context): Ollama's num_predict -1, "infinite generation"
+    predict = -1 if defaults.max_tokens >= UNTIL_THE_CONTEXT_FILLS else defaults.max_tokens
+    parameters = {"num_ctx": context, "num_predict": predict, "temperature": defaults.temperature,
                   "top_k": defaults.top_k, "top_p": defaults.top_p, "min_p": defaults.min_p,
                   "repeat_penalty": defaults.repeat_penalty, "repeat_last_n": defaults.repeat_last_n}
     text = "\n".join(f"{name:<30} {value}" for name, value in parameters.items())
