@@ -123,15 +123,16 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
 
 
 def _temperature(value: object) -> float | None:
-    """``temperature``: any finite number >= 0 (0: greedy), None where absent or null (the server's). llama-server
-    takes it without OpenAI's upper bound of 2 (tools/server/server-schema.cpp: limits 0 to infinity; its README,
-    "POST /completion"); creative-writing clients of this route send more than 2 beside min-p."""
+    """``temperature``: any finite number, below 0 read as 0 (greedy); None where absent or null (the server's).
+    llama-server takes it without OpenAI's upper bound of 2 and clamps rather than refuses it (its README, "POST
+    /completion": with a temperature below 0 the tokens are sampled greedily, n_probs still reported);
+    creative-writing clients of this route send more than 2 beside min-p."""
     if value is None:
         return None
-    if not finite_number(value) or value < 0:
-        raise ApiError(400, f"'temperature' must be a finite number >= 0 (0: greedy), got {_shown(value)}",
+    if not finite_number(value):
+        raise ApiError(400, f"'temperature' must be a finite number (0 or below: greedy), got {_shown(value)}",
                        param="temperature")
-    return float(value)
+    return max(float(value), 0.0)
 
 
 def _limit(body: dict, name: str) -> float:
