@@ -285,6 +285,23 @@ def check_gemma_stages(stages: list[tuple[str, object]], export_config: ExportCo
                          "sparsify.reorder=false")
 
 
+def check_stage_sizes(stages: list[tuple[str, object]], model, profile) -> None:
+    """Sizes a stage would find past the loaded model, refused before any stage runs rather than when that stage
+    starts, after QAT's training: distill's soft prompt beside its sequence (edgesdk.compress.distill.check_soft_prompt)
+    and sparsify's block edge (edgesdk.compress.sparsify.check_block_fits; with prune before it the widths are the
+    pruned model's, which the sparsify stage checks itself)."""
+    from edgesdk.compress.distill import check_soft_prompt
+    from edgesdk.compress.sparsify import check_block_fits
+
+    names = [name for name, _ in stages]
+    for name, config in stages:
+        if name == "distill":
+            check_soft_prompt(config, model.config)
+        elif name == "sparsify" and "prune" not in names[:names.index("sparsify")]:
+            check_block_fits(model, config.block_size or profile.sparsity_block,
+                             None if config.block_size else profile.name)
+
+
 def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportConfig, profile) -> None:
     """A sparse export stores the profile's sparsity_block blocks, and compiles kernels for the profile's GPU SM;
     a sparsify stage that drops other blocks, or an SM the kernels have no launch settings for, would fail at
@@ -498,6 +515,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
                  f"max_position_embeddings is {context}")
         check_depth_pruning(stages, loaded.model.config.num_hidden_layers)
         check_width_pruning(stages, loaded.model)
+        check_stage_sizes(stages, loaded.model, profile)
         check_power_stage(stages, loaded.model.config)
         check_gemma_stages(stages, export_config, loaded.model.config)
     except EdgeSDKError:
