@@ -17,38 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from tests._utils.builds import QDQ_RECIPE
 from tests._utils.signals import default_signals
+from tests.unit.test_build_kill37 import DRIVER as KILL_DRIVER
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs POSIX signals (SIGSTOP, SIGTERM)")
 
-QDQ_RECIPE = """name: tiny-qdq47
-stages:
-  - stage: smooth
-    config: {calibration_batches: 2, batch_size: 2, sequence_length: 24}
-  - stage: qat
-    config: {granularity: channel, activations: tensor, embedding_bits: null, steps: 2, batch_size: 2,
-             sequence_length: 24, observer_batches: 2}
-export: {form: standard, weights: int8}
-"""
-
-# The build command; pauses itself (SIGSTOP) at the first open / rename / mkdir whose "event path" matches the regular
-# expression in EDGESDK_TEST_STOP_AT (the event fires before the call does its work).
-DRIVER = r"""
-import os, re, signal, sys
-pattern = os.environ.get("EDGESDK_TEST_STOP_AT")
-if pattern:
-    pattern, seen = re.compile(pattern), [0]
-    def hook(event, args):
-        if event not in ("open", "os.rename", "os.mkdir") or not isinstance(args[0], (str, bytes, os.PathLike)):
-            return
-        if not seen[0] and pattern.search(f"{event} {os.fsdecode(args[0])}"):
-            seen[0] = 1
-            os.kill(os.getpid(), signal.SIGSTOP)
-    sys.addaudithook(hook)
-from edgesdk.cli import entry
-sys.argv = ["edgesdk", *sys.argv[1:]]
-entry()
-"""
+# the build command under kill37's audit hook, which pauses it (SIGSTOP) at the first open / rename / mkdir whose
+# "event path" matches the regular expression in EDGESDK_TEST_STOP_AT (the event fires before the call does its work)
+DRIVER = KILL_DRIVER
 
 
 class Builds:
