@@ -238,7 +238,10 @@ def test_an_empty_system_prompt_is_a_system_message(runtime):
 
 
 CHAT_TEMPLATES = {
-    "loop-controls": "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
+    # the system text written before the loop, which skips it (a template that left it out altogether takes no
+    # system role, and gets it merged into the next message, as llama.cpp does: tests/unit/test_chat_template47.py)
+    "loop-controls": "{% if messages[0].role == 'system' %}[{{ messages[0].content }}]{% endif %}"
+                     "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
                      "<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
     "strftime-now": "Today {{ strftime_now('%Y-%m-%d') }}{% for m in messages %} {{ m.content }}{% endfor %}",
     "tojson": "{{ messages | tojson }}",
