@@ -7,20 +7,10 @@ import json
 
 import pytest
 
-from edgesdk.runtime.json_schema import SchemaConstraint
 from edgesdk.serve.tools import ToolError, parse_tools
+from tests.unit.test_tools import _accepts
 
-BYTES = [bytes([b]) for b in range(256)]
 OTHER = {"type": "function", "function": {"name": "other"}}
-
-
-def _accepts(tools, text: str) -> bool:
-    constraint = SchemaConstraint(BYTES, tools.schema)
-    for byte in text.encode():
-        if not constraint.allows(byte):
-            return False
-        constraint.advance(byte)
-    return constraint.complete
 
 
 @pytest.mark.parametrize("name", ["none", "auto", "required"])
