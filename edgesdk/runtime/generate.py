@@ -136,8 +136,9 @@ class SamplingConfig:
                 raise ValueError(f"{name} must be a number, got {value!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:  # NaN fails this too
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        # 0 keeps the likeliest token alone, as llama.cpp's top-p (min_keep 1) and OpenAI's range [0, 1] allow
+        if not 0 <= self.top_p <= 1:  # NaN fails this too
+            raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, Integral) or self.top_k < 0:
             raise ValueError(f"top_k must be a whole number >= 0 (0: off), got {self.top_k!r}")
         if isinstance(self.min_p, bool) or not isinstance(self.min_p, Real) or not 0 <= self.min_p <= 1:

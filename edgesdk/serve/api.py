@@ -712,10 +712,8 @@ def _repeat_penalty(value: object) -> float | None:
 
 
 def _top_p(value: object) -> float | None:
-    top_p = _number(value, "top_p", 0.0, 1.0, "(0, 1]")
-    if top_p == 0.0:
-        raise ApiError(400, "'top_p' must be a number in (0, 1], got 0", param="top_p")
-    return top_p
+    """OpenAI's ``top_p``, in [0, 1]: 0 keeps the likeliest token alone, as llama.cpp's top-p sampler does."""
+    return _number(value, "top_p", 0.0, 1.0, "[0, 1]")
 
 
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a bias: [-100, 100]

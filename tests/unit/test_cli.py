@@ -333,7 +333,7 @@ def test_run_sampling_is_reproducible_with_a_seed(bundle, temperature):
         assert other.stdout != first.stdout
 
 
-@pytest.mark.parametrize(("option", "value"), [("--temperature", "nan"), ("--top-p", "0"), ("-n", "0")])
+@pytest.mark.parametrize(("option", "value"), [("--temperature", "nan"), ("--top-p", "1.5"), ("-n", "0")])
 def test_run_bad_sampling_option_is_a_usage_error(bundle, option, value):
     result = invoke("run", bundle, "--prompt", "hi", option, value)
     assert result.exit_code == 2, result.output
@@ -578,7 +578,7 @@ def test_eval_context_alone_sets_the_stride(bundle, text_file):
 @pytest.mark.parametrize(("args", "fragment"), [
     (("--seed", -2), "--seed"),  # -1 is llama-cli's "random"
     (("--temperature", "nan"), "temperature must be a finite number"),
-    (("--top-p", "nan"), "top_p must be in (0, 1]"),
+    (("--top-p", "nan"), "top_p must be in [0, 1]"),
 ], ids=["negative-seed", "nan-temperature", "nan-top-p"])
 def test_run_refuses_sampling_options_it_cannot_use(bundle, args, fragment):
     result = invoke("run", bundle, "--prompt", "hello", "-n", 3, *args)

@@ -96,12 +96,12 @@ def test_do_sample_false_keeps_the_bundle_greedy():
 def test_values_out_of_range_are_warnings_and_left_out():
     from edgesdk.models.generation_defaults import from_generation_config, from_gguf_fields
 
-    read = from_generation_config({"temperature": -1, "top_p": 0, "top_k": 20.0, "min_p": 2, "sequence": "top_k;bogus",
+    read = from_generation_config({"temperature": -1, "top_p": 1.5, "top_k": 20.0, "min_p": 2, "sequence": "top_k;bogus",
                                    "penalty_repeat": 1.2, "repetition_penalty": 1.05})
     assert read.values == {"top_k": 20, "repeat_penalty": 1.2}  # penalty_repeat first, as gguf-py's Metadata.load
     shown = "\n".join(read.warnings)
     for fragment in ("temperature -1 is not used: temperature must be a finite number >= 0",
-                     "top_p 0 is not used: top_p must be in (0, 1]", "min_p 2 is not used",
+                     "top_p 1.5 is not used: top_p must be in [0, 1]", "min_p 2 is not used",
                      "sequence 'top_k;bogus' is not used: samplers holds 'bogus'"):
         assert fragment in shown
     read = from_gguf_fields({"top_k": -5, "temp": float("nan"), "sequence": "top_k;temperature", "mirostat": 2})
@@ -175,7 +175,7 @@ def _edited_copy(bundle, root: Path, generation) -> Path:
 
 
 @pytest.mark.parametrize(("generation", "named"), [
-    ({"sampling": {"top_p": 0}, "source": "generation_config.json"}, "'generation.sampling.top_p': top_p must be in"),
+    ({"sampling": {"top_p": 1.5}, "source": "generation_config.json"}, "'generation.sampling.top_p': top_p must be in"),
     ({"sampling": {"temperature": "hot"}, "source": "x"}, "'generation.sampling.temperature': temperature must be a"),
     ({"sampling": {"top_k": 2.5}, "source": "x"}, "'generation.sampling.top_k': top_k must be a whole number"),
     ({"sampling": {"mirostat": 2}, "source": "x"}, "'generation.sampling.mirostat' is not a sampling setting"),
@@ -351,7 +351,7 @@ def test_export_writes_general_sampling_keys_a_gguf_build_reads_back(bundle, tmp
     assert read_gguf_sampling(exported) == {"temp": 0.6, "top_p": 0.95, "top_k": 20, "penalty_repeat": 1.05}
 
     source = rewrite_gguf(exported, tmp_path / "source.gguf", fields={
-        "general.sampling.temp": (0.7, GGUFValueType.FLOAT32), "general.sampling.top_p": (0.0, GGUFValueType.FLOAT32),
+        "general.sampling.temp": (0.7, GGUFValueType.FLOAT32), "general.sampling.top_p": (1.5, GGUFValueType.FLOAT32),
         "general.sampling.sequence": ("top_k;temperature", GGUFValueType.STRING),
         "general.sampling.mirostat": (2, GGUFValueType.INT32)})
     root = tmp_path / "from-gguf"
@@ -363,7 +363,7 @@ def test_export_writes_general_sampling_keys_a_gguf_build_reads_back(bundle, tmp
         "sampling": {"temperature": 0.7, "top_k": 20, "repeat_penalty": 1.05, "samplers": ["top_k", "temperature"]},
         "source": "GGUF general.sampling"}
     text = log.getvalue()
-    assert "warning: GGUF key general.sampling.top_p 0.0 is not used: top_p must be in (0, 1]" in text
+    assert "warning: GGUF key general.sampling.top_p 1.5 is not used: top_p must be in [0, 1]" in text
     assert "not applied (edgesdk has no such sampler): general.sampling.mirostat 2" in text
     again = export_gguf(rebuilt.path, tmp_path / "again.gguf").path
     assert read_gguf_sampling(again)["sequence"] == "top_k;temperature"

@@ -63,7 +63,7 @@ def test_chat_request_normalises_roles_and_text_parts():
     ({"json_schema": {"type": "object", "properties": {"a": {"type": "string", "contentEncoding": "base64"}}}}, "json_schema"),
     ({"temperature": "hot"}, "temperature"),
     ({"temperature": 2.5}, "temperature"),
-    ({"top_p": 0}, "top_p"),
+    ({"top_p": -0.1}, "top_p"),  # 0 is OpenAI's and llama.cpp's greedy nucleus
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": 1.5}, "max_tokens"),
     ({"max_tokens": True}, "max_tokens"),
