@@ -146,7 +146,7 @@ def test_logits_that_are_not_finite_are_a_backend_error(temperature, bad):
     assert "--backend ort-cpu" in info.value.fix
 
 
-@pytest.mark.parametrize(("field", "value"), [("max_new_tokens", 0), ("temperature", -0.1), ("top_p", 0.0)])
+@pytest.mark.parametrize(("field", "value"), [("max_new_tokens", 0), ("temperature", -0.1), ("top_p", -0.1), ("top_p", 1.5)])  # top_p 0 is greedy, as llama.cpp
 def test_sampling_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingConfig(**{field: value})
