@@ -8,20 +8,12 @@ import json
 
 import pytest
 
-from edgesdk.runtime.json_schema import SchemaConstraint, SchemaError, compile_schema
+from edgesdk.runtime.json_schema import SchemaError, compile_schema
+from tests.unit.test_json_schema_allof40 import _takes
 
 BYTES = [bytes([b]) for b in range(256)]  # a "tokenizer" whose token i is byte i
 HUGE = 10 ** 400  # a JSON integer (RFC 8259 sets numbers no range) that no double holds
 
-
-def _takes(schema, text: str) -> bool:
-    """The constraint takes ``text`` byte by byte and is complete at its end."""
-    constraint = SchemaConstraint(BYTES, compile_schema(schema))
-    for byte in text.encode():
-        if not constraint.allows(byte):
-            return False
-        constraint.advance(byte)
-    return constraint.complete
 
 
 def _items(schema: dict) -> dict:
