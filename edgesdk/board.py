@@ -30,8 +30,12 @@ import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# L4T release -> JetPack release (jetson_stats jetson_variables.py, NVIDIA JetPack archive).
+# L4T release -> JetPack release (jetson_stats jetson_variables.py, dusty-nv/jetson-containers
+# jetson_containers/l4t_version.py, NVIDIA JetPack archive). Orin's releases start at R34.1 (JetPack 5.0 DP).
 L4T_TO_JETPACK: dict[str, str] = {
+    "34.1.0": "5.0 DP",
+    "34.1.1": "5.0.1 DP",
+    "35.1.0": "5.0.2",
     "35.2.1": "5.1",
     "35.3.1": "5.1.1",
     "35.4.1": "5.1.2",
@@ -51,6 +55,7 @@ L4T_TO_JETPACK: dict[str, str] = {
     "36.5.0": "6.2.2",
     "38.2.0": "7.0",
     "38.2.1": "7.0",
+    "38.2.2": "7.0",
     "38.4.0": "7.1",
 }
 
@@ -64,6 +69,7 @@ _ARM_CPU_PARTS: dict[tuple[str, str], str] = {
     ("0x41", "0xd41"): "Cortex-A78",
     ("0x41", "0xd42"): "Cortex-A78AE",
     ("0x41", "0xd4f"): "Neoverse-V2",
+    ("0x41", "0xd83"): "Neoverse-V3AE",  # Jetson Thor (JetPack 7)
     ("0x4e", "0x004"): "NVIDIA Carmel",
 }
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+HUGEPAGES_DIR = Path("/sys/kernel/mm/hugepages")  # one hugepages-<kB>kB folder per huge page size the kernel has
 MIN_GLIBC = (2, 35)  # the first glibc with the glibc.malloc.hugetlb tunable
 OPT_OUT = "EDGESDK_HUGE_PAGES"
 OPT_OUT_VALUES = ("0", "false", "no", "off")  # EDGESDK_HUGE_PAGES=0 (or these words) opts out
@@ -81,16 +82,25 @@ def _hugetlb_value(tunables: str) -> str | None:
     return value
 
 
-def commands_use_huge_pages(environ: dict[str, str], mode: str | None, libc: tuple[str, str]) -> bool:
+def commands_use_huge_pages(environ: dict[str, str], mode: str | None, libc: tuple[str, str],
+                            hugepages_dir: Path = HUGEPAGES_DIR) -> bool:
     """Whether ``run`` / ``eval`` / ``serve`` / ``bench`` started with ``environ`` put the weights on huge
     pages: the tunable is already set to 1 (THP on) or 2 (reserved huge pages) on a glibc that reads it, or
-    they would re-execute with it."""
+    they would re-execute with it.
+
+    glibc reads the value as a number: 1 is THP ``madvise``, 2 the default huge page size, and a larger value
+    a huge page size in bytes, taken where the kernel has that size (``hugepages_dir`` holds
+    ``hugepages-<kB>kB``) and ignored otherwise (glibc manual, "Memory Allocation Tunables"; ``malloc/arena.c``
+    ``do_set_hugetlb``), so ``glibc.malloc.hugetlb=2097152`` asks for 2 MiB pages as ``=2`` does."""
     version = _glibc_version(libc)
     if version is None or version < MIN_GLIBC:
         return False
     value = _hugetlb_value(environ.get("GLIBC_TUNABLES", ""))
     if value is not None:
-        return value == "2" or (value == "1" and mode in ("always", "madvise"))
+        number = int(value) if value.strip().isdigit() else None
+        if number is not None and number > 2:
+            return number % 1024 == 0 and (hugepages_dir / f"hugepages-{number // 1024}kB").is_dir()
+        return number == 2 or (number == 1 and mode in ("always", "madvise"))
     return huge_page_environment(environ, mode, libc) is not None
 
 
