@@ -9,8 +9,11 @@ loaded from it, and written back as llama-cli writes it (tools/main/main.cpp):
   run that answers several (lines on stdin) is checked and written so.
 - ``--prompt-cache-all``: the prompt and the answer, after each answer (llama-cli's "saving final output to
   session file"; the answer's last token is not in it, as it was never fed back), and after Ctrl-C what the
-  answer had reached. llama-cli refuses it in interactive mode ("not supported in interactive mode yet"); here a
-  chat writes it after each answer.
+  answer had reached, once its prompt was prefilled: a Ctrl-C before that (a thermal wait before the prefill)
+  leaves the file as it was, as llama-cli, which writes nothing before the first sample, leaves it (the cache then
+  holds only the part of the prompt the file shared, and writing it would throw the rest of the file away).
+  llama-cli refuses it in interactive mode ("not supported in interactive mode yet"); here a chat writes it after
+  each answer.
 - ``--prompt-cache-ro``: the file is loaded and never written (llama-cli's ``prompt_cache_ro``), so its directory
   need not be writable; a missing file is said on stderr and the prompt is prefilled whole, as llama-cli runs on
   (it logs "will create" but does not). With ``--prompt-cache-all`` it still writes nothing, as llama-cli.
@@ -121,6 +124,7 @@ class PromptCacheFile:
         self._prompt: list[int] = []
         self._write_prompt = False  # the prompt's cache is to be written (mode "prompt")
         self._snapshot: tuple[list[int], list] | None = None  # the prompt's cache, copied at the first token
+        self._answered = False  # the answer's first token came: its prompt was prefilled
 
     def begin(self, prompt_ids: list[int]) -> None:
         """Before an answer to ``prompt_ids``: whether its cache is to be written (the file does not hold the whole
@@ -132,18 +136,21 @@ class PromptCacheFile:
             click.echo(f"edgesdk: the prompt cache {self.path} has low similarity to the prompt ({matching} / "
                        f"{len(prompt_ids)} tokens); the rest is prefilled", err=True)
         self._first = False
-        self._prompt, self._snapshot = list(prompt_ids), None
+        self._prompt, self._snapshot, self._answered = list(prompt_ids), None, False
         self._write_prompt = self.mode == "prompt" and matching < len(prompt_ids)
 
     def watch(self, on_token):
         """``on_token`` that first copies the prompt's cache, where it is to be written: the prompt is prefilled
-        and its first token picked, where llama-cli writes the file."""
-        if not self._write_prompt:
+        and its first token picked, where llama-cli writes the file. It also notes that the prompt was prefilled
+        (what :meth:`interrupted` asks with ``--prompt-cache-all``)."""
+        if self.mode == "ro":
             return on_token
 
         def first_then(token: int) -> None:
-            if self._snapshot is None:
-                self._snapshot = self._live_prompt()
+            if not self._answered:
+                self._answered = True
+                if self._write_prompt:
+                    self._snapshot = self._live_prompt()
             on_token(token)
 
         return first_then
@@ -162,18 +169,23 @@ class PromptCacheFile:
         """After Ctrl-C: the prompt's cache (copied at the first token, or the live one where the answer had none
         yet), or with ``--prompt-cache-all`` the KV cache as the answer left it (prompt and the tokens so far), so
         the next run does not prefill a long prompt again, as llama-cli's file holds it then. Skipped where the
-        interrupt landed inside a step (the cache's length no longer matches its token list): the previous file
-        then stays as it was. A failed write is a warning: the Ctrl-C is what the user is told about."""
+        interrupt landed inside a step (the cache's length no longer matches its token list), or before the prompt
+        was prefilled (the cache holds only what the file shared with it, and llama-cli has written nothing yet):
+        the previous file then stays as it was. A failed write is a warning: the Ctrl-C is what the user is told
+        about."""
         if self.mode == "ro" or (self.mode == "prompt" and not self._write_prompt):
             return
+        tokens = self.cache.tokens
+        consistent = bool(tokens) and len(tokens) == self.runtime.backend.position
         if self.mode == "prompt":
             snapshot = self._snapshot or self._live_prompt()
             whole = snapshot is not None
         else:
-            snapshot, whole = None, bool(self.cache.tokens) and len(self.cache.tokens) == self.runtime.backend.position
+            snapshot, whole = None, consistent and (self._answered or tokens == self._prompt)
         if not whole:
-            click.echo(f"edgesdk: the prompt cache {self.path} is not rewritten: the answer was stopped inside a "
-                       "step", err=True)
+            why = "inside a step" if not consistent or self._answered else "before its prompt was prefilled"
+            click.echo(f"edgesdk: the prompt cache {self.path} is not rewritten: the answer was stopped {why}",
+                       err=True)
             return
         try:
             self._save(snapshot)

@@ -57,7 +57,13 @@ def vocabulary_of(tokenizer) -> InfillVocabulary:
     render as nothing, as control tokens do with ``special`` false), the ids that end generation
     (``eos_token_ids``, with the FIM pad, repo and file-separator tokens llama.cpp adds, and the EOT token, which
     llama.cpp's vocab loader adds where they lack it) and the EOT token: the first of llama.cpp's EOT texts the
-    vocabulary holds, else the EOS token."""
+    vocabulary holds, else the EOS token.
+
+    The FIM tokens (prefix, suffix, middle, pad, repo, file separator) and the EOT token render as nothing too,
+    also where the tokenizer does not mark them special (Qwen2.5-Coder's ``<|fim_prefix|>`` ... are added tokens with
+    ``special`` false): llama.cpp's vocab loader makes each token it finds by those texts a control token ("control-
+    looking token ... its type will be overridden", src/llama-vocab.cpp), which ``token_to_piece(id, special=false)``
+    renders as nothing, so the infill sampler never merges ``<`` with ``<|fim_middle|>`` as a common prefix."""
     if isinstance(tokenizer, InfillVocabulary):
         return tokenizer
     found = _VOCABULARIES.get(tokenizer)
@@ -82,6 +88,13 @@ def vocabulary_of(tokenizer) -> InfillVocabulary:
     # its <｜end▁of▁sentence｜> the EOT found by text, both EOG to llama_vocab_is_eog
     # and then takes out, as for the ids it stops at, <|end|> where gpt-oss's <|return|> and <|call|> end the answer
     ends = end_of_generation_ids(tokenizer.token_id, {*tokenizer.eos_token_ids, eot})
+    fim = tokenizer.fim_tokens()
+    control = {token for token in (fim.pre, fim.suf, fim.mid, fim.pad, fim.rep, fim.sep, eot, *ends)
+               if token is not None and 0 <= token < len(texts) and texts[token]}
+    if control:  # a copy: JSON mode and grammars read the tokenizer's table, where these keep their text
+        texts = list(texts)
+        for token in control:
+            texts[token] = None
     found = InfillVocabulary(texts, frozenset(ends), eot)
     _VOCABULARIES[tokenizer] = found
     return found
