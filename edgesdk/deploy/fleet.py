@@ -60,22 +60,51 @@ class FleetBoard:
     origin: str = "--host"  # "--host", or "FILE:LINE" for an inventory line
     inventory: Path | None = None
     label: str = ""  # the name its output lines and the summary carry (set by :func:`fleet_boards`)
+    root: str = ""  # its deploy root as given: remote_root= or --remote-root (set by :func:`fleet_boards`)
 
 
 def _inventory_error(path: Path, number: int, text: str, problem: str, fix: str) -> DeployError:
     return DeployError(f"--hosts {path} line {number} ({text.strip()!r}): {problem}", fix)
 
 
+def _uncommented(line: str) -> str:
+    """``line`` up to its comment, as a POSIX shell reads one (XCU 2.3 Token Recognition, rule 9): ``#`` starts a
+    comment only where a word would start, outside quotes. ``shlex.split(comments=True)`` also ends a word at a
+    ``#`` inside it and drops the rest of the line, so ``remote_root=/data/edge#2 remote_python=...`` became
+    ``remote_root=/data/edge`` with no ``remote_python``, silently."""
+    quote, escaped, word_starts = None, False, True
+    for at, char in enumerate(line):
+        if escaped:
+            escaped, word_starts = False, False
+        elif quote is not None:
+            if char == quote:
+                quote = None
+            elif char == "\\" and quote == '"':
+                escaped = True
+        elif char.isspace():
+            word_starts = True
+        elif char == "#" and word_starts:
+            return line[:at]
+        else:
+            word_starts = False
+            if char == "\\":
+                escaped = True
+            elif char in "'\"":
+                quote = char
+    return line
+
+
 def read_inventory(path: Path) -> list[FleetBoard]:
     """The boards of an inventory file (see the module docstring); any line that is not one is refused with
-    the file, its line number and text, before any board is touched."""
+    the file, its line number and text, before any board is touched. A UTF-8 byte order mark (what Windows
+    Notepad wrote before Windows 10 1903) is no part of the first board's name."""
     from edgesdk.errors import read_utf8
 
-    text = read_utf8(Path(path), "the inventory (--hosts)", DeployError)
+    text = read_utf8(Path(path), "the inventory (--hosts)", DeployError).removeprefix("\ufeff")
     boards = []
     for number, line in enumerate(text.splitlines(), 1):
         try:
-            words = shlex.split(line, comments=True)
+            words = shlex.split(_uncommented(line))
         except ValueError as exc:  # an unclosed quote
             raise _inventory_error(path, number, line, f"cannot be split into words ({exc})",
                                    "close the quote, or write the value without quotes") from exc
@@ -126,6 +155,23 @@ def same_root(root: str) -> str:
     return posixpath.normpath(root)
 
 
+def same_host(spec: HostSpec) -> HostSpec:
+    """``spec`` as ssh reaches it, so that two spellings of one board compare equal: ssh connects to the host name
+    lowercased (``ssh -G ORIN.local`` says ``hostname orin.local``), DNS names are case-insensitive (RFC 4343),
+    and an IP address has one canonical form (``[0:0::1]`` is ``[::1]``). User names and ports stay as given: a
+    user name is case-sensitive, and a board without a port may have one of its own in ~/.ssh/config. (ssh
+    matches ``Host`` patterns case-sensitively, so two aliases that differ only in case could name two boards;
+    such a pair is refused here, and a remote_root= of each's own tells them apart.)"""
+    import ipaddress
+
+    host = spec.host.lower()
+    try:
+        host = str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    return replace(spec, host=host)
+
+
 def fleet_boards(hosts: tuple[str, ...], inventory: Path | None, limit: tuple[str, ...],
                  remote_root: str) -> list[FleetBoard]:
     """The boards of ``--host`` (each as given) and ``--hosts``, narrowed by ``--limit``; a board named twice
@@ -141,7 +187,7 @@ def fleet_boards(hosts: tuple[str, ...], inventory: Path | None, limit: tuple[st
                               "pass --hosts FILE with it, or name the boards with --host")
     seen: dict[tuple, FleetBoard] = {}
     for board in [*boards, *listed]:
-        spec = HostSpec.parse(board.host)
+        spec = same_host(HostSpec.parse(board.host))
         root = board.remote_root or remote_root
         key = (spec, same_root(root))
         if key in seen:
@@ -153,7 +199,8 @@ def fleet_boards(hosts: tuple[str, ...], inventory: Path | None, limit: tuple[st
     twice = {b.host for b in [*boards, *listed]
              if sum(o.host == b.host for o in [*boards, *listed]) > 1}
     for board in [*boards, *listed]:
-        board.label = f"{board.host} {board.remote_root or remote_root}" if board.host in twice else board.host
+        board.root = board.remote_root or remote_root
+        board.label = f"{board.host} {board.root}" if board.host in twice else board.host
     if limit:
         # a board is picked by its host, its label, or "HOST ROOT" also where its host is given once in this
         # run: the retry line names it so when a --host of the run before shared its host (retry_arguments)
@@ -189,10 +236,13 @@ class Outcome:
     result: dict = field(default_factory=dict)
 
     def as_json(self) -> dict:
-        """The single-board ``--json`` object with ``host`` and ``ok`` (or ``error``) added."""
+        """The single-board ``--json`` object with ``host``, ``remote_root`` (the deploy root as given) and ``ok``
+        (or ``error``) added. ``host`` alone named a board given twice with two roots (pi@a remote_root=/one, pi@a
+        remote_root=/two) twice: a failed one, which has no ``root`` from the board, could not be told apart."""
+        given = {"host": self.board.host, "remote_root": self.board.root or self.board.remote_root}
         if self.state == OK:
-            return {**self.result, "host": self.board.host, "ok": True}
-        return {"host": self.board.host, "ok": False, "state": self.state, "error": self.problem, "fix": self.fix,
+            return {**self.result, **given, "ok": True}
+        return {**given, "ok": False, "state": self.state, "error": self.problem, "fix": self.fix,
                 "release": self.release, "seconds": self.seconds}
 
 

@@ -27,6 +27,12 @@ from edgesdk.hashing import sha256_file
 # Top-level entries of a checkout that are not part of the wheel.
 _NOT_SOURCE = {".git", ".venv", "venv", "build", "dist", "tests", "docker", "bundles", ".ci", "__pycache__",
                ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+# Top-level files a setuptools build reads (PEP 517/518 pyproject.toml, setup.py, setup.cfg, MANIFEST.in) and the
+# metadata files it takes into the wheel (PEP 621 ``readme`` and license files; setuptools' default
+# ``license-files`` globs LICEN[CS]E*, COPYING*, NOTICE*, AUTHORS*). Any other file at the top of a checkout (a
+# GGUF model fetched there, a benchmark's results.json, a thermal log) is no part of the wheel.
+_BUILD_FILES = {"pyproject.toml", "setup.py", "setup.cfg", "MANIFEST.in"}
+_METADATA_PREFIXES = ("README", "LICENSE", "LICENCE", "COPYING", "NOTICE", "AUTHORS")
 
 
 def checkout_root() -> Path | None:
@@ -44,13 +50,17 @@ def source_files(root: Path) -> list[Path]:
     """The files a wheel is built from, in a stable order: the top-level files and the directories holding
     Python source. A directory without any (a bundle, a build's ``<out>.build`` work directory, a model) is no
     part of the wheel; counted, it made every new build a new runtime key, so the next deploy installed a new
-    runtime on the board, and a virtual environment (``pyvenv.cfg``) is none either."""
+    runtime on the board, and a virtual environment (``pyvenv.cfg``) is none either. Of the top-level files only
+    those the build reads count (``_BUILD_FILES``, ``_METADATA_PREFIXES``): any file written there (a model fetched
+    into the checkout, ``results.json``) made a new runtime key too, so the next deploy hashed and copied it and
+    reinstalled the runtime on every board."""
     files = []
     for entry in sorted(root.iterdir()):
         if entry.name in _NOT_SOURCE or entry.name.startswith(".") or entry.name.endswith(".egg-info"):
             continue
         if entry.is_file():
-            files.append(entry)
+            if entry.name in _BUILD_FILES or entry.name.upper().startswith(_METADATA_PREFIXES):
+                files.append(entry)
         elif entry.is_dir() and not (entry / "pyvenv.cfg").exists():
             found = sorted(p for p in entry.rglob("*") if p.is_file() and "__pycache__" not in p.parts
                            and p.suffix not in (".pyc", ".pyo"))

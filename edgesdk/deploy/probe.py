@@ -84,11 +84,21 @@ def _meminfo_text(memory: dict) -> str | None:
     return "".join(f"{key}: {value // 1024} kB\n" for key, value in memory.items())
 
 
+def _shipped_targets() -> set[str]:
+    from edgesdk.profile import shipped_profiles
+
+    return set(shipped_profiles())
+
+
 def check_target(bundle_target: str, facts: BoardFacts, where: str, ignore: bool) -> str:
-    """Refuse a bundle built for another board; returns the line to print."""
+    """Refuse a bundle built for another board; returns the line to print. A bundle built for a profile of the
+    user's own (``edgesdk build --target FILE.yaml``, edgesdk/profile.py load_profile_file) matches no board the
+    probe can name: it is refused with --ignore-target as the way through, not with "add a profile for this
+    board" or "build it with --target rpi5", which the user has done or does not want."""
     board_target = facts.board.suggested_target
     if ignore:
-        return f"target check skipped (--ignore-target): bundle for '{bundle_target}', board is '{board_target}'"
+        board = f"board is '{board_target}'" if board_target else "board matches no shipped profile"
+        return f"target check skipped (--ignore-target): bundle for '{bundle_target}', {board}"
     b = facts.board
     if b.family in ("jetson", "rpi") and b.architecture not in (None, "aarch64"):
         raise DeployError(
@@ -98,11 +108,19 @@ def check_target(bundle_target: str, facts: BoardFacts, where: str, ignore: bool
             "wheels for 32-bit Arm",
             "install the 64-bit OS on the board (64-bit Raspberry Pi OS, or JetPack), or pass --remote-python a "
             "64-bit Python there; --ignore-target deploys anyway")
+    if bundle_target not in _shipped_targets():
+        seen = board_target or f"no shipped profile: model {b.model!r}, {b.architecture}, {b.memory_gib} GiB"
+        raise DeployError(
+            f"the bundle was built for '{bundle_target}', a target profile of your own (edgesdk build --target "
+            f"FILE.yaml), which deploy cannot match to {where} ({seen}), so it is refused",
+            "pass --ignore-target to deploy it anyway once you have checked that the profile is for this board"
+            + (f", or build it for this board with 'edgesdk build --target {board_target}'" if board_target else ""))
     if board_target is None:
         raise DeployError(
             f"cannot tell which target profile matches {where} (model {facts.board.model!r}, "
             f"{facts.board.architecture}, {facts.board.memory_gib} GiB), so the '{bundle_target}' bundle is refused",
-            f"pass --ignore-target to deploy the '{bundle_target}' bundle anyway, or add a profile for this board")
+            f"pass --ignore-target to deploy the '{bundle_target}' bundle anyway, once you have checked that this "
+            "board is one it was built for")
     if board_target != bundle_target:
         seen = facts.board.model or facts.board.architecture
         raise DeployError(
