@@ -124,9 +124,16 @@ def build_wheel(root: Path, digest: str) -> Path:
         if not built:
             raise DeployError(f"pip wheel of {root} produced no edgesdk wheel", "report this")
         target.mkdir(parents=True, exist_ok=True)
-        partial = target / (built[0].name + ".partial")
-        shutil.copyfile(built[0], partial)
-        os.replace(partial, target / built[0].name)
+        # a name of its own: two builders of one digest (two deploys at once, or a fleet's boards after the
+        # up-front build failed) never write into one partial file, and the wheel appears whole or not at all
+        handle, partial = tempfile.mkstemp(dir=target, prefix=built[0].name + ".", suffix=".partial")
+        try:
+            with os.fdopen(handle, "wb") as sink, built[0].open("rb") as source:
+                shutil.copyfileobj(source, sink)
+            os.replace(partial, target / built[0].name)
+        except BaseException:
+            Path(partial).unlink(missing_ok=True)
+            raise
         return target / built[0].name
 
 

@@ -167,3 +167,23 @@ def test_a_bundle_for_a_profile_of_ones_own_is_refused_with_the_way_through():
         check_target("rpi5", rock, "radxa@rock", ignore=False)
     assert "--ignore-target" in refused.value.fix
     assert "add a profile" not in refused.value.fix  # a profile of one's own is refused all the same
+
+
+def test_a_wheel_build_does_not_share_its_partial_file_with_another(tmp_path, monkeypatch):
+    """Two builders of one source digest (two deploys at once, or a fleet's boards each building after the
+    up-front build failed) wrote the same fixed ``<wheel>.partial``: one could replace the other's half-copied
+    file into place, or find it gone. Another builder's partial file (a directory here, so that the clash is
+    certain) is left alone, and no partial file of this build is left behind."""
+    from edgesdk.deploy import install
+
+    root = _checkout(tmp_path / "checkout")
+    digest = install.source_digest(root)
+    monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path / "cache"))
+    target = install.cache_dir() / digest[:24]
+    other = target / "edgesdk-0.1.0-py3-none-any.whl.partial"
+    other.mkdir(parents=True)
+    wheel = install.build_wheel(root, digest)
+    assert wheel.name == "edgesdk-0.1.0-py3-none-any.whl"
+    import zipfile
+    assert "edgesdk/__init__.py" in zipfile.ZipFile(wheel).namelist()
+    assert sorted(path.name for path in target.iterdir()) == [wheel.name, other.name]
