@@ -9,7 +9,9 @@ docs. For every variant this writes, under ``out_dir/sm_{sm}/``:
 * ``{variant}.ptx``: the PTX, which a newer driver can JIT for other SMs;
 * ``{variant}.json``: launch metadata: kernel (symbol) name, full signature, constexprs, the ordered runtime
   parameters (after them the kernel takes two pointers, Triton's global and profile scratch, null when their
-  size is 0; every pointer must be 16-byte aligned), num_warps, num_stages, dynamic shared memory bytes, and the grid rule;
+  size is 0; every pointer must be 16-byte aligned), num_warps, num_stages, dynamic shared memory bytes, the grid rule,
+  and the SHA-256 of the cubin and of the PTX (every bsr variant's kernel is named ``_bsr_matmul_kernel``, so only
+  the hash tells the board's loader a swapped or damaged file);
 
 and ``index.json``: every variant, with the error text for the ones the compiler refused (e.g. an SM too old for
 Triton), so a caller can fall back (for instance "Xavier uses TensorRT only").
@@ -222,6 +224,7 @@ def _metadata(variant: KernelVariant, sm: int, compiled, tuning: KernelTuning, f
         "grid": variant.grid,
         "files": files,
         "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
+        "ptx_sha256": hashlib.sha256(compiled.asm["ptx"].encode("utf-8")).hexdigest(),  # as compile_for_target writes it
         "tuning": tuning.to_dict(),
     }
 
@@ -265,7 +268,7 @@ def compile_for_target(sm: int, out_dir: Path, tuning: KernelTuning | None = Non
         ptx_path = target_dir / f"{variant.name}.ptx"
         meta_path = target_dir / f"{variant.name}.json"
         cubin_path.write_bytes(compiled.asm["cubin"])
-        ptx_path.write_text(compiled.asm["ptx"])
+        ptx_path.write_bytes(compiled.asm["ptx"].encode("utf-8"))  # the bytes ptx_sha256 records
         files = {"cubin": cubin_path.name, "ptx": ptx_path.name}
         meta = _metadata(variant, sm, compiled, tuning, files)
         meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

@@ -57,9 +57,11 @@ class BlockSparseWeight:
 
     def __post_init__(self) -> None:
         """Checks what the kernels rely on and cannot check per launch: dtypes (int8 values, int32 indices,
-        float32 scales), shapes, CSR offsets that start at 0, never decrease and end at nnz, block columns within
-        ``ceil(K / block_k)``, strictly increasing within each block row (sorted, no tile stored twice). The four
-        tensors are made contiguous (the kernels index them as flat arrays).
+        float32 scales), shapes (``col_index``, ``row_offsets``, ``scales`` 1-D: the kernels read them as flat
+        arrays, and an ``(N, 1)`` scale made the twin return ``(M, N, N)``), CSR offsets that start at 0, never
+        decrease and end at nnz, block columns within ``ceil(K / block_k)``, strictly increasing within each block
+        row (sorted, no tile stored twice). The four tensors are made contiguous (the kernels index them as flat
+        arrays).
         Raises ValueError naming the tensor, what it holds and what was expected."""
         for name in ("values", "col_index", "row_offsets", "scales"):
             object.__setattr__(self, name, getattr(self, name).contiguous())
@@ -70,6 +72,12 @@ class BlockSparseWeight:
         if bn <= 0 or bk <= 0 or n < 0 or k < 0:
             raise ValueError(f"bad shape {self.shape} or block {self.block}")
         tile = (bn, bk) if self.layout == "plain" else (bk, bn)
+        for name in ("col_index", "row_offsets", "scales"):  # the kernels read them flat, the twin by shape
+            held = getattr(self, name)
+            if held.dim() != 1:
+                raise ValueError(f"{name} must be a 1-D tensor (BSR's flat index and scale arrays, as scipy's "
+                                 f"bsr_matrix holds them), got shape {tuple(held.shape)}: store it flattened "
+                                 f"(.reshape(-1)) or build the weight with BlockSparseWeight.from_dense")
         nnz = int(self.col_index.numel())
         if self.values.dtype != torch.int8 or tuple(self.values.shape) != (nnz, *tile):
             raise ValueError(f"values must be int8 of shape {(nnz, *tile)}, got {self.values.dtype} "

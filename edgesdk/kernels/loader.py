@@ -661,8 +661,10 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
     than the kernels' SM, when the PTX a newer device would JIT cannot run on it (arch-specific ``sm_90a`` code,
     what Triton writes for every target from sm_90) or was compiled for another launcher ABI (another Triton;
     :func:`_ptx_refusal`), when the driver refuses an image, and when the directory is damaged: ``index.json`` or
-    a variant's metadata missing or not JSON, a listed cubin / PTX missing, a cubin whose SHA-256 is not the
-    one recorded at compile time, or metadata for another SM than the index. Each names the file and the fix.
+    a variant's metadata missing or not JSON, a listed cubin / PTX missing, a cubin or PTX whose SHA-256 is not
+    the one recorded at compile time (``ptx_sha256``: every bsr variant's entry is ``_bsr_matmul_kernel``, so a
+    PTX swapped with another variant's, a transposed layout's for a plain one say, passes every other check and
+    computes garbage on a newer GPU), or metadata for another SM than the index. Each names the file and the fix.
     """
     kernel_dir = Path(kernel_dir)
     index_path = kernel_dir / "index.json"
@@ -714,10 +716,11 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
         except OSError as exc:
             raise KernelLoadError(f"{source} {image_path} of kernel {meta['name']} is not readable ({exc}): copy "
                                   "the whole bundle again (edgesdk deploy) or rebuild it") from exc
-        recorded = meta.get("cubin_sha256")
-        if source == "cubin" and recorded and hashlib.sha256(image).hexdigest() != recorded:
-            raise KernelLoadError(f"cubin {image_path} does not match the SHA-256 recorded when it was compiled "
-                                  f"({recorded[:12]}...): the file was changed; copy the bundle again or rebuild it")
+        recorded = meta.get(f"{source}_sha256")  # bundles from before ptx_sha256 have only the cubin's
+        if recorded and hashlib.sha256(image).hexdigest() != recorded:
+            raise KernelLoadError(f"{source} {image_path} does not match the SHA-256 recorded when it was compiled "
+                                  f"({str(recorded)[:12]}...): the file was changed or swapped with another "
+                                  "variant's; copy the bundle again or rebuild it")
         if source == "cubin":
             try:
                 image_sm = _cubin_sm(image)

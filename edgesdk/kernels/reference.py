@@ -39,7 +39,8 @@ def check_decode_attention_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
                                 lengths: torch.Tensor) -> tuple[int, int, int, int, int]:
     """Shapes and lengths of a decode-attention call, checked the same way for the twin, the Triton launcher and
     the AOT loader; returns ``(B, Hq, Hkv, T_max, D)``. Raises ValueError for: q not ``(B, Hq, D)``; caches not
-    both ``(B, Hkv, T_max, D)``; ``Hkv == 0`` or ``Hq % Hkv``; ``lengths`` without ``B`` entries; a length outside
+    both ``(B, Hkv, T_max, D)``; ``Hkv == 0`` or ``Hq % Hkv``; ``lengths`` not 1-D ``(B,)`` (the kernels read it
+    flat, the twin indexes it by row: a ``(B, 1)`` one ran on the GPU and crashed the twin); a length outside
     ``[0, T_max]`` (the kernels would read past the cache). The length values are checked only on host tensors:
     reading a CUDA tensor back would synchronise every layer of every eager decode step (and break a CUDA-graph
     capture), so on the GPU they are the caller's to keep in range (the triton backend checks the sequence
@@ -54,6 +55,9 @@ def check_decode_attention_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
         raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}")
     if int(lengths.numel()) != b:
         raise ValueError(f"lengths must have B={b} entries, got {lengths.numel()}")
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be a 1-D tensor (B={b},), one entry per batch row as flash-attn's "
+                         f"cache_seqlens, got shape {tuple(lengths.shape)}: pass lengths.reshape(-1)")
     if lengths.is_floating_point() or lengths.is_complex():
         raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
     if b and lengths.device.type == "cpu":

@@ -306,7 +306,8 @@ def bsr_launch_params(m: int, tuning: KernelTuning, block: tuple[int, int] | Non
 
 def block_sparse_matmul_triton(x: torch.Tensor, weight: BlockSparseWeight, emulated: bool = False,
                                tuning: KernelTuning | None = None) -> torch.Tensor:
-    """x ``(M, K)`` -> ``(M, N)`` (float32 when x is float32, else x's dtype), by the BSR kernel.
+    """x ``(M, K)`` -> ``(M, N)`` (x's dtype when x is floating point; an integer x is taken as float32 and gives
+    float32, as the twin computes it, not an integer output that truncates every scaled sum), by the BSR kernel.
 
     Batch 1 (``M == 1``) takes the GEMV path: ``tuning.gemv_unroll`` blocks a step and, where
     :func:`gemv_splits` says the block rows alone leave SMs idle, split-K with atomic float32 adds.
@@ -323,6 +324,8 @@ def block_sparse_matmul_triton(x: torch.Tensor, weight: BlockSparseWeight, emula
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"x must be (M, K={k}), got {tuple(x.shape)}")
     _check_device(emulated, x, weight.values, weight.col_index, weight.row_offsets, weight.scales)
+    if not x.is_floating_point():  # the twin's x.float(): an integer output would truncate the scaled sums
+        x = x.float()
     m = x.shape[0]
     bn, bk = weight.block
     if bn & (bn - 1) or bk & (bk - 1):
