@@ -59,7 +59,8 @@ class Output:
         self.item: dict | None = None
         self.text = ""
         self.logprobs: list[dict] = []  # the open message's output_text logprobs so far
-        self.waiting: list[tuple[int, dict]] = []  # (where its token starts in the answer, entry) not yet given out
+        # (where its token starts in the answer, where it ends, entry) not yet given out
+        self.waiting: list[tuple[int, int, dict]] = []
         self.starts = TextOffsets()
         self.pushed = 0  # characters of the answer's text pushed so far
         # an answer under tools is JSON: its call or its text goes out as it settles (tools.AnswerStream)
@@ -112,11 +113,12 @@ class Output:
         answer's message carries every token of the answer (its JSON too), as the chat route's message does."""
         if self.answer is not None:
             if logprobs:  # every token is the message's (offset 0): its text is read out of the answer's JSON
-                self.waiting += [(0, entry) for entry in logprobs["content"]]
+                self.waiting += [(0, 0, entry) for entry in logprobs["content"]]
             return self._answer_events(self.answer.push(text))
         if logprobs:
             entries = logprobs["content"]
-            self.waiting += zip(self.starts([bytes(entry["bytes"]) for entry in entries]), entries, strict=True)
+            starts = self.starts([bytes(entry["bytes"]) for entry in entries])
+            self.waiting += zip(starts, [*starts[1:], self.starts.at], entries, strict=True)
         self.pushed += len(text)
         if self.splitter is None:
             return self._pieces("", text)
@@ -124,9 +126,11 @@ class Output:
 
     def _given_logprobs(self) -> list[dict]:
         """The waiting entries of the message's tokens, taken: the message's text is the end of the answer's (what
-        reasoning.py splits off comes before it), so a token starting before it is the reasoning's."""
+        reasoning.py splits off comes before it, with the whitespace after ``</think>``), so a token ending before
+        it is the reasoning's; one that starts in that whitespace and ends in the text (`` It`` after ``</think>``)
+        is the message's, whose text begins with its word, as the chat route's ``logprobs.content`` holds it."""
         begins = self.pushed - len(self.text)
-        given = [entry for start, entry in self.waiting if start >= begins]
+        given = [entry for start, end, entry in self.waiting if start >= begins or end > begins]
         self.waiting = []
         self.logprobs += given
         return _event_logprobs(given)

@@ -208,8 +208,9 @@ def not_cancelled(kept: Kept) -> ApiError:
 
 def retrieved(kept: Kept, query: dict[str, list[str]]) -> dict:
     """``GET /v1/responses/{id}``: the response as it was answered. ``stream=true`` (which replays a background
-    response's events in OpenAI's API) is refused: no response here is made in the background."""
-    if query.get("stream", ["false"])[-1] not in ("", "false", "0"):
+    response's events in OpenAI's API) is refused: no response here is made in the background; ``stream`` false is
+    taken however a client spells it (``false``, ``0``, Python's ``False`` as ``requests`` writes a bool)."""
+    if query.get("stream", ["false"])[-1].lower() not in ("", "false", "0"):
         raise ApiError(400, "'stream' = true replays a background response's events; this server answers no "
                        "background responses: retrieve the response without 'stream'", param="stream",
                        code="unsupported_parameter")
@@ -219,7 +220,9 @@ def retrieved(kept: Kept, query: dict[str, list[str]]) -> dict:
 def input_items_page(kept: Kept, query: dict[str, list[str]]) -> dict:
     """``GET /v1/responses/{id}/input_items``: the response's input items as OpenAI's list object, ``order`` ``desc``
     (the default: the last item first) or ``asc``, ``limit`` items (1-100, 20 by default) after the item ``after``
-    names, ``has_more`` where more follow (OpenAI's API reference, "List input items")."""
+    names, ``has_more`` where more follow (OpenAI's API reference, "List input items"). ``before`` (the spec's "An
+    item ID to list items before, used in pagination", which the openapi-generated clients send) gives the page of
+    ``limit`` items just before the item it names, in the same order, ``has_more`` where more come before it."""
     order = query.get("order", ["desc"])[-1]
     if order not in ("asc", "desc"):
         raise ApiError(400, f"'order' must be \"asc\" or \"desc\", got {_shown(order)}", param="order")
@@ -228,16 +231,27 @@ def input_items_page(kept: Kept, query: dict[str, list[str]]) -> dict:
         raise ApiError(400, f"'limit' must be a whole number from 1 to {ITEMS_MAX}, got {_shown(given)}",
                        param="limit")
     items = list(kept.items) if order == "asc" else list(reversed(kept.items))
-    after = query.get("after", [None])[-1]
+    after, before = query.get("after", [None])[-1], query.get("before", [None])[-1]
     if after:
-        ids = [item["id"] for item in items]
-        if after not in ids:
-            raise ApiError(400, f"'after' = {_shown(after)} is no input item of response {kept.response['id']}: "
-                           "give the id of an item a previous page listed (its last_id)", param="after")
-        items = items[ids.index(after) + 1:]
-    page = items[:int(given)]
+        items = items[_index(kept, items, after, "after") + 1:]
+    if before:  # the page nearest the item it names
+        items = items[:_index(kept, items, before, "before")]
+        page = items[-int(given):]
+    else:
+        page = items[:int(given)]
     return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
             "last_id": page[-1]["id"] if page else None, "has_more": len(items) > len(page)}
+
+
+def _index(kept: Kept, items: list[dict], ident: str, cursor: str) -> int:
+    """Where the item ``ident`` (the ``after`` or ``before`` cursor) stands in ``items``, or the 400 naming it."""
+    ids = [item["id"] for item in items]
+    if ident not in ids:
+        listed = "last_id" if cursor == "after" else "first_id"
+        past = " listed past the item 'after' names" if len(items) < len(kept.items) else ""
+        raise ApiError(400, f"'{cursor}' = {_shown(ident)} is no input item of response {kept.response['id']}{past}: "
+                       f"give the id of an item a previous page listed (its {listed})", param=cursor)
+    return ids.index(ident)
 
 
 # ------------------------------------------------------------------------------------------ answers

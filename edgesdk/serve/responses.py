@@ -19,7 +19,9 @@ OpenAI's API reference ("Responses", "Streaming events"):
   defaults it to true); ``truncation``, ``reasoning``, ``include``'s other entries, ``user``,
   ``service_tier``, ``safety_identifier``, ``prompt_cache_key`` and ``text.verbosity`` change nothing here. A
   ``function_call_output`` answers a ``function_call`` earlier in the conversation (OpenAI refuses one whose
-  ``call_id`` matches none: "No tool call found for function call output with call_id ..."). An item's ``id``, where
+  ``call_id`` matches none: "No tool call found for function call output with call_id ..."), and a ``function_call``
+  (in ``input`` or the previous response's output) needs its ``function_call_output`` before the conversation goes
+  on (OpenAI: "No tool output found for function call call_..."). An item's ``id``, where
   given, is a string that no other item of the conversation has (OpenAI: "Duplicate item found with id ..."): the
   response's input items keep it and are paged by it. llama-server's sampling fields (``top_k``, ``min_p``,
   ``seed``, ``logit_bias``, ``stop``, ...) and ``chat_template_kwargs`` are read as on the chat route.
@@ -438,6 +440,7 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
         named = [f"input[{index}]" for index in range(len(value))]
     messages: list[tuple[dict, str]] = []
     calls: set[str] = set()  # the call_id of each function_call item so far
+    unanswered: dict[str, str] = {}  # call_id -> where, of each function_call no function_call_output answers yet
     ids: set[str] = set()  # the id of each item so far: a response's input items are listed (and paged) by id
     joinable = False  # the last message is an assistant turn the next function_call items belong to
     for index, (item, where) in enumerate(zip([*earlier, *value], ["previous_response_id"] * len(earlier) + named,
@@ -465,6 +468,7 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
         if kind == "function_call":
             call = _function_call(item, where)
             calls.add(call["id"])
+            unanswered[call["id"]] = where
             if joinable:  # an assistant turn's calls (parallel calls, or calls after its text) are one chat message
                 previous, origin = messages[-1]
                 messages[-1] = ({**previous, "tool_calls": [*previous.get("tool_calls", []), call]}, origin)
@@ -483,11 +487,17 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
                 raise ApiError(400, f"{where}.call_id = {_shown(call_id)} answers no function_call {before} "
                                f"(its call_ids: {', '.join(sorted(calls)) or 'none'}); send the function_call item "
                                "the output answers before it, as the response gave it", param=f"{where}.call_id")
+            unanswered.pop(call_id, None)
             messages.append(({"role": "tool", "tool_call_id": call_id,
                               "content": _output_text(item.get("output"), f"{where}.output")}, where))
         else:
             raise _refuse(where, f"{where} is a {_shown(kind)} item; this server reads message, function_call, "
                           "function_call_output and reasoning items (built-in tools' items have no tool here)")
+    if unanswered:  # OpenAI: "No tool output found for function call call_..." (param 'input')
+        call_id, where = next(iter(unanswered.items()))
+        raise ApiError(400, f"No tool output found for function call {call_id} ({where}): a function_call the model "
+                       "made must be answered before the conversation goes on; send a function_call_output item with "
+                       f"call_id {_shown(call_id)} and the function's result after it, in 'input'", param="input")
     if not messages:
         raise ApiError(400, "'input' holds no message to answer (reasoning items alone are left out)", param="input")
     return messages
