@@ -139,6 +139,24 @@ def apply_records(model, records: list[dict]) -> None:
     setattr(model.config, LAYERS_KEY, records)
 
 
+def _load_generation_config(model, path: Path) -> None:
+    """The checkpoint's ``generation_config.json``, as ``from_pretrained`` reads it for an unpruned checkpoint.
+
+    ``from_config`` derives the generation config from config.json alone, so the EOS ids and sampling settings
+    only generation_config.json holds (Qwen2.5-Instruct's ``[151645, 151643]``, Gemma 3's ``[1, 106]``) were lost
+    when a pruned checkpoint was reloaded (``--resume`` after prune): the bundle's EOS list then differed from the
+    one a build without a resume writes. Unreadable, it is left derived from config.json, as transformers'
+    ``from_pretrained`` leaves it (it logs the OSError and goes on)."""
+    from transformers import GenerationConfig
+
+    if not (path / "generation_config.json").is_file():
+        return
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    except OSError:
+        pass
+
+
 def load_pruned(path: Path):
     """Load a checkpoint whose layers may have been pruned (``edgesdk_layers`` in its config). Power adapters
     are left to ``edgesdk.power.adapter.restore_adapters`` (a checkpoint load hook), as ``from_pretrained``
@@ -151,6 +169,7 @@ def load_pruned(path: Path):
     if not records:
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _load_generation_config(model, Path(path))
     apply_records(model, records)
     state = {}
     for shard in sorted(Path(path).glob("*.safetensors")):
