@@ -17,9 +17,11 @@ on its own.
   "embedding"}], "model", "usage"}`` (llama-embedding writes ``object`` and ``data``; ``model`` and ``usage``
   complete OpenAI's shape, so its client's types read it);
 - ``json+``: ``json`` with ``cosineSimilarity``, the matrix of every pair of vectors (``%6.2f``), where there
-  are several inputs.
+  are several inputs;
+- ``raw``: one vector a line, its values separated by single spaces (``%1.7f``, ``%1.0f`` with ``--embd-normalize
+  0``), nothing else: llama-embedding's ``print_raw_embeddings``, for a pipe.
 
-With pooling ``none`` the array and JSON forms hold every token's vector, the inputs' one after another.
+With pooling ``none`` the array, JSON and raw forms hold every token's vector, the inputs' one after another.
 
 Importing this module imports click only; the runtime loads when the command runs.
 """
@@ -36,7 +38,7 @@ from edgesdk.cli_options import escape_option, runtime_options
 from edgesdk.errors import EdgeSDKError, read_utf8
 
 POOLINGS = ("last", "mean", "cls", "none")  # edgesdk.runtime.embedding.POOLINGS (not imported: it needs numpy)
-OUTPUT_FORMATS = ("", "array", "json", "json+")
+OUTPUT_FORMATS = ("", "array", "json", "json+", "raw")
 SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vector when there are several inputs
 
 
@@ -61,7 +63,7 @@ SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vec
 @click.option("--embd-output-format", type=click.Choice(OUTPUT_FORMATS), default="", metavar="FORMAT",
               help="'' (lines of values and the cosine similarity matrix, as llama-embedding prints them), array "
                    "([[...],[...]]), json (OpenAI's embeddings answer), json+ (json and the cosine similarity "
-                   "matrix).")
+                   "matrix), raw (one vector a line, its values separated by spaces).")
 @click.option("--truncate", is_flag=True,
               help="Embed the first max-context tokens of a longer input, the end token its tokenizer appends kept "
                    "(a note on stderr says which), instead of refusing it.")
@@ -115,6 +117,10 @@ def embed(bundle, prompts, text_file, embd_separator, escape, pooling, embd_norm
     texts = [text for text, _ in inputs]
     if embd_output_format == "":
         _print_lines(rows, texts, pooling, embd_normalize)
+        return
+    if embd_output_format == "raw":
+        for row in rows:
+            click.echo(" ".join(_value(float(value), embd_normalize) for value in row))
         return
     from edgesdk.serve.openai_answer import served_model_name
 
@@ -173,7 +179,7 @@ def _file_text(path: Path) -> str:
 
 
 def _value(value: float, norm: int) -> str:
-    """One value as llama-embedding's array and JSON forms write it."""
+    """One value as llama-embedding's array, JSON and raw forms write it."""
     return f"{value:1.0f}" if norm == 0 else f"{value:1.7f}"
 
 

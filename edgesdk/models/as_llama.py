@@ -77,18 +77,33 @@ def llama_config_of(config: Any):
     from transformers import LlamaConfig
 
     values = {name: getattr(config, name) for name in _LLAMA_FIELDS if hasattr(config, name)}
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-    extra = {}
+    extra = _rope_settings(config)
     if config.model_type == "phi3":
         # longrope reads original_max_position_embeddings from the config where rope_parameters lacks it
         extra["original_max_position_embeddings"] = config.original_max_position_embeddings
         if getattr(config, "sliding_window", None) is not None:  # Phi3Model masks with a window only then
             extra[SOURCE_SLIDING_WINDOW] = int(config.sliding_window)
-    llama = LlamaConfig(**values, rope_parameters=dict(rope) if isinstance(rope, dict) else None,
-                        head_dim=_head_dim(config), attention_bias=False, mlp_bias=False,
+    llama = LlamaConfig(**values, head_dim=_head_dim(config), attention_bias=False, mlp_bias=False,
                         **{SOURCE_ARCHITECTURE: config.model_type}, **extra)
     llama._name_or_path = getattr(config, "_name_or_path", "")
     return llama
+
+
+def _rope_settings(config: Any) -> dict:
+    """The rotary settings of ``config`` as LlamaConfig takes them. transformers 5 keeps them in one
+    ``rope_parameters`` mapping (its ``rope_theta`` inside); transformers 4.x, which pyproject.toml allows from 4.56,
+    keeps ``rope_theta`` and ``rope_scaling`` as two attributes and its LlamaConfig reads only those two, so there
+    both go over as they are (given as ``rope_parameters`` alone, a 4.x Llama would rotate with its default theta
+    10000 and no scaling: Granite 3.1's rope_theta 10,000,000 or Phi-3.5's longrope factors lost, every answer
+    changed)."""
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict):
+        return {"rope_parameters": dict(rope)}
+    scaling = getattr(config, "rope_scaling", None)
+    settings = {"rope_scaling": dict(scaling) if isinstance(scaling, dict) else None}
+    if getattr(config, "rope_theta", None) is not None:
+        settings["rope_theta"] = config.rope_theta
+    return settings
 
 
 def as_llama(model):

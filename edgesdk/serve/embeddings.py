@@ -22,6 +22,7 @@ to_json_non_oaicompat``).
 from __future__ import annotations
 
 import base64
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,7 @@ def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[i
         return (tuple(int(item) for item in value),)
     if is_mixed_prompt(value):
         return (_mixed(value, param),)
+    _check_token_ids(value, param)
     if isinstance(value, list) and value:
         items = []
         for index, item in enumerate(value):
@@ -64,11 +66,24 @@ def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[i
             elif is_mixed_prompt(item):
                 items.append(_mixed(item, f"{param}[{index}]"))
             else:
+                _check_token_ids(item, f"{param}[{index}]")
                 raise ApiError(400, f"'{param}[{index}]' must be a string or a non-empty array of token ids (or an "
                                f"array mixing token ids and strings), got {_kind(item)}", param=f"{param}[{index}]")
         return tuple(items)
     raise ApiError(400, f"'{param}' must be a string, an array of strings, an array of token ids, an array mixing "
                    f"token ids and strings, or an array of such arrays, got {_kind(value)}", param=param)
+
+
+def _check_token_ids(value: object, param: str) -> None:
+    """A 400 naming the item that is no token id in an array of token ids with something else among them
+    (``[1, 2, true]``, ``[1, 2.5]``): the item itself, not the array's first id, which is fine."""
+    if not isinstance(value, list) or not any(_is_token(item) for item in value) \
+            or any(isinstance(item, (str, list)) for item in value):
+        return
+    index, item = next((index, item) for index, item in enumerate(value) if not _is_token(item))
+    raise ApiError(400, f"'{param}[{index}]' must be a token id (a whole number), got {json.dumps(item)[:60]}; "
+                   f"'{param}' is an array of token ids; write each as a whole number, or send the text as a string",
+                   param=f"{param}[{index}]")
 
 
 def _mixed(value: list, param: str) -> tuple[int | str, ...]:
@@ -92,10 +107,18 @@ def parse_embedding_request(body: dict) -> EmbeddingRequest:
     if encoding not in ENCODING_FORMATS:
         raise ApiError(400, f"'encoding_format' must be float or base64, got {encoding!r}", param="encoding_format")
     dimensions = body.get("dimensions")
-    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
+    if dimensions is not None and (not _whole(dimensions) or dimensions < 1):
         raise ApiError(400, f"'dimensions' must be a whole number of at least 1, got {dimensions!r}",
                        param="dimensions")
+    dimensions = None if dimensions is None else int(dimensions)
     return EmbeddingRequest(embedding_inputs(body["input"]), encoding, dimensions, _embd_normalize(body))
+
+
+def _whole(value: object) -> bool:
+    """A JSON whole number: 2, or 2.0 as a client that writes every number as a float sends it (JSON has one number
+    type; llama-server's nlohmann ``get<int>`` takes 2.0 as 2, and edgesdk's other integer fields take it too,
+    serve/api.py ``_integer``); not true or false, not 2.5, inf or NaN."""
+    return not isinstance(value, bool) and (isinstance(value, int) or (isinstance(value, float) and value.is_integer()))
 
 
 def _embd_normalize(body: dict) -> int:
@@ -103,10 +126,10 @@ def _embd_normalize(body: dict) -> int:
     norm = body.get("embd_normalize", 2)
     if norm is None:
         return 2
-    if isinstance(norm, bool) or not isinstance(norm, int) or norm < -1:
+    if not _whole(norm) or norm < -1:
         raise ApiError(400, f"'embd_normalize' must be a whole number of at least -1 ({NORMALIZE_HELP}), got "
                        f"{norm!r}", param="embd_normalize")
-    return norm
+    return int(norm)
 
 
 def embedding_width(manifest: dict) -> int:
