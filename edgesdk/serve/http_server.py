@@ -62,6 +62,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TypeVar
 from urllib.parse import parse_qs, unquote
 
 from edgesdk import __version__
@@ -90,9 +91,16 @@ from edgesdk.serve.model_pool import Lease, ModelPool
 from edgesdk.serve.openai_answer import StreamedAnswer, model_not_found, whole_answers
 from edgesdk.serve.reasoning import split_answer
 
+T = TypeVar("T")  # what a request's check makes of its body (_checked_then_used)
+
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 CHUNK_LINE_LIMIT = 4096  # a chunk-size line with its extensions, or one trailer field
 CHUNK_TRAILER_LINES = 100
+# The standard library's limits on a request's head, which its refusals name: the request line and each header line
+# (http.server reads 65,537 bytes of the line and answers 414 past 65,536; http.client's _MAXLINE gives the 431), and
+# the header fields (http.client's _MAXHEADERS gives the 431)
+HEAD_LINE_LIMIT = 65536
+HEADER_FIELDS_LIMIT = 100
 # How long one read or write on a connection may wait on its client: a request line, header or body that
 # stalls, an idle keep-alive connection, a stream nobody reads (which would hold the board's one turn)
 # (llama-server's read/write timeout; waiting for a turn or a thermal pause writes nothing and is not limited).
@@ -297,8 +305,10 @@ class ApiHandler(BaseHTTPRequestHandler):
             super().finish()
         finally:
             headers = getattr(self, "headers", None)
-            if self.close_connection and headers is not None and (self._carries_body() or self._broken_head) and \
-                    not getattr(self, "_body_read", False):
+            # a head refused before its fields were read (a 414, 431, a request line's 400) may have a body too
+            broken = getattr(self, "_broken_head", False)
+            unread = broken if headers is None else self._carries_body() or broken
+            if self.close_connection and unread and not getattr(self, "_body_read", False):
                 linger(self.connection)
 
     # ------------------------------------------------------------------ routing
@@ -320,6 +330,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         self.headers = None  # a request refused on its request line has no headers (not the previous request's)
         self._broken_head = False  # a header line refused (its body, if any, unknown: read and dropped at the close)
+        self._body_read = False  # not the previous request's: this one's body, if it has one, is unread so far
         server = self.server
         self._reader.expect(min(server.request_timeout_s, server.client_timeout_s or server.request_timeout_s))
         try:
@@ -367,6 +378,19 @@ class ApiHandler(BaseHTTPRequestHandler):
         text = message or self.responses.get(code, ("error",))[0]
         self.log_error("code %d, message %s", code, text)
         self.close_connection = True
+        if self.headers is None:
+            # The head was refused before its fields were read (a request line too long or malformed, a header line
+            # too long, too many fields): what the client still sends (the rest of the head, a body) is read and
+            # dropped at the close (:func:`linger`), as after a 413, so that it reads this answer rather than a
+            # reset that its write of the body fails with.
+            self._broken_head = True
+        if code == 414:
+            text = (f"the request line is longer than {HEAD_LINE_LIMIT:,} bytes, the most this server reads: send a "
+                    "shorter path and query (a request's data goes in a POST body)")
+        elif code == 431:
+            text = (f"a request header line is longer than {HEAD_LINE_LIMIT:,} bytes" if message == "Line too long"
+                    else f"the request has more than {HEADER_FIELDS_LIMIT} header fields") + \
+                ", the most this server reads: send fewer or shorter header fields"
         if self.request_version == "HTTP/0.9":
             # A request line refused before its version was taken (not three words, a version that is not
             # HTTP/1.x: the HTTP/2 preface 'PRI * HTTP/2.0' of a client with prior knowledge) leaves the base class's
@@ -547,6 +571,21 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._model = name
         return pool.described(name)
 
+    def _checked_then_used(self, body: object, check: Callable[[Completer], T]) -> tuple[Completer, T]:
+        """The completer that answers the request (:meth:`_use`) and what ``check`` makes of its body, checked first:
+        with several bundles against the named model's description (:meth:`_described`: its tokenizer and settings,
+        nothing loaded), so that a request refused whole (a 400 for its body; the 404 of a model not served comes
+        first) swaps no model in and leaves the loaded one to the clients using it, as Ollama's handlers check a
+        request before ``scheduleRunner`` loads its model (server/routes.go). Where the request names no model and
+        another was loaded for its turn in the meantime, ``check`` runs again on the model that answers."""
+        described = self._described(body)
+        described_as = self._model
+        checked = check(described)
+        completer = self._use(body)
+        if completer is not described and self._model != described_as:
+            checked = check(completer)
+        return completer, checked
+
     def _loaded(self) -> tuple[str, Completer]:
         """The loaded model's name and completer, for a route that describes it without a turn of its own (/slots,
         /props, /api/ps, /metrics); with several bundles a 503 while none is, as llama-server answers while it loads
@@ -617,11 +656,10 @@ class ApiHandler(BaseHTTPRequestHandler):
                 self._send_json(200, completer.detokenize(parse_detokenize_request(body)))
             return
         if path == llama_native.ROUTE:
-            self._native_completion(lambda body: llama_native.parse_completion_request(body, self._completer),
-                                    several=True)
+            self._native_completion(llama_native.parse_completion_request, several=True)
             return
         if path == infill.ROUTE:  # the infill prompt's token ids, answered as /completion
-            self._native_completion(lambda body: infill.parse_infill_request(body, self._completer))
+            self._native_completion(infill.parse_infill_request)
             return
         parse = PARSERS.get(path)
         if parse is None:
@@ -632,21 +670,32 @@ class ApiHandler(BaseHTTPRequestHandler):
             # With several bundles, a chat request refused whole swaps no model in: its model's name is checked (the
             # 404 first), then its body, and only then is its model loaded, as /v1/messages and Ollama's routes do
             # here and as Ollama's OpenAI middleware refuses a body before ChatHandler schedules the model
-            # (middleware/openai.go ChatMiddleware, then server/routes.go ChatHandler's scheduleRunner).
-            if self.server.pool is not None:
-                self._named_model(body)
-            requests = [parse(body)]
-        completer = self._use(body)
-        if parse is parse_text_request:
+            # (middleware/openai.go ChatMiddleware, then server/routes.go ChatHandler's scheduleRunner). Its prompt
+            # too, against the model's context (_before_swap).
+            completer, requests = self._checked_then_used(body, lambda model: self._before_swap(model, [parse(body)]))
+        else:
             # a suffix on /v1/completions builds its fill-in-the-middle prompt from the served model's FIM tokens;
-            # several prompts are a task each, checked before any runs
-            requests = self._prompt_requests(body, lambda one: parse(one, completer=completer), completer)
+            # several prompts are a task each, checked before any runs, and before the model is loaded
+            completer, requests = self._checked_then_used(body, lambda model: self._before_swap(
+                model, self._prompt_requests(body, lambda one: parse(one, completer=model), model)))
         self._answer_started()
         if requests[0].stream:
             self._stream(requests)
         else:
             completions = [completer.complete(request, client_gone=self._client_gone) for request in requests]
             self._send_json(200, whole_answers(completer, requests, self._model, completions))
+
+    def _before_swap(self, completer: Completer, requests: list[CompletionRequest]) -> list[CompletionRequest]:
+        """``requests``, their prompts checked first where several bundles are served, as
+        :meth:`Completer.complete` checks them before a request's turn (its tokens against the vocabulary and the
+        context, its sampling, its context shift; a grammar's or schema's constraint is left to it): ``completer``
+        is then the named model's description (:meth:`_checked_then_used`), so that a prompt past the model's context
+        (llama-server's exceed_context_size_error) is refused without swapping that model in. With one bundle
+        :meth:`Completer.complete` alone checks them."""
+        if self.server.pool is not None:
+            for request in requests:
+                completer.context_shift(request, completer.prompt_ids(request), completer.sampling(request))
+        return requests
 
     @staticmethod
     def _prompt_requests(body: object, parse: Callable[[object], CompletionRequest],
@@ -678,15 +727,18 @@ class ApiHandler(BaseHTTPRequestHandler):
         """OpenAI's ``POST /v1/embeddings`` or llama-server's ``POST /embedding`` (serve/embeddings.py)."""
         self._authorise()
         body = self._read_json()
-        completer = self._use(body)
-        pooling = completer.defaults.pooling
-        if route == OPENAI_EMBEDDINGS_ROUTE:  # pooling none refused first, as llama-server refuses it
-            config, request = openai_embedding_config(pooling), parse_embedding_request(body)
-            check_dimensions(request, embedding_width(completer.runtime.bundle.manifest))  # before any input runs
-            inputs, param = request.inputs, "input"
-        else:
+
+        def checked(completer: Completer) -> tuple:
+            pooling = completer.defaults.pooling
+            if route == OPENAI_EMBEDDINGS_ROUTE:  # pooling none refused first, as llama-server refuses it
+                config, request = openai_embedding_config(pooling), parse_embedding_request(body)
+                check_dimensions(request, embedding_width(completer.runtime.bundle.manifest))  # before any input runs
+                return config, request, request.inputs, "input"
             native = parse_native_embedding_request(body, pooling)
-            inputs, param, config = native.inputs, native.param, native.config
+            return native.config, None, native.inputs, native.param
+
+        # the body checked before its model is loaded: a refused request swaps no model in
+        completer, (config, request, inputs, param) = self._checked_then_used(body, checked)
         self._answer_started()
         embeddings = completer.embed(inputs, config, param=param, client_gone=self._client_gone)
         self._log_embedded(route, embeddings)
@@ -702,7 +754,8 @@ class ApiHandler(BaseHTTPRequestHandler):
                          sum(embedding.tokens for embedding in embeddings),
                          f", {cut} cut to the context" if cut else "")
 
-    def _native_completion(self, parse: Callable[[object], CompletionRequest], several: bool = False) -> None:
+    def _native_completion(self, parse: Callable[[object, Completer], CompletionRequest],
+                           several: bool = False) -> None:
         """llama-server's ``POST /completion`` (edgesdk/serve/llama_native.py) or ``POST /infill``
         (edgesdk/serve/infill.py), as ``parse`` reads the body, whole or streamed.
 
@@ -710,21 +763,34 @@ class ApiHandler(BaseHTTPRequestHandler):
         task each, as llama-server's
         ``handle_completions_impl`` makes them: every prompt is checked before any runs, the answers come whole as an
         array in the prompts' order, each with its ``index``; streamed, each prompt's events (its ``index`` in each)
-        end with its own ``"stop": true`` event, the prompts one after another (the board answers one at a time)."""
+        end with its own ``"stop": true`` event, the prompts one after another (the board answers one at a time).
+
+        ``parse`` reads the body with the completer of the model named (llama-server's router reads ``model`` on
+        /completion and /infill too); the body is checked whole before that model is loaded
+        (:meth:`_checked_then_used`)."""
         self._authorise()
         body = self._read_json()
-        completer = self._use(body)  # llama-server's router reads 'model' on /completion and /infill too
+
+        def tasks_of(completer: Completer) -> list[tuple[CompletionRequest, str, dict]]:
+            requests = self._prompt_requests(body, lambda one: parse(one, completer), completer) if several else \
+                [parse(body, completer)]
+            tasks = []
+            for request in requests:
+                # The answer's "prompt" is the prompt's tokens as text, special tokens written out (a text prompt's
+                # BOS too), as llama-server gives it back (server.cpp: the task's tokens detokenized with special =
+                # true)
+                prompt = completer.runtime.tokenizer.tokenizer.decode(completer.prompt_ids(request),
+                                                                      skip_special_tokens=False)
+                tasks.append((request, prompt, llama_native.generation_settings(request, completer.sampling(request),
+                                                                                completer.defaults.n_keep)))
+            return tasks
+
+        if self.server.pool is not None:
+            self._named_model(body)  # a model not served is the 404, before the body's own checks
         fields = llama_native.response_fields(body)
         ids = llama_native.return_tokens(body)
-        requests = self._prompt_requests(body, parse, completer) if several else [parse(body)]
-        tasks = []
-        for request in requests:
-            # The answer's "prompt" is the prompt's tokens as text, special tokens written out (a text prompt's BOS
-            # too), as llama-server gives it back (server.cpp: the task's tokens detokenized with special = true)
-            prompt = completer.runtime.tokenizer.tokenizer.decode(completer.prompt_ids(request),
-                                                                  skip_special_tokens=False)
-            tasks.append((request, prompt, llama_native.generation_settings(request, completer.sampling(request),
-                                                                            completer.defaults.n_keep)))
+        completer, tasks = self._checked_then_used(body, tasks_of)
+        requests = [request for request, _, _ in tasks]
         self._answer_started()
         if not requests[0].stream:
             answers = []
@@ -775,7 +841,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         # checked before the model is: a request refused whole swaps no model in (Ollama's handlers check theirs
         # before scheduleRunner, as /api/chat does here)
         request = anthropic.parse_messages_request(body)
-        completer = self._use(body)
+        completer, _ = self._checked_then_used(body, lambda model: self._before_swap(model, [request]))
         self._answer_started()
         ident = anthropic.new_message_id()
         # a thinking model's reasoning as a thinking block (never inside the text, as deepseek-legacy streams it)
@@ -908,15 +974,25 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._authorise()
         kept = self.server.responses
         body = self._read_json()
-        completer = self._use(body)
-        asked = responses.parse_responses_request(body, kept)
+
+        def checked(completer: Completer) -> tuple:
+            asked = responses.parse_responses_request(body, kept)
+            # a bad logit_bias id is the request's 400, before any stream opens
+            sampling = completer.sampling(asked.request)
+            try:
+                self._before_swap(completer, [asked.request])
+            except ApiError as exc:  # named as the Responses field, as an answer's refusal is
+                raise responses.answering_error(exc, asked) from None
+            return asked, sampling, completer.reasoning_splitter(replace(asked.request, stream=False))
+
+        # the body checked before its model is loaded: a refused request swaps no model in
+        completer, (asked, sampling, splitter) = self._checked_then_used(body, checked)
         request = asked.request
-        sampling = completer.sampling(request)  # a bad logit_bias id is the request's 400, before any stream opens
         tokenizer = completer.runtime.tokenizer
         output = response_events.Output(asked, self._model, sampling.temperature, sampling.top_p,
-                                  # a thinking model's reasoning as a reasoning item (never inside the text)
-                                  splitter=completer.reasoning_splitter(replace(request, stream=False)),
-                                  count_tokens=lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
+                                        # a thinking model's reasoning as a reasoning item (never inside the text)
+                                        splitter=splitter,
+                                        count_tokens=lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
         self._answer_started()
         if not request.stream:
             try:
