@@ -156,7 +156,7 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
                   marker="o" if len(rate) == 1 else None)
     _limit_lines(ax_t, [meta for _, meta, _ in runs], labels, colors)
     ax_t.set_ylabel("temperature (°C)")
-    ax_t.legend(loc="lower right", fontsize=8)
+    _legend(ax_t)
     ax_t.grid(alpha=0.3)
     ax_l.set_yticks(range(len(LEVELS)), LEVELS, fontsize=8)
     ax_l.set_ylabel("level")
@@ -175,6 +175,17 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     finally:
         plt.close(fig)
     return out
+
+
+def _legend(ax) -> None:
+    """The temperature axis's legend: every line drawn on it, by the label it was given.
+
+    The lines are passed to :meth:`~matplotlib.axes.Axes.legend` by hand: left to pick them itself,
+    matplotlib leaves out every artist whose label starts with an underscore (its documented way to hide
+    one), so a run read from ``_warm.jsonl`` (its file's stem is its label) was drawn with no legend entry.
+    """
+    lines = ax.get_lines()
+    ax.legend(lines, [line.get_label() for line in lines], loc="lower right", fontsize=8)
 
 
 LIMIT_LINES = (("throttle_c", "firmware throttle", "r", "--"), ("hard_c", "hard (pause)", "m", ":"),
