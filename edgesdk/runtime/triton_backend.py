@@ -79,19 +79,25 @@ class TritonBackend:
         """Run ``token_ids`` (T,) after the cache; the logits of the last ``min(keep_logits, T)`` positions
         (the DecoderBackend contract, edgesdk/runtime/backend.py). 0 tokens is refused, as the ONNX Runtime and
         TensorRT backends refuse it: the decoder returned an empty (0, vocab) array, with no row for the
-        next token."""
+        next token. It is checked before the ids' dtype, so an empty list (float64 to numpy) is named as 0 tokens
+        too, not as ids that are no whole numbers."""
         keep = checked_keep_logits(keep_logits)
-        ids = checked_token_ids(token_ids, self.vocab_size, "prefill")[0]  # (T,)
-        if ids.shape[0] == 0:
+        if np.asarray(token_ids).size == 0:  # before the dtype check: np.asarray([]) is float64, not "no ids"
             raise RuntimeBackendError("prefill of 0 tokens: there is no position whose logits it could return",
                                       "pass at least one token id (the prompt's last token gives the next "
                                       "token's logits)")
+        ids = checked_token_ids(token_ids, self.vocab_size, "prefill")[0]  # (T,)
         return self._run(ids, min(keep, ids.shape[0]))
 
     def hidden_states(self, token_ids: np.ndarray) -> np.ndarray:
-        """Final-norm hidden states (T, hidden) of ``token_ids`` run beside the KV cache, which stays as it was."""
+        """Final-norm hidden states (T, hidden) of ``token_ids`` run beside the KV cache, which stays as it was.
+        No ids (an empty list too, which numpy reads as float64) is refused as 0 tokens, as the ONNX Runtime
+        backends refuse it, not as ids of the wrong dtype."""
         import torch
 
+        if np.asarray(token_ids).size == 0:
+            raise RuntimeBackendError("hidden states of 0 tokens: there is no position to return",
+                                      "pass at least one token id")
         ids = checked_token_ids(token_ids, self.vocab_size, "hidden states")[0]  # (T,)
         if not 0 < len(ids) <= self.max_context:
             raise RuntimeBackendError(f"hidden states of {len(ids)} tokens: expected 1 to the bundle's max_context "
