@@ -151,12 +151,21 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
             f"only {', '.join(sorted(RUNTIME_FIELDS))} apply to them",
             f"drop those from {TUNING_ENV_VAR}, or pip install 'edgesdk[kernels]' to compile the kernels here")
     torch.set_num_threads(max(1, threads))
-    tensors = load_file(str(bundle.file(record["weights"])))
-    if aot:
-        compiled = load_aot_kernels(bundle, record)
-        return TritonBackend(SparseDecoder(tensors, record, device="cuda", compiled=compiled), "aot")
-    device = "cuda" if mode == "triton" else "cpu"
-    return TritonBackend(SparseDecoder(tensors, record, device=device, mode=mode), mode)
+    device = "cuda" if aot or mode == "triton" else "cpu"
+    try:  # a load that fails (GPU memory held by another process, weights torch cannot read) is this backend's
+        # reason not to open, as the ONNX Runtime openers report a session that fails: the chain tries the next
+        tensors = load_file(str(bundle.file(record["weights"])))
+        if aot:
+            compiled = load_aot_kernels(bundle, record)
+            return TritonBackend(SparseDecoder(tensors, record, device="cuda", compiled=compiled), "aot")
+        return TritonBackend(SparseDecoder(tensors, record, device=device, mode=mode), mode)
+    except RuntimeBackendError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - torch.cuda.OutOfMemoryError, SafetensorsError, a record torch refuses
+        raise RuntimeBackendError(
+            f"the block-sparse weights did not load onto {device} ({type(exc).__name__}: {str(exc)[:300]})",
+            "free the GPU memory another process holds (nvidia-smi, or tegrastats on a Jetson), or pass "
+            "--backend ort-cuda or ort-cpu; 'edgesdk verify BUNDLE' checks the bundle's files") from exc
 
 
 def load_aot_kernels(bundle: Bundle, record: dict):
