@@ -108,12 +108,18 @@ def structure_summary(model) -> list[dict]:
              "ffn": len(r["ffn"])} for i, r in enumerate(layer_records(model))]
 
 
+def holds_a_window(eval_ids: torch.Tensor | None) -> bool:
+    """Whether ``eval_ids`` hold at least one whole window of HELDOUT_WINDOW tokens, what
+    :func:`heldout_perplexity` scores: 256 tokens are one window, as 257 are."""
+    return eval_ids is not None and eval_ids.numel() >= HELDOUT_WINDOW
+
+
 def stage_metrics(model, eval_ids: torch.Tensor | None) -> dict:
     """Parameters, exported weight bytes, per-layer structure and, where ``eval_ids`` hold at least one whole
     window of HELDOUT_WINDOW tokens (what :func:`heldout_perplexity` scores), the held-out perplexity."""
     scheme = QuantScheme.of(model)
     metrics = {"parameters": parameters(model), "weight_bytes": weight_bytes(model, scheme),
                "layers": structure_summary(model)}
-    if eval_ids is not None and eval_ids.numel() >= HELDOUT_WINDOW:  # 256 tokens are one window, as 257 are
+    if holds_a_window(eval_ids):
         metrics["heldout_perplexity"] = round(quantized_heldout_perplexity(model, eval_ids, scheme), 4)
     return metrics

@@ -21,7 +21,7 @@ import torch
 from edgesdk.build import checkpoint
 from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress.data import eos_ids
-from edgesdk.compress.measure import stage_metrics
+from edgesdk.compress.measure import holds_a_window, stage_metrics
 from edgesdk.errors import BuildError
 from edgesdk.power import adapter, train
 from edgesdk.power.controller import ADAPTERS_OFF_TAU, ControllerConfig, TauController
@@ -235,7 +235,7 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
     })
     eval_ids = ctx.eval_ids()
     ctx.metrics.update(stage_metrics(model, None))  # the report's row: parameters (adapters too), bytes, layers
-    if eval_ids is not None and eval_ids.numel() > 256:  # beside the manifest's baseline (no adapters)
+    if holds_a_window(eval_ids):  # beside the manifest's baseline (no adapters)
         # gating off: the loaded model (no adapter acts); tau 0: every FFN runs, the adapters' scales act
         ctx.metrics["heldout"] = {"gating_off": train.gated_heldout(model, state, eval_ids, ADAPTERS_OFF_TAU),
                                   "every_ffn": train.gated_heldout(model, state, eval_ids, 0.0),
