@@ -107,11 +107,19 @@ def sampler_chain(samplers: str | None, sampling_seq: str | None) -> dict:
     return {} if sampling_seq is None else {"samplers": sampling_seq}
 
 
+def _threads_or_default(ctx, param, value: int | None) -> int | None:
+    """``--threads``: a count of at least 1, or None (the profile's count, at most the usable cores) for 0 or
+    below, as llama.cpp's ``-t`` takes them (common/arg.cpp: ``if (n_threads <= 0) n_threads =
+    std::thread::hardware_concurrency()``; -1 is its default, which scripts pass)."""
+    return None if value is None or value <= 0 else value
+
+
 def runtime_options(fn):
     """The runtime's options: threads, a forced backend and the target check, for run, serve, eval and bench."""
     return _stacked(fn, [
-        click.option("--threads", "-t", type=click.IntRange(min=1),
-                     help="Intra-op threads [from the target profile, at most the usable cores]."),
+        click.option("--threads", "-t", type=int, callback=_threads_or_default,
+                     help="Intra-op threads [from the target profile, at most the usable cores; 0 or below: "
+                          "that default, as llama.cpp's -t -1 is its own]."),
         click.option("--backend", help="Force a backend (ort-cpu, ort-cuda, ort-trt, tensorrt, triton) instead of the profile's chain."),
         click.option("--target", help="Refuse the bundle unless it was built for this board."),
         click.option("--ignore-target", is_flag=True, help="Run a bundle built for another board anyway."),
