@@ -18,7 +18,8 @@ Two forms are read:
   ``modules_to_save`` names (``<module>.modules_to_save[.<adapter>].weight`` or ``<module>.weight``), which
   replace the base weights as PEFT's ``ModulesToSaveWrapper`` does; of PEFT's LoRA variants, block-diagonal LoRA
   (``use_bdlora``: its stacked blocks are put on the diagonal) and VeLoRA / MonteCLoRA (whose extra state is used only
-  in training) merge as plain LoRA, as PEFT merges them, and the others (DoRA, KaSA, ...) are refused;
+  in training) merge as plain LoRA, as PEFT merges them, and the others (DoRA, KaSA, Arrow's router, ...) are
+  refused;
 - a GGUF LoRA adapter as llama.cpp's ``convert_lora_to_gguf.py`` writes it: ``general.type`` adapter,
   ``adapter.type`` lora, ``adapter.lora.alpha``, and per base tensor ``<name>.lora_a`` (r, in) and
   ``<name>.lora_b`` (out, r) (numpy order), ``token_embd.weight.lora_a`` (vocab, r) and ``.lora_b`` (dim, r)
@@ -130,7 +131,7 @@ def check_adapter(adapter: LoraAdapter) -> str:
         raise ModelSourceError(f"--lora-scaled {adapter.path} {adapter.scale}: the scale is not a finite number",
                                "pass a number such as 0.5 or 1 (llama.cpp's --lora-scaled FNAME SCALE)")
     if path.is_dir():
-        if (path / MLX_WEIGHTS).is_file() or _mlx_config(path):
+        if is_mlx_adapter(path):
             raise ModelSourceError(
                 f"{where}: {path} is an mlx-lm adapter ({MLX_WEIGHTS}, lora_parameters in {PEFT_CONFIG}), not a PEFT "
                 "or GGUF LoRA adapter: its tensor names, factor layout and scale are mlx-lm's own",
@@ -165,7 +166,36 @@ def check_adapter(adapter: LoraAdapter) -> str:
         raise ModelSourceError(f"{where}: the file is not GGUF (first bytes {magic!r}, expected b'GGUF')",
                                "pass a GGUF LoRA adapter (llama.cpp's convert_lora_to_gguf.py writes one) or a PEFT "
                                f"adapter directory (with {PEFT_CONFIG})")
+    _gguf_adapter_reader(adapter, path)  # a whole model's GGUF is refused here, not after the base model loads
     return "gguf"
+
+
+def _gguf_adapter_reader(adapter: LoraAdapter, path: Path):
+    """The GGUFReader of a GGUF file given with --lora, refusing one that cannot be read or whose ``general.type``
+    is not ``adapter`` (a whole model: llama.cpp's ``llama_adapter_lora_init_impl`` refuses it the same way,
+    "expect general.type to be 'adapter'")."""
+    from gguf import GGUFReader
+
+    where = adapter.named
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # gguf raises ValueError and struct errors for damaged files
+        raise ModelSourceError(f"{where}: cannot read the GGUF file: {type(exc).__name__}: {exc}",
+                               "check that the file is complete (convert the adapter again)") from exc
+    found = reader.fields.get("general.type")
+    kind = None if found is None else found.contents()
+    if kind != "adapter":
+        told = f"general.type is {kind!r}" if kind is not None else "has no general.type"
+        raise ModelSourceError(f"{where}: the GGUF file {told}, not 'adapter': it holds a model, not a LoRA adapter",
+                               "pass a whole model with --model, and a LoRA adapter (llama.cpp's "
+                               "convert_lora_to_gguf.py writes one) with --lora")
+    return reader
+
+
+def is_mlx_adapter(directory: Path) -> bool:
+    """Whether ``directory`` holds an mlx-lm adapter (``mlx_lm.lora --adapter-path DIR``): its weights file
+    adapters.safetensors, or an adapter_config.json of mlx-lm's fields."""
+    return (directory / MLX_WEIGHTS).is_file() or _mlx_config(directory)
 
 
 def _mlx_config(directory: Path) -> bool:
@@ -295,6 +325,19 @@ def _peft_config(adapter: LoraAdapter, directory: Path) -> dict:
         value = config.get(option)
         if value:
             refused.append((f"{option}: {json.dumps(value)[:60]}", why))
+    arrow = config.get("arrow_config")
+    if arrow:  # PEFT's ArrowLinearVariant.merge_safe / merge_unsafe: "Cannot merge an active Arrow router adapter"
+        tasks = arrow.get("task_adapter_names") if isinstance(arrow, dict) else None
+        tasks = [name for name in tasks if isinstance(name, str) and name] if isinstance(tasks, list) else []
+        saved = [directory.parent / name for name in tasks if (directory.parent / name / PEFT_CONFIG).is_file()]
+        refused.append((f"arrow_config: {json.dumps(arrow)[:60]}",
+                        "it is the router of PEFT's Arrow, which picks among its task adapters"
+                        + (f" ({', '.join(tasks[:6])})" if tasks else "") + " token by token, a choice no merged "
+                        "weight makes; its own factors are untrained (lora_B zero), and PEFT refuses to merge it too "
+                        "('Cannot merge an active Arrow router adapter')",
+                        "pass the task adapter of the task the bundle is for with --lora"
+                        + (f", e.g. --lora {saved[0]}" if saved else " (PeftModel.save_pretrained writes each beside "
+                           "the router, in a directory of its name)")))
     init = config.get("init_lora_weights")
     if isinstance(init, str) and init.lower().startswith(BASE_CHANGING_INITS):
         refused.append((f"init_lora_weights {init!r}", "the adapter is relative to a base model its initialisation "
@@ -566,25 +609,17 @@ def _read_gguf(adapter: LoraAdapter, model, base_architecture: str | None) -> Re
     overlap), checked against ``model``."""
     import numpy as np
     import torch
-    from gguf import GGUFReader, dequantize
+    from gguf import dequantize
 
     path = Path(adapter.path).expanduser()
     where = adapter.named
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as exc:  # gguf raises ValueError and struct errors for damaged files
-        raise ModelSourceError(f"{where}: cannot read the GGUF file: {type(exc).__name__}: {exc}",
-                               "check that the file is complete (convert the adapter again)") from exc
+    reader = _gguf_adapter_reader(adapter, path)
 
     def field(key: str):
         found = reader.fields.get(key)
         return None if found is None else found.contents()
 
-    kind, arch, adapter_type = field("general.type"), field("general.architecture"), field("adapter.type")
-    if kind != "adapter":
-        told = f"general.type is {kind!r}" if kind is not None else "has no general.type"
-        raise ModelSourceError(f"{where}: the GGUF file {told}, not 'adapter': it holds a model, not a LoRA adapter", "pass a whole model with --model, and a LoRA adapter (llama.cpp's "
-                               "convert_lora_to_gguf.py writes one) with --lora")
+    arch, adapter_type = field("general.architecture"), field("adapter.type")
     if arch != base_architecture:
         raise ModelSourceError(f"{where}: the adapter's architecture is {arch!r} (general.architecture), the base "
                                f"model's is {base_architecture!r}; llama.cpp refuses such an adapter too "

@@ -159,8 +159,8 @@ def _resolve_directory(path: Path) -> ModelSource:
         return ModelSource("hf-dir", path, str(path.resolve()))  # a path the manifest can be read from anywhere
     if (path / "snapshots").is_dir() or (path.name.startswith("models--") and (path / "blobs").is_dir()):
         return _resolve_directory(_hub_cache_snapshot(path))
-    if (path / "adapter_config.json").is_file():
-        _refuse_peft_adapter(path)
+    if (path / "adapter_config.json").is_file() or (path / "adapters.safetensors").is_file():
+        _refuse_adapter(path)
     ggufs = sorted(file for file in path.iterdir() if file.suffix.lower() == ".gguf" and file.is_file())
     if ggufs:
         shown = ", ".join(file.name for file in ggufs[:6]) + (", ..." if len(ggufs) > 6 else "")
@@ -177,15 +177,33 @@ def _resolve_directory(path: Path) -> ModelSource:
     )
 
 
-def _refuse_peft_adapter(path: Path) -> None:
-    """Refuse a PEFT adapter directory (adapter_config.json, no config.json) given as the model, naming the base
-    model its config records (``base_model_name_or_path``) and --lora, which merges it into that base."""
+def _refuse_adapter(path: Path) -> None:
+    """Refuse a LoRA adapter directory (no config.json) given as the model. A PEFT adapter (adapter_config.json)
+    is told to go with --lora, which merges it into the base model its config records
+    (``base_model_name_or_path``); an mlx-lm adapter (``mlx_lm.lora`` writes adapters.safetensors and an
+    adapter_config.json of its own: fine_tune_type, lora_parameters, and the base as ``model``), which --lora
+    refuses too (:func:`edgesdk.models.lora.check_adapter`), is told to be fused into its base with mlx-lm's
+    ``mlx_lm.fuse``, as check_adapter tells it."""
     import json
 
+    from edgesdk.models.lora import MLX_WEIGHTS, is_mlx_adapter
+
     try:
-        base = json.loads((path / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
-    except (OSError, ValueError, AttributeError):
-        base = None
+        config = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = None
+    if is_mlx_adapter(path):
+        base = config.get("model") if isinstance(config, dict) else None
+        base = base if isinstance(base, str) and base else None
+        found = [name for name in (MLX_WEIGHTS, "adapter_config.json") if (path / name).is_file()]
+        raise ModelSourceError(
+            f"model directory {path} is an mlx-lm LoRA adapter ({', '.join(found)}, no config.json)"
+            + (f", made for the base model {base} (adapter_config.json's model)" if base else "")
+            + ", not a whole model; edgesdk's --lora does not read mlx-lm adapters either",
+            f"fuse it into its base with mlx-lm (mlx_lm.fuse --model {shlex.quote(base) if base else 'BASE'} "
+            f"--adapter-path {shlex.quote(str(path))} --save-path fused --de-quantize) and pass the fused directory "
+            "with --model")
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
     named = f", made for the base model {base} (its base_model_name_or_path)" if base else ""
     raise ModelSourceError(
         f"model directory {path} is a PEFT LoRA adapter (adapter_config.json, no config.json){named}, not a whole "
