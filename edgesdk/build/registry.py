@@ -41,7 +41,9 @@ class BuildContext:
     def eval_ids(self):
         """Held-out tokens for the per-stage perplexity: the skipped head of the first data file
         (never trained on), at most 8,192 tokens, in windows that start with BOS where the tokenizer
-        adds one (as ``edgesdk eval`` scores them); None without data files."""
+        adds one (as ``edgesdk eval`` scores them); None without data files. The text is read as plain
+        text, a special token's text in it as its characters (``split_special_tokens``), as ``edgesdk eval``
+        and llama-perplexity read it (edgesdk/runtime/text.py ``ChatTokenizer.plain_text``)."""
         if self._eval_ids is None and self.data_config is not None and self.data_config.files:
             import torch
 
@@ -51,8 +53,8 @@ class BuildContext:
 
             text = heldout_text(self.data_config)
             if text:
-                ids = windows_after_bos(self.tokenizer(text, add_special_tokens=False)["input_ids"],
-                                        leading_bos(self.tokenizer))
+                plain = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+                ids = windows_after_bos(plain, leading_bos(self.tokenizer))
                 self._eval_ids = torch.tensor(ids[:8192], dtype=torch.long)
         return self._eval_ids
 
