@@ -232,6 +232,13 @@ class Model:
         """The text of token ids, special tokens written out (llama-server's ``POST /detokenize``)."""
         tokens = detokenize_ids(ids)
         self._check_open("detokenize")
+        # checked here, as ids[i] (the route's own check names its JSON field, tokens[i], and OpenAI's bodies)
+        vocabulary = self._completer.vocabulary()
+        outside = next((index for index, token in enumerate(tokens) if token >= vocabulary), None)
+        if outside is not None:
+            raise RequestError("detokenize", f"ids[{outside}] is {tokens[outside]}; this model's vocabulary has ids 0 "
+                               f"to {vocabulary - 1}", param=f"ids[{outside}]",
+                               fix="pass token ids the model's vocabulary holds (tokenize() gives them)")
         return self._call("detokenize", lambda: self._completer.detokenize(tokens)["content"])
 
     def create_embedding(self, input: str | list, model: str | None = None, *, encoding_format: str = "float",
@@ -880,12 +887,12 @@ def _with_model_defaults(defaults, settings: dict, manifest: dict, notes: list[s
 
 def _open_guard(runtime, notes: list[str]):
     """The thermal guard of ``edgesdk run --watch-thermal`` for ``runtime``'s board: its notes go to ``notes``."""
-    from edgesdk.profile import TargetProfile
+    from edgesdk.profile import bundle_profile
     from edgesdk.thermal.cpufreq import recover_left_cap
     from edgesdk.thermal.watch import open_session
 
+    profile = bundle_profile(runtime.bundle.manifest["target"], runtime.bundle.path)  # before any clock is touched
     notes += recover_left_cap()
-    profile = TargetProfile.model_validate(runtime.bundle.manifest["target"])
     session = open_session(profile, guard=True, status=False, warn=notes.append)
     notes += session.notes
     return session

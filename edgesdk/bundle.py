@@ -353,6 +353,11 @@ def _manifest_shape_problems(manifest: dict) -> list[str]:
         if not isinstance(section, dict) or not isinstance(section.get(needed), str):
             problems.append(f"'{key}' must be a mapping with a '{needed}' string, got {section!r:.80}")
     problems += _runtime_section_problems(manifest["runtime"])
+    problems += _model_section_problems(manifest["model"])
+    stages = manifest["stages"]
+    if not (isinstance(stages, list) and all(isinstance(stage, dict) and isinstance(stage.get("stage"), str)
+                                             for stage in stages)):
+        problems.append(f"'stages' must be a list of mappings with a 'stage' string, got {stages!r:.80}")
     graph = manifest["graph"]
     if isinstance(graph, dict):
         problems += _graph_facts_problems(graph)
@@ -494,10 +499,37 @@ def _generation_section_problems(section) -> list[str]:
     return problems
 
 
+def _model_section_problems(model, required: bool = False) -> list[str]:
+    """The 'model' section (the model's facts before and after the build): a mapping, its 'before' and 'after'
+    mappings where present. Verification checks that much (deploy and pack read none of it); ``required`` (opening
+    the bundle to run it) also needs the facts the runtime reads: 'model.before.source', which names the model in
+    every answer (``<model>-<target>``, edgesdk/serve/openai_answer.py served_model_name), and the 'hidden_size' an
+    embedding's width is checked against (``model.after``'s, else ``model.before``'s: serve/embeddings.py)."""
+    if not isinstance(model, dict):
+        return [f"'model' must be a mapping with the model's facts ('before', 'after'), got {model!r:.80}"]
+    problems = [f"'model.{key}' must be a mapping of the model's facts, got {model[key]!r:.80}"
+                for key in ("before", "after") if model.get(key) is not None and not isinstance(model[key], dict)]
+    if problems or not required:
+        return problems
+    before = model.get("before")
+    if not isinstance(before, dict) or not isinstance(before.get("source"), str):
+        source = before.get("source") if isinstance(before, dict) else None
+        problems.append("'model.before' must be a mapping with a 'source' string (the model the bundle was built "
+                        f"from, which names it in answers), got source {source!r:.80}")
+    facts = model.get("after") or before or {}
+    if not _whole(facts.get("hidden_size")):
+        where = "model.after" if model.get("after") else "model.before"
+        problems.append(f"'{where}.hidden_size' must be a whole number from 1 to {LARGEST_DIMENSION} (the model's "
+                        f"width, an embedding's values), got {facts.get('hidden_size')!r:.80}")
+    return problems
+
+
 def check_runnable(bundle: Bundle) -> None:
-    """Refuse a verified bundle whose manifest lacks a graph fact the runtime sizes its KV cache with
-    (verification accepts a manifest without them: deploy and pack need none)."""
-    problems = _graph_facts_problems(bundle.manifest["graph"], required=True)
+    """Refuse a verified bundle whose manifest lacks a graph fact the runtime sizes its KV cache with, or a model
+    fact it reads (verification accepts a manifest without them: deploy and pack need none), before any backend
+    opens: a missing one was a bare KeyError once the runtime had opened."""
+    problems = (_graph_facts_problems(bundle.manifest["graph"], required=True)
+                + _model_section_problems(bundle.manifest["model"], required=True))
     if problems:
         raise BundleError(f"bundle {bundle.path}: {MANIFEST} cannot be run:\n  - " + "\n  - ".join(problems),
                           "the manifest was edited by hand; rebuild the bundle with 'edgesdk build'")

@@ -16,7 +16,7 @@ from typing import Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from edgesdk.errors import ProfileError, read_utf8
+from edgesdk.errors import BundleError, ProfileError, read_utf8
 from edgesdk.power.distribution import FLOOR, WINDOW, check_entropy_target
 
 Family = Literal["jetson", "rpi", "host"]
@@ -187,6 +187,21 @@ class TargetProfile(_Strict):
     thermal_model: ThermalModel
     default_recipe: str = "default"
 
+    @field_validator("name", "aliases")
+    @classmethod
+    def _plain_names(cls, value):
+        """A board's name (and each alias) is a plain name: letters, digits, '-', '_' and '.', not starting with a
+        dot, as the shipped profiles' names are and as a bundle id must be (edgesdk/bundle.py ``_plain_name``). The
+        name is a path component, of the default bundle directory (``bundles/<model>-<name>``: a name 'a/b' made a
+        nested directory, '../x' one outside ``bundles/``) and of the manifest's target, and what ``--target``
+        takes, which reads a value with a '/' or a .yaml suffix as a file."""
+        for name in (value,) if isinstance(value, str) else value:
+            if (name == "" or name.startswith(".") or name.endswith((".yaml", ".yml"))
+                    or not all(char.isalnum() or char in "-_." for char in name)):
+                raise ValueError(f"{name!r} is not a plain board name: use letters, digits, '-', '_' and '.' (not "
+                                 "first, and no .yaml / .yml suffix), e.g. 'my-board'")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> TargetProfile:
         gpu_backends = {"ort-cuda", "ort-trt", "tensorrt", "triton"}
@@ -259,6 +274,20 @@ def parse_profile(text: str, source: str = "<string>") -> TargetProfile:
         raise ProfileError(
             _format_validation_error(source, exc), "compare the file with a shipped profile (edgesdk targets show rpi5)"
         ) from exc
+
+
+def bundle_profile(section: object, bundle: str | Path) -> TargetProfile:
+    """The target profile a bundle's manifest holds (its 'target' section, a copy of the profile it was built
+    for), which the thermal guard reads its limits and thermal model from; one that is not a profile this edgesdk
+    reads (a manifest edited by hand and hashed again, or a bundle whose profile lacks a key this edgesdk needs) is
+    a :class:`~edgesdk.errors.BundleError` naming the bundle and each key, as a profile file's are named, rather
+    than pydantic's bare ValidationError."""
+    try:
+        return TargetProfile.model_validate(section)
+    except ValidationError as exc:
+        listed = _format_validation_error(f"in the manifest of bundle {bundle} ('target')", exc)
+        raise BundleError(listed, "rebuild the bundle with 'edgesdk build' (the manifest's 'target' is a copy of "
+                          "the profile it was built for), or leave the thermal guard off") from exc
 
 
 def load_profile_file(path: str | Path) -> TargetProfile:
