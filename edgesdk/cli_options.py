@@ -260,11 +260,11 @@ def open_thermal(runtime, watch_thermal: bool, simulate_thermal: bool, no_guard:
     if not (watch_thermal or simulate_thermal or telemetry):
         return None
     from edgesdk.cli_thermal import thermal_profile
-    from edgesdk.profile import TargetProfile
+    from edgesdk.profile import bundle_profile
     from edgesdk.thermal.watch import open_session
 
     profile = (thermal_profile(None, thermal_target) if thermal_target
-               else TargetProfile.model_validate(runtime.bundle.manifest["target"]))
+               else bundle_profile(runtime.bundle.manifest.get("target"), runtime.bundle.path))
     # The guard's compute-budget lever works only while the gates skip blocks.
     gates_in_use = runtime.backend if getattr(runtime.backend, "gating", False) else None
     if hasattr(runtime.backend, "configure") and gates_in_use is None and (watch_thermal or simulate_thermal) \

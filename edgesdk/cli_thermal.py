@@ -21,7 +21,7 @@ def thermal_profile(bundle: Path | None, target: str | None, manifest: dict | No
     """The profile whose thermal limits and model apply: ``--target``, else the bundle's own copy
     (``manifest``: the bundle's, already read)."""
     from edgesdk.errors import EdgeSDKError
-    from edgesdk.profile import TargetProfile, get_profile
+    from edgesdk.profile import bundle_profile, get_profile
 
     if target:
         return get_profile(target)
@@ -31,7 +31,7 @@ def thermal_profile(bundle: Path | None, target: str | None, manifest: dict | No
         from edgesdk.bundle import read_manifest
 
         manifest = read_manifest(bundle)
-    return TargetProfile.model_validate(manifest["target"])
+    return bundle_profile(manifest.get("target"), bundle)
 
 
 class FiniteRange(click.FloatRange):

@@ -145,3 +145,22 @@ def test_detokenize_names_its_own_argument_for_an_id_past_the_vocabulary(tiny_bu
         assert f"ids[1] is {vocabulary}; this model's vocabulary has ids 0 to {vocabulary - 1}" in str(refused.value)
         assert "tokenize() gives them" in refused.value.fix
         assert model.detokenize(model.tokenize("hi")) == "hi"
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_the_cli_names_a_target_section_that_is_not_a_profile(tiny_bundle, tmp_path, monkeypatch, command):
+    """``run --simulate-thermal`` and ``thermal plan BUNDLE`` read the same copy of the profile: pydantic's bare
+    ValidationError came out of them as a traceback; now the refusal names the bundle and the keys."""
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+
+    monkeypatch.setenv("EDGESDK_CPUFREQ_ROOT", str(tmp_path / "no-cpufreq"))
+    bundle = _edited_copy(tiny_bundle, tmp_path, lambda manifest: manifest["target"].pop("thermal"))
+    args = ["run", str(bundle), "-p", "hi", "-n", "2", "-t", "1", "--simulate-thermal"] if command == "run" else \
+        ["thermal", "plan", str(bundle), "--minutes", "1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code != 0, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # the CLI's refusal, not a traceback
+    assert "in the manifest of bundle" in result.stderr
+    assert "thermal: Field required" in result.stderr
