@@ -173,6 +173,10 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     file_type = max(sorted(weight_types), key=weight_types.get)  # sorted: ties resolve the same every run
 
     partial = destination.with_name(destination.name + ".partial")
+    if partial.is_dir() and not partial.is_symlink():  # neither written over nor removed: it is not ours
+        raise ExportError(f"cannot write {destination}: the file it is written to first, {partial.name}, is a "
+                          f"directory in {partial.parent}; nothing was written there",
+                          f"remove or rename that directory ({partial}), or write the GGUF file under another name")
     try:
         # a link planted at the partial's predictable name would be written through (gguf's writer opens by path)
         partial.unlink(missing_ok=True)
@@ -380,6 +384,13 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
         window, base = gemma3_window_and_base(decoder)
         writer.add_sliding_window(window)
         writer.add_rope_freq_base(base)
+        # Ollama runs gemma3 in its own engine (fs/ggml/ggml.go, OllamaEngineRequired), whose gemma3 reads the
+        # global layers' base from rope.global.freq_base (default 1,000,000; later versions: rope.freq_base) and
+        # the sliding layers' from rope.local.freq_base (model/models/gemma3/model_text.go), the keys its own
+        # converter writes (convert/convert_gemma3.go): written too, or a global base other than 1,000,000 would
+        # rotate at 1,000,000 there. llama.cpp reads neither and passes over them.
+        writer.add_float32(f"{architecture}.rope.global.freq_base", base)
+        writer.add_float32(f"{architecture}.rope.local.freq_base", GEMMA3_LOCAL_ROPE_BASE)
     else:
         writer.add_rope_freq_base(decoder.rope_base)
     writer.add_layer_norm_rms_eps(decoder.rms_eps)
