@@ -308,12 +308,18 @@ class _FusedEmitter:
                        doc="edgesdk fused decoder (ONNX Runtime contrib ops), shared KV buffers")
 
 
+def graph_min_onnxruntime(weights: DecoderWeights, max_context: int) -> tuple[tuple[int, int], str] | None:
+    """The oldest onnxruntime a fused graph (plain or gated) of ``weights`` needs beyond its form's own:
+    SLIDING_WINDOW_ONNXRUNTIME where some layer's GroupQueryAttention has a ``local_window_size``, else None."""
+    windowed = any(window_within(layer.window, max_context) is not None for layer in weights.layers)
+    return SLIDING_WINDOW_ONNXRUNTIME if windowed else None
+
+
 def emit_fused_decoder(weights: DecoderWeights, max_context: int, config: FusedConfig = FusedConfig()
                        ) -> tuple[onnx.ModelProto, GraphSpec]:
     model = _FusedEmitter(weights, max_context, config).build()
-    windowed = any(window_within(layer.window, max_context) is not None for layer in weights.layers)
     spec = GraphSpec(num_layers=len(weights.layers), kv_heads=tuple(weights.kv_heads()), head_dim=weights.head_dim,
                      vocab_size=weights.vocab_size, max_context=max_context, form="ort-fused",
-                     dtype=config.weights, min_onnxruntime=SLIDING_WINDOW_ONNXRUNTIME if windowed else None,
+                     dtype=config.weights, min_onnxruntime=graph_min_onnxruntime(weights, max_context),
                      hidden_states=True)
     return model, spec

@@ -42,7 +42,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgesdk.errors import ExportError
 from edgesdk.export.decoder_weights import DecoderWeights
-from edgesdk.export.fused_graph import FusedConfig, _FusedEmitter
+from edgesdk.export.fused_graph import FusedConfig, _FusedEmitter, graph_min_onnxruntime
 from edgesdk.export.graph_builder import FLOAT, tensor_input
 from edgesdk.export.llama_graph import GraphSpec
 
@@ -214,13 +214,16 @@ def _value(name: str) -> onnx.ValueInfoProto:
 
 def emit_gated_decoder(weights: DecoderWeights, adapters: list[AdapterWeights], power: dict, max_context: int,
                        config: FusedConfig | None = None) -> tuple[onnx.ModelProto, GatedGraphSpec]:
-    """The gated fused graph and its spec (form ``ort-fused-gated``, power settings included)."""
+    """The gated fused graph and its spec (form ``ort-fused-gated``, power settings included). Its attention is
+    the fused graph's, so a sliding window (Gemma 3's local layers) needs the same onnxruntime
+    (fused_graph.SLIDING_WINDOW_ONNXRUNTIME), which the spec records as emit_fused_decoder's does."""
     config = config or FusedConfig()
     model = _GatedEmitter(weights, adapters, power, max_context, config).build()
     model.graph.doc_string = "edgesdk fused decoder with power gates (seed 000): If-skipped FFNs, tau input"
     spec = GatedGraphSpec(num_layers=len(weights.layers), kv_heads=tuple(weights.kv_heads()),
                           head_dim=weights.head_dim, vocab_size=weights.vocab_size, max_context=max_context,
-                          form=GATED_FORM, dtype=config.weights, power=dict(power), hidden_states=True)
+                          form=GATED_FORM, dtype=config.weights, power=dict(power), hidden_states=True,
+                          min_onnxruntime=graph_min_onnxruntime(weights, max_context))
     return model, spec
 
 

@@ -3,6 +3,9 @@
 Random prompts go through prefill and then several greedy decode steps; at every step the
 logits of both are compared. A difference above the tolerance raises ExportMismatchError
 listing each output's max absolute difference (the optimum exporter's AtolError idea).
+Where the model attends over a sliding window shorter than the graph's context (Gemma 3's local
+layers), the last prompt runs past that window (:func:`prompt_lengths`), so the graph's window
+is checked too.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class ValidationConfig:
     """How an export is checked."""
 
     prompts: int = 5  # random prompts, each prefilled then decoded
-    prompt_length: int = 12  # tokens per random prompt
+    prompt_length: int = 12  # tokens per random prompt (the last runs past a sliding window: prompt_lengths)
     decode_steps: int = 4  # greedy decode steps after each prefill
     atol: float = 1e-3  # max abs logit difference allowed (fp32 weights)
     seed: int = 0
@@ -48,6 +51,36 @@ class ValidationReport:
 
     def to_json(self) -> dict:
         return {"max_abs_diff": self.max_abs_diff, "top1_agree": self.top1_agree}
+
+
+def sliding_windows(model) -> list[int]:
+    """The sliding windows the PyTorch ``model`` attends over: each decoder layer's ``self_attn.sliding_window``
+    (transformers' Gemma3Attention, Qwen3Attention, SmolLM3Attention: set on the ``sliding_attention`` layers
+    only), and a Mistral config's ``sliding_window``, which transformers' MistralModel applies to every layer
+    (create_sliding_window_causal_mask)."""
+    windows = [getattr(layer.self_attn, "sliding_window", None) for layer in model.model.layers]
+    if model.config.model_type == "mistral":
+        windows.append(getattr(model.config, "sliding_window", None))
+    return sorted({int(window) for window in windows if window})
+
+
+def prompt_lengths(model, max_context: int | None, config: ValidationConfig) -> list[int]:
+    """Each random prompt's length: ``config.prompt_length``, except that the last prompt runs past the longest
+    sliding window shorter than the graph's ``max_context`` (``window + prompt_length`` tokens, or as many as
+    the context leaves room for beside the decode steps).
+
+    A query at position p of such a layer sees keys p - window + 1 .. p only (transformers'
+    sliding_window_overlay; export/llama_graph.py's mask, GroupQueryAttention's ``local_window_size`` in
+    export/fused_graph.py). Within the window every key is seen, so prompts of ``prompt_length`` tokens
+    (Gemma 3's window is 512 or more) compare a graph whose window is wrong, or is missing, as equal."""
+    lengths = [config.prompt_length] * config.prompts
+    windows = [window for window in sliding_windows(model) if max_context is None or window < max_context]
+    if lengths and windows:
+        reach = max(windows) + config.prompt_length
+        if max_context is not None:
+            reach = min(reach, max_context - config.decode_steps)
+        lengths[-1] = max(lengths[-1], reach)
+    return lengths
 
 
 def empty_past(spec: GraphSpec, batch: int = 1) -> dict[str, np.ndarray]:
@@ -100,8 +133,9 @@ def _compare_standard(session, model, spec: GraphSpec, config: ValidationConfig,
     rng = np.random.default_rng(config.seed)
     diffs: dict[str, float] = {"logits/prefill": 0.0, "logits/decode": 0.0, "present/kv": 0.0}
     agree, total, scale = 0, 0, 0.0
-    for _ in tqdm(range(config.prompts), desc="validate export", disable=not progress, unit="prompt"):
-        ids = rng.integers(0, spec.vocab_size, size=(1, config.prompt_length), dtype=np.int64)
+    lengths = prompt_lengths(model, spec.max_context, config)
+    for length in tqdm(lengths, desc="validate export", disable=not progress, unit="prompt"):
+        ids = rng.integers(0, spec.vocab_size, size=(1, length), dtype=np.int64)
         feeds = {"input_ids": ids, "num_logits_to_keep": np.array([ids.shape[1]], np.int64), **empty_past(spec)}
         ort_out = session.run(None, feeds)
         names = [o.name for o in session.get_outputs()]
@@ -301,17 +335,18 @@ def compare_backend(backend, reference, spec: GraphSpec, config: ValidationConfi
     rng = np.random.default_rng(config.seed)
     diffs = {"logits/prefill": 0.0, "logits/decode": 0.0}
     agree, total, scale = 0, 0, 0.0
-    for _ in tqdm(range(config.prompts), desc="validate export", disable=not progress, unit="prompt"):
-        ids = rng.integers(0, spec.vocab_size, size=config.prompt_length + config.decode_steps, dtype=np.int64)
+    lengths = prompt_lengths(reference, getattr(backend, "max_context", None), config)
+    for length in tqdm(lengths, desc="validate export", disable=not progress, unit="prompt"):
+        ids = rng.integers(0, spec.vocab_size, size=length + config.decode_steps, dtype=np.int64)
         with torch.no_grad():
             ref = reference(torch.from_numpy(ids)[None], use_cache=False).logits[0].numpy()  # (T, V)
         scale = max(scale, float(np.abs(ref).max()))
         backend.reset()
-        prefill = backend.prefill(ids[: config.prompt_length], keep_logits=config.prompt_length)
-        _update(diffs, "logits/prefill", prefill, ref[: config.prompt_length])
-        steps = np.stack([backend.decode(int(t)) for t in ids[config.prompt_length:]])
-        _update(diffs, "logits/decode", steps, ref[config.prompt_length:])
-        agree += int((steps.argmax(-1) == ref[config.prompt_length:].argmax(-1)).sum())
+        prefill = backend.prefill(ids[:length], keep_logits=length)
+        _update(diffs, "logits/prefill", prefill, ref[:length])
+        steps = np.stack([backend.decode(int(t)) for t in ids[length:]])
+        _update(diffs, "logits/decode", steps, ref[length:])
+        agree += int((steps.argmax(-1) == ref[length:].argmax(-1)).sum())
         total += len(steps)
     return diffs, agree / max(total, 1), scale
 
