@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress import fake_quant
 from edgesdk.compress.measure import stage_metrics
+from edgesdk.compress.structure import LAYERS_KEY
 from edgesdk.errors import BuildError
 from edgesdk.power.adapter import CONFIG_KEY as POWER_KEY
 
@@ -186,11 +187,21 @@ def _permute(parameter: torch.Tensor | None, order: torch.Tensor, dim: int) -> N
         parameter.data = parameter.data.index_select(dim, order).contiguous()
 
 
+# a decoder layer's norms over the residual stream's channels. Llama, Qwen, SmolLM3: the first two (before attention
+# and before the FFN); Gemma 3 (transformers' Gemma3DecoderLayer): post_attention_layernorm normalises the
+# attention's output, pre_feedforward_layernorm the FFN's input and post_feedforward_layernorm its output. A norm
+# left out keeps its weights in the old channel order and scales the wrong channels (a tiny Gemma 3's logits moved
+# by 2.0). Query / key norms (Qwen3, Gemma 3) act within a head and are not permuted.
+HIDDEN_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                "post_feedforward_layernorm")
+
+
 @torch.no_grad()
 def permute_hidden(model, order: torch.Tensor) -> None:
     """Reorder the residual stream's channels (D,) everywhere they appear: embedding (and an untied
-    LM head), every RMSNorm weight, the columns of the linears that read the stream and the rows
-    of those that write it. The logits are unchanged."""
+    LM head), every RMSNorm weight over the stream (:data:`HIDDEN_NORMS`: Gemma 3's layers have four, the
+    pre- and post-FFN norms beside Llama's two), the columns of the linears that read the stream and the
+    rows of those that write it. The logits are unchanged."""
     inner = model.model
     tied = fake_quant.is_tied(model)
     _permute(inner.embed_tokens.weight, order, 1)
@@ -198,8 +209,10 @@ def permute_hidden(model, order: torch.Tensor) -> None:
         _permute(model.lm_head.weight, order, 1)
     _permute(inner.norm.weight, order, 0)
     for layer in inner.layers:
-        _permute(layer.input_layernorm.weight, order, 0)
-        _permute(layer.post_attention_layernorm.weight, order, 0)
+        for name in HIDDEN_NORMS:
+            norm = getattr(layer, name, None)
+            if norm is not None:
+                _permute(norm.weight, order, 0)
         for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
                        layer.mlp.gate_proj, layer.mlp.up_proj):
             _permute(module.weight, order, 1)
@@ -220,7 +233,8 @@ def permute_ffn(layer, order: torch.Tensor) -> None:
 def reorder_channels(model, batches: list[torch.Tensor]) -> None:
     """Sort the residual-stream channels and each layer's FFN channels by importance, in place, so
     the least important weights of every matrix gather in the same blocks (TETRIS's reordering
-    with one sort per shared dimension instead of its alternating search)."""
+    with one sort per shared dimension instead of its alternating search). A pruned model's per-layer record
+    (structure.py ``edgesdk_layers``: the teacher's FFN channel at each position) is permuted with the channels."""
     if getattr(model.config, POWER_KEY, None):
         raise BuildError("sparsify.reorder cannot run on a model with power adapters (they read the "
                          "hidden channels in their own order)", "run sparsify without reorder, or before power")
@@ -234,8 +248,13 @@ def reorder_channels(model, batches: list[torch.Tensor]) -> None:
             "without reorder")
     hidden, ffn = channel_keys(model, batches)
     permute_hidden(model, hidden.argsort())
-    for layer, keys in zip(model.model.layers, ffn, strict=True):
-        permute_ffn(layer, keys.argsort())
+    orders = [keys.argsort() for keys in ffn]
+    for layer, order in zip(model.model.layers, orders, strict=True):
+        permute_ffn(layer, order)
+    records = getattr(model.config, LAYERS_KEY, None)
+    if records:  # a pruned model's record names the teacher's FFN channel at each position: it moves with them
+        setattr(model.config, LAYERS_KEY, [{**record, "ffn": [record["ffn"][p] for p in order.tolist()]}
+                                           for record, order in zip(records, orders, strict=True)])
 
 
 def keep_top(scores: torch.Tensor, count: int) -> torch.Tensor:
