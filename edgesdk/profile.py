@@ -14,12 +14,21 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from edgesdk.errors import BundleError, ProfileError, read_utf8
 from edgesdk.power.distribution import FLOOR, WINDOW, check_entropy_target
 
 Family = Literal["jetson", "rpi", "host"]
+BUNDLE_COPY = "bundle_copy"  # validation context: a bundle's copy of its profile, names as written
 Precision = Literal["fp32", "fp16", "bf16", "int8", "int4"]
 SparsityKind = Literal["block", "2:4"]
 Backend = Literal["ort-cpu", "ort-cuda", "ort-trt", "tensorrt", "triton"]
@@ -189,12 +198,15 @@ class TargetProfile(_Strict):
 
     @field_validator("name", "aliases")
     @classmethod
-    def _plain_names(cls, value):
+    def _plain_names(cls, value, info: ValidationInfo):
         """A board's name (and each alias) is a plain name: letters, digits, '-', '_' and '.', not starting with a
         dot, as the shipped profiles' names are and as a bundle id must be (edgesdk/bundle.py ``_plain_name``). The
         name is a path component, of the default bundle directory (``bundles/<model>-<name>``: a name 'a/b' made a
         nested directory, '../x' one outside ``bundles/``) and of the manifest's target, and what ``--target``
-        takes, which reads a value with a '/' or a .yaml suffix as a file."""
+        takes, which reads a value with a '/' or a .yaml suffix as a file. A bundle's copy of its profile
+        (:func:`bundle_profile`) is read as it was written: a bundle built before this rule still runs."""
+        if (info.context or {}).get(BUNDLE_COPY):
+            return value
         for name in (value,) if isinstance(value, str) else value:
             if (name == "" or name.startswith(".") or name.endswith((".yaml", ".yml"))
                     or not all(char.isalnum() or char in "-_." for char in name)):
@@ -283,7 +295,7 @@ def bundle_profile(section: object, bundle: str | Path) -> TargetProfile:
     a :class:`~edgesdk.errors.BundleError` naming the bundle and each key, as a profile file's are named, rather
     than pydantic's bare ValidationError."""
     try:
-        return TargetProfile.model_validate(section)
+        return TargetProfile.model_validate(section, context={BUNDLE_COPY: True})
     except ValidationError as exc:
         listed = _format_validation_error(f"in the manifest of bundle {bundle} ('target')", exc)
         raise BundleError(listed, "rebuild the bundle with 'edgesdk build' (the manifest's 'target' is a copy of "

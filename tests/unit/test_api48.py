@@ -164,3 +164,16 @@ def test_the_cli_names_a_target_section_that_is_not_a_profile(tiny_bundle, tmp_p
     assert isinstance(result.exception, SystemExit), result.exception  # the CLI's refusal, not a traceback
     assert "in the manifest of bundle" in result.stderr
     assert "thermal: Field required" in result.stderr
+
+
+def test_a_bundle_built_for_a_profile_whose_name_predates_the_rule_still_runs_guarded(tiny_bundle, tmp_path,
+                                                                                        monkeypatch):
+    """A profile file's name must be a plain name (what --target and the default bundle directory take), but a
+    bundle built before that rule carries its profile's copy with the name as it was: the guard reads it as
+    written, not refused."""
+    monkeypatch.setenv("EDGESDK_CPUFREQ_ROOT", str(tmp_path / "no-cpufreq"))
+    bundle = _edited_copy(tiny_bundle, tmp_path, lambda manifest: manifest["target"].__setitem__("name", "lab pi"))
+    with pytest.raises(ProfileError, match="not a plain board name"):
+        parse_profile(_rpi5_named("lab pi"))
+    with edgesdk.load(bundle, threads=1, watch_thermal=True) as model:
+        assert model.notes
