@@ -25,8 +25,10 @@ board had been idle (``T0 - R idle_w``). Its output feeds a token bucket whose d
 request, but never more tokens than the model says fit at full speed before the board is half a
 degree under the soft limit. A request starts when the bucket can pay for that depth, so waiting
 happens before the first token (time to first token) and the text streams at full speed; a request
-longer than the depth is paced token by token. A hottest zone more than ``max_drop_c`` below the last
-reading taken, in one new reading, is a bad read (a sensor's 0 °C) until a second reading confirms it
+longer than the depth is paced token by token. A prefill pays for its compute time (the decode tokens that time
+would have made), not for the one token it yields; and, once a prefill rate is learned, a prefill that the model
+says would end above the soft limit waits for the board to cool (:attr:`Guard.prefill_held`). A hottest zone more
+than ``max_drop_c`` below the last reading taken, in one new reading, is a bad read (a sensor's 0 °C) until a second reading confirms it
 (:meth:`Guard._screen`). With no sensor data (a poll that read no temperature,
 or a last reading older than ``stale_s``) the guard warns once and paces steadily at ``fallback_fraction`` of the unpaced rate, or at the slower rate it was
 pacing at when the data stopped (a bare Pi 5 held near 20 % at 35 °C ambient heats past its hard
@@ -38,6 +40,7 @@ firmware scheme is in the Raspberry Pi documentation (``frequency-management.ado
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -202,6 +205,10 @@ class Guard:
         self.fraction = 1.0  # rate-controller output: allowed share of the unpaced token rate
         self._integral = 1.0
         self.unpaced_tok_s: float | None = None
+        self.prefill_tok_s: float | None = None  # prompt tokens per second of prefill compute, learned
+        self.prompt_tokens = 0  # the coming (or last) prefill's prompt tokens
+        self._held_since: float | None = None  # when the hold before this request's prefill began
+        self.holding = False  # the last wait_s held the prefill back (prefill_held): for the status line
         self.capacity = float(c.max_burst_tokens)
         self.credit = self.capacity
         self.budget = 1.0
@@ -236,8 +243,8 @@ class Guard:
             self._update_level(now, temp)
             self._update_rate(dt, temp)
         self._observe_firmware(reading if fresh else None)  # a stale poll's flags are no longer "now"
-        if self.pacing and self.unpaced_tok_s:
-            self.credit = min(self._depth, self.credit + self.fraction * self.unpaced_tok_s * dt)
+        if self.pacing:
+            self.credit = min(self._depth, self.credit + self.fraction * self._unit_tok_s * dt)
         self._apply_budget()
         return self.level
 
@@ -376,6 +383,13 @@ class Guard:
         return max(1.0, min(self.capacity, seconds * self.unpaced_tok_s))
 
     @property
+    def _unit_tok_s(self) -> float:
+        """Bucket tokens per second of compute: the unpaced decode rate, or 1 until a decode step measured it (a
+        workload of prompts only, embeddings, perplexity windows or ``max_tokens`` 0, is paced by its compute
+        time: one token a second)."""
+        return self.unpaced_tok_s or 1.0
+
+    @property
     def clock_ratio(self) -> float | None:
         """The CPU clock cap the guard asks for now, as a share of the maximum (None: uncapped)."""
         return self.config.hot_clock_ratio if self.pacing else None
@@ -387,28 +401,75 @@ class Guard:
             return None
         return self.fraction * self.unpaced_tok_s
 
-    def begin(self, max_new_tokens: int) -> None:
-        """A request starts: the bucket holds at most one request (or ``max_burst_tokens``)."""
+    def begin(self, max_new_tokens: int, prompt_tokens: int = 0) -> None:
+        """A request starts: the bucket holds at most one request (or ``max_burst_tokens``); ``prompt_tokens``, the
+        tokens its prefill computes, let the guard hold a long prefill back (:meth:`prefill_held`)."""
+        self.prompt_tokens = max(int(prompt_tokens), 0)
+        self._held_since = None
         self.capacity = float(max(1, min(max_new_tokens, self.config.max_burst_tokens)))
         self.credit = min(self.credit, self.capacity) if self.pacing else self.capacity
+
+    @property
+    def prefill_held(self) -> bool:
+        """Is the coming prefill held back until the board has cooled enough to run it?
+
+        A prefill is one step: the guard cannot look at the board again until it ends, and a long prompt's prefill
+        (40 s on a Pi 5 for 4,000 tokens) from a warm board runs it past the hard limit into the firmware's throttle
+        (reference/targets-thermal.md: Pi 5 Arm cores throttle from 80 °C) before the pause can act. So, with the
+        prefill rate learned, the profile's model (``C dT/dt = active_w - (T - T_amb) / R``) predicts the
+        temperature at the prefill's end, and the prefill waits while that is above half a degree under the soft
+        limit (the bucket depth's bound, :attr:`_depth`). The hold ends below ``resume_c`` whatever the
+        prediction (a prompt too long for any start is not held past the point a pause ends), and after ``RC``
+        seconds (the board's time constant: waiting longer cools it little more; a board that idles above
+        ``resume_c`` would be held for ever).
+        """
+        if (not self.sensor_ok or self.temp_c is None or not self.prefill_tok_s or not self.prompt_tokens
+                or self.temp_c < self.limits.resume_c):
+            return False
+        p = self.plant
+        tau = p.resistance_c_per_w * p.capacity_j_per_c
+        if self._held_since is not None and self.now is not None and self.now - self._held_since >= tau:
+            return False
+        ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
+        steady = ambient + p.resistance_c_per_w * p.active_w
+        seconds = self.prompt_tokens / self.prefill_tok_s
+        end = steady + (self.temp_c - steady) * math.exp(-seconds / tau)
+        return end > self.limits.soft_c - 0.5
 
     def wait_s(self, kind: str) -> float:
         """Seconds to wait before the next step; the caller waits (at most ``poll_s``) and asks again."""
         if self.paused:
             return self.config.poll_s
-        rate = self.rate_limit_tok_s
-        if rate is None:
-            return 0.0
-        need = self._depth if kind == "prefill" else 1.0
+        self.holding = kind == "prefill" and self.prefill_held
+        if self.holding:
+            if self._held_since is None:
+                self._held_since = self.now
+            return self.config.poll_s
+        if not self.pacing or (kind == "decode" and self.unpaced_tok_s is None):
+            return 0.0  # a decode step before any other measures the rate the bucket is counted in
+        rate = self.fraction * self._unit_tok_s
+        # before a decode rate is known the bucket counts compute seconds: a prefill waits for one
+        need = self._depth if kind == "prefill" and self.unpaced_tok_s else 1.0
         return 0.0 if self.credit >= need - 1e-9 else (need - self.credit) / rate
 
     def spend(self, kind: str, tokens: int, seconds: float) -> None:
-        """A step produced ``tokens`` in ``seconds`` of compute: learn the unpaced rate, pay the bucket."""
+        """A step produced ``tokens`` in ``seconds`` of compute: learn the unpaced rate, pay the bucket.
+
+        A prefill pays for its compute time, as the decode tokens that time would have made (the same heat: the
+        board runs at full power either way), not for the one token it yields: a long prompt's prefill heats the
+        board as much as an answer of ``seconds`` x the decode rate, and a pass that yields no token (an embedding,
+        a perplexity window, ``max_tokens`` 0) would otherwise never be paced, whatever its length.
+        """
         if kind == "decode" and seconds > 0:
             rate = tokens / seconds
             self.unpaced_tok_s = rate if self.unpaced_tok_s is None else 0.9 * self.unpaced_tok_s + 0.1 * rate
+        self.holding = False
+        if kind == "prefill" and seconds > 0 and self.prompt_tokens:
+            rate = self.prompt_tokens / seconds
+            self.prefill_tok_s = rate if self.prefill_tok_s is None else 0.5 * self.prefill_tok_s + 0.5 * rate
         if self.pacing:
-            self.credit = max(self.credit - tokens, -self.capacity)
+            cost = tokens if kind == "decode" else max(tokens, max(seconds, 0.0) * self._unit_tok_s)
+            self.credit = max(self.credit - cost, -max(self.capacity, cost))
 
     def state(self) -> dict:
         """A JSON-friendly summary for telemetry and the status line."""

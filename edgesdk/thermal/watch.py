@@ -128,7 +128,7 @@ class ThermalHook:
         self.prompt_tokens = prompt_tokens
         if self.guard is not None:
             self._observe()
-            self.guard.begin(max_new_tokens)
+            self.guard.begin(max_new_tokens, prompt_tokens)
 
     def before_step(self, kind: str) -> float:
         self._waited = 0.0
@@ -244,7 +244,11 @@ class ThermalHook:
             parts.append(f"{record['tok_s']:.1f} tok/s")
         if guard is not None:
             limit = guard.rate_limit_tok_s
-            parts.append("paused" if guard.paused else (f"limit {limit:.1f} tok/s" if limit else "no pacing"))
+            # pacing before any decode step measured the token rate (prompts only: embeddings, perplexity): a share
+            # of the compute time, not "no pacing"
+            pace = f"limit {limit:.1f} tok/s" if limit else (f"pacing at {guard.fraction:.0%}" if guard.pacing
+                                                             else "no pacing")
+            parts.append("paused" if guard.paused else "holding the prompt until cooler" if guard.holding else pace)
             if guard.budget_target is not None:  # without a power gate the budget moves nothing
                 parts.append(f"budget {guard.budget:.2f}")
             if not guard.sensor_ok:
