@@ -2,10 +2,10 @@
 
 Requests follow OpenAI's API reference for ``POST /v1/chat/completions`` and ``POST /v1/completions``
 (the fields llama.cpp's ``llama-server`` also takes). A field this server cannot honour (``n`` or
-llama-server's ``n_cmpl`` > 1, legacy functions, audio output, web search) is refused with a 400 that names it,
-never silently ignored; ``suffix`` on ``/v1/completions`` builds a fill-in-the-middle prompt
-(:func:`parse_text_request`); fields that change nothing here (``user``, ``metadata``, ``store``) are
-accepted. Repetition penalties: OpenAI's ``presence_penalty`` and ``frequency_penalty`` and
+llama-server's ``n_cmpl`` > 1, llama-server's ``min_keep`` > 1, legacy functions, audio output, web search) is
+refused with a 400 that names it, never silently ignored; ``suffix`` on ``/v1/completions`` builds a
+fill-in-the-middle prompt (:func:`parse_text_request`); fields that change nothing here (``user``, ``metadata``,
+``store``) are accepted. Repetition penalties: OpenAI's ``presence_penalty`` and ``frequency_penalty`` and
 llama-server's ``repeat_penalty`` over the last ``repeat_last_n`` tokens; llama-server's ``top_k`` and
 ``min_p``; ``logit_bias`` as OpenAI's object or llama-server's list of pairs; llama-server's GBNF
 ``grammar``. llama-server's ``POST /tokenize``
@@ -467,6 +467,12 @@ def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions", 
         ("n_cmpl", lambda v: v is None or (v == 1 and not isinstance(v, bool)),
          "one completion per prompt (n_cmpl = 1)"),
         ("best_of", lambda v: v is None or (v == 1 and not isinstance(v, bool)), "one choice per request (best_of = 1)"),
+        # llama-server's min_keep (tools/server/server-task.cpp, params_from_json_cmpl): its top-p and min-p samplers
+        # keep at least that many tokens (src/llama-sampling.cpp); this runtime's keep one, as min_keep 0 or 1 does,
+        # so a larger value would be dropped without a word and the answer drawn from fewer tokens than asked
+        ("min_keep", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1),
+         "samplers that keep at least one token (min_keep 0 or 1): its top-p and min-p keep no more to reach a "
+         "minimum"),
         ("suffix", lambda v: takes_suffix or v in (None, ""),
          "no suffix (fill-in-the-middle: send the text after the cursor to /infill as 'input_suffix')"),
         ("functions", lambda v: not v, "no legacy functions (send them as 'tools')"),
@@ -515,7 +521,7 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "repeat_penalty": _repeat_penalty(body.get("repeat_penalty")),
         "repeat_last_n": _integer(body.get("repeat_last_n"), "repeat_last_n", minimum=-1),
         "logit_bias": _logit_bias(body.get("logit_bias")),
-        "stop": _stop(body.get("stop")),
+        "stop": _stop(body.get("stop"), MAX_STOP_SEQUENCES if chat else None),
         "stream": stream,
         "include_usage": stream and bool(options.get("include_usage", False)),
         "cache_prompt": cache_prompt,
@@ -759,13 +765,21 @@ def _bias_key(key: str) -> int | str:
     return int(sign + digits)
 
 
-def _stop(value: object) -> tuple[str, ...]:
+def _stop(value: object, limit: int | None = MAX_STOP_SEQUENCES) -> tuple[str, ...]:
+    """``stop``: a string or an array of strings, at most ``limit`` of them (None: any number).
+
+    Chat takes OpenAI's 4. ``/v1/completions`` takes any number, as llama-server's does (tools/server
+    server-common.cpp, ``oaicompat_completion_params_parse``, puts the array as it is into the task's stop words):
+    lm-evaluation-harness's ``local-completions`` sends a task's whole ``until`` list with the end-of-text text added
+    (HumanEval's five stops and more; only its chat models cut the list to 4), which a limit of 4 refused."""
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOP_SEQUENCES:
-        raise ApiError(400, f"'stop' must be a string or an array of at most {MAX_STOP_SEQUENCES} strings, got "
-                       f"{_shown(value)}", param="stop")
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or \
+            (limit is not None and len(stops) > limit):
+        most = "" if limit is None else f"at most {limit} "
+        raise ApiError(400, f"'stop' must be a string or an array of {most}strings, got {_shown(value)}",
+                       param="stop")
     return tuple(s for s in stops if s)  # an empty stop string would end every answer before it starts
 
 

@@ -7,9 +7,10 @@ translated into the OpenAI text request it means and checked there, so the field
 ``stop``, ``stream``, ``grammar``, ``json_schema``, ``ignore_eos``, ``logit_bias``,
 ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``,
 ``cache_prompt``) take the same values, but for ``temperature``, which takes any finite number >= 0 here, as in
-llama-server, not OpenAI's [0, 2]. ``n_predict`` is the token limit (-1: until the
-end-of-text token or a full context; ``max_tokens`` where it is not given, as llama-server
-reads it; 0 evaluates the prompt into the KV cache and generates nothing, as llama-server does, so
+llama-server, not OpenAI's [0, 2], and ``top_k``, whose whole numbers below 0 are 0 (off), as llama.cpp's top-k
+sampler reads them. ``n_predict`` is the token limit (-1: until the
+end-of-text token or a full context; ``max_completion_tokens``, else ``max_tokens``, where it is not given, as
+llama-server reads it; 0 evaluates the prompt into the KV cache and generates nothing, as llama-server does, so
 a next request that starts with that prompt prefills only what follows); ``stop`` takes any number
 of strings; ``seed`` -1 is llama-server's default, a random seed (as on the OpenAI routes). ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``;
 OpenAI's ``logprobs`` N where ``n_probs`` is not given, as llama-server reads it) adds
@@ -103,9 +104,11 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
     probs = _n_probs(body)
     limits = {name: _limit(body, name) for name in ("n_indent", "t_max_predict_ms")}
     text = {key: value for key, value in body.items()
-            if key not in ("n_predict", "max_tokens", "logprobs", "echo", "n_probs", "post_sampling_probs",
-                           "n_indent", "t_max_predict_ms")}
-    name = "n_predict" if body.get("n_predict") is not None else "max_tokens"  # as llama-server reads the limit
+            if key not in ("n_predict", "max_tokens", "max_completion_tokens", "logprobs", "echo", "n_probs",
+                           "post_sampling_probs", "n_indent", "t_max_predict_ms")}
+    # the limit as llama-server reads it (tools/server/server-task.cpp, params_from_json_cmpl): n_predict, else
+    # max_completion_tokens, else max_tokens
+    name = next((name for name in ("n_predict", "max_completion_tokens") if body.get(name) is not None), "max_tokens")
     predict = body.get(name)
     if predict is not None:
         if isinstance(predict, bool) or not isinstance(predict, int) or predict < -1:
@@ -113,8 +116,9 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
                            f"the cache and generates nothing), or -1 for no limit but the context, got "
                            f"{_shown(predict)}", param=name)
         text["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict == -1 else max(predict, 1)  # 0 is set after the check
-    stops = _stop(text.pop("stop", None))  # set after the check: OpenAI's 'stop' takes at most 4, llama-server's any
+    stops = _stop(text.pop("stop", None))  # llama-server's: any number of strings
     temperature = _temperature(text.pop("temperature", None))  # OpenAI's [0, 2] is its routes', not llama-server's
+    text["top_k"] = _top_k(text.get("top_k"))
     request = parse_text_request(text, route="/completion", completer=completer, takes_suffix=False)
     request = replace(request, stop=stops, temperature=temperature, logprobs=probs or None, llama_probs=bool(probs),
                       max_tokens=0 if predict == 0 else request.max_tokens, n_indent=int(limits["n_indent"]),
@@ -133,6 +137,15 @@ def _temperature(value: object) -> float | None:
         raise ApiError(400, f"'temperature' must be a finite number (0 or below: greedy), got {_shown(value)}",
                        param="temperature")
     return max(float(value), 0.0)
+
+
+def _top_k(value: object) -> object:
+    """``top_k``: a whole number below 0 is 0, the top-k sampler off, as llama.cpp's sampler reads any k <= 0
+    (src/llama-sampling.cpp, ``llama_sampler_top_k_impl``: ``if (k <= 0) return;``), so the -1 that clients written
+    for vLLM send for "off" is taken as llama-server takes it; anything else is left for the request's check (a
+    fraction, a string: refused naming ``top_k``)."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return 0 if whole and not isinstance(value, bool) and value < 0 else value
 
 
 def _limit(body: dict, name: str) -> float:
