@@ -46,8 +46,8 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
                    "percentiles, PPL ratio, Δp, same top token; all of them with --json).")
 @click.option("--last-word", is_flag=True,
               help="Also the last-word accuracy task: the last word of each 40-150-word paragraph ending in ' .' "
-                   "(WikiText's form), scored as lm-evaluation-harness scores a loglikelihood task (with "
-                   "--reference, the source model's too).")
+                   "(WikiText's form; of the part --max-chars keeps, whole paragraphs only), scored as "
+                   "lm-evaluation-harness scores a loglikelihood task (with --reference, the source model's too).")
 @click.option("--hellaswag", is_flag=True,
               help="Score HellaSwag from the --text file instead of perplexity, as llama-perplexity --hellaswag -f "
                    "FILE: llama.cpp's 6-line file (hellaswag_val_full.txt); each ending's mean token log-probability "
@@ -149,7 +149,10 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
         result = {"bundle": power["gating_off"], "power": power}
     else:
         result = {"bundle": bundle_perplexity(runtime, text, config, progress=True).to_json()}
-    result = {"method": method, **result}
+    # the text scored, as the text output's note gives it: under llama-perplexity's rule, a figure over fewer
+    # characters than the file holds is not the one llama-perplexity -f prints for it
+    result = {"method": method, "context": context, "characters": len(text),
+              "characters_scored": len(text[:config.max_chars]), **result}
     if reference:
         model = _load_reference_model(source, threads)
         result["reference"] = reference_perplexity(model, runtime.tokenizer.encode_plain, text, config, progress=True,
@@ -280,10 +283,15 @@ def _text_as_llama_perplexity_reads(text_file: Path) -> str:
 
 def _last_word_documents(text: str, text_file: Path, max_chars: int | None) -> list[tuple[str, str]]:
     """``eval --last-word``: the paragraphs the task scores, found before any scoring, so that a text without
-    them is refused at once rather than after the perplexity windows (minutes on a board) were scored."""
+    them is refused at once rather than after the perplexity windows (minutes on a board) were scored.
+
+    Only whole paragraphs (lines) of the part --max-chars keeps are read: a paragraph the cut falls inside is left
+    out, as its tail is not there. Read whole, its head could pass for a paragraph (40-150 words ending in ' .',
+    the end of one of its sentences), and the task would score the word before that sentence's full stop as a
+    paragraph's last word, which LAMBADA's cloze (and lm-evaluation-harness's lambada) never does."""
     from edgesdk.evaluate import LAST_WORD_MAX_WORDS, LAST_WORD_MIN_WORDS, last_word_documents
 
-    documents = last_word_documents(text[:max_chars])
+    documents = last_word_documents(_whole_lines(text, max_chars))
     if not documents:
         cut, where = _part_scored(text, max_chars)
         raise EdgeSDKError(f"--last-word: --text {text_file} has no paragraph to score in {where}: the task takes "
@@ -292,6 +300,15 @@ def _last_word_documents(text: str, text_file: Path, max_chars: int | None) -> l
                            ("raise --max-chars (0 scores the whole file), " if cut else "")
                            + "pass WikiText-2 (wiki.valid.raw) or text of that form, or drop --last-word")
     return documents
+
+
+def _whole_lines(text: str, max_chars: int | None) -> str:
+    """``text[:max_chars]`` without the line the cut falls inside (the whole text where nothing is cut, or where
+    the cut falls at a line's end)."""
+    kept = text[:max_chars]
+    if max_chars is None or len(text) <= max_chars or text[max_chars] in "\r\n" or kept.endswith(("\r", "\n")):
+        return kept
+    return kept[:max(kept.rfind("\n"), kept.rfind("\r")) + 1]
 
 
 def _part_scored(text: str, max_chars: int | None) -> tuple[bool, str]:
