@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesdk.errors import EdgeSDKError
+from edgesdk.errors import EdgeSDKError, utf8_fix
 from edgesdk.runtime.logprobs import log_softmax
 
 HELLASWAG, WINOGRANDE, MULTIPLE_CHOICE = "hellaswag", "winogrande", "multiple-choice"
@@ -324,7 +324,7 @@ def read_task_file(kind: str, path: Path, count: int | None = None) -> list[Choi
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise EdgeSDKError(f"{source} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                           f"convert it first, e.g. iconv -f latin1 -t utf-8 {path} > {path}.utf8") from exc
+                           utf8_fix(data, path)) from exc
     if kind == HELLASWAG:
         tasks = parse_hellaswag(text, source)
         return [tasks[i] for i in hellaswag_order(len(tasks), HELLASWAG_DEFAULT_TASKS if count is None else count)]

@@ -62,6 +62,25 @@ class RuntimeBackendError(EdgeSDKError):
     exit_code = 7
 
 
+def likely_encoding(data: bytes) -> str:
+    """The encoding to name in ``iconv -f`` for bytes that are not UTF-8: UTF-16 or UTF-32 where a byte-order mark
+    says so (Windows' "Unicode" text, PowerShell's ``>``), or where NUL bytes show a wide encoding without one;
+    else Latin-1, the usual 8-bit text. Converted from Latin-1, a UTF-16 file would become UTF-8 full of NULs that
+    reads without an error."""
+    if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "utf-32"
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "utf-16"
+    head = data[:4096]
+    return "utf-16" if head and head.count(0) * 4 >= len(head) else "latin1"
+
+
+def utf8_fix(data: bytes, path: Path | str) -> str:
+    """The fix for a file of ``data`` that is not UTF-8: the iconv command that converts it."""
+    quoted = shlex.quote(str(path))  # the fix is a command to paste: a path with a space stays one word
+    return f"convert it first, e.g. iconv -f {likely_encoding(data)} -t utf-8 {quoted} > {shlex.quote(f'{path}.utf8')}"
+
+
 def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -> str:
     """Read ``path`` as UTF-8 text, or raise ``error`` naming ``what``, the bad byte (or why the file
     cannot be read) and the fix.
@@ -72,10 +91,8 @@ def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        quoted = shlex.quote(str(path))  # the fix is a command to paste: a path with a space stays one word
         raise error(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                    f"convert it first, e.g. iconv -f latin1 -t utf-8 {quoted} > {shlex.quote(f'{path}.utf8')}") \
-            from exc
+                    utf8_fix(exc.object, path)) from exc
     except OSError as exc:  # unreadable (permissions), a directory, gone since it was checked
         raise error(f"{what} {path} cannot be read ({exc.strerror or exc})",
                     f"pass a readable text file (check that {path} exists and that this user may read it)") from exc
