@@ -37,7 +37,8 @@ def engine():
 @click.option("--strongly-typed", is_flag=True,
               help="Keep the ONNX types (no FP16/INT8 builder flags); always so on TensorRT >= 11.")
 @click.option("--timing-cache", type=click.Path(dir_okay=False, path_type=Path),
-              help="Timing cache file [$EDGESDK_CACHE/tensorrt/timing-trt<version>-sm<SM>.cache].")
+              help="Timing cache file [$EDGESDK_CACHE/tensorrt/timing-trt<version>-sm<SM>-<module>.cache; on a machine "
+                   "that cannot tell its Jetson module, timing-trt<version>-sm<SM>.cache].")
 @click.option("--force", is_flag=True, help="Rebuild even when a matching engine is cached.")
 @click.option("--json", "as_json", is_flag=True, help="Print engine.json (with path and cached) on stdout.")
 def engine_build(bundle, out, workspace_mb, max_seq, strongly_typed, timing_cache, force, as_json):

@@ -94,7 +94,11 @@ def builder_status(board: Board, edgesdk: list[str]) -> BuilderStatus:
     if "No such command" in message:
         return NO_BUILDER
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    problem = lines[0].removeprefix("error: ") if lines else f"exit status {proc.returncode}"
+    # edgesdk's own refusal is its "error: ..." line; anything else (a Python traceback of an edgesdk or a
+    # tensorrt that fails to import in another way, or warnings printed first) ends with the line that says why,
+    # where the first line was "Traceback (most recent call last):" or a warning
+    said = [line for line in lines if line.startswith("error: ")]
+    problem = (said[0].removeprefix("error: ") if said else lines[-1]) if lines else f"exit status {proc.returncode}"
     return BuilderStatus(False, f"the board's edgesdk cannot use it ({problem}; deploy with "
                                 "--runtime-venv-system-site-packages so the runtime sees JetPack's TensorRT)")
 

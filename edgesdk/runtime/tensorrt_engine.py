@@ -153,6 +153,12 @@ def _mismatch(directory: Path, info: dict, bundle_id: str, tensorrt: str, sm: in
     if str(info.get("sm")) != str(sm):
         return f"it was built for sm_{info.get('sm')}, this GPU is sm_{sm}"
     if module is not None and info.get("module") != module:
+        if info.get("module") is None and isinstance(info.get("format"), int) and info["format"] >= INFO_FORMAT:
+            # format 2 records the module; None means the builder could not tell its own (no device-tree model,
+            # as in a container that hides /proc/device-tree), not an engine from before modules were recorded
+            return (f"it was built where the module could not be told (its {INFO_FILE} records none: no device-tree "
+                    f"model there, as in a container that hides /proc/device-tree), and engines are not to be shared "
+                    f"across modules of one SM; this board is {module}")
         if info.get("module") is None:
             return (f"it does not record the module it was built on (an engine.json of format "
                     f"{info.get('format', '?')}, before edgesdk keyed engines by module), and engines are not to be "
@@ -469,8 +475,12 @@ def _write_atomic(path: Path, data: bytes) -> None:
 def _parse(trt, network, logger, model: Path) -> None:
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(model)):
-        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-        raise RuntimeBackendError(f"TensorRT {trt.__version__} could not parse {model}: " + "; ".join(errors[:5]),
+        # onnx-tensorrt records no IParserError when the file itself cannot be read or decoded (ModelImporter::
+        # parseFromFile only logs "Failed to parse ONNX model from file"): the message then ended in ": "
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)] or [
+            "the parser recorded no error; TensorRT's log above says why (as when it cannot read or decode the file)"]
+        more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+        raise RuntimeBackendError(f"TensorRT {trt.__version__} could not parse {model}: " + "; ".join(errors[:5]) + more,
                                   "check that the bundle's graph is the standard form (opset 17) and that this "
                                   "TensorRT supports its ops; 'edgesdk verify' the bundle")
 
@@ -529,7 +539,7 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     jetpack = board_jetpack()
     module = board_module()
     key = cache_key(jetpack, trt.__version__, sm, module)
-    out = Path(out) if out else default_out(bundle.path, bundle.bundle_id, key)
+    out = _absolute(out) if out else default_out(bundle.path, bundle.bundle_id, key)
     _refuse_foreign_out(out)
     plan = plan_build(trt.__version__, graph, bundle.manifest["target"], strongly_typed)
     shapes = profile_shapes(graph, max_seq)
@@ -542,6 +552,7 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
             return {**info, "path": str(out / ENGINE_FILE), "cached": True}
         log(f"rebuilding {out / ENGINE_FILE}: {why}")
 
+    _check_writable(out)  # before the minutes of the build, not after them
     for reason in plan.reasons:
         log(reason)
     started = time.monotonic()
@@ -615,6 +626,30 @@ def _built_otherwise(info: dict, plan: BuildPlan, shapes: ProfileShapes) -> str 
     return "it was built with " + ", ".join(differ) if differ else None
 
 
+def _absolute(out: Path) -> Path:
+    """``out`` as an absolute path with ``.`` and ``..`` worked out (``os.path.abspath``, links kept).
+
+    The engine directory is written beside ``out`` and renamed onto it, which needs a name: ``--out .`` (rebuilding
+    the engine of the directory one stands in) has none, and ``Path('.').with_name(...)`` raised ValueError once the
+    engine was built, losing the build; ``--out engines/..`` would have been staged beside the wrong directory."""
+    return Path(os.path.abspath(out))
+
+
+def _check_writable(out: Path) -> None:
+    """Create ``out``'s parent and try a directory beside ``out``, as :func:`_commit` will, before the build: an
+    unwritable place (another user's deploy root, a read-only mount, a file where a directory is asked for) was
+    found only when the engine was written, minutes later, as an OSError traceback that lost the engine."""
+    probe = out.with_name(f".{out.name}.probe-{os.getpid()}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe.mkdir(exist_ok=True)  # one a killed build left: a container's build runs as the same PID each time
+        probe.rmdir()
+    except OSError as exc:
+        raise RuntimeBackendError(f"cannot write the TensorRT engine directory {out}: {exc.strerror or exc}",
+                                  "pass --out a directory this user can write (or run as the user that owns it)") \
+            from exc
+
+
 def _refuse_foreign_out(out: Path) -> None:
     """An existing ``out`` is replaced whole, so it may hold nothing but an engine's own files."""
     foreign = sorted(p.name for p in out.iterdir() if p.name not in (ENGINE_FILE, INFO_FILE)) if out.is_dir() else []
@@ -627,8 +662,8 @@ def _refuse_foreign_out(out: Path) -> None:
 
 def _commit(out: Path, plan_bytes: bytes, info: dict) -> None:
     """Write engine.plan and engine.json beside ``out``, then rename the directory into place."""
+    out = _absolute(out)
     _refuse_foreign_out(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     for pattern in (f".{out.name}.partial-*", f".{out.name}.old-*"):  # left by a build killed while writing
         for stale in out.parent.glob(pattern):                          # or while swapping the engine in
             pid = stale.name.rsplit("-", 1)[-1]
@@ -637,8 +672,9 @@ def _commit(out: Path, plan_bytes: bytes, info: dict) -> None:
             if pid == str(os.getpid()) or not _process_alive(pid):
                 shutil.rmtree(stale, ignore_errors=True)
     staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    staging.mkdir()
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
         (staging / ENGINE_FILE).write_bytes(plan_bytes)
         (staging / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
         for written in (staging / ENGINE_FILE, staging / INFO_FILE, staging):  # on disk before the rename

@@ -71,7 +71,8 @@ def test_float32_engine_matches_onnx_runtime_with_chunked_prefill(jetson_bundle,
     assert info["sm"] == _SM
     assert info["profile"]["max_seq"] == 8
     assert (tmp_path / "fp32" / te.INFO_FILE).is_file()
-    assert (cache / "tensorrt" / f"timing-trt{info['tensorrt']}-sm{_SM}.cache").is_file()
+    # keyed by module too on a Jetson (timing-trt10.3.0-sm87-orin-nano-8gb.cache), where a name without it was asserted
+    assert (cache / "tensorrt" / te._timing_cache_path(info["tensorrt"], _SM, te.board_module()).name).is_file()
     backend = TensorRTBackend(tmp_path / "fp32" / te.ENGINE_FILE, jetson_bundle.manifest["graph"], info)
     assert backend.max_seq == 8  # 20 prompt tokens run as 8 + 8 + 4
     compare(backend, ort_backend(jetson_bundle), atol=1e-2, rtol=1e-2)  # TF32 GEMMs
