@@ -119,7 +119,7 @@ TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's
 # /embeddings are its own, so these are told apart before the /v1 prefix is dropped
 OPENAI_EMBEDDINGS_ROUTE = "/v1/embeddings"
 NATIVE_EMBEDDINGS_ROUTES = ("/embedding", "/embeddings")
-ROUTES = ("GET /health (and /v1/health), GET /v1/models, GET /props, GET /slots, POST /v1/chat/completions, POST /v1/completions, "
+ROUTES = ("GET /health (and /v1/health), GET /v1/models, GET /v1/models/{id}, GET /props, GET /slots, POST /v1/chat/completions, POST /v1/completions, "
           "POST /completion, POST /infill, POST /v1/responses, POST /v1/responses/input_tokens, GET and DELETE /v1/responses/{id}, "
           "GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel, POST /v1/messages, "
           "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template, "
