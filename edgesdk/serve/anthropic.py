@@ -12,7 +12,9 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
   whose content is a string or ``text``, ``tool_use`` and ``tool_result`` blocks (an assistant turn's
   ``thinking`` and ``redacted_thinking`` blocks, an answer's as a client sends it back, are left out, as
   Anthropic strips earlier turns' thinking from the context), ``system``
-  (a string or text blocks), ``stop_sequences``, ``temperature`` (0 to 1, Anthropic's range), ``top_p``, ``top_k``,
+  (a string or text blocks; the ``cch`` stamp of Claude Code's billing header, new in every request, written as
+  ``f``s as llama-server writes it, so the prompt cache reuses the prompt past it: :func:`_unstamped`),
+  ``stop_sequences``, ``temperature`` (0 to 1, Anthropic's range), ``top_p``, ``top_k``,
   ``stream``, ``tools`` (``name``, ``description``, ``input_schema``), ``tool_choice``
   (``auto``, ``any``, ``tool``, ``none``; with ``disable_parallel_tool_use`` false an answer may make several
   calls, the chat route's ``parallel_tool_calls``; true or absent, one: llama-server's Messages route passes no
@@ -65,6 +67,9 @@ TOOL_FIELDS = {"name": "name", "description": "description", "parameters": "inpu
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
+# Claude Code's first system text: "x-anthropic-billing-header: cc_version=...; cc_entrypoint=cli; cch=a5145;", its
+# cch a stamp that changes with every request (the text after its ";" is kept)
+BILLING_CCH = re.compile(r"(x-anthropic-billing-header:[^\n]*?cch=)([^;\s]+)(?=;)")
 
 
 def error_body(error: ApiError) -> dict:
@@ -243,15 +248,28 @@ def _system(system: object) -> list[dict]:
     """The system message; none for no system prompt, also given as "" or [] (a template that puts a default
     system prompt where there is none, as SmolLM2's, then puts it, as for a request without 'system')."""
     if system is None or isinstance(system, str):
-        return [{"role": "system", "content": _check_text(system, "system")}] if system else []
+        return [{"role": "system", "content": _unstamped(_check_text(system, "system"))}] if system else []
     blocks = _list(system, "system")
     for index, block in enumerate(blocks):
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
             raise ApiError(400, f"system[{index}] must be a text block {{\"type\": \"text\", \"text\": ...}}, got "
                            f"{_shown(block)}", param=f"system[{index}]")
         _check_text(block["text"], f"system[{index}].text")
-    text = "".join(block["text"] for block in blocks)  # joined as they are, as llama-server's Messages route joins them
+    # joined as they are, as llama-server's Messages route joins them
+    text = "".join(_unstamped(block["text"]) for block in blocks)
     return [{"role": "system", "content": text}] if text else []
+
+
+def _unstamped(text: str) -> str:
+    """A system text with the ``cch`` stamp of Claude Code's billing header (``x-anthropic-billing-header:
+    cc_version=...; cc_entrypoint=cli; cch=a5145;``, the first text of every request it sends) written as ``f``s of
+    the same length, as llama-server's Messages route writes it (tools/server, ``normalize_anthropic_billing_header``,
+    ggml-org/llama.cpp PR 21793): the stamp changes with every request, so left as sent the prompt cache could reuse
+    nothing past it and every turn evaluated the whole system prompt and conversation again. Any other text, and a
+    header without a ``cch=...;``, is left as it is."""
+    if not text.startswith("x-anthropic-billing-header:"):
+        return text
+    return BILLING_CCH.sub(lambda match: match[1] + "f" * len(match[2]), text, count=1)
 
 
 def _turn(turn: object, index: int) -> list[dict]:
