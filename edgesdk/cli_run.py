@@ -80,7 +80,7 @@ class RunSettings:
 @click.option("--file", "-f", "prompt_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, newlines included but for one at its "
                    "end, as llama-cli drops it; its escapes are "
-                   "read as --prompt's (--no-escape: as written).")
+                   "read as --prompt's (--no-escape: as written). '-' reads it from stdin (as /dev/stdin does).")
 @click.option("--max-new-tokens", "-n", default=128, show_default=True,
               help="The answer's token limit: -1 no limit but the context (with --context-shift none at all), -2 "
                    "until the context is full (also with --context-shift), as llama-cli's -n.")
@@ -313,9 +313,26 @@ def _one_prompt(prompt: str | None, prompt_file: Path | None, escape: bool = Tru
         return prompt if prompt is None or not escape else process_escapes(prompt, "'--prompt' / '-p'")
     if prompt is not None:
         raise click.BadParameter("--prompt and --file both give the prompt; pass one", param_hint="'--file' / '-f'")
-    text = _read_text_file(prompt_file, "--file", "'--file' / '-f'")
+    text = _read_stdin_prompt() if str(prompt_file) == "-" else _read_text_file(prompt_file, "--file", "'--file' / '-f'")
     text = text.removesuffix("\n")  # the file's last line end, which an editor adds: llama-cli's -f drops it too
     return process_escapes(text, "'--file' / '-f'") if escape else text
+
+
+def _read_stdin_prompt() -> str:
+    """``-f -``: the prompt is all of stdin, read to its end, as ``-f /dev/stdin`` reads it (and as '-' names stdin
+    for most Unix tools; llama-cli's -f opens '-' as a file name and fails). It was refused as "nothing exists at
+    that path", with a fix that said nothing of stdin. Not UTF-8: refused as a --file that is not."""
+    from edgesdk.errors import EdgeSDKError
+
+    if sys.stdin is None:  # started with stdin closed (<&-)
+        raise EdgeSDKError("--file - reads the prompt from stdin, and this process has none (it was closed)",
+                           "pipe the prompt in (echo TEXT | edgesdk run BUNDLE -f -), or pass -f FILE or -p TEXT")
+    data = sys.stdin.buffer.read()
+    try:  # line ends read as a file's are (Path.read_text's universal newlines), so that -f - is -f /dev/stdin
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    except UnicodeDecodeError as exc:
+        raise EdgeSDKError(f"--file - (stdin) is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                           "convert it first, e.g. ... | iconv -f latin1 -t utf-8 | edgesdk run BUNDLE -f -") from exc
 
 
 def _escaped_affix(text: str | None, hint: str, escape: bool = True) -> str:

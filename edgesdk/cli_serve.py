@@ -55,9 +55,11 @@ def _token_limit(value: int) -> int:
 @click.argument("bundles", metavar="[BUNDLE]...", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--models-dir", type=click.Path(path_type=Path), metavar="DIR",
               help="Serve every bundle directory directly in DIR too (llama-server's router option): one model is "
-                   "loaded at a time, the first given at start, and a request naming another swaps it in.")
+                   "loaded at a time, the first given at start (a BUNDLE given that DIR holds too is served once), and a "
+                   "request naming another swaps it in.")
 @click.option("--host", "listen_host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (0.0.0.0 or :: for every interface).")
+              help="Address to listen on (0.0.0.0 or :: for every interface); TCP only: a unix socket path, which "
+                   "llama-server takes for a --host ending in .sock, is refused.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="TCP port (0: a free one, printed at start).")
 @click.option("--api-key", envvar="EDGESDK_API_KEY", show_envvar=True,
@@ -188,7 +190,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
         if not api_keys:
             raise click.BadParameter("is empty; pass a key (or several, comma-separated), or leave --api-key out to "
                                      "serve without one", param_hint="'--api-key'")
-    paths = [*bundles, *(_bundles_in(models_dir) if models_dir is not None else [])]
+    paths = _distinct([*bundles, *(_bundles_in(models_dir) if models_dir is not None else [])])
     if not paths:
         raise click.UsageError("give the BUNDLE to serve (several are served one loaded at a time), or --models-dir "
                                "DIR holding bundles")
@@ -200,6 +202,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
         raise click.BadParameter("must be printable ASCII without spaces, as an HTTP header carries it; pick "
                                  "another key, e.g. from: python -c 'import secrets; print(secrets.token_urlsafe())'",
                                  param_hint="'--api-key'")
+    _refuse_unix_socket(listen_host)
     several, model_name = None, None
     if len(paths) > 1:
         _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating)
@@ -309,6 +312,33 @@ def _bundles_in(directory: Path) -> list[Path]:
                            f"build or deploy bundles into it (edgesdk build --out {directory}/NAME), or pass a bundle's "
                            "path as BUNDLE")
     return found
+
+
+def _refuse_unix_socket(listen_host: str) -> None:
+    """llama-server takes a --host ending in ``.sock`` for a unix socket's path and listens there (tools/server/
+    server-http.cpp ``server_http_context::start``: ``string_ends_with(hostname, ".sock")`` -> ``AF_UNIX``); this
+    server listens on TCP only. Such a host (or any holding a '/', which no address does) was looked up as a host name
+    once the model had loaded, and refused as "Name or service not known" with a fix that said nothing of sockets:
+    it is refused by name here, before anything loads."""
+    if listen_host.endswith(".sock") or "/" in listen_host:
+        raise click.BadParameter(f"{listen_host!r} is a unix socket path (llama-server listens on one for a --host "
+                                 "ending in .sock); edgesdk serve listens on TCP only: pass an address of this "
+                                 "machine (127.0.0.1; 0.0.0.0 or :: for every interface) and a --port, and point the "
+                                 "client (or a reverse proxy such as nginx or socat) at it", param_hint="'--host'")
+
+
+def _distinct(paths: list[Path]) -> list[Path]:
+    """``paths`` with each bundle once, where it first comes: a BUNDLE that --models-dir holds too (given first so
+    that it is the one loaded at start, as --models-dir's help says) is one model, not two bundles served under one
+    name (which was refused, with a fix, ``--alias NAME=BUNDLE``, that named both at once and was refused too);
+    the same for a bundle given twice, or through a symlink (``Path.resolve``)."""
+    seen: set[Path] = set()
+    kept = []
+    for path in paths:
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            kept.append(path)
+    return kept
 
 
 def _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating) -> None:
