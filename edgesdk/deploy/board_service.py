@@ -14,8 +14,10 @@ import getpass
 import json
 import os
 import shutil
+import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are concatenated
@@ -177,15 +179,31 @@ def read_record(record_path):
         return None
 
 
+def listening(url):
+    """Whether anything accepts a TCP connection on the host and port of ``url``. Not only a server whose
+    /health says 200 holds the port: Ollama answers 404 there, llama-server 503 while it loads its model,
+    and any other program (a web UI, a proxy) holds the port without answering HTTP at all; the unit's
+    server could listen there no more than beside one that says 200 (bind(2) EADDRINUSE)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        with socket.create_connection((parts.hostname, parts.port), timeout=5):
+            return True
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def refuse_a_foreign_server(scope, url, record, fix):
-    """Refuse where something other than this unit already answers on ``url``: the unit's server could not
-    listen there, and that server's 200 would be taken for the unit's own (llama-server's default port is
-    8080 too). An active unit that this root installed for the same URL is the one answering."""
+    """Refuse where something other than this unit already listens on the port of ``url``: the unit's server
+    could not listen there (llama-server's default port is 8080 too, Ollama's 11434), and a server that says
+    200 on /health would be taken for the unit's own. An active unit that this root installed for the same
+    URL is the one answering."""
     code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
     ours = state.strip() == "active" and (record is None or record.get("health_url") == url)
-    if not ours and healthy(url):
-        raise Refused(f"something other than the {scope} unit {SERVICE_NAME} already answers on {url}, so the "
-                      "unit's server could not listen there (llama-server also defaults to port 8080)", fix)
+    if not ours and listening(url):
+        port = urllib.parse.urlsplit(url).port
+        raise Refused(f"something other than the {scope} unit {SERVICE_NAME} already answers on {url} (a program "
+                      f"accepts connections on port {port}), so the unit's server could not listen there "
+                      "(llama-server also defaults to port 8080, Ollama to 11434)", fix)
 
 
 def refuse_another_owner(scope, path, uid):

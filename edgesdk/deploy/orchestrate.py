@@ -205,21 +205,25 @@ def undo_service(board, report: Reporter, failed: DeployError, token: str, switc
 def restart_unit_after_switch(board, report: Reporter, switched_from: str | None, new_id: str,
                               previous_before: str | None, runtime_key: str | None, progress: dict) -> None:
     """A unit an earlier ``deploy --service`` installed serves ``current``, whose server still holds the release
-    it started with: restart it onto ``new_id``. Where it does not come up there, switch ``current`` back and
-    restart it onto the release it served, so the board serves what it served before the deploy. ``progress``
-    records how far that got, for what a Ctrl-C says."""
+    and the runtime it started with: restart it onto ``new_id`` (and onto ``runtime/current``, which a deploy of
+    the release already current switches alone, ``switched_from`` then being ``new_id``). Where it does not come
+    up there, switch ``current`` (and ``runtime/current``, to ``runtime_key``) back and restart it onto what it
+    served, so the board serves what it served before the deploy. ``progress`` records how far that got, for
+    what a Ctrl-C says."""
+    runtime_only = switched_from == new_id
     try:
         line = service.restart_after_switch(board)
     except BoardRefusal as failed:
-        if not switched_from:
+        if not switched_from or (runtime_only and not runtime_key):
             raise DeployError(f"{failed.problem}\nreleases/{new_id} (smoke-tested) stays current: there is no "
                               "earlier release to go back to", failed.fix) from failed
         progress["stage"] = "switch back"
         now = switch_back(board, failed, switched_from, new_id, previous_before, runtime_key)
         if now is None:
             progress["stage"] = "switched back"
-        undone = (f"current switched back to releases/{switched_from}" if now is None else
-                  other_deploy(now, new_id))
+        undone = (other_deploy(now, new_id) if now is not None else
+                  f"runtime/current switched back to {runtime_key}" if runtime_only else
+                  f"current switched back to releases/{switched_from}")
         try:
             again = service.restart_after_switch(board) or "the unit is gone, so no server was restarted"
         except DeployError as restart_failed:
@@ -463,7 +467,11 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                 report.info(f"current -> releases/{bundle.bundle_id} (was {switched['from'] or 'none'})")
             if runtime_key and switched.get("runtime_from") != runtime_key:
                 report.info(f"runtime/current -> {runtime_key} (was {switched.get('runtime_from') or 'none'})")
-            if options.service is None and switched["from"] != bundle.bundle_id:
+            # A unit an earlier --service deploy installed runs the release and the runtime it started with: a
+            # redeploy of the release that is current with another edgesdk (a new runtime key) switches
+            # runtime/current alone, and without a restart the unit went on serving the old edgesdk.
+            runtime_moved = bool(runtime_key) and switched.get("runtime_from") != runtime_key
+            if options.service is None and (switched["from"] != bundle.bundle_id or runtime_moved):
                 # before the prune: a unit that does not come up switches current back, and previous back to
                 # the release it pointed to, which a prune with current moved on could have removed
                 restart_unit_after_switch(board, report, switched["from"], bundle.bundle_id,

@@ -10,6 +10,8 @@ server that ran before runs again.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 
 from edgesdk.deploy.board_common import Refused
@@ -37,14 +39,37 @@ class ServiceOptions:
     def __post_init__(self):
         if not 1 <= self.port <= 65535:
             raise ValueError(f"--service-port must be a TCP port in 1..65535, got {self.port}")
-        if not self.host or any(c.isspace() for c in self.host):
-            raise ValueError(f"--service-host must be an address such as 127.0.0.1 or 0.0.0.0, got {self.host!r}")
+        if not valid_bind_host(self.host):
+            raise ValueError(f"--service-host must be an address such as 127.0.0.1 or 0.0.0.0 (an IP address, [::] "
+                             f"style brackets allowed, or a host name), got {self.host!r}: pass the address alone, "
+                             "without a scheme or a port (the port goes to --service-port)")
 
     @property
     def health_url(self) -> str:
         """Where the board itself asks: the loopback address for a wildcard bind."""
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(self.host, self.host).strip("[]")
         return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}/health"
+
+
+# A host name as getaddrinfo(3) takes it: dot-separated labels of letters, digits, '-' and '_' (RFC 1123 names,
+# and the '_' some LANs use), at most 253 characters.
+_HOST_NAME = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+                        r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?")
+
+
+def valid_bind_host(host: str) -> bool:
+    """Whether ``host`` is what ``edgesdk serve --host`` (like llama-server's ``--host``) binds to: an IPv4 or IPv6
+    address (in brackets too, as ``[::]``), or a host name. Not ``host:port`` nor a URL, nor a name ending in
+    ``.sock`` (a unix socket's path to llama-server, which serve refuses: TCP only): the server would refuse it
+    only once the unit starts, after the deploy switched ``current``, which then has to be switched back."""
+    if not host or host.endswith(".sock"):
+        return False
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+        return True
+    except ValueError:
+        return bare == host and _HOST_NAME.fullmatch(host) is not None
 
 
 def serve_argv(edgesdk: list[str], current: str, service: ServiceOptions, ignore_target: bool) -> list[str]:

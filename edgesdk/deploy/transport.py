@@ -6,7 +6,10 @@ they do for ``ssh`` itself. Deploy adds only what it needs: strict host key chec
 accepted only with ``accept_new_host_key``; a changed key never), batch mode (no prompt can hang a
 deploy), keep-alives, and one multiplexed connection per deploy (``ControlMaster``) so its dozen
 remote commands pay for one handshake. Options the user passes come first and therefore win (ssh
-keeps the first value it reads for an option).
+keeps the first value it reads for an option). A ``ConnectTimeout`` or ``ServerAliveInterval`` that the
+user's ssh configuration gives the board wins too: deploy's own values are only defaults (``ssh -G``
+says what the configuration sets; a ``-o`` would override it, as command-line options win over
+ssh_config(5) files).
 
 Remote commands are argument lists. ssh hands the remote login shell one string, so every
 argument is quoted with :func:`shlex.quote`; no path, name or text reaches a shell unquoted.
@@ -219,6 +222,7 @@ class SshTransport(Transport):
     spec: HostSpec
     opts: SshOptions = field(default_factory=SshOptions)
     _control_dir: str | None = None
+    _configured: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         self.label = str(self.spec)
@@ -242,7 +246,8 @@ class SshTransport(Transport):
                 parent = "/tmp"
             self._control_dir = tempfile.mkdtemp(prefix="edgesdk-ssh-", dir=parent)
 
-    def ssh_args(self) -> list[str]:
+    def user_args(self) -> list[str]:
+        """What the user said: ``-F``, their ``-o`` options, the identity."""
         args: list[str] = []
         if self.opts.ssh_config:
             args += ["-F", self.opts.ssh_config]
@@ -250,10 +255,39 @@ class SshTransport(Transport):
             args += ["-o", option]
         if self.opts.identity:
             args += ["-i", self.opts.identity, "-o", "IdentitiesOnly=yes"]
+        return args
+
+    def configured(self) -> dict[str, str]:
+        """The timeouts the user's ssh configuration (its files, ``--ssh-option``) gives this board, as ``ssh -G``
+        prints them (ssh(1) -G: the configuration after evaluating Host and Match blocks, without connecting):
+        ``connecttimeout`` and ``serveraliveinterval`` where set. Empty where ``ssh -G`` fails (an ssh command
+        that does not take it): deploy's defaults then apply, as before."""
+        if self._configured is None:
+            self._configured = {}
+            argv = [*self.base, *self.user_args(), *(["-p", str(self.spec.port)] if self.spec.port else []),
+                    "-G", "--", self.spec.destination]
+            try:
+                proc = subprocess.run(argv, capture_output=True, timeout=15, stdin=subprocess.DEVNULL)
+            except (OSError, subprocess.SubprocessError):
+                return self._configured
+            if proc.returncode == 0:
+                for line in proc.stdout.decode("utf-8", "replace").splitlines():
+                    key, _, value = line.strip().partition(" ")
+                    if key.lower() == "connecttimeout" and value.strip() not in ("", "none", "-1"):  # -1: unset
+                        self._configured["connecttimeout"] = value.strip()
+                    elif key.lower() == "serveraliveinterval" and value.strip() not in ("", "0"):
+                        self._configured["serveraliveinterval"] = value.strip()
+        return self._configured
+
+    def ssh_args(self) -> list[str]:
+        args = self.user_args()
         args += ["-o", "BatchMode=yes",
-                 "-o", f"StrictHostKeyChecking={'accept-new' if self.opts.accept_new_host_key else 'yes'}",
-                 "-o", f"ConnectTimeout={self.opts.connect_timeout}",
-                 "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
+                 "-o", f"StrictHostKeyChecking={'accept-new' if self.opts.accept_new_host_key else 'yes'}"]
+        configured = self.configured()
+        if "connecttimeout" not in configured:  # a -o would override the ConnectTimeout of the user's ssh config
+            args += ["-o", f"ConnectTimeout={self.opts.connect_timeout}"]
+        if "serveraliveinterval" not in configured:  # and their keep-alives (ServerAliveCountMax goes with them)
+            args += ["-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
         if self._control_dir:
             args += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self._control_dir}/%C",
                      "-o", "ControlPersist=120"]

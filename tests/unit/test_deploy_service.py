@@ -90,8 +90,9 @@ def test_service_that_does_not_come_up_is_reported_with_its_journal(tiny_bundle,
     env, state = systemd
     root = tmp_path / "board"
     with socket.socket() as taken:
+        # bound, not listening: nothing accepts connections there (a port something listens on is refused by the
+        # check before anything changes), but the server cannot bind it
         taken.bind(("127.0.0.1", 0))
-        taken.listen()
         port = taken.getsockname()[1]
         result = edgesdk("deploy", tiny_bundle.path, "--to", root, "--service", "--service-port", port, env=env)
     assert result.returncode == 8, result.stderr
@@ -121,8 +122,7 @@ def test_a_deploy_whose_service_does_not_come_up_leaves_the_old_release_served(t
 
     second_bundle = bundle_variant(tiny_bundle.path, tmp_path / "second", "second release")
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
+        taken.bind(("127.0.0.1", 0))  # bound, not listening: it passes the check, and the server cannot bind it
         other_port = taken.getsockname()[1]
         second = edgesdk("deploy", second_bundle.path, "--to", root, "--service", "--service-port", other_port,
                          env=env)

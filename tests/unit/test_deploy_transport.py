@@ -98,8 +98,10 @@ def test_ssh_command_line(ssh_bin, tmp_path):
         assert "-o BatchMode=yes" in joined
         assert "-o StrictHostKeyChecking=yes" in joined
         assert "-p 2222" in joined
-        # the user's option comes before deploy's own default, so ssh keeps the user's value
-        assert joined.index("ConnectTimeout=3") < joined.index("ConnectTimeout=15")
+        # the user's option comes first, and deploy's own default is left out where the user gives one
+        assert "ConnectTimeout=3" in joined
+        assert "ConnectTimeout=15" not in joined
+        assert "-o ServerAliveInterval=15 -o ServerAliveCountMax=4" in joined  # none given: deploy's
         control = transport._control_dir
         assert control is not None
         assert f"ControlPath={control}/%C" in joined
