@@ -21,7 +21,8 @@ zod-to-json-schema write a tuple, read the same way), ``minItems``, ``maxItems``
 OpenAPI ``discriminator`` beside it: an annotation of options that its ``const`` properties tell apart
 already, and other keywords beside it, which apply to every option), ``allOf`` (its schemas merged into one:
 properties and required lists joined, a ``$ref`` inlined, an ``anyOf`` distributed, the tighter bound and the
-common types and enum values kept, see ``_Compiler._intersection``), a local ``$ref``, any JSON
+common types and enum values kept, see ``_Compiler._intersection``), a local ``$ref`` (beside other
+keywords: an allOf of the two, JSON Schema 2020-12 core, section 8.2.3.1), any JSON
 pointer into the schema (``#/$defs/NAME``, ``#/definitions/NAME``, ``#/properties/NAME``, ``#`` for the whole
 schema, nested ``$defs``; RFC 6901's ``~0`` / ``~1`` and percent-encoding, see :func:`ref_tokens`; recursion
 included; a remote ref is refused), ``true`` / ``{}`` for any value, a string's ``minLength`` /
@@ -55,7 +56,14 @@ json_pattern.FORMATS.
 
 Every other keyword (``not``, ``propertyNames``, ``if`` / ``then``, another ``format``, ...) is
 refused by name rather than ignored, so an answer never silently breaks a constraint the client asked
-for. The root must be an object or an array, whose closing bracket ends the answer.
+for. The root must be an object or an array, whose closing bracket ends the answer; a root that constrains
+nothing (``{}``, which llama-server documents as "any JSON" and llama.cpp's converter writes as an object) is
+any object.
+
+A schema without ``type`` takes it from its keywords, as llama.cpp's converter does: ``properties`` /
+``additionalProperties`` an object, ``items`` / ``prefixItems`` (or ``minItems`` ...) an array, ``pattern``, a
+string ``format``, ``minLength`` or ``maxLength`` a string (llama.cpp: a pattern or format without a type is a
+string), bounds, ``multipleOf`` or a number ``format`` a number; keywords of several types need a ``type``.
 """
 
 from __future__ import annotations
@@ -177,6 +185,10 @@ def compile_schema(schema) -> CompiledSchema:
                           'pass an object such as {"type": "object", "properties": {...}}')
     compiler = _Compiler(schema)
     root = compiler.node(schema, "$")
+    if root.kind == "any":  # {} (or only annotations and $defs): any object, as llama.cpp's converter reads a root
+        # {} (common/json-schema-to-grammar.cpp, visit: "schema.empty() ... object") and llama-server documents it
+        # ("or `{}` for any JSON"); the answer must be an object or an array here, so not any value
+        root = compiler.node({"type": "object"}, "$")
     while len(compiler.definitions) < len(compiler.pending):  # a definition may refer to others not yet seen
         ref = next(ref for ref in compiler.pending if ref not in compiler.definitions)
         compiler.definitions[ref] = compiler.node(compiler.lookup(ref), ref)
@@ -306,6 +318,9 @@ class _Compiler:
         self.definitions: dict = {}
         self.pending: dict = {}  # refs seen, compiled after the tree (so recursion needs no look-ahead)
         self.unique: list = []  # (array node, path) with uniqueItems true, checked once the definitions are in
+        self.intersecting: dict = {}  # an intersection's schema (as JSON) being compiled -> its definition's name
+        self.recursive: set = set()  # those names met again inside themselves
+        self.names: set = set()  # every name given to an intersection
 
     def lookup(self, ref: str) -> dict | bool:
         return resolve_ref(self.root, ref)
@@ -320,13 +335,16 @@ class _Compiler:
             ref = schema["$ref"]
             if not isinstance(ref, str):
                 raise SchemaError(f"{path}.$ref must be a string, got {ref!r}", "fix the schema")
-            self._refuse(schema, path, {"$ref", "$defs", "definitions"})  # 2020-12 applies $ref's siblings too
+            if any(keyword not in ANNOTATIONS and keyword not in ("$ref", "$defs", "definitions") for keyword in schema):
+                # JSON Schema 2020-12 core, section 8.2.3.1: $ref is an applicator beside its siblings, each applying
+                # to the same instance, as an allOf of the referenced schema and them (draft-07 ignored them)
+                return self._intersected_node(schema, path)
             self.lookup(ref)
             ref = canonical_ref(ref)  # "#/$defs/a%20b" and "#/$defs/a b" are one definition
             self.pending.setdefault(ref, None)
             return SchemaNode("ref", ref=ref)
         if _intersected(schema):
-            return self.node(self._intersection([(path, schema, frozenset())], path), path)
+            return self._intersected_node(schema, path)
         if "const" in schema or "enum" in schema:
             return self._literal(schema, path)
         for combiner in ("anyOf", "oneOf", "allOf"):
@@ -340,8 +358,10 @@ class _Compiler:
             elif "items" in schema or "prefixItems" in schema:
                 kinds = "array"
             else:
-                self._refuse(schema, path, {"$defs", "definitions"})
-                return SchemaNode("any")
+                kinds = _implied_kind(schema, path)
+                if kinds is None:
+                    self._refuse(schema, path, {"$defs", "definitions"})
+                    return SchemaNode("any")
         kinds = _kinds(kinds, path)
         allowed = {"type", "$defs", "definitions"}.union(*(TYPE_KEYWORDS[k] for k in kinds))
         self._refuse(schema, path, allowed)
@@ -352,6 +372,32 @@ class _Compiler:
                               "drop it, or express it with minimum / maximum")
         nodes = [self._typed(schema, kind, path) for kind in kinds]
         return nodes[0] if len(nodes) == 1 else SchemaNode("choice", options=tuple(nodes))
+
+    def _intersected_node(self, schema: dict, path: str) -> SchemaNode:
+        """The node of an intersection (an allOf, a combiner or a $ref beside other keywords): the node of the one
+        schema :meth:`_intersection` merges it into. Its $refs are inlined, so a recursive definition holding such
+        an intersection of itself (``"next": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}], "type":
+        [...]}``) would be inlined again at every level, without end (a RecursionError); met again inside itself,
+        the same intersection is a ref to a definition of its own (named by the path where it was first met).
+        JSON Schema allows such recursion; llama.cpp's converter makes a rule of each $ref, so it recurses too."""
+        key = json.dumps(schema, sort_keys=True, default=repr)  # its refs are pointers into the root: no context
+        if key in self.intersecting:
+            name = self.intersecting[key]
+            self.recursive.add(name)
+            self.pending.setdefault(name, None)
+            return SchemaNode("ref", ref=name)
+        name = f"{path} (intersection)"
+        while name in self.names:
+            name = f"{path} (intersection {len(self.names)})"
+        self.names.add(name)
+        self.intersecting[key] = name
+        try:
+            node = self.node(self._intersection([(path, schema, frozenset())], path), path)
+        finally:
+            del self.intersecting[key]
+        if name in self.recursive:
+            self.definitions[name] = node
+        return node
 
     def _literal(self, schema: dict, path: str) -> SchemaNode:
         """``enum`` / ``const``: the values an instance may be, those of the ``type`` beside them only (an
@@ -809,6 +855,30 @@ def _format_pattern(name) -> str | None:
         return (rf"^[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-{version[1]}[0-9a-fA-F]{{3}}-[89abAB][0-9a-fA-F]{{3}}-"
                 r"[0-9a-fA-F]{12}$")
     return FORMATS.get(name)
+
+
+def _implied_kind(schema: dict, path: str) -> str | None:
+    """The type that the keywords of a schema with no ``type`` (and no object or array keyword) belong to: a
+    string's (``pattern``, ``format`` of a string, ``minLength``, ``maxLength``), a number's (its bounds,
+    ``multipleOf``, OpenAPI's number ``format``) or an array's counts; None for none. llama.cpp's converter
+    (common/json-schema-to-grammar.cpp, visit) writes a string for a ``pattern`` or a string ``format`` without a
+    type, and its ``resolves_to_string`` reads ``minLength`` / ``maxLength`` as a string's too; such keywords
+    constrain only values of their type (JSON Schema 2020-12 validation, section 6), so a value of that type that
+    satisfies them satisfies the schema. Keywords of two types without one are refused by name."""
+    implied = {}
+    for keyword in schema:
+        if keyword == "format":
+            name = schema[keyword]
+            kind = None if not isinstance(name, str) else "number" if name in NUMBER_FORMATS else "string"
+        else:
+            kind = next((kind for kind in ("string", "number", "array") if keyword in TYPE_KEYWORDS[kind]), None)
+        if kind is not None:
+            implied.setdefault(kind, keyword)
+    if len(implied) > 1:
+        named = ", ".join(f"{keyword!r} ({kind})" for kind, keyword in implied.items())
+        raise SchemaError(f"{path}: keywords of several types without a type: {named}",
+                          f'give the schema a "type" (one of {", ".join(implied)}, or a list of them)')
+    return next(iter(implied), None)
 
 
 def _intersected(schema: dict) -> bool:

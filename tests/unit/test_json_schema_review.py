@@ -101,12 +101,13 @@ def test_enum_values_none_of_which_fits_the_type_are_refused(schema, message):
         compile_schema({"type": "object", "properties": {"a": schema}})
 
 
-def test_keywords_beside_a_ref_are_refused_not_ignored():
+def test_keywords_beside_a_ref_are_applied_not_ignored():
     """JSON Schema 2020-12 applies the keywords beside ``$ref`` as well; the constraint dropped them, so
-    ``maxLength`` there let a longer string through."""
+    ``maxLength`` there let a longer string through (then refused them; now applies both, as an allOf)."""
     defs = {"$defs": {"S": {"type": "string"}}}
-    with pytest.raises(SchemaError, match=r"\$.properties.a: keyword 'maxLength' is not supported"):
-        compile_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/S", "maxLength": 2}}, **defs})
+    bounded = {"type": "object", "properties": {"a": {"$ref": "#/$defs/S", "maxLength": 2}}, **defs}
+    assert _feed(bounded, '{"a":"ab"}').complete
+    assert _feed(bounded, '{"a":"abc"}') is None
     annotated = {"type": "object", "properties": {"a": {"$ref": "#/$defs/S", "description": "d", "default": "x"}},
                  **defs}
     assert _feed(annotated, '{"a":"long"}').complete
