@@ -72,7 +72,17 @@ def likely_encoding(data: bytes) -> str:
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         return "utf-16"
     head = data[:4096]
-    return "utf-16" if head and head.count(0) * 4 >= len(head) else "latin1"
+    if not head or head.count(0) * 4 < len(head):
+        return "latin1"
+    # No byte-order mark: the NULs' places tell the width and the byte order (text mostly below U+0100 has the
+    # high bytes NUL). Named as "utf-16"/"utf-32", such a file is read in whatever order iconv assumes (glibc's
+    # little-endian, libiconv's big-endian): UTF-32 read as UTF-16 gave UTF-8 full of NULs, big-endian UTF-16 read
+    # as little-endian CJK text, both without an error.
+    nuls = [head[offset::4].count(0) for offset in range(4)]
+    quads = max(len(head) // 4, 1)
+    if nuls[1] * 2 >= quads and nuls[2] * 2 >= quads:  # two NULs in the middle of every 4 bytes: UTF-32
+        return "utf-32le" if nuls[3] >= nuls[0] else "utf-32be"
+    return "utf-16le" if nuls[1] + nuls[3] >= nuls[0] + nuls[2] else "utf-16be"
 
 
 def utf8_fix(data: bytes, path: Path | str) -> str:

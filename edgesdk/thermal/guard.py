@@ -154,6 +154,12 @@ def _shutdown_point(limits: ThermalLimits, critical: Sequence[Trip]) -> tuple[fl
 # get_throttled flags that mean the firmware is limiting the board now (thermal/sensors.py decodes them).
 FIRMWARE_LIMITS = ("under_voltage", "arm_freq_capped", "throttled", "soft_temp_limit")
 CLOCK_CAP_RATIO = 0.625  # Raspberry Pi 5's lowest operating point, 1.5 of 2.4 GHz (thermal/simulator.py)
+# The fewest prompt tokens a prefill teaches the guard its prefill rate from (Guard.prefill_tok_s). A pass reads every
+# weight once whatever its length, so a short one takes about a decode step's time: a 1-token prefill (a prompt the
+# cache holds all but the last token of, a regenerated answer) "ran" at the decode rate, a tenth of a long prompt's
+# rate on a Pi 5, and after a few of them the guard held a 400-token prompt (4 s) as if it took 20 s, for up to RC
+# seconds (238 s on a Pi 5).
+PREFILL_LEARN_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -464,7 +470,7 @@ class Guard:
             rate = tokens / seconds
             self.unpaced_tok_s = rate if self.unpaced_tok_s is None else 0.9 * self.unpaced_tok_s + 0.1 * rate
         self.holding = False
-        if kind == "prefill" and seconds > 0 and self.prompt_tokens:
+        if kind == "prefill" and seconds > 0 and self.prompt_tokens >= PREFILL_LEARN_TOKENS:
             rate = self.prompt_tokens / seconds
             self.prefill_tok_s = rate if self.prefill_tok_s is None else 0.5 * self.prefill_tok_s + 0.5 * rate
         if self.pacing:
