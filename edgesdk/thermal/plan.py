@@ -140,6 +140,14 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
     return SimulatedRun(summarize(telemetry.records, horizon, board.throttled_s), telemetry, board, paused)
 
 
+def _file_part(name: str) -> str:
+    """``name`` as one file-name part: a profile's name is a plain name, but a bundle built before that rule
+    carries its profile's name as written (edgesdk/profile.py ``bundle_profile``), where a '/' or '..' would put
+    the telemetry file outside the directory asked for."""
+    plain = "".join(char if char.isalnum() or char in "-_." else "_" for char in name).lstrip(".")
+    return plain or "board"
+
+
 def compare(profile: TargetProfile, minutes: float, ambient_c: float, decode_tok_s: float,
             prefill_tok_s: float | None = None, workload: Workload | None = None,
             config: GuardConfig | None = None, telemetry_dir: str | None = None) -> dict[str, SimulatedRun]:
@@ -147,7 +155,7 @@ def compare(profile: TargetProfile, minutes: float, ambient_c: float, decode_tok
     runs: dict[str, SimulatedRun] = {}
     done: tuple[str, ...] = ()  # the telemetry files of the runs finished
     for name, guarded in (("guarded", True), ("unguarded", False)):
-        path = f"{telemetry_dir}/{profile.name}-{ambient_c:g}C-{name}.jsonl" if telemetry_dir else None
+        path = f"{telemetry_dir}/{_file_part(profile.name)}-{ambient_c:g}C-{name}.jsonl" if telemetry_dir else None
         try:
             runs[name] = simulate(profile, minutes, ambient_c, guarded, decode_tok_s, prefill_tok_s, workload,
                                   config, path, name)

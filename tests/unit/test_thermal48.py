@@ -40,3 +40,18 @@ def test_a_run_whose_label_starts_with_an_underscore_is_in_the_legend(tmp_path):
     assert ">_warm<" in svg
     assert ">cool<" in svg
     assert "soft limit 75 °C" in svg  # the limit lines keep their entries
+
+
+def test_a_plan_s_telemetry_stays_in_its_directory_whatever_the_profile_s_name(tmp_path):
+    """A bundle built before profile names had to be plain names carries its profile's name as written; the
+    plan's telemetry files are named after it, and a name holding '/' or '..' wrote them outside the directory."""
+    from edgesdk.profile import get_profile
+    from edgesdk.thermal.plan import compare
+
+    profile = get_profile("rpi5").model_copy(update={"name": "../lab/pi 5"})
+    out = tmp_path / "telemetry"
+    out.mkdir()
+    compare(profile, minutes=0.5, ambient_c=25, decode_tok_s=30.0, telemetry_dir=str(out))
+    assert sorted(path.name for path in out.iterdir()) == ["_lab_pi_5-25C-guarded.jsonl",
+                                                           "_lab_pi_5-25C-unguarded.jsonl"]
+    assert [path.name for path in tmp_path.iterdir()] == ["telemetry"]
