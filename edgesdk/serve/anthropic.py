@@ -115,6 +115,7 @@ def chat_body(body: object) -> dict:
                        f"{'stream' if body.get('stream') is True else 'extended thinking'}: send 'max_tokens' >= 1 "
                        "for an answer", param="max_tokens")
     _temperature(body.get("temperature"))
+    _top_k(body.get("top_k"))
     messages = _system(body.get("system"))
     turns = body.get("messages")
     if not isinstance(turns, list) or not turns:
@@ -215,6 +216,14 @@ def _temperature(value: object) -> None:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
         raise ApiError(400, f"'temperature' must be a number in [0, 1] (Anthropic's range), got {_shown(value)}; "
                        "send 1 or less", param="temperature")
+
+
+def _top_k(value: object) -> None:
+    """``top_k``: Anthropic's is a whole number >= 0 (Messages API, ``top_k``); below 0 is refused as Anthropic
+    refuses it, where llama-server's routes read it as the sampler off."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+        raise ApiError(400, f"'top_k' must be a whole number >= 0 (Anthropic's range), got {_shown(value)}; send 0 "
+                       "or more", param="top_k")
 
 
 def _stop_sequences(value: object) -> tuple[str, ...]:

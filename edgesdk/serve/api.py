@@ -511,7 +511,7 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "max_tokens": _max_tokens(body.get(name), name, zero=not chat),
         "temperature": _number(body.get("temperature"), "temperature", 0.0, 2.0, "[0, 2]"),
         "top_p": _top_p(body.get("top_p")),
-        "top_k": _integer(body.get("top_k"), "top_k", minimum=0, note=" (0: off)"),
+        "top_k": _integer(top_k_off_below_zero(body.get("top_k")), "top_k", minimum=0, note=" (0 or below: off)"),
         "min_p": _number(body.get("min_p"), "min_p", 0.0, 1.0, "[0, 1] (0: off)"),
         "samplers": _samplers(body.get("samplers")),
         "seed": _seed(body.get("seed")),
@@ -640,6 +640,15 @@ def _text_logprobs(body: dict) -> dict:
     if echo is not None and not isinstance(echo, bool):
         raise ApiError(400, f"'echo' must be true or false, got {_shown(echo)}", param="echo")
     return {"logprobs": top, "echo": bool(echo)}
+
+
+def top_k_off_below_zero(value: object) -> object:
+    """``top_k``: a whole number below 0 is 0, the top-k sampler off, as llama.cpp's sampler reads any k <= 0
+    (src/llama-sampling.cpp, ``llama_sampler_top_k_impl``: ``if (k <= 0) return;``) on every llama-server route, so
+    the -1 that clients written for vLLM send for "off" is taken as llama-server takes it; anything else is left
+    for the request's check (a fraction, a string: refused naming ``top_k``)."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return 0 if whole and not isinstance(value, bool) and value < 0 else value
 
 
 def _integer(value: object, name: str, minimum: int, note: str = "") -> int | None:

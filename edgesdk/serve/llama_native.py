@@ -118,7 +118,6 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
         text["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict == -1 else max(predict, 1)  # 0 is set after the check
     stops = _stop(text.pop("stop", None))  # llama-server's: any number of strings
     temperature = _temperature(text.pop("temperature", None))  # OpenAI's [0, 2] is its routes', not llama-server's
-    text["top_k"] = _top_k(text.get("top_k"))
     request = parse_text_request(text, route="/completion", completer=completer, takes_suffix=False)
     request = replace(request, stop=stops, temperature=temperature, logprobs=probs or None, llama_probs=bool(probs),
                       max_tokens=0 if predict == 0 else request.max_tokens, n_indent=int(limits["n_indent"]),
@@ -137,15 +136,6 @@ def _temperature(value: object) -> float | None:
         raise ApiError(400, f"'temperature' must be a finite number (0 or below: greedy), got {_shown(value)}",
                        param="temperature")
     return max(float(value), 0.0)
-
-
-def _top_k(value: object) -> object:
-    """``top_k``: a whole number below 0 is 0, the top-k sampler off, as llama.cpp's sampler reads any k <= 0
-    (src/llama-sampling.cpp, ``llama_sampler_top_k_impl``: ``if (k <= 0) return;``), so the -1 that clients written
-    for vLLM send for "off" is taken as llama-server takes it; anything else is left for the request's check (a
-    fraction, a string: refused naming ``top_k``)."""
-    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    return 0 if whole and not isinstance(value, bool) and value < 0 else value
 
 
 def _limit(body: dict, name: str) -> float:

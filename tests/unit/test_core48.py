@@ -102,3 +102,20 @@ def test_completion_takes_a_negative_top_k_as_top_k_off(served):
     status, answer = served.post("/completion", {**sampled, "top_k": -1.5})  # not a whole number: still refused
     assert status == 400, answer
     assert answer["error"]["param"] == "top_k"
+
+
+def test_the_openai_routes_take_a_negative_top_k_as_off_and_anthropic_s_refuses_it():
+    """llama-server reads top_k <= 0 as the sampler off on every route (llama_sampler_top_k_impl), and clients written
+    for vLLM send -1 for "off" to /v1/chat/completions and /v1/completions too; Anthropic's Messages API takes
+    top_k >= 0 only, so /v1/messages still refuses it, naming its range."""
+    from edgesdk.serve import anthropic
+    from edgesdk.serve.api import ApiError, parse_chat_request, parse_text_request
+
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    for top_k in (-1, -40, -1.0):
+        assert parse_chat_request({**chat, "top_k": top_k}).top_k == 0
+        assert parse_text_request({"prompt": "hi", "top_k": top_k}).top_k == 0
+    with pytest.raises(ApiError, match=r"'top_k' must be a whole number >= 0 \(Anthropic's range\)"):
+        anthropic.parse_messages_request({**chat, "max_tokens": 4, "top_k": -1})
+    with pytest.raises(ApiError, match="'top_k' must be a whole number"):
+        parse_chat_request({**chat, "top_k": 1.5})

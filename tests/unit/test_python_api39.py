@@ -135,7 +135,7 @@ def test_bad_fields_name_the_method_and_the_field(model):
     with pytest.raises(ValueError, match="max_tokens"):  # a RequestError is a ValueError, as a bad argument is
         model.create_chat_completion(CHAT, max_tokens=-2)
     with pytest.raises(RequestError) as streamed:  # refused before the stream starts
-        model.create_chat_completion(CHAT, stream=True, top_k=-1)
+        model.create_chat_completion(CHAT, stream=True, top_k=1.5)
     assert streamed.value.param == "top_k"
 
 
