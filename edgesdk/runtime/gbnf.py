@@ -18,7 +18,9 @@ for ``llama-cli --grammar-file`` or llama-server's ``grammar`` field works here 
   llama.cpp reads it (a grammar sent in JSON with ``"\\n"`` unescaped holds one).
 
 Like llama.cpp's parser, repetitions become generated rules (``x*`` is ``R ::= x R |``, ``x{2,4}``
-is ``x x (x (x)?)?``), a rule defined twice keeps its last definition, and left recursion is refused
+is ``x x (x (x)?)?``), a repetition of something whose own repetitions made n rules is refused where n times its
+count reaches 2000 (MAX_REPETITION_THRESHOLD: ``(("a"{0,9}){0,99}){0,99}``, whose stacks multiply), a rule defined
+twice keeps its last definition, and left recursion is refused
 as llama.cpp refuses it: a rule that can reach itself first in an alternative, or after only rules
 with an empty alternative (``expr ::= expr "+" term``; ``x*`` with ``x ::= | "a"``). A rule that
 comes back to itself through rules that match the empty text only through other rules (``("a"?)*``)
@@ -40,6 +42,12 @@ MAX_REPEATED_SYMBOLS = 1_000_000
 # parentheses inside parentheses: the parser reads each level by two nested Python calls, so far past this a
 # grammar (valid for llama.cpp, whose parser recurses in C++) ended in a RecursionError rather than a GrammarError
 MAX_GROUP_DEPTH = 256
+# llama.cpp's MAX_REPETITION_THRESHOLD (src/llama-grammar.cpp, handle_repetitions): a repetition of something that
+# holds repetitions of its own is refused where the rules that something made, times the new repetition's count,
+# reach it ("number of rules that are going to be repeated multiplied by the new repetition exceeds sane
+# defaults"). Each optional count of a nested repetition is a stack the matcher follows at once, so nested ones
+# multiply: ((("x"{0,99}){0,99}){0,99}) was taken here and the matcher ran on without end (99**3 stacks).
+MAX_NESTED_REPETITION_RULES = 2000
 ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-"}
 HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 
@@ -86,6 +94,7 @@ class _Builder:
         self.repeated = 0  # symbols the repetitions have written out so far
         self.spanning: int | None = None  # where the first string or class that runs over a line end starts
         self.depth = 0  # the groups open around the symbol read now
+        self.made = 0  # the rules made so far for groups and repetitions
 
     # ----------------------------------------------------------------------------------- errors
 
@@ -119,6 +128,7 @@ class _Builder:
     def generated(self, base: str, body: list[list[tuple]]) -> int:
         rule = self.rule_id(f"{base}/{len(self.names)}")  # "/" is in no written name
         self.bodies[rule] = body
+        self.made += 1
         return rule
 
     # ---------------------------------------------------------------------------------- parsing
@@ -185,9 +195,11 @@ class _Builder:
         src = self.src
         elements: list[tuple] = []
         last: int | None = None  # where the last symbol's elements start (what a repetition repeats)
+        rules = 1  # llama.cpp's n_prev_rules: the rules the last symbol's group and repetitions made (at least 1)
         while pos < len(src):
             char = src[pos]
             start = len(elements)
+            made = self.made
             if char == '"':
                 pos = self.literal(pos + 1, elements)
             elif char == "[":
@@ -210,6 +222,7 @@ class _Builder:
                     raise self.fail(pos, "expected ')' to close the group", "close every '(' with a ')'")
                 elements.append((REF, self.generated(name, body), group_at))
                 pos += 1
+                rules = self.made - made  # the group's rule and those made inside it
             elif char in "*+?{":
                 if last is None:
                     raise self.fail(pos, f"{char!r} repeats nothing", "put the repetition after a symbol, as in [0-9]+")
@@ -217,7 +230,7 @@ class _Builder:
                     raise self.fail(pos, f"{char!r} repeats a symbol that writes nothing (the empty string \"\" or "
                                     "a repetition {0}), which llama.cpp refuses",
                                     "drop the symbol that writes nothing and its repetition")
-                pos = self.repetition(pos, name, elements, last)
+                pos, rules = self.repetition(pos, name, elements, last, rules)
                 start = last  # a second repetition repeats the repeated symbol whole
             elif char.isascii() and (char.isalnum() or char in "-_"):
                 reference, end = self.name(pos)
@@ -232,6 +245,8 @@ class _Builder:
                 break
             else:
                 raise self.fail(pos, f"unexpected {char!r} in the rule {name!r}", _unexpected_fix(char))
+            if char not in "(*+?{":
+                rules = 1
             last = start
             pos = self.space(pos, nested)
         return elements, pos
@@ -324,7 +339,10 @@ class _Builder:
             elements.append((TOKEN, f"<{inner}>", negated))
         return end + 1
 
-    def repetition(self, pos: int, name: str, elements: list[tuple], last: int) -> int:
+    def repetition(self, pos: int, name: str, elements: list[tuple], last: int, rules: int) -> tuple[int, int]:
+        """Write the repetition at ``pos`` of ``elements[last:]``, a symbol whose group and repetitions made ``rules``
+        rules: the position after it, and the rules the repeated symbol now stands for (llama.cpp's
+        ``n_prev_rules``)."""
         start = pos
         unit = elements[last:]
         del elements[last:]
@@ -340,6 +358,16 @@ class _Builder:
                             "(a repetition copies what it repeats, so a repetition of a repetition multiplies)",
                             'put the inner repetition in parentheses, ("a"{100}){100} rather than "a"{100}{100}, '
                             "so it is written once, or use * or + for long runs")
+        # llama.cpp's count (handle_repetitions): the largest count, else the smallest, else 1 (*, +, ?, {0})
+        count = high if high else low or 1
+        if rules > 1 and rules * count >= MAX_NESTED_REPETITION_RULES:  # one level alone keeps MAX_REPETITION
+            written = self.src[start:pos]
+            raise self.fail(start, f"the repetition {written} repeats something whose own repetitions made "
+                            f"{rules:,} rules: {rules:,} x {count:,} = {rules * count:,}, past "
+                            f"{MAX_NESTED_REPETITION_RULES:,}, which llama.cpp refuses (MAX_REPETITION_THRESHOLD: "
+                            "nested optional repetitions multiply the stacks its matcher follows)",
+                            "lower the counts of the nested repetitions, or use * or + for the inner or the outer "
+                            "one, which make one rule whatever the count")
         elements.extend(unit * low)
         if high is None:  # R ::= unit R |
             rule = self.generated(name, [])
@@ -351,7 +379,7 @@ class _Builder:
                 tail = [*unit] if rule is None else [*unit, (REF, rule, start)]
                 rule = self.generated(name, [tail, []])
             elements.append((REF, rule, start))
-        return pos
+        return pos, rules * count
 
     def bounds(self, pos: int) -> tuple[int, int | None, int]:
         start = pos

@@ -252,6 +252,10 @@ class GrammarConstraint:
     """One answer's grammar state (a ``TokenConstraint`` of :func:`~edgesdk.runtime.generate.generate`).
 
     ``stop_ids`` are the tokens that end generation: they are allowed only where the grammar accepts.
+    A token whose text is empty or starts with a NUL byte (a byte-level vocabulary's token for byte 0, SentencePiece's
+    ``<0x00>``) is never allowed, whatever the grammar (``.``, ``[^\\n]``, ``<[id]>``, ``!<[id]>``): llama.cpp's grammar
+    sampler sets such a token to -inf before it reads the grammar (src/llama-grammar.cpp ``llama_grammar_apply_impl``:
+    ``piece.empty() || piece[0] == 0``), so a grammar never writes a NUL into the answer there.
     The sampler asks :meth:`allows` token by token, most likely first; past SCAN_AFTER questions in
     one state the whole allowed set is found by one walk of the vocabulary's byte trie (a state that
     rejects a prefix rejects every token under it)."""
@@ -278,11 +282,20 @@ class GrammarConstraint:
     def _bytes(self, token_id: int) -> bytes | None:
         return self.token_bytes[token_id] if 0 <= token_id < len(self.token_bytes) else None
 
+    def _has_text(self, token_id: int) -> bool:
+        """``token_id`` has a piece llama.cpp's grammar sampler reads: an id of the tokenizer (one past it, a model's
+        padding row, has none) whose bytes are not empty and do not start with NUL. A special token (None here) has
+        its text as its piece there, so a token terminal still takes it."""
+        if not 0 <= token_id < len(self.token_bytes):
+            return False
+        data = self.token_bytes[token_id]
+        return data is None or (len(data) > 0 and data[0] != 0)
+
     def allows(self, token_id: int) -> bool:
         if token_id in self.stop_ids:
             return self.matcher.accepts(self.state)
-        if not 0 <= token_id < len(self.token_bytes):  # an id past the tokenizer (a model's padding rows) has no
-            return False  # text: llama.cpp's grammar sampler refuses a token with an empty piece, !<[id]> too
+        if not self._has_text(token_id):  # llama.cpp's grammar sampler refuses a token with an empty piece or one
+            return False  # that starts with NUL before any rule is read, <[id]> and !<[id]> too
         if self._allowed is not None:
             return token_id in self._allowed or self._any_token_but(token_id)
         self._asked += 1
@@ -293,14 +306,16 @@ class GrammarConstraint:
 
     def _any_token_but(self, token_id: int) -> bool:
         refused = self._refused_tokens
-        return bool(refused) and (len(refused) > 1 or token_id not in refused) and 0 <= token_id < len(self.token_bytes)
+        return bool(refused) and (len(refused) > 1 or token_id not in refused) and self._has_text(token_id)
 
     def _allowed_tokens(self) -> set[int]:
         """Every ordinary token the state takes, by a walk of the vocabulary's byte trie, and the
         tokens the token terminals on top take."""
         allowed = tokens_accepted(self.token_bytes, self.state, self.matcher.step_byte)  # states are non-empty tuples
+        if self.matcher.step_byte(self.state, 0) is not None:  # the trie's tokens that start with NUL are not taken
+            allowed = {token for token in allowed if self.token_bytes[token][0] != 0}
         wanted, self._refused_tokens = self.matcher.token_tops(self.state)
-        allowed |= wanted
+        allowed.update(token for token in wanted if self._has_text(token))
         return allowed - self.stop_ids
 
     def advance(self, token_id: int) -> None:
@@ -310,7 +325,7 @@ class GrammarConstraint:
             self._ended = True
             return
         state = self.matcher.step_token(self.state, token_id, self._bytes(token_id)) \
-            if 0 <= token_id < len(self.token_bytes) else None
+            if self._has_text(token_id) else None
         if state is None:
             raise ValueError(f"token {token_id} does not continue the answer the grammar allows")
         self.state, self._asked, self._allowed, self._refused_tokens = state, 0, None, set()
