@@ -56,7 +56,9 @@ json_pattern.FORMATS.
 
 Every other keyword (``not``, ``propertyNames``, ``if`` / ``then``, another ``format``, ...) is
 refused by name rather than ignored, so an answer never silently breaks a constraint the client asked
-for. The root must be an object or an array, whose closing bracket ends the answer; a root that constrains
+for in a response format. A tool's parameters are read leniently instead (:func:`lenient_schema`, used by
+edgesdk/serve/tools.py): the keywords that only narrow the values are dropped for the constraint, as
+llama.cpp's converter ignores them, so that one tool from an MCP server does not refuse the whole request. The root must be an object or an array, whose closing bracket ends the answer; a root that constrains
 nothing (``{}``, which llama-server documents as "any JSON" and llama.cpp's converter writes as an object) is
 any object.
 
@@ -310,6 +312,113 @@ def hoist_refs(schema: dict, prefix: str, definitions: dict) -> dict:
         rename(target)
         definitions[keys[tokens]] = target
     return hoisted
+
+
+# Keywords that only narrow the values a schema allows (JSON Schema 2020-12 core, section 10 applicators, and
+# validation, sections 6-8; draft-07's ``dependencies``) and that the constraint here cannot follow. A tool's
+# parameters are read without them (:func:`lenient_schema`); llama.cpp's json-schema-to-grammar (common/
+# json-schema-to-grammar.cpp, ``visit``) reads none of them either, so it ignores them wherever it meets them.
+NARROWING_ONLY = ("not", "if", "then", "else", "propertyNames", "dependentRequired", "dependentSchemas",
+                  "dependencies", "minProperties", "maxProperties", "unevaluatedProperties", "unevaluatedItems",
+                  "contains", "minContains", "maxContains", "contentEncoding", "contentMediaType", "contentSchema")
+# Annotations of other vocabularies that tool schemas carry (OpenAPI's ``x-`` extensions, VS Code's
+# ``markdownDescription`` ...): unknown keywords, which JSON Schema 2020-12 (core, section 6.5) collects as
+# annotations and which constrain nothing; a tool's parameters are read without them.
+EDITOR_ANNOTATIONS = ("markdownDescription", "markdownEnumDescriptions", "enumDescriptions", "deprecationMessage",
+                      "errorMessage")
+_SUBSCHEMA = ("items", "additionalProperties", "additionalItems")  # a schema (items: or a draft-07 tuple's list)
+_SUBSCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf", "allOf")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+
+
+def lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
+    """``schema`` without the keywords that only narrow its values and that the constraint cannot follow, and
+    what was dropped (``"$.properties.tags.propertyNames"``, one entry each): :data:`NARROWING_ONLY`,
+    ``patternProperties`` (its schemas joined to ``additionalProperties``: a key of a pattern is then any key
+    with a value of one of them, or of ``additionalProperties``), a ``pattern`` the pattern compiler refuses
+    (a lookahead, ...; llama.cpp's converter skips such syntax with a warning, ``_visit_pattern``), a
+    ``format`` not followed here (json_pattern.FORMATS, ...) or beside a ``pattern``. The schema that is left
+    admits every value ``schema`` admits, and more: a constraint built from it never blocks a valid value.
+
+    Used for a tool's parameters (edgesdk/serve/tools.py), which come from MCP servers and SDKs (zod-to-json-schema
+    writes ``propertyNames`` and ``not: {}``) and are followed leniently, as llama-server's tool grammar
+    (json-schema-to-grammar, which ignores these keywords) and Ollama (which builds no grammar from them) take
+    them. A schema the user wrote as the answer's format (``response_format``, ``json_schema``, Ollama's
+    ``format``) is compiled as written, so such a keyword there is refused by name. ``schema`` itself is
+    returned where nothing is dropped; const, enum, default and examples are data and are left alone. A local
+    ``$ref`` into a part dropped (zod-to-json-schema's ``#/properties/a/propertyNames`` for a schema it meets again)
+    is pointed at a copy of that part put under ``$defs``."""
+    dropped: list[str] = []
+    annotations: list[str] = []  # EDITOR_ANNOTATIONS and x- keywords left out, which need no word
+    refs: list[tuple[dict, str]] = []  # (a schema of the result, its $ref's path), checked once the result is whole
+
+    def visit(node, path: str):
+        if not isinstance(node, dict):
+            return node
+        out: dict = {}
+        for keyword, value in node.items():
+            if keyword in NARROWING_ONLY or keyword == "patternProperties":
+                dropped.append(f"{path}.{keyword}")
+            elif keyword.startswith("x-") or keyword in EDITOR_ANNOTATIONS:
+                annotations.append(keyword)  # another vocabulary's annotation: nothing to follow, nothing lost
+            elif keyword in _SUBSCHEMA_MAPS and isinstance(value, dict):
+                out[keyword] = {name: visit(each, f"{path}.{keyword}.{name}") for name, each in value.items()}
+            elif keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
+                out[keyword] = [visit(each, f"{path}.{keyword}[{i}]") for i, each in enumerate(value)]
+            elif keyword in _SUBSCHEMA:
+                out[keyword] = visit(value, f"{path}.{keyword}")
+            else:
+                out[keyword] = value
+                if keyword == "$ref" and isinstance(value, str) and value.startswith("#"):
+                    refs.append((out, path))
+        patterns = node.get("patternProperties")
+        extra = out.get("additionalProperties", "properties" not in out)
+        if isinstance(patterns, dict) and patterns and extra is not True and extra != {}:
+            # a key matching a pattern takes a value of that pattern's schema (2020-12 core, section 10.3.2.2),
+            # which additionalProperties (false, or absent beside properties) would refuse: any key not listed may
+            # have a value of any of them, or of additionalProperties
+            options = ([] if extra is False else [extra]) + [visit(each, f"{path}.patternProperties.{name}")
+                                                             for name, each in patterns.items()]
+            out["additionalProperties"] = options[0] if len(options) == 1 else {"anyOf": options}
+        pattern = out.get("pattern")
+        if isinstance(pattern, str):
+            try:
+                string_matcher(pattern)
+            except (PatternError, RecursionError) as exc:
+                del out["pattern"]
+                dropped.append(f"{path}.pattern ({getattr(exc, 'problem', 'nested too deeply')})")
+        name = out.get("format")
+        if isinstance(name, str) and name not in ANY_STRING_FORMATS and (
+                isinstance(out.get("pattern"), str) or name not in NUMBER_FORMATS and _format_pattern(name) is None):
+            del out["format"]  # a format followed nowhere here, or one beside a pattern (a string of both)
+            dropped.append(f"{path}.format {json.dumps(name)[:60]}")
+        return out
+
+    lenient = visit(schema, "$")
+    if not dropped and not annotations:
+        return schema, ()
+    moved: dict = {}  # a ref that points into a dropped part -> the ref to its copy under $defs
+    while refs and isinstance(lenient, dict) and isinstance(lenient.get("$defs", {}), dict):
+        out, path = refs.pop()
+        ref = out["$ref"]
+        try:
+            resolve_ref(lenient, ref)
+            continue
+        except SchemaError:
+            pass
+        if ref not in moved:
+            try:
+                target = resolve_ref(schema, ref)
+            except SchemaError:
+                continue  # it points at nothing in the schema either: compile_schema refuses it by name
+            definitions = lenient.setdefault("$defs", {})
+            key = f"lenient{len(moved)}"
+            while key in definitions:
+                key += "_"
+            moved[ref] = ref_text(("$defs", key))
+            definitions[key] = visit(target, f"{path} ($ref {ref})")
+        out["$ref"] = moved[ref]
+    return lenient, tuple(dropped)
 
 
 class _Compiler:

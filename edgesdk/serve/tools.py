@@ -10,6 +10,18 @@ tools are described in the system message and the answer is constrained by a JSO
   ``tool_calls``;
 - ``{"response": "..."}``: an answer in text, offered only with ``tool_choice`` ``auto``.
 
+A tool's ``parameters`` (Anthropic's ``input_schema``, Ollama's ``parameters``) are followed leniently: keywords
+that only narrow the arguments and that the constraint cannot follow (``not``, ``propertyNames``,
+``patternProperties``, ``if`` / ``then`` / ``else``, ``dependentRequired``, ``minProperties``, a lookahead in a
+``pattern``, ...; json_schema.lenient_schema) are dropped from the constraint, with a warning logged once per tool
+naming them, rather than refusing the request: such schemas come from MCP servers (zod-to-json-schema writes
+``propertyNames`` and ``not: {}``), llama-server's json-schema-to-grammar ignores these keywords, and Ollama builds
+no grammar from tool schemas. The constraint then admits every valid call (and calls the dropped keywords would
+refuse); the model still reads the whole schema. The keywords that shape the arguments (``type``, ``properties``,
+``required``, ``items``, ``enum``, ``const``, ``anyOf`` / ``oneOf`` / ``allOf``, ``$ref``) are followed as they
+are, and a malformed schema is refused naming the tool. A response format's schema, which the user wrote for the
+answer, is not read leniently: an unsupported keyword there is refused by name.
+
 A response format beside the tools (OpenAI's ``response_format`` json_schema or json_object, llama-server's
 ``json_schema``) shapes that answer, as llama.cpp's generic format does (common/chat.cpp,
 ``common_chat_params_init_generic``: the ``response`` property takes the request's JSON schema in place of a
@@ -44,15 +56,26 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import re
 import uuid
 from dataclasses import dataclass
 
-from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_schema, hoist_refs, resolve_ref
+from edgesdk.runtime.json_schema import (
+    CompiledSchema,
+    SchemaError,
+    compile_schema,
+    hoist_refs,
+    lenient_schema,
+    resolve_ref,
+)
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 NO_PARAMETERS = {"type": "object", "properties": {}}
+LOG = logging.getLogger(__name__)
+_WARNED: set = set()  # (tool name, keywords dropped) already logged: a client sends its tools with every request
+_WARNED_MAX = 1024
 
 
 class ToolError(Exception):
@@ -74,6 +97,8 @@ class Tools:
     # the {"response": ...} option's value is JSON of a response format, returned as its JSON text (not a string)
     structured: bool = False
     parallel: bool = False  # parallel_tool_calls: the answer may hold several calls ({"tool_calls": [...]})
+    # per tool whose parameters use keywords the constraint does not follow (_function): what it says of them
+    ignored: tuple[str, ...] = ()
 
 
 ANY_OBJECT = {"type": "object", "additionalProperties": True}  # response_format json_object: any JSON object
@@ -106,7 +131,7 @@ def parse_tools(body: dict, response: dict | None = None) -> Tools | None:
     response = response if may_answer else None  # only calls: no answer for a response format to shape
     return Tools(names=names, choice=chosen, schema=_answer_schema(offered, may_answer, response, parallel),
                  instructions=_instructions(offered, may_answer, response, parallel), structured=response is not None,
-                 parallel=parallel)
+                 parallel=parallel, ignored=tuple(f["ignored"] for f in functions if f["ignored"]))
 
 
 def parallel_calls(body: dict) -> bool:
@@ -143,15 +168,41 @@ def _function(tool: object, index: int) -> dict:
         raise ToolError(f"{param}.function.parameters must be a JSON schema object, got a string "
                         f"{json.dumps(parameters)[:60]}; send the schema itself, not its JSON text",
                         f"{param}.function.parameters")
+    constraint, dropped = lenient_schema(parameters)
     try:
-        compile_schema(parameters)  # refused here, naming the tool, rather than inside the combined schema
+        compile_schema(constraint)  # refused here, naming the tool, rather than inside the combined schema
     except SchemaError as exc:
         raise ToolError(f"{param}.function.parameters: {exc.problem}; {exc.fix}", f"{param}.function.parameters") \
             from exc
-    if _resolved_type(parameters, parameters) != "object":
+    if _resolved_type(constraint, constraint) != "object":
         raise ToolError(f"{param}.function.parameters must describe an object (the call's named arguments)",
                         f"{param}.function.parameters")
-    return {"name": name, "description": description, "parameters": parameters}
+    ignored = _ignored(param, name, dropped)
+    return {"name": name, "description": description, "parameters": parameters, "constraint": constraint,
+            "ignored": ignored}
+
+
+def _ignored(param: str, name: str, dropped: tuple[str, ...]) -> str:
+    """The line that says which keywords of a tool's parameters the answer's constraint does not follow
+    (json_schema.lenient_schema: ``not``, ``propertyNames``, ``patternProperties``, ``if`` / ``then`` / ``else``,
+    ``minProperties``, a pattern with a lookahead, ...; "" for none), logged as a warning once per tool and
+    keywords. Such a keyword only narrows the arguments, so the constraint without it admits every call the
+    schema admits (and some it does not, which the client's own validation catches): the request is answered
+    rather than refused whole, as llama-server, whose json-schema-to-grammar ignores these keywords, and
+    Ollama, which builds no grammar from tool schemas, answer it. The model still reads them in the tools'
+    description. A response format's schema is not read this way: it is followed as written, or refused."""
+    if not dropped:
+        return ""
+    line = (f"{param}.function.parameters of tool {name!r}: {', '.join(dropped)} not enforced on the call's "
+            "arguments (the answer's constraint cannot follow them; llama.cpp's json-schema-to-grammar ignores them "
+            "too); the model still reads them in the tools' description")
+    key = (name, dropped)
+    if key not in _WARNED:
+        if len(_WARNED) >= _WARNED_MAX:
+            _WARNED.clear()
+        _WARNED.add(key)
+        LOG.warning("edgesdk serve: %s", line)
+    return line
 
 
 def _resolved_type(schema: dict, root: dict) -> str | None:
@@ -189,7 +240,7 @@ def _answer_schema(functions: list[dict], may_answer: bool, response: dict | Non
     an answer: text, or an instance of the ``response`` schema (its $defs moved under the prefix ``response``)."""
     definitions, calls = {}, []
     for index, function in enumerate(functions):
-        parameters = _hoisted(function["parameters"], f"tool{index}", definitions)
+        parameters = _hoisted(function["constraint"], f"tool{index}", definitions)
         calls.append({"type": "object", "properties": {"name": {"const": function["name"]}, "arguments": parameters},
                       "required": ["name", "arguments"]})
     one = calls[0] if len(calls) == 1 else {"anyOf": calls}
