@@ -224,6 +224,7 @@ def check_gguf_model(path: Path) -> dict:
             + (f", {used} used per token" if isinstance(used, int) else "") + ", as Mixtral's files are written): "
             "edgesdk's decoders have one dense FFN per layer and do not compute its expert FFNs (blk.N.ffn_*_exps)",
             "use a dense model (Llama, SmolLM2, TinyLlama, Qwen2, Qwen3, Mistral 7B, Phi-3, Granite 3, Gemma 3)")
+    _check_tensor_types(path, reader)
     if arch == "gemma3":
         return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
     if arch == "smollm3":
@@ -242,6 +243,32 @@ def check_gguf_model(path: Path) -> dict:
     if arch != "phi3":
         _check_tensors_read(path, arch, field, tensors)
     return {**head_dim, **phi3, **_gguf_rope_overrides(path, arch, field, reader, head_dim)}
+
+
+def _check_tensor_types(path: Path, reader) -> None:
+    """Refuse a GGUF file holding tensors of a type gguf-py's ``quants.dequantize`` cannot read, before the weights
+    load: transformers' reader (and :func:`_read_smollm3_gguf`) de-quantize every tensor with it, and it raises
+    NotImplementedError for those (gguf 0.19: Q1_0, F64, the integer types), reported as a damaged file to download
+    again. Each type is tried once, on one zero block."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    unread: dict[str, list[str]] = {}
+    for kind in {tensor.tensor_type for tensor in reader.tensors}:
+        _, size = GGML_QUANT_SIZES.get(kind, (1, 1))  # (block size, bytes per block)
+        try:
+            dequantize(np.zeros((1, size), dtype=np.uint8), kind)
+        except NotImplementedError:
+            unread[kind.name] = sorted(tensor.name for tensor in reader.tensors if tensor.tensor_type == kind)
+    if unread:
+        shown = "; ".join(f"{kind} ({len(names)} tensor(s): {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                          for kind, names in sorted(unread.items()))
+        raise ModelSourceError(
+            f"the GGUF file {path} holds tensors of a type the installed gguf package cannot de-quantize: {shown}; "
+            "edgesdk reads GGUF weights through it (F32, F16, BF16, Q4_0 to Q8_0, the K-quants, the IQ types)",
+            "use a file of the model quantized to a type gguf-py reads (e.g. Q8_0, Q4_K_M or F16: llama.cpp's "
+            "llama-quantize converts between them), or build from the model's Hugging Face directory")
 
 
 # llama.cpp's tensor names (gguf-py's MODEL_TENSORS for MODEL_ARCH.SMOLLM3, the converter's LlamaModel layout)
@@ -639,25 +666,69 @@ def _check_whole_head_rotary(path: Path, arch: str, field, head_dim: dict) -> No
         "with llama.cpp's convert_hf_to_gguf.py, or build from its Hugging Face directory")
 
 
-# tokenizer.ggml.pre values llama.cpp reads as LLAMA_VOCAB_PRE_TYPE_LLAMA3, whose vocabulary adds a BOS token where
-# the file has no tokenizer.ggml.add_bos_token (src/llama-vocab.cpp, llama_vocab::impl::load: add_bos = true)
-LLAMA3_PRE_TOKENIZERS = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2")
+# tokenizer.ggml.pre values llama.cpp reads as LLAMA_VOCAB_PRE_TYPE_LLAMA3 (src/llama-vocab.cpp,
+# llama_vocab::impl::load), whose vocabulary adds a BOS token where the file has no tokenizer.ggml.add_bos_token
+# (add_bos = true) and ignores the merges for a pre-token the vocabulary holds whole (ignore_merges = true)
+LLAMA3_PRE_TOKENIZERS = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                         "jina-v5-nano")
+# the BPE pre-tokenizers llama.cpp sets add_bos = true for: the Llama 3 ones, Mistral's tekken (Mistral Nemo) and
+# chameleon
+BOS_BY_DEFAULT_PRE_TOKENIZERS = (*LLAMA3_PRE_TOKENIZERS, "tekken", "chameleon")
+# the BPE pre-tokenizers llama.cpp sets ignore_merges = true for (llm_tokenizer_bpe_session::tokenize: a pre-token
+# the vocabulary holds whole is that one token, whatever the merges make of it)
+IGNORE_MERGES_PRE_TOKENIZERS = (*LLAMA3_PRE_TOKENIZERS, "tekken", "minicpm5")
+
+
+def _gguf_value(path: Path, key: str):
+    found = gguf_reader(path).fields.get(key)
+    return None if found is None else found.contents()
 
 
 def gguf_adds_bos_by_default(path: Path) -> bool:
     """Whether llama.cpp adds a BOS token to the text of the GGUF file at ``path`` although the file does not say so:
-    a BPE vocabulary (``tokenizer.ggml.model`` gpt2) with a Llama 3 pre-tokenizer (:data:`LLAMA3_PRE_TOKENIZERS`)
-    and no ``tokenizer.ggml.add_bos_token`` (Llama 3 files written before the converter read the BOS from
-    tokenizer.json's post-processor). transformers' GGUF tokenizer then adds none, where a SentencePiece vocabulary
-    (``llama``) gets one in both; the key, where present, decides in both."""
+    a BPE vocabulary (``tokenizer.ggml.model`` gpt2) with a pre-tokenizer llama.cpp sets add_bos for
+    (:data:`BOS_BY_DEFAULT_PRE_TOKENIZERS`: Llama 3's, tekken) and no ``tokenizer.ggml.add_bos_token`` (Llama 3 and
+    Mistral Nemo files written before the converter read the BOS from tokenizer.json's post-processor).
+    transformers' GGUF tokenizer then adds none, where a SentencePiece vocabulary (``llama``) gets one in both; the
+    key, where present, decides in both."""
+    return _gguf_value(path, "tokenizer.ggml.add_bos_token") is None \
+        and _gguf_value(path, "tokenizer.ggml.model") == "gpt2" \
+        and _gguf_value(path, "tokenizer.ggml.pre") in BOS_BY_DEFAULT_PRE_TOKENIZERS
+
+
+def gguf_ignores_merges(path: Path) -> bool:
+    """Whether llama.cpp tokenizes the BPE vocabulary of the GGUF file at ``path`` with ``ignore_merges``: a
+    pre-token the vocabulary holds whole becomes that one token, where applying the merges could split it (Llama 3's
+    vocabulary, from tiktoken, holds such tokens; its tokenizer.json says ``"ignore_merges": true`` for the same
+    reason). transformers' GGUF tokenizer builds its BPE model without it."""
+    return _gguf_value(path, "tokenizer.ggml.model") == "gpt2" \
+        and _gguf_value(path, "tokenizer.ggml.pre") in IGNORE_MERGES_PRE_TOKENIZERS
+
+
+def gguf_query_key_left_permuted(path: Path) -> bool:
+    """Whether transformers' GGUF reader leaves the attn_q / attn_k rows of the llama GGUF file at ``path`` in
+    llama.cpp's rotary order: its ``LlamaTensorProcessor`` undoes convert_hf_to_gguf.py's ``LlamaModel.permute`` only
+    where the file gives both ``llama.attention.head_count`` and ``llama.attention.head_count_kv``, and returns the
+    rows as stored otherwise. gguf.md makes head_count_kv optional ("if not present ... the model does not use GQA")
+    and llama.cpp then takes n_head_kv = n_head, so such a file is a whole model whose rows llama.cpp's converter
+    permuted all the same."""
     fields = gguf_reader(path).fields
+    return _gguf_value(path, "general.architecture") == "llama" \
+        and "llama.attention.head_count" in fields and "llama.attention.head_count_kv" not in fields
 
-    def value(key: str):
-        found = fields.get(key)
-        return None if found is None else found.contents()
 
-    return value("tokenizer.ggml.add_bos_token") is None and value("tokenizer.ggml.model") == "gpt2" \
-        and value("tokenizer.ggml.pre") in LLAMA3_PRE_TOKENIZERS
+def _undo_query_key_permutation(model) -> None:
+    """The q_proj / k_proj rows of ``model`` put back from llama.cpp's rotary order (:func:`unpermute_llama_cpp_rows`,
+    with the query and the key-value head counts), in place."""
+    import torch
+
+    config = model.config
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for projection, heads in ((layer.self_attn.q_proj, config.num_attention_heads),
+                                      (layer.self_attn.k_proj, config.num_key_value_heads)):
+                rows = unpermute_llama_cpp_rows(projection.weight.detach().cpu().numpy(), heads)
+                projection.weight.copy_(torch.from_numpy(rows.copy()))
 
 
 def _gguf_has_field(path: Path, key: str) -> bool:
@@ -872,6 +943,53 @@ def _explain_tokenizer_failure(directory: Path, exc: Exception) -> None:
         ) from exc
 
 
+def available_memory() -> int | None:
+    """Bytes of memory this process can still take without swapping: /proc/meminfo's MemAvailable, capped by a
+    cgroup v2 limit (memory.max less memory.current, as a container's limit); None where neither is readable (not
+    Linux)."""
+    found = []
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    with contextlib.suppress(OSError, ValueError):
+        cgroup = Path("/sys/fs/cgroup")
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            found.append(max(0, int(limit) - int((cgroup / "memory.current").read_text().strip())))
+    return min(found) if found else None
+
+
+def check_fits_in_memory(config: Any, source: ModelSource) -> None:
+    """Refuse a model whose float32 weights (what :func:`load_model` loads: a GGUF file de-quantized, float16 /
+    bfloat16 safetensors widened) alone take more memory than the host has available, before any weight is read:
+    loading it would swap for hours or end with the process killed for lack of memory. The parameters are counted
+    on a model of ``config`` built on the meta device (no memory); the check is skipped where the memory cannot be
+    read."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    available = available_memory()
+    if available is None:
+        return
+    try:
+        with torch.device("meta"):
+            empty = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 - the load itself reports a config it cannot build
+        return
+    parameters = sum(parameter.numel() for parameter in empty.parameters())
+    needed = parameters * 4  # float32
+    if needed <= available:
+        return
+    gib = 2 ** 30
+    raise ModelSourceError(
+        f"model {source.path} has {parameters / 1e9:.2f} billion parameters, which load as float32 (the precision "
+        f"edgesdk compresses from) in about {needed / gib:.1f} GiB, and this machine has {available / gib:.1f} GiB "
+        "of memory available: loading it would swap or be killed for lack of memory",
+        f"build on a host with at least {math.ceil(needed / gib)} GiB of free memory (close other programs to "
+        "free some), or choose a smaller model (e.g. SmolLM2-135M / 360M, Qwen2.5-0.5B)")
+
+
 def incomplete_model_fix(source) -> str:
     """The fix for a model file or directory transformers cannot read: a GGUF file is one file to fetch again; a
     Hugging Face directory needs its config, every weights shard (with their index) and its tokenizer."""
@@ -929,6 +1047,7 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
     check_architecture(config, str(source.path))
     if source.kind == "hf-dir":
         check_rope_parameters(config, source.path)
+    check_fits_in_memory(config, source)
     declared = getattr(config, "quantization_config", None)
     if isinstance(declared, dict) and str(declared.get("quant_method")).lower() in DEQUANTIZED_METHODS:
         # FineGrainedFP8 (the one quantized form sources.check_not_quantized lets through): weights times their
@@ -963,6 +1082,8 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
             incomplete_model_fix(source),
         ) from exc
     check_all_weights_loaded(loading_info["missing_keys"], source.path)
+    if source.kind == "gguf" and not read_here and gguf_query_key_left_permuted(source.path):
+        _undo_query_key_permutation(model)
     if source.kind == "hf-dir":
         check_all_weights_used(loading_info.get("unexpected_keys"), source.path)
         config_tied_as_loaded(model)
@@ -983,6 +1104,9 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
     if source.kind == "gguf" and gguf_adds_bos_by_default(source.path) and not getattr(tokenizer, "add_bos_token", True) \
             and getattr(tokenizer, "bos_token", None) is not None:
         tokenizer.add_bos_token = True  # transformers' setter rebuilds the post-processor with the BOS in front
+    if source.kind == "gguf" and gguf_ignores_merges(source.path) \
+            and getattr(tokenizer.backend_tokenizer.model, "ignore_merges", None) is False:
+        tokenizer.backend_tokenizer.model.ignore_merges = True  # saved with tokenizer.json's model
     if not getattr(tokenizer, "is_fast", False):
         raise ModelSourceError(
             f"the tokenizer of {source.path} has no fast (tokenizers) version",
