@@ -200,7 +200,9 @@ class Model:
                 raise ApiError(400, f"'prompt' holds {count} prompts; create_completion answers one prompt per call "
                                "(as llama-cpp-python's does): call it once per prompt, or send them together to "
                                "'edgesdk serve' (POST /v1/completions answers a choice per prompt)", param="prompt")
-            return parse_text_request(request, completer=self._completer)
+            # the limit is max_tokens alone, as llama-cpp-python's create_completion takes it: llama-server's
+            # n_predict and max_completion_tokens, which the HTTP route reads too, stay refused by name here
+            return parse_text_request(request, completer=self._completer, limit_fields=("max_tokens",))
 
         body = {"prompt": token_ids(prompt), **({} if suffix is None else {"suffix": suffix}), **fields}
         return self._answer("create_completion", parse, body, stream)
@@ -216,7 +218,10 @@ class Model:
         from edgesdk.serve.api import parse_chat_request
 
         messages = list(messages) if isinstance(messages, tuple) else messages
-        return self._answer("create_chat_completion", parse_chat_request, {"messages": messages, **fields}, stream)
+        def parse(request: dict):  # OpenAI's two limits; llama-server's n_predict is refused by name, as before
+            return parse_chat_request(request, limit_fields=("max_completion_tokens", "max_tokens"))
+
+        return self._answer("create_chat_completion", parse, {"messages": messages, **fields}, stream)
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """The token ids of ``text``: with the tokenizer's special tokens added (a BOS where the model has one) by

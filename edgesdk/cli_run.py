@@ -44,6 +44,10 @@ from edgesdk.errors import read_utf8
 if TYPE_CHECKING:
     from edgesdk.runtime.generate import SamplingConfig
 
+# llama.cpp's LLAMA_DEFAULT_SEED (include/llama.h), llama-cli's -s default: its 32-bit seed's largest value, which
+# makes the sampler draw a seed (src/llama-sampling.cpp, get_rng_seed), as -1 (which becomes it) does
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
@@ -101,8 +105,9 @@ class RunSettings:
               help="Add BIAS (-100..100, or -inf: never) to token ID's logit, greedy or sampled (repeatable; "
                    "llama.cpp's ID+BIAS / ID-BIAS form works too).")
 @sampler_chain_options
-@click.option("--seed", "-s", type=click.IntRange(min=-1),
-              help="Seed for sampling (unset or -1: a random one, as llama-cli's default -1).")
+@click.option("--seed", "-s", type=click.IntRange(min=-1, max=LLAMA_DEFAULT_SEED),
+              help=f"Seed for sampling (unset, -1 or {LLAMA_DEFAULT_SEED}: a random one, as llama-cli's default "
+                   "-1; at most 32 bits, as llama-cli's).")
 @repeat_penalty_options(per_request=False)
 @click.option("--presence-penalty", default=0.0, show_default=True,
               help="Lower a seen token's logit by this, once (OpenAI's presence penalty, -2..2).")
@@ -213,7 +218,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     settings = RunSettings(
         sampling=_sampling_config(max_new_tokens=_token_limit(max_new_tokens),
                                   temperature=_llama_temperature(temperature), top_p=top_p,
-                                  top_k=max(top_k, 0), min_p=min_p, seed=None if seed == -1 else seed,
+                                  top_k=max(top_k, 0), min_p=min_p,
+                                  seed=None if seed in (-1, LLAMA_DEFAULT_SEED) else seed,
                                   repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                   logit_bias=logit_bias, samplers=samplers, sampling_seq=sampling_seq),

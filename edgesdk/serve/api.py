@@ -46,6 +46,13 @@ from edgesdk.serve.tools import (
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on ``stop``
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on ``top_logprobs``
+# llama.cpp's LLAMA_DEFAULT_SEED (include/llama.h): the seed a sampler given it draws at random (src/llama-sampling.cpp,
+# get_rng_seed), and the largest llama-server's 32-bit ``seed`` holds
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+# The fields a request's token limit is read from, the first given (not null) winning, as llama-server reads them on
+# every completion route (tools/server/server-task.cpp, params_from_json_cmpl: n_predict, else max_completion_tokens,
+# else max_tokens)
+LIMIT_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -117,8 +124,11 @@ class CompletionRequest:
     shift_window: int | None = None  # the context the answer shifts within (Ollama's num_ctx); None: the bundle's
 
 
-def parse_chat_request(body: object) -> CompletionRequest:
-    """``POST /v1/chat/completions``: messages of system / developer / user / assistant text."""
+def parse_chat_request(body: object, *, limit_fields: tuple[str, ...] = LIMIT_FIELDS,
+                       ollama_seed: bool = False) -> CompletionRequest:
+    """``POST /v1/chat/completions``: messages of system / developer / user / assistant text. The token limit is
+    the first of ``limit_fields`` given (:data:`LIMIT_FIELDS`, llama-server's order); ``seed`` is read as
+    llama-server reads it, or with ``ollama_seed`` as Ollama's sampler does (:func:`_seed`)."""
     body = _object(body)
     _refuse_unsupported(body, chat=True)
     messages = body.get("messages")
@@ -131,7 +141,7 @@ def parse_chat_request(body: object) -> CompletionRequest:
     except ToolError as exc:
         raise ApiError(400, exc.message, param=exc.param) from exc
     parsed = [_message(message, index, names, parallel) for index, message in enumerate(messages)]
-    fields = _common_fields(body, chat=True)
+    fields = _common_fields(body, chat=True, limit_fields=limit_fields, ollama_seed=ollama_seed)
     try:
         # a response format beside tools shapes the {"response": ...} answer (edgesdk/serve/tools.py)
         tools = parse_tools(body, _response_schema(body, fields))
@@ -170,7 +180,8 @@ def _reasoning_format(body: dict) -> str | None:
 
 
 def parse_text_request(body: object, route: str = "/v1/completions", completer=None,
-                       takes_suffix: bool | None = None) -> CompletionRequest:
+                       takes_suffix: bool | None = None, *, limit_fields: tuple[str, ...] = LIMIT_FIELDS,
+                       ollama_seed: bool = False) -> CompletionRequest:
     """``POST /v1/completions`` (or llama-server's ``route`` /completion, which refusals name): one raw prompt (a
     string, token ids, or, with the ``completer``, the two mixed), fed to the model without a chat template; several
     prompts are split off before this (:func:`edgesdk.serve.llama_native.prompts`).
@@ -179,7 +190,9 @@ def parse_text_request(body: object, route: str = "/v1/completions", completer=N
     the completion) makes the prompt a fill-in-the-middle one (:func:`suffix_request`); without one (or with
     ``takes_suffix`` false), a ``suffix`` is refused as a field this route does not take. With the ``completer``, a
     prompt that mixes token ids and strings (``[12, 34, "text", 56]``) is read as llama-server's
-    ``tokenize_mixed`` reads it (:func:`mixed_prompt_ids`)."""
+    ``tokenize_mixed`` reads it (:func:`mixed_prompt_ids`). ``limit_fields`` and ``ollama_seed`` as in
+    :func:`parse_chat_request`: the token limit is ``n_predict``, else ``max_completion_tokens``, else ``max_tokens``,
+    as llama-server reads it on this route too."""
     body = _object(body)
     takes_suffix = completer is not None if takes_suffix is None else takes_suffix
     _refuse_unsupported(body, chat=False, route=route, takes_suffix=takes_suffix)
@@ -189,16 +202,20 @@ def parse_text_request(body: object, route: str = "/v1/completions", completer=N
         prompt = prompt[0]  # a batch of one prompt
     if is_mixed_prompt(prompt) and completer is not None:
         prompt = mixed_prompt_ids(completer.runtime.tokenizer, prompt, "prompt")
+
+    def fields() -> dict:  # read after the prompt's check, which a bad prompt fails first
+        return _common_fields(body, chat=False, limit_fields=limit_fields, ollama_seed=ollama_seed)
+
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
                                                    for t in prompt):
         # Token ids, as OpenAI takes them (lm-evaluation-harness sends its prompts so by default).
-        request = CompletionRequest(chat=False, prompt_tokens=tuple(prompt), **_common_fields(body, chat=False))
+        request = CompletionRequest(chat=False, prompt_tokens=tuple(prompt), **fields())
     elif not isinstance(prompt, str) or not (prompt or suffix):  # "" before a suffix: completing a file's start
         raise ApiError(400, f"'prompt' must be a non-empty string, an array of token ids or an array mixing token "
                        f"ids and strings, got {_shown(prompt)} (an empty one only before a 'suffix'; several prompts "
                        "as an array of them, one choice each, on POST /v1/completions)", param="prompt")
     else:
-        request = CompletionRequest(chat=False, prompt=prompt, **_common_fields(body, chat=False))
+        request = CompletionRequest(chat=False, prompt=prompt, **fields())
     return suffix_request(request, suffix, completer) if suffix else request
 
 
@@ -494,9 +511,11 @@ def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions", 
                            f"leave '{field}' out", param=field, code="unsupported_parameter")
 
 
-def _common_fields(body: dict, chat: bool) -> dict:
-    # Chat's newer name for max_tokens wins where a client sends both.
-    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+def _common_fields(body: dict, chat: bool, limit_fields: tuple[str, ...] = LIMIT_FIELDS,
+                   ollama_seed: bool = False) -> dict:
+    # The token limit: the first of limit_fields given (llama-server's n_predict, then chat's newer name for
+    # max_tokens, then max_tokens, on both routes); only the fields up to the one given are read.
+    name = next((name for name in limit_fields if body.get(name) is not None), limit_fields[-1])
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -514,7 +533,7 @@ def _common_fields(body: dict, chat: bool) -> dict:
         "top_k": _integer(top_k_off_below_zero(body.get("top_k")), "top_k", minimum=0, note=" (0 or below: off)"),
         "min_p": _number(body.get("min_p"), "min_p", 0.0, 1.0, "[0, 1] (0: off)"),
         "samplers": _samplers(body.get("samplers")),
-        "seed": _seed(body.get("seed")),
+        "seed": _seed(body.get("seed"), ollama=ollama_seed),
         "presence_penalty": _default(_number(body.get("presence_penalty"), "presence_penalty", -2.0, 2.0, "[-2, 2]"), 0.0),
         "frequency_penalty": _default(_number(body.get("frequency_penalty"), "frequency_penalty", -2.0, 2.0, "[-2, 2]"),
                                       0.0),
@@ -688,12 +707,27 @@ def _samplers(value: object) -> tuple[str, ...] | None:
         raise ApiError(400, f"'samplers': {exc}", param="samplers") from None
 
 
-def _seed(value: object) -> int | None:
-    """``seed``: a whole number >= 0, or -1, llama-server's default (LLAMA_DEFAULT_SEED), for a random seed (None),
-    as llama-server reads it on every route."""
+def _seed(value: object, ollama: bool = False) -> int | None:
+    """``seed`` as llama-server reads it on every route: a whole number from 0 to 4294967294 is a fixed seed, and -1
+    or 4294967295 a random one (None). llama-server's seed is a ``uint32_t`` whose default, LLAMA_DEFAULT_SEED
+    (0xFFFFFFFF, what -1 becomes there), makes its sampler draw a seed (src/llama-sampling.cpp, ``get_rng_seed``: ``if
+    (seed == LLAMA_DEFAULT_SEED)``); a seed past 32 bits, which llama-server cuts to its low 32 bits without a word
+    (4294967296 seeds as 0), is refused by name.
+
+    With ``ollama``, as Ollama's sampler reads ``options.seed`` (sample/samplers.go, ``NewSampler``: every seed but -1
+    is fixed, ``uint64(seed)``): -1 is random, any other whole number >= 0 (4294967295 and past 32 bits too) fixed;
+    edgesdk/serve/ollama.py has made a seed below -1 its uint64 already."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1:
         return None
-    return _integer(value, "seed", minimum=0, note=", or -1 for a random seed")
+    seed = _integer(value, "seed", minimum=0, note=", or -1 for a random seed")
+    if ollama or seed is None or seed < LLAMA_DEFAULT_SEED:
+        return seed
+    if seed > LLAMA_DEFAULT_SEED:
+        raise ApiError(400, f"'seed' must be a whole number >= 0, or -1 for a random seed, got {_shown(value)}, past "
+                       f"llama-server's 32-bit seed (at most {LLAMA_DEFAULT_SEED}, its LLAMA_DEFAULT_SEED, which is a "
+                       f"random seed as -1 is); send a fixed seed from 0 to {LLAMA_DEFAULT_SEED - 1}, or -1 for a "
+                       "random one", param="seed")
+    return None  # LLAMA_DEFAULT_SEED: a random seed, as -1
 
 
 def finite_number(value: object) -> bool:

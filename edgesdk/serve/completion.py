@@ -284,6 +284,14 @@ class _LineLimit(Exception):  # noqa: N818 (a signal out of the token callback: 
     pass
 
 
+class AnswerCut(_StopString):
+    """Raised by an ``on_text`` callback of :meth:`Completer.complete` to end the answer where it stands, as a stop
+    string ends it: the answer comes back with the text handed out so far, finish "stop", counted as stopped, not
+    failed. Ollama's /api/chat ends so the unconstrained first pass of a thinking model's answer to a ``format``
+    where its content begins (serve/ollama.py, :class:`~edgesdk.serve.ollama.Answer`), as its ChatHandler cancels
+    that pass (server/routes.go, ``structuredOutputsState_ReadyToApply``)."""
+
+
 class ClientGone(ConnectionAbortedError):
     """The request's client closed its connection: nobody is left to read the answer."""
 
@@ -1180,6 +1188,12 @@ class Completer:
         table = self.runtime.tokenizer.token_bytes()
         piece = table[token] if 0 <= token < len(table) else None
         return piece if piece is not None else (self.runtime.tokenizer.tokenizer.id_to_token(token) or "").encode()
+
+    def check_constraint(self, request: CompletionRequest) -> None:
+        """Refuse what :meth:`complete` would refuse of the constraint ``request`` asks for (a grammar naming a token
+        this vocabulary lacks, a tokenizer whose token bytes cannot be read), before anything runs: for an answer
+        whose constraint applies only to a later pass (Ollama's ``format`` after a thinking model's thinking)."""
+        self._constraint(request)
 
     def _constraint(self, request: CompletionRequest) -> TokenConstraint | None:
         """JSON mode's, the JSON schema's, the tools' or the grammar's constraint on the answer, if the

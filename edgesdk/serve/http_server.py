@@ -933,21 +933,29 @@ class ApiHandler(BaseHTTPRequestHandler):
         if dropped > 0:  # Ollama notes its truncation in its debug log; here the request log says it
             self.log_message("%s: %d oldest message(s) dropped to fit the context", path, dropped)
         self._answer_started()
+        # a thinking model's answer to a format in two passes, as Ollama's ChatHandler gives it: the thinking
+        # unconstrained, then the content held to the format (ollama.thinking_first); else the one request
         answer = ollama.Answer(completer, asked, request, started_ns=started, load_ns=load_ns)
         if not request.stream:
-            completion = completer.complete(request, client_gone=self._client_gone)
+            completion = completer.complete(answer.first or request, on_text=answer.listener(),
+                                            client_gone=self._client_gone)
+            second = answer.formatted(completion)
+            if second is not None:
+                completion = completer.complete(second, client_gone=self._client_gone)
             answered = answer.whole(completion)
             self._end_lease()
             self._send_json(200, answered)
             return
 
-        def on_text(text: str, logprobs: list | None) -> None:
-            for line in answer.piece(text, logprobs):
-                self._json_line(line)
-
-        completion = self._complete_streamed(request, on_text, lambda: None,
+        on_text = answer.listener(self._json_line)
+        completion = self._complete_streamed(answer.first or request, on_text, lambda: None,
                                              lambda error: self._json_line(ollama.error_body(error)),
                                              content_type=ollama.CONTENT_TYPE)
+        second = None if completion is None else answer.formatted(completion)
+        if second is not None:  # the stream is open: an error now is its last line
+            completion = self._complete_streamed(second, on_text, lambda: None,
+                                                 lambda error: self._json_line(ollama.error_body(error)),
+                                                 content_type=ollama.CONTENT_TYPE, headers_out=True)
         if completion is None:
             return
         lines = answer.closing(completion)

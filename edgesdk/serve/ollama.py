@@ -13,8 +13,9 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   an assistant's ``thinking`` is left out, as an earlier turn's reasoning is on the other routes; ``images`` are
   refused: the model reads text), ``tools``, ``format`` (``"json"`` or a JSON schema; in both, OpenAPI 3.0's
   ``nullable`` as JSON schema's ``null`` type; anything else Ollama's "invalid format: ...; expected "json" or a
-  valid JSON Schema object", a 400 here where Ollama, finding it after loading the model, answers 500), ``think``
-  (left out on a model that thinks: thinking on, as Ollama's ChatHandler and GenerateHandler set it, and not the
+  valid JSON Schema object", a 400 here where Ollama, finding it after loading the model, answers 500; on a model
+  that thinks, with ``think`` not false, the thinking runs first unconstrained and the format holds the content
+  after it, as Ollama's ChatHandler answers in two requests: :func:`thinking_first`), ``think`` (left out on a model that thinks: thinking on, as Ollama's ChatHandler and GenerateHandler set it, and not the
   chat template's own default), ``options``, ``stream`` (true unless false, as in Ollama), ``keep_alive`` (seconds
   or a Go duration, checked as Ollama checks it; a board serving one bundle keeps it loaded whatever it says, one
   serving several unloads the model after an answer with ``keep_alive`` zero, as Ollama does: serve/model_pool.py),
@@ -109,7 +110,7 @@ from edgesdk.serve.api import (
     parse_chat_request,
     parse_text_request,
 )
-from edgesdk.serve.completion import SHIFTED_LIMIT_CONTEXTS, Completer, Completion
+from edgesdk.serve.completion import SHIFTED_LIMIT_CONTEXTS, AnswerCut, Completer, Completion
 from edgesdk.serve.embeddings import encoded
 from edgesdk.serve.model_pool import ollama_key
 from edgesdk.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, split_answer, template_thinks
@@ -837,9 +838,10 @@ def _refuse_if_set(body: dict, field: str, why: str) -> None:
 
 def _parsed(parse, fields: dict, stops: tuple[str, ...]) -> CompletionRequest:
     """``fields`` parsed by the chat or text route's ``parse``, its errors naming the Ollama field
-    (:func:`_in_ollama_terms`), with log-probabilities listed per token and any number of ``stops``."""
+    (:func:`_in_ollama_terms`), with log-probabilities listed per token and any number of ``stops``; ``seed`` read
+    as Ollama's sampler reads it (every seed but -1 fixed, 4294967295 too: edgesdk.serve.api._seed)."""
     try:
-        request = parse(fields)
+        request = parse(fields, ollama_seed=True)
     except ApiError as exc:
         raise _in_ollama_terms(exc) from None
     if request.logprobs is not None:  # listed as llama-server's completion_probabilities (_ollama_logprobs)
@@ -1030,10 +1032,48 @@ class Answer:
         self.tokenizer = completer.runtime.tokenizer
         # /api/generate not raw: the prompt as text, which the last object's ``context`` begins with
         self.prompt = None if asked.chat or asked.raw else _prompt_text(completer, asked, request)
-        self.splitter = completer.reasoning_splitter(replace(request, stream=False)) if not asked.raw else \
-            _raw_splitter(completer, asked, request)
+        self.completer = completer
+        # a thinking model's answer to a ``format``: first the thinking, unconstrained (:func:`thinking_first`)
+        self.first = thinking_first(completer, asked, request)
+        self.splitter = completer.reasoning_splitter(replace(self.first or request, stream=False)) \
+            if not asked.raw else _raw_splitter(completer, asked, request)
         self.tools = AnswerStream(request.tools.structured) if request.tools is not None and request.stream else None
         self.calls_sent = 0  # a stream's calls given out so far (each once whole)
+        # the first pass: its text so far, its thinking, and where its content began (its text before that: the
+        # thinking block, its tags and the whitespace after it), None until then
+        self.seen, self.thinking, self.thought = "", "", None
+        self.thought_through: Completion | None = None  # the first pass, once a second one gives the content
+
+    def listener(self, write: Callable[[dict], None] | None = None) -> Callable[[str, list | None], None] | None:
+        """The ``on_text`` of the answer's first pass (:meth:`Completer.complete`): each piece's objects to ``write``
+        (a stream's; None: a whole answer's, which writes nothing until its end). Where a thinking model answers a
+        ``format`` (:func:`thinking_first`), the pass ends (:class:`AnswerCut`) once its content begins, for
+        :meth:`formatted` to go on from. None for a whole answer with no such pass (nothing to listen to)."""
+        if write is None and self.first is None:
+            return None
+
+        def on_text(text: str, logprobs: list | None) -> None:
+            cut = self.first is not None and self.thought is None
+            for line in self.piece(text, logprobs):
+                if write is not None:
+                    write(line)
+            if cut and self.thought is not None:
+                raise AnswerCut
+
+        return on_text
+
+    def formatted(self, completion: Completion) -> CompletionRequest | None:
+        """After the first pass (``completion``), the second: where the thinking pass of a ``format``'s answer
+        reached the content, the request held to the format whose prompt goes on from the thinking, as Ollama's
+        ChatHandler renders it again with the thinking as the assistant's (server/routes.go, ``structuredOutputs
+        State_Applying``); here the thinking as the model wrote it (its block, tags and the whitespace after them)
+        after the prompt, tokenized as the chat route tokenizes a rendered prompt. None: the first pass was the
+        whole answer (its thinking ran to the token limit or the end, or no ``format`` waited)."""
+        if self.first is None or self.thought is None:
+            return None
+        prompt = self.completer.rendered_chat(self.first) + self.thought
+        self.thought_through, self.splitter = completion, None  # the second pass's text is all content
+        return replace(self.request, prompt_tokens=tuple(self.completer.runtime.tokenizer.chat_ids(prompt)))
 
     def _body(self, content: str, thinking: str = "", calls: list | None = None, logprobs: list | None = None) -> dict:
         """An object of the answer: ``message`` (/api/chat) or ``response`` (/api/generate), with what is given."""
@@ -1069,7 +1109,12 @@ class Answer:
     def whole(self, completion: Completion) -> dict:
         """The answer of a request with ``stream`` false."""
         thinking, text = "", completion.text
-        if self.splitter is not None:
+        if self.thought_through is not None:  # the thinking pass's thinking, the format's pass's content
+            thinking = self.thinking
+        elif self.first is not None:  # the thinking pass, its pieces split as they came, was the whole answer
+            rest, text = self.splitter.flush()
+            thinking = self.thinking + rest
+        elif self.splitter is not None:
             thinking, text = split_answer(self.splitter, text)
         if self.request.tools is None:
             body = self._final(completion, text, thinking)
@@ -1077,8 +1122,9 @@ class Answer:
             fields, finish = answer_message(text, completion.finish_reason, self.request.tools.structured)
             calls = _ollama_calls(fields, finish)
             body = self._final(completion, fields.get("content") or "", calls=calls)
-        if self.request.logprobs is not None:
-            body["logprobs"] = _ollama_logprobs(completion.logprobs or [])
+        if self.request.logprobs is not None:  # both passes' tokens, as Ollama's whole answer gathers its objects'
+            before = [] if self.thought_through is None else self.thought_through.logprobs or []
+            body["logprobs"] = _ollama_logprobs(before + (completion.logprobs or []))
         return body
 
     def piece(self, text: str, logprobs: list | None = None) -> list[dict]:
@@ -1089,7 +1135,14 @@ class Answer:
             content = "".join(delta.get("content") or "" for delta in self.tools.push(text))
             calls = self._settled_calls()
         elif self.splitter is not None:
+            if self.first is not None and self.thought is not None and self.thought_through is None:
+                return []  # the thinking pass, cut where its content began: what comes after is not the answer's
             thinking, content = self.splitter.push(text)
+            if self.first is not None and self.thought_through is None:
+                self.seen += text
+                self.thinking += thinking
+                if content:  # Ollama gives out the piece's thinking, its content cleared, and ends the pass
+                    self.thought, content = self.seen[:len(self.seen) - len(content)], ""
         if content or thinking or calls or logprobs:
             return [{**self._body(content, thinking, calls, logprobs=logprobs), "done": False}]
         return []
@@ -1118,6 +1171,46 @@ class Answer:
             if thinking or content:
                 pieces.append({**self._body(content, thinking), "done": False})
         return pieces + [self._final(completion)]
+
+
+def thinking_first(completer: Completer, asked: Asked, request: CompletionRequest) -> CompletionRequest | None:
+    """The unconstrained first pass of a thinking model's /api/chat answer to a ``format``, or None where the format
+    holds the answer from its first token.
+
+    Ollama's ChatHandler (server/routes.go, its structured outputs in two requests: ``structuredOutputsState``) lets
+    a model with the thinking capability think before the format applies: where ``format`` is set and its thinking
+    parser runs (``think`` true, which a request without ``think`` is on such a model), the first request goes
+    without the format, its thinking given out as it comes; once content follows thinking, that request is
+    cancelled, the piece's thinking given out with its content cleared, and a second request, with the format,
+    answers from a prompt rendered again with the thinking as the assistant's. Its content is the answer's; its
+    counts are the last object's. Here the first pass is this request without its format (checked first: a
+    constraint the request cannot have is its 400 before anything runs), cut where the reasoning splitter
+    (serve/reasoning.py) finds the content (:meth:`Answer.listener`), and the second goes on from the thinking as
+    the model wrote it (:meth:`Answer.formatted`), held to the format by the constraint the format makes
+    (Completer.complete). Each pass may run to ``num_predict``, as each of Ollama's requests may.
+
+    Unlike Ollama, content that begins with no thinking before it (the model skipped its block, or left it empty)
+    is held to the format too, the second pass going on from what the model wrote before it: Ollama's condition
+    (``tb.String() != ""``) leaves such an answer unconstrained, the format silently dropped, which its issues
+    #14645, #14850 and #15260 report as a bug.
+
+    None, the format holding the answer from its first token as before: /api/generate (Ollama's GenerateHandler
+    passes ``Format`` to its one request), ``think`` false, a model whose chat template does not think (no thinking
+    capability), a template rendered thinking off (``serve --reasoning-budget 0`` or ``enable_thinking`` false in
+    ``--chat-template-kwargs``), ``tools`` (their constraint shapes the answer) and ``--reasoning-format none`` (no
+    thinking is split off)."""
+    if not asked.chat or asked.think is False or request.tools is not None or request.grammar is not None or \
+            not (request.json_schema is not None or request.json_object) or \
+            not template_thinks(completer.runtime.tokenizer.template_source):
+        return None
+    given = {**completer.runtime.tokenizer.template_kwargs, **(request.template_kwargs or {})}
+    if given.get("enable_thinking", completer.defaults.reasoning_budget != 0) is False:
+        return None
+    first = replace(request, json_schema=None, json_object=False)
+    if completer.reasoning_splitter(replace(first, stream=False)) is None:
+        return None
+    completer.check_constraint(request)
+    return first
 
 
 def _raw_splitter(completer: Completer, asked: Asked, request: CompletionRequest) -> ReasoningSplitter | None:
