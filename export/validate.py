@@ -1,7 +1,9 @@
 """Re-run an exported decoder in ONNX Runtime against the PyTorch model it came from.
 
 Random prompts go through prefill and then several greedy decode steps; at every step the
-logits of both are compared. A difference above the tolerance raises ExportMismatchError
+logits of both are compared. Each prompt is prefilled in two chunks, the second on top of the first's
+KV cache (:func:`chunk_split`), as the runtime prefills every chat turn after the first and every prompt
+whose prefix it reuses from the prompt cache. A difference above the tolerance raises ExportMismatchError
 listing each output's max absolute difference (the optimum exporter's AtolError idea).
 Where the model attends over a sliding window shorter than the graph's context (Gemma 3's local
 layers), the last prompt runs past that window (:func:`prompt_lengths`), so the graph's window
@@ -83,6 +85,22 @@ def prompt_lengths(model, max_context: int | None, config: ValidationConfig) -> 
     return lengths
 
 
+def chunk_split(length: int, config: ValidationConfig) -> int:
+    """How many of a prompt's ``length`` tokens the first prefill chunk takes; the rest (half a
+    ``config.prompt_length``, at least one token) runs as a second prefill on top of the first's KV cache.
+    ``length`` when the prompt is too short to split.
+
+    A prompt after cached tokens (past > 0, more than one token) is its own kernel path: ONNX Runtime's
+    GroupQueryAttention with past length > 0 and sequence length > 1 (neither its first prompt nor a decode
+    step), and in the standard graph position ids and the causal mask offset by the past length
+    (export/llama_graph.py, ``Range(past, past + seq)``). llama-server takes it on every turn (``n_past`` of
+    the reused prompt cache) and so does this runtime (edgesdk/runtime/ort_backend.py ``prefill`` "after the
+    cache"). The first chunk keeps everything but the tail, so the prompt that runs past a sliding window
+    (:func:`prompt_lengths`) crosses it in both chunks."""
+    tail = max(1, config.prompt_length // 2)
+    return length - tail if length > tail else length
+
+
 def empty_past(spec: GraphSpec, batch: int = 1) -> dict[str, np.ndarray]:
     past = {}
     for i, kv in enumerate(spec.kv_heads):
@@ -126,7 +144,9 @@ def _standard_session(onnx_path: Path, optimize: bool = True):
 def _compare_standard(session, model, spec: GraphSpec, config: ValidationConfig, progress: bool
                       ) -> tuple[dict[str, float], float, float]:
     """(max abs diffs, top-1 agreement, max |reference logit|) of a standard-form session against
-    ``model`` over random prompts: prefill, then greedy decode steps feeding the KV cache back."""
+    ``model`` over random prompts: prefill in two chunks (:func:`chunk_split`; ``logits/prefill`` covers
+    both, against the model's logits of the whole prompt at the same positions), then greedy decode steps
+    feeding the KV cache back."""
     import torch
     from tqdm import tqdm
 
@@ -136,15 +156,22 @@ def _compare_standard(session, model, spec: GraphSpec, config: ValidationConfig,
     lengths = prompt_lengths(model, spec.max_context, config)
     for length in tqdm(lengths, desc="validate export", disable=not progress, unit="prompt"):
         ids = rng.integers(0, spec.vocab_size, size=(1, length), dtype=np.int64)
-        feeds = {"input_ids": ids, "num_logits_to_keep": np.array([ids.shape[1]], np.int64), **empty_past(spec)}
-        ort_out = session.run(None, feeds)
         names = [o.name for o in session.get_outputs()]
         with torch.no_grad():
             ref = model(torch.from_numpy(ids), use_cache=True)
-        _update(diffs, "logits/prefill", ort_out[0], ref.logits.numpy())
+        reference = ref.logits.numpy()
         scale = max(scale, float(ref.logits.abs().max()))
         cache = ref.past_key_values
-        present = _presents(names, ort_out)
+        present = empty_past(spec)  # the first chunk's past (already named as inputs)
+        start = 0
+        for end in sorted({chunk_split(length, config), length}):  # the prompt, then its tail on the cache
+            feeds = {"input_ids": ids[:, start:end], "num_logits_to_keep": np.array([end - start], np.int64)}
+            for name, value in present.items():
+                feeds[name.replace("present", "past_key_values")] = value
+            ort_out = session.run(None, feeds)
+            present = _presents(names, ort_out)
+            _update(diffs, "logits/prefill", ort_out[0], reference[:, start:end])
+            start = end
         for _step in range(config.decode_steps):
             token = ref.logits[:, -1:].argmax(-1)
             agree += int(np.argmax(ort_out[0][0, -1]) == int(token))
@@ -328,7 +355,9 @@ def fake_quantized_copy(model, bits: int, block_size: int, head_bits: int | None
 
 def compare_backend(backend, reference, spec: GraphSpec, config: ValidationConfig, progress: bool
                    ) -> tuple[dict[str, float], float, float]:
-    """(max abs diffs, top-1 agreement, max |reference logit|) over random prompts + decode steps."""
+    """(max abs diffs, top-1 agreement, max |reference logit|) over random prompts, each prefilled in two
+    chunks (:func:`chunk_split`: the tail on top of the head's KV cache; ``logits/prefill`` covers both), then
+    decode steps, against the reference's logits of the whole sequence at the same positions."""
     import torch
     from tqdm import tqdm
 
@@ -342,7 +371,10 @@ def compare_backend(backend, reference, spec: GraphSpec, config: ValidationConfi
             ref = reference(torch.from_numpy(ids)[None], use_cache=False).logits[0].numpy()  # (T, V)
         scale = max(scale, float(np.abs(ref).max()))
         backend.reset()
-        prefill = backend.prefill(ids[:length], keep_logits=length)
+        split = chunk_split(length, config)  # the prompt's tail runs on top of its head's KV cache
+        prefill = np.concatenate([backend.prefill(ids[:split], keep_logits=split)]
+                                 + ([backend.prefill(ids[split:length], keep_logits=length - split)]
+                                    if split < length else []))
         _update(diffs, "logits/prefill", prefill, ref[:length])
         steps = np.stack([backend.decode(int(t)) for t in ids[length:]])
         _update(diffs, "logits/decode", steps, ref[length:])
