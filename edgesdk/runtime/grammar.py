@@ -26,6 +26,11 @@ _LEADS = {**{byte: (1, byte & 0x1F, 0x80, 0x7FF) for byte in range(0xC2, 0xE0)},
           **{byte: (2, byte & 0x0F, 0x800, 0xFFFF) for byte in range(0xE0, 0xF0)},
           **{byte: (3, byte & 0x07, 0x10000, 0x10FFFF) for byte in range(0xF0, 0xF5)}}
 MAX_CACHED_STEPS = 200_000  # (state, byte) transitions remembered per constraint
+# stacks one walk may visit: nested optional repetitions multiply them (r1 ::= r0{0,10}, r2 ::= r1{0,10}, ... through
+# rule names, which gbnf's MAX_NESTED_REPETITION_RULES does not see, as llama.cpp's check does not: six levels were a
+# million stacks and 20 s before the first token, seven a server held for minutes and gigabytes). A repetition of a
+# rule that may match nothing, w{0,10000} (gbnf.MAX_REPETITION), visits about 30,000
+MAX_WALK_STACKS = 100_000
 
 
 def _char_matches(element: tuple, code_point: int) -> bool:
@@ -94,6 +99,10 @@ class GrammarMatcher:
             if current in seen:
                 continue
             seen.add(current)
+            if len(seen) > MAX_WALK_STACKS:
+                raise GrammarError(f"the grammar holds more than {MAX_WALK_STACKS:,} parses at once here (nested "
+                                   "optional repetitions multiply them: each count of each level is one)",
+                                   "lower the counts of the nested repetitions, or use * or + for the inner ones")
             known = self._expanded.get(current) if cached else None
             if known is not None:
                 found |= known

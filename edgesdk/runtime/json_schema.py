@@ -185,6 +185,22 @@ def compile_schema(schema) -> CompiledSchema:
     if not isinstance(schema, dict):
         raise SchemaError(f"the JSON schema must be an object, got {type(schema).__name__}",
                           'pass an object such as {"type": "object", "properties": {...}}')
+    try:
+        return _compile(schema)
+    except RecursionError:  # nested past Python's stack: a 500 from the server, for a body it could read
+        raise _too_deep() from None
+
+
+def _too_deep() -> SchemaError:
+    """A schema nested deeper than the compiler's recursion reaches (a few hundred levels, where JSON Schema sets
+    no limit and llama.cpp's converter recurses in C++): refused by name rather than as Python's RecursionError,
+    which the server answered with a 500."""
+    return SchemaError("the JSON schema is nested too deeply to compile (its subschemas hold one another a few "
+                       "hundred levels down)", "flatten it: move repeated parts under $defs and refer to them "
+                       "with $ref")
+
+
+def _compile(schema: dict) -> CompiledSchema:
     compiler = _Compiler(schema)
     root = compiler.node(schema, "$")
     if root.kind == "any":  # {} (or only annotations and $defs): any object, as llama.cpp's converter reads a root
@@ -326,6 +342,8 @@ NARROWING_ONLY = ("not", "if", "then", "else", "propertyNames", "dependentRequir
 # annotations and which constrain nothing; a tool's parameters are read without them.
 EDITOR_ANNOTATIONS = ("markdownDescription", "markdownEnumDescriptions", "enumDescriptions", "deprecationMessage",
                       "errorMessage")
+MAX_DROPPED_NAMED = 20  # entries lenient_schema names of what it dropped; then "and N more"
+MAX_DROPPED_CHARS = 240  # each cut to its start and end past this (a path hundreds of levels down)
 _SUBSCHEMA = ("items", "additionalProperties", "additionalItems")  # a schema (items: or a draft-07 tuple's list)
 _SUBSCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf", "allOf")
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
@@ -347,8 +365,32 @@ def lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
     ``format``) is compiled as written, so such a keyword there is refused by name. ``schema`` itself is
     returned where nothing is dropped; const, enum, default and examples are data and are left alone. A local
     ``$ref`` into a part dropped (zod-to-json-schema's ``#/properties/a/propertyNames`` for a schema it meets again)
-    is pointed at a copy of that part put under ``$defs``."""
+    is pointed at a copy of that part put under ``$defs`` (once per part, however its refs spell it).
+
+    At most :data:`MAX_DROPPED_NAMED` entries are named, each cut to :data:`MAX_DROPPED_CHARS` characters, then
+    one ``"and N more"``: the list is logged and kept per tool (edgesdk/serve/tools.py), and a request of one
+    megabyte with thousands of ``not`` deep in a schema made it some hundred megabytes. A schema nested deeper
+    than the walk's recursion reaches is a :class:`SchemaError`, as :func:`compile_schema` refuses it."""
+    try:
+        return _lenient_schema(schema)
+    except RecursionError:
+        raise _too_deep() from None
+
+
+def _lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
     dropped: list[str] = []
+    unnamed = 0  # entries past MAX_DROPPED_NAMED
+
+    def drop(entry: str) -> None:
+        nonlocal unnamed
+        if len(dropped) >= MAX_DROPPED_NAMED:
+            unnamed += 1
+        elif len(entry) > MAX_DROPPED_CHARS:  # its path's start and its end, which names the keyword
+            half = (MAX_DROPPED_CHARS - 3) // 2
+            dropped.append(f"{entry[:half]}...{entry[-half:]}")
+        else:
+            dropped.append(entry)
+
     annotations: list[str] = []  # EDITOR_ANNOTATIONS and x- keywords left out, which need no word
     refs: list[tuple[dict, str]] = []  # (a schema of the result, its $ref's path), checked once the result is whole
 
@@ -358,7 +400,7 @@ def lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
         out: dict = {}
         for keyword, value in node.items():
             if keyword in NARROWING_ONLY or keyword == "patternProperties":
-                dropped.append(f"{path}.{keyword}")
+                drop(f"{path}.{keyword}")
             elif keyword.startswith("x-") or keyword in EDITOR_ANNOTATIONS:
                 annotations.append(keyword)  # another vocabulary's annotation: nothing to follow, nothing lost
             elif keyword in _SUBSCHEMA_MAPS and isinstance(value, dict):
@@ -386,18 +428,18 @@ def lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
                 string_matcher(pattern)
             except (PatternError, RecursionError) as exc:
                 del out["pattern"]
-                dropped.append(f"{path}.pattern ({getattr(exc, 'problem', 'nested too deeply')})")
+                drop(f"{path}.pattern ({getattr(exc, 'problem', 'nested too deeply')})")
         name = out.get("format")
         if isinstance(name, str) and name not in ANY_STRING_FORMATS and (
                 isinstance(out.get("pattern"), str) or name not in NUMBER_FORMATS and _format_pattern(name) is None):
             del out["format"]  # a format followed nowhere here, or one beside a pattern (a string of both)
-            dropped.append(f"{path}.format {json.dumps(name)[:60]}")
+            drop(f"{path}.format {json.dumps(name)[:60]}")
         return out
 
     lenient = visit(schema, "$")
     if not dropped and not annotations:
         return schema, ()
-    moved: dict = {}  # a ref that points into a dropped part -> the ref to its copy under $defs
+    moved: dict = {}  # a ref (canonical_ref) that points into a dropped part -> the ref to its copy under $defs
     while refs and isinstance(lenient, dict) and isinstance(lenient.get("$defs", {}), dict):
         out, path = refs.pop()
         ref = out["$ref"]
@@ -406,19 +448,21 @@ def lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
             continue
         except SchemaError:
             pass
-        if ref not in moved:
-            try:
-                target = resolve_ref(schema, ref)
-            except SchemaError:
-                continue  # it points at nothing in the schema either: compile_schema refuses it by name
+        try:
+            target = resolve_ref(schema, ref)
+            canonical = canonical_ref(ref)  # one copy per part: "#/properties/%61/not" and "#/properties/a/not" were
+            # a copy each, so thousands of spellings of one ref copied one large part thousands of times
+        except SchemaError:
+            continue  # it points at nothing in the schema either: compile_schema refuses it by name
+        if canonical not in moved:
             definitions = lenient.setdefault("$defs", {})
             key = f"lenient{len(moved)}"
             while key in definitions:
                 key += "_"
-            moved[ref] = ref_text(("$defs", key))
+            moved[canonical] = ref_text(("$defs", key))
             definitions[key] = visit(target, f"{path} ($ref {ref})")
-        out["$ref"] = moved[ref]
-    return lenient, tuple(dropped)
+        out["$ref"] = moved[canonical]
+    return lenient, (*dropped, f"and {unnamed:,} more") if unnamed else tuple(dropped)
 
 
 class _Compiler:

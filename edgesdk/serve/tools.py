@@ -129,9 +129,18 @@ def parse_tools(body: dict, response: dict | None = None) -> Tools | None:
     may_answer = mode == "auto"
     chosen = mode if named is None else named
     response = response if may_answer else None  # only calls: no answer for a response format to shape
-    return Tools(names=names, choice=chosen, schema=_answer_schema(offered, may_answer, response, parallel),
-                 instructions=_instructions(offered, may_answer, response, parallel), structured=response is not None,
-                 parallel=parallel, ignored=tuple(f["ignored"] for f in functions if f["ignored"]))
+    try:
+        schema = _answer_schema(offered, may_answer, response, parallel)
+        instructions = _instructions(offered, may_answer, response, parallel)
+    except SchemaError as exc:  # each tool's schema compiled alone, so one nested as deep as Python's stack allows
+        # (the answer's schema holds it a few levels further down)
+        raise ToolError(f"'tools': {exc.problem}; {exc.fix}", "tools") from exc
+    except RecursionError:  # json.dumps of such a schema: a 500 with a traceback, not a refusal
+        raise ToolError("'tools': a tool's parameters are nested too deeply; flatten them (move repeated parts "
+                        "under $defs and refer to them with $ref)", "tools") from None
+    return Tools(names=names, choice=chosen, schema=schema, instructions=instructions,
+                 structured=response is not None, parallel=parallel,
+                 ignored=tuple(f["ignored"] for f in functions if f["ignored"]))
 
 
 def parallel_calls(body: dict) -> bool:
@@ -168,8 +177,8 @@ def _function(tool: object, index: int) -> dict:
         raise ToolError(f"{param}.function.parameters must be a JSON schema object, got a string "
                         f"{json.dumps(parameters)[:60]}; send the schema itself, not its JSON text",
                         f"{param}.function.parameters")
-    constraint, dropped = lenient_schema(parameters)
     try:
+        constraint, dropped = lenient_schema(parameters)
         compile_schema(constraint)  # refused here, naming the tool, rather than inside the combined schema
     except SchemaError as exc:
         raise ToolError(f"{param}.function.parameters: {exc.problem}; {exc.fix}", f"{param}.function.parameters") \
