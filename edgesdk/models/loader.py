@@ -225,6 +225,7 @@ def check_gguf_model(path: Path) -> dict:
             "edgesdk's decoders have one dense FFN per layer and do not compute its expert FFNs (blk.N.ffn_*_exps)",
             "use a dense model (Llama, SmolLM2, TinyLlama, Qwen2, Qwen3, Mistral 7B, Phi-3, Granite 3, Gemma 3)")
     _check_tensor_types(path, reader)
+    _check_bpe_pre_tokenizer(path)
     if arch == "gemma3":
         return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
     if arch == "smollm3":
@@ -678,6 +679,123 @@ BOS_BY_DEFAULT_PRE_TOKENIZERS = (*LLAMA3_PRE_TOKENIZERS, "tekken", "chameleon")
 # the vocabulary holds whole is that one token, whatever the merges make of it)
 IGNORE_MERGES_PRE_TOKENIZERS = (*LLAMA3_PRE_TOKENIZERS, "tekken", "minicpm5")
 
+# The regexes llama.cpp splits a BPE vocabulary's text with before its merges, per tokenizer.ggml.pre
+# (src/llama-vocab.cpp: the name -> LLAMA_VOCAB_PRE_TYPE_* table in llama_vocab::impl::load, then
+# llm_tokenizer_bpe's regex_exprs per type), each regex splitting the pieces of the one before, its matches kept
+# (a tokenizers Split, behavior "isolated"). They are the regexes of the models' own tokenizer.json, written here
+# as there (llama.cpp's comments give them as "original regex from tokenizer.json"; its adapted forms spell
+# (?i:'s|...) as '[sS]|... for std::regex).
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+LLAMA3_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                r"|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s+(?!\S)|\s+")
+_CASED_WORDS = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+{s}"
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*{s}")
+_BLOOM_WORDS = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
+BPE_PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
+    # LLAMA_VOCAB_PRE_TYPE_GPT2, MPT, OLMO, JAIS, TRILLION, GRANITE_DOCLING: GPT-2's own regex
+    **dict.fromkeys(("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0",
+                     "mellum", "modern-bert", "jina-v1-en", "jina-v2-code", "roberta-bpe", "exaone4", "mpt", "olmo",
+                     "jais", "trillion", "granite-docling"), (GPT2_SPLIT,)),
+    # LLAMA3, and DBRX, SMAUG, CHATGLM4 with the same regex
+    **dict.fromkeys((*LLAMA3_PRE_TOKENIZERS, "dbrx", "smaug-bpe", "glm4", "chatglm-bpe"), (LLAMA3_SPLIT,)),
+    "jais-2": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)"
+               r"|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}",),
+    # STARCODER, REFACT, COMMAND_R, SMOLLM, CODESHELL, EXAONE, MINERVA, MELLUM2: every digit alone, then GPT-2's
+    # (their tokenizer.json: Digits with individual_digits, then ByteLevel with its GPT-2 regex)
+    **dict.fromkeys(("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"),
+                    (r"\p{N}", GPT2_SPLIT)),
+    "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", GPT2_SPLIT, r"[0-9][0-9][0-9]"),
+    # QWEN2, STABLELM2, HUNYUAN, SOLAR_OPEN, and GROK_2 with the same regex
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open",
+                     "grok-2"), (QWEN2_SPLIT,)),
+    "qwen35": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+",),
+    "ufakzeka": (r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
+    "seed-coder": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+"
+                   r"|\s+(?!\S)|\s+",),
+    "minicpm5": (r"\p{N}{1,3}", _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+"),
+    "deepseek-coder": ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}"),
+    # DEFAULT (named "default"; llama.cpp also takes it for a file without the key, with a warning)
+    "default": (r"[\p{P}\$\+<=>\^~\|]+", GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]"),
+    # PORO, BLOOM, GPT3_FINNISH; VIKING adds every digit alone
+    **dict.fromkeys(("poro-chat", "bloom", "gpt3-finnish"), (_BLOOM_WORDS,)),
+    "viking": (_BLOOM_WORDS, r"\p{N}"),
+    "tekken": (_CASED_WORDS.replace("{s}", "")
+               + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
+    # GPT4O, MINIMAX_M2
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"),
+                    (_CASED_WORDS.replace("{s}", f"{_CONTRACTIONS}?")
+                     + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",)),
+}
+
+
+def _bpe_pre_tokenizer(path: Path) -> tuple[str, str | None] | None:
+    """``(tokenizer.ggml.pre, the reason it is refused or None)`` of a GGUF file with a BPE vocabulary
+    (``tokenizer.ggml.model`` gpt2); None for another vocabulary or a file without the key (llama.cpp then
+    warns and splits with its "default" regexes; transformers with GPT-2's)."""
+    if _gguf_value(path, "tokenizer.ggml.model") != "gpt2":
+        return None
+    pre = _gguf_value(path, "tokenizer.ggml.pre")
+    if not isinstance(pre, str):
+        return None
+    if pre in BPE_PRE_TOKENIZER_SPLITS:
+        return pre, None
+    return pre, ("llama.cpp does not know it (unknown pre-tokenizer type)" if pre not in LLAMA_CPP_PRE_TOKENIZERS
+                 else "its llama.cpp pre-tokenizer is not one edgesdk can rebuild exactly as a tokenizers "
+                      "pre-tokenizer (custom code or long literal character classes)")
+
+
+# the other tokenizer.ggml.pre values llama.cpp knows (llama_vocab::impl::load), whose splits edgesdk does not rebuild
+LLAMA_CPP_PRE_TOKENIZERS = frozenset((
+    *BPE_PRE_TOKENIZER_SPLITS, "deepseek-llm", "deepseek-v3", "spark2_5", "youtu", "gemma4",
+    "granite-embed-multi-311m", "sarvam-moe", "whitespace", "exaone-moe", "chameleon", "granite-embed-multi-97m",
+    "tiny_aya", "cohere2moe", "superbpe", "bailingmoe", "bailingmoe2", "llada-moe", "hunyuan-dense", "hy_v4",
+    "joyai-llm", "kimi-k2", "afmoe", "laguna"))
+
+
+def _check_bpe_pre_tokenizer(path: Path) -> None:
+    """Refuse a GGUF file whose BPE pre-tokenizer (``tokenizer.ggml.pre``) edgesdk cannot split text as llama.cpp
+    does (:data:`BPE_PRE_TOKENIZER_SPLITS` holds those it can): transformers' GGUF tokenizer splits any type it
+    does not map with GPT-2's regex, so the text would become other token ids than llama.cpp's and the model's own
+    tokenizer make, without a word."""
+    found = _bpe_pre_tokenizer(path)
+    if found is None or found[1] is None:
+        return
+    pre, why = found
+    raise ModelSourceError(
+        f"the GGUF file {path} has a BPE vocabulary with the pre-tokenizer {pre!r:.60} (tokenizer.ggml.pre): {why}; "
+        "transformers' GGUF tokenizer, through which edgesdk reads it, would split the text with GPT-2's regex "
+        "instead and so make other token ids than llama.cpp and the model's own tokenizer.json",
+        "build from the model's Hugging Face directory (its tokenizer.json has the model's own pre-tokenizer), "
+        "e.g. hf download ORG/NAME --local-dir NAME, then edgesdk build --model NAME")
+
+
+def _set_bpe_pre_tokenizer(tokenizer, path: Path) -> None:
+    """Give the fast ``tokenizer`` read from the GGUF file at ``path`` llama.cpp's pre-tokenizer for its
+    ``tokenizer.ggml.pre``: the regexes of :data:`BPE_PRE_TOKENIZER_SPLITS` as tokenizers ``Split`` steps
+    (isolated), then the byte-level mapping (``ByteLevel`` without its own regex), as the models' tokenizer.json
+    and transformers' GGUF tokenizer for the Llama 3 and Qwen2 types have it. Where the last regex is GPT-2's,
+    ``ByteLevel`` applies it itself (use_regex), and ``\\p{N}`` alone is ``Digits`` with individual_digits (Rust's
+    char::is_numeric: the N categories), as those tokenizer.json files (StarCoder, SmolLM) write them: the
+    bundle's tokenizer.json is then SmolLM2's own, which edgesdk's GGUF export names "smollm" again."""
+    from tokenizers import Regex, pre_tokenizers
+
+    found = _bpe_pre_tokenizer(path)
+    if found is None or found[1] is not None:
+        return
+    regexes = BPE_PRE_TOKENIZER_SPLITS[found[0]]
+    gpt2_last = regexes[-1] == GPT2_SPLIT
+    steps = [pre_tokenizers.Digits(individual_digits=True) if regex == r"\p{N}"
+             else pre_tokenizers.Split(Regex(regex), behavior="isolated")
+             for regex in regexes[:-1 if gpt2_last else None]]
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=gpt2_last))
+    tokenizer.backend_tokenizer.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
+
 
 def _gguf_value(path: Path, key: str):
     found = gguf_reader(path).fields.get(key)
@@ -1101,6 +1219,8 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
             "the model needs its tokenizer: tokenizer.json (with tokenizer_config.json) beside config.json "
             "in a Hugging Face directory, the tokenizer metadata in a GGUF file",
         ) from exc
+    if source.kind == "gguf":  # transformers splits a BPE type it does not map with GPT-2's regex
+        _set_bpe_pre_tokenizer(tokenizer, source.path)
     if source.kind == "gguf" and gguf_adds_bos_by_default(source.path) and not getattr(tokenizer, "add_bos_token", True) \
             and getattr(tokenizer, "bos_token", None) is not None:
         tokenizer.add_bos_token = True  # transformers' setter rebuilds the post-processor with the BOS in front
