@@ -11,19 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgesdk.runtime.json_schema import SchemaConstraint, SchemaError, compile_schema
-
-BYTES = [bytes([b]) for b in range(256)]  # a "tokenizer" whose token i is byte i
-
-
-def _takes(schema: dict, text: str) -> bool:
-    """The constraint takes ``text`` whole and ends there."""
-    constraint = SchemaConstraint(BYTES, compile_schema(schema))
-    for byte in text.encode():
-        if not constraint.allows(byte):
-            return False
-        constraint.advance(byte)
-    return constraint.complete
+from edgesdk.runtime.json_schema import SchemaError, compile_schema
+from tests.unit.test_json_schema_allof40 import _takes
 
 
 def _root_scalar(schema: dict) -> bool:
