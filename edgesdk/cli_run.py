@@ -105,9 +105,9 @@ class RunSettings:
               help="Add BIAS (-100..100, or -inf: never) to token ID's logit, greedy or sampled (repeatable; "
                    "llama.cpp's ID+BIAS / ID-BIAS form works too).")
 @sampler_chain_options
-@click.option("--seed", "-s", type=click.IntRange(min=-1, max=LLAMA_DEFAULT_SEED),
+@click.option("--seed", "-s", type=click.IntRange(min=-1),
               help=f"Seed for sampling (unset, -1 or {LLAMA_DEFAULT_SEED}: a random one, as llama-cli's default "
-                   "-1; at most 32 bits, as llama-cli's).")
+                   "-1; any other whole number >= 0, past 32 bits too, is a fixed seed).")
 @repeat_penalty_options(per_request=False)
 @click.option("--presence-penalty", default=0.0, show_default=True,
               help="Lower a seen token's logit by this, once (OpenAI's presence penalty, -2..2).")

@@ -78,10 +78,15 @@ def likely_encoding(data: bytes) -> str:
     # high bytes NUL). Named as "utf-16"/"utf-32", such a file is read in whatever order iconv assumes (glibc's
     # little-endian, libiconv's big-endian): UTF-32 read as UTF-16 gave UTF-8 full of NULs, big-endian UTF-16 read
     # as little-endian CJK text, both without an error.
+    # UTF-32 keeps its top byte NUL (U+10FFFF at most), and the one below it for every character of the BMP (CJK and
+    # Cyrillic too, whose UTF-32 read as UTF-16 gave each character a NUL after it): those two bytes of every 4 are
+    # the last two (little-endian) or the first two (big-endian). UTF-16 has its NULs in every other byte instead.
     nuls = [head[offset::4].count(0) for offset in range(4)]
     quads = max(len(head) // 4, 1)
-    if nuls[1] * 2 >= quads and nuls[2] * 2 >= quads:  # two NULs in the middle of every 4 bytes: UTF-32
-        return "utf-32le" if nuls[3] >= nuls[0] else "utf-32be"
+    if nuls[2] * 2 >= quads and nuls[3] * 2 >= quads:
+        return "utf-32le"
+    if nuls[0] * 2 >= quads and nuls[1] * 2 >= quads:
+        return "utf-32be"
     return "utf-16le" if nuls[1] + nuls[3] >= nuls[0] + nuls[2] else "utf-16be"
 
 

@@ -214,7 +214,11 @@ def restart_unit_after_switch(board, report: Reporter, switched_from: str | None
     try:
         line = service.restart_after_switch(board)
     except BoardRefusal as failed:
-        if not switched_from or (runtime_only and not runtime_key):
+        if runtime_only and not runtime_key:  # the release did not move: only the runtime did, from none
+            raise DeployError(f"{failed.problem}\nreleases/{new_id} (smoke-tested) stays current, as it was, and "
+                              "runtime/current stays the runtime this deploy installed: the board had no runtime "
+                              "before it to go back to", failed.fix) from failed
+        if not switched_from:
             raise DeployError(f"{failed.problem}\nreleases/{new_id} (smoke-tested) stays current: there is no "
                               "earlier release to go back to", failed.fix) from failed
         progress["stage"] = "switch back"

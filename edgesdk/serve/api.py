@@ -708,25 +708,21 @@ def _samplers(value: object) -> tuple[str, ...] | None:
 
 
 def _seed(value: object, ollama: bool = False) -> int | None:
-    """``seed`` as llama-server reads it on every route: a whole number from 0 to 4294967294 is a fixed seed, and -1
-    or 4294967295 a random one (None). llama-server's seed is a ``uint32_t`` whose default, LLAMA_DEFAULT_SEED
-    (0xFFFFFFFF, what -1 becomes there), makes its sampler draw a seed (src/llama-sampling.cpp, ``get_rng_seed``: ``if
-    (seed == LLAMA_DEFAULT_SEED)``); a seed past 32 bits, which llama-server cuts to its low 32 bits without a word
-    (4294967296 seeds as 0), is refused by name.
+    """``seed`` as llama-server reads it on every route: a whole number >= 0 is a fixed seed, and -1 or 4294967295 a
+    random one (None). llama-server's seed is a ``uint32_t`` whose default, LLAMA_DEFAULT_SEED (0xFFFFFFFF, what -1
+    becomes there), makes its sampler draw a seed (src/llama-sampling.cpp, ``get_rng_seed``: ``if (seed ==
+    LLAMA_DEFAULT_SEED)``). A seed past 32 bits stays a fixed seed of its own, as it was here before: OpenAI's
+    ``seed`` is any 64-bit integer, llama-server takes it too (cut to its low 32 bits), and clients send such seeds
+    (a ComfyUI seed widget's, ``random.getrandbits(64)``), so refusing it turned working requests into 400s.
 
     With ``ollama``, as Ollama's sampler reads ``options.seed`` (sample/samplers.go, ``NewSampler``: every seed but -1
-    is fixed, ``uint64(seed)``): -1 is random, any other whole number >= 0 (4294967295 and past 32 bits too) fixed;
+    is fixed, ``uint64(seed)``): -1 is random, any other whole number >= 0 (4294967295 too) fixed;
     edgesdk/serve/ollama.py has made a seed below -1 its uint64 already."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1:
         return None
     seed = _integer(value, "seed", minimum=0, note=", or -1 for a random seed")
-    if ollama or seed is None or seed < LLAMA_DEFAULT_SEED:
+    if ollama or seed != LLAMA_DEFAULT_SEED:
         return seed
-    if seed > LLAMA_DEFAULT_SEED:
-        raise ApiError(400, f"'seed' must be a whole number >= 0, or -1 for a random seed, got {_shown(value)}, past "
-                       f"llama-server's 32-bit seed (at most {LLAMA_DEFAULT_SEED}, its LLAMA_DEFAULT_SEED, which is a "
-                       f"random seed as -1 is); send a fixed seed from 0 to {LLAMA_DEFAULT_SEED - 1}, or -1 for a "
-                       "random one", param="seed")
     return None  # LLAMA_DEFAULT_SEED: a random seed, as -1
 
 
