@@ -1061,20 +1061,36 @@ def _explain_tokenizer_failure(directory: Path, exc: Exception) -> None:
         ) from exc
 
 
-def available_memory() -> int | None:
-    """Bytes of memory this process can still take without swapping: /proc/meminfo's MemAvailable, capped by a
-    cgroup v2 limit (memory.max less memory.current, as a container's limit); None where neither is readable (not
-    Linux)."""
+def available_memory(root: Path = Path("/")) -> int | None:
+    """Bytes of memory this process can still take without swapping: /proc/meminfo's MemAvailable, capped by the
+    cgroup v2 limits of this process's cgroup and its ancestors (a container's limit: ``memory.max`` less what the
+    cgroup holds that it cannot give back, ``memory.current`` less the ``inactive_file`` page cache of
+    ``memory.stat``, which the kernel reclaims before it kills: a just-downloaded model's file cache is not in
+    use); None where nothing is readable (not Linux). ``root``: the file system's root (a test's tree)."""
     found = []
     with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in (root / "proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 found.append(int(line.split()[1]) * 1024)
-    with contextlib.suppress(OSError, ValueError):
-        cgroup = Path("/sys/fs/cgroup")
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit != "max":
-            found.append(max(0, int(limit) - int((cgroup / "memory.current").read_text().strip())))
+    own = "/"
+    with contextlib.suppress(OSError):
+        for line in (root / "proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):  # the cgroup v2 line (cgroups(7))
+                own = line[3:].strip() or "/"
+    cgroups = root / "sys/fs/cgroup"
+    group = cgroups / own.lstrip("/")
+    for level in (group, *group.parents):
+        with contextlib.suppress(OSError, ValueError):
+            limit = (level / "memory.max").read_text().strip()
+            if limit != "max":
+                held = int((level / "memory.current").read_text().strip())
+                with contextlib.suppress(OSError, ValueError):
+                    for line in (level / "memory.stat").read_text().splitlines():
+                        if line.startswith("inactive_file "):
+                            held -= int(line.split()[1])
+                found.append(max(0, int(limit) - max(held, 0)))
+        if level == cgroups:
+            break
     return min(found) if found else None
 
 

@@ -194,3 +194,27 @@ def test_a_gguf_tensor_type_gguf_py_cannot_dequantize_is_named_not_called_damage
         load_model(resolve_model(str(path)), progress=False)
     assert "download it again" not in refused.value.fix
     assert "llama-quantize" in refused.value.fix
+
+
+def test_the_memory_available_counts_reclaimable_page_cache_and_the_process_s_own_cgroup(tmp_path):
+    """A container's limit is its cgroup's memory.max; memory.current counts the page cache of files read (a model
+    just downloaded), which the kernel gives back before it kills, so a model that fits was refused. The limit of the
+    process's own cgroup (from /proc/self/cgroup) and its ancestors is read, not only the root's."""
+    from edgesdk.models.loader import available_memory
+
+    gib = 2**30
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/meminfo").write_text(f"MemTotal: {64 * gib // 1024} kB\nMemAvailable: {48 * gib // 1024} kB\n")
+    (tmp_path / "proc/self/cgroup").write_text("0::/box/job\n")
+    job = tmp_path / "sys/fs/cgroup/box/job"
+    job.mkdir(parents=True)
+    (job / "memory.max").write_text(f"{8 * gib}\n")
+    (job / "memory.current").write_text(f"{7 * gib}\n")
+    (job / "memory.stat").write_text(f"anon {2 * gib}\nfile {5 * gib}\ninactive_file {5 * gib}\n")
+    (job.parent / "memory.max").write_text("max\n")
+    assert available_memory(tmp_path) == 6 * gib  # 8 GiB less the 2 GiB it cannot give back
+    (job.parent / "memory.max").write_text(f"{4 * gib}\n")
+    (job.parent / "memory.current").write_text(f"{1 * gib}\n")
+    assert available_memory(tmp_path) == 3 * gib  # an ancestor's tighter limit
+    (tmp_path / "proc/self/cgroup").write_text("0::/\n")
+    assert available_memory(tmp_path) == 48 * gib  # no limit at the root: MemAvailable
