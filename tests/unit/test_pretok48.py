@@ -11,6 +11,7 @@ import pytest
 
 from edgesdk.errors import ModelSourceError
 from tests._utils.gguf_files import close_gguf
+from tests.unit.test_loader48 import LAYER_TENSORS, _convert_to_gguf
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
@@ -157,12 +158,6 @@ def test_smollm2s_tokenization_is_llama_cpps():
 
 # ------------------------------------------------------------------------------- GGUF LoRA, base without kv count
 
-LAYER_TENSORS = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-                 "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                 "mlp.down_proj": "ffn_down"}
-
-
 def _permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
     """convert_hf_to_gguf.py's ``LlamaModel.permute`` (n_head_kv None: the query count), which
     convert_lora_to_gguf.py applies to lora_b of q_proj / k_proj as to the base weights."""
@@ -170,36 +165,6 @@ def _permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndar
         n_head = n_head_kv
     return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
             .swapaxes(1, 2).reshape(weights.shape))
-
-
-def _base_without_head_count_kv(model, path: Path) -> Path:
-    """``model`` (a tiny multi-head LlamaForCausalLM, tied) as llama.cpp's converter writes it, float32, without
-    ``llama.attention.head_count_kv`` (gguf.md: optional, absent for a model without GQA)."""
-    config = model.config
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in (("block_count", config.num_hidden_layers), ("embedding_length", config.hidden_size),
-                       ("attention.head_count", config.num_attention_heads), ("context_length", 128),
-                       ("feed_forward_length", config.intermediate_size)):
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
-    writer.add_float32("llama.rope.freq_base", config.rope_parameters["rope_theta"])
-    tokens = ["<unk>", "<s>", "</s>"] + [f"t{index}" for index in range(config.vocab_size - 3)]
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores([0.0] * len(tokens))
-    writer.add_token_types([2, 3, 3] + [1] * (len(tokens) - 3))
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    weights = {name: tensor.detach().numpy().astype(np.float32) for name, tensor in model.state_dict().items()}
-    writer.add_tensor("token_embd.weight", weights["model.embed_tokens.weight"])
-    writer.add_tensor("output_norm.weight", weights["model.norm.weight"])
-    for layer in range(config.num_hidden_layers):
-        for hf_name, gguf_name in LAYER_TENSORS.items():
-            tensor = weights[f"model.layers.{layer}.{hf_name}.weight"]
-            if gguf_name in ("attn_q", "attn_k"):
-                tensor = _permute(tensor, config.num_attention_heads, None)
-            writer.add_tensor(f"blk.{layer}.{gguf_name}.weight", tensor)
-    return close_gguf(writer, path)
 
 
 def test_a_gguf_lora_on_a_base_without_head_count_kv_merges_as_the_adapter_computes(tmp_path):
@@ -212,7 +177,8 @@ def test_a_gguf_lora_on_a_base_without_head_count_kv_merges_as_the_adapter_compu
     from tests.unit._lora_files41 import lora_forward_logits, random_factors, write_gguf_adapter
 
     original = tiny_llama(heads=4, kv_heads=4)
-    base = _base_without_head_count_kv(original, tmp_path / "mha.gguf")
+    # as llama.cpp's converter writes it, without llama.attention.head_count_kv (gguf.md: optional without GQA)
+    base = _convert_to_gguf(original, tmp_path / "mha.gguf", head_count_kv=False)
     factors = random_factors(original, targets=("q_proj", "k_proj", "v_proj"), rank=2)
     pairs = {}
     for name, (a, b) in factors.items():
