@@ -344,9 +344,62 @@ EDITOR_ANNOTATIONS = ("markdownDescription", "markdownEnumDescriptions", "enumDe
                       "errorMessage")
 MAX_DROPPED_NAMED = 20  # entries lenient_schema names of what it dropped; then "and N more"
 MAX_DROPPED_CHARS = 240  # each cut to its start and end past this (a path hundreds of levels down)
+# JSON Schema 2020-12 core keywords that name a schema or list the vocabularies a meta-schema uses (sections 8.1.2,
+# 8.2.2), with draft 2019-09's ``$recursiveAnchor`` and draft-04's ``id`` (its ``$id``, which compile_schema reads as
+# an annotation): they constrain no value, and a tool's parameters are read without them. ``$dynamicRef`` (section
+# 8.2.3.2; 2019-09's ``$recursiveRef``) does constrain, but only through the dynamic scope, which the constraint does
+# not follow: it is dropped with a word (DYNAMIC_REFS), so the schema beside it admits more.
+NAMING_ONLY = ("$anchor", "$dynamicAnchor", "$vocabulary", "$recursiveAnchor", "id")
+DYNAMIC_REFS = ("$dynamicRef", "$recursiveRef")
 _SUBSCHEMA = ("items", "additionalProperties", "additionalItems")  # a schema (items: or a draft-07 tuple's list)
 _SUBSCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf", "allOf")
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+
+
+def openapi_nullable(schema: dict) -> dict:
+    """One schema's OpenAPI 3.0 ``"nullable"`` (Schema Object: "A true value adds "null" to the allowed types
+    specified by the type keyword, only if type is explicitly defined within the same Schema Object") read as JSON
+    Schema: ``{"type": "string", "nullable": true}`` is ``{"type": ["string", "null"]}``, and beside an ``enum``,
+    ``null`` is added to the enum too (so that ``null`` is admitted there as the writer of ``Optional[Literal]``
+    means; OpenAPI 3.0.3 keeps the enum's say, so this only widens); beside no ``type`` and no ``enum`` it adds
+    nothing and is left out. ``false`` is left out; a ``nullable`` that is not a boolean is kept, for
+    :func:`compile_schema` to refuse by name. Returns ``schema`` itself where it has no boolean ``nullable``, else
+    a new dict. Not recursive: :func:`lenient_schema` applies it to each schema it walks (FastAPI's and Gemini's
+    OpenAPI-style tool parameters carry it); edgesdk/serve/ollama.py reads Ollama's ``format`` the same way."""
+    nullable = schema.get("nullable")
+    if not isinstance(nullable, bool):
+        return schema
+    out = {key: value for key, value in schema.items() if key != "nullable"}
+    if not nullable:
+        return out
+    kind = out.get("type")
+    if isinstance(kind, str) and kind != "null":
+        out["type"] = [kind, "null"]
+    elif isinstance(kind, list) and "null" not in kind:
+        out["type"] = [*kind, "null"]
+    enum = out.get("enum")
+    if isinstance(enum, list) and None not in enum:
+        out["enum"] = [*enum, None]
+    return out
+
+
+def draft04_exclusive(schema: dict) -> dict:
+    """One schema's draft-04 boolean ``exclusiveMinimum`` / ``exclusiveMaximum`` (draft-04 validation, section
+    5.1.2-5.1.3: ``true`` makes ``minimum`` / ``maximum`` strict, ``false`` or absent leaves it inclusive) in
+    2020-12's numeric form (validation, section 6.2.3-6.2.5), which says the same: ``{"minimum": 0,
+    "exclusiveMinimum": true}`` is ``{"exclusiveMinimum": 0}``, and a ``false`` is left out. A ``true`` without
+    its bound is kept, for :func:`compile_schema` to refuse by name (draft-04's meta-schema requires the bound).
+    Returns ``schema`` itself where there is nothing to translate, else a new dict."""
+    out = schema
+    for strict, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        flag = out.get(strict)
+        value = out.get(bound)
+        if flag is False:
+            out = {key: each for key, each in out.items() if key != strict}
+        elif flag is True and isinstance(value, (int, float)) and not isinstance(value, bool):
+            out = {key: each for key, each in out.items() if key != bound}
+            out[strict] = value
+    return out
 
 
 def lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
@@ -355,8 +408,14 @@ def lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
     ``patternProperties`` (its schemas joined to ``additionalProperties``: a key of a pattern is then any key
     with a value of one of them, or of ``additionalProperties``), a ``pattern`` the pattern compiler refuses
     (a lookahead, ...; llama.cpp's converter skips such syntax with a warning, ``_visit_pattern``), a
-    ``format`` not followed here (json_pattern.FORMATS, ...) or beside a ``pattern``. The schema that is left
-    admits every value ``schema`` admits, and more: a constraint built from it never blocks a valid value.
+    ``format`` not followed here (json_pattern.FORMATS, ...) or beside a ``pattern``, a ``$dynamicRef`` or
+    ``$recursiveRef`` (:data:`DYNAMIC_REFS`). The schema that is left admits every value ``schema`` admits, and
+    more: a constraint built from it never blocks a valid value.
+
+    Without a word, it also leaves out what constrains nothing (other vocabularies' annotations, ``x-`` keywords,
+    :data:`NAMING_ONLY`'s ``$anchor`` / ``$dynamicAnchor`` / ``$vocabulary`` / draft-04's ``id`` ...) and reads
+    the older dialects' keywords that tool schemas carry as what they mean (OpenAPI 3.0's ``nullable``, :func:`openapi_nullable`; draft-04's
+    boolean ``exclusiveMinimum`` / ``exclusiveMaximum``, :func:`draft04_exclusive`), rather than refusing the tool.
 
     Used for a tool's parameters (edgesdk/serve/tools.py), which come from MCP servers and SDKs (zod-to-json-schema
     writes ``propertyNames`` and ``not: {}``) and are followed leniently, as llama-server's tool grammar
@@ -391,17 +450,20 @@ def _lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
         else:
             dropped.append(entry)
 
-    annotations: list[str] = []  # EDITOR_ANNOTATIONS and x- keywords left out, which need no word
+    annotations: list[str] = []  # EDITOR_ANNOTATIONS, x- and NAMING_ONLY keywords left out, which need no word
+    rewritten = False  # a nullable or a draft-04 exclusive bound read as 2020-12 writes it
     refs: list[tuple[dict, str]] = []  # (a schema of the result, its $ref's path), checked once the result is whole
 
     def visit(node, path: str):
+        nonlocal rewritten
         if not isinstance(node, dict):
             return node
         out: dict = {}
         for keyword, value in node.items():
-            if keyword in NARROWING_ONLY or keyword == "patternProperties":
+            if keyword in NARROWING_ONLY or keyword == "patternProperties" or keyword in DYNAMIC_REFS:
                 drop(f"{path}.{keyword}")
-            elif keyword.startswith("x-") or keyword in EDITOR_ANNOTATIONS:
+            elif keyword.startswith("x-") or keyword in EDITOR_ANNOTATIONS or keyword in NAMING_ONLY and (
+                    keyword != "id" or isinstance(value, str)):  # draft-04's id is a URI; a schema there is a mistake
                 annotations.append(keyword)  # another vocabulary's annotation: nothing to follow, nothing lost
             elif keyword in _SUBSCHEMA_MAPS and isinstance(value, dict):
                 out[keyword] = {name: visit(each, f"{path}.{keyword}.{name}") for name, each in value.items()}
@@ -434,10 +496,15 @@ def _lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
                 isinstance(out.get("pattern"), str) or name not in NUMBER_FORMATS and _format_pattern(name) is None):
             del out["format"]  # a format followed nowhere here, or one beside a pattern (a string of both)
             drop(f"{path}.format {json.dumps(name)[:60]}")
+        read = draft04_exclusive(openapi_nullable(out))
+        if read is not out:  # in place: refs holds this dict, whose $ref may yet be pointed at a copy
+            rewritten = True
+            out.clear()
+            out.update(read)
         return out
 
     lenient = visit(schema, "$")
-    if not dropped and not annotations:
+    if not dropped and not annotations and not rewritten:
         return schema, ()
     moved: dict = {}  # a ref (canonical_ref) that points into a dropped part -> the ref to its copy under $defs
     while refs and isinstance(lenient, dict) and isinstance(lenient.get("$defs", {}), dict):

@@ -17,7 +17,12 @@ that only narrow the arguments and that the constraint cannot follow (``not``, `
 naming them, rather than refusing the request: such schemas come from MCP servers (zod-to-json-schema writes
 ``propertyNames`` and ``not: {}``), llama-server's json-schema-to-grammar ignores these keywords, and Ollama builds
 no grammar from tool schemas. The constraint then admits every valid call (and calls the dropped keywords would
-refuse); the model still reads the whole schema. The keywords that shape the arguments (``type``, ``properties``,
+refuse); the model still reads the whole schema. The older dialects' keywords that OpenAPI-generated (FastAPI,
+Gemini-style) and draft-04 tool schemas carry are read as what they mean, without a word: OpenAPI 3.0's boolean
+``nullable`` as its type plus ``null`` (beside an ``enum``, ``null`` among its values), draft-04's boolean
+``exclusiveMinimum`` / ``exclusiveMaximum`` as 2020-12's numeric bound; ``$anchor``, ``$dynamicAnchor`` and
+``$vocabulary``, which name rather than constrain, are left out, and a ``$dynamicRef`` is dropped with the warning
+(json_schema.openapi_nullable, draft04_exclusive, NAMING_ONLY). The keywords that shape the arguments (``type``, ``properties``,
 ``required``, ``items``, ``enum``, ``const``, ``anyOf`` / ``oneOf`` / ``allOf``, ``$ref``) are followed as they
 are, and a malformed schema is refused naming the tool. A response format's schema, which the user wrote for the
 answer, is not read leniently: an unsupported keyword there is refused by name.

@@ -121,7 +121,8 @@ def test_a_schema_without_such_keywords_is_used_as_it_is():
 def test_malformed_and_widening_schemas_are_still_refused_naming_the_tool():
     for parameters, message in [
         ({"type": "object", "properties": {"n": {"type": "integer", "minimum": "two"}}}, "finite number"),
-        ({"type": "object", "properties": {"n": {"type": "integer", "nullable": True}}}, "keyword 'nullable'"),
+        ({"type": "object", "properties": {"n": {"type": "integer", "nullable": "yes"}}}, "keyword 'nullable'"),
+        ({"type": "object", "properties": {"n": {"type": "integer", "exclusiveMinimum": True}}}, "finite number"),
         ({"type": "object", "properties": {"n": {"$ref": "#/$defs/missing"}}}, "no definition"),
         ({"type": "array", "items": STRING, "minProperties": 1}, "must describe an object"),
     ]:
@@ -253,3 +254,129 @@ def test_annotations_of_other_vocabularies_in_a_tool_schema_are_left_out_without
     assert dropped == ()
     assert lenient == {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     assert schema["x-order"] == 1  # the request's schema is not changed
+
+
+# ------------------------------------------------------------- older dialects' keywords (OpenAPI 3.0, draft-04, 2020-12)
+
+
+def test_openapi_nullable_in_a_tool_s_parameters_is_read_as_its_type_and_null():
+    """FastAPI / OpenAPI 3.0 and Gemini-style tool schemas write ``"nullable": true`` (OpenAPI 3.0.3, Schema Object:
+    it "adds "null" to the allowed types specified by the type keyword"); it refused the whole request as an
+    unsupported keyword."""
+    from edgesdk.runtime.json_schema import lenient_schema
+
+    parameters = {"type": "object", "properties": {
+        "q": {"type": "string", "nullable": True},
+        "kind": {"type": "string", "enum": ["a", "b"], "nullable": True},
+        "n": {"type": "integer", "nullable": False},
+        "free": {"description": "no type: nullable adds nothing", "nullable": True}},
+        "required": ["q", "kind", "n"], "additionalProperties": False}
+    before = json.dumps(parameters)
+    tools = parse_tools({"tools": [_tool(parameters)]})  # was: ToolError "keyword 'nullable' is not supported"
+    assert tools.ignored == ()  # read as what it means: nothing to warn about
+    assert json.dumps(parameters) == before  # the request's schema is not changed
+    lenient = lenient_schema(parameters)[0]["properties"]
+    assert lenient["q"] == {"type": ["string", "null"]}
+    assert lenient["kind"] == {"type": ["string", "null"], "enum": ["a", "b", None]}
+    assert lenient["n"] == {"type": "integer"}
+    assert lenient["free"] == {"description": "no type: nullable adds nothing"}
+    assert _accepts(tools, _call({"q": None, "kind": None, "n": 1}))
+    assert _accepts(tools, _call({"q": "x", "kind": "a", "n": 1, "free": [1]}))
+    assert not _accepts(tools, _call({"q": 1, "kind": "a", "n": 1}))
+    assert not _accepts(tools, _call({"q": "x", "kind": "c", "n": 1}))
+    assert not _accepts(tools, _call({"q": "x", "kind": "a", "n": None}))  # nullable false: not null
+
+
+def test_a_nullable_ref_into_a_dropped_part_still_points_at_that_schema():
+    parameters = {"type": "object", "required": ["fav"], "properties": {
+        "scores": {"type": "object", "additionalProperties": {"type": "number"},
+                   "propertyNames": {"enum": ["red", "blue"]}},
+        "fav": {"$ref": "#/properties/scores/propertyNames", "type": "string", "nullable": True}}}
+    tools = parse_tools({"tools": [_tool(parameters)]})
+    assert _accepts(tools, _call({"fav": "red"}))
+    assert not _accepts(tools, _call({"fav": "green"}))
+
+
+def test_draft04_boolean_exclusive_bounds_in_a_tool_s_parameters_are_read_exactly():
+    """Draft-04 (validation, 5.1.2-5.1.3) writes ``"exclusiveMinimum": true`` beside ``minimum``; it was refused as
+    "must be a finite number, got true". It is 2020-12's ``"exclusiveMinimum": <minimum>``, so the bound holds."""
+    parameters = {"type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum": 5, "exclusiveMaximum": True},
+        "m": {"type": "integer", "maximum": 5, "exclusiveMaximum": False},
+        "x": {"type": "number", "minimum": 0, "exclusiveMinimum": True}},
+        "required": ["n", "m", "x"], "additionalProperties": False}
+    tools = parse_tools({"tools": [_tool(parameters)]})
+    assert tools.ignored == ()
+    assert _accepts(tools, _call({"n": 1, "m": 5, "x": 0.5}))
+    assert _accepts(tools, _call({"n": 4, "m": -3, "x": 2}))
+    assert not _accepts(tools, _call({"n": 0, "m": 5, "x": 0.5}))  # exclusive: 0 is out
+    assert not _accepts(tools, _call({"n": 5, "m": 5, "x": 0.5}))
+    assert not _accepts(tools, _call({"n": 1, "m": 6, "x": 0.5}))  # false: 5 in, 6 out
+    assert not _accepts(tools, _call({"n": 1, "m": 5, "x": 0}))
+
+
+def test_anchors_and_vocabularies_are_left_out_and_a_dynamic_ref_dropped_with_a_word(caplog):
+    """JSON Schema 2020-12 core: ``$anchor`` / ``$dynamicAnchor`` name a schema and ``$vocabulary`` lists a
+    meta-schema's vocabularies (8.1.2, 8.2.2): they constrain nothing and were refused as unsupported keywords.
+    ``$dynamicRef`` (8.2.3.2) does constrain, through the dynamic scope: it is dropped, and the log says so."""
+    parameters = {"$vocabulary": {"https://json-schema.org/draft/2020-12/vocab/core": True},
+                  "$dynamicAnchor": "meta", "type": "object",
+                  "properties": {"q": {"$anchor": "query", "type": "string"}, "node": {"$dynamicRef": "#meta"}},
+                  "required": ["q"], "additionalProperties": False}
+    with caplog.at_level(logging.WARNING, logger="edgesdk.serve.tools"):
+        tools = parse_tools({"tools": [_tool(parameters, "dynamic48")]})
+    (line,) = tools.ignored
+    assert "$.properties.node.$dynamicRef" in line
+    for named in ("$anchor", "$vocabulary", "$dynamicAnchor"):
+        assert named not in line
+    assert [record for record in caplog.records if "dynamic48" in record.getMessage()]
+    assert _accepts(tools, _call({"q": "a", "node": {"any": [1]}}, "dynamic48"))  # the dynamic ref's value: any
+    assert not _accepts(tools, _call({"q": 1}, "dynamic48"))
+    assert not _accepts(tools, _call({"node": 1}, "dynamic48"))
+    plain = {"$anchor": "root", "type": "object", "properties": {"q": STRING}}
+    assert parse_tools({"tools": [_tool(plain)]}).ignored == ()
+    # the same keywords in draft 2019-09 ($recursiveAnchor / $recursiveRef) and draft-04's id (its $id)
+    older = {"id": "http://example.com/s.json", "$recursiveAnchor": True, "type": "object",
+             "properties": {"q": STRING, "node": {"$recursiveRef": "#"}}, "required": ["q"]}
+    (line,) = parse_tools({"tools": [_tool(older)]}).ignored
+    assert "$.properties.node.$recursiveRef" in line
+    assert "$recursiveAnchor" not in line
+    with pytest.raises(ToolError, match="keyword 'id'"):  # a schema under "id" is a property misplaced, not a URI
+        parse_tools({"tools": [_tool({"type": "object", "id": {"type": "string"}})]})
+
+
+@pytest.mark.parametrize(("keyword", "schema"), [
+    ("nullable", {"type": "object", "properties": {"a": {"type": "string", "nullable": True}}}),
+    ("$anchor", {"type": "object", "properties": {"a": {"type": "string", "$anchor": "a"}}}),
+    ("$dynamicRef", {"type": "object", "properties": {"a": {"$dynamicRef": "#a"}}}),
+    ("finite number", {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
+                                                              "exclusiveMinimum": True}}}),
+])
+def test_a_response_format_still_refuses_the_older_dialects_keywords(keyword, schema):
+    body = {"messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    with pytest.raises(ApiError, match=keyword.replace("$", r"\$")) as refused:
+        parse_chat_request(body)
+    assert refused.value.param.startswith("response_format")
+
+
+# what FastAPI (OpenAPI 3.0) and a draft-04 generator write: the arguments' shape is {"level": 1..10, "room": ...}
+DIMMER = {"$anchor": "dimmer", "type": "object", "additionalProperties": False, "required": ["level", "room"],
+          "properties": {"level": {"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum": 10},
+                         "room": {"type": "string", "enum": ["hall", "den"], "nullable": True}}}
+
+
+def test_openai_chat_answers_a_call_of_an_openapi_or_draft04_tool(server):
+    body = {"messages": [{"role": "user", "content": "Dim the hall"}], "tools": [_tool(DIMMER, "dim")],
+            "tool_choice": "required"}
+    status, answer = server.post("/v1/chat/completions", body)
+    assert status == 200, answer  # was 400: "keyword '$anchor' is not supported", then 'nullable', then "got true"
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "dim"
+    arguments = json.loads(call["function"]["arguments"])
+    assert set(arguments) == {"level", "room"}, arguments
+    assert isinstance(arguments["level"], int), arguments
+    assert 0 < arguments["level"] <= 10, arguments
+    assert arguments["room"] in ("hall", "den", None), arguments
