@@ -16,6 +16,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+# numpy loads numpy.random on its first use (np.random.default_rng in the first Sampler); a Ctrl-C that lands inside
+# that import (its Cython modules' init) was lost, and the run went on to its end: imported with this module instead
+import numpy.random  # noqa: F401
+
 from edgesdk.errors import EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import DecoderBackend
 from edgesdk.runtime.logprobs import LogprobRecorder
