@@ -83,10 +83,12 @@ def test_a_llama_gguf_without_head_count_kv_gets_its_query_key_rows_back_in_orde
         torch.testing.assert_close(loaded(ids).logits, original(ids).logits, rtol=0, atol=1e-5)
 
 
-def _bpe_gguf(path, pre: str):
-    """A one-layer Llama GGUF with a BPE vocabulary (tokenizer.ggml.model gpt2) holding the token "abc" that no merge
-    makes (the one merge, "a b", makes "ab"), tokenizer.ggml.pre ``pre`` and no tokenizer.ggml.add_bos_token."""
-    tokens = ["<unk>", "<s>", "</s>", *"abcdefgh", "ab", "abc"]
+def _bpe_gguf(path, pre: str, tokens: list[str] | None = None, merges: tuple[str, ...] = ("a b",),
+              add_bos: bool | None = None):
+    """A one-layer Llama GGUF with a BPE vocabulary (tokenizer.ggml.model gpt2), by default holding the token "abc"
+    that no merge makes (the one merge, "a b", makes "ab"), tokenizer.ggml.pre ``pre`` and, unless ``add_bos`` is
+    given, no tokenizer.ggml.add_bos_token."""
+    tokens = tokens or ["<unk>", "<s>", "</s>", *"abcdefgh", "ab", "abc"]
     vocab, width, ffn = len(tokens), 64, 96
     writer = gguf.GGUFWriter(str(path), "llama")
     for key, value in (("block_count", 1), ("embedding_length", width), ("attention.head_count", 2),
@@ -97,9 +99,11 @@ def _bpe_gguf(path, pre: str):
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types([2, 3, 3] + [1] * (vocab - 3))
-    writer.add_token_merges(["a b"])
+    writer.add_token_merges(list(merges))
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
     random = np.random.default_rng(0)
     for name, shape in {"token_embd.weight": (vocab, width), "output_norm.weight": (width,),
                         "blk.0.attn_norm.weight": (width,), "blk.0.attn_q.weight": (width, width),

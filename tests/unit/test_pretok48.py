@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import ModelSourceError
-from tests._utils.gguf_files import close_gguf
 from tests.unit.test_loader48 import LAYER_TENSORS, _convert_to_gguf
+from tests.unit.test_loader48 import _bpe_gguf as _bpe_gguf_of
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
@@ -26,29 +26,7 @@ IDS = {token: index for index, token in enumerate(TOKENS)}
 def _bpe_gguf(path: Path, pre: str) -> Path:
     """A one-layer Llama GGUF with the BPE vocabulary above (tokenizer.ggml.model gpt2) and tokenizer.ggml.pre
     ``pre``, as llama.cpp's converter writes one."""
-    vocab, width, ffn = len(TOKENS), 64, 96
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in (("block_count", 1), ("embedding_length", width), ("attention.head_count", 2),
-                       ("attention.head_count_kv", 1), ("context_length", 128), ("feed_forward_length", ffn)):
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(TOKENS)
-    writer.add_token_types([2, 3, 3] + [1] * (vocab - 3))
-    writer.add_token_merges(MERGES)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(False)
-    random = np.random.default_rng(0)
-    for name, shape in {"token_embd.weight": (vocab, width), "output_norm.weight": (width,),
-                        "blk.0.attn_norm.weight": (width,), "blk.0.attn_q.weight": (width, width),
-                        "blk.0.attn_k.weight": (32, width), "blk.0.attn_v.weight": (32, width),
-                        "blk.0.attn_output.weight": (width, width), "blk.0.ffn_norm.weight": (width,),
-                        "blk.0.ffn_gate.weight": (ffn, width), "blk.0.ffn_up.weight": (ffn, width),
-                        "blk.0.ffn_down.weight": (width, ffn)}.items():
-        writer.add_tensor(name, random.standard_normal(shape).astype(np.float32))
-    return close_gguf(writer, path)
+    return _bpe_gguf_of(path, pre, tokens=list(TOKENS), merges=tuple(MERGES), add_bos=False)
 
 
 def _load(path: Path):
