@@ -11,11 +11,13 @@ its tests:
 * the temperatures of the profile's thermal zones, Raspberry Pi's ``get_throttled`` bits and
   Jetson's nvpmodel mode where jetson-stats is installed (the thermal guard's sensors,
   ``$EDGESDK_THERMAL_ROOT`` moves the sysfs root);
-* the 1-minute load average, against the cores, and the CPU time of the whole machine and of this
-  process (``/proc/stat``'s ``cpu`` line and ``/proc/self/stat``'s utime and stime, proc(5)): the
-  difference over the run is the other processes' work while the tests ran, which the load average
-  (a minute's decaying mean, taken before the run) misses when it starts during the run and counts
-  when it was a previous run that has ended;
+* the 1-minute load average, against the cores, and the CPU time of the cores this process may run on
+  and of this process (``/proc/stat``'s ``cpuN`` lines of the CPUs in its affinity, ``sched_getaffinity``,
+  and ``/proc/self/stat``'s utime and stime, proc(5)): the difference over the run is the other
+  processes' work on those cores while the tests ran, which the load average (a minute's decaying mean
+  of the whole machine, taken before the run) misses when it starts during the run and counts when it
+  was a previous run that has ended. A bench pinned with ``taskset`` (or a cpuset) counts only its own
+  cores: work on the cores it does not use takes nothing from it;
 
 and turns what would make the figures low into warnings: a clock capped below the hardware's
 maximum or held by the ``powersave`` governor (the generic one: the ``powersave`` of intel_pstate and
@@ -92,16 +94,32 @@ def _ticks_per_s() -> int:
         return 100  # USER_HZ on every Linux architecture
 
 
-def read_cpu_seconds(proc_root: str | os.PathLike = "/proc") -> tuple[float | None, float | None]:
-    """(CPU seconds every CPU has spent working since boot, CPU seconds of this process and its threads), each
-    None where unreadable: ``stat``'s aggregate ``cpu`` line and ``self/stat``'s utime and stime (proc(5))."""
+def affinity_cpus() -> list[int] | None:
+    """The CPU numbers this process may run on (``taskset``, a cpuset; ``sched_getaffinity``), None where the
+    platform does not say."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return None
+
+
+def read_cpu_seconds(proc_root: str | os.PathLike = "/proc", cpus: Sequence[int] | None = None
+                     ) -> tuple[float | None, float | None]:
+    """(CPU seconds the CPUs have spent working since boot, CPU seconds of this process and its threads), each
+    None where unreadable: ``stat``'s aggregate ``cpu`` line, or where ``cpus`` names CPUs (the affinity) the sum of
+    their ``cpuN`` lines (an offline CPU has none), and ``self/stat``'s utime and stime (proc(5))."""
     hz = _ticks_per_s()
     machine = own = None
     text = _read(Path(proc_root) / "stat")
-    line = text.splitlines()[0].split() if text else []
-    if len(line) > max(BUSY_FIELDS) + 1 and line[0] == "cpu":
+    wanted = None if cpus is None else {f"cpu{cpu}" for cpu in cpus}
+    lines = [line.split() for line in (text.splitlines() if text else [])]
+    if wanted is None:
+        lines = [line for line in lines[:1] if line and line[0] == "cpu"]
+    else:
+        lines = [line for line in lines if line and line[0] in wanted]
+    if lines and all(len(line) > max(BUSY_FIELDS) + 1 for line in lines):
         try:
-            machine = sum(int(line[1 + index]) for index in BUSY_FIELDS) / hz
+            machine = sum(int(line[1 + index]) for line in lines for index in BUSY_FIELDS) / hz
         except ValueError:
             machine = None
     text = _read(Path(proc_root) / "self" / "stat")
@@ -132,9 +150,10 @@ def snapshot(zones: Sequence[str], thermal_root: str | os.PathLike | None = None
         load = round(os.getloadavg()[0], 2)
     except OSError:  # not every platform keeps one
         load = None
-    machine_s, own_s = read_cpu_seconds(proc_root)
+    cpus = affinity_cpus()
+    machine_s, own_s = read_cpu_seconds(proc_root, cpus)
     return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "monotonic_s": time.monotonic(),
-            "cpu_busy_s": machine_s, "own_cpu_s": own_s, "load_1min": load,
+            "cpus": cpus, "cpu_busy_s": machine_s, "own_cpu_s": own_s, "load_1min": load,
             "clocks": read_clocks(cpufreq_root_dir), "cpufreq_driver": read_driver(cpufreq_root_dir),
             "temperatures_c": temperatures, "throttled": throttled,
             "nvpmodel": nvpmodel}
@@ -149,8 +168,9 @@ def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = N
         found.append(f"the 1-minute load average was {load} on {cores} cores before the run: other work may "
                      "have shared the cores (run nothing else heavy while benchmarking)")
     if others is not None and others > OTHER_CPU_CORES:
-        found.append(f"other processes kept {others:.1f} cores busy on average while the tests ran: they shared "
-                     "the cores (run nothing else heavy while benchmarking)")
+        where = f" of the {len(after['cpus'])} this bench may run on" if after.get("cpus") else ""
+        found.append(f"other processes kept {others:.1f} cores{where} busy on average while the tests ran: they "
+                     "shared the cores (run nothing else heavy while benchmarking)")
     for clock in after.get("clocks", []):
         name = f"{clock['policy']} (cpus {clock['cpus']})" if clock.get("cpus") else clock["policy"]
         if clock.get("governor") == "powersave" and after.get("cpufreq_driver") not in DYNAMIC_POWERSAVE_DRIVERS:
@@ -173,9 +193,12 @@ def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = N
 
 
 def other_cores(before: dict, after: dict) -> float | None:
-    """Cores the other processes kept busy on average between the two snapshots; None where unknown."""
+    """Cores the other processes kept busy on average between the two snapshots, counting only the CPUs the
+    snapshots' ``cpu_busy_s`` covers (this process's affinity); None where unknown, or where the affinity changed
+    between them (the two sums count other CPUs)."""
     keys = ("cpu_busy_s", "own_cpu_s", "monotonic_s")
-    if any(before.get(key) is None or after.get(key) is None for key in keys):
+    if any(before.get(key) is None or after.get(key) is None for key in keys) or \
+            before.get("cpus") != after.get("cpus"):
         return None
     wall = after["monotonic_s"] - before["monotonic_s"]
     if wall <= 0:
