@@ -13,6 +13,7 @@ import contextlib
 import getpass
 import json
 import os
+import shlex
 import shutil
 import socket
 import time
@@ -108,10 +109,29 @@ def systemctl(scope, *args, timeout=120):
     return run_quiet(["systemctl", *(["--user"] if scope == "user" else []), *args], timeout=timeout)
 
 
+def journal_lines(*select):
+    """The unit's last JOURNAL_LINES lines as ``journalctl SELECT`` finds them ("" where none). ``-q`` keeps
+    "-- No entries --" and the hint about unreadable journals out of them (journalctl(1) "--quiet")."""
+    code, out = run_quiet(["journalctl", "-q", *select, "-n", str(JOURNAL_LINES), "--no-pager", "-o", "cat"],
+                          timeout=30)
+    text = "\n".join(line for line in out.strip().splitlines() if line.strip() != "-- No entries --")
+    return text.strip() if code == 0 else ""
+
+
 def journal_tail(scope):
-    code, out = run_quiet(["journalctl", *(["--user"] if scope == "user" else []), "-u", SERVICE_NAME,
-                           "-n", str(JOURNAL_LINES), "--no-pager", "-o", "cat"], timeout=30)
-    return out.strip() if code == 0 and out.strip() else "(no journal lines)"
+    """The unit's last journal lines. A user unit's are in the user's own journal file only where the
+    journal is persistent: journald splits it per user (SplitMode=uid) on persistent storage alone, so on a
+    volatile journal (Storage=volatile, or auto with no /var/log/journal: many boards) ``journalctl --user``
+    finds nothing and the lines are in the system journal, matched by ``--user-unit`` (_SYSTEMD_USER_UNIT=
+    and _UID=; journald.conf(5) "SplitMode=", journalctl(1) "--user-unit"). Where neither shows any (the
+    system journal is readable by root and the groups systemd-journal and adm only), say where they are."""
+    if scope == "system":
+        return journal_lines("-u", SERVICE_NAME) or "(no journal lines)"
+    text = journal_lines("--user", "-u", SERVICE_NAME) or journal_lines("--user-unit", SERVICE_NAME)
+    return text or (f"(no journal lines readable as {getpass.getuser()}: on a board whose journal is volatile "
+                    "a user unit's lines are in the system journal; read them with 'sudo journalctl "
+                    f"--user-unit {SERVICE_NAME} _UID={os.geteuid()}', or add {getpass.getuser()} to the group "
+                    "systemd-journal)")
 
 
 # The board asks its own address: never through the http_proxy that /etc/environment may set for apt and
@@ -192,13 +212,45 @@ def listening(url):
         return False
 
 
+def unit_bind(path):
+    """(host, port) that the unit file at ``path`` gives ``edgesdk serve`` (its ExecStart's ``--host`` and
+    ``--port``, as render_unit writes them), or None where there is no such file or line."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            line = next(x for x in handle.read().splitlines() if x.startswith("ExecStart="))
+        words = [w.replace("%%", "%").replace("$$", "$") for w in shlex.split(line[len("ExecStart="):])]
+        return words[words.index("--host") + 1], int(words[words.index("--port") + 1])
+    except (OSError, TypeError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def unit_answers_on(unit, url):
+    """Whether the server of the unit file ``unit`` is what accepts connections on the host and port of ``url``:
+    the same port, and a bind on that very address or on a wildcard. A server bound to 0.0.0.0 (or to ::, which
+    on Linux takes IPv4 too unless bindv6only is set) accepts on every address of the board, and while it holds
+    the port no other program can bind any address of the board to it (bind(2) EADDRINUSE; ip(7)
+    SO_REUSEADDR: not while a socket listens there). Its health URL is 127.0.0.1, so a unit moved from 0.0.0.0
+    to a LAN address on the same port was taken for a foreign server by its URL alone."""
+    bind = unit_bind(unit)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return False
+    if bind is None or host is None or bind[1] != port:
+        return False
+    bound = bind[0].strip("[]")
+    return bound == "::" or (bound == "0.0.0.0" and ":" not in host) or bound == host
+
+
 def refuse_a_foreign_server(scope, url, record, fix):
     """Refuse where something other than this unit already listens on the port of ``url``: the unit's server
     could not listen there (llama-server's default port is 8080 too, Ollama's 11434), and a server that says
     200 on /health would be taken for the unit's own. An active unit that this root installed for the same
     URL is the one answering."""
     code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
-    ours = state.strip() == "active" and (record is None or record.get("health_url") == url)
+    ours = state.strip() == "active" and (record is None or record.get("health_url") == url
+                                          or unit_answers_on(record.get("unit"), url))
     if not ours and listening(url):
         port = urllib.parse.urlsplit(url).port
         raise Refused(f"something other than the {scope} unit {SERVICE_NAME} already answers on {url} (a program "

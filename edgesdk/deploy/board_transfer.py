@@ -1,6 +1,7 @@
 """The board side of deploy, part 2 of 5: probe (what the board is and holds) and receiving files."""
 
 import errno
+import getpass
 import hashlib
 import json
 import os
@@ -153,6 +154,36 @@ def check_root(root):
                       "pass --remote-root a directory on the board (made if missing), e.g. --remote-root ~/edgesdk")
 
 
+# What CUDA opens on a Jetson (nvgpu and nvmap; JetPack 6 also names the GPU under /dev/nvgpu/igpu0). L4T's
+# udev rules give them to the group video, mode 0660, so a user outside that group has no usable CUDA device
+# (cudaGetDeviceCount fails) though TensorRT imports; a container sees them only with --runtime nvidia.
+JETSON_GPU_NODES = ("nvhost-ctrl-gpu", "nvmap", "nvgpu/igpu0/ctrl")
+
+
+def jetson_gpu_problem(dev="/dev"):
+    """Why this user cannot use the Jetson's GPU (None where it can): its device nodes missing, or not open for
+    reading and writing to this user."""
+    present = [os.path.join(dev, n) for n in JETSON_GPU_NODES if os.path.exists(os.path.join(dev, n))]
+    user = getpass.getuser()
+    if not present:
+        return (f"no GPU device node of a Jetson ({', '.join(os.path.join(dev, n) for n in JETSON_GPU_NODES)}) "
+                "exists here, so CUDA sees no device", "in a container, start it with --runtime nvidia (the NVIDIA "
+                "Container Toolkit passes the GPU's nodes in); on the board itself, check that the nvgpu driver "
+                "loaded (dmesg | grep nvgpu)")
+    closed = [node for node in present if not os.access(node, os.R_OK | os.W_OK)]
+    if not closed:
+        return None
+    try:
+        import grp
+
+        group = grp.getgrgid(os.stat(closed[0]).st_gid).gr_name
+    except (ImportError, KeyError, OSError):
+        group = "video"
+    return (f"{user} cannot open the GPU's device node{'s' if len(closed) > 1 else ''} {', '.join(closed)} (group "
+            f"{group}), so CUDA sees no device", f"add {user} to the group {group} on the board (sudo usermod -aG "
+            f"{group} {user}), then deploy again: a new ssh session has the group")
+
+
 def op_probe(params):
     p, root = paths(params["root"])
     check_root(root)
@@ -170,6 +201,7 @@ def op_probe(params):
                    "bits": struct.calcsize("P") * 8,  # 32 on a 32-bit userland, where uname still says aarch64
                    "in_venv": sys.prefix != getattr(sys, "base_prefix", sys.prefix)},
         "tensorrt": tensorrt_version() if os.path.exists("/etc/nv_tegra_release") else None,
+        "gpu_problem": jetson_gpu_problem() if os.path.exists("/etc/nv_tegra_release") else None,
         "runtime": runtime_facts(p),
         "state": release_list(p),
     }

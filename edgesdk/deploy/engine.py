@@ -51,6 +51,11 @@ def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, 
     if not (facts.raw.get("tensorrt") or {}).get("python"):
         return EngineDecision(False, f"skipped: TensorRT {facts.tensorrt} is installed but its Python bindings are "
                                      "not importable (JetPack's python3-libnvinfer)")
+    gpu_problem = facts.raw.get("gpu_problem")
+    if gpu_problem:  # 'edgesdk engine check' imports TensorRT only: the build would fail on "no CUDA device"
+        problem, fix = gpu_problem
+        return EngineDecision(False, f"skipped: TensorRT {facts.tensorrt} is present, but {problem}; the runtime "
+                                     f"falls back to ONNX Runtime on the CPU. Fix: {fix}")
     module = engine_module(facts.board)
     key = cache_key(facts.board.jetpack, facts.tensorrt, gpu_sm, module)
     same = f"JetPack, TensorRT, SM and module ({module})" if module else "JetPack, TensorRT and SM"

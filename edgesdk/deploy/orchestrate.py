@@ -447,6 +447,15 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                 switched = board.call("switch", {"bundle_id": bundle.bundle_id, "action": "deploy",
                                                  "runtime_key": runtime_key})
             except DeployError as failed:
+                if isinstance(failed, BoardRefusal):
+                    # The board answered: op_switch refuses before any link moves (another deploy holding the
+                    # root's lock past its wait is one such refusal) or puts every link back first, so this
+                    # deploy switched nothing. Asking the board to switch back would wait on that lock again
+                    # and, refused again, could only say current may be either release.
+                    kept = (f"current stays releases/{previous}, as it was before this deploy" if previous else
+                            "the board still has no current release")
+                    raise DeployError(f"{failed.problem}\nthe board refused the switch before moving any link, so "
+                                      f"nothing was switched: {kept}", failed.fix) from failed
                 if previous and previous != bundle.bundle_id:
                     now = switch_back(board, failed, previous, bundle.bundle_id, facts.state.get("previous"),
                                       active_runtime if runtime_key else None)

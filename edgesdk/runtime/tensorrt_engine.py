@@ -8,6 +8,10 @@ module, bundle id, build time, flags, profile and I/O shapes) into one directory
     <deploy root>/engines/<bundle-id>/jp<JetPack>-trt<TensorRT>-sm<SM>-<module>/   bundle under <root>/releases/
     $EDGESDK_CACHE/engines/<bundle-id>/jp…-trt…-sm…-<module>/                      any other bundle
 
+On a machine that is not a Jetson the module is the CUDA device's name (``NVIDIA-GeForce-RTX-4090``):
+engines are specific to the GPU model, not only its SM, unless built with hardware compatibility
+(TensorRT developer guide, "Hardware Compatibility"), which edgesdk's builder does not ask for.
+
 The module is part of the key because the SM is not enough: AGX Orin, Orin NX and Orin Nano are
 all sm_87, and TensorRT warns that "Using an engine plan file across different models of devices
 is not recommended and is likely to affect performance or even cause errors" (an INT8 engine built
@@ -157,8 +161,9 @@ def _mismatch(directory: Path, info: dict, bundle_id: str, tensorrt: str, sm: in
             # format 2 records the module; None means the builder could not tell its own (no device-tree model,
             # as in a container that hides /proc/device-tree), not an engine from before modules were recorded
             return (f"it was built where the module could not be told (its {INFO_FILE} records none: no device-tree "
-                    f"model there, as in a container that hides /proc/device-tree), and engines are not to be shared "
-                    f"across modules of one SM; this board is {module}")
+                    f"model there, as in a container that hides /proc/device-tree, or a GPU whose name an older edgesdk "
+                    f"did not record), and engines are not to be shared across modules or GPU models of one SM; this "
+                    f"board is {module}")
         if info.get("module") is None:
             return (f"it does not record the module it was built on (an engine.json of format "
                     f"{info.get('format', '?')}, before edgesdk keyed engines by module), and engines are not to be "
@@ -331,10 +336,49 @@ def board_jetpack() -> str | None:
 
 
 def board_module() -> str | None:
-    """This board's module for the engine key (:func:`engine_module`), or None."""
+    """This board's module for the engine key (:func:`engine_module`), or None. On a machine that is not a
+    Jetson it is the CUDA device's name (``NVIDIA-GeForce-RTX-4090``): an engine is specific to the GPU model
+    it was built on, not only to its compute capability (an RTX 4090 and an L40 are both sm_89), unless it was
+    built with hardware compatibility (TensorRT developer guide, "Hardware Compatibility": "By default,
+    TensorRT engines are compatible only with the type of device where they were built"), which this
+    builder does not ask for."""
     from edgesdk.board import detect_board
 
-    return engine_module(detect_board())
+    board = detect_board()
+    module = engine_module(board)
+    if module is None and board.family != "jetson":
+        name = cuda_device_name()
+        module = gpu_module(name) if name else None
+    return module
+
+
+def gpu_module(name: str) -> str:
+    """The engine key's module for a discrete GPU named ``name`` (cudaDeviceProp.name)."""
+    return _clean(name.strip().replace(" ", "-"))
+
+
+def cuda_device_name(device: int = 0) -> str | None:
+    """The CUDA device's name (``cudaDeviceProp.name``, e.g. "NVIDIA GeForce RTX 4090"), or None where no
+    CUDA runtime answers. ``name`` is the first member of cudaDeviceProp (char[256]) in every CUDA version,
+    so the struct is read into a buffer larger than any version's struct (about 1 KB)."""
+    import ctypes
+
+    lib = _cudart()
+    if lib is not None:
+        props = ctypes.create_string_buffer(16384)
+        get = getattr(lib, "cudaGetDeviceProperties_v2", None) or getattr(lib, "cudaGetDeviceProperties", None)
+        if get is not None and get(props, device) == 0:
+            name = props.raw[:256].split(b"\0", 1)[0].decode("utf-8", "replace").strip()
+            if name:
+                return name
+    try:
+        import torch
+    except ImportError:
+        return None
+    try:
+        return torch.cuda.get_device_name(device) if torch.cuda.is_available() else None
+    except (RuntimeError, AssertionError):
+        return None
 
 
 # --- what to build -----------------------------------------------------------------------------
