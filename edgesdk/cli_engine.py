@@ -1,7 +1,8 @@
 """``edgesdk engine``: build the TensorRT engine of a bundle on the board that will run it.
 
 Registered on the main CLI by one line at the bottom of ``edgesdk/cli.py``. ``edgesdk deploy``
-runs ``edgesdk engine check`` on the board (can this edgesdk's own Python import TensorRT?) and
+runs ``edgesdk engine check`` on the board (can this edgesdk's own Python import TensorRT, and is a
+CUDA device usable?) and
 then ``edgesdk engine build RELEASE --out CACHE_DIR`` there (edgesdk/deploy/engine.py). TensorRT
 is imported inside the commands, so ``--help`` works on any machine.
 """
@@ -57,7 +58,10 @@ def engine_build(bundle, out, workspace_mb, max_seq, strongly_typed, timing_cach
 
 @engine.command("check")
 def engine_check():
-    """Exit 0 when this edgesdk's Python can import TensorRT (a new enough one), printing its version."""
-    from edgesdk.runtime.tensorrt_engine import import_tensorrt
+    """Exit 0 when this edgesdk's Python can import TensorRT (a new enough one) and a CUDA device is usable,
+    printing TensorRT's version and the device's SM: an engine build needs both (it fails on "no CUDA device is
+    usable" where the driver is missing or too old, or CUDA_VISIBLE_DEVICES hides the GPU)."""
+    from edgesdk.runtime.tensorrt_engine import import_tensorrt, require_sm
 
-    click.echo(import_tensorrt().__version__)
+    version = import_tensorrt().__version__
+    click.echo(f"{version} sm{require_sm()}")

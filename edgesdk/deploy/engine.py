@@ -87,7 +87,8 @@ NO_BUILDER = BuilderStatus(False, "the board's edgesdk has no TensorRT engine bu
 
 
 def builder_status(board: Board, edgesdk: list[str]) -> BuilderStatus:
-    """Ask the board's edgesdk whether its own Python imports TensorRT (``edgesdk engine check``).
+    """Ask the board's edgesdk whether its own Python imports TensorRT and sees a usable CUDA device
+    (``edgesdk engine check``).
 
     The probe's answer is about the board's system Python; the runtime's venv sees JetPack's
     TensorRT only when it was made with system site-packages.
@@ -104,6 +105,9 @@ def builder_status(board: Board, edgesdk: list[str]) -> BuilderStatus:
     # where the first line was "Traceback (most recent call last):" or a warning
     said = [line for line in lines if line.startswith("error: ")]
     problem = (said[0].removeprefix("error: ") if said else lines[-1]) if lines else f"exit status {proc.returncode}"
+    if problem.startswith("no CUDA device is usable"):  # TensorRT imports; the GPU does not answer
+        return BuilderStatus(False, f"the board's GPU cannot be used ({problem}; check the board's CUDA driver, "
+                                    "CUDA_VISIBLE_DEVICES, and that the deploy user may open the GPU)")
     return BuilderStatus(False, f"the board's edgesdk cannot use it ({problem}; deploy with "
                                 "--runtime-venv-system-site-packages so the runtime sees JetPack's TensorRT)")
 
