@@ -123,14 +123,21 @@ def read_device_tree_model(root: str | os.PathLike = "/") -> str | None:
 
     A container hides the device tree (Docker masks ``/sys/firmware``, where ``/proc/device-tree``
     points); there the Raspberry Pi kernel's ``Model`` line in ``/proc/cpuinfo``, the same string,
-    still names the board.
+    still names the board. A Jetson kernel prints no such line: jetson-containers' ``run.sh``
+    (dusty-nv/jetson-containers) copies the host's ``/proc/device-tree/model`` to ``/tmp/nv_jetson_model``
+    and mounts it there ("/proc or /sys files aren't mountable into docker"), where jetson-utils reads
+    it when the device tree is empty (``codec/gstEncoder.cpp``: "this is where it gets mounted in the
+    container").
     """
     for rel in ("proc/device-tree/model", "sys/firmware/devicetree/base/model"):
         text = _read_text(root, rel)
         if text is not None:
             model = text.replace("\x00", " ").strip()
             return model or None
-    return dict(_cpuinfo_fields(root)).get("Model") or None
+    model = dict(_cpuinfo_fields(root)).get("Model")
+    if model:
+        return model
+    return (_read_text(root, "tmp/nv_jetson_model") or "").replace("\x00", " ").strip() or None
 
 
 def read_l4t_release(root: str | os.PathLike = "/") -> str | None:

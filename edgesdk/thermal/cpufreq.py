@@ -190,6 +190,9 @@ class Policy:
         return max(self.floor_khz, above[0] if above else self.ceiling_khz)
 
 
+_UNSETTLED = -1.0  # CpuFreqCap.ratio while a set_ratio pass runs: equal to no ratio, so the next call redoes it
+
+
 class CpuFreqCap:
     """Caps every writable cpufreq policy at a share of its ceiling; ``set_ratio(None)`` restores.
 
@@ -276,17 +279,31 @@ class CpuFreqCap:
         answer) must not cap the clock again once it was given back and the lock let go."""
         if ratio == self.ratio or self._closed:
             return
-        self.ratio = ratio
+        # Unsettled until every policy has it: a pass cut short (Ctrl-C or SIGTERM's exit landing in it, a warning
+        # that cannot be written to a closed stderr) is done again by the next call, close()'s restore among them.
+        # Set first, a restore cut short after its first policy left the others capped: close() took the ceilings
+        # for given back and wrote nothing.
+        self.ratio = _UNSETTLED
+        failed: Exception | None = None
         for policy in self.policies:
             if not policy.released:
-                self._apply(policy, ratio)
+                try:
+                    self._apply(policy, ratio)
+                except Exception as error:  # its warning failed: the other policies still get their ceiling back
+                    failed = failed or error
+        self.ratio = ratio if failed is None else _UNSETTLED
         self._save_state()
+        if failed is not None:
+            raise failed
 
     def _apply(self, policy: Policy, ratio: float | None) -> None:
         """Cap one policy at ``ratio`` of its ceiling, or give the ceiling back (``None``)."""
         current = _read_khz(policy.max_file)
         if current is None:
             return  # unreadable now: no write that could raise it
+        if ratio is None and policy.written_khz is not None and current == policy.ceiling_khz:
+            policy.written_khz = None  # back already: a restore whose write took, cut short before this was noted
+            return
         lowered = _kernel_limiting(policy.path)  # the file reads the kernel's lower limit, not a write
         if policy.written_khz is not None and current != policy.written_khz and not (
                 current < policy.written_khz and lowered):
@@ -309,8 +326,17 @@ class CpuFreqCap:
                        "the clock and leaves it alone; for --clock-cap to act, undo that (sudo jetson_clocks "
                        "--restore after a --store, or re-apply the power mode: sudo nvpmodel -m <mode>) or lower "
                        "scaling_min_freq")
-        if value != requested and not self._write(policy, value, restoring=ratio is None):
-            return
+        if value != requested:
+            before = policy.written_khz
+            if ratio is not None:
+                # Noted (and recorded in the state file) before the write: a Ctrl-C landing just after the write
+                # still leaves close() a cap to give back, and a run killed there (SIGKILL, the OOM killer) leaves
+                # recover() one. A write that never happened reads back as the ceiling: nothing is undone then.
+                policy.written_khz = value
+                self._save_state()
+            if not self._write(policy, value, restoring=ratio is None):
+                policy.written_khz = before
+                return
         policy.written_khz = None if ratio is None else value
 
     def _write(self, policy: Policy, value: int, restoring: bool = False) -> bool:
@@ -328,12 +354,14 @@ class CpuFreqCap:
         return True
 
     def close(self) -> None:
-        """Give every ceiling back, then let another run cap."""
-        self.set_ratio(None)
-        self._closed = True
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
+        """Give every ceiling back, then let another run cap (also when a warning on the way fails)."""
+        try:
+            self.set_ratio(None)
+        finally:
+            self._closed = True
+            if self._lock is not None:
+                self._lock.close()
+                self._lock = None
 
     def _save_state(self) -> None:
         if self.state_path is None:
