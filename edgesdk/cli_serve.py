@@ -202,6 +202,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
         raise click.BadParameter("must be printable ASCII without spaces, as an HTTP header carries it; pick "
                                  "another key, e.g. from: python -c 'import secrets; print(secrets.token_urlsafe())'",
                                  param_hint="'--api-key'")
+    _refuse_empty_host(listen_host)
     _refuse_unix_socket(listen_host)
     several, model_name = None, None
     if len(paths) > 1:
@@ -242,14 +243,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
             server = ApiServer((listen_host, port), completer, name, api_key=api_keys, log=not quiet,
                                metrics=metrics, pool=pool)
         except OSError as exc:
-            import errno
-            import socket
-
-            shown = f"[{listen_host.strip('[]')}]" if ":" in listen_host else listen_host
-            fix = ("pass an address of this machine to --host (127.0.0.1; 0.0.0.0 or :: for every interface)"
-                   if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
-                   else "pick another --port (0 takes a free one), or stop what listens there")
-            raise EdgeSDKError(f"cannot listen on {shown}:{port} ({exc.strerror or exc})", fix) from exc
+            raise listen_error(exc, listen_host, port) from exc
         if pool is not None:  # the pool holds the first model from here on: a swap gives back its ONNX Runtime
             runtime = completer = None  # session and weights only where nothing else keeps it
         served = name if pool is None else ", ".join(pool.models)
@@ -312,6 +306,48 @@ def _bundles_in(directory: Path) -> list[Path]:
                            f"build or deploy bundles into it (edgesdk build --out {directory}/NAME), or pass a bundle's "
                            "path as BUNDLE")
     return found
+
+
+def listen_error(exc: OSError, listen_host: str, port: int) -> EdgeSDKError:
+    """Why ``edgesdk serve`` cannot listen on ``listen_host:port`` (the bind's ``exc``), with the fix that fits it: an
+    address this machine lacks (a host name not found, EADDRNOTAVAIL) wants another --host; a port taken (EADDRINUSE)
+    another --port or the listener stopped; a port refused (EACCES) is one below the first port an unprivileged user
+    may bind (1024, Linux's net.ipv4.ip_unprivileged_port_start), which needs root or CAP_NET_BIND_SERVICE, as
+    llama-server's bind fails there too ("couldn't bind HTTP server socket"): another port, not a port "taken"."""
+    import errno
+    import socket
+
+    shown = f"[{listen_host.strip('[]')}]" if ":" in listen_host else listen_host
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        fix = "pass an address of this machine to --host (127.0.0.1; 0.0.0.0 or :: for every interface)"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        first = _first_unprivileged_port()
+        fix = (f"ports below {first} need root or the CAP_NET_BIND_SERVICE capability: pass --port {first} or above "
+               f"(8080 is llama-server's; 0 takes a free one) and point clients or a reverse proxy at it, or grant "
+               f"this Python the capability (sudo setcap cap_net_bind_service=+ep \"$(readlink -f \"$(command -v "
+               f"python3)\")\"), or lower net.ipv4.ip_unprivileged_port_start with sysctl")
+    else:
+        fix = "pick another --port (0 takes a free one), or stop what listens there"
+    return EdgeSDKError(f"cannot listen on {shown}:{port} ({exc.strerror or exc})", fix)
+
+
+def _first_unprivileged_port() -> int:
+    """The first port an unprivileged process may bind: Linux's net.ipv4.ip_unprivileged_port_start, else 1024."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text())
+    except (OSError, ValueError):
+        return 1024
+
+
+def _refuse_empty_host(listen_host: str) -> None:
+    """An empty (or blank) --host is refused: Python's socket binds "" to every interface (INADDR_ANY), as
+    llama-server's cpp-httplib does (an empty host passes no node to getaddrinfo with AI_PASSIVE), so ``--host
+    "$HOST"`` with the variable unset served the model to the whole network where the default is this machine only,
+    and the start line named no host ("http://:8080"). Every interface is asked for by name."""
+    if not listen_host.strip():
+        raise click.BadParameter(f"{listen_host!r} is empty: an empty host would listen on every interface; pass "
+                                 "127.0.0.1 (the default) for this machine only, or 0.0.0.0 (or :: for IPv6 too) for "
+                                 "every interface", param_hint="'--host'")
 
 
 def _refuse_unix_socket(listen_host: str) -> None:

@@ -273,6 +273,18 @@ def _failure_function(pattern: str) -> list[int]:
     return failure
 
 
+def _constraint_refusal(request: CompletionRequest, exc: GrammarError) -> ApiError:
+    """The 400 of a constraint the request asked for that cannot be followed (:class:`GrammarError`: a ``<token>``
+    this vocabulary lacks, more parses at once than the matcher follows), named as the field that gave it, whether
+    it was found before the answer's first token or later in the answer (the walk that meets the cap runs when a
+    token reaches the nested repetitions): the same grammar gets the same refusal wherever the model's tokens take
+    it, not a server error. Once a stream's headers are out it is the stream's last event, as llama-server ends a
+    stream whose grammar failed (its sampler's "Unexpected empty grammar stack" as an error event)."""
+    # in the order _constraint picks the constraint: a grammar before the tools' schema and the response format's
+    param = "grammar" if request.grammar is not None else "tools" if request.tools is not None else "response_format"
+    return ApiError(400, f"{param}: {exc.problem}; {exc.fix}", param=param)
+
+
 DROPPED_WAIT_S = 5.0  # how long a request waits for the place a dropped waiter (its client gone) gives back
 
 
@@ -1158,6 +1170,9 @@ class Completer:
                 self._failed(exc)
                 raise
             self._end_early()
+        except GrammarError as exc:  # the constraint's walk cap, met past the first token: the request's grammar
+            self._failed(exc)
+            raise _constraint_refusal(request, exc) from exc
         except BaseException as exc:
             self._failed(exc)
             raise
@@ -1211,8 +1226,8 @@ class Completer:
             try:
                 return GrammarConstraint(token_bytes, request.grammar, tokenizer.eos_token_ids,
                                          token_id_of=tokenizer.token_id)
-            except GrammarError as exc:  # a <token> this vocabulary does not hold
-                raise ApiError(400, f"grammar: {exc.problem}; {exc.fix}", param="grammar") from exc
+            except GrammarError as exc:  # a <token> this vocabulary does not hold, parses past the walk's cap
+                raise _constraint_refusal(request, exc) from exc
         if schema is not None:
             return SchemaConstraint(token_bytes, schema)
         return JsonConstraint(token_bytes)

@@ -781,8 +781,9 @@ class ApiHandler(BaseHTTPRequestHandler):
                 # true)
                 prompt = completer.runtime.tokenizer.tokenizer.decode(completer.prompt_ids(request),
                                                                       skip_special_tokens=False)
-                tasks.append((request, prompt, llama_native.generation_settings(request, completer.sampling(request),
-                                                                                completer.defaults.n_keep)))
+                tasks.append((request, prompt, llama_native.generation_settings(
+                    request, completer.sampling(request), completer.defaults.n_keep, completer.defaults.max_tokens,
+                    completer.shifts(request))))
             return tasks
 
         if self.server.pool is not None:

@@ -201,7 +201,14 @@ def stop_type(completion: Completion) -> str:
 
 def timings(completion: Completion) -> dict:
     """llama-server's ``timings``: prompt tokens processed (the cached ones apart) and tokens generated, with
-    their milliseconds, per token and per second."""
+    their milliseconds, per token and per second.
+
+    The per-token figures divide by every token generated, the first one too, as llama-server's ``get_timings``
+    does (tools/server/server-context.cpp: ``predicted_per_token_ms = t_token_generation / n_decoded``,
+    ``predicted_per_second = 1e3 / t_token_generation * n_decoded``), though its ``t_token_generation``, as
+    ``predicted_ms`` here, runs from the first token's pick to the last's. ``predicted_n`` leaves out the end-of-text
+    token an answer stopped at, as ``usage.completion_tokens`` does here; llama-server counts it (its ``n_decoded``
+    is bumped before ``process_token`` sees the end of text), one more for such an answer."""
     prompt_n = completion.prompt_tokens - completion.cached_tokens
     predicted_n = completion.completion_tokens
 
@@ -209,8 +216,7 @@ def timings(completion: Completion) -> dict:
         return (ms / count if count else 0.0), (count * 1e3 / ms if ms > 0 else 0.0)
 
     prompt_per_token, prompt_per_second = rates(prompt_n, completion.prompt_ms)
-    # the first answer token ends the prompt's time: the generated tokens' time is spent on the rest
-    predicted_per_token, predicted_per_second = rates(max(predicted_n - 1, 0), completion.predicted_ms)
+    predicted_per_token, predicted_per_second = rates(predicted_n, completion.predicted_ms)
     body = {"cache_n": completion.cached_tokens, "prompt_n": prompt_n, "prompt_ms": round(completion.prompt_ms, 3),
             "prompt_per_token_ms": round(prompt_per_token, 3), "prompt_per_second": round(prompt_per_second, 3),
             "predicted_n": predicted_n, "predicted_ms": round(completion.predicted_ms, 3),
@@ -221,10 +227,22 @@ def timings(completion: Completion) -> dict:
     return body
 
 
-def generation_settings(request: CompletionRequest, sampling: SamplingConfig, server_keep: int = 0) -> dict:
+def generation_settings(request: CompletionRequest, sampling: SamplingConfig, server_keep: int = 0,
+                        server_max_tokens: int | None = None, shifts: bool = False) -> dict:
     """The settings the answer was generated with, in llama-server's names (-1: no seed given); ``n_keep`` the
-    request's, else the server's ``--keep`` (``server_keep``), as llama-server's slot params show them."""
-    return {"n_predict": 0 if request.max_tokens == 0 else sampling.max_new_tokens, "temperature": sampling.temperature, "top_k": sampling.top_k,
+    request's, else the server's ``--keep`` (``server_keep``), as llama-server's slot params show them.
+
+    ``n_predict`` is the limit asked for, the request's, else the server's (``server_max_tokens``, its
+    ``--max-new-tokens``), as llama-server's ``params.n_predict`` shows it (server-task.cpp ``to_json``): -1 for no
+    limit but the context, not the context's size the answer is held to, and a limit past the context as it was
+    given. An answer that ``shifts`` its context without a limit shows the ten contexts it stops at
+    (completion.py, ``SHIFTED_LIMIT_CONTEXTS``), a limit llama-server does not have."""
+    asked = request.max_tokens if request.max_tokens is not None else server_max_tokens
+    if asked is None or (shifts and asked >= UNTIL_THE_CONTEXT_FILLS):
+        n_predict = sampling.max_new_tokens
+    else:
+        n_predict = -1 if asked >= UNTIL_THE_CONTEXT_FILLS else asked
+    return {"n_predict": n_predict, "temperature": sampling.temperature, "top_k": sampling.top_k,
             "top_p": sampling.top_p, "min_p": sampling.min_p, "samplers": list(sampling.samplers),
             "seed": -1 if sampling.seed is None else sampling.seed,
             "repeat_penalty": sampling.repeat_penalty, "repeat_last_n": sampling.repeat_last_n,
@@ -232,6 +250,17 @@ def generation_settings(request: CompletionRequest, sampling: SamplingConfig, se
             "stop": list(request.stop), "ignore_eos": request.ignore_eos, "stream": request.stream,
             "n_probs": request.logprobs or 0, "post_sampling_probs": False,
             "n_keep": server_keep if request.n_keep is None else request.n_keep, "n_discard": request.n_discard}
+
+
+def tokens_cached(completion: Completion) -> int:
+    """llama-server's ``tokens_cached``: the tokens its slot's KV cache holds once the answer ended
+    (server-context.cpp ``send_final_response``: ``slot.prompt.n_tokens()``), the prompt and every token it sampled
+    but the last, which ended the answer before it was fed back: at the token limit or a stop string one fewer than
+    the prompt's and the answer's tokens. An answer ended by the end-of-text token (or a grammar that is complete,
+    after which llama-server samples that token) keeps all of the answer's, the end-of-text token being the one
+    sampled and never fed."""
+    decoded = completion.completion_tokens + (1 if stop_type(completion) == "eos" else 0)  # llama-server's n_decoded
+    return completion.prompt_tokens + max(decoded - 1, 0)
 
 
 def final_body(request: CompletionRequest, model: str, completion: Completion, settings: dict,
@@ -246,7 +275,7 @@ def final_body(request: CompletionRequest, model: str, completion: Completion, s
     ids = list(completion.tokens) if tokens and content is None else []
     body = {"index": index, "id_slot": 0, "content": text, "tokens": ids, "stop": True, "model": model,
             "tokens_predicted": completion.completion_tokens, "tokens_evaluated": completion.prompt_tokens,
-            "tokens_cached": completion.prompt_tokens + completion.completion_tokens,
+            "tokens_cached": tokens_cached(completion),
             "generation_settings": settings, "prompt": request.prompt if prompt is None else prompt, "has_new_line": "\n" in completion.text,
             "truncated": completion.context_shifts > 0 or completion.context_full,
             "stop_type": stop_type(completion), "stopping_word": completion.stop_string or "",
@@ -305,12 +334,16 @@ def slots(completer) -> list[dict]:
     slot = completer.slot  # read once: the request may end meanwhile
     if slot is None:
         idle = CompletionRequest(chat=False)
-        params = generation_settings(idle, completer.sampling(idle), completer.defaults.n_keep)
+        params = generation_settings(idle, completer.sampling(idle), completer.defaults.n_keep,
+                                     completer.defaults.max_tokens, completer.shifts(idle))
         task, decoded, remain, new_line = -1, 0, -1, False
     else:
-        params = generation_settings(slot.request, slot.sampling, completer.defaults.n_keep)
+        params = generation_settings(slot.request, slot.sampling, completer.defaults.n_keep,
+                                     completer.defaults.max_tokens, completer.shifts(slot.request))
         task, decoded = slot.task, slot.decoded
-        remain, new_line = max(params["n_predict"] - decoded, 0), slot.has_new_line
+        # -1 without a limit, as llama-server's n_remaining stays where neither the request nor the server sets one
+        remain = -1 if params["n_predict"] == -1 else max(params["n_predict"] - decoded, 0)
+        new_line = slot.has_new_line
     return [{"id": 0, "id_task": task, "n_ctx": completer.runtime.backend.max_context,
              "speculative": completer.lookup is not None, "is_processing": slot is not None, "params": params,
              "next_token": {"has_next_token": slot is not None, "has_new_line": new_line, "n_remain": remain,

@@ -32,7 +32,7 @@ def test_an_answer_is_the_openai_route_s_text_with_llama_server_s_fields(served)
     assert timings["prompt_n"] + timings["cache_n"] == body["tokens_evaluated"]
     assert timings["prompt_ms"] > 0
     assert timings["predicted_ms"] > 0
-    assert timings["predicted_per_second"] == pytest.approx(7 * 1e3 / timings["predicted_ms"], rel=1e-2)
+    assert timings["predicted_per_second"] == pytest.approx(8 * 1e3 / timings["predicted_ms"], rel=1e-2)
 
 
 def test_a_stream_is_content_events_then_one_with_the_whole_answer_s_fields(served):
