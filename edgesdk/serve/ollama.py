@@ -12,7 +12,7 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   assistant's ``tool_calls`` with ``function.arguments`` an object, a tool turn's ``tool_name`` or ``tool_call_id``;
   an assistant's ``thinking`` is left out, as an earlier turn's reasoning is on the other routes; ``images`` are
   refused: the model reads text), ``tools``, ``format`` (``"json"`` or a JSON schema; in both, OpenAPI 3.0's
-  ``nullable`` as JSON schema's ``null`` type; anything else Ollama's "invalid format: ...; expected "json" or a
+  ``nullable`` read as the chat route's tools read it, :func:`json_schema`; anything else Ollama's "invalid format: ...; expected "json" or a
   valid JSON Schema object", a 400 here where Ollama, finding it after loading the model, answers 500; on a model
   that thinks, with ``think`` not false, the thinking runs first unconstrained and the format holds the content
   after it, as Ollama's ChatHandler answers in two requests: :func:`thinking_first`), ``think`` (left out on a model that thinks: thinking on, as Ollama's ChatHandler and GenerateHandler set it, and not the
@@ -97,6 +97,7 @@ from datetime import datetime, timezone
 
 from edgesdk.bundle import Bundle
 from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize
+from edgesdk.runtime.json_schema import openapi_nullable
 from edgesdk.runtime.text import pieces_text
 from edgesdk.serve import infill
 from edgesdk.serve.anthropic import partial_input
@@ -396,7 +397,14 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
         request = _with_context(completer, asked, request)
     if not asked.truncate:
         _refuse_past_the_context(completer, asked, request, window)
-    request = _shifting(asked, request, window)
+    return _within_num_ctx(completer, asked, _shifting(asked, request, window))
+
+
+def _within_num_ctx(completer: Completer, asked: Asked, request: CompletionRequest) -> CompletionRequest:
+    """The request with a ``num_ctx`` below the bundle's context bounding prompt and answer: a prompt that leaves no
+    room in it is a 400 naming ``options.num_ctx``; the answer shifts within it (``shift``), or stops where it fills.
+    A ``num_ctx`` at or above the bundle's context is capped there, as Ollama caps it at the model's."""
+    limit = completer.runtime.backend.max_context
     if asked.num_ctx is None or asked.num_ctx >= limit:  # above the model's context it is capped there, as Ollama's
         return request
     ids = completer.prompt_ids(request)
@@ -551,7 +559,7 @@ def _prompt_text(completer: Completer, asked: Asked, request: CompletionRequest)
 
 
 def trimmed(completer: Completer, request: CompletionRequest, window: int, num_ctx: int | None,
-            cuts: tuple[int, ...] = ()) -> CompletionRequest:
+            cuts: tuple[int, ...] = (), tail: str = "") -> CompletionRequest:
     """The chat request with its oldest messages dropped, one at a time, until its prompt and the answer's room fit
     in ``window`` tokens, as Ollama keeps a conversation that outgrows the context (server/prompt.go,
     ``chatPrompt``: "truncates any messages that exceed the context window of the model, making sure to always
@@ -575,7 +583,11 @@ def trimmed(completer: Completer, request: CompletionRequest, window: int, num_c
       is left, the request is refused naming the last message, the part only the client can shorten.
 
     Nothing is dropped where the whole conversation fits; its errors (a message that is not UTF-8, a template that
-    refuses it) are the request's as before."""
+    refuses it) are the request's as before.
+
+    ``tail``: text the prompt goes on with after the rendered messages (the thinking of a format's first pass,
+    :func:`second_pass`), counted with each try; it is Ollama's last message there, always kept, so the client's
+    last message may be dropped too (a last try of the system messages alone) where nothing else fits."""
     messages = request.messages
     sent = cuts or tuple(range(len(messages)))  # per message the client sent
     extra = len(messages) - len(sent)  # a system message of the tools' description, put first
@@ -583,14 +595,15 @@ def trimmed(completer: Completer, request: CompletionRequest, window: int, num_c
     room = 1 if asked_for >= UNTIL_THE_CONTEXT_FILLS else max(asked_for, 1)
     tried: list[dict] | None = None
     fewest: tuple[int, CompletionRequest] | None = None
-    for index, start in enumerate(extra + cut for cut in sent):
+    starts = [extra + cut for cut in sent] + ([len(messages)] if tail else [])
+    for index, start in enumerate(starts):
         kept = [message for message in messages[:start] if message["role"] == "system"] + list(messages[start:])
         if kept == tried:  # a system message dropped is kept in front: the same prompt as the last try
             continue
         tried = kept
         candidate = request if index == 0 else replace(request, messages=tuple(kept))
         try:
-            count = len(completer.runtime.tokenizer.chat_ids(completer.rendered_chat(candidate)))
+            count = len(completer.runtime.tokenizer.chat_ids(completer.rendered_chat(candidate) + tail))
         except ApiError:
             if index == 0:
                 raise
@@ -601,6 +614,16 @@ def trimmed(completer: Completer, request: CompletionRequest, window: int, num_c
             fewest = (count, candidate)
     count, candidate = fewest
     dropped = len(messages) - len(candidate.messages)
+    if count >= window and tail and all(message["role"] == "system" for message in candidate.messages):
+        limit = completer.runtime.backend.max_context
+        shortened = num_ctx is not None and num_ctx < limit
+        within = f"'options.num_ctx' {window}" if shortened else f"this model's context of {window}"
+        fix = f"raise num_ctx (this model's context holds {limit}), " if shortened else ""
+        raise ApiError(400, f"the model's thinking before the answer to 'format' renders with any system messages "
+                       f"to {count} tokens, leaving no room for that answer within {within}, even with every other "
+                       f"message dropped ({dropped}); {fix}send 'think': false (the format then holds the answer from its "
+                       "first token), or shorten the system messages", param="format",
+                       code="context_length_exceeded")
     if count >= window and dropped:
         limit, last, start = completer.runtime.backend.max_context, len(sent) - 1, sent[-1]
         named = f"messages[{last}]" if start == last else f"messages[{start}] to messages[{last}] (a tool call and its " \
@@ -608,7 +631,9 @@ def trimmed(completer: Completer, request: CompletionRequest, window: int, num_c
         shortened = num_ctx is not None and num_ctx < limit
         within = f"'options.num_ctx' {window}" if shortened else f"this model's context of {window}"
         fix = f"; raise num_ctx (this model's context holds {limit}), or shorten it" if shortened else "; shorten it"
-        raise ApiError(400, f"{named}, which is always kept, renders with any system messages to {count} tokens, "
+        thinking = " and the model's thinking before the answer to 'format'" if tail else ""
+        raise ApiError(400, f"{named}, which is always kept, renders with any system messages{thinking} to {count} "
+                       "tokens, "
                        f"leaving no room for an answer within {within}, even with the {dropped} older messages "
                        f"dropped{fix} or the system messages", param=f"messages[{last}]", code="context_length_exceeded")
     return candidate
@@ -959,9 +984,16 @@ def _tools(tools: object) -> object:
 
 def json_schema(schema: object) -> object:
     """An OpenAPI 3.0 schema (what Home Assistant's Ollama integration sends as ``format`` and as its tools'
-    ``parameters``, written by voluptuous-openapi) as the JSON schema it means: ``"nullable": true`` (OpenAPI 3.0,
-    Schema Object: "a true value adds "null" to the allowed types") becomes ``null`` among the types, or a branch
-    of ``anyOf`` where the schema names no type; a JSON schema passes unchanged."""
+    ``parameters``, written by voluptuous-openapi) as the JSON schema it means: each schema's ``"nullable"`` read as
+    :func:`edgesdk.runtime.json_schema.openapi_nullable` reads it, the one reading the chat route's tools have too
+    (edgesdk/serve/tools.py, through ``lenient_schema``), so a schema admits the same values on /api/chat as on
+    /v1/chat/completions: ``null`` among the types beside a ``type``, and among the values beside an ``enum``
+    (``{"type": "string", "enum": ["a", "b"], "nullable": true}`` admits ``null``); beside neither it adds nothing (OpenAPI 3.0.3, Schema Object: null is added "only if type is
+    explicitly defined within the same Schema Object"); ``false`` is left out. A JSON schema passes unchanged.
+
+    Ollama itself passes ``format`` to llama.cpp's json-schema-to-grammar (llm/server.go, ``SchemaToGrammar``),
+    which knows no ``nullable`` and skips it: there a nullable property never admits ``null``. Here it is read as
+    OpenAPI means it, which only widens what the schema admits."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
@@ -974,22 +1006,7 @@ def json_schema(schema: object) -> object:
     for key in SCHEMA_MAPS:
         if isinstance(out.get(key), dict):
             out[key] = {name: json_schema(item) for name, item in out[key].items()}
-    nullable = out.get("nullable")
-    if not isinstance(nullable, bool):
-        return out
-    del out["nullable"]
-    if not nullable:
-        return out
-    kind = out.get("type")
-    if isinstance(kind, str):
-        out["type"] = [kind, "null"] if kind != "null" else kind
-    elif isinstance(kind, list):
-        out["type"] = kind if "null" in kind else [*kind, "null"]
-    elif isinstance(out.get("enum"), list):
-        out["enum"] = out["enum"] if None in out["enum"] else [*out["enum"], None]
-    else:
-        out = {"anyOf": [out, {"type": "null"}]}
-    return out
+    return openapi_nullable(out)
 
 
 # ------------------------------------------------------------------------------------------------ answers
@@ -1043,6 +1060,8 @@ class Answer:
         # thinking block, its tags and the whitespace after it), None until then
         self.seen, self.thinking, self.thought = "", "", None
         self.thought_through: Completion | None = None  # the first pass, once a second one gives the content
+        self.thought_logprobs: list = []  # the first pass's logprobs given out (none of a token the second redoes)
+        self.failed: ApiError | None = None  # the second pass refused (its prompt does not fit): the answer's error
 
     def listener(self, write: Callable[[dict], None] | None = None) -> Callable[[str, list | None], None] | None:
         """The ``on_text`` of the answer's first pass (:meth:`Completer.complete`): each piece's objects to ``write``
@@ -1067,13 +1086,19 @@ class Answer:
         reached the content, the request held to the format whose prompt goes on from the thinking, as Ollama's
         ChatHandler renders it again with the thinking as the assistant's (server/routes.go, ``structuredOutputs
         State_Applying``); here the thinking as the model wrote it (its block, tags and the whitespace after them)
-        after the prompt, tokenized as the chat route tokenizes a rendered prompt. None: the first pass was the
-        whole answer (its thinking ran to the token limit or the end, or no ``format`` waited)."""
+        after the prompt, tokenized as the chat route tokenizes a rendered prompt, and fitted to the context again
+        (:func:`second_pass`). None: the first pass was the whole answer (its thinking ran to the token limit or the
+        end, or no ``format`` waited), or the second cannot run: its refusal is then the answer's error, a whole
+        answer's status (:meth:`whole` raises it) or an open stream's last line (:meth:`closing`), not a second
+        response written into the stream."""
         if self.first is None or self.thought is None:
             return None
-        prompt = self.completer.rendered_chat(self.first) + self.thought
         self.thought_through, self.splitter = completion, None  # the second pass's text is all content
-        return replace(self.request, prompt_tokens=tuple(self.completer.runtime.tokenizer.chat_ids(prompt)))
+        try:
+            return second_pass(self.completer, self.asked, self.first, self.request, self.thought)
+        except ApiError as error:
+            self.failed = error
+            return None
 
     def _body(self, content: str, thinking: str = "", calls: list | None = None, logprobs: list | None = None) -> dict:
         """An object of the answer: ``message`` (/api/chat) or ``response`` (/api/generate), with what is given."""
@@ -1107,7 +1132,9 @@ class Answer:
                 "eval_count": completion.completion_tokens, "eval_duration": _nanoseconds(completion.predicted_ms)}
 
     def whole(self, completion: Completion) -> dict:
-        """The answer of a request with ``stream`` false."""
+        """The answer of a request with ``stream`` false (its error where the second pass was refused)."""
+        if self.failed is not None:
+            raise self.failed
         thinking, text = "", completion.text
         if self.thought_through is not None:  # the thinking pass's thinking, the format's pass's content
             thinking = self.thinking
@@ -1123,7 +1150,7 @@ class Answer:
             calls = _ollama_calls(fields, finish)
             body = self._final(completion, fields.get("content") or "", calls=calls)
         if self.request.logprobs is not None:  # both passes' tokens, as Ollama's whole answer gathers its objects'
-            before = [] if self.thought_through is None else self.thought_through.logprobs or []
+            before = [] if self.thought_through is None else self.thought_logprobs  # those its stream gives out
             body["logprobs"] = _ollama_logprobs(before + (completion.logprobs or []))
         return body
 
@@ -1142,7 +1169,9 @@ class Answer:
                 self.seen += text
                 self.thinking += thinking
                 if content:  # Ollama gives out the piece's thinking, its content cleared, and ends the pass
-                    self.thought, content = self.seen[:len(self.seen) - len(content)], ""
+                    self.thought = self.seen[:len(self.seen) - len(content)]
+                    logprobs, content = _before_the_content(logprobs, content), ""
+                self.thought_logprobs.extend(logprobs or [])
         if content or thinking or calls or logprobs:
             return [{**self._body(content, thinking, calls, logprobs=logprobs), "done": False}]
         return []
@@ -1157,7 +1186,10 @@ class Answer:
         return calls
 
     def closing(self, completion: Completion) -> list[dict]:
-        """The stream's last objects: what its end settles (a tool call once whole), then the one with ``done``."""
+        """The stream's last objects: what its end settles (a tool call once whole), then the one with ``done``; where
+        the second pass was refused, the error line that ends the stream instead."""
+        if self.failed is not None:
+            return [error_body(self.failed)]
         pieces = []
         if self.tools is not None:
             deltas, fields, finish = self.tools.finish(completion.finish_reason)
@@ -1211,6 +1243,49 @@ def thinking_first(completer: Completer, asked: Asked, request: CompletionReques
         return None
     completer.check_constraint(request)
     return first
+
+
+def _before_the_content(logprobs: list | None, content: str) -> list | None:
+    """The logprobs of the piece where the thinking pass is cut without those of its last tokens whose bytes all lie
+    in ``content``, the piece's text after the thinking: the second pass writes that content again, each token with
+    its own logprob, so the answer lists each of its tokens once and the tokens listed spell the thinking and the
+    content as the answer gives them. A token that holds the end of the thinking too keeps its logprob (its
+    thinking is in the second pass's prompt, not written again). Ollama's ChatHandler gives out the cut piece's
+    logprobs whole (server/routes.go: the object of the thinking, its content cleared, keeps ``res.Logprobs``), so
+    that its answer lists the first token of the content twice, once from each pass; here it is listed once."""
+    if not logprobs:
+        return logprobs
+    room = len(content.encode("utf-8"))
+    kept = list(logprobs)
+    while kept and len(kept[-1]["bytes"]) <= room:
+        room -= len(kept.pop()["bytes"])
+    return kept
+
+
+def second_pass(completer: Completer, asked: Asked, first: CompletionRequest, request: CompletionRequest,
+                thought: str) -> CompletionRequest:
+    """The request of the second pass of a thinking model's answer to a ``format`` (:func:`thinking_first`):
+    ``request`` (held to the format) with its prompt the messages rendered as the first pass rendered them
+    (``first``) and the ``thought`` after them, fitted to the context again as Ollama fits it: its ChatHandler
+    renders its second prompt with ``chatPrompt`` over all the request's messages and the thinking as the last,
+    assistant's, message (server/routes.go, ``structuredOutputsState_Applying``: ``msgs = append(msgs, msg)`` and
+    ``chatPrompt(..., msgs, ..., truncate)``), so that where the thinking pushed the prompt past the context the
+    oldest messages are dropped until it fits, the system messages and the thinking kept
+    (server/prompt.go: the latest message, here the thinking, is always kept, so the client's last message too
+    may go where nothing else fits: :func:`trimmed` with ``tail``). ``truncate`` false keeps every message and a
+    prompt past the context (or ``num_ctx``) is Ollama's 400 (:func:`_refuse_past_the_context`); a ``num_ctx``
+    below the bundle's context bounds the second prompt and its answer as it bounds the first
+    (:func:`_within_num_ctx`)."""
+    limit = completer.runtime.backend.max_context
+    window = limit if asked.num_ctx is None else min(asked.num_ctx, limit)
+    if asked.truncate and asked.request is not None:  # the client's messages, before windowed() cut them
+        first = trimmed(completer, replace(first, messages=asked.request.messages), window, asked.num_ctx,
+                        asked.cuts, tail=thought)
+    ids = completer.runtime.tokenizer.chat_ids(completer.rendered_chat(first) + thought)
+    second = replace(request, messages=first.messages, prompt_tokens=tuple(ids))
+    if not asked.truncate:
+        _refuse_past_the_context(completer, asked, second, window)
+    return _within_num_ctx(completer, asked, second)
 
 
 def _raw_splitter(completer: Completer, asked: Asked, request: CompletionRequest) -> ReasoningSplitter | None:
