@@ -361,8 +361,9 @@ def openapi_nullable(schema: dict) -> dict:
     specified by the type keyword, only if type is explicitly defined within the same Schema Object") read as JSON
     Schema: ``{"type": "string", "nullable": true}`` is ``{"type": ["string", "null"]}``, and beside an ``enum``,
     ``null`` is added to the enum too (so that ``null`` is admitted there as the writer of ``Optional[Literal]``
-    means; OpenAPI 3.0.3 keeps the enum's say, so this only widens); beside no ``type`` and no ``enum`` it adds
-    nothing and is left out. ``false`` is left out; a ``nullable`` that is not a boolean is kept, for
+    means; OpenAPI 3.0.3 keeps the enum's say, so this only widens); beside no ``type`` and no ``enum`` it admits
+    null beside ``anyOf`` / ``oneOf`` (:func:`_nullable_branches`), and elsewhere adds nothing
+    and is left out. ``false`` is left out; a ``nullable`` that is not a boolean is kept, for
     :func:`compile_schema` to refuse by name. Returns ``schema`` itself where it has no boolean ``nullable``, else
     a new dict. Not recursive: :func:`lenient_schema` applies it to each schema it walks (FastAPI's and Gemini's
     OpenAPI-style tool parameters carry it); edgesdk/serve/ollama.py reads Ollama's ``format`` the same way."""
@@ -372,15 +373,36 @@ def openapi_nullable(schema: dict) -> dict:
     out = {key: value for key, value in schema.items() if key != "nullable"}
     if not nullable:
         return out
-    kind = out.get("type")
+    kind, enum = out.get("type"), out.get("enum")
     if isinstance(kind, str) and kind != "null":
         out["type"] = [kind, "null"]
     elif isinstance(kind, list) and "null" not in kind:
         out["type"] = [*kind, "null"]
-    enum = out.get("enum")
     if isinstance(enum, list) and None not in enum:
         out["enum"] = [*enum, None]
+    if kind is None and enum is None:
+        return _nullable_branches(out)
     return out
+
+
+NULL_SCHEMA = {"type": "null"}
+
+
+def _nullable_branches(schema: dict) -> dict:
+    """An untyped ``"nullable": true`` beside ``anyOf`` / ``oneOf`` (``nullable`` already left out of ``schema``) as
+    the writer means it: null admitted beside the branches. voluptuous-openapi (Home Assistant's tools and
+    ``format``) writes ``vol.Any(None, A, B)`` as ``{"anyOf": [A, B], "nullable": true}``; OpenAPI 3.0.3 gives
+    ``nullable`` no say without a ``type``, so it would refuse the null it was written to admit. This only widens
+    what the schema admits: a branch ``{"type": "null"}`` is added. Elsewhere the schema is returned as it is: an
+    untyped schema without branches admits null already, and a ``$ref`` is not wrapped (the schema is rewritten in
+    place where :func:`lenient_schema` keeps its ``$ref`` to point at a copy)."""
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list):
+            if NULL_SCHEMA not in branches:
+                return {**schema, key: [*branches, dict(NULL_SCHEMA)]}
+            return schema
+    return schema
 
 
 def draft04_exclusive(schema: dict) -> dict:

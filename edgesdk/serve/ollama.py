@@ -988,8 +988,10 @@ def json_schema(schema: object) -> object:
     :func:`edgesdk.runtime.json_schema.openapi_nullable` reads it, the one reading the chat route's tools have too
     (edgesdk/serve/tools.py, through ``lenient_schema``), so a schema admits the same values on /api/chat as on
     /v1/chat/completions: ``null`` among the types beside a ``type``, and among the values beside an ``enum``
-    (``{"type": "string", "enum": ["a", "b"], "nullable": true}`` admits ``null``); beside neither it adds nothing (OpenAPI 3.0.3, Schema Object: null is added "only if type is
-    explicitly defined within the same Schema Object"); ``false`` is left out. A JSON schema passes unchanged.
+    (``{"type": "string", "enum": ["a", "b"], "nullable": true}`` admits ``null``), and as a branch beside ``anyOf`` /
+    ``oneOf`` (voluptuous-openapi's ``vol.Any(None, ...)``); elsewhere it adds nothing (OpenAPI 3.0.3, Schema
+    Object: null is added "only if type is explicitly defined within the same Schema Object"); ``false`` is left
+    out. A JSON schema passes unchanged.
 
     Ollama itself passes ``format`` to llama.cpp's json-schema-to-grammar (llm/server.go, ``SchemaToGrammar``),
     which knows no ``nullable`` and skips it: there a nullable property never admits ``null``. Here it is read as
