@@ -59,7 +59,7 @@ class SparsifyConfig:
     density: float = 0.95  # fraction of decoder-linear blocks kept (SmolLM2: see the README block-sparsity table)
     block_size: int | None = None  # block edge; None = the target profile's sparsity_block
     importance: str = "wanda"  # ranks blocks within a weight: wanda (|W|·‖x‖, local output error) | fisher
-    allocation: str = "sensitivity"  # per-weight density: sensitivity (measured) | global (one score threshold)
+    allocation: str = "sensitivity"  # per-weight density: sensitivity (measured) | global (floors, then one ranking)
     probe_fraction: float = 0.3  # sensitivity: share of a weight's blocks dropped to measure its cost
     probe_batches: int = 2  # sensitivity: calibration batches each probe is scored on
     min_density: float = 0.25  # no weight keeps fewer blocks than this (a starved layer breaks the model)
@@ -334,26 +334,55 @@ def plan_masks_by_density(scores: dict[str, torch.Tensor], densities: dict[str, 
             for n, s in scores.items()}
 
 
+def check_floor_budget(blocks: dict[str, int], config: SparsifyConfig) -> int:
+    """The blocks ``allocation: global`` keeps (``density`` of all ``blocks``, per weight name), or a BuildError
+    where the ``min_density`` floors alone (:func:`floor_blocks`, rounded up per weight) need more: the config's
+    ``density >= min_density`` check cannot see the rounding, and keeping the floors would deliver a density
+    above the one asked."""
+    total = sum(blocks.values())
+    keep_total = max(1, int(round(config.density * total)))
+    needed = sum(floor_blocks(config.min_density, count) for count in blocks.values())
+    if needed > keep_total:
+        raise BuildError(
+            f"sparsify.density {config.density} keeps {keep_total} of the model's {total} blocks, but the "
+            f"min_density floors alone need {needed} ({needed / total:.4f} of all blocks: "
+            f"ceil({config.min_density} x blocks) per weight)",
+            f"raise sparsify.density to at least {math.ceil(needed / total * 1e4) / 1e4} (--set "
+            "sparsify.density=...) or lower sparsify.min_density")
+    return keep_total
+
+
+def block_counts(model, block: int) -> dict[str, int]:
+    """Per decoder linear, its number of ``block x block`` blocks (edges padded, as :func:`block_sums` pads)."""
+    return {name: -(-linear.weight.shape[0] // block) * -(-linear.weight.shape[1] // block)
+            for name, linear in fake_quant.decoder_linears(model).items()}
+
+
 def plan_masks(scores: dict[str, torch.Tensor], config: SparsifyConfig) -> dict[str, torch.Tensor]:
-    """Blocks each weight keeps: the ``density`` share of all blocks with the highest scores, then each weight's
-    ``min_density`` floor.
+    """Blocks each weight keeps under ``allocation: global``: the ``density`` share of all blocks overall, each
+    weight's ``min_density`` floor (:func:`floor_blocks`, its best blocks) taken out of that budget first and
+    what remains given to the highest-scoring blocks of any weight.
+
+    The floors come out of the budget, as in ModelOpt's and SparseGPT-style global allocation where the asked
+    density is the density delivered: added on top of the global ranking they kept more than asked (density
+    0.7 gave 0.79 on SmolLM2-135M with Fisher scores, whose query projections rank low everywhere). A density
+    whose budget cannot hold the floors alone (ceil per weight can exceed ``min_density`` overall) is refused.
 
     The blocks are picked by rank (``topk``), not by a score threshold: a threshold keeps every block tied with
     the last one kept, so equal scores (all-zero blocks score 0 under either measure) kept far more blocks than
     asked, up to all of them. The prune stage breaks equal saliencies by rank for the same reason."""
-    flat = torch.cat([s.flatten() for s in scores.values()])
-    keep_total = max(1, int(round(config.density * flat.numel())))
+    keep_total = check_floor_budget({name: s.numel() for name, s in scores.items()}, config)
+    floors = {name: floor_blocks(config.min_density, s.numel()) for name, s in scores.items()}
+    needed = sum(floors.values())
+    masks = {name: keep_top(s, floors[name]) for name, s in scores.items()}
+    # the rest of the budget, by rank over every block not already kept as a floor
+    flat = torch.cat([s.flatten().masked_fill(masks[name].flatten(), -math.inf) for name, s in scores.items()])
     chosen = torch.zeros(flat.numel(), dtype=torch.bool)
-    chosen[flat.topk(keep_total).indices] = True
-    masks = {}
+    chosen[flat.topk(keep_total - needed).indices] = True
     start = 0
     for name, s in scores.items():
-        mask = chosen[start:start + s.numel()].reshape(s.shape).clone()
+        masks[name] = masks[name] | chosen[start:start + s.numel()].reshape(s.shape)
         start += s.numel()
-        floor = floor_blocks(config.min_density, s.numel())
-        if int(mask.sum()) < floor:
-            mask = keep_top(s, floor)
-        masks[name] = mask
     return masks
 
 
@@ -499,6 +528,8 @@ def sparsify_stage(model, config: SparsifyConfig, ctx: BuildContext):
     model.eval()
     block = config.block_size or ctx.profile.sparsity_block
     check_block_fits(model, block, None if config.block_size else ctx.profile.name)
+    if config.allocation == "global":  # before any calibration: the floors depend on the shapes only
+        check_floor_budget(block_counts(model, block), config)
     batches = ctx.training_data().batches(config.calibration_batches, config.batch_size, config.sequence_length,
                                           config.seed, "sparsify")
     if config.reorder:

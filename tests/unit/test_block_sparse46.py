@@ -44,7 +44,9 @@ def test_global_plan_keeps_the_asked_blocks_when_scores_tie(scores):
 def test_global_plan_still_gives_the_best_blocks_and_each_floor():
     scores = {"strong": torch.arange(16.0).reshape(4, 4) + 100, "weak": torch.zeros(4, 4)}
     masks = sparsify.plan_masks(scores, sparsify.SparsifyConfig(density=0.5, min_density=0.25))
-    assert masks["strong"].all()  # the 16 highest scores are all of "strong"
+    assert _kept(masks) == 16  # the density asked: the floors (4 each) come out of the budget
+    assert masks["strong"].view(-1)[4:].all()
+    assert int(masks["strong"].sum()) == 12
     assert int(masks["weak"].sum()) == 4  # ... and "weak" gets its floor
 
 

@@ -38,7 +38,9 @@ def test_plan_masks_keeps_the_global_density_and_each_floor():
               "weak": torch.rand(8, 8, generator=generator) * 0.01}
     config = sparsify.SparsifyConfig(density=0.5, min_density=0.25)
     masks = sparsify.plan_masks(scores, config)
-    assert masks["strong"].all()  # the global ranking gives the important weight all its blocks
+    assert sum(int(m.sum()) for m in masks.values()) == 64  # the density asked: the floors come out of it
+    assert int(masks["strong"].sum()) == 48  # its floor (16) and all the 32 blocks left after both floors
+    assert masks["strong"].view(-1)[scores["strong"].flatten().topk(48).indices].all()
     assert int(masks["weak"].sum()) == 16  # ... and the other only its floor, its best blocks
     assert masks["weak"].view(-1)[scores["weak"].flatten().topk(16).indices].all()
     assert sparsify.decode_mask(sparsify.encode_mask(masks["weak"])).equal(masks["weak"])
