@@ -102,12 +102,53 @@ def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -
 
     Every text input (training data, recipes, target profiles, evaluation text) goes through here,
     so a Latin-1 file is refused with the same message everywhere instead of read as U+FFFD.
-    """
+
+    UTF-16 (or UTF-32) text without a byte-order mark is refused as well, named with its iconv fix as marked text
+    is: each of its ASCII characters (every space, digit and line break) has a NUL byte beside it, all on one side
+    of the 2-byte units, where UTF-8 and Latin-1 text have none (Python's ``json.detect_encoding`` tells a
+    BOM-less UTF-16 or UTF-32 text by the same NULs). Such a file may even decode as
+    UTF-8 (UTF-16 ASCII or Cyrillic text has every byte below 0x80) and was read as text with a NUL after each
+    character; and UTF-16 text of another script, whose NULs are fewer than the quarter
+    :func:`likely_encoding` looks for, was named Latin-1, which iconv turns into UTF-8 full of NULs."""
+
+    def markless_wide(data: bytes, share: int) -> str | None:
+        """The encoding of ``data`` if its NULs (at least 1/``share`` of its first 4096 bytes) show UTF-16 or
+        UTF-32 without a byte-order mark; else None."""
+        head = data[:4096]
+        nuls = head.count(0)
+        if not nuls or nuls * share < len(head):
+            return None
+        named = likely_encoding(head)
+        if named != "latin1":  # a quarter of the bytes NUL or more: the width and byte order by their places
+            return named
+        odd = head[1::2].count(0)  # UTF-16LE has an ASCII character's NUL after it, UTF-16BE before it
+        even = nuls - odd
+        if min(odd, even) * 16 > max(odd, even):  # NULs on both sides: not UTF-16 text
+            return None
+        return "utf-16le" if odd > even else "utf-16be"
+
+    def wide_fix(encoding: str) -> str:  # utf8_fix's command, for the encoding found here
+        return (f"convert it first, e.g. iconv -f {encoding} -t utf-8 {shlex.quote(str(path))} > "
+                f"{shlex.quote(f'{path}.utf8')}")
+
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
+        wide = markless_wide(exc.object, len(exc.object) + 1) if likely_encoding(exc.object) == "latin1" else None
         raise error(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                    utf8_fix(exc.object, path)) from exc
+                    wide_fix(wide) if wide else utf8_fix(exc.object, path)) from exc
     except OSError as exc:  # unreadable (permissions), a directory, gone since it was checked
         raise error(f"{what} {path} cannot be read ({exc.strerror or exc})",
                     f"pass a readable text file (check that {path} exists and that this user may read it)") from exc
+    if text.count("\x00") >= 2:  # valid UTF-8 with NULs: mark-less UTF-16 / UTF-32 whose bytes all decode
+        try:
+            data = path.read_bytes()  # as stored: read_text turned line breaks into \n
+        except OSError:
+            data = text.encode("utf-8")
+        wide = markless_wide(data, 32)
+        if wide:
+            head = data[:4096]
+            raise error(f"{what} {path} is not UTF-8 text: {head.count(0)} of its first {len(head)} bytes are NUL, "
+                        f"where {wide} text without a byte-order mark has them",
+                        wide_fix(wide))
+    return text

@@ -162,6 +162,14 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     if vocab.eos_id is None and tokenizer.get("eos_token_ids"):  # a tokenizer without an EOS token: llama.cpp's
         # gpt2 vocabulary would then stop at its default id 11; any id that ends the bundle's generation is right
         vocab = replace(vocab, eos_id=int(tokenizer["eos_token_ids"][0]))
+    if vocab.bos_id is None and vocab.eos_id is not None:
+        # A tokenizer without a BOS token (Qwen2's, Qwen3's): llama.cpp has no way to read "none" from the file and
+        # takes its default, token 11 of a gpt2 vocabulary (1 of a llama one; src/llama-vocab.cpp, "default special
+        # tokens"), a text token (',' in Qwen's and GPT-2's vocabularies) that the chat template's {{ bos_token }}
+        # and llama-server's /props then give. The EOS token is written instead, as llama.cpp's converter writes
+        # config.json's bos_token_id for these models (gguf-py SpecialVocab; Qwen's is <|endoftext|>, its EOS);
+        # tokenizer.ggml.add_bos_token false keeps it out of every prompt.
+        vocab = replace(vocab, bos_id=vocab.eos_id)
     vocab = replace(vocab, eos_ids=tuple(int(i) for i in tokenizer.get("eos_token_ids") or ()
                                          if 0 <= int(i) < len(vocab.tokens)))
     for note in vocab.notes:
@@ -178,10 +186,9 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
                           f"directory in {partial.parent}; nothing was written there",
                           f"remove or rename that directory ({partial}), or write the GGUF file under another name")
     try:
-        # a link planted at the partial's predictable name would be written through (gguf's writer opens by path)
-        partial.unlink(missing_ok=True)
-        _write(partial, architecture, decoder, shape, vocab, encoded, file_type, manifest,
-               _chat_template(bundle, tokenizer))
+        with _open_partial(partial) as handle:
+            _write(partial, architecture, decoder, shape, vocab, encoded, file_type, manifest,
+                   _chat_template(bundle, tokenizer), handle)
         verified = verify_gguf(partial, tensors) if config.verify else 0
         os.replace(partial, destination)
     except OSError as exc:  # no room, no permission, a file size limit
@@ -192,6 +199,29 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     return GGUFExportReport(path=destination, size_bytes=destination.stat().st_size, architecture=architecture,
                             file_type=file_type, tensor_types=types, verified_tensors=verified,
                             seconds=time.perf_counter() - start, notes=list(vocab.notes))
+
+
+PARTIAL_ATTEMPTS = 3  # names taken again between our unlink and our create before the export gives up
+
+
+def _open_partial(partial: Path):
+    """A new file at ``partial`` open for writing, created by this call: whatever is at that predictable name (a
+    link planted in a shared directory, a stale partial) is unlinked, then the file is created with ``O_CREAT |
+    O_EXCL | O_NOFOLLOW``, so a link put there between the two is neither followed nor written through (open(2):
+    with O_EXCL a symbolic link at the name fails with EEXIST). gguf's writer opened the path itself with
+    ``open(path, "wb")``, which follows a link planted after the unlink. The mode is what that open gave
+    (0o666 less the umask)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    for _ in range(PARTIAL_ATTEMPTS):
+        partial.unlink(missing_ok=True)
+        try:
+            return os.fdopen(os.open(partial, flags, 0o666), "wb")
+        except FileExistsError:  # taken again since the unlink: unlink what is there now, and try again
+            continue
+    raise ExportError(f"cannot write {partial.parent / partial.name[:-len('.partial')]}: the name it is written to "
+                      f"first, {partial.name}, was taken again {PARTIAL_ATTEMPTS} times right after edgesdk removed "
+                      f"what was there (another process creates it in {partial.parent}); nothing was written",
+                      "write the GGUF file into a directory that no other user or process writes to")
 
 
 def check_rotary_layers(decoder: BundleDecoder, architecture: str, bundle_dir: Path) -> None:
@@ -358,8 +388,11 @@ def _chat_template(bundle, tokenizer: dict) -> str | None:
 
 
 def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerShapes, vocab: GGUFVocab,
-           encoded: dict, file_type: str, manifest: dict, chat_template: str | None) -> None:
+           encoded: dict, file_type: str, manifest: dict, chat_template: str | None, handle=None) -> None:
+    """The GGUF file at ``path``, written into ``handle`` (a binary file already open at ``path``, see
+    :func:`_open_partial`) where given, else opened by gguf's writer."""
     from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
+    from gguf.gguf_writer import WriterState
 
     writer = GGUFWriter(str(path), architecture)
     model = manifest["model"]["after"]
@@ -399,6 +432,8 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
     for name, data in encoded.items():
         raw = None if data.quant is None else GGMLQuantizationType[data.quant]
         writer.add_tensor(name, data.data, raw_dtype=raw)
+    if handle is not None:  # once every tensor is added: open_output_file takes an open one-file output as it is
+        writer.fout, writer.state = [handle], WriterState.EMPTY
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()

@@ -18,9 +18,11 @@ For byte-level BPE: llama.cpp splits text before BPE with a regex chosen by
 ``tokenizer.ggml.pre``; the pre-tokenizers it is picked from here are those whose regexes are
 known to equal llama.cpp's (``llama-vocab.cpp``): ByteLevel alone (``gpt-2``), individual digits
 then ByteLevel (``smollm``), and a Split on Qwen2's or Llama 3's regex before a regex-free
-ByteLevel (``qwen2``, ``llama-bpe``). Any other is refused rather than guessed, since a wrong regex
-tokenizes differently without any error. llama.cpp looks a whole word up before merging for ``llama-bpe``
-only (``ignore_merges``); a BPE model set the other way is refused where that changes a word.
+ByteLevel (``qwen2``, ``llama-bpe``), and the steps edgesdk's GGUF loader gives a tokenizer read from a GGUF
+file of any type it rebuilds (``default`` for a file without the key, ``tekken``, ``falcon`` ...), written with that
+type again. Any other is refused rather than guessed, since a wrong regex tokenizes differently without any
+error. llama.cpp looks a whole word up before merging for the Llama 3 types, ``tekken`` and ``minicpm5`` only
+(``ignore_merges``); a BPE model set the other way is refused where that changes a word.
 
 For both: BOS and EOS are added where the tokenizer's post-processor puts them around a text
 (``add_bos_token`` / ``add_eos_token``). llama.cpp takes no whitespace into an added token, so one with
@@ -268,10 +270,38 @@ def _pre_tokenizer_name(pre_tokenizer, path) -> str:
             name = SPLIT_REGEXES.get((split.get("pattern") or {}).get("Regex"))
             if name:
                 return name
+        name = _loader_split_name(parts)
+        if name:
+            return name
     raise ExportError(f"{path}: pre-tokenizer {json.dumps(pre_tokenizer)[:200]} has no llama.cpp regex known to match "
                       "it (known: ByteLevel alone -> gpt-2; Digits(individual) then ByteLevel -> smollm; "
-                      "Qwen2's and Llama 3's Split regexes -> qwen2, llama-bpe)",
+                      "Qwen2's and Llama 3's Split regexes -> qwen2, llama-bpe; the splits edgesdk's GGUF loader gives "
+                      "a tokenizer read from a GGUF file -> that file's type)",
                       "run the bundle with edgesdk, or convert the original model with llama.cpp's convert_hf_to_gguf.py")
+
+
+def _loader_split_name(parts: list[dict]) -> str | None:
+    """The tokenizer.ggml.pre whose llama.cpp regexes the pre-tokenizer ``parts`` (ending in ByteLevel) split with,
+    where they are the steps edgesdk's GGUF loader gives a tokenizer read from a GGUF file of that type
+    (edgesdk/models/loader.py: ``_set_bpe_pre_tokenizer`` from ``BPE_PRE_TOKENIZER_SPLITS``: isolated Splits,
+    ``Digits`` for "\\p{N}", ByteLevel applying GPT-2's regex where it is the last): a bundle built from a GGUF file
+    of any type the loader rebuilds (a file without tokenizer.ggml.pre: "default") is written with that type
+    again. The first name of the loader's table holding those regexes is taken (the names sharing them are one
+    llama.cpp type, LLAMA_VOCAB_PRE_TYPE_*)."""
+    from edgesdk.models.loader import BPE_PRE_TOKENIZER_SPLITS, GPT2_SPLIT
+
+    regexes = []
+    for part in parts[:-1]:
+        if part.get("type") == "Digits" and part.get("individual_digits"):
+            regexes.append(r"\p{N}")
+        elif part.get("type") == "Split" and part.get("behavior") == "Isolated" and not part.get("invert") \
+                and "Regex" in (part.get("pattern") or {}):
+            regexes.append(part["pattern"]["Regex"])
+        else:
+            return None
+    if parts[-1].get("use_regex", True):
+        regexes.append(GPT2_SPLIT)
+    return next((name for name, splits in BPE_PRE_TOKENIZER_SPLITS.items() if list(splits) == regexes), None)
 
 
 def _single_template(post_processor) -> list[dict]:
@@ -292,8 +322,14 @@ def _template_special(pieces: list[dict], token: str | None) -> bool:
 
 
 # the pre-tokenizer names for which llama.cpp looks a whole pre-tokenized word up in the vocabulary before merging
-# (llama-vocab.cpp: ignore_merges = true for LLAMA_VOCAB_PRE_TYPE_LLAMA3)
-IGNORES_MERGES = {"llama-bpe"}
+# (llama-vocab.cpp: ignore_merges = true for LLAMA_VOCAB_PRE_TYPE_LLAMA3, tekken, minicpm5: the loader's list)
+def _ignores_merges() -> frozenset[str]:
+    from edgesdk.models.loader import IGNORE_MERGES_PRE_TOKENIZERS
+
+    return frozenset(IGNORE_MERGES_PRE_TOKENIZERS)
+
+
+IGNORES_MERGES = _ignores_merges()
 
 
 def _check_ignore_merges(spec: dict, pre: str, merges: list[str], path: Path) -> None:

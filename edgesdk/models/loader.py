@@ -12,6 +12,7 @@ import importlib.util
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -693,6 +694,8 @@ QWEN2_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N
                r"|\s+(?!\S)|\s+")
 _CASED_WORDS = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+{s}"
                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*{s}")
+_GPT4O_SPLIT = (_CASED_WORDS.replace("{s}", f"{_CONTRACTIONS}?")
+                + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _BLOOM_WORDS = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 BPE_PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
     # LLAMA_VOCAB_PRE_TYPE_GPT2, MPT, OLMO, JAIS, TRILLION, GRANITE_DOCLING: GPT-2's own regex
@@ -728,19 +731,31 @@ BPE_PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
     "tekken": (_CASED_WORDS.replace("{s}", "")
                + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
     # GPT4O, MINIMAX_M2
-    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"),
-                    (_CASED_WORDS.replace("{s}", f"{_CONTRACTIONS}?")
-                     + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",)),
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), (_GPT4O_SPLIT,)),
+    # TINY_AYA (Cohere's Tiny Aya, cohere2moe): digits in groups of three from the right, then GPT-4o's regex
+    **dict.fromkeys(("tiny_aya", "cohere2moe"), (r"\d{1,3}(?=(?:\d{3})*\b)", _GPT4O_SPLIT)),
+    # BAILINGMOE (Ling): tokenizer.json's regex, whose possessive ?+ and ++ llama.cpp writes greedy (the same
+    # matches: what follows them never needs what they took back)
+    **dict.fromkeys(("bailingmoe", "bailingmoe2", "llada-moe"),
+                    (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]"
+                     r"|\s+(?!\S)|\s+",)),
+    # EXAONE_MOE: a word runs on over single spaces between letters
+    "exaone-moe": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
+                   r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+",),
 }
 
 
 def _bpe_pre_tokenizer(path: Path) -> tuple[str, str | None] | None:
     """``(tokenizer.ggml.pre, the reason it is refused or None)`` of a GGUF file with a BPE vocabulary
-    (``tokenizer.ggml.model`` gpt2); None for another vocabulary or a file without the key (llama.cpp then
-    warns and splits with its "default" regexes; transformers with GPT-2's)."""
+    (``tokenizer.ggml.model`` gpt2); None for another vocabulary. A file without the key (or with it empty) is
+    read as "default", as llama.cpp reads it (src/llama-vocab.cpp, llama_vocab::impl::load: "missing
+    pre-tokenizer type, using: 'default'", LLAMA_VOCAB_PRE_TYPE_DEFAULT), where transformers' GGUF tokenizer
+    split it with GPT-2's regex alone."""
     if _gguf_value(path, "tokenizer.ggml.model") != "gpt2":
         return None
     pre = _gguf_value(path, "tokenizer.ggml.pre")
+    if pre is None or pre == "":
+        return "default", None
     if not isinstance(pre, str):
         return None
     if pre in BPE_PRE_TOKENIZER_SPLITS:
@@ -753,8 +768,8 @@ def _bpe_pre_tokenizer(path: Path) -> tuple[str, str | None] | None:
 # the other tokenizer.ggml.pre values llama.cpp knows (llama_vocab::impl::load), whose splits edgesdk does not rebuild
 LLAMA_CPP_PRE_TOKENIZERS = frozenset((
     *BPE_PRE_TOKENIZER_SPLITS, "deepseek-llm", "deepseek-v3", "spark2_5", "youtu", "gemma4",
-    "granite-embed-multi-311m", "sarvam-moe", "whitespace", "exaone-moe", "chameleon", "granite-embed-multi-97m",
-    "tiny_aya", "cohere2moe", "superbpe", "bailingmoe", "bailingmoe2", "llada-moe", "hunyuan-dense", "hy_v4",
+    "granite-embed-multi-311m", "sarvam-moe", "whitespace", "chameleon", "granite-embed-multi-97m",
+    "superbpe", "hunyuan-dense", "hy_v4",
     "joyai-llm", "kimi-k2", "afmoe", "laguna"))
 
 
@@ -788,6 +803,12 @@ def _set_bpe_pre_tokenizer(tokenizer, path: Path) -> None:
     found = _bpe_pre_tokenizer(path)
     if found is None or found[1] is not None:
         return
+    if not _gguf_value(path, "tokenizer.ggml.pre"):  # llama.cpp warns too ("GENERATION QUALITY WILL BE DEGRADED!")
+        warnings.warn(f"the GGUF file {path} has a BPE vocabulary without tokenizer.ggml.pre: its text is split "
+                      "with llama.cpp's 'default' pre-tokenizer regexes, as llama.cpp does for such a file, which may "
+                      "not be how the model was trained to split it; convert the model again with llama.cpp's "
+                      "convert_hf_to_gguf.py (it writes the key), or build from its Hugging Face directory",
+                      stacklevel=3)
     regexes = BPE_PRE_TOKENIZER_SPLITS[found[0]]
     gpt2_last = regexes[-1] == GPT2_SPLIT
     steps = [pre_tokenizers.Digits(individual_digits=True) if regex == r"\p{N}"
@@ -795,6 +816,28 @@ def _set_bpe_pre_tokenizer(tokenizer, path: Path) -> None:
              for regex in regexes[:-1 if gpt2_last else None]]
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=gpt2_last))
     tokenizer.backend_tokenizer.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
+
+
+def _drop_tokens_the_file_lacks(tokenizer, path: Path) -> None:
+    """Take out of the fast ``tokenizer`` read from the GGUF file at ``path`` the added tokens past the file's
+    vocabulary (``tokenizer.ggml.tokens``): transformers' GGUF tokenizer builds a byte-level vocabulary as a
+    GPT2Tokenizer, whose default special token ``<|endoftext|>`` it appends as one more id where the file has no
+    such token (Llama 3's, Mistral Nemo's, GPT-4o-style vocabularies). That id is past the model's embedding: a text
+    holding "<|endoftext|>" became it (an index error, or garbage, in the model), and the bundle's tokenizer.json
+    held a token the GGUF export refuses. llama.cpp knows only the file's tokens and tokenizes that text as any
+    other."""
+    tokens = _gguf_value(path, "tokenizer.ggml.tokens")
+    if not isinstance(tokens, list):
+        return
+    backend = tokenizer.backend_tokenizer
+    spec = json.loads(backend.to_str())
+    kept = [added for added in spec.get("added_tokens", []) if added["id"] < len(tokens)]
+    if len(kept) == len(spec.get("added_tokens", [])):
+        return
+    from tokenizers import Tokenizer
+
+    spec["added_tokens"] = kept
+    tokenizer._tokenizer = Tokenizer.from_str(json.dumps(spec))
 
 
 def _gguf_value(path: Path, key: str):
@@ -1237,6 +1280,7 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
         ) from exc
     if source.kind == "gguf":  # transformers splits a BPE type it does not map with GPT-2's regex
         _set_bpe_pre_tokenizer(tokenizer, source.path)
+        _drop_tokens_the_file_lacks(tokenizer, source.path)
     if source.kind == "gguf" and gguf_adds_bos_by_default(source.path) and not getattr(tokenizer, "add_bos_token", True) \
             and getattr(tokenizer, "bos_token", None) is not None:
         tokenizer.add_bos_token = True  # transformers' setter rebuilds the post-processor with the BOS in front
