@@ -72,7 +72,18 @@ def likely_encoding(data: bytes) -> str:
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         return "utf-16"
     head = data[:4096]
-    if not head or head.count(0) * 4 < len(head):
+    if head.count(0) < 2:
+        return "latin1"
+    if head.count(0) * 4 < len(head):
+        # Fewer NULs than a mostly-Latin text in a wide encoding has: UTF-16 of another script (CJK), whose NULs
+        # are mostly those of its ASCII characters (spaces, digits, line breaks: after the character little-endian,
+        # before it big-endian) and a few of its own (U+4E00 and every U+xx00 have a NUL low byte). Latin-1 text
+        # has none; named Latin-1, iconv turned such a file into UTF-8 full of NULs. The side with more NULs gives
+        # the byte order, where the text decodes in it (no lone surrogate).
+        odd = head[1::2].count(0)
+        for order in ("utf-16le", "utf-16be") if odd * 2 >= head.count(0) else ("utf-16be", "utf-16le"):
+            if _decodes(head, order):
+                return order
         return "latin1"
     # No byte-order mark: the NULs' places tell the width and the byte order (text mostly below U+0100 has the
     # high bytes NUL). Named as "utf-16"/"utf-32", such a file is read in whatever order iconv assumes (glibc's
@@ -88,6 +99,15 @@ def likely_encoding(data: bytes) -> str:
     if nuls[0] * 2 >= quads and nuls[1] * 2 >= quads:
         return "utf-32be"
     return "utf-16le" if nuls[1] + nuls[3] >= nuls[0] + nuls[2] else "utf-16be"
+
+
+def _decodes(head: bytes, encoding: str) -> bool:
+    """Whether ``head`` (the start of a file, maybe cut inside a character) decodes as ``encoding``."""
+    try:
+        head[:len(head) // 2 * 2].decode(encoding)
+    except UnicodeDecodeError as exc:
+        return exc.end >= len(head) // 2 * 2  # only the last unit fails: a surrogate pair cut by the 4096 bytes
+    return True
 
 
 def utf8_fix(data: bytes, path: Path | str) -> str:
@@ -108,35 +128,13 @@ def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -
     of the 2-byte units, where UTF-8 and Latin-1 text have none (Python's ``json.detect_encoding`` tells a
     BOM-less UTF-16 or UTF-32 text by the same NULs). Such a file may even decode as
     UTF-8 (UTF-16 ASCII or Cyrillic text has every byte below 0x80) and was read as text with a NUL after each
-    character; and UTF-16 text of another script, whose NULs are fewer than the quarter
-    :func:`likely_encoding` looks for, was named Latin-1, which iconv turns into UTF-8 full of NULs."""
-
-    def markless_wide(data: bytes, share: int) -> str | None:
-        """The encoding of ``data`` if its NULs (at least 1/``share`` of its first 4096 bytes) show UTF-16 or
-        UTF-32 without a byte-order mark; else None."""
-        head = data[:4096]
-        nuls = head.count(0)
-        if not nuls or nuls * share < len(head):
-            return None
-        named = likely_encoding(head)
-        if named != "latin1":  # a quarter of the bytes NUL or more: the width and byte order by their places
-            return named
-        odd = head[1::2].count(0)  # UTF-16LE has an ASCII character's NUL after it, UTF-16BE before it
-        even = nuls - odd
-        if min(odd, even) * 16 > max(odd, even):  # NULs on both sides: not UTF-16 text
-            return None
-        return "utf-16le" if odd > even else "utf-16be"
-
-    def wide_fix(encoding: str) -> str:  # utf8_fix's command, for the encoding found here
-        return (f"convert it first, e.g. iconv -f {encoding} -t utf-8 {shlex.quote(str(path))} > "
-                f"{shlex.quote(f'{path}.utf8')}")
+    character. :func:`likely_encoding` names the width and byte order, for text of any script."""
 
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        wide = markless_wide(exc.object, len(exc.object) + 1) if likely_encoding(exc.object) == "latin1" else None
         raise error(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                    wide_fix(wide) if wide else utf8_fix(exc.object, path)) from exc
+                    utf8_fix(exc.object, path)) from exc
     except OSError as exc:  # unreadable (permissions), a directory, gone since it was checked
         raise error(f"{what} {path} cannot be read ({exc.strerror or exc})",
                     f"pass a readable text file (check that {path} exists and that this user may read it)") from exc
@@ -145,10 +143,10 @@ def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -
             data = path.read_bytes()  # as stored: read_text turned line breaks into \n
         except OSError:
             data = text.encode("utf-8")
-        wide = markless_wide(data, 32)
-        if wide:
-            head = data[:4096]
+        head = data[:4096]
+        wide = likely_encoding(head) if head.count(0) * 32 >= len(head) else "latin1"
+        if wide != "latin1":  # at least 1/32 of the bytes NUL: a stray NUL in UTF-8 text still reads
             raise error(f"{what} {path} is not UTF-8 text: {head.count(0)} of its first {len(head)} bytes are NUL, "
                         f"where {wide} text without a byte-order mark has them",
-                        wide_fix(wide))
+                        utf8_fix(head, path))
     return text
