@@ -497,6 +497,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
 
     from edgesdk.models.as_llama import CONVERTED_ARCHITECTURES
     from edgesdk.models.loader import _progress_bars, load_as_llama, load_model
+    from edgesdk.power.adapter import gating_off
 
     _log(f"[1/{steps}] loading {config.model} ({source.kind}: {source.path})")
     try:
@@ -571,7 +572,9 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         _log(f"[{index + 2}/{steps}] {name}: {stage_spec(name).description}")
         ctx.metrics = {}
         stage_start = time.perf_counter()
-        model = stage_spec(name).run(model, stage_config, ctx)
+        # a stage after the power stage works on the function the runtime computes by default: gating off
+        with gating_off(model) if name != "power" else contextlib.nullcontext():
+            model = stage_spec(name).run(model, stage_config, ctx)
         with _progress_bars(config.progress):  # transformers' own bars, while it writes the checkpoint
             save_checkpoint(model, loaded.tokenizer, work.stage_checkpoint(index, name))
         work.record_files(f"stage:{name}", work.stage_checkpoint(index, name))  # checked when resumed

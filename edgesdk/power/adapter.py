@@ -38,6 +38,7 @@ the power statistics (it is saved in config.json); :func:`restore_adapters` rein
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,6 +209,30 @@ def _record_peak(module, args, output) -> None:
 
 def power_state(model) -> PowerState | None:
     return getattr(model, "_power_state", None)
+
+
+@contextmanager
+def gating_off(model):
+    """While the block runs, ``model``'s adapters are read but do not act (tau ``ADAPTERS_OFF_TAU``): the model
+    computes the loaded decoder, as the gated graph at the runtime's default (``edgesdk run`` without ``--gating``,
+    edgesdk/runtime/ort_gated_backend.py pins tau to ADAPTERS_OFF_TAU). The build runs every stage after the power
+    stage so (qat, distill, prune's saliency, smooth's statistics): the power stage leaves tau at 0, where the
+    adapters' channel and head scales act, and QAT or distillation then trained the backbone to undo those scales
+    toward the teacher, a function the runtime's default does not compute. Afterwards tau is 0 again (every FFN
+    runs, scales acting), as the export's check runs the gated graph (edgesdk/runtime/ort_fused_backend.py's
+    neutral tau). A model without adapters is left as it is."""
+    from edgesdk.power.controller import ADAPTERS_OFF_TAU
+
+    state = power_state(model)
+    if state is None:
+        yield
+        return
+    before = state.tau
+    state.tau = ADAPTERS_OFF_TAU
+    try:
+        yield
+    finally:
+        state.tau = before
 
 
 def adapter_parameters(model) -> list[nn.Parameter]:

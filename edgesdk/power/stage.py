@@ -13,6 +13,7 @@ Everything the exporter and the runtime need (weights, scales, cost table, windo
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -236,15 +237,38 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
     eval_ids = ctx.eval_ids()
     ctx.metrics.update(stage_metrics(model, None))  # the report's row: parameters (adapters too), bytes, layers
     if holds_a_window(eval_ids):  # beside the manifest's baseline (no adapters)
-        # gating off: the loaded model (no adapter acts); tau 0: every FFN runs, the adapters' scales act
-        ctx.metrics["heldout"] = {"gating_off": train.gated_heldout(model, state, eval_ids, ADAPTERS_OFF_TAU),
-                                  "every_ffn": train.gated_heldout(model, state, eval_ids, 0.0),
-                                  "at_tau_train": train.gated_heldout(model, state, eval_ids, config.tau_train)}
-        ctx.metrics["heldout_perplexity"] = ctx.metrics["heldout"]["gating_off"]["perplexity"]
-        # the report's quality / compute curve: held-out perplexity against the FFN blocks run, over tau
-        known = {config.tau_train: ctx.metrics["heldout"]["at_tau_train"], 0.0: ctx.metrics["heldout"]["every_ffn"]}
-        ctx.metrics["curve"] = [known.get(tau) or train.gated_heldout(model, state, eval_ids, tau)
-                                for tau in sorted({0.0, config.tau_train, *CURVE_TAUS})]
-        ctx.metrics["sample_power"] = train.sample_power(model, state, info, eval_ids[:SAMPLE_TOKENS])
+        # measured as every other stage's row is: with the fake quantization recorded by then on
+        with fake_quantization_on(model):
+            # gating off: the loaded model (no adapter acts); tau 0: every FFN runs, the adapters' scales act
+            ctx.metrics["heldout"] = {"gating_off": train.gated_heldout(model, state, eval_ids, ADAPTERS_OFF_TAU),
+                                      "every_ffn": train.gated_heldout(model, state, eval_ids, 0.0),
+                                      "at_tau_train": train.gated_heldout(model, state, eval_ids, config.tau_train)}
+            ctx.metrics["heldout_perplexity"] = ctx.metrics["heldout"]["gating_off"]["perplexity"]
+            # the report's quality / compute curve: held-out perplexity against the FFN blocks run, over tau
+            known = {config.tau_train: ctx.metrics["heldout"]["at_tau_train"], 0.0: ctx.metrics["heldout"]["every_ffn"]}
+            ctx.metrics["curve"] = [known.get(tau) or train.gated_heldout(model, state, eval_ids, tau)
+                                    for tau in sorted({0.0, config.tau_train, *CURVE_TAUS})]
+            ctx.metrics["sample_power"] = train.sample_power(model, state, info, eval_ids[:SAMPLE_TOKENS])
     return model
 
+
+@contextlib.contextmanager
+def fake_quantization_on(model):
+    """The fake quantization an earlier stage recorded (a qat stage before this one), switched on while the block
+    runs and off again after (weights untouched), as ``compress/measure.py`` ``quantized_heldout_perplexity`` scores
+    every other stage's row: the report states its held-out perplexity "with the fake quantization recorded by then
+    on". Measured plain, a power stage after QAT reported its row (gating off: the QAT model itself) in float
+    activations, another figure than the qat row above it for the same function. A model with none is as it is."""
+    from edgesdk.compress.fake_quant import CONFIG_KEY, QuantLinear, QuantScheme, attach, detach
+
+    scheme = QuantScheme.of(model)
+    if scheme is None or any(isinstance(module, QuantLinear) for module in model.modules()):
+        yield
+        return
+    recorded = getattr(model.config, CONFIG_KEY)
+    attach(model, scheme)
+    try:
+        yield
+    finally:
+        detach(model, bake=False)
+        setattr(model.config, CONFIG_KEY, recorded)  # the scheme as the earlier stage left it
