@@ -288,18 +288,21 @@ def check_gemma_stages(stages: list[tuple[str, object]], export_config: ExportCo
 def check_stage_sizes(stages: list[tuple[str, object]], model, profile) -> None:
     """Sizes a stage would find past the loaded model, refused before any stage runs rather than when that stage
     starts, after QAT's training: distill's soft prompt beside its sequence (edgesdk.compress.distill.check_soft_prompt)
-    and sparsify's block edge (edgesdk.compress.sparsify.check_block_fits; with prune before it the widths are the
-    pruned model's, which the sparsify stage checks itself)."""
+    and sparsify's block edge (edgesdk.compress.sparsify.check_block_fits) and, for ``allocation: global``, that
+    its density's budget holds the ``min_density`` floors (check_floor_budget; with prune before it the widths
+    are the pruned model's, which the sparsify stage checks itself)."""
     from edgesdk.compress.distill import check_soft_prompt
-    from edgesdk.compress.sparsify import check_block_fits
+    from edgesdk.compress.sparsify import block_counts, check_block_fits, check_floor_budget
 
     names = [name for name, _ in stages]
     for name, config in stages:
         if name == "distill":
             check_soft_prompt(config, model.config)
         elif name == "sparsify" and "prune" not in names[:names.index("sparsify")]:
-            check_block_fits(model, config.block_size or profile.sparsity_block,
-                             None if config.block_size else profile.name)
+            block = config.block_size or profile.sparsity_block
+            check_block_fits(model, block, None if config.block_size else profile.name)
+            if config.allocation == "global":
+                check_floor_budget(block_counts(model, block), config)
 
 
 def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportConfig, profile) -> None:

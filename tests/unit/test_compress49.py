@@ -3,6 +3,8 @@ come out of the budget, as ModelOpt's and SparseGPT-style global allocation do, 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -94,3 +96,20 @@ def test_the_stage_refuses_the_density_before_it_needs_any_training_text(tmp_pat
         sparsify.sparsify_stage(model, config, ctx)
     assert "sparsify.density 0.31 keeps 82 of the model's 264 blocks" in refused.value.problem
     assert "raise sparsify.density to at least 0.3258" in refused.value.fix
+
+
+def test_the_build_refuses_the_density_before_any_stage_runs():
+    """check_stage_sizes runs before the first stage: a global density the floors exceed was refused only when the
+    sparsify stage started, after QAT's training."""
+    from types import SimpleNamespace
+
+    from edgesdk.build.pipeline import check_stage_sizes
+
+    model = tiny_llama(seed=3, hidden=64, heads=4, kv_heads=2)
+    config = sparsify.SparsifyConfig(density=0.31, min_density=0.3, allocation="global", block_size=16)
+    profile = SimpleNamespace(name="myboard", sparsity_block=16)
+    with pytest.raises(BuildError) as refused:
+        check_stage_sizes([("qat", None), ("sparsify", config)], model, profile)
+    assert "min_density floors alone need" in refused.value.problem
+    check_stage_sizes([("qat", None), ("sparsify", dataclasses.replace(config, allocation="sensitivity"))],
+                      model, profile)
