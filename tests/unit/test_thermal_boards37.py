@@ -126,15 +126,16 @@ def test_orin_l4t_trips_below_the_profiles_lower_the_limits(tmp_path):
 
 def test_a_jetson_whose_zones_the_profile_does_not_name_never_watches_the_pmic(tmp_path):
     """A Jetson Nano (JetPack 4) names its zones ``CPU-therm`` ... and has ``PMIC-Die``, which reads a fixed
-    100 °C (tegrastats' ``PMIC@100C``). With the Orin profile none of its zones exists and every zone is
-    watched: the PMIC's 100 °C was the board's temperature, so the guard paused generation on a 38 °C
-    board and never resumed."""
+    100 °C (tegrastats' ``PMIC@100C``). With zones named as JetPack 6's Orin names them none of its zones
+    exists and every zone is watched: the PMIC's 100 °C was the board's temperature, so the guard paused
+    generation on a 38 °C board and never resumed."""
     nano = [("AO-therm", "38500", []), ("CPU-therm", "32000", [("passive", 97000, 0)]), ("GPU-therm", "30500", []),
             ("PLL-therm", "29000", []), ("PMIC-Die", "100000", [("critical", 120000, 0)]),
             ("thermal-fan-est", "31250", [("active", 51000, 0)])]
     root = sysfs_tree(tmp_path / "sys", nano)
     profile = get_profile("orin-nano-8gb")
-    sensor, trips, notes = detect_sensors(profile.thermal.zones, root, which=lambda name: None, use_jtop=False)
+    jetpack6 = tuple(zone for zone in profile.thermal.zones if zone.endswith("-thermal"))
+    sensor, trips, notes = detect_sensors(jetpack6, root, which=lambda name: None, use_jtop=False)
     reading = sensor.read()
     assert "PMIC-Die" not in reading.zones
     assert reading.max_c == 38.5
