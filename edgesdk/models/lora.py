@@ -292,7 +292,9 @@ _PLAIN_KEY = re.compile(r"^(?P<module>.+)\.(?P<param>weight|bias)$")
 def _pattern_value(patterns: dict | None, module: str, default):
     """PEFT's ``get_pattern_key`` (peft/utils/other.py): the first key of ``rank_pattern`` / ``alpha_pattern``,
     in their order, that the module name ends with as a regular expression after a dot
-    (``re.match(rf"(.*\\.)?({key})$", name)``), else the default."""
+    (``re.match(rf"(.*\\.)?({key})$", name)``), else the default. ``module``: the name PEFT matched, the module's
+    path in the model it wrapped (``LoraModel._create_and_replace``'s ``current_key``), which is the adapter key's
+    path under ``base_model.model.``."""
     for key, value in (patterns or {}).items():
         if re.match(rf"(.*\.)?({key})$", module):
             return value
@@ -573,8 +575,10 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
         out_size, in_size = module.weight.shape
         if embedding:
             check_vocabulary(key_a, name, module, a.shape[-1])
-        rank = int(_pattern_value(config.get("rank_pattern"), name, config.get("r", 8)))
-        alpha = float(_pattern_value(config.get("alpha_pattern"), name, config.get("lora_alpha", 8)))
+        # matched against the module's name in the model PEFT wrapped (its current_key: the key's path), not the
+        # name found here, which is "model."-prefixed for an adapter made on the decoder without its head
+        rank = int(_pattern_value(config.get("rank_pattern"), path, config.get("r", 8)))
+        alpha = float(_pattern_value(config.get("alpha_pattern"), path, config.get("lora_alpha", 8)))
         if not embedding:
             a, b = _bdlora_blocks(config, name, a, b, rank, in_size, out_size)
         if embedding:  # PEFT's Embedding: lora_embedding_A (r, num_embeddings), lora_embedding_B (dim, r)
