@@ -525,6 +525,9 @@ class GenerationStats:
     draft_tokens: int = 0  # prompt lookup: tokens drafted and checked
     draft_accepted: int = 0  # of those, the ones the model's own choice equalled (each saved a decode step)
     context_shifts: int = 0  # times a full context was shifted (:class:`ContextShift`)
+    # tokens the shifts dropped from the context (llama-server's n_discard at each shift, summed): what the KV cache
+    # holds at the end is the prompt and the answer's tokens fed back, less these (its slot.prompt.n_tokens())
+    context_discarded: int = 0
 
     @property
     def time_to_first_token_s(self) -> float:
@@ -727,6 +730,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                 if full:
                     logits, held_ids = _shift(backend, held_ids, token, spans, cache)
                     stats.context_shifts += 1
+                    stats.context_discarded += spans[1]
                     if drafter is not None:  # drafts read the text the context holds, as llama-server's do
                         drafter = lookup.drafter([*held_ids, token])
                 elif draft:

@@ -461,6 +461,10 @@ def stop_reason(request: CompletionRequest, finish_reason: str, completion) -> s
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """Anthropic's usage, as llama-server's ``to_json_anthropic`` counts it (tools/server/server-task.cpp):
+    ``input_tokens`` the prompt tokens not read from the KV cache (``n_prompt_tokens - n_prompt_tokens_cache``),
+    ``cache_read_input_tokens`` those read from it, ``output_tokens`` every token sampled, the end-of-text token
+    the answer stopped at included (``n_decoded``; :attr:`Completion.completion_tokens`)."""
     return {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": completion_tokens,
             "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
 

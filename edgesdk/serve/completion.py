@@ -158,7 +158,15 @@ SHIFTED_LIMIT_CONTEXTS = 10
 @dataclass
 class Completion:
     """A finished answer. ``finish_reason``: "stop" (end of turn or a stop string) or "length"
-    (``max_tokens`` or a full context), as OpenAI reports them."""
+    (``max_tokens`` or a full context), as OpenAI reports them.
+
+    ``prompt_tokens`` is the whole prompt, the tokens taken from the KV cache (``cached_tokens``) included.
+    ``completion_tokens`` counts every token the answer sampled, the end-of-text token it stopped at included (and
+    the one an answer a grammar completed stops at, which llama-server samples once the grammar allows nothing
+    else), as llama-server's ``n_decoded`` is bumped before ``process_token`` sees the end of text
+    (tools/server/server-context.cpp) and Ollama's ``numDecoded`` before its ``TokenIsEog`` check
+    (runner/llamarunner/runner.go): every route's count of generated tokens (``tokens_predicted``,
+    ``timings.predicted_n``, ``usage.completion_tokens`` / ``output_tokens``, ``eval_count``) is this one."""
 
     text: str
     finish_reason: str
@@ -177,6 +185,7 @@ class Completion:
     draft_tokens: int = 0
     draft_accepted: int = 0
     context_shifts: int = 0  # times the full context was shifted (llama-server's truncated answer)
+    context_discarded: int = 0  # the tokens those shifts dropped from the KV cache (their n_discard, summed)
     # The answer stopped because the context was full (no context shift): llama-server's ``truncated`` too, as it sets
     # it where a slot runs out of context ("stopped due to running out of context capacity",
     # tools/server/server-context.cpp process_token), not only at a shift
@@ -1151,17 +1160,25 @@ class Completer:
             if stats.stop_token is not None:  # llama-server samples it as any token and lists it with the answer's
                 sampled.append(stats.stop_token)  # ids (``tokens``), though its text is not the answer's
                 unsent.append(stats.stop_token)
+                if clock["first"] is not None:  # its pick ends the generation time llama-server divides by n_decoded
+                    clock["last"], clock["held_last"] = time.perf_counter(), hook.held_s
+            # The end-of-text token is counted as llama-server's n_decoded and Ollama's numDecoded count it
+            # (Completion.completion_tokens); a grammar that is complete allows nothing else, so llama-server
+            # samples it there too.
+            ended = stats.stop_token is not None or stats.stop_reason == "complete"
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())
             hand_out("")  # an echo whose answer made no text
             if matcher.stopped:
                 finish = "stop"
+                ended = ended and stats.stop_token is not None  # a stop string before a grammar's end
             elif recorder is not None:  # the entries of tokens that made no text, and an echo's end-of-text
                 rest = settle(final=True) + ([recorder.end] if request.echo and recorder.end is not None else [])
                 if rest and on_text is not None:
                     send_ids()
                     on_text("", logprobs_body(request, rest, self._token_piece, offsets))
             rest_ids()
+            count += int(ended)
         except (_StopString, _LineLimit) as signal:  # _LineLimit: llama-server's stop_type limit, as the token limit
             finish = "stop" if isinstance(signal, _StopString) else "length"
             try:
@@ -1195,8 +1212,8 @@ class Completer:
         return Completion("".join(pieces), finish, len(ids), count, cached, logprobs, matcher.matched,
                           prompt_ms=max(prompt_ms, 0.0), predicted_ms=max(predicted_ms, 0.0),
                           draft_tokens=0 if drafts is None else drafts.drafted, draft_accepted=hook.draft_accepted,
-                          context_shifts=stats.context_shifts, context_full=stats.stop_reason == "max_context",
-                          tokens=sampled)
+                          context_shifts=stats.context_shifts, context_discarded=stats.context_discarded,
+                          context_full=stats.stop_reason == "max_context", tokens=sampled)
 
     def _token_piece(self, token: int) -> bytes:
         """A token's bytes, as the logprobs report them (a special token's name for one that has no text)."""

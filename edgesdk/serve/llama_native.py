@@ -206,9 +206,11 @@ def timings(completion: Completion) -> dict:
     The per-token figures divide by every token generated, the first one too, as llama-server's ``get_timings``
     does (tools/server/server-context.cpp: ``predicted_per_token_ms = t_token_generation / n_decoded``,
     ``predicted_per_second = 1e3 / t_token_generation * n_decoded``), though its ``t_token_generation``, as
-    ``predicted_ms`` here, runs from the first token's pick to the last's. ``predicted_n`` leaves out the end-of-text
-    token an answer stopped at, as ``usage.completion_tokens`` does here; llama-server counts it (its ``n_decoded``
-    is bumped before ``process_token`` sees the end of text), one more for such an answer."""
+    ``predicted_ms`` here, runs from the first token's pick to the last's. ``predicted_n`` is llama-server's
+    ``n_decoded``, as ``tokens_predicted`` and ``usage.completion_tokens`` are: every token sampled, the end-of-text
+    token an answer stopped at included (``n_decoded`` is bumped before ``process_token`` sees the end of text), its
+    pick the last one ``predicted_ms`` runs to. ``prompt_n`` counts the prompt tokens evaluated, ``cache_n`` those
+    taken from the KV cache (``n_prompt_tokens_processed``, ``n_prompt_tokens_cache``)."""
     prompt_n = completion.prompt_tokens - completion.cached_tokens
     predicted_n = completion.completion_tokens
 
@@ -255,12 +257,12 @@ def generation_settings(request: CompletionRequest, sampling: SamplingConfig, se
 def tokens_cached(completion: Completion) -> int:
     """llama-server's ``tokens_cached``: the tokens its slot's KV cache holds once the answer ended
     (server-context.cpp ``send_final_response``: ``slot.prompt.n_tokens()``), the prompt and every token it sampled
-    but the last, which ended the answer before it was fed back: at the token limit or a stop string one fewer than
-    the prompt's and the answer's tokens. An answer ended by the end-of-text token (or a grammar that is complete,
-    after which llama-server samples that token) keeps all of the answer's, the end-of-text token being the one
-    sampled and never fed."""
-    decoded = completion.completion_tokens + (1 if stop_type(completion) == "eos" else 0)  # llama-server's n_decoded
-    return completion.prompt_tokens + max(decoded - 1, 0)
+    but the last, which ended the answer before it was fed back (the token that reached the limit or a stop string,
+    or the end-of-text token, counted in ``completion_tokens`` as in llama-server's ``n_decoded``), less the tokens
+    each context shift discarded (``slot.prompt.n_tokens()`` shrinks by ``n_discard`` at a shift: the cache's
+    length, not the tokens that ever passed through it)."""
+    fed = completion.prompt_tokens + max(completion.completion_tokens - 1, 0)
+    return fed - completion.context_discarded
 
 
 def final_body(request: CompletionRequest, model: str, completion: Completion, settings: dict,

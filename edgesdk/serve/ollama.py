@@ -1124,7 +1124,10 @@ class Answer:
         """The object with ``done`` true: ``done_reason``, on /api/generate not raw the ``context`` (the prompt's
         text and the answer's, thinking included, tokenized as one with special tokens read and none added, as
         Ollama's GenerateHandler answers ``Tokenize(prompt + answer)`` in its last object), and the counts and
-        durations (docs/api.md, "Response")."""
+        durations (docs/api.md, "Response"): ``prompt_eval_count`` every prompt token, those the KV cache held too
+        (the runner's ``numPromptInputs``), ``eval_count`` every token sampled, the end-of-text token the answer
+        stopped at included (its ``numDecoded``, bumped before the ``TokenIsEog`` check: runner/llamarunner/runner.go,
+        :attr:`Completion.completion_tokens`)."""
         context = {} if self.prompt is None else \
             {"context": self.tokenizer.encode(self.prompt + completion.text, add_special_tokens=False)}
         return {**self._body(content, thinking, calls), "done": True, "done_reason": completion.finish_reason,

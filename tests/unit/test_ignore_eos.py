@@ -63,7 +63,8 @@ def test_serve_ignore_eos(runtime):
         body = {"prompt": "hello", "logit_bias": {str(eos): 100}}
         status, answer = server.post("/v1/completions", body)
         assert status == 200, answer
-        assert (answer["choices"][0]["finish_reason"], answer["usage"]["completion_tokens"]) == ("stop", 0)
+        # the end-of-text token is the one token sampled, counted as llama-server's n_decoded counts it
+        assert (answer["choices"][0]["finish_reason"], answer["usage"]["completion_tokens"]) == ("stop", 1)
         status, answer = server.post("/v1/completions", {**body, "ignore_eos": True})
         assert status == 200, answer
         assert (answer["choices"][0]["finish_reason"], answer["usage"]["completion_tokens"]) == ("length", 10)

@@ -38,7 +38,8 @@ def test_an_echo_whose_answer_is_its_end_of_text_token_still_lists_one_generated
     status, body = served.post("/v1/completions", request)
     assert status == 200, body
     choice = body["choices"][0]
-    assert (choice["text"], choice["finish_reason"], body["usage"]["completion_tokens"]) == (prompt, "stop", 0)
+    # the end-of-text token is the one token sampled: llama-server's usage.completion_tokens (n_decoded) counts it
+    assert (choice["text"], choice["finish_reason"], body["usage"]["completion_tokens"]) == (prompt, "stop", 1)
     logprobs = choice["logprobs"]
     assert len(logprobs["token_logprobs"]) == len(ids) + 1
     assert logprobs["token_logprobs"] == pytest.approx(expected["token_logprobs"])

@@ -49,9 +49,9 @@ def test_tokens_cached_is_the_kv_cache_s_length_at_a_token_limit_and_a_stop_word
 
 
 def test_tokens_cached_at_the_end_of_text_token_counts_every_answer_token():
-    # the end-of-text token is sampled and counted by llama-server (n_decoded), not decoded: the cache holds the
-    # prompt and the answer's tokens
-    done = Completion("abc", "stop", prompt_tokens=5, completion_tokens=3, tokens=[1, 2, 3, 0])
+    # the end-of-text token is sampled and counted by llama-server (n_decoded, as completion_tokens counts it: three
+    # answer tokens and the end of text), not decoded: the cache holds the prompt and the answer's tokens
+    done = Completion("abc", "stop", prompt_tokens=5, completion_tokens=4, tokens=[1, 2, 3, 0])
     body = llama_native.final_body(llama_native.parse_completion_request({"prompt": "x"}), "m", done, {})
     assert body["stop_type"] == "eos"
     assert body["tokens_cached"] == 5 + 3

@@ -100,7 +100,8 @@ def test_likely_end_of_generation_tokens_end_the_infill(fim_served, qwen_runtime
     assert without["tokens_predicted"] >= 1
     status, answer = fim_served.post("/infill", _body(CHAIN, bias, temperature=0.0, n_predict=3))
     assert status == 200, answer
-    assert (answer["content"], answer["tokens_predicted"], answer["stop_type"]) == ("", 0, "eos")
+    # the end-of-generation token is the one token sampled: llama-server's n_decoded (tokens_predicted) counts it
+    assert (answer["content"], answer["tokens_predicted"], answer["stop_type"]) == ("", 1, "eos")
 
 
 def test_generate_takes_the_vocabulary_it_is_given(fim_served, qwen_runtime):

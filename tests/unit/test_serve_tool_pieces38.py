@@ -140,7 +140,9 @@ def test_a_text_answer_under_tools_streams_every_token_s_logprobs_once(server, a
             "logit_bias": answering, "include": LOGPROBS, "top_logprobs": 2, "cache_prompt": False}
     whole, events = _whole_and_streamed(server, body)
     (part,) = whole["output"][0]["content"]
-    assert len(part["logprobs"]) == whole["usage"]["output_tokens"]
+    # every answer token's, and output_tokens one more: the end-of-text token llama-server samples once the schema's
+    # JSON is complete, counted in its n_decoded but not listed with the answer's log-probabilities
+    assert len(part["logprobs"]) + 1 == whole["usage"]["output_tokens"]
     shaped = [{"token": entry["token"], "logprob": entry["logprob"],
                "top_logprobs": [{"token": top["token"], "logprob": top["logprob"]} for top in entry["top_logprobs"]]}
               for entry in part["logprobs"]]
