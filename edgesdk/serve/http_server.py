@@ -35,8 +35,10 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   ``POST /embeddings`` (llama-server's: ``content`` or ``input``, ``embd_normalize``, every token's vector with pooling
   ``none``), and Ollama's ``POST /api/embed`` and ``POST /api/embeddings`` (serve/ollama.py).
 
-With an API key every route but ``/health`` (``/v1/health``) and ``/`` wants ``Authorization: Bearer KEY`` or, as
-Anthropic's clients send it, ``x-api-key: KEY`` (``/health`` stays open, as in llama-server).
+With an API key every route but ``/health`` (``/v1/health``), ``/``, and the model list ``GET /v1/models``
+(``/models``) wants ``Authorization: Bearer KEY`` or, as Anthropic's clients send it, ``x-api-key: KEY`` (those stay
+open, as in llama-server, whose clients list the models before they send a key; a model's card under them does
+not).
 
 Browsers on another origin (llama.cpp's web UI served elsewhere, ``fetch()`` from a page) are answered
 as llama-server answers them (tools/server/server-http.cpp, its pre-routing handler): every answer,
@@ -114,6 +116,9 @@ REQUEST_TIMEOUT_S = 300.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
 # llama-server's liveness route and its /v1 alias (tools/server/server.cpp: both public, no API key check)
 HEALTH_ROUTES = ("/health", "/v1/health")
+# the model list, open under an API key too (tools/server/server-http.cpp get_public_endpoints: "/models" and
+# "/v1/models" as written, not a model's card under them): clients list the models before they send a key
+PUBLIC_MODEL_LISTS = ("/models", "/v1/models")
 TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's, answered at once (no turn on the board)
 # llama-server's route table (tools/server/server.cpp): /v1/embeddings is OpenAI's; /embedding (its legacy name) and
 # /embeddings are its own, so these are told apart before the /v1 prefix is dropped
@@ -460,7 +465,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         if route == "/":  # Ollama's liveness answer, which its clients probe before anything else (open, as /health)
             self._send_body(200, ollama.RUNNING.encode(), "text/plain; charset=utf-8")
             return
-        self._authorise()
+        if route not in PUBLIC_MODEL_LISTS:
+            self._authorise()
         path, pool = route.rstrip("/"), self.server.pool
         if path == "/api/tags":
             self._send_json(200, ollama.tags(self.server.completer, self.server.model) if pool is None else
