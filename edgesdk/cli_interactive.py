@@ -30,6 +30,9 @@ def read_for_prompt(name: str, file_separator: str | None = None) -> str:
     tools/cli writes it where the vocabulary has FIM_SEP."""
     if not name:
         raise EdgeSDKError("/read names no file", "type /read FILE: the text of FILE goes before your next prompt")
+    if "\x00" in name:  # no path holds one: open() raises ValueError, which ended the session with a traceback
+        raise EdgeSDKError(f"/read {name!r} names no file a path can name: it holds a NUL character (Ctrl-@ or "
+                           "Ctrl-Space at a terminal types one)", "type /read FILE with the file's path alone")
     content = read_utf8(Path(name).expanduser(), "the /read file")
     click.echo(f"edgesdk: read {name} ({len(content):,} characters); it goes before your next prompt", err=True)
     header = f"--- File: {name} ---\n" if file_separator is None else f"{file_separator}{name}\n"
@@ -124,6 +127,34 @@ def stdin_keeps_bytes_not_utf8() -> None:
         reconfigure(errors="surrogateescape")
 
 
+# The most bytes of a line a Linux terminal holds in canonical mode, the mode a shell leaves it in (the kernel's
+# N_TTY_BUF_SIZE, 4096, less one for the line break): what is typed or pasted past them is dropped, silently, by the
+# terminal itself, mid-character too.
+TERMINAL_LINE_BYTES = 4095
+
+
+def cut_by_the_terminal(line: str) -> bool:
+    """Whether ``line`` (as ``sys.stdin.readline`` gave it) came from a Linux terminal in canonical mode and filled
+    its line (:data:`TERMINAL_LINE_BYTES`), so that the terminal dropped what was typed or pasted after it.
+    llama-cli's console reads a terminal in non-canonical mode (common/console.cpp ``init`` clears ICANON and ECHO
+    and reads character by character), so a long line pasted there arrives whole; here it would arrive cut short.
+    Piped input, and a terminal in non-canonical mode (``stty -icanon``), have no such limit."""
+    try:
+        size = len(line.rstrip("\r\n").encode(sys.stdin.encoding or "utf-8", "surrogateescape"))
+    except (UnicodeEncodeError, LookupError):
+        size = len(line.rstrip("\r\n").encode("utf-8", "surrogateescape"))
+    if size < TERMINAL_LINE_BYTES or not sys.platform.startswith("linux"):
+        return False
+    try:
+        import termios
+    except ImportError:
+        return False
+    try:
+        return sys.stdin.isatty() and bool(termios.tcgetattr(sys.stdin.fileno())[3] & termios.ICANON)
+    except (OSError, ValueError, AttributeError, termios.error):  # no file descriptor (a StringIO), or no terminal
+        return False
+
+
 def read_prompt(multiline: bool = False) -> str | None:
     """The next prompt on stdin, None at its end, read as llama.cpp's console reads one (common/console.cpp
     ``readline``, line by line as its simple I/O does; tools/cli/cli.cpp and tools/main/main.cpp alike): a line
@@ -131,7 +162,10 @@ def read_prompt(multiline: bool = False) -> str | None:
     in '/' ends the prompt there, the '/' left out ("return control without starting a new line"). With
     ``multiline`` (``--multiline-input``) a line goes on with the next one by itself, and ending it in '\\' ends
     the prompt instead. The end of input ends the prompt with the lines read so far. The prompt's last line break
-    is left out, as both tools pop it."""
+    is left out, as both tools pop it.
+
+    A line the terminal cut short (:func:`cut_by_the_terminal`: more than 4095 bytes typed or pasted at a Linux
+    terminal) is refused, its prompt unanswered, rather than answered without its end."""
     buffer, more = "", True
     while more:
         line = sys.stdin.readline()
@@ -139,6 +173,11 @@ def read_prompt(multiline: bool = False) -> str | None:
             if not buffer:
                 return None
             break
+        if cut_by_the_terminal(line):
+            raise EdgeSDKError(f"the line typed at the terminal filled the terminal's line ({TERMINAL_LINE_BYTES:,} "
+                               "bytes), and the terminal dropped what came after them: the prompt is not answered",
+                               "put long text in a file and type /read FILE before your question, or pipe it in "
+                               "(edgesdk run BUNDLE < FILE); a prompt can also go on over lines that end in '\\'")
         line, more = line.rstrip("\r\n"), multiline
         if line.endswith("/"):  # always ends the prompt, without a line break
             buffer += line[:-1]
