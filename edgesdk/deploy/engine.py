@@ -24,7 +24,7 @@ from edgesdk.deploy.transport import DeployError
 from edgesdk.runtime.tensorrt_engine import cache_key, engine_module
 
 __all__ = ["NO_BUILDER", "BuilderStatus", "EngineDecision", "build_engine", "builder_status", "cache_key",
-           "decide"]
+           "decide", "planned_engine_bytes"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,26 @@ def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, 
                                     f"{same}; 'edgesdk engine build' checks it (and rebuilds it if it is damaged)",
                               cache)
     return EngineDecision(True, f"building the TensorRT engine into engines/{bundle_id}/{key}", cache)
+
+
+def planned_engine_bytes(facts: BoardFacts, manifest: dict, files: dict[str, dict]) -> int:
+    """Disk space the engine step may take under ``engines/<bundle-id>/`` (0 where :func:`decide` builds none, as
+    the probe tells: not a Jetson, another graph form, no TensorRT or its bindings, no usable GPU, or an engine
+    of this key already there), for the disk check before the transfer. The serialized plan holds the network's
+    weights, at most at the graph's own precision (INT8 for a Q/DQ graph, FP16 or FP32 otherwise), so it is
+    taken to be as large as the bundle in memory (probe.memory_bytes: its files, the weights inflated); the
+    builder writes it beside its directory and renames it into place, so it needs that much free at once."""
+    from edgesdk.deploy.probe import memory_bytes
+
+    if (facts.board.family != "jetson" or manifest["graph"].get("form", "standard") != "standard"
+            or not facts.tensorrt or not (facts.raw.get("tensorrt") or {}).get("python")
+            or facts.raw.get("gpu_problem")):
+        return 0
+    sm = (manifest["target"].get("gpu") or {}).get("sm")
+    if cache_key(facts.board.jetpack, facts.tensorrt, sm, engine_module(facts.board)) in (facts.raw.get("engines")
+                                                                                          or []):
+        return 0
+    return memory_bytes(manifest, files)
 
 
 @dataclass(frozen=True)

@@ -364,7 +364,8 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                 runtime_key = source.key
                 if runtime_key not in install.installed_keys(facts.raw):
                     runtime_bytes = RUNTIME_BYTES_INHERITED if inherit else RUNTIME_BYTES_FULL
-            report.info(check_disk(plan.send_bytes, runtime_bytes, facts, where))
+            report.info(check_disk(plan.send_bytes, runtime_bytes, facts, where,
+                                   engine.planned_engine_bytes(facts, bundle.manifest, files)))
             if options.service is not None:  # the unit's command line as the service step installs it
                 unit_edgesdk = install.runtime_argv(board, options.local) if runtime_key else \
                     board_edgesdk(board, facts, options.local)

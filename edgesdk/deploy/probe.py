@@ -161,13 +161,17 @@ def check_memory(bundle_bytes: int, budget_mb: int, facts: BoardFacts, where: st
     return notes
 
 
-def check_disk(send_bytes: int, runtime_bytes: int, facts: BoardFacts, where: str) -> str:
-    """Refuse when what deploy would write does not fit in the free space under the deploy root."""
-    need = send_bytes + runtime_bytes + DISK_MARGIN_BYTES
+def check_disk(send_bytes: int, runtime_bytes: int, facts: BoardFacts, where: str, engine_bytes: int = 0) -> str:
+    """Refuse when what deploy would write does not fit in the free space under the deploy root: the bundle files
+    it sends, the runtime it installs, and the TensorRT engine it builds under ``engines/`` (``engine_bytes``,
+    engine.planned_engine_bytes), all before the transfer, not minutes into the engine build."""
+    need = send_bytes + runtime_bytes + engine_bytes + DISK_MARGIN_BYTES
     if need > facts.free_bytes:
         parts = f"{send_bytes / MB:.1f} MB of bundle files"
         if runtime_bytes:
             parts += f" + about {runtime_bytes / MB:.0f} MB for the edgesdk runtime"
+        if engine_bytes:
+            parts += f" + about {engine_bytes / MB:.1f} MB for the TensorRT engine it builds"
         raise DeployError(
             f"not enough disk space on {where}: {facts.free_bytes / MB:.1f} MB free under {facts.root}, deploy "
             f"needs {need / MB:.1f} MB ({parts} + {DISK_MARGIN_BYTES / MB:.0f} MB margin)",

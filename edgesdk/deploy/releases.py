@@ -45,7 +45,9 @@ def format_status(info: dict) -> str:
              f"runtime    {info['runtime']['key'] if info['runtime'] else 'none installed by deploy'}",
              f"current    {info['current'] or 'none'}"
              + (f" ({info['current_problem']})" if info.get("current_problem") else ""),
-             f"previous   {info['previous'] or 'none'}",
+             f"previous   {info['previous'] or 'none'}" + (
+                 " (removed: no such release here)" if info["previous"] and info["previous"] not in
+                 {r["id"] for r in info["releases"]} else ""),
              *switched_line(info.get("last_switch")),
              f"releases   {len(info['releases'])}"]
     for release in reversed(info["releases"]):
@@ -106,9 +108,18 @@ def _rollback(options: DeployOptions, release: str | None, report: Reporter, pro
             raise DeployError(f"{board.label} has no previous release to roll back to (current: {current or 'none'})",
                               "deploy another bundle first, or name a release from 'edgesdk deploy --status' "
                               "with --release ID")
-        if release is not None and release not in {r["id"] for r in facts.state.get("releases") or []}:
+        held = [r["id"] for r in reversed(facts.state.get("releases") or [])]  # newest first
+        if release is not None and release not in held:
             raise DeployError(f"--release {release!r} is not a release on {board.label}",
                               "run 'edgesdk deploy --status' to list the releases and pass one of their ids")
+        if release is None and target not in held:
+            # previous still names a release whose directory was removed (by hand, or a disk cleanup): the
+            # board's verify would only say that path does not exist, and --status still lists it as previous
+            others = [r for r in held if r != current]
+            raise DeployError(f"{board.label} cannot roll back: previous points to releases/{target}, which is no "
+                              "longer on the board (its directory was removed)",
+                              (f"roll back to a release it holds with --rollback --release ID ({', '.join(others)}), "
+                               "or " if others else "") + "deploy that bundle again")
         if target == current:
             raise DeployError(f"release {target} is already current on {board.label}",
                               "name another release from 'edgesdk deploy --status' with --release ID")

@@ -314,7 +314,15 @@ class SshTransport(Transport):
 
     def check_connection(self, returncode: int, stderr: str, during: str = "") -> None:
         if returncode == 255:
-            raise ssh_failure(self.spec, stderr, during, self.opts.ssh_config)
+            raise ssh_failure(self.spec, stderr, during, self.opts.ssh_config, self.login_command())
+
+    def login_command(self) -> str:
+        """``ssh`` to this board as deploy reaches it (its ssh command, ``-F``, the user's ``-o`` options such as
+        ProxyJump or UserKnownHostsFile, ``-i``, the port), for the user to run by hand: a bare ``ssh
+        user@board`` goes through ~/.ssh/config and ~/.ssh/known_hosts instead, so it may not reach the board
+        (no ProxyJump) or store its key where deploy looks for it."""
+        return shlex.join([*self.base, *self.user_args(), *(["-p", str(self.spec.port)] if self.spec.port else []),
+                           self.spec.destination])
 
     def close(self) -> None:
         if self._control_dir is None:
@@ -372,10 +380,13 @@ def remove_known_host(spec: HostSpec, text: str) -> str:
     return f'ssh-keygen -R "{known}"'
 
 
-def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | None = None) -> DeployError:
+def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | None = None,
+                login: str | None = None) -> DeployError:
     """Turn ssh's exit 255 and its stderr into a message naming the problem and the fix (``config``: the file
-    given to ``--ssh-config``)."""
+    given to ``--ssh-config``; ``login``: the ssh command line that reaches the board as deploy does,
+    :meth:`SshTransport.login_command`, for the first contact done by hand)."""
     text = stderr.strip()
+    login = login or shlex.join(["ssh", *(["-p", str(spec.port)] if spec.port else []), spec.destination])
     refused = config_failure(spec, text, config)
     if refused is not None:
         return refused
@@ -391,8 +402,8 @@ def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | Non
     if "Host key verification failed" in text or "host key is known" in text:
         return DeployError(
             f"refused: {spec} has no host key in known_hosts, and deploy checks host keys strictly",
-            f"connect once with 'ssh {'-p ' + str(spec.port) + ' ' if spec.port else ''}{spec.destination}' and "
-            "check the fingerprint, or pass --accept-new-host-key to store the key on first use")
+            f"connect once with '{login}' and check the fingerprint, or pass --accept-new-host-key to store the "
+            "key on first use")
     if "Permission denied" in text or "Too many authentication failures" in text:
         # Without user@ in --host, ssh logs in as the User of its config, else as the local user; its own
         # message names whom (sshconnect2.c: "%s@%s: Permission denied (%s).", server_user and host).
