@@ -34,7 +34,7 @@ from pathlib import Path
 import click
 
 from edgesdk.cli_interactive import process_escapes
-from edgesdk.cli_options import escape_option, runtime_options
+from edgesdk.cli_options import LLAMA_OPTION_NAMES, escape_option, runtime_options
 from edgesdk.errors import EdgeSDKError, read_utf8
 
 POOLINGS = ("last", "mean", "cls", "none")  # edgesdk.runtime.embedding.POOLINGS (not imported: it needs numpy)
@@ -42,7 +42,7 @@ OUTPUT_FORMATS = ("", "array", "json", "json+", "raw")
 SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vector when there are several inputs
 
 
-@click.command("embed")
+@click.command("embed", context_settings=LLAMA_OPTION_NAMES)
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--prompt", "-p", "prompts", multiple=True, metavar="TEXT",
               help="Text to embed; each piece between separators (each line by default) is one input. Repeat for "

@@ -27,6 +27,18 @@ def _stacked(fn, options: list):
     return fn
 
 
+def _llama_option_name(name: str) -> str:
+    """An option's name as llama.cpp's tools match it: '_' read as '-' (common/arg.cpp, ``common_params_parse_ex``:
+    ``std::replace(arg.begin(), arg.end(), '_', '-')`` for each argument starting with "--"), so the names its older
+    scripts and docs spell ``--n_predict``, ``--repeat_penalty``, ``--top_k`` or ``--embd_normalize`` still work.
+    click applies it to option names alone (and to a Choice's value and choices alike), never to a value."""
+    return name.replace("_", "-")
+
+
+# A command's context_settings that read its options' names as llama.cpp's tools do (run and embed).
+LLAMA_OPTION_NAMES = {"token_normalize_func": _llama_option_name}
+
+
 def option_given(name: str) -> bool:
     """Whether the running command's option ``name`` (its parameter name) was given, on the command line or
     through its environment variable, rather than left at its default."""
@@ -126,16 +138,32 @@ def runtime_options(fn):
     ])
 
 
+class _DraftBundle(click.Path):
+    """``--draft BUNDLE``'s value: an existing directory. A number that names none is refused with what llama.cpp
+    means by it: its ``--draft N`` (common/arg.cpp: ``{"--draft", "--draft-n", "--draft-max"}``) is the tokens
+    drafted at a time, which is ``--draft-max N`` here, and its draft model is ``-md/--model-draft FNAME``."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().isdigit() and not Path(value).exists():
+            self.fail(f"{value!r} is a number, and --draft names the draft bundle here (llama.cpp's -md / "
+                      f"--model-draft); for llama.cpp's --draft {value.strip()}, the tokens drafted at a time, pass "
+                      f"--draft-max {value.strip()} with --draft BUNDLE", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def draft_options(fn):
     """``--draft BUNDLE`` and its settings (llama.cpp's -md, --draft-max, --draft-p-min), for run and serve."""
     return _stacked(fn, [
         click.option(
-            "--draft", "draft_bundle", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="BUNDLE",
-            help="Speculative decoding (llama.cpp's --model-draft): a smaller bundle with the same tokenizer drafts "
-                 "tokens that this bundle checks several at a time; the answer is this bundle's own, greedy or "
-                 "sampled."),
-        click.option("--draft-max", "draft_max", default=2, show_default=True, type=click.IntRange(1, 64),
-                     metavar="N", help="Draft tokens the bundle checks in one pass."),
+            "--draft", "--model-draft", "-md", "draft_bundle", type=_DraftBundle(exists=True, file_okay=False,
+                                                                                 path_type=Path),
+            metavar="BUNDLE",
+            help="Speculative decoding (llama.cpp's -md / --model-draft): a smaller bundle with the same tokenizer "
+                 "drafts tokens that this bundle checks several at a time; the answer is this bundle's own, greedy "
+                 "or sampled."),
+        click.option("--draft-max", "--draft-n", "draft_max", default=2, show_default=True,
+                     type=click.IntRange(1, 64), metavar="N",
+                     help="Draft tokens the bundle checks in one pass (llama.cpp's --draft-max, --draft-n, --draft)."),
         click.option("--draft-p-min", "draft_p_min", default=0.0, show_default=True,  # click's FloatRange passes nan
                      type=FiniteRange(0.0, 1.0, max_open=True, what="a draft token's probability", example="0.75"),
                      metavar="P",

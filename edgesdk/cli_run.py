@@ -19,6 +19,7 @@ import click
 
 from edgesdk.cli_interactive import Chat, DeferredInterrupt, ReversePrompts, process_escapes
 from edgesdk.cli_options import (
+    LLAMA_OPTION_NAMES,
     SAMPLING_OPTIONS,
     bad_sampling_option,
     configure_gates,
@@ -78,16 +79,16 @@ class RunSettings:
     shift_refused: bool = False  # --context-shift given with -n -2, which stops at the full context instead
 
 
-@click.command()
+@click.command(context_settings=LLAMA_OPTION_NAMES)
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--prompt", "-p", help="Prompt text; without it, read prompts interactively from stdin.")
 @click.option("--file", "-f", "prompt_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, newlines included but for one at its "
                    "end, as llama-cli drops it; its escapes are "
                    "read as --prompt's (--no-escape: as written). '-' reads it from stdin (as /dev/stdin does).")
-@click.option("--max-new-tokens", "-n", default=128, show_default=True,
+@click.option("--max-new-tokens", "-n", "--predict", "--n-predict", "max_new_tokens", default=128, show_default=True,
               help="The answer's token limit: -1 no limit but the context (with --context-shift none at all), -2 "
-                   "until the context is full (also with --context-shift), as llama-cli's -n.")
+                   "until the context is full (also with --context-shift), as llama-cli's -n (--predict).")
 @click.option("--ignore-eos", is_flag=True,
               help="Never end at an end-of-text or end-of-turn token (their logits set to -inf, as llama.cpp's "
                    "--ignore-eos): an answer runs to -n tokens, unless --json, --json-schema or --grammar ends it.")
@@ -101,9 +102,9 @@ class RunSettings:
 @click.option("--min-p", default=0.0, show_default=True,
               help="Sample only tokens at least this fraction as likely as the top one (with --temperature > 0; "
                    "0: off).")
-@click.option("--logit-bias", "logit_bias", multiple=True, metavar="ID=BIAS",
+@click.option("--logit-bias", "-l", "logit_bias", multiple=True, metavar="ID=BIAS",
               help="Add BIAS (-100..100, or -inf: never) to token ID's logit, greedy or sampled (repeatable; "
-                   "llama.cpp's ID+BIAS / ID-BIAS form works too).")
+                   "llama.cpp's ID+BIAS / ID-BIAS form works too, e.g. 15043-inf).")
 @sampler_chain_options
 @click.option("--seed", "-s", type=click.IntRange(min=-1),
               help=f"Seed for sampling (unset, -1 or {LLAMA_DEFAULT_SEED}: a random one, as llama-cli's default "
@@ -113,8 +114,14 @@ class RunSettings:
               help="Lower a seen token's logit by this, once (OpenAI's presence penalty, -2..2).")
 @click.option("--frequency-penalty", default=0.0, show_default=True,
               help="Lower a seen token's logit by this per occurrence (OpenAI's frequency penalty, -2..2).")
+@click.option("--no-display-prompt", "no_display_prompt", is_flag=True,
+              help="Accepted for llama-cli's scripts: run never shows the prompt, only the answer (llama-cli shows "
+                   "it unless given this).")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the model's chat template.")
 @click.option("--system", "--system-prompt", "-sys", help="System message for the chat template.")
+@click.option("--system-prompt-file", "-sysf", "system_file", type=click.Path(dir_okay=False, path_type=Path),
+              metavar="FILE",
+              help="--system read from a UTF-8 file, one line end at its end dropped (llama-cli's -sysf).")
 @click.option("--chat-template-kwargs", "template_kwargs", metavar="JSON", callback=lambda ctx, param, value:
               read_template_kwargs(value),
               help="Extra variables for the chat template, a JSON object (llama.cpp's --chat-template-kwargs), e.g. "
@@ -144,12 +151,14 @@ class RunSettings:
 @click.option("--json", "json_object", is_flag=True,
               help="JSON mode: each answer is one JSON object (tokens that cannot continue one are never taken; "
                    "the answer ends when the object closes).")
-@click.option("--json-schema", metavar="FILE|JSON",
+@click.option("--json-schema", "-j", "json_schema", metavar="FILE|JSON",
               help="Each answer follows this JSON schema (a file holding it, or its JSON text): an object or array "
                    "with typed properties, as pydantic and the openai client write them: required, enum, const, anyOf / "
                    "oneOf, items / prefixItems, additionalProperties, $defs / $ref, string lengths, pattern and "
                    "format, number bounds and multipleOf, uniqueItems; not, if / then and propertyNames are refused "
                    "by name.")
+@click.option("--json-schema-file", "-jf", "json_schema_file", type=click.Path(dir_okay=False, path_type=Path),
+              metavar="FILE", help="--json-schema read from a file (llama-cli's -jf).")
 @click.option("--grammar", metavar="GBNF",
               help="Each answer follows this GBNF grammar (llama.cpp's language: rules, \"literals\", [classes], "
                    "groups, * + ? {m,n}); the end-of-text token only where the grammar accepts.")
@@ -184,8 +193,9 @@ class RunSettings:
 @runtime_options
 def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias,
         samplers, sampling_seq, seed, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
-        raw, system, template_kwargs, history, in_prefix, in_suffix, reverse_prompts, multiline_input, escape,
-        json_object, json_schema, grammar, grammar_file, lookup_draft, prompt_cache, prompt_cache_all, prompt_cache_ro,
+        no_display_prompt, raw, system, system_file, template_kwargs, history, in_prefix, in_suffix, reverse_prompts,
+        multiline_input, escape, json_object, json_schema, json_schema_file, grammar, grammar_file, lookup_draft,
+        prompt_cache, prompt_cache_all, prompt_cache_ro,
         stats, context_shift, keep,
         draft_bundle, draft_max, draft_p_min,
         watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
@@ -229,11 +239,12 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         in_suffix=_escaped_affix(in_suffix, "'--in-suffix'", escape),
         reverse_prompts=_reverse_prompts(reverse_prompts, escape),
         json_object=json_object,
-        schema=_read_json_schema(json_schema, json_object),
-        grammar=_read_grammar(grammar, grammar_file, json_object, json_schema),
+        schema=_read_json_schema(json_schema, json_object, json_schema_file),
+        grammar=_read_grammar(grammar, grammar_file, json_object, json_schema, json_schema_file),
         grammar_option="'--grammar-file'" if grammar_file else "'--grammar'",
         prompt_cache=writable_prompt_cache(prompt_cache, read_only=prompt_cache_ro),
-        ignore_eos=ignore_eos, raw=raw, system=system, template_kwargs=template_kwargs, history=history, stats=stats,
+        ignore_eos=ignore_eos, raw=raw, system=_system_message(system, system_file), template_kwargs=template_kwargs,
+        history=history, stats=stats,
         context_shift=context_shift and max_new_tokens != UNTIL_THE_CONTEXT_IS_FULL, keep=keep,
         multiline_input=multiline_input, shift_refused=context_shift and max_new_tokens == UNTIL_THE_CONTEXT_IS_FULL,
         prompt_cache_mode=prompt_cache_mode(prompt_cache, prompt_cache_all, prompt_cache_ro))
@@ -463,37 +474,59 @@ def _check_constraint_tokens(settings: RunSettings, tokenizer):
 
 def _parse_logit_bias(text: str) -> tuple[int, float]:
     """``--logit-bias ID=BIAS`` (or llama.cpp's ``ID+BIAS`` / ``ID-BIAS``) as (id, bias); the range is
-    SamplingConfig's to check."""
-    match = re.fullmatch(r"\s*([0-9]+)\s*(?:=\s*(\S+)|([+-]\S+))\s*", text)
+    SamplingConfig's to check. The sign form is read as common/arg.cpp reads it: the sign, then a number of its own
+    (``stof``, spaces before it allowed) that the sign multiplies, so ``15043-inf`` is -inf, ``15043+-5`` is -5 and
+    ``15043--5`` is 5."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*([=+-])\s*(\S+)\s*", text)
     try:
         if match is None:
             raise ValueError
-        return int(match.group(1)), float(match.group(2) or match.group(3))
+        bias = float(match.group(3))
+        return int(match.group(1)), -bias if match.group(2) == "-" else bias
     except ValueError:
         raise ValueError(f"logit_bias must be given as ID=BIAS (a token id, then a number in [-100, 100] or -inf), "
                          f"got {text!r}; e.g. --logit-bias 15043=-100") from None
 
 
-def _read_json_schema(value: str | None, json_object: bool):
-    """``--json-schema``: a file holding the schema, or its JSON text, compiled (None when not given)."""
+def _read_json_schema(value: str | None, json_object: bool, path: Path | None = None):
+    """``--json-schema`` (a file holding the schema, or its JSON text) or ``--json-schema-file`` (llama-cli's -j and
+    -jf), compiled (None when neither is given). A file's UTF-8 byte-order mark is skipped, as llama.cpp's JSON
+    parser (nlohmann::json, whose lexer skips a BOM at the start) reads -jf's file and Python's json does not."""
     from edgesdk.runtime.json_schema import SchemaError, compile_schema
 
-    if value is None:
+    if value is None and path is None:
         return None
+    option, hint = ("--json-schema", "'--json-schema'") if path is None else \
+        ("--json-schema-file", "'--json-schema-file' / '-jf'")
+    if value is not None and path is not None:
+        raise click.BadParameter("--json-schema and --json-schema-file both give the schema; pass one", param_hint=hint)
     if json_object:
-        raise click.BadParameter("--json asks for any JSON object and --json-schema for one schema's; pass one",
-                                 param_hint="'--json-schema'")
-    text = value
-    if not value.lstrip().startswith(("{", "[")):
-        path = Path(value)
-        if not path.exists():
-            raise click.BadParameter(f"{value!r} is neither a file nor a JSON text starting with '{{'",
-                                     param_hint="'--json-schema'")
-        text = _read_text_file(path, "--json-schema", "'--json-schema'")
+        raise click.BadParameter(f"--json asks for any JSON object and {option} for one schema's; pass one",
+                                 param_hint=hint)
+    if path is None and value.lstrip().startswith(("{", "[")):
+        text = value
+    else:
+        if path is None:
+            path = Path(value)
+            if not path.exists():
+                raise click.BadParameter(f"{value!r} is neither a file nor a JSON text starting with '{{'",
+                                         param_hint=hint)
+        text = _read_text_file(path, option, hint).removeprefix("\ufeff")
     try:
         return compile_schema(text)
     except SchemaError as exc:
-        raise click.BadParameter(f"{exc.problem} ({exc.fix})", param_hint="'--json-schema'") from exc
+        raise click.BadParameter(f"{exc.problem} ({exc.fix})", param_hint=hint) from exc
+
+
+def _system_message(text: str | None, path: Path | None) -> str | None:
+    """``--system`` or ``--system-prompt-file`` (llama-cli's -sys / -sysf: the file whole, one '\\n' at its end
+    dropped, as common/arg.cpp reads it; no escapes processed in either, as llama-cli processes none there)."""
+    if path is None:
+        return text
+    if text is not None:
+        raise click.BadParameter("--system and --system-prompt-file both give the system message; pass one",
+                                 param_hint="'--system-prompt-file' / '-sysf'")
+    return _read_text_file(path, "--system-prompt-file", "'--system-prompt-file' / '-sysf'").removesuffix("\n")
 
 
 def _read_text_file(path: Path, option: str, hint: str) -> str:
@@ -504,7 +537,8 @@ def _read_text_file(path: Path, option: str, hint: str) -> str:
     return read_utf8(path, option)
 
 
-def _read_grammar(text: str | None, path: Path | None, json_object: bool, json_schema: str | None):
+def _read_grammar(text: str | None, path: Path | None, json_object: bool, json_schema: str | None,
+                  json_schema_file: Path | None = None):
     """``--grammar`` / ``--grammar-file``: the GBNF grammar read (None when neither is given)."""
     from edgesdk.runtime.gbnf import GrammarError, parse_grammar
 
@@ -512,7 +546,8 @@ def _read_grammar(text: str | None, path: Path | None, json_object: bool, json_s
         return None
     hint = "'--grammar-file'" if path is not None else "'--grammar'"
     others = [name for name, given in (("--grammar", text is not None), ("--grammar-file", path is not None),
-                                       ("--json", json_object), ("--json-schema", json_schema is not None)) if given]
+                                       ("--json", json_object), ("--json-schema", json_schema is not None),
+                                       ("--json-schema-file", json_schema_file is not None)) if given]
     if len(others) > 1:
         raise click.BadParameter(f"{' and '.join(others)} each constrain the answer; pass one", param_hint=hint)
     if path is not None:
