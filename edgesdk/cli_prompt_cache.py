@@ -57,11 +57,19 @@ def prompt_cache_mode(path: Path | None, cache_all: bool, read_only: bool) -> st
 
 
 def writable_prompt_cache(path: Path | None, read_only: bool = False) -> Path | None:
-    """``--prompt-cache FILE``, once it can be written: its directory exists and this user may write there.
+    """``--prompt-cache FILE``, once it can be written: its directory exists and this user may write there, and
+    FILE, where it exists, is a cache file (:func:`edgesdk.runtime.cache_file.foreign`: never written over).
     Checked before the bundle loads; the first write comes only after the first answer, which a missing directory
     would waste. ``read_only`` (``--prompt-cache-ro``): never written, so not checked."""
     if path is None or read_only:
         return path
+    from edgesdk.runtime.cache_file import foreign
+
+    why = foreign(path)
+    if why is not None:  # never written over: a mistyped path to a file the user keeps
+        raise click.BadParameter(f"{path} is not a prompt cache file: {why}; it is left as it is. Pass the path of "
+                                 "a cache file (or of a new one), or remove that file if it is yours to lose",
+                                 param_hint="'--prompt-cache'")
     # The write renames a file in the directory of the file a symlink points to (edgesdk/runtime/cache_file.py).
     # os.path's tests, not Path's: a directory this user may not search is False, not a PermissionError.
     directory = Path(os.path.realpath(path)).parent if os.path.islink(path) else path.parent

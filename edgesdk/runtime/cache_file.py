@@ -65,6 +65,34 @@ def _template(backend) -> list:
     return state
 
 
+ZIP_START = b"PK\x03\x04"  # a zip archive's first local file header (APPNOTE.TXT 4.3.7): every .npz begins so
+
+
+def foreign(path: Path) -> str | None:
+    """Why the file at ``path`` is not one a run may write over, or None: a non-empty file that no edgesdk run
+    wrote, as it does not begin as a zip archive (an .npz) does, or is a whole zip archive without a cache file's
+    ``format`` entry (a mistyped path to a text, a NumPy array, a user's archive). llama-cli refuses such a
+    ``--prompt-cache`` file ("failed to load session file") and leaves it alone; a cache file of another bundle,
+    release or format, or one cut short or damaged, is a cache file and is rewritten."""
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return None
+        with open(path, "rb") as handle:
+            start = handle.read(len(ZIP_START))
+    except OSError:
+        return None  # unreadable: the write says why, if it fails
+    if start != ZIP_START:
+        return f"it does not begin as the .npz archive a cache file is (its first bytes are {start!r})"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return None  # an .npz cut short or damaged: a cache file that did not finish, rewritten
+    if "format.npy" not in names:
+        return "it is a zip archive without a cache file's entries (no format.npy)"
+    return None
+
+
 def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | None]:
     """Put the file's KV cache into ``cache``'s backend: (tokens loaded, why nothing was loaded or None)."""
     if not path.exists():

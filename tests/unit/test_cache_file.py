@@ -42,7 +42,7 @@ def test_a_second_run_takes_the_prompt_from_the_file_and_answers_the_same(tiny_b
 
 
 @pytest.mark.parametrize(("content", "reason"), [
-    (b"not a cache", "cannot be read as a cache file"),
+    (b"PK\x03\x04 an .npz cut short", "cannot be read as a cache file"),
     ("other-bundle", "written with another bundle"),
     ("wrong-shape", "do not fit this backend's cache"),
 ])

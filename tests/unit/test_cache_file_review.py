@@ -14,6 +14,7 @@ import pytest
 from edgesdk.runtime import cache_file
 from edgesdk.runtime.prompt_cache import PromptCache
 from tests.unit.test_cache_file import _cached, _run
+from tests.unit.test_cli import invoke
 
 pytest.importorskip("torch")
 
@@ -43,10 +44,13 @@ def test_a_npy_file_is_named_as_one_array_and_rewritten(tiny_bundle, tmp_path):
     path = tmp_path / "prompt.cache"
     with open(path, "wb") as out:
         np.save(out, np.arange(12))
-    result = _run(tiny_bundle, "--prompt-cache", path)
+    result = _run(tiny_bundle, "--prompt-cache", path, "--prompt-cache-ro")  # read, never written
     assert "not the .npz archive a cache file is" in result.stderr
-    assert "the next answer rewrites it" in result.stderr
-    assert "tokens loaded" in _run(tiny_bundle, "--prompt-cache", path).stderr
+    written = path.read_bytes()
+    refused = invoke("run", tiny_bundle.path, "--prompt", "x", "-n", 2, "--prompt-cache", path)
+    assert refused.exit_code != 0  # a file no run wrote is not written over (llama-cli refuses it too)
+    assert "is not a prompt cache file" in refused.output
+    assert path.read_bytes() == written
 
 
 def _huge_member(name: str, descr: str) -> bytes:
