@@ -581,16 +581,14 @@ class Answerer:
     def answer(self, text: str, regenerated: int = 0) -> None:
         """Answer ``text``; ``regenerated`` counts the times this answer was asked for again (/regen), which
         moves a --seed on by as many, so that each new answer is another draw, and still reproducible."""
-        from edgesdk.runtime.generate import ContextShift, generate
+        from edgesdk.runtime.generate import ContextShift, generate, starts_with_added_bos
 
         ids = self._prompt_ids(text)
         if self.cache_file is not None:
             self.cache_file.begin(ids)
         shift = None
         if self.settings.context_shift:  # llama-cli keeps the BOS on top of --keep where the vocabulary adds one
-            bos = self.tokenizer.bos_token
-            shift = ContextShift(keep=self.settings.keep,
-                                 bos=bos is not None and ids[0] == self.tokenizer.tokenizer.token_to_id(bos))
+            shift = ContextShift(keep=self.settings.keep, bos=starts_with_added_bos(self.tokenizer, ids))
         constraint, reverse = self._constraint()
         shown = _ShownAnswer(self.tokenizer, reverse, defer_interrupts=self.conversation is not None)
         sampling = self.sampling

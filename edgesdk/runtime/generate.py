@@ -187,6 +187,16 @@ def _checked_logit_bias(pairs) -> tuple[tuple[int, float], ...]:
     return tuple(checked)
 
 
+def starts_with_added_bos(tokenizer, ids) -> bool:
+    """Whether the prompt ``ids`` begins with the BOS the tokenizer adds (:meth:`ChatTokenizer.added_bos`), which
+    a context shift keeps on top of ``--keep`` / ``n_keep`` as llama.cpp does (``n_keep += add_bos``, tools/main
+    and llama-server's ``n_keep + add_bos_token``). A tokenizer that adds none keeps none on top, though its
+    ``bos_token`` may begin every chat prompt (SmolLM2's ``<|im_start|>``): taken for a BOS, it kept one token
+    more than asked."""
+    added = tokenizer.added_bos()
+    return added is not None and len(ids) > 0 and int(ids[0]) == added
+
+
 @dataclass(frozen=True)
 class ContextShift:
     """llama.cpp's context shift (``--context-shift`` with ``--keep``; llama-server's ``n_keep`` and ``n_discard``;

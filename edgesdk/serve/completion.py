@@ -47,6 +47,7 @@ from edgesdk.runtime.generate import (
     TokenConstraint,
     can_draft,
     generate,
+    starts_with_added_bos,
 )
 from edgesdk.runtime.grammar import GrammarConstraint
 from edgesdk.runtime.hooked_pass import hooked_pass
@@ -730,8 +731,7 @@ class Completer:
         if not self.shifts(request):
             return None
         keep = request.n_keep
-        tokenizer = self.runtime.tokenizer
-        bos = tokenizer.bos_token is not None and ids[0] == tokenizer.tokenizer.token_to_id(tokenizer.bos_token)
+        bos = starts_with_added_bos(self.runtime.tokenizer, ids)
         param = request.keep_param
         try:
             shift = ContextShift(keep=self.defaults.n_keep if keep is None else keep,
