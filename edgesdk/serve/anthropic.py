@@ -503,7 +503,11 @@ class ThinkingStream:
     """The content blocks of a stream whose answer may begin with reasoning: a ``thinking`` block for the
     reasoning's deltas (``thinking_delta``), then a ``text`` block for the rest, each opened when its first
     text comes and closed when the next opens or the answer ends (Anthropic's "Streaming Messages", extended
-    thinking)."""
+    thinking). A thinking block ends with its ``signature_delta`` just before its ``content_block_stop``, as
+    Anthropic's stream ends one (its "Streaming Messages" reference, extended thinking: the block's signature comes in
+    a ``signature_delta`` event just before its ``content_block_stop``) and llama-server's does (tools/server/server-task.cpp, ``to_json_anthropic_stream``:
+    ``{"type": "signature_delta", "signature": ""}``): its signature empty, as the whole answer's block has it
+    (:func:`thinking_block`), for clients that keep a thinking block once its signature comes."""
 
     def __init__(self):
         self.index, self.kind = -1, None
@@ -523,11 +527,17 @@ class ThinkingStream:
     def close(self) -> list:
         """The last block's end (an empty text block where the answer wrote nothing, as a whole answer has one)."""
         events = self._open("text") if self.kind is None else []
+        return events + self._stop()
+
+    def _stop(self) -> list:
+        """The open block's end: a thinking block's (empty) signature, then its ``content_block_stop``."""
+        events = [] if self.kind != "thinking" else \
+            [("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                      "delta": {"type": "signature_delta", "signature": ""}})]
         return events + [("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
     def _open(self, kind: str) -> list:
-        events = [] if self.kind is None else [("content_block_stop", {"type": "content_block_stop",
-                                                                       "index": self.index})]
+        events = [] if self.kind is None else self._stop()
         self.index, self.kind = self.index + 1, kind
         block = thinking_block("") if kind == "thinking" else {"type": "text", "text": ""}
         return events + [("content_block_start", {"type": "content_block_start", "index": self.index,

@@ -200,8 +200,8 @@ def test_a_streamed_answer_closes_the_thinking_block_when_its_text_begins():
     shapes = [(name, data.get("index"), (data.get("content_block") or data.get("delta") or {}).get("type"))
               for name, data in events]
     assert shapes == [("content_block_start", 0, "thinking"), ("content_block_delta", 0, "thinking_delta"),
-                      ("content_block_delta", 0, "thinking_delta"), ("content_block_stop", 0, None),
-                      ("content_block_start", 1, "text"), ("content_block_delta", 1, "text_delta"),
+                      ("content_block_delta", 0, "thinking_delta"), ("content_block_delta", 0, "signature_delta"),
+                      ("content_block_stop", 0, None), ("content_block_start", 1, "text"), ("content_block_delta", 1, "text_delta"),
                       ("content_block_delta", 1, "text_delta"), ("content_block_stop", 1, None)]
     empty = ThinkingStream()
     assert [name for name, _ in empty.close()] == ["content_block_start", "content_block_stop"]  # one empty text block
