@@ -71,11 +71,13 @@ def checked_token_ids(given: object, vocab_size: int, call: str) -> np.ndarray:
     if given.ndim > 2 or (given.ndim == 2 and given.shape[0] != 1):  # was flattened into one sequence
         raise RuntimeBackendError(f"{call} with token ids of shape {given.shape}: expected one sequence, (T,) or "
                                   "(1, T)", "pass the sequences one at a time (the backends run batch 1)")
-    ids = given.astype(np.int64, copy=False).reshape(1, -1)  # (1, T)
-    bad = np.flatnonzero((ids[0] < 0) | (ids[0] >= vocab_size))
+    # checked before the cast to int64, which wraps a uint64 id of 2**63 or more to a negative one (2**64 - 1 was
+    # named as "token id -1")
+    flat = given.reshape(-1)
+    bad = np.flatnonzero((flat < 0) | (flat >= vocab_size))
     if bad.size:
         at = int(bad[0])
-        raise RuntimeBackendError(f"{call} with token id {int(ids[0, at])} at position {at}: expected an id from 0 "
+        raise RuntimeBackendError(f"{call} with token id {int(flat[at])} at position {at}: expected an id from 0 "
                                   f"to {vocab_size - 1} (the rows of the bundle's embedding)",
                                   "pass ids the bundle's tokenizer gives that the model has embedding rows for")
-    return ids
+    return flat.astype(np.int64, copy=False).reshape(1, -1)  # (1, T)

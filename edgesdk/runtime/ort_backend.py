@@ -162,9 +162,42 @@ class OrtDecoderBase:
         raise NotImplementedError
 
     def _check_rewind(self, length: int) -> None:
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)):  # 2.5 set a float position
+            raise RuntimeBackendError(f"cannot rewind the KV cache to {length!r} tokens: expected a whole number",
+                                      "rewind to a whole number of tokens between 0 and the backend's position")
         if not 0 <= length <= self._position:
             raise RuntimeBackendError(f"cannot rewind the KV cache to {length} tokens: it holds {self._position}",
                                       "rewind to a length between 0 and the backend's position")
+
+    def _checked_state(self, state: object) -> int:
+        """The length of a :meth:`save_cache` ``state`` this backend's cache can take, or a RuntimeBackendError
+        naming what does not fit: one float32 array (1, kv_heads, length, head_dim) per layer and kind, all of one
+        length, at most ``max_context``. Checked before the cache changes, as llama.cpp's
+        ``llama_kv_cache::state_read_data`` refuses a state of another layer count, key / value type or row size
+        ("mismatched key row size") or more cells than the cache holds ("not enough cells in kv cache to restore
+        state"): a state of another bundle (or a cut one) was taken and failed in the next step, an onnxruntime
+        error, with the cache left broken (the standard graph), or a numpy broadcast error (the fused one)."""
+        expected = [(1, kv, self.head_dim) for kv in self.kv_heads for _ in range(2)]
+        arrays = list(state) if isinstance(state, (list, tuple)) else None
+        fix = "load a state this backend's save_cache gave (a backend of the same bundle), or prefill the tokens"
+        if arrays is None or len(arrays) != len(expected):
+            given = f"{len(arrays)} arrays" if arrays is not None else type(state).__name__
+            raise RuntimeBackendError(f"load_cache of {given}: this backend's KV cache has {len(expected)} (a key "
+                                      f"and a value per layer of {len(self.kv_heads)})", fix)
+        length = None
+        for index, (array, (batch, kv, width)) in enumerate(zip(arrays, expected, strict=True)):
+            shape, dtype = getattr(array, "shape", None), getattr(array, "dtype", None)
+            if not isinstance(array, np.ndarray) or dtype != np.float32 or len(shape) != 4 \
+                    or (shape[0], shape[1], shape[3]) != (batch, kv, width) \
+                    or (length is not None and shape[2] != length):
+                want = f"float32 (1, {kv}, {length if length is not None else 'tokens'}, {width})"
+                raise RuntimeBackendError(f"load_cache array {index} (layer {index // 2} "
+                                          f"{('key', 'value')[index % 2]}) is {dtype} {shape}: expected {want}", fix)
+            length = shape[2]
+        if length > self.max_context:
+            raise RuntimeBackendError(f"load_cache of {length} tokens: the bundle's max_context is {self.max_context}",
+                                      fix)
+        return int(length)
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
         """Run ``token_ids`` (T,) after the cache; the logits of the last ``min(keep_logits, T)`` positions."""
@@ -235,6 +268,7 @@ class OrtBackend(OrtDecoderBase):
         head makes a shorter slice contiguous too) would not keep a :meth:`load_cache` state's arrays
         alive once the store lets go of them. At the whole length nothing changes."""
         self._check_rewind(length)
+        length = int(length)
         if length == 0:
             self.reset()
             return
@@ -250,9 +284,11 @@ class OrtBackend(OrtDecoderBase):
         return state, sum(array.nbytes for array in state)
 
     def load_cache(self, state: list[np.ndarray]) -> None:
-        """Make a :meth:`save_cache` copy the cache (the copy is only read, never written)."""
+        """Make a :meth:`save_cache` copy the cache (the copy is only read, never written); one that does not fit
+        this backend's cache is refused by name, the cache left as it was (:meth:`_checked_state`)."""
+        length = self._checked_state(state)
         self._past = [self._ort.OrtValue.ortvalue_from_numpy(array) for array in state]
-        self._position = int(state[0].shape[2])
+        self._position = length
 
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
         self._check_length(self._position + ids.shape[1])

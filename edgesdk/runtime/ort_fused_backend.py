@@ -49,7 +49,7 @@ class OrtFusedBackend(OrtDecoderBase):
     def rewind(self, length: int) -> None:
         """Keep the first ``length`` tokens of the cache: the buffers stay, later entries are overwritten."""
         self._check_rewind(length)
-        self._position = length
+        self._position = int(length)
 
     def save_cache(self) -> tuple[list[np.ndarray], int]:
         """A host copy of the cache's first ``position`` entries, (B, Hkv, position, hd) per buffer, and its bytes."""
@@ -57,8 +57,9 @@ class OrtFusedBackend(OrtDecoderBase):
         return state, sum(array.nbytes for array in state)
 
     def load_cache(self, state: list[np.ndarray]) -> None:
-        """Copy a :meth:`save_cache` state into the buffers (grown to hold it)."""
-        length = int(state[0].shape[2])
+        """Copy a :meth:`save_cache` state into the buffers (grown to hold it); one that does not fit this backend's
+        cache is refused by name, the cache left as it was (:meth:`_checked_state`)."""
+        length = self._checked_state(state)
         self._position = 0  # nothing of the old cache is kept through a reallocation
         if length > self._capacity:
             self._allocate(min(self.max_context, max(2 * self._capacity, length)))
