@@ -52,9 +52,10 @@ class TritonBackend:
         return state, sum(tensor.numel() * tensor.element_size() for tensor in state)
 
     def load_cache(self, state: list) -> None:
-        """Copy a :meth:`save_cache` state into the decoder's cache (grown to hold it)."""
+        """Copy a :meth:`save_cache` state into the decoder's cache (grown to hold it), once it is checked to fit
+        (:meth:`_checked_state`)."""
         decoder = self.decoder
-        length = int(state[0].shape[2])
+        length = self._checked_state(state)
         decoder.position = 0  # nothing of the old cache is kept through a reallocation
         if length > decoder.capacity:
             decoder._grow(min(decoder.max_context, max(2 * decoder.capacity, length)))
@@ -62,6 +63,34 @@ class TritonBackend:
         for tensor, saved in zip(tensors, state, strict=True):
             tensor[:, :, :length].copy_(saved)
         decoder.position = length
+
+    def _checked_state(self, state: object) -> int:
+        """The length of a :meth:`save_cache` ``state`` this decoder's cache can take, or a RuntimeBackendError
+        naming what does not fit: a key and a value tensor (1, kv_heads, length, head_dim) of the cache's dtype per
+        layer, all of one length, at most ``max_context``, checked before the cache changes as the ONNX Runtime
+        backends check theirs (llama.cpp's ``state_read_data``); a state of another bundle failed inside torch's
+        copy with the cache left at position 0."""
+        decoder = self.decoder
+        expected = [(1, kv, decoder.head_dim) for _, kv in decoder.layer_heads for _ in range(2)]
+        tensors = list(state) if isinstance(state, (list, tuple)) else None
+        fix = "load a state this backend's save_cache gave (a backend of the same bundle), or prefill the tokens"
+        if tensors is None or len(tensors) != len(expected):
+            given = f"{len(tensors)} tensors" if tensors is not None else type(state).__name__
+            raise RuntimeBackendError(f"load_cache of {given}: this backend's KV cache has {len(expected)} (a key "
+                                      f"and a value per layer of {len(decoder.layer_heads)})", fix)
+        length = None
+        for index, (tensor, (batch, kv, width)) in enumerate(zip(tensors, expected, strict=True)):
+            shape, dtype = tuple(getattr(tensor, "shape", ())), getattr(tensor, "dtype", None)
+            if dtype != decoder.cache_dtype or len(shape) != 4 or (shape[0], shape[1], shape[3]) != (batch, kv, width) \
+                    or (length is not None and shape[2] != length):
+                want = f"{decoder.cache_dtype} (1, {kv}, {length if length is not None else 'tokens'}, {width})"
+                raise RuntimeBackendError(f"load_cache tensor {index} (layer {index // 2} "
+                                          f"{('key', 'value')[index % 2]}) is {dtype} {shape}: expected {want}", fix)
+            length = int(shape[2])
+        if length > self.max_context:
+            raise RuntimeBackendError(f"load_cache of {length} tokens: the bundle's max_context is {self.max_context}",
+                                      fix)
+        return length
 
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
         import torch
