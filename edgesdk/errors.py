@@ -72,6 +72,12 @@ def likely_encoding(data: bytes) -> str:
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         return "utf-16"
     head = data[:4096]
+    padding = head.find(b"\x00" * 8)
+    if padding >= 0:
+        # A run of 8 NULs is in no wide text (UTF-32's longest is 4, U+0000 aside): the zero-filled tail a crash or a
+        # preallocation leaves, or a binary block. Only what precedes it tells the encoding: counted with it, UTF-8 or
+        # Latin-1 text so padded was named UTF-32 or UTF-16, whose iconv turns it into garbage.
+        head = head[:padding]
     if head.count(0) < 2:
         return "latin1"
     if head.count(0) * 4 < len(head):
@@ -82,7 +88,7 @@ def likely_encoding(data: bytes) -> str:
         # the byte order, where the text decodes in it (no lone surrogate).
         odd = head[1::2].count(0)
         for order in ("utf-16le", "utf-16be") if odd * 2 >= head.count(0) else ("utf-16be", "utf-16le"):
-            if _decodes(head, order):
+            if _decodes(head, order) and _line_breaks_fit(head, order):
                 return order
         return "latin1"
     # No byte-order mark: the NULs' places tell the width and the byte order (text mostly below U+0100 has the
@@ -99,6 +105,19 @@ def likely_encoding(data: bytes) -> str:
     if nuls[0] * 2 >= quads and nuls[1] * 2 >= quads:
         return "utf-32be"
     return "utf-16le" if nuls[1] + nuls[3] >= nuls[0] + nuls[2] else "utf-16be"
+
+
+def _line_breaks_fit(head: bytes, order: str) -> bool:
+    """Whether the line feeds of ``head`` are UTF-16's in byte order ``order``: most 0x0A bytes a 2-byte unit
+    ``0A 00`` (little-endian) or ``00 0A`` (big-endian). Almost any bytes decode as UTF-16 (Latin text reads as CJK),
+    so a Latin-1 file with a few stray NULs decoded too; its line feeds are single bytes beside no NUL. A head
+    without a line feed says nothing against it."""
+    feeds = head.count(b"\n")
+    if not feeds:
+        return True
+    unit = b"\n\x00" if order == "utf-16le" else b"\x00\n"
+    paired = sum(1 for start in range(0, len(head) - 1, 2) if head[start:start + 2] == unit)
+    return paired * 2 >= feeds
 
 
 def _decodes(head: bytes, encoding: str) -> bool:

@@ -11,6 +11,7 @@ loginctl(1).)
 
 import contextlib
 import getpass
+import ipaddress
 import json
 import os
 import shlex
@@ -230,7 +231,9 @@ def unit_answers_on(unit, url):
     on Linux takes IPv4 too unless bindv6only is set) accepts on every address of the board, and while it holds
     the port no other program can bind any address of the board to it (bind(2) EADDRINUSE; ip(7)
     SO_REUSEADDR: not while a socket listens there). Its health URL is 127.0.0.1, so a unit moved from 0.0.0.0
-    to a LAN address on the same port was taken for a foreign server by its URL alone."""
+    to a LAN address on the same port was taken for a foreign server by its URL alone. Addresses are compared,
+    not their spelling: a unit on ``--host localhost`` listens on 127.0.0.1 (serve binds a name's first IPv4
+    address, as socket.bind resolves it), ``0::0`` is ``::``, and host names match in any case (RFC 4343)."""
     bind = unit_bind(unit)
     try:
         parts = urllib.parse.urlsplit(url)
@@ -240,7 +243,32 @@ def unit_answers_on(unit, url):
     if bind is None or host is None or bind[1] != port:
         return False
     bound = bind[0].strip("[]")
-    return bound == "::" or (bound == "0.0.0.0" and ":" not in host) or bound == host
+    # serve binds an address with ':' as IPv6, anything else as IPv4: a name is resolved (getaddrinfo, AF_INET)
+    # and its first address taken, as Python's socket.bind does; "localhost" is 127.0.0.1 there, and "0::0" is "::"
+    addresses = _addresses(bound, socket.AF_INET6 if ":" in bound else socket.AF_INET)
+    if not addresses:  # a name that does not resolve now: the names alone, as DNS compares them (any case)
+        return bound.lower() == host.lower()
+    address, asked = addresses[0], _addresses(host)
+    if address.is_unspecified:  # 0.0.0.0 takes every IPv4 address of the board; :: every address
+        return address.version == 6 or not asked or any(a.version == 4 for a in asked)
+    return address in asked or bound.lower() == host.lower()
+
+
+def _addresses(host, family=0):
+    """The addresses getaddrinfo(3) gives ``host`` (an address as itself), in its order; [] where it gives none."""
+    try:
+        found = socket.getaddrinfo(host, None, family, socket.SOCK_STREAM)
+    except (OSError, UnicodeError, ValueError):
+        return []
+    addresses = []
+    for *_, sockaddr in found:
+        try:
+            address = ipaddress.ip_address(sockaddr[0])
+        except ValueError:
+            continue
+        if address not in addresses:
+            addresses.append(address)
+    return addresses
 
 
 def refuse_a_foreign_server(scope, url, record, fix):
