@@ -127,7 +127,7 @@ def read_device_tree_model(root: str | os.PathLike = "/") -> str | None:
     (dusty-nv/jetson-containers) copies the host's ``/proc/device-tree/model`` to ``/tmp/nv_jetson_model``
     and mounts it there ("/proc or /sys files aren't mountable into docker"), where jetson-utils reads
     it when the device tree is empty (``codec/gstEncoder.cpp``: "this is where it gets mounted in the
-    container").
+    container"); read only in a Jetson userland (``/etc/nv_tegra_release``, which L4T images carry).
     """
     for rel in ("proc/device-tree/model", "sys/firmware/devicetree/base/model"):
         text = _read_text(root, rel)
@@ -137,6 +137,10 @@ def read_device_tree_model(root: str | os.PathLike = "/") -> str | None:
     model = dict(_cpuinfo_fields(root)).get("Model")
     if model:
         return model
+    if not os.path.exists(Path(root) / "etc/nv_tegra_release"):
+        # not a Jetson userland (L4T images carry the file): /tmp is anyone's to write, and scripts elsewhere
+        # write "Not a Jetson device" there, which was then the model of an x86 host
+        return None
     return (_read_text(root, "tmp/nv_jetson_model") or "").replace("\x00", " ").strip() or None
 
 

@@ -174,6 +174,8 @@ def test_the_device_tree_and_a_pi_s_cpuinfo_model_still_come_first(tmp_path):
 
     (tmp_path / "tmp").mkdir()
     (tmp_path / "tmp/nv_jetson_model").write_text("NVIDIA Jetson AGX Orin Developer Kit\x00")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/nv_tegra_release").write_text(TEGRA_R36_4_3)
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/cpuinfo").write_text("processor\t: 0\nModel\t\t: Raspberry Pi 5 Model B Rev 1.0\n")
     assert read_device_tree_model(tmp_path) == "Raspberry Pi 5 Model B Rev 1.0"
@@ -184,3 +186,16 @@ def test_the_device_tree_and_a_pi_s_cpuinfo_model_still_come_first(tmp_path):
     (tmp_path / "proc/device-tree/model").unlink()
     (tmp_path / "proc/cpuinfo").write_text("processor\t: 0\n")
     assert read_device_tree_model(tmp_path) is None  # an empty copy (run.sh on a board without a device tree)
+
+
+def test_the_mounted_model_file_is_read_only_in_a_jetson_userland(tmp_path):
+    """/tmp is anyone's to write, and scripts outside jetson-containers write "Not a Jetson device" to
+    /tmp/nv_jetson_model: on an x86 host without /etc/nv_tegra_release it was the host's model."""
+    from edgesdk.board import detect_board, read_device_tree_model
+
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp/nv_jetson_model").write_text("Not a Jetson device\n")
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/cpuinfo").write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R)\n")
+    assert read_device_tree_model(tmp_path) is None
+    assert detect_board(tmp_path).family == "host"
