@@ -1160,12 +1160,19 @@ class Completer:
             if stats.stop_token is not None:  # llama-server samples it as any token and lists it with the answer's
                 sampled.append(stats.stop_token)  # ids (``tokens``), though its text is not the answer's
                 unsent.append(stats.stop_token)
-                if clock["first"] is not None:  # its pick ends the generation time llama-server divides by n_decoded
-                    clock["last"], clock["held_last"] = time.perf_counter(), hook.held_s
+                # its pick ends the generation time llama-server divides by n_decoded; where it was the first pick it
+                # starts that time too (llama-server's t_start_generation is set at n_decoded 1), so the time the
+                # hook held the prefill back (a thermal pause) is not taken for generation time
+                clock["last"], clock["held_last"] = time.perf_counter(), hook.held_s
+                if clock["first"] is None:
+                    clock["first"], clock["held_first"] = clock["last"], clock["held_last"]
             # The end-of-text token is counted as llama-server's n_decoded and Ollama's numDecoded count it
             # (Completion.completion_tokens); a grammar that is complete allows nothing else, so llama-server
-            # samples it there too.
-            ended = stats.stop_token is not None or stats.stop_reason == "complete"
+            # samples it there too, but only below the token limit: a grammar completed by the limit's last token
+            # ends at the limit there (process_token's has_budget check stops the slot before another token is
+            # sampled; Ollama's runner stops at numPredict alike), so the count never passes the limit asked for.
+            ended = stats.stop_token is not None or \
+                (stats.stop_reason == "complete" and count < sampling.max_new_tokens)
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())
             hand_out("")  # an echo whose answer made no text
