@@ -295,6 +295,7 @@ def _constraint_refusal(request: CompletionRequest, exc: GrammarError) -> ApiErr
     return ApiError(400, f"{param}: {exc.problem}; {exc.fix}", param=param)
 
 
+MIN_PREDICTED_MS = 0.001  # llama-server's least generation time, 1 µs (server-context.cpp t_token_generation)
 DROPPED_WAIT_S = 5.0  # how long a request waits for the place a dropped waiter (its client gone) gives back
 
 
@@ -1216,8 +1217,11 @@ class Completer:
         first = clock["first"]
         prompt_ms = (first - clock["start"] - clock["held_first"]) * 1e3
         predicted_ms = ((clock["last"] or first) - first - (clock["held_last"] - clock["held_first"])) * 1e3
+        # at least 1 µs once a token was generated, as llama-server's t_token_generation (max(1, t - t_start) µs):
+        # a one-token answer's generation time was 0, and a client's eval_count / eval_duration divided by it
+        predicted_ms = max(predicted_ms, MIN_PREDICTED_MS) if count else 0.0
         return Completion("".join(pieces), finish, len(ids), count, cached, logprobs, matcher.matched,
-                          prompt_ms=max(prompt_ms, 0.0), predicted_ms=max(predicted_ms, 0.0),
+                          prompt_ms=max(prompt_ms, 0.0), predicted_ms=predicted_ms,
                           draft_tokens=0 if drafts is None else drafts.drafted, draft_accepted=hook.draft_accepted,
                           context_shifts=stats.context_shifts, context_discarded=stats.context_discarded,
                           context_full=stats.stop_reason == "max_context", tokens=sampled)

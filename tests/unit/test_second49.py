@@ -130,3 +130,19 @@ def test_a_pause_before_an_end_of_text_first_pick_is_not_generation_time(paused)
     assert status == 200, chat
     assert chat["timings"]["predicted_n"] == 1
     assert chat["timings"]["predicted_ms"] < held_ms / 3, chat["timings"]
+
+
+def test_a_one_token_answer_has_a_generation_time_a_rate_can_divide_by(served):
+    """A one-token answer's generation time was 0 (its first pick is also its last), so ``predicted_per_second``
+    and a client's ``eval_count / eval_duration`` divided by zero; llama-server's is at least 1 µs."""
+    status, body = served.post("/completion", {"prompt": "hello", "n_predict": 1, "ignore_eos": True})
+    assert status == 200, body
+    timings = body["timings"]
+    assert timings["predicted_n"] == 1
+    assert timings["predicted_ms"] > 0
+    assert timings["predicted_per_second"] > 0
+    status, body = served.post("/api/generate", {"model": "tiny-host", "prompt": "hello", "stream": False,
+                                                 "raw": True, "options": {"num_predict": 1}})
+    assert status == 200, body
+    assert body["eval_count"] == 1
+    assert body["eval_duration"] > 0
