@@ -102,6 +102,17 @@ class PromptCache:
         self.reused = kept
         return kept
 
+    def reusable(self, prompt_ids: Sequence[int], reuse: bool = True) -> int:
+        """The tokens :meth:`start` would keep of ``prompt_ids`` now (the live cache's shared prefix or a saved
+        cache's, whichever is longer, less the prompt's last token), changing nothing: what a stream that opens
+        before its prefill reports as cached (Anthropic's ``message_start``)."""
+        if not reuse or steers_gates(self.backend) or not prompt_ids:
+            return 0
+        whole = len(self.tokens) == self.backend.position  # else start() empties the live cache first
+        live = common_prefix_length(self.tokens, prompt_ids) if self.supported and whole else 0
+        saved = self.store.best(prompt_ids)[0] if self.store is not None else 0
+        return max(0, min(max(live, saved), len(prompt_ids) - 1))
+
     def _save_live(self) -> None:
         if self.tokens and not self._live_saved:
             state, nbytes = self.backend.save_cache()

@@ -861,9 +861,14 @@ class ApiHandler(BaseHTTPRequestHandler):
         # an answer under tools is JSON: its call's input or its text goes out as it settles (anthropic.ToolStream)
         answer = anthropic.ToolStream() if request.tools is not None else None
         blocks = anthropic.ThinkingStream() if splitter is not None else None
-        prompt_tokens = len(completer.prompt_ids(request))
+        ids = completer.prompt_ids(request)
         def opened() -> None:
-            for name, data in anthropic.start_events(ident, self._model, prompt_tokens, 0,
+            # in the request's turn, before its prefill: the tokens the prompt cache will serve are known, and
+            # message_start splits the prompt into input_tokens and cache_read_input_tokens as the closing
+            # message_delta does (llama-server's message_start carries the split too)
+            cache = completer.prompt_cache
+            cached = cache.reusable(ids, reuse=request.cache_prompt) if cache is not None else 0
+            for name, data in anthropic.start_events(ident, self._model, len(ids), cached,
                                                      answer is None and blocks is None):
                 self._named_event(name, data)
 
