@@ -11,7 +11,11 @@ The rules follow ``hellaswag_score``, ``load_winogrande_from_csv``/``winogrande_
   blank ``_`` replaced by each choice;
 - the common prefix is the run of leading tokens all of a task's sequences share; an ending's score is the mean
   log-probability of its tokens past that prefix (the first one predicted from the prefix's last token), the sum
-  divided by their count: llama.cpp's ``acc_norm`` normalisation;
+  divided by their count: llama.cpp's ``acc_norm`` normalisation. Where one ending's tokens all lead the others'
+  (the answers "1", "10" and "100" with a tokenizer that splits digits, as SmolLM2's), the prefix stops one
+  token short of that ending's end, so that its last token is scored too, where llama.cpp's prefix runs to its
+  end and llama.cpp reads the token past it, out of its vector's bounds; a task whose endings are all the same
+  tokens is refused;
 - Winogrande scores the words after the blank rather than the choice: when both sequences have more than 3 tokens
   past the common prefix (``k_min_trailing_ctx``), the tokens after ``first + choice`` (``n_base1``/``n_base2``),
   else those after the common prefix; either way the last token is left out where more than one would be
@@ -35,7 +39,10 @@ The rules follow ``hellaswag_score``, ``load_winogrande_from_csv``/``winogrande_
 
 Each sequence is scored from an empty cache as its own window (llama.cpp packs a task's sequences into one batch
 sharing the prefix's cache: the same logits). A task with a sequence longer than the scorer takes is refused,
-naming it, before any scoring, where llama.cpp stops at it ("task %zu does not fit in the context window").
+naming it, before any scoring, where llama.cpp stops at it ("task %zu does not fit in the context window"); so is
+a task with nothing to score (endings that are all the same tokens, a Winogrande choice with no token past the
+common prefix), as llama.cpp's multiple_choice_score checks every task before it scores the first: a run over
+thousands of tasks on a board is not lost at its last one.
 """
 
 from __future__ import annotations
@@ -173,11 +180,11 @@ def parse_winogrande(text: str, source: str = "the Winogrande file") -> list[Win
 
     Fields are cut as ``load_winogrande_from_csv`` cuts them: at the first 4 commas outside double quotes, a quoted
     sentence losing its first and last character, the choices taken as they are. A first line that is a header
-    (its answer field not a number) and blank lines are passed over; any other line llama.cpp would drop is
-    refused, naming it. Every line is read, the last one too, where llama.cpp stops before a last line that no
-    newline ends: as its ``-f`` drops one trailing newline, that is the last row of a file ending in a single
-    newline or in none (such a file gives llama-perplexity one task fewer, and a subset of ``count`` drawn from
-    one task fewer).
+    (its answer field not a number, no ``_`` in its sentence field) and blank lines are passed over; any other
+    line llama.cpp would drop is refused, naming it. Every line is read, the last one too, where llama.cpp stops
+    before a last line that no newline ends: as its ``-f`` drops one trailing newline, that is the last row of a
+    file ending in a single newline or in none (such a file gives llama-perplexity one task fewer, and a subset
+    of ``count`` drawn from one task fewer).
     """
     fix = ("pass llama.cpp's Winogrande CSV (winogrande-debiased-eval.csv): index,sentence,choice1,choice2,answer "
            "with a _ in the sentence and the answer 1 or 2")
@@ -201,8 +208,8 @@ def parse_winogrande(text: str, source: str = "the Winogrande file") -> list[Win
         c0, c1, c2, c3 = commas
         sentence = line[c0 + 2:c1 - 1] if line[c0 + 1] == '"' else line[c0 + 1:c1]
         answer = _CSV_ANSWER.match(line[c3 + 1:])
-        if answer is None and number == 1:
-            continue  # the header row
+        if answer is None and number == 1 and "_" not in sentence:
+            continue  # the header row (index,sentence,option1,option2,answer); a task's row has its blank
         if answer is None or int(answer.group()) not in (1, 2):
             raise EdgeSDKError(f"{source}, line {number}: the answer (5th field) must be 1 or 2, got "
                                f"{line[c3 + 1:]!r}", fix)
@@ -442,12 +449,31 @@ def _result(kind: str, correct: int, picks: list[int], scores: list[tuple[float,
     return AccuracyResult(kind, n, correct, p, uncertainty, interval, n / endings, tuple(picks), tuple(scores))
 
 
+def _choice_prefix(kind: str, task: ChoiceTask, where: str, sequences: list[list[int]]) -> int:
+    """The tokens of a task's sequences that no ending's score counts: the prefix all share, stopped one token
+    short of the shortest one's end (module docstring); a task whose endings cannot be told apart, or that leaves
+    nothing to predict its endings' first token, is refused."""
+    prefix = _common_prefix(sequences)
+    if all(s == sequences[0] for s in sequences[1:]):
+        same = "it has one ending" if len(sequences) == 1 else "its endings are all the same tokens"
+        raise EdgeSDKError(f"{kind} task at {where}: ending 1 adds no token past the {prefix} all its endings "
+                           f"share ({task.endings[0]!r}): {same}, nothing to choose between",
+                           "remove or fix the task: give it two endings or more, each different from the others")
+    prefix = min(prefix, min(len(s) for s in sequences) - 1)  # an ending all of whose tokens lead the others'
+    if prefix == 0:
+        raise EdgeSDKError(f"{kind} task at {where}: its sequences share no first token, so nothing predicts "
+                           "their first one", "give the task a context (question) ahead of its endings")
+    return prefix
+
+
 def choice_score(score_window, encode, tasks: list[ChoiceTask], bos_id: int | None = None,
                  max_tokens: int | None = None, kind: str = HELLASWAG, progress: bool = False) -> AccuracyResult:
     """HellaSwag (``hellaswag_score``) or multiple choice (``multiple_choice_score``) over ``tasks`` in their
     order (module docstring). ``score_window(ids) -> logits (T, V)`` from an empty cache; ``encode(text)`` adds
     no special token, ``bos_id`` leads every sequence where given; ``max_tokens`` (default:
-    ``score_window.max_tokens`` where the scorer has one) is the longest sequence taken."""
+    ``score_window.max_tokens`` where the scorer has one) is the longest sequence taken. A task that cannot be
+    scored is refused before any is scored, as llama.cpp's ``multiple_choice_score`` checks every task
+    (``multiple_choice_prepare_one_task``) before its first batch."""
     from tqdm import tqdm
 
     if not tasks:
@@ -456,18 +482,11 @@ def choice_score(score_window, encode, tasks: list[ChoiceTask], bos_id: int | No
     tokenized = [(task.where, [lead + list(encode(f"{task.context} {ending}")) for ending in task.endings])
                  for task in tasks]
     _check_length(tokenized, score_window, max_tokens, kind)
+    prefixes = [_choice_prefix(kind, task, where, sequences)
+                for task, (where, sequences) in zip(tasks, tokenized, strict=True)]
     correct, picks, scores, endings = 0, [], [], 0
     bar = tqdm(tokenized, desc=kind, disable=not progress, unit="task")
-    for task, (where, sequences) in zip(tasks, bar, strict=True):
-        prefix = _common_prefix(sequences)
-        if prefix == 0:
-            raise EdgeSDKError(f"{kind} task at {where}: its sequences share no first token, so nothing predicts "
-                               "their first one", "give the task a context (question) ahead of its endings")
-        short = [i for i, s in enumerate(sequences) if len(s) <= prefix]
-        if short:
-            raise EdgeSDKError(f"{kind} task at {where}: ending {short[0] + 1} adds no token past the "
-                               f"{prefix} all its endings share ({task.endings[short[0]]!r})",
-                               "remove or fix the task: every ending must differ from the others")
+    for task, prefix, (_, sequences) in zip(tasks, prefixes, bar, strict=True):
         means = tuple(float(_sequence_logprobs(score_window, s, prefix).mean()) for s in sequences)
         pick = _first_max(list(means))
         correct += task.labels[pick] == 1
@@ -513,9 +532,8 @@ def winogrande_score(score_window, encode, tasks: list[WinograndeTask], bos_id: 
     tokenized = [(task.where, [lead + list(encode(task.first + choice + task.second)) for choice in task.choices])
                  for task in tasks]
     _check_length(tokenized, score_window, max_tokens, WINOGRANDE)
-    correct, picks, scores = 0, [], []
-    bar = tqdm(tokenized, desc=WINOGRANDE, disable=not progress, unit="task")
-    for task, (where, sequences) in zip(tasks, bar, strict=True):
+    all_spans = []  # every task's checked before any is scored
+    for task, (where, sequences) in zip(tasks, tokenized, strict=True):
         bases = tuple(len(lead) + len(encode(task.first + choice)) for choice in task.choices)
         spans = winogrande_spans((sequences[0], sequences[1]), bases)
         if not all(spans) or min(span.start for span in spans) < 1:
@@ -523,6 +541,10 @@ def winogrande_score(score_window, encode, tasks: list[WinograndeTask], bos_id: 
                                f"({task.choices[0]!r} / {task.choices[1]!r})",
                                "remove or fix the task: the sentence needs words after the blank, or choices that "
                                "differ")
+        all_spans.append(spans)
+    correct, picks, scores = 0, [], []
+    bar = tqdm(tokenized, desc=WINOGRANDE, disable=not progress, unit="task")
+    for task, spans, (_, sequences) in zip(tasks, all_spans, bar, strict=True):
         means = tuple(float(_sequence_logprobs(score_window, s, span.start, span.stop).mean())
                       for s, span in zip(sequences, spans, strict=True))
         pick = 0 if means[0] > means[1] else 1
