@@ -10,7 +10,9 @@ warm       ``resume_c``                               compute budget lowered (po
 hot        ``setpoint - hot_lead_c``                  token rate paced so the board holds
                                                       ``setpoint = soft_limit_c - setpoint_margin_c``
 critical   ``hard_limit_c``                           generation paused, request kept; resumes
-                                                      below ``resume_c``
+                                                      below ``resume_c``; after ``RC`` seconds (the
+                                                      board's time constant), below ``hard_limit_c
+                                                      - hysteresis_c`` (:meth:`Guard._stopped_cooling`)
 =========  =========================================  ============================================
 
 With ``hot_clock_ratio`` set, hot and critical (and a failed sensor) also cap the CPU clock
@@ -328,11 +330,27 @@ class Guard:
             return
         if now - self.since < c.min_dwell_s:
             return
-        if self.level is Level.CRITICAL and temp >= self.limits.resume_c:
+        if self.level is Level.CRITICAL and temp >= self.limits.resume_c and not self._stopped_cooling(now, temp):
             return
         lower = self._target(temp + c.hysteresis_c)
         if lower.rank < self.level.rank:
             self.level, self.since = lower, now
+
+    def _stopped_cooling(self, now: float, temp: float) -> bool:
+        """Has a pause that has not reached ``resume_c`` gone on long enough to end anyway?
+
+        After one time constant ``RC`` paused (the bound :attr:`prefill_held` puts on a hold, for the same reason: an
+        idle board has covered 63 % of its way to where it settles, and waiting longer cools it little more), a
+        board ``hysteresis_c`` under the hard limit leaves the pause for the level its temperature gives, and is
+        paced from there. Without this, a board that idles above ``resume_c`` (a Pi 5 in a 45 °C enclosure idles
+        near 72 °C, above its 70 °C resume point) stayed paused for ever after one excursion to the hard limit,
+        while a guard that first read the same board at the same temperature paced it; on a simulated board
+        :class:`~edgesdk.thermal.watch.BoardNeverCooled` stopped the run. A board that idles within
+        ``hysteresis_c`` of the hard limit (or above it) stays paused.
+        """
+        p = self.plant
+        return (now - self.since >= p.resistance_c_per_w * p.capacity_j_per_c
+                and temp < self.limits.hard_c - self.config.hysteresis_c)
 
     def _enter_hot(self) -> None:
         """Start pacing from the rate that holds the setpoint in steady state (model feed-forward)."""
@@ -428,6 +446,11 @@ class Guard:
         prediction (a prompt too long for any start is not held past the point a pause ends), and after ``RC``
         seconds (the board's time constant: waiting longer cools it little more; a board that idles above
         ``resume_c`` would be held for ever).
+
+        A prefill whose compute fits in the bucket's depth (its seconds times the decode rate, as :meth:`spend`
+        charges it) is not held: the bucket paces it as it paces decode steps. Above the depth's bound the depth is
+        one token, so a prefill no longer than a decode step (a one-token prompt: a regenerated answer, a turn the
+        cache holds all but the last token of) is not held for up to ``RC`` seconds while decode steps run.
         """
         if (not self.sensor_ok or self.temp_c is None or not self.prefill_tok_s or not self.prompt_tokens
                 or self.temp_c < self.limits.resume_c):
@@ -439,6 +462,8 @@ class Guard:
         ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
         steady = ambient + p.resistance_c_per_w * p.active_w
         seconds = self.prompt_tokens / self.prefill_tok_s
+        if seconds * self._unit_tok_s <= self._depth:  # fits in the bucket: paced by it, as a decode step is
+            return False
         end = steady + (self.temp_c - steady) * math.exp(-seconds / tau)
         return end > self.limits.soft_c - 0.5
 

@@ -25,9 +25,10 @@ class HorizonReached(Exception):  # noqa: N818 (a stop signal, not an error)
 
 
 class BoardNeverCooled(EdgeSDKError):
-    """The guard paused a simulated board that cannot cool below the resume point. ``edgesdk run`` prints it with
-    its fix and exits 1, as it does every EdgeSDKError; ``edgesdk serve`` answers it 503 ``board_too_hot``
-    (:meth:`edgesdk.serve.completion.Completer.complete`)."""
+    """The guard paused a simulated board that cannot cool below the resume point, nor below the hard limit less the
+    guard's hysteresis, where a pause ends after one time constant (:meth:`Guard._stopped_cooling`). ``edgesdk run``
+    prints it with its fix and exits 1, as it does every EdgeSDKError; ``edgesdk serve`` answers it 503
+    ``board_too_hot`` (:meth:`edgesdk.serve.completion.Completer.complete`)."""
 
 
 def settle_time_s(board: SimulatedBoard) -> float:
@@ -188,7 +189,8 @@ class ThermalHook:
         if self.guard is not None:
             self.guard.spend(kind, tokens, seconds)
         self._observe()
-        self._record(kind, tokens, seconds, self._waited, guard_state=ran_in)
+        self._record(kind, tokens, seconds, self._waited, guard_state=ran_in,
+                     prompt_tokens=self.prompt_tokens if kind == "prefill" else None)
         self._waited = 0.0
 
     def end(self, stats: object) -> None:
@@ -198,9 +200,16 @@ class ThermalHook:
             self.status.update(self.status_text(), force=True)
 
     def _record(self, kind: str, tokens: int, seconds: float, waited: float,
-                state: tuple[Reading | None, dict] | None = None, guard_state: dict | None = None) -> None:
+                state: tuple[Reading | None, dict] | None = None, guard_state: dict | None = None,
+                prompt_tokens: int | None = None) -> None:
         """One step record; ``state`` (reading, guard state) when it is not the current one, ``guard_state`` when
         only the guard's is not.
+
+        ``tokens`` and ``tok_s`` count the tokens a step yields (a prefill's is the answer's first token, so its
+        ``tok_s`` is one over the time to first token); a prefill record also says what it computed, as llama.cpp's
+        ``prompt eval time = ... ms / N tokens (... tokens per second)`` line and llama-server's ``timings``
+        (``prompt_n``, ``prompt_per_second``) do: ``prompt_tokens``, the prompt tokens it ran (those the cache did
+        not hold), and ``prompt_tok_s``, those over its compute time (its wait left out).
 
         A record books the interval since the record before it (up to its ``t``): its tokens, compute and wait,
         and the guard state (``level``, ``paused``, ``budget``, ...) that interval passed in, the state read
@@ -217,6 +226,9 @@ class ThermalHook:
             "t": round(self.clock.now() - self.start, 6), "kind": kind, "tokens": tokens,
             "duration_s": round(seconds, 6), "wait_s": round(waited, 6),
             "tok_s": round(tokens / elapsed, 3) if elapsed > 0 and tokens else 0.0,
+            **({} if prompt_tokens is None else {
+                "prompt_tokens": prompt_tokens,
+                "prompt_tok_s": round(prompt_tokens / seconds, 3) if seconds > 0 and prompt_tokens else 0.0}),
             "temp_c": None if reading is None or reading.max_c is None else round(reading.max_c, 3),
             "zones": {} if reading is None else reading.zones,
         }
@@ -240,7 +252,10 @@ class ThermalHook:
         guard, reading = self.guard, self.reading
         temp = "--.-" if reading is None or reading.max_c is None else f"{reading.max_c:.1f}"
         parts = [f"{temp} °C", guard.level.value if guard else "unguarded"]
-        if record is not None and record.get("tok_s"):
+        if record is not None and record.get("kind") == "prefill":  # its tok_s is 1 / time to first token
+            if record.get("prompt_tok_s"):
+                parts.append(f"prompt {record['prompt_tok_s']:.1f} tok/s")
+        elif record is not None and record.get("tok_s"):
             parts.append(f"{record['tok_s']:.1f} tok/s")
         if guard is not None:
             limit = guard.rate_limit_tok_s
