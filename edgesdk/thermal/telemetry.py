@@ -5,7 +5,9 @@ ambient, mode), then ``{"type": "step", ...}`` records with ``t`` (s since start
 (``prefill`` | ``decode`` | ``wait``), ``tokens``, ``duration_s`` (compute), ``wait_s`` (guard wait
 before it), ``tok_s``, ``temp_c``, ``zones``, ``level``, ``budget``, ``rate_limit_tok_s``,
 ``sensor_ok``, ``firmware_limited`` (guarded: the firmware reports under-voltage or throttling now),
-``throttled``, ``clock`` (simulated clock fraction) and ``power_w`` when known. Every line is strict
+``throttled``, ``clock`` (simulated clock fraction) and ``power_w`` when known; a prefill record (and an embedding
+or perplexity pass) also ``prompt_tokens`` (the prompt tokens it computed, those the cache held left out) and
+``prompt_tok_s`` (their rate over its compute time). Every line is strict
 JSON: a number that is not finite (NaN, an infinity) is written as ``null``.
 
 A step record books the interval since the record before it (the run's start for the first), up to
