@@ -27,14 +27,16 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
 * ``truncate`` and ``shift`` (api/types.go, both requests; true where absent; anything but a boolean a 400 naming
   the field): ``truncate`` false keeps every message, and a prompt that leaves no room for an answer within the
   context (or ``num_ctx``) is Ollama's 400 "the input length exceeds the context length" (its runner refuses a
-  prompt longer than the context). ``shift`` false: the answer stops when the context fills, done_reason
-  "length", as Ollama's runner stops it; true (the default, whatever ``edgesdk serve --context-shift`` says), a full
-  context keeps its first ``options.num_keep`` tokens (Ollama's default 4; -1: the prompt), drops half of what
-  follows them and the answer goes on (runner/ollamarunner/cache.go ``ShiftCacheSlot``;
-  edgesdk.runtime.generate.ContextShift), with a ``num_predict`` of -1 or -2, or above ten times the context, run to
-  ten times the context's tokens as llm/server.go limits it ("only allow maximum 10 context shifts"). A
-  ``num_ctx`` below the bundle's context is the context the answer shifts within, as Ollama's runner shifts its
-  ``num_ctx``-long cache (with ``shift`` false it stops there).
+  prompt longer than the context); true, /api/generate's prompt (``context`` in front included) past the context
+  (or ``num_ctx``) keeps its first ``options.num_keep`` tokens and its last ones, as Ollama's runner cuts its input
+  (:func:`_truncated_input`), and /api/chat drops its oldest messages (:func:`trimmed`). ``shift`` false: the
+  answer stops when the context fills, done_reason "length", as Ollama's runner stops it; true (the default,
+  whatever ``edgesdk serve --context-shift`` says), a full context keeps its first ``options.num_keep`` tokens
+  (Ollama's default 4; -1: the prompt), drops half of what follows them and the answer goes on
+  (runner/ollamarunner/cache.go ``ShiftCacheSlot``; edgesdk.runtime.generate.ContextShift), with a ``num_predict``
+  of -1 or -2, or above ten times the context, run to ten times the context's tokens as llm/server.go limits it
+  ("only allow maximum 10 context shifts"). A ``num_ctx`` below the bundle's context is the context the answer
+  shifts within, as Ollama's runner shifts its ``num_ctx``-long cache (with ``shift`` false it stops there).
 * ``POST /api/generate``: ``prompt`` with ``system`` through the chat template (on a bundle without one, the prompt
   as given, as Ollama's default template ``{{ .Prompt }}`` renders it), or ``raw`` as given (``system``
   or ``context`` with it refused, as Ollama's GenerateHandler refuses them); with ``suffix``, fill-in-the-middle: where Ollama renders the model's template with
@@ -378,7 +380,8 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
     ``think`` left out on a model that thinks rendered as thinking on (:func:`_thinking_by_default`), a conversation
     that outgrows the context kept to what fits (:func:`trimmed`) unless ``truncate`` is false (Ollama's routes.go:
     ``truncate := req.Truncate == nil || *req.Truncate``; false: a prompt past the context is Ollama's 400,
-    :func:`_refuse_past_the_context`), ``context`` put in front of the prompt (:func:`_with_context`) and a
+    :func:`_refuse_past_the_context`), ``context`` put in front of the prompt (:func:`_with_context`), an
+    /api/generate prompt past the context cut as Ollama's runner cuts its input (:func:`_truncated_input`) and a
     ``num_ctx`` below the bundle's context bounding prompt and answer. A ``suffix``, not raw, makes the prompt
     /infill's (serve/infill.py)."""
     check_capabilities(completer, asked)
@@ -397,6 +400,8 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
         request = _with_context(completer, asked, request)
     if not asked.truncate:
         _refuse_past_the_context(completer, asked, request, window)
+    elif not asked.chat:  # /api/generate: a prompt past the context is cut as Ollama's runner cuts it
+        request = _truncated_input(completer, asked, request, window)
     return _within_num_ctx(completer, asked, _shifting(asked, request, window))
 
 
@@ -466,15 +471,7 @@ def _refuse_past_the_context(completer: Completer, asked: Asked, request: Comple
     routes.go). Ollama refuses only a prompt longer than the context; here a prompt of ``window`` tokens is refused
     too, as it leaves no room for one token of answer before a shift (and none within a ``num_ctx`` below the
     bundle's context, where no shift happens)."""
-    try:
-        count = len(completer.prompt_ids(request))
-    except ApiError as exc:  # past the model's context: counted here, for Ollama's message
-        if exc.code != "context_length_exceeded":
-            raise
-        tokenizer = completer.runtime.tokenizer
-        count = len(request.prompt_tokens) if request.prompt_tokens else \
-            len(tokenizer.chat_ids(completer.rendered_chat(request))) if request.chat else \
-            len(tokenizer.prompt_ids(request.prompt, raw=True))
+    count = len(_input_ids(completer, request))
     if count < window:
         return
     limit = completer.runtime.backend.max_context
@@ -486,6 +483,40 @@ def _refuse_past_the_context(completer: Completer, asked: Asked, request: Comple
     raise ApiError(400, f"the input length exceeds the context length: the prompt has {count} tokens, leaving no "
                    f"room for an answer within {within}, and 'truncate' is false, so nothing is cut; "
                    + ", or ".join(fixes), param="messages" if asked.chat else "prompt", code="context_length_exceeded")
+
+
+def _input_ids(completer: Completer, request: CompletionRequest) -> list[int]:
+    """The request's prompt as token ids, as the completer tokenizes it (:meth:`Completer.prompt_ids`), also where
+    they are more than the model's context holds (counted here, not refused: the caller fits or refuses them)."""
+    try:
+        return completer.prompt_ids(request)
+    except ApiError as exc:
+        if exc.code != "context_length_exceeded":
+            raise
+    tokenizer = completer.runtime.tokenizer
+    return list(request.prompt_tokens) if request.prompt_tokens else \
+        tokenizer.chat_ids(completer.rendered_chat(request)) if request.chat else \
+        tokenizer.prompt_ids(request.prompt, raw=True)
+
+
+def _truncated_input(completer: Completer, asked: Asked, request: CompletionRequest, window: int) -> CompletionRequest:
+    """/api/generate's request with a prompt that leaves no room for an answer in ``window`` tokens (the context, or
+    a ``num_ctx`` below it) cut as Ollama's runner cuts its input where ``truncate`` is true, its default
+    (runner/ollamarunner/runner.go ``NewSequence``: ``numKeep = min(numKeep, numCtx-1)``, then the first
+    ``numKeep`` tokens kept, the ``len(inputs) - numCtx`` tokens after them dropped and the rest kept: "truncating
+    input prompt"). ``options.num_keep`` is Ollama's (default 4; -1: the whole prompt, up to the window); the prompt
+    is cut to ``window - 1`` tokens where Ollama's fills the window, so the first token of the answer has its room
+    before the context shifts (``shift``) or the answer stops there (``shift`` false: done_reason "length"). This is
+    how an ever-growing ``context`` (the deprecated conversation memory a client sends back each turn, whose text
+    Ollama's answer goes on returning whole) keeps being answered once it outgrows the context: its oldest turns
+    after the first tokens are the ones dropped. A prompt that fits, and a window of one token, are left as they
+    are (the latter is the 400 of :func:`_within_num_ctx`)."""
+    ids = _input_ids(completer, request)
+    target = window - 1
+    if len(ids) <= target or target < 1:
+        return request
+    keep = min(len(ids) if asked.num_keep < 0 else asked.num_keep, target - 1)
+    return replace(request, prompt_tokens=tuple(ids[:keep] + ids[len(ids) - (target - keep):]))
 
 
 def check_capabilities(completer: Completer, asked: Asked) -> None:
@@ -525,8 +556,9 @@ def _with_context(completer: Completer, asked: Asked, request: CompletionRequest
     ``system`` written after them), tokenized as one text with special tokens read and BOS in front where the
     tokenizer adds it, as the chat route tokenizes a rendered prompt (``ChatTokenizer.chat_ids``; Ollama's runner
     encodes the prompt with ``addSpecial``). With a ``suffix``, the context's text comes before the
-    fill-in-the-middle prompt's ids. An id outside the vocabulary, or a prompt the context pushes
-    past the model's context, is refused naming ``context``."""
+    fill-in-the-middle prompt's ids. An id outside the vocabulary is refused naming ``context``; a prompt the
+    context pushes past the model's context is cut as Ollama's runner cuts it (:func:`_truncated_input`), or with
+    ``truncate`` false refused (:func:`_refuse_past_the_context`)."""
     vocabulary = completer.token_id_limit()
     for index, token in enumerate(asked.context):
         if not 0 <= token < vocabulary:
@@ -539,11 +571,6 @@ def _with_context(completer: Completer, asked: Asked, request: CompletionRequest
             list(request.prompt_tokens)
     else:  # the messages through the chat template, or the prompt through Ollama's default one
         ids = tokenizer.chat_ids(_prompt_text(completer, asked, request))
-    limit = completer.runtime.backend.max_context
-    if len(ids) >= limit and asked.truncate:  # truncate false: Ollama's own refusal, _refuse_past_the_context
-        raise ApiError(400, f"the prompt with 'context' in front has {len(ids)} tokens, leaving no room for an answer "
-                       f"in this model's context of {limit}; send a shorter 'context' (the start of the conversation "
-                       "cut off) or none", param="context", code="context_length_exceeded")
     return replace(request, prompt_tokens=tuple(ids))
 
 

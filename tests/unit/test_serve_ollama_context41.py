@@ -138,12 +138,20 @@ def test_context_or_system_with_raw_is_refused_after_the_unload_answer_as_ollama
     assert raw["done"]
 
 
-def test_a_context_that_leaves_no_room_is_refused_naming_it(served):
+def test_a_context_that_leaves_no_room_is_cut_as_ollamas_runner_cuts_its_input(served):
+    """A context that leaves the prompt no room: Ollama's runner (runner/ollamarunner/runner.go ``NewSequence``,
+    ``truncate`` true by default) keeps the input's first ``num_keep`` tokens and its end, so the prompt after the
+    context is answered (it was a 400 naming 'context'); ``truncate`` false is Ollama's refusal."""
     limit = served.completer.runtime.backend.max_context
     filler = _ids(served, "the board runs cool " * 200)[:limit]
-    status, error = _error(served, "/api/generate", {"model": NAME, "prompt": PROMPT, "context": filler})
+    answered = _ok(served, "/api/generate", {"model": NAME, "prompt": PROMPT, "context": filler, "stream": False,
+                                             "options": {"num_predict": 2}})
+    assert answered["prompt_eval_count"] == limit - 1
+    assert answered["context"][:limit] == filler  # the whole conversation sent back, as Ollama's Tokenize(prompt + answer)
+    status, error = _error(served, "/api/generate", {"model": NAME, "prompt": PROMPT, "context": filler,
+                                                     "truncate": False})
     assert status == 400
-    assert "'context'" in error
+    assert error.startswith("the input length exceeds the context length: ")
     assert f"context of {limit}" in error
 
 
