@@ -92,7 +92,8 @@ def test_a_preflight_for_delete_on_a_kept_response_allows_delete(runtime):
 # ------------------------------------------------------------------ --api-key KEY1,KEY2, as llama-server takes it
 
 def status_of(url: str, key: str | None) -> int:
-    request = urllib.request.Request(url + "/v1/models", headers={"Authorization": f"Bearer {key}"} if key else {})
+    # /props, a route the key guards (the model list stays open, as llama-server's get_public_endpoints leaves it)
+    request = urllib.request.Request(url + "/props", headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status
@@ -107,7 +108,7 @@ def test_api_key_takes_a_comma_separated_list_as_llama_server(tiny_bundle, tmp_p
     with serve_command(tiny_bundle.path, tmp_path, "--api-key", "alpha, beta,") as url:
         assert [status_of(url, key) for key in ("alpha", "beta", "alpha,beta", "gamma", None)] == \
             [200, 200, 401, 401, 401]
-        request = urllib.request.Request(url + "/v1/models", headers={"x-api-key": "beta"})
+        request = urllib.request.Request(url + "/props", headers={"x-api-key": "beta"})
         with urllib.request.urlopen(request, timeout=60) as response:
             assert response.status == 200
 
@@ -117,7 +118,7 @@ def test_the_server_takes_several_keys(runtime):
     try:
         for headers, expected in [({"Authorization": "Bearer beta"}, 200), ({"x-api-key": "alpha"}, 200),
                                   ({"Authorization": "Bearer gamma"}, 401), ({}, 401)]:
-            status, _, _ = server.request("GET", "/v1/models", headers=headers)
+            status, _, _ = server.request("GET", "/props", headers=headers)
             assert status == expected, headers
     finally:
         server.close()
@@ -164,7 +165,7 @@ def test_a_request_target_in_absolute_form_is_its_path(runtime):
         status, _, payload = server.request("GET", base + "/v1/models?limit=1", headers={"Authorization": "Bearer sesame"})
         assert status == 200, payload
         assert json.loads(payload)["data"][0]["id"] == "tiny-host"
-        status, _, _ = server.request("GET", "HTTP://EXAMPLE.com:80/v1/models")  # the key is still asked for
+        status, _, _ = server.request("GET", "HTTP://EXAMPLE.com:80/props")  # the key is still asked for
         assert status == 401
         status, _, payload = server.request("GET", "http://127.0.0.1")  # no path: '/', Ollama's liveness answer
         assert status == 200, payload

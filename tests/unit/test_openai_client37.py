@@ -361,8 +361,10 @@ def test_a_wrong_key_is_an_authentication_error(runtime):
 
     guarded = Served(runtime, ServeDefaults(max_tokens=2), api_key="s3cret")
     try:
-        with _client(guarded.port) as wrong, pytest.raises(openai.AuthenticationError):
-            wrong.models.list()
+        with _client(guarded.port) as wrong:
+            assert [model.id for model in wrong.models.list()]  # the model list is open, as llama-server's
+            with pytest.raises(openai.AuthenticationError):
+                wrong.chat.completions.create(model="tiny", messages=USER)
         with openai.OpenAI(base_url=f"http://127.0.0.1:{guarded.port}/v1", api_key="s3cret", max_retries=0) as right:
             assert right.chat.completions.create(model="tiny", messages=USER).usage.completion_tokens == 2
     finally:

@@ -366,17 +366,18 @@ def test_keep_alive_connection_carries_requests_after_an_error(served):
 
 
 def test_api_key_guards_the_v1_routes_but_not_health(runtime):
+    """The key guards every route but /health, / and the model list (llama-server's get_public_endpoints)."""
     server = Served(runtime, api_key="s3cret")
     try:
         assert server.request("GET", "/health")[0] == 200
-        status, headers, payload = server.request("GET", "/v1/models")
+        status, headers, payload = server.request("GET", "/v1/models/tiny-host")
         assert status == 401
         assert headers["WWW-Authenticate"] == "Bearer"
         assert json.loads(payload)["error"]["code"] == "invalid_api_key"
-        assert server.request("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
-        status, _, payload = server.request("GET", "/v1/models", headers={"Authorization": "Bearer s3cret"})
+        assert server.request("GET", "/v1/models/tiny-host", headers={"Authorization": "Bearer wrong"})[0] == 401
+        status, _, payload = server.request("GET", "/v1/models/tiny-host", headers={"Authorization": "Bearer s3cret"})
         assert status == 200
-        assert json.loads(payload)["data"][0]["id"] == "tiny-host"
+        assert json.loads(payload)["id"] == "tiny-host"
     finally:
         server.close()
 
