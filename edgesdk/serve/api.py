@@ -99,6 +99,9 @@ class CompletionRequest:
     ignore_eos: bool = False  # llama-server's: end-of-text and end-of-turn tokens are never taken (-inf)
     json_object: bool = False  # response_format {"type": "json_object"}: the answer is one JSON object
     json_schema: CompiledSchema | None = None  # the answer follows this schema (edgesdk/runtime/json_schema.py)
+    # The field the schema came from, as the client wrote it, which a refusal of the constraint names (OpenAI's
+    # response_format, llama-server's json_schema; a route whose field has another name sets its own, as keep_param)
+    schema_param: str = "response_format"
     grammar: Grammar | None = None  # llama-server's: the answer follows this GBNF grammar (edgesdk/runtime/gbnf.py)
     tools: Tools | None = None  # chat: the tools the answer may call (edgesdk/serve/tools.py)
     logprobs: int | None = None  # None: no log-probabilities; else how many alternatives per token (0-20)
@@ -547,6 +550,7 @@ def _common_fields(body: dict, chat: bool, limit_fields: tuple[str, ...] = LIMIT
         "ignore_eos": _flag(body, "ignore_eos", False),
         "json_object": (body.get("response_format") or {}).get("type") == "json_object",
         "json_schema": _json_schema(body),
+        "schema_param": (_given_schema(body) or ("response_format", None))[0],
         "grammar": _grammar(body),
         "n_keep": _shift_field(body, "n_keep", -1),
         "n_discard": _shift_field(body, "n_discard", 0) or 0,

@@ -290,8 +290,9 @@ def _constraint_refusal(request: CompletionRequest, exc: GrammarError) -> ApiErr
     token reaches the nested repetitions): the same grammar gets the same refusal wherever the model's tokens take
     it, not a server error. Once a stream's headers are out it is the stream's last event, as llama-server ends a
     stream whose grammar failed (its sampler's "Unexpected empty grammar stack" as an error event)."""
-    # in the order _constraint picks the constraint: a grammar before the tools' schema and the response format's
-    param = "grammar" if request.grammar is not None else "tools" if request.tools is not None else "response_format"
+    # in the order _constraint picks the constraint: a grammar before the tools' schema and the response format's,
+    # which is named as the client wrote it (request.schema_param: response_format, llama-server's json_schema, ...)
+    param = "grammar" if request.grammar is not None else "tools" if request.tools is not None else request.schema_param
     return ApiError(400, f"{param}: {exc.problem}; {exc.fix}", param=param)
 
 
@@ -1157,7 +1158,13 @@ class Completer:
             generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token, hook=hook,
                      cache=self.prompt_cache, reuse_cache=request.cache_prompt, constraint=constraint,
                      logprobs=recorder, lookup=drafts, vocabulary=tokenizer, shift=shift, stats=stats)
-            finish = "stop" if stats.stop_reason in ("eos", "complete") else "length"
+            # A grammar completed by the limit's last token ends at the limit, as llama-server's and Ollama's do
+            # (server-context.cpp process_token: the has_budget check stops the slot with STOP_TYPE_LIMIT before the
+            # end-of-text token the grammar leaves is sampled, finish_reason "length"; Ollama's runner removes the
+            # sequence at numPredict with DoneReasonLength): stop_type "limit", Anthropic's "max_tokens", Ollama's
+            # done_reason "length". Below the limit the grammar's end is the end-of-text token's: "stop".
+            completed = stats.stop_reason == "complete" and count < sampling.max_new_tokens
+            finish = "stop" if stats.stop_reason == "eos" or completed else "length"
             if stats.stop_token is not None:  # llama-server samples it as any token and lists it with the answer's
                 sampled.append(stats.stop_token)  # ids (``tokens``), though its text is not the answer's
                 unsent.append(stats.stop_token)
@@ -1172,8 +1179,7 @@ class Completer:
             # samples it there too, but only below the token limit: a grammar completed by the limit's last token
             # ends at the limit there (process_token's has_budget check stops the slot before another token is
             # sampled; Ollama's runner stops at numPredict alike), so the count never passes the limit asked for.
-            ended = stats.stop_token is not None or \
-                (stats.stop_reason == "complete" and count < sampling.max_new_tokens)
+            ended = stats.stop_token is not None or completed
             hand_out(matcher.push(decoder.flush()))
             hand_out(matcher.flush())
             hand_out("")  # an echo whose answer made no text
@@ -1248,7 +1254,7 @@ class Completer:
         try:
             token_bytes = tokenizer.token_bytes()
         except EdgeSDKError as exc:  # a tokenizer whose token bytes JSON mode cannot read
-            param = "tools" if request.tools is not None else "grammar" if request.grammar else "response_format"
+            param = "tools" if request.tools is not None else "grammar" if request.grammar else request.schema_param
             raise ApiError(400, exc.problem, param=param, code="unsupported_parameter") from exc
         if request.grammar is not None:
             try:

@@ -898,6 +898,8 @@ def _parsed(parse, fields: dict, stops: tuple[str, ...]) -> CompletionRequest:
         raise _in_ollama_terms(exc) from None
     if request.logprobs is not None:  # listed as llama-server's completion_probabilities (_ollama_logprobs)
         request = replace(request, llama_probs=True)
+    if request.json_schema is not None:  # a schema refused mid-answer names the field the client wrote: format
+        request = replace(request, schema_param="format")
     return replace(request, stop=stops) if stops else request  # any number of stop strings, as Ollama takes
 
 

@@ -399,7 +399,8 @@ def answer_message(text: str, finish_reason: str, structured: bool = False) -> t
     answer cut (by max_tokens or a stop string) once its call's name or its text had begun keeps what was
     written of them, as llama-server's answer cut by max_tokens keeps its partial call or text (it reads the
     answer as partial unless it ended with the end-of-generation token: tools/server/server-context.cpp,
-    ``update_chat_msg``); one cut before that is its text, as before."""
+    ``update_chat_msg``); one cut before that has an empty content and no call (the envelope's JSON is not the
+    model's answer; llama-server's partial parse gives nothing for it either)."""
     stream = AnswerStream(structured)
     stream.push(text)
     _, fields, finish_reason = stream.finish(finish_reason)
@@ -710,13 +711,20 @@ class AnswerStream:
         """Once the answer has ended (``finish_reason`` its generation's, "stop" or "length"): the deltas that
         are still to go, the message's fields, and its finish reason. A whole answer is read as
         :func:`read_answer` reads it. One cut short (by max_tokens or a stop string) keeps what was given out of
-        it, its finish reason the generation's; cut before anything was, it is its text."""
+        it, its finish reason the generation's; one cut before anything was (a call's name not yet whole, a
+        text not begun) is an empty content and no call: the JSON written so far is this server's envelope, never
+        the model's words to the user, as llama-server's partial parse of its generic format gives nothing for it
+        (common/chat.cpp, ``common_chat_parse_generic`` throws its partial exception, and ``common_chat_parse``
+        keeps the empty message where the answer is partial: tools/server/server-context.cpp, ``update_chat_msg``
+        reads every answer not ended by end-of-generation as partial, max_tokens and stop strings alike)."""
         given = self.content is not None or bool(self.calls)
         content, calls, whole = _read(self.text, finish_reason == "stop", self.structured)
-        if given and not whole and not (self.value is not None and self.value.broken):
+        if not whole and not (self.value is not None and self.value.broken):
             if self.calls:
                 return [], {"content": None, "tool_calls": copy.deepcopy(self.calls)}, finish_reason
-            return [], {"content": self.content}, finish_reason
+            if given:
+                return [], {"content": self.content}, finish_reason
+            return [{"content": ""}], {"content": ""}, finish_reason
         if calls is not None:
             deltas, message = [], []
             for index, call in enumerate(calls):

@@ -22,8 +22,9 @@ def test_an_answer_cut_by_a_stop_string_is_text_not_a_server_error(server):  # n
     choice = answer["choices"][0]
     assert choice["finish_reason"] == "stop"
     assert "tool_calls" not in choice["message"]
-    assert choice["message"]["content"].lstrip().startswith("{")  # the JSON written before the stop string
-    assert "ping" not in choice["message"]["content"]
+    # the JSON written before the stop string is the server's envelope, not an answer: empty, as llama-server's
+    # partial parse (a stop string's answer is partial there too) gives nothing for it
+    assert choice["message"]["content"] == ""
 
     events = server.stream("/v1/chat/completions", body)
     assert all("error" not in event for event in events[:-1]), events
@@ -34,7 +35,7 @@ def test_an_answer_cut_by_a_stop_string_is_text_not_a_server_error(server):  # n
 
 def test_answer_message_reads_a_complete_answer_and_keeps_a_cut_one_as_text():
     assert answer_message('{"response": "h\u00e9"}', "stop") == ({"content": "h\u00e9"}, "stop")
-    assert answer_message('{"tool_call": {"name": "', "stop") == ({"content": '{"tool_call": {"name": "'}, "stop")
+    assert answer_message('{"tool_call": {"name": "', "stop") == ({"content": ""}, "stop")
     fields, finish = answer_message('{"tool_call": {"name": "ping", "arguments": {}}}', "stop")
     assert (fields["content"], finish, fields["tool_calls"][0]["function"]["name"]) == (None, "tool_calls", "ping")
 
