@@ -81,3 +81,32 @@ def checked_token_ids(given: object, vocab_size: int, call: str) -> np.ndarray:
                                   f"to {vocab_size - 1} (the rows of the bundle's embedding)",
                                   "pass ids the bundle's tokenizer gives that the model has embedding rows for")
     return flat.astype(np.int64, copy=False).reshape(1, -1)  # (1, T)
+
+
+def checked_cache_state(state: object, kv_heads: list[int], head_dim: int, dtype: object, max_context: int) -> int:
+    """The length of a ``save_cache`` ``state`` a backend's cache can take, or a RuntimeBackendError naming what does
+    not fit: a key and a value array of ``dtype`` shaped (1, kv_heads[layer], length, head_dim) per layer, all of
+    one length, at most ``max_context``. Checked before the cache changes, as llama.cpp's
+    ``llama_kv_cache::state_read_data`` refuses a state of another layer count, key / value type or row size
+    ("mismatched key row size") or more cells than the cache holds ("not enough cells in kv cache to restore
+    state"): a state of another bundle (or a cut one) was taken and failed in the next step in the backend's own
+    words (onnxruntime's, numpy's, torch's), with the cache left broken."""
+    expected = [(1, kv, head_dim) for kv in kv_heads for _ in range(2)]
+    arrays = list(state) if isinstance(state, (list, tuple)) else None
+    fix = "load a state this backend's save_cache gave (a backend of the same bundle), or prefill the tokens"
+    if arrays is None or len(arrays) != len(expected):
+        given = f"{len(arrays)} arrays" if arrays is not None else type(state).__name__
+        raise RuntimeBackendError(f"load_cache of {given}: this backend's KV cache has {len(expected)} (a key "
+                                  f"and a value per layer of {len(kv_heads)})", fix)
+    length = None
+    for index, (array, (batch, kv, width)) in enumerate(zip(arrays, expected, strict=True)):
+        shape, given_dtype = tuple(getattr(array, "shape", ())), getattr(array, "dtype", None)
+        if given_dtype != dtype or len(shape) != 4 or (shape[0], shape[1], shape[3]) != (batch, kv, width) \
+                or (length is not None and shape[2] != length):
+            want = f"{dtype} (1, {kv}, {length if length is not None else 'tokens'}, {width})"
+            raise RuntimeBackendError(f"load_cache array {index} (layer {index // 2} "
+                                      f"{('key', 'value')[index % 2]}) is {given_dtype} {shape}: expected {want}", fix)
+        length = int(shape[2])
+    if length > max_context:
+        raise RuntimeBackendError(f"load_cache of {length} tokens: the bundle's max_context is {max_context}", fix)
+    return length

@@ -16,6 +16,7 @@ from edgesdk.runtime.backend import (
     HIDDEN_STATES,
     NO_HIDDEN_STATES_OUTPUT,
     REBUILD_FOR_HIDDEN_STATES,
+    checked_cache_state,
     checked_keep_logits,
     checked_token_ids,
 )
@@ -170,34 +171,8 @@ class OrtDecoderBase:
                                       "rewind to a length between 0 and the backend's position")
 
     def _checked_state(self, state: object) -> int:
-        """The length of a :meth:`save_cache` ``state`` this backend's cache can take, or a RuntimeBackendError
-        naming what does not fit: one float32 array (1, kv_heads, length, head_dim) per layer and kind, all of one
-        length, at most ``max_context``. Checked before the cache changes, as llama.cpp's
-        ``llama_kv_cache::state_read_data`` refuses a state of another layer count, key / value type or row size
-        ("mismatched key row size") or more cells than the cache holds ("not enough cells in kv cache to restore
-        state"): a state of another bundle (or a cut one) was taken and failed in the next step, an onnxruntime
-        error, with the cache left broken (the standard graph), or a numpy broadcast error (the fused one)."""
-        expected = [(1, kv, self.head_dim) for kv in self.kv_heads for _ in range(2)]
-        arrays = list(state) if isinstance(state, (list, tuple)) else None
-        fix = "load a state this backend's save_cache gave (a backend of the same bundle), or prefill the tokens"
-        if arrays is None or len(arrays) != len(expected):
-            given = f"{len(arrays)} arrays" if arrays is not None else type(state).__name__
-            raise RuntimeBackendError(f"load_cache of {given}: this backend's KV cache has {len(expected)} (a key "
-                                      f"and a value per layer of {len(self.kv_heads)})", fix)
-        length = None
-        for index, (array, (batch, kv, width)) in enumerate(zip(arrays, expected, strict=True)):
-            shape, dtype = getattr(array, "shape", None), getattr(array, "dtype", None)
-            if not isinstance(array, np.ndarray) or dtype != np.float32 or len(shape) != 4 \
-                    or (shape[0], shape[1], shape[3]) != (batch, kv, width) \
-                    or (length is not None and shape[2] != length):
-                want = f"float32 (1, {kv}, {length if length is not None else 'tokens'}, {width})"
-                raise RuntimeBackendError(f"load_cache array {index} (layer {index // 2} "
-                                          f"{('key', 'value')[index % 2]}) is {dtype} {shape}: expected {want}", fix)
-            length = shape[2]
-        if length > self.max_context:
-            raise RuntimeBackendError(f"load_cache of {length} tokens: the bundle's max_context is {self.max_context}",
-                                      fix)
-        return int(length)
+        """The length of a :meth:`save_cache` ``state`` this backend's cache can take (:func:`checked_cache_state`)."""
+        return checked_cache_state(state, self.kv_heads, self.head_dim, np.dtype(np.float32), self.max_context)
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
         """Run ``token_ids`` (T,) after the cache; the logits of the last ``min(keep_logits, T)`` positions."""

@@ -14,7 +14,7 @@ import numpy as np
 
 from edgesdk.bundle import Bundle
 from edgesdk.errors import RuntimeBackendError
-from edgesdk.runtime.backend import checked_keep_logits, checked_token_ids
+from edgesdk.runtime.backend import checked_cache_state, checked_keep_logits, checked_token_ids
 
 KERNELS_ENV = "EDGESDK_KERNELS"
 
@@ -65,32 +65,9 @@ class TritonBackend:
         decoder.position = length
 
     def _checked_state(self, state: object) -> int:
-        """The length of a :meth:`save_cache` ``state`` this decoder's cache can take, or a RuntimeBackendError
-        naming what does not fit: a key and a value tensor (1, kv_heads, length, head_dim) of the cache's dtype per
-        layer, all of one length, at most ``max_context``, checked before the cache changes as the ONNX Runtime
-        backends check theirs (llama.cpp's ``state_read_data``); a state of another bundle failed inside torch's
-        copy with the cache left at position 0."""
-        decoder = self.decoder
-        expected = [(1, kv, decoder.head_dim) for _, kv in decoder.layer_heads for _ in range(2)]
-        tensors = list(state) if isinstance(state, (list, tuple)) else None
-        fix = "load a state this backend's save_cache gave (a backend of the same bundle), or prefill the tokens"
-        if tensors is None or len(tensors) != len(expected):
-            given = f"{len(tensors)} tensors" if tensors is not None else type(state).__name__
-            raise RuntimeBackendError(f"load_cache of {given}: this backend's KV cache has {len(expected)} (a key "
-                                      f"and a value per layer of {len(decoder.layer_heads)})", fix)
-        length = None
-        for index, (tensor, (batch, kv, width)) in enumerate(zip(tensors, expected, strict=True)):
-            shape, dtype = tuple(getattr(tensor, "shape", ())), getattr(tensor, "dtype", None)
-            if dtype != decoder.cache_dtype or len(shape) != 4 or (shape[0], shape[1], shape[3]) != (batch, kv, width) \
-                    or (length is not None and shape[2] != length):
-                want = f"{decoder.cache_dtype} (1, {kv}, {length if length is not None else 'tokens'}, {width})"
-                raise RuntimeBackendError(f"load_cache tensor {index} (layer {index // 2} "
-                                          f"{('key', 'value')[index % 2]}) is {dtype} {shape}: expected {want}", fix)
-            length = int(shape[2])
-        if length > self.max_context:
-            raise RuntimeBackendError(f"load_cache of {length} tokens: the bundle's max_context is {self.max_context}",
-                                      fix)
-        return length
+        """The length of a :meth:`save_cache` ``state`` this backend's cache can take (:func:`checked_cache_state`)."""
+        return checked_cache_state(state, [kv for _, kv in self.decoder.layer_heads], self.decoder.head_dim, self.decoder.cache_dtype,
+                                   self.max_context)
 
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
         import torch
