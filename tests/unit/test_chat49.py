@@ -97,23 +97,31 @@ def test_a_line_just_under_the_limit_is_read(terminal):
 @linux_only
 def test_at_a_terminal_the_session_says_why_and_goes_on(tiny_bundle):
     """The whole run: the cut line is told by name and not answered; the next line is."""
+    session = _refused_then_answered(tiny_bundle, [b"x" * min(512, 5000 - start) for start in range(0, 5000, 512)]
+                                     + [b"\n"])
+    assert "filled the terminal's line (4,095 bytes)" in session.text
+
+
+def _refused_then_answered(tiny_bundle, refused: list[bytes]):
+    """A terminal session that types ``refused`` (in pieces), waits for its error and the next prompt, then
+    types a line that is answered and ends with Ctrl-D: the session, checked to have ended with exit 0, no
+    traceback and one answered prompt."""
     from tests._utils.terminal import TerminalSession
     from tests.unit.test_cli_run_interactive37 import ENV, _argv, _default_signals, _finish, _stats_prompts
 
     with TerminalSession(_argv(tiny_bundle.path, "-n", "2", "--stats"), ENV, _default_signals) as session:
         session.read_until(lambda: b"> " in session.seen)
-        for start in range(0, 5000, 512):
-            session.type(b"x" * min(512, 5000 - start))
-        session.type(b"\n")
+        for piece in refused:
+            session.type(piece)
         session.read_until(lambda: b"error:" in session.seen and session.text.rstrip().endswith(">"))
         session.type(b"hello\n")
         session.read_until(lambda: _stats_prompts(session.text) and session.text.rstrip().endswith(">"))
         session.type(b"\x04")
         _finish(session)
     assert session.process.returncode == 0, session.text[-2000:]
-    assert "Traceback" not in session.text
-    assert "filled the terminal's line (4,095 bytes)" in session.text
+    assert "Traceback" not in session.text, session.text[-2000:]
     assert len(_stats_prompts(session.text)) == 1, session.text[-2000:]
+    return session
 
 
 # --- /read with a name no path can hold -----------------------------------------------------------------------
@@ -131,18 +139,5 @@ def test_read_naming_a_nul_is_refused_by_name_not_a_traceback(tiny_bundle):
 
 @linux_only
 def test_read_naming_a_nul_at_a_terminal_leaves_the_session_going(tiny_bundle):
-    from tests._utils.terminal import TerminalSession
-    from tests.unit.test_cli_run_interactive37 import ENV, _argv, _default_signals, _finish, _stats_prompts
-
-    with TerminalSession(_argv(tiny_bundle.path, "-n", "2", "--stats"), ENV, _default_signals) as session:
-        session.read_until(lambda: b"> " in session.seen)
-        session.type(b"/read a\x00b\n")
-        session.read_until(lambda: b"error:" in session.seen and session.text.rstrip().endswith(">"))
-        session.type(b"hello\n")
-        session.read_until(lambda: _stats_prompts(session.text) and session.text.rstrip().endswith(">"))
-        session.type(b"\x04")
-        _finish(session)
-    assert session.process.returncode == 0, session.text[-2000:]
-    assert "Traceback" not in session.text, session.text[-2000:]
+    session = _refused_then_answered(tiny_bundle, [b"/read a\x00b\n"])
     assert "holds a NUL character" in session.text
-    assert len(_stats_prompts(session.text)) == 1
