@@ -26,6 +26,7 @@ class ChatTokenizer:
         self._system_role: tuple[str, bool] | None = None  # (template, whether it takes a system role), probed on first use
         self._token_bytes: list[bytes | None] | None = None
         self._stream_anchor: tuple[list[int], str] | None = None  # found on first use (text._stream_anchor)
+        self._piece_bytes = None  # each token's bytes for a byte-fallback decoder (text._piece_bytes), first use
         self._plain_text = None  # the tokenizer that reads special tokens' text as text, made on first use
         self._fim = None  # the fill-in-the-middle tokens (runtime/fim.py), found on first use
         self._added_bos: tuple[int | None] | None = None  # the BOS the tokenizer adds (added_bos), found on first use
@@ -419,9 +420,72 @@ def _decoded_after_anchor(tokenizer, decode: Callable[[list[int]], str], ids: li
     return decode(list(ids))
 
 
+# a SentencePiece byte-fallback token's text: one byte, <0x00> to <0xFF>
+BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _piece_bytes(tokenizer) -> Callable[..., bytes] | None:
+    """Each token's bytes as llama.cpp's ``llama_token_to_piece`` gives them (special tokens none, or with
+    ``specials`` their text), for a SentencePiece tokenizer with byte fallback (Llama 2's, TinyLlama's, Mistral's,
+    Gemma's decoder: U+2581 as a space, ``<0xNN>`` as byte NN, then Fuse, and Llama 2's Strip of the text's leading
+    space, which the stream keeps); None for any other decoder (byte-level BPE's decodes the bytes of the text it is
+    given whole, invalid ones alone replaced, as wanted).
+
+    The tokenizers library's ByteFallback decoder reads a run of ``<0xNN>`` tokens as one: where the run's bytes
+    are not all valid UTF-8, every byte of the run becomes U+FFFD, the valid characters in it too. A stray byte the
+    model samples then turned all the byte-fallback characters after it into U+FFFD (a Llama 2 answer in Chinese,
+    most of whose characters are byte tokens), and a stream held them all back until the run ended. llama.cpp joins
+    the pieces' bytes, and only the invalid ones are replaced (Python's ``errors="replace"``, the Unicode
+    standard's practice). Found once per tokenizer."""
+    cached = getattr(tokenizer, "_piece_bytes", None)
+    if cached is not None:
+        return cached or None
+    found = False
+    inner = getattr(tokenizer, "tokenizer", None)
+    decoder = getattr(inner, "decoder", None)
+    try:
+        spec = json.loads(decoder.__getstate__()) if decoder is not None else {}
+    except Exception:  # a decoder that does not give its JSON: the stream decodes through the tokenizer
+        spec = {}
+    parts = (spec.get("decoders") or []) if spec.get("type") == "Sequence" else [spec]
+
+    def plain(part: dict) -> bool:  # a decoder step the bytes below give the text of
+        kind = part.get("type")
+        if kind == "Replace":
+            return part.get("pattern") == {"String": "\u2581"} and part.get("content") == " "
+        if kind == "Metaspace":
+            return part.get("replacement") == "\u2581"
+        if kind == "Strip":  # Llama 2's: the leading space of the whole text, which a stream keeps
+            return part.get("content") == " " and not part.get("stop")
+        return kind in ("ByteFallback", "Fuse")
+
+    if any(part.get("type") == "ByteFallback" for part in parts) and all(map(plain, parts)):
+        special = {token for token, added in inner.get_added_tokens_decoder().items() if added.special}
+
+        def piece_bytes(token: int, specials: bool = False) -> bytes:
+            if token in special:  # its text where special tokens are written out (llama-server's /detokenize)
+                return inner.id_to_token(token).encode("utf-8") if specials else b""
+            piece = inner.id_to_token(token)
+            if piece is None:
+                return b""
+            if BYTE_PIECE.fullmatch(piece):
+                return bytes((int(piece[3:5], 16),))
+            return piece.replace("\u2581", " ").encode("utf-8")
+
+        found = piece_bytes
+
+    if isinstance(tokenizer, ChatTokenizer):
+        tokenizer._piece_bytes = found
+    return found or None
+
+
 def pieces_text(tokenizer: ChatTokenizer, ids: list[int]) -> str:
     """``ids`` as llama.cpp joins their pieces (llama-server's ``POST /detokenize``, ``tokens_to_str``): special
-    tokens written out, and the first token's leading space kept."""
+    tokens written out, and the first token's leading space kept; a byte-fallback tokenizer's from the tokens'
+    bytes (:func:`_piece_bytes`), so that an invalid byte takes no valid character with it."""
+    piece_bytes = _piece_bytes(tokenizer)
+    if piece_bytes is not None:
+        return b"".join(piece_bytes(token, specials=True) for token in ids).decode("utf-8", errors="replace")
     return _decoded_after_anchor(tokenizer, lambda some: tokenizer.tokenizer.decode(some, skip_special_tokens=False),
                                  ids)
 
@@ -452,7 +516,11 @@ class StreamDecoder:
         self._read = 0
 
     def _decode(self, ids: list[int]) -> str:
-        """``ids``' text (the anchor's cut off)."""
+        """``ids``' text (the anchor's cut off); a byte-fallback tokenizer's from the tokens' bytes
+        (:func:`_piece_bytes`), so that an invalid byte takes no valid character with it."""
+        piece_bytes = _piece_bytes(self.tokenizer)
+        if piece_bytes is not None:
+            return b"".join(map(piece_bytes, ids)).decode("utf-8", errors="replace")
         return _decoded_after_anchor(self.tokenizer, self.tokenizer.decode, ids)
 
     def _delta(self, final: bool) -> str:
