@@ -8,7 +8,9 @@ answered.
 Typed text is taken as written: a \\n typed in a prompt stays a backslash and an 'n', as llama-cli's tools/cli/cli.cpp
 (the chat this one follows: /regen, /read, /clear) passes its input on; -e/--escape is for the text on the command
 line. (The older tools/main/main.cpp, now llama-completion, also runs ``string_process_escapes`` on each typed line
-when -e is on, so that a Windows path or pasted code with \\t or \\n in it changes.)
+when -e is on, so that a Windows path or pasted code with \\t or \\n in it changes.) Where no chat template formats
+the line (--raw, or a bundle without one) the typed text is plain text, a special token's text in it read as text,
+as llama-completion reads it; --in-prefix and --in-suffix keep their special tokens (:func:`typed_prompt_ids`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,81 @@ def read_for_prompt(name: str, file_separator: str | None = None) -> str:
     click.echo(f"edgesdk: read {name} ({len(content):,} characters); it goes before your next prompt", err=True)
     header = f"--- File: {name} ---\n" if file_separator is None else f"{file_separator}{name}\n"
     return header + content + ("" if content.endswith("\n") else "\n")
+
+
+class TypedPrompt(str):
+    """A prompt read from stdin (:class:`Chat`): its text is the whole prompt, --in-prefix + the /read files + the
+    typed line + --in-suffix, and its parts are kept apart for :func:`typed_prompt_ids`."""
+
+    prefix: str
+    files: tuple[str, ...]
+    typed: str
+    suffix: str
+
+    def __new__(cls, prefix: str, files: tuple[str, ...], typed: str, suffix: str) -> TypedPrompt:
+        self = super().__new__(cls, prefix + "".join(files) + typed + suffix)
+        self.prefix, self.files, self.typed, self.suffix = prefix, files, typed, suffix
+        return self
+
+
+def typed_prompt_ids(tokenizer, prompt: TypedPrompt) -> list[int]:
+    """The token ids of a prompt read from stdin and answered as it is (--raw, or a bundle without a chat
+    template), as llama.cpp's llama-completion tokenizes an interactive line (tools/completion/completion.cpp,
+    tools/main/main.cpp before): ``common_tokenize(ctx, input_prefix, false, true)``, ``common_tokenize(ctx,
+    user_inp, false, format_chat)`` and ``common_tokenize(ctx, input_suffix, false, true)``, with ``format_chat``
+    false where no chat template formats the line. So the special tokens' text in --in-prefix / --in-suffix
+    (``<|im_start|>``) is the tokens, while the same text typed, or in a /read file, is plain text
+    (:meth:`ChatTokenizer.encode_plain`): typing ``<|im_start|>`` does not start a turn. The /read files'
+    separator token (``<|file_sep|>``, :func:`file_separator`) is the token. The BOS goes in front where the
+    tokenizer adds one (each line is answered on its own, as llama-completion's first prompt, tokenized with
+    ``add_special``). The plain text between two special tokens is tokenized as one text (llama-completion
+    tokenizes prefix, line and suffix apart; where no special token stands between them, this gives the ids the
+    whole prompt's text has, as ``-p`` gives them).
+
+    With a chat template the line is the user's content, rendered into the template and the rendering read with
+    its special tokens, as llama-completion's conversation mode (``format_chat`` true) and llama-cli's chat
+    (common_chat templates) tokenize it: there typed special-token text is the special tokens, and so it is in
+    ``edgesdk run`` without --raw (:meth:`ChatTokenizer.prompt_ids`, runtime/conversation.py)."""
+    from edgesdk.runtime.text import check_utf8
+
+    check_utf8(prompt, "the prompt")
+    pieces: list[str | int] = [*_special_pieces(tokenizer, prompt.prefix)]
+    separator = file_separator(tokenizer)
+    for text in prompt.files:
+        if separator is not None and text.startswith(separator):
+            pieces += [tokenizer.token_id(separator), text[len(separator):]]
+        else:
+            pieces.append(text)
+    pieces += [prompt.typed, *_special_pieces(tokenizer, prompt.suffix)]
+    bos = tokenizer.added_bos()
+    ids, plain = ([] if bos is None else [bos]), ""
+    for piece in [*pieces, None]:
+        if isinstance(piece, str):
+            plain += piece
+            continue
+        if plain:
+            ids += tokenizer.encode_plain(plain)
+            plain = ""
+        if piece is not None:
+            ids.append(piece)
+    return ids
+
+
+def _special_pieces(tokenizer, text: str) -> list[str | int]:
+    """``text`` (--in-prefix, --in-suffix) as the plain text and the special tokens' ids in it, in order, the
+    special tokens found where the tokenizer finds them reading ``text`` with its special tokens."""
+    if not text:
+        return []
+    special = {int(token) for token, added in tokenizer.tokenizer.get_added_tokens_decoder().items() if added.special}
+    encoding = tokenizer.tokenizer.encode(text, add_special_tokens=False)
+    pieces: list[str | int] = []
+    end = 0
+    for token, (start, stop) in zip(encoding.ids, encoding.offsets, strict=True):
+        if token in special:
+            pieces += [text[end:start], token]
+            end = stop
+    pieces.append(text[end:])
+    return pieces
 
 
 def file_separator(tokenizer) -> str | None:
@@ -350,15 +427,17 @@ class Chat:
         if not recorded:
             conversation.exchanges, conversation.dropped, self.regenerated = exchanges, dropped, regenerated
 
-    def _prompt(self, text: str) -> str:
+    def _prompt(self, text: str) -> TypedPrompt:
         """The line as it is answered: --in-prefix, the /read files, the line, --in-suffix (the suffix shown after
-        the input where the prefix was shown before it, as llama-cli's tools/main/main.cpp prints them)."""
+        the input where the prefix was shown before it, as llama-cli's tools/main/main.cpp prints them); its parts
+        kept apart, for the typed text to be plain text where no chat template formats it
+        (:func:`typed_prompt_ids`)."""
         if self.show_affixes and self.in_suffix:
             click.echo(self.in_suffix, nl=False, err=True)
-        text = self.in_prefix + "".join(self.read_files) + text + self.in_suffix
+        prompt = TypedPrompt(self.in_prefix, tuple(self.read_files), text, self.in_suffix)
         self.read_files.clear()
         self.regenerated = 0
-        return text
+        return prompt
 
     def _tell_error(self, exc: EdgeSDKError) -> None:
         """An error in an interactive session: one bad line does not end it."""

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from edgesdk.cli_interactive import Chat, DeferredInterrupt, ReversePrompts, process_escapes
+from edgesdk.cli_interactive import (
+    Chat,
+    DeferredInterrupt,
+    ReversePrompts,
+    TypedPrompt,
+    process_escapes,
+    typed_prompt_ids,
+)
 from edgesdk.cli_options import (
     LLAMA_OPTION_NAMES,
     SAMPLING_OPTIONS,
@@ -616,7 +623,12 @@ class Answerer:
         return self.last_prompt if self.conversation is None else self.conversation.take_last()
 
     def _prompt_ids(self, text: str) -> list[int]:
+        """The prompt's ids: a line read from stdin and answered as it is (--raw, or no chat template) has its typed
+        text read as plain text (cli_interactive.typed_prompt_ids, as llama-completion reads it); -p / --file, and
+        a line rendered into the chat template, are read with their special tokens."""
         if self.conversation is None:
+            if isinstance(text, TypedPrompt) and (self.settings.raw or not self.tokenizer.has_chat_template):
+                return typed_prompt_ids(self.tokenizer, text)
             return self.tokenizer.prompt_ids(text, raw=self.settings.raw, system=self.settings.system)
         dropped = self.conversation.dropped
         ids = self.conversation.prompt_ids(text)
