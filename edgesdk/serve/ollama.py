@@ -23,13 +23,16 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   No messages: the model is loaded already, and the answer says so (``done_reason`` "load"), as Ollama answers;
   with ``keep_alive`` zero (``0``, ``"0"``, ``"0s"``), Ollama's unload answer (``done_reason`` "unload").
   A conversation past the context (or ``num_ctx``) loses its oldest messages until it fits, its system messages
-  and its last message kept, as Ollama's ``chatPrompt`` keeps it (:func:`trimmed`).
+  and its last message kept, as Ollama's ``chatPrompt`` keeps it (:func:`trimmed`); where the last message with
+  the system messages is still past it, that prompt is cut as Ollama's runner cuts its input
+  (:func:`_truncated_input`), not refused.
 * ``truncate`` and ``shift`` (api/types.go, both requests; true where absent; anything but a boolean a 400 naming
   the field): ``truncate`` false keeps every message, and a prompt that leaves no room for an answer within the
   context (or ``num_ctx``) is Ollama's 400 "the input length exceeds the context length" (its runner refuses a
   prompt longer than the context); true, /api/generate's prompt (``context`` in front included) past the context
   (or ``num_ctx``) keeps its first ``options.num_keep`` tokens and its last ones, as Ollama's runner cuts its input
-  (:func:`_truncated_input`), and /api/chat drops its oldest messages (:func:`trimmed`). ``shift`` false: the
+  (:func:`_truncated_input`), and /api/chat drops its oldest messages (:func:`trimmed`), its prompt then cut the
+  same way where what is kept is still past the context. ``shift`` false: the
   answer stops when the context fills, done_reason "length", as Ollama's runner stops it; true (the default,
   whatever ``edgesdk serve --context-shift`` says), a full context keeps its first ``options.num_keep`` tokens
   (Ollama's default 4; -1: the prompt), drops half of what follows them and the answer goes on
@@ -380,8 +383,9 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
     ``think`` left out on a model that thinks rendered as thinking on (:func:`_thinking_by_default`), a conversation
     that outgrows the context kept to what fits (:func:`trimmed`) unless ``truncate`` is false (Ollama's routes.go:
     ``truncate := req.Truncate == nil || *req.Truncate``; false: a prompt past the context is Ollama's 400,
-    :func:`_refuse_past_the_context`), ``context`` put in front of the prompt (:func:`_with_context`), an
-    /api/generate prompt past the context cut as Ollama's runner cuts its input (:func:`_truncated_input`) and a
+    :func:`_refuse_past_the_context`), ``context`` put in front of the prompt (:func:`_with_context`), a prompt
+    still past the context (/api/generate's, or /api/chat's last message with the system messages, which
+    ``chatPrompt`` keeps whatever their length) cut as Ollama's runner cuts its input (:func:`_truncated_input`) and a
     ``num_ctx`` below the bundle's context bounding prompt and answer. A ``suffix``, not raw, makes the prompt
     /infill's (serve/infill.py)."""
     check_capabilities(completer, asked)
@@ -400,7 +404,7 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
         request = _with_context(completer, asked, request)
     if not asked.truncate:
         _refuse_past_the_context(completer, asked, request, window)
-    elif not asked.chat:  # /api/generate: a prompt past the context is cut as Ollama's runner cuts it
+    else:  # a prompt still past the context is cut as Ollama's runner cuts it, on both routes
         request = _truncated_input(completer, asked, request, window)
     return _within_num_ctx(completer, asked, _shifting(asked, request, window))
 
@@ -500,8 +504,8 @@ def _input_ids(completer: Completer, request: CompletionRequest) -> list[int]:
 
 
 def _truncated_input(completer: Completer, asked: Asked, request: CompletionRequest, window: int) -> CompletionRequest:
-    """/api/generate's request with a prompt that leaves no room for an answer in ``window`` tokens (the context, or
-    a ``num_ctx`` below it) cut as Ollama's runner cuts its input where ``truncate`` is true, its default
+    """The request with a prompt that leaves no room for an answer in ``window`` tokens (the context, or a
+    ``num_ctx`` below it) cut as Ollama's runner cuts its input where ``truncate`` is true, its default
     (runner/ollamarunner/runner.go ``NewSequence``: ``numKeep = min(numKeep, numCtx-1)``, then the first
     ``numKeep`` tokens kept, the ``len(inputs) - numCtx`` tokens after them dropped and the rest kept: "truncating
     input prompt"). ``options.num_keep`` is Ollama's (default 4; -1: the whole prompt, up to the window); the prompt
@@ -509,8 +513,12 @@ def _truncated_input(completer: Completer, asked: Asked, request: CompletionRequ
     before the context shifts (``shift``) or the answer stops there (``shift`` false: done_reason "length"). This is
     how an ever-growing ``context`` (the deprecated conversation memory a client sends back each turn, whose text
     Ollama's answer goes on returning whole) keeps being answered once it outgrows the context: its oldest turns
-    after the first tokens are the ones dropped. A prompt that fits, and a window of one token, are left as they
-    are (the latter is the 400 of :func:`_within_num_ctx`)."""
+    after the first tokens are the ones dropped. On /api/chat it is the prompt of what :func:`trimmed` kept: Ollama's
+    ``chatPrompt`` (server/prompt.go) always keeps the last message and the system messages, whatever their
+    length, and passes the prompt to the runner, which cuts it here; only ``truncate`` false refuses it
+    (:func:`_refuse_past_the_context`). So too the second pass of a ``format`` after thinking (:func:`second_pass`).
+    A prompt that fits, and a window of one token, are left as they are (the latter is the 400 of
+    :func:`_within_num_ctx`)."""
     ids = _input_ids(completer, request)
     target = window - 1
     if len(ids) <= target or target < 1:
@@ -607,7 +615,10 @@ def trimmed(completer: Completer, request: CompletionRequest, window: int, num_c
     * a try the chat template refuses (a template that wants the roles to alternate, where the kept part would
       begin with an assistant turn) is passed over, dropping one more, as it could not be answered;
     * where no try fits, the one with the fewest tokens is taken: the answer gets what room is left, and where none
-      is left, the request is refused naming the last message, the part only the client can shorten.
+      is left (the last message with the system messages, or with ``tail``, past the window), the caller cuts its
+      prompt as Ollama's runner cuts its input (:func:`_truncated_input`), as Ollama's ``chatPrompt`` keeps that
+      message whatever its length ("Must always include at least the last message") and its runner truncates what
+      it is given where ``truncate`` is true (runner/ollamarunner/runner.go ``NewSequence``).
 
     Nothing is dropped where the whole conversation fits; its errors (a message that is not UTF-8, a template that
     refuses it) are the request's as before.
@@ -639,31 +650,7 @@ def trimmed(completer: Completer, request: CompletionRequest, window: int, num_c
             return candidate
         if fewest is None or count < fewest[0]:
             fewest = (count, candidate)
-    count, candidate = fewest
-    dropped = len(messages) - len(candidate.messages)
-    if count >= window and tail and all(message["role"] == "system" for message in candidate.messages):
-        limit = completer.runtime.backend.max_context
-        shortened = num_ctx is not None and num_ctx < limit
-        within = f"'options.num_ctx' {window}" if shortened else f"this model's context of {window}"
-        fix = f"raise num_ctx (this model's context holds {limit}), " if shortened else ""
-        raise ApiError(400, f"the model's thinking before the answer to 'format' renders with any system messages "
-                       f"to {count} tokens, leaving no room for that answer within {within}, even with every other "
-                       f"message dropped ({dropped}); {fix}send 'think': false (the format then holds the answer from its "
-                       "first token), or shorten the system messages", param="format",
-                       code="context_length_exceeded")
-    if count >= window and dropped:
-        limit, last, start = completer.runtime.backend.max_context, len(sent) - 1, sent[-1]
-        named = f"messages[{last}]" if start == last else f"messages[{start}] to messages[{last}] (a tool call and its " \
-                                                          "results)"
-        shortened = num_ctx is not None and num_ctx < limit
-        within = f"'options.num_ctx' {window}" if shortened else f"this model's context of {window}"
-        fix = f"; raise num_ctx (this model's context holds {limit}), or shorten it" if shortened else "; shorten it"
-        thinking = " and the model's thinking before the answer to 'format'" if tail else ""
-        raise ApiError(400, f"{named}, which is always kept, renders with any system messages{thinking} to {count} "
-                       "tokens, "
-                       f"leaving no room for an answer within {within}, even with the {dropped} older messages "
-                       f"dropped{fix} or the system messages", param=f"messages[{last}]", code="context_length_exceeded")
-    return candidate
+    return fewest[1]
 
 
 def _cut_starts(turns: list[dict]) -> tuple[int, ...]:
@@ -1306,7 +1293,8 @@ def second_pass(completer: Completer, asked: Asked, first: CompletionRequest, re
     ``chatPrompt(..., msgs, ..., truncate)``), so that where the thinking pushed the prompt past the context the
     oldest messages are dropped until it fits, the system messages and the thinking kept
     (server/prompt.go: the latest message, here the thinking, is always kept, so the client's last message too
-    may go where nothing else fits: :func:`trimmed` with ``tail``). ``truncate`` false keeps every message and a
+    may go where nothing else fits: :func:`trimmed` with ``tail``), and what is kept, still past the context, is cut
+    as Ollama's runner cuts its input (:func:`_truncated_input`). ``truncate`` false keeps every message and a
     prompt past the context (or ``num_ctx``) is Ollama's 400 (:func:`_refuse_past_the_context`); a ``num_ctx``
     below the bundle's context bounds the second prompt and its answer as it bounds the first
     (:func:`_within_num_ctx`)."""
@@ -1319,6 +1307,8 @@ def second_pass(completer: Completer, asked: Asked, first: CompletionRequest, re
     second = replace(request, messages=first.messages, prompt_tokens=tuple(ids))
     if not asked.truncate:
         _refuse_past_the_context(completer, asked, second, window)
+    else:
+        second = _truncated_input(completer, asked, second, window)
     return _within_num_ctx(completer, asked, second)
 
 

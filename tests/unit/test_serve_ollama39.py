@@ -226,10 +226,16 @@ def test_num_ctx_above_the_context_is_capped_and_below_it_bounds_the_answer(serv
     assert (short["eval_count"], short["done_reason"]) == (3, "length")
     assert whole.message.content.startswith(short["message"]["content"])
     assert shifted.message.content.startswith(short["message"]["content"])
-    status, payload = _error(served, "/api/chat", {"model": NAME, "messages": MESSAGES,
+    # a prompt that fills num_ctx: with truncate false Ollama's 400; with truncate on (its default) cut as its
+    # runner cuts the input, leaving the answer's first token its room (tests/unit/test_ollama49c.py)
+    status, payload = _error(served, "/api/chat", {"model": NAME, "messages": MESSAGES, "truncate": False,
                                                    "options": {"num_ctx": whole.prompt_eval_count}})
     assert status == 400
     assert "'options.num_ctx'" in payload["error"]
+    status, cut = served.post("/api/chat", {"model": NAME, "messages": MESSAGES, "stream": False,
+                                            "options": {"num_ctx": whole.prompt_eval_count}})
+    assert status == 200, cut
+    assert cut["prompt_eval_count"] < whole.prompt_eval_count
     status, until_full = served.post("/api/chat", {"model": NAME, "messages": MESSAGES, "stream": False,
                                                    "shift": False, "options": {"num_predict": -2, "num_ctx": window}})
     assert (status, until_full["eval_count"]) == (200, 3)

@@ -119,20 +119,31 @@ def test_the_answer_s_num_predict_has_its_room_and_without_a_limit_one_token(ser
     assert answer.prompt_eval_count == _count(served, [SYSTEM, LAST])
 
 
-def test_a_last_message_past_the_context_is_refused_naming_it(served):
+def test_a_last_message_past_the_context_is_cut_and_with_truncate_false_refused(served):
+    """Ollama's chatPrompt keeps the last message with the system messages whatever their length and its runner
+    cuts the prompt (runner.go ``NewSequence``); only ``truncate`` false refuses it (tests/unit/test_ollama49c.py
+    checks what the model reads)."""
     last = {"role": "user", "content": "Read this back to me: " + "the lamp, the heater, the door; " * 40}
     messages = [SYSTEM, *EXCHANGES[:2], last]
+    assert _count(served, [SYSTEM, last]) > 256
+    status, answer = served.post("/api/chat", {"model": NAME, "messages": messages, "stream": False,
+                                               "options": {"num_predict": PREDICT}})
+    assert status == 200, answer
+    assert answer["prompt_eval_count"] == 255  # cut to leave the answer's first token its room
     for stream in (False, True):
-        status, payload = served.post("/api/chat", {"model": NAME, "messages": messages, "stream": stream})
+        status, payload = served.post("/api/chat", {"model": NAME, "messages": messages, "stream": stream,
+                                                    "truncate": False})
         assert status == 400, payload
         assert set(payload) == {"error"}
-        assert payload["error"].startswith("messages[3], which is always kept,")
-        assert "this model's context of 256" in payload["error"]
-        assert "2 older messages dropped" in payload["error"]
+        assert payload["error"].startswith("the input length exceeds the context length: ")
+        assert "within this model's context of 256" in payload["error"]
+    status, answer = served.post("/api/chat", {"model": NAME, "messages": [SYSTEM, *EXCHANGES[:2], LAST],
+                                               "stream": False, "options": {"num_ctx": 40, "num_predict": 2}})
+    assert status == 200, answer
+    assert answer["prompt_eval_count"] == 39
     status, payload = served.post("/api/chat", {"model": NAME, "messages": [SYSTEM, *EXCHANGES[:2], LAST],
-                                                "options": {"num_ctx": 40}})
+                                                "truncate": False, "options": {"num_ctx": 40}})
     assert status == 400
-    assert "messages[3]" in payload["error"]
     assert "'options.num_ctx' 40" in payload["error"]
     assert "raise num_ctx (this model's context holds 256)" in payload["error"]
 
