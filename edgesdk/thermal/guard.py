@@ -448,9 +448,10 @@ class Guard:
         ``resume_c`` would be held for ever).
 
         A prefill whose compute fits in the bucket's depth (its seconds times the decode rate, as :meth:`spend`
-        charges it) is not held: the bucket paces it as it paces decode steps. Above the depth's bound the depth is
-        one token, so a prefill no longer than a decode step (a one-token prompt: a regenerated answer, a turn the
-        cache holds all but the last token of) is not held for up to ``RC`` seconds while decode steps run.
+        charges it; once a decode step has measured that rate) is not held: the bucket paces it as it paces decode
+        steps. Above the depth's bound the depth is one token, so a prefill no longer than a decode step (a
+        one-token prompt: a regenerated answer, a turn the cache holds all but the last token of) is not held for up
+        to ``RC`` seconds while decode steps run.
         """
         if (not self.sensor_ok or self.temp_c is None or not self.prefill_tok_s or not self.prompt_tokens
                 or self.temp_c < self.limits.resume_c):
@@ -462,7 +463,10 @@ class Guard:
         ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
         steady = ambient + p.resistance_c_per_w * p.active_w
         seconds = self.prompt_tokens / self.prefill_tok_s
-        if seconds * self._unit_tok_s <= self._depth:  # fits in the bucket: paced by it, as a decode step is
+        # fits in the bucket: paced by it, as a decode step is. Only with a decode rate measured: before one, the
+        # depth is the request's tokens unbounded by the headroom (:attr:`_depth`) and a token is a second of
+        # compute, so a 40 s prompt "fitted" a 256-token request's bucket and ran from a hot board unheld
+        if self.unpaced_tok_s and seconds * self.unpaced_tok_s <= self._depth:
             return False
         end = steady + (self.temp_c - steady) * math.exp(-seconds / tau)
         return end > self.limits.soft_c - 0.5

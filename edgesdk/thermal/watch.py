@@ -114,9 +114,12 @@ class ThermalHook:
             return
         temp = "unknown" if self.reading is None or self.reading.max_c is None else f"{self.reading.max_c:.1f} °C"
         ambient = f" at {self.board.ambient_c:g} °C ambient" if self.board is not None else ""
-        raise BoardNeverCooled(
-            f"the simulated board never cooled below the guard's resume point {self.guard.limits.resume_c:g} °C: "
-            f"paused for {now - self._paused_since:.0f} simulated s{ambient}, still at {temp}",
+        limits, hysteresis = self.guard.limits, self.guard.config.hysteresis_c
+        raise BoardNeverCooled(  # both ways a pause ends (Guard._update_level), not only the first
+            f"the simulated board never cooled below the guard's resume point {limits.resume_c:g} °C, nor below "
+            f"{limits.hard_c - hysteresis:g} °C (hard limit {limits.hard_c:g} °C less the {hysteresis:g} °C "
+            f"hysteresis) where a pause ends after one time constant: paused for {now - self._paused_since:.0f} "
+            f"simulated s{ambient}, still at {temp}",
             "lower --ambient, or pick a --thermal-target whose limits suit a board this warm")
 
     @property
@@ -350,7 +353,9 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
                               has_sensor=sensor is not None)
             notes.append(f"guard ({profile.name}): warm {the_guard.thresholds[Level.WARM]:g} °C, "
                          f"pacing to {the_guard.setpoint_c:g} °C from {the_guard.thresholds[Level.HOT]:g} °C, "
-                         f"pause at {limits.hard_c:g} °C until below {limits.resume_c:g} °C; "
+                         f"pause at {limits.hard_c:g} °C until below {limits.resume_c:g} °C (after "
+                         f"{profile.thermal_model.resistance_c_per_w * profile.thermal_model.capacity_j_per_c:.0f} s, "
+                         f"below {limits.hard_c - the_guard.config.hysteresis_c:g} °C); "
                          f"compute budget {'via the power gate' if the_guard.budget_target else 'not adjustable (no power gate in use)'}")
         meta = {"profile": profile.name, "mode": "simulated" if simulate else "board", "guarded": guard,
                 "ambient_c": board.ambient_c if board else None, "limits": limits.__dict__,
