@@ -302,11 +302,19 @@ def _cell(value: float | int | None, fmt: str) -> str:
 
 
 def paused_note(run: SimulatedRun) -> str:
-    """Why the guarded plan ended paused: the board never cooled below the guard's resume point."""
-    resume = run.telemetry.meta["limits"]["resume_c"]
+    """Why the guarded plan ended paused: the board never cooled below the guard's resume point, nor below the
+    hard limit less the hysteresis, where a pause also ends after one time constant (edgesdk/thermal/guard.py
+    ``Guard._stopped_cooling``)."""
+    from edgesdk.thermal.guard import GuardConfig
+
+    limits = run.telemetry.meta["limits"]
+    resume = limits["resume_c"]
     why = (f"at {run.board.ambient_c:g} °C ambient it idles at {run.idle_c:.1f} °C, above the guard's resume "
            f"point {resume:g} °C" if run.idle_c >= resume else f"it had not cooled below {resume:g} °C yet")
-    return f"the guarded run was paused when the plan ended: the board never cooled below resume ({why})"
+    hard = limits.get("hard_limit_c")
+    end = "" if hard is None else \
+        f", nor below {hard - GuardConfig().hysteresis_c:g} °C, where a pause ends after one time constant"
+    return f"the guarded run was paused when the plan ended: the board never cooled below resume ({why}){end}"
 
 
 def too_short_notes(unguarded: SimulatedRun, minutes: float, workload: Workload, prefill_tok_s: float) -> list[str]:

@@ -338,6 +338,7 @@ def test_thermal_plan_ends_when_the_guard_pauses_for_good():
     assert plan["guarded"]["seconds"] == 60
     assert "never cooled below resume" in plan["notes"][0]
     assert "idles at 78.6 °C" in plan["notes"][0]
+    assert "nor below 77 °C, where a pause ends after one time constant" in plan["notes"][0]
     assert plan["unguarded"]["tokens"] > 0
 
 
