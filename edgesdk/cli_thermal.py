@@ -311,7 +311,7 @@ def paused_note(run: SimulatedRun) -> str:
     resume = limits["resume_c"]
     why = (f"at {run.board.ambient_c:g} °C ambient it idles at {run.idle_c:.1f} °C, above the guard's resume "
            f"point {resume:g} °C" if run.idle_c >= resume else f"it had not cooled below {resume:g} °C yet")
-    hard = limits.get("hard_limit_c")
+    hard = limits.get("hard_c")
     end = "" if hard is None else \
         f", nor below {hard - GuardConfig().hysteresis_c:g} °C, where a pause ends after one time constant"
     return f"the guarded run was paused when the plan ended: the board never cooled below resume ({why}){end}"
