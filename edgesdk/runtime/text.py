@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections.abc import Callable
@@ -526,12 +527,28 @@ class StreamDecoder:
     def _delta(self, final: bool) -> str:
         shown = self._decode(self.ids[self._prefix:self._read])
         text = self._decode(self.ids[self._prefix:])
-        if not final and text.endswith("\ufffd"):  # an incomplete multi-byte character; wait for the next token
+        if not final and self._incomplete(text):  # an incomplete multi-byte character; wait for the next token
             return ""
         if len(text) <= len(shown):  # no text yet (a special token's): the window stays as it is
             return ""
         self._prefix, self._read = self._read, len(self.ids)
         return text[len(shown):]
+
+    def _incomplete(self, text: str) -> bool:
+        """Whether the window's text ends in a character whose bytes are still coming. A byte-fallback tokenizer's
+        is told from the bytes (:func:`_piece_bytes`): only a valid start of a character waits, as llama-server's
+        ``validate_utf8`` holds back only a multi-byte character cut off at the end; a byte that can begin no
+        character (a stray continuation byte, 0xFF) is U+FFFD at once. Held back too, a run of such bytes kept the
+        window growing, each token decoding it all again (a stream of 4,000 stray bytes took seconds, and showed
+        nothing until a valid character came). Other tokenizers: a text that ends in U+FFFD."""
+        piece_bytes = _piece_bytes(self.tokenizer)
+        if piece_bytes is None:
+            return text.endswith("\ufffd")
+        if not text.endswith("\ufffd"):
+            return False
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        decoder.decode(b"".join(map(piece_bytes, self.ids[self._prefix:])))  # the window's (text's) bytes
+        return bool(decoder.getstate()[0])
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
