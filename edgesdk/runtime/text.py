@@ -28,6 +28,7 @@ class ChatTokenizer:
         self._token_bytes: list[bytes | None] | None = None
         self._stream_anchor: tuple[list[int], str] | None = None  # found on first use (text._stream_anchor)
         self._piece_bytes = None  # each token's bytes for a byte-fallback decoder (text._piece_bytes), first use
+        self._byte_level_bytes = None  # each token's bytes for a byte-level decoder (text._byte_level_bytes), first use
         self._plain_text = None  # the tokenizer that reads special tokens' text as text, made on first use
         self._fim = None  # the fill-in-the-middle tokens (runtime/fim.py), found on first use
         self._added_bos: tuple[int | None] | None = None  # the BOS the tokenizer adds (added_bos), found on first use
@@ -480,6 +481,59 @@ def _piece_bytes(tokenizer) -> Callable[..., bytes] | None:
     return found or None
 
 
+def _byte_level_bytes(tokenizer) -> Callable[[int], bytes] | None:
+    """Each token's bytes as the tokenizers library's ``ByteLevel`` decoder reads them (GPT-2's, SmolLM2's, Qwen's,
+    Llama 3's tokenizer.json), special tokens none, as ``decode(skip_special_tokens=True)`` skips them; None for any
+    other decoder. The decoder maps each character of a piece through GPT-2's byte-to-unicode table, a piece with a
+    character outside the table (an added token written as plain text) taken as its UTF-8 whole, then decodes the
+    bytes of the whole text, invalid ones replaced; the stream decodes the same bytes, so its text is the
+    tokenizer's, and it can tell a character still coming from a stray byte (llama.cpp's ``llama_token_to_piece``
+    likewise gives a byte-level token's bytes, ``llama_decode_text``). Found once per tokenizer; each token's bytes
+    on first use."""
+    cached = getattr(tokenizer, "_byte_level_bytes", None)
+    if cached is not None:
+        return cached or None
+    found = False
+    inner = getattr(tokenizer, "tokenizer", None)
+    decoder = getattr(inner, "decoder", None)
+    try:
+        spec = json.loads(decoder.__getstate__()) if decoder is not None else {}
+    except Exception:  # a decoder that does not give its JSON: the stream decodes through the tokenizer
+        spec = {}
+    parts = (spec.get("decoders") or []) if spec.get("type") == "Sequence" else [spec]
+    if parts and all(part.get("type") == "ByteLevel" for part in parts):
+        from edgesdk.runtime.json_mode import _byte_level_alphabet
+
+        alphabet = _byte_level_alphabet()
+        special = {token for token, added in inner.get_added_tokens_decoder().items() if added.special}
+        known: dict[int, bytes] = {}
+
+        def piece_bytes(token: int) -> bytes:
+            data = known.get(token)
+            if data is None:
+                piece = None if token in special else inner.id_to_token(token)
+                if piece is None:
+                    data = b""
+                else:
+                    try:
+                        data = bytes(alphabet[char] for char in piece)
+                    except KeyError:  # a character outside the table: the decoder takes the piece's UTF-8
+                        data = piece.encode("utf-8")
+                known[token] = data
+            return data
+
+        found = piece_bytes
+    if isinstance(tokenizer, ChatTokenizer):
+        tokenizer._byte_level_bytes = found
+    return found or None
+
+
+def _stream_bytes(tokenizer) -> Callable[[int], bytes] | None:
+    """Each token's bytes for a stream (:func:`_piece_bytes` for byte fallback, :func:`_byte_level_bytes` for
+    byte-level BPE), special tokens none; None where the tokens' text comes only from the tokenizer's decoder."""
+    return _piece_bytes(tokenizer) or _byte_level_bytes(tokenizer)
+
+
 def pieces_text(tokenizer: ChatTokenizer, ids: list[int]) -> str:
     """``ids`` as llama.cpp joins their pieces (llama-server's ``POST /detokenize``, ``tokens_to_str``): special
     tokens written out, and the first token's leading space kept; a byte-fallback tokenizer's from the tokens'
@@ -517,9 +571,9 @@ class StreamDecoder:
         self._read = 0
 
     def _decode(self, ids: list[int]) -> str:
-        """``ids``' text (the anchor's cut off); a byte-fallback tokenizer's from the tokens' bytes
-        (:func:`_piece_bytes`), so that an invalid byte takes no valid character with it."""
-        piece_bytes = _piece_bytes(self.tokenizer)
+        """``ids``' text (the anchor's cut off); a byte-fallback or byte-level tokenizer's from the tokens' bytes
+        (:func:`_stream_bytes`), so that an invalid byte takes no valid character with it."""
+        piece_bytes = _stream_bytes(self.tokenizer)
         if piece_bytes is not None:
             return b"".join(map(piece_bytes, ids)).decode("utf-8", errors="replace")
         return _decoded_after_anchor(self.tokenizer, self.tokenizer.decode, ids)
@@ -535,13 +589,14 @@ class StreamDecoder:
         return text[len(shown):]
 
     def _incomplete(self, text: str) -> bool:
-        """Whether the window's text ends in a character whose bytes are still coming. A byte-fallback tokenizer's
-        is told from the bytes (:func:`_piece_bytes`): only a valid start of a character waits, as llama-server's
-        ``validate_utf8`` holds back only a multi-byte character cut off at the end; a byte that can begin no
-        character (a stray continuation byte, 0xFF) is U+FFFD at once. Held back too, a run of such bytes kept the
-        window growing, each token decoding it all again (a stream of 4,000 stray bytes took seconds, and showed
-        nothing until a valid character came). Other tokenizers: a text that ends in U+FFFD."""
-        piece_bytes = _piece_bytes(self.tokenizer)
+        """Whether the window's text ends in a character whose bytes are still coming. A byte-fallback or
+        byte-level tokenizer's is told from the bytes (:func:`_stream_bytes`): only a valid start of a character
+        waits, as llama-server's ``validate_utf8`` holds back only a multi-byte character cut off at the end; a byte
+        that can begin no character (a stray continuation byte, 0xFF) is U+FFFD at once, and so is a real U+FFFD in
+        the text. Held back too, a run of such bytes kept the window growing, each token decoding it all again (a
+        stream of 4,000 stray bytes took seconds, and showed nothing until a valid character came). Other
+        tokenizers: a text that ends in U+FFFD."""
+        piece_bytes = _stream_bytes(self.tokenizer)
         if piece_bytes is None:
             return text.endswith("\ufffd")
         if not text.endswith("\ufffd"):
