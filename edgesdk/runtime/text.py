@@ -426,6 +426,22 @@ def _decoded_after_anchor(tokenizer, decode: Callable[[list[int]], str], ids: li
 BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
+def _decoder_steps(inner) -> list[dict]:
+    """The steps of a tokenizers ``Tokenizer``'s decoder, from its JSON: a Sequence's list, else the one decoder;
+    ``[{}]`` where it has none or gives no JSON (the stream then decodes through the tokenizer)."""
+    decoder = getattr(inner, "decoder", None)
+    try:
+        spec = json.loads(decoder.__getstate__()) if decoder is not None else {}
+    except Exception:  # a decoder that does not give its JSON
+        spec = {}
+    return (spec.get("decoders") or []) if spec.get("type") == "Sequence" else [spec]
+
+
+def _special_ids(inner) -> set[int]:
+    """The ids of a tokenizers ``Tokenizer``'s special added tokens (those ``skip_special_tokens`` skips)."""
+    return {token for token, added in inner.get_added_tokens_decoder().items() if added.special}
+
+
 def _piece_bytes(tokenizer) -> Callable[..., bytes] | None:
     """Each token's bytes as llama.cpp's ``llama_token_to_piece`` gives them (special tokens none, or with
     ``specials`` their text), for a SentencePiece tokenizer with byte fallback (Llama 2's, TinyLlama's, Mistral's,
@@ -444,12 +460,7 @@ def _piece_bytes(tokenizer) -> Callable[..., bytes] | None:
         return cached or None
     found = False
     inner = getattr(tokenizer, "tokenizer", None)
-    decoder = getattr(inner, "decoder", None)
-    try:
-        spec = json.loads(decoder.__getstate__()) if decoder is not None else {}
-    except Exception:  # a decoder that does not give its JSON: the stream decodes through the tokenizer
-        spec = {}
-    parts = (spec.get("decoders") or []) if spec.get("type") == "Sequence" else [spec]
+    parts = _decoder_steps(inner)
 
     def plain(part: dict) -> bool:  # a decoder step the bytes below give the text of
         kind = part.get("type")
@@ -462,7 +473,7 @@ def _piece_bytes(tokenizer) -> Callable[..., bytes] | None:
         return kind in ("ByteFallback", "Fuse")
 
     if any(part.get("type") == "ByteFallback" for part in parts) and all(map(plain, parts)):
-        special = {token for token, added in inner.get_added_tokens_decoder().items() if added.special}
+        special = _special_ids(inner)
 
         def piece_bytes(token: int, specials: bool = False) -> bytes:
             if token in special:  # its text where special tokens are written out (llama-server's /detokenize)
@@ -495,17 +506,12 @@ def _byte_level_bytes(tokenizer) -> Callable[[int], bytes] | None:
         return cached or None
     found = False
     inner = getattr(tokenizer, "tokenizer", None)
-    decoder = getattr(inner, "decoder", None)
-    try:
-        spec = json.loads(decoder.__getstate__()) if decoder is not None else {}
-    except Exception:  # a decoder that does not give its JSON: the stream decodes through the tokenizer
-        spec = {}
-    parts = (spec.get("decoders") or []) if spec.get("type") == "Sequence" else [spec]
+    parts = _decoder_steps(inner)
     if parts and all(part.get("type") == "ByteLevel" for part in parts):
         from edgesdk.runtime.json_mode import _byte_level_alphabet
 
         alphabet = _byte_level_alphabet()
-        special = {token for token, added in inner.get_added_tokens_decoder().items() if added.special}
+        special = _special_ids(inner)
         known: dict[int, bytes] = {}
 
         def piece_bytes(token: int) -> bytes:
