@@ -20,6 +20,7 @@ from edgesdk.serve.api import ApiError
 from edgesdk.serve.completion import ServeDefaults
 from tests._utils.ollama_calls import post_error as _error
 from tests._utils.ollama_calls import post_ok as _ok
+from tests.unit.test_ollama49b import _first_token, _read_by_the_model, _same
 from tests.unit.test_serve import Served
 
 NAME = "tiny-host"
@@ -44,21 +45,6 @@ def _kept_ids(server: Served) -> list[int]:
     the chat template and tokenized as the chat route tokenizes a rendered prompt."""
     rendered = _ok(server, "/apply-template", {"messages": [SYSTEM, LAST]})["prompt"]
     return server.completer.runtime.tokenizer.chat_ids(rendered)
-
-
-def _first_token(entries: list[dict]) -> list[tuple[str, float]]:
-    return [(alt["token"], alt["logprob"]) for alt in entries[0]["top_logprobs"]]
-
-
-def _same(got: list[tuple[str, float]], expected: list[tuple[str, float]]) -> None:
-    assert [token for token, _ in got] == [token for token, _ in expected]
-    assert [logprob for _, logprob in got] == pytest.approx([logprob for _, logprob in expected], abs=1e-5)
-
-
-def _read_by_the_model(server: Served, ids: list[int]) -> list[tuple[str, float]]:
-    """What the model answers first to exactly ``ids`` (POST /completion, a prompt of token ids)."""
-    native = _ok(server, "/completion", {"prompt": ids, "n_predict": 1, "n_probs": 5, "temperature": 0})
-    return _first_token(native["completion_probabilities"])
 
 
 @pytest.mark.parametrize(("num_keep", "kept"), [(None, 4), (10, 10)])
