@@ -151,8 +151,26 @@ class _DraftBundle(click.Path):
         return super().convert(value, param, ctx)
 
 
+# where --draft-min's value waits in the command's context (click's Context.meta) for draft_model
+_DRAFT_MIN_KEY = "edgesdk.draft_min"
+
+
+def _keep_draft_min(ctx, param, value: int) -> int:
+    """``--draft-min``'s value kept in the context for :func:`draft_model` (the option is not a parameter of the
+    commands that take :func:`draft_options`)."""
+    ctx.meta[_DRAFT_MIN_KEY] = value
+    return value
+
+
+def _given_draft_min() -> int:
+    """The running command's ``--draft-min`` (0, llama.cpp's default, where it has none)."""
+    context = click.get_current_context(silent=True)
+    return 0 if context is None else int(context.meta.get(_DRAFT_MIN_KEY, 0))
+
+
 def draft_options(fn):
-    """``--draft BUNDLE`` and its settings (llama.cpp's -md, --draft-max, --draft-p-min), for run and serve."""
+    """``--draft BUNDLE`` and its settings (llama.cpp's -md, --draft-max, --draft-min, --draft-p-min), for run and
+    serve."""
     return _stacked(fn, [
         click.option(
             "--draft", "--model-draft", "-md", "draft_bundle", type=_DraftBundle(exists=True, file_okay=False,
@@ -164,6 +182,11 @@ def draft_options(fn):
         click.option("--draft-max", "--draft-n", "draft_max", default=2, show_default=True,
                      type=click.IntRange(1, 64), metavar="N",
                      help="Draft tokens the bundle checks in one pass (llama.cpp's --draft-max, --draft-n, --draft)."),
+        # not passed to the command: draft_model reads it (_given_draft_min), so that run and serve take it unchanged
+        click.option("--draft-min", "--draft-n-min", "draft_min", default=0, show_default=True,
+                     type=click.IntRange(0, 64), metavar="N", expose_value=False, callback=_keep_draft_min,
+                     help="Check a draft only where it holds at least this many tokens, and draft only where that "
+                          "many fit (llama.cpp's --draft-min, --draft-n-min); at most --draft-max."),
         click.option("--draft-p-min", "draft_p_min", default=0.0, show_default=True,  # click's FloatRange passes nan
                      type=FiniteRange(0.0, 1.0, max_open=True, what="a draft token's probability", example="0.75"),
                      metavar="P",
@@ -215,11 +238,17 @@ def draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min:
     or where the target's backend cannot check drafts, which is said)."""
     from edgesdk.runtime.speculative import DraftConfig, DraftError, open_draft_model
 
+    draft_min = _given_draft_min()
     if draft_bundle is None:
-        for name, flag in (("draft_max", "--draft-max"), ("draft_p_min", "--draft-p-min")):  # as --top-p is named
+        for name, flag in (("draft_max", "--draft-max"), ("draft_min", "--draft-min"),
+                           ("draft_p_min", "--draft-p-min")):  # as --top-p is named
             if option_given(name):
                 click.echo(f"edgesdk: {flag} is not used: it works with --draft BUNDLE", err=True)
         return None
+    if draft_min > draft_max:
+        raise click.BadParameter(f"{draft_min} is more than --draft-max ({draft_max}), so no draft could be checked; "
+                                 f"pass --draft-max {draft_min} or more, or a smaller --draft-min",
+                                 param_hint="'--draft-min' / '--draft-n-min'")
     if lookup_draft:
         raise click.BadParameter("--draft and --lookup both draft tokens; pass one", param_hint="'--draft'")
     why = _why_no_drafting(runtime.backend)
@@ -228,8 +257,8 @@ def draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min:
                    "token", err=True)
         return None
     try:
-        return open_draft_model(runtime, draft_bundle, DraftConfig(max_draft=draft_max, p_min=draft_p_min), threads,
-                                target, ignore_target)
+        return open_draft_model(runtime, draft_bundle, DraftConfig(max_draft=draft_max, p_min=draft_p_min,
+                                                                   min_draft=draft_min), threads, target, ignore_target)
     except DraftError as exc:
         raise click.BadParameter(f"{exc.problem}; {exc.fix}", param_hint="'--draft'") from exc
 

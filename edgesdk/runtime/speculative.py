@@ -9,7 +9,7 @@ exactly the one without a draft, greedy or sampled (Leviathan et al. 2023, "Fast
 Transformers via Speculative Decoding", with the draft's distribution taken as a point mass on its
 greedy token). On a board a decode step is bound by reading the weights, so a pass over ``k + 1``
 positions costs little more than one, and every accepted token saves a target step for the cost of a
-draft step. This is llama.cpp's ``--model-draft`` (``-md``) with ``--draft-max`` and
+draft step. This is llama.cpp's ``--model-draft`` (``-md``) with ``--draft-max``, ``--draft-min`` and
 ``--draft-p-min``: drafting stops at a token the draft model gives less than ``p_min`` probability among its
 ``DRAFT_TOP_K`` most likely tokens, as llama.cpp measures it (:func:`top_probability`).
 
@@ -53,6 +53,10 @@ class DraftConfig:
     # stop drafting at a token the draft model is less sure of among its DRAFT_TOP_K most likely tokens (llama.cpp's
     # --draft-p-min, measured as llama.cpp does: top_probability); 0: draft always
     p_min: float = 0.0
+    # the fewest tokens a draft is checked with (llama.cpp's --draft-min / --draft-n-min, default 0): a shorter draft
+    # is dropped and the step decodes one token, as llama-server ignores a draft under n_min and does not draft where
+    # no more than that fits (the context's or the answer's end, tools/server: "the max possible draft is too small")
+    min_draft: int = 0
 
     def __post_init__(self):
         # any whole number (numpy's too, as SamplingConfig takes them), kept as a Python int
@@ -62,8 +66,15 @@ class DraftConfig:
         # a value that is not a number ended in Python's own TypeError on the comparison, naming no field
         if isinstance(self.p_min, bool) or not isinstance(self.p_min, Real) or not 0.0 <= self.p_min < 1.0:
             raise ValueError(f"p_min must be in [0, 1), got {self.p_min!r}")  # NaN fails this too
+        # above max_draft no draft could be taken: refused rather than quietly drafting for nothing (llama-server
+        # lowers a request's n_min to n_max)
+        if isinstance(self.min_draft, bool) or not isinstance(self.min_draft, Integral) or \
+                not 0 <= self.min_draft <= self.max_draft:
+            raise ValueError(f"min_draft must be a whole number from 0 to max_draft ({self.max_draft}), got "
+                             f"{self.min_draft!r}")
         object.__setattr__(self, "max_draft", int(self.max_draft))
         object.__setattr__(self, "p_min", float(self.p_min))
+        object.__setattr__(self, "min_draft", int(self.min_draft))
 
 
 class DraftModel:
@@ -139,12 +150,13 @@ class ModelDrafter:
         """Up to ``max_draft`` (and ``limit``) tokens the draft model decodes greedily after the text (its latest
         tokens where it outgrows the draft's context: :meth:`window`), stopping
         at one it gives less than ``p_min`` (:func:`top_probability`); empty where it has no room or no confidence, or the text holds an id
-        it has no row for."""
+        it has no row for. With ``min_draft``, empty where fewer than that fit or were drafted (llama-server's
+        n_min: the draft model is not run where the room is shorter, and a shorter draft is ignored)."""
         model, config = self.model, self.model.config
         backend = model.backend
         room = config.max_draft if limit is None else min(limit, config.max_draft)
         room = min(room, backend.max_context)
-        if room <= 0 or not self.tokens or self.unreadable:
+        if room <= 0 or room < config.min_draft or not self.tokens or self.unreadable:
             return []
         logits = model.logits_after(self.window(room))
         drafted: list[int] = []
@@ -159,6 +171,8 @@ class ModelDrafter:
                 break
             logits = backend.decode(token)
             model.cached.append(token)
+        if len(drafted) < config.min_draft:  # the draft cache keeps them: the next draft rewinds past them
+            return []
         model.drafted += len(drafted)
         return drafted
 
