@@ -4,8 +4,12 @@ A Hugging Face directory carries them in ``generation_config.json``, which trans
 file in its ``general.sampling.*`` keys (llama.cpp's ``src/llama-arch.cpp``), which llama.cpp's
 ``common_init_sampler_from_model`` (``common/common.cpp``) applies to every sampling option the user did not set.
 llama.cpp's converter writes those keys from ``generation_config.json`` (``gguf-py/gguf/metadata.py``,
-``Metadata.load``): ``temperature`` -> ``temp``, ``penalty_repeat`` or else ``repetition_penalty`` ->
-``penalty_repeat``, and ``top_k``, ``top_p``, ``min_p``, ``sequence``, ``penalty_last_n`` ... under their own names.
+``Metadata.load``): ``temperature`` -> ``temp``, and ``top_k``, ``top_p``, ``min_p``, ``sequence``,
+``penalty_last_n``, ``penalty_repeat`` ... under their own names. It does not read transformers' own
+``repetition_penalty`` (Qwen2.5's 1.05 / 1.1), which ``generate()`` applies; edgesdk takes it as ``repeat_penalty``
+where there is no ``penalty_repeat``, so a bundle penalises repeats as the model's authors set it (over llama.cpp's
+last ``repeat_last_n`` tokens, where transformers penalises the whole sequence), and a GGUF file llama.cpp converted
+from the same directory carries no penalty.
 
 Only the keys the file itself holds are read, never transformers' ``GenerationConfig`` class defaults (its top_k
 50 is no model's setting). The values are kept under :class:`edgesdk.runtime.generate.SamplingConfig`'s field names
@@ -24,8 +28,8 @@ from pathlib import Path
 FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "samplers")
 GENERATION_CONFIG = "generation_config.json"
 GGUF_SOURCE = "GGUF general.sampling"
-# generation_config.json key -> SamplingConfig field (gguf-py's Metadata.load reads penalty_repeat before
-# repetition_penalty: both are listed, the first present wins)
+# generation_config.json key -> SamplingConfig field (gguf-py's Metadata.load reads penalty_repeat only;
+# transformers' repetition_penalty is taken where it is absent: both are listed, the first present wins)
 CONFIG_KEYS = (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("min_p", "min_p"),
                ("penalty_repeat", "repeat_penalty"), ("repetition_penalty", "repeat_penalty"),
                ("penalty_last_n", "repeat_last_n"), ("sequence", "samplers"))

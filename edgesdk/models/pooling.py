@@ -2,9 +2,13 @@
 
 - A GGUF file: ``{arch}.pooling_type``, llama.cpp's ``llama_pooling_type`` (0 none, 1 mean, 2 cls, 3 last,
   4 rank), which ``convert_hf_to_gguf.py`` writes for embedding models (Qwen3-Embedding: last).
-- A Hugging Face directory of a sentence-transformers model: ``modules.json`` lists a
-  ``sentence_transformers.models.Pooling`` module whose ``config.json`` (in its ``path``, usually
-  ``1_Pooling``) sets ``pooling_mode_lasttoken``, ``pooling_mode_mean_tokens`` or ``pooling_mode_cls_token``.
+- A Hugging Face directory of a sentence-transformers model: ``modules.json`` lists a Pooling module
+  (``sentence_transformers.models.Pooling`` as sentence-transformers 2-4 write it,
+  ``sentence_transformers.sentence_transformer.modules.pooling.Pooling`` as 5 writes it) whose ``config.json`` (in
+  its ``path``, usually ``1_Pooling``) names the mode: ``"pooling_mode": "lasttoken"`` (``mean``, ``cls`` ...) as
+  sentence-transformers 5 saves it (Qwen3-VL-Embedding's), or one boolean a mode (``pooling_mode_lasttoken``,
+  ``pooling_mode_mean_tokens``, ``pooling_mode_cls_token`` ...) as earlier versions did; where both are there,
+  ``pooling_mode`` wins, as its ``Pooling.load_config`` reads them.
 
 Anything else (a chat model, which declares none) gives None: the runtime then pools with its default
 (``edgesdk.runtime.embedding.DEFAULT_POOLING``). A declaration edgesdk cannot follow (rank, max, weighted
@@ -23,6 +27,8 @@ SENTENCE_TRANSFORMERS_MODES = {"pooling_mode_lasttoken": "last", "pooling_mode_m
                                "pooling_mode_cls_token": "cls"}
 SENTENCE_TRANSFORMERS_OTHER = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
                                "pooling_mode_weightedmean_tokens")
+# sentence-transformers 5's ``pooling_mode`` names (sentence_transformer/modules/pooling.py, Pooling.POOLING_MODES)
+SENTENCE_TRANSFORMERS_MODE_NAMES = {"lasttoken": "last", "mean": "mean", "cls": "cls"}
 
 
 def gguf_pooling(field) -> tuple[str | None, str | None]:
@@ -46,7 +52,7 @@ def sentence_transformers_pooling(directory: Path) -> tuple[str | None, str | No
     if not isinstance(modules, list):
         return None, None
     pooling = next((module for module in modules if isinstance(module, dict)
-                    and str(module.get("type", "")).endswith("models.Pooling")), None)
+                    and str(module.get("type", "")).rsplit(".", 1)[-1] == "Pooling"), None)
     if pooling is None:
         return None, None
     config_path = directory / str(pooling.get("path") or "") / "config.json"
@@ -56,6 +62,8 @@ def sentence_transformers_pooling(directory: Path) -> tuple[str | None, str | No
         return None, f"its modules.json names a Pooling module whose {config_path.name} cannot be read"
     if not isinstance(config, dict):
         return None, None
+    if config.get("pooling_mode") is not None:
+        return _pooling_mode(config["pooling_mode"])
     chosen = [name for key, name in SENTENCE_TRANSFORMERS_MODES.items() if config.get(key) is True]
     others = [key for key in SENTENCE_TRANSFORMERS_OTHER if config.get(key) is True]
     if len(chosen) == 1 and not others:
@@ -64,6 +72,17 @@ def sentence_transformers_pooling(directory: Path) -> tuple[str | None, str | No
         modes = ", ".join([key for key in SENTENCE_TRANSFORMERS_MODES if config.get(key) is True] + others)
         return None, f"its sentence-transformers Pooling sets {modes}, which edgesdk's embeddings do not compute"
     return None, None
+
+
+def _pooling_mode(mode) -> tuple[str | None, str | None]:
+    """(pooling, why none) from sentence-transformers 5's ``pooling_mode``: one mode name, or a list of them whose
+    vectors it concatenates (a list of one is that mode)."""
+    modes = [mode] if isinstance(mode, str) else mode
+    if isinstance(modes, list) and len(modes) == 1 and isinstance(modes[0], str) \
+            and modes[0] in SENTENCE_TRANSFORMERS_MODE_NAMES:
+        return SENTENCE_TRANSFORMERS_MODE_NAMES[modes[0]], None
+    return None, (f"its sentence-transformers Pooling sets pooling_mode {json.dumps(mode)[:80]}, which edgesdk's "
+                  "embeddings do not compute")
 
 
 def declared_pooling(kind: str, path: Path) -> tuple[str | None, str | None]:
