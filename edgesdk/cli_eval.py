@@ -60,7 +60,9 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
                    "llama-perplexity leaves out a file's last row (its -f drops one trailing newline, and its reader "
                    "stops before a last line no newline ends).")
 @click.option("--winogrande-tasks", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Winogrande tasks scored: 0 all, in file order; N drawn as llama-perplexity draws them.")
+              help="Winogrande tasks scored: 0 all, in file order; N drawn with llama-perplexity's generator and "
+                   "seed, but from every row: llama-perplexity draws from all rows but the last (see --winogrande), "
+                   "so the N tasks it scores are not these.")
 @click.option("--multiple-choice", is_flag=True,
               help="Score the --text file in llama.cpp's binary multiple-choice format (ARC, MMLU, TruthfulQA) "
                    "instead of perplexity, as llama-perplexity --multiple-choice -bf FILE.")
@@ -89,6 +91,10 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
     from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, leading_bos, reference_perplexity
     from edgesdk.runtime.session import open_runtime
 
+    # the task first: beside a task, --kl-divergence is refused as a perplexity option; told to add --reference
+    # first, the user was then told to drop --kl-divergence
+    task = _accuracy_task_asked({"hellaswag": (hellaswag, hellaswag_tasks), "winogrande": (winogrande, winogrande_tasks),
+                                 "multiple-choice": (multiple_choice, multiple_choice_tasks)})
     if kl and not reference:
         raise click.BadParameter("compares the bundle with its source model, which --reference loads; add "
                                  "--reference", param_hint="--kl-divergence")
@@ -102,8 +108,6 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
                 f"--reference scores the PyTorch source model and needs torch and transformers ({exc})",
                 "pip install 'edgesdk[host]' on the host, or drop --reference to score the bundle alone",
             ) from exc
-    task = _accuracy_task_asked({"hellaswag": (hellaswag, hellaswag_tasks), "winogrande": (winogrande, winogrande_tasks),
-                                 "multiple-choice": (multiple_choice, multiple_choice_tasks)})
     if task is not None:
         _score_accuracy_task(*task, bundle, text_file, reference, as_json, threads, backend, target, ignore_target)
         return
@@ -151,7 +155,8 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
         result = {"bundle": bundle_perplexity(runtime, text, config, progress=True).to_json()}
     # the text scored, as the text output's note gives it: under llama-perplexity's rule, a figure over fewer
     # characters than the file holds is not the one llama-perplexity -f prints for it
-    result = {"method": method, "context": context, "characters": len(text),
+    result = {"method": method, "context": context, **({"stride": config.stride} if method == "windows" else {}),
+              "characters": len(text),
               "characters_scored": len(text[:config.max_chars]), **result}
     if reference:
         model = _load_reference_model(source, threads)
@@ -262,7 +267,9 @@ def _print_perplexity(result: dict, method: str, context: int, text_length: int,
     for key, label in (("last_word", "last word (bundle)"), ("reference_last_word", "last word (PyTorch)")):
         if key in result:
             found = result[key]
-            click.echo(f"{label:<21}accuracy {found['accuracy']:.2%}, word perplexity {found['word_perplexity']:.2f} "
+            accuracy = _plus_minus(100 * found["accuracy"], None if found["accuracy_uncertainty"] is None
+                                   else 100 * found["accuracy_uncertainty"], ".2f")
+            click.echo(f"{label:<21}accuracy {accuracy} %, word perplexity {found['word_perplexity']:.2f} "
                        f"({found['documents']} paragraphs)")
     if "power" in result:
         chosen = result["power"]["chosen"]

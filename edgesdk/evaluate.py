@@ -139,17 +139,28 @@ def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress:
     return PerplexityResult(ppl, count, len(spans), uncertainty)
 
 
-def _checked_windows(ids: list[int], config: PerplexityConfig, measure: str) -> list[tuple[int, int, int]]:
-    """:func:`windows`, after refusing a text too short for ``measure`` under ``config.method``."""
+def _checked_windows(ids: list[int], config: PerplexityConfig, measure: str,
+                     cut: bool | None = None) -> list[tuple[int, int, int]]:
+    """:func:`windows`, after refusing a text too short for ``measure`` under ``config.method``. ``cut``: whether
+    ``config.max_chars`` cut the text (None: not known here); the fix offers a higher --max-chars only where it
+    may give more tokens, not where the whole text was read (--max-chars 0, or a text shorter than it)."""
+    more = "raise --max-chars (0 scores the whole file)" if cut is not False else None
     if config.method == LLAMA_PERPLEXITY and len(ids) < 2 * config.context:
         raise EdgeSDKError(f"the text gives {len(ids)} token(s); llama-perplexity's rule needs at least 2 x the "
                            f"context, {2 * config.context} tokens, for --context {config.context} (llama-perplexity "
-                           "refuses fewer)", "pass a longer --text file, raise --max-chars (0 scores the whole "
-                                             "file) or lower --context")
+                           "refuses fewer)", ", ".join(["pass a longer --text file", *([more] if more else [])])
+                           + " or lower --context")
     if len(ids) < 2:
         raise EdgeSDKError(f"the text gives {len(ids)} token(s); {measure} needs at least 2",
-                           "pass a longer --text file, or raise --max-chars")
+                           "pass a longer --text file" + (f", or {more}" if more else ""))
     return windows(ids, config)
+
+
+def _text_ids(ids: list[int], text: str, config: PerplexityConfig, measure: str) -> list[int]:
+    """``ids``, the tokens of ``text`` as ``config`` keeps it, after refusing them where too few for ``measure``
+    (:func:`_checked_windows`, told whether --max-chars cut the text)."""
+    _checked_windows(ids, config, measure, cut=bool(config.max_chars) and len(text) > config.max_chars)
+    return ids
 
 
 def _window(ids: list[int], start: int, end: int, bos_id: int | None) -> np.ndarray:
@@ -184,6 +195,7 @@ def reference_perplexity(model, tokenizer_encode, text: str, config: PerplexityC
     ``tokenizer_encode`` adds no special tokens: under llama-perplexity's rule ``bos_id`` leads the text, as
     :func:`bundle_perplexity` puts it."""
     ids = _lead(tokenizer_encode(text[: config.max_chars] if config.max_chars else text), config, bos_id)
+    ids = _text_ids(ids, text, config, "perplexity")
     return perplexity(reference_scorer(model), ids, config, progress, bos_id=bos_id)
 
 
@@ -350,8 +362,8 @@ def bundle_divergence(runtime, model, text: str, config: PerplexityConfig = Perp
                       progress: bool = False) -> DivergenceResult:
     """:func:`divergence` of the bundle from its PyTorch source ``model`` over the same token ids and
     windows as :func:`bundle_perplexity` (host only)."""
-    return divergence(bundle_scorer(runtime), reference_scorer(model), _scored_ids(runtime, text, config), config,
-                      progress, bos_id=leading_bos(runtime.tokenizer))
+    return divergence(bundle_scorer(runtime), reference_scorer(model), _scored_ids(runtime, text, config, "a divergence"),
+                      config, progress, bos_id=leading_bos(runtime.tokenizer))
 
 
 def bundle_scorer(runtime, hook=None):
@@ -386,11 +398,12 @@ def reference_scorer(model):
 DEFAULT_BUDGETS = (1.0, 0.8, 0.6)
 
 
-def _scored_ids(runtime, text: str, config: PerplexityConfig) -> list[int]:
+def _scored_ids(runtime, text: str, config: PerplexityConfig, measure: str = "perplexity") -> list[int]:
     """The ids a text is scored on: read as plain text, a special token's name written in it (``<|im_end|>``) as
-    the characters it is, as llama-perplexity's ``common_tokenize(ctx, text, true)`` reads it."""
+    the characters it is, as llama-perplexity's ``common_tokenize(ctx, text, true)`` reads it; too few for
+    ``measure`` refused (:func:`_text_ids`)."""
     ids = runtime.tokenizer.encode_plain(text[: config.max_chars] if config.max_chars else text)
-    return _lead(ids, config, leading_bos(runtime.tokenizer))
+    return _text_ids(_lead(ids, config, leading_bos(runtime.tokenizer)), text, config, measure)
 
 
 def _lead(ids: list[int], config: PerplexityConfig, bos_id: int | None) -> list[int]:
@@ -560,9 +573,15 @@ class LastWordResult:
     documents: int
     accuracy: float  # words whose every token is the greedy one
     word_perplexity: float  # exp of the mean negative log-likelihood of a word
+    # the accuracy's standard error, as lm-evaluation-harness gives its acc_stderr (mean_stderr: the 0/1 scores'
+    # sample standard deviation over sqrt(n)), which is sqrt(p (1 - p) / (n - 1)), the "+/-" llama-perplexity prints
+    # beside its Winogrande and multiple-choice accuracy; None for one document
+    accuracy_uncertainty: float | None = None
 
     def to_json(self) -> dict:
         return {"documents": self.documents, "accuracy": round(self.accuracy, 6),
+                "accuracy_uncertainty": None if self.accuracy_uncertainty is None
+                else round(self.accuracy_uncertainty, 6),
                 "word_perplexity": round(self.word_perplexity, 4)}
 
 
@@ -604,4 +623,6 @@ def last_word_accuracy(score_window, encode, documents: list[tuple[str, str]],
         rows = log_softmax(score_window(np.asarray(fed, np.int64))[last - len(targets): last])  # (n, V)
         likelihoods.append(float(rows[np.arange(len(targets)), targets].sum()))
         correct += bool((rows.argmax(axis=-1) == targets).all())
-    return LastWordResult(len(documents), correct / len(documents), exp_or_inf(-float(np.mean(likelihoods))))
+    n, accuracy = len(documents), correct / len(documents)
+    uncertainty = math.sqrt(accuracy * (1 - accuracy) / (n - 1)) if n > 1 else None
+    return LastWordResult(n, accuracy, exp_or_inf(-float(np.mean(likelihoods))), uncertainty)
