@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,8 @@ class ReadAdapter:
 def check_adapter(adapter: LoraAdapter) -> str:
     """The form of ``adapter``'s path ("peft" or "gguf"), refusing a missing path, a whole model, a file of
     another kind or a scale that is not a finite number: checked before the model is fetched or loaded."""
+    from edgesdk.models.sources import lfs_pointer, lfs_pointer_error
+
     path = Path(adapter.path).expanduser()
     where = adapter.named
     if not isinstance(adapter.scale, (int, float)) or not math.isfinite(adapter.scale):
@@ -142,11 +145,26 @@ def check_adapter(adapter: LoraAdapter) -> str:
                 raise ModelSourceError(f"{where}: the PEFT adapter directory has {PEFT_CONFIG} but no weights "
                                        f"({' or '.join(PEFT_WEIGHTS)})",
                                        "copy the adapter's weights file beside its adapter_config.json")
+            pointers = [path / name for name in PEFT_WEIGHTS if lfs_pointer(path / name)]
+            if pointers:  # a clone without Git LFS: safetensors would stop on "header too large"
+                raise lfs_pointer_error(where, pointers)
             return "peft"
         if (path / "config.json").is_file():
             raise ModelSourceError(f"{where}: {path} is a whole model (config.json), not a LoRA adapter",
                                    f"pass it with --model, or pass the adapter directory (with {PEFT_CONFIG}) with "
                                    "--lora")
+        if (path / "snapshots").is_dir() or (path.name.startswith("models--") and (path / "blobs").is_dir()):
+            # huggingface_hub's cache entry (models--org--name), which --model reads at the snapshot refs/main names;
+            # the adapter's files are in that snapshot, and the build key and the manifest record the path given
+            from edgesdk.models.sources import _hub_cache_snapshot
+
+            snapshot = _hub_cache_snapshot(path)
+            ggufs = sorted(snapshot.glob("*.gguf")) if not (snapshot / PEFT_CONFIG).is_file() else []
+            raise ModelSourceError(f"{where}: the directory is a Hugging Face Hub cache entry, not the adapter's own "
+                                   f"directory: its files are in the snapshot {snapshot.name} (refs/main, or its only "
+                                   "snapshot)",
+                                   f"pass the snapshot's GGUF adapter: --lora {shlex.quote(str(ggufs[0]))}" if ggufs
+                                   else f"pass the snapshot: --lora {shlex.quote(str(snapshot))}")
         inside = sorted((found.parent.name for found in path.glob(f"*/{PEFT_CONFIG}")),  # checkpoint-500 first
                         key=lambda name: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)])
         if inside:  # PeftModel.save_pretrained writes an adapter not named "default" to <dir>/<name>/, a Trainer
@@ -162,6 +180,8 @@ def check_adapter(adapter: LoraAdapter) -> str:
                                "pass a PEFT adapter directory or a GGUF LoRA adapter file")
     with open(path, "rb") as handle:
         magic = handle.read(4)
+    if magic != b"GGUF" and lfs_pointer(path):
+        raise lfs_pointer_error(where, [path])
     if magic != b"GGUF":
         raise ModelSourceError(f"{where}: the file is not GGUF (first bytes {magic!r}, expected b'GGUF')",
                                "pass a GGUF LoRA adapter (llama.cpp's convert_lora_to_gguf.py writes one) or a PEFT "
@@ -532,8 +552,10 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
         plain = _PLAIN_KEY.match(path)
         # a plain weight of the input or output embedding: PEFT's save_embedding_layers ("auto" where the
         # vocabulary was resized, or True) saves them whole, and loading the adapter puts them in the model
+        # modules_to_save names match as PEFT's _set_trainable matches them: every module whose name ends with one
+        # (``key.endswith(target_key)``, no dot needed: "norm" wraps input_layernorm and post_attention_layernorm too)
         target = saved or (plain if plain and (
-            any(plain["module"] == m or plain["module"].endswith(f".{m}") for m in saved_modules)
+            any(isinstance(m, str) and plain["module"].endswith(m) for m in saved_modules)
             or (plain["param"] == "bias" and config.get("bias", "none") != "none")
             or (plain["param"] == "weight" and _find_module(model, plain["module"])[0] in embeddings)) else None)
         if target is None:

@@ -69,10 +69,47 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EDGESDK_CACHE") or Path.home() / ".cache" / "edgesdk").expanduser().absolute()
 
 
+# the first line of a Git LFS pointer file (git-lfs docs/spec.md: "version https://git-lfs.github.com/spec/v1",
+# then "oid sha256:<hex>" and "size <bytes>", under 1024 bytes), which a clone made without Git LFS (git-lfs not
+# installed, GIT_LFS_SKIP_SMUDGE=1) holds in place of each large file of a Hugging Face repository
+LFS_POINTER_START = b"version https://git-lfs.github.com/spec/v1\n"
+LFS_POINTER_MAX = 1024
+
+
+def lfs_pointer(path: Path) -> str | None:
+    """What a Git LFS pointer file stands for ("the 98362432-byte file, oid sha256:b179c9523d0e..."), or None where
+    ``path`` is no pointer (or cannot be read)."""
+    try:
+        if path.stat().st_size >= LFS_POINTER_MAX:
+            return None
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if not data.startswith(LFS_POINTER_START):
+        return None
+    fields = dict(line.split(" ", 1) for line in data.decode("utf-8", "replace").splitlines() if " " in line)
+    size, oid = fields.get("size", "").strip(), fields.get("oid", "").strip()
+    return (f"the {int(size):,}-byte file" if size.isdigit() else "a file") + (f", oid {oid[:19]}..." if oid else "")
+
+
+def lfs_pointer_error(what: str, pointers: list[Path]) -> ModelSourceError:
+    """The refusal of ``what`` (e.g. "model directory DIR") whose files ``pointers`` are Git LFS pointers."""
+    named = "; ".join(f"{file.name} is a Git LFS pointer file standing for {lfs_pointer(file)}"
+                      for file in pointers[:4])
+    return ModelSourceError(
+        f"{what}: {named}{'; ...' if len(pointers) > 4 else ''}, not "
+        + ("the file itself" if len(pointers) == 1 else f"the files themselves ({len(pointers)} files)")
+        + ": the repository was cloned without Git LFS",
+        "fetch the files in the clone (git lfs install, then git lfs pull), or download the repository with "
+        "huggingface_hub (hf download ORG/NAME --local-dir DIR) and pass what it wrote")
+
+
 def check_gguf_header(path: Path) -> None:
-    """Refuse a file that is not GGUF before a loader gives an obscure error."""
+    """Refuse a file that is not GGUF before a loader gives an obscure error: a Git LFS pointer is named as one."""
     with open(path, "rb") as handle:
         magic = handle.read(4)
+    if magic != GGUF_MAGIC and lfs_pointer(path):
+        raise lfs_pointer_error(f"model file {path}", [path])
     if magic != GGUF_MAGIC:
         raise ModelSourceError(
             f"{path} is not a GGUF file (first bytes {magic!r}, expected {GGUF_MAGIC!r})",
@@ -102,8 +139,13 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True) -> Model
         return _resolve_directory(path)
     if path.is_file():
         if path.suffix.lower() != ".gguf":
+            # a file of a Hugging Face model directory (its model.safetensors, config.json, a shard): the model is the
+            # directory, as transformers' from_pretrained takes it
+            folder = path.parent if (path.parent / "config.json").is_file() else None
             raise ModelSourceError(
-                f"model file {path} has suffix '{path.suffix}', expected '.gguf'",
+                f"model file {path} has suffix '{path.suffix}', expected '.gguf'"
+                + (f"; it is one file of the Hugging Face model directory {folder}" if folder else ""),
+                f"pass the directory: --model {shlex.quote(str(folder))}" if folder else
                 "pass a .gguf file or a Hugging Face model directory",
             )
         check_gguf_header(path)
@@ -155,6 +197,11 @@ def _resolve_directory(path: Path) -> ModelSource:
     ``snapshots/<commit>/``, whose files link into ``blobs/``), taken as the snapshot it names. A directory
     of GGUF files is refused naming them: which one to build is the user's choice."""
     if (path / "config.json").is_file():
+        if _adapter_weights(path) and not _model_weights(path):
+            _refuse_adapter(path)  # a LoRA adapter with its base model's config.json copied beside it
+        pointers = [file for file in sorted(path.iterdir()) if file.suffix in LFS_SUFFIXES and lfs_pointer(file)]
+        if pointers:  # transformers would stop on the first with "header too large" or "invalid load key"
+            raise lfs_pointer_error(f"model directory {path}", pointers)
         check_not_quantized(path)
         return ModelSource("hf-dir", path, str(path.resolve()))  # a path the manifest can be read from anywhere
     if (path / "snapshots").is_dir() or (path.name.startswith("models--") and (path / "blobs").is_dir()):
@@ -177,8 +224,33 @@ def _resolve_directory(path: Path) -> ModelSource:
     )
 
 
+# the weight files of a whole Hugging Face model, as transformers' from_pretrained looks for them (WEIGHTS_NAME,
+# SAFE_WEIGHTS_NAME, their shards and *.index.json)
+MODEL_WEIGHTS_NAME = re.compile(r"^(?:model|pytorch_model)(?:-\d+-of-\d+)?\.(?:safetensors|bin)(?:\.index\.json)?$")
+
+
+# the files of a model directory Git LFS stores (the Hub's .gitattributes: weights, tokenizer.json, tokenizer.model)
+LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".model", ".json")
+
+
+def _model_weights(path: Path) -> list[str]:
+    """The names of the whole-model weight files in ``path`` (MODEL_WEIGHTS_NAME)."""
+    return sorted(file.name for file in path.iterdir() if MODEL_WEIGHTS_NAME.match(file.name))
+
+
+def _adapter_weights(path: Path) -> list[str]:
+    """The names of the LoRA adapter weight files in ``path``: PEFT's adapter_model.safetensors / .bin beside its
+    adapter_config.json, or mlx-lm's adapters.safetensors."""
+    from edgesdk.models.lora import MLX_WEIGHTS, PEFT_CONFIG, PEFT_WEIGHTS
+
+    names = [name for name in PEFT_WEIGHTS if (path / PEFT_CONFIG).is_file() and (path / name).is_file()]
+    return names + [MLX_WEIGHTS] * (path / MLX_WEIGHTS).is_file()
+
+
 def _refuse_adapter(path: Path) -> None:
-    """Refuse a LoRA adapter directory (no config.json) given as the model. A PEFT adapter (adapter_config.json)
+    """Refuse a LoRA adapter directory given as the model: one without config.json, or one whose config.json is
+    its base model's, beside the adapter with no model weights (Axolotl's output directory: its train.py
+    "presave[s] the tokenizer and model configs" there, the adapter follows). A PEFT adapter (adapter_config.json)
     is told to go with --lora, which merges it into the base model its config records
     (``base_model_name_or_path``); an mlx-lm adapter (``mlx_lm.lora`` writes adapters.safetensors and an
     adapter_config.json of its own: fine_tune_type, lora_parameters, and the base as ``model``), which --lora
@@ -192,12 +264,15 @@ def _refuse_adapter(path: Path) -> None:
         config = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         config = None
+    # what makes it no model: no config.json, or a config.json without the model's weights
+    no_model = ("a config.json but no model weights (model.safetensors, pytorch_model.bin or their shards)"
+                if (path / "config.json").is_file() else "no config.json")
     if is_mlx_adapter(path):
         base = config.get("model") if isinstance(config, dict) else None
         base = base if isinstance(base, str) and base else None
         found = [name for name in (MLX_WEIGHTS, "adapter_config.json") if (path / name).is_file()]
         raise ModelSourceError(
-            f"model directory {path} is an mlx-lm LoRA adapter ({', '.join(found)}, no config.json)"
+            f"model directory {path} is an mlx-lm LoRA adapter ({', '.join(found)}, {no_model})"
             + (f", made for the base model {base} (adapter_config.json's model)" if base else "")
             + ", not a whole model; edgesdk's --lora does not read mlx-lm adapters either",
             f"fuse it into its base with mlx-lm (mlx_lm.fuse --model {shlex.quote(base) if base else 'BASE'} "
@@ -206,8 +281,8 @@ def _refuse_adapter(path: Path) -> None:
     base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
     named = f", made for the base model {base} (its base_model_name_or_path)" if base else ""
     raise ModelSourceError(
-        f"model directory {path} is a PEFT LoRA adapter (adapter_config.json, no config.json){named}, not a whole "
-        "model",
+        f"model directory {path} is a PEFT LoRA adapter ({', '.join(['adapter_config.json', *_adapter_weights(path)])}"
+        f", {no_model}){named}, not a whole model",
         f"pass the base model with --model and the adapter with --lora: edgesdk build --model "
         f"{shlex.quote(str(base)) if base else 'BASE'} --lora {shlex.quote(str(path))}"
         + (" (the base as a local directory or .gguf file: edgesdk does not download Hub ids)" if base else ""))
