@@ -21,13 +21,14 @@ from edgesdk.evaluate import exp_or_inf
 
 def weight_bytes(model, scheme: QuantScheme | None) -> int:
     """Bytes of the exported weights: codes plus one scale per block (float16, the MatMulNBits
-    layout, each row's input padded to whole blocks) or per channel (float32, QDQ); norms and float
-    weights at 4 bytes. The embedding and the LM head take the scheme's embedding_bits; tied, they
-    are stored once."""
+    layout, each row's input padded to whole blocks) or per channel (QDQ: a float32 scale and an INT8
+    zero point per output channel, the three initializers of export/qdq_graph.py's DequantizeLinear,
+    whose zero point ONNX makes a tensor of the scale's shape); norms and float weights at 4 bytes.
+    The embedding and the LM head take the scheme's embedding_bits; tied, they are stored once."""
     def quantized(shape: torch.Size, bits: int, granularity: str, block: int) -> int:
         rows, cols = shape
         if granularity == "channel":
-            return rows * cols * bits // 8 + 4 * rows
+            return rows * cols * bits // 8 + (4 + 1) * rows  # codes, float32 scale and int8 zero point per row
         blocks = rows * -(-cols // block)  # a row's last block is zero-padded to the full block
         return blocks * (block * bits // 8 + 2)
 
