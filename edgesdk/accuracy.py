@@ -336,7 +336,18 @@ def read_task_file(kind: str, path: Path, count: int | None = None) -> list[Choi
         tasks = parse_hellaswag(text, source)
         return [tasks[i] for i in hellaswag_order(len(tasks), HELLASWAG_DEFAULT_TASKS if count is None else count)]
     tasks = parse_winogrande(text, source)
-    return [tasks[i] for i in random_subset(len(tasks), count)] if count and count < len(tasks) else tasks
+    # N tasks are drawn from the rows llama-perplexity reads, so that they are its N: it reads every row but a last
+    # one that no newline ends after -f drops one trailing newline (parse_winogrande); all rows are scored
+    seen = len(tasks) - winogrande_rows_llama_drops(text)
+    return [tasks[i] for i in random_subset(seen, count)] if count and count < seen else tasks
+
+
+def winogrande_rows_llama_drops(text: str) -> int:
+    """1 where llama-perplexity leaves out the last row of the Winogrande file ``text``, else 0: its ``-f`` drops one
+    trailing newline and ``load_winogrande_from_csv`` stops before a last line that no newline then ends, so a file
+    ending in a single newline, or in none, loses its last row (one ending in a blank line keeps it)."""
+    text = text[:-1] if text.endswith("\n") else text
+    return int(bool(text.rpartition("\n")[2].strip()))
 
 
 # ------------------------------------------------------------------------------------------- selection

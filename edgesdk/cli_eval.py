@@ -60,9 +60,8 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
                    "llama-perplexity leaves out a file's last row (its -f drops one trailing newline, and its reader "
                    "stops before a last line no newline ends).")
 @click.option("--winogrande-tasks", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Winogrande tasks scored: 0 all, in file order; N drawn with llama-perplexity's generator and "
-                   "seed, but from every row: llama-perplexity draws from all rows but the last (see --winogrande), "
-                   "so the N tasks it scores are not these.")
+              help="Winogrande tasks scored: 0 all, in file order; N drawn as llama-perplexity draws them (from the "
+                   "rows it reads, so the same N tasks).")
 @click.option("--multiple-choice", is_flag=True,
               help="Score the --text file in llama.cpp's binary multiple-choice format (ARC, MMLU, TruthfulQA) "
                    "instead of perplexity, as llama-perplexity --multiple-choice -bf FILE.")

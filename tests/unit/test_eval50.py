@@ -21,6 +21,7 @@ import math
 import numpy as np
 import pytest
 
+from edgesdk.accuracy import random_subset
 from tests.unit.test_cli import assert_ok, invoke
 
 WORDS = ("the river ran past an old mill where farmers brought grain each autumn and the miller kept a ledger of "
@@ -151,18 +152,24 @@ def test_eval_json_names_the_stride_of_its_windows(tiny_bundle, tmp_path):
     assert "stride" not in chunks  # llama-perplexity's chunks have none
 
 
-def test_winogrande_tasks_help_says_its_draw_is_not_llama_perplexity_s():
-    """--winogrande-tasks N said its N tasks were "drawn as llama-perplexity draws them"; llama-perplexity draws from
-    one row fewer (it leaves the file's last row out, as --winogrande says), and the same generator over another
-    count gives other tasks, so a user comparing the two scored different tasks without a word."""
-    from click.testing import CliRunner
+def _winogrande_csv(rows: int, end: str) -> str:
+    lines = ["index,sentence,option1,option2,answer"]
+    lines += [f"{i},The cup {i} fell because _ was heavy.,cup,table,{1 + i % 2}" for i in range(rows)]
+    return "\n".join(lines) + end
 
-    from edgesdk.accuracy import random_subset
-    from edgesdk.cli import main
 
-    rows = 1267  # winogrande-debiased-eval.csv's tasks
-    assert random_subset(rows, 100) != random_subset(rows - 1, 100)
-    shown = " ".join(CliRunner().invoke(main, ["eval", "--help"], terminal_width=400).output.split())
-    option = shown.split("--winogrande-tasks", 1)[1].split("--multiple-choice", 1)[0]
-    assert "drawn as llama-perplexity draws them" not in option, option
-    assert "the N tasks it scores are not these" in option, option
+@pytest.mark.parametrize(("end", "seen"), [("\n", 9), ("", 9), ("\n\n", 10)])
+def test_winogrande_tasks_are_drawn_from_the_rows_llama_perplexity_reads(tmp_path, end, seen):
+    """--winogrande-tasks N drew from every row, where llama-perplexity draws from the rows it reads: all but a last
+    one that no newline ends after its -f drops one trailing newline. The same generator over another count gives
+    other tasks, so the N tasks scored were not llama-perplexity's though the help said they were."""
+    from edgesdk.accuracy import read_task_file, winogrande_rows_llama_drops
+
+    path = tmp_path / "wino.csv"
+    path.write_text(_winogrande_csv(10, end), encoding="utf-8")
+    assert 10 - winogrande_rows_llama_drops(path.read_text(encoding="utf-8")) == seen
+    every = read_task_file("winogrande", path)
+    assert len(every) == 10  # every row is still scored where all are asked for
+    drawn = read_task_file("winogrande", path, count=4)
+    assert [every.index(task) for task in drawn] == random_subset(seen, 4)
+    assert random_subset(9, 4) != random_subset(10, 4)  # so the count drawn from matters
