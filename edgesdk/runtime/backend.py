@@ -83,6 +83,34 @@ def checked_token_ids(given: object, vocab_size: int, call: str) -> np.ndarray:
     return flat.astype(np.int64, copy=False).reshape(1, -1)  # (1, T)
 
 
+def checked_decode_id(given: object, vocab_size: int) -> np.ndarray:
+    """The one token id of a decode step as (1, 1) int64 (:func:`checked_token_ids`), or a RuntimeBackendError naming
+    a step of several or none. A one-element array is its id: ``prefill(ids).argmax(-1)`` (argmax over the (1, vocab)
+    row of the next token's logits) gives shape (1,), which the ONNX Runtime backends fed as (1, 1, 1) ids
+    (onnxruntime's "Invalid rank for input: input_ids"). Two ids were numpy's "truth value of an array ... is
+    ambiguous" there, and the Triton and TensorRT backends ran them as one step, returning only the last one's
+    logits: decode appends one token, as the protocol says; a prompt of several goes to ``prefill``."""
+    ids = np.asarray(given)
+    if ids.size != 1:
+        raise RuntimeBackendError(f"decode of {ids.size} token ids (shape {ids.shape}): expected one, the next "
+                                  "token", "pass one token id per decode step; prefill runs several in one pass")
+    return checked_token_ids(ids.reshape(1), vocab_size, "decode")
+
+
+def checked_rewind(length: object, position: int) -> int:
+    """``length`` of a ``rewind`` as an int, or a RuntimeBackendError naming it where it is not a whole number from 0
+    to the cache's ``position`` (llama.cpp's ``llama_memory_seq_rm`` keeps the positions before a whole-number p0).
+    A float 2.5 or True set the cache's position to 2.5 or True, which the next step's slices refused in torch's or
+    onnxruntime's words."""
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)):
+        raise RuntimeBackendError(f"cannot rewind the KV cache to {length!r} tokens: expected a whole number",
+                                  "rewind to a whole number of tokens between 0 and the backend's position")
+    if not 0 <= length <= position:
+        raise RuntimeBackendError(f"cannot rewind the KV cache to {length} tokens: it holds {position}",
+                                  "rewind to a length between 0 and the backend's position")
+    return int(length)
+
+
 def checked_cache_state(state: object, kv_heads: list[int], head_dim: int, dtype: object, max_context: int) -> int:
     """The length of a ``save_cache`` ``state`` a backend's cache can take, or a RuntimeBackendError naming what does
     not fit: a key and a value array of ``dtype`` shaped (1, kv_heads[layer], length, head_dim) per layer, all of

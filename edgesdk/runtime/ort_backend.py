@@ -17,7 +17,9 @@ from edgesdk.runtime.backend import (
     NO_HIDDEN_STATES_OUTPUT,
     REBUILD_FOR_HIDDEN_STATES,
     checked_cache_state,
+    checked_decode_id,
     checked_keep_logits,
+    checked_rewind,
     checked_token_ids,
 )
 from edgesdk.weights_file import REBUILD, GraphTensor, open_session, read_graph_tensors
@@ -163,12 +165,8 @@ class OrtDecoderBase:
         raise NotImplementedError
 
     def _check_rewind(self, length: int) -> None:
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)):  # 2.5 set a float position
-            raise RuntimeBackendError(f"cannot rewind the KV cache to {length!r} tokens: expected a whole number",
-                                      "rewind to a whole number of tokens between 0 and the backend's position")
-        if not 0 <= length <= self._position:
-            raise RuntimeBackendError(f"cannot rewind the KV cache to {length} tokens: it holds {self._position}",
-                                      "rewind to a length between 0 and the backend's position")
+        """Refuse a ``rewind`` length that is no whole number from 0 to the position (:func:`checked_rewind`)."""
+        checked_rewind(length, self._position)
 
     def _checked_state(self, state: object) -> int:
         """The length of a :meth:`save_cache` ``state`` this backend's cache can take (:func:`checked_cache_state`)."""
@@ -186,9 +184,11 @@ class OrtDecoderBase:
         return self._run(ids, min(keep_logits, ids.shape[1]))
 
     def decode(self, token_id: int) -> np.ndarray:
+        """Append one token; its next-token logits (vocab,). Anything but one id is refused (:func:`checked_decode_id`):
+        a (1,) array was fed as (1, 1, 1) ids."""
         ids = np.array([[token_id]])
-        if not (ids.dtype.kind in "iu" and 0 <= ids[0, 0] < self.vocab_size):  # the hot path: one comparison
-            ids = self._checked_ids(ids, "decode")
+        if not (ids.ndim == 2 and ids.dtype.kind in "iu" and 0 <= ids[0, 0] < self.vocab_size):  # the hot path
+            ids = checked_decode_id(token_id, self.vocab_size)
         return self._run(ids.astype(np.int64, copy=False), 1)[0]
 
     def _checked_ids(self, given: np.ndarray, call: str) -> np.ndarray:

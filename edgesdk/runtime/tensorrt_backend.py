@@ -24,7 +24,7 @@ import numpy as np
 
 from edgesdk.errors import RuntimeBackendError
 from edgesdk.runtime import tensorrt_engine as te
-from edgesdk.runtime.backend import checked_keep_logits, checked_token_ids
+from edgesdk.runtime.backend import checked_decode_id, checked_keep_logits, checked_token_ids
 
 
 class _Buffer:
@@ -316,7 +316,7 @@ class TensorRTBackend:
 
     def decode(self, token_id: int) -> np.ndarray:
         self._check_length(self._position + 1)
-        return self._step(checked_token_ids([token_id], self.vocab_size, "decode")[0], 1)[0]
+        return self._step(checked_decode_id(token_id, self.vocab_size)[0], 1)[0]  # one id: several are refused
 
 
 def open_tensorrt_backend(bundle, threads: int | None = None) -> TensorRTBackend:

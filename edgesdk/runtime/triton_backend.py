@@ -14,7 +14,13 @@ import numpy as np
 
 from edgesdk.bundle import Bundle
 from edgesdk.errors import RuntimeBackendError
-from edgesdk.runtime.backend import checked_cache_state, checked_keep_logits, checked_token_ids
+from edgesdk.runtime.backend import (
+    checked_cache_state,
+    checked_decode_id,
+    checked_keep_logits,
+    checked_rewind,
+    checked_token_ids,
+)
 
 KERNELS_ENV = "EDGESDK_KERNELS"
 
@@ -39,11 +45,10 @@ class TritonBackend:
         self.decoder.reset()
 
     def rewind(self, length: int) -> None:
-        """Keep the first ``length`` cached tokens (entries past the position are never read)."""
-        if not 0 <= length <= self.decoder.position:
-            raise RuntimeBackendError(f"cannot rewind the KV cache to {length} tokens: it holds "
-                                      f"{self.decoder.position}", "rewind to a length between 0 and the position")
-        self.decoder.position = length
+        """Keep the first ``length`` cached tokens (entries past the position are never read). A length that is no
+        whole number from 0 to the position is refused by name (:func:`checked_rewind`), as the ONNX Runtime backends
+        refuse it: 2.5 became the decoder's position, and the next step failed in torch's words."""
+        self.decoder.position = checked_rewind(length, self.decoder.position)
 
     def save_cache(self) -> tuple[list, int]:
         """A host copy of the cache's first ``position`` entries, (B, Hkv, position, hd) per layer and kind."""
@@ -111,7 +116,9 @@ class TritonBackend:
         return self.decoder.hidden_states(torch.as_tensor(ids)).cpu().numpy()
 
     def decode(self, token_id: int) -> np.ndarray:
-        return self._run(checked_token_ids([token_id], self.vocab_size, "decode")[0], 1)[0]
+        """Append one token; its next-token logits (vocab,). Several ids are refused (:func:`checked_decode_id`):
+        they ran as one step, the logits of the last returned."""
+        return self._run(checked_decode_id(token_id, self.vocab_size)[0], 1)[0]
 
 
 def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
