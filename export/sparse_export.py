@@ -189,7 +189,7 @@ def validate_sparse(model, out_dir: Path, record: dict, config) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from edgesdk.export.validate import ExportMismatchError, compare_backend
+    from edgesdk.export.validate import ExportMismatchError, compare_backend, scaled_atol
     from edgesdk.runtime.sparse_decoder import SparseDecoder
     from edgesdk.runtime.triton_backend import TritonBackend
 
@@ -212,7 +212,7 @@ def validate_sparse(model, out_dir: Path, record: dict, config) -> dict:
         with torch.no_grad():
             for module, weight in zip(heads, saved, strict=True):
                 module.weight.copy_(weight)
-    atol = config.atol * max(scale, 1.0) / 10
+    atol = scaled_atol(config, scale)
     if any(diff > atol for diff in diffs.values()) or not np.isfinite(list(diffs.values())).all():
         raise ExportMismatchError({f"{k} (block-sparse kernels' twins vs PyTorch)": v for k, v in diffs.items()}, atol)
     return {"max_abs_diff": diffs, "top1_agree": agree}
