@@ -372,8 +372,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.send_header("Access-Control-Allow-Methods", methods)
         self.send_header("Access-Control-Allow-Headers", asked or "*")
         self.send_header("Content-Length", "0")
-        if self.close_connection:
-            self.send_header("Connection", "close")
+        self._connection_header()
         self.end_headers()
         self.wfile.flush()
 
@@ -794,7 +793,8 @@ class ApiHandler(BaseHTTPRequestHandler):
 
         if self.server.pool is not None:
             self._named_model(body)  # a model not served is the 404, before the body's own checks
-        fields = llama_native.response_fields(body)
+        # a body that is no JSON object is the parser's 400 (``_checked_then_used``), not a fault reading these
+        fields = llama_native.response_fields(body) if isinstance(body, dict) else ()
         ids = llama_native.return_tokens(body)
         completer, tasks = self._checked_then_used(body, tasks_of)
         requests = [request for request, _, _ in tasks]
@@ -1407,20 +1407,34 @@ class ApiHandler(BaseHTTPRequestHandler):
             self.send_header("WWW-Authenticate", "Bearer")
         if status == 405:
             self.send_header("Allow", self._allow)  # RFC 9110 §15.5.6
-        if self.close_connection:
-            self.send_header("Connection", "close")
+        self._connection_header()
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
         self.wfile.flush()
 
+    def _connection_header(self) -> None:
+        """The ``Connection`` field of a whole answer: ``close`` where the connection ends after it; ``keep-alive``
+        where an HTTP/1.0 client asked to keep it (``Connection: keep-alive``, as ``ab -k`` sends) and it is kept.
+        An HTTP/1.0 client takes its connection for persistent only where the answer carries that token back (RFC
+        2068 §19.7.1, the mechanism RFC 9112 §9.3 and Appendix C.2.2 name; llama-server's cpp-httplib and nginx
+        answer it so): without it the client waited for the close, which came only at the client timeout, for
+        every request."""
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        elif self.request_version == "HTTP/1.0":
+            self.send_header("Connection", "keep-alive")
+
     def _send_slots(self) -> None:
-        """llama-server's ``GET /slots``; with ``?fail_on_no_slot=1`` a 503 while the one slot is busy, as there."""
+        """llama-server's ``GET /slots``; with ``?fail_on_no_slot=1`` a 503 while the one slot is busy, as there: its
+        error typed ``unavailable_error`` as llama-server's (server-context.cpp: ``format_error_response("no slot
+        available", ERROR_TYPE_UNAVAILABLE)``), which a balancer probing for a free slot reads, not a server fault's
+        ``server_error``."""
         slots = llama_native.slots(self._loaded()[1])
         query = parse_qs(self.path.partition("?")[2])
         if query.get("fail_on_no_slot", ["0"])[-1] not in ("", "0", "false") and slots[0]["is_processing"]:
             raise ApiError(503, "no slot available: the one slot is answering a request (GET /slots without "
-                           "fail_on_no_slot shows it)", code="no_slot_available", kind="server_error")
+                           "fail_on_no_slot shows it)", code="no_slot_available", kind="unavailable_error")
         self._send_json(200, slots)
 
     def _send_metrics(self) -> None:
