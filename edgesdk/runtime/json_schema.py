@@ -15,9 +15,10 @@ properties are written; ``true`` or a schema, or absent with no ``properties`` (
 object, as llama.cpp's converter reads it): further keys, each a string that names no listed property, with
 values of that schema, after the listed ones, as llama.cpp's converter writes them and as pydantic writes a
 ``dict[str, X]`` or a model's extra fields; a required key not among ``properties`` is written first of
-them), ``items`` (a schema, or ``false``), ``prefixItems`` (a tuple's
+them, and where ``additionalProperties`` is absent, with any value, as its default true admits it), ``items`` (a schema, or ``false``), ``prefixItems`` (a tuple's
 positions, before ``items``; draft 2019-09's array ``items`` with ``additionalItems``, as pydantic v1 and
-zod-to-json-schema write a tuple, read the same way), ``minItems``, ``maxItems``, ``enum``, ``const``, ``anyOf`` / ``oneOf`` (with an
+zod-to-json-schema write a tuple, read the same way), ``minItems``, ``maxItems``, ``enum``, ``const`` (its values filtered by a string's or a number's keywords beside
+it: lengths, pattern, format, bounds, multipleOf), ``anyOf`` / ``oneOf`` (with an
 OpenAPI ``discriminator`` beside it: an annotation of options that its ``const`` properties tell apart
 already, and other keywords beside it, which apply to every option), ``allOf`` (its schemas merged into one:
 properties and required lists joined, a ``$ref`` inlined, an ``anyOf`` distributed, the tighter bound and the
@@ -115,6 +116,8 @@ TYPE_KEYWORDS = {"object": {"properties", "required", "additionalProperties"},
                  "number": {*BOUND_KEYWORDS, "multipleOf", "format"}, "integer": {*BOUND_KEYWORDS, "multipleOf", "format"},
                  "boolean": set(), "null": set()}
 OBJECT_KEYWORDS = ("properties", "required", "additionalProperties")
+# keywords beside an enum / const that its values are checked against (_Compiler._literal_filter)
+LITERAL_FILTERS = frozenset({"minLength", "maxLength", "pattern", "format", *BOUND_KEYWORDS, "multipleOf"})
 # OpenAPI 3's formats of numbers (its "Data Types"), which OpenAPI-derived tool schemas carry and llama.cpp's converter
 # takes: int32 and int64 bound the value to that signed range; float and double bound nothing a JSON text can write
 NUMBER_FORMATS = {"int32": (-2 ** 31, 2 ** 31 - 1), "int64": (-2 ** 63, 2 ** 63 - 1), "float": None, "double": None}
@@ -650,8 +653,8 @@ class _Compiler:
                               "fix the schema")
         literal = "const" if "const" in schema else "enum"
         beside = [keyword for keyword in schema if keyword not in {"const", "enum", "type", "$defs", "definitions"}
-                  and keyword not in ANNOTATIONS]
-        if beside:  # minimum, minLength ... beside the values: supported alone, not as a filter of an enum
+                  and keyword not in ANNOTATIONS and keyword not in LITERAL_FILTERS]
+        if beside:  # items, properties ... beside the values: supported alone, not as a filter of an enum
             raise SchemaError(f"{path}: keyword {beside[0]!r} beside {literal} is not supported by the JSON schema "
                               f"constraint here (it writes the {literal}'s values and does not filter them by "
                               f"{beside[0]!r})", f"keep only the {literal} values that satisfy {beside[0]!r} and drop "
@@ -664,13 +667,54 @@ class _Compiler:
         if "type" in schema:
             kinds = _kinds(schema["type"], path)
             texts = {text: None for text in texts if any(_of_type(json.loads(text), kind) for kind in kinds)}
+        filters = {keyword: value for keyword, value in schema.items() if keyword in LITERAL_FILTERS}
+        if filters:
+            satisfies = self._literal_filter(filters, path)
+            texts = {text: None for text in texts if satisfies(json.loads(text))}
         if not texts:
             also = (["in its enum"] if "const" in schema and "enum" in schema else []) + \
-                   ([f"of its type {schema['type']!r}"] if "type" in schema else [])
+                   ([f"of its type {schema['type']!r}"] if "type" in schema else []) + \
+                   ([f"within its {', '.join(f'{k} {json.dumps(v, default=repr)[:40]}' for k, v in filters.items())}"]
+                    if filters else [])
             raise SchemaError(f"{path}: no value of its {'const' if 'const' in schema else 'enum'} is also "
                               f"{' and '.join(also)}, so no answer could follow it",
-                              "make its const, enum and type agree")
+                              "make its const, enum and type agree" + (f" with {', '.join(filters)}" if filters else ""))
         return SchemaNode("literal", literals=tuple(texts))
+
+    def _literal_filter(self, filters: dict, path: str):
+        """Whether an enum / const value also satisfies the string and number keywords beside it (JSON Schema
+        2020-12 validation, section 6: each applies to values of its type only, so ``maxLength`` passes a number):
+        a string's ``minLength`` / ``maxLength`` (code points), ``pattern`` and ``format`` (followed as
+        :meth:`_string` follows them, over the characters a JSON string holds unescaped), a number's bounds (and
+        OpenAPI's int32 / int64) and ``multipleOf``, compared exactly as the decimals written. OpenAPI-derived tool
+        schemas write them so (Stripe's ``{"type": "string", "enum": [...], "maxLength": 5000}``), and llama.cpp's
+        converter writes the enum's values and ignores them; such a schema was refused."""
+        text_keywords = {k: v for k, v in filters.items() if k in TYPE_KEYWORDS["string"]
+                         and not (k == "format" and isinstance(v, str) and v in NUMBER_FORMATS)}
+        string = self._string(text_keywords, path) if text_keywords else None
+        bounds = _bounds(filters, path)
+        _multiple(filters, path, "integer")  # a factor that is a number greater than 0, or refused by name
+        factor = _exact(filters["multipleOf"]) if "multipleOf" in filters else None
+
+        def satisfies(value) -> bool:
+            if isinstance(value, str) and string is not None:
+                if len(value) < string.min_length or string.max_length is not None and len(value) > string.max_length:
+                    return False
+                if string.content is None:
+                    return True
+                state = string.content.feed(string.content.start(), value.encode())
+                return state is not None and string.content.accepts(state)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                number = _exact(value)
+                for name, bound in bounds:
+                    bound = _exact(bound)
+                    if not {"minimum": number >= bound, "exclusiveMinimum": number > bound,
+                            "maximum": number <= bound, "exclusiveMaximum": number < bound}[name]:
+                        return False
+                return factor is None or (number / factor).denominator == 1
+            return True
+
+        return satisfies
 
     def _combined(self, schema: dict, combiner: str, path: str) -> SchemaNode:
         options = schema[combiner]
@@ -1061,12 +1105,18 @@ class _Compiler:
         # additionalProperties is read as false (see the module's docstring).
         extra = schema.get("additionalProperties", "properties" not in schema)
         unknown = [name for name in dict.fromkeys(required) if name not in properties]
-        if unknown and extra is False:
-            raise SchemaError(f"{path}.required names {unknown}, which are not among its properties",
-                              "add them to properties or drop them from required")
+        if unknown and extra is False and "additionalProperties" in schema:
+            raise SchemaError(f"{path}.required names {unknown}, which are not among its properties and its "
+                              "additionalProperties false forbids", "add them to properties or drop them from "
+                              "required")
         listed = tuple((_json_text(name, f"{path}.properties")[1:-1], self.node(value, f"{path}.properties.{name}"),
                         name in required) for name, value in properties.items())
         if extra is False:
+            # additionalProperties absent beside properties: no further keys are written, but a required key that
+            # properties does not list is, with any value, as JSON Schema's default (true: 2020-12 core, section
+            # 10.3.2.3) admits it; it was refused, so a tool whose required names a key its properties leave out
+            # (llama.cpp's converter takes such a schema and leaves the key out) failed the whole request
+            listed += tuple((_json_text(name, f"{path}.required")[1:-1], SchemaNode("any"), True) for name in unknown)
             return SchemaNode("object", properties=listed)
         additional = self.node(extra, f"{path}.additionalProperties")
         # a required key that properties does not list: present, with a value of additionalProperties (JSON
@@ -1247,6 +1297,11 @@ def _multiple(schema: dict, path: str, kind: str) -> int | None:
                           "0.5 or 10) can be followed exactly", "write the factor as a short decimal, or use an "
                           "integer type")
     return int(factor * STEP)
+
+
+def _exact(value: int | float) -> Fraction:
+    """A JSON number as the decimal it is written as (a float by its shortest repr, as json.dumps writes it)."""
+    return Fraction(value) if isinstance(value, int) else Fraction(Decimal(repr(value)))
 
 
 def _has_multiple(low: int, high: int, multiple: int | None) -> bool:

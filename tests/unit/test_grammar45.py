@@ -48,7 +48,8 @@ def test_a_required_key_that_properties_does_not_list_takes_the_additional_prope
     assert _takes(typed, '{"a":"x","c":"y"}')
     assert not _takes(typed, '{"a":1}')
     with pytest.raises(SchemaError, match=r"required names \['b'\], which are not among its properties"):
-        compile_schema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]})
+        compile_schema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"],
+                        "additionalProperties": False})
 
 
 # --------------------------------------------------------------- untyped prefixItems / additionalProperties
