@@ -52,7 +52,9 @@ from edgesdk.api_checks import (
     json_arrays,
     logit_bias_keys,
     numpy_int,
+    python_scalar,
     refuse_unread,
+    serve_settings,
     shown,
     token_ids,
 )
@@ -69,7 +71,8 @@ READER_POLL_S = 0.1  # how often a worker waiting for its reader asks whether it
 
 def load(path: str | Path, *, backend: str | None = None, threads: int | None = None, target: str | None = None,
          ignore_target: bool = False, watch_thermal: bool = False, draft: str | Path | None = None,
-         draft_max: int | None = None, draft_p_min: float | None = None, **settings) -> Model:
+         draft_max: int | None = None, draft_min: int | None = None, draft_p_min: float | None = None,
+         **settings) -> Model:
     """Open the bundle at ``path`` for generation.
 
     ``backend`` forces one backend (``ort-cpu``, ``ort-cuda``, ``ort-trt``, ``tensorrt``, ``triton``) instead of the
@@ -77,13 +80,16 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     ``target`` refuses a bundle built for another board and ``ignore_target`` runs one anyway, as ``edgesdk run``'s
     options of those names. ``watch_thermal`` guards the board's temperature around every step, as
     ``edgesdk run --watch-thermal`` (the sensors it found, or what it fell back to, are in :attr:`Model.notes`).
-    ``draft`` is a draft bundle for speculative decoding, as ``edgesdk serve --draft`` with ``draft_max`` and
-    ``draft_p_min`` (llama.cpp's ``--model-draft``, ``--draft-max``, ``--draft-p-min``; left out, 2 and 0): answers
-    stay the same. Given without ``draft`` they change nothing, which :attr:`Model.notes` says, as ``edgesdk serve``
+    ``draft`` is a draft bundle for speculative decoding, as ``edgesdk serve --draft`` with ``draft_max``,
+    ``draft_min`` and ``draft_p_min`` (llama.cpp's ``--model-draft``, ``--draft-max``, ``--draft-min`` /
+    ``--draft-n-min``, ``--draft-p-min``; left out, 2, 0 and 0): answers stay the same. ``draft_min`` is the fewest
+    tokens a draft is checked with (a shorter one is dropped, and none is drafted where fewer fit), at most
+    ``draft_max``. Given without ``draft`` they change nothing, which :attr:`Model.notes` says, as ``edgesdk serve``
     says of ``--draft-max`` without ``--draft``.
 
     ``settings`` are what a request that leaves a field out gets (``edgesdk serve``'s options): ``max_tokens``
-    (512), and the sampling settings ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``min_p``, ``repeat_penalty``
+    (512; -1: no limit but the context, as serve's ``-n -1``), and the sampling settings ``temperature`` (0:
+    greedy), ``top_p``, ``top_k``, ``min_p``, ``repeat_penalty``
     (1: off), ``repeat_last_n`` (64) and ``samplers`` (each of these seven not given: the model's own
     setting where its bundle records one, as ``edgesdk serve`` takes them; :attr:`Model.notes` says which), ``prompt_cache`` (True),
     ``cache_ram_mib``, ``lookup``, ``prefill_assistant``, ``reasoning_format``, ``reasoning_budget``, ``max_waiting``
@@ -94,7 +100,8 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     the pooling the bundle's model declares, else ``mean`` (:func:`edgesdk.runtime.embedding.bundle_pooling`).
     """
     return Model(path, backend=backend, threads=threads, target=target, ignore_target=ignore_target,
-                 watch_thermal=watch_thermal, draft=draft, draft_max=draft_max, draft_p_min=draft_p_min, **settings)
+                 watch_thermal=watch_thermal, draft=draft, draft_max=draft_max, draft_min=draft_min,
+                 draft_p_min=draft_p_min, **settings)
 
 
 class Model:
@@ -105,21 +112,23 @@ class Model:
 
     def __init__(self, path: str | Path, *, backend: str | None = None, threads: int | None = None,
                  target: str | None = None, ignore_target: bool = False, watch_thermal: bool = False,
-                 draft: str | Path | None = None, draft_max: int | None = None, draft_p_min: float | None = None,
-                 **settings):
+                 draft: str | Path | None = None, draft_max: int | None = None, draft_min: int | None = None,
+                 draft_p_min: float | None = None, **settings):
         from edgesdk.runtime import cache_file
         from edgesdk.runtime.session import open_runtime
         from edgesdk.serve.completion import ServeDefaults
         from edgesdk.serve.openai_answer import served_model_name
 
+        threads = python_scalar(threads)  # np.int64(4), as llama-cpp-python's n_threads takes it
+        settings = {name: python_scalar(value) for name, value in settings.items()}
         check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings)
         try:
-            defaults = ServeDefaults(**settings)
+            defaults = ServeDefaults(**serve_settings(settings))
         except (TypeError, ValueError) as exc:
             raise EdgeSDKError(f"load(): {exc}", "pass a value the message allows, or leave the setting out for "
                                "edgesdk serve's default (the model's own where its bundle records one)") from exc
         # the draft's arguments are checked before anything opens, as the others are
-        draft_config = None if draft is None else _draft_config(draft, draft_max, draft_p_min, settings)
+        draft_config = None if draft is None else _draft_config(draft, draft_max, draft_min, draft_p_min, settings)
         try:
             self.runtime = open_runtime(Path(path), backend=backend, threads=threads, expected_target=target,
                                         ignore_target=ignore_target)
@@ -131,9 +140,10 @@ class Model:
         except BaseException:  # a draft bundle that cannot serve ...: what was opened goes back now, not when the
             self._give_back()  # traceback (kept at a REPL) lets this half-made model go
             raise
-        if draft is None:  # as edgesdk serve's --draft-max and --draft-p-min without --draft (cli_options.draft_model)
-            self.notes += [f"{name}: not used: it works with draft=BUNDLE" for name, value in
-                           (("draft_max", draft_max), ("draft_p_min", draft_p_min)) if value is not None]
+        if draft is None:  # as edgesdk serve's --draft-max, --draft-min and --draft-p-min without --draft
+            self.notes += [f"{name}: not used: it works with draft=BUNDLE" for name, value in  # (cli_options.draft_model)
+                           (("draft_max", draft_max), ("draft_min", draft_min), ("draft_p_min", draft_p_min))
+                           if value is not None]
         self.model_name = served_model_name(self.runtime.bundle.manifest)
         # Whether save_prompt_cache / load_prompt_cache can work here: asked now, as the question empties the
         # backend's KV cache (edgesdk/runtime/cache_file.py)
@@ -508,6 +518,7 @@ class Model:
         from edgesdk.serve.openai_answer import whole_answer
 
         self._check_open(method)
+        stream = python_scalar(stream)  # np.True_, as the other fields' NumPy scalars (json_arrays)
         if not isinstance(stream, bool):
             raise RequestError(method, f"'stream' must be true or false, got {stream!r}", param="stream")
         fields = ReadFields({**logit_bias_keys(method, json_arrays(body)), "stream": stream})
@@ -785,9 +796,11 @@ def _lora_adapters(lora) -> tuple:
     return tuple(adapters)
 
 
-def _draft_config(draft, draft_max, draft_p_min, settings: dict):
-    """:func:`load`'s ``draft``, ``draft_max`` and ``draft_p_min`` as the draft's configuration
-    (:class:`~edgesdk.runtime.speculative.DraftConfig`), or refused naming the argument."""
+def _draft_config(draft, draft_max, draft_min, draft_p_min, settings: dict):
+    """:func:`load`'s ``draft``, ``draft_max``, ``draft_min`` and ``draft_p_min`` as the draft's configuration
+    (:class:`~edgesdk.runtime.speculative.DraftConfig`: ``max_draft``, ``min_draft``, ``p_min``, as
+    ``cli_options.draft_model`` builds it from ``--draft-max``, ``--draft-min``, ``--draft-p-min``), or refused
+    naming the argument."""
     from edgesdk.runtime.speculative import DraftConfig
 
     if not isinstance(draft, (str, os.PathLike)):
@@ -798,10 +811,13 @@ def _draft_config(draft, draft_max, draft_p_min, settings: dict):
         raise EdgeSDKError("load(): draft and lookup both draft tokens", "pass one of them")
     try:
         return DraftConfig(**({} if draft_max is None else {"max_draft": draft_max}),
+                           **({} if draft_min is None else {"min_draft": draft_min}),
                            **({} if draft_p_min is None else {"p_min": draft_p_min}))
     except ValueError as exc:
-        raise EdgeSDKError(f"load(): {str(exc).replace('max_draft', 'draft_max').replace('p_min', 'draft_p_min')}",
-                           "pass draft_max and draft_p_min in those ranges, or leave them out") from exc
+        problem = str(exc).replace("max_draft", "draft_max").replace("min_draft", "draft_min")
+        raise EdgeSDKError(f"load(): {problem.replace('p_min', 'draft_p_min')}",
+                           "pass draft_max, draft_min (at most draft_max, whose default is 2) and draft_p_min in "
+                           "those ranges, or leave them out") from exc
 
 
 # a fix's words for run's command-line options -> the load() arguments that make the same choice

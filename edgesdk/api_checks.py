@@ -41,8 +41,9 @@ OTHER_METHODS_FIELDS = {
 }
 # load()'s own arguments, then its settings: a misspelt one is named with the closest
 LOAD_ARGUMENTS = ("path", "backend", "threads", "target", "ignore_target", "watch_thermal", "draft", "draft_max",
-                  "draft_p_min", *MODEL_SETTINGS)
-# llama-cpp-python's Llama(...) arguments -> what load() or the bundle does in their place
+                  "draft_min", "draft_p_min", *MODEL_SETTINGS)
+# llama-cpp-python's Llama(...) arguments (and llama.cpp's names below) -> what load() or the bundle does in their
+# place
 LLAMA_ARGUMENTS = {
     "n_threads": "pass threads=N", "n_threads_batch": "pass threads=N (one count for prefill and decode)",
     "pooling_type": "pass pooling='last', 'mean', 'cls' or 'none'", "draft_model": "pass draft=DRAFT_BUNDLE",
@@ -51,6 +52,10 @@ LLAMA_ARGUMENTS = {
     "lora_scale": "a bundle carries its adapters merged: build_bundle(lora=(PATH, SCALE))",
     "seed": "pass seed=N to create_completion / create_chat_completion",
     "verbose": "load() prints nothing; model.notes says which backend and thermal guard it uses",
+    # llama.cpp's other names of the draft settings (common/arg.cpp: --draft-n is --draft-max, --draft-n-min is
+    # --draft-min), whose closest load() argument by spelling is another setting (draft_min, draft_p_min)
+    "draft_n": "pass draft_max=N (llama.cpp's --draft-n is --draft-max)",
+    "draft_n_min": "pass draft_min=N (llama.cpp's --draft-n-min is --draft-min)",
 }
 SHOWN_CHARS = 60  # the longest repr an error message shows, as the HTTP API's messages cut theirs
 _KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False", str: "a string",
@@ -71,8 +76,8 @@ def check_load_arguments(path, backend, threads, target, ignore_target, watch_th
                  if name in LLAMA_ARGUMENTS or (close := difflib.get_close_matches(name, LOAD_ARGUMENTS, n=1))]
         raise EdgeSDKError(f"load() got the setting(s) {', '.join(map(repr, unknown))}, which it does not take"
                            + "".join(f"; {hint}" for hint in hints),
-                           f"pass only load()'s arguments ({', '.join(LOAD_ARGUMENTS[:9])}) and the settings "
-                           f"{', '.join(MODEL_SETTINGS)} (a request's own fields go to create_completion / "
+                           f"pass only load()'s arguments ({', '.join(LOAD_ARGUMENTS[:-len(MODEL_SETTINGS)])}) and "
+                           f"the settings {', '.join(MODEL_SETTINGS)} (a request's own fields go to create_completion / "
                            "create_chat_completion)")
 
     def refuse(name: str, value: object, expected: str, fix: str) -> None:
@@ -102,9 +107,29 @@ def check_load_arguments(path, backend, threads, target, ignore_target, watch_th
                    "or leave it out for the pooling the model declares (else mean)")
     for name, value in settings.items():
         kind = SETTING_KINDS[name]
-        if not _of_kind(value, kind) or (name == "max_tokens" and value < 1):
-            expected = _KIND_WORDS[kind] + (" of at least 1" if name == "max_tokens" else "")
+        if not _of_kind(value, kind) or (name == "max_tokens" and value < 1 and value not in NO_TOKEN_LIMIT):
+            expected = _KIND_WORDS[kind] + (" of at least 1, or -1 for no limit but the context"
+                                            if name == "max_tokens" else "")
             refuse(name, value, expected, f"pass {name} as {expected}, or leave it out for edgesdk serve's default")
+
+
+# the weight bits build_bundle's weight_bits takes: edgesdk build --weight-bits' choices
+WEIGHT_BITS = (8, 4)
+# edgesdk serve's -n values (llama-server's) for an answer limited by the context alone
+NO_TOKEN_LIMIT = (-1, -2)
+
+
+def serve_settings(settings: dict) -> dict:
+    """:func:`edgesdk.load`'s settings (checked by :func:`check_load_arguments`) as ``edgesdk serve`` reads its
+    options of those names (edgesdk/cli_serve.py ``_token_limit``, after llama-server's common/arg.cpp, "-1 =
+    infinity"): ``max_tokens`` -1 or -2 no limit but the context (serve's ``-n -1``, a request's and
+    llama-cpp-python's ``max_tokens=-1``). Other values as they are, for ``ServeDefaults`` to bound."""
+    from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS
+
+    read = dict(settings)
+    if read.get("max_tokens") in NO_TOKEN_LIMIT:  # a bool was refused by check_load_arguments
+        read["max_tokens"] = UNTIL_THE_CONTEXT_FILLS
+    return read
 
 
 def build_arguments(target: object, model: object, out: object, recipe: object, data: object, numbers: dict,
@@ -146,6 +171,12 @@ def build_arguments(target: object, model: object, out: object, recipe: object, 
         if not (value is None and name == "weight_bits") and (isinstance(value, bool) or not isinstance(value, int)):
             refuse(name, value, "a whole number" + (" or None" if name == "weight_bits" else ""),
                    f"pass {name} as an int" + (", or leave it out" if name == "weight_bits" else ""))
+    # --weight-bits' choices (edgesdk/cli_build.py): 16 (read as fp16) went on as --set export.weights=int16
+    bits = numbers.get("weight_bits")
+    if bits is not None and bits not in WEIGHT_BITS:
+        refuse("weight_bits", bits, f"{' or '.join(map(str, WEIGHT_BITS))} (integer weights of that many bits, as "
+               "edgesdk build --weight-bits takes them)", "pass weight_bits=8 or weight_bits=4, or leave it out for "
+               "the recipe's own (a recipe keeps float weights where it quantizes none: recipe='fp32-fused')")
     for name, flag in flags.items():
         if not isinstance(flag, bool):
             refuse(name, flag, "True or False", f"pass {name}=True or {name}=False")
@@ -325,11 +356,23 @@ def token_ids(value: object) -> object:
 def json_arrays(value: object) -> object:
     """``value`` with every tuple in it (in dict values and lists, at any depth) a list, as the HTTP body's JSON
     carries it (``json.dumps`` writes a tuple as an array): ``stop=("Q:",)``, ``tools=(tool,)``, a message's
-    content parts or a schema's ``enum`` given as a tuple are read as over HTTP, not refused as "not an array"."""
+    content parts or a schema's ``enum`` given as a tuple are read as over HTTP, not refused as "not an array".
+    A NumPy scalar in it is the number it holds (:func:`python_scalar`)."""
     if isinstance(value, (list, tuple)):
         return [json_arrays(item) for item in value]
     if isinstance(value, dict):
         return {key: json_arrays(item) for key, item in value.items()}
+    return python_scalar(value)
+
+
+def python_scalar(value: object) -> object:
+    """A NumPy scalar (``np.int64(3)``, ``np.float32(0.5)``, ``np.True_``) as the Python int, float or bool it
+    holds, the number the HTTP body's JSON carries; anything else as it is. llama-cpp-python's ``Llama`` takes them
+    (its checks are comparisons); the routes' checks, written for JSON's types, refused ``max_tokens=np.int64(3)``
+    as "must be a whole number". ``np.float64`` is a float already."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and getattr(value, "ndim", None) == 0 and getattr(dtype, "kind", "") in ("b", "i", "u", "f"):
+        return value.item()
     return value
 
 

@@ -254,6 +254,9 @@ def read_manifest(path: Path) -> dict:
     if model is not None:
         raise model
     if path.is_file():
+        if path.name in (MANIFEST, MANIFEST_DIGEST):  # a bundle's own file: its fix is not an archive's
+            raise BundleError(f"bundle {path} is a file, not a bundle directory: the {path.name} of a bundle",
+                              f"pass the directory that holds it: {path.parent}")
         raise BundleError(f"bundle {path} is a file, not a bundle directory",
                           f"if it is an archive made by 'edgesdk pack', unpack it first: edgesdk unpack {path} DIR")
     if not path.is_dir():

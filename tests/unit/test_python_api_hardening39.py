@@ -171,7 +171,8 @@ def test_load_refuses_arguments_of_the_wrong_kind(tiny_bundle):
         ({"path": path, "ignore_target": "no"}, r"load\(\): ignore_target='no': expected True or False"),
         ({"path": path, "watch_thermal": "yes"}, r"load\(\): watch_thermal='yes': expected True or False"),
         ({"path": path, "prompt_cache": "no"}, r"load\(\): prompt_cache='no': expected True or False"),
-        ({"path": path, "max_tokens": -1}, r"load\(\): max_tokens=-1: expected a whole number of at least 1"),
+        ({"path": path, "max_tokens": 0}, r"load\(\): max_tokens=0: expected a whole number of at least 1, or -1 "
+                                          r"for no limit but the context"),
         ({"path": path, "cache_ram_mib": "x"}, r"load\(\): cache_ram_mib='x': expected a whole number"),
     ]
     for arguments, message in cases:
