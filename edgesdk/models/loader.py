@@ -840,6 +840,106 @@ def _drop_tokens_the_file_lacks(tokenizer, path: Path) -> None:
     tokenizer._tokenizer = Tokenizer.from_str(json.dumps(spec))
 
 
+# tokenizer.ggml.token_type values (gguf-py's TokenType, llama.cpp's LLAMA_TOKEN_TYPE_*)
+CONTROL_TOKEN, USER_DEFINED_TOKEN = 3, 4
+
+
+def _key_added_tokens_by_their_text(tokenizer, path: Path) -> None:
+    """Give the fast ``tokenizer`` read from the GGUF file at ``path`` the control and user-defined tokens of its
+    byte-level vocabulary (``tokenizer.ggml.model`` gpt2) that are written in characters outside GPT-2's byte
+    alphabet, as llama.cpp has them: each its one id, matched whole in the text (special for a control token).
+    llama.cpp's converter writes such tokens as their text (convert_hf_to_gguf.py, ``get_vocab_base``: "the
+    tokenizer in llama.cpp assumes the CONTROL and USER_DEFINED tokens are pre-normalized"), and llama.cpp
+    matches that text (src/llama-vocab.cpp: ``token_to_id``, ``cache_special_tokens``). transformers' GGUF
+    tokenizer keys them by the byte-level spelling of their text instead and leaves them out of its added tokens
+    (taking them for mislabelled), so DeepSeek-R1-Distill's ``<｜begin▁of▁sentence｜>``, ``<｜User｜>``,
+    ``<｜Assistant｜>`` were cut into byte pieces, and a BOS or EOS among them got an id past the vocabulary (the
+    tokenizer's own, then dropped): the prompt began with a token the model does not have."""
+    from tokenizers import Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    tokens, types = _gguf_value(path, "tokenizer.ggml.tokens"), _gguf_value(path, "tokenizer.ggml.token_type")
+    if _gguf_value(path, "tokenizer.ggml.model") != "gpt2" or not isinstance(tokens, list) \
+            or not isinstance(types, list) or len(types) != len(tokens):
+        return
+    alphabet = set(bytes_to_unicode().values())
+    spelled = {index: text for index, (text, kind) in enumerate(zip(tokens, types, strict=True))
+               if kind in (CONTROL_TOKEN, USER_DEFINED_TOKEN) and isinstance(text, str) and text
+               and not set(text) <= alphabet}
+    if not spelled:
+        return
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    key_of = {index: key for key, index in vocab.items()}
+    texts = set(spelled.values())
+    added = [token for token in spec.get("added_tokens", []) if token["content"] not in texts]
+    for index, text in spelled.items():
+        if key_of.get(index) not in (None, text):
+            del vocab[key_of[index]]
+        vocab[text] = index
+        added.append({"id": index, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
+                      "normalized": False, "special": types[index] == CONTROL_TOKEN})
+    spec["added_tokens"] = sorted(added, key=lambda token: token["id"])
+    tokenizer._tokenizer = Tokenizer.from_str(json.dumps(spec))
+    if hasattr(tokenizer, "update_post_processor"):  # the BOS / EOS the post-processor adds, by their ids now
+        tokenizer.update_post_processor()
+
+
+def _set_spm_space_prefix(tokenizer, path: Path) -> None:
+    """Give the fast ``tokenizer`` read from the GGUF file at ``path`` llama.cpp's handling of the space in front of
+    a SentencePiece (``tokenizer.ggml.model`` llama) text. llama.cpp (src/llama-vocab.cpp, ``tokenize``, the
+    LLAMA_VOCAB_TYPE_SPM case: "prefix with space if previous is special") puts a space in front of every run of
+    text that begins the input or follows a special token, whatever the text begins with, where
+    ``tokenizer.ggml.add_space_prefix`` is true or absent (its default for SPM), and never where it is false.
+    transformers' GGUF tokenizer builds a Metaspace pre-tokenizer (prepend_scheme "first") instead, which puts
+    none before a text that already begins with a space, none after a special token (Llama 2's ``<s>[INST]``,
+    Mistral's ``[INST]``, TinyLlama's ``</s>\n<|assistant|>``) and one where the file says false: other ids than
+    llama.cpp's and the model's own tokenizer (Llama 2's tokenizer.json: a Prepend and Replace normalizer, the
+    form this builds). The decoder takes the leading space off only where one was put in (llama.cpp's
+    ``remove_space = add_space_prefix``)."""
+    from tokenizers import Tokenizer
+
+    if _gguf_value(path, "tokenizer.ggml.model") != "llama":
+        return
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    pre = spec.get("pre_tokenizer") or {}
+    if pre.get("type") != "Metaspace" or spec.get("normalizer") is not None:
+        return  # Phi-3's (a normalizer already) and Gemma's (no prefix, as their files say) are llama.cpp's
+    space = pre.get("replacement", "\u2581")
+    prefix = _gguf_value(path, "tokenizer.ggml.add_space_prefix") is not False
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": space}
+    spec["normalizer"] = ({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": space}, replace]}
+                          if prefix else replace)
+    spec["pre_tokenizer"] = None
+    decoder = spec.get("decoder") or {}
+    if not prefix and decoder.get("type") == "Sequence":
+        decoder["decoders"] = [step for step in decoder["decoders"] if step.get("type") != "Strip"]
+    tokenizer._tokenizer = Tokenizer.from_str(json.dumps(spec))
+
+
+def _add_end_of_turn_ids(model, path: Path) -> None:
+    """Put the end-of-turn and end-of-message tokens of the GGUF file at ``path`` (``tokenizer.ggml.eot_token_id``,
+    ``tokenizer.ggml.eom_token_id``) among the ids that end ``model``'s generation (its generation config's
+    ``eos_token_id``, which the bundle's ``eos_token_ids`` and the teacher text's stops are read from), as
+    llama.cpp's vocabulary does (src/llama-vocab.cpp, llama_vocab::impl::load: "special_eot_id is not in
+    special_eog_ids", the same for eom, each added to the ids that end generation). transformers' GGUF reader reads
+    the EOS alone, so a file whose converter wrote the turn's end as EOT (gguf-py's SpecialVocab does where the
+    tokenizer appends another token as EOS) answered past it where its text is not one llama.cpp also finds by
+    text. An id past the vocabulary is left out, as llama.cpp leaves it ("bad special token")."""
+    tokens = _gguf_value(path, "tokenizer.ggml.tokens")
+    generation = getattr(model, "generation_config", None)
+    if not isinstance(tokens, list) or generation is None:
+        return
+    ids = [_gguf_value(path, f"tokenizer.ggml.{kind}_token_id") for kind in ("eot", "eom")]
+    ids = [value for value in ids if isinstance(value, int) and not isinstance(value, bool)
+           and 0 <= value < len(tokens)]
+    current = generation.eos_token_id
+    current = [] if current is None else [current] if isinstance(current, int) else list(current)
+    merged = current + [token for token in dict.fromkeys(ids) if token not in current]
+    if len(merged) > len(current):
+        generation.eos_token_id = merged
+
+
 def _gguf_value(path: Path, key: str):
     found = gguf_reader(path).fields.get(key)
     return None if found is None else found.contents()
@@ -1261,6 +1361,8 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
     check_all_weights_loaded(loading_info["missing_keys"], source.path)
     if source.kind == "gguf" and not read_here and gguf_query_key_left_permuted(source.path):
         _undo_query_key_permutation(model)
+    if source.kind == "gguf":
+        _add_end_of_turn_ids(model, source.path)
     if source.kind == "hf-dir":
         check_all_weights_used(loading_info.get("unexpected_keys"), source.path)
         config_tied_as_loaded(model)
@@ -1281,6 +1383,8 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
     if source.kind == "gguf":  # transformers splits a BPE type it does not map with GPT-2's regex
         _set_bpe_pre_tokenizer(tokenizer, source.path)
         _drop_tokens_the_file_lacks(tokenizer, source.path)
+        _key_added_tokens_by_their_text(tokenizer, source.path)
+        _set_spm_space_prefix(tokenizer, source.path)
     if source.kind == "gguf" and gguf_adds_bos_by_default(source.path) and not getattr(tokenizer, "add_bos_token", True) \
             and getattr(tokenizer, "bos_token", None) is not None:
         tokenizer.add_bos_token = True  # transformers' setter rebuilds the post-processor with the BOS in front
