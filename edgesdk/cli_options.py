@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -37,6 +38,100 @@ def _llama_option_name(name: str) -> str:
 
 # A command's context_settings that read its options' names as llama.cpp's tools do (run and embed).
 LLAMA_OPTION_NAMES = {"token_normalize_func": _llama_option_name}
+
+
+# llama.cpp's words for a boolean option's environment variable (common/arg.cpp ``is_truthy`` / ``is_falsey``)
+LLAMA_TRUTHY = ("true", "1", "on", "enabled")
+LLAMA_FALSEY = ("false", "0", "off", "disabled")
+# llama.cpp's variables that are not LLAMA_ARG_* (common/arg.cpp: --api-key's, and --chat-template-kwargs' before
+# it was renamed LLAMA_ARG_CHAT_TEMPLATE_KWARGS)
+_LLAMA_OTHER_ENV = ("LLAMA_API_KEY", "LLAMA_CHAT_TEMPLATE_KWARGS")
+
+
+class LlamaEnvOption(click.Option):
+    """An option that is also read from llama.cpp's environment variable(s) for it, as llama.cpp's tools read them
+    (common/arg.cpp ``common_params_parse_ex``: each option's ``set_env`` name is read where the option is not on the
+    command line; the command line wins, with a warning), so that a Docker image's or a systemd unit's
+    ``LLAMA_ARG_PORT=8081``-style configuration takes effect instead of being silently ignored. ``envvar``'s names
+    are read in order, the first one set (non-empty) wins, and ``--help`` shows them.
+
+    A flag reads llama.cpp's words, true/1/on/enabled and false/0/off/disabled (``is_truthy`` / ``is_falsey``; any
+    other value is refused by name, where llama.cpp ignores it for a plain switch); ``negated_env``, llama.cpp's
+    ``LLAMA_ARG_NO_...`` name of a ``--x/--no-x`` option (``common_arg::get_value_from_env``), turns it off when
+    set, before the others are read; ``env_inverts``: the flag says the opposite of the variable (``--no-prompt-cache``
+    against llama-server's LLAMA_ARG_CACHE_PROMPT). A value the option refuses is refused naming the variable and
+    its value. A repeatable option takes the variable's value as one value (click would split it at spaces)."""
+
+    def __init__(self, *decls, negated_env: str | None = None, env_inverts: bool = False, **kwargs):
+        kwargs.setdefault("show_envvar", True)
+        envvar = kwargs.pop("envvar", None)
+        names = [envvar] if isinstance(envvar, str) else list(envvar or ())
+        self.env_names = tuple(names)
+        self.negated_env = negated_env
+        self.env_inverts = env_inverts
+        super().__init__(*decls, envvar=names + ([negated_env] if negated_env else []), **kwargs)
+
+    def env_source(self) -> tuple[str, str] | None:
+        """The variable that sets this option and its value, None where none is set (empty counts as unset)."""
+        for name in ((self.negated_env,) if self.negated_env else ()) + self.env_names:
+            if os.environ.get(name):
+                return name, os.environ[name]
+        return None
+
+    def value_from_envvar(self, ctx):
+        found = self.env_source()
+        if found is None:
+            return None
+        name, raw = found
+        ctx.meta[f"edgesdk.env.{self.name}"] = found
+        if self.is_flag and self.is_bool_flag:
+            if name == self.negated_env:
+                return self.env_inverts
+            word = raw.strip().lower()
+            if word not in LLAMA_TRUTHY + LLAMA_FALSEY:
+                raise click.BadParameter(
+                    f"{name}={raw!r} is neither on nor off: set it to {', '.join(LLAMA_TRUTHY)} (on) or "
+                    f"{', '.join(LLAMA_FALSEY)} (off), as llama.cpp reads it, or unset it", ctx=ctx, param=self)
+            return (word in LLAMA_TRUTHY) != self.env_inverts
+        return [raw] if self.multiple else raw
+
+    def consume_value(self, ctx, opts):
+        value, source = super().consume_value(ctx, opts)
+        found = self.env_source()
+        if found is not None and source is click.core.ParameterSource.COMMANDLINE:
+            # common/arg.cpp: "warn: %s environment variable is set, but will be overwritten by command line argument"
+            click.echo(f"edgesdk: {found[0]} is set, but {self.opts[0] if self.opts else self.name} on the command "
+                       "line goes over it", err=True)
+        return value, source
+
+    def get_error_hint(self, ctx) -> str:
+        """The option's names alone, as for any option: a refused value is said with the variable that gave it where
+        one did (:meth:`process_value`), not with every variable that could have (click 8.2+ lists them all)."""
+        return click.Parameter.get_error_hint(self, ctx)
+
+    def process_value(self, ctx, value):
+        try:
+            return super().process_value(ctx, value)
+        except click.BadParameter as exc:
+            found = ctx.meta.get(f"edgesdk.env.{self.name}")
+            if found is None or ctx.get_parameter_source(self.name) is not click.core.ParameterSource.ENVIRONMENT \
+                    or found[0] in exc.message:
+                raise
+            raise click.BadParameter(f"{exc.message} (read from the environment, {found[0]}={found[1]!r}: set it "
+                                     f"right or unset it; {self.opts[0]} on the command line goes over it)",
+                                     ctx=ctx, param=self, param_hint=exc.param_hint) from exc
+
+
+def unread_llama_env(command: click.Command, *read: str) -> list[str]:
+    """The llama.cpp environment variables set here (``LLAMA_ARG_*``, LLAMA_API_KEY, LLAMA_CHAT_TEMPLATE_KWARGS)
+    that ``command`` does not read (no option of its has them, nor ``read``): llama.cpp's tools would act on them,
+    so the command says it does not, instead of ignoring them silently."""
+    known = set(read)
+    for param in command.params:
+        if isinstance(param, LlamaEnvOption):
+            known.update(param.env_names + ((param.negated_env,) if param.negated_env else ()))
+    return sorted(name for name, value in os.environ.items() if value and name not in known and
+                  (name.startswith("LLAMA_ARG_") or name in _LLAMA_OTHER_ENV))
 
 
 def option_given(name: str) -> bool:
@@ -87,7 +182,8 @@ def repeat_penalty_options(per_request: bool):
         return f"For a request that sets none: {text}" if per_request else text[0].upper() + text[1:]
 
     return lambda fn: _stacked(fn, [
-        click.option("--repeat-penalty", default=1.0, show_default=True,
+        click.option("--repeat-penalty", default=1.0, show_default=True, cls=LlamaEnvOption,
+                     envvar="LLAMA_ARG_REPEAT_PENALTY",
                      help=said("divide the logit of a token seen in the last --repeat-last-n tokens by this (1: off), "
                                "as llama.cpp's.")),
         click.option("--repeat-last-n", default=64, show_default=True, type=click.IntRange(min=-1),
@@ -126,10 +222,15 @@ def _threads_or_default(ctx, param, value: int | None) -> int | None:
     return None if value is None or value <= 0 else value
 
 
-def runtime_options(fn):
-    """The runtime's options: threads, a forced backend and the target check, for run, serve, eval and bench."""
+def runtime_options(fn=None, *, llama_env: bool = False):
+    """The runtime's options: threads, a forced backend and the target check, for run, serve, eval and bench.
+    ``llama_env`` (``@runtime_options(llama_env=True)``): --threads is read from LLAMA_ARG_THREADS too, as llama.cpp's
+    tools read their -t (common/arg.cpp)."""
+    if fn is None:
+        return lambda command: runtime_options(command, llama_env=llama_env)
+    threads_env = {"cls": LlamaEnvOption, "envvar": "LLAMA_ARG_THREADS"} if llama_env else {}
     return _stacked(fn, [
-        click.option("--threads", "-t", type=int, callback=_threads_or_default,
+        click.option("--threads", "-t", type=int, callback=_threads_or_default, **threads_env,
                      help="Intra-op threads [from the target profile, at most the usable cores; 0 or below: "
                           "that default, as llama.cpp's -t -1 is its own]."),
         click.option("--backend", help="Force a backend (ort-cpu, ort-cuda, ort-trt, tensorrt, triton) instead of the profile's chain."),
@@ -170,24 +271,30 @@ def _given_draft_min() -> int:
 
 def draft_options(fn):
     """``--draft BUNDLE`` and its settings (llama.cpp's -md, --draft-max, --draft-min, --draft-p-min), for run and
-    serve."""
+    serve; each read from llama.cpp's environment variables for it too, today's name first and the older one
+    after (common/arg.cpp: LLAMA_ARG_SPEC_DRAFT_MODEL / LLAMA_ARG_MODEL_DRAFT and so on; llama-cli and llama-server
+    both read them)."""
     return _stacked(fn, [
         click.option(
             "--draft", "--model-draft", "-md", "draft_bundle", type=_DraftBundle(exists=True, file_okay=False,
                                                                                  path_type=Path),
+            cls=LlamaEnvOption, envvar=["LLAMA_ARG_SPEC_DRAFT_MODEL", "LLAMA_ARG_MODEL_DRAFT"],
             metavar="BUNDLE",
             help="Speculative decoding (llama.cpp's -md / --model-draft): a smaller bundle with the same tokenizer "
                  "drafts tokens that this bundle checks several at a time; the answer is this bundle's own, greedy "
                  "or sampled."),
-        click.option("--draft-max", "--draft-n", "draft_max", default=2, show_default=True,
+        click.option("--draft-max", "--draft-n", "draft_max", default=2, show_default=True, cls=LlamaEnvOption,
+                     envvar=["LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"],
                      type=click.IntRange(1, 64), metavar="N",
                      help="Draft tokens the bundle checks in one pass (llama.cpp's --draft-max, --draft-n, --draft)."),
         # not passed to the command: draft_model reads it (_given_draft_min), so that run and serve take it unchanged
-        click.option("--draft-min", "--draft-n-min", "draft_min", default=0, show_default=True,
+        click.option("--draft-min", "--draft-n-min", "draft_min", default=0, show_default=True, cls=LlamaEnvOption,
+                     envvar=["LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_DRAFT_MIN"],
                      type=click.IntRange(0, 64), metavar="N", expose_value=False, callback=_keep_draft_min,
                      help="Check a draft only where it holds at least this many tokens, and draft only where that "
                           "many fit (llama.cpp's --draft-min, --draft-n-min); at most --draft-max."),
         click.option("--draft-p-min", "draft_p_min", default=0.0, show_default=True,  # click's FloatRange passes nan
+                     cls=LlamaEnvOption, envvar=["LLAMA_ARG_SPEC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN"],
                      type=FiniteRange(0.0, 1.0, max_open=True, what="a draft token's probability", example="0.75"),
                      metavar="P",
                      help="Stop a draft at a token the draft model gives less than this probability."),

@@ -28,6 +28,7 @@ from edgesdk.cli_interactive import (
 from edgesdk.cli_options import (
     LLAMA_OPTION_NAMES,
     SAMPLING_OPTIONS,
+    LlamaEnvOption,
     bad_sampling_option,
     configure_gates,
     draft_model,
@@ -87,26 +88,30 @@ class RunSettings:
 
 
 @click.command(context_settings=LLAMA_OPTION_NAMES)
-@click.argument("bundle", type=click.Path(path_type=Path))
+# LLAMA_ARG_MODEL: llama-cli's -m (common/arg.cpp), read where no BUNDLE is given
+@click.argument("bundle", type=click.Path(path_type=Path), envvar="LLAMA_ARG_MODEL")
 @click.option("--prompt", "-p", help="Prompt text; without it, read prompts interactively from stdin.")
 @click.option("--file", "-f", "prompt_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, newlines included but for one at its "
                    "end, as llama-cli drops it; its escapes are "
                    "read as --prompt's (--no-escape: as written). '-' reads it from stdin (as /dev/stdin does).")
 @click.option("--max-new-tokens", "-n", "--predict", "--n-predict", "max_new_tokens", default=128, show_default=True,
+              cls=LlamaEnvOption, envvar="LLAMA_ARG_N_PREDICT",
               help="The answer's token limit: -1 no limit but the context (with --context-shift none at all), -2 "
                    "until the context is full (also with --context-shift), as llama-cli's -n (--predict).")
 @click.option("--ignore-eos", is_flag=True,
               help="Never end at an end-of-text or end-of-turn token (their logits set to -inf, as llama.cpp's "
                    "--ignore-eos): an answer runs to -n tokens, unless --json, --json-schema or --grammar ends it.")
-@click.option("--temperature", "--temp", default=0.0, show_default=True,
+@click.option("--temperature", "--temp", default=0.0, show_default=True, cls=LlamaEnvOption,
+              envvar="LLAMA_ARG_TEMPERATURE",
               help="0 (or below, as llama-cli) means greedy decoding. Not given: the model's own, where its bundle records one (as --top-p, "
                    "--top-k, --min-p, --repeat-penalty, --repeat-last-n and --samplers; 'edgesdk inspect' shows "
                    "them).")
-@click.option("--top-p", default=1.0, show_default=True, help="Nucleus sampling mass (with --temperature > 0).")
-@click.option("--top-k", default=0, show_default=True,
+@click.option("--top-p", default=1.0, show_default=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_TOP_P",
+              help="Nucleus sampling mass (with --temperature > 0).")
+@click.option("--top-k", default=0, show_default=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_TOP_K",
               help="Sample from the K most likely tokens only (with --temperature > 0; 0 or below: off, as llama-cli).")
-@click.option("--min-p", default=0.0, show_default=True,
+@click.option("--min-p", default=0.0, show_default=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_MIN_P",
               help="Sample only tokens at least this fraction as likely as the top one (with --temperature > 0; "
                    "0: off).")
 @click.option("--logit-bias", "-l", "logit_bias", multiple=True, metavar="ID=BIAS",
@@ -117,9 +122,11 @@ class RunSettings:
               help=f"Seed for sampling (unset, -1 or {LLAMA_DEFAULT_SEED}: a random one, as llama-cli's default "
                    "-1; any other whole number >= 0, past 32 bits too, is a fixed seed).")
 @repeat_penalty_options(per_request=False)
-@click.option("--presence-penalty", default=0.0, show_default=True,
+@click.option("--presence-penalty", default=0.0, show_default=True, cls=LlamaEnvOption,
+              envvar="LLAMA_ARG_PRESENCE_PENALTY",
               help="Lower a seen token's logit by this, once (OpenAI's presence penalty, -2..2).")
-@click.option("--frequency-penalty", default=0.0, show_default=True,
+@click.option("--frequency-penalty", default=0.0, show_default=True, cls=LlamaEnvOption,
+              envvar="LLAMA_ARG_FREQUENCY_PENALTY",
               help="Lower a seen token's logit by this per occurrence (OpenAI's frequency penalty, -2..2).")
 @click.option("--no-display-prompt", "no_display_prompt", is_flag=True,
               help="Accepted for llama-cli's scripts: run never shows the prompt, only the answer (llama-cli shows "
@@ -129,7 +136,8 @@ class RunSettings:
 @click.option("--system-prompt-file", "-sysf", "system_file", type=click.Path(dir_okay=False, path_type=Path),
               metavar="FILE",
               help="--system read from a UTF-8 file, one line end at its end dropped (llama-cli's -sysf).")
-@click.option("--chat-template-kwargs", "template_kwargs", metavar="JSON", callback=lambda ctx, param, value:
+@click.option("--chat-template-kwargs", "template_kwargs", metavar="JSON", cls=LlamaEnvOption,
+              envvar=["LLAMA_ARG_CHAT_TEMPLATE_KWARGS", "LLAMA_CHAT_TEMPLATE_KWARGS"], callback=lambda ctx, param, value:
               read_template_kwargs(value),
               help="Extra variables for the chat template, a JSON object (llama.cpp's --chat-template-kwargs), e.g. "
                    "'{\"enable_thinking\": false}' for a Qwen3 answer without thinking.")
@@ -187,7 +195,8 @@ class RunSettings:
                    "cache of a long system prompt; a missing FILE is said and the prompt prefilled whole.")
 @click.option("--stats", is_flag=True, help="Print prompt tokens (and those from the cache), prefill/decode tok/s, time "
                                            "to first token, p95 inter-token latency and peak RSS on stderr.")
-@click.option("--context-shift/--no-context-shift", default=False, show_default=True,
+@click.option("--context-shift/--no-context-shift", default=False, show_default=True, cls=LlamaEnvOption,
+              envvar="LLAMA_ARG_CONTEXT_SHIFT", negated_env="LLAMA_ARG_NO_CONTEXT_SHIFT",
               help="Where the answer fills the context, keep its first --keep tokens, drop half of the rest and go on "
                    "(llama-cli's option; off: the answer stops at the full context). Each shift prefills the tokens "
                    "kept again.")
@@ -197,7 +206,7 @@ class RunSettings:
 @draft_options
 @thermal_options
 @gate_options
-@runtime_options
+@runtime_options(llama_env=True)
 def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias,
         samplers, sampling_seq, seed, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
         no_display_prompt, raw, system, system_file, template_kwargs, history, in_prefix, in_suffix, reverse_prompts,
@@ -209,6 +218,10 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         entropy_target, compute_budget, gating,
         threads, backend, target, ignore_target):
     """Generate text with a bundle, streaming tokens to stdout.
+
+    llama-cli's environment variables set the options they set there (LLAMA_ARG_N_PREDICT, LLAMA_ARG_TEMPERATURE,
+    LLAMA_ARG_THREADS, ...: each option below names its own; LLAMA_ARG_MODEL is the BUNDLE where none is given), as
+    llama.cpp reads them for every tool; the command line goes over them.
 
     The bundle is verified (hashes, target) before anything runs. Greedy by default, unless the model publishes
     sampling settings (its generation_config.json or GGUF general.sampling keys, which 'edgesdk inspect' shows):

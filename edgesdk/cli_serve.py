@@ -8,12 +8,14 @@ Importing this module imports click only; the runtime and the server load when t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
 from edgesdk.cli_options import (
     SAMPLING_OPTIONS,
+    LlamaEnvOption,
     bad_sampling_option,
     configure_gates,
     draft_model,
@@ -30,6 +32,7 @@ from edgesdk.cli_options import (
     sampler_chain_options,
     sampling_option_given,
     thermal_options,
+    unread_llama_env,
     warn_unused_thermal_options,
 )
 from edgesdk.errors import EdgeSDKError
@@ -53,37 +56,48 @@ def _token_limit(value: int) -> int:
 
 @click.command()
 @click.argument("bundles", metavar="[BUNDLE]...", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--models-dir", type=click.Path(path_type=Path), metavar="DIR",
+@click.option("--models-dir", type=click.Path(path_type=Path), metavar="DIR", cls=LlamaEnvOption,
+              envvar="LLAMA_ARG_MODELS_DIR",
               help="Serve every bundle directory directly in DIR too (llama-server's router option): one model is "
                    "loaded at a time, the first given at start (a BUNDLE given that DIR holds too is served once), and a "
                    "request naming another swaps it in.")
-@click.option("--host", "listen_host", default="127.0.0.1", show_default=True,
+@click.option("--host", "listen_host", default="127.0.0.1", show_default=True, cls=LlamaEnvOption,
+              envvar="LLAMA_ARG_HOST",
               help="Address to listen on (0.0.0.0 or :: for every interface); TCP only: a unix socket path, which "
                    "llama-server takes for a --host ending in .sock, is refused.")
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), cls=LlamaEnvOption,
+              envvar="LLAMA_ARG_PORT",
               help="TCP port (0: a free one, printed at start).")
-@click.option("--api-key", envvar="EDGESDK_API_KEY", show_envvar=True,
+@click.option("--api-key", cls=LlamaEnvOption, envvar=["EDGESDK_API_KEY", "LLAMA_API_KEY"],
               help="Require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on every route but /health; "
                    "several keys as a comma-separated list (KEY1,KEY2), as llama-server's --api-key takes them. A key on the "
-                   "command line shows in 'ps' to every user of the board: prefer the environment variable.")
-@click.option("--model-name", "--alias", "-a", "model_names", multiple=True, metavar="NAME",
+                   "command line shows in 'ps' to every user of the board: prefer the environment variable "
+                   "(EDGESDK_API_KEY, or llama-server's LLAMA_API_KEY; where both are set, EDGESDK_API_KEY).")
+@click.option("--model-name", "--alias", "-a", "model_names", multiple=True, metavar="NAME", cls=LlamaEnvOption,
+              envvar="LLAMA_ARG_ALIAS",
               help="Model id the API reports (llama-server's --alias) [<model>-<target> from the manifest]. With "
                    "several bundles: NAME=BUNDLE, once for each bundle to rename.")
 @click.option("--max-new-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=-2),
+              cls=LlamaEnvOption, envvar="LLAMA_ARG_N_PREDICT",
               help="Tokens per answer for a request that sets no max_tokens (-1 or -2: until the answer ends or the "
                    "context is full, as llama-server's -n).")
-@click.option("--temperature", "--temp", default=0.0, show_default=True,
+@click.option("--temperature", "--temp", default=0.0, show_default=True, cls=LlamaEnvOption,
+              envvar="LLAMA_ARG_TEMPERATURE",
               help="For a request that sets none; 0 (or below, as llama-server) means greedy decoding. Not given: the model's own, where its "
                    "bundle records one (as --top-p, --top-k, --min-p, --repeat-penalty, --repeat-last-n and --samplers; "
                    "'edgesdk inspect' shows them).")
-@click.option("--top-p", default=1.0, show_default=True, help="For a request that sets none.")
-@click.option("--top-k", default=0, show_default=True, help="For a request that sets none (0 or below: off).")
-@click.option("--min-p", default=0.0, show_default=True, help="For a request that sets none (0: off).")
+@click.option("--top-p", default=1.0, show_default=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_TOP_P",
+              help="For a request that sets none.")
+@click.option("--top-k", default=0, show_default=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_TOP_K",
+              help="For a request that sets none (0 or below: off).")
+@click.option("--min-p", default=0.0, show_default=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_MIN_P",
+              help="For a request that sets none (0: off).")
 @repeat_penalty_options(per_request=True)
 @sampler_chain_options
 @click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
               help="Requests that may wait while one generates; more get HTTP 503 at once.")
-@click.option("--context-shift/--no-context-shift", default=False, show_default=True,
+@click.option("--context-shift/--no-context-shift", default=False, show_default=True, cls=LlamaEnvOption,
+              envvar="LLAMA_ARG_CONTEXT_SHIFT", negated_env="LLAMA_ARG_NO_CONTEXT_SHIFT",
               help="Where an answer fills the context, keep its first --keep tokens, drop half of the rest and go on "
                    "(llama-server's option; off: the answer stops at the full context). A request's n_keep and "
                    "n_discard (POST /completion) set it per answer; Ollama's routes shift unless 'shift' is false.")
@@ -91,27 +105,34 @@ def _token_limit(value: int) -> int:
               help="With --context-shift: the prompt's first N tokens (and its BOS) stay at a shift (-1: the whole "
                    "prompt), for a request that sends no n_keep (llama-server's --keep).")
 @click.option("--quiet", is_flag=True, help="No request log on stderr.")
-@click.option("--no-prompt-cache", is_flag=True,
+@click.option("--no-prompt-cache", is_flag=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_CACHE_PROMPT",
+              negated_env="LLAMA_ARG_NO_CACHE_PROMPT", env_inverts=True,
               help="Prefill every prompt whole, instead of reusing the previous answer's KV cache for the "
-                   "prefix a prompt repeats (a chat's earlier turns).")
+                   "prefix a prompt repeats (a chat's earlier turns). LLAMA_ARG_CACHE_PROMPT is llama-server's "
+                   "--cache-prompt: false (or LLAMA_ARG_NO_CACHE_PROMPT set) is this option.")
 @click.option("--cache-ram", "cache_ram_mib", default=256, show_default=True, type=click.IntRange(min=-1),
+              cls=LlamaEnvOption, envvar="LLAMA_ARG_CACHE_RAM",
               metavar="MIB", help="Host memory (MiB) for the KV caches of other conversations, so a chat gets its "
                                   "cache back after the server answered another prompt (0: keep only the last one; "
                                   "-1: no limit, as llama-server's).")
-@click.option("--metrics", is_flag=True,
+@click.option("--metrics", is_flag=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_ENDPOINT_METRICS",
               help="Serve GET /metrics: Prometheus counters (tokens, compute seconds, requests, thermal level).")
 @click.option("--lookup", "lookup_draft", default=0, show_default=True, type=click.IntRange(0, 64), metavar="N",
               help="Prompt lookup decoding: where the last tokens occurred before in the prompt or answer, check up "
                    "to N tokens of what followed them in one pass (fast where the answer copies, e.g. 2x when "
                    "repeating a text; 0: off). Greedy answers can differ at near-ties of a quantized model.")
-@click.option("--no-prefill-assistant", is_flag=True,
+@click.option("--no-prefill-assistant", is_flag=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_PREFILL_ASSISTANT",
+              negated_env="LLAMA_ARG_NO_PREFILL_ASSISTANT", env_inverts=True,
               help="A chat ending with an assistant message gets a new assistant turn after it, instead of the "
-                   "answer going on from that message's text (llama-server's option of the same name).")
-@click.option("--chat-template-kwargs", "template_kwargs", metavar="JSON", callback=lambda ctx, param, value:
+                   "answer going on from that message's text (llama-server's option of the same name; "
+                   "LLAMA_ARG_PREFILL_ASSISTANT false, or LLAMA_ARG_NO_PREFILL_ASSISTANT set, is this option).")
+@click.option("--chat-template-kwargs", "template_kwargs", metavar="JSON", cls=LlamaEnvOption,
+              envvar=["LLAMA_ARG_CHAT_TEMPLATE_KWARGS", "LLAMA_CHAT_TEMPLATE_KWARGS"], callback=lambda ctx, param, value:
               read_template_kwargs(value),
               help="Extra variables for the chat template, a JSON object (llama-server's option); a request's "
                    "chat_template_kwargs go over them. E.g. '{\"enable_thinking\": false}' for Qwen3.")
 @click.option("--reasoning-format", type=click.Choice(["auto", "none", "deepseek", "deepseek-legacy"]),
+              cls=LlamaEnvOption, envvar="LLAMA_ARG_THINK",
               default="auto", show_default=True,
               help="A thinking model's <think> block as the message's reasoning_content (deepseek; auto: where the "
                    "chat template writes one; deepseek-legacy: so, but streamed in the content), or left in the "
@@ -122,15 +143,17 @@ def _token_limit(value: int) -> int:
 @click.option("--responses-kept-mib", default=16, show_default=True, type=click.IntRange(0), metavar="MIB",
               help="At most this much JSON of kept responses and their input items.")
 @click.option("--reasoning-budget", default=-1, show_default=True, type=click.Choice([-1, 0]), metavar="N",
+              cls=LlamaEnvOption, envvar="LLAMA_ARG_THINK_BUDGET",
               help="Thinking allowed: -1 without limit, 0 off (the chat template rendered with enable_thinking "
                    "false unless --chat-template-kwargs or a request's chat_template_kwargs set it), as "
                    "llama-server's option; a token budget in between is not taken.")
-@click.option("--pooling", type=click.Choice(POOLINGS), default=None,
+@click.option("--pooling", type=click.Choice(POOLINGS), default=None, cls=LlamaEnvOption, envvar="LLAMA_ARG_POOLING",
               help="How an embedding pools a text's final hidden states (llama-server's option): last (the last "
                    "token's, what decoder embedding models such as Qwen3-Embedding are trained for), mean (their "
                    "average), cls (the first token's), or none (every token's vector: POST /embedding answers it; "
                    "/v1/embeddings and Ollama's /api/embed refuse it).  [default: as the model declares, else mean]")
 @click.option("--batch-size", "-b", "batch_size", default=2048, show_default=True, type=click.IntRange(min=1),
+              cls=LlamaEnvOption, envvar="LLAMA_ARG_BATCH",
               metavar="N", help="llama-server's logical batch size, as its code infill (POST /infill, Ollama's "
                                 "suffix) uses it: of the code before the cursor the last 3N/4 tokens are kept, of "
                                 "the code after it the first N/4 (less the cursor line's and 2), and other files' "
@@ -142,7 +165,7 @@ def _token_limit(value: int) -> int:
 @draft_options
 @thermal_options
 @gate_options
-@runtime_options
+@runtime_options(llama_env=True)
 def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_tokens, temperature, top_p, top_k, min_p,
           repeat_penalty, repeat_last_n, samplers, sampling_seq, max_queue, context_shift, keep,
           quiet,
@@ -160,6 +183,11 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
 
     Several bundles (or --models-dir) are served one loaded at a time: a request naming another model ('model' in
     its body) waits for the answers before it, then that model is loaded in place of the idle one.
+
+    llama-server's environment variables set the options they set there (LLAMA_ARG_HOST, LLAMA_ARG_PORT,
+    LLAMA_ARG_N_PREDICT, LLAMA_ARG_ALIAS, LLAMA_API_KEY, ...: each option below names its own; flags take true, 1,
+    on, enabled or false, 0, off, disabled), and LLAMA_ARG_MODEL is the BUNDLE where none is given; the command
+    line goes over them. One set for an option serve lacks is named at start.
     """
     from edgesdk.runtime.session import open_runtime
     from edgesdk.serve.completion import Completer, ServeDefaults
@@ -190,6 +218,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
         if not api_keys:
             raise click.BadParameter("is empty; pass a key (or several, comma-separated), or leave --api-key out to "
                                      "serve without one", param_hint="'--api-key'")
+    bundles = _bundle_from_env(bundles)
     paths = _distinct([*bundles, *(_bundles_in(models_dir) if models_dir is not None else [])])
     if not paths:
         raise click.UsageError("give the BUNDLE to serve (several are served one loaded at a time), or --models-dir "
@@ -214,6 +243,10 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
             model_name = _aliased(model_name, paths, [path.resolve() for path in paths])[0]
     warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard, clock_cap=clock_cap,
                                 ambient=ambient, sim_speed=sim_speed, thermal_target=thermal_target)
+    unread = unread_llama_env(click.get_current_context().command, MODEL_ENV)
+    if unread:  # llama-server would act on them: said, not ignored silently
+        click.echo(f"edgesdk serve: not read: {', '.join(unread)} (llama-server's, for options edgesdk serve does not "
+                   "have; 'edgesdk serve --help' names the variables it reads)", err=True)
     if no_prompt_cache and option_given("cache_ram_mib"):
         click.echo("edgesdk: --cache-ram is not used: --no-prompt-cache keeps no KV cache between requests", err=True)
     # A service manager's stop (SIGTERM; SIGHUP unless nohup ignores it) ends the server as Ctrl-C does:
@@ -268,6 +301,22 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     finally:
         if thermal is not None:
             thermal.close()
+
+
+MODEL_ENV = "LLAMA_ARG_MODEL"  # llama-server's -m (common/arg.cpp ``set_env("LLAMA_ARG_MODEL")``)
+
+
+def _bundle_from_env(bundles: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The BUNDLEs to serve: those given, else LLAMA_ARG_MODEL's path, as llama-server takes its -m from it where the
+    command line has none (a Docker image or a systemd unit configured through the environment alone); a BUNDLE on
+    the command line goes over it, which is said, as llama.cpp warns."""
+    from_env = os.environ.get(MODEL_ENV)
+    if not from_env:
+        return bundles
+    if bundles:
+        click.echo(f"edgesdk: {MODEL_ENV} is set, but the BUNDLE on the command line goes over it", err=True)
+        return bundles
+    return (Path(from_env),)
 
 
 def _with_model_defaults(defaults, manifest: dict, name: str | None = None):
