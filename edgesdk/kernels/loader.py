@@ -599,6 +599,44 @@ def _cubin_sm(image: bytes) -> int | None:
     return None
 
 
+_EIATTR_KPARAM_INFO = 0x17  # an .nv.info record describing one kernel parameter (ordinal, offset, size)
+_EIFMT_SVAL = 0x04  # an .nv.info record with a 16-bit size and that many bytes; the other formats take 4 bytes
+
+
+def _cubin_entry_params(image: bytes, kernel_name: str) -> int | None:
+    """How many parameters a cubin's ``kernel_name`` takes: the ``EIATTR_KPARAM_INFO`` records, one per parameter,
+    of its ``.nv.info.<kernel_name>`` ELF section (what ``cuobjdump -elf`` lists as its KPARAM_INFO; records are a
+    format byte, an attribute byte and a 16-bit value, or for ``EIFMT_SVAL`` a 16-bit size and that many bytes).
+    The driver packs as many parameters as this says (CUDA Driver API, ``cuLaunchKernel``: the count comes from the
+    image). None when the image has no section headers, no such section or none of those records (nothing to
+    compare), or is not a 64-bit ELF laid out so."""
+    import struct
+
+    try:
+        if image[4] != 2:  # ELFCLASS64: what ptxas writes
+            return None
+        table = struct.unpack_from("<Q", image, 0x28)[0]  # e_shoff
+        entry_size, count, names = struct.unpack_from("<HHH", image, 0x3A)  # e_shentsize, e_shnum, e_shstrndx
+        if not table or entry_size < 64 or names >= count:
+            return None
+        sections = [struct.unpack_from("<IIQQQQ", image, table + i * entry_size) for i in range(count)]
+        names_at = sections[names][4]
+        wanted = b".nv.info." + kernel_name.encode()
+        for name, _type, _flags, _addr, offset, size in sections:
+            start = names_at + name
+            if image[start:image.index(b"\0", start)] != wanted:
+                continue
+            data, at, params = image[offset:offset + size], 0, 0
+            while at + 4 <= len(data):
+                fmt, attr, value = data[at], data[at + 1], struct.unpack_from("<H", data, at + 2)[0]
+                params += attr == _EIATTR_KPARAM_INFO
+                at += 4 + (value if fmt == _EIFMT_SVAL else 0)
+            return params or None
+    except (IndexError, ValueError, struct.error):
+        return None
+    return None
+
+
 def _ptx_target(image: bytes) -> tuple[int, str] | None:
     """``(90, "a")`` for a PTX module whose ``.target`` directive is ``sm_90a`` (PTX ISA, "Target Directives");
     None when it names no ``sm_NN`` target."""
@@ -660,7 +698,9 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
     Raises :class:`KernelLoadError` when neither cuda-python nor a CUDA torch is there, when the device is older
     than the kernels' SM, when the PTX a newer device would JIT cannot run on it (arch-specific ``sm_90a`` code,
     what Triton writes for every target from sm_90) or was compiled for another launcher ABI (another Triton;
-    :func:`_ptx_refusal`), when the driver refuses an image, and when the directory is damaged: ``index.json`` or
+    :func:`_ptx_refusal`), when the cubin, the image this GPU runs when it is the kernels' SM, declares another
+    parameter count than the loader packs (another Triton's launcher ABI; :func:`_cubin_entry_params`), when the
+    driver refuses an image, and when the directory is damaged: ``index.json`` or
     a variant's metadata missing or not JSON, a listed cubin / PTX missing, a cubin or PTX whose SHA-256 is not
     the one recorded at compile time (``ptx_sha256``: every bsr variant's entry is ``_bsr_matmul_kernel``, so a
     PTX swapped with another variant's, a transposed layout's for a plain one say, passes every other check and
@@ -731,6 +771,15 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
                 raise KernelLoadError(f"cubin {image_path} holds sm_{image_sm} code, but {meta_path} and {index_path} "
                                       f"say sm_{sm}: the bundle's kernels were compiled for another target; rebuild "
                                       f"the bundle for this board (edgesdk build --target ...)")
+            declared = _cubin_entry_params(image, str(meta["kernel_name"]))
+            passed = len(meta["params"]) + len(_SCRATCH_PARAMS)  # what LoadedKernel.launch packs
+            if declared is not None and declared != passed:
+                raise KernelLoadError(
+                    f"cubin {image_path} of kernel {meta['name']} declares {declared} kernel parameters for "
+                    f"{meta['kernel_name']}, but this loader passes {passed} (its {len(meta['params'])} parameters, "
+                    f"then Triton's scratch pointers): it was compiled by a Triton with another launcher ABI (triton "
+                    f"{meta.get('triton_version', 'unknown')}), and the driver would read the missing parameters from "
+                    "whatever memory follows; rebuild the bundle with this edgesdk and triton==3.9.0")
         refusal = _ptx_refusal(image, meta, sm, capability) if source == "ptx" else None
         if refusal is not None:
             raise KernelLoadError(f"ptx {image_path} of kernel {meta['name']} {refusal}")

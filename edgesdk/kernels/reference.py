@@ -93,7 +93,9 @@ def gqa_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cac
     reads kv head ``h // (Hq // Hkv)`` (the ``repeat_kv`` grouping of GQA, Ainslie et al. 2023). ``window``
     (:func:`check_window`): the query, at position ``lengths[b] - 1``, reads only the last ``window`` positions,
     ``lengths[b] - window .. lengths[b] - 1``; the ones before are ignored as those past the length are. Returns
-    float32 ``(B, Hq, D)``; a row with length 0 returns zeros. Arguments are checked by
+    float32 ``(B, Hq, D)``; a row with length 0 returns zeros. A NaN (or an inf that makes one) in q or in a cache
+    entry the row reads gives NaN, as in the kernel's online softmax and PyTorch's
+    ``scaled_dot_product_attention``; it is not turned into zeros. Arguments are checked by
     :func:`check_decode_attention_args`.
     """
     b, hq, hkv, t_max, d = check_decode_attention_args(q, k_cache, v_cache, lengths)
@@ -112,6 +114,8 @@ def gqa_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cac
     qg = q.float().reshape(b, hkv, group, d)  # (B, Hq, D) -> (B, Hkv, G, D)
     scores = torch.einsum("bhgd,bhtd->bhgt", qg, keys) * scale  # (B, Hkv, G, t)
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-masked rows (length 0) -> zeros
+    # a row with no position to read (length 0) -> zeros, as the kernel stores; not nan_to_num, which also made the
+    # NaN of a NaN / inf query or cache entry inside the row zeros (the kernel and SDPA return NaN there)
+    probs = torch.softmax(scores, dim=-1).masked_fill(~valid.any(dim=1)[:, None, None, None], 0.0)
     out = torch.einsum("bhgt,bhtd->bhgd", probs, values)  # (B, Hkv, G, D)
     return out.reshape(b, hq, d)  # (B, Hkv, G, D) -> (B, Hq, D)
