@@ -22,6 +22,60 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
     from edgesdk.deploy.board_transfer import RECEIVE_IDLE_S, IdleDeadline, read_stamp
 
 
+# Distributions that install the module ``onnxruntime`` under a name of their own: the GPU build (PyPI
+# onnxruntime-gpu, and the Jetson Zoo / jetson-containers wheels a JetPack board has in its system Python) and the
+# other execution-provider builds. pip matches a requirement by distribution name, so ``onnxruntime>=1.18`` is not
+# satisfied by onnxruntime-gpu: it installs the CPU onnxruntime into the venv, whose site-packages come before the
+# system's, and ``import onnxruntime`` there loses the CUDA / TensorRT providers (ONNX Runtime: only one of the
+# packages belongs in an environment, microsoft/onnxruntime#10685, #26996); a board without a network fails instead.
+ONNXRUNTIME_BUILDS = {"onnxruntime": ["onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml",
+                                      "onnxruntime-qnn", "onnxruntime-training"]}
+
+# Run by the new venv's Python after edgesdk itself is installed (--no-deps): edgesdk's dependencies (its
+# Requires-Dist, extras left out), less those a build above that the venv sees already provides at a version the
+# requirement takes. Prints {"keep": [requirement, ...], "provided": [[requirement, distribution, version], ...]}.
+DEPENDENCIES = r"""
+import json, re, sys
+if sys.path and sys.path[0] == "":  # python -c: the working directory (an edgesdk checkout's egg-info) is not the venv
+    del sys.path[0]
+from importlib import metadata
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    try:
+        from pip._vendor.packaging.requirements import Requirement
+    except ImportError:  # a pip whose vendored libraries a distribution took out: pip install SPEC as it is
+        print(json.dumps({"keep": None, "provided": []}))
+        sys.exit(0)
+
+def canonical(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+def takes(specifier, version):
+    try:
+        return specifier.contains(version, prereleases=True)
+    except Exception:  # a version PEP 440 cannot read: pip decides, as before
+        return False
+
+builds, have = json.loads(sys.argv[1]), {}
+for dist in metadata.distributions():
+    if dist.metadata["Name"]:
+        have.setdefault(canonical(dist.metadata["Name"]), dist.version)
+keep, provided = [], []
+for text in metadata.requires("edgesdk") or []:
+    requirement = Requirement(text)
+    if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+        continue
+    name = canonical(requirement.name)
+    found = [b for b in builds.get(name, []) if b in have and takes(requirement.specifier, have[b])]
+    if name not in have and found:
+        provided.append([str(requirement), found[0], have[found[0]]])
+    else:
+        keep.append(str(requirement))
+print(json.dumps({"keep": keep, "provided": provided}))
+"""
+
+
 def inherit_site_packages(venv):
     """Let the new venv see this interpreter's own site-packages when it is itself a venv."""
     if sys.prefix == getattr(sys, "base_prefix", sys.prefix):
@@ -89,7 +143,14 @@ def op_install(params):
         # edgesdk itself into this venv even when an inherited site-packages already has the same version,
         # then whatever dependencies the board does not have yet.
         step(pip + ["--no-deps", "--force-reinstall", spec], f"pip install {os.path.basename(spec)}", index_fix)
-        step(pip + [spec], f"pip install of the dependencies of {os.path.basename(spec)}", index_fix)
+        # then its dependencies, less an onnxruntime that a build of another name the venv sees provides
+        # (ONNXRUNTIME_BUILDS): 'pip install SPEC' put the CPU onnxruntime over the board's onnxruntime-gpu
+        out = step([python, "-c", DEPENDENCIES, json.dumps(ONNXRUNTIME_BUILDS)],
+                   f"reading the dependencies of {os.path.basename(spec)}", "report this")
+        dependencies = json.loads(out.strip().splitlines()[-1])
+        if dependencies["keep"] is None or dependencies["keep"]:
+            step(pip + (dependencies["keep"] or [spec]),
+                 f"pip install of the dependencies of {os.path.basename(spec)}", index_fix)
         step([os.path.join(venv, "bin", "edgesdk"), "--version"], "edgesdk --version in the new runtime",
              "report this: the wheel installed but its command does not start")
         version, where = step([python, "-c", "import edgesdk; print(edgesdk.__version__); print(edgesdk.__file__)"],
@@ -99,8 +160,10 @@ def op_install(params):
             raise Refused(f"the new runtime imports edgesdk from {where} instead of its own {venv}",
                           "unset PYTHONPATH for ssh sessions on the board, or deploy without "
                           "--runtime-venv-system-site-packages")
-        write_stamp(venv, {"key": key, "version": version, "installed": time.time(), "inherited": inherited})
-        return {"key": key, "version": version}
+        provided = [{"requirement": r, "by": f"{name} {at}"} for r, name, at in dependencies["provided"]]
+        write_stamp(venv, {"key": key, "version": version, "installed": time.time(), "inherited": inherited,
+                           "provided": provided})
+        return {"key": key, "version": version, "provided": provided}
 
 
 def receive_wheel(partial, idle_timeout):
