@@ -96,6 +96,21 @@ def cache_dir() -> Path:
     return user_cache() / "wheels"
 
 
+WHEEL_BUILD_TIMEOUT_S = 600  # one pip wheel run (the isolated one may wait on the package index)
+
+
+def _pip_wheel(argv: list[str], root: Path) -> subprocess.CompletedProcess:
+    """One ``pip wheel`` run; past :data:`WHEEL_BUILD_TIMEOUT_S` a DeployError naming it (subprocess's
+    TimeoutExpired ended the deploy, or each board of a fleet, in a traceback)."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=WHEEL_BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise DeployError(f"building the edgesdk wheel from {root} took more than {WHEEL_BUILD_TIMEOUT_S} s "
+                          "(pip wheel; an isolated build waits on the package index)",
+                          "pip install 'setuptools>=68' wheel into this environment so the build runs offline, "
+                          "or deploy with --no-install onto a board that already has edgesdk") from exc
+
+
 def build_wheel(root: Path, digest: str) -> Path:
     """A wheel of the checkout, built once per source digest (copied to a temporary tree first)."""
     target = cache_dir() / digest[:24]
@@ -113,9 +128,9 @@ def build_wheel(root: Path, digest: str) -> Path:
                 str(out), str(tree)]
         # Offline with this environment's setuptools first; pip's isolated build (which fetches
         # setuptools from the package index) when that one is missing or too old.
-        proc = subprocess.run([*argv, "--no-build-isolation"], capture_output=True, text=True, timeout=600)
+        proc = _pip_wheel([*argv, "--no-build-isolation"], root)
         if proc.returncode != 0:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+            proc = _pip_wheel(argv, root)
         if proc.returncode != 0:
             raise DeployError(f"building the edgesdk wheel from {root} failed:\n{proc.stderr[-2000:]}",
                               "pip install 'setuptools>=68' wheel into this environment, or deploy with "
