@@ -174,3 +174,49 @@ def vocab_only_gguf(target: Path, write_vocabulary) -> Path:
     writer.add_rope_dimension_count(4)
     write_vocabulary(writer)
     return close_gguf(writer, target)
+
+
+def one_layer_llama_gguf(path: Path, tokenizer_model: str, tokens: list[str], types: list[int],
+                         scores: list[float] | None = None, merges: list[str] | None = None, pre: str | None = None,
+                         bos: int = 1, eos: int = 2, unk: int | None = None, ids: dict[str, int] | None = None,
+                         **flags: bool) -> Path:
+    """A one-layer Llama GGUF (width 64, 2 heads, 1 KV head, FFN 96, random float32 weights) with the vocabulary
+    ``tokens`` of ``types`` (``tokenizer.ggml.model`` ``tokenizer_model``; ``scores`` for SentencePiece,
+    ``merges`` for BPE), ``tokenizer.ggml.pre`` ``pre``, the BOS / EOS / UNK ids, the other token-id keys in ``ids``
+    (eot_token_id, eom_token_id) and the boolean tokenizer keys in ``flags`` (add_bos_token, add_eos_token,
+    add_space_prefix), each only where given: how the tests make files whose tokenizer edgesdk's loader must read
+    as llama.cpp does."""
+    import gguf
+
+    vocab, width, ffn = len(tokens), 64, 96
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("block_count", 1), ("embedding_length", width), ("attention.head_count", 2),
+                       ("attention.head_count_kv", 1), ("context_length", 128), ("feed_forward_length", ffn)):
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_tokenizer_model(tokenizer_model)
+    if pre is not None:
+        writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    if scores is not None:
+        writer.add_token_scores(scores)
+    if merges is not None:
+        writer.add_token_merges(merges)
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(eos)
+    if unk is not None:
+        writer.add_unk_token_id(unk)
+    for key, value in (ids or {}).items():
+        writer.add_uint32(f"tokenizer.ggml.{key}", value)
+    for key, value in flags.items():
+        writer.add_bool(f"tokenizer.ggml.{key}", value)
+    random = np.random.default_rng(0)
+    for name, shape in {"token_embd.weight": (vocab, width), "output_norm.weight": (width,),
+                        "blk.0.attn_norm.weight": (width,), "blk.0.attn_q.weight": (width, width),
+                        "blk.0.attn_k.weight": (32, width), "blk.0.attn_v.weight": (32, width),
+                        "blk.0.attn_output.weight": (width, width), "blk.0.ffn_norm.weight": (width,),
+                        "blk.0.ffn_gate.weight": (ffn, width), "blk.0.ffn_up.weight": (ffn, width),
+                        "blk.0.ffn_down.weight": (width, ffn)}.items():
+        writer.add_tensor(name, random.standard_normal(shape).astype(np.float32))
+    return close_gguf(writer, path)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import ModelSourceError
-from tests._utils.gguf_files import close_gguf
+from tests._utils.gguf_files import close_gguf, one_layer_llama_gguf
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
@@ -142,35 +142,12 @@ def _dense_gguf(path, tokenizer_model: str, pre: str | None, add_bos: bool | Non
     where given."""
     letters = list("abcdefghijklm")
     tokens = ["<unk>", "<s>", "</s>"] + (["\u2581", *letters] if tokenizer_model == "llama" else [*letters, "ab"])
-    vocab, width, ffn = len(tokens), 64, 96
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in (("block_count", 1), ("embedding_length", width), ("attention.head_count", 2),
-                       ("attention.head_count_kv", 1), ("context_length", 128), ("feed_forward_length", ffn)):
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_tokenizer_model(tokenizer_model)
-    if pre is not None:
-        writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types([2, 3, 3] + [1] * (vocab - 3))
-    if tokenizer_model == "llama":
-        writer.add_token_scores([0.0] * 3 + [-float(index) for index in range(vocab - 3)])
-    else:
-        writer.add_token_merges(["a b"])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
-    if add_bos is not None:
-        writer.add_add_bos_token(add_bos)
-    random = np.random.default_rng(0)
-    for name, shape in {"token_embd.weight": (vocab, width), "output_norm.weight": (width,),
-                        "blk.0.attn_norm.weight": (width,), "blk.0.attn_q.weight": (width, width),
-                        "blk.0.attn_k.weight": (32, width), "blk.0.attn_v.weight": (32, width),
-                        "blk.0.attn_output.weight": (width, width), "blk.0.ffn_norm.weight": (width,),
-                        "blk.0.ffn_gate.weight": (ffn, width), "blk.0.ffn_up.weight": (ffn, width),
-                        "blk.0.ffn_down.weight": (width, ffn)}.items():
-        writer.add_tensor(name, random.standard_normal(shape).astype(np.float32))
-    return close_gguf(writer, path)
+    vocab = len(tokens)
+    spm = tokenizer_model == "llama"
+    flags = {} if add_bos is None else {"add_bos_token": add_bos}
+    return one_layer_llama_gguf(path, tokenizer_model, tokens, [2, 3, 3] + [1] * (vocab - 3),
+                                scores=[0.0] * 3 + [-float(index) for index in range(vocab - 3)] if spm else None,
+                                merges=None if spm else ["a b"], pre=pre, unk=0, **flags)
 
 
 @pytest.mark.parametrize(("tokenizer_model", "pre", "add_bos", "bos"), [

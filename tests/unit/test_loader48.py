@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import ModelSourceError
-from tests._utils.gguf_files import close_gguf
+from tests._utils.gguf_files import close_gguf, one_layer_llama_gguf
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
@@ -89,30 +89,9 @@ def _bpe_gguf(path, pre: str, tokens: list[str] | None = None, merges: tuple[str
     that no merge makes (the one merge, "a b", makes "ab"), tokenizer.ggml.pre ``pre`` and, unless ``add_bos`` is
     given, no tokenizer.ggml.add_bos_token."""
     tokens = tokens or ["<unk>", "<s>", "</s>", *"abcdefgh", "ab", "abc"]
-    vocab, width, ffn = len(tokens), 64, 96
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in (("block_count", 1), ("embedding_length", width), ("attention.head_count", 2),
-                       ("attention.head_count_kv", 1), ("context_length", 128), ("feed_forward_length", ffn)):
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types([2, 3, 3] + [1] * (vocab - 3))
-    writer.add_token_merges(list(merges))
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    if add_bos is not None:
-        writer.add_add_bos_token(add_bos)
-    random = np.random.default_rng(0)
-    for name, shape in {"token_embd.weight": (vocab, width), "output_norm.weight": (width,),
-                        "blk.0.attn_norm.weight": (width,), "blk.0.attn_q.weight": (width, width),
-                        "blk.0.attn_k.weight": (32, width), "blk.0.attn_v.weight": (32, width),
-                        "blk.0.attn_output.weight": (width, width), "blk.0.ffn_norm.weight": (width,),
-                        "blk.0.ffn_gate.weight": (ffn, width), "blk.0.ffn_up.weight": (ffn, width),
-                        "blk.0.ffn_down.weight": (width, ffn)}.items():
-        writer.add_tensor(name, random.standard_normal(shape).astype(np.float32))
-    return close_gguf(writer, path)
+    flags = {} if add_bos is None else {"add_bos_token": add_bos}
+    return one_layer_llama_gguf(path, "gpt2", tokens, [2, 3, 3] + [1] * (len(tokens) - 3), merges=list(merges), pre=pre,
+                                **flags)
 
 
 @pytest.mark.parametrize(("pre", "expected"), [

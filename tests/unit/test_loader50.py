@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
 import pytest
 
-from tests._utils.gguf_files import close_gguf
+from tests._utils.gguf_files import one_layer_llama_gguf
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("torch")
@@ -23,36 +22,7 @@ def _gguf(path, tokenizer_model: str, tokens: list[str], types: list[int], score
     """A one-layer Llama GGUF with the vocabulary ``tokens`` (``tokenizer.ggml.model`` ``tokenizer_model``), the
     token-id keys in ``ids`` (eot_token_id, eom_token_id) and the boolean tokenizer keys in ``flags``
     (add_bos_token, add_eos_token, add_space_prefix) where given."""
-    vocab, width, ffn = len(tokens), 64, 96
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in (("block_count", 1), ("embedding_length", width), ("attention.head_count", 2),
-                       ("attention.head_count_kv", 1), ("context_length", 128), ("feed_forward_length", ffn)):
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_tokenizer_model(tokenizer_model)
-    if pre is not None:
-        writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    if scores is not None:
-        writer.add_token_scores(scores)
-    if merges is not None:
-        writer.add_token_merges(merges)
-    writer.add_bos_token_id(bos)
-    writer.add_eos_token_id(eos)
-    for key, value in (ids or {}).items():
-        writer.add_uint32(f"tokenizer.ggml.{key}", value)
-    for key, value in flags.items():
-        writer.add_bool(f"tokenizer.ggml.{key}", value)
-    random = np.random.default_rng(0)
-    for name, shape in {"token_embd.weight": (vocab, width), "output_norm.weight": (width,),
-                        "blk.0.attn_norm.weight": (width,), "blk.0.attn_q.weight": (width, width),
-                        "blk.0.attn_k.weight": (32, width), "blk.0.attn_v.weight": (32, width),
-                        "blk.0.attn_output.weight": (width, width), "blk.0.ffn_norm.weight": (width,),
-                        "blk.0.ffn_gate.weight": (ffn, width), "blk.0.ffn_up.weight": (ffn, width),
-                        "blk.0.ffn_down.weight": (width, ffn)}.items():
-        writer.add_tensor(name, random.standard_normal(shape).astype(np.float32))
-    return close_gguf(writer, path)
+    return one_layer_llama_gguf(path, tokenizer_model, tokens, types, scores, merges, pre, bos, eos, ids=ids, **flags)
 
 
 def _tokenizer(path):
