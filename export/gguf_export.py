@@ -129,7 +129,7 @@ def gguf_destination(bundle_dir: Path, out: Path) -> Path:
 
 def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExportConfig()) -> GGUFExportReport:
     """Write the verified bundle ``bundle_dir`` as a GGUF file at ``out`` (a file or a directory)."""
-    from edgesdk.bundle import verify_bundle
+    from edgesdk.bundle import _sync_directory, verify_bundle
 
     start = time.perf_counter()
     destination = gguf_destination(bundle_dir, out)
@@ -174,6 +174,13 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
                                          if 0 <= int(i) < len(vocab.tokens)))
     for note in vocab.notes:
         warnings.warn(f"{destination}: llama.cpp tokenizes {note}", stacklevel=2)
+    unheld = end_of_turn_keys(vocab)[1]
+    if unheld:
+        warnings.warn(f"{destination}: the bundle stops at tokens {unheld} "
+                      f"({', '.join(repr(vocab.tokens[i]) for i in unheld)}), which llama.cpp does not end generation "
+                      "at: it ends at the EOS, EOT and EOM tokens and at tokens of its own texts only, and those keys "
+                      "hold two other ids; pass them to llama.cpp as stop strings (llama-server's \"stop\", "
+                      "llama-cli's -r)", stacklevel=2)
     tensors = gguf_tensors(decoder, pairwise_rope)
     encoded = {name: encode_matrix(value) for name, value in tensors.items()}
     types = dict(Counter(data.quant or "F32" for data in encoded.values()))
@@ -190,7 +197,9 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
             _write(partial, architecture, decoder, shape, vocab, encoded, file_type, manifest,
                    _chat_template(bundle, tokenizer), handle)
         verified = verify_gguf(partial, tensors) if config.verify else 0
+        _sync_file(partial)  # on the disk before the rename: a power cut then leaves the old file or the new one
         os.replace(partial, destination)
+        _sync_directory(destination.parent)
     except OSError as exc:  # no room, no permission, a file size limit
         raise ExportError(f"cannot write {destination} ({exc.strerror or exc}); nothing was written there",
                           "pick a path in an existing, writable directory with room for the file") from exc
@@ -199,6 +208,18 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     return GGUFExportReport(path=destination, size_bytes=destination.stat().st_size, architecture=architecture,
                             file_type=file_type, tensor_types=types, verified_tensors=verified,
                             seconds=time.perf_counter() - start, notes=list(vocab.notes))
+
+
+def _sync_file(path: Path) -> None:
+    """Flush ``path``'s data to the disk (fsync(2)). ext4 and most file systems may write a rename before the data
+    of the file renamed, so a power cut soon after an export over an earlier file (a board's SD card) would leave
+    an empty or partial file at the destination with the earlier one already gone; edgesdk.bundle's commit syncs
+    its files before its renames for the same reason."""
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 PARTIAL_ATTEMPTS = 3  # names taken again between our unlink and our create before the export gives up
@@ -458,6 +479,30 @@ def add_sampling(writer, sampling: dict) -> None:
         writer.add_sampling_sequence(";".join(sampling["samplers"]))
 
 
+def end_of_turn_keys(vocab: GGUFVocab) -> tuple[dict[str, int], list[int]]:
+    """The ``tokenizer.ggml.eot_token_id`` / ``eom_token_id`` keys that make llama.cpp stop at every id the bundle
+    stops at (``vocab.eos_ids``), and the ids beyond what those two keys can hold (llama.cpp runs past them).
+
+    llama.cpp reads no list of end ids: its vocab loader ends generation at the EOS token, at each token whose text is
+    one of its own (``<|im_end|>``, ``<end_of_turn>``, ``<|endoftext|>`` ...: ``special_eog_ids`` in
+    src/llama-vocab.cpp, edgesdk.runtime.text.end_of_generation_ids) and at the EOT and EOM tokens. A stop token of
+    another text (OpenChat's ``<|end_of_turn|>``, Command-R's ``<|END_OF_TURN_TOKEN|>``, beside an EOS token) is
+    written as the EOT token, or as the EOM token where the vocabulary holds a token llama.cpp takes as its EOT by
+    text (``find EOT token``; a written key replaces that detection), and a second one in the other key."""
+    from edgesdk.runtime.infill_sampler import EOT_TEXTS
+    from edgesdk.runtime.text import end_of_generation_ids
+
+    ids: dict[str, int] = {}
+    for index, token in enumerate(vocab.tokens):  # llama.cpp's token_to_id: the last id of a repeated text
+        ids[token] = index
+    stops = end_of_generation_ids(ids.get, () if vocab.eos_id is None else (vocab.eos_id,))
+    missing = sorted(set(vocab.eos_ids) - stops)
+    keys = ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"]
+    if any(text in ids for text in EOT_TEXTS):
+        keys.reverse()
+    return dict(zip(keys, missing, strict=False)), missing[len(keys):]
+
+
 def add_tokenizer(writer, vocab: GGUFVocab, chat_template: str | None) -> None:
     """The ``tokenizer.ggml.*`` keys llama.cpp's vocabulary loader reads (``llama_vocab::impl::load``) and the
     chat template, on the GGUF writer ``writer``."""
@@ -482,6 +527,8 @@ def add_tokenizer(writer, vocab: GGUFVocab, chat_template: str | None) -> None:
         # engine stops at tokenizer.ggml.eos_token_id and each of these. llama.cpp reads no such key (it takes its
         # end-of-generation set from eos_token_id and the tokens' texts) and passes over it.
         writer.add_array("tokenizer.ggml.eos_token_ids", sorted(vocab.eos_ids))
+    for key, value in end_of_turn_keys(vocab)[0].items():
+        writer.add_uint32(key, value)
     writer.add_add_bos_token(vocab.add_bos)
     writer.add_add_eos_token(vocab.add_eos)  # unwritten, llama.cpp adds none to a gpt2 or llama vocabulary
     if chat_template:
