@@ -108,6 +108,10 @@ class CompletionRequest:
     echo: bool = False  # /v1/completions: the prompt comes back before the answer (with its log-probabilities)
     # POST /completion's n_probs: the log-probabilities as llama-server's completion_probabilities, not OpenAI's
     llama_probs: bool = False
+    # the end-of-text token the answer stopped at is listed with the log-probabilities (POST /completion and /infill,
+    # as llama-server lists every token it sampled; an echo lists it too, as OpenAI's completions do; Ollama's runner
+    # leaves it out: "after EOS check to avoid logprobs for EOS tokens")
+    end_probs: bool = False
     # chat: extra variables for the chat template (llama-server's chat_template_kwargs, e.g. enable_thinking)
     template_kwargs: dict | None = None
     # chat: auto | none | deepseek | deepseek-legacy (edgesdk/serve/reasoning.py); None: the server's
@@ -471,13 +475,41 @@ SAMPLERS_OFF = {"mirostat": 0, "typical_p": 1.0, "dynatemp_range": 0.0, "xtc_pro
                 "top_n_sigma": -1.0}
 
 
+def sampler_off(field: str, value: object, body: dict) -> bool:
+    """Whether ``value`` of ``field`` (of :data:`SAMPLERS_OFF`) leaves that llama.cpp sampler doing nothing, as
+    llama.cpp's own sampler reads it (src/llama-sampling.cpp), not only at the one value :data:`SAMPLERS_OFF` names:
+    top-n-sigma returns at once for ``n <= 0`` (SillyTavern and KoboldAI Lite send ``top_n_sigma: 0`` by default),
+    typical-p for ``p >= 1``, the temperature is plain for a ``dynatemp_range`` of 0 or below (``delta > 0`` makes it
+    dynamic), XTC does nothing for a probability of 0 or below or an ``xtc_threshold`` above 0.5, DRY nothing for a
+    multiplier of 0 or a ``dry_penalty_last_n`` of 0 (a ``dry_base`` below 1 llama-server resets to its default:
+    server-task.cpp ``params_from_json_cmpl``), and mirostat is off at 0 alone. Such a request is llama-server's
+    answer without the sampler, and so taken here; a value that is no number is refused, as before."""
+    if value == SAMPLERS_OFF[field]:
+        return True
+    if not finite_number(value):
+        return False
+    if field == "top_n_sigma":
+        return value <= 0
+    if field == "typical_p":
+        return value >= 1
+    if field == "dynatemp_range":
+        return value <= 0
+    if field == "xtc_probability":
+        threshold = body.get("xtc_threshold")
+        return value <= 0 or (finite_number(threshold) and threshold > 0.5)
+    if field == "dry_multiplier":
+        last_n = body.get("dry_penalty_last_n")
+        return value == 0 or (isinstance(last_n, int) and not isinstance(last_n, bool) and last_n == 0)
+    return False  # mirostat: 1 and 2 are its two versions
+
+
 def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions", takes_suffix: bool = False) -> None:
-    """Name the first field whose meaning this server cannot honour: a sampler it lacks set to anything but its
-    off value (on every route, as llama-server takes them on every route), then the OpenAI fields below
+    """Name the first field whose meaning this server cannot honour: a sampler it lacks set to a value that turns it
+    on in llama.cpp (:func:`sampler_off`; on every route, as llama-server takes them on every route), then the OpenAI fields below
     (``suffix`` but where ``takes_suffix``: the route builds a fill-in-the-middle prompt from it)."""
     for field, off in SAMPLERS_OFF.items():
         value = body.get(field)
-        if value is not None and value != off:
+        if value is not None and not sampler_off(field, value, body):
             raise ApiError(400, f"'{field}' = {_shown(value)} is not supported: this server does not have that sampler; "
                            f"leave '{field}' out or set it to {off}", param=field, code="unsupported_parameter")
     checks = [  # (field, is its value one we can honour, why not)
@@ -535,7 +567,7 @@ def _common_fields(body: dict, chat: bool, limit_fields: tuple[str, ...] = LIMIT
         "top_p": _top_p(body.get("top_p")),
         "top_k": _integer(top_k_off_below_zero(body.get("top_k")), "top_k", minimum=0, note=" (0 or below: off)"),
         "min_p": _number(body.get("min_p"), "min_p", 0.0, 1.0, "[0, 1] (0: off)"),
-        "samplers": _samplers(body.get("samplers")),
+        "samplers": _samplers(body.get("samplers"), body.get("adaptive_target")),
         "seed": _seed(body.get("seed"), ollama=ollama_seed),
         "presence_penalty": _default(_number(body.get("presence_penalty"), "presence_penalty", -2.0, 2.0, "[-2, 2]"), 0.0),
         "frequency_penalty": _default(_number(body.get("frequency_penalty"), "frequency_penalty", -2.0, 2.0, "[-2, 2]"),
@@ -700,15 +732,46 @@ def _max_tokens(value: object, name: str, zero: bool = False) -> int | None:
     return _integer(value, name, minimum=1, note=", or -1 for no limit but the context")
 
 
-def _samplers(value: object) -> tuple[str, ...] | None:
+ADAPTIVE_P_NAMES = ("adaptive_p", "adaptive-p", "adaptivep")  # llama.cpp's names of its adaptive-p sampler (letter "a")
+
+
+def _samplers(value: object, adaptive_target: object = None) -> tuple[str, ...] | None:
     """llama-server's ``samplers``: a list of sampler names or a string of their letters (``"kpmt"``), read as
-    :func:`~edgesdk.runtime.generate.sampler_chain` reads them; null: the server's chain."""
+    :func:`~edgesdk.runtime.generate.sampler_chain` reads them; null: the server's chain.
+
+    llama.cpp's ``adaptive_p`` (letter ``a``), which this runtime does not have, is dropped from the chain where the
+    request sets ``adaptive_target`` below 0 (common/common.h: "negative = disabled"): there the sampler only picks a
+    token from the distribution as it is (src/llama-sampling.cpp, ``llama_sampler_adaptive_p_apply``: "at negative
+    target values, adaptive-p is no-op"), as the chain's closing pick does here. SillyTavern's default llama.cpp chain
+    ends in it (LLAMACPP_DEFAULT_ORDER) beside ``adaptive_target`` -0.01, so every such request was refused. A target
+    of 0 or above, which turns the sampler on, is refused naming ``adaptive_target``; a chain naming it without a
+    target is refused naming ``samplers``, as before (llama.cpp's default target, -1, would leave it off)."""
     if value is None:
         return None
+    given = adaptive_target is not None
+    if isinstance(value, str):
+        adaptive = "a" in value
+        value = value.replace("a", "") if adaptive and given and _adaptive_p_off(adaptive_target) else value
+    elif isinstance(value, list):
+        adaptive = any(isinstance(name, str) and name.lower() in ADAPTIVE_P_NAMES for name in value)
+        if adaptive and given and _adaptive_p_off(adaptive_target):
+            value = [name for name in value if not (isinstance(name, str) and name.lower() in ADAPTIVE_P_NAMES)]
+    else:
+        adaptive = False
+    if adaptive and given and not _adaptive_p_off(adaptive_target):
+        raise ApiError(400, f"'adaptive_target' = {_shown(adaptive_target)} with adaptive_p in 'samplers' is not "
+                       "supported: this server does not have llama.cpp's adaptive-p sampler; leave 'adaptive_target' "
+                       "out or set it below 0 (off), or take adaptive_p out of 'samplers'", param="adaptive_target",
+                       code="unsupported_parameter")
     try:
         return sampler_chain(value)
     except ValueError as exc:
         raise ApiError(400, f"'samplers': {exc}", param="samplers") from None
+
+
+def _adaptive_p_off(target: object) -> bool:
+    """Whether llama.cpp's adaptive-p sampler does nothing at ``adaptive_target`` (a number below 0)."""
+    return finite_number(target) and target < 0
 
 
 def _seed(value: object, ollama: bool = False) -> int | None:

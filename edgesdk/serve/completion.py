@@ -1078,6 +1078,14 @@ class Completer:
         # stop string (or held back as a stop string's start) is not listed, whole or streamed.
         starts, reach = [], TextOffsets()  # where each answer token starts in the answer's text
         given = {"entries": 0, "chars": 0, "echoed": not request.echo}
+        # The end-of-text token the answer stopped at is listed after it with an echo, as OpenAI's completions list
+        # "<|endoftext|>" (a harness scoring a prompt, echo and max_tokens 1, takes the last entry for the generated
+        # token and the ones before it for the prompt's), and in POST /completion's completion_probabilities, as
+        # llama-server lists every token it sampled there, the end-of-text token too (server-context.cpp
+        # process_token adds it to generated_token_probs; send_final_response lists them all but a stop word's, and
+        # a stream's partial result for it carries its entry): one entry per token of 'tokens' and tokens_predicted.
+        # Ollama's runner leaves it out (request.end_probs false there).
+        lists_end = request.echo or request.end_probs
 
         def settle(final: bool) -> list:
             """The answer's entries not handed out yet whose tokens start in the text handed out (all, at the
@@ -1186,8 +1194,8 @@ class Completer:
             if matcher.stopped:
                 finish = "stop"
                 ended = ended and stats.stop_token is not None  # a stop string before a grammar's end
-            elif recorder is not None:  # the entries of tokens that made no text, and an echo's end-of-text
-                rest = settle(final=True) + ([recorder.end] if request.echo and recorder.end is not None else [])
+            elif recorder is not None:  # the entries of tokens that made no text, and the end-of-text token's
+                rest = settle(final=True) + ([recorder.end] if lists_end and recorder.end is not None else [])
                 if rest and on_text is not None:
                     send_ids()
                     on_text("", logprobs_body(request, rest, self._token_piece, offsets))
@@ -1212,10 +1220,7 @@ class Completer:
         logprobs = None
         if recorder is not None:
             entries = (recorder.prompt_entries if request.echo else []) + recorder.answer[:given["entries"]]
-            if request.echo and recorder.end is not None and not matcher.stopped:
-                # The end-of-text token the answer stopped at is listed after it, as OpenAI's completions list
-                # "<|endoftext|>": a harness scoring a prompt (echo, max_tokens 1) takes the last entry for the
-                # generated token and the ones before it for the prompt's.
+            if lists_end and recorder.end is not None and not matcher.stopped:
                 entries.append(recorder.end)
             logprobs = logprobs_body(request, entries, self._token_piece, 0 if request.echo else len(request.prompt))
         if clock["first"] is None:  # no answer token: all of it was the prompt's

@@ -17,14 +17,16 @@ OpenAI's ``logprobs`` N where ``n_probs`` is not given, as llama-server reads it
 ``completion_probabilities``: each answer token's ``id``, ``token``, ``bytes`` and ``logprob``
 with the N most likely tokens at its position as ``top_logprobs``, from the model's own
 distribution (before the samplers, as llama-server's without ``post_sampling_probs``, which is
-refused: this runtime does not keep the distribution its samplers leave).
+refused: this runtime does not keep the distribution its samplers leave), the end-of-text token the answer stopped at
+listed last, as llama-server lists every token it sampled (one entry per token of ``tokens``).
 ``n_keep`` and ``n_discard`` set the context shift of a server started with ``--context-shift`` (llama-server's
 ``update_slots``): a full context keeps its first ``n_keep`` tokens (-1: the prompt; the BOS the prompt starts with
 on top), drops ``n_discard`` after them (0: half of the rest) and the answer goes on; without ``--context-shift``
 they change nothing, as in llama-server. With the shift on, ``n_predict`` -1 runs until the end-of-text token or
 ten contexts of tokens (edgesdk/serve/completion.py, ``SHIFTED_LIMIT_CONTEXTS``).
-Samplers this runtime does not have (mirostat, typical-p, dynamic temperature, XTC, DRY) are
-refused by name where set to anything but their off value; fields that only tune llama.cpp's own
+Samplers this runtime does not have (mirostat, typical-p, dynamic temperature, XTC, DRY, top-n-sigma, adaptive-p) are
+refused by name where set to a value that turns them on in llama.cpp (edgesdk/serve/api.py, ``sampler_off``; a value
+llama.cpp's sampler reads as off, such as SillyTavern's ``top_n_sigma: 0``, is taken); fields that only tune llama.cpp's own
 machinery (``id_slot`` ...) are ignored as llama-server ignores fields it does not know.
 
 The answer is llama-server's: ``content``, ``stop``, ``stop_type`` (``eos``, ``limit`` or
@@ -120,6 +122,7 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
     temperature = _temperature(text.pop("temperature", None))  # OpenAI's [0, 2] is its routes', not llama-server's
     request = parse_text_request(text, route="/completion", completer=completer, takes_suffix=False)
     request = replace(request, stop=stops, temperature=temperature, logprobs=probs or None, llama_probs=bool(probs),
+                      end_probs=bool(probs),
                       max_tokens=0 if predict == 0 else request.max_tokens, n_indent=int(limits["n_indent"]),
                       t_max_predict_ms=float(limits["t_max_predict_ms"]))
     return request
