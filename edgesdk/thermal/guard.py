@@ -442,10 +442,13 @@ class Guard:
         (reference/targets-thermal.md: Pi 5 Arm cores throttle from 80 °C) before the pause can act. So, with the
         prefill rate learned, the profile's model (``C dT/dt = active_w - (T - T_amb) / R``) predicts the
         temperature at the prefill's end, and the prefill waits while that is above half a degree under the soft
-        limit (the bucket depth's bound, :attr:`_depth`). The hold ends below ``resume_c`` whatever the
-        prediction (a prompt too long for any start is not held past the point a pause ends), and after ``RC``
-        seconds (the board's time constant: waiting longer cools it little more; a board that idles above
-        ``resume_c`` would be held for ever).
+        limit (the bucket depth's bound, :attr:`_depth`), at any level: a prompt that fits from a start the board
+        reaches idle (where the model says it settles, ``T_amb + R idle_w``) waits for that start also below
+        ``resume_c`` (4,000 tokens at 40 tok/s, 100 s, from 69.9 °C ends near 82 °C on a Pi 5 in a 20 °C room, in
+        the firmware throttle; it fits from 58 °C, and the board idles at 47 °C). A prompt too long for any start is
+        held only while the board is at or above ``resume_c`` (not held past the point a pause ends: waiting cools
+        a board near idle little more). The hold ends after ``RC`` seconds (the board's time constant: waiting
+        longer cools it little more; a board that idles above ``resume_c`` would be held for ever).
 
         A prefill whose compute fits in the bucket's depth (its seconds times the decode rate, as :meth:`spend`
         charges it; once a decode step has measured that rate) is not held: the bucket paces it as it paces decode
@@ -453,8 +456,7 @@ class Guard:
         one-token prompt: a regenerated answer, a turn the cache holds all but the last token of) is not held for up
         to ``RC`` seconds while decode steps run.
         """
-        if (not self.sensor_ok or self.temp_c is None or not self.prefill_tok_s or not self.prompt_tokens
-                or self.temp_c < self.limits.resume_c):
+        if not self.sensor_ok or self.temp_c is None or not self.prefill_tok_s or not self.prompt_tokens:
             return False
         p = self.plant
         tau = p.resistance_c_per_w * p.capacity_j_per_c
@@ -468,8 +470,11 @@ class Guard:
         # compute, so a 40 s prompt "fitted" a 256-token request's bucket and ran from a hot board unheld
         if self.unpaced_tok_s and seconds * self.unpaced_tok_s <= self._depth:
             return False
-        end = steady + (self.temp_c - steady) * math.exp(-seconds / tau)
-        return end > self.limits.soft_c - 0.5
+        bound, kept = self.limits.soft_c - 0.5, math.exp(-seconds / tau)  # the prefill's end: steady + (T0 - steady) kept
+        if steady + (self.temp_c - steady) * kept <= bound:
+            return False
+        idle = ambient + p.resistance_c_per_w * p.idle_w
+        return self.temp_c >= self.limits.resume_c or steady + (idle - steady) * kept <= bound
 
     def wait_s(self, kind: str) -> float:
         """Seconds to wait before the next step; the caller waits (at most ``poll_s``) and asks again."""
