@@ -137,9 +137,14 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
                            "record one with 'edgesdk run ... --telemetry FILE' or 'edgesdk thermal plan --telemetry-dir'")
     fig, (ax_t, ax_l, ax_r) = plt.subplots(3, 1, figsize=(11, 8), sharex=True,
                                            gridspec_kw={"height_ratios": [3, 1.2, 2]})
-    runs = [run for run in runs if run[2]]  # a file with no step record draws nothing
+    # A file with no usable step record (a run stopped before its first step) draws nothing, but keeps a legend
+    # entry that says so: dropped without a word, an overlay of a guarded and an unguarded run looked like two
+    # runs whose lines coincide. Labels are chosen over every file given, so they match the files named.
+    every_label = list(map(_plain, _labels(runs)))
+    empty = [label for (_, _, steps), label in zip(runs, every_label, strict=True) if not steps]
+    labels = [label for (_, _, steps), label in zip(runs, every_label, strict=True) if steps]
+    runs = [run for run in runs if run[2]]
     colors = []
-    labels = list(map(_plain, _labels(runs)))
     for (_, _, steps), label in zip(runs, labels, strict=True):
         t = np.array([r["t"] for r in steps]) / 60.0
         temp = np.array([np.nan if _number(r.get("temp_c")) is None else r["temp_c"] for r in steps], dtype=float)
@@ -154,6 +159,8 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
         # a run shorter than two bins (a first 'run -n 8') has one rate: a line of one point draws nothing
         ax_r.plot(centers, rate, color=line.get_color(), lw=1.2, label=label,
                   marker="o" if len(rate) == 1 else None)
+    for label in empty:
+        ax_t.plot([], [], lw=1.2, label=label + " (no step records)")
     _limit_lines(ax_t, [meta for _, meta, _ in runs], labels, colors)
     ax_t.set_ylabel("temperature (°C)")
     _legend(ax_t)
