@@ -201,6 +201,32 @@ def shortcut_overrides(target: str, recipe_name: str | None, values: dict[str, o
     return tuple(f"{SHORTCUTS[option]}={value}" for option, value in given.items())
 
 
+def check_weight_bits_sets(bits: int, implied: list[str], overrides: tuple[str, ...]) -> None:
+    """--weight-bits stands for recipe settings (``implied``: qat.weight_bits, and export.weights where the recipe
+    stores quantized fused weights); a --set of one of them to another value was applied after it and won silently
+    (``--weight-bits 4 --set qat.weight_bits=8 --set export.weights=int8`` built INT8 layers), as a shortcut option
+    and a --set of the same key are refused (:func:`shortcut_overrides`). The same value twice is taken."""
+    import yaml
+
+    from edgesdk.build.recipes import _override_value
+
+    wanted = {key: value for key, _, value in (item.partition("=") for item in implied)}
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        key = key.strip()
+        if key not in wanted:
+            continue
+        try:
+            same = _override_value(raw) == _override_value(wanted[key])
+        except yaml.YAMLError:  # a value that is not YAML: with_overrides names it
+            same = False
+        if not same:
+            raise BuildError(f"--weight-bits {bits} sets {key}={wanted[key]}, and --set {item} sets it otherwise "
+                             "(the --set would win, silently)",
+                             f"give one of them: --weight-bits alone (it sets {', '.join(implied)}), or --set "
+                             f"without --weight-bits")
+
+
 def model_facts_after(model, facts_before: dict) -> dict:
     """The loaded model's facts with what the stages changed: parameters, and the FFN widths, query
     heads and KV heads that pruning leaves per layer (the largest, plus the per-layer list where they differ),
@@ -362,8 +388,10 @@ def build(config: BuildConfig) -> Bundle:
     profile = get_profile(config.target)
     recipe = recipe_for(config.recipe, profile)
     recipe = recipe.with_overrides(export_overrides(config.export))
-    if config.weight_bits is not None:  # before --set, which may still change either setting
-        recipe = recipe.with_overrides(recipe.weight_bits_overrides(config.weight_bits))
+    if config.weight_bits is not None:  # before --set, refused where it sets one of the same settings otherwise
+        implied = recipe.weight_bits_overrides(config.weight_bits)
+        check_weight_bits_sets(config.weight_bits, implied, config.overrides)
+        recipe = recipe.with_overrides(implied)
     recipe = recipe.with_overrides(config.overrides)
     stages = recipe.validated()  # order and configs checked before any compute
     export_config = replace(config.export, **recipe.export.model_dump())
@@ -578,6 +606,15 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         # a stage after the power stage works on the function the runtime computes by default: gating off
         with gating_off(model) if name != "power" else contextlib.nullcontext():
             model = stage_spec(name).run(model, stage_config, ctx)
+        if "weight_bytes" in ctx.metrics:  # the stage counted its recorded fake quantization; the export stores
+            # its own layout (a QDQ graph's INT8 head, a quantized export without QAT): the report shows that
+            from edgesdk.compress.measure import exported_weight_bytes, qdq_head_perplexity
+
+            ctx.metrics["weight_bytes"] = exported_weight_bytes(model, export_config)
+            if "heldout_perplexity" in ctx.metrics:  # a QDQ graph's INT8 head, which QAT left in float
+                measured = qdq_head_perplexity(model, ctx.eval_ids(), export_config)
+                if measured is not None:
+                    ctx.metrics["heldout_perplexity"] = measured
         with _progress_bars(config.progress):  # transformers' own bars, while it writes the checkpoint
             save_checkpoint(model, loaded.tokenizer, work.stage_checkpoint(index, name))
         work.record_files(f"stage:{name}", work.stage_checkpoint(index, name))  # checked when resumed

@@ -44,17 +44,27 @@ class ExportSection(BaseModel):
 # YAML 1.1 forms PyYAML reads that YAML 1.2 (and a reader of the command line) does not: 010 as octal 8, 1:00 as 60
 _LEADING_ZERO_INT = re.compile(r"[-+]?0[0-9]+")
 _SEXAGESIMAL = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")
+# YAML 1.2 core schema forms PyYAML reads as text: a float in exponent form without a dot or sign (1e3, 1.5e3,
+# 2e-4 read as strings by YAML 1.1's float pattern) and a 0o octal integer
+_CORE_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+_CORE_OCTAL = re.compile(r"0o[0-7]+")
 
 
 def _override_value(raw: str):
-    """A --set value as YAML 1.2's core schema reads it: 010 is ten and 1:00 is text, where PyYAML's YAML 1.1
-    read them as octal 8 and sexagesimal 60."""
+    """A --set value as YAML 1.2's core schema reads it (yaml.org/spec/1.2.2 §10.3.2): 010 is ten and 1:00 is
+    text, where PyYAML's YAML 1.1 read them as octal 8 and sexagesimal 60; 1e3 is the float 1000 and 0o17 the
+    integer 15, which PyYAML read as text (``--set distill.steps=1e3`` was refused as the string '1e3')."""
     text = raw.strip()
     if _LEADING_ZERO_INT.fullmatch(text):
         return int(text, 10)
     if _SEXAGESIMAL.fullmatch(text):
         return text
-    return yaml.safe_load(raw)
+    if _CORE_OCTAL.fullmatch(text):
+        return int(text[2:], 8)
+    value = yaml.safe_load(raw)
+    if isinstance(value, str) and _CORE_FLOAT.fullmatch(text):
+        return float(text)
+    return value
 
 
 class Recipe(BaseModel):
@@ -79,6 +89,11 @@ class Recipe(BaseModel):
                 raise BuildError(f"override '{item}': the value {raw!r} is not valid YAML "
                                  f"({str(exc).splitlines()[0]})", "quote it, e.g. --set 'stage.field=\"text\"'") \
                     from exc
+            if section == "export" and field_name.strip() == "max_context":  # ExportConfig's one build-level field
+                raise BuildError(f"override '{item}': the bundle's context is not a recipe setting (a recipe's export "
+                                 f"keys: {', '.join(ExportSection.model_fields)}), it is the build's --max-context",
+                                 f"pass --max-context {raw.strip()} (build_bundle(max_context={raw.strip()}) in "
+                                 "Python) instead of this --set")
             if section == "export":
                 data["export"][field_name] = value
                 continue

@@ -51,11 +51,17 @@ def markdown(rows: list[dict], plot_name: str | None, plot_left_out: str | None 
     # --data-skip-chars slice gives fewer, so the sentence states the bound, not a count the rows do not carry
     # compress/measure.py stage_metrics: the fake quantization a stage has recorded (QuantScheme.of) is switched on;
     # the loaded model and a stage before QAT (smooth, prune without QAT, power alone) record none and run in float
-    lines += ["", "Held-out perplexity: PyTorch, with the fake quantization recorded by then on (the weights, and the "
-              "activations where the recipe quantizes them, as the exported graph does; the loaded model and any stage "
+    # pipeline.py: a standard-form export's INT8 LM head (export.embedding_bits 8) is measured on its codes too
+    lines += ["", "Held-out perplexity: PyTorch, with the fake quantization recorded by then on (the weights, an INT8 "
+              "LM head the export stores, and the activations where the recipe quantizes them, as the exported graph "
+              "does; the loaded model and any stage "
               "before QAT in float), in whole windows of 256 over at most the first 8,192 tokens of the "
               "evaluation slice left out of training (`--data-skip-chars`; a shorter slice is scored up to its last "
-              "whole window); `edgesdk eval` measures the bundle itself.", ""]
+              "whole window); `edgesdk eval` measures the bundle itself.", "",
+              # pipeline.py counts each stage's row with compress/measure.py exported_weight_bytes
+              "Weight bytes: the loaded model's in float32; after a stage, that model's weights as the recipe's "
+              "export stores them (its weights and embedding_bits settings, quantization scales included), before "
+              "any entropy coding of the weights file (`weights_codec`).", ""]
     for row in rows:  # the power stage's row is with gating off; its gated point follows
         gated = (row.get("heldout") or {}).get("at_tau_train")
         if gated:

@@ -14,6 +14,7 @@ from edgesdk.compress.fake_quant import (
     decoder_linears,
     detach,
     is_tied,
+    quantize_weight,
 )
 from edgesdk.compress.structure import layer_records
 from edgesdk.evaluate import exp_or_inf
@@ -52,6 +53,36 @@ def weight_bytes(model, scheme: QuantScheme | None) -> int:
         total += quantized(head.shape, bits, "block", block) if bits else 4 * head.numel()
     total += sum(4 * p.numel() for p in model.parameters() if id(p) not in counted)
     return total
+
+
+def exported_weight_bytes(model, export) -> int:
+    """Bytes of the weights that the export with settings ``export`` (export/onnx_export.py ExportConfig) writes
+    for ``model``, counted by :func:`weight_bytes`'s rules. The stored layout is the export's, not the fake
+    quantization a stage recorded, which differs where the export stores what QAT does not train:
+
+    * ``weights: fp32``: every weight in float32 (a QAT-baked model is stored as it is);
+    * standard int8 (QDQ, export/qdq_graph.py): the linears INT8 per output channel; the LM head INT8 per row with
+      ``embedding_bits: 8`` (the tied table once; an untied embedding stays float32), else float32. QAT for this
+      form records ``embedding_bits: null``, so the recorded scheme counted the head in float32, 4x its bytes;
+    * ort-fused int8 / int4 (MatMulNBits, export/fused_graph.py): blocks of ``block_size`` at the export's bits
+      (a QAT stage's 8-bit linears of a mixed int4 model at 8), the embedding and head at ``embedding_bits`` or
+      the layers' bits, as the graph stores them with or without a QAT stage before it.
+    """
+    if export.weights == "fp32":
+        return weight_bytes(model, None)
+    if export.form == "standard":  # QDQ: INT8 per channel; weight_bytes counts the table(s) in float32 here
+        total = weight_bytes(model, QuantScheme(weight_bits=8, granularity="channel", activations="none",
+                                                embedding_bits=None))
+        if export.embedding_bits == 8:  # the head (for a tied model, the one table) INT8 per row instead
+            rows, cols = model.lm_head.weight.shape
+            total += rows * cols + (4 + 1) * rows - 4 * rows * cols
+        return total
+    bits = 4 if export.weights == "int4" else 8
+    recorded = QuantScheme.of(model)
+    eight_bit = recorded.eight_bit_linears if recorded is not None and bits == 4 else ()  # ExportConfig.fused
+    return weight_bytes(model, QuantScheme(weight_bits=bits, granularity="block", block_size=export.block_size,
+                                           activations="none", embedding_bits=export.embedding_bits or bits,
+                                           eight_bit_linears=eight_bit))
 
 
 def parameters(model) -> int:
@@ -101,6 +132,29 @@ def quantized_heldout_perplexity(model, ids: torch.Tensor, scheme: QuantScheme |
     finally:
         detach(model, bake=False)
         setattr(model.config, CONFIG_KEY, recorded)  # the scheme as the stage left it
+
+
+def qdq_head_perplexity(model, eval_ids: torch.Tensor | None, export) -> float | None:
+    """The held-out perplexity of what a standard-form INT8 export with ``embedding_bits: 8`` computes, where
+    :func:`stage_metrics`' figure is not that: the graph stores the LM head (a tied model's embedding too) INT8 per
+    row (export/qdq_graph.py), which the QAT scheme of this form (``embedding_bits: null``) leaves in float. Measured
+    as :func:`quantized_heldout_perplexity` with the head on those codes for the time of the measurement, as the
+    export's check builds its reference (export/validate.py ``qdq_reference``). None for any other export (the
+    stage's figure is the export's), before any recorded quantization (a stage before QAT is measured in float),
+    and without a whole window of held-out tokens."""
+    scheme = QuantScheme.of(model)
+    if scheme is None or not holds_a_window(eval_ids) or (export.form, export.weights, export.embedding_bits) != (
+            "standard", "int8", 8):
+        return None
+    head = model.lm_head.weight  # (V, D); tied: the embedding table as well
+    saved = head.detach().clone()
+    with torch.no_grad():
+        head.copy_(quantize_weight(saved, 8, "channel", scheme.block_size))
+    try:
+        return round(quantized_heldout_perplexity(model, eval_ids, scheme), 4)
+    finally:
+        with torch.no_grad():
+            head.copy_(saved)
 
 
 def structure_summary(model) -> list[dict]:
