@@ -502,10 +502,16 @@ class TokenConstraint(Protocol):
 class StepHook(Protocol):
     """Called around each step of :func:`generate`; every method may be a no-op.
 
-    ``kind`` is ``"prefill"`` (the whole prompt, which also yields the first token) or ``"decode"``
+    ``kind`` is ``"prefill"`` (the prompt, whose last step also yields the first token) or ``"decode"``
     (one token; with prompt lookup a pass that also checked drafted tokens, reported once its draft is
     settled with every token it yielded). Blocking in :meth:`before_step` delays the step without losing
     anything.
+
+    A hook may also have ``prefill_chunk(prompt_left: int) -> int | None``, asked before each prefill step with the
+    prompt tokens still to prefill: the tokens the coming step takes (None: all of them, one step). With it the
+    prompt is prefilled in steps of that many (llama.cpp's micro-batches, ``n_ubatch``), each held back by
+    :meth:`before_step` and each but the last told to :meth:`after_step` with 0 tokens (:func:`_prefill`). A hook
+    without it gets the whole prompt as one step, as before.
     """
 
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
@@ -608,7 +614,9 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
 
     ``hook`` (optional) is called
     around every step; the time it waits is in ``stats.waited_s`` (on the simulated clock for a
-    simulated board), and the wall time spent in it is left out of the decode speed.
+    simulated board), and the wall time spent in it is left out of the decode speed. A hook with ``prefill_chunk``
+    (the thermal guard's) gets the prompt in steps of the tokens it names, as llama.cpp's micro-batches
+    (:func:`_prefill`); without one the prompt is one pass.
 
     With a ``cache`` (:class:`~edgesdk.runtime.prompt_cache.PromptCache` over ``backend``) the
     prompt's prefix that the cache already holds is not prefilled again (``reuse_cache`` False:
@@ -658,17 +666,12 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     keep = len(fresh) if scores_prompt else 1
     if hook is not None:
         hook.begin(len(fresh), sampling.max_new_tokens)
-        stats.waited_s += hook.before_step("prefill")
-    start = time.perf_counter()
-    rows = backend.prefill(np.asarray(fresh, np.int64), keep_logits=keep)  # (keep, vocab)
-    stats.prefill_s = time.perf_counter() - start
+    rows, last_s = _prefill(backend, fresh, keep, hook, cache, stats)  # (keep, vocab)
     if scores_prompt:  # also a one-token prompt, whose one entry has no log-probability
         logprobs.record_prompt(rows, list(prompt_ids))
     logits = rows[-1]
-    if cache is not None:
-        cache.took(fresh)
     if hook is not None:
-        hook.after_step("prefill", 1, stats.prefill_s)
+        hook.after_step("prefill", 1, last_s)
     generated: list[int] = []
     # What the KV cache holds before ``token`` (read at a shift): the prompt, then each token the backend takes.
     held_ids = list(prompt_ids) if spans is not None else None
@@ -777,6 +780,47 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     if hook is not None:
         hook.end(stats)
     return generated, stats
+
+
+def _prefill(backend: DecoderBackend, fresh: list[int], keep: int, hook: StepHook | None, cache: PromptCache | None,
+             stats: GenerationStats) -> tuple[np.ndarray, float]:
+    """Prefill the prompt tokens ``fresh`` after what the KV cache holds: the logits of the last ``keep`` of them, and
+    the compute seconds of the last step, whose ``after_step`` (the step that yields the first token) the caller
+    tells once it has picked that token.
+
+    Without a hook, or one that has no ``prefill_chunk`` or answers None, the prompt is one step, one backend pass.
+    A hook whose ``prefill_chunk(prompt_left)`` names fewer tokens (the thermal guard's: a few seconds of heat each,
+    :meth:`edgesdk.thermal.guard.Guard.prefill_chunk`) gets the prompt in steps of that many, as llama.cpp decodes a
+    prompt in micro-batches of ``n_ubatch`` (512 by default; ``llama_decode`` splits a batch into ubatches): each
+    step is held back by ``before_step`` (the guard paces or pauses between steps), and each but the last is told to
+    ``after_step`` as a prefill step that yielded no token. A step runs on top of the steps before it (the KV cache,
+    and the prompt cache's ``took``, keep each as it ends, so a pause or an answer abandoned between steps loses
+    none); ``stats.prefill_s`` adds up the steps' compute, ``stats.waited_s`` their waits; the logits kept are the
+    last step's, or every step's rows where all of the prompt's are asked (``keep == len(fresh)``)."""
+    ask = getattr(hook, "prefill_chunk", None) if hook is not None else None
+    total, done, kept = len(fresh), 0, []
+    stats.prefill_s = 0.0
+    while True:
+        left = total - done
+        size = ask(left) if ask is not None else None
+        size = left if size is None else min(max(int(size), 1), left)
+        if hook is not None:
+            stats.waited_s += hook.before_step("prefill")
+        start = time.perf_counter()
+        # the rows of this step among the last ``keep`` of the prompt (all of them, or the last step's last row)
+        wanted = max(min(size, done + size - (total - keep)), 0)
+        rows = backend.prefill(np.asarray(fresh[done:done + size], np.int64), keep_logits=max(wanted, 1))
+        compute_s = time.perf_counter() - start
+        stats.prefill_s += compute_s
+        if cache is not None:
+            cache.took(fresh[done:done + size])
+        if wanted:
+            kept.append(rows[-wanted:])
+        done += size
+        if done >= total:
+            return (kept[0] if len(kept) == 1 else np.concatenate(kept, axis=0)), compute_s
+        if hook is not None:
+            hook.after_step("prefill", 0, compute_s)
 
 
 def _shift(backend: DecoderBackend, held_ids: list[int], token: int, spans: tuple[int, int],

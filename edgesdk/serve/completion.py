@@ -423,6 +423,12 @@ class _HeldTime:
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
         self.inner.begin(prompt_tokens, max_new_tokens)
 
+    def prefill_chunk(self, prompt_left: int) -> int | None:
+        """The inner hook's prefill step (generate's ``prefill_chunk``; None: the whole prompt in one step), so that
+        the thermal guard behind this wrapper can pace and pause a long prompt between its steps."""
+        ask = getattr(self.inner, "prefill_chunk", None)
+        return ask(prompt_left) if ask is not None else None
+
     def before_step(self, kind: str) -> float:
         entered = time.perf_counter()
         try:

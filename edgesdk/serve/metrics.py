@@ -148,12 +148,26 @@ class MetricsHook:
     def __init__(self, metrics: ServeMetrics, inner=None, backend=None, cache=None):
         self.metrics, self.inner, self.backend, self.cache = metrics, inner, backend, cache
         self.prompt_tokens = self.cached_tokens = 0
+        self._step_prompt: int | None = None  # the coming prefill step's prompt tokens (prefill_chunk)
+        self._cached_counted = False  # the request's cached tokens went with its first prefill step
 
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
         self.prompt_tokens = prompt_tokens
         self.cached_tokens = self.cache.reused if self.cache is not None else 0
+        self._step_prompt, self._cached_counted = None, False
         if self.inner is not None:
             self.inner.begin(prompt_tokens, max_new_tokens)
+
+    def prefill_chunk(self, prompt_left: int) -> int | None:
+        """The inner hook's prefill step (the thermal guard's, :meth:`edgesdk.thermal.watch.ThermalHook.prefill_chunk`;
+        None: the whole prompt in one step). Each step counts its own prompt tokens, and the cached ones are counted
+        with the first, so a prompt prefilled in steps counts its tokens once, as llama-server counts a prompt it
+        decodes in several batches; each step is a backend pass (``n_decode_total``), as each of llama-server's
+        ``llama_decode`` calls is."""
+        ask = getattr(self.inner, "prefill_chunk", None)
+        step = ask(prompt_left) if ask is not None else None
+        self._step_prompt = prompt_left if step is None else min(max(int(step), 1), prompt_left)
+        return step
 
     def before_step(self, kind: str) -> float:
         """The inner hook's wait, counted as it ends: a wait the guard gave up on (the thermal watch's
@@ -170,7 +184,11 @@ class MetricsHook:
 
     def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
         sequence = self.backend.position if self.backend is not None else 0
-        self.metrics.step(kind, self.prompt_tokens, tokens, compute_s, self.cached_tokens, sequence)
+        prompt = self.prompt_tokens if self._step_prompt is None else self._step_prompt
+        cached = 0 if self._cached_counted else self.cached_tokens
+        self.metrics.step(kind, prompt, tokens, compute_s, cached, sequence)
+        if kind == "prefill":  # the prompt's cached tokens are counted with its first step only
+            self._step_prompt, self._cached_counted = None, True
         if self.inner is not None:
             self.inner.after_step(kind, tokens, compute_s)
 

@@ -29,7 +29,9 @@ degree under the soft limit. A request starts when the bucket can pay for that d
 happens before the first token (time to first token) and the text streams at full speed; a request
 longer than the depth is paced token by token. A prefill pays for its compute time (the decode tokens that time
 would have made), not for the one token it yields; and, once a prefill rate is learned, a prefill that the model
-says would end above the soft limit waits for the board to cool (:attr:`Guard.prefill_held`). A hottest zone more
+says would end above the soft limit waits for the board to cool (:attr:`Guard.prefill_held`). A long prompt is
+prefilled in steps of a few seconds of heat each (:meth:`Guard.prefill_chunk`), so the guard paces, holds and pauses
+between them as between decode steps. A hottest zone more
 than ``max_drop_c`` below the last reading taken, in one new reading, is a bad read (a sensor's 0 °C) until a second reading confirms it
 (:meth:`Guard._screen`). With no sensor data (a poll that read no temperature,
 or a last reading older than ``stale_s``) the guard warns once and paces steadily at ``fallback_fraction`` of the unpaced rate, or at the slower rate it was
@@ -162,6 +164,9 @@ CLOCK_CAP_RATIO = 0.625  # Raspberry Pi 5's lowest operating point, 1.5 of 2.4 G
 # rate on a Pi 5, and after a few of them the guard held a 400-token prompt (4 s) as if it took 20 s, for up to RC
 # seconds (238 s on a Pi 5).
 PREFILL_LEARN_TOKENS = 64
+# The most prompt tokens one prefill step takes before the guard has learned a prefill rate: llama.cpp's n_ubatch
+# default (common/common.h ``n_ubatch = 512``), the micro-batch llama_decode splits a prompt into.
+PREFILL_CHUNK_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -214,7 +219,7 @@ class Guard:
         self._integral = 1.0
         self.unpaced_tok_s: float | None = None
         self.prefill_tok_s: float | None = None  # prompt tokens per second of prefill compute, learned
-        self.prompt_tokens = 0  # the coming (or last) prefill's prompt tokens
+        self.prompt_tokens = 0  # the coming (or last) prefill step's prompt tokens
         self._held_since: float | None = None  # when the hold before this request's prefill began
         self.holding = False  # the last wait_s held the prefill back (prefill_held): for the status line
         self.capacity = float(c.max_burst_tokens)
@@ -428,17 +433,45 @@ class Guard:
     def begin(self, max_new_tokens: int, prompt_tokens: int = 0) -> None:
         """A request starts: the bucket holds at most one request (or ``max_burst_tokens``); ``prompt_tokens``, the
         tokens its prefill computes, let the guard hold a long prefill back (:meth:`prefill_held`)."""
-        self.prompt_tokens = max(int(prompt_tokens), 0)
+        self.prompt_tokens = max(int(prompt_tokens), 0)  # until prefill_chunk names a step of them
         self._held_since = None
         self.capacity = float(max(1, min(max_new_tokens, self.config.max_burst_tokens)))
         self.credit = min(self.credit, self.capacity) if self.pacing else self.capacity
 
+    def prefill_chunk(self, prompt_left: int) -> int:
+        """The prompt tokens the coming prefill step takes, of the ``prompt_left`` still to prefill; they are then the
+        step :attr:`prefill_held` predicts and :meth:`spend` learns the prefill rate from.
+
+        A prompt's prefill as one step runs however hot it makes the board: the guard looks at the board again only
+        when it ends, and a 4,000-token prompt (100 s on a Pi 5) from a board near the hard limit ends in the
+        firmware's throttle. In steps the guard paces and pauses between them, as between decode steps. A step is
+        at most half the time the board takes at full power to heat from the hard limit to the throttle point
+        (``(throttle_c - hard_c) C / (active_w - (hard_c - T_amb) / R)``: 4.5 s on a bare Pi 5 at 45 °C ambient,
+        8.6 s at 20 °C), so one that starts just under the pause's threshold ends before the throttle; at the
+        learned prefill rate, and at least :data:`PREFILL_LEARN_TOKENS` so each step still teaches the rate. Before
+        a rate is learned a step is llama.cpp's default micro-batch, :data:`PREFILL_CHUNK_TOKENS`. A board that
+        cannot reach the hard limit at full power takes the prompt in one step."""
+        left = max(int(prompt_left), 1)
+        step = left
+        if not self.prefill_tok_s:
+            step = min(left, PREFILL_CHUNK_TOKENS)
+        else:
+            p = self.plant
+            ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
+            heating_w = p.active_w - (self.limits.hard_c - ambient) / p.resistance_c_per_w
+            if heating_w > 0:
+                seconds = 0.5 * max(self.limits.throttle_c - self.limits.hard_c, 0.0) * p.capacity_j_per_c / heating_w
+                step = min(left, max(PREFILL_LEARN_TOKENS, int(seconds * self.prefill_tok_s)))
+        self.prompt_tokens, self._held_since = step, None  # a new step: its own hold, up to RC (prefill_held)
+        return step
+
     @property
     def prefill_held(self) -> bool:
-        """Is the coming prefill held back until the board has cooled enough to run it?
+        """Is the coming prefill step held back until the board has cooled enough to run it?
 
-        A prefill is one step: the guard cannot look at the board again until it ends, and a long prompt's prefill
-        (40 s on a Pi 5 for 4,000 tokens) from a warm board runs it past the hard limit into the firmware's throttle
+        A prefill step (the whole prompt, or the step :meth:`prefill_chunk` named) runs to its end before the guard
+        can look at the board again, and a long one (100 s on a Pi 5 for 4,000 tokens) from a warm board runs it past
+        the hard limit into the firmware's throttle
         (reference/targets-thermal.md: Pi 5 Arm cores throttle from 80 °C) before the pause can act. So, with the
         prefill rate learned, the profile's model (``C dT/dt = active_w - (T - T_amb) / R``) predicts the
         temperature at the prefill's end, and the prefill waits while that is above half a degree under the soft

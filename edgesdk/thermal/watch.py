@@ -64,6 +64,8 @@ class ThermalHook:
         self._paused_since: float | None = None
         self.start = clock.now()
         self.prompt_tokens = 0
+        self._step_prompt: int | None = None  # the coming prefill step's prompt tokens, where prefill_chunk named them
+        self._prompt_left: int | None = None  # ... and those left after it, where the prompt is prefilled in steps
         self.reading: Reading | None = None
         self._waited = 0.0
         self._last_wait_record = -1e9
@@ -130,6 +132,7 @@ class ThermalHook:
 
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
         self.prompt_tokens = prompt_tokens
+        self._step_prompt = self._prompt_left = None
         if self.guard is not None:
             self._observe()
             self.guard.begin(max_new_tokens, prompt_tokens)
@@ -182,8 +185,23 @@ class ThermalHook:
                     self._record("wait", 0, 0.0, unrecorded, state=run_state)
                 raise
 
+    def prefill_chunk(self, prompt_left: int) -> int | None:
+        """The prompt tokens the coming prefill step takes (the generation loop's ``prefill_chunk``,
+        :func:`edgesdk.runtime.generate._prefill`): the guard's :meth:`~edgesdk.thermal.guard.Guard.prefill_chunk`, so
+        that it can pace and pause between a long prompt's steps; None (the whole prompt in one step) unguarded.
+        The step's record and the simulated board's work count that step's tokens, so a prompt's tokens are counted
+        once over its steps."""
+        if self.guard is None:
+            return None
+        step = self.guard.prefill_chunk(prompt_left)
+        if step < prompt_left or self._prompt_left is not None:
+            self._prompt_left = prompt_left - step
+        self._step_prompt = step
+        return step
+
     def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
-        count = self.prompt_tokens if kind == "prefill" else tokens
+        prompt = self.prompt_tokens if self._step_prompt is None else self._step_prompt
+        count = prompt if kind == "prefill" else tokens
         seconds = self.board.compute(kind, count, compute_s) if self.board is not None else compute_s
         # The guard's state the step ran in (as of the last reading before it): the record books the step's time
         # at that level; the reading taken after the step (its temperature) goes with it, the level read then
@@ -193,8 +211,11 @@ class ThermalHook:
             self.guard.spend(kind, tokens, seconds)
         self._observe()
         self._record(kind, tokens, seconds, self._waited, guard_state=ran_in,
-                     prompt_tokens=self.prompt_tokens if kind == "prefill" else None)
+                     prompt_tokens=prompt if kind == "prefill" else None,
+                     prompt_left=self._prompt_left if kind == "prefill" else None)
         self._waited = 0.0
+        if kind == "prefill":
+            self._step_prompt = None
 
     def end(self, stats: object) -> None:
         if self.clock_cap is not None:  # capped only while generating: an idle board gets its clock back
@@ -204,7 +225,7 @@ class ThermalHook:
 
     def _record(self, kind: str, tokens: int, seconds: float, waited: float,
                 state: tuple[Reading | None, dict] | None = None, guard_state: dict | None = None,
-                prompt_tokens: int | None = None) -> None:
+                prompt_tokens: int | None = None, prompt_left: int | None = None) -> None:
         """One step record; ``state`` (reading, guard state) when it is not the current one, ``guard_state`` when
         only the guard's is not.
 
@@ -212,7 +233,10 @@ class ThermalHook:
         ``tok_s`` is one over the time to first token); a prefill record also says what it computed, as llama.cpp's
         ``prompt eval time = ... ms / N tokens (... tokens per second)`` line and llama-server's ``timings``
         (``prompt_n``, ``prompt_per_second``) do: ``prompt_tokens``, the prompt tokens it ran (those the cache did
-        not hold), and ``prompt_tok_s``, those over its compute time (its wait left out).
+        not hold), and ``prompt_tok_s``, those over its compute time (its wait left out). A prompt the guard has
+        prefilled in steps (:meth:`prefill_chunk`) has a record per step, each with its own ``prompt_tokens`` and
+        ``prompt_left``, the prompt tokens still to prefill after it (0 on the step that yields the first token): the
+        prompt's requests and time to first token are its steps up to that one.
 
         A record books the interval since the record before it (up to its ``t``): its tokens, compute and wait,
         and the guard state (``level``, ``paused``, ``budget``, ...) that interval passed in, the state read
@@ -232,6 +256,7 @@ class ThermalHook:
             **({} if prompt_tokens is None else {
                 "prompt_tokens": prompt_tokens,
                 "prompt_tok_s": round(prompt_tokens / seconds, 3) if seconds > 0 and prompt_tokens else 0.0}),
+            **({} if prompt_left is None else {"prompt_left": prompt_left}),
             "temp_c": None if reading is None or reading.max_c is None else round(reading.max_c, 3),
             "zones": {} if reading is None else reading.zones,
         }
