@@ -166,6 +166,23 @@ class RunSummary:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
 
 
+def _first_token_times(work: list[dict]) -> list[float]:
+    """Each request's time to its first token: the compute and wait of its prefill records, which a prompt the guard
+    prefills in steps (:meth:`~edgesdk.thermal.guard.Guard.prefill_chunk`) writes several of, each but the last with
+    the ``prompt_left`` it leaves (> 0); one record a request where it has none (an unguarded run, older files)."""
+    times, pending = [], 0.0
+    for r in work:
+        if r["kind"] != "prefill":
+            continue
+        pending += r["duration_s"] + r["wait_s"]
+        if not r.get("prompt_left"):
+            times.append(pending)
+            pending = 0.0
+    if pending:  # a run cut inside a prompt's steps: that request's time so far
+        times.append(pending)
+    return times
+
+
 def summarize(records: list[dict], horizon_s: float | None = None, throttle_s: float | None = None) -> RunSummary:
     """Summary of step records up to ``horizon_s`` (default: the last record).
 
@@ -178,7 +195,7 @@ def summarize(records: list[dict], horizon_s: float | None = None, throttle_s: f
     inside = [r for r in steps if r["t"] <= end + 1e-9]
     work = [r for r in inside if r["kind"] in ("prefill", "decode")]
     gaps = [r["duration_s"] + r["wait_s"] for r in work if r["kind"] == "decode"]
-    ttft = [r["duration_s"] + r["wait_s"] for r in work if r["kind"] == "prefill"]
+    ttft = _first_token_times(work)
     temps = [r["temp_c"] for r in inside if r.get("temp_c") is not None]
     tokens = sum(r["tokens"] for r in work)
     late = sum(r["tokens"] for r in work if r["t"] >= end * 2 / 3)

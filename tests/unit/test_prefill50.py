@@ -243,3 +243,15 @@ def test_long_prompts_no_longer_reach_the_firmware_throttle_in_simulation(ambien
     assert run.summary.max_temp_c < PROFILE.thermal.hard_limit_c
     prompt = sum(record.get("prompt_tokens", 0) for record in run.telemetry.records if record.get("kind") == "prefill")
     assert prompt > 3000  # the board did work: at 45 °C it holds about 5 % duty under the soft limit
+
+
+def test_a_prompt_prefilled_in_steps_counts_as_one_request_in_the_run_summary():
+    """thermal plan / report counted every prefill record as a request and a time-to-first-token sample, so a
+    prompt the guard prefilled in steps read as several requests with short first-token times each."""
+    run = simulate(PROFILE, 30, 30.0, True, 10.0, workload=Workload(prompt_tokens=4000, new_tokens=64))
+    prefills = [record for record in run.telemetry.records if record.get("kind") == "prefill"]
+    finished = [record for record in prefills if not record.get("prompt_left")]
+    assert len(prefills) > 2 * len(finished) > 0  # the prompts ran in steps
+    assert run.summary.requests in (len(finished), len(finished) + 1)  # + a request cut inside its steps
+    whole = sum(record["duration_s"] + record["wait_s"] for record in prefills)
+    assert run.summary.mean_ttft_s * run.summary.requests == pytest.approx(whole)
