@@ -344,7 +344,12 @@ class Model:
 
         With ``load(..., watch_thermal=True)`` each window is a step of the thermal guard, as a prompt's prefill is
         in an answer: on a board past its hard limit the guard pauses before the next window until it has cooled
-        (the figure stays the same), and :meth:`close` ends such a wait at once (a :class:`RequestError`, 503)."""
+        (the figure stays the same), and :meth:`close` ends such a wait at once (a :class:`RequestError`, 503).
+
+        The prompt cache is left as it was found: the KV cache the last answer left (what :meth:`save_prompt_cache`
+        writes and the next turn reuses) is copied before the windows run on the backend and put back after them,
+        as llama.cpp keeps a sequence's state aside (``llama_state_seq_get_data`` / ``set_data``). A backend that
+        keeps no host copy of its cache (``tensorrt``) starts the next answer from an empty cache instead."""
         from edgesdk.evaluate import PerplexityConfig, bundle_perplexity
 
         stride = context if stride is None else stride
@@ -362,8 +367,13 @@ class Model:
             if self._completer.stopping:
                 raise _closed_midway("perplexity")
 
-        with self._completer.exclusive():
+        cache, backend = self._completer.prompt_cache, self.runtime.backend
+        with self._completer.exclusive(keep_cache=True):  # the cache put back below, or started over
             self._check_open("perplexity")  # closed while it waited for its turn
+            kept = None  # (tokens, KV state, whether a store holds it) of the last answer's cache, to put back
+            if cache is not None and cache.tokens and len(cache.tokens) == backend.position and \
+                    all(callable(getattr(backend, name, None)) for name in ("save_cache", "load_cache")):
+                kept = (list(cache.tokens), backend.save_cache()[0], cache._live_saved)
             if waits:
                 hook.abandon_wait = end_wait_when_closed
             try:
@@ -379,6 +389,18 @@ class Model:
             finally:
                 if waits:
                     hook.abandon_wait = None
+                if kept is None and cache is not None:  # nothing to put back: the next prompt starts over
+                    cache.forget()
+                elif kept is None:
+                    backend.reset()
+                else:
+                    try:
+                        backend.reset()
+                        backend.load_cache(kept[1])
+                        cache.tokens, cache._live_saved = kept[0], kept[2]
+                    except BaseException:  # a Ctrl-C inside the load: what the cache holds is unknown
+                        cache.forget()
+                        raise
 
     def save_prompt_cache(self, path: str | os.PathLike) -> int:
         """Write the KV cache the last answer left (its prompt and answer) and its token ids to ``path``; returns
@@ -394,8 +416,8 @@ class Model:
 
         It takes the model's turn, as an answer does: it waits for the answer generating (a stream read in another
         thread) and those asked before it, and writes the cache as that answer left it; the cache stays live for
-        the next answer. Where the cache holds no tokens (nothing answered yet, or a :meth:`perplexity` since)
-        nothing is written and an existing file is left as it is, as ``edgesdk run`` writes only after an answer.
+        the next answer (a :meth:`perplexity` since leaves it as it was). Where the cache holds no tokens (nothing
+        answered yet) nothing is written and an existing file is left as it is, as ``edgesdk run`` writes only after an answer.
         Refused (:class:`~edgesdk.errors.EdgeSDKError`) where the model keeps no prompt cache
         (``load(..., prompt_cache=False)``) or its backend keeps no host copy of it, and for a closed model."""
         from edgesdk.runtime import cache_file

@@ -39,7 +39,11 @@ satisfies), and the annotations (``title``, ``description``,
 ``default``, ...). Properties are written in the schema's order, as OpenAI's strict mode writes them
 (llama.cpp's converter writes the required ones first, then the optional ones). Between tokens the spacing is llama.cpp's schema grammar's: nothing, one space, or a
 newline and at most 20 spaces or tabs of indentation, so pretty-printed answers pass and a model cannot
-stall in blank lines. Numbers follow llama.cpp's schema grammar too (common/json-schema-to-grammar.cpp,
+stall in blank lines; none comes before the value, whose first character is the answer's first, as in
+llama.cpp's grammar (common/json-schema-to-grammar.cpp: ``root ::= object``, ``object ::= "{" space ...``,
+whitespace only after a token) and Ollama's ``format`` (converted by llama.cpp's code). JSON mode without a
+schema (edgesdk/runtime/json_mode.py, ``json_object``) is another constraint, which allows RFC 8259's
+whitespace before the value. Numbers follow llama.cpp's schema grammar too (common/json-schema-to-grammar.cpp,
 ``integral-part`` and ``decimal-part``): at most 16 digits before the point (an integer range with a larger
 bound: that bound's digits), 16 after it and 16 in the exponent, which has no leading zero, so a model
 cannot stall in digits either.
@@ -98,6 +102,7 @@ from edgesdk.runtime.vocab_trie import tokens_accepted
 
 MAX_INDENT = 20  # spaces or tabs after a newline between tokens (llama.cpp's json-schema-to-grammar spacing)
 ONE_SPACE = -1  # spacing state after a single space: nothing more may follow
+NO_SPACE = -2  # spacing state before the answer's first byte: its value starts it, as llama.cpp's root rule does
 MAX_WAYS = 64  # live parses kept at once (a schema of nested anyOf could otherwise multiply them)
 # ... and at least this many per option of the schema's widest anyOf / oneOf / type list (see _widest_choice)
 WAYS_PER_OPTION = 4
@@ -1777,7 +1782,8 @@ def _more_keys(node: SchemaNode, index: int) -> bool:
 
 def _spacing_after(spacing: int, byte: int) -> int | None:
     """Spacing between tokens after whitespace ``byte`` (None: not allowed). ``spacing`` is 0 before any,
-    ONE_SPACE after a single space, 1 + n after a newline and n spaces or tabs."""
+    ONE_SPACE after a single space, 1 + n after a newline and n spaces or tabs, NO_SPACE before the answer's
+    value (none allowed)."""
     if spacing == 0:
         return ONE_SPACE if byte == ord(" ") else 1 if byte == ord("\n") else None
     if spacing >= 1 and byte in b" \t" and spacing <= MAX_INDENT:
@@ -1919,7 +1925,8 @@ class SchemaConstraint:
         self.token_bytes = token_bytes
         self.parser = _Parser(compiled)
         self.max_ways = max(MAX_WAYS, WAYS_PER_OPTION * _widest_choice(self.parser, compiled))
-        self.ways: list[tuple[tuple, int]] = [((("value", compiled.root),), 0)]  # (frames, spacing state)
+        # (frames, spacing state): no whitespace before the value, as llama.cpp's ``root ::= object`` allows none
+        self.ways: list[tuple[tuple, int]] = [((("value", compiled.root),), NO_SPACE)]
         self._asked = 0
         self._allowed: set[int] | None = None
 

@@ -999,15 +999,19 @@ class ApiHandler(BaseHTTPRequestHandler):
             asked = responses.parse_responses_request(body, kept)
             # a bad logit_bias id is the request's 400, before any stream opens
             sampling = completer.sampling(asked.request)
-            try:
-                self._before_swap(completer, [asked.request])
+            try:  # truncation "auto": the oldest items dropped until it fits, before the context is checked
+                request = responses.truncated(completer, asked)
+                self._before_swap(completer, [request])
             except ApiError as exc:  # named as the Responses field, as an answer's refusal is
                 raise responses.answering_error(exc, asked) from None
-            return asked, sampling, completer.reasoning_splitter(replace(asked.request, stream=False))
+            return asked, request, sampling, completer.reasoning_splitter(replace(asked.request, stream=False))
 
         # the body checked before its model is loaded: a refused request swaps no model in
-        completer, (asked, sampling, splitter) = self._checked_then_used(body, checked)
-        request = asked.request
+        completer, (asked, request, sampling, splitter) = self._checked_then_used(body, checked)
+        dropped = len(asked.request.messages) - len(request.messages)
+        if dropped > 0:  # as the Ollama routes say theirs
+            self.log_message("%s: %d oldest message(s) dropped to fit the context (truncation auto)",
+                             responses.ROUTE, dropped)
         tokenizer = completer.runtime.tokenizer
         output = response_events.Output(asked, self._model, sampling.temperature, sampling.top_p,
                                         # a thinking model's reasoning as a reasoning item (never inside the text)
@@ -1064,12 +1068,14 @@ class ApiHandler(BaseHTTPRequestHandler):
         body = self._read_json()
         completer = self._described(body)
         asked = responses.parse_responses_request(body, self.server.responses)
-        try:
-            counted = len(completer.prompt_ids(asked.request))
+        request = asked.request
+        try:  # with truncation "auto", the items the answer would keep (its usage.input_tokens)
+            request = responses.truncated(completer, asked)
+            counted = len(completer.prompt_ids(request))
         except ApiError as exc:
             if exc.code != "context_length_exceeded":
                 raise responses.answering_error(exc, asked) from None
-            counted = len(completer.runtime.tokenizer.chat_ids(completer.chat_text(asked.request)))
+            counted = len(completer.runtime.tokenizer.chat_ids(completer.chat_text(request)))
         self._send_json(200, {"object": "response.input_tokens", "input_tokens": counted})
 
     def _not_found(self, route: str, method: str) -> None:

@@ -172,7 +172,7 @@ class Asked:
     """An Ollama request, checked: the model name as the client gave it (answers echo it), the request it means
     (None: nothing to generate, the model is only to be loaded), whether it came to /api/chat, its ``num_ctx``
     and its ``think`` (None where absent); for /api/chat, per message where a conversation cut there begins so that
-    no tool result is kept without its call (:func:`_cut_starts`)."""
+    no tool result is kept without its call (:func:`cut_starts`)."""
 
     model: str
     request: CompletionRequest | None
@@ -313,7 +313,7 @@ def parse_chat(body: object, served: str) -> Asked:
         # added an unasked second call to every one of 5 requests and ran one to max_tokens with 10 calls, where the
         # one-call form gave one call each. So an answer makes one call, as on the chat route by default.
     return Asked(model, _parsed(parse_chat_request, chat, common.stops), chat=True, num_ctx=common.window,
-                 think=common.think, cuts=_cut_starts(turns), truncate=common.truncate, shift=common.shift, num_keep=common.num_keep,
+                 think=common.think, cuts=cut_starts(turns), truncate=common.truncate, shift=common.shift, num_keep=common.num_keep,
                  tools=tools)
 
 
@@ -606,7 +606,7 @@ def trimmed(completer: Completer, request: CompletionRequest, window: int, num_c
     * a tool result is never kept without the assistant turn whose call it answers: a cut that would land inside
       the results of a call keeps that turn and its results together (``toolBlockStartIndex``), so the last
       message, where it is a tool result, comes with its call. ``cuts`` holds, per message the client sent, where a
-      cut there begins (:func:`_cut_starts`): the request's messages are those as text, tool turns included, with
+      cut there begins (:func:`cut_starts`): the request's messages are those as text, tool turns included, with
       the tools' description as a system message put first where there was none (``with_instructions``);
     * "fits": Ollama compares the prompt's tokens with ``num_ctx`` alone because its runner shifts the context when
       the answer reaches it; here the answer's room is kept too, so the kept conversation is answered before any
@@ -653,7 +653,7 @@ def trimmed(completer: Completer, request: CompletionRequest, window: int, num_c
     return fewest[1]
 
 
-def _cut_starts(turns: list[dict]) -> tuple[int, ...]:
+def cut_starts(turns: list[dict]) -> tuple[int, ...]:
     """Per message, where a conversation cut there begins so that no tool result is kept without its call: a tool
     result's cut begins at the assistant turn whose calls it and the results before it answer, any other's at
     itself (Ollama's server/prompt.go, ``toolBlockStartIndex``)."""

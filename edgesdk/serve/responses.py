@@ -16,8 +16,10 @@ OpenAI's API reference ("Responses", "Streaming events"):
   characters, values of 512), ``include`` ``"message.output_text.logprobs"`` with ``top_logprobs`` (0-20),
   ``parallel_tool_calls`` (true: an answer may make several calls, each its own ``function_call`` item; absent,
   the chat route's default, llama-server's false, edgesdk/serve/tools.py, which the response repeats: OpenAI
-  defaults it to true); ``truncation``, ``reasoning``, ``include``'s other entries, ``user``,
-  ``service_tier``, ``safety_identifier``, ``prompt_cache_key`` and ``text.verbosity`` change nothing here. A
+  defaults it to true), ``truncation`` (:func:`truncated`: ``"auto"`` drops the oldest items until the
+  conversation fits the context, ``"disabled"``, the default, refuses it with a 400 ``context_length_exceeded``);
+  ``reasoning``, ``include``'s other entries, ``user``, ``service_tier``, ``safety_identifier``,
+  ``prompt_cache_key`` and ``text.verbosity`` change nothing here. A
   ``function_call_output`` answers a ``function_call`` earlier in the conversation (OpenAI refuses one whose
   ``call_id`` matches none: "No tool call found for function call output with call_id ..."), and a ``function_call``
   (in ``input`` or the previous response's output) needs its ``function_call_output`` before the conversation goes
@@ -91,6 +93,8 @@ from edgesdk.serve.api import (
     join_text_parts,
     parse_chat_request,
 )
+from edgesdk.serve.completion import Completer
+from edgesdk.serve.ollama import cut_starts, trimmed  # Ollama's conversation kept to the context, shared
 from edgesdk.serve.response_store import ResponseStore, kept_items
 
 ROUTE = "/responses"
@@ -159,6 +163,9 @@ class ResponsesRequest:
     items: tuple = ()
     # for each message of ``request``, the Responses field it came from (errors raised while answering name it)
     origins: tuple = ()
+    # for each message the input made, where a cut there begins (a function_call_output kept with its call), for
+    # ``truncation`` "auto" (:func:`truncated`)
+    cuts: tuple = ()
 
 
 def parse_responses_request(body: object, store: ResponseStore | None = None) -> ResponsesRequest:
@@ -168,6 +175,7 @@ def parse_responses_request(body: object, store: ResponseStore | None = None) ->
     previous_id, earlier = _previous(body, store)
     body = _referenced(body, store)
     chat, origins = chat_body(body, earlier)
+    cuts = cut_starts(chat["messages"])
     try:
         request = parse_chat_request(chat)
     except ApiError as exc:
@@ -190,7 +198,26 @@ def parse_responses_request(body: object, store: ResponseStore | None = None) ->
                             truncation=body.get("truncation") or "disabled",
                             top_logprobs=_integer(body.get("top_logprobs"), "top_logprobs", minimum=0) or 0,
                             previous_response_id=previous_id, store=_flag(body, "store", True),
-                            items=(*earlier, *kept_items(body.get("input"))), origins=tuple(origins))
+                            items=(*earlier, *kept_items(body.get("input"))), origins=tuple(origins), cuts=cuts)
+
+
+def truncated(completer: Completer, asked: ResponsesRequest) -> CompletionRequest:
+    """The chat request to run: with ``truncation`` "auto", a conversation whose prompt and answer's room
+    (``max_output_tokens``, else the server's ``--max-new-tokens``) do not fit the context keeps its newest items
+    that do. OpenAI's API reference, "truncation": "auto: If the input to this Response exceeds the model's context
+    window size, the model will truncate the response to fit the context window by dropping items from the
+    beginning of the conversation. disabled (default): If the input size will exceed the context window size for a
+    model, the request will fail with a 400 error."
+
+    The cut is Ollama's (edgesdk/serve/ollama.py, :func:`~edgesdk.serve.ollama.trimmed`): whole items are dropped,
+    oldest first; ``instructions`` and system / developer messages are kept, and so is the last item; a
+    function_call_output is kept with the function_call it answers (an assistant turn's text and calls are one
+    message, dropped together). Where even the last item does not fit, the completer refuses the prompt with its 400
+    ``context_length_exceeded``. Nothing is dropped where it all fits, and the response's input items (what
+    ``previous_response_id`` continues) stay whole: the next turn cuts again."""
+    if asked.truncation != "auto":
+        return asked.request
+    return trimmed(completer, asked.request, completer.runtime.backend.max_context, None, asked.cuts)
 
 
 def _echoed_text(text: dict | None) -> dict:
