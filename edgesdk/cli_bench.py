@@ -12,10 +12,12 @@ from pathlib import Path
 import click
 
 from edgesdk import __version__
+from edgesdk.cli_llama import LlamaCommand
 from edgesdk.cli_options import echo_json, runtime_options
 
 
-@click.command()
+# llama-bench's -ngl 99, -fa 1, -mmp 0 and the like: accepted where they change nothing (cli_llama.LlamaCommand)
+@click.command(cls=LlamaCommand, llama_bench=True)
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--prompt-tokens", "-p", default=512, show_default=True, type=click.IntRange(min=0),
               help="Prompt length of the prompt-processing test (ppN); 0 skips it.")
@@ -30,6 +32,9 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, as_json, threads, back
 
     Each test runs once untimed, then --repetitions times; the table gives mean ± standard
     deviation of tok/s. Run nothing else heavy meanwhile: other work on the cores moves the figures.
+
+    llama-bench's test parameters that change nothing here are accepted and said so on stderr (-ngl, -fa, -mmp,
+    -nkvo, -b, -ub, -ctk / -ctv f16, ...); the others are refused by name.
     """
     import os
     import platform

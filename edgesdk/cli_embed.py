@@ -34,7 +34,8 @@ from pathlib import Path
 import click
 
 from edgesdk.cli_interactive import process_escapes
-from edgesdk.cli_options import LLAMA_OPTION_NAMES, escape_option, runtime_options
+from edgesdk.cli_llama import LLAMA_OPTION_NAMES, LlamaCommand, checked_ctx_size
+from edgesdk.cli_options import escape_option, runtime_options
 from edgesdk.errors import EdgeSDKError, read_utf8
 
 POOLINGS = ("last", "mean", "cls", "none")  # edgesdk.runtime.embedding.POOLINGS (not imported: it needs numpy)
@@ -42,7 +43,7 @@ OUTPUT_FORMATS = ("", "array", "json", "json+", "raw")
 SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vector when there are several inputs
 
 
-@click.command("embed", context_settings=LLAMA_OPTION_NAMES)
+@click.command("embed", cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--prompt", "-p", "prompts", multiple=True, metavar="TEXT",
               help="Text to embed; each piece between separators (each line by default) is one input. Repeat for "
@@ -77,6 +78,9 @@ def embed(bundle, prompts, text_file, embd_separator, escape, pooling, embd_norm
       edgesdk embed BUNDLE -p "Hello world"
       edgesdk embed BUNDLE -f passages.txt --embd-output-format json > vectors.json
       edgesdk embed BUNDLE -p "a cat" -p "a dog" -p "the stock market"   # and their cosine similarities
+
+    llama-embedding's options that change nothing here are accepted and said so on stderr (-ngl, -fa, --mlock,
+    --no-mmap, -c 0 or the bundle's context, ...); the others are refused by name.
     """
     inputs = _inputs(prompts, text_file, embd_separator, escape)
     from edgesdk.runtime.embedding import (
@@ -90,6 +94,7 @@ def embed(bundle, prompts, text_file, embd_separator, escape, pooling, embd_norm
 
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
+    checked_ctx_size(runtime.backend.max_context, bundle)
     pooling = pooling or bundle_pooling(runtime.bundle.manifest)
     config = EmbeddingConfig(pooling=pooling, normalize=embd_normalize)
     limit = runtime.backend.max_context

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from edgesdk.cli_llama import LlamaCommand
 from edgesdk.cli_options import echo_json, option_given, runtime_options
 from edgesdk.errors import EdgeSDKError, read_utf8
 
@@ -22,7 +23,8 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
     return format(value, spec) + ("" if uncertainty is None else f" ± {format(uncertainty, spec)}")
 
 
-@click.command("eval")
+# llama-perplexity's -c / --ctx-size is --context here; its other options as run reads them (cli_llama.LlamaCommand)
+@click.command("eval", cls=LlamaCommand, llama_aliases={"-c": "--context", "--ctx-size": "--context"})
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--text", "-f", "text_file", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -86,6 +88,9 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
 
     --hellaswag, --winogrande and --multiple-choice score the --text file as llama-perplexity's task of that
     name scores it, instead of perplexity (one task a run).
+
+    llama-perplexity's -c / --ctx-size N is --context N; its options that change nothing here are accepted and said
+    so on stderr (-ngl, -fa, -b, --mlock, ...), the others refused by name.
     """
     from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, leading_bos, reference_perplexity
     from edgesdk.runtime.session import open_runtime

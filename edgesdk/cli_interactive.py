@@ -316,8 +316,9 @@ class Chat:
     or Ctrl-C, as a script expects."""
 
     def __init__(self, answerer, thermal, *, interactive: bool, in_prefix: str, in_suffix: str, show_affixes: bool,
-                 multiline: bool = False):
+                 multiline: bool = False, single_turn: bool = False):
         self.answerer, self.thermal, self.interactive = answerer, thermal, interactive
+        self.single_turn = single_turn  # -st (llama-cli's --single-turn): the session ends after one answer
         self.multiline = multiline  # --multiline-input (llama-cli's -mli): a prompt ends at a line ending in '\\'
         self.in_prefix, self.in_suffix = in_prefix, in_suffix  # --in-prefix / --in-suffix, escapes processed
         self.show_affixes = show_affixes  # printed around the input (the prompt is its text: --raw, no template)
@@ -362,7 +363,10 @@ class Chat:
                 sys.stdout.write("\n")
                 sys.stdout.flush()
                 answer_ended(self.thermal)
-                click.echo("edgesdk: answer stopped; Ctrl-C at the prompt or Ctrl-D ends the session", err=True)
+                if not self.single_turn:
+                    click.echo("edgesdk: answer stopped; Ctrl-C at the prompt or Ctrl-D ends the session", err=True)
+            if self.single_turn:
+                return
 
     def _next_turn(self) -> tuple[str, int] | None:
         """Read a line and act on it: the prompt to answer and its /regen count, or None where the line was empty

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
 import click
 
+from edgesdk.cli_llama import LlamaEnvOption
 from edgesdk.cli_thermal import AMBIENT, FiniteRange
 from edgesdk.errors import EdgeSDKError
 
@@ -26,112 +26,6 @@ def _stacked(fn, options: list):
     for option in reversed(options):
         fn = option(fn)
     return fn
-
-
-def _llama_option_name(name: str) -> str:
-    """An option's name as llama.cpp's tools match it: '_' read as '-' (common/arg.cpp, ``common_params_parse_ex``:
-    ``std::replace(arg.begin(), arg.end(), '_', '-')`` for each argument starting with "--"), so the names its older
-    scripts and docs spell ``--n_predict``, ``--repeat_penalty``, ``--top_k`` or ``--embd_normalize`` still work.
-    click applies it to option names alone (and to a Choice's value and choices alike), never to a value."""
-    return name.replace("_", "-")
-
-
-# A command's context_settings that read its options' names as llama.cpp's tools do (run and embed).
-LLAMA_OPTION_NAMES = {"token_normalize_func": _llama_option_name}
-
-
-# llama.cpp's words for a boolean option's environment variable (common/arg.cpp ``is_truthy`` / ``is_falsey``)
-LLAMA_TRUTHY = ("true", "1", "on", "enabled")
-LLAMA_FALSEY = ("false", "0", "off", "disabled")
-# llama.cpp's variables that are not LLAMA_ARG_* (common/arg.cpp: --api-key's, and --chat-template-kwargs' before
-# it was renamed LLAMA_ARG_CHAT_TEMPLATE_KWARGS)
-_LLAMA_OTHER_ENV = ("LLAMA_API_KEY", "LLAMA_CHAT_TEMPLATE_KWARGS")
-
-
-class LlamaEnvOption(click.Option):
-    """An option that is also read from llama.cpp's environment variable(s) for it, as llama.cpp's tools read them
-    (common/arg.cpp ``common_params_parse_ex``: each option's ``set_env`` name is read where the option is not on the
-    command line; the command line wins, with a warning), so that a Docker image's or a systemd unit's
-    ``LLAMA_ARG_PORT=8081``-style configuration takes effect instead of being silently ignored. ``envvar``'s names
-    are read in order, the first one set (non-empty) wins, and ``--help`` shows them.
-
-    A flag reads llama.cpp's words, true/1/on/enabled and false/0/off/disabled (``is_truthy`` / ``is_falsey``; any
-    other value is refused by name, where llama.cpp ignores it for a plain switch); ``negated_env``, llama.cpp's
-    ``LLAMA_ARG_NO_...`` name of a ``--x/--no-x`` option (``common_arg::get_value_from_env``), turns it off when
-    set, before the others are read; ``env_inverts``: the flag says the opposite of the variable (``--no-prompt-cache``
-    against llama-server's LLAMA_ARG_CACHE_PROMPT). A value the option refuses is refused naming the variable and
-    its value. A repeatable option takes the variable's value as one value (click would split it at spaces)."""
-
-    def __init__(self, *decls, negated_env: str | None = None, env_inverts: bool = False, **kwargs):
-        kwargs.setdefault("show_envvar", True)
-        envvar = kwargs.pop("envvar", None)
-        names = [envvar] if isinstance(envvar, str) else list(envvar or ())
-        self.env_names = tuple(names)
-        self.negated_env = negated_env
-        self.env_inverts = env_inverts
-        super().__init__(*decls, envvar=names + ([negated_env] if negated_env else []), **kwargs)
-
-    def env_source(self) -> tuple[str, str] | None:
-        """The variable that sets this option and its value, None where none is set (empty counts as unset)."""
-        for name in ((self.negated_env,) if self.negated_env else ()) + self.env_names:
-            if os.environ.get(name):
-                return name, os.environ[name]
-        return None
-
-    def value_from_envvar(self, ctx):
-        found = self.env_source()
-        if found is None:
-            return None
-        name, raw = found
-        ctx.meta[f"edgesdk.env.{self.name}"] = found
-        if self.is_flag and self.is_bool_flag:
-            if name == self.negated_env:
-                return self.env_inverts
-            word = raw.strip().lower()
-            if word not in LLAMA_TRUTHY + LLAMA_FALSEY:
-                raise click.BadParameter(
-                    f"{name}={raw!r} is neither on nor off: set it to {', '.join(LLAMA_TRUTHY)} (on) or "
-                    f"{', '.join(LLAMA_FALSEY)} (off), as llama.cpp reads it, or unset it", ctx=ctx, param=self)
-            return (word in LLAMA_TRUTHY) != self.env_inverts
-        return [raw] if self.multiple else raw
-
-    def consume_value(self, ctx, opts):
-        value, source = super().consume_value(ctx, opts)
-        found = self.env_source()
-        if found is not None and source is click.core.ParameterSource.COMMANDLINE:
-            # common/arg.cpp: "warn: %s environment variable is set, but will be overwritten by command line argument"
-            click.echo(f"edgesdk: {found[0]} is set, but {self.opts[0] if self.opts else self.name} on the command "
-                       "line goes over it", err=True)
-        return value, source
-
-    def get_error_hint(self, ctx) -> str:
-        """The option's names alone, as for any option: a refused value is said with the variable that gave it where
-        one did (:meth:`process_value`), not with every variable that could have (click 8.2+ lists them all)."""
-        return click.Parameter.get_error_hint(self, ctx)
-
-    def process_value(self, ctx, value):
-        try:
-            return super().process_value(ctx, value)
-        except click.BadParameter as exc:
-            found = ctx.meta.get(f"edgesdk.env.{self.name}")
-            if found is None or ctx.get_parameter_source(self.name) is not click.core.ParameterSource.ENVIRONMENT \
-                    or found[0] in exc.message:
-                raise
-            raise click.BadParameter(f"{exc.message} (read from the environment, {found[0]}={found[1]!r}: set it "
-                                     f"right or unset it; {self.opts[0]} on the command line goes over it)",
-                                     ctx=ctx, param=self, param_hint=exc.param_hint) from exc
-
-
-def unread_llama_env(command: click.Command, *read: str) -> list[str]:
-    """The llama.cpp environment variables set here (``LLAMA_ARG_*``, LLAMA_API_KEY, LLAMA_CHAT_TEMPLATE_KWARGS)
-    that ``command`` does not read (no option of its has them, nor ``read``): llama.cpp's tools would act on them,
-    so the command says it does not, instead of ignoring them silently."""
-    known = set(read)
-    for param in command.params:
-        if isinstance(param, LlamaEnvOption):
-            known.update(param.env_names + ((param.negated_env,) if param.negated_env else ()))
-    return sorted(name for name, value in os.environ.items() if value and name not in known and
-                  (name.startswith("LLAMA_ARG_") or name in _LLAMA_OTHER_ENV))
 
 
 def option_given(name: str) -> bool:

@@ -25,10 +25,9 @@ from edgesdk.cli_interactive import (
     process_escapes,
     typed_prompt_ids,
 )
+from edgesdk.cli_llama import LLAMA_OPTION_NAMES, LlamaCommand, LlamaEnvOption, checked_ctx_size
 from edgesdk.cli_options import (
-    LLAMA_OPTION_NAMES,
     SAMPLING_OPTIONS,
-    LlamaEnvOption,
     bad_sampling_option,
     configure_gates,
     draft_model,
@@ -85,11 +84,17 @@ class RunSettings:
     prompt_cache_mode: str | None = None  # "prompt", "all" (--prompt-cache-all), "ro" (--prompt-cache-ro); None: none
     multiline_input: bool = False  # --multiline-input: a prompt read from stdin ends at a line ending in '\\' or '/'
     shift_refused: bool = False  # --context-shift given with -n -2, which stops at the full context instead
+    chat: bool = False  # -cnv, -i or -if: the history is kept unless --no-history, also for piped input
+    go_on: bool = False  # -cnv / -i with --prompt or --file: after its answer the chat goes on reading stdin
+    single_turn: bool = False  # -st: one prompt answered, then the session ends
+    raw_option: str = "--raw"  # the option that fed the prompt as it is, as a warning names it (-no-cnv too)
 
 
-@click.command(context_settings=LLAMA_OPTION_NAMES)
+@click.command(cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
 # LLAMA_ARG_MODEL: llama-cli's -m (common/arg.cpp), read where no BUNDLE is given
-@click.argument("bundle", type=click.Path(path_type=Path), envvar="LLAMA_ARG_MODEL")
+@click.argument("bundle", type=click.Path(path_type=Path), envvar="LLAMA_ARG_MODEL", required=False)
+@click.option("--model", "-m", "model", type=click.Path(path_type=Path), metavar="BUNDLE",
+              help="The BUNDLE, as llama-cli's -m / --model names its model (give it once: as BUNDLE or -m).")
 @click.option("--prompt", "-p", help="Prompt text; without it, read prompts interactively from stdin.")
 @click.option("--file", "-f", "prompt_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, newlines included but for one at its "
@@ -141,6 +146,20 @@ class RunSettings:
               read_template_kwargs(value),
               help="Extra variables for the chat template, a JSON object (llama.cpp's --chat-template-kwargs), e.g. "
                    "'{\"enable_thinking\": false}' for a Qwen3 answer without thinking.")
+@click.option("--conversation/--no-conversation", "-cnv/-no-cnv", "conversation", default=None,
+              help="llama-cli's -cnv / --conversation: a chat, through the chat template, keeping the history "
+                   "(--history); with --prompt or --file, that prompt is its first turn and the chat goes on reading "
+                   "stdin. -no-cnv / --no-conversation: no chat template (--raw) and no history: the prompt is "
+                   "continued as plain text, as llama-cli's completion mode.")
+@click.option("--single-turn", "-st", "single_turn", is_flag=True,
+              help="llama-cli's -st / --single-turn: answer one prompt, then exit (with --prompt or --file that "
+                   "prompt, as without -st; else the first one read from stdin).")
+@click.option("--interactive", "-i", "interactive_mode", is_flag=True,
+              help="llama-cli's -i / --interactive: after the answer to --prompt or --file, go on reading prompts "
+                   "from stdin, keeping the history (--history); without them prompts are read from stdin anyway.")
+@click.option("--interactive-first", "-if", "interactive_first", is_flag=True,
+              help="llama-cli's -if / --interactive-first: read the first prompt from stdin right away, keeping the "
+                   "history (what run does without --prompt or --file; with them refused: pass -i).")
 @click.option("--history/--no-history", default=None,
               help="Interactive input: keep the conversation, each line a new turn after the earlier ones "
                    "(their tokens stay in the KV cache; '/clear' starts over). On by default at a terminal, "
@@ -216,7 +235,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         draft_bundle, draft_max, draft_p_min,
         watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
         entropy_target, compute_budget, gating,
-        threads, backend, target, ignore_target):
+        threads, backend, target, ignore_target, model, conversation, single_turn, interactive_mode,
+        interactive_first):
     """Generate text with a bundle, streaming tokens to stdout.
 
     llama-cli's environment variables set the options they set there (LLAMA_ARG_N_PREDICT, LLAMA_ARG_TEMPERATURE,
@@ -240,10 +260,17 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
       /read F   the text of file F goes before the next prompt
       /exit     end the session; so do Ctrl-D and Ctrl-C at the prompt
       Ctrl-C    stop the answer being written; the conversation keeps what it showed
+
+    llama-cli's options that change nothing here are accepted and said so on stderr (-ngl, -fa, --jinja, --mlock,
+    --no-mmap, --no-warmup, --color, -np 1, -ctk / -ctv f16, -c 0 or the bundle's context, ...); those that would
+    change what run does are refused by name.
     """
     from edgesdk.runtime.prompt_cache import PromptCache
     from edgesdk.runtime.session import open_runtime
 
+    bundle = bundle_or_model(bundle, model, "BUNDLE")
+    raw, chat, go_on = _llama_cli_mode(conversation, interactive_mode, interactive_first, single_turn,
+                                       prompt is not None or prompt_file is not None, raw)
     # The options are checked in the order of these arguments, all before the bundle loads.
     settings = RunSettings(
         sampling=_sampling_config(max_new_tokens=_token_limit(max_new_tokens),
@@ -267,9 +294,12 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         history=history, stats=stats,
         context_shift=context_shift and max_new_tokens != UNTIL_THE_CONTEXT_IS_FULL, keep=keep,
         multiline_input=multiline_input, shift_refused=context_shift and max_new_tokens == UNTIL_THE_CONTEXT_IS_FULL,
-        prompt_cache_mode=prompt_cache_mode(prompt_cache, prompt_cache_all, prompt_cache_ro))
+        prompt_cache_mode=prompt_cache_mode(prompt_cache, prompt_cache_all, prompt_cache_ro),
+        chat=chat, go_on=go_on, single_turn=single_turn,
+        raw_option="-no-cnv" if conversation is False else "--raw")
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
+    checked_ctx_size(runtime.backend.max_context, bundle)
     tokenizer = runtime.tokenizer
     tokenizer.template_kwargs = template_kwargs
     sampling = _with_model_defaults(_sampling_for_model(settings, tokenizer), runtime.bundle.manifest)
@@ -277,7 +307,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                        "no_guard": no_guard, "clock_cap": clock_cap, "ambient": ambient, "sim_speed": sim_speed,
                        "thermal_target": thermal_target}
     _warn_unused_options(settings, sampling, tokenizer, thermal_settings)
-    interactive = settings.prompt is None and sys.stdin.isatty()
+    interactive = (settings.prompt is None or settings.go_on) and sys.stdin.isatty()
     conversation = _open_conversation(settings, runtime, interactive)
     cache = PromptCache(runtime.backend)
     # the gates first: a cache file is loaded only where it was computed with the gates this run computes with
@@ -292,15 +322,56 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                             cache_file=cache_file, token_bytes=token_bytes, lookup=lookup, thermal=thermal)
         if settings.prompt is not None:
             answerer.answer(settings.prompt)
-            return
+            if not settings.go_on:
+                return
         # The affixes are shown with the input where the prompt is the text itself, as llama-cli's interactive
         # mode without a chat template prints the prefix before reading and the suffix after (tools/main/main.cpp).
         show_affixes = interactive and (settings.raw or not tokenizer.has_chat_template)
         Chat(answerer, thermal, interactive=interactive, in_prefix=settings.in_prefix, in_suffix=settings.in_suffix,
-             show_affixes=show_affixes, multiline=settings.multiline_input).run()
+             show_affixes=show_affixes, multiline=settings.multiline_input, single_turn=settings.single_turn).run()
     finally:
         if thermal is not None:
             thermal.close()
+
+
+def bundle_or_model(bundle: Path | None, model: Path | None, what: str) -> Path:
+    """The BUNDLE argument, or llama-cli's ``-m / --model PATH`` for it (common/arg.cpp: the model path, also read
+    from LLAMA_ARG_MODEL): one of them; both on the command line only where they name the same bundle. A BUNDLE
+    read from LLAMA_ARG_MODEL gives way to -m, as llama.cpp's command line goes over its environment."""
+    from_env = click.get_current_context().get_parameter_source("bundle") is click.core.ParameterSource.ENVIRONMENT
+    if model is None:
+        if bundle is None:
+            raise click.UsageError(f"Missing argument '{what}': give the bundle's directory (or -m {what}, as "
+                                   "llama-cli names its model)")
+        return bundle
+    if bundle is None or from_env:
+        return model
+    if Path(bundle).resolve() != Path(model).resolve():
+        raise click.BadParameter(f"names {str(model)!r} and the BUNDLE argument {str(bundle)!r}: give the bundle "
+                                 "once, as BUNDLE or as -m BUNDLE", param_hint="'--model' / '-m'")
+    return bundle
+
+
+def _llama_cli_mode(conversation: bool | None, interactive: bool, interactive_first: bool, single_turn: bool,
+                    prompt_given: bool, raw: bool) -> tuple[bool, bool, bool]:
+    """llama-cli's conversation options read as run's own: (--raw, whether the history is kept by default, whether
+    the chat goes on reading stdin after --prompt's or --file's answer). As tools/completion/completion.cpp runs
+    them: -cnv renders the prompt through the chat template as the first user turn, answers it and goes on
+    interactively (``conversation_mode`` implies interactive); -no-cnv feeds the prompt as it is, without the chat
+    template ("otherwise use the prompt as is"), and ends after it; -i goes on interactively after the prompt's
+    answer; -if waits for input first; -st ends after one turn (common/arg.cpp: "will not be interactive if first
+    turn is predefined with --prompt")."""
+    if conversation is True and raw:
+        raise click.BadParameter("renders the chat through the chat template, and --raw feeds the prompt as it is; "
+                                 "pass one", param_hint="'--conversation' / '-cnv'")
+    if interactive_first and prompt_given:
+        raise click.BadParameter("reads the first prompt from stdin, and --prompt / --file gives it: pass -i to "
+                                 "answer that prompt and then read more from stdin, or leave --prompt out",
+                                 param_hint="'--interactive-first' / '-if'")
+    if conversation is False:
+        return True, False, False
+    chat = conversation is True or interactive or interactive_first
+    return raw, chat, chat and prompt_given and not single_turn
 
 
 RUN_SAMPLING_OPTIONS = {**SAMPLING_OPTIONS, "max_new_tokens": "'--max-new-tokens' / '-n'",
@@ -440,19 +511,20 @@ def _warn_unused_options(settings: RunSettings, sampling: SamplingConfig, tokeni
                    "shift (pass --context-shift)", err=True)
     as_it_is = None
     if settings.raw or not tokenizer.has_chat_template:
-        as_it_is = "--raw" if settings.raw else "the bundle has no chat template"
+        as_it_is = settings.raw_option if settings.raw else "the bundle has no chat template"
     if settings.system is not None and as_it_is:
         click.echo(f"edgesdk: --system is not used: {as_it_is} feeds the prompt as it is", err=True)
-    if settings.history and settings.prompt is not None:  # only a --history the user typed is worth a word
+    answered_alone = settings.prompt is not None and not settings.go_on  # no prompt is read from stdin
+    if settings.history and answered_alone:  # only a --history the user typed is worth a word
         click.echo(f"edgesdk: --history is not used: {settings.prompt_option} answers one prompt (leave it out to "
                    "chat)", err=True)
     elif settings.history and as_it_is:
         click.echo(f"edgesdk: --history is not used: {as_it_is} feeds each line as it is", err=True)
     for option, given in (("--in-prefix", settings.in_prefix), ("--in-suffix", settings.in_suffix)):
-        if given and settings.prompt is not None:  # llama-cli adds them to interactive input only, never to -p
+        if given and answered_alone:  # llama-cli adds them to interactive input only, never to -p
             click.echo(f"edgesdk: {option} is not used: it goes with each prompt read from stdin, and "
                        f"{settings.prompt_option} is answered as it is", err=True)
-    if settings.multiline_input and settings.prompt is not None:
+    if settings.multiline_input and answered_alone:
         click.echo(f"edgesdk: --multiline-input is not used: it is how prompts are read from stdin, and "
                    f"{settings.prompt_option} is answered as it is", err=True)
     if settings.template_kwargs and as_it_is:
@@ -460,14 +532,15 @@ def _warn_unused_options(settings: RunSettings, sampling: SamplingConfig, tokeni
 
 
 def _open_conversation(settings: RunSettings, runtime, interactive: bool):
-    """The conversation kept over the prompts read from stdin (--history; on by default at a terminal), or None
-    where each prompt is answered on its own: --prompt / --file, --no-history, --raw, or a bundle without a chat
-    template."""
+    """The conversation kept over the prompts read from stdin (--history; on by default at a terminal and with
+    llama-cli's -cnv, -i or -if), or None where each prompt is answered on its own: --prompt / --file (unless -cnv
+    or -i go on after it), --no-history, --raw (-no-cnv), or a bundle without a chat template."""
     from edgesdk.runtime.conversation import Conversation
 
     tokenizer = runtime.tokenizer
-    history = interactive if settings.history is None else settings.history
-    if not history or settings.prompt is not None or settings.raw or not tokenizer.has_chat_template:
+    history = (interactive or settings.chat) if settings.history is None else settings.history
+    if not history or (settings.prompt is not None and not settings.go_on) or settings.raw \
+            or not tokenizer.has_chat_template:
         return None
     return Conversation(tokenizer, settings.system, runtime.backend.max_context,
                         answer_room=settings.sampling.max_new_tokens)

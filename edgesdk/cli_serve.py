@@ -13,9 +13,9 @@ from pathlib import Path
 
 import click
 
+from edgesdk.cli_llama import LlamaCommand, LlamaEnvOption, checked_ctx_size, unread_llama_env
 from edgesdk.cli_options import (
     SAMPLING_OPTIONS,
-    LlamaEnvOption,
     bad_sampling_option,
     configure_gates,
     draft_model,
@@ -32,7 +32,6 @@ from edgesdk.cli_options import (
     sampler_chain_options,
     sampling_option_given,
     thermal_options,
-    unread_llama_env,
     warn_unused_thermal_options,
 )
 from edgesdk.errors import EdgeSDKError
@@ -54,8 +53,11 @@ def _token_limit(value: int) -> int:
     return value
 
 
-@click.command()
+@click.command(cls=LlamaCommand)
 @click.argument("bundles", metavar="[BUNDLE]...", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--model", "-m", "model", type=click.Path(path_type=Path), metavar="BUNDLE",
+              help="A BUNDLE to serve, as llama-server's -m / --model names its model (the same bundle may be given "
+                   "as BUNDLE too, another is refused).")
 @click.option("--models-dir", type=click.Path(path_type=Path), metavar="DIR", cls=LlamaEnvOption,
               envvar="LLAMA_ARG_MODELS_DIR",
               help="Serve every bundle directory directly in DIR too (llama-server's router option): one model is "
@@ -172,7 +174,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
           responses_kept, responses_kept_mib, reasoning_budget, pooling, batch_size, spm_infill, draft_bundle, draft_max, draft_p_min,
           watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
-          entropy_target, compute_budget, gating, threads, backend, target, ignore_target):
+          entropy_target, compute_budget, gating, threads, backend, target, ignore_target, model):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
     OpenAI's POST /v1/responses and /v1/embeddings, Anthropic's POST /v1/messages, Ollama's POST /api/chat,
     /api/generate and /api/embed (serve on --port 11434 for Ollama clients) and llama-server's POST /tokenize,
@@ -188,6 +190,10 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     LLAMA_ARG_N_PREDICT, LLAMA_ARG_ALIAS, LLAMA_API_KEY, ...: each option below names its own; flags take true, 1,
     on, enabled or false, 0, off, disabled), and LLAMA_ARG_MODEL is the BUNDLE where none is given; the command
     line goes over them. One set for an option serve lacks is named at start.
+
+    llama-server's options that change nothing here are accepted and said so on stderr (-ngl, -fa, --jinja, --mlock,
+    --no-mmap, --no-warmup, -np 1, -cb, -ctk / -ctv f16, -c 0 or the bundle's context, ...); those that would
+    change what serve does (-np 4: one answer is generated at a time) are refused by name.
     """
     from edgesdk.runtime.session import open_runtime
     from edgesdk.serve.completion import Completer, ServeDefaults
@@ -218,11 +224,12 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
         if not api_keys:
             raise click.BadParameter("is empty; pass a key (or several, comma-separated), or leave --api-key out to "
                                      "serve without one", param_hint="'--api-key'")
-    bundles = _bundle_from_env(bundles)
+    bundles = _bundle_from_env(_with_model_option(bundles, model))
     paths = _distinct([*bundles, *(_bundles_in(models_dir) if models_dir is not None else [])])
     if not paths:
         raise click.UsageError("give the BUNDLE to serve (several are served one loaded at a time), or --models-dir "
                                "DIR holding bundles")
+    _check_ctx_size(paths)
     if any(not name.strip() for name in model_names):
         raise click.BadParameter("is empty; pass the id the API should report, or leave --model-name out for "
                                  "<model>-<target> from the bundle's manifest", param_hint="'--model-name'")
@@ -304,6 +311,32 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
 
 
 MODEL_ENV = "LLAMA_ARG_MODEL"  # llama-server's -m (common/arg.cpp ``set_env("LLAMA_ARG_MODEL")``)
+
+
+def _with_model_option(bundles: tuple[Path, ...], model: Path | None) -> tuple[Path, ...]:
+    """The BUNDLEs with llama-server's ``-m / --model PATH`` (common/arg.cpp: the model path): the bundle served
+    where no BUNDLE is given; beside BUNDLEs only where it is one of them (given twice), else refused, as
+    llama-server serves the one model -m names."""
+    if model is None or not bundles:
+        return bundles if model is None else (model,)
+    if all(Path(bundle).resolve() != Path(model).resolve() for bundle in bundles):
+        raise click.BadParameter(f"names {str(model)!r}, which is none of the BUNDLEs given "
+                                 f"({', '.join(map(str, bundles))}): give each bundle once, as BUNDLE (several are "
+                                 "served one loaded at a time) or one as -m BUNDLE", param_hint="'--model' / '-m'")
+    return bundles
+
+
+def _check_ctx_size(paths: list[Path]) -> None:
+    """llama-server's ``-c N`` against each bundle's context (graph.max_context in its manifest), before any loads
+    (:func:`edgesdk.cli_llama.checked_ctx_size`)."""
+    if click.get_current_context().meta.get("edgesdk.llama.ctx_size") is None:
+        return
+    from edgesdk.bundle import read_manifest
+
+    for path in paths:
+        max_context = read_manifest(path).get("graph", {}).get("max_context")
+        if isinstance(max_context, int):
+            checked_ctx_size(max_context, path)
 
 
 def _bundle_from_env(bundles: tuple[Path, ...]) -> tuple[Path, ...]:

@@ -16,7 +16,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from edgesdk.cli_options import LlamaEnvOption, unread_llama_env
+from edgesdk.cli_llama import LlamaEnvOption, unread_llama_env
 from tests.unit.test_cli import invoke
 
 pytest.importorskip("torch")

@@ -1,0 +1,429 @@
+"""llama.cpp's command-line habits, read as llama.cpp's tools read them (common/arg.cpp), for ``run``, ``serve``,
+``embed``, ``eval`` and ``bench``: option names with ``_`` for ``-`` (:data:`LLAMA_OPTION_NAMES`), the
+``LLAMA_ARG_*`` environment variables (:class:`LlamaEnvOption`, :func:`unread_llama_env`), and llama.cpp's options
+edgesdk has no counterpart for (:class:`LlamaCommand`: accepted with a note where they change nothing here, refused
+by name otherwise, never misread as another option's value).
+
+Importing this module imports click only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+
+def _llama_option_name(name: str) -> str:
+    """An option's name as llama.cpp's tools match it: '_' read as '-' (common/arg.cpp, ``common_params_parse_ex``:
+    ``std::replace(arg.begin(), arg.end(), '_', '-')`` for each argument starting with "--"), so the names its older
+    scripts and docs spell ``--n_predict``, ``--repeat_penalty``, ``--top_k`` or ``--embd_normalize`` still work.
+    click applies it to option names alone (and to a Choice's value and choices alike), never to a value."""
+    return name.replace("_", "-")
+
+
+# A command's context_settings that read its options' names as llama.cpp's tools do (run and embed).
+LLAMA_OPTION_NAMES = {"token_normalize_func": _llama_option_name}
+
+
+# llama.cpp's words for a boolean option's environment variable (common/arg.cpp ``is_truthy`` / ``is_falsey``)
+LLAMA_TRUTHY = ("true", "1", "on", "enabled")
+LLAMA_FALSEY = ("false", "0", "off", "disabled")
+# llama.cpp's variables that are not LLAMA_ARG_* (common/arg.cpp: --api-key's, and --chat-template-kwargs' before
+# it was renamed LLAMA_ARG_CHAT_TEMPLATE_KWARGS)
+_LLAMA_OTHER_ENV = ("LLAMA_API_KEY", "LLAMA_CHAT_TEMPLATE_KWARGS")
+
+
+class LlamaEnvOption(click.Option):
+    """An option that is also read from llama.cpp's environment variable(s) for it, as llama.cpp's tools read them
+    (common/arg.cpp ``common_params_parse_ex``: each option's ``set_env`` name is read where the option is not on the
+    command line; the command line wins, with a warning), so that a Docker image's or a systemd unit's
+    ``LLAMA_ARG_PORT=8081``-style configuration takes effect instead of being silently ignored. ``envvar``'s names
+    are read in order, the first one set (non-empty) wins, and ``--help`` shows them.
+
+    A flag reads llama.cpp's words, true/1/on/enabled and false/0/off/disabled (``is_truthy`` / ``is_falsey``; any
+    other value is refused by name, where llama.cpp ignores it for a plain switch); ``negated_env``, llama.cpp's
+    ``LLAMA_ARG_NO_...`` name of a ``--x/--no-x`` option (``common_arg::get_value_from_env``), turns it off when
+    set, before the others are read; ``env_inverts``: the flag says the opposite of the variable (``--no-prompt-cache``
+    against llama-server's LLAMA_ARG_CACHE_PROMPT). A value the option refuses is refused naming the variable and
+    its value. A repeatable option takes the variable's value as one value (click would split it at spaces)."""
+
+    def __init__(self, *decls, negated_env: str | None = None, env_inverts: bool = False, **kwargs):
+        kwargs.setdefault("show_envvar", True)
+        envvar = kwargs.pop("envvar", None)
+        names = [envvar] if isinstance(envvar, str) else list(envvar or ())
+        self.env_names = tuple(names)
+        self.negated_env = negated_env
+        self.env_inverts = env_inverts
+        super().__init__(*decls, envvar=names + ([negated_env] if negated_env else []), **kwargs)
+
+    def env_source(self) -> tuple[str, str] | None:
+        """The variable that sets this option and its value, None where none is set (empty counts as unset)."""
+        for name in ((self.negated_env,) if self.negated_env else ()) + self.env_names:
+            if os.environ.get(name):
+                return name, os.environ[name]
+        return None
+
+    def value_from_envvar(self, ctx):
+        found = self.env_source()
+        if found is None:
+            return None
+        name, raw = found
+        ctx.meta[f"edgesdk.env.{self.name}"] = found
+        if self.is_flag and self.is_bool_flag:
+            if name == self.negated_env:
+                return self.env_inverts
+            word = raw.strip().lower()
+            if word not in LLAMA_TRUTHY + LLAMA_FALSEY:
+                raise click.BadParameter(
+                    f"{name}={raw!r} is neither on nor off: set it to {', '.join(LLAMA_TRUTHY)} (on) or "
+                    f"{', '.join(LLAMA_FALSEY)} (off), as llama.cpp reads it, or unset it", ctx=ctx, param=self)
+            return (word in LLAMA_TRUTHY) != self.env_inverts
+        return [raw] if self.multiple else raw
+
+    def consume_value(self, ctx, opts):
+        value, source = super().consume_value(ctx, opts)
+        found = self.env_source()
+        if found is not None and source is click.core.ParameterSource.COMMANDLINE:
+            # common/arg.cpp: "warn: %s environment variable is set, but will be overwritten by command line argument"
+            click.echo(f"edgesdk: {found[0]} is set, but {self.opts[0] if self.opts else self.name} on the command "
+                       "line goes over it", err=True)
+        return value, source
+
+    def get_error_hint(self, ctx) -> str:
+        """The option's names alone, as for any option: a refused value is said with the variable that gave it where
+        one did (:meth:`process_value`), not with every variable that could have (click 8.2+ lists them all)."""
+        return click.Parameter.get_error_hint(self, ctx)
+
+    def process_value(self, ctx, value):
+        try:
+            return super().process_value(ctx, value)
+        except click.BadParameter as exc:
+            found = ctx.meta.get(f"edgesdk.env.{self.name}")
+            if found is None or ctx.get_parameter_source(self.name) is not click.core.ParameterSource.ENVIRONMENT \
+                    or found[0] in exc.message:
+                raise
+            raise click.BadParameter(f"{exc.message} (read from the environment, {found[0]}={found[1]!r}: set it "
+                                     f"right or unset it; {self.opts[0]} on the command line goes over it)",
+                                     ctx=ctx, param=self, param_hint=exc.param_hint) from exc
+
+
+def unread_llama_env(command: click.Command, *read: str) -> list[str]:
+    """The llama.cpp environment variables set here (``LLAMA_ARG_*``, LLAMA_API_KEY, LLAMA_CHAT_TEMPLATE_KWARGS)
+    that ``command`` does not read (no option of its has them, nor ``read``): llama.cpp's tools would act on them,
+    so the command says it does not, instead of ignoring them silently."""
+    known = set(read)
+    for param in command.params:
+        if isinstance(param, LlamaEnvOption):
+            known.update(param.env_names + ((param.negated_env,) if param.negated_env else ()))
+    return sorted(name for name, value in os.environ.items() if value and name not in known and
+                  (name.startswith("LLAMA_ARG_") or name in _LLAMA_OTHER_ENV))
+
+
+# --- llama.cpp's options that edgesdk has no counterpart for -------------------------------------------------------
+#
+# llama-cli and llama-server users type their options out of habit. click reads a single-dash token it does not know
+# as short options and their value (``-ngl 99`` as ``-n gl``, ``-np 1`` as ``-n p``, ``-st`` as ``-s t``,
+# ``-no-cnv`` as ``-n o-cnv``), so such a flag was refused as a bad value of another option, or worse, taken as one.
+# :class:`LlamaCommand` reads llama.cpp's options (common/arg.cpp, ``common_params_parser_init``) by name before
+# click parses: one that changes nothing here is accepted and said once on stderr, with why; one that would mean
+# something edgesdk cannot do is refused by its own name, with the fix.
+
+_PLACEMENT = "the backend and where it runs come from the bundle's target profile (--backend forces another)"
+_CPU_PLACEMENT = "the runtime places its threads itself (--threads sets how many)"
+_WEIGHTS = "the runtime (ONNX Runtime or TensorRT) loads the bundle's weights itself"
+_ONE_AT_A_TIME = "one sequence is decoded at a time (a board decodes batch 1)"
+_SWITCH_WORDS = LLAMA_TRUTHY + LLAMA_FALSEY + ("auto", "-1")  # common/arg.cpp is_truthy / is_falsey / is_autoy
+
+
+def _whole_number(text: str) -> bool:
+    return text.strip().lstrip("+-").isdigit()
+
+
+def _gpu_layers(flag: str, value: str, command: str) -> str | None:
+    """``-ngl N``: a number, 'auto' or 'all', as common/arg.cpp reads it (``std::stoi`` otherwise)."""
+    if _whole_number(value) or value in ("auto", "all"):
+        return None
+    return f"{value!r} is not a layer count: give a number, 'auto' or 'all' (it changes nothing here: {_PLACEMENT})"
+
+
+def _one_sequence(flag: str, value: str, command: str) -> str | None:
+    """``-np N``: 1 (and llama-server's -1, auto) is what edgesdk does; more slots would mislead."""
+    if value.strip() == "1" or (value.strip() == "-1" and command == "serve"):  # llama-server's -1: auto
+        return None
+    if not _whole_number(value):
+        return f"{value!r} is not a number of slots: give 1, or leave {flag} out"
+    waits = ": the other requests wait in the queue (--max-queue sets how many)" if command == "serve" else ""
+    return (f"is {value}, and edgesdk {command} decodes one sequence at a time (a board decodes batch 1){waits}; "
+            f"pass {flag} 1 or leave it out")
+
+
+def _kv_type(flag: str, value: str, command: str) -> str | None:
+    """``-ctk/-ctv TYPE``: f16, llama.cpp's default, asks for nothing but the default and is accepted; another type
+    would mislead (the cache's type is the bundle's, fixed when it was built)."""
+    if value.strip().lower() == "f16":
+        return None
+    return (f"is {value!r}, and the KV cache's data type is the bundle's, fixed when it was built (its quantization "
+            f"is edgesdk build's recipe): pass {flag} f16 (llama.cpp's default) or leave it out")
+
+
+def _context_size(flag: str, value: str, command: str) -> str | None:
+    """``-c N``: a whole number >= 0, checked against the bundle's context once it is known
+    (:func:`checked_ctx_size`)."""
+    if _whole_number(value) and int(value) >= 0:
+        return None
+    return f"{value!r} is not a context size: give a number of tokens (0: the bundle's)"
+
+
+class _LlamaOnly:
+    """One llama.cpp option (its names as common/arg.cpp spells them) that edgesdk has no option for. ``value``: ""
+    a switch, "N"/"TYPE"/...: takes one value, "[on|off|auto]": an optional one (older llama.cpp made -fa and --color
+    switches). ``why``: why it changes nothing here (accepted, said on stderr); None: refused, with ``refused`` as
+    the fix. ``check(flag, value, command)``: a refusal of that value, or None where it is accepted."""
+
+    def __init__(self, names: str, value: str = "", why: str | None = None, refused: str | None = None,
+                 check=None, keep: str | None = None):
+        self.names = tuple(names.split())
+        self.value, self.why, self.refused, self.check, self.keep = value, why, refused, check, keep
+
+    @property
+    def long(self) -> str:
+        return next((name for name in self.names if name.startswith("--")), self.names[0])
+
+
+_LLAMA_ONLY = [
+    _LlamaOnly("-ngl --gpu-layers --n-gpu-layers", "N", _PLACEMENT, check=_gpu_layers),
+    _LlamaOnly("-ngld --gpu-layers-draft --n-gpu-layers-draft --spec-draft-ngl", "N", _PLACEMENT, check=_gpu_layers),
+    _LlamaOnly("-sm --split-mode", "MODE", _PLACEMENT),
+    _LlamaOnly("-ts --tensor-split", "SPLIT", _PLACEMENT),
+    _LlamaOnly("-mg --main-gpu", "INDEX", _PLACEMENT),
+    _LlamaOnly("-dev --device", "DEVICES", _PLACEMENT),
+    _LlamaOnly("-devd --device-draft --spec-draft-device", "DEVICES", _PLACEMENT),
+    _LlamaOnly("-kvo --kv-offload", "", _PLACEMENT),
+    _LlamaOnly("-nkvo --no-kv-offload", "", _PLACEMENT),
+    _LlamaOnly("--op-offload", "", _PLACEMENT),
+    _LlamaOnly("--no-op-offload", "", _PLACEMENT),
+    _LlamaOnly("-fit --fit", "on|off", _PLACEMENT),
+    _LlamaOnly("-fitt --fit-target", "MIB", _PLACEMENT),
+    _LlamaOnly("-fitc --fit-ctx", "N", _PLACEMENT),
+    _LlamaOnly("-cmoe --cpu-moe", "", _PLACEMENT),
+    _LlamaOnly("-ncmoe --n-cpu-moe", "N", _PLACEMENT),
+    _LlamaOnly("-ot --override-tensor", "PATTERN", _PLACEMENT),
+    _LlamaOnly("--repack", "", _PLACEMENT),
+    _LlamaOnly("-nr --no-repack", "", _PLACEMENT),
+    _LlamaOnly("--no-host", "", _PLACEMENT),
+    _LlamaOnly("-fa --flash-attn", "[on|off|auto]",
+               "attention runs as the bundle's graph computes it, with the kernels its backend picks"),
+    _LlamaOnly("--jinja", "", "the chat template is always the model's own, rendered as Jinja"),
+    _LlamaOnly("--no-jinja", "", "the chat template is always the model's own, rendered as Jinja"),
+    _LlamaOnly("--mlock", "", _WEIGHTS),
+    _LlamaOnly("--mmap", "", _WEIGHTS),
+    _LlamaOnly("--no-mmap", "", _WEIGHTS),
+    _LlamaOnly("-dio --direct-io", "", _WEIGHTS),
+    _LlamaOnly("-ndio --no-direct-io", "", _WEIGHTS),
+    _LlamaOnly("--warmup", "", "no warm-up run is made here"),
+    _LlamaOnly("--no-warmup", "", "no warm-up run is made here"),
+    _LlamaOnly("-co --color", "[on|off|auto]", "the answer is written as plain text"),
+    _LlamaOnly("--log-colors", "on|off|auto", "edgesdk's notes are plain text"),
+    _LlamaOnly("--simple-io", "", "the input is read as plain lines already"),
+    _LlamaOnly("-tb --threads-batch", "N", "prefill runs with the --threads threads too"),
+    _LlamaOnly("-Cr --cpu-range", "LO-HI", _CPU_PLACEMENT),
+    _LlamaOnly("-Cb --cpu-mask-batch", "M", _CPU_PLACEMENT),
+    _LlamaOnly("-Crb --cpu-range-batch", "LO-HI", _CPU_PLACEMENT),
+    _LlamaOnly("-ub --ubatch-size", "N", "prefill runs as the backend runs it"),
+    _LlamaOnly("-b --batch-size", "N", "prefill runs as the backend runs it"),
+    _LlamaOnly("-cb --cont-batching", "", _ONE_AT_A_TIME),
+    _LlamaOnly("-nocb --no-cont-batching", "", _ONE_AT_A_TIME),
+    _LlamaOnly("-kvu --kv-unified", "", _ONE_AT_A_TIME),
+    _LlamaOnly("-no-kvu --no-kv-unified", "", _ONE_AT_A_TIME),
+    _LlamaOnly("-sps --slot-prompt-similarity", "SIMILARITY", _ONE_AT_A_TIME + ", in one slot"),
+    _LlamaOnly("-np --parallel", "N", _ONE_AT_A_TIME, check=_one_sequence),
+    _LlamaOnly("-dt --defrag-thold", "N", "llama.cpp deprecated it as no longer necessary"),
+    _LlamaOnly("-ctk --cache-type-k", "TYPE", "the KV cache's type is the bundle's", check=_kv_type),
+    _LlamaOnly("-ctv --cache-type-v", "TYPE", "the KV cache's type is the bundle's", check=_kv_type),
+    _LlamaOnly("-ctkd --cache-type-k-draft --spec-draft-type-k", "TYPE", "the KV cache's type is the bundle's",
+               check=_kv_type),
+    _LlamaOnly("-ctvd --cache-type-v-draft --spec-draft-type-v", "TYPE", "the KV cache's type is the bundle's",
+               check=_kv_type),
+    # the bundle's context: checked against it once the bundle is known (checked_ctx_size)
+    _LlamaOnly("-c --ctx-size", "N", "", check=_context_size, keep="ctx_size"),
+    # refused: each would change what edgesdk does, or names what it does not have
+    _LlamaOnly("-hf -hfr --hf-repo", refused="edgesdk downloads no GGUF: build a bundle from the model with "
+                                             "'edgesdk build --model ORG/NAME' and pass its directory"),
+    _LlamaOnly("-hff --hf-file", refused="build a bundle with 'edgesdk build --model ...' and pass its directory"),
+    _LlamaOnly("-mu --model-url", refused="build a bundle with 'edgesdk build --model ...' and pass its directory"),
+    _LlamaOnly("-dr --docker-repo", refused="build a bundle with 'edgesdk build --model ...' and pass its directory"),
+    _LlamaOnly("-sp --special", refused="special tokens are never printed here: leave it out"),
+    _LlamaOnly("-cml --chatml", refused="the chat template is the model's own: leave it out"),
+    _LlamaOnly("-to --timeout", refused="there is no read/write timeout to set here: leave it out"),
+    _LlamaOnly("-rea --reasoning", refused="pass --chat-template-kwargs '{\"enable_thinking\": false}' to turn "
+                                           "thinking off"),
+    _LlamaOnly("-cram --cache-ram", refused="edgesdk serve's --cache-ram MIB keeps other conversations' KV caches"),
+] + [_LlamaOnly(names) for names in (
+    # llama.cpp's other options spelled with one dash and several letters (common/arg.cpp), refused by name
+    "-cl --cache-list", "-lcs --lookup-cache-static", "-lcd --lookup-cache-dynamic", "-ctxcp --ctx-checkpoints",
+    "-cms --checkpoint-min-step", "-ptc --print-token-count", "-bf --binary-file", "-gan --grp-attn-n",
+    "-gaw --grp-attn-w", "-bs --backend-sampling", "-ns --sequences", "-mm --mmproj", "-mmu --mmproj-url",
+    "-fitp --fit-print", "-hfv -hfrv --hf-repo-v", "-hffv --hf-file-v", "-hft --hf-token", "-ofreq --output-frequency",
+    "-pps", "-tgs", "-npp", "-ntg", "-npl", "-lv --verbosity", "-hfd -hfrd --hf-repo-draft", "-td --threads-draft",
+    "-tbd --threads-batch-draft", "-Cd --cpu-mask-draft", "-Crd --cpu-range-draft", "-Cbd --cpu-mask-batch-draft",
+    "-Crbd --cpu-range-batch-draft", "-otd --override-tensor-draft", "-cmoed --cpu-moe-draft",
+    "-ncmoed --n-cpu-moe-draft", "-mv --model-vocoder", "-ag --agent", "-no-ag --no-agent", "-dkvc --dump-kv-cache",
+    "-cnv --conversation", "-no-cnv --no-conversation", "-st --single-turn", "-if --interactive-first",
+    "-mli --multiline-input", "-sys --system-prompt", "-sysf --system-prompt-file", "-jf --json-schema-file",
+    "-lr --learning-rate", "-lr-min --learning-rate-min", "-decay-epochs", "-wd --weight-decay", "-val-split",
+    "-epochs", "-opt --optimizer")]
+
+
+def _bench_kv_type(flag: str, value: str, command: str) -> str | None:
+    """llama-bench's ``-ctk/-ctv TYPE[,TYPE...]``: f16 alone, as :func:`_kv_type`."""
+    return None if all(part.strip().lower() == "f16" for part in value.split(",")) else _kv_type(flag, value, command)
+
+
+def _bench_off(flag: str, value: str, command: str) -> str | None:
+    """A llama-bench test parameter edgesdk bench has no test for: 0 (its default, off) only."""
+    if all(part.strip() == "0" for part in value.split(",")):
+        return None
+    return f"is {value}, and edgesdk bench has no such test (it runs ppN and tgN): pass {flag} 0 or leave it out"
+
+
+# llama-bench's test parameters (tools/llama-bench/README.md: each takes a value, 0|1 for a switch, several values
+# comma-separated) that edgesdk bench has no option for; the others of llama.cpp's options are run's (_LLAMA_ONLY)
+_BENCH_ONLY = [
+    _LlamaOnly("-ngl --n-gpu-layers", "N", _PLACEMENT),
+    _LlamaOnly("-sm --split-mode", "MODE", _PLACEMENT),
+    _LlamaOnly("-mg --main-gpu", "I", _PLACEMENT),
+    _LlamaOnly("-ts --tensor-split", "SPLIT", _PLACEMENT),
+    _LlamaOnly("-dev --device", "DEVICES", _PLACEMENT),
+    _LlamaOnly("-ot --override-tensors", "PATTERN", _PLACEMENT),
+    _LlamaOnly("-nkvo --no-kv-offload", "0|1", _PLACEMENT),
+    _LlamaOnly("-nopo --no-op-offload", "0|1", _PLACEMENT),
+    _LlamaOnly("-ncmoe --n-cpu-moe", "N", _PLACEMENT),
+    _LlamaOnly("-fa --flash-attn", "0|1", "attention runs as the bundle's graph computes it, with the kernels its "
+                                          "backend picks"),
+    _LlamaOnly("-mmp --mmap", "0|1", _WEIGHTS),
+    _LlamaOnly("-b --batch-size", "N", "prefill runs as the backend runs it"),
+    _LlamaOnly("-ub --ubatch-size", "N", "prefill runs as the backend runs it"),
+    _LlamaOnly("-dt --defrag-thold", "F", "llama.cpp deprecated it as no longer necessary"),
+    _LlamaOnly("--cpu-strict", "0|1", _CPU_PLACEMENT),
+    _LlamaOnly("--poll", "0...100", _CPU_PLACEMENT),
+    _LlamaOnly("-ctk --cache-type-k", "TYPE", "the KV cache's type is the bundle's", check=_bench_kv_type),
+    _LlamaOnly("-ctv --cache-type-v", "TYPE", "the KV cache's type is the bundle's", check=_bench_kv_type),
+    _LlamaOnly("-embd --embeddings", "0|1", "no embeddings test is run", check=_bench_off),
+    _LlamaOnly("-pg", refused="edgesdk bench runs the ppN and tgN tests apart: pass -p and -n"),
+    _LlamaOnly("-rpc --rpc", refused="edgesdk runs the bundle on this board only: leave it out"),
+    _LlamaOnly("-c --ctx-size", refused="the tests' sizes are -p and -n (within the bundle's context)"),
+    _LlamaOnly("-oe --output-err"), _LlamaOnly("-nocb"),
+]
+
+
+def _llama_only_by_name(table: list[_LlamaOnly] | None = None) -> dict[str, _LlamaOnly]:
+    """llama.cpp's options by each of their names; llama-bench's (``table``) first where both spell one."""
+    found = {name: option for option in _LLAMA_ONLY for name in option.names}
+    found.update({name: option for option in table or [] for name in option.names})
+    return found
+
+
+class LlamaCommand(click.Command):
+    """A command that reads llama.cpp's options edgesdk lacks by name, before click parses (see ``_LLAMA_ONLY``):
+    accepted where they change nothing here (said once on stderr, with why), refused naming the option otherwise,
+    never misread as other options (click reads ``-ngl 99`` as ``-n gl``). An option the command has itself (run's
+    -sys, serve's -b) is the command's; a llama.cpp short spelling of an option the command has under its long name
+    (``-cram`` for serve's --cache-ram) is read as that option. ``-c N`` is kept in the context's meta for
+    :func:`checked_ctx_size`, unless ``llama_aliases`` maps it to one of the command's own options (eval's
+    --context is llama-perplexity's -c): each llama.cpp name there is read as that option."""
+
+    def __init__(self, *args, llama_aliases: dict[str, str] | None = None, llama_bench: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.llama_aliases = dict(llama_aliases or {})
+        self.llama_table = _BENCH_ONLY if llama_bench else None  # bench: llama-bench's test parameters
+
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, self._llama_args(ctx, list(args)))
+
+    def _own_options(self, ctx) -> dict[str, int]:
+        """The command's option names (as typed, and as normalized) and how many values each takes."""
+        names: dict[str, int] = {}
+        for param in self.get_params(ctx):
+            if isinstance(param, click.Option):
+                takes = 0 if param.is_flag or param.count else param.nargs
+                for name in param.opts + param.secondary_opts:
+                    names[name] = takes
+        return names
+
+    def _llama_args(self, ctx, args: list[str]) -> list[str]:
+        own, known = self._own_options(ctx), _llama_only_by_name(self.llama_table)
+        # --help shows the help, and shell completion parses resiliently: llama.cpp's options are dropped unread
+        helping = ctx.resilient_parsing or any(arg in ctx.help_option_names for arg in args)
+        kept, notes, index = [], [], 0
+        while index < len(args):
+            arg = args[index]
+            index += 1
+            if arg == "--":
+                kept.extend(args[index - 1:])
+                break
+            name, equals, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+            if name.startswith("--"):
+                name = _llama_option_name(name)
+            if name in own or not arg.startswith("-") or name not in known:
+                kept.append(arg)
+                if name in own and own[name] and not equals:  # its value, kept as it is (-p -st is a prompt)
+                    kept.extend(args[index:index + own[name]])
+                    index += own[name]
+                continue
+            option = known[name]
+            same = self.llama_aliases.get(name) or (option.long if option.long in own else None)
+            if same is not None:  # llama.cpp's name of an option this command has (-cram: --cache-ram): that option
+                kept.append(same + (f"={inline}" if equals else ""))
+                continue
+            value = None
+            if option.value.startswith("["):  # an optional value (older llama.cpp: a switch)
+                if equals:
+                    value = inline
+                elif index < len(args) and args[index].lower() in _SWITCH_WORDS:
+                    value = args[index]
+                    index += 1
+            elif option.value:
+                if equals:
+                    value = inline
+                elif index < len(args):
+                    value = args[index]
+                    index += 1
+                elif not helping:
+                    raise click.UsageError(f"{arg} (llama.cpp's {option.long}) needs a value ({option.value})",
+                                           ctx=ctx)
+            elif equals and not helping:
+                raise click.UsageError(f"{arg} (llama.cpp's {option.long}) is a switch and takes no value", ctx=ctx)
+            if helping:
+                continue
+            refusal = option.refused if option.why is None else \
+                option.check(name, value, self.name) if option.check and value is not None else None
+            if option.why is None:
+                refusal = refusal or (f"leave it out; 'edgesdk {self.name} --help' lists the options this command has "
+                                      "(click would read it as other options)")
+                raise click.UsageError(f"{name} is llama.cpp's {option.long}, which edgesdk {self.name} does not "
+                                       f"have: {refusal}", ctx=ctx)
+            if refusal is not None:
+                raise click.BadParameter(refusal, ctx=ctx, param_hint=f"'{name}' (llama.cpp's {option.long})")
+            if option.keep:
+                ctx.meta[f"edgesdk.llama.{option.keep}"] = (name, int(value))
+            elif (name, option.why) not in notes:
+                notes.append((name, option.why))
+        for name, why in notes:
+            click.echo(f"edgesdk: {name} is accepted for llama.cpp's scripts and changes nothing here: {why}", err=True)
+        return kept
+
+
+def checked_ctx_size(max_context: int, bundle) -> None:
+    """llama.cpp's ``-c N`` / ``--ctx-size N`` (kept by :class:`LlamaCommand`) against the bundle's context, which is
+    fixed when the bundle is built: 0 (llama.cpp's "loaded from model") and the bundle's own size are accepted;
+    another size is refused by name, as the runtime sizes its KV cache and graph to the bundle's."""
+    context = click.get_current_context(silent=True)
+    given = None if context is None else context.meta.get("edgesdk.llama.ctx_size")
+    if given is None or given[1] in (0, max_context):
+        return
+    flag, size = given
+    raise click.BadParameter(
+        f"is {size}, and the context of {bundle} is {max_context} tokens, fixed when it was built: pass {flag} "
+        f"{max_context} or 0 (the bundle's), or leave it out; for another size rebuild the bundle with 'edgesdk build "
+        f"--max-context {size}'", param_hint=f"'{flag}' (llama.cpp's --ctx-size)")
