@@ -11,9 +11,9 @@
 from __future__ import annotations
 
 from edgesdk.profile import get_profile
-from edgesdk.thermal.guard import Guard, Limits
 from edgesdk.thermal.plan import Workload, simulate
 from edgesdk.thermal.sensors import Reading
+from tests.unit.test_prefill50 import learned_guard
 
 PROFILE = get_profile("rpi5")  # resume 70 °C, soft 75 °C (a prefill may end at 74.5 °C), hard 78 °C, throttle 80 °C
 ZONE = PROFILE.thermal.zones[0]
@@ -21,17 +21,6 @@ MODEL = PROFILE.thermal_model
 IDLE_20C = 20.0 + MODEL.resistance_c_per_w * MODEL.idle_w  # where a bare Pi 5 settles idle in a 20 °C room
 
 
-def learned_guard(temp: float) -> Guard:
-    """A guard first read on an idle board in a 20 °C room, that has learned a 40 tok/s prefill and a 10 tok/s
-    decode, now reading ``temp``."""
-    guard = Guard(Limits.resolve(PROFILE.thermal)[0], MODEL)
-    guard.observe(0.0, Reading(time=0.0, zones={ZONE: IDLE_20C}))
-    guard.begin(16, 400)
-    guard.spend("prefill", 1, 10.0)
-    guard.spend("decode", 1, 0.1)
-    guard.observe(1.0, Reading(time=1.0, zones={ZONE: temp}))
-    assert (guard.prefill_tok_s, guard.unpaced_tok_s) == (40.0, 10.0)
-    return guard
 
 
 def test_a_prompt_that_fits_from_a_cooler_start_is_held_below_the_resume_point():

@@ -21,6 +21,10 @@ def model():
 
 @pytest.fixture(scope="module")
 def backends(model, tmp_path_factory):
+    return open_backends(model, tmp_path_factory)
+
+
+def open_backends(model, tmp_path_factory) -> dict:
     """{name: backend} of the same tiny model: the standard and fused ONNX graphs on onnxruntime's CPU provider, and
     the block-sparse weights on the kernels' PyTorch twins (the triton backend's CPU path)."""
     from safetensors.torch import load_file

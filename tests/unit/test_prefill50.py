@@ -77,33 +77,16 @@ class CountedPrefills:
         return self.inner.prefill(token_ids, keep_logits)
 
 
+
+
 @pytest.fixture(scope="module")
 def backends(tmp_path_factory):
-    """{name: backend} of one tiny model: the standard and fused ONNX graphs on onnxruntime's CPU provider, and the
-    block-sparse weights on the kernels' PyTorch twins (the triton backend's CPU path)."""
+    """The standard, fused and triton (CPU twin) backends of test_ort50's tiny model."""
     pytest.importorskip("torch")
-    from safetensors.torch import load_file
-
-    from edgesdk.export.onnx_export import ExportConfig, export_model
-    from edgesdk.export.sparse_export import SparseExportConfig, export_sparse
-    from edgesdk.runtime.ort_backend import OrtBackend
-    from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
-    from edgesdk.runtime.sparse_decoder import SparseDecoder
-    from edgesdk.runtime.triton_backend import TritonBackend
     from tests._utils.tiny import on_sparse_grid, tiny_llama
+    from tests.unit.test_ort50 import open_backends
 
-    model = on_sparse_grid(tiny_llama(hidden=64, heads=4, kv_heads=2))
-    opened = {}
-    for form, backend_class in (("standard", OrtBackend), ("ort-fused", OrtFusedBackend)):
-        out = tmp_path_factory.mktemp(form)
-        spec = export_model(model, out, ExportConfig(form=form, weights="fp32", max_context=32))
-        opened[form] = backend_class(out / "model.onnx", spec.to_json(), threads=1)
-    out = tmp_path_factory.mktemp("sparse")
-    record = export_sparse(model, out, SparseExportConfig(), max_context=32)
-    opened["triton"] = TritonBackend(SparseDecoder(load_file(str(out / record["weights"])), record, mode="reference"),
-                                     "reference")
-    return opened
-
+    return open_backends(on_sparse_grid(tiny_llama(hidden=64, heads=4, kv_heads=2)), tmp_path_factory)
 
 PROMPT = [int(token) for token in np.random.default_rng(7).integers(3, 300, 21)]
 GREEDY = SamplingConfig(max_new_tokens=8)
