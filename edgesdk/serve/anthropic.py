@@ -37,7 +37,8 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
   the object its JSON so far holds (:func:`partial_input`), with the stop reason of the cut (``max_tokens``:
   Anthropic's "Handling stop reasons", a response cut by the limit may end in an incomplete tool_use block); whole
   and streamed alike.
-* errors: ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's error types.
+* errors: ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's error types; a prompt past the
+  context led by Anthropic's words for it, ``prompt is too long: N tokens > M maximum`` (:func:`too_long`).
 """
 
 from __future__ import annotations
@@ -70,12 +71,30 @@ STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 # Claude Code's first system text: "x-anthropic-billing-header: cc_version=...; cc_entrypoint=cli; cch=a5145;", its
 # cch a stamp that changes with every request (the text after its ";" is kept)
 BILLING_CCH = re.compile(r"(x-anthropic-billing-header:[^\n]*?cch=)([^;\s]+)(?=;)")
+# the counts in the completer's refusal of a prompt past the context (serve/completion.py, Completer.prompt_ids)
+PROMPT_TOKENS = re.compile(r"the prompt has (\d+) tokens")
+CONTEXT_TOKENS = re.compile(r"context holds (\d+)")
 
 
 def error_body(error: ApiError) -> dict:
-    """An error in Anthropic's shape (its type from the status: 400 invalid_request_error, 503 overloaded_error...)."""
+    """An error in Anthropic's shape (its type from the status: 400 invalid_request_error, 503 overloaded_error...). A
+    prompt past the model's context (``context_length_exceeded``) is worded as Anthropic words it (:func:`too_long`)."""
     kind = ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": error.message}}
+    message = too_long(error.message) if error.code == "context_length_exceeded" else error.message
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def too_long(message: str) -> str:
+    """A refusal of a prompt past the context, led by Anthropic's words for it: ``prompt is too long: N tokens > M
+    maximum`` (its 400 ``invalid_request_error``, as Claude Code shows it: anthropics/claude-code issue 12186), then
+    this server's own message with its fix. Agent clients written for Anthropic's API (Claude Code, and the agent
+    loops that take its wording) read "prompt is too long" as the context overflowing and compact or trim the
+    conversation; worded otherwise, they show the error and stop. N and M are the completer's counts where its message
+    gives them (``the prompt has N tokens; this model's context holds M``)."""
+    counted, held = PROMPT_TOKENS.search(message), CONTEXT_TOKENS.search(message)
+    if counted is None or held is None:
+        return f"prompt is too long: {message}"
+    return f"prompt is too long: {counted[1]} tokens > {held[1]} maximum; {message}"
 
 
 def model_not_found(name: str, served: list[str]) -> ApiError:

@@ -76,7 +76,14 @@ from edgesdk.runtime.json_schema import (
     resolve_ref,
 )
 
-NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
+# A tool's name: 1-128 letters, digits, '_', '-', '.', '/' or ':'. OpenAI's rule (^[a-zA-Z0-9_-]{1,64}$) widened to
+# what the clients of the other routes send and their references take: Anthropic's API takes ^[a-zA-Z0-9_-]{1,128}$
+# (Claude Code's MCP tools, mcp__SERVER__TOOL, often pass 64); the MCP specification's tool names (SEP-986) add '.' and
+# '/', and Ollama clients send them as they are (ollmcp, the MCP client for Ollama, names each tool SERVER.TOOL),
+# Ollama's own API checking no name; Gemini's function names take '.' and ':'. llama-server checks no name either
+# (common_chat_tools_parse_oaicompat). The name is a JSON string the answer's schema holds as a const, so none of these
+# characters needs escaping, and a stream still finds a call's name whole (CALL_NAME, ITEM_NAME).
+NAME = re.compile(r"^[A-Za-z0-9_./:-]{1,128}$")
 NO_PARAMETERS = {"type": "object", "properties": {}}
 LOG = logging.getLogger(__name__)
 _WARNED: set = set()  # (tool name, keywords dropped) already logged: a client sends its tools with every request
@@ -168,8 +175,8 @@ def _function(tool: object, index: int) -> dict:
     function = tool["function"]
     name = function.get("name")
     if not isinstance(name, str) or not NAME.match(name):
-        raise ToolError(f"{param}.function.name {json.dumps(name)[:60]} must be 1-64 letters, digits, '_' or '-'",
-                        f"{param}.function.name")
+        raise ToolError(f"{param}.function.name {json.dumps(name)[:60]} must be 1-128 letters, digits, '_', '-', '.', "
+                        "'/' or ':'; rename the tool", f"{param}.function.name")
     description = function.get("description")
     if description is None:
         description = ""
@@ -418,8 +425,8 @@ ARGUMENTS_START = re.compile(r'\s*,\s*"arguments"\s*:\s*(?=\S)')
 CALLS_START = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[')
 ITEM_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"(' + NAME.pattern[1:-1] + ')"')
 ITEM_END = re.compile(r'\s*\}\s*([,\]])')  # a call's object closed, then the next call or the list's end
-# No envelope's text before its value is longer (a name of 64 characters, 8 gaps of at most 21 spacing
-# characters); an answer that has not begun one by then is read once whole.
+# No envelope's text before its value is longer (a name of 128 characters, 8 gaps of at most 21 spacing
+# characters and the keys around them); an answer that has not begun one by then is read once whole.
 ENVELOPE_LIMIT = 400
 ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 WHITESPACE = " \t\n\r"

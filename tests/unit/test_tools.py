@@ -74,7 +74,7 @@ def test_required_and_named_choices_leave_only_calls():
 @pytest.mark.parametrize(("body", "param", "message"), [
     ({"tools": {"type": "function"}}, "tools", "must be an array"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0]", "calls functions only"),
-    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name", "1-64 letters"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name", "1-128 letters"),
     ({"tools": [PING, PING]}, "tools", r"\['ping'\] more than once"),
     # a keyword that only narrows the arguments ("not", ...) is dropped for the constraint (test_toolschema48.py);
     # OpenAPI 3.0's boolean nullable is read as null's type (test_toolschema48.py); one that is no boolean is
