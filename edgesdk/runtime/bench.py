@@ -21,14 +21,21 @@ it differs from llama-bench:
 * llama-bench warms a tg test up with a single decode step; here the warm-up is a whole tgN run (a
   ppN test's warm-up is the whole prompt in both).
 
+``-p``, ``-n`` and ``-t`` take llama-bench's value lists (:func:`parse_int_range`: ``128,256``, ranges
+``1-4``, ``1-8+2``, ``64-512*2``, and the option given again adds its values): each thread count runs
+a ppN test for each ``-p`` value, then a tgN test for each ``-n`` value, in llama-bench's order
+(``get_cmd_params_instances``); ``--no-warmup`` skips the warm-up runs as llama-bench's does.
+
 ``--json`` carries llama-bench's per-test figures under its names (``n_prompt``, ``n_gen``, ``n_depth``,
-``avg_ns``, ``stddev_ns``, ``avg_ts``, ``stddev_ts``, ``samples_ns``, ``samples_ts``) beside
+``avg_ns``, ``stddev_ns``, ``avg_ts``, ``stddev_ts``, ``samples_ns``, ``samples_ts``, and ``n_threads`` where
+known) beside
 edgesdk's own (``test``, ``tokens``, ``tok_s``, ``stdev``, ``samples``).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import sys
 import time
@@ -69,6 +76,7 @@ class BenchResult:
     tokens: int
     samples: tuple[float, ...]  # tok/s of each repetition
     seconds: tuple[float, ...] = ()  # the timed seconds of each repetition
+    threads: int | None = None  # the intra-op threads the test ran with, where the caller records them
 
     @property
     def mean(self) -> float:
@@ -96,6 +104,8 @@ class BenchResult:
                 "n_depth": 0,  # llama-bench's -d: tokens in the cache before the test; each test here starts empty
                 "avg_ts": _finite(self.mean), "stddev_ts": _finite(self.stdev),
                 "samples_ts": [_finite(s) for s in self.samples]}
+        if self.threads is not None:
+            body["n_threads"] = self.threads
         if nanoseconds:
             body.update(avg_ns=round(statistics.fmean(nanoseconds)),
                         stddev_ns=round(statistics.stdev(nanoseconds)) if len(nanoseconds) > 1 else 0,
@@ -105,6 +115,37 @@ class BenchResult:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+# llama-bench's list item, first[-last[(+|*)step]] (tools/llama-bench/llama-bench.cpp, parse_int_range)
+_RANGE_ITEM = re.compile(r"(\d+)(?:-(\d+)(?:([+*])(\d+))?)?")
+
+
+def parse_int_range(text: str) -> list[int]:
+    """The values of one llama-bench list option (``-p``, ``-n``, ``-t``), as llama-bench's ``parse_int_range``
+    reads them: comma-separated items, each ``first``, ``first-last`` (step 1), ``first-last+step`` or
+    ``first-last*mult``, every value from first up to last; ``8-1`` gives nothing, as there. A malformed list, or a
+    step that does not move forward (``1-8+0``, ``0-8*2``), raises ValueError naming the item, where llama-bench
+    throws "invalid range format" / "invalid range"."""
+    values: list[int] = []
+    items = text.split(",")
+    for item in items[:-1] if len(items) > 1 and not items[-1] else items:  # "16," is 16 there too
+        match = _RANGE_ITEM.fullmatch(item.strip())
+        if match is None:
+            raise ValueError(f"{item!r} in {text!r} is not a count or range; llama-bench's forms are N, N,M, "
+                             "FIRST-LAST, FIRST-LAST+STEP and FIRST-LAST*MULT, e.g. 128,256 or 1-8+1 or 64-512*2")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) else first
+        op, step = match.group(3) or "+", int(match.group(4)) if match.group(4) else 1
+        value = first
+        while value <= last:
+            values.append(value)
+            following = value + step if op == "+" else value * step
+            if following <= value:
+                raise ValueError(f"the range {item!r} in {text!r} does not move forward (step {op}{step} from "
+                                 f"{value}); give a step of at least 1, or a multiplier of at least 2 from 1 up")
+            value = following
+    return values
 
 
 def prompt_ids(tokenizer, count: int) -> list[int]:
@@ -126,7 +167,7 @@ def check_room(config: BenchConfig, max_context: int) -> None:
 
 def run_bench(runtime, config: BenchConfig = BenchConfig()) -> list[BenchResult]:
     """The ppN and tgN results for the runtime's backend (see the module docstring)."""
-    backend = runtime.backend
+    backend, threads = runtime.backend, getattr(runtime, "threads", None)
     check_room(config, backend.max_context)
     results = []
     if config.prompt_tokens:
@@ -138,7 +179,7 @@ def run_bench(runtime, config: BenchConfig = BenchConfig()) -> list[BenchResult]
             backend.prefill(ids)
             return time.perf_counter() - start
 
-        results.append(_repeat(f"pp{config.prompt_tokens}", config.prompt_tokens, prefill_s, config))
+        results.append(_repeat(f"pp{config.prompt_tokens}", config.prompt_tokens, prefill_s, config, threads))
     if config.new_tokens:
         first = prompt_ids(runtime.tokenizer, 1)
         sampling = SamplingConfig(max_new_tokens=config.new_tokens + 1)  # the prefill's token, then N steps
@@ -147,12 +188,12 @@ def run_bench(runtime, config: BenchConfig = BenchConfig()) -> list[BenchResult]
             _, stats = generate(backend, first, sampling, stop_ids=set())
             return stats.decode_s
 
-        results.append(_repeat(f"tg{config.new_tokens}", config.new_tokens, decode_s, config))
+        results.append(_repeat(f"tg{config.new_tokens}", config.new_tokens, decode_s, config, threads))
     backend.reset()
     return results
 
 
-def _repeat(test: str, tokens: int, timed, config: BenchConfig) -> BenchResult:
+def _repeat(test: str, tokens: int, timed, config: BenchConfig, threads: int | None = None) -> BenchResult:
     if config.warmup:
         timed()
     samples, times = [], []
@@ -160,7 +201,7 @@ def _repeat(test: str, tokens: int, timed, config: BenchConfig) -> BenchResult:
         seconds = timed()
         times.append(seconds)
         samples.append(tokens / seconds if seconds > 0 else math.inf)
-    return BenchResult(test, tokens, tuple(samples), tuple(times))
+    return BenchResult(test, tokens, tuple(samples), tuple(times), threads)
 
 
 def peak_rss_mib() -> float | None:
@@ -176,10 +217,12 @@ def peak_rss_mib() -> float | None:
 
 def format_table(results: list[BenchResult], backend: str, threads: int, bundle: str,
                  peak_mib: float | None = None) -> str:
-    """A markdown table like llama-bench's, then the peak resident memory when known."""
+    """A markdown table like llama-bench's, then the peak resident memory when known; a result that records its
+    threads (a ``-t`` list) shows them, the others ``threads``."""
     lines = ["| bundle | backend | threads | test | t/s |", "| --- | --- | ---: | ---: | ---: |"]
     for result in results:
-        lines.append(f"| {bundle} | {backend} | {threads} | {result.test} | "
+        shown = threads if result.threads is None else result.threads
+        lines.append(f"| {bundle} | {backend} | {shown} | {result.test} | "
                      f"{result.mean:.2f} ± {result.stdev:.2f} |")
     if peak_mib is not None:
         lines.append(f"\npeak RSS {peak_mib:.0f} MiB")

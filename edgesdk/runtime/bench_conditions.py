@@ -195,7 +195,12 @@ def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = N
 def other_cores(before: dict, after: dict) -> float | None:
     """Cores the other processes kept busy on average between the two snapshots, counting only the CPUs the
     snapshots' ``cpu_busy_s`` covers (this process's affinity); None where unknown, or where the affinity changed
-    between them (the two sums count other CPUs)."""
+    between them (the two sums count other CPUs).
+
+    ``/proc/stat`` and ``/proc/self/stat`` count whole clock ticks (USER_HZ, proc(5)), so each CPU's line and the
+    process's time can each be a tick off across the two readings: over a run of a few milliseconds (``bench -p 8
+    -n 0 -r 1``) one tick read as 10 cores of a 2-core board. Other work within that error, (CPUs + 1) ticks, is
+    none, and it is never more cores than were counted."""
     keys = ("cpu_busy_s", "own_cpu_s", "monotonic_s")
     if any(before.get(key) is None or after.get(key) is None for key in keys) or \
             before.get("cpus") != after.get("cpus"):
@@ -203,8 +208,11 @@ def other_cores(before: dict, after: dict) -> float | None:
     wall = after["monotonic_s"] - before["monotonic_s"]
     if wall <= 0:
         return None
+    counted = len(after["cpus"]) if after.get("cpus") else (os.cpu_count() or 1)  # the affinity, or every CPU
     others = (after["cpu_busy_s"] - before["cpu_busy_s"]) - (after["own_cpu_s"] - before["own_cpu_s"])
-    return max(others, 0.0) / wall  # the two files are read a moment apart: a tick's skew is no negative work
+    if others <= (counted + 1) / _ticks_per_s():  # what the ticks cannot tell from no work (nor a negative skew)
+        return 0.0
+    return min(others / wall, float(counted))  # the files are read a moment apart: no more cores than there are
 
 
 def summary(before: dict, after: dict) -> str:
