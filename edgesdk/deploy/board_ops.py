@@ -183,6 +183,8 @@ def write_journal(p, root, bundle_id, before, params):
             journal["previous_after"] = params["previous"]
         elif journal["from"] and os.path.isdir(os.path.join(p["releases"], journal["from"])):
             journal["previous_after"] = journal["from"]
+        elif link_target(p["previous"]) == bundle_id:  # as switch_links: previous is not left equal to current
+            journal["previous_after"] = None
     tmp = p[".switch.json"] + ".partial"
     with open(tmp, "w") as handle:
         json.dump(journal, handle)
@@ -257,6 +259,10 @@ def switch_links(p, root, bundle_id, params):
         replace_link(p["current"], os.path.join("releases", bundle_id))
         if old and os.path.isdir(os.path.join(p["releases"], old)):
             replace_link(p["previous"], os.path.join("releases", old))
+        elif link_target(p["previous"]) == bundle_id and os.path.lexists(p["previous"]):
+            # current pointed to a removed release (a rollback out of that): previous named the release switched
+            # to, which would leave previous the same as current and a later --rollback "already current"
+            os.unlink(p["previous"])
         if "previous" in params:  # undoing a failed deploy: previous goes back to what it was, too
             restore_link(p, "previous", params["previous"])
         fsync_dir(root)

@@ -166,20 +166,26 @@ def other_deploy(current: str | None, new_id: str) -> str:
 
 
 def undo_service(board, report: Reporter, failed: DeployError, token: str, switched_from: str | None, new_id: str,
-                 previous_before: str | None, runtime_key: str | None, progress: dict | None = None) -> DeployError:
+                 previous_before: str | None, runtime_key: str | None, progress: dict | None = None,
+                 runtime_moved: bool = False) -> DeployError:
     """The service did not come up (``failed``) after ``current`` was switched from ``switched_from`` to
     ``new_id``: switch back, put the unit back as it was before the install with ``token`` and restart the
-    server that ran before, so a failed deploy leaves the board serving what it served. A first deploy keeps
-    its smoke-tested release as current. Returns the error to raise, which says what was undone. ``progress``
-    records how far that got, for what a Ctrl-C says."""
+    server that ran before, so a failed deploy leaves the board serving what it served. A redeploy of the release
+    that was current already (``switched_from`` is ``new_id``) whose switch moved ``runtime/current`` alone
+    (``runtime_moved``: another edgesdk) switches ``runtime/current`` back to ``runtime_key``, as
+    :func:`restart_unit_after_switch` does, or the unit put back would run the edgesdk that did not come up. A
+    first deploy keeps its smoke-tested release as current. Returns the error to raise, which says what was
+    undone. ``progress`` records how far that got, for what a Ctrl-C says."""
     undone, overtaken = [], None
     progress = {} if progress is None else progress
-    if switched_from and switched_from != new_id:
+    runtime_only = switched_from == new_id and runtime_moved
+    if switched_from and (switched_from != new_id or (runtime_only and runtime_key)):
         progress["stage"] = "service switch back"
         now = switch_back(board, failed, switched_from, new_id, previous_before, runtime_key)
         if now is None:
             progress["stage"] = "service switched back"
-            undone.append(f"current switched back to releases/{switched_from}")
+            undone.append(f"runtime/current switched back to {runtime_key}" if runtime_only else
+                          f"current switched back to releases/{switched_from}")
         else:
             overtaken = other_deploy(now, new_id)
     try:
@@ -196,8 +202,16 @@ def undo_service(board, report: Reporter, failed: DeployError, token: str, switc
         undone.append(line)
     for line in undone:
         report.info(line)
-    kept = "" if undone and undone[0].startswith("current switched") else f"\n{overtaken}" if overtaken else (
-        f"\nreleases/{new_id} (smoke-tested) stays current: there is no earlier release to go back to")
+    if undone and undone[0].startswith("current switched"):
+        kept = ""
+    elif overtaken:
+        kept = f"\n{overtaken}"
+    elif switched_from == new_id:  # the release was current before this deploy: nothing of it to switch back
+        kept = f"\nreleases/{new_id} stays current, as it was before this deploy" + (
+            ", and runtime/current stays the runtime this deploy installed: the board had no runtime before it to "
+            "go back to" if runtime_only and not runtime_key else "")
+    else:
+        kept = f"\nreleases/{new_id} (smoke-tested) stays current: there is no earlier release to go back to"
     return DeployError(f"{failed.problem}\nthe deploy was undone: {'; '.join(undone) or 'nothing had changed'}"
                        f"{kept}", service.SERVICE_FIX)
 
@@ -283,6 +297,15 @@ def interrupted(progress: dict) -> Interrupted:
                            "unit may not have been restarted onto it",
                            f"restart the unit so it serves current ({RESTART_UNIT}); its journal says why the "
                            "new release's server did not come up")
+    if stage in ("service switch back", "service switched back") and before == new_id:
+        # a redeploy of the release that was current: only runtime/current was switched, and is switched back
+        return Interrupted(f"deploy interrupted (Ctrl-C) on {where} while undoing a redeploy of releases/{new_id} "
+                           "(current, as before) whose service did not come up on the edgesdk runtime it switched "
+                           "to: runtime/current may point to that runtime or back to the one before, and the unit "
+                           "may not have been put back as it was, or restarted",
+                           "'edgesdk deploy --status' shows the runtime; then run the deploy --service that installed "
+                           f"the unit before, or restart the unit ({RESTART_UNIT}); its journal says why the "
+                           "server did not come up")
     if stage == "service switch back":
         return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where} back to {was}, after "
                            f"the service did not come up on releases/{new_id}: current may point to either, and the "
@@ -504,7 +527,7 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                 except DeployError as failed:
                     raise undo_service(board, report, failed, token, switched["from"], bundle.bundle_id,
                                        facts.state.get("previous"), active_runtime if runtime_key else None,
-                                       progress) from failed
+                                       progress, runtime_moved) from failed
                 for line in lines:
                     report.info(line)
                 # after the unit came up, as a deploy without --service prunes after its restart: a unit that
