@@ -113,6 +113,7 @@ from edgesdk.serve.api import (
     CompletionRequest,
     _object,
     _shown,
+    finite_number,
     parse_chat_request,
     parse_text_request,
 )
@@ -774,7 +775,10 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
     fields = {name: options[name] for name in SAMPLING_OPTIONS if options.get(name) is not None}
     for name, off in SAMPLERS_OFF.items():
         value = options.get(name)
-        if value is not None and value != off:
+        # typical-p and tail-free sampling do nothing from 1 up (llama.cpp's samplers return at once, as the chat
+        # route reads them: serve.api.sampler_off); mirostat is off at 0 alone
+        if value is not None and value != off and not (
+                name != "mirostat" and finite_number(value) and value >= off):
             raise ApiError(400, f"'options.{name}' = {_shown(value)} is not supported: this server does not have that "
                            f"sampler; leave it out or set it to {off}", param=f"options.{name}")
     for name, kind in LOAD_OPTIONS.items():
