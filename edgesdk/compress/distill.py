@@ -122,10 +122,27 @@ class TeacherWithPrefix:
         return out.logits[:, p:], maps
 
 
+def kept_teacher_maps(teacher_maps, kept_heads) -> list[torch.Tensor]:
+    """Per student layer, the teacher's attention maps (B, H_t, S, S) of the heads that layer kept (``kept_heads[i]``,
+    teacher indices): (B, H_s, S, S), the teacher's own tensor where every head was kept."""
+    maps = []
+    for attention, heads in zip(teacher_maps, kept_heads, strict=True):
+        heads = list(heads)
+        maps.append(attention if heads == list(range(attention.shape[1])) else attention[:, heads])
+    return maps
+
+
 def distillation_loss(student, teacher: TeacherWithPrefix, kept_heads, config: DistillConfig,
                       teacher_index: list[int] | None = None):
     """The stage's loss; ``teacher_index[i]`` is the teacher layer whose attention student layer i matches
-    (depth pruning removes layers; by default layer i matches layer i)."""
+    (depth pruning removes layers; by default layer i matches layer i).
+
+    Every attention term compares a pruned layer's surviving heads with the same heads of the teacher
+    (:func:`kept_teacher_maps`): the token-level term head by head, the layer-level term and the global cosine
+    through their head-mean maps. Averaged over all the teacher's heads, removed ones included, the layer and
+    global targets were maps no surviving set of heads computes: a student whose kept heads attended exactly as
+    their teacher heads do still had a loss above 0 there, and its gradient pulled those heads away from the
+    teacher heads the token-level term matched them to (losses.py: each term is 0 when student and teacher agree)."""
     def loss_fn(batch: torch.Tensor, fraction: float) -> tuple[torch.Tensor, dict]:
         teacher_logits, teacher_maps = teacher(batch)
         if teacher_index is not None and teacher_maps is not None:
@@ -135,9 +152,10 @@ def distillation_loss(student, teacher: TeacherWithPrefix, kept_heads, config: D
         loss = config.logits_weight * parts["logits"]
         if config.attention_weight > 0:
             weights = attention_weights(fraction, config.schedule)
+            kept_maps = kept_teacher_maps(teacher_maps, kept_heads)  # (B, H_s, S, S) per layer
             parts["token"] = token_attention_kl(out.attentions, teacher_maps, kept_heads)
-            parts["layer"] = layer_attention_kl(out.attentions, teacher_maps)
-            parts["global"] = global_attention_cosine(out.attentions, teacher_maps)
+            parts["layer"] = layer_attention_kl(out.attentions, kept_maps)
+            parts["global"] = global_attention_cosine(out.attentions, kept_maps)
             loss = loss + config.attention_weight * sum(weights[k] * parts[k] for k in weights)
         return loss, {k: v.item() for k, v in parts.items()}
     return loss_fn

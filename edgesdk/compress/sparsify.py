@@ -61,7 +61,7 @@ class SparsifyConfig:
     importance: str = "wanda"  # ranks blocks within a weight: wanda (|W|·‖x‖, local output error) | fisher
     allocation: str = "sensitivity"  # per-weight density: sensitivity (measured) | global (floors, then one ranking)
     probe_fraction: float = 0.3  # sensitivity: share of a weight's blocks dropped to measure its cost
-    probe_batches: int = 2  # sensitivity: calibration batches each probe is scored on
+    probe_batches: int = 2  # sensitivity: batches each probe is scored on (drawn beyond calibration_batches if more)
     min_density: float = 0.25  # no weight keeps fewer blocks than this (a starved layer breaks the model)
     reconstruct: bool = True  # refit kept blocks to the dense outputs (least squares on calibration inputs)
     calibration_batches: int = 16  # batches of gradients / activations (16 x 2 x 256 = 8k tokens)
@@ -530,15 +530,20 @@ def sparsify_stage(model, config: SparsifyConfig, ctx: BuildContext):
     check_block_fits(model, block, None if config.block_size else ctx.profile.name)
     if config.allocation == "global":  # before any calibration: the floors depend on the shapes only
         check_floor_budget(block_counts(model, block), config)
-    batches = ctx.training_data().batches(config.calibration_batches, config.batch_size, config.sequence_length,
-                                          config.seed, "sparsify")
+    # the sensitivity probes score on their own probe_batches, drawn with the calibration batches (the first
+    # calibration_batches of the draw, the same blocks whatever probe_batches is): cut to calibration_batches, a
+    # probe_batches above it was silently scored on fewer batches than the config asks
+    probes = config.probe_batches if config.allocation == "sensitivity" else 0
+    drawn = ctx.training_data().batches(max(config.calibration_batches, probes), config.batch_size,
+                                        config.sequence_length, config.seed, "sparsify")
+    batches = drawn[: config.calibration_batches]
     if config.reorder:
         reorder_channels(model, batches)
     scheme = fake_quant.reattach(model)  # importance measured on the quantized model, as for pruning
     scores = block_importance(model, batches, config, block, ctx.progress)
     if scheme is not None:
         fake_quant.detach(model, bake=False)
-    masks = plan(model, scores, batches, block, config, ctx.progress)
+    masks = plan(model, scores, drawn, block, config, ctx.progress)
     if config.reconstruct:
         reconstruct(model, masks, input_hessians(model, fake_quant.decoder_linears(model), batches), block)
     setattr(model.config, SPARSITY_KEY, {"block": block, "importance": config.importance,
@@ -551,6 +556,7 @@ def sparsify_stage(model, config: SparsifyConfig, ctx: BuildContext):
     summary = density_summary(masks)
     ctx.metrics.update({"block": block, "reorder": config.reorder, "density": summary["density"],
                         "density_per_weight": summary["per_weight"],
-                        "calibration_tokens": sum(int(b.numel()) for b in batches)},
+                        "calibration_tokens": sum(int(b.numel()) for b in batches),
+                        **({"probe_tokens": sum(int(b.numel()) for b in drawn[:probes])} if probes else {})},
                        **stage_metrics(model, ctx.eval_ids()))
     return model
