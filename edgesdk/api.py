@@ -738,7 +738,7 @@ def build_bundle(target: str, model: str | None = None, *, out: str | Path | Non
     config = BuildConfig(target=target, model=model or DEFAULT_MODEL, out=None if out is None else Path(out),
                          recipe=recipe, overrides=changes, data=data_config, weight_bits=weight_bits,
                          export=ExportConfig(max_context=max_context), resume=resume, keep_work=keep_work,
-                         progress=progress, adapters=adapters)
+                         progress=progress, adapters=adapters, terms="python")  # errors name these arguments
     return run_build(config).path
 
 

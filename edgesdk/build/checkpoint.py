@@ -20,6 +20,37 @@ from edgesdk.errors import BuildError
 from edgesdk.hashing import sha256_file
 
 STATE = "state.json"
+
+# Each build option as ``edgesdk build`` names it, and as its build_bundle() argument (edgesdk/api.py): a build's
+# messages name the one its caller passed (BuildConfig.terms: "cli" or "python"), a Python caller has no flags.
+BUILD_ARGUMENTS = {"--model": "model", "--target": "target", "--out": "out", "--recipe": "recipe", "--set": "overrides",
+                   "--weight-bits": "weight_bits", "--max-context": "max_context", "--data": "data",
+                   "--resume": "resume"}
+TERMS = ("cli", "python")
+
+
+def said(option: str, terms: str, value: object = None) -> str:
+    """``option`` (a key of :data:`BUILD_ARGUMENTS`), with ``value`` if given, in the caller's terms: for the CLI
+    ``--max-context 16``, ``--set qat.steps=1``, ``--resume``; for build_bundle() ``max_context=16``,
+    ``overrides=['qat.steps=1']``, ``resume=True`` (a flag without a value is its bare name: ``no recipe given``)."""
+    if terms != "python":
+        return option if value is None else f"{option} {value}"
+    name = BUILD_ARGUMENTS[option]
+    if option == "--resume":
+        return f"{name}=True"
+    if value is None:
+        return name
+    if option == "--set":
+        return f"{name}=[{str(value)!r}]"
+    return f"{name}={value!r}" if isinstance(value, (bool, int, float, list)) else f"{name}={str(value)!r}"
+
+
+def without(option: str, terms: str) -> str:
+    """The fix that gives ``option`` up: ``drop --weight-bits`` for the CLI; for build_bundle() ``leave out
+    weight_bits``, and ``pass resume=False`` (resume is a bool, and False its default)."""
+    if terms != "python":
+        return f"drop {option}"
+    return "pass resume=False" if option == "--resume" else f"leave out {BUILD_ARGUMENTS[option]}"
 # fn(model, checkpoint_dir) -> model, run after every load: stages that add modules of their own
 # (the power stage's adapters) register one to put them back after ``from_pretrained``.
 LOAD_HOOKS: list = []
@@ -42,10 +73,10 @@ def file_fingerprint(path: str | Path) -> dict:
     return {"path": str(path), "files": {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}}
 
 
-def check_work_dir(path: Path) -> None:
+def check_work_dir(path: Path, terms: str = "cli") -> None:
     """``path`` may serve as a build's work directory: nothing is there, or a work directory (one holding
     the state file, or an empty one a kill left before its first state). Anything else is the user's, and
-    a build would delete it when it starts over."""
+    a build would delete it when it starts over. ``terms``: whose option names the fix uses (:func:`said`)."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         return
@@ -56,13 +87,14 @@ def check_work_dir(path: Path) -> None:
     kind = "directory" if path.is_dir() else "file"
     raise BuildError(f"the build's work directory {path} is taken: a {kind} that is not an edgesdk work directory "
                      "is there, and the build would delete it",
-                     f"move {path} away, or pass --out another path (the work directory is <out>.build)")
+                     f"move {path} away, or pass {said('--out', terms)} another path (the work directory is "
+                     "<out>.build)")
 
 
 _HELD: dict[str, int] = {}  # work directory -> locked descriptor, held by this process
 
 
-def lock_work_dir(path: Path) -> None:
+def lock_work_dir(path: Path, terms: str = "cli") -> None:
     """Hold an exclusive lock on the work directory until :func:`release_work_dir` or the end of the
     process (the kernel drops it however the process ends): a second build to the same --out is
     refused instead of deleting the first one's checkpoints under it. A lock this process still holds
@@ -74,13 +106,14 @@ def lock_work_dir(path: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise _in_use(path) from None
+        raise _in_use(path, terms) from None
     _HELD[key] = fd
 
 
-def _in_use(path: Path) -> BuildError:
-    return BuildError(f"another edgesdk build is using the work directory {path} (the same --out) right now",
-                      "wait for it to finish, or pass --out another path")
+def _in_use(path: Path, terms: str = "cli") -> BuildError:
+    out = said("--out", terms)
+    return BuildError(f"another edgesdk build is using the work directory {path} (the same {out}) right now",
+                      f"wait for it to finish, or pass {out} another path")
 
 
 def release_work_dir(path: Path) -> None:
@@ -113,50 +146,64 @@ KEY_PARTS = {
     "adapters": "the LoRA adapters (--lora, --lora-scaled, their scales or their files)",
     "edgesdk": "the edgesdk version",
 }
+# The same, in build_bundle()'s arguments (edgesdk/api.py), for BuildConfig.terms "python".
+KEY_PARTS_PYTHON = {
+    "model": "the model (model or its files)",
+    "target": "the target profile (target or its YAML)",
+    "recipe": "the recipe (recipe or its file, overrides, weight_bits)",
+    "export": "the export settings (max_context, overrides of export.*)",
+    "data": "the training text (data or its files, data_skip_chars, generated_sequences)",
+    "adapters": "the LoRA adapters (lora, their scales or their files)",
+    "edgesdk": "the edgesdk version",
+}
 
 
 def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _changed_parts(recorded: dict | None, parts: dict) -> str:
+def _changed_parts(recorded: dict | None, parts: dict, terms: str = "cli") -> str:
     """The parts of the build key whose digest differs from the one a work directory recorded, a part that
     only one of the two builds has included (the killed build merged --lora adapters, this one none); all of
     them, as a list of candidates, for a work directory that recorded none (an older edgesdk wrote it)."""
     changed = [name for name, digest in parts.items() if isinstance(recorded, dict) and recorded.get(name) != digest]
     if isinstance(recorded, dict):
         changed += [name for name in recorded if name not in parts]
-    names = [KEY_PARTS.get(name, name) for name in changed or parts]
+    named = KEY_PARTS_PYTHON if terms == "python" else KEY_PARTS
+    names = [named.get(name, name) for name in changed or parts]
     return " and ".join(names) if changed else "one of " + ", ".join(names)
 
 
 class WorkDir:
-    def __init__(self, path: Path, build_key: dict, resume: bool):
+    def __init__(self, path: Path, build_key: dict, resume: bool, terms: str = "cli"):
+        """``terms``: whose option names the messages use, the CLI's or build_bundle()'s (:func:`said`)."""
         self.path = Path(path)
+        self.terms = terms
         self.key = _digest(build_key)
         self.parts = {name: _digest(value) for name, value in build_key.items()}
         if self.path.is_dir() and not self.path.is_symlink():
-            lock_work_dir(self.path)
+            lock_work_dir(self.path, terms)
         state_file = self.path / STATE
         if resume and state_file.is_file():
             self.state = self._read_state(state_file)
             if self.state.get("build_key") != self.key:
                 release_work_dir(self.path)  # refused: this process builds nothing there
                 raise BuildError(
-                    f"--resume: the work directory {self.path} belongs to a different build: "
-                    f"{_changed_parts(self.state.get('build_parts'), self.parts)} changed since it was written",
-                    "drop --resume to start over, or pass the same arguments as the killed build",
+                    f"{said('--resume', terms)}: the work directory {self.path} belongs to a different build: "
+                    f"{_changed_parts(self.state.get('build_parts'), self.parts, terms)} changed since it was "
+                    "written",
+                    f"{without('--resume', terms)} to start over, or pass the same arguments as the killed build",
                 )
         else:
-            check_work_dir(self.path)
+            check_work_dir(self.path, terms)
             remove_work_dir(self.path)
             try:
                 self.path.mkdir(parents=True)
             except FileExistsError:  # made since it was removed: by a build on the same --out, which holds it
                 release_work_dir(self.path)
-                check_work_dir(self.path)  # anything else put there meanwhile is named as such
-                raise _in_use(self.path) from None
-            lock_work_dir(self.path)
+                check_work_dir(self.path, terms)  # anything else put there meanwhile is named as such
+                raise _in_use(self.path, terms) from None
+            lock_work_dir(self.path, terms)
             self.state = {"build_key": self.key, "build_parts": self.parts, "done": {}}
             self._save()
 
@@ -169,9 +216,10 @@ class WorkDir:
                 raise ValueError(f"a mapping with a 'done' mapping was expected, got {str(state)[:80]!r}")
         except (OSError, ValueError) as exc:  # json's and the decoder's errors are ValueErrors
             release_work_dir(self.path)
-            raise BuildError(f"--resume: the work directory's state file {state_file} cannot be read ({exc}), "
-                             "so the steps it finished are not known",
-                             f"drop --resume to start over (the build replaces {self.path})") from exc
+            raise BuildError(f"{said('--resume', self.terms)}: the work directory's state file {state_file} cannot "
+                             f"be read ({exc}), so the steps it finished are not known",
+                             f"{without('--resume', self.terms)} to start over (the build replaces {self.path})") \
+                from exc
         return state
 
     def release(self) -> None:

@@ -16,15 +16,19 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 from edgesdk import __version__
 from edgesdk.build.checkpoint import (
+    TERMS,
     WorkDir,
     check_work_dir,
     file_fingerprint,
     load_checkpoint,
     remove_work_dir,
+    said,
     save_checkpoint,
+    without,
 )
 from edgesdk.build.package import write_bundle
 from edgesdk.build.recipes import ExportSection, load_recipe, pick_a_recipe_with
@@ -66,6 +70,14 @@ class BuildConfig:
     resume: bool = False  # continue a killed build from its work directory
     keep_work: bool = False  # keep checkpoints after a successful build
     progress: bool = True
+    # whose names the build's messages give its options: "cli" edgesdk build's flags (--max-context 16), "python"
+    # build_bundle()'s arguments (max_context=16), which is what a Python caller passed (edgesdk/api.py)
+    terms: Literal["cli", "python"] = "cli"
+
+    def __post_init__(self):
+        if self.terms not in TERMS:
+            raise BuildError(f"BuildConfig terms is {self.terms!r}; expected one of {', '.join(map(repr, TERMS))}",
+                             "pass terms='cli' (edgesdk build's option names) or terms='python' (build_bundle()'s)")
 
 
 def default_out(model: str, target: str, adapters: tuple[LoraAdapter, ...] = ()) -> Path:
@@ -78,21 +90,23 @@ def default_out(model: str, target: str, adapters: tuple[LoraAdapter, ...] = ())
     return Path("bundles") / f"{stem}-{target}"
 
 
-def check_default_out(out: Path, source) -> None:
+def check_default_out(out: Path, source, terms: str = "cli") -> None:
     """Without --out, the bundle directory ``out`` (:func:`default_out`) is named after the model directory's name
     alone, so two models in directories of the same name (``runs/a/checkpoint-500`` and ``runs/b/checkpoint-500``,
     two ``merged`` or ``output`` folders) share it, and the second build replaced the first one's bundle unasked.
     A bundle there whose manifest records another model source (``model.before.source``: the alias, or the
-    absolute path) is refused, before the model loads; --out given replaces a bundle as it always did."""
+    absolute path) is refused, before the model loads; --out given replaces a bundle as it always did. ``terms``:
+    whose option names the message uses (edgesdk.build.checkpoint.said)."""
     try:
         recorded = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["model"]["before"]["source"]
     except (OSError, ValueError, KeyError, TypeError):  # no bundle there (check_replaceable refused anything else)
         return
     if recorded != source.name:
-        raise BuildError(f"no --out given, and the default bundle directory {out} holds the bundle of another model, "
-                         f"{recorded}, not {source.name} (their directories have the same name): the build would "
-                         "replace it",
-                         f"pass --out a directory for this model's bundle, or --out {out} to replace that bundle")
+        raise BuildError(f"no {said('--out', terms)} given, and the default bundle directory {out} holds the bundle "
+                         f"of another model, {recorded}, not {source.name} (their directories have the same name): "
+                         "the build would replace it",
+                         f"pass {said('--out', terms)} a directory for this model's bundle, or "
+                         f"{said('--out', terms, out)} to replace that bundle")
 
 
 def _model_stem(model: str) -> str:
@@ -124,42 +138,43 @@ def export_overrides(export_config: ExportConfig) -> tuple[str, ...]:
                  if name in ExportSection.model_fields and value != getattr(defaults, name))
 
 
-def check_max_context(export_config: ExportConfig) -> None:
+def check_max_context(export_config: ExportConfig, terms: str = "cli") -> None:
     """--max-context is refused before any stage runs; the export would refuse it only after them."""
     if export_config.max_context < MIN_CONTEXT:
-        raise BuildError(f"--max-context is {export_config.max_context}, but a bundle needs a context of at least "
-                         f"{MIN_CONTEXT} tokens",
-                         f"pass --max-context {MIN_CONTEXT} or more (the default is 4096)")
+        raise BuildError(f"{said('--max-context', terms)} is {export_config.max_context}, but a bundle needs a "
+                         f"context of at least {MIN_CONTEXT} tokens",
+                         f"pass {said('--max-context', terms, MIN_CONTEXT)} or more (the default is 4096)")
 
 
-def check_out_location(out: Path) -> None:
+def check_out_location(out: Path, terms: str = "cli") -> None:
     """The bundle ``out`` and its work directory can be created: the nearest existing directory above
     ``out`` is a directory this process may write. Checked before the model is fetched or loaded."""
     parent = out.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise BuildError(f"--out {out}: {parent} is a file, so no bundle directory can be made under it",
-                         "pass --out a path whose parent is a directory (or does not exist yet)")
+        raise BuildError(f"{said('--out', terms, out)}: {parent} is a file, so no bundle directory can be made "
+                         "under it", f"pass {said('--out', terms)} a path whose parent is a directory (or does not "
+                         "exist yet)")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise BuildError(f"--out {out}: the directory {parent} is not writable, and the build writes the bundle "
-                         f"and its work directory {out.name}.build there",
-                         f"pass --out a path in a writable directory, or make {parent} writable")
+        raise BuildError(f"{said('--out', terms, out)}: the directory {parent} is not writable, and the build "
+                         f"writes the bundle and its work directory {out.name}.build there",
+                         f"pass {said('--out', terms)} a path in a writable directory, or make {parent} writable")
 
 
-def check_out_outside_bundles(out: Path) -> None:
+def check_out_outside_bundles(out: Path, terms: str = "cli") -> None:
     """The bundle ``out`` and its work directory ``<out>.build`` are not written inside another bundle, which
     would then fail verification (files its manifest does not list); ``out`` itself may be a bundle (it is
     replaced). Checked before the model is fetched or loaded."""
     holder = _bundle_holding(out.parent)
     if holder is not None:
-        raise BuildError(f"--out {out} lies in the bundle {holder}: the new bundle and its work directory "
-                         f"{out.name}.build would be files that bundle's manifest does not list, and it would "
-                         "then fail verification",
-                         f"pass --out a path outside every bundle, e.g. {holder.parent / out.name}")
+        raise BuildError(f"{said('--out', terms, out)} lies in the bundle {holder}: the new bundle and its work "
+                         f"directory {out.name}.build would be files that bundle's manifest does not list, and it "
+                         "would then fail verification",
+                         f"pass {said('--out', terms)} a path outside every bundle, e.g. {holder.parent / out.name}")
 
 
-def recipe_for(recipe_name: str | None, profile):
+def recipe_for(recipe_name: str | None, profile, terms: str = "cli"):
     """The recipe --recipe names, else the target profile's ``default_recipe``; a default that cannot be
     loaded is named as the profile's (the user gave no recipe)."""
     if recipe_name:
@@ -167,9 +182,10 @@ def recipe_for(recipe_name: str | None, profile):
     try:
         return load_recipe(profile.default_recipe)
     except BuildError as exc:
-        raise BuildError(f"no --recipe given, and the default_recipe of target profile '{profile.name}' cannot be "
-                         f"used: {exc.problem}",
-                         f"pass --recipe NAME, or fix default_recipe in the profile ({exc.fix})") from exc
+        raise BuildError(f"no {said('--recipe', terms)} given, and the default_recipe of target profile "
+                         f"'{profile.name}' cannot be used: {exc.problem}",
+                         f"pass {said('--recipe', terms, 'NAME')}, or fix default_recipe in the profile ({exc.fix})") \
+            from exc
 
 
 # The build command's shortcut options and the recipe setting each one stands for.
@@ -201,7 +217,7 @@ def shortcut_overrides(target: str, recipe_name: str | None, values: dict[str, o
     return tuple(f"{SHORTCUTS[option]}={value}" for option, value in given.items())
 
 
-def check_weight_bits_sets(bits: int, implied: list[str], overrides: tuple[str, ...]) -> None:
+def check_weight_bits_sets(bits: int, implied: list[str], overrides: tuple[str, ...], terms: str = "cli") -> None:
     """--weight-bits stands for recipe settings (``implied``: qat.weight_bits, and export.weights where the recipe
     stores quantized fused weights); a --set of one of them to another value was applied after it and won silently
     (``--weight-bits 4 --set qat.weight_bits=8 --set export.weights=int8`` built INT8 layers), as a shortcut option
@@ -221,10 +237,24 @@ def check_weight_bits_sets(bits: int, implied: list[str], overrides: tuple[str, 
         except yaml.YAMLError:  # a value that is not YAML: with_overrides names it
             same = False
         if not same:
-            raise BuildError(f"--weight-bits {bits} sets {key}={wanted[key]}, and --set {item} sets it otherwise "
-                             "(the --set would win, silently)",
-                             f"give one of them: --weight-bits alone (it sets {', '.join(implied)}), or --set "
-                             f"without --weight-bits")
+            raise BuildError(f"{said('--weight-bits', terms, bits)} sets {key}={wanted[key]}, and "
+                             f"{said('--set', terms, item)} sets it otherwise (the {said('--set', terms)} would "
+                             "win, silently)",
+                             f"give one of them: {said('--weight-bits', terms)} alone (it sets {', '.join(implied)}),"
+                             f" or {said('--set', terms)} without {said('--weight-bits', terms)}")
+
+
+def _weight_bits_overrides(recipe, bits: int, terms: str) -> list[str]:
+    """The recipe settings ``weight_bits`` stands for (Recipe.weight_bits_overrides), whose refusal of a recipe
+    without a qat stage names the options in the caller's terms (for build_bundle(): ``weight_bits=4``,
+    ``recipe='default'``)."""
+    if terms == "python" and "qat" not in [entry.stage for entry in recipe.stages]:
+        stages = [entry.stage for entry in recipe.stages]
+        raise BuildError(f"{said('--weight-bits', terms, bits)}: recipe '{recipe.name}' has no qat stage to learn "
+                         f"{bits}-bit weights (stages: {', '.join(stages) or 'none'})",
+                         f"{without('--weight-bits', terms)}, or pick a recipe with a qat stage (e.g. "
+                         f"{said('--recipe', terms, 'default')} or {said('--recipe', terms, 'int8-only')})")
+    return recipe.weight_bits_overrides(bits)
 
 
 def model_facts_after(model, facts_before: dict) -> dict:
@@ -252,7 +282,7 @@ def model_facts_after(model, facts_before: dict) -> dict:
     return facts
 
 
-def check_depth_pruning(stages: list[tuple[str, object]], layer_count: int | None = None) -> None:
+def check_depth_pruning(stages: list[tuple[str, object]], layer_count: int | None = None, terms: str = "cli") -> None:
     """Depth pruning the recipe and the model cannot take, refused before any stage runs (``layer_count``: the
     loaded model's decoder layers, once known)."""
     prune = next((config for name, config in stages if name == "prune"), None)
@@ -266,8 +296,9 @@ def check_depth_pruning(stages: list[tuple[str, object]], layer_count: int | Non
     if layer_count is not None and removed >= layer_count:
         raise BuildError(f"prune.layers_removed is {removed}, but the model has {layer_count} decoder layers: "
                          "removing them all leaves no model",
-                         f"remove at most {layer_count - 1} (--prune-layers {layer_count - 1}, or --set "
-                         f"prune.layers_removed={layer_count - 1})")
+                         f"remove at most {layer_count - 1} ("
+                         f"{f'--prune-layers {layer_count - 1}, or ' if terms != 'python' else ''}"
+                         f"{said('--set', terms, f'prune.layers_removed={layer_count - 1}')})")
 
 
 def check_width_pruning(stages: list[tuple[str, object]], model) -> None:
@@ -282,14 +313,15 @@ def check_width_pruning(stages: list[tuple[str, object]], model) -> None:
     check_width_ratios(model, prune)
 
 
-def check_power_stage(stages: list[tuple[str, object]], model_config) -> None:
+def check_power_stage(stages: list[tuple[str, object]], model_config, terms: str = "cli") -> None:
     """The power stage's adapters scale each attention head's query before softmax (edgesdk/power/adapter.py);
     a model that normalises every query head (Qwen3's q_norm) would divide that factor out again, so its
     recipe is refused before any stage runs."""
     if any(name == "power" for name, _ in stages) and model_config.model_type == "qwen3":
         raise BuildError("the power stage scales each attention head's query, which Qwen3 normalises per head "
                          "right after (q_norm), undoing the scale: its gates cannot be trained on this model",
-                         "build this model with a recipe without the power stage (e.g. --recipe default)")
+                         "build this model with a recipe without the power stage (e.g. "
+                         f"{said('--recipe', terms, 'default')})")
 
 
 def check_gemma_stages(stages: list[tuple[str, object]], export_config: ExportConfig, model_config) -> None:
@@ -331,7 +363,8 @@ def check_stage_sizes(stages: list[tuple[str, object]], model, profile) -> None:
                 check_floor_budget(block_counts(model, block), config)
 
 
-def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportConfig, profile) -> None:
+def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportConfig, profile,
+                       terms: str = "cli") -> None:
     """A sparse export stores the profile's sparsity_block blocks, and compiles kernels for the profile's GPU SM;
     a sparsify stage that drops other blocks, or an SM the kernels have no launch settings for, would fail at
     export, after every stage. Checked before any."""
@@ -344,11 +377,13 @@ def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportCo
             raise BuildError(
                 f"sparsify.block_size is {block}, but {profile.name}'s block-sparse weights and kernels use its "
                 f"sparsity_block, {profile.sparsity_block} x {profile.sparsity_block}",
-                f"leave sparsify.block_size unset (or --set sparsify.block_size={profile.sparsity_block}), or use a "
-                "profile whose sparsity_block matches")
+                f"leave sparsify.block_size unset (or "
+                f"{said('--set', terms, f'sparsify.block_size={profile.sparsity_block}')}), or use a profile whose "
+                "sparsity_block matches")
 
 
-def check_target_support(recipe, stages: list[tuple[str, object]], export_config: ExportConfig, profile) -> None:
+def check_target_support(recipe, stages: list[tuple[str, object]], export_config: ExportConfig, profile,
+                         terms: str = "cli") -> None:
     """A recipe may only export what the target profile says its board runs: the precisions of its stored weights
     (``export.weights``, ``export.embedding_bits``, and the INT8 blocks of ``export.sparse``) must be in the
     profile's ``precisions``, and a block-sparse layout (a ``sparsify`` stage, ``export.sparse``) needs "block" in
@@ -368,8 +403,9 @@ def check_target_support(recipe, stages: list[tuple[str, object]], export_config
         listed = ", ".join(getattr(profile, "precisions" if kind == "precision" else "sparsity")) or "none"
         if kind == "precision":
             fix = (f"pick a recipe that exports {' or '.join(sorted(precisions & {'fp32', 'int8', 'int4'}))} "
-                   f"weights (--recipe; the target's default is {profile.default_recipe}), change the setting "
-                   f"(--set {setting}=...), or add {value} to the profile's precisions if the board runs it")
+                   f"weights ({said('--recipe', terms)}; the target's default is {profile.default_recipe}), change "
+                   f"the setting ({said('--set', terms, f'{setting}=...')}), or add {value} to the profile's "
+                   "precisions if the board runs it")
         else:
             fix = (f"pick a recipe without block sparsity (no sparsify stage, export.sparse false; the target's "
                    f"default is {profile.default_recipe}), or add {value} to the profile's sparsity if the board "
@@ -385,35 +421,37 @@ def _log(message: str) -> None:
 
 def build(config: BuildConfig) -> Bundle:
     """Run the whole pipeline and return the verified bundle."""
+    terms = config.terms  # the messages name the options as the caller gave them: flags, or build_bundle()'s
     profile = get_profile(config.target)
-    recipe = recipe_for(config.recipe, profile)
+    recipe = recipe_for(config.recipe, profile, terms)
     recipe = recipe.with_overrides(export_overrides(config.export))
     if config.weight_bits is not None:  # before --set, refused where it sets one of the same settings otherwise
-        implied = recipe.weight_bits_overrides(config.weight_bits)
-        check_weight_bits_sets(config.weight_bits, implied, config.overrides)
+        implied = _weight_bits_overrides(recipe, config.weight_bits, terms)
+        check_weight_bits_sets(config.weight_bits, implied, config.overrides, terms)
         recipe = recipe.with_overrides(implied)
     recipe = recipe.with_overrides(config.overrides)
     stages = recipe.validated()  # order and configs checked before any compute
     export_config = replace(config.export, **recipe.export.model_dump())
-    check_target_support(recipe, stages, export_config, profile)
-    check_max_context(export_config)
-    check_sparse_block(stages, export_config, profile)
-    check_depth_pruning(stages)
+    check_target_support(recipe, stages, export_config, profile, terms)
+    check_max_context(export_config, terms)
+    check_sparse_block(stages, export_config, profile, terms)
+    check_depth_pruning(stages, terms=terms)
     if stages:
         config.data.check_files()
     elif config.data.files:
-        _log(f"warning: --data {', '.join(config.data.files)} is not used: recipe '{recipe.name}' has no "
-             "training stages (pass a recipe with stages, e.g. --recipe default, to train on it)")
+        data = ", ".join(config.data.files) if terms != "python" else [str(file) for file in config.data.files]
+        _log(f"warning: {said('--data', terms, data)} is not used: recipe '{recipe.name}' has no "
+             f"training stages (pass a recipe with stages, e.g. {said('--recipe', terms, 'default')}, to train on it)")
     out = (Path(config.out) if config.out else default_out(config.model, profile.name, config.adapters)).resolve()
     check_replaceable(out)
-    check_out_outside_bundles(out)
-    check_out_location(out)
-    check_work_dir(out.with_name(out.name + ".build"))
+    check_out_outside_bundles(out, terms)
+    check_out_location(out, terms)
+    check_work_dir(out.with_name(out.name + ".build"), terms)
     for adapter in config.adapters:  # before the model is fetched or loaded
         check_adapter(adapter)
     source = resolve_model(config.model, progress=config.progress)
     if not config.out:
-        check_default_out(out, source)
+        check_default_out(out, source, terms)
     data_key = None
     if stages:
         data_key = {**asdict(config.data), "files": [file_fingerprint(f) for f in config.data.files]}
@@ -425,12 +463,13 @@ def build(config: BuildConfig) -> Bundle:
     if config.adapters:  # a checkpoint of the model with other adapters, or other scales, is not this build's
         build_key["adapters"] = [{**file_fingerprint(Path(adapter.path).expanduser()), "scale": adapter.scale}
                                  for adapter in config.adapters]
-    work = WorkDir(out.with_name(out.name + ".build"), build_key, config.resume)
+    work = WorkDir(out.with_name(out.name + ".build"), build_key, config.resume, terms)
     stopped_by = None  # the signal that stopped the build, delivered again once it has unwound
     try:  # the lock is this build's while it runs, however it ends (a failed stage in a process that goes on)
         with _stop_signals_unwind():
             if config.resume and not work.state["done"]:
-                _log(f"--resume: no finished step of this build in {work.path}; starting from the beginning")
+                _log(f"{said('--resume', terms)}: no finished step of this build in {work.path}; starting from "
+                     "the beginning")
             return _run_steps(config, profile, recipe, stages, export_config, source, out, work)
     except (Exception, KeyboardInterrupt, SystemExit) as exc:
         if not work.state["done"]:  # nothing to resume: a half-written export is no one's (it may be GBs)
@@ -439,8 +478,10 @@ def build(config: BuildConfig) -> Bundle:
             _log(f"stopped ({exc.signal_name})")
             stopped_by = exc.signum
         if work.state["done"] and work.path.is_dir():  # say how not to lose them
-            _log(f"the finished steps ({', '.join(work.state['done'])}) are kept in {work.path}: run the same "
-                 "command with --resume to go on from there")
+            again = ("run the same command with --resume" if terms != "python" else
+                     "call build_bundle() again with the same arguments and resume=True")
+            _log(f"the finished steps ({', '.join(work.state['done'])}) are kept in {work.path}: {again} to go on "
+                 "from there")
         raise
     finally:
         work.release()
@@ -543,12 +584,13 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         check_exportable(loaded.model.config, export_config)  # before any stage, not at export
         context = bundle_context(loaded.model.config, export_config)
         if context < export_config.max_context:  # the graph's rotary table covers the model's positions only
-            _log(f"  the bundle's context is {context} tokens, not --max-context {export_config.max_context}: the model's "
+            _log(f"  the bundle's context is {context} tokens, not "
+                 f"{said('--max-context', config.terms, export_config.max_context)}: the model's "
                  f"max_position_embeddings is {context}")
-        check_depth_pruning(stages, loaded.model.config.num_hidden_layers)
+        check_depth_pruning(stages, loaded.model.config.num_hidden_layers, config.terms)
         check_width_pruning(stages, loaded.model)
         check_stage_sizes(stages, loaded.model, profile)
-        check_power_stage(stages, loaded.model.config)
+        check_power_stage(stages, loaded.model.config, config.terms)
         check_gemma_stages(stages, export_config, loaded.model.config)
     except EdgeSDKError:
         if not work.state["done"]:  # nothing to resume: leave no empty work directory behind
@@ -575,7 +617,8 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         problem = work.damaged(f"stage:{name}", work.stage_checkpoint(finished - 1, name))
         if problem is None:
             break
-        _log(f"--resume: the checkpoint of stage '{name}' is damaged ({problem}); the stage runs again")
+        _log(f"{said('--resume', config.terms)}: the checkpoint of stage '{name}' is damaged ({problem}); the stage "
+             "runs again")
         finished -= 1
     if finished < recorded:  # the stages after it, and the export, were made from the damaged model
         work.forget(*[f"stage:{name}" for name, _ in stages[finished:]], "export")
@@ -584,7 +627,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     if config.resume and (baseline is not None or finished):  # what the killed build left that this one takes
         reused = (["the loaded model's figures (baseline)"] if baseline is not None else []) + \
             [f"stage '{name}'" for name, _ in stages[:finished]]
-        _log(f"--resume: reusing {', '.join(reused)} from {work.path}")
+        _log(f"{said('--resume', config.terms)}: reusing {', '.join(reused)} from {work.path}")
     if stages and baseline is None:  # the loaded model's figures, for the report's first row
         from edgesdk.compress.measure import stage_metrics
 
@@ -626,14 +669,15 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     record = work.done("export")
     problem = work.damaged("export", export_dir) if record is not None else None
     if problem:
-        _log(f"--resume: the exported files in {export_dir} are damaged ({problem}); exporting again")
+        _log(f"{said('--resume', config.terms)}: the exported files in {export_dir} are damaged ({problem}); "
+             "exporting again")
         work.forget("export")
         record = None
     # The export's check is not part of the build key (it changes no stage): a resumed build with other validation
     # settings exports and checks again, rather than take the earlier check's figures for its own.
     checked_with = json.loads(json.dumps(asdict(config.validation)))
     if record is not None and record.get("validation_settings") != checked_with:
-        _log("--resume: the export was validated with other settings "
+        _log(f"{said('--resume', config.terms)}: the export was validated with other settings "
              f"({record.get('validation_settings')} -> {checked_with}); exporting and validating again")
         work.forget("export")
         record = None
