@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import operator
 import os
 from collections.abc import Iterable, Mapping
@@ -426,8 +427,14 @@ def _existing_path(value: str | os.PathLike) -> bool:
 
 def _neutral(name: str, value: object) -> bool:
     """Whether an unread field's value changes nothing: None, or a llama-cpp-python sampler at its default."""
-    return value is None or (name in LLAMA_CPP_PYTHON_DEFAULTS and not isinstance(value, bool)
-                             and value == LLAMA_CPP_PYTHON_DEFAULTS[name])
+    if value is None:
+        return True
+    if name not in LLAMA_CPP_PYTHON_DEFAULTS or isinstance(value, bool):
+        return False
+    # tail-free sampling does nothing from 1 up (llama.cpp's sampler returns at once), as serve's Ollama route reads it
+    if name == "tfs_z" and isinstance(value, (int, float)) and math.isfinite(value):
+        return value >= 1.0
+    return value == LLAMA_CPP_PYTHON_DEFAULTS[name]
 
 
 def _whole_number(value: object, least: int) -> bool:

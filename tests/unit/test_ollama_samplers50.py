@@ -23,3 +23,16 @@ def test_a_sampler_value_that_would_act_is_refused_by_name(options, named):
     with pytest.raises(ApiError) as caught:
         _options({"options": options})
     assert named in str(caught.value)
+
+
+def test_the_python_api_takes_tail_free_sampling_from_1_up_as_off(tiny_bundle):
+    """llama-cpp-python's ``tfs_z`` was taken at 1.0 alone; from 1 up the sampler does nothing (as Ollama's route
+    reads it now), and below 1 it is still refused by name."""
+    import edgesdk
+    from edgesdk.api import RequestError
+
+    with edgesdk.load(tiny_bundle.path, threads=1) as model:
+        plain = model.create_completion("The tide", max_tokens=4)["choices"][0]["text"]
+        assert model.create_completion("The tide", max_tokens=4, tfs_z=2.0)["choices"][0]["text"] == plain
+        with pytest.raises(RequestError, match="tfs_z=0.5"):
+            model.create_completion("The tide", max_tokens=4, tfs_z=0.5)
