@@ -12,7 +12,8 @@ sampler reads them. ``n_predict`` is the token limit (-1: until the
 end-of-text token or a full context; ``max_completion_tokens``, else ``max_tokens``, where it is not given, as
 llama-server reads it; 0 evaluates the prompt into the KV cache and generates nothing, as llama-server does, so
 a next request that starts with that prompt prefills only what follows); ``stop`` takes any number
-of strings; ``seed`` -1 is llama-server's default, a random seed (as on the OpenAI routes). ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``;
+of strings; ``seed`` -1 is llama-server's default, a random seed (as on the OpenAI routes; ``generation_settings`` shows it as
+llama-server does, 4294967295). ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``;
 OpenAI's ``logprobs`` N where ``n_probs`` is not given, as llama-server reads it) adds
 ``completion_probabilities``: each answer token's ``id``, ``token``, ``bytes`` and ``logprob``
 with the N most likely tokens at its position as ``top_logprobs``, from the model's own
@@ -54,6 +55,7 @@ from dataclasses import replace
 
 from edgesdk.runtime.generate import SamplingConfig
 from edgesdk.serve.api import (
+    LLAMA_DEFAULT_SEED,
     MAX_TOP_LOGPROBS,
     UNTIL_THE_CONTEXT_FILLS,
     ApiError,
@@ -234,8 +236,12 @@ def timings(completion: Completion) -> dict:
 
 def generation_settings(request: CompletionRequest, sampling: SamplingConfig, server_keep: int = 0,
                         server_max_tokens: int | None = None, shifts: bool = False) -> dict:
-    """The settings the answer was generated with, in llama-server's names (-1: no seed given); ``n_keep`` the
-    request's, else the server's ``--keep`` (``server_keep``), as llama-server's slot params show them.
+    """The settings the answer was generated with, in llama-server's names; ``n_keep`` the request's, else the
+    server's ``--keep`` (``server_keep``), as llama-server's slot params show them.
+
+    ``seed`` is the fixed seed, else 4294967295 (a random seed, -1 or none given), as llama-server shows its
+    ``params.sampling.seed``, a ``uint32_t`` whose default is LLAMA_DEFAULT_SEED (common/common.h; a request's -1
+    is read into it as 0xFFFFFFFF: server-task.cpp ``params_from_json_cmpl``), not -1.
 
     ``n_predict`` is the limit asked for, the request's, else the server's (``server_max_tokens``, its
     ``--max-new-tokens``), as llama-server's ``params.n_predict`` shows it (server-task.cpp ``to_json``): -1 for no
@@ -249,7 +255,7 @@ def generation_settings(request: CompletionRequest, sampling: SamplingConfig, se
         n_predict = -1 if asked >= UNTIL_THE_CONTEXT_FILLS else asked
     return {"n_predict": n_predict, "temperature": sampling.temperature, "top_k": sampling.top_k,
             "top_p": sampling.top_p, "min_p": sampling.min_p, "samplers": list(sampling.samplers),
-            "seed": -1 if sampling.seed is None else sampling.seed,
+            "seed": LLAMA_DEFAULT_SEED if sampling.seed is None else sampling.seed,
             "repeat_penalty": sampling.repeat_penalty, "repeat_last_n": sampling.repeat_last_n,
             "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
             "stop": list(request.stop), "ignore_eos": request.ignore_eos, "stream": request.stream,

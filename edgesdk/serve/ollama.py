@@ -62,9 +62,9 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   llama.cpp's generic tool-call form, so /api/show lists "tools" for every bundle with one, where Ollama lists it
   only for a template that reads ``.Tools``), then a ``suffix`` without FIM tokens.
 * ``options``: ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, ``repeat_penalty``,
-  ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``, ``num_predict`` (-1, any number below 0, or 0 as
-  Ollama's runners read it: no limit; -2: until the context fills; here all run until the answer ends or the context
-  is full), ``num_ctx`` (the request's context
+  ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``, ``num_predict`` (-1, any number below 0, -2 of
+  Ollama's old docs' "fill context" too, or 0 as Ollama's runners read it: no limit; here all run until the answer
+  ends or the context is full), ``num_ctx`` (the request's context
   window: above the bundle's it is the bundle's, as Ollama caps it at the model's trained context; below it, the
   prompt and answer together stay within it). Samplers this runtime lacks (``mirostat``, ``typical_p``, ``tfs_z``)
   are refused where set to anything but off; load settings (``num_gpu``, ``num_thread``, ``num_batch``, ``use_mmap``
@@ -792,9 +792,12 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
                        "loads a model and changes nothing here)", param=f"options.{name}")
     predict = options.get("num_predict")
     if predict is not None:
-        if isinstance(predict, bool) or not isinstance(predict, int) or predict < -2:
-            raise ApiError(400, f"'options.num_predict' must be the most tokens to generate (>= 1), -1 (or 0) for no "
-                           f"limit or -2 until the context fills, got {_shown(predict)}", param="options.num_predict")
+        # every number below 0 is -1 by now (_as_ollama_reads): Ollama gives -2 no meaning of its own (llm/server.go
+        # reads any ``NumPredict < 0`` as ten times the context; the "-2 = fill context" of its old docs is gone)
+        if isinstance(predict, bool) or not isinstance(predict, int):
+            raise ApiError(400, f"'options.num_predict' must be a whole number: the most tokens to generate (>= 1), "
+                           f"or -1 (any number below 0, or 0) for no limit, got {_shown(predict)}",
+                           param="options.num_predict")
         # 0 is no limit too: Ollama's runners stop at num_predict only where it is > 0 (runner/ollamarunner/runner.go:
         # ``seq.numPredict > 0 && seq.numPredicted >= seq.numPredict``)
         fields["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict <= 0 else predict

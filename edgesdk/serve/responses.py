@@ -106,10 +106,12 @@ STATELESS = "this server keeps no conversations or stored prompts: chain turns w
     "and leave '{field}' out"
 WHOLE = "send the whole conversation in 'input' (earlier turns as message, function_call and function_call_output " \
     "items) without 'previous_response_id'"
-# llama-server's fields the chat route reads, read here the same way (the samplers this server lacks are refused there)
+# llama-server's fields the chat route reads, read here the same way (the samplers this server lacks are refused there,
+# but where the fields beside them turn them off, as llama.cpp reads them: ``xtc_threshold`` above 0.5 and
+# ``dry_penalty_last_n`` 0 (api.py ``sampler_off``), ``adaptive_target`` below 0 (api.py ``_samplers``), so these go too)
 CHAT_FIELDS = ("top_k", "min_p", "seed", "samplers", "presence_penalty", "frequency_penalty", "repeat_penalty",
                "repeat_last_n", "logit_bias", "stop", "cache_prompt", "ignore_eos", "chat_template_kwargs",
-               "reasoning_format", "grammar", *SAMPLERS_OFF)
+               "reasoning_format", "grammar", *SAMPLERS_OFF, "xtc_threshold", "dry_penalty_last_n", "adaptive_target")
 # A chat field the error names -> the Responses field it came from
 TOOL_FIELD = re.compile(r"(tools\[\d+\])\.function\.(name|description|parameters)")
 RENAMED = {"max_tokens": "max_output_tokens", "response_format": "text.format"}

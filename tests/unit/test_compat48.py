@@ -70,10 +70,10 @@ def test_the_served_routes_take_llama_default_seed_and_seeds_past_32_bits(served
         assert status == 200, answer
         status, answer = served.post(path, {**body, "max_tokens": 2, "seed": 2**32})
         assert status == 200, answer
-    # /completion says which seed it drew from: none given (-1), as for seed -1
+    # /completion says which seed it drew from: none given (4294967295, LLAMA_DEFAULT_SEED, as llama-server shows it), as for seed -1
     status, answer = served.post("/completion", {**TEXT, "n_predict": 2, "seed": 4294967295})
     assert status == 200, answer
-    assert answer["generation_settings"]["seed"] == -1
+    assert answer["generation_settings"]["seed"] == 4294967295
 
 
 def test_max_completion_tokens_and_n_predict_limit_v1_completions(served):

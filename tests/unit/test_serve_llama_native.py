@@ -26,7 +26,7 @@ def test_an_answer_is_the_openai_route_s_text_with_llama_server_s_fields(served)
     assert body["tokens_predicted"] == 8
     assert body["tokens_evaluated"] == expected["usage"]["prompt_tokens"]
     assert body["generation_settings"]["n_predict"] == 8
-    assert body["generation_settings"]["seed"] == -1
+    assert body["generation_settings"]["seed"] == 4294967295  # LLAMA_DEFAULT_SEED, as llama-server shows it
     timings = body["timings"]
     assert timings["predicted_n"] == 8
     assert timings["prompt_n"] + timings["cache_n"] == body["tokens_evaluated"]

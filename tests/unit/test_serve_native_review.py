@@ -19,7 +19,7 @@ def test_completion_takes_seed_minus_one_as_llama_server_s_random_seed(served):
     """llama-server's README: 'seed ... Default: -1, which is a random seed'; clients send its default."""
     status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 4, "seed": -1})
     assert status == 200, body
-    assert body["generation_settings"]["seed"] == -1
+    assert body["generation_settings"]["seed"] == 4294967295  # LLAMA_DEFAULT_SEED, as llama-server shows it
     assert body["content"] == served.post("/completion", {"prompt": PROMPT, "n_predict": 4})[1]["content"]
     status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 4, "seed": -2})
     assert status == 400, body
