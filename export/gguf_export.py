@@ -158,7 +158,7 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     check_rope_factors(decoder, architecture, bundle_dir)
     tokenizer = manifest["tokenizer"]
     vocab = vocab_from_tokenizer_json(bundle.file(tokenizer["file"]), tokenizer.get("bos_token"),
-                                      tokenizer.get("eos_token"), matrix_rows(decoder.embed))
+                                      tokenizer.get("eos_token"), matrix_rows(decoder.embed), gguf_name(manifest))
     if vocab.eos_id is None and tokenizer.get("eos_token_ids"):  # a tokenizer without an EOS token: llama.cpp's
         # gpt2 vocabulary would then stop at its default id 11; any id that ends the bundle's generation is right
         vocab = replace(vocab, eos_id=int(tokenizer["eos_token_ids"][0]))
@@ -408,6 +408,13 @@ def _chat_template(bundle, tokenizer: dict) -> str | None:
     return bundle.file(name).read_text(encoding="utf-8") if name and bundle.file(name).is_file() else None
 
 
+def gguf_name(manifest: dict) -> str:
+    """The file's ``general.name``: the source's name (an alias, or a directory's name, not its path), the recipe
+    and the bundle. llama.cpp reads tokenizer behaviour from it (export/gguf_vocab.py: ``rstrip``)."""
+    source = str(manifest["model"]["after"]["source"])
+    return f"{Path(source).name or source} ({manifest['recipe']['name']}, edgesdk bundle {manifest['bundle_id']})"
+
+
 def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerShapes, vocab: GGUFVocab,
            encoded: dict, file_type: str, manifest: dict, chat_template: str | None, handle=None) -> None:
     """The GGUF file at ``path``, written into ``handle`` (a binary file already open at ``path``, see
@@ -416,9 +423,7 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
     from gguf.gguf_writer import WriterState
 
     writer = GGUFWriter(str(path), architecture)
-    model = manifest["model"]["after"]
-    source = Path(str(model["source"])).name or str(model["source"])  # an alias, or a directory's name, not its path
-    writer.add_name(f"{source} ({manifest['recipe']['name']}, edgesdk bundle {manifest['bundle_id']})")
+    writer.add_name(gguf_name(manifest))
     writer.add_file_type({"Q4_0": LlamaFileType.MOSTLY_Q4_0, "Q8_0": LlamaFileType.MOSTLY_Q8_0,
                           "F32": LlamaFileType.ALL_F32}[file_type])
     if file_type != "F32":

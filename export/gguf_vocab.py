@@ -25,8 +25,11 @@ error. llama.cpp looks a whole word up before merging for the Llama 3 types, ``t
 (``ignore_merges``); a BPE model set the other way is refused where that changes a word.
 
 For both: BOS and EOS are added where the tokenizer's post-processor puts them around a text
-(``add_bos_token`` / ``add_eos_token``). llama.cpp takes no whitespace into an added token, so one with
-``lstrip``, ``rstrip`` or ``single_word`` is refused. A Metaspace pre-tokenizer's U+2581 in front differs
+(``add_bos_token`` / ``add_eos_token``). llama.cpp takes whitespace into an added token only by the
+model's name, which no GGUF key overrides: the special tokens of a file whose ``general.name`` holds "phi-3" or
+"phi3" strip the whitespace after them (``rstrip``; edgesdk.models.loader.phi3_rstrip_tokens), none of any other. So
+``rstrip`` is written where the file's name gives llama.cpp the same tokens (a Phi-3 bundle) and refused where it
+does not, and ``lstrip`` or ``single_word`` is refused. A Metaspace pre-tokenizer's U+2581 in front differs
 from llama.cpp's ``add_space_prefix`` on two kinds of text, which the vocabulary's ``notes`` name.
 llama.cpp normalizes no text, so a normalizer step other than the SentencePiece space handling is refused,
 but NFC (Qwen2's), which changes only text not already composed, is written with a note.
@@ -72,13 +75,15 @@ class GGUFVocab:
     notes: tuple[str, ...] = ()  # texts llama.cpp tokenizes differently from the bundle, where it has no key to say so
 
 
-def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str | None, vocab_size: int) -> GGUFVocab:
-    """Read ``path``; ``vocab_size`` is the model's (rows of its embedding), which the vocabulary must fill."""
+def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str | None, vocab_size: int,
+                              name: str | None = None) -> GGUFVocab:
+    """Read ``path``; ``vocab_size`` is the model's (rows of its embedding), which the vocabulary must fill;
+    ``name``: the ``general.name`` the file is written with, by which llama.cpp strips whitespace after tokens."""
     spec = json.loads(Path(path).read_text(encoding="utf-8"))
     model = spec.get("model") or {}
     prefix_space = _sentencepiece_spaces(spec)
     if model.get("type") == "BPE" and model.get("byte_fallback") and prefix_space is not None:
-        return _sentencepiece_vocab(spec, path, bos_token, eos_token, vocab_size, prefix_space)
+        return _sentencepiece_vocab(spec, path, bos_token, eos_token, vocab_size, prefix_space, name)
     if model.get("type") != "BPE" or not _byte_level(spec.get("decoder")):
         raise ExportError(f"{path}: tokenizer model {model.get('type')!r} with decoder "
                           f"{(spec.get('decoder') or {}).get('type')!r}; GGUF export writes byte-level BPE and "
@@ -87,6 +92,7 @@ def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str 
     pre = _pre_tokenizer_name(spec.get("pre_tokenizer"), path)
     notes = _normalizer_notes(spec, path, ())
     tokens, types = _tokens_by_id(spec, path, vocab_size)
+    notes += _check_rstrip(spec, path, tokens, types, name)
     merges = [" ".join(pair) if isinstance(pair, list) else pair for pair in model.get("merges", [])]
     _check_ignore_merges(spec, pre, merges, path)
     return GGUFVocab(tokens=tokens, token_types=types, merges=merges, pre=pre, notes=notes,
@@ -136,13 +142,14 @@ def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], l
     user_defined = set()
     for added in spec.get("added_tokens", []):
         stripping = [flag for flag in ("lstrip", "rstrip", "single_word") if added.get(flag)]
-        if stripping:  # llama.cpp sets LSTRIP / RSTRIP only by a model's name (llama-vocab.cpp), from no GGUF key
+        if added.get("lstrip") or added.get("single_word"):  # llama.cpp sets LSTRIP only by a model's name
+            # (llama-vocab.cpp: jina-v2's and modern-bert's mask), from no GGUF key; rstrip alone: _check_rstrip
             raise ExportError(f"{path}: added token {added['content']!r} (id {added['id']}) has "
                               f"{' and '.join(stripping)} set, so the bundle's tokenizer takes the whitespace around "
                               "it into the token (or matches it only as a whole word); llama.cpp has no GGUF key for "
                               "that and would tokenize the text around it differently",
                               "run the bundle with edgesdk, or build it from a tokenizer whose added tokens have "
-                              "lstrip, rstrip and single_word false")
+                              "lstrip and single_word false")
         by_id[int(added["id"])] = added["content"]
         (special if added.get("special") else user_defined).add(int(added["id"]))
     missing = {i for i in range(vocab_size) if i not in by_id}
@@ -158,6 +165,39 @@ def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], l
     types = [CONTROL if i in special else USER_DEFINED if i in user_defined else UNUSED if i in missing else NORMAL
              for i in range(vocab_size)]
     return tokens, types
+
+
+def _check_rstrip(spec: dict, path: Path, tokens: list[str], types: list[int], name: str | None) -> tuple[str, ...]:
+    """Refuse a vocabulary whose added tokens' ``rstrip`` (the bundle's tokenizer takes the whitespace after the
+    token into it) differs from the RSTRIP llama.cpp gives the written ``tokens`` of ``types`` for a file named
+    ``name`` (edgesdk.models.loader.phi3_rstrip_tokens: a Phi-3's special tokens); the note for the whitespace the
+    two strip differently where any token strips."""
+    from edgesdk.models.loader import phi3_rstrip_tokens
+
+    llama_cpp = phi3_rstrip_tokens(name, tokens, types) or set()
+    added = {token["content"]: bool(token.get("rstrip")) for token in spec.get("added_tokens", [])}
+    bundle = {text for text, strips in added.items() if strips}
+    only_bundle = sorted(bundle - llama_cpp)
+    only_llama_cpp = sorted(text for text in llama_cpp - bundle if text in added)
+    rule = ('llama.cpp strips the whitespace after the special tokens but "<unk>", "<s>" and "<|endoftext|>" of a '
+            'model whose general.name holds "phi-3" or "phi3" (src/llama-vocab.cpp), and after no token of any '
+            f"other; this file is named {name!r}")
+    if only_bundle:
+        raise ExportError(f"{path}: added tokens {', '.join(repr(text) for text in only_bundle[:5])} have rstrip set, "
+                          "so the bundle's tokenizer takes the whitespace after them into the token; " + rule,
+                          "run the bundle with edgesdk, or build it from a tokenizer whose added tokens strip as "
+                          "llama.cpp's rule gives them (a Phi-3 model's own tokenizer.json, built from a source whose "
+                          "name holds Phi-3)")
+    if only_llama_cpp:
+        raise ExportError(f"{path}: tokens {', '.join(repr(text) for text in only_llama_cpp[:5])} have no rstrip in "
+                          "the bundle's tokenizer, which keeps the whitespace after them; " + rule,
+                          "run the bundle with edgesdk, or build it from a source whose name does not hold phi-3 or "
+                          "phi3, or from a tokenizer whose added tokens strip as llama.cpp's rule gives them")
+    if not bundle:
+        return ()
+    return ("a special token followed by whitespace outside ASCII (U+00A0, U+3000): the bundle's tokenizer takes it "
+            "into the token (rstrip strips any Unicode whitespace), llama.cpp keeps it (it strips ASCII spaces, tabs "
+            "and line breaks only)",)
 
 
 def _sentencepiece_spaces(spec: dict) -> bool | None:
@@ -188,7 +228,7 @@ def _replaces_spaces(step: dict) -> bool:
 
 
 def _sentencepiece_vocab(spec: dict, path: Path, bos_token: str | None, eos_token: str | None,
-                         vocab_size: int, prefix_space: bool) -> GGUFVocab:
+                         vocab_size: int, prefix_space: bool, name: str | None = None) -> GGUFVocab:
     """llama.cpp's ``llama`` tokenizer model for a SentencePiece BPE ``spec`` (module docstring)."""
     model = spec["model"]
     pre = spec.get("pre_tokenizer") or {}
@@ -225,6 +265,7 @@ def _sentencepiece_vocab(spec: dict, path: Path, bos_token: str | None, eos_toke
     last = float(len(model.get("merges", [])))
     scores = [(-float(rank_of.get(token, last)) if types[i] == NORMAL else 0.0) for i, token in enumerate(tokens)]
     notes = (_metaspace_notes(spec) if prefix_space else ()) + _normalizer_notes(spec, path, ("Prepend", "Replace"))
+    notes += _check_rstrip(spec, path, tokens, types, name)
     return GGUFVocab(tokens=tokens, token_types=types, merges=[], pre="default", model="llama", scores=scores,
                      add_space_prefix=prefix_space, notes=notes,
                      **_special_ids(spec, tokens, bos_token, eos_token))

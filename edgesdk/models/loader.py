@@ -841,7 +841,7 @@ def _drop_tokens_the_file_lacks(tokenizer, path: Path) -> None:
 
 
 # tokenizer.ggml.token_type values (gguf-py's TokenType, llama.cpp's LLAMA_TOKEN_TYPE_*)
-CONTROL_TOKEN, USER_DEFINED_TOKEN = 3, 4
+NORMAL_TOKEN, UNKNOWN_TOKEN, CONTROL_TOKEN, USER_DEFINED_TOKEN = 1, 2, 3, 4
 
 
 def _key_added_tokens_by_their_text(tokenizer, path: Path) -> None:
@@ -914,6 +914,51 @@ def _set_spm_space_prefix(tokenizer, path: Path) -> None:
     decoder = spec.get("decoder") or {}
     if not prefix and decoder.get("type") == "Sequence":
         decoder["decoders"] = [step for step in decoder["decoders"] if step.get("type") != "Strip"]
+    tokenizer._tokenizer = Tokenizer.from_str(json.dumps(spec))
+
+
+# general.name fragments for which llama.cpp strips the whitespace after special tokens, and the tokens it exempts
+PHI3_NAMES, PHI3_UNSTRIPPED = ("phi-3", "phi3"), ("<unk>", "<s>", "<|endoftext|>")
+
+
+def phi3_rstrip_tokens(name, tokens, types) -> set[str] | None:
+    """The texts of the tokens llama.cpp gives LLAMA_TOKEN_ATTR_RSTRIP (takes the whitespace after them into them)
+    for a GGUF file whose ``general.name`` is ``name``, vocabulary ``tokens`` and ``tokenizer.ggml.token_type``
+    ``types``; None where it gives none. src/llama-vocab.cpp (llama_vocab::impl::load, "set attributes by
+    model/tokenizer/architecture name"): where the name, lowercased (ASCII, std::tolower), contains "phi-3" or
+    "phi3", every token of ``cache_special_tokens`` (types UNKNOWN, CONTROL, USER_DEFINED) and ``</s>`` get RSTRIP,
+    then ``<unk>``, ``<s>``, ``<|endoftext|>`` lose it; tokenizer_st_partition, which matches the tokens of
+    ``cache_special_tokens`` only (so a ``</s>`` of another type strips nothing), then drops the spaces, tabs and
+    line breaks after such a token. Microsoft's tokenizer.json for Phi-3 marks the same added tokens ``rstrip``."""
+    if not isinstance(name, str) or not any(part in name.encode().lower().decode() for part in PHI3_NAMES):
+        return None
+    kinds = types if isinstance(types, list) and len(types) == len(tokens) else [NORMAL_TOKEN] * len(tokens)
+    special = {text for text, kind in zip(tokens, kinds, strict=True)
+               if kind in (UNKNOWN_TOKEN, CONTROL_TOKEN, USER_DEFINED_TOKEN) and isinstance(text, str)}
+    return special - set(PHI3_UNSTRIPPED)
+
+
+def _strip_after_phi3_special_tokens(tokenizer, path: Path) -> None:
+    """Give the fast ``tokenizer`` read from the GGUF file at ``path`` the ``rstrip`` llama.cpp gives the special
+    tokens of a Phi-3 file by its ``general.name`` (:func:`phi3_rstrip_tokens`), which no GGUF key holds and
+    transformers' GGUF tokenizer leaves out: a chat prompt's "<|user|>\nhi<|end|>\n<|assistant|>\n" kept its line
+    breaks, which llama.cpp (and the model's own tokenizer.json) drop, so the next word lost its leading space
+    (U+2581) and the prompt had other ids than llama.cpp's."""
+    from tokenizers import Tokenizer
+
+    tokens = _gguf_value(path, "tokenizer.ggml.tokens")
+    if not isinstance(tokens, list):
+        return
+    stripped = phi3_rstrip_tokens(_gguf_value(path, "general.name"), tokens,
+                                  _gguf_value(path, "tokenizer.ggml.token_type"))
+    if stripped is None:
+        return
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    added = spec.get("added_tokens", [])
+    if all(token.get("rstrip", False) == (token["content"] in stripped) for token in added):
+        return
+    for token in added:
+        token["rstrip"] = token["content"] in stripped
     tokenizer._tokenizer = Tokenizer.from_str(json.dumps(spec))
 
 
@@ -1385,6 +1430,7 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
         _drop_tokens_the_file_lacks(tokenizer, source.path)
         _key_added_tokens_by_their_text(tokenizer, source.path)
         _set_spm_space_prefix(tokenizer, source.path)
+        _strip_after_phi3_special_tokens(tokenizer, source.path)
     if source.kind == "gguf" and gguf_adds_bos_by_default(source.path) and not getattr(tokenizer, "add_bos_token", True) \
             and getattr(tokenizer, "bos_token", None) is not None:
         tokenizer.add_bos_token = True  # transformers' setter rebuilds the post-processor with the BOS in front
