@@ -185,38 +185,11 @@ def test_a_redeploy_that_switches_the_runtime_alone_restarts_the_unit_onto_it(ss
     restarted onto the new runtime now, as after a switch of current; where its server does not come up
     there, runtime/current goes back and the unit serves with the edgesdk it ran before."""
     import os
-    import time
 
-    from edgesdk.deploy import install
     from tests._utils.deploy import edgesdk
 
-    root, log, port = tmp_path / "board", tmp_path / "started.log", free_port()
-
-    def runtime(name: str) -> str:
-        """A runtime already on the board, whose edgesdk logs that it started; ``name`` None: the one this
-        checkout's deploy installs (its key hashes the sources, so it is taken right before each deploy)."""
-        name = name or install.runtime_source(tuple(sys.version_info[:3]), False).key
-        venv = root / "runtime" / name
-        if not venv.exists():
-            (venv / "bin").mkdir(parents=True)
-            (venv / "edgesdk-runtime.json").write_text(json.dumps({"key": name, "version": "0",
-                                                                   "installed": time.time(), "switched": time.time()}))
-            script = venv / "bin" / "edgesdk"
-            script.write_text(f'#!/bin/sh\necho "{name} $1" >> "{log}"\n'
-                              f'if [ "$1" = serve ] && [ -e "{venv}/broken" ]; then echo "{name} is broken" >&2; exit 3; fi\n'
-                              f'exec "{sys.executable}" -m edgesdk.cli "$@"\n')
-            script.chmod(0o755)
-        return name
-
-    # the board's Python, with the stand-in systemctl (tests/_utils/fake_systemd.py) on its PATH
-    state, units = tmp_path / "systemd-state", tmp_path / "units"
-    env = {**fake_systemd.install(tmp_path / "bin", state), "EDGESDK_UNIT_DIR": str(units), "EDGESDK_HUGE_PAGES": "0"}
-    python = tmp_path / "board-python"
-    python.write_text("#!/bin/sh\n" + "".join(f"export {k}='{v}'\n" for k, v in env.items())
-                      + f'exec "{sys.executable}" "$@"\n')
-    python.chmod(0o755)
-    deploy = ["deploy", tiny_bundle.path, "--host", ssh_server.destination, *ssh_server.client_args(),
-              "--remote-root", root, "--remote-python", python]
+    board = ServiceBoard(tmp_path, ssh_server, tiny_bundle)
+    root, log, port, state, runtime, deploy = board.root, board.log, board.port, board.state, board.runtime, board.deploy
     try:
         runtime(None)
         first = edgesdk(*deploy, "--service", "--service-port", port)
@@ -251,6 +224,45 @@ def test_a_redeploy_that_switches_the_runtime_alone_restarts_the_unit_onto_it(ss
             assert reply.status == 200
     finally:
         fake_systemd.stop_all(state)
+
+
+class ServiceBoard:
+    """A board root for ``deploy --service`` against the real sshd: runtimes whose ``edgesdk`` logs each start to
+    ``log`` (and fails ``serve`` where a ``broken`` file sits in the venv), the stand-in systemctl
+    (tests/_utils/fake_systemd.py) on the board Python's PATH, and the deploy command line (``deploy``, without
+    ``--service``)."""
+
+    def __init__(self, tmp_path, ssh_server, tiny_bundle):
+        self.root, self.log, self.port = tmp_path / "board", tmp_path / "started.log", free_port()
+        self.state, units = tmp_path / "systemd-state", tmp_path / "units"
+        self.env = {**fake_systemd.install(tmp_path / "bin", self.state), "EDGESDK_UNIT_DIR": str(units),
+                    "EDGESDK_HUGE_PAGES": "0"}
+        python = tmp_path / "board-python"  # the board's Python, with the stand-in systemctl on its PATH
+        python.write_text("#!/bin/sh\n" + "".join(f"export {k}='{v}'\n" for k, v in self.env.items())
+                          + f'exec "{sys.executable}" "$@"\n')
+        python.chmod(0o755)
+        self.deploy = ["deploy", tiny_bundle.path, "--host", ssh_server.destination, *ssh_server.client_args(),
+                       "--remote-root", self.root, "--remote-python", python]
+
+    def runtime(self, name: str | None) -> str:
+        """A runtime already on the board, whose edgesdk logs that it started; ``name`` None: the one this
+        checkout's deploy installs (its key hashes the sources, so it is taken right before each deploy)."""
+        import time
+
+        from edgesdk.deploy import install
+
+        name = name or install.runtime_source(tuple(sys.version_info[:3]), False).key
+        venv = self.root / "runtime" / name
+        if not venv.exists():
+            (venv / "bin").mkdir(parents=True)
+            (venv / "edgesdk-runtime.json").write_text(json.dumps({"key": name, "version": "0",
+                                                                   "installed": time.time(), "switched": time.time()}))
+            script = venv / "bin" / "edgesdk"
+            script.write_text(f'#!/bin/sh\necho "{name} $1" >> "{self.log}"\n'
+                              f'if [ "$1" = serve ] && [ -e "{venv}/broken" ]; then echo "{name} is broken" >&2; exit 3; fi\n'
+                              f'exec "{sys.executable}" -m edgesdk.cli "$@"\n')
+            script.chmod(0o755)
+        return name
 
 
 def urllib_open(url: str):

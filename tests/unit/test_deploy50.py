@@ -6,16 +6,12 @@ ssh runs against a real sshd on 127.0.0.1 (tests/_utils/sshd.py, the fixture of 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
-import time
 
-from edgesdk.deploy import install
 from tests._utils import fake_systemd
 from tests._utils.deploy import edgesdk
-from tests.unit.test_deploy48 import free_port, ssh_server, urllib_open  # noqa: F401 - ssh_server: the fixture
+from tests.unit.test_deploy48 import ServiceBoard, ssh_server, urllib_open  # noqa: F401 - ssh_server: the fixture
 
 
 def test_a_service_redeploy_onto_another_runtime_that_does_not_come_up_puts_the_runtime_back(
@@ -27,32 +23,9 @@ def test_a_service_redeploy_onto_another_runtime_that_does_not_come_up_puts_the_
     deploy in the same case puts the runtime back (d937d28). The error also said "there is no earlier release to
     go back to" about a release that was current before the deploy. runtime/current goes back now, and the
     unit serves with the edgesdk it ran before."""
-    root, log, port = tmp_path / "board", tmp_path / "started.log", free_port()
-
-    def runtime(name: str | None) -> str:
-        """A runtime on the board whose edgesdk logs each start; ``name`` None: the key this checkout's deploy
-        installs, so the deploy finds it installed and sends none."""
-        name = name or install.runtime_source(tuple(sys.version_info[:3]), False).key
-        venv = root / "runtime" / name
-        if not venv.exists():
-            (venv / "bin").mkdir(parents=True)
-            (venv / "edgesdk-runtime.json").write_text(json.dumps({"key": name, "version": "0",
-                                                                   "installed": time.time(), "switched": time.time()}))
-            script = venv / "bin" / "edgesdk"
-            script.write_text(f'#!/bin/sh\necho "{name} $1" >> "{log}"\n'
-                              f'if [ "$1" = serve ] && [ -e "{venv}/broken" ]; then echo "{name} is broken" >&2; exit 3; fi\n'
-                              f'exec "{sys.executable}" -m edgesdk.cli "$@"\n')
-            script.chmod(0o755)
-        return name
-
-    state, units = tmp_path / "systemd-state", tmp_path / "units"
-    env = {**fake_systemd.install(tmp_path / "bin", state), "EDGESDK_UNIT_DIR": str(units), "EDGESDK_HUGE_PAGES": "0"}
-    python = tmp_path / "board-python"  # the board's Python, with the stand-in systemctl on its PATH
-    python.write_text("#!/bin/sh\n" + "".join(f"export {k}='{v}'\n" for k, v in env.items())
-                      + f'exec "{sys.executable}" "$@"\n')
-    python.chmod(0o755)
-    deploy = ["deploy", tiny_bundle.path, "--host", ssh_server.destination, *ssh_server.client_args(),
-              "--remote-root", root, "--remote-python", python, "--service", "--service-port", port]
+    board = ServiceBoard(tmp_path, ssh_server, tiny_bundle)
+    root, log, port, state, env, runtime = board.root, board.log, board.port, board.state, board.env, board.runtime
+    deploy = [*board.deploy, "--service", "--service-port", port]
     try:
         runtime(None)
         first = edgesdk(*deploy)
