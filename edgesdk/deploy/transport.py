@@ -147,8 +147,61 @@ def _timed_out(what: str, label: str, timeout: float | None) -> DeployError:
 # ssh exit with 255, its code for a failed connection.
 REMOTE_DEADLINE = ('d=$1; shift; if command -v timeout >/dev/null 2>&1; then timeout -k 10 "$d" "$@"; '
                    'else "$@"; fi; exit $?')
+# REMOTE_DEADLINE for a command that reads nothing on stdin, which also ends when the host's ssh does. sshd
+# signals nothing to a command it started without a terminal when the connection ends (Ctrl-C or a kill of
+# deploy, a dropped network): it only closes the command's stdin, stdout and stderr, so a command that neither
+# reads nor writes (an engine build, a smoke test still loading) would run on to its deadline, and a deploy
+# run again would start a second one next to it. Here the host keeps ssh's stdin open for the command's life
+# (run_holding_stdin) and the board runs the command in the background with stdin from /dev/null, while a
+# watcher reads the session's stdin (kept as fd 3: POSIX sh gives an asynchronous list /dev/null as its
+# stdin) until EOF, which comes when ssh ends or when deploy does (ssh then reads EOF and passes it on): it
+# then sends SIGTERM to the command (to coreutils timeout's process group, where timeout made one, else to
+# the command or busybox timeout), and SIGKILL to what is left of it once the command has ended or 5 s have
+# passed. On a normal end the shell stops the watcher (still reading) before it exits; a watcher past EOF
+# ignores that SIGTERM and finishes. The watcher writes to /dev/null, so it never holds the session open. The exit status rules are REMOTE_DEADLINE's (``wait``
+# returns 128 + N for a command killed by signal N). A command started in the background by a shell without
+# job control starts with SIGINT and SIGQUIT ignored (POSIX 2.11); coreutils timeout restores them for its
+# command, and nothing sends them to a command run over ssh without a terminal.
+REMOTE_DEADLINE_WATCHED = (
+    'd=$1; shift; exec 3<&0 </dev/null; '
+    'if command -v timeout >/dev/null 2>&1; then timeout -k 10 "$d" "$@" 3<&- & else "$@" 3<&- & fi; c=$!; '
+    '(while read -r _; do :; done <&3; trap "" TERM; '
+    'kill -s TERM -- "-$c" 2>/dev/null || kill -s TERM "$c"; n=0; '
+    'while kill -0 "$c" 2>/dev/null && [ $n -lt 5 ]; do sleep 1; n=$((n+1)); done; '
+    'kill -s KILL -- "-$c" 2>/dev/null || kill -s KILL "$c") >/dev/null 2>&1 & '
+    'w=$!; exec 3<&-; wait "$c"; s=$?; kill "$w" 2>/dev/null; exit $s')
 TIMED_OUT_CODES = (124, 137)  # timeout's own exit status, and SIGKILL's after -k
 DEADLINE_GRACE_S = 30  # ssh waits this much longer, for the board's answer
+
+
+def run_holding_stdin(cmd: list[str], timeout: float | None) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, timeout=timeout)`` with the child's stdin a pipe that stays
+    open, with nothing written to it, until the child has ended: for ssh, the remote command's stdin ends when
+    this process or its ssh does (REMOTE_DEADLINE_WATCHED). As subprocess.run, the child is killed when the
+    timeout passes (TimeoutExpired) or anything else (KeyboardInterrupt) ends the wait."""
+    # not inherited (PEP 446): only this child gets the read end, and no other child holds the write end open
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(cmd, stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    try:
+        with proc:
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired as exc:
+                proc.kill()
+                exc.stdout, exc.stderr = proc.communicate()
+                raise
+            except BaseException:
+                proc.kill()
+                raise
+    finally:
+        os.close(write_end)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def signal_note(returncode: int, remote: bool) -> str | None:
@@ -300,13 +353,24 @@ class SshTransport(Transport):
 
     def run(self, argv: list[str], input: bytes | None = None, timeout: float | None = None,
             what: str | None = None) -> subprocess.CompletedProcess:
-        """As :meth:`Transport.run`, with the deadline enforced on the board too (REMOTE_DEADLINE)."""
+        """As :meth:`Transport.run`, with the deadline enforced on the board too (REMOTE_DEADLINE); a command that
+        reads no ``input`` also ends on the board when this ssh ends, Ctrl-C or a kill of deploy
+        (REMOTE_DEADLINE_WATCHED)."""
         if timeout is None:
             return super().run(argv, input, None, what)
         deadline = max(1, round(timeout))
-        bounded = ["sh", "-c", REMOTE_DEADLINE, "sh", str(deadline), *argv]
         began = time.monotonic()
-        proc = super().run(bounded, input, timeout + DEADLINE_GRACE_S, what or argv[0])
+        if input is not None:  # the command reads stdin: it ends at the deadline only
+            bounded = ["sh", "-c", REMOTE_DEADLINE, "sh", str(deadline), *argv]
+            proc = super().run(bounded, input, timeout + DEADLINE_GRACE_S, what or argv[0])
+        else:  # and also when this ssh ends (REMOTE_DEADLINE_WATCHED)
+            bounded = ["sh", "-c", REMOTE_DEADLINE_WATCHED, "sh", str(deadline), *argv]
+            try:
+                proc = run_holding_stdin(self.command(bounded), timeout + DEADLINE_GRACE_S)
+            except subprocess.TimeoutExpired as exc:
+                raise _timed_out(what or argv[0], self.label, timeout + DEADLINE_GRACE_S) from exc
+            self.check_connection(proc.returncode, proc.stderr.decode("utf-8", "replace"))
+            proc = with_signal_note(proc, remote=False)
         # 124 or 137 before the deadline is the command's own status (137: SIGKILL, say from the OOM killer)
         if proc.returncode in TIMED_OUT_CODES and time.monotonic() - began >= deadline:
             raise _timed_out(what or argv[0], self.label, timeout)
