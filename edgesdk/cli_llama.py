@@ -351,10 +351,28 @@ class LlamaCommand(click.Command):
                     names[name] = takes
         return names
 
+    @staticmethod
+    def _asks_for_help(ctx, args: list[str], own: dict[str, int]) -> bool:
+        """Whether ``args`` hold a help option as click reads them: not the value of an option (``-p -h`` is a
+        prompt, ``-r --help`` a reverse prompt) nor an argument after ``--``; click shows no help for those and
+        runs the command, so llama.cpp's options must then be read (a ``-c 4096`` checked, a ``-hf`` refused)."""
+        index = 0
+        while index < len(args):
+            arg = args[index]
+            index += 1
+            if arg == "--":
+                return False
+            if arg in ctx.help_option_names:
+                return True
+            name = _llama_option_name(arg.partition("=")[0]) if arg.startswith("--") else arg
+            if own.get(name) and not (arg.startswith("--") and "=" in arg):
+                index += own[name]  # its value, whatever it looks like
+        return False
+
     def _llama_args(self, ctx, args: list[str]) -> list[str]:
         own, known = self._own_options(ctx), _llama_only_by_name(self.llama_table)
         # --help shows the help, and shell completion parses resiliently: llama.cpp's options are dropped unread
-        helping = ctx.resilient_parsing or any(arg in ctx.help_option_names for arg in args)
+        helping = ctx.resilient_parsing or self._asks_for_help(ctx, args, own)
         kept, notes, index = [], [], 0
         while index < len(args):
             arg = args[index]
