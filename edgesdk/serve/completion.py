@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
 from edgesdk import __version__
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.cache_store import CacheStore
@@ -45,6 +43,7 @@ from edgesdk.runtime.generate import (
     SamplingConfig,
     StepHook,
     TokenConstraint,
+    _prefill,
     can_draft,
     generate,
     starts_with_added_bos,
@@ -1043,15 +1042,11 @@ class Completer:
                 stats.cached_tokens = cache.start(ids, reuse=request.cache_prompt and recorder is None)
             fresh = ids[stats.cached_tokens:]
             hook.begin(len(fresh), 0)
-            stats.waited_s = hook.before_step("prefill")
-            step = time.perf_counter()
-            rows = backend.prefill(np.asarray(fresh, np.int64), keep_logits=len(fresh) if recorder else 1)
-            stats.prefill_s = time.perf_counter() - step
+            # in the steps the thermal guard asks for (prefill_chunk), as generate() prefills a prompt: one pass else
+            rows, last_s = _prefill(backend, fresh, len(fresh) if recorder else 1, hook, cache, stats)
             if recorder is not None:  # also a one-token prompt, whose one entry has no log-probability
                 recorder.record_prompt(rows, list(ids))
-            if cache is not None:
-                cache.took(fresh)
-            hook.after_step("prefill", 0, stats.prefill_s)
+            hook.after_step("prefill", 0, last_s)
             hook.end(stats)
         except BaseException as exc:
             self._failed(exc)

@@ -169,16 +169,30 @@ class RunSummary:
 def _first_token_times(work: list[dict]) -> list[float]:
     """Each request's time to its first token: the compute and wait of its prefill records, which a prompt the guard
     prefills in steps (:meth:`~edgesdk.thermal.guard.Guard.prefill_chunk`) writes several of, each but the last with
-    the ``prompt_left`` it leaves (> 0); one record a request where it has none (an unguarded run, older files)."""
-    times, pending = [], 0.0
+    the ``prompt_left`` it leaves (> 0); one record a request where it has none (an unguarded run, older files).
+
+    A step goes on the prompt of the step before it where it is one of a prompt's steps (has ``prompt_left``), not its
+    first (``prompt_step`` 1), and takes what that one left (its ``prompt_tokens`` plus its own ``prompt_left`` are
+    the ``prompt_left`` before it). A prefill record that does not is the next request's: the steps before it were a
+    prompt abandoned between its steps (serve's client gone, or a board that never cooled, which serve answers 503
+    and goes on from), counted as a request of its own with its time so far, as a run cut inside a prompt's steps
+    is, not summed into the next request's first-token time (a retry whose abandoned steps the prompt cache serves
+    takes exactly the tokens they left)."""
+    times, pending, expected = [], None, None  # the open prompt's time so far, and the prompt_left its last step left
     for r in work:
         if r["kind"] != "prefill":
             continue
-        pending += r["duration_s"] + r["wait_s"]
-        if not r.get("prompt_left"):
+        left = r.get("prompt_left")
+        if pending is not None and (left is None or r.get("prompt_step") == 1
+                                    or r.get("prompt_tokens", 0) + left != expected):
+            times.append(pending)  # an abandoned prompt's steps
+            pending = None
+        pending = (pending or 0.0) + r["duration_s"] + r["wait_s"]
+        expected = left
+        if not expected:
             times.append(pending)
-            pending = 0.0
-    if pending:  # a run cut inside a prompt's steps: that request's time so far
+            pending = None
+    if pending is not None:  # a run cut inside a prompt's steps: that request's time so far
         times.append(pending)
     return times
 

@@ -66,12 +66,13 @@ class ThermalHook:
         self.prompt_tokens = 0
         self._step_prompt: int | None = None  # the coming prefill step's prompt tokens, where prefill_chunk named them
         self._prompt_left: int | None = None  # ... and those left after it, where the prompt is prefilled in steps
+        self._prompt_step = 0  # the request's prefill steps named so far (the coming one's number, from 1)
         self.reading: Reading | None = None
         self._waited = 0.0
         self._last_wait_record = -1e9
-        # Called after every chunk of a wait: an exception it raises ends the wait there. A server sets it for the
-        # request generating (its client left, the server stopping), so a pause on a board that stays hot does
-        # not hold the board's turn for nobody.
+        # Called after every chunk of a wait, and before each of a prompt's prefill steps but its first: an exception
+        # it raises ends the wait (or the prompt) there. A server sets it for the request generating (its client
+        # left, the server stopping), so a pause on a board that stays hot does not hold the board's turn for nobody.
         self.abandon_wait: Callable[[], None] | None = None
 
     def _observe(self) -> Reading | None:
@@ -133,6 +134,7 @@ class ThermalHook:
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
         self.prompt_tokens = prompt_tokens
         self._step_prompt = self._prompt_left = None
+        self._prompt_step = 0
         if self.guard is not None:
             self._observe()
             self.guard.begin(max_new_tokens, prompt_tokens)
@@ -141,6 +143,11 @@ class ThermalHook:
         self._waited = 0.0
         if self.guard is None:
             return 0.0
+        if kind == "prefill" and self._prompt_step > 1 and self.abandon_wait is not None:
+            # between a prompt's steps, as llama-server drops a task whose client left between the batches of its
+            # prompt (the slot is released before the next llama_decode): a client gone during a long prompt's
+            # prefill stops it at its next step, not after the whole prompt (the steps run stay in the prompt cache)
+            self.abandon_wait()
         # Waited since the last "wait" record, and the state (reading, guard state) and (level, pause flag) of those
         # chunks: a run of chunks is booked in one state, so pacing and a pause, or two levels, never share a record
         # (a record's level is the level its interval passed at; see _record).
@@ -196,6 +203,7 @@ class ThermalHook:
         step = self.guard.prefill_chunk(prompt_left)
         if step < prompt_left or self._prompt_left is not None:
             self._prompt_left = prompt_left - step
+        self._prompt_step += 1
         self._step_prompt = step
         return step
 
@@ -212,7 +220,7 @@ class ThermalHook:
         self._observe()
         self._record(kind, tokens, seconds, self._waited, guard_state=ran_in,
                      prompt_tokens=prompt if kind == "prefill" else None,
-                     prompt_left=self._prompt_left if kind == "prefill" else None)
+                     prompt_left=self._prompt_left if kind == "prefill" else None, prompt_step=self._prompt_step)
         self._waited = 0.0
         if kind == "prefill":
             self._step_prompt = None
@@ -225,7 +233,7 @@ class ThermalHook:
 
     def _record(self, kind: str, tokens: int, seconds: float, waited: float,
                 state: tuple[Reading | None, dict] | None = None, guard_state: dict | None = None,
-                prompt_tokens: int | None = None, prompt_left: int | None = None) -> None:
+                prompt_tokens: int | None = None, prompt_left: int | None = None, prompt_step: int = 0) -> None:
         """One step record; ``state`` (reading, guard state) when it is not the current one, ``guard_state`` when
         only the guard's is not.
 
@@ -235,8 +243,10 @@ class ThermalHook:
         (``prompt_n``, ``prompt_per_second``) do: ``prompt_tokens``, the prompt tokens it ran (those the cache did
         not hold), and ``prompt_tok_s``, those over its compute time (its wait left out). A prompt the guard has
         prefilled in steps (:meth:`prefill_chunk`) has a record per step, each with its own ``prompt_tokens`` and
-        ``prompt_left``, the prompt tokens still to prefill after it (0 on the step that yields the first token): the
-        prompt's requests and time to first token are its steps up to that one.
+        ``prompt_left``, the prompt tokens still to prefill after it (0 on the step that yields the first token), and
+        ``prompt_step``, its number in the prompt (1 the first: a request whose client left between its steps is not
+        taken for the first steps of the next, which may leave the same tokens where the prompt cache kept the
+        steps that ran): the prompt's requests and time to first token are its steps up to that one.
 
         A record books the interval since the record before it (up to its ``t``): its tokens, compute and wait,
         and the guard state (``level``, ``paused``, ``budget``, ...) that interval passed in, the state read
@@ -256,7 +266,7 @@ class ThermalHook:
             **({} if prompt_tokens is None else {
                 "prompt_tokens": prompt_tokens,
                 "prompt_tok_s": round(prompt_tokens / seconds, 3) if seconds > 0 and prompt_tokens else 0.0}),
-            **({} if prompt_left is None else {"prompt_left": prompt_left}),
+            **({} if prompt_left is None else {"prompt_left": prompt_left, "prompt_step": prompt_step}),
             "temp_c": None if reading is None or reading.max_c is None else round(reading.max_c, 3),
             "zones": {} if reading is None else reading.zones,
         }
