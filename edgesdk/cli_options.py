@@ -146,23 +146,6 @@ class _DraftBundle(click.Path):
         return super().convert(value, param, ctx)
 
 
-# where --draft-min's value waits in the command's context (click's Context.meta) for draft_model
-_DRAFT_MIN_KEY = "edgesdk.draft_min"
-
-
-def _keep_draft_min(ctx, param, value: int) -> int:
-    """``--draft-min``'s value kept in the context for :func:`draft_model` (the option is not a parameter of the
-    commands that take :func:`draft_options`)."""
-    ctx.meta[_DRAFT_MIN_KEY] = value
-    return value
-
-
-def _given_draft_min() -> int:
-    """The running command's ``--draft-min`` (0, llama.cpp's default, where it has none)."""
-    context = click.get_current_context(silent=True)
-    return 0 if context is None else int(context.meta.get(_DRAFT_MIN_KEY, 0))
-
-
 def draft_options(fn):
     """``--draft BUNDLE`` and its settings (llama.cpp's -md, --draft-max, --draft-min, --draft-p-min), for run and
     serve; each read from llama.cpp's environment variables for it too, today's name first and the older one
@@ -181,10 +164,9 @@ def draft_options(fn):
                      envvar=["LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"],
                      type=click.IntRange(1, 64), metavar="N",
                      help="Draft tokens the bundle checks in one pass (llama.cpp's --draft-max, --draft-n, --draft)."),
-        # not passed to the command: draft_model reads it (_given_draft_min), so that run and serve take it unchanged
         click.option("--draft-min", "--draft-n-min", "draft_min", default=0, show_default=True, cls=LlamaEnvOption,
                      envvar=["LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_DRAFT_MIN"],
-                     type=click.IntRange(0, 64), metavar="N", expose_value=False, callback=_keep_draft_min,
+                     type=click.IntRange(0, 64), metavar="N",
                      help="Check a draft only where it holds at least this many tokens, and draft only where that "
                           "many fit (llama.cpp's --draft-min, --draft-n-min); at most --draft-max."),
         click.option("--draft-p-min", "draft_p_min", default=0.0, show_default=True,  # click's FloatRange passes nan
@@ -233,13 +215,12 @@ def gate_options(fn):
     ])
 
 
-def draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_p_min: float, threads, target,
-                ignore_target: bool, lookup_draft: int):
+def draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_min: int, draft_p_min: float, threads,
+                target, ignore_target: bool, lookup_draft: int):
     """``--draft BUNDLE``: the draft bundle opened and checked against the target's tokenizer (None without it,
     or where the target's backend cannot check drafts, which is said)."""
     from edgesdk.runtime.speculative import DraftConfig, DraftError, open_draft_model
 
-    draft_min = _given_draft_min()
     if draft_bundle is None:
         for name, flag in (("draft_max", "--draft-max"), ("draft_min", "--draft-min"),
                            ("draft_p_min", "--draft-p-min")):  # as --top-p is named

@@ -232,7 +232,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         multiline_input, escape, json_object, json_schema, json_schema_file, grammar, grammar_file, lookup_draft,
         prompt_cache, prompt_cache_all, prompt_cache_ro,
         stats, context_shift, keep,
-        draft_bundle, draft_max, draft_p_min,
+        draft_bundle, draft_max, draft_min, draft_p_min,
         watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
         entropy_target, compute_budget, gating,
         threads, backend, target, ignore_target, model, conversation, single_turn, interactive_mode,
@@ -314,7 +314,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     cache_file = load_prompt_cache(settings.prompt_cache, cache, runtime, settings.stats, settings.prompt_cache_mode)
     token_bytes = _check_constraint_tokens(settings, tokenizer)
-    lookup = draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target,
+    lookup = draft_model(draft_bundle, runtime, draft_max, draft_min, draft_p_min, threads, target, ignore_target,
                          lookup_draft) or lookup_config(runtime.backend, lookup_draft)
     thermal = open_thermal(runtime, **thermal_settings, status=watch_thermal or simulate_thermal)
     try:

@@ -172,7 +172,8 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
           repeat_penalty, repeat_last_n, samplers, sampling_seq, max_queue, context_shift, keep,
           quiet,
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
-          responses_kept, responses_kept_mib, reasoning_budget, pooling, batch_size, spm_infill, draft_bundle, draft_max, draft_p_min,
+          responses_kept, responses_kept_mib, reasoning_budget, pooling, batch_size, spm_infill, draft_bundle, draft_max, draft_min,
+          draft_p_min,
           watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient, thermal_target, sim_speed,
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target, model):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
@@ -266,7 +267,8 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     server_defaults, defaults = defaults, _with_model_defaults(defaults, runtime.bundle.manifest,
                                                                several[0][0] if several else None)
     configure_gates(runtime.backend, entropy_target, compute_budget, gating)
-    draft = draft_model(draft_bundle, runtime, draft_max, draft_p_min, threads, target, ignore_target, lookup_draft)
+    draft = draft_model(draft_bundle, runtime, draft_max, draft_min, draft_p_min, threads, target, ignore_target,
+                        lookup_draft)
     lookup_config(runtime.backend, lookup_draft)  # says so where the backend cannot draft (the completer decodes then)
     thermal = open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
                            thermal_target, sim_speed, status=False)

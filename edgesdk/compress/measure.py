@@ -20,19 +20,23 @@ from edgesdk.compress.structure import layer_records
 from edgesdk.evaluate import exp_or_inf
 
 
+def _quantized_bytes(shape: torch.Size, bits: int, granularity: str, block: int = 32) -> int:
+    """Bytes of one (rows, cols) weight stored per output channel (QDQ: codes, a float32 scale and an INT8 zero point
+    per row) or per block of ``block`` inputs (MatMulNBits: codes and a float16 scale per block, each row's last
+    block zero-padded to the full block)."""
+    rows, cols = shape
+    if granularity == "channel":
+        return rows * cols * bits // 8 + (4 + 1) * rows
+    blocks = rows * -(-cols // block)
+    return blocks * (block * bits // 8 + 2)
+
+
 def weight_bytes(model, scheme: QuantScheme | None) -> int:
     """Bytes of the exported weights: codes plus one scale per block (float16, the MatMulNBits
     layout, each row's input padded to whole blocks) or per channel (QDQ: a float32 scale and an INT8
     zero point per output channel, the three initializers of export/qdq_graph.py's DequantizeLinear,
     whose zero point ONNX makes a tensor of the scale's shape); norms and float weights at 4 bytes.
     The embedding and the LM head take the scheme's embedding_bits; tied, they are stored once."""
-    def quantized(shape: torch.Size, bits: int, granularity: str, block: int) -> int:
-        rows, cols = shape
-        if granularity == "channel":
-            return rows * cols * bits // 8 + (4 + 1) * rows  # codes, float32 scale and int8 zero point per row
-        blocks = rows * -(-cols // block)  # a row's last block is zero-padded to the full block
-        return blocks * (block * bits // 8 + 2)
-
     total = 0
     linears = decoder_linears(model)
     counted = {id(m.weight) for m in linears.values()}
@@ -41,16 +45,16 @@ def weight_bytes(model, scheme: QuantScheme | None) -> int:
         if scheme is None:
             total += 4 * w.numel()
         else:
-            total += quantized(w.shape, scheme.bits_of(name), scheme.granularity, scheme.block_size)
+            total += _quantized_bytes(w.shape, scheme.bits_of(name), scheme.granularity, scheme.block_size)
     embed = model.model.embed_tokens.weight
     counted.add(id(embed))
     bits = scheme.embedding_bits if scheme is not None else None
     block = scheme.block_size if scheme is not None else 32
-    total += quantized(embed.shape, bits, "block", block) if bits else 4 * embed.numel()
+    total += _quantized_bytes(embed.shape, bits, "block", block) if bits else 4 * embed.numel()
     if not is_tied(model):  # an untied head: its own matrix at the embedding's bits (fake_quant.attach)
         head = model.lm_head.weight
         counted.add(id(head))
-        total += quantized(head.shape, bits, "block", block) if bits else 4 * head.numel()
+        total += _quantized_bytes(head.shape, bits, "block", block) if bits else 4 * head.numel()
     total += sum(4 * p.numel() for p in model.parameters() if id(p) not in counted)
     return total
 
@@ -74,8 +78,8 @@ def exported_weight_bytes(model, export) -> int:
         total = weight_bytes(model, QuantScheme(weight_bits=8, granularity="channel", activations="none",
                                                 embedding_bits=None))
         if export.embedding_bits == 8:  # the head (for a tied model, the one table) INT8 per row instead
-            rows, cols = model.lm_head.weight.shape
-            total += rows * cols + (4 + 1) * rows - 4 * rows * cols
+            head = model.lm_head.weight
+            total += _quantized_bytes(head.shape, 8, "channel") - 4 * head.numel()
         return total
     bits = 4 if export.weights == "int4" else 8
     recorded = QuantScheme.of(model)

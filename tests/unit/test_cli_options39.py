@@ -13,7 +13,7 @@ def test_lookup_and_draft_name_a_backend_that_cannot_rewind(runtime, tiny_bundle
     backend = NoRewind(runtime.backend)
     assert lookup_config(backend, 4) is None
     unrewindable = dataclasses.replace(runtime, backend=backend)  # the bundle's runtime on that backend
-    assert draft_model(tiny_bundle.path, unrewindable, 2, 0.0, 1, None, False, 0) is None
+    assert draft_model(tiny_bundle.path, unrewindable, 2, 0, 0.0, 1, None, False, 0) is None
     said = capsys.readouterr().err.splitlines()
     name = runtime.backend.name
     assert said == [
