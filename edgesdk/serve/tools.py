@@ -314,7 +314,13 @@ def with_instructions(messages: list[dict], tools: Tools) -> list[dict]:
 def call_text(tool_calls: object, param: str, parallel: bool = False) -> str:
     """An earlier assistant turn's ``tool_calls`` as the text the model writes for them: a ``{"tool_call": ...}``
     line each, or with ``parallel`` (the request's ``parallel_tool_calls``) one ``{"tool_calls": [...]}``, the
-    form the model is asked to answer in."""
+    form the model is asked to answer in.
+
+    A call's ``arguments`` are JSON text, read as the value they write; text that is not JSON (an answer cut by
+    ``max_tokens`` inside its arguments, which this server returns as written, or ``""`` for no arguments) is kept
+    as that string, as llama-server keeps it (minja's ``chat_template::apply``, ``polyfill_tool_calls``: "Failed
+    to parse arguments", the string left as it is), rather than refusing the conversation: OpenAI's API takes any
+    string there, and a client sends back the answers it was given."""
     if not isinstance(tool_calls, list):
         raise ToolError(f"{param} must be an array of tool calls", param)
     calls = []
@@ -324,11 +330,11 @@ def call_text(tool_calls: object, param: str, parallel: bool = False) -> str:
             raise ToolError(f"{param}[{index}] must be {{\"type\": \"function\", \"function\": {{\"name\", "
                             "\"arguments\"}}", f"{param}[{index}]")
         arguments = function.get("arguments", "{}")
-        try:
-            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except json.JSONDecodeError as exc:
-            raise ToolError(f"{param}[{index}].function.arguments is not JSON text ({exc})",
-                            f"{param}[{index}].function.arguments") from exc
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:  # not JSON text (a call cut short): the model reads the string as it is
+                pass
         calls.append({"name": function["name"], "arguments": arguments})
     if parallel:
         return json.dumps({"tool_calls": calls}, ensure_ascii=False)

@@ -107,8 +107,9 @@ def test_earlier_turns_and_instructions_render_as_text():
     assert _accepts(tools, text)  # what the model is shown is what it may write
     assert json.loads(tool_result_text("get_weather", "12 C")) == {"tool_response": {"name": "get_weather",
                                                                                      "content": "12 C"}}
-    with pytest.raises(ToolError, match="not JSON text"):
-        call_text([{"function": {"name": "f", "arguments": "{oops"}}], "messages[1].tool_calls")
+    # arguments that are not JSON text are the model's string as written (llama-server's minja keeps them so)
+    assert json.loads(call_text([{"function": {"name": "f", "arguments": "{oops"}}], "messages[1].tool_calls")) == {
+        "tool_call": {"name": "f", "arguments": "{oops"}}
 
 
 def test_answers_become_content_or_tool_calls():
@@ -219,8 +220,7 @@ def test_a_conversation_with_earlier_calls_and_their_results(server):
                               "tool_choice": "sometimes"}, "tool_choice"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "a"}]}]},
      "messages[0].tool_calls"),
-    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None, "tool_calls": [
-        {"function": {"name": "f", "arguments": "{no"}}]}]}, "messages[0].tool_calls[0].function.arguments"),
+    # a call's arguments that are not JSON text are kept as their string (test_tools51.py)
 ])
 def test_tool_requests_the_server_cannot_honour_are_refused(server, path, body, param):
     status, answer = server.post(path, body)
