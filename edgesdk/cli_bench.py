@@ -15,6 +15,9 @@ from edgesdk import __version__
 from edgesdk.cli_llama import LlamaCommand
 from edgesdk.cli_options import echo_json, runtime_options
 
+# llama-bench's -o / -oe formats (edgesdk.runtime.bench.LLAMA_BENCH_FORMATS, which is not imported here: numpy)
+LLAMA_BENCH_FORMATS = ("none", "csv", "json", "jsonl", "md", "sql")
+
 
 class _CountList(click.ParamType):
     """A llama-bench list value of ``-p``, ``-n`` or ``-t`` (``128,256``, ``1-4``, ``1-8+2``, ``64-512*2``;
@@ -45,6 +48,22 @@ class _CountList(click.ParamType):
         return [count or None for count in counts] if self.threads else counts
 
 
+class _PromptGen(click.ParamType):
+    """llama-bench's ``-pg PP,TG``: exactly two whole numbers >= 0 (tools/llama-bench/llama-bench.cpp: the value split
+    at ',' must give two parts, each read by ``std::stoi``), a test of a PP-token prompt and TG generated tokens."""
+
+    name = "PP,TG"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = str(value).split(",")
+        if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+            self.fail(f"{value!r} is not PP,TG: give the prompt's tokens and the generated tokens, two whole numbers "
+                      "separated by a comma, e.g. -pg 512,128", param, ctx)
+        return int(parts[0]), int(parts[1])
+
+
 def _listed(given: tuple[list, ...], default: list) -> list:
     """An option given once or more (llama-bench adds each one's values to the list), or its default."""
     return [value for values in given for value in values] if given else default
@@ -63,70 +82,151 @@ def _threads_list(command: click.Command) -> click.Command:
     return command
 
 
+def _models(bundle: Path | None, models: tuple[str, ...]) -> list[Path]:
+    """The bundles to benchmark, one after another: BUNDLE, then each ``-m / --model`` in order. llama-bench's -m is
+    given once or more, each value a comma-separated list of models (tools/llama-bench/llama-bench.cpp,
+    ``parse_cmd_params``: ``string_split(argv[i], ',')``), and every test runs on each model in turn."""
+    paths = [bundle] if bundle is not None else []
+    paths += [Path(part) for value in models for part in value.split(",") if part]
+    if not paths:
+        raise click.UsageError("Missing argument 'BUNDLE': give the bundle's directory (or -m BUNDLE, as llama-bench "
+                               "names its model; several are benchmarked one after another)")
+    return paths
+
+
 # llama-bench's -ngl 99, -fa 1, -mmp 0 and the like: accepted where they change nothing (cli_llama.LlamaCommand)
 @_threads_list
 @click.command(cls=LlamaCommand, llama_bench=True)
-@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("bundle", type=click.Path(path_type=Path), required=False)
+@click.option("--model", "-m", "models", multiple=True, metavar="BUNDLE[,BUNDLE...]",
+              help="A bundle to benchmark, as llama-bench's -m names its model; given again (or comma-separated) "
+                   "the bundles are benchmarked one after another, each with every test.")
 @click.option("--prompt-tokens", "-p", type=_CountList(), multiple=True, metavar="N[,N...]",
               help="Prompt length of the prompt-processing test (ppN); 0 skips it [default: 512]. Several, as "
                    "llama-bench's (128,256, 128-512*2, or -p given again), run a ppN test for each.")
 @click.option("--new-tokens", "-n", type=_CountList(), multiple=True, metavar="N[,N...]",
               help="Decode steps of the generation test (tgN); 0 skips it [default: 128]. Several run a tgN test "
                    "for each.")
+@click.option("-pg", "prompt_gen", type=_PromptGen(), multiple=True, metavar="PP,TG",
+              help="A test of a PP-token prompt and TG tokens generated after it, timed together (ppPP+tgTG, "
+                   "(PP + TG) / seconds), as llama-bench's -pg; given again, several.")
 @click.option("--repetitions", "-r", default=5, show_default=True, type=click.IntRange(min=1),
               help="Timed runs of each test, after one untimed warm-up.")
 @click.option("--no-warmup", is_flag=True, help="Skip each test's untimed warm-up run (llama-bench's --no-warmup).")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--delay", default=0, show_default=True, type=click.IntRange(min=0), metavar="SECONDS",
+              help="Seconds to wait before each test, for the board to cool off (llama-bench's --delay).")
+@click.option("--output", "-o", "output", type=click.Choice(LLAMA_BENCH_FORMATS), default=None,
+              help="Print llama-bench's records to stdout in its format (csv, json, jsonl, md, sql; none: nothing), "
+                   "its field names where they mean the same here; the conditions and warnings go to stderr then. "
+                   "[default: edgesdk's table with the conditions]")
+@click.option("--output-err", "-oe", "output_err", type=click.Choice(LLAMA_BENCH_FORMATS), default=None,
+              help="Print llama-bench's records to stderr too, in this format (llama-bench's -oe).")
+@click.option("--progress", is_flag=True, help="Say on stderr each test and run as it starts (llama-bench's "
+                                                "--progress).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON, with the conditions (edgesdk's "
+                                                      "form; -o json is llama-bench's).")
 @runtime_options
-def bench(bundle, prompt_tokens, new_tokens, repetitions, no_warmup, as_json, threads, backend, target,
-          ignore_target):
+def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no_warmup, delay, output, output_err, progress,
+          as_json, threads, backend, target, ignore_target):
     """Prompt-processing (ppN) and generation (tgN) speed of a bundle here, as llama-bench reports them.
 
     Each test runs once untimed (unless --no-warmup), then --repetitions times; the table gives mean ± standard
     deviation of tok/s. -p, -n and -t take llama-bench's lists: each thread count runs a ppN test for each -p
-    value, then a tgN test for each -n value. Run nothing else heavy meanwhile: other work on the cores moves the figures.
+    value, then a tgN test for each -n value; -m given again benchmarks several bundles one after another.
+    -o csv|json|jsonl|md|sql prints llama-bench's records (build_commit, model_filename, model_type, n_prompt,
+    n_gen, avg_ns, stddev_ns, avg_ts, stddev_ts, samples_ns, samples_ts, ...). Run nothing else heavy meanwhile:
+    other work on the cores moves the figures.
 
     llama-bench's test parameters that change nothing here are accepted and said so on stderr (-ngl, -fa, -mmp,
     -nkvo, -b, -ub, -ctk / -ctv f16, ...); the others are refused by name.
     """
     import os
     import platform
+    import time
 
     from edgesdk.board import detect_board
     from edgesdk.bundle import read_manifest
     from edgesdk.envinfo import package_version
-    from edgesdk.runtime.bench import BenchConfig, check_room, format_table, peak_rss_mib, run_bench
+    from edgesdk.runtime.bench import (
+        BenchConfig,
+        LlamaBenchPrinter,
+        bench_model_facts,
+        check_room,
+        format_table,
+        llama_bench_record,
+        peak_rss_mib,
+        run_bench,
+    )
     from edgesdk.runtime.bench_conditions import snapshot, summary, warnings
     from edgesdk.runtime.huge_pages import huge_pages_state
     from edgesdk.runtime.session import open_runtime
 
+    paths = _models(bundle, models)
+    if as_json and output is not None:
+        raise click.BadParameter(f"and -o {output} both say how to print the results: pass one (--json is "
+                                 "edgesdk's form with the conditions, -o llama-bench's)", param_hint="'--json'")
+    if as_json and len(paths) > 1:
+        raise click.BadParameter(f"prints one bundle's results, and {len(paths)} bundles are given: pass -o json or "
+                                 "-o jsonl (each record names its model_filename), or one bundle", param_hint="'--json'")
     prompts, gens = _listed(prompt_tokens, [512]), _listed(new_tokens, [128])
     thread_counts = _listed(threads, [None])
-    if not any(prompts) and not any(gens):
+    if not any(prompts) and not any(gens) and not any(pp or tg for pp, tg in prompt_gen):
         raise click.BadParameter("both tests are off; give at least one of them tokens", param_hint="-p/-n")
-    # the longest of each test, checked before the model loads
-    check_room(BenchConfig(prompt_tokens=max(prompts), new_tokens=max(gens)),
-               read_manifest(Path(bundle))["graph"]["max_context"])
-    # llama-bench's order (get_cmd_params_instances): for each thread count, each -p test, then each -n test
+    # llama-bench's order (get_cmd_params_instances): for each model and thread count, each -p test, then each -n test,
+    # then each -pg test (PP,0 is ppPP and 0,TG tgTG there, as its test name says; 0,0 is skipped)
     configs = [BenchConfig(prompt_tokens=count, new_tokens=0, repetitions=repetitions, warmup=not no_warmup)
                for count in prompts if count] + \
               [BenchConfig(prompt_tokens=0, new_tokens=count, repetitions=repetitions, warmup=not no_warmup)
-               for count in gens if count]
-    results, opened, runtime, before = [], [], None, None
-    for count in thread_counts:
-        del runtime  # the previous thread count's sessions are let go before the next ones load
-        runtime = open_runtime(bundle, backend=backend, threads=count, expected_target=target,
-                               ignore_target=ignore_target, verbose=not as_json)
-        opened.append(runtime.threads)
-        if before is None:
-            gating = getattr(runtime.backend, "gating", None)  # a power-gated bundle's FFN skipping (off unless asked)
-            thermal = runtime.bundle.manifest["target"].get("thermal") or {}
-            zones, throttle_c = thermal.get("zones") or (), thermal.get("firmware_throttle_c")
-            before = snapshot(zones)
+               for count in gens if count] + \
+              [BenchConfig(prompt_tokens=pp, new_tokens=tg, repetitions=repetitions, warmup=not no_warmup,
+                           combined=bool(pp and tg)) for pp, tg in prompt_gen if pp or tg]
+    # every test, checked on every bundle before any model loads
+    for path in paths:
+        max_context = read_manifest(Path(path))["graph"]["max_context"]
         for config in configs:
-            results += run_bench(runtime, config)
-    after = snapshot(zones)
+            check_room(config, max_context)
     board = detect_board()
+    build = f"edgesdk {__version__}"
+    printers = [LlamaBenchPrinter(fmt, lambda text, err=err: click.echo(text, nl=False, err=err))
+                for fmt, err in ((output, False), (output_err, True)) if fmt is not None]
+    for printer in printers:
+        printer.header()
+    # -o: stdout holds llama-bench's records alone, and the rest goes to stderr
+    say = (lambda text: click.echo(text, err=True)) if output is not None else click.echo
+    count, index = len(paths) * len(thread_counts) * len(configs), 0
+    results, opened, runtime, before = [], [], None, None
+    for path in paths:
+        for threads_asked in thread_counts:
+            del runtime  # the previous sessions are let go before the next ones load
+            runtime = open_runtime(path, backend=backend, threads=threads_asked, expected_target=target,
+                                   ignore_target=ignore_target, verbose=not as_json)
+            opened.append(runtime.threads)
+            facts = bench_model_facts(path, runtime.bundle.manifest, runtime.backend.name, build,
+                                      cpu_info=board.model or platform.processor() or platform.machine())
+            if before is None:
+                gating = getattr(runtime.backend, "gating", None)  # a power-gated bundle's FFN skipping (off unless asked)
+                thermal = runtime.bundle.manifest["target"].get("thermal") or {}
+                zones, throttle_c = thermal.get("zones") or (), thermal.get("firmware_throttle_c")
+                before = snapshot(zones)
+            for config in configs:
+                index += 1
+                test_index = index
+
+                def told(what: str, test_index: int = test_index) -> None:
+                    click.echo(f"edgesdk bench: benchmark {test_index}/{count}: {what}", err=True)
+
+                if progress:
+                    told("starting")
+                if delay:
+                    time.sleep(delay)  # llama-bench: "cool off before the test"
+                done = run_bench(runtime, config, progress=told if progress else None)
+                for result in done:
+                    results.append((path, runtime.backend.name, result))
+                    for printer in printers:
+                        printer.test(llama_bench_record(result, facts))
+    for printer in printers:
+        printer.footer()
+    after = snapshot(zones)
     found = warnings(before, after, board.cpu_count or os.cpu_count() or 1, throttle_c)
     huge_pages = huge_pages_state()
     if as_json:
@@ -135,19 +235,22 @@ def bench(bundle, prompt_tokens, new_tokens, repetitions, no_warmup, as_json, th
                       "versions": {"edgesdk": __version__, "python": platform.python_version(),
                                    "onnxruntime": package_version("onnxruntime", "onnxruntime-gpu")},
                       "huge_pages": huge_pages, "before": before, "after": after, "warnings": found}
-        body = {"bundle": str(bundle), "bundle_id": runtime.bundle.bundle_id, "backend": runtime.backend.name,
+        body = {"bundle": str(paths[0]), "bundle_id": runtime.bundle.bundle_id, "backend": runtime.backend.name,
                 "threads": opened[0] if len(opened) == 1 else opened,  # a -t list: each result's n_threads
-                "power_gating": gating, "results": [result.to_json() for result in results],
+                "power_gating": gating, "results": [result.to_json() for _, _, result in results],
                 "peak_rss_mib": _rounded_mib(peak_rss_mib()), "conditions": conditions}
         echo_json(body)
         return
-    click.echo(format_table(results, runtime.backend.name, runtime.threads, Path(bundle).name, peak_rss_mib()))
-    click.echo(summary(before, after))
+    if output is None:  # edgesdk's table: each row names its bundle and backend
+        click.echo(format_table([result for _, _, result in results], runtime.backend.name, runtime.threads,
+                                Path(paths[0]).name, peak_rss_mib(),
+                                rows=[(Path(path).name, name) for path, name, _ in results]))
+    say(summary(before, after))
     if gating is not None:
-        click.echo(f"power gates: {'on' if gating else 'off: every FFN block runs and no adapter scale acts (the loaded model)'}")
-    click.echo(_huge_pages_line(huge_pages))
+        say(f"power gates: {'on' if gating else 'off: every FFN block runs and no adapter scale acts (the loaded model)'}")
+    say(_huge_pages_line(huge_pages))
     for warning in found:
-        click.echo(f"warning: {warning}")
+        say(f"warning: {warning}")
 
 
 def _rounded_mib(value: float | None) -> float | None:

@@ -287,6 +287,24 @@ def _bench_off(flag: str, value: str, command: str) -> str | None:
     return f"is {value}, and edgesdk bench has no such test (it runs ppN and tgN): pass {flag} 0 or leave it out"
 
 
+def _bench_depth(flag: str, value: str, command: str) -> str | None:
+    """llama-bench's ``-d N[,N...]``: the tokens in the cache before each test; 0 (its default) only, as each test
+    here starts from an empty cache."""
+    if all(part.strip() == "0" for part in value.split(",")):
+        return None
+    return (f"is {value}, and edgesdk bench runs each test from an empty cache (depth 0): pass {flag} 0 or leave it "
+            "out")
+
+
+def _bench_default(default: str, fix: str):
+    """A llama-bench option accepted at its default value alone (``default``; ``fix`` says what to do instead)."""
+    def check(flag: str, value: str, command: str) -> str | None:
+        if all(part.strip().lower() == default for part in value.split(",")):
+            return None
+        return f"is {value}, and edgesdk bench has nothing to set for it: {fix}, and pass {flag} {default} or leave it out"
+    return check
+
+
 # llama-bench's test parameters (tools/llama-bench/README.md: each takes a value, 0|1 for a switch, several values
 # comma-separated) that edgesdk bench has no option for; the others of llama.cpp's options are run's (_LLAMA_ONLY)
 _BENCH_ONLY = [
@@ -310,10 +328,22 @@ _BENCH_ONLY = [
     _LlamaOnly("-ctk --cache-type-k", "TYPE", "the KV cache's type is the bundle's", check=_bench_kv_type),
     _LlamaOnly("-ctv --cache-type-v", "TYPE", "the KV cache's type is the bundle's", check=_bench_kv_type),
     _LlamaOnly("-embd --embeddings", "0|1", "no embeddings test is run", check=_bench_off),
-    _LlamaOnly("-pg", refused="edgesdk bench runs the ppN and tgN tests apart: pass -p and -n"),
+    _LlamaOnly("-d --n-depth", "N", "each test starts from an empty cache", check=_bench_depth),
+    _LlamaOnly("-lm --load-mode", "MODE", _WEIGHTS),
+    _LlamaOnly("-dio --direct-io", "0|1", _WEIGHTS),
+    _LlamaOnly("--no-host", "0|1", _PLACEMENT),
+    _LlamaOnly("-v --verbose", "", "the runtime's notes are said on stderr already"),
+    _LlamaOnly("--offline", "", "edgesdk bench downloads nothing"),
+    _LlamaOnly("--prio", "N", "the process runs at its own priority",
+               check=_bench_default("0", "run it under nice or chrt for another priority")),
+    _LlamaOnly("-C --cpu-mask", "MASK", _CPU_PLACEMENT,
+               check=_bench_default("0x0", "run it under taskset -c CPUS to pin it (the conditions count those CPUs)")),
+    _LlamaOnly("--numa", refused="the runtime places its threads itself: run it under numactl for a NUMA policy"),
+    _LlamaOnly("--list-devices", refused="the backend and device come from the bundle's target profile "
+                                         "('edgesdk inspect BUNDLE' names them)"),
     _LlamaOnly("-rpc --rpc", refused="edgesdk runs the bundle on this board only: leave it out"),
     _LlamaOnly("-c --ctx-size", refused="the tests' sizes are -p and -n (within the bundle's context)"),
-    _LlamaOnly("-oe --output-err"), _LlamaOnly("-nocb"),
+    _LlamaOnly("-nocb"),
 ]
 
 
@@ -445,3 +475,26 @@ def checked_ctx_size(max_context: int, bundle) -> None:
         f"is {size}, and the context of {bundle} is {max_context} tokens, fixed when it was built: pass {flag} "
         f"{max_context} or 0 (the bundle's), or leave it out; for another size rebuild the bundle with 'edgesdk build "
         f"--max-context {size}'", param_hint=f"'{flag}' (llama.cpp's --ctx-size)")
+
+
+CTX_SIZE_ENV = "LLAMA_ARG_CTX_SIZE"  # llama.cpp's -c / --ctx-size (common/arg.cpp ``set_env("LLAMA_ARG_CTX_SIZE")``)
+
+
+def ctx_size_env_note(max_context: int, bundle) -> str | None:
+    """What to say of llama.cpp's LLAMA_ARG_CTX_SIZE (the environment's ``-c``, which llama-cli and llama-server act
+    on) once the bundle's context is known, None where nothing: unset, or 0 / the bundle's own size (what runs).
+    Another size is not what runs, as the context is the bundle's, fixed when it was built: said, not ignored
+    silently; ``-c`` on the command line goes over it, as common/arg.cpp warns ("environment variable is set, but
+    will be overwritten by command line argument")."""
+    raw = os.environ.get(CTX_SIZE_ENV)
+    if not raw:
+        return None
+    context = click.get_current_context(silent=True)
+    given = None if context is None else context.meta.get("edgesdk.llama.ctx_size")
+    if given is not None:
+        return f"{CTX_SIZE_ENV} is set, but {given[0]} on the command line goes over it"
+    if _whole_number(raw) and int(raw) in (0, max_context):
+        return None
+    return (f"{CTX_SIZE_ENV}={raw!r} is not read: the context of {bundle} is {max_context} tokens, fixed when it was "
+            f"built; set it to {max_context} or 0 (the bundle's), or unset it; for another size rebuild the bundle "
+            "with 'edgesdk build --max-context N'")

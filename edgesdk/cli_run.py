@@ -25,7 +25,15 @@ from edgesdk.cli_interactive import (
     process_escapes,
     typed_prompt_ids,
 )
-from edgesdk.cli_llama import LLAMA_OPTION_NAMES, LlamaCommand, LlamaEnvOption, checked_ctx_size
+from edgesdk.cli_llama import (
+    CTX_SIZE_ENV,
+    LLAMA_OPTION_NAMES,
+    LlamaCommand,
+    LlamaEnvOption,
+    checked_ctx_size,
+    ctx_size_env_note,
+    unread_llama_env,
+)
 from edgesdk.cli_options import (
     SAMPLING_OPTIONS,
     bad_sampling_option,
@@ -297,9 +305,17 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         prompt_cache_mode=prompt_cache_mode(prompt_cache, prompt_cache_all, prompt_cache_ro),
         chat=chat, go_on=go_on, single_turn=single_turn,
         raw_option="-no-cnv" if conversation is False else "--raw")
+    # llama-cli would act on them: said, as serve says them, not ignored silently (LLAMA_ARG_CTX_SIZE once the
+    # bundle's context is known)
+    unread = unread_llama_env(click.get_current_context().command, "LLAMA_ARG_MODEL", CTX_SIZE_ENV)
+    if unread:
+        click.echo(f"edgesdk run: not read: {', '.join(unread)} (llama-cli's, for options edgesdk run does not have; "
+                   "'edgesdk run --help' names the variables it reads)", err=True)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     checked_ctx_size(runtime.backend.max_context, bundle)
+    if (note := ctx_size_env_note(runtime.backend.max_context, bundle)) is not None:
+        click.echo(f"edgesdk: {note}", err=True)
     tokenizer = runtime.tokenizer
     tokenizer.template_kwargs = template_kwargs
     sampling = _with_model_defaults(_sampling_for_model(settings, tokenizer), runtime.bundle.manifest)

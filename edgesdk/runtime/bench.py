@@ -26,6 +26,12 @@ it differs from llama-bench:
 a ppN test for each ``-p`` value, then a tgN test for each ``-n`` value, in llama-bench's order
 (``get_cmd_params_instances``); ``--no-warmup`` skips the warm-up runs as llama-bench's does.
 
+``-pg P,N`` is llama-bench's combined test, ``ppP+tgN``: the P-token prompt prefilled from an empty cache and N
+tokens generated after it (N decode steps after the prefill's token), timed together, (P + N) / seconds.
+
+``-o`` / ``-oe`` print llama-bench's records in its formats (:class:`LlamaBenchPrinter`: csv, json, jsonl, md, sql),
+with its field names where they mean the same here (:data:`LLAMA_BENCH_FIELDS`).
+
 ``--json`` carries llama-bench's per-test figures under its names (``n_prompt``, ``n_gen``, ``n_depth``,
 ``avg_ns``, ``stddev_ns``, ``avg_ts``, ``stddev_ts``, ``samples_ns``, ``samples_ts``, and ``n_threads`` where
 known) beside
@@ -61,6 +67,9 @@ class BenchConfig:
     new_tokens: int = 128  # llama-bench's default -n
     repetitions: int = 5  # llama-bench's default -r
     warmup: bool = True
+    # llama-bench's -pg P,N: one test (ppP+tgN), the P-token prompt prefilled and N tokens generated after it, timed
+    # together, (P + N) / seconds (test_prompt then test_gen between t_start and t_ns in llama-bench.cpp)
+    combined: bool = False
 
     def __post_init__(self):
         if self.prompt_tokens < 0 or self.new_tokens < 0 or (self.prompt_tokens == 0 and self.new_tokens == 0):
@@ -68,6 +77,9 @@ class BenchConfig:
                              f"{self.new_tokens}")
         if self.repetitions < 1:
             raise ValueError(f"repetitions must be >= 1, got {self.repetitions}")
+        if self.combined and not (self.prompt_tokens and self.new_tokens):
+            raise ValueError(f"a combined ppP+tgN test needs both P and N above 0, got {self.prompt_tokens} and "
+                             f"{self.new_tokens}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,7 @@ class BenchResult:
     samples: tuple[float, ...]  # tok/s of each repetition
     seconds: tuple[float, ...] = ()  # the timed seconds of each repetition
     threads: int | None = None  # the intra-op threads the test ran with, where the caller records them
+    started: str = ""  # when the test began, RFC 3339 UTC (llama-bench's test_time)
 
     @property
     def mean(self) -> float:
@@ -95,12 +108,12 @@ class BenchResult:
     def to_json(self) -> dict:
         """edgesdk's figures, then llama-bench's per-test fields under its names; a figure that is not finite is
         None (JSON has no infinity or NaN)."""
-        test_kind = "pp" if self.test.startswith("pp") else "tg"
+        prompt, gen = re.search(r"pp(\d+)", self.test), re.search(r"tg(\d+)", self.test)  # ppP, tgN, ppP+tgN
         nanoseconds = [round(s * 1e9) for s in self.seconds]
         body = {"test": self.test, "tokens": self.tokens, "tok_s": _finite(round(self.mean, 3)),
                 "stdev": _finite(round(self.stdev, 3)), "samples": [_finite(round(s, 3)) for s in self.samples],
-                "n_prompt": self.tokens if test_kind == "pp" else 0,
-                "n_gen": self.tokens if test_kind == "tg" else 0,
+                "n_prompt": int(prompt.group(1)) if prompt else 0,
+                "n_gen": int(gen.group(1)) if gen else 0,
                 "n_depth": 0,  # llama-bench's -d: tokens in the cache before the test; each test here starts empty
                 "avg_ts": _finite(self.mean), "stddev_ts": _finite(self.stdev),
                 "samples_ts": [_finite(s) for s in self.samples]}
@@ -158,18 +171,36 @@ def prompt_ids(tokenizer, count: int) -> list[int]:
 
 
 def check_room(config: BenchConfig, max_context: int) -> None:
-    """Refuse tests that need more positions than ``max_context`` (the ppN prompt, or tgN's steps after one token)."""
-    needed = max(config.prompt_tokens, config.new_tokens + 1)
+    """Refuse tests that need more positions than ``max_context`` (the ppN prompt, tgN's steps after one token, or
+    ppP+tgN's prompt and steps)."""
+    needed = config.prompt_tokens + config.new_tokens if config.combined else \
+        max(config.prompt_tokens, config.new_tokens + 1)
     if needed > max_context:
         raise EdgeSDKError(f"the bench needs {needed} positions; the bundle's max_context is {max_context}",
-                           f"lower -p / -n to at most {max_context} prompt tokens and {max_context - 1} new tokens")
+                           f"lower -p / -n to at most {max_context} prompt tokens and {max_context - 1} new tokens "
+                           f"(-pg PP,TG: PP + TG at most {max_context})")
 
 
-def run_bench(runtime, config: BenchConfig = BenchConfig()) -> list[BenchResult]:
-    """The ppN and tgN results for the runtime's backend (see the module docstring)."""
+def run_bench(runtime, config: BenchConfig = BenchConfig(), progress=None) -> list[BenchResult]:
+    """The ppN and tgN results for the runtime's backend (see the module docstring). ``progress(what)``, where given,
+    is told each run as it starts ("warmup prompt run", "prompt run 1/5", ...: llama-bench's --progress lines)."""
     backend, threads = runtime.backend, getattr(runtime, "threads", None)
     check_room(config, backend.max_context)
     results = []
+    if config.combined:
+        ids = prompt_ids(runtime.tokenizer, config.prompt_tokens)
+        both = SamplingConfig(max_new_tokens=config.new_tokens + 1)  # the prefill's token, then N steps
+
+        def both_s() -> float:
+            backend.reset()
+            _, stats = generate(backend, ids, both, stop_ids=set(), reuse_cache=False)
+            return stats.prefill_s + stats.decode_s
+
+        results.append(_repeat(f"pp{config.prompt_tokens}+tg{config.new_tokens}",
+                               config.prompt_tokens + config.new_tokens, both_s, config, threads, progress,
+                               "prompt+generation"))
+        backend.reset()
+        return results
     if config.prompt_tokens:
         ids = np.asarray(prompt_ids(runtime.tokenizer, config.prompt_tokens), np.int64)
 
@@ -179,7 +210,8 @@ def run_bench(runtime, config: BenchConfig = BenchConfig()) -> list[BenchResult]
             backend.prefill(ids)
             return time.perf_counter() - start
 
-        results.append(_repeat(f"pp{config.prompt_tokens}", config.prompt_tokens, prefill_s, config, threads))
+        results.append(_repeat(f"pp{config.prompt_tokens}", config.prompt_tokens, prefill_s, config, threads,
+                               progress, "prompt"))
     if config.new_tokens:
         first = prompt_ids(runtime.tokenizer, 1)
         sampling = SamplingConfig(max_new_tokens=config.new_tokens + 1)  # the prefill's token, then N steps
@@ -188,20 +220,27 @@ def run_bench(runtime, config: BenchConfig = BenchConfig()) -> list[BenchResult]
             _, stats = generate(backend, first, sampling, stop_ids=set())
             return stats.decode_s
 
-        results.append(_repeat(f"tg{config.new_tokens}", config.new_tokens, decode_s, config, threads))
+        results.append(_repeat(f"tg{config.new_tokens}", config.new_tokens, decode_s, config, threads,
+                               progress, "generation"))
     backend.reset()
     return results
 
 
-def _repeat(test: str, tokens: int, timed, config: BenchConfig, threads: int | None = None) -> BenchResult:
+def _repeat(test: str, tokens: int, timed, config: BenchConfig, threads: int | None = None, progress=None,
+            kind: str = "") -> BenchResult:
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if config.warmup:
+        if progress is not None:
+            progress(f"warmup {kind} run")
         timed()
     samples, times = [], []
-    for _ in range(config.repetitions):
+    for repetition in range(config.repetitions):
+        if progress is not None:
+            progress(f"{kind} run {repetition + 1}/{config.repetitions}")
         seconds = timed()
         times.append(seconds)
         samples.append(tokens / seconds if seconds > 0 else math.inf)
-    return BenchResult(test, tokens, tuple(samples), tuple(times), threads)
+    return BenchResult(test, tokens, tuple(samples), tuple(times), threads, started)
 
 
 def peak_rss_mib() -> float | None:
@@ -216,14 +255,175 @@ def peak_rss_mib() -> float | None:
 
 
 def format_table(results: list[BenchResult], backend: str, threads: int, bundle: str,
-                 peak_mib: float | None = None) -> str:
+                 peak_mib: float | None = None, rows: list[tuple[str, str]] | None = None) -> str:
     """A markdown table like llama-bench's, then the peak resident memory when known; a result that records its
-    threads (a ``-t`` list) shows them, the others ``threads``."""
+    threads (a ``-t`` list) shows them, the others ``threads``. ``rows``: each result's (bundle, backend), where
+    several bundles were benchmarked (llama-bench's -m given again), instead of ``bundle`` and ``backend``."""
     lines = ["| bundle | backend | threads | test | t/s |", "| --- | --- | ---: | ---: | ---: |"]
-    for result in results:
+    for number, result in enumerate(results):
         shown = threads if result.threads is None else result.threads
-        lines.append(f"| {bundle} | {backend} | {shown} | {result.test} | "
+        name, ran = rows[number] if rows is not None else (bundle, backend)
+        lines.append(f"| {name} | {ran} | {shown} | {result.test} | "
                      f"{result.mean:.2f} ± {result.stdev:.2f} |")
     if peak_mib is not None:
         lines.append(f"\npeak RSS {peak_mib:.0f} MiB")
     return "\n".join(lines)
+
+
+# --- llama-bench's output formats (-o / -oe) -------------------------------------------------------------------------
+#
+# tools/llama-bench/llama-bench.cpp (ggml-org/llama.cpp): ``test::get_fields`` names each test's record, and the
+# printers csv_printer, json_printer, jsonl_printer, markdown_printer and sql_printer write it. The fields here are
+# those that mean the same for a bundle, in llama-bench's order; the ones that name llama.cpp's own knobs (n_batch,
+# n_gpu_layers, type_k, split_mode, flash_attn, ...) are left out rather than filled with values that were not used.
+
+LLAMA_BENCH_FORMATS = ("none", "csv", "json", "jsonl", "md", "sql")  # llama-bench's output_format_from_str
+LLAMA_BENCH_FIELDS = ("build_commit", "cpu_info", "gpu_info", "backends", "model_filename", "model_type", "model_size",
+                      "model_n_params", "n_threads", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns",
+                      "avg_ts", "stddev_ts")
+_INT_FIELDS = ("model_size", "model_n_params", "n_threads", "n_prompt", "n_gen", "n_depth", "avg_ns", "stddev_ns")
+_FLOAT_FIELDS = ("avg_ts", "stddev_ts")
+
+
+def bench_model_facts(bundle_path, manifest: dict, backend: str, build: str, cpu_info: str = "",
+                      gpu_info: str = "") -> dict:
+    """What llama-bench's record says of the tool and the model, for a bundle: ``model_filename`` the path given,
+    ``model_type`` as llama_model_desc words it (architecture, size in parameters, the weights' type: here the
+    bundle's recipe), ``model_size`` the bytes of its graph and the graph's external weights, ``model_n_params`` the
+    model's parameters (None where the manifest does not say), ``backends`` the runtime backend that ran the tests,
+    ``build_commit`` the tool's version."""
+    model = manifest.get("model") or {}
+    facts = model.get("after") or model.get("before") or {}
+    params = facts.get("parameters")
+    params = params if isinstance(params, int) and params > 0 else None
+    graph_file = (manifest.get("graph") or {}).get("file") or ""
+    files = manifest.get("files") or {}
+    sizes = [record.get("size") for name, record in files.items()
+             if graph_file and (name == graph_file or name.startswith(graph_file + "."))
+             and isinstance(record, dict)]
+    size = sum(sizes) if sizes and all(isinstance(value, int) for value in sizes) else None
+    words = [facts.get("architecture") or "?"]
+    if params is not None:
+        words.append(_count_label(params))
+    recipe = (manifest.get("recipe") or {}).get("name")
+    if recipe:
+        words.append(str(recipe))
+    return {"build_commit": build, "cpu_info": cpu_info, "gpu_info": gpu_info, "backends": backend,
+            "model_filename": str(bundle_path), "model_type": " ".join(words), "model_size": size,
+            "model_n_params": params}
+
+
+def _count_label(params: int) -> str:
+    """llama.cpp's size label of a model: 135M, 1.7B (llama_model_desc's ``type_name``, from the count)."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if params >= scale:
+            return f"{params / scale:.3g}{unit}"
+    return str(params)
+
+
+def llama_bench_record(result: BenchResult, facts: dict) -> dict:
+    """One test as llama-bench records it (``test::get_fields`` and ``get_values``, then ``samples_ns`` and
+    ``samples_ts``): ``avg_ts`` / ``stddev_ts`` the mean and sample standard deviation of the repetitions'
+    tokens / second, ``avg_ns`` / ``stddev_ns`` those of their nanoseconds. A figure that is not finite is None."""
+    body = result.to_json()
+    record = {**{field: facts.get(field) for field in LLAMA_BENCH_FIELDS[:8]},
+              "n_threads": result.threads, "n_prompt": body["n_prompt"], "n_gen": body["n_gen"], "n_depth": 0,
+              "test_time": result.started, "avg_ns": body.get("avg_ns"), "stddev_ns": body.get("stddev_ns"),
+              "avg_ts": body["avg_ts"], "stddev_ts": body["stddev_ts"], "samples_ns": body.get("samples_ns", []),
+              "samples_ts": body["samples_ts"]}
+    return record
+
+
+def _text(field: str, value) -> str:
+    """A field's value as llama-bench's ``get_values`` writes it (``std::to_string``: a float with 6 decimals);
+    unknown is empty."""
+    if value is None:
+        return ""
+    if field in _FLOAT_FIELDS:
+        return f"{value:f}"
+    return str(value)
+
+
+class LlamaBenchPrinter:
+    """llama-bench's printer of ``fmt`` (csv, json, jsonl, md, sql; none prints nothing), writing through
+    ``write(text)``: :meth:`header` before the tests, :meth:`test` as each ends, :meth:`footer` after, as
+    llama-bench's ``print_header`` / ``print_test`` / ``print_footer`` (the JSON forms are one array, one object a
+    line; the CSV quotes every value; the markdown table has llama-bench's columns and widths)."""
+
+    # markdown_printer: its fields for a CPU backend and their widths (negative: left-aligned)
+    MD_COLUMNS = (("model", -30), ("size", 10), ("params", 10), ("backend", -10), ("threads", 7), ("test", 15),
+                  ("t/s", 20))
+
+    def __init__(self, fmt: str, write):
+        if fmt not in LLAMA_BENCH_FORMATS:
+            raise ValueError(f"output format {fmt!r} is not one of llama-bench's: {', '.join(LLAMA_BENCH_FORMATS)}")
+        self.fmt, self.write, self.count, self.build = fmt, write, 0, ""
+
+    def header(self) -> None:
+        if self.fmt == "csv":
+            self.write(",".join(LLAMA_BENCH_FIELDS) + "\n")
+        elif self.fmt == "json":
+            self.write("[\n")
+        elif self.fmt == "md":
+            self.write("|" + "".join(f" {self._cell(name, width)} |" for name, width in self.MD_COLUMNS) + "\n")
+            self.write("|" + "".join(f" {'-' * (abs(width) - 1)}{':' if width > 0 else '-'} |"
+                                     for _, width in self.MD_COLUMNS) + "\n")
+        elif self.fmt == "sql":
+            kinds = {**{field: "INTEGER" for field in _INT_FIELDS}, **{field: "REAL" for field in _FLOAT_FIELDS}}
+            self.write("CREATE TABLE IF NOT EXISTS llama_bench (\n" + ",\n".join(
+                f"  {field} {kinds.get(field, 'TEXT')}" for field in LLAMA_BENCH_FIELDS) + "\n);\n\n")
+
+    def test(self, record: dict) -> None:
+        import json
+
+        self.count += 1
+        self.build = record.get("build_commit") or ""
+        if self.fmt == "csv":
+            self.write(",".join('"' + _text(field, record[field]).replace('"', '""') + '"'
+                                for field in LLAMA_BENCH_FIELDS) + "\n")
+        elif self.fmt == "json":
+            body = json.dumps(record, indent=2, allow_nan=False)
+            self.write(("" if self.count == 1 else ",\n") + "\n".join("  " + line for line in body.splitlines()))
+        elif self.fmt == "jsonl":
+            self.write(json.dumps(record, allow_nan=False) + "\n")
+        elif self.fmt == "md":
+            # llama-bench pads "±" (two bytes) one wider in bytes; Python pads characters, which is the same look
+            self.write("|" + "".join(f" {self._cell(self._md_value(name, record), width)} |"
+                                     for name, width in self.MD_COLUMNS) + "\n")
+        elif self.fmt == "sql":
+            values = ", ".join("'" + _text(field, record[field]).replace("'", "''") + "'" for field in LLAMA_BENCH_FIELDS)
+            self.write(f"INSERT INTO llama_bench ({', '.join(LLAMA_BENCH_FIELDS)}) VALUES ({values});\n")
+
+    def footer(self) -> None:
+        if self.fmt == "json":
+            self.write("\n]\n")
+        elif self.fmt == "md":
+            self.write(f"\nbuild: {self.build}\n")
+
+    @staticmethod
+    def _cell(value: str, width: int) -> str:
+        return value.ljust(-width) if width < 0 else value.rjust(width)
+
+    @staticmethod
+    def _md_value(name: str, record: dict) -> str:
+        if name == "model":
+            return record["model_type"] or ""
+        if name == "size":
+            size = record["model_size"]
+            return "?" if size is None else f"{size / 2**20:.2f} MiB" if size < 2**30 else f"{size / 2**30:.2f} GiB"
+        if name == "params":
+            params = record["model_n_params"]
+            return "?" if params is None else f"{params / 1e6:.2f} M" if params < 1e9 else f"{params / 1e9:.2f} B"
+        if name == "backend":
+            return record["backends"] or ""
+        if name == "threads":
+            return _text(name, record["n_threads"])
+        if name == "test":
+            n_prompt, n_gen = record["n_prompt"], record["n_gen"]
+            return f"pp{n_prompt}" if not n_gen else f"tg{n_gen}" if not n_prompt else f"pp{n_prompt}+tg{n_gen}"
+        mean, stdev = record["avg_ts"], record["stddev_ts"]
+        return f"{_number(mean)} ± {_number(stdev)}"
+
+
+def _number(value: float | None) -> str:
+    return "nan" if value is None else f"{value:.2f}"

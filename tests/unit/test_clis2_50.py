@@ -297,7 +297,6 @@ def test_bench_accepts_llama_bench_s_placement_parameters(tiny_bundle):
 
 
 @pytest.mark.parametrize(("args", "said"), [
-    (["-pg", "4,2"], "-pg is llama.cpp's -pg, which edgesdk bench does not have"),
     (["-embd", "1"], "edgesdk bench has no such test"),
     (["-c", "64"], "-c is llama.cpp's --ctx-size, which edgesdk bench does not have"),
     (["-ctk", "q8_0"], "KV cache's data type is the bundle's"),
