@@ -514,21 +514,27 @@ class Completer:
 
     def props(self, model: str) -> dict:
         """llama-server's ``GET /props``: the context, the settings a request that sets none gets, the chat
-        template and the special tokens (what llama.cpp's web UI and clients read at start)."""
+        template and the special tokens (what llama.cpp's web UI and clients read at start).
+
+        ``default_generation_settings.params`` holds every field ``GET /slots`` shows of a request that sets none
+        (``seed`` 4294967295, ``stop``, ``ignore_eos``, ``n_probs`` ...: edgesdk/serve/llama_native.py,
+        ``generation_settings``) with ``cache_prompt`` and ``speculative.n_max``, as llama-server's get_props shows
+        ``task_params::to_json`` of its default sampling; ``model_alias`` is the name requests give, as llama-server's
+        ``--alias``."""
+        from edgesdk.serve.llama_native import generation_settings
+
         defaults, tokenizer = self.defaults, self.runtime.tokenizer
+        idle = CompletionRequest(chat=False)
+        params = generation_settings(idle, self.sampling(idle), defaults.n_keep, defaults.max_tokens, self.shifts(idle))
         # serve -n -1 (no limit but the context) is -1 here, as llama-server's "-1 = infinity" reads
         unlimited = defaults.max_tokens >= UNTIL_THE_CONTEXT_FILLS
-        params = {"n_predict": -1 if unlimited else defaults.max_tokens, "temperature": defaults.temperature,
-                  "top_p": defaults.top_p, "top_k": defaults.top_k, "min_p": defaults.min_p,
-                  "samplers": list(defaults.samplers),
-                  "repeat_penalty": defaults.repeat_penalty, "repeat_last_n": defaults.repeat_last_n,
-                  "presence_penalty": 0.0, "frequency_penalty": 0.0, "cache_prompt": defaults.prompt_cache,
-                  "n_keep": defaults.n_keep, "n_discard": 0,
-                  "speculative.n_max": self._draft_limit()}
+        params.update({"n_predict": -1 if unlimited else defaults.max_tokens, "cache_prompt": defaults.prompt_cache,
+                       "speculative.n_max": self._draft_limit()})
         return {"default_generation_settings": {"id": 0, "n_ctx": self.runtime.backend.max_context,
                                                 "is_processing": self.busy, "speculative": self.lookup is not None,
                                                 "params": params},
-                "total_slots": 1, "model_path": model, "chat_template": tokenizer.template_source or "",
+                "total_slots": 1, "model_alias": model, "model_path": model,
+                "chat_template": tokenizer.template_source or "",
                 "bos_token": tokenizer.bos_token or "", "eos_token": tokenizer.eos_token or "",
                 "modalities": {"vision": False, "audio": False}, "build_info": f"edgesdk {__version__}"}
 

@@ -8,9 +8,10 @@ translated into the OpenAI text request it means and checked there, so the field
 ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``,
 ``cache_prompt``) take the same values, but for ``temperature``, which takes any finite number >= 0 here, as in
 llama-server, not OpenAI's [0, 2], and ``top_k``, whose whole numbers below 0 are 0 (off), as llama.cpp's top-k
-sampler reads them. ``n_predict`` is the token limit (-1: until the
-end-of-text token or a full context; ``max_completion_tokens``, else ``max_tokens``, where it is not given, as
-llama-server reads it; 0 evaluates the prompt into the KV cache and generates nothing, as llama-server does, so
+sampler reads them. ``n_predict`` is the token limit (-1: none of the request's own, so the
+server's ``--max-new-tokens`` holds it, and only a server started with -1 answers until the end-of-text token or a
+full context, as llama-server holds a request's -1 to its ``-n``: :class:`NativeRequest`; ``max_completion_tokens``,
+else ``max_tokens``, where it is not given, as llama-server reads it; 0 evaluates the prompt into the KV cache and generates nothing, as llama-server does, so
 a next request that starts with that prompt prefills only what follows); ``stop`` takes any number
 of strings; ``seed`` -1 is llama-server's default, a random seed (as on the OpenAI routes; ``generation_settings`` shows it as
 llama-server does, 4294967295). ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``;
@@ -23,12 +24,14 @@ listed last, as llama-server lists every token it sampled (one entry per token o
 ``n_keep`` and ``n_discard`` set the context shift of a server started with ``--context-shift`` (llama-server's
 ``update_slots``): a full context keeps its first ``n_keep`` tokens (-1: the prompt; the BOS the prompt starts with
 on top), drops ``n_discard`` after them (0: half of the rest) and the answer goes on; without ``--context-shift``
-they change nothing, as in llama-server. With the shift on, ``n_predict`` -1 runs until the end-of-text token or
-ten contexts of tokens (edgesdk/serve/completion.py, ``SHIFTED_LIMIT_CONTEXTS``).
+they change nothing, as in llama-server. With the shift on, ``n_predict`` -1 on a server started with ``-n -1`` runs
+until the end-of-text token or ten contexts of tokens (edgesdk/serve/completion.py, ``SHIFTED_LIMIT_CONTEXTS``).
 Samplers this runtime does not have (mirostat, typical-p, dynamic temperature, XTC, DRY, top-n-sigma, adaptive-p) are
 refused by name where set to a value that turns them on in llama.cpp (edgesdk/serve/api.py, ``sampler_off``; a value
 llama.cpp's sampler reads as off, such as SillyTavern's ``top_n_sigma: 0``, is taken); fields that only tune llama.cpp's own
-machinery (``id_slot`` ...) are ignored as llama-server ignores fields it does not know.
+machinery (``id_slot`` ...) are ignored as llama-server ignores fields it does not know. ``adaptive_p`` in
+``samplers`` without ``adaptive_target`` is llama-server's default target, -1 (off: the sampler picks from the
+distribution as it is), and so taken, as with a target below 0.
 
 The answer is llama-server's: ``content``, ``stop``, ``stop_type`` (``eos``, ``limit`` or
 ``word`` with ``stopping_word``), ``tokens_predicted``, ``tokens_evaluated``, ``tokens_cached``,
@@ -51,7 +54,7 @@ event, all with the prompt's ``index``.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 
 from edgesdk.runtime.generate import SamplingConfig
 from edgesdk.serve.api import (
@@ -70,6 +73,28 @@ from edgesdk.serve.api import (
 from edgesdk.serve.completion import Completion
 
 ROUTE = "/completion"
+
+# llama-server's default adaptive_target (common/common.h: "negative = disabled"), which a request that leaves it out
+# gets, as params_from_json_cmpl reads it from the server's params
+ADAPTIVE_TARGET_OFF = -1.0
+
+
+@dataclass(frozen=True)
+class NativeRequest(CompletionRequest):
+    """A ``POST /completion`` (or ``/infill``) request whose ``n_predict`` (or ``max_tokens``) was -1.
+
+    llama-server reads a request's -1 as "no limit of its own": the answer is held to the server's ``-n`` all the same
+    (tools/server/server-context.cpp: ``slot.n_predict_max = task.params.n_predict != -1 ? task.params.n_predict :
+    params_base.n_predict``, older versions' ``has_budget`` alike), so ``max_tokens`` is None here (the server's
+    ``--max-new-tokens``, unlimited only where the server's is -1), while ``generation_settings`` shows the -1 asked
+    for, as llama-server's ``params.n_predict`` does."""
+
+    predict_minus_one: bool = False
+
+
+def asked_no_limit(request: CompletionRequest) -> bool:
+    """Whether ``request`` is a ``/completion`` request that gave ``n_predict`` -1 (:class:`NativeRequest`)."""
+    return getattr(request, "predict_minus_one", False)
 
 
 def prompts(body: object) -> list[object]:
@@ -117,9 +142,13 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
     if predict is not None:
         if isinstance(predict, bool) or not isinstance(predict, int) or predict < -1:
             raise ApiError(400, f"'{name}' must be the most tokens to generate (>= 1; 0 evaluates the prompt into "
-                           f"the cache and generates nothing), or -1 for no limit but the context, got "
+                           f"the cache and generates nothing), or -1 for the server's limit (--max-new-tokens; none but the "
+                           f"context where that is -1), got "
                            f"{_shown(predict)}", param=name)
-        text["max_tokens"] = UNTIL_THE_CONTEXT_FILLS if predict == -1 else max(predict, 1)  # 0 is set after the check
+        if predict != -1:  # -1: the server's limit (NativeRequest), as llama-server holds it to its -n
+            text["max_tokens"] = max(predict, 1)  # 0 is set after the check
+    if text.get("adaptive_target") is None:  # llama-server's default: adaptive_p in 'samplers' does nothing
+        text["adaptive_target"] = ADAPTIVE_TARGET_OFF
     stops = _stop(text.pop("stop", None))  # llama-server's: any number of strings
     temperature = _temperature(text.pop("temperature", None))  # OpenAI's [0, 2] is its routes', not llama-server's
     request = parse_text_request(text, route="/completion", completer=completer, takes_suffix=False)
@@ -127,6 +156,9 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
                       end_probs=bool(probs),
                       max_tokens=0 if predict == 0 else request.max_tokens, n_indent=int(limits["n_indent"]),
                       t_max_predict_ms=float(limits["t_max_predict_ms"]))
+    if predict == -1:
+        request = NativeRequest(**{item.name: getattr(request, item.name) for item in fields(request)},
+                                predict_minus_one=True)
     return request
 
 
@@ -246,9 +278,12 @@ def generation_settings(request: CompletionRequest, sampling: SamplingConfig, se
     ``n_predict`` is the limit asked for, the request's, else the server's (``server_max_tokens``, its
     ``--max-new-tokens``), as llama-server's ``params.n_predict`` shows it (server-task.cpp ``to_json``): -1 for no
     limit but the context, not the context's size the answer is held to, and a limit past the context as it was
-    given. An answer that ``shifts`` its context without a limit shows the ten contexts it stops at
-    (completion.py, ``SHIFTED_LIMIT_CONTEXTS``), a limit llama-server does not have."""
+    given; a request's -1 shows -1 though the server's limit holds its answer (:class:`NativeRequest`). An answer that
+    ``shifts`` its context without any limit shows the ten contexts it stops at (completion.py,
+    ``SHIFTED_LIMIT_CONTEXTS``), a limit llama-server does not have."""
     asked = request.max_tokens if request.max_tokens is not None else server_max_tokens
+    if asked_no_limit(request) and not (shifts and (asked is None or asked >= UNTIL_THE_CONTEXT_FILLS)):
+        asked = UNTIL_THE_CONTEXT_FILLS  # the request's -1 as asked, though the server's -n holds the answer
     if asked is None or (shifts and asked >= UNTIL_THE_CONTEXT_FILLS):
         n_predict = sampling.max_new_tokens
     else:
@@ -352,8 +387,12 @@ def slots(completer) -> list[dict]:
         params = generation_settings(slot.request, slot.sampling, completer.defaults.n_keep,
                                      completer.defaults.max_tokens, completer.shifts(slot.request))
         task, decoded = slot.task, slot.decoded
-        # -1 without a limit, as llama-server's n_remaining stays where neither the request nor the server sets one
-        remain = -1 if params["n_predict"] == -1 else max(params["n_predict"] - decoded, 0)
+        # -1 without a limit, as llama-server's n_remaining stays where neither the request nor the server sets one;
+        # a request's -1 counts down the server's limit, as llama-server's has_budget does
+        limit = params["n_predict"]
+        if limit == -1 and asked_no_limit(slot.request) and completer.defaults.max_tokens < UNTIL_THE_CONTEXT_FILLS:
+            limit = completer.defaults.max_tokens
+        remain = -1 if limit == -1 else max(limit - decoded, 0)
         new_line = slot.has_new_line
     return [{"id": 0, "id_task": task, "n_ctx": completer.runtime.backend.max_context,
              "speculative": completer.lookup is not None, "is_processing": slot is not None, "params": params,

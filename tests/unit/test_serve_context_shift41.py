@@ -27,10 +27,10 @@ def bundle_path(tmp_path_factory):
     return build_lively_bundle(tmp_path_factory.mktemp("serve-shift41"), seed=5, max_context=MAX_CONTEXT).path
 
 
-def _server(path, **defaults) -> Served:
+def _server(path, max_tokens: int = 16, **defaults) -> Served:
     from edgesdk.runtime.session import open_runtime
 
-    return Served(open_runtime(path, threads=1), ServeDefaults(max_tokens=16, **defaults))
+    return Served(open_runtime(path, threads=1), ServeDefaults(max_tokens=max_tokens, **defaults))
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +85,23 @@ def test_completion_without_the_shift_stops_at_the_full_context_whatever_n_keep_
     assert (answer["truncated"], answer["stop_type"]) == (True, "limit")
 
 
-def test_n_predict_minus_one_with_the_shift_runs_ten_contexts(shifting):
-    status, answer = shifting.post("/completion", {"prompt": PROMPT, "n_predict": -1, "ignore_eos": True})
+def test_n_predict_minus_one_with_the_shift_runs_ten_contexts(bundle_path):
+    from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS
+
+    server = _server(bundle_path, max_tokens=UNTIL_THE_CONTEXT_FILLS, context_shift=True)
+    try:
+        status, answer = server.post("/completion", {"prompt": PROMPT, "n_predict": -1, "ignore_eos": True})
+    finally:
+        server.close()
     assert status == 200, answer
     assert answer["tokens_predicted"] == 10 * MAX_CONTEXT
-    assert answer["generation_settings"]["n_predict"] == 10 * MAX_CONTEXT
+
+
+def test_n_predict_minus_one_is_held_to_the_server_s_n(shifting):
+    """llama-server's slot.n_predict_max: a request's -1 takes the server's ``-n`` (16 here)."""
+    status, answer = shifting.post("/completion", {"prompt": PROMPT, "n_predict": -1, "ignore_eos": True})
+    assert status == 200, answer
+    assert answer["tokens_predicted"] == 16
 
 
 def test_a_streamed_completion_shifts_and_ends_as_the_whole_one(shifting):
