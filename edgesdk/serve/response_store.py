@@ -25,26 +25,31 @@ ITEMS_LIMIT, ITEMS_MAX = 20, 100
 
 def kept_items(value: object) -> list[dict]:
     """``input`` (already checked) as the items a kept response lists, each with an id (the one it came with, else a
-    new one): a string is one user message; a message's content is kept as :func:`_kept_parts` gives it (a string
+    new one) and the ``status`` it came with (else "completed": a call or message an answer cut by its token limit
+    gave, sent back "incomplete", is listed so, as its ``item_reference`` and the response that gave it show it): a
+    string is one user message; a message's content is kept as :func:`_kept_parts` gives it (a string
     as one part, which the prompt reads as the string: :func:`join_text_parts` of one text)."""
     if isinstance(value, str):
         value = [{"role": "user", "content": value}]
     items = []
     for item in value:
         kind = item.get("type", "message")
+        # the status an item came with (an answer cut by its token limit sent back is "incomplete"), else "completed"
+        status = item.get("status") or "completed"
         if kind == "message":
             item = {"type": "message", "role": item["role"], "content": _kept_parts(item["role"], item["content"]),
-                    "status": "completed", "id": item.get("id") or item_id("msg")}
+                    "status": status, "id": item.get("id") or item_id("msg")}
         elif kind == "function_call":
             item = {"type": "function_call", "call_id": item["call_id"], "name": item["name"],
-                    "arguments": item["arguments"], "status": "completed", "id": item.get("id") or item_id("fc")}
+                    "arguments": item["arguments"], "status": status, "id": item.get("id") or item_id("fc")}
         elif kind == "function_call_output":
             output = item["output"] if isinstance(item["output"], str) else _kept_parts("tool", item["output"])
             item = {"type": "function_call_output", "call_id": item["call_id"], "output": output,
-                    "status": "completed", "id": item.get("id") or item_id("fco")}
+                    "status": status, "id": item.get("id") or item_id("fco")}
         else:  # reasoning: left out of the prompt, kept with the fields the client's ResponseReasoningItem reads
             item = {"type": "reasoning", "summary": item.get("summary") or [],
-                    **{field: item[field] for field in ("content", "encrypted_content") if item.get(field) is not None},
+                    **{field: item[field] for field in ("content", "encrypted_content", "status")
+                       if item.get(field) is not None},
                     "id": item.get("id") or item_id("rs")}
         items.append(item)
     return items

@@ -25,7 +25,9 @@ OpenAI's API reference ("Responses", "Streaming events"):
   (in ``input`` or the previous response's output) needs its ``function_call_output`` before the conversation goes
   on (OpenAI: "No tool output found for function call call_..."). An item's ``id``, where
   given, is a string that no other item of the conversation has (OpenAI: "Duplicate item found with id ..."): the
-  response's input items keep it and are paged by it. llama-server's sampling fields (``top_k``, ``min_p``,
+  response's input items keep it and are paged by it; its ``status``, where given, is one of OpenAI's
+  (``in_progress``, ``completed``, ``incomplete``: a cut answer's items come back "incomplete") and is kept there
+  too. llama-server's sampling fields (``top_k``, ``min_p``,
   ``seed``, ``logit_bias``, ``stop``, ...) and ``chat_template_kwargs`` are read as on the chat route.
 * kept responses: ``store`` (true unless the request says false, OpenAI's default) keeps a finished response
   (completed or incomplete, whole or streamed) in this process's memory with the input items that led to it
@@ -70,13 +72,14 @@ OpenAI's API reference ("Responses", "Streaming events"):
   pieces as they are written, then ``.done`` with them whole and ``response.output_item.done``; then
   ``response.completed`` or ``response.incomplete`` with the whole response, the same as the answer without
   ``stream``. An answer cut by ``max_output_tokens`` mid-call keeps the call as written so far (its arguments a
-  prefix of JSON), ``incomplete`` like the response. An error after the start is an ``error`` event.
+  prefix of JSON), ``incomplete`` like the response; sent back (in ``input``, or by ``previous_response_id``) it is
+  read as the chat route reads such a call, its arguments the model's text as written. An error after the start
+  is an ``error`` event.
 * errors: OpenAI's ``{"error": {"message", "type", "param", "code"}}``, as on the chat route.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
@@ -116,6 +119,9 @@ CHAT_FIELDS = ("top_k", "min_p", "seed", "samplers", "presence_penalty", "freque
 TOOL_FIELD = re.compile(r"(tools\[\d+\])\.function\.(name|description|parameters)")
 RENAMED = {"max_tokens": "max_output_tokens", "response_format": "text.format"}
 FORMATS = ("text", "json_object", "json_schema")
+# an item's ``status`` (the openai client's items: "Populated when items are returned via API"), which the response's
+# input items keep: an answer cut by its token limit gives its items "incomplete"
+STATUSES = ("in_progress", "completed", "incomplete")
 LOGPROBS = "message.output_text.logprobs"  # the ``include`` entry that asks for the output text's log-probabilities
 # ``include``'s values (the openai client's ``ResponseIncludable``); OpenAI refuses any other ("Invalid value: ...
 # Supported values are: ...", code ``invalid_value``), so a misspelt entry is not an answer without what it asked for
@@ -474,18 +480,13 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
     joinable = False  # the last message is an assistant turn the next function_call items belong to
     for index, (item, where) in enumerate(zip([*earlier, *value], ["previous_response_id"] * len(earlier) + named,
                                               strict=True)):
-        if index < len(earlier) and item.get("type") == "function_call":
-            try:
-                json.loads(item["arguments"])
-            except json.JSONDecodeError:  # a call cut by max_output_tokens: its arguments are a prefix of JSON
-                raise ApiError(400, f"the previous response's function_call {_shown(item['name'])} was cut by its "
-                               "token limit before its arguments were whole JSON, so the conversation cannot go on "
-                               "from it: ask that turn again with a larger max_output_tokens, or " + WHOLE
-                               + ", leaving the cut call out",
-                               param="previous_response_id") from None
         if not isinstance(item, dict):
             raise ApiError(400, f"{where} must be an input item object, got {_shown(item)}", param=where)
         _item_ident(item, where, ids, earlier=index < len(earlier))
+        if item.get("status") is not None and item["status"] not in STATUSES:  # OpenAI: "Invalid value: ..."
+            raise ApiError(400, f"{where}.status must be one of {', '.join(STATUSES)} (as the response gave the item), "
+                           f"got {_shown(item['status'])}; send it as given, or leave it out",
+                           param=f"{where}.status", code="invalid_value")
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "reasoning":
             _reasoning_item(item, where)
@@ -609,15 +610,16 @@ def _output_text(output: object, where: str) -> str:
 
 
 def _function_call(item: dict, where: str) -> dict:
+    """A ``function_call`` item as the chat route's assistant tool call. Its ``arguments`` are any string, as
+    OpenAI's ``ResponseFunctionToolCall`` types them and as llama-server takes them (tools/server,
+    ``convert_responses_to_chatcmpl`` passes the string on to the chat path, whose template layer keeps text that is
+    not JSON as it is): a call cut by ``max_output_tokens`` inside its arguments, which this server returns as written
+    (``status`` "incomplete"), or ``""``, is the model's text as written (edgesdk/serve/tools.py, ``call_text``)."""
     for field in ("call_id", "name", "arguments"):
         if not isinstance(item.get(field), str):
             raise ApiError(400, f"{where}.{field} must be a string, got {_shown(item.get(field))} (a function_call "
                            "item as the response gave it: call_id, name and the arguments' JSON text)",
                            param=f"{where}.{field}")
-    try:
-        json.loads(item["arguments"])
-    except json.JSONDecodeError as exc:
-        raise ApiError(400, f"{where}.arguments is not JSON text ({exc})", param=f"{where}.arguments") from exc
     return {"id": item["call_id"], "type": "function", "function": {"name": item["name"],
                                                                     "arguments": item["arguments"]}}
 

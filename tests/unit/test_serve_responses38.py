@@ -342,8 +342,7 @@ def test_what_this_server_cannot_honour_is_a_400_naming_the_field(client, fields
      "text.format.schema", "text.format.schema"),
     ({"input": []}, "input", "'input'"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "input[0].role"),
-    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]}, "input[0].arguments",
-     "not JSON"),
+    # a function_call's arguments that are not JSON text are kept as their string (test_roundtrip51.py)
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id", "call_id"),
     ({"instructions": 3}, "instructions", "'instructions'"),
 ])
