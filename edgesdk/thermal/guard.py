@@ -23,7 +23,8 @@ A level rises at once; it falls only ``hysteresis_c`` below its threshold and af
 from the profile's thermal model (plant gain ``K = R (active_w - idle_w)``, time constant ``RC``):
 ``Kp = RC / (K * response_s)``, ``Ti = response_s``; on entering ``hot`` it starts from the rate that
 holds the setpoint in steady state, with the ambient estimated from the first reading as if the
-board had been idle (``T0 - R idle_w``). Its output feeds a token bucket whose depth is one
+board had been idle (``T0 - R idle_w``), then re-estimated from the board's response every ``RC / 2``
+(:meth:`Guard._track_ambient`). Its output feeds a token bucket whose depth is one
 request, but never more tokens than the model says fit at full speed before the board is half a
 degree under the soft limit. A request starts when the bucket can pay for that depth, so waiting
 happens before the first token (time to first token) and the text streams at full speed; a request
@@ -33,7 +34,8 @@ says would end above the soft limit waits for the board to cool (:attr:`Guard.pr
 prefilled in steps of a few seconds of heat each (:meth:`Guard.prefill_chunk`), so the guard paces, holds and pauses
 between them as between decode steps. A hottest zone more
 than ``max_drop_c`` below the last reading taken, in one new reading, is a bad read (a sensor's 0 °C) until a second reading confirms it
-(:meth:`Guard._screen`). With no sensor data (a poll that read no temperature,
+(:meth:`Guard._screen`); a reading that stays exactly the same while the model says the board must have
+moved by ``frozen_c`` is a frozen sensor (:meth:`Guard._frozen`). With no sensor data (a poll that read no temperature,
 or a last reading older than ``stale_s``) the guard warns once and paces steadily at ``fallback_fraction`` of the unpaced rate, or at the slower rate it was
 pacing at when the data stopped (a bare Pi 5 held near 20 % at 35 °C ambient heats past its hard
 limit into the firmware throttle at 50 %).
@@ -183,6 +185,11 @@ class GuardConfig:
     # A hottest zone this far below the last one the guard took, in a single new reading, is held as a bad
     # read (the last temperature stands) until a second reading confirms it: see Guard._screen.
     max_drop_c: float = 20.0
+    # A hottest zone that reads the very same value for at least frozen_s of continuous polls, over which the
+    # thermal model expected it to move by frozen_c or more (the board computed, or idled, far from where it
+    # settles), is a frozen sensor (see Guard._frozen): no data, paced at the fallback rate until it changes.
+    frozen_s: float = 30.0
+    frozen_c: float = 3.0
     response_s: float = 30.0  # closed-loop time constant of the rate controller
     max_burst_tokens: int = 512
     poll_s: float = 0.5  # longest single wait; the guard re-reads the sensor after each
@@ -229,6 +236,18 @@ class Guard:
         self._warn = warn or (lambda message: None)
         self.has_sensor = has_sensor
         self._warned = not has_sensor
+        # The ambient re-estimate's window (:meth:`_track_ambient`): (reading time, °C) at its start, compute seconds
+        # spent in it, and whether something the model does not cover (a capped clock, ...) happened in it.
+        self._window: tuple[float, float] | None = None
+        self._window_busy_s = 0.0
+        self._window_tainted = False
+        self._ambient_measured = False
+        # The run of identical readings (:meth:`_frozen`): [first reading time judged from, °C, last reading time,
+        # compute seconds at that reading], and the compute seconds spent in it since the first.
+        self._flat: list[float] | None = None
+        self._flat_busy_s = 0.0
+        self.frozen_s: float | None = None  # seconds the sensor has read the same value, once taken as frozen
+        self._frozen_note = ""
         self.firmware_limited = False  # the firmware reports under-voltage or throttling right now
         self._suspect: tuple[float, float] | None = None  # (reading time, °C) of a drop not yet confirmed
         self._drop_warned = False
@@ -245,9 +264,12 @@ class Guard:
         self.now = now
         fresh = reading is not None and now - reading.time <= self.config.stale_s
         temp = reading.max_c if fresh else None
-        if temp is not None:
+        frozen = temp is not None and self._frozen(reading, temp)
+        if temp is not None and not frozen:
             temp = self._screen(reading, temp)
-        if temp is None:
+        screened = temp is not None and temp != reading.max_c  # a drop held as a bad read: the last value stands
+        if temp is None or frozen:
+            temp = None
             self._sensor_failed(reading)
         else:
             self.sensor_ok, self.temp_c = True, temp
@@ -259,7 +281,52 @@ class Guard:
         if self.pacing:
             self.credit = min(self._depth, self.credit + self.fraction * self._unit_tok_s * dt)
         self._apply_budget()
+        self._track_ambient(reading, None if temp is None or screened else temp)
         return self.level
+
+    def _track_ambient(self, reading: Reading | None, temp: float | None) -> None:
+        """Re-estimate the ambient from the board's measured response, every half time constant ``RC / 2``.
+
+        The first reading gives the ambient only as if the board had been idle long enough to sit at its idle
+        temperature (``T0 - R idle_w``). A board that starts cooler (a cold boot, ``edgesdk serve`` started with
+        the board: it reads the room's temperature) had it ``R idle_w`` too low, 26.6 °C on a Pi 5, so the model
+        underestimated every heating prediction (the bucket depth, :attr:`prefill_held`, :meth:`prefill_chunk`):
+        a bare Pi 5 at 20 °C serving 2,000-token prompts was held by the guard only at the hard limit, spent half of
+        a 40-minute run above the soft limit and most of that paused at 78 °C. A room that warms through a long
+        session (or an enclosure that heats up) moves the ambient too. Over a window of ``dt`` the model
+        (``C dT/dt = P - (T - T_amb) / R``, solved exactly at the window's mean power ``P = idle_w + (active_w -
+        idle_w) busy / dt``) gives ``T_amb = (T1 - T0 k) / (1 - k) - R P`` with ``k = exp(-dt / RC)``; the first
+        such estimate replaces the idle assumption, later ones are averaged in by halves. An estimate is kept
+        within what a board at ``T1`` allows (``T1 - R active_w`` to ``T1``). A window in which the model's power
+        is wrong (the clock capped by the guard or the firmware, a power gate's budget below 1) or the sensor had
+        no data (or a bad read held) gives no estimate and starts again.
+        """
+        p = self.plant
+        tau = p.resistance_c_per_w * p.capacity_j_per_c
+        # a reading unchanged for frozen_s is no measurement of the board's response (a frozen sensor, or one too
+        # coarse to show it): learnt from, it would turn the ambient into whatever makes the frozen value fit
+        flat = self._flat
+        capped = self._power_unknown or (flat is not None and flat[2] - flat[0] >= self.config.frozen_s)
+        if temp is None or reading is None or tau <= 0:
+            self._window = None
+            return
+        self._window_tainted = self._window_tainted or capped
+        if self._window is None or reading.time < self._window[0]:
+            self._window, self._window_busy_s, self._window_tainted = (reading.time, temp), 0.0, capped
+            return
+        start, start_c = self._window
+        elapsed = reading.time - start
+        if elapsed < tau / 2:
+            return
+        if not self._window_tainted:
+            kept = math.exp(-elapsed / tau)
+            power = p.idle_w + self._dynamic_w * min(self._window_busy_s / elapsed, 1.0)
+            estimate = (temp - start_c * kept) / (1.0 - kept) - p.resistance_c_per_w * power
+            estimate = min(max(estimate, temp - p.resistance_c_per_w * p.active_w), temp)
+            self.ambient_c = (estimate if not self._ambient_measured or self.ambient_c is None
+                              else 0.5 * (self.ambient_c + estimate))
+            self._ambient_measured = True
+        self._window, self._window_busy_s, self._window_tainted = (reading.time, temp), 0.0, capped
 
     def _screen(self, reading: Reading, temp: float) -> float:
         """The temperature to act on: ``temp``, or the last one taken when ``temp`` is a bad read.
@@ -287,6 +354,59 @@ class Guard:
                        "the guard keeps acting on the last temperature until a second reading confirms it")
         return last
 
+    def _frozen(self, reading: Reading, temp: float) -> bool:
+        """Has the sensor read ``temp``, exactly, for so long while the board worked that it must be frozen?
+
+        Neither the kernel's thermal framework (``thermal_zone_get_temp`` returns what the driver reports) nor
+        jetson-stats (``jtop/core/temperature.py`` checks only for its offline value, -256 °C) notices a sensor that
+        keeps answering with the same value: a firmware mailbox returning a cached ``measure_temp``, a thermal zone
+        whose driver stopped updating. The guard then acted on that value for ever: a board frozen at 50 °C ran
+        unpaced to the firmware's throttle. Here a run of identical hottest-zone readings, polled without a gap
+        longer than ``stale_s``, is taken as frozen once it has lasted ``frozen_s`` and the profile's thermal model
+        (``C dT/dt = P - (T - T_amb) / R`` at the run's mean power, from its compute seconds) says the board should
+        have moved by ``frozen_c`` or more by then. A real steady state, at idle or under a steady load, is where the
+        model expects no change, so it is never taken as frozen. While the model's power is not the board's (the clock
+        capped by the guard or the firmware, a power gate's budget below 1) a run is not judged: it is judged over
+        the ``frozen_s`` after. It ends at the first reading that differs.
+        """
+        c, p = self.config, self.plant
+        tau = p.resistance_c_per_w * p.capacity_j_per_c
+        flat = self._flat
+        # unwatched idle time (the gap between two readings less the compute in it: between requests) breaks a run
+        idle_gap = reading.time - flat[2] - (self._flat_busy_s - flat[3]) if flat is not None else 0.0
+        if flat is None or temp != flat[1] or idle_gap > c.stale_s or reading.time < flat[2]:
+            self._flat, self._flat_busy_s = [reading.time, temp, reading.time, 0.0], 0.0
+            self.frozen_s = None
+            return False
+        if self.frozen_s is not None:  # taken as frozen: until it changes (the pace it set caps the clock, ...)
+            self.frozen_s = reading.time - flat[0]
+            flat[2], flat[3] = reading.time, self._flat_busy_s
+            return True
+        if self._power_unknown:  # the model's power is not known: the run is judged from the next reading on
+            flat[0], self._flat_busy_s = reading.time, 0.0
+        flat[2], flat[3] = reading.time, self._flat_busy_s
+        elapsed = reading.time - flat[0]
+        if elapsed < c.frozen_s or tau <= 0:
+            return False
+        ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
+        power = p.idle_w + self._dynamic_w * min(self._flat_busy_s / elapsed, 1.0)
+        steady = ambient + p.resistance_c_per_w * power
+        expected = (steady - temp) * (1.0 - math.exp(-elapsed / tau))
+        if abs(expected) < c.frozen_c:
+            return False
+        self._frozen_note = (f"{reading.source or 'the sensor'} has read {temp:g} °C for {elapsed:.0f} s while the "
+                             f"board computed {min(self._flat_busy_s / elapsed, 1.0):.0%} of the time, where the "
+                             f"thermal model expects {expected:+.1f} °C by now: frozen")
+        self.frozen_s = elapsed
+        return True
+
+    @property
+    def _power_unknown(self) -> bool:
+        """The model's power (``idle_w + (active_w - idle_w) x busy share``) is not the board's now: the clock is
+        capped, by the guard or the firmware, or a power gate runs at a budget below 1."""
+        return (self.clock_ratio is not None or self.firmware_limited
+                or (self.budget_target is not None and self.budget < 1.0))
+
     def _observe_firmware(self, reading: Reading | None) -> None:
         """Raspberry Pi firmware flags (``vcgencmd get_throttled``): under-voltage, a capped ARM clock,
         throttling or the soft temperature limit, now. The firmware is already slowing the board, for
@@ -310,7 +430,8 @@ class Guard:
         held = self.fraction if self.level.rank < Level.HOT.rank else min(self.fraction, self._integral)
         self.fraction = min(held, self.config.fallback_fraction)
         if self.sensor_ok and not self._warned:
-            what = "no reading" if reading is None else f"no data from {reading.source or 'the sensor'}"
+            what = ("no reading" if reading is None else self._frozen_note if self.frozen_s is not None
+                    else f"no data from {reading.source or 'the sensor'}")
             slower = (f" (the rate it was pacing at; at most {self.config.fallback_fraction:.0%})"
                       if self.fraction < self.config.fallback_fraction else "")
             self._warn(f"thermal sensor failed ({what}): pacing at a fixed "
@@ -537,6 +658,10 @@ class Guard:
             rate = tokens / seconds
             self.unpaced_tok_s = rate if self.unpaced_tok_s is None else 0.9 * self.unpaced_tok_s + 0.1 * rate
         self.holding = False
+        if self._window is not None:
+            self._window_busy_s += max(seconds, 0.0)
+        if self._flat is not None:
+            self._flat_busy_s += max(seconds, 0.0)
         if kind == "prefill" and seconds > 0 and self.prompt_tokens >= PREFILL_LEARN_TOKENS:
             rate = self.prompt_tokens / seconds
             self.prefill_tok_s = rate if self.prefill_tok_s is None else 0.5 * self.prefill_tok_s + 0.5 * rate

@@ -39,6 +39,9 @@ import numpy as np
 
 from edgesdk.errors import EdgeSDKError
 
+# The guard-state fields of a step record whose change makes the file durable (Telemetry._sync).
+DURABLE_KEYS = ("level", "paused", "sensor_ok", "firmware_limited")
+
 
 class TelemetryWriteError(EdgeSDKError):
     """A step record could not be written (a full disk, a file-size limit): the file keeps the records
@@ -80,6 +83,7 @@ class Telemetry:
                 self._drop()
                 raise
         self._written = 0  # step records in the file
+        self._state: tuple | None = None  # the guard state (DURABLE_KEYS) of the last step record written
 
     def _write(self, record: dict) -> None:
         if self._file is not None:
@@ -112,10 +116,32 @@ class Telemetry:
                 "free space on that disk (or raise the file-size limit, ulimit -f), or record to a file on "
                 "another disk (--telemetry FILE, --telemetry-dir DIR)") from error
         self._written += 1
+        state = tuple(record.get(key) for key in DURABLE_KEYS)
+        if state != self._state:
+            self._state = state
+            self._sync()
         return record
+
+    def _sync(self) -> None:
+        """Make the records written so far durable (``fsync(2)``): a record written line-buffered reaches the
+        kernel at once, so a killed run keeps it, but a power cut (where a board's thermal trouble ends: the
+        supply's brown-out, the critical trip's shutdown) loses what the page cache has not written back, up to
+        ~30 s on Linux (``vm.dirty_expire_centisecs`` 3000), the very records that show how it got there. Synced
+        on every change of the guard's state (level, pause, sensor, firmware flags: at most one per ``min_dwell_s``,
+        10 s, for the level) and at close, not per record: an fsync costs 0.5 ms on a virtio disk and 5-50 ms on
+        an SD card, 1-100 % of a 30 ms decode step, against ~15 µs for a line-buffered write. Best effort: a file
+        that cannot be synced (a pipe, ``/dev/stdout``: EINVAL) keeps its records as written."""
+        if self._file is None:
+            return
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except (OSError, ValueError):
+            pass
 
     def close(self) -> None:
         if self._file is not None:
+            self._sync()
             self._file.close()
             self._file = None
 
