@@ -331,43 +331,47 @@ def _class_text(ranges) -> str:
     return "[" + "".join(f"\\U{low:08X}" + (f"-\\U{high:08X}" if high > low else "") for low, high in ranges) + "]"
 
 
-def _gbnf(node: tuple) -> str | None:
-    """The GBNF text of a pattern tree, its sets cut to what a JSON string holds unescaped; None where
-    that leaves it nothing to match. A part with nothing to match is left out where it may be skipped
-    (an option, a repetition of at least 0), so no way into the grammar is left without a way on."""
+def _gbnf(node: tuple, every: bool = False) -> str | None:
+    """The GBNF text of a pattern tree, its sets cut to what a JSON string holds unescaped (``every``: not cut,
+    every character a string may hold); None where that leaves it nothing to match. A part with nothing to match
+    is left out where it may be skipped (an option, a repetition of at least 0), so no way into the grammar is
+    left without a way on."""
     kind = node[0]
     if kind == "set":
-        ranges = _writable(node[1])
+        ranges = merge_ranges(node[1]) if every else _writable(node[1])
         return _class_text(ranges) if ranges else None
     if kind == "seq":
-        parts = [_gbnf(item) for item in node[1]]
+        parts = [_gbnf(item, every) for item in node[1]]
         return None if None in parts else " ".join(f"({part})" for part in parts) if parts else '""'
     if kind == "alt":
-        options = [option for option in map(_gbnf, node[1]) if option is not None]
+        options = [option for option in (_gbnf(each, every) for each in node[1]) if option is not None]
         return " | ".join(f"({option})" for option in options) if options else None
     _, item, low, high = node
-    inner = _gbnf(item)
+    inner = _gbnf(item, every)
     if inner is None:
         return '""' if low == 0 else None
     return f"({inner}){{{low},}}" if high is None else f"({inner}){{{low},{high}}}"
 
 
-def pattern_grammar(pattern: str) -> str:
+def pattern_grammar(pattern: str, every: bool = False) -> str:
     """GBNF whose ``root`` takes the strings that hold a match of ``pattern`` (ECMA-262, unanchored
-    unless ``^`` / ``$`` say so)."""
+    unless ``^`` / ``$`` say so), written without escapes (``every``: any string, as a validator reads it)."""
     if not isinstance(pattern, str):
         raise PatternError(f"a pattern must be a string, got {pattern!r}", "write the regular expression as a string")
     reader = _Reader(pattern)
     options = reader.anchored_alternatives()
     if reader.peek():
         raise reader.fail("an unmatched )", "write \\) for the character itself")
-    anything = _class_text(WRITABLE) + "*"
+    anything = _class_text(((0, LAST_CODE_POINT),) if every else WRITABLE) + "*"
     written = []
     for tree, anchored_start, anchored_end in options:
-        text = _gbnf(tree)
+        text = _gbnf(tree, every)
         if text is not None:  # an alternative left with nothing to match is dropped, as in an alternation
             parts = ([] if anchored_start else [anything]) + [f"({text})"] + ([] if anchored_end else [anything])
             written.append(" ".join(parts))
+    if not written and every:
+        raise PatternError(f"pattern {pattern!r} matches no string (an empty class [] that cannot be skipped)",
+                           "drop the [] from the pattern, or make it optional with ?")
     if not written:
         raise PatternError(f"pattern {pattern!r} needs a character a JSON string holds only escaped (a quote, a "
                            "backslash or a control character), which the answer does not write",
@@ -376,13 +380,16 @@ def pattern_grammar(pattern: str) -> str:
 
 
 @lru_cache(maxsize=64)
-def string_matcher(pattern: str) -> GrammarMatcher:
-    """A matcher over a string's characters for ``pattern`` (one per pattern: its steps are cached). A
+def string_matcher(pattern: str, every: bool = False) -> GrammarMatcher:
+    """A matcher over a string's characters for ``pattern`` (one per pattern: its steps are cached): over the
+    characters the answer writes unescaped, or (``every``) over every character, as a validator reads a string
+    that holds a quote, a backslash or a control character (an enum value checked against the pattern beside it,
+    json_schema's ``_Compiler._literal_filter``). A
     pattern whose grammar passes the grammar's limits (groups nested past its depth, repetitions of repetitions
     that write out too many symbols; llama.cpp's grammar parser refuses such grammars too, llama-grammar.cpp's
     MAX_REPETITION_THRESHOLD) is refused as a :class:`PatternError` that names the pattern, not the grammar
     written for it."""
-    grammar = pattern_grammar(pattern)
+    grammar = pattern_grammar(pattern, every)
     try:
         return GrammarMatcher(parse_grammar(grammar))
     except GrammarError as exc:

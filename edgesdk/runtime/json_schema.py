@@ -17,8 +17,12 @@ values of that schema, after the listed ones, as llama.cpp's converter writes th
 ``dict[str, X]`` or a model's extra fields; a required key not among ``properties`` is written first of
 them, and where ``additionalProperties`` is absent, with any value, as its default true admits it), ``items`` (a schema, or ``false``), ``prefixItems`` (a tuple's
 positions, before ``items``; draft 2019-09's array ``items`` with ``additionalItems``, as pydantic v1 and
-zod-to-json-schema write a tuple, read the same way), ``minItems``, ``maxItems``, ``enum``, ``const`` (its values filtered by a string's or a number's keywords beside
-it: lengths, pattern, format, bounds, multipleOf), ``anyOf`` / ``oneOf`` (with an
+zod-to-json-schema write a tuple, read the same way; one schema rather than an array of them, without ``items``,
+every item's, as llama.cpp's converter reads it), ``minItems``, ``maxItems``, ``enum``, ``const`` (its values filtered by a string's or a number's keywords beside
+it: lengths, pattern, format, bounds, multipleOf), ``anyOf`` / ``oneOf`` (``oneOf`` followed as ``anyOf``, as
+llama.cpp's converter follows it, one union rule for either: an answer that is an instance of two of its options
+is written too, which oneOf's "exactly one" (2020-12 core, section 10.2.1.3) refuses; options that a ``const``
+or a type tells apart, as tagged unions write them, are never both matched; with an
 OpenAPI ``discriminator`` beside it: an annotation of options that its ``const`` properties tell apart
 already, and other keywords beside it, which apply to every option), ``allOf`` (its schemas merged into one:
 properties and required lists joined, a ``$ref`` inlined, an ``anyOf`` distributed, the tighter bound and the
@@ -26,7 +30,10 @@ common types and enum values kept, see ``_Compiler._intersection``), a local ``$
 keywords: an allOf of the two, JSON Schema 2020-12 core, section 8.2.3.1), any JSON
 pointer into the schema (``#/$defs/NAME``, ``#/definitions/NAME``, ``#/properties/NAME``, ``#`` for the whole
 schema, nested ``$defs``; RFC 6901's ``~0`` / ``~1`` and percent-encoding, see :func:`ref_tokens`; recursion
-included; a remote ref is refused), ``true`` / ``{}`` for any value, a string's ``minLength`` /
+included; a remote ref is refused), ``true`` / ``{}`` for any value, ``false`` for none (JSON Schema 2020-12 core,
+section 4.3.2; llama.cpp's converter refuses it but as ``additionalProperties``) as ``items``, ``additionalItems``,
+``additionalProperties``, a property's schema (never written; required, refused), an anyOf / oneOf option (left
+out) or a prefixItems position (the array ends before it), a string's ``minLength`` /
 ``maxLength`` (in characters: code points, an escape one, a
 ``\\u`` surrogate pair one; beside a pattern or format, a minLength of at most 10,000, json_pattern.MAX_MIN_LENGTH),
 ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` on an
@@ -37,8 +44,9 @@ edgesdk/runtime/json_pattern.py; pydantic's ``uuid1`` ... ``uuid8``, a uuid with
 ``binary`` and ``password``, which OpenAPI and pydantic write for bytes and secrets and which any string
 satisfies), and the annotations (``title``, ``description``,
 ``default``, ...). Properties are written in the schema's order, as OpenAI's strict mode writes them
-(llama.cpp's converter writes the required ones first, then the optional ones). Between tokens the spacing is llama.cpp's schema grammar's: nothing, one space, or a
-newline and at most 20 spaces or tabs of indentation, so pretty-printed answers pass and a model cannot
+(llama.cpp's converter writes the required ones first, then the optional ones). Between tokens the spacing is llama.cpp's schema grammar's
+(``SPACE_RULE``, ``space ::= | " " | "\\n"{1,2} [ \\t]{0,20}``): nothing, one space, or one or two newlines
+(a blank line) and at most 20 spaces or tabs of indentation, so pretty-printed answers pass and a model cannot
 stall in blank lines; none comes before the value, whose first character is the answer's first, as in
 llama.cpp's grammar (common/json-schema-to-grammar.cpp: ``root ::= object``, ``object ::= "{" space ...``,
 whitespace only after a token) and Ollama's ``format`` (converted by llama.cpp's code). JSON mode without a
@@ -102,6 +110,7 @@ from edgesdk.runtime.vocab_trie import tokens_accepted
 
 MAX_INDENT = 20  # spaces or tabs after a newline between tokens (llama.cpp's json-schema-to-grammar spacing)
 ONE_SPACE = -1  # spacing state after a single space: nothing more may follow
+SECOND_NEWLINE = 2 * (MAX_INDENT + 1)  # spacing state after two newlines (a blank line), + n spaces or tabs after them
 NO_SPACE = -2  # spacing state before the answer's first byte: its value starts it, as llama.cpp's root rule does
 MAX_WAYS = 64  # live parses kept at once (a schema of nested anyOf could otherwise multiply them)
 # ... and at least this many per option of the schema's widest anyOf / oneOf / type list (see _widest_choice)
@@ -359,7 +368,8 @@ MAX_DROPPED_CHARS = 240  # each cut to its start and end past this (a path hundr
 # not follow: it is dropped with a word (DYNAMIC_REFS), so the schema beside it admits more.
 NAMING_ONLY = ("$anchor", "$dynamicAnchor", "$vocabulary", "$recursiveAnchor", "id")
 DYNAMIC_REFS = ("$dynamicRef", "$recursiveRef")
-_SUBSCHEMA = ("items", "additionalProperties", "additionalItems")  # a schema (items: or a draft-07 tuple's list)
+# a schema (items: or a draft-07 tuple's list; prefixItems: one schema, every item's, as _Compiler._array reads it)
+_SUBSCHEMA = ("items", "additionalProperties", "additionalItems", "prefixItems")
 _SUBSCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf", "allOf")
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 
@@ -578,6 +588,10 @@ class _Compiler:
     def node(self, schema, path: str) -> SchemaNode:
         if schema is True or schema == {}:
             return SchemaNode("any")
+        if schema is False:  # valid JSON Schema (2020-12 core, section 4.3.2); left out where it is a property, an
+            # anyOf / oneOf option or a position (_object, _combined, _array), so met here where a value must be
+            raise SchemaError(f"{path} is the schema false, which no value satisfies, where a value must be written",
+                              "give it a schema, or drop it and any $ref that points at it")
         if not isinstance(schema, dict):
             raise SchemaError(f"{path}: a schema must be an object or true, got {json.dumps(schema)[:60]}",
                               "fix the schema")
@@ -689,26 +703,43 @@ class _Compiler:
     def _literal_filter(self, filters: dict, path: str):
         """Whether an enum / const value also satisfies the string and number keywords beside it (JSON Schema
         2020-12 validation, section 6: each applies to values of its type only, so ``maxLength`` passes a number):
-        a string's ``minLength`` / ``maxLength`` (code points), ``pattern`` and ``format`` (followed as
-        :meth:`_string` follows them, over the characters a JSON string holds unescaped), a number's bounds (and
+        a string's ``minLength`` / ``maxLength`` (code points), ``format`` (followed as :meth:`_string` follows
+        it) and ``pattern`` (read over every character of the value, as a validator reads it: a quote, a
+        backslash or a control character included, which the answer writes escaped, so ``{"enum": ["a\\"b"],
+        "pattern": "^a.b$"}`` keeps its value; both, where both are given), a number's bounds (and
         OpenAPI's int32 / int64) and ``multipleOf``, compared exactly as the decimals written. OpenAPI-derived tool
         schemas write them so (Stripe's ``{"type": "string", "enum": [...], "maxLength": 5000}``), and llama.cpp's
         converter writes the enum's values and ignores them; such a schema was refused."""
-        text_keywords = {k: v for k, v in filters.items() if k in TYPE_KEYWORDS["string"]
+        text_keywords = {k: v for k, v in filters.items() if k in TYPE_KEYWORDS["string"] and k != "pattern"
                          and not (k == "format" and isinstance(v, str) and v in NUMBER_FORMATS)}
         string = self._string(text_keywords, path) if text_keywords else None
+        # the pattern is read over every character a value holds: a value with a quote, a backslash or a control
+        # character (written escaped in the answer) that matches it is one (the string constraint's own matcher,
+        # over what the answer writes unescaped, left such values out, or refused a pattern that needs one)
+        matcher = None
+        if "pattern" in filters:
+            pattern = filters["pattern"]
+            if not isinstance(pattern, str):
+                raise SchemaError(f"{path}.pattern: a pattern must be a string (an ECMA-262 regular expression), "
+                                  f"got {json.dumps(pattern, default=repr)[:60]}", "write the pattern as a string")
+            try:
+                matcher = string_matcher(pattern, every=True)
+            except (PatternError, RecursionError) as exc:
+                raise SchemaError(f"{path}.pattern: {getattr(exc, 'problem', 'nested too deeply')}",
+                                  getattr(exc, "fix", None) or "simplify it") from exc
         bounds = _bounds(filters, path)
         _multiple(filters, path, "integer")  # a factor that is a number greater than 0, or refused by name
         factor = _exact(filters["multipleOf"]) if "multipleOf" in filters else None
 
         def satisfies(value) -> bool:
-            if isinstance(value, str) and string is not None:
-                if len(value) < string.min_length or string.max_length is not None and len(value) > string.max_length:
-                    return False
-                if string.content is None:
-                    return True
-                state = string.content.feed(string.content.start(), value.encode())
-                return state is not None and string.content.accepts(state)
+            if isinstance(value, str):
+                for content in (string and string.content, matcher):
+                    if content is not None:
+                        state = content.feed(content.start(), value.encode())
+                        if state is None or not content.accepts(state):
+                            return False
+                return string is None or string.min_length <= len(value) and (string.max_length is None
+                                                                              or len(value) <= string.max_length)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 number = _exact(value)
                 for name, bound in bounds:
@@ -727,7 +758,12 @@ class _Compiler:
             raise SchemaError(f"{path}.{combiner} must be a non-empty array of schemas", "fix the schema")
         self._refuse(schema, path, {combiner, "$defs", "definitions"} | ({"discriminator"} if combiner != "allOf"
                                                                           else set()))
-        nodes = tuple(self.node(option, f"{path}.{combiner}[{i}]") for i, option in enumerate(options))
+        # an option false (2020-12 core, section 4.3.2: no value) adds nothing to an anyOf / oneOf: left out
+        kept = [(i, option) for i, option in enumerate(options) if option is not False or combiner == "allOf"]
+        if not kept:
+            raise SchemaError(f"{path}.{combiner}: every option is the schema false, so no value satisfies it",
+                              f"give the {combiner} an option that is a schema")
+        nodes = tuple(self.node(option, f"{path}.{combiner}[{i}]") for i, option in kept)
         return nodes[0] if len(nodes) == 1 else SchemaNode("choice", options=nodes)
 
     # ------------------------------------------------------------------ allOf: an intersection of schemas
@@ -1064,10 +1100,22 @@ class _Compiler:
         if high is not None and high < low:
             raise SchemaError(f"{path}: maxItems {high} is below minItems {low}", "fix the schema")
         prefix = schema.get("prefixItems", [])
-        if not isinstance(prefix, list):
-            raise SchemaError(f"{path}.prefixItems must be an array of schemas, got "
-                              f"{json.dumps(prefix, default=repr)[:60]}", "fix the schema")
         after = schema.get("items", True)
+        if isinstance(prefix, dict) and "items" not in schema:
+            # one schema where 2020-12 asks for an array of them (validation, section 10.3.1.1): every item's, as
+            # llama.cpp's converter reads it (visit: ``items`` or else ``prefixItems``; its test "string array",
+            # {"type": "array", "prefixItems": {"type": "string"}}, is an array of strings)
+            prefix, after = [], prefix
+        elif not isinstance(prefix, list):
+            shown = json.dumps(prefix, default=repr)[:60]
+            if isinstance(prefix, dict):  # beside items: llama.cpp ignores it, which would drop what it asks for
+                raise SchemaError(f"{path}.prefixItems is one schema ({shown}) beside items; it must be an array "
+                                  "of schemas, one per position (JSON Schema 2020-12 validation, section 10.3.1.1)",
+                                  'write the positions as "prefixItems": [{...}, ...], or move the schema for every '
+                                  'item into "items"')
+            raise SchemaError(f"{path}.prefixItems must be an array of schemas, one per position, got {shown}",
+                              'write it as "prefixItems": [{"type": "string"}, ...], or give the schema of every '
+                              'item as "items"')
         where = "prefixItems"
         if isinstance(after, list):  # draft 2019-09 / draft-07's tuple, as pydantic v1 and zod-to-json-schema write
             if "prefixItems" in schema:  # it: items' positions, then additionalItems (llama.cpp takes it too)
@@ -1076,10 +1124,17 @@ class _Compiler:
                                   "items' schema")
             prefix, after, where = after, schema.get("additionalItems", True), "items"
         # (additionalItems beside no array items constrains nothing: draft 2019-09 core, section 9.3.1.2)
+        ended = next((i for i, each in enumerate(prefix) if each is False), None)
+        if ended is not None:  # a position of the schema false has no item, so the array ends before it
+            prefix, after = prefix[:ended], False
         prefix = tuple(self.node(each, f"{path}.{where}[{i}]") for i, each in enumerate(prefix))
         if after is False:  # no items after the prefix (2020-12 validation, section 10.3.1.2)
             if low > len(prefix):
                 later = "items" if where == "prefixItems" else "additionalItems"
+                if ended is not None:
+                    raise SchemaError(f"{path}: minItems {low} asks for more items than the {len(prefix)} before "
+                                      f"{where}[{ended}], the schema false, which no item satisfies",
+                                      f"lower minItems or give {where}[{ended}] a schema")
                 raise SchemaError(f"{path}: minItems {low} asks for more items than its {len(prefix)} {where}, "
                                   f"and {later} is false", f"lower minItems or give {later} a schema")
             high = len(prefix) if high is None else min(high, len(prefix))
@@ -1114,8 +1169,15 @@ class _Compiler:
             raise SchemaError(f"{path}.required names {unknown}, which are not among its properties and its "
                               "additionalProperties false forbids", "add them to properties or drop them from "
                               "required")
+        forbidden = [name for name, value in properties.items() if value is False and name in required]
+        if forbidden:
+            raise SchemaError(f"{path}.properties.{forbidden[0]} is the schema false, which no value satisfies, "
+                              f"and {path}.required names it, so no object satisfies the schema",
+                              f"drop {forbidden[0]!r} from required, or give it a schema")
+        # a property false (2020-12 core, section 4.3.2) is never written: left out here, and still among the names
+        # that a further key may not take
         listed = tuple((_json_text(name, f"{path}.properties")[1:-1], self.node(value, f"{path}.properties.{name}"),
-                        name in required) for name, value in properties.items())
+                        name in required) for name, value in properties.items() if value is not False)
         if extra is False:
             # additionalProperties absent beside properties: no further keys are written, but a required key that
             # properties does not list is, with any value, as JSON Schema's default (true: 2020-12 core, section
@@ -1781,12 +1843,15 @@ def _more_keys(node: SchemaNode, index: int) -> bool:
 
 
 def _spacing_after(spacing: int, byte: int) -> int | None:
-    """Spacing between tokens after whitespace ``byte`` (None: not allowed). ``spacing`` is 0 before any,
-    ONE_SPACE after a single space, 1 + n after a newline and n spaces or tabs, NO_SPACE before the answer's
-    value (none allowed)."""
+    """Spacing between tokens after whitespace ``byte`` (None: not allowed), as llama.cpp's SPACE_RULE
+    (common/json-schema-to-grammar.cpp: ``| " " | "\\n"{1,2} [ \\t]{0,20}``) allows it. ``spacing`` is 0 before
+    any, ONE_SPACE after a single space, 1 + n after a newline and n spaces or tabs, SECOND_NEWLINE + n after two
+    newlines and n spaces or tabs, NO_SPACE before the answer's value (none allowed)."""
     if spacing == 0:
         return ONE_SPACE if byte == ord(" ") else 1 if byte == ord("\n") else None
-    if spacing >= 1 and byte in b" \t" and spacing <= MAX_INDENT:
+    if spacing == 1 and byte == ord("\n"):  # a blank line: the second newline comes before any indentation
+        return SECOND_NEWLINE
+    if byte in b" \t" and (1 <= spacing <= MAX_INDENT or SECOND_NEWLINE <= spacing < SECOND_NEWLINE + MAX_INDENT):
         return spacing + 1
     return None
 

@@ -140,7 +140,9 @@ def test_spacing_between_tokens_is_one_space_or_a_newline_and_indentation():
 
     assert _feed(PERSON, '{ "name" : "a" ,\n\t"age":\n' + " " * MAX_INDENT + "1 }").complete
     assert _feed(PERSON, "{  ") is None  # two spaces
-    assert _feed(PERSON, "{\n\n") is None  # a blank line
+    assert _feed(PERSON, '{\n\n  "name":"a",\n\n"age":1}').complete  # a blank line: llama.cpp's "\n"{1,2}
+    assert _feed(PERSON, "{\n\n\n") is None  # two blank lines
+    assert _feed(PERSON, "{\n \n") is None  # a line of indentation only
     assert _feed(PERSON, "{\n" + " " * (MAX_INDENT + 1)) is None
     assert _feed(PERSON, '{"name":"' + " " * 100 + '","age":1}').complete  # spaces inside a string are text
 

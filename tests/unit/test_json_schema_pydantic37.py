@@ -447,7 +447,9 @@ def test_prefix_items_type_a_tuple_s_positions():
      "minItems 2 asks for more items than its 1 prefixItems"),
     # draft 2019-09's tuple (items an array) is read as prefixItems (tests/unit/test_grammar45.py); both at once not
     ({"type": "array", "items": [{"type": "integer"}], "prefixItems": []}, "prefixItems beside an array items"),
-    ({"type": "array", "prefixItems": {"type": "integer"}}, "prefixItems must be an array of schemas"),
+    # one schema is every item's, as llama.cpp reads it (tests/unit/test_json51.py), but not beside items
+    ({"type": "array", "prefixItems": "integer"}, "prefixItems must be an array of schemas"),
+    ({"type": "array", "prefixItems": {"type": "integer"}, "items": {}}, "prefixItems is one schema"),
 ])
 def test_arrays_that_cannot_be_followed_are_refused_by_name(schema, message):
     with pytest.raises(SchemaError, match=message):

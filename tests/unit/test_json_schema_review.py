@@ -136,14 +136,14 @@ def test_a_root_that_may_be_something_else_names_that_option(schema, message):
         compile_schema(schema)
 
 
-@pytest.mark.parametrize("gap", ["  ", "\n\n", " \n", "\r", "\t"])
+@pytest.mark.parametrize("gap", ["  ", "\n\n\n", " \n", "\r", "\t"])
 def test_spacing_after_a_number_is_the_same_as_after_any_other_token(gap):
     """The whitespace byte that ended a number did not count as spacing, so two spaces, a blank line or a
     carriage return passed there and nowhere else."""
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}, "c": {}}}
     for text in ('{"a":1' + gap + "}", '{"b":-1.5e3' + gap + "}", '{"c":0' + gap + "}", '{"a":1' + gap + ',"c":2}'):
         assert _feed(schema, text) is None, text
-    for spacing in (" ", "\n", "\n\t  "):
+    for spacing in (" ", "\n", "\n\t  ", "\n\n  "):
         assert _feed(schema, '{"a":1' + spacing + ',"b":2' + spacing + ',"c":3' + spacing + "}").complete
 
 
