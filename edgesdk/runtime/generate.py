@@ -47,18 +47,25 @@ _SAMPLER_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "
                     "typical-p": "typ_p"}
 
 
-def sampler_chain(names) -> tuple[str, ...]:
+def sampler_chain(names, skipped: list | None = None) -> tuple[str, ...]:
     """llama.cpp's sampler list as canonical names: a list of names (any case; ``top-k`` and ``topk`` for
     ``top_k``, ``nucleus``, ``temp``, ``typ`` and ``typical`` as llama.cpp reads them) or a string of one-letter codes
-    (``"kpmt"``). A name llama.cpp has but edgesdk cannot run (``adaptive_p``), or none llama.cpp knows, is
-    refused by name (llama.cpp skips an unknown one with a warning)."""
+    (``"kpmt"``). A name llama.cpp has but edgesdk cannot run (``adaptive_p``) is refused by name.
+
+    A name or letter llama.cpp does not know is refused by name too, unless ``skipped`` is a list: then it is left
+    out of the chain and appended there, for the caller to say, as llama.cpp's ``common_sampler_types_from_names``
+    and ``common_sampler_types_from_chars`` (common/sampling.cpp) skip it with a warning (``unable to match sampler by
+    name``); llama-server reads a request's ``samplers`` so (edgesdk/serve/api.py, ``_samplers``)."""
     if isinstance(names, str):
         unknown = [letter for letter in names if letter not in SAMPLER_LETTERS]
-        if unknown:
-            what = "is llama.cpp's adaptive_p, not carried by edgesdk" if unknown[0] == "a" else "is no sampler letter"
-            raise ValueError(f"samplers {names!r} holds {unknown[0]!r}, which {what}; the letters are "
+        if unknown and (skipped is None or "a" in unknown):
+            bad = "a" if "a" in unknown else unknown[0]
+            what = "is llama.cpp's adaptive_p, not carried by edgesdk" if bad == "a" else "is no sampler letter"
+            raise ValueError(f"samplers {names!r} holds {bad!r}, which {what}; the letters are "
                              f"{''.join(SAMPLER_LETTERS)} ({', '.join(f'{k}={v}' for k, v in SAMPLER_LETTERS.items())})")
-        return tuple(SAMPLER_LETTERS[letter] for letter in names)
+        if skipped is not None:
+            skipped.extend(unknown)
+        return tuple(SAMPLER_LETTERS[letter] for letter in names if letter in SAMPLER_LETTERS)
     if isinstance(names, (bytes, Mapping)) or not hasattr(names, "__iter__"):
         raise ValueError(f"samplers must be a list of sampler names or a string of sampler letters, got {names!r}")
     known = {name: name for name in CARRIED_SAMPLERS + PASS_THROUGH_SAMPLERS}
@@ -70,12 +77,15 @@ def sampler_chain(names) -> tuple[str, ...]:
         if not isinstance(name, str):
             raise ValueError(f"samplers must be sampler names (strings), got {name!r}")
         canonical = known.get(name.lower())
-        if canonical is None:
-            what = "is llama.cpp's but not carried by edgesdk" if name.lower() in ("adaptive_p", "adaptive-p",
-                                                                                 "adaptivep") else "is no sampler"
+        adaptive = name.lower() in ("adaptive_p", "adaptive-p", "adaptivep")
+        if canonical is None and skipped is not None and not adaptive:
+            skipped.append(name)
+        elif canonical is None:
+            what = "is llama.cpp's but not carried by edgesdk" if adaptive else "is no sampler"
             raise ValueError(f"samplers holds {name!r}, which {what}; the names are "
                              f"{', '.join(CARRIED_SAMPLERS + PASS_THROUGH_SAMPLERS)}")
-        chain.append(canonical)
+        else:
+            chain.append(canonical)
     return tuple(chain)
 
 

@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import codecs
 import json
+import logging
 import math
 import re
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from dataclasses import fields as dataclass_fields
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.fim import fim_ids, leading_bos
 from edgesdk.runtime.gbnf import Grammar, GrammarError, parse_grammar
-from edgesdk.runtime.generate import sampler_chain
+from edgesdk.runtime.generate import CARRIED_SAMPLERS, PASS_THROUGH_SAMPLERS, sampler_chain
 from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_schema
 from edgesdk.runtime.text import check_template_kwargs, check_utf8
 from edgesdk.serve.reasoning import FORMATS as REASONING_FORMATS
@@ -162,8 +164,40 @@ def parse_chat_request(body: object, *, limit_fields: tuple[str, ...] = LIMIT_FI
                            param="grammar")
         parsed = with_instructions(parsed, tools)
     begun = messages[-1].get("role") == "assistant" and not messages[-1].get("tool_calls")
-    return CompletionRequest(chat=True, messages=tuple(parsed), tools=tools, continue_final=begun,
-                             template_kwargs=_template_kwargs(body), reasoning_format=_reasoning_format(body), **fields)
+    return _held_to_server_limit(
+        CompletionRequest(chat=True, messages=tuple(parsed), tools=tools, continue_final=begun,
+                          template_kwargs=_template_kwargs(body), reasoning_format=_reasoning_format(body), **fields),
+        body, limit_fields)
+
+
+def _asks_minus_one(body: dict, limit_fields: tuple[str, ...]) -> bool:
+    """Whether the request's token limit (the first of ``limit_fields`` given) is -1 on a route read as llama-server
+    reads it (``n_predict`` among ``limit_fields``: :data:`LIMIT_FIELDS`, the HTTP routes). There -1 is no limit of
+    the request's own, and the server's ``-n`` holds the answer (:func:`_held_to_server_limit`); in-process callers
+    that read ``max_tokens`` as llama-cpp-python does (edgesdk/api.py: ``limit_fields`` without ``n_predict``) keep
+    -1 as no limit but the context, as llama-cpp-python's ``max_tokens <= 0`` is."""
+    if "n_predict" not in limit_fields:
+        return False
+    value = body.get(next((name for name in limit_fields if body.get(name) is not None), limit_fields[-1]))
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1
+
+
+def _held_to_server_limit(request: CompletionRequest, body: dict,
+                          limit_fields: tuple[str, ...]) -> CompletionRequest:
+    """``request`` as the :class:`~edgesdk.serve.llama_native.NativeRequest` of a -1 token limit where
+    :func:`_asks_minus_one`: ``max_tokens`` None (the server's ``--max-new-tokens``, unlimited only where the server's
+    is -1), ``generation_settings`` showing the -1 asked for. llama-server reads ``max_tokens`` /
+    ``max_completion_tokens`` / ``n_predict`` alike on every completion route (tools/server/server-task.cpp,
+    ``params_from_json_cmpl``; the OpenAI routes copy them into the same body, server-common.cpp
+    ``oaicompat_chat_params_parse``), and a request's -1 takes the server's ``-n`` (server-context.cpp:
+    ``slot.n_predict_max = task.params.n_predict != -1 ? task.params.n_predict : params_base.n_predict``); llama.cpp's
+    web UI sends ``max_tokens: -1`` by default."""
+    if not _asks_minus_one(body, limit_fields):
+        return request
+    from edgesdk.serve.llama_native import NativeRequest  # it imports this module
+
+    return NativeRequest(**{item.name: getattr(request, item.name) for item in dataclass_fields(request)},
+                         predict_minus_one=True)
 
 
 def _template_kwargs(body: dict) -> dict | None:
@@ -223,7 +257,7 @@ def parse_text_request(body: object, route: str = "/v1/completions", completer=N
                        "as an array of them, one choice each, on POST /v1/completions)", param="prompt")
     else:
         request = CompletionRequest(chat=False, prompt=prompt, **fields())
-    return suffix_request(request, suffix, completer) if suffix else request
+    return _held_to_server_limit(suffix_request(request, suffix, completer) if suffix else request, body, limit_fields)
 
 
 def is_mixed_prompt(value: object) -> bool:
@@ -562,7 +596,9 @@ def _common_fields(body: dict, chat: bool, limit_fields: tuple[str, ...] = LIMIT
                        f"{_shown(body.get('stream_options'))}", param="stream_options")
     cache_prompt = _flag(body, "cache_prompt", True)  # null is the default, as for every other field (and in llama-server)
     return {
-        "max_tokens": _max_tokens(body.get(name), name, zero=not chat),
+        # -1 on an HTTP route: None, the server's limit (_held_to_server_limit marks the request)
+        "max_tokens": None if _asks_minus_one(body, limit_fields) else
+        _max_tokens(body.get(name), name, zero=not chat, server="n_predict" in limit_fields),
         "temperature": _number(body.get("temperature"), "temperature", 0.0, 2.0, "[0, 2]"),
         "top_p": _top_p(body.get("top_p")),
         "top_k": _integer(top_k_off_below_zero(body.get("top_k")), "top_k", minimum=0, note=" (0 or below: off)"),
@@ -718,20 +754,23 @@ def _integer(value: object, name: str, minimum: int, note: str = "") -> int | No
 UNTIL_THE_CONTEXT_FILLS = 2**31 - 1  # a token limit of -1: the answer runs until it ends or the context is full
 
 
-def _max_tokens(value: object, name: str, zero: bool = False) -> int | None:
-    """``max_tokens`` / ``max_completion_tokens``: a whole number >= 1, or -1 for no limit but the context, as
-    llama-server reads it (its ``n_predict`` -1; llama.cpp's web UI sends ``max_tokens: -1`` by default). With
+def _max_tokens(value: object, name: str, zero: bool = False, server: bool = False) -> int | None:
+    """``max_tokens`` / ``max_completion_tokens``: a whole number >= 1, or -1 for no limit but the context (on the
+    HTTP routes, where llama-server's ``n_predict`` -1 is read, the server's ``--max-new-tokens`` holds it too:
+    :func:`_held_to_server_limit`; llama.cpp's web UI sends ``max_tokens: -1`` by default). With
     ``zero`` (``/v1/completions``) also 0, which OpenAI's completions take: nothing is generated, the prompt is
     evaluated (llama-server's ``n_predict`` 0), and with ``echo`` and ``logprobs`` scored
-    (edgesdk/serve/completion.py, ``Completer._prefill_only``)."""
+    (edgesdk/serve/completion.py, ``Completer._prefill_only``). A refusal says what -1 is where it is read
+    (``server``: an HTTP route, :func:`_asks_minus_one`)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1:
         return UNTIL_THE_CONTEXT_FILLS
+    minus_one = "or -1 for no limit but the context" + (" and the server's --max-new-tokens" if server else "")
     if zero:
-        return _integer(value, name, minimum=0, note=" (0: the prompt only, scored with echo and logprobs), or -1 "
-                        "for no limit but the context")
-    return _integer(value, name, minimum=1, note=", or -1 for no limit but the context")
+        return _integer(value, name, minimum=0, note=f" (0: the prompt only, scored with echo and logprobs), {minus_one}")
+    return _integer(value, name, minimum=1, note=f", {minus_one}")
 
 
+SAMPLER_NAMES = CARRIED_SAMPLERS + PASS_THROUGH_SAMPLERS  # llama.cpp's names this runtime takes
 ADAPTIVE_P_NAMES = ("adaptive_p", "adaptive-p", "adaptivep")  # llama.cpp's names of its adaptive-p sampler (letter "a")
 
 
@@ -739,34 +778,65 @@ def _samplers(value: object, adaptive_target: object = None) -> tuple[str, ...] 
     """llama-server's ``samplers``: a list of sampler names or a string of their letters (``"kpmt"``), read as
     :func:`~edgesdk.runtime.generate.sampler_chain` reads them; null: the server's chain.
 
-    llama.cpp's ``adaptive_p`` (letter ``a``), which this runtime does not have, is dropped from the chain where the
-    request sets ``adaptive_target`` below 0 (common/common.h: "negative = disabled"): there the sampler only picks a
-    token from the distribution as it is (src/llama-sampling.cpp, ``llama_sampler_adaptive_p_apply``: "at negative
-    target values, adaptive-p is no-op"), as the chain's closing pick does here. SillyTavern's default llama.cpp chain
-    ends in it (LLAMACPP_DEFAULT_ORDER) beside ``adaptive_target`` -0.01, so every such request was refused. A target
-    of 0 or above, which turns the sampler on, is refused naming ``adaptive_target``; a chain naming it without a
-    target is refused naming ``samplers``, as before (llama.cpp's default target, -1, would leave it off)."""
+    llama.cpp's ``adaptive_p`` (letter ``a``), which this runtime does not have, is dropped from the chain where
+    ``adaptive_target`` leaves it off: below 0 (common/common.h: "negative = disabled"), or not given, which is
+    llama-server's default target, -1 (params_from_json_cmpl reads it from the server's params; the native routes
+    set the same: edgesdk/serve/llama_native.py ``ADAPTIVE_TARGET_OFF``). There the sampler only picks a token from the
+    distribution as it is (src/llama-sampling.cpp, ``llama_sampler_adaptive_p_apply``: "at negative target values,
+    adaptive-p is no-op"), as the chain's closing pick does here. SillyTavern's default llama.cpp chain ends in it
+    (LLAMACPP_DEFAULT_ORDER) beside ``adaptive_target`` -0.01. A target of 0 or above, which turns the sampler on, is
+    refused naming ``adaptive_target``.
+
+    A name or letter llama.cpp does not know (SillyTavern's older presets send ``tfs_z`` and ``typical_p``; an old
+    web UI setting the letter ``f``) is left out of the chain with a warning in the server's log, as llama-server's
+    ``common_sampler_types_from_names`` / ``common_sampler_types_from_chars`` skip it with ``LOG_WRN("unable to
+    match sampler ...")``: the rest of the chain runs (:func:`skipped_samplers`)."""
     if value is None:
         return None
-    given = adaptive_target is not None
+    off = adaptive_target is None or _adaptive_p_off(adaptive_target)
     if isinstance(value, str):
         adaptive = "a" in value
-        value = value.replace("a", "") if adaptive and given and _adaptive_p_off(adaptive_target) else value
+        value = value.replace("a", "") if adaptive and off else value
     elif isinstance(value, list):
         adaptive = any(isinstance(name, str) and name.lower() in ADAPTIVE_P_NAMES for name in value)
-        if adaptive and given and _adaptive_p_off(adaptive_target):
+        if adaptive and off:
             value = [name for name in value if not (isinstance(name, str) and name.lower() in ADAPTIVE_P_NAMES)]
     else:
         adaptive = False
-    if adaptive and given and not _adaptive_p_off(adaptive_target):
+    if adaptive and not off:
         raise ApiError(400, f"'adaptive_target' = {_shown(adaptive_target)} with adaptive_p in 'samplers' is not "
                        "supported: this server does not have llama.cpp's adaptive-p sampler; leave 'adaptive_target' "
                        "out or set it below 0 (off), or take adaptive_p out of 'samplers'", param="adaptive_target",
                        code="unsupported_parameter")
+    skipped: list[str] = []
     try:
-        return sampler_chain(value)
+        chain = sampler_chain(value, skipped=skipped)
     except ValueError as exc:
         raise ApiError(400, f"'samplers': {exc}", param="samplers") from None
+    if skipped:
+        skipped_samplers(skipped)
+    return chain
+
+
+LOG = logging.getLogger(__name__)
+_WARNED_SAMPLERS: set = set()  # the skipped names already logged: a client sends its chain with every request
+_WARNED_SAMPLERS_MAX = 1024
+
+
+def skipped_samplers(names: list[str]) -> str:
+    """The log line that says which of a request's ``samplers`` llama.cpp does not know and the chain leaves out,
+    logged as a warning once per set of names (a client sends the same chain with every request), as llama-server
+    logs each (common/sampling.cpp: ``unable to match sampler by name '%s'`` / ``by char '%c'``)."""
+    shown = ", ".join(_shown(name) for name in names[:8]) + (" ..." if len(names) > 8 else "")
+    line = (f"'samplers': {shown} left out of the chain: no sampler llama.cpp knows (llama-server skips such names "
+            f"too); the names are {', '.join(SAMPLER_NAMES)}")
+    key = tuple(names)
+    if key not in _WARNED_SAMPLERS:
+        if len(_WARNED_SAMPLERS) >= _WARNED_SAMPLERS_MAX:
+            _WARNED_SAMPLERS.clear()
+        _WARNED_SAMPLERS.add(key)
+        LOG.warning("edgesdk serve: %s", line)
+    return line
 
 
 def _adaptive_p_off(target: object) -> bool:

@@ -81,7 +81,8 @@ ADAPTIVE_TARGET_OFF = -1.0
 
 @dataclass(frozen=True)
 class NativeRequest(CompletionRequest):
-    """A ``POST /completion`` (or ``/infill``) request whose ``n_predict`` (or ``max_tokens``) was -1.
+    """A request whose token limit (``n_predict``, ``max_tokens`` or ``max_completion_tokens``) was -1: ``/completion``
+    and ``/infill``, and the OpenAI routes (:mod:`edgesdk.serve.api`), which read the same fields.
 
     llama-server reads a request's -1 as "no limit of its own": the answer is held to the server's ``-n`` all the same
     (tools/server/server-context.cpp: ``slot.n_predict_max = task.params.n_predict != -1 ? task.params.n_predict :

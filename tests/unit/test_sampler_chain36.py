@@ -191,7 +191,9 @@ def test_serve_takes_llama_server_s_samplers_on_every_route(runtime):
         status, chat = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                                             **sampled, "samplers": "edskypmxt"})
         assert status == 200, chat
-        for bad in (["top_k", "bogus"], "kz", 5, ["adaptive_p"]):
+        # a name llama.cpp does not know is left out with a warning, adaptive_p without a target is off
+        # (tests/unit/test_api51.py); what is no list of names is refused
+        for bad in (5, ["top_k", 3], {"top_k": 1}):
             status, answer = server.post("/v1/completions", {"prompt": "hello", "samplers": bad})
             assert (status, answer["error"]["param"]) == (400, "samplers"), answer
             assert "'samplers'" in answer["error"]["message"]

@@ -11,11 +11,24 @@ WEB_UI_SETTINGS = {"samplers": "edkypmxt", "temperature": 0.8, "dynatemp_range":
 
 
 def test_the_web_ui_s_default_request_runs_to_the_end_of_the_context(runtime, served):
-    status, answer = served.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                                          **WEB_UI_SETTINGS, "seed": 1})
+    from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS
+    from edgesdk.serve.completion import ServeDefaults
+    from tests.unit.test_serve import Served
+
+    body = {"messages": [{"role": "user", "content": "hi"}], **WEB_UI_SETTINGS, "seed": 1}
+    status, answer = served.post("/v1/chat/completions", body)
+    assert status == 200, answer
+    # -1: no limit of the request's own, so the server's -n (16 here) holds it, as llama-server's n_predict_max
+    # (tools/server/server-context.cpp) holds it: tests/unit/test_api51.py
+    assert answer["usage"]["completion_tokens"] == 16
+    unlimited = Served(runtime, ServeDefaults(max_tokens=UNTIL_THE_CONTEXT_FILLS))  # serve -n -1, llama-server's default
+    try:
+        status, answer = unlimited.post("/v1/chat/completions", body)
+    finally:
+        unlimited.close()
     assert status == 200, answer
     usage = answer["usage"]
-    # -1: no limit but the context (this model never ends its answer early), not the server's default of 16
+    # no limit but the context (this model never ends its answer early)
     assert answer["choices"][0]["finish_reason"] == "length"
     # (the token predicted at the last position is kept, as llama.cpp keeps it at n_ctx)
     assert usage["prompt_tokens"] + usage["completion_tokens"] == runtime.backend.max_context + 1
