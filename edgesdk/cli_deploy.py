@@ -168,9 +168,11 @@ def _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_ro
 
         if rollback:
             result = do_rollback(options, release_id)
+            runtime = (f" with the runtime {result['runtime']} it ran with (was {result['runtime_from'] or 'none'})"
+                       if result.get("runtime") else "")
             click.echo(json.dumps(result) if as_json else
-                       f"rolled back {result['where']} ({result['root']}) from {result['from']} to {result['to']} "
-                       f"in {result['seconds']:.1f} s")
+                       f"rolled back {result['where']} ({result['root']}) from {result['from']} to {result['to']}"
+                       f"{runtime} in {result['seconds']:.1f} s")
         else:
             info = status(options)
             click.echo(json.dumps(info, indent=2) if as_json else format_status(info))

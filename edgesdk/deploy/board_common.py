@@ -16,10 +16,14 @@ Layout under the deploy root::
     previous -> releases/<id>   what ``current`` pointed to before the last switch
     .switch.json            a switch in progress (board_ops.op_switch); the next switch or prune finishes
                             or undoes one a kill cut short
+    .commit.json            a commit replacing a damaged release in progress (board_ops.op_commit); the next
+                            receive, commit, switch or prune finishes one a kill cut short
     staging/<bundle-id>/    files being received; ``<name>.partial`` while incomplete (resumable)
     runtime/<key>/          edgesdk runtime virtual environments; runtime/current -> <key>
     engines/<bundle-id>/    TensorRT engines, one directory per JetPack / TensorRT / SM
     history.jsonl           one line per switch
+    runtimes.json           release id -> the runtime (``runtime/current``) it last ran with; a rollback goes
+                            back to that pair
 """
 
 import fcntl
@@ -77,7 +81,7 @@ def paths(root):
     root = os.path.abspath(os.path.expanduser(root))
     return {name: os.path.join(root, name) for name in
             ("releases", "staging", "runtime", "engines", "current", "previous", "history.jsonl", ".trash",
-             ".switch.json")}, root
+             ".switch.json", "runtimes.json", ".commit.json")}, root
 
 
 def check_root_is_private(root):
@@ -270,6 +274,19 @@ def pending_switch(p):
     return journal if isinstance(journal, dict) and isinstance(journal.get("to"), str) else None
 
 
+def release_runtimes(p):
+    """Release id -> the runtime key ``runtime/current`` pointed to after the last switch to that release
+    (runtimes.json, written by board_ops.record_runtime), or {} where there is none or it does not parse."""
+    text = read_text(p["runtimes.json"])
+    try:
+        pairs = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(pairs, dict):
+        return {}
+    return {k: v for k, v in pairs.items() if isinstance(k, str) and isinstance(v, str)}
+
+
 def previous_of(p, current):
     """What ``previous`` is: its link, or, when a switch was cut short after it moved ``current``, the
     release that switch left (the next switch or prune points the link there)."""
@@ -367,3 +384,48 @@ def verify_dir(path, expected_manifest_sha=None):
                 problems.append(f"{rel}: not listed in the manifest")
                 bad.append(rel)
     return problems, bad
+
+
+def write_json(path, obj):
+    """``obj`` into ``path``, whole or not at all (a .partial renamed over it after an fsync)."""
+    with open(path + ".partial", "w") as handle:
+        json.dump(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(path + ".partial", path)
+
+
+def drop_commit_journal(p, root):
+    try:
+        os.unlink(p[".commit.json"])
+    except FileNotFoundError:
+        pass
+    fsync_dir(root)
+
+
+def settle_commit(p, root):
+    """Finish a commit that a kill cut between its two renames (op_commit's journal, .commit.json, is still
+    there): releases/<id> was renamed into .trash and staging/<id>, verified under the same lock, was not yet
+    renamed to releases/<id>, so current (or previous) pointed to no release. staging/<id> becomes releases/<id>
+    now, as the commit would have done; where it is gone, the copy in .trash goes back (the release as it was
+    before that deploy). Called under the root's lock by every helper that writes releases or staging, before
+    anything else, so staging/<id> is as the commit verified it."""
+    text = read_text(p[".commit.json"])
+    try:
+        journal = json.loads(text) if text else None
+    except ValueError:
+        journal = None
+    if isinstance(journal, dict) and isinstance(journal.get("bundle_id"), str):
+        bundle_id = safe_id(journal["bundle_id"])
+        release = os.path.join(p["releases"], bundle_id)
+        staging = os.path.join(p["staging"], bundle_id)
+        trash = os.path.join(p[".trash"], os.path.basename(str(journal.get("trash") or "")))
+        if not os.path.lexists(release):
+            if os.path.isdir(staging):
+                os.replace(staging, release)
+                os.utime(release)
+            elif os.path.isdir(trash) and trash != p[".trash"]:
+                os.replace(trash, release)
+            fsync_dir(p["releases"])
+    if os.path.lexists(p[".commit.json"]):
+        drop_commit_journal(p, root)

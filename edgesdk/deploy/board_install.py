@@ -4,8 +4,11 @@ import json
 import os
 import platform
 import shutil
+import signal
 import site
+import subprocess
 import sys
+import threading
 import time
 
 if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are concatenated
@@ -101,12 +104,13 @@ def op_install(params):
     venv = os.path.join(p["runtime"], key)
 
     def step(argv, what, fix, timeout=1800):
-        code, out = run_quiet(argv, timeout)
+        code, out = run_step(argv, timeout)
         if code != 0:
             shutil.rmtree(venv, ignore_errors=True)
             raise Refused(f"{what} failed on the board (exit {code}):\n{out[-2500:].rstrip()}", fix)
         return out
 
+    stop_steps_on_term()
     with Lock(root):
         if sys.version_info < (3, 10):  # noqa: UP036 - runs on the board's Python, which may be 3.8
             raise Refused(f"the board's Python {platform.python_version()} ({sys.executable}) is older than 3.10, "
@@ -117,12 +121,14 @@ def op_install(params):
         spec = params.get("pip_spec")
         if params.get("wheel_name"):
             wheel = os.path.join(wheels, os.path.basename(params["wheel_name"]))
-            receive_wheel(wheel + ".partial", params.get("idle_timeout", RECEIVE_IDLE_S))
+            receive_wheel(wheel + ".partial", params.get("idle_timeout", RECEIVE_IDLE_S), params.get("wheel_size"))
             if sha256_file(wheel + ".partial") != params["wheel_sha256"]:
                 os.unlink(wheel + ".partial")
                 raise Refused("the edgesdk wheel arrived damaged on the board", "run the deploy again")
             os.replace(wheel + ".partial", wheel)
             spec = wheel
+        if "wheel_size" in params:  # the host holds stdin open past the wheel until it goes away
+            end_with_host()
         stamp = read_stamp(venv)
         if stamp and stamp.get("version"):  # installed earlier (a deploy that failed after this step)
             return {"key": key, "version": stamp["version"], "reused": True}
@@ -166,24 +172,96 @@ def op_install(params):
         return {"key": key, "version": version, "provided": provided}
 
 
-def receive_wheel(partial, idle_timeout):
+def receive_wheel(partial, idle_timeout, size=None):
     """The wheel from stdin into ``partial``, giving up (and the deploy lock with it) once the host has sent
     nothing for ``idle_timeout`` seconds: a connection that died without closing would otherwise hold the
-    lock until the command's deadline, an hour later (RECEIVE_IDLE_S says why)."""
+    lock until the command's deadline, an hour later (RECEIVE_IDLE_S says why). With ``size`` the wheel is its
+    first ``size`` bytes (the host keeps stdin open after them: end_with_host), else all of stdin."""
     stream = IdleDeadline(sys.stdin.buffer, idle_timeout, "the edgesdk wheel",
                           "run the deploy again (the wheel is sent again); the board keeps its current release")
+    left = size
     try:
         with open(partial, "wb") as handle:
-            while True:
-                block = stream.read(CHUNK)
+            while left is None or left > 0:
+                block = stream.read(CHUNK if left is None else min(CHUNK, left))
                 if not block:
-                    return
+                    return  # cut short: the sha256 check refuses it
                 handle.write(block)
+                if left is not None:
+                    left -= len(block)
     except Refused:
         os.unlink(partial)
         raise
     finally:
         stream.close()
+
+
+STEPS = []  # the command an install runs now (run_step), for end_with_host to stop
+
+
+def run_step(argv, timeout):
+    """run_quiet for the install's long steps (venv, pip): the command in a process group of its own, which
+    end_with_host stops whole (pip and what it starts), as a timeout does."""
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        return 127, str(exc)
+    STEPS.append(proc)
+    try:
+        out = proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired as exc:
+        stop_group(proc)
+        return 124, str(exc)
+    finally:
+        STEPS.remove(proc)
+    return proc.returncode, out.decode("utf-8", "replace")
+
+
+def stop_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.wait()
+
+
+def end_with_host():
+    """End this install, and the venv or pip command it runs, when the host goes away (Ctrl-C or a kill of
+    deploy, its ssh ended, the connection dropped). sshd sends a command started without a terminal no signal
+    then: it only closes the command's stdin (as transport.REMOTE_DEADLINE_WATCHED says for the commands that
+    read nothing), so an install whose stdin carried the wheel ran on for up to an hour holding the deploy lock,
+    and the next deploy waited its 120 s for the lock and was refused, told "another deploy" held it. The host
+    keeps stdin open after the wheel (transport.run_feeding_stdin): a thread here reads it to its end, then
+    sends this helper SIGTERM, which stops the step's process group and the helper (stop_steps_on_term) and
+    lets the lock go. A venv cut short has no stamp, and the next install builds it afresh."""
+
+    def watch():
+        # the file descriptor, not sys.stdin.buffer: a daemon thread blocked in the buffered reader holds its
+        # lock, and Python aborts at exit when it closes sys.stdin ("could not acquire lock ... at interpreter
+        # shutdown, possibly due to daemon threads")
+        try:
+            while os.read(sys.stdin.fileno(), CHUNK):
+                pass
+        except (OSError, ValueError):
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)  # stop_steps_on_term
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def stop_steps_on_term():
+    """SIGTERM (the command's deadline, REMOTE_DEADLINE's timeout; end_with_host) stops the running step's
+    process group too, which is not this helper's (run_step), then ends the helper as SIGTERM does."""
+
+    def stop(signum, frame):
+        for proc in list(STEPS):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except OSError:
+                pass
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def write_stamp(venv, stamp):

@@ -11,15 +11,19 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         MANIFEST,
         Lock,
         Refused,
+        drop_commit_journal,
         emit,
         fsync_dir,
         link_target,
         paths,
         pending_switch,
         release_list,
+        release_runtimes,
         safe_id,
+        settle_commit,
         switch_times,
         verify_dir,
+        write_json,
     )
     from edgesdk.deploy.board_install import op_install, write_stamp
     from edgesdk.deploy.board_service import op_service
@@ -40,6 +44,7 @@ def op_commit(params):
     staging = os.path.join(p["staging"], bundle_id)
     release = os.path.join(p["releases"], bundle_id)
     with Lock(root):
+        settle_commit(p, root)
         if os.path.isdir(release) and not verify_dir(release, params["manifest_sha256"])[0]:
             # It may be current and in use, so it stays where it is and this transfer goes.
             shutil.rmtree(staging, ignore_errors=True)
@@ -59,11 +64,17 @@ def op_commit(params):
             return {"problems": problems}
         os.makedirs(p["releases"], exist_ok=True)
         if os.path.isdir(release):
-            os.makedirs(p[".trash"], exist_ok=True)  # a damaged copy of the same bundle: replace it
-            os.replace(release, os.path.join(p[".trash"], f"{bundle_id}-{time.time_ns()}"))
+            # A damaged copy of the same bundle (current, maybe): replace it. Two renames, and between them
+            # releases/<id> is missing; the journal lets the next helper finish a commit a kill cut there.
+            os.makedirs(p[".trash"], exist_ok=True)
+            trash = os.path.join(p[".trash"], f"{bundle_id}-{time.time_ns()}")
+            write_json(p[".commit.json"], {"bundle_id": bundle_id, "trash": os.path.basename(trash)})
+            fsync_dir(root)
+            os.replace(release, trash)
         os.replace(staging, release)
         os.utime(release)  # its commit time: prune leaves a release alone while its deploy may still switch to it
         fsync_dir(p["releases"])
+        drop_commit_journal(p, root)
         shutil.rmtree(p[".trash"], ignore_errors=True)
         return {"problems": []}
 
@@ -147,6 +158,7 @@ def op_switch(params):
     p, root = paths(params["root"])
     bundle_id = safe_id(params["bundle_id"])
     with Lock(root):
+        settle_commit(p, root)
         settle_switch(p, root)
         now = link_target(p["current"])
         if "if_current" in params and now != params["if_current"]:
@@ -168,7 +180,29 @@ def op_switch(params):
             drop_journal(p, root)
             raise
         drop_journal(p, root)
+        record_runtime(p, bundle_id)
         return result
+
+
+def record_runtime(p, bundle_id):
+    """Note in runtimes.json that releases/<bundle_id> runs with the runtime runtime/current points to now (after
+    a switch to it: runtime/current moves only with a switch, so this is the runtime it last ran with), for a
+    rollback to go back to that pair (releases.rollback). Entries of releases no longer on the board are
+    dropped. Best effort: the switch is done, and a rollback without an entry keeps runtime/current."""
+    pairs = release_runtimes(p)
+    runtime = link_target(os.path.join(p["runtime"], "current"))
+    if runtime:
+        pairs[bundle_id] = runtime
+    else:
+        pairs.pop(bundle_id, None)
+    pairs = {k: v for k, v in pairs.items() if os.path.isdir(os.path.join(p["releases"], k))}
+    try:
+        write_json(p["runtimes.json"], pairs)
+    except OSError:
+        try:
+            os.unlink(p["runtimes.json"] + ".partial")
+        except OSError:
+            pass
 
 
 SWITCH_LINKS = ("current", "previous", "runtime/current")
@@ -229,6 +263,7 @@ def settle_switch(p, root):
                 handle.write(json.dumps({"time": journal["time"], "action": journal.get("action", "deploy"),
                                          "from": journal["from"], "to": bundle_id}) + "\n")
         fsync_dir(root)
+        record_runtime(p, bundle_id)  # runtime/current moves first: where current has moved, it has too
     else:
         put_back(root, journal.get("before") or {})
     drop_journal(p, root)
@@ -307,6 +342,7 @@ def op_prune(params):
     keep = max(int(params["keep"]), 1)
     removed = []
     with Lock(root):
+        settle_commit(p, root)  # a commit a kill cut short: its release first, which prune must not miss
         settle_switch(p, root)  # a switch a kill cut short: previous first points where it belongs
         state = release_list(p)
         switched = switch_times(p)

@@ -21,9 +21,11 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         paths,
         read_text,
         release_list,
+        release_runtimes,
         run_quiet,
         safe_id,
         safe_name,
+        settle_commit,
         sha256_file,
         verify_dir,
     )
@@ -204,6 +206,7 @@ def op_probe(params):
         "gpu_problem": jetson_gpu_problem() if os.path.exists("/etc/nv_tegra_release") else None,
         "runtime": runtime_facts(p),
         "state": release_list(p),
+        "release_runtimes": release_runtimes(p),  # the runtime each release last ran with, for a rollback
     }
     bundle_id = params.get("bundle_id")
     if bundle_id:
@@ -343,6 +346,7 @@ def op_receive(params):
     staging = os.path.join(p["staging"], bundle_id)
     results = []
     with Lock(root):
+        settle_commit(p, root)  # staging/<id> of a commit a kill cut short becomes its release first
         try:
             os.makedirs(staging, exist_ok=True)
             for name, release in sorted(params.get("links", {}).items()):

@@ -192,7 +192,10 @@ def install_runtime(board: Board, source: RuntimeSource, system_site_packages: b
         params.update(wheel_name=source.wheel.name, wheel_sha256=hashlib.sha256(data).hexdigest())
     else:
         params["pip_spec"] = source.pip_spec
-    reply = board.call("install", params, stdin=data, timeout=3600)
+    # how many bytes the wheel is: stdin stays open after it, and its end tells the board that deploy stopped
+    # (board_install.end_with_host)
+    params["wheel_size"] = len(data)
+    reply = board.call("install", params, stdin=data, timeout=3600, hold_stdin=True)
     reply["bytes_sent"] = len(data)
     return reply
 

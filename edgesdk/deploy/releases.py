@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 
+from edgesdk.deploy import install
 from edgesdk.deploy.orchestrate import Interrupted
 from edgesdk.deploy.remote import BoardRefusal
 from edgesdk.deploy.report import Reporter, fmt_bytes
@@ -129,13 +130,16 @@ def _rollback(options: DeployOptions, release: str | None, report: Reporter, pro
                 raise DeployError(f"releases/{target} on {board.label} fails verification:\n  - "
                                   + "\n  - ".join(problems),
                                   "deploy that bundle again (it repairs the release), or roll back to another one")
+        runtime_key = paired_runtime(facts, target, options, report)
         with report.step(f"smoke test: edgesdk run releases/{target}"):
-            smoke_test(board, board_edgesdk(board, facts, options.local), board.path("releases", target), options,
-                       report)
+            edgesdk = install.runtime_argv(board, False, runtime_key) if runtime_key else \
+                board_edgesdk(board, facts, options.local)
+            smoke_test(board, edgesdk, board.path("releases", target), options, report)
         with report.step("switch current"):
             progress["stage"] = "switch"
             try:
-                switched = board.call("switch", {"bundle_id": target, "action": "rollback"})
+                switched = board.call("switch", {"bundle_id": target, "action": "rollback",
+                                                 **({"runtime_key": runtime_key} if runtime_key else {})})
             except BoardRefusal:
                 raise  # the board answered: the switch did not happen (op_switch is all or nothing)
             except DeployError as lost:
@@ -153,8 +157,33 @@ def _rollback(options: DeployOptions, release: str | None, report: Reporter, pro
                 ) from lost
             progress["stage"] = "switched"
             report.info(f"current -> releases/{target} (was {switched['from'] or 'none'})")
+            if runtime_key and switched.get("runtime_from") != runtime_key:
+                report.info(f"runtime/current -> {runtime_key} (was {switched.get('runtime_from') or 'none'})")
             restarted = restart_service(board)  # a unit deploy --service installed serves current
             if restarted:
                 report.info(restarted)
     return {"where": board.label, "root": board.root, "from": switched["from"], "to": target,
+            "runtime_from": switched.get("runtime_from") if runtime_key else None, "runtime": runtime_key,
             "seconds": report.elapsed()}
+
+
+def paired_runtime(facts, target: str, options: DeployOptions, report: Reporter) -> str | None:
+    """The runtime a rollback to ``target`` switches runtime/current to: the one the release last ran with
+    (the board's runtimes.json, written at each switch), where that is another runtime than runtime/current and
+    still installed; else None, and runtime/current stays. A deploy switches a release and the runtime that ran
+    its smoke test together (install.py), so a rollback goes back to that pair, as a blue-green deploy goes back
+    to the previous environment whole: otherwise the board ran the old release with the new edgesdk, a pair that
+    never ran together, and a regression of the new edgesdk stayed after the rollback."""
+    if options.local:  # --to DIR: this machine's edgesdk runs every release
+        return None
+    paired = (facts.raw.get("release_runtimes") or {}).get(target)
+    active = install.installed_key(facts.raw)
+    if not paired or paired == active:
+        return None
+    if paired not in install.installed_keys(facts.raw):
+        report.info(f"releases/{target} last ran with the edgesdk runtime {paired}, which is no longer on the board; "
+                    f"it runs with runtime/current ({active or 'none'})")
+        return None
+    report.info(f"releases/{target} last ran with the edgesdk runtime {paired}; runtime/current "
+                f"({active or 'none'}) goes back to it with the release")
+    return paired

@@ -91,10 +91,10 @@ class Board:
         return [self.python, "-c", boot_code(), op, json.dumps({"root": self.root, **params})]
 
     def call(self, op: str, params: dict | None = None, stdin: bytes | None = None,
-             timeout: float | None = 600) -> dict:
-        """Run one helper operation to completion and return its reply."""
+             timeout: float | None = 600, hold_stdin: bool = False) -> dict:
+        """Run one helper operation to completion and return its reply (``hold_stdin``: Transport.run's)."""
         proc = self.transport.run(self.helper_argv(op, params or {}), input=stdin, timeout=timeout,
-                                  what=f"the deploy helper ({op})")
+                                  what=f"the deploy helper ({op})", **({"hold_stdin": True} if hold_stdin else {}))
         return parse_reply(proc, self.label, self.python, op)
 
     def start(self, op: str, params: dict) -> subprocess.Popen:

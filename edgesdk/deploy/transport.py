@@ -17,6 +17,7 @@ argument is quoted with :func:`shlex.quote`; no path, name or text reaches a she
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -107,9 +108,11 @@ class Transport:
                                 stderr=subprocess.PIPE)
 
     def run(self, argv: list[str], input: bytes | None = None, timeout: float | None = None,
-            what: str | None = None) -> subprocess.CompletedProcess:
+            what: str | None = None, hold_stdin: bool = False) -> subprocess.CompletedProcess:
         """Run ``argv`` on the board to completion, raising :class:`DeployError` for connection problems
-        and for a command still running after ``timeout`` seconds (``what`` names it in the message)."""
+        and for a command still running after ``timeout`` seconds (``what`` names it in the message).
+        ``hold_stdin`` (over ssh, for a command that reads exactly ``len(input)`` bytes): stdin stays open after
+        ``input`` until the command ends, so that its end tells the board this deploy stopped."""
         try:
             proc = subprocess.run(self.command(argv), input=input if input is not None else b"",
                                   capture_output=True, timeout=timeout)
@@ -204,6 +207,48 @@ def run_holding_stdin(cmd: list[str], timeout: float | None) -> subprocess.Compl
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
+def run_feeding_stdin(cmd: list[str], data: bytes, timeout: float | None) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, input=data, capture_output=True, timeout=timeout)``, but the child's stdin stays open
+    after ``data``, with nothing more written, until the child has ended: for ssh, the remote command (which
+    reads exactly ``len(data)`` bytes, board_install.receive_wheel) sees its stdin end only when this process or
+    its ssh does, and stops then (board_install.end_with_host), as REMOTE_DEADLINE_WATCHED does for commands that
+    read nothing. subprocess.run closed stdin after the data, so the board could not tell a deploy that went on
+    from one stopped by Ctrl-C. As subprocess.run, the child is killed when the timeout passes (TimeoutExpired)
+    or anything else (KeyboardInterrupt) ends the wait."""
+    import threading
+
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out: list[bytes] = []
+    err: list[bytes] = []
+
+    def feed() -> None:
+        try:
+            proc.stdin.write(data)
+            proc.stdin.flush()
+        except (BrokenPipeError, ConnectionResetError, ValueError, OSError):
+            pass  # the command ended (or refused) before it read everything: its exit status says why
+
+    threads = [threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True),
+               threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True),
+               threading.Thread(target=feed, daemon=True)]
+    for thread in threads:
+        thread.start()
+    try:
+        proc.wait(timeout=timeout)
+    except BaseException:  # TimeoutExpired, KeyboardInterrupt
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        for thread in threads[:2]:
+            thread.join(timeout=10)
+        with contextlib.suppress(OSError, ValueError):
+            proc.stdin.close()
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
+    return subprocess.CompletedProcess(cmd, proc.returncode, b"".join(out), b"".join(err))
+
+
 def signal_note(returncode: int, remote: bool) -> str | None:
     """The line that explains an exit status that means "killed by a signal", or None.
 
@@ -241,9 +286,10 @@ class LocalTransport(Transport):
         return [str(a) for a in argv]
 
     def run(self, argv: list[str], input: bytes | None = None, timeout: float | None = None,
-            what: str | None = None) -> subprocess.CompletedProcess:
-        """As :meth:`Transport.run`; a program that cannot be started (``--remote-python`` naming no program)
-        ends as a shell ends it, exit status 127 with the reason on stderr, as over ssh."""
+            what: str | None = None, hold_stdin: bool = False) -> subprocess.CompletedProcess:
+        """As :meth:`Transport.run` (``hold_stdin`` aside: stdin ends after ``input``); a program that cannot be
+        started (``--remote-python`` naming no program) ends as a shell ends it, exit status 127 with the reason
+        on stderr, as over ssh."""
         try:
             return super().run(argv, input, timeout, what)
         except OSError as exc:
@@ -352,21 +398,26 @@ class SshTransport(Transport):
         return [*self.base, *self.ssh_args(), "--", self.spec.destination, remote_command(argv)]
 
     def run(self, argv: list[str], input: bytes | None = None, timeout: float | None = None,
-            what: str | None = None) -> subprocess.CompletedProcess:
+            what: str | None = None, hold_stdin: bool = False) -> subprocess.CompletedProcess:
         """As :meth:`Transport.run`, with the deadline enforced on the board too (REMOTE_DEADLINE); a command that
         reads no ``input`` also ends on the board when this ssh ends, Ctrl-C or a kill of deploy
-        (REMOTE_DEADLINE_WATCHED)."""
+        (REMOTE_DEADLINE_WATCHED), and so does one given ``input`` with ``hold_stdin`` that watches its stdin
+        after it (run_feeding_stdin)."""
         if timeout is None:
             return super().run(argv, input, None, what)
         deadline = max(1, round(timeout))
         began = time.monotonic()
-        if input is not None:  # the command reads stdin: it ends at the deadline only
+        if input is not None and not hold_stdin:  # the command reads stdin to its end: it ends at the deadline only
             bounded = ["sh", "-c", REMOTE_DEADLINE, "sh", str(deadline), *argv]
             proc = super().run(bounded, input, timeout + DEADLINE_GRACE_S, what or argv[0])
-        else:  # and also when this ssh ends (REMOTE_DEADLINE_WATCHED)
-            bounded = ["sh", "-c", REMOTE_DEADLINE_WATCHED, "sh", str(deadline), *argv]
+        else:
+            # A command that reads nothing ends when this ssh ends (REMOTE_DEADLINE_WATCHED); one that reads exactly
+            # ``input`` gets it and then a stdin held open, whose end it watches (board_install.end_with_host).
+            bounded = ["sh", "-c", REMOTE_DEADLINE if input is not None else REMOTE_DEADLINE_WATCHED, "sh",
+                       str(deadline), *argv]
             try:
-                proc = run_holding_stdin(self.command(bounded), timeout + DEADLINE_GRACE_S)
+                proc = (run_feeding_stdin(self.command(bounded), input, timeout + DEADLINE_GRACE_S)
+                        if input is not None else run_holding_stdin(self.command(bounded), timeout + DEADLINE_GRACE_S))
             except subprocess.TimeoutExpired as exc:
                 raise _timed_out(what or argv[0], self.label, timeout + DEADLINE_GRACE_S) from exc
             self.check_connection(proc.returncode, proc.stderr.decode("utf-8", "replace"))
