@@ -25,7 +25,8 @@ STATE = "state.json"
 # messages name the one its caller passed (BuildConfig.terms: "cli" or "python"), a Python caller has no flags.
 BUILD_ARGUMENTS = {"--model": "model", "--target": "target", "--out": "out", "--recipe": "recipe", "--set": "overrides",
                    "--weight-bits": "weight_bits", "--max-context": "max_context", "--data": "data",
-                   "--resume": "resume"}
+                   "--resume": "resume", "--data-skip-chars": "data_skip_chars",
+                   "--generated-sequences": "generated_sequences"}
 TERMS = ("cli", "python")
 
 
@@ -43,6 +44,14 @@ def said(option: str, terms: str, value: object = None) -> str:
     if option == "--set":
         return f"{name}=[{str(value)!r}]"
     return f"{name}={value!r}" if isinstance(value, (bool, int, float, list)) else f"{name}={str(value)!r}"
+
+
+def said_sets(terms: str, *items: str) -> str:
+    """Recipe overrides ``items`` (``stage.field=value``) as the caller gives them: ``--set a=1 --set b=2`` for the
+    CLI, ``overrides=['a=1', 'b=2']`` for build_bundle() (one list: build_bundle() takes one ``overrides``)."""
+    if terms != "python":
+        return " ".join(f"--set {item}" for item in items)
+    return f"{BUILD_ARGUMENTS['--set']}={list(items)!r}"
 
 
 def without(option: str, terms: str) -> str:
@@ -212,8 +221,9 @@ class WorkDir:
         BuildError, and the lock taken to read it is given up."""
         try:
             state = json.loads(state_file.read_text(encoding="utf-8"))
-            if not (isinstance(state, dict) and isinstance(state.get("done"), dict)):
-                raise ValueError(f"a mapping with a 'done' mapping was expected, got {str(state)[:80]!r}")
+            problem = _state_problem(state)
+            if problem:
+                raise ValueError(problem)
         except (OSError, ValueError) as exc:  # json's and the decoder's errors are ValueErrors
             release_work_dir(self.path)
             raise BuildError(f"{said('--resume', self.terms)}: the work directory's state file {state_file} cannot "
@@ -275,6 +285,29 @@ class WorkDir:
         tmp = self.path / (STATE + ".tmp")
         tmp.write_text(json.dumps(self.state, indent=2, sort_keys=True, default=str))
         os.replace(tmp, self.path / STATE)  # atomic: a kill never leaves a half-written state
+
+
+def _state_problem(state) -> str | None:
+    """What in a state file's content is not the shape :class:`WorkDir` writes: a mapping whose ``done`` maps each
+    step to its record (a mapping), and whose ``files``, where present, map each step to its files' [size, sha256]
+    pairs. None for a sound one. A resumed build reads every part: an edited or damaged part was a traceback
+    (``'list' object has no attribute 'get'``) part-way through the build, not a refused resume."""
+    if not (isinstance(state, dict) and isinstance(state.get("done"), dict)):
+        return f"a mapping with a 'done' mapping was expected, got {str(state)[:80]!r}"
+    for step, record in state["done"].items():
+        if not isinstance(record, dict):
+            return f"the record of step {step!r} is {str(record)[:40]!r}, not a mapping"
+    files = state.get("files", {})
+    if not isinstance(files, dict):
+        return f"'files' is {str(files)[:40]!r}, not a mapping of steps"
+    for step, recorded in files.items():
+        if not isinstance(recorded, dict):
+            return f"the files of step {step!r} are {str(recorded)[:40]!r}, not a mapping of file names"
+        for name, pair in recorded.items():
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], int)
+                    and isinstance(pair[1], str)):
+                return f"the file {name!r} of step {step!r} is recorded as {str(pair)[:40]!r}, not [size, sha256]"
+    return None
 
 
 def _file_digests(root: Path, hashes: bool = True) -> dict:

@@ -36,6 +36,7 @@ from edgesdk.build.registry import BuildContext, stage_spec
 from edgesdk.build.sparse_step import check_kernel_sm
 from edgesdk.bundle import Bundle, _bundle_holding, check_replaceable
 from edgesdk.compress.data import DataConfig
+from edgesdk.compress.measure import measured_as_exported
 from edgesdk.errors import BuildError, EdgeSDKError
 from edgesdk.export.onnx_export import (
     MIN_CONTEXT,
@@ -424,26 +425,29 @@ def build(config: BuildConfig) -> Bundle:
     terms = config.terms  # the messages name the options as the caller gave them: flags, or build_bundle()'s
     profile = get_profile(config.target)
     recipe = recipe_for(config.recipe, profile, terms)
-    recipe = recipe.with_overrides(export_overrides(config.export))
+    recipe = recipe.with_overrides(export_overrides(config.export), terms)
     if config.weight_bits is not None:  # before --set, refused where it sets one of the same settings otherwise
         implied = _weight_bits_overrides(recipe, config.weight_bits, terms)
         check_weight_bits_sets(config.weight_bits, implied, config.overrides, terms)
-        recipe = recipe.with_overrides(implied)
-    recipe = recipe.with_overrides(config.overrides)
-    stages = recipe.validated()  # order and configs checked before any compute
+        recipe = recipe.with_overrides(implied, terms)
+    recipe = recipe.with_overrides(config.overrides, terms)
+    stages = recipe.validated(terms)  # order and configs checked before any compute
     export_config = replace(config.export, **recipe.export.model_dump())
     check_target_support(recipe, stages, export_config, profile, terms)
     check_max_context(export_config, terms)
     check_sparse_block(stages, export_config, profile, terms)
     check_depth_pruning(stages, terms=terms)
     if stages:
-        config.data.check_files()
+        config.data.check_files(terms)
     elif config.data.files:
         data = ", ".join(config.data.files) if terms != "python" else [str(file) for file in config.data.files]
         _log(f"warning: {said('--data', terms, data)} is not used: recipe '{recipe.name}' has no "
              f"training stages (pass a recipe with stages, e.g. {said('--recipe', terms, 'default')}, to train on it)")
     out = (Path(config.out) if config.out else default_out(config.model, profile.name, config.adapters)).resolve()
-    check_replaceable(out)
+    if terms == "python":  # bundle.py's fix names --out: a build_bundle() caller passes out=
+        check_replaceable(out, f"pass {said('--out', terms)} a new directory (or an earlier bundle to replace)")
+    else:
+        check_replaceable(out)
     check_out_outside_bundles(out, terms)
     check_out_location(out, terms)
     check_work_dir(out.with_name(out.name + ".build"), terms)
@@ -606,7 +610,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         facts_before["adapters"] = adapters
     model = teacher = loaded.model
     ctx = BuildContext(profile=profile, work_dir=work.path, tokenizer=loaded.tokenizer, teacher=teacher,
-                       progress=config.progress, data_config=config.data)
+                       progress=config.progress, data_config=config.data, terms=config.terms)
     # Stages finished by a killed run: skip them and continue from the last one's checkpoint.
     finished = 0
     while finished < len(stages) and work.done(f"stage:{stages[finished][0]}"):
@@ -646,18 +650,12 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         _log(f"[{index + 2}/{steps}] {name}: {stage_spec(name).description}")
         ctx.metrics = {}
         stage_start = time.perf_counter()
-        # a stage after the power stage works on the function the runtime computes by default: gating off
-        with gating_off(model) if name != "power" else contextlib.nullcontext():
+        # a stage after the power stage works on the function the runtime computes by default: gating off.
+        # The stage's figures (compress/measure.py stage_metrics) are of the layout the export stores, counted and
+        # measured once: its weight bytes (a QDQ graph's INT8 head, a quantized export without QAT), and a QDQ
+        # graph's INT8 head's perplexity, which QAT left in float
+        with gating_off(model) if name != "power" else contextlib.nullcontext(), measured_as_exported(export_config):
             model = stage_spec(name).run(model, stage_config, ctx)
-        if "weight_bytes" in ctx.metrics:  # the stage counted its recorded fake quantization; the export stores
-            # its own layout (a QDQ graph's INT8 head, a quantized export without QAT): the report shows that
-            from edgesdk.compress.measure import exported_weight_bytes, qdq_head_perplexity
-
-            ctx.metrics["weight_bytes"] = exported_weight_bytes(model, export_config)
-            if "heldout_perplexity" in ctx.metrics:  # a QDQ graph's INT8 head, which QAT left in float
-                measured = qdq_head_perplexity(model, ctx.eval_ids(), export_config)
-                if measured is not None:
-                    ctx.metrics["heldout_perplexity"] = measured
         with _progress_bars(config.progress):  # transformers' own bars, while it writes the checkpoint
             save_checkpoint(model, loaded.tokenizer, work.stage_checkpoint(index, name))
         work.record_files(f"stage:{name}", work.stage_checkpoint(index, name))  # checked when resumed

@@ -10,6 +10,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from edgesdk.build.checkpoint import said, said_sets
 from edgesdk.build.registry import check_order, make_config
 from edgesdk.errors import BuildError, read_utf8
 from edgesdk.profile import load_yaml_unique
@@ -74,26 +75,32 @@ class Recipe(BaseModel):
     stages: tuple[StageEntry, ...] = ()
     export: ExportSection = Field(default_factory=ExportSection)
 
-    def with_overrides(self, overrides: tuple[str, ...] | list[str]) -> Recipe:
-        """Apply ``stage.field=value`` (or ``export.field=value``) overrides; values are YAML."""
+    def with_overrides(self, overrides: tuple[str, ...] | list[str], terms: str = "cli") -> Recipe:
+        """Apply ``stage.field=value`` (or ``export.field=value``) overrides; values are YAML. ``terms``: whose
+        names a refusal gives them, ``edgesdk build``'s (``--set``) or build_bundle()'s (``overrides=[...]``;
+        edgesdk.build.checkpoint.said)."""
         data = self.model_dump()
         for item in overrides:
             key, sep, raw = item.partition("=")
             section, dot, field_name = key.partition(".")
             if not sep or not dot or not section or not field_name:
                 raise BuildError(f"override '{item}' is not of the form stage.field=value",
-                                 "write e.g. --set prune.ffn_ratio=0.4 or --set export.weights=int4")
+                                 f"write e.g. {said('--set', terms, 'prune.ffn_ratio=0.4')} or "
+                                 f"{said('--set', terms, 'export.weights=int4')}")
             try:
                 value = _override_value(raw)
             except yaml.YAMLError as exc:
+                quoted = ("--set 'stage.field=\"text\"'" if terms != "python" else
+                          said("--set", terms, 'stage.field="text"'))
                 raise BuildError(f"override '{item}': the value {raw!r} is not valid YAML "
-                                 f"({str(exc).splitlines()[0]})", "quote it, e.g. --set 'stage.field=\"text\"'") \
-                    from exc
+                                 f"({str(exc).splitlines()[0]})", f"quote it, e.g. {quoted}") from exc
             if section == "export" and field_name.strip() == "max_context":  # ExportConfig's one build-level field
+                fix = (f"pass --max-context {raw.strip()} (build_bundle(max_context={raw.strip()}) in Python) instead "
+                       "of this --set" if terms != "python" else
+                       f"pass max_context={raw.strip()} to build_bundle() instead of this override")
                 raise BuildError(f"override '{item}': the bundle's context is not a recipe setting (a recipe's export "
-                                 f"keys: {', '.join(ExportSection.model_fields)}), it is the build's --max-context",
-                                 f"pass --max-context {raw.strip()} (build_bundle(max_context={raw.strip()}) in "
-                                 "Python) instead of this --set")
+                                 f"keys: {', '.join(ExportSection.model_fields)}), it is the build's "
+                                 f"{said('--max-context', terms)}", fix)
             if section == "export":
                 data["export"][field_name] = value
                 continue
@@ -101,13 +108,15 @@ class Recipe(BaseModel):
             if not entries:
                 raise BuildError(f"override '{item}': the recipe '{self.name}' has no stage '{section}' "
                                  f"(stages: {', '.join(e['stage'] for e in data['stages']) or 'none'})",
-                                 "override a stage it has" + pick_a_recipe_with(section))
+                                 "override a stage it has" + pick_a_recipe_with(section, terms))
             entries[0]["config"][field_name] = value
         try:
             return Recipe.model_validate(data)
         except ValidationError as exc:
-            raise BuildError(f"--set {' '.join(overrides)} makes recipe '{self.name}' invalid: {_problems(exc)}",
-                             f"fix the --set values (export keys: {', '.join(ExportSection.model_fields)})") from exc
+            given = f"--set {' '.join(overrides)}" if terms != "python" else said_sets(terms, *overrides)
+            values = "the --set values" if terms != "python" else "those overrides"
+            raise BuildError(f"{given} makes recipe '{self.name}' invalid: {_problems(exc)}",
+                             f"fix {values} (export keys: {', '.join(ExportSection.model_fields)})") from exc
 
     def weight_bits_overrides(self, bits: int) -> list[str]:
         """What ``--weight-bits N`` means for this recipe: QAT learns N-bit weights, and a recipe that
@@ -122,27 +131,28 @@ class Recipe(BaseModel):
         stored = self.export.form == "ort-fused" and self.export.weights in ("int4", "int8")
         return [f"qat.weight_bits={bits}", *([f"export.weights=int{bits}"] if stored else [])]
 
-    def validated(self) -> list[tuple[str, object]]:
-        """(stage name, config object) pairs, order and configs checked."""
+    def validated(self, terms: str = "cli") -> list[tuple[str, object]]:
+        """(stage name, config object) pairs, order and configs checked. ``terms``: whose names a refusal's fix
+        gives the settings, ``edgesdk build``'s (``--set``) or build_bundle()'s (``overrides=[...]``)."""
         names = [entry.stage for entry in self.stages]
         check_order(names)
-        stages = [(entry.stage, make_config(entry.stage, entry.config)) for entry in self.stages]
-        self._check_block_size(stages)
-        self._check_qat_matches_export(stages)
-        self._check_reorder(stages)
-        self._check_power_form(stages)
+        stages = [(entry.stage, make_config(entry.stage, entry.config, terms)) for entry in self.stages]
+        self._check_block_size(stages, terms)
+        self._check_qat_matches_export(stages, terms)
+        self._check_reorder(stages, terms)
+        self._check_power_form(stages, terms)
         return stages
 
-    def _check_power_form(self, stages: list[tuple[str, object]]) -> None:
+    def _check_power_form(self, stages: list[tuple[str, object]], terms: str = "cli") -> None:
         """The power gates export in the fused ONNX Runtime graph only (edgesdk/export/gated_graph.py): refused
         here, before the power stage trains, not at export after it."""
         if self.export.form != "ort-fused" and any(name == "power" for name, _ in stages):
             raise BuildError(
                 f"recipe '{self.name}': the power stage's gates export to the fused ONNX Runtime form only, "
                 f"and export.form is {self.export.form}",
-                "--set export.form=ort-fused, or pick a recipe without the power stage")
+                f"{said_sets(terms, 'export.form=ort-fused')}, or pick a recipe without the power stage")
 
-    def _check_reorder(self, stages: list[tuple[str, object]]) -> None:
+    def _check_reorder(self, stages: list[tuple[str, object]], terms: str = "cli") -> None:
         """``sparsify.reorder`` permutes the hidden channels, which regroups the channels sharing a scale when QAT
         before it quantized in blocks along them (granularity block, or a block-quantized embedding and head):
         the stage refuses that (edgesdk/compress/sparsify.py), and so does the recipe, before any stage runs. It also
@@ -158,16 +168,17 @@ class Recipe(BaseModel):
                 raise BuildError(
                     f"recipe '{self.name}': sparsify.reorder cannot follow the power stage: it permutes the hidden "
                     "channels, which the power adapters read in their own order",
-                    "--set sparsify.reorder=false, or list sparsify before power in the recipe")
+                    f"{said_sets(terms, 'sparsify.reorder=false')}, or list sparsify before power in the recipe")
             if name == "sparsify" and config.reorder and qat is not None and qat.scheme().groups_hidden_channels:
                 raise BuildError(
                     f"recipe '{self.name}': sparsify.reorder cannot follow a qat stage that quantizes in blocks along "
                     f"the hidden channels (qat.granularity={qat.granularity}, qat.embedding_bits="
                     f"{qat.embedding_bits}): the permutation would regroup the channels sharing a scale",
-                    "--set sparsify.reorder=false, or --set qat.granularity=channel --set qat.embedding_bits=null "
-                    "(the jetson recipes' grid)")
+                    f"{said_sets(terms, 'sparsify.reorder=false')}, or "
+                    f"{said_sets(terms, 'qat.granularity=channel', 'qat.embedding_bits=null')} (the jetson recipes' "
+                    "grid)")
 
-    def _check_qat_matches_export(self, stages: list[tuple[str, object]]) -> None:
+    def _check_qat_matches_export(self, stages: list[tuple[str, object]], terms: str = "cli") -> None:
         """QAT bakes the weights onto one grid; the export must store that grid, or it re-rounds what QAT
         trained (or trains one form and ships another). Checked here, before any stage runs.
 
@@ -182,29 +193,34 @@ class Recipe(BaseModel):
         export = self.export
         if export.weights == "fp32":
             return
+
+        def sets(*items: str) -> str:
+            return said_sets(terms, *items)
+
         for name, qat in stages:
             if name != "qat":
                 continue
             if export.form == "ort-fused":
                 bits = {"int8": 8, "int4": 4}[export.weights]
                 head_bits = export.embedding_bits or bits
-                wanted = {"weight_bits": (bits, f"--weight-bits {qat.weight_bits} sets both, or --set "
-                                                f"qat.weight_bits={bits} to match the export"),
-                          "granularity": ("block", "--set qat.granularity=block (channel is the standard form's "
-                                                   "QDQ layout: --set export.form=standard --set export.weights=int8)"),
-                          "activations": ("block", "--set qat.activations=block (ONNX Runtime's MatMulNBits "
+                wanted = {"weight_bits": (bits, f"{said('--weight-bits', terms, qat.weight_bits)} sets both, or "
+                                                f"{sets(f'qat.weight_bits={bits}')} to match the export"),
+                          "granularity": ("block", f"{sets('qat.granularity=block')} (channel is the standard form's "
+                                                   "QDQ layout: "
+                                                   f"{sets('export.form=standard', 'export.weights=int8')})"),
+                          "activations": ("block", f"{sets('qat.activations=block')} (ONNX Runtime's MatMulNBits "
                                                    "quantizes activations per block at run time)"),
-                          "embedding_bits": (head_bits, f"--set qat.embedding_bits={head_bits}, or "
-                                                        f"--set export.embedding_bits={qat.embedding_bits}"
-                                             if qat.embedding_bits else f"--set qat.embedding_bits={head_bits}")}
+                          "embedding_bits": (head_bits, f"{sets(f'qat.embedding_bits={head_bits}')}, or "
+                                                        f"{sets(f'export.embedding_bits={qat.embedding_bits}')}"
+                                             if qat.embedding_bits else sets(f"qat.embedding_bits={head_bits}"))}
                 form = f"ort-fused {export.weights} export (LM head at {head_bits} bits)"
             else:
-                wanted = {"weight_bits": (8, "--set qat.weight_bits=8 (4-bit weights need --set "
-                                             "export.form=ort-fused --set export.weights=int4)"),
-                          "granularity": ("channel", "--set qat.granularity=channel"),
-                          "activations": (("tensor", "none"), "--set qat.activations=tensor (TensorRT's static "
+                wanted = {"weight_bits": (8, f"{sets('qat.weight_bits=8')} (4-bit weights need "
+                                             f"{sets('export.form=ort-fused', 'export.weights=int4')})"),
+                          "granularity": ("channel", sets("qat.granularity=channel")),
+                          "activations": (("tensor", "none"), f"{sets('qat.activations=tensor')} (TensorRT's static "
                                                               "per-tensor scales)"),
-                          "embedding_bits": (None, "--set qat.embedding_bits=null")}
+                          "embedding_bits": (None, sets("qat.embedding_bits=null"))}
                 form = "standard int8 (QDQ) export"
             for option, (expected, fix) in wanted.items():
                 value = getattr(qat, option)
@@ -215,7 +231,7 @@ class Recipe(BaseModel):
                         "train one form and the bundle ship another",
                         f"{fix}, or pick a recipe whose export matches (edgesdk/recipes/)")
 
-    def _check_block_size(self, stages: list[tuple[str, object]]) -> None:
+    def _check_block_size(self, stages: list[tuple[str, object]], terms: str = "cli") -> None:
         """QAT trains on the quantization grid of its block size; the fused export must store that grid."""
         export = self.export
         if export.form != "ort-fused" or export.weights == "fp32":
@@ -225,8 +241,8 @@ class Recipe(BaseModel):
                 raise BuildError(
                     f"recipe '{self.name}': qat.block_size is {config.block_size} but export.block_size is "
                     f"{export.block_size}; the export would store weights on another grid than QAT trained",
-                    f"set both to the same value, e.g. --set qat.block_size={export.block_size} "
-                    f"--set export.block_size={export.block_size}")
+                    "set both to the same value, e.g. "
+                    f"{said_sets(terms, f'qat.block_size={export.block_size}', f'export.block_size={export.block_size}')}")
 
 
 def _problems(exc: ValidationError) -> str:
@@ -261,11 +277,12 @@ def shipped_recipes() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("edgesdk.recipes").iterdir() if p.name.endswith(".yaml"))
 
 
-def pick_a_recipe_with(stage: str) -> str:
+def pick_a_recipe_with(stage: str, terms: str = "cli") -> str:
     """", or pick a recipe with a STAGE stage: --recipe A, --recipe B" naming the shipped recipes that run
-    ``stage`` (the end of a fix for a setting aimed at a stage the recipe lacks); "" when none does."""
+    ``stage`` (the end of a fix for a setting aimed at a stage the recipe lacks); "" when none does. ``terms``
+    "python": build_bundle()'s ``recipe='A'`` instead (edgesdk.build.checkpoint.said)."""
     having = [name for name in shipped_recipes() if stage in [entry.stage for entry in load_recipe(name).stages]]
-    return f", or pick a recipe with a {stage} stage: " + ", ".join(f"--recipe {name}" for name in having) \
+    return f", or pick a recipe with a {stage} stage: " + ", ".join(said("--recipe", terms, name) for name in having) \
         if having else ""
 
 

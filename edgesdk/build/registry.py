@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from edgesdk.build.checkpoint import said
 from edgesdk.errors import BuildError
 
 
@@ -27,6 +28,9 @@ class BuildContext:
     progress: bool = True
     metrics: dict = field(default_factory=dict)  # the running stage writes its measurements here
     data_config: Any = None  # edgesdk.compress.data.DataConfig: training text for the stages
+    # whose names the training text's refusals give the build's options: "cli" edgesdk build's flags (--data),
+    # "python" build_bundle()'s arguments (data=...); BuildConfig.terms
+    terms: str = "cli"
     _data: Any = None
     _eval_ids: Any = None
 
@@ -35,7 +39,8 @@ class BuildContext:
         if self._data is None:
             from edgesdk.compress.data import DataConfig, TokenData
 
-            self._data = TokenData.load(self.data_config or DataConfig(), self.tokenizer, self.teacher, self.progress)
+            self._data = TokenData.load(self.data_config or DataConfig(), self.tokenizer, self.teacher, self.progress,
+                                        self.terms)
         return self._data
 
     def eval_ids(self):
@@ -88,25 +93,28 @@ def register_stage(name: str, config_class: type, after: tuple[str, ...] = (), d
     return decorate
 
 
-def make_config(name: str, values: dict | None) -> Any:
-    """Build a stage's config from a dict, rejecting unknown fields with the allowed set."""
+def make_config(name: str, values: dict | None, terms: str = "cli") -> Any:
+    """Build a stage's config from a dict, rejecting unknown fields with the allowed set. ``terms``: whose names
+    the fix gives an override, ``edgesdk build``'s (``--set``) or build_bundle()'s (``overrides``)."""
     spec = stage_spec(name)
     values = dict(values or {})
     allowed = {f.name for f in fields(spec.config_class)}
     unknown = sorted(set(values) - allowed, key=str)  # YAML reads a bare 1 or yes as an int or a bool key
     if unknown:
         raise BuildError(f"stage '{name}' has no option(s) {unknown}; allowed: {sorted(allowed)}",
-                         "fix the recipe or the --set override")
-    values = {key: _typed_value(name, spec.config_class, key, value) for key, value in values.items()}
+                         "fix the recipe or the --set override" if terms != "python" else
+                         "fix the recipe or the override in build_bundle()'s overrides")
+    values = {key: _typed_value(name, spec.config_class, key, value, terms) for key, value in values.items()}
     try:
         return spec.config_class(**values)
     except (TypeError, ValueError) as exc:
         raise BuildError(f"stage '{name}' config {values} is invalid: {exc}",
                          "fix the recipe, or the --set override or shortcut option (--ffn-ratio, --prune-layers, --distill-steps, "
-                         "--density) that gave the value") from exc
+                         "--density) that gave the value" if terms != "python" else
+                         "fix the recipe, or the override in build_bundle()'s overrides that gave the value") from exc
 
 
-def _typed_value(stage: str, config_class: type, key: str, value: Any) -> Any:
+def _typed_value(stage: str, config_class: type, key: str, value: Any, terms: str = "cli") -> Any:
     """``value`` checked against the config field's annotation, in pydantic's lax mode: an int
     where a float is expected becomes a float, and so does a numeric string (YAML 1.1, which
     PyYAML speaks, reads ``1e-4`` without a dot as a string). Anything else that does not fit is
@@ -121,9 +129,10 @@ def _typed_value(stage: str, config_class: type, key: str, value: Any) -> Any:
         return value
     # a generic alias's __name__ is its origin's alone ("tuple"): the whole type says what the items must be
     expected = (getattr(annotation, "__name__", None) if not get_args(annotation) else None) or str(annotation)
-    fix = f"fix the recipe or the override, e.g. --set {stage}.{key}=<{expected}>"
+    fix = f"fix the recipe or the override, e.g. {said('--set', terms, f'{stage}.{key}=<{expected}>')}"
     if get_origin(annotation) in (tuple, list):  # a YAML list, quoted on a shell's command line
-        fix += f" (a YAML list: --set '{stage}.{key}=[...]')"
+        fix += (f" (a YAML list: --set '{stage}.{key}=[...]')" if terms != "python" else
+                f" (a YAML list: {said('--set', terms, f'{stage}.{key}=[...]')})")
     try:
         checked = adapter.validate_python(value)
     except ValidationError as exc:

@@ -35,24 +35,34 @@ class DataConfig:
                              f"{self.generated_sequences}: each teacher continuation needs at least 1 token",
                              "set generated_tokens to 1 or more, or --generated-sequences 0 for no teacher text")
 
-    def check_files(self) -> None:
+    def check_files(self, terms: str = "cli") -> None:
         """Every --data file exists, is UTF-8 text and keeps text after the skipped characters; checked
-        before the model loads, so a typo costs seconds, not a model load."""
+        before the model loads, so a typo costs seconds, not a model load. ``terms``: whose names a refusal
+        gives the options (:func:`read_training_text`)."""
         for name in self.files:
-            read_training_text(Path(name), self.skip_chars)
+            read_training_text(Path(name), self.skip_chars, terms)
 
 
-def read_training_text(path: Path, skip_chars: int = 0) -> str:
-    """A --data file's text after its first ``skip_chars`` characters, or a BuildError naming the problem."""
+def _option(option: str, terms: str) -> str:
+    """``edgesdk build``'s ``option`` (--data), or for ``terms`` "python" build_bundle()'s argument (data)."""
+    from edgesdk.build.checkpoint import said
+
+    return said(option, terms)
+
+
+def read_training_text(path: Path, skip_chars: int = 0, terms: str = "cli") -> str:
+    """A --data file's text after its first ``skip_chars`` characters, or a BuildError naming the problem, with
+    the options in the caller's ``terms``: ``--data`` for edgesdk build, ``data`` for build_bundle()."""
+    data = _option("--data", terms)
     if not path.exists():
-        raise BuildError(f"training text {path} does not exist", "pass an existing plain-text file to --data")
+        raise BuildError(f"training text {path} does not exist", f"pass an existing plain-text file to {data}")
     if not path.is_file():
         kind = "a directory" if path.is_dir() else "not a regular file (a device, pipe or socket)"
-        raise BuildError(f"training text {path} is {kind}", "pass a plain-text file to --data")
+        raise BuildError(f"training text {path} is {kind}", f"pass a plain-text file to {data}")
     text = read_utf8(path, "training text", BuildError)
     if not text[skip_chars:].strip():
         raise BuildError(f"training text {path} is empty after skipping {skip_chars} characters",
-                         "pass a longer file or a smaller --data-skip-chars")
+                         f"pass a longer file or a smaller {_option('--data-skip-chars', terms)}")
     return text[skip_chars:]
 
 
@@ -63,16 +73,20 @@ class TokenData:
     runtime always decodes after it), and every block :meth:`batches` cuts starts with it; None where
     the tokenizer adds none (SmolLM2, Qwen)."""
 
-    def __init__(self, ids: torch.Tensor, generated: int, bos_id: int | None = None):
+    def __init__(self, ids: torch.Tensor, generated: int, bos_id: int | None = None, terms: str = "cli"):
         self.ids = ids  # (N,) int64
         self.generated_tokens = generated
         self.bos_id = bos_id
+        self.terms = terms  # whose names a refusal gives the options: edgesdk build's, or build_bundle()'s
 
     @classmethod
-    def load(cls, config: DataConfig, tokenizer, teacher=None, progress: bool = False) -> TokenData:
+    def load(cls, config: DataConfig, tokenizer, teacher=None, progress: bool = False,
+             terms: str = "cli") -> TokenData:
+        """The files' tokens, then the teacher's text; ``terms`` (BuildConfig.terms) names the options in the
+        refusals: ``--data`` for edgesdk build, ``data`` for build_bundle()."""
         pieces: list[torch.Tensor] = []
         for name in config.files:
-            text = read_training_text(Path(name), config.skip_chars)
+            text = read_training_text(Path(name), config.skip_chars, terms)
             pieces.append(torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long))
         generated = 0
         if config.generated_sequences and teacher is not None:
@@ -82,11 +96,13 @@ class TokenData:
         if not pieces:
             raise BuildError("the compression stages have no training text",
                              "pass --data FILE (plain text), or --generated-sequences N with N > 0 for "
+                             "teacher-generated text" if terms != "python" else
+                             "pass data='FILE' (plain text), or generated_sequences=N with N > 0 for "
                              "teacher-generated text")
         ids = torch.cat(pieces)
         from edgesdk.evaluate import leading_bos
 
-        return cls(ids, generated, leading_bos(tokenizer))
+        return cls(ids, generated, leading_bos(tokenizer), terms)
 
     def batches(self, count: int, batch_size: int, length: int, seed: int,
                 stage: str | None = None) -> list[torch.Tensor]:
@@ -106,10 +122,15 @@ class TokenData:
         (a block of only BOS calibrates on no text). Without ``bos_id`` the blocks are the drawn slices."""
         tokens = self.ids.numel()
         if tokens < length:
+            from edgesdk.build.checkpoint import said
+
+            terms = self.terms
             setting = f"{stage}.sequence_length" if stage else "sequence_length"
-            shorter = f"--set {setting}={tokens}" if stage and tokens >= 2 else f"a shorter {setting}"
+            shorter = (said("--set", terms, f"{setting}={tokens}") if stage and tokens >= 2 else
+                       f"a shorter {setting}")
             raise BuildError(f"training text has {tokens} tokens, fewer than one block of {length} ({setting})",
-                             f"pass more text with --data (or more teacher text, --generated-sequences), or {shorter}")
+                             f"pass more text with {said('--data', terms)} (or more teacher text, "
+                             f"{said('--generated-sequences', terms)}), or {shorter}")
         generator = torch.Generator().manual_seed(seed)
         starts = torch.randint(0, tokens - length + 1, (count, batch_size), generator=generator)
         blocks = [torch.stack([self.ids[s: s + length] for s in row.tolist()]) for row in starts]

@@ -4,6 +4,9 @@ per-layer structure."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
 
 from edgesdk.compress.fake_quant import (
@@ -173,12 +176,35 @@ def holds_a_window(eval_ids: torch.Tensor | None) -> bool:
     return eval_ids is not None and eval_ids.numel() >= HELDOUT_WINDOW
 
 
+# The export settings (export/onnx_export.py ExportConfig) of the build whose stage is running, set by the build
+# pipeline (:func:`measured_as_exported`): stage_metrics counts and measures the model as that export stores it.
+_EXPORT: contextvars.ContextVar = contextvars.ContextVar("edgesdk_stage_export", default=None)
+
+
+@contextlib.contextmanager
+def measured_as_exported(export):
+    """While a build's stage runs, :func:`stage_metrics` gives the figures of what the export with settings
+    ``export`` stores: :func:`exported_weight_bytes`, and for a standard-form INT8 export with ``embedding_bits: 8``
+    the perplexity with the INT8 head (:func:`qdq_head_perplexity`), measured once, in place of the figure of the
+    recorded scheme's float head (measured, then measured again with the head, before)."""
+    token = _EXPORT.set(export)
+    try:
+        yield
+    finally:
+        _EXPORT.reset(token)
+
+
 def stage_metrics(model, eval_ids: torch.Tensor | None) -> dict:
     """Parameters, exported weight bytes, per-layer structure and, where ``eval_ids`` hold at least one whole
-    window of HELDOUT_WINDOW tokens (what :func:`heldout_perplexity` scores), the held-out perplexity."""
+    window of HELDOUT_WINDOW tokens (what :func:`heldout_perplexity` scores), the held-out perplexity. Inside
+    :func:`measured_as_exported` the bytes and the perplexity are those of the export's stored layout."""
     scheme = QuantScheme.of(model)
-    metrics = {"parameters": parameters(model), "weight_bytes": weight_bytes(model, scheme),
+    export = _EXPORT.get()
+    metrics = {"parameters": parameters(model),
+               "weight_bytes": weight_bytes(model, scheme) if export is None else exported_weight_bytes(model, export),
                "layers": structure_summary(model)}
     if holds_a_window(eval_ids):
-        metrics["heldout_perplexity"] = round(quantized_heldout_perplexity(model, eval_ids, scheme), 4)
+        measured = None if export is None else qdq_head_perplexity(model, eval_ids, export)
+        metrics["heldout_perplexity"] = measured if measured is not None else \
+            round(quantized_heldout_perplexity(model, eval_ids, scheme), 4)
     return metrics
