@@ -79,7 +79,7 @@ from edgesdk.serve.api import (
     parse_tokenize_request,
     prompt_refusal,
 )
-from edgesdk.serve.completion import Completer, Completion
+from edgesdk.serve.completion import MIN_PREDICTED_MS, Completer, Completion
 from edgesdk.serve.embeddings import (
     check_dimensions,
     embedding_width,
@@ -94,6 +94,71 @@ from edgesdk.serve.openai_answer import StreamedAnswer, model_not_found, whole_a
 from edgesdk.serve.reasoning import split_answer
 
 T = TypeVar("T")  # what a request's check makes of its body (_checked_then_used)
+
+
+def _stream_flag(body: object, name: str) -> bool:
+    """A /completion or /infill stream's ``timings_per_token`` or ``return_progress`` (llama-server's
+    ``params_from_json_cmpl``: false where absent); anything but true, false or null is refused naming it."""
+    value = body.get(name) if isinstance(body, dict) else None
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false, got {json.dumps(value)[:80]}; send true to have each "
+                       "streamed event carry it, or leave it out", param=name)
+    return value
+
+
+class _LiveTimings:
+    """The timings and prompt progress of a /completion stream's task as its events go out, for llama-server's
+    ``timings_per_token`` (server-context.cpp ``send_partial_response``: every partial result carries the slot's
+    ``timings``) and ``return_progress`` (a ``prompt_progress`` object: ``total``, ``cache``, ``processed``,
+    ``time_ms``, server-task.cpp ``result_prompt_progress``).
+
+    They are measured as the answer's own (Completion's ``prompt_ms`` and ``predicted_ms``): from the request's turn
+    to its first token, and from the first token to the latest, less the time the thermal guard held the steps back
+    (ServeMetrics' ``thermal_wait_seconds``: the board runs one request at a time, so what it adds during the turn is
+    this request's). The prompt is known processed only when its first token comes (the prefill is not told to this
+    route step by step), so the one ``prompt_progress`` event goes out then, whole (``processed`` = ``total``), where
+    llama-server sends one after each batch of the prompt as well."""
+
+    def __init__(self, completer: Completer, evaluated: int):
+        self.completer, self.evaluated = completer, evaluated
+        self.start = self.first = None
+        self.waited_start = self.waited_first = 0.0
+        self.cached = 0
+
+    def _waited(self) -> float:
+        return self.completer.metrics.thermal_wait_seconds
+
+    def started(self) -> None:
+        """The request's turn came: its prefill starts."""
+        self.start, self.waited_start = time.perf_counter(), self._waited()
+
+    def prompt_done(self) -> bool:
+        """Marks the prompt processed (the first token's event, or the end of an answer that has none); True the first
+        time only."""
+        if self.first is not None:
+            return False
+        if self.start is None:
+            self.started()
+        self.first, self.waited_first = time.perf_counter(), self._waited()
+        cache = self.completer.prompt_cache
+        self.cached = cache.reused if cache is not None else 0
+        return True
+
+    def progress(self) -> dict:
+        """llama-server's ``prompt_progress``: the prompt's tokens, those the KV cache held, those processed, and the
+        milliseconds since its processing started."""
+        return {"total": self.evaluated, "cache": self.cached, "processed": self.evaluated,
+                "time_ms": int((self.first - self.start) * 1e3)}
+
+    def timings(self, decoded: int) -> dict:
+        """The ``timings`` object up to now, as llama_native.timings makes the last event's."""
+        prompt_ms = max((self.first - self.start - (self.waited_first - self.waited_start)) * 1e3, 0.0)
+        predicted_ms = (time.perf_counter() - self.first - (self._waited() - self.waited_first)) * 1e3
+        predicted_ms = max(predicted_ms, MIN_PREDICTED_MS) if decoded else 0.0
+        return llama_native.timings(Completion("", "length", self.evaluated, decoded, self.cached,
+                                               prompt_ms=prompt_ms, predicted_ms=predicted_ms))
 
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 CHUNK_LINE_LIMIT = 4096  # a chunk-size line with its extensions, or one trailer field
@@ -776,19 +841,19 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._authorise()
         body = self._read_json()
 
-        def tasks_of(completer: Completer) -> list[tuple[CompletionRequest, str, dict]]:
+        def tasks_of(completer: Completer) -> list[tuple[CompletionRequest, str, dict, int]]:
             requests = self._prompt_requests(body, lambda one: parse(one, completer), completer) if several else \
                 [parse(body, completer)]
             tasks = []
             for request in requests:
                 # The answer's "prompt" is the prompt's tokens as text, special tokens written out (a text prompt's
                 # BOS too), as llama-server gives it back (server.cpp: the task's tokens detokenized with special =
-                # true)
-                prompt = completer.runtime.tokenizer.tokenizer.decode(completer.prompt_ids(request),
-                                                                      skip_special_tokens=False)
+                # true); its token count is every streamed event's tokens_evaluated
+                prompt_ids = completer.prompt_ids(request)
+                prompt = completer.runtime.tokenizer.tokenizer.decode(prompt_ids, skip_special_tokens=False)
                 tasks.append((request, prompt, llama_native.generation_settings(
                     request, completer.sampling(request), completer.defaults.n_keep, completer.defaults.max_tokens,
-                    completer.shifts(request))))
+                    completer.shifts(request)), len(prompt_ids)))
             return tasks
 
         if self.server.pool is not None:
@@ -796,35 +861,66 @@ class ApiHandler(BaseHTTPRequestHandler):
         # a body that is no JSON object is the parser's 400 (``_checked_then_used``), not a fault reading these
         fields = llama_native.response_fields(body) if isinstance(body, dict) else ()
         ids = llama_native.return_tokens(body)
+        per_token, progress = _stream_flag(body, "timings_per_token"), _stream_flag(body, "return_progress")
         completer, tasks = self._checked_then_used(body, tasks_of)
-        requests = [request for request, _, _ in tasks]
+        requests = [request for request, _, _, _ in tasks]
         self._answer_started()
         if not requests[0].stream:
             answers = []
-            for index, (request, prompt, settings) in enumerate(tasks):
+            for index, (request, prompt, settings, _) in enumerate(tasks):
                 completion = completer.complete(request, client_gone=self._client_gone)
                 answers.append(llama_native.only_fields(llama_native.final_body(
                     request, self._model, completion, settings, prompt=prompt, tokens=ids, index=index), fields))
             self._send_json(200, answers[0] if len(answers) == 1 else answers)
             return
-        for index, (request, prompt, settings) in enumerate(tasks):
+        for index, (request, prompt, settings, evaluated) in enumerate(tasks):
             given: list[int] = []
+            decoded = [0]  # the answer's tokens handed out so far, in this event's too
+            live = _LiveTimings(completer, evaluated)
+
+            def prompt_processed(index: int = index, evaluated: int = evaluated, live: _LiveTimings = live) -> None:
+                """``return_progress``'s event once the prompt is processed: no text, no token yet."""
+                if live.prompt_done() and progress:
+                    event = self._partial_event("", None, [], index, 0, evaluated)
+                    if per_token:
+                        event["timings"] = live.timings(0)
+                    event["prompt_progress"] = live.progress()
+                    self._event(event)
 
             def on_ids(tokens: list[int], given: list[int] = given) -> None:
                 given[:] = tokens
 
-            def on_text(text: str, probabilities: list | None, given: list[int] = given, index: int = index) -> None:
+            def on_text(text: str, probabilities: list | None, given: list[int] = given, index: int = index,
+                        decoded: list[int] = decoded, evaluated: int = evaluated, live: _LiveTimings = live,
+                        prompt_processed: Callable[[], None] = prompt_processed) -> None:
                 if text or probabilities or given:  # a token that made no text still has its id and probabilities
-                    self._event(llama_native.partial_body(text, probabilities, given, index))
+                    prompt_processed()
+                    decoded[0] += len(given)
+                    event = self._partial_event(text, probabilities, given, index, decoded[0], evaluated)
+                    if per_token:
+                        event["timings"] = live.timings(decoded[0])
+                    self._event(event)
                 given.clear()
 
-            completion = self._complete_streamed(request, on_text, lambda: None,
+            completion = self._complete_streamed(request, on_text, live.started,
                                                  lambda error: self._event(error.body()), headers_out=index > 0,
                                                  on_ids=on_ids)
             if completion is None:
                 return
+            prompt_processed()  # an answer with no event of its own (n_predict 0) still tells its prompt's progress
             self._event(llama_native.only_fields(llama_native.final_body(
                 request, self._model, completion, settings, content="", prompt=prompt, index=index), fields))
+
+    @staticmethod
+    def _partial_event(text: str, probabilities: list | None, tokens: list[int], index: int, decoded: int,
+                       evaluated: int) -> dict:
+        """A /completion or /infill stream's event for a piece of the answer, with the counts every partial result
+        of llama-server carries (server-task.cpp ``server_task_result_cmpl_partial::to_json_non_oaicompat``:
+        ``tokens_predicted``, the answer's tokens sampled up to this event's, its ``n_decoded``; ``tokens_evaluated``,
+        the prompt's tokens, its ``n_prompt_tokens``), as the stream's last event carries them."""
+        event = llama_native.partial_body(text, probabilities, tokens, index)
+        event.update(tokens_predicted=decoded, tokens_evaluated=evaluated)
+        return event
 
     def _messages(self, path: str) -> None:
         """Anthropic's Messages API (edgesdk/serve/anthropic.py): an answer, or a prompt's token count."""
