@@ -18,14 +18,17 @@ edgesdk/runtime/prompt_cache.py). A file from another bundle, another edgesdk re
 keys and values may differ in layout or precision from what this one computes), with other gates, a damaged one,
 or one whose arrays do not fit this backend's cache is not loaded (the reason is returned, and the next write
 replaces it), as llama.cpp refuses a session file of another format version. A write goes to a temporary file
-renamed over the old one, so a killed run leaves the previous cache whole.
+renamed over the old one, so a killed run leaves the previous cache whole; the temporary file a run killed by
+SIGKILL leaves is removed by the next write.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import stat
+import time
 import zipfile
 from pathlib import Path
 
@@ -180,6 +183,56 @@ def _mode_of(path: Path) -> int | None:
         return None
 
 
+def _cut(name: str, suffix: str) -> str:
+    """``name`` cut to leave room for ``suffix`` within NAME_MAX bytes: the start of a temporary file's name."""
+    return os.fsdecode(os.fsencode(name)[: NAME_MAX - len(suffix)])
+
+
+PARTIAL = re.compile(r"(.*)(\.(\d+)-[0-9a-f]{8}\.partial)", re.DOTALL)  # a write's temporary file: FILE.PID-HEX.partial
+STALE_AFTER_S = 60.0  # a temporary file left alone this long by a process that is gone is a killed write's
+
+
+def _remove_stale_partials(path: Path) -> None:
+    """Remove the temporary files that writes of ``path`` killed by a signal Python cannot catch left beside it
+    (SIGKILL: the OOM killer, systemd's stop timeout, ``timeout -s KILL``): a write removes its own file when it
+    fails or is interrupted, but a killed one left a copy of the whole cache (tens of MB) there for good, one more
+    at each such kill, filling a board's SD card. llama-cli writes its ``--prompt-cache`` file in place, leaving
+    nothing beside it. A file is removed only where the process that wrote it is gone (its PID is not running) and
+    it was not written to for STALE_AFTER_S seconds (a writer in another PID namespace sharing the directory is
+    still writing to its file); one that cannot be removed is left."""
+    if os.name != "posix":  # os.kill(pid, 0) asks whether a process runs on POSIX only (0 is CTRL_C_EVENT on Windows)
+        return
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        match = PARTIAL.fullmatch(name)
+        if match is None or match.group(1) != _cut(path.name, match.group(2)):
+            continue
+        pid = int(match.group(3))
+        if pid == os.getpid() or _running(pid):
+            continue
+        stale = path.with_name(name)
+        try:
+            if now - os.lstat(stale).st_mtime >= STALE_AFTER_S:
+                stale.unlink()
+        except OSError:
+            pass
+
+
+def _running(pid: int) -> bool:
+    """Whether a process with ``pid`` runs (one of another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):
+        return True  # another user's (PermissionError), or a number no PID is: left alone
+    return True
+
+
 def save(path: Path, cache: PromptCache, bundle_id: str, snapshot: tuple[list[int], list] | None = None) -> None:
     """Write the backend's KV cache and ``cache.tokens`` to ``path`` (atomically; through a symlink, the
     file it points to). ``snapshot``: (token ids, ``backend.save_cache()`` state) taken earlier, written in their
@@ -192,7 +245,8 @@ def save(path: Path, cache: PromptCache, bundle_id: str, snapshot: tuple[list[in
     # room for the suffix within NAME_MAX: a valid name of 230 bytes and more failed "File name too long" after the
     # answer, where llama-cli writes its --prompt-cache file in place.
     suffix = f".{os.getpid()}-{secrets.token_hex(4)}.partial"
-    partial = path.with_name(os.fsdecode(os.fsencode(path.name)[: NAME_MAX - len(suffix)]) + suffix)
+    partial = path.with_name(_cut(path.name, suffix) + suffix)
+    _remove_stale_partials(path)
     # A file that exists keeps its permissions, as llama-cli's fopen("wb") over it keeps them: a cache made
     # private (chmod 600; its token ids are the prompt's text) came back world-readable (0644 under umask 022).
     # Created private, given the old file's mode before the rename; a new file as open() creates one.
