@@ -54,6 +54,7 @@ from edgesdk.api_checks import (
     numpy_int,
     python_scalar,
     refuse_unread,
+    request_limit,
     serve_settings,
     shown,
     token_ids,
@@ -196,7 +197,8 @@ class Model:
         takes it): the text after the completion, for a model with fill-in-the-middle tokens; the answer is the
         middle (:func:`edgesdk.serve.api.suffix_request`). ``fields`` are the request's other fields
         (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``logprobs``, ``echo``, ``grammar``,
-        ``response_format`` ...).
+        ``response_format`` ...). ``max_tokens`` None, 0 or -1 is no limit but the context, as llama-cpp-python's
+        (:func:`~edgesdk.api_checks.request_limit`); left out, :func:`load`'s ``max_tokens``.
 
         One prompt per call, as llama-cpp-python's ``create_completion`` takes it: an array of several prompts
         (``["a", "b"]``, ``[[1, 2], [3, 4]]``), which ``edgesdk serve``'s ``POST /v1/completions`` answers with a
@@ -214,7 +216,7 @@ class Model:
             # n_predict and max_completion_tokens, which the HTTP route reads too, stay refused by name here
             return parse_text_request(request, completer=self._completer, limit_fields=("max_tokens",))
 
-        body = {"prompt": token_ids(prompt), **({} if suffix is None else {"suffix": suffix}), **fields}
+        body = {"prompt": token_ids(prompt), **({} if suffix is None else {"suffix": suffix}), **request_limit(fields)}
         return self._answer("create_completion", parse, body, stream)
 
     __call__ = create_completion
@@ -224,14 +226,15 @@ class Model:
         """OpenAI's ``POST /v1/chat/completions`` for ``messages`` through the bundle's chat template: its body,
         or an iterator of its chunks with ``stream``. ``fields`` are the request's other fields (``max_tokens``,
         ``temperature``, ``stop``, ``tools``, ``tool_choice``, ``response_format``, ``logprobs``,
-        ``chat_template_kwargs`` ...)."""
+        ``chat_template_kwargs`` ...). ``max_tokens`` None, 0 or -1 is no limit but the context, as
+        llama-cpp-python's (:func:`~edgesdk.api_checks.request_limit`); left out, :func:`load`'s ``max_tokens``."""
         from edgesdk.serve.api import parse_chat_request
 
         messages = list(messages) if isinstance(messages, tuple) else messages
         def parse(request: dict):  # OpenAI's two limits; llama-server's n_predict is refused by name, as before
             return parse_chat_request(request, limit_fields=("max_completion_tokens", "max_tokens"))
 
-        return self._answer("create_chat_completion", parse, {"messages": messages, **fields}, stream)
+        return self._answer("create_chat_completion", parse, {"messages": messages, **request_limit(fields)}, stream)
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """The token ids of ``text``: with the tokenizer's special tokens added (a BOS where the model has one) by
@@ -541,6 +544,8 @@ class Model:
 
         self._check_open(method)
         stream = python_scalar(stream)  # np.True_, as the other fields' NumPy scalars (json_arrays)
+        if stream is None:  # every field's default, as the routes read JSON null (serve/api.py _common_fields)
+            stream = False
         if not isinstance(stream, bool):
             raise RequestError(method, f"'stream' must be true or false, got {stream!r}", param="stream")
         fields = ReadFields({**logit_bias_keys(method, json_arrays(body)), "stream": stream})

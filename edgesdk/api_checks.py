@@ -53,6 +53,14 @@ LLAMA_ARGUMENTS = {
     "lora_scale": "a bundle carries its adapters merged: build_bundle(lora=(PATH, SCALE))",
     "seed": "pass seed=N to create_completion / create_chat_completion",
     "verbose": "load() prints nothing; model.notes says which backend and thermal guard it uses",
+    # llama-cpp-python's switches for what every loaded bundle does here: logprobs (llama_cpp/llama.py refuses them
+    # "for models created with logits_all=False") and embeddings (Llama(embedding=True))
+    "logits_all": "leave it out: logprobs and echo's prompt logprobs need no switch here "
+                  "(create_completion(..., logprobs=N, echo=True))",
+    "embedding": "leave it out: embed() and create_embedding() need no switch here (pooling= sets how they pool)",
+    "n_gpu_layers": "a bundle runs whole on its backend: pass backend='ort-cuda', 'ort-trt' or 'tensorrt' for the "
+                    "GPU, or leave backend out for the profile's chain",
+    "chat_format": "the bundle's own chat template formats create_chat_completion's messages",
     # llama.cpp's other names of the draft settings (common/arg.cpp: --draft-n is --draft-max, --draft-n-min is
     # --draft-min), whose closest load() argument by spelling is another setting (draft_min, draft_p_min)
     "draft_n": "pass draft_max=N (llama.cpp's --draft-n is --draft-max)",
@@ -131,6 +139,21 @@ def serve_settings(settings: dict) -> dict:
     if read.get("max_tokens") in NO_TOKEN_LIMIT:  # a bool was refused by check_load_arguments
         read["max_tokens"] = UNTIL_THE_CONTEXT_FILLS
     return read
+
+
+def request_limit(fields: dict) -> dict:
+    """A request's ``fields`` with ``max_tokens`` read as llama-cpp-python's ``create_completion`` and
+    ``create_chat_completion`` read it: None or 0 is no limit but the context ("If max_tokens <= 0 or None, the
+    maximum number of tokens to generate is unlimited and depends on n_ctx", llama_cpp/llama.py), which the routes'
+    parser takes as -1. Left out, the field stays out (:func:`edgesdk.load`'s ``max_tokens`` holds the answer);
+    other values (a bool too) as they are, for the parser to take or name; and so is ``max_tokens`` beside a chat's
+    ``max_completion_tokens``, which the parser reads first (None there is the field left out)."""
+    if "max_tokens" not in fields or fields.get("max_completion_tokens") is not None:
+        return fields
+    value = python_scalar(fields["max_tokens"])
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0):
+        return {**fields, "max_tokens": -1}
+    return fields
 
 
 def build_arguments(target: object, model: object, out: object, recipe: object, data: object, numbers: dict,
