@@ -142,6 +142,21 @@ def _offline(policy_dir: Path) -> bool:
         return False
 
 
+def _why_not_writable(policy_dir: Path) -> str:
+    """What to do about a ``scaling_max_freq`` this process may not write: root's ``access(2)`` passes every
+    permission check, so for root it fails only with EROFS, a file system mounted read-only, as Docker and
+    Podman mount ``/sys`` in a container that is not privileged; "run as root" would send root round in
+    circles there."""
+    try:
+        read_only = bool(os.statvfs(policy_dir).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return ("its file system is mounted read-only, as a container that is not privileged mounts /sys: run the "
+                "container with --privileged, or mount /sys read-write")
+    return "run as root"
+
+
 @dataclass
 class Policy:
     """One cpufreq policy: its directory, the board's ceiling and the frequencies it offers."""
@@ -202,7 +217,9 @@ class CpuFreqCap:
 
     def __init__(self, root: str | Path = "/", state_path: str | Path | None = None,
                  warn: Callable[[str], None] | None = None):
-        self.root = Path(root)
+        # absolute: the state file names each capped file by its path, and a run started from another directory
+        # (a service's WorkingDirectory) would find nothing at a relative one, drop the record and leave the cap
+        self.root = Path(root).absolute()
         self.state_path = Path(state_path) if state_path else None
         self._warn = warn or (lambda message: None)
         self.notes: list[str] = []
@@ -253,7 +270,7 @@ class CpuFreqCap:
                 skipped.append(f"{path.name}: none of its CPUs is online (affected_cpus is empty)")
                 continue
             if not os.access(path / "scaling_max_freq", os.W_OK):
-                skipped.append(f"{path.name}: scaling_max_freq not writable (run as root)")
+                skipped.append(f"{path.name}: scaling_max_freq not writable ({_why_not_writable(path)})")
                 continue
             offered = _read_list(path / "scaling_available_frequencies")  # [] for drivers without a table
             lowest = _read_khz(path / "cpuinfo_min_freq") or floor or ceiling

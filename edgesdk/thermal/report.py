@@ -5,6 +5,7 @@ matplotlib is imported here only (extra ``[report]``); the board runtime never i
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
@@ -12,7 +13,6 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.thermal.telemetry import load
 
 LEVELS = ["unguarded", "normal", "warm", "hot", "critical"]
 
@@ -34,13 +34,59 @@ def _plain(text: str) -> str:
 
 def _valid_steps(steps: list[dict]) -> list[dict]:
     """The step records a plot can use: finite, non-negative numeric ``t`` and ``tokens`` (a garbled or
-    hand-edited line is skipped, as :func:`~edgesdk.thermal.telemetry.load` skips torn ones)."""
-    kept = []
-    for record in steps:
-        t, tokens = _number(record.get("t")), _number(record.get("tokens"))
-        if t is not None and tokens is not None and t >= 0 and tokens >= 0:
-            kept.append({**record, "t": t, "tokens": tokens})
+    hand-edited line is skipped, as :func:`~edgesdk.thermal.telemetry.load` skips torn ones), each cut to
+    the fields plotted (``t``, ``tokens``, ``temp_c``, ``level``) and sorted by ``t``."""
+    kept = [step for step in map(_plotted, steps) if step is not None]
+    kept.sort(key=lambda step: step["t"])  # stable: records of one instant keep their order
     return kept
+
+
+def _plotted(record: dict) -> dict | None:
+    """The fields of one step record a plot uses, or None where ``t`` or ``tokens`` is not usable. Only
+    these are kept: a whole record (its zones, guard state ...) held for each of a long run's million
+    steps took over ten times the file's size in memory."""
+    t, tokens = _number(record.get("t")), _number(record.get("tokens"))
+    if t is None or tokens is None or t < 0 or tokens < 0:
+        return None
+    level = record.get("level")
+    return {"t": t, "tokens": tokens, "temp_c": _number(record.get("temp_c")),
+            "level": LEVELS[LEVELS.index(level)] if level in LEVELS else None}
+
+
+def _read_runs(path: str | Path) -> list[tuple[dict, list[dict]]]:
+    """The runs of one telemetry file: (meta, usable step records) each, read a line at a time.
+
+    Lines are read as :func:`~edgesdk.thermal.telemetry.load` reads them (a torn, non-JSON or non-object line
+    is skipped), but one at a time, keeping only what is plotted (:func:`_plotted`): ``load`` holds the whole
+    text and every whole record, about 11 times the file's size (a day of decode steps is a GB file). A
+    meta record after step records begins another run: files joined with ``cat`` (a board's runs gathered
+    in one log) restart their time at 0, and read as one run, their lines went back in time and two runs'
+    tokens were summed into each rate bin (twice the tok/s)."""
+    runs: list[tuple[dict, list[dict]]] = []
+    meta: dict = {}
+    steps: list[dict] = []
+    try:
+        with Path(path).open(encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except (ValueError, RecursionError):  # JSONDecodeError, an integer past 4,300 digits, deep nesting
+                    continue
+                if not isinstance(record, dict):
+                    continue
+                if record.get("type") == "meta":
+                    if steps:
+                        runs.append((meta, _valid_steps(steps)))
+                        steps = []
+                    meta = record
+                elif record.get("type") == "step" and (step := _plotted(record)) is not None:
+                    steps.append(step)
+    except OSError as error:
+        raise EdgeSDKError(f"telemetry file {path} cannot be read ({error.strerror or error})",
+                           f"pass a telemetry JSONL file this user may read (check that {path} exists and "
+                           "its permissions), as written by 'edgesdk run --telemetry FILE'") from error
+    runs.append((meta, _valid_steps(steps)))
+    return runs
 
 
 def _rate_series(steps: list[dict], bin_s: float) -> tuple[np.ndarray, np.ndarray]:
@@ -67,9 +113,11 @@ def _rate_series(steps: list[dict], bin_s: float) -> tuple[np.ndarray, np.ndarra
 def _level_steps(steps: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """The guard level (index in ``LEVELS``) to draw with ``where="pre"``: each record's level over the
     interval it books, from the record before it (the run's start for the first) up to its ``t``, as
-    :func:`~edgesdk.thermal.telemetry.summarize` charges it. Times in seconds."""
+    :func:`~edgesdk.thermal.telemetry.summarize` charges it; NaN (drawn as a gap) where the level is not
+    one of ``LEVELS``. Times in seconds."""
     times = [r["t"] for r in steps]
-    level = [LEVELS.index(r["level"]) if r.get("level") in LEVELS else 0 for r in steps]
+    # a level this code does not know (a newer edgesdk's, a garbled field) is a gap, not "unguarded"
+    level = [LEVELS.index(r["level"]) if r.get("level") in LEVELS else np.nan for r in steps]
     if times and times[0] > 0:  # the first record's interval starts with the run
         times, level = [0.0, *times], [level[0], *level]
     return np.array(times, dtype=float), np.array(level, dtype=float)
@@ -96,14 +144,25 @@ def _output_path(out: str | Path, formats: dict[str, str]) -> Path:
     return out
 
 
-def _labels(runs: list[tuple[Path, dict, list[dict]]]) -> list[str]:
-    """Each run's legend label: its meta ``label``, else its file's stem. A label two runs share (two
-    plans' "guarded" runs at different ambients) gets the file's stem, or its path, so the lines can be
-    told apart."""
-    labels = [str(meta.get("label") or path.stem) for path, meta, _ in runs]
-    stems = [path.stem for path, _, _ in runs]
-    return [f"{label} ({stem if stems.count(stem) == 1 else path})" if labels.count(label) > 1 else label
-            for label, stem, (path, _, _) in zip(labels, stems, runs, strict=True)]
+def _labels(runs: list[tuple[tuple[str, str], dict, list[dict]]]) -> list[str]:
+    """Each run's legend label: its meta ``label``, else its name's stem (the file's stem, and "run N" for
+    each run of a file that holds several: :func:`_read_runs`). A label two runs share (two plans'
+    "guarded" runs at different ambients) gets the stem, or the file's path, so the lines can be told
+    apart."""
+    labels = [str(meta.get("label") or stem) for (stem, _), meta, _ in runs]
+    stems = [stem for (stem, _), _, _ in runs]
+    return [f"{label} ({stem if stems.count(stem) == 1 else where})" if labels.count(label) > 1 else label
+            for label, stem, ((_, where), _, _) in zip(labels, stems, runs, strict=True)]
+
+
+def _named_runs(path: str | Path) -> list[tuple[tuple[str, str], dict, list[dict]]]:
+    """:func:`_read_runs` of one file, each run named (stem, path) for :func:`_labels`: a file of one run by
+    the file, each run of a file of several (joined with ``cat``) as "run N" of it."""
+    path = Path(path)
+    runs = _read_runs(path)
+    if len(runs) == 1:
+        return [((path.stem, str(path)), *runs[0])]
+    return [((f"{path.stem} run {n}", f"{path} run {n}"), meta, steps) for n, (meta, steps) in enumerate(runs, 1)]
 
 
 def _heading(metas: list[dict]) -> str:
@@ -131,7 +190,7 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
         raise EdgeSDKError(f"thermal report needs matplotlib ({exc})",
                            "pip install 'edgesdk[report]'") from exc
     out = _output_path(out, FigureCanvasAgg.get_supported_filetypes())
-    runs = [(Path(p), meta, _valid_steps(steps)) for p in paths for meta, steps in [load(p)]]
+    runs = [run for p in paths for run in _named_runs(p)]
     if not any(steps for _, _, steps in runs):
         raise EdgeSDKError(f"no step records (with a numeric t and tokens) in {', '.join(map(str, paths))}",
                            "record one with 'edgesdk run ... --telemetry FILE' or 'edgesdk thermal plan --telemetry-dir'")
@@ -150,7 +209,7 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
         temp = np.array([np.nan if _number(r.get("temp_c")) is None else r["temp_c"] for r in steps], dtype=float)
         # a run with no sensor (or one that never answered) draws no line: its legend entry says why
         unread = " (no temperature recorded)" if np.isnan(temp).all() else ""
-        (line,) = ax_t.plot(t, temp, lw=1.2, label=label + unread)
+        (line,) = ax_t.plot(t, temp, lw=1.2, label=label + unread, **_lone_markers(temp))
         colors.append(line.get_color())
         level_t, level = _level_steps(steps)
         ax_l.step(level_t / 60.0, level, where="pre", color=line.get_color(), lw=1.2)
@@ -182,6 +241,16 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     finally:
         plt.close(fig)
     return out
+
+
+def _lone_markers(values: np.ndarray) -> dict:
+    """Line options that mark the readings with no reading beside them (a run of one step record, a sensor
+    that answered once between failures): a line needs two points, so such a reading drew nothing at all,
+    and a run with one reading showed in the legend with no temperature drawn."""
+    known = ~np.isnan(values)
+    before, after = np.r_[False, known[:-1]], np.r_[known[1:], False]
+    lone = np.flatnonzero(known & ~before & ~after)
+    return {"marker": "o", "markersize": 4, "markevery": lone.tolist()} if len(lone) else {}
 
 
 def _legend(ax) -> None:

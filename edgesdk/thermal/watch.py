@@ -323,14 +323,22 @@ class ThermalSession:
     cpufreq: CpuFreqCap | None = None
 
     def close(self) -> None:
-        if self.cpufreq is not None:
-            self.cpufreq.close()  # the board's clock ceilings back, whatever happened
-        if self.poller is not None:
-            self.poller.stop()
-        if self.hook.status is not None:
-            self.hook.status.close()
-        if self.hook.telemetry is not None:
-            self.hook.telemetry.close()
+        """Give the clock back, stop the poller, clear the status line and close (and sync) the telemetry file:
+        each of them also when one before it raised (the clock cap's warning to a stderr that is gone, a pipe
+        closed by ``| head``), which then propagates; before, such a failure left the status line on the terminal
+        and the telemetry file's last records unsynced."""
+        steps = [self.cpufreq and self.cpufreq.close, self.poller and self.poller.stop,
+                 self.hook.status and self.hook.status.close, self.hook.telemetry and self.hook.telemetry.close]
+        failed: BaseException | None = None
+        for step in steps:
+            if step is None:
+                continue
+            try:
+                step()
+            except BaseException as error:  # the next ones still run; the first failure is raised after them
+                failed = failed or error
+        if failed is not None:
+            raise failed
 
 
 def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = False,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,15 @@ def unreadable(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "run.jsonl"
     path.write_text(json.dumps({"type": "meta", "profile": "rpi5"}) + "\n" + json.dumps(STEP) + "\n")
     make_unreadable(path, monkeypatch)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # thermal report reads a line at a time, through Path.open
+        opener = Path.open
+
+        def refuse(self, *args, **kwargs):
+            if self == path:
+                raise PermissionError(errno.EACCES, "Permission denied", str(self))
+            return opener(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "open", refuse)
     yield path
     path.chmod(0o644)
 
