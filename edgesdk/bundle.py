@@ -66,10 +66,13 @@ class Bundle:
 
 
 class BundleWriter:
-    """Collects files in a temporary directory next to the destination, then commits atomically."""
+    """Collects files in a temporary directory next to the destination, then commits atomically. ``terms``: whose
+    names the refusal of a destination taken meanwhile gives the output directory, ``"cli"`` edgesdk build's
+    (``--out``), ``"python"`` build_bundle()'s (``out``): BuildConfig.terms."""
 
-    def __init__(self, destination: Path):
+    def __init__(self, destination: Path, terms: str = "cli"):
         self.destination = Path(destination)
+        self.terms = terms
         self.staging = self.destination.with_name(f".{self.destination.name}.partial")
         if self.staging.exists():
             shutil.rmtree(self.staging)
@@ -117,7 +120,7 @@ class BundleWriter:
         text = json.dumps(body, indent=2, sort_keys=True) + "\n"
         (self.staging / MANIFEST).write_text(text, encoding="utf-8")
         (self.staging / MANIFEST_DIGEST).write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
-        check_replaceable(self.destination)
+        check_replaceable(self.destination, terms=self.terms)
         _move_into_place(self.staging, self.destination)
         return Bundle(self.destination, body)
 
@@ -186,9 +189,11 @@ def _remove(path: Path) -> None:
 
 
 REPLACE_FIX = "pass --out a new directory (or an earlier bundle to replace)"
+# the same for build_bundle(), whose argument is out (edgesdk.build.checkpoint.said("--out", "python"))
+PYTHON_REPLACE_FIX = "pass out a new directory (or an earlier bundle to replace)"
 
 
-def check_replaceable(path: Path, fix: str = REPLACE_FIX) -> None:
+def check_replaceable(path: Path, fix: str | None = None, terms: str = "cli") -> None:
     """A bundle may be written at ``path``: nothing is there, an empty directory, or an earlier
     bundle (which it replaces). Anything else is the user's and is refused before any work.
 
@@ -196,8 +201,14 @@ def check_replaceable(path: Path, fix: str = REPLACE_FIX) -> None:
     BundleWriter commits has both; a file left in it by hand goes with it, as verification refuses it): a
     directory with only a ``manifest.json`` (a web app's, a browser extension's, a project's) is the user's,
     and the replace would delete it whole. A mount point (an SD card, a container's volume) cannot be renamed,
-    which the replace does, so it is refused here too rather than after the build."""
+    which the replace does, so it is refused here too rather than after the build.
+
+    ``fix``: the refusals' fix; by default :data:`REPLACE_FIX`, naming ``--out``, or with ``terms`` "python"
+    :data:`PYTHON_REPLACE_FIX`, naming build_bundle()'s ``out`` (a mount point's fix names a directory inside it in
+    those terms)."""
     path = Path(path)
+    given = fix
+    fix = fix or (PYTHON_REPLACE_FIX if terms == "python" else REPLACE_FIX)
     if not path.exists():
         return
     if not path.is_dir():
@@ -206,8 +217,9 @@ def check_replaceable(path: Path, fix: str = REPLACE_FIX) -> None:
         raise BundleError(f"the output directory {path} is a mount point (a file system is mounted there: an SD "
                           "card, a USB drive, a container volume); a bundle is written beside its directory and "
                           "renamed into place, and a mount point cannot be renamed",
+                          fix if given not in (None, REPLACE_FIX, PYTHON_REPLACE_FIX) else
                           f"pass --out a directory inside it instead, e.g. {path / 'bundle'}" if fix == REPLACE_FIX
-                          else fix)
+                          else f"pass out a directory inside it instead, e.g. out={str(path / 'bundle')!r}")
     if any(path.iterdir()) and not ((path / MANIFEST).is_file() and (path / MANIFEST_DIGEST).is_file()):
         raise BundleError(f"the output directory {path} holds files and is not a bundle: writing the bundle there "
                           "would replace them", fix)

@@ -268,8 +268,17 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
     return model
 
 
-def parse_profile(text: str, source: str = "<string>") -> TargetProfile:
-    """Parse and validate one profile's YAML text."""
+def _compare_fix(terms: str) -> str:
+    """The fix for a profile file that is not valid: compare it with a shipped one, as ``edgesdk targets show``
+    prints it (its summary() as YAML), or for a Python caller (``terms`` "python") as that prints it in Python."""
+    if terms == "python":
+        return ("compare the file with a shipped profile "
+                "(print(yaml.safe_dump(edgesdk.profile.get_profile('rpi5').summary(), sort_keys=False)))")
+    return "compare the file with a shipped profile (edgesdk targets show rpi5)"
+
+
+def parse_profile(text: str, source: str = "<string>", terms: str = "cli") -> TargetProfile:
+    """Parse and validate one profile's YAML text (``terms``: as :func:`get_profile`'s)."""
     try:
         data = load_yaml_unique(text)
     except yaml.YAMLError as exc:
@@ -284,7 +293,7 @@ def parse_profile(text: str, source: str = "<string>") -> TargetProfile:
         return TargetProfile.model_validate(data)
     except ValidationError as exc:
         raise ProfileError(
-            _format_validation_error(source, exc), "compare the file with a shipped profile (edgesdk targets show rpi5)"
+            _format_validation_error(source, exc), _compare_fix(terms)
         ) from exc
 
 
@@ -302,13 +311,14 @@ def bundle_profile(section: object, bundle: str | Path) -> TargetProfile:
                           "the profile it was built for), or leave the thermal guard off") from exc
 
 
-def load_profile_file(path: str | Path) -> TargetProfile:
-    """Load a profile from a YAML file outside the package (a user's own board)."""
+def load_profile_file(path: str | Path, terms: str = "cli") -> TargetProfile:
+    """Load a profile from a YAML file outside the package (a user's own board; ``terms``: as
+    :func:`get_profile`'s)."""
     path = Path(path)
     if not path.is_file():
         state = "is a directory, not a file" if path.is_dir() else "does not exist"
         raise ProfileError(f"target profile file {path} {state}", "pass a shipped target name or a YAML path")
-    return parse_profile(read_utf8(path, "target profile", ProfileError), str(path))
+    return parse_profile(read_utf8(path, "target profile", ProfileError), str(path), terms)
 
 
 @lru_cache(maxsize=1)
@@ -335,14 +345,17 @@ def alias_table() -> dict[str, str]:
     return table
 
 
-def get_profile(name_or_path: str) -> TargetProfile:
-    """Resolve a target by canonical name, alias, or path to a YAML file."""
+def get_profile(name_or_path: str, terms: str = "cli") -> TargetProfile:
+    """Resolve a target by canonical name, alias, or path to a YAML file. ``terms``: whose names a refusal's fix
+    gives the target, ``"cli"`` the command line's (``--target``, ``edgesdk targets list``), ``"python"`` the
+    ``target`` argument of build_bundle() and load() (edgesdk.build.checkpoint.TERMS, BuildConfig.terms)."""
     if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
-        return load_profile_file(name_or_path)
+        return load_profile_file(name_or_path, terms)
     table = alias_table()
     if name_or_path not in table:
         raise ProfileError(
             f"unknown target '{name_or_path}'; known targets: {', '.join(sorted(table))}",
-            "run 'edgesdk targets list', or pass the path of your own profile YAML",
+            "run 'edgesdk targets list', or pass the path of your own profile YAML" if terms != "python" else
+            "pass one of the known targets as target (e.g. target='rpi5'), or the path of your own profile YAML",
         )
     return shipped_profiles()[table[name_or_path]]

