@@ -158,6 +158,8 @@ def sensors_cmd(target, root, as_json):
         click.echo(f"  {zone:<20} {'no data' if value is None else f'{value:.1f} °C'}")
     for trip in trips:
         click.echo(f"  trip {trip.zone}[{trip.index}] {trip.kind:<8} {trip.temp_c:g} °C")
+    if not trips and (result["reading"] or {}).get("zones"):  # as --json's "trips": [] says
+        click.echo(f"  no trip points in these zones: the limits below are the profile's ({profile.name})")
     if reading is not None:
         for line in reading_lines(reading.throttled, reading.power_w, reading.nvpmodel):
             click.echo(line)

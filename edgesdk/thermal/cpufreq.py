@@ -27,7 +27,9 @@ Rules, so the cap never fights the board's own tools and is never left behind:
   a cap does not begin on a policy the kernel limits (its ceiling cannot be read then);
 * while capped, a state file records each policy's original and written values, so a run that
   is killed is undone by the next one (:func:`recover`); a cap that cannot be given back (not
-  root, a failed write) stays recorded until one can;
+  root, a failed write, a policy whose CPUs are all offline) stays recorded until one can; the file
+  is replaced atomically (temporary file, fsync, rename), and one found broken all the same is said,
+  with the whole records still in it given back;
 * a capping run holds a lock beside the state file for as long as it runs (the kernel drops it
   however the process ends): other runs leave its caps alone, and do not cap themselves;
 * each record names the boot it was written in (``/proc/sys/kernel/random/boot_id``, a UUID the
@@ -38,9 +40,12 @@ Rules, so the cap never fights the board's own tools and is never left behind:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,6 +234,7 @@ class CpuFreqCap:
         self._lock: IO[bytes] | None = None
         self._state_warned = False  # the state file could not be written: said once
         self._closed = False  # closed: the ceilings are back and the lock is another run's to take
+        self._kept: dict[str, dict] = {}  # a stopped run's records recover() kept (a policy unreadable now)
         if self.state_path is not None:
             # one capping run at a time: the clock is the whole board's, and another run's cap
             # would be read here as the board's ceiling
@@ -242,7 +248,8 @@ class CpuFreqCap:
                 self.reason = "another edgesdk run that caps the clock is still going"
                 self.state_path = None
                 return
-            self.notes += recover(self.state_path, holding_lock=self._lock is not None)
+            notes, self._kept = _recover(self.state_path, holding_lock=self._lock is not None)
+            self.notes += notes
         self._discover()
         if not self.available and self._lock is not None:
             self._lock.close()  # nothing to cap here (no policies, not root): leave the clock to a run that can
@@ -262,6 +269,9 @@ class CpuFreqCap:
             return
         skipped = []
         for path in paths:
+            if str(path / "scaling_max_freq") in self._kept:  # its ceiling now would be a stopped run's cap
+                skipped.append(f"{path.name}: a stopped run's cap on it is still recorded, to be given back")
+                continue
             ceiling, floor = _read_khz(path / "scaling_max_freq"), _read_khz(path / "scaling_min_freq")
             if ceiling is None:
                 skipped.append(f"{path.name}: scaling_max_freq unreadable")
@@ -387,9 +397,10 @@ class CpuFreqCap:
         capped = {str(p.max_file): {"original": p.ceiling_khz, "written": p.written_khz, **boot}
                   for p in self.policies if p.written_khz is not None and (p.stuck or not p.released)}
         try:  # a cache directory that cannot be written must not stop generation mid-answer
-            if capped:
+            records = {**self._kept, **capped}  # a stopped run's caps recover() could not give back yet stay
+            if records:
                 self.state_path.parent.mkdir(parents=True, exist_ok=True)
-                self.state_path.write_text(json.dumps(capped, indent=1))
+                _write_state(self.state_path, records)
             elif self.state_path.exists():
                 self.state_path.unlink()
         except OSError as error:
@@ -416,19 +427,66 @@ def recover_left_cap() -> list[str]:
     return recover(state_path())
 
 
-def _load_state(state_path: Path) -> dict[str, dict]:
+_RECORD = re.compile(r'"((?:[^"\\]|\\.)+)":\s*\{\s*"original":\s*(\d+),\s*"written":\s*(\d+)'
+                     r'(?:,\s*"boot":\s*"([^"\\]*)")?\s*\}')  # one record, as _write_state lays it out
+
+
+def _valid(entry: object) -> bool:
+    return (isinstance(entry, dict) and all(isinstance(entry.get(key), int) for key in ("original", "written"))
+            and isinstance(entry.get("boot", ""), str))
+
+
+def _load_state(state_path: Path) -> tuple[dict[str, dict], str | None]:
     """The state file's records (scaling_max_freq path -> original and written kHz, and the boot they
-    were written in when known); a missing or garbled file, and records this code did not write,
-    count as none."""
+    were written in when known), and what is wrong with the file (None: nothing). Records this code did
+    not write count as none. A file that is not JSON (cut short: the disk filled, or a version of edgesdk
+    that wrote it in place was killed mid-write) gives the whole records still in it, found by their layout,
+    and says so: read as "no caps", a cap it names would be left until a reboot."""
     try:
-        state = json.loads(state_path.read_text())
-    except (OSError, ValueError):
-        return {}
+        text = state_path.read_text()
+    except (OSError, ValueError) as error:
+        return {}, f"cannot read it ({getattr(error, 'strerror', None) or error})"
+    try:
+        state = json.loads(text)
+    except ValueError:
+        salvaged = {}
+        for match in _RECORD.finditer(text):
+            try:
+                file = json.loads(f'"{match[1]}"')
+            except ValueError:
+                continue
+            salvaged[file] = {"original": int(match[2]), "written": int(match[3]),
+                              **({"boot": match[4]} if match[4] else {})}
+        return salvaged, (f"it is not JSON ({len(text)} bytes, cut short?); {len(salvaged)} whole "
+                          f"record{'' if len(salvaged) == 1 else 's'} read from it")
     if not isinstance(state, dict):
-        return {}
-    return {file: entry for file, entry in state.items()
-            if isinstance(entry, dict) and all(isinstance(entry.get(key), int) for key in ("original", "written"))
-            and isinstance(entry.get("boot", ""), str)}
+        return {}, None  # JSON, but not this code's: nothing of it to give back
+    return {file: entry for file, entry in state.items() if _valid(entry)}, None
+
+
+def _write_state(state_path: Path, records: dict[str, dict]) -> None:
+    """Replace the state file with ``records`` atomically: written to a temporary file in the same
+    directory, flushed to disk (``fsync``) and renamed over it (``rename(2)`` replaces a name in one step,
+    POSIX). Written in place, a kill or a full disk between truncating and writing left a file that is
+    not JSON: no record, and the caps it named were never given back. OSError when it cannot be written
+    (the old file is then left as it was)."""
+    fd, temporary = tempfile.mkstemp(prefix=f".{state_path.name}.", suffix=".tmp", dir=state_path.parent)
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(json.dumps(records, indent=1))
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, state_path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    with contextlib.suppress(OSError):  # the rename itself on disk; best effort (not every file system)
+        directory = os.open(state_path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def lock_path(state_path: Path) -> Path:
@@ -491,24 +549,66 @@ def recover(state_path: Path, holding_lock: bool = False) -> list[str]:
     ceiling that cannot be written back (not root) stays in the state file, and the note says how
     to give it back. A state file this user may not look for (a cache directory it cannot search,
     EACCES) holds no cap it could give back: nothing is done, as when there is none."""
+    return _recover(state_path, holding_lock)[0]
+
+
+def _read_now(path: Path) -> tuple[int | None, OSError | None]:
+    """``scaling_max_freq`` now, or the error reading it gave (None, None: it reads no number)."""
+    try:
+        return int(path.read_text().split()[0]), None
+    except OSError as error:
+        return None, error
+    except (ValueError, IndexError):
+        return None, None
+
+
+def _recover(state_path: Path, holding_lock: bool = False) -> tuple[list[str], dict[str, dict]]:
+    """:func:`recover`'s notes, and the records kept in the state file for a later run.
+
+    A record whose ``scaling_max_freq`` cannot be read now is kept, not dropped: since Linux 5.19 every
+    read of an inactive policy fails with EBUSY (kernel ``drivers/cpufreq/cpufreq.c``, ``show()``: "cpufreq:
+    Abort show/store for half initialized policy"), as it does for a cluster an nvpmodel mode with fewer
+    cores takes down, and the kernel keeps the policy's limits (its freq QoS requests) until the cluster
+    comes back: capped. A record whose file is gone (ENOENT: the policy, or the whole root, no longer
+    exists) is dropped, and the note says so."""
     try:
         if not state_path.exists():
-            return []
+            return [], {}
     except OSError:  # Path.exists raises EACCES (only a missing path or component is False)
-        return []
+        return [], {}
     if not holding_lock and _held_elsewhere(state_path):
         if state_path in _LIVE_CAPS_NOTED:  # said once a process (edgesdk run asks twice)
-            return []
+            return [], {}
         _LIVE_CAPS_NOTED.add(state_path)
-        return ["the CPU clock is capped by another edgesdk run that is still going; left to it"]
+        return ["the CPU clock is capped by another edgesdk run that is still going; left to it"], {}
     notes = []
     kept = {}
-    for file, entry in _load_state(state_path).items():
+    records, broken = _load_state(state_path)
+    if broken is not None:
+        aside = state_path.with_name(state_path.name + ".broken")
+        with contextlib.suppress(OSError):
+            os.replace(state_path, aside)
+        notes.append(f"warning: the clock-cap state file {state_path} is broken: {broken}. A cap a stopped run "
+                     f"left on a policy it does not name may still hold: compare each policy's scaling_max_freq "
+                     f"with its cpuinfo_max_freq under /sys/devices/system/cpu/cpufreq, and give the ceiling back "
+                     f"(sudo nvpmodel -m <mode> on a Jetson, or echo <kHz> | sudo tee .../scaling_max_freq); the "
+                     f"file is kept as {aside.name}")
+    for file, entry in records.items():
         path, original = Path(file), entry["original"]
         boot = _boot_id(_root_of(path))
         if entry.get("boot") and boot and entry["boot"] != boot:
             continue  # written before the board restarted: the ceiling now is the one it set at boot
-        current = _read_khz(path)
+        current, error = _read_now(path)
+        if isinstance(error, (FileNotFoundError, NotADirectoryError)):
+            notes.append(f"dropped the record of a cap at {entry['written']} kHz on {path}: the file no longer "
+                         "exists (the policy, or the directory holding it, is gone)")
+            continue
+        if error is not None:
+            kept[file] = entry
+            notes.append(f"{path.parent.name} scaling_max_freq cannot be read now ({error.strerror or error}; "
+                         f"an offline cluster reads so): a stopped run capped it at {entry['written']} kHz, "
+                         f"given back to {original} kHz by the next edgesdk run that can read it")
+            continue
         if current != entry["written"] and not (
                 current is not None and current < entry["written"] and _kernel_limiting(path.parent)):
             continue  # changed since: that setting wins (a kernel cooling limit below the cap is not a change)
@@ -518,14 +618,18 @@ def recover(state_path: Path, holding_lock: bool = False) -> list[str]:
                          "(a previous run was stopped while it capped the clock)")
         except OSError as error:
             kept[file] = entry
+            if _offline(path.parent):  # before Linux 5.19 an inactive policy reads, but a write fails (EINVAL)
+                notes.append(f"{path.parent.name} has no CPU online now: its cap at {entry['written']} kHz, left by a "
+                             f"stopped run, is given back to {original} kHz by the next edgesdk run once one is")
+                continue
             notes.append(f"could not restore {path} to {original} kHz, where a stopped run had capped it at "
                          f"{entry['written']} kHz ({error.strerror or error}): run edgesdk as root to give it "
                          f"back, or write it yourself: echo {original} | sudo tee {path}")
     try:
         if kept:
-            state_path.write_text(json.dumps(kept, indent=1))
+            _write_state(state_path, kept)
         else:
             state_path.unlink(missing_ok=True)
     except OSError as error:
         notes.append(f"could not update {state_path} ({error.strerror or error})")
-    return notes
+    return notes, kept

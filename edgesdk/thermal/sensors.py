@@ -137,10 +137,11 @@ class SysfsThermal:
         return Reading(time=self.clock(), zones=zones, source="sysfs")
 
     def trips(self) -> list[Trip]:
-        """Every trip point of the watched zones; unreadable ones are skipped."""
+        """Every trip point of the watched zones, in the order of their numbers (``trip_point_2`` before
+        ``trip_point_10``, as the kernel numbers them, not as text sorts); unreadable ones are skipped."""
         trips = []
         for name, directory in self.zones.items():
-            for temp_file in sorted(directory.glob("trip_point_*_temp")):
+            for temp_file in sorted(directory.glob("trip_point_*_temp"), key=_trip_number):
                 index_text = temp_file.name.removeprefix("trip_point_").removesuffix("_temp")
                 kind = _read_text(directory / f"trip_point_{index_text}_type")
                 temp_text = _read_text(temp_file)
@@ -151,6 +152,12 @@ class SysfsThermal:
                 hyst = parse_millidegree(hyst_text) if hyst_text is not None else None
                 trips.append(Trip(name, int(index_text), kind.strip(), temp, hyst or 0.0))
         return trips
+
+
+def _trip_number(temp_file: Path) -> tuple[int, str]:
+    """Sort key of a ``trip_point_N_temp`` file: N as a number (a name that holds none sorts last)."""
+    index_text = temp_file.name.removeprefix("trip_point_").removesuffix("_temp")
+    return (int(index_text), "") if index_text.isdigit() else (1 << 62, temp_file.name)
 
 
 def zone_type(name: str) -> str:

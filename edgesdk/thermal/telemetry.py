@@ -271,10 +271,14 @@ class StatusLine:
 
     * stderr not a terminal (a log file): a plain line when the level changes and every 10 s; when
       stdout goes to the very same file or pipe, only between answers.
-    * stderr a terminal, stdout elsewhere: one line redrawn in place with ``\\r``.
+    * stderr a terminal, stdout elsewhere: one line redrawn in place with ``\\r``; with ``TERM=dumb`` or
+      ``unknown`` (Emacs' shell, CI logs), a terminal without cursor control, the plain lines of a log instead,
+      as Rich's ``Console.is_dumb_terminal`` falls back (``NO_COLOR`` is about colour, not cursor control,
+      and the status has no colour to drop).
     * both on the same terminal: the bottom row is reserved with a scroll region (DECSTBM) and the
       status is drawn there with the cursor saved and restored, so streamed text scrolls above it.
-      With no usable terminal size, the status is only printed between answers.
+      With no usable terminal size, the status is only printed between answers. The size is read again at
+      every draw: after the terminal is resized, the scroll region is set again for its new bottom row.
 
     On a terminal the live line is cut to the terminal's width - 1: a longer one would wrap, and
     each redraw would leave a copy of its first row behind.
@@ -293,7 +297,7 @@ class StatusLine:
         self.mode = self._pick_mode()
         self._rows = 0
         if self.mode == "bar":
-            self._rows = shutil.get_terminal_size((0, 0)).lines
+            self._rows = self._lines()
             if self._rows < 3:
                 self.mode = "between"
             else:
@@ -314,14 +318,13 @@ class StatusLine:
         except (AttributeError, ValueError):
             return "log"
         same = self._same_target()
+        term = os.environ.get("TERM", "")
+        dumb = term.lower() in ("dumb", "unknown")  # no cursor control: \x1b[2K shows as junk
         if not err_tty:
             return "between" if same else "log"  # one log file for both: never split a line of text
-        if not out_tty:
-            return "inplace"
-        if same is False:
-            return "inplace"
-        term = os.environ.get("TERM", "")
-        return "bar" if term and term != "dumb" else "between"
+        if not out_tty or same is False:
+            return "log" if dumb else "inplace"
+        return "bar" if term and not dumb else "between"
 
     def _emit(self, text: str) -> None:
         self.stream.write(text)
@@ -333,6 +336,24 @@ class StatusLine:
             return os.get_terminal_size(self.stream.fileno()).columns
         except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
             return shutil.get_terminal_size((0, 0)).columns
+
+    def _lines(self) -> int:
+        """The terminal's height in rows (0 when unknown): stderr's own, else $LINES or stdout's."""
+        try:
+            return os.get_terminal_size(self.stream.fileno()).lines
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            return shutil.get_terminal_size((0, 0)).lines
+
+    def _follow_resize(self) -> None:
+        """Bar mode: when the terminal's height changed since the last draw (SIGWINCH), clear the old status row
+        where it is still on screen and set the scroll region (DECSTBM) for the new bottom row; kept from the
+        start, the region left streamed text scrolling over the status, or a blank row under it."""
+        rows = self._lines()
+        if rows == self._rows or rows < 3:
+            return
+        old, self._rows = self._rows, rows
+        clear = f"\x1b[{old};1H\x1b[2K" if old < rows else ""
+        self._emit(f"\x1b7{clear}\x1b[1;{rows - 1}r\x1b8")
 
     def _fit(self, text: str) -> str:
         """``text`` cut to the terminal's width - 1, so the live line never wraps."""
@@ -357,6 +378,7 @@ class StatusLine:
         if self.mode == "inplace":
             self._emit(f"\r\x1b[2K{self._fit(text)}")
         else:
+            self._follow_resize()
             self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K{self._fit(text)}\x1b8")
 
     def warn(self, message: str) -> None:
@@ -396,7 +418,8 @@ class StatusLine:
         if self.mode == "inplace":
             self._emit("\r\x1b[2K")
         elif self.mode == "bar":
-            self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K\x1b[r\x1b8")
+            rows = self._lines()
+            self._emit(f"\x1b7\x1b[{rows if rows >= 3 else self._rows};1H\x1b[2K\x1b[r\x1b8")
         if self._warnings and self.mode in ("bar", "between") and self._answering:
             self.stdout.flush()
             self._emit("\n")

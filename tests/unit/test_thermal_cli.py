@@ -389,8 +389,9 @@ def test_report_of_an_empty_file_is_a_clear_error(tmp_path):
 def wide_terminal(monkeypatch) -> None:
     """A FakeTTY has no size: the status line's width came from $COLUMNS or the terminal pytest runs in (the live
     line is cut to width - 1), so a narrow one cut what these tests read. An 80-column terminal, as the tests that
-    cut on purpose set one."""
+    cut on purpose set one. TERM too: with TERM=dumb (a CI log) the status prints plain lines, not in place."""
     monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback=None: os.terminal_size((80, 24)))
+    monkeypatch.setenv("TERM", "xterm-256color")
 
 
 class FakeTTY(io.StringIO):
