@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from edgesdk.api_checks import (
+    LLAMA_METHODS,
     ReadFields,
     build_arguments,
     check_embed_flags,
@@ -46,10 +47,12 @@ from edgesdk.api_checks import (
     check_load_arguments,
     check_perplexity_arguments,
     check_tokenize_arguments,
+    completion_logprobs,
     detokenize_ids,
     embedding_input,
     embedding_norm,
     json_arrays,
+    llama_tokenize_arguments,
     logit_bias_keys,
     numpy_int,
     python_scalar,
@@ -216,7 +219,8 @@ class Model:
             # n_predict and max_completion_tokens, which the HTTP route reads too, stay refused by name here
             return parse_text_request(request, completer=self._completer, limit_fields=("max_tokens",))
 
-        body = {"prompt": token_ids(prompt), **({} if suffix is None else {"suffix": suffix}), **request_limit(fields)}
+        body = {"prompt": token_ids(prompt), **({} if suffix is None else {"suffix": suffix}),
+                **completion_logprobs(request_limit(fields))}
         return self._answer("create_completion", parse, body, stream)
 
     __call__ = create_completion
@@ -236,28 +240,91 @@ class Model:
 
         return self._answer("create_chat_completion", parse, {"messages": messages, **request_limit(fields)}, stream)
 
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(self, text: str | bytes, add_bos: bool | None = None, special: bool | None = None, *,
+                 add_special: bool = True, parse_special: bool = False) -> list[int]:
         """The token ids of ``text``: with the tokenizer's special tokens added (a BOS where the model has one) by
-        default, and special tokens written in the text read as plain text unless ``parse_special``."""
+        default, and special tokens written in the text read as plain text unless ``parse_special``.
+
+        llama-cpp-python's ``Llama.tokenize(text: bytes, add_bos=True, special=False)`` (llama_cpp/llama.py) is
+        taken too: ``text`` may be UTF-8 bytes, ``add_bos`` is ``add_special`` and ``special`` is ``parse_special``
+        (both are llama.cpp's ``llama_tokenize(add_special, parse_special)``, which llama-cpp-python passes them
+        to); a flag given under both names with two values is refused."""
         from edgesdk.serve.api import TokenizeRequest
 
+        text, add_special, parse_special = llama_tokenize_arguments(text, add_bos, special, add_special, parse_special)
         check_tokenize_arguments(text, add_special, parse_special)
         self._check_open("tokenize")
         request = TokenizeRequest(content=text, add_special=add_special, parse_special=parse_special)
         return self._call("tokenize", lambda: self._completer.tokenize(request)["tokens"])
 
-    def detokenize(self, ids: Iterable[int]) -> str:
-        """The text of token ids, special tokens written out (llama-server's ``POST /detokenize``)."""
-        tokens = detokenize_ids(ids)
+    def detokenize(self, tokens: Iterable[int], prev_tokens: Iterable[int] | None = None,
+                   special: bool = False) -> bytes:
+        """The bytes of token ids, as llama-cpp-python's ``Llama.detokenize(tokens, prev_tokens=None,
+        special=False) -> bytes`` (llama_cpp/llama.py, _internals.py ``LlamaModel.detokenize``): each token's
+        piece (``llama_token_to_piece``) joined, a special token's text written only with ``special=True``, one
+        leading space dropped after a first BOS token; ``.decode('utf-8')`` gives the text (a token that ends
+        inside a character gives its bytes alone). ``prev_tokens``, the ids before them, changes nothing in
+        pieces joined this way (llama-cpp-python's own tokenizer ignores it too) and is checked as ids."""
+        ids = detokenize_ids(tokens)
+        if prev_tokens is not None:
+            detokenize_ids(prev_tokens, "prev_tokens")
+        if not isinstance(python_scalar(special), bool):
+            raise RequestError("detokenize", f"special is {shown(special)}; expected True or False", param="special",
+                               fix="pass special=True to write special tokens' text, or leave it out")
         self._check_open("detokenize")
-        # checked here, as ids[i] (the route's own check names its JSON field, tokens[i], and OpenAI's bodies)
+        # checked here, as tokens[i] (the route's own check names its JSON field, tokens[i], and OpenAI's bodies)
         vocabulary = self._completer.vocabulary()
-        outside = next((index for index, token in enumerate(tokens) if token >= vocabulary), None)
+        outside = next((index for index, token in enumerate(ids) if token >= vocabulary), None)
         if outside is not None:
-            raise RequestError("detokenize", f"ids[{outside}] is {tokens[outside]}; this model's vocabulary has ids 0 "
-                               f"to {vocabulary - 1}", param=f"ids[{outside}]",
+            raise RequestError("detokenize", f"tokens[{outside}] is {ids[outside]}; this model's vocabulary has ids 0 "
+                               f"to {vocabulary - 1}", param=f"tokens[{outside}]",
                                fix="pass token ids the model's vocabulary holds (tokenize() gives them)")
-        return self._call("detokenize", lambda: self._completer.detokenize(tokens)["content"])
+        return self._call("detokenize", lambda: _token_text(self.runtime.tokenizer, ids, bool(special),
+                                                            self.token_bos()))
+
+    def n_ctx(self) -> int:
+        """llama-cpp-python's ``Llama.n_ctx()``: the context, in tokens (:attr:`max_context`)."""
+        return self.max_context
+
+    def n_vocab(self) -> int:
+        """llama-cpp-python's ``Llama.n_vocab()``: the tokens of the vocabulary, added tokens included (ids 0 to
+        ``n_vocab() - 1``)."""
+        return self._completer.vocabulary()
+
+    def n_embd(self) -> int:
+        """llama-cpp-python's ``Llama.n_embd()``: the model's hidden size (the width of its embeddings)."""
+        return int(self.manifest["model"]["after"]["hidden_size"])
+
+    def token_bos(self) -> int:
+        """llama-cpp-python's ``Llama.token_bos()``: the beginning-of-sequence token's id, -1 where the model has
+        none (llama.cpp's LLAMA_TOKEN_NULL)."""
+        return _token_of(self.runtime.tokenizer, self.manifest.get("tokenizer", {}).get("bos_token"))
+
+    def token_eos(self) -> int:
+        """llama-cpp-python's ``Llama.token_eos()``: the end-of-sequence token's id, -1 where the model has none."""
+        tokenizer = self.runtime.tokenizer
+        token = _token_of(tokenizer, self.manifest.get("tokenizer", {}).get("eos_token"))
+        return token if token >= 0 or not tokenizer.eos_token_ids else min(tokenizer.eos_token_ids)
+
+    def token_nl(self) -> int:
+        """llama-cpp-python's ``Llama.token_nl()``: the newline's token (llama.cpp's ``linefeed_id``: the token of
+        the byte ``\\n``), -1 where the vocabulary has none."""
+        return _newline_token(self.runtime.tokenizer)
+
+    def reset(self) -> None:
+        """llama-cpp-python's ``Llama.reset()``: the next prompt is prefilled whole, nothing taken from the KV
+        cache the last answer left. It takes the model's turn, as :meth:`save_prompt_cache` does."""
+        self._check_open("reset")
+        with self._completer.exclusive():  # empties the prompt cache and the backend's KV cache as it ends
+            self._check_open("reset")
+
+    def __getattr__(self, name: str):
+        """llama-cpp-python's ``Llama`` names this model lacks, refused with what to use instead (an
+        AttributeError, as for any missing attribute)."""
+        if name in LLAMA_METHODS:
+            raise AttributeError(f"'Model' object has no attribute {name!r} (llama-cpp-python's Llama.{name}): "
+                                 f"{LLAMA_METHODS[name]}", name=name, obj=self)
+        raise AttributeError(f"'Model' object has no attribute {name!r}", name=name, obj=self)
 
     def create_embedding(self, input: str | list, model: str | None = None, *, encoding_format: str = "float",
                          dimensions: int | None = None) -> dict:
@@ -947,3 +1014,44 @@ def _open_guard(runtime, notes: list[str]):
 
 
 __all__ = ["LoadedPromptCache", "Model", "RequestError", "build_bundle", "load"]
+
+
+def _token_of(tokenizer, text: str | None) -> int:
+    """The id of the special token written ``text`` (the manifest's ``bos_token``), -1 where there is none, as
+    llama.cpp's ``llama_vocab_bos`` / ``llama_vocab_eos`` give LLAMA_TOKEN_NULL."""
+    token = tokenizer.token_id(text) if isinstance(text, str) and text else None
+    return -1 if token is None else int(token)
+
+
+def _newline_token(tokenizer) -> int:
+    """llama.cpp's ``linefeed_id`` (src/llama-vocab.cpp): the token of the byte ``\\n`` (SentencePiece's ``<0x0A>``,
+    byte-level BPE's ``Ċ``), else the first token of ``"\\n"`` tokenized as plain text; -1 where neither is."""
+    try:
+        table = tokenizer.token_bytes()
+    except EdgeSDKError:  # a tokenizer whose token bytes cannot be read
+        table = []
+    token = next((index for index, piece in enumerate(table) if piece == b"\n"), None)
+    if token is None:
+        ids = tokenizer.plain_text().encode("\n", add_special_tokens=False).ids
+        token = ids[0] if ids else -1
+    return int(token)
+
+
+def _token_text(tokenizer, tokens: tuple[int, ...], special: bool, bos: int) -> bytes:
+    """llama-cpp-python's ``LlamaModel.detokenize`` (llama_cpp/_internals.py): each token's bytes as llama.cpp's
+    ``llama_token_to_piece(lstrip=0, special)`` gives them (a special token's text only with ``special``, an
+    ordinary added token's always), joined, and one leading space dropped where the first token is the BOS. A
+    tokenizer whose token bytes cannot be read (neither byte-level nor SentencePiece) is decoded as text."""
+    try:
+        table = tokenizer.token_bytes()
+    except EdgeSDKError:
+        text = tokenizer.tokenizer.decode(list(tokens), skip_special_tokens=not special)
+        return text.encode("utf-8")
+    pieces = []
+    for token in tokens:
+        piece = table[token] if token < len(table) else None
+        if piece is None:  # a special token (or an id the table lacks): its text, with special=True
+            piece = (tokenizer.tokenizer.id_to_token(token) or "").encode("utf-8") if special else b""
+        pieces.append(piece)
+    output = b"".join(pieces)
+    return output[1:] if tokens and tokens[0] == bos and output[:1] == b" " else output

@@ -71,6 +71,22 @@ _KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False", 
                list: "a string of sampler letters or a list of sampler names"}
 _IDS_EXPECTED = "expected token ids (a list of whole numbers >= 0, as tokenize returns them)"
 _IDS_FIX = "pass the list tokenize returned, e.g. model.detokenize(model.tokenize(text))"
+# llama-cpp-python's Llama methods and attributes a bundle cannot give as they are there -> what to use instead
+LLAMA_METHODS = {
+    "save_state": "a bundle's KV cache is kept in a file instead: model.save_prompt_cache(path), then "
+                  "model.load_prompt_cache(path) (in this process or another)",
+    "load_state": "load what model.save_prompt_cache(path) wrote with model.load_prompt_cache(path)",
+    "metadata": "a bundle has no GGUF key-value metadata: model.manifest holds its model, tokenizer, chat template "
+                "and target (model.n_ctx(), n_vocab(), n_embd(), token_bos(), token_eos() give the numbers)",
+    "eval": "a bundle evaluates tokens inside a request: pass them as the prompt, model(tokens, max_tokens=N)",
+    "sample": "a bundle samples inside a request: model(prompt, temperature=..., top_k=..., top_p=..., seed=...)",
+    "generate": "a bundle generates inside a request: for chunk in model(tokens, stream=True, max_tokens=N)",
+    "set_cache": "load() keeps a prompt cache by default (prompt_cache=True); save_prompt_cache / "
+                 "load_prompt_cache keep it in a file",
+    "set_seed": "pass seed=N to create_completion / create_chat_completion",
+    "scores": "pass logprobs=N to create_completion for the tokens' log-probabilities",
+    "input_ids": "a request's usage says its prompt_tokens; tokenize(text) gives a text's ids",
+}
 
 
 def check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings: dict) -> None:
@@ -210,36 +226,76 @@ def build_arguments(target: object, model: object, out: object, recipe: object, 
 
 def check_tokenize_arguments(text: object, add_special: object, parse_special: object) -> None:
     """Refuse :meth:`Model.tokenize <edgesdk.api.Model.tokenize>`'s arguments of the wrong kind: the text is a str
-    (llama-cpp-python's ``Llama.tokenize`` takes bytes: they are named), the flags True or False."""
+    (llama-cpp-python's UTF-8 bytes are decoded before, :func:`llama_tokenize_arguments`), the flags True or False."""
     from edgesdk.api import RequestError
 
     if not isinstance(text, str):
-        bytes_given = isinstance(text, (bytes, bytearray))
-        raise RequestError("tokenize", f"text is {shown(text)}; expected the text to tokenize (a str)",
-                           param="text", fix="decode bytes first (text.decode('utf-8')): llama-cpp-python's "
-                           "tokenize takes bytes, this one takes a str" if bytes_given else "pass a str")
+        raise RequestError("tokenize", f"text is {shown(text)}; expected the text to tokenize (a str, or its UTF-8 "
+                           "bytes)", param="text", fix="pass a str")
     for name, flag in (("add_special", add_special), ("parse_special", parse_special)):
         if not isinstance(flag, bool):
             raise RequestError("tokenize", f"{name} is {shown(flag)}; expected True or False", param=name,
                                fix=f"pass {name}=True or {name}=False")
 
 
-def detokenize_ids(ids: object) -> tuple[int, ...]:
-    """:meth:`Model.detokenize <edgesdk.api.Model.detokenize>`'s ``ids`` as the tuple of token ids they are (a list,
-    a tuple, a numpy array, numpy integers), or refused naming the first that is not a whole number >= 0."""
+def detokenize_ids(ids: object, name: str = "tokens") -> tuple[int, ...]:
+    """:meth:`Model.detokenize <edgesdk.api.Model.detokenize>`'s ``tokens`` (or ``prev_tokens``, ``name``) as the
+    tuple of token ids they are (a list, a tuple, a numpy array, numpy integers), or refused naming the first that is
+    not a whole number >= 0."""
     from edgesdk.api import RequestError
 
     if isinstance(ids, (str, bytes, bytearray, Mapping)):
-        raise RequestError("detokenize", f"ids is {shown(ids)}; {_IDS_EXPECTED}", param="ids", fix=_IDS_FIX)
+        raise RequestError("detokenize", f"{name} is {shown(ids)}; {_IDS_EXPECTED}", param=name, fix=_IDS_FIX)
     try:
         tokens = tuple(token_ids(list(ids)))
     except TypeError:
-        raise RequestError("detokenize", f"ids is {shown(ids)}; {_IDS_EXPECTED}", param="ids", fix=_IDS_FIX) from None
+        raise RequestError("detokenize", f"{name} is {shown(ids)}; {_IDS_EXPECTED}", param=name, fix=_IDS_FIX) from None
     for index, token in enumerate(tokens):
         if not _whole_number(token, least=0):
-            raise RequestError("detokenize", f"ids[{index}] is {token!r}; expected a token id (a whole number "
-                               ">= 0)", param=f"ids[{index}]")
+            raise RequestError("detokenize", f"{name}[{index}] is {token!r}; expected a token id (a whole number "
+                               ">= 0)", param=f"{name}[{index}]")
     return tokens
+
+
+def llama_tokenize_arguments(text: object, add_bos: object, special: object, add_special: object,
+                             parse_special: object) -> tuple[object, object, object]:
+    """:meth:`Model.tokenize <edgesdk.api.Model.tokenize>`'s text and flags with llama-cpp-python's
+    ``Llama.tokenize(text: bytes, add_bos=True, special=False)`` read (llama_cpp/llama.py): UTF-8 bytes are the
+    text they encode, ``add_bos`` is ``add_special`` and ``special`` is ``parse_special`` (llama-cpp-python passes
+    them to llama.cpp's ``llama_tokenize`` as those). A flag given under both names with two values, and bytes that
+    are not UTF-8, are refused naming them."""
+    from edgesdk.api import RequestError
+
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequestError("tokenize", f"text is {shown(bytes(text))}; expected UTF-8 bytes (byte {exc.start} "
+                               "is not)", param="text", fix="pass the text as a str, or its UTF-8 encoding "
+                               "(text.encode('utf-8'))") from None
+    flags = {}
+    for ours, default, theirs, value in (("add_special", True, "add_bos", add_bos),
+                                         ("parse_special", False, "special", special)):
+        mine = {"add_special": add_special, "parse_special": parse_special}[ours]
+        value = python_scalar(value)
+        if value is not None and not isinstance(value, bool):
+            raise RequestError("tokenize", f"{theirs} is {shown(value)}; expected True or False", param=theirs,
+                               fix=f"pass {theirs}=True or {theirs}=False")
+        if value is not None and mine != default and mine != value:
+            raise RequestError("tokenize", f"{theirs}={shown(value)} and {ours}={shown(mine)} disagree; "
+                               f"{theirs} is llama-cpp-python's name of {ours}", param=theirs,
+                               fix=f"pass one of them ({ours}= or {theirs}=)")
+        flags[ours] = mine if value is None else value
+    return text, flags["add_special"], flags["parse_special"]
+
+
+def completion_logprobs(fields: dict) -> dict:
+    """``create_completion``'s ``logprobs`` True or False as llama-cpp-python's ``create_completion`` reads it:
+    the count of alternatives per token (llama_cpp/llama.py slices ``sorted_logprobs[:logprobs]``: True is 1, False
+    0 with the tokens' own logprobs still given). The routes' parser takes a whole number (OpenAI's legacy
+    completions' ``logprobs``); other values go to it as they are."""
+    value = python_scalar(fields.get("logprobs"))
+    return {**fields, "logprobs": int(value)} if isinstance(value, bool) else fields
 
 
 def check_perplexity_arguments(text: object, context: object, stride: object, max_chars: object) -> None:

@@ -141,10 +141,10 @@ def test_detokenize_names_its_own_argument_for_an_id_past_the_vocabulary(tiny_bu
         vocabulary = model._completer.vocabulary()
         with pytest.raises(RequestError) as refused:
             model.detokenize([1, vocabulary])
-        assert refused.value.param == "ids[1]"
-        assert f"ids[1] is {vocabulary}; this model's vocabulary has ids 0 to {vocabulary - 1}" in str(refused.value)
+        assert refused.value.param == "tokens[1]"
+        assert f"tokens[1] is {vocabulary}; this model's vocabulary has ids 0 to {vocabulary - 1}" in str(refused.value)
         assert "tokenize() gives them" in refused.value.fix
-        assert model.detokenize(model.tokenize("hi")) == "hi"
+        assert model.detokenize(model.tokenize("hi")) == b"hi"
 
 
 @pytest.mark.parametrize("command", ["run", "plan"])

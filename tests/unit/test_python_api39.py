@@ -151,11 +151,11 @@ def test_a_prompt_too_long_is_refused_in_a_stream_too(model):
 def test_tokenize_and_detokenize(model):
     ids = model.tokenize("Hello there")
     assert ids == model.runtime.tokenizer.encode("Hello there")
-    assert model.detokenize(model.tokenize("Hello there", add_special=False)) == "Hello there"
+    assert model.detokenize(model.tokenize("Hello there", add_special=False)) == b"Hello there"
     special = model.runtime.tokenizer.eos_token
     assert len(model.tokenize(special, add_special=False, parse_special=True)) == 1
     assert len(model.tokenize(special, add_special=False)) > 1  # as plain text by default
-    with pytest.raises(RequestError, match=r"detokenize \(ids\[1\]\): ids\[1\] is -3"):
+    with pytest.raises(RequestError, match=r"detokenize \(tokens\[1\]\): tokens\[1\] is -3"):
         model.detokenize([1, -3])
     with pytest.raises(RequestError, match="vocabulary"):
         model.detokenize([10**7])

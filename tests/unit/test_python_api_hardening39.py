@@ -117,30 +117,29 @@ def test_token_ids_and_messages_as_python_holds_them(model):
     assert model(tuple(ids), max_tokens=3)["choices"] == expected
     assert model(np.array(ids), max_tokens=3)["choices"] == expected
     assert model([np.int64(token) for token in ids], max_tokens=3)["choices"] == expected
-    assert model.detokenize(np.array(ids)) == "The sea"
+    assert model.detokenize(np.array(ids)) == b"The sea"
     chat = model.create_chat_completion(CHAT, max_tokens=3)["choices"]
     assert model.create_chat_completion(tuple(CHAT), max_tokens=3)["choices"] == chat
-    with pytest.raises(RequestError, match=r"detokenize \(ids\[1\]\): ids\[1\] is 1.5"):
+    with pytest.raises(RequestError, match=r"detokenize \(tokens\[1\]\): tokens\[1\] is 1.5"):
         model.detokenize([np.int64(3), 1.5])
 
 
 def test_tokenize_and_detokenize_refuse_what_is_not_text_or_token_ids(model):
-    with pytest.raises(RequestError, match=r"tokenize \(text\): text is b'Hello'; expected the text to tokenize "
-                                           r"\(a str\)") as caught:
-        model.tokenize(b"Hello")  # llama-cpp-python's form
-    assert "decode" in caught.value.fix
+    with pytest.raises(RequestError, match=r"tokenize \(text\): text is b'\\xffHello'; expected UTF-8 bytes") as caught:
+        model.tokenize(b"\xffHello")  # llama-cpp-python's form (bytes) is taken where it is UTF-8
+    assert "encode" in caught.value.fix
     with pytest.raises(RequestError, match=r"tokenize \(text\): text is None"):
         model.tokenize(None)
     with pytest.raises(RequestError, match=r"tokenize \(add_special\): add_special is 'no'; expected True or False"):
         model.tokenize("Hello", add_special="no")
-    with pytest.raises(RequestError, match=r"detokenize \(ids\): ids is None; expected token ids"):
+    with pytest.raises(RequestError, match=r"detokenize \(tokens\): tokens is None; expected token ids"):
         model.detokenize(None)
-    with pytest.raises(RequestError, match=r"detokenize \(ids\): ids is 5"):
+    with pytest.raises(RequestError, match=r"detokenize \(tokens\): tokens is 5"):
         model.detokenize(5)
-    with pytest.raises(RequestError, match=r"detokenize \(ids\): ids is b'ab'"):  # not the byte values as ids
+    with pytest.raises(RequestError, match=r"detokenize \(tokens\): tokens is b'ab'"):  # not the byte values as ids
         model.detokenize(b"ab")
     ids = model.tokenize("Hello there", add_special=False)
-    assert model.detokenize(iter(ids)) == "Hello there"
+    assert model.detokenize(iter(ids)) == b"Hello there"
 
 
 def test_perplexity_refuses_what_it_cannot_score(model):
