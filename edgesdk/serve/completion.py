@@ -416,17 +416,25 @@ class _HeldTime:
     tokens the answer took: a decode pass is told the tokens picked from its logits, one more than the drafted
     tokens it took (generate's ``draft_accepted``), also for an answer cut short (a stop string)."""
 
-    def __init__(self, inner: StepHook):
+    def __init__(self, inner: StepHook, on_prefill: Callable[[int, int, int], None] | None = None,
+                 prompt_tokens: int = 0):
         self.inner, self.held_s, self.draft_accepted = inner, 0.0, 0
+        # told after each prefill step (Completer.complete's ``on_prefill``): the whole prompt's ``prompt_tokens``
+        self.on_prefill, self.prompt_tokens = on_prefill, prompt_tokens
+        self._fresh = self._left = self._step = 0  # the tokens prefilled, those still to, the coming step's
 
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        self._fresh = self._left = prompt_tokens
         self.inner.begin(prompt_tokens, max_new_tokens)
 
     def prefill_chunk(self, prompt_left: int) -> int | None:
         """The inner hook's prefill step (generate's ``prefill_chunk``; None: the whole prompt in one step), so that
-        the thermal guard behind this wrapper can pace and pause a long prompt between its steps."""
+        the thermal guard behind this wrapper can pace and pause a long prompt between its steps. The step's size is
+        kept as generate's ``_prefill`` reads the answer, for :meth:`after_step` to tell ``on_prefill``."""
         ask = getattr(self.inner, "prefill_chunk", None)
-        return ask(prompt_left) if ask is not None else None
+        size = ask(prompt_left) if ask is not None else None
+        self._step = prompt_left if size is None else min(max(int(size), 1), prompt_left)
+        return size
 
     def before_step(self, kind: str) -> float:
         entered = time.perf_counter()
@@ -439,6 +447,12 @@ class _HeldTime:
         if kind == "decode":
             self.draft_accepted += max(tokens - 1, 0)
         self.inner.after_step(kind, tokens, compute_s)
+        if kind == "prefill" and self.on_prefill is not None:
+            # llama-server's prompt_progress after each batch of the prompt (server-context.cpp update_slots):
+            # processed counts the tokens the KV cache took from the prompt cache too (slot.prompt.tokens.size())
+            self._left = max(self._left - self._step, 0)
+            cached = self.prompt_tokens - self._fresh
+            self.on_prefill(cached + self._fresh - self._left, cached, self.prompt_tokens)
 
     def end(self, stats) -> None:
         self.inner.end(stats)
@@ -829,7 +843,8 @@ class Completer:
     def complete(self, request: CompletionRequest, on_text: Callable[[str, dict | None], None] | None = None,
                  on_start: Callable[[], None] | None = None,
                  client_gone: Callable[[], bool] | None = None,
-                 on_ids: Callable[[list[int]], None] | None = None) -> Completion:
+                 on_ids: Callable[[list[int]], None] | None = None,
+                 on_prefill: Callable[[int, int, int], None] | None = None) -> Completion:
         """Generate the answer; ``on_text`` gets each piece of text as it is settled (and the logprobs
         object of the tokens that made it, when the request asked for them), ``on_start`` is
         called when the request's turn comes (before its prefill). An exception from either (a client
@@ -844,7 +859,12 @@ class Completer:
         ``on_ids`` (llama-server's stream, whose every partial result carries the ids of its token: server-context.cpp
         send_partial_response) gets, just before each ``on_text`` of the answer's text, the ids of the tokens sampled
         since the last one; ids that made no text handed out (a stop string's, the end-of-text token) come at the
-        end with an ``on_text`` of ""."""
+        end with an ``on_text`` of "".
+
+        ``on_prefill`` (llama-server's ``return_progress``: a ``prompt_progress`` partial result after each batch of
+        the prompt, server-context.cpp update_slots) is called after each step of the prompt's prefill (one step, or
+        the thermal guard's ``prefill_chunk`` steps) with the prompt's tokens the KV cache holds so far, those of them
+        it took from the prompt cache, and the prompt's tokens (its ``processed``, ``cache`` and ``total``)."""
         ids = self.prompt_ids(request)
         if request.prompt_tokens:  # the text an echo returns and text_offset counts from, its special tokens written
             # out as the logprobs list them (and as the same prompt sent as text comes back)
@@ -869,10 +889,10 @@ class Completer:
                     raise
                 with self._thermal_wait_ends(client_gone, "the answer"):
                     if request.max_tokens == 0:
-                        return self._prefill_only(request, ids, on_text)
+                        return self._prefill_only(request, ids, on_text, on_prefill)
                     try:
                         return self._generate(request, ids, sampling, constraint, on_text, client_gone, shift,
-                                              on_ids)
+                                              on_ids, on_prefill)
                     except LogitBiasError as exc:  # the request's bias left no token to take: its fault, not ours
                         raise ApiError(400, f"{exc.problem}; {exc.fix}", param="logit_bias") from exc
                     except BoardNeverCooled as exc:
@@ -1024,7 +1044,8 @@ class Completer:
         return embedding
 
     def _prefill_only(self, request: CompletionRequest, ids: list[int],
-                      on_text: Callable[[str, dict | None], None] | None = None) -> Completion:
+                      on_text: Callable[[str, dict | None], None] | None = None,
+                      on_prefill: Callable[[int, int, int], None] | None = None) -> Completion:
         """llama-server's ``n_predict`` 0 (tools/server README, "POST /completion": "no tokens will be generated but
         the prompt is evaluated into the cache"): the prompt's part that the KV cache does not hold yet is
         prefilled, so a next request that starts with it prefills only what follows; the answer is empty, its
@@ -1038,7 +1059,8 @@ class Completer:
         backend, cache = self.runtime.backend, self.prompt_cache
         openai_logprobs = request.logprobs is not None and not request.llama_probs
         recorder = LogprobRecorder(top=request.logprobs, prompt=True) if openai_logprobs and request.echo else None
-        hook = _HeldTime(MetricsHook(self.metrics, self.hook, self.runtime.backend, self.prompt_cache))
+        hook = _HeldTime(MetricsHook(self.metrics, self.hook, self.runtime.backend, self.prompt_cache), on_prefill,
+                         len(ids))
         start = time.perf_counter()
         stats = GenerationStats(prompt_tokens=len(ids), stop_reason="max_new_tokens")
         try:
@@ -1071,7 +1093,8 @@ class Completer:
     def _generate(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig,
                   constraint: TokenConstraint | None, on_text: Callable[[str, dict | None], None] | None,
                   client_gone: Callable[[], bool] | None, shift: ContextShift | None = None,
-                  on_ids: Callable[[list[int]], None] | None = None) -> Completion:
+                  on_ids: Callable[[list[int]], None] | None = None,
+                  on_prefill: Callable[[int, int, int], None] | None = None) -> Completion:
         tokenizer, slot = self.runtime.tokenizer, self.slot
         sampled: list[int] = []  # every token sampled (Completion.tokens)
         unsent: list[int] = []  # those not yet handed to on_ids
@@ -1125,7 +1148,8 @@ class Completer:
 
         # The answer's timings leave out the time the hook held its steps back (the thermal guard's pauses and
         # pacing), as the metrics' prefill and decode seconds do: the held time up to the first and last token.
-        hook = _HeldTime(MetricsHook(self.metrics, self.hook, self.runtime.backend, self.prompt_cache))
+        hook = _HeldTime(MetricsHook(self.metrics, self.hook, self.runtime.backend, self.prompt_cache), on_prefill,
+                         len(ids))
         clock = {"start": time.perf_counter(), "first": None, "last": None, "held_first": 0.0, "held_last": 0.0}
 
         def on_token(token: int) -> None:
@@ -1206,6 +1230,17 @@ class Completer:
                 if rest and on_text is not None:
                     send_ids()
                     on_text("", logprobs_body(request, rest, self._token_piece, offsets))
+            if ended and stats.stop_token is None:
+                # the end-of-text token a complete grammar leaves, which llama-server samples as any token (the
+                # grammar sampler allows only end-of-generation tokens there: llama-grammar.cpp
+                # llama_grammar_apply_impl), so it is counted in n_decoded and its id goes out in ``tokens`` as an
+                # end-of-text token the model chose does; none is counted where the vocabulary has none
+                end = self._end_token()
+                ended = end is not None
+                if ended:
+                    sampled.append(end)
+                    unsent.append(end)
+                    clock["last"], clock["held_last"] = time.perf_counter(), hook.held_s
             rest_ids()
             count += int(ended)
         except (_StopString, _LineLimit) as signal:  # _LineLimit: llama-server's stop_type limit, as the token limit
@@ -1243,6 +1278,16 @@ class Completer:
                           draft_tokens=0 if drafts is None else drafts.drafted, draft_accepted=hook.draft_accepted,
                           context_shifts=stats.context_shifts, context_discarded=stats.context_discarded,
                           context_full=stats.stop_reason == "max_context", tokens=sampled)
+
+    def _end_token(self) -> int | None:
+        """The end-of-text id a complete grammar's answer ends with: the vocabulary's EOS token where it ends
+        generation (llama.cpp's ``llama_vocab_eos``), else the lowest end-of-generation id; None where there is none.
+        generate() stops at a complete grammar without another decode, so the id is the vocabulary's, not the one of
+        the end-of-generation tokens the model's logits would rank first."""
+        tokenizer = self.runtime.tokenizer
+        ends = tokenizer.eos_token_ids
+        eos = tokenizer.token_id(tokenizer.eos_token) if isinstance(tokenizer.eos_token, str) else None
+        return eos if eos in ends else min(ends, default=None)
 
     def _token_piece(self, token: int) -> bytes:
         """A token's bytes, as the logprobs report them (a special token's name for one that has no text)."""

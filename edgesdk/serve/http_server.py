@@ -97,8 +97,9 @@ T = TypeVar("T")  # what a request's check makes of its body (_checked_then_used
 
 
 def _stream_flag(body: object, name: str) -> bool:
-    """A /completion or /infill stream's ``timings_per_token`` or ``return_progress`` (llama-server's
-    ``params_from_json_cmpl``: false where absent); anything but true, false or null is refused naming it."""
+    """A stream's ``timings_per_token`` or ``return_progress`` on /completion, /infill, /v1/completions or
+    /v1/chat/completions (llama-server's ``params_from_json_cmpl``, which reads every completion route's body: false
+    where absent); anything but true, false or null is refused naming it."""
     value = body.get(name) if isinstance(body, dict) else None
     if value is None:
         return False
@@ -109,23 +110,28 @@ def _stream_flag(body: object, name: str) -> bool:
 
 
 class _LiveTimings:
-    """The timings and prompt progress of a /completion stream's task as its events go out, for llama-server's
+    """The timings and prompt progress of a stream's task as its events go out, for llama-server's
     ``timings_per_token`` (server-context.cpp ``send_partial_response``: every partial result carries the slot's
     ``timings``) and ``return_progress`` (a ``prompt_progress`` object: ``total``, ``cache``, ``processed``,
-    ``time_ms``, server-task.cpp ``result_prompt_progress``).
+    ``time_ms``, server-task.cpp ``result_prompt_progress``), on /completion, /infill and the OpenAI routes alike (their
+    partial results carry both: ``to_json_oaicompat``, ``to_json_oaicompat_chat``).
 
     They are measured as the answer's own (Completion's ``prompt_ms`` and ``predicted_ms``): from the request's turn
     to its first token, and from the first token to the latest, less the time the thermal guard held the steps back
     (ServeMetrics' ``thermal_wait_seconds``: the board runs one request at a time, so what it adds during the turn is
-    this request's). The prompt is known processed only when its first token comes (the prefill is not told to this
-    route step by step), so the one ``prompt_progress`` event goes out then, whole (``processed`` = ``total``), where
-    llama-server sends one after each batch of the prompt as well."""
+    this request's). Each step of the prompt's prefill is told by :meth:`stepped` (Completer.complete's
+    ``on_prefill``: one step, or the thermal guard's steps), and a ``prompt_progress`` event goes out after each, as
+    llama-server sends one after each batch of the prompt it decodes (update_slots); ``processed`` counts the tokens
+    the KV cache held from the prompt cache too (slot.prompt.tokens.size()). llama-server also sends one at 0% before
+    the first batch; a prompt prefilled in one step gets the one event here."""
 
     def __init__(self, completer: Completer, evaluated: int):
         self.completer, self.evaluated = completer, evaluated
-        self.start = self.first = None
-        self.waited_start = self.waited_first = 0.0
+        self.start = self.first = self.step = None
+        self.waited_start = self.waited_first = self.waited_step = 0.0
         self.cached = 0
+        self.processed: int | None = None  # the prompt's tokens held after the latest prefill step
+        self.told = False  # a prompt_progress event went out
 
     def _waited(self) -> float:
         return self.completer.metrics.thermal_wait_seconds
@@ -134,28 +140,38 @@ class _LiveTimings:
         """The request's turn came: its prefill starts."""
         self.start, self.waited_start = time.perf_counter(), self._waited()
 
+    def stepped(self, processed: int, cached: int, total: int) -> None:
+        """A step of the prompt's prefill ended: the prompt's tokens the KV cache holds now, those it took from the
+        prompt cache, and the prompt's."""
+        if self.start is None:
+            self.started()
+        self.step, self.waited_step = time.perf_counter(), self._waited()
+        self.processed, self.cached, self.evaluated = processed, cached, total
+
     def prompt_done(self) -> bool:
         """Marks the prompt processed (the first token's event, or the end of an answer that has none); True the first
         time only."""
         if self.first is not None:
             return False
-        if self.start is None:
-            self.started()
-        self.first, self.waited_first = time.perf_counter(), self._waited()
-        cache = self.completer.prompt_cache
-        self.cached = cache.reused if cache is not None else 0
+        if self.step is None:  # no step was told: the prompt was processed whole by now
+            cache = self.completer.prompt_cache
+            self.stepped(self.evaluated, cache.reused if cache is not None else 0, self.evaluated)
+        self.first, self.waited_first = self.step, self.waited_step
         return True
 
     def progress(self) -> dict:
-        """llama-server's ``prompt_progress``: the prompt's tokens, those the KV cache held, those processed, and the
-        milliseconds since its processing started."""
-        return {"total": self.evaluated, "cache": self.cached, "processed": self.evaluated,
-                "time_ms": int((self.first - self.start) * 1e3)}
+        """llama-server's ``prompt_progress``: the prompt's tokens, those the KV cache held, those processed so far
+        (the cached ones too), and the milliseconds since its processing started."""
+        self.told = True
+        return {"total": self.evaluated, "cache": self.cached, "processed": self.processed,
+                "time_ms": int((self.step - self.start) * 1e3)}
 
     def timings(self, decoded: int) -> dict:
-        """The ``timings`` object up to now, as llama_native.timings makes the last event's."""
-        prompt_ms = max((self.first - self.start - (self.waited_first - self.waited_start)) * 1e3, 0.0)
-        predicted_ms = (time.perf_counter() - self.first - (self._waited() - self.waited_first)) * 1e3
+        """The ``timings`` object up to now, as llama_native.timings makes the last event's (the prompt's time up to
+        its latest step while it is being processed)."""
+        first, waited = (self.first, self.waited_first) if self.first is not None else (self.step, self.waited_step)
+        prompt_ms = max((first - self.start - (waited - self.waited_start)) * 1e3, 0.0)
+        predicted_ms = (time.perf_counter() - first - (self._waited() - waited)) * 1e3
         predicted_ms = max(predicted_ms, MIN_PREDICTED_MS) if decoded else 0.0
         return llama_native.timings(Completion("", "length", self.evaluated, decoded, self.cached,
                                                prompt_ms=prompt_ms, predicted_ms=predicted_ms))
@@ -736,6 +752,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._not_found(route, "POST")
         self._authorise()
         body = self._read_json()
+        flags = _stream_flag(body, "timings_per_token"), _stream_flag(body, "return_progress")
         if parse is not parse_text_request:
             # With several bundles, a chat request refused whole swaps no model in: its model's name is checked (the
             # 404 first), then its body, and only then is its model loaded, as /v1/messages and Ollama's routes do
@@ -750,7 +767,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                 model, self._prompt_requests(body, lambda one: parse(one, completer=model), model)))
         self._answer_started()
         if requests[0].stream:
-            self._stream(requests)
+            self._stream(requests, *flags)
         else:
             completions = [completer.complete(request, client_gone=self._client_gone) for request in requests]
             self._send_json(200, whole_answers(completer, requests, self._model, completions))
@@ -878,14 +895,25 @@ class ApiHandler(BaseHTTPRequestHandler):
             decoded = [0]  # the answer's tokens handed out so far, in this event's too
             live = _LiveTimings(completer, evaluated)
 
-            def prompt_processed(index: int = index, evaluated: int = evaluated, live: _LiveTimings = live) -> None:
-                """``return_progress``'s event once the prompt is processed: no text, no token yet."""
-                if live.prompt_done() and progress:
-                    event = self._partial_event("", None, [], index, 0, evaluated)
-                    if per_token:
-                        event["timings"] = live.timings(0)
-                    event["prompt_progress"] = live.progress()
-                    self._event(event)
+            def progress_event(index: int = index, evaluated: int = evaluated, live: _LiveTimings = live) -> None:
+                """``return_progress``'s event: the prompt's progress, no text, no token yet."""
+                event = self._partial_event("", None, [], index, 0, evaluated)
+                if per_token:
+                    event["timings"] = live.timings(0)
+                event["prompt_progress"] = live.progress()
+                self._event(event)
+
+            def on_prefill(processed: int, cached: int, total: int, live: _LiveTimings = live,
+                           progress_event: Callable[[], None] = progress_event) -> None:
+                """A step of the prompt's prefill ended: its progress event, as llama-server's after each batch."""
+                live.stepped(processed, cached, total)
+                if progress:
+                    progress_event()
+
+            def prompt_processed(live: _LiveTimings = live, progress_event: Callable[[], None] = progress_event) -> None:
+                """The prompt is processed: its progress event where no step told it."""
+                if live.prompt_done() and progress and not live.told:
+                    progress_event()
 
             def on_ids(tokens: list[int], given: list[int] = given) -> None:
                 given[:] = tokens
@@ -904,7 +932,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
             completion = self._complete_streamed(request, on_text, live.started,
                                                  lambda error: self._event(error.body()), headers_out=index > 0,
-                                                 on_ids=on_ids)
+                                                 on_ids=on_ids, on_prefill=on_prefill)
             if completion is None:
                 return
             prompt_processed()  # an answer with no event of its own (n_predict 0) still tells its prompt's progress
@@ -1381,28 +1409,50 @@ class ApiHandler(BaseHTTPRequestHandler):
             raise ApiError(400, f"the request body is not JSON in UTF-8: {exc}") from exc
 
     # ------------------------------------------------------------------ answers
-    def _stream(self, requests: list[CompletionRequest]) -> None:
+    def _stream(self, requests: list[CompletionRequest], per_token: bool = False, progress: bool = False) -> None:
         """Server-sent events; the headers go out when the request's turn comes, so a refused request
         (busy, prompt too long) still gets a plain JSON error with its status.
 
         Several prompts (``requests``: one each) are answered one after another (the board answers one at a time;
         llama-server runs them in parallel slots, its chunks interleaved) in one stream under one id, each chunk
         with its prompt's choice ``index`` and each prompt's last chunk its ``finish_reason``; the usage chunk
-        ``stream_options.include_usage`` asks for comes once, summed, then the one ``data: [DONE]``."""
+        ``stream_options.include_usage`` asks for comes once, summed, then the one ``data: [DONE]``.
+
+        ``per_token`` (llama-server's ``timings_per_token``) puts the timings so far on the last chunk of each piece,
+        and ``progress`` (``return_progress``) sends a chunk with ``prompt_progress`` after each step of the prompt's
+        prefill, as llama-server's partial results carry them on these routes too (server-task.cpp
+        ``to_json_oaicompat``, ``to_json_oaicompat_chat``: the chat's with the assistant's role delta)."""
         ident, completions = None, []
+        completer = self._completer
 
         def send(chunks: list[dict]) -> None:
             for body in chunks:
                 self._event(body)
 
         for index, request in enumerate(requests):
-            answer = StreamedAnswer(self._completer, request, self._model, index=index, ident=ident)
+            answer = StreamedAnswer(completer, request, self._model, index=index, ident=ident)
             ident = answer.ident
+            live = _LiveTimings(completer, 0)
+
+            def on_prefill(processed: int, cached: int, total: int, answer: StreamedAnswer = answer,
+                           live: _LiveTimings = live) -> None:
+                live.stepped(processed, cached, total)
+                if progress:
+                    send(answer.progress(live.progress(), live.timings(0) if per_token else None))
+
+            def on_text(text: str, logprobs: dict | None, answer: StreamedAnswer = answer,
+                        live: _LiveTimings = live) -> None:
+                chunks = answer.piece(text, logprobs)
+                if per_token and chunks:  # the slot's tokens decoded so far, as llama-server's n_decoded
+                    live.prompt_done()
+                    decoded = completer.slot.decoded if completer.slot is not None else 0
+                    chunks[-1] = {**chunks[-1], "timings": live.timings(decoded)}
+                send(chunks)
+
             # an error once the headers are out is in the stream, as llama-server does
             completion = self._complete_streamed(
-                request, lambda text, logprobs, answer=answer: send(answer.piece(text, logprobs)),
-                lambda answer=answer: send(answer.opening()), lambda error: self._event(error.body()),
-                headers_out=index > 0)
+                request, on_text, lambda answer=answer: send(answer.opening()), lambda error: self._event(error.body()),
+                headers_out=index > 0, on_prefill=on_prefill if per_token or progress else None)
             if completion is None:
                 return
             completions.append(completion)
@@ -1415,13 +1465,15 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _complete_streamed(self, request: CompletionRequest, on_text: Callable[[str, dict | None], None],
                            opened: Callable[[], None], error_event: Callable[[ApiError], None],
                            content_type: str = "text/event-stream", headers_out: bool = False,
-                           on_ids: Callable[[list[int]], None] | None = None) -> Completion | None:
+                           on_ids: Callable[[list[int]], None] | None = None,
+                           on_prefill: Callable[[int, int, int], None] | None = None) -> Completion | None:
         """Generate ``request`` as a stream: its headers go out when its turn comes (then ``opened`` writes the
         route's first events), each piece of text goes to ``on_text``. An error before that is raised (the client
         gets a plain error with its status); after it, ``error_event`` writes it as the stream's last event and
         None comes back. ``content_type``: the stream's (Ollama's streams are newline-delimited JSON); ``headers_out``:
         the stream is open already (a later prompt of several on /completion), so any error is its last event.
-        ``on_ids``: the ids of each piece's tokens (Completer.complete)."""
+        ``on_ids``: the ids of each piece's tokens, ``on_prefill``: each step of the prompt's prefill
+        (Completer.complete)."""
         started = headers_out
 
         def on_start() -> None:
@@ -1433,7 +1485,7 @@ class ApiHandler(BaseHTTPRequestHandler):
 
         try:
             return self._completer.complete(request, on_text=on_text, on_start=on_start,
-                                                  client_gone=self._client_gone, on_ids=on_ids)
+                                                  client_gone=self._client_gone, on_ids=on_ids, on_prefill=on_prefill)
         except (ConnectionError, TimeoutError):
             raise
         except Exception as exc:

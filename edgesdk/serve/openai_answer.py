@@ -100,6 +100,18 @@ class StreamedAnswer:
             return []
         return [chunk_body(self.request, self.ident, self.model, None, role=True, index=self.index)]
 
+    def progress(self, progress: dict, timings: dict | None = None) -> list[dict]:
+        """The chunk of ``return_progress`` after a step of the prompt's prefill: its ``prompt_progress`` (and the
+        ``timings`` so far with ``timings_per_token``) on a chat's assistant-role delta or a text completion's empty
+        text, as llama-server's progress partial result (server-task.cpp ``to_json_oaicompat_chat``: the role delta
+        where ``is_progress``; ``to_json_oaicompat``: ``text`` "")."""
+        body = chunk_body(self.request, self.ident, self.model, None if self.request.chat else "",
+                          role=self.request.chat, index=self.index)
+        if timings is not None:
+            body["timings"] = timings
+        body["prompt_progress"] = progress
+        return [body]
+
     def piece(self, text: str, logprobs: dict | None) -> list[dict]:
         """The chunks that settled text gives; a token whose text is held back (a tag's or a call's possible
         start) still gives its logprobs, in a chunk with an empty delta."""
