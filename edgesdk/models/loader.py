@@ -962,6 +962,39 @@ def _strip_after_phi3_special_tokens(tokenizer, path: Path) -> None:
     tokenizer._tokenizer = Tokenizer.from_str(json.dumps(spec))
 
 
+# gguf.md / gguf-py (Keys.Tokenizer.CHAT_TEMPLATE, CHAT_TEMPLATE_N): a model's default template, and each named one
+# (convert_hf_to_gguf.py writes a tokenizer_config's list of {"name", "template"} with GGUFWriter.add_chat_template:
+# "default" under the first key, every other name under the second, the names also listed in tokenizer.chat_templates)
+CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
+NAMED_CHAT_TEMPLATE_PREFIX = CHAT_TEMPLATE_KEY + "."
+
+
+def _set_named_chat_templates(tokenizer, path: Path) -> None:
+    """Give the ``tokenizer`` read from the GGUF file at ``path`` the file's named chat templates
+    (``tokenizer.chat_template.<name>``, e.g. ``tokenizer.chat_template.tool_use``) beside its default one, as the
+    dict transformers makes ``chat_template`` of a tokenizer_config that lists several (``{"default": ...,
+    "tool_use": ...}``): transformers' GGUF tokenizer mapping reads ``tokenizer.chat_template`` alone, so a file with
+    only a tool_use template had no chat template at all, where llama.cpp reads each by its key
+    (``llama_model_chat_template(model, "tool_use")``) and common_chat_templates_init (common/chat.cpp) takes the
+    tool_use template as the default where the file has none; the build then picks as llama.cpp picks
+    (edgesdk/build/package.py, ``chosen_chat_template``). A file without named templates keeps the tokenizer's."""
+    fields = gguf_reader(path).fields
+    named = {}
+    for key in fields:
+        if key.startswith(NAMED_CHAT_TEMPLATE_PREFIX) and key[len(NAMED_CHAT_TEMPLATE_PREFIX):]:
+            template = _gguf_value(path, key)
+            if isinstance(template, str) and template:
+                named[key[len(NAMED_CHAT_TEMPLATE_PREFIX):]] = template
+    named.pop("default", None)
+    if not named:
+        return
+    default = _gguf_value(path, CHAT_TEMPLATE_KEY)
+    templates = {"default": default} if isinstance(default, str) and default else {}
+    # a "tokenizer.chat_template.default" key is not the default: llama.cpp reads that from the plain key alone
+    templates.update(sorted(named.items()))
+    tokenizer.chat_template = templates
+
+
 def _add_end_of_turn_ids(model, path: Path) -> None:
     """Put the end-of-turn and end-of-message tokens of the GGUF file at ``path`` (``tokenizer.ggml.eot_token_id``,
     ``tokenizer.ggml.eom_token_id``) among the ids that end ``model``'s generation (its generation config's
@@ -1431,6 +1464,7 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
         _key_added_tokens_by_their_text(tokenizer, source.path)
         _set_spm_space_prefix(tokenizer, source.path)
         _strip_after_phi3_special_tokens(tokenizer, source.path)
+        _set_named_chat_templates(tokenizer, source.path)
     if source.kind == "gguf" and gguf_adds_bos_by_default(source.path) and not getattr(tokenizer, "add_bos_token", True) \
             and getattr(tokenizer, "bos_token", None) is not None:
         tokenizer.add_bos_token = True  # transformers' setter rebuilds the post-processor with the BOS in front

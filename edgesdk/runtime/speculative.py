@@ -13,6 +13,11 @@ draft step. This is llama.cpp's ``--model-draft`` (``-md``) with ``--draft-max``
 ``--draft-p-min``: drafting stops at a token the draft model gives less than ``p_min`` probability among its
 ``DRAFT_TOP_K`` most likely tokens, as llama.cpp measures it (:func:`top_probability`).
 
+The draft's vocabulary is checked as llama.cpp's ``common_speculative_are_compatible`` checks it
+(:func:`vocab_mismatch`): the same one, or one up to 128 tokens larger or smaller with the same texts over the ids
+both have (a fine-tune with added tokens and its base model). An id the bundle has no token for, or whose text
+differs, is never proposed, and a text holding an id the draft model has no row for is not drafted for.
+
 The draft model keeps its own KV cache across checks and answers: before each draft it is rewound to
 the longest prefix it shares with the text so far, and only what follows is prefilled.
 """
@@ -80,12 +85,16 @@ class DraftConfig:
 class DraftModel:
     """A draft backend and the token ids its KV cache holds; :meth:`drafter` starts the drafts of one answer."""
 
-    def __init__(self, backend: DecoderBackend, config: DraftConfig = DraftConfig(), vocab_size: int | None = None):
+    def __init__(self, backend: DecoderBackend, config: DraftConfig = DraftConfig(), vocab_size: int | None = None,
+                 foreign: frozenset[int] = frozenset()):
         if not callable(getattr(backend, "rewind", None)):
             raise ValueError(f"the draft model's {backend.name} backend cannot rewind its KV cache, which drafting "
                              "needs after each check")
         self.backend, self.config = backend, config
         self.vocab_size = vocab_size  # the target's: a drafted id past it ends the draft
+        # ids below it whose text differs between the two vocabularies (:func:`vocab_mismatch` lets ids under
+        # SPEC_VOCAB_CHECK_START_TOKEN_ID differ): drafting such an id ends the draft too
+        self.foreign = frozenset(foreign)
         # The draft model's own rows: a text holding an id past them (a bundle whose vocabulary is padded wider than
         # the draft's, sampling one of its extra ids) is one the draft model cannot read, so it is not drafted for.
         self.rows: int | None = getattr(backend, "vocab_size", None)
@@ -162,7 +171,7 @@ class ModelDrafter:
         drafted: list[int] = []
         while True:
             token = int(np.argmax(logits))
-            if model.vocab_size is not None and token >= model.vocab_size:
+            if (model.vocab_size is not None and token >= model.vocab_size) or token in model.foreign:
                 break
             if config.p_min > 0 and top_probability(logits) < config.p_min:
                 break
@@ -177,8 +186,60 @@ class ModelDrafter:
         return drafted
 
 
+# llama.cpp's common_speculative_are_compatible (common/speculative.cpp): the two vocabularies may differ in size by
+# this many tokens, and their token texts are compared from this id on over the ids both have
+SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
+SPEC_VOCAB_CHECK_START_TOKEN_ID = 5
+
+
+def _texts(tokenizer) -> dict[int, str]:
+    """id -> token text of a ``tokenizers.Tokenizer``, added tokens included (llama.cpp's ``llama_vocab_get_text``)."""
+    return {index: text for text, index in tokenizer.get_vocab(with_added_tokens=True).items()}
+
+
+def _added_eos(tokenizer) -> int | None:
+    """The token the ChatTokenizer ``tokenizer`` puts after a text it encodes with its special tokens (llama.cpp's
+    ``llama_vocab_get_add_eos`` with ``llama_vocab_eos``), None where it puts none."""
+    plain, special = tokenizer.encode("a", add_special_tokens=False), tokenizer.encode("a", add_special_tokens=True)
+    start = 1 if tokenizer.added_bos() is not None else 0
+    after = special[start + len(plain):]
+    return after[0] if len(after) == 1 and special[start:start + len(plain)] == plain else None
+
+
+def vocab_mismatch(target, draft) -> str | None:
+    """Why the draft's ChatTokenizer ``draft`` cannot draft for the target's ``target``, as llama.cpp's
+    common_speculative_are_compatible (common/speculative.cpp) decides it: another vocabulary type (the tokenizers
+    model: BPE, Unigram, ...), another BOS or EOS added to a text (``add_bos`` / ``add_eos`` and the ids), sizes more
+    than :data:`SPEC_VOCAB_MAX_SIZE_DIFFERENCE` apart, or a token text that differs from id
+    :data:`SPEC_VOCAB_CHECK_START_TOKEN_ID` on over the ids both have. None where it can: a fine-tune with a few
+    added tokens (ChatML's) drafted by its base model, as llama.cpp takes it. The ids the two do not share are never
+    proposed as drafts (:class:`DraftModel`'s ``vocab_size`` and ``foreign``), so the answer stays the target's."""
+    kinds = [type(side.tokenizer.model).__name__ for side in (target, draft)]
+    if kinds[0] != kinds[1]:
+        return f"its vocabulary is a {kinds[1]} one, the bundle's a {kinds[0]} one"
+    for name, read in (("BOS", lambda side: side.added_bos()), ("EOS", _added_eos)):
+        ours, theirs = read(target), read(draft)
+        if ours != theirs:
+            def said(token):
+                return "none" if token is None else f"token {token}"
+
+            return f"the {name} it adds to a text is {said(theirs)}, the bundle's {said(ours)}"
+    ours, theirs = _texts(target.tokenizer), _texts(draft.tokenizer)
+    sizes = [max(texts, default=-1) + 1 for texts in (ours, theirs)]
+    if abs(sizes[0] - sizes[1]) > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
+        return f"the sizes are {abs(sizes[0] - sizes[1]):,} tokens apart, more than the {SPEC_VOCAB_MAX_SIZE_DIFFERENCE} " \
+               "llama.cpp allows"
+    differ = [index for index in range(SPEC_VOCAB_CHECK_START_TOKEN_ID, min(sizes)) if ours.get(index) != theirs.get(index)]
+    if differ:
+        first = differ[0]
+        return (f"{len(differ):,} token texts differ, the first id {first}: {theirs.get(first)!r} there, "
+                f"{ours.get(first)!r} here")
+    return None
+
+
 class DraftError(EdgeSDKError):
-    """A bundle that cannot be the draft model of another: another tokenizer, or no backend that can rewind."""
+    """A bundle that cannot be the draft model of another: another tokenizer (:func:`vocab_mismatch`), or no backend
+    that can rewind."""
 
 
 def open_draft_model(runtime, draft_bundle, config: DraftConfig, threads: int | None = None,
@@ -205,15 +266,23 @@ def open_draft_model(runtime, draft_bundle, config: DraftConfig, threads: int | 
                              spinning=False)
     else:
         elsewhere = None
-    ours, theirs = (rt.tokenizer.tokenizer.get_vocab(with_added_tokens=True) for rt in (runtime, draft))
-    if ours != theirs:
-        differ = sum(1 for token, index in ours.items() if theirs.get(token) != index) + len(set(theirs) - set(ours))
-        raise DraftError(f"{draft_bundle} has another tokenizer than the bundle ({len(theirs):,} tokens against "
-                           f"{len(ours):,}, {differ:,} differ), so its token ids mean other text",
-                           "pass a draft bundle built from a model with this bundle's tokenizer (a smaller model of "
-                           "its family, or the same model quantized harder)")
+    limit, foreign = runtime.backend.vocab_size, frozenset()
+    ours, theirs = (_texts(rt.tokenizer.tokenizer) for rt in (runtime, draft))
+    if ours != theirs:  # llama.cpp's compatibility check (vocab_mismatch), not the same vocabulary
+        why = vocab_mismatch(runtime.tokenizer, draft.tokenizer)
+        if why is not None:
+            raise DraftError(f"{draft_bundle} has another tokenizer than the bundle ({len(theirs):,} tokens against "
+                             f"{len(ours):,}: {why}), so its token ids mean other text",
+                             "pass a draft bundle built from a model with this bundle's tokenizer (a smaller model of "
+                             "its family, or the same model quantized harder; as llama.cpp, one with up to "
+                             f"{SPEC_VOCAB_MAX_SIZE_DIFFERENCE} tokens more or fewer and the same token texts is taken)")
+        # an id the target has no token for, or whose text differs (ids under SPEC_VOCAB_CHECK_START_TOKEN_ID), is
+        # never proposed: the draft ends there
+        limit = min(limit, max(ours) + 1)
+        foreign = frozenset(index for index in range(min(max(ours), max(theirs)) + 1)
+                            if ours.get(index) != theirs.get(index))
     try:
-        return DraftModel(draft.backend, config, runtime.backend.vocab_size)
+        return DraftModel(draft.backend, config, limit, foreign)
     except ValueError as exc:  # a draft backend that cannot rewind: the bundle's backend could not open the draft
         why = "" if elsewhere is None else f", and the bundle's {runtime.backend.name} backend cannot open it " \
                                            f"({elsewhere.problem})"

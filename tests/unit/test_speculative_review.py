@@ -117,13 +117,15 @@ def test_a_draft_bundle_with_another_tokenizer_is_refused_with_what_to_pass(tiny
     from tests._utils.tiny import save_tiny_model_dir
     from tests.unit.test_cli import invoke
 
-    model_dir = save_tiny_model_dir(tmp_path / "model", vocab_size=300, hidden=64, heads=4, kv_heads=2)
+    # another vocabulary (Gemma's pieces), which llama.cpp's common_speculative_are_compatible refuses too
+    model_dir = save_tiny_model_dir(tmp_path / "model", tokenizer="gemma", vocab_size=384, hidden=64, heads=4,
+                                    kv_heads=2)
     other = build_tiny_bundle(tmp_path, "name: fused\nstages: []\nexport: {form: ort-fused, weights: fp32}\n", "host",
                               model_dir=model_dir)
     result = invoke("run", tiny_bundle.path, "--prompt", "x", "-n", 2, "--threads", 1, "--draft", other.path)
     assert result.exit_code == 2, result.stderr
     message = " ".join(result.stderr.split())
-    assert "has another tokenizer than the bundle (300 tokens against 320" in message
+    assert "has another tokenizer than the bundle (384 tokens against 320" in message
     assert "pass a draft bundle built from a model with this bundle's tokenizer" in message
 
 
