@@ -135,7 +135,7 @@ class Model:
         draft_config = None if draft is None else _draft_config(draft, draft_max, draft_min, draft_p_min, settings)
         try:
             self.runtime = open_runtime(Path(path), backend=backend, threads=threads, expected_target=target,
-                                        ignore_target=ignore_target)
+                                        ignore_target=ignore_target, terms="python")
         except EdgeSDKError as exc:  # its fix names run's options: the same choices are load()'s arguments here
             raise _in_python_terms(exc) from exc
         self._thermal = self._release_guard = self._completer = None

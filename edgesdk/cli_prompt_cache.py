@@ -18,6 +18,15 @@ loaded from it, and written back as llama-cli writes it (tools/main/main.cpp):
   need not be writable; a missing file is said on stderr and the prompt is prefilled whole, as llama-cli runs on
   (it logs "will create" but does not). With ``--prompt-cache-all`` it still writes nothing, as llama-cli.
 
+- a FILE marked read-only (no write permission for anyone, ``chmod a-w``, or none for this user) is read as
+  ``--prompt-cache-ro``, which is said on stderr: llama-cli's ``fopen(path, "wb")`` fails on it and leaves it as
+  it was (llama_state_save_file logs "failed to open"), where the write here, a new file renamed over it (which
+  needs only a writable directory), replaced it and kept its read-only mode.
+- with the power gates steered by the controller (``--gating``) the FILE is not used and is left as it is, which
+  is said on stderr: such a run reuses no cached prompt (edgesdk/runtime/prompt_cache.py), and the file it wrote
+  was one no later run loads (edgesdk/runtime/cache_file.py), in place of the one a run with the gates off had
+  left there.
+
 The first prompt that shares less than half its tokens with the file loaded is said on stderr, as llama-cli warns
 "session file has low similarity to prompt". The file itself is :mod:`edgesdk.runtime.cache_file`.
 
@@ -27,6 +36,7 @@ Importing this module imports click only; the runtime loads inside the functions
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import click
@@ -48,6 +58,12 @@ def prompt_cache_mode(path: Path | None, cache_all: bool, read_only: bool) -> st
                                          f"one; pass --prompt-cache FILE with {option}, or leave {option} out",
                                          param_hint=f"'{option}'")
         return None
+    if not read_only and read_only_file(path):
+        unused = " (--prompt-cache-all too)" if cache_all else ""
+        click.echo(f"edgesdk: the prompt cache {path} is read-only (mode {stat.S_IMODE(os.stat(path).st_mode):04o}): "
+                   f"it is loaded and not written{unused}, as with --prompt-cache-ro; make it writable (chmod u+w) "
+                   "to have runs update it", err=True)
+        return "ro"
     if read_only:
         if cache_all:
             click.echo("edgesdk: --prompt-cache-all is not used: --prompt-cache-ro never writes the file (as in "
@@ -56,12 +72,24 @@ def prompt_cache_mode(path: Path | None, cache_all: bool, read_only: bool) -> st
     return "all" if cache_all else "prompt"
 
 
+def read_only_file(path: Path) -> bool:
+    """Whether the file at ``path`` is marked read-only: no write permission bit for anyone (``chmod a-w``: what its
+    owner means, though root's access() and fopen("wb") pass over it) or none that this user has. Such a file is read as
+    ``--prompt-cache-ro`` (:func:`prompt_cache_mode`). A symlink is its target, as the write goes there."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing, unreachable, or a name the OS cannot take: not a file kept read-only
+        return False
+    return stat.S_ISREG(mode) and (not mode & 0o222 or not os.access(path, os.W_OK))
+
+
 def writable_prompt_cache(path: Path | None, read_only: bool = False) -> Path | None:
     """``--prompt-cache FILE``, once it can be written: its directory exists and this user may write there, and
     FILE, where it exists, is a cache file (:func:`edgesdk.runtime.cache_file.foreign`: never written over).
     Checked before the bundle loads; the first write comes only after the first answer, which a missing directory
-    would waste. ``read_only`` (``--prompt-cache-ro``): never written, so not checked."""
-    if path is None or read_only:
+    would waste. ``read_only`` (``--prompt-cache-ro``), or a file marked read-only (:func:`read_only_file`):
+    never written, so not checked."""
+    if path is None or read_only or read_only_file(path):
         return path
     from edgesdk.runtime.cache_file import foreign
 
@@ -103,6 +131,7 @@ def load_prompt_cache(path: Path | None, cache, runtime, stats: bool, mode: str 
     """``--prompt-cache FILE``: its KV cache loaded into ``cache`` where it fits; the file as the run writes it
     (``mode``: :func:`prompt_cache_mode`), or None where the backend keeps no host copy of its cache."""
     from edgesdk.runtime import cache_file
+    from edgesdk.runtime.prompt_cache import steers_gates
 
     if path is None:
         return None
@@ -110,8 +139,16 @@ def load_prompt_cache(path: Path | None, cache, runtime, stats: bool, mode: str 
         click.echo(f"edgesdk: --prompt-cache is not used: the {runtime.backend.name} backend keeps no copy of its KV "
                    "cache to write", err=True)
         return None
+    if steers_gates(runtime.backend):  # no cached prompt is reused, and its own cache would be loaded by no run
+        click.echo(f"edgesdk: the prompt cache {path} is not used, and is left as it is: the power gates decide the "
+                   "keys and values, and this run computes with them steered by the controller (--gating, or "
+                   "--entropy-target / --compute-budget), whose cache no run reuses; run without those options to "
+                   "use the file", err=True)
+        return None
     loaded, why = cache_file.load(path, cache, runtime.bundle.bundle_id)
-    after = "--prompt-cache-ro leaves it as it is" if mode == "ro" else "the next answer rewrites it"
+    after = "the next answer rewrites it"
+    if mode == "ro":
+        after = "it is read-only and left as it is" if read_only_file(path) else "--prompt-cache-ro leaves it as it is"
     if why is not None:
         click.echo(f"edgesdk: the prompt cache {path} is not loaded: {why}; {after}", err=True)
     elif loaded and stats:

@@ -213,7 +213,9 @@ class RunSettings:
 @click.option("--prompt-cache", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Keep the KV cache in FILE between runs (llama-cli's --prompt-cache): a prompt that begins as the "
                    "one the file holds prefills only what follows; the prompt's cache is written where the file did "
-                   "not hold the whole prompt (once the answer ends, or Ctrl-C stops it).")
+                   "not hold the whole prompt (once the answer ends, or Ctrl-C stops it). A read-only FILE (chmod "
+                   "a-w) is read and never written, as with --prompt-cache-ro; with the power gates steered (--gating) "
+                   "FILE is not used.")
 @click.option("--prompt-cache-all", is_flag=True,
               help="With --prompt-cache: write the prompt and the answer to FILE after each answer, and what it "
                    "reached at a Ctrl-C (llama-cli's --prompt-cache-all; here in a chat too).")

@@ -47,20 +47,26 @@ class Runtime:
     threads: int = 1  # intra-op threads the backend was opened with
 
 
-def check_target(bundle: Bundle, expected_target: str | None, ignore_target: bool) -> str | None:
-    """Refuse a bundle built for another board. Returns a note when running a board bundle on a host."""
+def check_target(bundle: Bundle, expected_target: str | None, ignore_target: bool, terms: str = "cli") -> str | None:
+    """Refuse a bundle built for another board. Returns a note when running a board bundle on a host. ``terms``:
+    whose names a refusal's fix and the note give the choices, ``"cli"`` the command line's (``--target``,
+    ``--ignore-target``, ``edgesdk build --target``) or ``"python"`` :func:`edgesdk.load`'s (``target=``,
+    ``ignore_target=True``, :func:`edgesdk.build_bundle`), as :func:`edgesdk.profile.get_profile` takes them."""
     from edgesdk.board import detect_board
     from edgesdk.profile import get_profile
 
+    python = terms == "python"
     if ignore_target:
-        unchecked = "" if expected_target is None else f", so --target {expected_target} is not checked"
-        return f"target check skipped (--ignore-target{unchecked}); bundle built for {bundle.target}"
+        given = f"target={expected_target!r}" if python else f"--target {expected_target}"
+        unchecked = "" if expected_target is None else f", so {given} is not checked"
+        skipped = "ignore_target=True" if python else "--ignore-target"
+        return f"target check skipped ({skipped}{unchecked}); bundle built for {bundle.target}"
     if expected_target is not None:
-        verify_target = get_profile(expected_target).name
+        verify_target = get_profile(expected_target, terms).name
         if bundle.target != verify_target:
             raise BundleError(
                 f"bundle {bundle.path} was built for target '{bundle.target}', not '{verify_target}'",
-                f"build it with 'edgesdk build --target {verify_target}', or pass --ignore-target",
+                _rebuild_fix(verify_target, python),
             )
         return None
     board = detect_board()
@@ -68,11 +74,20 @@ def check_target(bundle: Bundle, expected_target: str | None, ignore_target: boo
         raise BundleError(
             f"bundle {bundle.path} was built for '{bundle.target}' but this board is '{board.suggested_target}' "
             f"({board.model})",
-            f"build it with 'edgesdk build --target {board.suggested_target}', or pass --ignore-target",
+            _rebuild_fix(board.suggested_target, python),
         )
     if board.family == "host" and bundle.target != "host":
         return f"running a '{bundle.target}' bundle on a development host ({board.architecture})"
     return None
+
+
+def _rebuild_fix(target: str, python: bool) -> str:
+    """The fix for a bundle built for another board than ``target``: build one for it, or run it anyway, in the
+    command line's words or (``python``) in those of edgesdk.build_bundle() and edgesdk.load()."""
+    if python:
+        return (f"build one for it with edgesdk.build_bundle({target!r}, ...) (on a host), or pass "
+                "ignore_target=True")
+    return f"build it with 'edgesdk build --target {target}', or pass --ignore-target"
 
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -316,15 +331,17 @@ def _install_hint(names: list[str], fixes: dict[str, str] | None = None) -> str:
 
 def open_runtime(path: Path, backend: str | None = None, threads: int | None = None,
                  expected_target: str | None = None, ignore_target: bool = False,
-                 spinning: bool = True, verbose: bool = False) -> Runtime:
-    """Verify the bundle (hashes, then target) before loading anything, then load it."""
+                 spinning: bool = True, verbose: bool = False, terms: str = "cli") -> Runtime:
+    """Verify the bundle (hashes, then target) before loading anything, then load it. ``terms``: whose names the
+    target's refusals and notes give the choices (:func:`check_target`): ``"python"`` where :func:`edgesdk.load` is
+    the caller, the command line's otherwise."""
     if backend and backend not in OPENERS:
         raise RuntimeBackendError(f"--backend {backend!r} is not a backend of this edgesdk",
                                   f"pick one of {', '.join(OPENERS)}, or leave it out to use the bundle's own")
     bundle = verify_bundle(Path(path))
     check_runnable(bundle)
     notes = []
-    target_note = check_target(bundle, expected_target, ignore_target)
+    target_note = check_target(bundle, expected_target, ignore_target, terms)
     if target_note:
         notes.append(target_note)
     defaults = bundle.manifest["runtime"]
@@ -338,8 +355,9 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
                            "pass --threads N with N >= 1, or leave it out for the profile's count")
     elif threads > usable_cores():
         # Spinning thread pools on more threads than cores wreck each other: say so even without --stats.
+        option = "threads" if terms == "python" else "--threads"
         print(f"edgesdk: warning: {threads} threads on {usable_cores()} usable cores oversubscribes them and "
-              f"slows decoding; leave --threads out to use at most {usable_cores()}", file=sys.stderr)
+              f"slows decoding; leave {option} out to use at most {usable_cores()}", file=sys.stderr)
     engine, backend_notes = open_backend(bundle, chain, threads, spinning)
     notes += backend_notes
     facts = bundle.manifest["tokenizer"]
