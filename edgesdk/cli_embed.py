@@ -34,7 +34,17 @@ from pathlib import Path
 import click
 
 from edgesdk.cli_interactive import process_escapes
-from edgesdk.cli_llama import LLAMA_OPTION_NAMES, LlamaCommand, checked_ctx_size
+from edgesdk.cli_llama import (
+    CTX_SIZE_ENV,
+    LLAMA_OPTION_NAMES,
+    MODEL_ENV,
+    LlamaCommand,
+    LlamaEnvOption,
+    checked_ctx_size,
+    ctx_size_env_note,
+    say_model_env_overridden,
+    say_unread_llama_env,
+)
 from edgesdk.cli_options import escape_option, runtime_options
 from edgesdk.errors import EdgeSDKError, read_utf8
 
@@ -44,7 +54,8 @@ SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vec
 
 
 @click.command("embed", cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
-@click.argument("bundle", type=click.Path(path_type=Path))
+# LLAMA_ARG_MODEL: llama-embedding's -m (common/arg.cpp), read where no BUNDLE is given
+@click.argument("bundle", type=click.Path(path_type=Path), envvar=MODEL_ENV)
 @click.option("--prompt", "-p", "prompts", multiple=True, metavar="TEXT",
               help="Text to embed; each piece between separators (each line by default) is one input. Repeat for "
                    "more.")
@@ -54,7 +65,7 @@ SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vec
 @click.option("--embd-separator", default="\n", show_default="a newline", metavar="STRING",
               help="What separates the inputs in --prompt and --file, e.g. '<#sep#>'.")
 @escape_option
-@click.option("--pooling", type=click.Choice(POOLINGS), default=None,
+@click.option("--pooling", type=click.Choice(POOLINGS), default=None, cls=LlamaEnvOption, envvar="LLAMA_ARG_POOLING",
               help="How a text's hidden states become its vector: last (the last token's: decoder embedding models, "
                    "Qwen3-Embedding, e5-mistral), mean, cls (the first token's), none (every token's).  [default: as "
                    "the model declares, else mean]")
@@ -68,7 +79,7 @@ SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vec
 @click.option("--truncate", is_flag=True,
               help="Embed the first max-context tokens of a longer input, the end token its tokenizer appends kept "
                    "(a note on stderr says which), instead of refusing it.")
-@runtime_options
+@runtime_options(llama_env=True)
 def embed(bundle, prompts, text_file, embd_separator, escape, pooling, embd_normalize, embd_output_format, truncate,
           threads, backend, target, ignore_target):
     """Embeddings of texts through the bundle's runtime, as llama.cpp's llama-embedding prints them.
@@ -81,8 +92,16 @@ def embed(bundle, prompts, text_file, embd_separator, escape, pooling, embd_norm
 
     llama-embedding's options that change nothing here are accepted and said so on stderr (-ngl, -fa, --mlock,
     --no-mmap, -c 0 or the bundle's context, ...); the others are refused by name.
+
+    llama-embedding's environment variables set the options they set there (LLAMA_ARG_THREADS, LLAMA_ARG_POOLING:
+    each option below names its own; LLAMA_ARG_MODEL is the BUNDLE where none is given; LLAMA_ARG_CTX_SIZE is
+    checked as -c is, said where it is not the bundle's context); the command line goes over them. One set for an
+    option embed lacks is named on stderr.
     """
     inputs = _inputs(prompts, text_file, embd_separator, escape)
+    # llama-embedding would act on them (common/arg.cpp reads each option's variable for every tool that has it)
+    say_model_env_overridden()
+    say_unread_llama_env("llama-embedding", MODEL_ENV, CTX_SIZE_ENV)
     from edgesdk.runtime.embedding import (
         EmbeddingConfig,
         EmbeddingError,
@@ -95,6 +114,8 @@ def embed(bundle, prompts, text_file, embd_separator, escape, pooling, embd_norm
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
     checked_ctx_size(runtime.backend.max_context, bundle)
+    if (note := ctx_size_env_note(runtime.backend.max_context, bundle)) is not None:
+        click.echo(f"edgesdk: {note}", err=True)
     pooling = pooling or bundle_pooling(runtime.bundle.manifest)
     config = EmbeddingConfig(pooling=pooling, normalize=embd_normalize)
     limit = runtime.backend.max_context

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import click
 
-from edgesdk.cli_llama import LlamaCommand
+from edgesdk.cli_llama import (
+    CTX_SIZE_ENV,
+    MODEL_ENV,
+    LlamaCommand,
+    LlamaEnvOption,
+    say_model_env_overridden,
+    say_unread_llama_env,
+)
 from edgesdk.cli_options import echo_json, option_given, runtime_options
 from edgesdk.errors import EdgeSDKError, read_utf8
 
@@ -25,7 +32,8 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
 
 # llama-perplexity's -c / --ctx-size is --context here; its other options as run reads them (cli_llama.LlamaCommand)
 @click.command("eval", cls=LlamaCommand, llama_aliases={"-c": "--context", "--ctx-size": "--context"})
-@click.argument("bundle", type=click.Path(path_type=Path))
+# LLAMA_ARG_MODEL: llama-perplexity's -m (common/arg.cpp), read where no BUNDLE is given
+@click.argument("bundle", type=click.Path(path_type=Path), envvar=MODEL_ENV)
 @click.option("--text", "-f", "text_file", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Plain-text file to score (e.g. wikitext-2-raw/wiki.valid.raw); with an accuracy task, its task "
@@ -37,7 +45,10 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
                    "dropped, each chunk's first token made BOS where the tokenizer adds one, only the second half "
                    "of each chunk scored; it needs 2 x --context tokens. llama-perplexity reads the whole file: "
                    "pass --max-chars 0 to score the same text.")
-@click.option("--context", default=512, show_default=True, help="Tokens per window (per chunk: llama-perplexity's -c).")
+@click.option("--context", default=512, show_default=True, type=click.IntRange(min=0), cls=LlamaEnvOption,
+              envvar=CTX_SIZE_ENV,
+              help="Tokens per window (per chunk: llama-perplexity's -c); 0: the bundle's context, as llama.cpp's "
+                   "-c 0 is the model's.")
 @click.option("--stride", type=click.IntRange(min=1), help="Window step [--context: no overlap]; windows only.")
 @click.option("--max-chars", default=200_000, show_default=True, type=click.IntRange(min=0),
               help="Score the first N characters (0 = all).")
@@ -72,7 +83,7 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
               help="Power-gated bundles: compute budgets (fraction of FFN blocks run) for the perplexity curve.")
-@runtime_options
+@runtime_options(llama_env=True)
 def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, last_word, hellaswag, hellaswag_tasks,
           winogrande, winogrande_tasks, multiple_choice, multiple_choice_tasks, as_json, budgets, threads, backend,
           target, ignore_target):
@@ -91,10 +102,17 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
 
     llama-perplexity's -c / --ctx-size N is --context N; its options that change nothing here are accepted and said
     so on stderr (-ngl, -fa, -b, --mlock, ...), the others refused by name.
+
+    llama-perplexity's environment variables set the options they set there (LLAMA_ARG_THREADS; LLAMA_ARG_CTX_SIZE
+    is --context, as -c is; LLAMA_ARG_MODEL is the BUNDLE where none is given); the command line goes over them.
+    One set for an option eval lacks is named on stderr.
     """
     from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, leading_bos, reference_perplexity
     from edgesdk.runtime.session import open_runtime
 
+    # llama-perplexity would act on them (common/arg.cpp reads each option's variable for every tool that has it)
+    say_model_env_overridden()
+    say_unread_llama_env("llama-perplexity", MODEL_ENV)
     # the task first: beside a task, --kl-divergence is refused as a perplexity option; told to add --reference
     # first, the user was then told to drop --kl-divergence
     task = _accuracy_task_asked({"hellaswag": (hellaswag, hellaswag_tasks), "winogrande": (winogrande, winogrande_tasks),
@@ -119,6 +137,8 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
         raise click.BadParameter(f"--stride {stride} sets the step of --method windows; llama-perplexity cuts the "
                                  "text into chunks of --context tokens with no overlap: drop --stride, or use "
                                  "--method windows", param_hint="--stride")
+    if context == 0:  # llama.cpp's -c 0: "loaded from model", here the bundle's context (fixed when it was built)
+        context = _bundle_context(bundle)
     try:
         config = PerplexityConfig(context=context, stride=stride or context, max_chars=max_chars or None,
                                   method=method)
@@ -143,6 +163,10 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
                            ignore_target=ignore_target)
     if context > runtime.backend.max_context:
         limit, given = runtime.backend.max_context, option_given("context")
+        if click.get_current_context().get_parameter_source("context") is click.core.ParameterSource.ENVIRONMENT:
+            raise click.BadParameter(f"{context} (from {CTX_SIZE_ENV}, llama.cpp's -c) is longer than the bundle's "
+                                     f"max_context {limit}; set {CTX_SIZE_ENV} to {limit} or less (0: the bundle's) "
+                                     f"or unset it, or pass --context {limit} or less", param_hint="--context")
         raise click.BadParameter(f"{context}{'' if given else ' (the default)'} is longer than the bundle's "
                                  f"max_context {limit}; pass --context {limit} or less", param_hint="--context")
     source = _reference_source(runtime, bundle) if reference else None  # before the scoring, which takes minutes
@@ -207,8 +231,11 @@ def _accuracy_task_asked(tasks: dict[str, tuple[bool, int]]) -> tuple[str, int] 
                                  f"--{chosen[1]}", param_hint=f"--{chosen[1]}")
     if not chosen:
         return None
+    ctx = click.get_current_context()
     for parameter, option in PERPLEXITY_ONLY.items():
-        if option_given(parameter):
+        # LLAMA_ARG_CTX_SIZE, the environment's -c, sizes llama-perplexity's task batches too: not refused here
+        if option_given(parameter) and \
+                ctx.get_parameter_source(parameter) is not click.core.ParameterSource.ENVIRONMENT:
             raise click.BadParameter(f"applies to perplexity, and --{chosen[0]} scores the --text file as its task "
                                      f"file instead: drop one", param_hint=option)
     return chosen[0], tasks[chosen[0]][1]
@@ -282,6 +309,19 @@ def _print_perplexity(result: dict, method: str, context: int, text_length: int,
         for point in result["power"]["curve"]:
             click.echo(f"  budget {point['budget']:<5g} tau {point['tau']:.3f}  FFN blocks run "
                        f"{point['executed_fraction']:6.1%}  perplexity {point['perplexity']:.4f}")
+
+
+def _bundle_context(bundle: Path) -> int:
+    """``--context 0`` (llama-perplexity's ``-c 0``, common/arg.cpp: "0 = loaded from model"): the bundle's context,
+    from its manifest (graph.max_context), before the text is read and the runtime loads; a bundle that cannot be
+    read is refused as the runtime refuses it."""
+    from edgesdk.bundle import read_manifest
+
+    max_context = read_manifest(bundle).get("graph", {}).get("max_context")
+    if not isinstance(max_context, int) or max_context < 2:
+        raise EdgeSDKError(f"--context 0 takes the context of {bundle}, and its manifest records none "
+                           f"(graph.max_context is {max_context!r})", "pass --context N, the tokens per window")
+    return max_context
 
 
 def _text_as_llama_perplexity_reads(text_file: Path) -> str:

@@ -120,6 +120,32 @@ def unread_llama_env(command: click.Command, *read: str) -> list[str]:
                   (name.startswith("LLAMA_ARG_") or name in _LLAMA_OTHER_ENV))
 
 
+def say_unread_llama_env(tool: str, *read: str) -> None:
+    """Say on stderr which llama.cpp environment variables set here the running command does not read
+    (:func:`unread_llama_env`; ``read``: those it reads other than through its options, such as LLAMA_ARG_MODEL for
+    its BUNDLE), as llama.cpp's ``tool`` (llama-server, llama-embedding, ...) would act on them: its
+    ``common_params_parse`` reads every option's ``set_env`` variable for each tool sharing the option
+    (common/arg.cpp), so one a command ignored silently left a Docker image's or a systemd unit's setting off."""
+    context = click.get_current_context()
+    unread = unread_llama_env(context.command, *read)
+    if unread:
+        name = context.command.name
+        click.echo(f"edgesdk {name}: not read: {', '.join(unread)} ({tool}'s, for options edgesdk {name} does not "
+                   f"have; 'edgesdk {name} --help' names the variables it reads)", err=True)
+
+
+MODEL_ENV = "LLAMA_ARG_MODEL"  # llama.cpp's -m / --model (common/arg.cpp ``set_env("LLAMA_ARG_MODEL")``)
+
+
+def say_model_env_overridden(parameter: str = "bundle") -> None:
+    """Where LLAMA_ARG_MODEL is set and the command's BUNDLE argument (``parameter``, which reads it where none is
+    given) is on the command line: said on stderr, as common/arg.cpp warns that an environment variable "is set,
+    but will be overwritten by command line argument"."""
+    context = click.get_current_context()
+    if os.environ.get(MODEL_ENV) and context.get_parameter_source(parameter) is click.core.ParameterSource.COMMANDLINE:
+        click.echo(f"edgesdk: {MODEL_ENV} is set, but the BUNDLE on the command line goes over it", err=True)
+
+
 # --- llama.cpp's options that edgesdk has no counterpart for -------------------------------------------------------
 #
 # llama-cli and llama-server users type their options out of habit. click reads a single-dash token it does not know
@@ -480,6 +506,32 @@ def checked_ctx_size(max_context: int, bundle) -> None:
 CTX_SIZE_ENV = "LLAMA_ARG_CTX_SIZE"  # llama.cpp's -c / --ctx-size (common/arg.cpp ``set_env("LLAMA_ARG_CTX_SIZE")``)
 
 
+def _ctx_size_env_unlike(max_context: int, bundle) -> str | None:
+    """Why LLAMA_ARG_CTX_SIZE's value is not the context that runs (the bundle's, fixed when it was built), None where
+    it is (unset, 0: llama.cpp's "loaded from model", or the bundle's own size)."""
+    raw = os.environ.get(CTX_SIZE_ENV)
+    if not raw or (_whole_number(raw) and int(raw) in (0, max_context)):
+        return None
+    size = raw.strip() if _whole_number(raw) and int(raw) > 0 else "N"
+    return (f"the context of {bundle} is {max_context} tokens, fixed when it was built; set {CTX_SIZE_ENV} to "
+            f"{max_context} or 0 (the bundle's), or unset it; for another size rebuild the bundle with 'edgesdk build "
+            f"--max-context {size}'")
+
+
+def checked_ctx_size_env(max_context: int, bundle) -> None:
+    """LLAMA_ARG_CTX_SIZE, the environment's ``-c`` (common/arg.cpp), checked against the bundle's context as
+    :func:`checked_ctx_size` checks ``-c``: 0 and the bundle's own size are taken, another size is refused naming
+    the variable (where a command refuses another ``-c``, e.g. serve). ``-c`` on the command line goes over it:
+    then the variable is not checked (:func:`ctx_size_env_note` says so)."""
+    context = click.get_current_context(silent=True)
+    if context is not None and context.meta.get("edgesdk.llama.ctx_size") is not None:
+        return
+    why = _ctx_size_env_unlike(max_context, bundle)
+    if why is not None:
+        raise click.BadParameter(f"is {os.environ[CTX_SIZE_ENV]!r}, and {why}",
+                                 param_hint=f"{CTX_SIZE_ENV} (llama.cpp's -c / --ctx-size)")
+
+
 def ctx_size_env_note(max_context: int, bundle) -> str | None:
     """What to say of llama.cpp's LLAMA_ARG_CTX_SIZE (the environment's ``-c``, which llama-cli and llama-server act
     on) once the bundle's context is known, None where nothing: unset, or 0 / the bundle's own size (what runs).
@@ -493,8 +545,5 @@ def ctx_size_env_note(max_context: int, bundle) -> str | None:
     given = None if context is None else context.meta.get("edgesdk.llama.ctx_size")
     if given is not None:
         return f"{CTX_SIZE_ENV} is set, but {given[0]} on the command line goes over it"
-    if _whole_number(raw) and int(raw) in (0, max_context):
-        return None
-    return (f"{CTX_SIZE_ENV}={raw!r} is not read: the context of {bundle} is {max_context} tokens, fixed when it was "
-            f"built; set it to {max_context} or 0 (the bundle's), or unset it; for another size rebuild the bundle "
-            "with 'edgesdk build --max-context N'")
+    why = _ctx_size_env_unlike(max_context, bundle)
+    return None if why is None else f"{CTX_SIZE_ENV}={raw!r} is not read: {why}"

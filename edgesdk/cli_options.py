@@ -100,13 +100,43 @@ def bad_sampling_option(exc: ValueError, options: dict[str, str] = SAMPLING_OPTI
 
 
 def sampler_chain(samplers: str | None, sampling_seq: str | None) -> dict:
-    """The ``samplers`` field of a SamplingConfig from ``--samplers`` or ``--sampling-seq`` (none: the default)."""
+    """The ``samplers`` field of a SamplingConfig from ``--samplers`` or ``--sampling-seq`` (none: the default).
+
+    A name or letter llama.cpp does not know is left out of the chain with a warning on stderr, as llama-cli and
+    llama-server read these options (common/sampling.cpp ``common_sampler_types_from_names`` / ``..._from_chars``
+    skip it: ``LOG_WRN("unable to match sampler by name '%s'")``) and as serve reads a request's ``samplers``
+    (:func:`edgesdk.serve.api.skipped_samplers`); where every one is unknown the chain is empty, as llama.cpp's
+    ("logits -> dist"), and the warning says what then runs. adaptive_p, which llama.cpp has and edgesdk does not
+    carry, is refused (a ValueError naming it, told under the option by :func:`bad_sampling_option`)."""
     if samplers is not None and sampling_seq is not None:
         raise click.BadParameter("--samplers and --sampling-seq both give the sampler chain; pass one",
                                  param_hint="'--samplers' / '--sampling-seq'")
-    if samplers is not None:
-        return {"samplers": [name for name in samplers.split(";") if name]}
-    return {} if sampling_seq is None else {"samplers": sampling_seq}
+    if samplers is None and sampling_seq is None:
+        return {}
+    from edgesdk.runtime.generate import (
+        CARRIED_SAMPLERS,
+        PASS_THROUGH_SAMPLERS,
+        SAMPLER_LETTERS,
+    )
+    from edgesdk.runtime.generate import sampler_chain as canonical_chain
+
+    given = [name for name in samplers.split(";") if name] if samplers is not None else sampling_seq
+    skipped: list[str] = []
+    chain = canonical_chain(given, skipped=skipped)
+    if skipped:
+        if samplers is not None:
+            option, what = "--samplers", f"{', '.join(map(repr, skipped))}: no sampler llama.cpp knows by name"
+            known = ", ".join(CARRIED_SAMPLERS + PASS_THROUGH_SAMPLERS)
+        else:
+            option, what = "--sampling-seq", f"{', '.join(map(repr, skipped))}: no sampler letter llama.cpp knows"
+            known = ", ".join(f"{letter}={name}" for letter, name in SAMPLER_LETTERS.items())
+        left = "" if chain else ("; no sampler is left, as in llama.cpp's chain 'logits -> dist': each token is drawn "
+                                 "from the model's own distribution (temperature 1), the likeliest one at "
+                                 "--temperature 0")
+        click.echo(f"edgesdk: warning: {option}: {what}, left out of the chain as llama.cpp leaves it out "
+                   f"(\"unable to match sampler\"){left}; the {'names' if samplers is not None else 'letters'} are "
+                   f"{known}", err=True)
+    return {"samplers": chain}
 
 
 def _threads_or_default(ctx, param, value: int | None) -> int | None:

@@ -32,7 +32,7 @@ from edgesdk.cli_llama import (
     LlamaEnvOption,
     checked_ctx_size,
     ctx_size_env_note,
-    unread_llama_env,
+    say_unread_llama_env,
 )
 from edgesdk.cli_options import (
     SAMPLING_OPTIONS,
@@ -309,10 +309,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         raw_option="-no-cnv" if conversation is False else "--raw")
     # llama-cli would act on them: said, as serve says them, not ignored silently (LLAMA_ARG_CTX_SIZE once the
     # bundle's context is known)
-    unread = unread_llama_env(click.get_current_context().command, "LLAMA_ARG_MODEL", CTX_SIZE_ENV)
-    if unread:
-        click.echo(f"edgesdk run: not read: {', '.join(unread)} (llama-cli's, for options edgesdk run does not have; "
-                   "'edgesdk run --help' names the variables it reads)", err=True)
+    say_unread_llama_env("llama-cli", "LLAMA_ARG_MODEL", CTX_SIZE_ENV)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     checked_ctx_size(runtime.backend.max_context, bundle)

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import click
 
-from edgesdk.cli_llama import LlamaCommand, LlamaEnvOption, checked_ctx_size, unread_llama_env
+from edgesdk.cli_llama import (
+    CTX_SIZE_ENV,
+    LlamaCommand,
+    LlamaEnvOption,
+    checked_ctx_size,
+    checked_ctx_size_env,
+    ctx_size_env_note,
+    say_unread_llama_env,
+)
 from edgesdk.cli_options import (
     SAMPLING_OPTIONS,
     bad_sampling_option,
@@ -189,8 +197,9 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
 
     llama-server's environment variables set the options they set there (LLAMA_ARG_HOST, LLAMA_ARG_PORT,
     LLAMA_ARG_N_PREDICT, LLAMA_ARG_ALIAS, LLAMA_API_KEY, ...: each option below names its own; flags take true, 1,
-    on, enabled or false, 0, off, disabled), and LLAMA_ARG_MODEL is the BUNDLE where none is given; the command
-    line goes over them. One set for an option serve lacks is named at start.
+    on, enabled or false, 0, off, disabled), LLAMA_ARG_MODEL is the BUNDLE where none is given, and
+    LLAMA_ARG_CTX_SIZE is checked as -c is (0 or the bundle's context); the command line goes over them. One set for
+    an option serve lacks is named at start.
 
     llama-server's options that change nothing here are accepted and said so on stderr (-ngl, -fa, --jinja, --mlock,
     --no-mmap, --no-warmup, -np 1, -cb, -ctk / -ctv f16, -c 0 or the bundle's context, ...); those that would
@@ -251,10 +260,8 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
             model_name = _aliased(model_name, paths, [path.resolve() for path in paths])[0]
     warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard, clock_cap=clock_cap,
                                 ambient=ambient, sim_speed=sim_speed, thermal_target=thermal_target)
-    unread = unread_llama_env(click.get_current_context().command, MODEL_ENV)
-    if unread:  # llama-server would act on them: said, not ignored silently
-        click.echo(f"edgesdk serve: not read: {', '.join(unread)} (llama-server's, for options edgesdk serve does not "
-                   "have; 'edgesdk serve --help' names the variables it reads)", err=True)
+    # llama-server would act on them: said, not ignored silently (LLAMA_ARG_CTX_SIZE is checked as -c is)
+    say_unread_llama_env("llama-server", MODEL_ENV, CTX_SIZE_ENV)
     if no_prompt_cache and option_given("cache_ram_mib"):
         click.echo("edgesdk: --cache-ram is not used: --no-prompt-cache keeps no KV cache between requests", err=True)
     # A service manager's stop (SIGTERM; SIGHUP unless nohup ignores it) ends the server as Ctrl-C does:
@@ -330,8 +337,12 @@ def _with_model_option(bundles: tuple[Path, ...], model: Path | None) -> tuple[P
 
 def _check_ctx_size(paths: list[Path]) -> None:
     """llama-server's ``-c N`` against each bundle's context (graph.max_context in its manifest), before any loads
-    (:func:`edgesdk.cli_llama.checked_ctx_size`)."""
-    if click.get_current_context().meta.get("edgesdk.llama.ctx_size") is None:
+    (:func:`edgesdk.cli_llama.checked_ctx_size`), and LLAMA_ARG_CTX_SIZE, the environment's ``-c`` (common/arg.cpp),
+    as ``-c`` is where the command line has none (:func:`edgesdk.cli_llama.checked_ctx_size_env`): 0 or the bundle's
+    own context taken, another size refused with the rebuild command; ``-c`` on the command line goes over it, which
+    is said, as llama.cpp warns."""
+    given = click.get_current_context().meta.get("edgesdk.llama.ctx_size")
+    if given is None and not os.environ.get(CTX_SIZE_ENV):
         return
     from edgesdk.bundle import read_manifest
 
@@ -339,6 +350,9 @@ def _check_ctx_size(paths: list[Path]) -> None:
         max_context = read_manifest(path).get("graph", {}).get("max_context")
         if isinstance(max_context, int):
             checked_ctx_size(max_context, path)
+            checked_ctx_size_env(max_context, path)
+    if given is not None and (note := ctx_size_env_note(0, paths[0])) is not None:
+        click.echo(f"edgesdk: {note}", err=True)
 
 
 def _bundle_from_env(bundles: tuple[Path, ...]) -> tuple[Path, ...]:

@@ -67,12 +67,14 @@ def test_serve_is_configured_by_llama_server_s_environment_alone(tiny_bundle, tm
         "LLAMA_ARG_MODEL": str(tiny_bundle.path), "LLAMA_ARG_HOST": "127.0.0.1", "LLAMA_ARG_PORT": str(port),
         "LLAMA_ARG_ALIAS": "edge model", "LLAMA_ARG_N_PREDICT": "7", "LLAMA_ARG_TOP_K": "5",
         "LLAMA_ARG_THREADS": "1", "LLAMA_ARG_ENDPOINT_METRICS": "enabled", "LLAMA_API_KEY": "k1",
-        "LLAMA_ARG_CACHE_PROMPT": "false", "LLAMA_ARG_CTX_SIZE": "4096"}, tmp_path)
+        "LLAMA_ARG_CACHE_PROMPT": "false", "LLAMA_ARG_CTX_SIZE": "0", "LLAMA_ARG_UBATCH": "512"}, tmp_path)
     try:
         assert f"edge model on http://127.0.0.1:{port}/v1" in started, started
         assert "API key required" in started
-        # an option serve lacks is named, not ignored silently
-        assert "not read: LLAMA_ARG_CTX_SIZE" in started, started
+        # an option serve lacks is named, not ignored silently; LLAMA_ARG_CTX_SIZE is checked as -c is (0: the
+        # bundle's context), not listed
+        assert "not read: LLAMA_ARG_UBATCH" in started, started
+        assert "LLAMA_ARG_CTX_SIZE" not in started, started
         assert ask(port, "/props")[0] == 401  # /v1/models is public, as llama-server's
         status, models = ask(port, "/v1/models", key="k1")
         assert status == 200
@@ -161,12 +163,12 @@ def test_flags_read_llama_cpp_s_words(env, shown):
 def test_llama_variables_serve_does_not_read_are_listed(monkeypatch):
     from edgesdk.cli_serve import MODEL_ENV, serve
 
-    monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "4096")
+    monkeypatch.setenv("LLAMA_ARG_UBATCH", "512")
     monkeypatch.setenv("LLAMA_ARG_PORT", "8081")
     monkeypatch.setenv("LLAMA_CHAT_TEMPLATE_KWARGS", "{}")
     monkeypatch.setenv("LLAMA_ARG_MODEL", "x")
     unread = unread_llama_env(serve, MODEL_ENV)
-    assert "LLAMA_ARG_CTX_SIZE" in unread
+    assert "LLAMA_ARG_UBATCH" in unread
     assert not {"LLAMA_ARG_PORT", "LLAMA_CHAT_TEMPLATE_KWARGS", "LLAMA_ARG_MODEL"} & set(unread)
 
 
