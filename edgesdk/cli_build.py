@@ -98,7 +98,8 @@ def export(bundle, output, no_verify):
     bundle of a llama / mistral / smollm3 / qwen2 / qwen3 / gemma3 model (Phi-3 and Granite bundles are
     llama); layers pruned to different widths are written as llama.cpp's deci architecture (llama,
     mistral and qwen2 only: deci lacks qwen3's and gemma3's query / key norms and smollm3's layers
-    without rotary)."""
+    without rotary; a qwen2 layer that lost query heads is refused, since llama.cpp sizes its query bias
+    as the model width)."""
     try:
         import gguf  # noqa: F401
         import onnx  # noqa: F401

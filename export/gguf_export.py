@@ -33,7 +33,9 @@ Layout follows llama.cpp's ``convert_hf_to_gguf.py`` conventions for the ``llama
   and builds the Llama graph (adjacent-pair RoPE, optional Q/K/V biases) from them. ``llama`` and
   ``qwen2`` read one width for every layer. ``qwen2``'s loader also sizes the query projection and its
   bias as the model width, so a Qwen2 model whose query heads span less (every layer keeping the same
-  fewer GQA groups) is written as ``deci`` too.
+  fewer GQA groups) is written as ``deci`` too. Every one of these loaders (``deci`` included) sizes the
+  optional query bias as the model width, so a layer whose query heads span less and that has Q/K/V
+  biases (any pruned Qwen2 layer that lost GQA groups) is refused: llama.cpp would refuse the file.
 
 The file is written beside its destination, read back with the ``gguf`` package's own decoder and
 compared with the bundle's weights (bit-exact), and only then renamed into place.
@@ -156,6 +158,7 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
         architecture, pairwise_rope = PER_LAYER_ARCHITECTURE
     check_rotary_layers(decoder, architecture, bundle_dir)
     check_rope_factors(decoder, architecture, bundle_dir)
+    check_query_bias(decoder, architecture, bundle_dir)
     tokenizer = manifest["tokenizer"]
     vocab = vocab_from_tokenizer_json(bundle.file(tokenizer["file"]), tokenizer.get("bos_token"),
                                       tokenizer.get("eos_token"), matrix_rows(decoder.embed), gguf_name(manifest))
@@ -283,6 +286,36 @@ def check_rope_factors(decoder: BundleDecoder, architecture: str, bundle_dir: Pa
                           f"llama.cpp's {architecture} architecture does not read (only "
                           f"{', '.join(sorted(ROPE_FREQS_ARCHITECTURES))} take rope_freqs.weight)",
                           "run this bundle with edgesdk, or build it from a model without that rope scaling")
+
+
+# GGUF architectures whose llama.cpp loader sizes the optional query bias (blk.N.attn_q.bias) as the model width
+# (src/llama-model.cpp, load_tensors: ``layer.bq = create_tensor(..., {n_embd}, TENSOR_NOT_REQUIRED)``), whatever the
+# query projection's own rows (n_embd_head_k * n_head(il), which deci reads per layer)
+QUERY_BIAS_AS_WIDE_AS_MODEL = {"llama", "deci", "qwen2"}
+
+
+def check_query_bias(decoder: BundleDecoder, architecture: str, bundle_dir: Path) -> None:
+    """Refuse a query bias narrower than the model where llama.cpp's architecture reads it as wide as the model.
+
+    llama.cpp's ``llama``, ``deci`` and ``qwen2`` loaders create ``blk.N.attn_q.bias`` with the shape
+    ``{n_embd}`` (src/llama-model.cpp), and the graph adds it to the query projection's output, whose rows are the
+    layer's heads times the head size. A layer whose query heads span less than the width (a Qwen2 model whose GQA
+    groups prune removed, written as ``deci``) holds a bias of those fewer rows, which llama.cpp refuses at load
+    time ("tensor 'blk.0.attn_q.bias' has wrong shape; expected 896, got 448") and no file layout can hold."""
+    if architecture not in QUERY_BIAS_AS_WIDE_AS_MODEL:
+        return
+    width = decoder.hidden_size
+    narrow = [(i, layer.heads * decoder.head_dim) for i, layer in enumerate(decoder.layers)
+              if layer.qkv_bias is not None and layer.heads * decoder.head_dim != width]
+    if narrow:
+        shown = ", ".join(f"layer {i}: {rows}" for i, rows in narrow[:4]) + (", ..." if len(narrow) > 4 else "")
+        raise ExportError(
+            f"bundle {bundle_dir}: its query projections have biases of (heads x head size {decoder.head_dim}) rows "
+            f"other than the model width {width} ({shown}), where llama.cpp's {architecture} architecture reads "
+            f"blk.N.attn_q.bias as {width} values and refuses the file at load time ('wrong shape'); no llama.cpp "
+            "architecture with per-layer shapes (deci) sizes it otherwise",
+            "run this bundle with edgesdk, or build it without removing query heads (prune's kv_group_ratio 0) "
+            "for llama.cpp")
 
 
 def gguf_tensors(decoder: BundleDecoder, pairwise_rope: bool) -> dict[str, Matrix]:

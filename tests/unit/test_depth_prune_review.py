@@ -20,17 +20,18 @@ def _llama_cpp_logits(path, ids):
     return np.array(model.scores[:len(ids)])
 
 
-def test_a_qwen2_bundle_with_narrower_attention_in_every_layer_runs_in_llama_cpp(tmp_path):
+def test_a_llama_bundle_with_narrower_attention_in_every_layer_runs_in_llama_cpp(tmp_path):
     """Removing one of two GQA groups from each layer leaves uniform layers whose query heads span less than
-    the model width; llama.cpp's qwen2 loader sizes the query projection as the width and refused the file
-    ('attn_q.weight has wrong shape'). It is written as deci, which sizes it by the heads."""
+    the model width; llama.cpp's llama loader sizes the query projection as the width and refused the file
+    ('attn_q.weight has wrong shape'). It is written as deci, which sizes it by the heads. (A Qwen2 model's query
+    bias stays the width in every loader, so such a Qwen2 bundle is refused: tests/unit/test_export51.py.)"""
     pytest.importorskip("gguf")
     from edgesdk.evaluate import bundle_scorer
     from edgesdk.export.gguf_export import export_gguf
     from edgesdk.runtime.session import open_runtime
 
     model_dir = save_tiny_model_dir(tmp_path / "model", hidden=64, heads=4, kv_heads=2, intermediate=128, layers=2,
-                                    model_type="qwen2")
+                                    model_type="llama")
     recipe = ("name: narrow\nstages:\n  - stage: prune\n    config: {ffn_ratio: 0.0, kv_group_ratio: 0.5, "
               "calibration_batches: 2, batch_size: 2, sequence_length: 24}\n"
               "export: {form: ort-fused, weights: fp32}\n")
