@@ -40,8 +40,10 @@ from edgesdk.cli_llama import (
     MODEL_ENV,
     LlamaCommand,
     LlamaEnvOption,
+    bundle_or_model,
     checked_ctx_size,
     ctx_size_env_note,
+    model_option,
     say_model_env_overridden,
     say_unread_llama_env,
 )
@@ -55,7 +57,8 @@ SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vec
 
 @click.command("embed", cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
 # LLAMA_ARG_MODEL: llama-embedding's -m (common/arg.cpp), read where no BUNDLE is given
-@click.argument("bundle", type=click.Path(path_type=Path), envvar=MODEL_ENV)
+@click.argument("bundle", type=click.Path(path_type=Path), envvar=MODEL_ENV, required=False)
+@model_option("llama-embedding")
 @click.option("--prompt", "-p", "prompts", multiple=True, metavar="TEXT",
               help="Text to embed; each piece between separators (each line by default) is one input. Repeat for "
                    "more.")
@@ -80,13 +83,14 @@ SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vec
               help="Embed the first max-context tokens of a longer input, the end token its tokenizer appends kept "
                    "(a note on stderr says which), instead of refusing it.")
 @runtime_options(llama_env=True)
-def embed(bundle, prompts, text_file, embd_separator, escape, pooling, embd_normalize, embd_output_format, truncate,
-          threads, backend, target, ignore_target):
+def embed(bundle, model, prompts, text_file, embd_separator, escape, pooling, embd_normalize, embd_output_format,
+          truncate, threads, backend, target, ignore_target):
     """Embeddings of texts through the bundle's runtime, as llama.cpp's llama-embedding prints them.
 
     \b
     Examples:
       edgesdk embed BUNDLE -p "Hello world"
+      edgesdk embed -m BUNDLE -p "Hello world"                # llama-embedding's -m names the bundle too
       edgesdk embed BUNDLE -f passages.txt --embd-output-format json > vectors.json
       edgesdk embed BUNDLE -p "a cat" -p "a dog" -p "the stock market"   # and their cosine similarities
 
@@ -98,6 +102,7 @@ def embed(bundle, prompts, text_file, embd_separator, escape, pooling, embd_norm
     checked as -c is, said where it is not the bundle's context); the command line goes over them. One set for an
     option embed lacks is named on stderr.
     """
+    bundle = bundle_or_model(bundle, model, "BUNDLE", "llama-embedding")  # llama-embedding's -m MODEL
     inputs = _inputs(prompts, text_file, embd_separator, escape)
     # llama-embedding would act on them (common/arg.cpp reads each option's variable for every tool that has it)
     say_model_env_overridden()

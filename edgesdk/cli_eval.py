@@ -16,6 +16,8 @@ from edgesdk.cli_llama import (
     MODEL_ENV,
     LlamaCommand,
     LlamaEnvOption,
+    bundle_or_model,
+    model_option,
     say_model_env_overridden,
     say_unread_llama_env,
 )
@@ -33,7 +35,8 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
 # llama-perplexity's -c / --ctx-size is --context here; its other options as run reads them (cli_llama.LlamaCommand)
 @click.command("eval", cls=LlamaCommand, llama_aliases={"-c": "--context", "--ctx-size": "--context"})
 # LLAMA_ARG_MODEL: llama-perplexity's -m (common/arg.cpp), read where no BUNDLE is given
-@click.argument("bundle", type=click.Path(path_type=Path), envvar=MODEL_ENV)
+@click.argument("bundle", type=click.Path(path_type=Path), envvar=MODEL_ENV, required=False)
+@model_option("llama-perplexity")
 @click.option("--text", "-f", "text_file", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Plain-text file to score (e.g. wikitext-2-raw/wiki.valid.raw); with an accuracy task, its task "
@@ -47,8 +50,9 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
                    "pass --max-chars 0 to score the same text.")
 @click.option("--context", default=512, show_default=True, type=click.IntRange(min=0), cls=LlamaEnvOption,
               envvar=CTX_SIZE_ENV,
-              help="Tokens per window (per chunk: llama-perplexity's -c); 0: the bundle's context, as llama.cpp's "
-                   "-c 0 is the model's.")
+              help="Tokens per window (per chunk: llama-perplexity's -c); with --hellaswag, --winogrande or "
+                   "--multiple-choice the most tokens a task may have (not given: the bundle's context); 0: the "
+                   "bundle's context, as llama.cpp's -c 0 is the model's.")
 @click.option("--stride", type=click.IntRange(min=1), help="Window step [--context: no overlap]; windows only.")
 @click.option("--max-chars", default=200_000, show_default=True, type=click.IntRange(min=0),
               help="Score the first N characters (0 = all).")
@@ -84,7 +88,7 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
 @click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
               help="Power-gated bundles: compute budgets (fraction of FFN blocks run) for the perplexity curve.")
 @runtime_options(llama_env=True)
-def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, last_word, hellaswag, hellaswag_tasks,
+def eval_(bundle, model, text_file, method, context, stride, max_chars, reference, kl, last_word, hellaswag, hellaswag_tasks,
           winogrande, winogrande_tasks, multiple_choice, multiple_choice_tasks, as_json, budgets, threads, backend,
           target, ignore_target):
     """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference).
@@ -98,7 +102,8 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
     2 x CONTEXT tokens are refused, as llama-perplexity refuses them.
 
     --hellaswag, --winogrande and --multiple-choice score the --text file as llama-perplexity's task of that
-    name scores it, instead of perplexity (one task a run).
+    name scores it, instead of perplexity (one task a run); there --context N (-c N) is the context the tasks are
+    scored in, as llama-perplexity's -c: a task longer than N tokens is refused (not given: the bundle's context).
 
     llama-perplexity's -c / --ctx-size N is --context N; its options that change nothing here are accepted and said
     so on stderr (-ngl, -fa, -b, --mlock, ...), the others refused by name.
@@ -110,6 +115,7 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
     from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, leading_bos, reference_perplexity
     from edgesdk.runtime.session import open_runtime
 
+    bundle = bundle_or_model(bundle, model, "BUNDLE", "llama-perplexity")  # llama-perplexity's -m MODEL
     # llama-perplexity would act on them (common/arg.cpp reads each option's variable for every tool that has it)
     say_model_env_overridden()
     say_unread_llama_env("llama-perplexity", MODEL_ENV)
@@ -131,7 +137,8 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
                 "pip install 'edgesdk[host]' on the host, or drop --reference to score the bundle alone",
             ) from exc
     if task is not None:
-        _score_accuracy_task(*task, bundle, text_file, reference, as_json, threads, backend, target, ignore_target)
+        _score_accuracy_task(*task, bundle, text_file, reference, as_json, threads, backend, target, ignore_target,
+                             context=context if option_given("context") else None)
         return
     if method == "llama-perplexity" and stride is not None:
         raise click.BadParameter(f"--stride {stride} sets the step of --method windows; llama-perplexity cuts the "
@@ -212,8 +219,9 @@ def eval_(bundle, text_file, method, context, stride, max_chars, reference, kl, 
     _print_perplexity(result, method, context, len(text), config.max_chars)
 
 
-# eval's options that only perplexity reads (parameter -> option), refused beside an accuracy task
-PERPLEXITY_ONLY = {"method": "--method", "context": "--context", "stride": "--stride", "max_chars": "--max-chars",
+# eval's options that only perplexity reads (parameter -> option), refused beside an accuracy task. --context (-c)
+# is not one: llama-perplexity's tasks are scored in its n_ctx too (_score_accuracy_task)
+PERPLEXITY_ONLY = {"method": "--method", "stride": "--stride", "max_chars": "--max-chars",
                    "kl": "--kl-divergence", "last_word": "--last-word", "budgets": "--budgets"}
 
 
@@ -231,34 +239,69 @@ def _accuracy_task_asked(tasks: dict[str, tuple[bool, int]]) -> tuple[str, int] 
                                  f"--{chosen[1]}", param_hint=f"--{chosen[1]}")
     if not chosen:
         return None
-    ctx = click.get_current_context()
     for parameter, option in PERPLEXITY_ONLY.items():
-        # LLAMA_ARG_CTX_SIZE, the environment's -c, sizes llama-perplexity's task batches too: not refused here
-        if option_given(parameter) and \
-                ctx.get_parameter_source(parameter) is not click.core.ParameterSource.ENVIRONMENT:
+        if option_given(parameter):
             raise click.BadParameter(f"applies to perplexity, and --{chosen[0]} scores the --text file as its task "
                                      f"file instead: drop one", param_hint=option)
     return chosen[0], tasks[chosen[0]][1]
+
+
+def _task_context(context: int | None, max_context: int) -> int:
+    """The most tokens a task's sequence may have: ``context`` (--context / -c, 0: the bundle's) or, not given, the
+    bundle's ``max_context``; a context past the bundle's is refused, naming where it came from."""
+    if context is None or context == 0:
+        return max_context
+    if context > max_context:
+        if click.get_current_context().get_parameter_source("context") is click.core.ParameterSource.ENVIRONMENT:
+            raise click.BadParameter(f"{context} (from {CTX_SIZE_ENV}, llama.cpp's -c) is longer than the bundle's "
+                                     f"max_context {max_context}; set {CTX_SIZE_ENV} to {max_context} or less (0: "
+                                     "the bundle's) or unset it, or pass --context N", param_hint="--context")
+        raise click.BadParameter(f"{context} is longer than the bundle's max_context {max_context}; pass --context "
+                                 f"{max_context} or less (0: the bundle's), the most tokens a task may have",
+                                 param_hint="--context")
+    return context
 
 
 TASK_LABEL_WIDTH = 28  # an accuracy task's figures start in one column, after "multiple-choice (PyTorch)"
 
 
 def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, reference: bool, as_json: bool,
-                         threads, backend, target, ignore_target) -> None:
+                         threads, backend, target, ignore_target, context: int | None = None) -> None:
     """``eval --hellaswag/--winogrande/--multiple-choice``: the --text task file scored as llama-perplexity scores
-    it (edgesdk/accuracy.py), and with --reference by the PyTorch source model too."""
-    from edgesdk.accuracy import agreement, bundle_accuracy, read_task_file, reference_accuracy
+    it (edgesdk/accuracy.py), and with --reference by the PyTorch source model too.
+
+    ``context``: --context / -c (or LLAMA_ARG_CTX_SIZE) where given, None where not (the bundle's context). As
+    llama-perplexity's -c with a task (tools/perplexity/perplexity.cpp: the tasks of a batch share its ``n_ctx``,
+    and a task longer than it stops the run, "task %zu does not fit in the context window"), it is the most
+    tokens one task's sequence may have: a longer one is refused by name before any scoring; 0 is the bundle's
+    context (common/arg.cpp: "0 = loaded from model"), and one past the bundle's is refused, as for perplexity."""
+    from edgesdk.accuracy import SCORERS, agreement, plain_text_encoder, read_task_file
+    from edgesdk.evaluate import bundle_scorer, leading_bos, reference_scorer
     from edgesdk.runtime.session import open_runtime
 
     tasks = read_task_file(kind, text_file, count)  # a malformed file is named before the runtime loads
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
+    limit = _task_context(context, runtime.backend.max_context)
     source = _reference_source(runtime, bundle) if reference else None
-    ours = bundle_accuracy(runtime, kind, tasks, progress=True)
+
+    def scored(scorer):  # the bundle and the reference score the same tasks, within the same limit
+        try:
+            return SCORERS[kind](scorer, plain_text_encoder(runtime), tasks, leading_bos(runtime.tokenizer),
+                                 max_tokens=limit, progress=True)
+        except EdgeSDKError as exc:
+            said = f"more than the {limit} the model takes (max_context)"
+            if limit == runtime.backend.max_context or said not in exc.problem:
+                raise
+            raise EdgeSDKError(exc.problem.replace(said, f"more than --context {limit} (llama-perplexity's -c) "
+                                                         "lets a task have"),
+                               f"pass a larger --context (the bundle takes up to {runtime.backend.max_context}; 0: "
+                               "all of it), or remove that task from the file") from exc
+
+    ours = scored(bundle_scorer(runtime))
     result = {"task": kind, "bundle": ours.to_json()}
     if reference:
-        theirs = reference_accuracy(_load_reference_model(source, threads), runtime, kind, tasks, progress=True)
+        theirs = scored(reference_scorer(_load_reference_model(source, threads).eval()))
         result.update(reference=theirs.to_json(), same_pick=round(agreement(ours, theirs), 6))
     if as_json:
         echo_json(result)

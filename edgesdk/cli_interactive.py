@@ -21,11 +21,36 @@ from pathlib import Path
 
 import click
 
-from edgesdk.errors import EdgeSDKError, read_utf8
+from edgesdk.errors import EdgeSDKError, read_utf8, utf8_fix
+
+
+def read_utf8_as_is(path: Path, what: str) -> str:
+    """The UTF-8 text of ``path`` with its line ends as they are, as llama.cpp reads a file it is given: llama-cli's
+    ``-f`` / ``-sysf`` (common/arg.cpp ``read_file``: an ifstream, no newline translation on Linux) and its ``/read``
+    (tools/cli/cli.cpp ``load_input_file``: ``std::ios::binary``), so a CRLF file keeps its CR and a lone CR is no
+    line end (:func:`~edgesdk.errors.read_utf8`, Python's text mode, turns both into newlines). A regular file
+    is checked by read_utf8 first (a file that cannot be read, is not UTF-8 or is UTF-16 without its mark is
+    refused naming it); a pipe (``-f <(cmd)``, /dev/stdin) is read once, its bytes decoded as they are."""
+    if path.is_file():
+        read_utf8(path, what)  # raises, naming the file, the bad byte or why it cannot be read, and the fix
+        try:
+            return path.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError):  # changed since it was checked
+            return read_utf8(path, what)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return read_utf8(path, what)  # raises, naming why it cannot be read
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EdgeSDKError(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                           utf8_fix(data, path)) from exc
 
 
 def read_for_prompt(name: str, file_separator: str | None = None) -> str:
-    """``/read FILE``: the file's text as it goes before the next prompt, under a ``--- File: FILE ---`` line as
+    """``/read FILE``: the file's text (its bytes as they are, :func:`read_utf8_as_is`) as it goes before the next
+    prompt, under a ``--- File: FILE ---`` line as
     llama-cli's tools/cli adds it (and ended with a line break, so the prompt starts on a line of its own). A model
     with a file-separator token (``file_separator``: its text, ``<|file_sep|>`` in Qwen2.5-Coder's vocabulary) gets
     the file as it was trained on files, ``<|file_sep|>FILE`` and a line break before the text, as llama-cli's
@@ -35,7 +60,7 @@ def read_for_prompt(name: str, file_separator: str | None = None) -> str:
     if "\x00" in name:  # no path holds one: open() raises ValueError, which ended the session with a traceback
         raise EdgeSDKError(f"/read {name!r} names no file a path can name: it holds a NUL character (Ctrl-@ or "
                            "Ctrl-Space at a terminal types one)", "type /read FILE with the file's path alone")
-    content = read_utf8(Path(name).expanduser(), "the /read file")
+    content = read_utf8_as_is(Path(name).expanduser(), "the /read file")  # a CRLF file keeps its CR, as llama-cli's
     click.echo(f"edgesdk: read {name} ({len(content):,} characters); it goes before your next prompt", err=True)
     header = f"--- File: {name} ---\n" if file_separator is None else f"{file_separator}{name}\n"
     return header + content + ("" if content.endswith("\n") else "\n")
@@ -56,7 +81,7 @@ class TypedPrompt(str):
         return self
 
 
-def typed_prompt_ids(tokenizer, prompt: TypedPrompt) -> list[int]:
+def typed_prompt_ids(tokenizer, prompt: TypedPrompt, bos: int | None = None) -> list[int]:
     """The token ids of a prompt read from stdin and answered as it is (--raw, or a bundle without a chat
     template), as llama.cpp's llama-completion tokenizes an interactive line (tools/completion/completion.cpp,
     tools/main/main.cpp before): ``common_tokenize(ctx, input_prefix, false, true)``, ``common_tokenize(ctx,
@@ -66,7 +91,9 @@ def typed_prompt_ids(tokenizer, prompt: TypedPrompt) -> list[int]:
     (:meth:`ChatTokenizer.encode_plain`): typing ``<|im_start|>`` does not start a turn. The /read files'
     separator token (``<|file_sep|>``, :func:`file_separator`) is the token. The BOS goes in front where the
     tokenizer adds one (each line is answered on its own, as llama-completion's first prompt, tokenized with
-    ``add_special``). The plain text between two special tokens is tokenized as one text (llama-completion
+    ``add_special``); ``bos`` (--in-prefix-bos: the vocabulary's BOS, ``llama_vocab_bos``) goes in front instead,
+    also where the tokenizer adds none, as llama-completion pushes it before the prefix's tokens (one BOS, not two,
+    where the tokenizer adds the same). The plain text between two special tokens is tokenized as one text (llama-completion
     tokenizes prefix, line and suffix apart; where no special token stands between them, this gives the ids the
     whole prompt's text has, as ``-p`` gives them).
 
@@ -85,7 +112,7 @@ def typed_prompt_ids(tokenizer, prompt: TypedPrompt) -> list[int]:
         else:
             pieces.append(text)
     pieces += [prompt.typed, *_special_pieces(tokenizer, prompt.suffix)]
-    bos = tokenizer.added_bos()
+    bos = tokenizer.added_bos() if bos is None else bos
     ids, plain = ([] if bos is None else [bos]), ""
     for piece in [*pieces, None]:
         if isinstance(piece, str):

@@ -4,12 +4,13 @@
 edgesdk has no counterpart for (:class:`LlamaCommand`: accepted with a note where they change nothing here, refused
 by name otherwise, never misread as another option's value).
 
-Importing this module imports click only.
+Importing this module imports click (and pathlib) only.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import click
 
@@ -139,11 +140,42 @@ MODEL_ENV = "LLAMA_ARG_MODEL"  # llama.cpp's -m / --model (common/arg.cpp ``set_
 
 def say_model_env_overridden(parameter: str = "bundle") -> None:
     """Where LLAMA_ARG_MODEL is set and the command's BUNDLE argument (``parameter``, which reads it where none is
-    given) is on the command line: said on stderr, as common/arg.cpp warns that an environment variable "is set,
-    but will be overwritten by command line argument"."""
+    given) or its ``-m`` (:func:`model_option`) is on the command line: said on stderr, as common/arg.cpp warns
+    that an environment variable "is set, but will be overwritten by command line argument"."""
     context = click.get_current_context()
-    if os.environ.get(MODEL_ENV) and context.get_parameter_source(parameter) is click.core.ParameterSource.COMMANDLINE:
+    if not os.environ.get(MODEL_ENV):
+        return
+    if context.get_parameter_source(parameter) is click.core.ParameterSource.COMMANDLINE:
         click.echo(f"edgesdk: {MODEL_ENV} is set, but the BUNDLE on the command line goes over it", err=True)
+    elif context.params.get("model") is not None:
+        click.echo(f"edgesdk: {MODEL_ENV} is set, but -m on the command line goes over it", err=True)
+
+
+def model_option(tool: str):
+    """``-m / --model BUNDLE``: the BUNDLE argument as ``tool`` (llama-cli, llama-embedding, llama-perplexity) names
+    its model (common/arg.cpp ``-m, --model FNAME``), for the command's BUNDLE argument to be given either way
+    (:func:`bundle_or_model`); the argument must then be ``required=False``."""
+    return click.option("--model", "-m", "model", type=click.Path(path_type=Path), metavar="BUNDLE",
+                        help=f"The BUNDLE, as {tool}'s -m / --model names its model (give it once: as BUNDLE or "
+                             "-m).")
+
+
+def bundle_or_model(bundle: Path | None, model: Path | None, what: str, tool: str = "llama-cli") -> Path:
+    """The BUNDLE argument, or ``tool``'s ``-m / --model PATH`` for it (common/arg.cpp: the model path, also read
+    from LLAMA_ARG_MODEL): one of them; both on the command line only where they name the same bundle. A BUNDLE
+    read from LLAMA_ARG_MODEL gives way to -m, as llama.cpp's command line goes over its environment."""
+    from_env = click.get_current_context().get_parameter_source("bundle") is click.core.ParameterSource.ENVIRONMENT
+    if model is None:
+        if bundle is None:
+            raise click.UsageError(f"Missing argument '{what}': give the bundle's directory (or -m {what}, as "
+                                   f"{tool} names its model)")
+        return bundle
+    if bundle is None or from_env:
+        return model
+    if Path(bundle).resolve() != Path(model).resolve():
+        raise click.BadParameter(f"names {str(model)!r} and the BUNDLE argument {str(bundle)!r}: give the bundle "
+                                 "once, as BUNDLE or as -m BUNDLE", param_hint="'--model' / '-m'")
+    return bundle
 
 
 # --- llama.cpp's options that edgesdk has no counterpart for -------------------------------------------------------

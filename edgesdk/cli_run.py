@@ -23,6 +23,7 @@ from edgesdk.cli_interactive import (
     ReversePrompts,
     TypedPrompt,
     process_escapes,
+    read_utf8_as_is,
     typed_prompt_ids,
 )
 from edgesdk.cli_llama import (
@@ -30,6 +31,7 @@ from edgesdk.cli_llama import (
     LLAMA_OPTION_NAMES,
     LlamaCommand,
     LlamaEnvOption,
+    bundle_or_model,
     checked_ctx_size,
     ctx_size_env_note,
     say_unread_llama_env,
@@ -96,6 +98,7 @@ class RunSettings:
     go_on: bool = False  # -cnv / -i with --prompt or --file: after its answer the chat goes on reading stdin
     single_turn: bool = False  # -st: one prompt answered, then the session ends
     raw_option: str = "--raw"  # the option that fed the prompt as it is, as a warning names it (-no-cnv too)
+    in_prefix_bos: bool = False  # --in-prefix-bos: the vocabulary's BOS before each prompt read from stdin
 
 
 @click.command(cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
@@ -105,8 +108,8 @@ class RunSettings:
               help="The BUNDLE, as llama-cli's -m / --model names its model (give it once: as BUNDLE or -m).")
 @click.option("--prompt", "-p", help="Prompt text; without it, read prompts interactively from stdin.")
 @click.option("--file", "-f", "prompt_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, newlines included but for one at its "
-                   "end, as llama-cli drops it; its escapes are "
+              help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, its line ends as they are (a CRLF "
+                   "file keeps its CR) but for one newline at its end, as llama-cli drops it; its escapes are "
                    "read as --prompt's (--no-escape: as written). '-' reads it from stdin (as /dev/stdin does).")
 @click.option("--max-new-tokens", "-n", "--predict", "--n-predict", "max_new_tokens", default=128, show_default=True,
               cls=LlamaEnvOption, envvar="LLAMA_ARG_N_PREDICT",
@@ -178,6 +181,11 @@ class RunSettings:
                    "shown before the input at a terminal, as llama-cli's raw interactive mode shows it). llama-cli "
                    "turns its chat template off when given it: pass --raw for that. Escapes are processed as "
                    "llama-cli's: \\n, \\r, \\t, \\', \\\", \\\\ and \\xHH.")
+@click.option("--in-prefix-bos", "in_prefix_bos", is_flag=True,
+              help="Put the vocabulary's BOS token before each prompt read from stdin, before --in-prefix "
+                   "(llama-cli's --in-prefix-bos), also where the tokenizer adds none (SmolLM2's, Qwen's): with "
+                   "--raw, -no-cnv or a bundle without a chat template, as llama-cli turns its chat template off "
+                   "for it.")
 @click.option("--in-suffix", metavar="TEXT",
               help="Put TEXT after each prompt read from stdin (llama-cli's --in-suffix), as --in-prefix, e.g. --raw "
                    "--in-prefix 'User: ' --in-suffix '\\nAssistant:' -r 'User:'.")
@@ -238,7 +246,8 @@ class RunSettings:
 @runtime_options(llama_env=True)
 def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, top_p, top_k, min_p, logit_bias,
         samplers, sampling_seq, seed, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
-        no_display_prompt, raw, system, system_file, template_kwargs, history, in_prefix, in_suffix, reverse_prompts,
+        no_display_prompt, raw, system, system_file, template_kwargs, history, in_prefix, in_prefix_bos, in_suffix,
+        reverse_prompts,
         multiline_input, escape, json_object, json_schema, json_schema_file, grammar, grammar_file, lookup_draft,
         prompt_cache, prompt_cache_all, prompt_cache_ro,
         stats, context_shift, keep,
@@ -306,7 +315,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         multiline_input=multiline_input, shift_refused=context_shift and max_new_tokens == UNTIL_THE_CONTEXT_IS_FULL,
         prompt_cache_mode=prompt_cache_mode(prompt_cache, prompt_cache_all, prompt_cache_ro),
         chat=chat, go_on=go_on, single_turn=single_turn,
-        raw_option="-no-cnv" if conversation is False else "--raw")
+        raw_option="-no-cnv" if conversation is False else "--raw", in_prefix_bos=in_prefix_bos)
     # llama-cli would act on them: said, as serve says them, not ignored silently (LLAMA_ARG_CTX_SIZE once the
     # bundle's context is known)
     say_unread_llama_env("llama-cli", "LLAMA_ARG_MODEL", CTX_SIZE_ENV)
@@ -317,6 +326,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         click.echo(f"edgesdk: {note}", err=True)
     tokenizer = runtime.tokenizer
     tokenizer.template_kwargs = template_kwargs
+    _check_in_prefix_bos(settings, tokenizer)
     sampling = _with_model_defaults(_sampling_for_model(settings, tokenizer), runtime.bundle.manifest)
     thermal_settings = {"watch_thermal": watch_thermal, "simulate_thermal": simulate_thermal, "telemetry": telemetry,
                        "no_guard": no_guard, "clock_cap": clock_cap, "ambient": ambient, "sim_speed": sim_speed,
@@ -347,24 +357,6 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     finally:
         if thermal is not None:
             thermal.close()
-
-
-def bundle_or_model(bundle: Path | None, model: Path | None, what: str) -> Path:
-    """The BUNDLE argument, or llama-cli's ``-m / --model PATH`` for it (common/arg.cpp: the model path, also read
-    from LLAMA_ARG_MODEL): one of them; both on the command line only where they name the same bundle. A BUNDLE
-    read from LLAMA_ARG_MODEL gives way to -m, as llama.cpp's command line goes over its environment."""
-    from_env = click.get_current_context().get_parameter_source("bundle") is click.core.ParameterSource.ENVIRONMENT
-    if model is None:
-        if bundle is None:
-            raise click.UsageError(f"Missing argument '{what}': give the bundle's directory (or -m {what}, as "
-                                   "llama-cli names its model)")
-        return bundle
-    if bundle is None or from_env:
-        return model
-    if Path(bundle).resolve() != Path(model).resolve():
-        raise click.BadParameter(f"names {str(model)!r} and the BUNDLE argument {str(bundle)!r}: give the bundle "
-                                 "once, as BUNDLE or as -m BUNDLE", param_hint="'--model' / '-m'")
-    return bundle
 
 
 def _llama_cli_mode(conversation: bool | None, interactive: bool, interactive_first: bool, single_turn: bool,
@@ -436,7 +428,8 @@ def _one_prompt(prompt: str | None, prompt_file: Path | None, escape: bool = Tru
         return prompt if prompt is None or not escape else process_escapes(prompt, "'--prompt' / '-p'")
     if prompt is not None:
         raise click.BadParameter("--prompt and --file both give the prompt; pass one", param_hint="'--file' / '-f'")
-    text = _read_stdin_prompt() if str(prompt_file) == "-" else _read_text_file(prompt_file, "--file", "'--file' / '-f'")
+    text = _read_stdin_prompt() if str(prompt_file) == "-" else \
+        _read_text_file(prompt_file, "--file", "'--file' / '-f'", as_is=True)
     text = text.removesuffix("\n")  # the file's last line end, which an editor adds: llama-cli's -f drops it too
     return process_escapes(text, "'--file' / '-f'") if escape else text
 
@@ -451,8 +444,8 @@ def _read_stdin_prompt() -> str:
         raise EdgeSDKError("--file - reads the prompt from stdin, and this process has none (it was closed)",
                            "pipe the prompt in (echo TEXT | edgesdk run BUNDLE -f -), or pass -f FILE or -p TEXT")
     data = sys.stdin.buffer.read()
-    try:  # line ends read as a file's are (Path.read_text's universal newlines), so that -f - is -f /dev/stdin
-        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    try:  # line ends as they are, as -f reads a file's (llama-cli's read_file), so that -f - is -f /dev/stdin
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise EdgeSDKError(f"--file - (stdin) is not UTF-8 text ({exc.reason} at byte {exc.start})",
                            "convert it first, e.g. ... | iconv -f latin1 -t utf-8 | edgesdk run BUNDLE -f -") from exc
@@ -535,7 +528,8 @@ def _warn_unused_options(settings: RunSettings, sampling: SamplingConfig, tokeni
                    "chat)", err=True)
     elif settings.history and as_it_is:
         click.echo(f"edgesdk: --history is not used: {as_it_is} feeds each line as it is", err=True)
-    for option, given in (("--in-prefix", settings.in_prefix), ("--in-suffix", settings.in_suffix)):
+    for option, given in (("--in-prefix", settings.in_prefix), ("--in-prefix-bos", settings.in_prefix_bos),
+                          ("--in-suffix", settings.in_suffix)):
         if given and answered_alone:  # llama-cli adds them to interactive input only, never to -p
             click.echo(f"edgesdk: {option} is not used: it goes with each prompt read from stdin, and "
                        f"{settings.prompt_option} is answered as it is", err=True)
@@ -544,6 +538,34 @@ def _warn_unused_options(settings: RunSettings, sampling: SamplingConfig, tokeni
                    f"{settings.prompt_option} is answered as it is", err=True)
     if settings.template_kwargs and as_it_is:
         click.echo(f"edgesdk: --chat-template-kwargs is not used: {as_it_is} feeds the prompt as it is", err=True)
+
+
+def vocabulary_bos(tokenizer) -> int | None:
+    """The vocabulary's BOS token id (the model's ``bos_token``, llama.cpp's ``llama_vocab_bos``), whether or not
+    the tokenizer puts it in front of a text (:meth:`ChatTokenizer.added_bos`); None where it has none."""
+    added = tokenizer.added_bos()
+    if added is not None:
+        return added
+    text = getattr(tokenizer, "bos_token", None)
+    return tokenizer.token_id(text) if text else None
+
+
+def _check_in_prefix_bos(settings: RunSettings, tokenizer) -> None:
+    """--in-prefix-bos (llama-cli's: ``embd_inp.push_back(llama_vocab_bos(vocab))`` before each interactive input's
+    --in-prefix, tools/main/main.cpp; common/arg.cpp sets ``enable_chat_template = false`` with it) against the
+    model: the line must be answered as it is (--raw, -no-cnv or a bundle without a chat template: a BOS inside a
+    chat template's user turn is not what llama-cli feeds), and the vocabulary must have a BOS token."""
+    if not settings.in_prefix_bos or (settings.prompt is not None and not settings.go_on):
+        return  # no prompt is read from stdin: said to be unused (_warn_unused_options)
+    if not (settings.raw or not tokenizer.has_chat_template):
+        raise click.BadParameter("puts the BOS token before each prompt read from stdin, which llama-cli does with "
+                                 "its chat template off, and this bundle's chat template renders each prompt: pass "
+                                 "--raw (or -no-cnv) with it, or leave it out", param_hint="'--in-prefix-bos'")
+    if vocabulary_bos(tokenizer) is None:
+        raise click.BadParameter(f"puts the BOS token before each prompt read from stdin, and this model's vocabulary "
+                                 f"has none (its bos_token is {getattr(tokenizer, 'bos_token', None)!r}): leave it "
+                                 "out, or put the text it should start with in --in-prefix",
+                                 param_hint="'--in-prefix-bos'")
 
 
 def _open_conversation(settings: RunSettings, runtime, interactive: bool):
@@ -634,15 +656,18 @@ def _system_message(text: str | None, path: Path | None) -> str | None:
     if text is not None:
         raise click.BadParameter("--system and --system-prompt-file both give the system message; pass one",
                                  param_hint="'--system-prompt-file' / '-sysf'")
-    return _read_text_file(path, "--system-prompt-file", "'--system-prompt-file' / '-sysf'").removesuffix("\n")
+    return _read_text_file(path, "--system-prompt-file", "'--system-prompt-file' / '-sysf'",
+                           as_is=True).removesuffix("\n")
 
 
-def _read_text_file(path: Path, option: str, hint: str) -> str:
-    """A UTF-8 file an option names; a pipe is read too (``-f <(cmd)``, ``/dev/stdin``), as llama-cli reads them."""
+def _read_text_file(path: Path, option: str, hint: str, as_is: bool = False) -> str:
+    """A UTF-8 file an option names; a pipe is read too (``-f <(cmd)``, ``/dev/stdin``), as llama-cli reads them.
+    ``as_is``: its line ends as they are (cli_interactive.read_utf8_as_is), as llama-cli's -f and -sysf read the
+    file (common/arg.cpp ``read_file``, no newline translation: a CRLF file's CR is part of the prompt)."""
     if not path.exists() or path.is_dir():
         why = "it is a directory" if path.is_dir() else "nothing exists at that path"
         raise click.BadParameter(f"{str(path)!r} is not a file ({why}); give a UTF-8 text file", param_hint=hint)
-    return read_utf8(path, option)
+    return read_utf8_as_is(path, option) if as_is else read_utf8(path, option)
 
 
 def _read_grammar(text: str | None, path: Path | None, json_object: bool, json_schema: str | None,
@@ -685,6 +710,8 @@ class Answerer:
                                if len(ids := self.tokenizer.encode(text, add_special_tokens=False)) == 1}
         self.last_prompt: str | None = None  # the last prompt answered, which /regen answers again
         self.special_texts = _special_texts(self.tokenizer) if settings.reverse_prompts else {}
+        # --in-prefix-bos: the vocabulary's BOS before each line read from stdin (checked by _check_in_prefix_bos)
+        self.prefix_bos = vocabulary_bos(self.tokenizer) if settings.in_prefix_bos else None
 
     def answer(self, text: str, regenerated: int = 0) -> None:
         """Answer ``text``; ``regenerated`` counts the times this answer was asked for again (/regen), which
@@ -729,7 +756,7 @@ class Answerer:
         a line rendered into the chat template, are read with their special tokens."""
         if self.conversation is None:
             if isinstance(text, TypedPrompt) and (self.settings.raw or not self.tokenizer.has_chat_template):
-                return typed_prompt_ids(self.tokenizer, text)
+                return typed_prompt_ids(self.tokenizer, text, bos=self.prefix_bos)
             return self.tokenizer.prompt_ids(text, raw=self.settings.raw, system=self.settings.system)
         dropped = self.conversation.dropped
         ids = self.conversation.prompt_ids(text)
