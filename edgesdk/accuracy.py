@@ -311,7 +311,8 @@ def read_multiple_choice(data: bytes, source: str = "the multiple-choice file",
 def read_task_file(kind: str, path: Path, count: int | None = None) -> list[ChoiceTask] | list[WinograndeTask]:
     """The tasks ``kind`` scores from ``path``, selected as llama-perplexity selects them: HellaSwag
     ``min(count, tasks)`` (``count`` None: 400) in its random order, the others all in file order (``count`` None
-    or 0) or ``count`` drawn at random. The file is read as llama-perplexity's ``-f`` (text) or ``-bf`` (binary)
+    or 0, or at least the tasks llama-perplexity reads; Winogrande: ``count`` equal to the rows it reads gives
+    those ``count`` rows) or ``count`` drawn at random. The file is read as llama-perplexity's ``-f`` (text) or ``-bf`` (binary)
     reads it."""
     if kind not in TASK_KINDS:
         raise ValueError(f"kind must be one of {', '.join(TASK_KINDS)}, got {kind!r}")
@@ -337,9 +338,13 @@ def read_task_file(kind: str, path: Path, count: int | None = None) -> list[Choi
         return [tasks[i] for i in hellaswag_order(len(tasks), HELLASWAG_DEFAULT_TASKS if count is None else count)]
     tasks = parse_winogrande(text, source)
     # N tasks are drawn from the rows llama-perplexity reads, so that they are its N: it reads every row but a last
-    # one that no newline ends after -f drops one trailing newline (parse_winogrande); all rows are scored
+    # one that no newline ends after -f drops one trailing newline (parse_winogrande); all rows are scored where
+    # all are asked (0, or N past those rows). N equal to the rows it reads is those rows in file order, as
+    # winogrande_score draws only for N below its task count: N tasks, not the N + 1 of the whole file
     seen = len(tasks) - winogrande_rows_llama_drops(text)
-    return [tasks[i] for i in random_subset(seen, count)] if count and count < seen else tasks
+    if count and count < seen:
+        return [tasks[i] for i in random_subset(seen, count)]
+    return tasks[:seen] if count == seen else tasks
 
 
 def winogrande_rows_llama_drops(text: str) -> int:

@@ -256,8 +256,10 @@ def test_task_files_are_read_and_selected_as_llama_perplexity_reads_them(tmp_pat
     winogrande.write_text(WINOGRANDE_TEXT, encoding="utf-8")
     assert read_task_file(WINOGRANDE, winogrande) == parse_winogrande(WINOGRANDE_TEXT)
     assert read_task_file(WINOGRANDE, winogrande, 0) == parse_winogrande(WINOGRANDE_TEXT)
-    # drawn from the 2 rows llama-perplexity reads (its reader drops the last, which no newline ends); 2 of 2: all
-    assert read_task_file(WINOGRANDE, winogrande, 2) == parse_winogrande(WINOGRANDE_TEXT)
+    # drawn from the 2 rows llama-perplexity reads (its reader drops the last, which no newline ends); 2 of 2: those
+    # 2 in file order, as llama-perplexity scores them (tests/unit/test_eval51.py); 3: all
+    assert read_task_file(WINOGRANDE, winogrande, 2) == parse_winogrande(WINOGRANDE_TEXT)[:2]
+    assert read_task_file(WINOGRANDE, winogrande, 3) == parse_winogrande(WINOGRANDE_TEXT)
     assert read_task_file(WINOGRANDE, winogrande, 1) == [parse_winogrande(WINOGRANDE_TEXT)[i]
                                                          for i in random_subset(2, 1)]
     choices = tmp_path / "arc.bin"
