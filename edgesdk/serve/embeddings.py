@@ -31,6 +31,8 @@ from edgesdk.runtime.embedding import NORMALIZE_HELP, Embedding, EmbeddingConfig
 from edgesdk.serve.api import ApiError, _object, _shown, is_mixed_prompt
 
 ENCODING_FORMATS = ("float", "base64")
+# llama-server's refusal of /v1/embeddings on a server pooling with none, word for word (handle_embeddings_impl)
+POOLING_NONE_REFUSAL = "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
 
 
 @dataclass(frozen=True)
@@ -177,11 +179,14 @@ def encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
 def openai_embedding_config(pooling: str) -> EmbeddingConfig:
     """The pooling the server was started with, the vectors as the model gives them (:func:`openai_embeddings_body`
     normalises them as the request's ``embd_normalize`` says: OpenAI's unit vectors unless it is given); a 400 for
-    ``none`` (one vector per token is not OpenAI's answer; llama-server refuses it too)."""
+    ``none`` (one vector per token is not OpenAI's answer). llama-server refuses it too, as an
+    ``invalid_request_error`` whose message is :data:`POOLING_NONE_REFUSAL` (tools/server/server-context.cpp,
+    ``handle_embeddings_impl``), which clients of llama-server match on (the type, and the message or its start) to
+    tell a server to be restarted with another pooling from a bad request: the answer keeps both."""
     if pooling == "none":
-        raise ApiError(400, "this server pools embeddings with 'none' (a vector per token), which OpenAI's "
-                       "embeddings answer cannot carry; start edgesdk serve with --pooling last, mean or cls",
-                       code="not_supported", kind="not_supported_error")
+        raise ApiError(400, f"{POOLING_NONE_REFUSAL}: this server pools embeddings with 'none' (a vector per token), "
+                       "which OpenAI's embeddings answer cannot carry; start edgesdk serve with --pooling last, mean "
+                       "or cls", code="not_supported")
     return EmbeddingConfig(pooling=pooling, normalize=-1)
 
 
@@ -229,6 +234,6 @@ def _kind(value: object) -> str:
     return type(value).__name__ if value is not None else "null"
 
 
-__all__ = ["ENCODING_FORMATS", "EmbeddingRequest", "NativeEmbeddingRequest", "check_dimensions", "embedding_inputs",
+__all__ = ["ENCODING_FORMATS", "POOLING_NONE_REFUSAL", "EmbeddingRequest", "NativeEmbeddingRequest", "check_dimensions", "embedding_inputs",
            "embedding_width", "encoded", "native_embeddings_body", "openai_embedding_config", "openai_embeddings_body",
            "parse_embedding_request", "parse_native_embedding_request", "shortened"]
