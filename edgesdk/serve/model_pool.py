@@ -17,8 +17,10 @@ and the requests queued before it, and no request cuts in before one that came e
 /slots) gets the model loaded when its turn comes.
 
 A model that fails to load is a 500 naming its bundle and the error; the server goes on answering for the others
-(with nothing loaded until a request names one, as Ollama is after a failed load). The thermal guard's hook and
-the metrics are the server's, shared by every model's completer.
+(with nothing loaded until a request names one, as Ollama is after a failed load). A bundle that no longer reads
+(removed from --models-dir, or its manifest damaged, since the start) is refused before the loaded model is unloaded,
+which goes on answering, as Ollama answers a request for a model it no longer has without touching the one loaded.
+The thermal guard's hook and the metrics are the server's, shared by every model's completer.
 
 What describes a model without running it (Ollama's /api/show, a prompt's token count) reads the bundle's manifest
 and tokenizer alone, as Ollama's show handler reads the model's files and loads nothing (server/routes.go,
@@ -35,7 +37,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from edgesdk.bundle import Bundle
+from edgesdk.bundle import Bundle, read_manifest
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.text import ChatTokenizer
@@ -168,7 +170,10 @@ class ModelPool:
         swap."""
         with self._describing:
             if name not in self._described:
-                self._described[name] = self._describe(self.models[name])
+                try:
+                    self._described[name] = self._describe(self.models[name])
+                except Exception as exc:  # a bundle removed or damaged since the start: named, as a failed load is
+                    raise self._unusable(name, exc, "cannot be read")[1] from exc
             return self._described[name]
 
     def resolve(self, name: object, unknown: Callable[[str], ApiError]) -> str | None:
@@ -302,28 +307,54 @@ class ModelPool:
             completer.close()
             self._log(f"edgesdk serve: unloaded {name} ({why})")
 
+    def _unusable(self, name: str, exc: Exception, failed: str) -> tuple[str, ApiError]:
+        """Why served model ``name``'s bundle could not be loaded or described (``exc``), and the 500 that names the
+        model, its bundle, why and the fix. Where the bundle itself no longer reads (its directory removed, moved or
+        half-replaced under --models-dir since the start, its manifest damaged), that is the why and the fix given,
+        as :func:`edgesdk.bundle.read_manifest` words it, not the error of the file read first (a tokenizer.json
+        "not a tokenizer.json" whose fix was to edit the manifest of a bundle that is gone)."""
+        path = self.models[name].bundle.path
+        try:
+            read_manifest(path)
+        except EdgeSDKError as gone:
+            exc = gone
+        except OSError:
+            pass
+        why = exc.problem if isinstance(exc, EdgeSDKError) else f"{type(exc).__name__}: {exc}"
+        fix = exc.fix if isinstance(exc, EdgeSDKError) and exc.fix else \
+            "check the bundle with 'edgesdk verify', or rebuild it with 'edgesdk build'"
+        return why, ApiError(500, f"the model '{name}' (bundle {path}) {failed}: {why}; {fix}; the other models "
+                             "served here still answer", code="model_load_failed", kind="server_error")
+
     def _swap_for(self, waiter: _Waiter, name: str) -> Lease:
         """Unload the idle model and load ``name`` for ``waiter``, first in the queue (``_loading`` set, so
-        nobody else is granted a lease meanwhile), then grant it its lease."""
-        with self._changed:
-            old, completer = self._name, self._completer
-            self._name, self._completer, self._unload_idle = None, None, False
+        nobody else is granted a lease meanwhile), then grant it its lease. A bundle that no longer reads (removed
+        or damaged since the start: its manifest, which takes no memory to read) is refused before the idle model
+        is unloaded, which goes on answering, as Ollama refuses a request for a model it no longer has without
+        touching the one loaded; a bundle that fails as it loads leaves none loaded, as a failed load leaves
+        Ollama's scheduler (the other was unloaded to make room)."""
+        model = self.models[name]
         try:
+            try:
+                read_manifest(model.bundle.path)
+            except Exception as exc:
+                why, failed = self._unusable(name, exc, "failed to load")
+                self._log(f"edgesdk serve: loading {name} from {model.bundle.path} failed: {why}; "
+                          f"{self._name or 'no model'} stays loaded")
+                raise failed from exc
+            with self._changed:
+                old, completer = self._name, self._completer
+                self._name, self._completer, self._unload_idle = None, None, False
             if completer is not None:
                 completer.close()
-            model = self.models[name]
             started = time.monotonic()
             try:
                 loaded = self._load(model)
             except Exception as exc:
-                why = exc.problem if isinstance(exc, EdgeSDKError) else f"{type(exc).__name__}: {exc}"
-                fix = exc.fix if isinstance(exc, EdgeSDKError) and exc.fix else \
-                    "check the bundle with 'edgesdk verify', or rebuild it with 'edgesdk build'"
+                why, failed = self._unusable(name, exc, "failed to load")
                 self._log(f"edgesdk serve: {f'unloaded {old}; ' if completer is not None else ''}loading {name} "
                           f"from {model.bundle.path} failed: {why}")
-                raise ApiError(500, f"the model '{name}' (bundle {model.bundle.path}) failed to load: {why}; {fix}; "
-                               "the other models served here still answer", code="model_load_failed",
-                               kind="server_error") from exc
+                raise failed from exc
             seconds = time.monotonic() - started
             loaded.metrics = self.metrics
             self._log(f"edgesdk serve: {f'unloaded {old}; ' if completer is not None else ''}loaded {name} "
