@@ -366,8 +366,8 @@ class Guard:
         (``C dT/dt = P - (T - T_amb) / R`` at the run's mean power, from its compute seconds) says the board should
         have moved by ``frozen_c`` or more by then. A real steady state, at idle or under a steady load, is where the
         model expects no change, so it is never taken as frozen. While the model's power is not the board's (the clock
-        capped by the guard or the firmware, a power gate's budget below 1) a run is not judged: it is judged over
-        the ``frozen_s`` after. It ends at the first reading that differs.
+        capped by the guard or the firmware, a power gate's budget below 1) or the board is paused, a run is not
+        judged: it is judged over the ``frozen_s`` after. It ends at the first reading that differs.
         """
         c, p = self.config, self.plant
         tau = p.resistance_c_per_w * p.capacity_j_per_c
@@ -382,7 +382,10 @@ class Guard:
             self.frozen_s = reading.time - flat[0]
             flat[2], flat[3] = reading.time, self._flat_busy_s
             return True
-        if self._power_unknown:  # the model's power is not known: the run is judged from the next reading on
+        # the model's power is not known, or the board is paused (idle, which is already the safe side: a pause
+        # ends by its own rule, and a board cooled to a steady reading while the ambient is still the first
+        # reading's guess would be taken as frozen and paced at the fallback rate): judged from the next reading on
+        if self._power_unknown or self.paused:
             flat[0], self._flat_busy_s = reading.time, 0.0
         flat[2], flat[3] = reading.time, self._flat_busy_s
         elapsed = reading.time - flat[0]

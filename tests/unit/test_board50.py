@@ -54,9 +54,9 @@ def test_no_warmup_skips_the_warm_up_runs(tiny_bundle, monkeypatch):
     seen = []
     real = bench_module.run_bench
 
-    def recording(runtime, config):
+    def recording(runtime, config, **options):
         seen.append(config.warmup)
-        return real(runtime, config)
+        return real(runtime, config, **options)
 
     monkeypatch.setattr(bench_module, "run_bench", recording)
     result = CliRunner().invoke(main, ["bench", str(tiny_bundle.path), "-p", "4", "-n", "2", "-r", "1", "-t", "1",

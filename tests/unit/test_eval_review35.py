@@ -15,7 +15,7 @@ def test_a_tokenizer_with_named_chat_templates_gets_its_default_one_in_the_bundl
     """transformers reads a tokenizer_config listing named chat templates as a dict of them; the write named
     chat_template.jinja in the manifest but wrote no such file, so the finished build was refused by its own
     verification as a manifest 'edited by hand'. The default template (the one apply_chat_template uses for a
-    chat without tools) is the bundle's; with no default there is none."""
+    chat without tools) is the bundle's; with no default the tool_use one, with neither none."""
     from edgesdk.build.package import write_bundle
     from edgesdk.runtime.session import open_runtime
     from tests.unit.test_eval_bundle_review33 import _write_args
@@ -28,8 +28,13 @@ def test_a_tokenizer_with_named_chat_templates_gets_its_default_one_in_the_bundl
     tokenizer = open_runtime(written.path, threads=1).tokenizer
     assert tokenizer.has_chat_template
 
+    # with no default, the tool_use template is the bundle's, as llama.cpp's common_chat_templates_init takes it
     args["tokenizer"].chat_template = {"tool_use": TOOL_TEMPLATE}
     written = write_bundle(tmp_path / "no-default", **args)
+    assert written.manifest["tokenizer"]["chat_template"] == "chat_template.jinja"
+    assert (written.path / "chat_template.jinja").read_text(encoding="utf-8") == TOOL_TEMPLATE
+    args["tokenizer"].chat_template = {"rag": TOOL_TEMPLATE}
+    written = write_bundle(tmp_path / "neither", **args)
     assert written.manifest["tokenizer"]["chat_template"] is None
     assert not (written.path / "chat_template.jinja").exists()
 
