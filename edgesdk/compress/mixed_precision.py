@@ -15,10 +15,13 @@ the V and FFN-down matrices at 6 bits); here the model's own sensitivity decides
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from edgesdk.compress import fake_quant
 from edgesdk.compress.prune import fisher_diagonal
+from edgesdk.errors import BuildError
 from edgesdk.export.fused_graph import UNIT_LINEARS
 
 
@@ -43,12 +46,35 @@ def rounding_gains(model, fisher: dict[str, torch.Tensor], block_size: int) -> d
     return gains
 
 
+def unit_sizes(model) -> dict[str, int]:
+    """Fused unit -> its number of weights."""
+    linears = fake_quant.decoder_linears(model)
+    return {unit: sum(linears[name].weight.numel() for name in names) for unit, names in unit_linears(model).items()}
+
+
+def check_eight_bit_budget(model, fraction: float) -> None:
+    """Refuse, before any calibration, an ``eight_bit_fraction`` smaller than the smallest unit: no unit fits the
+    budget, so :func:`choose_units` kept none at 8 bits and the build went on all 4-bit with nothing said (a unit
+    is a whole fused matrix; SmolLM2-135M's smallest, a layer's O projection, is 0.31 % of the weights)."""
+    if fraction <= 0:
+        return
+    sizes = unit_sizes(model)
+    total = sum(sizes.values())
+    unit = min(sizes, key=sizes.__getitem__)
+    if sizes[unit] <= fraction * total:
+        return
+    least = math.ceil(sizes[unit] / total * 1e4) / 1e4
+    raise BuildError(f"qat.eight_bit_fraction is {fraction}, but the smallest unit that can stay at 8 bits ({unit}, "
+                     f"{sizes[unit]} weights) is {sizes[unit] / total:.4f} of the model's {total} decoder linear "
+                     "weights, so no unit fits and every weight would be 4-bit",
+                     f"raise qat.eight_bit_fraction to at least {least} (--set qat.eight_bit_fraction={least}), or "
+                     "set it to 0 for a plain INT4 build")
+
+
 def choose_units(model, gains: dict[str, float], fraction: float) -> list[str]:
     """The units to keep at 8 bits: by gain per weight until ``fraction`` of all decoder linear
     weights is spent."""
-    linears = fake_quant.decoder_linears(model)
-    units = unit_linears(model)
-    sizes = {unit: sum(linears[name].weight.numel() for name in names) for unit, names in units.items()}
+    sizes = unit_sizes(model)
     budget = fraction * sum(sizes.values())
     chosen, spent = [], 0
     for unit in sorted(gains, key=lambda u: gains[u] / sizes[u], reverse=True):
@@ -63,6 +89,7 @@ def eight_bit_linears(model, batches: list[torch.Tensor], fraction: float, block
     """Measure on ``batches`` and choose: (the linears at 8 bits, their units, every unit's gain)."""
     if fraction <= 0:
         return (), [], {}
+    check_eight_bit_budget(model, fraction)
     gains = rounding_gains(model, fisher_diagonal(model, batches, progress), block_size)
     units = choose_units(model, gains, fraction)
     names = unit_linears(model)

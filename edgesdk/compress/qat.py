@@ -24,7 +24,7 @@ from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress import fake_quant
 from edgesdk.compress.losses import logits_kl
 from edgesdk.compress.measure import stage_metrics
-from edgesdk.compress.mixed_precision import eight_bit_linears
+from edgesdk.compress.mixed_precision import check_eight_bit_budget, eight_bit_linears
 from edgesdk.compress.train import (
     LoopSettings,
     check_optimiser_settings,
@@ -96,6 +96,7 @@ def qat_stage(model, config: QATConfig, ctx: BuildContext):
     for p in teacher.parameters():
         p.requires_grad_(False)
     model.eval()  # no dropout (seed §4 warning); gradients still flow
+    check_eight_bit_budget(model, config.eight_bit_fraction)  # from the shapes, before any text is drawn
     metrics = {}
     needs_data = config.steps or config.activations == "tensor" or config.eight_bit_fraction
     data = ctx.training_data() if needs_data else None
