@@ -395,9 +395,10 @@ def write_json(path, obj):
     os.replace(path + ".partial", path)
 
 
-def drop_commit_journal(p, root):
+def drop_journal(p, root, name=".switch.json"):
+    """Remove a journal (op_switch's .switch.json, op_commit's .commit.json) once what it guarded is done."""
     try:
-        os.unlink(p[".commit.json"])
+        os.unlink(p[name])
     except FileNotFoundError:
         pass
     fsync_dir(root)
@@ -428,4 +429,4 @@ def settle_commit(p, root):
                 os.replace(trash, release)
             fsync_dir(p["releases"])
     if os.path.lexists(p[".commit.json"]):
-        drop_commit_journal(p, root)
+        drop_journal(p, root, ".commit.json")

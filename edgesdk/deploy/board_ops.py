@@ -11,7 +11,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         MANIFEST,
         Lock,
         Refused,
-        drop_commit_journal,
+        drop_journal,
         emit,
         fsync_dir,
         link_target,
@@ -74,7 +74,7 @@ def op_commit(params):
         os.replace(staging, release)
         os.utime(release)  # its commit time: prune leaves a release alone while its deploy may still switch to it
         fsync_dir(p["releases"])
-        drop_commit_journal(p, root)
+        drop_journal(p, root, ".commit.json")
         shutil.rmtree(p[".trash"], ignore_errors=True)
         return {"problems": []}
 
@@ -225,14 +225,6 @@ def write_journal(p, root, bundle_id, before, params):
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, p[".switch.json"])
-    fsync_dir(root)
-
-
-def drop_journal(p, root):
-    try:
-        os.unlink(p[".switch.json"])
-    except FileNotFoundError:
-        pass
     fsync_dir(root)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import codecs
 import json
-import logging
 import math
 import re
 import time
@@ -43,6 +42,7 @@ from edgesdk.serve.tools import (
     parallel_calls,
     parse_tools,
     tool_result_text,
+    warn_once,
     with_instructions,
 )
 
@@ -818,9 +818,7 @@ def _samplers(value: object, adaptive_target: object = None) -> tuple[str, ...] 
     return chain
 
 
-LOG = logging.getLogger(__name__)
 _WARNED_SAMPLERS: set = set()  # the skipped names already logged: a client sends its chain with every request
-_WARNED_SAMPLERS_MAX = 1024
 
 
 def skipped_samplers(names: list[str]) -> str:
@@ -830,12 +828,7 @@ def skipped_samplers(names: list[str]) -> str:
     shown = ", ".join(_shown(name) for name in names[:8]) + (" ..." if len(names) > 8 else "")
     line = (f"'samplers': {shown} left out of the chain: no sampler llama.cpp knows (llama-server skips such names "
             f"too); the names are {', '.join(SAMPLER_NAMES)}")
-    key = tuple(names)
-    if key not in _WARNED_SAMPLERS:
-        if len(_WARNED_SAMPLERS) >= _WARNED_SAMPLERS_MAX:
-            _WARNED_SAMPLERS.clear()
-        _WARNED_SAMPLERS.add(key)
-        LOG.warning("edgesdk serve: %s", line)
+    warn_once(_WARNED_SAMPLERS, tuple(names), line)
     return line
 
 

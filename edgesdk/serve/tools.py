@@ -217,13 +217,20 @@ def _ignored(param: str, name: str, dropped: tuple[str, ...]) -> str:
     line = (f"{param}.function.parameters of tool {name!r}: {', '.join(dropped)} not enforced on the call's "
             "arguments (the answer's constraint cannot follow them; llama.cpp's json-schema-to-grammar ignores them "
             "too); the model still reads them in the tools' description")
-    key = (name, dropped)
-    if key not in _WARNED:
-        if len(_WARNED) >= _WARNED_MAX:
-            _WARNED.clear()
-        _WARNED.add(key)
-        LOG.warning("edgesdk serve: %s", line)
+    warn_once(_WARNED, (name, dropped), line)
     return line
+
+
+def warn_once(warned: set, key: object, line: str) -> None:
+    """Log ``line`` as serve's warning the first time ``key`` is seen in ``warned`` (a client sends the same tools
+    or chain with every request); ``warned`` is emptied past ``_WARNED_MAX`` keys, so a client sending ever new
+    ones cannot grow it without bound."""
+    if key in warned:
+        return
+    if len(warned) >= _WARNED_MAX:
+        warned.clear()
+    warned.add(key)
+    LOG.warning("edgesdk serve: %s", line)
 
 
 def _resolved_type(schema: dict, root: dict) -> str | None:

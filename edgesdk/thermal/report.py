@@ -5,7 +5,6 @@ matplotlib is imported here only (extra ``[report]``); the board runtime never i
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.thermal.telemetry import records
 
 LEVELS = ["unguarded", "normal", "warm", "hot", "critical"]
 
@@ -56,8 +56,8 @@ def _plotted(record: dict) -> dict | None:
 def _read_runs(path: str | Path) -> list[tuple[dict, list[dict]]]:
     """The runs of one telemetry file: (meta, usable step records) each, read a line at a time.
 
-    Lines are read as :func:`~edgesdk.thermal.telemetry.load` reads them (a torn, non-JSON or non-object line
-    is skipped), but one at a time, keeping only what is plotted (:func:`_plotted`): ``load`` holds the whole
+    Lines are read as :func:`~edgesdk.thermal.telemetry.records` reads them (a torn, non-JSON or non-object
+    line is skipped), one at a time, keeping only what is plotted (:func:`_plotted`): ``load`` holds the whole
     text and every whole record, about 11 times the file's size (a day of decode steps is a GB file). A
     meta record after step records begins another run: files joined with ``cat`` (a board's runs gathered
     in one log) restart their time at 0, and read as one run, their lines went back in time and two runs'
@@ -65,26 +65,14 @@ def _read_runs(path: str | Path) -> list[tuple[dict, list[dict]]]:
     runs: list[tuple[dict, list[dict]]] = []
     meta: dict = {}
     steps: list[dict] = []
-    try:
-        with Path(path).open(encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                try:
-                    record = json.loads(line)
-                except (ValueError, RecursionError):  # JSONDecodeError, an integer past 4,300 digits, deep nesting
-                    continue
-                if not isinstance(record, dict):
-                    continue
-                if record.get("type") == "meta":
-                    if steps:
-                        runs.append((meta, _valid_steps(steps)))
-                        steps = []
-                    meta = record
-                elif record.get("type") == "step" and (step := _plotted(record)) is not None:
-                    steps.append(step)
-    except OSError as error:
-        raise EdgeSDKError(f"telemetry file {path} cannot be read ({error.strerror or error})",
-                           f"pass a telemetry JSONL file this user may read (check that {path} exists and "
-                           "its permissions), as written by 'edgesdk run --telemetry FILE'") from error
+    for record in records(path):
+        if record.get("type") == "meta":
+            if steps:
+                runs.append((meta, _valid_steps(steps)))
+                steps = []
+            meta = record
+        elif record.get("type") == "step" and (step := _plotted(record)) is not None:
+            steps.append(step)
     runs.append((meta, _valid_steps(steps)))
     return runs
 

@@ -31,6 +31,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -146,24 +147,29 @@ class Telemetry:
             self._file = None
 
 
-def load(path: str | Path) -> tuple[dict, list[dict]]:
-    """(meta, step records) of a telemetry file; unparsable lines, and lines that are not a JSON
-    object, are skipped (a killed run can leave a torn, even non-UTF-8, last line). A file that
-    cannot be read (permissions, a directory, gone) is an EdgeSDKError naming it."""
+def records(path: str | Path) -> Iterator[dict]:
+    """The JSON-object records of a telemetry file, read a line at a time: unparsable lines, and lines that
+    are not a JSON object, are skipped (a killed run can leave a torn, even non-UTF-8, last line). A file
+    that cannot be read (permissions, a directory, gone) is an EdgeSDKError naming it."""
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        with Path(path).open(encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except (ValueError, RecursionError):  # JSONDecodeError, an integer past 4,300 digits, deep nesting
+                    continue
+                if isinstance(record, dict):
+                    yield record
     except OSError as error:
         raise EdgeSDKError(f"telemetry file {path} cannot be read ({error.strerror or error})",
                            f"pass a telemetry JSONL file this user may read (check that {path} exists and "
                            "its permissions), as written by 'edgesdk run --telemetry FILE'") from error
+
+
+def load(path: str | Path) -> tuple[dict, list[dict]]:
+    """(meta, step records) of a telemetry file, its lines read as :func:`records` reads them."""
     meta, steps = {}, []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):  # JSONDecodeError, an integer past 4,300 digits, deep nesting
-            continue
-        if not isinstance(record, dict):
-            continue
+    for record in records(path):
         if record.get("type") == "meta":
             meta = record
         elif record.get("type") == "step":
