@@ -293,7 +293,9 @@ class Model:
 
     def n_embd(self) -> int:
         """llama-cpp-python's ``Llama.n_embd()``: the model's hidden size (the width of its embeddings)."""
-        return int(self.manifest["model"]["after"]["hidden_size"])
+        from edgesdk.serve.embeddings import embedding_width
+
+        return embedding_width(self.manifest)
 
     def token_bos(self) -> int:
         """llama-cpp-python's ``Llama.token_bos()``: the beginning-of-sequence token's id, -1 where the model has

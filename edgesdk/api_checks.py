@@ -161,7 +161,7 @@ def request_limit(fields: dict) -> dict:
     """A request's ``fields`` with ``max_tokens`` read as llama-cpp-python's ``create_completion`` and
     ``create_chat_completion`` read it: None or 0 is no limit but the context ("If max_tokens <= 0 or None, the
     maximum number of tokens to generate is unlimited and depends on n_ctx", llama_cpp/llama.py), which the routes'
-    parser takes as -1. Left out, the field stays out (:func:`edgesdk.load`'s ``max_tokens`` holds the answer);
+    parser takes as -1 (-1 itself too; below -1 it refuses, naming the field, rather than read a typo as no limit). Left out, the field stays out (:func:`edgesdk.load`'s ``max_tokens`` holds the answer);
     other values (a bool too) as they are, for the parser to take or name; and so is ``max_tokens`` beside a chat's
     ``max_completion_tokens``, which the parser reads first (None there is the field left out)."""
     if "max_tokens" not in fields or fields.get("max_completion_tokens") is not None:

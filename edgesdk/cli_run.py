@@ -29,6 +29,7 @@ from edgesdk.cli_interactive import (
 from edgesdk.cli_llama import (
     CTX_SIZE_ENV,
     LLAMA_OPTION_NAMES,
+    MODEL_ENV,
     LlamaCommand,
     LlamaEnvOption,
     bundle_or_model,
@@ -103,7 +104,7 @@ class RunSettings:
 
 @click.command(cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
 # LLAMA_ARG_MODEL: llama-cli's -m (common/arg.cpp), read where no BUNDLE is given
-@click.argument("bundle", type=click.Path(path_type=Path), envvar="LLAMA_ARG_MODEL", required=False)
+@click.argument("bundle", type=click.Path(path_type=Path), envvar=MODEL_ENV, required=False)
 @click.option("--model", "-m", "model", type=click.Path(path_type=Path), metavar="BUNDLE",
               help="The BUNDLE, as llama-cli's -m / --model names its model (give it once: as BUNDLE or -m).")
 @click.option("--prompt", "-p", help="Prompt text; without it, read prompts interactively from stdin.")
@@ -318,7 +319,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         raw_option="-no-cnv" if conversation is False else "--raw", in_prefix_bos=in_prefix_bos)
     # llama-cli would act on them: said, as serve says them, not ignored silently (LLAMA_ARG_CTX_SIZE once the
     # bundle's context is known)
-    say_unread_llama_env("llama-cli", "LLAMA_ARG_MODEL", CTX_SIZE_ENV)
+    say_unread_llama_env("llama-cli", MODEL_ENV, CTX_SIZE_ENV)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
     checked_ctx_size(runtime.backend.max_context, bundle)

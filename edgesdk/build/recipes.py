@@ -113,7 +113,7 @@ class Recipe(BaseModel):
         try:
             return Recipe.model_validate(data)
         except ValidationError as exc:
-            given = f"--set {' '.join(overrides)}" if terms != "python" else said_sets(terms, *overrides)
+            given = said_sets(terms, *overrides)
             values = "the --set values" if terms != "python" else "those overrides"
             raise BuildError(f"{given} makes recipe '{self.name}' invalid: {_problems(exc)}",
                              f"fix {values} (export keys: {', '.join(ExportSection.model_fields)})") from exc

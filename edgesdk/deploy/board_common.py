@@ -420,13 +420,13 @@ def settle_commit(p, root):
         bundle_id = safe_id(journal["bundle_id"])
         release = os.path.join(p["releases"], bundle_id)
         staging = os.path.join(p["staging"], bundle_id)
-        trash = os.path.join(p[".trash"], os.path.basename(str(journal.get("trash") or "")))
+        kept = os.path.basename(str(journal.get("trash") or ""))  # "" for a journal without it: no copy to use
         if not os.path.lexists(release):
             if os.path.isdir(staging):
                 os.replace(staging, release)
                 os.utime(release)
-            elif os.path.isdir(trash) and trash != p[".trash"]:
-                os.replace(trash, release)
+            elif kept and os.path.isdir(os.path.join(p[".trash"], kept)):
+                os.replace(os.path.join(p[".trash"], kept), release)
             fsync_dir(p["releases"])
     if os.path.lexists(p[".commit.json"]):
         drop_journal(p, root, ".commit.json")

@@ -21,6 +21,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         run_quiet,
         safe_id,
         sha256_file,
+        write_json,
     )
     from edgesdk.deploy.board_transfer import RECEIVE_IDLE_S, IdleDeadline, read_stamp
 
@@ -266,10 +267,5 @@ def stop_steps_on_term():
 
 def write_stamp(venv, stamp):
     """The install's last act, atomically: the stamp is whole or absent, even across a power cut."""
-    path = os.path.join(venv, "edgesdk-runtime.json")
-    with open(path + ".partial", "w") as handle:
-        json.dump(stamp, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(path + ".partial", path)
+    write_json(os.path.join(venv, "edgesdk-runtime.json"), stamp)
     fsync_dir(venv)

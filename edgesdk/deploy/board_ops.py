@@ -219,12 +219,7 @@ def write_journal(p, root, bundle_id, before, params):
             journal["previous_after"] = journal["from"]
         elif link_target(p["previous"]) == bundle_id:  # as switch_links: previous is not left equal to current
             journal["previous_after"] = None
-    tmp = p[".switch.json"] + ".partial"
-    with open(tmp, "w") as handle:
-        json.dump(journal, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, p[".switch.json"])
+    write_json(p[".switch.json"], journal)
     fsync_dir(root)
 
 

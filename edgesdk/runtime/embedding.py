@@ -138,35 +138,12 @@ def text_ids(tokenizer, text: str) -> tuple[list[int], int]:
     appended (an EOS or SEP, as the tokenizers of Qwen3-Embedding and of BERT-style embedding models add), which
     :func:`truncated` keeps. A text that is not UTF-8 (lone surrogates) is an EdgeSDKError naming it."""
     check_utf8(text, "the text to embed")
-    encoding = whole_text_tokenizer(tokenizer).encode(text, add_special_tokens=True)
+    encoding = tokenizer.tokenizer.encode(text, add_special_tokens=True)  # whole: load_tokenizer drops a cut
     added = encoding.special_tokens_mask  # 1 for the tokens the post-processor added, 0 for the text's own
     end = 0
     while end < len(added) and added[len(added) - 1 - end]:
         end += 1
     return list(encoding.ids), end
-
-
-def whole_text_tokenizer(tokenizer):
-    """The ``tokenizers.Tokenizer`` that :func:`text_ids` encodes with: ``tokenizer``'s own, or where its
-    tokenizer.json sets a ``truncation`` or a ``padding`` (a sentence-transformers model's often does: cut at
-    ``max_length`` 128 or 512, padded to a ``Fixed`` length with pad tokens, which the build copies into the bundle) a
-    copy without them, made once and kept on ``tokenizer``. llama.cpp's tokenizer has neither (a GGUF carries no
-    such setting): ``llama-embedding`` and ``llama-server`` embed every token of a text, refusing one past the context,
-    and so does edgesdk, where the file's settings silently embedded a cut text, and pad tokens that the pooling read
-    (mean over them, ``last`` a pad's vector) and that :func:`truncated` kept as appended special tokens. The
-    bundle's own tokenizer is not changed."""
-    raw = tokenizer.tokenizer
-    if raw.truncation is None and raw.padding is None:
-        return raw
-    whole = getattr(tokenizer, "_whole_text_tokenizer", None)
-    if whole is None:
-        import tokenizers
-
-        whole = tokenizers.Tokenizer.from_str(raw.to_str())
-        whole.no_truncation()
-        whole.no_padding()
-        tokenizer._whole_text_tokenizer = whole
-    return whole
 
 
 def truncated(ids: Sequence[int], limit: int, end: int = 0) -> list[int]:
@@ -221,5 +198,4 @@ def hidden_states_problem(backend) -> HiddenStatesProblem | None:
 
 
 __all__ = ["NORMALIZE_HELP", "NO_HIDDEN_STATES_FIX", "POOLINGS", "Embedding", "EmbeddingConfig", "EmbeddingError",
-           "HiddenStatesProblem", "InputTooLong", "embed_tokens", "fitted", "hidden_states_problem", "normalize", "pool", "text_ids", "truncated",
-           "whole_text_tokenizer"]
+           "HiddenStatesProblem", "InputTooLong", "embed_tokens", "fitted", "hidden_states_problem", "normalize", "pool", "text_ids", "truncated"]

@@ -294,11 +294,20 @@ def load_tokenizer(path: Path):
     """``tokenizers.Tokenizer`` from the bundle's tokenizer.json, or a BundleError that tells a file that is no
     tokenizer.json (not JSON, or JSON without a ``model``) from one the installed tokenizers is too old for: a
     release older than the one that wrote the file cannot parse it (tokenizers < 0.20 reads no BPE merges stored
-    as pairs, and says only 'data did not match any variant')."""
+    as pairs, and says only 'data did not match any variant').
+
+    The file's ``truncation`` and ``padding`` are dropped: a sentence-transformers model's tokenizer.json often sets
+    them (cut at ``max_length`` 128 or 512, padded to a ``Fixed`` length with pad tokens), which the build copies into
+    the bundle, and they silently cut prompts and texts to embed and appended pad tokens the pooling read. llama.cpp's
+    tokenizer has neither (a GGUF carries no such setting): llama-server reads every token, refusing a text past the
+    context, and so does edgesdk."""
     import tokenizers
 
     try:
-        return tokenizers.Tokenizer.from_file(str(path))
+        tokenizer = tokenizers.Tokenizer.from_file(str(path))
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        return tokenizer
     except Exception as exc:  # tokenizers raises a plain Exception for a file it cannot parse
         shape = _tokenizer_json_shape(path)
         if shape:

@@ -1451,7 +1451,8 @@ class ApiHandler(BaseHTTPRequestHandler):
 
             # an error once the headers are out is in the stream, as llama-server does
             completion = self._complete_streamed(
-                request, on_text, lambda answer=answer: send(answer.opening()), lambda error: self._event(error.body()),
+                request, on_text, lambda answer=answer, live=live: (live.started(), send(answer.opening())),
+                lambda error: self._event(error.body()),
                 headers_out=index > 0, on_prefill=on_prefill if per_token or progress else None)
             if completion is None:
                 return

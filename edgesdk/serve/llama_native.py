@@ -284,8 +284,8 @@ def generation_settings(request: CompletionRequest, sampling: SamplingConfig, se
     ``SHIFTED_LIMIT_CONTEXTS``), a limit llama-server does not have."""
     asked = request.max_tokens if request.max_tokens is not None else server_max_tokens
     if asked_no_limit(request) and not (shifts and (asked is None or asked >= UNTIL_THE_CONTEXT_FILLS)):
-        asked = UNTIL_THE_CONTEXT_FILLS  # the request's -1 as asked, though the server's -n holds the answer
-    if asked is None or (shifts and asked >= UNTIL_THE_CONTEXT_FILLS):
+        n_predict = -1  # the request's -1 as asked, though the server's -n holds the answer
+    elif asked is None or (shifts and asked >= UNTIL_THE_CONTEXT_FILLS):
         n_predict = sampling.max_new_tokens
     else:
         n_predict = -1 if asked >= UNTIL_THE_CONTEXT_FILLS else asked

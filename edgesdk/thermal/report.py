@@ -32,17 +32,10 @@ def _plain(text: str) -> str:
     return text.replace("$", r"\$")
 
 
-def _valid_steps(steps: list[dict]) -> list[dict]:
-    """The step records a plot can use: finite, non-negative numeric ``t`` and ``tokens`` (a garbled or
-    hand-edited line is skipped, as :func:`~edgesdk.thermal.telemetry.load` skips torn ones), each cut to
-    the fields plotted (``t``, ``tokens``, ``temp_c``, ``level``) and sorted by ``t``."""
-    kept = [step for step in map(_plotted, steps) if step is not None]
-    kept.sort(key=lambda step: step["t"])  # stable: records of one instant keep their order
-    return kept
-
-
 def _plotted(record: dict) -> dict | None:
-    """The fields of one step record a plot uses, or None where ``t`` or ``tokens`` is not usable. Only
+    """The fields of one step record a plot uses (``t``, ``tokens``, ``temp_c``, ``level``), or None where ``t`` or
+    ``tokens`` is not a finite, non-negative number (a garbled or hand-edited line is skipped, as
+    :func:`~edgesdk.thermal.telemetry.records` skips torn ones). Only
     these are kept: a whole record (its zones, guard state ...) held for each of a long run's million
     steps took over ten times the file's size in memory."""
     t, tokens = _number(record.get("t")), _number(record.get("tokens"))
@@ -50,7 +43,13 @@ def _plotted(record: dict) -> dict | None:
         return None
     level = record.get("level")
     return {"t": t, "tokens": tokens, "temp_c": _number(record.get("temp_c")),
-            "level": LEVELS[LEVELS.index(level)] if level in LEVELS else None}
+            "level": level if level in LEVELS else None}
+
+
+def _by_time(steps: list[dict]) -> list[dict]:
+    """``steps`` sorted by ``t`` in place (stable: records of one instant keep their order)."""
+    steps.sort(key=lambda step: step["t"])
+    return steps
 
 
 def _read_runs(path: str | Path) -> list[tuple[dict, list[dict]]]:
@@ -68,12 +67,12 @@ def _read_runs(path: str | Path) -> list[tuple[dict, list[dict]]]:
     for record in records(path):
         if record.get("type") == "meta":
             if steps:
-                runs.append((meta, _valid_steps(steps)))
+                runs.append((meta, _by_time(steps)))
                 steps = []
             meta = record
         elif record.get("type") == "step" and (step := _plotted(record)) is not None:
             steps.append(step)
-    runs.append((meta, _valid_steps(steps)))
+    runs.append((meta, _by_time(steps)))
     return runs
 
 

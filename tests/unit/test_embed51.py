@@ -48,7 +48,9 @@ def cut_and_padded(tmp_path_factory):
     bundle = build(BuildConfig(target="host", model=str(model), out=root / "b", export=ExportConfig(max_context=64),
                                progress=False))
     runtime = open_runtime(bundle.path, threads=1)
-    assert runtime.tokenizer.tokenizer.truncation is not None  # the build kept the file's settings
+    kept = json.loads((bundle.path / runtime.bundle.manifest["tokenizer"]["file"]).read_text(encoding="utf-8"))
+    assert kept["truncation"] is not None  # the build kept the file's settings
+    assert kept["padding"] is not None
     return runtime, plain
 
 
@@ -59,7 +61,10 @@ def test_a_text_is_embedded_whole_without_the_tokenizer_json_s_truncation_and_pa
     whole = plain.encode(TEXT, add_special_tokens=True).ids
     assert len(whole) > 12
     assert text_ids(runtime.tokenizer, TEXT) == (whole, 0)  # was the first 8 ids and 4 pads, the pads counted as end
-    assert runtime.tokenizer.tokenizer.truncation is not None  # the bundle's own tokenizer is left as it is
+    # the runtime reads every token of any text, prompts too (runtime/text.py load_tokenizer), as llama.cpp does
+    assert runtime.tokenizer.tokenizer.truncation is None
+    assert runtime.tokenizer.tokenizer.padding is None
+    assert runtime.tokenizer.encode(TEXT, add_special_tokens=False) == plain.encode(TEXT, add_special_tokens=False).ids
 
 
 def test_the_served_embedding_reads_every_token_and_refuses_a_text_past_the_context(cut_and_padded):
