@@ -5,6 +5,7 @@ bundle."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -174,3 +175,33 @@ def test_openai_stream_flags_that_are_not_booleans_are_refused_by_name(served, p
         status, body = served.post(path, {**asked, "max_tokens": 2, "stream": True, name: "yes"})
         assert status == 400, body
         assert f"'{name}' must be true or false" in body["error"]["message"]
+
+
+class SlowSteps(Steps):
+    """Steps whose prefill steps each take ``seconds`` more (a slow board's prefill)."""
+
+    def __init__(self, size: int, seconds: float):
+        super().__init__(size)
+        self.seconds = seconds
+
+    def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
+        if kind == "prefill":
+            time.sleep(self.seconds)
+        super().after_step(kind, tokens, compute_s)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_openai_stream_progress_times_the_prompt_from_the_request_s_turn(runtime, path):
+    """The OpenAI streams' ``prompt_progress.time_ms`` counts from the request's turn, as /completion's does: the
+    clock started only at the end of the first prefill step, so the first event said 0 ms however slow that step."""
+    from tests.unit.test_serve import Served
+
+    server = Served(runtime, ServeDefaults(max_tokens=16, prompt_cache=False), hook=SlowSteps(4, 0.05))
+    try:
+        asked = {"messages": [{"role": "user", "content": PROMPT}]} if "chat" in path else {"prompt": PROMPT}
+        events = _sse(server, path, {**asked, "max_tokens": 2, "stream": True, "return_progress": True})
+    finally:
+        server.close()
+    times = [event["prompt_progress"]["time_ms"] for event in events if "prompt_progress" in event]
+    assert times[0] >= 40, times
+    assert times == sorted(times)

@@ -216,3 +216,24 @@ def test_an_install_with_its_stdin_held_open_answers_and_ends_as_before(ssh_serv
     assert time.monotonic() - began < 60
     assert refused.value.problem.startswith(f"pip install {wheel.name} failed on the board")
     assert (tmp_path / "board" / "runtime" / "wheels" / wheel.name).read_bytes() == wheel.read_bytes()
+
+
+def test_a_commit_journal_without_its_trash_copy_never_takes_trash_itself(tmp_path):
+    """settle_commit puts the release's copy in .trash back where staging is gone; a journal naming no copy (damaged,
+    or hand-written) joined .trash with "", whose path ".trash/" passed the check, so the whole .trash folder (other
+    releases' leftovers) was renamed to releases/<id>."""
+    import json
+    import os
+
+    from edgesdk.deploy.board_common import paths, settle_commit
+
+    p, root = paths(str(tmp_path / "root"))
+    for name in ("releases", "staging", ".trash"):
+        os.makedirs(p[name])
+    os.makedirs(os.path.join(p[".trash"], "someone-else"))
+    with open(p[".commit.json"], "w") as handle:
+        json.dump({"bundle_id": "b1"}, handle)
+    settle_commit(p, root)
+    assert not os.path.lexists(os.path.join(p["releases"], "b1"))
+    assert os.path.isdir(os.path.join(p[".trash"], "someone-else"))
+    assert not os.path.lexists(p[".commit.json"])

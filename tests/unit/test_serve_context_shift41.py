@@ -102,6 +102,7 @@ def test_n_predict_minus_one_is_held_to_the_server_s_n(shifting):
     status, answer = shifting.post("/completion", {"prompt": PROMPT, "n_predict": -1, "ignore_eos": True})
     assert status == 200, answer
     assert answer["tokens_predicted"] == 16
+    assert answer["generation_settings"]["n_predict"] == -1  # as asked, as llama-server's params.n_predict shows it
 
 
 def test_a_streamed_completion_shifts_and_ends_as_the_whole_one(shifting):
