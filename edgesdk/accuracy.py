@@ -435,6 +435,18 @@ def _first_max(values: list[float]) -> int:
     return best
 
 
+class TaskTooLong(EdgeSDKError):
+    """A task whose longest sequence (BOS, context and its longest ending) is past the tokens the scorer takes: its
+    kind (``name``), where it is in the file, its tokens and the limit, for a caller that words the limit its own
+    way (``eval --context``)."""
+
+    def __init__(self, name: str, where: str, longest: int, limit: int):
+        self.name, self.where, self.longest, self.limit = name, where, longest, limit
+        super().__init__(f"{name} task at {where} needs {longest} tokens (BOS, context and its longest ending), "
+                         f"more than the {limit} the model takes (max_context); llama-perplexity stops at such a "
+                         "task too", "rebuild the bundle with a larger --max-context, or remove that task from the file")
+
+
 def _check_length(tasks_tokens: list[tuple[str, list[list[int]]]], score_window, max_tokens: int | None,
                   name: str) -> None:
     """Refuse, naming it, the first task with a sequence longer than the scorer takes: ``max_tokens``, else
@@ -445,10 +457,7 @@ def _check_length(tasks_tokens: list[tuple[str, list[list[int]]]], score_window,
     for where, sequences in tasks_tokens:
         longest = max(len(s) for s in sequences)
         if longest > limit:
-            raise EdgeSDKError(f"{name} task at {where} needs {longest} tokens (BOS, context and its longest "
-                               f"ending), more than the {limit} the model takes (max_context); llama-perplexity "
-                               "stops at such a task too", "rebuild the bundle with a larger --max-context, or "
-                                                           "remove that task from the file")
+            raise TaskTooLong(name, where, longest, limit)
 
 
 def _result(kind: str, correct: int, picks: list[int], scores: list[tuple[float, ...]], endings: int
@@ -580,19 +589,22 @@ def plain_text_encoder(runtime):
 SCORERS = {HELLASWAG: hellaswag_score, WINOGRANDE: winogrande_score, MULTIPLE_CHOICE: multiple_choice_score}
 
 
-def bundle_accuracy(runtime, kind: str, tasks, progress: bool = False) -> AccuracyResult:
-    """``kind`` over ``tasks`` through the bundle's runtime, BOS in front where its tokenizer adds one."""
+def bundle_accuracy(runtime, kind: str, tasks, progress: bool = False, max_tokens: int | None = None
+                    ) -> AccuracyResult:
+    """``kind`` over ``tasks`` through the bundle's runtime, BOS in front where its tokenizer adds one; a task
+    longer than ``max_tokens`` (the bundle's max_context where None) is refused (:class:`TaskTooLong`)."""
     from edgesdk.evaluate import bundle_scorer, leading_bos
 
     return SCORERS[kind](bundle_scorer(runtime), plain_text_encoder(runtime), tasks, leading_bos(runtime.tokenizer),
-                         progress=progress)
+                         max_tokens=max_tokens, progress=progress)
 
 
-def reference_accuracy(model, runtime, kind: str, tasks, progress: bool = False) -> AccuracyResult:
+def reference_accuracy(model, runtime, kind: str, tasks, progress: bool = False, max_tokens: int | None = None
+                       ) -> AccuracyResult:
     """The same through the PyTorch source ``model`` (host only), with the bundle's tokenizer and BOS, refusing
-    what the bundle refuses (its max_context), so both score the same tasks."""
+    what the bundle refuses (``max_tokens``, its max_context where None), so both score the same tasks."""
     from edgesdk.evaluate import leading_bos, reference_scorer
 
     return SCORERS[kind](reference_scorer(model.eval()), plain_text_encoder(runtime), tasks,
                          leading_bos(runtime.tokenizer),
-                         max_tokens=runtime.backend.max_context, progress=progress)
+                         max_tokens=max_tokens or runtime.backend.max_context, progress=progress)

@@ -169,13 +169,8 @@ def eval_(bundle, model, text_file, method, context, stride, max_chars, referenc
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
     if context > runtime.backend.max_context:
-        limit, given = runtime.backend.max_context, option_given("context")
-        if click.get_current_context().get_parameter_source("context") is click.core.ParameterSource.ENVIRONMENT:
-            raise click.BadParameter(f"{context} (from {CTX_SIZE_ENV}, llama.cpp's -c) is longer than the bundle's "
-                                     f"max_context {limit}; set {CTX_SIZE_ENV} to {limit} or less (0: the bundle's) "
-                                     f"or unset it, or pass --context {limit} or less", param_hint="--context")
-        raise click.BadParameter(f"{context}{'' if given else ' (the default)'} is longer than the bundle's "
-                                 f"max_context {limit}; pass --context {limit} or less", param_hint="--context")
+        raise _context_too_long(context, runtime.backend.max_context,
+                                f"{'' if option_given('context') else ' (the default)'} is longer")
     source = _reference_source(runtime, bundle) if reference else None  # before the scoring, which takes minutes
     gated = hasattr(runtime.backend, "configure")
     if option_given("budgets") and not gated:
@@ -252,14 +247,19 @@ def _task_context(context: int | None, max_context: int) -> int:
     if context is None or context == 0:
         return max_context
     if context > max_context:
-        if click.get_current_context().get_parameter_source("context") is click.core.ParameterSource.ENVIRONMENT:
-            raise click.BadParameter(f"{context} (from {CTX_SIZE_ENV}, llama.cpp's -c) is longer than the bundle's "
-                                     f"max_context {max_context}; set {CTX_SIZE_ENV} to {max_context} or less (0: "
-                                     "the bundle's) or unset it, or pass --context N", param_hint="--context")
-        raise click.BadParameter(f"{context} is longer than the bundle's max_context {max_context}; pass --context "
-                                 f"{max_context} or less (0: the bundle's), the most tokens a task may have",
-                                 param_hint="--context")
+        raise _context_too_long(context, max_context, " is longer", " (0: the bundle's), the most tokens a task may have")
     return context
+
+
+def _context_too_long(context: int, limit: int, said: str, more: str = "") -> click.BadParameter:
+    """The refusal of a --context past the bundle's ``limit`` (max_context), naming LLAMA_ARG_CTX_SIZE where the
+    value came from it."""
+    if click.get_current_context().get_parameter_source("context") is click.core.ParameterSource.ENVIRONMENT:
+        return click.BadParameter(f"{context} (from {CTX_SIZE_ENV}, llama.cpp's -c) is longer than the bundle's "
+                                  f"max_context {limit}; set {CTX_SIZE_ENV} to {limit} or less (0: the bundle's) or "
+                                  f"unset it, or pass --context {limit} or less", param_hint="--context")
+    return click.BadParameter(f"{context}{said} than the bundle's max_context {limit}; pass --context {limit} or "
+                              f"less{more}", param_hint="--context")
 
 
 TASK_LABEL_WIDTH = 28  # an accuracy task's figures start in one column, after "multiple-choice (PyTorch)"
@@ -275,8 +275,7 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     and a task longer than it stops the run, "task %zu does not fit in the context window"), it is the most
     tokens one task's sequence may have: a longer one is refused by name before any scoring; 0 is the bundle's
     context (common/arg.cpp: "0 = loaded from model"), and one past the bundle's is refused, as for perplexity."""
-    from edgesdk.accuracy import SCORERS, agreement, plain_text_encoder, read_task_file
-    from edgesdk.evaluate import bundle_scorer, leading_bos, reference_scorer
+    from edgesdk.accuracy import TaskTooLong, agreement, bundle_accuracy, read_task_file, reference_accuracy
     from edgesdk.runtime.session import open_runtime
 
     tasks = read_task_file(kind, text_file, count)  # a malformed file is named before the runtime loads
@@ -285,23 +284,22 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     limit = _task_context(context, runtime.backend.max_context)
     source = _reference_source(runtime, bundle) if reference else None
 
-    def scored(scorer):  # the bundle and the reference score the same tasks, within the same limit
+    def scored(score):  # the bundle and the reference score the same tasks, within the same limit
         try:
-            return SCORERS[kind](scorer, plain_text_encoder(runtime), tasks, leading_bos(runtime.tokenizer),
-                                 max_tokens=limit, progress=True)
-        except EdgeSDKError as exc:
-            said = f"more than the {limit} the model takes (max_context)"
-            if limit == runtime.backend.max_context or said not in exc.problem:
+            return score()
+        except TaskTooLong as exc:
+            if limit == runtime.backend.max_context:
                 raise
-            raise EdgeSDKError(exc.problem.replace(said, f"more than --context {limit} (llama-perplexity's -c) "
-                                                         "lets a task have"),
-                               f"pass a larger --context (the bundle takes up to {runtime.backend.max_context}; 0: "
-                               "all of it), or remove that task from the file") from exc
+            raise EdgeSDKError(f"{exc.name} task at {exc.where} needs {exc.longest} tokens (BOS, context and its "
+                               f"longest ending), more than --context {limit} (llama-perplexity's -c) lets a task "
+                               "have", f"pass a larger --context (the bundle takes up to {runtime.backend.max_context}"
+                               "; 0: all of it), or remove that task from the file") from exc
 
-    ours = scored(bundle_scorer(runtime))
+    ours = scored(lambda: bundle_accuracy(runtime, kind, tasks, progress=True, max_tokens=limit))
     result = {"task": kind, "bundle": ours.to_json()}
     if reference:
-        theirs = scored(reference_scorer(_load_reference_model(source, threads).eval()))
+        model = _load_reference_model(source, threads)
+        theirs = scored(lambda: reference_accuracy(model, runtime, kind, tasks, progress=True, max_tokens=limit))
         result.update(reference=theirs.to_json(), same_pick=round(agreement(ours, theirs), 6))
     if as_json:
         echo_json(result)
