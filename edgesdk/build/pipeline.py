@@ -302,7 +302,7 @@ def check_depth_pruning(stages: list[tuple[str, object]], layer_count: int | Non
                          f"{said('--set', terms, f'prune.layers_removed={layer_count - 1}')})")
 
 
-def check_width_pruning(stages: list[tuple[str, object]], model) -> None:
+def check_width_pruning(stages: list[tuple[str, object]], model, terms: str = "cli") -> None:
     """Width ratios the loaded model's structure cannot carry out (edgesdk.compress.prune.check_width_ratios),
     refused before any stage runs rather than when the prune stage starts, after QAT's training. With layers
     removed first the widths are those of the shortened model, which the prune stage checks itself."""
@@ -311,7 +311,7 @@ def check_width_pruning(stages: list[tuple[str, object]], model) -> None:
         return
     from edgesdk.compress.prune import check_width_ratios
 
-    check_width_ratios(model, prune)
+    check_width_ratios(model, prune, terms)
 
 
 def check_power_stage(stages: list[tuple[str, object]], model_config, terms: str = "cli") -> None:
@@ -589,7 +589,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
                  f"{said('--max-context', config.terms, export_config.max_context)}: the model's "
                  f"max_position_embeddings is {context}")
         check_depth_pruning(stages, loaded.model.config.num_hidden_layers, config.terms)
-        check_width_pruning(stages, loaded.model)
+        check_width_pruning(stages, loaded.model, config.terms)
         check_stage_sizes(stages, loaded.model, profile)
         check_power_stage(stages, loaded.model.config, config.terms)
         check_gemma_stages(stages, export_config, loaded.model.config)

@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from edgesdk.build.checkpoint import said_sets
 from edgesdk.compress import fake_quant
 from edgesdk.compress.prune import fisher_diagonal
 from edgesdk.errors import BuildError
@@ -52,7 +53,7 @@ def unit_sizes(model) -> dict[str, int]:
     return {unit: sum(linears[name].weight.numel() for name in names) for unit, names in unit_linears(model).items()}
 
 
-def check_eight_bit_budget(model, fraction: float) -> None:
+def check_eight_bit_budget(model, fraction: float, terms: str = "cli") -> None:
     """Refuse, before any calibration, an ``eight_bit_fraction`` smaller than the smallest unit: no unit fits the
     budget, so :func:`choose_units` kept none at 8 bits and the build went on all 4-bit with nothing said (a unit
     is a whole fused matrix; SmolLM2-135M's smallest, a layer's O projection, is 0.31 % of the weights)."""
@@ -67,7 +68,7 @@ def check_eight_bit_budget(model, fraction: float) -> None:
     raise BuildError(f"qat.eight_bit_fraction is {fraction}, but the smallest unit that can stay at 8 bits ({unit}, "
                      f"{sizes[unit]} weights) is {sizes[unit] / total:.4f} of the model's {total} decoder linear "
                      "weights, so no unit fits and every weight would be 4-bit",
-                     f"raise qat.eight_bit_fraction to at least {least} (--set qat.eight_bit_fraction={least}), or "
+                     f"raise qat.eight_bit_fraction to at least {least} ({said_sets(terms, f'qat.eight_bit_fraction={least}')}), or "
                      "set it to 0 for a plain INT4 build")
 
 

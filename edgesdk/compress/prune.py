@@ -385,7 +385,15 @@ def prune_stage(model, config: PruneConfig, ctx: BuildContext):
     return model
 
 
-def check_width_ratios(model, config: PruneConfig) -> None:
+def _how(terms: str, flag: str, setting: str) -> str:
+    """How a caller sets ``setting`` (``stage.field=value``): `` (--ffn-ratio)`` / `` (--set ...)`` for the CLI,
+    `` (overrides=['stage.field=value'])`` for build_bundle() (edgesdk.build.checkpoint.said_sets)."""
+    from edgesdk.build.checkpoint import said_sets
+
+    return f" ({flag})" if terms != "python" else f" ({said_sets(terms, setting)})"
+
+
+def check_width_ratios(model, config: PruneConfig, terms: str = "cli") -> None:
     """Refuse, before any calibration, a width ratio the model's structure cannot carry out: ``ffn_ratio`` past
     what the layers' ``min_ffn_keep`` floors let go (:func:`plan_ffn` would keep the floors and remove less than
     asked) or so small that rounding the layers to ``ffn_multiple`` removes no channel, and a ``kv_group_ratio``
@@ -405,15 +413,18 @@ def check_width_ratios(model, config: PruneConfig) -> None:
         raise BuildError(f"prune.ffn_ratio is {config.ffn_ratio}: {remove} of the model's {total} FFN channels, but "
                          f"each layer keeps a multiple of ffn_multiple {config.ffn_multiple} channels, so that "
                          "rounds to no channel removed",
-                         f"raise prune.ffn_ratio to at least {least} (--ffn-ratio), lower prune.ffn_multiple "
-                         "(--set prune.ffn_multiple=...), or set prune.ffn_ratio to 0")
+                         f"raise prune.ffn_ratio to at least {least}"
+                         f"{_how(terms, '--ffn-ratio', f'prune.ffn_ratio={least}')}, lower prune.ffn_multiple"
+                         f"{_how(terms, '--set prune.ffn_multiple=...', 'prune.ffn_multiple=...')}, or set "
+                         "prune.ffn_ratio to 0")
     if remove > total - floors:
         most = math.floor((total - floors) / total * 1e4) / 1e4  # a ratio that removes no more than that
         raise BuildError(f"prune.ffn_ratio is {config.ffn_ratio}, but min_ffn_keep {config.min_ffn_keep} keeps at "
                          f"least {floors} of the {total} FFN channels (each layer's floor rounded up to ffn_multiple "
                          f"{config.ffn_multiple}), so at most {most} of them can go",
-                         f"lower prune.ffn_ratio to {most} or less (--ffn-ratio), or lower "
-                         "prune.min_ffn_keep (--set prune.min_ffn_keep=...)")
+                         f"lower prune.ffn_ratio to {most} or less{_how(terms, '--ffn-ratio', f'prune.ffn_ratio={most}')}"
+                         f", or lower prune.min_ffn_keep"
+                         f"{_how(terms, '--set prune.min_ffn_keep=...', 'prune.min_ffn_keep=...')}")
     if not config.kv_group_ratio:
         return
     dim = head_dim(model)
@@ -424,7 +435,8 @@ def check_width_ratios(model, config: PruneConfig) -> None:
     if removable == 0:
         raise BuildError(f"prune.kv_group_ratio is {config.kv_group_ratio}, but {where}, one per layer "
                          "(multi-query attention), and each layer keeps one: no group can be removed",
-                         "set prune.kv_group_ratio to 0 (--set prune.kv_group_ratio=0) and prune FFN channels or "
+                         f"set prune.kv_group_ratio to 0{_how(terms, '--set prune.kv_group_ratio=0', 'prune.kv_group_ratio=0')}"
+                         " and prune FFN channels or "
                          "layers instead")
     if remove == 0:
         raise BuildError(f"prune.kv_group_ratio is {config.kv_group_ratio}, but {where}: "
@@ -438,7 +450,7 @@ def check_width_ratios(model, config: PruneConfig) -> None:
 
 def _prune_width(model, config: PruneConfig, ctx: BuildContext, scheme) -> dict:
     """FFN channels and GQA groups by Fisher saliency; returns what the build record keeps of it."""
-    check_width_ratios(model, config)
+    check_width_ratios(model, config, "cli" if ctx is None else ctx.terms)
     batches = ctx.training_data().batches(config.calibration_batches, config.batch_size, config.sequence_length,
                                           config.seed, "prune")
     fisher = fisher_diagonal(model, batches, ctx.progress)

@@ -96,7 +96,7 @@ def qat_stage(model, config: QATConfig, ctx: BuildContext):
     for p in teacher.parameters():
         p.requires_grad_(False)
     model.eval()  # no dropout (seed §4 warning); gradients still flow
-    check_eight_bit_budget(model, config.eight_bit_fraction)  # from the shapes, before any text is drawn
+    check_eight_bit_budget(model, config.eight_bit_fraction, ctx.terms)  # from the shapes, before any text is drawn
     metrics = {}
     needs_data = config.steps or config.activations == "tensor" or config.eight_bit_fraction
     data = ctx.training_data() if needs_data else None

@@ -136,3 +136,28 @@ def test_the_qat_stage_refuses_the_eight_bit_fraction_before_it_needs_any_traini
         qat.qat_stage(model, config, ctx)
     assert "qat.eight_bit_fraction is 0.01" in refused.value.problem
     assert "raise qat.eight_bit_fraction to at least 0.0607" in refused.value.fix  # 4,096 of 67,584 weights
+
+
+def test_the_width_and_eight_bit_refusals_name_the_callers_terms(tmp_path):
+    """A build_bundle() caller (terms "python") is told the override to pass, not the CLI's --ffn-ratio or --set,
+    through the pipeline's check before any stage; the CLI's words are kept for the CLI."""
+    from edgesdk import build_bundle
+    from tests._utils.tiny import save_tiny_model_dir
+
+    model = tiny_llama(layers=2, hidden=64, intermediate=128)
+    for terms in ("cli", "python"):
+        with pytest.raises(BuildError) as raised:
+            check_width_ratios(model, PruneConfig(ffn_ratio=0.05, ffn_multiple=32), terms)
+        said = raised.value.fix
+        assert ("(--ffn-ratio)" in said) is (terms == "cli")
+        assert ("overrides=['prune.ffn_ratio=" in said) is (terms == "python")
+        with pytest.raises(BuildError) as raised:
+            mixed_precision.check_eight_bit_budget(model, 1e-6, terms)
+        assert ("--set qat.eight_bit_fraction=" in raised.value.fix) is (terms == "cli")
+        assert ("overrides=['qat.eight_bit_fraction=" in raised.value.fix) is (terms == "python")
+    directory = save_tiny_model_dir(tmp_path / "model", layers=2, hidden=64, intermediate=128)
+    with pytest.raises(BuildError) as raised:
+        build_bundle("host", str(directory), out=tmp_path / "b", recipe="int8-prune-light", progress=False,
+                     overrides=["prune.ffn_ratio=0.05", "prune.ffn_multiple=32"])
+    assert "--" not in raised.value.fix
+    assert "overrides=['prune.ffn_ratio=" in raised.value.fix
