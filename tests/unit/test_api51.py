@@ -20,7 +20,8 @@ import edgesdk
 from edgesdk.runtime.generate import SamplingConfig, sampler_chain
 from edgesdk.serve import api, llama_native
 from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS
-from edgesdk.serve.completion import ServeDefaults, SlotState
+from edgesdk.serve.completion import ServeDefaults
+from tests.unit.test_native51 import slot_answering
 from tests.unit.test_serve import Served
 
 PROMPT = "The quick brown fox"
@@ -97,12 +98,7 @@ def test_slots_show_the_minus_one_asked_for(served):
     request = api.parse_chat_request({"messages": MESSAGES, "max_tokens": -1})
     assert request.max_tokens is None
     assert llama_native.asked_no_limit(request)
-    completer = served.completer
-    completer.slot = SlotState(7, request, completer.sampling(request), 4, decoded=2)
-    try:
-        slot = llama_native.slots(completer)[0]
-    finally:
-        completer.slot = None
+    slot = slot_answering(served.completer, request)
     assert slot["params"]["n_predict"] == -1
     assert slot["next_token"]["n_remain"] == SERVER_LIMIT - 2
 

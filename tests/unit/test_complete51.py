@@ -4,23 +4,15 @@ bundle."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from edgesdk.serve.completion import ServeDefaults
+from tests.unit.test_stream51 import _sse
 
 PROMPT = "The quick brown fox jumps over the lazy dog and runs far away"
 YES = {"grammar": 'root ::= "yes"'}
-
-
-def _sse(served, path: str, body: dict) -> list[dict]:
-    status, headers, payload = served.request("POST", path, body)
-    assert status == 200, payload
-    assert headers["Content-Type"] == "text/event-stream"
-    return [json.loads(block[len("data: "):]) for block in payload.decode().split("\n\n")
-            if block and block != "data: [DONE]"]
 
 
 class Steps:

@@ -71,15 +71,18 @@ def test_minus_one_on_a_server_without_a_limit_runs_to_the_context(runtime):  # 
 
 def test_slots_count_a_minus_one_request_down_the_server_s_limit(served):
     # llama-server's has_budget sets n_remaining from the server's n_predict where the task's is -1
-    completer = served.completer
-    request = llama_native.parse_completion_request({"prompt": PROMPT, "n_predict": -1})
-    completer.slot = SlotState(7, request, completer.sampling(request), 4, decoded=2)
-    try:
-        slot = llama_native.slots(completer)[0]
-    finally:
-        completer.slot = None
+    slot = slot_answering(served.completer, llama_native.parse_completion_request({"prompt": PROMPT, "n_predict": -1}))
     assert slot["params"]["n_predict"] == -1
     assert slot["next_token"]["n_remain"] == SERVER_LIMIT - 2
+
+
+def slot_answering(completer, request, decoded: int = 2) -> dict:
+    """/slots' record of ``completer`` while ``request`` has ``decoded`` tokens out (slot 7, a 4-token prompt)."""
+    completer.slot = SlotState(7, request, completer.sampling(request), 4, decoded=decoded)
+    try:
+        return llama_native.slots(completer)[0]
+    finally:
+        completer.slot = None
 
 
 # ------------------------------------------------------------------ adaptive_p without adaptive_target
