@@ -165,6 +165,14 @@ def _sync_tree(root: Path) -> None:
         _sync_directory(Path(directory))
 
 
+def _sync_file(handle) -> None:
+    """Flush an open file's data to the disk before a rename publishes it (as _move_into_place does a bundle's):
+    an archive packed onto an SD card or a USB drive that is pulled, or a power cut, after 'edgesdk pack' returned
+    would otherwise leave an empty or cut archive under the final name."""
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
 def _sync_directory(path: Path) -> None:
     """Flush a directory's entries (the names renamed or written in it); a file system that cannot sync a
     directory (EINVAL on some network and FUSE file systems) is left to its own order."""
@@ -298,8 +306,7 @@ def read_manifest(path: Path) -> dict:
                           if isinstance(exc, PermissionError) else "re-copy the bundle, or rebuild it") from exc
     actual = hashlib.sha256(raw).hexdigest()
     if actual != expected:
-        raise BundleError(f"bundle {path}: {MANIFEST} has sha256 {actual}, {MANIFEST_DIGEST} says {expected}",
-                          "the manifest was modified or corrupted; rebuild or re-copy the bundle")
+        raise _digest_refusal(path, actual, expected)
     try:
         manifest = json.loads(raw, object_pairs_hook=_unique_keys)
     except _DuplicateKey as exc:
@@ -325,6 +332,22 @@ def read_manifest(path: Path) -> dict:
         raise BundleError(f"bundle {path}: {MANIFEST} is malformed:\n  - " + "\n  - ".join(problems),
                           "the manifest was edited by hand; rebuild the bundle with 'edgesdk build'")
     return manifest
+
+
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # what BundleWriter writes to manifest.sha256, less its newline
+
+
+def _digest_refusal(path: Path, actual: str, expected: str) -> BundleError:
+    """The refusal of a manifest whose sha256 ``actual`` is not the one manifest.sha256 gives (``expected``, its
+    text less the newline). A text that is no sha256 at all (an empty file, one cut short by a copy, a damaged
+    byte) is shown quoted and named as the damaged file, with re-copying as the fix."""
+    said = f"{MANIFEST_DIGEST} says {expected!r:.100}" if expected else f"{MANIFEST_DIGEST} is empty"
+    if SHA256_HEX.fullmatch(expected) is None:
+        return BundleError(f"bundle {path}: {said}, which is no sha256 (64 lowercase hex digits, as 'edgesdk build' "
+                           f"writes it): {MANIFEST_DIGEST} is damaged or was cut short ({MANIFEST} has sha256 {actual})",
+                           "re-copy the bundle from where it was built, or rebuild it with 'edgesdk build'")
+    return BundleError(f"bundle {path}: {MANIFEST} has sha256 {actual}, {said}",
+                       "the manifest was modified or corrupted; rebuild or re-copy the bundle")
 
 
 class _DuplicateKey(ValueError):
@@ -722,11 +745,12 @@ def pack_bundle(path: Path, archive: Path) -> Path:
     """Verify a bundle and write it to an uncompressed .tar (weights do not compress well), or compressed
     where the name asks for it (``.tar.gz`` / ``.tgz``, ``.tar.bz2``, ``.tar.xz``); an ``archive`` that is a
     directory gets ``<bundle name>.tar`` in it, as ``cp`` does. A name asking for a compressor tarfile lacks
-    (``.tar.zst``, ``.tar.lz4`` …) is refused."""
+    (``.tar.zst``, ``.tar.lz4`` …) is refused. The archive is written under a ``.partial`` name and flushed to
+    the disk before it is renamed to ``archive``: once this returns it is whole there."""
+    path, archive = Path(path), Path(archive)  # a str as well: the files are named below as path / name
     bundle = verify_bundle(path)
-    archive = Path(archive)
     if archive.is_dir():
-        archive = archive / f"{Path(path).resolve().name}.tar"
+        archive = archive / f"{path.resolve().name}.tar"
     unsupported = next(((suffix, kind) for suffix, kind in UNSUPPORTED_SUFFIXES.items()
                         if archive.name.lower().endswith(suffix)), None)
     if unsupported is not None:
@@ -740,11 +764,11 @@ def pack_bundle(path: Path, archive: Path) -> Path:
                           "before 'edgesdk unpack')")
     holder = _bundle_holding(archive.parent)
     if holder is not None:  # this bundle, or another one: either would then fail verification
-        named = path if holder == Path(path).resolve() else holder
+        named = path if holder == path.resolve() else holder
         raise BundleError(f"the archive {archive} would be written inside the bundle {named}, which would then "
                           "fail verification (a file the manifest does not list)",
                           "write the archive outside the bundle directory")
-    top = Path(path).resolve().name  # "." and ".." name no directory of their own
+    top = path.resolve().name  # "." and ".." name no directory of their own
     partial = archive.with_name(archive.name + ".partial")
     try:
         compression = next((kind for suffix, kind in COMPRESSED_SUFFIXES.items()
@@ -755,11 +779,14 @@ def pack_bundle(path: Path, archive: Path) -> Path:
         # opened through a link (O_EXCL: a link made again in between fails the open instead).
         partial.unlink(missing_ok=True)
         created = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
-        with open(created, "wb") as raw, tarfile.open(archive.name, f"w:{compression}", fileobj=raw,
-                                                      dereference=True) as tar:  # a link goes in as its file
-            for name in [MANIFEST, MANIFEST_DIGEST, *sorted(bundle.manifest["files"])]:
-                tar.add(path / name, arcname=f"{top}/{name}", recursive=False)
+        with open(created, "wb") as raw:
+            with tarfile.open(archive.name, f"w:{compression}", fileobj=raw,
+                              dereference=True) as tar:  # a link goes in as its file
+                for name in [MANIFEST, MANIFEST_DIGEST, *sorted(bundle.manifest["files"])]:
+                    tar.add(path / name, arcname=f"{top}/{name}", recursive=False)
+            _sync_file(raw)
         os.replace(partial, archive)
+        _sync_directory(archive.parent)
     except (tarfile.TarError, OSError) as exc:
         with contextlib.suppress(OSError):  # where a parent is a file, unlink fails too (NotADirectoryError)
             partial.unlink(missing_ok=True)
@@ -809,12 +836,27 @@ def _check_member_sizes(archive: Path, tar: tarfile.TarFile, members: list[tarfi
                               f"{MANIFEST} lists {claimed}", "re-copy the archive, or re-create it with 'edgesdk pack'")
 
 
+def _directory_not_archive(archive: Path, destination_dir: Path) -> BundleError:
+    """The refusal of a directory given as the archive to unpack (tarfile says only "Is a directory"); a bundle
+    directory needs no unpacking at all, and the fix says so."""
+    if (archive / MANIFEST).is_file():
+        into = shlex.quote(str(destination_dir))
+        fix = (f"it is a bundle already: pass it as it is to run, serve or deploy, or copy it where unpack would "
+               f"have put it (mkdir -p {into} && cp -r {shlex.quote(str(archive))} {into}/)")
+    else:
+        fix = "pass the archive file that 'edgesdk pack' wrote"
+    return BundleError(f"{archive} is a directory, not an archive: 'edgesdk unpack' reads the {SUPPORTED_ARCHIVES} "
+                       "file that 'edgesdk pack' writes", fix)
+
+
 def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
     """Unpack a bundle .tar, refusing members that escape it, then verify.
 
     Links, devices, sparse files, absolute paths and ``..`` components are refused before anything is written.
     """
     archive, destination_dir = Path(archive), Path(destination_dir)
+    if archive.is_dir():
+        raise _directory_not_archive(archive, destination_dir)
     try:
         tar = tarfile.open(archive, "r:*", tarinfo=_BoundedTarInfo)
     except _ArchiveRefused as exc:
