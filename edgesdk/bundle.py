@@ -706,14 +706,16 @@ def _safe_relative(name: str) -> bool:
 
 # An archive named for a compressor is written with it, as ``tar -a`` does: a plain tar under such a name fails
 # ``tar xzf`` and every other tool that trusts the name ('edgesdk unpack' reads them all).
-COMPRESSED_SUFFIXES = {".tar.gz": "gz", ".tgz": "gz", ".gz": "gz", ".tar.bz2": "bz2", ".tbz2": "bz2", ".bz2": "bz2",
-                       ".tar.xz": "xz", ".txz": "xz", ".xz": "xz"}
+COMPRESSED_SUFFIXES = {".tar.gz": "gz", ".tgz": "gz", ".taz": "gz", ".gz": "gz", ".tar.bz2": "bz2", ".tbz2": "bz2",
+                       ".tbz": "bz2", ".tz2": "bz2", ".bz2": "bz2", ".tar.xz": "xz", ".txz": "xz", ".xz": "xz"}
 
 # Names of compressors and archive formats the standard library's tarfile cannot write (GNU tar's suffix table for
-# ``tar -a``, plus zip and 7z): a plain tar under such a name would fail every tool that trusts the name.
+# ``tar -a``, plus zip and 7z): a plain tar under such a name would fail every tool that trusts the name. A suffix
+# is matched whatever its case, but one written here with a capital letter, which GNU tar tells from its lower-case
+# form (``.taZ`` is compress, ``.taz`` gzip), only as written.
 UNSUPPORTED_SUFFIXES = {".zst": "zstd", ".tzst": "zstd", ".zstd": "zstd", ".lz4": "lz4", ".lz": "lzip",
-                        ".tlz": "lzip", ".lzma": "lzma", ".lzo": "lzop", ".tzo": "lzop", ".z": "compress (.Z)",
-                        ".taz": "compress (.Z)", ".zip": "zip", ".7z": "7-Zip"}
+                        ".tlz": "lzma", ".lzma": "lzma", ".lzo": "lzop", ".tzo": "lzop", ".z": "compress (.Z)",
+                        ".taZ": "compress (.Z)", ".zip": "zip", ".7z": "7-Zip"}
 
 # Leading bytes of the compressed formats 'edgesdk unpack' cannot read, and the command that decompresses each
 # (zstd RFC 8878 §3.1.1, lz4 frame and legacy formats, lzip, compress, lzop, zip APPNOTE §4.3.7, 7z).
@@ -727,13 +729,20 @@ UNREADABLE_MAGIC = ((b"\x28\xb5\x2f\xfd", "zstd", "zstd -dc"), (b"\x04\x22\x4d\x
 SUPPORTED_ARCHIVES = ".tar, .tar.gz / .tgz, .tar.bz2 / .tbz2, .tar.xz / .txz"
 
 
+def archive_suffix(name: str, table: dict[str, str]) -> str:
+    """The suffix of ``table`` that the file name ``name`` ends in, "" for none: the first that matches, in any
+    case unless the suffix itself holds a capital letter (see UNSUPPORTED_SUFFIXES)."""
+    return next((suffix for suffix in table
+                 if (name if suffix != suffix.lower() else name.lower()).endswith(suffix)), "")
+
+
 def _decompressed_name(archive: Path) -> Path:
     """Where the decompressed tar of ``archive`` goes: its name less a compressor's suffix, ending in ``.tar``
     (``b.tar.zst`` -> ``b.tar``, ``b.tzst`` -> ``b.tar``, ``mystery`` -> ``mystery.tar``), never the archive itself
     (a zstd stream named ``b.tar``, as ``tar --zstd -cf b.tar`` writes it, goes to ``b.decompressed.tar``: the
     shell's ``> b.tar`` would empty the archive before it is read)."""
     name = archive.name
-    suffix = next((suffix for suffix in UNSUPPORTED_SUFFIXES if name.lower().endswith(suffix)), "")
+    suffix = archive_suffix(name, UNSUPPORTED_SUFFIXES)
     name = name[:len(name) - len(suffix)]
     name = name if name.lower().endswith(".tar") else f"{name or 'bundle'}.tar"
     if name.lower() == archive.name.lower():  # compared as a case-insensitive file system compares them
@@ -751,10 +760,9 @@ def pack_bundle(path: Path, archive: Path) -> Path:
     bundle = verify_bundle(path)
     if archive.is_dir():
         archive = archive / f"{path.resolve().name}.tar"
-    unsupported = next(((suffix, kind) for suffix, kind in UNSUPPORTED_SUFFIXES.items()
-                        if archive.name.lower().endswith(suffix)), None)
-    if unsupported is not None:
-        suffix, kind = unsupported
+    suffix = archive_suffix(archive.name, UNSUPPORTED_SUFFIXES)
+    if suffix:
+        kind = UNSUPPORTED_SUFFIXES[suffix]
         stem = archive.name[:-len(suffix)]
         stem = stem[:-len(".tar")] if stem.lower().endswith(".tar") else stem
         raise BundleError(f"the archive name {archive} asks for {kind}, which edgesdk does not write (the boards' "
@@ -771,8 +779,7 @@ def pack_bundle(path: Path, archive: Path) -> Path:
     top = path.resolve().name  # "." and ".." name no directory of their own
     partial = archive.with_name(archive.name + ".partial")
     try:
-        compression = next((kind for suffix, kind in COMPRESSED_SUFFIXES.items()
-                            if archive.name.lower().endswith(suffix)), "")
+        compression = COMPRESSED_SUFFIXES.get(archive_suffix(archive.name, COMPRESSED_SUFFIXES), "")
         # written to the partial file under the archive's name (a gzip header records it, not '.partial'). The name
         # is predictable: what is there (a killed pack's, or a link someone put in a shared directory such as /tmp
         # to have the archive written over a file of this user's) is removed, and the file is created anew, never

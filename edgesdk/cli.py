@@ -212,8 +212,8 @@ def _embeddings_summary(manifest: dict) -> str:
 def pack(bundle, archive):
     """Verify BUNDLE and write it to a .tar ARCHIVE for transport (a directory: ARCHIVE/<bundle name>.tar).
 
-    An ARCHIVE named .tar.gz / .tgz / .gz, .tar.bz2 / .tbz2 / .bz2 or .tar.xz / .txz / .xz is compressed as its
-    name says."""
+    An ARCHIVE named .tar.gz / .tgz / .taz / .gz, .tar.bz2 / .tbz2 / .tbz / .tz2 / .bz2 or .tar.xz / .txz / .xz
+    is compressed as its name says (GNU tar's 'tar -a' names)."""
     from edgesdk.bundle import pack_bundle
 
     click.echo(str(pack_bundle(bundle, archive)))
