@@ -167,7 +167,11 @@ def _available_providers() -> list[str]:
 
 
 def ort_trt_options(bundle: Bundle) -> dict:
-    """TensorRT EP options: engine and timing caches beside the bundle's engines, INT8 for a Q/DQ graph, FP16."""
+    """TensorRT EP options: engine and timing caches beside the bundle's engines, INT8 for a Q/DQ graph, FP16, and
+    for the standard graph form an explicit optimization profile (:func:`tensorrt_engine.ort_profile_options`)
+    that holds every shape the ONNX Runtime backend feeds: a whole prompt in one pass (up to max_context tokens)
+    after any past length, so the engine is built once instead of at every step whose past is longer than any
+    before. The fused forms, whose contrib ops TensorRT does not run, get none."""
     from edgesdk.runtime import tensorrt_engine as te
 
     cache = None
@@ -181,6 +185,8 @@ def ort_trt_options(bundle: Bundle) -> dict:
     graph, target = bundle.manifest["graph"], bundle.manifest["target"]
     options = {"trt_fp16_enable": "fp16" in (target.get("precisions") or ()),
                "trt_int8_enable": graph.get("dtype") == te.QDQ_DTYPE}
+    if graph.get("form", "standard") == "standard":
+        options.update(te.ort_profile_options(te.profile_shapes(graph, max_seq=int(graph["max_context"]))))
     if cache is not None:
         options.update({"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
                         "trt_timing_cache_enable": True, "trt_timing_cache_path": str(cache)})

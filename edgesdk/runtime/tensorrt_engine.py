@@ -427,6 +427,21 @@ def profile_shapes(graph: dict, max_seq: int | None = None) -> ProfileShapes:
     return ProfileShapes(shapes=shapes, values=values, max_seq=seq_max, max_context=max_context)
 
 
+def ort_profile_options(shapes: ProfileShapes) -> dict[str, str]:
+    """``shapes`` as ONNX Runtime's TensorRT execution provider takes an explicit optimization profile: its
+    ``trt_profile_min_shapes``, ``trt_profile_opt_shapes`` and ``trt_profile_max_shapes`` options, each
+    ``name:1x3x0x64,name:...`` (a shape tensor's values written as its shape).
+
+    Without them the EP makes the profile from the shapes it has seen and rebuilds the engine whenever an input
+    falls outside it (onnxruntime's tensorrt_execution_provider.cc, ``ApplyProfileShapesFromInputTensorValue``:
+    "Update maximum dimension" sets ``engine_update``): a decoder's past grows by one token at every step, so every
+    decode step built (and with the engine cache, wrote) a new engine."""
+    ranges = {**shapes.shapes, **shapes.values}
+    return {f"trt_profile_{bound}_shapes": ",".join(f"{name}:{'x'.join(map(str, triple[index]))}"
+                                                    for name, triple in ranges.items())
+            for index, bound in enumerate(("min", "opt", "max"))}
+
+
 @dataclass(frozen=True)
 class BuildPlan:
     """Network typing and builder flags (``BuilderFlag`` member names), each with its reason."""
