@@ -18,14 +18,25 @@ def combine(peak: torch.Tensor, ffn_norm: torch.Tensor, cost: torch.Tensor, weig
     return alpha * peak / sa + beta * ffn_norm / sf + gamma * cost / sc
 
 
+def trailing_sum(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Each position's value plus the ``width - 1`` values before it along the last axis (..., T) -> (..., T).
+
+    Summed position by position, not as a difference of running sums: in float32 that difference carries the
+    rounding of the whole prefix (1e-6 at position 100), and min-max then stretches it over a window whose powers
+    are (nearly) equal: a constant power of 0.1 read 0.84-1.95 nats per window of 8 instead of ln 8.
+    """
+    return sum((F.pad(x, (shift, 0))[..., : x.shape[-1]] for shift in range(width)), torch.zeros_like(x))
+
+
 def smooth(p: torch.Tensor, mask: torch.Tensor, width: int = SMOOTH) -> torch.Tensor:
-    """Causal moving average over the valid tokens among the last ``width`` positions (B, T); 0 on padding."""
-    valid = (mask > 0).to(p.dtype)
-    p = torch.where(valid > 0, p, torch.zeros_like(p))  # p * 0 is NaN for a NaN or inf on padding: the cumsum carries it on
-    csum, ccount = p.cumsum(-1), valid.cumsum(-1)
-    csum_shift = F.pad(csum, (width, 0))[..., : p.shape[-1]]
-    count_shift = F.pad(ccount, (width, 0))[..., : p.shape[-1]]
-    return torch.where(valid > 0, (csum - csum_shift) / (ccount - count_shift).clamp_min(1.0), torch.zeros_like(p))
+    """Causal moving average over the valid tokens among the last ``width`` positions (B, T); 0 on padding.
+
+    Computed in float64, as the board's numpy version is, and returned in ``p``'s dtype."""
+    valid = mask > 0
+    # p * 0 is NaN for a NaN or inf on padding: the sums would carry it on
+    p64 = torch.where(valid, p, torch.zeros_like(p)).double()
+    total, count = trailing_sum(p64, width), trailing_sum(valid.double(), width)
+    return torch.where(valid, total / count.clamp_min(1.0), torch.zeros_like(p64)).to(p.dtype)
 
 
 def distribution(s: torch.Tensor, mask: torch.Tensor, floor: float = FLOOR) -> torch.Tensor:
@@ -60,10 +71,13 @@ def windowed(p: torch.Tensor, mask: torch.Tensor, window: int = WINDOW, width: i
 def power_kl(p_proxy: torch.Tensor, p_student: torch.Tensor, window_mask: torch.Tensor) -> torch.Tensor:
     """KL(P_proxy || P_student) per window (B, T/W), >= 0: both are floored, so it is finite.
 
+    A token where P_proxy is 0 (a floor of 0: min-max puts each window's lowest token there) adds 0 (0 ln 0 = 0, as
+    in :func:`entropy`), not 0 * ln 0 = NaN, which made the loss and every adapter gradient NaN.
     For two equal or nearly equal distributions the float sum of P ln(P/Q) can round to just below
     0 (-2e-7 in float32); it is clamped at 0, as :func:`edgesdk.power.losses.token_kl` is.
     """
-    valid = window_mask > 0
-    ratio = torch.where(valid, p_proxy / torch.where(valid, p_student, torch.ones_like(p_student)),
+    counted = (window_mask > 0) & (p_proxy > 0)
+    # ratio 1 where not counted, in both branches: a NaN in the unused one would still reach the gradient
+    ratio = torch.where(counted, p_proxy / torch.where(counted, p_student, torch.ones_like(p_student)),
                         torch.ones_like(p_proxy))
     return (p_proxy * ratio.log()).sum(-1).clamp_min(0.0)
