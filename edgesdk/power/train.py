@@ -191,7 +191,7 @@ def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.T
             first_pad = (valid == 0).float().argmax(-1)
             for row, col in enumerate(first_pad.tolist()):
                 if valid[row, col] == 0:
-                    valid[row, col] = 1.0  # the EOS itself
+                    valid[row, col] = 1.0  # the first pad after the EOS (loss_mask holds the EOS): masked out of every loss term
         positions = torch.arange(ids.shape[1]).expand_as(ids)
         optimizer.zero_grad(set_to_none=True)
         record = {"token_kl": 0.0, "executed": 0.0, "loss": 0.0}
@@ -334,7 +334,7 @@ def gated_heldout(model, state: PowerState, ids: torch.Tensor, tau: float, lengt
 
 
 def sample_power(model, state: PowerState, info: PowerModelInfo, ids: torch.Tensor) -> dict:
-    """The power vector of a sample text (``ids`` (T,), ungated, as the proxy is read in training): p_t per token,
+    """The power vector of a sample text (``ids`` (T,), read ungated, as training reads P_student; the proxy is the gated pass's): p_t per token,
     its distribution P within each window of ``info.window`` tokens (seed §2.2: smoothed, min-max plus the floor,
     L1) and each window's entropy in nats; what the bundle report plots."""
     before = state.enabled, state.straight_through, state.record
