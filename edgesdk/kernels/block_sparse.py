@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 LAYOUTS = ("plain", "transposed")
+ARRAYS = ("values", "col_index", "row_offsets", "scales")  # a weight's tensors: what state_dict writes besides meta
 # meta tensor written next to the arrays by ``state_dict``: N, K, block_n, block_k, layout code.
 _META_LEN = 5
 
@@ -220,17 +221,30 @@ class BlockSparseWeight:
     @classmethod
     def from_state_dict(cls, state: dict[str, torch.Tensor], prefix: str = "",
                         device: torch.device | str | None = None) -> BlockSparseWeight:
-        """Inverse of :meth:`state_dict` (same ``prefix``); tensors moved to ``device`` when given."""
+        """Inverse of :meth:`state_dict` (same ``prefix``); tensors moved to ``device`` when given.
+
+        Raises ValueError naming the weight's keys (``{prefix}.values`` ...) when one is missing or when they do not
+        form a valid weight (what :meth:`__post_init__` checks), so an error in a file of many layers names the layer."""
         base = _key_base(prefix)
+        named = f"{base}*" if base else "(keys without a prefix)"
+        missing = [f"{base}{name}" for name in (*ARRAYS, "meta") if f"{base}{name}" not in state]
+        if missing:
+            raise ValueError(f"block-sparse weight {named} lacks {', '.join(missing)}: state_dict() writes "
+                             f"{', '.join(f'{base}{name}' for name in (*ARRAYS, 'meta'))}; the file is incomplete "
+                             "or was written under another prefix (rebuild it, or pass the prefix it was saved with)")
         meta = [int(v) for v in state[f"{base}meta"].tolist()]
         if len(meta) != _META_LEN:
             raise ValueError(f"{base}meta must hold {_META_LEN} integers, got {meta}")
         n, k, bn, bk, layout_code = meta
         if not 0 <= layout_code < len(LAYOUTS):
             raise ValueError(f"{base}meta holds layout code {layout_code}; expected 0 (plain) or 1 (transposed)")
-        weight = cls(values=state[f"{base}values"], col_index=state[f"{base}col_index"],
-                     row_offsets=state[f"{base}row_offsets"], scales=state[f"{base}scales"],
-                     shape=(n, k), block=(bn, bk), layout=LAYOUTS[layout_code])
+        try:
+            weight = cls(values=state[f"{base}values"], col_index=state[f"{base}col_index"],
+                         row_offsets=state[f"{base}row_offsets"], scales=state[f"{base}scales"],
+                         shape=(n, k), block=(bn, bk), layout=LAYOUTS[layout_code])
+        except ValueError as exc:
+            raise ValueError(f"block-sparse weight {named} ({n}x{k} in {bn}x{bk} {LAYOUTS[layout_code]} blocks, "
+                             f"from {base}meta) is not valid: {exc}") from exc
         return weight if device is None else weight.to(device)
 
 

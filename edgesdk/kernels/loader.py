@@ -190,19 +190,35 @@ def _torch_cuda() -> bool:
 
 
 def select_driver(backend: str | None = None, device: int = 0):
-    """The driver backend: ``"cuda-python"``, ``"torch"`` or None (the first that works, in that order)."""
+    """The driver backend: ``"cuda-python"``, ``"torch"`` or None (the first that works, in that order).
+
+    An importable cuda-python that cannot reach a GPU (no ``libcuda.so.1``: cuda-pathfinder's
+    ``DynamicLibNotFoundError``, as in a container started without the NVIDIA runtime; ``cuInit`` failing with
+    ``CUDA_ERROR_NO_DEVICE``) does not end the search: the torch backend is tried next. Raises
+    :class:`KernelLoadError` naming every backend tried and why each did not work."""
     if backend not in (None, "cuda-python", "torch"):
         raise ValueError(f"backend must be 'cuda-python', 'torch' or None, got {backend!r}")
+    failures = []
     if backend in (None, "cuda-python"):
         driver = _import_cuda_python()
-        if driver is not None:
-            return _CudaPythonDriver(driver, device)
+        if driver is None:
+            failures.append("cuda-python is not importable")
+        else:
+            try:
+                return _CudaPythonDriver(driver, device)
+            except Exception as exc:  # noqa: BLE001 - a missing driver library is a RuntimeError, not a CUresult
+                failures.append(f"cuda-python is installed but did not reach a GPU ({type(exc).__name__}: {exc})")
         if backend == "cuda-python":
-            raise KernelLoadError(_missing_backend_message("cuda-python is not importable"))
+            raise KernelLoadError(_missing_backend_message(failures[0] + _NO_DRIVER_HINT))
     if _torch_cuda():
         return _LibcudaDriver(device)
-    raise KernelLoadError(_missing_backend_message("cuda-python is not importable and torch.cuda is not "
-                                                   "available (no torch, a CPU-only build, or no visible GPU)"))
+    failures.append("torch.cuda is not available (no torch, a CPU-only build, or no visible GPU)")
+    raise KernelLoadError(_missing_backend_message(" and ".join(failures) + _NO_DRIVER_HINT))
+
+
+# what to check when no backend sees a GPU
+_NO_DRIVER_HINT = ("; check that the NVIDIA driver is installed and the GPU visible here (a container needs the "
+                   "NVIDIA runtime: docker run --runtime nvidia, as jetson-containers starts it)")
 
 
 # ---------------------------------------------------------------------------------------------- kernels
@@ -328,6 +344,9 @@ class LoadedKernel:
                            int(self.meta["shared_memory_bytes"]), _stream_handle(stream), ctypes.addressof(array))
 
 
+# the fix for a call no compiled variant fits
+_REBUILD_FOR_MODEL = ("the kernels were compiled for another model's shapes; rebuild the bundle with this edgesdk, "
+                      "which compiles the variants its model needs")
 _TORCH_DTYPES = {"fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}
 
 
@@ -409,10 +428,12 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
                                + (f", sliding window {window}" if window else ""))
         return lacking
 
-    def _pick(self, kernel: str, accept) -> LoadedKernel:
+    def _pick(self, kernel: str, accept, wanted: str) -> LoadedKernel:
+        """The first ``kernel`` variant ``accept`` takes; ``wanted`` says what the call needs, for the error."""
         found = [k for k in self._kernels.values() if k.meta["kernel"] == kernel and accept(k.meta)]
         if not found:
-            raise KernelLoadError(f"no compiled {kernel} variant fits this call (have: {sorted(self._kernels)})")
+            raise KernelLoadError(f"no compiled {kernel} variant for {wanted} (have: {sorted(self._kernels)}): "
+                                  f"{_REBUILD_FOR_MODEL}")
         return found[0]
 
     def block_sparse_matmul(self, x, weight, stream: Any = None):
@@ -430,7 +451,9 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
         layout = weight.layout == "transposed"
         variant = self._pick("bsr_matmul", lambda md: _is_gemm(md) == want_gemm
                              and md["constexprs"]["TRANSPOSED"] == layout
-                             and (md["constexprs"]["BLOCK_N"], md["constexprs"]["BLOCK_K"]) == tuple(weight.block))
+                             and (md["constexprs"]["BLOCK_N"], md["constexprs"]["BLOCK_K"]) == tuple(weight.block),
+                             f"a {'GEMM (prefill, >= 16 rows)' if want_gemm else 'GEMV (decode, < 16 rows)'} of "
+                             f"x {tuple(x.shape)} by {weight.block[0]}x{weight.block[1]} {weight.layout} blocks")
         dtype = getattr(torch, _TORCH_DTYPES[variant.meta["act_dtype"]])
         x = x.to(dtype)
         atomic = bool(variant.meta["constexprs"].get("ATOMIC", False))  # bundles before split-K have none
@@ -472,7 +495,8 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
                             key=lambda k: (k.meta["constexprs"]["BLOCK_D"], k.meta["constexprs"]["BLOCK_G"]))
         if not candidates:
             windowed = f", window={window}" if window is not None else ""
-            raise KernelLoadError(f"no compiled gqa_decode variant for D={d}, group={group}{windowed}")
+            raise KernelLoadError(f"no compiled gqa_decode variant for D={d}, group={group}{windowed} (have: "
+                                  f"{sorted(self._kernels)}): {_REBUILD_FOR_MODEL}")
         variant = candidates[0]
         dtype = getattr(torch, _TORCH_DTYPES[variant.meta["act_dtype"]])
         q, k_cache, v_cache = q.to(dtype), k_cache.to(dtype), v_cache.to(dtype)

@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-from .block_sparse import BlockSparseWeight
+from .block_sparse import ARRAYS, BlockSparseWeight
 from .reference import check_decode_attention_args, check_window
 from .tuning import KernelTuning, gemv_splits, tuning_for
 
@@ -274,12 +274,16 @@ def _next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def _check_device(emulated: bool, *tensors: torch.Tensor) -> None:
-    for t in tensors:
-        if emulated and t.device.type != "cpu":
-            raise ValueError(f"emulated mode takes CPU tensors, got one on {t.device}")
-        if not emulated and t.device.type != "cuda":
-            raise ValueError(f"triton mode takes CUDA tensors, got one on {t.device}")
+def _check_device(emulated: bool, tensors: dict[str, torch.Tensor]) -> None:
+    """Every tensor on the CPU (emulated: Triton's interpreter reads host memory) or on a CUDA device (triton).
+    Raises ValueError naming the tensor (``weight.scales`` for one of a :class:`BlockSparseWeight`'s arrays), its
+    device, the device the mode takes and the fix (``weight.to(...)`` moves a weight's four arrays together)."""
+    mode, want = ("emulated", "cpu") if emulated else ("triton", "cuda")
+    for name, t in tensors.items():
+        if t.device.type != want:
+            owner = name.split(".")[0]
+            raise ValueError(f"{mode} mode takes {want.upper()} tensors, but {name} is on {t.device}: move it with "
+                             f"{owner}.to({want!r}), or use mode 'reference', which runs on any device")
 
 
 def _default_tuning() -> KernelTuning:
@@ -323,7 +327,7 @@ def block_sparse_matmul_triton(x: torch.Tensor, weight: BlockSparseWeight, emula
     n, k = weight.shape
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"x must be (M, K={k}), got {tuple(x.shape)}")
-    _check_device(emulated, x, weight.values, weight.col_index, weight.row_offsets, weight.scales)
+    _check_device(emulated, {"x": x, **{f"weight.{name}": getattr(weight, name) for name in ARRAYS}})
     if not x.is_floating_point():  # the twin's x.float(): an integer output would truncate the scaled sums
         x = x.float()
     m = x.shape[0]
@@ -366,7 +370,7 @@ def gqa_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     b, hq, hkv, _, d = check_decode_attention_args(q, k_cache, v_cache, lengths)
     span = check_window(window)
     lengths = lengths.to(device=q.device, dtype=torch.int32).contiguous()
-    _check_device(emulated, q, k_cache, v_cache)
+    _check_device(emulated, {"q": q, "k_cache": k_cache, "v_cache": v_cache})
     group = hq // hkv
     out = torch.empty(b, hq, d, dtype=q.dtype, device=q.device)
     if b == 0 or hq == 0:
