@@ -177,8 +177,18 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
     except Exception as exc:  # noqa: BLE001 - torch.cuda.OutOfMemoryError, SafetensorsError, a record torch refuses
         raise RuntimeBackendError(
             f"the block-sparse weights did not load onto {device} ({type(exc).__name__}: {str(exc)[:300]})",
-            "free the GPU memory another process holds (nvidia-smi, or tegrastats on a Jetson), or pass "
-            "--backend ort-cuda or ort-cpu; 'edgesdk verify BUNDLE' checks the bundle's files") from exc
+            _load_failure_fix(exc)) from exc
+
+
+def _load_failure_fix(exc: Exception) -> str:
+    """The fix for a failed load, by its cause: GPU memory only when the GPU ran out of it (a weights file torch
+    cannot read, or kernels that do not fit, are fixed by the bundle, not by freeing memory)."""
+    other_backends = "pass --backend ort-cuda or ort-cpu"
+    if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():  # torch.cuda.OutOfMemoryError's text
+        return (f"free the memory another process holds (nvidia-smi, or tegrastats on a Jetson), or "
+                f"{other_backends}")
+    return (f"run 'edgesdk verify BUNDLE', which checks the bundle's files, and rebuild the bundle if it was "
+            f"written by another edgesdk; or {other_backends}")
 
 
 def load_aot_kernels(bundle: Bundle, record: dict):
