@@ -85,13 +85,19 @@ def fused_linears(weights: DecoderWeights) -> list[dict[str, np.ndarray]]:
 
 
 def export_sparse(model, out_dir: Path, config: SparseExportConfig, max_context: int) -> dict:
-    """Write the block-compressed weights and sparsity.json; returns the manifest's ``sparse`` record."""
+    """Write the block-compressed weights and sparsity.json; returns the manifest's ``sparse`` record.
+
+    The record's ``max_context`` is the bundle's context, ``max_context`` bounded by the model's
+    ``max_position_embeddings`` as the ONNX graph's is (export/onnx_export.py ``bundle_context``): the
+    triton backend refuses sequences past it and allocates its KV cache to it."""
     import torch
     from safetensors.torch import save_file
 
+    from edgesdk.export.onnx_export import ExportConfig, bundle_context
     from edgesdk.kernels.block_sparse import BlockSparseWeight
     from edgesdk.runtime.sparse_decoder import ACTIVATIONS, rope_table_key
 
+    context = bundle_context(model.config, ExportConfig(max_context=max_context))
     weights = decoder_weights_from_hf(model)
     tensors: dict[str, torch.Tensor] = {
         "embed": torch.from_numpy(weights.embed).half(),
@@ -155,7 +161,7 @@ def export_sparse(model, out_dir: Path, config: SparseExportConfig, max_context:
         "density": summary["density"], "bytes_sparse": stored, "bytes_dense_int8": dense,
         "head_dim": weights.head_dim, "rms_eps": weights.rms_eps, "rope_scaling": weights.rope_scaling,
         "vocab_size": weights.vocab_size, "hidden_size": weights.hidden_size, "tied": weights.lm_head is None,
-        "max_context": max_context, "layers": layers,
+        "max_context": context, "layers": layers,
     }
     # what Gemma 3 computes otherwise than Llama (SparseDecoder reads each, defaulting to Llama's)
     if weights.embed_scale != 1.0:
