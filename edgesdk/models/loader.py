@@ -12,6 +12,7 @@ import importlib.util
 import json
 import math
 import re
+import shlex
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,6 +228,7 @@ def check_gguf_model(path: Path) -> dict:
             "use a dense model (Llama, SmolLM2, TinyLlama, Qwen2, Qwen3, Mistral 7B, Phi-3, Granite 3, Gemma 3)")
     _check_tensor_types(path, reader)
     _check_bpe_pre_tokenizer(path)
+    _check_special_token_ids(path, field)
     if arch == "gemma3":
         return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
     if arch == "smollm3":
@@ -245,6 +247,36 @@ def check_gguf_model(path: Path) -> dict:
     if arch != "phi3":
         _check_tensors_read(path, arch, field, tensors)
     return {**head_dim, **phi3, **_gguf_rope_overrides(path, arch, field, reader, head_dim)}
+
+
+# the special tokens transformers' GGUF tokenizer looks up in tokenizer.ggml.tokens (its _SPECIAL_TOKENS)
+GGUF_SPECIAL_TOKEN_KEYS = {"bos_token_id": "BOS", "eos_token_id": "EOS", "unknown_token_id": "unknown",
+                           "padding_token_id": "padding"}
+
+
+def _check_special_token_ids(path: Path, field) -> None:
+    """Refuse a GGUF file whose BOS, EOS, unknown or padding token id is past its vocabulary
+    (``tokenizer.ggml.tokens``), naming the key: transformers' GGUF tokenizer, through which edgesdk reads the
+    vocabulary, looks each id up in the token list and failed with a bare "IndexError: list index out of range" (a
+    padding id past the embedding failed the weights first, "Padding_idx must be within num_embeddings", reported as
+    a damaged file). llama.cpp drops such an id ("bad special token: 'tokenizer.ggml.padding_token_id' = 4294967295,
+    using default id -1", src/llama-vocab.cpp), as llama2.c's converted files write -1 as a uint32 for no token."""
+    tokens = field("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list):
+        return
+    bad = [(key, value) for key in GGUF_SPECIAL_TOKEN_KEYS
+           if isinstance(value := field(f"tokenizer.ggml.{key}"), int) and not 0 <= value < len(tokens)]
+    if not bad:
+        return
+    named = ", ".join(f"{GGUF_SPECIAL_TOKEN_KEYS[key]} token {value} (tokenizer.ggml.{key})" for key, value in bad)
+    removed = " ".join(f"--remove-metadata tokenizer.ggml.{key}" for key, _ in bad)
+    raise ModelSourceError(
+        f"the GGUF file {path} names the {named}, past its vocabulary of {len(tokens)} tokens "
+        f"(tokenizer.ggml.tokens, ids 0 to {len(tokens) - 1}): llama.cpp ignores such an id, but transformers' "
+        "GGUF tokenizer, through which edgesdk reads the vocabulary, cannot",
+        f"write a copy without the key{'s' if len(bad) > 1 else ''} with gguf-py's gguf-new-metadata (pip install "
+        f"gguf): gguf-new-metadata --force "
+        f"{removed} {shlex.quote(str(path))} fixed.gguf, and pass fixed.gguf with --model")
 
 
 def _check_tensor_types(path: Path, reader) -> None:
@@ -1147,6 +1179,39 @@ def _explain_mismatched_weights(directory: Path, config: Any, exc: Exception) ->
         f"it again with 'hf download ORG/NAME config.json --local-dir {directory}'") from exc
 
 
+def _explain_unreadable_weights(directory: Path, exc: Exception) -> None:
+    """Refuse a Hugging Face directory some of whose safetensors weight files cannot be read, naming them with their
+    sizes: transformers' own error ("SafetensorError: Error while deserializing header: incomplete metadata, file
+    not fully covered", a file shorter than its header says, as a download cut short leaves it) names no file, and a
+    sharded model has many. Returns where every weight file's header reads."""
+    from safetensors import safe_open
+
+    from edgesdk.models.sources import MODEL_WEIGHTS_NAME
+
+    unreadable = []
+    for file in sorted(directory.glob("*.safetensors")):
+        if not MODEL_WEIGHTS_NAME.match(file.name):
+            continue
+        try:
+            with safe_open(str(file), "pt"):
+                pass
+        except Exception as read_exc:  # noqa: BLE001 - safetensors raises its own error type, and OSError
+            try:
+                size = f"{file.stat().st_size:,} bytes"
+            except OSError:
+                size = "size unknown"
+            unreadable.append(f"{file.name} ({size}: {type(read_exc).__name__}: {read_exc})")
+    if not unreadable:
+        return
+    raise ModelSourceError(
+        f"cannot load the weights of {directory}: {len(unreadable)} weight file(s) cannot be read: "
+        + "; ".join(unreadable[:3]) + ("; ..." if len(unreadable) > 3 else "")
+        + ": a file cut short (an interrupted download) or damaged",
+        "download the file(s) again, e.g. 'hf download ORG/NAME "
+        + " ".join(entry.split(" (", 1)[0] for entry in unreadable[:3]) + f" --local-dir {directory}', and compare "
+        "each file's size with the repository's") from exc
+
+
 def check_rope_parameters(config: Any, directory: Path) -> None:
     """Refuse a config.json whose rotary settings transformers cannot build the model from: a rope_theta given as
     text or null failed while the weights loaded ("TypeError: unsupported operand type(s) for ** or pow(): 'str' and
@@ -1432,6 +1497,8 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
             ) from exc
         if source.kind == "hf-dir" and "mismatched" in str(exc):  # transformers: "ignore_mismatched_sizes"
             _explain_mismatched_weights(source.path, config, exc)
+        if source.kind == "hf-dir":
+            _explain_unreadable_weights(source.path, exc)
         raise ModelSourceError(
             f"cannot load the weights of {source.path}: {type(exc).__name__}: {exc}",
             incomplete_model_fix(source),

@@ -214,10 +214,15 @@ def _resolve_directory(path: Path, terms: str = "cli") -> ModelSource:
     """A directory: a Hugging Face model directory (config.json), or a Hugging Face Hub cache entry
     (``models--org--name``, the layout huggingface_hub writes: ``refs/main`` names the snapshot in
     ``snapshots/<commit>/``, whose files link into ``blobs/``), taken as the snapshot it names. A directory
-    of GGUF files is refused naming them: which one to build is the user's choice."""
+    of GGUF files is refused naming them: which one to build is the user's choice; so is one whose config.json
+    has GGUF files beside it and no model weights (a GGUF repository that carries its model's config.json)."""
     if (path / "config.json").is_file():
         if _adapter_weights(path) and not _model_weights(path):
             _refuse_adapter(path, terms)  # a LoRA adapter with its base model's config.json copied beside it
+        ggufs = _gguf_files(path)
+        if ggufs and not _model_weights(path):  # transformers would look for model.safetensors and find none
+            _refuse_gguf_directory(path, ggufs, "has a config.json but no model weights (model.safetensors, "
+                                   "pytorch_model.bin or their shards)", terms)
         pointers = [file for file in sorted(path.iterdir()) if file.suffix in LFS_SUFFIXES and lfs_pointer(file)]
         if pointers:  # transformers would stop on the first with "header too large" or "invalid load key"
             raise lfs_pointer_error(f"model directory {path}", pointers)
@@ -227,20 +232,31 @@ def _resolve_directory(path: Path, terms: str = "cli") -> ModelSource:
         return _resolve_directory(_hub_cache_snapshot(path, terms), terms)
     if (path / "adapter_config.json").is_file() or (path / "adapters.safetensors").is_file():
         _refuse_adapter(path, terms)
-    ggufs = sorted(file for file in path.iterdir() if file.suffix.lower() == ".gguf" and file.is_file())
+    ggufs = _gguf_files(path)
     if ggufs:
-        shown = ", ".join(file.name for file in ggufs[:6]) + (", ..." if len(ggufs) > 6 else "")
-        whole = [file for file in ggufs if not SPLIT_GGUF_NAME.search(file.name)]
-        raise ModelSourceError(
-            f"model directory {path} has no config.json and holds {len(ggufs)} GGUF file(s) ({shown})",
-            f"pass one GGUF file {_with_model(terms)}, e.g. {_model_is(str(whole[0]), terms)}" if whole else
-            "the files are the parts of a split model: merge them into one with llama.cpp's "
-            f"llama-gguf-split --merge {shlex.quote(str(ggufs[0]))} merged.gguf, and pass merged.gguf "
-            f"{_with_model(terms)}",
-        )
+        _refuse_gguf_directory(path, ggufs, "has no config.json", terms)
     raise ModelSourceError(
         f"model directory {path} has no config.json",
         "pass a Hugging Face model directory (save_pretrained output) or a .gguf file",
+    )
+
+
+def _gguf_files(path: Path) -> list[Path]:
+    """The GGUF files in the directory ``path``, sorted."""
+    return sorted(file for file in path.iterdir() if file.suffix.lower() == ".gguf" and file.is_file())
+
+
+def _refuse_gguf_directory(path: Path, ggufs: list[Path], why: str, terms: str = "cli") -> None:
+    """Refuse the directory ``path`` holding the GGUF files ``ggufs`` given as the model (``why``: what makes it no
+    Hugging Face model directory), naming them: one to pass, or the parts of a split model to merge first."""
+    shown = ", ".join(file.name for file in ggufs[:6]) + (", ..." if len(ggufs) > 6 else "")
+    whole = [file for file in ggufs if not SPLIT_GGUF_NAME.search(file.name)]
+    raise ModelSourceError(
+        f"model directory {path} {why} and holds {len(ggufs)} GGUF file(s) ({shown})",
+        f"pass one GGUF file {_with_model(terms)}, e.g. {_model_is(str(whole[0]), terms)}" if whole else
+        "the files are the parts of a split model: merge them into one with llama.cpp's "
+        f"llama-gguf-split --merge {shlex.quote(str(ggufs[0]))} merged.gguf, and pass merged.gguf "
+        f"{_with_model(terms)}",
     )
 
 
