@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from edgesdk.errors import ExportError
 from edgesdk.export.decoder_weights import DecoderWeights
@@ -184,7 +184,7 @@ class _GatedEmitter(_FusedEmitter):
         total = g.op("Cast", ["total_sequence_length"], to=TensorProto.INT64)
         seq = g.op("Gather", [g.op("Shape", ["input_ids"]), g.i64([1])], axis=0)  # (1,)
         start = g.op("Sub", [total, g.op("Squeeze", [seq])])
-        positions = g.op("Range", [start, total, _scalar(g, np.int64(1))])  # (S,)
+        positions = g.op("Range", [start, total, g.scalar(np.int64(1))])  # (S,)
         table = np.asarray(p["cost"]["table_ms"], np.float64) / float(p["cost_scale"])
         bucket = g.op("Min", [g.op("Div", [positions, g.const(np.array(int(p["cost"]["bucket_size"]), np.int64))]),
                               g.const(np.array(len(table) - 1, np.int64))])
@@ -201,11 +201,6 @@ class _GatedEmitter(_FusedEmitter):
         return inputs, outputs
 
 
-def _scalar(g, value, name: str | None = None) -> str:
-    """A 0-d initializer (GraphBuilder.const stores at least 1-d arrays)."""
-    name = name or g.fresh("scalar")
-    g.initializers.append(numpy_helper.from_array(np.array(value), name))
-    return name
 
 
 def _value(name: str) -> onnx.ValueInfoProto:

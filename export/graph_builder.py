@@ -28,6 +28,14 @@ class GraphBuilder:
         self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
+    def scalar(self, value: np.generic, name: str | None = None) -> str:
+        """Register a rank-0 initializer, which :meth:`const` would store as (1,): Range's start, limit and delta
+        must be scalars (ONNX Range; OpenVINO and strict shape inference refuse a (1,) tensor), and a
+        per-tensor QuantizeLinear scale or zero point of shape (1,) reads as per-axis to TensorRT."""
+        name = name or self.fresh("scalar")
+        self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
     def i64(self, values: list[int]) -> str:
         return self.const(np.asarray(values, dtype=np.int64))
 

@@ -218,8 +218,7 @@ class _Emitter:
         past_len = g.op("Shape", ["past_key_values.0.key"], start=2, end=3)  # (1,)
         seq_len = g.op("Shape", ["input_ids"], start=1, end=2)  # (1,)
         total = g.op("Add", [past_len, seq_len])
-        zero = g.const(np.array(0, np.int64))
-        one = g.const(np.array(1, np.int64))
+        zero, one = g.scalar(np.int64(0)), g.scalar(np.int64(1))  # Range takes scalars
         past_scalar = g.op("Squeeze", [past_len, g.i64([0])])
         total_scalar = g.op("Squeeze", [total, g.i64([0])])
         positions = g.op("Range", [past_scalar, total_scalar, one])  # (T,)

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from edgesdk.errors import ExportError
 from edgesdk.export.decoder_weights import DecoderWeights
@@ -125,18 +125,12 @@ class _QDQEmitter(_Emitter):
         cached = self._quantized_inputs.get((x, scale))
         if cached is None:
             g = self.g
-            scale_name = self._scalar(np.float32(scale), f"{key}{INPUT_SCALE}")
-            zero = self._scalar(np.int8(0), f"{key}.input_zero_point")
+            scale_name = self.g.scalar(np.float32(scale), f"{key}{INPUT_SCALE}")
+            zero = self.g.scalar(np.int8(0), f"{key}.input_zero_point")
             codes = g.op("QuantizeLinear", [x, scale_name, zero])  # int8, same shape as x
             cached = g.op("DequantizeLinear", [codes, scale_name, zero])
             self._quantized_inputs[(x, scale)] = cached
         return cached
-
-    def _scalar(self, value: np.generic, name: str) -> str:
-        """A rank-0 initializer: per-tensor scales and zero points must be scalars (a (1,) tensor
-        reads as per-axis to TensorRT). GraphBuilder.const would make it (1,)."""
-        self.g.initializers.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
 
     def dequantized_weight(self, parts: list[Projection], name: str) -> str:
         """(K, sum N) INT8 initializer -> DequantizeLinear per output channel (axis 1) -> float."""
