@@ -240,6 +240,8 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
     from edgesdk.deploy.transport import DeployError
 
     boards = fleet.fleet_boards(hosts, hosts_file, limit, options.remote_root)
+    if options.service is not None:
+        fleet.one_service_per_board(boards, options.service.port)
     console = fleet.Console()
     on_interrupt = None
     if show_status:

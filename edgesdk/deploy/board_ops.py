@@ -288,9 +288,6 @@ def switch_links(p, root, bundle_id, params):
         if "previous" in params:  # undoing a failed deploy: previous goes back to what it was, too
             restore_link(p, "previous", params["previous"])
         fsync_dir(root)
-        with open(p["history.jsonl"], "a") as handle:
-            handle.write(json.dumps({"time": time.time(), "action": params.get("action", "deploy"),
-                                     "from": old, "to": bundle_id}) + "\n")
     now = link_target(p["current"])
     with open(os.path.join(p["current"], MANIFEST), "rb") as handle:
         listed = json.loads(handle.read())["bundle_id"]
@@ -298,6 +295,10 @@ def switch_links(p, root, bundle_id, params):
         raise Refused(f"after the switch, current points to {now} holding bundle {listed}, not {bundle_id}",
                       "the switch was undone, current is as it was; deploy that bundle again (it replaces a "
                       "damaged release) and report this if it repeats")
+    if old != bundle_id:  # after the check: a switch it undoes leaves no line saying current moved
+        with open(p["history.jsonl"], "a") as handle:
+            handle.write(json.dumps({"time": time.time(), "action": params.get("action", "deploy"),
+                                     "from": old, "to": bundle_id}) + "\n")
     return {"from": old, "to": bundle_id, "runtime_from": old_runtime}
 
 

@@ -286,9 +286,10 @@ def refuse_a_foreign_server(scope, url, record, fix):
                       "(llama-server also defaults to port 8080, Ollama to 11434)", fix)
 
 
-def refuse_another_owner(scope, path, uid):
+def refuse_another_owner(scope, path, uid, during="rollback"):
     """A unit installed by another user is not this user's to restart: systemctl --user reaches only this
-    user's manager, and a system unit needs root."""
+    user's manager, and a system unit needs root. ``during`` names what asked for the restart: a "rollback", or
+    a "deploy" that switched current (whose host then switches it back)."""
     try:
         import pwd
 
@@ -297,9 +298,10 @@ def refuse_another_owner(scope, path, uid):
         name = f"uid {uid}"
     command = ("sudo systemctl restart " + SERVICE_NAME if scope == "system" else
                f"as {name}: systemctl --user restart {SERVICE_NAME}")
-    raise Refused(f"the {scope} unit {path} that serves current was installed by {name}, and this rollback runs "
+    raise Refused(f"the {scope} unit {path} that serves current was installed by {name}, and this {during} runs "
                   f"as {getpass.getuser()}, so it cannot restart it; the unit still serves the release it started with",
-                  f"restart it on the board ({command}); running the rollback again would switch current once more")
+                  f"restart it on the board ({command})" + ("; running the rollback again would switch current once "
+                                                            "more" if during == "rollback" else ""))
 
 
 def write_atomically(path, text):
@@ -423,7 +425,7 @@ def op_service(params):
                            "rewrote it)"}
         owner = record.get("uid", os.geteuid())
         if owner != os.geteuid():
-            refuse_another_owner(scope, path, owner)
+            refuse_another_owner(scope, path, owner, params.get("during", "rollback"))
         why = why_not_restarted(scope)
         if why:
             return {"installed": True, "restarted": False, "scope": scope, "unit": path, "why": why}

@@ -216,6 +216,26 @@ def fleet_boards(hosts: tuple[str, ...], inventory: Path | None, limit: tuple[st
     return [*boards, *listed]
 
 
+def one_service_per_board(boards: list[FleetBoard], port: int) -> None:
+    """Refuse ``--service`` for a board given twice (two deploy roots of one board): a board has one unit,
+    edgesdk-serve, serving one root on ``--service-port``, so the two deploys, running at once, would each write
+    the unit over the other's and both report it serving, while it served one root only. The user of ``--host``
+    aside: root@board and pi@board are one board, whose two units would want the same port (two ssh ports of one
+    host may be two boards behind a gateway's port forwards)."""
+    seen: dict[tuple, FleetBoard] = {}
+    for board in boards:
+        spec = same_host(HostSpec.parse(board.host))
+        first = seen.setdefault((spec.host, spec.port), board)
+        if first is not board:
+            raise DeployError(
+                f"--service installs one unit per board (edgesdk-serve, on port {port}), but the board "
+                f"{replace(spec, user=None)} is given twice ({first.label} at {first.origin}, {board.label} at "
+                f"{board.origin}): each deploy would write the unit over the other's, and only one of its deploy "
+                "roots would be served",
+                "deploy --service to one deploy root of that board (--limit picks the inventory's boards), and to "
+                "the other root without --service")
+
+
 def board_options(options: DeployOptions, board: FleetBoard) -> DeployOptions:
     """The single-board options for ``board``: the command line's, with the board's own settings over them."""
     ssh = replace(options.ssh, identity=board.identity) if board.identity else options.ssh

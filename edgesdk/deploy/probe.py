@@ -8,6 +8,7 @@ uses on a board (:mod:`edgesdk.board`), by laying them out as a small file tree.
 
 from __future__ import annotations
 
+import shlex
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -175,5 +176,23 @@ def check_disk(send_bytes: int, runtime_bytes: int, facts: BoardFacts, where: st
         raise DeployError(
             f"not enough disk space on {where}: {facts.free_bytes / MB:.1f} MB free under {facts.root}, deploy "
             f"needs {need / MB:.1f} MB ({parts} + {DISK_MARGIN_BYTES / MB:.0f} MB margin)",
-            "free space on the board (old releases go with a lower --keep), or pass --remote-root on a larger disk")
+            disk_fix(facts))
     return f"{facts.free_bytes / MB:.0f} MB free, {need / MB:.1f} MB needed"
+
+
+def disk_fix(facts: BoardFacts) -> str:
+    """How to make room for a deploy the disk check refused. Deploy prunes old releases (``--keep``) only after a
+    deploy that succeeded, so a lower --keep frees nothing for the refused one: the releases that are neither
+    current nor previous are named instead, oldest first, with the command that removes them on the board."""
+    keep = {facts.state.get("current"), facts.state.get("previous")}
+    old = [r for r in facts.state.get("releases") or [] if r.get("id") not in keep]
+    if not old:
+        return ("free space on the board (it holds no release besides current and previous), or pass --remote-root "
+                "on a larger disk")
+    named = ", ".join(f"{r['id']} ({r['bytes'] / MB:.1f} MB)" if isinstance(r.get("bytes"), int) else r["id"]
+                      for r in old)
+    remove = shlex.join(["rm", "-rf", *(f"{facts.root}/{folder}/{r['id']}" for r in old
+                                        for folder in ("releases", "engines"))])
+    return (f"free space on the board, or pass --remote-root on a larger disk. It holds releases that are neither "
+            f"current nor previous, oldest first: {named} (a lower --keep removes them only after a deploy that "
+            f"succeeds); remove those no longer needed, on the board: {remove}")

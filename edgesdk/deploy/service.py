@@ -118,6 +118,7 @@ def restart_service(board: Board) -> str | None:
     where there is none. A failure says that current was rolled back all the same."""
     try:
         reply = board.call("service", {"action": "restart", "argv": [], "timeout_s": HEALTH_TIMEOUT_S,
+                                       "during": "rollback",
                                        "fix": "fix what the journal shows, then restart the unit (systemctl "
                                               "restart edgesdk-serve, with --user for a user unit)"},
                            timeout=HEALTH_TIMEOUT_S + 300)
@@ -143,7 +144,7 @@ def restart_after_switch(board: Board) -> str | None:
     into this root installed (the board's ``service.json`` names it), so its server loads the new release
     instead of serving the old one from memory. None where there is none; a server that does not come up is a
     :class:`BoardRefusal` with its journal."""
-    reply = board.call("service", {"action": "restart", "argv": [], "timeout_s": HEALTH_TIMEOUT_S,
+    reply = board.call("service", {"action": "restart", "argv": [], "timeout_s": HEALTH_TIMEOUT_S, "during": "deploy",
                                    "fix": RESTART_FIX}, timeout=HEALTH_TIMEOUT_S + 300)
     if not reply["installed"]:
         return None
@@ -175,7 +176,7 @@ def restart_after_lost_install(board: Board) -> str | None:
     """After an install whose reply was lost and had nothing to put back (it may have run to the end, the unit
     restarted on the release switched away from), once ``current`` is switched back: restart the unit this
     root installed so it serves current. Returns a line to report, or None where there is no such unit."""
-    reply = board.call("service", {"action": "restart", "argv": [], "timeout_s": HEALTH_TIMEOUT_S,
+    reply = board.call("service", {"action": "restart", "argv": [], "timeout_s": HEALTH_TIMEOUT_S, "during": "deploy",
                                    "fix": "fix what the journal shows, then restart the unit (systemctl restart "
                                           "edgesdk-serve, with --user for a user unit)"},
                        timeout=HEALTH_TIMEOUT_S + 300)

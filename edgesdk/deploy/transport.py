@@ -98,6 +98,7 @@ class Transport:
     """Runs argument lists on the board. Subclasses: :class:`SshTransport`, :class:`LocalTransport`."""
 
     label: str = "board"
+    remote = False  # True over ssh: a status -N is then the ssh client's own, 128 + N the board's (signal_note)
 
     def command(self, argv: list[str]) -> list[str]:  # pragma: no cover - interface
         raise NotImplementedError
@@ -119,7 +120,7 @@ class Transport:
         except subprocess.TimeoutExpired as exc:
             raise _timed_out(what or argv[0], self.label, timeout) from exc
         self.check_connection(proc.returncode, proc.stderr.decode("utf-8", "replace"))
-        return with_signal_note(proc, remote=False)
+        return with_signal_note(proc, remote=self.remote)
 
     def check_connection(self, returncode: int, stderr: str, during: str = "") -> None:
         """Raise DeployError when a command failed because the board could not be reached."""
@@ -252,7 +253,8 @@ def run_feeding_stdin(cmd: list[str], data: bytes, timeout: float | None) -> sub
 def signal_note(returncode: int, remote: bool) -> str | None:
     """The line that explains an exit status that means "killed by a signal", or None.
 
-    A local child killed by signal N has returncode -N; a remote one ends as 128 + N (REMOTE_DEADLINE)."""
+    A local child killed by signal N has returncode -N; a remote one ends as 128 + N (REMOTE_DEADLINE). Over ssh
+    (``remote``) the local child is the ssh client: -N says that it, not the board's command, was killed."""
     number = -returncode if returncode < 0 else returncode - 128 if remote and 128 < returncode < 160 else None
     if number is None:
         return None
@@ -260,6 +262,9 @@ def signal_note(returncode: int, remote: bool) -> str | None:
         name = signal.Signals(number).name
     except ValueError:
         name = f"signal {number}"
+    if remote and returncode < 0:
+        return (f"(exit status {returncode}: the ssh client on this machine was killed by {name}, so the board's "
+                "answer was lost)")
     why = {signal.SIGKILL: "; on a board that is usually the out-of-memory killer: free memory or build a "
                            "smaller bundle",
            signal.SIGSEGV: ": the process crashed", signal.SIGBUS: ": the process crashed",
@@ -322,6 +327,7 @@ class SshTransport(Transport):
     opts: SshOptions = field(default_factory=SshOptions)
     _control_dir: str | None = None
     _configured: dict[str, str] | None = None
+    remote = True
 
     def __post_init__(self) -> None:
         self.label = str(self.spec)
@@ -421,11 +427,11 @@ class SshTransport(Transport):
             except subprocess.TimeoutExpired as exc:
                 raise _timed_out(what or argv[0], self.label, timeout + DEADLINE_GRACE_S) from exc
             self.check_connection(proc.returncode, proc.stderr.decode("utf-8", "replace"))
-            proc = with_signal_note(proc, remote=False)
+            proc = with_signal_note(proc, remote=True)
         # 124 or 137 before the deadline is the command's own status (137: SIGKILL, say from the OOM killer)
         if proc.returncode in TIMED_OUT_CODES and time.monotonic() - began >= deadline:
             raise _timed_out(what or argv[0], self.label, timeout)
-        return with_signal_note(proc, remote=True)
+        return proc
 
     def check_connection(self, returncode: int, stderr: str, during: str = "") -> None:
         if returncode == 255:
