@@ -58,6 +58,22 @@ def checked_keep_logits(keep_logits: object) -> int:
     return int(keep_logits)
 
 
+def prefill_passes(total: int, keep: int, max_tokens: int) -> list[tuple[int, int, int]]:
+    """The passes a prefill of ``total`` tokens runs in where one pass takes at most ``max_tokens`` (an engine's
+    optimization profile), each on top of the ones before it in the KV cache, as llama.cpp decodes a batch in
+    micro-batches of ``n_ubatch``: (start, end, rows) per pass, ``rows`` how many of its positions are among the
+    last ``keep`` whose logits the prefill returns (0 for a pass before them, which the caller runs for one row it
+    drops: the graphs return at least one)."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
+        raise RuntimeBackendError(f"a prefill pass of at most {max_tokens!r} tokens: expected a whole number of at "
+                                  "least 1", "set max_prefill to None (one pass) or to the tokens a pass may take")
+    passes = []
+    for start in range(0, total, int(max_tokens)):
+        end = min(start + int(max_tokens), total)
+        passes.append((start, end, max(0, min(end - start, end - (total - keep)))))
+    return passes
+
+
 def checked_token_ids(given: object, vocab_size: int, call: str) -> np.ndarray:
     """``given`` token ids as (1, T) int64, or a RuntimeBackendError naming the first that is not an id of the
     bundle's vocabulary, or a batch of several sequences. An embedding lookup takes a negative id as counted from

@@ -21,6 +21,7 @@ from edgesdk.runtime.backend import (
     checked_keep_logits,
     checked_rewind,
     checked_token_ids,
+    prefill_passes,
 )
 from edgesdk.weights_file import REBUILD, GraphTensor, open_session, read_graph_tensors
 
@@ -114,6 +115,11 @@ class OrtDecoderBase:
     load_hint = "run 'edgesdk verify' on the bundle; check 'edgesdk env' for the installed onnxruntime"
     # The oldest onnxruntime that runs this graph form, and the operator feature that sets it.
     min_onnxruntime: tuple[tuple[int, int], str] | None = None
+    # The most tokens one pass of a prefill runs: a longer prompt runs in passes of this many, each on top of the
+    # ones before it in the KV cache (:func:`prefill_passes`), as the tensorrt backend runs one longer than its
+    # engine's profile, so an ort-trt profile need only hold this many input ids, not max_context. None: the whole
+    # prompt in one pass.
+    max_prefill: int | None = None
 
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
                  spinning: bool = True, provider_options: list[dict] | None = None):
@@ -173,7 +179,8 @@ class OrtDecoderBase:
         return checked_cache_state(state, self.kv_heads, self.head_dim, np.dtype(np.float32), self.max_context)
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
-        """Run ``token_ids`` (T,) after the cache; the logits of the last ``min(keep_logits, T)`` positions."""
+        """Run ``token_ids`` (T,) after the cache, in passes of at most ``max_prefill`` tokens where that is set; the
+        logits of the last ``min(keep_logits, T)`` positions."""
         keep_logits = checked_keep_logits(keep_logits)
         given = np.asarray(token_ids)
         if given.size == 0:  # the graphs cannot run 0 tokens (onnxruntime's Reshape / GroupQueryAttention error)
@@ -181,7 +188,16 @@ class OrtDecoderBase:
                                       "pass at least one token id (the prompt's last token gives the next "
                                       "token's logits)")
         ids = self._checked_ids(given, "prefill")
-        return self._run(ids, min(keep_logits, ids.shape[1]))
+        keep, total = min(keep_logits, ids.shape[1]), ids.shape[1]
+        if self.max_prefill is None or total <= self.max_prefill:
+            return self._run(ids, keep)
+        self._check_length(self._position + total)  # before the first pass: a prompt refused leaves the cache as it was
+        kept = []
+        for start, end, rows in prefill_passes(total, keep, self.max_prefill):
+            logits = self._run(ids[:, start:end], max(rows, 1))  # (1, end - start) ids -> (rows or 1, vocab)
+            if rows:
+                kept.append(logits[-rows:])
+        return np.concatenate(kept, axis=0)
 
     def decode(self, token_id: int) -> np.ndarray:
         """Append one token; its next-token logits (vocab,). Anything but one id is refused (:func:`checked_decode_id`):

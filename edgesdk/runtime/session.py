@@ -166,12 +166,21 @@ def _available_providers() -> list[str]:
     return list(ort.get_available_providers())
 
 
+def ort_trt_profile(graph: dict):
+    """The explicit TensorRT optimization profile of a standard-form graph run by the ort-trt backend, or None for
+    the fused forms, whose contrib ops TensorRT does not run: a pass of up to ``tensorrt_engine.DEFAULT_MAX_SEQ``
+    tokens after any past length. The backend runs a longer prompt in passes of that many (``max_prefill``), as
+    the tensorrt backend does, so the engine's activation memory is sized for 512 tokens, not max_context."""
+    from edgesdk.runtime import tensorrt_engine as te
+
+    return te.profile_shapes(graph) if graph.get("form", "standard") == "standard" else None
+
+
 def ort_trt_options(bundle: Bundle) -> dict:
     """TensorRT EP options: engine and timing caches beside the bundle's engines, INT8 for a Q/DQ graph, FP16, and
-    for the standard graph form an explicit optimization profile (:func:`tensorrt_engine.ort_profile_options`)
-    that holds every shape the ONNX Runtime backend feeds: a whole prompt in one pass (up to max_context tokens)
-    after any past length, so the engine is built once instead of at every step whose past is longer than any
-    before. The fused forms, whose contrib ops TensorRT does not run, get none."""
+    for the standard graph form the explicit optimization profile of :func:`ort_trt_profile`
+    (:func:`tensorrt_engine.ort_profile_options`), which holds every shape the backend feeds, so the engine is
+    built once: without one the EP rebuilt it at every step whose past was longer than any before."""
     from edgesdk.runtime import tensorrt_engine as te
 
     cache = None
@@ -185,8 +194,9 @@ def ort_trt_options(bundle: Bundle) -> dict:
     graph, target = bundle.manifest["graph"], bundle.manifest["target"]
     options = {"trt_fp16_enable": "fp16" in (target.get("precisions") or ()),
                "trt_int8_enable": graph.get("dtype") == te.QDQ_DTYPE}
-    if graph.get("form", "standard") == "standard":
-        options.update(te.ort_profile_options(te.profile_shapes(graph, max_seq=int(graph["max_context"]))))
+    profile = ort_trt_profile(graph)
+    if profile is not None:
+        options.update(te.ort_profile_options(profile))
     if cache is not None:
         options.update({"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
                         "trt_timing_cache_enable": True, "trt_timing_cache_path": str(cache)})
@@ -221,6 +231,9 @@ def _ort_opener(name: str) -> Callable[[Bundle, int, bool], DecoderBackend]:
                               f"{graph['kv_heads']!r:.60}, head_dim {graph['head_dim']}) does not fit in memory",
                               "rebuild the bundle with 'edgesdk build' (the manifest's graph facts were edited)") from exc
         check_graph_matches(bundle, backend)
+        profile = ort_trt_profile(graph) if name == "ort-trt" else None
+        if profile is not None:  # a longer prompt runs in passes the engine's profile holds
+            backend.max_prefill = profile.max_seq
         if name != "ort-cpu":
             backend.name = name
         return backend

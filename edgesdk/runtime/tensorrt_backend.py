@@ -24,7 +24,7 @@ import numpy as np
 
 from edgesdk.errors import RuntimeBackendError
 from edgesdk.runtime import tensorrt_engine as te
-from edgesdk.runtime.backend import checked_decode_id, checked_keep_logits, checked_token_ids
+from edgesdk.runtime.backend import checked_decode_id, checked_keep_logits, checked_token_ids, prefill_passes
 
 
 class _Buffer:
@@ -306,12 +306,10 @@ class TensorRTBackend:
         keep = min(checked_keep_logits(keep_logits), total)
         self._check_length(self._position + total)
         kept = []
-        for start in range(0, total, self.max_seq):
-            chunk = ids[start:start + self.max_seq]
-            wanted = min(len(chunk), max(0, start + len(chunk) - (total - keep)))  # positions in the last `keep`
-            logits = self._step(chunk, max(wanted, 1))
-            if wanted:
-                kept.append(logits[-wanted:])
+        for start, end, rows in prefill_passes(total, keep, self.max_seq):
+            logits = self._step(ids[start:end], max(rows, 1))
+            if rows:
+                kept.append(logits[-rows:])
         return np.concatenate(kept, axis=0)
 
     def decode(self, token_id: int) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgesdk.runtime.session import ort_trt_options
+from edgesdk.runtime.session import ort_trt_options, ort_trt_profile
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +54,9 @@ def test_the_ort_trt_profile_holds_every_shape_the_backend_feeds(standard_bundle
     def inside(name: str, shape: list[int]) -> bool:
         return all(a <= s <= c for a, s, c in zip(low[name], shape, high[name], strict=True))
 
+    longest = ort_trt_profile(graph).max_seq  # the backend's max_prefill: a longer prompt runs in passes
     for past in range(context):
-        for tokens in (1, context - past):  # a decode step, the longest prompt that fits
+        for tokens in (1, min(context - past, longest)):  # a decode step, the longest pass that fits
             assert inside("input_ids", [1, tokens]), (past, tokens)
             assert inside("num_logits_to_keep", [tokens])
             assert inside("num_logits_to_keep", [1])
@@ -63,3 +64,17 @@ def test_the_ort_trt_profile_holds_every_shape_the_backend_feeds(standard_bundle
                 for kind in ("key", "value"):
                     assert inside(f"past_key_values.{layer}.{kind}", [1, heads, past, head_dim]), (past, layer)
     assert opt["input_ids"] == [1, 1]  # decode is the hot path
+
+
+def test_the_ort_trt_profile_sizes_a_pass_not_the_context(standard_bundle):
+    """A 4096-token context: the profile's input_ids end at 512 tokens (the engine's activation memory sized for a
+    pass, as the tensorrt backend's), and the ort-trt backend runs a longer prompt in passes of that many; the past
+    still reaches max_context - 1."""
+    from edgesdk.runtime.tensorrt_engine import DEFAULT_MAX_SEQ
+
+    graph = dict(standard_bundle.manifest["graph"], max_context=4096)
+    profile = ort_trt_profile(graph)
+    assert profile.max_seq == DEFAULT_MAX_SEQ == 512
+    assert profile.shapes["input_ids"][2] == (1, 512)
+    assert profile.shapes["past_key_values.0.key"][2][2] == 4095
+    assert ort_trt_profile(dict(graph, form="ort-fused")) is None
