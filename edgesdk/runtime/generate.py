@@ -261,9 +261,11 @@ class ContextShift:
         whole = self.keep < 0 or self.keep > prompt_tokens
         what = f"keep {self.keep}" + (f" (the whole prompt of {prompt_tokens} tokens)" if whole else "")
         if n_keep >= context:
+            # the BOS is kept on top of ``keep``: a keep below the context less the BOS leaves a token to discard
+            zero = "0 keeps only the BOS" if self.bos else "0 keeps none"
             raise EdgeSDKError(f"the context shift's {what} keeps {n_keep} tokens, which leaves nothing to discard "
                                f"in {where}",
-                               f"keep fewer tokens (--keep / n_keep below {context - 1}; 0 keeps only the BOS), "
+                               f"keep fewer tokens (--keep / n_keep below {context - int(self.bos)}; {zero}), "
                                "or turn the context shift off")
         left = context - n_keep
         n_discard = self.discard or max(left // 2, 1)
@@ -620,7 +622,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     ``on_token`` sees go on across a shift as llama.cpp's do; only the context loses tokens. The shift's pass is
     told to the hook as the decode step it stands for (one token, its measured compute). A prompt cache holds the
     shifted tokens afterwards, and a drafter drafts from them. A ``keep`` that leaves nothing to discard is refused
-    before anything runs, where the answer could reach the full context (:meth:`ContextShift.spans`).
+    before anything runs, where the answer could reach the full context (:meth:`ContextShift.spans`), and so is a
+    prompt longer than the shift's ``window``.
 
     ``hook`` (optional) is called
     around every step; the time it waits is in ``stats.waited_s`` (on the simulated clock for a
@@ -661,6 +664,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     spans, context_size = None, backend.max_context  # the context the answer stops or shifts at
     if shift is not None:
         context_size = shift.context(backend.max_context)
+        _check_prompt_in_window(len(prompt_ids), context_size)
         if len(prompt_ids) + sampling.max_new_tokens - 1 > context_size:
             spans = shift.spans(len(prompt_ids), backend.max_context)  # refused here where it cannot shift
     if stats is None:
@@ -856,6 +860,17 @@ def _shift(backend: DecoderBackend, held_ids: list[int], token: int, spans: tupl
     if cache is not None:
         cache.took(feed[:-1])  # ``token`` is added where every step adds it
     return rows[-1], kept
+
+
+def _check_prompt_in_window(prompt_tokens: int, window: int) -> None:
+    """Refuse a prompt longer than the context shift's window (:meth:`ContextShift.context`, below the bundle's
+    ``max_context``, which :func:`_check_prompt` holds the prompt to): the cache held more than the window from the
+    start, and each shift, sized for a full window, left it past the window again, so the answer shifted at every
+    step. Ollama cuts such a prompt to ``num_ctx`` before it runs."""
+    if prompt_tokens > window:
+        raise EdgeSDKError(f"the prompt has {prompt_tokens} tokens; the context shift's window is {window} tokens",
+                           f"shorten the prompt to at most {window} tokens, or widen the window (Ollama's num_ctx) "
+                           f"to at least {prompt_tokens}")
 
 
 def _allowed_only(logits: np.ndarray, allowed: Callable[[int], bool]) -> np.ndarray:
