@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edgesdk.build.checkpoint import said_sets
 from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress import fake_quant, sparsify
 from edgesdk.compress.losses import (
@@ -72,11 +73,12 @@ class DistillConfig:
         check_optimiser_settings(self.lr, self.temperature, self.grad_accumulation)
 
 
-def check_soft_prompt(config: DistillConfig, model_config) -> None:
+def check_soft_prompt(config: DistillConfig, model_config, terms: str = "cli") -> None:
     """The teacher reads ``soft_prompt_tokens`` random embeddings before each block of ``sequence_length``
     tokens: both must fit the model's positions, or the teacher computes past its trained context (and 100,000
     prefix tokens asked for a 40 GB attention mask, failing inside torch with an out-of-memory RuntimeError).
-    Checked before the stage trains; build pipelines call it before any stage runs."""
+    ``terms``: whose names the fix gives the overrides in, ``edgesdk build``'s (``--set``) or build_bundle()'s
+    (``overrides=[...]``). Checked before the stage trains; build pipelines call it before any stage runs."""
     positions = getattr(model_config, "max_position_embeddings", None)
     prefix, length = config.soft_prompt_tokens, config.sequence_length
     if not prefix or not isinstance(positions, int) or prefix + length <= positions:
@@ -85,9 +87,9 @@ def check_soft_prompt(config: DistillConfig, model_config) -> None:
     raise BuildError(
         f"distill.soft_prompt_tokens is {prefix}: with distill.sequence_length {length} the teacher reads "
         f"{prefix + length} positions, more than the model's max_position_embeddings {positions}",
-        (f"--set distill.soft_prompt_tokens={room} or less" if room > 0 else
-         f"--set distill.sequence_length={positions // 2} or less with a shorter prefix")
-        + ", or --set distill.soft_prompt_tokens=0 (no prefix, the default)")
+        (f"{said_sets(terms, f'distill.soft_prompt_tokens={room}')} or less" if room > 0 else
+         f"{said_sets(terms, f'distill.sequence_length={positions // 2}')} or less with a shorter prefix")
+        + f", or {said_sets(terms, 'distill.soft_prompt_tokens=0')} (no prefix, the default)")
 
 
 def _use_eager_attention(model) -> None:
@@ -164,7 +166,7 @@ def distillation_loss(student, teacher: TeacherWithPrefix, kept_heads, config: D
 @register_stage("distill", DistillConfig, after=("qat", "prune", "sparsify"),
                 description="attention-aligned distillation from the uncompressed teacher")
 def distill_stage(model, config: DistillConfig, ctx: BuildContext):
-    check_soft_prompt(config, ctx.teacher.config)
+    check_soft_prompt(config, ctx.teacher.config, ctx.terms)
     teacher = ctx.teacher.eval()
     for p in teacher.parameters():
         p.requires_grad_(False)

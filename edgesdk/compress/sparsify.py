@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from edgesdk.build.checkpoint import said_sets
 from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress import fake_quant
 from edgesdk.compress.measure import stage_metrics
@@ -334,21 +335,23 @@ def plan_masks_by_density(scores: dict[str, torch.Tensor], densities: dict[str, 
             for n, s in scores.items()}
 
 
-def check_floor_budget(blocks: dict[str, int], config: SparsifyConfig) -> int:
+def check_floor_budget(blocks: dict[str, int], config: SparsifyConfig, terms: str = "cli") -> int:
     """The blocks ``allocation: global`` keeps (``density`` of all ``blocks``, per weight name), or a BuildError
     where the ``min_density`` floors alone (:func:`floor_blocks`, rounded up per weight) need more: the config's
     ``density >= min_density`` check cannot see the rounding, and keeping the floors would deliver a density
-    above the one asked."""
+    above the one asked. ``terms``: whose names the fix gives the override in, ``edgesdk build``'s (``--set``)
+    or build_bundle()'s (``overrides=[...]``)."""
     total = sum(blocks.values())
     keep_total = max(1, int(round(config.density * total)))
     needed = sum(floor_blocks(config.min_density, count) for count in blocks.values())
     if needed > keep_total:
+        least = math.ceil(needed / total * 1e4) / 1e4
         raise BuildError(
             f"sparsify.density {config.density} keeps {keep_total} of the model's {total} blocks, but the "
             f"min_density floors alone need {needed} ({needed / total:.4f} of all blocks: "
             f"ceil({config.min_density} x blocks) per weight)",
-            f"raise sparsify.density to at least {math.ceil(needed / total * 1e4) / 1e4} (--set "
-            "sparsify.density=...) or lower sparsify.min_density")
+            f"raise sparsify.density to at least {least} ({said_sets(terms, f'sparsify.density={least}')}) or lower "
+            "sparsify.min_density")
     return keep_total
 
 
@@ -499,13 +502,14 @@ def plan(model, scores: dict[str, torch.Tensor], batches: list[torch.Tensor], bl
     return plan_masks_by_density(scores, densities, config.min_density)
 
 
-def check_block_fits(model, block: int, from_profile: str | None = None) -> None:
+def check_block_fits(model, block: int, from_profile: str | None = None, terms: str = "cli") -> None:
     """Refuse a block edge that makes a decoder weight one single (padded) block: the density cannot choose among
     its blocks (the whole weight stays or goes), and a block of 100,000 padded each weight to 100,000 x 100,000 (a
     40 GB allocation failing inside torch). A weight shorter than the block on one side only (a KV projection that
     pruning left one group) is padded as the export pads it. ``from_profile``: the name of the target profile whose
-    sparsity_block gave the edge (no sparsify.block_size set). Checked before the stage measures anything; build
-    pipelines call it before any stage runs."""
+    sparsity_block gave the edge (no sparsify.block_size set); ``terms``: whose names the fix gives the override in
+    (:func:`check_floor_budget`). Checked before the stage measures anything; build pipelines call it before any
+    stage runs."""
     linears = fake_quant.decoder_linears(model)
     if not linears:
         return
@@ -518,8 +522,8 @@ def check_block_fits(model, block: int, from_profile: str | None = None) -> None
     raise BuildError(f"{given}, but the model's decoder weight {name} is {shape}, so one block of {block} x {block} "
                      f"covers it whole and the density cannot choose among its blocks: the block edge must be below "
                      f"{longest}",
-                     f"--set sparsify.block_size={1 << ((longest - 1).bit_length() - 1)} or less (a power of two; the "
-                     "board's kernels use its profile's sparsity_block)")
+                     f"{said_sets(terms, f'sparsify.block_size={1 << ((longest - 1).bit_length() - 1)}')} or less (a power "
+                     "of two; the board's kernels use its profile's sparsity_block)")
 
 
 @register_stage("sparsify", SparsifyConfig, after=("qat", "prune"),
@@ -527,9 +531,9 @@ def check_block_fits(model, block: int, from_profile: str | None = None) -> None
 def sparsify_stage(model, config: SparsifyConfig, ctx: BuildContext):
     model.eval()
     block = config.block_size or ctx.profile.sparsity_block
-    check_block_fits(model, block, None if config.block_size else ctx.profile.name)
+    check_block_fits(model, block, None if config.block_size else ctx.profile.name, ctx.terms)
     if config.allocation == "global":  # before any calibration: the floors depend on the shapes only
-        check_floor_budget(block_counts(model, block), config)
+        check_floor_budget(block_counts(model, block), config, ctx.terms)
     # the sensitivity probes score on their own probe_batches, drawn with the calibration batches (the first
     # calibration_batches of the draw, the same blocks whatever probe_batches is): cut to calibration_batches, a
     # probe_batches above it was silently scored on fewer batches than the config asks
