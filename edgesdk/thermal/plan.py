@@ -135,9 +135,11 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
     finally:
         telemetry.close()
     paused = guard is not None and guard.paused
-    # the board's own throttle time: the records only see the throttle flag at each step's end, so an idle
-    # wait (--think-s) the board began throttled and ended cool would count as not throttled at all
-    return SimulatedRun(summarize(telemetry.records, horizon, board.throttled_s), telemetry, board, paused)
+    # the board's own throttle time and peak: the records only see the board at each step's end, so an idle
+    # wait (--think-s) the board began throttled and ended cool would count as not throttled at all, and a step
+    # the horizon cut short (a long prompt's prefill) left the heat it made out of the maximum temperature
+    summary = summarize(telemetry.records, horizon, board.throttled_s, round(board.peak_c, 3))
+    return SimulatedRun(summary, telemetry, board, paused)
 
 
 def _file_part(name: str) -> str:

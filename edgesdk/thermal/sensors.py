@@ -90,7 +90,10 @@ class SysfsThermal:
     """Thermal zones under ``root`` (``/sys/class/thermal``), picked by their ``type``.
 
     ``wanted`` are the profile's zone types; every zone of a wanted type is watched, the second
-    and later zones of one type too (named ``type#N``). When none of them exists every zone but a
+    and later zones of one type too (named ``type#N``). Types are compared without regard to case:
+    JetPack 5 names an Orin's zones ``CPU-therm``, ``SOC0-therm`` ... but its junction zone
+    ``tj-therm`` (tegrastats prints ``CPU@`` beside ``tj@``): a profile that writes ``Tj-therm`` still
+    watches the zone the fan and the critical trip follow. When none of them exists every zone but a
     PMIC's is watched and :attr:`notes` says so. Tests pass a temporary directory as ``root``.
     """
 
@@ -100,7 +103,8 @@ class SysfsThermal:
         self.clock = clock
         self.notes: list[str] = []
         found = self.discover(self.root)
-        picked = {name: path for name, path in found.items() if zone_type(name) in wanted}
+        kinds = {kind.casefold() for kind in wanted}
+        picked = {name: path for name, path in found.items() if zone_type(name).casefold() in kinds}
         if wanted and not picked and found:
             # A Jetson's PMIC-Die zone reads a fixed value (tegrastats' "PMIC@100C" on the TX family and
             # the Nano), not a die temperature: jetson-stats skips every zone whose type holds "PMIC"

@@ -109,6 +109,9 @@ class SimulatedBoard:
         self.power_w = model.idle_w
         self.cap_ratio: float | None = None  # a clock cap the guard set (set_ratio)
         self.throttled_s = 0.0
+        # The hottest the board has been: a run's records read it only at each step's end, and a step the horizon
+        # cuts short (a long prompt's prefill, the last step of every run) ends with no record at all.
+        self.peak_c = self.temp_c
         self.busy_s = 0.0
         self.energy_j = 0.0
 
@@ -149,6 +152,7 @@ class SimulatedBoard:
             self.power_w = m.idle_w + dynamic
             steady = self.ambient_c + m.resistance_c_per_w * self.power_w
             self.temp_c = steady + (self.temp_c - steady) * math.exp(-step / tau)
+            self.peak_c = max(self.peak_c, self.temp_c)  # exact: constant power moves T one way over a step
             if throttled:
                 self.throttled_s += step
             self.busy_s += step if busy else 0.0

@@ -229,8 +229,13 @@ def _first_token_times(work: list[dict]) -> list[float]:
     return times
 
 
-def summarize(records: list[dict], horizon_s: float | None = None, throttle_s: float | None = None) -> RunSummary:
+def summarize(records: list[dict], horizon_s: float | None = None, throttle_s: float | None = None,
+              max_temp_c: float | None = None) -> RunSummary:
     """Summary of step records up to ``horizon_s`` (default: the last record).
+
+    ``throttle_s`` and ``max_temp_c``, when given, are the board's own (a simulated board's), in place of what the
+    records read: a record reads the board at its step's end only, and a step the horizon cut short has none (a long
+    prompt's prefill could heat a board past its shutdown point with no record to say so).
 
     ``levels_s``: each record's interval (from the record before it) at the record's level (see the
     module docstring); time past the last record up to the horizon at the last record's level. An idle
@@ -262,7 +267,8 @@ def summarize(records: list[dict], horizon_s: float | None = None, throttle_s: f
     paused = sum(r["wait_s"] for r in inside if r["kind"] == "wait"
                  and r.get("paused", r["level"] == "critical" and r.get("sensor_ok", True)))
     return RunSummary(
-        seconds=end, tokens=tokens, requests=len(ttft), max_temp_c=max(temps) if temps else None,
+        seconds=end, tokens=tokens, requests=len(ttft),
+        max_temp_c=max_temp_c if max_temp_c is not None else max(temps) if temps else None,
         throttle_s=throttle_s,
         p95_inter_token_ms=float(np.percentile(gaps, 95) * 1e3) if gaps else None,
         mean_inter_token_ms=float(np.mean(gaps) * 1e3) if gaps else None,
