@@ -32,7 +32,7 @@ class GraphBuilder:
         """Register a rank-0 initializer, which :meth:`const` would store as (1,): Range's start, limit and delta
         must be scalars (ONNX Range; OpenVINO and strict shape inference refuse a (1,) tensor), and a
         per-tensor QuantizeLinear scale or zero point of shape (1,) reads as per-axis to TensorRT."""
-        name = name or self.fresh("scalar")
+        name = name or self.fresh("const")  # const_N: the graph's own small constants, as const()'s
         self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
