@@ -245,6 +245,10 @@ class TargetProfile(_Strict):
 
 
 def _format_validation_error(source: str, error: ValidationError) -> str:
+    """One line per problem: the key, what was wrong and the value given. A check across a section's keys (the
+    thermal limits' order, runtime.threads against cpu.cores) names the values it compared in its message, and a
+    missing key has no value: the section pydantic gives as their input (for a check of the whole profile, every
+    key of the file) is not repeated after them."""
     lines = [f"target profile {source} does not match the schema:"]
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
@@ -252,6 +256,8 @@ def _format_validation_error(source: str, error: ValidationError) -> str:
             parent = _model_at(item["loc"][:-1])
             allowed = ", ".join(sorted(parent.model_fields)) if parent else "see the schema"
             lines.append(f"  - unknown key '{where}'; allowed keys here: {allowed}")
+        elif isinstance(item.get("input"), dict) and item["type"] in ("value_error", "missing"):
+            lines.append(f"  - {where}: {item['msg']}")
         else:
             lines.append(f"  - {where}: {item['msg']} (got {item.get('input')!r})")
     return "\n".join(lines)

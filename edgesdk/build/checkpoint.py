@@ -188,6 +188,7 @@ class WorkDir:
         """``terms``: whose option names the messages use, the CLI's or build_bundle()'s (:func:`said`)."""
         self.path = Path(path)
         self.terms = terms
+        self.discarded: list[str] = []  # steps an earlier build had finished there, removed by this one
         self.key = _digest(build_key)
         self.parts = {name: _digest(value) for name, value in build_key.items()}
         if self.path.is_dir() and not self.path.is_symlink():
@@ -205,6 +206,7 @@ class WorkDir:
                 )
         else:
             check_work_dir(self.path, terms)
+            self.discarded = _finished_steps(state_file)  # the pipeline says what starting over threw away
             remove_work_dir(self.path)
             try:
                 self.path.mkdir(parents=True)
@@ -285,6 +287,15 @@ class WorkDir:
         tmp = self.path / (STATE + ".tmp")
         tmp.write_text(json.dumps(self.state, indent=2, sort_keys=True, default=str))
         os.replace(tmp, self.path / STATE)  # atomic: a kill never leaves a half-written state
+
+
+def _finished_steps(state_file: Path) -> list[str]:
+    """The steps a work directory's state file records as done; none where it is missing or cannot be read."""
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return list(state["done"]) if _state_problem(state) is None else []
 
 
 def _state_problem(state) -> str | None:

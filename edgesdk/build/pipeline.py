@@ -28,7 +28,6 @@ from edgesdk.build.checkpoint import (
     remove_work_dir,
     said,
     save_checkpoint,
-    without,
 )
 from edgesdk.build.package import write_bundle
 from edgesdk.build.recipes import ExportSection, load_recipe, pick_a_recipe_with
@@ -245,19 +244,6 @@ def check_weight_bits_sets(bits: int, implied: list[str], overrides: tuple[str, 
                              f" or {said('--set', terms)} without {said('--weight-bits', terms)}")
 
 
-def _weight_bits_overrides(recipe, bits: int, terms: str) -> list[str]:
-    """The recipe settings ``weight_bits`` stands for (Recipe.weight_bits_overrides), whose refusal of a recipe
-    without a qat stage names the options in the caller's terms (for build_bundle(): ``weight_bits=4``,
-    ``recipe='default'``)."""
-    if terms == "python" and "qat" not in [entry.stage for entry in recipe.stages]:
-        stages = [entry.stage for entry in recipe.stages]
-        raise BuildError(f"{said('--weight-bits', terms, bits)}: recipe '{recipe.name}' has no qat stage to learn "
-                         f"{bits}-bit weights (stages: {', '.join(stages) or 'none'})",
-                         f"{without('--weight-bits', terms)}, or pick a recipe with a qat stage (e.g. "
-                         f"{said('--recipe', terms, 'default')} or {said('--recipe', terms, 'int8-only')})")
-    return recipe.weight_bits_overrides(bits)
-
-
 def model_facts_after(model, facts_before: dict) -> dict:
     """The loaded model's facts with what the stages changed: parameters, and the FFN widths, query
     heads and KV heads that pruning leaves per layer (the largest, plus the per-layer list where they differ),
@@ -427,7 +413,7 @@ def build(config: BuildConfig) -> Bundle:
     recipe = recipe_for(config.recipe, profile, terms)
     recipe = recipe.with_overrides(export_overrides(config.export), terms)
     if config.weight_bits is not None:  # before --set, refused where it sets one of the same settings otherwise
-        implied = _weight_bits_overrides(recipe, config.weight_bits, terms)
+        implied = recipe.weight_bits_overrides(config.weight_bits, terms)
         check_weight_bits_sets(config.weight_bits, implied, config.overrides, terms)
         recipe = recipe.with_overrides(implied, terms)
     recipe = recipe.with_overrides(config.overrides, terms)
@@ -465,6 +451,10 @@ def build(config: BuildConfig) -> Bundle:
         build_key["adapters"] = [{**file_fingerprint(Path(adapter.path).expanduser()), "scale": adapter.scale}
                                  for adapter in config.adapters]
     work = WorkDir(out.with_name(out.name + ".build"), build_key, config.resume, terms)
+    if work.discarded:  # a killed build's checkpoints, gone: say so, and how they are kept the next time
+        _log(f"starting over: the finished steps ({', '.join(work.discarded)}) an earlier build left in {work.path} "
+             f"are discarded (a build without {said('--resume', terms)} starts from the beginning; with it, it "
+             "goes on from them)")
     stopped_by = None  # the signal that stopped the build, delivered again once it has unwound
     try:  # the lock is this build's while it runs, however it ends (a failed stage in a process that goes on)
         with _stop_signals_unwind():

@@ -10,7 +10,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from edgesdk.build.checkpoint import said, said_sets
+from edgesdk.build.checkpoint import said, said_sets, without
 from edgesdk.build.registry import check_order, make_config
 from edgesdk.errors import BuildError, read_utf8
 from edgesdk.profile import load_yaml_unique
@@ -82,7 +82,7 @@ class Recipe(BaseModel):
         data = self.model_dump()
         for item in overrides:
             key, sep, raw = item.partition("=")
-            section, dot, field_name = key.partition(".")
+            section, dot, field_name = (part.strip() for part in key.partition("."))  # "qat.steps = 5" as "qat.steps=5"
             if not sep or not dot or not section or not field_name:
                 raise BuildError(f"override '{item}' is not of the form stage.field=value",
                                  f"write e.g. {said('--set', terms, 'prune.ffn_ratio=0.4')} or "
@@ -94,7 +94,7 @@ class Recipe(BaseModel):
                           said("--set", terms, 'stage.field="text"'))
                 raise BuildError(f"override '{item}': the value {raw!r} is not valid YAML "
                                  f"({str(exc).splitlines()[0]})", f"quote it, e.g. {quoted}") from exc
-            if section == "export" and field_name.strip() == "max_context":  # ExportConfig's one build-level field
+            if section == "export" and field_name == "max_context":  # ExportConfig's one build-level field
                 fix = (f"pass --max-context {raw.strip()} (build_bundle(max_context={raw.strip()}) in Python) instead "
                        "of this --set" if terms != "python" else
                        f"pass max_context={raw.strip()} to build_bundle() instead of this override")
@@ -118,16 +118,24 @@ class Recipe(BaseModel):
             raise BuildError(f"{given} makes recipe '{self.name}' invalid: {_problems(exc)}",
                              f"fix {values} (export keys: {', '.join(ExportSection.model_fields)})") from exc
 
-    def weight_bits_overrides(self, bits: int) -> list[str]:
+    def weight_bits_overrides(self, bits: int, terms: str = "cli") -> list[str]:
         """What ``--weight-bits N`` means for this recipe: QAT learns N-bit weights, and a recipe that
-        exports quantized fused weights stores them at N bits (the QDQ form holds INT8 only, and
-        :meth:`validated` says so for 4)."""
+        exports quantized fused weights stores them at N bits. A recipe without a qat stage, and one whose
+        standard INT8 (QDQ) graph stores 8-bit weights only, are refused naming the option (the override it
+        stands for, ``qat.weight_bits=4``, is not what the caller gave). ``terms``: whose names the refusal
+        gives the options, ``edgesdk build``'s or build_bundle()'s (edgesdk.build.checkpoint.said)."""
         stages = [entry.stage for entry in self.stages]
+        option = said("--weight-bits", terms, bits)
         if "qat" not in stages:
-            raise BuildError(f"--weight-bits {bits}: recipe '{self.name}' has no qat stage to learn {bits}-bit weights "
+            raise BuildError(f"{option}: recipe '{self.name}' has no qat stage to learn {bits}-bit weights "
                              f"(stages: {', '.join(stages) or 'none'})",
-                             "drop --weight-bits, or pick a recipe with a qat stage (e.g. --recipe default or "
-                             "--recipe int8-only)")
+                             f"{without('--weight-bits', terms)}, or pick a recipe with a qat stage (e.g. "
+                             f"{said('--recipe', terms, 'default')} or {said('--recipe', terms, 'int8-only')})")
+        if self.export.form == "standard" and self.export.weights == "int8" and bits != 8:
+            raise BuildError(f"{option}: recipe '{self.name}' exports the standard INT8 (QDQ) graph, which stores "
+                             f"8-bit weights only ({bits}-bit weights need the fused ONNX Runtime form, export.form ort-fused)",
+                             f"{without('--weight-bits', terms)}, or pick a recipe that stores {bits}-bit weights "
+                             f"(e.g. {said('--recipe', terms, 'default')} or {said('--recipe', terms, 'int4')})")
         stored = self.export.form == "ort-fused" and self.export.weights in ("int4", "int8")
         return [f"qat.weight_bits={bits}", *([f"export.weights=int{bits}"] if stored else [])]
 

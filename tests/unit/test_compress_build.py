@@ -206,9 +206,10 @@ def test_the_weight_bits_shortcut_sets_what_the_recipe_trains_and_stores():
     assert eight.export.weights == "int8"
     eight.validated()  # consistent: trains and stores INT8 layers
     jetson = load_recipe("jetson")
-    assert jetson.weight_bits_overrides(4) == ["qat.weight_bits=4"]
-    with pytest.raises(BuildError, match="qat.weight_bits is 4"):
-        jetson.with_overrides(jetson.weight_bits_overrides(4)).validated()
+    assert jetson.weight_bits_overrides(8) == ["qat.weight_bits=8"]
+    with pytest.raises(BuildError, match="--weight-bits 4: recipe 'jetson' exports the standard INT8 "
+                                         r"\(QDQ\) graph, which stores 8-bit weights only"):
+        jetson.weight_bits_overrides(4)
 
 
 @pytest.mark.parametrize("name", ["fp32-fused", "power"])
