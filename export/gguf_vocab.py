@@ -90,7 +90,7 @@ def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str 
                           "SentencePiece BPE (byte fallback, spaces as U+2581) only",
                           "export a model with one of those tokenizers, or run the bundle with edgesdk")
     pre = _pre_tokenizer_name(spec.get("pre_tokenizer"), path)
-    notes = _normalizer_notes(spec, path, ())
+    notes = _normalizer_notes(spec, path, ()) + _unembedded_notes(spec, vocab_size)
     tokens, types = _tokens_by_id(spec, path, vocab_size)
     notes += _check_rstrip(spec, path, tokens, types, name)
     merges = [" ".join(pair) if isinstance(pair, list) else pair for pair in model.get("merges", [])]
@@ -135,12 +135,16 @@ def _special_ids(spec: dict, tokens: list[str], bos_token: str | None, eos_token
 
 
 def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], list[int]]:
-    """The tokens in id order and llama.cpp's type of each (padding rows, which no token has: UNUSED)."""
+    """The tokens in id order and llama.cpp's type of each (padding rows, which no token has: UNUSED), added tokens
+    past the embedding left out (:func:`_unembedded`)."""
     model = spec["model"]
     by_id = {int(index): token for token, index in model["vocab"].items()}
     special = set()
     user_defined = set()
+    unembedded = _unembedded(spec, vocab_size)
     for added in spec.get("added_tokens", []):
+        if int(added["id"]) in unembedded:
+            continue
         stripping = [flag for flag in ("lstrip", "rstrip", "single_word") if added.get(flag)]
         if added.get("lstrip") or added.get("single_word"):  # llama.cpp sets LSTRIP only by a model's name
             # (llama-vocab.cpp: jina-v2's and modern-bert's mask), from no GGUF key; rstrip alone: _check_rstrip
@@ -153,7 +157,7 @@ def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], l
         by_id[int(added["id"])] = added["content"]
         (special if added.get("special") else user_defined).add(int(added["id"]))
     missing = {i for i in range(vocab_size) if i not in by_id}
-    extra = [i for i in by_id if i >= vocab_size]
+    extra = [i for i in by_id if i >= vocab_size and i not in unembedded]
     if extra:
         raise ExportError(f"{path}: token ids up to {max(extra)}, but the model's embedding has {vocab_size} rows",
                           "the tokenizer does not belong to this model; rebuild the bundle")
@@ -165,6 +169,26 @@ def _tokens_by_id(spec: dict, path: Path, vocab_size: int) -> tuple[list[str], l
     types = [CONTROL if i in special else USER_DEFINED if i in user_defined else UNUSED if i in missing else NORMAL
              for i in range(vocab_size)]
     return tokens, types
+
+
+def _unembedded(spec: dict, vocab_size: int) -> dict[int, str]:
+    """The added tokens (id -> text) whose ids lie past the model's ``vocab_size`` embedding rows: Gemma 3's
+    tokenizer adds <image_soft_token> as id 262144 to every size, the 1B's embedding has 262144 rows. The model has
+    no row to read or predict them by; llama.cpp's converter leaves such tokens out of the file with a warning
+    (convert_hf_to_gguf.py, ``_create_vocab_sentencepiece``: "id is out of range"), and so does the export (their
+    text is then tokenized as plain text)."""
+    return {int(added["id"]): added["content"] for added in spec.get("added_tokens", [])
+            if int(added["id"]) >= vocab_size}
+
+
+def _unembedded_notes(spec: dict, vocab_size: int) -> tuple[str, ...]:
+    """The note for the added tokens the file leaves out (:func:`_unembedded`)."""
+    past = sorted(_unembedded(spec, vocab_size).items())
+    if not past:
+        return ()
+    shown = ", ".join(f"{text!r} (id {index})" for index, text in past[:5]) + (", ..." if len(past) > 5 else "")
+    return (f"the texts of the added tokens {shown} as plain text: their ids lie past the model's {vocab_size} "
+            "embedding rows, so the file's vocabulary (as llama.cpp's converter writes it) leaves them out",)
 
 
 def _check_rstrip(spec: dict, path: Path, tokens: list[str], types: list[int], name: str | None) -> tuple[str, ...]:
@@ -244,6 +268,7 @@ def _sentencepiece_vocab(spec: dict, path: Path, bos_token: str | None, eos_toke
                           "run the bundle with edgesdk, or convert the original model with llama.cpp's "
                           "convert_hf_to_gguf.py")
     tokens, types = _tokens_by_id(spec, path, vocab_size)
+    _spm_added_pieces(tokens, types)
     crossing = [token for i, token in enumerate(tokens) if types[i] == NORMAL and SPACE_MARK in token[1:]]
     if pre.get("type") == "Metaspace" and pre.get("split", True) and crossing:
         raise ExportError(f"{path}: the Metaspace pre-tokenizer splits the text before each U+2581, so the bundle "
@@ -265,10 +290,22 @@ def _sentencepiece_vocab(spec: dict, path: Path, bos_token: str | None, eos_toke
     last = float(len(model.get("merges", [])))
     scores = [(-float(rank_of.get(token, last)) if types[i] == NORMAL else 0.0) for i, token in enumerate(tokens)]
     notes = (_metaspace_notes(spec) if prefix_space else ()) + _normalizer_notes(spec, path, ("Prepend", "Replace"))
+    notes += _unembedded_notes(spec, vocab_size)
     notes += _check_rstrip(spec, path, tokens, types, name)
     return GGUFVocab(tokens=tokens, token_types=types, merges=[], pre="default", model="llama", scores=scores,
                      add_space_prefix=prefix_space, notes=notes,
                      **_special_ids(spec, tokens, bos_token, eos_token))
+
+
+def _spm_added_pieces(tokens: list[str], types: list[int]) -> None:
+    """Write the U+2581 of a SentencePiece vocabulary's non-special added tokens (USER_DEFINED) as spaces, in place,
+    as llama.cpp's converter does ("pre-normalize user-defined spaces", convert_hf_to_gguf.py
+    ``_create_vocab_sentencepiece``, for Gemma's whitespace runs "\u2581\u2581" ...): llama.cpp prints a USER_DEFINED
+    token's text as it is and matches it in the raw text, before any space becomes U+2581 (llama-vocab.cpp,
+    ``token_to_piece``, ``tokenizer_st_partition``), where the bundle's decoder writes each U+2581 as a space."""
+    for i, token in enumerate(tokens):
+        if types[i] == USER_DEFINED:
+            tokens[i] = token.replace(SPACE_MARK, " ")
 
 
 def _metaspace_notes(spec: dict) -> tuple[str, ...]:
