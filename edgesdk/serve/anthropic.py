@@ -55,6 +55,7 @@ from edgesdk.serve.api import (
     CompletionRequest,
     _object,
     _shown,
+    finite_number,
     join_text_parts,
     parse_chat_request,
 )
@@ -231,18 +232,21 @@ def _max_tokens(value: object) -> int:
 def _temperature(value: object) -> None:
     """``temperature``: Anthropic's ranges from 0.0 to 1.0 (Messages API, ``temperature``), where the chat route's
     (OpenAI's) takes up to 2; a larger one is refused as Anthropic refuses it, not sampled hotter than any
-    Anthropic client meant."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
+    Anthropic client meant, and so is any other value but a number in that range (null: the default), with
+    Anthropic's range named, not the chat route's."""
+    if value is not None and not (finite_number(value) and 0 <= value <= 1):
         raise ApiError(400, f"'temperature' must be a number in [0, 1] (Anthropic's range), got {_shown(value)}; "
-                       "send 1 or less", param="temperature")
+                       "send a number from 0 to 1, or leave it out", param="temperature")
 
 
 def _top_k(value: object) -> None:
     """``top_k``: Anthropic's is a whole number >= 0 (Messages API, ``top_k``); below 0 is refused as Anthropic
-    refuses it, where llama-server's routes read it as the sampler off."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+    refuses it, where llama-server's routes read it as the sampler off, and so is any other value but a whole
+    number (null: the default; 40.0 is 40), without the chat route's "0 or below: off"."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # not inf, not NaN
+    if value is not None and (isinstance(value, bool) or not whole or value < 0):
         raise ApiError(400, f"'top_k' must be a whole number >= 0 (Anthropic's range), got {_shown(value)}; send 0 "
-                       "or more", param="top_k")
+                       "or more, or leave it out", param="top_k")
 
 
 def _stop_sequences(value: object) -> tuple[str, ...]:
@@ -277,7 +281,10 @@ def _system(system: object) -> list[dict]:
     system prompt where there is none, as SmolLM2's, then puts it, as for a request without 'system')."""
     if system is None or isinstance(system, str):
         return [{"role": "system", "content": _unstamped(_check_text(system, "system"))}] if system else []
-    blocks = _list(system, "system")
+    if not isinstance(system, list):
+        raise ApiError(400, f"'system' must be a string or an array of text blocks ([{{\"type\": \"text\", "
+                       f"\"text\": ...}}]), got {_shown(system)}", param="system")
+    blocks = system
     for index, block in enumerate(blocks):
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
             raise ApiError(400, f"system[{index}] must be a text block {{\"type\": \"text\", \"text\": ...}}, got "
@@ -317,8 +324,8 @@ def _turn(turn: object, index: int) -> list[dict]:
     for number, block in enumerate(content):
         where = f"{param}.content[{number}]"
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text" and isinstance(block.get("text"), str):
-            texts.append(_check_text(block["text"], f"{where}.text"))
+        if kind == "text":
+            texts.append(_check_text(_block_text(block, where), f"{where}.text"))
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise ApiError(400, f"{where} must carry the call's string 'id' and 'name'", param=where)
@@ -346,6 +353,15 @@ def _turn(turn: object, index: int) -> list[dict]:
     if calls:
         messages = [{"role": "assistant", "content": text or None, "tool_calls": calls}]
     return messages
+
+
+def _block_text(block: dict, where: str) -> str:
+    """A ``text`` block's ``text``, which must be a string."""
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise ApiError(400, f"{where}.text must be the text block's text, a string, got {_shown(text)}",
+                       param=f"{where}.text")
+    return text
 
 
 def _result_text(content: object, where: str) -> str:

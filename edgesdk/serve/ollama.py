@@ -139,6 +139,8 @@ ROLES = ("system", "user", "assistant", "tool")
 # not know Ollama ignores
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "repeat_last_n",
                     "presence_penalty", "frequency_penalty")
+# the highest temperature the chat route (OpenAI's range) takes; Ollama's sampler takes any temperature from 0 up
+CHAT_ROUTE_MAX_TEMPERATURE = 2.0
 # Ollama's samplers this runtime lacks -> their off value
 SAMPLERS_OFF = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
 # the chat route's field -> the Ollama field an error names
@@ -242,12 +244,12 @@ def _as_ollama_reads(body: dict) -> dict:
       the context), and ``num_keep`` below 0 is -1, the whole prompt (runner.go ``NewSequence``: ``if
       params.numKeep < 0 { params.numKeep = len(inputs) }``);
     * the sampler's ranges as Ollama's ``sample.NewSampler`` (sample/samplers.go) clamps them: ``temperature``
-      below 0 is 0 (greedy), ``top_p`` above 1 is 1 (off) and at or below 0 keeps the likeliest token alone (its
-      ``topP`` transform, like llama.cpp's ``llama_sampler_top_p``, keeps tokens until their sum passes p: here
-      ``top_k`` 1), ``min_p`` below 0 is 0 and above 1 is 1, and a
-      ``repeat_penalty`` of 0 or less is 1 (off); a ``seed`` below -1 is a fixed seed, not a random one, as
-      ``NewSampler`` seeds its generator with any seed but -1 (``uint64(seed)``: here the same number modulo
-      2**64)."""
+      below 0 is 0 (greedy) and above 2, past the chat route's range, sampled as given (:func:`_parsed`),
+      ``top_p`` above 1 is 1 (off) and at or below 0 keeps the likeliest token alone (its ``topP`` transform, like
+      llama.cpp's ``llama_sampler_top_p``, keeps tokens until their sum passes p: here ``top_k`` 1), ``min_p``
+      below 0 is 0 and above 1 is 1, and a ``repeat_penalty`` of 0 or less is 1 (off); a ``seed`` below -1 is a
+      fixed seed, not a random one, as ``NewSampler`` seeds its generator with any seed but -1 (``uint64(seed)``:
+      here the same number modulo 2**64)."""
     options = body.get("options")
     if not isinstance(options, dict):
         return body
@@ -885,11 +887,17 @@ def _refuse_if_set(body: dict, field: str, why: str) -> None:
 def _parsed(parse, fields: dict, stops: tuple[str, ...]) -> CompletionRequest:
     """``fields`` parsed by the chat or text route's ``parse``, its errors naming the Ollama field
     (:func:`_in_ollama_terms`), with log-probabilities listed per token and any number of ``stops``; ``seed`` read
-    as Ollama's sampler reads it (every seed but -1 fixed, 4294967295 too: edgesdk.serve.api._seed)."""
-    try:
-        request = parse(fields, ollama_seed=True)
+    as Ollama's sampler reads it (every seed but -1 fixed, 4294967295 too: edgesdk.serve.api._seed); a
+    ``temperature`` above the chat route's (OpenAI's) range of [0, 2] sampled as given, as Ollama's sampler takes
+    any temperature (sample/samplers.go ``NewSampler`` clamps it below 0 alone, :func:`_as_ollama_reads`)."""
+    temperature = fields.get("temperature")
+    hotter = finite_number(temperature) and temperature > CHAT_ROUTE_MAX_TEMPERATURE
+    try:  # a hotter temperature is checked as the chat route's highest, then set as given
+        request = parse({**fields, "temperature": CHAT_ROUTE_MAX_TEMPERATURE} if hotter else fields, ollama_seed=True)
     except ApiError as exc:
         raise _in_ollama_terms(exc) from None
+    if hotter:
+        request = replace(request, temperature=float(temperature))
     if request.logprobs is not None:  # listed as llama-server's completion_probabilities (_ollama_logprobs)
         request = replace(request, llama_probs=True)
     if request.json_schema is not None:  # a schema refused mid-answer names the field the client wrote: format
