@@ -25,7 +25,9 @@ The rules follow ``hellaswag_score``, ``load_winogrande_from_csv``/``winogrande_
 - the pick is the ending with the highest score, the first of equal ones (llama.cpp compares with ``>``); a
   HellaSwag or multiple-choice task is right when the gold ending (multiple choice: an ``mc1`` answer labelled 1)
   is picked, a Winogrande task when ``score_1 > score_2`` picks choice 1 and the answer is 1, or else the answer
-  is 2;
+  is 2; a task with a score of NaN (the model's logits NaN, as a float16 engine's overflow leaves them) is refused,
+  naming it, where llama.cpp's ``>`` would pick its first ending (Winogrande: its second choice) whatever the model
+  gave;
 - task selection: HellaSwag scores ``min(count, tasks)`` tasks (``--hellaswag-tasks``, 400 by default) in
   llama.cpp's random order, drawn with ``std::mt19937 rng(1)`` and libstdc++'s
   ``std::uniform_int_distribution`` (Lemire's method; other C++ libraries draw other numbers), each drawn task
@@ -39,7 +41,9 @@ The rules follow ``hellaswag_score``, ``load_winogrande_from_csv``/``winogrande_
 
 Each sequence is scored from an empty cache as its own window (llama.cpp packs a task's sequences into one batch
 sharing the prefix's cache: the same logits). A task with a sequence longer than the scorer takes is refused,
-naming it, before any scoring, where llama.cpp stops at it ("task %zu does not fit in the context window"); so is
+naming it, before any scoring, and so, where a context is given as llama-perplexity's -c, is one whose sequences need
+more tokens than it packed as llama.cpp packs them (the prefix they share once, ``required_tokens``), where llama.cpp
+stops at it ("task %zu does not fit in the context window"); so is
 a task with nothing to score (endings that are all the same tokens, a Winogrande choice with no token past the
 common prefix), as llama.cpp's multiple_choice_score checks every task before it scores the first: a run over
 thousands of tasks on a board is not lost at its last one.
@@ -435,28 +439,59 @@ def _first_max(values: list[float]) -> int:
     return best
 
 
-class TaskTooLong(EdgeSDKError):
-    """A task whose longest sequence (BOS, context and its longest ending) is past the tokens the scorer takes: its
-    kind (``name``), where it is in the file, its tokens and the limit, for a caller that words the limit its own
-    way (``eval --context``)."""
+def _ranked(kind: str, where: str, means: tuple[float, ...], noun: str = "ending") -> tuple[float, ...]:
+    """``means``, the scores of a task's endings, after refusing a NaN among them: the model gave NaN logits (a
+    float16 engine's overflow). A NaN compares false with everything, so the pick fell on the first ending (Winogrande:
+    the second choice) whatever the model gave, and such a model scored the share of tasks whose answer is that one,
+    100 % on a file whose answers all are. A score of -inf (a token of probability 0) is a score, and ranks last."""
+    bad = [i + 1 for i, mean in enumerate(means) if math.isnan(mean)]
+    if bad:
+        raise EdgeSDKError(f"{kind} task at {where}: the score of {noun} {bad[0]} of {len(means)} is NaN, as the model "
+                           "gave NaN logits for it, so its endings cannot be ranked",
+                           "check the model's logits with edgesdk eval --reference --kl-divergence (perplexity beside "
+                           "the source model's); a float16 engine's overflow is gone with --backend ort-cpu")
+    return means
 
-    def __init__(self, name: str, where: str, longest: int, limit: int):
-        self.name, self.where, self.longest, self.limit = name, where, longest, limit
+
+class TaskTooLong(EdgeSDKError):
+    """A task whose longest sequence (BOS, context and its longest ending) is past the tokens the scorer takes, or
+    (``packed``) whose sequences packed as llama-perplexity packs them (:func:`_required_tokens`) are past the
+    context it is scored in: its kind (``name``), where it is in the file, the tokens it needs (``longest``) and the
+    limit, for a caller that words the limit its own way (``eval --context``)."""
+
+    def __init__(self, name: str, where: str, longest: int, limit: int, packed: bool = False):
+        self.name, self.where, self.longest, self.limit, self.packed = name, where, longest, limit, packed
+        if packed:
+            super().__init__(f"{name} task at {where} needs {longest} tokens (BOS and context once, then each "
+                             "ending's tokens past the prefix they share, as llama-perplexity packs a task), more "
+                             f"than the context of {limit}; llama-perplexity -c {limit} stops at such a task too",
+                             "score it in a larger context, or remove that task from the file")
+            return
         super().__init__(f"{name} task at {where} needs {longest} tokens (BOS, context and its longest ending), "
                          f"more than the {limit} the model takes (max_context); llama-perplexity stops at such a "
                          "task too", "rebuild the bundle with a larger --max-context, or remove that task from the file")
 
 
+def _required_tokens(sequences: list[list[int]]) -> int:
+    """llama.cpp's ``required_tokens`` of a task: the tokens its sequences take in one batch, the prefix they all
+    share once (its cache shared by their sequence ids) and then each one's tokens past it. llama-perplexity scores a
+    task only where these fit its context (``n_cur + required_tokens <= n_ctx``), else stops: "task %zu does not fit
+    in the context window"."""
+    prefix = _common_prefix(sequences)
+    return prefix + sum(len(s) - prefix for s in sequences)
+
+
 def _check_length(tasks_tokens: list[tuple[str, list[list[int]]]], score_window, max_tokens: int | None,
-                  name: str) -> None:
+                  name: str, context: int | None = None) -> None:
     """Refuse, naming it, the first task with a sequence longer than the scorer takes: ``max_tokens``, else
-    ``score_window.max_tokens`` where the scorer has one (none: no limit)."""
+    ``score_window.max_tokens`` where the scorer has one (none: no limit); or, where a ``context`` is given
+    (llama-perplexity's -c), one whose sequences packed as llama-perplexity packs them need more tokens than it."""
     limit = max_tokens if max_tokens is not None else getattr(score_window, "max_tokens", None)
-    if limit is None:
-        return
     for where, sequences in tasks_tokens:
+        if context is not None and (needed := _required_tokens(sequences)) > context:
+            raise TaskTooLong(name, where, needed, context, packed=True)
         longest = max(len(s) for s in sequences)
-        if longest > limit:
+        if limit is not None and longest > limit:
             raise TaskTooLong(name, where, longest, limit)
 
 
@@ -492,11 +527,13 @@ def _choice_prefix(kind: str, task: ChoiceTask, where: str, sequences: list[list
 
 
 def choice_score(score_window, encode, tasks: list[ChoiceTask], bos_id: int | None = None,
-                 max_tokens: int | None = None, kind: str = HELLASWAG, progress: bool = False) -> AccuracyResult:
+                 max_tokens: int | None = None, kind: str = HELLASWAG, progress: bool = False,
+                 context: int | None = None) -> AccuracyResult:
     """HellaSwag (``hellaswag_score``) or multiple choice (``multiple_choice_score``) over ``tasks`` in their
     order (module docstring). ``score_window(ids) -> logits (T, V)`` from an empty cache; ``encode(text)`` adds
     no special token, ``bos_id`` leads every sequence where given; ``max_tokens`` (default:
-    ``score_window.max_tokens`` where the scorer has one) is the longest sequence taken. A task that cannot be
+    ``score_window.max_tokens`` where the scorer has one) is the longest sequence taken; ``context`` (None: none),
+    llama-perplexity's -c, the most tokens a task's sequences take packed as it packs them. A task that cannot be
     scored is refused before any is scored, as llama.cpp's ``multiple_choice_score`` checks every task
     (``multiple_choice_prepare_one_task``) before its first batch."""
     from tqdm import tqdm
@@ -506,13 +543,14 @@ def choice_score(score_window, encode, tasks: list[ChoiceTask], bos_id: int | No
     lead = [] if bos_id is None else [bos_id]
     tokenized = [(task.where, [lead + list(encode(f"{task.context} {ending}")) for ending in task.endings])
                  for task in tasks]
-    _check_length(tokenized, score_window, max_tokens, kind)
+    _check_length(tokenized, score_window, max_tokens, kind, context)
     prefixes = [_choice_prefix(kind, task, where, sequences)
                 for task, (where, sequences) in zip(tasks, tokenized, strict=True)]
     correct, picks, scores, endings = 0, [], [], 0
     bar = tqdm(tokenized, desc=kind, disable=not progress, unit="task")
     for task, prefix, (_, sequences) in zip(tasks, prefixes, bar, strict=True):
         means = tuple(float(_sequence_logprobs(score_window, s, prefix).mean()) for s in sequences)
+        means = _ranked(kind, task.where, means)
         pick = _first_max(list(means))
         correct += task.labels[pick] == 1
         picks.append(pick)
@@ -522,15 +560,17 @@ def choice_score(score_window, encode, tasks: list[ChoiceTask], bos_id: int | No
 
 
 def hellaswag_score(score_window, encode, tasks: list[ChoiceTask], bos_id: int | None = None,
-                    max_tokens: int | None = None, progress: bool = False) -> AccuracyResult:
+                    max_tokens: int | None = None, progress: bool = False, context: int | None = None
+                    ) -> AccuracyResult:
     """:func:`choice_score` under HellaSwag's name (llama.cpp's ``hellaswag_score``)."""
-    return choice_score(score_window, encode, tasks, bos_id, max_tokens, HELLASWAG, progress)
+    return choice_score(score_window, encode, tasks, bos_id, max_tokens, HELLASWAG, progress, context)
 
 
 def multiple_choice_score(score_window, encode, tasks: list[ChoiceTask], bos_id: int | None = None,
-                          max_tokens: int | None = None, progress: bool = False) -> AccuracyResult:
+                          max_tokens: int | None = None, progress: bool = False, context: int | None = None
+                          ) -> AccuracyResult:
     """:func:`choice_score` under llama.cpp's ``multiple_choice_score``'s name."""
-    return choice_score(score_window, encode, tasks, bos_id, max_tokens, MULTIPLE_CHOICE, progress)
+    return choice_score(score_window, encode, tasks, bos_id, max_tokens, MULTIPLE_CHOICE, progress, context)
 
 
 def winogrande_spans(tokens: tuple[list[int], list[int]], bases: tuple[int, int]) -> tuple[range, range]:
@@ -547,7 +587,8 @@ def winogrande_spans(tokens: tuple[list[int], list[int]], bases: tuple[int, int]
 
 
 def winogrande_score(score_window, encode, tasks: list[WinograndeTask], bos_id: int | None = None,
-                     max_tokens: int | None = None, progress: bool = False) -> AccuracyResult:
+                     max_tokens: int | None = None, progress: bool = False, context: int | None = None
+                     ) -> AccuracyResult:
     """Winogrande (``winogrande_score``) over ``tasks`` in their order; arguments as :func:`choice_score`'s."""
     from tqdm import tqdm
 
@@ -556,7 +597,7 @@ def winogrande_score(score_window, encode, tasks: list[WinograndeTask], bos_id: 
     lead = [] if bos_id is None else [bos_id]
     tokenized = [(task.where, [lead + list(encode(task.first + choice + task.second)) for choice in task.choices])
                  for task in tasks]
-    _check_length(tokenized, score_window, max_tokens, WINOGRANDE)
+    _check_length(tokenized, score_window, max_tokens, WINOGRANDE, context)
     all_spans = []  # every task's checked before any is scored
     for task, (where, sequences) in zip(tasks, tokenized, strict=True):
         bases = tuple(len(lead) + len(encode(task.first + choice)) for choice in task.choices)
@@ -572,6 +613,7 @@ def winogrande_score(score_window, encode, tasks: list[WinograndeTask], bos_id: 
     for task, spans, (_, sequences) in zip(tasks, all_spans, bar, strict=True):
         means = tuple(float(_sequence_logprobs(score_window, s, span.start, span.stop).mean())
                       for s, span in zip(sequences, spans, strict=True))
+        means = _ranked(WINOGRANDE, task.where, means, "choice")
         pick = 0 if means[0] > means[1] else 1
         correct += pick + 1 == task.answer
         picks.append(pick)
@@ -589,22 +631,24 @@ def plain_text_encoder(runtime):
 SCORERS = {HELLASWAG: hellaswag_score, WINOGRANDE: winogrande_score, MULTIPLE_CHOICE: multiple_choice_score}
 
 
-def bundle_accuracy(runtime, kind: str, tasks, progress: bool = False, max_tokens: int | None = None
-                    ) -> AccuracyResult:
+def bundle_accuracy(runtime, kind: str, tasks, progress: bool = False, max_tokens: int | None = None,
+                    context: int | None = None) -> AccuracyResult:
     """``kind`` over ``tasks`` through the bundle's runtime, BOS in front where its tokenizer adds one; a task
-    longer than ``max_tokens`` (the bundle's max_context where None) is refused (:class:`TaskTooLong`)."""
+    longer than ``max_tokens`` (the bundle's max_context where None), or than ``context`` (llama-perplexity's -c) as
+    llama-perplexity packs it, is refused (:class:`TaskTooLong`)."""
     from edgesdk.evaluate import bundle_scorer, leading_bos
 
     return SCORERS[kind](bundle_scorer(runtime), plain_text_encoder(runtime), tasks, leading_bos(runtime.tokenizer),
-                         max_tokens=max_tokens, progress=progress)
+                         max_tokens=max_tokens, progress=progress, context=context)
 
 
-def reference_accuracy(model, runtime, kind: str, tasks, progress: bool = False, max_tokens: int | None = None
-                       ) -> AccuracyResult:
+def reference_accuracy(model, runtime, kind: str, tasks, progress: bool = False, max_tokens: int | None = None,
+                       context: int | None = None) -> AccuracyResult:
     """The same through the PyTorch source ``model`` (host only), with the bundle's tokenizer and BOS, refusing
-    what the bundle refuses (``max_tokens``, its max_context where None), so both score the same tasks."""
+    what the bundle refuses (``max_tokens``, its max_context where None; ``context``), so both score the same
+    tasks."""
     from edgesdk.evaluate import leading_bos, reference_scorer
 
     return SCORERS[kind](reference_scorer(model.eval()), plain_text_encoder(runtime), tasks,
                          leading_bos(runtime.tokenizer),
-                         max_tokens=max_tokens or runtime.backend.max_context, progress=progress)
+                         max_tokens=max_tokens or runtime.backend.max_context, progress=progress, context=context)

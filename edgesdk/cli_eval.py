@@ -51,7 +51,8 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
 @click.option("--context", default=512, show_default=True, type=click.IntRange(min=0), cls=LlamaEnvOption,
               envvar=CTX_SIZE_ENV,
               help="Tokens per window (per chunk: llama-perplexity's -c); with --hellaswag, --winogrande or "
-                   "--multiple-choice the most tokens a task may have (not given: the bundle's context); 0: the "
+                   "--multiple-choice the most tokens a task may take, its endings packed as llama-perplexity -c "
+                   "packs them, the prefix they share once (not given: each ending the bundle's context); 0: the "
                    "bundle's context, as llama.cpp's -c 0 is the model's.")
 @click.option("--stride", type=click.IntRange(min=1), help="Window step [--context: no overlap]; windows only.")
 @click.option("--max-chars", default=200_000, show_default=True, type=click.IntRange(min=0),
@@ -103,7 +104,8 @@ def eval_(bundle, model, text_file, method, context, stride, max_chars, referenc
 
     --hellaswag, --winogrande and --multiple-choice score the --text file as llama-perplexity's task of that
     name scores it, instead of perplexity (one task a run); there --context N (-c N) is the context the tasks are
-    scored in, as llama-perplexity's -c: a task longer than N tokens is refused (not given: the bundle's context).
+    scored in, as llama-perplexity's -c: a task whose endings need more than N tokens packed as llama-perplexity packs
+    them (the prefix they share once) is refused (not given: each ending may have the bundle's context).
 
     llama-perplexity's -c / --ctx-size N is --context N; its options that change nothing here are accepted and said
     so on stderr (-ngl, -fa, -b, --mlock, ...), the others refused by name.
@@ -271,10 +273,12 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     it (edgesdk/accuracy.py), and with --reference by the PyTorch source model too.
 
     ``context``: --context / -c (or LLAMA_ARG_CTX_SIZE) where given, None where not (the bundle's context). As
-    llama-perplexity's -c with a task (tools/perplexity/perplexity.cpp: the tasks of a batch share its ``n_ctx``,
-    and a task longer than it stops the run, "task %zu does not fit in the context window"), it is the most
-    tokens one task's sequence may have: a longer one is refused by name before any scoring; 0 is the bundle's
-    context (common/arg.cpp: "0 = loaded from model"), and one past the bundle's is refused, as for perplexity."""
+    llama-perplexity's -c with a task (tools/perplexity/perplexity.cpp: a task's sequences go into its ``n_ctx``
+    packed, the prefix they share once and each one's tokens past it, ``required_tokens``, and a task whose tokens
+    so counted are more than it stops the run, "task %zu does not fit in the context window"), it is the most
+    tokens one task may take so: a longer one is refused by name before any scoring. Not given, or 0 (the bundle's
+    context, common/arg.cpp: "0 = loaded from model"), each sequence may have the bundle's max_context; one past the
+    bundle's is refused, as for perplexity."""
     from edgesdk.accuracy import TaskTooLong, agreement, bundle_accuracy, read_task_file, reference_accuracy
     from edgesdk.runtime.session import open_runtime
 
@@ -282,24 +286,26 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
     limit = _task_context(context, runtime.backend.max_context)
+    packed = limit if context else None  # llama-perplexity's -c: a task's sequences packed as it packs them
     source = _reference_source(runtime, bundle) if reference else None
 
     def scored(score):  # the bundle and the reference score the same tasks, within the same limit
         try:
             return score()
         except TaskTooLong as exc:
-            if limit == runtime.backend.max_context:
+            if not exc.packed:
                 raise
-            raise EdgeSDKError(f"{exc.name} task at {exc.where} needs {exc.longest} tokens (BOS, context and its "
-                               f"longest ending), more than --context {limit} (llama-perplexity's -c) lets a task "
-                               "have", f"pass a larger --context (the bundle takes up to {runtime.backend.max_context}"
-                               "; 0: all of it), or remove that task from the file") from exc
+            raise EdgeSDKError(f"{exc.name} task at {exc.where} needs {exc.longest} tokens (BOS and context once, "
+                               "then each ending's tokens past the prefix they share, as llama-perplexity packs a "
+                               f"task), more than --context {limit} (llama-perplexity's -c) lets a task have",
+                               f"pass a larger --context (the bundle takes up to {runtime.backend.max_context}; 0: "
+                               "all of it), or remove that task from the file") from exc
 
-    ours = scored(lambda: bundle_accuracy(runtime, kind, tasks, progress=True, max_tokens=limit))
+    ours = scored(lambda: bundle_accuracy(runtime, kind, tasks, progress=True, context=packed))
     result = {"task": kind, "bundle": ours.to_json()}
     if reference:
         model = _load_reference_model(source, threads)
-        theirs = scored(lambda: reference_accuracy(model, runtime, kind, tasks, progress=True, max_tokens=limit))
+        theirs = scored(lambda: reference_accuracy(model, runtime, kind, tasks, progress=True, context=packed))
         result.update(reference=theirs.to_json(), same_pick=round(agreement(ours, theirs), 6))
     if as_json:
         echo_json(result)
