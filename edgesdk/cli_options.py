@@ -93,8 +93,8 @@ SAMPLING_OPTIONS = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top
 
 
 def bad_sampling_option(exc: ValueError, options: dict[str, str] = SAMPLING_OPTIONS) -> click.BadParameter:
-    """A refused sampling value told under the option the user typed (``options``: field -> option), not the
-    field."""
+    """A refused sampling (or gate, :data:`GATE_OPTIONS`) value told under the option the user typed (``options``:
+    field -> option), not the field."""
     hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
     return click.BadParameter(str(exc), param_hint=hint)
 
@@ -380,6 +380,11 @@ def warn_unused_thermal_options(watch_thermal: bool, simulate_thermal: bool, tel
             click.echo(f"edgesdk: {flag} is not used: it works with {works_with}", err=True)
 
 
+# The gate controller's fields the options set: a value ControllerConfig refuses is a ValueError whose message
+# starts with the field's name.
+GATE_OPTIONS = {"entropy_target": "'--entropy-target'", "compute_budget": "'--compute-budget'"}
+
+
 def configure_gates(backend, entropy_target, compute_budget, gating) -> None:
     """Apply the power-gate options to a gated backend; refuse them for a bundle without gates."""
     asked = entropy_target is not None or compute_budget is not None
@@ -393,8 +398,8 @@ def configure_gates(backend, entropy_target, compute_budget, gating) -> None:
                                  "turns off; drop one or the other", param_hint="--no-gating")
     try:
         backend.configure(backend.controller_config(entropy_target, compute_budget))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    except ValueError as exc:  # told under the option typed, not the controller's field
+        raise bad_sampling_option(exc, GATE_OPTIONS) from exc
     backend.gating = asked if gating is None else gating
 
 

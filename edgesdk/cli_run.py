@@ -35,6 +35,7 @@ from edgesdk.cli_llama import (
     bundle_or_model,
     checked_ctx_size,
     ctx_size_env_note,
+    say_model_env_overridden,
     say_unread_llama_env,
 )
 from edgesdk.cli_options import (
@@ -168,7 +169,8 @@ class RunSettings:
                    "prompt, as without -st; else the first one read from stdin).")
 @click.option("--interactive", "-i", "interactive_mode", is_flag=True,
               help="llama-cli's -i / --interactive: after the answer to --prompt or --file, go on reading prompts "
-                   "from stdin, keeping the history (--history); without them prompts are read from stdin anyway.")
+                   "from stdin, keeping the history (--history) where the chat template renders them (with --raw or "
+                   "-no-cnv each line is answered on its own); without them prompts are read from stdin anyway.")
 @click.option("--interactive-first", "-if", "interactive_first", is_flag=True,
               help="llama-cli's -if / --interactive-first: read the first prompt from stdin right away, keeping the "
                    "history (what run does without --prompt or --file; with them refused: pass -i).")
@@ -318,7 +320,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         chat=chat, go_on=go_on, single_turn=single_turn,
         raw_option="-no-cnv" if conversation is False else "--raw", in_prefix_bos=in_prefix_bos)
     # llama-cli would act on them: said, as serve says them, not ignored silently (LLAMA_ARG_CTX_SIZE once the
-    # bundle's context is known)
+    # bundle's context is known); a LLAMA_ARG_MODEL that the BUNDLE or -m goes over is said too, as llama-cli warns
+    say_model_env_overridden()
     say_unread_llama_env("llama-cli", MODEL_ENV, CTX_SIZE_ENV)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats)
@@ -367,8 +370,9 @@ def _llama_cli_mode(conversation: bool | None, interactive: bool, interactive_fi
     them: -cnv renders the prompt through the chat template as the first user turn, answers it and goes on
     interactively (``conversation_mode`` implies interactive); -no-cnv feeds the prompt as it is, without the chat
     template ("otherwise use the prompt as is"), and ends after it; -i goes on interactively after the prompt's
-    answer; -if waits for input first; -st ends after one turn (common/arg.cpp: "will not be interactive if first
-    turn is predefined with --prompt")."""
+    answer, with -no-cnv too (llama-completion's interactive completion: ``params.interactive`` is -i's own, apart
+    from ``conversation_mode``); -if waits for input first; -st ends after one turn (common/arg.cpp: "will not be
+    interactive if first turn is predefined with --prompt")."""
     if conversation is True and raw:
         raise click.BadParameter("renders the chat through the chat template, and --raw feeds the prompt as it is; "
                                  "pass one", param_hint="'--conversation' / '-cnv'")
@@ -376,8 +380,8 @@ def _llama_cli_mode(conversation: bool | None, interactive: bool, interactive_fi
         raise click.BadParameter("reads the first prompt from stdin, and --prompt / --file gives it: pass -i to "
                                  "answer that prompt and then read more from stdin, or leave --prompt out",
                                  param_hint="'--interactive-first' / '-if'")
-    if conversation is False:
-        return True, False, False
+    if conversation is False:  # no chat template and no history; -i still goes on reading stdin after the prompt
+        return True, False, interactive and prompt_given and not single_turn
     chat = conversation is True or interactive or interactive_first
     return raw, chat, chat and prompt_given and not single_turn
 
