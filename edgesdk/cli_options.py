@@ -221,7 +221,8 @@ def thermal_options(fn):
                      help="While pacing, the guard also caps the CPU clock (cpufreq scaling_max_freq, needs root; "
                           "restored on exit): about 1.4x the tokens at the same temperature, each a little slower."),
         click.option("--telemetry", type=click.Path(dir_okay=False, path_type=Path),
-                     help="Write one JSONL record per step: temperatures, level, tok/s, budget, pacing, power."),
+                     help="Write one JSONL record per step: temperatures, level, tok/s, budget, pacing, power "
+                          "(appended after the runs already in FILE; 'thermal report' draws each)."),
         click.option("--ambient", type=AMBIENT, help="Ambient °C of the simulated board [the profile's]."),
         click.option("--thermal-target", help="Profile for the thermal limits and model [the bundle's target]."),
         click.option("--sim-speed", default=1.0, show_default=True,

@@ -61,14 +61,16 @@ def _finite(value: object) -> object:
 
 
 class Telemetry:
-    """Collects step records in memory and, with a path, appends them to a JSONL file.
+    """Collects step records in memory and, with a path, writes them to a JSONL file: a new one, or with
+    ``append`` after the runs already in it (each run starts with its meta record, and the report draws each).
 
     A file that cannot be created, or whose meta record cannot be written, raises the OSError (the
     caller names its option); a step record that cannot be written later raises
     :class:`TelemetryWriteError` once and the file is closed, keeping every whole record before it.
     """
 
-    def __init__(self, path: str | Path | None = None, meta: dict | None = None, keep: bool = True):
+    def __init__(self, path: str | Path | None = None, meta: dict | None = None, keep: bool = True,
+                 append: bool = False):
         self.path = Path(path) if path else None
         self.keep = keep
         self.records: list[dict] = []
@@ -77,8 +79,10 @@ class Telemetry:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # line-buffered: a killed run (SIGKILL, power cut) keeps every record it wrote
-            self._file = open(self.path, "w", encoding="utf-8", buffering=1)  # closed in close()
+            self._file = open(self.path, "a" if append else "w", encoding="utf-8", buffering=1)  # closed in close()
             try:
+                if append:
+                    self._end_last_line()
                 self._write(self.meta)
             except OSError:
                 self._drop()
@@ -93,6 +97,16 @@ class Telemetry:
             except ValueError:  # NaN or an infinity: JSON (RFC 8259) has no such number; jq and others refuse the line
                 line = json.dumps(_finite(record), separators=(",", ":"))
             self._file.write(line + "\n")
+
+    def _end_last_line(self) -> None:
+        """Before a run appended to a file: end a last line a killed run left cut (its meta record would otherwise
+        join it, and both would be lost to the report, which skips a line it cannot read)."""
+        size = self.path.stat().st_size
+        if size:
+            with open(self.path, "rb") as handle:
+                handle.seek(size - 1)
+                if handle.read(1) != b"\n":
+                    self._file.write("\n")
 
     def _drop(self) -> None:
         """Close a file that failed a write; its buffer cannot be written either (close raises again)."""
@@ -167,11 +181,12 @@ def records(path: str | Path) -> Iterator[dict]:
 
 
 def load(path: str | Path) -> tuple[dict, list[dict]]:
-    """(meta, step records) of a telemetry file, its lines read as :func:`records` reads them."""
+    """(meta, step records) of a telemetry file's last run (a run appends after the runs before it, each from its
+    meta record on), its lines read as :func:`records` reads them."""
     meta, steps = {}, []
     for record in records(path):
         if record.get("type") == "meta":
-            meta = record
+            meta, steps = record, []
         elif record.get("type") == "step":
             steps.append(record)
     return meta, steps

@@ -426,9 +426,11 @@ def _close_all(opened: list[object]) -> None:
 
 
 def _open_telemetry(path: str, meta: dict) -> Telemetry:
-    """The run's telemetry file; a path that cannot be written is an EdgeSDKError naming --telemetry."""
+    """The run's telemetry file, appended to: a run restarted on the same file (a serve unit restarted by
+    systemd after a crash) keeps the records of the run before it, the ones that show what happened. A path
+    that cannot be written is an EdgeSDKError naming --telemetry."""
     try:
-        return Telemetry(path, meta, keep=False)
+        return Telemetry(path, meta, keep=False, append=True)
     except OSError as error:
         raise EdgeSDKError(f"--telemetry {path}: cannot create the file ({error.strerror or error})",
                            "pass a path whose parent is a writable directory (not a file), "
