@@ -330,7 +330,7 @@ def check_gemma_stages(stages: list[tuple[str, object]], export_config: ExportCo
                          "sparsify.reorder=false")
 
 
-def check_stage_sizes(stages: list[tuple[str, object]], model, profile) -> None:
+def check_stage_sizes(stages: list[tuple[str, object]], model, profile, terms: str = "cli") -> None:
     """Sizes a stage would find past the loaded model, refused before any stage runs rather than when that stage
     starts, after QAT's training: distill's soft prompt beside its sequence (edgesdk.compress.distill.check_soft_prompt)
     and sparsify's block edge (edgesdk.compress.sparsify.check_block_fits) and, for ``allocation: global``, that
@@ -342,12 +342,12 @@ def check_stage_sizes(stages: list[tuple[str, object]], model, profile) -> None:
     names = [name for name, _ in stages]
     for name, config in stages:
         if name == "distill":
-            check_soft_prompt(config, model.config)
+            check_soft_prompt(config, model.config, terms)
         elif name == "sparsify" and "prune" not in names[:names.index("sparsify")]:
             block = config.block_size or profile.sparsity_block
-            check_block_fits(model, block, None if config.block_size else profile.name)
+            check_block_fits(model, block, None if config.block_size else profile.name, terms)
             if config.allocation == "global":
-                check_floor_budget(block_counts(model, block), config)
+                check_floor_budget(block_counts(model, block), config, terms)
 
 
 def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportConfig, profile,
@@ -580,7 +580,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
                  f"max_position_embeddings is {context}")
         check_depth_pruning(stages, loaded.model.config.num_hidden_layers, config.terms)
         check_width_pruning(stages, loaded.model, config.terms)
-        check_stage_sizes(stages, loaded.model, profile)
+        check_stage_sizes(stages, loaded.model, profile, config.terms)
         check_power_stage(stages, loaded.model.config, config.terms)
         check_gemma_stages(stages, export_config, loaded.model.config)
     except EdgeSDKError:
