@@ -25,6 +25,9 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
 * Ollama's native API (serve/ollama.py): ``POST /api/chat`` and ``POST /api/generate``, whole or streamed as
   newline-delimited JSON, ``GET /api/tags``, ``POST /api/show``, ``GET /api/ps``, ``GET /api/version``, its errors in
   Ollama's shape; ``GET`` / ``HEAD /`` answers "Ollama is running", the probe Ollama's clients send first.
+  Ollama's model management: ``POST /api/pull`` of the model served answers Ollama's ``success`` (nothing fetched);
+  a pull of another model, ``/api/push``, ``/api/create``, ``/api/copy``, ``DELETE /api/delete`` and
+  ``/api/blobs/{digest}`` are a 501 in Ollama's shape saying how edgesdk builds and deploys a bundle instead.
 * ``POST /infill`` (llama-server's code infill): ``input_prefix``, ``input_suffix``, ``input_extra`` and ``prompt``
   built into the model's fill-in-the-middle prompt and answered as ``/completion`` (serve/infill.py).
 * ``POST /tokenize``, ``POST /detokenize`` (llama-server's): a text's token ids (with ``with_pieces``
@@ -501,9 +504,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._reader.until(self.server.request_timeout_s)  # the head is in: the body comes within the request's time
         # A Messages API route: its errors in Anthropic's shape (also a 401 or 405 under another method)
         self._anthropic = _api_route(route) in anthropic.ROUTES
-        self._ollama = route.rstrip("/") in ollama.ROUTES  # an Ollama route: its errors in Ollama's shape
+        self._ollama = _ollama_route(route)  # an Ollama route: its errors in Ollama's shape
         if self.command != "POST" and self._carries_body():
             self.close_connection = True  # no GET reads its body: left unread, it would be taken for the next request
+        if ollama.management_methods(route) and self.command != "OPTIONS":
+            handle = self._ollama_management  # Ollama's model management, under any method (a 405 under another)
         try:
             handle(route)
         except ApiError as exc:
@@ -1099,6 +1104,28 @@ class ApiHandler(BaseHTTPRequestHandler):
         for line in lines:
             self._json_line(line)
 
+    def _ollama_management(self, route: str) -> None:
+        """Ollama's model-management routes (serve/ollama.py): a pull of a model served answers Ollama's success
+        (streamed unless ``stream`` is false), nothing fetched; the others are refused, saying what to do instead."""
+        self._refuse_management(route)
+        served = [self.server.model] if self.server.pool is None else list(self.server.pool.models)
+        if ollama.parse_pull(self._read_json(), served):
+            self._send_body(200, json_bytes(ollama.PULLED) + b"\n", ollama.CONTENT_TYPE)
+        else:
+            self._send_json(200, ollama.PULLED)
+
+    def _refuse_management(self, route: str) -> None:
+        """The refusal of an Ollama model-management request on its head alone: a 405 under another method than
+        Ollama's, the API key's 401, the 501 of any route but a pull."""
+        methods = ollama.management_methods(route)
+        if self.command not in methods:
+            self._allow = ", ".join(methods)
+            raise ApiError(405, f"{route} takes {self._allow}, not {self.command}, as Ollama's API has it",
+                           code="method_not_allowed")
+        self._authorise()
+        if route.rstrip("/") != ollama.PULL_ROUTE:
+            raise ollama.unmanaged(route)
+
     def _use_timed(self, body: object) -> tuple[Completer, int]:
         """:meth:`_use`, and the nanoseconds it took where several bundles are served: Ollama's ``load_duration``,
         the time from the request's start until its model was scheduled (server/routes.go: ``checkpointLoaded.Sub(
@@ -1283,15 +1310,18 @@ class ApiHandler(BaseHTTPRequestHandler):
             return True
         self._origin_form()  # asked from within parse_request, before it returns
         if self.command == "POST":
+            route = self.path.split("?", 1)[0]
             try:
-                if not _posted(self.path.split("?", 1)[0]):
-                    self._not_found(self.path.split("?", 1)[0], "POST")
+                if ollama.management_methods(route):
+                    self._refuse_management(route)  # a pull alone reads its body
+                elif not _posted(route):
+                    self._not_found(route, "POST")
                 self._authorise()
                 self._body_size()
             except ApiError as exc:
                 self.close_connection = True
-                self._anthropic = _api_route(self.path.split("?", 1)[0]) in anthropic.ROUTES
-                self._ollama = self.path.split("?", 1)[0].rstrip("/") in ollama.ROUTES
+                self._anthropic = _api_route(route) in anthropic.ROUTES
+                self._ollama = _ollama_route(route)
                 self._send_refusal(exc.status, self._error_body(exc))
                 return False
         return super().handle_expect_100()
@@ -1645,6 +1675,12 @@ def _posted(route: str) -> bool:
     return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE \
         or path == infill.ROUTE or route.rstrip("/") in ollama.POST_ROUTES \
         or path in (responses.ROUTE, responses.COUNT_ROUTE) or KEPT_CANCEL.fullmatch(path) is not None
+
+
+def _ollama_route(route: str) -> bool:
+    """Whether ``route`` is one of Ollama's (its errors then in Ollama's shape): those answered, and its
+    model-management routes, refused in its words."""
+    return route.rstrip("/") in ollama.ROUTES or bool(ollama.management_methods(route))
 
 
 def _api_route(route: str) -> str:

@@ -84,6 +84,13 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   several bundles are served; 0 for one bundle, loaded at start), ``prompt_eval_count``, ``prompt_eval_duration``,
   ``eval_count``, ``eval_duration`` (nanoseconds). A stream is newline-delimited JSON (``application/x-ndjson``), one object per
   piece and a last one with ``done`` true; an error once it has begun is a last ``{"error": ...}`` line.
+* Ollama's model management: ``POST /api/pull`` of a model served (its name matched as :func:`_model_name` matches
+  it) answers Ollama's last pull status, ``{"status": "success"}`` (one line of a stream unless ``stream`` is
+  false, as Ollama streams a pull), so that a client that pulls a model before it uses it (``ollama run``, Open
+  WebUI's pull, scripts that pull first) goes on as with an Ollama that has the model already; nothing is fetched.
+  A pull of another model, and ``/api/push``, ``/api/create``, ``/api/copy``, ``DELETE /api/delete`` and
+  ``/api/blobs/{digest}``, are a 501 saying what to do instead (:func:`unmanaged`): a bundle is built on a host and
+  copied to the board with edgesdk, not downloaded by the server. Under another method than Ollama's, a 405.
 * errors: ``{"error": "..."}`` with the status; a model name that is not the served one is Ollama's 404 "model
   not found" (clients send the name ``/api/tags`` lists; with several bundles, Ollama's own words:
   :func:`model_not_found`).
@@ -128,6 +135,23 @@ EMBED_ROUTE, EMBEDDINGS_ROUTE = "/api/embed", "/api/embeddings"  # the second is
 POST_ROUTES = (CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE, EMBED_ROUTE, EMBEDDINGS_ROUTE)
 GET_ROUTES = ("/api/tags", "/api/version", "/api/ps")
 ROUTES = POST_ROUTES + GET_ROUTES
+PULL_ROUTE = "/api/pull"
+# Ollama's model-management routes (server/routes.go) and the method each takes there: this server answers from the
+# bundles it was started with, so it pulls (but the model it serves), pushes, creates, copies and deletes none
+MANAGEMENT_ROUTES = {PULL_ROUTE: "POST", "/api/push": "POST", "/api/create": "POST", "/api/copy": "POST",
+                     "/api/delete": "DELETE"}
+BLOBS_ROUTE = "/api/blobs/"  # HEAD and POST /api/blobs/{digest}: ``ollama create`` uploading a model's files
+# what a bundle comes from, said in every management refusal
+BUNDLES_MADE = ("a model is built into a bundle on a host ('edgesdk build'), copied to the board ('edgesdk deploy') "
+                "and served from the start (edgesdk serve BUNDLE..., or --models-dir)")
+UNMANAGED = {
+    "/api/push": "push models to a registry: " + BUNDLES_MADE,
+    "/api/create": "create models: " + BUNDLES_MADE,
+    "/api/copy": "copy models: a served model's other name is given at the start (edgesdk serve --alias NAME)",
+    "/api/delete": "delete models: stop edgesdk serve and remove the bundle from the board (or from --models-dir)",
+    BLOBS_ROUTE: "take a model's files: " + BUNDLES_MADE,
+}
+PULLED = {"status": "success"}  # the last status of Ollama's pull, and the whole of a non-streamed pull's answer
 RUNNING = "Ollama is running"  # what Ollama answers GET / and HEAD / with, the probe clients send first
 # The Ollama release whose API these routes follow (thinking, tool_name; logprobs came in 0.12.11): clients that
 # check /api/version for a feature's minimum read this.
@@ -687,6 +711,42 @@ def _model_name(body: dict, served: str) -> str:
         raise ApiError(404, f"model '{name}' not found: this server serves '{served_names(served)[-1]}' "
                        "(GET /api/tags lists it)", param="model", code="model_not_found")
     return name
+
+
+def management_methods(route: str) -> tuple[str, ...]:
+    """The methods Ollama takes on ``route`` where it is one of its model-management routes, else none."""
+    path = route.rstrip("/")
+    if path.startswith(BLOBS_ROUTE) and len(path) > len(BLOBS_ROUTE):
+        return ("HEAD", "POST")
+    method = MANAGEMENT_ROUTES.get(path)
+    return (method,) if method is not None else ()
+
+
+def unmanaged(route: str) -> ApiError:
+    """The 501 of a model-management route this server does not do (all but a pull of a model served), saying what
+    edgesdk does instead."""
+    path = route.rstrip("/")
+    what = UNMANAGED[BLOBS_ROUTE if path.startswith(BLOBS_ROUTE) else path]
+    return ApiError(501, f"edgesdk serve does not {what}", code="not_supported", kind="not_supported_error")
+
+
+def parse_pull(body: object, served: Sequence[str]) -> bool:
+    """Whether a pull's answer streams (``stream``: true unless false, as Ollama's PullHandler reads it), its model
+    (``model``, or the older ``name``) checked to be one ``served``: another is the 501 that says edgesdk serve
+    downloads no model and how a bundle of it comes to the board."""
+    body = _object(body)
+    stream = _bool_field(body, "stream", True)
+    name = body.get("model")
+    if name is None or name == "":
+        name = body.get("name", name)
+    if not isinstance(name, str) or not name:
+        raise model_required(name, served)
+    if not any(ollama_key(name) == ollama_key(model) for model in served):
+        listed = ", ".join(repr(served_names(model)[-1]) for model in served)
+        raise ApiError(501, f"edgesdk serve does not pull models: it serves {listed} (GET /api/tags lists "
+                       f"{'it' if len(served) == 1 else 'them'}), not {name!r}; to serve {name!r}, {BUNDLES_MADE}",
+                       param="model", code="not_supported", kind="not_supported_error")
+    return stream
 
 
 def keep_alive_zero(body: object) -> bool:
