@@ -213,7 +213,8 @@ ROUTES = ("GET /health (and /v1/health), GET /v1/models, GET /v1/models/{id}, GE
           "GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel, POST /v1/messages, "
           "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template, "
           "POST /v1/embeddings, POST /embedding, POST /embeddings, POST /api/embed, POST /api/embeddings, "
-          "POST /api/chat, POST /api/generate, GET /api/tags, POST /api/show, GET /api/ps, GET /api/version, GET / "
+          "POST /api/chat, POST /api/generate, GET /api/tags, POST /api/show, GET /api/ps, GET /api/version, "
+          "POST /api/pull (of the served model), GET / "
           "(GET /metrics with --metrics), OPTIONS on any path (a browser's CORS preflight)")
 CORS_METHODS = "GET, POST"  # llama-server's Access-Control-Allow-Methods
 # a kept response (``/responses/{id}``: GET, DELETE), its input items (GET) and its cancel (POST, refused), as
