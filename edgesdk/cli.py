@@ -11,7 +11,10 @@ share are in :mod:`edgesdk.cli_options`.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import select
 import sys
 from pathlib import Path
 
@@ -22,21 +25,63 @@ from edgesdk.cli_options import echo_json
 from edgesdk.cli_options import finite_or_null as _finite_or_null  # noqa: F401  (importable from here, as it always was)
 from edgesdk.errors import EdgeSDKError
 
+BROKEN_PIPE_EXIT = 128 + 13  # 141: what a shell reports for a tool that SIGPIPE ended (`yes | head`)
+
 
 class _Group(click.Group):
-    """Turns EdgeSDKError into a two-line message and a non-zero exit code, no traceback; and Ctrl-C
+    """Turns EdgeSDKError into a two-line message and a non-zero exit code, no traceback; Ctrl-C
     (KeyboardInterrupt) that a command leaves to it into exit 130, as a shell reports SIGINT and as llama.cpp's
-    tools exit on it (tools/main/main.cpp ``sigint_handler``: ``_exit(130)``), not click's "Aborted!" and 1."""
+    tools exit on it (tools/main/main.cpp ``sigint_handler``: ``_exit(130)``), not click's "Aborted!" and 1; and
+    a reader that closed the output early (``edgesdk run ... | head -c 20``) into a quiet exit 141, as SIGPIPE
+    ends a C tool, not click's silent 1, which reads as a failure of the command itself."""
+
+    def make_context(self, *args, **kwargs):  # --help and --version write while the arguments are parsed
+        with _quiet_on_broken_pipe():
+            return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with _quiet_on_broken_pipe():
+                return super().invoke(ctx)
         except EdgeSDKError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:  # the blank line closes the terminal's ^C echo, as click's own handler does
             click.echo(f"\nedgesdk {ctx.invoked_subcommand or ''}: stopped (Ctrl-C)".replace(" :", ":"), err=True)
             sys.exit(130)
+
+
+@contextlib.contextmanager
+def _quiet_on_broken_pipe():
+    """Exit with :data:`BROKEN_PIPE_EXIT` and no message where the reader of the output went away.
+
+    What was written before reached the reader. As the Python docs' "Note on SIGPIPE" advises, the standard output
+    is pointed at /dev/null first, so that the interpreter's last flush of what is still buffered for the closed
+    pipe prints no "Exception ignored ... BrokenPipeError" after the exit. SIGPIPE itself is left ignored: killed
+    by it, a command would skip its ``finally`` blocks (a prompt cache or a log file half written)."""
+    try:
+        yield
+    except BrokenPipeError:
+        if not _output_reader_gone():  # another pipe (a FIFO, a child's stdin): an error of the command, told as one
+            raise
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        sys.exit(BROKEN_PIPE_EXIT)
+
+
+def _output_reader_gone() -> bool:
+    """Whether the standard output or error is a pipe whose reader closed it: poll() reports POLLERR on the write
+    end of such a pipe (and on a socket reset by its peer), never on a terminal, a file or an open pipe."""
+    poller = select.poll()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            poller.register(stream.fileno(), select.POLLOUT)
+        except (OSError, ValueError, AttributeError):  # no real descriptor (a test runner's capture)
+            continue
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -220,7 +265,7 @@ def pack(bundle, archive):
 
 
 @main.command()
-@click.argument("archive", type=click.Path(path_type=Path))
+@click.argument("archive", type=click.Path(exists=True, path_type=Path))  # a directory: unpack_bundle says what to do
 @click.argument("directory", type=click.Path(path_type=Path))
 def unpack(archive, directory):
     """Unpack a bundle .tar into DIRECTORY (members escaping it are refused) and verify it.

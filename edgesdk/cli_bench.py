@@ -202,7 +202,7 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
                                    ignore_target=ignore_target, verbose=not as_json)
             opened.append(runtime.threads)
             facts = bench_model_facts(path, runtime.bundle.manifest, runtime.backend.name, build,
-                                      cpu_info=board.model or platform.processor() or platform.machine())
+                                      cpu_info=_cpu_info(board))
             if before is None:
                 gating = getattr(runtime.backend, "gating", None)  # a power-gated bundle's FFN skipping (off unless asked)
                 thermal = runtime.bundle.manifest["target"].get("thermal") or {}
@@ -251,6 +251,15 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
     say(_huge_pages_line(huge_pages))
     for warning in found:
         say(f"warning: {warning}")
+
+
+def _cpu_info(board) -> str:
+    """llama-bench's ``cpu_info``: the CPU's name (:func:`edgesdk.board.read_cpu_model_name`: /proc/cpuinfo's
+    "model name", as ggml's CPU device names itself, where the kernel gives one; else the cores', Cortex-A78AE),
+    not the processor architecture (x86_64); the board's model where neither is known."""
+    import platform
+
+    return board.cpu_model_name or board.model or platform.processor() or platform.machine()
 
 
 def _rounded_mib(value: float | None) -> float | None:

@@ -187,7 +187,11 @@ class PromptCacheFile:
     def watch(self, on_token):
         """``on_token`` that first copies the prompt's cache, where it is to be written: the prompt is prefilled
         and its first token picked, where llama-cli writes the file. It also notes that the prompt was prefilled
-        (what :meth:`interrupted` asks with ``--prompt-cache-all``)."""
+        (what :meth:`interrupted` asks with ``--prompt-cache-all``).
+
+        Where the reader of the answer went away (``edgesdk run ... | head -c 20``: showing the token fails with
+        BrokenPipeError), the file is written as after Ctrl-C before the error goes on: llama-cli, which SIGPIPE
+        ends there, had written the prompt's cache at the first token already."""
         if self.mode == "ro":
             return on_token
 
@@ -196,7 +200,11 @@ class PromptCacheFile:
                 self._answered = True
                 if self._write_prompt:
                     self._snapshot = self._live_prompt()
-            on_token(token)
+            try:
+                on_token(token)
+            except BrokenPipeError:
+                self.interrupted()
+                raise
 
         return first_then
 
