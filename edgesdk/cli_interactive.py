@@ -81,7 +81,7 @@ class TypedPrompt(str):
         return self
 
 
-def typed_prompt_ids(tokenizer, prompt: TypedPrompt, bos: int | None = None) -> list[int]:
+def typed_prompt_ids(tokenizer, prompt: TypedPrompt, bos: int | None = None, alone: bool = True) -> list[int]:
     """The token ids of a prompt read from stdin and answered as it is (--raw, or a bundle without a chat
     template), as llama.cpp's llama-completion tokenizes an interactive line (tools/completion/completion.cpp,
     tools/main/main.cpp before): ``common_tokenize(ctx, input_prefix, false, true)``, ``common_tokenize(ctx,
@@ -89,11 +89,13 @@ def typed_prompt_ids(tokenizer, prompt: TypedPrompt, bos: int | None = None) -> 
     false where no chat template formats the line. So the special tokens' text in --in-prefix / --in-suffix
     (``<|im_start|>``) is the tokens, while the same text typed, or in a /read file, is plain text
     (:meth:`ChatTokenizer.encode_plain`): typing ``<|im_start|>`` does not start a turn. The /read files'
-    separator token (``<|file_sep|>``, :func:`file_separator`) is the token. The BOS goes in front where the
-    tokenizer adds one (each line is answered on its own, as llama-completion's first prompt, tokenized with
-    ``add_special``); ``bos`` (--in-prefix-bos: the vocabulary's BOS, ``llama_vocab_bos``) goes in front instead,
-    also where the tokenizer adds none, as llama-completion pushes it before the prefix's tokens (one BOS, not two,
-    where the tokenizer adds the same). The plain text between two special tokens is tokenized as one text (llama-completion
+    separator token (``<|file_sep|>``, :func:`file_separator`) is the token. A line answered on its own
+    (``alone``) gets the BOS in front where the tokenizer adds one, as llama-completion's first prompt, tokenized
+    with ``add_special``; a line that goes on a transcript (``alone`` False, :class:`Transcript`) gets none, as
+    llama-completion tokenizes each interactive line with ``add_special`` false. ``bos`` (--in-prefix-bos: the
+    vocabulary's BOS, ``llama_vocab_bos``) goes in front instead, also where the tokenizer adds none, as
+    llama-completion pushes it before the prefix's tokens (one BOS, not two, where the tokenizer adds the same).
+    The plain text between two special tokens is tokenized as one text (llama-completion
     tokenizes prefix, line and suffix apart; where no special token stands between them, this gives the ids the
     whole prompt's text has, as ``-p`` gives them).
 
@@ -112,7 +114,8 @@ def typed_prompt_ids(tokenizer, prompt: TypedPrompt, bos: int | None = None) -> 
         else:
             pieces.append(text)
     pieces += [prompt.typed, *_special_pieces(tokenizer, prompt.suffix)]
-    bos = tokenizer.added_bos() if bos is None else bos
+    if bos is None and alone:
+        bos = tokenizer.added_bos()
     ids, plain = ([] if bos is None else [bos]), ""
     for piece in [*pieces, None]:
         if isinstance(piece, str):
@@ -331,6 +334,67 @@ def answer_ended(thermal) -> None:
             thermal.hook.status.between_answers()
 
 
+class Transcript:
+    """The history of a plain-text interactive session (--raw, -no-cnv or a bundle without a chat template, with
+    --history: -i, -if or a terminal), as llama-completion keeps it (tools/main/main.cpp, now
+    tools/completion/completion.cpp): one token sequence, ``embd_inp``, that each prompt's tokens and each answer's
+    tokens go on, so that a typed line continues the text before it (the classic ``-no-cnv -i -p TRANSCRIPT -r
+    'User:'`` chat) rather than being answered on its own. The answer's tokens are kept as they were generated, not
+    re-tokenized from its text, so the next prompt begins with exactly the tokens the KV cache holds and only its
+    new tokens are prefilled. An answer that ended at an end-of-generation token keeps that token, and with -r the
+    first reverse prompt's tokens after it, as llama-completion feeds both before the next line.
+
+    It answers to what :class:`Chat` and the run's Answerer ask of a chat's
+    :class:`~edgesdk.runtime.conversation.Conversation`: ``prompt_ids``, ``answered``, ``take_last`` (/regen),
+    ``clear`` (/clear), ``exchanges`` and ``dropped``. As there, where the transcript and room for the answer
+    outgrow the context, its oldest exchanges are left out, the ``start`` (the BOS the tokenizer puts in front)
+    staying as the system message stays."""
+
+    def __init__(self, turn_ids, start: list[int], max_context: int, answer_room: int,
+                 after_end: list[int] | None = None):
+        self.turn_ids = turn_ids  # a prompt's own tokens, without the BOS that ``start`` holds
+        self.start = list(start)
+        # Room kept for the answer: at most half the context, as the Conversation keeps it
+        self.max_context, self.answer_room = max_context, min(answer_room, max_context // 2)
+        self.after_end = list(after_end or [])  # -r's first reverse prompt's tokens, fed after an end token
+        self.exchanges: list[tuple[str, list[int], list[int]]] = []  # (prompt, its tokens, the answer's tokens)
+        self.dropped = 0  # exchanges left out so far to fit the context
+
+    def _ids(self, exchanges: list[tuple[str, list[int], list[int]]], turn: list[int]) -> list[int]:
+        ids = list(self.start)
+        for _, prompt, answer in exchanges:
+            ids += prompt + answer
+        return ids + turn
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """The transcript's tokens with ``text``'s after them. The oldest exchanges are dropped (for good) while
+        they and ``answer_room`` tokens do not fit the context; a prompt too long on its own is left to
+        generation, which refuses it by name, and then drops nothing."""
+        turn, kept = self.turn_ids(text), self.exchanges
+        while True:
+            ids = self._ids(kept, turn)
+            if len(ids) + self.answer_room <= self.max_context or not kept:
+                break
+            kept = kept[1:]
+        if len(ids) <= self.max_context:  # generation takes it: the exchanges left out go for good
+            self.dropped += len(self.exchanges) - len(kept)
+            self.exchanges = list(kept)
+        return ids
+
+    def answered(self, text: str, answer_ids: list[int], end_token: int | None = None) -> None:
+        """Record an exchange: ``text`` and the tokens generated for it (an answer cut short keeps those it had),
+        then the end-of-generation token it stopped at, if any, and the reverse prompt's tokens after that."""
+        ending = [] if end_token is None else [int(end_token), *self.after_end]
+        self.exchanges.append((text, self.turn_ids(text), [*map(int, answer_ids), *ending]))
+
+    def take_last(self) -> str | None:
+        """Drop the last exchange and return its prompt, to be answered again (/regen); None when there is none."""
+        return self.exchanges.pop()[0] if self.exchanges else None
+
+    def clear(self) -> None:
+        self.exchanges = []
+
+
 class _SessionEnds(Exception):
     """/exit, or the end of stdin (Ctrl-D at a terminal)."""
 
@@ -405,6 +469,9 @@ class Chat:
             if self.interactive:  # Ctrl-D at the prompt: the shell's prompt starts on a line of its own
                 click.echo("", err=True)
             raise _SessionEnds
+        if not text:  # an empty line: in a plain-text transcript the answer goes on, else nothing happens
+            goes_on = self._goes_on()
+            return None if goes_on is None else (goes_on, 0)
         command = text.strip()
         if not command:
             return None
@@ -425,7 +492,7 @@ class Chat:
         conversation = self.answerer.conversation
         if conversation is None:
             click.echo("edgesdk: /clear does nothing: each line is answered on its own (there is no conversation "
-                       "with --no-history, --raw or a bundle without a chat template)", err=True)
+                       "with --no-history, or for piped input without --history, -cnv or -i)", err=True)
             return
         conversation.clear()
         click.echo("edgesdk: conversation cleared", err=True)
@@ -457,6 +524,19 @@ class Chat:
         recorded = len(conversation.exchanges) + conversation.dropped - dropped > len(exchanges) - 1
         if not recorded:
             conversation.exchanges, conversation.dropped, self.regenerated = exchanges, dropped, regenerated
+
+    def _goes_on(self) -> TypedPrompt | None:
+        """An empty line in a plain-text transcript (:class:`Transcript`) that holds an answer: the model goes on
+        from where the text stands, nothing added but the /read files (and --in-prefix-bos's BOS; no --in-prefix or
+        --in-suffix), as llama-completion's interactive mode passes control back to the model at an empty line.
+        None elsewhere: an empty line answers nothing."""
+        transcript = getattr(self.answerer, "conversation", None)
+        if not isinstance(transcript, Transcript) or not transcript.exchanges:
+            return None
+        prompt = TypedPrompt("", tuple(self.read_files), "", "")
+        self.read_files.clear()
+        self.regenerated = 0
+        return prompt
 
     def _prompt(self, text: str) -> TypedPrompt:
         """The line as it is answered: --in-prefix, the /read files, the line, --in-suffix (the suffix shown after

@@ -21,6 +21,7 @@ from edgesdk.cli_interactive import (
     Chat,
     DeferredInterrupt,
     ReversePrompts,
+    Transcript,
     TypedPrompt,
     process_escapes,
     read_utf8_as_is,
@@ -169,15 +170,17 @@ class RunSettings:
                    "prompt, as without -st; else the first one read from stdin).")
 @click.option("--interactive", "-i", "interactive_mode", is_flag=True,
               help="llama-cli's -i / --interactive: after the answer to --prompt or --file, go on reading prompts "
-                   "from stdin, keeping the history (--history) where the chat template renders them (with --raw or "
-                   "-no-cnv each line is answered on its own); without them prompts are read from stdin anyway.")
+                   "from stdin, keeping the history (--history): through the chat template, or with --raw or -no-cnv "
+                   "as one plain text that each line and answer go on, as llama-cli's interactive completion; "
+                   "without them prompts are read from stdin anyway.")
 @click.option("--interactive-first", "-if", "interactive_first", is_flag=True,
               help="llama-cli's -if / --interactive-first: read the first prompt from stdin right away, keeping the "
                    "history (what run does without --prompt or --file; with them refused: pass -i).")
 @click.option("--history/--no-history", default=None,
               help="Interactive input: keep the conversation, each line a new turn after the earlier ones "
-                   "(their tokens stay in the KV cache; '/clear' starts over). On by default at a terminal, "
-                   "off for piped input (each line its own conversation).")
+                   "(their tokens stay in the KV cache; '/clear' starts over); with --raw, -no-cnv or a bundle "
+                   "without a chat template, one plain text that each line and answer go on. On by default at a "
+                   "terminal and with -cnv, -i or -if, off for piped input (each line its own conversation).")
 @click.option("--in-prefix", metavar="TEXT",
               help="Put TEXT before each prompt read from stdin (llama-cli's --in-prefix): inside the user's turn of "
                    "the chat template, or in the prompt's text with --raw or a bundle without a template (there "
@@ -281,6 +284,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
       /regen    drop the last answer and generate it again (a --seed moves on by one each time)
       /read F   the text of file F goes before the next prompt
       /exit     end the session; so do Ctrl-D and Ctrl-C at the prompt
+      (empty)   with --raw or -no-cnv and the history kept, the answer goes on where the text stands
       Ctrl-C    stop the answer being written; the conversation keeps what it showed
 
     llama-cli's options that change nothing here are accepted and said so on stderr (-ngl, -fa, --jinja, --mlock,
@@ -371,8 +375,9 @@ def _llama_cli_mode(conversation: bool | None, interactive: bool, interactive_fi
     interactively (``conversation_mode`` implies interactive); -no-cnv feeds the prompt as it is, without the chat
     template ("otherwise use the prompt as is"), and ends after it; -i goes on interactively after the prompt's
     answer, with -no-cnv too (llama-completion's interactive completion: ``params.interactive`` is -i's own, apart
-    from ``conversation_mode``); -if waits for input first; -st ends after one turn (common/arg.cpp: "will not be
-    interactive if first turn is predefined with --prompt")."""
+    from ``conversation_mode``), each line and answer going on the same text, so the history is kept; -if waits
+    for input first; -st ends after one turn (common/arg.cpp: "will not be interactive if first turn is predefined
+    with --prompt")."""
     if conversation is True and raw:
         raise click.BadParameter("renders the chat through the chat template, and --raw feeds the prompt as it is; "
                                  "pass one", param_hint="'--conversation' / '-cnv'")
@@ -380,8 +385,9 @@ def _llama_cli_mode(conversation: bool | None, interactive: bool, interactive_fi
         raise click.BadParameter("reads the first prompt from stdin, and --prompt / --file gives it: pass -i to "
                                  "answer that prompt and then read more from stdin, or leave --prompt out",
                                  param_hint="'--interactive-first' / '-if'")
-    if conversation is False:  # no chat template and no history; -i still goes on reading stdin after the prompt
-        return True, False, interactive and prompt_given and not single_turn
+    if conversation is False:  # no chat template; -i / -if read stdin as llama-completion's interactive completion,
+        # each line going on the text before it (cli_interactive.Transcript)
+        return True, interactive or interactive_first, interactive and prompt_given and not single_turn
     chat = conversation is True or interactive or interactive_first
     return raw, chat, chat and prompt_given and not single_turn
 
@@ -531,8 +537,6 @@ def _warn_unused_options(settings: RunSettings, sampling: SamplingConfig, tokeni
     if settings.history and answered_alone:  # only a --history the user typed is worth a word
         click.echo(f"edgesdk: --history is not used: {settings.prompt_option} answers one prompt (leave it out to "
                    "chat)", err=True)
-    elif settings.history and as_it_is:
-        click.echo(f"edgesdk: --history is not used: {as_it_is} feeds each line as it is", err=True)
     for option, given in (("--in-prefix", settings.in_prefix), ("--in-prefix-bos", settings.in_prefix_bos),
                           ("--in-suffix", settings.in_suffix)):
         if given and answered_alone:  # llama-cli adds them to interactive input only, never to -p
@@ -576,16 +580,48 @@ def _check_in_prefix_bos(settings: RunSettings, tokenizer) -> None:
 def _open_conversation(settings: RunSettings, runtime, interactive: bool):
     """The conversation kept over the prompts read from stdin (--history; on by default at a terminal and with
     llama-cli's -cnv, -i or -if), or None where each prompt is answered on its own: --prompt / --file (unless -cnv
-    or -i go on after it), --no-history, --raw (-no-cnv), or a bundle without a chat template."""
+    or -i go on after it), or --no-history. With --raw (-no-cnv) or a bundle without a chat template it is a
+    plain-text transcript (cli_interactive.Transcript), as llama-completion's interactive completion keeps one."""
     from edgesdk.runtime.conversation import Conversation
 
     tokenizer = runtime.tokenizer
     history = (interactive or settings.chat) if settings.history is None else settings.history
-    if not history or (settings.prompt is not None and not settings.go_on) or settings.raw \
-            or not tokenizer.has_chat_template:
+    if not history or (settings.prompt is not None and not settings.go_on):
         return None
+    if settings.raw or not tokenizer.has_chat_template:
+        return _open_transcript(settings, runtime)
     return Conversation(tokenizer, settings.system, runtime.backend.max_context,
                         answer_room=settings.sampling.max_new_tokens)
+
+
+def _open_transcript(settings: RunSettings, runtime) -> Transcript:
+    """The plain-text transcript of --raw / -no-cnv with the history kept: it starts with the BOS the tokenizer puts
+    in front (llama-completion's first prompt, tokenized with ``add_special``), and -r's first reverse prompt goes
+    after an answer that ends at an end-of-generation token, tokenized with its special tokens, as
+    llama-completion injects it (``common_tokenize(ctx, antiprompt.front(), false, true)``)."""
+    tokenizer = runtime.tokenizer
+    bos = tokenizer.added_bos()
+    after_end = tokenizer.encode(settings.reverse_prompts[0], add_special_tokens=False) \
+        if settings.reverse_prompts else []
+    prefix_bos = vocabulary_bos(tokenizer) if settings.in_prefix_bos else None
+    return Transcript(_transcript_turn_ids(tokenizer, prefix_bos), [] if bos is None else [bos],
+                      runtime.backend.max_context, settings.sampling.max_new_tokens, after_end)
+
+
+def _transcript_turn_ids(tokenizer, prefix_bos: int | None):
+    """How a plain-text transcript tokenizes a prompt (the BOS the tokenizer puts in front is the transcript's
+    start, not each prompt's): a line read from stdin as llama-completion tokenizes an interactive line
+    (--in-prefix-bos's BOS, --in-prefix, the line as plain text, --in-suffix: cli_interactive.typed_prompt_ids), and
+    --prompt / --file as its first prompt, special tokens' text read as the tokens."""
+    from edgesdk.runtime.generate import starts_with_added_bos
+
+    def turn_ids(text: str) -> list[int]:
+        if isinstance(text, TypedPrompt):
+            return typed_prompt_ids(tokenizer, text, bos=prefix_bos, alone=False)
+        ids = tokenizer.prompt_ids(text, raw=True)
+        return ids[1:] if starts_with_added_bos(tokenizer, ids) else ids
+
+    return turn_ids
 
 
 def _check_constraint_tokens(settings: RunSettings, tokenizer):
@@ -793,8 +829,7 @@ class Answerer:
     def _keep_stopped(self, text: str, shown: _ShownAnswer) -> None:
         """An answer stopped with Ctrl-C stays in the conversation as shown: whole characters only, never the
         replacement character of one whose bytes were still coming (the stream holds those back)."""
-        if self.conversation is not None:
-            self.conversation.answered(text, shown.text)
+        self._remember(text, shown)
         self.last_prompt = text
         if self.cache_file is not None:  # the prefill paid for stays in the file, as llama-cli saves it
             self.cache_file.interrupted()
@@ -808,16 +843,23 @@ class Answerer:
         with contextlib.suppress(OSError):  # where stdout itself failed, the error says so
             sys.stdout.write("\n")
             sys.stdout.flush()
-        if self.conversation is not None:
-            self.conversation.answered(text, shown.text)
+        self._remember(text, shown)
         self.last_prompt = text
+
+    def _remember(self, text: str, shown: _ShownAnswer, tail: str = "", end_token: int | None = None) -> None:
+        """The exchange kept by the conversation, where there is one: a chat's keeps the answer's text as shown
+        (``tail``: its last characters, held back until the answer ended), a transcript the answer's tokens as they
+        were generated, and the end-of-generation token it stopped at (``end_token``)."""
+        if isinstance(self.conversation, Transcript):
+            self.conversation.answered(text, shown.tokens, end_token)
+        elif self.conversation is not None:
+            self.conversation.answered(text, shown.text + tail)
 
     def _finish(self, text: str, shown: _ShownAnswer, result) -> None:
         """The answer's end: its last characters written, then the thermal status line, --stats and the prompt
         cache's file."""
         tail = shown.stream.flush()  # bytes held back for a character still incomplete
-        if self.conversation is not None:
-            self.conversation.answered(text, shown.text + tail)
+        self._remember(text, shown, tail, result.stop_token if result.stop_reason == "eos" else None)
         self.last_prompt = text
         sys.stdout.write(tail + "\n")
         sys.stdout.flush()
@@ -846,6 +888,7 @@ class _ShownAnswer:
         from edgesdk.runtime.text import StreamDecoder
 
         self.stream = StreamDecoder(tokenizer)
+        self.tokens: list[int] = []  # the answer's tokens as generated (a plain-text transcript keeps them)
         self.pieces: list[str] = []
         self.reverse = reverse  # told each piece shown, to stop at a reverse prompt
         self.defer_interrupts = defer_interrupts  # with a conversation, which keeps the text shown
@@ -855,6 +898,7 @@ class _ShownAnswer:
         return "".join(self.pieces)
 
     def emit(self, token: int) -> None:
+        self.tokens.append(token)
         piece = self.stream.push(token)
         # The conversation keeps the answer as shown, as llama-cli keeps the text it printed: a Ctrl-C that
         # comes while a piece is written takes effect once it is written (the second stops the write).

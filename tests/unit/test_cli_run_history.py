@@ -83,8 +83,7 @@ def test_a_conversation_that_outgrows_the_context_leaves_out_its_oldest_exchange
     assert result.stdout == "".join(text + "\n" for text in expected)
 
 
-@pytest.mark.parametrize(("options", "why"), [(("--raw",), "--raw feeds each line as it is"),
-                                              (("--prompt", "hi"), "--prompt answers one prompt")])
+@pytest.mark.parametrize(("options", "why"), [(("--prompt", "hi"), "--prompt answers one prompt")])
 def test_history_says_when_it_is_not_used(tiny_bundle, options, why):
     result = invoke("run", tiny_bundle.path, "-n", 3, "--history", "--threads", 1, *options, input="hi\n")
     assert_ok(result)
