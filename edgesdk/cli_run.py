@@ -861,8 +861,13 @@ class Answerer:
         tail = shown.stream.flush()  # bytes held back for a character still incomplete
         self._remember(text, shown, tail, result.stop_token if result.stop_reason == "eos" else None)
         self.last_prompt = text
-        sys.stdout.write(tail + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(tail + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader went away at the last characters: the answer is whole, its file too
+            if self.cache_file is not None:
+                self.cache_file.finished()
+            raise
         if self.thermal is not None and self.thermal.hook.status is not None:
             self.thermal.hook.status.between_answers()
         if self.settings.stats:
