@@ -5,7 +5,6 @@ its own small bundle with BundleWriter."""
 from __future__ import annotations
 
 import hashlib
-import os
 import tarfile
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from edgesdk.bundle import MANIFEST, MANIFEST_DIGEST, BundleWriter, pack_bundle, unpack_bundle, verify_bundle
 from edgesdk.errors import BundleError
+from tests.unit.test_bundle45 import synced  # noqa: F401 - the fixture: every fsync and os.replace, in order
 
 # The keys a caller of BundleWriter.commit gives; report.md stands in for the files the runtime opens.
 MINIMAL_MANIFEST = {"target": {"name": "host"}, "model": {}, "graph": {"file": "report.md"},
@@ -98,29 +98,8 @@ def test_a_directory_that_is_no_bundle_given_to_unpack_asks_for_the_archive(tmp_
     assert caught.value.fix == "pass the archive file that 'edgesdk pack' wrote"
 
 
-@pytest.fixture
-def synced(monkeypatch):
-    """Every fsync (by the path of its descriptor) and every os.replace, in order; both still run."""
-    events: list[tuple] = []
-    real_fsync, real_replace = os.fsync, os.replace
-
-    def fsync(handle):
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{handle}")))
-        return real_fsync(handle)
-
-    def replace(source, destination, **kwargs):
-        events.append(("replace", os.fspath(source), os.fspath(destination)))
-        return real_replace(source, destination, **kwargs)
-
-    if not Path("/proc/self/fd").is_dir():
-        pytest.skip("needs /proc/self/fd to name a descriptor's file")
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
-    return events
-
-
 @pytest.mark.parametrize("suffix", [".tar", ".tar.xz"])
-def test_pack_flushes_the_archive_to_the_disk_before_it_takes_its_name(tmp_path, synced, suffix):
+def test_pack_flushes_the_archive_to_the_disk_before_it_takes_its_name(tmp_path, synced, suffix):  # noqa: F811 - the imported fixture
     """A card pulled (or a power cut) after pack returned must not leave an empty archive under the name."""
     bundle = write_bundle(tmp_path / "b")
     (tmp_path / "out").mkdir()
