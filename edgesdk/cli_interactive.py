@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 
 from edgesdk.errors import EdgeSDKError, read_utf8, utf8_fix
+from edgesdk.runtime.conversation import fit_to_context
 
 
 def read_utf8_as_is(path: Path, what: str) -> str:
@@ -370,16 +371,8 @@ class Transcript:
         """The transcript's tokens with ``text``'s after them. The oldest exchanges are dropped (for good) while
         they and ``answer_room`` tokens do not fit the context; a prompt too long on its own is left to
         generation, which refuses it by name, and then drops nothing."""
-        turn, kept = self.turn_ids(text), self.exchanges
-        while True:
-            ids = self._ids(kept, turn)
-            if len(ids) + self.answer_room <= self.max_context or not kept:
-                break
-            kept = kept[1:]
-        if len(ids) <= self.max_context:  # generation takes it: the exchanges left out go for good
-            self.dropped += len(self.exchanges) - len(kept)
-            self.exchanges = list(kept)
-        return ids
+        turn = self.turn_ids(text)
+        return fit_to_context(self, lambda kept: self._ids(kept, turn))
 
     def answered(self, text: str, answer_ids: list[int], end_token: int | None = None) -> None:
         """Record an exchange: ``text`` and the tokens generated for it (an answer cut short keeps those it had),

@@ -9,7 +9,27 @@ as Ollama truncates a chat from its start.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from edgesdk.runtime.text import ChatTokenizer, check_utf8
+
+
+def fit_to_context(history, ids_of: Callable[[list], list[int]]) -> list[int]:
+    """The prompt's token ids, ``ids_of(kept)``, for the longest tail ``kept`` of ``history.exchanges`` whose ids and
+    ``history.answer_room`` tokens fit ``history.max_context`` (none kept, where even the last does not). Where
+    generation takes the ids (they fit the context), the exchanges left out go for good, counted in
+    ``history.dropped``; a prompt too long on its own drops nothing (generation refuses it by name). Shared by
+    :class:`Conversation` and the plain-text transcript (``edgesdk.cli_interactive.Transcript``)."""
+    kept = history.exchanges
+    while True:
+        ids = ids_of(kept)
+        if len(ids) + history.answer_room <= history.max_context or not kept:
+            break
+        kept = kept[1:]
+    if len(ids) <= history.max_context:
+        history.dropped += len(history.exchanges) - len(kept)
+        history.exchanges = list(kept)
+    return ids
 
 
 class Conversation:
@@ -37,16 +57,8 @@ class Conversation:
         single turn too long on its own is left to generation, which refuses it by name, and then
         drops nothing: the conversation goes on after the refused line as it was before it."""
         check_utf8(user_text, "the prompt")
-        kept = self.exchanges
-        while True:
-            ids = self.tokenizer.chat_ids(self.tokenizer.render_chat(self._messages(user_text, kept)))
-            if len(ids) + self.answer_room <= self.max_context or not kept:
-                break
-            kept = kept[1:]
-        if len(ids) <= self.max_context:  # generation takes it: the exchanges left out go for good
-            self.dropped += len(self.exchanges) - len(kept)
-            self.exchanges = list(kept)
-        return ids
+        return fit_to_context(self, lambda kept: self.tokenizer.chat_ids(
+            self.tokenizer.render_chat(self._messages(user_text, kept))))
 
     def answered(self, user_text: str, answer_text: str) -> None:
         """Record an exchange (an answer cut short keeps the text it had written)."""
