@@ -142,7 +142,10 @@ class StreamedAnswer:
         else:
             chunks = [chunk_body(request, ident, model, None, finish_reason=completion.finish_reason,
                                  index=self.index)]
-            reasoning, content = self._splitter.flush() if self._splitter is not None else ("", "")
+            # deepseek-legacy's open block is closed in the content where the model ended the answer, not where its
+            # token limit or a stop string cut it (llama-server's partial parse)
+            ended = llama_native.stop_type(completion) == "eos"
+            reasoning, content = self._splitter.flush(closed=ended) if self._splitter is not None else ("", "")
             if reasoning or content:  # what was held back, once the answer has ended
                 chunks.insert(0, chunk_body(request, ident, model, content, reasoning=reasoning, index=self.index))
         if request.include_usage and with_usage:

@@ -9,7 +9,8 @@ templates), from the first token up to ``</think>``. llama-server's ``--reasonin
 clients built on it (its web UI, Open WebUI) show the two apart. ``none`` leaves the tags in
 ``content``. ``deepseek-legacy`` answers as ``deepseek`` but streams the block in the ``content`` deltas,
 between its tags, as llama-server does (``reasoning_in_content``: common/chat-parser.cpp's
-``try_parse_reasoning``, a block that the answer's end leaves open closed there).
+``try_parse_reasoning``; a block left open is closed where the answer ended at its end of generation, and stays
+open where its token limit or a stop string cut it).
 
 Following llama.cpp (common/chat.cpp, the DeepSeek-R1 parser): only a block at the start of the answer
 counts (whitespace before it is dropped), the reasoning is stripped of the whitespace around it (an empty
@@ -145,11 +146,15 @@ class ReasoningSplitter:
         self.tagged = self.state == "reasoning"  # the client's text opened the block: its <think> is theirs
         return self
 
-    def flush(self) -> tuple[str, str]:
-        """What is held back once the answer has ended: reasoning inside an unclosed block, else content."""
+    def flush(self, closed: bool = True) -> tuple[str, str]:
+        """What is held back once the answer has ended: reasoning inside an unclosed block, else content.
+        ``closed``: whether the answer ended at its end of generation. With ``inline``, a block left open gets its
+        ``</think>`` only then: llama-server reads an answer cut by its token limit or a stop string as partial
+        (tools/server/server-context.cpp, ``update_chat_msg``: ``is_partial`` unless it stopped at end-of-generation),
+        and ``try_parse_reasoning`` closes an open block where the answer is not partial alone."""
         rest, self.pending = self.pending, ""
         if self.state == "reasoning":  # a block the limit cut: its text so far, stripped like a closed one's
-            return self._shaped([("reasoning", self._reasoning_text(rest.rstrip(WHITESPACE)))], final=True)
+            return self._shaped([("reasoning", self._reasoning_text(rest.rstrip(WHITESPACE)))], final=closed)
         return "", rest  # after </think>, what waits is the start of a <think> that never came: no whitespace
 
 

@@ -13,7 +13,7 @@ from edgesdk.serve.api import (
     ApiError,
     TextOffsets,
 )
-from edgesdk.serve.reasoning import CLOSE
+from edgesdk.serve.reasoning import WHITESPACE
 from edgesdk.serve.tools import AnswerStream
 
 if TYPE_CHECKING:
@@ -86,10 +86,14 @@ class Output:
         return body
 
     def _reasoning_tokens(self, completion) -> int:
+        """The tokens of the answer's reasoning: its text before the message's text, which is the answer's end
+        (reasoning.py splits off the blocks at its start, several where they follow each other with only whitespace
+        between, and the whitespace after them), up to the last block's ``</think>``; all of it where no message
+        follows (a block the limit cut)."""
         if self.count_tokens is None or not any(item["type"] == "reasoning" for item in self.items):
             return 0
-        end = completion.text.find(CLOSE)
-        thought = completion.text if end < 0 else completion.text[:end + len(CLOSE)]
+        said = "".join(part["text"] for item in self.items if item["type"] == "message" for part in item["content"])
+        thought = completion.text[:len(completion.text) - len(said)].rstrip(WHITESPACE)
         return min(self.count_tokens(thought), completion.completion_tokens)
 
     # -------------------------------------------------------------- events

@@ -376,11 +376,13 @@ def chat_body(body: dict, earlier: list[dict] | None = None) -> tuple[dict, list
     for field in ("temperature", "top_p", *CHAT_FIELDS):
         if field in body:
             chat[field] = body[field]
-    if body.get("tools"):
-        if not isinstance(body["tools"], list):
-            raise ApiError(400, f"'tools' must be an array of function tools, got {_shown(body['tools'])}",
-                           param="tools")
-        chat["tools"] = [_tool(tool, index) for index, tool in enumerate(body["tools"])]
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):  # {}, "" or false too: no array is no tools (as the chat
+        # route refuses them): read as none, the answer would be text without a word
+        raise ApiError(400, f"'tools' must be an array of function tools ({{\"type\": \"function\", \"name\", "
+                       f"\"parameters\"}}), got {_shown(tools)}; send null or [] for no tools", param="tools")
+    if tools:
+        chat["tools"] = [_tool(tool, index) for index, tool in enumerate(tools)]
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     response_format = _text_format(body.get("text"))
