@@ -30,7 +30,7 @@ from edgesdk.build.checkpoint import (
     save_checkpoint,
 )
 from edgesdk.build.package import write_bundle
-from edgesdk.build.recipes import ExportSection, load_recipe, pick_a_recipe_with
+from edgesdk.build.recipes import ExportSection, load_recipe, override_key, pick_a_recipe_with
 from edgesdk.build.registry import BuildContext, stage_spec
 from edgesdk.build.sparse_step import check_kernel_sm
 from edgesdk.bundle import Bundle, _bundle_holding, check_replaceable
@@ -204,7 +204,7 @@ def shortcut_overrides(target: str, recipe_name: str | None, values: dict[str, o
         return ()
     for option, value in given.items():
         for item in sets:
-            if item.partition("=")[0].strip() == SHORTCUTS[option]:
+            if override_key(item) == SHORTCUTS[option]:
                 raise BuildError(f"{option} {value} and --set {item} both set {SHORTCUTS[option]}",
                                  f"give one of them (--set {SHORTCUTS[option]}=... or {option} ...)")
     recipe = recipe_for(recipe_name, get_profile(target))
@@ -228,8 +228,7 @@ def check_weight_bits_sets(bits: int, implied: list[str], overrides: tuple[str, 
 
     wanted = {key: value for key, _, value in (item.partition("=") for item in implied)}
     for item in overrides:
-        key, _, raw = item.partition("=")
-        key = key.strip()
+        key, raw = override_key(item), item.partition("=")[2]
         if key not in wanted:
             continue
         try:
@@ -413,7 +412,11 @@ def build(config: BuildConfig) -> Bundle:
     recipe = recipe_for(config.recipe, profile, terms)
     recipe = recipe.with_overrides(export_overrides(config.export), terms)
     if config.weight_bits is not None:  # before --set, refused where it sets one of the same settings otherwise
-        implied = recipe.weight_bits_overrides(config.weight_bits, terms)
+        # read on the export the --set leaves (a --set of export.form / export.weights may make the graph one that
+        # stores these bits)
+        exported = recipe.with_overrides([item for item in config.overrides
+                                          if override_key(item).startswith("export.")], terms)
+        implied = exported.weight_bits_overrides(config.weight_bits, terms)
         check_weight_bits_sets(config.weight_bits, implied, config.overrides, terms)
         recipe = recipe.with_overrides(implied, terms)
     recipe = recipe.with_overrides(config.overrides, terms)

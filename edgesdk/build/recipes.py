@@ -68,6 +68,14 @@ def _override_value(raw: str):
     return value
 
 
+def override_key(item: str) -> str:
+    """The ``section.field`` an override ``item`` (``stage.field=value``) sets, each part stripped as
+    :meth:`Recipe.with_overrides` reads it: ``"qat . steps = 5"`` sets ``qat.steps``. The checks that compare
+    overrides with the shortcut options read keys through this, so a spelling the recipe takes is never one they miss."""
+    section, _, field_name = item.partition("=")[0].partition(".")
+    return f"{section.strip()}.{field_name.strip()}"
+
+
 class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str
@@ -82,7 +90,7 @@ class Recipe(BaseModel):
         data = self.model_dump()
         for item in overrides:
             key, sep, raw = item.partition("=")
-            section, dot, field_name = (part.strip() for part in key.partition("."))  # "qat.steps = 5" as "qat.steps=5"
+            section, dot, field_name = (part.strip() for part in key.partition("."))  # as override_key reads it
             if not sep or not dot or not section or not field_name:
                 raise BuildError(f"override '{item}' is not of the form stage.field=value",
                                  f"write e.g. {said('--set', terms, 'prune.ffn_ratio=0.4')} or "

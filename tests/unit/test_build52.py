@@ -12,7 +12,7 @@ import pytest
 from edgesdk.api import build_bundle
 from edgesdk.build.pipeline import BuildConfig, build
 from edgesdk.build.recipes import load_recipe
-from edgesdk.errors import BuildError, ProfileError
+from edgesdk.errors import BuildError, EdgeSDKError, ProfileError
 from edgesdk.profile import parse_profile
 
 
@@ -127,3 +127,27 @@ def test_a_work_directory_started_over_records_what_it_discarded(tmp_path):
     damaged = WorkDir(tmp_path / "b.build", {"recipe": 2}, resume=False)
     assert damaged.discarded == []
     damaged.release()
+
+
+def test_the_checks_beside_the_overrides_read_a_key_spaced_inside_as_the_recipe_does():
+    """'qat . weight_bits=8' is applied as qat.weight_bits=8; --weight-bits 4 against it, and --density against
+    'sparsify . density=0.5', were not refused: the checks stripped only the key's ends."""
+    from edgesdk.build.pipeline import check_weight_bits_sets, shortcut_overrides
+
+    with pytest.raises(BuildError, match="sets qat.weight_bits=4"):
+        check_weight_bits_sets(4, ["qat.weight_bits=4"], ("qat . weight_bits=8",))
+    with pytest.raises(BuildError, match="both set sparsify.density"):
+        shortcut_overrides("orin-nx", "jetson-sparse", {"--density": 0.3}, ("sparsify . density=0.5",))
+
+
+def test_weight_bits_4_is_read_on_the_export_the_set_leaves(tmp_path):
+    """--recipe int8-qdq --weight-bits 4 --set export.form=ort-fused --set export.weights=int4: the --set makes the
+    recipe one that stores 4-bit weights, but the QDQ refusal was decided on the recipe before it. It goes on to
+    the model (missing here), past the recipe's checks."""
+    sets = ("export.form=ort-fused", "export.weights=int4", "qat.granularity=block",
+            "qat.activations=block", "qat.embedding_bits=4")
+    with pytest.raises(EdgeSDKError) as refused:
+        build(BuildConfig(target="host", recipe="int8-qdq", model=str(tmp_path / "no-model"), weight_bits=4,
+                          overrides=sets, progress=False))
+    assert "no-model" in str(refused.value)
+    assert "QDQ" not in refused.value.problem
